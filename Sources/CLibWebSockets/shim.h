@@ -1,0 +1,23 @@
+#ifndef RELAY_LWS_SHIM_H
+#define RELAY_LWS_SHIM_H
+
+#include <libwebsockets.h>
+
+/* What Swift cannot import from libwebsockets: LWS_PRE is a macro built from other macros, and the
+ * option flags are `long long` macros that import with the wrong signedness. Re-exported here as
+ * plain functions with the types the structs use. */
+
+static inline size_t relay_lws_pre(void) { return LWS_PRE; }
+
+static inline uint64_t relay_lws_option_ssl_global_init(void) {
+    return (uint64_t)LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+}
+
+static inline int relay_lws_client_flag_use_ssl(void) { return (int)LCCSCF_USE_SSL; }
+
+static inline int relay_lws_context_port_no_listen(void) { return CONTEXT_PORT_NO_LISTEN; }
+
+/* lws's own log levels we let through to the relay's logger. */
+static inline int relay_lws_log_levels(void) { return LLL_ERR | LLL_WARN; }
+
+#endif

@@ -1,0 +1,227 @@
+import AsyncSupport
+import Hummingbird
+import HummingbirdWebSocket
+import Logging
+import NIOCore
+import NIOWebSocket
+import PolygonWire
+import ServiceLifecycle
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A synthetic, Polygon-compatible market on a WebSocket: the relay's default upstream, and the real
+/// server the upstream client is tested against.
+///
+/// It speaks the server side of the Polygon protocol (``ServerSession``), generates a random-walk
+/// market (``DemoMarket``) at a configured rate, and sends every connection the events of the topics
+/// it subscribed to, wildcards included, in frames of up to `maxEventsPerFrame` events.
+///
+/// `Sendable`; a `Service`: ``run()`` serves until graceful shutdown or cancellation.
+public final class DemoFeed: Service, Sendable {
+    public let configuration: DemoFeedConfiguration
+    /// What clients did, for tests and diagnostics.
+    public let monitor = DemoFeedMonitor()
+    private let port = ReadySignal<Int>()
+    private let connections = Mutex<[Int: FeedConnection]>([:])
+    private let nextConnection = Mutex(1)
+    private let logger: Logger
+
+    struct FeedConnection: Sendable {
+        var topics: Set<Topic> = []
+        let frames: AsyncStream<ByteBuffer>.Continuation
+
+        func wants(_ event: MarketEvent) -> Bool {
+            topics.contains(Topic(eventType: event.eventType, ticker: event.ticker))
+                || topics.contains(.wildcard(event.eventType))
+        }
+    }
+
+    public init(configuration: DemoFeedConfiguration = DemoFeedConfiguration(), logger: Logger = Logger(label: "relay.demo-feed")) {
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// The port the feed listens on, once it does.
+    public func listeningPort() async throws -> Int { try await port.wait() }
+
+    /// The URL a client connects to, once the feed listens.
+    public func url() async throws -> String {
+        "ws://\(configuration.host):\(try await listeningPort())/\(configuration.market)"
+    }
+
+    public func run() async throws {
+        let app = makeApplication()
+        do {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await app.run() }
+                group.addTask { await cancelWhenGracefulShutdown { await self.generate() } }
+                try await group.next()
+                if Task.isShuttingDownGracefully {
+                    try await group.waitForAll()
+                } else {
+                    group.cancelAll()
+                }
+            }
+        } catch {
+            port.fail(error)
+            throw error
+        }
+        port.fail(CancellationError())
+    }
+
+    private func makeApplication() -> some ApplicationProtocol {
+        let webSocketRouter = Router(context: BasicWebSocketRequestContext.self)
+        webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, context in
+            try await self.serve(inbound: inbound, outbound: outbound, logger: context.logger)
+        }
+        let router = Router()
+        router.get("/healthz") { _, _ in "ok" }
+        let port = self.port
+        return Application(
+            router: router,
+            server: .http1WebSocketUpgrade(
+                webSocketRouter: webSocketRouter,
+                configuration: .init(ws: .init(maxFrameSize: 1 << 20, autoPing: .disabled))),
+            configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay-demo-feed"),
+            onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },
+            logger: logger
+        )
+    }
+
+    // MARK: one client
+
+    private func serve(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, logger: Logger) async throws {
+        let id = nextConnection.withLock { value in
+            defer { value += 1 }
+            return value
+        }
+        let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingOldest(10_000))
+        connections.withLock { $0[id] = FeedConnection(frames: continuation) }
+        monitor.update { snapshot in
+            snapshot.openConnections += 1
+            snapshot.totalConnections += 1
+        }
+        defer {
+            continuation.finish()
+            connections.withLock { _ = $0.removeValue(forKey: id) }
+            monitor.update { $0.openConnections -= 1 }
+        }
+
+        try await send(StatusMessage.connected.frame, to: outbound)
+        let expectedKey = configuration.apiKey
+        var session = ServerSession { key in
+            guard let expectedKey else { return !key.isEmpty }
+            return key == expectedKey
+        }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await frame in frames { try await self.send(frame, to: outbound) }
+            }
+            for try await message in inbound.messages(maxSize: 1 << 20) {
+                let buffer: ByteBuffer
+                switch message {
+                case .text(let text): buffer = ByteBuffer(string: text)
+                case .binary(let data): buffer = data
+                }
+                let wasAuthenticated = session.isAuthenticated
+                let reaction = session.receive(buffer)
+                if let action = try? ClientAction.decode(buffer) {
+                    monitor.update { snapshot in
+                        snapshot.actions.append(.init(connection: id, kind: action.kind, params: action.params))
+                        if !wasAuthenticated && session.isAuthenticated { snapshot.authenticatedConnections += 1 }
+                    }
+                }
+                for frame in reaction.frames { try await send(frame, to: outbound) }
+                if reaction.close {
+                    try await outbound.close(.policyViolation, reason: "authentication failed")
+                    break
+                }
+                let topics = session.topics
+                connections.withLock { $0[id]?.topics = topics }
+            }
+            group.cancelAll()
+        }
+    }
+
+    private func send(_ frame: ByteBuffer, to outbound: WebSocketOutboundWriter) async throws {
+        guard let fragmentSize = configuration.fragmentSize, fragmentSize > 0, frame.readableBytes > fragmentSize else {
+            try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: frame)))
+            return
+        }
+        var remaining = frame
+        try await outbound.withTextMessageWriter { writer in
+            while remaining.readableBytes > 0, let piece = remaining.readSlice(length: min(fragmentSize, remaining.readableBytes)) {
+                try await writer(piece)
+            }
+        }
+    }
+
+    // MARK: the market
+
+    private func generate() async {
+        var market = DemoMarket(
+            generatedTickers: configuration.generatedTickers,
+            seed: configuration.seed ?? UInt64.random(in: 0...UInt64.max))
+        let clock = ContinuousClock()
+        let tick = configuration.tickInterval
+        let perTick = configuration.eventsPerSecond * Double(tick.components.seconds) + configuration.eventsPerSecond * Double(tick.components.attoseconds) / 1e18
+        var owed = 0.0
+        var nextTick = clock.now
+        var barStart = Self.unixMilliseconds()
+        var nextBar = clock.now + configuration.aggregateInterval
+        while !Task.isCancelled {
+            nextTick = nextTick.advanced(by: tick)
+            do {
+                try await clock.sleep(until: nextTick)
+            } catch {
+                return
+            }
+            let now = Self.unixMilliseconds()
+            owed += perTick
+            var events: [MarketEvent] = []
+            while owed >= 1 {
+                events.append(market.nextEvent(timestamp: now))
+                owed -= 1
+            }
+            if clock.now >= nextBar {
+                events += market.aggregates(start: barStart, end: now)
+                barStart = now
+                nextBar = nextBar.advanced(by: configuration.aggregateInterval)
+            }
+            // A machine that fell behind catches up from now rather than bursting.
+            if clock.now - nextTick > tick * 10 { nextTick = clock.now }
+            broadcast(events)
+        }
+    }
+
+    private func broadcast(_ events: [MarketEvent]) {
+        guard !events.isEmpty else { return }
+        let targets = connections.withLock { Array($0.values) }
+        var frames = 0
+        var sent = 0
+        for connection in targets where !connection.topics.isEmpty {
+            let wanted = events.filter(connection.wants)
+            guard !wanted.isEmpty else { continue }
+            var start = 0
+            while start < wanted.count {
+                let end = min(start + max(configuration.maxEventsPerFrame, 1), wanted.count)
+                for frame in FrameEncoder.frames(for: wanted[start..<end]) {
+                    connection.frames.yield(frame)
+                    frames += 1
+                }
+                start = end
+            }
+            sent += wanted.count
+        }
+        if frames > 0 { monitor.countSent(frames: frames, events: sent) }
+    }
+
+    static func unixMilliseconds() -> Int64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_REALTIME, &spec)
+        return Int64(spec.tv_sec) * 1000 + Int64(spec.tv_nsec) / 1_000_000
+    }
+}

@@ -1,0 +1,50 @@
+/// How the synthetic market behaves. Value type, `Sendable`.
+public struct DemoFeedConfiguration: Sendable {
+    public var host: String
+    /// 0 picks a free port; read the bound one from ``DemoFeed/listeningPort()``.
+    public var port: Int
+    /// The path the feed serves, `/stocks`.
+    public var market: String
+    /// The key clients must send; `nil` accepts any non-empty key.
+    public var apiKey: String?
+    /// Quotes and trades per second across the whole universe.
+    public var eventsPerSecond: Double
+    /// How often events are generated and sent (each tick's events share frames).
+    public var tickInterval: Duration
+    /// Events per frame at most, as Polygon batches them.
+    public var maxEventsPerFrame: Int
+    /// How often `AM` aggregates are emitted (a minute in a real market).
+    public var aggregateInterval: Duration
+    /// How many generated tickers join AAPL, MSFT, NVDA and the other majors.
+    public var generatedTickers: Int
+    /// Seed for a repeatable market; `nil` seeds from the system.
+    public var seed: UInt64?
+    /// When set, every frame is sent as WebSocket fragments of this many bytes (tests reassembly).
+    public var fragmentSize: Int?
+
+    public init(
+        host: String = "127.0.0.1",
+        port: Int = 9009,
+        market: String = "stocks",
+        apiKey: String? = nil,
+        eventsPerSecond: Double = 500,
+        tickInterval: Duration = .milliseconds(20),
+        maxEventsPerFrame: Int = 50,
+        aggregateInterval: Duration = .seconds(60),
+        generatedTickers: Int = 300,
+        seed: UInt64? = nil,
+        fragmentSize: Int? = nil
+    ) {
+        self.host = host
+        self.port = port
+        self.market = market
+        self.apiKey = apiKey
+        self.eventsPerSecond = eventsPerSecond
+        self.tickInterval = tickInterval
+        self.maxEventsPerFrame = maxEventsPerFrame
+        self.aggregateInterval = aggregateInterval
+        self.generatedTickers = generatedTickers
+        self.seed = seed
+        self.fragmentSize = fragmentSize
+    }
+}

@@ -1,0 +1,26 @@
+import NIOCore
+
+/// One market event as Polygon sent it: its type, its ticker, and its original bytes.
+///
+/// Value type, `Sendable`. `bytes` is a slice of the frame it arrived in (no copy); the relay forwards
+/// exactly these bytes, so unknown fields and number formats survive unchanged.
+public struct MarketEvent: Sendable {
+    /// The `ev` field, e.g. `Q`.
+    public let eventType: String
+    /// The ticker from the field this event type routes by, e.g. `AAPL`.
+    public let ticker: String
+    /// The event object's original JSON bytes, `{` to `}`.
+    public let bytes: ByteBuffer
+
+    public init(eventType: String, ticker: String, bytes: ByteBuffer) {
+        self.eventType = eventType
+        self.ticker = ticker
+        self.bytes = bytes
+    }
+
+    /// The topic this event is delivered on, e.g. `Q.AAPL`.
+    public var topic: Topic { Topic(eventType: eventType, ticker: ticker) }
+
+    /// The event's JSON text (for logs, tests and HTTP answers; not for the hot path).
+    public var json: String { String(buffer: bytes) }
+}

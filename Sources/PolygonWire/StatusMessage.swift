@@ -1,0 +1,71 @@
+import NIOCore
+
+/// A Polygon status object, `{"ev":"status","status":"…","message":"…"}`.
+///
+/// Value type, `Sendable`. The relay both reads these from the upstream and writes them downstream.
+public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
+    public var status: String
+    public var message: String
+
+    public init(status: String, message: String) {
+        self.status = status
+        self.message = message
+    }
+
+    /// The status values Polygon uses, plus the relay's own notices.
+    public enum Kind {
+        public static let connected = "connected"
+        public static let authSuccess = "auth_success"
+        public static let authFailed = "auth_failed"
+        public static let authTimeout = "auth_timeout"
+        public static let success = "success"
+        public static let error = "error"
+        public static let maxConnections = "max_connections"
+    }
+
+    public static let connected = StatusMessage(status: Kind.connected, message: "Connected Successfully")
+    public static let authSuccess = StatusMessage(status: Kind.authSuccess, message: "authenticated")
+    public static let authFailed = StatusMessage(status: Kind.authFailed, message: "authentication failed")
+    public static let authTimeout = StatusMessage(status: Kind.authTimeout, message: "No authentication request received.")
+
+    public static func error(_ message: String) -> StatusMessage {
+        StatusMessage(status: Kind.error, message: message)
+    }
+
+    /// This status as one JSON object.
+    public var json: String {
+        #"{"ev":"status","status":"\#(JSONText.escape(status))","message":"\#(JSONText.escape(message))"}"#
+    }
+
+    public var description: String { "\(status): \(message)" }
+
+    /// Statuses encoded as one server frame (a JSON array).
+    public static func frame(_ statuses: [StatusMessage]) -> ByteBuffer {
+        ByteBuffer(string: "[" + statuses.map(\.json).joined(separator: ",") + "]")
+    }
+
+    /// One status as its own server frame.
+    public var frame: ByteBuffer { StatusMessage.frame([self]) }
+}
+
+/// JSON string escaping for the few strings the relay writes itself.
+public enum JSONText {
+    public static func escape(_ text: String) -> String {
+        var out = ""
+        out.reserveCapacity(text.utf8.count)
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case let s where s.value < 0x20:
+                let hex = String(s.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
+    }
+}

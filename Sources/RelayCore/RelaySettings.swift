@@ -1,0 +1,198 @@
+import Configuration
+import DemoFeed
+import Foundation
+import Logging
+import SystemPackage
+import Upstream
+
+/// Everything `relay serve` needs, resolved from flags, environment, a YAML file and defaults, in that
+/// order of precedence. Value type, `Sendable`.
+public struct RelaySettings: Sendable {
+    /// `HOST:PORT`, e.g. `127.0.0.1:8080` or `[::1]:8080`.
+    public struct Address: Sendable, Equatable, CustomStringConvertible {
+        public var host: String
+        public var port: Int
+
+        public init(host: String, port: Int) {
+            self.host = host
+            self.port = port
+        }
+
+        /// Parses `HOST:PORT`; IPv6 hosts in brackets.
+        public init?(_ text: String) {
+            let text = text.trimmingCharacters(in: .whitespaces)
+            guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
+                (0...65535).contains(port)
+            else { return nil }
+            var host = String(text[..<colon])
+            if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+            guard !host.isEmpty else { return nil }
+            self.init(host: host, port: port)
+        }
+
+        public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+    }
+
+    public var listen: Address
+    /// The upstream's URL; `nil` runs the built-in demo feed in-process and connects to it.
+    public var upstream: UpstreamConfiguration.Endpoint?
+    /// The upstream API key (required with a real upstream).
+    public var upstreamKey: String?
+    /// A PEM file of extra trusted CAs for a `wss://` upstream.
+    public var upstreamCAFile: String?
+    /// The relay's own client keys.
+    public var clientKeys: [String]
+    /// Events per second of the in-process demo feed.
+    public var demoRate: Double
+    public var logLevel: Logger.Level
+
+    public init(
+        listen: Address = Address(host: "127.0.0.1", port: 8080),
+        upstream: UpstreamConfiguration.Endpoint? = nil,
+        upstreamKey: String? = nil,
+        upstreamCAFile: String? = nil,
+        clientKeys: [String] = [],
+        demoRate: Double = 500,
+        logLevel: Logger.Level = .info
+    ) {
+        self.listen = listen
+        self.upstream = upstream
+        self.upstreamKey = upstreamKey
+        self.upstreamCAFile = upstreamCAFile
+        self.clientKeys = clientKeys
+        self.demoRate = demoRate
+        self.logLevel = logLevel
+    }
+
+    /// Values given on the command line; `nil` means "not given".
+    public struct Flags: Sendable {
+        public var listen: String?
+        public var upstream: String?
+        public var upstreamKey: String?
+        public var upstreamCAFile: String?
+        public var clientKeys: String?
+        public var demoRate: Double?
+        public var logLevel: String?
+        public var configFile: String?
+
+        public init(
+            listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
+            clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil
+        ) {
+            self.listen = listen
+            self.upstream = upstream
+            self.upstreamKey = upstreamKey
+            self.upstreamCAFile = upstreamCAFile
+            self.clientKeys = clientKeys
+            self.demoRate = demoRate
+            self.logLevel = logLevel
+            self.configFile = configFile
+        }
+    }
+
+    /// The documented environment variables and the configuration key each one sets.
+    public static let environmentNames: [(variable: String, key: String)] = [
+        ("RELAY_LISTEN", "listen"),
+        ("RELAY_UPSTREAM", "upstream.url"),
+        ("POLYGON_API_KEY", "upstream.key"),
+        ("RELAY_UPSTREAM_CA_FILE", "upstream.caFile"),
+        ("RELAY_CLIENT_KEYS", "client.keys"),
+        ("RELAY_DEMO_RATE", "demo.rate"),
+        ("RELAY_LOG_LEVEL", "log.level"),
+    ]
+
+    /// A setting that could not be used, named so the user can fix it.
+    public struct InvalidSetting: Error, Sendable, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Resolves settings: flag > environment > file (`--config` or `RELAY_CONFIG`) > default.
+    public static func resolve(flags: Flags, environment: [String: String]) async throws -> RelaySettings {
+        var providers: [any ConfigProvider] = []
+        var given: [AbsoluteConfigKey: ConfigValue] = [:]
+        func put(_ key: String, _ content: ConfigContent?, secret: Bool = false) {
+            if let content { given[AbsoluteConfigKey(stringLiteral: key)] = ConfigValue(content, isSecret: secret) }
+        }
+        put("listen", flags.listen.map(ConfigContent.string))
+        put("upstream.url", flags.upstream.map(ConfigContent.string))
+        put("upstream.key", flags.upstreamKey.map(ConfigContent.string), secret: true)
+        put("upstream.caFile", flags.upstreamCAFile.map(ConfigContent.string))
+        put("client.keys", flags.clientKeys.map { .stringArray(splitList($0)) }, secret: true)
+        put("demo.rate", flags.demoRate.map(ConfigContent.double))
+        put("log.level", flags.logLevel.map(ConfigContent.string))
+        providers.append(InMemoryProvider(name: "flags", values: given))
+
+        // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
+        // read as `UPSTREAM_URL`), so only the documented names take effect.
+        var renamed: [String: String] = [:]
+        for (variable, key) in environmentNames {
+            if let value = environment[variable], !value.isEmpty {
+                renamed[key.replacingOccurrences(of: ".", with: "_").camelToSnake().uppercased()] = value
+            }
+        }
+        providers.append(
+            EnvironmentVariablesProvider(
+                environmentVariables: renamed, secretsSpecifier: .specific(["UPSTREAM_KEY", "CLIENT_KEYS"])))
+
+        if let file = flags.configFile ?? environment["RELAY_CONFIG"], !file.isEmpty {
+            guard FileManager.default.fileExists(atPath: file) else {
+                throw InvalidSetting(description: "config file not found: \(file)")
+            }
+            do {
+                providers.append(try await FileProvider<YAMLSnapshot>(filePath: FilePath(file)))
+            } catch {
+                throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
+            }
+        }
+        let config = ConfigReader(providers: providers)
+
+        var settings = RelaySettings()
+        if let listen = config.string(forKey: "listen") {
+            guard let address = Address(listen) else {
+                throw InvalidSetting(description: "listen: expected HOST:PORT, got \"\(listen)\"")
+            }
+            settings.listen = address
+        }
+        if let url = config.string(forKey: "upstream.url"), !url.isEmpty {
+            guard let endpoint = UpstreamConfiguration.Endpoint(url) else {
+                throw InvalidSetting(description: "upstream: expected a ws:// or wss:// URL, got \"\(url)\"")
+            }
+            settings.upstream = endpoint
+        }
+        settings.upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
+        settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
+        settings.clientKeys = config.stringArray(forKey: "client.keys", isSecret: true)?
+            .flatMap(splitList) ?? []
+        if let rate = config.double(forKey: "demo.rate") {
+            guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
+            settings.demoRate = rate
+        }
+        if let level = config.string(forKey: "log.level") {
+            guard let parsed = Logger.Level(rawValue: level.lowercased()) else {
+                throw InvalidSetting(description: "log level: one of trace, debug, info, notice, warning, error, critical; got \"\(level)\"")
+            }
+            settings.logLevel = parsed
+        }
+        if settings.upstream != nil, (settings.upstreamKey ?? "").isEmpty {
+            throw InvalidSetting(
+                description: "an upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file")
+        }
+        return settings
+    }
+
+    static func splitList(_ text: String) -> [String] {
+        text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+    }
+}
+
+extension String {
+    /// `caFile` → `ca_file`, the way swift-configuration names environment variables.
+    func camelToSnake() -> String {
+        var out = ""
+        for character in self {
+            if character.isUppercase, let last = out.last, last.isLowercase { out.append("_") }
+            out.append(character)
+        }
+        return out
+    }
+}

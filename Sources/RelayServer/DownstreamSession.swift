@@ -1,0 +1,69 @@
+import HummingbirdWebSocket
+import Logging
+import MarketDataHub
+import NIOCore
+import NIOWebSocket
+import PolygonWire
+
+/// One downstream WebSocket client: the Polygon conversation (``ServerSession``) on the way in, the
+/// client's hub subscription on the way out.
+///
+/// Lives for one connection, inside the WebSocket handler's task. Its reader (this task) and its writer
+/// (a child task draining the hub stream) share the outbound writer, which orders concurrent writes.
+/// Acknowledgements are written before the hub starts sending a new topic, so a client never sees an
+/// event before the ack of its subscription.
+struct DownstreamSession {
+    let hub: MarketDataHub
+    let configuration: RelayServerConfiguration
+    let logger: Logger
+
+    func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {
+        try await write(StatusMessage.connected.frame, to: outbound)
+        let subscription = await hub.subscribe()
+        let authentication = configuration.authentication
+        var session = ServerSession { authentication.accepts($0) }
+        var logger = self.logger
+        logger[metadataKey: "subscriber"] = "\(subscription.id)"
+        logger.debug("downstream client connected")
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await event in subscription.events {
+                    try await write(FrameEncoder.frame(for: event), to: outbound)
+                }
+            }
+            let authTimeout = Task { [configuration] in
+                try await Task.sleep(for: configuration.authTimeout)
+                try await write(StatusMessage.authTimeout.frame, to: outbound)
+                try await outbound.close(.policyViolation, reason: "no authentication")
+            }
+            defer {
+                authTimeout.cancel()
+                group.cancelAll()
+            }
+            for try await message in inbound.messages(maxSize: configuration.maxClientMessageBytes) {
+                let buffer: ByteBuffer
+                switch message {
+                case .text(let text): buffer = ByteBuffer(string: text)
+                case .binary(let data): buffer = data
+                }
+                let reaction = session.receive(buffer)
+                if session.isAuthenticated { authTimeout.cancel() }
+                for frame in reaction.frames { try await write(frame, to: outbound) }
+                if reaction.close {
+                    logger.info("downstream client refused: authentication failed")
+                    try await outbound.close(.policyViolation, reason: "authentication failed")
+                    break
+                }
+                if !reaction.added.isEmpty { await hub.add(reaction.added, to: subscription.id) }
+                if !reaction.removed.isEmpty { await hub.remove(reaction.removed, from: subscription.id) }
+            }
+            await hub.remove(subscription.id)
+        }
+        logger.debug("downstream client left")
+    }
+
+    private func write(_ frame: ByteBuffer, to outbound: WebSocketOutboundWriter) async throws {
+        try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: frame)))
+    }
+}

@@ -1,0 +1,127 @@
+import AsyncSupport
+import Foundation
+import Hummingbird
+import HummingbirdWebSocket
+import Logging
+import MarketDataHub
+import NIOCore
+import PolygonWire
+import ServiceLifecycle
+import Upstream
+
+/// The relay's downstream face: the Polygon WebSocket endpoint at `/<market>` and the HTTP routes on
+/// the same port (`/healthz`, `/v1/last/{topic}`).
+///
+/// `Sendable`; a `Service` whose ``run()`` serves until graceful shutdown or cancellation.
+public final class RelayServer: Service, Sendable {
+    public let configuration: RelayServerConfiguration
+    private let hub: MarketDataHub
+    private let upstream: PolygonWebSocket
+    private let port = ReadySignal<Int>()
+    private let logger: Logger
+
+    public init(configuration: RelayServerConfiguration, hub: MarketDataHub, upstream: PolygonWebSocket, logger: Logger = Logger(label: "relay.server")) {
+        self.configuration = configuration
+        self.hub = hub
+        self.upstream = upstream
+        self.logger = logger
+    }
+
+    /// The port the server listens on, once it does.
+    public func listeningPort() async throws -> Int { try await port.wait() }
+
+    public func run() async throws {
+        do {
+            try await makeApplication().run()
+        } catch {
+            port.fail(error)
+            throw error
+        }
+        port.fail(CancellationError())
+    }
+
+    private func makeApplication() -> some ApplicationProtocol {
+        let webSocketRouter = Router(context: BasicWebSocketRequestContext.self)
+        let hub = self.hub
+        let configuration = self.configuration
+        let logger = self.logger
+        webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, _ in
+            try await DownstreamSession(hub: hub, configuration: configuration, logger: logger)
+                .run(inbound: inbound, outbound: outbound)
+        }
+
+        let router = Router()
+        router.get("/healthz") { _, _ in try await self.health() }
+        router.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
+
+        let port = self.port
+        return Application(
+            router: router,
+            server: .http1WebSocketUpgrade(
+                webSocketRouter: webSocketRouter,
+                configuration: .init(ws: .init(maxFrameSize: configuration.maxClientMessageBytes, autoPing: .enabled(timePeriod: .seconds(30))))),
+            configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay"),
+            onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },
+            logger: logger
+        )
+    }
+
+    // MARK: HTTP
+
+    struct Health: Encodable {
+        struct UpstreamHealth: Encodable {
+            var state: String
+            var detail: String?
+            var url: String
+            var subscribedTopics: Int
+            var lastMessageAgeMs: Int64?
+            var messagesReceived: Int
+            var eventsReceived: Int
+            var malformedMessages: Int
+        }
+
+        var status: String
+        var market: String
+        var upstream: UpstreamHealth
+        var subscribers: Int
+    }
+
+    private func health() async throws -> Response {
+        let state = upstream.state
+        let statistics = upstream.statistics
+        let age = upstream.lastMessageAt.map { ContinuousClock.now - $0 }
+        let healthy = state == .authenticated
+        let body = Health(
+            status: healthy ? "ok" : "degraded",
+            market: configuration.market,
+            upstream: .init(
+                state: state.name,
+                detail: state.detail,
+                url: upstream.configuration.endpoint.description,
+                subscribedTopics: upstream.subscribedTopics.count,
+                lastMessageAgeMs: age.map { $0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000 },
+                messagesReceived: statistics.messagesReceived,
+                eventsReceived: statistics.eventsReceived,
+                malformedMessages: statistics.malformedMessages),
+            subscribers: await hub.subscriberCount)
+        return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
+    }
+
+    private func lastEvent(_ path: String) async throws -> Response {
+        let decoded = path.removingPercentEncoding ?? path
+        guard let topic = Topic(parsing: decoded), !topic.isWildcard else {
+            return try Self.json(["error": "not a topic: \(decoded) (expected EVENT.TICKER, e.g. Q.AAPL)"], status: .badRequest)
+        }
+        guard let event = await hub.lastEvent(for: topic) else {
+            return try Self.json(["error": "no event for \(topic) yet"], status: .notFound)
+        }
+        return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: event.bytes))
+    }
+
+    static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        let data = try encoder.encode(value)
+        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+}

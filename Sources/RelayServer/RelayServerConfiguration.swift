@@ -1,0 +1,29 @@
+/// How the downstream server listens and whom it lets in. Value type, `Sendable`.
+public struct RelayServerConfiguration: Sendable {
+    public var host: String
+    /// 0 picks a free port; read the bound one from ``RelayServer/listeningPort()``.
+    public var port: Int
+    /// The market path clients connect to, `stocks` for `/stocks` (the upstream's market).
+    public var market: String
+    public var authentication: ClientAuthentication
+    /// How long a client may stay connected without authenticating.
+    public var authTimeout: Duration
+    /// Largest client message accepted (a long subscribe list is large; Polygon's own limit is unknown).
+    public var maxClientMessageBytes: Int
+
+    public init(
+        host: String = "127.0.0.1",
+        port: Int = 8080,
+        market: String = "stocks",
+        authentication: ClientAuthentication = .anyKeyOnLoopback,
+        authTimeout: Duration = .seconds(10),
+        maxClientMessageBytes: Int = 1 << 20
+    ) {
+        self.host = host
+        self.port = port
+        self.market = market
+        self.authentication = authentication
+        self.authTimeout = authTimeout
+        self.maxClientMessageBytes = maxClientMessageBytes
+    }
+}

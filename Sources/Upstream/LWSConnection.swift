@@ -1,0 +1,537 @@
+import CLibWebSockets
+import Foundation
+import Logging
+import NIOCore
+import PolygonWire
+import Synchronization
+
+let lwsLogger = Logger(label: "relay.lws")
+
+/// The libwebsockets side of ``PolygonWebSocket``: one `lws_context`, its service thread, and the
+/// Polygon handshake state machine.
+///
+/// Concurrency contract (the C boundary): every lws call except `lws_cancel_service` happens on the
+/// service thread. Other threads only change ``Shared`` under `shared`'s lock and wake the thread with
+/// `lws_cancel_service`, also under that lock, so the context cannot be destroyed in between. That lock
+/// is what makes this type `Sendable`.
+final class LWSConnection: Sendable {
+    /// All mutable state. Touched by the service thread and by callers of the public API, always under
+    /// the lock.
+    struct Shared: ~Copyable {
+        var context: LWSHandle?
+        var retryPolicy: LWSRetryPolicy?
+        var wsi: LWSHandle?
+        var established = false
+        var connectInFlight = false
+        var connectRequested = false
+        var stopping = false
+        var closeRequested = false
+        var exitLoop = false
+        var outbox: [String] = []
+        var wanted: Set<Topic> = []
+        var subscribed: Set<Topic> = []
+        var authenticatedSince: ContinuousClock.Instant?
+        var endCause: ConnectionEnd.Cause?
+        var peerClose: String?
+        var state: UpstreamState = .idle
+        var stateWatchers: [UInt64: AsyncStream<UpstreamState>.Continuation] = [:]
+        var nextWatcher: UInt64 = 0
+        var rx = ByteBuffer()
+        var rxOversized = false
+        var statistics = UpstreamStatistics()
+        var lastMessageAt: ContinuousClock.Instant?
+    }
+
+    let configuration: UpstreamConfiguration
+    let logger: Logger
+    let shared = Mutex(Shared())
+    let eventContinuation: AsyncStream<[MarketEvent]>.Continuation
+    let endContinuation: AsyncStream<ConnectionEnd>.Continuation
+    let exitContinuation: AsyncStream<Void>.Continuation
+
+    /// Protocol names and the policy lws keeps pointers to for the context's lifetime.
+    private static let protocolName = "relay-upstream"
+    /// Longest `params` of one subscribe/unsubscribe message we send.
+    static let maxParamsBytes = 8 * 1024
+
+    init(
+        configuration: UpstreamConfiguration,
+        logger: Logger,
+        events: AsyncStream<[MarketEvent]>.Continuation,
+        ends: AsyncStream<ConnectionEnd>.Continuation,
+        exit: AsyncStream<Void>.Continuation
+    ) {
+        self.configuration = configuration
+        self.logger = logger
+        self.eventContinuation = events
+        self.endContinuation = ends
+        self.exitContinuation = exit
+    }
+
+    // MARK: the service thread
+
+    /// Creates the context and services it until asked to stop. Runs on the dedicated thread.
+    func serviceLoop(ready: @Sendable (Result<Void, UpstreamError>) -> Void) {
+        lws_set_log_level(relay_lws_log_levels(), relayLWSLog)
+
+        let protocols = UnsafeMutablePointer<lws_protocols>.allocate(capacity: 2)
+        let name = strdup(Self.protocolName)
+        protocols.initialize(repeating: lws_protocols(), count: 2)
+        protocols[0].name = UnsafePointer(name)
+        protocols[0].callback = relayLWSCallback
+        protocols[0].rx_buffer_size = 64 * 1024
+        let retryTable = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
+        retryTable.initialize(to: 1000)
+        let retry = UnsafeMutablePointer<lws_retry_bo_t>.allocate(capacity: 1)
+        retry.initialize(to: lws_retry_bo_t())
+        retry.pointee.retry_ms_table = UnsafePointer(retryTable)
+        retry.pointee.retry_ms_table_count = 1
+        retry.pointee.secs_since_valid_ping = UInt16(clamping: configuration.pingInterval.components.seconds)
+        retry.pointee.secs_since_valid_hangup = UInt16(clamping: configuration.deadAfter.components.seconds)
+        let caFile = configuration.caFile.map { strdup($0) }
+        defer {
+            free(name)
+            protocols.deallocate()
+            retryTable.deallocate()
+            retry.deallocate()
+            if let caFile { free(caFile) }
+        }
+
+        var info = lws_context_creation_info()
+        info.port = relay_lws_context_port_no_listen()
+        info.protocols = UnsafePointer(protocols)
+        info.gid = -1
+        info.uid = -1
+        info.options = relay_lws_option_ssl_global_init()
+        info.fd_limit_per_thread = 64
+        info.retry_and_idle_policy = UnsafePointer(retry)
+        if let caFile { info.client_ssl_ca_filepath = UnsafePointer(caFile) }
+        info.user = Unmanaged.passUnretained(self).toOpaque()
+
+        guard let context = lws_create_context(&info) else {
+            ready(.failure(.contextCreationFailed))
+            finishThread()
+            return
+        }
+        shared.withLock { state in
+            state.context = LWSHandle(pointer: context)
+            state.retryPolicy = LWSRetryPolicy(pointer: UnsafePointer(retry))
+        }
+        ready(.success(()))
+        // Pick up whatever was requested before the context existed.
+        lws_cancel_service(context)
+
+        while !shared.withLock({ $0.exitLoop }) {
+            if lws_service(context, 0) < 0 { break }
+        }
+        shared.withLock { state in
+            state.context = nil
+            state.retryPolicy = nil
+        }
+        lws_context_destroy(context)
+        finishThread()
+    }
+
+    private func finishThread() {
+        setState(.stopped)
+        eventContinuation.finish()
+        endContinuation.finish()
+        shared.withLock { state in
+            for watcher in state.stateWatchers.values { watcher.finish() }
+            state.stateWatchers.removeAll()
+        }
+        exitContinuation.yield(())
+        exitContinuation.finish()
+    }
+
+    // MARK: requests from other threads
+
+    /// Wakes the service thread; a no-op once the context is gone.
+    func wake(_ state: inout Shared) {
+        if let context = state.context { lws_cancel_service(context.pointer) }
+    }
+
+    func requestConnect() {
+        shared.withLock { state in
+            guard !state.stopping else { return }
+            state.connectRequested = true
+            wake(&state)
+        }
+    }
+
+    func requestStop() {
+        shared.withLock { state in
+            state.stopping = true
+            wake(&state)
+        }
+    }
+
+    /// Ends the service loop even if the close handshake never completes.
+    func forceExit() {
+        shared.withLock { state in
+            state.stopping = true
+            state.exitLoop = true
+            wake(&state)
+        }
+    }
+
+    func setWanted(_ topics: Set<Topic>) {
+        shared.withLock { state in
+            state.wanted = topics
+            guard state.authenticatedSince != nil else { return }
+            let added = topics.subtracting(state.subscribed)
+            let removed = state.subscribed.subtracting(topics)
+            // Subscribe before unsubscribing, so a move from tickers to a wildcard leaves no gap.
+            state.outbox += Self.actions(.subscribe, added)
+            state.outbox += Self.actions(.unsubscribe, removed)
+            state.subscribed = topics
+            if !added.isEmpty || !removed.isEmpty { wake(&state) }
+        }
+    }
+
+    /// Topic changes as few messages as the protocol allows: one per `maxParamsBytes` of params.
+    static func actions(_ kind: ClientAction.Kind, _ topics: Set<Topic>) -> [String] {
+        var messages: [String] = []
+        var params = ""
+        for topic in topics.sorted() {
+            let entry = topic.description
+            if !params.isEmpty, params.utf8.count + entry.utf8.count + 1 > maxParamsBytes {
+                messages.append(ClientAction(kind, params: params).json)
+                params = ""
+            }
+            params += params.isEmpty ? entry : "," + entry
+        }
+        if !params.isEmpty { messages.append(ClientAction(kind, params: params).json) }
+        return messages
+    }
+
+    // MARK: state
+
+    func setState(_ new: UpstreamState) {
+        let changed: (old: UpstreamState, watchers: [AsyncStream<UpstreamState>.Continuation])? =
+            shared.withLock { state in
+                guard state.state != new else { return nil }
+                let old = state.state
+                state.state = new
+                return (old, Array(state.stateWatchers.values))
+            }
+        guard let changed else { return }
+        logger.info(
+            "upstream \(changed.old.name) → \(new)",
+            metadata: ["upstream": "\(configuration.endpoint)"])
+        for watcher in changed.watchers { watcher.yield(new) }
+    }
+
+    func stateUpdates() -> AsyncStream<UpstreamState> {
+        let (stream, continuation) = AsyncStream.makeStream(of: UpstreamState.self)
+        let id: UInt64? = shared.withLock { state in
+            if state.state == .stopped && state.context == nil && state.stopping {
+                return nil
+            }
+            let id = state.nextWatcher
+            state.nextWatcher += 1
+            state.stateWatchers[id] = continuation
+            continuation.yield(state.state)
+            return id
+        }
+        guard let id else {
+            continuation.yield(.stopped)
+            continuation.finish()
+            return stream
+        }
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.shared.withLock { $0.stateWatchers.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    // MARK: callbacks (service thread only)
+
+    func handle(
+        wsi: OpaquePointer, reason: lws_callback_reasons, input: UnsafeMutableRawPointer?, length: Int
+    ) -> Int32 {
+        switch reason {
+        case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+            serviceRequests()
+        case LWS_CALLBACK_CLIENT_ESTABLISHED:
+            shared.withLock { state in
+                state.wsi = LWSHandle(pointer: wsi)
+                state.established = true
+                state.lastMessageAt = .now
+            }
+            setState(.authenticating)
+        case LWS_CALLBACK_CLIENT_RECEIVE:
+            receive(wsi: wsi, input: input, length: length)
+        case LWS_CALLBACK_CLIENT_WRITEABLE:
+            return write(wsi: wsi)
+        case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
+            let message = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "unknown error"
+            connectionEnded(cause: .failed, reason: "connection failed: \(message)")
+        case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
+            if let input, length >= 2 {
+                let bytes = UnsafeRawBufferPointer(start: input, count: length)
+                let code = Int(bytes[0]) << 8 | Int(bytes[1])
+                let text = String(decoding: bytes.dropFirst(2), as: UTF8.self)
+                shared.withLock { $0.peerClose = text.isEmpty ? "closed by upstream with \(code)" : "closed by upstream with \(code): \(text)" }
+            }
+        case LWS_CALLBACK_CLIENT_CLOSED:
+            let reason = shared.withLock { $0.peerClose } ?? "connection closed"
+            connectionEnded(cause: .closed, reason: reason)
+        case LWS_CALLBACK_CLIENT_RECEIVE_PONG:
+            shared.withLock { $0.lastMessageAt = .now }
+        default:
+            break
+        }
+        return 0
+    }
+
+    private enum Wakeup {
+        case none, connect, writable(OpaquePointer), exit
+    }
+
+    private func serviceRequests() {
+        let wakeup: Wakeup = shared.withLock { state in
+            if state.stopping {
+                if let wsi = state.wsi, state.established {
+                    state.closeRequested = true
+                    return .writable(wsi.pointer)
+                }
+                if !state.connectInFlight { state.exitLoop = true }
+                return .exit
+            }
+            if state.connectRequested, !state.connectInFlight {
+                state.connectRequested = false
+                state.connectInFlight = true
+                return .connect
+            }
+            if let wsi = state.wsi, state.established, !state.outbox.isEmpty || state.closeRequested {
+                return .writable(wsi.pointer)
+            }
+            return .none
+        }
+        switch wakeup {
+        case .none, .exit: break
+        case .connect: connect()
+        case .writable(let wsi): lws_callback_on_writable(wsi)
+        }
+    }
+
+    private func connect() {
+        guard let (context, retryPolicy) = shared.withLock({ state in state.context.map { ($0.pointer, state.retryPolicy?.pointer) } })
+        else { return }
+        setState(.connecting)
+        shared.withLock { state in
+            state.statistics.connectAttempts += 1
+            state.peerClose = nil
+            state.endCause = nil
+        }
+        let endpoint = configuration.endpoint
+        let hostHeader = (endpoint.port == (endpoint.secure ? 443 : 80)) ? endpoint.host : "\(endpoint.host):\(endpoint.port)"
+        let wsi: OpaquePointer? = endpoint.host.withCString { host in
+            endpoint.path.withCString { path in
+                hostHeader.withCString { hostHeader in
+                    Self.protocolName.withCString { protocolName in
+                        var info = lws_client_connect_info()
+                        info.context = context
+                        info.address = host
+                        info.port = Int32(endpoint.port)
+                        info.path = path
+                        info.host = hostHeader
+                        info.origin = hostHeader
+                        info.ietf_version_or_minus_one = -1
+                        info.local_protocol_name = protocolName
+                        info.ssl_connection = endpoint.secure ? relay_lws_client_flag_use_ssl() : 0
+                        info.retry_and_idle_policy = retryPolicy
+                        return lws_client_connect_via_info(&info)
+                    }
+                }
+            }
+        }
+        if wsi == nil {
+            // lws may or may not have reported CONNECTION_ERROR already; connectionEnded reports once.
+            connectionEnded(cause: .failed, reason: "connection failed: could not start the connection")
+        }
+    }
+
+    private func connectionEnded(cause: ConnectionEnd.Cause, reason: String) {
+        let end: ConnectionEnd? = shared.withLock { state in
+            guard state.connectInFlight else { return nil }
+            let authenticatedFor = state.authenticatedSince.map { ContinuousClock.now - $0 }
+            let finalCause = state.endCause ?? cause
+            state.connectInFlight = false
+            state.wsi = nil
+            state.established = false
+            state.closeRequested = false
+            state.authenticatedSince = nil
+            state.subscribed = []
+            state.outbox = []
+            state.rx.clear()
+            state.rxOversized = false
+            if state.stopping { state.exitLoop = true }
+            return ConnectionEnd(cause: finalCause, reason: reason, authenticatedFor: authenticatedFor)
+        }
+        guard let end else { return }
+        let stopping = shared.withLock { $0.stopping }
+        if stopping {
+            setState(.stopped)
+        } else {
+            switch end.cause {
+            case .authFailed, .maxConnections: break  // the state already says why
+            case .closed, .failed: setState(.disconnected(reason: end.reason))
+            }
+        }
+        endContinuation.yield(end)
+    }
+
+    private func write(wsi: OpaquePointer) -> Int32 {
+        enum Next { case close, send(String, more: Bool), nothing }
+        let next: Next = shared.withLock { state in
+            if state.closeRequested { return .close }
+            guard !state.outbox.isEmpty else { return .nothing }
+            let message = state.outbox.removeFirst()
+            return .send(message, more: !state.outbox.isEmpty)
+        }
+        switch next {
+        case .nothing:
+            return 0
+        case .close:
+            lws_close_reason(wsi, LWS_CLOSE_STATUS_NORMAL, nil, 0)
+            return -1
+        case .send(let message, let more):
+            var bytes = Array(message.utf8)
+            let pre = relay_lws_pre()
+            let count = bytes.count
+            var buffer = [UInt8](repeating: 0, count: pre + count)
+            buffer.replaceSubrange(pre..<(pre + count), with: bytes)
+            bytes = []
+            let written = buffer.withUnsafeMutableBufferPointer { pointer in
+                lws_write(wsi, pointer.baseAddress! + pre, count, LWS_WRITE_TEXT)
+            }
+            if written < count {
+                logger.warning("upstream write failed; closing the connection")
+                return -1
+            }
+            if more { lws_callback_on_writable(wsi) }
+            return 0
+        }
+    }
+
+    private func receive(wsi: OpaquePointer, input: UnsafeMutableRawPointer?, length: Int) {
+        let isFinal = lws_is_final_fragment(wsi) != 0
+        let complete: ByteBuffer? = shared.withLock { state in
+            state.lastMessageAt = .now
+            if !state.rxOversized {
+                if state.rx.readableBytes + length > configuration.maxMessageBytes {
+                    state.rxOversized = true
+                    state.rx.clear()
+                } else if let input, length > 0 {
+                    state.rx.writeBytes(UnsafeRawBufferPointer(start: input, count: length))
+                }
+            }
+            guard isFinal else { return nil }
+            if state.rxOversized {
+                state.rxOversized = false
+                state.statistics.oversizedMessages += 1
+                return nil
+            }
+            let message = state.rx
+            state.rx = ByteBuffer()
+            state.statistics.messagesReceived += 1
+            return message
+        }
+        guard isFinal else { return }
+        guard let complete else {
+            logger.warning(
+                "upstream message over \(configuration.maxMessageBytes) bytes dropped",
+                metadata: ["limit": "\(configuration.maxMessageBytes)"])
+            return
+        }
+        process(complete, wsi: wsi)
+    }
+
+    private func process(_ message: ByteBuffer, wsi: OpaquePointer) {
+        let parsed: ParsedFrame
+        do {
+            parsed = try FrameParser.parse(message)
+        } catch {
+            shared.withLock { $0.statistics.malformedMessages += 1 }
+            logger.warning(
+                "malformed upstream message dropped: \(error)",
+                metadata: ["bytes": "\(message.readableBytes)"])
+            return
+        }
+        for status in parsed.statuses { handle(status, wsi: wsi) }
+        if !parsed.events.isEmpty {
+            shared.withLock { $0.statistics.eventsReceived += parsed.events.count }
+            eventContinuation.yield(parsed.events)
+        }
+    }
+
+    private func handle(_ status: StatusMessage, wsi: OpaquePointer) {
+        switch status.status {
+        case StatusMessage.Kind.connected:
+            shared.withLock { $0.outbox.append(ClientAction(.auth, params: configuration.apiKey).json) }
+            lws_callback_on_writable(wsi)
+        case StatusMessage.Kind.authSuccess:
+            shared.withLock { state in
+                state.authenticatedSince = .now
+                state.subscribed = state.wanted
+                state.outbox += Self.actions(.subscribe, state.wanted)
+            }
+            setState(.authenticated)
+            lws_callback_on_writable(wsi)
+        case StatusMessage.Kind.authFailed:
+            shared.withLock { state in
+                state.endCause = .authFailed
+                state.closeRequested = true
+            }
+            setState(.authFailed(message: "upstream rejected the API key: \(status.message)"))
+            lws_callback_on_writable(wsi)
+        case StatusMessage.Kind.maxConnections:
+            shared.withLock { $0.endCause = .maxConnections }
+            setState(.rejected(message: "another connection holds this account's slot: \(status.message)"))
+        case StatusMessage.Kind.success:
+            logger.debug("upstream: \(status.message)")
+        case StatusMessage.Kind.error:
+            logger.warning("upstream error status: \(status.message)")
+        default:
+            logger.info("upstream status \(status.status): \(status.message)")
+        }
+    }
+}
+
+/// A libwebsockets object pointer kept in ``LWSConnection/Shared``.
+///
+/// `@unchecked Sendable` at the C boundary: lws objects are only used on the service thread, except
+/// `lws_cancel_service`, which lws documents as safe from any thread and which is only called under the
+/// lock that also guards the context's destruction.
+struct LWSHandle: @unchecked Sendable {
+    let pointer: OpaquePointer
+}
+
+/// The retry and idle policy lws keeps a pointer to; see ``LWSHandle`` for why this is `Sendable`.
+struct LWSRetryPolicy: @unchecked Sendable {
+    let pointer: UnsafePointer<lws_retry_bo_t>
+}
+
+/// Counters of the upstream connection since start. Value type, `Sendable`.
+public struct UpstreamStatistics: Sendable, Equatable {
+    public var connectAttempts = 0
+    public var messagesReceived = 0
+    public var eventsReceived = 0
+    public var malformedMessages = 0
+    public var oversizedMessages = 0
+}
+
+/// Errors the upstream client reports to its owner.
+public enum UpstreamError: Error, Sendable, CustomStringConvertible {
+    case contextCreationFailed
+    case invalidURL(String)
+
+    public var description: String {
+        switch self {
+        case .contextCreationFailed: "libwebsockets could not create its context (TLS setup or CA file?)"
+        case .invalidURL(let url): "not a ws:// or wss:// URL: \(url)"
+        }
+    }
+}

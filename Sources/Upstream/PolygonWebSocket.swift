@@ -1,0 +1,135 @@
+import Foundation
+import Logging
+import PolygonWire
+import ServiceLifecycle
+import Synchronization
+
+/// The relay's one upstream connection: a Polygon-style WebSocket client on libwebsockets.
+///
+/// It connects, waits for `connected`, authenticates with the upstream key, then keeps the upstream's
+/// subscriptions equal to ``setWantedTopics(_:)``'s latest set, across reconnects. Events arrive on
+/// ``events`` in the order the upstream sent them, one array per upstream message.
+///
+/// Concurrency: `Sendable`; every method may be called from any thread or task. libwebsockets runs on
+/// a thread of its own (see ``LWSConnection``); ``run()`` owns that thread's lifetime and the reconnect
+/// loop, and returns after a clean close once shut down (graceful shutdown, cancellation or
+/// ``shutdown()``).
+public final class PolygonWebSocket: Service, Sendable {
+    /// Every upstream message's events, in order. Finishes when the client stops.
+    public let events: AsyncStream<[MarketEvent]>
+
+    private let connection: LWSConnection
+    private let ends: AsyncStream<ConnectionEnd>
+    private let threadExit: AsyncStream<Void>
+    private let reconnectTask = Mutex<Task<Void, Never>?>(nil)
+    private let started = Mutex(false)
+    private let logger: Logger
+
+    public init(configuration: UpstreamConfiguration, logger: Logger = Logger(label: "relay.upstream")) {
+        let (events, eventContinuation) = AsyncStream.makeStream(of: [MarketEvent].self)
+        let (ends, endContinuation) = AsyncStream.makeStream(of: ConnectionEnd.self)
+        let (exit, exitContinuation) = AsyncStream.makeStream(of: Void.self)
+        self.events = events
+        self.ends = ends
+        self.threadExit = exit
+        self.logger = logger
+        self.connection = LWSConnection(
+            configuration: configuration, logger: logger,
+            events: eventContinuation, ends: endContinuation, exit: exitContinuation)
+    }
+
+    /// The configuration this client was made with.
+    public var configuration: UpstreamConfiguration { connection.configuration }
+
+    /// Where the connection stands now.
+    public var state: UpstreamState { connection.shared.withLock { $0.state } }
+
+    /// The current state, then every change, until the client stops.
+    public func stateUpdates() -> AsyncStream<UpstreamState> { connection.stateUpdates() }
+
+    /// Counters since start.
+    public var statistics: UpstreamStatistics { connection.shared.withLock { $0.statistics } }
+
+    /// The topics the upstream connection is subscribed to right now (empty while not authenticated).
+    public var subscribedTopics: Set<Topic> { connection.shared.withLock { $0.subscribed } }
+
+    /// When the last frame or pong arrived from the upstream.
+    public var lastMessageAt: ContinuousClock.Instant? { connection.shared.withLock { $0.lastMessageAt } }
+
+    /// Replaces the set of topics the upstream should send. While authenticated the difference is sent
+    /// at once (subscribe first, then unsubscribe); otherwise it is sent after the next `auth_success`.
+    /// Returns immediately; safe from any thread.
+    public func setWantedTopics(_ topics: Set<Topic>) {
+        connection.setWanted(topics)
+    }
+
+    /// Starts the service thread, connects, and reconnects until shut down.
+    public func run() async throws {
+        let alreadyStarted = started.withLock { value in
+            defer { value = true }
+            return value
+        }
+        precondition(!alreadyStarted, "PolygonWebSocket.run() may be called once")
+
+        let connection = self.connection
+        let readiness = AsyncStream.makeStream(of: Result<Void, UpstreamError>.self)
+        let thread = Thread {
+            connection.serviceLoop { result in
+                readiness.continuation.yield(result)
+                readiness.continuation.finish()
+            }
+        }
+        thread.name = "relay-upstream-lws"
+        thread.start()
+        var readyResult: Result<Void, UpstreamError> = .failure(.contextCreationFailed)
+        for await result in readiness.stream { readyResult = result }
+        try readyResult.get()
+
+        let loop = Task { await self.reconnectLoop() }
+        reconnectTask.withLock { $0 = loop }
+        connection.requestConnect()
+
+        await withGracefulShutdownHandler {
+            await withTaskCancellationHandler {
+                await loop.value
+            } onCancel: {
+                self.shutdown()
+            }
+        } onGracefulShutdown: {
+            self.shutdown()
+        }
+        for await _ in threadExit {}
+    }
+
+    /// Closes the connection cleanly and stops the service thread. Safe to call more than once.
+    public func shutdown() {
+        reconnectTask.withLock { $0?.cancel() }
+        connection.requestStop()
+        let connection = self.connection
+        // The close handshake is bounded: after two seconds the loop ends regardless.
+        Task {
+            try? await Task.sleep(for: .seconds(2))
+            connection.forceExit()
+        }
+    }
+
+    private func reconnectLoop() async {
+        let policy = connection.configuration.reconnect
+        var attempt = 0
+        for await end in ends {
+            if Task.isCancelled { return }
+            if let up = end.authenticatedFor, up >= policy.healthyAfter { attempt = 0 }
+            let delay = policy.delay(after: end.cause, attempt: attempt)
+            attempt += 1
+            logger.debug(
+                "upstream reconnect scheduled",
+                metadata: ["in_ms": "\(delay.milliseconds)", "attempt": "\(attempt)", "reason": "\(end.reason)"])
+            do {
+                try await Task.sleep(for: delay)
+            } catch {
+                return
+            }
+            connection.requestConnect()
+        }
+    }
+}

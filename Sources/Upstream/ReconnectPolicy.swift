@@ -1,0 +1,68 @@
+/// When to try the upstream again after a connection ends.
+///
+/// Exponential backoff with full jitter: the n-th retry waits a random time in `0...min(maxDelay,
+/// initialDelay·2ⁿ)`. The attempt count resets only after a connection stayed authenticated for
+/// `healthyAfter`, not on `auth_success` itself, which is what makes naive clients loop hot against a
+/// server that accepts and then drops them. A rejected key or a taken connection slot waits long.
+public struct ReconnectPolicy: Sendable {
+    public var initialDelay: Duration
+    public var maxDelay: Duration
+    public var healthyAfter: Duration
+    public var authFailedDelay: Duration
+    public var maxConnectionsDelay: Duration
+
+    public init(
+        initialDelay: Duration = .milliseconds(500),
+        maxDelay: Duration = .seconds(30),
+        healthyAfter: Duration = .seconds(30),
+        authFailedDelay: Duration = .seconds(120),
+        maxConnectionsDelay: Duration = .seconds(60)
+    ) {
+        self.initialDelay = initialDelay
+        self.maxDelay = maxDelay
+        self.healthyAfter = healthyAfter
+        self.authFailedDelay = authFailedDelay
+        self.maxConnectionsDelay = maxConnectionsDelay
+    }
+
+    /// The ceiling of the jittered delay before retry number `attempt` (0-based).
+    public func ceiling(attempt: Int) -> Duration {
+        let factor = 1 << min(max(attempt, 0), 20)
+        return min(maxDelay, initialDelay * factor)
+    }
+
+    /// A random delay in `0...ceiling(attempt:)`.
+    public func delay(attempt: Int, using generator: inout some RandomNumberGenerator) -> Duration {
+        let ceilingMs = max(ceiling(attempt: attempt).milliseconds, 1)
+        return .milliseconds(Int64.random(in: 0...ceilingMs, using: &generator))
+    }
+
+    /// The delay after a connection ended for `cause`.
+    func delay(after cause: ConnectionEnd.Cause, attempt: Int) -> Duration {
+        var rng = SystemRandomNumberGenerator()
+        switch cause {
+        case .authFailed: return authFailedDelay
+        case .maxConnections: return maxConnectionsDelay
+        case .closed, .failed: return delay(attempt: attempt, using: &rng)
+        }
+    }
+}
+
+extension Duration {
+    var milliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1000 + attoseconds / 1_000_000_000_000_000
+    }
+}
+
+/// Why one upstream connection ended, as the service thread reports it to the reconnect loop.
+struct ConnectionEnd: Sendable {
+    enum Cause: Sendable, Equatable {
+        case closed, failed, authFailed, maxConnections
+    }
+
+    var cause: Cause
+    var reason: String
+    /// How long the connection had been authenticated, if it ever was.
+    var authenticatedFor: Duration?
+}

@@ -1,0 +1,64 @@
+import Foundation
+
+/// Everything the upstream client needs to hold its one connection. Value type, `Sendable`.
+public struct UpstreamConfiguration: Sendable {
+    /// A parsed `ws://` or `wss://` URL.
+    public struct Endpoint: Sendable, Equatable, CustomStringConvertible {
+        public var secure: Bool
+        public var host: String
+        public var port: Int
+        public var path: String
+
+        /// Parses `ws://host[:port]/path` or `wss://…`; `nil` for anything else.
+        public init?(_ text: String) {
+            guard let components = URLComponents(string: text.trimmingCharacters(in: .whitespaces)),
+                let scheme = components.scheme?.lowercased(), scheme == "ws" || scheme == "wss",
+                let host = components.host, !host.isEmpty
+            else { return nil }
+            secure = scheme == "wss"
+            self.host = host
+            port = components.port ?? (secure ? 443 : 80)
+            path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
+        }
+
+        /// The market the path names (`stocks` for `/stocks`), which the relay serves downstream.
+        public var market: String {
+            path.split(separator: "/").last.map(String.init) ?? "stocks"
+        }
+
+        public var description: String {
+            "\(secure ? "wss" : "ws")://\(host):\(port)\(path)"
+        }
+    }
+
+    public var endpoint: Endpoint
+    /// The upstream API key. Sent only in the upstream `auth` action; never logged, never sent downstream.
+    public var apiKey: String
+    /// A PEM file of extra trusted CAs for `wss://` (the system trust store is always used).
+    public var caFile: String?
+    /// Messages larger than this are dropped, counted and logged.
+    public var maxMessageBytes: Int
+    /// Send a ping after this long without a valid frame from the upstream.
+    public var pingInterval: Duration
+    /// Hang up after this long without a valid frame or pong.
+    public var deadAfter: Duration
+    public var reconnect: ReconnectPolicy
+
+    public init(
+        endpoint: Endpoint,
+        apiKey: String,
+        caFile: String? = nil,
+        maxMessageBytes: Int = 16 << 20,
+        pingInterval: Duration = .seconds(15),
+        deadAfter: Duration = .seconds(30),
+        reconnect: ReconnectPolicy = ReconnectPolicy()
+    ) {
+        self.endpoint = endpoint
+        self.apiKey = apiKey
+        self.caFile = caFile
+        self.maxMessageBytes = maxMessageBytes
+        self.pingInterval = pingInterval
+        self.deadAfter = deadAfter
+        self.reconnect = reconnect
+    }
+}

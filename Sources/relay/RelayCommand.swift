@@ -1,0 +1,22 @@
+import ArgumentParser
+import Logging
+
+/// `relay`: argument parsing and wiring only; every command runs library types.
+@main
+struct RelayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "relay",
+        abstract: "One upstream market-data connection, fanned out to any number of Polygon-protocol clients.",
+        subcommands: [ServeCommand.self, DemoFeedCommand.self],
+        defaultSubcommand: ServeCommand.self
+    )
+}
+
+/// Sets up swift-log once per process: lines to standard error at the chosen level.
+func bootstrapLogging(level: Logger.Level) {
+    LoggingSystem.bootstrap { label in
+        var handler = StreamLogHandler.standardError(label: label)
+        handler.logLevel = level
+        return handler
+    }
+}

@@ -1,0 +1,86 @@
+import ArgumentParser
+import Foundation
+import Logging
+import RelayCore
+import ServiceLifecycle
+
+struct ServeCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "serve",
+        abstract: "Run the relay. With no upstream it serves the built-in demo feed.",
+        discussion: """
+            Precedence: flag > environment > config file > default.
+            Environment: RELAY_LISTEN, RELAY_UPSTREAM, POLYGON_API_KEY, RELAY_CLIENT_KEYS,
+            RELAY_UPSTREAM_CA_FILE, RELAY_DEMO_RATE, RELAY_LOG_LEVEL, RELAY_CONFIG.
+            """
+    )
+
+    @Option(help: "HOST:PORT to listen on (default 127.0.0.1:8080).")
+    var listen: String?
+
+    @Option(help: "Upstream WebSocket URL, e.g. wss://socket.polygon.io/stocks. Omit for the demo feed.")
+    var upstream: String?
+
+    @Option(name: .customLong("upstream-key"), help: "The upstream API key (never sent downstream).")
+    var upstreamKey: String?
+
+    @Option(name: .customLong("upstream-ca-file"), help: "Extra trusted CA certificates (PEM) for a wss:// upstream.")
+    var upstreamCAFile: String?
+
+    @Option(name: .customLong("client-keys"), help: "Comma-separated keys downstream clients authenticate with.")
+    var clientKeys: String?
+
+    @Option(name: .customLong("demo-rate"), help: "Events per second of the built-in demo feed (default 500).")
+    var demoRate: Double?
+
+    @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical.")
+    var logLevel: String?
+
+    @Option(help: "A YAML configuration file (see config/relay.yaml).")
+    var config: String?
+
+    func run() async throws {
+        let settings: RelaySettings
+        do {
+            settings = try await RelaySettings.resolve(
+                flags: .init(
+                    listen: listen, upstream: upstream, upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
+                    clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config),
+                environment: ProcessInfo.processInfo.environment)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        bootstrapLogging(level: settings.logLevel)
+        let logger = Logger(label: "relay")
+        let relay = Relay(settings: settings, logger: logger)
+        let group = ServiceGroup(
+            configuration: .init(
+                services: [.init(service: relay)],
+                gracefulShutdownSignals: [.sigterm, .sigint],
+                logger: logger))
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            tasks.addTask {
+                let parts = try await relay.ready()
+                Self.printWelcome(settings: settings, port: parts.port, market: parts.server.configuration.market, demo: parts.demoFeed != nil)
+            }
+            try await tasks.waitForAll()
+        }
+    }
+
+    static func printWelcome(settings: RelaySettings, port: Int, market: String, demo: Bool) {
+        let host = settings.listen.host
+        let base = "\(host.contains(":") ? "[\(host)]" : host):\(port)"
+        let key = settings.clientKeys.first ?? "any-key"
+        let lines = [
+            "relay is up\(demo ? " on the built-in demo feed" : "")",
+            "  WebSocket  ws://\(base)/\(market)   (Polygon protocol; client key: \(settings.clientKeys.isEmpty ? "any, loopback only" : "one of --client-keys"))",
+            "  health     curl http://\(base)/healthz",
+            "  last quote curl http://\(base)/v1/last/Q.AAPL",
+            "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=False, subscriptions=[\"Q.AAPL\"])",
+            "  stop       Ctrl-C (SIGINT) or SIGTERM",
+        ]
+        // Unbuffered, so a script reading our output sees it at once.
+        FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+    }
+}
