@@ -1,0 +1,244 @@
+import Foundation
+import HummingbirdWSClient
+import Logging
+import NIOCore
+import NIOWebSocket
+import PolygonWire
+import ServiceLifecycle
+import Testing
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+let testLogger: Logger = {
+    var logger = Logger(label: "test")
+    logger.logLevel = ProcessInfo.processInfo.environment["RELAY_TEST_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
+    return logger
+}()
+
+struct TimeoutError: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// Runs `operation`, failing with `what` if it takes longer than `timeout`.
+func within<T: Sendable>(
+    _ timeout: Duration, _ what: String, _ operation: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await operation() }
+        group.addTask {
+            try await Task.sleep(for: timeout)
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else {
+            throw TimeoutError(description: "timed out after \(timeout) waiting for \(what)")
+        }
+        return value
+    }
+}
+
+/// Waits until an async sequence yields an element satisfying `predicate`; fails after `timeout`.
+@discardableResult
+func waitFor<S: AsyncSequence & Sendable>(
+    _ sequence: S, _ what: String, timeout: Duration = .seconds(10), where predicate: @escaping @Sendable (S.Element) -> Bool
+) async throws -> S.Element where S.Element: Sendable {
+    try await within(timeout, what) {
+        for try await element in sequence where predicate(element) { return element }
+        throw TimeoutError(description: "the sequence ended before \(what)")
+    }
+}
+
+/// Runs services under one ServiceGroup for the duration of `body`, then shuts them down gracefully
+/// and waits (bounded) for them to finish.
+func withServices<T: Sendable>(
+    _ services: [any Service], _ body: () async throws -> T
+) async throws -> T {
+    let group = ServiceGroup(configuration: .init(services: services.map { .init(service: $0) }, logger: testLogger))
+    let running = Task { try await group.run() }
+    let result: T
+    do {
+        result = try await body()
+    } catch {
+        await group.triggerGracefulShutdown()
+        _ = try? await within(.seconds(15), "services to stop") { try await running.value }
+        throw error
+    }
+    await group.triggerGracefulShutdown()
+    try await within(.seconds(15), "services to stop") { try await running.value }
+    return result
+}
+
+/// A real WebSocket client on loopback (HummingbirdWSClient), driven step by step from one test task.
+final class WSTestClient {
+    enum Incoming: Sendable {
+        case text(String)
+        case closed(code: Int?)
+        case timeout(UInt64)
+        case failed(String)
+    }
+
+    enum Outgoing: Sendable {
+        case text(String)
+        case close
+    }
+
+    private var iterator: AsyncStream<Incoming>.AsyncIterator
+    private let incoming: AsyncStream<Incoming>.Continuation
+    private let outgoing: AsyncStream<Outgoing>.Continuation
+    private let task: Task<Void, Never>
+    private var timeoutToken: UInt64 = 0
+    private(set) var closeCode: Int??
+
+    init(url: String) {
+        let (inStream, inContinuation) = AsyncStream.makeStream(of: Incoming.self)
+        let (outStream, outContinuation) = AsyncStream.makeStream(of: Outgoing.self)
+        iterator = inStream.makeAsyncIterator()
+        incoming = inContinuation
+        outgoing = outContinuation
+        task = Task {
+            do {
+                let close = try await WebSocketClient.connect(
+                    url: url, configuration: .init(maxFrameSize: 1 << 24), logger: testLogger
+                ) { inbound, outbound, _ in
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        group.addTask {
+                            for await message in outStream {
+                                switch message {
+                                case .text(let text): try await outbound.write(.text(text))
+                                case .close:
+                                    try await outbound.close(.normalClosure, reason: nil)
+                                    return
+                                }
+                            }
+                        }
+                        for try await message in inbound.messages(maxSize: 1 << 24) {
+                            if case .text(let text) = message { inContinuation.yield(.text(text)) }
+                        }
+                        group.cancelAll()
+                    }
+                }
+                inContinuation.yield(.closed(code: close.map { Int(UInt16(webSocketErrorCode: $0.closeCode)) }))
+            } catch {
+                inContinuation.yield(.failed("\(error)"))
+            }
+            inContinuation.finish()
+        }
+    }
+
+    deinit {
+        outgoing.finish()
+        task.cancel()
+    }
+
+    func send(_ text: String) { outgoing.yield(.text(text)) }
+
+    func send(_ action: ClientAction) { send(action.json) }
+
+    func close() async {
+        outgoing.yield(.close)
+        _ = try? await within(.seconds(5), "the client to close") { [task] in await task.value }
+    }
+
+    /// The next text frame; throws if the connection closed or nothing came within `timeout`.
+    func nextFrame(timeout: Duration = .seconds(10)) async throws -> String {
+        timeoutToken += 1
+        let token = timeoutToken
+        let incoming = self.incoming
+        let timer = Task {
+            try await Task.sleep(for: timeout)
+            incoming.yield(.timeout(token))
+        }
+        defer { timer.cancel() }
+        while true {
+            switch await iterator.next() {
+            case .text(let text): return text
+            case .closed(let code):
+                closeCode = .some(code)
+                throw TimeoutError(description: "connection closed (code \(code.map(String.init) ?? "none")) while waiting for a frame")
+            case .failed(let error): throw TimeoutError(description: "connection failed: \(error)")
+            case .timeout(let t) where t == token:
+                throw TimeoutError(description: "no frame within \(timeout)")
+            case .timeout:
+                continue
+            case nil:
+                throw TimeoutError(description: "connection ended while waiting for a frame")
+            }
+        }
+    }
+
+    /// Waits for the server to close the connection and returns its close code.
+    func waitForClose(timeout: Duration = .seconds(10)) async throws -> Int? {
+        if let closeCode { return closeCode }
+        while true {
+            do {
+                _ = try await nextFrame(timeout: timeout)
+            } catch {
+                if let closeCode { return closeCode }
+                throw error
+            }
+        }
+    }
+
+    /// The next frame parsed.
+    func nextParsed(timeout: Duration = .seconds(10)) async throws -> ParsedFrame {
+        try FrameParser.parse(try await nextFrame(timeout: timeout))
+    }
+
+    /// Collects market events (skipping status frames) until `count` have arrived.
+    func nextEvents(_ count: Int, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
+        var events: [MarketEvent] = []
+        let deadline = ContinuousClock.now + timeout
+        while events.count < count {
+            let left = deadline - .now
+            guard left > .zero else { throw TimeoutError(description: "only \(events.count) of \(count) events within \(timeout)") }
+            events += try await nextParsed(timeout: left).events
+        }
+        return events
+    }
+
+    /// Connects and authenticates, checking the two handshake frames.
+    static func authenticated(url: String, key: String = "client-key") async throws -> WSTestClient {
+        let client = WSTestClient(url: url)
+        let connected = try await client.nextParsed()
+        #expect(connected.statuses == [.connected])
+        client.send(ClientAction(.auth, params: key))
+        let auth = try await client.nextParsed()
+        #expect(auth.statuses == [.authSuccess])
+        return client
+    }
+}
+
+/// A plain HTTP GET on loopback: status and body.
+func httpGet(_ url: String) async throws -> (status: Int, body: String) {
+    guard let target = URL(string: url) else { throw TimeoutError(description: "bad URL \(url)") }
+    var request = URLRequest(url: target)
+    request.timeoutInterval = 10
+    let (data, response) = try await URLSession.shared.data(for: request)
+    let status = (response as? HTTPURLResponse)?.statusCode ?? 0
+    return (status, String(decoding: data, as: UTF8.self))
+}
+
+/// Polls `condition` until it holds; fails after `timeout`. For state that has no change signal.
+func eventually(
+    _ what: String, timeout: Duration = .seconds(10), _ condition: @escaping @Sendable () async -> Bool
+) async throws {
+    try await within(timeout, what) {
+        while !(await condition()) { try await Task.sleep(for: .milliseconds(20)) }
+    }
+}
+
+/// Collects at least `count` events from an upstream event stream.
+func collect(_ count: Int, from stream: AsyncStream<[MarketEvent]>, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
+    try await within(timeout, "\(count) upstream events") {
+        var out: [MarketEvent] = []
+        for await batch in stream {
+            out += batch
+            if out.count >= count { return out }
+        }
+        throw TimeoutError(description: "the upstream stream ended after \(out.count) events")
+    }
+}
+
+func topics(_ list: String...) -> Set<Topic> { Set(list.compactMap { Topic(parsing: $0) }) }

@@ -1,0 +1,110 @@
+import DemoFeed
+import Foundation
+import PolygonWire
+import Testing
+import Upstream
+
+/// The libwebsockets client against a real Polygon-style server (the demo feed) on loopback.
+@Suite("Upstream client")
+struct UpstreamClientTests {
+    func feed(apiKey: String = "up-key", fragmentSize: Int? = nil) -> DemoFeed {
+        DemoFeed(
+            configuration: DemoFeedConfiguration(
+                port: 0, apiKey: apiKey, eventsPerSecond: 4000, tickInterval: .milliseconds(10), seed: 7, fragmentSize: fragmentSize),
+            logger: testLogger)
+    }
+
+    func client(_ url: String, key: String = "up-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> PolygonWebSocket {
+        let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
+        return PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: key, reconnect: reconnect), logger: testLogger)
+    }
+
+    @Test func authenticatesThenSubscribesTheWantedTopics() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let upstream = try client(try await feed.url())
+            upstream.setWantedTopics(topics("Q.AAPL", "T.MSFT"))
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                let seen = try await waitFor(feed.monitor.updates(), "the subscribe at the feed") { !$0.topics(.subscribe).isEmpty }
+                #expect(Set(seen.topics(.subscribe)) == ["Q.AAPL", "T.MSFT"])
+                // The key went in the one auth action, and the topics in one subscribe message.
+                #expect(seen.actions.map(\.kind) == [.auth, .subscribe])
+                #expect(seen.actions.first?.params == "up-key")
+                let events = try await collect(50, from: upstream.events)
+                #expect(Set(events.map(\.topic.description)).isSubset(of: ["Q.AAPL", "T.MSFT"]))
+            }
+        }
+    }
+
+    @Test func wantedTopicChangesReachTheFeedAsSubscribeAndUnsubscribe() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let upstream = try client(try await feed.url())
+            upstream.setWantedTopics(topics("Q.AAPL"))
+            try await withServices([upstream]) {
+                try await waitFor(feed.monitor.updates(), "subscribe Q.AAPL") { $0.topics(.subscribe).contains("Q.AAPL") }
+                upstream.setWantedTopics(topics("Q.NVDA"))
+                let seen = try await waitFor(feed.monitor.updates(), "unsubscribe Q.AAPL") { $0.topics(.unsubscribe).contains("Q.AAPL") }
+                #expect(seen.topics(.subscribe) == ["Q.AAPL", "Q.NVDA"])
+                let events = try await collect(200, from: upstream.events)
+                // Events of the old topic may still be in flight; the newest ones are all NVDA.
+                #expect(events.suffix(20).allSatisfy { $0.topic.description == "Q.NVDA" })
+            }
+        }
+    }
+
+    @Test func fragmentedMessagesAreReassembled() async throws {
+        let feed = feed(fragmentSize: 7)
+        try await withServices([feed]) {
+            let upstream = try client(try await feed.url())
+            upstream.setWantedTopics(topics("Q.*", "T.*"))
+            try await withServices([upstream]) {
+                let events = try await collect(300, from: upstream.events)
+                #expect(events.allSatisfy { $0.eventType == "Q" || $0.eventType == "T" })
+                #expect(upstream.statistics.malformedMessages == 0)
+                #expect(feed.monitor.snapshot.framesSent > 1)
+            }
+        }
+    }
+
+    @Test func aRejectedKeyIsReportedAndNotRetriedAtOnce() async throws {
+        let feed = feed(apiKey: "right")
+        try await withServices([feed]) {
+            let upstream = try client(try await feed.url(), key: "wrong")
+            try await withServices([upstream]) {
+                let state = try await waitFor(upstream.stateUpdates(), "auth_failed") { $0.name == "auth_failed" }
+                #expect(state.detail?.contains("rejected the API key") == true)
+                // A measurement window, not synchronisation: no second attempt follows a rejected key soon.
+                try await Task.sleep(for: .seconds(1))
+                #expect(feed.monitor.snapshot.totalConnections == 1)
+                #expect(upstream.statistics.connectAttempts == 1)
+            }
+        }
+    }
+
+    @Test func anUnreachableUpstreamIsRetriedWithBackoff() async throws {
+        // Port 1 on loopback refuses connections at once.
+        let upstream = try client(
+            "ws://127.0.0.1:1/stocks",
+            reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200)))
+        try await withServices([upstream]) {
+            let state = try await waitFor(upstream.stateUpdates(), "disconnected") { $0.name == "disconnected" }
+            #expect(state.detail?.contains("connection failed") == true)
+            try await eventually("a few retries") { upstream.statistics.connectAttempts >= 3 }
+        }
+    }
+
+    @Test func shutdownClosesTheConnectionCleanly() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let upstream = try client(try await feed.url())
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                #expect(feed.monitor.snapshot.openConnections == 1)
+            }
+            #expect(upstream.state == .stopped)
+            try await waitFor(feed.monitor.updates(), "the feed to see the close") { $0.openConnections == 0 }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+import NIOCore
+import PolygonWire
+import Synchronization
+import Testing
+
+@testable import MarketDataHub
+
+func event(_ type: String, _ ticker: String, _ n: Int = 0) -> MarketEvent {
+    MarketEvent(eventType: type, ticker: ticker, bytes: ByteBuffer(string: #"{"ev":"\#(type)","sym":"\#(ticker)","n":\#(n)}"#))
+}
+
+func topics(_ list: String...) -> Set<Topic> { Set(list.compactMap { Topic(parsing: $0) }) }
+
+/// Takes the next `count` events or fails after `timeout`.
+func take(_ count: Int, from stream: AsyncStream<MarketEvent>, timeout: Duration = .seconds(5)) async throws -> [MarketEvent] {
+    try await withThrowingTaskGroup(of: [MarketEvent]?.self) { group in
+        group.addTask {
+            var out: [MarketEvent] = []
+            for await event in stream {
+                out.append(event)
+                if out.count == count { break }
+            }
+            return out
+        }
+        group.addTask {
+            try await Task.sleep(for: timeout)
+            return nil
+        }
+        let first = try await group.next() ?? nil
+        group.cancelAll()
+        return try #require(first, "timed out after \(timeout) waiting for \(count) events")
+    }
+}
+
+/// Records every upstream topic set the hub reports, and lets a test wait for one.
+final class WantedRecorder: Sendable {
+    let history = Mutex<[Set<Topic>]>([])
+    let updates: AsyncStream<Set<Topic>>
+    let continuation: AsyncStream<Set<Topic>>.Continuation
+
+    init() {
+        (updates, continuation) = AsyncStream.makeStream(of: Set<Topic>.self)
+    }
+
+    func record(_ topics: Set<Topic>) {
+        history.withLock { $0.append(topics) }
+        continuation.yield(topics)
+    }
+
+    /// Waits until the hub reports `expected`, or fails after `timeout`.
+    func wait(for expected: Set<Topic>, timeout: Duration = .seconds(5)) async throws {
+        let updates = self.updates
+        let reached = try await withThrowingTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                for await topics in updates where topics == expected { return true }
+                return false
+            }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                return false
+            }
+            let first = try await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        #expect(reached, "the upstream set never became \(expected.sorted())")
+    }
+}
+
+@Suite("MarketDataHub")
+struct MarketDataHubTests {
+    @Test func subscriberReceivesOnlyItsTopics() async throws {
+        let hub = MarketDataHub()
+        let sub = await hub.subscribe(to: topics("Q.AAPL"))
+        await hub.publish([event("Q", "MSFT"), event("T", "AAPL"), event("Q", "AAPL", 1), event("Q", "AAPL", 2)])
+        let got = try await take(2, from: sub.events)
+        #expect(got.map(\.json) == [event("Q", "AAPL", 1).json, event("Q", "AAPL", 2).json])
+    }
+
+    @Test func wildcardSubscriberReceivesEverySymbolOfItsType() async throws {
+        let hub = MarketDataHub()
+        let sub = await hub.subscribe(to: topics("Q.*"))
+        await hub.publish([event("Q", "A"), event("T", "A"), event("Q", "B")])
+        let got = try await take(2, from: sub.events)
+        #expect(got.map(\.topic.description) == ["Q.A", "Q.B"])
+    }
+
+    @Test func twoSubscribersSharingATopicBothReceiveIt() async throws {
+        let hub = MarketDataHub()
+        let a = await hub.subscribe(to: topics("Q.A"))
+        let b = await hub.subscribe(to: topics("Q.A", "T.B"))
+        await hub.publish([event("T", "B"), event("Q", "A")])
+        #expect(try await take(1, from: a.events).map(\.topic.description) == ["Q.A"])
+        #expect(try await take(2, from: b.events).map(\.topic.description) == ["T.B", "Q.A"])
+    }
+
+    @Test func tickerAndWildcardTogetherDeliverAnEventOnce() async throws {
+        let hub = MarketDataHub()
+        let sub = await hub.subscribe(to: topics("Q.A", "Q.*"))
+        await hub.publish([event("Q", "A", 1), event("Q", "B", 2)])
+        let got = try await take(2, from: sub.events)
+        #expect(got.map(\.json) == [event("Q", "A", 1).json, event("Q", "B", 2).json])
+    }
+
+    @Test func unsubscribingStopsDelivery() async throws {
+        let hub = MarketDataHub()
+        let sub = await hub.subscribe(to: topics("Q.A", "Q.B"))
+        await hub.remove(topics("Q.A"), from: sub.id)
+        await hub.publish([event("Q", "A"), event("Q", "B")])
+        #expect(try await take(1, from: sub.events).map(\.ticker) == ["B"])
+    }
+
+    @Test func upstreamSetIsReferenceCounted() async throws {
+        let recorder = WantedRecorder()
+        let hub = MarketDataHub { recorder.record($0) }
+        let a = await hub.subscribe(to: topics("Q.A"))
+        let b = await hub.subscribe(to: topics("Q.A", "T.B"))
+        #expect(await hub.wantedTopics == topics("Q.A", "T.B"))
+        await hub.remove(a.id)
+        #expect(await hub.wantedTopics == topics("Q.A", "T.B"), "Q.A still has a subscriber")
+        await hub.remove(topics("T.B"), from: b.id)
+        #expect(await hub.wantedTopics == topics("Q.A"))
+        await hub.remove(b.id)
+        #expect(await hub.wantedTopics == [])
+        // One report per change, none for changes that left the set as it was.
+        #expect(recorder.history.withLock { $0 } == [topics("Q.A"), topics("Q.A", "T.B"), topics("Q.A"), []])
+    }
+
+    @Test func wildcardReplacesItsTickersUpstream() async throws {
+        let hub = MarketDataHub()
+        let a = await hub.subscribe(to: topics("Q.A", "Q.B", "T.C"))
+        let b = await hub.subscribe(to: topics("Q.*"))
+        #expect(await hub.wantedTopics == topics("Q.*", "T.C"))
+        await hub.remove(b.id)
+        #expect(await hub.wantedTopics == topics("Q.A", "Q.B", "T.C"))
+        _ = a
+    }
+
+    @Test func endingTheStreamRemovesTheSubscriber() async throws {
+        let recorder = WantedRecorder()
+        let hub = MarketDataHub { recorder.record($0) }
+        let reader = Task {
+            let sub = await hub.subscribe(to: topics("Q.A"))
+            for await _ in sub.events {}
+        }
+        try await recorder.wait(for: topics("Q.A"))
+        reader.cancel()
+        try await recorder.wait(for: [])
+        #expect(await hub.subscriberCount == 0)
+    }
+
+    @Test func lastEventPerTopicIsCached() async throws {
+        let hub = MarketDataHub()
+        await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("T", "A", 3)])
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A"))?.json == event("Q", "A", 2).json)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "B")) == nil)
+    }
+
+    @Test func aSubscriberThatDoesNotReadLosesItsNewestEventsOnlyAndTheyAreCounted() async throws {
+        let hub = MarketDataHub()
+        let slow = await hub.subscribe(to: topics("Q.A"))
+        let fast = await hub.subscribe(to: topics("Q.A"))
+        let limit = MarketDataHub.bufferLimit
+        // The fast subscriber drains between batches; the slow one never reads.
+        await hub.publish((0..<limit).map { event("Q", "A", $0) })
+        #expect(try await take(limit, from: fast.events).count == limit)
+        await hub.publish((limit..<(limit + 500)).map { event("Q", "A", $0) })
+        #expect(try await take(500, from: fast.events).last?.json == event("Q", "A", limit + 499).json)
+        #expect(await hub.droppedEvents(for: slow.id) == 500)
+        #expect(await hub.droppedEvents(for: fast.id) == 0)
+        // The slow one kept the oldest 1000, in order.
+        let kept = try await take(MarketDataHub.bufferLimit, from: slow.events)
+        #expect(kept.first?.json == event("Q", "A", 0).json)
+        #expect(kept.last?.json == event("Q", "A", MarketDataHub.bufferLimit - 1).json)
+    }
+}

@@ -1,0 +1,85 @@
+import NIOCore
+import Testing
+
+@testable import PolygonWire
+
+@Suite("Server side of the protocol")
+struct ServerSessionTests {
+    func session() -> ServerSession { ServerSession { $0 == "good" } }
+
+    func statuses(_ reaction: ServerSession.Reaction) throws -> [[StatusMessage]] {
+        try reaction.frames.map { try FrameParser.parse($0).statuses }
+    }
+
+    @Test func authReplyIsAFrameOfItsOwn() throws {
+        var s = session()
+        let reaction = s.receive(ByteBuffer(string: #"{"action":"auth","params":"good"}"#))
+        #expect(try statuses(reaction) == [[.authSuccess]])
+        #expect(s.isAuthenticated)
+    }
+
+    @Test func wrongKeyIsRefusedAndClosed() throws {
+        var s = session()
+        let reaction = s.receive(ByteBuffer(string: #"{"action":"auth","params":"bad"}"#))
+        #expect(try statuses(reaction) == [[.authFailed]])
+        #expect(reaction.close)
+        #expect(!s.isAuthenticated)
+    }
+
+    @Test func subscribingBeforeAuthIsAnErrorNotAChange() throws {
+        var s = session()
+        let reaction = s.receive(ByteBuffer(string: #"{"action":"subscribe","params":"Q.A"}"#))
+        #expect(reaction.added.isEmpty)
+        #expect(try statuses(reaction).first?.first?.status == "error")
+    }
+
+    @Test func pipelinedAuthThenSubscribeIsHandledInOrder() throws {
+        var s = session()
+        _ = s.receive(ByteBuffer(string: #"{"action":"auth","params":"good"}"#))
+        let reaction = s.receive(ByteBuffer(string: #"{"action":"subscribe","params":" Q.A , T.* "}"#))
+        #expect(reaction.added.map(\.description) == ["Q.A", "T.*"])
+        #expect(try statuses(reaction) == [[
+            StatusMessage(status: "success", message: "subscribed to: Q.A"),
+            StatusMessage(status: "success", message: "subscribed to: T.*"),
+        ]])
+    }
+
+    @Test func repeatedSubscribeIsAckedButNotAddedTwice() {
+        var s = session()
+        _ = s.receive(ByteBuffer(string: #"{"action":"auth","params":"good"}"#))
+        _ = s.receive(ByteBuffer(string: #"{"action":"subscribe","params":"Q.A"}"#))
+        let again = s.receive(ByteBuffer(string: #"{"action":"subscribe","params":"Q.A"}"#))
+        #expect(again.added.isEmpty)
+        #expect(again.frames.count == 1)
+    }
+
+    @Test func unsubscribingWhatWasNeverSubscribedIsAcknowledged() throws {
+        var s = session()
+        _ = s.receive(ByteBuffer(string: #"{"action":"auth","params":"good"}"#))
+        let reaction = s.receive(ByteBuffer(string: #"{"action":"unsubscribe","params":"Q.NEVER"}"#))
+        #expect(reaction.removed.isEmpty)
+        #expect(try statuses(reaction) == [[StatusMessage(status: "success", message: "unsubscribed to: Q.NEVER")]])
+    }
+
+    @Test func malformedMessagesAreAnsweredWithAnErrorAndChangeNothing() throws {
+        var s = session()
+        _ = s.receive(ByteBuffer(string: #"{"action":"auth","params":"good"}"#))
+        for text in ["{", #"{"action":"x"}"#, #"{"action":"subscribe","params":"nodot"}"#, #"{"action":"subscribe","params":""}"#] {
+            let reaction = s.receive(ByteBuffer(string: text))
+            #expect(!reaction.close)
+            #expect(reaction.added.isEmpty)
+            #expect(try statuses(reaction).flatMap { $0 }.allSatisfy { $0.status == "error" })
+        }
+        #expect(s.isAuthenticated)
+    }
+
+    @Test func hugeAckListsAreSplitUnderTheFrameLimit() throws {
+        var s = session()
+        _ = s.receive(ByteBuffer(string: #"{"action":"auth","params":"good"}"#))
+        let params = (0..<40_000).map { "Q.TICKER\($0)" }.joined(separator: ",")
+        let reaction = s.receive(ByteBuffer(string: #"{"action":"subscribe","params":"\#(params)"}"#))
+        #expect(reaction.frames.count > 1)
+        #expect(reaction.frames.allSatisfy { $0.readableBytes < 1_000_000 })
+        #expect(reaction.added.count == 40_000)
+    }
+}
