@@ -9,7 +9,7 @@ import ServiceLifecycle
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A synthetic, Polygon-compatible market on a WebSocket: the relay's default upstream, and the real
@@ -167,7 +167,9 @@ public final class DemoFeed: Service, Sendable {
             seed: configuration.seed ?? UInt64.random(in: 0...UInt64.max))
         let clock = ContinuousClock()
         let tick = configuration.tickInterval
-        let perTick = configuration.eventsPerSecond * Double(tick.components.seconds) + configuration.eventsPerSecond * Double(tick.components.attoseconds) / 1e18
+        let perTick =
+            configuration.eventsPerSecond * Double(tick.components.seconds) + configuration.eventsPerSecond
+            * Double(tick.components.attoseconds) / 1e18
         var owed = 0.0
         var nextTick = clock.now
         var barStart = Self.unixMilliseconds()

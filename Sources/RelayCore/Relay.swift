@@ -56,7 +56,8 @@ public final class Relay: Service, Sendable {
                     endpoint = UpstreamConfiguration.Endpoint("ws://127.0.0.1:\(port)/stocks")
                     demoFeed = feed
                     demoPort = port
-                    logger.info("no upstream configured: serving the built-in demo feed", metadata: ["feed": "ws://127.0.0.1:\(port)/stocks"])
+                    logger.info(
+                        "no upstream configured: serving the built-in demo feed", metadata: ["feed": "ws://127.0.0.1:\(port)/stocks"])
                 }
                 guard let endpoint else { throw UpstreamError.invalidURL("(none)") }
 

@@ -161,7 +161,8 @@ public struct RelaySettings: Sendable {
         }
         settings.upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
         settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
-        settings.clientKeys = config.stringArray(forKey: "client.keys", isSecret: true)?
+        settings.clientKeys =
+            config.stringArray(forKey: "client.keys", isSecret: true)?
             .flatMap(splitList) ?? []
         if let rate = config.double(forKey: "demo.rate") {
             guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
@@ -169,7 +170,8 @@ public struct RelaySettings: Sendable {
         }
         if let level = config.string(forKey: "log.level") {
             guard let parsed = Logger.Level(rawValue: level.lowercased()) else {
-                throw InvalidSetting(description: "log level: one of trace, debug, info, notice, warning, error, critical; got \"\(level)\"")
+                throw InvalidSetting(
+                    description: "log level: one of trace, debug, info, notice, warning, error, critical; got \"\(level)\"")
             }
             settings.logLevel = parsed
         }

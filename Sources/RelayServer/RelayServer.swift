@@ -20,7 +20,10 @@ public final class RelayServer: Service, Sendable {
     private let port = ReadySignal<Int>()
     private let logger: Logger
 
-    public init(configuration: RelayServerConfiguration, hub: MarketDataHub, upstream: PolygonWebSocket, logger: Logger = Logger(label: "relay.server")) {
+    public init(
+        configuration: RelayServerConfiguration, hub: MarketDataHub, upstream: PolygonWebSocket,
+        logger: Logger = Logger(label: "relay.server")
+    ) {
         self.configuration = configuration
         self.hub = hub
         self.upstream = upstream
@@ -59,7 +62,8 @@ public final class RelayServer: Service, Sendable {
             router: router,
             server: .http1WebSocketUpgrade(
                 webSocketRouter: webSocketRouter,
-                configuration: .init(ws: .init(maxFrameSize: configuration.maxClientMessageBytes, autoPing: .enabled(timePeriod: .seconds(30))))),
+                configuration: .init(
+                    ws: .init(maxFrameSize: configuration.maxClientMessageBytes, autoPing: .enabled(timePeriod: .seconds(30))))),
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay"),
             onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },
             logger: logger

@@ -272,7 +272,9 @@ final class LWSConnection: Sendable {
                 let bytes = UnsafeRawBufferPointer(start: input, count: length)
                 let code = Int(bytes[0]) << 8 | Int(bytes[1])
                 let text = String(decoding: bytes.dropFirst(2), as: UTF8.self)
-                shared.withLock { $0.peerClose = text.isEmpty ? "closed by upstream with \(code)" : "closed by upstream with \(code): \(text)" }
+                shared.withLock {
+                    $0.peerClose = text.isEmpty ? "closed by upstream with \(code)" : "closed by upstream with \(code): \(text)"
+                }
             }
         case LWS_CALLBACK_CLIENT_CLOSED:
             let reason = shared.withLock { $0.peerClose } ?? "connection closed"
@@ -404,8 +406,9 @@ final class LWSConnection: Sendable {
             var buffer = [UInt8](repeating: 0, count: pre + count)
             buffer.replaceSubrange(pre..<(pre + count), with: bytes)
             bytes = []
-            let written = buffer.withUnsafeMutableBufferPointer { pointer in
-                lws_write(wsi, pointer.baseAddress! + pre, count, LWS_WRITE_TEXT)
+            let written = buffer.withUnsafeMutableBufferPointer { pointer -> Int32 in
+                guard let base = pointer.baseAddress else { return -1 }
+                return lws_write(wsi, base + pre, count, LWS_WRITE_TEXT)
             }
             if written < count {
                 logger.warning("upstream write failed; closing the connection")

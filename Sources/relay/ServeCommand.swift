@@ -62,7 +62,8 @@ struct ServeCommand: AsyncParsableCommand {
             tasks.addTask { try await group.run() }
             tasks.addTask {
                 let parts = try await relay.ready()
-                Self.printWelcome(settings: settings, port: parts.port, market: parts.server.configuration.market, demo: parts.demoFeed != nil)
+                Self.printWelcome(
+                    settings: settings, port: parts.port, market: parts.server.configuration.market, demo: parts.demoFeed != nil)
             }
             try await tasks.waitForAll()
         }

@@ -14,7 +14,8 @@ func withRelay(
     _ body: (Relay.Components, DemoFeed, String) async throws -> Void
 ) async throws {
     let feed = DemoFeed(
-        configuration: DemoFeedConfiguration(port: 0, apiKey: "upstream-secret", eventsPerSecond: feedRate, tickInterval: .milliseconds(10), seed: 42),
+        configuration: DemoFeedConfiguration(
+            port: 0, apiKey: "upstream-secret", eventsPerSecond: feedRate, tickInterval: .milliseconds(10), seed: 42),
         logger: testLogger)
     try await withServices([feed]) {
         let feedURL = try await feed.url()

@@ -8,7 +8,7 @@ import ServiceLifecycle
 import Testing
 
 #if canImport(FoundationNetworking)
-import FoundationNetworking
+    import FoundationNetworking
 #endif
 
 let testLogger: Logger = {

@@ -16,7 +16,8 @@ struct UpstreamClientTests {
 
     func client(_ url: String, key: String = "up-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> PolygonWebSocket {
         let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
-        return PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: key, reconnect: reconnect), logger: testLogger)
+        return PolygonWebSocket(
+            configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: key, reconnect: reconnect), logger: testLogger)
     }
 
     @Test func authenticatesThenSubscribesTheWantedTopics() async throws {

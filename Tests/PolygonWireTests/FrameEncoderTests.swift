@@ -30,7 +30,8 @@ struct FrameEncoderTests {
     }
 
     @Test func anEventLargerThanTheLimitGetsAFrameOfItsOwn() throws {
-        let big = MarketEvent(eventType: "Q", ticker: "B", bytes: ByteBuffer(string: #"{"ev":"Q","sym":"B","pad":"\#(String(repeating: "x", count: 500))"}"#))
+        let big = MarketEvent(
+            eventType: "Q", ticker: "B", bytes: ByteBuffer(string: #"{"ev":"Q","sym":"B","pad":"\#(String(repeating: "x", count: 500))"}"#))
         let frames = FrameEncoder.frames(for: events(2) + [big] + events(2), maxFrameBytes: 200)
         let parsed = try frames.map { try FrameParser.parse($0).events.map(\.ticker) }
         #expect(parsed.contains(["B"]))

@@ -60,7 +60,8 @@ struct FrameParserTests {
 
     @Test func eachEventTypeUsesItsOwnTickerField() throws {
         // A trade has a numeric `p` (price) and a forex quote a string `p` (pair): each must route right.
-        let frame = #"[{"ev":"T","sym":"AAPL","p":189.5,"pair":"X"},{"ev":"C","p":"EUR/USD","sym":"WRONG"},{"ev":"V","T":"I:SPX","sym":"WRONG"},{"ev":"XQ","pair":"ETH-USD","sym":"WRONG"}]"#
+        let frame =
+            #"[{"ev":"T","sym":"AAPL","p":189.5,"pair":"X"},{"ev":"C","p":"EUR/USD","sym":"WRONG"},{"ev":"V","T":"I:SPX","sym":"WRONG"},{"ev":"XQ","pair":"ETH-USD","sym":"WRONG"}]"#
         let parsed = try FrameParser.parse(frame)
         #expect(parsed.events.map(\.topic.description) == ["T.AAPL", "C.EUR/USD", "V.I:SPX", "XQ.ETH-USD"])
     }
@@ -72,16 +73,19 @@ struct FrameParserTests {
 
     @Test func statusMessagesAreRecognised() throws {
         let parsed = try FrameParser.parse(
-            #"[{"ev":"status","status":"auth_success","message":"authenticated"},{"ev":"Q","sym":"A"},{"ev":"status","status":"success","message":"subscribed to: Q.A"}]"#)
-        #expect(parsed.statuses == [
-            StatusMessage(status: "auth_success", message: "authenticated"),
-            StatusMessage(status: "success", message: "subscribed to: Q.A"),
-        ])
+            #"[{"ev":"status","status":"auth_success","message":"authenticated"},{"ev":"Q","sym":"A"},{"ev":"status","status":"success","message":"subscribed to: Q.A"}]"#
+        )
+        #expect(
+            parsed.statuses == [
+                StatusMessage(status: "auth_success", message: "authenticated"),
+                StatusMessage(status: "success", message: "subscribed to: Q.A"),
+            ])
         #expect(parsed.events.count == 1)
     }
 
     @Test func unknownFieldsNumberFormatsAndWhitespaceSurviveByteForByte() throws {
-        let element = #"{ "ev" : "Q", "sym":"AAPL", "bp":1.50, "ap":1E+3, "z":-0.0, "new":{"deep":[1,[2,{"x":null}]],"s":"\u00e9\n"}, "ok":true }"#
+        let element =
+            #"{ "ev" : "Q", "sym":"AAPL", "bp":1.50, "ap":1E+3, "z":-0.0, "new":{"deep":[1,[2,{"x":null}]],"s":"\u00e9\n"}, "ok":true }"#
         let parsed = try FrameParser.parse("[ \(element) ,\n{\"ev\":\"T\",\"sym\":\"B\"} ]")
         #expect(parsed.events.first?.json == element)
         #expect(parsed.events.count == 2)
@@ -116,7 +120,8 @@ struct FrameParserTests {
     }
 
     @Test func everyTruncationOfAValidFrameIsRejected() throws {
-        let frame = #"[{"ev":"XL2","pair":"BTC-USD","b":[[33712.71,0.18635]],"a":[[1e-3,0.1]],"s":"x\"y"},{"ev":"status","status":"success","message":"m"}]"#
+        let frame =
+            #"[{"ev":"XL2","pair":"BTC-USD","b":[[33712.71,0.18635]],"a":[[1e-3,0.1]],"s":"x\"y"},{"ev":"status","status":"success","message":"m"}]"#
         let bytes = Array(frame.utf8)
         for length in 0..<bytes.count {
             var buffer = ByteBuffer()

@@ -38,10 +38,13 @@ struct ServerSessionTests {
         _ = s.receive(ByteBuffer(string: #"{"action":"auth","params":"good"}"#))
         let reaction = s.receive(ByteBuffer(string: #"{"action":"subscribe","params":" Q.A , T.* "}"#))
         #expect(reaction.added.map(\.description) == ["Q.A", "T.*"])
-        #expect(try statuses(reaction) == [[
-            StatusMessage(status: "success", message: "subscribed to: Q.A"),
-            StatusMessage(status: "success", message: "subscribed to: T.*"),
-        ]])
+        #expect(
+            try statuses(reaction) == [
+                [
+                    StatusMessage(status: "success", message: "subscribed to: Q.A"),
+                    StatusMessage(status: "success", message: "subscribed to: T.*"),
+                ]
+            ])
     }
 
     @Test func repeatedSubscribeIsAckedButNotAddedTwice() {

@@ -1,0 +1,75 @@
+import Foundation
+import RelayCore
+import Testing
+
+/// Whether Polygon's official Python client can be imported here. `scripts/test` installs it and sets
+/// RELAY_REQUIRE_INTEROP=1, which turns a missing client into a failure instead of a skip.
+let pythonClientAvailable: Bool = {
+    if ProcessInfo.processInfo.environment["RELAY_REQUIRE_INTEROP"] == "1" { return true }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = ["python3", "-c", "import polygon"]
+    process.standardOutput = FileHandle.nullDevice
+    process.standardError = FileHandle.nullDevice
+    do {
+        try process.run()
+        process.waitUntilExit()
+        return process.terminationStatus == 0
+    } catch {
+        return false
+    }
+}()
+
+let interopScript = URL(fileURLWithPath: #filePath)
+    .deletingLastPathComponent().deletingLastPathComponent()
+    .appendingPathComponent("Interop/official_python_client.py").path
+
+/// Runs the interop script; returns its exit status and output. Bounded by `timeout`.
+func runPythonClient(_ arguments: [String], timeout: Duration = .seconds(40)) async throws -> (status: Int32, output: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = ["python3", interopScript] + arguments
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    process.standardError = pipe
+    let (exited, exit) = AsyncStream.makeStream(of: Int32.self)
+    process.terminationHandler = { exit.yield($0.terminationStatus) }
+    try process.run()
+    do {
+        let status = try await within(timeout, "the Python client to finish") {
+            for await status in exited { return status }
+            return -1
+        }
+        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        return (status, output)
+    } catch {
+        process.terminate()
+        throw error
+    }
+}
+
+@Suite(
+    "Interop with Polygon's official clients",
+    .enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
+struct InteropTests {
+    @Test func theOfficialPythonClientReceivesWhatItSubscribedTo() async throws {
+        let relay = Relay(settings: RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["py-key"]), logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let result = try await runPythonClient([
+                "--port", "\(parts.port)", "--key", "py-key", "--subscribe", "Q.AAPL,T.MSFT", "--count", "20",
+            ])
+            #expect(result.status == 0, "\(result.output)")
+            #expect(result.output.contains(#""messages": 20"#))
+        }
+    }
+
+    @Test func theOfficialPythonClientSeesAWrongKeyAsAnAuthError() async throws {
+        let relay = Relay(settings: RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["py-key"]), logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let result = try await runPythonClient(["--port", "\(parts.port)", "--key", "wrong", "--expect-auth-failure"])
+            #expect(result.status == 0, "\(result.output)")
+        }
+    }
+}

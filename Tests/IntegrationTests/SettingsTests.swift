@@ -1,0 +1,88 @@
+import Foundation
+import Testing
+import Upstream
+
+@testable import RelayCore
+
+@Suite("Configuration precedence")
+struct SettingsTests {
+    func writeConfig(_ text: String) throws -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID().uuidString).yaml").path
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    @Test func defaultsServeTheDemoFeedOnLoopback8080() async throws {
+        let settings = try await RelaySettings.resolve(flags: .init(), environment: [:])
+        #expect(settings.listen == .init(host: "127.0.0.1", port: 8080))
+        #expect(settings.upstream == nil)
+        #expect(settings.clientKeys.isEmpty)
+    }
+
+    @Test func flagBeatsEnvironmentBeatsFileBeatsDefault() async throws {
+        let file = try writeConfig(
+            """
+            listen: 127.0.0.1:7000
+            upstream:
+              url: wss://file.example/stocks
+              key: file-key
+            client:
+              keys: [file-a, file-b]
+            demo:
+              rate: 123
+            """)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let settings = try await RelaySettings.resolve(
+            flags: .init(listen: "127.0.0.1:9000", configFile: file),
+            environment: ["RELAY_LISTEN": "127.0.0.1:8000", "RELAY_UPSTREAM": "ws://env.example:81/crypto"])
+        #expect(settings.listen.port == 9000, "flag over environment")
+        #expect(settings.upstream?.description == "ws://env.example:81/crypto", "environment over file")
+        #expect(settings.upstreamKey == "file-key", "file over default")
+        #expect(settings.clientKeys == ["file-a", "file-b"])
+        #expect(settings.demoRate == 123)
+        #expect(settings.upstream?.market == "crypto")
+    }
+
+    @Test func documentedEnvironmentVariablesAreRead() async throws {
+        let settings = try await RelaySettings.resolve(
+            flags: .init(),
+            environment: [
+                "RELAY_UPSTREAM": "wss://socket.polygon.io/stocks", "POLYGON_API_KEY": "pk",
+                "RELAY_CLIENT_KEYS": "a, b", "RELAY_LISTEN": "[::1]:8181",
+            ])
+        #expect(settings.upstream?.secure == true)
+        #expect(settings.upstream?.port == 443)
+        #expect(settings.upstreamKey == "pk")
+        #expect(settings.clientKeys == ["a", "b"])
+        #expect(settings.listen == .init(host: "::1", port: 8181))
+    }
+
+    @Test func clientKeysFlagIsACommaSeparatedList() async throws {
+        let settings = try await RelaySettings.resolve(flags: .init(clientKeys: "k1,k2 , k3"), environment: ["RELAY_CLIENT_KEYS": "env"])
+        #expect(settings.clientKeys == ["k1", "k2", "k3"])
+    }
+
+    @Test(arguments: [
+        (RelaySettings.Flags(listen: "nonsense"), "listen"),
+        (RelaySettings.Flags(upstream: "http://x/stocks", upstreamKey: "k"), "upstream"),
+        (RelaySettings.Flags(upstream: "wss://x/stocks"), "API key"),
+        (RelaySettings.Flags(logLevel: "loud"), "log level"),
+        (RelaySettings.Flags(configFile: "/nonexistent/relay.yaml"), "config file"),
+    ])
+    func badSettingsNameTheirProblem(flags: RelaySettings.Flags, mentions: String) async throws {
+        do {
+            _ = try await RelaySettings.resolve(flags: flags, environment: [:])
+            Issue.record("expected an error mentioning \(mentions)")
+        } catch {
+            #expect("\(error)".contains(mentions))
+        }
+    }
+
+    @Test func theSampleConfigFileLoads() async throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let settings = try await RelaySettings.resolve(
+            flags: .init(configFile: root.appendingPathComponent("config/relay.yaml").path), environment: [:])
+        #expect(settings.listen.port == 8080)
+        #expect(settings.upstream == nil, "the sample keeps the demo feed as default")
+    }
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Connects Polygon's official Python client (polygon-api-client) to a running relay.
+
+Exit 0 when the client behaved as expected, 1 with a reason otherwise. Used by the Swift interop test
+(Tests/IntegrationTests/InteropTests.swift), which starts the relay and runs this script against it.
+"""
+import argparse
+import asyncio
+import json
+import sys
+
+from polygon import WebSocketClient
+from polygon.websocket.models import EquityQuote, EquityTrade
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--subscribe", default="Q.AAPL")
+    parser.add_argument("--count", type=int, default=10)
+    parser.add_argument("--timeout", type=float, default=20)
+    parser.add_argument("--expect-auth-failure", action="store_true")
+    args = parser.parse_args()
+
+    wanted = [t.strip() for t in args.subscribe.split(",") if t.strip()]
+    client = WebSocketClient(
+        api_key=args.key, feed=f"127.0.0.1:{args.port}", market="stocks", secure=False, subscriptions=wanted
+    )
+    received = []
+
+    async def handle(messages):
+        received.extend(messages)
+        if len(received) >= args.count:
+            await client.close()
+
+    async def run():
+        await asyncio.wait_for(client.connect(handle), args.timeout)
+
+    try:
+        asyncio.run(run())
+    except asyncio.TimeoutError:
+        print(f"timed out with {len(received)} of {args.count} messages", file=sys.stderr)
+        return 1
+    except Exception as error:  # the client raises AuthError on auth_failed
+        if args.expect_auth_failure and type(error).__name__ == "AuthError":
+            print(json.dumps({"auth_failed": True}))
+            return 0
+        print(f"client raised {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+
+    if args.expect_auth_failure:
+        print("expected the relay to refuse the key", file=sys.stderr)
+        return 1
+    topics = set()
+    for message in received:
+        if isinstance(message, EquityQuote):
+            topics.add(f"Q.{message.symbol}")
+        elif isinstance(message, EquityTrade):
+            topics.add(f"T.{message.symbol}")
+        else:
+            print(f"unexpected message {message!r}", file=sys.stderr)
+            return 1
+    unexpected = topics - set(wanted)
+    if len(received) < args.count or unexpected:
+        print(f"received {len(received)} messages on {sorted(topics)}; unexpected {sorted(unexpected)}", file=sys.stderr)
+        return 1
+    print(json.dumps({"messages": len(received), "topics": sorted(topics)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
