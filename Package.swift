@@ -70,6 +70,8 @@ let package = Package(
             dependencies: [
                 "PolygonWire", "AsyncSupport",
                 .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "HummingbirdTLS", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
@@ -120,6 +122,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
+            resources: [.copy("Fixtures")],
             swiftSettings: strict
         ),
     ]

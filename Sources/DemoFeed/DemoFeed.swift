@@ -1,5 +1,7 @@
 import AsyncSupport
 import Hummingbird
+import HummingbirdCore
+import HummingbirdTLS
 import HummingbirdWebSocket
 import Logging
 import NIOCore
@@ -49,12 +51,12 @@ public final class DemoFeed: Service, Sendable {
 
     /// The URL a client connects to, once the feed listens.
     public func url() async throws -> String {
-        "ws://\(configuration.host):\(try await listeningPort())/\(configuration.market)"
+        "\(configuration.tls == nil ? "ws" : "wss")://\(configuration.host):\(try await listeningPort())/\(configuration.market)"
     }
 
     public func run() async throws {
-        let app = makeApplication()
         do {
+            let app = try makeApplication()
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { try await app.run() }
                 group.addTask { await cancelWhenGracefulShutdown { await self.generate() } }
@@ -72,7 +74,7 @@ public final class DemoFeed: Service, Sendable {
         port.fail(CancellationError())
     }
 
-    private func makeApplication() -> some ApplicationProtocol {
+    private func makeApplication() throws -> some ApplicationProtocol {
         let webSocketRouter = Router(context: BasicWebSocketRequestContext.self)
         webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, context in
             try await self.serve(inbound: inbound, outbound: outbound, logger: context.logger)
@@ -80,11 +82,18 @@ public final class DemoFeed: Service, Sendable {
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
         let port = self.port
+        let ping: AutoPingSetup = configuration.pingInterval.map { .enabled(timePeriod: $0) } ?? .disabled
+        var server = HTTPServerBuilder.http1WebSocketUpgrade(
+            webSocketRouter: webSocketRouter, configuration: .init(ws: .init(maxFrameSize: 1 << 20, autoPing: ping)))
+        if let tls = configuration.tls {
+            let tlsConfiguration = TLSConfiguration.makeServerConfiguration(
+                certificateChain: try NIOSSLCertificate.fromPEMFile(tls.certificatePath).map { .certificate($0) },
+                privateKey: .privateKey(try NIOSSLPrivateKey(file: tls.privateKeyPath, format: .pem)))
+            server = try .tls(server, tlsConfiguration: tlsConfiguration)
+        }
         return Application(
             router: router,
-            server: .http1WebSocketUpgrade(
-                webSocketRouter: webSocketRouter,
-                configuration: .init(ws: .init(maxFrameSize: 1 << 20, autoPing: .disabled))),
+            server: server,
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay-demo-feed"),
             onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },
             logger: logger

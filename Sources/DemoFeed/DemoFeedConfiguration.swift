@@ -21,6 +21,21 @@ public struct DemoFeedConfiguration: Sendable {
     public var seed: UInt64?
     /// When set, every frame is sent as WebSocket fragments of this many bytes (tests reassembly).
     public var fragmentSize: Int?
+    /// When set, the feed pings every client this often and drops one that does not answer.
+    public var pingInterval: Duration?
+    /// When set, the feed serves `wss://` with this certificate and key (PEM files).
+    public var tls: TLSFiles?
+
+    /// A PEM certificate chain and its private key.
+    public struct TLSFiles: Sendable {
+        public var certificatePath: String
+        public var privateKeyPath: String
+
+        public init(certificatePath: String, privateKeyPath: String) {
+            self.certificatePath = certificatePath
+            self.privateKeyPath = privateKeyPath
+        }
+    }
 
     public init(
         host: String = "127.0.0.1",
@@ -33,7 +48,9 @@ public struct DemoFeedConfiguration: Sendable {
         aggregateInterval: Duration = .seconds(60),
         generatedTickers: Int = 300,
         seed: UInt64? = nil,
-        fragmentSize: Int? = nil
+        fragmentSize: Int? = nil,
+        pingInterval: Duration? = nil,
+        tls: TLSFiles? = nil
     ) {
         self.host = host
         self.port = port
@@ -46,5 +63,7 @@ public struct DemoFeedConfiguration: Sendable {
         self.generatedTickers = generatedTickers
         self.seed = seed
         self.fragmentSize = fragmentSize
+        self.pingInterval = pingInterval
+        self.tls = tls
     }
 }

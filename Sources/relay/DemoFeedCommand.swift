@@ -31,6 +31,12 @@ struct DemoFeedCommand: AsyncParsableCommand {
     @Option(help: "Seed for a repeatable market.")
     var seed: UInt64?
 
+    @Option(name: .customLong("tls-cert"), help: "Serve wss:// with this PEM certificate chain (needs --tls-key).")
+    var tlsCert: String?
+
+    @Option(name: .customLong("tls-key"), help: "The PEM private key of --tls-cert.")
+    var tlsKey: String?
+
     @Option(name: .customLong("log-level"))
     var logLevel: String = "info"
 
@@ -38,6 +44,7 @@ struct DemoFeedCommand: AsyncParsableCommand {
         guard RelaySettings.Address(listen) != nil else { throw ValidationError("--listen: expected HOST:PORT, got \(listen)") }
         guard rate > 0 else { throw ValidationError("--rate must be above 0") }
         guard aggregateSeconds > 0 else { throw ValidationError("--aggregate-seconds must be above 0") }
+        guard (tlsCert == nil) == (tlsKey == nil) else { throw ValidationError("--tls-cert and --tls-key go together") }
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("--log-level: unknown level \(logLevel)") }
     }
 
@@ -48,7 +55,8 @@ struct DemoFeedCommand: AsyncParsableCommand {
         let feed = DemoFeed(
             configuration: DemoFeedConfiguration(
                 host: address.host, port: address.port, market: market, apiKey: apiKey, eventsPerSecond: rate,
-                aggregateInterval: .seconds(aggregateSeconds), generatedTickers: tickers, seed: seed),
+                aggregateInterval: .seconds(aggregateSeconds), generatedTickers: tickers, seed: seed,
+                tls: tlsCert.flatMap { cert in tlsKey.map { .init(certificatePath: cert, privateKeyPath: $0) } }),
             logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: [.init(service: feed)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))

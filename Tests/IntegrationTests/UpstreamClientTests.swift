@@ -109,3 +109,71 @@ struct UpstreamClientTests {
         }
     }
 }
+
+/// `wss://` with certificate verification: a feed with a self-signed certificate is refused until its
+/// certificate is trusted through `caFile`.
+@Suite("Upstream client over TLS")
+struct UpstreamTLSTests {
+    func fixture(_ name: String) throws -> String {
+        try #require(Bundle.module.url(forResource: name, withExtension: nil, subdirectory: "Fixtures")).path
+    }
+
+    func tlsFeed() throws -> DemoFeed {
+        DemoFeed(
+            configuration: DemoFeedConfiguration(
+                port: 0, apiKey: "up-key", eventsPerSecond: 2000, tickInterval: .milliseconds(10), seed: 3,
+                tls: .init(certificatePath: try fixture("test-server.pem"), privateKeyPath: try fixture("test-server.key"))),
+            logger: testLogger)
+    }
+
+    @Test func anUntrustedCertificateIsRefused() async throws {
+        let feed = try tlsFeed()
+        try await withServices([feed]) {
+            let url = try await feed.url()
+            #expect(url.hasPrefix("wss://"))
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
+            let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key"), logger: testLogger)
+            try await withServices([upstream]) {
+                let state = try await waitFor(upstream.stateUpdates(), "the TLS failure") { $0.name == "disconnected" }
+                #expect(state.detail?.contains("connection failed") == true)
+                #expect(feed.monitor.snapshot.authenticatedConnections == 0)
+            }
+        }
+    }
+
+    @Test func aTrustedCertificateConnectsAndStreams() async throws {
+        let feed = try tlsFeed()
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            let upstream = PolygonWebSocket(
+                configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key", caFile: try fixture("test-server.pem")),
+                logger: testLogger)
+            upstream.setWantedTopics(topics("Q.*"))
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated over TLS") { $0 == .authenticated }
+                #expect(try await collect(20, from: upstream.events).allSatisfy { $0.eventType == "Q" })
+            }
+        }
+    }
+}
+
+@Suite("Upstream keepalive")
+struct UpstreamKeepaliveTests {
+    @Test func serverPingsAreAnsweredSoTheConnectionStays() async throws {
+        // The feed pings every 100 ms and drops a client that misses a pong.
+        let feed = DemoFeed(
+            configuration: DemoFeedConfiguration(port: 0, eventsPerSecond: 10, seed: 5, pingInterval: .milliseconds(100)),
+            logger: testLogger)
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                // A measurement window spanning ten ping periods.
+                try await Task.sleep(for: .seconds(1))
+                #expect(upstream.state == .authenticated)
+                #expect(feed.monitor.snapshot.totalConnections == 1)
+            }
+        }
+    }
+}
