@@ -93,7 +93,7 @@ let package = Package(
         .executableTarget(
             name: "relay",
             dependencies: [
-                "RelayCore", "DemoFeed",
+                "RelayCore", "DemoFeed", "RelayServer",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

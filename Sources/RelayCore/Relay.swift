@@ -12,7 +12,9 @@ import Upstream
 /// configured, the demo feed in-process (reached through the same libwebsockets client over loopback).
 ///
 /// `Sendable`; a `Service`. ``run()`` starts the parts, publishes them through ``ready()`` and runs
-/// until graceful shutdown or cancellation; the CLI and the tests start it the same way.
+/// until graceful shutdown or cancellation; the CLI and the tests start it the same way. Shutdown goes
+/// in reverse order of the data path: downstream clients are closed (1012), the hub pump stops, the
+/// upstream connection is closed cleanly, and last the demo feed stops.
 public final class Relay: Service, Sendable {
     /// The running parts, for tests and tools.
     public struct Components: Sendable {
@@ -39,48 +41,68 @@ public final class Relay: Service, Sendable {
     public func ready() async throws -> Components { try await readiness.wait() }
 
     public func run() async throws {
-        let authentication = try ClientAuthentication.resolve(keys: settings.clientKeys, listenHost: settings.listen.host)
         do {
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                var endpoint = settings.upstream
-                var apiKey = settings.upstreamKey ?? ""
-                var demoFeed: DemoFeed?
-                var demoPort: Int?
-                if endpoint == nil {
-                    apiKey = "demo-" + UUID().uuidString
-                    let feed = DemoFeed(
-                        configuration: DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate),
-                        logger: logger.with(label: "relay.demo-feed"))
-                    group.addTask { try await feed.run() }
-                    let port = try await feed.listeningPort()
-                    endpoint = UpstreamConfiguration.Endpoint("ws://127.0.0.1:\(port)/stocks")
-                    demoFeed = feed
-                    demoPort = port
-                    logger.info(
-                        "no upstream configured: serving the built-in demo feed", metadata: ["feed": "ws://127.0.0.1:\(port)/stocks"])
+            let authentication = try ClientAuthentication.resolve(keys: settings.clientKeys, listenHost: settings.listen.host)
+            var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
+            let pipeline: Pipeline
+            if let endpoint = settings.upstream {
+                pipeline = Pipeline(relay: self, authentication: authentication, demoFeed: nil) {
+                    (endpoint, self.settings.upstreamKey ?? "")
                 }
-                guard let endpoint else { throw UpstreamError.invalidURL("(none)") }
-
-                let upstream = PolygonWebSocket(
-                    configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: apiKey, caFile: settings.upstreamCAFile),
-                    logger: logger.with(label: "relay.upstream"))
-                let hub = MarketDataHub(logger: logger.with(label: "relay.hub")) { topics in
-                    upstream.setWantedTopics(topics)
+            } else {
+                let apiKey = "demo-" + UUID().uuidString
+                let feed = DemoFeed(
+                    configuration: DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate),
+                    logger: logger.with(label: "relay.demo-feed"))
+                pipeline = Pipeline(relay: self, authentication: authentication, demoFeed: feed) {
+                    let url = try await feed.url()
+                    guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
+                    self.logger.info("no upstream configured: serving the built-in demo feed", metadata: ["feed": "\(url)"])
+                    return (endpoint, apiKey)
                 }
-                let server = RelayServer(
-                    configuration: RelayServerConfiguration(
-                        host: settings.listen.host, port: settings.listen.port,
-                        market: endpoint.market, authentication: authentication),
-                    hub: hub, upstream: upstream, logger: logger.with(label: "relay.server"))
+                services.append(.init(service: feed))
+            }
+            services.append(.init(service: pipeline))
+            // A group of its own, so parts stop in reverse order when the relay is asked to stop.
+            try await ServiceGroup(configuration: .init(services: services, logger: logger)).run()
+        } catch {
+            readiness.fail(error)
+            throw error
+        }
+        readiness.fail(CancellationError())
+    }
 
-                group.addTask { try await upstream.run() }
-                group.addTask {
-                    for await events in upstream.events { await hub.publish(events) }
-                }
-                group.addTask { try await server.run() }
+    /// Upstream → hub → server, built once the upstream's address is known.
+    private struct Pipeline: Service {
+        let relay: Relay
+        let authentication: ClientAuthentication
+        let demoFeed: DemoFeed?
+        let endpoint: @Sendable () async throws -> (UpstreamConfiguration.Endpoint, String)
 
+        func run() async throws {
+            let settings = relay.settings
+            let logger = relay.logger
+            let (endpoint, apiKey) = try await self.endpoint()
+            let upstream = PolygonWebSocket(
+                configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: apiKey, caFile: settings.upstreamCAFile),
+                logger: logger.with(label: "relay.upstream"))
+            let hub = MarketDataHub(logger: logger.with(label: "relay.hub")) { topics in
+                upstream.setWantedTopics(topics)
+            }
+            let server = RelayServer(
+                configuration: RelayServerConfiguration(
+                    host: settings.listen.host, port: settings.listen.port,
+                    market: endpoint.market, authentication: authentication),
+                hub: hub, upstream: upstream, logger: logger.with(label: "relay.server"))
+            let group = ServiceGroup(
+                configuration: .init(
+                    services: [.init(service: upstream), .init(service: HubPump(upstream: upstream, hub: hub)), .init(service: server)],
+                    logger: logger))
+            try await withThrowingTaskGroup(of: Void.self) { tasks in
+                tasks.addTask { try await group.run() }
                 let port = try await server.listeningPort()
-                readiness.succeed(
+                let demoPort = try await demoFeed?.listeningPort()
+                relay.readiness.succeed(
                     Components(hub: hub, upstream: upstream, server: server, demoFeed: demoFeed, port: port, demoFeedPort: demoPort))
                 logger.info(
                     "relay listening",
@@ -89,22 +111,21 @@ public final class Relay: Service, Sendable {
                         "upstream": "\(endpoint)",
                         "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
                     ])
-                // On graceful shutdown every part winds down by itself; a part that ends otherwise takes
-                // the relay down with it.
-                try await group.next()
-                if Task.isShuttingDownGracefully {
-                    try await group.waitForAll()
-                } else {
-                    logger.error("a part of the relay stopped unexpectedly; stopping the relay")
-                    upstream.shutdown()
-                    group.cancelAll()
-                }
+                try await tasks.waitForAll()
             }
-        } catch {
-            readiness.fail(error)
-            throw error
         }
-        readiness.fail(CancellationError())
+    }
+
+    /// Feeds every upstream event to the hub, in order, until the upstream stops or shutdown begins.
+    private struct HubPump: Service {
+        let upstream: PolygonWebSocket
+        let hub: MarketDataHub
+
+        func run() async throws {
+            await cancelWhenGracefulShutdown {
+                for await events in upstream.events { await hub.publish(events) }
+            }
+        }
     }
 }
 

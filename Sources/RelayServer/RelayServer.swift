@@ -5,6 +5,7 @@ import HummingbirdWebSocket
 import Logging
 import MarketDataHub
 import NIOCore
+import NIOWebSocket
 import PolygonWire
 import ServiceLifecycle
 import Upstream
@@ -18,6 +19,7 @@ public final class RelayServer: Service, Sendable {
     private let hub: MarketDataHub
     private let upstream: PolygonWebSocket
     private let port = ReadySignal<Int>()
+    private let sessions = SessionRegistry()
     private let logger: Logger
 
     public init(
@@ -33,9 +35,34 @@ public final class RelayServer: Service, Sendable {
     /// The port the server listens on, once it does.
     public func listeningPort() async throws -> Int { try await port.wait() }
 
+    /// The close code downstream clients get when the relay stops: "service restart", so Polygon's
+    /// official clients reconnect (1000 and 1001 would stop them for good).
+    public static let shutdownCloseCode = WebSocketErrorCode(codeNumber: 1012)
+
     public func run() async throws {
+        let application = makeApplication()
+        // The application runs in a group of its own, detached so that our graceful shutdown does not
+        // reach it directly: first every client is closed with 1012, then the application is stopped.
+        let applicationGroup = ServiceGroup(
+            configuration: .init(services: [.init(service: application)], logger: logger))
+        let running = Task.detached { try await applicationGroup.run() }
+        let sessions = self.sessions
+        let logger = self.logger
         do {
-            try await makeApplication().run()
+            try await withTaskCancellationHandler {
+                try await withGracefulShutdownHandler {
+                    try await running.value
+                } onGracefulShutdown: {
+                    Task {
+                        let count = sessions.count
+                        await sessions.closeAll(code: Self.shutdownCloseCode, reason: "service restart", timeout: .seconds(3))
+                        logger.info("closed downstream clients for shutdown", metadata: ["clients": "\(count)", "code": "1012"])
+                        await applicationGroup.triggerGracefulShutdown()
+                    }
+                }
+            } onCancel: {
+                running.cancel()
+            }
         } catch {
             port.fail(error)
             throw error
@@ -48,7 +75,10 @@ public final class RelayServer: Service, Sendable {
         let hub = self.hub
         let configuration = self.configuration
         let logger = self.logger
+        let sessions = self.sessions
         webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, _ in
+            let id = sessions.register(outbound)
+            defer { sessions.unregister(id) }
             try await DownstreamSession(hub: hub, configuration: configuration, logger: logger)
                 .run(inbound: inbound, outbound: outbound)
         }

@@ -20,3 +20,10 @@ func bootstrapLogging(level: Logger.Level) {
         return handler
     }
 }
+
+/// A setting that stops the relay from starting: printed as `Error: <message>`, exit status 1, without
+/// the usage text (the command line itself was fine).
+struct StartupError: Error, CustomStringConvertible {
+    var message: String
+    var description: String { message }
+}

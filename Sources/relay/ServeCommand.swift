@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import RelayCore
+import RelayServer
 import ServiceLifecycle
 
 struct ServeCommand: AsyncParsableCommand {
@@ -48,7 +49,12 @@ struct ServeCommand: AsyncParsableCommand {
                     clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
-            throw ValidationError("\(error)")
+            throw StartupError(message: "\(error)")
+        }
+        do {
+            _ = try ClientAuthentication.resolve(keys: settings.clientKeys, listenHost: settings.listen.host)
+        } catch {
+            throw StartupError(message: error.description)
         }
         bootstrapLogging(level: settings.logLevel)
         let logger = Logger(label: "relay")

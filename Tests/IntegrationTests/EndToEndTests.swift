@@ -4,6 +4,7 @@ import MarketDataHub
 import PolygonWire
 import RelayCore
 import RelayServer
+import ServiceLifecycle
 import Testing
 import Upstream
 
@@ -215,6 +216,29 @@ struct EndToEndTests {
             #expect(try await client.nextEvents(2).allSatisfy { $0.topic.description == "Q.AAPL" })
             #expect(parts.demoFeed?.monitor.snapshot.totalConnections == 1)
             await client.close()
+        }
+    }
+
+    @Test func gracefulShutdownClosesClientsWith1012ThenTheUpstreamCleanly() async throws {
+        let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, eventsPerSecond: 1000, seed: 9), logger: testLogger)
+        try await withServices([feed]) {
+            let settings = RelaySettings(
+                listen: .init(host: "127.0.0.1", port: 0), upstream: UpstreamConfiguration.Endpoint(try await feed.url()),
+                upstreamKey: "k")
+            let relay = Relay(settings: settings, logger: testLogger)
+            let group = ServiceGroup(configuration: .init(services: [.init(service: relay)], logger: testLogger))
+            let running = Task { try await group.run() }
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/stocks", key: "any")
+            client.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            _ = try await client.nextEvents(1)
+
+            await group.triggerGracefulShutdown()
+            // 1012 "service restart": official clients reconnect; 1000/1001 would stop them for good.
+            #expect(try await client.waitForClose() == 1012)
+            try await within(.seconds(10), "the relay to stop") { try await running.value }
+            #expect(parts.upstream.state == .stopped)
+            try await waitFor(feed.monitor.updates(), "the upstream connection to close") { $0.openConnections == 0 }
         }
     }
 }
