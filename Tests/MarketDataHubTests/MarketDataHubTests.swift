@@ -11,25 +11,30 @@ func event(_ type: String, _ ticker: String, _ n: Int = 0) -> MarketEvent {
 
 func topics(_ list: String...) -> Set<Topic> { Set(list.compactMap { Topic(parsing: $0) }) }
 
-/// Takes the next `count` events or fails after `timeout`.
-func take(_ count: Int, from stream: AsyncStream<MarketEvent>, timeout: Duration = .seconds(5)) async throws -> [MarketEvent] {
-    try await withThrowingTaskGroup(of: [MarketEvent]?.self) { group in
-        group.addTask {
-            var out: [MarketEvent] = []
-            for await event in stream {
-                out.append(event)
-                if out.count == count { break }
-            }
-            return out
-        }
+/// Runs `operation`, returning `nil` if it takes longer than `timeout`.
+func within<T: Sendable>(_ timeout: Duration, _ operation: @escaping @Sendable () async -> T) async throws -> T? {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { await operation() }
         group.addTask {
             try await Task.sleep(for: timeout)
             return nil
         }
-        let first = try await group.next() ?? nil
-        group.cancelAll()
-        return try #require(first, "timed out after \(timeout) waiting for \(count) events")
+        defer { group.cancelAll() }
+        return try await group.next() ?? nil
     }
+}
+
+/// Takes the next `count` events or fails after `timeout`.
+func take(_ count: Int, from stream: AsyncStream<MarketEvent>, timeout: Duration = .seconds(5)) async throws -> [MarketEvent] {
+    let events = try await within(timeout) {
+        var out: [MarketEvent] = []
+        for await event in stream {
+            out.append(event)
+            if out.count == count { break }
+        }
+        return out
+    }
+    return try #require(events, "timed out after \(timeout) waiting for \(count) events")
 }
 
 /// Records every upstream topic set the hub reports, and lets a test wait for one.
@@ -50,20 +55,11 @@ final class WantedRecorder: Sendable {
     /// Waits until the hub reports `expected`, or fails after `timeout`.
     func wait(for expected: Set<Topic>, timeout: Duration = .seconds(5)) async throws {
         let updates = self.updates
-        let reached = try await withThrowingTaskGroup(of: Bool.self) { group in
-            group.addTask {
-                for await topics in updates where topics == expected { return true }
-                return false
-            }
-            group.addTask {
-                try await Task.sleep(for: timeout)
-                return false
-            }
-            let first = try await group.next() ?? false
-            group.cancelAll()
-            return first
+        let reached = try await within(timeout) {
+            for await topics in updates where topics == expected { return true }
+            return false
         }
-        #expect(reached, "the upstream set never became \(expected.sorted())")
+        #expect(reached == true, "the upstream set never became \(expected.sorted())")
     }
 }
 
