@@ -33,7 +33,7 @@ public final class DemoFeed: Service, Sendable {
 
     struct FeedConnection: Sendable {
         var topics: Set<Topic> = []
-        let frames: AsyncStream<ByteBuffer>.Continuation
+        let outputs: AsyncStream<FeedOutput>.Continuation
 
         func wants(_ event: MarketEvent) -> Bool {
             topics.contains(Topic(eventType: event.eventType, ticker: event.ticker))
@@ -75,12 +75,20 @@ public final class DemoFeed: Service, Sendable {
     }
 
     private func makeApplication() throws -> some ApplicationProtocol {
-        let webSocketRouter = Router(context: BasicWebSocketRequestContext.self)
+        let webSocketRouter = Router(context: FeedRequestContext.self)
         webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, context in
-            try await self.serve(inbound: inbound, outbound: outbound, logger: context.logger)
+            try await self.serve(inbound: inbound, outbound: outbound, channel: context.requestContext.channel)
         }
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
+        router.post("/faults/:name") { _, context -> String in
+            let name = context.parameters.get("name") ?? ""
+            guard let fault = DemoFeedFault(rawValue: name) else {
+                throw HTTPError(
+                    .notFound, message: "unknown fault \(name); one of \(DemoFeedFault.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            return "{\"fault\":\"\(fault.rawValue)\",\"connections\":\(self.inject(fault))}\n"
+        }
         let port = self.port
         let ping: AutoPingSetup = configuration.pingInterval.map { .enabled(timePeriod: $0) } ?? .disabled
         var server = HTTPServerBuilder.http1WebSocketUpgrade(
@@ -102,13 +110,13 @@ public final class DemoFeed: Service, Sendable {
 
     // MARK: one client
 
-    private func serve(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, logger: Logger) async throws {
+    private func serve(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, channel: any Channel) async throws {
         let id = nextConnection.withLock { value in
             defer { value += 1 }
             return value
         }
-        let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingOldest(10_000))
-        connections.withLock { $0[id] = FeedConnection(frames: continuation) }
+        let (outputs, continuation) = AsyncStream.makeStream(of: FeedOutput.self, bufferingPolicy: .bufferingOldest(10_000))
+        connections.withLock { $0[id] = FeedConnection(outputs: continuation) }
         monitor.update { snapshot in
             snapshot.openConnections += 1
             snapshot.totalConnections += 1
@@ -119,40 +127,100 @@ public final class DemoFeed: Service, Sendable {
             monitor.update { $0.openConnections -= 1 }
         }
 
+        if let delay = configuration.handshakeDelay {
+            // Hold back `connected`, but not past shutdown or the client giving up.
+            let end = ContinuousClock.now + delay
+            try await cancelWhenGracefulShutdown {
+                while channel.isActive, ContinuousClock.now < end {
+                    try await Task.sleep(for: min(.milliseconds(50), end - .now))
+                }
+            }
+        }
         try await send(StatusMessage.connected.frame, to: outbound)
+        // Reader and writer are tasks of their own so the `silence` fault can stop the reader (and with
+        // it the pongs, which are answered while inbound is read) without ending the connection.
+        let reader = Task { try await self.read(inbound: inbound, outbound: outbound, connection: id) }
+        let writer = Task { try await self.write(outputs, to: outbound, channel: channel, reader: reader) }
+        await withTaskCancellationHandler {
+            _ = try? await reader.value
+            if reader.isCancelled {
+                // Silenced: hang on until the client gives up on us.
+                _ = try? await channel.closeFuture.get()
+            }
+        } onCancel: {
+            reader.cancel()
+            writer.cancel()
+        }
+        writer.cancel()
+    }
+
+    private func read(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, connection id: Int) async throws {
         let expectedKey = configuration.apiKey
         var session = ServerSession { key in
             guard let expectedKey else { return !key.isEmpty }
             return key == expectedKey
         }
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask {
-                for await frame in frames { try await self.send(frame, to: outbound) }
+        for try await message in inbound.messages(maxSize: 1 << 20) {
+            let buffer: ByteBuffer
+            switch message {
+            case .text(let text): buffer = ByteBuffer(string: text)
+            case .binary(let data): buffer = data
             }
-            for try await message in inbound.messages(maxSize: 1 << 20) {
-                let buffer: ByteBuffer
-                switch message {
-                case .text(let text): buffer = ByteBuffer(string: text)
-                case .binary(let data): buffer = data
+            let wasAuthenticated = session.isAuthenticated
+            let reaction = session.receive(buffer)
+            if let action = try? ClientAction.decode(buffer) {
+                monitor.update { snapshot in
+                    snapshot.actions.append(.init(connection: id, kind: action.kind, params: action.params))
+                    if !wasAuthenticated && session.isAuthenticated { snapshot.authenticatedConnections += 1 }
                 }
-                let wasAuthenticated = session.isAuthenticated
-                let reaction = session.receive(buffer)
-                if let action = try? ClientAction.decode(buffer) {
-                    monitor.update { snapshot in
-                        snapshot.actions.append(.init(connection: id, kind: action.kind, params: action.params))
-                        if !wasAuthenticated && session.isAuthenticated { snapshot.authenticatedConnections += 1 }
-                    }
-                }
-                for frame in reaction.frames { try await send(frame, to: outbound) }
-                if reaction.close {
-                    try await outbound.close(.policyViolation, reason: "authentication failed")
-                    break
-                }
-                let topics = session.topics
-                connections.withLock { $0[id]?.topics = topics }
             }
-            group.cancelAll()
+            for frame in reaction.frames { try await send(frame, to: outbound) }
+            if reaction.close {
+                try await outbound.close(.policyViolation, reason: "authentication failed")
+                return
+            }
+            let topics = session.topics
+            connections.withLock { $0[id]?.topics = topics }
         }
+    }
+
+    private func write(
+        _ outputs: AsyncStream<FeedOutput>, to outbound: WebSocketOutboundWriter, channel: any Channel, reader: Task<Void, any Error>
+    ) async throws {
+        var silenced = false
+        for await output in outputs {
+            switch output {
+            case .frame(let frame):
+                if !silenced { try await send(frame, to: outbound) }
+            case .fault(.silence):
+                silenced = true
+                reader.cancel()
+            case .fault(.drop):
+                // SO_LINGER 0: close sends a TCP reset.
+                try? await (channel as? any SocketOptionProvider)?.setSoLinger(linger(l_onoff: 1, l_linger: 0)).get()
+                try? await channel.close()
+                return
+            case .fault(.maxConnections):
+                try await send(
+                    StatusMessage(
+                        status: StatusMessage.Kind.maxConnections,
+                        message: "Maximum number of websocket connections exceeded. You have reached the connection limit for your account."
+                    ).frame, to: outbound)
+                try await outbound.close(.policyViolation, reason: "max connections")
+                return
+            case .fault(let fault):
+                if let frame = fault.frame { try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: frame))) }
+            }
+        }
+    }
+
+    /// Inflicts a fault on every connection open now; returns how many there were.
+    @discardableResult
+    public func inject(_ fault: DemoFeedFault) -> Int {
+        let open = connections.withLock { Array($0.values) }
+        for connection in open { connection.outputs.yield(.fault(fault)) }
+        logger.info("fault injected", metadata: ["fault": "\(fault.rawValue)", "connections": "\(open.count)"])
+        return open.count
     }
 
     private func send(_ frame: ByteBuffer, to outbound: WebSocketOutboundWriter) async throws {
@@ -181,7 +249,7 @@ public final class DemoFeed: Service, Sendable {
             * Double(tick.components.attoseconds) / 1e18
         var owed = 0.0
         var nextTick = clock.now
-        var barStart = Self.unixMilliseconds()
+        var barStart = WallClock.nowMilliseconds()
         var nextBar = clock.now + configuration.aggregateInterval
         while !Task.isCancelled {
             nextTick = nextTick.advanced(by: tick)
@@ -190,7 +258,7 @@ public final class DemoFeed: Service, Sendable {
             } catch {
                 return
             }
-            let now = Self.unixMilliseconds()
+            let now = WallClock.nowMilliseconds()
             owed += perTick
             var events: [MarketEvent] = []
             while owed >= 1 {
@@ -220,7 +288,7 @@ public final class DemoFeed: Service, Sendable {
             while start < wanted.count {
                 let end = min(start + max(configuration.maxEventsPerFrame, 1), wanted.count)
                 for frame in FrameEncoder.frames(for: wanted[start..<end]) {
-                    connection.frames.yield(frame)
+                    connection.outputs.yield(.frame(frame))
                     frames += 1
                 }
                 start = end
@@ -230,9 +298,4 @@ public final class DemoFeed: Service, Sendable {
         if frames > 0 { monitor.countSent(frames: frames, events: sent) }
     }
 
-    static func unixMilliseconds() -> Int64 {
-        var spec = timespec()
-        clock_gettime(CLOCK_REALTIME, &spec)
-        return Int64(spec.tv_sec) * 1000 + Int64(spec.tv_nsec) / 1_000_000
-    }
 }

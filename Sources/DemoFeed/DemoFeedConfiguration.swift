@@ -23,6 +23,8 @@ public struct DemoFeedConfiguration: Sendable {
     public var fragmentSize: Int?
     /// When set, the feed pings every client this often and drops one that does not answer.
     public var pingInterval: Duration?
+    /// When set, the feed waits this long after the WebSocket opens before saying `connected`.
+    public var handshakeDelay: Duration?
     /// When set, the feed serves `wss://` with this certificate and key (PEM files).
     public var tls: TLSFiles?
 
@@ -50,6 +52,7 @@ public struct DemoFeedConfiguration: Sendable {
         seed: UInt64? = nil,
         fragmentSize: Int? = nil,
         pingInterval: Duration? = nil,
+        handshakeDelay: Duration? = nil,
         tls: TLSFiles? = nil
     ) {
         self.host = host
@@ -64,6 +67,7 @@ public struct DemoFeedConfiguration: Sendable {
         self.seed = seed
         self.fragmentSize = fragmentSize
         self.pingInterval = pingInterval
+        self.handshakeDelay = handshakeDelay
         self.tls = tls
     }
 }

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Logging
 import PolygonWire
 
@@ -30,17 +31,35 @@ public actor MarketDataHub {
     private var lastEvents: [Topic: MarketEvent] = [:]
     private var upstreamWanted: Set<Topic> = []
     private var published = 0
+    /// Wall time of the last event published, in ms.
+    private var lastEventAt: Int64?
+    private var outage: Outage?
+
+    /// An upstream outage in progress: when the last event before it arrived, and whether the upstream
+    /// is authenticated again (the notice goes out with the first event after that).
+    private struct Outage {
+        var lastEventBefore: Int64?
+        var lostAt: Int64
+        var reason: String
+    }
     private let onWantedTopicsChange: @Sendable (Set<Topic>) -> Void
     private let logger: Logger
+    private let subscribersGauge: Gauge
+    private let publishedCounter: Counter
+    private let droppedCounter: Counter
 
     /// - Parameter onWantedTopicsChange: called, on the hub, with the whole new upstream topic set each
     ///   time it changes. It must not block (the upstream client queues the change and returns).
     public init(
         logger: Logger = Logger(label: "relay.hub"),
+        metricsFactory: any MetricsFactory = MetricsSystem.factory,
         onWantedTopicsChange: @escaping @Sendable (Set<Topic>) -> Void = { _ in }
     ) {
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
+        subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
+        publishedCounter = Counter(label: "relay_hub_events_published_total", factory: metricsFactory)
+        droppedCounter = Counter(label: "relay_events_dropped_total", dimensions: [("reason", "buffer_full")], factory: metricsFactory)
     }
 
     // MARK: subscribing
@@ -56,6 +75,7 @@ public actor MarketDataHub {
             Task { await self.remove(id) }
         }
         subscribers[id] = Subscriber(continuation: continuation)
+        subscribersGauge.record(subscribers.count)
         add(topics, to: id)
         return HubSubscription(id: id, events: stream)
     }
@@ -91,6 +111,7 @@ public actor MarketDataHub {
     /// Removes a subscriber and finishes its stream. Called automatically when the stream terminates.
     public func remove(_ id: SubscriberID) {
         guard let subscriber = subscribers.removeValue(forKey: id) else { return }
+        subscribersGauge.record(subscribers.count)
         for topic in subscriber.topics { unindex(topic, id) }
         subscriber.continuation.finish()
         if !subscriber.topics.isEmpty { refreshUpstreamWanted() }
@@ -121,6 +142,14 @@ public actor MarketDataHub {
     /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
     /// topic. Never suspends.
     public func publish(_ events: [MarketEvent]) {
+        if let outage, !events.isEmpty {
+            self.outage = nil
+            announceRecovery(from: outage, firstEventAfter: WallClock.nowMilliseconds())
+        }
+        if !events.isEmpty {
+            lastEventAt = WallClock.nowMilliseconds()
+            publishedCounter.increment(by: events.count)
+        }
         for event in events {
             let topic = event.topic
             lastEvents[topic] = event
@@ -138,10 +167,52 @@ public actor MarketDataHub {
         }
     }
 
+    // MARK: upstream outages
+
+    /// The upstream connection was lost. Every subscriber with topics is told at once, once per outage;
+    /// when events flow again each is told the window in which none arrived.
+    public func upstreamLost(reason: String) {
+        guard outage == nil else { return }
+        let now = WallClock.nowMilliseconds()
+        outage = Outage(lastEventBefore: lastEventAt, lostAt: now, reason: reason)
+        var numbers: [String: Int64] = ["lost_at_ms": now]
+        if let lastEventAt { numbers["last_event_before_ms"] = lastEventAt }
+        notifySubscribersWithTopics(
+            StatusMessage(
+                status: StatusMessage.Kind.upstreamDisconnected,
+                message: "upstream connection lost (\(reason)); subscriptions are kept and resume when it is back",
+                numbers: numbers))
+        logger.info("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
+    }
+
+    private func announceRecovery(from outage: Outage, firstEventAfter: Int64) {
+        let start = outage.lastEventBefore ?? outage.lostAt
+        let numbers: [String: Int64] = [
+            "last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": firstEventAfter - start,
+        ]
+        notifySubscribersWithTopics(
+            StatusMessage(
+                status: StatusMessage.Kind.upstreamReconnected,
+                message:
+                    "upstream reconnected; no events were received between \(start) and \(firstEventAfter) (Unix ms, \(firstEventAfter - start) ms)",
+                numbers: numbers))
+    }
+
+    private func notifySubscribersWithTopics(_ status: StatusMessage) {
+        let notice = MarketEvent.notice(status)
+        for (id, subscriber) in subscribers where !subscriber.topics.isEmpty {
+            deliver(notice, to: id)
+        }
+    }
+
+    /// Whether an upstream outage is in progress (lost, and no event since).
+    public var isUpstreamOutage: Bool { outage != nil }
+
     private func deliver(_ event: MarketEvent, to id: SubscriberID) {
         guard let continuation = subscribers[id]?.continuation else { return }
         if case .dropped = continuation.yield(event) {
             subscribers[id]?.dropped += 1
+            droppedCounter.increment()
         }
     }
 

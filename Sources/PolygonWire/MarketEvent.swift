@@ -23,4 +23,13 @@ public struct MarketEvent: Sendable {
 
     /// The event's JSON text (for logs, tests and HTTP answers; not for the hot path).
     public var json: String { String(buffer: bytes) }
+
+    /// A status object travelling with events: the relay's notices to its subscribers, written into
+    /// their event stream so they arrive in order with the events around them.
+    public static func notice(_ status: StatusMessage) -> MarketEvent {
+        MarketEvent(eventType: "status", ticker: status.status, bytes: ByteBuffer(string: status.json))
+    }
+
+    /// Whether this is a relay notice rather than market data.
+    public var isNotice: Bool { eventType == "status" }
 }

@@ -6,10 +6,13 @@ import NIOCore
 public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
     public var status: String
     public var message: String
+    /// Extra numeric fields, written after `message` in key order (the relay's notices carry times).
+    public var numbers: [String: Int64]
 
-    public init(status: String, message: String) {
+    public init(status: String, message: String, numbers: [String: Int64] = [:]) {
         self.status = status
         self.message = message
+        self.numbers = numbers
     }
 
     /// The status values Polygon uses, plus the relay's own notices.
@@ -21,6 +24,10 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
         public static let success = "success"
         public static let error = "error"
         public static let maxConnections = "max_connections"
+        /// Relay notice: the upstream connection was lost; events stop until it is back.
+        public static let upstreamDisconnected = "upstream_disconnected"
+        /// Relay notice: the upstream is back; the numbers name the window with no events.
+        public static let upstreamReconnected = "upstream_reconnected"
     }
 
     public static let connected = StatusMessage(status: Kind.connected, message: "Connected Successfully")
@@ -34,7 +41,11 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
 
     /// This status as one JSON object.
     public var json: String {
-        #"{"ev":"status","status":"\#(JSONText.escape(status))","message":"\#(JSONText.escape(message))"}"#
+        var text = #"{"ev":"status","status":"\#(JSONText.escape(status))","message":"\#(JSONText.escape(message))""#
+        for (key, value) in numbers.sorted(by: { $0.key < $1.key }) {
+            text += #","\#(JSONText.escape(key))":\#(value)"#
+        }
+        return text + "}"
     }
 
     public var description: String { "\(status): \(message)" }

@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import MarketDataHub
 import PolygonWire
+import Prometheus
 import RelayServer
 import ServiceLifecycle
 import Upstream
@@ -83,17 +84,22 @@ public final class Relay: Service, Sendable {
             let settings = relay.settings
             let logger = relay.logger
             let (endpoint, apiKey) = try await self.endpoint()
-            let upstream = PolygonWebSocket(
-                configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: apiKey, caFile: settings.upstreamCAFile),
-                logger: logger.with(label: "relay.upstream"))
-            let hub = MarketDataHub(logger: logger.with(label: "relay.hub")) { topics in
+            let registry = PrometheusCollectorRegistry()
+            let metricsFactory = PrometheusMetricsFactory(registry: registry)
+            var upstreamConfiguration = settings.upstreamTuning
+            upstreamConfiguration.endpoint = endpoint
+            upstreamConfiguration.apiKey = apiKey
+            upstreamConfiguration.caFile = settings.upstreamCAFile
+            upstreamConfiguration.metricsFactory = metricsFactory
+            let upstream = PolygonWebSocket(configuration: upstreamConfiguration, logger: logger.with(label: "relay.upstream"))
+            let hub = MarketDataHub(logger: logger.with(label: "relay.hub"), metricsFactory: metricsFactory) { topics in
                 upstream.setWantedTopics(topics)
             }
             let server = RelayServer(
                 configuration: RelayServerConfiguration(
                     host: settings.listen.host, port: settings.listen.port,
                     market: endpoint.market, authentication: authentication),
-                hub: hub, upstream: upstream, logger: logger.with(label: "relay.server"))
+                hub: hub, upstream: upstream, registry: registry, logger: logger.with(label: "relay.server"))
             let group = ServiceGroup(
                 configuration: .init(
                     services: [.init(service: upstream), .init(service: HubPump(upstream: upstream, hub: hub)), .init(service: server)],
@@ -123,7 +129,13 @@ public final class Relay: Service, Sendable {
 
         func run() async throws {
             await cancelWhenGracefulShutdown {
-                for await events in upstream.events { await hub.publish(events) }
+                for await message in upstream.messages {
+                    switch message {
+                    case .events(let events): await hub.publish(events)
+                    case .connectionLost(let reason): await hub.upstreamLost(reason: reason)
+                    case .authenticated: break  // the first event after it ends an outage
+                    }
+                }
             }
         }
     }

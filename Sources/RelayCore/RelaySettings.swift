@@ -45,6 +45,9 @@ public struct RelaySettings: Sendable {
     /// Events per second of the in-process demo feed.
     public var demoRate: Double
     public var logLevel: Logger.Level
+    /// The upstream client's timing: reconnect policy, pings, dead and handshake timeouts, size cap.
+    /// Its endpoint, key and CA file are replaced by the settings above when the relay starts.
+    public var upstreamTuning: UpstreamConfiguration
 
     public init(
         listen: Address = Address(host: "127.0.0.1", port: 8080),
@@ -53,7 +56,8 @@ public struct RelaySettings: Sendable {
         upstreamCAFile: String? = nil,
         clientKeys: [String] = [],
         demoRate: Double = 500,
-        logLevel: Logger.Level = .info
+        logLevel: Logger.Level = .info,
+        upstreamTuning: UpstreamConfiguration = RelaySettings.defaultUpstreamTuning
     ) {
         self.listen = listen
         self.upstream = upstream
@@ -62,7 +66,12 @@ public struct RelaySettings: Sendable {
         self.clientKeys = clientKeys
         self.demoRate = demoRate
         self.logLevel = logLevel
+        self.upstreamTuning = upstreamTuning
     }
+
+    /// The upstream defaults (see ``ReconnectPolicy`` and ``UpstreamConfiguration``).
+    public static let defaultUpstreamTuning = UpstreamConfiguration(
+        endpoint: .init(secure: false, host: "127.0.0.1", port: 80, path: "/stocks"), apiKey: "")
 
     /// Values given on the command line; `nil` means "not given".
     public struct Flags: Sendable {

@@ -15,6 +15,7 @@ import PolygonWire
 struct DownstreamSession {
     let hub: MarketDataHub
     let configuration: RelayServerConfiguration
+    let metrics: DownstreamMetrics
     let logger: Logger
 
     func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {
@@ -30,6 +31,7 @@ struct DownstreamSession {
             group.addTask {
                 for await event in subscription.events {
                     try await write(FrameEncoder.frame(for: event), to: outbound)
+                    if !event.isNotice { metrics.delivered.increment() }
                 }
             }
             let authTimeout = Task { [configuration] in

@@ -4,9 +4,11 @@ import Hummingbird
 import HummingbirdWebSocket
 import Logging
 import MarketDataHub
+import Metrics
 import NIOCore
 import NIOWebSocket
 import PolygonWire
+import Prometheus
 import ServiceLifecycle
 import Upstream
 
@@ -21,15 +23,21 @@ public final class RelayServer: Service, Sendable {
     private let port = ReadySignal<Int>()
     private let sessions = SessionRegistry()
     private let logger: Logger
+    private let registry: PrometheusCollectorRegistry
+    private let metrics: DownstreamMetrics
 
+    /// - Parameter registry: the Prometheus registry `/metrics` serves; the hub and upstream should
+    ///   record into it too.
     public init(
         configuration: RelayServerConfiguration, hub: MarketDataHub, upstream: PolygonWebSocket,
-        logger: Logger = Logger(label: "relay.server")
+        registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server")
     ) {
         self.configuration = configuration
         self.hub = hub
         self.upstream = upstream
         self.logger = logger
+        self.registry = registry
+        self.metrics = DownstreamMetrics(factory: PrometheusMetricsFactory(registry: registry))
     }
 
     /// The port the server listens on, once it does.
@@ -76,15 +84,21 @@ public final class RelayServer: Service, Sendable {
         let configuration = self.configuration
         let logger = self.logger
         let sessions = self.sessions
+        let metrics = self.metrics
         webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, _ in
             let id = sessions.register(outbound)
-            defer { sessions.unregister(id) }
-            try await DownstreamSession(hub: hub, configuration: configuration, logger: logger)
+            metrics.connections.record(sessions.count)
+            defer {
+                sessions.unregister(id)
+                metrics.connections.record(sessions.count)
+            }
+            try await DownstreamSession(hub: hub, configuration: configuration, metrics: metrics, logger: logger)
                 .run(inbound: inbound, outbound: outbound)
         }
 
         let router = Router()
         router.get("/healthz") { _, _ in try await self.health() }
+        router.get("/metrics") { _, _ in self.prometheusText() }
         router.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
 
         let port = self.port
@@ -102,6 +116,16 @@ public final class RelayServer: Service, Sendable {
 
     // MARK: HTTP
 
+    private func prometheusText() -> Response {
+        if let last = upstream.lastMessageAt {
+            let age = ContinuousClock.now - last
+            metrics.upstreamLastMessageAge.record(Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18)
+        }
+        return Response(
+            status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+            body: .init(byteBuffer: ByteBuffer(bytes: registry.emitToBuffer())))
+    }
+
     struct Health: Encodable {
         struct UpstreamHealth: Encodable {
             var state: String
@@ -112,6 +136,9 @@ public final class RelayServer: Service, Sendable {
             var messagesReceived: Int
             var eventsReceived: Int
             var malformedMessages: Int
+            var oversizedMessages: Int
+            var reconnects: [String: Int]
+            var lastError: String?
         }
 
         var status: String
@@ -136,7 +163,10 @@ public final class RelayServer: Service, Sendable {
                 lastMessageAgeMs: age.map { $0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000 },
                 messagesReceived: statistics.messagesReceived,
                 eventsReceived: statistics.eventsReceived,
-                malformedMessages: statistics.malformedMessages),
+                malformedMessages: statistics.malformedMessages,
+                oversizedMessages: statistics.oversizedMessages,
+                reconnects: statistics.reconnectsByCause,
+                lastError: statistics.lastError),
             subscribers: await hub.subscriberCount)
         return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
     }

@@ -40,12 +40,19 @@ final class LWSConnection: Sendable {
         var rxOversized = false
         var statistics = UpstreamStatistics()
         var lastMessageAt: ContinuousClock.Instant?
+        var establishedAt: ContinuousClock.Instant?
+        /// While the upstream is down: since when, and the last down state logged at info level.
+        var downSince: ContinuousClock.Instant?
+        var lastLoggedDown: UpstreamState?
+        var attemptsWhileDown = 0
+        var throttle = LogThrottle()
     }
 
     let configuration: UpstreamConfiguration
     let logger: Logger
+    let metrics: UpstreamMetrics
     let shared = Mutex(Shared())
-    let eventContinuation: AsyncStream<[MarketEvent]>.Continuation
+    let eventContinuation: AsyncStream<UpstreamMessage>.Continuation
     let endContinuation: AsyncStream<ConnectionEnd>.Continuation
     let exitContinuation: AsyncStream<Void>.Continuation
 
@@ -57,12 +64,13 @@ final class LWSConnection: Sendable {
     init(
         configuration: UpstreamConfiguration,
         logger: Logger,
-        events: AsyncStream<[MarketEvent]>.Continuation,
+        events: AsyncStream<UpstreamMessage>.Continuation,
         ends: AsyncStream<ConnectionEnd>.Continuation,
         exit: AsyncStream<Void>.Continuation
     ) {
         self.configuration = configuration
         self.logger = logger
+        self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.eventContinuation = events
         self.endContinuation = ends
         self.exitContinuation = exit
@@ -207,19 +215,53 @@ final class LWSConnection: Sendable {
 
     // MARK: state
 
+    /// Records a state change. Each change is logged once: while the upstream is down, retries that end
+    /// the same way are logged at debug level, and recovery is one line saying how long it took.
     func setState(_ new: UpstreamState) {
-        let changed: (old: UpstreamState, watchers: [AsyncStream<UpstreamState>.Continuation])? =
-            shared.withLock { state in
-                guard state.state != new else { return nil }
-                let old = state.state
-                state.state = new
-                return (old, Array(state.stateWatchers.values))
+        struct Change {
+            var old: UpstreamState
+            var watchers: [AsyncStream<UpstreamState>.Continuation]
+            var level: Logger.Level
+            var recovered: (attempts: Int, down: Duration)?
+        }
+        let change: Change? = shared.withLock { state in
+            guard state.state != new else { return nil }
+            let old = state.state
+            state.state = new
+            var level = Logger.Level.info
+            var recovered: (Int, Duration)?
+            switch new {
+            case .connecting, .authenticating:
+                if state.downSince != nil { level = .debug }
+                if case .connecting = new, state.downSince != nil { state.attemptsWhileDown += 1 }
+            case .disconnected, .authFailed, .rejected:
+                if state.downSince == nil {
+                    state.downSince = .now
+                    state.attemptsWhileDown = 0
+                }
+                if state.lastLoggedDown == new { level = .debug } else { state.lastLoggedDown = new }
+            case .authenticated:
+                if let since = state.downSince {
+                    recovered = (state.attemptsWhileDown, ContinuousClock.now - since)
+                }
+                state.downSince = nil
+                state.lastLoggedDown = nil
+            case .idle, .stopped:
+                break
             }
-        guard let changed else { return }
-        logger.info(
-            "upstream \(changed.old.name) → \(new)",
-            metadata: ["upstream": "\(configuration.endpoint)"])
-        for watcher in changed.watchers { watcher.yield(new) }
+            return Change(old: old, watchers: Array(state.stateWatchers.values), level: level, recovered: recovered)
+        }
+        guard let change else { return }
+        metrics.record(new)
+        var metadata: Logger.Metadata = ["upstream": "\(configuration.endpoint)"]
+        if let recovered = change.recovered {
+            metadata["attempts"] = "\(recovered.attempts)"
+            metadata["down_ms"] = "\(recovered.down.milliseconds)"
+            logger.info("upstream \(change.old.name) → \(new), recovered", metadata: metadata)
+        } else {
+            logger.log(level: change.level, "upstream \(change.old.name) → \(new)", metadata: metadata)
+        }
+        for watcher in change.watchers { watcher.yield(new) }
     }
 
     func stateUpdates() -> AsyncStream<UpstreamState> {
@@ -258,7 +300,10 @@ final class LWSConnection: Sendable {
                 state.wsi = LWSHandle(pointer: wsi)
                 state.established = true
                 state.lastMessageAt = .now
+                state.establishedAt = .now
             }
+            // lws closes the connection if `auth_success` has not cancelled this by then.
+            lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, Int32(clamping: configuration.handshakeTimeout.components.seconds))
             setState(.authenticating)
         case LWS_CALLBACK_CLIENT_RECEIVE:
             receive(wsi: wsi, input: input, length: length)
@@ -358,28 +403,48 @@ final class LWSConnection: Sendable {
     private func connectionEnded(cause: ConnectionEnd.Cause, reason: String) {
         let end: ConnectionEnd? = shared.withLock { state in
             guard state.connectInFlight else { return nil }
-            let authenticatedFor = state.authenticatedSince.map { ContinuousClock.now - $0 }
-            let finalCause = state.endCause ?? cause
+            let now = ContinuousClock.now
+            let authenticatedFor = state.authenticatedSince.map { now - $0 }
+            var finalCause = state.endCause ?? cause
+            var finalReason = reason
+            if state.endCause == nil, state.established, !state.stopping {
+                if let last = state.lastMessageAt, now - last >= configuration.deadAfter - .milliseconds(500) {
+                    finalCause = .dead
+                    finalReason = "no data and no pong for \(configuration.deadAfter)"
+                } else if state.authenticatedSince == nil, let opened = state.establishedAt,
+                    now - opened >= configuration.handshakeTimeout - .milliseconds(500)
+                {
+                    finalCause = .handshakeTimeout
+                    finalReason = "no auth_success within \(configuration.handshakeTimeout)"
+                }
+            }
             state.connectInFlight = false
             state.wsi = nil
             state.established = false
+            state.establishedAt = nil
             state.closeRequested = false
             state.authenticatedSince = nil
             state.subscribed = []
             state.outbox = []
             state.rx.clear()
             state.rxOversized = false
-            if state.stopping { state.exitLoop = true }
-            return ConnectionEnd(cause: finalCause, reason: reason, authenticatedFor: authenticatedFor)
+            if state.stopping {
+                state.exitLoop = true
+            } else {
+                state.statistics.reconnectsByCause[finalCause.rawValue, default: 0] += 1
+            }
+            return ConnectionEnd(cause: finalCause, reason: finalReason, authenticatedFor: authenticatedFor)
         }
         guard let end else { return }
         let stopping = shared.withLock { $0.stopping }
         if stopping {
             setState(.stopped)
         } else {
+            metrics.reconnects[end.cause]?.increment()
+            eventContinuation.yield(.connectionLost(reason: end.reason))
             switch end.cause {
             case .authFailed, .maxConnections: break  // the state already says why
-            case .closed, .failed: setState(.disconnected(reason: end.reason))
+            case .closed, .failed, .dead, .handshakeTimeout: setState(.disconnected(reason: end.reason))
             }
         }
         endContinuation.yield(end)
@@ -444,11 +509,11 @@ final class LWSConnection: Sendable {
         }
         guard isFinal else { return }
         guard let complete else {
-            logger.warning(
-                "upstream message over \(configuration.maxMessageBytes) bytes dropped",
-                metadata: ["limit": "\(configuration.maxMessageBytes)"])
+            metrics.oversized.increment()
+            warnThrottled("oversized", "upstream message over \(configuration.maxMessageBytes) bytes dropped")
             return
         }
+        metrics.messages.increment()
         process(complete, wsi: wsi)
     }
 
@@ -458,16 +523,24 @@ final class LWSConnection: Sendable {
             parsed = try FrameParser.parse(message)
         } catch {
             shared.withLock { $0.statistics.malformedMessages += 1 }
-            logger.warning(
-                "malformed upstream message dropped: \(error)",
-                metadata: ["bytes": "\(message.readableBytes)"])
+            metrics.malformed.increment()
+            warnThrottled("malformed", "malformed upstream message dropped (\(message.readableBytes) bytes): \(error)")
             return
         }
         for status in parsed.statuses { handle(status, wsi: wsi) }
         if !parsed.events.isEmpty {
             shared.withLock { $0.statistics.eventsReceived += parsed.events.count }
-            eventContinuation.yield(parsed.events)
+            metrics.events.increment(by: parsed.events.count)
+            eventContinuation.yield(.events(parsed.events))
         }
+    }
+
+    /// A warning that may repeat at the upstream's message rate: logged at most every ten seconds, with
+    /// the count of those held back.
+    private func warnThrottled(_ key: String, _ message: String) {
+        let (log, held) = shared.withLock { $0.throttle.admit(key, every: .seconds(10)) }
+        guard log else { return }
+        logger.warning("\(message)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
     }
 
     private func handle(_ status: StatusMessage, wsi: OpaquePointer) {
@@ -481,6 +554,8 @@ final class LWSConnection: Sendable {
                 state.subscribed = state.wanted
                 state.outbox += Self.actions(.subscribe, state.wanted)
             }
+            lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
+            eventContinuation.yield(.authenticated)
             setState(.authenticated)
             lws_callback_on_writable(wsi)
         case StatusMessage.Kind.authFailed:
@@ -491,12 +566,20 @@ final class LWSConnection: Sendable {
             setState(.authFailed(message: "upstream rejected the API key: \(status.message)"))
             lws_callback_on_writable(wsi)
         case StatusMessage.Kind.maxConnections:
-            shared.withLock { $0.endCause = .maxConnections }
+            shared.withLock { state in
+                state.endCause = .maxConnections
+                state.closeRequested = true
+            }
+            lws_callback_on_writable(wsi)
             setState(.rejected(message: "another connection holds this account's slot: \(status.message)"))
         case StatusMessage.Kind.success:
             logger.debug("upstream: \(status.message)")
         case StatusMessage.Kind.error:
-            logger.warning("upstream error status: \(status.message)")
+            shared.withLock { $0.statistics.lastError = status.message }
+            warnThrottled("error-status", "upstream error status: \(status.message)")
+        case StatusMessage.Kind.authTimeout:
+            shared.withLock { $0.statistics.lastError = "auth_timeout: \(status.message)" }
+            logger.warning("upstream timed out our authentication: \(status.message)")
         default:
             logger.info("upstream status \(status.status): \(status.message)")
         }
@@ -524,6 +607,11 @@ public struct UpstreamStatistics: Sendable, Equatable {
     public var eventsReceived = 0
     public var malformedMessages = 0
     public var oversizedMessages = 0
+    /// Connections that ended other than by shutdown, by cause (`closed`, `failed`, `dead`,
+    /// `handshake_timeout`, `auth_failed`, `max_connections`).
+    public var reconnectsByCause: [String: Int] = [:]
+    /// The last `error` or `auth_timeout` status the upstream sent.
+    public var lastError: String?
 }
 
 /// Errors the upstream client reports to its owner.

@@ -8,15 +8,16 @@ import Synchronization
 ///
 /// It connects, waits for `connected`, authenticates with the upstream key, then keeps the upstream's
 /// subscriptions equal to ``setWantedTopics(_:)``'s latest set, across reconnects. Events arrive on
-/// ``events`` in the order the upstream sent them, one array per upstream message.
+/// ``messages`` in the order the upstream sent them, one array per upstream message.
 ///
 /// Concurrency: `Sendable`; every method may be called from any thread or task. libwebsockets runs on
 /// a thread of its own (see ``LWSConnection``); ``run()`` owns that thread's lifetime and the reconnect
 /// loop, and returns after a clean close once shut down (graceful shutdown, cancellation or
 /// ``shutdown()``).
 public final class PolygonWebSocket: Service, Sendable {
-    /// Every upstream message's events, in order. Finishes when the client stops.
-    public let events: AsyncStream<[MarketEvent]>
+    /// Every upstream message's events, and the connection's losses and authentications, in wire
+    /// order. Finishes when the client stops. One consumer (the relay's hub pump).
+    public let messages: AsyncStream<UpstreamMessage>
 
     private let connection: LWSConnection
     private let ends: AsyncStream<ConnectionEnd>
@@ -26,10 +27,10 @@ public final class PolygonWebSocket: Service, Sendable {
     private let logger: Logger
 
     public init(configuration: UpstreamConfiguration, logger: Logger = Logger(label: "relay.upstream")) {
-        let (events, eventContinuation) = AsyncStream.makeStream(of: [MarketEvent].self)
+        let (messages, eventContinuation) = AsyncStream.makeStream(of: UpstreamMessage.self)
         let (ends, endContinuation) = AsyncStream.makeStream(of: ConnectionEnd.self)
         let (exit, exitContinuation) = AsyncStream.makeStream(of: Void.self)
-        self.events = events
+        self.messages = messages
         self.ends = ends
         self.threadExit = exit
         self.logger = logger

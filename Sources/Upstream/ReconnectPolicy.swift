@@ -43,7 +43,7 @@ public struct ReconnectPolicy: Sendable {
         switch cause {
         case .authFailed: return authFailedDelay
         case .maxConnections: return maxConnectionsDelay
-        case .closed, .failed: return delay(attempt: attempt, using: &rng)
+        case .closed, .failed, .dead, .handshakeTimeout: return delay(attempt: attempt, using: &rng)
         }
     }
 }
@@ -57,8 +57,17 @@ extension Duration {
 
 /// Why one upstream connection ended, as the service thread reports it to the reconnect loop.
 struct ConnectionEnd: Sendable {
-    enum Cause: Sendable, Equatable {
-        case closed, failed, authFailed, maxConnections
+    enum Cause: String, Sendable, Equatable, CaseIterable {
+        /// The upstream closed the connection, or the network dropped it.
+        case closed
+        /// The connection could not be opened (refused, DNS, TLS).
+        case failed
+        /// Nothing arrived, not even a pong, for `deadAfter`.
+        case dead
+        /// No `auth_success` within `handshakeTimeout` of the WebSocket opening.
+        case handshakeTimeout = "handshake_timeout"
+        case authFailed = "auth_failed"
+        case maxConnections = "max_connections"
     }
 
     var cause: Cause

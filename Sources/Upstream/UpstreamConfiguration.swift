@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 
 /// Everything the upstream client needs to hold its one connection. Value type, `Sendable`.
@@ -8,6 +9,13 @@ public struct UpstreamConfiguration: Sendable {
         public var host: String
         public var port: Int
         public var path: String
+
+        public init(secure: Bool, host: String, port: Int, path: String) {
+            self.secure = secure
+            self.host = host
+            self.port = port
+            self.path = path
+        }
 
         /// Parses `ws://host[:port]/path` or `wss://…`; `nil` for anything else.
         public init?(_ text: String) {
@@ -36,8 +44,13 @@ public struct UpstreamConfiguration: Sendable {
     public var apiKey: String
     /// A PEM file of extra trusted CAs for `wss://` (the system trust store is always used).
     public var caFile: String?
-    /// Messages larger than this are dropped, counted and logged.
+    /// Messages larger than this are dropped, counted and logged. Polygon's frames are kilobytes; the
+    /// cap bounds what one bad frame can cost.
     public var maxMessageBytes: Int
+    /// Close and retry when `auth_success` has not arrived this long after the WebSocket opened.
+    public var handshakeTimeout: Duration
+    /// Where the client's metrics go (a Prometheus registry in the relay).
+    public var metricsFactory: any MetricsFactory
     /// Send a ping after this long without a valid frame from the upstream.
     public var pingInterval: Duration
     /// Hang up after this long without a valid frame or pong.
@@ -48,15 +61,19 @@ public struct UpstreamConfiguration: Sendable {
         endpoint: Endpoint,
         apiKey: String,
         caFile: String? = nil,
-        maxMessageBytes: Int = 16 << 20,
+        maxMessageBytes: Int = 4 << 20,
+        handshakeTimeout: Duration = .seconds(15),
         pingInterval: Duration = .seconds(15),
         deadAfter: Duration = .seconds(30),
-        reconnect: ReconnectPolicy = ReconnectPolicy()
+        reconnect: ReconnectPolicy = ReconnectPolicy(),
+        metricsFactory: any MetricsFactory = MetricsSystem.factory
     ) {
         self.endpoint = endpoint
         self.apiKey = apiKey
         self.caFile = caFile
         self.maxMessageBytes = maxMessageBytes
+        self.handshakeTimeout = handshakeTimeout
+        self.metricsFactory = metricsFactory
         self.pingInterval = pingInterval
         self.deadAfter = deadAfter
         self.reconnect = reconnect

@@ -6,6 +6,7 @@ import NIOWebSocket
 import PolygonWire
 import ServiceLifecycle
 import Testing
+import Upstream
 
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -186,6 +187,27 @@ final class WSTestClient {
         try FrameParser.parse(try await nextFrame(timeout: timeout))
     }
 
+    /// Reads frames until one holds a status object with `status`; returns that object's JSON fields
+    /// (numbers included) and the market events read on the way.
+    func waitForStatus(_ status: String, timeout: Duration = .seconds(15)) async throws -> (
+        fields: [String: Any], eventsBefore: [MarketEvent]
+    ) {
+        let deadline = ContinuousClock.now + timeout
+        var events: [MarketEvent] = []
+        while true {
+            let left = deadline - .now
+            guard left > .zero else { throw TimeoutError(description: "no \(status) status within \(timeout)") }
+            let frame = try await nextFrame(timeout: left)
+            let parsed = try FrameParser.parse(frame)
+            events += parsed.events
+            guard parsed.statuses.contains(where: { $0.status == status }) else { continue }
+            let objects = try JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]] ?? []
+            if let object = objects.first(where: { $0["status"] as? String == status }) {
+                return (object, events)
+            }
+        }
+    }
+
     /// Collects market events (skipping status frames) until `count` have arrived.
     func nextEvents(_ count: Int, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
         var events: [MarketEvent] = []
@@ -230,11 +252,11 @@ func eventually(
 }
 
 /// Collects at least `count` events from an upstream event stream.
-func collect(_ count: Int, from stream: AsyncStream<[MarketEvent]>, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
+func collect(_ count: Int, from stream: AsyncStream<UpstreamMessage>, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
     try await within(timeout, "\(count) upstream events") {
         var out: [MarketEvent] = []
-        for await batch in stream {
-            out += batch
+        for await message in stream {
+            out += message.events ?? []
             if out.count >= count { return out }
         }
         throw TimeoutError(description: "the upstream stream ended after \(out.count) events")

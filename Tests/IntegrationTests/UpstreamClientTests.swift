@@ -32,7 +32,7 @@ struct UpstreamClientTests {
                 // The key went in the one auth action, and the topics in one subscribe message.
                 #expect(seen.actions.map(\.kind) == [.auth, .subscribe])
                 #expect(seen.actions.first?.params == "up-key")
-                let events = try await collect(50, from: upstream.events)
+                let events = try await collect(50, from: upstream.messages)
                 #expect(Set(events.map(\.topic.description)).isSubset(of: ["Q.AAPL", "T.MSFT"]))
             }
         }
@@ -48,7 +48,7 @@ struct UpstreamClientTests {
                 upstream.setWantedTopics(topics("Q.NVDA"))
                 let seen = try await waitFor(feed.monitor.updates(), "unsubscribe Q.AAPL") { $0.topics(.unsubscribe).contains("Q.AAPL") }
                 #expect(seen.topics(.subscribe) == ["Q.AAPL", "Q.NVDA"])
-                let events = try await collect(200, from: upstream.events)
+                let events = try await collect(200, from: upstream.messages)
                 // Events of the old topic may still be in flight; the newest ones are all NVDA.
                 #expect(events.suffix(20).allSatisfy { $0.topic.description == "Q.NVDA" })
             }
@@ -61,7 +61,7 @@ struct UpstreamClientTests {
             let upstream = try client(try await feed.url())
             upstream.setWantedTopics(topics("Q.*", "T.*"))
             try await withServices([upstream]) {
-                let events = try await collect(300, from: upstream.events)
+                let events = try await collect(300, from: upstream.messages)
                 #expect(events.allSatisfy { $0.eventType == "Q" || $0.eventType == "T" })
                 #expect(upstream.statistics.malformedMessages == 0)
                 #expect(feed.monitor.snapshot.framesSent > 1)
@@ -151,7 +151,7 @@ struct UpstreamTLSTests {
             upstream.setWantedTopics(topics("Q.*"))
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated over TLS") { $0 == .authenticated }
-                #expect(try await collect(20, from: upstream.events).allSatisfy { $0.eventType == "Q" })
+                #expect(try await collect(20, from: upstream.messages).allSatisfy { $0.eventType == "Q" })
             }
         }
     }
@@ -160,17 +160,17 @@ struct UpstreamTLSTests {
 @Suite("Upstream keepalive")
 struct UpstreamKeepaliveTests {
     @Test func serverPingsAreAnsweredSoTheConnectionStays() async throws {
-        // The feed pings every 100 ms and drops a client that misses a pong.
+        // The feed pings every second and drops a client that misses a pong.
         let feed = DemoFeed(
-            configuration: DemoFeedConfiguration(port: 0, eventsPerSecond: 10, seed: 5, pingInterval: .milliseconds(100)),
+            configuration: DemoFeedConfiguration(port: 0, eventsPerSecond: 10, seed: 5, pingInterval: .seconds(1)),
             logger: testLogger)
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
             let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
-                // A measurement window spanning ten ping periods.
-                try await Task.sleep(for: .seconds(1))
+                // A measurement window spanning three ping periods.
+                try await Task.sleep(for: .milliseconds(3500))
                 #expect(upstream.state == .authenticated)
                 #expect(feed.monitor.snapshot.totalConnections == 1)
             }

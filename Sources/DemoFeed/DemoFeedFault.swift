@@ -1,0 +1,50 @@
+import Hummingbird
+import HummingbirdWebSocket
+import NIOCore
+
+/// Faults the demo feed can inflict on the connections it has now, for testing how a client recovers.
+/// New connections after a fault are served normally. `POST /faults/{name}` on the feed triggers one.
+public enum DemoFeedFault: String, Sendable, CaseIterable {
+    /// Reset the TCP connection mid-stream: no close frame, no goodbye.
+    case drop
+    /// Say `max_connections` (another consumer took the account's slot), then close with 1008.
+    case maxConnections = "max-connections"
+    /// Stop sending and stop reading: no data and no pongs, the connection left hanging.
+    case silence
+    /// Send a frame that is not valid JSON.
+    case malformed
+    /// Send one 5 MB frame.
+    case oversized
+
+    /// The raw frame this fault sends, for the two that send one.
+    var frame: ByteBuffer? {
+        switch self {
+        case .malformed:
+            return ByteBuffer(string: #"[{"ev":"Q","sym":"AAPL","bp":189.1,"#)
+        case .oversized:
+            return ByteBuffer(string: #"[{"ev":"Q","sym":"PAD","pad":""# + String(repeating: "x", count: 5_000_000) + #""}]"#)
+        default:
+            return nil
+        }
+    }
+}
+
+/// What a connection's writer is asked to do, in order.
+enum FeedOutput: Sendable {
+    case frame(ByteBuffer)
+    case fault(DemoFeedFault)
+}
+
+/// The feed's request context: Hummingbird's basic one plus the connection's channel, which the `drop`
+/// fault resets.
+struct FeedRequestContext: RequestContext, WebSocketRequestContext {
+    var coreContext: CoreRequestContextStorage
+    let webSocket: WebSocketHandlerReference<Self>
+    let channel: any Channel
+
+    init(source: ApplicationRequestContextSource) {
+        coreContext = .init(source: source)
+        webSocket = .init()
+        channel = source.channel
+    }
+}

@@ -1,0 +1,12 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Unix time in milliseconds, the unit Polygon timestamps and relay notices use.
+public enum WallClock {
+    public static func nowMilliseconds() -> Int64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_REALTIME, &spec)
+        return Int64(spec.tv_sec) * 1000 + Int64(spec.tv_nsec) / 1_000_000
+    }
+}

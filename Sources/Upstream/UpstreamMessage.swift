@@ -1,0 +1,19 @@
+import PolygonWire
+
+/// What the upstream client delivers, in the order it happened on the wire: events, and the moments
+/// the connection was lost and (re)authenticated, so a consumer can tell events before a gap from
+/// events after it. Value type, `Sendable`.
+public enum UpstreamMessage: Sendable {
+    /// One upstream message's events.
+    case events([MarketEvent])
+    /// `auth_success`: events for the wanted topics follow.
+    case authenticated
+    /// The connection ended (not by shutdown); a reconnect follows.
+    case connectionLost(reason: String)
+
+    /// The events, if this is `.events`.
+    public var events: [MarketEvent]? {
+        if case .events(let events) = self { return events }
+        return nil
+    }
+}
