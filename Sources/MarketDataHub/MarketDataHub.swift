@@ -182,7 +182,7 @@ public actor MarketDataHub {
                 status: StatusMessage.Kind.upstreamDisconnected,
                 message: "upstream connection lost (\(reason)); subscriptions are kept and resume when it is back",
                 numbers: numbers))
-        logger.info("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
+        logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
     }
 
     private func announceRecovery(from outage: Outage, firstEventAfter: Int64) {
