@@ -6,60 +6,102 @@ import PolygonWire
 ///
 /// An actor: every mutation of the routing tables happens on it. It never awaits a subscriber: each
 /// subscriber has its own bounded `AsyncStream` (`.bufferingOldest(1000)`), and a slow one fills its own
-/// buffer and loses its own events, counted in ``droppedEvents(for:)``.
+/// buffer and loses its own events, counted, never anybody else's. What happens then is the
+/// ``SlowConsumerPolicy``.
 ///
 /// The hub reference-counts what its subscribers want and reports the *upstream* set through
 /// `onWantedTopicsChange` whenever it changes: a topic is wanted from its first subscriber until its last
 /// one leaves, and a ticker topic is left out while the wildcard of its event type is wanted (the
 /// wildcard already brings its events, and asking for both would make the upstream send them twice).
+///
+/// The hot path (``publish(_:)``) costs one dictionary lookup per event plus one per wildcard type, and
+/// one `yield` per matching subscriber.
 public actor MarketDataHub {
     /// How many events a subscriber's stream holds before newer events are dropped for it.
     public static let bufferLimit = 1000
+    /// The fill level at which a subscriber is reported as falling behind.
+    public static let warningFill = bufferLimit * 8 / 10
 
-    private struct Subscriber {
+    /// One subscriber. A class so the hot path updates it in place; confined to the actor.
+    private final class Subscriber {
+        let id: SubscriberID
         let continuation: AsyncStream<MarketEvent>.Continuation
+        let queue: SubscriberQueue
         var topics: Set<Topic> = []
+        /// The publish sequence number of the last event delivered (dedupes ticker + wildcard).
+        var lastSequence: UInt64 = 0
         var dropped = 0
+        /// Dropped since the last `lagging` notice.
+        var lostSinceNotice = 0
+        var fill = 0
+        var lastWarning: ContinuousClock.Instant?
+
+        init(id: SubscriberID, continuation: AsyncStream<MarketEvent>.Continuation, queue: SubscriberQueue) {
+            self.id = id
+            self.continuation = continuation
+            self.queue = queue
+        }
     }
 
+    /// Everything about one ticker topic: its subscribers and its last event.
+    private final class TopicEntry {
+        var subscribers: [Subscriber] = []
+        var last: MarketEvent?
+    }
+
+    public let policy: SlowConsumerPolicy
+    public let snapshotOnSubscribe: Bool
     private var nextID: UInt64 = 1
+    private var sequence: UInt64 = 0
     private var subscribers: [SubscriberID: Subscriber] = [:]
-    /// Ticker topic → subscribers.
-    private var byTopic: [Topic: Set<SubscriberID>] = [:]
+    private var entries: [Topic: TopicEntry] = [:]
     /// Event type → subscribers of its wildcard.
-    private var byWildcard: [String: Set<SubscriberID>] = [:]
-    private var lastEvents: [Topic: MarketEvent] = [:]
+    private var wildcards: [String: [Subscriber]] = [:]
     private var upstreamWanted: Set<Topic> = []
     private var published = 0
+    private var laggingCount = 0
     /// Wall time of the last event published, in ms.
     private var lastEventAt: Int64?
     private var outage: Outage?
 
-    /// An upstream outage in progress: when the last event before it arrived, and whether the upstream
-    /// is authenticated again (the notice goes out with the first event after that).
+    /// An upstream outage in progress: when the last event before it arrived and why it began.
     private struct Outage {
         var lastEventBefore: Int64?
         var lostAt: Int64
         var reason: String
     }
+
     private let onWantedTopicsChange: @Sendable (Set<Topic>) -> Void
     private let logger: Logger
     private let subscribersGauge: Gauge
+    private let laggingGauge: Gauge
     private let publishedCounter: Counter
-    private let droppedCounter: Counter
+    private let droppedFull: Counter
+    private let droppedEvicted: Counter
 
-    /// - Parameter onWantedTopicsChange: called, on the hub, with the whole new upstream topic set each
-    ///   time it changes. It must not block (the upstream client queues the change and returns).
+    /// - Parameters:
+    ///   - policy: what to do with a subscriber whose buffer is full.
+    ///   - snapshotOnSubscribe: whether a new subscription to a ticker topic immediately gets that
+    ///     topic's last event.
+    ///   - onWantedTopicsChange: called, on the hub, with the whole new upstream topic set each time it
+    ///     changes. It must not block (the upstream client queues the change and returns).
     public init(
+        policy: SlowConsumerPolicy = .drop,
+        snapshotOnSubscribe: Bool = true,
         logger: Logger = Logger(label: "relay.hub"),
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
         onWantedTopicsChange: @escaping @Sendable (Set<Topic>) -> Void = { _ in }
     ) {
+        self.policy = policy
+        self.snapshotOnSubscribe = snapshotOnSubscribe
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
         subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
+        laggingGauge = Gauge(label: "relay_subscribers_lagging", factory: metricsFactory)
         publishedCounter = Counter(label: "relay_hub_events_published_total", factory: metricsFactory)
-        droppedCounter = Counter(label: "relay_events_dropped_total", dimensions: [("reason", "buffer_full")], factory: metricsFactory)
+        droppedFull = Counter(label: "relay_events_dropped_total", dimensions: [("reason", "buffer_full")], factory: metricsFactory)
+        droppedEvicted = Counter(
+            label: "relay_events_dropped_total", dimensions: [("reason", "subscriber_disconnected")], factory: metricsFactory)
     }
 
     // MARK: subscribing
@@ -74,37 +116,42 @@ public actor MarketDataHub {
             guard let self else { return }
             Task { await self.remove(id) }
         }
-        subscribers[id] = Subscriber(continuation: continuation)
+        let queue = SubscriberQueue()
+        subscribers[id] = Subscriber(id: id, continuation: continuation, queue: queue)
         subscribersGauge.record(subscribers.count)
         add(topics, to: id)
-        return HubSubscription(id: id, events: stream)
+        return HubSubscription(id: id, events: stream, queue: queue)
     }
 
-    /// Adds topics to a subscriber; topics it already has are ignored.
+    /// Adds topics to a subscriber; topics it already has are ignored. With `snapshotOnSubscribe`, each
+    /// new ticker topic's last event is delivered at once.
     public func add(_ topics: some Sequence<Topic>, to id: SubscriberID) {
-        guard var subscriber = subscribers[id] else { return }
+        guard let subscriber = subscribers[id] else { return }
         var changed = false
         for topic in topics where subscriber.topics.insert(topic).inserted {
-            if topic.isWildcard {
-                byWildcard[topic.eventType, default: []].insert(id)
-            } else {
-                byTopic[topic, default: []].insert(id)
-            }
             changed = true
+            if topic.isWildcard {
+                wildcards[topic.eventType, default: []].append(subscriber)
+                continue
+            }
+            let entry = entry(for: topic)
+            entry.subscribers.append(subscriber)
+            if snapshotOnSubscribe, let last = entry.last {
+                sequence &+= 1
+                deliver(last, to: subscriber)
+            }
         }
-        subscribers[id] = subscriber
         if changed { refreshUpstreamWanted() }
     }
 
     /// Removes topics from a subscriber; topics it does not have are ignored.
     public func remove(_ topics: some Sequence<Topic>, from id: SubscriberID) {
-        guard var subscriber = subscribers[id] else { return }
+        guard let subscriber = subscribers[id] else { return }
         var changed = false
         for topic in topics where subscriber.topics.remove(topic) != nil {
-            unindex(topic, id)
+            unindex(topic, subscriber)
             changed = true
         }
-        subscribers[id] = subscriber
         if changed { refreshUpstreamWanted() }
     }
 
@@ -112,24 +159,31 @@ public actor MarketDataHub {
     public func remove(_ id: SubscriberID) {
         guard let subscriber = subscribers.removeValue(forKey: id) else { return }
         subscribersGauge.record(subscribers.count)
-        for topic in subscriber.topics { unindex(topic, id) }
+        if subscriber.lostSinceNotice > 0 { setLagging(false) }
+        for topic in subscriber.topics { unindex(topic, subscriber) }
         subscriber.continuation.finish()
         if !subscriber.topics.isEmpty { refreshUpstreamWanted() }
     }
 
-    private func unindex(_ topic: Topic, _ id: SubscriberID) {
+    private func entry(for topic: Topic) -> TopicEntry {
+        if let entry = entries[topic] { return entry }
+        let entry = TopicEntry()
+        entries[topic] = entry
+        return entry
+    }
+
+    private func unindex(_ topic: Topic, _ subscriber: Subscriber) {
         if topic.isWildcard {
-            byWildcard[topic.eventType]?.remove(id)
-            if byWildcard[topic.eventType]?.isEmpty == true { byWildcard[topic.eventType] = nil }
-        } else {
-            byTopic[topic]?.remove(id)
-            if byTopic[topic]?.isEmpty == true { byTopic[topic] = nil }
+            wildcards[topic.eventType]?.removeAll { $0 === subscriber }
+            if wildcards[topic.eventType]?.isEmpty == true { wildcards[topic.eventType] = nil }
+        } else if let entry = entries[topic] {
+            entry.subscribers.removeAll { $0 === subscriber }
         }
     }
 
     private func refreshUpstreamWanted() {
-        var wanted = Set(byWildcard.keys.map(Topic.wildcard))
-        for topic in byTopic.keys where byWildcard[topic.eventType] == nil {
+        var wanted = Set(wildcards.keys.map(Topic.wildcard))
+        for (topic, entry) in entries where !entry.subscribers.isEmpty && wildcards[topic.eventType] == nil {
             wanted.insert(topic)
         }
         guard wanted != upstreamWanted else { return }
@@ -142,29 +196,95 @@ public actor MarketDataHub {
     /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
     /// topic. Never suspends.
     public func publish(_ events: [MarketEvent]) {
-        if let outage, !events.isEmpty {
+        guard !events.isEmpty else { return }
+        if let outage {
             self.outage = nil
             announceRecovery(from: outage, firstEventAfter: WallClock.nowMilliseconds())
         }
-        if !events.isEmpty {
-            lastEventAt = WallClock.nowMilliseconds()
-            publishedCounter.increment(by: events.count)
-        }
+        lastEventAt = WallClock.nowMilliseconds()
+        published += events.count
+        publishedCounter.increment(by: events.count)
         for event in events {
-            let topic = event.topic
-            lastEvents[topic] = event
-            published += 1
-            let exact = byTopic[topic]
-            let wild = byWildcard[event.eventType]
-            switch (exact, wild) {
-            case (nil, nil):
-                continue
-            case (let ids?, nil), (nil, let ids?):
-                for id in ids { deliver(event, to: id) }
-            case (let a?, let b?):
-                for id in a.union(b) { deliver(event, to: id) }
+            sequence &+= 1
+            let entry = entry(for: event.topic)
+            entry.last = event
+            for subscriber in entry.subscribers {
+                subscriber.lastSequence = sequence
+                deliver(event, to: subscriber)
+            }
+            if let wild = wildcards[event.eventType] {
+                for subscriber in wild where subscriber.lastSequence != sequence {
+                    subscriber.lastSequence = sequence
+                    deliver(event, to: subscriber)
+                }
             }
         }
+    }
+
+    private func deliver(_ event: MarketEvent, to subscriber: Subscriber) {
+        // A subscriber that lost events and has since drained to half its buffer is told first, so the
+        // notice sits exactly where its gap is. (Drained is what its reader has taken: see `pending`.)
+        if subscriber.lostSinceNotice > 0, subscriber.queue.pending.load(ordering: .acquiring) <= Self.bufferLimit / 2 {
+            reportLoss(to: subscriber)
+        }
+        switch subscriber.continuation.yield(event) {
+        case .enqueued(let remaining):
+            subscriber.queue.pending.add(1, ordering: .releasing)
+            subscriber.fill = Self.bufferLimit - remaining
+            if subscriber.fill >= Self.warningFill { warnFalling(behind: subscriber) }
+        case .dropped:
+            subscriber.dropped += 1
+            switch policy {
+            case .drop:
+                droppedFull.increment()
+                if subscriber.lostSinceNotice == 0 { setLagging(true) }
+                subscriber.lostSinceNotice += 1
+            case .disconnect:
+                droppedEvicted.increment()
+                evict(subscriber)
+            }
+        case .terminated:
+            break
+        @unknown default:
+            break
+        }
+    }
+
+    /// Tells a subscriber that has drained how many events it lost; the notice sits where the gap is.
+    private func reportLoss(to subscriber: Subscriber) {
+        let lost = subscriber.lostSinceNotice
+        let notice = MarketEvent.notice(
+            StatusMessage(
+                status: StatusMessage.Kind.lagging,
+                message: "\(lost) events were dropped because this connection did not keep up",
+                numbers: ["dropped": Int64(lost), "dropped_total": Int64(subscriber.dropped)]))
+        if case .enqueued = subscriber.continuation.yield(notice) {
+            subscriber.queue.pending.add(1, ordering: .releasing)
+            subscriber.lostSinceNotice = 0
+            setLagging(false)
+        }
+    }
+
+    private func evict(_ subscriber: Subscriber) {
+        logger.warning(
+            "subscriber disconnected: its buffer of \(Self.bufferLimit) events was full",
+            metadata: ["subscriber": "\(subscriber.id)"])
+        subscriber.queue.evicted.store(true, ordering: .releasing)
+        remove(subscriber.id)
+    }
+
+    private func warnFalling(behind subscriber: Subscriber) {
+        let now = ContinuousClock.now
+        if let last = subscriber.lastWarning, now - last < .seconds(10) { return }
+        subscriber.lastWarning = now
+        logger.warning(
+            "subscriber falling behind: buffer \(subscriber.fill * 100 / Self.bufferLimit)% full",
+            metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"])
+    }
+
+    private func setLagging(_ lagging: Bool) {
+        laggingCount += lagging ? 1 : -1
+        laggingGauge.record(laggingCount)
     }
 
     // MARK: upstream outages
@@ -187,39 +307,29 @@ public actor MarketDataHub {
 
     private func announceRecovery(from outage: Outage, firstEventAfter: Int64) {
         let start = outage.lastEventBefore ?? outage.lostAt
-        let numbers: [String: Int64] = [
-            "last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": firstEventAfter - start,
-        ]
+        let gap = firstEventAfter - start
         notifySubscribersWithTopics(
             StatusMessage(
                 status: StatusMessage.Kind.upstreamReconnected,
-                message:
-                    "upstream reconnected; no events were received between \(start) and \(firstEventAfter) (Unix ms, \(firstEventAfter - start) ms)",
-                numbers: numbers))
+                message: "upstream reconnected; no events were received between \(start) and \(firstEventAfter) (Unix ms, \(gap) ms)",
+                numbers: ["last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": gap]))
     }
 
     private func notifySubscribersWithTopics(_ status: StatusMessage) {
         let notice = MarketEvent.notice(status)
-        for (id, subscriber) in subscribers where !subscriber.topics.isEmpty {
-            deliver(notice, to: id)
-        }
-    }
-
-    /// Whether an upstream outage is in progress (lost, and no event since).
-    public var isUpstreamOutage: Bool { outage != nil }
-
-    private func deliver(_ event: MarketEvent, to id: SubscriberID) {
-        guard let continuation = subscribers[id]?.continuation else { return }
-        if case .dropped = continuation.yield(event) {
-            subscribers[id]?.dropped += 1
-            droppedCounter.increment()
+        sequence &+= 1
+        for subscriber in subscribers.values where !subscriber.topics.isEmpty {
+            deliver(notice, to: subscriber)
         }
     }
 
     // MARK: reading
 
+    /// Whether an upstream outage is in progress (lost, and no event since).
+    public var isUpstreamOutage: Bool { outage != nil }
+
     /// The last event seen on a ticker topic, if any.
-    public func lastEvent(for topic: Topic) -> MarketEvent? { lastEvents[topic] }
+    public func lastEvent(for topic: Topic) -> MarketEvent? { entries[topic]?.last }
 
     /// How many subscribers are connected to the hub.
     public var subscriberCount: Int { subscribers.count }
@@ -235,4 +345,10 @@ public actor MarketDataHub {
 
     /// Events published since start.
     public var publishedCount: Int { published }
+
+    /// Buffer use across subscribers: the fullest buffer (events) and how many subscribers are lagging
+    /// (have lost events not yet reported to them).
+    public var bufferStatistics: (maxFill: Int, lagging: Int) {
+        (subscribers.values.map(\.fill).max() ?? 0, laggingCount)
+    }
 }

@@ -11,9 +11,10 @@ public enum FrameParser {
     public static let maxDepth = 32
 
     /// Parses a frame: a JSON array of objects (a single bare object is accepted too).
-    public static func parse(_ frame: ByteBuffer) throws -> ParsedFrame {
+    /// - Parameter receivedAt: stamped on every event (monotonic ns), for latency accounting.
+    public static func parse(_ frame: ByteBuffer, receivedAt: UInt64 = 0) throws -> ParsedFrame {
         try frame.withUnsafeReadableBytes { raw in
-            var scanner = Scanner(bytes: raw)
+            var scanner = Scanner(bytes: raw, receivedAt: receivedAt)
             return try scanner.parseFrame(source: frame)
         }
     }
@@ -48,10 +49,12 @@ private struct ElementFields {
 
 private struct Scanner {
     let bytes: UnsafeRawBufferPointer
+    let receivedAt: UInt64
     var index = 0
 
-    init(bytes: UnsafeRawBufferPointer) {
+    init(bytes: UnsafeRawBufferPointer, receivedAt: UInt64) {
         self.bytes = bytes
+        self.receivedAt = receivedAt
     }
 
     // MARK: frame
@@ -125,7 +128,7 @@ private struct Scanner {
         guard let slice = source.getSlice(at: source.readerIndex + start, length: end - start) else {
             throw fault("internal: element outside the frame")
         }
-        result.events.append(MarketEvent(eventType: ev, ticker: ticker, bytes: slice))
+        result.events.append(MarketEvent(eventType: ev, ticker: ticker, bytes: slice, receivedAt: receivedAt))
     }
 
     /// Parses the members of a top-level event object, remembering the string fields routing needs.

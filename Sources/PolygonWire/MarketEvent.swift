@@ -11,11 +11,14 @@ public struct MarketEvent: Sendable {
     public let ticker: String
     /// The event object's original JSON bytes, `{` to `}`.
     public let bytes: ByteBuffer
+    /// When the relay received it (`MonotonicClock` nanoseconds; 0 when unknown), for delivery latency.
+    public let receivedAt: UInt64
 
-    public init(eventType: String, ticker: String, bytes: ByteBuffer) {
+    public init(eventType: String, ticker: String, bytes: ByteBuffer, receivedAt: UInt64 = 0) {
         self.eventType = eventType
         self.ticker = ticker
         self.bytes = bytes
+        self.receivedAt = receivedAt
     }
 
     /// The topic this event is delivered on, e.g. `Q.AAPL`.

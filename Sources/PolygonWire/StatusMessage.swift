@@ -24,6 +24,8 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
         public static let success = "success"
         public static let error = "error"
         public static let maxConnections = "max_connections"
+        /// Relay notice: this connection fell behind and lost events; `dropped` says how many.
+        public static let lagging = "lagging"
         /// Relay notice: the upstream connection was lost; events stop until it is back.
         public static let upstreamDisconnected = "upstream_disconnected"
         /// Relay notice: the upstream is back; the numbers name the window with no events.

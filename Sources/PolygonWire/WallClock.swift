@@ -2,6 +2,15 @@
     import Glibc
 #endif
 
+/// A monotonic clock in nanoseconds, cheap enough to read per message.
+public enum MonotonicClock {
+    public static func nanoseconds() -> UInt64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &spec)
+        return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
+    }
+}
+
 /// Unix time in milliseconds, the unit Polygon timestamps and relay notices use.
 public enum WallClock {
     public static func nowMilliseconds() -> Int64 {

@@ -92,7 +92,10 @@ public final class Relay: Service, Sendable {
             upstreamConfiguration.caFile = settings.upstreamCAFile
             upstreamConfiguration.metricsFactory = metricsFactory
             let upstream = PolygonWebSocket(configuration: upstreamConfiguration, logger: logger.with(label: "relay.upstream"))
-            let hub = MarketDataHub(logger: logger.with(label: "relay.hub"), metricsFactory: metricsFactory) { topics in
+            let hub = MarketDataHub(
+                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+                logger: logger.with(label: "relay.hub"), metricsFactory: metricsFactory
+            ) { topics in
                 upstream.setWantedTopics(topics)
             }
             let server = RelayServer(

@@ -2,6 +2,7 @@ import Configuration
 import DemoFeed
 import Foundation
 import Logging
+import MarketDataHub
 import SystemPackage
 import Upstream
 
@@ -45,6 +46,10 @@ public struct RelaySettings: Sendable {
     /// Events per second of the in-process demo feed.
     public var demoRate: Double
     public var logLevel: Logger.Level
+    /// What to do with a client whose buffer of 1,000 events is full.
+    public var slowConsumerPolicy: SlowConsumerPolicy
+    /// Whether a new subscription to a ticker topic immediately gets that topic's last event.
+    public var snapshotOnSubscribe: Bool
     /// The upstream client's timing: reconnect policy, pings, dead and handshake timeouts, size cap.
     /// Its endpoint, key and CA file are replaced by the settings above when the relay starts.
     public var upstreamTuning: UpstreamConfiguration
@@ -57,6 +62,8 @@ public struct RelaySettings: Sendable {
         clientKeys: [String] = [],
         demoRate: Double = 500,
         logLevel: Logger.Level = .info,
+        slowConsumerPolicy: SlowConsumerPolicy = .drop,
+        snapshotOnSubscribe: Bool = true,
         upstreamTuning: UpstreamConfiguration = RelaySettings.defaultUpstreamTuning
     ) {
         self.listen = listen
@@ -66,6 +73,8 @@ public struct RelaySettings: Sendable {
         self.clientKeys = clientKeys
         self.demoRate = demoRate
         self.logLevel = logLevel
+        self.slowConsumerPolicy = slowConsumerPolicy
+        self.snapshotOnSubscribe = snapshotOnSubscribe
         self.upstreamTuning = upstreamTuning
     }
 
@@ -83,10 +92,13 @@ public struct RelaySettings: Sendable {
         public var demoRate: Double?
         public var logLevel: String?
         public var configFile: String?
+        public var slowConsumer: String?
+        public var snapshotOnSubscribe: Bool?
 
         public init(
             listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
-            clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil
+            clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
+            slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil
         ) {
             self.listen = listen
             self.upstream = upstream
@@ -96,6 +108,8 @@ public struct RelaySettings: Sendable {
             self.demoRate = demoRate
             self.logLevel = logLevel
             self.configFile = configFile
+            self.slowConsumer = slowConsumer
+            self.snapshotOnSubscribe = snapshotOnSubscribe
         }
     }
 
@@ -108,6 +122,8 @@ public struct RelaySettings: Sendable {
         ("RELAY_CLIENT_KEYS", "client.keys"),
         ("RELAY_DEMO_RATE", "demo.rate"),
         ("RELAY_LOG_LEVEL", "log.level"),
+        ("RELAY_SLOW_CONSUMER", "subscribers.slowConsumer"),
+        ("RELAY_SNAPSHOT_ON_SUBSCRIBE", "subscribers.snapshotOnSubscribe"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -129,6 +145,8 @@ public struct RelaySettings: Sendable {
         put("client.keys", flags.clientKeys.map { .stringArray(splitList($0)) }, secret: true)
         put("demo.rate", flags.demoRate.map(ConfigContent.double))
         put("log.level", flags.logLevel.map(ConfigContent.string))
+        put("subscribers.slowConsumer", flags.slowConsumer.map(ConfigContent.string))
+        put("subscribers.snapshotOnSubscribe", flags.snapshotOnSubscribe.map(ConfigContent.bool))
         providers.append(InMemoryProvider(name: "flags", values: given))
 
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
@@ -184,6 +202,13 @@ public struct RelaySettings: Sendable {
             }
             settings.logLevel = parsed
         }
+        if let policy = config.string(forKey: "subscribers.slowConsumer") {
+            guard let parsed = SlowConsumerPolicy(rawValue: policy.lowercased()) else {
+                throw InvalidSetting(description: "slow consumer policy: drop or disconnect, got \"\(policy)\"")
+            }
+            settings.slowConsumerPolicy = parsed
+        }
+        settings.snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
         if settings.upstream != nil, (settings.upstreamKey ?? "").isEmpty {
             throw InvalidSetting(
                 description: "an upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file")

@@ -12,11 +12,18 @@ import PolygonWire
 /// (a child task draining the hub stream) share the outbound writer, which orders concurrent writes.
 /// Acknowledgements are written before the hub starts sending a new topic, so a client never sees an
 /// event before the ack of its subscription.
+///
+/// The writer serialises nothing: it takes everything queued for this client at once and writes it as
+/// one frame of the upstream's own bytes (several only past the 1,000,000-byte limit), one flush.
+/// Each write waits for the socket to be writable, so a slow client backs up into its own hub buffer.
 struct DownstreamSession {
     let hub: MarketDataHub
     let configuration: RelayServerConfiguration
     let metrics: DownstreamMetrics
     let logger: Logger
+
+    /// The close code for a client the `disconnect` policy removed: "try again later".
+    static let tooSlowCloseCode = WebSocketErrorCode(codeNumber: 1013)
 
     func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {
         try await write(StatusMessage.connected.frame, to: outbound)
@@ -29,10 +36,7 @@ struct DownstreamSession {
 
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
-                for await event in subscription.events {
-                    try await write(FrameEncoder.frame(for: event), to: outbound)
-                    if !event.isNotice { metrics.delivered.increment() }
-                }
+                try await drain(subscription, to: outbound)
             }
             let authTimeout = Task { [configuration] in
                 try await Task.sleep(for: configuration.authTimeout)
@@ -63,6 +67,33 @@ struct DownstreamSession {
             await hub.remove(subscription.id)
         }
         logger.debug("downstream client left")
+    }
+
+    /// Writes everything the hub queues for this client, coalesced, until the subscription ends.
+    private func drain(_ subscription: HubSubscription, to outbound: WebSocketOutboundWriter) async throws {
+        var reader = subscription.makeReader()
+        while let batch = await reader.nextBatch() {
+            for frame in FrameEncoder.frames(for: batch) { try await write(frame, to: outbound) }
+            var delivered = 0
+            var oldest = UInt64.max
+            for event in batch where !event.isNotice {
+                delivered += 1
+                if event.receivedAt > 0 { oldest = min(oldest, event.receivedAt) }
+            }
+            metrics.delivered.increment(by: delivered)
+            metrics.writes.increment()
+            if oldest != .max {
+                metrics.deliveryLatency.recordNanoseconds(Int64(MonotonicClock.nanoseconds() &- oldest))
+            }
+        }
+        if subscription.wasEvicted {
+            try await write(
+                StatusMessage(
+                    status: StatusMessage.Kind.lagging,
+                    message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full"
+                ).frame, to: outbound)
+            try await outbound.close(Self.tooSlowCloseCode, reason: "too slow")
+        }
     }
 
     private func write(_ frame: ByteBuffer, to outbound: WebSocketOutboundWriter) async throws {

@@ -98,7 +98,7 @@ public final class RelayServer: Service, Sendable {
 
         let router = Router()
         router.get("/healthz") { _, _ in try await self.health() }
-        router.get("/metrics") { _, _ in self.prometheusText() }
+        router.get("/metrics") { _, _ in await self.prometheusText() }
         router.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
 
         let port = self.port
@@ -116,7 +116,8 @@ public final class RelayServer: Service, Sendable {
 
     // MARK: HTTP
 
-    private func prometheusText() -> Response {
+    private func prometheusText() async -> Response {
+        metrics.maxBufferFill.record(await hub.bufferStatistics.maxFill)
         if let last = upstream.lastMessageAt {
             let age = ContinuousClock.now - last
             metrics.upstreamLastMessageAge.record(Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18)

@@ -520,7 +520,7 @@ final class LWSConnection: Sendable {
     private func process(_ message: ByteBuffer, wsi: OpaquePointer) {
         let parsed: ParsedFrame
         do {
-            parsed = try FrameParser.parse(message)
+            parsed = try FrameParser.parse(message, receivedAt: MonotonicClock.nanoseconds())
         } catch {
             shared.withLock { $0.statistics.malformedMessages += 1 }
             metrics.malformed.increment()

@@ -12,7 +12,8 @@ struct ServeCommand: AsyncParsableCommand {
         discussion: """
             Precedence: flag > environment > config file > default.
             Environment: RELAY_LISTEN, RELAY_UPSTREAM, POLYGON_API_KEY, RELAY_CLIENT_KEYS,
-            RELAY_UPSTREAM_CA_FILE, RELAY_DEMO_RATE, RELAY_LOG_LEVEL, RELAY_CONFIG.
+            RELAY_UPSTREAM_CA_FILE, RELAY_DEMO_RATE, RELAY_LOG_LEVEL, RELAY_SLOW_CONSUMER,
+            RELAY_SNAPSHOT_ON_SUBSCRIBE, RELAY_CONFIG.
             """
     )
 
@@ -34,6 +35,14 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(name: .customLong("demo-rate"), help: "Events per second of the built-in demo feed (default 500).")
     var demoRate: Double?
 
+    @Option(
+        name: .customLong("slow-consumer"),
+        help: "When a client's 1,000-event buffer is full: drop (count, tell it later) or disconnect (close 1013).")
+    var slowConsumer: String?
+
+    @Flag(name: .customLong("no-snapshot"), help: "Do not send a topic's last event when a client subscribes to it.")
+    var noSnapshot = false
+
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical.")
     var logLevel: String?
 
@@ -46,7 +55,8 @@ struct ServeCommand: AsyncParsableCommand {
             settings = try await RelaySettings.resolve(
                 flags: .init(
                     listen: listen, upstream: upstream, upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
-                    clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config),
+                    clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config,
+                    slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")

@@ -5,6 +5,7 @@ import NIOCore
 import NIOWebSocket
 import PolygonWire
 import ServiceLifecycle
+import Synchronization
 import Testing
 import Upstream
 
@@ -91,10 +92,19 @@ final class WSTestClient {
     private let task: Task<Void, Never>
     private var timeoutToken: UInt64 = 0
     private(set) var closeCode: Int??
+    private let gate: AsyncStream<Void>.Continuation
+    private let paused = PauseFlag()
+
+    final class PauseFlag: Sendable {
+        let value = Mutex(false)
+    }
 
     init(url: String) {
         let (inStream, inContinuation) = AsyncStream.makeStream(of: Incoming.self)
         let (outStream, outContinuation) = AsyncStream.makeStream(of: Outgoing.self)
+        let (gateStream, gateContinuation) = AsyncStream.makeStream(of: Void.self)
+        gate = gateContinuation
+        let paused = self.paused
         iterator = inStream.makeAsyncIterator()
         incoming = inContinuation
         outgoing = outContinuation
@@ -115,6 +125,11 @@ final class WSTestClient {
                             }
                         }
                         for try await message in inbound.messages(maxSize: 1 << 24) {
+                            // A paused client stops reading: its socket buffers fill and the relay
+                            // sees a stalled consumer.
+                            if paused.value.withLock({ $0 }) {
+                                for await _ in gateStream { break }
+                            }
                             if case .text(let text) = message { inContinuation.yield(.text(text)) }
                         }
                         group.cancelAll()
@@ -134,6 +149,15 @@ final class WSTestClient {
     }
 
     func send(_ text: String) { outgoing.yield(.text(text)) }
+
+    /// Stops reading from the socket (after the message being handled), like a stalled consumer.
+    func pause() { paused.value.withLock { $0 = true } }
+
+    /// Reads again after ``pause()``.
+    func resume() {
+        paused.value.withLock { $0 = false }
+        gate.yield(())
+    }
 
     func send(_ action: ClientAction) { send(action.json) }
 

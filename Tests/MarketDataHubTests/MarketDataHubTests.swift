@@ -169,4 +169,69 @@ struct MarketDataHubTests {
         #expect(kept.first?.json == event("Q", "A", 0).json)
         #expect(kept.last?.json == event("Q", "A", MarketDataHub.bufferLimit - 1).json)
     }
+
+    @Test func aNewSubscriptionGetsTheTopicsLastEventAtOnce() async throws {
+        let hub = MarketDataHub()
+        await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("Q", "B", 3)])
+        let sub = await hub.subscribe(to: topics("Q.A", "T.A", "Q.*"))
+        // The snapshot of Q.A (T.A has none; wildcards get no snapshot), then live events.
+        await hub.publish([event("Q", "C", 4)])
+        let got = try await take(2, from: sub.events)
+        #expect(got.map(\.json) == [event("Q", "A", 2).json, event("Q", "C", 4).json])
+    }
+
+    @Test func snapshotsCanBeTurnedOff() async throws {
+        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        await hub.publish([event("Q", "A", 1)])
+        let sub = await hub.subscribe(to: topics("Q.A"))
+        await hub.publish([event("Q", "A", 2)])
+        #expect(try await take(1, from: sub.events).first?.json == event("Q", "A", 2).json)
+    }
+
+    @Test func theReaderTakesEverythingQueuedAsOneBatch() async throws {
+        let hub = MarketDataHub()
+        let sub = await hub.subscribe(to: topics("Q.A"))
+        var reader = sub.makeReader()
+        await hub.publish((0..<300).map { event("Q", "A", $0) })
+        let batch = await reader.nextBatch()
+        #expect(batch?.count == 300)
+        await hub.publish((0..<10).map { event("Q", "A", $0) })
+        #expect(await reader.nextBatch(limit: 4)?.count == 4)
+        #expect(await reader.nextBatch()?.count == 6)
+    }
+
+    @Test func aDrainedSubscriberIsToldHowManyEventsItLost() async throws {
+        let hub = MarketDataHub()
+        let sub = await hub.subscribe(to: topics("Q.A"))
+        var reader = sub.makeReader()
+        let limit = MarketDataHub.bufferLimit
+        await hub.publish((0..<(limit + 250)).map { event("Q", "A", $0) })
+        #expect(await hub.bufferStatistics.lagging == 1)
+        // Drain, then the next event finds room: the notice comes first, where the gap is.
+        #expect(await reader.nextBatch()?.count == limit)
+        await hub.publish([event("Q", "A", 9999)])
+        let after = try #require(await reader.nextBatch())
+        #expect(after.count == 2)
+        #expect(after[0].isNotice)
+        #expect(after[0].json.contains(#""status":"lagging""#))
+        #expect(after[0].json.contains(#""dropped":250"#))
+        #expect(after[1].json == event("Q", "A", 9999).json)
+        #expect(await hub.bufferStatistics.lagging == 0)
+    }
+
+    @Test func theDisconnectPolicyEndsASubscriberWhoseBufferIsFull() async throws {
+        let recorder = WantedRecorder()
+        let hub = MarketDataHub(policy: .disconnect) { recorder.record($0) }
+        let slow = await hub.subscribe(to: topics("Q.A"))
+        let other = await hub.subscribe(to: topics("Q.B"))
+        await hub.publish((0...MarketDataHub.bufferLimit).map { event("Q", "A", $0) })
+        #expect(slow.wasEvicted)
+        #expect(!other.wasEvicted)
+        #expect(await hub.subscriberCount == 1)
+        #expect(await hub.wantedTopics == topics("Q.B"))
+        // What was buffered is still readable, then the stream ends.
+        var reader = slow.makeReader()
+        #expect(await reader.nextBatch()?.count == MarketDataHub.bufferLimit)
+        #expect(await reader.nextBatch() == nil)
+    }
 }
