@@ -20,6 +20,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-system.git", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.1.0"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.1.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird-websocket.git", from: "2.8.0"),
     ],
@@ -97,10 +98,21 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        .target(
+            name: "RelayBench",
+            dependencies: [
+                "PolygonWire", "DemoFeed",
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .executableTarget(
             name: "relay",
             dependencies: [
-                "RelayCore", "DemoFeed", "RelayServer",
+                "RelayCore", "DemoFeed", "RelayServer", "RelayBench",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

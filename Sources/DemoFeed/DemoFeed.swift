@@ -29,6 +29,7 @@ public final class DemoFeed: Service, Sendable {
     private let port = ReadySignal<Int>()
     private let connections = Mutex<[Int: FeedConnection]>([:])
     private let nextConnection = Mutex(1)
+    private let tally = Mutex<Tally?>(nil)
     private let logger: Logger
 
     struct FeedConnection: Sendable {
@@ -238,10 +239,30 @@ public final class DemoFeed: Service, Sendable {
 
     // MARK: the market
 
+    /// What the feed generated while a tally ran: events per ticker, and the first and last send stamps
+    /// (Unix ns) of the ticks counted.
+    public struct Tally: Sendable {
+        public var eventsByTicker: [String: Int] = [:]
+        public var firstStamp: Int64?
+        public var lastStamp: Int64?
+    }
+
+    /// Starts counting generated quotes and trades per ticker (benchmarks).
+    public func startTally() { tally.withLock { $0 = Tally() } }
+
+    /// Stops counting and returns the tally.
+    public func stopTally() -> Tally {
+        tally.withLock { current in
+            defer { current = nil }
+            return current ?? Tally()
+        }
+    }
+
     private func generate() async {
-        var market = DemoMarket(
-            generatedTickers: configuration.generatedTickers,
-            seed: configuration.seed ?? UInt64.random(in: 0...UInt64.max))
+        let seed = configuration.seed ?? UInt64.random(in: 0...UInt64.max)
+        var market =
+            configuration.universe.map { DemoMarket(tickers: $0, seed: seed) }
+            ?? DemoMarket(generatedTickers: configuration.generatedTickers, seed: seed)
         let clock = ContinuousClock()
         let tick = configuration.tickInterval
         let perTick =
@@ -259,13 +280,21 @@ public final class DemoFeed: Service, Sendable {
                 return
             }
             let now = WallClock.nowMilliseconds()
+            let stamp = configuration.stampNanoseconds ? WallClock.nowNanoseconds() : nil
             owed += perTick
             var events: [MarketEvent] = []
+            events.reserveCapacity(Int(owed) + 1)
             while owed >= 1 {
-                events.append(market.nextEvent(timestamp: now))
+                events.append(market.nextEvent(timestamp: now, stamp: stamp))
                 owed -= 1
             }
-            if clock.now >= nextBar {
+            tally.withLock { tally in
+                guard tally != nil, !events.isEmpty else { return }
+                for event in events { tally?.eventsByTicker[event.ticker, default: 0] += 1 }
+                if tally?.firstStamp == nil { tally?.firstStamp = stamp }
+                tally?.lastStamp = stamp
+            }
+            if configuration.universe == nil, clock.now >= nextBar {
                 events += market.aggregates(start: barStart, end: now)
                 barStart = now
                 nextBar = nextBar.advanced(by: configuration.aggregateInterval)

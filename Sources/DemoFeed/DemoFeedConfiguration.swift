@@ -27,6 +27,11 @@ public struct DemoFeedConfiguration: Sendable {
     public var handshakeDelay: Duration?
     /// When set, the feed serves `wss://` with this certificate and key (PEM files).
     public var tls: TLSFiles?
+    /// When set, the market is exactly these tickers, uniformly (instead of the majors plus
+    /// `generatedTickers`), and no `AM` bars: the benchmark's market.
+    public var universe: [String]?
+    /// Add `"rt"`, the send time in Unix nanoseconds, to every quote and trade.
+    public var stampNanoseconds = false
 
     /// A PEM certificate chain and its private key.
     public struct TLSFiles: Sendable {

@@ -42,6 +42,17 @@ public struct DemoMarket: Sendable {
         majorCount = Self.majors.count
     }
 
+    /// A market of exactly these tickers, each as likely as the others (benchmarks).
+    public init(tickers: [String], seed: UInt64) {
+        rng = SplitMix64(seed: seed)
+        var symbols: [Symbol] = []
+        for ticker in tickers {
+            symbols.append(Symbol(ticker: ticker, cents: Int64.random(in: 5_00...400_00, using: &rng)))
+        }
+        self.symbols = symbols
+        majorCount = 0
+    }
+
     /// The tickers of this universe.
     public var tickers: [String] { symbols.map(\.ticker) }
 
@@ -57,19 +68,24 @@ public struct DemoMarket: Sendable {
     }
 
     /// The next quote or trade, at `timestamp` (Unix ms).
-    public mutating func nextEvent(timestamp: Int64) -> MarketEvent {
+    /// - Parameter stamp: when given, added as `"rt"` (send time, Unix ns) for latency measurement.
+    public mutating func nextEvent(timestamp: Int64, stamp: Int64? = nil) -> MarketEvent {
         let index: Int
-        if symbols.count > majorCount, Bool.random(using: &rng) {
+        if majorCount == 0 {
+            index = Int.random(in: 0..<symbols.count, using: &rng)
+        } else if symbols.count > majorCount, Bool.random(using: &rng) {
             index = Int.random(in: majorCount..<symbols.count, using: &rng)
         } else {
             index = Int.random(in: 0..<min(majorCount, symbols.count), using: &rng)
         }
         step(index)
         sequence += 1
-        if Int.random(in: 0..<10, using: &rng) < 7 {
-            return quote(index, timestamp: timestamp)
-        }
-        return trade(index, timestamp: timestamp)
+        let event = Int.random(in: 0..<10, using: &rng) < 7 ? quote(index, timestamp: timestamp) : trade(index, timestamp: timestamp)
+        guard let stamp else { return event }
+        var bytes = event.bytes
+        bytes.moveWriterIndex(to: bytes.writerIndex - 1)  // the closing brace
+        bytes.writeString(#","rt":\#(stamp)}"#)
+        return MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: bytes)
     }
 
     /// `AM` bars for every ticker that traded since the last call, for the window ending at `end`.

@@ -13,6 +13,13 @@ public enum MonotonicClock {
 
 /// Unix time in milliseconds, the unit Polygon timestamps and relay notices use.
 public enum WallClock {
+    /// Unix time in nanoseconds.
+    public static func nowNanoseconds() -> Int64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_REALTIME, &spec)
+        return Int64(spec.tv_sec) * 1_000_000_000 + Int64(spec.tv_nsec)
+    }
+
     public static func nowMilliseconds() -> Int64 {
         var spec = timespec()
         clock_gettime(CLOCK_REALTIME, &spec)

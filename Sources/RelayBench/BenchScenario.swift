@@ -1,0 +1,56 @@
+/// One benchmark setup: the upstream's rate and shape, and who subscribes to what. Value type,
+/// `Sendable`. The named scenarios are documented in the README with the figures measured.
+public struct BenchScenario: Sendable, Codable {
+    public var name: String
+    /// Fast subscriber connections.
+    public var subscribers: Int
+    /// Symbols each subscriber follows (quotes and trades of each: two topics per symbol).
+    public var symbolsPerSubscriber: Int
+    /// Symbols in the upstream's market.
+    public var universe: Int
+    /// Upstream quotes and trades per second.
+    public var rate: Double
+    /// Events per upstream frame.
+    public var frameEvents: Int
+    /// Subscribe to `Q.*` and `T.*` instead of symbols.
+    public var wildcard: Bool
+    /// Extra subscribers that subscribe to everything and then never read.
+    public var stalledSubscribers: Int
+    /// Measured seconds, after `warmupSeconds`.
+    public var durationSeconds: Double
+    public var warmupSeconds: Double
+
+    public static let fanout = BenchScenario(
+        name: "fanout", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
+        wildcard: false, stalledSubscribers: 0, durationSeconds: 10, warmupSeconds: 2)
+    public static let manyClients = BenchScenario(
+        name: "many-clients", subscribers: 10_000, symbolsPerSubscriber: 1, universe: 100, rate: 500, frameEvents: 50,
+        wildcard: false, stalledSubscribers: 0, durationSeconds: 10, warmupSeconds: 2)
+    public static let firehose = BenchScenario(
+        name: "firehose", subscribers: 4, symbolsPerSubscriber: 0, universe: 1000, rate: 200_000, frameEvents: 100,
+        wildcard: true, stalledSubscribers: 0, durationSeconds: 10, warmupSeconds: 2)
+    public static let slowConsumer = BenchScenario(
+        name: "slow-consumer", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
+        wildcard: false, stalledSubscribers: 1, durationSeconds: 10, warmupSeconds: 2)
+
+    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer]
+
+    /// The market's tickers: `S000`, `S001`, …
+    var tickers: [String] {
+        let width = max(String(universe - 1).count, 3)
+        return (0..<universe).map { index in
+            let digits = String(index)
+            return "S" + String(repeating: "0", count: width - digits.count) + digits
+        }
+    }
+
+    /// The symbols of subscriber `index`: a spread that covers the universe evenly across subscribers.
+    func symbols(forSubscriber index: Int) -> [String] {
+        let all = tickers
+        guard !all.isEmpty else { return [] }
+        let count = min(symbolsPerSubscriber, all.count)
+        // A stride coprime-ish with the universe spreads each subscriber's picks across it.
+        let stride = 37 % all.count == 0 ? 1 : 37
+        return (0..<count).map { all[(index * 7 + $0 * stride) % all.count] }
+    }
+}

@@ -1,0 +1,116 @@
+import Histogram
+import HummingbirdWSClient
+import Logging
+import NIOCore
+import PolygonWire
+import Synchronization
+
+/// One benchmark client: subscribes, then counts what arrives per upstream tick and records latency
+/// from each event's `"rt"` send stamp. `Sendable`: its counts sit behind a `Mutex` touched once per
+/// frame.
+final class BenchSubscriber: Sendable {
+    struct Counts: Sendable {
+        /// Events per send stamp (one stamp per upstream tick), so the measured window can be cut exactly.
+        var byStamp: [Int64: Int] = [:]
+        var latency = Histogram<UInt64>(highestTrackableValue: 120_000_000_000, numberOfSignificantValueDigits: .three)
+        var laggingNotices = 0
+        var dropped = 0
+        var received = 0
+    }
+
+    /// Latency is recorded for events stamped inside this window (Unix ns); set by the runner.
+    final class Window: Sendable {
+        let start = Atomic<Int64>(.max)
+        let end = Atomic<Int64>(.max)
+    }
+
+    let topics: [String]
+    let stalled: Bool
+    let counts = Mutex(Counts())
+    let subscribed = Mutex(false)
+
+    init(topics: [String], stalled: Bool) {
+        self.topics = topics
+        self.stalled = stalled
+    }
+
+    /// Connects and runs until cancelled. `ready` is called once the subscription is acknowledged.
+    func run(url: String, window: Window, logger: Logger, ready: @escaping @Sendable () -> Void) async throws {
+        let topics = self.topics
+        let stalled = self.stalled
+        try await WebSocketClient.connect(url: url, configuration: .init(maxFrameSize: 1 << 22), logger: logger) { inbound, outbound, _ in
+            try await outbound.write(.text(ClientAction(.auth, params: "bench").json))
+            try await outbound.write(.text(ClientAction(.subscribe, params: topics.joined(separator: ",")).json))
+            var iterator = inbound.makeAsyncIterator()
+            var acknowledged = false
+            var partial: ByteBuffer?
+            while let frame = try await iterator.next() {
+                var data = frame.data
+                if !frame.fin {
+                    partial = partial ?? ByteBuffer()
+                    partial?.writeBuffer(&data)
+                    continue
+                }
+                if var pending = partial {
+                    pending.writeBuffer(&data)
+                    data = pending
+                    partial = nil
+                }
+                guard let parsed = try? FrameParser.parse(data) else { continue }
+                if !acknowledged, parsed.statuses.contains(where: { $0.status == StatusMessage.Kind.success }) {
+                    acknowledged = true
+                    self.subscribed.withLock { $0 = true }
+                    ready()
+                    if stalled {
+                        // Never read again: the relay must keep this from hurting anyone else.
+                        try await Task.sleep(for: .seconds(86_400))
+                    }
+                }
+                self.record(parsed, window: window)
+            }
+        }
+    }
+
+    private func record(_ parsed: ParsedFrame, window: Window) {
+        let now = WallClock.nowNanoseconds()
+        let start = window.start.load(ordering: .relaxed)
+        let end = window.end.load(ordering: .relaxed)
+        counts.withLock { counts in
+            counts.received += parsed.events.count
+            var stamp: Int64 = 0
+            var run = 0
+            for event in parsed.events {
+                guard let rt = Self.sendStamp(event.bytes) else { continue }
+                if rt != stamp {
+                    if run > 0 { counts.byStamp[stamp, default: 0] += run }
+                    stamp = rt
+                    run = 0
+                }
+                run += 1
+                if rt >= start, rt <= end, now > rt { _ = counts.latency.record(UInt64(now - rt)) }
+            }
+            if run > 0 { counts.byStamp[stamp, default: 0] += run }
+            for status in parsed.statuses where status.status == StatusMessage.Kind.lagging {
+                counts.laggingNotices += 1
+            }
+        }
+    }
+
+    /// The `"rt"` the bench feed appends last to each event: `…,"rt":1763748302311000000}`.
+    static func sendStamp(_ bytes: ByteBuffer) -> Int64? {
+        bytes.withUnsafeReadableBytes { raw -> Int64? in
+            var index = raw.count - 2  // before the closing brace
+            var value: Int64 = 0
+            var scale: Int64 = 1
+            while index >= 0, raw[index] >= 0x30, raw[index] <= 0x39 {
+                value += Int64(raw[index] - 0x30) * scale
+                scale &*= 10
+                index -= 1
+            }
+            guard index >= 4, raw[index] == UInt8(ascii: ":"), raw[index - 1] == UInt8(ascii: "\""),
+                raw[index - 2] == UInt8(ascii: "t"), raw[index - 3] == UInt8(ascii: "r")
+            else { return nil }
+            return value
+        }
+    }
+}

@@ -1,0 +1,95 @@
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The relay under test, in a process of its own, so its CPU time and memory are its own.
+final class RelayProcess: Sendable {
+    let process: Process
+    private let seen = Seen()
+
+    /// What the relay printed, and the port found in it; filled from the pipe's reader thread.
+    private final class Seen: Sendable {
+        let port = Mutex<Int?>(nil)
+        let output = Mutex("")
+    }
+
+    struct StartError: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    init(binary: String, arguments: [String], showLogs: Bool) {
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = showLogs ? FileHandle.standardError : FileHandle.nullDevice
+        let seen = self.seen
+        pipe.fileHandleForReading.readabilityHandler = { handle in
+            let text = String(decoding: handle.availableData, as: UTF8.self)
+            let all = seen.output.withLock { value in
+                value += text
+                return value
+            }
+            // The banner names the bound port: `WebSocket  ws://127.0.0.1:PORT/stocks`.
+            if let range = all.range(of: #"ws://[^ ]+:(\d+)/"#, options: .regularExpression) {
+                let match = all[range]
+                if let colon = match.dropLast().lastIndex(of: ":"), let value = Int(match[match.index(after: colon)...].dropLast()) {
+                    seen.port.withLock { $0 = $0 ?? value }
+                }
+            }
+        }
+    }
+
+    /// Starts the relay and waits (at most `timeout`) until it prints its port.
+    func start(timeout: Duration = .seconds(30)) async throws -> Int {
+        try process.run()
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let port = seen.port.withLock({ $0 }) { return port }
+            guard process.isRunning else { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw StartError(description: "the relay did not report its port; it printed:\n\(seen.output.withLock { $0 })")
+    }
+
+    /// CPU seconds (user + system) the relay has used.
+    func cpuSeconds() -> Double {
+        guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
+            let close = stat.lastIndex(of: ")")
+        else { return 0 }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        // After the command: state is field 3, utime 14, stime 15 (1-based) → offsets 11 and 12.
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// The relay's peak resident memory, in bytes.
+    func peakResidentBytes() -> Int { statusField("VmHWM") }
+
+    /// The relay's resident memory now, in bytes.
+    func residentBytes() -> Int { statusField("VmRSS") }
+
+    private func statusField(_ name: String) -> Int {
+        guard let status = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8) else { return 0 }
+        for line in status.split(separator: "\n") where line.hasPrefix(name + ":") {
+            let digits = line.split(separator: " ").compactMap { Int($0) }.first ?? 0
+            return digits * 1024
+        }
+        return 0
+    }
+
+    /// SIGTERM, then wait for the exit (bounded).
+    func stop() async {
+        guard process.isRunning else { return }
+        process.terminate()
+        let deadline = ContinuousClock.now + .seconds(10)
+        while process.isRunning, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    }
+}
