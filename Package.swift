@@ -9,7 +9,10 @@ let package = Package(
     name: "relay",
     platforms: [.macOS(.v15)],
     products: [
-        .executable(name: "relay", targets: ["relay"])
+        .executable(name: "relay", targets: ["relay"]),
+        // For the micro-benchmarks package under Benchmarks/.
+        .library(name: "PolygonWire", targets: ["PolygonWire"]),
+        .library(name: "MarketDataHub", targets: ["MarketDataHub"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),

@@ -316,7 +316,7 @@ public final class DemoFeed: Service, Sendable {
             var start = 0
             while start < wanted.count {
                 let end = min(start + max(configuration.maxEventsPerFrame, 1), wanted.count)
-                for frame in FrameEncoder.frames(for: wanted[start..<end]) {
+                for frame in FrameEncoder.frames(for: Array(wanted[start..<end])) {
                     connection.outputs.yield(.frame(frame))
                     frames += 1
                 }

@@ -1,43 +1,73 @@
 import PolygonWire
 
-/// What `MarketDataHub.subscribe(to:)` hands back: the subscriber's identity and its event stream.
+/// What `MarketDataHub.subscribe(to:)` hands back: the subscriber's identity and its events.
 ///
-/// `Sendable`. The stream is bounded (`.bufferingOldest(MarketDataHub.bufferLimit)`): a subscriber that
-/// does not keep up loses the newest events, never anybody else's. Ending the iteration (or dropping
-/// the stream) removes the subscriber from the hub. Relay notices (`ev` `status`) travel in the same
-/// stream, in order with the events around them.
+/// `Sendable`. Underneath is an `AsyncStream` created with `.bufferingOldest(1000)` whose elements are
+/// the subscriber's share of one upstream message (one `yield` per subscriber per message, not per
+/// event: the stream's generic machinery is the hub's main cost otherwise). The hub bounds each
+/// subscriber to ``MarketDataHub/bufferLimit`` queued *events*: a subscriber that does not keep up loses
+/// the newest events, never anybody else's. Ending the iteration (or dropping the subscription) removes
+/// the subscriber from the hub. Relay notices (`ev` `status`) travel in the same stream, in order.
 public struct HubSubscription: Sendable {
     public let id: SubscriberID
-    public let events: AsyncStream<MarketEvent>
+    let stream: AsyncStream<[MarketEvent]>
     let queue: SubscriberQueue
 
-    /// A reader that takes everything queued at once (for coalesced writes). Use either the reader or
-    /// `events`, not both; one reader per subscription.
-    public func makeReader() -> Reader { Reader(iterator: events.makeAsyncIterator(), queue: queue) }
+    /// The events one by one. Use either this, or ``makeReader()``, once.
+    public var events: Events { Events(stream: stream, queue: queue) }
+
+    /// A reader that takes everything queued at once (for coalesced writes).
+    public func makeReader() -> Reader { Reader(iterator: stream.makeAsyncIterator(), queue: queue) }
 
     /// Whether the hub ended this subscription because it fell too far behind (`disconnect` policy).
     public var wasEvicted: Bool { queue.evicted.load(ordering: .acquiring) }
 
-    /// Takes events in batches: waits for one, then takes whatever else is already queued without
-    /// waiting. Not `Sendable`: it belongs to the one task that drains the subscription.
-    public struct Reader {
-        var iterator: AsyncStream<MarketEvent>.AsyncIterator
+    /// The subscription's events as an `AsyncSequence` of single events.
+    public struct Events: AsyncSequence, Sendable {
+        public typealias Element = MarketEvent
+        let stream: AsyncStream<[MarketEvent]>
         let queue: SubscriberQueue
 
-        /// The next batch, at most `limit` events; `nil` when the subscription has ended.
-        public mutating func nextBatch(limit: Int = 4096) async -> [MarketEvent]? {
-            guard let first = await iterator.next() else { return nil }
-            queue.pending.subtract(1, ordering: .relaxed)
-            let queued = min(queue.pending.load(ordering: .acquiring), limit - 1)
-            guard queued > 0 else { return [first] }
-            var batch = [first]
-            batch.reserveCapacity(queued + 1)
-            // These are already buffered (the hub counts after enqueueing), so `next()` does not wait.
-            for _ in 0..<queued {
-                guard let event = await iterator.next() else { break }
-                batch.append(event)
+        public func makeAsyncIterator() -> Iterator { Iterator(reader: Reader(iterator: stream.makeAsyncIterator(), queue: queue)) }
+
+        public struct Iterator: AsyncIteratorProtocol {
+            var reader: Reader
+            var current: [MarketEvent] = []
+            var index = 0
+
+            public mutating func next() async -> MarketEvent? {
+                if index == current.count {
+                    guard let batch = await reader.nextBatch(limit: .max) else { return nil }
+                    current = batch
+                    index = 0
+                }
+                defer { index += 1 }
+                return current[index]
             }
-            queue.pending.subtract(batch.count - 1, ordering: .relaxed)
+        }
+    }
+
+    /// Takes events in batches: waits for some, then takes whatever else is already queued without
+    /// waiting. Not `Sendable`: it belongs to the one task that drains the subscription.
+    public struct Reader {
+        var iterator: AsyncStream<[MarketEvent]>.AsyncIterator
+        let queue: SubscriberQueue
+
+        /// Everything queued, in order, once at least one event is; `nil` when the subscription has ended.
+        /// Stops adding stream elements once `limit` events are reached.
+        public mutating func nextBatch(limit: Int = 8192) async -> [MarketEvent]? {
+            guard var batch = await iterator.next() else { return nil }
+            var taken = 1
+            let queued = queue.batches.load(ordering: .acquiring) - 1
+            var extra = 0
+            // These are already buffered (the hub counts after enqueueing), so `next()` does not wait.
+            while extra < queued, batch.count < limit, let more = await iterator.next() {
+                batch += more
+                extra += 1
+            }
+            taken += extra
+            queue.batches.subtract(taken, ordering: .relaxed)
+            queue.pending.subtract(batch.count, ordering: .relaxed)
             return batch
         }
     }

@@ -5,17 +5,17 @@ import PolygonWire
 /// Fans market events out to subscribers, each filtered to its own topics.
 ///
 /// An actor: every mutation of the routing tables happens on it. It never awaits a subscriber: each
-/// subscriber has its own bounded `AsyncStream` (`.bufferingOldest(1000)`), and a slow one fills its own
-/// buffer and loses its own events, counted, never anybody else's. What happens then is the
-/// ``SlowConsumerPolicy``.
+/// subscriber has its own bounded `AsyncStream` (`.bufferingOldest(1000)`, and at most 1,000 queued
+/// events, see ``HubSubscription``), and a slow one fills its own buffer and loses its own events,
+/// counted, never anybody else's. What happens then is the ``SlowConsumerPolicy``.
 ///
 /// The hub reference-counts what its subscribers want and reports the *upstream* set through
 /// `onWantedTopicsChange` whenever it changes: a topic is wanted from its first subscriber until its last
 /// one leaves, and a ticker topic is left out while the wildcard of its event type is wanted (the
 /// wildcard already brings its events, and asking for both would make the upstream send them twice).
 ///
-/// The hot path (``publish(_:)``) costs one dictionary lookup per event plus one per wildcard type, and
-/// one `yield` per matching subscriber.
+/// The hot path (``publish(_:)``) costs one dictionary lookup per event plus one per wildcard type, an
+/// array append per matching subscriber, and one `yield` per subscriber per upstream message.
 public actor MarketDataHub {
     /// How many events a subscriber's stream holds before newer events are dropped for it.
     public static let bufferLimit = 1000
@@ -25,9 +25,11 @@ public actor MarketDataHub {
     /// One subscriber. A class so the hot path updates it in place; confined to the actor.
     private final class Subscriber {
         let id: SubscriberID
-        let continuation: AsyncStream<MarketEvent>.Continuation
+        let continuation: AsyncStream<[MarketEvent]>.Continuation
         let queue: SubscriberQueue
         var topics: Set<Topic> = []
+        /// Events matched during the current `publish`, yielded together at its end.
+        var staged: [MarketEvent] = []
         /// The publish sequence number of the last event delivered (dedupes ticker + wildcard).
         var lastSequence: UInt64 = 0
         var dropped = 0
@@ -36,7 +38,7 @@ public actor MarketDataHub {
         var fill = 0
         var lastWarning: ContinuousClock.Instant?
 
-        init(id: SubscriberID, continuation: AsyncStream<MarketEvent>.Continuation, queue: SubscriberQueue) {
+        init(id: SubscriberID, continuation: AsyncStream<[MarketEvent]>.Continuation, queue: SubscriberQueue) {
             self.id = id
             self.continuation = continuation
             self.queue = queue
@@ -111,7 +113,7 @@ public actor MarketDataHub {
         let id = SubscriberID(nextID)
         nextID += 1
         let (stream, continuation) = AsyncStream.makeStream(
-            of: MarketEvent.self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
+            of: [MarketEvent].self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
         continuation.onTermination = { [weak self] _ in
             guard let self else { return }
             Task { await self.remove(id) }
@@ -120,7 +122,7 @@ public actor MarketDataHub {
         subscribers[id] = Subscriber(id: id, continuation: continuation, queue: queue)
         subscribersGauge.record(subscribers.count)
         add(topics, to: id)
-        return HubSubscription(id: id, events: stream, queue: queue)
+        return HubSubscription(id: id, stream: stream, queue: queue)
     }
 
     /// Adds topics to a subscriber; topics it already has are ignored. With `snapshotOnSubscribe`, each
@@ -137,8 +139,7 @@ public actor MarketDataHub {
             let entry = entry(for: topic)
             entry.subscribers.append(subscriber)
             if snapshotOnSubscribe, let last = entry.last {
-                sequence &+= 1
-                deliver(last, to: subscriber)
+                enqueue([last], to: subscriber)
             }
         }
         if changed { refreshUpstreamWanted() }
@@ -194,7 +195,7 @@ public actor MarketDataHub {
     // MARK: publishing
 
     /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
-    /// topic. Never suspends.
+    /// topic. Never suspends. Each subscriber gets its matches as one stream element.
     public func publish(_ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
         if let outage {
@@ -204,45 +205,76 @@ public actor MarketDataHub {
         lastEventAt = WallClock.nowMilliseconds()
         published += events.count
         publishedCounter.increment(by: events.count)
+        var touched: [Subscriber] = []
         for event in events {
             sequence &+= 1
             let entry = entry(for: event.topic)
             entry.last = event
             for subscriber in entry.subscribers {
                 subscriber.lastSequence = sequence
-                deliver(event, to: subscriber)
+                if subscriber.staged.isEmpty { touched.append(subscriber) }
+                subscriber.staged.append(event)
             }
             if let wild = wildcards[event.eventType] {
                 for subscriber in wild where subscriber.lastSequence != sequence {
                     subscriber.lastSequence = sequence
-                    deliver(event, to: subscriber)
+                    if subscriber.staged.isEmpty { touched.append(subscriber) }
+                    subscriber.staged.append(event)
                 }
             }
         }
+        for subscriber in touched {
+            let batch = subscriber.staged
+            subscriber.staged = []
+            enqueue(batch, to: subscriber)
+        }
     }
 
-    private func deliver(_ event: MarketEvent, to subscriber: Subscriber) {
+    /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
+    /// dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
+    private func enqueue(_ events: [MarketEvent], to subscriber: Subscriber) {
+        var batch = events
+        var pending = subscriber.queue.pending.load(ordering: .acquiring)
         // A subscriber that lost events and has since drained to half its buffer is told first, so the
-        // notice sits exactly where its gap is. (Drained is what its reader has taken: see `pending`.)
-        if subscriber.lostSinceNotice > 0, subscriber.queue.pending.load(ordering: .acquiring) <= Self.bufferLimit / 2 {
-            reportLoss(to: subscriber)
+        // notice sits exactly where its gap is.
+        if subscriber.lostSinceNotice > 0, pending <= Self.bufferLimit / 2 {
+            batch.insert(lossNotice(for: subscriber), at: 0)
+            subscriber.lostSinceNotice = 0
+            setLagging(false)
         }
-        switch subscriber.continuation.yield(event) {
-        case .enqueued(let remaining):
-            subscriber.queue.pending.add(1, ordering: .releasing)
-            subscriber.fill = Self.bufferLimit - remaining
-            if subscriber.fill >= Self.warningFill { warnFalling(behind: subscriber) }
-        case .dropped:
-            subscriber.dropped += 1
+        let room = max(Self.bufferLimit - pending, 0)
+        if batch.count > room {
+            let lost = batch.count - room
+            batch.removeLast(lost)
+            subscriber.dropped += lost
             switch policy {
             case .drop:
-                droppedFull.increment()
+                droppedFull.increment(by: lost)
                 if subscriber.lostSinceNotice == 0 { setLagging(true) }
-                subscriber.lostSinceNotice += 1
+                subscriber.lostSinceNotice += lost
             case .disconnect:
-                droppedEvicted.increment()
+                // What fits is still queued, so the client reads up to the point it fell behind.
+                droppedEvicted.increment(by: lost)
+                if !batch.isEmpty, case .enqueued = subscriber.continuation.yield(batch) {
+                    subscriber.queue.pending.add(batch.count, ordering: .releasing)
+                    subscriber.queue.batches.add(1, ordering: .releasing)
+                }
                 evict(subscriber)
+                return
             }
+        }
+        guard !batch.isEmpty else { return }
+        switch subscriber.continuation.yield(batch) {
+        case .enqueued:
+            subscriber.queue.pending.add(batch.count, ordering: .releasing)
+            subscriber.queue.batches.add(1, ordering: .releasing)
+            pending += batch.count
+            subscriber.fill = pending
+            if pending >= Self.warningFill { warnFalling(behind: subscriber) }
+        case .dropped:
+            // The stream's own bound (1,000 elements) is a backstop; the event bound comes first.
+            subscriber.dropped += batch.count
+            droppedFull.increment(by: batch.count)
         case .terminated:
             break
         @unknown default:
@@ -250,19 +282,14 @@ public actor MarketDataHub {
         }
     }
 
-    /// Tells a subscriber that has drained how many events it lost; the notice sits where the gap is.
-    private func reportLoss(to subscriber: Subscriber) {
+    /// The notice telling a subscriber how many events it lost since the last one.
+    private func lossNotice(for subscriber: Subscriber) -> MarketEvent {
         let lost = subscriber.lostSinceNotice
-        let notice = MarketEvent.notice(
+        return MarketEvent.notice(
             StatusMessage(
                 status: StatusMessage.Kind.lagging,
                 message: "\(lost) events were dropped because this connection did not keep up",
                 numbers: ["dropped": Int64(lost), "dropped_total": Int64(subscriber.dropped)]))
-        if case .enqueued = subscriber.continuation.yield(notice) {
-            subscriber.queue.pending.add(1, ordering: .releasing)
-            subscriber.lostSinceNotice = 0
-            setLagging(false)
-        }
     }
 
     private func evict(_ subscriber: Subscriber) {
@@ -317,9 +344,8 @@ public actor MarketDataHub {
 
     private func notifySubscribersWithTopics(_ status: StatusMessage) {
         let notice = MarketEvent.notice(status)
-        sequence &+= 1
         for subscriber in subscribers.values where !subscriber.topics.isEmpty {
-            deliver(notice, to: subscriber)
+            enqueue([notice], to: subscriber)
         }
     }
 

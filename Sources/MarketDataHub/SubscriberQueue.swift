@@ -2,10 +2,14 @@ import Synchronization
 
 /// The part of a subscriber's state its reader and the hub share without going through the actor.
 ///
-/// `Sendable` through atomics: `pending` counts events the hub enqueued and the reader has not taken yet
-/// (incremented after each enqueue, decremented after each take, so it never exceeds what is buffered);
-/// `evicted` tells the reader the hub ended its stream because it fell behind (the `disconnect` policy).
+/// `Sendable` through atomics. `pending` counts events the hub has queued and the reader has not taken
+/// yet; the hub refuses events beyond ``MarketDataHub/bufferLimit`` of them, which is the subscriber's
+/// bound. `batches` counts queued stream elements (a subscriber's share of one upstream message each).
+/// Both are raised after an element is enqueued and lowered after it is taken, so they never exceed
+/// what is buffered, and a reader that takes `batches` more elements never waits.
+/// `evicted` tells the reader the hub ended its stream because it fell behind (`disconnect` policy).
 final class SubscriberQueue: Sendable {
     let pending = Atomic<Int>(0)
+    let batches = Atomic<Int>(0)
     let evicted = Atomic<Bool>(false)
 }

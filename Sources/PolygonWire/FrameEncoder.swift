@@ -8,35 +8,35 @@ public enum FrameEncoder {
 
     /// Encodes events into as few frames as possible, each a JSON array under `maxFrameBytes`.
     /// An event that alone exceeds the limit gets a frame of its own (there is no smaller form of it).
+    /// Concrete `[MarketEvent]` (not a generic collection): called across modules, a generic version
+    /// runs unspecialised and boxes every event it touches.
     public static func frames(
-        for events: some Sequence<MarketEvent>,
+        for events: [MarketEvent],
         maxFrameBytes: Int = FrameEncoder.maxFrameBytes,
         allocator: ByteBufferAllocator = ByteBufferAllocator()
     ) -> [ByteBuffer] {
+        guard !events.isEmpty else { return [] }
+        // Sized once: the events plus a comma each and the brackets, so appending never reallocates.
+        var remaining = events.reduce(2) { $0 + $1.bytes.readableBytes + 1 }
         var frames: [ByteBuffer] = []
-        var current: ByteBuffer?
+        // One buffer, always uniquely owned: appending writes in place, never copies.
+        var buffer = allocator.buffer(capacity: min(maxFrameBytes, remaining))
+        var count = 0
         for event in events {
             let size = event.bytes.readableBytes
-            if var buffer = current, buffer.readableBytes + size + 2 <= maxFrameBytes {
-                current = nil  // keep the buffer uniquely referenced while appending
-                buffer.writeInteger(UInt8(ascii: ","))
-                buffer.writeImmutableBuffer(event.bytes)
-                current = buffer
-                continue
+            if count > 0, buffer.readableBytes + size + 2 > maxFrameBytes {
+                buffer.writeInteger(UInt8(ascii: "]"))
+                frames.append(buffer)
+                buffer = allocator.buffer(capacity: min(maxFrameBytes, max(remaining, size + 2)))
+                count = 0
             }
-            if var done = current {
-                done.writeInteger(UInt8(ascii: "]"))
-                frames.append(done)
-            }
-            var buffer = allocator.buffer(capacity: min(maxFrameBytes, max(256, size * 8)))
-            buffer.writeInteger(UInt8(ascii: "["))
+            buffer.writeInteger(UInt8(ascii: count == 0 ? "[" : ","))
             buffer.writeImmutableBuffer(event.bytes)
-            current = buffer
+            remaining -= size + 1
+            count += 1
         }
-        if var done = current {
-            done.writeInteger(UInt8(ascii: "]"))
-            frames.append(done)
-        }
+        buffer.writeInteger(UInt8(ascii: "]"))
+        frames.append(buffer)
         return frames
     }
 

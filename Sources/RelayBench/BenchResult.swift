@@ -59,7 +59,8 @@ public struct BenchResult: Sendable, Codable {
             "  harness      CPU \(n(benchCPUPercent))% (feed and clients share the machine)",
         ]
         if s.stalledSubscribers > 0 {
-            lines.append("  stalled      \(n(Double(stalledDelivered))) events read before stalling, \(laggingNoticesStalled) lagging notices")
+            lines.append(
+                "  stalled      \(n(Double(stalledDelivered))) events read before stalling, \(laggingNoticesStalled) lagging notices")
         }
         return lines.joined(separator: "\n")
     }

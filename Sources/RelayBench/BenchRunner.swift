@@ -5,10 +5,10 @@ import Logging
 import PolygonWire
 
 #if canImport(FoundationNetworking)
-import FoundationNetworking
+    import FoundationNetworking
 #endif
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Runs one scenario end to end over loopback: a synthetic upstream (the demo feed with send stamps),
@@ -83,7 +83,8 @@ public struct BenchRunner: Sendable {
         _ subscribers: [BenchSubscriber], to url: String, window: BenchSubscriber.Window, logger: Logger,
         in group: inout ThrowingTaskGroup<Void, any Error>
     ) async throws {
-        let (readyStream, readyContinuation) = AsyncStream.makeStream(of: Void.self)
+        // Each subscriber reports once: true when subscribed, false when it failed before that.
+        let (readyStream, readyContinuation) = AsyncStream.makeStream(of: Bool.self)
         // At most 256 handshakes in flight, so 10,000 clients do not stampede the listener.
         var started = 0
         var ready = 0
@@ -93,12 +94,22 @@ public struct BenchRunner: Sendable {
             while started < subscribers.count, started - ready < 256 {
                 let subscriber = subscribers[started]
                 group.addTask {
-                    try await subscriber.run(url: url, window: window, logger: logger) { readyContinuation.yield(()) }
+                    do {
+                        try await subscriber.run(url: url, window: window, logger: logger) { readyContinuation.yield(true) }
+                    } catch {
+                        if !subscriber.subscribed.withLock({ $0 }) { readyContinuation.yield(false) }
+                    }
                 }
                 started += 1
             }
-            guard ContinuousClock.now < deadline else { throw BenchError(description: "only \(ready) of \(subscribers.count) subscribers connected") }
-            _ = await readyIterator.next()
+            guard ContinuousClock.now < deadline else {
+                throw BenchError(description: "only \(ready) of \(subscribers.count) subscribers connected")
+            }
+            guard let subscribed = await readyIterator.next() else { break }
+            guard subscribed else {
+                throw BenchError(
+                    description: "subscriber \(ready + 1) of \(subscribers.count) could not connect (file descriptors? see ulimit -n)")
+            }
             ready += 1
             if ready % 1000 == 0 || ready == subscribers.count { progress("\(ready)/\(subscribers.count) subscribers connected") }
         }
@@ -124,7 +135,8 @@ public struct BenchRunner: Sendable {
             let cpu = relay.cpuSeconds() - relayCPU0
             let elapsed = Double((ContinuousClock.now - wall0).components.seconds)
             progress(
-                "  \(second)s  \(received - lastReceived) events delivered in the last second, relay CPU \(Int(cpu / max(elapsed, 1) * 100))%")
+                "  \(second)s  \(received - lastReceived) events delivered in the last second, relay CPU \(Int(cpu / max(elapsed, 1) * 100))%"
+            )
             lastReceived = received
         }
         let tally = feed.stopTally()

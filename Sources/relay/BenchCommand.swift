@@ -43,7 +43,8 @@ struct BenchCommand: AsyncParsableCommand {
         if let stalled { chosen.stalledSubscribers = stalled }
         if let duration { chosen.durationSeconds = duration }
         if let warmup { chosen.warmupSeconds = warmup }
-        let binary = relayBinary ?? (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let binary =
+            relayBinary ?? (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         let runner = BenchRunner(scenario: chosen, relayBinary: binary, showRelayLogs: relayLogs) { line in
             FileHandle.standardError.write(Data((line + "\n").utf8))
         }

@@ -25,7 +25,7 @@ func within<T: Sendable>(_ timeout: Duration, _ operation: @escaping @Sendable (
 }
 
 /// Takes the next `count` events or fails after `timeout`.
-func take(_ count: Int, from stream: AsyncStream<MarketEvent>, timeout: Duration = .seconds(5)) async throws -> [MarketEvent] {
+func take(_ count: Int, from stream: HubSubscription.Events, timeout: Duration = .seconds(5)) async throws -> [MarketEvent] {
     let events = try await within(timeout) {
         var out: [MarketEvent] = []
         for await event in stream {
@@ -195,7 +195,8 @@ struct MarketDataHubTests {
         await hub.publish((0..<300).map { event("Q", "A", $0) })
         let batch = await reader.nextBatch()
         #expect(batch?.count == 300)
-        await hub.publish((0..<10).map { event("Q", "A", $0) })
+        // Ten messages: the limit stops taking further messages once reached.
+        for n in 0..<10 { await hub.publish([event("Q", "A", n)]) }
         #expect(await reader.nextBatch(limit: 4)?.count == 4)
         #expect(await reader.nextBatch()?.count == 6)
     }

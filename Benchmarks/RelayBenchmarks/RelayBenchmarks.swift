@@ -1,0 +1,58 @@
+import Benchmark
+import MarketDataHub
+import NIOCore
+import PolygonWire
+
+/// A frame as Polygon sends it: 50 quotes over 100 symbols.
+func quoteFrame(events: Int = 50) -> ByteBuffer {
+    let elements = (0..<events).map { index in
+        #"{"ev":"Q","sym":"S\#(String(format: "%03d", index % 100))","bx":4,"bp":114.125,"bs":100,"ax":7,"ap":114.128,"as":160,"c":0,"i":[604],"t":1536036818784,"q":\#(50_385_480 + index),"z":3}"#
+    }
+    return ByteBuffer(string: "[" + elements.joined(separator: ",") + "]")
+}
+
+let benchmarks: @Sendable () -> Void = {
+    let frame = quoteFrame()
+
+    // Throughput is frames per second: multiply by 50 for events per second.
+    Benchmark(
+        "FrameParser.parse: 50-quote frame",
+        configuration: .init(metrics: [.throughput, .wallClock, .mallocCountTotal, .instructions], maxDuration: .seconds(3))
+    ) { benchmark in
+        for _ in benchmark.scaledIterations {
+            blackHole(try FrameParser.parse(frame))
+        }
+    }
+
+    let events = (try? FrameParser.parse(frame).events) ?? []
+    Benchmark(
+        "FrameEncoder.frames: 50 events into one frame",
+        configuration: .init(metrics: [.throughput, .wallClock, .mallocCountTotal], maxDuration: .seconds(3))
+    ) { benchmark in
+        for _ in benchmark.scaledIterations {
+            blackHole(FrameEncoder.frames(for: events))
+        }
+    }
+
+    // The fanout shape: 100 subscribers × 20 of 100 symbols; one publish of a 50-event frame, then every
+    // subscriber drains what it got (about 10 events each, 1,000 deliveries per iteration).
+    Benchmark(
+        "MarketDataHub.publish: 50 events to 100 subscribers × 20 of 100 symbols, drained",
+        configuration: .init(metrics: [.throughput, .wallClock, .mallocCountTotal], maxDuration: .seconds(3))
+    ) { benchmark in
+        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        var readers: [HubSubscription.Reader] = []
+        for subscriber in 0..<100 {
+            let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100)) })
+            readers.append(await hub.subscribe(to: topics).makeReader())
+        }
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations {
+            await hub.publish(events)
+            for index in readers.indices {
+                blackHole(await readers[index].nextBatch())
+            }
+        }
+        benchmark.stopMeasurement()
+    }
+}
