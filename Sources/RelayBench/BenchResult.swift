@@ -21,9 +21,9 @@ public struct BenchResult: Sendable, Codable {
     public var deliveryRatio: Double
     /// From the upstream feed sending an event to a subscriber parsing it, in milliseconds.
     public var latencyMs: Latency
-    /// Events the relay dropped for full buffers (all subscribers), from its `/metrics`.
+    /// Events the relay dropped for full buffers during the window (all subscribers), from its `/metrics`.
     public var relayDropped: Int
-    /// `lagging` notices the fast subscribers received (they should get none).
+    /// `lagging` notices the fast subscribers received during the window (they should get none).
     public var laggingNoticesFast: Int
     /// What stalled subscribers received and were told, if any.
     public var stalledDelivered: Int

@@ -90,6 +90,12 @@ public struct BenchRunner: Sendable {
         var ready = 0
         var readyIterator = readyStream.makeAsyncIterator()
         let deadline = ContinuousClock.now + .seconds(120)
+        // A handshake that neither completes nor fails must not hang the run: at the deadline the
+        // watchdog reports a failure.
+        group.addTask {
+            try await Task.sleep(until: deadline)
+            readyContinuation.yield(false)
+        }
         while ready < subscribers.count {
             while started < subscribers.count, started - ready < 256 {
                 let subscriber = subscribers[started]
@@ -108,7 +114,7 @@ public struct BenchRunner: Sendable {
             guard let subscribed = await readyIterator.next() else { break }
             guard subscribed else {
                 throw BenchError(
-                    description: "subscriber \(ready + 1) of \(subscribers.count) could not connect (file descriptors? see ulimit -n)")
+                    description: "only \(ready) of \(subscribers.count) subscribers were subscribed before a failure or the 120 s deadline")
             }
             ready += 1
             if ready % 1000 == 0 || ready == subscribers.count { progress("\(ready)/\(subscribers.count) subscribers connected") }
@@ -123,6 +129,7 @@ public struct BenchRunner: Sendable {
         try await Task.sleep(for: .seconds(s.warmupSeconds))
 
         let metricsBefore = await relayMetrics(port: port)
+        let noticesBefore = subscribers.map { $0.counts.withLock { $0.laggingNotices } }
         let relayCPU0 = relay.cpuSeconds()
         let benchCPU0 = Self.ownCPUSeconds()
         let wall0 = ContinuousClock.now
@@ -157,8 +164,9 @@ public struct BenchRunner: Sendable {
         var laggingFast = 0
         var stalledDelivered = 0
         var laggingStalled = 0
-        for subscriber in subscribers {
-            let counts = subscriber.counts.withLock { $0 }
+        for (index, subscriber) in subscribers.enumerated() {
+            var counts = subscriber.counts.withLock { $0 }
+            counts.laggingNotices -= noticesBefore[index]
             let got = counts.byStamp.reduce(0) { $0 + ($1.key >= first && $1.key <= last ? $1.value : 0) }
             if subscriber.stalled {
                 stalledDelivered += counts.received
@@ -188,7 +196,9 @@ public struct BenchRunner: Sendable {
             deliveredPerSecond: Double(delivered) / window,
             deliveryRatio: expected > 0 ? Double(delivered) / Double(expected) : 1,
             latencyMs: .init(p50: ms(50), p99: ms(99), p999: ms(99.9), max: Double(latency.maxRecorded) / 1e6, samples: latency.totalCount),
-            relayDropped: Int(metricsAfter[#"relay_events_dropped_total{reason="buffer_full"}"#] ?? 0),
+            relayDropped: Int(
+                (metricsAfter[#"relay_events_dropped_total{reason="buffer_full"}"#] ?? 0)
+                    - (metricsBefore[#"relay_events_dropped_total{reason="buffer_full"}"#] ?? 0)),
             laggingNoticesFast: laggingFast,
             stalledDelivered: stalledDelivered,
             laggingNoticesStalled: laggingStalled,
