@@ -57,6 +57,20 @@ struct SettingsTests {
         #expect(settings.listen == .init(host: "::1", port: 8181))
     }
 
+    @Test func slowConsumerPolicyAndSnapshotsAreConfigurable() async throws {
+        let defaults = try await RelaySettings.resolve(flags: .init(), environment: [:])
+        #expect(defaults.slowConsumerPolicy == .drop)
+        #expect(defaults.snapshotOnSubscribe)
+        let fromEnvironment = try await RelaySettings.resolve(
+            flags: .init(), environment: ["RELAY_SLOW_CONSUMER": "disconnect", "RELAY_SNAPSHOT_ON_SUBSCRIBE": "false"])
+        #expect(fromEnvironment.slowConsumerPolicy == .disconnect)
+        #expect(!fromEnvironment.snapshotOnSubscribe)
+        let fromFlags = try await RelaySettings.resolve(
+            flags: .init(slowConsumer: "drop", snapshotOnSubscribe: true), environment: ["RELAY_SLOW_CONSUMER": "disconnect"])
+        #expect(fromFlags.slowConsumerPolicy == .drop)
+        #expect(fromFlags.snapshotOnSubscribe)
+    }
+
     @Test func clientKeysFlagIsACommaSeparatedList() async throws {
         let settings = try await RelaySettings.resolve(flags: .init(clientKeys: "k1,k2 , k3"), environment: ["RELAY_CLIENT_KEYS": "env"])
         #expect(settings.clientKeys == ["k1", "k2", "k3"])
@@ -68,6 +82,7 @@ struct SettingsTests {
         (RelaySettings.Flags(upstream: "wss://x/stocks"), "API key"),
         (RelaySettings.Flags(logLevel: "loud"), "log level"),
         (RelaySettings.Flags(configFile: "/nonexistent/relay.yaml"), "config file"),
+        (RelaySettings.Flags(slowConsumer: "sometimes"), "slow consumer"),
     ])
     func badSettingsNameTheirProblem(flags: RelaySettings.Flags, mentions: String) async throws {
         do {
