@@ -172,17 +172,17 @@ struct UpstreamTLSTests {
 @Suite("Upstream keepalive")
 struct UpstreamKeepaliveTests {
     @Test func serverPingsAreAnsweredSoTheConnectionStays() async throws {
-        // The feed pings every second and drops a client that misses a pong.
+        // The feed pings every two seconds and drops a client that misses a pong.
         let feed = DemoFeed(
-            configuration: DemoFeedConfiguration(port: 0, eventsPerSecond: 10, seed: 5, pingInterval: .seconds(1)),
+            configuration: DemoFeedConfiguration(port: 0, eventsPerSecond: 10, seed: 5, pingInterval: .seconds(2)),
             logger: testLogger)
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
             let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
-                // A measurement window spanning three ping periods.
-                try await Task.sleep(for: .milliseconds(3500))
+                // A measurement window spanning two ping periods and a half.
+                try await Task.sleep(for: .seconds(5))
                 #expect(upstream.state == .authenticated)
                 #expect(feed.monitor.snapshot.totalConnections == 1)
             }
