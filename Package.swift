@@ -24,6 +24,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.1.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.1.0"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird-websocket.git", from: "2.8.0"),
     ],
@@ -102,6 +103,15 @@ let package = Package(
             swiftSettings: strict
         ),
         .target(
+            name: "Portfolio",
+            dependencies: [
+                "PolygonWire", "MarketDataHub",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        .target(
             name: "RelayBench",
             dependencies: [
                 "PolygonWire", "DemoFeed",
@@ -132,6 +142,11 @@ let package = Package(
         .testTarget(
             name: "MarketDataHubTests",
             dependencies: ["MarketDataHub", "PolygonWire"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "PortfolioTests",
+            dependencies: ["Portfolio"],
             swiftSettings: strict
         ),
         .testTarget(

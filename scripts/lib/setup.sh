@@ -28,8 +28,8 @@ ensure_swift() {
     fi
 }
 
-# The C libraries the relay links: libwebsockets (with OpenSSL for wss://).
+# The C libraries the relay links: libwebsockets (with OpenSSL for wss://), SQLite (portfolio).
 ensure_relay_dependencies() {
     ensure_swift
-    ensure_debian_packages libwebsockets-dev libssl-dev pkg-config
+    ensure_debian_packages libwebsockets-dev libssl-dev libsqlite3-dev pkg-config
 }

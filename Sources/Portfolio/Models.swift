@@ -1,0 +1,119 @@
+import Foundation
+
+/// What an account holds: securities bought and sold (`brokerage`), or a value entered now and then
+/// (`savings`).
+public enum AccountKind: String, Codable, Sendable, CaseIterable {
+    case brokerage, savings
+}
+
+/// An account. Closing keeps its history; deleting removes it and all its rows.
+public struct Account: Codable, Sendable, Equatable {
+    public var id: Int64
+    public var name: String
+    public var kind: AccountKind
+    /// ISO 4217, e.g. `USD`.
+    public var currency: String
+    public var createdAt: Date
+    public var isActive: Bool
+    public var closedAt: Date?
+
+    public init(id: Int64, name: String, kind: AccountKind, currency: String, createdAt: Date, isActive: Bool = true, closedAt: Date? = nil)
+    {
+        self.id = id
+        self.name = name
+        self.kind = kind
+        self.currency = currency
+        self.createdAt = createdAt
+        self.isActive = isActive
+        self.closedAt = closedAt
+    }
+}
+
+public enum TransactionKind: String, Codable, Sendable, CaseIterable {
+    case buy, sell, dividend, fee
+}
+
+/// A brokerage transaction. Quantities, prices and fees are exact decimals.
+/// `dividend`: `quantity` shares paid `price` each. `fee`: `fees` charged (quantity and price 0).
+public struct Transaction: Codable, Sendable, Equatable {
+    public var id: Int64
+    public var accountID: Int64
+    public var date: Day
+    public var kind: TransactionKind
+    public var symbol: String
+    public var quantity: Decimal
+    public var price: Decimal
+    public var fees: Decimal
+
+    public init(
+        id: Int64, accountID: Int64, date: Day, kind: TransactionKind, symbol: String, quantity: Decimal, price: Decimal,
+        fees: Decimal
+    ) {
+        self.id = id
+        self.accountID = accountID
+        self.date = date
+        self.kind = kind
+        self.symbol = symbol
+        self.quantity = quantity
+        self.price = price
+        self.fees = fees
+    }
+}
+
+/// A savings-type account's value, entered at a moment.
+public struct AccountUpdate: Codable, Sendable, Equatable {
+    public var id: Int64
+    public var accountID: Int64
+    public var at: Date
+    public var value: Decimal
+
+    public init(id: Int64, accountID: Int64, at: Date, value: Decimal) {
+        self.id = id
+        self.accountID = accountID
+        self.at = at
+        self.value = value
+    }
+}
+
+/// Where a day's value came from.
+public enum SnapshotSource: String, Codable, Sendable {
+    /// A value entered that day (savings accounts).
+    case update
+    /// The live valuation that day (brokerage accounts).
+    case valuation
+    /// No new value that day: the previous day's value carried forward.
+    case carried
+    /// No value known yet for this account.
+    case none
+}
+
+/// One account's value on one day.
+public struct AccountSnapshot: Codable, Sendable, Equatable {
+    public var accountID: Int64
+    public var day: Day
+    public var value: Decimal
+    /// Some of the value could not be determined (unpriced positions, or no value yet).
+    public var partial: Bool
+    public var source: SnapshotSource
+
+    public init(accountID: Int64, day: Day, value: Decimal, partial: Bool, source: SnapshotSource) {
+        self.accountID = accountID
+        self.day = day
+        self.value = value
+        self.partial = partial
+        self.source = source
+    }
+}
+
+/// The portfolio's total on one day: the accounts active that day.
+public struct PortfolioSnapshot: Codable, Sendable, Equatable {
+    public var day: Day
+    public var total: Decimal
+    public var partial: Bool
+
+    public init(day: Day, total: Decimal, partial: Bool) {
+        self.day = day
+        self.total = total
+        self.partial = partial
+    }
+}

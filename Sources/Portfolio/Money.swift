@@ -1,0 +1,30 @@
+import Foundation
+
+/// Exact decimal text for money and quantities: what the API accepts and what the database stores.
+///
+/// Only plain decimals are accepted (`12`, `-0.5`, `1234.5678`): no exponents, grouping, NaN or
+/// locale separators, so a value means the same everywhere and round-trips byte for byte.
+public enum DecimalText {
+    private static let posix = Locale(identifier: "en_US_POSIX")
+
+    /// Parses a plain decimal string; `nil` for anything else.
+    public static func parse(_ text: String) -> Decimal? {
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        guard trimmed.range(of: #"^-?[0-9]{1,30}(\.[0-9]{1,18})?$"#, options: .regularExpression) != nil else { return nil }
+        return Decimal(string: trimmed, locale: posix)
+    }
+
+    /// The canonical text of a value (`0.3`, `-12.5`, `100`).
+    public static func format(_ value: Decimal) -> String {
+        var copy = value
+        return NSDecimalString(&copy, posix)
+    }
+
+    /// A value rounded half-even to `scale` decimal places (display and ratios, never stored sums).
+    public static func rounded(_ value: Decimal, scale: Int) -> Decimal {
+        var input = value
+        var output = Decimal()
+        NSDecimalRound(&output, &input, scale, .bankers)
+        return output
+    }
+}

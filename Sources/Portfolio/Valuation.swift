@@ -1,0 +1,134 @@
+import Foundation
+
+/// A price seen for a symbol, with when and from where.
+public struct PriceObservation: Sendable, Equatable, Codable {
+    public enum Source: String, Sendable, Codable {
+        case trade, quoteMid = "quote_mid", restLastTrade = "rest_last_trade", previousClose = "previous_close"
+    }
+
+    public var value: Decimal
+    public var at: Date
+    public var source: Source
+
+    public init(value: Decimal, at: Date, source: Source) {
+        self.value = value
+        self.at = at
+        self.source = source
+    }
+}
+
+/// What is known of one symbol's price. The rule (``PriceRule``) picks from it.
+public struct SymbolPrices: Sendable, Equatable {
+    public var lastTrade: PriceObservation?
+    public var lastQuoteMid: PriceObservation?
+    /// From the upstream's REST API: last trade, or previous close when that is all there is.
+    public var reference: PriceObservation?
+    /// Yesterday's close, for the day change.
+    public var previousClose: Decimal?
+
+    public init(
+        lastTrade: PriceObservation? = nil, lastQuoteMid: PriceObservation? = nil, reference: PriceObservation? = nil,
+        previousClose: Decimal? = nil
+    ) {
+        self.lastTrade = lastTrade
+        self.lastQuoteMid = lastQuoteMid
+        self.reference = reference
+        self.previousClose = previousClose
+    }
+}
+
+/// The price rule: the last trade when it is fresh, else the mid of the last quote when that is fresh,
+/// else the freshest price of any source, marked `stale`; none at all is `unavailable`. Fresh means
+/// younger than `staleAfter` (default 15 minutes).
+public struct PriceRule: Sendable {
+    public var staleAfter: TimeInterval
+
+    public init(staleAfter: TimeInterval = 15 * 60) {
+        self.staleAfter = staleAfter
+    }
+
+    public enum Status: String, Sendable, Codable {
+        case priced, stale, unavailable
+    }
+
+    public func pick(_ prices: SymbolPrices, now: Date) -> (PriceObservation?, Status) {
+        func fresh(_ observation: PriceObservation?) -> Bool {
+            observation.map { now.timeIntervalSince($0.at) <= staleAfter } ?? false
+        }
+        if fresh(prices.lastTrade) { return (prices.lastTrade, .priced) }
+        if fresh(prices.lastQuoteMid) { return (prices.lastQuoteMid, .priced) }
+        if fresh(prices.reference) { return (prices.reference, .priced) }
+        let newest = [prices.lastTrade, prices.lastQuoteMid, prices.reference].compactMap { $0 }.max { $0.at < $1.at }
+        return newest.map { ($0, .stale) } ?? (nil, .unavailable)
+    }
+}
+
+/// One position valued: every figure is exact; missing figures are `nil`, never substituted.
+public struct PositionValuation: Sendable, Codable, Equatable {
+    public var symbol: String
+    public var quantity: Decimal
+    public var costBasis: Decimal
+    public var price: Decimal?
+    public var priceTime: Date?
+    public var priceSource: PriceObservation.Source?
+    public var marketValue: Decimal?
+    public var unrealizedPnL: Decimal?
+    /// Percent of cost basis, rounded to 4 places.
+    public var unrealizedPnLPercent: Decimal?
+    /// Market value change against the previous close.
+    public var dayChange: Decimal?
+    public var status: PriceRule.Status
+}
+
+/// A set of positions valued together. The total sums `priced` rows only: a stale or missing price
+/// never hides behind the total, it shows in `hasPartialFailures` and the symbol lists.
+public struct Valuation: Sendable, Codable, Equatable {
+    public var asOf: Date
+    public var positions: [PositionValuation]
+    public var total: Decimal
+    public var costBasis: Decimal
+    public var unrealizedPnL: Decimal
+    public var dayChange: Decimal
+    public var hasPartialFailures: Bool
+    public var unpricedSymbols: [String]
+    public var staleSymbols: [String]
+
+    public static func of(_ positions: [PositionBook.Position], prices: [String: SymbolPrices], rule: PriceRule, now: Date) -> Valuation {
+        var rows: [PositionValuation] = []
+        var total: Decimal = 0
+        var cost: Decimal = 0
+        var pnl: Decimal = 0
+        var dayChange: Decimal = 0
+        var unpriced: [String] = []
+        var stale: [String] = []
+        for position in positions.sorted(by: { $0.symbol < $1.symbol }) {
+            let quantity = position.quantity
+            let basis = position.costBasis
+            let (price, status) = rule.pick(prices[position.symbol] ?? SymbolPrices(), now: now)
+            var row = PositionValuation(symbol: position.symbol, quantity: quantity, costBasis: basis, status: status)
+            if let price {
+                let value = quantity * price.value
+                row.price = price.value
+                row.priceTime = price.at
+                row.priceSource = price.source
+                row.marketValue = value
+                row.unrealizedPnL = value - basis
+                row.unrealizedPnLPercent = basis == 0 ? nil : DecimalText.rounded((value - basis) / basis * 100, scale: 4)
+                row.dayChange = prices[position.symbol]?.previousClose.map { quantity * (price.value - $0) }
+            }
+            switch status {
+            case .priced:
+                total += row.marketValue ?? 0
+                cost += basis
+                pnl += row.unrealizedPnL ?? 0
+                dayChange += row.dayChange ?? 0
+            case .stale: stale.append(position.symbol)
+            case .unavailable: unpriced.append(position.symbol)
+            }
+            rows.append(row)
+        }
+        return Valuation(
+            asOf: now, positions: rows, total: total, costBasis: cost, unrealizedPnL: pnl, dayChange: dayChange,
+            hasPartialFailures: !unpriced.isEmpty || !stale.isEmpty, unpricedSymbols: unpriced, staleSymbols: stale)
+    }
+}

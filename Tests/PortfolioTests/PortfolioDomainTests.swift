@@ -1,0 +1,292 @@
+import Foundation
+import Testing
+
+@testable import Portfolio
+
+func dec(_ text: String) -> Decimal { DecimalText.parse(text) ?? .nan }
+func day(_ text: String) -> Day { Day(text) ?? Day(year: 1970, month: 1, day: 1) }
+func instant(_ text: String) -> Date { (try? Date.ISO8601FormatStyle().parse(text)) ?? Date(timeIntervalSince1970: 0) }
+
+@Suite("Money and days")
+struct MoneyAndDayTests {
+    @Test func decimalsAreExact() {
+        #expect(dec("0.1") + dec("0.2") == dec("0.3"))
+        #expect(DecimalText.format(dec("123456789012345678.123456789")) == "123456789012345678.123456789")
+        #expect(DecimalText.format(dec("1.10") * 3) == "3.3")
+    }
+
+    @Test(arguments: ["", "1e5", "1,000", "NaN", "--1", "1.", ".5", "0x10", "1 000"])
+    func onlyPlainDecimalsAreAccepted(text: String) {
+        #expect(DecimalText.parse(text) == nil)
+    }
+
+    @Test func daysAreRealCalendarDates() {
+        #expect(Day("2024-02-29") != nil)
+        #expect(Day("2023-02-29") == nil)
+        #expect(Day("2024-13-01") == nil)
+        #expect(day("2024-03-09") < day("2024-03-10"))
+    }
+
+    @Test func localDaysFollowTheTimeZoneAcrossDST() throws {
+        let newYork = try #require(DayCalendar(timeZone: "America/New_York"))
+        // 03:30 UTC on 10 March is still 9 March in New York (22:30 EST).
+        #expect(newYork.day(of: instant("2024-03-10T03:30:00Z")) == day("2024-03-09"))
+        // The 23-hour day of the spring change and the 25-hour day of the autumn one are one day each.
+        #expect(newYork.next(day("2024-03-10")) == day("2024-03-11"))
+        #expect(newYork.next(day("2024-11-03")) == day("2024-11-04"))
+        #expect(newYork.days(from: day("2024-03-09"), through: day("2024-03-12")).count == 4)
+    }
+}
+
+@Suite("FIFO lots")
+struct PositionBookTests {
+    func tx(_ kind: TransactionKind, _ date: String, _ quantity: String, _ price: String, fees: String = "0", symbol: String = "AAPL")
+        -> Transaction
+    {
+        Transaction(
+            id: 0, accountID: 1, date: day(date), kind: kind, symbol: symbol, quantity: dec(quantity), price: dec(price), fees: dec(fees))
+    }
+
+    @Test func partialSellsConsumeTheOldestLotsFirst() throws {
+        let book = try PositionBook(transactions: [
+            tx(.buy, "2024-01-02", "10", "100", fees: "1"),
+            tx(.buy, "2024-02-01", "5", "110"),
+            tx(.sell, "2024-03-01", "12", "120", fees: "2"),
+        ])
+        let position = try #require(book.positions["AAPL"])
+        #expect(position.lots == [PositionBook.Lot(acquired: day("2024-02-01"), quantity: dec("3"), cost: dec("330"))])
+        #expect(position.quantity == dec("3"))
+        #expect(position.costBasis == dec("330"))
+        // Proceeds 1440 − 2 fees, against 1001 (first lot, fee included) + 2 × 110.
+        #expect(position.realizedPnL == dec("217"))
+    }
+
+    @Test func aLotSplitKeepsTheRestOfItsCostExactly() throws {
+        let book = try PositionBook(transactions: [tx(.buy, "2024-01-02", "3", "10", fees: "1"), tx(.sell, "2024-01-03", "1", "12")])
+        let lot = try #require(book.positions["AAPL"]?.lots.first)
+        #expect(lot.quantity == dec("2"))
+        #expect(lot.cost + dec("10.3333333333") == dec("31"))
+    }
+
+    @Test func sellingMoreThanHeldIsRefused() {
+        #expect(throws: PositionBook.BookError.self) {
+            try PositionBook(transactions: [tx(.buy, "2024-01-02", "1", "10"), tx(.sell, "2024-01-03", "2", "10")])
+        }
+    }
+
+    @Test func sameDayTransactionsApplyInTheirOrder() throws {
+        let book = try PositionBook(transactions: [tx(.buy, "2024-01-02", "1", "10"), tx(.sell, "2024-01-02", "1", "11")])
+        #expect(book.open.isEmpty)
+        #expect(book.positions["AAPL"]?.realizedPnL == dec("1"))
+    }
+}
+
+@Suite("Valuation")
+struct ValuationTests {
+    @Test func aMissingAndAStalePriceStayOutOfTheTotalAndAreNamed() throws {
+        let now = instant("2024-05-01T15:00:00Z")
+        let book = try PositionBook(transactions: [
+            Transaction(
+                id: 1, accountID: 1, date: day("2024-01-02"), kind: .buy, symbol: "AAPL", quantity: dec("10"), price: dec("150"),
+                fees: dec("0")),
+            Transaction(
+                id: 2, accountID: 1, date: day("2024-01-02"), kind: .buy, symbol: "MSFT", quantity: dec("2"), price: dec("300"),
+                fees: dec("0")),
+            Transaction(
+                id: 3, accountID: 1, date: day("2024-01-02"), kind: .buy, symbol: "NVDA", quantity: dec("1"), price: dec("100"),
+                fees: dec("0")),
+        ])
+        let prices: [String: SymbolPrices] = [
+            "AAPL": SymbolPrices(
+                lastTrade: PriceObservation(value: dec("189.5"), at: now.addingTimeInterval(-5), source: .trade), previousClose: dec("188")),
+            "MSFT": SymbolPrices(
+                lastQuoteMid: PriceObservation(value: dec("410.25"), at: now.addingTimeInterval(-3600), source: .quoteMid)),
+        ]
+        let valuation = Valuation.of(book.open, prices: prices, rule: PriceRule(staleAfter: 900), now: now)
+        #expect(valuation.total == dec("1895"))
+        #expect(valuation.costBasis == dec("1500"))
+        #expect(valuation.unrealizedPnL == dec("395"))
+        #expect(valuation.dayChange == dec("15"))
+        #expect(valuation.hasPartialFailures)
+        #expect(valuation.unpricedSymbols == ["NVDA"])
+        #expect(valuation.staleSymbols == ["MSFT"])
+        let msft = try #require(valuation.positions.first { $0.symbol == "MSFT" })
+        #expect(msft.status == .stale)
+        #expect(msft.marketValue == dec("820.5"))
+        let nvda = try #require(valuation.positions.first { $0.symbol == "NVDA" })
+        #expect(nvda.status == .unavailable)
+        #expect(nvda.marketValue == nil)
+        #expect(nvda.costBasis == dec("100"))
+    }
+
+    @Test func theRulePrefersAFreshTradeThenAFreshQuoteMid() {
+        let now = instant("2024-05-01T15:00:00Z")
+        let rule = PriceRule(staleAfter: 60)
+        let trade = PriceObservation(value: dec("10"), at: now.addingTimeInterval(-120), source: .trade)
+        let quote = PriceObservation(value: dec("11"), at: now.addingTimeInterval(-10), source: .quoteMid)
+        #expect(rule.pick(SymbolPrices(lastTrade: trade, lastQuoteMid: quote), now: now).0 == quote)
+        let freshTrade = PriceObservation(value: dec("12"), at: now, source: .trade)
+        #expect(rule.pick(SymbolPrices(lastTrade: freshTrade, lastQuoteMid: quote), now: now).0 == freshTrade)
+        #expect(rule.pick(SymbolPrices(), now: now).1 == .unavailable)
+    }
+}
+
+@Suite("Daily snapshots")
+struct SnapshotTests {
+    let planner = SnapshotPlanner(calendar: .utc)
+
+    func savings(created: String, closed: String? = nil, id: Int64 = 1) -> Account {
+        Account(id: id, name: "S\(id)", kind: .savings, currency: "USD", createdAt: instant(created), closedAt: closed.map(instant))
+    }
+
+    func update(_ at: String, _ value: String) -> SnapshotPlanner.Observation {
+        .init(at: instant(at), value: dec(value), source: .update)
+    }
+
+    @Test func theLatestValueOfADayWins() {
+        let snapshots = planner.accountSnapshots(
+            for: savings(created: "2024-01-01T09:00:00Z"),
+            observations: [
+                update("2024-01-01T18:00:00Z", "300"), update("2024-01-01T10:00:00Z", "100"), update("2024-01-01T12:00:00Z", "200"),
+            ],
+            today: day("2024-01-01"))
+        #expect(snapshots.map(\.value) == [dec("300")])
+        #expect(snapshots.first?.source == .update)
+    }
+
+    @Test func daysWithoutAValueCarryThePreviousOneWithNoGaps() {
+        let snapshots = planner.accountSnapshots(
+            for: savings(created: "2024-01-01T09:00:00Z"),
+            observations: [update("2024-01-01T10:00:00Z", "100"), update("2024-01-04T10:00:00Z", "150")],
+            today: day("2024-01-06"))
+        #expect(snapshots.map(\.day.description) == ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04", "2024-01-05", "2024-01-06"])
+        #expect(snapshots.map(\.value) == ["100", "100", "100", "150", "150", "150"].map(dec))
+        #expect(snapshots.map(\.source) == [.update, .carried, .carried, .update, .carried, .carried])
+    }
+
+    @Test func historyStartsAtCreationEvenBeforeTheFirstValue() {
+        let snapshots = planner.accountSnapshots(
+            for: savings(created: "2024-01-01T09:00:00Z"), observations: [update("2024-01-03T10:00:00Z", "50")], today: day("2024-01-03"))
+        #expect(snapshots.map(\.source) == [.none, .none, .update])
+        #expect(snapshots.map(\.partial) == [true, true, false])
+        #expect(snapshots.first?.value == 0)
+    }
+
+    @Test func aClosedAccountLeavesTotalsFromItsClosingDayButKeepsThePast() {
+        let open = savings(created: "2024-01-01T00:00:00Z", id: 1)
+        let closing = savings(created: "2024-01-01T00:00:00Z", closed: "2024-01-03T12:00:00Z", id: 2)
+        let a = planner.accountSnapshots(for: open, observations: [update("2024-01-01T10:00:00Z", "100")], today: day("2024-01-05"))
+        let b = planner.accountSnapshots(for: closing, observations: [update("2024-01-01T10:00:00Z", "40")], today: day("2024-01-05"))
+        #expect(b.map(\.day.description) == ["2024-01-01", "2024-01-02"])
+        let totals = planner.portfolioSnapshots(
+            accounts: [open, closing], snapshots: a + b, from: day("2024-01-01"), through: day("2024-01-05"))
+        #expect(totals.map(\.total) == ["140", "140", "100", "100", "100"].map(dec))
+        #expect(totals.allSatisfy { !$0.partial })
+    }
+
+    @Test func aDSTChangeInANonUTCZoneMovesNoValueToTheWrongDay() throws {
+        let newYork = SnapshotPlanner(calendar: try #require(DayCalendar(timeZone: "America/New_York")))
+        let account = savings(created: "2024-03-09T15:00:00Z")
+        let snapshots = newYork.accountSnapshots(
+            for: account,
+            observations: [
+                update("2024-03-10T04:30:00Z", "100"),  // 23:30 EST on 9 March
+                update("2024-03-10T07:30:00Z", "200"),  // 03:30 EDT on 10 March, after the clocks jumped
+                update("2024-03-11T03:59:00Z", "300"),  // 23:59 EDT on 10 March
+            ],
+            today: day("2024-03-11"))
+        #expect(snapshots.map(\.day.description) == ["2024-03-09", "2024-03-10", "2024-03-11"])
+        #expect(snapshots.map(\.value) == ["100", "300", "300"].map(dec))
+    }
+
+    @Test func thousandsOfDaysAreFilledExactly() {
+        let snapshots = planner.accountSnapshots(
+            for: savings(created: "2016-01-01T00:00:00Z"),
+            observations: [update("2016-01-01T10:00:00Z", "1"), update("2020-02-29T10:00:00Z", "2")],
+            today: day("2025-12-31"))
+        #expect(snapshots.count == 3653)
+        #expect(snapshots.filter { $0.source == .update }.count == 2)
+        #expect(snapshots.last?.value == dec("2"))
+    }
+}
+
+@Suite("Store")
+struct PortfolioStoreTests {
+    func directory() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-\(UUID().uuidString)").path
+    }
+
+    @Test func everythingSurvivesAReopenExactly() throws {
+        let dir = directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var store: PortfolioStore? = try PortfolioStore(directory: dir)
+        let brokerage = try #require(
+            try store?.createAccount(name: "Broker", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z")))
+        _ = try store?.addTransaction(
+            accountID: brokerage.id, date: day("2024-01-02"), kind: .buy, symbol: "aapl", quantity: dec("0.1"), price: dec("189.123456789"),
+            fees: dec("0.01"))
+        let savings = try #require(
+            try store?.createAccount(name: "Savings", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z")))
+        _ = try store?.addUpdate(accountID: savings.id, at: instant("2024-01-02T10:00:00Z"), value: dec("1000000000000.01"))
+        store = nil
+
+        let reopened = try PortfolioStore(directory: dir)
+        let transactions = try reopened.transactions(accountID: brokerage.id)
+        #expect(transactions.first?.symbol == "AAPL")
+        #expect(transactions.first?.price == dec("189.123456789"))
+        #expect(try reopened.updates(accountID: savings.id).first?.value == dec("1000000000000.01"))
+        #expect(try reopened.accounts().map(\.name) == ["Broker", "Savings"])
+    }
+
+    @Test func deletingAnAccountRemovesItsRowsClosingKeepsThem() throws {
+        let dir = directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let a = try store.createAccount(name: "A", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        let b = try store.createAccount(name: "B", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        for account in [a, b] {
+            _ = try store.addUpdate(accountID: account.id, at: instant("2024-01-01T10:00:00Z"), value: dec("5"))
+            try store.saveSnapshots(
+                [AccountSnapshot(accountID: account.id, day: day("2024-01-01"), value: dec("5"), partial: false, source: .update)],
+                portfolio: [])
+        }
+        _ = try store.closeAccount(b.id, at: instant("2024-01-02T00:00:00Z"))
+        try store.deleteAccount(a.id)
+        #expect(try store.updates(accountID: a.id).isEmpty)
+        #expect(try store.accountSnapshots(accountID: a.id, from: day("2024-01-01"), through: day("2024-01-31")).isEmpty)
+        #expect(try store.accountSnapshots(accountID: b.id, from: day("2024-01-01"), through: day("2024-01-31")).count == 1)
+        #expect(try store.account(b.id).closedAt != nil)
+    }
+
+    @Test func invalidInputNamesTheField() throws {
+        let dir = directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let broker = try store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        func field(_ body: () throws -> Void) -> String? {
+            do {
+                try body()
+                return nil
+            } catch let error as PortfolioStore.ValidationError {
+                return error.field
+            } catch {
+                return "\(error)"
+            }
+        }
+        #expect(field { _ = try store.createAccount(name: " ", kind: .savings, currency: "USD", createdAt: .now) } == "name")
+        #expect(field { _ = try store.createAccount(name: "X", kind: .savings, currency: "usd", createdAt: .now) } == "currency")
+        #expect(
+            field {
+                _ = try store.addTransaction(
+                    accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: "A", quantity: 0, price: 1, fees: 0)
+            }
+                == "quantity")
+        #expect(
+            field {
+                _ = try store.addTransaction(
+                    accountID: broker.id, date: day("2024-01-02"), kind: .sell, symbol: "A", quantity: 1, price: 1, fees: 0)
+            }
+                == "quantity")
+        #expect(field { _ = try store.addUpdate(accountID: broker.id, at: .now, value: 1) } == "accountID")
+    }
+}
