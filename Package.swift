@@ -93,7 +93,7 @@ let package = Package(
         .target(
             name: "RelayCore",
             dependencies: [
-                "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed",
+                "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -108,6 +108,10 @@ let package = Package(
                 "PolygonWire", "MarketDataHub",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: strict
         ),
@@ -125,7 +129,7 @@ let package = Package(
         .executableTarget(
             name: "relay",
             dependencies: [
-                "RelayCore", "DemoFeed", "RelayServer", "RelayBench",
+                "RelayCore", "DemoFeed", "RelayServer", "RelayBench", "Portfolio",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
@@ -152,7 +156,7 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "RelayCore", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire",
+                "RelayCore", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio",
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

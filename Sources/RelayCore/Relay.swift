@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import MarketDataHub
 import PolygonWire
+import Portfolio
 import Prometheus
 import RelayServer
 import ServiceLifecycle
@@ -23,6 +24,8 @@ public final class Relay: Service, Sendable {
         public let upstream: PolygonWebSocket
         public let server: RelayServer
         public let demoFeed: DemoFeed?
+        /// The valuation sidecar, when enabled.
+        public let portfolio: PortfolioService?
         /// The port the relay listens on.
         public let port: Int
         /// The in-process demo feed's port, if it runs.
@@ -98,21 +101,43 @@ public final class Relay: Service, Sendable {
             ) { topics in
                 upstream.setWantedTopics(topics)
             }
+            var portfolio: PortfolioService?
+            if let portfolioSettings = settings.portfolio {
+                guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
+                    throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
+                }
+                let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
+                portfolio = PortfolioService(
+                    store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
+                    logger: logger.with(label: "relay.portfolio"))
+                logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
+            }
+            let routes = portfolio.map(PortfolioRoutes.init)
             let server = RelayServer(
                 configuration: RelayServerConfiguration(
                     host: settings.listen.host, port: settings.listen.port,
                     market: endpoint.market, authentication: authentication),
-                hub: hub, upstream: upstream, registry: registry, logger: logger.with(label: "relay.server"))
+                hub: hub, upstream: upstream, registry: registry, logger: logger.with(label: "relay.server"),
+                extraRoutes: { router in routes?.add(to: router) },
+                extraWebSocketRoutes: { router in routes?.addWebSocket(to: router) })
+            var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+                .init(service: upstream), .init(service: HubPump(upstream: upstream, hub: hub)),
+            ]
+            if let portfolio { services.append(.init(service: portfolio)) }
+            services.append(.init(service: server))
             let group = ServiceGroup(
                 configuration: .init(
-                    services: [.init(service: upstream), .init(service: HubPump(upstream: upstream, hub: hub)), .init(service: server)],
+                    services: services,
                     logger: logger))
             try await withThrowingTaskGroup(of: Void.self) { tasks in
                 tasks.addTask { try await group.run() }
                 let port = try await server.listeningPort()
                 let demoPort = try await demoFeed?.listeningPort()
                 relay.readiness.succeed(
-                    Components(hub: hub, upstream: upstream, server: server, demoFeed: demoFeed, port: port, demoFeedPort: demoPort))
+                    Components(
+                        hub: hub, upstream: upstream, server: server, demoFeed: demoFeed, portfolio: portfolio, port: port,
+                        demoFeedPort: demoPort
+                    ))
                 logger.info(
                     "relay listening",
                     metadata: [

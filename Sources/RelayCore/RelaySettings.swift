@@ -50,6 +50,23 @@ public struct RelaySettings: Sendable {
     public var slowConsumerPolicy: SlowConsumerPolicy
     /// Whether a new subscription to a ticker topic immediately gets that topic's last event.
     public var snapshotOnSubscribe: Bool
+    /// The portfolio sidecar: where its SQLite file lives and the zone its days are in; `nil` turns it off.
+    public var portfolio: PortfolioSettings?
+
+    public struct PortfolioSettings: Sendable, Equatable {
+        public var dataDirectory: String
+        /// An IANA zone, e.g. `America/New_York`.
+        public var timeZone: String
+        /// Prices older than this are `stale`.
+        public var staleAfterSeconds: Double
+
+        public init(dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900) {
+            self.dataDirectory = dataDirectory
+            self.timeZone = timeZone
+            self.staleAfterSeconds = staleAfterSeconds
+        }
+    }
+
     /// The upstream client's timing: reconnect policy, pings, dead and handshake timeouts, size cap.
     /// Its endpoint, key and CA file are replaced by the settings above when the relay starts.
     public var upstreamTuning: UpstreamConfiguration
@@ -64,8 +81,10 @@ public struct RelaySettings: Sendable {
         logLevel: Logger.Level = .info,
         slowConsumerPolicy: SlowConsumerPolicy = .drop,
         snapshotOnSubscribe: Bool = true,
+        portfolio: PortfolioSettings? = nil,
         upstreamTuning: UpstreamConfiguration = RelaySettings.defaultUpstreamTuning
     ) {
+        self.portfolio = portfolio
         self.listen = listen
         self.upstream = upstream
         self.upstreamKey = upstreamKey
@@ -94,12 +113,19 @@ public struct RelaySettings: Sendable {
         public var configFile: String?
         public var slowConsumer: String?
         public var snapshotOnSubscribe: Bool?
+        public var dataDirectory: String?
+        public var timeZone: String?
+        public var portfolioEnabled: Bool?
 
         public init(
             listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
             clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
-            slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil
+            slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
+            portfolioEnabled: Bool? = nil
         ) {
+            self.dataDirectory = dataDirectory
+            self.timeZone = timeZone
+            self.portfolioEnabled = portfolioEnabled
             self.listen = listen
             self.upstream = upstream
             self.upstreamKey = upstreamKey
@@ -124,6 +150,9 @@ public struct RelaySettings: Sendable {
         ("RELAY_LOG_LEVEL", "log.level"),
         ("RELAY_SLOW_CONSUMER", "subscribers.slowConsumer"),
         ("RELAY_SNAPSHOT_ON_SUBSCRIBE", "subscribers.snapshotOnSubscribe"),
+        ("RELAY_DATA_DIR", "portfolio.dataDir"),
+        ("RELAY_TIME_ZONE", "portfolio.timeZone"),
+        ("RELAY_PORTFOLIO", "portfolio.enabled"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -147,6 +176,9 @@ public struct RelaySettings: Sendable {
         put("log.level", flags.logLevel.map(ConfigContent.string))
         put("subscribers.slowConsumer", flags.slowConsumer.map(ConfigContent.string))
         put("subscribers.snapshotOnSubscribe", flags.snapshotOnSubscribe.map(ConfigContent.bool))
+        put("portfolio.dataDir", flags.dataDirectory.map(ConfigContent.string))
+        put("portfolio.timeZone", flags.timeZone.map(ConfigContent.string))
+        put("portfolio.enabled", flags.portfolioEnabled.map(ConfigContent.bool))
         providers.append(InMemoryProvider(name: "flags", values: given))
 
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
@@ -209,6 +241,21 @@ public struct RelaySettings: Sendable {
             settings.slowConsumerPolicy = parsed
         }
         settings.snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
+        if config.bool(forKey: "portfolio.enabled") ?? true {
+            var portfolio = PortfolioSettings()
+            if let directory = config.string(forKey: "portfolio.dataDir"), !directory.isEmpty { portfolio.dataDirectory = directory }
+            if let zone = config.string(forKey: "portfolio.timeZone") {
+                guard TimeZone(identifier: zone) != nil else {
+                    throw InvalidSetting(description: "time zone: not an IANA zone such as UTC or America/New_York: \"\(zone)\"")
+                }
+                portfolio.timeZone = zone
+            }
+            if let seconds = config.double(forKey: "portfolio.staleAfterSeconds") {
+                guard seconds > 0 else { throw InvalidSetting(description: "portfolio.staleAfterSeconds: must be above 0") }
+                portfolio.staleAfterSeconds = seconds
+            }
+            settings.portfolio = portfolio
+        }
         if settings.upstream != nil, (settings.upstreamKey ?? "").isEmpty {
             throw InvalidSetting(
                 description: "an upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file")

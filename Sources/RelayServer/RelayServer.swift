@@ -25,13 +25,19 @@ public final class RelayServer: Service, Sendable {
     private let logger: Logger
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
+    private let extraRoutes: @Sendable (Router<BasicRequestContext>) -> Void
+    private let extraWebSocketRoutes: @Sendable (Router<BasicWebSocketRequestContext>) -> Void
 
     /// - Parameter registry: the Prometheus registry `/metrics` serves; the hub and upstream should
     ///   record into it too.
     public init(
         configuration: RelayServerConfiguration, hub: MarketDataHub, upstream: PolygonWebSocket,
-        registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server")
+        registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
+        extraRoutes: @escaping @Sendable (Router<BasicRequestContext>) -> Void = { _ in },
+        extraWebSocketRoutes: @escaping @Sendable (Router<BasicWebSocketRequestContext>) -> Void = { _ in }
     ) {
+        self.extraRoutes = extraRoutes
+        self.extraWebSocketRoutes = extraWebSocketRoutes
         self.configuration = configuration
         self.hub = hub
         self.upstream = upstream
@@ -99,6 +105,8 @@ public final class RelayServer: Service, Sendable {
         let router = Router()
         router.get("/healthz") { _, _ in try await self.health() }
         router.get("/metrics") { _, _ in await self.prometheusText() }
+        extraRoutes(router)
+        extraWebSocketRoutes(webSocketRouter)
         router.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
 
         let port = self.port

@@ -7,7 +7,7 @@ struct RelayCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "relay",
         abstract: "One upstream market-data connection, fanned out to any number of Polygon-protocol clients.",
-        subcommands: [ServeCommand.self, DemoFeedCommand.self, BenchCommand.self],
+        subcommands: [ServeCommand.self, DemoFeedCommand.self, BenchCommand.self, PortfolioCommand.self],
         defaultSubcommand: ServeCommand.self
     )
 }

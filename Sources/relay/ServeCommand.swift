@@ -43,6 +43,15 @@ struct ServeCommand: AsyncParsableCommand {
     @Flag(name: .customLong("no-snapshot"), help: "Do not send a topic's last event when a client subscribes to it.")
     var noSnapshot = false
 
+    @Option(name: .customLong("data-dir"), help: "Where the portfolio sidecar keeps its SQLite file (default ./data).")
+    var dataDirectory: String?
+
+    @Option(name: .customLong("time-zone"), help: "IANA zone of the portfolio's days (default UTC).")
+    var timeZone: String?
+
+    @Flag(name: .customLong("no-portfolio"), help: "Run without the portfolio valuation sidecar.")
+    var noPortfolio = false
+
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical.")
     var logLevel: String?
 
@@ -56,7 +65,8 @@ struct ServeCommand: AsyncParsableCommand {
                 flags: .init(
                     listen: listen, upstream: upstream, upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
                     clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config,
-                    slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil),
+                    slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
+                    timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")
@@ -79,17 +89,18 @@ struct ServeCommand: AsyncParsableCommand {
             tasks.addTask {
                 let parts = try await relay.ready()
                 Self.printWelcome(
-                    settings: settings, port: parts.port, market: parts.server.configuration.market, demo: parts.demoFeed != nil)
+                    settings: settings, port: parts.port, market: parts.server.configuration.market, demo: parts.demoFeed != nil,
+                    portfolio: parts.portfolio != nil)
             }
             try await tasks.waitForAll()
         }
     }
 
-    static func printWelcome(settings: RelaySettings, port: Int, market: String, demo: Bool) {
+    static func printWelcome(settings: RelaySettings, port: Int, market: String, demo: Bool, portfolio: Bool) {
         let host = settings.listen.host
         let base = "\(host.contains(":") ? "[\(host)]" : host):\(port)"
         let key = settings.clientKeys.first ?? "any-key"
-        let lines = [
+        var lines = [
             "relay is up\(demo ? " on the built-in demo feed" : "")",
             "  WebSocket  ws://\(base)/\(market)   (Polygon protocol; client key: \(settings.clientKeys.isEmpty ? "any, loopback only" : "one of --client-keys"))",
             "  health     curl http://\(base)/healthz",
@@ -97,6 +108,9 @@ struct ServeCommand: AsyncParsableCommand {
             "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=False, subscriptions=[\"Q.AAPL\"])",
             "  stop       Ctrl-C (SIGINT) or SIGTERM",
         ]
+        if portfolio {
+            lines.insert("  portfolio  curl http://\(base)/v1/portfolio   (history: /v1/portfolio/history)", at: lines.count - 1)
+        }
         // Unbuffered, so a script reading our output sees it at once.
         FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
     }

@@ -288,3 +288,22 @@ func collect(_ count: Int, from stream: AsyncStream<UpstreamMessage>, timeout: D
 }
 
 func topics(_ list: String...) -> Set<Topic> { Set(list.compactMap { Topic(parsing: $0) }) }
+
+/// An HTTP request with a JSON body on loopback: status and body.
+func httpSend(_ method: String, _ url: String, json: String? = nil) async throws -> (status: Int, body: String) {
+    guard let target = URL(string: url) else { throw TimeoutError(description: "bad URL \(url)") }
+    var request = URLRequest(url: target)
+    request.httpMethod = method
+    request.timeoutInterval = 10
+    if let json {
+        request.httpBody = Data(json.utf8)
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+    }
+    let (data, response) = try await URLSession.shared.data(for: request)
+    return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: data, as: UTF8.self))
+}
+
+/// A JSON object's fields.
+func jsonObject(_ text: String) -> [String: Any] {
+    (try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any]) ?? [:]
+}

@@ -1,0 +1,146 @@
+import Foundation
+
+/// The API's JSON shapes. Money and quantities are strings of exact decimal text (`"189.05"`), days
+/// `YYYY-MM-DD`, instants ISO 8601.
+enum PortfolioJSON {
+    static func text(_ value: Decimal) -> String { DecimalText.format(value) }
+    static func text(_ value: Decimal?) -> String? { value.map(DecimalText.format) }
+
+    struct AccountOut: Encodable {
+        var id: Int64
+        var name: String
+        var kind: AccountKind
+        var currency: String
+        var createdAt: Date
+        var isActive: Bool
+        var closedAt: Date?
+        init(_ a: Account) {
+            (id, name, kind, currency, createdAt, isActive, closedAt) = (
+                a.id, a.name, a.kind, a.currency, a.createdAt, a.isActive, a.closedAt
+            )
+        }
+    }
+
+    struct TransactionOut: Encodable {
+        var id: Int64
+        var accountID: Int64
+        var date: Day
+        var kind: TransactionKind
+        var symbol: String
+        var quantity: String
+        var price: String
+        var fees: String
+        init(_ t: Transaction) {
+            (id, accountID, date, kind, symbol) = (t.id, t.accountID, t.date, t.kind, t.symbol)
+            (quantity, price, fees) = (text(t.quantity), text(t.price), text(t.fees))
+        }
+    }
+
+    struct UpdateOut: Encodable {
+        var id: Int64
+        var accountID: Int64
+        var at: Date
+        var value: String
+        init(_ u: AccountUpdate) { (id, accountID, at, value) = (u.id, u.accountID, u.at, text(u.value)) }
+    }
+
+    struct PositionOut: Encodable {
+        var symbol: String
+        var quantity: String
+        var costBasis: String
+        var price: String?
+        var priceTime: Date?
+        var priceSource: PriceObservation.Source?
+        var marketValue: String?
+        var unrealizedPnL: String?
+        var unrealizedPnLPercent: String?
+        var dayChange: String?
+        var status: PriceRule.Status
+        init(_ p: PositionValuation) {
+            (symbol, quantity, costBasis, price, priceTime, priceSource) = (
+                p.symbol, text(p.quantity), text(p.costBasis), text(p.price), p.priceTime, p.priceSource
+            )
+            (marketValue, unrealizedPnL, unrealizedPnLPercent, dayChange, status) = (
+                text(p.marketValue), text(p.unrealizedPnL), text(p.unrealizedPnLPercent), text(p.dayChange), p.status
+            )
+        }
+    }
+
+    struct ValuationOut: Encodable {
+        var asOf: Date
+        var positions: [PositionOut]
+        var total: String
+        var costBasis: String
+        var unrealizedPnL: String
+        var dayChange: String
+        var hasPartialFailures: Bool
+        var unpricedSymbols: [String]
+        var staleSymbols: [String]
+        init(_ v: Valuation) {
+            (asOf, positions, total, costBasis) = (v.asOf, v.positions.map(PositionOut.init), text(v.total), text(v.costBasis))
+            (unrealizedPnL, dayChange, hasPartialFailures, unpricedSymbols, staleSymbols) = (
+                text(v.unrealizedPnL), text(v.dayChange), v.hasPartialFailures, v.unpricedSymbols, v.staleSymbols
+            )
+        }
+    }
+
+    struct SnapshotOut: Encodable {
+        var day: Day
+        var value: String
+        var partial: Bool
+        var source: SnapshotSource?
+        init(_ s: AccountSnapshot) { (day, value, partial, source) = (s.day, text(s.value), s.partial, s.source) }
+        init(_ s: PortfolioSnapshot) { (day, value, partial, source) = (s.day, text(s.total), s.partial, nil) }
+    }
+
+    /// A decimal given as a string (preferred) or a JSON number.
+    struct Amount: Decodable {
+        var value: Decimal
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.singleValueContainer()
+            if let text = try? container.decode(String.self), let value = DecimalText.parse(text) {
+                self.value = value
+            } else if let number = try? container.decode(Decimal.self), let value = DecimalText.parse(DecimalText.format(number)) {
+                self.value = value
+            } else {
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "expected a decimal such as \"12.50\"")
+            }
+        }
+    }
+
+    struct NewAccount: Decodable {
+        var name: String
+        var kind: AccountKind
+        var currency: String?
+        var createdAt: Date?
+    }
+
+    struct Close: Decodable { var closedAt: Date? }
+
+    struct NewTransaction: Decodable {
+        var date: Day
+        var kind: TransactionKind
+        var symbol: String?
+        var quantity: Amount?
+        var price: Amount?
+        var fees: Amount?
+    }
+
+    struct NewUpdate: Decodable {
+        var at: Date?
+        var value: Amount
+    }
+
+    static let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys]
+        return encoder
+    }()
+
+    static let decoder: JSONDecoder = {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }()
+}

@@ -1,0 +1,198 @@
+import Foundation
+import Hummingbird
+import HummingbirdWebSocket
+import NIOCore
+
+/// The portfolio's HTTP and WebSocket endpoints, mounted on the relay's own server:
+///
+/// - `POST /v1/accounts`, `GET /v1/accounts`, `GET /v1/accounts/{id}`, `POST /v1/accounts/{id}/close`,
+///   `DELETE /v1/accounts/{id}`
+/// - `POST|GET /v1/accounts/{id}/transactions`, `POST|GET /v1/accounts/{id}/updates`
+/// - `GET /v1/portfolio`, `GET /v1/accounts/{id}/valuation`
+/// - `GET /v1/portfolio/history?from=&to=`, `GET /v1/accounts/{id}/history?from=&to=`
+/// - WebSocket `/v1/portfolio/stream`: the valuation each time it changes
+///
+/// Validation errors answer 422 with `{"error":…, "field":…}` naming the field.
+public struct PortfolioRoutes: Sendable {
+    public let service: PortfolioService
+
+    public init(service: PortfolioService) {
+        self.service = service
+    }
+
+    struct Problem: Encodable {
+        var error: String
+        var field: String?
+    }
+
+    static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
+        let data = (try? PortfolioJSON.encoder.encode(value)) ?? Data(#"{"error":"encoding failed"}"#.utf8)
+        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    static func problem(_ status: HTTPResponse.Status, _ message: String, field: String? = nil) -> Response {
+        json(Problem(error: message, field: field), status: status)
+    }
+
+    /// Runs a handler, turning the store's errors into answers a client can act on.
+    static func answer(_ body: () async throws -> Response) async -> Response {
+        do {
+            return try await body()
+        } catch let error as PortfolioStore.ValidationError {
+            return problem(.unprocessableContent, error.message, field: error.field)
+        } catch let error as PortfolioStore.StoreError {
+            if case .notFound = error { return problem(.notFound, error.description) }
+            return problem(.internalServerError, error.description)
+        } catch let error as DecodingError {
+            return problem(.badRequest, "malformed body: \(Self.describe(error))", field: Self.field(of: error))
+        } catch {
+            return problem(.internalServerError, "\(error)")
+        }
+    }
+
+    static func field(of error: DecodingError) -> String? {
+        switch error {
+        case .keyNotFound(let key, _): key.stringValue
+        case .typeMismatch(_, let context), .valueNotFound(_, let context), .dataCorrupted(let context):
+            context.codingPath.last?.stringValue
+        @unknown default: nil
+        }
+    }
+
+    static func describe(_ error: DecodingError) -> String {
+        switch error {
+        case .keyNotFound(let key, _): "missing \(key.stringValue)"
+        case .typeMismatch(_, let context), .valueNotFound(_, let context), .dataCorrupted(let context): context.debugDescription
+        @unknown default: "\(error)"
+        }
+    }
+
+    static func body<T: Decodable>(_ type: T.Type, _ request: Request) async throws -> T {
+        let buffer = try await request.body.collect(upTo: 1 << 20)
+        return try PortfolioJSON.decoder.decode(T.self, from: Data(buffer.readableBytesView))
+    }
+
+    static func id(_ context: some RequestContext) throws -> Int64 {
+        guard let text = context.parameters.get("id"), let id = Int64(text) else {
+            throw PortfolioStore.ValidationError(field: "id", message: "must be an account number")
+        }
+        return id
+    }
+
+    static func range(_ request: Request, default start: Day, _ end: Day) throws -> (Day, Day) {
+        let from = try request.uri.queryParameters.get("from").map { text in
+            guard let day = Day(String(text)) else { throw PortfolioStore.ValidationError(field: "from", message: "expected YYYY-MM-DD") }
+            return day
+        }
+        let to = try request.uri.queryParameters.get("to").map { text in
+            guard let day = Day(String(text)) else { throw PortfolioStore.ValidationError(field: "to", message: "expected YYYY-MM-DD") }
+            return day
+        }
+        let range = (from ?? start, to ?? end)
+        guard range.0 <= range.1 else { throw PortfolioStore.ValidationError(field: "from", message: "must not be after to") }
+        return range
+    }
+
+    public func add(to router: Router<BasicRequestContext>) {
+        let service = self.service
+        let store = service.store
+        router.post("/v1/accounts") { request, _ in
+            await Self.answer {
+                let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
+                let account = try store.createAccount(
+                    name: new.name, kind: new.kind, currency: new.currency ?? "USD", createdAt: new.createdAt ?? .now)
+                try await service.backfill()
+                return Self.json(PortfolioJSON.AccountOut(account), status: .created)
+            }
+        }
+        router.get("/v1/accounts") { _, _ in
+            await Self.answer { Self.json(try store.accounts().map(PortfolioJSON.AccountOut.init)) }
+        }
+        router.get("/v1/accounts/:id") { _, context in
+            await Self.answer { Self.json(PortfolioJSON.AccountOut(try store.account(try Self.id(context)))) }
+        }
+        router.post("/v1/accounts/:id/close") { request, context in
+            await Self.answer {
+                let close = (try? await Self.body(PortfolioJSON.Close.self, request)) ?? PortfolioJSON.Close()
+                let account = try store.closeAccount(try Self.id(context), at: close.closedAt ?? .now)
+                try await service.holdingsChanged()
+                try await service.backfill()
+                return Self.json(PortfolioJSON.AccountOut(account))
+            }
+        }
+        router.delete("/v1/accounts/:id") { _, context in
+            await Self.answer {
+                try store.deleteAccount(try Self.id(context))
+                try await service.holdingsChanged()
+                try await service.backfill()
+                return Response(status: .noContent)
+            }
+        }
+        router.post("/v1/accounts/:id/transactions") { request, context in
+            await Self.answer {
+                let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
+                let transaction = try store.addTransaction(
+                    accountID: try Self.id(context), date: new.date, kind: new.kind, symbol: new.symbol ?? "",
+                    quantity: new.quantity?.value ?? 0, price: new.price?.value ?? 0, fees: new.fees?.value ?? 0)
+                try await service.holdingsChanged()
+                return Self.json(PortfolioJSON.TransactionOut(transaction), status: .created)
+            }
+        }
+        router.get("/v1/accounts/:id/transactions") { _, context in
+            await Self.answer { Self.json(try store.transactions(accountID: try Self.id(context)).map(PortfolioJSON.TransactionOut.init)) }
+        }
+        router.post("/v1/accounts/:id/updates") { request, context in
+            await Self.answer {
+                let new = try await Self.body(PortfolioJSON.NewUpdate.self, request)
+                let update = try store.addUpdate(accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value)
+                try await service.backfill()
+                return Self.json(PortfolioJSON.UpdateOut(update), status: .created)
+            }
+        }
+        router.get("/v1/accounts/:id/updates") { _, context in
+            await Self.answer { Self.json(try store.updates(accountID: try Self.id(context)).map(PortfolioJSON.UpdateOut.init)) }
+        }
+        router.get("/v1/portfolio") { _, _ in
+            await Self.answer { Self.json(PortfolioJSON.ValuationOut(try await service.valuation())) }
+        }
+        router.get("/v1/accounts/:id/valuation") { _, context in
+            await Self.answer {
+                let id = try Self.id(context)
+                _ = try store.account(id)
+                return Self.json(PortfolioJSON.ValuationOut(try await service.valuation(accountID: id)))
+            }
+        }
+        router.get("/v1/accounts/:id/history") { request, context in
+            await Self.answer {
+                let account = try store.account(try Self.id(context))
+                let today = service.calendar.day(of: .now)
+                let (from, to) = try Self.range(request, default: service.calendar.day(of: account.createdAt), today)
+                return Self.json(
+                    try store.accountSnapshots(accountID: account.id, from: from, through: to).map(PortfolioJSON.SnapshotOut.init))
+            }
+        }
+        router.get("/v1/portfolio/history") { request, _ in
+            await Self.answer {
+                let today = service.calendar.day(of: .now)
+                let start = try store.accounts().map { service.calendar.day(of: $0.createdAt) }.min() ?? today
+                let (from, to) = try Self.range(request, default: start, today)
+                return Self.json(try store.portfolioSnapshots(from: from, through: to).map(PortfolioJSON.SnapshotOut.init))
+            }
+        }
+    }
+
+    public func addWebSocket(to router: Router<BasicWebSocketRequestContext>) {
+        let service = self.service
+        router.ws("/v1/portfolio/stream") { inbound, outbound, _ in
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                // Pings and the close handshake are handled while inbound is read.
+                group.addTask { for try await _ in inbound {} }
+                for await valuation in await service.valuationUpdates() {
+                    let data = try PortfolioJSON.encoder.encode(PortfolioJSON.ValuationOut(valuation))
+                    try await outbound.write(.text(String(decoding: data, as: UTF8.self)))
+                }
+                group.cancelAll()
+            }
+        }
+    }
+}

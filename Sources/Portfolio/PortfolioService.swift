@@ -1,0 +1,207 @@
+import Foundation
+import Logging
+import MarketDataHub
+import PolygonWire
+import ServiceLifecycle
+
+/// The valuation sidecar: values holdings off the relay's own stream and keeps the daily history.
+///
+/// An actor. It is an ordinary hub subscriber (quotes and trades of every held symbol, following the
+/// holdings as they change); prices come from those events and, at start, from the hub's last-value
+/// cache. Valuations are pushed to stream watchers at most every `pushInterval`; today's snapshots are
+/// written at most every `snapshotInterval`, and the whole history is backfilled at start and at each
+/// day boundary.
+public actor PortfolioService: Service {
+    public let store: PortfolioStore
+    public let calendar: DayCalendar
+    public let rule: PriceRule
+    private let hub: MarketDataHub
+    private let planner: SnapshotPlanner
+    private let logger: Logger
+    private let pushInterval: Duration
+    private let snapshotInterval: Duration
+    private var prices: [String: SymbolPrices] = [:]
+    private var subscription: HubSubscription?
+    private var held: Set<String> = []
+    private var watchers: [UUID: AsyncStream<Valuation>.Continuation] = [:]
+    private var lastPush = ContinuousClock.now - .seconds(3600)
+    private var pushPending = false
+    private var lastSnapshotWrite = ContinuousClock.now - .seconds(3600)
+    private var lastBackfillDay: Day?
+
+    public init(
+        store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
+        pushInterval: Duration = .milliseconds(500), snapshotInterval: Duration = .seconds(60),
+        logger: Logger = Logger(label: "relay.portfolio")
+    ) {
+        self.store = store
+        self.hub = hub
+        self.calendar = calendar
+        self.rule = rule
+        self.planner = SnapshotPlanner(calendar: calendar)
+        self.pushInterval = pushInterval
+        self.snapshotInterval = snapshotInterval
+        self.logger = logger
+    }
+
+    // MARK: running
+
+    public func run() async throws {
+        let subscription = await hub.subscribe()
+        self.subscription = subscription
+        try await holdingsChanged()
+        try backfill()
+        await cancelWhenGracefulShutdown {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await self.consume(subscription.events) }
+                group.addTask { await self.tick() }
+                await group.next()
+                group.cancelAll()
+            }
+        }
+        await hub.remove(subscription.id)
+        for watcher in watchers.values { watcher.finish() }
+    }
+
+    private func consume(_ events: HubSubscription.Events) async {
+        for await event in events where !event.isNotice {
+            prices[event.ticker, default: SymbolPrices()].apply(event, now: .now)
+            await valuationChanged()
+        }
+    }
+
+    /// Once a second: pushes a pending valuation, writes today's snapshot, backfills on a new day.
+    private func tick() async {
+        while !Task.isCancelled {
+            do {
+                try await Task.sleep(for: .seconds(1))
+                if pushPending { await valuationChanged() }
+                if ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != calendar.day(of: .now) {
+                    try backfill()
+                }
+            } catch is CancellationError {
+                return
+            } catch {
+                logger.warning("portfolio snapshot failed: \(error)")
+            }
+        }
+    }
+
+    /// Re-reads which symbols are held and subscribes to exactly their quotes and trades.
+    public func holdingsChanged() async throws {
+        var symbols: Set<String> = []
+        for account in try store.accounts() where account.kind == .brokerage {
+            let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+            for position in book.open { symbols.insert(position.symbol) }
+        }
+        guard let subscription else { return }
+        let added = symbols.subtracting(held)
+        let removed = held.subtracting(symbols)
+        held = symbols
+        func topics(_ symbols: Set<String>) -> [Topic] {
+            symbols.flatMap { [Topic(eventType: "T", ticker: $0), Topic(eventType: "Q", ticker: $0)] }
+        }
+        for symbol in added {
+            for type in ["T", "Q"] {
+                if let last = await hub.lastEvent(for: Topic(eventType: type, ticker: symbol)) {
+                    prices[symbol, default: SymbolPrices()].apply(last, now: .now)
+                }
+            }
+        }
+        if !added.isEmpty { await hub.add(topics(added), to: subscription.id) }
+        if !removed.isEmpty { await hub.remove(topics(removed), from: subscription.id) }
+        logger.debug("portfolio follows \(held.count) symbols")
+        await valuationChanged()
+    }
+
+    /// A price from elsewhere (e.g. the upstream's REST API) for a symbol with no live one yet.
+    public func setReference(_ observation: PriceObservation, previousClose: Decimal?, for symbol: String) async {
+        prices[symbol, default: SymbolPrices()].reference = observation
+        if let previousClose { prices[symbol, default: SymbolPrices()].previousClose = previousClose }
+        await valuationChanged()
+    }
+
+    // MARK: valuation
+
+    /// The valuation of one account, or of every brokerage account together.
+    public func valuation(accountID: Int64? = nil) throws -> Valuation {
+        var positions: [String: PositionBook.Position] = [:]
+        for account in try store.accounts() where account.kind == .brokerage && account.isActive {
+            if let accountID, account.id != accountID { continue }
+            for position in try PositionBook(transactions: try store.transactions(accountID: account.id)).open {
+                var merged = positions[position.symbol] ?? PositionBook.Position(symbol: position.symbol)
+                merged.lots += position.lots
+                positions[position.symbol] = merged
+            }
+        }
+        return Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
+    }
+
+    /// The current valuation, then a new one whenever it changes, at most every `pushInterval`.
+    public func valuationUpdates() -> AsyncStream<Valuation> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Valuation.self, bufferingPolicy: .bufferingNewest(1))
+        let id = UUID()
+        watchers[id] = continuation
+        if let current = try? valuation() { continuation.yield(current) }
+        continuation.onTermination = { [weak self] _ in
+            Task { await self?.removeWatcher(id) }
+        }
+        return stream
+    }
+
+    private func removeWatcher(_ id: UUID) { watchers[id] = nil }
+
+    private func valuationChanged() async {
+        guard !watchers.isEmpty else { return }
+        guard ContinuousClock.now - lastPush >= pushInterval else {
+            pushPending = true
+            return
+        }
+        pushPending = false
+        lastPush = .now
+        guard let current = try? valuation() else { return }
+        for watcher in watchers.values { watcher.yield(current) }
+    }
+
+    // MARK: snapshots
+
+    /// Recomputes every account's snapshots from its creation to today and the portfolio totals, and
+    /// saves them (replacing same-day rows). Today's brokerage values come from the live valuation.
+    public func backfill() throws {
+        let today = calendar.day(of: .now)
+        let accounts = try store.accounts()
+        var all: [AccountSnapshot] = []
+        for account in accounts {
+            var observations: [SnapshotPlanner.Observation]
+            switch account.kind {
+            case .savings:
+                observations = try store.updates(accountID: account.id).map { .init(at: $0.at, value: $0.value, source: .update) }
+            case .brokerage:
+                let first = calendar.day(of: account.createdAt)
+                observations = try store.accountSnapshots(accountID: account.id, from: first, through: today)
+                    .filter { $0.source == .valuation && $0.day < today }
+                    .map {
+                        .init(
+                            at: calendar.startOfDay($0.day).addingTimeInterval(43_200), value: $0.value, partial: $0.partial,
+                            source: .valuation)
+                    }
+                if account.isActive {
+                    let live = try valuation(accountID: account.id)
+                    observations.append(.init(at: .now, value: live.total, partial: live.hasPartialFailures, source: .valuation))
+                }
+            }
+            all += planner.accountSnapshots(for: account, observations: observations, today: today)
+        }
+        let start = accounts.map { calendar.day(of: $0.createdAt) }.min() ?? today
+        let totals = planner.portfolioSnapshots(accounts: accounts, snapshots: all, from: start, through: today)
+        try store.saveSnapshots(all, portfolio: totals)
+        lastSnapshotWrite = .now
+        lastBackfillDay = today
+    }
+}
+
+extension SymbolPrices {
+    mutating func apply(_ event: MarketEvent, now: Date) {
+        EventPrices.apply(event, to: &self, now: now)
+    }
+}

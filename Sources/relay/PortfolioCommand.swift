@@ -1,0 +1,37 @@
+import ArgumentParser
+import Foundation
+import Portfolio
+
+struct PortfolioCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "portfolio",
+        abstract: "Manage the portfolio sidecar's data.",
+        subcommands: [Import.self]
+    )
+
+    struct Import: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Import brokerage transactions from CSV (account,date,kind,symbol,quantity,price,fees).")
+
+        @Argument(help: "The CSV file.") var file: String
+        @Option(name: .customLong("data-dir"), help: "Where the portfolio database lives.") var dataDirectory: String = "./data"
+        @Option(help: "Currency of accounts the import creates.") var currency: String = "USD"
+        @Flag(name: .customLong("if-empty"), help: "Import only when the portfolio has no accounts yet.") var ifEmpty = false
+
+        func run() async throws {
+            let store = try PortfolioStore(directory: dataDirectory)
+            if ifEmpty, try !store.accounts().isEmpty {
+                print("portfolio already has accounts; nothing imported (\(store.path))")
+                return
+            }
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw StartupError(message: "cannot read \(file)") }
+            do {
+                let rows = try TransactionImport.parse(text)
+                let count = try TransactionImport.apply(rows, to: store, currency: currency)
+                print("imported \(count) transactions into \(store.path)")
+            } catch let error as TransactionImport.LineError {
+                throw StartupError(message: "\(file): \(error)")
+            }
+        }
+    }
+}

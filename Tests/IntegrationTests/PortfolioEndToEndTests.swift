@@ -1,0 +1,79 @@
+import Foundation
+import RelayCore
+import Testing
+
+/// The valuation sidecar driven by the relay's own stream, over loopback.
+@Suite("Portfolio end to end")
+struct PortfolioEndToEndTests {
+    @Test func accountsTransactionsLiveValuationStreamAndHistory() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-e2e-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let relay = Relay(
+            settings: RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 2000, portfolio: .init(dataDirectory: directory)),
+            logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let base = "http://127.0.0.1:\(parts.port)"
+
+            let created = try await httpSend(
+                "POST", "\(base)/v1/accounts", json: #"{"name":"Core","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
+            #expect(created.status == 201)
+            let id = try #require(jsonObject(created.body)["id"] as? Int)
+
+            // Validation names the field; nothing is written.
+            let malformed = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(id)/transactions",
+                json: #"{"date":"2024-01-02","kind":"buy","symbol":"AAPL","quantity":"ten","price":"150"}"#)
+            #expect(malformed.status == 400)
+            #expect(jsonObject(malformed.body)["field"] as? String == "quantity")
+            let oversell = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(id)/transactions",
+                json: #"{"date":"2024-01-02","kind":"sell","symbol":"AAPL","quantity":"1","price":"150"}"#)
+            #expect(oversell.status == 422)
+            #expect(jsonObject(oversell.body)["field"] as? String == "quantity")
+
+            let bought = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(id)/transactions",
+                json: #"{"date":"2024-01-02","kind":"buy","symbol":"aapl","quantity":"10","price":"150.10","fees":"1"}"#)
+            #expect(bought.status == 201)
+            #expect(jsonObject(bought.body)["price"] as? String == "150.1")
+
+            // The stream pushes a valuation once AAPL is priced from the live feed.
+            let stream = WSTestClient(url: "ws://127.0.0.1:\(parts.port)/v1/portfolio/stream")
+            var priced: [String: Any] = [:]
+            let deadline = ContinuousClock.now + .seconds(20)
+            while ContinuousClock.now < deadline {
+                let valuation = jsonObject(try await stream.nextFrame())
+                let positions = valuation["positions"] as? [[String: Any]] ?? []
+                if positions.first?["status"] as? String == "priced" {
+                    priced = valuation
+                    break
+                }
+            }
+            let position = try #require((priced["positions"] as? [[String: Any]])?.first)
+            #expect(position["symbol"] as? String == "AAPL")
+            #expect(position["quantity"] as? String == "10")
+            #expect(position["costBasis"] as? String == "1502")
+            let total = try #require(priced["total"] as? String)
+            #expect(Decimal(string: total).map { $0 > 0 } == true)
+            #expect(priced["hasPartialFailures"] as? Bool == false)
+            await stream.close()
+
+            let valuation = try await httpGet("\(base)/v1/portfolio")
+            #expect(valuation.status == 200)
+            #expect((jsonObject(valuation.body)["positions"] as? [[String: Any]])?.count == 1)
+
+            // History is gap-free from the account's creation to today.
+            try await parts.portfolio?.backfill()
+            let history = try await httpGet("\(base)/v1/accounts/\(id)/history?from=2024-01-01&to=2024-01-10")
+            let days = try JSONSerialization.jsonObject(with: Data(history.body.utf8)) as? [[String: Any]] ?? []
+            #expect(days.count == 10)
+            #expect(days.first?["day"] as? String == "2024-01-01")
+            let portfolio = try await httpGet("\(base)/v1/portfolio/history")
+            let totals = try JSONSerialization.jsonObject(with: Data(portfolio.body.utf8)) as? [[String: Any]] ?? []
+            #expect((totals.last?["value"] as? String) != nil)
+            #expect(try await httpGet("\(base)/v1/accounts/999/history").status == 404)
+            #expect(try await httpGet("\(base)/v1/portfolio/history?from=2024-13-01").status == 422)
+        }
+    }
+}

@@ -1,0 +1,46 @@
+import Foundation
+import Testing
+
+@testable import Portfolio
+
+@Suite("CSV import")
+struct ImportTests {
+    @Test func theSampleFileImportsAndValuesItsLots() throws {
+        let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("config/sample-portfolio.csv")
+        let rows = try TransactionImport.parse(try String(contentsOf: url, encoding: .utf8))
+        #expect(rows.count == 9)
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        try TransactionImport.apply(rows, to: store)
+        let accounts = try store.accounts()
+        #expect(accounts.map(\.name) == ["Core", "Growth"])
+        let core = try PositionBook(transactions: try store.transactions(accountID: accounts[0].id))
+        #expect(core.positions["AAPL"]?.quantity == dec("30"))
+        #expect(core.positions["AAPL"]?.dividends == dec("7.5"))
+    }
+
+    @Test(arguments: [
+        ("account,date,kind,symbol,quantity,price\nA,2024-13-01,buy,X,1,1", "line 2: date"),
+        ("account,date,kind,symbol,quantity,price\nA,2024-01-01,hold,X,1,1", "line 2: kind"),
+        ("account,date,kind,symbol,quantity,price\nA,2024-01-01,buy,X,1e3,1", "line 2: quantity"),
+        ("account,date,symbol,quantity,price\n", "line 1: kind"),
+    ])
+    func badLinesAreNamedByNumberAndField(text: String, expected: String) {
+        do {
+            _ = try TransactionImport.parse(text)
+            Issue.record("expected \(expected)")
+        } catch {
+            #expect(error.description.hasPrefix(expected))
+        }
+    }
+
+    @Test func anOversellIsRefusedWithItsLine() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let rows = try TransactionImport.parse("account,date,kind,symbol,quantity,price\nA,2024-01-02,buy,X,1,10\nA,2024-01-03,sell,X,2,10")
+        #expect(throws: TransactionImport.LineError.self) { try TransactionImport.apply(rows, to: store) }
+    }
+}
