@@ -32,6 +32,10 @@ public struct DemoFeedConfiguration: Sendable {
     public var universe: [String]?
     /// Add `"rt"`, the send time in Unix nanoseconds, to every quote and trade.
     public var stampNanoseconds = false
+    /// When set, every REST answer waits this long first (a slow data source, for tests).
+    public var restDelay: Duration?
+    /// The first this-many REST requests are answered 503 (for testing retries).
+    public var restFailures = 0
 
     /// A PEM certificate chain and its private key.
     public struct TLSFiles: Sendable {

@@ -53,6 +53,16 @@ public struct DemoMarket: Sendable {
         majorCount = 0
     }
 
+    /// A ticker's current price in cents.
+    public func cents(of ticker: String) -> Int64? {
+        symbols.first { $0.ticker == ticker }?.cents
+    }
+
+    /// Every ticker's current price in cents.
+    public var allCents: [String: Int64] {
+        Dictionary(symbols.map { ($0.ticker, $0.cents) }, uniquingKeysWith: { first, _ in first })
+    }
+
     /// The tickers of this universe.
     public var tickers: [String] { symbols.map(\.ticker) }
 

@@ -18,6 +18,7 @@ public actor PortfolioService: Service {
     private let hub: MarketDataHub
     private let planner: SnapshotPlanner
     private let logger: Logger
+    private let referencePrices: ReferencePrices?
     private let pushInterval: Duration
     private let snapshotInterval: Duration
     private var prices: [String: SymbolPrices] = [:]
@@ -32,8 +33,9 @@ public actor PortfolioService: Service {
     public init(
         store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
         pushInterval: Duration = .milliseconds(500), snapshotInterval: Duration = .seconds(60),
-        logger: Logger = Logger(label: "relay.portfolio")
+        referencePrices: ReferencePrices? = nil, logger: Logger = Logger(label: "relay.portfolio")
     ) {
+        self.referencePrices = referencePrices
         self.store = store
         self.hub = hub
         self.calendar = calendar
@@ -109,8 +111,27 @@ public actor PortfolioService: Service {
             }
         }
         if !added.isEmpty { await hub.add(topics(added), to: subscription.id) }
+        if let referencePrices, !added.isEmpty {
+            // Without waiting: the live stream may well be first.
+            let symbols = Array(added).sorted()
+            Task { await self.loadReferences(symbols, from: referencePrices) }
+        }
         if !removed.isEmpty { await hub.remove(topics(removed), from: subscription.id) }
         logger.debug("portfolio follows \(held.count) symbols")
+        await valuationChanged()
+    }
+
+    /// Fetches REST prices for symbols, each on its own: one failure leaves the others priced.
+    public func loadReferences(_ symbols: [String], from source: ReferencePrices) async {
+        for (symbol, result) in await source.fetch(symbols) {
+            switch result {
+            case .success(let reference):
+                if let trade = reference.lastTrade { prices[symbol, default: SymbolPrices()].reference = trade }
+                if let close = reference.previousClose { prices[symbol, default: SymbolPrices()].previousClose = close }
+            case .failure(let error):
+                logger.warning("no reference price for \(symbol): \(error)")
+            }
+        }
         await valuationChanged()
     }
 

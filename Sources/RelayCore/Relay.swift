@@ -51,7 +51,7 @@ public final class Relay: Service, Sendable {
             let pipeline: Pipeline
             if let endpoint = settings.upstream {
                 pipeline = Pipeline(relay: self, authentication: authentication, demoFeed: nil) {
-                    (endpoint, self.settings.upstreamKey ?? "")
+                    (endpoint, self.settings.upstreamKey ?? "", self.settings.upstreamRESTURL)
                 }
             } else {
                 let apiKey = "demo-" + UUID().uuidString
@@ -62,7 +62,7 @@ public final class Relay: Service, Sendable {
                     let url = try await feed.url()
                     guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
                     self.logger.info("no upstream configured: serving the built-in demo feed", metadata: ["feed": "\(url)"])
-                    return (endpoint, apiKey)
+                    return (endpoint, apiKey, "http://127.0.0.1:\(try await feed.listeningPort())")
                 }
                 services.append(.init(service: feed))
             }
@@ -81,12 +81,13 @@ public final class Relay: Service, Sendable {
         let relay: Relay
         let authentication: ClientAuthentication
         let demoFeed: DemoFeed?
-        let endpoint: @Sendable () async throws -> (UpstreamConfiguration.Endpoint, String)
+        /// The upstream's address, its key, and its REST base URL if any.
+        let endpoint: @Sendable () async throws -> (UpstreamConfiguration.Endpoint, String, String?)
 
         func run() async throws {
             let settings = relay.settings
             let logger = relay.logger
-            let (endpoint, apiKey) = try await self.endpoint()
+            let (endpoint, apiKey, restURL) = try await self.endpoint()
             let registry = PrometheusCollectorRegistry()
             let metricsFactory = PrometheusMetricsFactory(registry: registry)
             var upstreamConfiguration = settings.upstreamTuning
@@ -109,6 +110,7 @@ public final class Relay: Service, Sendable {
                 let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
                 portfolio = PortfolioService(
                     store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
+                    referencePrices: restURL.map { ReferencePrices(baseURL: $0, apiKey: apiKey) },
                     logger: logger.with(label: "relay.portfolio"))
                 logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
             }

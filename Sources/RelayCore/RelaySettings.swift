@@ -41,6 +41,8 @@ public struct RelaySettings: Sendable {
     public var upstreamKey: String?
     /// A PEM file of extra trusted CAs for a `wss://` upstream.
     public var upstreamCAFile: String?
+    /// The upstream's REST API (`https://api.polygon.io`), for the portfolio's reference prices.
+    public var upstreamRESTURL: String?
     /// The relay's own client keys.
     public var clientKeys: [String]
     /// Events per second of the in-process demo feed.
@@ -116,13 +118,15 @@ public struct RelaySettings: Sendable {
         public var dataDirectory: String?
         public var timeZone: String?
         public var portfolioEnabled: Bool?
+        public var restURL: String?
 
         public init(
             listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
             clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
             slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
-            portfolioEnabled: Bool? = nil
+            portfolioEnabled: Bool? = nil, restURL: String? = nil
         ) {
+            self.restURL = restURL
             self.dataDirectory = dataDirectory
             self.timeZone = timeZone
             self.portfolioEnabled = portfolioEnabled
@@ -150,6 +154,7 @@ public struct RelaySettings: Sendable {
         ("RELAY_LOG_LEVEL", "log.level"),
         ("RELAY_SLOW_CONSUMER", "subscribers.slowConsumer"),
         ("RELAY_SNAPSHOT_ON_SUBSCRIBE", "subscribers.snapshotOnSubscribe"),
+        ("RELAY_REST_URL", "upstream.restURL"),
         ("RELAY_DATA_DIR", "portfolio.dataDir"),
         ("RELAY_TIME_ZONE", "portfolio.timeZone"),
         ("RELAY_PORTFOLIO", "portfolio.enabled"),
@@ -176,6 +181,7 @@ public struct RelaySettings: Sendable {
         put("log.level", flags.logLevel.map(ConfigContent.string))
         put("subscribers.slowConsumer", flags.slowConsumer.map(ConfigContent.string))
         put("subscribers.snapshotOnSubscribe", flags.snapshotOnSubscribe.map(ConfigContent.bool))
+        put("upstream.restURL", flags.restURL.map(ConfigContent.string))
         put("portfolio.dataDir", flags.dataDirectory.map(ConfigContent.string))
         put("portfolio.timeZone", flags.timeZone.map(ConfigContent.string))
         put("portfolio.enabled", flags.portfolioEnabled.map(ConfigContent.bool))
@@ -220,6 +226,12 @@ public struct RelaySettings: Sendable {
         }
         settings.upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
         settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
+        if let rest = config.string(forKey: "upstream.restURL"), !rest.isEmpty {
+            guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", url.host != nil else {
+                throw InvalidSetting(description: "rest URL: expected http(s)://host, got \"\(rest)\"")
+            }
+            settings.upstreamRESTURL = rest
+        }
         settings.clientKeys =
             config.stringArray(forKey: "client.keys", isSecret: true)?
             .flatMap(splitList) ?? []

@@ -43,6 +43,9 @@ struct ServeCommand: AsyncParsableCommand {
     @Flag(name: .customLong("no-snapshot"), help: "Do not send a topic's last event when a client subscribes to it.")
     var noSnapshot = false
 
+    @Option(name: .customLong("rest-url"), help: "The upstream's REST API, e.g. https://api.polygon.io (portfolio reference prices).")
+    var restURL: String?
+
     @Option(name: .customLong("data-dir"), help: "Where the portfolio sidecar keeps its SQLite file (default ./data).")
     var dataDirectory: String?
 
@@ -66,7 +69,7 @@ struct ServeCommand: AsyncParsableCommand {
                     listen: listen, upstream: upstream, upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
                     clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config,
                     slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
-                    timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil),
+                    timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")
