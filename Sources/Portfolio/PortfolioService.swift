@@ -29,6 +29,9 @@ public actor PortfolioService: Service {
     private var pushPending = false
     private var lastSnapshotWrite = ContinuousClock.now - .seconds(3600)
     private var lastBackfillDay: Day?
+    /// A symbol got its first price since the last snapshot: today's value changed in kind, not just
+    /// in amount, so it is written at the next tick rather than at the next interval.
+    private var snapshotDue = false
 
     public init(
         store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
@@ -67,7 +70,9 @@ public actor PortfolioService: Service {
 
     private func consume(_ events: HubSubscription.Events) async {
         for await event in events where !event.isNotice {
+            let hadPrice = prices[event.ticker].map { $0.lastTrade != nil || $0.lastQuoteMid != nil } ?? false
             prices[event.ticker, default: SymbolPrices()].apply(event, now: .now)
+            if !hadPrice { snapshotDue = true }
             await valuationChanged()
         }
     }
@@ -78,7 +83,8 @@ public actor PortfolioService: Service {
             do {
                 try await Task.sleep(for: .seconds(1))
                 if pushPending { await valuationChanged() }
-                if ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != calendar.day(of: .now) {
+                if snapshotDue || ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != calendar.day(of: .now) {
+                    snapshotDue = false
                     try backfill()
                 }
             } catch is CancellationError {
@@ -126,6 +132,7 @@ public actor PortfolioService: Service {
         for (symbol, result) in await source.fetch(symbols) {
             switch result {
             case .success(let reference):
+                snapshotDue = true
                 if let trade = reference.lastTrade { prices[symbol, default: SymbolPrices()].reference = trade }
                 if let close = reference.previousClose { prices[symbol, default: SymbolPrices()].previousClose = close }
             case .failure(let error):

@@ -63,8 +63,15 @@ struct PortfolioEndToEndTests {
             #expect(valuation.status == 200)
             #expect((jsonObject(valuation.body)["positions"] as? [[String: Any]])?.count == 1)
 
+            // Today's snapshot follows the live valuation by itself (no manual backfill).
+            try await eventually("today's history row to carry the live total", timeout: .seconds(15)) {
+                guard let history = try? await httpGet("\(base)/v1/portfolio/history"),
+                    let rows = try? JSONSerialization.jsonObject(with: Data(history.body.utf8)) as? [[String: Any]],
+                    let today = rows.last
+                else { return false }
+                return today["partial"] as? Bool == false && (today["value"] as? String).flatMap { Decimal(string: $0) }.map { $0 > 0 } == true
+            }
             // History is gap-free from the account's creation to today.
-            try await parts.portfolio?.backfill()
             let history = try await httpGet("\(base)/v1/accounts/\(id)/history?from=2024-01-01&to=2024-01-10")
             let days = try JSONSerialization.jsonObject(with: Data(history.body.utf8)) as? [[String: Any]] ?? []
             #expect(days.count == 10)
