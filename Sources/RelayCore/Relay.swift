@@ -110,6 +110,7 @@ public final class Relay: Service, Sendable {
                 let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
                 portfolio = PortfolioService(
                     store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
+                    pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
                     referencePrices: restURL.map { ReferencePrices(baseURL: $0, apiKey: apiKey) },
                     logger: logger.with(label: "relay.portfolio"))
                 logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])

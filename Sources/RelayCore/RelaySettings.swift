@@ -61,11 +61,14 @@ public struct RelaySettings: Sendable {
         public var timeZone: String
         /// Prices older than this are `stale`.
         public var staleAfterSeconds: Double
+        /// `/v1/portfolio/stream` sends at most one valuation this often.
+        public var pushIntervalMilliseconds: Int
 
-        public init(dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900) {
+        public init(dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900, pushIntervalMilliseconds: Int = 500) {
             self.dataDirectory = dataDirectory
             self.timeZone = timeZone
             self.staleAfterSeconds = staleAfterSeconds
+            self.pushIntervalMilliseconds = pushIntervalMilliseconds
         }
     }
 
@@ -156,6 +159,7 @@ public struct RelaySettings: Sendable {
         ("RELAY_SNAPSHOT_ON_SUBSCRIBE", "subscribers.snapshotOnSubscribe"),
         ("RELAY_REST_URL", "upstream.restURL"),
         ("RELAY_DATA_DIR", "portfolio.dataDir"),
+        ("RELAY_PORTFOLIO_PUSH_MS", "portfolio.pushIntervalMs"),
         ("RELAY_TIME_ZONE", "portfolio.timeZone"),
         ("RELAY_PORTFOLIO", "portfolio.enabled"),
     ]
@@ -261,6 +265,10 @@ public struct RelaySettings: Sendable {
                     throw InvalidSetting(description: "time zone: not an IANA zone such as UTC or America/New_York: \"\(zone)\"")
                 }
                 portfolio.timeZone = zone
+            }
+            if let milliseconds = config.int(forKey: "portfolio.pushIntervalMs") {
+                guard milliseconds >= 0 else { throw InvalidSetting(description: "portfolio.pushIntervalMs: must not be negative") }
+                portfolio.pushIntervalMilliseconds = milliseconds
             }
             if let seconds = config.double(forKey: "portfolio.staleAfterSeconds") {
                 guard seconds > 0 else { throw InvalidSetting(description: "portfolio.staleAfterSeconds: must be above 0") }
