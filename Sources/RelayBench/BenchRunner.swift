@@ -57,19 +57,23 @@ public struct BenchRunner: Sendable {
         progress("relay pid \(relay.process.processIdentifier) on \(relayURL), upstream \(feedURL)")
 
         let window = BenchSubscriber.Window()
+        let shards = (0..<16).map { _ in BenchSubscriber.LatencyShard() }
         var subscribers: [BenchSubscriber] = []
         for index in 0..<s.subscribers {
             let topics = s.wildcard ? ["Q.*", "T.*"] : s.symbols(forSubscriber: index).flatMap { ["Q.\($0)", "T.\($0)"] }
-            subscribers.append(BenchSubscriber(topics: topics, stalled: false))
+            subscribers.append(BenchSubscriber(topics: topics, stalled: false, latency: shards[index % shards.count]))
         }
-        for _ in 0..<s.stalledSubscribers { subscribers.append(BenchSubscriber(topics: ["Q.*", "T.*"], stalled: true)) }
+        let stalledShard = BenchSubscriber.LatencyShard()
+        for _ in 0..<s.stalledSubscribers {
+            subscribers.append(BenchSubscriber(topics: ["Q.*", "T.*"], stalled: true, latency: stalledShard))
+        }
 
         let result: BenchResult
         do {
             result = try await withThrowingTaskGroup(of: Void.self) { group in
                 try await connect(subscribers, to: relayURL, window: window, logger: logger, in: &group)
                 defer { group.cancelAll() }
-                return try await measure(subscribers: subscribers, feed: feed, relay: relay, port: port, window: window)
+                return try await measure(subscribers: subscribers, shards: shards, feed: feed, relay: relay, port: port, window: window)
             }
         } catch {
             await relay.stop()
@@ -83,8 +87,9 @@ public struct BenchRunner: Sendable {
         _ subscribers: [BenchSubscriber], to url: String, window: BenchSubscriber.Window, logger: Logger,
         in group: inout ThrowingTaskGroup<Void, any Error>
     ) async throws {
-        // Each subscriber reports once: true when subscribed, false when it failed before that.
-        let (readyStream, readyContinuation) = AsyncStream.makeStream(of: Bool.self)
+        // Each subscriber reports once: nil when subscribed, why not when it failed before that.
+        let (readyStream, readyContinuation) = AsyncStream.makeStream(of: String?.self)
+        let began = ContinuousClock.now
         // At most 256 handshakes in flight, so 10,000 clients do not stampede the listener.
         var started = 0
         var ready = 0
@@ -94,16 +99,22 @@ public struct BenchRunner: Sendable {
         // watchdog reports a failure.
         group.addTask {
             try await Task.sleep(until: deadline)
-            readyContinuation.yield(false)
+            readyContinuation.yield("the 120 s deadline passed")
         }
         while ready < subscribers.count {
             while started < subscribers.count, started - ready < 256 {
                 let subscriber = subscribers[started]
                 group.addTask {
-                    do {
-                        try await subscriber.run(url: url, window: window, logger: logger) { readyContinuation.yield(true) }
-                    } catch {
-                        if !subscriber.subscribed.withLock({ $0 }) { readyContinuation.yield(false) }
+                    // Like a real client, retry a connection that failed before it subscribed.
+                    for attempt in 1...3 {
+                        do {
+                            try await subscriber.run(url: url, window: window, logger: logger) { readyContinuation.yield(nil) }
+                            return
+                        } catch {
+                            if subscriber.subscribed.withLock({ $0 }) { return }
+                            if attempt == 3 { readyContinuation.yield("\(error)") }
+                            try? await Task.sleep(for: .milliseconds(200 * attempt))
+                        }
                     }
                 }
                 started += 1
@@ -111,18 +122,20 @@ public struct BenchRunner: Sendable {
             guard ContinuousClock.now < deadline else {
                 throw BenchError(description: "only \(ready) of \(subscribers.count) subscribers connected")
             }
-            guard let subscribed = await readyIterator.next() else { break }
-            guard subscribed else {
-                throw BenchError(
-                    description: "only \(ready) of \(subscribers.count) subscribers were subscribed before a failure or the 120 s deadline")
+            guard let report = await readyIterator.next() else { break }
+            if let failure = report {
+                throw BenchError(description: "only \(ready) of \(subscribers.count) subscribers were subscribed: \(failure)")
             }
             ready += 1
-            if ready % 1000 == 0 || ready == subscribers.count { progress("\(ready)/\(subscribers.count) subscribers connected") }
+            if ready % 1000 == 0 || ready == subscribers.count {
+                progress("\(ready)/\(subscribers.count) subscribers connected (\((ContinuousClock.now - began).components.seconds) s)")
+            }
         }
     }
 
     private func measure(
-        subscribers: [BenchSubscriber], feed: DemoFeed, relay: RelayProcess, port: Int, window: BenchSubscriber.Window
+        subscribers: [BenchSubscriber], shards: [BenchSubscriber.LatencyShard], feed: DemoFeed, relay: RelayProcess, port: Int,
+        window: BenchSubscriber.Window
     ) async throws -> BenchResult {
         let s = scenario
         progress("warming up \(s.warmupSeconds) s")
@@ -175,7 +188,6 @@ public struct BenchRunner: Sendable {
             }
             delivered += got
             laggingFast += counts.laggingNotices
-            latency.add(counts.latency)
             if s.wildcard {
                 expected += upstreamEvents
             } else {
@@ -183,6 +195,7 @@ public struct BenchRunner: Sendable {
                 expected += symbols.reduce(0) { $0 + (tally.eventsByTicker[$1] ?? 0) }
             }
         }
+        for shard in shards { latency.add(shard.histogram.withLock { $0 }) }
         let window = Double(last - first) / 1e9 + 0.01  // ticks are 10 ms apart: the window spans one more
         let writes = Int((metricsAfter["relay_downstream_writes_total"] ?? 0) - (metricsBefore["relay_downstream_writes_total"] ?? 0))
         let deliveredAll = (metricsAfter["relay_events_delivered_total"] ?? 0) - (metricsBefore["relay_events_delivered_total"] ?? 0)

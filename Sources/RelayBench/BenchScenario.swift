@@ -24,7 +24,7 @@ public struct BenchScenario: Sendable, Codable {
         name: "fanout", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
         wildcard: false, stalledSubscribers: 0, durationSeconds: 10, warmupSeconds: 2)
     public static let manyClients = BenchScenario(
-        name: "many-clients", subscribers: 10_000, symbolsPerSubscriber: 1, universe: 100, rate: 500, frameEvents: 50,
+        name: "many-clients", subscribers: 10_000, symbolsPerSubscriber: 1, universe: 100, rate: 50, frameEvents: 50,
         wildcard: false, stalledSubscribers: 0, durationSeconds: 10, warmupSeconds: 2)
     public static let firehose = BenchScenario(
         name: "firehose", subscribers: 4, symbolsPerSubscriber: 0, universe: 1000, rate: 200_000, frameEvents: 100,

@@ -12,7 +12,6 @@ final class BenchSubscriber: Sendable {
     struct Counts: Sendable {
         /// Events per send stamp (one stamp per upstream tick), so the measured window can be cut exactly.
         var byStamp: [Int64: Int] = [:]
-        var latency = Histogram<UInt64>(highestTrackableValue: 120_000_000_000, numberOfSignificantValueDigits: .three)
         var laggingNotices = 0
         var dropped = 0
         var received = 0
@@ -24,14 +23,22 @@ final class BenchSubscriber: Sendable {
         let end = Atomic<Int64>(.max)
     }
 
+    /// A latency histogram shared by several subscribers: one histogram is hundreds of kilobytes, so
+    /// ten thousand clients must not each own one.
+    final class LatencyShard: Sendable {
+        let histogram = Mutex(Histogram<UInt64>(highestTrackableValue: 120_000_000_000, numberOfSignificantValueDigits: .three))
+    }
+
     let topics: [String]
     let stalled: Bool
+    let latency: LatencyShard
     let counts = Mutex(Counts())
     let subscribed = Mutex(false)
 
-    init(topics: [String], stalled: Bool) {
+    init(topics: [String], stalled: Bool, latency: LatencyShard) {
         self.topics = topics
         self.stalled = stalled
+        self.latency = latency
     }
 
     /// Connects and runs until cancelled. `ready` is called once the subscription is acknowledged.
@@ -75,6 +82,7 @@ final class BenchSubscriber: Sendable {
         let now = WallClock.nowNanoseconds()
         let start = window.start.load(ordering: .relaxed)
         let end = window.end.load(ordering: .relaxed)
+        var latencies: [UInt64] = []
         counts.withLock { counts in
             counts.received += parsed.events.count
             var stamp: Int64 = 0
@@ -87,11 +95,16 @@ final class BenchSubscriber: Sendable {
                     run = 0
                 }
                 run += 1
-                if rt >= start, rt <= end, now > rt { _ = counts.latency.record(UInt64(now - rt)) }
+                if rt >= start, rt <= end, now > rt { latencies.append(UInt64(now - rt)) }
             }
             if run > 0 { counts.byStamp[stamp, default: 0] += run }
             for status in parsed.statuses where status.status == StatusMessage.Kind.lagging {
                 counts.laggingNotices += 1
+            }
+        }
+        if !latencies.isEmpty {
+            latency.histogram.withLock { histogram in
+                for value in latencies { _ = histogram.record(value) }
             }
         }
     }

@@ -116,7 +116,8 @@ public final class RelayServer: Service, Sendable {
                 webSocketRouter: webSocketRouter,
                 configuration: .init(
                     ws: .init(maxFrameSize: configuration.maxClientMessageBytes, autoPing: .enabled(timePeriod: .seconds(30))))),
-            configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay"),
+            // A deep accept queue: after a restart every client reconnects at once.
+            configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay", backlog: 4096),
             onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },
             logger: logger
         )

@@ -8,7 +8,7 @@ struct BenchCommand: AsyncParsableCommand {
         abstract: "End-to-end throughput and latency over loopback: synthetic upstream → relay (child process) → subscribers.",
         discussion: """
             Scenarios: fanout (100 subscribers, 20 of 100 symbols, 50k events/s in frames of 50),
-            many-clients (10,000 mostly idle subscribers), firehose (4 wildcard subscribers, 200k events/s),
+            many-clients (10,000 mostly idle subscribers, 50 events/s), firehose (4 wildcard subscribers, 200k events/s),
             slow-consumer (fanout plus one subscriber that never reads). Flags override a scenario's knobs.
             Build in release mode for figures worth quoting: swift build -c release.
             """
