@@ -64,7 +64,9 @@ public struct RelaySettings: Sendable {
         /// `/v1/portfolio/stream` sends at most one valuation this often.
         public var pushIntervalMilliseconds: Int
 
-        public init(dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900, pushIntervalMilliseconds: Int = 500) {
+        public init(
+            dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900, pushIntervalMilliseconds: Int = 500
+        ) {
             self.dataDirectory = dataDirectory
             self.timeZone = timeZone
             self.staleAfterSeconds = staleAfterSeconds

@@ -69,7 +69,8 @@ struct PortfolioEndToEndTests {
                     let rows = try? JSONSerialization.jsonObject(with: Data(history.body.utf8)) as? [[String: Any]],
                     let today = rows.last
                 else { return false }
-                return today["partial"] as? Bool == false && (today["value"] as? String).flatMap { Decimal(string: $0) }.map { $0 > 0 } == true
+                return today["partial"] as? Bool == false
+                    && (today["value"] as? String).flatMap { Decimal(string: $0) }.map { $0 > 0 } == true
             }
             // History is gap-free from the account's creation to today.
             let history = try await httpGet("\(base)/v1/accounts/\(id)/history?from=2024-01-01&to=2024-01-10")

@@ -1,0 +1,149 @@
+import Foundation
+import Synchronization
+import Testing
+
+@testable import Portfolio
+
+@Suite("Prefetch window")
+struct PrefetchWindowTests {
+    let five = ["A", "B", "C", "D", "E"]
+
+    @Test(arguments: [
+        (0, ["B"], ["C"]), (1, ["A", "C"], ["D"]), (2, ["B", "D"], ["A", "E"]), (3, ["C", "E"], ["B"]), (4, ["D"], ["C"]),
+    ])
+    func neighboursAtEveryPositionIncludingTheEdges(index: Int, immediate: [String], delayed: [String]) {
+        let window = PrefetchWindow(order: five, viewing: index)
+        #expect(window.immediate == immediate)
+        #expect(window.delayed == delayed)
+    }
+
+    @Test func oneAndTwoSecurities() {
+        #expect(PrefetchWindow(order: ["A"], viewing: 0) == PrefetchWindow(order: [], viewing: 0).with(covered: ["A"]))
+        let two = PrefetchWindow(order: ["A", "B"], viewing: 1)
+        #expect(two.immediate == ["A"])
+        #expect(two.delayed.isEmpty)
+        #expect(PrefetchWindow(order: five, viewing: 9).covered.isEmpty)
+    }
+}
+
+extension PrefetchWindow {
+    func with(covered: Set<String>) -> PrefetchWindow {
+        var copy = self
+        copy.covered = covered
+        return copy
+    }
+}
+
+/// Records what the data source was asked for, and what it saw cancelled.
+final class LoadRecorder: Sendable {
+    let started = Mutex<[String]>([])
+    let cancelled = Mutex<[String]>([])
+    let finished = Mutex<[String]>([])
+
+    /// A slow source: each load takes `duration` unless cancelled, which it notices at once.
+    func load(_ symbol: String, duration: Duration) async -> String {
+        started.withLock { $0.append(symbol) }
+        do {
+            try await Task.sleep(for: duration)
+        } catch {
+            cancelled.withLock { $0.append(symbol) }
+            return "cancelled"
+        }
+        finished.withLock { $0.append(symbol) }
+        return "detail of \(symbol)"
+    }
+}
+
+@Suite("Security cache and prefetching")
+struct SecurityCacheTests {
+    func cache(_ recorder: LoadRecorder, capacity: Int = 10, duration: Duration = .milliseconds(1)) -> SecurityCache<String> {
+        SecurityCache(capacity: capacity, isComplete: { $0.hasPrefix("detail") }) { symbol in
+            await recorder.load(symbol, duration: duration)
+        }
+    }
+
+    @Test func theLeastRecentlyUsedIsEvictedFirst() async {
+        let recorder = LoadRecorder()
+        let cache = cache(recorder, capacity: 3)
+        for symbol in ["A", "B", "C"] { _ = await cache.detail(symbol) }
+        _ = await cache.detail("A")  // A is now the most recent
+        _ = await cache.detail("D")
+        #expect(await cache.evicted == ["B"])
+        #expect(await cache.symbols == ["D", "A", "C"])
+        _ = await cache.prefetch("E")?.value  // prefetched entries count like any other
+        #expect(await cache.evicted == ["B", "C"])
+        #expect(await cache.counters.hits == 1)
+    }
+
+    @Test func concurrentRequestsForOneSymbolFetchOnce() async {
+        let recorder = LoadRecorder()
+        let cache = cache(recorder, duration: .milliseconds(200))
+        await withTaskGroup(of: String.self) { group in
+            for _ in 0..<8 { group.addTask { await cache.detail("AAPL") } }
+            for await detail in group { #expect(detail == "detail of AAPL") }
+        }
+        #expect(recorder.started.withLock { $0 } == ["AAPL"])
+        #expect(await cache.counters.joined == 7)
+    }
+
+    @Test func anIncompleteDetailIsLoadedAgain() async {
+        let flaky = Mutex(true)
+        let cache = SecurityCache<String>(isComplete: { $0 == "ok" }) { _ in
+            flaky.withLock { first in
+                defer { first = false }
+                return first ? "partial" : "ok"
+            }
+        }
+        #expect(await cache.detail("X") == "partial")
+        #expect(await cache.detail("X") == "ok")
+        #expect(await cache.counters.loads == 2)
+    }
+
+    @Test func openingNThenNPlusOneAndNPlusTwoIsServedFromCache() async throws {
+        let recorder = LoadRecorder()
+        let cache = cache(recorder, duration: .milliseconds(100))
+        let prefetch = PrefetchCoordinator(cache: cache)
+        let order = ["A", "B", "C", "D", "E"]
+        _ = await cache.detail("B")
+        await prefetch.viewed(order: order, index: 1)
+        // A and C start at once; D after half a second. Wait (bounded) until all three are cached.
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline {
+            if await cache.contains("A"), await cache.contains("C"), await cache.contains("D") { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let misses = await cache.counters.misses
+        _ = await cache.detail("C")
+        _ = await cache.detail("D")
+        #expect(await cache.counters.misses == misses, "C and D came from the cache")
+        #expect(await cache.counters.hits == 2)
+    }
+
+    @Test func movingTheWindowCancelsPrefetchesThatFellOutOfIt() async throws {
+        let recorder = LoadRecorder()
+        let cache = cache(recorder, duration: .seconds(30))
+        let prefetch = PrefetchCoordinator(cache: cache)
+        let order = ["A", "B", "C", "D", "E", "F", "G"]
+        await prefetch.viewed(order: order, index: 0)  // B now, C later
+        try await waitUntil { recorder.started.withLock { $0 } == ["B"] }
+        await prefetch.viewed(order: order, index: 6)  // window E, F, G: B and the delayed C go
+        try await waitUntil { recorder.cancelled.withLock { $0 } == ["B"] }
+        #expect(await prefetch.pending == ["F", "E"])
+        #expect(!recorder.started.withLock { $0 }.contains("C"), "the delayed prefetch of C never started")
+        await prefetch.cancelAll()
+        try await waitUntil { Set(recorder.cancelled.withLock { $0 }) == ["B", "F"] }
+        #expect(await prefetch.pending.isEmpty)
+    }
+
+    /// Polls a condition with a bound (the loads run in their own tasks).
+    func waitUntil(_ condition: @escaping @Sendable () -> Bool) async throws {
+        let deadline = ContinuousClock.now + .seconds(5)
+        while !condition() {
+            guard ContinuousClock.now < deadline else {
+                Issue.record("condition not reached within 5 s")
+                return
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+}
