@@ -321,9 +321,7 @@ public final class DemoFeed: Service, Sendable {
         }
         let clock = ContinuousClock()
         let tick = configuration.tickInterval
-        let perTick =
-            configuration.eventsPerSecond * Double(tick.components.seconds) + configuration.eventsPerSecond
-            * Double(tick.components.attoseconds) / 1e18
+        let perTick = configuration.eventsPerSecond * tick.seconds
         var owed = 0.0
         var nextTick = clock.now
         var barStart = WallClock.nowMilliseconds()

@@ -39,14 +39,4 @@ public enum FrameEncoder {
         frames.append(buffer)
         return frames
     }
-
-    /// One event as a frame of its own.
-    public static func frame(for event: MarketEvent) -> ByteBuffer {
-        var buffer = ByteBuffer()
-        buffer.reserveCapacity(event.bytes.readableBytes + 2)
-        buffer.writeInteger(UInt8(ascii: "["))
-        buffer.writeImmutableBuffer(event.bytes)
-        buffer.writeInteger(UInt8(ascii: "]"))
-        return buffer
-    }
 }

@@ -2,6 +2,19 @@
     import Glibc
 #endif
 
+extension Duration {
+    /// Whole milliseconds (truncated).
+    public var milliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1000 + attoseconds / 1_000_000_000_000_000
+    }
+
+    /// Seconds as a floating-point number (metrics, rates).
+    public var seconds: Double {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
+    }
+}
+
 /// A monotonic clock in nanoseconds, cheap enough to read per message.
 public enum MonotonicClock {
     public static func nanoseconds() -> UInt64 {

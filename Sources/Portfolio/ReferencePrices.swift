@@ -99,8 +99,7 @@ public struct ReferencePrices: Sendable {
         for attempt in 0..<attempts {
             if attempt > 0 {
                 let ceiling = initialBackoff * (1 << min(attempt - 1, 10))
-                let milliseconds = Int64.random(
-                    in: 0...max(ceiling.components.seconds * 1000 + ceiling.components.attoseconds / 1_000_000_000_000_000, 1))
+                let milliseconds = Int64.random(in: 0...max(ceiling.milliseconds, 1))
                 do { try await Task.sleep(for: .milliseconds(milliseconds)) } catch { return .failure(.transport("cancelled")) }
             }
             do {

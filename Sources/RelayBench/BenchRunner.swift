@@ -161,7 +161,7 @@ public struct BenchRunner: Sendable {
         }
         let tally = feed.stopTally()
         let wall = ContinuousClock.now - wall0
-        let seconds = Double(wall.components.seconds) + Double(wall.components.attoseconds) / 1e18
+        let seconds = wall.seconds
         let relayCPU = relay.cpuSeconds() - relayCPU0
         let benchCPU = Self.ownCPUSeconds() - benchCPU0
         guard let first = tally.firstStamp, let last = tally.lastStamp else { throw BenchError(description: "the feed sent nothing") }

@@ -129,7 +129,7 @@ public final class RelayServer: Service, Sendable {
         metrics.maxBufferFill.record(await hub.bufferStatistics.maxFill)
         if let last = upstream.lastMessageAt {
             let age = ContinuousClock.now - last
-            metrics.upstreamLastMessageAge.record(Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18)
+            metrics.upstreamLastMessageAge.record(age.seconds)
         }
         return Response(
             status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
@@ -170,7 +170,7 @@ public final class RelayServer: Service, Sendable {
                 detail: state.detail,
                 url: upstream.configuration.endpoint.description,
                 subscribedTopics: upstream.subscribedTopics.count,
-                lastMessageAgeMs: age.map { $0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000 },
+                lastMessageAgeMs: age?.milliseconds,
                 messagesReceived: statistics.messagesReceived,
                 eventsReceived: statistics.eventsReceived,
                 malformedMessages: statistics.malformedMessages,

@@ -48,13 +48,6 @@ public struct ReconnectPolicy: Sendable {
     }
 }
 
-extension Duration {
-    var milliseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1000 + attoseconds / 1_000_000_000_000_000
-    }
-}
-
 /// Why one upstream connection ended, as the service thread reports it to the reconnect loop.
 struct ConnectionEnd: Sendable {
     enum Cause: String, Sendable, Equatable, CaseIterable {
