@@ -35,7 +35,6 @@ public actor MarketDataHub {
         var dropped = 0
         /// Dropped since the last `lagging` notice.
         var lostSinceNotice = 0
-        var fill = 0
         var lastWarning: ContinuousClock.Instant?
 
         init(id: SubscriberID, continuation: AsyncStream<[MarketEvent]>.Continuation, queue: SubscriberQueue) {
@@ -269,8 +268,7 @@ public actor MarketDataHub {
             subscriber.queue.pending.add(batch.count, ordering: .releasing)
             subscriber.queue.batches.add(1, ordering: .releasing)
             pending += batch.count
-            subscriber.fill = pending
-            if pending >= Self.warningFill { warnFalling(behind: subscriber) }
+            if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
         case .dropped:
             // The stream's own bound (1,000 elements) is a backstop; the event bound comes first.
             subscriber.dropped += batch.count
@@ -300,12 +298,12 @@ public actor MarketDataHub {
         remove(subscriber.id)
     }
 
-    private func warnFalling(behind subscriber: Subscriber) {
+    private func warnFalling(behind subscriber: Subscriber, fill: Int) {
         let now = ContinuousClock.now
         if let last = subscriber.lastWarning, now - last < .seconds(10) { return }
         subscriber.lastWarning = now
         logger.warning(
-            "subscriber falling behind: buffer \(subscriber.fill * 100 / Self.bufferLimit)% full",
+            "subscriber falling behind: buffer \(fill * 100 / Self.bufferLimit)% full",
             metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"])
     }
 
@@ -372,9 +370,9 @@ public actor MarketDataHub {
     /// Events published since start.
     public var publishedCount: Int { published }
 
-    /// Buffer use across subscribers: the fullest buffer (events) and how many subscribers are lagging
-    /// (have lost events not yet reported to them).
+    /// Buffer use across subscribers: the fullest buffer (events queued and not yet read) and how many
+    /// subscribers are lagging (have lost events not yet reported to them).
     public var bufferStatistics: (maxFill: Int, lagging: Int) {
-        (subscribers.values.map(\.fill).max() ?? 0, laggingCount)
+        (subscribers.values.map { $0.queue.pending.load(ordering: .relaxed) }.max() ?? 0, laggingCount)
     }
 }
