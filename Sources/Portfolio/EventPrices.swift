@@ -6,7 +6,10 @@ import PolygonWire
 enum EventPrices {
     /// The raw text of a top-level numeric field, e.g. `"p":189.05` → `189.05`.
     static func number(_ field: String, in bytes: ByteBuffer) -> Decimal? {
-        let text = String(buffer: bytes)
+        number(field, in: String(buffer: bytes))
+    }
+
+    static func number(_ field: String, in text: String) -> Decimal? {
         guard let key = text.range(of: "\"\(field)\":") else { return nil }
         var end = key.upperBound
         while end < text.endIndex, "-0123456789.".contains(text[end]) { end = text.index(after: end) }
@@ -14,21 +17,23 @@ enum EventPrices {
     }
 
     /// The event's time (`t`, Unix ms) or now.
-    static func time(in bytes: ByteBuffer, default now: Date) -> Date {
-        guard let ms = number("t", in: bytes) else { return now }
+    static func time(in text: String, default now: Date) -> Date {
+        guard let ms = number("t", in: text) else { return now }
         return Date(timeIntervalSince1970: NSDecimalNumber(decimal: ms).doubleValue / 1000)
     }
 
     /// Updates a symbol's prices from a trade or quote event.
     static func apply(_ event: MarketEvent, to prices: inout SymbolPrices, now: Date) {
-        let at = time(in: event.bytes, default: now)
+        // Read as text once; each field is then found in it.
+        let text = String(buffer: event.bytes)
+        let at = time(in: text, default: now)
         switch event.eventType {
         case "T":
-            if let price = number("p", in: event.bytes), price > 0 {
+            if let price = number("p", in: text), price > 0 {
                 prices.lastTrade = PriceObservation(value: price, at: at, source: .trade)
             }
         case "Q":
-            if let bid = number("bp", in: event.bytes), let ask = number("ap", in: event.bytes), bid > 0, ask >= bid {
+            if let bid = number("bp", in: text), let ask = number("ap", in: text), bid > 0, ask >= bid {
                 prices.lastQuoteMid = PriceObservation(value: (bid + ask) / 2, at: at, source: .quoteMid)
             }
         default:

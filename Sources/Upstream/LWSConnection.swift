@@ -465,12 +465,11 @@ final class LWSConnection: Sendable {
             lws_close_reason(wsi, LWS_CLOSE_STATUS_NORMAL, nil, 0)
             return -1
         case .send(let message, let more):
-            var bytes = Array(message.utf8)
+            // lws needs LWS_PRE bytes of headroom before the payload.
             let pre = relay_lws_pre()
-            let count = bytes.count
-            var buffer = [UInt8](repeating: 0, count: pre + count)
-            buffer.replaceSubrange(pre..<(pre + count), with: bytes)
-            bytes = []
+            var buffer = [UInt8](repeating: 0, count: pre)
+            buffer += message.utf8
+            let count = buffer.count - pre
             let written = buffer.withUnsafeMutableBufferPointer { pointer -> Int32 in
                 guard let base = pointer.baseAddress else { return -1 }
                 return lws_write(wsi, base + pre, count, LWS_WRITE_TEXT)
