@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import PolygonWire
 
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -98,9 +99,8 @@ public struct ReferencePrices: Sendable {
         var last: FetchError = .transport("not attempted")
         for attempt in 0..<attempts {
             if attempt > 0 {
-                let ceiling = initialBackoff * (1 << min(attempt - 1, 10))
-                let milliseconds = Int64.random(in: 0...max(ceiling.milliseconds, 1))
-                do { try await Task.sleep(for: .milliseconds(milliseconds)) } catch { return .failure(.transport("cancelled")) }
+                let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
+                do { try await Task.sleep(for: backoff.delay(attempt: attempt - 1)) } catch { return .failure(.transport("cancelled")) }
             }
             do {
                 var request = URLRequest(url: url)

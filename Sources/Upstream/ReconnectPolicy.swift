@@ -1,3 +1,5 @@
+import PolygonWire
+
 /// When to try the upstream again after a connection ends.
 ///
 /// Exponential backoff with full jitter: the n-th retry waits a random time in `0...min(maxDelay,
@@ -26,16 +28,14 @@ public struct ReconnectPolicy: Sendable {
     }
 
     /// The ceiling of the jittered delay before retry number `attempt` (0-based).
-    public func ceiling(attempt: Int) -> Duration {
-        let factor = 1 << min(max(attempt, 0), 20)
-        return min(maxDelay, initialDelay * factor)
-    }
+    public func ceiling(attempt: Int) -> Duration { backoff.ceiling(attempt: attempt) }
 
     /// A random delay in `0...ceiling(attempt:)`.
     public func delay(attempt: Int, using generator: inout some RandomNumberGenerator) -> Duration {
-        let ceilingMs = max(ceiling(attempt: attempt).milliseconds, 1)
-        return .milliseconds(Int64.random(in: 0...ceilingMs, using: &generator))
+        backoff.delay(attempt: attempt, using: &generator)
     }
+
+    private var backoff: Backoff { Backoff(initial: initialDelay, cap: maxDelay) }
 
     /// The delay after a connection ended for `cause`.
     func delay(after cause: ConnectionEnd.Cause, attempt: Int) -> Duration {
