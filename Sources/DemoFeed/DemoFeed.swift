@@ -30,10 +30,12 @@ public final class DemoFeed: Service, Sendable {
     private let connections = Mutex<[Int: FeedConnection]>([:])
     private let nextConnection = Mutex(1)
     private let tally = Mutex<Tally?>(nil)
-    /// What the REST endpoints answer: each ticker's last trade (cents, Unix ms) and previous close.
-    private let rest = Mutex<(last: [String: (cents: Int64, at: Int64)], previousClose: [String: Int64])>(([:], [:]))
-    /// REST requests answered, for tests.
+    /// What the REST endpoints answer.
+    let restState = Mutex(RestState())
+    /// REST requests received, for tests.
     public let restRequests = Mutex(0)
+    /// REST requests per endpoint and ticker, and what became of them.
+    let restCounts = Mutex<[String: RestCount]>([:])
     private let logger: Logger
 
     struct FeedConnection: Sendable {
@@ -86,22 +88,7 @@ public final class DemoFeed: Service, Sendable {
         }
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
-        router.get("/v2/last/trade/:ticker") { request, context in
-            try await self.restAnswer(request, context) { ticker, state in
-                guard let last = state.last[ticker] else { return nil }
-                return
-                    #"{"status":"OK","request_id":"demo","results":{"T":"\#(ticker)","p":\#(DemoMarket.price(last.cents)),"s":100,"t":\#(last.at * 1_000_000),"x":4}}"#
-            }
-        }
-        router.get("/v2/aggs/ticker/:ticker/prev") { request, context in
-            try await self.restAnswer(request, context) { ticker, state in
-                guard let close = state.previousClose[ticker] else { return nil }
-                let price = DemoMarket.price(close)
-                let day = (WallClock.nowMilliseconds() / 86_400_000 - 1) * 86_400_000
-                return
-                    #"{"ticker":"\#(ticker)","status":"OK","queryCount":1,"resultsCount":1,"adjusted":true,"request_id":"demo","results":[{"T":"\#(ticker)","o":\#(price),"h":\#(price),"l":\#(price),"c":\#(price),"v":1000000,"t":\#(day)}]}"#
-            }
-        }
+        addREST(to: router)
         router.post("/faults/:name") { _, context -> String in
             let name = context.parameters.get("name") ?? ""
             guard let fault = DemoFeedFault(rawValue: name) else {
@@ -127,36 +114,6 @@ public final class DemoFeed: Service, Sendable {
             onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },
             logger: logger
         )
-    }
-
-    // MARK: REST
-
-    /// Polygon-style REST answers from the market's state: the key (when one is set) as `apiKey`,
-    /// 404 for an unknown ticker, an optional delay first.
-    private func restAnswer(
-        _ request: Request, _ context: some RequestContext,
-        _ body: @Sendable (String, (last: [String: (cents: Int64, at: Int64)], previousClose: [String: Int64])) -> String?
-    ) async throws -> Response {
-        let number = restRequests.withLock { count in
-            count += 1
-            return count
-        }
-        if let delay = configuration.restDelay { try await Task.sleep(for: delay) }
-        if number <= configuration.restFailures {
-            return Self.restJSON(#"{"status":"ERROR","error":"temporarily unavailable"}"#, status: .serviceUnavailable)
-        }
-        if let key = configuration.apiKey, request.uri.queryParameters.get("apiKey") != key {
-            return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
-        }
-        let ticker = (context.parameters.get("ticker") ?? "").uppercased()
-        guard let text = body(ticker, rest.withLock { $0 }) else {
-            return Self.restJSON(#"{"status":"NOT_FOUND","message":"no data for \#(ticker)"}"#, status: .notFound)
-        }
-        return Self.restJSON(text, status: .ok)
-    }
-
-    static func restJSON(_ text: String, status: HTTPResponse.Status) -> Response {
-        Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))
     }
 
     // MARK: one client
@@ -314,7 +271,7 @@ public final class DemoFeed: Service, Sendable {
             configuration.universe.map { DemoMarket(tickers: $0, seed: seed) }
             ?? DemoMarket(generatedTickers: configuration.generatedTickers, seed: seed)
         let opened = WallClock.nowMilliseconds()
-        rest.withLock { state in
+        restState.withLock { state in
             // The market opens at these prices: yesterday's close, and the last trade until one happens.
             state.previousClose = market.allCents
             state.last = market.allCents.mapValues { ($0, opened) }
@@ -342,7 +299,7 @@ public final class DemoFeed: Service, Sendable {
                 events.append(market.nextEvent(timestamp: now, stamp: stamp))
                 owed -= 1
             }
-            rest.withLock { state in
+            restState.withLock { state in
                 for event in events where event.eventType == "T" {
                     if let cents = market.cents(of: event.ticker) { state.last[event.ticker] = (cents, now) }
                 }

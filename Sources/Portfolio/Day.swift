@@ -90,6 +90,12 @@ public struct DayCalendar: Sendable {
         return self.day(of: preceding)
     }
 
+    /// The same date `years` later (earlier when negative); 29 February becomes 28 February.
+    public func day(_ day: Day, addingYears years: Int) -> Day {
+        let date = startOfDay(day)
+        return self.day(of: calendar.date(byAdding: .year, value: years, to: date) ?? date.addingTimeInterval(Double(years) * 365 * 86_400))
+    }
+
     /// The instant a local day begins.
     public func startOfDay(_ day: Day) -> Date {
         calendar.date(from: DateComponents(year: day.year, month: day.month, day: day.day)) ?? Date(timeIntervalSince1970: 0)

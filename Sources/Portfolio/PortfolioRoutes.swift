@@ -11,14 +11,21 @@ import NIOCore
 /// - `GET /v1/portfolio`, `GET /v1/accounts/{id}/valuation`
 /// - `GET /v1/portfolio/history?from=&to=`, `GET /v1/accounts/{id}/history?from=&to=`
 /// - WebSocket `/v1/portfolio/stream`: the valuation each time it changes
+/// - `GET /v1/holdings?sort=&order=&filter=&assetType=&account=`: a view of the holdings
+/// - `GET /v1/securities/{symbol}?view=`: a security's detail, its neighbours in the view prefetched
 ///
 /// Validation errors answer 422 with `{"error":…, "field":…}` naming the field.
 public struct PortfolioRoutes: Sendable {
     public let service: PortfolioService
+    public let browser: SecurityBrowser?
 
-    public init(service: PortfolioService) {
+    public init(service: PortfolioService, browser: SecurityBrowser? = nil) {
         self.service = service
+        self.browser = browser
     }
+
+    /// The header a client names itself with to keep its prefetches across connections.
+    public static let clientHeader = "X-Relay-Client"
 
     struct Problem: Encodable {
         var error: String
@@ -93,9 +100,15 @@ public struct PortfolioRoutes: Sendable {
         return range
     }
 
-    public func add(to router: Router<BasicRequestContext>) {
+    /// - Parameter connection: the HTTP connection a request came on, when the context knows it: a
+    ///   client without a name is its connection, and its prefetches stop when it closes.
+    public func add<Context: RequestContext>(
+        to router: Router<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil }
+    ) {
         let service = self.service
         let store = service.store
+        let browser = self.browser
+        if let browser { Self.addSecurities(to: router, browser: browser, connection: connection) }
         router.post("/v1/accounts") { request, _ in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
@@ -116,6 +129,7 @@ public struct PortfolioRoutes: Sendable {
                 let close = (try? await Self.body(PortfolioJSON.Close.self, request)) ?? PortfolioJSON.Close()
                 let account = try store.closeAccount(try Self.id(context), at: close.closedAt ?? .now)
                 try await service.holdingsChanged()
+                await browser?.transactionsChanged()
                 try await service.backfill()
                 return Self.json(PortfolioJSON.AccountOut(account))
             }
@@ -124,6 +138,7 @@ public struct PortfolioRoutes: Sendable {
             await Self.answer {
                 try store.deleteAccount(try Self.id(context))
                 try await service.holdingsChanged()
+                await browser?.transactionsChanged()
                 try await service.backfill()
                 return Response(status: .noContent)
             }
@@ -135,6 +150,7 @@ public struct PortfolioRoutes: Sendable {
                     accountID: try Self.id(context), date: new.date, kind: new.kind, symbol: new.symbol ?? "",
                     quantity: new.quantity?.value ?? 0, price: new.price?.value ?? 0, fees: new.fees?.value ?? 0)
                 try await service.holdingsChanged()
+                await browser?.transactionsChanged()
                 return Self.json(PortfolioJSON.TransactionOut(transaction), status: .created)
             }
         }
@@ -179,6 +195,60 @@ public struct PortfolioRoutes: Sendable {
                 return Self.json(try store.portfolioSnapshots(from: from, through: to).map(PortfolioJSON.SnapshotOut.init))
             }
         }
+    }
+
+    static func addSecurities<Context: RequestContext>(
+        to router: Router<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?
+    ) {
+        let store = browser.service.store
+        router.get("/v1/holdings") { request, context in
+            await Self.answer {
+                var parameters: [String: String] = [:]
+                for (name, value) in request.uri.queryParameters {
+                    parameters[String(name)] = String(value).removingPercentEncoding ?? String(value)
+                }
+                let query = try HoldingsQuery(parameters: parameters)
+                for id in query.accounts { _ = try store.account(id) }
+                let view = try await Self.asClient(request, context, browser, connection) { client in
+                    try await browser.holdings(query, client: client)
+                }
+                return Self.json(PortfolioJSON.HoldingsOut(view))
+            }
+        }
+        router.get("/v1/securities/:symbol") { request, context in
+            await Self.answer {
+                let raw = context.parameters.get("symbol") ?? ""
+                let symbol = (raw.removingPercentEncoding ?? raw).uppercased()
+                guard !symbol.isEmpty, symbol.count <= 64, !symbol.contains(where: \.isWhitespace) else {
+                    throw PortfolioStore.ValidationError(field: "symbol", message: "expected a ticker such as AAPL or X:BTCUSD")
+                }
+                let view = request.uri.queryParameters.get("view").map { String($0) }.flatMap { $0.isEmpty ? nil : $0 }
+                let answer = try await Self.asClient(request, context, browser, connection) { client in
+                    try await browser.detail(symbol, view: view, client: client)
+                }
+                return Self.json(PortfolioJSON.SecurityOut(answer))
+            }
+        }
+    }
+
+    /// Runs `body` for the request's client: the `X-Relay-Client` name, else the connection, whose
+    /// prefetches are cancelled when it closes.
+    static func asClient<Context: RequestContext, T: Sendable>(
+        _ request: Request, _ context: Context, _ browser: SecurityBrowser, _ connection: (Context) -> (any Channel)?,
+        _ body: (SecurityBrowser.ClientKey) async throws -> T
+    ) async throws -> T {
+        if let name = request.headers.first(where: { $0.name.canonicalName == clientHeader.lowercased() })?.value, !name.isEmpty {
+            return try await body(.named(String(name.prefix(128))))
+        }
+        guard let channel = connection(context) else { return try await body(.named("anonymous")) }
+        let key = SecurityBrowser.ClientKey.connection(ObjectIdentifier(channel))
+        let isNew = await !browser.knows(key)
+        let result = try await body(key)
+        if isNew {
+            // Registered after the client's state exists: a connection already closed fires at once.
+            channel.closeFuture.whenComplete { _ in Task { await browser.clientGone(key) } }
+        }
+        return result
     }
 
     public func addWebSocket(to router: Router<BasicWebSocketRequestContext>) {

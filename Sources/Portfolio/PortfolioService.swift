@@ -153,16 +153,39 @@ public actor PortfolioService: Service {
 
     /// The valuation of one account, or of every brokerage account together.
     public func valuation(accountID: Int64? = nil) throws -> Valuation {
+        let (positions, _) = try openPositions(accounts: accountID.map { [$0] } ?? [])
+        return Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
+    }
+
+    /// Every open position of the active brokerage accounts in `accounts` (all when empty), merged by
+    /// symbol, with the accounts holding each.
+    private func openPositions(accounts wanted: Set<Int64>) throws -> ([String: PositionBook.Position], [String: [Int64]]) {
         var positions: [String: PositionBook.Position] = [:]
+        var holders: [String: [Int64]] = [:]
         for account in try store.accounts() where account.kind == .brokerage && account.isActive {
-            if let accountID, account.id != accountID { continue }
+            if !wanted.isEmpty, !wanted.contains(account.id) { continue }
             for position in try PositionBook(transactions: try store.transactions(accountID: account.id)).open {
                 var merged = positions[position.symbol] ?? PositionBook.Position(symbol: position.symbol)
                 merged.lots += position.lots
                 positions[position.symbol] = merged
+                holders[position.symbol, default: []].append(account.id)
             }
         }
-        return Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
+        return (positions, holders)
+    }
+
+    /// The holdings of the accounts in `accounts` (every active brokerage account when empty), valued
+    /// now, by symbol.
+    public func holdings(accounts: Set<Int64> = []) throws -> [Holding] {
+        let (positions, holders) = try openPositions(accounts: accounts)
+        let valuation = Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
+        return valuation.positions.map { row in
+            let weight: Decimal? =
+                if let value = row.marketValue, row.status == .priced, valuation.total > 0 {
+                    DecimalText.rounded(value / valuation.total * 100, scale: 2)
+                } else { nil }
+            return Holding(valuation: row, assetType: AssetType(ticker: row.symbol), accounts: holders[row.symbol] ?? [], weight: weight)
+        }
     }
 
     /// The current valuation, then a new one whenever it changes, at most every `pushInterval`.

@@ -26,6 +26,8 @@ public final class Relay: Service, Sendable {
         public let demoFeed: DemoFeed?
         /// The valuation sidecar, when enabled.
         public let portfolio: PortfolioService?
+        /// Holdings views and security details, with the portfolio.
+        public let securities: SecurityBrowser?
         /// The port the relay listens on.
         public let port: Int
         /// The in-process demo feed's port, if it runs.
@@ -41,6 +43,15 @@ public final class Relay: Service, Sendable {
         self.logger = logger
     }
 
+    /// Polygon's (and Massive's) REST host for their WebSocket hosts; `nil` for any other upstream.
+    static func restURL(for endpoint: UpstreamConfiguration.Endpoint) -> String? {
+        let host = endpoint.host.lowercased()
+        for domain in ["polygon.io", "massive.com"] where host == domain || host.hasSuffix(".\(domain)") {
+            return "https://api.\(domain)"
+        }
+        return nil
+    }
+
     /// Waits until every part runs and the relay listens.
     public func ready() async throws -> Components { try await readiness.wait() }
 
@@ -51,13 +62,13 @@ public final class Relay: Service, Sendable {
             let pipeline: Pipeline
             if let endpoint = settings.upstream {
                 pipeline = Pipeline(relay: self, authentication: authentication, demoFeed: nil) {
-                    (endpoint, self.settings.upstreamKey ?? "", self.settings.upstreamRESTURL)
+                    (endpoint, self.settings.upstreamKey ?? "", self.settings.upstreamRESTURL ?? Self.restURL(for: endpoint))
                 }
             } else {
                 let apiKey = "demo-" + UUID().uuidString
-                let feed = DemoFeed(
-                    configuration: DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate),
-                    logger: logger.with(label: "relay.demo-feed"))
+                var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
+                feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
+                let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
                 pipeline = Pipeline(relay: self, authentication: authentication, demoFeed: feed) {
                     let url = try await feed.url()
                     guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
@@ -103,25 +114,32 @@ public final class Relay: Service, Sendable {
                 upstream.setWantedTopics(topics)
             }
             var portfolio: PortfolioService?
+            var browser: SecurityBrowser?
             if let portfolioSettings = settings.portfolio {
                 guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
                     throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
                 }
                 let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
-                portfolio = PortfolioService(
+                let rest = restURL.map { PolygonREST(baseURL: $0, apiKey: apiKey) }
+                let service = PortfolioService(
                     store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
                     pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
-                    referencePrices: restURL.map { ReferencePrices(baseURL: $0, apiKey: apiKey) },
+                    referencePrices: rest.map(ReferencePrices.init(rest:)),
                     logger: logger.with(label: "relay.portfolio"))
+                portfolio = service
+                browser = SecurityBrowser(
+                    service: service, loader: SecurityDetailLoader(store: store, hub: hub, rest: rest, calendar: calendar),
+                    capacity: portfolioSettings.securityCacheSize, idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
+                    metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
                 logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
             }
-            let routes = portfolio.map(PortfolioRoutes.init)
+            let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
             let server = RelayServer(
                 configuration: RelayServerConfiguration(
                     host: settings.listen.host, port: settings.listen.port,
                     market: endpoint.market, authentication: authentication),
                 hub: hub, upstream: upstream, registry: registry, logger: logger.with(label: "relay.server"),
-                extraRoutes: { router in routes?.add(to: router) },
+                extraRoutes: { router in routes?.add(to: router) { $0.channel } },
                 extraWebSocketRoutes: { router in routes?.addWebSocket(to: router) })
             var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
                 .init(service: upstream), .init(service: HubPump(upstream: upstream, hub: hub)),
@@ -138,7 +156,8 @@ public final class Relay: Service, Sendable {
                 let demoPort = try await demoFeed?.listeningPort()
                 relay.readiness.succeed(
                     Components(
-                        hub: hub, upstream: upstream, server: server, demoFeed: demoFeed, portfolio: portfolio, port: port,
+                        hub: hub, upstream: upstream, server: server, demoFeed: demoFeed, portfolio: portfolio, securities: browser,
+                        port: port,
                         demoFeedPort: demoPort
                     ))
                 logger.info(

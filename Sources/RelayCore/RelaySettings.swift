@@ -47,6 +47,8 @@ public struct RelaySettings: Sendable {
     public var clientKeys: [String]
     /// Events per second of the in-process demo feed.
     public var demoRate: Double
+    /// A delay before each of the demo feed's REST answers: a slow data source, to see prefetching work.
+    public var demoRESTDelayMilliseconds: Int?
     public var logLevel: Logger.Level
     /// What to do with a client whose buffer of 1,000 events is full.
     public var slowConsumerPolicy: SlowConsumerPolicy
@@ -63,10 +65,18 @@ public struct RelaySettings: Sendable {
         public var staleAfterSeconds: Double
         /// `/v1/portfolio/stream` sends at most one valuation this often.
         public var pushIntervalMilliseconds: Int
+        /// Security details kept in the cache (prefetched ones included).
+        public var securityCacheSize: Int
+        /// A named client (`X-Relay-Client`) idle this long has its prefetches cancelled.
+        public var clientIdleSeconds: Double
 
         public init(
-            dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900, pushIntervalMilliseconds: Int = 500
+            dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900,
+            pushIntervalMilliseconds: Int = 500,
+            securityCacheSize: Int = 10, clientIdleSeconds: Double = 120
         ) {
+            self.securityCacheSize = securityCacheSize
+            self.clientIdleSeconds = clientIdleSeconds
             self.dataDirectory = dataDirectory
             self.timeZone = timeZone
             self.staleAfterSeconds = staleAfterSeconds
@@ -124,13 +134,17 @@ public struct RelaySettings: Sendable {
         public var timeZone: String?
         public var portfolioEnabled: Bool?
         public var restURL: String?
+        public var securityCacheSize: Int?
+        public var demoRESTDelayMilliseconds: Int?
 
         public init(
             listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
             clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
             slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
-            portfolioEnabled: Bool? = nil, restURL: String? = nil
+            portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil
         ) {
+            self.securityCacheSize = securityCacheSize
+            self.demoRESTDelayMilliseconds = demoRESTDelayMilliseconds
             self.restURL = restURL
             self.dataDirectory = dataDirectory
             self.timeZone = timeZone
@@ -164,6 +178,8 @@ public struct RelaySettings: Sendable {
         ("RELAY_PORTFOLIO_PUSH_MS", "portfolio.pushIntervalMs"),
         ("RELAY_TIME_ZONE", "portfolio.timeZone"),
         ("RELAY_PORTFOLIO", "portfolio.enabled"),
+        ("RELAY_SECURITY_CACHE_SIZE", "portfolio.securityCacheSize"),
+        ("RELAY_DEMO_REST_DELAY_MS", "demo.restDelayMs"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -191,6 +207,8 @@ public struct RelaySettings: Sendable {
         put("portfolio.dataDir", flags.dataDirectory.map(ConfigContent.string))
         put("portfolio.timeZone", flags.timeZone.map(ConfigContent.string))
         put("portfolio.enabled", flags.portfolioEnabled.map(ConfigContent.bool))
+        put("portfolio.securityCacheSize", flags.securityCacheSize.map(ConfigContent.int))
+        put("demo.restDelayMs", flags.demoRESTDelayMilliseconds.map(ConfigContent.int))
         providers.append(InMemoryProvider(name: "flags", values: given))
 
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
@@ -245,6 +263,12 @@ public struct RelaySettings: Sendable {
             guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
             settings.demoRate = rate
         }
+        if let milliseconds = config.int(forKey: "demo.restDelayMs") {
+            guard milliseconds >= 0 else {
+                throw InvalidSetting(description: "demo.restDelayMs: must not be negative, got \(milliseconds)")
+            }
+            settings.demoRESTDelayMilliseconds = milliseconds
+        }
         if let level = config.string(forKey: "log.level") {
             guard let parsed = Logger.Level(rawValue: level.lowercased()) else {
                 throw InvalidSetting(
@@ -275,6 +299,14 @@ public struct RelaySettings: Sendable {
             if let seconds = config.double(forKey: "portfolio.staleAfterSeconds") {
                 guard seconds > 0 else { throw InvalidSetting(description: "portfolio.staleAfterSeconds: must be above 0") }
                 portfolio.staleAfterSeconds = seconds
+            }
+            if let size = config.int(forKey: "portfolio.securityCacheSize") {
+                guard size >= 1 else { throw InvalidSetting(description: "portfolio.securityCacheSize: at least 1, got \(size)") }
+                portfolio.securityCacheSize = size
+            }
+            if let seconds = config.double(forKey: "portfolio.clientIdleSeconds") {
+                guard seconds > 0 else { throw InvalidSetting(description: "portfolio.clientIdleSeconds: must be above 0") }
+                portfolio.clientIdleSeconds = seconds
             }
             settings.portfolio = portfolio
         }

@@ -25,7 +25,7 @@ public final class RelayServer: Service, Sendable {
     private let logger: Logger
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
-    private let extraRoutes: @Sendable (Router<BasicRequestContext>) -> Void
+    private let extraRoutes: @Sendable (Router<RelayRequestContext>) -> Void
     private let extraWebSocketRoutes: @Sendable (Router<BasicWebSocketRequestContext>) -> Void
 
     /// - Parameter registry: the Prometheus registry `/metrics` serves; the hub and upstream should
@@ -33,7 +33,7 @@ public final class RelayServer: Service, Sendable {
     public init(
         configuration: RelayServerConfiguration, hub: MarketDataHub, upstream: PolygonWebSocket,
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
-        extraRoutes: @escaping @Sendable (Router<BasicRequestContext>) -> Void = { _ in },
+        extraRoutes: @escaping @Sendable (Router<RelayRequestContext>) -> Void = { _ in },
         extraWebSocketRoutes: @escaping @Sendable (Router<BasicWebSocketRequestContext>) -> Void = { _ in }
     ) {
         self.extraRoutes = extraRoutes
@@ -102,7 +102,7 @@ public final class RelayServer: Service, Sendable {
                 .run(inbound: inbound, outbound: outbound)
         }
 
-        let router = Router()
+        let router = Router(context: RelayRequestContext.self)
         router.get("/healthz") { _, _ in try await self.health() }
         router.get("/metrics") { _, _ in await self.prometheusText() }
         extraRoutes(router)

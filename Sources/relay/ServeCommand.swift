@@ -52,6 +52,14 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(name: .customLong("time-zone"), help: "IANA zone of the portfolio's days (default UTC).")
     var timeZone: String?
 
+    @Option(name: .customLong("security-cache-size"), help: "Security details kept in the cache, prefetched ones included (default 10).")
+    var securityCacheSize: Int?
+
+    @Option(
+        name: .customLong("demo-rest-delay-ms"),
+        help: "Delay each REST answer of the built-in demo feed by this much (a slow data source, to watch prefetching).")
+    var demoRESTDelay: Int?
+
     @Flag(name: .customLong("no-portfolio"), help: "Run without the portfolio valuation sidecar.")
     var noPortfolio = false
 
@@ -69,7 +77,8 @@ struct ServeCommand: AsyncParsableCommand {
                     listen: listen, upstream: upstream, upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
                     clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config,
                     slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
-                    timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL),
+                    timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL,
+                    securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")

@@ -65,13 +65,14 @@ struct SecurityCacheTests {
     @Test func theLeastRecentlyUsedIsEvictedFirst() async {
         let recorder = LoadRecorder()
         let cache = cache(recorder, capacity: 3)
-        for symbol in ["A", "B", "C"] { _ = await cache.detail(symbol) }
-        _ = await cache.detail("A")  // A is now the most recent
+        for symbol in ["A", "B", "C"] { #expect(await cache.detail(symbol).outcome == .miss) }
+        #expect(await cache.detail("A").outcome == .hit)  // A is now the most recent
         _ = await cache.detail("D")
         #expect(await cache.evicted == ["B"])
         #expect(await cache.symbols == ["D", "A", "C"])
-        _ = await cache.prefetch("E")?.value  // prefetched entries count like any other
+        #expect(await cache.prefetch("E") == .loaded)  // prefetched entries count like any other
         #expect(await cache.evicted == ["B", "C"])
+        #expect(await cache.prefetch("E") == .cached)
         #expect(await cache.counters.hits == 1)
     }
 
@@ -79,7 +80,7 @@ struct SecurityCacheTests {
         let recorder = LoadRecorder()
         let cache = cache(recorder, duration: .milliseconds(200))
         await withTaskGroup(of: String.self) { group in
-            for _ in 0..<8 { group.addTask { await cache.detail("AAPL") } }
+            for _ in 0..<8 { group.addTask { await cache.detail("AAPL").detail } }
             for await detail in group { #expect(detail == "detail of AAPL") }
         }
         #expect(recorder.started.withLock { $0 } == ["AAPL"])
@@ -94,8 +95,8 @@ struct SecurityCacheTests {
                 return first ? "partial" : "ok"
             }
         }
-        #expect(await cache.detail("X") == "partial")
-        #expect(await cache.detail("X") == "ok")
+        #expect(await cache.detail("X").detail == "partial")
+        #expect(await cache.detail("X").detail == "ok")
         #expect(await cache.counters.loads == 2)
     }
 
@@ -113,10 +114,10 @@ struct SecurityCacheTests {
             try await Task.sleep(for: .milliseconds(20))
         }
         let misses = await cache.counters.misses
-        _ = await cache.detail("C")
-        _ = await cache.detail("D")
+        #expect(await cache.detail("C").outcome == .hit)
+        #expect(await cache.detail("D").outcome == .hit)
         #expect(await cache.counters.misses == misses, "C and D came from the cache")
-        #expect(await cache.counters.hits == 2)
+        #expect(await prefetch.counters.completed == 3)
     }
 
     @Test func movingTheWindowCancelsPrefetchesThatFellOutOfIt() async throws {
@@ -133,6 +134,58 @@ struct SecurityCacheTests {
         await prefetch.cancelAll()
         try await waitUntil { Set(recorder.cancelled.withLock { $0 }) == ["B", "F"] }
         #expect(await prefetch.pending.isEmpty)
+    }
+
+    @Test func aDelayedPrefetchIsReplacedByAnImmediateOneAndALoadingOneIsKept() async throws {
+        let recorder = LoadRecorder()
+        let cache = cache(recorder, duration: .seconds(30))
+        let prefetch = PrefetchCoordinator(cache: cache)
+        let order = ["A", "B", "C", "D", "E"]
+        await prefetch.viewed(order: order, index: 0)  // B now, C after the delay
+        try await waitUntil { recorder.started.withLock { $0 } == ["B"] }
+        await prefetch.viewed(order: order, index: 1)  // A and C now (C's delayed prefetch is replaced), D later
+        try await waitUntil { Set(recorder.started.withLock { $0 }) == ["A", "B", "C"] }
+        #expect(await prefetch.counters.cancelled == 1, "the delayed prefetch of C was replaced")
+        #expect(recorder.cancelled.withLock { $0 }.isEmpty, "B was loading and is kept, not restarted")
+        await prefetch.viewed(order: order, index: 2)  // B and D now (D replaced), A and E later: A and B are loading, kept
+        try await waitUntil { Set(recorder.started.withLock { $0 }) == ["A", "B", "C", "D"] }
+        #expect(await prefetch.counters.cancelled == 2)
+        #expect(recorder.started.withLock { $0 }.count == 4, "each symbol is fetched once")
+        #expect(recorder.cancelled.withLock { $0 }.isEmpty)
+        await prefetch.cancelAll()
+        try await waitUntil { Set(recorder.cancelled.withLock { $0 }) == ["A", "B", "C", "D"] }
+        #expect(!recorder.started.withLock { $0 }.contains("E"), "the delayed prefetch of E never started")
+    }
+
+    @Test func aCancelledPrefetchDoesNotCancelALoadSomeoneIsWaitingFor() async throws {
+        let recorder = LoadRecorder()
+        let cache = cache(recorder, duration: .milliseconds(300))
+        let prefetch = PrefetchCoordinator(cache: cache)
+        await prefetch.viewed(order: ["A", "B"], index: 0)  // prefetches B
+        try await waitUntil { recorder.started.withLock { $0 } == ["B"] }
+        async let request = cache.detail("B")  // joins the prefetch's load
+        let deadline = ContinuousClock.now + .seconds(5)
+        while await cache.counters.joined == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(await cache.counters.joined == 1, "the request joined the prefetch's load")
+        await prefetch.cancelAll()
+        let (detail, outcome) = await request
+        #expect(outcome == .joined)
+        #expect(detail == "detail of B", "the request still got the whole detail")
+        #expect(recorder.cancelled.withLock { $0 }.isEmpty)
+        #expect(recorder.started.withLock { $0 } == ["B"])
+    }
+
+    @Test func aNewListPrefetchesItsFirstSecurity() async throws {
+        let recorder = LoadRecorder()
+        let cache = cache(recorder)
+        let prefetch = PrefetchCoordinator(cache: cache)
+        await prefetch.listed(order: ["M", "N"])
+        try await waitUntil { recorder.finished.withLock { $0 } == ["M"] }
+        while await !cache.contains("M") { try await Task.sleep(for: .milliseconds(5)) }
+        await prefetch.listed(order: ["M", "N"])
+        #expect(await prefetch.counters.skipped == 1, "already cached: skipped")
+        await prefetch.listed(order: [])
+        #expect(await prefetch.counters.started == 1)
     }
 
     /// Polls a condition with a bound (the loads run in their own tasks).

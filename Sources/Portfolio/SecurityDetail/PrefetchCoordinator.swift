@@ -1,39 +1,50 @@
 import Logging
+import PolygonWire
 
 /// Runs the prefetches of one client: after it views a security, the window's neighbours are loaded
-/// (nearest at once, the next after ``PrefetchWindow/delay``), prefetches that fall out of a new window
-/// are cancelled, a new prefetch of a symbol replaces the old one, and ``cancelAll()`` (the client went
-/// away) cancels everything. An actor.
+/// (nearest at once, the next after ``PrefetchWindow/delay``), at low priority; prefetches that fall
+/// out of a new window are cancelled, and ``cancelAll()`` (the client went away) cancels everything.
+/// A new prefetch of a symbol replaces one still waiting for its turn (a delayed one becoming
+/// immediate); one already loading is kept, since replacing it would only restart the same fetch. An
+/// actor; every decision is logged at debug level.
 public actor PrefetchCoordinator<Detail: Sendable> {
     private let cache: SecurityCache<Detail>
     private let logger: Logger
+    private let metrics: SecurityCacheMetrics
     /// Each symbol's prefetch and its generation, so a replaced one finishing late removes nothing.
-    private var tasks: [String: (generation: UInt64, task: Task<Void, Never>)] = [:]
+    private var tasks: [String: (generation: UInt64, task: Task<Void, Never>, loading: Bool)] = [:]
     private var generation: UInt64 = 0
 
     public struct Counters: Sendable, Equatable {
         public var started = 0
+        public var completed = 0
         public var cancelled = 0
+        /// Not started, or found done when its turn came: the symbol was cached already.
+        public var skipped = 0
     }
 
     public private(set) var counters = Counters()
 
-    public init(cache: SecurityCache<Detail>, logger: Logger = Logger(label: "relay.prefetch")) {
+    public init(cache: SecurityCache<Detail>, metrics: SecurityCacheMetrics = .none, logger: Logger = Logger(label: "relay.prefetch")) {
         self.cache = cache
+        self.metrics = metrics
         self.logger = logger
     }
 
-    /// The client now views `order[index]` (fully loaded): move the window there.
+    /// The client now views `order[index]`, fully loaded: move the window there.
     public func viewed(order: [String], index: Int) async {
         let window = PrefetchWindow(order: order, viewing: index)
         for (symbol, entry) in tasks where !window.covered.contains(symbol) {
-            entry.task.cancel()
-            tasks[symbol] = nil
-            counters.cancelled += 1
-            logger.debug("prefetch cancelled: left the window", metadata: ["symbol": "\(symbol)"])
+            cancel(symbol, entry.task, because: "left the window")
         }
-        for symbol in window.immediate { await schedule(symbol, after: nil) }
-        for symbol in window.delayed { await schedule(symbol, after: PrefetchWindow.delay) }
+        for symbol in window.immediate { await schedule(symbol, after: nil, reason: "neighbour of \(order[index])") }
+        for symbol in window.delayed { await schedule(symbol, after: PrefetchWindow.delay, reason: "second neighbour of \(order[index])") }
+    }
+
+    /// The client loaded, sorted or filtered a list: its first security is likely next.
+    public func listed(order: [String]) async {
+        guard let first = PrefetchWindow.firstOf(order) else { return }
+        await schedule(first, after: nil, reason: "first of a new list")
     }
 
     /// Symbols with a prefetch scheduled or running.
@@ -41,18 +52,36 @@ public actor PrefetchCoordinator<Detail: Sendable> {
 
     /// Cancels every prefetch of this client.
     public func cancelAll() {
-        for entry in tasks.values { entry.task.cancel() }
-        counters.cancelled += tasks.count
-        tasks.removeAll()
+        for (symbol, entry) in tasks { cancel(symbol, entry.task, because: "the client went away") }
     }
 
-    private func schedule(_ symbol: String, after delay: Duration?) async {
-        guard await !cache.contains(symbol) else { return }
+    private func cancel(_ symbol: String, _ task: Task<Void, Never>, because reason: String) {
+        task.cancel()
+        tasks[symbol] = nil
+        counters.cancelled += 1
+        metrics.prefetchesCancelled?.increment()
+        logger.debug("prefetch cancelled: \(reason)", metadata: ["symbol": "\(symbol)"])
+    }
+
+    private func schedule(_ symbol: String, after delay: Duration?, reason: String) async {
+        guard await !cache.contains(symbol) else {
+            counters.skipped += 1
+            metrics.prefetchesSkipped?.increment()
+            logger.debug("prefetch skipped: cached", metadata: ["symbol": "\(symbol)", "reason": "\(reason)"])
+            return
+        }
         if let old = tasks[symbol] {
-            old.task.cancel()
-            counters.cancelled += 1
+            if old.loading {
+                logger.debug("prefetch kept: already loading", metadata: ["symbol": "\(symbol)", "reason": "\(reason)"])
+                return
+            }
+            cancel(symbol, old.task, because: "replaced by a new prefetch")
         }
         counters.started += 1
+        metrics.prefetchesStarted?.increment()
+        logger.debug(
+            "prefetch \(delay == nil ? "now" : "after \(delay?.milliseconds ?? 0) ms")",
+            metadata: ["symbol": "\(symbol)", "reason": "\(reason)"])
         generation += 1
         let mine = generation
         let cache = self.cache
@@ -60,19 +89,33 @@ public actor PrefetchCoordinator<Detail: Sendable> {
             if let delay {
                 do { try await Task.sleep(for: delay) } catch { return }
             }
-            guard let load = await cache.prefetch(symbol) else { return }
-            // Cancelling this prefetch cancels the load it started.
-            await withTaskCancellationHandler {
-                _ = await load.value
-            } onCancel: {
-                load.cancel()
-            }
-            self.finished(symbol, generation: mine)
+            guard self.loading(symbol, generation: mine) else { return }
+            let outcome = await cache.prefetch(symbol)
+            self.finished(symbol, generation: mine, outcome)
         }
-        tasks[symbol] = (mine, task)
+        tasks[symbol] = (mine, task, false)
     }
 
-    private func finished(_ symbol: String, generation: UInt64) {
+    /// Marks the prefetch as loading; `false` when it was cancelled or replaced meanwhile.
+    private func loading(_ symbol: String, generation: UInt64) -> Bool {
+        guard !Task.isCancelled, tasks[symbol]?.generation == generation else { return false }
+        tasks[symbol]?.loading = true
+        return true
+    }
+
+    private func finished(_ symbol: String, generation: UInt64, _ outcome: SecurityCache<Detail>.PrefetchOutcome) {
+        switch outcome {
+        case .loaded:
+            counters.completed += 1
+            metrics.prefetchesCompleted?.increment()
+            logger.debug("prefetch completed", metadata: ["symbol": "\(symbol)"])
+        case .cached:
+            counters.skipped += 1
+            metrics.prefetchesSkipped?.increment()
+            logger.debug("prefetch skipped: cached by its turn", metadata: ["symbol": "\(symbol)"])
+        case .cancelled:
+            break  // counted when cancelled
+        }
         if tasks[symbol]?.generation == generation { tasks[symbol] = nil }
     }
 }

@@ -1,4 +1,5 @@
 import Logging
+import Metrics
 
 /// Security details, at most `capacity` of them, least recently used evicted first.
 ///
@@ -6,14 +7,47 @@ import Logging
 /// loaded. A request for a symbol that is being loaded joins that load (one fetch, however many ask);
 /// prefetched entries count against the capacity like any other; an entry counts as cached only once
 /// `isComplete` says so (a detail with a failed group is served but loaded again next time).
+///
+/// A load lives as long as somebody wants it: each request and each prefetch waiting on it holds an
+/// interest; a cancelled prefetch withdraws its own, and a load nobody is interested in any more is
+/// cancelled (so its data source sees the cancellation). A request someone waits for keeps the load
+/// going whatever happens to the prefetches that started it.
 public actor SecurityCache<Detail: Sendable> {
     public let capacity: Int
     private let load: @Sendable (String) async -> Detail
     private let isComplete: @Sendable (Detail) -> Bool
     private let logger: Logger
+    private let metrics: SecurityCacheMetrics
     private var entries: [String: (detail: Detail, used: UInt64)] = [:]
-    private var loading: [String: Task<Detail, Never>] = [:]
+    private var loading: [String: Load] = [:]
     private var clock: UInt64 = 0
+    private var nextID: UInt64 = 0
+
+    private struct Load {
+        let id: UInt64
+        let task: Task<Detail, Never>
+        var interested: Set<UInt64>
+    }
+
+    /// How a request was served.
+    public enum Outcome: String, Sendable, Codable {
+        /// A complete detail from the cache.
+        case hit
+        /// Loaded for this request.
+        case miss
+        /// Joined a load already under way (typically a prefetch).
+        case joined
+    }
+
+    /// What a prefetch came to.
+    public enum PrefetchOutcome: Sendable, Equatable {
+        /// Already cached: nothing to do.
+        case cached
+        /// Loaded (or joined a load that finished).
+        case loaded
+        /// Cancelled before the load finished.
+        case cancelled
+    }
 
     /// What happened so far, for metrics and tests.
     public struct Counters: Sendable, Equatable {
@@ -22,6 +56,8 @@ public actor SecurityCache<Detail: Sendable> {
         public var joined = 0
         public var evictions = 0
         public var loads = 0
+        /// Loads cancelled because nobody wanted them any more.
+        public var loadsCancelled = 0
     }
 
     public private(set) var counters = Counters()
@@ -29,7 +65,7 @@ public actor SecurityCache<Detail: Sendable> {
     public private(set) var evicted: [String] = []
 
     public init(
-        capacity: Int = 10, logger: Logger = Logger(label: "relay.security-cache"),
+        capacity: Int = 10, logger: Logger = Logger(label: "relay.security-cache"), metrics: SecurityCacheMetrics = .none,
         isComplete: @escaping @Sendable (Detail) -> Bool = { _ in true },
         load: @escaping @Sendable (String) async -> Detail
     ) {
@@ -37,32 +73,44 @@ public actor SecurityCache<Detail: Sendable> {
         self.load = load
         self.isComplete = isComplete
         self.logger = logger
+        self.metrics = metrics
     }
 
     /// The detail of `symbol`: from the cache when complete, else from the load under way, else loaded
-    /// now. Cancelling the caller does not cancel a load others may share.
-    public func detail(_ symbol: String, priority: TaskPriority? = nil) async -> Detail {
+    /// now. The load is not cancelled while this request waits for it.
+    public func detail(_ symbol: String, priority: TaskPriority? = nil) async -> (detail: Detail, outcome: Outcome) {
         if let entry = entries[symbol], isComplete(entry.detail) {
             counters.hits += 1
+            metrics.hits?.increment()
             touch(symbol)
-            return entry.detail
+            return (entry.detail, .hit)
         }
-        if let task = loading[symbol] {
+        let outcome: Outcome = loading[symbol] == nil ? .miss : .joined
+        if outcome == .miss {
+            counters.misses += 1
+            metrics.misses?.increment()
+        } else {
             counters.joined += 1
-            return await task.value
+            metrics.joined?.increment()
         }
-        counters.misses += 1
-        return await start(symbol, priority: priority).value
+        let (task, token) = interest(in: symbol, priority: priority)
+        let detail = await task.value
+        withdraw(symbol, token: token)
+        return (detail, outcome)
     }
 
-    /// Loads `symbol` into the cache unless it is there or on its way; the returned task can be
-    /// cancelled (the load sees the cancellation). `nil` when there is nothing to do.
-    @discardableResult
-    public func prefetch(_ symbol: String) -> Task<Detail, Never>? {
-        if let entry = entries[symbol], isComplete(entry.detail) { return nil }
-        if loading[symbol] != nil { return nil }
-        logger.debug("prefetch", metadata: ["symbol": "\(symbol)"])
-        return start(symbol, priority: .low)
+    /// Loads `symbol` into the cache unless it is there, joining a load under way; returns when the
+    /// load finishes or this task is cancelled (then its interest is withdrawn at once).
+    public func prefetch(_ symbol: String) async -> PrefetchOutcome {
+        if contains(symbol) { return .cached }
+        let (task, token) = interest(in: symbol, priority: .low)
+        _ = await withTaskCancellationHandler {
+            await task.value
+        } onCancel: {
+            Task { await self.withdraw(symbol, token: token) }
+        }
+        withdraw(symbol, token: token)
+        return Task.isCancelled ? .cancelled : .loaded
     }
 
     /// Whether a complete detail of `symbol` is cached.
@@ -70,35 +118,99 @@ public actor SecurityCache<Detail: Sendable> {
         entries[symbol].map { isComplete($0.detail) } ?? false
     }
 
+    /// Forgets every cached detail (their data changed); loads under way finish as they are.
+    public func removeAll() {
+        entries.removeAll()
+    }
+
     /// Cached symbols, most recently used first.
     public var symbols: [String] { entries.sorted { $0.value.used > $1.value.used }.map(\.key) }
 
-    private func start(_ symbol: String, priority: TaskPriority?) -> Task<Detail, Never> {
+    /// Symbols being loaded now.
+    public var loadingSymbols: Set<String> { Set(loading.keys) }
+
+    /// Registers an interest in `symbol`'s load, starting it if none is under way.
+    private func interest(in symbol: String, priority: TaskPriority?) -> (Task<Detail, Never>, UInt64) {
+        nextID += 1
+        let token = nextID
+        if var existing = loading[symbol] {
+            existing.interested.insert(token)
+            loading[symbol] = existing
+            return (existing.task, token)
+        }
         counters.loads += 1
+        let id = token
         let load = self.load
         let task = Task(priority: priority) {
             let detail = await load(symbol)
-            self.finish(symbol, detail)
+            self.finish(symbol, id: id, detail)
             return detail
         }
-        loading[symbol] = task
-        return task
+        loading[symbol] = Load(id: id, task: task, interested: [token])
+        return (task, token)
     }
 
-    private func finish(_ symbol: String, _ detail: Detail) {
-        loading[symbol] = nil
+    /// Withdraws one interest (again is harmless); the last one out cancels the load.
+    private func withdraw(_ symbol: String, token: UInt64) {
+        guard var current = loading[symbol], current.interested.remove(token) != nil else { return }
+        loading[symbol] = current
+        if current.interested.isEmpty {
+            current.task.cancel()
+            loading[symbol] = nil
+            counters.loadsCancelled += 1
+            logger.debug("load cancelled: nobody wants it any more", metadata: ["symbol": "\(symbol)"])
+        }
+    }
+
+    private func finish(_ symbol: String, id: UInt64, _ detail: Detail) {
+        // A cancelled load finishing late stores nothing: it may be partial.
+        guard !Task.isCancelled else { return }
+        if loading[symbol]?.id == id { loading[symbol] = nil }
         clock += 1
         entries[symbol] = (detail, clock)
         while entries.count > capacity, let oldest = entries.min(by: { $0.value.used < $1.value.used })?.key {
             entries[oldest] = nil
             evicted.append(oldest)
             counters.evictions += 1
+            metrics.evictions?.increment()
             logger.debug("evicted", metadata: ["symbol": "\(oldest)"])
         }
+        if evicted.count > 1000 { evicted.removeFirst(evicted.count - 1000) }
     }
 
     private func touch(_ symbol: String) {
         clock += 1
         entries[symbol]?.used = clock
+    }
+}
+
+/// The cache's and the prefetcher's counters in swift-metrics; `.none` records nothing (tests).
+public struct SecurityCacheMetrics: Sendable {
+    public var hits: Counter?
+    public var misses: Counter?
+    public var joined: Counter?
+    public var evictions: Counter?
+    public var prefetchesStarted: Counter?
+    public var prefetchesCompleted: Counter?
+    public var prefetchesCancelled: Counter?
+    public var prefetchesSkipped: Counter?
+
+    public static let none = SecurityCacheMetrics()
+
+    init() {}
+
+    /// Counters named `relay_security_cache_*` and `relay_prefetch_*` in `factory`.
+    public init(factory: any MetricsFactory) {
+        func counter(_ label: String, _ dimensions: [(String, String)] = []) -> Counter {
+            Counter(label: label, dimensions: dimensions, factory: factory)
+        }
+        hits = counter("relay_security_cache_requests_total", [("outcome", "hit")])
+        misses = counter("relay_security_cache_requests_total", [("outcome", "miss")])
+        joined = counter("relay_security_cache_requests_total", [("outcome", "joined")])
+        evictions = counter("relay_security_cache_evictions_total")
+        prefetchesStarted = counter("relay_prefetches_total", [("event", "started")])
+        prefetchesCompleted = counter("relay_prefetches_total", [("event", "completed")])
+        prefetchesCancelled = counter("relay_prefetches_total", [("event", "cancelled")])
+        prefetchesSkipped = counter("relay_prefetches_total", [("event", "skipped_cached")])
     }
 }

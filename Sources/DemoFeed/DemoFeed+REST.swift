@@ -1,0 +1,143 @@
+import Hummingbird
+import NIOCore
+import PolygonWire
+import Synchronization
+
+/// What the demo feed's REST side did with the requests for one endpoint and ticker: tests assert
+/// that a slow request was abandoned by its client (cancelled), not merely ignored.
+public struct RestCount: Sendable, Equatable {
+    public var started = 0
+    public var completed = 0
+    /// The client closed the connection before the answer was ready.
+    public var abandoned = 0
+
+    public init(started: Int = 0, completed: Int = 0, abandoned: Int = 0) {
+        self.started = started
+        self.completed = completed
+        self.abandoned = abandoned
+    }
+}
+
+/// The market's REST state: each ticker's last trade (cents, Unix ms) and previous close (cents).
+struct RestState: Sendable {
+    var last: [String: (cents: Int64, at: Int64)] = [:]
+    var previousClose: [String: Int64] = [:]
+}
+
+extension DemoFeed {
+    /// Polygon's REST paths, answered from the market's state:
+    /// `/v2/last/trade/{t}`, `/v2/last/nbbo/{t}`, `/v2/aggs/ticker/{t}/prev`,
+    /// `/v2/aggs/ticker/{t}/range/1/day/{from}/{to}` and `/v1/marketstatus/now`.
+    func addREST(to router: Router<BasicRequestContext>) {
+        router.get("/v2/last/trade/:ticker") { request, context in
+            try await self.restAnswer("trade", request, context) { ticker, state in
+                guard let last = state.last[ticker] else { return nil }
+                return
+                    #"{"status":"OK","request_id":"demo","results":{"T":"\#(ticker)","p":\#(DemoMarket.price(last.cents)),"s":100,"t":\#(last.at * 1_000_000),"x":4}}"#
+            }
+        }
+        router.get("/v2/last/nbbo/:ticker") { request, context in
+            try await self.restAnswer("nbbo", request, context) { ticker, state in
+                guard let last = state.last[ticker] else { return nil }
+                let spread = max(last.cents / 5000, 1)
+                let bid = last.cents - spread / 2
+                return
+                    #"{"status":"OK","request_id":"demo","results":{"T":"\#(ticker)","p":\#(DemoMarket.price(bid)),"s":5,"x":11,"P":\#(DemoMarket.price(bid + spread)),"S":7,"X":19,"t":\#(last.at * 1_000_000)}}"#
+            }
+        }
+        router.get("/v2/aggs/ticker/:ticker/prev") { request, context in
+            try await self.restAnswer("prev", request, context) { ticker, state in
+                guard let close = state.previousClose[ticker] else { return nil }
+                let price = DemoMarket.price(close)
+                let day = (WallClock.nowMilliseconds() / 86_400_000 - 1) * 86_400_000
+                return
+                    #"{"ticker":"\#(ticker)","status":"OK","queryCount":1,"resultsCount":1,"adjusted":true,"request_id":"demo","results":[{"T":"\#(ticker)","o":\#(price),"h":\#(price),"l":\#(price),"c":\#(price),"v":1000000,"t":\#(day)}]}"#
+            }
+        }
+        router.get("/v2/aggs/ticker/:ticker/range/:multiplier/:timespan/:from/:to") { request, context in
+            let parameters = context.parameters
+            guard parameters.get("multiplier") == "1", parameters.get("timespan") == "day" else {
+                return Self.restJSON(#"{"status":"ERROR","error":"the demo feed has daily bars only (range/1/day)"}"#, status: .badRequest)
+            }
+            guard let from = Self.day(parameters.get("from")), let to = Self.day(parameters.get("to")) else {
+                return Self.restJSON(#"{"status":"ERROR","error":"from and to: YYYY-MM-DD or Unix milliseconds"}"#, status: .badRequest)
+            }
+            return try await self.restAnswer("aggs", request, context) { ticker, state in
+                guard let close = state.previousClose[ticker] else { return nil }
+                let today = WallClock.nowMilliseconds() / 86_400_000
+                let bars = DemoHistory.bars(ticker: ticker, from: from, through: to, today: today, previousClose: close)
+                let rows = bars.map { bar in
+                    #"{"v":\#(bar.volume),"vw":\#(DemoMarket.price((bar.high + bar.low + bar.close) / 3)),"o":\#(DemoMarket.price(bar.open)),"c":\#(DemoMarket.price(bar.close)),"h":\#(DemoMarket.price(bar.high)),"l":\#(DemoMarket.price(bar.low)),"t":\#(bar.day * 86_400_000),"n":\#(bar.volume / 100)}"#
+                }
+                return
+                    #"{"ticker":"\#(ticker)","queryCount":\#(rows.count),"resultsCount":\#(rows.count),"adjusted":true,"results":[\#(rows.joined(separator: ","))],"status":"OK","request_id":"demo","count":\#(rows.count)}"#
+            }
+        }
+        router.get("/v1/marketstatus/now") { request, context in
+            // The demo market trades around the clock.
+            try await self.restAnswer("status", request, context, ticker: "") { _, _ in
+                #"{"market":"open","serverTime":"\#(WallClock.nowMilliseconds())","earlyHours":false,"afterHours":false,"exchanges":{"nasdaq":"open","nyse":"open","otc":"open"},"currencies":{"crypto":"open","fx":"open"}}"#
+            }
+        }
+    }
+
+    /// `YYYY-MM-DD` or Unix milliseconds, as days since the epoch.
+    static func day(_ text: String?) -> Int64? {
+        guard let text else { return nil }
+        if let milliseconds = Int64(text) { return milliseconds / 86_400_000 }
+        let parts = text.split(separator: "-").compactMap { Int64($0) }
+        guard parts.count == 3, (1...12).contains(parts[1]), (1...31).contains(parts[2]) else { return nil }
+        // Days from civil (Howard Hinnant's algorithm).
+        let (y0, m, d) = (parts[0], parts[1], parts[2])
+        let y = m <= 2 ? y0 - 1 : y0
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yoe = y - era * 400
+        let doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        return era * 146_097 + doe - 719_468
+    }
+
+    /// A Polygon-style REST answer from the market's state: the key (when one is set) as `apiKey`,
+    /// 404 for an unknown ticker, the configured failures and delay first. With a delay, the wait is
+    /// cancelled when the client closes the connection, and counted as abandoned.
+    func restAnswer(
+        _ endpoint: String, _ request: Request, _ context: some RequestContext, ticker fixedTicker: String? = nil,
+        _ body: @escaping @Sendable (String, RestState) -> String?
+    ) async throws -> Response {
+        let ticker = fixedTicker ?? (context.parameters.get("ticker") ?? "").uppercased()
+        let key = ticker.isEmpty ? endpoint : "\(endpoint) \(ticker)"
+        let number = restRequests.withLock { count in
+            count += 1
+            return count
+        }
+        restCounts.withLock { $0[key, default: RestCount()].started += 1 }
+        if let delay = configuration.restDelay {
+            do {
+                try await request.body.consumeWithCancellationOnInboundClose { _ in try await Task.sleep(for: delay) }
+            } catch {
+                restCounts.withLock { $0[key, default: RestCount()].abandoned += 1 }
+                throw error
+            }
+        }
+        defer { restCounts.withLock { $0[key, default: RestCount()].completed += 1 } }
+        if number <= configuration.restFailures {
+            return Self.restJSON(#"{"status":"ERROR","error":"temporarily unavailable"}"#, status: .serviceUnavailable)
+        }
+        if let key = configuration.apiKey, request.uri.queryParameters.get("apiKey") != key {
+            return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
+        }
+        guard let text = body(ticker, restState.withLock { $0 }) else {
+            return Self.restJSON(#"{"status":"NOT_FOUND","message":"no data for \#(ticker)"}"#, status: .notFound)
+        }
+        return Self.restJSON(text, status: .ok)
+    }
+
+    /// What the REST side did for `endpoint` (`trade`, `nbbo`, `prev`, `aggs`, `status`) and `ticker`.
+    public func restCount(_ endpoint: String, _ ticker: String = "") -> RestCount {
+        restCounts.withLock { $0[ticker.isEmpty ? endpoint : "\(endpoint) \(ticker)"] ?? RestCount() }
+    }
+
+    static func restJSON(_ text: String, status: HTTPResponse.Status) -> Response {
+        Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))
+    }
+}

@@ -1,0 +1,195 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import PolygonWire
+
+/// The upstream's REST API, Polygon's paths: last trade and quote, daily aggregates, previous close,
+/// market status. The demo feed serves the same paths.
+///
+/// `Sendable`. On AsyncHTTPClient's shared client; at most `gate.limit` requests at a time, foreground
+/// before background; transport errors, 429 and 5xx are retried with exponential backoff and full
+/// jitter, other 4xx fail at once; cancelling the calling task cancels the request in flight (the
+/// connection is closed, so the server sees it) and any wait.
+public struct PolygonREST: Sendable {
+    public var baseURL: String
+    public var apiKey: String
+    public var attempts: Int
+    public var initialBackoff: Duration
+    public var timeout: Duration
+    public let gate: RequestGate
+    private let client: HTTPClient
+
+    public init(
+        baseURL: String, apiKey: String, maxConcurrent: Int = 4, attempts: Int = 4, initialBackoff: Duration = .milliseconds(200),
+        timeout: Duration = .seconds(10), client: HTTPClient = .shared
+    ) {
+        self.baseURL = baseURL.hasSuffix("/") ? String(baseURL.dropLast()) : baseURL
+        self.apiKey = apiKey
+        self.attempts = max(1, attempts)
+        self.initialBackoff = initialBackoff
+        self.timeout = timeout
+        self.gate = RequestGate(limit: maxConcurrent)
+        self.client = client
+    }
+
+    public enum FetchError: Error, Sendable, Equatable, CustomStringConvertible {
+        case status(Int, String)
+        case malformed(String)
+        case transport(String)
+        case cancelled
+
+        public var description: String {
+            switch self {
+            case .status(let code, let body): "HTTP \(code): \(body.prefix(200))"
+            case .malformed(let what): "unreadable answer: \(what)"
+            case .transport(let error): "request failed: \(error)"
+            case .cancelled: "cancelled"
+            }
+        }
+    }
+
+    /// The body of `GET path?query&apiKey=…`, a JSON document.
+    public func get(_ path: String, query: [(String, String)] = [], priority: RequestGate.Priority = .foreground) async -> Result<
+        ByteBuffer, FetchError
+    > {
+        var components = URLComponents()
+        components.queryItems = (query + [("apiKey", apiKey)]).map { URLQueryItem(name: $0.0, value: $0.1) }
+        let url = "\(baseURL)\(path)?\(components.percentEncodedQuery ?? "")"
+        var last: FetchError = .transport("not attempted")
+        for attempt in 0..<attempts {
+            if attempt > 0 {
+                let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
+                do { try await Task.sleep(for: backoff.delay(attempt: attempt - 1)) } catch { return .failure(.cancelled) }
+            }
+            do {
+                let (status, body) = try await gate.run(priority) {
+                    var request = HTTPClientRequest(url: url)
+                    request.headers.add(name: "Accept", value: "application/json")
+                    let response = try await client.execute(request, timeout: .nanoseconds(Int64(timeout.seconds * 1e9)))
+                    return (Int(response.status.code), try await response.body.collect(upTo: 16 << 20))
+                }
+                if (200..<300).contains(status) { return .success(body) }
+                last = .status(status, String(buffer: body))
+                if status != 429 && status < 500 { return .failure(last) }
+            } catch {
+                if Task.isCancelled || error is CancellationError { return .failure(.cancelled) }
+                last = .transport("\(error)")
+            }
+        }
+        return .failure(last)
+    }
+
+    static func escaped(_ symbol: String) -> String {
+        symbol.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ":.-_"))) ?? symbol
+    }
+
+    /// `/v2/last/trade/{ticker}`.
+    public func lastTrade(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastTrade, FetchError> {
+        await get("/v2/last/trade/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(LastTrade.self, $0) }
+    }
+
+    /// `/v2/last/nbbo/{ticker}`.
+    public func lastQuote(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastQuote, FetchError> {
+        await get("/v2/last/nbbo/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(LastQuote.self, $0) }
+    }
+
+    /// `/v2/aggs/ticker/{ticker}/prev`: the previous session's close.
+    public func previousClose(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<Decimal, FetchError> {
+        await get("/v2/aggs/ticker/\(Self.escaped(symbol))/prev", priority: priority).flatMap { body in
+            guard let close = EventPrices.number("c", in: body), close > 0 else { return .failure(.malformed("no close")) }
+            return .success(close)
+        }
+    }
+
+    /// `/v2/aggs/ticker/{ticker}/range/1/day/{from}/{to}`: daily bars, oldest first.
+    public func dailyBars(_ symbol: String, from: Day, to: Day, priority: RequestGate.Priority = .foreground) async -> Result<
+        [Bar], FetchError
+    > {
+        let path = "/v2/aggs/ticker/\(Self.escaped(symbol))/range/1/day/\(from)/\(to)"
+        return await get(path, query: [("adjusted", "true"), ("sort", "asc"), ("limit", "50000")], priority: priority).flatMap { body in
+            do {
+                let page = try JSONDecoder().decode(AggregatesPage.self, from: Data(body.readableBytesView))
+                return .success((page.results ?? []).map { Bar(start: $0.t, open: $0.o, high: $0.h, low: $0.l, close: $0.c, volume: $0.v) })
+            } catch {
+                return .failure(.malformed("aggregates: \(error)"))
+            }
+        }
+    }
+
+    /// `/v1/marketstatus/now`.
+    public func marketStatus(priority: RequestGate.Priority = .foreground) async -> Result<MarketStatus, FetchError> {
+        await get("/v1/marketstatus/now", priority: priority).flatMap { body in
+            do {
+                return .success(try JSONDecoder().decode(MarketStatus.self, from: Data(body.readableBytesView)))
+            } catch {
+                return .failure(.malformed("market status: \(error)"))
+            }
+        }
+    }
+
+    /// One daily bar. Prices as decimals (parsed from the JSON text, not through `Double`).
+    public struct Bar: Sendable, Equatable {
+        /// The bar's start, Unix milliseconds.
+        public var start: Int64
+        public var open, high, low, close: Decimal
+        public var volume: Decimal
+    }
+
+    /// Polygon's market status (the fields the detail shows).
+    public struct MarketStatus: Sendable, Equatable, Codable {
+        public var market: String
+        public var serverTime: String?
+        public var earlyHours: Bool?
+        public var afterHours: Bool?
+        public var exchanges: [String: String]?
+    }
+
+    struct AggregatesPage: Decodable {
+        struct Row: Decodable {
+            var t: Int64
+            var o, h, l, c: Decimal
+            var v: Decimal
+        }
+        var results: [Row]?
+    }
+
+    /// A last trade: price, size, SIP time in Unix nanoseconds.
+    public struct LastTrade: Sendable, Equatable, Decodable {
+        public var price: Decimal
+        public var size: Decimal?
+        public var timestamp: Int64
+
+        enum CodingKeys: String, CodingKey {
+            case price = "p", size = "s", timestamp = "t"
+        }
+    }
+
+    /// A last NBBO quote: bid and ask with sizes, SIP time in Unix nanoseconds.
+    public struct LastQuote: Sendable, Equatable, Decodable {
+        public var bid: Decimal
+        public var bidSize: Decimal?
+        public var ask: Decimal
+        public var askSize: Decimal?
+        public var timestamp: Int64
+
+        enum CodingKeys: String, CodingKey {
+            case bid = "p", bidSize = "s", ask = "P", askSize = "S", timestamp = "t"
+        }
+    }
+
+    struct Envelope<Results: Decodable>: Decodable {
+        var results: Results?
+    }
+
+    static func results<T: Decodable>(_ type: T.Type, _ body: ByteBuffer) -> Result<T, FetchError> {
+        do {
+            guard let results = try JSONDecoder().decode(Envelope<T>.self, from: Data(body.readableBytesView)).results else {
+                return .failure(.malformed("no results"))
+            }
+            return .success(results)
+        } catch {
+            return .failure(.malformed("\(T.self): \(error)"))
+        }
+    }
+}

@@ -1,0 +1,62 @@
+import Foundation
+import PolygonWire
+
+/// Prices from the upstream's REST API (the last trade and the previous close), for symbols with no
+/// live tick yet: at start, or with the market closed. The demo feed serves the same endpoints.
+///
+/// `Sendable`. Every symbol gets its own `Result`; concurrency, retries and cancellation are
+/// ``PolygonREST``'s (these requests are background ones: a security detail someone waits for goes
+/// first).
+public struct ReferencePrices: Sendable {
+    public let rest: PolygonREST
+
+    public init(rest: PolygonREST) {
+        self.rest = rest
+    }
+
+    public init(baseURL: String, apiKey: String, maxConcurrent: Int = 4, attempts: Int = 4, initialBackoff: Duration = .milliseconds(200)) {
+        self.init(
+            rest: PolygonREST(
+                baseURL: baseURL, apiKey: apiKey, maxConcurrent: maxConcurrent, attempts: attempts, initialBackoff: initialBackoff))
+    }
+
+    /// What the REST API knows of one symbol.
+    public struct Reference: Sendable, Equatable {
+        public var lastTrade: PriceObservation?
+        public var previousClose: Decimal?
+    }
+
+    public typealias FetchError = PolygonREST.FetchError
+
+    /// References for many symbols, concurrently (as far as the REST client's limit allows), each with
+    /// its own outcome.
+    public func fetch(_ symbols: [String]) async -> [String: Result<Reference, FetchError>] {
+        await withTaskGroup(of: (String, Result<Reference, FetchError>).self) { group in
+            for symbol in Set(symbols) {
+                group.addTask { (symbol, await self.reference(for: symbol)) }
+            }
+            var results: [String: Result<Reference, FetchError>] = [:]
+            for await (symbol, result) in group { results[symbol] = result }
+            return results
+        }
+    }
+
+    /// One symbol's last trade and previous close; succeeds when either is known.
+    public func reference(for symbol: String) async -> Result<Reference, FetchError> {
+        async let trade = rest.lastTrade(symbol, priority: .background)
+        async let previous = rest.previousClose(symbol, priority: .background)
+        let (tradeResult, previousResult) = await (trade, previous)
+        var reference = Reference()
+        if case .success(let last) = tradeResult, last.price > 0 {
+            reference.lastTrade = PriceObservation(
+                value: last.price, at: Date(timeIntervalSince1970: Double(last.timestamp) / 1e9), source: .restLastTrade)
+        }
+        if case .success(let close) = previousResult { reference.previousClose = close }
+        if reference.lastTrade == nil, reference.previousClose == nil {
+            if case .failure(let error) = tradeResult { return .failure(error) }
+            if case .failure(let error) = previousResult { return .failure(error) }
+            return .failure(.malformed("no price for \(symbol)"))
+        }
+        return .success(reference)
+    }
+}

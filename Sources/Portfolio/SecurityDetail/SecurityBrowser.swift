@@ -1,0 +1,184 @@
+import Foundation
+import Logging
+
+/// Serves holdings lists (views) and security details to many clients from one shared cache, and
+/// prefetches per client around what each one is looking at.
+///
+/// An actor. A client is an HTTP connection, or a name a client gives itself (`X-Relay-Client`) to
+/// keep its prefetches across connections; a connection's prefetches are cancelled when it closes, a
+/// named client's when it has been idle for `idleTimeout`. Views are kept (at most 256, least recently
+/// used dropped) with the order the client was shown; a view id not kept is rebuilt from the id.
+public actor SecurityBrowser {
+    public let cache: SecurityCache<SecurityDetail>
+    public let service: PortfolioService
+    public let loader: SecurityDetailLoader
+    public let idleTimeout: Duration
+    private let metrics: SecurityCacheMetrics
+    private let logger: Logger
+    private var clients: [ClientKey: Client] = [:]
+    private var views: [String: (order: [String], used: UInt64)] = [:]
+    private var viewClock: UInt64 = 0
+    static let maxViews = 256
+
+    public enum ClientKey: Hashable, Sendable, CustomStringConvertible {
+        case connection(ObjectIdentifier)
+        case named(String)
+
+        public var description: String {
+            switch self {
+            case .connection(let id): "connection \(UInt(bitPattern: id.hashValue))"
+            case .named(let name): "client \(name)"
+            }
+        }
+    }
+
+    struct Client {
+        let prefetch: PrefetchCoordinator<SecurityDetail>
+        var lastSeen: ContinuousClock.Instant
+    }
+
+    public init(
+        service: PortfolioService, loader: SecurityDetailLoader, capacity: Int = 10, idleTimeout: Duration = .seconds(120),
+        metrics: SecurityCacheMetrics = .none, logger: Logger = Logger(label: "relay.securities")
+    ) {
+        self.service = service
+        self.loader = loader
+        self.idleTimeout = idleTimeout
+        self.metrics = metrics
+        self.logger = logger
+        self.cache = SecurityCache(capacity: capacity, logger: logger, metrics: metrics, isComplete: \.isComplete) { symbol in
+            await loader.load(symbol)
+        }
+    }
+
+    /// A list as a client sees it.
+    public struct HoldingsView: Sendable {
+        public var id: String
+        public var query: HoldingsQuery
+        public var holdings: [Holding]
+    }
+
+    /// Where a security sits in a view.
+    public struct ViewPosition: Sendable, Equatable {
+        public var id: String
+        public var index: Int
+        public var count: Int
+        public var previous: String?
+        public var next: String?
+    }
+
+    public struct DetailAnswer: Sendable {
+        public var detail: SecurityDetail
+        public var outcome: SecurityCache<SecurityDetail>.Outcome
+        public var view: ViewPosition?
+    }
+
+    /// The holdings `query` selects, in its order; the view is kept, and the client's first security
+    /// is prefetched.
+    public func holdings(_ query: HoldingsQuery, client: ClientKey) async throws -> HoldingsView {
+        let coordinator = seen(client)
+        let holdings = query.apply(try await service.holdings(accounts: query.accounts))
+        let id = query.viewID
+        let order = holdings.map(\.symbol)
+        keep(id, order)
+        await coordinator.listed(order: order)
+        return HoldingsView(id: id, query: query, holdings: holdings)
+    }
+
+    /// The detail of `symbol`, placed in view `viewID` when given; once it is complete, its neighbours
+    /// in the view are prefetched for this client. Live trade and quote replace older cached ones.
+    public func detail(_ symbol: String, view viewID: String?, client: ClientKey) async throws -> DetailAnswer {
+        let coordinator = seen(client)
+        var position: ViewPosition?
+        var order: [String] = []
+        if let viewID {
+            order = try await self.order(of: viewID)
+            guard let index = order.firstIndex(of: symbol) else {
+                throw PortfolioStore.ValidationError(field: "symbol", message: "\(symbol) is not in this view")
+            }
+            position = ViewPosition(
+                id: viewID, index: index, count: order.count, previous: index > 0 ? order[index - 1] : nil,
+                next: index + 1 < order.count ? order[index + 1] : nil)
+        }
+        var (detail, outcome) = await cache.detail(symbol)
+        if detail.isComplete, let position {
+            await coordinator.viewed(order: order, index: position.index)
+        }
+        await overlayLive(&detail)
+        return DetailAnswer(detail: detail, outcome: outcome, view: position)
+    }
+
+    /// Transactions changed: cached transactions and lots are out of date.
+    public func transactionsChanged() async {
+        await cache.removeAll()
+    }
+
+    /// The client went away: its prefetches are cancelled.
+    public func clientGone(_ client: ClientKey) async {
+        guard let gone = clients.removeValue(forKey: client) else { return }
+        logger.debug("client gone: cancelling its prefetches", metadata: ["client": "\(client)"])
+        await gone.prefetch.cancelAll()
+    }
+
+    /// Whether the client is known (a connection is registered on its first request).
+    public func knows(_ client: ClientKey) -> Bool { clients[client] != nil }
+
+    /// Clients with prefetch state.
+    public var clientCount: Int { clients.count }
+
+    /// The client's prefetcher (tests look at what it does).
+    public func prefetcher(of client: ClientKey) -> PrefetchCoordinator<SecurityDetail>? { clients[client]?.prefetch }
+
+    // MARK: inside
+
+    /// Marks `client` as active, creating its state, and lets named clients that went quiet go.
+    private func seen(_ client: ClientKey) -> PrefetchCoordinator<SecurityDetail> {
+        let now = ContinuousClock.now
+        for (key, state) in clients where key != client && now - state.lastSeen > idleTimeout {
+            if case .named = key {
+                clients[key] = nil
+                logger.debug("client idle: cancelling its prefetches", metadata: ["client": "\(key)"])
+                Task { await state.prefetch.cancelAll() }
+            }
+        }
+        if var state = clients[client] {
+            state.lastSeen = now
+            clients[client] = state
+            return state.prefetch
+        }
+        let coordinator = PrefetchCoordinator(cache: cache, metrics: metrics, logger: logger)
+        clients[client] = Client(prefetch: coordinator, lastSeen: now)
+        return coordinator
+    }
+
+    private func keep(_ id: String, _ order: [String]) {
+        viewClock += 1
+        views[id] = (order, viewClock)
+        if views.count > Self.maxViews, let oldest = views.min(by: { $0.value.used < $1.value.used })?.key {
+            views[oldest] = nil
+        }
+    }
+
+    private func order(of viewID: String) async throws -> [String] {
+        if let kept = views[viewID] {
+            viewClock += 1
+            views[viewID]?.used = viewClock
+            return kept.order
+        }
+        let query = try HoldingsQuery(viewID: viewID)
+        let order = query.apply(try await service.holdings(accounts: query.accounts)).map(\.symbol)
+        keep(viewID, order)
+        return order
+    }
+
+    private func overlayLive(_ detail: inout SecurityDetail) async {
+        guard case .loaded(var details) = detail.details else { return }
+        if let trade = await loader.liveTrade(detail.symbol), trade.at >= details.lastTrade?.at ?? .distantPast {
+            details.lastTrade = trade
+        }
+        if let quote = await loader.liveQuote(detail.symbol), quote.at >= details.lastQuote?.at ?? .distantPast {
+            details.lastQuote = quote
+        }
+        detail.details = .loaded(details)
+    }
+}

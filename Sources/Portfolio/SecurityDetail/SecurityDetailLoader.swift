@@ -1,0 +1,186 @@
+import Foundation
+import MarketDataHub
+import PolygonWire
+
+/// Loads a security's detail: its four groups concurrently, each succeeding or failing on its own.
+///
+/// `Sendable`. Live values come from the hub's last-value cache first (no request at all); the rest
+/// from the upstream's REST API, at background priority when the calling task runs at low priority
+/// (a prefetch), so a detail somebody waits for goes first. Transactions and tax lots come from the
+/// portfolio's database.
+public struct SecurityDetailLoader: Sendable {
+    public let store: PortfolioStore
+    public let hub: MarketDataHub?
+    public let rest: PolygonREST?
+    public let calendar: DayCalendar
+    private let marketStatus: MarketStatusMemo
+
+    public init(store: PortfolioStore, hub: MarketDataHub?, rest: PolygonREST?, calendar: DayCalendar = .utc) {
+        self.store = store
+        self.hub = hub
+        self.rest = rest
+        self.calendar = calendar
+        self.marketStatus = MarketStatusMemo(rest: rest)
+    }
+
+    public func load(_ symbol: String) async -> SecurityDetail {
+        let priority: RequestGate.Priority = Task.currentPriority <= .low ? .background : .foreground
+        async let details = details(symbol, priority: priority)
+        async let history = priceHistory(symbol, priority: priority)
+        let today = calendar.day(of: .now)
+        let transactions = self.transactions(symbol, today: today)
+        let lots = taxLots(symbol, today: today)
+        return SecurityDetail(
+            symbol: symbol, details: await details, priceHistory: await history, transactions: transactions, taxLots: lots,
+            loadedAt: .now)
+    }
+
+    // MARK: details
+
+    func details(_ symbol: String, priority: RequestGate.Priority) async -> DetailGroup<SecurityDetail.Details> {
+        var trade = await liveTrade(symbol)
+        var quote = await liveQuote(symbol)
+        async let status = marketStatus.current(priority: priority)
+        var errors: [String] = []
+        if let rest, trade == nil || quote == nil {
+            async let restTrade = trade == nil ? rest.lastTrade(symbol, priority: priority) : nil
+            async let restQuote = quote == nil ? rest.lastQuote(symbol, priority: priority) : nil
+            switch await restTrade {
+            case .success(let last)?:
+                trade = .init(price: last.price, size: last.size, at: Self.date(nanoseconds: last.timestamp), source: .rest)
+            case .failure(let error)?: errors.append("last trade: \(error)")
+            case nil: break
+            }
+            switch await restQuote {
+            case .success(let last)?:
+                quote = .init(
+                    bid: last.bid, bidSize: last.bidSize, ask: last.ask, askSize: last.askSize, at: Self.date(nanoseconds: last.timestamp),
+                    source: .rest)
+            case .failure(let error)?: errors.append("last quote: \(error)")
+            case nil: break
+            }
+        }
+        var market: PolygonREST.MarketStatus?
+        switch await status {
+        case .success(let value): market = value
+        case .failure(let error): errors.append("market status: \(error)")
+        }
+        // Loaded when the market's status and at least a trade or a quote are known; what is missing
+        // beyond that is `nil`, and the live overlay fills it in as the stream delivers.
+        guard let market, trade != nil || quote != nil else {
+            if trade == nil, quote == nil, errors.isEmpty { errors.append("no trade or quote known for \(symbol)") }
+            return .failed(errors.joined(separator: "; "))
+        }
+        return .loaded(.init(lastTrade: trade, lastQuote: quote, marketStatus: market))
+    }
+
+    /// The hub's last trade of `symbol`, if the relay has seen one.
+    func liveTrade(_ symbol: String) async -> SecurityDetail.Trade? {
+        guard let event = await hub?.lastEvent(for: Topic(eventType: "T", ticker: symbol)) else { return nil }
+        let text = String(buffer: event.bytes)
+        guard let price = EventPrices.number("p", in: text) else { return nil }
+        return .init(price: price, size: EventPrices.number("s", in: text), at: EventPrices.time(in: text, default: .now), source: .live)
+    }
+
+    /// The hub's last quote of `symbol`, if the relay has seen one.
+    func liveQuote(_ symbol: String) async -> SecurityDetail.Quote? {
+        guard let event = await hub?.lastEvent(for: Topic(eventType: "Q", ticker: symbol)) else { return nil }
+        let text = String(buffer: event.bytes)
+        guard let bid = EventPrices.number("bp", in: text), let ask = EventPrices.number("ap", in: text) else { return nil }
+        return .init(
+            bid: bid, bidSize: EventPrices.number("bs", in: text), ask: ask, askSize: EventPrices.number("as", in: text),
+            at: EventPrices.time(in: text, default: .now), source: .live)
+    }
+
+    static func date(nanoseconds: Int64) -> Date { Date(timeIntervalSince1970: Double(nanoseconds) / 1e9) }
+
+    // MARK: price history
+
+    func priceHistory(_ symbol: String, priority: RequestGate.Priority) async -> DetailGroup<SecurityDetail.PriceHistory> {
+        guard let rest else { return .failed("no REST source configured (upstream.restURL)") }
+        let to = DayCalendar.utc.day(of: .now)
+        let from = DayCalendar.utc.day(to, addingYears: -1)
+        switch await rest.dailyBars(symbol, from: from, to: to, priority: priority) {
+        case .failure(let error):
+            return .failed("\(error)")
+        case .success(let bars):
+            let atr = AverageTrueRange.series(
+                high: bars.map(\.high), low: bars.map(\.low), close: bars.map(\.close), period: SecurityDetail.PriceHistory.atrPeriod)
+            let rows = zip(bars, atr).map { bar, atr in
+                SecurityDetail.HistoryBar(
+                    day: DayCalendar.utc.day(of: Date(timeIntervalSince1970: Double(bar.start) / 1000)), open: bar.open, high: bar.high,
+                    low: bar.low, close: bar.close, volume: bar.volume, atr: atr)
+            }
+            return .loaded(.init(from: from, to: to, bars: rows, atr: atr.last ?? nil))
+        }
+    }
+
+    // MARK: from the database
+
+    func transactions(_ symbol: String, today: Day) -> DetailGroup<[SymbolTransaction]> {
+        do {
+            let since = calendar.day(today, addingYears: -1)
+            var rows: [SymbolTransaction] = []
+            for account in try store.accounts() where account.kind == .brokerage {
+                for transaction in try store.transactions(accountID: account.id)
+                where transaction.symbol == symbol && transaction.date >= since {
+                    rows.append(SymbolTransaction(transaction: transaction, accountName: account.name))
+                }
+            }
+            // Newest first.
+            return .loaded(rows.sorted { ($0.transaction.date, $0.transaction.id) > ($1.transaction.date, $1.transaction.id) })
+        } catch {
+            return .failed("\(error)")
+        }
+    }
+
+    func taxLots(_ symbol: String, today: Day) -> DetailGroup<SecurityDetail.TaxLots> {
+        do {
+            let longTermFrom = calendar.day(today, addingYears: -1)
+            var lots: [SecurityDetail.TaxLot] = []
+            for account in try store.accounts() where account.kind == .brokerage && account.isActive {
+                let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+                for lot in book.positions[symbol]?.lots ?? [] where lot.quantity > 0 {
+                    lots.append(
+                        .init(
+                            accountID: account.id, accountName: account.name, acquired: lot.acquired, quantity: lot.quantity,
+                            unitCost: lot.unitCost, costBasis: lot.cost, term: lot.acquired < longTermFrom ? "long" : "short"))
+                }
+            }
+            let shares = lots.reduce(Decimal(0)) { $0 + $1.quantity }
+            let basis = lots.reduce(Decimal(0)) { $0 + $1.costBasis }
+            return .loaded(
+                .init(
+                    lots: lots, sharesAvailable: shares, costBasis: basis,
+                    averageCost: shares == 0 ? nil : DecimalText.rounded(basis / shares, scale: 6)))
+        } catch {
+            return .failed("\(error)")
+        }
+    }
+}
+
+/// The market's status, asked for at most once a minute whatever the number of details loading.
+actor MarketStatusMemo {
+    private let rest: PolygonREST?
+    private var last: (value: PolygonREST.MarketStatus, at: ContinuousClock.Instant)?
+    private var inFlight: Task<Result<PolygonREST.MarketStatus, PolygonREST.FetchError>, Never>?
+    static let lifetime: Duration = .seconds(60)
+
+    init(rest: PolygonREST?) { self.rest = rest }
+
+    func current(priority: RequestGate.Priority) async -> Result<PolygonREST.MarketStatus, PolygonREST.FetchError> {
+        guard let rest else { return .failure(.transport("no REST source configured")) }
+        if let last, ContinuousClock.now - last.at < Self.lifetime { return .success(last.value) }
+        let task: Task<Result<PolygonREST.MarketStatus, PolygonREST.FetchError>, Never>
+        if let inFlight {
+            task = inFlight
+        } else {
+            task = Task { await rest.marketStatus(priority: priority) }
+            inFlight = task
+        }
+        let result = await task.value
+        inFlight = nil
+        if case .success(let value) = result { last = (value, .now) }
+        return result
+    }
+}
