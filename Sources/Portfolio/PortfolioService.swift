@@ -12,9 +12,9 @@ import ServiceLifecycle
 /// written at most every `snapshotInterval`, and the whole history is backfilled at start and at each
 /// day boundary.
 public actor PortfolioService: Service {
-    public let store: PortfolioStore
-    public let calendar: DayCalendar
-    public let rule: PriceRule
+    public nonisolated let store: PortfolioStore
+    public nonisolated let calendar: DayCalendar
+    public nonisolated let rule: PriceRule
     private let hub: MarketDataHub
     private let planner: SnapshotPlanner
     private let logger: Logger

@@ -117,7 +117,9 @@ struct SecurityCacheTests {
         #expect(await cache.detail("C").outcome == .hit)
         #expect(await cache.detail("D").outcome == .hit)
         #expect(await cache.counters.misses == misses, "C and D came from the cache")
-        #expect(await prefetch.counters.completed == 3)
+        let until = ContinuousClock.now + .seconds(5)
+        while await prefetch.counters.completed < 3, ContinuousClock.now < until { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(await prefetch.counters.completed == 3, "the coordinator counted three completed prefetches")
     }
 
     @Test func movingTheWindowCancelsPrefetchesThatFellOutOfIt() async throws {
@@ -131,6 +133,7 @@ struct SecurityCacheTests {
         try await waitUntil { recorder.cancelled.withLock { $0 } == ["B"] }
         #expect(await prefetch.pending == ["F", "E"])
         #expect(!recorder.started.withLock { $0 }.contains("C"), "the delayed prefetch of C never started")
+        try await waitUntil { recorder.started.withLock { $0 }.contains("F") }
         await prefetch.cancelAll()
         try await waitUntil { Set(recorder.cancelled.withLock { $0 }) == ["B", "F"] }
         #expect(await prefetch.pending.isEmpty)

@@ -5,7 +5,7 @@ import PolygonWire
 /// live tick yet: at start, or with the market closed. The demo feed serves the same endpoints.
 ///
 /// `Sendable`. Every symbol gets its own `Result`; concurrency, retries and cancellation are
-/// ``PolygonREST``'s (these requests are background ones: a security detail someone waits for goes
+/// ``PolygonREST``'s (these requests are bulk ones: security details, prefetched or waited for, go
 /// first).
 public struct ReferencePrices: Sendable {
     public let rest: PolygonREST
@@ -43,8 +43,8 @@ public struct ReferencePrices: Sendable {
 
     /// One symbol's last trade and previous close; succeeds when either is known.
     public func reference(for symbol: String) async -> Result<Reference, FetchError> {
-        async let trade = rest.lastTrade(symbol, priority: .background)
-        async let previous = rest.previousClose(symbol, priority: .background)
+        async let trade = rest.lastTrade(symbol, priority: .bulk)
+        async let previous = rest.previousClose(symbol, priority: .bulk)
         let (tradeResult, previousResult) = await (trade, previous)
         var reference = Reference()
         if case .success(let last) = tradeResult, last.price > 0 {

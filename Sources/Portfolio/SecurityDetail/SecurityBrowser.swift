@@ -9,10 +9,10 @@ import Logging
 /// named client's when it has been idle for `idleTimeout`. Views are kept (at most 256, least recently
 /// used dropped) with the order the client was shown; a view id not kept is rebuilt from the id.
 public actor SecurityBrowser {
-    public let cache: SecurityCache<SecurityDetail>
-    public let service: PortfolioService
-    public let loader: SecurityDetailLoader
-    public let idleTimeout: Duration
+    public nonisolated let cache: SecurityCache<SecurityDetail>
+    public nonisolated let service: PortfolioService
+    public nonisolated let loader: SecurityDetailLoader
+    public nonisolated let idleTimeout: Duration
     private let metrics: SecurityCacheMetrics
     private let logger: Logger
     private var clients: [ClientKey: Client] = [:]
@@ -100,6 +100,7 @@ public actor SecurityBrowser {
                 id: viewID, index: index, count: order.count, previous: index > 0 ? order[index - 1] : nil,
                 next: index + 1 < order.count ? order[index + 1] : nil)
         }
+        if let position { await coordinator.moving(order: order, index: position.index) }
         var (detail, outcome) = await cache.detail(symbol)
         if detail.isComplete, let position {
             await coordinator.viewed(order: order, index: position.index)

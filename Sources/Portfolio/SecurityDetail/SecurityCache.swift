@@ -27,6 +27,8 @@ public actor SecurityCache<Detail: Sendable> {
         let id: UInt64
         let task: Task<Detail, Never>
         var interested: Set<UInt64>
+        /// Escalated when a request waits for the load (its REST requests then jump the queue).
+        let urgency: RequestGate.Urgency
     }
 
     /// How a request was served.
@@ -94,6 +96,7 @@ public actor SecurityCache<Detail: Sendable> {
             metrics.joined?.increment()
         }
         let (task, token) = interest(in: symbol, priority: priority)
+        loading[symbol]?.urgency.escalate()
         let detail = await task.value
         withdraw(symbol, token: token)
         return (detail, outcome)
@@ -141,12 +144,13 @@ public actor SecurityCache<Detail: Sendable> {
         counters.loads += 1
         let id = token
         let load = self.load
+        let urgency = RequestGate.Urgency()
         let task = Task(priority: priority) {
-            let detail = await load(symbol)
+            let detail = await RequestGate.$urgency.withValue(urgency) { await load(symbol) }
             self.finish(symbol, id: id, detail)
             return detail
         }
-        loading[symbol] = Load(id: id, task: task, interested: [token])
+        loading[symbol] = Load(id: id, task: task, interested: [token], urgency: urgency)
         return (task, token)
     }
 
