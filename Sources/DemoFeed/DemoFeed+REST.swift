@@ -137,6 +137,9 @@ extension DemoFeed {
         restCounts.withLock { $0[ticker.isEmpty ? endpoint : "\(endpoint) \(ticker)"] ?? RestCount() }
     }
 
+    /// Every endpoint-and-ticker key with its counts (diagnostics).
+    public var restCountsByKey: [String: RestCount] { restCounts.withLock { $0 } }
+
     static func restJSON(_ text: String, status: HTTPResponse.Status) -> Response {
         Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))
     }
