@@ -30,8 +30,10 @@ enum PortfolioJSON {
         var quantity: String
         var price: String
         var fees: String
-        init(_ t: Transaction) {
-            (id, accountID, date, kind, symbol) = (t.id, t.accountID, t.date, t.kind, t.symbol)
+        /// In a security's detail, which spans accounts.
+        var accountName: String?
+        init(_ t: Transaction, accountName: String? = nil) {
+            (id, accountID, date, kind, symbol, self.accountName) = (t.id, t.accountID, t.date, t.kind, t.symbol, accountName)
             (quantity, price, fees) = (text(t.quantity), text(t.price), text(t.fees))
         }
     }

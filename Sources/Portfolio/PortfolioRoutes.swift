@@ -155,7 +155,9 @@ public struct PortfolioRoutes: Sendable {
             }
         }
         router.get("/v1/accounts/:id/transactions") { _, context in
-            await Self.answer { Self.json(try store.transactions(accountID: try Self.id(context)).map(PortfolioJSON.TransactionOut.init)) }
+            await Self.answer {
+                Self.json(try store.transactions(accountID: try Self.id(context)).map { PortfolioJSON.TransactionOut($0) })
+            }
         }
         router.post("/v1/accounts/:id/updates") { request, context in
             await Self.answer {

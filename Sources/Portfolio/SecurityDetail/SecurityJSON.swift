@@ -128,23 +128,6 @@ extension PortfolioJSON {
         }
     }
 
-    struct SymbolTransactionOut: Encodable {
-        var id: Int64
-        var accountID: Int64
-        var accountName: String
-        var date: Day
-        var kind: TransactionKind
-        var quantity: String
-        var price: String
-        var fees: String
-
-        init(_ s: SymbolTransaction) {
-            let t = s.transaction
-            (id, accountID, accountName, date, kind) = (t.id, t.accountID, s.accountName, t.date, t.kind)
-            (quantity, price, fees) = (text(t.quantity), text(t.price), text(t.fees))
-        }
-    }
-
     struct TaxLotOut: Encodable {
         var accountID: Int64
         var accountName: String
@@ -189,7 +172,7 @@ extension PortfolioJSON {
         var loadedAt: Date
         var details: GroupOut<DetailsOut>
         var priceHistory: GroupOut<HistoryOut>
-        var transactions: GroupOut<[SymbolTransactionOut]>
+        var transactions: GroupOut<[TransactionOut]>
         var taxLots: GroupOut<TaxLotsOut>
 
         init(_ answer: SecurityBrowser.DetailAnswer) {
@@ -202,7 +185,7 @@ extension PortfolioJSON {
             }
             details = GroupOut(d.details, DetailsOut.init)
             priceHistory = GroupOut(d.priceHistory, HistoryOut.init)
-            transactions = GroupOut(d.transactions) { $0.map(SymbolTransactionOut.init) }
+            transactions = GroupOut(d.transactions) { $0.map { TransactionOut($0.transaction, accountName: $0.accountName) } }
             taxLots = GroupOut(d.taxLots, TaxLotsOut.init)
         }
     }
