@@ -105,12 +105,12 @@ extension DemoFeed {
         _ body: @escaping @Sendable (String, RestState) -> String?
     ) async throws -> Response {
         let ticker = fixedTicker ?? (context.parameters.get("ticker") ?? "").uppercased()
-        let key = ticker.isEmpty ? endpoint : "\(endpoint) \(ticker)"
-        let number = restRequests.withLock { count in
-            count += 1
-            return count
+        let key = Self.restKey(endpoint, ticker)
+        // This request's number among all the feed's REST requests (the first `restFailures` fail).
+        let number = restCounts.withLock { counts in
+            counts[key, default: RestCount()].started += 1
+            return counts.values.reduce(0) { $0 + $1.started }
         }
-        restCounts.withLock { $0[key, default: RestCount()].started += 1 }
         if let delay = configuration.restDelay {
             do {
                 try await request.body.consumeWithCancellationOnInboundClose { _ in try await Task.sleep(for: delay) }
@@ -132,9 +132,16 @@ extension DemoFeed {
         return Self.restJSON(text, status: .ok)
     }
 
+    /// REST requests received, all endpoints together.
+    public var restRequests: Int { restCounts.withLock { $0.values.reduce(0) { $0 + $1.started } } }
+
     /// What the REST side did for `endpoint` (`trade`, `nbbo`, `prev`, `aggs`, `status`) and `ticker`.
     public func restCount(_ endpoint: String, _ ticker: String = "") -> RestCount {
-        restCounts.withLock { $0[ticker.isEmpty ? endpoint : "\(endpoint) \(ticker)"] ?? RestCount() }
+        restCounts.withLock { $0[Self.restKey(endpoint, ticker)] ?? RestCount() }
+    }
+
+    static func restKey(_ endpoint: String, _ ticker: String) -> String {
+        ticker.isEmpty ? endpoint : "\(endpoint) \(ticker)"
     }
 
     /// Every endpoint-and-ticker key with its counts (diagnostics).

@@ -32,8 +32,6 @@ public final class DemoFeed: Service, Sendable {
     private let tally = Mutex<Tally?>(nil)
     /// What the REST endpoints answer.
     let restState = Mutex(RestState())
-    /// REST requests received, for tests.
-    public let restRequests = Mutex(0)
     /// REST requests per endpoint and ticker, and what became of them.
     let restCounts = Mutex<[String: RestCount]>([:])
     private let logger: Logger

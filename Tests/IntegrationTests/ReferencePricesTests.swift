@@ -36,13 +36,13 @@ struct ReferencePricesTests {
             let source = ReferencePrices(baseURL: base, apiKey: "rest-key", attempts: 4, initialBackoff: .milliseconds(20))
             // Two requests per symbol; the first three answers are 503, so both succeed within 4 attempts.
             #expect(try await source.reference(for: "AAPL").get().lastTrade != nil)
-            #expect(feed.restRequests.withLock { $0 } == 5)
+            #expect(feed.restRequests == 5)
             let wrongKey = ReferencePrices(baseURL: base, apiKey: "wrong", attempts: 4, initialBackoff: .milliseconds(20))
             guard case .failure(.status(401, _)) = await wrongKey.reference(for: "AAPL") else {
                 Issue.record("expected 401")
                 return
             }
-            #expect(feed.restRequests.withLock { $0 } == 7, "a 401 is not retried")
+            #expect(feed.restRequests == 7, "a 401 is not retried")
         }
     }
 }

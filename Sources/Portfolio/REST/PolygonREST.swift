@@ -7,8 +7,8 @@ import PolygonWire
 /// The upstream's REST API, Polygon's paths: last trade and quote, daily aggregates, previous close,
 /// market status. The demo feed serves the same paths.
 ///
-/// `Sendable`. On AsyncHTTPClient's shared client; at most `gate.limit` requests at a time, foreground
-/// before background; transport errors, 429 and 5xx are retried with exponential backoff and full
+/// `Sendable`. On AsyncHTTPClient's shared client; at most `gate.limit` requests at a time, in the
+/// gate's order (foreground, then background, then bulk); transport errors, 429 and 5xx are retried with exponential backoff and full
 /// jitter, other 4xx fail at once; cancelling the calling task cancels the request in flight (the
 /// connection is closed, so the server sees it) and any wait.
 public struct PolygonREST: Sendable {
@@ -57,16 +57,16 @@ public struct PolygonREST: Sendable {
         components.queryItems = (query + [("apiKey", apiKey)]).map { URLQueryItem(name: $0.0, value: $0.1) }
         let url = "\(baseURL)\(path)?\(components.percentEncodedQuery ?? "")"
         var last: FetchError = .transport("not attempted")
+        let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
         for attempt in 0..<attempts {
             if attempt > 0 {
-                let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
                 do { try await Task.sleep(for: backoff.delay(attempt: attempt - 1)) } catch { return .failure(.cancelled) }
             }
             do {
                 let (status, body) = try await gate.run(priority) {
                     var request = HTTPClientRequest(url: url)
                     request.headers.add(name: "Accept", value: "application/json")
-                    let response = try await client.execute(request, timeout: .nanoseconds(Int64(timeout.seconds * 1e9)))
+                    let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
                     return (Int(response.status.code), try await response.body.collect(upTo: 16 << 20))
                 }
                 if (200..<300).contains(status) { return .success(body) }

@@ -34,16 +34,13 @@ public actor PrefetchCoordinator<Detail: Sendable> {
     /// The client asked for `order[index]`: prefetches outside its window are of no use any more and
     /// are cancelled at once, before that security even loads (freeing the data source for it).
     public func moving(order: [String], index: Int) {
-        let window = PrefetchWindow(order: order, viewing: index)
-        for (symbol, entry) in tasks where !window.covered.contains(symbol) {
-            cancel(symbol, entry.task, because: "left the window")
-        }
+        cancelOutside(PrefetchWindow(order: order, viewing: index))
     }
 
     /// The client now views `order[index]`, fully loaded: move the window there and prefetch around it.
     public func viewed(order: [String], index: Int) async {
-        moving(order: order, index: index)
         let window = PrefetchWindow(order: order, viewing: index)
+        cancelOutside(window)
         for symbol in window.immediate { await schedule(symbol, after: nil, reason: "neighbour of \(order[index])") }
         for symbol in window.delayed { await schedule(symbol, after: PrefetchWindow.delay, reason: "second neighbour of \(order[index])") }
     }
@@ -52,6 +49,12 @@ public actor PrefetchCoordinator<Detail: Sendable> {
     public func listed(order: [String]) async {
         guard let first = PrefetchWindow.firstOf(order) else { return }
         await schedule(first, after: nil, reason: "first of a new list")
+    }
+
+    private func cancelOutside(_ window: PrefetchWindow) {
+        for (symbol, entry) in tasks where !window.covered.contains(symbol) {
+            cancel(symbol, entry.task, because: "left the window")
+        }
     }
 
     /// Symbols with a prefetch scheduled or running.

@@ -77,7 +77,7 @@ public actor SecurityBrowser {
     /// is prefetched.
     public func holdings(_ query: HoldingsQuery, client: ClientKey) async throws -> HoldingsView {
         let coordinator = seen(client)
-        let holdings = query.apply(try await service.holdings(accounts: query.accounts))
+        let holdings = try await list(query)
         let id = query.viewID
         let order = holdings.map(\.symbol)
         keep(id, order)
@@ -152,6 +152,11 @@ public actor SecurityBrowser {
         return coordinator
     }
 
+    /// The holdings `query` selects, valued now, in its order.
+    private func list(_ query: HoldingsQuery) async throws -> [Holding] {
+        query.apply(try await service.holdings(accounts: query.accounts))
+    }
+
     private func keep(_ id: String, _ order: [String]) {
         viewClock += 1
         views[id] = (order, viewClock)
@@ -166,8 +171,7 @@ public actor SecurityBrowser {
             views[viewID]?.used = viewClock
             return kept.order
         }
-        let query = try HoldingsQuery(viewID: viewID)
-        let order = query.apply(try await service.holdings(accounts: query.accounts)).map(\.symbol)
+        let order = try await list(HoldingsQuery(viewID: viewID)).map(\.symbol)
         keep(viewID, order)
         return order
     }

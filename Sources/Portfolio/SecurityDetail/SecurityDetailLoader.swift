@@ -28,8 +28,12 @@ public struct SecurityDetailLoader: Sendable {
         async let details = details(symbol, priority: priority)
         async let history = priceHistory(symbol, priority: priority)
         let today = calendar.day(of: .now)
-        let transactions = self.transactions(symbol, today: today)
-        let lots = taxLots(symbol, today: today)
+        // Both database groups come from one read of the brokerage accounts and their transactions.
+        let ledger = Result { () throws -> Ledger in
+            try store.accounts().filter { $0.kind == .brokerage }.map { ($0, try store.transactions(accountID: $0.id)) }
+        }
+        let transactions = self.transactions(symbol, ledger: ledger, today: today)
+        let lots = taxLots(symbol, ledger: ledger, today: today)
         return SecurityDetail(
             symbol: symbol, details: await details, priceHistory: await history, transactions: transactions, taxLots: lots,
             loadedAt: .now)
@@ -117,13 +121,15 @@ public struct SecurityDetailLoader: Sendable {
 
     // MARK: from the database
 
-    func transactions(_ symbol: String, today: Day) -> DetailGroup<[SymbolTransaction]> {
+    /// Every brokerage account with its transactions.
+    typealias Ledger = [(account: Account, transactions: [Transaction])]
+
+    func transactions(_ symbol: String, ledger: Result<Ledger, any Error>, today: Day) -> DetailGroup<[SymbolTransaction]> {
         do {
             let since = calendar.day(today, addingYears: -1)
             var rows: [SymbolTransaction] = []
-            for account in try store.accounts() where account.kind == .brokerage {
-                for transaction in try store.transactions(accountID: account.id)
-                where transaction.symbol == symbol && transaction.date >= since {
+            for (account, transactions) in try ledger.get() {
+                for transaction in transactions where transaction.symbol == symbol && transaction.date >= since {
                     rows.append(SymbolTransaction(transaction: transaction, accountName: account.name))
                 }
             }
@@ -134,12 +140,12 @@ public struct SecurityDetailLoader: Sendable {
         }
     }
 
-    func taxLots(_ symbol: String, today: Day) -> DetailGroup<SecurityDetail.TaxLots> {
+    func taxLots(_ symbol: String, ledger: Result<Ledger, any Error>, today: Day) -> DetailGroup<SecurityDetail.TaxLots> {
         do {
             let longTermFrom = calendar.day(today, addingYears: -1)
             var lots: [SecurityDetail.TaxLot] = []
-            for account in try store.accounts() where account.kind == .brokerage && account.isActive {
-                let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+            for (account, transactions) in try ledger.get() where account.isActive {
+                let book = try PositionBook(transactions: transactions)
                 for lot in book.positions[symbol]?.lots ?? [] where lot.quantity > 0 {
                     lots.append(
                         .init(
