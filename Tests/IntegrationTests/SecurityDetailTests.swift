@@ -178,8 +178,13 @@ struct SecurityDetailTests {
             let client = KeepAliveClient(port: parts.port)
             defer { Task { try? await client.shutdown() } }
             let (id, order) = try await view(client)
-            _ = try await client.get("/v1/securities/\(order[0])?view=\(id)")
-            try await eventually("the prefetch of \(order[1]) to reach the feed") { feed.restCount("aggs", order[1]).started == 1 }
+            let opened = try await client.get("/v1/securities/\(order[0])?view=\(id)")
+            #expect(opened.json["complete"] as? Bool == true, "prefetching starts from a complete detail: \(opened.json)")
+            // Bounded generously: on a cold, loaded CI machine the start-up reference prices (1.5 s each,
+            // four at a time) are still draining ahead of this background prefetch.
+            try await eventually("the prefetch of \(order[1]) to reach the feed", timeout: .seconds(30)) {
+                feed.restCount("aggs", order[1]).started == 1
+            }
             // Jump far away: order[1] is out of the new window, and its fetch is cancelled, not ignored.
             async let far = client.get("/v1/securities/\(order[4])?view=\(id)")
             try await eventually("the feed to see the prefetch of \(order[1]) abandoned") {
@@ -194,8 +199,13 @@ struct SecurityDetailTests {
         try await withRelay(restDelay: .milliseconds(1500), symbols: Array(Self.symbols.prefix(3))) { parts, feed in
             let client = KeepAliveClient(port: parts.port)
             let (id, order) = try await view(client, "?sort=symbol&order=desc")
-            _ = try await client.get("/v1/securities/\(order[0])?view=\(id)")
-            try await eventually("the prefetch of \(order[1]) to reach the feed") { feed.restCount("aggs", order[1]).started == 1 }
+            let opened = try await client.get("/v1/securities/\(order[0])?view=\(id)")
+            #expect(opened.json["complete"] as? Bool == true, "prefetching starts from a complete detail: \(opened.json)")
+            // Bounded generously: on a cold, loaded CI machine the start-up reference prices (1.5 s each,
+            // four at a time) are still draining ahead of this background prefetch.
+            try await eventually("the prefetch of \(order[1]) to reach the feed", timeout: .seconds(30)) {
+                feed.restCount("aggs", order[1]).started == 1
+            }
             try await client.shutdown()  // the connection closes
             try await eventually("the feed to see the prefetch of \(order[1]) abandoned") {
                 feed.restCount("aggs", order[1]).abandoned == 1
