@@ -35,6 +35,22 @@ let package = Package(
             pkgConfig: "libwebsockets",
             providers: [.apt(["libwebsockets-dev", "libssl-dev"])]
         ),
+        .systemLibrary(
+            name: "CNats",
+            pkgConfig: "libnats",
+            providers: [.apt(["libnats-dev"])]
+        ),
+        .target(
+            name: "Cluster",
+            dependencies: [
+                "CNats", "PolygonWire", "MarketDataHub", "Upstream",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict
+        ),
         .target(
             name: "AsyncSupport",
             swiftSettings: strict
@@ -94,7 +110,7 @@ let package = Package(
         .target(
             name: "RelayCore",
             dependencies: [
-                "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio",
+                "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -149,6 +165,11 @@ let package = Package(
         .testTarget(
             name: "MarketDataHubTests",
             dependencies: ["MarketDataHub", "PolygonWire"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ClusterTests",
+            dependencies: ["Cluster", "PolygonWire"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -52,6 +52,10 @@ public actor MarketDataHub {
 
     public let policy: SlowConsumerPolicy
     public let snapshotOnSubscribe: Bool
+    /// Whether a topic's last event is kept after nobody wants it any more. A single relay keeps it (its
+    /// upstream is the only source); a cluster node forgets it, because once unwanted nothing keeps it
+    /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
+    public let keepsUnwantedLastValues: Bool
     private var nextID: UInt64 = 1
     private var sequence: UInt64 = 0
     private var subscribers: [SubscriberID: Subscriber] = [:]
@@ -89,12 +93,14 @@ public actor MarketDataHub {
     public init(
         policy: SlowConsumerPolicy = .drop,
         snapshotOnSubscribe: Bool = true,
+        keepsUnwantedLastValues: Bool = true,
         logger: Logger = Logger(label: "relay.hub"),
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
         onWantedTopicsChange: @escaping @Sendable (Set<Topic>) -> Void = { _ in }
     ) {
         self.policy = policy
         self.snapshotOnSubscribe = snapshotOnSubscribe
+        self.keepsUnwantedLastValues = keepsUnwantedLastValues
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
         subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
@@ -175,9 +181,17 @@ public actor MarketDataHub {
     private func unindex(_ topic: Topic, _ subscriber: Subscriber) {
         if topic.isWildcard {
             wildcards[topic.eventType]?.removeAll { $0 === subscriber }
-            if wildcards[topic.eventType]?.isEmpty == true { wildcards[topic.eventType] = nil }
+            if wildcards[topic.eventType]?.isEmpty == true {
+                wildcards[topic.eventType] = nil
+                if !keepsUnwantedLastValues {
+                    entries = entries.filter { $0.key.eventType != topic.eventType || !$0.value.subscribers.isEmpty }
+                }
+            }
         } else if let entry = entries[topic] {
             entry.subscribers.removeAll { $0 === subscriber }
+            if !keepsUnwantedLastValues, entry.subscribers.isEmpty, wildcards[topic.eventType] == nil {
+                entries[topic] = nil
+            }
         }
     }
 
@@ -207,14 +221,18 @@ public actor MarketDataHub {
         var touched: [Subscriber] = []
         for event in events {
             sequence &+= 1
-            let entry = entry(for: event.topic)
-            entry.last = event
-            for subscriber in entry.subscribers {
-                subscriber.lastSequence = sequence
-                if subscriber.staged.isEmpty { touched.append(subscriber) }
-                subscriber.staged.append(event)
+            let topic = event.topic
+            let wild = wildcards[event.eventType]
+            // A cluster node may still receive a few events of a topic it just dropped: not kept.
+            if let entry = entries[topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: topic) : nil) {
+                entry.last = event
+                for subscriber in entry.subscribers {
+                    subscriber.lastSequence = sequence
+                    if subscriber.staged.isEmpty { touched.append(subscriber) }
+                    subscriber.staged.append(event)
+                }
             }
-            if let wild = wildcards[event.eventType] {
+            if let wild {
                 for subscriber in wild where subscriber.lastSequence != sequence {
                     subscriber.lastSequence = sequence
                     if subscriber.staged.isEmpty { touched.append(subscriber) }
@@ -310,6 +328,34 @@ public actor MarketDataHub {
     private func setLagging(_ lagging: Bool) {
         laggingCount += lagging ? 1 : -1
         laggingGauge.record(laggingCount)
+    }
+
+    /// A topic's last event from elsewhere (a cluster's last-value store), for the snapshot on
+    /// subscribe. Used only while the topic has subscribers and no event of its own yet: then it becomes
+    /// the topic's last event and each of its subscribers gets it. A live event that arrived first wins,
+    /// so a late seed never puts an older event after a newer one.
+    public func seed(_ event: MarketEvent) {
+        guard snapshotOnSubscribe, let entry = entries[event.topic], entry.last == nil, !entry.subscribers.isEmpty else { return }
+        entry.last = event
+        for subscriber in entry.subscribers { enqueue([event], to: subscriber) }
+    }
+
+    /// Events were lost before they reached the hub (e.g. NATS dropped them for this node): the
+    /// subscribers of `topics` (every subscriber with topics when `nil`) get a `lagging` notice at once.
+    public func reportLoss(_ count: Int, topics: Set<Topic>?, reason: String) {
+        let notice = MarketEvent.notice(
+            StatusMessage(
+                status: StatusMessage.Kind.lagging, message: "\(count) events were lost before reaching this relay (\(reason))",
+                numbers: ["dropped": Int64(count)]))
+        let lostTypes = topics.map { Set($0.map(\.eventType)) }
+        for subscriber in subscribers.values where !subscriber.topics.isEmpty {
+            if let topics, let lostTypes, subscriber.topics.isDisjoint(with: topics),
+                !subscriber.topics.contains(where: { $0.isWildcard && lostTypes.contains($0.eventType) })
+            {
+                continue
+            }
+            enqueue([notice], to: subscriber)
+        }
     }
 
     // MARK: upstream outages

@@ -107,9 +107,9 @@ public final class PolygonWebSocket: Service, Sendable {
         reconnectTask.withLock { $0?.cancel() }
         connection.requestStop()
         let connection = self.connection
-        // The close handshake is bounded: after two seconds the loop ends regardless.
+        // The close handshake is bounded: after `closeTimeout` the loop ends regardless.
         Task {
-            try? await Task.sleep(for: .seconds(2))
+            try? await Task.sleep(for: connection.configuration.closeTimeout)
             connection.forceExit()
         }
     }

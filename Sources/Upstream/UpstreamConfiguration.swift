@@ -56,6 +56,9 @@ public struct UpstreamConfiguration: Sendable {
     /// Hang up after this long without a valid frame or pong.
     public var deadAfter: Duration
     public var reconnect: ReconnectPolicy
+    /// How long a shutdown waits for the close handshake before it drops the connection anyway. A
+    /// cluster leader that loses its lease must be gone well inside the lease's lifetime.
+    public var closeTimeout: Duration = .seconds(2)
 
     public init(
         endpoint: Endpoint,

@@ -1,0 +1,82 @@
+import Foundation
+import PolygonWire
+import Synchronization
+
+/// How a relay node joins a cluster. Value type, `Sendable`.
+///
+/// Timing follows from the lease: the leader renews every fifth of it and drops its upstream
+/// connection when half of it has passed without a successful renewal, so the connection is closed
+/// (within `UpstreamConfiguration.closeTimeout`) before the lease can lapse and another node take it.
+public struct ClusterConfiguration: Sendable, Equatable {
+    /// NATS servers, `nats://host:port`.
+    public var servers: [String]
+    /// Separates clusters sharing one NATS; part of every subject and bucket name.
+    public var name: String
+    /// This node's name in the cluster (health, logs, the lease's value).
+    public var nodeID: String
+    /// How long the upstream lease lives without renewal.
+    public var leaseDuration: Duration
+    /// How often a follower checks the lease (and so how fast it takes over a released one).
+    public var leasePollInterval: Duration = .milliseconds(250)
+    /// How often a node repeats its interest; a node silent for 3.5 times this stops counting.
+    public var interestHeartbeat: Duration = .seconds(1)
+    /// How often the leader writes changed last values to the cluster's last-value store.
+    public var lastValueInterval: Duration = .milliseconds(250)
+
+    public init(servers: [String], name: String = "relay", nodeID: String, leaseDuration: Duration = .seconds(5)) {
+        self.servers = servers
+        self.name = name
+        self.nodeID = nodeID
+        self.leaseDuration = leaseDuration
+    }
+
+    public var renewInterval: Duration { leaseDuration / 5 }
+    /// Without a successful renewal for this long, the leader closes its upstream connection.
+    public var dropUpstreamAfter: Duration { leaseDuration / 2 }
+    public var interestTTL: Duration { interestHeartbeat * 3.5 }
+
+    /// Parses `nats://host:port[,nats://host:port…]`.
+    public static func servers(from text: String) throws(ClusterError) -> [String] {
+        let parts = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        guard !parts.isEmpty else { throw .invalidURL(text) }
+        for part in parts {
+            guard let url = URLComponents(string: part), url.scheme?.lowercased() == "nats", url.host?.isEmpty == false else {
+                throw .invalidURL(part)
+            }
+        }
+        return parts
+    }
+}
+
+/// The topics this node's hub wants, handed from the hub's callback to the cluster node.
+///
+/// `Sendable`, state behind a `Mutex`. The hub is made before the node, so this sits between them.
+public final class LocalInterest: Sendable {
+    private struct State {
+        var topics: Set<Topic> = []
+        var listener: (@Sendable (Set<Topic>) -> Void)?
+    }
+
+    private let state = Mutex(State())
+
+    public init() {}
+
+    /// Called by the hub (on the hub) with its whole new wanted set.
+    public func set(_ topics: Set<Topic>) {
+        let listener = state.withLock { state in
+            state.topics = topics
+            return state.listener
+        }
+        listener?(topics)
+    }
+
+    public var topics: Set<Topic> { state.withLock { $0.topics } }
+
+    func listen(_ listener: @escaping @Sendable (Set<Topic>) -> Void) {
+        let topics = state.withLock { state in
+            state.listener = listener
+            return state.topics
+        }
+        listener(topics)
+    }
+}

@@ -1,0 +1,470 @@
+import CoreMetrics
+import Logging
+import MarketDataHub
+import NIOCore
+import PolygonWire
+import ServiceLifecycle
+import Synchronization
+import Upstream
+
+/// One relay node of a cluster on NATS: it feeds its own hub from NATS, publishes what its hub wants,
+/// and, while it holds the cluster's upstream lease, is the leader: the one node connected upstream,
+/// publishing every upstream event's exact bytes to NATS.
+///
+/// The lease is a JetStream key-value entry, taken with create-if-absent and renewed with a
+/// revision-checked update every fifth of its lifetime. The upstream connection is opened only after
+/// the lease is taken, and closed when half the lease has passed without a renewal — before the lease
+/// can lapse and another node take it — so two upstream connections never exist at once. On graceful
+/// shutdown the leader closes upstream first, then deletes the lease, and a follower takes over within
+/// one poll interval.
+///
+/// `Sendable`; a `Service`. State behind a `Mutex`; ``run()`` owns every task and the NATS connection.
+public final class ClusterNode: Service, Sendable {
+    /// What `/healthz` shows of the cluster. Value type, `Sendable`.
+    public struct Status: Sendable, Equatable {
+        public var role: String
+        public var node: String
+        public var leader: String?
+        public var nats: String
+        public var liveNodes: [String]
+        public var subscriptions: Int
+    }
+
+    private struct State {
+        var connection: NATSConnection?
+        var feed: ClusterFeed?
+        var leading = false
+        var leader: String?
+        var lastKnownLeader: String?
+        var upstream: PolygonWebSocket?
+        var interest: InterestTable
+        var leaseBucket: KeyValueBucket?
+        var lastValueBucket: KeyValueBucket?
+        var stopped = false
+    }
+
+    public let configuration: ClusterConfiguration
+    public let subjects: ClusterSubjects
+    private let hub: MarketDataHub
+    private let localInterest: LocalInterest
+    private let makeUpstream: @Sendable () -> PolygonWebSocket
+    private let metrics: ClusterMetrics
+    private let logger: Logger
+    private let state: Mutex<State>
+    /// Changed last values waiting for the next write to the last-value store (leader only).
+    private let pendingLastValues = Mutex<[Topic: ByteBuffer]>([:])
+
+    /// - Parameters:
+    ///   - localInterest: where this node's hub reports the topics it wants.
+    ///   - makeUpstream: a new upstream client, made each time this node becomes leader.
+    public init(
+        configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
+        metricsFactory: any MetricsFactory, logger: Logger, makeUpstream: @escaping @Sendable () -> PolygonWebSocket
+    ) throws(ClusterError) {
+        self.configuration = configuration
+        subjects = try ClusterSubjects(cluster: configuration.name, market: market)
+        self.hub = hub
+        self.localInterest = localInterest
+        self.makeUpstream = makeUpstream
+        self.metrics = ClusterMetrics(factory: metricsFactory)
+        self.logger = logger
+        state = Mutex(State(interest: InterestTable(ttl: configuration.interestTTL)))
+    }
+
+    // MARK: reading
+
+    /// Where this node stands in the cluster.
+    public var status: Status {
+        state.withLock { state in
+            Status(
+                role: state.stopped ? "stopped" : state.leading ? "leader" : "follower", node: configuration.nodeID,
+                leader: state.leader, nats: state.connection?.state.rawValue ?? NATSState.connecting.rawValue,
+                liveNodes: state.interest.liveNodes, subscriptions: state.feed?.subscriptionCount ?? 0)
+        }
+    }
+
+    /// Whether this node can serve: NATS connected and a leader known.
+    public var isHealthy: Bool {
+        let status = self.status
+        return status.nats == NATSState.connected.rawValue && status.leader != nil
+    }
+
+    /// This node's upstream client while it leads.
+    public var upstream: PolygonWebSocket? { state.withLock { $0.upstream } }
+
+    /// A topic's last event from the cluster's last-value store (for `/v1/last` on a node whose clients
+    /// do not want the topic).
+    public func lastEvent(for topic: Topic) async -> MarketEvent? {
+        guard !topic.isWildcard, let bucket = state.withLock({ $0.lastValueBucket }) else { return nil }
+        guard let entry = try? await bucket.get(subjects.lastValueKey(for: topic)), !entry.value.isEmpty else { return nil }
+        return MarketEvent(eventType: topic.eventType, ticker: topic.ticker, bytes: ByteBuffer(bytes: entry.value))
+    }
+
+    // MARK: running
+
+    public func run() async throws {
+        let connection = NATSConnection(
+            servers: configuration.servers, name: "relay \(configuration.name)/\(configuration.nodeID)", logger: logger)
+        let feed = ClusterFeed(connection: connection, subjects: subjects, hub: hub, metrics: metrics, logger: logger) {
+            [weak self] topic in await self?.lastEvent(for: topic)
+        }
+        state.withLock { state in
+            state.connection = connection
+            state.feed = feed
+        }
+        feed.start()
+        let interestSink = NATSMessageSink { [weak self] subject, payload in
+            self?.received(interestOf: String(cString: subject), payload: String(decoding: payload, as: UTF8.self))
+        }
+        _ = connection.subscribe(subjects.allInterest, sink: interestSink)
+        let requestSink = NATSMessageSink { [weak self] _, _ in self?.publishInterest() }
+        _ = connection.subscribe(subjects.interestRequest, sink: requestSink)
+
+        let interestPublisher = Debouncer(delay: .milliseconds(20))
+        localInterest.listen { [weak self] topics in
+            feed.setWanted(topics)
+            interestPublisher.poke { [weak self] in self?.publishInterest() }
+        }
+        logger.info(
+            "cluster node starting",
+            metadata: [
+                "node": "\(configuration.nodeID)", "cluster": "\(configuration.name)", "nats": "\(configuration.servers.joined(separator: ","))",
+                "lease_s": "\(configuration.leaseDuration)",
+            ])
+
+        let helpers = [
+            Task { await feed.run() },
+            Task { await self.tick() },
+            Task { await self.watch(connection, feed: feed) },
+        ]
+        let lease = Task { await self.leaseLoop(feed: feed) }
+        await withGracefulShutdownHandler {
+            await withTaskCancellationHandler {
+                await lease.value
+            } onCancel: {
+                lease.cancel()
+            }
+        } onGracefulShutdown: {
+            lease.cancel()
+        }
+        state.withLock { $0.stopped = true }
+        for task in helpers { task.cancel() }
+        feed.stop()
+        await connection.close()
+        logger.info("cluster node stopped", metadata: ["node": "\(configuration.nodeID)"])
+    }
+
+    // MARK: interest
+
+    private func publishInterest() {
+        guard let connection = state.withLock({ $0.connection }) else { return }
+        connection.publish(subjects.interest(of: configuration.nodeID), InterestTable.encode(localInterest.topics))
+    }
+
+    private func received(interestOf subject: String, payload: String) {
+        guard let token = subject.split(separator: ".").last,
+            let node = ClusterSubjects.decodeToken(token)
+        else { return }
+        let topics = InterestTable.decode(payload)
+        let (changed, upstream) = state.withLock { state in
+            (state.interest.update(node: node, topics: topics, at: .now), state.upstream)
+        }
+        if changed, upstream != nil { updateUpstreamTopics() }
+    }
+
+    /// Upstream subscription changes, at most one batch per 50 ms.
+    private let upstreamUpdate = Debouncer(delay: .milliseconds(50))
+
+    private func updateUpstreamTopics() {
+        upstreamUpdate.poke { [weak self] in
+            guard let self else { return }
+            let (union, upstream) = state.withLock { ($0.interest.union, $0.upstream) }
+            upstream?.setWantedTopics(union)
+        }
+    }
+
+    /// Every quarter second: expire silent nodes, write changed last values (leader); every heartbeat:
+    /// repeat this node's interest.
+    private func tick() async {
+        var lastHeartbeat = ContinuousClock.now
+        while !Task.isCancelled {
+            try? await Task.sleep(for: configuration.lastValueInterval)
+            let now = ContinuousClock.now
+            let (expired, leading) = state.withLock { ($0.interest.expire(at: now), $0.leading) }
+            if expired, leading { updateUpstreamTopics() }
+            if leading { writeLastValues() }
+            if now - lastHeartbeat >= configuration.interestHeartbeat {
+                lastHeartbeat = now
+                publishInterest()
+            }
+        }
+    }
+
+    private func writeLastValues() {
+        let changed = pendingLastValues.withLock { pending in
+            defer { pending.removeAll(keepingCapacity: true) }
+            return pending
+        }
+        guard !changed.isEmpty, let bucket = state.withLock({ $0.lastValueBucket }) else { return }
+        for (topic, bytes) in changed {
+            bytes.withUnsafeReadableBytes { _ = bucket.putWithoutAck(subjects.lastValueKey(for: topic), $0) }
+        }
+    }
+
+    /// Tells this node's subscribers when NATS is lost (events stop); republishes interest on return.
+    private func watch(_ connection: NATSConnection, feed: ClusterFeed) async {
+        var previous: NATSState?
+        for await state in connection.stateUpdates() {
+            defer { previous = state }
+            switch state {
+            case .reconnecting:
+                feed.announceLost("this relay node lost its connection to NATS")
+            case .connected where previous != nil && previous != .connected:
+                publishInterest()
+            default:
+                break
+            }
+        }
+    }
+
+    // MARK: the lease
+
+    private func leaseLoop(feed: ClusterFeed) async {
+        var failures = 0
+        var lastProblem: String?
+        func problem(_ text: String) {
+            failures += 1
+            if text != lastProblem {
+                logger.warning("cluster lease: \(text); retrying", metadata: ["node": "\(configuration.nodeID)"])
+                lastProblem = text
+            }
+        }
+        let backoff = Backoff(initial: .milliseconds(250), cap: .seconds(5))
+        while !Task.isCancelled {
+            guard let connection = state.withLock({ $0.connection }) else { return }
+            var bucket = state.withLock { $0.leaseBucket }
+            if bucket == nil {
+                do {
+                    let lease = try await connection.keyValue(bucket: subjects.leaseBucket, ttl: configuration.leaseDuration)
+                    let last = try await connection.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
+                    state.withLock {
+                        $0.leaseBucket = lease
+                        $0.lastValueBucket = last
+                    }
+                    bucket = lease
+                    failures = 0
+                    if lastProblem != nil { logger.info("cluster lease: JetStream reachable again") }
+                    lastProblem = nil
+                } catch {
+                    problem("\(error)")
+                    try? await Task.sleep(for: backoff.delay(attempt: failures))
+                    continue
+                }
+            }
+            guard let bucket else { continue }
+            let holder: String?
+            do {
+                holder = try await bucket.get(subjects.leaseKey)?.text
+                failures = 0
+            } catch {
+                problem("reading the lease: \(error)")
+                // After a NATS restart the bucket may be gone: bind (or create) it again.
+                if failures >= 3 { state.withLock { $0.leaseBucket = nil } }
+                try? await Task.sleep(for: backoff.delay(attempt: failures))
+                continue
+            }
+            observe(leader: holder, feed: feed)
+            if holder == nil, !Task.isCancelled {
+                let asked = ContinuousClock.now
+                if let revision = try? await bucket.create(subjects.leaseKey, configuration.nodeID) {
+                    observe(leader: configuration.nodeID, feed: feed)
+                    await lead(bucket: bucket, revision: revision, takenAt: asked, feed: feed)
+                    continue
+                }
+            }
+            try? await Task.sleep(for: configuration.leasePollInterval)
+        }
+    }
+
+    /// Notes the lease's holder; a change away from another node tells this node's subscribers that
+    /// events stopped (the first event from the new leader then announces the gap).
+    private func observe(leader holder: String?, feed: ClusterFeed) {
+        let (previous, failover) = state.withLock { state -> (String?, Bool) in
+            let previous = state.leader
+            state.leader = holder
+            var failover = false
+            if let holder {
+                failover = state.lastKnownLeader != nil && state.lastKnownLeader != holder
+                state.lastKnownLeader = holder
+            }
+            return (previous, failover)
+        }
+        guard previous != holder else { return }
+        if failover { metrics.failovers.increment() }
+        logger.info(
+            "cluster leader: \(previous ?? "none") → \(holder ?? "none")", metadata: ["node": "\(configuration.nodeID)"])
+        if let previous, previous != configuration.nodeID {
+            feed.announceLost("the cluster leader \(previous) gave up the upstream connection (its lease ended); another node takes over")
+        }
+    }
+
+    private enum TermEnd {
+        case shutdown(validUntil: ContinuousClock.Instant)
+        case lost(String)
+    }
+
+    /// One term as leader: upstream connected while the lease is renewed, closed before it can lapse.
+    private func lead(bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, feed: ClusterFeed) async {
+        guard let connection = state.withLock({ $0.connection }) else { return }
+        let upstream = makeUpstream()
+        let union = state.withLock { state in
+            state.leading = true
+            state.upstream = upstream
+            return state.interest.union
+        }
+        metrics.leader.record(1)
+        logger.info(
+            "this node leads the cluster: connecting upstream",
+            metadata: ["node": "\(configuration.nodeID)", "upstream": "\(upstream.configuration.endpoint)", "topics": "\(union.count)"])
+        upstream.setWantedTopics(union)
+        connection.publish(subjects.interestRequest, "")
+        let upstreamRun = Task { try? await upstream.run() }
+        let publisher = Task { await self.publish(from: upstream, to: connection) }
+
+        let end = await renew(bucket: bucket, revision: revision, takenAt: takenAt)
+        upstream.shutdown()
+        await upstreamRun.value
+        await publisher.value
+        state.withLock { state in
+            state.leading = false
+            state.upstream = nil
+        }
+        metrics.leader.record(0)
+        writeLastValues()
+        switch end {
+        case .lost(let reason):
+            logger.warning("this node no longer leads: \(reason); upstream closed", metadata: ["node": "\(configuration.nodeID)"])
+            connection.publish(subjects.upstreamControl, "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)")
+        case .shutdown(let validUntil):
+            connection.publish(subjects.upstreamControl, "the cluster leader \(configuration.nodeID) is shutting down; another node takes over")
+            // Delete only a lease that is surely still ours.
+            if ContinuousClock.now < validUntil {
+                do {
+                    try await bucket.delete(subjects.leaseKey)
+                    logger.info("upstream closed and lease released for a successor", metadata: ["node": "\(configuration.nodeID)"])
+                } catch {
+                    logger.warning("could not release the lease (it lapses on its own): \(error)")
+                }
+            }
+            _ = await connection.flush()
+        }
+    }
+
+    /// Renews the lease until it is lost or shutdown begins.
+    private func renew(bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant) async -> TermEnd {
+        var revision = revision
+        var lastRenewed = takenAt
+        while true {
+            let deadline = lastRenewed + configuration.dropUpstreamAfter
+            do {
+                try await Task.sleep(until: min(deadline, .now + configuration.renewInterval))
+            } catch {
+                return .shutdown(validUntil: lastRenewed + configuration.dropUpstreamAfter)
+            }
+            if ContinuousClock.now >= deadline {
+                return .lost("the lease could not be renewed for \(configuration.dropUpstreamAfter)")
+            }
+            let sent = ContinuousClock.now
+            let (key, node, last) = (subjects.leaseKey, configuration.nodeID, revision)
+            let outcome = await Self.race(until: deadline) { () async throws(NATSError) -> UInt64 in
+                try await bucket.update(key, node, last: last)
+            }
+            switch outcome {
+            case .success(let next):
+                revision = next
+                lastRenewed = sent
+                metrics.renewed.increment()
+            case .failure(.rejected(let text)):
+                metrics.renewFailed.increment()
+                return .lost("the lease was taken over (\(text))")
+            case .failure(.unavailable(let text)):
+                metrics.renewFailed.increment()
+                logger.warning("lease renewal failed: \(text)", metadata: ["node": "\(configuration.nodeID)"])
+            }
+            if Task.isCancelled { return .shutdown(validUntil: lastRenewed + configuration.dropUpstreamAfter) }
+        }
+    }
+
+    /// Runs `operation`, giving up (as unavailable) at `deadline`.
+    private static func race(
+        until deadline: ContinuousClock.Instant, _ operation: @escaping @Sendable () async throws(NATSError) -> UInt64
+    ) async -> Result<UInt64, NATSError> {
+        await withTaskGroup(of: Result<UInt64, NATSError>?.self) { group in
+            group.addTask {
+                do throws(NATSError) { return .success(try await operation()) } catch { return .failure(error) }
+            }
+            group.addTask {
+                try? await Task.sleep(until: deadline)
+                return nil
+            }
+            defer { group.cancelAll() }
+            return await group.next().flatMap { $0 } ?? .failure(.unavailable("no answer before the renewal deadline"))
+        }
+    }
+
+    /// The leader's publisher: every upstream event's exact bytes on its topic's subject, and each
+    /// lost connection as a notice on the control subject, in upstream order.
+    private func publish(from upstream: PolygonWebSocket, to connection: NATSConnection) async {
+        var subjectsByTopic: [Topic: String] = [:]
+        for await message in upstream.messages {
+            switch message {
+            case .events(let events):
+                for event in events {
+                    let topic = event.topic
+                    let subject: String
+                    if let known = subjectsByTopic[topic] {
+                        subject = known
+                    } else {
+                        if subjectsByTopic.count > 200_000 { subjectsByTopic.removeAll() }
+                        subject = subjects.subject(for: topic)
+                        subjectsByTopic[topic] = subject
+                    }
+                    event.bytes.withUnsafeReadableBytes { _ = connection.publish(subject, $0) }
+                }
+                // Slices of the frame, kept only until the next write to the store (which copies them).
+                pendingLastValues.withLock { pending in
+                    for event in events { pending[event.topic] = event.bytes }
+                }
+                metrics.natsOut.increment(by: events.count)
+            case .connectionLost(let reason):
+                connection.publish(subjects.upstreamControl, "upstream connection lost (\(reason))")
+            case .authenticated:
+                break
+            }
+        }
+    }
+}
+
+/// Runs an action once, `delay` after the first of any number of pokes (the first poke's action: give
+/// every poke the same one). `Sendable`.
+final class Debouncer: Sendable {
+    private let scheduled = Mutex(false)
+    private let delay: Duration
+
+    init(delay: Duration) {
+        self.delay = delay
+    }
+
+    func poke(_ action: @escaping @Sendable () -> Void) {
+        let start = scheduled.withLock { scheduled in
+            defer { scheduled = true }
+            return !scheduled
+        }
+        guard start else { return }
+        Task {
+            try? await Task.sleep(for: delay)
+            scheduled.withLock { $0 = false }
+            action()
+        }
+    }
+}

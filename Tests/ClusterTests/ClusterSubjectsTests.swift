@@ -1,0 +1,93 @@
+import Cluster
+import PolygonWire
+import Testing
+
+@Suite struct ClusterSubjectsTests {
+    let subjects: ClusterSubjects
+
+    init() throws {
+        subjects = try ClusterSubjects(cluster: "relay", market: "stocks")
+    }
+
+    @Test func plainTickerIsOneToken() {
+        #expect(subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")) == "relay.md.stocks.Q.AAPL")
+    }
+
+    @Test func wildcardTopicIsSubjectWildcard() {
+        #expect(subjects.subject(for: .wildcard("T")) == "relay.md.stocks.T.*")
+    }
+
+    @Test(arguments: ["BRK.B", "O:SPY241220P00720000", "EUR/USD", "I:SPX", "BTC-USD", "A=B", "X>Y*Z", "ÄÖ"])
+    func everyTickerRoundTripsThroughOneToken(ticker: String) throws {
+        let topic = Topic(eventType: "T", ticker: ticker)
+        let subject = subjects.subject(for: topic)
+        let tokens = subject.split(separator: ".")
+        #expect(tokens.count == 5, "\(subject) must have exactly five tokens")
+        let forbidden: Set<Character> = ["*", ">", ":", " "]
+        let last = String(tokens[tokens.count - 1])
+        #expect(!last.contains(where: { forbidden.contains($0) }))
+        #expect(subjects.topic(fromSubject: subject) == topic)
+    }
+
+    @Test func foreignSubjectsAreNotTopics() {
+        #expect(subjects.topic(fromSubject: "other.md.stocks.Q.AAPL") == nil)
+        #expect(subjects.topic(fromSubject: "relay.md.stocks.Q") == nil)
+        #expect(subjects.topic(fromSubject: "relay.md.stocks.Q.AB=Z1") == nil)
+    }
+
+    @Test func clusterNamesMustBePlainTokens() {
+        #expect(throws: ClusterError.self) { try ClusterSubjects(cluster: "a.b", market: "stocks") }
+        #expect(throws: ClusterError.self) { try ClusterSubjects(cluster: "", market: "stocks") }
+        #expect(throws: ClusterError.self) { try ClusterSubjects(cluster: "ok", market: "st ocks") }
+    }
+
+    @Test func clustersSharingNATSUseSeparateNames() throws {
+        let other = try ClusterSubjects(cluster: "blue", market: "stocks")
+        #expect(other.leaseBucket != subjects.leaseBucket)
+        #expect(other.subject(for: Topic(eventType: "Q", ticker: "AAPL")) != subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")))
+    }
+
+    @Test func serverListsParse() throws {
+        #expect(try ClusterConfiguration.servers(from: "nats://a:4222, nats://b:4223") == ["nats://a:4222", "nats://b:4223"])
+        #expect(throws: ClusterError.self) { try ClusterConfiguration.servers(from: "http://a:4222") }
+        #expect(throws: ClusterError.self) { try ClusterConfiguration.servers(from: " , ") }
+    }
+}
+
+@Suite struct InterestTableTests {
+    let start = ContinuousClock.now
+
+    @Test func unionOfNodesWithWildcardCoveringTickers() {
+        var table = InterestTable(ttl: .seconds(3))
+        table.update(node: "a", topics: [Topic(eventType: "Q", ticker: "AAPL"), Topic(eventType: "T", ticker: "MSFT")], at: start)
+        table.update(node: "b", topics: [.wildcard("Q"), Topic(eventType: "T", ticker: "MSFT")], at: start)
+        #expect(table.union == [.wildcard("Q"), Topic(eventType: "T", ticker: "MSFT")])
+    }
+
+    @Test func aTopicStaysWhileAnyNodeWantsIt() {
+        var table = InterestTable(ttl: .seconds(3))
+        let msft = Topic(eventType: "T", ticker: "MSFT")
+        table.update(node: "a", topics: [msft], at: start)
+        table.update(node: "b", topics: [msft], at: start)
+        #expect(table.update(node: "a", topics: [], at: start) == false)
+        #expect(table.union == [msft])
+        #expect(table.update(node: "b", topics: [], at: start) == true)
+        #expect(table.union.isEmpty)
+    }
+
+    @Test func aSilentNodeStopsCountingAfterItsTTL() {
+        var table = InterestTable(ttl: .seconds(3))
+        table.update(node: "a", topics: [Topic(eventType: "Q", ticker: "A")], at: start)
+        table.update(node: "b", topics: [Topic(eventType: "Q", ticker: "B")], at: start + .seconds(2))
+        #expect(table.expire(at: start + .seconds(2)) == false)
+        #expect(table.expire(at: start + .seconds(3)) == true)
+        #expect(table.union == [Topic(eventType: "Q", ticker: "B")])
+        #expect(table.liveNodes == ["b"])
+    }
+
+    @Test func wireFormRoundTrips() {
+        let topics: Set<Topic> = [.wildcard("XQ"), Topic(eventType: "T", ticker: "BRK.B"), Topic(eventType: "C", ticker: "EUR/USD")]
+        #expect(InterestTable.decode(InterestTable.encode(topics)) == topics)
+        #expect(InterestTable.decode("").isEmpty)
+    }
+}
