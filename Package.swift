@@ -83,7 +83,7 @@ let package = Package(
         .target(
             name: "RelayServer",
             dependencies: [
-                "PolygonWire", "MarketDataHub", "Upstream", "AsyncSupport",
+                "PolygonWire", "MarketDataHub", "AsyncSupport",
                 .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -116,6 +116,7 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict
         ),

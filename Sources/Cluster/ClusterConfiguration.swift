@@ -72,7 +72,8 @@ public final class LocalInterest: Sendable {
 
     public var topics: Set<Topic> { state.withLock { $0.topics } }
 
-    func listen(_ listener: @escaping @Sendable (Set<Topic>) -> Void) {
+    /// Calls `listener` with the current set now and with every new set after.
+    public func listen(_ listener: @escaping @Sendable (Set<Topic>) -> Void) {
         let topics = state.withLock { state in
             state.listener = listener
             return state.topics

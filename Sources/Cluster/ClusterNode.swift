@@ -47,7 +47,7 @@ public final class ClusterNode: Service, Sendable {
     public let subjects: ClusterSubjects
     private let hub: MarketDataHub
     private let localInterest: LocalInterest
-    private let makeUpstream: @Sendable () -> PolygonWebSocket
+    private let makeUpstream: @Sendable () async throws -> PolygonWebSocket
     private let metrics: ClusterMetrics
     private let logger: Logger
     private let state: Mutex<State>
@@ -59,7 +59,7 @@ public final class ClusterNode: Service, Sendable {
     ///   - makeUpstream: a new upstream client, made each time this node becomes leader.
     public init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
-        metricsFactory: any MetricsFactory, logger: Logger, makeUpstream: @escaping @Sendable () -> PolygonWebSocket
+        metricsFactory: any MetricsFactory, logger: Logger, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
     ) throws(ClusterError) {
         self.configuration = configuration
         subjects = try ClusterSubjects(cluster: configuration.name, market: market)
@@ -316,7 +316,15 @@ public final class ClusterNode: Service, Sendable {
     /// One term as leader: upstream connected while the lease is renewed, closed before it can lapse.
     private func lead(bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, feed: ClusterFeed) async {
         guard let connection = state.withLock({ $0.connection }) else { return }
-        let upstream = makeUpstream()
+        let upstream: PolygonWebSocket
+        do {
+            upstream = try await makeUpstream()
+        } catch {
+            logger.error("this node took the lease but cannot make its upstream client: \(error); releasing the lease")
+            try? await bucket.delete(subjects.leaseKey)
+            try? await Task.sleep(for: configuration.leaseDuration)
+            return
+        }
         let union = state.withLock { state in
             state.leading = true
             state.upstream = upstream

@@ -256,14 +256,19 @@ public struct PortfolioRoutes: Sendable {
     public func addWebSocket(to router: Router<BasicWebSocketRequestContext>) {
         let service = self.service
         router.ws("/v1/portfolio/stream") { inbound, outbound, _ in
+            // Whichever ends first ends the other: a client that closes must not leave the valuation
+            // loop waiting for the next change (that kept the relay from shutting down).
             try await withThrowingTaskGroup(of: Void.self) { group in
                 // Pings and the close handshake are handled while inbound is read.
                 group.addTask { for try await _ in inbound {} }
-                for await valuation in await service.valuationUpdates() {
-                    let data = try PortfolioJSON.encoder.encode(PortfolioJSON.ValuationOut(valuation))
-                    try await outbound.write(.text(String(decoding: data, as: UTF8.self)))
+                group.addTask {
+                    for await valuation in await service.valuationUpdates() {
+                        let data = try PortfolioJSON.encoder.encode(PortfolioJSON.ValuationOut(valuation))
+                        try await outbound.write(.text(String(decoding: data, as: UTF8.self)))
+                    }
                 }
-                group.cancelAll()
+                defer { group.cancelAll() }
+                try await group.next()
             }
         }
     }

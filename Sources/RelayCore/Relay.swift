@@ -1,4 +1,5 @@
 import AsyncSupport
+import Cluster
 import DemoFeed
 import Foundation
 import Logging
@@ -8,20 +9,26 @@ import Portfolio
 import Prometheus
 import RelayServer
 import ServiceLifecycle
+import UnixSignals
 import Upstream
 
-/// The whole relay: the upstream client, the hub, the downstream server, and, with no upstream
-/// configured, the demo feed in-process (reached through the same libwebsockets client over loopback).
+/// The whole relay: the upstream side (one upstream connection, or a cluster node on NATS), the hub,
+/// the portfolio sidecar, the downstream server, and, with no upstream configured, the demo feed
+/// in-process (reached through the same libwebsockets client over loopback).
 ///
-/// `Sendable`; a `Service`. ``run()`` starts the parts, publishes them through ``ready()`` and runs
-/// until graceful shutdown or cancellation; the CLI and the tests start it the same way. Shutdown goes
-/// in reverse order of the data path: downstream clients are closed (1012), the hub pump stops, the
-/// upstream connection is closed cleanly, and last the demo feed stops.
+/// `Sendable`; a `Service`. ``run()`` builds every part and runs them in one flat, ordered
+/// `ServiceGroup` — demo feed, upstream, portfolio, server (and, on a cluster node, the cluster node
+/// last, so it is the first to stop and hands the upstream to a successor at once) — publishes them
+/// through ``ready()``, and runs until graceful shutdown or cancellation. Parts stop in reverse order,
+/// each within ``partShutdownDeadline`` or abandoned with a log line naming it.
 public final class Relay: Service, Sendable {
     /// The running parts, for tests and tools.
     public struct Components: Sendable {
         public let hub: MarketDataHub
-        public let upstream: PolygonWebSocket
+        /// A single relay's upstream client; `nil` on a cluster node (see ``cluster``).
+        public let upstream: PolygonWebSocket?
+        /// This relay's cluster node, when clustered.
+        public let cluster: ClusterNode?
         public let server: RelayServer
         public let demoFeed: DemoFeed?
         /// The valuation sidecar, when enabled.
@@ -34,12 +41,19 @@ public final class Relay: Service, Sendable {
         public let demoFeedPort: Int?
     }
 
+    /// How long each part may take to stop once shutdown reaches it.
+    public static let partShutdownDeadline: Duration = .seconds(5)
+
     public let settings: RelaySettings
     private let readiness = ReadySignal<Components>()
+    private let signals: [UnixSignal]
     private let logger: Logger
 
-    public init(settings: RelaySettings, logger: Logger = Logger(label: "relay")) {
+    /// - Parameter gracefulShutdownSignals: signals that start a graceful shutdown (the CLI passes
+    ///   SIGTERM and SIGINT; tests trigger shutdown through their own group).
+    public init(settings: RelaySettings, gracefulShutdownSignals: [UnixSignal] = [], logger: Logger = Logger(label: "relay")) {
         self.settings = settings
+        self.signals = gracefulShutdownSignals
         self.logger = logger
     }
 
@@ -57,29 +71,7 @@ public final class Relay: Service, Sendable {
 
     public func run() async throws {
         do {
-            let authentication = try ClientAuthentication.resolve(keys: settings.clientKeys, listenHost: settings.listen.host)
-            var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
-            let pipeline: Pipeline
-            if let endpoint = settings.upstream {
-                pipeline = Pipeline(relay: self, authentication: authentication, demoFeed: nil) {
-                    (endpoint, self.settings.upstreamKey ?? "", self.settings.upstreamRESTURL ?? Self.restURL(for: endpoint))
-                }
-            } else {
-                let apiKey = "demo-" + UUID().uuidString
-                var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
-                feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
-                let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
-                pipeline = Pipeline(relay: self, authentication: authentication, demoFeed: feed) {
-                    let url = try await feed.url()
-                    guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
-                    self.logger.info("no upstream configured: serving the built-in demo feed", metadata: ["feed": "\(url)"])
-                    return (endpoint, apiKey, "http://127.0.0.1:\(try await feed.listeningPort())")
-                }
-                services.append(.init(service: feed))
-            }
-            services.append(.init(service: pipeline))
-            // A group of its own, so parts stop in reverse order when the relay is asked to stop.
-            try await ServiceGroup(configuration: .init(services: services, logger: logger)).run()
+            try await runParts()
         } catch {
             readiness.fail(error)
             throw error
@@ -87,98 +79,183 @@ public final class Relay: Service, Sendable {
         readiness.fail(CancellationError())
     }
 
-    /// Upstream → hub → server, built once the upstream's address is known.
-    private struct Pipeline: Service {
-        let relay: Relay
-        let authentication: ClientAuthentication
-        let demoFeed: DemoFeed?
-        /// The upstream's address, its key, and its REST base URL if any.
-        let endpoint: @Sendable () async throws -> (UpstreamConfiguration.Endpoint, String, String?)
-
-        func run() async throws {
-            let settings = relay.settings
-            let logger = relay.logger
-            let (endpoint, apiKey, restURL) = try await self.endpoint()
-            let registry = PrometheusCollectorRegistry()
-            let metricsFactory = PrometheusMetricsFactory(registry: registry)
-            var upstreamConfiguration = settings.upstreamTuning
-            upstreamConfiguration.endpoint = endpoint
-            upstreamConfiguration.apiKey = apiKey
-            upstreamConfiguration.caFile = settings.upstreamCAFile
-            upstreamConfiguration.metricsFactory = metricsFactory
-            let upstream = PolygonWebSocket(configuration: upstreamConfiguration, logger: logger.with(label: "relay.upstream"))
-            let hub = MarketDataHub(
-                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
-                logger: logger.with(label: "relay.hub"), metricsFactory: metricsFactory
-            ) { topics in
-                upstream.setWantedTopics(topics)
-            }
-            var portfolio: PortfolioService?
-            var browser: SecurityBrowser?
-            if let portfolioSettings = settings.portfolio {
-                guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
-                    throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
-                }
-                let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
-                let rest = restURL.map { PolygonREST(baseURL: $0, apiKey: apiKey) }
-                let service = PortfolioService(
-                    store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
-                    pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
-                    referencePrices: rest.map(ReferencePrices.init(rest:)),
-                    logger: logger.with(label: "relay.portfolio"))
-                portfolio = service
-                browser = SecurityBrowser(
-                    service: service, loader: SecurityDetailLoader(store: store, hub: hub, rest: rest, calendar: calendar),
-                    capacity: portfolioSettings.securityCacheSize, idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
-                    metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
-                logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
-            }
-            let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
-            let server = RelayServer(
-                configuration: RelayServerConfiguration(
-                    host: settings.listen.host, port: settings.listen.port,
-                    market: endpoint.market, authentication: authentication),
-                hub: hub, upstream: upstream, registry: registry, logger: logger.with(label: "relay.server"),
-                extraRoutes: { router in routes?.add(to: router) { $0.channel } },
-                extraWebSocketRoutes: { router in routes?.addWebSocket(to: router) })
-            var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-                .init(service: upstream), .init(service: HubPump(upstream: upstream, hub: hub)),
-            ]
-            if let portfolio { services.append(.init(service: portfolio)) }
-            services.append(.init(service: server))
-            let group = ServiceGroup(
-                configuration: .init(
-                    services: services,
-                    logger: logger))
-            try await withThrowingTaskGroup(of: Void.self) { tasks in
-                tasks.addTask { try await group.run() }
-                let port = try await server.listeningPort()
-                let demoPort = try await demoFeed?.listeningPort()
-                relay.readiness.succeed(
-                    Components(
-                        hub: hub, upstream: upstream, server: server, demoFeed: demoFeed, portfolio: portfolio, securities: browser,
-                        port: port,
-                        demoFeedPort: demoPort
-                    ))
-                logger.info(
-                    "relay listening",
-                    metadata: [
-                        "ws": "ws://\(settings.listen.host):\(port)/\(endpoint.market)",
-                        "upstream": "\(endpoint)",
-                        "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
-                    ])
-                try await tasks.waitForAll()
-            }
-        }
+    /// Where the upstream is, its key and its REST API; the demo feed's address is known only once it
+    /// listens, hence the closures.
+    private struct UpstreamSource: Sendable {
+        var market: String
+        var apiKey: String
+        var endpoint: @Sendable () async throws -> UpstreamConfiguration.Endpoint
+        var restURL: (@Sendable () async throws -> String)?
+        var description: String
     }
 
-    /// Feeds every upstream event to the hub, in order, until the upstream stops or shutdown begins.
-    private struct HubPump: Service {
-        let upstream: PolygonWebSocket
-        let hub: MarketDataHub
+    private func runParts() async throws {
+        let authentication = try ClientAuthentication.resolve(keys: settings.clientKeys, listenHost: settings.listen.host)
+        let registry = PrometheusCollectorRegistry()
+        let metricsFactory = PrometheusMetricsFactory(registry: registry)
+        let settings = self.settings
+        let logger = self.logger
 
-        func run() async throws {
-            await cancelWhenGracefulShutdown {
+        var demoFeed: DemoFeed?
+        let source: UpstreamSource
+        if let endpoint = settings.upstream {
+            let rest = settings.upstreamRESTURL ?? Self.restURL(for: endpoint)
+            source = UpstreamSource(
+                market: endpoint.market, apiKey: settings.upstreamKey ?? "", endpoint: { endpoint }, restURL: rest.map { url in { @Sendable in url } },
+                description: endpoint.description)
+        } else {
+            let apiKey = "demo-" + UUID().uuidString
+            var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
+            feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
+            let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
+            demoFeed = feed
+            source = UpstreamSource(
+                market: feedConfiguration.market, apiKey: apiKey,
+                endpoint: {
+                    let url = try await feed.url()
+                    guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
+                    return endpoint
+                },
+                restURL: settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in
+                    "http://127.0.0.1:\(try await feed.listeningPort())"
+                },
+                description: "the built-in demo feed")
+            logger.info("no upstream configured: serving the built-in demo feed")
+        }
+
+        let interest = LocalInterest()
+        let hub = MarketDataHub(
+            policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+            keepsUnwantedLastValues: settings.cluster == nil, logger: logger.with(label: "relay.hub"), metricsFactory: metricsFactory
+        ) { topics in
+            interest.set(topics)
+        }
+        let clustered = settings.cluster != nil
+        let makeUpstream: @Sendable () async throws -> PolygonWebSocket = {
+            var configuration = settings.upstreamTuning
+            configuration.endpoint = try await source.endpoint()
+            configuration.apiKey = source.apiKey
+            configuration.caFile = settings.upstreamCAFile
+            configuration.metricsFactory = metricsFactory
+            // A cluster leader must be gone well inside its lease once it decides to go.
+            if clustered { configuration.closeTimeout = .seconds(1) }
+            return PolygonWebSocket(configuration: configuration, logger: logger.with(label: "relay.upstream"))
+        }
+
+        let feedStatus: any FeedStatus
+        var upstreamService: (any Service)?
+        var clusterNode: ClusterNode?
+        var link: UpstreamLink?
+        if let cluster = settings.cluster {
+            let node = try ClusterNode(
+                configuration: cluster, market: source.market, hub: hub, localInterest: interest, metricsFactory: metricsFactory,
+                logger: logger.with(label: "relay.cluster"), makeUpstream: makeUpstream)
+            clusterNode = node
+            feedStatus = ClusterFeedStatus(node: node, upstream: source.description)
+        } else {
+            let single = UpstreamLink(hub: hub, interest: interest, makeUpstream: makeUpstream)
+            link = single
+            upstreamService = single
+            feedStatus = single
+        }
+
+        var portfolio: PortfolioService?
+        var browser: SecurityBrowser?
+        if let portfolioSettings = settings.portfolio {
+            guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
+                throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
+            }
+            let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
+            let rest = source.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: source.apiKey) }
+            let service = PortfolioService(
+                store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
+                pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
+                referencePrices: rest.map(ReferencePrices.init(rest:)),
+                logger: logger.with(label: "relay.portfolio"))
+            portfolio = service
+            browser = SecurityBrowser(
+                service: service, loader: SecurityDetailLoader(store: store, hub: hub, rest: rest, calendar: calendar),
+                capacity: portfolioSettings.securityCacheSize, idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
+                metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
+            logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
+        }
+        let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
+        let server = RelayServer(
+            configuration: RelayServerConfiguration(
+                host: settings.listen.host, port: settings.listen.port, market: source.market, authentication: authentication),
+            hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),
+            extraRoutes: { router in routes?.add(to: router) { $0.channel } },
+            extraWebSocketRoutes: { router in routes?.addWebSocket(to: router) })
+
+        // Start order; they stop in reverse.
+        var parts: [(String, any Service)] = []
+        if let demoFeed { parts.append(("demo feed", demoFeed)) }
+        if let upstreamService { parts.append(("upstream", upstreamService)) }
+        if let portfolio { parts.append(("portfolio", portfolio)) }
+        parts.append(("server", server))
+        if let clusterNode { parts.append(("cluster node", clusterNode)) }
+        let group = ServiceGroup(
+            configuration: .init(
+                services: parts.map { name, service in
+                    .init(service: BoundedShutdown(name: name, service: service, deadline: Self.partShutdownDeadline, logger: logger))
+                },
+                gracefulShutdownSignals: signals, logger: logger))
+
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            let port = try await server.listeningPort()
+            let demoPort = try await demoFeed?.listeningPort()
+            let upstream = try await link?.upstream()
+            readiness.succeed(
+                Components(
+                    hub: hub, upstream: upstream, cluster: clusterNode, server: server, demoFeed: demoFeed, portfolio: portfolio,
+                    securities: browser, port: port, demoFeedPort: demoPort))
+            var metadata: Logger.Metadata = [
+                "ws": "ws://\(settings.listen.host):\(port)/\(source.market)",
+                "upstream": "\(source.description)",
+                "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
+            ]
+            if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
+            logger.info("relay listening", metadata: metadata)
+            try await tasks.waitForAll()
+        }
+    }
+}
+
+/// A single relay's upstream side: one upstream client, made once the upstream's address is known,
+/// whose events feed the hub in order, and whose subscriptions follow what the hub wants.
+///
+/// `Sendable`; a `Service`. Reports the connection's health to the server (``FeedStatus``).
+final class UpstreamLink: Service, FeedStatus {
+    private let hub: MarketDataHub
+    private let interest: LocalInterest
+    private let makeUpstream: @Sendable () async throws -> PolygonWebSocket
+    private let made = ReadySignal<PolygonWebSocket>()
+
+    init(hub: MarketDataHub, interest: LocalInterest, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket) {
+        self.hub = hub
+        self.interest = interest
+        self.makeUpstream = makeUpstream
+    }
+
+    /// The upstream client, once made.
+    func upstream() async throws -> PolygonWebSocket { try await made.wait() }
+
+    func run() async throws {
+        let upstream: PolygonWebSocket
+        do {
+            upstream = try await makeUpstream()
+        } catch {
+            made.fail(error)
+            throw error
+        }
+        made.succeed(upstream)
+        interest.listen { upstream.setWantedTopics($0) }
+        let hub = self.hub
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await upstream.run() }
+            // Ends when the client stops and its stream finishes.
+            group.addTask {
                 for await message in upstream.messages {
                     switch message {
                     case .events(let events): await hub.publish(events)
@@ -187,7 +264,55 @@ public final class Relay: Service, Sendable {
                     }
                 }
             }
+            try await group.waitForAll()
         }
+    }
+
+    func report() async -> FeedReport {
+        guard let upstream = made.value else {
+            return FeedReport(healthy: false, upstream: UpstreamReport(state: "idle", url: "not known yet"))
+        }
+        return FeedReport(
+            healthy: upstream.state == .authenticated, upstream: UpstreamReport(upstream),
+            lastUpstreamMessageAge: upstream.lastMessageAt.map { ContinuousClock.now - $0 })
+    }
+}
+
+/// A cluster node's feed as the server reports it: the cluster section, and this node's upstream
+/// connection while it leads (`standby` while it follows).
+struct ClusterFeedStatus: FeedStatus {
+    let node: ClusterNode
+    let upstream: String
+
+    func report() async -> FeedReport {
+        let status = node.status
+        let cluster = ClusterReport(
+            role: status.role, node: status.node, leader: status.leader, nats: status.nats, liveNodes: status.liveNodes,
+            subscriptions: status.subscriptions)
+        if let connection = node.upstream {
+            return FeedReport(
+                healthy: node.isHealthy && connection.state == .authenticated, upstream: UpstreamReport(connection), cluster: cluster,
+                lastUpstreamMessageAge: connection.lastMessageAt.map { ContinuousClock.now - $0 })
+        }
+        let detail = status.leader.map { "held by the cluster leader \($0)" } ?? "no cluster leader yet"
+        return FeedReport(
+            healthy: node.isHealthy, upstream: UpstreamReport(state: "standby", detail: detail, url: upstream), cluster: cluster)
+    }
+
+    func lastEvent(for topic: Topic) async -> MarketEvent? { await node.lastEvent(for: topic) }
+}
+
+extension UpstreamReport {
+    init(_ upstream: PolygonWebSocket) {
+        let state = upstream.state
+        let statistics = upstream.statistics
+        self.init(
+            state: state.name, detail: state.detail, url: upstream.configuration.endpoint.description,
+            subscribedTopics: upstream.subscribedTopics.count,
+            lastMessageAgeMs: upstream.lastMessageAt.map { (ContinuousClock.now - $0).milliseconds },
+            messagesReceived: statistics.messagesReceived, eventsReceived: statistics.eventsReceived,
+            malformedMessages: statistics.malformedMessages, oversizedMessages: statistics.oversizedMessages,
+            reconnects: statistics.reconnectsByCause, lastError: statistics.lastError)
     }
 }
 

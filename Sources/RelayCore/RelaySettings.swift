@@ -1,3 +1,4 @@
+import Cluster
 import Configuration
 import DemoFeed
 import Foundation
@@ -56,6 +57,8 @@ public struct RelaySettings: Sendable {
     public var snapshotOnSubscribe: Bool
     /// The portfolio sidecar: where its SQLite file lives and the zone its days are in; `nil` turns it off.
     public var portfolio: PortfolioSettings?
+    /// Run as one node of a cluster on NATS; `nil` runs a single relay.
+    public var cluster: ClusterConfiguration?
 
     public struct PortfolioSettings: Sendable, Equatable {
         public var dataDirectory: String
@@ -136,13 +139,20 @@ public struct RelaySettings: Sendable {
         public var restURL: String?
         public var securityCacheSize: Int?
         public var demoRESTDelayMilliseconds: Int?
+        public var cluster: String?
+        public var nodeID: String?
+        public var clusterName: String?
 
         public init(
             listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
             clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
             slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
-            portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil
+            portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil,
+            cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil
         ) {
+            self.cluster = cluster
+            self.nodeID = nodeID
+            self.clusterName = clusterName
             self.securityCacheSize = securityCacheSize
             self.demoRESTDelayMilliseconds = demoRESTDelayMilliseconds
             self.restURL = restURL
@@ -180,6 +190,10 @@ public struct RelaySettings: Sendable {
         ("RELAY_PORTFOLIO", "portfolio.enabled"),
         ("RELAY_SECURITY_CACHE_SIZE", "portfolio.securityCacheSize"),
         ("RELAY_DEMO_REST_DELAY_MS", "demo.restDelayMs"),
+        ("RELAY_CLUSTER", "cluster.url"),
+        ("RELAY_NODE_ID", "cluster.nodeId"),
+        ("RELAY_CLUSTER_NAME", "cluster.name"),
+        ("RELAY_CLUSTER_LEASE_SECONDS", "cluster.leaseSeconds"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -209,6 +223,9 @@ public struct RelaySettings: Sendable {
         put("portfolio.enabled", flags.portfolioEnabled.map(ConfigContent.bool))
         put("portfolio.securityCacheSize", flags.securityCacheSize.map(ConfigContent.int))
         put("demo.restDelayMs", flags.demoRESTDelayMilliseconds.map(ConfigContent.int))
+        put("cluster.url", flags.cluster.map(ConfigContent.string))
+        put("cluster.nodeId", flags.nodeID.map(ConfigContent.string))
+        put("cluster.name", flags.clusterName.map(ConfigContent.string))
         providers.append(InMemoryProvider(name: "flags", values: given))
 
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
@@ -309,6 +326,24 @@ public struct RelaySettings: Sendable {
                 portfolio.clientIdleSeconds = seconds
             }
             settings.portfolio = portfolio
+        }
+        if let url = config.string(forKey: "cluster.url"), !url.isEmpty {
+            let servers: [String]
+            do { servers = try ClusterConfiguration.servers(from: url) } catch { throw InvalidSetting(description: error.description) }
+            let name = config.string(forKey: "cluster.name") ?? "relay"
+            let node =
+                config.string(forKey: "cluster.nodeId")
+                ?? "\(ProcessInfo.processInfo.hostName)-\(settings.listen.port == 0 ? "pid\(getpid())" : "\(settings.listen.port)")"
+            var cluster = ClusterConfiguration(servers: servers, name: name, nodeID: node)
+            if let seconds = config.double(forKey: "cluster.leaseSeconds") {
+                guard seconds >= 1, seconds <= 600 else {
+                    throw InvalidSetting(description: "cluster.leaseSeconds: between 1 and 600, got \(seconds)")
+                }
+                cluster.leaseDuration = .milliseconds(Int64(seconds * 1000))
+            }
+            guard !node.isEmpty, node.count <= 128 else { throw InvalidSetting(description: "cluster node id: 1 to 128 characters") }
+            do { _ = try ClusterSubjects(cluster: name, market: "stocks") } catch { throw InvalidSetting(description: error.description) }
+            settings.cluster = cluster
         }
         if settings.upstream != nil, (settings.upstreamKey ?? "").isEmpty {
             throw InvalidSetting(

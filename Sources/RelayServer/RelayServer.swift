@@ -10,7 +10,6 @@ import NIOWebSocket
 import PolygonWire
 import Prometheus
 import ServiceLifecycle
-import Upstream
 
 /// The relay's downstream face: the Polygon WebSocket endpoint at `/<market>` and the HTTP routes on
 /// the same port (`/healthz`, `/v1/last/{topic}`).
@@ -19,7 +18,7 @@ import Upstream
 public final class RelayServer: Service, Sendable {
     public let configuration: RelayServerConfiguration
     private let hub: MarketDataHub
-    private let upstream: PolygonWebSocket
+    private let feed: any FeedStatus
     private let port = ReadySignal<Int>()
     private let sessions = SessionRegistry()
     private let logger: Logger
@@ -31,7 +30,7 @@ public final class RelayServer: Service, Sendable {
     /// - Parameter registry: the Prometheus registry `/metrics` serves; the hub and upstream should
     ///   record into it too.
     public init(
-        configuration: RelayServerConfiguration, hub: MarketDataHub, upstream: PolygonWebSocket,
+        configuration: RelayServerConfiguration, hub: MarketDataHub, feed: any FeedStatus,
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
         extraRoutes: @escaping @Sendable (Router<RelayRequestContext>) -> Void = { _ in },
         extraWebSocketRoutes: @escaping @Sendable (Router<BasicWebSocketRequestContext>) -> Void = { _ in }
@@ -40,7 +39,7 @@ public final class RelayServer: Service, Sendable {
         self.extraWebSocketRoutes = extraWebSocketRoutes
         self.configuration = configuration
         self.hub = hub
-        self.upstream = upstream
+        self.feed = feed
         self.logger = logger
         self.registry = registry
         self.metrics = DownstreamMetrics(factory: PrometheusMetricsFactory(registry: registry))
@@ -127,8 +126,7 @@ public final class RelayServer: Service, Sendable {
 
     private func prometheusText() async -> Response {
         metrics.maxBufferFill.record(await hub.bufferStatistics.maxFill)
-        if let last = upstream.lastMessageAt {
-            let age = ContinuousClock.now - last
+        if let age = await feed.report().lastUpstreamMessageAge {
             metrics.upstreamLastMessageAge.record(age.seconds)
         }
         return Response(
@@ -137,48 +135,19 @@ public final class RelayServer: Service, Sendable {
     }
 
     struct Health: Encodable {
-        struct UpstreamHealth: Encodable {
-            var state: String
-            var detail: String?
-            var url: String
-            var subscribedTopics: Int
-            var lastMessageAgeMs: Int64?
-            var messagesReceived: Int
-            var eventsReceived: Int
-            var malformedMessages: Int
-            var oversizedMessages: Int
-            var reconnects: [String: Int]
-            var lastError: String?
-        }
-
         var status: String
         var market: String
-        var upstream: UpstreamHealth
+        var upstream: UpstreamReport
+        var cluster: ClusterReport?
         var subscribers: Int
     }
 
     private func health() async throws -> Response {
-        let state = upstream.state
-        let statistics = upstream.statistics
-        let age = upstream.lastMessageAt.map { ContinuousClock.now - $0 }
-        let healthy = state == .authenticated
+        let report = await feed.report()
         let body = Health(
-            status: healthy ? "ok" : "degraded",
-            market: configuration.market,
-            upstream: .init(
-                state: state.name,
-                detail: state.detail,
-                url: upstream.configuration.endpoint.description,
-                subscribedTopics: upstream.subscribedTopics.count,
-                lastMessageAgeMs: age?.milliseconds,
-                messagesReceived: statistics.messagesReceived,
-                eventsReceived: statistics.eventsReceived,
-                malformedMessages: statistics.malformedMessages,
-                oversizedMessages: statistics.oversizedMessages,
-                reconnects: statistics.reconnectsByCause,
-                lastError: statistics.lastError),
-            subscribers: await hub.subscriberCount)
-        return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
+            status: report.healthy ? "ok" : "degraded", market: configuration.market, upstream: report.upstream,
+            cluster: report.cluster, subscribers: await hub.subscriberCount)
+        return try Self.json(body, status: report.healthy ? .ok : .serviceUnavailable)
     }
 
     private func lastEvent(_ path: String) async throws -> Response {
@@ -186,7 +155,10 @@ public final class RelayServer: Service, Sendable {
         guard let topic = Topic(parsing: decoded), !topic.isWildcard else {
             return try Self.json(["error": "not a topic: \(decoded) (expected EVENT.TICKER, e.g. Q.AAPL)"], status: .badRequest)
         }
-        guard let event = await hub.lastEvent(for: topic) else {
+        // This node's hub first; a cluster node asks the cluster's last values for a topic nobody here wants.
+        var last = await hub.lastEvent(for: topic)
+        if last == nil { last = await feed.lastEvent(for: topic) }
+        guard let event = last else {
             return try Self.json(["error": "no event for \(topic) yet"], status: .notFound)
         }
         return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: event.bytes))

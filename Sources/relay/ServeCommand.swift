@@ -13,7 +13,8 @@ struct ServeCommand: AsyncParsableCommand {
             Precedence: flag > environment > config file > default.
             Environment: RELAY_LISTEN, RELAY_UPSTREAM, POLYGON_API_KEY, RELAY_CLIENT_KEYS,
             RELAY_UPSTREAM_CA_FILE, RELAY_DEMO_RATE, RELAY_LOG_LEVEL, RELAY_SLOW_CONSUMER,
-            RELAY_SNAPSHOT_ON_SUBSCRIBE, RELAY_CONFIG.
+            RELAY_SNAPSHOT_ON_SUBSCRIBE, RELAY_CLUSTER, RELAY_NODE_ID, RELAY_CLUSTER_NAME,
+            RELAY_CLUSTER_LEASE_SECONDS, RELAY_CONFIG.
             """
     )
 
@@ -60,6 +61,17 @@ struct ServeCommand: AsyncParsableCommand {
         help: "Delay each REST answer of the built-in demo feed by this much (a slow data source, to watch prefetching).")
     var demoRESTDelay: Int?
 
+    @Option(
+        name: .customLong("cluster"),
+        help: "Run as a node of a cluster on NATS: nats://HOST:PORT[,nats://HOST:PORT…]. One node holds the upstream connection.")
+    var cluster: String?
+
+    @Option(name: .customLong("node-id"), help: "This node's name in the cluster (default: hostname and port).")
+    var nodeID: String?
+
+    @Option(name: .customLong("cluster-name"), help: "Separates clusters sharing one NATS (default relay).")
+    var clusterName: String?
+
     @Flag(name: .customLong("no-portfolio"), help: "Run without the portfolio valuation sidecar.")
     var noPortfolio = false
 
@@ -78,7 +90,8 @@ struct ServeCommand: AsyncParsableCommand {
                     clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config,
                     slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
                     timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL,
-                    securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay),
+                    securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay, cluster: cluster,
+                    nodeID: nodeID, clusterName: clusterName),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")
@@ -90,14 +103,10 @@ struct ServeCommand: AsyncParsableCommand {
         }
         bootstrapLogging(level: settings.logLevel)
         let logger = Logger(label: "relay")
-        let relay = Relay(settings: settings, logger: logger)
-        let group = ServiceGroup(
-            configuration: .init(
-                services: [.init(service: relay)],
-                gracefulShutdownSignals: [.sigterm, .sigint],
-                logger: logger))
+        // The relay's own flat service group handles the signals: one group for the whole process.
+        let relay = Relay(settings: settings, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await withThrowingTaskGroup(of: Void.self) { tasks in
-            tasks.addTask { try await group.run() }
+            tasks.addTask { try await relay.run() }
             tasks.addTask {
                 let parts = try await relay.ready()
                 Self.printWelcome(

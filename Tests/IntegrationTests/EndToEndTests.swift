@@ -28,7 +28,7 @@ func withRelay(
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
             let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
-            try await waitFor(parts.upstream.stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
+            try await waitFor(try parts.upstreamClient.stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
             try await body(parts, feed, "ws://127.0.0.1:\(parts.port)/stocks")
         }
     }
@@ -124,7 +124,7 @@ struct EndToEndTests {
             await first.close()
             try await eventually("the hub to drop the first client") { await parts.hub.subscriberCount == 1 }
             #expect(!feed.monitor.snapshot.topics(.unsubscribe).contains("Q.MSFT"))
-            #expect(parts.upstream.subscribedTopics == topics("Q.MSFT"))
+            #expect(try parts.upstreamClient.subscribedTopics == topics("Q.MSFT"))
 
             // The last one unsubscribes: the relay unsubscribes upstream.
             second.send(ClientAction(.unsubscribe, params: "Q.MSFT"))
@@ -194,7 +194,7 @@ struct EndToEndTests {
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/stocks")
             client.send(ClientAction(.subscribe, params: "Q.AAPL"))
             #expect(try await client.nextParsed().statuses.first?.status == "success")
-            #expect(parts.upstream.subscribedTopics.isEmpty)
+            #expect(try parts.upstreamClient.subscribedTopics.isEmpty)
             await client.close()
         }
     }
@@ -209,7 +209,7 @@ struct EndToEndTests {
         try await withServices([relay]) {
             let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
             #expect(parts.demoFeed != nil)
-            #expect(parts.upstream.configuration.endpoint.host == "127.0.0.1")
+            #expect(try parts.upstreamClient.configuration.endpoint.host == "127.0.0.1")
             // Loopback without client keys: any key is accepted.
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/stocks", key: "anything")
             client.send(ClientAction(.subscribe, params: "Q.AAPL"))
@@ -237,7 +237,7 @@ struct EndToEndTests {
             // 1012 "service restart": official clients reconnect; 1000/1001 would stop them for good.
             #expect(try await client.waitForClose() == 1012)
             try await within(.seconds(10), "the relay to stop") { try await running.value }
-            #expect(parts.upstream.state == .stopped)
+            #expect(try parts.upstreamClient.state == .stopped)
             try await waitFor(feed.monitor.updates(), "the upstream connection to close") { $0.openConnections == 0 }
         }
     }

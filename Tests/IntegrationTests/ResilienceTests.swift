@@ -41,7 +41,7 @@ func withFaultyFeedRelay(
         try await withServices([relay]) {
             let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
             if waitForAuthentication {
-                try await waitFor(parts.upstream.stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
+                try await waitFor(try parts.upstreamClient.stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
             }
             try await body(parts, feed, "ws://127.0.0.1:\(parts.port)/stocks")
         }
@@ -80,7 +80,7 @@ struct ResilienceTests {
             let quotes = try await subscribedClient(url, "Q.AAPL")
             let wildcard = try await subscribedClient(url, "T.*")
             let before = feed.monitor.snapshot.totalConnections
-            let reconnectsBefore = parts.upstream.statistics.reconnectsByCause.values.reduce(0, +)
+            let reconnectsBefore = try parts.upstreamClient.statistics.reconnectsByCause.values.reduce(0, +)
             #expect(feed.inject(.drop) == 1)
             try await expectOutageNotices(quotes, topics: ["Q.AAPL"])
             let trades = try await wildcard.waitForStatus(StatusMessage.Kind.upstreamReconnected)
@@ -94,8 +94,8 @@ struct ResilienceTests {
             #expect(latest.map(\.kind) == [.auth, .subscribe])
             #expect(Set(Topic.parseList(latest.last?.params ?? "").topics.map(\.description)) == ["Q.AAPL", "T.*"])
             #expect(
-                parts.upstream.statistics.reconnectsByCause.values.reduce(0, +) == reconnectsBefore + 1,
-                "\(parts.upstream.statistics.reconnectsByCause)")
+                try parts.upstreamClient.statistics.reconnectsByCause.values.reduce(0, +) == reconnectsBefore + 1,
+                "\(String(describing: parts.upstream?.statistics.reconnectsByCause))")
             #expect(await parts.hub.subscriberCount == 2)
             await quotes.close()
             await wildcard.close()
@@ -106,22 +106,22 @@ struct ResilienceTests {
         try await withFaultyFeedRelay(tuning: fastUpstreamTuning(maxConnectionsDelay: .milliseconds(1500))) { parts, feed, url in
             let client = try await subscribedClient(url, "Q.MSFT")
             feed.inject(.maxConnections)
-            let rejected = try await waitFor(parts.upstream.stateUpdates(), "max_connections") { $0.name == "max_connections" }
+            let rejected = try await waitFor(try parts.upstreamClient.stateUpdates(), "max_connections") { $0.name == "max_connections" }
             #expect(rejected.detail?.contains("another connection holds") == true)
             let health = try await httpGet("http://127.0.0.1:\(parts.port)/healthz")
             #expect(health.status == 503)
             #expect(health.body.contains(#""state":"max_connections""#))
             try await expectOutageNotices(client, topics: ["Q.MSFT"])
             // Exactly one retry: the long max_connections delay, not the quick backoff.
-            #expect(parts.upstream.statistics.connectAttempts == 2)
-            #expect(parts.upstream.statistics.reconnectsByCause == ["max_connections": 1])
+            #expect(try parts.upstreamClient.statistics.connectAttempts == 2)
+            #expect(try parts.upstreamClient.statistics.reconnectsByCause == ["max_connections": 1])
             await client.close()
         }
     }
 
     @Test func aWrongUpstreamKeyIsReportedAndRetriedRarely() async throws {
         try await withFaultyFeedRelay(upstreamKey: "wrong", waitForAuthentication: false) { parts, feed, url in
-            try await waitFor(parts.upstream.stateUpdates(), "auth_failed") { $0.name == "auth_failed" }
+            try await waitFor(try parts.upstreamClient.stateUpdates(), "auth_failed") { $0.name == "auth_failed" }
             let health = try await httpGet("http://127.0.0.1:\(parts.port)/healthz")
             #expect(health.status == 503)
             #expect(health.body.contains(#""state":"auth_failed""#))
@@ -132,7 +132,7 @@ struct ResilienceTests {
             #expect(try await client.nextParsed().statuses.first?.status == "success")
             // A measurement window: with a rejected key there is no second attempt in it.
             try await Task.sleep(for: .seconds(2))
-            #expect(parts.upstream.statistics.connectAttempts == 1)
+            #expect(try parts.upstreamClient.statistics.connectAttempts == 1)
             #expect(feed.monitor.snapshot.totalConnections == 1)
             await client.close()
         }
@@ -143,7 +143,7 @@ struct ResilienceTests {
             let client = try await subscribedClient(url, "Q.NVDA")
             feed.inject(.silence)
             try await expectOutageNotices(client, topics: ["Q.NVDA"])
-            #expect(parts.upstream.statistics.reconnectsByCause["dead"] == 1)
+            #expect(try parts.upstreamClient.statistics.reconnectsByCause["dead"] == 1)
             #expect(feed.monitor.snapshot.totalConnections == 2)
             await client.close()
         }
@@ -154,14 +154,15 @@ struct ResilienceTests {
             let client = try await subscribedClient(url, "Q.AAPL")
             feed.inject(.malformed)
             feed.inject(.oversized)
+            let upstream = try parts.upstreamClient
             try await eventually("both bad frames to be counted") {
-                let statistics = parts.upstream.statistics
+                let statistics = upstream.statistics
                 return statistics.malformedMessages == 1 && statistics.oversizedMessages == 1
             }
             // Same connection, events still flowing.
             #expect(try await client.nextEvents(5).allSatisfy { $0.topic.description == "Q.AAPL" })
             #expect(feed.monitor.snapshot.totalConnections == 1)
-            #expect(parts.upstream.state == .authenticated)
+            #expect(try parts.upstreamClient.state == .authenticated)
             let health = try await httpGet("http://127.0.0.1:\(parts.port)/healthz")
             #expect(health.body.contains(#""malformedMessages":1"#))
             #expect(health.body.contains(#""oversizedMessages":1"#))
@@ -173,7 +174,7 @@ struct ResilienceTests {
         try await withFaultyFeedRelay(feed: DemoFeedConfiguration(port: 0, apiKey: "upstream-secret", fragmentSize: 9)) { parts, _, url in
             let client = try await subscribedClient(url, "Q.*")
             #expect(try await client.nextEvents(20).allSatisfy { $0.eventType == "Q" })
-            #expect(parts.upstream.statistics.malformedMessages == 0)
+            #expect(try parts.upstreamClient.statistics.malformedMessages == 0)
             await client.close()
         }
     }
@@ -187,9 +188,9 @@ struct ResilienceTests {
             let client = try await WSTestClient.authenticated(url: url)
             client.send(ClientAction(.subscribe, params: "T.AMZN"))
             _ = try await client.nextParsed()
-            try await waitFor(parts.upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+            try await waitFor(try parts.upstreamClient.stateUpdates(), "authenticated") { $0 == .authenticated }
             #expect(try await client.nextEvents(2).allSatisfy { $0.topic.description == "T.AMZN" })
-            #expect(feed.monitor.snapshot.totalConnections == 1, "\(parts.upstream.statistics.reconnectsByCause)")
+            #expect(feed.monitor.snapshot.totalConnections == 1, "\(String(describing: parts.upstream?.statistics.reconnectsByCause))")
             await client.close()
         }
     }
@@ -200,10 +201,11 @@ struct ResilienceTests {
             tuning: fastUpstreamTuning(handshakeTimeout: .seconds(1)),
             waitForAuthentication: false
         ) { parts, feed, _ in
+            let upstream = try parts.upstreamClient
             try await eventually("a handshake timeout", timeout: .seconds(10)) {
-                parts.upstream.statistics.reconnectsByCause["handshake_timeout"] ?? 0 >= 1
+                upstream.statistics.reconnectsByCause["handshake_timeout"] ?? 0 >= 1
             }
-            #expect(parts.upstream.state != .authenticated)
+            #expect(try parts.upstreamClient.state != .authenticated)
             try await eventually("the retry to reach the feed") { feed.monitor.snapshot.totalConnections >= 2 }
         }
     }
@@ -211,11 +213,11 @@ struct ResilienceTests {
     @Test func clientsJoiningDuringAnOutageAreSubscribedWhenTheUpstreamReturns() async throws {
         try await withFaultyFeedRelay(tuning: fastUpstreamTuning(maxConnectionsDelay: .milliseconds(1500))) { parts, feed, url in
             feed.inject(.maxConnections)
-            try await waitFor(parts.upstream.stateUpdates(), "max_connections") { $0.name == "max_connections" }
+            try await waitFor(try parts.upstreamClient.stateUpdates(), "max_connections") { $0.name == "max_connections" }
             let late = try await WSTestClient.authenticated(url: url)
             late.send(ClientAction(.subscribe, params: "Q.META"))
             #expect(try await late.nextParsed().statuses.first?.status == "success")
-            try await waitFor(parts.upstream.stateUpdates(), "recovery") { $0 == .authenticated }
+            try await waitFor(try parts.upstreamClient.stateUpdates(), "recovery") { $0 == .authenticated }
             #expect(try await late.nextEvents(2).allSatisfy { $0.topic.description == "Q.META" })
             #expect(feed.monitor.snapshot.topics(.subscribe).contains("Q.META"))
             await late.close()

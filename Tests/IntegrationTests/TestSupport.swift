@@ -7,6 +7,7 @@ import PolygonWire
 import ServiceLifecycle
 import Synchronization
 import Testing
+import RelayCore
 import Upstream
 
 #if canImport(FoundationNetworking)
@@ -306,4 +307,11 @@ func httpSend(_ method: String, _ url: String, json: String? = nil) async throws
 /// A JSON object's fields.
 func jsonObject(_ text: String) -> [String: Any] {
     (try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any]) ?? [:]
+}
+
+extension Relay.Components {
+    /// The upstream client of the single relay these tests run.
+    var upstreamClient: PolygonWebSocket {
+        get throws { try #require(upstream, "a single relay has an upstream client") }
+    }
 }

@@ -12,7 +12,9 @@ import PolygonWire
 /// jitter, other 4xx fail at once; cancelling the calling task cancels the request in flight (the
 /// connection is closed, so the server sees it) and any wait.
 public struct PolygonREST: Sendable {
-    public var baseURL: String
+    /// The API's base URL; resolved when a request is made, so a relay can name a demo feed that is
+    /// not listening yet.
+    private let baseURL: @Sendable () async throws -> String
     public var apiKey: String
     public var attempts: Int
     public var initialBackoff: Duration
@@ -24,7 +26,20 @@ public struct PolygonREST: Sendable {
         baseURL: String, apiKey: String, maxConcurrent: Int = 4, attempts: Int = 4, initialBackoff: Duration = .milliseconds(200),
         timeout: Duration = .seconds(10), client: HTTPClient = .shared
     ) {
-        self.baseURL = baseURL.hasSuffix("/") ? String(baseURL.dropLast()) : baseURL
+        self.init(
+            resolvingBaseURL: { baseURL }, apiKey: apiKey, maxConcurrent: maxConcurrent, attempts: attempts,
+            initialBackoff: initialBackoff, timeout: timeout, client: client)
+    }
+
+    public init(
+        resolvingBaseURL baseURL: @escaping @Sendable () async throws -> String, apiKey: String, maxConcurrent: Int = 4,
+        attempts: Int = 4, initialBackoff: Duration = .milliseconds(200), timeout: Duration = .seconds(10),
+        client: HTTPClient = .shared
+    ) {
+        self.baseURL = {
+            let url = try await baseURL()
+            return url.hasSuffix("/") ? String(url.dropLast()) : url
+        }
         self.apiKey = apiKey
         self.attempts = max(1, attempts)
         self.initialBackoff = initialBackoff
@@ -55,7 +70,9 @@ public struct PolygonREST: Sendable {
     > {
         var components = URLComponents()
         components.queryItems = (query + [("apiKey", apiKey)]).map { URLQueryItem(name: $0.0, value: $0.1) }
-        let url = "\(baseURL)\(path)?\(components.percentEncodedQuery ?? "")"
+        let base: String
+        do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }
+        let url = "\(base)\(path)?\(components.percentEncodedQuery ?? "")"
         var last: FetchError = .transport("not attempted")
         let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
         for attempt in 0..<attempts {
