@@ -30,7 +30,8 @@ func natsReconnectedCallback(_ connection: OpaquePointer?, _ closure: UnsafeMuta
 
 func natsDisconnectedCallback(_ connection: OpaquePointer?, _ closure: UnsafeMutableRawPointer?) {
     guard let owner = owner(closure) else { return }
-    if owner.state != .closed { owner.set(.reconnecting) }
+    // A disconnect while we close on purpose is not news.
+    if !owner.isClosing { owner.set(.reconnecting) }
 }
 
 func natsClosedCallback(_ connection: OpaquePointer?, _ closure: UnsafeMutableRawPointer?) {

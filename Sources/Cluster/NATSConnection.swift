@@ -144,6 +144,9 @@ public final class NATSConnection: Sendable {
 
     public var state: NATSState { shared.withLock { $0.state } }
 
+    /// Whether ``close()`` was called.
+    var isClosing: Bool { shared.withLock { $0.closed } }
+
     /// libnats' last error on this connection, if any.
     public var lastError: String? { shared.withLock { $0.lastError } }
 

@@ -125,6 +125,7 @@ public final class DemoFeed: Service, Sendable {
         connections.withLock { $0[id] = FeedConnection(outputs: continuation) }
         monitor.update { snapshot in
             snapshot.openConnections += 1
+            snapshot.maxOpenConnections = max(snapshot.maxOpenConnections, snapshot.openConnections)
             snapshot.totalConnections += 1
         }
         defer {

@@ -16,6 +16,8 @@ public final class DemoFeedMonitor: Sendable {
     /// The counters and the action log at one moment.
     public struct Snapshot: Sendable {
         public var openConnections = 0
+        /// The most connections that were ever open at once.
+        public var maxOpenConnections = 0
         public var totalConnections = 0
         public var authenticatedConnections = 0
         public var actions: [ObservedAction] = []

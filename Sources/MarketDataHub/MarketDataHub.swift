@@ -36,6 +36,8 @@ public actor MarketDataHub {
         /// Dropped since the last `lagging` notice.
         var lostSinceNotice = 0
         var lastWarning: ContinuousClock.Instant?
+        /// Told the upstream is down, and not yet that it is back.
+        var toldOfOutage = false
 
         init(id: SubscriberID, continuation: AsyncStream<[MarketEvent]>.Continuation, queue: SubscriberQueue) {
             self.id = id
@@ -368,7 +370,7 @@ public actor MarketDataHub {
         outage = Outage(lastEventBefore: lastEventAt, lostAt: now, reason: reason)
         var numbers: [String: Int64] = ["lost_at_ms": now]
         if let lastEventAt { numbers["last_event_before_ms"] = lastEventAt }
-        notifySubscribersWithTopics(
+        tellOutageStarted(
             StatusMessage(
                 status: StatusMessage.Kind.upstreamDisconnected,
                 message: "upstream connection lost (\(reason)); subscriptions are kept and resume when it is back",
@@ -379,16 +381,27 @@ public actor MarketDataHub {
     private func announceRecovery(from outage: Outage, firstEventAfter: Int64) {
         let start = outage.lastEventBefore ?? outage.lostAt
         let gap = firstEventAfter - start
-        notifySubscribersWithTopics(
+        tellOutageEnded(
             StatusMessage(
                 status: StatusMessage.Kind.upstreamReconnected,
                 message: "upstream reconnected; no events were received between \(start) and \(firstEventAfter) (Unix ms, \(gap) ms)",
                 numbers: ["last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": gap]))
     }
 
-    private func notifySubscribersWithTopics(_ status: StatusMessage) {
+    private func tellOutageStarted(_ status: StatusMessage) {
         let notice = MarketEvent.notice(status)
         for subscriber in subscribers.values where !subscriber.topics.isEmpty {
+            subscriber.toldOfOutage = true
+            enqueue([notice], to: subscriber)
+        }
+    }
+
+    /// The end of an outage goes to those told of its start: a client that subscribed meanwhile never
+    /// heard of it, and its stream simply begins.
+    private func tellOutageEnded(_ status: StatusMessage) {
+        let notice = MarketEvent.notice(status)
+        for subscriber in subscribers.values where subscriber.toldOfOutage {
+            subscriber.toldOfOutage = false
             enqueue([notice], to: subscriber)
         }
     }

@@ -6,8 +6,8 @@ import Synchronization
 #endif
 
 /// The relay under test, in a process of its own, so its CPU time and memory are its own.
-final class RelayProcess: Sendable {
-    let process: Process
+public final class RelayProcess: Sendable {
+    public let process: Process
     private let seen = Seen()
 
     /// What the relay printed, and the port found in it; filled from the pipe's reader thread.
@@ -16,11 +16,11 @@ final class RelayProcess: Sendable {
         let output = Mutex("")
     }
 
-    struct StartError: Error, CustomStringConvertible {
-        var description: String
+    public struct StartError: Error, CustomStringConvertible {
+        public var description: String
     }
 
-    init(binary: String, arguments: [String], showLogs: Bool) {
+    public init(binary: String, arguments: [String], showLogs: Bool) {
         process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
@@ -45,7 +45,7 @@ final class RelayProcess: Sendable {
     }
 
     /// Starts the relay and waits (at most `timeout`) until it prints its port.
-    func start(timeout: Duration = .seconds(30)) async throws -> Int {
+    public func start(timeout: Duration = .seconds(30)) async throws -> Int {
         try process.run()
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
@@ -57,7 +57,7 @@ final class RelayProcess: Sendable {
     }
 
     /// CPU seconds (user + system) the relay has used.
-    func cpuSeconds() -> Double {
+    public func cpuSeconds() -> Double {
         guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
             let close = stat.lastIndex(of: ")")
         else { return 0 }
@@ -68,10 +68,10 @@ final class RelayProcess: Sendable {
     }
 
     /// The relay's peak resident memory, in bytes.
-    func peakResidentBytes() -> Int { statusField("VmHWM") }
+    public func peakResidentBytes() -> Int { statusField("VmHWM") }
 
     /// The relay's resident memory now, in bytes.
-    func residentBytes() -> Int { statusField("VmRSS") }
+    public func residentBytes() -> Int { statusField("VmRSS") }
 
     private func statusField(_ name: String) -> Int {
         guard let status = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8) else { return 0 }
@@ -83,13 +83,39 @@ final class RelayProcess: Sendable {
     }
 
     /// SIGTERM, then wait for the exit (bounded).
-    func stop() async {
+    public func stop() async {
         guard process.isRunning else { return }
         process.terminate()
         let deadline = ContinuousClock.now + .seconds(10)
         while process.isRunning, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
+    }
+
+    /// SIGKILL: the process dies at once, as in a crash; waits (bounded) until it is gone.
+    public func kill() async {
+        guard process.isRunning else { return }
+        Glibc.kill(process.processIdentifier, SIGKILL)
+        let deadline = ContinuousClock.now + .seconds(10)
+        while process.isRunning, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    /// SIGTERM without waiting.
+    public func terminate() {
+        if process.isRunning { process.terminate() }
+    }
+
+    /// What the relay printed on standard output so far.
+    public var output: String { seen.output.withLock { $0 } }
+
+    /// The relay executable beside the running one (`relay`, or a test bundle in the same build folder),
+    /// or `RELAY_BINARY`.
+    public static func siblingBinary() -> String {
+        if let path = ProcessInfo.processInfo.environment["RELAY_BINARY"], !path.isEmpty { return path }
+        let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        return URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("relay").path
     }
 }

@@ -161,7 +161,10 @@ public final class Relay: Service, Sendable {
 
         var portfolio: PortfolioService?
         var browser: SecurityBrowser?
+        var sidecarLock: SidecarLock?
+        defer { withExtendedLifetime(sidecarLock) {} }
         if let portfolioSettings = settings.portfolio {
+            sidecarLock = try SidecarLock(directory: portfolioSettings.dataDirectory)
             guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
                 throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
             }

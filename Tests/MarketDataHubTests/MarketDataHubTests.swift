@@ -235,4 +235,61 @@ struct MarketDataHubTests {
         #expect(await reader.nextBatch()?.count == MarketDataHub.bufferLimit)
         #expect(await reader.nextBatch() == nil)
     }
+
+    @Test func onlySubscribersToldOfAnOutageAreToldItEnded() async throws {
+        let hub = MarketDataHub()
+        let before = await hub.subscribe(to: topics("Q.A"))
+        await hub.upstreamLost(reason: "test")
+        let during = await hub.subscribe(to: topics("Q.A"))
+        await hub.publish([event("Q", "A", 1)])
+        let told = try await take(3, from: before.events)
+        #expect(told[0].json.contains("upstream_disconnected"))
+        #expect(told[1].json.contains("upstream_reconnected"))
+        #expect(told[2].json == event("Q", "A", 1).json)
+        // It subscribed during the outage: no "reconnected" without a "disconnected", just the data.
+        #expect(try await take(1, from: during.events).first?.json == event("Q", "A", 1).json)
+    }
+
+    @Test func aClusterSeedIsTheSnapshotUnlessALiveEventCameFirst() async throws {
+        let hub = MarketDataHub(keepsUnwantedLastValues: false)
+        let sub = await hub.subscribe(to: topics("Q.A", "Q.B"))
+        await hub.seed(event("Q", "A", 1))
+        await hub.publish([event("Q", "B", 2)])
+        await hub.seed(event("Q", "B", 0))
+        let got = try await take(2, from: sub.events)
+        #expect(got.map(\.json) == [event("Q", "A", 1).json, event("Q", "B", 2).json])
+        // A topic nobody subscribes to is not seeded.
+        await hub.seed(event("Q", "C", 3))
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "C")) == nil)
+    }
+
+    @Test func aClusterNodeForgetsTheLastValueOfATopicNobodyWants() async throws {
+        let hub = MarketDataHub(keepsUnwantedLastValues: false)
+        let sub = await hub.subscribe(to: topics("Q.A"))
+        await hub.publish([event("Q", "A", 1)])
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")) != nil)
+        await hub.remove(topics("Q.A"), from: sub.id)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")) == nil)
+        // A straggler of the dropped topic is not kept either.
+        await hub.publish([event("Q", "A", 2)])
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")) == nil)
+        // A single relay keeps it (its upstream is the only source).
+        let single = MarketDataHub()
+        let other = await single.subscribe(to: topics("Q.A"))
+        await single.publish([event("Q", "A", 1)])
+        await single.remove(topics("Q.A"), from: other.id)
+        #expect(await single.lastEvent(for: Topic(eventType: "Q", ticker: "A")) != nil)
+    }
+
+    @Test func lossBeforeTheHubIsToldToTheSubscribersOfTheLostTopics() async throws {
+        let hub = MarketDataHub()
+        let hit = await hub.subscribe(to: topics("Q.A"))
+        let wildcard = await hub.subscribe(to: topics("Q.*"))
+        let spared = await hub.subscribe(to: topics("T.B"))
+        await hub.reportLoss(5, topics: topics("Q.A"), reason: "test")
+        #expect(try await take(1, from: hit.events).first?.json.contains(#""dropped":5"#) == true)
+        #expect(try await take(1, from: wildcard.events).first?.json.contains("lagging") == true)
+        await hub.publish([event("T", "B", 1)])
+        #expect(try await take(1, from: spared.events).first?.json == event("T", "B", 1).json)
+    }
 }

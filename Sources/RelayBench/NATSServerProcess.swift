@@ -1,0 +1,84 @@
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A `nats-server` with JetStream, in a process of its own on a loopback port it picks itself, for
+/// `relay bench cluster` and the cluster tests. Stopped by its own process id.
+public final class NATSServerProcess: Sendable {
+    public let process: Process
+    public let storeDirectory: String
+    private let log = Log()
+
+    /// What the server logged; filled from the pipe's reader thread.
+    private final class Log: Sendable {
+        let text = Mutex("")
+    }
+
+    public struct StartError: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Where Debian's `nats-server` lives, if installed.
+    public static var binary: String? {
+        let candidates =
+            (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":").map { "\($0)/nats-server" }
+            + ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+        return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
+    public init() throws {
+        guard let binary = Self.binary else {
+            throw StartError(description: "nats-server is not installed (Debian: apt-get install nats-server; scripts/test does)")
+        }
+        storeDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-nats-\(UUID().uuidString)").path
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        // -p -1: a random free port, which the server logs.
+        process.arguments = ["-js", "-a", "127.0.0.1", "-p", "-1", "-sd", storeDirectory]
+        let pipe = Pipe()
+        process.standardError = pipe
+        process.standardOutput = pipe
+        let log = self.log
+        pipe.fileHandleForReading.readabilityHandler = { handle in
+            let text = String(decoding: handle.availableData, as: UTF8.self)
+            log.text.withLock { $0 += text }
+        }
+    }
+
+    /// Starts the server and waits until it listens; returns its `nats://` URL.
+    public func start(timeout: Duration = .seconds(15)) async throws -> String {
+        try process.run()
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            let text = log.text.withLock { $0 }
+            if let range = text.range(of: #"Listening for client connections on 127\.0\.0\.1:(\d+)"#, options: .regularExpression),
+                let port = text[range].split(separator: ":").last.flatMap({ Int($0) }),
+                text.contains("Server is ready")
+            {
+                return "nats://127.0.0.1:\(port)"
+            }
+            guard process.isRunning else { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw StartError(description: "nats-server did not start; it logged:\n\(log.text.withLock { $0 })")
+    }
+
+    /// Stops the server (SIGTERM, then SIGKILL) and removes its store.
+    public func stop() async {
+        if process.isRunning {
+            process.terminate()
+            let deadline = ContinuousClock.now + .seconds(5)
+            while process.isRunning, ContinuousClock.now < deadline {
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+        try? FileManager.default.removeItem(atPath: storeDirectory)
+    }
+
+    /// The server's log so far.
+    public var output: String { log.text.withLock { $0 } }
+}
