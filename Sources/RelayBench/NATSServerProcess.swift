@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -10,12 +9,7 @@ import Synchronization
 public final class NATSServerProcess: Sendable {
     public let process: Process
     public let storeDirectory: String
-    private let log = Log()
-
-    /// What the server logged; filled from the pipe's reader thread.
-    private final class Log: Sendable {
-        let text = Mutex("")
-    }
+    private let log = ChildOutput(name: "nats")
 
     public struct StartError: Error, CustomStringConvertible {
         public var description: String
@@ -38,14 +32,8 @@ public final class NATSServerProcess: Sendable {
         process.executableURL = URL(fileURLWithPath: binary)
         // -p -1: a random free port, which the server logs.
         process.arguments = ["-js", "-a", "127.0.0.1", "-p", "-1", "-sd", storeDirectory]
-        let pipe = Pipe()
-        process.standardError = pipe
-        process.standardOutput = pipe
-        let log = self.log
-        pipe.fileHandleForReading.readabilityHandler = { handle in
-            let text = String(decoding: handle.availableData, as: UTF8.self)
-            log.text.withLock { $0 += text }
-        }
+        process.standardError = log.handle
+        process.standardOutput = log.handle
     }
 
     /// Starts the server and waits until it listens; returns its `nats://` URL.
@@ -53,7 +41,7 @@ public final class NATSServerProcess: Sendable {
         try process.run()
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
-            let text = log.text.withLock { $0 }
+            let text = log.text
             if let range = text.range(of: #"Listening for client connections on 127\.0\.0\.1:(\d+)"#, options: .regularExpression),
                 let port = text[range].split(separator: ":").last.flatMap({ Int($0) }),
                 text.contains("Server is ready")
@@ -63,7 +51,7 @@ public final class NATSServerProcess: Sendable {
             guard process.isRunning else { break }
             try await Task.sleep(for: .milliseconds(20))
         }
-        throw StartError(description: "nats-server did not start; it logged:\n\(log.text.withLock { $0 })")
+        throw StartError(description: "nats-server did not start; it logged:\n\(log.text)")
     }
 
     /// Stops the server (SIGTERM, then SIGKILL) and removes its store.
@@ -80,5 +68,5 @@ public final class NATSServerProcess: Sendable {
     }
 
     /// The server's log so far.
-    public var output: String { log.text.withLock { $0 } }
+    public var output: String { log.text }
 }

@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -8,13 +7,7 @@ import Synchronization
 /// The relay under test, in a process of its own, so its CPU time and memory are its own.
 public final class RelayProcess: Sendable {
     public let process: Process
-    private let seen = Seen()
-
-    /// What the relay printed, and the port found in it; filled from the pipe's reader thread.
-    private final class Seen: Sendable {
-        let port = Mutex<Int?>(nil)
-        let output = Mutex("")
-    }
+    private let stdout = ChildOutput(name: "relay")
 
     public struct StartError: Error, CustomStringConvertible {
         public var description: String
@@ -24,24 +17,17 @@ public final class RelayProcess: Sendable {
         process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
+        process.standardOutput = stdout.handle
         process.standardError = showLogs ? FileHandle.standardError : FileHandle.nullDevice
-        let seen = self.seen
-        pipe.fileHandleForReading.readabilityHandler = { handle in
-            let text = String(decoding: handle.availableData, as: UTF8.self)
-            let all = seen.output.withLock { value in
-                value += text
-                return value
-            }
-            // The banner names the bound port: `WebSocket  ws://127.0.0.1:PORT/stocks`.
-            if let range = all.range(of: #"ws://[^ ]+:(\d+)/"#, options: .regularExpression) {
-                let match = all[range]
-                if let colon = match.dropLast().lastIndex(of: ":"), let value = Int(match[match.index(after: colon)...].dropLast()) {
-                    seen.port.withLock { $0 = $0 ?? value }
-                }
-            }
-        }
+    }
+
+    /// The port the banner names: `WebSocket  ws://127.0.0.1:PORT/stocks`.
+    private var reportedPort: Int? {
+        let all = stdout.text
+        guard let range = all.range(of: #"ws://[^ ]+:(\d+)/"#, options: .regularExpression) else { return nil }
+        let match = all[range]
+        guard let colon = match.dropLast().lastIndex(of: ":") else { return nil }
+        return Int(match[match.index(after: colon)...].dropLast())
     }
 
     /// Starts the relay and waits (at most `timeout`) until it prints its port.
@@ -49,11 +35,11 @@ public final class RelayProcess: Sendable {
         try process.run()
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
-            if let port = seen.port.withLock({ $0 }) { return port }
+            if let port = reportedPort { return port }
             guard process.isRunning else { break }
             try await Task.sleep(for: .milliseconds(20))
         }
-        throw StartError(description: "the relay did not report its port; it printed:\n\(seen.output.withLock { $0 })")
+        throw StartError(description: "the relay did not report its port; it printed:\n\(stdout.text)")
     }
 
     /// CPU seconds (user + system) the relay has used.
@@ -109,7 +95,7 @@ public final class RelayProcess: Sendable {
     }
 
     /// What the relay printed on standard output so far.
-    public var output: String { seen.output.withLock { $0 } }
+    public var output: String { stdout.text }
 
     /// The relay executable beside the running one (`relay`, or a test bundle in the same build folder),
     /// or `RELAY_BINARY`.
