@@ -28,8 +28,8 @@ final class LWSConnection: Sendable {
         var closeRequested = false
         var exitLoop = false
         var outbox: [String] = []
-        var wanted: Set<Topic> = []
-        var subscribed: Set<Topic> = []
+        /// The Polygon conversation (auth, subscriptions); this type only moves its bytes.
+        var session: ClientSession
         var authenticatedSince: ContinuousClock.Instant?
         var endCause: ConnectionEnd.Cause?
         var peerClose: String?
@@ -51,15 +51,13 @@ final class LWSConnection: Sendable {
     let configuration: UpstreamConfiguration
     let logger: Logger
     let metrics: UpstreamMetrics
-    let shared = Mutex(Shared())
+    let shared: Mutex<Shared>
     let eventContinuation: AsyncStream<UpstreamMessage>.Continuation
     let endContinuation: AsyncStream<ConnectionEnd>.Continuation
     let exitContinuation: AsyncStream<Void>.Continuation
 
     /// Protocol names and the policy lws keeps pointers to for the context's lifetime.
     private static let protocolName = "relay-upstream"
-    /// Longest `params` of one subscribe/unsubscribe message we send.
-    static let maxParamsBytes = 8 * 1024
 
     init(
         configuration: UpstreamConfiguration,
@@ -70,6 +68,7 @@ final class LWSConnection: Sendable {
     ) {
         self.configuration = configuration
         self.logger = logger
+        self.shared = Mutex(Shared(session: ClientSession(apiKey: configuration.apiKey)))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.eventContinuation = events
         self.endContinuation = ends
@@ -185,32 +184,10 @@ final class LWSConnection: Sendable {
 
     func setWanted(_ topics: Set<Topic>) {
         shared.withLock { state in
-            state.wanted = topics
-            guard state.authenticatedSince != nil else { return }
-            let added = topics.subtracting(state.subscribed)
-            let removed = state.subscribed.subtracting(topics)
-            // Subscribe before unsubscribing, so a move from tickers to a wildcard leaves no gap.
-            state.outbox += Self.actions(.subscribe, added)
-            state.outbox += Self.actions(.unsubscribe, removed)
-            state.subscribed = topics
-            if !added.isEmpty || !removed.isEmpty { wake(&state) }
+            let messages = state.session.setWanted(topics)
+            state.outbox += messages
+            if !messages.isEmpty { wake(&state) }
         }
-    }
-
-    /// Topic changes as few messages as the protocol allows: one per `maxParamsBytes` of params.
-    static func actions(_ kind: ClientAction.Kind, _ topics: Set<Topic>) -> [String] {
-        var messages: [String] = []
-        var params = ""
-        for topic in topics.sorted() {
-            let entry = topic.description
-            if !params.isEmpty, params.utf8.count + entry.utf8.count + 1 > maxParamsBytes {
-                messages.append(ClientAction(kind, params: params).json)
-                params = ""
-            }
-            params += params.isEmpty ? entry : "," + entry
-        }
-        if !params.isEmpty { messages.append(ClientAction(kind, params: params).json) }
-        return messages
     }
 
     // MARK: state
@@ -424,7 +401,7 @@ final class LWSConnection: Sendable {
             state.establishedAt = nil
             state.closeRequested = false
             state.authenticatedSince = nil
-            state.subscribed = []
+            state.session.connectionEnded()
             state.outbox = []
             state.rx.clear()
             state.rxOversized = false
@@ -542,46 +519,43 @@ final class LWSConnection: Sendable {
         logger.warning("\(message)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
     }
 
+    /// Carries out what the conversation (``ClientSession``) says a status means.
     private func handle(_ status: StatusMessage, wsi: OpaquePointer) {
-        switch status.status {
-        case StatusMessage.Kind.connected:
-            shared.withLock { $0.outbox.append(ClientAction(.auth, params: configuration.apiKey).json) }
-            lws_callback_on_writable(wsi)
-        case StatusMessage.Kind.authSuccess:
-            shared.withLock { state in
-                state.authenticatedSince = .now
-                state.subscribed = state.wanted
-                state.outbox += Self.actions(.subscribe, state.wanted)
+        let reaction = shared.withLock { state in
+            let reaction = state.session.receive(status)
+            state.outbox += reaction.send
+            switch reaction.event {
+            case .authenticated: state.authenticatedSince = .now
+            case .authFailed: state.endCause = .authFailed
+            case .maxConnections: state.endCause = .maxConnections
+            case .error(let message): state.statistics.lastError = message
+            case .authTimeout(let message): state.statistics.lastError = "auth_timeout: \(message)"
+            case .connected, .acknowledged, .other: break
             }
+            if reaction.close { state.closeRequested = true }
+            return reaction
+        }
+        switch reaction.event {
+        case .connected:
+            break
+        case .authenticated:
             lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
             eventContinuation.yield(.authenticated)
             setState(.authenticated)
-            lws_callback_on_writable(wsi)
-        case StatusMessage.Kind.authFailed:
-            shared.withLock { state in
-                state.endCause = .authFailed
-                state.closeRequested = true
-            }
-            setState(.authFailed(message: "upstream rejected the API key: \(status.message)"))
-            lws_callback_on_writable(wsi)
-        case StatusMessage.Kind.maxConnections:
-            shared.withLock { state in
-                state.endCause = .maxConnections
-                state.closeRequested = true
-            }
-            lws_callback_on_writable(wsi)
-            setState(.rejected(message: "another connection holds this account's slot: \(status.message)"))
-        case StatusMessage.Kind.success:
-            logger.debug("upstream: \(status.message)")
-        case StatusMessage.Kind.error:
-            shared.withLock { $0.statistics.lastError = status.message }
-            warnThrottled("error-status", "upstream error status: \(status.message)")
-        case StatusMessage.Kind.authTimeout:
-            shared.withLock { $0.statistics.lastError = "auth_timeout: \(status.message)" }
-            logger.warning("upstream timed out our authentication: \(status.message)")
-        default:
-            logger.info("upstream status \(status.status): \(status.message)")
+        case .authFailed(let message):
+            setState(.authFailed(message: "upstream rejected the API key: \(message)"))
+        case .maxConnections(let message):
+            setState(.rejected(message: "another connection holds this account's slot: \(message)"))
+        case .acknowledged(let message):
+            logger.debug("upstream: \(message)")
+        case .error(let message):
+            warnThrottled("error-status", "upstream error status: \(message)")
+        case .authTimeout(let message):
+            logger.warning("upstream timed out our authentication: \(message)")
+        case .other(let status, let message):
+            logger.info("upstream status \(status): \(message)")
         }
+        if !reaction.send.isEmpty || reaction.close { lws_callback_on_writable(wsi) }
     }
 }
 

@@ -52,7 +52,7 @@ public final class PolygonWebSocket: Service, Sendable {
     public var statistics: UpstreamStatistics { connection.shared.withLock { $0.statistics } }
 
     /// The topics the upstream connection is subscribed to right now (empty while not authenticated).
-    public var subscribedTopics: Set<Topic> { connection.shared.withLock { $0.subscribed } }
+    public var subscribedTopics: Set<Topic> { connection.shared.withLock { $0.session.subscribed } }
 
     /// When the last frame or pong arrived from the upstream.
     public var lastMessageAt: ContinuousClock.Instant? { connection.shared.withLock { $0.lastMessageAt } }

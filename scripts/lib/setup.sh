@@ -28,8 +28,14 @@ ensure_swift() {
     fi
 }
 
-# The C libraries the relay links: libwebsockets (with OpenSSL for wss://), SQLite (portfolio).
+# The C libraries the relay links: libwebsockets (with OpenSSL for wss://), SQLite (portfolio), and
+# libnats (the official NATS C client, for clusters).
 ensure_relay_dependencies() {
     ensure_swift
-    ensure_debian_packages libwebsockets-dev libssl-dev libsqlite3-dev pkg-config
+    ensure_debian_packages libwebsockets-dev libssl-dev libsqlite3-dev libnats-dev pkg-config
+}
+
+# The NATS server (with JetStream) that clusters run on; the cluster tests and scripts/cluster start it.
+ensure_nats_server() {
+    ensure_debian_packages nats-server
 }

@@ -1,0 +1,111 @@
+/// The client side of the Polygon conversation for one connection, without I/O: when to authenticate,
+/// what to subscribe after `auth_success`, the subscribe/unsubscribe messages that move the server
+/// from what it has to what is wanted, and what `auth_failed` and `max_connections` mean.
+///
+/// Value type, `Sendable`; one per upstream client, owned by whoever holds its lock. The server side is
+/// ``ServerSession``. The wanted set survives a lost connection; the server's subscriptions do not, so
+/// after the next `auth_success` the whole wanted set is subscribed again.
+public struct ClientSession: Sendable {
+    /// What one server status means for the connection.
+    public enum Event: Sendable, Equatable {
+        /// `connected`: the `auth` message is in ``Reaction/send``.
+        case connected
+        /// `auth_success`: events for the wanted topics follow.
+        case authenticated
+        /// `auth_failed`: the key was refused; close, and retry only slowly.
+        case authFailed(String)
+        /// `max_connections`: another connection holds the account's slot; close and back off.
+        case maxConnections(String)
+        /// `auth_timeout`: the server gave up waiting for our `auth`.
+        case authTimeout(String)
+        /// `success`: a subscription was acknowledged.
+        case acknowledged(String)
+        /// `error`: e.g. a topic outside the plan.
+        case error(String)
+        /// A status this session does not know; logged, otherwise ignored.
+        case other(status: String, message: String)
+    }
+
+    /// What to do after a status message.
+    public struct Reaction: Sendable, Equatable {
+        /// Client messages to send, in order.
+        public var send: [String] = []
+        public var event: Event
+        /// Close the connection (the server refused us).
+        public var close: Bool { if case .authFailed = event { true } else if case .maxConnections = event { true } else { false } }
+    }
+
+    /// Longest `params` of one subscribe/unsubscribe message.
+    public static let maxParamsBytes = 8 * 1024
+
+    public let apiKey: String
+    public private(set) var isAuthenticated = false
+    /// What the client wants the server to send.
+    public private(set) var wanted: Set<Topic> = []
+    /// What the server was told to send on this connection (empty until authenticated).
+    public private(set) var subscribed: Set<Topic> = []
+
+    public init(apiKey: String) {
+        self.apiKey = apiKey
+    }
+
+    /// Handles one status object from the server.
+    public mutating func receive(_ status: StatusMessage) -> Reaction {
+        switch status.status {
+        case StatusMessage.Kind.connected:
+            return Reaction(send: [ClientAction(.auth, params: apiKey).json], event: .connected)
+        case StatusMessage.Kind.authSuccess:
+            isAuthenticated = true
+            subscribed = wanted
+            return Reaction(send: Self.actions(.subscribe, wanted), event: .authenticated)
+        case StatusMessage.Kind.authFailed:
+            isAuthenticated = false
+            return Reaction(event: .authFailed(status.message))
+        case StatusMessage.Kind.maxConnections:
+            isAuthenticated = false
+            return Reaction(event: .maxConnections(status.message))
+        case StatusMessage.Kind.authTimeout:
+            return Reaction(event: .authTimeout(status.message))
+        case StatusMessage.Kind.success:
+            return Reaction(event: .acknowledged(status.message))
+        case StatusMessage.Kind.error:
+            return Reaction(event: .error(status.message))
+        default:
+            return Reaction(event: .other(status: status.status, message: status.message))
+        }
+    }
+
+    /// Replaces the wanted set. While authenticated, returns the messages that move the server there:
+    /// subscribes first, then unsubscribes, so a move from tickers to their wildcard leaves no gap.
+    /// Otherwise returns nothing: the set is subscribed after the next `auth_success`.
+    public mutating func setWanted(_ topics: Set<Topic>) -> [String] {
+        wanted = topics
+        guard isAuthenticated else { return [] }
+        let added = topics.subtracting(subscribed)
+        let removed = subscribed.subtracting(topics)
+        subscribed = topics
+        return Self.actions(.subscribe, added) + Self.actions(.unsubscribe, removed)
+    }
+
+    /// The connection ended: the server's subscriptions are gone with it.
+    public mutating func connectionEnded() {
+        isAuthenticated = false
+        subscribed = []
+    }
+
+    /// Topic changes as few messages as the protocol allows: one per ``maxParamsBytes`` of params.
+    public static func actions(_ kind: ClientAction.Kind, _ topics: Set<Topic>) -> [String] {
+        var messages: [String] = []
+        var params = ""
+        for topic in topics.sorted() {
+            let entry = topic.description
+            if !params.isEmpty, params.utf8.count + entry.utf8.count + 1 > maxParamsBytes {
+                messages.append(ClientAction(kind, params: params).json)
+                params = ""
+            }
+            params += params.isEmpty ? entry : "," + entry
+        }
+        if !params.isEmpty { messages.append(ClientAction(kind, params: params).json) }
+        return messages
+    }
+}
