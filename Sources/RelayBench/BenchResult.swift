@@ -38,15 +38,36 @@ public struct BenchResult: Sendable, Codable {
     public var relayRSSMB: Double
     /// The harness's own CPU (feed and clients run in it, on the same two cores).
     public var benchCPUPercent: Double
+    /// Per node, in a cluster run.
+    public var nodes: [Node]?
+    /// Failover times, in a cluster run.
+    public var failover: Failover?
+
+    /// One cluster node's share of the run.
+    public struct Node: Sendable, Codable {
+        public var name: String
+        public var deliveryRatio: Double
+        public var p50Ms: Double
+        public var p99Ms: Double
+        public var peakRSSMB: Double
+    }
+
+    /// From stopping the leader to every subscriber on the surviving nodes receiving an event sent
+    /// after the stop.
+    public struct Failover: Sendable, Codable {
+        public var killSeconds: Double
+        public var terminateSeconds: Double
+    }
 
     /// A table for people.
     public var table: String {
         func n(_ value: Double, _ digits: Int = 0) -> String { BenchResult.format(value, digits: digits) }
         let s = scenario
-        let shape =
+        var shape =
             s.wildcard
             ? "\(s.subscribers) subscribers on Q.* and T.* over \(s.universe) symbols"
             : "\(s.subscribers) subscribers × \(s.symbolsPerSubscriber) of \(s.universe) symbols"
+        if s.nodes > 1 { shape += " spread over \(s.nodes) cluster nodes" }
         var lines = [
             "relay bench — \(s.name): \(shape), \(n(s.rate)) events/s upstream in frames of \(s.frameEvents)"
                 + (s.stalledSubscribers > 0 ? ", \(s.stalledSubscribers) stalled" : "") + ", \(n(s.durationSeconds)) s",
@@ -58,6 +79,16 @@ public struct BenchResult: Sendable, Codable {
             "  relay        CPU \(n(relayCPUPercent))% of one core (\(n(relayCPUSeconds, 2)) s)   peak RSS \(n(relayPeakRSSMB, 1)) MB   RSS now \(n(relayRSSMB, 1)) MB",
             "  harness      CPU \(n(benchCPUPercent))% (feed and clients share the machine)",
         ]
+        for node in nodes ?? [] {
+            lines.append(
+                "  \(node.name)        ratio \(n(node.deliveryRatio, 4))   p50 \(n(node.p50Ms, 3)) ms   p99 \(n(node.p99Ms, 3)) ms   peak RSS \(n(node.peakRSSMB, 1)) MB"
+            )
+        }
+        if let failover {
+            lines.append(
+                "  failover     kill -9 of the leader: events on every other node after \(n(failover.killSeconds, 2)) s;"
+                    + " SIGTERM: after \(n(failover.terminateSeconds, 2)) s")
+        }
         if s.stalledSubscribers > 0 {
             lines.append(
                 "  stalled      \(n(Double(stalledDelivered))) events read before stalling, \(laggingNoticesStalled) lagging notices")
@@ -67,7 +98,7 @@ public struct BenchResult: Sendable, Codable {
 
     /// `1234567.891` → `1,234,567.9` (one digit): grouping by hand, as Foundation's formatter on Linux
     /// does not honour fraction digits.
-    static func format(_ value: Double, digits: Int) -> String {
+    public static func format(_ value: Double, digits: Int) -> String {
         guard value.isFinite else { return "\(value)" }
         let text = String(format: "%.\(digits)f", abs(value))
         let parts = text.split(separator: ".", omittingEmptySubsequences: false)

@@ -48,43 +48,130 @@ public struct BenchRunner: Sendable {
         defer { feedTask.cancel() }
         let feedURL = try await feed.url()
 
-        let relay = RelayProcess(
-            binary: relayBinary,
-            arguments: ["serve", "--listen", "127.0.0.1:0", "--upstream", feedURL, "--upstream-key", "bench", "--log-level", "warning"],
-            showLogs: showRelayLogs)
-        let port = try await relay.start()
-        let relayURL = "ws://127.0.0.1:\(port)/stocks"
-        progress("relay pid \(relay.process.processIdentifier) on \(relayURL), upstream \(feedURL)")
-
-        let window = BenchSubscriber.Window()
-        let shards = (0..<16).map { _ in BenchSubscriber.LatencyShard() }
-        var subscribers: [BenchSubscriber] = []
-        for index in 0..<s.subscribers {
-            let topics = s.wildcard ? ["Q.*", "T.*"] : s.symbols(forSubscriber: index).flatMap { ["Q.\($0)", "T.\($0)"] }
-            subscribers.append(BenchSubscriber(topics: topics, stalled: false, latency: shards[index % shards.count]))
+        // One relay, or a cluster of `nodes` on a NATS server of its own.
+        var nats: NATSServerProcess?
+        var clusterArguments: [String] = []
+        if s.nodes > 1 {
+            let server = try NATSServerProcess()
+            nats = server
+            clusterArguments = ["--cluster", try await server.start(), "--cluster-name", "bench"]
+            progress("NATS (JetStream) at \(clusterArguments[1])")
         }
-        let stalledShard = BenchSubscriber.LatencyShard()
-        for _ in 0..<s.stalledSubscribers {
-            subscribers.append(BenchSubscriber(topics: ["Q.*", "T.*"], stalled: true, latency: stalledShard))
+        var relays: [RelayProcess] = []
+        var ports: [Int] = []
+        func stopAll() async {
+            for relay in relays { await relay.stop() }
+            await nats?.stop()
         }
-
-        let result: BenchResult
         do {
-            result = try await withThrowingTaskGroup(of: Void.self) { group in
-                try await connect(subscribers, to: relayURL, window: window, logger: logger, in: &group)
-                defer { group.cancelAll() }
-                return try await measure(subscribers: subscribers, shards: shards, feed: feed, relay: relay, port: port, window: window)
+            for node in 0..<max(s.nodes, 1) {
+                let relay = RelayProcess(
+                    binary: relayBinary,
+                    arguments: [
+                        "serve", "--listen", "127.0.0.1:0", "--upstream", feedURL, "--upstream-key", "bench", "--log-level", "warning",
+                        "--no-portfolio",
+                    ] + (s.nodes > 1 ? clusterArguments + ["--node-id", "node\(node + 1)"] : []),
+                    showLogs: showRelayLogs)
+                relays.append(relay)
+                ports.append(try await relay.start())
+                progress("relay pid \(relay.process.processIdentifier) on ws://127.0.0.1:\(ports[node])/stocks, upstream \(feedURL)")
             }
+            if s.nodes > 1 { _ = try await leader(ports: ports) }
         } catch {
-            await relay.stop()
+            await stopAll()
             throw error
         }
-        await relay.stop()
+
+        let window = BenchSubscriber.Window()
+        // Per node, 16 shared latency histograms.
+        let shards = (0..<relays.count).map { _ in (0..<16).map { _ in BenchSubscriber.LatencyShard() } }
+        var subscribers: [BenchSubscriber] = []
+        var nodeOf: [Int] = []
+        for index in 0..<s.subscribers {
+            let topics = s.wildcard ? ["Q.*", "T.*"] : s.symbols(forSubscriber: index).flatMap { ["Q.\($0)", "T.\($0)"] }
+            let node = index % relays.count
+            subscribers.append(BenchSubscriber(topics: topics, stalled: false, latency: shards[node][(index / relays.count) % 16]))
+            nodeOf.append(node)
+        }
+        let stalledShard = BenchSubscriber.LatencyShard()
+        for index in 0..<s.stalledSubscribers {
+            subscribers.append(BenchSubscriber(topics: ["Q.*", "T.*"], stalled: true, latency: stalledShard))
+            nodeOf.append(index % relays.count)
+        }
+
+        var result: BenchResult
+        do {
+            result = try await withThrowingTaskGroup(of: Void.self) { group in
+                try await connect(
+                    subscribers, to: nodeOf.map { "ws://127.0.0.1:\(ports[$0])/stocks" }, window: window, logger: logger, in: &group)
+                defer { group.cancelAll() }
+                var result = try await measure(
+                    subscribers: subscribers, nodeOf: nodeOf, shards: shards, feed: feed, relays: relays, ports: ports, window: window)
+                if s.nodes > 1 {
+                    result.failover = try await failovers(subscribers: subscribers, nodeOf: nodeOf, relays: relays, ports: ports)
+                }
+                return result
+            }
+        } catch {
+            await stopAll()
+            throw error
+        }
+        await stopAll()
         return result
     }
 
+    /// Waits until node 1 names a leader; returns its index.
+    private func leader(ports: [Int], among alive: Set<Int>? = nil, timeout: Duration = .seconds(30)) async throws -> Int {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            for (index, port) in ports.enumerated() where alive?.contains(index) ?? true {
+                if let url = URL(string: "http://127.0.0.1:\(port)/healthz"), let (data, _) = try? await URLSession.shared.data(from: url),
+                    let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+                    let cluster = object["cluster"] as? [String: Any], let leader = cluster["leader"] as? String,
+                    let number = Int(leader.dropFirst("node".count)), alive?.contains(number - 1) ?? true
+                {
+                    return number - 1
+                }
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw BenchError(description: "no cluster leader within \(timeout)")
+    }
+
+    /// Kills the leader (SIGKILL), then stops the next one (SIGTERM), each time timing how long until
+    /// every subscriber on the surviving nodes receives an event sent after the stop.
+    private func failovers(subscribers: [BenchSubscriber], nodeOf: [Int], relays: [RelayProcess], ports: [Int]) async throws
+        -> BenchResult.Failover
+    {
+        var alive = Set(relays.indices)
+        var seconds: [Double] = []
+        for (signal, name) in [(SIGKILL, "kill -9"), (SIGTERM, "SIGTERM")] {
+            let leader = try await leader(ports: ports, among: alive)
+            alive.remove(leader)
+            let watched = subscribers.indices.filter { alive.contains(nodeOf[$0]) && !subscribers[$0].stalled }
+            let stoppedAt = WallClock.nowNanoseconds()
+            for index in watched { subscribers[index].counts.withLock { $0.probeAfter = stoppedAt; $0.firstArrivalAfterProbe = nil } }
+            progress("\(name) of the leader node\(leader + 1); waiting for events on the other nodes")
+            if signal == SIGKILL { await relays[leader].kill() } else { relays[leader].terminate() }
+            let deadline = ContinuousClock.now + .seconds(30)
+            var slowest: Int64?
+            while ContinuousClock.now < deadline {
+                let arrivals = watched.map { subscribers[$0].counts.withLock { $0.firstArrivalAfterProbe } }
+                if arrivals.allSatisfy({ $0 != nil }) {
+                    slowest = arrivals.compactMap { $0 }.max()
+                    break
+                }
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            guard let slowest else { throw BenchError(description: "events did not resume within 30 s after \(name) of the leader") }
+            seconds.append(Double(slowest - stoppedAt) / 1e9)
+            progress("  events resumed on every surviving node after \(BenchResult.format(seconds.last ?? 0, digits: 3)) s")
+        }
+        return BenchResult.Failover(killSeconds: seconds[0], terminateSeconds: seconds[1])
+    }
+
     private func connect(
-        _ subscribers: [BenchSubscriber], to url: String, window: BenchSubscriber.Window, logger: Logger,
+        _ subscribers: [BenchSubscriber], to urls: [String], window: BenchSubscriber.Window, logger: Logger,
         in group: inout ThrowingTaskGroup<Void, any Error>
     ) async throws {
         // Each subscriber reports once: nil when subscribed, why not when it failed before that.
@@ -104,6 +191,7 @@ public struct BenchRunner: Sendable {
         while ready < subscribers.count {
             while started < subscribers.count, started - ready < 256 {
                 let subscriber = subscribers[started]
+                let url = urls[started]
                 group.addTask {
                     // Like a real client, retry a connection that failed before it subscribed.
                     for attempt in 1...3 {
@@ -134,16 +222,16 @@ public struct BenchRunner: Sendable {
     }
 
     private func measure(
-        subscribers: [BenchSubscriber], shards: [BenchSubscriber.LatencyShard], feed: DemoFeed, relay: RelayProcess, port: Int,
-        window: BenchSubscriber.Window
+        subscribers: [BenchSubscriber], nodeOf: [Int], shards: [[BenchSubscriber.LatencyShard]], feed: DemoFeed, relays: [RelayProcess],
+        ports: [Int], window: BenchSubscriber.Window
     ) async throws -> BenchResult {
         let s = scenario
         progress("warming up \(s.warmupSeconds) s")
         try await Task.sleep(for: .seconds(s.warmupSeconds))
 
-        let metricsBefore = await relayMetrics(port: port)
+        let metricsBefore = await relayMetrics(ports: ports)
         let noticesBefore = subscribers.map { $0.counts.withLock { $0.laggingNotices } }
-        let relayCPU0 = relay.cpuSeconds()
+        let relayCPU0 = relays.reduce(0) { $0 + $1.cpuSeconds() }
         let benchCPU0 = Self.ownCPUSeconds()
         let wall0 = ContinuousClock.now
         window.start.store(WallClock.nowNanoseconds(), ordering: .relaxed)
@@ -152,7 +240,7 @@ public struct BenchRunner: Sendable {
         for second in 1...max(Int(s.durationSeconds.rounded(.up)), 1) {
             try await Task.sleep(for: .seconds(min(1, s.durationSeconds - Double(second - 1))))
             let received = subscribers.reduce(0) { $0 + $1.counts.withLock { $0.received } }
-            let cpu = relay.cpuSeconds() - relayCPU0
+            let cpu = relays.reduce(0) { $0 + $1.cpuSeconds() } - relayCPU0
             let elapsed = Double((ContinuousClock.now - wall0).components.seconds)
             progress(
                 "  \(second)s  \(received - lastReceived) events delivered in the last second, relay CPU \(Int(cpu / max(elapsed, 1) * 100))%"
@@ -162,13 +250,13 @@ public struct BenchRunner: Sendable {
         let tally = feed.stopTally()
         let wall = ContinuousClock.now - wall0
         let seconds = wall.seconds
-        let relayCPU = relay.cpuSeconds() - relayCPU0
+        let relayCPU = relays.reduce(0) { $0 + $1.cpuSeconds() } - relayCPU0
         let benchCPU = Self.ownCPUSeconds() - benchCPU0
         guard let first = tally.firstStamp, let last = tally.lastStamp else { throw BenchError(description: "the feed sent nothing") }
         window.end.store(last, ordering: .relaxed)
         progress("draining in-flight events")
         try await Task.sleep(for: .milliseconds(1500))
-        let metricsAfter = await relayMetrics(port: port)
+        let metricsAfter = await relayMetrics(ports: ports)
 
         let upstreamEvents = tally.eventsByTicker.values.reduce(0, +)
         var expected = 0
@@ -177,6 +265,7 @@ public struct BenchRunner: Sendable {
         var laggingFast = 0
         var stalledDelivered = 0
         var laggingStalled = 0
+        var perNode = Array(repeating: (expected: 0, delivered: 0), count: relays.count)
         for (index, subscriber) in subscribers.enumerated() {
             var counts = subscriber.counts.withLock { $0 }
             counts.laggingNotices -= noticesBefore[index]
@@ -188,14 +277,30 @@ public struct BenchRunner: Sendable {
             }
             delivered += got
             laggingFast += counts.laggingNotices
+            let wanted: Int
             if s.wildcard {
-                expected += upstreamEvents
+                wanted = upstreamEvents
             } else {
                 let symbols = Set(subscriber.topics.compactMap { Topic(parsing: $0)?.ticker })
-                expected += symbols.reduce(0) { $0 + (tally.eventsByTicker[$1] ?? 0) }
+                wanted = symbols.reduce(0) { $0 + (tally.eventsByTicker[$1] ?? 0) }
             }
+            expected += wanted
+            perNode[nodeOf[index]].expected += wanted
+            perNode[nodeOf[index]].delivered += got
         }
-        for shard in shards { latency.add(shard.histogram.withLock { $0 }) }
+        var nodes: [BenchResult.Node] = []
+        for (node, nodeShards) in shards.enumerated() {
+            var nodeLatency = Histogram<UInt64>(highestTrackableValue: 120_000_000_000, numberOfSignificantValueDigits: .three)
+            for shard in nodeShards { nodeLatency.add(shard.histogram.withLock { $0 }) }
+            latency.add(nodeLatency)
+            let figures = perNode[node]
+            nodes.append(
+                BenchResult.Node(
+                    name: relays.count > 1 ? "node\(node + 1)" : "relay",
+                    deliveryRatio: figures.expected > 0 ? Double(figures.delivered) / Double(figures.expected) : 1,
+                    p50Ms: Double(nodeLatency.valueAtPercentile(50)) / 1e6, p99Ms: Double(nodeLatency.valueAtPercentile(99)) / 1e6,
+                    peakRSSMB: Double(relays[node].peakResidentBytes()) / 1_048_576))
+        }
         let window = Double(last - first) / 1e9 + 0.01  // ticks are 10 ms apart: the window spans one more
         let writes = Int((metricsAfter["relay_downstream_writes_total"] ?? 0) - (metricsBefore["relay_downstream_writes_total"] ?? 0))
         let deliveredAll = (metricsAfter["relay_events_delivered_total"] ?? 0) - (metricsBefore["relay_events_delivered_total"] ?? 0)
@@ -219,20 +324,23 @@ public struct BenchRunner: Sendable {
             eventsPerWrite: writes > 0 ? deliveredAll / Double(writes) : 0,
             relayCPUSeconds: relayCPU,
             relayCPUPercent: relayCPU / seconds * 100,
-            relayPeakRSSMB: Double(relay.peakResidentBytes()) / 1_048_576,
-            relayRSSMB: Double(relay.residentBytes()) / 1_048_576,
-            benchCPUPercent: benchCPU / seconds * 100)
+            relayPeakRSSMB: Double(relays.map { $0.peakResidentBytes() }.max() ?? 0) / 1_048_576,
+            relayRSSMB: Double(relays.reduce(0) { $0 + $1.residentBytes() }) / 1_048_576,
+            benchCPUPercent: benchCPU / seconds * 100,
+            nodes: relays.count > 1 ? nodes : nil)
     }
 
-    /// The relay's Prometheus metrics, name (with labels) → value.
-    private func relayMetrics(port: Int) async -> [String: Double] {
-        guard let url = URL(string: "http://127.0.0.1:\(port)/metrics"),
-            let (data, _) = try? await URLSession.shared.data(from: url)
-        else { return [:] }
+    /// The relays' Prometheus metrics, name (with labels) → value summed over the nodes.
+    private func relayMetrics(ports: [Int]) async -> [String: Double] {
         var values: [String: Double] = [:]
-        for line in String(decoding: data, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
-            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-            values[String(line[..<space])] = value
+        for port in ports {
+            guard let url = URL(string: "http://127.0.0.1:\(port)/metrics"),
+                let (data, _) = try? await URLSession.shared.data(from: url)
+            else { continue }
+            for line in String(decoding: data, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
+                guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+                values[String(line[..<space]), default: 0] += value
+            }
         }
         return values
     }

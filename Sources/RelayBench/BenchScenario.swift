@@ -19,6 +19,9 @@ public struct BenchScenario: Sendable, Codable {
     /// Measured seconds, after `warmupSeconds`.
     public var durationSeconds: Double
     public var warmupSeconds: Double
+    /// Relay processes: 1 is a single relay; more run as a cluster on a NATS server the bench starts,
+    /// with subscriber `i` on node `i % nodes`, followed by a kill -9 and a SIGTERM failover.
+    public var nodes: Int = 1
 
     public static let fanout = BenchScenario(
         name: "fanout", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
@@ -33,7 +36,15 @@ public struct BenchScenario: Sendable, Codable {
         name: "slow-consumer", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
         wildcard: false, stalledSubscribers: 1, durationSeconds: 10, warmupSeconds: 2)
 
-    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer]
+    /// `fanout` on three nodes of a cluster (run after a single-node `fanout` by `relay bench cluster`).
+    public static let cluster: BenchScenario = {
+        var scenario = BenchScenario.fanout
+        scenario.name = "cluster"
+        scenario.nodes = 3
+        return scenario
+    }()
+
+    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster]
 
     /// The market's tickers: `S000`, `S001`, …
     var tickers: [String] {

@@ -15,6 +15,9 @@ final class BenchSubscriber: Sendable {
         var laggingNotices = 0
         var dropped = 0
         var received = 0
+        /// Failover probe: the first arrival (Unix ns) of an event sent after `probeAfter`.
+        var probeAfter: Int64?
+        var firstArrivalAfterProbe: Int64?
     }
 
     /// Latency is recorded for events stamped inside this window (Unix ns); set by the runner.
@@ -96,6 +99,7 @@ final class BenchSubscriber: Sendable {
                 }
                 run += 1
                 if rt >= start, rt <= end, now > rt { latencies.append(UInt64(now - rt)) }
+                if let after = counts.probeAfter, rt > after, counts.firstArrivalAfterProbe == nil { counts.firstArrivalAfterProbe = now }
             }
             if run > 0 { counts.byStamp[stamp, default: 0] += run }
             for status in parsed.statuses where status.status == StatusMessage.Kind.lagging {

@@ -9,12 +9,14 @@ struct BenchCommand: AsyncParsableCommand {
         discussion: """
             Scenarios: fanout (100 subscribers, 20 of 100 symbols, 50k events/s in frames of 50),
             many-clients (10,000 mostly idle subscribers, 50 events/s), firehose (4 wildcard subscribers, 200k events/s),
-            slow-consumer (fanout plus one subscriber that never reads). Flags override a scenario's knobs.
+            slow-consumer (fanout plus one subscriber that never reads), cluster (fanout on one relay, then
+            the same spread over three cluster nodes on a NATS server the bench starts, then a kill -9 and a
+            SIGTERM of the leader, timed). Flags override a scenario's knobs.
             Build in release mode for figures worth quoting: swift build -c release.
             """
     )
 
-    @Argument(help: "fanout, many-clients, firehose or slow-consumer.")
+    @Argument(help: "fanout, many-clients, firehose, slow-consumer or cluster.")
     var scenario: String = "fanout"
 
     @Option(help: "Fast subscriber connections.") var subscribers: Int?
@@ -26,6 +28,7 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(name: .customLong("stalled"), help: "Extra subscribers that never read.") var stalled: Int?
     @Option(help: "Measured seconds.") var duration: Double?
     @Option(help: "Seconds before measuring.") var warmup: Double?
+    @Option(help: "Relay processes; more than one runs a cluster on NATS.") var nodes: Int?
     @Flag(help: "Print the result as JSON on standard output.") var json = false
     @Flag(name: .customLong("relay-logs"), help: "Show the relay's own log lines.") var relayLogs = false
     @Option(name: .customLong("relay-binary"), help: "The relay executable to test (default: this one).") var relayBinary: String?
@@ -43,18 +46,30 @@ struct BenchCommand: AsyncParsableCommand {
         if let stalled { chosen.stalledSubscribers = stalled }
         if let duration { chosen.durationSeconds = duration }
         if let warmup { chosen.warmupSeconds = warmup }
+        if let nodes { chosen.nodes = max(nodes, 1) }
         let binary =
             relayBinary ?? (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        let runner = BenchRunner(scenario: chosen, relayBinary: binary, showRelayLogs: relayLogs) { line in
-            FileHandle.standardError.write(Data((line + "\n").utf8))
+        let progress: @Sendable (String) -> Void = { line in FileHandle.standardError.write(Data((line + "\n").utf8)) }
+        var results: [BenchResult] = []
+        if chosen.nodes > 1 {
+            // The single relay first, in the same run, so the cluster's cost is read against it.
+            var single = chosen
+            single.name = "\(chosen.name) (single relay, for comparison)"
+            single.nodes = 1
+            results.append(try await BenchRunner(scenario: single, relayBinary: binary, showRelayLogs: relayLogs, progress: progress).run())
         }
-        let result = try await runner.run()
+        results.append(try await BenchRunner(scenario: chosen, relayBinary: binary, showRelayLogs: relayLogs, progress: progress).run())
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            FileHandle.standardOutput.write(try encoder.encode(result) + Data("\n".utf8))
+            let data = results.count == 1 ? try encoder.encode(results[0]) : try encoder.encode(results)
+            FileHandle.standardOutput.write(data + Data("\n".utf8))
         } else {
-            print(result.table)
+            print(results.map(\.table).joined(separator: "\n\n"))
+            if results.count == 2 {
+                let extra = results[1].latencyMs.p99 - results[0].latencyMs.p99
+                print("\ncluster p99 − single relay p99: \(BenchResult.format(extra, digits: 3)) ms")
+            }
         }
     }
 }
