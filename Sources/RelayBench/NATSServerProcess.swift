@@ -23,7 +23,8 @@ public final class NATSServerProcess: Sendable {
         return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 
-    public init() throws {
+    /// - Parameter port: the port to listen on; `nil` lets the server pick a free one.
+    public init(port: Int? = nil) throws {
         guard let binary = Self.binary else {
             throw StartError(description: "nats-server is not installed (Debian: apt-get install nats-server; scripts/test does)")
         }
@@ -31,7 +32,7 @@ public final class NATSServerProcess: Sendable {
         process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         // -p -1: a random free port, which the server logs.
-        process.arguments = ["-js", "-a", "127.0.0.1", "-p", "-1", "-sd", storeDirectory]
+        process.arguments = ["-js", "-a", "127.0.0.1", "-p", port.map(String.init) ?? "-1", "-sd", storeDirectory]
         process.standardError = log.handle
         process.standardOutput = log.handle
     }

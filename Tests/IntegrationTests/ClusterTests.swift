@@ -17,7 +17,7 @@ final class ClusterHarness: Sendable {
         NATSServerProcess.binary != nil || ProcessInfo.processInfo.environment["RELAY_REQUIRE_NATS"] == "1"
     }
 
-    let nats: NATSServerProcess
+    let nats: Mutex<NATSServerProcess>
     let natsURL: String
     let feed: DemoFeed
     let feedURL: String
@@ -25,7 +25,7 @@ final class ClusterHarness: Sendable {
     private let nodes = Mutex<[String: (process: RelayProcess, port: Int)]>([:])
 
     private init(nats: NATSServerProcess, natsURL: String, feed: DemoFeed, feedURL: String) {
-        self.nats = nats
+        self.nats = Mutex(nats)
         self.natsURL = natsURL
         self.feed = feed
         self.feedURL = feedURL
@@ -49,15 +49,27 @@ final class ClusterHarness: Sendable {
                     try await body(harness)
                 } catch {
                     await harness.stopAll()
+                    await harness.currentNATS.stop()
                     throw error
                 }
                 await harness.stopAll()
+                await harness.currentNATS.stop()
             }
         } catch {
             await nats.stop()
             throw error
         }
-        await nats.stop()
+    }
+
+    var currentNATS: NATSServerProcess { nats.withLock { $0 } }
+
+    /// Stops NATS and starts a new server on the same port (JetStream's in-memory buckets are gone).
+    func restartNATS() async throws {
+        await currentNATS.stop()
+        guard let port = natsURL.split(separator: ":").last.flatMap({ Int($0) }) else { return }
+        let next = try NATSServerProcess(port: port)
+        _ = try await next.start()
+        nats.withLock { $0 = next }
     }
 
     /// Starts a node; returns its port.
@@ -257,6 +269,24 @@ struct ClusterTests {
         }
     }
 
+    @Test func aNATSRestartDisconnectsNoClientAndTheClusterRecovers() async throws {
+        try await ClusterHarness.with { cluster in
+            _ = try await cluster.agreedLeader()
+            var clients: [WSTestClient] = []
+            for id in cluster.nodeIDs { clients.append(try await subscribedClient(try cluster.url(id), "Q.AAPL")) }
+            try await cluster.restartNATS()
+            for client in clients {
+                _ = try await client.waitForStatus(StatusMessage.Kind.upstreamDisconnected, timeout: .seconds(15))
+                _ = try await client.waitForStatus(StatusMessage.Kind.upstreamReconnected, timeout: .seconds(30))
+                #expect(try await client.nextEvents(3).allSatisfy { $0.topic.description == "Q.AAPL" })
+                #expect(client.closeCode == nil, "a client was disconnected by the NATS restart")
+            }
+            _ = try await cluster.agreedLeader()
+            #expect(cluster.feed.monitor.snapshot.maxOpenConnections == 1, "two upstream connections existed at once")
+            for client in clients { await client.close() }
+        }
+    }
+
     @Test func thePortfolioSidecarRunsOnOneNodeFedThroughNATS() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-cluster-portfolio-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -286,5 +316,26 @@ struct ClusterTests {
             await #expect(throws: RelayProcess.StartError.self) { _ = try await second.start(timeout: .seconds(15)) }
             #expect(!second.process.isRunning)
         }
+    }
+}
+
+@Suite("Shutdown always finishes", .timeLimit(.minutes(1)))
+struct ShutdownTests {
+    @Test func aRelayWhosePortfolioStreamClientLeftStopsPromptlyOnSIGTERM() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-shutdown-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let relay = RelayProcess(
+            binary: RelayProcess.siblingBinary(), arguments: ["serve", "--listen", "127.0.0.1:0", "--data-dir", directory],
+            showLogs: false)
+        let port = try await relay.start()
+        let stream = WSTestClient(url: "ws://127.0.0.1:\(port)/v1/portfolio/stream")
+        _ = try await stream.nextFrame()
+        await stream.close()
+        let stoppedAt = ContinuousClock.now
+        relay.terminate()
+        // Under each part's 5 s shutdown deadline: the stream handler itself must end, not be abandoned.
+        try await eventually("the relay to exit after SIGTERM", timeout: .seconds(4)) { !relay.process.isRunning }
+        #expect(relay.process.terminationStatus == 0)
+        #expect(ContinuousClock.now - stoppedAt < .seconds(4))
     }
 }
