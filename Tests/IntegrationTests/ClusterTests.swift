@@ -168,6 +168,10 @@ struct ClusterTests {
             }
             let subscribed = Set(cluster.feed.monitor.snapshot.topics(.subscribe))
             #expect(subscribed.isSuperset(of: ["T.MSFT", "Q.*"]))
+            let metrics = try await httpGet("http://127.0.0.1:\(try cluster.port(leader))/metrics").body
+            for name in ["relay_cluster_leader", "relay_cluster_lease_renewals_total", "relay_cluster_nats_messages_total"] {
+                #expect(metrics.contains(name), "/metrics has \(name)")
+            }
 
             // Every node answers /v1/last for any topic: n1 wants no trades, so the cluster's store answers.
             try await eventually("n1 to answer T.MSFT from the cluster's last values") {
@@ -284,6 +288,22 @@ struct ClusterTests {
             _ = try await cluster.agreedLeader()
             #expect(cluster.feed.monitor.snapshot.maxOpenConnections == 1, "two upstream connections existed at once")
             for client in clients { await client.close() }
+        }
+    }
+
+    @Test func aLeaderCutOffFromNATSClosesItsUpstreamBeforeItsLeaseCouldLapse() async throws {
+        try await ClusterHarness.with(nodes: 1) { cluster in
+            _ = try await cluster.agreedLeader()
+            try await eventually("the leader to connect upstream") { cluster.feed.monitor.snapshot.openConnections == 1 }
+            let cutAt = ContinuousClock.now
+            await cluster.currentNATS.stop()
+            // Half the 5 s lease without a renewal, then at most a 1 s close: gone before the 5 s lapse.
+            try await eventually("the upstream connection to close", timeout: .seconds(5)) {
+                cluster.feed.monitor.snapshot.openConnections == 0
+            }
+            #expect(ContinuousClock.now - cutAt < .seconds(5))
+            let health = try await cluster.health("n1")
+            #expect(health.status == 503)
         }
     }
 
