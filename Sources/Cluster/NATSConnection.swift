@@ -75,7 +75,8 @@ public final class NATSConnection: Sendable {
         var cServers = servers.map { strdup($0) }
         defer { for pointer in cServers { free(pointer) } }
         _ = cServers.withUnsafeMutableBufferPointer { buffer in
-            buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
+            guard let base = buffer.baseAddress else { return NATS_INVALID_ARG }
+            return base.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
                 natsOptions_SetServers(options, $0, Int32(buffer.count))
             }
         }
@@ -171,22 +172,18 @@ public final class NATSConnection: Sendable {
     }
 
     func set(_ new: NATSState) {
-        let (old, watchers): (NATSState, [AsyncStream<NATSState>.Continuation]) = shared.withLock { state in
+        let change: (old: NATSState, watchers: [AsyncStream<NATSState>.Continuation])? = shared.withLock { state in
             let old = state.state
-            guard old != .closed, old != new else { return (old, []) }
+            guard old != .closed, old != new else { return nil }
             state.state = new
             let watchers = Array(state.watchers.values)
-            if new == .closed {
-                state.watchers.removeAll()
-            }
+            if new == .closed { state.watchers.removeAll() }
             return (old, watchers)
         }
-        guard !watchers.isEmpty || old != new else { return }
-        if old != new, old != .closed {
-            let level: Logger.Level = new == .reconnecting ? .warning : .info
-            logger.log(level: level, "NATS \(old.rawValue) → \(new.rawValue)", metadata: ["servers": "\(servers.joined(separator: ","))"])
-        }
-        for watcher in watchers {
+        guard let change else { return }
+        let level: Logger.Level = new == .reconnecting ? .warning : .info
+        logger.log(level: level, "NATS \(change.old.rawValue) → \(new.rawValue)", metadata: ["servers": "\(servers.joined(separator: ","))"])
+        for watcher in change.watchers {
             watcher.yield(new)
             if new == .closed { watcher.finish() }
         }

@@ -161,6 +161,7 @@ public final class Relay: Service, Sendable {
 
         var portfolio: PortfolioService?
         var browser: SecurityBrowser?
+        // Held until the relay stops: one valuation sidecar per portfolio directory.
         var sidecarLock: SidecarLock?
         defer { withExtendedLifetime(sidecarLock) {} }
         if let portfolioSettings = settings.portfolio {
