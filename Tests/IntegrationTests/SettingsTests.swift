@@ -100,4 +100,44 @@ struct SettingsTests {
         #expect(settings.listen.port == 8080)
         #expect(settings.upstream == nil, "the sample keeps the demo feed as default")
     }
+
+    @Test func clusterSettingsFollowTheSamePrecedence() async throws {
+        let file = try writeConfig(
+            """
+            cluster:
+              url: nats://file:4222
+              name: filecluster
+              nodeId: file-node
+              leaseSeconds: 8
+            """)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let settings = try await RelaySettings.resolve(
+            flags: .init(configFile: file, cluster: "nats://a:4222,nats://b:4223", nodeID: "flag-node"),
+            environment: ["RELAY_CLUSTER_NAME": "envcluster", "RELAY_NODE_ID": "env-node"])
+        let cluster = try #require(settings.cluster)
+        #expect(cluster.servers == ["nats://a:4222", "nats://b:4223"], "flag over file")
+        #expect(cluster.nodeID == "flag-node", "flag over environment")
+        #expect(cluster.name == "envcluster", "environment over file")
+        #expect(cluster.leaseDuration == .seconds(8), "file over default")
+        #expect(cluster.renewInterval < cluster.dropUpstreamAfter && cluster.dropUpstreamAfter < cluster.leaseDuration)
+
+        let single = try await RelaySettings.resolve(flags: .init(), environment: [:])
+        #expect(single.cluster == nil, "without --cluster nothing changes")
+        let defaulted = try await RelaySettings.resolve(flags: .init(listen: "127.0.0.1:8181", cluster: "nats://x:1"), environment: [:])
+        #expect(defaulted.cluster?.name == "relay")
+        #expect(defaulted.cluster?.nodeID.hasSuffix("-8181") == true, "default node id: hostname and port")
+        #expect(defaulted.cluster?.leaseDuration == .seconds(5))
+    }
+
+    @Test func badClusterSettingsNameTheSetting() async throws {
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(flags: .init(cluster: "http://x:4222"), environment: [:])
+        }
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(flags: .init(cluster: "nats://x:4222", clusterName: "a.b"), environment: [:])
+        }
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(flags: .init(cluster: "nats://x:4222"), environment: ["RELAY_CLUSTER_LEASE_SECONDS": "0.5"])
+        }
+    }
 }
