@@ -123,7 +123,10 @@ extension DemoFeed {
         if number <= configuration.restFailures {
             return Self.restJSON(#"{"status":"ERROR","error":"temporarily unavailable"}"#, status: .serviceUnavailable)
         }
-        if let key = configuration.apiKey, request.uri.queryParameters.get("apiKey") != key {
+        // Polygon takes the key as `Authorization: Bearer KEY` or as the `apiKey` query parameter.
+        let bearer = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil }
+        let queryKey = request.uri.queryParameters.get("apiKey").map { String($0) }
+        if let key = configuration.apiKey, (bearer ?? queryKey) != key {
             return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
         }
         guard let text = body(ticker, restState.withLock { $0 }) else {

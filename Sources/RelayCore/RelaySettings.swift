@@ -4,6 +4,7 @@ import DemoFeed
 import Foundation
 import Logging
 import MarketDataHub
+import RelayServer
 import SystemPackage
 import Upstream
 
@@ -268,8 +269,13 @@ public struct RelaySettings: Sendable {
         settings.upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
         settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
         if let rest = config.string(forKey: "upstream.restURL"), !rest.isEmpty {
-            guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", url.host != nil else {
+            guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", let host = url.host, !host.isEmpty else {
                 throw InvalidSetting(description: "rest URL: expected http(s)://host, got \"\(rest)\"")
+            }
+            // The upstream key travels with every REST request: in the clear only to this machine.
+            guard url.scheme == "https" || ClientAuthentication.isLoopback(host) else {
+                throw InvalidSetting(
+                    description: "rest URL: http:// would send the upstream key in the clear to \(host); use https:// (plain http only to loopback)")
             }
             settings.upstreamRESTURL = rest
         }

@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Which keys downstream clients may authenticate with: the relay's own client keys, never the
 /// upstream key. Value type, `Sendable`.
 public enum ClientAuthentication: Sendable, Equatable {
@@ -24,10 +28,24 @@ public enum ClientAuthentication: Sendable, Equatable {
         return .anyKeyOnLoopback
     }
 
-    /// Whether a host names only this machine.
+    /// Whether a host names only this machine: `localhost`, an IPv4 address in 127.0.0.0/8, or IPv6
+    /// `::1` (also IPv4-mapped loopback), decided by parsing the address — `127.example.com` is not.
     public static func isLoopback(_ host: String) -> Bool {
-        let host = host.lowercased()
-        return host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
+        var host = host.lowercased()
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        if host == "localhost" { return true }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, host, &v4) == 1 {
+            return UInt32(bigEndian: v4.s_addr) >> 24 == 127
+        }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, host, &v6) == 1 {
+            let bytes = withUnsafeBytes(of: &v6) { Array($0) }
+            if bytes[0..<15].allSatisfy({ $0 == 0 }), bytes[15] == 1 { return true }
+            // ::ffff:127.x.y.z
+            if bytes[0..<10].allSatisfy({ $0 == 0 }), bytes[10] == 0xFF, bytes[11] == 0xFF { return bytes[12] == 127 }
+        }
+        return false
     }
 
     /// Whether a client key is accepted. Compares in time independent of where keys differ.

@@ -122,6 +122,11 @@ public final class PolygonWebSocket: Service, Sendable {
             if let up = end.authenticatedFor, up >= policy.healthyAfter { attempt = 0 }
             let delay = policy.delay(after: end.cause, attempt: attempt)
             attempt += 1
+            if end.cause == .maxConnections {
+                logger.warning(
+                    "another consumer holds this account's upstream connection (Polygon allows one per account and market); retrying with backoff",
+                    metadata: ["in_s": "\(delay.milliseconds / 1000)", "attempt": "\(attempt)"])
+            }
             logger.debug(
                 "upstream reconnect scheduled",
                 metadata: ["in_ms": "\(delay.milliseconds)", "attempt": "\(attempt)", "reason": "\(end.reason)"])

@@ -5,26 +5,33 @@ import PolygonWire
 /// Exponential backoff with full jitter: the n-th retry waits a random time in `0...min(maxDelay,
 /// initialDelay·2ⁿ)`. The attempt count resets only after a connection stayed authenticated for
 /// `healthyAfter`, not on `auth_success` itself, which is what makes naive clients loop hot against a
-/// server that accepts and then drops them. A rejected key or a taken connection slot waits long.
+/// server that accepts and then drops them. A rejected key waits long. A taken connection slot
+/// (`max_connections`: another consumer holds the account's one connection) backs off exponentially
+/// from `maxConnectionsDelay` to `maxConnectionsMaxDelay` with equal jitter — a random wait in the upper
+/// half of each step, so a retry never comes quickly and several relays sharing a key spread out.
 public struct ReconnectPolicy: Sendable {
     public var initialDelay: Duration
     public var maxDelay: Duration
     public var healthyAfter: Duration
     public var authFailedDelay: Duration
+    /// The ceiling of the first wait after `max_connections`.
     public var maxConnectionsDelay: Duration
+    public var maxConnectionsMaxDelay: Duration
 
     public init(
         initialDelay: Duration = .milliseconds(500),
         maxDelay: Duration = .seconds(30),
         healthyAfter: Duration = .seconds(30),
         authFailedDelay: Duration = .seconds(120),
-        maxConnectionsDelay: Duration = .seconds(60)
+        maxConnectionsDelay: Duration = .seconds(15),
+        maxConnectionsMaxDelay: Duration = .seconds(300)
     ) {
         self.initialDelay = initialDelay
         self.maxDelay = maxDelay
         self.healthyAfter = healthyAfter
         self.authFailedDelay = authFailedDelay
         self.maxConnectionsDelay = maxConnectionsDelay
+        self.maxConnectionsMaxDelay = maxConnectionsMaxDelay
     }
 
     /// The ceiling of the jittered delay before retry number `attempt` (0-based).
@@ -37,12 +44,20 @@ public struct ReconnectPolicy: Sendable {
 
     private var backoff: Backoff { Backoff(initial: initialDelay, cap: maxDelay) }
 
+    /// The wait after `max_connections` on retry number `attempt` (0-based): in the upper half of
+    /// `min(maxConnectionsMaxDelay, maxConnectionsDelay·2ⁿ)`.
+    public func maxConnectionsDelay(attempt: Int, using generator: inout some RandomNumberGenerator) -> Duration {
+        let ceiling = Backoff(initial: maxConnectionsDelay, cap: maxConnectionsMaxDelay).ceiling(attempt: attempt)
+        let half = ceiling.milliseconds / 2
+        return .milliseconds(half + Int64.random(in: 0...max(ceiling.milliseconds - half, 1), using: &generator))
+    }
+
     /// The delay after a connection ended for `cause`.
     func delay(after cause: ConnectionEnd.Cause, attempt: Int) -> Duration {
         var rng = SystemRandomNumberGenerator()
         switch cause {
         case .authFailed: return authFailedDelay
-        case .maxConnections: return maxConnectionsDelay
+        case .maxConnections: return maxConnectionsDelay(attempt: attempt, using: &rng)
         case .closed, .failed, .dead, .handshakeTimeout: return delay(attempt: attempt, using: &rng)
         }
     }

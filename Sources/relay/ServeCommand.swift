@@ -120,7 +120,8 @@ struct ServeCommand: AsyncParsableCommand {
     static func printWelcome(settings: RelaySettings, port: Int, market: String, demo: Bool, portfolio: Bool) {
         let host = settings.listen.host
         let base = "\(host.contains(":") ? "[\(host)]" : host):\(port)"
-        let key = settings.clientKeys.first ?? "any-key"
+        // Never a configured key on the screen: terminals are recorded and shared.
+        let key = settings.clientKeys.isEmpty ? "any-key" : "YOUR-CLIENT-KEY"
         var lines = [
             "relay is up\(demo ? " on the built-in demo feed" : "")",
             "  WebSocket  ws://\(base)/\(market)   (Polygon protocol; client key: \(settings.clientKeys.isEmpty ? "any, loopback only" : "one of --client-keys"))",

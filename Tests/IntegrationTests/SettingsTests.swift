@@ -1,4 +1,5 @@
 import Foundation
+import RelayServer
 import Testing
 import Upstream
 
@@ -138,6 +139,40 @@ struct SettingsTests {
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
             try await RelaySettings.resolve(flags: .init(cluster: "nats://x:4222"), environment: ["RELAY_CLUSTER_LEASE_SECONDS": "0.5"])
+        }
+    }
+
+    @Test func aPlainHTTPRESTURLIsRefusedUnlessItIsLoopback() async throws {
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(flags: .init(restURL: "http://api.polygon.io"), environment: [:])
+        }
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(flags: .init(restURL: "http://127.evil.example:80"), environment: [:])
+        }
+        let loopback = try await RelaySettings.resolve(flags: .init(restURL: "http://127.0.0.1:9009"), environment: [:])
+        #expect(loopback.upstreamRESTURL == "http://127.0.0.1:9009")
+        let secure = try await RelaySettings.resolve(flags: .init(restURL: "https://api.polygon.io"), environment: [:])
+        #expect(secure.upstreamRESTURL == "https://api.polygon.io")
+    }
+
+    @Test(arguments: [
+        ("127.0.0.1", true), ("127.1.2.3", true), ("localhost", true), ("::1", true), ("[::1]", true), ("::ffff:127.0.0.1", true),
+        ("127.example.com", false), ("0.0.0.0", false), ("10.0.0.1", false), ("::", false), ("example.com", false), ("1270.0.0.1", false),
+    ])
+    func loopbackIsDecidedByParsingTheAddress(host: String, loopback: Bool) {
+        #expect(ClientAuthentication.isLoopback(host) == loopback, "\(host)")
+    }
+
+    @Test func maxConnectionsBacksOffExponentiallyWithJitterInTheUpperHalf() {
+        let policy = ReconnectPolicy(maxConnectionsDelay: .seconds(15), maxConnectionsMaxDelay: .seconds(300))
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<200 {
+            let first = policy.maxConnectionsDelay(attempt: 0, using: &generator)
+            #expect(first >= .milliseconds(7500) && first <= .seconds(15))
+            let third = policy.maxConnectionsDelay(attempt: 2, using: &generator)
+            #expect(third >= .seconds(30) && third <= .seconds(60))
+            let late = policy.maxConnectionsDelay(attempt: 12, using: &generator)
+            #expect(late >= .seconds(150) && late <= .seconds(300))
         }
     }
 }

@@ -64,15 +64,17 @@ public struct PolygonREST: Sendable {
         }
     }
 
-    /// The body of `GET path?query&apiKey=…`, a JSON document.
+    /// The body of `GET path?query`, a JSON document. The key travels in the `Authorization` header,
+    /// never in the URL (URLs end up in proxies' and servers' logs).
     public func get(_ path: String, query: [(String, String)] = [], priority: RequestGate.Priority = .foreground) async -> Result<
         ByteBuffer, FetchError
     > {
         var components = URLComponents()
-        components.queryItems = (query + [("apiKey", apiKey)]).map { URLQueryItem(name: $0.0, value: $0.1) }
+        components.queryItems = query.map { URLQueryItem(name: $0.0, value: $0.1) }
         let base: String
         do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }
-        let url = "\(base)\(path)?\(components.percentEncodedQuery ?? "")"
+        let queryText = components.percentEncodedQuery ?? ""
+        let url = queryText.isEmpty ? "\(base)\(path)" : "\(base)\(path)?\(queryText)"
         var last: FetchError = .transport("not attempted")
         let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
         for attempt in 0..<attempts {
@@ -83,6 +85,7 @@ public struct PolygonREST: Sendable {
                 let (status, body) = try await gate.run(priority) {
                     var request = HTTPClientRequest(url: url)
                     request.headers.add(name: "Accept", value: "application/json")
+                    request.headers.add(name: "Authorization", value: "Bearer \(apiKey)")
                     let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
                     return (Int(response.status.code), try await response.body.collect(upTo: 16 << 20))
                 }
