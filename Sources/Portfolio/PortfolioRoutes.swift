@@ -103,7 +103,7 @@ public struct PortfolioRoutes: Sendable {
     /// - Parameter connection: the HTTP connection a request came on, when the context knows it: a
     ///   client without a name is its connection, and its prefetches stop when it closes.
     public func add<Context: RequestContext>(
-        to router: Router<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil }
+        to router: some RouterMethods<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil }
     ) {
         let service = self.service
         let store = service.store
@@ -200,7 +200,7 @@ public struct PortfolioRoutes: Sendable {
     }
 
     static func addSecurities<Context: RequestContext>(
-        to router: Router<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?
+        to router: some RouterMethods<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?
     ) {
         let store = browser.service.store
         router.get("/v1/holdings") { request, context in
@@ -253,7 +253,7 @@ public struct PortfolioRoutes: Sendable {
         return result
     }
 
-    public func addWebSocket(to router: Router<BasicWebSocketRequestContext>) {
+    public func addWebSocket(to router: some RouterMethods<BasicWebSocketRequestContext>) {
         let service = self.service
         router.ws("/v1/portfolio/stream") { inbound, outbound, _ in
             // Whichever ends first ends the other: a client that closes must not leave the valuation

@@ -185,8 +185,12 @@ public final class Relay: Service, Sendable {
         }
         let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
         let server = RelayServer(
-            configuration: RelayServerConfiguration(
-                host: settings.listen.host, port: settings.listen.port, market: source.market, authentication: authentication),
+            configuration: {
+                var configuration = RelayServerConfiguration(
+                    host: settings.listen.host, port: settings.listen.port, market: source.market, authentication: authentication)
+                configuration.metricsPublic = settings.metricsPublic
+                return configuration
+            }(),
             hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),
             extraRoutes: { router in routes?.add(to: router) { $0.channel } },
             extraWebSocketRoutes: { router in routes?.addWebSocket(to: router) })

@@ -60,6 +60,8 @@ public struct RelaySettings: Sendable {
     public var portfolio: PortfolioSettings?
     /// Run as one node of a cluster on NATS; `nil` runs a single relay.
     public var cluster: ClusterConfiguration?
+    /// Serve `/metrics` without a client key.
+    public var metricsPublic = false
 
     public struct PortfolioSettings: Sendable, Equatable {
         public var dataDirectory: String
@@ -143,14 +145,16 @@ public struct RelaySettings: Sendable {
         public var cluster: String?
         public var nodeID: String?
         public var clusterName: String?
+        public var metricsPublic: Bool?
 
         public init(
             listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
             clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
             slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
             portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil,
-            cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil
+            cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil, metricsPublic: Bool? = nil
         ) {
+            self.metricsPublic = metricsPublic
             self.cluster = cluster
             self.nodeID = nodeID
             self.clusterName = clusterName
@@ -195,6 +199,7 @@ public struct RelaySettings: Sendable {
         ("RELAY_NODE_ID", "cluster.nodeId"),
         ("RELAY_CLUSTER_NAME", "cluster.name"),
         ("RELAY_CLUSTER_LEASE_SECONDS", "cluster.leaseSeconds"),
+        ("RELAY_METRICS_PUBLIC", "metrics.public"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -227,6 +232,7 @@ public struct RelaySettings: Sendable {
         put("cluster.url", flags.cluster.map(ConfigContent.string))
         put("cluster.nodeId", flags.nodeID.map(ConfigContent.string))
         put("cluster.name", flags.clusterName.map(ConfigContent.string))
+        put("metrics.public", flags.metricsPublic.map(ConfigContent.bool))
         providers.append(InMemoryProvider(name: "flags", values: given))
 
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
@@ -306,6 +312,7 @@ public struct RelaySettings: Sendable {
             settings.slowConsumerPolicy = parsed
         }
         settings.snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
+        settings.metricsPublic = config.bool(forKey: "metrics.public") ?? false
         if config.bool(forKey: "portfolio.enabled") ?? true {
             var portfolio = PortfolioSettings()
             if let directory = config.string(forKey: "portfolio.dataDir"), !directory.isEmpty { portfolio.dataDirectory = directory }

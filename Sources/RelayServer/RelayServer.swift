@@ -24,16 +24,16 @@ public final class RelayServer: Service, Sendable {
     private let logger: Logger
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
-    private let extraRoutes: @Sendable (Router<RelayRequestContext>) -> Void
-    private let extraWebSocketRoutes: @Sendable (Router<BasicWebSocketRequestContext>) -> Void
+    private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
+    private let extraWebSocketRoutes: @Sendable (RouterGroup<BasicWebSocketRequestContext>) -> Void
 
     /// - Parameter registry: the Prometheus registry `/metrics` serves; the hub and upstream should
     ///   record into it too.
     public init(
         configuration: RelayServerConfiguration, hub: MarketDataHub, feed: any FeedStatus,
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
-        extraRoutes: @escaping @Sendable (Router<RelayRequestContext>) -> Void = { _ in },
-        extraWebSocketRoutes: @escaping @Sendable (Router<BasicWebSocketRequestContext>) -> Void = { _ in }
+        extraRoutes: @escaping @Sendable (RouterGroup<RelayRequestContext>) -> Void = { _ in },
+        extraWebSocketRoutes: @escaping @Sendable (RouterGroup<BasicWebSocketRequestContext>) -> Void = { _ in }
     ) {
         self.extraRoutes = extraRoutes
         self.extraWebSocketRoutes = extraWebSocketRoutes
@@ -101,12 +101,16 @@ public final class RelayServer: Service, Sendable {
                 .run(inbound: inbound, outbound: outbound)
         }
 
+        // Every route but /healthz (and /metrics when public) needs a client key: one middleware, not
+        // a check per route. The market WebSocket authenticates in the Polygon conversation instead.
         let router = Router(context: RelayRequestContext.self)
         router.get("/healthz") { _, _ in try await self.health() }
-        router.get("/metrics") { _, _ in await self.prometheusText() }
-        extraRoutes(router)
-        extraWebSocketRoutes(webSocketRouter)
-        router.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
+        let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: configuration.authentication))
+        (configuration.metricsPublic ? router.group() : keyed).get("/metrics") { _, _ in await self.prometheusText() }
+        extraRoutes(keyed)
+        keyed.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
+        extraWebSocketRoutes(
+            webSocketRouter.group().add(middleware: ClientKeyMiddleware<BasicWebSocketRequestContext>(authentication: configuration.authentication)))
 
         let port = self.port
         return Application(

@@ -10,6 +10,8 @@ public struct RelayServerConfiguration: Sendable {
     public var authTimeout: Duration
     /// Largest client message accepted (a long subscribe list is large; Polygon's own limit is unknown).
     public var maxClientMessageBytes: Int
+    /// Serve `/metrics` without a client key (for a Prometheus that cannot send one).
+    public var metricsPublic: Bool = false
 
     public init(
         host: String = "127.0.0.1",

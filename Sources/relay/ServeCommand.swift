@@ -14,7 +14,7 @@ struct ServeCommand: AsyncParsableCommand {
             Environment: RELAY_LISTEN, RELAY_UPSTREAM, POLYGON_API_KEY, RELAY_CLIENT_KEYS,
             RELAY_UPSTREAM_CA_FILE, RELAY_DEMO_RATE, RELAY_LOG_LEVEL, RELAY_SLOW_CONSUMER,
             RELAY_SNAPSHOT_ON_SUBSCRIBE, RELAY_CLUSTER, RELAY_NODE_ID, RELAY_CLUSTER_NAME,
-            RELAY_CLUSTER_LEASE_SECONDS, RELAY_CONFIG.
+            RELAY_CLUSTER_LEASE_SECONDS, RELAY_METRICS_PUBLIC, RELAY_CONFIG.
             """
     )
 
@@ -72,6 +72,9 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(name: .customLong("cluster-name"), help: "Separates clusters sharing one NATS (default relay).")
     var clusterName: String?
 
+    @Flag(name: .customLong("public-metrics"), help: "Serve /metrics without a client key.")
+    var publicMetrics = false
+
     @Flag(name: .customLong("no-portfolio"), help: "Run without the portfolio valuation sidecar.")
     var noPortfolio = false
 
@@ -91,7 +94,7 @@ struct ServeCommand: AsyncParsableCommand {
                     slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
                     timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL,
                     securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay, cluster: cluster,
-                    nodeID: nodeID, clusterName: clusterName),
+                    nodeID: nodeID, clusterName: clusterName, metricsPublic: publicMetrics ? true : nil),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")

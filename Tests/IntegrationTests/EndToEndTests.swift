@@ -170,13 +170,13 @@ struct EndToEndTests {
             let client = try await WSTestClient.authenticated(url: url)
             client.send(ClientAction(.subscribe, params: "Q.AAPL"))
             _ = try await client.nextEvents(1)
-            let last = try await httpGet("\(base)/v1/last/Q.AAPL")
+            let last = try await httpGet("\(base)/v1/last/Q.AAPL?apiKey=client-key")
             #expect(last.status == 200)
             let event = try #require(try FrameParser.parse(last.body).events.first)
             #expect(event.topic.description == "Q.AAPL")
 
-            #expect(try await httpGet("\(base)/v1/last/Q.NOSUCH").status == 404)
-            #expect(try await httpGet("\(base)/v1/last/nodot").status == 400)
+            #expect(try await httpGet("\(base)/v1/last/Q.NOSUCH?apiKey=client-key").status == 404)
+            #expect(try await httpGet("\(base)/v1/last/nodot?apiKey=client-key").status == 400)
             await client.close()
         }
     }

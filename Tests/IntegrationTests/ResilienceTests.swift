@@ -229,7 +229,7 @@ struct ResilienceTests {
             let client = try await subscribedClient(url, "Q.AAPL")
             feed.inject(.drop)
             _ = try await client.waitForStatus(StatusMessage.Kind.upstreamReconnected)
-            let metrics = try await httpGet("http://127.0.0.1:\(parts.port)/metrics")
+            let metrics = try await httpGet("http://127.0.0.1:\(parts.port)/metrics?apiKey=client-key")
             #expect(metrics.status == 200)
             let lines = metrics.body.split(separator: "\n").map(String.init)
             func value(_ prefix: String) -> Double? {

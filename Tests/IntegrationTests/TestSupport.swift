@@ -291,11 +291,14 @@ func collect(_ count: Int, from stream: AsyncStream<UpstreamMessage>, timeout: D
 func topics(_ list: String...) -> Set<Topic> { Set(list.compactMap { Topic(parsing: $0) }) }
 
 /// An HTTP request with a JSON body on loopback: status and body.
-func httpSend(_ method: String, _ url: String, json: String? = nil) async throws -> (status: Int, body: String) {
+func httpSend(
+    _ method: String, _ url: String, json: String? = nil, headers: [String: String] = [:]
+) async throws -> (status: Int, body: String) {
     guard let target = URL(string: url) else { throw TimeoutError(description: "bad URL \(url)") }
     var request = URLRequest(url: target)
     request.httpMethod = method
     request.timeoutInterval = 10
+    for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
     if let json {
         request.httpBody = Data(json.utf8)
         request.setValue("application/json", forHTTPHeaderField: "Content-Type")
