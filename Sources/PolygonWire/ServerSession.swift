@@ -22,13 +22,20 @@ public struct ServerSession: Sendable {
         public var close = false
     }
 
-    public private(set) var isAuthenticated = false
+    public var isAuthenticated: Bool { grant != nil }
+    /// Who the client authenticated as, once it has.
+    public private(set) var grant: ClientGrant?
     public private(set) var topics: Set<Topic> = []
-    private let authenticate: @Sendable (String) -> Bool
+    private let authenticate: @Sendable (String) -> ClientGrant?
 
-    /// - Parameter authenticate: whether a client key is accepted.
-    public init(authenticate: @escaping @Sendable (String) -> Bool) {
+    /// - Parameter authenticate: what a client key may do, or `nil` when it is not accepted.
+    public init(grants authenticate: @escaping @Sendable (String) -> ClientGrant?) {
         self.authenticate = authenticate
+    }
+
+    /// - Parameter authenticate: whether a client key is accepted (for everything).
+    public init(authenticate: @escaping @Sendable (String) -> Bool) {
+        self.init(grants: { authenticate($0) ? ClientGrant(name: "client") : nil })
     }
 
     /// Handles one client message.
@@ -42,11 +49,11 @@ public struct ServerSession: Sendable {
         switch action.kind {
         case .auth:
             let key = String(action.params.trimmingWhitespace())
-            guard authenticate(key) else {
-                isAuthenticated = false
+            guard let granted = authenticate(key) else {
+                grant = nil
                 return Reaction(frames: [StatusMessage.authFailed.frame], close: true)
             }
-            isAuthenticated = true
+            grant = granted
             return Reaction(frames: [StatusMessage.authSuccess.frame])
         case .subscribe, .unsubscribe:
             guard isAuthenticated else {
@@ -60,7 +67,12 @@ public struct ServerSession: Sendable {
         let (parsed, invalid) = Topic.parseList(action.params)
         var reaction = Reaction()
         var acks: [StatusMessage] = []
+        var refused: [Topic] = []
         for topic in parsed {
+            if action.kind == .subscribe, let grant, !grant.entitlement.allows(topic) {
+                refused.append(topic)
+                continue
+            }
             if action.kind == .subscribe {
                 if topics.insert(topic).inserted { reaction.added.append(topic) }
                 acks.append(StatusMessage(status: StatusMessage.Kind.success, message: "subscribed to: \(topic)"))
@@ -68,6 +80,9 @@ public struct ServerSession: Sendable {
                 if topics.remove(topic) != nil { reaction.removed.append(topic) }
                 acks.append(StatusMessage(status: StatusMessage.Kind.success, message: "unsubscribed to: \(topic)"))
             }
+        }
+        if !refused.isEmpty {
+            acks.append(.error("not authorized: key \"\(grant?.name ?? "")\" may not subscribe to \(Topic.joinList(refused))"))
         }
         for entry in invalid {
             acks.append(.error("invalid topic \"\(entry)\": expected EVENT.TICKER, e.g. Q.AAPL or T.*"))

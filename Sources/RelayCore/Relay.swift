@@ -90,7 +90,8 @@ public final class Relay: Service, Sendable {
     }
 
     private func runParts() async throws {
-        let authentication = try ClientAuthentication.resolve(keys: settings.clientKeys, listenHost: settings.listen.host)
+        let authentication = try ClientAuthentication.resolve(
+            keys: settings.clientKeys, withRights: settings.clientKeyRights, listenHost: settings.listen.host)
         let registry = PrometheusCollectorRegistry()
         let metricsFactory = PrometheusMetricsFactory(registry: registry)
         let settings = self.settings

@@ -6,6 +6,7 @@ import Logging
 import MarketDataHub
 import RelayServer
 import SystemPackage
+import Yams
 import Upstream
 
 /// Everything `relay serve` needs, resolved from flags, environment, a YAML file and defaults, in that
@@ -45,8 +46,10 @@ public struct RelaySettings: Sendable {
     public var upstreamCAFile: String?
     /// The upstream's REST API (`https://api.polygon.io`), for the portfolio's reference prices.
     public var upstreamRESTURL: String?
-    /// The relay's own client keys.
+    /// The relay's own client keys, each with every right (`--client-keys`, or a plain list in the file).
     public var clientKeys: [String]
+    /// Client keys with rights, from the config file's `client.keys` entries that are mappings.
+    public var clientKeyRights: [ClientKey] = []
     /// Events per second of the in-process demo feed.
     public var demoRate: Double
     /// A delay before each of the demo feed's REST answers: a slow data source, to see prefetching work.
@@ -251,8 +254,12 @@ public struct RelaySettings: Sendable {
             guard FileManager.default.fileExists(atPath: file) else {
                 throw InvalidSetting(description: "config file not found: \(file)")
             }
+            // swift-configuration reads lists of scalars only: keys with rights (mappings under
+            // client.keys) are read with Yams below, and the provider gets the file without them.
+            let readable = try withoutKeysWithRights(file)
+            defer { if readable != file { try? FileManager.default.removeItem(atPath: readable) } }
             do {
-                providers.append(try await FileProvider<YAMLSnapshot>(filePath: FilePath(file)))
+                providers.append(try await FileProvider<YAMLSnapshot>(filePath: FilePath(readable)))
             } catch {
                 throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
             }
@@ -285,9 +292,17 @@ public struct RelaySettings: Sendable {
             }
             settings.upstreamRESTURL = rest
         }
-        settings.clientKeys =
-            config.stringArray(forKey: "client.keys", isSecret: true)?
-            .flatMap(splitList) ?? []
+        // A flag or the environment replace the file's keys; the file may also give keys with rights.
+        if flags.clientKeys == nil, (environment["RELAY_CLIENT_KEYS"] ?? "").isEmpty, let file = flags.configFile ?? environment["RELAY_CONFIG"],
+            let rights = try keysWithRights(inFile: file)
+        {
+            settings.clientKeys = rights.plain
+            settings.clientKeyRights = rights.keyed
+        } else {
+            settings.clientKeys =
+                config.stringArray(forKey: "client.keys", isSecret: true)?
+                .flatMap(splitList) ?? []
+        }
         if let rate = config.double(forKey: "demo.rate") {
             guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
             settings.demoRate = rate
@@ -363,6 +378,84 @@ public struct RelaySettings: Sendable {
                 description: "an upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file")
         }
         return settings
+    }
+
+    /// `client.keys` of a YAML file when it holds mappings (keys with rights), and the plain strings
+    /// beside them; `nil` when it holds none (then swift-configuration reads the plain list).
+    ///
+    /// ```yaml
+    /// client:
+    ///   keys:
+    ///     - {name: dashboard, key: "sha256:9f86d0…", topics: ["Q.*", "T.AAPL"], maxConnections: 5, portfolio: read}
+    ///     - plain-full-rights-key
+    /// ```
+    static func keysWithRights(inFile path: String) throws(InvalidSetting) -> (plain: [String], keyed: [ClientKey])? {
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8),
+            let document = try? Yams.load(yaml: text) as? [String: Any],
+            let client = document["client"] as? [String: Any], let entries = client["keys"] as? [Any],
+            entries.contains(where: { $0 is [String: Any] })
+        else { return nil }
+        var plain: [String] = []
+        var keyed: [ClientKey] = []
+        for (index, entry) in entries.enumerated() {
+            if let key = entry as? String {
+                plain.append(key)
+                continue
+            }
+            guard let fields = entry as? [String: Any] else {
+                throw InvalidSetting(description: "client.keys[\(index)]: a key string or a mapping with name and key")
+            }
+            let known: Set<String> = ["name", "key", "topics", "maxConnections", "portfolio"]
+            if let unknown = fields.keys.first(where: { !known.contains($0) }) {
+                throw InvalidSetting(description: "client.keys[\(index)]: unknown field \(unknown) (one of \(known.sorted().joined(separator: ", ")))")
+            }
+            guard let name = fields["name"] as? String, let secret = fields["key"].map({ "\($0)" }) else {
+                throw InvalidSetting(description: "client.keys[\(index)]: needs name and key")
+            }
+            var topics: [String]?
+            if let raw = fields["topics"] {
+                guard let list = raw as? [Any] else { throw InvalidSetting(description: "client key \(name): topics is a list") }
+                topics = list.map { "\($0)" }
+            }
+            var maxConnections: Int?
+            if let raw = fields["maxConnections"] {
+                guard let value = raw as? Int else { throw InvalidSetting(description: "client key \(name): maxConnections is a number") }
+                maxConnections = value
+            }
+            var portfolio = ClientKey.PortfolioRight.write
+            if let raw = fields["portfolio"] {
+                guard let value = (raw as? String).flatMap(ClientKey.PortfolioRight.init(rawValue:)) else {
+                    throw InvalidSetting(description: "client key \(name): portfolio is one of none, read, write")
+                }
+                portfolio = value
+            }
+            do {
+                keyed.append(try ClientKey(name: name, secret: secret, topics: topics, maxConnections: maxConnections, portfolio: portfolio))
+            } catch {
+                throw InvalidSetting(description: error.description)
+            }
+        }
+        let names = keyed.map(\.name)
+        if Set(names).count != names.count { throw InvalidSetting(description: "client.keys: every name must be different") }
+        return (plain, keyed)
+    }
+
+    /// `file` itself, or a temporary copy of it without `client.keys` when that list holds mappings.
+    static func withoutKeysWithRights(_ file: String) throws(InvalidSetting) -> String {
+        guard let text = try? String(contentsOfFile: file, encoding: .utf8),
+            var document = (try? Yams.load(yaml: text)) as? [String: Any],
+            var client = document["client"] as? [String: Any], let entries = client["keys"] as? [Any],
+            entries.contains(where: { $0 is [String: Any] })
+        else { return file }
+        client["keys"] = nil
+        document["client"] = client
+        let copy = FileManager.default.temporaryDirectory.appendingPathComponent("relay-config-\(UUID().uuidString).yaml").path
+        do {
+            try Yams.dump(object: document).write(toFile: copy, atomically: true, encoding: .utf8)
+        } catch {
+            throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
+        }
+        return copy
     }
 
     static func splitList(_ text: String) -> [String] {

@@ -2,12 +2,14 @@
     import Glibc
 #endif
 
-/// Which keys downstream clients may authenticate with: the relay's own client keys, never the
-/// upstream key. Value type, `Sendable`.
+import PolygonWire
+
+/// Which keys downstream clients may authenticate with, and what each may do: the relay's own client
+/// keys, never the upstream key. Value type, `Sendable`.
 public enum ClientAuthentication: Sendable, Equatable {
     /// Only these keys are accepted.
-    case keys(Set<String>)
-    /// Any non-empty key is accepted: only allowed when the relay listens on loopback.
+    case keys([ClientKey])
+    /// Any non-empty key is accepted, with every right: only allowed when the relay listens on loopback.
     case anyKeyOnLoopback
 
     /// Why the relay refuses to start with this configuration.
@@ -19,13 +21,49 @@ public enum ClientAuthentication: Sendable, Equatable {
         }
     }
 
-    /// The policy for a set of configured keys and a listen address. With no keys, any key is accepted
-    /// on a loopback address and the relay refuses to start on any other.
-    public static func resolve(keys: [String], listenHost: String) throws(RefusedError) -> ClientAuthentication {
-        let cleaned = Set(keys.map { String($0.trimmingWhitespaceASCII()) }.filter { !$0.isEmpty })
-        if !cleaned.isEmpty { return .keys(cleaned) }
+    /// The policy for plain keys (full rights each, named `key-1`, `key-2`, … in logs) and keys with
+    /// rights, and a listen address. With no keys, any key is accepted on a loopback address and the
+    /// relay refuses to start on any other.
+    public static func resolve(keys: [String], withRights: [ClientKey] = [], listenHost: String) throws(RefusedError)
+        -> ClientAuthentication
+    {
+        var all = withRights
+        var seen = Set<String>()
+        for key in keys.map({ String($0.trimmingWhitespaceASCII()) }) where !key.isEmpty && seen.insert(key).inserted {
+            if let plain = try? ClientKey(name: "key-\(seen.count)", secret: key) { all.append(plain) }
+        }
+        if !all.isEmpty { return .keys(all) }
         guard isLoopback(listenHost) else { throw RefusedError(host: listenHost) }
         return .anyKeyOnLoopback
+    }
+
+    /// The configured key a client presented, if any. Hashes the presented key once and compares it
+    /// with every configured digest in constant time, whichever matches.
+    public func identify(_ presented: String) -> ClientKey? {
+        guard case .keys(let keys) = self, !presented.isEmpty else { return nil }
+        let digest = ClientKey.digest(of: presented)
+        var found: ClientKey?
+        for key in keys where Self.constantTimeEquals(key.digest, digest) { found = key }
+        return found
+    }
+
+    /// What a presented key may do on the Polygon WebSocket; `nil` when it is not accepted.
+    public func grant(for presented: String) -> ClientGrant? {
+        switch self {
+        case .anyKeyOnLoopback: presented.isEmpty ? nil : ClientGrant(name: "loopback")
+        case .keys: identify(presented)?.grant
+        }
+    }
+
+    /// Whether a client key is accepted.
+    public func accepts(_ key: String) -> Bool { grant(for: key) != nil }
+
+    /// Compares two digests of equal length without stopping at the first difference.
+    static func constantTimeEquals(_ x: [UInt8], _ y: [UInt8]) -> Bool {
+        guard x.count == y.count else { return false }
+        var difference: UInt8 = 0
+        for index in x.indices { difference |= x[index] ^ y[index] }
+        return difference == 0
     }
 
     /// Whether a host names only this machine: `localhost`, an IPv4 address in 127.0.0.0/8, or IPv6
@@ -48,29 +86,6 @@ public enum ClientAuthentication: Sendable, Equatable {
         return false
     }
 
-    /// Whether a client key is accepted. Compares in time independent of where keys differ.
-    public func accepts(_ key: String) -> Bool {
-        switch self {
-        case .anyKeyOnLoopback:
-            return !key.isEmpty
-        case .keys(let keys):
-            var found = false
-            for candidate in keys where Self.constantTimeEquals(candidate, key) { found = true }
-            return found
-        }
-    }
-
-    static func constantTimeEquals(_ a: String, _ b: String) -> Bool {
-        let x = Array(a.utf8)
-        let y = Array(b.utf8)
-        var difference = UInt8(truncatingIfNeeded: x.count ^ y.count)
-        for index in 0..<max(x.count, y.count) {
-            let p = index < x.count ? x[index] : 0
-            let q = index < y.count ? y[index] : 0
-            difference |= p ^ q
-        }
-        return difference == 0
-    }
 }
 
 extension String {

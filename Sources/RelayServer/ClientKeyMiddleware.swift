@@ -1,31 +1,50 @@
 import Foundation
 import Hummingbird
 import NIOCore
+import PolygonWire
 
 /// The one key check for every HTTP route (and the WebSocket routes other than the market feed, which
 /// authenticates with Polygon's `auth` message): a request carries a client key as
 /// `Authorization: Bearer KEY` or, as Polygon's own REST API takes it, the `apiKey` query parameter.
 /// Without an accepted key it is answered `401` with a JSON error and goes no further.
 ///
+/// On the portfolio's routes the key also needs its portfolio right: `read` to read (GET), `write` to
+/// change anything; short of it the answer is `403` naming the key and its right.
+///
 /// With no keys configured the relay only listens on loopback (``ClientAuthentication``), and every
 /// request passes. `Sendable`, a value type; one per router group.
 public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
     let authentication: ClientAuthentication
+    let portfolio: Bool
 
-    public init(authentication: ClientAuthentication) {
+    public init(authentication: ClientAuthentication, portfolio: Bool = false) {
         self.authentication = authentication
+        self.portfolio = portfolio
     }
 
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard case .keys = authentication else { return try await next(request, context) }
-        guard let key = Self.key(in: request), authentication.accepts(key) else {
+        guard let presented = Self.key(in: request), let key = authentication.identify(presented) else {
             var headers = HTTPFields()
-            headers[.contentType] = "application/json"
             headers[.wwwAuthenticate] = #"Bearer realm="relay""#
-            let body = #"{"error":"a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY","status":401}"#
-            return Response(status: .unauthorized, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
+            return Self.error(.unauthorized, "a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY", headers: headers)
+        }
+        if portfolio {
+            let reading = request.method == .get || request.method == .head
+            let needed: ClientKey.PortfolioRight = reading ? .read : .write
+            guard key.portfolio >= needed else {
+                return Self.error(
+                    .forbidden, "key \"\(key.name)\" may not \(reading ? "read" : "change") the portfolio (its right: \(key.portfolio.rawValue))")
+            }
         }
         return try await next(request, context)
+    }
+
+    static func error(_ status: HTTPResponse.Status, _ message: String, headers: HTTPFields = [:]) -> Response {
+        var headers = headers
+        headers[.contentType] = "application/json"
+        let body = #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
     }
 
     /// The key a request presents: the bearer token, else `apiKey` from the query.

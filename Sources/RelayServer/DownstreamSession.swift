@@ -20,6 +20,7 @@ struct DownstreamSession {
     let hub: MarketDataHub
     let configuration: RelayServerConfiguration
     let metrics: DownstreamMetrics
+    let keyConnections: KeyConnections
     let logger: Logger
 
     /// The close code for a client the `disconnect` policy removed: "try again later".
@@ -29,7 +30,9 @@ struct DownstreamSession {
         try await write(StatusMessage.connected.frame, to: outbound)
         let subscription = await hub.subscribe()
         let authentication = configuration.authentication
-        var session = ServerSession { authentication.accepts($0) }
+        var session = ServerSession(grants: { authentication.grant(for: $0) })
+        var admitted: ClientGrant?
+        defer { if let admitted { keyConnections.release(admitted) } }
         var logger = self.logger
         logger[metadataKey: "subscriber"] = "\(subscription.id)"
         logger.debug("downstream client connected")
@@ -53,8 +56,24 @@ struct DownstreamSession {
                 case .text(let text): buffer = ByteBuffer(string: text)
                 case .binary(let data): buffer = data
                 }
+                let wasAuthenticated = session.isAuthenticated
                 let reaction = session.receive(buffer)
-                if session.isAuthenticated { authTimeout.cancel() }
+                if let grant = session.grant, !wasAuthenticated {
+                    authTimeout.cancel()
+                    // A key's connection limit, answered as Polygon answers one: the status, then 1008.
+                    guard keyConnections.admit(grant) else {
+                        logger.info("downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
+                        try await write(
+                            StatusMessage(
+                                status: StatusMessage.Kind.maxConnections,
+                                message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0))."
+                            ).frame, to: outbound)
+                        try await outbound.close(.policyViolation, reason: "max connections")
+                        break
+                    }
+                    admitted = grant
+                    logger.debug("downstream client authenticated", metadata: ["key": "\(grant.name)"])
+                }
                 for frame in reaction.frames { try await write(frame, to: outbound) }
                 if reaction.close {
                     logger.info("downstream client refused: authentication failed")

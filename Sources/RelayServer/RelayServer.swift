@@ -24,6 +24,7 @@ public final class RelayServer: Service, Sendable {
     private let logger: Logger
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
+    private let keyConnections: KeyConnections
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
     private let extraWebSocketRoutes: @Sendable (RouterGroup<BasicWebSocketRequestContext>) -> Void
 
@@ -43,6 +44,7 @@ public final class RelayServer: Service, Sendable {
         self.logger = logger
         self.registry = registry
         self.metrics = DownstreamMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
     }
 
     /// The port the server listens on, once it does.
@@ -90,6 +92,7 @@ public final class RelayServer: Service, Sendable {
         let logger = self.logger
         let sessions = self.sessions
         let metrics = self.metrics
+        let keyConnections = self.keyConnections
         webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, _ in
             let id = sessions.register(outbound)
             metrics.connections.record(sessions.count)
@@ -97,7 +100,7 @@ public final class RelayServer: Service, Sendable {
                 sessions.unregister(id)
                 metrics.connections.record(sessions.count)
             }
-            try await DownstreamSession(hub: hub, configuration: configuration, metrics: metrics, logger: logger)
+            try await DownstreamSession(hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections, logger: logger)
                 .run(inbound: inbound, outbound: outbound)
         }
 
@@ -105,12 +108,15 @@ public final class RelayServer: Service, Sendable {
         // a check per route. The market WebSocket authenticates in the Polygon conversation instead.
         let router = Router(context: RelayRequestContext.self)
         router.get("/healthz") { _, _ in try await self.health() }
-        let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: configuration.authentication))
+        let authentication = configuration.authentication
+        let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication))
         (configuration.metricsPublic ? router.group() : keyed).get("/metrics") { _, _ in await self.prometheusText() }
-        extraRoutes(keyed)
         keyed.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
+        // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
+        extraRoutes(router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true)))
         extraWebSocketRoutes(
-            webSocketRouter.group().add(middleware: ClientKeyMiddleware<BasicWebSocketRequestContext>(authentication: configuration.authentication)))
+            webSocketRouter.group().add(
+                middleware: ClientKeyMiddleware<BasicWebSocketRequestContext>(authentication: authentication, portfolio: true)))
 
         let port = self.port
         return Application(

@@ -100,7 +100,8 @@ struct ServeCommand: AsyncParsableCommand {
             throw StartupError(message: "\(error)")
         }
         do {
-            _ = try ClientAuthentication.resolve(keys: settings.clientKeys, listenHost: settings.listen.host)
+            _ = try ClientAuthentication.resolve(
+                keys: settings.clientKeys, withRights: settings.clientKeyRights, listenHost: settings.listen.host)
         } catch {
             throw StartupError(message: error.description)
         }
@@ -124,10 +125,11 @@ struct ServeCommand: AsyncParsableCommand {
         let host = settings.listen.host
         let base = "\(host.contains(":") ? "[\(host)]" : host):\(port)"
         // Never a configured key on the screen: terminals are recorded and shared.
-        let key = settings.clientKeys.isEmpty ? "any-key" : "YOUR-CLIENT-KEY"
+        let keyed = !settings.clientKeys.isEmpty || !settings.clientKeyRights.isEmpty
+        let key = keyed ? "YOUR-CLIENT-KEY" : "any-key"
         var lines = [
             "relay is up\(demo ? " on the built-in demo feed" : "")",
-            "  WebSocket  ws://\(base)/\(market)   (Polygon protocol; client key: \(settings.clientKeys.isEmpty ? "any, loopback only" : "one of --client-keys"))",
+            "  WebSocket  ws://\(base)/\(market)   (Polygon protocol; client key: \(keyed ? "one of the configured keys" : "any, loopback only"))",
             "  health     curl http://\(base)/healthz",
             "  last quote curl http://\(base)/v1/last/Q.AAPL",
             "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=False, subscriptions=[\"Q.AAPL\"])",

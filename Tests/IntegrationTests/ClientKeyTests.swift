@@ -1,5 +1,7 @@
 import Foundation
+import PolygonWire
 import RelayCore
+import RelayServer
 import Testing
 
 /// Issue 11's first rule, over real sockets: with client keys configured, every HTTP route but
@@ -70,6 +72,95 @@ struct ClientKeyTests {
             let admitted = WSTestClient(url: ws + "/v1/portfolio/stream?apiKey=dashboard-key")
             _ = try await admitted.nextFrame()
             await admitted.close()
+        }
+    }
+
+    func withRightsRelay(_ body: @Sendable (_ port: Int) async throws -> Void) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-rights-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), demoRate: 2000, portfolio: .init(dataDirectory: directory))
+        settings.clientKeyRights = [
+            try ClientKey(name: "quotes-only", secret: "quotes-secret", topics: ["Q.*"], portfolio: .none),
+            try ClientKey(name: "five", secret: "five-secret", maxConnections: 5, portfolio: .none),
+            try ClientKey(name: "reader", secret: ClientKeyTests.sha256Text("reader-secret"), portfolio: .read),
+            try ClientKey(name: "writer", secret: "writer-secret", portfolio: .write),
+        ]
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            try await body(parts.port)
+        }
+    }
+
+    /// `sha256:<hex>` of a key, as a config file would hold it.
+    static func sha256Text(_ key: String) -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["sha256sum"]
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        try? process.run()
+        input.fileHandleForWriting.write(Data(key.utf8))
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        return "sha256:" + (text.split(separator: " ").first.map(String.init) ?? "")
+    }
+
+    @Test func aKeyLimitedToQuotesGetsNoTrades() async throws {
+        try await withRightsRelay { port in
+            let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "quotes-secret")
+            client.send(ClientAction(.subscribe, params: "Q.AAPL,T.AAPL,T.*"))
+            let acks = try await client.nextParsed()
+            #expect(acks.statuses.contains(StatusMessage(status: "success", message: "subscribed to: Q.AAPL")))
+            let refusal = try #require(acks.statuses.first { $0.status == "error" })
+            #expect(refusal.message.contains("T.AAPL") && refusal.message.contains("T.*") && refusal.message.contains("quotes-only"))
+            #expect(!acks.statuses.contains { $0.message.contains("subscribed to: T.") })
+            #expect(try await client.nextEvents(10).allSatisfy { $0.topic.description == "Q.AAPL" })
+            await client.close()
+        }
+    }
+
+    @Test func theSixthConnectionOfAFiveConnectionKeyIsRefused() async throws {
+        try await withRightsRelay { port in
+            var clients: [WSTestClient] = []
+            for _ in 0..<5 { clients.append(try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "five-secret")) }
+            let sixth = WSTestClient(url: "ws://127.0.0.1:\(port)/stocks")
+            #expect(try await sixth.nextParsed().statuses == [.connected])
+            sixth.send(ClientAction(.auth, params: "five-secret"))
+            #expect(try await sixth.nextParsed().statuses.first?.status == StatusMessage.Kind.maxConnections)
+            #expect(try await sixth.waitForClose() == 1008)
+            // One leaves: the next may come in.
+            await clients.removeLast().close()
+            try await eventually("a place to free up") {
+                guard let again = try? await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "five-secret") else {
+                    return false
+                }
+                await again.close()
+                return true
+            }
+            for client in clients { await client.close() }
+        }
+    }
+
+    @Test func portfolioRightsHoldAndKeysMayBeStoredAsDigests() async throws {
+        try await withRightsRelay { port in
+            let base = "http://127.0.0.1:\(port)"
+            let account = #"{"name":"X","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#
+            func send(_ method: String, _ path: String, key: String, json: String? = nil) async throws -> Int {
+                try await httpSend(method, base + path, json: json, headers: ["Authorization": "Bearer \(key)"]).status
+            }
+            #expect(try await send("GET", "/v1/portfolio", key: "reader-secret") == 200, "a digest-stored key reads")
+            let refused = try await httpSend("POST", base + "/v1/accounts", json: account, headers: ["Authorization": "Bearer reader-secret"])
+            #expect(refused.status == 403)
+            #expect((jsonObject(refused.body)["error"] as? String)?.contains("reader") == true)
+            #expect(try await send("GET", "/v1/portfolio", key: "quotes-secret") == 403, "no portfolio right")
+            #expect(try await send("POST", "/v1/accounts", key: "writer-secret", json: account) == 201)
+            // Market data needs only a key.
+            #expect(try await send("GET", "/v1/last/NOT-A-TOPIC", key: "quotes-secret") == 400)
         }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import PolygonWire
 import RelayServer
 import Testing
 import Upstream
@@ -173,6 +174,50 @@ struct SettingsTests {
             #expect(third >= .seconds(30) && third <= .seconds(60))
             let late = policy.maxConnectionsDelay(attempt: 12, using: &generator)
             #expect(late >= .seconds(150) && late <= .seconds(300))
+        }
+    }
+
+    @Test func keysWithRightsComeFromTheConfigFile() async throws {
+        let file = try writeConfig(
+            """
+            client:
+              keys:
+                - {name: dashboard, key: "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", topics: ["Q.*", "T.AAPL"], maxConnections: 5, portfolio: read}
+                - {name: robot, key: robot-secret}
+                - plain-key
+            """)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let settings = try await RelaySettings.resolve(flags: .init(configFile: file), environment: [:])
+        #expect(settings.clientKeys == ["plain-key"])
+        #expect(settings.clientKeyRights.map(\.name) == ["dashboard", "robot"])
+        let authentication = try ClientAuthentication.resolve(
+            keys: settings.clientKeys, withRights: settings.clientKeyRights, listenHost: "0.0.0.0")
+        // sha256("hello") is the digest above: the file holds no secret.
+        let dashboard = try #require(authentication.identify("hello"))
+        #expect(dashboard.name == "dashboard")
+        #expect(dashboard.portfolio == .read)
+        #expect(dashboard.maxConnections == 5)
+        #expect(dashboard.entitlement.allows(Topic(eventType: "Q", ticker: "MSFT")))
+        #expect(!dashboard.entitlement.allows(Topic(eventType: "T", ticker: "MSFT")))
+        #expect(authentication.identify("robot-secret")?.portfolio == .write, "unrestricted unless said")
+        #expect(authentication.identify("plain-key")?.name == "key-1", "a plain key is named, never shown")
+        #expect(authentication.identify("nope") == nil)
+
+        // A flag replaces the file's keys.
+        let flagged = try await RelaySettings.resolve(flags: .init(clientKeys: "flag-key", configFile: file), environment: [:])
+        #expect(flagged.clientKeys == ["flag-key"] && flagged.clientKeyRights.isEmpty)
+    }
+
+    @Test func badKeyDefinitionsNameTheProblem() async throws {
+        for entry in [
+            "{name: a, key: k, portfolio: admin}", "{name: a, key: k, colour: red}", "{name: a}", "{name: a, key: k, maxConnections: 0}",
+            "{name: a, key: k, topics: [nodot]}", "{name: a, key: \"sha256:abc\"}",
+        ] {
+            let file = try writeConfig("client:\n  keys:\n    - \(entry)\n")
+            defer { try? FileManager.default.removeItem(atPath: file) }
+            await #expect(throws: RelaySettings.InvalidSetting.self, "\(entry)") {
+                try await RelaySettings.resolve(flags: .init(configFile: file), environment: [:])
+            }
         }
     }
 }
