@@ -45,7 +45,7 @@ let package = Package(
         .target(
             name: "Cluster",
             dependencies: [
-                "CNats", "PolygonWire", "MarketDataHub", "Upstream",
+                "CNats", "PolygonWire", "MarketDataHub", "Upstream", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),

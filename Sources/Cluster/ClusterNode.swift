@@ -1,3 +1,4 @@
+import AsyncSupport
 import CoreMetrics
 import Logging
 import MarketDataHub
@@ -449,30 +450,6 @@ public final class ClusterNode: Service, Sendable {
             case .authenticated:
                 break
             }
-        }
-    }
-}
-
-/// Runs an action once, `delay` after the first of any number of pokes (the first poke's action: give
-/// every poke the same one). `Sendable`.
-final class Debouncer: Sendable {
-    private let scheduled = Mutex(false)
-    private let delay: Duration
-
-    init(delay: Duration) {
-        self.delay = delay
-    }
-
-    func poke(_ action: @escaping @Sendable () -> Void) {
-        let start = scheduled.withLock { scheduled in
-            defer { scheduled = true }
-            return !scheduled
-        }
-        guard start else { return }
-        Task {
-            try? await Task.sleep(for: delay)
-            scheduled.withLock { $0 = false }
-            action()
         }
     }
 }

@@ -191,7 +191,9 @@ public actor MarketDataHub {
             }
         } else if let entry = entries[topic] {
             entry.subscribers.removeAll { $0 === subscriber }
-            if !keepsUnwantedLastValues, entry.subscribers.isEmpty, wildcards[topic.eventType] == nil {
+            // Unwanted and nothing worth keeping (no last value, or a cluster node's): freed, so junk
+            // topics leave no trace.
+            if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil, entry.last == nil || !keepsUnwantedLastValues {
                 entries[topic] = nil
             }
         }
@@ -413,6 +415,9 @@ public actor MarketDataHub {
 
     /// The last event seen on a ticker topic, if any.
     public func lastEvent(for topic: Topic) -> MarketEvent? { entries[topic]?.last }
+
+    /// Topics the hub holds an entry for (subscribers or a last value).
+    public var topicEntryCount: Int { entries.count }
 
     /// How many subscribers are connected to the hub.
     public var subscriberCount: Int { subscribers.count }

@@ -26,11 +26,17 @@ public struct ServerSession: Sendable {
     /// Who the client authenticated as, once it has.
     public private(set) var grant: ClientGrant?
     public private(set) var topics: Set<Topic> = []
+    public let limits: SessionLimits
     private let authenticate: @Sendable (String) -> ClientGrant?
+    /// The message-rate token bucket: tokens left, and when it was last filled.
+    private var tokens: Double
+    private var filledAt: ContinuousClock.Instant?
 
     /// - Parameter authenticate: what a client key may do, or `nil` when it is not accepted.
-    public init(grants authenticate: @escaping @Sendable (String) -> ClientGrant?) {
+    public init(limits: SessionLimits = SessionLimits(), grants authenticate: @escaping @Sendable (String) -> ClientGrant?) {
+        self.limits = limits
         self.authenticate = authenticate
+        tokens = Double(limits.messagesPerSecond)
     }
 
     /// - Parameter authenticate: whether a client key is accepted (for everything).
@@ -38,8 +44,13 @@ public struct ServerSession: Sendable {
         self.init(grants: { authenticate($0) ? ClientGrant(name: "client") : nil })
     }
 
-    /// Handles one client message.
-    public mutating func receive(_ message: ByteBuffer) -> Reaction {
+    /// Handles one client message (arriving at `now`).
+    public mutating func receive(_ message: ByteBuffer, at now: ContinuousClock.Instant = .now) -> Reaction {
+        guard admit(at: now) else {
+            return Reaction(frames: [
+                StatusMessage.error("rate limit: at most \(limits.messagesPerSecond) messages per second; this one was dropped").frame
+            ])
+        }
         let action: ClientAction
         do {
             action = try ClientAction.decode(message)
@@ -63,14 +74,43 @@ public struct ServerSession: Sendable {
         }
     }
 
+    /// Takes one token from the rate bucket, refilled at `messagesPerSecond`.
+    private mutating func admit(at now: ContinuousClock.Instant) -> Bool {
+        let rate = Double(limits.messagesPerSecond)
+        if let filledAt {
+            let elapsed = now - filledAt
+            tokens = min(rate, tokens + rate * (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18))
+        }
+        filledAt = now
+        guard tokens >= 1 else { return false }
+        tokens -= 1
+        return true
+    }
+
     private mutating func changeTopics(_ action: ClientAction) -> Reaction {
         let (parsed, invalid) = Topic.parseList(action.params)
+        guard parsed.count + invalid.count <= limits.topicsPerMessage else {
+            return Reaction(frames: [
+                StatusMessage.error(
+                    "too many topics in one message: \(parsed.count + invalid.count) (at most \(limits.topicsPerMessage)); nothing was changed"
+                ).frame
+            ])
+        }
         var reaction = Reaction()
         var acks: [StatusMessage] = []
         var refused: [Topic] = []
+        var overLimit: [Topic] = []
         for topic in parsed {
+            if action.kind == .subscribe, let problem = limits.problem(with: topic) {
+                acks.append(.error("invalid topic \"\(topic)\": \(problem)"))
+                continue
+            }
             if action.kind == .subscribe, let grant, !grant.entitlement.allows(topic) {
                 refused.append(topic)
+                continue
+            }
+            if action.kind == .subscribe, !topics.contains(topic), topics.count >= limits.topicsPerConnection {
+                overLimit.append(topic)
                 continue
             }
             if action.kind == .subscribe {
@@ -80,6 +120,10 @@ public struct ServerSession: Sendable {
                 if topics.remove(topic) != nil { reaction.removed.append(topic) }
                 acks.append(StatusMessage(status: StatusMessage.Kind.success, message: "unsubscribed to: \(topic)"))
             }
+        }
+        if !overLimit.isEmpty {
+            acks.append(
+                .error("topic limit reached: a connection holds at most \(limits.topicsPerConnection); not subscribed: \(overLimit.count) topics"))
         }
         if !refused.isEmpty {
             acks.append(.error("not authorized: key \"\(grant?.name ?? "")\" may not subscribe to \(Topic.joinList(refused))"))

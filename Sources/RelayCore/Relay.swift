@@ -190,6 +190,8 @@ public final class Relay: Service, Sendable {
                 var configuration = RelayServerConfiguration(
                     host: settings.listen.host, port: settings.listen.port, market: source.market, authentication: authentication)
                 configuration.metricsPublic = settings.metricsPublic
+                configuration.limits = settings.limits
+                configuration.limits.eventTypes = SessionLimits.eventTypes(ofMarket: source.market)
                 return configuration
             }(),
             hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),
@@ -259,7 +261,10 @@ final class UpstreamLink: Service, FeedStatus {
             throw error
         }
         made.succeed(upstream)
-        interest.listen { upstream.setWantedTopics($0) }
+        // At most one upstream change per 50 ms: a crowd reconnecting after a restart makes a handful
+        // of subscribe messages, not one per client.
+        let batch = Debouncer(delay: .milliseconds(50))
+        interest.listen { _ in batch.poke { upstream.setWantedTopics(self.interest.topics) } }
         let hub = self.hub
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await upstream.run() }

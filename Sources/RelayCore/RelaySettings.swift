@@ -4,6 +4,7 @@ import DemoFeed
 import Foundation
 import Logging
 import MarketDataHub
+import PolygonWire
 import RelayServer
 import SystemPackage
 import Yams
@@ -65,6 +66,8 @@ public struct RelaySettings: Sendable {
     public var cluster: ClusterConfiguration?
     /// Serve `/metrics` without a client key.
     public var metricsPublic = false
+    /// Per-connection limits (the market's event types are added when the relay starts).
+    public var limits = SessionLimits()
 
     public struct PortfolioSettings: Sendable, Equatable {
         public var dataDirectory: String
@@ -203,6 +206,9 @@ public struct RelaySettings: Sendable {
         ("RELAY_CLUSTER_NAME", "cluster.name"),
         ("RELAY_CLUSTER_LEASE_SECONDS", "cluster.leaseSeconds"),
         ("RELAY_METRICS_PUBLIC", "metrics.public"),
+        ("RELAY_LIMIT_TOPICS_PER_MESSAGE", "limits.topicsPerMessage"),
+        ("RELAY_LIMIT_TOPICS_PER_CONNECTION", "limits.topicsPerConnection"),
+        ("RELAY_LIMIT_MESSAGES_PER_SECOND", "limits.messagesPerSecond"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -328,6 +334,14 @@ public struct RelaySettings: Sendable {
         }
         settings.snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
         settings.metricsPublic = config.bool(forKey: "metrics.public") ?? false
+        for (key, path) in [
+            ("limits.topicsPerMessage", \SessionLimits.topicsPerMessage), ("limits.topicsPerConnection", \SessionLimits.topicsPerConnection),
+            ("limits.messagesPerSecond", \SessionLimits.messagesPerSecond),
+        ] {
+            guard let value = config.int(forKey: ConfigKey(key.split(separator: ".").map(String.init))) else { continue }
+            guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
+            settings.limits[keyPath: path] = value
+        }
         if config.bool(forKey: "portfolio.enabled") ?? true {
             var portfolio = PortfolioSettings()
             if let directory = config.string(forKey: "portfolio.dataDir"), !directory.isEmpty { portfolio.dataDirectory = directory }

@@ -30,7 +30,7 @@ struct DownstreamSession {
         try await write(StatusMessage.connected.frame, to: outbound)
         let subscription = await hub.subscribe()
         let authentication = configuration.authentication
-        var session = ServerSession(grants: { authentication.grant(for: $0) })
+        var session = ServerSession(limits: configuration.limits, grants: { authentication.grant(for: $0) })
         var admitted: ClientGrant?
         defer { if let admitted { keyConnections.release(admitted) } }
         var logger = self.logger

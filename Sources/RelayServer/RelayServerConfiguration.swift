@@ -1,3 +1,5 @@
+import PolygonWire
+
 /// How the downstream server listens and whom it lets in. Value type, `Sendable`.
 public struct RelayServerConfiguration: Sendable {
     public var host: String
@@ -12,6 +14,8 @@ public struct RelayServerConfiguration: Sendable {
     public var maxClientMessageBytes: Int
     /// Serve `/metrics` without a client key (for a Prometheus that cannot send one).
     public var metricsPublic: Bool = false
+    /// What one downstream connection may ask for.
+    public var limits = SessionLimits()
 
     public init(
         host: String = "127.0.0.1",

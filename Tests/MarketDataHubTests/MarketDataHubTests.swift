@@ -292,4 +292,14 @@ struct MarketDataHubTests {
         await hub.publish([event("T", "B", 1)])
         #expect(try await take(1, from: spared.events).first?.json == event("T", "B", 1).json)
     }
+
+    @Test func topicsNobodyWantsAndWithNoLastValueLeaveNoEntry() async throws {
+        let hub = MarketDataHub()
+        let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)") }))
+        await hub.publish([event("Q", "JUNK1", 1)])
+        #expect(await hub.topicEntryCount == 500)
+        await hub.remove(sub.id)
+        // JUNK1 had an event: a single relay keeps its last value; the 499 others are gone.
+        #expect(await hub.topicEntryCount == 1)
+    }
 }

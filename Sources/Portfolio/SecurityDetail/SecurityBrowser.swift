@@ -149,8 +149,21 @@ public actor SecurityBrowser {
         }
         let coordinator = PrefetchCoordinator(cache: cache, metrics: metrics, logger: logger)
         clients[client] = Client(prefetch: coordinator, lastSeen: now)
+        // A client may name itself anything: past `maxNamedClients` names the least recently seen goes,
+        // so a varying X-Relay-Client header cannot grow this table without bound.
+        if case .named = client {
+            let named = clients.filter { if case .named = $0.key { true } else { false } }
+            if named.count > Self.maxNamedClients, let oldest = named.min(by: { $0.value.lastSeen < $1.value.lastSeen }) {
+                clients[oldest.key] = nil
+                logger.debug("too many named clients: forgetting the least recently seen", metadata: ["client": "\(oldest.key)"])
+                Task { await oldest.value.prefetch.cancelAll() }
+            }
+        }
         return coordinator
     }
+
+    /// Named clients (`X-Relay-Client`) remembered at most.
+    public static let maxNamedClients = 256
 
     /// The holdings `query` selects, valued now, in its order.
     private func list(_ query: HoldingsQuery) async throws -> [Holding] {

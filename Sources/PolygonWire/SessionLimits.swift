@@ -1,0 +1,57 @@
+/// What one downstream connection may ask for, so no client can grow the relay's state, its upstream
+/// subscriptions or its work without bound. Value type, `Sendable`. Every limit is answered with an
+/// `error` status naming it; the connection goes on.
+public struct SessionLimits: Sendable, Equatable {
+    /// Topics in one subscribe or unsubscribe message; a longer message changes nothing.
+    public var topicsPerMessage: Int
+    /// Topics one connection may hold; subscriptions past it are refused.
+    public var topicsPerConnection: Int
+    /// Client messages per second (a burst of as many is allowed); more are answered and dropped.
+    public var messagesPerSecond: Int
+    /// Longest ticker accepted.
+    public var maxTickerLength: Int
+    /// The event types the market has (`nil`: any); a topic of another type is refused.
+    public var eventTypes: Set<String>?
+
+    public init(
+        topicsPerMessage: Int = 1_000, topicsPerConnection: Int = 10_000, messagesPerSecond: Int = 50, maxTickerLength: Int = 40,
+        eventTypes: Set<String>? = nil
+    ) {
+        self.topicsPerMessage = topicsPerMessage
+        self.topicsPerConnection = topicsPerConnection
+        self.messagesPerSecond = messagesPerSecond
+        self.maxTickerLength = maxTickerLength
+        self.eventTypes = eventTypes
+    }
+
+    /// The event types of Polygon's markets (the WebSocket path), from its published spec; `nil` for a
+    /// market not listed, which then accepts any type.
+    public static func eventTypes(ofMarket market: String) -> Set<String>? {
+        switch market {
+        case "stocks": ["T", "Q", "A", "AM", "LULD", "NOI", "FMV", "LV"]
+        case "options": ["T", "Q", "A", "AM", "FMV"]
+        case "forex": ["C", "CA", "CAS", "FMV"]
+        case "crypto": ["XT", "XQ", "XA", "XAS", "XL2", "FMV"]
+        case "indices": ["V", "A", "AM"]
+        default: nil
+        }
+    }
+
+    /// Why a topic is refused, or `nil` when it is fine.
+    public func problem(with topic: Topic) -> String? {
+        if let eventTypes, !eventTypes.contains(topic.eventType) {
+            return "unknown event type \(topic.eventType) (this market has \(eventTypes.sorted().joined(separator: ", ")))"
+        }
+        if topic.isWildcard { return nil }
+        if topic.ticker.utf8.count > maxTickerLength { return "ticker longer than \(maxTickerLength) characters" }
+        let allowed = topic.ticker.utf8.allSatisfy { byte in
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                UInt8(ascii: "."), UInt8(ascii: ":"), UInt8(ascii: "/"), UInt8(ascii: "-"), UInt8(ascii: "_"):
+                true
+            default: false
+            }
+        }
+        return allowed ? nil : "a ticker has letters, digits and . : / - _ only"
+    }
+}

@@ -1,0 +1,48 @@
+import DemoFeed
+import Foundation
+import PolygonWire
+import RelayCore
+import Testing
+
+@Suite("Limits hold and the relay keeps serving", .timeLimit(.minutes(2)))
+struct LimitsTests {
+    @Test func aBurstOfJunkTopicsNeverReachesTheUpstream() async throws {
+        try await withRelay { parts, feed, url in
+            let honest = try await subscribedClient(url, "Q.AAPL")
+            let abuser = try await WSTestClient.authenticated(url: url)
+            // 50,000 made-up topics in one message: refused whole.
+            abuser.send(ClientAction(.subscribe, params: (0..<50_000).map { "Q.FAKE\($0)" }.joined(separator: ",")))
+            let burst = try await abuser.waitForStatus("error")
+            #expect((burst.fields["message"] as? String)?.contains("too many topics") == true)
+            // Topics of no such event type, or not tickers at all: refused one by one.
+            abuser.send(ClientAction(.subscribe, params: "ZZ.AAPL,Q.<script>,Q.\(String(repeating: "X", count: 100))"))
+            _ = try await abuser.waitForStatus("error")
+            // The honest client is still served; the upstream was asked for nothing made up.
+            #expect(try await honest.nextEvents(3).allSatisfy { $0.topic.description == "Q.AAPL" })
+            let asked = feed.monitor.snapshot.topics(.subscribe)
+            #expect(!asked.contains { $0.hasPrefix("Q.FAKE") || $0.hasPrefix("ZZ.") || $0.contains("<") })
+            #expect(try parts.upstreamClient.subscribedTopics == topics("Q.AAPL"))
+            await abuser.close()
+            await honest.close()
+        }
+    }
+
+    @Test func aReconnectStormMakesAHandfulOfUpstreamMessages() async throws {
+        try await withRelay { parts, feed, url in
+            let before = feed.monitor.snapshot.actions.filter { $0.kind == .subscribe }.count
+            var clients: [WSTestClient] = []
+            for index in 0..<200 {
+                let client = WSTestClient(url: url)
+                client.send(ClientAction(.auth, params: "client-key"))
+                client.send(ClientAction(.subscribe, params: "Q.STORM\(index)"))
+                clients.append(client)
+            }
+            try await eventually("the upstream to carry all 200 topics", timeout: .seconds(20)) {
+                (try? parts.upstreamClient.subscribedTopics.count) == 200
+            }
+            let messages = feed.monitor.snapshot.actions.filter { $0.kind == .subscribe }.count - before
+            #expect(messages <= 20, "\(messages) subscribe messages for 200 clients")
+            for client in clients { await client.close() }
+        }
+    }
+}

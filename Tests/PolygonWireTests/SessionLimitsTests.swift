@@ -1,0 +1,71 @@
+import NIOCore
+import Testing
+
+@testable import PolygonWire
+
+@Suite("Limits of one downstream connection")
+struct SessionLimitsTests {
+    func authenticated(_ limits: SessionLimits, entitlement: Entitlement = .everything) -> ServerSession {
+        var session = ServerSession(limits: limits) { $0 == "k" ? ClientGrant(name: "k", entitlement: entitlement) : nil }
+        _ = session.receive(ByteBuffer(string: #"{"action":"auth","params":"k"}"#))
+        return session
+    }
+
+    func subscribe(_ params: String) -> ByteBuffer { ByteBuffer(string: ClientAction(.subscribe, params: params).json) }
+
+    func messages(_ reaction: ServerSession.Reaction) throws -> [StatusMessage] {
+        try reaction.frames.flatMap { try FrameParser.parse($0).statuses }
+    }
+
+    @Test func aMessageWithTooManyTopicsChangesNothing() throws {
+        var session = authenticated(SessionLimits(topicsPerMessage: 3))
+        let reaction = session.receive(subscribe("Q.A,Q.B,Q.C,Q.D"))
+        #expect(reaction.added.isEmpty)
+        #expect(try messages(reaction).map(\.status) == ["error"])
+        #expect(try messages(reaction).first?.message.contains("too many topics") == true)
+        #expect(session.receive(subscribe("Q.A,Q.B,Q.C")).added.count == 3)
+    }
+
+    @Test func aConnectionHoldsAtMostItsTopicLimit() throws {
+        var session = authenticated(SessionLimits(topicsPerConnection: 2))
+        let reaction = session.receive(subscribe("Q.A,Q.B,Q.C"))
+        #expect(reaction.added == [Topic(eventType: "Q", ticker: "A"), Topic(eventType: "Q", ticker: "B")])
+        #expect(try messages(reaction).contains { $0.status == "error" && $0.message.contains("topic limit") })
+        // Unsubscribing makes room; resubscribing a held topic costs nothing.
+        _ = session.receive(ByteBuffer(string: ClientAction(.unsubscribe, params: "Q.A").json))
+        #expect(session.receive(subscribe("Q.B,Q.C")).added == [Topic(eventType: "Q", ticker: "C")])
+    }
+
+    @Test func topicsAreCheckedAgainstTheMarketAndTheTickerRules() throws {
+        var session = authenticated(SessionLimits(maxTickerLength: 8, eventTypes: SessionLimits.eventTypes(ofMarket: "stocks")))
+        let reaction = session.receive(subscribe("Q.AAPL,XQ.BTC-USD,T.WAYTOOLONGTICKER,T.A$B,T.BRK.B,AM.*"))
+        #expect(Set(reaction.added.map(\.description)) == ["Q.AAPL", "T.BRK.B", "AM.*"])
+        let errors = try messages(reaction).filter { $0.status == "error" }.map(\.message)
+        #expect(errors.count == 3)
+        #expect(errors.contains { $0.contains("XQ.BTC-USD") && $0.contains("unknown event type") })
+        #expect(errors.contains { $0.contains("longer than 8") })
+        #expect(errors.contains { $0.contains("T.A$B") })
+    }
+
+    @Test func messagesPastTheRateAreAnsweredAndDropped() throws {
+        var session = authenticated(SessionLimits(messagesPerSecond: 5))
+        let start = ContinuousClock.now
+        var dropped = 0
+        for index in 0..<10 {
+            let reaction = session.receive(subscribe("Q.S\(index)"), at: start)
+            if reaction.added.isEmpty, try messages(reaction).first?.message.contains("rate limit") == true { dropped += 1 }
+        }
+        // Five tokens, less the one auth took.
+        #expect(dropped == 6)
+        // A second later the bucket is full again.
+        #expect(session.receive(subscribe("Q.LATER"), at: start + .seconds(1)).added.count == 1)
+    }
+
+    @Test func entitlementsRefuseTopicsOutsideTheKeyAndSubscribeTheRest() throws {
+        var session = authenticated(SessionLimits(), entitlement: Entitlement(patterns: [.wildcard("Q"), Topic(eventType: "T", ticker: "AAPL")]))
+        let reaction = session.receive(subscribe("Q.MSFT,T.AAPL,T.MSFT,T.*,Q.*"))
+        #expect(Set(reaction.added.map(\.description)) == ["Q.MSFT", "T.AAPL", "Q.*"])
+        let refusal = try #require(try messages(reaction).first { $0.status == "error" })
+        #expect(refusal.message.contains("T.MSFT") && refusal.message.contains("T.*"))
+    }
+}
