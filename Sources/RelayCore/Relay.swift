@@ -92,6 +92,10 @@ public final class Relay: Service, Sendable {
     private func runParts() async throws {
         let authentication = try ClientAuthentication.resolve(
             keys: settings.clientKeys, withRights: settings.clientKeyRights, listenHost: settings.listen.host)
+        if settings.tls == nil, !ClientAuthentication.isLoopback(settings.listen.host) {
+            logger.warning(
+                "listening on \(settings.listen.host) without TLS: client keys and data cross the network in the clear; use --tls-cert and --tls-key")
+        }
         let registry = PrometheusCollectorRegistry()
         let metricsFactory = PrometheusMetricsFactory(registry: registry)
         let settings = self.settings
@@ -192,6 +196,7 @@ public final class Relay: Service, Sendable {
                 configuration.metricsPublic = settings.metricsPublic
                 configuration.limits = settings.limits
                 configuration.limits.eventTypes = SessionLimits.eventTypes(ofMarket: source.market)
+                configuration.tls = settings.tls
                 return configuration
             }(),
             hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),
@@ -222,7 +227,7 @@ public final class Relay: Service, Sendable {
                     hub: hub, upstream: upstream, cluster: clusterNode, server: server, demoFeed: demoFeed, portfolio: portfolio,
                     securities: browser, port: port, demoFeedPort: demoPort))
             var metadata: Logger.Metadata = [
-                "ws": "ws://\(settings.listen.host):\(port)/\(source.market)",
+                "ws": "\(settings.tls == nil ? "ws" : "wss")://\(settings.listen.host):\(port)/\(source.market)",
                 "upstream": "\(source.description)",
                 "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
             ]

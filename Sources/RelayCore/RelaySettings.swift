@@ -68,6 +68,8 @@ public struct RelaySettings: Sendable {
     public var metricsPublic = false
     /// Per-connection limits (the market's event types are added when the relay starts).
     public var limits = SessionLimits()
+    /// Serve `wss://` and `https://` with this certificate and key.
+    public var tls: RelayServerConfiguration.TLSFiles?
 
     public struct PortfolioSettings: Sendable, Equatable {
         public var dataDirectory: String
@@ -152,14 +154,19 @@ public struct RelaySettings: Sendable {
         public var nodeID: String?
         public var clusterName: String?
         public var metricsPublic: Bool?
+        public var tlsCertificate: String?
+        public var tlsKey: String?
 
         public init(
             listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
             clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
             slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
             portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil,
-            cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil, metricsPublic: Bool? = nil
+            cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil, metricsPublic: Bool? = nil,
+            tlsCertificate: String? = nil, tlsKey: String? = nil
         ) {
+            self.tlsCertificate = tlsCertificate
+            self.tlsKey = tlsKey
             self.metricsPublic = metricsPublic
             self.cluster = cluster
             self.nodeID = nodeID
@@ -206,6 +213,8 @@ public struct RelaySettings: Sendable {
         ("RELAY_CLUSTER_NAME", "cluster.name"),
         ("RELAY_CLUSTER_LEASE_SECONDS", "cluster.leaseSeconds"),
         ("RELAY_METRICS_PUBLIC", "metrics.public"),
+        ("RELAY_TLS_CERT", "tls.cert"),
+        ("RELAY_TLS_KEY", "tls.key"),
         ("RELAY_LIMIT_TOPICS_PER_MESSAGE", "limits.topicsPerMessage"),
         ("RELAY_LIMIT_TOPICS_PER_CONNECTION", "limits.topicsPerConnection"),
         ("RELAY_LIMIT_MESSAGES_PER_SECOND", "limits.messagesPerSecond"),
@@ -242,6 +251,8 @@ public struct RelaySettings: Sendable {
         put("cluster.nodeId", flags.nodeID.map(ConfigContent.string))
         put("cluster.name", flags.clusterName.map(ConfigContent.string))
         put("metrics.public", flags.metricsPublic.map(ConfigContent.bool))
+        put("tls.cert", flags.tlsCertificate.map(ConfigContent.string))
+        put("tls.key", flags.tlsKey.map(ConfigContent.string))
         providers.append(InMemoryProvider(name: "flags", values: given))
 
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
@@ -334,6 +345,17 @@ public struct RelaySettings: Sendable {
         }
         settings.snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
         settings.metricsPublic = config.bool(forKey: "metrics.public") ?? false
+        switch (config.string(forKey: "tls.cert"), config.string(forKey: "tls.key")) {
+        case (nil, nil):
+            break
+        case (let certificate?, let key?):
+            for (what, path) in [("certificate", certificate), ("key", key)] where !FileManager.default.isReadableFile(atPath: path) {
+                throw InvalidSetting(description: "TLS \(what) file not readable: \(path)")
+            }
+            settings.tls = .init(certificatePath: certificate, privateKeyPath: key)
+        default:
+            throw InvalidSetting(description: "TLS needs both a certificate and its key: --tls-cert PEM --tls-key PEM")
+        }
         for (key, path) in [
             ("limits.topicsPerMessage", \SessionLimits.topicsPerMessage), ("limits.topicsPerConnection", \SessionLimits.topicsPerConnection),
             ("limits.messagesPerSecond", \SessionLimits.messagesPerSecond),

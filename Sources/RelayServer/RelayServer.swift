@@ -1,6 +1,8 @@
 import AsyncSupport
 import Foundation
 import Hummingbird
+import HummingbirdCore
+import HummingbirdTLS
 import HummingbirdWebSocket
 import Logging
 import MarketDataHub
@@ -55,7 +57,13 @@ public final class RelayServer: Service, Sendable {
     public static let shutdownCloseCode = WebSocketErrorCode(codeNumber: 1012)
 
     public func run() async throws {
-        let application = makeApplication()
+        let application: any ApplicationProtocol
+        do {
+            application = try makeApplication()
+        } catch {
+            port.fail(error)
+            throw error
+        }
         // The application runs in a group of its own, detached so that our graceful shutdown does not
         // reach it directly: first every client is closed with 1012, then the application is stopped.
         let applicationGroup = ServiceGroup(
@@ -85,7 +93,12 @@ public final class RelayServer: Service, Sendable {
         port.fail(CancellationError())
     }
 
-    private func makeApplication() -> some ApplicationProtocol {
+    /// Why the server cannot start with its TLS files.
+    public struct TLSSetupError: Error, Sendable, CustomStringConvertible {
+        public var description: String
+    }
+
+    private func makeApplication() throws -> any ApplicationProtocol {
         let webSocketRouter = Router(context: BasicWebSocketRequestContext.self)
         let hub = self.hub
         let configuration = self.configuration
@@ -119,12 +132,24 @@ public final class RelayServer: Service, Sendable {
                 middleware: ClientKeyMiddleware<BasicWebSocketRequestContext>(authentication: authentication, portfolio: true)))
 
         let port = self.port
+        var server = HTTPServerBuilder.http1WebSocketUpgrade(
+            webSocketRouter: webSocketRouter,
+            configuration: .init(ws: .init(maxFrameSize: configuration.maxClientMessageBytes, autoPing: .enabled(timePeriod: .seconds(30)))))
+        if let tls = configuration.tls {
+            // wss:// and https:// on the one port.
+            do {
+                let tlsConfiguration = TLSConfiguration.makeServerConfiguration(
+                    certificateChain: try NIOSSLCertificate.fromPEMFile(tls.certificatePath).map { .certificate($0) },
+                    privateKey: .privateKey(try NIOSSLPrivateKey(file: tls.privateKeyPath, format: .pem)))
+                server = try .tls(server, tlsConfiguration: tlsConfiguration)
+            } catch {
+                throw TLSSetupError(
+                    description: "TLS: could not use certificate \(tls.certificatePath) and key \(tls.privateKeyPath): \(error)")
+            }
+        }
         return Application(
             router: router,
-            server: .http1WebSocketUpgrade(
-                webSocketRouter: webSocketRouter,
-                configuration: .init(
-                    ws: .init(maxFrameSize: configuration.maxClientMessageBytes, autoPing: .enabled(timePeriod: .seconds(30))))),
+            server: server,
             // A deep accept queue: after a restart every client reconnects at once.
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay", backlog: 4096),
             onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },

@@ -16,6 +16,19 @@ public struct RelayServerConfiguration: Sendable {
     public var metricsPublic: Bool = false
     /// What one downstream connection may ask for.
     public var limits = SessionLimits()
+    /// Serve `wss://` and `https://` on the same port with this certificate chain and key (PEM files).
+    public var tls: TLSFiles?
+
+    /// A PEM certificate chain and its private key.
+    public struct TLSFiles: Sendable, Equatable {
+        public var certificatePath: String
+        public var privateKeyPath: String
+
+        public init(certificatePath: String, privateKeyPath: String) {
+            self.certificatePath = certificatePath
+            self.privateKeyPath = privateKeyPath
+        }
+    }
 
     public init(
         host: String = "127.0.0.1",

@@ -14,7 +14,7 @@ struct ServeCommand: AsyncParsableCommand {
             Environment: RELAY_LISTEN, RELAY_UPSTREAM, POLYGON_API_KEY, RELAY_CLIENT_KEYS,
             RELAY_UPSTREAM_CA_FILE, RELAY_DEMO_RATE, RELAY_LOG_LEVEL, RELAY_SLOW_CONSUMER,
             RELAY_SNAPSHOT_ON_SUBSCRIBE, RELAY_CLUSTER, RELAY_NODE_ID, RELAY_CLUSTER_NAME,
-            RELAY_CLUSTER_LEASE_SECONDS, RELAY_METRICS_PUBLIC, RELAY_CONFIG.
+            RELAY_CLUSTER_LEASE_SECONDS, RELAY_METRICS_PUBLIC, RELAY_TLS_CERT, RELAY_TLS_KEY, RELAY_CONFIG.
             """
     )
 
@@ -72,6 +72,12 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(name: .customLong("cluster-name"), help: "Separates clusters sharing one NATS (default relay).")
     var clusterName: String?
 
+    @Option(name: .customLong("tls-cert"), help: "Serve wss:// and https:// with this PEM certificate chain (needs --tls-key).")
+    var tlsCertificate: String?
+
+    @Option(name: .customLong("tls-key"), help: "The PEM private key of --tls-cert.")
+    var tlsKey: String?
+
     @Flag(name: .customLong("public-metrics"), help: "Serve /metrics without a client key.")
     var publicMetrics = false
 
@@ -94,7 +100,8 @@ struct ServeCommand: AsyncParsableCommand {
                     slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
                     timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL,
                     securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay, cluster: cluster,
-                    nodeID: nodeID, clusterName: clusterName, metricsPublic: publicMetrics ? true : nil),
+                    nodeID: nodeID, clusterName: clusterName, metricsPublic: publicMetrics ? true : nil, tlsCertificate: tlsCertificate,
+                    tlsKey: tlsKey),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")
@@ -127,16 +134,19 @@ struct ServeCommand: AsyncParsableCommand {
         // Never a configured key on the screen: terminals are recorded and shared.
         let keyed = !settings.clientKeys.isEmpty || !settings.clientKeyRights.isEmpty
         let key = keyed ? "YOUR-CLIENT-KEY" : "any-key"
+        let secure = settings.tls != nil
+        let (ws, http) = secure ? ("wss", "https") : ("ws", "http")
+        let curl = "curl\(secure ? " --cacert YOUR-CA.pem" : "")\(keyed ? " -H 'Authorization: Bearer \(key)'" : "")"
         var lines = [
             "relay is up\(demo ? " on the built-in demo feed" : "")",
-            "  WebSocket  ws://\(base)/\(market)   (Polygon protocol; client key: \(keyed ? "one of the configured keys" : "any, loopback only"))",
-            "  health     curl http://\(base)/healthz",
-            "  last quote curl http://\(base)/v1/last/Q.AAPL",
-            "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=False, subscriptions=[\"Q.AAPL\"])",
+            "  WebSocket  \(ws)://\(base)/\(market)   (Polygon protocol; client key: \(keyed ? "one of the configured keys" : "any, loopback only"))",
+            "  health     curl\(secure ? " --cacert YOUR-CA.pem" : "") \(http)://\(base)/healthz",
+            "  last quote \(curl) \(http)://\(base)/v1/last/Q.AAPL",
+            "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=\(secure ? "True" : "False"), subscriptions=[\"Q.AAPL\"])",
             "  stop       Ctrl-C (SIGINT) or SIGTERM",
         ]
         if portfolio {
-            lines.insert("  portfolio  curl http://\(base)/v1/portfolio   (history: /v1/portfolio/history)", at: lines.count - 1)
+            lines.insert("  portfolio  \(curl) \(http)://\(base)/v1/portfolio   (history: /v1/portfolio/history)", at: lines.count - 1)
         }
         // Unbuffered, so a script reading our output sees it at once.
         FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))

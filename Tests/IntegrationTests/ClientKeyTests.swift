@@ -1,4 +1,6 @@
+import AsyncHTTPClient
 import Foundation
+import NIOSSL
 import PolygonWire
 import RelayCore
 import RelayServer
@@ -162,5 +164,50 @@ struct ClientKeyTests {
             // Market data needs only a key.
             #expect(try await send("GET", "/v1/last/NOT-A-TOPIC", key: "quotes-secret") == 400)
         }
+    }
+}
+
+@Suite("TLS downstream", .timeLimit(.minutes(1)))
+struct DownstreamTLSTests {
+    @Test func httpsAndWSSShareThePortAndPlainHTTPIsNotServed() async throws {
+        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["tls-key"])
+        let certificate = try fixture("test-server.pem")
+        settings.tls = .init(certificatePath: certificate, privateKeyPath: try fixture("test-server.key"))
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.trustRoots = .file(certificate)
+            let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(tlsConfiguration: tls))
+            do {
+                var request = HTTPClientRequest(url: "https://127.0.0.1:\(parts.port)/v1/last/Q.AAPL")
+                request.headers.add(name: "Authorization", value: "Bearer tls-key")
+                let keyed = try await client.execute(request, timeout: .seconds(10))
+                #expect(keyed.status.code != 401, "https answers a keyed request")
+                let health = try await client.execute(HTTPClientRequest(url: "https://127.0.0.1:\(parts.port)/healthz"), timeout: .seconds(10))
+                #expect([200, 503].contains(health.status.code))
+                // The same port does not speak plain HTTP.
+                await #expect(throws: (any Error).self) {
+                    _ = try await HTTPClient.shared.execute(
+                        HTTPClientRequest(url: "http://127.0.0.1:\(parts.port)/healthz"), timeout: .seconds(5))
+                }
+            } catch {
+                try await client.shutdown()
+                throw error
+            }
+            try await client.shutdown()
+        }
+    }
+
+    @Test func tlsSettingsNeedBothFilesAndReadableOnes() async throws {
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(flags: .init(tlsCertificate: try fixture("test-server.pem")), environment: [:])
+        }
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(flags: .init(tlsCertificate: "/nonexistent.pem", tlsKey: "/nonexistent.key"), environment: [:])
+        }
+        let settings = try await RelaySettings.resolve(
+            flags: .init(tlsCertificate: try fixture("test-server.pem"), tlsKey: try fixture("test-server.key")), environment: [:])
+        #expect(settings.tls != nil)
     }
 }

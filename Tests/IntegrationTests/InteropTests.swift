@@ -78,4 +78,21 @@ struct InteropTests {
             #expect(result.status == 0, "\(result.output)")
         }
     }
+
+    @Test func theOfficialPythonClientConnectsOverTLSGivenTheCA() async throws {
+        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["py-key"])
+        let certificate = try fixture("test-server.pem")
+        settings.tls = .init(certificatePath: certificate, privateKeyPath: try fixture("test-server.key"))
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let result = try await runPythonClient([
+                "--port", "\(parts.port)", "--key", "py-key", "--subscribe", "Q.AAPL", "--count", "5", "--secure", "--ca", certificate,
+            ])
+            #expect(result.status == 0, "\(result.output)")
+            // Without the CA the certificate is not trusted: the client fails instead of connecting.
+            let untrusted = try await runPythonClient(["--port", "\(parts.port)", "--key", "py-key", "--count", "1", "--secure", "--timeout", "8"])
+            #expect(untrusted.status != 0)
+        }
+    }
 }

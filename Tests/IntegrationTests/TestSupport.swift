@@ -318,3 +318,8 @@ extension Relay.Components {
         get throws { try #require(upstream, "a single relay has an upstream client") }
     }
 }
+
+/// The path of a file in the tests' Fixtures (the TLS test certificate and key).
+func fixture(_ name: String) throws -> String {
+    try #require(Bundle.module.url(forResource: name, withExtension: nil, subdirectory: "Fixtures")).path
+}

@@ -126,10 +126,6 @@ struct UpstreamClientTests {
 /// certificate is trusted through `caFile`.
 @Suite("Upstream client over TLS")
 struct UpstreamTLSTests {
-    func fixture(_ name: String) throws -> String {
-        try #require(Bundle.module.url(forResource: name, withExtension: nil, subdirectory: "Fixtures")).path
-    }
-
     func tlsFeed() throws -> DemoFeed {
         DemoFeed(
             configuration: DemoFeedConfiguration(

@@ -21,11 +21,18 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=20)
     parser.add_argument("--expect-auth-failure", action="store_true")
+    parser.add_argument("--secure", action="store_true", help="wss:// (secure=True)")
+    parser.add_argument("--ca", help="with --secure: the CA to trust instead of certifi's bundle")
     args = parser.parse_args()
 
+    if args.ca:
+        # The client trusts certifi's bundle (certifi.where()); a private CA is given the same way.
+        import certifi
+
+        certifi.where = lambda: args.ca
     wanted = [t.strip() for t in args.subscribe.split(",") if t.strip()]
     client = WebSocketClient(
-        api_key=args.key, feed=f"127.0.0.1:{args.port}", market="stocks", secure=False, subscriptions=wanted
+        api_key=args.key, feed=f"127.0.0.1:{args.port}", market="stocks", secure=args.secure, subscriptions=wanted
     )
     received = []
 
