@@ -253,7 +253,7 @@ public struct PortfolioRoutes: Sendable {
         return result
     }
 
-    public func addWebSocket(to router: some RouterMethods<BasicWebSocketRequestContext>) {
+    public func addWebSocket<Context: WebSocketRequestContext>(to router: some RouterMethods<Context>) {
         let service = self.service
         router.ws("/v1/portfolio/stream") { inbound, outbound, _ in
             // Whichever ends first ends the other: a client that closes must not leave the valuation

@@ -197,6 +197,7 @@ public final class Relay: Service, Sendable {
                 configuration.limits = settings.limits
                 configuration.limits.eventTypes = SessionLimits.eventTypes(ofMarket: source.market)
                 configuration.tls = settings.tls
+                configuration.connectionLimits = settings.connectionLimits
                 return configuration
             }(),
             hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),

@@ -68,6 +68,8 @@ public struct RelaySettings: Sendable {
     public var metricsPublic = false
     /// Per-connection limits (the market's event types are added when the relay starts).
     public var limits = SessionLimits()
+    /// Market WebSocket connections in all and per address, failed authentications per address.
+    public var connectionLimits = RelayServerConfiguration.ConnectionLimits()
     /// Serve `wss://` and `https://` with this certificate and key.
     public var tls: RelayServerConfiguration.TLSFiles?
 
@@ -218,6 +220,9 @@ public struct RelaySettings: Sendable {
         ("RELAY_LIMIT_TOPICS_PER_MESSAGE", "limits.topicsPerMessage"),
         ("RELAY_LIMIT_TOPICS_PER_CONNECTION", "limits.topicsPerConnection"),
         ("RELAY_LIMIT_MESSAGES_PER_SECOND", "limits.messagesPerSecond"),
+        ("RELAY_LIMIT_CONNECTIONS", "limits.connections"),
+        ("RELAY_LIMIT_CONNECTIONS_PER_ADDRESS", "limits.connectionsPerAddress"),
+        ("RELAY_LIMIT_FAILED_AUTH_PER_MINUTE", "limits.failedAuthPerMinute"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -363,6 +368,15 @@ public struct RelaySettings: Sendable {
             guard let value = config.int(forKey: ConfigKey(key.split(separator: ".").map(String.init))) else { continue }
             guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
             settings.limits[keyPath: path] = value
+        }
+        for (key, path) in [
+            ("limits.connections", \RelayServerConfiguration.ConnectionLimits.total),
+            ("limits.connectionsPerAddress", \RelayServerConfiguration.ConnectionLimits.perAddress),
+            ("limits.failedAuthPerMinute", \RelayServerConfiguration.ConnectionLimits.failedAuthentications),
+        ] {
+            guard let value = config.int(forKey: ConfigKey(key.split(separator: ".").map(String.init))) else { continue }
+            guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
+            settings.connectionLimits[keyPath: path] = value
         }
         if config.bool(forKey: "portfolio.enabled") ?? true {
             var portfolio = PortfolioSettings()

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import Hummingbird
 import NIOCore
 import PolygonWire
@@ -35,6 +36,13 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
             guard key.portfolio >= needed else {
                 return Self.error(
                     .forbidden, "key \"\(key.name)\" may not \(reading ? "read" : "change") the portfolio (its right: \(key.portfolio.rawValue))")
+            }
+            // A client's self-chosen name (X-Relay-Client) is scoped by its key, so each key's names are
+            // bounded on their own and one key cannot push out another's clients.
+            if let header = HTTPField.Name("X-Relay-Client"), let name = request.headers[header], !name.isEmpty {
+                var head = request.head
+                head.headerFields[header] = "\(key.name):\(name)"
+                return try await next(Request(head: head, body: request.body), context)
             }
         }
         return try await next(request, context)

@@ -22,6 +22,8 @@ struct DownstreamSession {
     let metrics: DownstreamMetrics
     let keyConnections: KeyConnections
     let logger: Logger
+    /// Told each time this client's key is refused (counted per address).
+    let authenticationFailed: @Sendable () -> Void
 
     /// The close code for a client the `disconnect` policy removed: "try again later".
     static let tooSlowCloseCode = WebSocketErrorCode(codeNumber: 1013)
@@ -76,6 +78,7 @@ struct DownstreamSession {
                 }
                 for frame in reaction.frames { try await write(frame, to: outbound) }
                 if reaction.close {
+                    authenticationFailed()
                     logger.info("downstream client refused: authentication failed")
                     try await outbound.close(.policyViolation, reason: "authentication failed")
                     break

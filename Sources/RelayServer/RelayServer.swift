@@ -28,7 +28,8 @@ public final class RelayServer: Service, Sendable {
     private let metrics: DownstreamMetrics
     private let keyConnections: KeyConnections
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
-    private let extraWebSocketRoutes: @Sendable (RouterGroup<BasicWebSocketRequestContext>) -> Void
+    private let extraWebSocketRoutes: @Sendable (RouterGroup<RelayWebSocketRequestContext>) -> Void
+    private let addresses: AddressGuard
 
     /// - Parameter registry: the Prometheus registry `/metrics` serves; the hub and upstream should
     ///   record into it too.
@@ -36,7 +37,7 @@ public final class RelayServer: Service, Sendable {
         configuration: RelayServerConfiguration, hub: MarketDataHub, feed: any FeedStatus,
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
         extraRoutes: @escaping @Sendable (RouterGroup<RelayRequestContext>) -> Void = { _ in },
-        extraWebSocketRoutes: @escaping @Sendable (RouterGroup<BasicWebSocketRequestContext>) -> Void = { _ in }
+        extraWebSocketRoutes: @escaping @Sendable (RouterGroup<RelayWebSocketRequestContext>) -> Void = { _ in }
     ) {
         self.extraRoutes = extraRoutes
         self.extraWebSocketRoutes = extraWebSocketRoutes
@@ -47,6 +48,7 @@ public final class RelayServer: Service, Sendable {
         self.registry = registry
         self.metrics = DownstreamMetrics(factory: PrometheusMetricsFactory(registry: registry))
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
+        self.addresses = AddressGuard(limits: configuration.connectionLimits)
     }
 
     /// The port the server listens on, once it does.
@@ -93,28 +95,56 @@ public final class RelayServer: Service, Sendable {
         port.fail(CancellationError())
     }
 
+    /// Answers a connection past a limit the way Polygon answers one: a status, then close 1008.
+    static func refuse(_ refusal: AddressGuard.Refusal, address: String, outbound: WebSocketOutboundWriter, logger: Logger) async throws {
+        let status: StatusMessage
+        switch refusal {
+        case .total(let limit):
+            status = StatusMessage(status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) in all).")
+        case .perAddress(let limit):
+            status = StatusMessage(
+                status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) per address).")
+        case .tooManyFailures(let retryAfter):
+            status = .error("too many failed authentications from this address; try again in \(max(retryAfter.milliseconds / 1000, 1)) s")
+        }
+        logger.info("downstream connection refused: \(status.message)", metadata: ["address": "\(address)"])
+        try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: StatusMessage.connected.frame)))
+        try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: status.frame)))
+        try await outbound.close(.policyViolation, reason: "connection limit")
+    }
+
     /// Why the server cannot start with its TLS files.
     public struct TLSSetupError: Error, Sendable, CustomStringConvertible {
         public var description: String
     }
 
     private func makeApplication() throws -> any ApplicationProtocol {
-        let webSocketRouter = Router(context: BasicWebSocketRequestContext.self)
+        let webSocketRouter = Router(context: RelayWebSocketRequestContext.self)
         let hub = self.hub
         let configuration = self.configuration
         let logger = self.logger
         let sessions = self.sessions
         let metrics = self.metrics
         let keyConnections = self.keyConnections
-        webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, _ in
+        let addresses = self.addresses
+        webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, context in
+            let address = context.requestContext.channel.remoteAddress?.ipAddress ?? "unknown"
+            if let refusal = addresses.admit(address) {
+                try await Self.refuse(refusal, address: address, outbound: outbound, logger: logger)
+                return
+            }
+            defer { addresses.release(address) }
             let id = sessions.register(outbound)
             metrics.connections.record(sessions.count)
             defer {
                 sessions.unregister(id)
                 metrics.connections.record(sessions.count)
             }
-            try await DownstreamSession(hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections, logger: logger)
-                .run(inbound: inbound, outbound: outbound)
+            try await DownstreamSession(
+                hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections, logger: logger,
+                authenticationFailed: { addresses.failedAuthentication(from: address) }
+            )
+            .run(inbound: inbound, outbound: outbound)
         }
 
         // Every route but /healthz (and /metrics when public) needs a client key: one middleware, not
@@ -129,7 +159,7 @@ public final class RelayServer: Service, Sendable {
         extraRoutes(router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true)))
         extraWebSocketRoutes(
             webSocketRouter.group().add(
-                middleware: ClientKeyMiddleware<BasicWebSocketRequestContext>(authentication: authentication, portfolio: true)))
+                middleware: ClientKeyMiddleware<RelayWebSocketRequestContext>(authentication: authentication, portfolio: true)))
 
         let port = self.port
         var server = HTTPServerBuilder.http1WebSocketUpgrade(

@@ -16,6 +16,24 @@ public struct RelayServerConfiguration: Sendable {
     public var metricsPublic: Bool = false
     /// What one downstream connection may ask for.
     public var limits = SessionLimits()
+    /// Market WebSocket connections in all and per remote address, and failed authentications per
+    /// address within a window before that address is refused until the window has passed.
+    public var connectionLimits = ConnectionLimits()
+
+    public struct ConnectionLimits: Sendable, Equatable {
+        public var total: Int
+        public var perAddress: Int
+        public var failedAuthentications: Int
+        public var failureWindow: Duration
+
+        public init(total: Int = 50_000, perAddress: Int = 10_000, failedAuthentications: Int = 10, failureWindow: Duration = .seconds(60)) {
+            self.total = total
+            self.perAddress = perAddress
+            self.failedAuthentications = failedAuthentications
+            self.failureWindow = failureWindow
+        }
+    }
+
     /// Serve `wss://` and `https://` on the same port with this certificate chain and key (PEM files).
     public var tls: TLSFiles?
 

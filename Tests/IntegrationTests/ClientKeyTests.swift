@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOSSL
 import PolygonWire
+import Portfolio
 import RelayCore
 import RelayServer
 import Testing
@@ -163,6 +164,31 @@ struct ClientKeyTests {
             #expect(try await send("POST", "/v1/accounts", key: "writer-secret", json: account) == 201)
             // Market data needs only a key.
             #expect(try await send("GET", "/v1/last/NOT-A-TOPIC", key: "quotes-secret") == 400)
+        }
+    }
+}
+
+@Suite("Named portfolio clients per key", .timeLimit(.minutes(2)))
+struct NamedClientTests {
+    @Test func oneKeysVaryingClientNamesCannotPushOutAnotherKeysClients() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-named-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["noisy-key", "quiet-key"], demoRate: 100,
+            portfolio: .init(dataDirectory: directory))
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let browser = try #require(parts.securities)
+            let base = "http://127.0.0.1:\(parts.port)"
+            func ask(_ key: String, as name: String) async throws -> Int {
+                try await httpSend("GET", base + "/v1/securities/AAPL", headers: ["Authorization": "Bearer \(key)", "X-Relay-Client": name])
+                    .status
+            }
+            _ = try await ask("quiet-key", as: "desk")
+            for index in 0..<(SecurityBrowser.maxNamedClients + 20) { _ = try await ask("noisy-key", as: "bot-\(index)") }
+            #expect(await browser.knows(.named("key-2:desk")), "the other key's client is still known")
+            #expect(await browser.clientCount <= SecurityBrowser.maxNamedClients + 1)
         }
     }
 }

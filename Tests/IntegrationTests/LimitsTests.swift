@@ -45,4 +45,48 @@ struct LimitsTests {
             for client in clients { await client.close() }
         }
     }
+
+    func withLimitedRelay(_ limits: (inout RelaySettings) -> Void, _ body: @Sendable (String) async throws -> Void) async throws {
+        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["client-key"], demoRate: 500)
+        limits(&settings)
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            try await body("ws://127.0.0.1:\(parts.port)/stocks")
+        }
+    }
+
+    @Test func connectionsPastThePerAddressLimitAreRefusedAndTheOthersServed() async throws {
+        try await withLimitedRelay({ $0.connectionLimits.perAddress = 3 }) { url in
+            var clients: [WSTestClient] = []
+            for _ in 0..<3 { clients.append(try await subscribedClient(url, "Q.AAPL")) }
+            let fourth = WSTestClient(url: url)
+            #expect(try await fourth.nextParsed().statuses == [.connected])
+            let refused = try await fourth.nextParsed().statuses.first
+            #expect(refused?.status == StatusMessage.Kind.maxConnections)
+            #expect(refused?.message.contains("per address") == true)
+            #expect(try await fourth.waitForClose() == 1008)
+            #expect(try await clients[0].nextEvents(2).count >= 2, "the admitted clients are still served")
+            for client in clients { await client.close() }
+        }
+    }
+
+    @Test func anAddressThatKeepsFailingAuthenticationIsShutOut() async throws {
+        try await withLimitedRelay({ $0.connectionLimits.failedAuthentications = 3 }) { url in
+            for _ in 0..<3 {
+                let guesser = WSTestClient(url: url)
+                _ = try await guesser.nextParsed()
+                guesser.send(ClientAction(.auth, params: "guess"))
+                #expect(try await guesser.nextParsed().statuses == [.authFailed])
+                _ = try await guesser.waitForClose()
+            }
+            // Now even the right key from that address waits out the window.
+            let next = WSTestClient(url: url)
+            #expect(try await next.nextParsed().statuses == [.connected])
+            let refused = try await next.nextParsed().statuses.first
+            #expect(refused?.status == "error")
+            #expect(refused?.message.contains("too many failed authentications") == true)
+            #expect(try await next.waitForClose() == 1008)
+        }
+    }
 }

@@ -149,10 +149,15 @@ public actor SecurityBrowser {
         }
         let coordinator = PrefetchCoordinator(cache: cache, metrics: metrics, logger: logger)
         clients[client] = Client(prefetch: coordinator, lastSeen: now)
-        // A client may name itself anything: past `maxNamedClients` names the least recently seen goes,
-        // so a varying X-Relay-Client header cannot grow this table without bound.
-        if case .named = client {
-            let named = clients.filter { if case .named = $0.key { true } else { false } }
+        // A client may name itself anything: past `maxNamedClients` names of one client key (the relay
+        // prefixes the name with the key's name) the least recently seen goes, so a varying
+        // X-Relay-Client header cannot grow this table without bound.
+        if case .named(let name) = client {
+            let scope = name.split(separator: ":", maxSplits: 1).count > 1 ? name.prefix { $0 != ":" } : ""
+            let named = clients.filter { entry in
+                guard case .named(let other) = entry.key else { return false }
+                return (other.split(separator: ":", maxSplits: 1).count > 1 ? other.prefix { $0 != ":" } : "") == scope
+            }
             if named.count > Self.maxNamedClients, let oldest = named.min(by: { $0.value.lastSeen < $1.value.lastSeen }) {
                 clients[oldest.key] = nil
                 logger.debug("too many named clients: forgetting the least recently seen", metadata: ["client": "\(oldest.key)"])
@@ -162,7 +167,7 @@ public actor SecurityBrowser {
         return coordinator
     }
 
-    /// Named clients (`X-Relay-Client`) remembered at most.
+    /// Named clients (`X-Relay-Client`) remembered at most, per client key.
     public static let maxNamedClients = 256
 
     /// The holdings `query` selects, valued now, in its order.

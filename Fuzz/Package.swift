@@ -1,0 +1,31 @@
+// swift-tools-version:6.1
+// libFuzzer targets for the parts that read untrusted bytes: the upstream frame parser, the server side
+// of the protocol (every client message) and topic parsing. A package of its own, built only by
+// scripts/fuzz with -sanitize=fuzzer,address (libFuzzer supplies `main`, so these cannot be ordinary
+// executables of the relay's package). Run: scripts/fuzz [seconds]
+import PackageDescription
+
+let fuzzFlags: [SwiftSetting] = [.unsafeFlags(["-parse-as-library"])]
+
+let package = Package(
+    name: "relay-fuzz",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        .package(name: "relay", path: ".."),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.0"),
+    ],
+    targets: [
+        .executableTarget(
+            name: "FuzzFrameParser",
+            dependencies: [.product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
+            path: "FuzzFrameParser", swiftSettings: fuzzFlags),
+        .executableTarget(
+            name: "FuzzServerSession",
+            dependencies: [.product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
+            path: "FuzzServerSession", swiftSettings: fuzzFlags),
+        .executableTarget(
+            name: "FuzzTopics",
+            dependencies: [.product(name: "PolygonWire", package: "relay")],
+            path: "FuzzTopics", swiftSettings: fuzzFlags),
+    ]
+)
