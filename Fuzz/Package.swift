@@ -15,17 +15,18 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.0"),
     ],
     targets: [
+        .target(name: "FuzzSupport", path: "FuzzSupport"),
         .executableTarget(
             name: "FuzzFrameParser",
-            dependencies: [.product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
             path: "FuzzFrameParser", swiftSettings: fuzzFlags),
         .executableTarget(
             name: "FuzzServerSession",
-            dependencies: [.product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
             path: "FuzzServerSession", swiftSettings: fuzzFlags),
         .executableTarget(
             name: "FuzzTopics",
-            dependencies: [.product(name: "PolygonWire", package: "relay")],
+            dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay")],
             path: "FuzzTopics", swiftSettings: fuzzFlags),
     ]
 )

@@ -1,4 +1,5 @@
 import NIOCore
+import FuzzSupport
 import PolygonWire
 
 /// One upstream message: parsed or refused with a WireError, never a crash; what parses encodes again.
@@ -15,20 +16,7 @@ public func fuzzFrameParser(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     return 0
 }
 
-// SwiftPM links an executable's entry as `<Target>_main` and makes `main` an alias of it; libFuzzer
-// brings its own `main`. This entry hands the command line to libFuzzer's driver instead.
-@_silgen_name("LLVMFuzzerRunDriver")
-func LLVMFuzzerRunDriver(
-    _ argc: UnsafeMutablePointer<CInt>, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-    _ callback: @convention(c) (UnsafeRawPointer?, Int) -> CInt
-) -> CInt
-
 @_cdecl("FuzzFrameParser_main")
-func fuzzEntry(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
-    var argc = argc
-    var argv = argv
-    return LLVMFuzzerRunDriver(&argc, &argv) { data, count in
-        guard let data else { return 0 }
-        return fuzzFrameParser(data, count)
-    }
+func entry(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
+    runLibFuzzer(argc, argv) { data, count in data.map { fuzzFrameParser($0, count) } ?? 0 }
 }

@@ -1,4 +1,5 @@
 import NIOCore
+import FuzzSupport
 import PolygonWire
 
 /// A client's messages (split at newlines) to the server side of the protocol, under small limits:
@@ -26,20 +27,7 @@ public func fuzzServerSession(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     return 0
 }
 
-// SwiftPM links an executable's entry as `<Target>_main` and makes `main` an alias of it; libFuzzer
-// brings its own `main`. This entry hands the command line to libFuzzer's driver instead.
-@_silgen_name("LLVMFuzzerRunDriver")
-func LLVMFuzzerRunDriver(
-    _ argc: UnsafeMutablePointer<CInt>, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-    _ callback: @convention(c) (UnsafeRawPointer?, Int) -> CInt
-) -> CInt
-
 @_cdecl("FuzzServerSession_main")
-func fuzzEntry(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
-    var argc = argc
-    var argv = argv
-    return LLVMFuzzerRunDriver(&argc, &argv) { data, count in
-        guard let data else { return 0 }
-        return fuzzServerSession(data, count)
-    }
+func entry(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
+    runLibFuzzer(argc, argv) { data, count in data.map { fuzzServerSession($0, count) } ?? 0 }
 }

@@ -1,3 +1,4 @@
+import FuzzSupport
 import PolygonWire
 
 /// Topic lists as a client or a config file writes them: parsed without a crash, and every topic that
@@ -17,20 +18,7 @@ public func fuzzTopics(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     return 0
 }
 
-// SwiftPM links an executable's entry as `<Target>_main` and makes `main` an alias of it; libFuzzer
-// brings its own `main`. This entry hands the command line to libFuzzer's driver instead.
-@_silgen_name("LLVMFuzzerRunDriver")
-func LLVMFuzzerRunDriver(
-    _ argc: UnsafeMutablePointer<CInt>, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-    _ callback: @convention(c) (UnsafeRawPointer?, Int) -> CInt
-) -> CInt
-
 @_cdecl("FuzzTopics_main")
-func fuzzEntry(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
-    var argc = argc
-    var argv = argv
-    return LLVMFuzzerRunDriver(&argc, &argv) { data, count in
-        guard let data else { return 0 }
-        return fuzzTopics(data, count)
-    }
+func entry(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
+    runLibFuzzer(argc, argv) { data, count in data.map { fuzzTopics($0, count) } ?? 0 }
 }
