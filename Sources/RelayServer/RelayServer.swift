@@ -154,7 +154,11 @@ public final class RelayServer: Service, Sendable {
         let authentication = configuration.authentication
         let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication))
         (configuration.metricsPublic ? router.group() : keyed).get("/metrics") { _, _ in await self.prometheusText() }
-        keyed.get("/v1/last/**") { _, context in try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/")) }
+        keyed.get("/v1/last/**") { request, context in
+            // The key's topics hold here as on the WebSocket.
+            let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
+            return try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/"), entitlement: key?.entitlement ?? .everything)
+        }
         // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
         extraRoutes(router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true)))
         extraWebSocketRoutes(
@@ -215,10 +219,13 @@ public final class RelayServer: Service, Sendable {
         return try Self.json(body, status: report.healthy ? .ok : .serviceUnavailable)
     }
 
-    private func lastEvent(_ path: String) async throws -> Response {
+    private func lastEvent(_ path: String, entitlement: Entitlement) async throws -> Response {
         let decoded = path.removingPercentEncoding ?? path
         guard let topic = Topic(parsing: decoded), !topic.isWildcard else {
             return try Self.json(["error": "not a topic: \(decoded) (expected EVENT.TICKER, e.g. Q.AAPL)"], status: .badRequest)
+        }
+        guard entitlement.allows(topic) else {
+            return try Self.json(["error": "not authorized: this key may not read \(topic)"], status: .forbidden)
         }
         // This node's hub first; a cluster node asks the cluster's last values for a topic nobody here wants.
         var last = await hub.lastEvent(for: topic)

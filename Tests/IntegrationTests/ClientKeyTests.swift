@@ -123,6 +123,11 @@ struct ClientKeyTests {
             #expect(refusal.message.contains("T.AAPL") && refusal.message.contains("T.*") && refusal.message.contains("quotes-only"))
             #expect(!acks.statuses.contains { $0.message.contains("subscribed to: T.") })
             #expect(try await client.nextEvents(10).allSatisfy { $0.topic.description == "Q.AAPL" })
+            // Nor over HTTP.
+            let trade = try await httpSend("GET", "http://127.0.0.1:\(port)/v1/last/T.AAPL", headers: ["Authorization": "Bearer quotes-secret"])
+            #expect(trade.status == 403)
+            let quote = try await httpSend("GET", "http://127.0.0.1:\(port)/v1/last/Q.AAPL", headers: ["Authorization": "Bearer quotes-secret"])
+            #expect(quote.status == 200)
             await client.close()
         }
     }
