@@ -34,6 +34,9 @@ public final class PortfolioStore: Sendable {
         path = (directory as NSString).appendingPathComponent("portfolio.sqlite")
         var configuration = Configuration()
         configuration.foreignKeysEnabled = true
+        // Another process (`relay portfolio import` while `relay serve` runs) waits for the lock
+        // instead of failing at once with SQLITE_BUSY.
+        configuration.busyMode = .timeout(10)
         pool = try DatabasePool(path: path, configuration: configuration)
         try Self.migrator.migrate(pool)
     }
@@ -190,13 +193,15 @@ public final class PortfolioStore: Sendable {
         guard fees >= 0 else { throw ValidationError(field: "fees", message: "must not be negative") }
         var candidate = Transaction(
             id: 0, accountID: accountID, date: date, kind: kind, symbol: symbol, quantity: quantity, price: price, fees: fees)
-        let existing = try transactions(accountID: accountID)
-        do {
-            _ = try PositionBook(transactions: existing + [candidate])
-        } catch {
-            throw ValidationError(field: "quantity", message: error.description)
-        }
+        // Read, check and insert in one write transaction: two sells arriving together are checked one
+        // after the other, so together they can never sell more than is held.
         try pool.write { db in
+            let existing = try Self.transactions(db, accountID: accountID)
+            do {
+                _ = try PositionBook(transactions: existing + [candidate])
+            } catch {
+                throw ValidationError(field: "quantity", message: "\(error)")
+            }
             try db.execute(
                 sql: #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees) VALUES (?, ?, ?, ?, ?, ?, ?)"#,
                 arguments: [
@@ -209,14 +214,15 @@ public final class PortfolioStore: Sendable {
     }
 
     public func transactions(accountID: Int64) throws -> [Transaction] {
-        try pool.read { db in
-            try Row.fetchAll(db, sql: #"SELECT * FROM "transaction" WHERE accountID = ? ORDER BY date, id"#, arguments: [accountID]).map {
-                row in
-                guard let kind = TransactionKind(rawValue: row["kind"]) else { throw StoreError.corrupt("transaction kind") }
-                return Transaction(
-                    id: row["id"], accountID: row["accountID"], date: try Self.day(row["date"]), kind: kind, symbol: row["symbol"],
-                    quantity: try Self.decimal(row["quantity"]), price: try Self.decimal(row["price"]), fees: try Self.decimal(row["fees"]))
-            }
+        try pool.read { db in try Self.transactions(db, accountID: accountID) }
+    }
+
+    private static func transactions(_ db: Database, accountID: Int64) throws -> [Transaction] {
+        try Row.fetchAll(db, sql: #"SELECT * FROM "transaction" WHERE accountID = ? ORDER BY date, id"#, arguments: [accountID]).map { row in
+            guard let kind = TransactionKind(rawValue: row["kind"]) else { throw StoreError.corrupt("transaction kind") }
+            return Transaction(
+                id: row["id"], accountID: row["accountID"], date: try day(row["date"]), kind: kind, symbol: row["symbol"],
+                quantity: try decimal(row["quantity"]), price: try decimal(row["price"]), fees: try decimal(row["fees"]))
         }
     }
 

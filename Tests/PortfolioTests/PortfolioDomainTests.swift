@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 import Testing
 
@@ -214,6 +215,29 @@ struct SnapshotTests {
 struct PortfolioStoreTests {
     func directory() -> String {
         FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-\(UUID().uuidString)").path
+    }
+
+    @Test func concurrentSellsNeverSellMoreThanIsHeld() throws {
+        let dir = directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        // Two pools on one file, like `relay serve` and `relay portfolio import` in two processes.
+        let first = try PortfolioStore(directory: dir)
+        let second = try PortfolioStore(directory: dir)
+        let account = try first.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        let day = try #require(Day("2024-01-02"))
+        _ = try first.addTransaction(accountID: account.id, date: day, kind: .buy, symbol: "AAPL", quantity: 10, price: 100, fees: 0)
+        let sold = Mutex(0)
+        DispatchQueue.concurrentPerform(iterations: 40) { index in
+            let store = index.isMultiple(of: 2) ? first : second
+            if (try? store.addTransaction(accountID: account.id, date: day, kind: .sell, symbol: "AAPL", quantity: 1, price: 101, fees: 0))
+                != nil
+            {
+                sold.withLock { $0 += 1 }
+            }
+        }
+        #expect(sold.withLock { $0 } == 10, "exactly the ten shares held could be sold")
+        let book = try PositionBook(transactions: try first.transactions(accountID: account.id))
+        #expect(book.positions.values.allSatisfy { $0.quantity >= 0 })
     }
 
     @Test func everythingSurvivesAReopenExactly() throws {
