@@ -4,6 +4,8 @@ import Foundation
 /// (`savings`).
 public enum AccountKind: String, Codable, Sendable, CaseIterable {
     case brokerage, savings
+
+    public init(from decoder: any Decoder) throws { self = try Self.decodeListingValues(from: decoder) }
 }
 
 /// An account. Closing keeps its history; deleting removes it and all its rows.
@@ -31,6 +33,21 @@ public struct Account: Codable, Sendable, Equatable {
 
 public enum TransactionKind: String, Codable, Sendable, CaseIterable {
     case buy, sell, dividend, fee
+
+    public init(from decoder: any Decoder) throws { self = try Self.decodeListingValues(from: decoder) }
+}
+
+extension RawRepresentable where Self: CaseIterable, RawValue == String {
+    /// Decodes the raw value; an unknown one is an error that lists the valid values.
+    static func decodeListingValues(from decoder: any Decoder) throws -> Self {
+        let container = try decoder.singleValueContainer()
+        let text = try container.decode(String.self)
+        guard let value = Self(rawValue: text) else {
+            throw DecodingError.dataCorruptedError(
+                in: container, debugDescription: "\"\(text)\" is not one of \(allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        return value
+    }
 }
 
 /// A brokerage transaction. Quantities, prices and fees are exact decimals.

@@ -76,6 +76,11 @@ public struct PortfolioRoutes: Sendable {
 
     static func body<T: Decodable>(_ type: T.Type, _ request: Request) async throws -> T {
         let buffer = try await request.body.collect(upTo: 1 << 20)
+        // Money is exact: a number written with an exponent (1e3) is refused like such a string would be.
+        if let field = JSONNumbers.fieldWithExponent(in: buffer.readableBytesView) {
+            throw PortfolioStore.ValidationError(
+                field: field, message: "write the number without an exponent, preferably as a string such as \"1000\"")
+        }
         return try PortfolioJSON.decoder.decode(T.self, from: Data(buffer.readableBytesView))
     }
 
@@ -156,7 +161,9 @@ public struct PortfolioRoutes: Sendable {
         }
         router.get("/v1/accounts/:id/transactions") { _, context in
             await Self.answer {
-                Self.json(try store.transactions(accountID: try Self.id(context)).map { PortfolioJSON.TransactionOut($0) })
+                let id = try Self.id(context)
+                _ = try store.account(id)  // 404 for an unknown account, not an empty list
+                return Self.json(try store.transactions(accountID: id).map { PortfolioJSON.TransactionOut($0) })
             }
         }
         router.post("/v1/accounts/:id/updates") { request, context in
@@ -168,7 +175,11 @@ public struct PortfolioRoutes: Sendable {
             }
         }
         router.get("/v1/accounts/:id/updates") { _, context in
-            await Self.answer { Self.json(try store.updates(accountID: try Self.id(context)).map(PortfolioJSON.UpdateOut.init)) }
+            await Self.answer {
+                let id = try Self.id(context)
+                _ = try store.account(id)  // 404 for an unknown account, not an empty list
+                return Self.json(try store.updates(accountID: id).map(PortfolioJSON.UpdateOut.init))
+            }
         }
         router.get("/v1/portfolio") { _, _ in
             await Self.answer { Self.json(PortfolioJSON.ValuationOut(try await service.valuation())) }

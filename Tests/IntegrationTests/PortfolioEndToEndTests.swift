@@ -84,4 +84,39 @@ struct PortfolioEndToEndTests {
             #expect(try await httpGet("\(base)/v1/portfolio/history?from=2024-13-01").status == 422)
         }
     }
+
+    @Test func errorsNameTheirFieldAndListValidValues() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-errors-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let relay = Relay(
+            settings: RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 100, portfolio: .init(dataDirectory: directory)),
+            logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let base = "http://127.0.0.1:\(parts.port)"
+            let created = try await httpSend(
+                "POST", "\(base)/v1/accounts", json: #"{"name":"Core","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
+            let id = try #require(jsonObject(created.body)["id"] as? Int)
+
+            // A number with an exponent is refused like such a string: money is exact.
+            let exponent = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(id)/transactions",
+                json: #"{"date":"2024-01-02","kind":"buy","symbol":"AAPL","quantity":"1","price":1e3}"#)
+            #expect(exponent.status == 422)
+            #expect(jsonObject(exponent.body)["field"] as? String == "price")
+            #expect(try await httpSend("GET", "\(base)/v1/accounts/\(id)/transactions").body == "[]", "nothing was written")
+
+            // An unknown kind lists the valid ones.
+            let kind = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(id)/transactions",
+                json: #"{"date":"2024-01-02","kind":"gift","symbol":"AAPL","quantity":"1","price":"1"}"#)
+            #expect(kind.status == 400)
+            #expect(jsonObject(kind.body)["field"] as? String == "kind")
+            #expect((jsonObject(kind.body)["error"] as? String)?.contains("buy, sell, dividend, fee") == true)
+
+            // An unknown account is 404 on its sub-routes, not an empty list.
+            #expect(try await httpSend("GET", "\(base)/v1/accounts/999/transactions").status == 404)
+            #expect(try await httpSend("GET", "\(base)/v1/accounts/999/updates").status == 404)
+        }
+    }
 }

@@ -1,5 +1,5 @@
-import Synchronization
 import Foundation
+import Synchronization
 import Testing
 
 @testable import Portfolio
