@@ -36,7 +36,7 @@ public struct ServerSession: Sendable {
     public init(limits: SessionLimits = SessionLimits(), grants authenticate: @escaping @Sendable (String) -> ClientGrant?) {
         self.limits = limits
         self.authenticate = authenticate
-        tokens = Double(limits.messagesPerSecond)
+        tokens = Double(max(limits.messageBurst, 1))
     }
 
     /// - Parameter authenticate: whether a client key is accepted (for everything).
@@ -74,12 +74,14 @@ public struct ServerSession: Sendable {
         }
     }
 
-    /// Takes one token from the rate bucket, refilled at `messagesPerSecond`.
+    /// Takes one token from the bucket of `messageBurst` tokens, refilled at `messagesPerSecond`.
     private mutating func admit(at now: ContinuousClock.Instant) -> Bool {
         let rate = Double(limits.messagesPerSecond)
         if let filledAt {
             let elapsed = now - filledAt
-            tokens = min(rate, tokens + rate * (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18))
+            tokens = min(
+                Double(max(limits.messageBurst, 1)),
+                tokens + rate * (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18))
         }
         filledAt = now
         guard tokens >= 1 else { return false }

@@ -6,17 +6,21 @@ public struct SessionLimits: Sendable, Equatable {
     public var topicsPerMessage: Int
     /// Topics one connection may hold; subscriptions past it are refused.
     public var topicsPerConnection: Int
-    /// Client messages per second (a burst of as many is allowed); more are answered and dropped.
+    /// Client messages per second, sustained; more are answered and dropped.
     public var messagesPerSecond: Int
+    /// Messages allowed at once before the rate applies (a client that subscribes symbol by symbol at
+    /// start, as Go's client does per `Subscribe` call, sends hundreds in a burst).
+    public var messageBurst: Int
     /// Longest ticker accepted.
     public var maxTickerLength: Int
     /// The event types the market has (`nil`: any); a topic of another type is refused.
     public var eventTypes: Set<String>?
 
     public init(
-        topicsPerMessage: Int = 1_000, topicsPerConnection: Int = 10_000, messagesPerSecond: Int = 50, maxTickerLength: Int = 40,
-        eventTypes: Set<String>? = nil
+        topicsPerMessage: Int = 1_000, topicsPerConnection: Int = 10_000, messagesPerSecond: Int = 50, messageBurst: Int = 1_000,
+        maxTickerLength: Int = 40, eventTypes: Set<String>? = nil
     ) {
+        self.messageBurst = messageBurst
         self.topicsPerMessage = topicsPerMessage
         self.topicsPerConnection = topicsPerConnection
         self.messagesPerSecond = messagesPerSecond

@@ -48,7 +48,7 @@ struct SessionLimitsTests {
     }
 
     @Test func messagesPastTheRateAreAnsweredAndDropped() throws {
-        var session = authenticated(SessionLimits(messagesPerSecond: 5))
+        var session = authenticated(SessionLimits(messagesPerSecond: 5, messageBurst: 5))
         let start = ContinuousClock.now
         var dropped = 0
         for index in 0..<10 {
@@ -57,8 +57,15 @@ struct SessionLimitsTests {
         }
         // Five tokens, less the one auth took.
         #expect(dropped == 6)
-        // A second later the bucket is full again.
+        // A second later five more tokens have come in.
         #expect(session.receive(subscribe("Q.LATER"), at: start + .seconds(1)).added.count == 1)
+    }
+
+    @Test func aClientSubscribingSymbolBySymbolAtStartIsNotThrottled() throws {
+        var session = authenticated(SessionLimits())
+        let start = ContinuousClock.now
+        let added = (0..<300).reduce(0) { count, index in count + session.receive(subscribe("Q.S\(index)"), at: start).added.count }
+        #expect(added == 300)
     }
 
     @Test func entitlementsRefuseTopicsOutsideTheKeyAndSubscribeTheRest() throws {
