@@ -314,9 +314,7 @@ struct ClusterTests {
             let port = try await cluster.startNode("books", extra: ["--data-dir", directory])
             _ = try await cluster.agreedLeader()
             let base = "http://127.0.0.1:\(port)"
-            let created = try await httpSend(
-                "POST", "\(base)/v1/accounts", json: #"{"name":"Core","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
-            let id = try #require(jsonObject(created.body)["id"] as? Int)
+            let id = try await createBrokerageAccount(base)
             let bought = try await httpSend(
                 "POST", "\(base)/v1/accounts/\(id)/transactions",
                 json: #"{"date":"2024-01-02","kind":"buy","symbol":"AAPL","quantity":"10","price":"150"}"#)

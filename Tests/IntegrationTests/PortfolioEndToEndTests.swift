@@ -6,19 +6,8 @@ import Testing
 @Suite("Portfolio end to end")
 struct PortfolioEndToEndTests {
     @Test func accountsTransactionsLiveValuationStreamAndHistory() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-e2e-\(UUID().uuidString)").path
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let relay = Relay(
-            settings: RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 2000, portfolio: .init(dataDirectory: directory)),
-            logger: testLogger)
-        try await withServices([relay]) {
-            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
-            let base = "http://127.0.0.1:\(parts.port)"
-
-            let created = try await httpSend(
-                "POST", "\(base)/v1/accounts", json: #"{"name":"Core","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
-            #expect(created.status == 201)
-            let id = try #require(jsonObject(created.body)["id"] as? Int)
+        try await withPortfolioRelay(demoRate: 2000) { parts, base in
+            let id = try await createBrokerageAccount(base)
 
             // Validation names the field; nothing is written.
             let malformed = try await httpSend(
@@ -86,17 +75,8 @@ struct PortfolioEndToEndTests {
     }
 
     @Test func errorsNameTheirFieldAndListValidValues() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-errors-\(UUID().uuidString)").path
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let relay = Relay(
-            settings: RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 100, portfolio: .init(dataDirectory: directory)),
-            logger: testLogger)
-        try await withServices([relay]) {
-            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
-            let base = "http://127.0.0.1:\(parts.port)"
-            let created = try await httpSend(
-                "POST", "\(base)/v1/accounts", json: #"{"name":"Core","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
-            let id = try #require(jsonObject(created.body)["id"] as? Int)
+        try await withPortfolioRelay { _, base in
+            let id = try await createBrokerageAccount(base)
 
             // A number with an exponent is refused like such a string: money is exact.
             let exponent = try await httpSend(

@@ -323,3 +323,27 @@ extension Relay.Components {
 func fixture(_ name: String) throws -> String {
     try #require(Bundle.module.url(forResource: name, withExtension: nil, subdirectory: "Fixtures")).path
 }
+
+/// Creates a brokerage account over the portfolio API (created 2024-01-01); returns its id.
+func createBrokerageAccount(_ base: String, name: String = "Core") async throws -> Int {
+    let created = try await httpSend(
+        "POST", "\(base)/v1/accounts", json: #"{"name":"\#(name)","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
+    #expect(created.status == 201)
+    return try #require(jsonObject(created.body)["id"] as? Int)
+}
+
+/// A relay on the demo feed with the portfolio sidecar on a fresh SQLite file, for `body`; the file is
+/// removed after.
+func withPortfolioRelay(
+    demoRate: Double = 100, _ body: @Sendable (_ parts: Relay.Components, _ base: String) async throws -> Void
+) async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-\(UUID().uuidString)").path
+    defer { try? FileManager.default.removeItem(atPath: directory) }
+    let relay = Relay(
+        settings: RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: demoRate, portfolio: .init(dataDirectory: directory)),
+        logger: testLogger)
+    try await withServices([relay]) {
+        let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+        try await body(parts, "http://127.0.0.1:\(parts.port)")
+    }
+}
