@@ -65,12 +65,11 @@ struct DownstreamSession {
                     // A key's connection limit, answered as Polygon answers one: the status, then 1008.
                     guard keyConnections.admit(grant) else {
                         logger.info("downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
-                        try await write(
+                        try await Self.refuse(
                             StatusMessage(
                                 status: StatusMessage.Kind.maxConnections,
                                 message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0))."
-                            ).frame, to: outbound)
-                        try await outbound.close(.policyViolation, reason: "max connections")
+                            ), reason: "max connections", outbound: outbound)
                         break
                     }
                     admitted = grant
@@ -116,6 +115,12 @@ struct DownstreamSession {
                 ).frame, to: outbound)
             try await outbound.close(Self.tooSlowCloseCode, reason: "too slow")
         }
+    }
+
+    /// Refuses a connection the way Polygon does: the status that says why, then close 1008.
+    static func refuse(_ status: StatusMessage, reason: String, outbound: WebSocketOutboundWriter) async throws {
+        try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: status.frame)))
+        try await outbound.close(.policyViolation, reason: reason)
     }
 
     private func write(_ frame: ByteBuffer, to outbound: WebSocketOutboundWriter) async throws {

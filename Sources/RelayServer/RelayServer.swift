@@ -109,8 +109,7 @@ public final class RelayServer: Service, Sendable {
         }
         logger.info("downstream connection refused: \(status.message)", metadata: ["address": "\(address)"])
         try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: StatusMessage.connected.frame)))
-        try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: status.frame)))
-        try await outbound.close(.policyViolation, reason: "connection limit")
+        try await DownstreamSession.refuse(status, reason: "connection limit", outbound: outbound)
     }
 
     /// Why the server cannot start with its TLS files.
