@@ -55,13 +55,15 @@ public struct HubSubscription: Sendable {
 
         /// Everything queued, in order, once at least one event is; `nil` when the subscription has ended.
         /// Stops adding stream elements once `limit` events are reached.
-        public mutating func nextBatch(limit: Int = 8192) async -> [MarketEvent]? {
-            guard var batch = await iterator.next() else { return nil }
+        /// Runs in the caller's isolation (`isolation`), so a reader on an actor is resumed on that
+        /// actor's executor directly, without a stop on the global pool.
+        public mutating func nextBatch(limit: Int = 8192, isolation: isolated (any Actor)? = #isolation) async -> [MarketEvent]? {
+            guard var batch = await iterator.next(isolation: isolation) else { return nil }
             var taken = 1
             let queued = queue.batches.load(ordering: .acquiring) - 1
             var extra = 0
             // These are already buffered (the hub counts after enqueueing), so `next()` does not wait.
-            while extra < queued, batch.count < limit, let more = await iterator.next() {
+            while extra < queued, batch.count < limit, let more = await iterator.next(isolation: isolation) {
                 batch += more
                 extra += 1
             }

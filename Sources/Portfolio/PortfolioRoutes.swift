@@ -1,6 +1,5 @@
 import Foundation
 import Hummingbird
-import HummingbirdWebSocket
 import NIOCore
 
 /// The portfolio's HTTP and WebSocket endpoints, mounted on the relay's own server:
@@ -264,23 +263,19 @@ public struct PortfolioRoutes: Sendable {
         return result
     }
 
-    public func addWebSocket<Context: WebSocketRequestContext>(to router: some RouterMethods<Context>) {
-        let service = self.service
-        router.ws("/v1/portfolio/stream") { inbound, outbound, _ in
-            // Whichever ends first ends the other: a client that closes must not leave the valuation
-            // loop waiting for the next change (that kept the relay from shutting down).
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                // Pings and the close handshake are handled while inbound is read.
-                group.addTask { for try await _ in inbound {} }
-                group.addTask {
-                    for await valuation in await service.valuationUpdates() {
-                        let data = try PortfolioJSON.encoder.encode(PortfolioJSON.ValuationOut(valuation))
-                        try await outbound.write(.text(String(decoding: data, as: UTF8.self)))
-                    }
-                }
-                defer { group.cancelAll() }
-                try await group.next()
+    /// The live valuation as WebSocket text frames, one per change (at most one per push interval): the
+    /// stream behind `/v1/portfolio/stream`, one per connection.
+    public func valuationFrames() async -> AsyncStream<ByteBuffer> {
+        let updates = await service.valuationUpdates()
+        let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingNewest(1))
+        let task = Task {
+            for await valuation in updates {
+                guard let data = try? PortfolioJSON.encoder.encode(PortfolioJSON.ValuationOut(valuation)) else { continue }
+                continuation.yield(ByteBuffer(bytes: data))
             }
+            continuation.finish()
         }
+        continuation.onTermination = { _ in task.cancel() }
+        return frames
     }
 }

@@ -202,7 +202,9 @@ public final class Relay: Service, Sendable {
             }(),
             hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),
             extraRoutes: { router in routes?.add(to: router) { $0.channel } },
-            extraWebSocketRoutes: { router in routes?.addWebSocket(to: router) })
+            pushStreams: routes.map { routes in
+                [PushStream(path: "/v1/portfolio/stream", needsPortfolioRight: true) { await routes.valuationFrames() }]
+            } ?? [])
 
         // Start order; they stop in reverse.
         var parts: [(String, any Service)] = []

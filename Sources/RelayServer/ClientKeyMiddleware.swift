@@ -1,6 +1,7 @@
 import Foundation
 import HTTPTypes
 import Hummingbird
+import HummingbirdCore
 import NIOCore
 import PolygonWire
 
@@ -57,9 +58,14 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
 
     /// The key a request presents: the bearer token, else `apiKey` from the query.
     static func key(in request: Request) -> String? {
-        if let header = request.headers[.authorization], header.lowercased().hasPrefix("bearer ") {
-            return String(header.dropFirst("bearer ".count)).trimmingCharacters(in: .whitespaces)
+        key(authorization: request.headers[.authorization], uri: request.uri)
+    }
+
+    /// The key in an `Authorization` header's bearer token, else in the URI's `apiKey` parameter.
+    static func key(authorization: String?, uri: URI) -> String? {
+        if let authorization, authorization.lowercased().hasPrefix("bearer ") {
+            return String(authorization.dropFirst("bearer ".count)).trimmingCharacters(in: .whitespaces)
         }
-        return request.uri.queryParameters.get("apiKey").map { String($0) }
+        return uri.queryParameters.get("apiKey").map { String($0) }
     }
 }

@@ -3,7 +3,7 @@ import Foundation
 import Hummingbird
 import HummingbirdCore
 import HummingbirdTLS
-import HummingbirdWebSocket
+import NIOHTTP1
 import Logging
 import MarketDataHub
 import Metrics
@@ -28,19 +28,23 @@ public final class RelayServer: Service, Sendable {
     private let metrics: DownstreamMetrics
     private let keyConnections: KeyConnections
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
-    private let extraWebSocketRoutes: @Sendable (RouterGroup<RelayWebSocketRequestContext>) -> Void
+    private let pushStreams: [PushStream]
     private let addresses: AddressGuard
 
-    /// - Parameter registry: the Prometheus registry `/metrics` serves; the hub and upstream should
-    ///   record into it too.
+    /// - Parameters:
+    ///   - registry: the Prometheus registry `/metrics` serves; the hub and upstream should record into
+    ///     it too.
+    ///   - extraRoutes: more HTTP routes (the portfolio's), added behind the client-key check with the
+    ///     portfolio right.
+    ///   - pushStreams: server-push WebSocket routes (the portfolio's live valuation).
     public init(
         configuration: RelayServerConfiguration, hub: MarketDataHub, feed: any FeedStatus,
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
         extraRoutes: @escaping @Sendable (RouterGroup<RelayRequestContext>) -> Void = { _ in },
-        extraWebSocketRoutes: @escaping @Sendable (RouterGroup<RelayWebSocketRequestContext>) -> Void = { _ in }
+        pushStreams: [PushStream] = []
     ) {
         self.extraRoutes = extraRoutes
-        self.extraWebSocketRoutes = extraWebSocketRoutes
+        self.pushStreams = pushStreams
         self.configuration = configuration
         self.hub = hub
         self.feed = feed
@@ -95,21 +99,17 @@ public final class RelayServer: Service, Sendable {
         port.fail(CancellationError())
     }
 
-    /// Answers a connection past a limit the way Polygon answers one: a status, then close 1008.
-    static func refuse(_ refusal: AddressGuard.Refusal, address: String, outbound: WebSocketOutboundWriter, logger: Logger) async throws {
-        let status: StatusMessage
+    /// The status that answers a connection past a limit, the way Polygon answers one (then close 1008).
+    static func refusal(_ refusal: AddressGuard.Refusal) -> StatusMessage {
         switch refusal {
         case .total(let limit):
-            status = StatusMessage(status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) in all).")
+            StatusMessage(status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) in all).")
         case .perAddress(let limit):
-            status = StatusMessage(
+            StatusMessage(
                 status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) per address).")
         case .tooManyFailures(let retryAfter):
-            status = .error("too many failed authentications from this address; try again in \(max(retryAfter.milliseconds / 1000, 1)) s")
+            .error("too many failed authentications from this address; try again in \(max(retryAfter.milliseconds / 1000, 1)) s")
         }
-        logger.info("downstream connection refused: \(status.message)", metadata: ["address": "\(address)"])
-        try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: StatusMessage.connected.frame)))
-        try await DownstreamSession.refuse(status, reason: "connection limit", outbound: outbound)
     }
 
     /// Why the server cannot start with its TLS files.
@@ -117,35 +117,96 @@ public final class RelayServer: Service, Sendable {
         public var description: String
     }
 
-    private func makeApplication() throws -> any ApplicationProtocol {
-        let webSocketRouter = Router(context: RelayWebSocketRequestContext.self)
-        let hub = self.hub
-        let configuration = self.configuration
-        let logger = self.logger
-        let sessions = self.sessions
-        let metrics = self.metrics
-        let keyConnections = self.keyConnections
-        let addresses = self.addresses
-        webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, context in
-            let address = context.requestContext.channel.remoteAddress?.ipAddress ?? "unknown"
+    /// How long a client has to answer our close frame before the connection is closed anyway.
+    static let closeTimeout = TimeAmount.seconds(3)
+    /// A client that does not answer a ping within this long is dropped (and idle clients are pinged).
+    static let pingInterval = TimeAmount.seconds(30)
+
+    /// The WebSocket side of the port: which upgrades are accepted, and the handlers that then run them.
+    private func webSocketRoutes() -> RelayChildChannel.WebSocketRoutes {
+        let market = "/\(configuration.market)"
+        let pushStreams = self.pushStreams
+        let authentication = configuration.authentication
+        return RelayChildChannel.WebSocketRoutes(
+            decide: { head, _ in
+                let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
+                if path == market { return .accept(.market) }
+                guard let index = pushStreams.firstIndex(where: { $0.path == path }) else {
+                    return .refuse(.notFound, "no WebSocket at \(path) (the market feed is at \(market))")
+                }
+                // The push streams take the client key the way the HTTP routes do.
+                if case .keys = authentication {
+                    let presented = ClientKeyMiddleware<RelayRequestContext>.key(
+                        authorization: head.headers.first(name: "authorization"), uri: URI(head.uri))
+                    guard let presented, let key = authentication.identify(presented) else {
+                        return .refuse(.unauthorized, "a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY")
+                    }
+                    if pushStreams[index].needsPortfolioRight, key.portfolio < .read {
+                        return .refuse(.forbidden, "key \"\(key.name)\" may not read the portfolio (its right: \(key.portfolio.rawValue))")
+                    }
+                }
+                return .accept(.push(index))
+            },
+            install: { [self] accepted, channel in try self.install(accepted, on: channel) },
+            maxFrameSize: configuration.maxClientMessageBytes)
+    }
+
+    /// Puts a new WebSocket connection's handlers into its pipeline (on its loop, right after the upgrade).
+    private func install(_ accepted: RelayChildChannel.Accepted, on channel: any Channel) throws {
+        let handler = WebSocketConnectionHandler(pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout)
+        let close: @Sendable (WebSocketErrorCode, String) -> Void
+        let address = channel.remoteAddress?.ipAddress ?? "unknown"
+        let release: @Sendable () -> Void
+        switch accepted {
+        case .market:
             if let refusal = addresses.admit(address) {
-                try await Self.refuse(refusal, address: address, outbound: outbound, logger: logger)
+                let status = Self.refusal(refusal)
+                logger.info("downstream connection refused: \(status.message)", metadata: ["address": "\(address)"])
+                handler.attach(
+                    WebSocketConversation(
+                        opened: { [unowned handler] in
+                            handler.write(StatusMessage.connected.frame, flush: false)
+                            handler.write(status.frame)
+                            handler.close(code: .policyViolation, reason: "connection limit")
+                        },
+                        received: { _ in }, closed: {}))
+                try channel.pipeline.syncOperations.addHandlers(Self.messageAggregator(configuration), handler)
                 return
             }
-            defer { addresses.release(address) }
-            let id = sessions.register(outbound)
-            metrics.connections.record(sessions.count)
-            defer {
-                sessions.unregister(id)
-                metrics.connections.record(sessions.count)
-            }
-            try await DownstreamSession(
-                hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections, logger: logger,
-                authenticationFailed: { addresses.failedAuthentication(from: address) }
-            )
-            .run(inbound: inbound, outbound: outbound)
+            let addresses = self.addresses
+            release = { addresses.release(address) }
+            let connection = MarketConnection(
+                handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop,
+                dependencies: .init(
+                    hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections, logger: logger,
+                    authenticationFailed: { addresses.failedAuthentication(from: address) }))
+            handler.attach(connection.conversation())
+            close = { code, reason in connection.close(code: code, reason: reason) }
+        case .push(let index):
+            release = {}
+            let connection = PushConnection(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, stream: pushStreams[index])
+            handler.attach(connection.conversation())
+            close = { code, reason in connection.close(code: code, reason: reason) }
         }
+        let sessions = self.sessions
+        let metrics = self.metrics
+        let id = sessions.register(.init(close: close, closed: channel.closeFuture))
+        metrics.connections.record(sessions.count)
+        channel.closeFuture.whenComplete { _ in
+            sessions.unregister(id)
+            metrics.connections.record(sessions.count)
+            release()
+        }
+        try channel.pipeline.syncOperations.addHandlers(Self.messageAggregator(configuration), handler)
+    }
 
+    /// Joins a client message's fragments (up to the largest message accepted) before the handler sees it.
+    private static func messageAggregator(_ configuration: RelayServerConfiguration) -> NIOWebSocketFrameAggregator {
+        NIOWebSocketFrameAggregator(
+            minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1024, maxAccumulatedFrameSize: configuration.maxClientMessageBytes)
+    }
+
+    private func makeApplication() throws -> any ApplicationProtocol {
         // Every route but /healthz (and /metrics when public) needs a client key: one middleware, not
         // a check per route. The market WebSocket authenticates in the Polygon conversation instead.
         let router = Router(context: RelayRequestContext.self)
@@ -160,14 +221,10 @@ public final class RelayServer: Service, Sendable {
         }
         // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
         extraRoutes(router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true)))
-        extraWebSocketRoutes(
-            webSocketRouter.group().add(
-                middleware: ClientKeyMiddleware<RelayWebSocketRequestContext>(authentication: authentication, portfolio: true)))
 
         let port = self.port
-        var server = HTTPServerBuilder.http1WebSocketUpgrade(
-            webSocketRouter: webSocketRouter,
-            configuration: .init(ws: .init(maxFrameSize: configuration.maxClientMessageBytes, autoPing: .enabled(timePeriod: .seconds(30)))))
+        let routes = webSocketRoutes()
+        var server = HTTPServerBuilder { responder in RelayChildChannel(responder: responder, routes: routes) }
         if let tls = configuration.tls {
             // wss:// and https:// on the one port.
             do {

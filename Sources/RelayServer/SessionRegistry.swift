@@ -1,19 +1,27 @@
-import HummingbirdWebSocket
+import NIOCore
 import NIOWebSocket
 import Synchronization
 
-/// The open downstream connections, so the server can close them all with a code of its choosing.
+/// The open downstream WebSocket connections, so the server can close them all with a code of its
+/// choosing.
 ///
-/// `Sendable`, state behind a `Mutex`. Hummingbird's own shutdown closes WebSockets with 1000, which
-/// tells Polygon's official clients to stop for good; the relay closes them first with 1012 ("service
-/// restart") so they reconnect to the restarted relay.
+/// `Sendable`, state behind a `Mutex`. The relay closes its WebSockets with 1012 ("service restart")
+/// before it stops, so Polygon's official clients reconnect to the restarted relay (1000 and 1001
+/// would stop them for good).
 final class SessionRegistry: Sendable {
-    private let sessions = Mutex<(next: Int, open: [Int: WebSocketOutboundWriter])>((0, [:]))
+    struct Entry: Sendable {
+        /// Starts the close handshake with a code and reason.
+        let close: @Sendable (WebSocketErrorCode, String) -> Void
+        /// Completes when the connection is closed.
+        let closed: EventLoopFuture<Void>
+    }
 
-    func register(_ outbound: WebSocketOutboundWriter) -> Int {
+    private let sessions = Mutex<(next: Int, open: [Int: Entry])>((0, [:]))
+
+    func register(_ entry: Entry) -> Int {
         sessions.withLock { state in
             state.next += 1
-            state.open[state.next] = outbound
+            state.open[state.next] = entry
             return state.next
         }
     }
@@ -24,27 +32,18 @@ final class SessionRegistry: Sendable {
 
     var count: Int { sessions.withLock { $0.open.count } }
 
-    /// Sends a close frame with `code` to every open session, concurrently, waiting at most `timeout`.
+    /// Sends a close frame with `code` to every open session and waits until they are closed, at most
+    /// `timeout`.
     func closeAll(code: WebSocketErrorCode, reason: String, timeout: Duration) async {
         let open = sessions.withLock { Array($0.open.values) }
         guard !open.isEmpty else { return }
-        await withTaskGroup(of: Bool.self) { group in
-            for outbound in open {
-                group.addTask {
-                    try? await outbound.close(code, reason: reason)
-                    return true
-                }
-            }
+        for entry in open { entry.close(code, reason) }
+        await withTaskGroup(of: Void.self) { group in
             group.addTask {
-                try? await Task.sleep(for: timeout)
-                return false
+                for entry in open { try? await entry.closed.get() }
             }
-            var closed = 0
-            for await sent in group {
-                guard sent else { break }  // the timeout came first
-                closed += 1
-                if closed == open.count { break }
-            }
+            group.addTask { try? await Task.sleep(for: timeout) }
+            await group.next()
             group.cancelAll()
         }
     }

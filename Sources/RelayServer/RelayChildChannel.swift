@@ -1,0 +1,142 @@
+import HTTPTypes
+import HummingbirdCore
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
+import NIOWebSocket
+import PolygonWire
+
+/// How the relay's port sets up each accepted connection: HTTP/1.1 for Hummingbird's router, or a
+/// WebSocket upgrade straight into the relay's own channel handlers (the market feed and the push
+/// streams), with no task reading the connection and no Hummingbird WebSocket machinery in between.
+///
+/// `Sendable`, a value type; Hummingbird calls ``setup(channel:logger:)`` on the new channel's event
+/// loop and ``handle(value:logger:)`` in a task that, for an upgraded connection, returns at once.
+struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
+    /// Where a WebSocket upgrade leads.
+    struct WebSocketRoutes: Sendable {
+        /// Decides, from the upgrade request, whether to accept it (its extra response headers) or why
+        /// not; runs on the channel's loop.
+        var decide: @Sendable (HTTPRequestHead, any Channel) -> Decision
+        /// Adds the connection's handlers once the upgrade is done (frame codec already in place).
+        var install: @Sendable (Accepted, any Channel) throws -> Void
+        var maxFrameSize: Int
+    }
+
+    enum Decision: Sendable {
+        case accept(Accepted)
+        case refuse(HTTPResponse.Status, String)
+    }
+
+    /// An accepted upgrade: the market feed, or the push stream at an index of the server's list.
+    enum Accepted: Sendable {
+        case market
+        case push(Int)
+    }
+
+    enum UpgradeResult: Sendable {
+        /// Our handlers run the connection from here.
+        case upgraded
+        case notUpgraded(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>)
+        case refused(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>, HTTPResponse.Status, String)
+    }
+
+    struct Value: ServerChildChannelValue {
+        let upgradeResult: EventLoopFuture<UpgradeResult>
+        let channel: any Channel
+    }
+
+    let responder: HTTPChannelHandler.Responder
+    let routes: WebSocketRoutes
+
+    init(responder: @escaping HTTPChannelHandler.Responder, routes: WebSocketRoutes) {
+        self.routes = routes
+        self.responder = Self.redirectingLateUpgrades(responder)
+    }
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        channel.eventLoop.makeCompletedFuture {
+            let refusal = NIOLoopBoundBox<(HTTPResponse.Status, String)?>(nil, eventLoop: channel.eventLoop)
+            let accepted = NIOLoopBoundBox<Accepted?>(nil, eventLoop: channel.eventLoop)
+            let routes = self.routes
+            let upgrader = NIOTypedWebSocketServerUpgrader<UpgradeResult>(
+                maxFrameSize: routes.maxFrameSize,
+                enableAutomaticErrorHandling: false,
+                shouldUpgrade: { channel, head in
+                    switch routes.decide(head, channel) {
+                    case .accept(let route):
+                        accepted.value = route
+                        return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
+                    case .refuse(let status, let message):
+                        refusal.value = (status, message)
+                        return channel.eventLoop.makeSucceededFuture(nil)
+                    }
+                },
+                upgradePipelineHandler: { channel, _ in
+                    channel.eventLoop.makeCompletedFuture {
+                        guard let route = accepted.value else { throw ChannelError.inappropriateOperationForState }
+                        try routes.install(route, channel)
+                        return UpgradeResult.upgraded
+                    }
+                })
+            let configuration = NIOTypedHTTPServerUpgradeConfiguration(
+                upgraders: [upgrader],
+                notUpgradingCompletionHandler: { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(HTTP1ToHTTPServerCodec(secure: false))
+                        try channel.pipeline.syncOperations.addHandler(HTTPConnectionStateHandler(logger: logger))
+                        let asyncChannel = try NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>(
+                            wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+                        if let (status, message) = refusal.value { return UpgradeResult.refused(asyncChannel, status, message) }
+                        return UpgradeResult.notUpgraded(asyncChannel)
+                    }
+                })
+            var pipeline = NIOUpgradableHTTPServerPipelineConfiguration<UpgradeResult>(upgradeConfiguration: configuration)
+            pipeline.enablePipelining = false
+            pipeline.enableErrorHandling = false
+            pipeline.enableResponseHeaderValidation = false
+            let result = try channel.pipeline.syncOperations.configureUpgradableHTTPServerPipeline(configuration: pipeline)
+            return Value(upgradeResult: result, channel: channel)
+        }
+    }
+
+    func handle(value: Value, logger: Logger) async {
+        do {
+            switch try await value.upgradeResult.get() {
+            case .upgraded:
+                return
+            case .notUpgraded(let http):
+                await handleHTTP(asyncChannel: http, logger: logger)
+            case .refused(let http, let status, let message):
+                try await http.executeThenClose { _, outbound in
+                    let body = ByteBuffer(string: #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#)
+                    var fields: HTTPFields = [.connection: "close", .contentType: "application/json", .contentLength: "\(body.readableBytes)"]
+                    if status == .unauthorized { fields[.wwwAuthenticate] = #"Bearer realm="relay""# }
+                    try await outbound.write(contentsOf: [.head(HTTPResponse(status: status, headerFields: fields)), .body(body), .end(nil)])
+                }
+            }
+        } catch let error as ChannelError where error == .inputClosed {
+            logger.trace("connection closed before its first request")
+        } catch {
+            logger.debug("connection setup failed", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// NIO's upgrade handler only looks at a connection's first request. A WebSocket upgrade arriving
+    /// later on a kept-alive connection is sent back to the same URI with the connection closed, so
+    /// the client retries it first on a new connection (Hummingbird does the same).
+    private static func redirectingLateUpgrades(_ responder: @escaping HTTPChannelHandler.Responder) -> HTTPChannelHandler.Responder {
+        struct RedirectedUpgrade: Error {}
+        return { request, writer, channel in
+            guard request.headers[.upgrade]?.lowercased() == "websocket" else {
+                return try await responder(request, writer, channel)
+            }
+            var location = request.uri.path
+            if let query = request.uri.query { location += "?\(query)" }
+            try await writer.writeResponse(HTTPResponse(status: .temporaryRedirect, headerFields: [.connection: "close", .location: location]))
+            throw RedirectedUpgrade()
+        }
+    }
+}

@@ -1,0 +1,192 @@
+import NIOCore
+import NIOWebSocket
+
+/// What a downstream WebSocket connection does with its messages: the market feed's Polygon
+/// conversation, or a server-push stream. Called on the connection's event loop, synchronously.
+struct WebSocketConversation {
+    /// The connection is open and upgraded (the handler is in the pipeline and may write).
+    var opened: () -> Void
+    /// One whole client message (text or binary; fragments already joined).
+    var received: (ByteBuffer) -> Void
+    /// The connection is gone (once, whoever closed it).
+    var closed: () -> Void
+}
+
+/// The channel handler of one downstream WebSocket connection once upgraded. It answers pings, pings a
+/// quiet client and drops one that stops answering, runs the close handshake in both directions, tracks
+/// writability for the code that writes, and hands each client message to its ``WebSocketConversation``.
+///
+/// Event-loop confined like every NIO handler (not `Sendable`): code elsewhere reaches it through
+/// `NIOLoopBound`, from actors whose executor is the same loop (``MarketConnection``), so a write is a direct
+/// pipeline call, not a hop between threads. No task per connection reads: NIO calls ``channelRead``.
+final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = WebSocketFrame
+    typealias OutboundOut = WebSocketFrame
+
+    /// Space kept in front of an outgoing frame's bytes so the frame encoder writes its header in place
+    /// (a server frame header is at most 10 bytes): one buffer per frame, one `write` per flush.
+    static let frameHeadroom = 10
+
+    private var context: ChannelHandlerContext?
+    private var conversation: WebSocketConversation?
+    private let pingInterval: TimeAmount
+    private let closeTimeout: TimeAmount
+    private var pingTask: RepeatedTask?
+    private var awaitingPong = false
+    /// A close frame was sent; the channel closes when the client answers or after `closeTimeout`.
+    private(set) var isClosing = false
+    private(set) var isClosed = false
+    private var writableWaiters: [CheckedContinuation<Void, Never>] = []
+
+    init(pingInterval: TimeAmount, closeTimeout: TimeAmount) {
+        self.pingInterval = pingInterval
+        self.closeTimeout = closeTimeout
+    }
+
+    /// Set once, before the handler is added to the pipeline (the conversation needs the handler to
+    /// write, the handler needs the conversation to deliver).
+    func attach(_ conversation: WebSocketConversation) {
+        self.conversation = conversation
+    }
+
+    var allocator: ByteBufferAllocator { context?.channel.allocator ?? ByteBufferAllocator() }
+
+    var isWritable: Bool { context?.channel.isWritable ?? false }
+
+    var remoteAddress: SocketAddress? { context?.channel.remoteAddress }
+
+    var channel: (any Channel)? { context?.channel }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        pingTask = context.eventLoop.scheduleRepeatedTask(initialDelay: pingInterval, delay: pingInterval) { _ in
+            loopBound.value.pingOrDrop()
+        }
+        // Added by the upgrade, to a channel that is already active.
+        conversation?.opened()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        finish()
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        finish()
+        self.context = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = unwrapInboundIn(data)
+        switch frame.opcode {
+        case .text, .binary:
+            guard !isClosing else { return }
+            conversation?.received(frame.unmaskedData)
+        case .ping:
+            guard !isClosing else { return }
+            var data = frame.unmaskedData
+            data.reserveCapacity(data.readableBytes)
+            context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: data)), promise: nil)
+        case .pong:
+            awaitingPong = false
+        case .connectionClose:
+            if isClosing {
+                // The answer to our close: done.
+                context.close(promise: nil)
+            } else {
+                // The client closes: answer with its code, then close.
+                isClosing = true
+                var data = frame.unmaskedData
+                let code = data.readWebSocketErrorCode() ?? .normalClosure
+                var reply = context.channel.allocator.buffer(capacity: 2)
+                reply.write(webSocketErrorCode: code)
+                let channel = context.channel
+                context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: reply)))
+                    .whenComplete { _ in channel.close(promise: nil) }
+            }
+        default:
+            break
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A protocol error (bad frame, oversized message): tell the client the way RFC 6455 says, then go.
+        if let error = error as? NIOWebSocketError {
+            let code: WebSocketErrorCode = error == .multiByteControlFrameLength || error == .fragmentedControlFrame ? .protocolError : .messageTooLarge
+            close(code: code, reason: nil)
+        } else {
+            context.close(promise: nil)
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { resumeWriters() }
+        context.fireChannelWritabilityChanged()
+    }
+
+    // MARK: writing (on the event loop)
+
+    /// Writes one text frame; `flush` to send it now.
+    func write(_ payload: ByteBuffer, flush: Bool = true) {
+        guard let context, !isClosing else { return }
+        context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
+        if flush { context.flush() }
+    }
+
+    func flush() {
+        context?.flush()
+    }
+
+    /// Waits until the channel can take more (or is gone). Call on the event loop.
+    func waitUntilWritable(isolation: isolated (any Actor)) async {
+        guard !isClosed, !isWritable else { return }
+        await withCheckedContinuation(isolation: isolation) { continuation in
+            writableWaiters.append(continuation)
+        }
+    }
+
+    /// Starts the close handshake with `code`: a close frame now, the channel closed when the client
+    /// answers or after the close timeout.
+    func close(code: WebSocketErrorCode, reason: String?) {
+        guard let context, !isClosing else { return }
+        isClosing = true
+        var data = context.channel.allocator.buffer(capacity: 2 + (reason?.utf8.count ?? 0))
+        data.write(webSocketErrorCode: code)
+        if let reason { data.writeString(String(reason.utf8.prefix(123)) ?? "") }
+        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: data)), promise: nil)
+        context.eventLoop.scheduleTask(in: closeTimeout) { [channel = context.channel] in
+            channel.close(promise: nil)
+        }
+    }
+
+    private func pingOrDrop() {
+        guard let context, !isClosing else { return }
+        if awaitingPong {
+            // No answer for a whole interval: the peer is gone without a FIN.
+            context.close(promise: nil)
+            return
+        }
+        awaitingPong = true
+        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer())), promise: nil)
+    }
+
+    private func resumeWriters() {
+        guard !writableWaiters.isEmpty else { return }
+        let waiters = writableWaiters
+        writableWaiters = []
+        for waiter in waiters { waiter.resume() }
+    }
+
+    private func finish() {
+        guard !isClosed else { return }
+        isClosed = true
+        isClosing = true
+        pingTask?.cancel()
+        pingTask = nil
+        resumeWriters()
+        let conversation = self.conversation
+        self.conversation = nil
+        conversation?.closed()
+    }
+}
