@@ -22,6 +22,8 @@ final class ClusterFeed: Sendable {
         case loss(count: Int, topics: Set<Topic>?, reason: String)
     }
 
+    /// On the control subject, `loss:N`: the leader dropped N upstream events (its own queue was full).
+    static let lossPrefix = "loss:"
     /// Events queued between libnats and the hub before newer ones are dropped.
     static let maxQueuedEvents = 100_000
     /// Events handed to the hub in one `publish`, so one late wake-up does not become one huge batch.
@@ -79,6 +81,10 @@ final class ClusterFeed: Sendable {
         eventSink.withLock { $0 = sink }
         let control = NATSMessageSink { [weak self] _, payload in
             let reason = String(decoding: payload, as: UTF8.self)
+            if reason.hasPrefix(ClusterFeed.lossPrefix), let count = Int(reason.dropFirst(ClusterFeed.lossPrefix.count)) {
+                self?.append(.loss(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
+                return
+            }
             self?.append(.lost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
         }
         _ = connection.subscribe(subjects.upstreamControl, sink: control)

@@ -447,6 +447,8 @@ public final class ClusterNode: Service, Sendable {
                 metrics.natsOut.increment(by: events.count)
             case .connectionLost(let reason):
                 connection.publish(subjects.upstreamControl, "upstream connection lost (\(reason))")
+            case .lost(let count, _):
+                connection.publish(subjects.upstreamControl, "\(ClusterFeed.lossPrefix)\(count)")
             case .authenticated:
                 break
             }

@@ -229,7 +229,8 @@ public actor MarketDataHub {
             let wild = wildcards[event.eventType]
             // A cluster node may still receive a few events of a topic it just dropped: not kept.
             if let entry = entries[topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: topic) : nil) {
-                entry.last = event
+                // Its own bytes: a cached event must not keep its whole upstream message alive.
+                entry.last = event.compacted()
                 for subscriber in entry.subscribers {
                     subscriber.lastSequence = sequence
                     if subscriber.staged.isEmpty { touched.append(subscriber) }
@@ -340,7 +341,7 @@ public actor MarketDataHub {
     /// so a late seed never puts an older event after a newer one.
     public func seed(_ event: MarketEvent) {
         guard snapshotOnSubscribe, let entry = entries[event.topic], entry.last == nil, !entry.subscribers.isEmpty else { return }
-        entry.last = event
+        entry.last = event.compacted()
         for subscriber in entry.subscribers { enqueue([event], to: subscriber) }
     }
 

@@ -33,6 +33,13 @@ public struct MarketEvent: Sendable {
         MarketEvent(eventType: "status", ticker: status.status, bytes: ByteBuffer(string: status.json))
     }
 
+    /// The same event with bytes of its own, not a slice of the message it arrived in: kept for long
+    /// (a last value) or queued behind a slow client, it holds its own bytes and nothing more.
+    public func compacted() -> MarketEvent {
+        guard bytes.storageCapacity > bytes.readableBytes else { return self }
+        return MarketEvent(eventType: eventType, ticker: ticker, bytes: ByteBuffer(buffer: bytes), receivedAt: receivedAt)
+    }
+
     /// Whether this is a relay notice rather than market data.
     public var isNotice: Bool { eventType == "status" }
 }

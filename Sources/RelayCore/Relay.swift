@@ -282,6 +282,7 @@ final class UpstreamLink: Service, FeedStatus {
                     switch message {
                     case .events(let events): await hub.publish(events)
                     case .connectionLost(let reason): await hub.upstreamLost(reason: reason)
+                    case .lost(let count, let topics): await hub.reportLoss(count, topics: topics, reason: "the relay fell behind its upstream")
                     case .authenticated: break  // the first event after it ends an outage
                     }
                 }

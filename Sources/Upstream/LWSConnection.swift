@@ -38,6 +38,8 @@ final class LWSConnection: Sendable {
         var nextWatcher: UInt64 = 0
         var rx = ByteBuffer()
         var rxOversized = false
+        /// Events dropped for a full queue and not yet announced to the consumer.
+        var unreportedLoss: (count: Int, topics: Set<Topic>?) = (0, [])
         var statistics = UpstreamStatistics()
         var lastMessageAt: ContinuousClock.Instant?
         var establishedAt: ContinuousClock.Instant?
@@ -53,6 +55,7 @@ final class LWSConnection: Sendable {
     let metrics: UpstreamMetrics
     let shared: Mutex<Shared>
     let eventContinuation: AsyncStream<UpstreamMessage>.Continuation
+    let queued: QueuedEvents
     let endContinuation: AsyncStream<ConnectionEnd>.Continuation
     let exitContinuation: AsyncStream<Void>.Continuation
 
@@ -63,6 +66,7 @@ final class LWSConnection: Sendable {
         configuration: UpstreamConfiguration,
         logger: Logger,
         events: AsyncStream<UpstreamMessage>.Continuation,
+        queued: QueuedEvents,
         ends: AsyncStream<ConnectionEnd>.Continuation,
         exit: AsyncStream<Void>.Continuation
     ) {
@@ -71,6 +75,7 @@ final class LWSConnection: Sendable {
         self.shared = Mutex(Shared(session: ClientSession(apiKey: configuration.apiKey)))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.eventContinuation = events
+        self.queued = queued
         self.endContinuation = ends
         self.exitContinuation = exit
     }
@@ -504,11 +509,34 @@ final class LWSConnection: Sendable {
             return
         }
         for status in parsed.statuses { handle(status, wsi: wsi) }
-        if !parsed.events.isEmpty {
-            shared.withLock { $0.statistics.eventsReceived += parsed.events.count }
-            metrics.events.increment(by: parsed.events.count)
-            eventContinuation.yield(.events(parsed.events))
+        guard !parsed.events.isEmpty else { return }
+        let count = parsed.events.count
+        shared.withLock { $0.statistics.eventsReceived += count }
+        metrics.events.increment(by: count)
+        guard queued.count.load(ordering: .relaxed) + count <= configuration.maxQueuedEvents else {
+            // The consumer is this far behind: drop, count, and say so before the next kept message.
+            shared.withLock { state in
+                state.statistics.droppedEvents += count
+                state.unreportedLoss.count += count
+                if var topics = state.unreportedLoss.topics {
+                    for event in parsed.events { topics.insert(event.topic) }
+                    state.unreportedLoss.topics = topics.count > 1000 ? nil : topics
+                }
+            }
+            metrics.dropped.increment(by: count)
+            warnThrottled("queue full", "upstream events dropped: \(configuration.maxQueuedEvents) events already wait for the hub")
+            return
         }
+        let loss = shared.withLock { state -> (count: Int, topics: Set<Topic>?)? in
+            guard state.unreportedLoss.count > 0 else { return nil }
+            defer { state.unreportedLoss = (0, []) }
+            return state.unreportedLoss
+        }
+        if let loss { eventContinuation.yield(.lost(count: loss.count, topics: loss.topics)) }
+        // Events are slices of their message; a large message is not kept alive by a few of them.
+        let events = message.readableBytes > configuration.compactMessagesAbove ? parsed.events.map { $0.compacted() } : parsed.events
+        queued.count.add(count, ordering: .relaxed)
+        eventContinuation.yield(.events(events))
     }
 
     /// A warning that may repeat at the upstream's message rate: logged at most every ten seconds, with
@@ -580,6 +608,8 @@ public struct UpstreamStatistics: Sendable, Equatable {
     public var eventsReceived = 0
     public var malformedMessages = 0
     public var oversizedMessages = 0
+    /// Events dropped because the queue to the hub was full.
+    public var droppedEvents = 0
     /// Connections that ended other than by shutdown, by cause (`closed`, `failed`, `dead`,
     /// `handshake_timeout`, `auth_failed`, `max_connections`).
     public var reconnectsByCause: [String: Int] = [:]

@@ -17,7 +17,7 @@ import Synchronization
 public final class PolygonWebSocket: Service, Sendable {
     /// Every upstream message's events, and the connection's losses and authentications, in wire
     /// order. Finishes when the client stops. One consumer (the relay's hub pump).
-    public let messages: AsyncStream<UpstreamMessage>
+    public let messages: UpstreamMessages
 
     private let connection: LWSConnection
     private let ends: AsyncStream<ConnectionEnd>
@@ -30,13 +30,14 @@ public final class PolygonWebSocket: Service, Sendable {
         let (messages, eventContinuation) = AsyncStream.makeStream(of: UpstreamMessage.self)
         let (ends, endContinuation) = AsyncStream.makeStream(of: ConnectionEnd.self)
         let (exit, exitContinuation) = AsyncStream.makeStream(of: Void.self)
-        self.messages = messages
+        let queued = QueuedEvents()
+        self.messages = UpstreamMessages(stream: messages, queued: queued)
         self.ends = ends
         self.threadExit = exit
         self.logger = logger
         self.connection = LWSConnection(
             configuration: configuration, logger: logger,
-            events: eventContinuation, ends: endContinuation, exit: exitContinuation)
+            events: eventContinuation, queued: queued, ends: endContinuation, exit: exitContinuation)
     }
 
     /// The configuration this client was made with.

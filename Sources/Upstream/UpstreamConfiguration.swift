@@ -59,6 +59,12 @@ public struct UpstreamConfiguration: Sendable {
     /// How long a shutdown waits for the close handshake before it drops the connection anyway. A
     /// cluster leader that loses its lease must be gone well inside the lease's lifetime.
     public var closeTimeout: Duration = .seconds(2)
+    /// Events that may wait between the upstream thread and the hub; past it newer messages are
+    /// dropped, counted and announced (a burst never becomes unbounded memory).
+    public var maxQueuedEvents = 100_000
+    /// Upstream messages larger than this have their events copied out of the message, so a queued or
+    /// cached event never keeps a large message alive.
+    public var compactMessagesAbove = 16 * 1024
 
     public init(
         endpoint: Endpoint,

@@ -10,6 +10,9 @@ public enum UpstreamMessage: Sendable {
     case authenticated
     /// The connection ended (not by shutdown); a reconnect follows.
     case connectionLost(reason: String)
+    /// Events dropped because the queue to the consumer was full (`topics` is `nil` when too many
+    /// different ones were lost to list). Comes before the next message that was kept.
+    case lost(count: Int, topics: Set<Topic>?)
 
     /// The events, if this is `.events`.
     public var events: [MarketEvent]? {

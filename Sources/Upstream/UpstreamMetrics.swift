@@ -12,6 +12,7 @@ struct UpstreamMetrics: Sendable {
     let events: Counter
     let malformed: Counter
     let oversized: Counter
+    let dropped: Counter
 
     init(factory: any MetricsFactory) {
         var states: [String: Gauge] = [:]
@@ -28,6 +29,7 @@ struct UpstreamMetrics: Sendable {
         events = Counter(label: "relay_upstream_events_total", factory: factory)
         malformed = Counter(label: "relay_upstream_malformed_messages_total", factory: factory)
         oversized = Counter(label: "relay_upstream_oversized_messages_total", factory: factory)
+        dropped = Counter(label: "relay_upstream_dropped_events_total", factory: factory)
     }
 
     /// One gauge per state, 1 for the current one.

@@ -277,7 +277,7 @@ func eventually(
 }
 
 /// Collects at least `count` events from an upstream event stream.
-func collect(_ count: Int, from stream: AsyncStream<UpstreamMessage>, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
+func collect(_ count: Int, from stream: UpstreamMessages, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
     try await within(timeout, "\(count) upstream events") {
         var out: [MarketEvent] = []
         for await message in stream {
