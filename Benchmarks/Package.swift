@@ -19,6 +19,8 @@ let package = Package(
                 .product(name: "MarketDataHub", package: "relay"),
                 .product(name: "Benchmark", package: "benchmark"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
             path: "RelayBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]

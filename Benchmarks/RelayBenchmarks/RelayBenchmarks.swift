@@ -1,6 +1,8 @@
 import Benchmark
 import MarketDataHub
 import NIOCore
+import NIOEmbedded
+import NIOWebSocket
 import PolygonWire
 
 /// A frame as Polygon sends it: 50 quotes over 100 symbols.
@@ -51,6 +53,40 @@ let benchmarks: @Sendable () -> Void = {
             await hub.publish(events)
             for index in readers.indices {
                 blackHole(await readers[index].nextBatch())
+            }
+        }
+        benchmark.stopMeasurement()
+    }
+
+    // The downstream write path, gated on allocations (stable where times are not): one upstream frame
+    // of 50 events published to the fanout shape, each subscriber's batch taken, encoded into one frame
+    // and written through NIO's WebSocket frame encoder. One iteration delivers about 100
+    // frames; `scripts/bench-micro check` fails when its malloc count rises above the stored threshold.
+    Benchmark(
+        "Write path allocations: 50 events to 100 subscribers, framed and written",
+        configuration: .init(metrics: [.mallocCountTotal], maxDuration: .seconds(2), maxIterations: 2_000)
+    ) { benchmark in
+        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        var readers: [HubSubscription.Reader] = []
+        var channels: [EmbeddedChannel] = []
+        for subscriber in 0..<100 {
+            let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100)) })
+            readers.append(await hub.subscribe(to: topics).makeReader())
+            let channel = EmbeddedChannel()
+            try channel.pipeline.syncOperations.addHandler(WebSocketFrameEncoder())
+            channels.append(channel)
+        }
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations {
+            await hub.publish(events)
+            for index in readers.indices {
+                guard let batch = await readers[index].nextBatch() else { continue }
+                for frame in FrameEncoder.frames(for: batch, allocator: channels[index].allocator) {
+                    channels[index].write(WebSocketFrame(fin: true, opcode: .text, data: frame), promise: nil)
+                }
+                channels[index].flush()
+                // What the socket would take: drained, so the next write starts from nothing queued.
+                while let written = try channels[index].readOutbound(as: ByteBuffer.self) { blackHole(written) }
             }
         }
         benchmark.stopMeasurement()

@@ -6,31 +6,49 @@ public enum FrameEncoder {
     /// Polygon's Go client refuses frames of 1,000,000 bytes or more.
     public static let maxFrameBytes = 999_999
 
+    /// The events as one frame (a JSON array of their bytes), or `nil` when together they reach
+    /// `maxFrameBytes` (then use ``frames(for:maxFrameBytes:allocator:)``). The hot path: one allocation,
+    /// one copy per event, no event copied out of the array.
+    public static func frame(
+        for events: [MarketEvent], maxFrameBytes: Int = FrameEncoder.maxFrameBytes,
+        allocator: ByteBufferAllocator = ByteBufferAllocator()
+    ) -> ByteBuffer? {
+        guard !events.isEmpty else { return nil }
+        return events.withUnsafeBufferPointer { events -> ByteBuffer? in
+            var size = 1 + events.count
+            for index in events.indices { size += events[index].bytes.readableBytes }
+            guard size <= maxFrameBytes else { return nil }
+            var buffer = allocator.buffer(capacity: size)
+            for index in events.indices {
+                buffer.writeInteger(UInt8(ascii: index == 0 ? "[" : ","))
+                buffer.writeImmutableBuffer(events[index].bytes)
+            }
+            buffer.writeInteger(UInt8(ascii: "]"))
+            return buffer
+        }
+    }
+
     /// Encodes events into as few frames as possible, each a JSON array under `maxFrameBytes`.
     /// An event that alone exceeds the limit gets a frame of its own (there is no smaller form of it).
-    /// Each buffer keeps `headroom` bytes free in front of its reader index, where a WebSocket frame
-    /// encoder can write the frame header in place instead of in a buffer of its own.
     /// Concrete `[MarketEvent]` (not a generic collection): called across modules, a generic version
     /// runs unspecialised and boxes every event it touches.
     public static func frames(
         for events: [MarketEvent],
         maxFrameBytes: Int = FrameEncoder.maxFrameBytes,
-        headroom: Int = 0,
         allocator: ByteBufferAllocator = ByteBufferAllocator()
     ) -> [ByteBuffer] {
+        if let one = frame(for: events, maxFrameBytes: maxFrameBytes, allocator: allocator) { return [one] }
         guard !events.isEmpty else { return [] }
-        // Sized once: the events plus a comma each and the brackets, so appending never reallocates.
         var remaining = events.reduce(2) { $0 + $1.bytes.readableBytes + 1 }
         var frames: [ByteBuffer] = []
-        // One buffer, always uniquely owned: appending writes in place, never copies.
-        var buffer = Self.buffer(capacity: min(maxFrameBytes, remaining), headroom: headroom, allocator: allocator)
+        var buffer = allocator.buffer(capacity: min(maxFrameBytes, remaining))
         var count = 0
         for event in events {
             let size = event.bytes.readableBytes
             if count > 0, buffer.readableBytes + size + 2 > maxFrameBytes {
                 buffer.writeInteger(UInt8(ascii: "]"))
                 frames.append(buffer)
-                buffer = Self.buffer(capacity: min(maxFrameBytes, max(remaining, size + 2)), headroom: headroom, allocator: allocator)
+                buffer = allocator.buffer(capacity: min(maxFrameBytes, max(remaining, size + 2)))
                 count = 0
             }
             buffer.writeInteger(UInt8(ascii: count == 0 ? "[" : ","))
@@ -41,14 +59,5 @@ public enum FrameEncoder {
         buffer.writeInteger(UInt8(ascii: "]"))
         frames.append(buffer)
         return frames
-    }
-
-    private static func buffer(capacity: Int, headroom: Int, allocator: ByteBufferAllocator) -> ByteBuffer {
-        var buffer = allocator.buffer(capacity: capacity + headroom)
-        if headroom > 0 {
-            buffer.moveWriterIndex(forwardBy: headroom)
-            buffer.moveReaderIndex(forwardBy: headroom)
-        }
-        return buffer
     }
 }

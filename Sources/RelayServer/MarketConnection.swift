@@ -7,11 +7,11 @@ import PolygonWire
 /// One downstream market client: the Polygon conversation (``ServerSession``) on the way in, its hub
 /// subscription on the way out.
 ///
-/// An actor whose executor is its channel's event loop, so its state, its handler and the one task
-/// that drains its hub stream all live on that loop: a client message is handled synchronously as NIO
-/// reads it (no reading task), and a batch the hub queues is written to the pipeline directly (no hop
-/// between threads per write). The only task per connection is that drain; hub calls (`subscribe`,
-/// `add`, `remove`) run one after another in a short-lived task, in the order the client asked.
+/// An actor whose executor is its channel's event loop, so its state and its handler live on that loop:
+/// a client message is handled synchronously as NIO reads it (no reading task). The only task per
+/// connection drains its hub stream (on the cooperative pool, handing frames to the loop's
+/// ``LoopWriteQueue``); hub calls (`subscribe`, `add`, `remove`) run one after another in a short-lived
+/// task, in the order the client asked.
 ///
 /// Acknowledgements are written before the hub is asked to add a topic, so a client never sees an
 /// event before the ack of its subscription. The drain takes everything queued for the client at once
@@ -24,6 +24,8 @@ actor MarketConnection {
         let configuration: RelayServerConfiguration
         let metrics: DownstreamMetrics
         let keyConnections: KeyConnections
+        /// Where this connection's drain hands its frames to be written on the loop.
+        let writes: LoopWriteQueue
         let logger: Logger
         /// Told each time a client's key is refused (counted per address).
         let authenticationFailed: @Sendable () -> Void
@@ -157,7 +159,12 @@ actor MarketConnection {
             case .join:
                 let joined = await hub.subscribe()
                 subscription = joined
-                if !ended { drain = Task { await self.drain(joined) } }
+                if !ended {
+                    let (handler, writability, writes, metrics) = (self.handler, self.handler.value.writability, dependencies.writes, dependencies.metrics)
+                    drain = Task.detached {
+                        await Self.drain(joined, handler: handler, writability: writability, writes: writes, metrics: metrics)
+                    }
+                }
             case .add(let topics):
                 if let id = subscription?.id { await hub.add(topics, to: id) }
             case .remove(let topics):
@@ -171,16 +178,22 @@ actor MarketConnection {
     }
 
     /// Writes everything the hub queues for this client, coalesced, until the subscription ends.
-    private func drain(_ subscription: HubSubscription) async {
-        let metrics = dependencies.metrics
+    ///
+    /// Runs on the cooperative pool, not on the loop: a task waiting in its `AsyncStream` is resumed on
+    /// the pool whatever its isolation, and a hop onto the loop per batch would add a thread switch per
+    /// client per upstream message. Frames go to the loop's ``LoopWriteQueue`` instead, which writes the
+    /// frames of many clients in one pass.
+    private static func drain(
+        _ subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability,
+        writes: LoopWriteQueue, metrics: DownstreamMetrics
+    ) async {
         var reader = subscription.makeReader()
         while true {
-            await handler.value.waitUntilWritable(isolation: self)
-            guard !ended, let batch = await reader.nextBatch(isolation: self), !ended else { break }
-            let handler = self.handler.value
-            let frames = FrameEncoder.frames(for: batch, headroom: WebSocketConnectionHandler.frameHeadroom, allocator: handler.allocator)
-            for frame in frames { handler.write(frame, flush: false) }
-            handler.flush()
+            // Take nothing more while the client has not taken the last: its hub buffer is the bound.
+            await writability.waitUntilWritable()
+            guard !writability.isClosed, let batch = await reader.nextBatch(), !writability.isClosed else { break }
+            let frames = FrameEncoder.frame(for: batch).map { [$0] } ?? FrameEncoder.frames(for: batch)
+            writes.submit(.init(handler: handler, frames: frames, close: nil))
             var delivered = 0
             var oldest = UInt64.max
             for event in batch where !event.isNotice {
@@ -193,13 +206,12 @@ actor MarketConnection {
                 metrics.deliveryLatency.recordNanoseconds(Int64(MonotonicClock.nanoseconds() &- oldest))
             }
         }
-        if subscription.wasEvicted, !ended {
-            handler.value.write(
-                StatusMessage(
-                    status: StatusMessage.Kind.lagging,
-                    message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full"
-                ).frame)
-            handler.value.close(code: Self.tooSlowCloseCode, reason: "too slow")
+        if subscription.wasEvicted, !writability.isClosed {
+            let notice = StatusMessage(
+                status: StatusMessage.Kind.lagging,
+                message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full")
+            writes.submit(
+                .init(handler: handler, frames: [notice.frame], close: (tooSlowCloseCode, "too slow")))
         }
     }
 }

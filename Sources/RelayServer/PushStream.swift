@@ -55,7 +55,7 @@ actor PushConnection {
         let frames = await stream.frames()
         var iterator = frames.makeAsyncIterator()
         while !ended {
-            await handler.value.waitUntilWritable(isolation: self)
+            await handler.value.writability.waitUntilWritable()
             guard !ended, let frame = await iterator.next(isolation: self) else { break }
             handler.value.write(frame)
         }

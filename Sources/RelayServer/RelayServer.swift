@@ -23,6 +23,7 @@ public final class RelayServer: Service, Sendable {
     private let feed: any FeedStatus
     private let port = ReadySignal<Int>()
     private let sessions = SessionRegistry()
+    private let writeQueues = LoopWriteQueue.PerLoop()
     private let logger: Logger
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
@@ -178,7 +179,8 @@ public final class RelayServer: Service, Sendable {
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop,
                 dependencies: .init(
-                    hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections, logger: logger,
+                    hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections,
+                    writes: writeQueues.queue(for: channel.eventLoop), logger: logger,
                     authenticationFailed: { addresses.failedAuthentication(from: address) }))
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }

@@ -17,15 +17,11 @@ struct WebSocketConversation {
 /// writability for the code that writes, and hands each client message to its ``WebSocketConversation``.
 ///
 /// Event-loop confined like every NIO handler (not `Sendable`): code elsewhere reaches it through
-/// `NIOLoopBound`, from actors whose executor is the same loop (``MarketConnection``), so a write is a direct
-/// pipeline call, not a hop between threads. No task per connection reads: NIO calls ``channelRead``.
+/// `NIOLoopBound`: the connection's actor, whose executor is the same loop (``MarketConnection``), and
+/// ``LoopWriteQueue``, which writes on the loop what drains hand it. No task per connection reads: NIO calls ``channelRead``.
 final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = WebSocketFrame
     typealias OutboundOut = WebSocketFrame
-
-    /// Space kept in front of an outgoing frame's bytes so the frame encoder writes its header in place
-    /// (a server frame header is at most 10 bytes): one buffer per frame, one `write` per flush.
-    static let frameHeadroom = 10
 
     private var context: ChannelHandlerContext?
     private var conversation: WebSocketConversation?
@@ -36,7 +32,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// A close frame was sent; the channel closes when the client answers or after `closeTimeout`.
     private(set) var isClosing = false
     private(set) var isClosed = false
-    private var writableWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Shared with the task that drains this client's hub stream.
+    let writability = Writability()
 
     init(pingInterval: TimeAmount, closeTimeout: TimeAmount) {
         self.pingInterval = pingInterval
@@ -121,7 +118,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { resumeWriters() }
+        writability.set(writable: context.channel.isWritable)
         context.fireChannelWritabilityChanged()
     }
 
@@ -136,14 +133,6 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     func flush() {
         context?.flush()
-    }
-
-    /// Waits until the channel can take more (or is gone). Call on the event loop.
-    func waitUntilWritable(isolation: isolated (any Actor)) async {
-        guard !isClosed, !isWritable else { return }
-        await withCheckedContinuation(isolation: isolation) { continuation in
-            writableWaiters.append(continuation)
-        }
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client
@@ -171,20 +160,13 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer())), promise: nil)
     }
 
-    private func resumeWriters() {
-        guard !writableWaiters.isEmpty else { return }
-        let waiters = writableWaiters
-        writableWaiters = []
-        for waiter in waiters { waiter.resume() }
-    }
-
     private func finish() {
         guard !isClosed else { return }
         isClosed = true
         isClosing = true
         pingTask?.cancel()
         pingTask = nil
-        resumeWriters()
+        writability.close()
         let conversation = self.conversation
         self.conversation = nil
         conversation?.closed()

@@ -91,6 +91,7 @@ struct ServeCommand: AsyncParsableCommand {
     var config: String?
 
     func run() async throws {
+        DescriptorLimit.raiseToHardLimit()
         let settings: RelaySettings
         do {
             settings = try await RelaySettings.resolve(
