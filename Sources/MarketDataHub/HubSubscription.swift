@@ -19,6 +19,11 @@ public struct HubSubscription: Sendable {
     /// A reader that takes everything queued at once (for coalesced writes).
     public func makeReader() -> Reader { Reader(iterator: stream.makeAsyncIterator(), queue: queue) }
 
+    /// Whether events are queued, or the stream has finished (a read would not wait). Any thread.
+    public var hasQueued: Bool {
+        queue.batches.load(ordering: .acquiring) > 0 || queue.finished.load(ordering: .acquiring)
+    }
+
     /// Whether the hub ended this subscription because it fell too far behind (`disconnect` policy).
     public var wasEvicted: Bool { queue.evicted.load(ordering: .acquiring) }
 
@@ -52,6 +57,12 @@ public struct HubSubscription: Sendable {
     public struct Reader {
         var iterator: AsyncStream<[MarketEvent]>.AsyncIterator
         let queue: SubscriberQueue
+
+        /// Whether ``nextBatch(limit:isolation:)`` returns without waiting: events are queued, or the
+        /// stream has finished (then it returns what is left, and then `nil`).
+        public var hasQueued: Bool {
+            queue.batches.load(ordering: .acquiring) > 0 || queue.finished.load(ordering: .acquiring)
+        }
 
         /// Everything queued, in order, once at least one event is; `nil` when the subscription has ended.
         /// Stops adding stream elements once `limit` events are reached.

@@ -38,11 +38,17 @@ public actor MarketDataHub {
         var lastWarning: ContinuousClock.Instant?
         /// Told the upstream is down, and not yet that it is back.
         var toldOfOutage = false
+        /// Called after something was queued on the stream, and after it finished.
+        let whenQueued: (@Sendable () -> Void)?
 
-        init(id: SubscriberID, continuation: AsyncStream<[MarketEvent]>.Continuation, queue: SubscriberQueue) {
+        init(
+            id: SubscriberID, continuation: AsyncStream<[MarketEvent]>.Continuation, queue: SubscriberQueue,
+            whenQueued: (@Sendable () -> Void)?
+        ) {
             self.id = id
             self.continuation = continuation
             self.queue = queue
+            self.whenQueued = whenQueued
         }
     }
 
@@ -116,7 +122,12 @@ public actor MarketDataHub {
     // MARK: subscribing
 
     /// Adds a subscriber for `topics` (more can be added later with ``add(_:to:)``).
-    public func subscribe(to topics: Set<Topic> = []) -> HubSubscription {
+    ///
+    /// - Parameter whenQueued: called (on the hub, so it must be quick and must not block) each time
+    ///   events were queued on the subscription's stream, and once when the stream finished. A consumer
+    ///   that reads many subscriptions uses it to read each one only when ``HubSubscription/Reader/hasQueued``
+    ///   holds, instead of keeping a task waiting in every stream.
+    public func subscribe(to topics: Set<Topic> = [], whenQueued: (@Sendable () -> Void)? = nil) -> HubSubscription {
         let id = SubscriberID(nextID)
         nextID += 1
         let (stream, continuation) = AsyncStream.makeStream(
@@ -126,7 +137,7 @@ public actor MarketDataHub {
             Task { await self.remove(id) }
         }
         let queue = SubscriberQueue()
-        subscribers[id] = Subscriber(id: id, continuation: continuation, queue: queue)
+        subscribers[id] = Subscriber(id: id, continuation: continuation, queue: queue, whenQueued: whenQueued)
         subscribersGauge.record(subscribers.count)
         add(topics, to: id)
         return HubSubscription(id: id, stream: stream, queue: queue)
@@ -170,6 +181,8 @@ public actor MarketDataHub {
         if subscriber.lostSinceNotice > 0 { setLagging(false) }
         for topic in subscriber.topics { unindex(topic, subscriber) }
         subscriber.continuation.finish()
+        subscriber.queue.finished.store(true, ordering: .releasing)
+        subscriber.whenQueued?()
         if !subscriber.topics.isEmpty { refreshUpstreamWanted() }
     }
 
@@ -280,6 +293,7 @@ public actor MarketDataHub {
                 if !batch.isEmpty, case .enqueued = subscriber.continuation.yield(batch) {
                     subscriber.queue.pending.add(batch.count, ordering: .releasing)
                     subscriber.queue.batches.add(1, ordering: .releasing)
+                    subscriber.whenQueued?()
                 }
                 evict(subscriber)
                 return
@@ -290,6 +304,7 @@ public actor MarketDataHub {
         case .enqueued:
             subscriber.queue.pending.add(batch.count, ordering: .releasing)
             subscriber.queue.batches.add(1, ordering: .releasing)
+            subscriber.whenQueued?()
             pending += batch.count
             if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
         case .dropped:

@@ -7,9 +7,11 @@ import Synchronization
 /// bound. `batches` counts queued stream elements (a subscriber's share of one upstream message each).
 /// Both are raised after an element is enqueued and lowered after it is taken, so they never exceed
 /// what is buffered, and a reader that takes `batches` more elements never waits.
-/// `evicted` tells the reader the hub ended its stream because it fell behind (`disconnect` policy).
+/// `evicted` tells the reader the hub ended its stream because it fell behind (`disconnect` policy);
+/// `finished`, that the hub ended it at all (set after `finish()`).
 final class SubscriberQueue: Sendable {
     let pending = Atomic<Int>(0)
     let batches = Atomic<Int>(0)
     let evicted = Atomic<Bool>(false)
+    let finished = Atomic<Bool>(false)
 }

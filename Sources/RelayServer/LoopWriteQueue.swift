@@ -3,7 +3,7 @@ import NIOWebSocket
 import Synchronization
 
 /// Frames waiting to be written by one event loop, handed over by the tasks that drain subscribers'
-/// hub streams (on the cooperative pool).
+/// hub streams (``ClientDrain``, on the cooperative pool).
 ///
 /// One per event loop. A publish wakes the drains of many subscribers at once; each hands its frames
 /// here, and the loop is woken once to write them all, instead of once per subscriber (each wake-up is
@@ -64,45 +64,40 @@ final class LoopWriteQueue: Sendable {
     }
 }
 
-/// Whether a connection can take more bytes now, readable from any thread, and a wait for when it can
-/// again: how a drain on the cooperative pool backs off a slow client, so the client's events pile up in
-/// its own hub buffer and nowhere else. `Sendable` behind a `Mutex`; the handler sets it on its loop.
+/// Whether a connection can take more bytes now, readable from any thread: the handler sets it on its
+/// loop, the client's drain checks it before taking events, and is told when it turns writable again. `Sendable` behind a `Mutex`.
 final class Writability: Sendable {
-    private let state = Mutex<(writable: Bool, closed: Bool, waiter: CheckedContinuation<Void, Never>?)>((true, false, nil))
+    private struct State {
+        var writable = true
+        var closed = false
+        var whenWritable: (@Sendable () -> Void)?
+    }
 
+    private let state = Mutex(State())
+
+    var isWritable: Bool { state.withLock { $0.writable && !$0.closed } }
     var isClosed: Bool { state.withLock { $0.closed } }
 
-    /// Returns at once while writable (or closed), else when that changes.
-    func waitUntilWritable() async {
-        // The usual case costs a lock, not a suspension (a continuation resumed at once still goes
-        // through the executor's queue).
-        guard !state.withLock({ $0.writable || $0.closed }) else { return }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ready = state.withLock { state -> Bool in
-                if state.writable || state.closed { return true }
-                state.waiter = continuation
-                return false
-            }
-            if ready { continuation.resume() }
-        }
+    /// Called each time the connection turns writable again.
+    func onWritable(_ action: @escaping @Sendable () -> Void) {
+        state.withLock { $0.whenWritable = action }
     }
 
     func set(writable: Bool) {
-        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+        let action = state.withLock { state -> (@Sendable () -> Void)? in
+            let turned = writable && !state.writable
             state.writable = writable
-            guard writable else { return nil }
-            defer { state.waiter = nil }
-            return state.waiter
+            return turned ? state.whenWritable : nil
         }
-        waiter?.resume()
+        action?()
     }
 
     func close() {
-        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+        let action = state.withLock { state -> (@Sendable () -> Void)? in
             state.closed = true
-            defer { state.waiter = nil }
-            return state.waiter
+            defer { state.whenWritable = nil }
+            return state.whenWritable
         }
-        waiter?.resume()
+        action?()
     }
 }

@@ -8,23 +8,19 @@ import PolygonWire
 /// subscription on the way out.
 ///
 /// An actor whose executor is its channel's event loop, so its state and its handler live on that loop:
-/// a client message is handled synchronously as NIO reads it (no reading task). The only task per
-/// connection drains its hub stream (on the cooperative pool, handing frames to the loop's
-/// ``LoopWriteQueue``); hub calls (`subscribe`, `add`, `remove`) run one after another in a short-lived
-/// task, in the order the client asked.
+/// a client message is handled synchronously as NIO reads it (no reading task). No task waits on the
+/// client's hub stream either: its ``ClientDrain`` starts one when the hub says it queued something. Hub calls (`subscribe`, `add`, `remove`) run one after another in a short-lived task, in
+/// the order the client asked.
 ///
 /// Acknowledgements are written before the hub is asked to add a topic, so a client never sees an
-/// event before the ack of its subscription. The drain takes everything queued for the client at once
-/// and writes it as one frame of the upstream's own bytes (several only past the 1,000,000-byte limit),
-/// one flush; it waits for the channel to be writable before taking more, so a slow client backs up
-/// into its own hub buffer and nobody else's.
+/// event before the ack of its subscription.
 actor MarketConnection {
     struct Dependencies: Sendable {
         let hub: MarketDataHub
         let configuration: RelayServerConfiguration
         let metrics: DownstreamMetrics
         let keyConnections: KeyConnections
-        /// Where this connection's drain hands its frames to be written on the loop.
+        /// Where this connection's frames are handed to its event loop.
         let writes: LoopWriteQueue
         let logger: Logger
         /// Told each time a client's key is refused (counted per address).
@@ -51,7 +47,6 @@ actor MarketConnection {
     private var authTimeout: Scheduled<Void>?
     private var hubChanges: [HubChange] = []
     private var hubWorker: Task<Void, Never>?
-    private var drain: Task<Void, Never>?
     private var ended = false
 
     init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, dependencies: Dependencies) {
@@ -138,7 +133,6 @@ actor MarketConnection {
         authTimeout = nil
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
-        drain?.cancel()
         // Nothing the client asked for matters now, but leaving the hub does (after a join in flight).
         hubChanges.removeAll()
         change(.leave)
@@ -157,14 +151,16 @@ actor MarketConnection {
         while !hubChanges.isEmpty {
             switch hubChanges.removeFirst() {
             case .join:
-                let joined = await hub.subscribe()
+                let target = DrainTarget()
+                let joined = await hub.subscribe(whenQueued: { target.kick() })
                 subscription = joined
-                if !ended {
-                    let (handler, writability, writes, metrics) = (self.handler, self.handler.value.writability, dependencies.writes, dependencies.metrics)
-                    drain = Task.detached {
-                        await Self.drain(joined, handler: handler, writability: writability, writes: writes, metrics: metrics)
-                    }
-                }
+                let writability = handler.value.writability
+                let drain = ClientDrain(
+                    subscription: joined, handler: handler, writability: writability, writes: dependencies.writes,
+                    metrics: dependencies.metrics)
+                target.set(drain)
+                writability.onWritable { drain.kick() }
+                drain.kick()
             case .add(let topics):
                 if let id = subscription?.id { await hub.add(topics, to: id) }
             case .remove(let topics):
@@ -175,43 +171,5 @@ actor MarketConnection {
             }
         }
         hubWorker = nil
-    }
-
-    /// Writes everything the hub queues for this client, coalesced, until the subscription ends.
-    ///
-    /// Runs on the cooperative pool, not on the loop: a task waiting in its `AsyncStream` is resumed on
-    /// the pool whatever its isolation, and a hop onto the loop per batch would add a thread switch per
-    /// client per upstream message. Frames go to the loop's ``LoopWriteQueue`` instead, which writes the
-    /// frames of many clients in one pass.
-    private static func drain(
-        _ subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability,
-        writes: LoopWriteQueue, metrics: DownstreamMetrics
-    ) async {
-        var reader = subscription.makeReader()
-        while true {
-            // Take nothing more while the client has not taken the last: its hub buffer is the bound.
-            await writability.waitUntilWritable()
-            guard !writability.isClosed, let batch = await reader.nextBatch(), !writability.isClosed else { break }
-            let frames = FrameEncoder.frame(for: batch).map { [$0] } ?? FrameEncoder.frames(for: batch)
-            writes.submit(.init(handler: handler, frames: frames, close: nil))
-            var delivered = 0
-            var oldest = UInt64.max
-            for event in batch where !event.isNotice {
-                delivered += 1
-                if event.receivedAt > 0 { oldest = min(oldest, event.receivedAt) }
-            }
-            metrics.delivered.increment(by: delivered)
-            metrics.writes.increment()
-            if oldest != .max {
-                metrics.deliveryLatency.recordNanoseconds(Int64(MonotonicClock.nanoseconds() &- oldest))
-            }
-        }
-        if subscription.wasEvicted, !writability.isClosed {
-            let notice = StatusMessage(
-                status: StatusMessage.Kind.lagging,
-                message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full")
-            writes.submit(
-                .init(handler: handler, frames: [notice.frame], close: (tooSlowCloseCode, "too slow")))
-        }
     }
 }

@@ -20,7 +20,7 @@ public struct PushStream: Sendable {
 }
 
 /// One connection of a ``PushStream``: an actor on the connection's event loop whose one task writes
-/// each frame of the stream as it comes, waiting for the channel to be writable first.
+/// each frame of the stream as it comes (skipping frames while the client has not taken the last).
 actor PushConnection {
     nonisolated let unownedExecutor: UnownedSerialExecutor
     private let loop: any EventLoop
@@ -55,8 +55,9 @@ actor PushConnection {
         let frames = await stream.frames()
         var iterator = frames.makeAsyncIterator()
         while !ended {
-            await handler.value.writability.waitUntilWritable()
-            guard !ended, let frame = await iterator.next(isolation: self) else { break }
+            guard let frame = await iterator.next(isolation: self), !ended else { break }
+            // A client that has not read the last one misses this one: the next carries the news too.
+            guard handler.value.isWritable else { continue }
             handler.value.write(frame)
         }
         // The stream ended on its own (the service stopped): say goodbye properly.

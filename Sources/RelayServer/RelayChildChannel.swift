@@ -56,8 +56,18 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
         self.responder = Self.redirectingLateUpgrades(responder)
     }
 
+    /// Each connection keeps up to `maxMessagesPerRead` receive buffers for reuse, sized by its receive
+    /// allocator (NIO's default starts at 2 KiB). Downstream clients send little after their upgrade,
+    /// so one buffer starting at 512 bytes (growing with what arrives, up to 64 KiB) costs an idle
+    /// client 512 bytes instead of 8 KiB.
+    static let receiveAllocator = AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536)
+
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
+            if let options = channel.syncOptions {
+                try options.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
+                try options.setOption(ChannelOptions.recvAllocator, value: Self.receiveAllocator)
+            }
             let refusal = NIOLoopBoundBox<(HTTPResponse.Status, String)?>(nil, eventLoop: channel.eventLoop)
             let accepted = NIOLoopBoundBox<Accepted?>(nil, eventLoop: channel.eventLoop)
             let routes = self.routes

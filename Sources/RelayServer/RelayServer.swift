@@ -51,7 +51,13 @@ public final class RelayServer: Service, Sendable {
         self.feed = feed
         self.logger = logger
         self.registry = registry
-        self.metrics = DownstreamMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        var factory = PrometheusMetricsFactory(registry: registry)
+        // Delivery latency is usually well under the default buckets' first bound (5 ms).
+        factory.durationHistogramBuckets["relay_delivery_latency_seconds"] = [
+            .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(3), .milliseconds(5),
+            .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
+        ]
+        self.metrics = DownstreamMetrics(factory: factory)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
     }

@@ -86,9 +86,11 @@ final class RawMarketClient {
         try read(until: "subscribed to")
     }
 
+    /// Whether the relay has not closed the connection (a peek finds no end of stream).
     func isOpen() -> Bool {
-        var probe = pollfd(fd: fd, events: Int16(POLLRDHUP), revents: 0)
-        return poll(&probe, 1, 0) == 0
+        var byte: UInt8 = 0
+        let peeked = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+        return peeked > 0 || (peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
     }
 
     func close() { Glibc.close(fd) }
