@@ -278,13 +278,27 @@ final class UpstreamLink: Service, FeedStatus {
             group.addTask { try await upstream.run() }
             // Ends when the client stops and its stream finishes.
             group.addTask {
-                for await message in upstream.messages {
-                    switch message {
-                    case .events(let events): await hub.publish(events)
-                    case .connectionLost(let reason): await hub.upstreamLost(reason: reason)
-                    case .lost(let count, let topics): await hub.reportLoss(count, topics: topics, reason: "the relay fell behind its upstream")
-                    case .authenticated: break  // the first event after it ends an outage
+                // Messages that queued up while the hub was busy go to it as one publish (in order).
+                var messages = upstream.messages.makeAsyncIterator()
+                while let run = await messages.nextRun() {
+                    var events: [MarketEvent] = []
+                    for message in run {
+                        if case .events(let more) = message {
+                            events += more
+                            continue
+                        }
+                        if !events.isEmpty {
+                            await hub.publish(events)
+                            events = []
+                        }
+                        switch message {
+                        case .events: break
+                        case .connectionLost(let reason): await hub.upstreamLost(reason: reason)
+                        case .lost(let count, let topics): await hub.reportLoss(count, topics: topics, reason: "the relay fell behind its upstream")
+                        case .authenticated: break  // the first event after it ends an outage
+                        }
                     }
+                    if !events.isEmpty { await hub.publish(events) }
                 }
             }
             try await group.waitForAll()

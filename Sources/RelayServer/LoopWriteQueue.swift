@@ -67,37 +67,28 @@ final class LoopWriteQueue: Sendable {
 /// Whether a connection can take more bytes now, readable from any thread: the handler sets it on its
 /// loop, the client's drain checks it before taking events, and is told when it turns writable again. `Sendable` behind a `Mutex`.
 final class Writability: Sendable {
-    private struct State {
-        var writable = true
-        var closed = false
-        var whenWritable: (@Sendable () -> Void)?
-    }
+    private let writable = Atomic<Bool>(true)
+    private let closed = Atomic<Bool>(false)
+    private let whenWritable = Mutex<(@Sendable () -> Void)?>(nil)
 
-    private let state = Mutex(State())
+    var isWritable: Bool { writable.load(ordering: .acquiring) && !closed.load(ordering: .acquiring) }
+    var isClosed: Bool { closed.load(ordering: .acquiring) }
 
-    var isWritable: Bool { state.withLock { $0.writable && !$0.closed } }
-    var isClosed: Bool { state.withLock { $0.closed } }
-
-    /// Called each time the connection turns writable again.
+    /// Called each time the connection turns writable again, and when it closes.
     func onWritable(_ action: @escaping @Sendable () -> Void) {
-        state.withLock { $0.whenWritable = action }
+        whenWritable.withLock { $0 = action }
     }
 
-    func set(writable: Bool) {
-        let action = state.withLock { state -> (@Sendable () -> Void)? in
-            let turned = writable && !state.writable
-            state.writable = writable
-            return turned ? state.whenWritable : nil
-        }
-        action?()
+    func set(writable isWritable: Bool) {
+        let was = writable.exchange(isWritable, ordering: .acquiringAndReleasing)
+        if isWritable, !was { whenWritable.withLock { $0 }?() }
     }
 
     func close() {
-        let action = state.withLock { state -> (@Sendable () -> Void)? in
-            state.closed = true
-            defer { state.whenWritable = nil }
-            return state.whenWritable
-        }
-        action?()
+        closed.store(true, ordering: .releasing)
+        whenWritable.withLock { action in
+            defer { action = nil }
+            return action
+        }?()
     }
 }

@@ -423,7 +423,7 @@ final class LWSConnection: Sendable {
             setState(.stopped)
         } else {
             metrics.reconnects[end.cause]?.increment()
-            eventContinuation.yield(.connectionLost(reason: end.reason))
+            if case .enqueued = eventContinuation.yield(.connectionLost(reason: end.reason)) { queued.messages.add(1, ordering: .relaxed) }
             switch end.cause {
             case .authFailed, .maxConnections: break  // the state already says why
             case .closed, .failed, .dead, .handshakeTimeout: setState(.disconnected(reason: end.reason))
@@ -532,11 +532,13 @@ final class LWSConnection: Sendable {
             defer { state.unreportedLoss = (0, []) }
             return state.unreportedLoss
         }
-        if let loss { eventContinuation.yield(.lost(count: loss.count, topics: loss.topics)) }
+        if let loss, case .enqueued = eventContinuation.yield(.lost(count: loss.count, topics: loss.topics)) {
+            queued.messages.add(1, ordering: .relaxed)
+        }
         // Events are slices of their message; a large message is not kept alive by a few of them.
         let events = message.readableBytes > configuration.compactMessagesAbove ? parsed.events.map { $0.compacted() } : parsed.events
         queued.count.add(count, ordering: .relaxed)
-        eventContinuation.yield(.events(events))
+        if case .enqueued = eventContinuation.yield(.events(events)) { queued.messages.add(1, ordering: .relaxed) }
     }
 
     /// A warning that may repeat at the upstream's message rate: logged at most every ten seconds, with
@@ -568,7 +570,7 @@ final class LWSConnection: Sendable {
             break
         case .authenticated:
             lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
-            eventContinuation.yield(.authenticated)
+            if case .enqueued = eventContinuation.yield(.authenticated) { queued.messages.add(1, ordering: .relaxed) }
             setState(.authenticated)
         case .authFailed(let message):
             setState(.authFailed(message: "upstream rejected the API key: \(message)"))

@@ -27,13 +27,31 @@ public struct UpstreamMessages: AsyncSequence, Sendable {
 
         public mutating func next(isolation actor: isolated (any Actor)?) async -> UpstreamMessage? {
             let message = await base.next(isolation: actor)
+            if message != nil { queued.messages.subtract(1, ordering: .relaxed) }
             if case .events(let events) = message { queued.count.subtract(events.count, ordering: .relaxed) }
             return message
+        }
+
+        /// The next message, and every message already queued behind it (taken without waiting), in
+        /// order; `nil` once the client has stopped. A consumer that falls behind catches up in fewer,
+        /// larger steps (one hub publish for several upstream messages).
+        public mutating func nextRun(limit: Int = 64) async -> [UpstreamMessage]? {
+            guard let first = await next() else { return nil }
+            var run = [first]
+            // Counted after they were yielded, so these are buffered and `next()` does not wait.
+            var behind = Swift.min(queued.messages.load(ordering: .relaxed), limit - 1)
+            while behind > 0, let more = await next() {
+                run.append(more)
+                behind -= 1
+            }
+            return run
         }
     }
 }
 
-/// The count of events between the upstream thread and the consumer. `Sendable` through an atomic.
+/// The count of events (and messages) between the upstream thread and the consumer. `Sendable`
+/// through atomics.
 final class QueuedEvents: Sendable {
     let count = Atomic<Int>(0)
+    let messages = Atomic<Int>(0)
 }
