@@ -38,6 +38,38 @@ struct UpstreamClientTests {
         }
     }
 
+    @Test func aConsumerThatFallsBehindLosesCountedEventsAndIsToldWhereNotMemory() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key")
+            configuration.maxQueuedEvents = 200
+            let upstream = PolygonWebSocket(configuration: configuration, logger: testLogger)
+            upstream.setWantedTopics(topics("Q.*", "T.*"))
+            try await withServices([upstream]) {
+                // Nobody reads while the feed sends 4,000 events/s: the queue fills and then drops.
+                try await eventually("events dropped for a full queue", timeout: .seconds(10)) { upstream.statistics.droppedEvents > 0 }
+                let messages = upstream.messages
+                let (queued, lost) = try await within(.seconds(10), "the loss notice") { () async -> (Int, Int?) in
+                    var queued = 0
+                    for await message in messages {
+                        switch message {
+                        case .events(let events): queued += events.count
+                        case .lost(let count, _): return (queued, count)
+                        default: break
+                        }
+                    }
+                    return (queued, nil)
+                }
+                // Never more than the bound waited (a message that would pass it is dropped whole), and
+                // the loss is told in order, before the first event after it.
+                #expect(queued <= 200, "events that waited: \(queued)")
+                #expect((lost ?? 0) > 0)
+                #expect((lost ?? 0) <= upstream.statistics.droppedEvents)
+            }
+        }
+    }
+
     @Test func wantedTopicChangesReachTheFeedAsSubscribeAndUnsubscribe() async throws {
         let feed = feed()
         try await withServices([feed]) {

@@ -73,6 +73,40 @@ struct MarketDataHubTests {
         #expect(got.map(\.json) == [event("Q", "AAPL", 1).json, event("Q", "AAPL", 2).json])
     }
 
+    @Test func aCachedLastValueHoldsItsOwnBytesNotItsWholeUpstreamMessage() async throws {
+        let hub = MarketDataHub()
+        // One event sliced out of a 1 MB upstream message.
+        var message = ByteBuffer(repeating: UInt8(ascii: " "), count: 1 << 20)
+        let json = #"{"ev":"Q","sym":"AAPL","bp":1}"#
+        message.setString(json, at: 0)
+        let slice = try #require(message.getSlice(at: 0, length: json.utf8.count))
+        await hub.publish([MarketEvent(eventType: "Q", ticker: "AAPL", bytes: slice)])
+        let topic = try #require(Topic(parsing: "Q.AAPL"))
+        let cached = try #require(await hub.lastEvent(for: topic))
+        #expect(cached.json == json)
+        #expect(cached.bytes.storageCapacity < 1024, "the cache keeps \(cached.bytes.storageCapacity) bytes for a \(json.utf8.count)-byte event")
+    }
+
+    @Test func whenQueuedTellsTheConsumerSoItReadsOnlyWhatIsThere() async throws {
+        let hub = MarketDataHub()
+        let told = Atomic<Int>(0)
+        let sub = await hub.subscribe(to: topics("Q.AAPL"), whenQueued: { told.add(1, ordering: .relaxed) })
+        #expect(!sub.hasQueued)
+        await hub.publish([event("Q", "MSFT")])
+        #expect(told.load(ordering: .relaxed) == 0, "nothing for this subscriber, nothing told")
+        await hub.publish([event("Q", "AAPL", 1), event("Q", "AAPL", 2)])
+        #expect(told.load(ordering: .relaxed) == 1, "one publish, one call")
+        #expect(sub.hasQueued)
+        var reader = sub.makeReader()
+        let batch = await reader.nextBatch()
+        #expect(batch?.count == 2)
+        #expect(!sub.hasQueued)
+        await hub.remove(sub.id)
+        #expect(told.load(ordering: .relaxed) == 2, "told when the stream finished")
+        #expect(sub.hasQueued, "a finished stream reads without waiting")
+        #expect(await reader.nextBatch() == nil)
+    }
+
     @Test func wildcardSubscriberReceivesEverySymbolOfItsType() async throws {
         let hub = MarketDataHub()
         let sub = await hub.subscribe(to: topics("Q.*"))
