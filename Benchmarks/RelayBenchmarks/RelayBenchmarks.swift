@@ -63,7 +63,7 @@ let benchmarks: @Sendable () -> Void = {
     // and written through NIO's WebSocket frame encoder. One iteration delivers about 100
     // frames; `scripts/bench-micro check` fails when its malloc count rises above the stored threshold.
     Benchmark(
-        "Write path allocations: 50 events to 100 subscribers, framed and written",
+        "WritePathAllocations",
         configuration: .init(metrics: [.mallocCountTotal], maxDuration: .seconds(2), maxIterations: 2_000)
     ) { benchmark in
         let hub = MarketDataHub(snapshotOnSubscribe: false)
