@@ -1,9 +1,11 @@
+import AsyncHTTPClient
 import AsyncSupport
 import Cluster
 import DemoFeed
 import Foundation
 import Logging
 import MarketDataHub
+import NIOPosix
 import PolygonWire
 import Portfolio
 import Prometheus
@@ -166,6 +168,7 @@ public final class Relay: Service, Sendable {
 
         var portfolio: PortfolioService?
         var browser: SecurityBrowser?
+        var restClient: HTTPClient?
         // Held until the relay stops: one valuation sidecar per portfolio directory.
         var sidecarLock: SidecarLock?
         defer { withExtendedLifetime(sidecarLock) {} }
@@ -175,7 +178,11 @@ public final class Relay: Service, Sendable {
                 throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
             }
             let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
-            let rest = source.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: source.apiKey) }
+            // A client of this relay's own: the shared one would keep pooled connections across relays
+            // in one process (tests), and a later relay on a reused port got the earlier one's dead ones.
+            let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+            restClient = client
+            let rest = source.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: source.apiKey, client: client) }
             let service = PortfolioService(
                 store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
                 pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
@@ -220,23 +227,33 @@ public final class Relay: Service, Sendable {
                 },
                 gracefulShutdownSignals: signals, logger: logger))
 
-        try await withThrowingTaskGroup(of: Void.self) { tasks in
-            tasks.addTask { try await group.run() }
-            let port = try await server.listeningPort()
-            let demoPort = try await demoFeed?.listeningPort()
-            let upstream = try await link?.upstream()
-            readiness.succeed(
-                Components(
-                    hub: hub, upstream: upstream, cluster: clusterNode, server: server, demoFeed: demoFeed, portfolio: portfolio,
-                    securities: browser, port: port, demoFeedPort: demoPort))
-            var metadata: Logger.Metadata = [
-                "ws": "\(settings.tls == nil ? "ws" : "wss")://\(settings.listen.host):\(port)/\(source.market)",
-                "upstream": "\(source.description)",
-                "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
-            ]
-            if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
-            logger.info("relay listening", metadata: metadata)
-            try await tasks.waitForAll()
+        // The REST client stops with the relay, whichever way it stops.
+        do {
+            try await runParts(group)
+        } catch {
+            try? await restClient?.shutdown()
+            throw error
+        }
+        try? await restClient?.shutdown()
+        func runParts(_ group: ServiceGroup) async throws {
+            try await withThrowingTaskGroup(of: Void.self) { tasks in
+                tasks.addTask { try await group.run() }
+                let port = try await server.listeningPort()
+                let demoPort = try await demoFeed?.listeningPort()
+                let upstream = try await link?.upstream()
+                readiness.succeed(
+                    Components(
+                        hub: hub, upstream: upstream, cluster: clusterNode, server: server, demoFeed: demoFeed, portfolio: portfolio,
+                        securities: browser, port: port, demoFeedPort: demoPort))
+                var metadata: Logger.Metadata = [
+                    "ws": "\(settings.tls == nil ? "ws" : "wss")://\(settings.listen.host):\(port)/\(source.market)",
+                    "upstream": "\(source.description)",
+                    "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
+                ]
+                if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
+                logger.info("relay listening", metadata: metadata)
+                try await tasks.waitForAll()
+            }
         }
     }
 }

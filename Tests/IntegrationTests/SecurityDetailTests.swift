@@ -84,7 +84,7 @@ struct SecurityDetailTests {
             #expect(order == Self.symbols, "sorted by symbol by default")
             let opened = try await client.get("/v1/securities/\(order[3])?view=\(id)")
             #expect(opened.status == 200)
-            #expect(opened.json["complete"] as? Bool == true)
+            #expect(opened.json["complete"] as? Bool == true, "opened: \(opened.json)")
             #expect(["miss", "joined"].contains(opened.json["cache"] as? String))
             let position = try #require(opened.json["view"] as? [String: Any])
             #expect(position["position"] as? Int == 3)
