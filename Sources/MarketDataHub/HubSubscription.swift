@@ -73,6 +73,7 @@ public struct HubSubscription: Sendable {
             var taken = 1
             let queued = queue.batches.load(ordering: .acquiring) - 1
             var extra = 0
+            if queued > 0 { batch.reserveCapacity(Swift.min(queue.pending.load(ordering: .relaxed), limit)) }
             // These are already buffered (the hub counts after enqueueing), so `next()` does not wait.
             while extra < queued, batch.count < limit, let more = await iterator.next(isolation: isolation) {
                 batch += more

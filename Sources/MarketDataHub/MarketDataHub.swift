@@ -236,6 +236,9 @@ public actor MarketDataHub {
         published += events.count
         publishedCounter.increment(by: events.count)
         var touched: [Subscriber] = []
+        // Sized once per publish instead of grown step by step (each step a malloc on the hot path).
+        touched.reserveCapacity(Swift.min(subscribers.count, 4096))
+        let stagedCapacity = Swift.min(events.count, 32)
         for event in events {
             sequence &+= 1
             let topic = event.topic
@@ -246,14 +249,20 @@ public actor MarketDataHub {
                 entry.last = event.compacted()
                 for subscriber in entry.subscribers {
                     subscriber.lastSequence = sequence
-                    if subscriber.staged.isEmpty { touched.append(subscriber) }
+                    if subscriber.staged.isEmpty {
+                        touched.append(subscriber)
+                        subscriber.staged.reserveCapacity(stagedCapacity)
+                    }
                     subscriber.staged.append(event)
                 }
             }
             if let wild {
                 for subscriber in wild where subscriber.lastSequence != sequence {
                     subscriber.lastSequence = sequence
-                    if subscriber.staged.isEmpty { touched.append(subscriber) }
+                    if subscriber.staged.isEmpty {
+                        touched.append(subscriber)
+                        subscriber.staged.reserveCapacity(stagedCapacity)
+                    }
                     subscriber.staged.append(event)
                 }
             }

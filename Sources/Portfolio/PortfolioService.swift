@@ -222,6 +222,7 @@ public actor PortfolioService: Service {
         let today = calendar.day(of: .now)
         let accounts = try store.accounts()
         var all: [AccountSnapshot] = []
+        var accountDays: [Int64: (from: Day, through: Day)] = [:]
         for account in accounts {
             var observations: [SnapshotPlanner.Observation]
             switch account.kind {
@@ -241,11 +242,13 @@ public actor PortfolioService: Service {
                     observations.append(.init(at: .now, value: live.total, partial: live.hasPartialFailures, source: .valuation))
                 }
             }
+            // The days it counts on (none when it closed on the day it was created: `through` < `from`).
+            accountDays[account.id] = (calendar.day(of: account.createdAt), planner.lastDay(of: account, today: today))
             all += planner.accountSnapshots(for: account, observations: observations, today: today)
         }
-        let start = accounts.map { calendar.day(of: $0.createdAt) }.min() ?? today
-        let totals = planner.portfolioSnapshots(accounts: accounts, snapshots: all, from: start, through: today)
-        try store.saveSnapshots(all, portfolio: totals)
+        let start = accounts.map { calendar.day(of: $0.createdAt) }.min()
+        let totals = start.map { planner.portfolioSnapshots(accounts: accounts, snapshots: all, from: $0, through: today) } ?? []
+        try store.replaceHistory(all, accountDays: accountDays, portfolio: totals, portfolioDays: start.map { ($0, today) })
         lastSnapshotWrite = .now
         lastBackfillDay = today
     }

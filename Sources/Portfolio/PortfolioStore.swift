@@ -256,20 +256,47 @@ public final class PortfolioStore: Sendable {
 
     /// Writes snapshots, replacing those of the same account and day, in one transaction.
     public func saveSnapshots(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot]) throws {
+        try pool.write { db in try Self.save(snapshots, portfolio: portfolio, in: db) }
+    }
+
+    private static func save(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot], in db: Database) throws {
+        for snapshot in snapshots {
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO accountSnapshot (accountID, day, value, partial, source) VALUES (?, ?, ?, ?, ?)",
+                arguments: [
+                    snapshot.accountID, snapshot.day.description, DecimalText.format(snapshot.value), snapshot.partial,
+                    snapshot.source.rawValue,
+                ])
+        }
+        for snapshot in portfolio {
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO portfolioSnapshot (day, total, partial) VALUES (?, ?, ?)",
+                arguments: [snapshot.day.description, DecimalText.format(snapshot.total), snapshot.partial])
+        }
+    }
+
+    /// Replaces the whole recomputed history in one transaction: each account's rows outside its days (after it closed,
+    /// say) are removed, the portfolio's rows outside `portfolioDays` (days
+    /// before any account that still exists) are removed, and the rest written. A closed or deleted
+    /// account so leaves the totals of every day it no longer counts on.
+    public func replaceHistory(
+        _ snapshots: [AccountSnapshot], accountDays: [Int64: (from: Day, through: Day)], portfolio: [PortfolioSnapshot],
+        portfolioDays: (from: Day, through: Day)?
+    ) throws {
         try pool.write { db in
-            for snapshot in snapshots {
+            for (accountID, days) in accountDays {
                 try db.execute(
-                    sql: "INSERT OR REPLACE INTO accountSnapshot (accountID, day, value, partial, source) VALUES (?, ?, ?, ?, ?)",
-                    arguments: [
-                        snapshot.accountID, snapshot.day.description, DecimalText.format(snapshot.value), snapshot.partial,
-                        snapshot.source.rawValue,
-                    ])
+                    sql: "DELETE FROM accountSnapshot WHERE accountID = ? AND (day < ? OR day > ?)",
+                    arguments: [accountID, days.from.description, days.through.description])
             }
-            for snapshot in portfolio {
+            if let portfolioDays {
                 try db.execute(
-                    sql: "INSERT OR REPLACE INTO portfolioSnapshot (day, total, partial) VALUES (?, ?, ?)",
-                    arguments: [snapshot.day.description, DecimalText.format(snapshot.total), snapshot.partial])
+                    sql: "DELETE FROM portfolioSnapshot WHERE day < ? OR day > ?",
+                    arguments: [portfolioDays.from.description, portfolioDays.through.description])
+            } else {
+                try db.execute(sql: "DELETE FROM portfolioSnapshot")
             }
+            try Self.save(snapshots, portfolio: portfolio, in: db)
         }
     }
 

@@ -71,18 +71,18 @@ public struct SnapshotPlanner: Sendable {
     }
 
     /// The portfolio total of each day: the sum of that day's snapshots of the accounts active on it
-    /// (created on or before it, not closed on or before it). Past days never change when an account
-    /// closes later.
+    /// (created on or before it, not closed on or before it); `0` on a day no account was active (a
+    /// total, not a missing row, so a stale one never stands). Days before an account closed keep it.
     public func portfolioSnapshots(accounts: [Account], snapshots: [AccountSnapshot], from start: Day, through end: Day)
         -> [PortfolioSnapshot]
     {
         var byDay: [Day: [Int64: AccountSnapshot]] = [:]
         for snapshot in snapshots { byDay[snapshot.day, default: [:]][snapshot.accountID] = snapshot }
-        return calendar.days(from: start, through: end).compactMap { day in
+        return calendar.days(from: start, through: end).map { day in
             let active = accounts.filter { account in
                 calendar.day(of: account.createdAt) <= day && day <= lastDay(of: account, today: end)
             }
-            guard !active.isEmpty else { return nil }
+            guard !active.isEmpty else { return PortfolioSnapshot(day: day, total: 0, partial: false) }
             var total: Decimal = 0
             var partial = false
             for account in active {

@@ -5,6 +5,56 @@ import Testing
 /// The valuation sidecar driven by the relay's own stream, over loopback.
 @Suite("Portfolio end to end")
 struct PortfolioEndToEndTests {
+    @Test func closingOrDeletingAnAccountTakesItOutOfEveryDayItNoLongerCountsOn() async throws {
+        try await withPortfolioRelay { _, base in
+            let formatter = ISO8601DateFormatter()
+            let threeDaysAgo = formatter.string(from: Date.now.addingTimeInterval(-3 * 86_400))
+            let day = DateFormatter()
+            day.dateFormat = "yyyy-MM-dd"
+            day.timeZone = TimeZone(identifier: "UTC")
+            let today = day.string(from: .now)
+            let earlier = day.string(from: Date.now.addingTimeInterval(-3 * 86_400))
+            @Sendable func totals() async throws -> [String: Decimal] {
+                let answer = try await httpGet("\(base)/v1/portfolio/history?from=\(earlier)&to=\(today)")
+                let rows = try JSONSerialization.jsonObject(with: Data(answer.body.utf8)) as? [[String: Any]] ?? []
+                var byDay: [String: Decimal] = [:]
+                for row in rows {
+                    if let day = row["day"] as? String, let value = (row["value"] as? String).flatMap({ Decimal(string: $0) }) {
+                        byDay[day] = value
+                    }
+                }
+                return byDay
+            }
+            func savings(_ name: String, value: String) async throws -> Int {
+                let created = try await httpSend(
+                    "POST", "\(base)/v1/accounts", json: #"{"name":"\#(name)","kind":"savings","createdAt":"\#(threeDaysAgo)"}"#)
+                #expect(created.status == 201)
+                let id = try #require(jsonObject(created.body)["id"] as? Int)
+                let update = try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(id)/updates", json: #"{"at":"\#(threeDaysAgo)","value":"\#(value)"}"#)
+                #expect(update.status == 201)
+                return id
+            }
+
+            // Close the only account: today counts nothing, the days before its close still count it.
+            let only = try await savings("Only", value: "100")
+            #expect(try await totals()[today] == 100)
+            #expect(try await httpSend("POST", "\(base)/v1/accounts/\(only)/close", json: "{}").status == 200)
+            var after = try await totals()
+            #expect(after[today] == 0, "today's total after closing the only account: \(after)")
+            #expect(after[earlier] == 100, "the days before the close keep it")
+
+            // A second account, deleted: gone from every day, as if it had never been.
+            let deleted = try await savings("Del", value: "250")
+            #expect(try await totals()[today] == 250)
+            #expect(try await httpSend("DELETE", "\(base)/v1/accounts/\(deleted)").status == 204)
+            after = try await totals()
+            #expect(after[today] == 0, "today's total after deleting: \(after)")
+            #expect(after[earlier] == 100, "only the closed account is left on the earlier days: \(after)")
+            #expect(!after.values.contains(250) && !after.values.contains(350), "no day keeps the deleted account: \(after)")
+        }
+    }
+
     @Test func accountsTransactionsLiveValuationStreamAndHistory() async throws {
         try await withPortfolioRelay(demoRate: 2000) { parts, base in
             let id = try await createBrokerageAccount(base)
