@@ -251,6 +251,10 @@ public final class Relay: Service, Sendable {
                     "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
                 ]
                 if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
+                // Where the portfolio's details, histories and reference prices come from.
+                if settings.portfolio != nil {
+                    metadata["rest"] = "\((try? await source.restURL?()) ?? "none: prices from the stream only")"
+                }
                 logger.info("relay listening", metadata: metadata)
                 try await tasks.waitForAll()
             }
