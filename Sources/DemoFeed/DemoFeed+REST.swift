@@ -10,6 +10,8 @@ public struct RestCount: Sendable, Equatable {
     public var completed = 0
     /// The client closed the connection before the answer was ready.
     public var abandoned = 0
+    /// Answered 401: the request did not carry the feed's key.
+    public var unauthorized = 0
 
     public init(started: Int = 0, completed: Int = 0, abandoned: Int = 0) {
         self.started = started
@@ -127,6 +129,7 @@ extension DemoFeed {
         let bearer = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil }
         let queryKey = request.uri.queryParameters.get("apiKey").map { String($0) }
         if let key = configuration.apiKey, (bearer ?? queryKey) != key {
+            restCounts.withLock { $0[Self.restKey(endpoint, ticker), default: RestCount()].unauthorized += 1 }
             return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
         }
         guard let text = body(ticker, restState.withLock { $0 }) else {

@@ -89,6 +89,8 @@ public final class Relay: Service, Sendable {
         var endpoint: @Sendable () async throws -> UpstreamConfiguration.Endpoint
         var restURL: (@Sendable () async throws -> String)?
         var description: String
+        /// The key REST requests carry (the upstream's; the demo feed's own only for its own REST).
+        var restKey: String
     }
 
     private func runParts() async throws {
@@ -109,7 +111,7 @@ public final class Relay: Service, Sendable {
             let rest = settings.upstreamRESTURL ?? Self.restURL(for: endpoint)
             source = UpstreamSource(
                 market: endpoint.market, apiKey: settings.upstreamKey ?? "", endpoint: { endpoint }, restURL: rest.map { url in { @Sendable in url } },
-                description: endpoint.description)
+                description: endpoint.description, restKey: settings.upstreamKey ?? "")
         } else {
             let apiKey = "demo-" + UUID().uuidString
             var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
@@ -126,7 +128,9 @@ public final class Relay: Service, Sendable {
                 restURL: settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in
                     "http://127.0.0.1:\(try await feed.listeningPort())"
                 },
-                description: "the built-in demo feed")
+                description: "the built-in demo feed",
+                // Another REST source (`--rest-url`) gets the upstream key, never the demo feed's.
+                restKey: settings.upstreamRESTURL == nil ? apiKey : settings.upstreamKey ?? "")
             logger.info("no upstream configured: serving the built-in demo feed")
         }
 
@@ -182,7 +186,7 @@ public final class Relay: Service, Sendable {
             // in one process (tests), and a later relay on a reused port got the earlier one's dead ones.
             let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
             restClient = client
-            let rest = source.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: source.apiKey, client: client) }
+            let rest = source.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: source.restKey, client: client) }
             let service = PortfolioService(
                 store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
                 pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),

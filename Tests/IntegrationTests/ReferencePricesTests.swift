@@ -2,6 +2,7 @@ import DemoFeed
 import Foundation
 import MarketDataHub
 import Portfolio
+import RelayCore
 import Testing
 
 /// The REST client against the demo feed's Polygon-style endpoints, over loopback.
@@ -25,6 +26,37 @@ struct ReferencePricesTests {
             guard case .failure(.status(404, _)) = results["NOPE"] else {
                 Issue.record("expected a 404 for an unknown symbol, got \(String(describing: results["NOPE"]))")
                 return
+            }
+        }
+    }
+
+    @Test func aRESTURLGivenWithTheDemoFeedIsUsedWithTheUpstreamKey() async throws {
+        // The relay runs its built-in demo feed for the stream, but its REST comes from elsewhere.
+        let other = feed()
+        try await withServices([other]) {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-rest-\(UUID().uuidString)").path
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 50, portfolio: .init(dataDirectory: directory))
+            settings.upstreamRESTURL = "http://127.0.0.1:\(try await other.listeningPort())"
+            settings.upstreamKey = "rest-key"
+            let relay = Relay(settings: settings, logger: testLogger)
+            try await withServices([relay]) {
+                let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+                let base = "http://127.0.0.1:\(parts.port)"
+                let id = try await createBrokerageAccount(base)
+                let bought = try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(id)/transactions",
+                    json: #"{"date":"2024-01-02","kind":"buy","symbol":"AAPL","quantity":"1","price":"100"}"#)
+                #expect(bought.status == 201)
+                // Reference prices for the holding were asked of the other source, with the upstream key
+                // (it answers 401 to any other key), and the built-in feed's REST was not used.
+                try await eventually("AAPL's reference price from the other source") {
+                    other.restCount("trade", "AAPL").completed > 0 || other.restCount("prev", "AAPL").completed > 0
+                }
+                let demo = try #require(parts.demoFeed)
+                #expect(demo.restRequests == 0, "the demo feed's own REST was not used")
+                let refused = other.restCountsByKey.values.reduce(0) { $0 + $1.unauthorized }
+                #expect(refused == 0, "requests with a key the other source refused: \(other.restCountsByKey)")
             }
         }
     }
