@@ -46,6 +46,8 @@ public struct PortfolioRoutes: Sendable {
             return try await body()
         } catch let error as PortfolioStore.ValidationError {
             return problem(.unprocessableContent, error.message, field: error.field)
+        } catch let error as PortfolioStore.ConflictError {
+            return problem(.conflict, error.message, field: error.field)
         } catch let error as PortfolioStore.StoreError {
             if case .notFound = error { return problem(.notFound, error.description) }
             return problem(.internalServerError, error.description)
@@ -152,7 +154,8 @@ public struct PortfolioRoutes: Sendable {
                 let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
                 let transaction = try store.addTransaction(
                     accountID: try Self.id(context), date: new.date, kind: new.kind, symbol: new.symbol ?? "",
-                    quantity: new.quantity?.value ?? 0, price: new.price?.value ?? 0, fees: new.fees?.value ?? 0)
+                    quantity: new.quantity?.value ?? 0, price: new.price?.value ?? 0, fees: new.fees?.value ?? 0,
+                    calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
                 return Self.json(PortfolioJSON.TransactionOut(transaction), status: .created)

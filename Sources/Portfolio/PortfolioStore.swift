@@ -10,6 +10,14 @@ public final class PortfolioStore: Sendable {
     public let path: String
     private let pool: DatabasePool
 
+    /// A value that is well-formed but contradicts the account's life (dated before it was created, or
+    /// on or after it closed): answered 409 with the reason.
+    public struct ConflictError: Error, Sendable, Equatable, CustomStringConvertible {
+        public var field: String
+        public var message: String
+        public var description: String { "\(field): \(message)" }
+    }
+
     /// A value the store refuses, named so the caller can say which field is wrong.
     public struct ValidationError: Error, Sendable, Equatable, CustomStringConvertible {
         public var field: String
@@ -176,11 +184,19 @@ public final class PortfolioStore: Sendable {
 
     /// Records a transaction after checking it, and that it does not sell shares that are not held.
     public func addTransaction(
-        accountID: Int64, date: Day, kind: TransactionKind, symbol: String, quantity: Decimal, price: Decimal, fees: Decimal
+        accountID: Int64, date: Day, kind: TransactionKind, symbol: String, quantity: Decimal, price: Decimal, fees: Decimal,
+        calendar: DayCalendar = .utc
     ) throws -> Transaction {
         let account = try account(accountID)
         guard account.kind == .brokerage else {
             throw ValidationError(field: "accountID", message: "transactions belong to brokerage accounts")
+        }
+        let created = calendar.day(of: account.createdAt)
+        guard date >= created else {
+            throw ConflictError(field: "date", message: "\(date) is before the account was created (\(created))")
+        }
+        if let closedAt = account.closedAt, date >= calendar.day(of: closedAt) {
+            throw ConflictError(field: "date", message: "the account closed on \(calendar.day(of: closedAt)); \(date) is not before that")
         }
         let symbol = symbol.trimmingCharacters(in: .whitespaces).uppercased()
         if kind != .fee {
@@ -234,6 +250,9 @@ public final class PortfolioStore: Sendable {
             throw ValidationError(field: "accountID", message: "value updates belong to savings accounts")
         }
         guard value >= 0 else { throw ValidationError(field: "value", message: "must not be negative") }
+        if let closedAt = account.closedAt, at >= closedAt {
+            throw ConflictError(field: "at", message: "the account closed at \(Self.text(closedAt)); an update then or later counts nowhere")
+        }
         return try pool.write { db in
             try db.execute(
                 sql: "INSERT INTO accountUpdate (accountID, at, value) VALUES (?, ?, ?)",

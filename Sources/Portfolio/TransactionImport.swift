@@ -85,8 +85,10 @@ public enum TransactionImport {
             do {
                 _ = try store.addTransaction(
                     accountID: account.id, date: row.date, kind: row.kind, symbol: row.symbol, quantity: row.quantity, price: row.price,
-                    fees: row.fees)
+                    fees: row.fees, calendar: calendar)
             } catch let error as PortfolioStore.ValidationError {
+                throw LineError(line: row.line, field: error.field, message: error.message)
+            } catch let error as PortfolioStore.ConflictError {
                 throw LineError(line: row.line, field: error.field, message: error.message)
             }
         }

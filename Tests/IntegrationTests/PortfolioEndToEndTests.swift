@@ -55,6 +55,38 @@ struct PortfolioEndToEndTests {
         }
     }
 
+    @Test func datesOutsideAnAccountsLifeAreRefusedWith409AndTheReason() async throws {
+        try await withPortfolioRelay { _, base in
+            let id = try await createBrokerageAccount(base)  // created 2024-01-01
+            func buy(_ date: String) async throws -> (status: Int, body: [String: Any]) {
+                let answer = try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(id)/transactions",
+                    json: #"{"date":"\#(date)","kind":"buy","symbol":"AAPL","quantity":"1","price":"100"}"#)
+                return (answer.status, jsonObject(answer.body))
+            }
+            let early = try await buy("2023-12-31")
+            #expect(early.status == 409)
+            #expect(early.body["field"] as? String == "date")
+            #expect((early.body["error"] as? String ?? "").contains("before the account was created"), "\(early.body)")
+            #expect(try await buy("2024-01-01").status == 201, "the creation day itself is fine")
+            let closed = try await httpSend("POST", "\(base)/v1/accounts/\(id)/close", json: #"{"closedAt":"2024-06-01T12:00:00Z"}"#)
+            #expect(closed.status == 200)
+            let late = try await buy("2024-06-02")
+            #expect(late.status == 409)
+            #expect((late.body["error"] as? String ?? "").contains("closed on 2024-06-01"), "\(late.body)")
+            #expect(try await buy("2024-05-31").status == 201, "before the close is fine")
+
+            let savings = try await httpSend(
+                "POST", "\(base)/v1/accounts", json: #"{"name":"Cash","kind":"savings","createdAt":"2024-01-01T00:00:00Z"}"#)
+            let savingsID = try #require(jsonObject(savings.body)["id"] as? Int)
+            _ = try await httpSend("POST", "\(base)/v1/accounts/\(savingsID)/close", json: #"{"closedAt":"2024-06-01T00:00:00Z"}"#)
+            let update = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(savingsID)/updates", json: #"{"at":"2024-07-01T00:00:00Z","value":"10"}"#)
+            #expect(update.status == 409)
+            #expect(jsonObject(update.body)["field"] as? String == "at")
+        }
+    }
+
     @Test func accountsTransactionsLiveValuationStreamAndHistory() async throws {
         try await withPortfolioRelay(demoRate: 2000) { parts, base in
             let id = try await createBrokerageAccount(base)
