@@ -48,7 +48,7 @@ struct SecurityDetailTests {
             let portfolio = try #require(parts.portfolio)
             let feed = try #require(parts.demoFeed)
             let account = try portfolio.store.createAccount(
-                name: "Core", kind: .brokerage, currency: "USD", createdAt: .now.addingTimeInterval(-400 * 86_400))
+                name: "Core", kind: .brokerage, currency: "USD", createdAt: .now.addingTimeInterval(-3 * 366 * 86_400))
             let today = DayCalendar.utc.day(of: .now)
             for (index, symbol) in symbols.enumerated() {
                 _ = try portfolio.store.addTransaction(
