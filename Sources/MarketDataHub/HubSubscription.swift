@@ -58,12 +58,6 @@ public struct HubSubscription: Sendable {
         var iterator: AsyncStream<[MarketEvent]>.AsyncIterator
         let queue: SubscriberQueue
 
-        /// Whether ``nextBatch(limit:isolation:)`` returns without waiting: events are queued, or the
-        /// stream has finished (then it returns what is left, and then `nil`).
-        public var hasQueued: Bool {
-            queue.batches.load(ordering: .acquiring) > 0 || queue.finished.load(ordering: .acquiring)
-        }
-
         /// Everything queued, in order, once at least one event is; `nil` when the subscription has ended.
         /// Stops adding stream elements once `limit` events are reached.
         /// Runs in the caller's isolation (`isolation`), so a reader on an actor is resumed on that

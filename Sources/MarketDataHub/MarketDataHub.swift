@@ -125,7 +125,7 @@ public actor MarketDataHub {
     ///
     /// - Parameter whenQueued: called (on the hub, so it must be quick and must not block) each time
     ///   events were queued on the subscription's stream, and once when the stream finished. A consumer
-    ///   that reads many subscriptions uses it to read each one only when ``HubSubscription/Reader/hasQueued``
+    ///   that reads many subscriptions uses it to read each one only when ``HubSubscription/hasQueued``
     ///   holds, instead of keeping a task waiting in every stream.
     public func subscribe(to topics: Set<Topic> = [], whenQueued: (@Sendable () -> Void)? = nil) -> HubSubscription {
         let id = SubscriberID(nextID)

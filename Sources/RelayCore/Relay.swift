@@ -233,13 +233,13 @@ public final class Relay: Service, Sendable {
 
         // The REST client stops with the relay, whichever way it stops.
         do {
-            try await runParts(group)
+            try await runServices(group)
         } catch {
             try? await restClient?.shutdown()
             throw error
         }
         try? await restClient?.shutdown()
-        func runParts(_ group: ServiceGroup) async throws {
+        func runServices(_ group: ServiceGroup) async throws {
             try await withThrowingTaskGroup(of: Void.self) { tasks in
                 tasks.addTask { try await group.run() }
                 let port = try await server.listeningPort()

@@ -93,7 +93,7 @@ actor ClientDrain {
         if oldest != .max {
             metrics.deliveryLatency.recordNanoseconds(Int64(MonotonicClock.nanoseconds() &- oldest))
         }
-        return FrameEncoder.frame(for: batch).map { [$0] } ?? FrameEncoder.frames(for: batch)
+        return FrameEncoder.frames(for: batch)
     }
 }
 

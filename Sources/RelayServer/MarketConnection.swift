@@ -83,8 +83,7 @@ actor MarketConnection {
 
     private func authenticationTimedOut() {
         guard !session.isAuthenticated, !ended else { return }
-        handler.value.write(StatusMessage.authTimeout.frame)
-        handler.value.close(code: .policyViolation, reason: "no authentication")
+        handler.value.refuse(StatusMessage.authTimeout, reason: "no authentication")
     }
 
     private func received(_ message: ByteBuffer) {
@@ -97,7 +96,7 @@ actor MarketConnection {
             // A key's connection limit, answered as Polygon answers one: the status, then 1008.
             guard dependencies.keyConnections.admit(grant) else {
                 dependencies.logger.info("downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
-                refuse(
+                handler.value.refuse(
                     StatusMessage(
                         status: StatusMessage.Kind.maxConnections,
                         message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0))."),
@@ -118,12 +117,6 @@ actor MarketConnection {
         }
         if !reaction.added.isEmpty { change(.add(reaction.added)) }
         if !reaction.removed.isEmpty { change(.remove(reaction.removed)) }
-    }
-
-    /// Refuses the way Polygon does: the status that says why, then close 1008.
-    func refuse(_ status: StatusMessage, reason: String) {
-        handler.value.write(status.frame)
-        handler.value.close(code: .policyViolation, reason: reason)
     }
 
     private func closed() {

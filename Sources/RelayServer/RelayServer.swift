@@ -173,8 +173,7 @@ public final class RelayServer: Service, Sendable {
                     WebSocketConversation(
                         opened: { [unowned handler] in
                             handler.write(StatusMessage.connected.frame, flush: false)
-                            handler.write(status.frame)
-                            handler.close(code: .policyViolation, reason: "connection limit")
+                            handler.refuse(status, reason: "connection limit")
                         },
                         received: { _ in }, closed: {}))
                 try channel.pipeline.syncOperations.addHandlers(Self.messageAggregator(configuration), handler)

@@ -1,5 +1,6 @@
 import NIOCore
 import NIOWebSocket
+import PolygonWire
 
 /// What a downstream WebSocket connection does with its messages: the market feed's Polygon
 /// conversation, or a server-push stream. Called on the connection's event loop, synchronously.
@@ -31,7 +32,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private var awaitingPong = false
     /// A close frame was sent; the channel closes when the client answers or after `closeTimeout`.
     private(set) var isClosing = false
-    private(set) var isClosed = false
+    private var isClosed = false
     /// Shared with the task that drains this client's hub stream.
     let writability = Writability()
 
@@ -46,13 +47,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         self.conversation = conversation
     }
 
-    var allocator: ByteBufferAllocator { context?.channel.allocator ?? ByteBufferAllocator() }
-
     var isWritable: Bool { context?.channel.isWritable ?? false }
-
-    var remoteAddress: SocketAddress? { context?.channel.remoteAddress }
-
-    var channel: (any Channel)? { context?.channel }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
@@ -147,6 +142,12 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         context.eventLoop.scheduleTask(in: closeTimeout) { [channel = context.channel] in
             channel.close(promise: nil)
         }
+    }
+
+    /// Refuses the client the way Polygon does: the status that says why, then close 1008.
+    func refuse(_ status: StatusMessage, reason: String) {
+        write(status.frame)
+        close(code: .policyViolation, reason: reason)
     }
 
     private func pingOrDrop() {
