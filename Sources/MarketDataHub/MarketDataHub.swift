@@ -160,6 +160,7 @@ public actor MarketDataHub {
                 enqueue([last], to: subscriber)
             }
         }
+        tellQueued()
         if changed { refreshUpstreamWanted() }
     }
 
@@ -267,11 +268,24 @@ public actor MarketDataHub {
                 }
             }
         }
+        // Told after every subscriber's events are queued, one right after the other: whoever drains
+        // them (one task per event loop downstream) then finds most of them queued at its first look.
+        deferredKicks.reserveCapacity(touched.count)
         for subscriber in touched {
             let batch = subscriber.staged
             subscriber.staged = []
             enqueue(batch, to: subscriber)
         }
+        tellQueued()
+    }
+
+    /// Subscribers that had something queued by the hub call in progress, told (`whenQueued`) at its
+    /// end by ``tellQueued()``.
+    private var deferredKicks: [Subscriber] = []
+
+    private func tellQueued() {
+        for subscriber in deferredKicks { subscriber.whenQueued?() }
+        deferredKicks.removeAll(keepingCapacity: true)
     }
 
     /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
@@ -302,7 +316,7 @@ public actor MarketDataHub {
                 if !batch.isEmpty, case .enqueued = subscriber.continuation.yield(batch) {
                     subscriber.queue.pending.add(batch.count, ordering: .releasing)
                     subscriber.queue.batches.add(1, ordering: .releasing)
-                    subscriber.whenQueued?()
+                    deferredKicks.append(subscriber)
                 }
                 evict(subscriber)
                 return
@@ -313,7 +327,7 @@ public actor MarketDataHub {
         case .enqueued:
             subscriber.queue.pending.add(batch.count, ordering: .releasing)
             subscriber.queue.batches.add(1, ordering: .releasing)
-            subscriber.whenQueued?()
+            deferredKicks.append(subscriber)
             pending += batch.count
             if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
         case .dropped:
@@ -367,6 +381,7 @@ public actor MarketDataHub {
         guard snapshotOnSubscribe, let entry = entries[event.topic], entry.last == nil, !entry.subscribers.isEmpty else { return }
         entry.last = event.compacted()
         for subscriber in entry.subscribers { enqueue([event], to: subscriber) }
+        tellQueued()
     }
 
     /// Events were lost before they reached the hub (e.g. NATS dropped them for this node): the
@@ -385,6 +400,7 @@ public actor MarketDataHub {
             }
             enqueue([notice], to: subscriber)
         }
+        tellQueued()
     }
 
     // MARK: upstream outages
@@ -421,6 +437,7 @@ public actor MarketDataHub {
             subscriber.toldOfOutage = true
             enqueue([notice], to: subscriber)
         }
+        tellQueued()
     }
 
     /// The end of an outage goes to those told of its start: a client that subscribed meanwhile never

@@ -9,7 +9,7 @@ import PolygonWire
 ///
 /// An actor whose executor is its channel's event loop, so its state and its handler live on that loop:
 /// a client message is handled synchronously as NIO reads it (no reading task). No task waits on the
-/// client's hub stream either: its ``ClientDrain`` starts one when the hub says it queued something. Hub calls (`subscribe`, `add`, `remove`) run one after another in a short-lived task, in
+/// client's hub stream either: its loop's ``LoopDrain`` reads it when the hub says it queued something. Hub calls (`subscribe`, `add`, `remove`) run one after another in a short-lived task, in
 /// the order the client asked.
 ///
 /// Acknowledgements are written before the hub is asked to add a topic, so a client never sees an
@@ -20,8 +20,8 @@ actor MarketConnection {
         let configuration: RelayServerConfiguration
         let metrics: DownstreamMetrics
         let keyConnections: KeyConnections
-        /// Where this connection's frames are handed to its event loop.
-        let writes: LoopWriteQueue
+        /// What drains the hub streams of this connection's event loop.
+        let drain: LoopDrain
         let logger: Logger
         /// Told each time a client's key is refused (counted per address).
         let authenticationFailed: @Sendable () -> Void
@@ -144,16 +144,14 @@ actor MarketConnection {
         while !hubChanges.isEmpty {
             switch hubChanges.removeFirst() {
             case .join:
-                let target = DrainTarget()
+                let target = FeedTarget()
                 let joined = await hub.subscribe(whenQueued: { target.kick() })
                 subscription = joined
                 let writability = handler.value.writability
-                let drain = ClientDrain(
-                    subscription: joined, handler: handler, writability: writability, writes: dependencies.writes,
-                    metrics: dependencies.metrics)
-                target.set(drain)
-                writability.onWritable { drain.kick() }
-                drain.kick()
+                let feed = ClientFeed(subscription: joined, handler: handler, writability: writability, drain: dependencies.drain)
+                target.set(feed)
+                writability.onWritable { feed.kick() }
+                feed.kick()
             case .add(let topics):
                 if let id = subscription?.id { await hub.add(topics, to: id) }
             case .remove(let topics):

@@ -23,7 +23,6 @@ public final class RelayServer: Service, Sendable {
     private let feed: any FeedStatus
     private let port = ReadySignal<Int>()
     private let sessions = SessionRegistry()
-    private let writeQueues = LoopWriteQueue.PerLoop()
     private let logger: Logger
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
@@ -31,6 +30,7 @@ public final class RelayServer: Service, Sendable {
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
+    private let drains: LoopDrains
 
     /// - Parameters:
     ///   - registry: the Prometheus registry `/metrics` serves; the hub and upstream should record into
@@ -58,6 +58,7 @@ public final class RelayServer: Service, Sendable {
             .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
         ]
         self.metrics = DownstreamMetrics(factory: factory)
+        self.drains = LoopDrains(metrics: metrics)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
     }
@@ -185,7 +186,7 @@ public final class RelayServer: Service, Sendable {
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop,
                 dependencies: .init(
                     hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections,
-                    writes: writeQueues.queue(for: channel.eventLoop), logger: logger,
+                    drain: drains.drain(for: channel.eventLoop), logger: logger,
                     authenticationFailed: { addresses.failedAuthentication(from: address) }))
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }

@@ -19,7 +19,7 @@ struct WebSocketConversation {
 ///
 /// Event-loop confined like every NIO handler (not `Sendable`): code elsewhere reaches it through
 /// `NIOLoopBound`: the connection's actor, whose executor is the same loop (``MarketConnection``), and
-/// ``LoopWriteQueue``, which writes on the loop what drains hand it. No task per connection reads: NIO calls ``channelRead``.
+/// its loop's ``LoopDrain``, which writes what the hub queued for the client. No task per connection reads: NIO calls ``channelRead``.
 final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = WebSocketFrame
     typealias OutboundOut = WebSocketFrame

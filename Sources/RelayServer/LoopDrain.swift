@@ -1,0 +1,192 @@
+import MarketDataHub
+import NIOCore
+import NIOWebSocket
+import PolygonWire
+import Synchronization
+
+/// Moves what the hub queued for the clients of one event loop into their connections, with a task
+/// only while some client of the loop has something queued.
+///
+/// Each client's events arrive on its own hub subscription (an `AsyncStream`, `.bufferingOldest(1000)`,
+/// filtered by symbol), and the loop's drain is the one consumer of that stream. The hub tells it when
+/// it queued something for a client (``ClientFeed/kick()``, after a whole publish); the client joins
+/// the ready list, and the drain's task (started by the first kick, ended when the list is empty) takes
+/// each ready client in turn: reads everything queued for it (the read never waits: a client is only
+/// read while ``HubSubscription/hasQueued``) and encodes it as one frame of the upstream's own bytes
+/// (several only past 1,000,000 bytes). The frames of a whole turn go to the loop in one `execute`, which
+/// writes and flushes each connection's. One publish thus costs about one task and one loop wake-up per
+/// loop, not a task per client. A client whose connection is not writable is not read until it is (its
+/// events wait in its own bounded hub buffer), so a slow client never holds up the others; a client that
+/// still has events after its turn goes to the back of the list, so a busy one cannot starve the rest.
+///
+/// A default actor, not one on the loop: the stream's `next()` runs on the global executor, and only a
+/// default actor can step there and back on the same thread (from a loop's executor each read would be
+/// two thread hand-offs). Its isolated state is the streams' readers.
+actor LoopDrain {
+    let loop: any EventLoop
+    private let metrics: DownstreamMetrics
+    /// Clients with something to take, and whether the drain's task runs (it empties the list).
+    private let ready = Mutex<(clients: [ClientFeed], running: Bool)>(([], false))
+    /// The list being worked through, kept to reuse its storage.
+    private var taking: [ClientFeed] = []
+    /// Each client's stream reader, made at its first turn, dropped when its stream ends.
+    private var readers: [SubscriberID: HubSubscription.Reader] = [:]
+
+    init(loop: any EventLoop, metrics: DownstreamMetrics) {
+        self.loop = loop
+        self.metrics = metrics
+    }
+
+    /// Puts a client on the ready list (it is not on it already) and starts the task if it is not
+    /// running. Quick, from any thread.
+    nonisolated func schedule(_ client: ClientFeed) {
+        let start = ready.withLock { state -> Bool in
+            state.clients.append(client)
+            defer { state.running = true }
+            return !state.running
+        }
+        if start { Task { await self.run() } }
+    }
+
+    private func run() async {
+        while true {
+            let more = ready.withLock { state -> Bool in
+                if state.clients.isEmpty {
+                    state.running = false
+                    return false
+                }
+                swap(&taking, &state.clients)
+                return true
+            }
+            guard more else { return }
+            var writes: [Write] = []
+            writes.reserveCapacity(taking.count)
+            var delivered = 0
+            for client in taking {
+                if let write = await take(client, delivered: &delivered) { writes.append(write) }
+            }
+            taking.removeAll(keepingCapacity: true)
+            if !writes.isEmpty {
+                metrics.delivered.increment(by: delivered)
+                loop.execute { Self.write(writes) }
+            }
+        }
+    }
+
+    /// What one client's turn hands its loop.
+    private struct Write: Sendable {
+        let handler: NIOLoopBound<WebSocketConnectionHandler>
+        let frames: [ByteBuffer]
+        /// Close with this code after the frames (a client the hub evicted).
+        var close: (code: WebSocketErrorCode, reason: String)? = nil
+    }
+
+    /// One turn of one client: everything queued for it, as one write.
+    private func take(_ client: ClientFeed, delivered: inout Int) async -> Write? {
+        client.isReady.store(false, ordering: .releasing)
+        guard client.canTake else { return nil }
+        let id = client.subscription.id
+        // The reader holds only a reference to the stream's state: a copy reads the same stream.
+        var reader = readers[id] ?? client.subscription.makeReader()
+        guard let batch = await reader.nextBatch() else {
+            readers[id] = nil
+            return finished(client)
+        }
+        readers[id] = reader
+        defer { if client.canTake { client.kick() } }
+        if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
+        var oldest = UInt64.max
+        for index in batch.indices where !batch[index].isNotice {
+            delivered += 1
+            let receivedAt = batch[index].receivedAt
+            if receivedAt > 0, receivedAt < oldest { oldest = receivedAt }
+        }
+        if oldest != .max {
+            metrics.deliveryLatency.recordNanoseconds(Int64(MonotonicClock.nanoseconds() &- oldest))
+        }
+        metrics.writes.increment()
+        return Write(handler: client.handler, frames: FrameEncoder.frames(for: batch))
+    }
+
+    /// The stream ended: an evicted client is told why and closed with 1013.
+    private func finished(_ client: ClientFeed) -> Write? {
+        client.finish()
+        guard client.subscription.wasEvicted, !client.writability.isClosed else { return nil }
+        let notice = StatusMessage(
+            status: StatusMessage.Kind.lagging,
+            message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full")
+        return Write(handler: client.handler, frames: [notice.frame], close: (MarketConnection.tooSlowCloseCode, "too slow"))
+    }
+
+    /// On the loop: each connection's frames, flushed, in the order of the turn.
+    private static func write(_ writes: [Write]) {
+        for write in writes {
+            let handler = write.handler.value
+            for frame in write.frames { handler.write(frame, flush: false) }
+            handler.flush()
+            if let close = write.close { handler.close(code: close.code, reason: close.reason) }
+        }
+    }
+}
+
+/// One market client as its loop's ``LoopDrain`` sees it: its hub subscription and its connection.
+/// `Sendable`: the handler is bound to its loop (`NIOLoopBound`), the flags are atomics.
+final class ClientFeed: Sendable {
+    let subscription: HubSubscription
+    let handler: NIOLoopBound<WebSocketConnectionHandler>
+    let writability: Writability
+    private let drain: LoopDrain
+    /// On the drain's ready list (cleared as its turn starts, so a kick during the turn puts it back).
+    let isReady = Atomic<Bool>(false)
+    /// The stream has ended; nothing more will come.
+    private let isFinished = Atomic<Bool>(false)
+
+    init(subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability, drain: LoopDrain) {
+        self.subscription = subscription
+        self.handler = handler
+        self.writability = writability
+        self.drain = drain
+    }
+
+    /// Something was queued for the client, its connection can take more again, or it closed. Quick,
+    /// from any thread (the hub calls it).
+    func kick() {
+        guard !isFinished.load(ordering: .acquiring), canTake,
+            isReady.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
+        else { return }
+        drain.schedule(self)
+    }
+
+    var canTake: Bool { subscription.hasQueued && (writability.isWritable || writability.isClosed) }
+
+    fileprivate func finish() { isFinished.store(true, ordering: .releasing) }
+}
+
+/// Where the hub's `whenQueued` for a subscription points: the subscription's ``ClientFeed``, which
+/// only exists once `subscribe` has returned. `Sendable` behind a `Mutex`.
+final class FeedTarget: Sendable {
+    private let feed = Mutex<ClientFeed?>(nil)
+
+    func set(_ target: ClientFeed) { feed.withLock { $0 = target } }
+
+    func kick() { feed.withLock { $0 }?.kick() }
+}
+
+/// One drain per event loop of a group, found by the loop.
+final class LoopDrains: Sendable {
+    private let drains = Mutex<[ObjectIdentifier: LoopDrain]>([:])
+    private let metrics: DownstreamMetrics
+
+    init(metrics: DownstreamMetrics) {
+        self.metrics = metrics
+    }
+
+    func drain(for loop: any EventLoop) -> LoopDrain {
+        drains.withLock { drains in
+            if let drain = drains[ObjectIdentifier(loop)] { return drain }
+            let drain = LoopDrain(loop: loop, metrics: metrics)
+            drains[ObjectIdentifier(loop)] = drain
+            return drain
+        }
+    }
+}
