@@ -18,9 +18,13 @@ public struct Account: Codable, Sendable, Equatable {
     public var createdAt: Date
     public var isActive: Bool
     public var closedAt: Date?
+    /// Whether a withdrawal may take the account's cash below zero (a margin account). Buys may always.
+    public var allowNegativeCash: Bool
 
-    public init(id: Int64, name: String, kind: AccountKind, currency: String, createdAt: Date, isActive: Bool = true, closedAt: Date? = nil)
-    {
+    public init(
+        id: Int64, name: String, kind: AccountKind, currency: String, createdAt: Date, isActive: Bool = true, closedAt: Date? = nil,
+        allowNegativeCash: Bool = false
+    ) {
         self.id = id
         self.name = name
         self.kind = kind
@@ -28,11 +32,15 @@ public struct Account: Codable, Sendable, Equatable {
         self.createdAt = createdAt
         self.isActive = isActive
         self.closedAt = closedAt
+        self.allowNegativeCash = allowNegativeCash
     }
 }
 
 public enum TransactionKind: String, Codable, Sendable, CaseIterable {
-    case buy, sell, dividend, fee
+    case buy, sell, dividend, fee, deposit, withdrawal
+
+    /// Moves only cash (`amount`), no security.
+    public var isCashOnly: Bool { self == .deposit || self == .withdrawal }
 
     public init(from decoder: any Decoder) throws { self = try Self.decodeListingValues(from: decoder) }
 }
@@ -50,8 +58,11 @@ extension RawRepresentable where Self: CaseIterable, RawValue == String {
     }
 }
 
-/// A brokerage transaction. Quantities, prices and fees are exact decimals.
+/// A brokerage transaction. Quantities, prices, fees and amounts are exact decimals.
 /// `dividend`: `quantity` shares paid `price` each. `fee`: `fees` charged (quantity and price 0).
+/// `deposit`, `withdrawal`: `amount` of cash in or out (no symbol, quantity or price).
+/// Every kind moves the account's cash: a buy takes `quantity × price + fees`, a sell and a dividend
+/// bring `quantity × price − fees`, a fee takes `fees`.
 public struct Transaction: Codable, Sendable, Equatable {
     public var id: Int64
     public var accountID: Int64
@@ -61,10 +72,11 @@ public struct Transaction: Codable, Sendable, Equatable {
     public var quantity: Decimal
     public var price: Decimal
     public var fees: Decimal
+    public var amount: Decimal
 
     public init(
         id: Int64, accountID: Int64, date: Day, kind: TransactionKind, symbol: String, quantity: Decimal, price: Decimal,
-        fees: Decimal
+        fees: Decimal, amount: Decimal = 0
     ) {
         self.id = id
         self.accountID = accountID
@@ -74,6 +86,18 @@ public struct Transaction: Codable, Sendable, Equatable {
         self.quantity = quantity
         self.price = price
         self.fees = fees
+        self.amount = amount
+    }
+
+    /// What the transaction does to the account's cash.
+    public var cashChange: Decimal {
+        switch kind {
+        case .buy: -(quantity * price + fees)
+        case .sell, .dividend: quantity * price - fees
+        case .fee: -fees
+        case .deposit: amount - fees
+        case .withdrawal: -(amount + fees)
+        }
     }
 }
 
@@ -108,15 +132,19 @@ public enum SnapshotSource: String, Codable, Sendable {
 public struct AccountSnapshot: Codable, Sendable, Equatable {
     public var accountID: Int64
     public var day: Day
+    /// Everything: positions and cash.
     public var value: Decimal
+    /// The cash part of `value` (brokerage accounts; `nil` for savings).
+    public var cash: Decimal?
     /// Some of the value could not be determined (unpriced positions, or no value yet).
     public var partial: Bool
     public var source: SnapshotSource
 
-    public init(accountID: Int64, day: Day, value: Decimal, partial: Bool, source: SnapshotSource) {
+    public init(accountID: Int64, day: Day, value: Decimal, cash: Decimal? = nil, partial: Bool, source: SnapshotSource) {
         self.accountID = accountID
         self.day = day
         self.value = value
+        self.cash = cash
         self.partial = partial
         self.source = source
     }
@@ -126,11 +154,14 @@ public struct AccountSnapshot: Codable, Sendable, Equatable {
 public struct PortfolioSnapshot: Codable, Sendable, Equatable {
     public var day: Day
     public var total: Decimal
+    /// The brokerage accounts' cash in `total`.
+    public var cash: Decimal
     public var partial: Bool
 
-    public init(day: Day, total: Decimal, partial: Bool) {
+    public init(day: Day, total: Decimal, cash: Decimal = 0, partial: Bool) {
         self.day = day
         self.total = total
+        self.cash = cash
         self.partial = partial
     }
 }

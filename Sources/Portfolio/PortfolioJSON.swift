@@ -14,9 +14,10 @@ enum PortfolioJSON {
         var createdAt: Date
         var isActive: Bool
         var closedAt: Date?
+        var allowNegativeCash: Bool
         init(_ a: Account) {
-            (id, name, kind, currency, createdAt, isActive, closedAt) = (
-                a.id, a.name, a.kind, a.currency, a.createdAt, a.isActive, a.closedAt
+            (id, name, kind, currency, createdAt, isActive, closedAt, allowNegativeCash) = (
+                a.id, a.name, a.kind, a.currency, a.createdAt, a.isActive, a.closedAt, a.allowNegativeCash
             )
         }
     }
@@ -30,11 +31,14 @@ enum PortfolioJSON {
         var quantity: String
         var price: String
         var fees: String
+        var amount: String
+        /// What it did to the account's cash.
+        var cashChange: String
         /// In a security's detail, which spans accounts.
         var accountName: String?
         init(_ t: Transaction, accountName: String? = nil) {
             (id, accountID, date, kind, symbol, self.accountName) = (t.id, t.accountID, t.date, t.kind, t.symbol, accountName)
-            (quantity, price, fees) = (text(t.quantity), text(t.price), text(t.fees))
+            (quantity, price, fees, amount, cashChange) = (text(t.quantity), text(t.price), text(t.fees), text(t.amount), text(t.cashChange))
         }
     }
 
@@ -72,27 +76,47 @@ enum PortfolioJSON {
         var asOf: Date
         var positions: [PositionOut]
         var total: String
+        var positionsValue: String
+        var cash: String
         var costBasis: String
         var unrealizedPnL: String
         var dayChange: String
         var hasPartialFailures: Bool
         var unpricedSymbols: [String]
         var staleSymbols: [String]
+        var accounts: [AccountValueOut]
         init(_ v: Valuation) {
+            accounts = v.accounts.map(AccountValueOut.init)
             (asOf, positions, total, costBasis) = (v.asOf, v.positions.map(PositionOut.init), text(v.total), text(v.costBasis))
+            (positionsValue, cash) = (text(v.positionsValue), text(v.cash))
             (unrealizedPnL, dayChange, hasPartialFailures, unpricedSymbols, staleSymbols) = (
                 text(v.unrealizedPnL), text(v.dayChange), v.hasPartialFailures, v.unpricedSymbols, v.staleSymbols
             )
         }
     }
 
+    struct AccountValueOut: Encodable {
+        var id: Int64
+        var name: String
+        var kind: AccountKind
+        var value: String?
+        var cash: String?
+        var asOf: Date?
+        var basis: AccountValue.Basis
+        var partial: Bool
+        init(_ a: AccountValue) {
+            (id, name, kind, value, cash, asOf, basis, partial) = (a.id, a.name, a.kind, text(a.value), text(a.cash), a.asOf, a.basis, a.partial)
+        }
+    }
+
     struct SnapshotOut: Encodable {
         var day: Day
         var value: String
+        var cash: String?
         var partial: Bool
         var source: SnapshotSource?
-        init(_ s: AccountSnapshot) { (day, value, partial, source) = (s.day, text(s.value), s.partial, s.source) }
-        init(_ s: PortfolioSnapshot) { (day, value, partial, source) = (s.day, text(s.total), s.partial, nil) }
+        init(_ s: AccountSnapshot) { (day, value, cash, partial, source) = (s.day, text(s.value), text(s.cash), s.partial, s.source) }
+        init(_ s: PortfolioSnapshot) { (day, value, cash, partial, source) = (s.day, text(s.total), text(s.cash), s.partial, nil) }
     }
 
     /// A decimal given as a string (preferred) or a JSON number.
@@ -115,6 +139,7 @@ enum PortfolioJSON {
         var kind: AccountKind
         var currency: String?
         var createdAt: Date?
+        var allowNegativeCash: Bool?
     }
 
     struct Close: Decodable { var closedAt: Date? }
@@ -126,6 +151,7 @@ enum PortfolioJSON {
         var quantity: Amount?
         var price: Amount?
         var fees: Amount?
+        var amount: Amount?
     }
 
     struct NewUpdate: Decodable {

@@ -119,7 +119,8 @@ public struct PortfolioRoutes: Sendable {
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
                 let account = try store.createAccount(
-                    name: new.name, kind: new.kind, currency: new.currency ?? "USD", createdAt: new.createdAt ?? .now)
+                    name: new.name, kind: new.kind, currency: new.currency ?? "USD", createdAt: new.createdAt ?? .now,
+                    allowNegativeCash: new.allowNegativeCash ?? false)
                 try await service.backfill()
                 return Self.json(PortfolioJSON.AccountOut(account), status: .created)
             }
@@ -153,8 +154,10 @@ public struct PortfolioRoutes: Sendable {
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
                 let transaction = try store.addTransaction(
-                    accountID: try Self.id(context), date: new.date, kind: new.kind, symbol: new.symbol ?? "",
-                    quantity: new.quantity?.value ?? 0, price: new.price?.value ?? 0, fees: new.fees?.value ?? 0,
+                    accountID: try Self.id(context),
+                    .init(
+                        date: new.date, kind: new.kind, symbol: new.symbol ?? "", quantity: new.quantity?.value ?? 0,
+                        price: new.price?.value ?? 0, fees: new.fees?.value ?? 0, amount: new.amount?.value ?? 0),
                     calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()

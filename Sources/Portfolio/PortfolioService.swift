@@ -32,6 +32,8 @@ public actor PortfolioService: Service {
     /// A symbol got its first price since the last snapshot: today's value changed in kind, not just
     /// in amount, so it is written at the next tick rather than at the next interval.
     private var snapshotDue = false
+    /// Brokerage accounts valued with every price since the relay started.
+    private var completeSinceStart: Set<Int64> = []
 
     public init(
         store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
@@ -151,10 +153,48 @@ public actor PortfolioService: Service {
 
     // MARK: valuation
 
-    /// The valuation of one account, or of every brokerage account together.
+    /// The valuation of one account, or of the whole portfolio: every active account, brokerage ones
+    /// valued live (positions plus cash), savings ones at their last update, each listed in `accounts`.
     public func valuation(accountID: Int64? = nil) throws -> Valuation {
-        let (positions, _) = try openPositions(accounts: accountID.map { [$0] } ?? [])
-        return Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
+        let now = Date.now
+        let accounts = try store.accounts().filter { account in accountID.map { account.id == $0 } ?? account.isActive }
+        var merged: [String: PositionBook.Position] = [:]
+        var cash: Decimal = 0
+        var values: [AccountValue] = []
+        var savings: Decimal = 0
+        var savingsMissing = false
+        for account in accounts {
+            switch account.kind {
+            case .brokerage:
+                let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+                let own = Valuation.of(book.open, cash: book.cash, prices: prices, rule: rule, now: now)
+                values.append(
+                    AccountValue(
+                        id: account.id, name: account.name, kind: .brokerage, value: own.total, cash: book.cash, asOf: now, basis: .live,
+                        partial: own.hasPartialFailures))
+                if account.isActive || accountID != nil {
+                    for position in book.open {
+                        var position = position
+                        if let existing = merged[position.symbol] { position.lots = existing.lots + position.lots }
+                        merged[position.symbol] = position
+                    }
+                    cash += book.cash
+                }
+            case .savings:
+                let last = try store.updates(accountID: account.id).last { $0.at <= now }
+                values.append(
+                    AccountValue(
+                        id: account.id, name: account.name, kind: .savings, value: last?.value, cash: nil, asOf: last?.at,
+                        basis: .lastUpdate, partial: last == nil))
+                savings += last?.value ?? 0
+                savingsMissing = savingsMissing || last == nil
+            }
+        }
+        var valuation = Valuation.of(Array(merged.values), cash: cash, prices: prices, rule: rule, now: now)
+        valuation.total += savings
+        valuation.hasPartialFailures = valuation.hasPartialFailures || savingsMissing
+        valuation.accounts = values
+        return valuation
     }
 
     /// Every open position of the active brokerage accounts in `accounts` (all when empty), merged by
@@ -181,8 +221,8 @@ public actor PortfolioService: Service {
         let valuation = Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
         return valuation.positions.map { row in
             let weight: Decimal? =
-                if let value = row.marketValue, row.status == .priced, valuation.total > 0 {
-                    DecimalText.rounded(value / valuation.total * 100, scale: 2)
+                if let value = row.marketValue, row.status == .priced, valuation.positionsValue > 0 {
+                    DecimalText.rounded(value / valuation.positionsValue * 100, scale: 2)
                 } else { nil }
             return Holding(valuation: row, assetType: AssetType(ticker: row.symbol), accounts: holders[row.symbol] ?? [], weight: weight)
         }
@@ -217,7 +257,9 @@ public actor PortfolioService: Service {
     // MARK: snapshots
 
     /// Recomputes every account's snapshots from its creation to today and the portfolio totals, and
-    /// saves them (replacing same-day rows). Today's brokerage values come from the live valuation.
+    /// saves them (replacing same-day rows). Today's brokerage values come from the live valuation,
+    /// except that a partial one never replaces a complete row of today until the account has been
+    /// valued completely since the relay started (after a restart, before its prices are back).
     public func backfill() throws {
         let today = calendar.day(of: .now)
         let accounts = try store.accounts()
@@ -225,26 +267,38 @@ public actor PortfolioService: Service {
         var accountDays: [Int64: (from: Day, through: Day)] = [:]
         for account in accounts {
             var observations: [SnapshotPlanner.Observation]
+            var cash: [(day: Day, cash: Decimal)]?
             switch account.kind {
             case .savings:
                 observations = try store.updates(accountID: account.id).map { .init(at: $0.at, value: $0.value, source: .update) }
             case .brokerage:
                 let first = calendar.day(of: account.createdAt)
-                observations = try store.accountSnapshots(accountID: account.id, from: first, through: today)
-                    .filter { $0.source == .valuation && $0.day < today }
-                    .map {
-                        .init(
-                            at: calendar.startOfDay($0.day).addingTimeInterval(43_200), value: $0.value, partial: $0.partial,
-                            source: .valuation)
-                    }
+                let transactions = try store.transactions(accountID: account.id)
+                cash = PositionBook.cashByDay(transactions)
+                let stored = try store.accountSnapshots(accountID: account.id, from: first, through: today).filter { $0.source == .valuation }
+                // A stored row's positions value: its value less its cash (older rows have no cash).
+                func observation(_ row: AccountSnapshot) -> SnapshotPlanner.Observation {
+                    .init(
+                        at: calendar.startOfDay(row.day).addingTimeInterval(43_200), value: row.value - (row.cash ?? 0), partial: row.partial,
+                        source: .valuation)
+                }
+                observations = stored.filter { $0.day < today }.map(observation)
                 if account.isActive {
-                    let live = try valuation(accountID: account.id)
-                    observations.append(.init(at: .now, value: live.total, partial: live.hasPartialFailures, source: .valuation))
+                    let book = try PositionBook(transactions: transactions)
+                    let live = Valuation.of(book.open, prices: prices, rule: rule, now: .now)
+                    if !live.hasPartialFailures { completeSinceStart.insert(account.id) }
+                    if live.hasPartialFailures, !completeSinceStart.contains(account.id),
+                        let kept = stored.last(where: { $0.day == today && !$0.partial })
+                    {
+                        observations.append(observation(kept))
+                    } else {
+                        observations.append(.init(at: .now, value: live.positionsValue, partial: live.hasPartialFailures, source: .valuation))
+                    }
                 }
             }
             // The days it counts on (none when it closed on the day it was created: `through` < `from`).
             accountDays[account.id] = (calendar.day(of: account.createdAt), planner.lastDay(of: account, today: today))
-            all += planner.accountSnapshots(for: account, observations: observations, today: today)
+            all += planner.accountSnapshots(for: account, observations: observations, today: today, cash: cash)
         }
         let start = accounts.map { calendar.day(of: $0.createdAt) }.min()
         let totals = start.map { planner.portfolioSnapshots(accounts: accounts, snapshots: all, from: $0, through: today) } ?? []

@@ -96,6 +96,31 @@ public final class PortfolioStore: Sendable {
                     );
                     """)
         }
+        migrator.registerMigration("v2: cash (deposit, withdrawal, amount, allowNegativeCash), snapshot cash") { db in
+            // SQLite cannot change a CHECK constraint: the transaction table is rebuilt with the new kinds.
+            try db.execute(
+                sql: """
+                    ALTER TABLE account ADD COLUMN allowNegativeCash INTEGER NOT NULL DEFAULT 0;
+                    CREATE TABLE transaction_v2 (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        accountID INTEGER NOT NULL REFERENCES account(id) ON DELETE CASCADE,
+                        date TEXT NOT NULL,
+                        kind TEXT NOT NULL CHECK (kind IN ('buy', 'sell', 'dividend', 'fee', 'deposit', 'withdrawal')),
+                        symbol TEXT NOT NULL,
+                        quantity TEXT NOT NULL,
+                        price TEXT NOT NULL,
+                        fees TEXT NOT NULL,
+                        amount TEXT NOT NULL DEFAULT '0'
+                    );
+                    INSERT INTO transaction_v2 (id, accountID, date, kind, symbol, quantity, price, fees)
+                        SELECT id, accountID, date, kind, symbol, quantity, price, fees FROM "transaction";
+                    DROP TABLE "transaction";
+                    ALTER TABLE transaction_v2 RENAME TO "transaction";
+                    CREATE INDEX transaction_account ON "transaction"(accountID, date);
+                    ALTER TABLE accountSnapshot ADD COLUMN cash TEXT;
+                    ALTER TABLE portfolioSnapshot ADD COLUMN cash TEXT NOT NULL DEFAULT '0';
+                    """)
+        }
         return migrator
     }
 
@@ -125,23 +150,35 @@ public final class PortfolioStore: Sendable {
         guard let kind = AccountKind(rawValue: row["kind"]) else { throw StoreError.corrupt("account kind") }
         return Account(
             id: row["id"], name: row["name"], kind: kind, currency: row["currency"], createdAt: try date(row["createdAt"]),
-            isActive: row["isActive"], closedAt: try (row["closedAt"] as String?).map(date))
+            isActive: row["isActive"], closedAt: try (row["closedAt"] as String?).map(date), allowNegativeCash: row["allowNegativeCash"])
     }
 
     // MARK: accounts
 
-    public func createAccount(name: String, kind: AccountKind, currency: String, createdAt: Date) throws -> Account {
+    public func createAccount(name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false) throws
+        -> Account
+    {
+        try pool.write { db in
+            try Self.insertAccount(db, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
+        }
+    }
+
+    private static func insertAccount(
+        _ db: Database, name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool
+    ) throws -> Account {
         let name = name.trimmingCharacters(in: .whitespaces)
         guard !name.isEmpty, name.count <= 200 else { throw ValidationError(field: "name", message: "must be 1 to 200 characters") }
         guard currency.range(of: "^[A-Z]{3}$", options: .regularExpression) != nil else {
             throw ValidationError(field: "currency", message: "must be an ISO 4217 code such as USD")
         }
-        return try pool.write { db in
-            try db.execute(
-                sql: "INSERT INTO account (name, kind, currency, createdAt, isActive) VALUES (?, ?, ?, ?, 1)",
-                arguments: [name, kind.rawValue, currency, Self.text(createdAt)])
-            return Account(id: db.lastInsertedRowID, name: name, kind: kind, currency: currency, createdAt: createdAt)
+        if allowNegativeCash, kind != .brokerage {
+            throw ValidationError(field: "allowNegativeCash", message: "only brokerage accounts hold cash")
         }
+        try db.execute(
+            sql: "INSERT INTO account (name, kind, currency, createdAt, isActive, allowNegativeCash) VALUES (?, ?, ?, ?, 1, ?)",
+            arguments: [name, kind.rawValue, currency, text(createdAt), allowNegativeCash])
+        return Account(
+            id: db.lastInsertedRowID, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
     }
 
     public func accounts() throws -> [Account] {
@@ -149,12 +186,14 @@ public final class PortfolioStore: Sendable {
     }
 
     public func account(_ id: Int64) throws -> Account {
-        try pool.read { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM account WHERE id = ?", arguments: [id]) else {
-                throw StoreError.notFound("account \(id)")
-            }
-            return try Self.account(row)
+        try pool.read { db in try Self.account(db, id) }
+    }
+
+    private static func account(_ db: Database, _ id: Int64) throws -> Account {
+        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM account WHERE id = ?", arguments: [id]) else {
+            throw StoreError.notFound("account \(id)")
         }
+        return try account(row)
     }
 
     /// Closes an account: it keeps its history and leaves totals from its closing day on.
@@ -182,15 +221,81 @@ public final class PortfolioStore: Sendable {
 
     // MARK: transactions
 
-    /// Records a transaction after checking it, and that it does not sell shares that are not held.
-    public func addTransaction(
-        accountID: Int64, date: Day, kind: TransactionKind, symbol: String, quantity: Decimal, price: Decimal, fees: Decimal,
-        calendar: DayCalendar = .utc
+    /// A transaction to record, as given (before the checks).
+    public struct NewTransaction: Sendable, Equatable {
+        public var date: Day
+        public var kind: TransactionKind
+        public var symbol: String
+        public var quantity: Decimal
+        public var price: Decimal
+        public var fees: Decimal
+        public var amount: Decimal
+
+        public init(
+            date: Day, kind: TransactionKind, symbol: String = "", quantity: Decimal = 0, price: Decimal = 0, fees: Decimal = 0,
+            amount: Decimal = 0
+        ) {
+            (self.date, self.kind, self.symbol, self.quantity, self.price, self.fees, self.amount) = (
+                date, kind, symbol, quantity, price, fees, amount
+            )
+        }
+    }
+
+    /// Records a transaction after checking it: its fields, its date against the account's life, and
+    /// that the account's book stays possible (no selling shares not held, no withdrawal beyond the
+    /// cash unless the account allows negative cash).
+    public func addTransaction(accountID: Int64, _ new: NewTransaction, calendar: DayCalendar = .utc) throws -> Transaction {
+        // Read, check and insert in one write transaction: two sells arriving together are checked one
+        // after the other, so together they can never sell more than is held.
+        try pool.write { db in
+            let account = try Self.account(db, accountID)
+            var book = BookCheck(account: account, existing: try Self.transactions(db, accountID: accountID))
+            return try Self.insert(new, into: account, checking: &book, db: db, calendar: calendar)
+        }
+    }
+
+    /// An account's transactions and its book, kept up to date while several are added in one write.
+    private struct BookCheck {
+        let account: Account
+        var transactions: [Transaction]
+        var book: PositionBook?
+
+        init(account: Account, existing: [Transaction]) {
+            self.account = account
+            self.transactions = existing
+        }
+
+        /// Adds a candidate if the book stays possible; the book is rebuilt only when the candidate is
+        /// dated before the latest transaction (an import in date order extends it step by step).
+        mutating func add(_ candidate: Transaction) throws {
+            // After the same day's earlier transactions, as the store orders them (date, then id).
+            let index = transactions.firstIndex { $0.date > candidate.date } ?? transactions.endIndex
+            do throws(PositionBook.BookError) {
+                book = try nextBook(with: candidate, at: index)
+            } catch {
+                throw ValidationError(field: error.field, message: "\(error)")
+            }
+            transactions.insert(candidate, at: index)
+        }
+
+        private func nextBook(with candidate: Transaction, at index: Int) throws(PositionBook.BookError) -> PositionBook {
+            if index == transactions.endIndex, var next = book {
+                try next.apply(candidate)
+                return next
+            }
+            var all = transactions
+            all.insert(candidate, at: index)
+            return try PositionBook(transactions: all, allowNegativeCash: account.allowNegativeCash)
+        }
+    }
+
+    private static func insert(
+        _ new: NewTransaction, into account: Account, checking book: inout BookCheck, db: Database, calendar: DayCalendar
     ) throws -> Transaction {
-        let account = try account(accountID)
         guard account.kind == .brokerage else {
             throw ValidationError(field: "accountID", message: "transactions belong to brokerage accounts")
         }
+        let date = new.date
         let created = calendar.day(of: account.createdAt)
         guard date >= created else {
             throw ConflictError(field: "date", message: "\(date) is before the account was created (\(created))")
@@ -198,35 +303,83 @@ public final class PortfolioStore: Sendable {
         if let closedAt = account.closedAt, date >= calendar.day(of: closedAt) {
             throw ConflictError(field: "date", message: "the account closed on \(calendar.day(of: closedAt)); \(date) is not before that")
         }
-        let symbol = symbol.trimmingCharacters(in: .whitespaces).uppercased()
-        if kind != .fee {
+        var symbol = new.symbol.trimmingCharacters(in: .whitespaces).uppercased()
+        var (quantity, price, amount) = (new.quantity, new.price, new.amount)
+        switch new.kind {
+        case .buy, .sell, .dividend:
             guard !symbol.isEmpty, symbol.count <= 32 else {
                 throw ValidationError(field: "symbol", message: "required, up to 32 characters")
             }
             guard quantity > 0 else { throw ValidationError(field: "quantity", message: "must be above 0") }
             guard price >= 0 else { throw ValidationError(field: "price", message: "must not be negative") }
+            amount = 0
+        case .fee:
+            (quantity, price, amount) = (0, 0, 0)
+        case .deposit, .withdrawal:
+            guard amount > 0 else { throw ValidationError(field: "amount", message: "required, above 0") }
+            (symbol, quantity, price) = ("", 0, 0)
         }
-        guard fees >= 0 else { throw ValidationError(field: "fees", message: "must not be negative") }
+        guard new.fees >= 0 else { throw ValidationError(field: "fees", message: "must not be negative") }
         var candidate = Transaction(
-            id: 0, accountID: accountID, date: date, kind: kind, symbol: symbol, quantity: quantity, price: price, fees: fees)
-        // Read, check and insert in one write transaction: two sells arriving together are checked one
-        // after the other, so together they can never sell more than is held.
-        try pool.write { db in
-            let existing = try Self.transactions(db, accountID: accountID)
-            do {
-                _ = try PositionBook(transactions: existing + [candidate])
-            } catch {
-                throw ValidationError(field: "quantity", message: "\(error)")
-            }
-            try db.execute(
-                sql: #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees) VALUES (?, ?, ?, ?, ?, ?, ?)"#,
-                arguments: [
-                    accountID, date.description, kind.rawValue, symbol, DecimalText.format(quantity), DecimalText.format(price),
-                    DecimalText.format(fees),
-                ])
-            candidate.id = db.lastInsertedRowID
-        }
+            id: 0, accountID: account.id, date: date, kind: new.kind, symbol: symbol, quantity: quantity, price: price, fees: new.fees,
+            amount: amount)
+        try book.add(candidate)
+        try db.execute(
+            sql: #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees, amount) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"#,
+            arguments: [
+                account.id, date.description, new.kind.rawValue, symbol, DecimalText.format(quantity), DecimalText.format(price),
+                DecimalText.format(new.fees), DecimalText.format(amount),
+            ])
+        candidate.id = db.lastInsertedRowID
         return candidate
+    }
+
+    /// An import's rows, all or nothing: in one write transaction, creating the accounts named that do
+    /// not exist yet (as `kind` accounts dated from their first row). The first refused row throws
+    /// (with its index in `rows`) and nothing is written.
+    public func importTransactions(
+        _ rows: [(account: String, transaction: NewTransaction)], newAccounts currency: String, calendar: DayCalendar = .utc
+    ) throws(ImportError) -> Int {
+        do {
+            return try pool.write { db in
+                var accounts: [String: Account] = [:]
+                for account in try Row.fetchAll(db, sql: "SELECT * FROM account ORDER BY id").map(Self.account) where accounts[account.name] == nil {
+                    accounts[account.name] = account
+                }
+                var books: [Int64: BookCheck] = [:]
+                for (index, row) in rows.enumerated().sorted(by: { ($0.element.transaction.date, $0.offset) < ($1.element.transaction.date, $1.offset) }) {
+                    do {
+                        let account: Account
+                        if let existing = accounts[row.account] {
+                            account = existing
+                        } else {
+                            let first = rows.filter { $0.account == row.account }.map(\.transaction.date).min() ?? row.transaction.date
+                            account = try Self.insertAccount(
+                                db, name: row.account, kind: .brokerage, currency: currency, createdAt: calendar.startOfDay(first),
+                                allowNegativeCash: false)
+                            accounts[row.account] = account
+                        }
+                        var book = try books[account.id] ?? BookCheck(account: account, existing: try Self.transactions(db, accountID: account.id))
+                        _ = try Self.insert(row.transaction, into: account, checking: &book, db: db, calendar: calendar)
+                        books[account.id] = book
+                    } catch {
+                        throw ImportError(index: index, error: error)
+                    }
+                }
+                return rows.count
+            }
+        } catch let error as ImportError {
+            throw error
+        } catch {
+            throw ImportError(index: nil, error: error)
+        }
+    }
+
+    /// Why an import wrote nothing: the row (index into the rows given) and the store's error.
+    public struct ImportError: Error, CustomStringConvertible {
+        public var index: Int?
+        public var error: any Error
+        public var description: String { "\(error)" }
     }
 
     public func transactions(accountID: Int64) throws -> [Transaction] {
@@ -238,7 +391,8 @@ public final class PortfolioStore: Sendable {
             guard let kind = TransactionKind(rawValue: row["kind"]) else { throw StoreError.corrupt("transaction kind") }
             return Transaction(
                 id: row["id"], accountID: row["accountID"], date: try day(row["date"]), kind: kind, symbol: row["symbol"],
-                quantity: try decimal(row["quantity"]), price: try decimal(row["price"]), fees: try decimal(row["fees"]))
+                quantity: try decimal(row["quantity"]), price: try decimal(row["price"]), fees: try decimal(row["fees"]),
+                amount: try decimal(row["amount"]))
         }
     }
 
@@ -281,16 +435,16 @@ public final class PortfolioStore: Sendable {
     private static func save(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot], in db: Database) throws {
         for snapshot in snapshots {
             try db.execute(
-                sql: "INSERT OR REPLACE INTO accountSnapshot (accountID, day, value, partial, source) VALUES (?, ?, ?, ?, ?)",
+                sql: "INSERT OR REPLACE INTO accountSnapshot (accountID, day, value, cash, partial, source) VALUES (?, ?, ?, ?, ?, ?)",
                 arguments: [
-                    snapshot.accountID, snapshot.day.description, DecimalText.format(snapshot.value), snapshot.partial,
-                    snapshot.source.rawValue,
+                    snapshot.accountID, snapshot.day.description, DecimalText.format(snapshot.value), snapshot.cash.map(DecimalText.format),
+                    snapshot.partial, snapshot.source.rawValue,
                 ])
         }
         for snapshot in portfolio {
             try db.execute(
-                sql: "INSERT OR REPLACE INTO portfolioSnapshot (day, total, partial) VALUES (?, ?, ?)",
-                arguments: [snapshot.day.description, DecimalText.format(snapshot.total), snapshot.partial])
+                sql: "INSERT OR REPLACE INTO portfolioSnapshot (day, total, cash, partial) VALUES (?, ?, ?, ?)",
+                arguments: [snapshot.day.description, DecimalText.format(snapshot.total), DecimalText.format(snapshot.cash), snapshot.partial])
         }
     }
 
@@ -327,7 +481,8 @@ public final class PortfolioStore: Sendable {
             ).map { row in
                 AccountSnapshot(
                     accountID: row["accountID"], day: try Self.day(row["day"]), value: try Self.decimal(row["value"]),
-                    partial: row["partial"], source: SnapshotSource(rawValue: row["source"]) ?? .none)
+                    cash: try (row["cash"] as String?).map(Self.decimal), partial: row["partial"],
+                    source: SnapshotSource(rawValue: row["source"]) ?? .none)
             }
         }
     }
@@ -338,7 +493,9 @@ public final class PortfolioStore: Sendable {
                 db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ? AND day <= ? ORDER BY day",
                 arguments: [from.description, through.description]
             ).map { row in
-                PortfolioSnapshot(day: try Self.day(row["day"]), total: try Self.decimal(row["total"]), partial: row["partial"])
+                PortfolioSnapshot(
+                    day: try Self.day(row["day"]), total: try Self.decimal(row["total"]), cash: try Self.decimal(row["cash"]),
+                    partial: row["partial"])
             }
         }
     }

@@ -26,11 +26,22 @@ public struct PositionBook: Sendable, Equatable {
     /// Why transactions cannot be applied.
     public enum BookError: Error, Sendable, Equatable, CustomStringConvertible {
         case oversold(symbol: String, date: Day, selling: Decimal, held: Decimal)
+        case overdrawn(date: Day, withdrawing: Decimal, cash: Decimal)
 
         public var description: String {
             switch self {
             case .oversold(let symbol, let date, let selling, let held):
                 "selling \(DecimalText.format(selling)) \(symbol) on \(date) but only \(DecimalText.format(held)) are held"
+            case .overdrawn(let date, let withdrawing, let cash):
+                "withdrawing \(DecimalText.format(withdrawing)) on \(date) but the cash then is \(DecimalText.format(cash)) (the account does not allow negative cash)"
+            }
+        }
+
+        /// The request field the error is about.
+        public var field: String {
+            switch self {
+            case .oversold: "quantity"
+            case .overdrawn: "amount"
             }
         }
     }
@@ -38,18 +49,44 @@ public struct PositionBook: Sendable, Equatable {
     public private(set) var positions: [String: Position] = [:]
     /// Fees charged on their own (`fee` transactions).
     public private(set) var fees: Decimal = 0
+    /// The account's cash: deposits less withdrawals, plus what sells and dividends brought, less what
+    /// buys and fees took. Buys may take it below zero; withdrawals only when negative cash is allowed.
+    public private(set) var cash: Decimal = 0
+    /// Whether a withdrawal may take the cash below zero.
+    public let allowNegativeCash: Bool
 
-    public init() {}
+    public init(allowNegativeCash: Bool = true) {
+        self.allowNegativeCash = allowNegativeCash
+    }
 
     /// Applies transactions in date order (same-day ones in the order given).
-    public init(transactions: [Transaction]) throws(BookError) {
+    /// - Parameter allowNegativeCash: when false, a withdrawal beyond the cash of its day is an error.
+    public init(transactions: [Transaction], allowNegativeCash: Bool = true) throws(BookError) {
+        self.allowNegativeCash = allowNegativeCash
         let ordered = transactions.enumerated().sorted { ($0.element.date, $0.offset) < ($1.element.date, $1.offset) }
         for (_, transaction) in ordered { try apply(transaction) }
     }
 
+    /// The cash at the end of each day that has transactions, in day order.
+    public static func cashByDay(_ transactions: [Transaction]) -> [(day: Day, cash: Decimal)] {
+        var result: [(day: Day, cash: Decimal)] = []
+        var cash: Decimal = 0
+        for transaction in transactions.sorted(by: { $0.date < $1.date }) {
+            cash += transaction.cashChange
+            if result.last?.day == transaction.date { result[result.count - 1].cash = cash } else { result.append((transaction.date, cash)) }
+        }
+        return result
+    }
+
     public mutating func apply(_ transaction: Transaction) throws(BookError) {
         let symbol = transaction.symbol
+        if transaction.kind == .withdrawal, !allowNegativeCash, cash + transaction.cashChange < 0 {
+            throw .overdrawn(date: transaction.date, withdrawing: transaction.amount, cash: cash)
+        }
+        cash += transaction.cashChange
         switch transaction.kind {
+        case .deposit, .withdrawal:
+            break
         case .buy:
             var position = positions[symbol] ?? Position(symbol: symbol)
             position.lots.append(

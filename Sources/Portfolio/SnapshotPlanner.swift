@@ -32,8 +32,15 @@ public struct SnapshotPlanner: Sendable {
     }
 
     /// Every day's snapshot for one account, gap-free. Observations before the creation day seed the
-    /// first day; before any value, a day is `0`, `partial`, source `none`.
-    public func accountSnapshots(for account: Account, observations: [Observation], today: Day) -> [AccountSnapshot] {
+    /// first day; before any value, a day is its cash (`0` without), `partial`, source `none`.
+    ///
+    /// - Parameter cash: a brokerage account's cash at the end of each day that changed it, in day
+    ///   order (``PositionBook/cashByDay(_:)``); its observations are then the value of its positions,
+    ///   and each day's snapshot adds that day's cash (so a deposit dated in the past moves every day
+    ///   since). `nil` for accounts without cash (savings), whose observations are their whole value.
+    public func accountSnapshots(
+        for account: Account, observations: [Observation], today: Day, cash cashChanges: [(day: Day, cash: Decimal)]? = nil
+    ) -> [AccountSnapshot] {
         let first = calendar.day(of: account.createdAt)
         let last = lastDay(of: account, today: today)
         guard first <= last else { return [] }
@@ -49,23 +56,35 @@ public struct SnapshotPlanner: Sendable {
             if let existing = latest[day], existing.at > observation.at { continue }
             latest[day] = observation
         }
-        var snapshots: [AccountSnapshot] = []
-        var previous: AccountSnapshot? = carriedIn.map {
-            AccountSnapshot(accountID: account.id, day: first, value: $0.value, partial: $0.partial, source: .carried)
+        var cashIndex = 0
+        var cashNow: Decimal = 0
+        func cash(on day: Day) -> Decimal? {
+            guard let cashChanges else { return nil }
+            while cashIndex < cashChanges.count, cashChanges[cashIndex].day <= day {
+                cashNow = cashChanges[cashIndex].cash
+                cashIndex += 1
+            }
+            return cashNow
         }
+        var snapshots: [AccountSnapshot] = []
+        // What the last day's value came from (the positions' value for a brokerage account).
+        var previous: (value: Decimal, partial: Bool)? = carriedIn.map { ($0.value, $0.partial) }
         for day in calendar.days(from: first, through: last) {
+            let dayCash = cash(on: day)
             let snapshot: AccountSnapshot
             if let observation = latest[day] {
                 snapshot = AccountSnapshot(
-                    accountID: account.id, day: day, value: observation.value, partial: observation.partial, source: observation.source)
-            } else if let previous, previous.source != .none {
+                    accountID: account.id, day: day, value: observation.value + (dayCash ?? 0), cash: dayCash, partial: observation.partial,
+                    source: observation.source)
+                previous = (observation.value, observation.partial)
+            } else if let previous {
                 snapshot = AccountSnapshot(
-                    accountID: account.id, day: day, value: previous.value, partial: previous.partial, source: .carried)
+                    accountID: account.id, day: day, value: previous.value + (dayCash ?? 0), cash: dayCash, partial: previous.partial,
+                    source: .carried)
             } else {
-                snapshot = AccountSnapshot(accountID: account.id, day: day, value: 0, partial: true, source: .none)
+                snapshot = AccountSnapshot(accountID: account.id, day: day, value: dayCash ?? 0, cash: dayCash, partial: true, source: .none)
             }
             snapshots.append(snapshot)
-            previous = snapshot
         }
         return snapshots
     }
@@ -84,6 +103,7 @@ public struct SnapshotPlanner: Sendable {
             }
             guard !active.isEmpty else { return PortfolioSnapshot(day: day, total: 0, partial: false) }
             var total: Decimal = 0
+            var cash: Decimal = 0
             var partial = false
             for account in active {
                 guard let snapshot = byDay[day]?[account.id] else {
@@ -91,9 +111,10 @@ public struct SnapshotPlanner: Sendable {
                     continue
                 }
                 total += snapshot.value
+                cash += snapshot.cash ?? 0
                 partial = partial || snapshot.partial
             }
-            return PortfolioSnapshot(day: day, total: total, partial: partial)
+            return PortfolioSnapshot(day: day, total: total, cash: cash, partial: partial)
         }
     }
 }

@@ -1,9 +1,11 @@
 import Foundation
 
 /// Imports brokerage transactions from CSV: a header line, then
-/// `account,date,kind,symbol,quantity,price,fees` (fees optional). Accounts that do not exist yet are
-/// created as brokerage accounts in `currency`, dated from their first transaction. Fields are plain
-/// (no quoted commas); blank lines and lines starting with `#` are skipped.
+/// `account,date,kind,symbol,quantity,price,fees,amount` (`fees` and `amount` optional; `amount` is the
+/// cash of a `deposit` or `withdrawal`, which leave symbol, quantity and price empty). Accounts that do
+/// not exist yet are created as brokerage accounts in `currency`, dated from their first transaction.
+/// Fields are plain (no quoted commas); blank lines and lines starting with `#` are skipped. All or
+/// nothing: the rows are written in one database transaction.
 public enum TransactionImport {
     public struct Row: Sendable, Equatable {
         public var line: Int
@@ -14,6 +16,7 @@ public enum TransactionImport {
         public var quantity: Decimal
         public var price: Decimal
         public var fees: Decimal
+        public var amount: Decimal
     }
 
     /// A line that cannot be imported: its number, the field, and why.
@@ -24,7 +27,8 @@ public enum TransactionImport {
         public var description: String { "line \(line): \(field): \(message)" }
     }
 
-    static let columns = ["account", "date", "kind", "symbol", "quantity", "price", "fees"]
+    static let columns = ["account", "date", "kind", "symbol", "quantity", "price", "fees", "amount"]
+    static let requiredColumns = ["account", "date", "kind", "symbol", "quantity", "price"]
 
     /// Reads and checks every line before anything is written.
     public static func parse(_ text: String) throws(LineError) -> [Row] {
@@ -39,7 +43,7 @@ public enum TransactionImport {
             guard let columns = header else {
                 var index: [String: Int] = [:]
                 for (position, name) in fields.enumerated() { index[name.lowercased()] = position }
-                for required in Self.columns.dropLast() where index[required] == nil {
+                for required in Self.requiredColumns where index[required] == nil {
                     throw LineError(
                         line: number, field: required, message: "missing column (header must name \(Self.columns.joined(separator: ",")))")
                 }
@@ -59,39 +63,44 @@ public enum TransactionImport {
             guard !account.isEmpty else { throw LineError(line: number, field: "account", message: "required") }
             guard let date = Day(field("date")) else { throw LineError(line: number, field: "date", message: "expected YYYY-MM-DD") }
             guard let kind = TransactionKind(rawValue: field("kind").lowercased()) else {
-                throw LineError(line: number, field: "kind", message: "one of buy, sell, dividend, fee")
+                throw LineError(
+                    line: number, field: "kind", message: "one of \(TransactionKind.allCases.map(\.rawValue).joined(separator: ", "))")
             }
             rows.append(
                 Row(
                     line: number, account: account, date: date, kind: kind, symbol: field("symbol").uppercased(),
                     quantity: try amount("quantity", default: 0), price: try amount("price", default: 0),
-                    fees: try amount("fees", default: 0)))
+                    fees: try amount("fees", default: 0), amount: try amount("amount", default: 0)))
         }
         return rows
     }
 
-    /// Writes parsed rows, creating accounts as needed. Returns how many transactions were added.
+    /// Writes parsed rows, creating accounts as needed, all in one database transaction: a refused row
+    /// (reported with its line) or a process killed midway leaves nothing written. Returns how many
+    /// transactions were added.
     @discardableResult
     public static func apply(_ rows: [Row], to store: PortfolioStore, currency: String = "USD", calendar: DayCalendar = .utc) throws -> Int
     {
-        var accounts = Dictionary(try store.accounts().map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
-        for row in rows.sorted(by: { ($0.date, $0.line) < ($1.date, $1.line) }) {
-            if accounts[row.account] == nil {
-                let first = rows.filter { $0.account == row.account }.map(\.date).min() ?? row.date
-                accounts[row.account] = try store.createAccount(
-                    name: row.account, kind: .brokerage, currency: currency, createdAt: calendar.startOfDay(first))
-            }
-            guard let account = accounts[row.account] else { continue }
-            do {
-                _ = try store.addTransaction(
-                    accountID: account.id, date: row.date, kind: row.kind, symbol: row.symbol, quantity: row.quantity, price: row.price,
-                    fees: row.fees, calendar: calendar)
-            } catch let error as PortfolioStore.ValidationError {
-                throw LineError(line: row.line, field: error.field, message: error.message)
-            } catch let error as PortfolioStore.ConflictError {
-                throw LineError(line: row.line, field: error.field, message: error.message)
+        let input = rows.map { row in
+            (
+                account: row.account,
+                transaction: PortfolioStore.NewTransaction(
+                    date: row.date, kind: row.kind, symbol: row.symbol, quantity: row.quantity, price: row.price, fees: row.fees,
+                    amount: row.amount)
+            )
+        }
+        do {
+            return try store.importTransactions(input, newAccounts: currency, calendar: calendar)
+        } catch {
+            guard let index = error.index else { throw error.error }
+            switch error.error {
+            case let refused as PortfolioStore.ValidationError:
+                throw LineError(line: rows[index].line, field: refused.field, message: refused.message)
+            case let refused as PortfolioStore.ConflictError:
+                throw LineError(line: rows[index].line, field: refused.field, message: refused.message)
+            default:
+                throw LineError(line: rows[index].line, field: "line", message: "\(error.error)")
             }
         }
-        return rows.count
     }
 }

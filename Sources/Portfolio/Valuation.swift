@@ -80,20 +80,29 @@ public struct PositionValuation: Sendable, Codable, Equatable {
     public var status: PriceRule.Status
 }
 
-/// A set of positions valued together. The total sums `priced` rows only: a stale or missing price
-/// never hides behind the total, it shows in `hasPartialFailures` and the symbol lists.
+/// A set of positions and cash valued together. The total is the `priced` rows plus the cash: a stale
+/// or missing price never hides behind the total, it shows in `hasPartialFailures` and the symbol lists.
 public struct Valuation: Sendable, Codable, Equatable {
     public var asOf: Date
     public var positions: [PositionValuation]
+    /// Positions (priced rows) plus cash.
     public var total: Decimal
+    /// The priced positions alone.
+    public var positionsValue: Decimal
+    /// The brokerage accounts' cash.
+    public var cash: Decimal
     public var costBasis: Decimal
     public var unrealizedPnL: Decimal
     public var dayChange: Decimal
     public var hasPartialFailures: Bool
     public var unpricedSymbols: [String]
     public var staleSymbols: [String]
+    /// The accounts in the total, each with its value and how it was had (the portfolio's valuation).
+    public var accounts: [AccountValue] = []
 
-    public static func of(_ positions: [PositionBook.Position], prices: [String: SymbolPrices], rule: PriceRule, now: Date) -> Valuation {
+    public static func of(
+        _ positions: [PositionBook.Position], cash: Decimal = 0, prices: [String: SymbolPrices], rule: PriceRule, now: Date
+    ) -> Valuation {
         var rows: [PositionValuation] = []
         var total: Decimal = 0
         var cost: Decimal = 0
@@ -128,7 +137,29 @@ public struct Valuation: Sendable, Codable, Equatable {
             rows.append(row)
         }
         return Valuation(
-            asOf: now, positions: rows, total: total, costBasis: cost, unrealizedPnL: pnl, dayChange: dayChange,
+            asOf: now, positions: rows, total: total + cash, positionsValue: total, cash: cash, costBasis: cost, unrealizedPnL: pnl, dayChange: dayChange,
             hasPartialFailures: !unpriced.isEmpty || !stale.isEmpty, unpricedSymbols: unpriced, staleSymbols: stale)
     }
+}
+
+/// One account's part of a valuation.
+public struct AccountValue: Sendable, Codable, Equatable {
+    public enum Basis: String, Sendable, Codable {
+        /// Positions valued now from live prices, plus cash (brokerage).
+        case live
+        /// The last value entered (savings), as of `asOf`.
+        case lastUpdate = "last_update"
+    }
+
+    public var id: Int64
+    public var name: String
+    public var kind: AccountKind
+    /// `nil`: no value known yet (a savings account without an update).
+    public var value: Decimal?
+    /// Brokerage accounts' cash (part of `value`).
+    public var cash: Decimal?
+    public var asOf: Date?
+    public var basis: Basis
+    /// Part of the value is missing (unpriced or stale positions, or no value at all).
+    public var partial: Bool
 }
