@@ -188,7 +188,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PortfolioTests",
-            dependencies: ["Portfolio"],
+            dependencies: ["Portfolio", "MarketDataHub"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -254,6 +254,17 @@ public final class PortfolioStore: Sendable {
         }
     }
 
+    /// ``addTransaction(accountID:_:calendar:)`` with the fields spelled out.
+    public func addTransaction(
+        accountID: Int64, date: Day, kind: TransactionKind, symbol: String = "", quantity: Decimal = 0, price: Decimal = 0,
+        fees: Decimal = 0, amount: Decimal = 0, calendar: DayCalendar = .utc
+    ) throws -> Transaction {
+        try addTransaction(
+            accountID: accountID,
+            NewTransaction(date: date, kind: kind, symbol: symbol, quantity: quantity, price: price, fees: fees, amount: amount),
+            calendar: calendar)
+    }
+
     /// An account's transactions and its book, kept up to date while several are added in one write.
     private struct BookCheck {
         let account: Account

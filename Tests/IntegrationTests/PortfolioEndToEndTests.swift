@@ -103,6 +103,9 @@ struct PortfolioEndToEndTests {
             #expect(oversell.status == 422)
             #expect(jsonObject(oversell.body)["field"] as? String == "quantity")
 
+            let deposited = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(id)/transactions", json: #"{"date":"2024-01-02","kind":"deposit","amount":"2000"}"#)
+            #expect(deposited.status == 201)
             let bought = try await httpSend(
                 "POST", "\(base)/v1/accounts/\(id)/transactions",
                 json: #"{"date":"2024-01-02","kind":"buy","symbol":"aapl","quantity":"10","price":"150.10","fees":"1"}"#)
@@ -125,8 +128,11 @@ struct PortfolioEndToEndTests {
             #expect(position["symbol"] as? String == "AAPL")
             #expect(position["quantity"] as? String == "10")
             #expect(position["costBasis"] as? String == "1502")
-            let total = try #require(priced["total"] as? String)
-            #expect(Decimal(string: total).map { $0 > 0 } == true)
+            let total = try #require((priced["total"] as? String).flatMap { Decimal(string: $0) })
+            let positionsValue = try #require((priced["positionsValue"] as? String).flatMap { Decimal(string: $0) })
+            #expect(positionsValue > 0)
+            #expect(priced["cash"] as? String == "498", "2000 deposited less 1502 for the buy")
+            #expect(total == positionsValue + 498)
             #expect(priced["hasPartialFailures"] as? Bool == false)
             await stream.close()
 

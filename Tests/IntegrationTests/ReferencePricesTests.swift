@@ -102,7 +102,7 @@ struct ClosedMarketValuationTests {
                 let row = try #require(valuation.positions.first)
                 #expect(row.priceSource == .restLastTrade)
                 #expect(row.dayChange != nil)
-                #expect(valuation.total == row.marketValue)
+                #expect(valuation.positionsValue == row.marketValue)
             }
         }
     }

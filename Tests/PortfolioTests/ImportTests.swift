@@ -40,7 +40,26 @@ struct ImportTests {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
-        let rows = try TransactionImport.parse("account,date,kind,symbol,quantity,price\nA,2024-01-02,buy,X,1,10\nA,2024-01-03,sell,X,2,10")
-        #expect(throws: TransactionImport.LineError.self) { try TransactionImport.apply(rows, to: store) }
+        let rows = try TransactionImport.parse(
+            "account,date,kind,symbol,quantity,price,fees,amount\nA,2024-01-01,deposit,,,,,100\nB,2024-01-02,buy,Y,1,10\nA,2024-01-02,buy,X,1,10\nA,2024-01-03,sell,X,2,10")
+        let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(rows, to: store) }
+        #expect(error.line == 5)
+        #expect(error.field == "quantity")
+        // All or nothing: the rows before it, and the accounts it created, are not there either.
+        #expect(try store.accounts().isEmpty)
+    }
+
+    @Test func depositsAndWithdrawalsImportWithTheirAmount() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let rows = try TransactionImport.parse(
+            "account,date,kind,symbol,quantity,price,fees,amount\nA,2024-01-01,deposit,,,,,100\nA,2024-01-02,buy,X,1,10,1\nA,2024-01-03,withdrawal,,,,,89")
+        #expect(try TransactionImport.apply(rows, to: store) == 3)
+        let account = try #require(try store.accounts().first)
+        #expect(try PositionBook(transactions: try store.transactions(accountID: account.id)).cash == 0)
+        let overdraw = try TransactionImport.parse("account,date,kind,symbol,quantity,price,amount\nA,2024-01-04,withdrawal,,,,1")
+        let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(overdraw, to: store) }
+        #expect(error.field == "amount")
     }
 }

@@ -1,0 +1,40 @@
+import Foundation
+import MarketDataHub
+import Testing
+
+@testable import Portfolio
+
+/// The sidecar's snapshot writing against a real SQLite file.
+@Suite("Snapshot service")
+struct SnapshotServiceTests {
+    @Test func aPartialLiveValueDoesNotReplaceTodaysCompleteRowUntilAllIsPricedAgain() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let account = try store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        _ = try store.addTransaction(accountID: account.id, date: day("2024-01-02"), kind: .buy, symbol: "ZZ", quantity: 1, price: 10)
+        let today = DayCalendar.utc.day(of: .now)
+        // What the relay wrote before it was restarted: today complete, ZZ at 25 (cash -10).
+        try store.saveSnapshots(
+            [AccountSnapshot(accountID: account.id, day: today, value: 15, cash: -10, partial: false, source: .valuation)], portfolio: [])
+
+        // Restarted, no price yet: today's row is kept, not replaced by "partial".
+        let service = PortfolioService(store: store, hub: MarketDataHub())
+        try await service.backfill()
+        var row = try #require(try store.accountSnapshots(accountID: account.id, from: today, through: today).first)
+        #expect(row.partial == false)
+        #expect(row.value == 15)
+
+        // Priced again: the live value takes over.
+        await service.setReference(PriceObservation(value: 30, at: .now, source: .restLastTrade), previousClose: nil, for: "ZZ")
+        try await service.backfill()
+        row = try #require(try store.accountSnapshots(accountID: account.id, from: today, through: today).first)
+        #expect(row.partial == false)
+        #expect(row.value == 20)
+        #expect(row.cash == -10)
+        // The portfolio's total follows, cash included.
+        let total = try #require(try store.portfolioSnapshots(from: today, through: today).first)
+        #expect(total.total == 20)
+        #expect(total.cash == -10)
+    }
+}
