@@ -9,7 +9,7 @@ struct ImportTests {
         let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("config/sample-portfolio.csv")
         let rows = try TransactionImport.parse(try String(contentsOf: url, encoding: .utf8))
-        #expect(rows.count == 9)
+        #expect(rows.count == 11)
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
@@ -19,6 +19,8 @@ struct ImportTests {
         let core = try PositionBook(transactions: try store.transactions(accountID: accounts[0].id))
         #expect(core.positions["AAPL"]?.quantity == dec("30"))
         #expect(core.positions["AAPL"]?.dividends == dec("7.5"))
+        // 20000 deposited, three buys, a sell and a dividend.
+        #expect(core.cash == dec("20000") - dec("7426.6") - dec("5564.05") - dec("2179.3") + dec("1939.3") + dec("7.5"))
     }
 
     @Test(arguments: [
