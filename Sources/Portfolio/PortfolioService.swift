@@ -32,6 +32,8 @@ public actor PortfolioService: Service {
     /// A symbol got its first price since the last snapshot: today's value changed in kind, not just
     /// in amount, so it is written at the next tick rather than at the next interval.
     private var snapshotDue = false
+    /// The latest `holdingsChanged` (the next waits for it).
+    private var holdingsSync: Task<Void, any Error>?
     /// Brokerage accounts valued with every price since the relay started.
     private var completeSinceStart: Set<Int64> = []
 
@@ -98,16 +100,31 @@ public actor PortfolioService: Service {
     }
 
     /// Re-reads which symbols are held and subscribes to exactly their quotes and trades.
+    ///
+    /// Calls run one after another (each waits for the one before it): the actor is reentrant at every
+    /// `await` on the hub, and two interleaved updates could otherwise apply an older holding's `add`
+    /// after a newer one's `remove`. Each reads the store afresh and changes the hub by the difference
+    /// to what the hub was last given (`held`), so the last one to finish leaves the hub following
+    /// exactly the current holdings.
     public func holdingsChanged() async throws {
+        let previous = holdingsSync
+        let sync = Task {
+            _ = await previous?.result
+            try await self.followHoldings()
+        }
+        holdingsSync = sync
+        try await sync.value
+    }
+
+    private func followHoldings() async throws {
         var symbols: Set<String> = []
-        for account in try store.accounts() where account.kind == .brokerage {
+        for account in try store.accounts() where account.kind == .brokerage && account.isActive {
             let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
             for position in book.open { symbols.insert(position.symbol) }
         }
         guard let subscription else { return }
         let added = symbols.subtracting(held)
         let removed = held.subtracting(symbols)
-        held = symbols
         func topics(_ symbols: Set<String>) -> [Topic] {
             symbols.flatMap { [Topic(eventType: "T", ticker: $0), Topic(eventType: "Q", ticker: $0)] }
         }
@@ -119,14 +136,22 @@ public actor PortfolioService: Service {
             }
         }
         if !added.isEmpty { await hub.add(topics(added), to: subscription.id) }
+        if !removed.isEmpty { await hub.remove(topics(removed), from: subscription.id) }
+        held = symbols
         if let referencePrices, !added.isEmpty {
             // Without waiting: the live stream may well be first.
             let symbols = Array(added).sorted()
             Task { await self.loadReferences(symbols, from: referencePrices) }
         }
-        if !removed.isEmpty { await hub.remove(topics(removed), from: subscription.id) }
         logger.debug("portfolio follows \(held.count) symbols")
         await valuationChanged()
+    }
+
+    /// The quote and trade topics the sidecar's hub subscription follows now (tests compare them with
+    /// the holdings).
+    public func followedTopics() async -> Set<Topic> {
+        guard let subscription else { return [] }
+        return await hub.topics(of: subscription.id)
     }
 
     /// Fetches REST prices for symbols, each on its own: one failure leaves the others priced.

@@ -234,6 +234,56 @@ struct SecurityDetailTests {
         }
     }
 
+    @Test func aTransactionWrittenDuringALoadIsNotServedStale() async throws {
+        try await withRelay(restDelay: .milliseconds(1000), symbols: ["AAPL"]) { parts, _ in
+            let client = KeepAliveClient(port: parts.port)
+            defer { Task { try? await client.shutdown() } }
+            let cache = try #require(parts.securities).cache
+            // A load that read the transactions, then waits for the feed's REST answers.
+            let first = Task { try await client.get("/v1/securities/AAPL").status }
+            try await eventually("AAPL's load to start") { await cache.loadingSymbols.contains("AAPL") }
+            let account = try #require(try parts.portfolio?.store.accounts().first)
+            let today = DayCalendar.utc.day(of: .now)
+            let bought = try await httpSend(
+                "POST", "http://127.0.0.1:\(parts.port)/v1/accounts/\(account.id)/transactions",
+                json: #"{"date":"\#(today)","kind":"buy","symbol":"AAPL","quantity":"7","price":"100"}"#)
+            #expect(bought.status == 201)
+            #expect(try await first.value == 200)
+            // The load that started before the write is not kept: the next request loads again and sees it.
+            let after = try await client.get("/v1/securities/AAPL")
+            #expect(after.json["cache"] as? String == "miss", "a detail read before the write must not be cached: \(after.json["cache"] ?? "-")")
+            let transactions = try #require((after.json["transactions"] as? [String: Any])?["data"] as? [[String: Any]])
+            #expect(transactions.contains { $0["quantity"] as? String == "7" }, "\(transactions)")
+        }
+    }
+
+    @Test func concurrentBuysAndSellsLeaveTheHubFollowingExactlyTheHoldings() async throws {
+        try await withRelay(restDelay: .milliseconds(1), symbols: ["AAPL"]) { parts, _ in
+            let portfolio = try #require(parts.portfolio)
+            let account = try #require(try portfolio.store.accounts().first)
+            let today = DayCalendar.utc.day(of: .now)
+            let base = "http://127.0.0.1:\(parts.port)/v1/accounts/\(account.id)/transactions"
+            let symbols = ["XA", "XB", "XC", "XD", "XE", "XF"]
+            // Each symbol bought and sold again at once, all symbols in parallel: what is held at the end is
+            // AAPL plus the symbols whose last step was a buy.
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (index, symbol) in symbols.enumerated() {
+                    group.addTask {
+                        _ = try await httpSend("POST", base, json: #"{"date":"\#(today)","kind":"buy","symbol":"\#(symbol)","quantity":"1","price":"1"}"#)
+                        if index % 2 == 0 {
+                            _ = try await httpSend("POST", base, json: #"{"date":"\#(today)","kind":"sell","symbol":"\#(symbol)","quantity":"1","price":"1"}"#)
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            let held: Set<String> = ["AAPL", "XB", "XD", "XF"]
+            let followed = await portfolio.followedTopics()
+            #expect(Set(followed.map(\.ticker)) == held, "\(followed)")
+            #expect(followed.count == held.count * 2, "quotes and trades of each: \(followed)")
+        }
+    }
+
     @Test func theLeastRecentlyUsedIsEvictedAndMetricsCountIt() async throws {
         try await withRelay(restDelay: .milliseconds(1), cacheSize: 3) { parts, _ in
             let client = KeepAliveClient(port: parts.port)

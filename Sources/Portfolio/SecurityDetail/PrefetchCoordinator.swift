@@ -14,6 +14,10 @@ public actor PrefetchCoordinator<Detail: Sendable> {
     /// Each symbol's prefetch and its generation, so a replaced one finishing late removes nothing.
     private var tasks: [String: (generation: UInt64, task: Task<Void, Never>, loading: Bool)] = [:]
     private var generation: UInt64 = 0
+    /// Bumped by each ``moving(order:index:)``: a `viewed` of an older move is not where the client is.
+    private var move: UInt64 = 0
+    /// The client went away: nothing is scheduled any more.
+    private var closed = false
 
     public struct Counters: Sendable, Equatable {
         public var started = 0
@@ -33,22 +37,36 @@ public actor PrefetchCoordinator<Detail: Sendable> {
 
     /// The client asked for `order[index]`: prefetches outside its window are of no use any more and
     /// are cancelled at once, before that security even loads (freeing the data source for it).
-    public func moving(order: [String], index: Int) {
+    /// Returns the move, for ``viewed(order:index:move:)``.
+    @discardableResult
+    public func moving(order: [String], index: Int) -> UInt64 {
+        move += 1
         cancelOutside(PrefetchWindow(order: order, viewing: index))
+        return move
     }
 
     /// The client now views `order[index]`, fully loaded: move the window there and prefetch around it.
-    public func viewed(order: [String], index: Int) async {
+    /// Nothing happens when the client has moved on since (`move` is not the latest) or went away.
+    public func viewed(order: [String], index: Int, move: UInt64? = nil) async {
+        let current = move ?? self.move
+        guard current == self.move, !closed else {
+            logger.debug("no prefetch: the client moved on or left", metadata: ["symbol": "\(order[index])"])
+            return
+        }
         let window = PrefetchWindow(order: order, viewing: index)
         cancelOutside(window)
-        for symbol in window.immediate { await schedule(symbol, after: nil, reason: "neighbour of \(order[index])") }
-        for symbol in window.delayed { await schedule(symbol, after: PrefetchWindow.delay, reason: "second neighbour of \(order[index])") }
+        for symbol in window.immediate {
+            await schedule(symbol, after: nil, reason: "neighbour of \(order[index])", move: current)
+        }
+        for symbol in window.delayed {
+            await schedule(symbol, after: PrefetchWindow.delay, reason: "second neighbour of \(order[index])", move: current)
+        }
     }
 
     /// The client loaded, sorted or filtered a list: its first security is likely next.
     public func listed(order: [String]) async {
         guard let first = PrefetchWindow.firstOf(order) else { return }
-        await schedule(first, after: nil, reason: "first of a new list")
+        await schedule(first, after: nil, reason: "first of a new list", move: nil)
     }
 
     private func cancelOutside(_ window: PrefetchWindow) {
@@ -60,8 +78,10 @@ public actor PrefetchCoordinator<Detail: Sendable> {
     /// Symbols with a prefetch scheduled or running.
     public var pending: Set<String> { Set(tasks.keys) }
 
-    /// Cancels every prefetch of this client.
-    public func cancelAll() {
+    /// Cancels every prefetch of this client. With `closing`, the client went away for good: nothing
+    /// is scheduled after this, not even by a request of its that was still loading.
+    public func cancelAll(closing: Bool = false) {
+        if closing { closed = true }
         for (symbol, entry) in tasks { cancel(symbol, entry.task, because: "the client went away") }
     }
 
@@ -73,8 +93,16 @@ public actor PrefetchCoordinator<Detail: Sendable> {
         logger.debug("prefetch cancelled: \(reason)", metadata: ["symbol": "\(symbol)"])
     }
 
-    private func schedule(_ symbol: String, after delay: Duration?, reason: String) async {
-        guard await !cache.contains(symbol) else {
+    /// - Parameter move: the move this prefetch belongs to (`nil`: any); checked after the cache was
+    ///   asked, since the client may have moved on or left while this actor waited for it.
+    private func schedule(_ symbol: String, after delay: Duration?, reason: String, move: UInt64?) async {
+        guard !closed else { return }
+        let isCached = await cache.contains(symbol)
+        guard !closed, move.map({ $0 == self.move }) ?? true else {
+            logger.debug("no prefetch: the client moved on or left", metadata: ["symbol": "\(symbol)", "reason": "\(reason)"])
+            return
+        }
+        guard !isCached else {
             counters.skipped += 1
             metrics.prefetchesSkipped?.increment()
             logger.debug("prefetch skipped: cached", metadata: ["symbol": "\(symbol)", "reason": "\(reason)"])

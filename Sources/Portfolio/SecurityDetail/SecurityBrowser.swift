@@ -100,10 +100,12 @@ public actor SecurityBrowser {
                 id: viewID, index: index, count: order.count, previous: index > 0 ? order[index - 1] : nil,
                 next: index + 1 < order.count ? order[index + 1] : nil)
         }
-        if let position { await coordinator.moving(order: order, index: position.index) }
+        var move: UInt64?
+        if let position { move = await coordinator.moving(order: order, index: position.index) }
         var (detail, outcome) = await cache.detail(symbol)
         if detail.isComplete, let position {
-            await coordinator.viewed(order: order, index: position.index)
+            // Not if the client asked for another security meanwhile, or went away.
+            await coordinator.viewed(order: order, index: position.index, move: move)
         }
         await overlayLive(&detail)
         return DetailAnswer(detail: detail, outcome: outcome, view: position)
@@ -118,7 +120,7 @@ public actor SecurityBrowser {
     public func clientGone(_ client: ClientKey) async {
         guard let gone = clients.removeValue(forKey: client) else { return }
         logger.debug("client gone: cancelling its prefetches", metadata: ["client": "\(client)"])
-        await gone.prefetch.cancelAll()
+        await gone.prefetch.cancelAll(closing: true)
     }
 
     /// Whether the client is known (a connection is registered on its first request).
@@ -139,7 +141,7 @@ public actor SecurityBrowser {
             if case .named = key {
                 clients[key] = nil
                 logger.debug("client idle: cancelling its prefetches", metadata: ["client": "\(key)"])
-                Task { await state.prefetch.cancelAll() }
+                Task { await state.prefetch.cancelAll(closing: true) }
             }
         }
         if var state = clients[client] {
@@ -161,7 +163,7 @@ public actor SecurityBrowser {
             if named.count > Self.maxNamedClients, let oldest = named.min(by: { $0.value.lastSeen < $1.value.lastSeen }) {
                 clients[oldest.key] = nil
                 logger.debug("too many named clients: forgetting the least recently seen", metadata: ["client": "\(oldest.key)"])
-                Task { await oldest.value.prefetch.cancelAll() }
+                Task { await oldest.value.prefetch.cancelAll(closing: true) }
             }
         }
         return coordinator

@@ -8,6 +8,10 @@ import Metrics
 /// prefetched entries count against the capacity like any other; an entry counts as cached only once
 /// `isComplete` says so (a detail with a failed group is served but loaded again next time).
 ///
+/// ``removeAll()`` (the data changed) also retires the loads under way: they read the data before the
+/// change, so they still answer whoever waits on them but are neither cached nor joined by a later
+/// request, which loads afresh.
+///
 /// A load lives as long as somebody wants it: each request and each prefetch waiting on it holds an
 /// interest; a cancelled prefetch withdraws its own, and a load nobody is interested in any more is
 /// cancelled (so its data source sees the cancellation). A request someone waits for keeps the load
@@ -20,11 +24,14 @@ public actor SecurityCache<Detail: Sendable> {
     private let metrics: SecurityCacheMetrics
     private var entries: [String: (detail: Detail, used: UInt64)] = [:]
     private var loading: [String: Load] = [:]
+    /// Loads under way when the data changed, by load id: still withdrawn from and cancelled, never cached.
+    private var retired: [UInt64: Load] = [:]
     private var clock: UInt64 = 0
     private var nextID: UInt64 = 0
 
     private struct Load {
         let id: UInt64
+        let symbol: String
         let task: Task<Detail, Never>
         var interested: Set<UInt64>
         /// Escalated when a request waits for the load (its REST requests then jump the queue).
@@ -121,9 +128,12 @@ public actor SecurityCache<Detail: Sendable> {
         entries[symbol].map { isComplete($0.detail) } ?? false
     }
 
-    /// Forgets every cached detail (their data changed); loads under way finish as they are.
+    /// Forgets every cached detail (their data changed). Loads under way finish for those waiting on
+    /// them, but what they read may predate the change: they are not cached, and a new request loads again.
     public func removeAll() {
         entries.removeAll()
+        for load in loading.values { retired[load.id] = load }
+        loading.removeAll()
     }
 
     /// Cached symbols, most recently used first.
@@ -150,23 +160,41 @@ public actor SecurityCache<Detail: Sendable> {
             self.finish(symbol, id: id, detail)
             return detail
         }
-        loading[symbol] = Load(id: id, task: task, interested: [token], urgency: urgency)
+        loading[symbol] = Load(id: id, symbol: symbol, task: task, interested: [token], urgency: urgency)
         return (task, token)
     }
 
     /// Withdraws one interest (again is harmless); the last one out cancels the load.
     private func withdraw(_ symbol: String, token: UInt64) {
-        guard var current = loading[symbol], current.interested.remove(token) != nil else { return }
-        loading[symbol] = current
-        if current.interested.isEmpty {
-            current.task.cancel()
-            loading[symbol] = nil
-            counters.loadsCancelled += 1
-            logger.debug("load cancelled: nobody wants it any more", metadata: ["symbol": "\(symbol)"])
+        if var current = loading[symbol], current.interested.remove(token) != nil {
+            loading[symbol] = current
+            if current.interested.isEmpty {
+                loading[symbol] = nil
+                cancel(current)
+            }
+        } else if let old = retired.first(where: { $0.value.interested.contains(token) }) {
+            var current = old.value
+            current.interested.remove(token)
+            retired[old.key] = current
+            if current.interested.isEmpty {
+                retired[old.key] = nil
+                cancel(current)
+            }
         }
     }
 
+    private func cancel(_ load: Load) {
+        load.task.cancel()
+        counters.loadsCancelled += 1
+        logger.debug("load cancelled: nobody wants it any more", metadata: ["symbol": "\(load.symbol)"])
+    }
+
     private func finish(_ symbol: String, id: UInt64, _ detail: Detail) {
+        // A retired load (the data changed while it ran) answers its waiters but is not kept.
+        if retired.removeValue(forKey: id) != nil {
+            logger.debug("load finished after the data changed: not cached", metadata: ["symbol": "\(symbol)"])
+            return
+        }
         // A cancelled load finishing late stores nothing: it may be partial.
         guard !Task.isCancelled else { return }
         if loading[symbol]?.id == id { loading[symbol] = nil }
