@@ -32,6 +32,8 @@ public actor PortfolioService: Service {
     /// A symbol got its first price since the last snapshot: today's value changed in kind, not just
     /// in amount, so it is written at the next tick rather than at the next interval.
     private var snapshotDue = false
+    /// What the last backfill wrote (tests check it touches only the days that changed).
+    public private(set) var lastHistoryWrite = PortfolioStore.HistoryWrite()
     /// The latest `holdingsChanged` (the next waits for it).
     private var holdingsSync: Task<Void, any Error>?
     /// Brokerage accounts valued with every price since the relay started.
@@ -59,7 +61,7 @@ public actor PortfolioService: Service {
         let subscription = await hub.subscribe()
         self.subscription = subscription
         try await holdingsChanged()
-        try backfill()
+        try await backfill()
         await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { await self.consume(subscription.events) }
@@ -89,7 +91,7 @@ public actor PortfolioService: Service {
                 if pushPending { await valuationChanged() }
                 if snapshotDue || ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != calendar.day(of: .now) {
                     snapshotDue = false
-                    try backfill()
+                    try await backfill()
                 }
             } catch is CancellationError {
                 return
@@ -285,7 +287,7 @@ public actor PortfolioService: Service {
     /// saves them (replacing same-day rows). Today's brokerage values come from the live valuation,
     /// except that a partial one never replaces a complete row of today until the account has been
     /// valued completely since the relay started (after a restart, before its prices are back).
-    public func backfill() throws {
+    public func backfill() async throws {
         let today = calendar.day(of: .now)
         let accounts = try store.accounts()
         var all: [AccountSnapshot] = []
@@ -327,7 +329,8 @@ public actor PortfolioService: Service {
         }
         let start = accounts.map { calendar.day(of: $0.createdAt) }.min()
         let totals = start.map { planner.portfolioSnapshots(accounts: accounts, snapshots: all, from: $0, through: today) } ?? []
-        try store.replaceHistory(all, accountDays: accountDays, portfolio: totals, portfolioDays: start.map { ($0, today) })
+        lastHistoryWrite = try await store.replaceHistory(
+            all, accountDays: accountDays, portfolio: totals, portfolioDays: start.map { ($0, today) })
         lastSnapshotWrite = .now
         lastBackfillDay = today
     }

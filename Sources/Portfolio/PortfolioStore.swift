@@ -459,19 +459,33 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    /// Replaces the whole recomputed history in one transaction: each account's rows outside its days (after it closed,
-    /// say) are removed, the portfolio's rows outside `portfolioDays` (days
-    /// before any account that still exists) are removed, and the rest written. A closed or deleted
-    /// account so leaves the totals of every day it no longer counts on.
+    /// How many snapshot rows a ``replaceHistory(_:accountDays:portfolio:portfolioDays:)`` changed.
+    public struct HistoryWrite: Sendable, Equatable {
+        /// Rows inserted or replaced (account and portfolio).
+        public var written = 0
+        /// Rows removed (days an account or the portfolio no longer counts).
+        public var removed = 0
+    }
+
+    /// Replaces the recomputed history in one transaction, touching only the rows that changed: each
+    /// account's rows outside its days (after it closed, say) are removed, the portfolio's rows outside
+    /// `portfolioDays` (days before any account that still exists) are removed, and of the rest only
+    /// those that differ from what is stored are written. A closed or deleted account so leaves the
+    /// totals of every day it no longer counts on. Through GRDB's async API: the caller is suspended,
+    /// not a thread of the cooperative pool blocked, while SQLite works.
+    @discardableResult
     public func replaceHistory(
         _ snapshots: [AccountSnapshot], accountDays: [Int64: (from: Day, through: Day)], portfolio: [PortfolioSnapshot],
         portfolioDays: (from: Day, through: Day)?
-    ) throws {
-        try pool.write { db in
-            for (accountID, days) in accountDays {
+    ) async throws -> HistoryWrite {
+        let ranges = accountDays.map { (id: $0.key, from: $0.value.from, through: $0.value.through) }
+        return try await pool.write { db in
+            var result = HistoryWrite()
+            for range in ranges {
                 try db.execute(
                     sql: "DELETE FROM accountSnapshot WHERE accountID = ? AND (day < ? OR day > ?)",
-                    arguments: [accountID, days.from.description, days.through.description])
+                    arguments: [range.id, range.from.description, range.through.description])
+                result.removed += db.changesCount
             }
             if let portfolioDays {
                 try db.execute(
@@ -480,8 +494,33 @@ public final class PortfolioStore: Sendable {
             } else {
                 try db.execute(sql: "DELETE FROM portfolioSnapshot")
             }
-            try Self.save(snapshots, portfolio: portfolio, in: db)
+            result.removed += db.changesCount
+            var storedAccounts: [Int64: [Day: AccountSnapshot]] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot") {
+                let snapshot = try Self.accountSnapshot(row)
+                storedAccounts[snapshot.accountID, default: [:]][snapshot.day] = snapshot
+            }
+            let changed = snapshots.filter { storedAccounts[$0.accountID]?[$0.day] != $0 }
+            var storedTotals: [Day: PortfolioSnapshot] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot") {
+                let snapshot = try Self.portfolioSnapshot(row)
+                storedTotals[snapshot.day] = snapshot
+            }
+            let changedTotals = portfolio.filter { storedTotals[$0.day] != $0 }
+            try Self.save(changed, portfolio: changedTotals, in: db)
+            result.written = changed.count + changedTotals.count
+            return result
         }
+    }
+
+    private static func accountSnapshot(_ row: Row) throws -> AccountSnapshot {
+        AccountSnapshot(
+            accountID: row["accountID"], day: try day(row["day"]), value: try decimal(row["value"]),
+            cash: try (row["cash"] as String?).map(decimal), partial: row["partial"], source: SnapshotSource(rawValue: row["source"]) ?? .none)
+    }
+
+    private static func portfolioSnapshot(_ row: Row) throws -> PortfolioSnapshot {
+        PortfolioSnapshot(day: try day(row["day"]), total: try decimal(row["total"]), cash: try decimal(row["cash"]), partial: row["partial"])
     }
 
     public func accountSnapshots(accountID: Int64, from: Day, through: Day) throws -> [AccountSnapshot] {
@@ -489,12 +528,7 @@ public final class PortfolioStore: Sendable {
             try Row.fetchAll(
                 db, sql: "SELECT * FROM accountSnapshot WHERE accountID = ? AND day >= ? AND day <= ? ORDER BY day",
                 arguments: [accountID, from.description, through.description]
-            ).map { row in
-                AccountSnapshot(
-                    accountID: row["accountID"], day: try Self.day(row["day"]), value: try Self.decimal(row["value"]),
-                    cash: try (row["cash"] as String?).map(Self.decimal), partial: row["partial"],
-                    source: SnapshotSource(rawValue: row["source"]) ?? .none)
-            }
+            ).map(Self.accountSnapshot)
         }
     }
 
@@ -503,11 +537,7 @@ public final class PortfolioStore: Sendable {
             try Row.fetchAll(
                 db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ? AND day <= ? ORDER BY day",
                 arguments: [from.description, through.description]
-            ).map { row in
-                PortfolioSnapshot(
-                    day: try Self.day(row["day"]), total: try Self.decimal(row["total"]), cash: try Self.decimal(row["cash"]),
-                    partial: row["partial"])
-            }
+            ).map(Self.portfolioSnapshot)
         }
     }
 }

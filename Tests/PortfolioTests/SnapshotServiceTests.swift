@@ -37,4 +37,32 @@ struct SnapshotServiceTests {
         #expect(total.total == 20)
         #expect(total.cash == -10)
     }
+
+    @Test func aBackfillWritesOnlyTheDaysThatChanged() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let calendar = DayCalendar.utc
+        let today = calendar.day(of: .now)
+        let start = calendar.day(today, addingYears: -1)
+        let account = try store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
+        _ = try store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
+        let service = PortfolioService(store: store, hub: MarketDataHub())
+        let days = calendar.days(from: start, through: today).count
+
+        try await service.backfill()
+        #expect(await service.lastHistoryWrite.written == 2 * days, "every day of the account and of the portfolio, once")
+        try await service.backfill()
+        #expect(await service.lastHistoryWrite == PortfolioStore.HistoryWrite(), "nothing changed, nothing written")
+
+        // A deposit dated ten days ago changes those ten days and today, account and portfolio.
+        let tenDaysAgo = calendar.days(from: start, through: today).suffix(11).first ?? today
+        _ = try store.addTransaction(accountID: account.id, date: tenDaysAgo, kind: .deposit, amount: 5)
+        try await service.backfill()
+        #expect(await service.lastHistoryWrite.written == 2 * 11)
+        let history = try store.accountSnapshots(accountID: account.id, from: start, through: today)
+        #expect(history.count == days)
+        #expect(history.last?.cash == 105)
+        #expect(history.first?.cash == 100)
+    }
 }
