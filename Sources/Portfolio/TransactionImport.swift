@@ -7,16 +7,11 @@ import Foundation
 /// Fields are plain (no quoted commas); blank lines and lines starting with `#` are skipped. All or
 /// nothing: the rows are written in one database transaction.
 public enum TransactionImport {
+    /// One line: the account it names and the transaction it asks for.
     public struct Row: Sendable, Equatable {
         public var line: Int
         public var account: String
-        public var date: Day
-        public var kind: TransactionKind
-        public var symbol: String
-        public var quantity: Decimal
-        public var price: Decimal
-        public var fees: Decimal
-        public var amount: Decimal
+        public var transaction: PortfolioStore.NewTransaction
     }
 
     /// A line that cannot be imported: its number, the field, and why.
@@ -68,9 +63,11 @@ public enum TransactionImport {
             }
             rows.append(
                 Row(
-                    line: number, account: account, date: date, kind: kind, symbol: field("symbol").uppercased(),
-                    quantity: try amount("quantity", default: 0), price: try amount("price", default: 0),
-                    fees: try amount("fees", default: 0), amount: try amount("amount", default: 0)))
+                    line: number, account: account,
+                    transaction: .init(
+                        date: date, kind: kind, symbol: field("symbol").uppercased(), quantity: try amount("quantity", default: 0),
+                        price: try amount("price", default: 0), fees: try amount("fees", default: 0),
+                        amount: try amount("amount", default: 0))))
         }
         return rows
     }
@@ -81,14 +78,7 @@ public enum TransactionImport {
     @discardableResult
     public static func apply(_ rows: [Row], to store: PortfolioStore, currency: String = "USD", calendar: DayCalendar = .utc) throws -> Int
     {
-        let input = rows.map { row in
-            (
-                account: row.account,
-                transaction: PortfolioStore.NewTransaction(
-                    date: row.date, kind: row.kind, symbol: row.symbol, quantity: row.quantity, price: row.price, fees: row.fees,
-                    amount: row.amount)
-            )
-        }
+        let input = rows.map { (account: $0.account, transaction: $0.transaction) }
         do {
             return try store.importTransactions(input, newAccounts: currency, calendar: calendar)
         } catch {
