@@ -126,6 +126,8 @@ public enum SnapshotSource: String, Codable, Sendable {
     case carried
     /// No value known yet for this account.
     case none
+    /// Valued from that day's closes (the upstream's daily aggregates) and the book as of that day.
+    case close
 }
 
 /// One account's value on one day.
@@ -139,14 +141,19 @@ public struct AccountSnapshot: Codable, Sendable, Equatable {
     /// Some of the value could not be determined (unpriced positions, or no value yet).
     public var partial: Bool
     public var source: SnapshotSource
+    /// Held symbols that had no price for the day (a `close` day: no close could be had).
+    public var unpriced: [String]
 
-    public init(accountID: Int64, day: Day, value: Decimal, cash: Decimal? = nil, partial: Bool, source: SnapshotSource) {
+    public init(
+        accountID: Int64, day: Day, value: Decimal, cash: Decimal? = nil, partial: Bool, source: SnapshotSource, unpriced: [String] = []
+    ) {
         self.accountID = accountID
         self.day = day
         self.value = value
         self.cash = cash
         self.partial = partial
         self.source = source
+        self.unpriced = unpriced
     }
 }
 

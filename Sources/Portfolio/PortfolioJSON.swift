@@ -115,7 +115,12 @@ enum PortfolioJSON {
         var cash: String?
         var partial: Bool
         var source: SnapshotSource?
-        init(_ s: AccountSnapshot) { (day, value, cash, partial, source) = (s.day, text(s.value), text(s.cash), s.partial, s.source) }
+        /// Held symbols without a price that day (omitted when none).
+        var unpriced: [String]?
+        init(_ s: AccountSnapshot) {
+            (day, value, cash, partial, source) = (s.day, text(s.value), text(s.cash), s.partial, s.source)
+            unpriced = s.unpriced.isEmpty ? nil : s.unpriced
+        }
         init(_ s: PortfolioSnapshot) { (day, value, cash, partial, source) = (s.day, text(s.total), text(s.cash), s.partial, nil) }
     }
 

@@ -19,6 +19,8 @@ public actor PortfolioService: Service {
     private let planner: SnapshotPlanner
     private let logger: Logger
     private let referencePrices: ReferencePrices?
+    /// Whether past days are valued from daily closes fetched over REST.
+    private let closeHistory: Bool
     private let pushInterval: Duration
     private let snapshotInterval: Duration
     private var prices: [String: SymbolPrices] = [:]
@@ -34,6 +36,10 @@ public actor PortfolioService: Service {
     private var snapshotDue = false
     /// What the last backfill wrote (tests check it touches only the days that changed).
     public private(set) var lastHistoryWrite = PortfolioStore.HistoryWrite()
+    /// The fetch of daily closes under way, if any.
+    private var closeFetch: Task<Void, Never>?
+    /// When a symbol's closes last failed to come (tried again after ten minutes).
+    private var closeFailures: [String: ContinuousClock.Instant] = [:]
     /// The latest `holdingsChanged` (the next waits for it).
     private var holdingsSync: Task<Void, any Error>?
     /// Brokerage accounts valued with every price since the relay started.
@@ -42,8 +48,9 @@ public actor PortfolioService: Service {
     public init(
         store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
         pushInterval: Duration = .milliseconds(500), snapshotInterval: Duration = .seconds(60),
-        referencePrices: ReferencePrices? = nil, logger: Logger = Logger(label: "relay.portfolio")
+        referencePrices: ReferencePrices? = nil, closeHistory: Bool = true, logger: Logger = Logger(label: "relay.portfolio")
     ) {
+        self.closeHistory = closeHistory
         self.referencePrices = referencePrices
         self.store = store
         self.hub = hub
@@ -70,6 +77,7 @@ public actor PortfolioService: Service {
                 group.cancelAll()
             }
         }
+        closeFetch?.cancel()
         await hub.remove(subscription.id)
         for watcher in watchers.values { watcher.finish() }
     }
@@ -284,12 +292,15 @@ public actor PortfolioService: Service {
     // MARK: snapshots
 
     /// Recomputes every account's snapshots from its creation to today and the portfolio totals, and
-    /// saves them (replacing same-day rows). Today's brokerage values come from the live valuation,
+    /// saves what changed. A brokerage account's past days are valued from daily closes (fetched in the
+    /// background the first time a symbol and range is needed, then stored); today's value comes from the live valuation,
     /// except that a partial one never replaces a complete row of today until the account has been
     /// valued completely since the relay started (after a restart, before its prices are back).
     public func backfill() async throws {
         let today = calendar.day(of: .now)
         let accounts = try store.accounts()
+        let coverage = try store.closeCoverage()
+        var closeNeeds: [String: ClosedRange<Day>] = [:]
         var all: [AccountSnapshot] = []
         var accountDays: [Int64: (from: Day, through: Day)] = [:]
         for account in accounts {
@@ -305,11 +316,11 @@ public actor PortfolioService: Service {
                 let stored = try store.accountSnapshots(accountID: account.id, from: first, through: today).filter { $0.source == .valuation }
                 // A stored row's positions value: its value less its cash (older rows have no cash).
                 func observation(_ row: AccountSnapshot) -> SnapshotPlanner.Observation {
-                    .init(
-                        at: calendar.startOfDay(row.day).addingTimeInterval(43_200), value: row.value - (row.cash ?? 0), partial: row.partial,
-                        source: .valuation)
+                    .init(at: noon(of: row.day), value: row.value - (row.cash ?? 0), partial: row.partial, source: .valuation)
                 }
-                observations = stored.filter { $0.day < today }.map(observation)
+                observations = try pastObservations(
+                    of: account, transactions: transactions, stored: stored.filter { $0.day < today }.map(observation), today: today,
+                    coverage: coverage, needs: &closeNeeds)
                 if account.isActive {
                     let book = try PositionBook(transactions: transactions)
                     let live = Valuation.of(book.open, prices: prices, rule: rule, now: .now)
@@ -319,7 +330,10 @@ public actor PortfolioService: Service {
                     {
                         observations.append(observation(kept))
                     } else {
-                        observations.append(.init(at: .now, value: live.positionsValue, partial: live.hasPartialFailures, source: .valuation))
+                        observations.append(
+                            .init(
+                                at: .now, value: live.positionsValue, partial: live.hasPartialFailures, source: .valuation,
+                                unpriced: live.unpricedSymbols + live.staleSymbols))
                     }
                 }
             }
@@ -333,6 +347,98 @@ public actor PortfolioService: Service {
             all, accountDays: accountDays, portfolio: totals, portfolioDays: start.map { ($0, today) })
         lastSnapshotWrite = .now
         lastBackfillDay = today
+        requestCloses(closeNeeds, coverage: coverage)
+    }
+
+    private func noon(of day: Day) -> Date { calendar.startOfDay(day).addingTimeInterval(43_200) }
+
+    /// An account's past days (its creation through yesterday, or the day before it closed): each valued
+    /// from that day's closes when every symbol held had one; else from the live valuation stored that
+    /// day, if any; else from the closes there are, `partial`, naming the symbols without one. Adds the
+    /// closes these days need to `needs`.
+    private func pastObservations(
+        of account: Account, transactions: [Transaction], stored: [SnapshotPlanner.Observation], today: Day,
+        coverage: [String: ClosedRange<Day>], needs: inout [String: ClosedRange<Day>]
+    ) throws -> [SnapshotPlanner.Observation] {
+        let first = calendar.day(of: account.createdAt)
+        let last = min(calendar.previous(today), planner.lastDay(of: account, today: today))
+        guard first <= last else { return stored }
+        let held = CloseValuation.heldRanges(transactions: transactions, from: first, through: last, calendar: calendar)
+        for (symbol, range) in held {
+            needs[symbol] = needs[symbol].map { min($0.lowerBound, range.lowerBound)...max($0.upperBound, range.upperBound) } ?? range
+        }
+        var lookBack = first
+        for _ in 0..<CloseValuation.maxCloseAgeDays { lookBack = calendar.previous(lookBack) }
+        let closes = try store.closes(of: Set(held.keys), from: lookBack, through: last)
+        let values = CloseValuation.values(
+            transactions: transactions, days: calendar.days(from: first, through: last), closes: closes, coverage: coverage)
+        var storedByDay: [Day: SnapshotPlanner.Observation] = [:]
+        for observation in stored { storedByDay[calendar.day(of: observation.at)] = observation }
+        let past: [SnapshotPlanner.Observation] = values.map { value in
+            if value.unpriced.isEmpty {
+                return .init(at: noon(of: value.day), value: value.positionsValue, source: .close)
+            }
+            if let kept = storedByDay[value.day] { return kept }
+            return .init(at: noon(of: value.day), value: value.positionsValue, partial: true, source: .close, unpriced: value.unpriced)
+        }
+        return stored.filter { calendar.day(of: $0.at) < first } + past
+    }
+
+    // MARK: daily closes
+
+    /// Starts fetching the closes the history needs and the store does not cover (one task at a time;
+    /// a symbol whose fetch failed is tried again after ten minutes). When done, the history is
+    /// recomputed at the next tick.
+    private func requestCloses(_ needs: [String: ClosedRange<Day>], coverage: [String: ClosedRange<Day>]) {
+        guard closeHistory, closeFetch == nil, let rest = referencePrices?.rest else { return }
+        let now = ContinuousClock.now
+        var work: [(symbol: String, days: ClosedRange<Day>)] = []
+        for (symbol, need) in needs.sorted(by: { $0.key < $1.key }) {
+            if let failed = closeFailures[symbol], now - failed < .seconds(600) { continue }
+            guard let have = coverage[symbol] else {
+                work.append((symbol, need))
+                continue
+            }
+            if need.lowerBound < have.lowerBound { work.append((symbol, need.lowerBound...calendar.previous(have.lowerBound))) }
+            if need.upperBound > have.upperBound { work.append((symbol, calendar.next(have.upperBound)...need.upperBound)) }
+        }
+        guard !work.isEmpty else { return }
+        logger.info(
+            "fetching daily closes for the history", metadata: ["symbols": "\(Set(work.map(\.symbol)).count)", "ranges": "\(work.count)"])
+        closeFetch = Task { await self.fetchCloses(work, from: rest) }
+    }
+
+    private func fetchCloses(_ work: [(symbol: String, days: ClosedRange<Day>)], from rest: PolygonREST) async {
+        defer {
+            closeFetch = nil
+            snapshotDue = true
+        }
+        var fetched = 0
+        for (index, item) in work.enumerated() {
+            if Task.isCancelled { return }
+            // From a week earlier: the first day may be a holiday, valued with the close before it.
+            var from = item.days.lowerBound
+            for _ in 0..<CloseValuation.maxCloseAgeDays { from = calendar.previous(from) }
+            switch await rest.dailyBars(item.symbol, from: from, to: item.days.upperBound, priority: .bulk) {
+            case .success(let bars):
+                let closes = bars.map { bar in
+                    (day: DayCalendar.utc.day(of: Date(timeIntervalSince1970: Double(bar.start) / 1000)), close: bar.close)
+                }
+                do {
+                    try await store.saveCloses(item.symbol, closes, covering: from...item.days.upperBound)
+                    fetched += 1
+                } catch {
+                    logger.warning("daily closes of \(item.symbol) not stored: \(error)")
+                }
+            case .failure(let error):
+                closeFailures[item.symbol] = .now
+                logger.warning("no daily closes for \(item.symbol) (\(item.days.lowerBound) to \(item.days.upperBound)): \(error)")
+            }
+            if work.count >= 10, (index + 1) % 10 == 0 {
+                logger.info("daily closes: \(index + 1) of \(work.count) ranges")
+            }
+        }
+        logger.info("daily closes fetched", metadata: ["ranges": "\(fetched)", "failed": "\(work.count - fetched)"])
     }
 }
 

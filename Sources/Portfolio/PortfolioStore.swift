@@ -121,6 +121,23 @@ public final class PortfolioStore: Sendable {
                     ALTER TABLE portfolioSnapshot ADD COLUMN cash TEXT NOT NULL DEFAULT '0';
                     """)
         }
+        migrator.registerMigration("v3: daily closes, snapshot unpriced symbols") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE dailyClose (
+                        symbol TEXT NOT NULL,
+                        day TEXT NOT NULL,
+                        close TEXT NOT NULL,
+                        PRIMARY KEY (symbol, day)
+                    );
+                    CREATE TABLE closeCoverage (
+                        symbol TEXT PRIMARY KEY,
+                        fromDay TEXT NOT NULL,
+                        throughDay TEXT NOT NULL
+                    );
+                    ALTER TABLE accountSnapshot ADD COLUMN unpriced TEXT;
+                    """)
+        }
         return migrator
     }
 
@@ -446,10 +463,13 @@ public final class PortfolioStore: Sendable {
     private static func save(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot], in db: Database) throws {
         for snapshot in snapshots {
             try db.execute(
-                sql: "INSERT OR REPLACE INTO accountSnapshot (accountID, day, value, cash, partial, source) VALUES (?, ?, ?, ?, ?, ?)",
+                sql: """
+                    INSERT OR REPLACE INTO accountSnapshot (accountID, day, value, cash, partial, source, unpriced)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """,
                 arguments: [
                     snapshot.accountID, snapshot.day.description, DecimalText.format(snapshot.value), snapshot.cash.map(DecimalText.format),
-                    snapshot.partial, snapshot.source.rawValue,
+                    snapshot.partial, snapshot.source.rawValue, snapshot.unpriced.isEmpty ? nil : snapshot.unpriced.joined(separator: ","),
                 ])
         }
         for snapshot in portfolio {
@@ -516,11 +536,61 @@ public final class PortfolioStore: Sendable {
     private static func accountSnapshot(_ row: Row) throws -> AccountSnapshot {
         AccountSnapshot(
             accountID: row["accountID"], day: try day(row["day"]), value: try decimal(row["value"]),
-            cash: try (row["cash"] as String?).map(decimal), partial: row["partial"], source: SnapshotSource(rawValue: row["source"]) ?? .none)
+            cash: try (row["cash"] as String?).map(decimal), partial: row["partial"], source: SnapshotSource(rawValue: row["source"]) ?? .none,
+            unpriced: (row["unpriced"] as String?).map { $0.split(separator: ",").map(String.init) } ?? [])
     }
 
     private static func portfolioSnapshot(_ row: Row) throws -> PortfolioSnapshot {
         PortfolioSnapshot(day: try day(row["day"]), total: try decimal(row["total"]), cash: try decimal(row["cash"]), partial: row["partial"])
+    }
+
+    // MARK: daily closes
+
+    /// The days whose closes were fetched for each symbol (closes or not: a holiday has none).
+    public func closeCoverage() throws -> [String: ClosedRange<Day>] {
+        try pool.read { db in
+            var coverage: [String: ClosedRange<Day>] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM closeCoverage") {
+                let from = try Self.day(row["fromDay"])
+                let through = try Self.day(row["throughDay"])
+                if from <= through { coverage[row["symbol"]] = from...through }
+            }
+            return coverage
+        }
+    }
+
+    /// Stored closes of `symbols` from `from` through `through`, oldest first per symbol.
+    public func closes(of symbols: Set<String>, from: Day, through: Day) throws -> [String: [(day: Day, close: Decimal)]] {
+        guard !symbols.isEmpty else { return [:] }
+        return try pool.read { db in
+            var closes: [String: [(day: Day, close: Decimal)]] = [:]
+            let marks = Array(repeating: "?", count: symbols.count).joined(separator: ",")
+            let rows = try Row.fetchAll(
+                db, sql: "SELECT * FROM dailyClose WHERE day >= ? AND day <= ? AND symbol IN (\(marks)) ORDER BY symbol, day",
+                arguments: StatementArguments([from.description, through.description] + symbols.sorted()))
+            for row in rows { closes[row["symbol"], default: []].append((try Self.day(row["day"]), try Self.decimal(row["close"]))) }
+            return closes
+        }
+    }
+
+    /// Stores a symbol's closes fetched for `covering` (adjacent to or overlapping what it had: the
+    /// coverage becomes their union).
+    public func saveCloses(_ symbol: String, _ closes: [(day: Day, close: Decimal)], covering: ClosedRange<Day>) async throws {
+        let rows = closes.map { (day: $0.day.description, close: DecimalText.format($0.close)) }
+        try await pool.write { db in
+            for row in rows {
+                try db.execute(sql: "INSERT OR REPLACE INTO dailyClose (symbol, day, close) VALUES (?, ?, ?)", arguments: [symbol, row.day, row.close])
+            }
+            var from = covering.lowerBound
+            var through = covering.upperBound
+            if let existing = try Row.fetchOne(db, sql: "SELECT * FROM closeCoverage WHERE symbol = ?", arguments: [symbol]) {
+                from = min(from, try Self.day(existing["fromDay"]))
+                through = max(through, try Self.day(existing["throughDay"]))
+            }
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO closeCoverage (symbol, fromDay, throughDay) VALUES (?, ?, ?)",
+                arguments: [symbol, from.description, through.description])
+        }
     }
 
     public func accountSnapshots(accountID: Int64, from: Day, through: Day) throws -> [AccountSnapshot] {

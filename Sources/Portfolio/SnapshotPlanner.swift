@@ -16,12 +16,15 @@ public struct SnapshotPlanner: Sendable {
         public var value: Decimal
         public var partial: Bool
         public var source: SnapshotSource
+        /// Held symbols without a price (a day valued from closes).
+        public var unpriced: [String]
 
-        public init(at: Date, value: Decimal, partial: Bool = false, source: SnapshotSource) {
+        public init(at: Date, value: Decimal, partial: Bool = false, source: SnapshotSource, unpriced: [String] = []) {
             self.at = at
             self.value = value
             self.partial = partial
             self.source = source
+            self.unpriced = unpriced
         }
     }
 
@@ -68,19 +71,19 @@ public struct SnapshotPlanner: Sendable {
         }
         var snapshots: [AccountSnapshot] = []
         // What the last day's value came from (the positions' value for a brokerage account).
-        var previous: (value: Decimal, partial: Bool)? = carriedIn.map { ($0.value, $0.partial) }
+        var previous: (value: Decimal, partial: Bool, unpriced: [String])? = carriedIn.map { ($0.value, $0.partial, $0.unpriced) }
         for day in calendar.days(from: first, through: last) {
             let dayCash = cash(on: day)
             let snapshot: AccountSnapshot
             if let observation = latest[day] {
                 snapshot = AccountSnapshot(
                     accountID: account.id, day: day, value: observation.value + (dayCash ?? 0), cash: dayCash, partial: observation.partial,
-                    source: observation.source)
-                previous = (observation.value, observation.partial)
+                    source: observation.source, unpriced: observation.unpriced)
+                previous = (observation.value, observation.partial, observation.unpriced)
             } else if let previous {
                 snapshot = AccountSnapshot(
                     accountID: account.id, day: day, value: previous.value + (dayCash ?? 0), cash: dayCash, partial: previous.partial,
-                    source: .carried)
+                    source: .carried, unpriced: previous.unpriced)
             } else {
                 snapshot = AccountSnapshot(accountID: account.id, day: day, value: dayCash ?? 0, cash: dayCash, partial: true, source: .none)
             }

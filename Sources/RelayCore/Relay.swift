@@ -190,7 +190,7 @@ public final class Relay: Service, Sendable {
             let service = PortfolioService(
                 store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
                 pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
-                referencePrices: rest.map(ReferencePrices.init(rest:)),
+                referencePrices: rest.map(ReferencePrices.init(rest:)), closeHistory: portfolioSettings.closeHistory,
                 logger: logger.with(label: "relay.portfolio"))
             portfolio = service
             browser = SecurityBrowser(

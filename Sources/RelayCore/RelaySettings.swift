@@ -85,12 +85,15 @@ public struct RelaySettings: Sendable {
         public var securityCacheSize: Int
         /// A named client (`X-Relay-Client`) idle this long has its prefetches cancelled.
         public var clientIdleSeconds: Double
+        /// Value past days from the upstream's daily closes (fetched over REST once per symbol and range).
+        public var closeHistory: Bool
 
         public init(
             dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900,
             pushIntervalMilliseconds: Int = 500,
-            securityCacheSize: Int = 10, clientIdleSeconds: Double = 120
+            securityCacheSize: Int = 10, clientIdleSeconds: Double = 120, closeHistory: Bool = true
         ) {
+            self.closeHistory = closeHistory
             self.securityCacheSize = securityCacheSize
             self.clientIdleSeconds = clientIdleSeconds
             self.dataDirectory = dataDirectory
@@ -151,6 +154,7 @@ public struct RelaySettings: Sendable {
         public var portfolioEnabled: Bool?
         public var restURL: String?
         public var securityCacheSize: Int?
+        public var closeHistory: Bool?
         public var demoRESTDelayMilliseconds: Int?
         public var cluster: String?
         public var nodeID: String?
@@ -165,8 +169,9 @@ public struct RelaySettings: Sendable {
             slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
             portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil,
             cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil, metricsPublic: Bool? = nil,
-            tlsCertificate: String? = nil, tlsKey: String? = nil
+            tlsCertificate: String? = nil, tlsKey: String? = nil, closeHistory: Bool? = nil
         ) {
+            self.closeHistory = closeHistory
             self.tlsCertificate = tlsCertificate
             self.tlsKey = tlsKey
             self.metricsPublic = metricsPublic
@@ -209,6 +214,7 @@ public struct RelaySettings: Sendable {
         ("RELAY_TIME_ZONE", "portfolio.timeZone"),
         ("RELAY_PORTFOLIO", "portfolio.enabled"),
         ("RELAY_SECURITY_CACHE_SIZE", "portfolio.securityCacheSize"),
+        ("RELAY_CLOSE_HISTORY", "portfolio.closeHistory"),
         ("RELAY_DEMO_REST_DELAY_MS", "demo.restDelayMs"),
         ("RELAY_CLUSTER", "cluster.url"),
         ("RELAY_NODE_ID", "cluster.nodeId"),
@@ -251,6 +257,7 @@ public struct RelaySettings: Sendable {
         put("portfolio.timeZone", flags.timeZone.map(ConfigContent.string))
         put("portfolio.enabled", flags.portfolioEnabled.map(ConfigContent.bool))
         put("portfolio.securityCacheSize", flags.securityCacheSize.map(ConfigContent.int))
+        put("portfolio.closeHistory", flags.closeHistory.map(ConfigContent.bool))
         put("demo.restDelayMs", flags.demoRESTDelayMilliseconds.map(ConfigContent.int))
         put("cluster.url", flags.cluster.map(ConfigContent.string))
         put("cluster.nodeId", flags.nodeID.map(ConfigContent.string))
@@ -403,6 +410,7 @@ public struct RelaySettings: Sendable {
                 guard seconds > 0 else { throw InvalidSetting(description: "portfolio.clientIdleSeconds: must be above 0") }
                 portfolio.clientIdleSeconds = seconds
             }
+            if let closeHistory = config.bool(forKey: "portfolio.closeHistory") { portfolio.closeHistory = closeHistory }
             settings.portfolio = portfolio
         }
         if let url = config.string(forKey: "cluster.url"), !url.isEmpty {

@@ -84,6 +84,11 @@ struct ServeCommand: AsyncParsableCommand {
     @Flag(name: .customLong("no-portfolio"), help: "Run without the portfolio valuation sidecar.")
     var noPortfolio = false
 
+    @Flag(
+        name: .customLong("no-close-history"),
+        help: "Do not fetch daily closes over REST to value past days (they keep the live values recorded then).")
+    var noCloseHistory = false
+
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical.")
     var logLevel: String?
 
@@ -102,7 +107,7 @@ struct ServeCommand: AsyncParsableCommand {
                     timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL,
                     securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay, cluster: cluster,
                     nodeID: nodeID, clusterName: clusterName, metricsPublic: publicMetrics ? true : nil, tlsCertificate: tlsCertificate,
-                    tlsKey: tlsKey),
+                    tlsKey: tlsKey, closeHistory: noCloseHistory ? false : nil),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")

@@ -1,4 +1,5 @@
 import Foundation
+import Portfolio
 import Testing
 
 /// Cash and the live total across account kinds, over HTTP against a relay with a real SQLite file.
@@ -113,6 +114,73 @@ struct PortfolioCashTests {
             portfolio = jsonObject(try await httpGet("\(base)/v1/portfolio").body)
             #expect(portfolio["total"] as? String == "1000")
             #expect((portfolio["accounts"] as? [[String: Any]])?.count == 1)
+        }
+    }
+}
+
+/// The history of days before the relay first valued an account, from the upstream's daily closes.
+@Suite("Portfolio history from closes")
+struct PortfolioHistoryTests {
+    @Test func pastDaysAreValuedFromStoredDailyClosesAndMissingOnesAreNamed() async throws {
+        try await withPortfolioRelay { parts, base in
+            let calendar = DayCalendar.utc
+            let today = calendar.day(of: .now)
+            @Sendable func daysAgo(_ count: Int) -> Day {
+                var day = today
+                for _ in 0..<count { day = calendar.previous(day) }
+                return day
+            }
+            let created = calendar.startOfDay(daysAgo(40)).formatted(Date.ISO8601FormatStyle())
+            let account = try #require(
+                jsonObject(
+                    try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":"Past","kind":"brokerage","createdAt":"\#(created)"}"#).body
+                )["id"] as? Int)
+            for body in [
+                #"{"kind":"deposit","date":"\#(daysAgo(30))","amount":"2000"}"#,
+                #"{"kind":"buy","date":"\#(daysAgo(30))","symbol":"AAPL","quantity":"10","price":"100"}"#,
+                // The demo feed has no such ticker: no close can be had.
+                #"{"kind":"buy","date":"\#(daysAgo(10))","symbol":"ZZNOPE","quantity":"1","price":"5"}"#,
+            ] {
+                #expect(try await httpSend("POST", "\(base)/v1/accounts/\(account)/transactions", json: body).status == 201, "\(body)")
+            }
+            // Any write recomputes the history; the closes come in the background, then the next tick uses them.
+            _ = try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":"Nudge","kind":"savings"}"#)
+            @Sendable func history() async throws -> [String: [String: Any]] {
+                let answer = try await httpGet("\(base)/v1/accounts/\(account)/history?from=\(daysAgo(40))&to=\(daysAgo(1))")
+                let rows = try JSONSerialization.jsonObject(with: Data(answer.body.utf8)) as? [[String: Any]] ?? []
+                return Dictionary(uniqueKeysWithValues: rows.compactMap { row in (row["day"] as? String).map { ($0, row) } })
+            }
+            try await eventually("the days AAPL was held alone to be valued from closes", timeout: .seconds(30)) {
+                let row = (try? await history())?[daysAgo(12).description]
+                return row?["source"] as? String == "close" && row?["partial"] as? Bool == false
+            }
+            let rows = try await history()
+            let store = try #require(parts.portfolio).store
+            let closes = try store.closes(of: ["AAPL"], from: daysAgo(40), through: daysAgo(1))["AAPL"] ?? []
+            #expect(closes.count >= 15, "about 28 weekdays of AAPL closes stored: \(closes.count)")
+            // Each day while AAPL was held alone: 10 × that day's close (or the last before it) plus 1000 cash.
+            for offset in 11...30 {
+                let day = daysAgo(offset)
+                let row = try #require(rows[day.description])
+                #expect(row["source"] as? String == "close")
+                #expect(row["partial"] as? Bool == false, "\(day): \(row)")
+                let close = try #require(closes.last { $0.day <= day }?.close, "a close on or before \(day)")
+                #expect(row["value"] as? String == DecimalText.format(10 * close + 1000), "\(day): \(row)")
+            }
+            // Before the buy: nothing held, complete.
+            #expect(rows[daysAgo(35).description]?["value"] as? String == "0")
+            #expect(rows[daysAgo(35).description]?["partial"] as? Bool == false)
+            // From the ZZNOPE buy on: partial, naming it.
+            let partialRow = try #require(rows[daysAgo(5).description])
+            #expect(partialRow["partial"] as? Bool == true)
+            #expect(partialRow["unpriced"] as? [String] == ["ZZNOPE"], "\(partialRow)")
+
+            // Fetched once: more recomputations ask the feed for nothing more.
+            let feed = try #require(parts.demoFeed)
+            let asked = feed.restCount("aggs", "AAPL").started
+            #expect(asked == 1, "\(feed.restCountsByKey)")
+            _ = try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":"Nudge 2","kind":"savings"}"#)
+            #expect(feed.restCount("aggs", "AAPL").started == asked)
         }
     }
 }

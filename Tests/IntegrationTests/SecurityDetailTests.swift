@@ -40,7 +40,8 @@ struct SecurityDetailTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var settings = RelaySettings(
             listen: .init(host: "127.0.0.1", port: 0), demoRate: 200,
-            portfolio: .init(dataDirectory: directory, securityCacheSize: cacheSize))
+            // Without the history's daily closes: they would share the feed's slow REST side and its counts.
+            portfolio: .init(dataDirectory: directory, securityCacheSize: cacheSize, closeHistory: false))
         settings.demoRESTDelayMilliseconds = Int(restDelay.milliseconds)
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {

@@ -73,6 +73,14 @@ struct SettingsTests {
         #expect(fromFlags.snapshotOnSubscribe)
     }
 
+    @Test func closeHistoryIsOnByDefaultAndCanBeTurnedOff() async throws {
+        #expect(try await RelaySettings.resolve(flags: .init(), environment: [:]).portfolio?.closeHistory == true)
+        let fromEnvironment = try await RelaySettings.resolve(flags: .init(), environment: ["RELAY_CLOSE_HISTORY": "false"])
+        #expect(fromEnvironment.portfolio?.closeHistory == false)
+        let fromFlag = try await RelaySettings.resolve(flags: .init(closeHistory: false), environment: ["RELAY_CLOSE_HISTORY": "true"])
+        #expect(fromFlag.portfolio?.closeHistory == false)
+    }
+
     @Test func clientKeysFlagIsACommaSeparatedList() async throws {
         let settings = try await RelaySettings.resolve(flags: .init(clientKeys: "k1,k2 , k3"), environment: ["RELAY_CLIENT_KEYS": "env"])
         #expect(settings.clientKeys == ["k1", "k2", "k3"])
