@@ -296,24 +296,25 @@ public final class PortfolioStore: Sendable {
         /// Adds a candidate if the book stays possible; the book is rebuilt only when the candidate is
         /// dated before the latest transaction (an import in date order extends it step by step).
         mutating func add(_ candidate: Transaction) throws {
-            // After the same day's earlier transactions, as the store orders them (date, then id).
-            let index = transactions.firstIndex { $0.date > candidate.date } ?? transactions.endIndex
+            // After the same day's earlier transactions, as the store orders them (date, then id); the
+            // common case (an import in date order) is the end, found without a search.
+            let atEnd = transactions.last.map { $0.date <= candidate.date } ?? true
+            let index = atEnd ? transactions.endIndex : (transactions.firstIndex { $0.date > candidate.date } ?? transactions.endIndex)
             do throws(PositionBook.BookError) {
-                book = try nextBook(with: candidate, at: index)
+                if atEnd, var current = book {
+                    // Taken out first so the book is mutated in place, not copied; left out if it fails.
+                    book = nil
+                    try current.apply(candidate)
+                    book = current
+                } else {
+                    var all = transactions
+                    all.insert(candidate, at: index)
+                    book = try PositionBook(transactions: all, allowNegativeCash: account.allowNegativeCash)
+                }
             } catch {
                 throw ValidationError(field: error.field, message: "\(error)")
             }
             transactions.insert(candidate, at: index)
-        }
-
-        private func nextBook(with candidate: Transaction, at index: Int) throws(PositionBook.BookError) -> PositionBook {
-            if index == transactions.endIndex, var next = book {
-                try next.apply(candidate)
-                return next
-            }
-            var all = transactions
-            all.insert(candidate, at: index)
-            return try PositionBook(transactions: all, allowNegativeCash: account.allowNegativeCash)
         }
     }
 
@@ -366,7 +367,8 @@ public final class PortfolioStore: Sendable {
     /// not exist yet (as `kind` accounts dated from their first row). The first refused row throws
     /// (with its index in `rows`) and nothing is written.
     public func importTransactions(
-        _ rows: [(account: String, transaction: NewTransaction)], newAccounts currency: String, calendar: DayCalendar = .utc
+        _ rows: [(account: String, transaction: NewTransaction)], newAccounts currency: String, calendar: DayCalendar = .utc,
+        progress: (@Sendable (_ written: Int, _ of: Int) -> Void)? = nil
     ) throws(ImportError) -> Int {
         do {
             return try pool.write { db in
@@ -375,6 +377,7 @@ public final class PortfolioStore: Sendable {
                     accounts[account.name] = account
                 }
                 var books: [Int64: BookCheck] = [:]
+                var written = 0
                 for (index, row) in rows.enumerated().sorted(by: { ($0.element.transaction.date, $0.offset) < ($1.element.transaction.date, $1.offset) }) {
                     do {
                         let account: Account
@@ -387,9 +390,14 @@ public final class PortfolioStore: Sendable {
                                 allowNegativeCash: false)
                             accounts[row.account] = account
                         }
-                        var book = try books[account.id] ?? BookCheck(account: account, existing: try Self.transactions(db, accountID: account.id))
+                        // Taken out of the table while it grows: a copy left in it would make every insert copy the list.
+                        var book =
+                            try books.removeValue(forKey: account.id)
+                            ?? BookCheck(account: account, existing: try Self.transactions(db, accountID: account.id))
                         _ = try Self.insert(row.transaction, into: account, checking: &book, db: db, calendar: calendar)
                         books[account.id] = book
+                        written += 1
+                        if written % Self.importProgressEvery == 0 { progress?(written, rows.count) }
                     } catch {
                         throw ImportError(index: index, error: error)
                     }
@@ -402,6 +410,9 @@ public final class PortfolioStore: Sendable {
             throw ImportError(index: nil, error: error)
         }
     }
+
+    /// How many rows an import writes between two progress reports.
+    public static let importProgressEvery = 5_000
 
     /// Why an import wrote nothing: the row (index into the rows given) and the store's error.
     public struct ImportError: Error, CustomStringConvertible {

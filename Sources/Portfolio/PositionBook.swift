@@ -88,18 +88,18 @@ public struct PositionBook: Sendable, Equatable {
         case .deposit, .withdrawal:
             break
         case .buy:
-            var position = positions[symbol] ?? Position(symbol: symbol)
-            position.lots.append(
+            // In place (the dictionary's modify accessor): a copy of the position would copy all its lots.
+            positions[symbol, default: Position(symbol: symbol)].lots.append(
                 Lot(
                     acquired: transaction.date, quantity: transaction.quantity,
                     cost: transaction.quantity * transaction.price + transaction.fees))
-            positions[symbol] = position
         case .sell:
-            var position = positions[symbol] ?? Position(symbol: symbol)
-            let held = position.quantity
+            let held = positions[symbol]?.quantity ?? 0
             guard transaction.quantity <= held else {
                 throw .oversold(symbol: symbol, date: transaction.date, selling: transaction.quantity, held: held)
             }
+            // Taken out, so the only reference to its lots is this one and they change in place.
+            var position = positions.removeValue(forKey: symbol) ?? Position(symbol: symbol)
             var remaining = transaction.quantity
             var consumedCost: Decimal = 0
             while remaining > 0, !position.lots.isEmpty {
@@ -121,9 +121,7 @@ public struct PositionBook: Sendable, Equatable {
             position.realizedPnL += transaction.quantity * transaction.price - transaction.fees - consumedCost
             positions[symbol] = position.lots.isEmpty && position.realizedPnL == 0 && position.dividends == 0 ? nil : position
         case .dividend:
-            var position = positions[symbol] ?? Position(symbol: symbol)
-            position.dividends += transaction.quantity * transaction.price - transaction.fees
-            positions[symbol] = position
+            positions[symbol, default: Position(symbol: symbol)].dividends += transaction.quantity * transaction.price - transaction.fees
         case .fee:
             fees += transaction.fees
         }

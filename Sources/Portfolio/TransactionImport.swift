@@ -76,11 +76,13 @@ public enum TransactionImport {
     /// (reported with its line) or a process killed midway leaves nothing written. Returns how many
     /// transactions were added.
     @discardableResult
-    public static func apply(_ rows: [Row], to store: PortfolioStore, currency: String = "USD", calendar: DayCalendar = .utc) throws -> Int
-    {
+    public static func apply(
+        _ rows: [Row], to store: PortfolioStore, currency: String = "USD", calendar: DayCalendar = .utc,
+        progress: (@Sendable (_ written: Int, _ of: Int) -> Void)? = nil
+    ) throws -> Int {
         let input = rows.map { (account: $0.account, transaction: $0.transaction) }
         do {
-            return try store.importTransactions(input, newAccounts: currency, calendar: calendar)
+            return try store.importTransactions(input, newAccounts: currency, calendar: calendar, progress: progress)
         } catch {
             guard let index = error.index else { throw error.error }
             switch error.error {

@@ -27,7 +27,10 @@ struct PortfolioCommand: AsyncParsableCommand {
             guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw StartupError(message: "cannot read \(file)") }
             do {
                 let rows = try TransactionImport.parse(text)
-                let count = try TransactionImport.apply(rows, to: store, currency: currency)
+                let count = try TransactionImport.apply(rows, to: store, currency: currency) { written, total in
+                    // On stderr, so a script reading the result line is not disturbed.
+                    FileHandle.standardError.write(Data("\(written) of \(total) rows written (committed together at the end)\n".utf8))
+                }
                 print("imported \(count) transactions into \(store.path)")
             } catch let error as TransactionImport.LineError {
                 throw StartupError(message: "\(file): \(error)")

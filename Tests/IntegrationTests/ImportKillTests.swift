@@ -1,0 +1,41 @@
+import Foundation
+import Portfolio
+import RelayBench
+import Testing
+
+/// `relay portfolio import` is all or nothing, even when the process is killed while it writes.
+@Suite("Import killed midway")
+struct ImportKillTests {
+    @Test func anImportKilledWhileWritingLeavesNothing() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-kill-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        // Large enough to report its progress a few times before it commits.
+        var csv = "account,date,kind,symbol,quantity,price,fees,amount\nBig,2024-01-02,deposit,,,,,100000000\n"
+        for index in 0..<40_000 { csv += "Big,2024-01-03,buy,S\(index % 50),1,10.25,0.5,\n" }
+        let file = directory + "/big.csv"
+        try csv.write(toFile: file, atomically: true, encoding: .utf8)
+        let data = directory + "/data"
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: RelayProcess.siblingBinary())
+        process.arguments = ["portfolio", "import", file, "--data-dir", data]
+        process.standardOutput = FileHandle.nullDevice
+        let errors = Pipe()
+        process.standardError = errors
+        try process.run()
+        // The import reports its progress inside its one transaction: the first report means rows are
+        // written and not committed.
+        let firstReport = Task.detached { errors.fileHandleForReading.availableData }
+        let report = String(decoding: try await within(.seconds(120), "the import's first progress report") { await firstReport.value }, as: UTF8.self)
+        #expect(report.contains("rows written"), "\(report)")
+        try #require(process.isRunning, "the import finished before it could be killed: make the file larger")
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        #expect(process.terminationReason == .uncaughtSignal)
+
+        // Reopened (SQLite rolls the torn transaction back): nothing of it, not even its account.
+        let store = try PortfolioStore(directory: data)
+        #expect(try store.accounts().isEmpty)
+    }
+}
