@@ -10,8 +10,28 @@ public enum DecimalText {
     /// Parses a plain decimal string; `nil` for anything else.
     public static func parse(_ text: String) -> Decimal? {
         let trimmed = text.trimmingCharacters(in: .whitespaces)
-        guard trimmed.range(of: #"^-?[0-9]{1,30}(\.[0-9]{1,18})?$"#, options: .regularExpression) != nil else { return nil }
+        guard isPlainDecimal(trimmed.utf8) else { return nil }
         return Decimal(string: trimmed, locale: posix)
+    }
+
+    /// `-?[0-9]{1,30}(\.[0-9]{1,18})?`, checked byte by byte (a regular expression per call was a third
+    /// of a large import's time).
+    static func isPlainDecimal(_ bytes: String.UTF8View) -> Bool {
+        var digits = 0
+        var fraction: Int?
+        for (offset, byte) in bytes.enumerated() {
+            switch byte {
+            case UInt8(ascii: "-") where offset == 0:
+                continue
+            case UInt8(ascii: "0")...UInt8(ascii: "9"):
+                if let count = fraction { fraction = count + 1 } else { digits += 1 }
+            case UInt8(ascii: ".") where fraction == nil && digits > 0:
+                fraction = 0
+            default:
+                return false
+            }
+        }
+        return (1...30).contains(digits) && (fraction.map { (1...18).contains($0) } ?? true)
     }
 
     /// The canonical text of a value (`0.3`, `-12.5`, `100`).

@@ -16,9 +16,19 @@ struct MoneyAndDayTests {
         #expect(DecimalText.format(dec("1.10") * 3) == "3.3")
     }
 
-    @Test(arguments: ["", "1e5", "1,000", "NaN", "--1", "1.", ".5", "0x10", "1 000"])
+    @Test(arguments: [
+        "", "1e5", "1,000", "NaN", "--1", "1.", ".5", "0x10", "1 000", "-", "-.5", "1.2.3", "1-", "+1",
+        String(repeating: "9", count: 31), "1." + String(repeating: "1", count: 19),
+    ])
     func onlyPlainDecimalsAreAccepted(text: String) {
         #expect(DecimalText.parse(text) == nil)
+    }
+
+    @Test func plainDecimalsParse() {
+        #expect(DecimalText.parse("-0.5") == dec("-0.5"))
+        #expect(DecimalText.parse(" 12 ") == 12)
+        #expect(DecimalText.parse(String(repeating: "9", count: 30)) != nil)
+        #expect(DecimalText.parse("0." + String(repeating: "1", count: 18)) != nil)
     }
 
     @Test func daysAreRealCalendarDates() {
