@@ -122,6 +122,7 @@ let package = Package(
             name: "RelayCore",
             dependencies: [
                 "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -134,17 +135,47 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // The portfolio sidecar, split the way Hummingbird splits core from framework: the pure domain
+        // (money, days, lots, valuation, snapshot and close rules, holdings views), the store (GRDB, CSV
+        // import), the Polygon REST client with its request gate, the service (valuation on the hub's
+        // stream, snapshots, security details and their cache), and the HTTP surface (routes, JSON).
+        .target(
+            name: "PortfolioDomain",
+            dependencies: ["PolygonWire", .product(name: "NIOCore", package: "swift-nio")],
+            swiftSettings: strict
+        ),
+        .target(
+            name: "PortfolioData",
+            dependencies: ["PortfolioDomain", .product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: strict
+        ),
+        .target(
+            name: "PolygonRESTClient",
+            dependencies: [
+                "PortfolioDomain", "PolygonWire",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .target(
             name: "Portfolio",
             dependencies: [
-                "PolygonWire", "MarketDataHub",
-                .product(name: "GRDB", package: "GRDB.swift"),
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PolygonWire", "MarketDataHub",
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Metrics", package: "swift-metrics"),
+            ],
+            swiftSettings: strict
+        ),
+        .target(
+            name: "PortfolioHTTP",
+            dependencies: [
+                "Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: strict
         ),
@@ -162,7 +193,8 @@ let package = Package(
         .executableTarget(
             name: "relay",
             dependencies: [
-                "RelayCore", "DemoFeed", "RelayServer", "RelayBench", "Portfolio",
+                "RelayCore", "DemoFeed", "RelayServer", "RelayBench", "Portfolio", "PortfolioData", "PortfolioDomain", "PolygonRESTClient",
+                "PortfolioHTTP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
@@ -188,13 +220,14 @@ let package = Package(
         ),
         .testTarget(
             name: "PortfolioTests",
-            dependencies: ["Portfolio", "MarketDataHub"],
+            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP", "MarketDataHub"],
             swiftSettings: strict
         ),
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
                 "RelayCore", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio", "RelayBench",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

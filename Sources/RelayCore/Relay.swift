@@ -8,6 +8,10 @@ import MarketDataHub
 import NIOPosix
 import PolygonWire
 import Portfolio
+import PortfolioData
+import PortfolioDomain
+import PolygonRESTClient
+import PortfolioHTTP
 import Prometheus
 import RelayServer
 import ServiceLifecycle

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Portfolio
+import PortfolioData
 
 struct PortfolioCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,5 +1,6 @@
 import Foundation
 import Portfolio
+import PortfolioData
 import RelayBench
 import Testing
 

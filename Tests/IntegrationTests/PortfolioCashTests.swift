@@ -1,5 +1,6 @@
 import Foundation
 import Portfolio
+import PortfolioDomain
 import Testing
 
 /// Cash and the live total across account kinds, over HTTP against a relay with a real SQLite file.

@@ -2,6 +2,9 @@ import DemoFeed
 import Foundation
 import MarketDataHub
 import Portfolio
+import PortfolioData
+import PortfolioDomain
+import PolygonRESTClient
 import RelayCore
 import Testing
 

@@ -3,6 +3,7 @@ import DemoFeed
 import Foundation
 import NIOCore
 import Portfolio
+import PortfolioDomain
 import RelayCore
 import Testing
 

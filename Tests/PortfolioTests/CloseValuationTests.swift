@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Portfolio
+@testable import PortfolioDomain
 
 @Suite("History from closes")
 struct CloseValuationTests {

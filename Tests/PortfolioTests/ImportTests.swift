@@ -2,6 +2,8 @@ import Foundation
 import Testing
 
 @testable import Portfolio
+@testable import PortfolioData
+@testable import PortfolioDomain
 
 @Suite("CSV import")
 struct ImportTests {

@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Portfolio
+@testable import PortfolioHTTP
 
 @Suite("Numbers with exponents in request bodies")
 struct JSONNumbersTests {

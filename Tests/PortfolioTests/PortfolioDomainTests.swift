@@ -3,6 +3,8 @@ import Synchronization
 import Testing
 
 @testable import Portfolio
+@testable import PortfolioData
+@testable import PortfolioDomain
 
 func dec(_ text: String) -> Decimal { DecimalText.parse(text) ?? .nan }
 func day(_ text: String) -> Day { Day(text) ?? Day(year: 1970, month: 1, day: 1) }

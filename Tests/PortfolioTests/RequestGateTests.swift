@@ -2,6 +2,7 @@ import Synchronization
 import Testing
 
 @testable import Portfolio
+@testable import PolygonRESTClient
 
 /// The names served, in order.
 final class ServedLog: Sendable {

@@ -3,6 +3,8 @@ import MarketDataHub
 import Testing
 
 @testable import Portfolio
+@testable import PortfolioData
+@testable import PortfolioDomain
 
 /// The sidecar's snapshot writing against a real SQLite file.
 @Suite("Snapshot service")

@@ -1,3 +1,5 @@
+import PortfolioDomain
+import PortfolioData
 import Foundation
 import Logging
 

@@ -1,3 +1,4 @@
+import PolygonRESTClient
 import Logging
 import Metrics
 

@@ -1,3 +1,5 @@
+import PortfolioDomain
+import PolygonRESTClient
 import Foundation
 
 /// A group of a security's detail: loaded, or failed with the reason (the other groups stand).

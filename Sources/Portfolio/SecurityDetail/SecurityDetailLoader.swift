@@ -1,3 +1,6 @@
+import PortfolioDomain
+import PortfolioData
+import PolygonRESTClient
 import Foundation
 import MarketDataHub
 import PolygonWire

@@ -1,3 +1,4 @@
+import PortfolioDomain
 import Synchronization
 
 /// At most `limit` requests at a time. When a slot frees up it goes to the first waiting

@@ -1,3 +1,6 @@
+import Portfolio
+import PortfolioDomain
+import PortfolioData
 import Foundation
 import Hummingbird
 import NIOCore

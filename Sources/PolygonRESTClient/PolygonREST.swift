@@ -1,3 +1,4 @@
+import PortfolioDomain
 import AsyncHTTPClient
 import Foundation
 import Logging

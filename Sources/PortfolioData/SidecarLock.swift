@@ -1,3 +1,4 @@
+import PortfolioDomain
 import Foundation
 
 #if canImport(Glibc)

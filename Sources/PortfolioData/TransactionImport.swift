@@ -1,3 +1,4 @@
+import PortfolioDomain
 import Foundation
 
 /// Imports brokerage transactions from CSV: a header line, then

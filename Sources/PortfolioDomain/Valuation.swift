@@ -162,4 +162,12 @@ public struct AccountValue: Sendable, Codable, Equatable {
     public var basis: Basis
     /// Part of the value is missing (unpriced or stale positions, or no value at all).
     public var partial: Bool
+
+    public init(
+        id: Int64, name: String, kind: AccountKind, value: Decimal?, cash: Decimal?, asOf: Date?, basis: Basis, partial: Bool
+    ) {
+        (self.id, self.name, self.kind, self.value, self.cash, self.asOf, self.basis, self.partial) = (
+            id, name, kind, value, cash, asOf, basis, partial
+        )
+    }
 }

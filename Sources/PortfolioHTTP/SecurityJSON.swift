@@ -1,3 +1,6 @@
+import PolygonRESTClient
+import Portfolio
+import PortfolioDomain
 import Foundation
 
 /// The JSON of `/v1/holdings` and `/v1/securities/{symbol}`, in the API's conventions (decimals as

@@ -1,3 +1,4 @@
+import Portfolio
 /// A scan of a JSON document's numbers, for what `JSONDecoder` hides: whether one was written with an
 /// exponent. Pure; reads the bytes once and never fails (malformed JSON is the decoder's to report).
 enum JSONNumbers {

@@ -19,6 +19,13 @@ public struct PositionBook: Sendable, Equatable {
         public var realizedPnL: Decimal = 0
         public var dividends: Decimal = 0
 
+        public init(symbol: String, lots: [Lot] = [], realizedPnL: Decimal = 0, dividends: Decimal = 0) {
+            self.symbol = symbol
+            self.lots = lots
+            self.realizedPnL = realizedPnL
+            self.dividends = dividends
+        }
+
         public var quantity: Decimal { lots.reduce(0) { $0 + $1.quantity } }
         public var costBasis: Decimal { lots.reduce(0) { $0 + $1.cost } }
     }

@@ -27,6 +27,13 @@ public struct Holding: Sendable, Equatable {
     public var weight: Decimal?
 
     public var symbol: String { valuation.symbol }
+
+    public init(valuation: PositionValuation, assetType: AssetType, accounts: [Int64], weight: Decimal?) {
+        self.valuation = valuation
+        self.assetType = assetType
+        self.accounts = accounts
+        self.weight = weight
+    }
 }
 
 /// A list of holdings as a client asked for it: sorted, filtered, restricted to some accounts or asset
@@ -68,7 +75,7 @@ public struct HoldingsQuery: Sendable, Hashable {
 
     /// From query parameters `sort`, `order`, `filter`, `assetType` and `account` (the last two
     /// comma-separated lists); unknown values are refused naming the parameter.
-    public init(parameters: [String: String]) throws(PortfolioStore.ValidationError) {
+    public init(parameters: [String: String]) throws(ValidationError) {
         func list(_ name: String) -> [String] {
             (parameters[name] ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         }
@@ -118,7 +125,7 @@ public struct HoldingsQuery: Sendable, Hashable {
     }
 
     /// The query a view id stands for.
-    public init(viewID: String) throws(PortfolioStore.ValidationError) {
+    public init(viewID: String) throws(ValidationError) {
         var base64 = viewID.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
         base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
         guard let data = Data(base64Encoded: base64), let text = String(data: data, encoding: .utf8) else {

@@ -1,3 +1,5 @@
+import Portfolio
+import PortfolioDomain
 import Foundation
 
 /// The API's JSON shapes. Money and quantities are strings of exact decimal text (`"189.05"`), days

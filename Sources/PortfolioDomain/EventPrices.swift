@@ -3,13 +3,13 @@ import NIOCore
 import PolygonWire
 
 /// Reads exact prices out of Polygon events: the number's own text, never a `Double` in between.
-enum EventPrices {
+public enum EventPrices {
     /// The raw text of a top-level numeric field, e.g. `"p":189.05` → `189.05`.
-    static func number(_ field: String, in bytes: ByteBuffer) -> Decimal? {
+    public static func number(_ field: String, in bytes: ByteBuffer) -> Decimal? {
         number(field, in: String(buffer: bytes))
     }
 
-    static func number(_ field: String, in text: String) -> Decimal? {
+    public static func number(_ field: String, in text: String) -> Decimal? {
         guard let key = text.range(of: "\"\(field)\":") else { return nil }
         var end = key.upperBound
         while end < text.endIndex, "-0123456789.".contains(text[end]) { end = text.index(after: end) }
@@ -17,13 +17,13 @@ enum EventPrices {
     }
 
     /// The event's time (`t`, Unix ms) or now.
-    static func time(in text: String, default now: Date) -> Date {
+    public static func time(in text: String, default now: Date) -> Date {
         guard let ms = number("t", in: text) else { return now }
         return Date(timeIntervalSince1970: NSDecimalNumber(decimal: ms).doubleValue / 1000)
     }
 
     /// Updates a symbol's prices from a trade or quote event.
-    static func apply(_ event: MarketEvent, to prices: inout SymbolPrices, now: Date) {
+    public static func apply(_ event: MarketEvent, to prices: inout SymbolPrices, now: Date) {
         // Read as text once; each field is then found in it.
         let text = String(buffer: event.bytes)
         let at = time(in: text, default: now)

@@ -1,3 +1,4 @@
+import PortfolioDomain
 import Foundation
 import GRDB
 
@@ -10,20 +11,9 @@ public final class PortfolioStore: Sendable {
     public let path: String
     private let pool: DatabasePool
 
-    /// A value that is well-formed but contradicts the account's life (dated before it was created, or
-    /// on or after it closed): answered 409 with the reason.
-    public struct ConflictError: Error, Sendable, Equatable, CustomStringConvertible {
-        public var field: String
-        public var message: String
-        public var description: String { "\(field): \(message)" }
-    }
-
-    /// A value the store refuses, named so the caller can say which field is wrong.
-    public struct ValidationError: Error, Sendable, Equatable, CustomStringConvertible {
-        public var field: String
-        public var message: String
-        public var description: String { "\(field): \(message)" }
-    }
+    /// The domain's refusals, by the names callers know them by.
+    public typealias ConflictError = PortfolioDomain.ConflictError
+    public typealias ValidationError = PortfolioDomain.ValidationError
 
     public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         case notFound(String)
@@ -496,6 +486,11 @@ public final class PortfolioStore: Sendable {
         public var written = 0
         /// Rows removed (days an account or the portfolio no longer counts).
         public var removed = 0
+
+        public init(written: Int = 0, removed: Int = 0) {
+            self.written = written
+            self.removed = removed
+        }
     }
 
     /// Replaces the recomputed history in one transaction, touching only the rows that changed: each
