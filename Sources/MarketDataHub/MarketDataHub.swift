@@ -40,6 +40,8 @@ public actor MarketDataHub {
         var toldOfOutage = false
         /// Called after something was queued on the stream, and after it finished.
         let whenQueued: (@Sendable () -> Void)?
+        /// Something was queued and `whenQueued` not called yet (it is, at the end of the hub call).
+        var untold = false
 
         init(
             id: SubscriberID, continuation: AsyncStream<[MarketEvent]>.Continuation, queue: SubscriberQueue,
@@ -160,7 +162,7 @@ public actor MarketDataHub {
                 enqueue([last], to: subscriber)
             }
         }
-        tellQueued()
+        tell(CollectionOfOne(subscriber))
         if changed { refreshUpstreamWanted() }
     }
 
@@ -268,24 +270,24 @@ public actor MarketDataHub {
                 }
             }
         }
-        // Told after every subscriber's events are queued, one right after the other: whoever drains
-        // them (one task per event loop downstream) then finds most of them queued at its first look.
-        deferredKicks.reserveCapacity(touched.count)
         for subscriber in touched {
             let batch = subscriber.staged
             subscriber.staged = []
             enqueue(batch, to: subscriber)
         }
-        tellQueued()
+        // Told after every subscriber's events are queued, one right after the other: whoever drains
+        // them (one task per event loop downstream) then finds most of them queued at its first look.
+        tell(touched)
     }
 
-    /// Subscribers that had something queued by the hub call in progress, told (`whenQueued`) at its
-    /// end by ``tellQueued()``.
-    private var deferredKicks: [Subscriber] = []
-
-    private func tellQueued() {
-        for subscriber in deferredKicks { subscriber.whenQueued?() }
-        deferredKicks.removeAll(keepingCapacity: true)
+    /// Calls `whenQueued` of those of `candidates` that had something queued since they were last told
+    /// (`enqueue` only marks them, so a hub call tells everyone at its end, together). A flag on the
+    /// subscriber rather than a list of them: a publish allocates nothing for it.
+    private func tell(_ candidates: some Sequence<Subscriber>) {
+        for subscriber in candidates where subscriber.untold {
+            subscriber.untold = false
+            subscriber.whenQueued?()
+        }
     }
 
     /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
@@ -316,7 +318,7 @@ public actor MarketDataHub {
                 if !batch.isEmpty, case .enqueued = subscriber.continuation.yield(batch) {
                     subscriber.queue.pending.add(batch.count, ordering: .releasing)
                     subscriber.queue.batches.add(1, ordering: .releasing)
-                    deferredKicks.append(subscriber)
+                    subscriber.untold = true
                 }
                 evict(subscriber)
                 return
@@ -327,7 +329,7 @@ public actor MarketDataHub {
         case .enqueued:
             subscriber.queue.pending.add(batch.count, ordering: .releasing)
             subscriber.queue.batches.add(1, ordering: .releasing)
-            deferredKicks.append(subscriber)
+            subscriber.untold = true
             pending += batch.count
             if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
         case .dropped:
@@ -381,7 +383,7 @@ public actor MarketDataHub {
         guard snapshotOnSubscribe, let entry = entries[event.topic], entry.last == nil, !entry.subscribers.isEmpty else { return }
         entry.last = event.compacted()
         for subscriber in entry.subscribers { enqueue([event], to: subscriber) }
-        tellQueued()
+        tell(entry.subscribers)
     }
 
     /// Events were lost before they reached the hub (e.g. NATS dropped them for this node): the
@@ -400,7 +402,7 @@ public actor MarketDataHub {
             }
             enqueue([notice], to: subscriber)
         }
-        tellQueued()
+        tell(subscribers.values)
     }
 
     // MARK: upstream outages
@@ -437,7 +439,7 @@ public actor MarketDataHub {
             subscriber.toldOfOutage = true
             enqueue([notice], to: subscriber)
         }
-        tellQueued()
+        tell(subscribers.values)
     }
 
     /// The end of an outage goes to those told of its start: a client that subscribed meanwhile never
@@ -448,6 +450,7 @@ public actor MarketDataHub {
             subscriber.toldOfOutage = false
             enqueue([notice], to: subscriber)
         }
+        tell(subscribers.values)
     }
 
     // MARK: reading
