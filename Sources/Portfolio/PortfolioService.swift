@@ -211,11 +211,7 @@ public actor PortfolioService: Service {
                         id: account.id, name: account.name, kind: .brokerage, value: own.total, cash: book.cash, asOf: now, basis: .live,
                         partial: own.hasPartialFailures))
                 if account.isActive || accountID != nil {
-                    for position in book.open {
-                        var position = position
-                        if let existing = merged[position.symbol] { position.lots = existing.lots + position.lots }
-                        merged[position.symbol] = position
-                    }
+                    PositionBook.merge(book.open, into: &merged)
                     cash += book.cash
                 }
             case .savings:
@@ -242,12 +238,9 @@ public actor PortfolioService: Service {
         var holders: [String: [Int64]] = [:]
         for account in try store.accounts() where account.kind == .brokerage && account.isActive {
             if !wanted.isEmpty, !wanted.contains(account.id) { continue }
-            for position in try PositionBook(transactions: try store.transactions(accountID: account.id)).open {
-                var merged = positions[position.symbol] ?? PositionBook.Position(symbol: position.symbol)
-                merged.lots += position.lots
-                positions[position.symbol] = merged
-                holders[position.symbol, default: []].append(account.id)
-            }
+            let open = try PositionBook(transactions: try store.transactions(accountID: account.id)).open
+            PositionBook.merge(open, into: &positions)
+            for position in open { holders[position.symbol, default: []].append(account.id) }
         }
         return (positions, holders)
     }
@@ -370,8 +363,7 @@ public actor PortfolioService: Service {
         for (symbol, range) in held {
             needs[symbol] = needs[symbol].map { min($0.lowerBound, range.lowerBound)...max($0.upperBound, range.upperBound) } ?? range
         }
-        var lookBack = first
-        for _ in 0..<CloseValuation.maxCloseAgeDays { lookBack = calendar.previous(lookBack) }
+        let lookBack = calendar.day(first, addingDays: -CloseValuation.maxCloseAgeDays)
         let closes = try store.closes(of: Set(held.keys), from: lookBack, through: last)
         let values = CloseValuation.values(
             transactions: transactions, days: calendar.days(from: first, through: last), closes: closes, coverage: coverage)
@@ -420,8 +412,7 @@ public actor PortfolioService: Service {
         for (index, item) in work.enumerated() {
             if Task.isCancelled { return }
             // From a week earlier: the first day may be a holiday, valued with the close before it.
-            var from = item.days.lowerBound
-            for _ in 0..<CloseValuation.maxCloseAgeDays { from = calendar.previous(from) }
+            let from = calendar.day(item.days.lowerBound, addingDays: -CloseValuation.maxCloseAgeDays)
             switch await rest.dailyBars(item.symbol, from: from, to: item.days.upperBound, priority: .bulk) {
             case .success(let bars):
                 let closes = bars.map { bar in

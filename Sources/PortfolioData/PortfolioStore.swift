@@ -189,7 +189,11 @@ public final class PortfolioStore: Sendable {
     }
 
     public func accounts() throws -> [Account] {
-        try pool.read { db in try Row.fetchAll(db, sql: "SELECT * FROM account ORDER BY id").map(Self.account) }
+        try pool.read { db in try Self.accounts(db) }
+    }
+
+    private static func accounts(_ db: Database) throws -> [Account] {
+        try Row.fetchAll(db, sql: "SELECT * FROM account ORDER BY id").map(account)
     }
 
     public func account(_ id: Int64) throws -> Account {
@@ -363,7 +367,7 @@ public final class PortfolioStore: Sendable {
         do {
             return try pool.write { db in
                 var accounts: [String: Account] = [:]
-                for account in try Row.fetchAll(db, sql: "SELECT * FROM account ORDER BY id").map(Self.account) where accounts[account.name] == nil {
+                for account in try Self.accounts(db) where accounts[account.name] == nil {
                     accounts[account.name] = account
                 }
                 var books: [Int64: BookCheck] = [:]
@@ -374,10 +378,10 @@ public final class PortfolioStore: Sendable {
                         if let existing = accounts[row.account] {
                             account = existing
                         } else {
-                            let first = rows.filter { $0.account == row.account }.map(\.transaction.date).min() ?? row.transaction.date
+                            // Rows are taken in date order: an account's first row is its earliest.
                             account = try Self.insertAccount(
-                                db, name: row.account, kind: .brokerage, currency: currency, createdAt: calendar.startOfDay(first),
-                                allowNegativeCash: false)
+                                db, name: row.account, kind: .brokerage, currency: currency,
+                                createdAt: calendar.startOfDay(row.transaction.date), allowNegativeCash: false)
                             accounts[row.account] = account
                         }
                         // Taken out of the table while it grows: a copy left in it would make every insert copy the list.

@@ -86,14 +86,10 @@ public enum TransactionImport {
             return try store.importTransactions(input, newAccounts: currency, calendar: calendar, progress: progress)
         } catch {
             guard let index = error.index else { throw error.error }
-            switch error.error {
-            case let refused as PortfolioStore.ValidationError:
-                throw LineError(line: rows[index].line, field: refused.field, message: refused.message)
-            case let refused as PortfolioStore.ConflictError:
-                throw LineError(line: rows[index].line, field: refused.field, message: refused.message)
-            default:
+            guard let refused = error.error as? any FieldRefusal else {
                 throw LineError(line: rows[index].line, field: "line", message: "\(error.error)")
             }
+            throw LineError(line: rows[index].line, field: refused.field, message: refused.message)
         }
     }
 }

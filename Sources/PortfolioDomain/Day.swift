@@ -78,16 +78,14 @@ public struct DayCalendar: Sendable {
     }
 
     /// The day after (calendar arithmetic, so 23- and 25-hour DST days count as one day).
-    public func next(_ day: Day) -> Day {
-        let date = startOfDay(day)
-        let following = calendar.date(byAdding: .day, value: 1, to: date) ?? date.addingTimeInterval(86_400)
-        return self.day(of: following)
-    }
+    public func next(_ day: Day) -> Day { self.day(day, addingDays: 1) }
 
-    public func previous(_ day: Day) -> Day {
+    public func previous(_ day: Day) -> Day { self.day(day, addingDays: -1) }
+
+    /// The day `days` later (earlier when negative), counted in calendar days.
+    public func day(_ day: Day, addingDays days: Int) -> Day {
         let date = startOfDay(day)
-        let preceding = calendar.date(byAdding: .day, value: -1, to: date) ?? date.addingTimeInterval(-86_400)
-        return self.day(of: preceding)
+        return self.day(of: calendar.date(byAdding: .day, value: days, to: date) ?? date.addingTimeInterval(Double(days) * 86_400))
     }
 
     /// The same date `years` later (earlier when negative); 29 February becomes 28 February.

@@ -134,6 +134,14 @@ public struct PositionBook: Sendable, Equatable {
         }
     }
 
+    /// Adds positions of several accounts together by symbol: their lots side by side (all a valuation
+    /// across accounts uses).
+    public static func merge(_ positions: [Position], into merged: inout [String: Position]) {
+        for position in positions {
+            merged[position.symbol, default: Position(symbol: position.symbol)].lots += position.lots
+        }
+    }
+
     /// Positions with shares held, by symbol.
     public var open: [Position] {
         positions.values.filter { $0.quantity > 0 }.sorted { $0.symbol < $1.symbol }

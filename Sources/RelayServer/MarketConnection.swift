@@ -9,8 +9,9 @@ import PolygonWire
 ///
 /// An actor whose executor is its channel's event loop, so its state and its handler live on that loop:
 /// a client message is handled synchronously as NIO reads it (no reading task). No task waits on the
-/// client's hub stream either: its loop's ``LoopDrain`` reads it when the hub says it queued something. Hub calls (`subscribe`, `add`, `remove`) run one after another in a short-lived task, in
-/// the order the client asked.
+/// client's hub stream either: its loop's ``LoopDrain`` reads it when the hub says it queued something.
+/// Hub calls (`subscribe`, `add`, `remove`) run one after another in a short-lived task, in the order
+/// the client asked.
 ///
 /// Acknowledgements are written before the hub is asked to add a topic, so a client never sees an
 /// event before the ack of its subscription.
