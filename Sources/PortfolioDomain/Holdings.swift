@@ -18,7 +18,7 @@ public enum AssetType: String, Sendable, Codable, CaseIterable, Comparable {
 }
 
 /// One held security across the accounts asked for: the valuation's row, plus what lists need.
-public struct Holding: Sendable, Equatable {
+public struct Holding: Sendable, Equatable, Encodable {
     public var valuation: PositionValuation
     public var assetType: AssetType
     /// The accounts holding it, by id.
@@ -27,6 +27,17 @@ public struct Holding: Sendable, Equatable {
     public var weight: Decimal?
 
     public var symbol: String { valuation.symbol }
+
+    enum CodingKeys: String, CodingKey { case assetType, accounts, weight }
+
+    /// The valuation's row with the list's fields beside it, in one object.
+    public func encode(to encoder: any Encoder) throws {
+        try valuation.encode(to: encoder)
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(assetType, forKey: .assetType)
+        try c.encode(accounts, forKey: .accounts)
+        try c.encodeIfPresent(weight, forKey: .weight)
+    }
 
     public init(valuation: PositionValuation, assetType: AssetType, accounts: [Int64], weight: Decimal?) {
         self.valuation = valuation
@@ -41,15 +52,15 @@ public struct Holding: Sendable, Equatable {
 ///
 /// Each distinct list is a *view* with an id (``viewID``) that encodes the query itself, so a view
 /// survives a restart of the relay and never needs to be registered first.
-public struct HoldingsQuery: Sendable, Hashable {
-    public enum Field: String, Sendable, CaseIterable {
+public struct HoldingsQuery: Sendable, Hashable, Encodable {
+    public enum Field: String, Sendable, CaseIterable, Encodable {
         case symbol, assetType, quantity, price, marketValue, costBasis, unrealizedPnL, unrealizedPnLPercent, dayChange, weight
 
         /// Text fields sort A→Z by default, numbers largest first.
         var defaultOrder: Order { self == .symbol || self == .assetType ? .asc : .desc }
     }
 
-    public enum Order: String, Sendable, CaseIterable {
+    public enum Order: String, Sendable, CaseIterable, Encodable {
         case asc, desc
     }
 
@@ -71,6 +82,18 @@ public struct HoldingsQuery: Sendable, Hashable {
         self.filter = trimmed?.isEmpty ?? true ? nil : trimmed
         self.assetTypes = assetTypes
         self.accounts = accounts
+    }
+
+    enum CodingKeys: String, CodingKey { case sort, order, filter, assetTypes, accounts }
+
+    /// The sets in order, so a view's JSON is the same each time.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(sort, forKey: .sort)
+        try c.encode(order, forKey: .order)
+        try c.encodeIfPresent(filter, forKey: .filter)
+        try c.encode(assetTypes.sorted(), forKey: .assetTypes)
+        try c.encode(accounts.sorted(), forKey: .accounts)
     }
 
     /// From query parameters `sort`, `order`, `filter`, `assetType` and `account` (the last two

@@ -63,7 +63,7 @@ extension RawRepresentable where Self: CaseIterable, RawValue == String {
 /// `deposit`, `withdrawal`: `amount` of cash in or out (no symbol, quantity or price).
 /// Every kind moves the account's cash: a buy takes `quantity × price + fees`, a sell and a dividend
 /// bring `quantity × price − fees`, a fee takes `fees`.
-public struct Transaction: Codable, Sendable, Equatable {
+public struct Transaction: Encodable, Sendable, Equatable {
     public var id: Int64
     public var accountID: Int64
     public var date: Day
@@ -99,6 +99,25 @@ public struct Transaction: Codable, Sendable, Equatable {
         case .withdrawal: -(amount + fees)
         }
     }
+
+    enum CodingKeys: String, CodingKey {
+        case id, accountID, date, kind, symbol, quantity, price, fees, amount, cashChange
+    }
+
+    /// The stored fields and `cashChange`.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(id, forKey: .id)
+        try c.encode(accountID, forKey: .accountID)
+        try c.encode(date, forKey: .date)
+        try c.encode(kind, forKey: .kind)
+        try c.encode(symbol, forKey: .symbol)
+        try c.encode(quantity, forKey: .quantity)
+        try c.encode(price, forKey: .price)
+        try c.encode(fees, forKey: .fees)
+        try c.encode(amount, forKey: .amount)
+        try c.encode(cashChange, forKey: .cashChange)
+    }
 }
 
 /// A savings-type account's value, entered at a moment.
@@ -131,7 +150,7 @@ public enum SnapshotSource: String, Codable, Sendable {
 }
 
 /// One account's value on one day.
-public struct AccountSnapshot: Codable, Sendable, Equatable {
+public struct AccountSnapshot: Encodable, Sendable, Equatable {
     public var accountID: Int64
     public var day: Day
     /// Everything: positions and cash.
@@ -155,6 +174,20 @@ public struct AccountSnapshot: Codable, Sendable, Equatable {
         self.source = source
         self.unpriced = unpriced
     }
+
+    enum CodingKeys: String, CodingKey { case accountID, day, value, cash, partial, source, unpriced }
+
+    /// `unpriced` only when some symbol was.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(accountID, forKey: .accountID)
+        try c.encode(day, forKey: .day)
+        try c.encode(value, forKey: .value)
+        try c.encodeIfPresent(cash, forKey: .cash)
+        try c.encode(partial, forKey: .partial)
+        try c.encode(source, forKey: .source)
+        if !unpriced.isEmpty { try c.encode(unpriced, forKey: .unpriced) }
+    }
 }
 
 /// The portfolio's total on one day: the accounts active that day.
@@ -164,6 +197,11 @@ public struct PortfolioSnapshot: Codable, Sendable, Equatable {
     /// The brokerage accounts' cash in `total`.
     public var cash: Decimal
     public var partial: Bool
+
+    /// On the wire the total is `value`, as an account's day is.
+    enum CodingKeys: String, CodingKey {
+        case day, total = "value", cash, partial
+    }
 
     public init(day: Day, total: Decimal, cash: Decimal = 0, partial: Bool) {
         self.day = day

@@ -125,14 +125,14 @@ public struct PortfolioRoutes: Sendable {
                     name: new.name, kind: new.kind, currency: new.currency ?? "USD", createdAt: new.createdAt ?? .now,
                     allowNegativeCash: new.allowNegativeCash ?? false)
                 try await service.backfill()
-                return Self.json(PortfolioJSON.AccountOut(account), status: .created)
+                return Self.json(account, status: .created)
             }
         }
         router.get("/v1/accounts") { _, _ in
-            await Self.answer { Self.json(try store.accounts().map(PortfolioJSON.AccountOut.init)) }
+            await Self.answer { Self.json(try store.accounts()) }
         }
         router.get("/v1/accounts/:id") { _, context in
-            await Self.answer { Self.json(PortfolioJSON.AccountOut(try store.account(try Self.id(context)))) }
+            await Self.answer { Self.json(try store.account(try Self.id(context))) }
         }
         router.post("/v1/accounts/:id/close") { request, context in
             await Self.answer {
@@ -141,7 +141,7 @@ public struct PortfolioRoutes: Sendable {
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
                 try await service.backfill()
-                return Self.json(PortfolioJSON.AccountOut(account))
+                return Self.json(account)
             }
         }
         router.delete("/v1/accounts/:id") { _, context in
@@ -164,14 +164,14 @@ public struct PortfolioRoutes: Sendable {
                     calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
-                return Self.json(PortfolioJSON.TransactionOut(transaction), status: .created)
+                return Self.json(transaction, status: .created)
             }
         }
         router.get("/v1/accounts/:id/transactions") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
                 _ = try store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try store.transactions(accountID: id).map { PortfolioJSON.TransactionOut($0) })
+                return Self.json(try store.transactions(accountID: id))
             }
         }
         router.post("/v1/accounts/:id/updates") { request, context in
@@ -179,24 +179,24 @@ public struct PortfolioRoutes: Sendable {
                 let new = try await Self.body(PortfolioJSON.NewUpdate.self, request)
                 let update = try store.addUpdate(accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value)
                 try await service.backfill()
-                return Self.json(PortfolioJSON.UpdateOut(update), status: .created)
+                return Self.json(update, status: .created)
             }
         }
         router.get("/v1/accounts/:id/updates") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
                 _ = try store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try store.updates(accountID: id).map(PortfolioJSON.UpdateOut.init))
+                return Self.json(try store.updates(accountID: id))
             }
         }
         router.get("/v1/portfolio") { _, _ in
-            await Self.answer { Self.json(PortfolioJSON.ValuationOut(try await service.valuation())) }
+            await Self.answer { Self.json(try await service.valuation()) }
         }
         router.get("/v1/accounts/:id/valuation") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
                 _ = try store.account(id)
-                return Self.json(PortfolioJSON.ValuationOut(try await service.valuation(accountID: id)))
+                return Self.json(try await service.valuation(accountID: id))
             }
         }
         router.get("/v1/accounts/:id/history") { request, context in
@@ -205,7 +205,7 @@ public struct PortfolioRoutes: Sendable {
                 let today = service.calendar.day(of: .now)
                 let (from, to) = try Self.range(request, default: service.calendar.day(of: account.createdAt), today)
                 return Self.json(
-                    try store.accountSnapshots(accountID: account.id, from: from, through: to).map(PortfolioJSON.SnapshotOut.init))
+                    try store.accountSnapshots(accountID: account.id, from: from, through: to))
             }
         }
         router.get("/v1/portfolio/history") { request, _ in
@@ -213,7 +213,7 @@ public struct PortfolioRoutes: Sendable {
                 let today = service.calendar.day(of: .now)
                 let start = try store.accounts().map { service.calendar.day(of: $0.createdAt) }.min() ?? today
                 let (from, to) = try Self.range(request, default: start, today)
-                return Self.json(try store.portfolioSnapshots(from: from, through: to).map(PortfolioJSON.SnapshotOut.init))
+                return Self.json(try store.portfolioSnapshots(from: from, through: to))
             }
         }
     }
@@ -233,7 +233,7 @@ public struct PortfolioRoutes: Sendable {
                 let view = try await Self.asClient(request, context, browser, connection) { client in
                     try await browser.holdings(query, client: client)
                 }
-                return Self.json(PortfolioJSON.HoldingsOut(view))
+                return Self.json(view)
             }
         }
         router.get("/v1/securities/:symbol") { request, context in
@@ -247,7 +247,7 @@ public struct PortfolioRoutes: Sendable {
                 let answer = try await Self.asClient(request, context, browser, connection) { client in
                     try await browser.detail(symbol, view: view, client: client)
                 }
-                return Self.json(PortfolioJSON.SecurityOut(answer))
+                return Self.json(answer)
             }
         }
     }
@@ -279,7 +279,7 @@ public struct PortfolioRoutes: Sendable {
         let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingNewest(1))
         let task = Task {
             for await valuation in updates {
-                guard let data = try? PortfolioJSON.encoder.encode(PortfolioJSON.ValuationOut(valuation)) else { continue }
+                guard let data = try? PortfolioJSON.encoder.encode(valuation) else { continue }
                 continuation.yield(ByteBuffer(bytes: data))
             }
             continuation.finish()

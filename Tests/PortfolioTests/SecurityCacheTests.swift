@@ -52,6 +52,24 @@ final class LoadRecorder: Sendable {
         finished.withLock { $0.append(symbol) }
         return "detail of \(symbol)"
     }
+
+    private let releases = AsyncStream<Void>.makeStream()
+
+    /// A load that finishes only when the test says so (`release()`), or is cancelled: for tests whose
+    /// point is what happens while a load is under way, however slowly the machine runs them.
+    func heldLoad(_ symbol: String) async -> String {
+        started.withLock { $0.append(symbol) }
+        var iterator = releases.stream.makeAsyncIterator()
+        _ = await iterator.next()
+        if Task.isCancelled {
+            cancelled.withLock { $0.append(symbol) }
+            return "cancelled"
+        }
+        finished.withLock { $0.append(symbol) }
+        return "detail of \(symbol)"
+    }
+
+    func release() { releases.continuation.yield() }
 }
 
 @Suite("Security cache and prefetching")
@@ -162,7 +180,9 @@ struct SecurityCacheTests {
 
     @Test func aCancelledPrefetchDoesNotCancelALoadSomeoneIsWaitingFor() async throws {
         let recorder = LoadRecorder()
-        let cache = cache(recorder, duration: .milliseconds(300))
+        let cache = SecurityCache<String>(capacity: 10, isComplete: { $0.hasPrefix("detail") }) { symbol in
+            await recorder.heldLoad(symbol)
+        }
         let prefetch = PrefetchCoordinator(cache: cache)
         await prefetch.viewed(order: ["A", "B"], index: 0)  // prefetches B
         try await waitUntil { recorder.started.withLock { $0 } == ["B"] }
@@ -171,6 +191,7 @@ struct SecurityCacheTests {
         while await cache.counters.joined == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
         #expect(await cache.counters.joined == 1, "the request joined the prefetch's load")
         await prefetch.cancelAll()
+        recorder.release()  // the load ends only now, so the request cannot have found it cached
         let (detail, outcome) = await request
         #expect(outcome == .joined)
         #expect(detail == "detail of B", "the request still got the whole detail")

@@ -54,25 +54,61 @@ public actor SecurityBrowser {
     }
 
     /// A list as a client sees it.
-    public struct HoldingsView: Sendable {
+    public struct HoldingsView: Sendable, Encodable {
         public var id: String
         public var query: HoldingsQuery
         public var holdings: [Holding]
+
+        enum CodingKeys: String, CodingKey { case view, asOf, count, holdings }
+        enum ViewKeys: String, CodingKey { case id }
+        enum RowKeys: String, CodingKey { case position }
+
+        /// `{"view":{"id":…, the query…},"asOf":…,"count":…,"holdings":[…]}`; each holding carries its
+        /// `position` in the list.
+        public func encode(to encoder: any Encoder) throws {
+            var c = encoder.container(keyedBy: CodingKeys.self)
+            let view = c.superEncoder(forKey: .view)
+            try query.encode(to: view)
+            var viewKeys = view.container(keyedBy: ViewKeys.self)
+            try viewKeys.encode(id, forKey: .id)
+            try c.encode(Date.now, forKey: .asOf)
+            try c.encode(holdings.count, forKey: .count)
+            var rows = c.nestedUnkeyedContainer(forKey: .holdings)
+            for (position, holding) in holdings.enumerated() {
+                let row = rows.superEncoder()
+                try holding.encode(to: row)
+                var rowKeys = row.container(keyedBy: RowKeys.self)
+                try rowKeys.encode(position, forKey: .position)
+            }
+        }
     }
 
     /// Where a security sits in a view.
-    public struct ViewPosition: Sendable, Equatable {
+    public struct ViewPosition: Sendable, Equatable, Encodable {
         public var id: String
         public var index: Int
         public var count: Int
         public var previous: String?
         public var next: String?
+
+        enum CodingKeys: String, CodingKey { case id, index = "position", count, previous, next }
     }
 
-    public struct DetailAnswer: Sendable {
+    public struct DetailAnswer: Sendable, Encodable {
         public var detail: SecurityDetail
         public var outcome: SecurityCache<SecurityDetail>.Outcome
         public var view: ViewPosition?
+
+        enum CodingKeys: String, CodingKey { case cache, view }
+
+        /// The detail with `cache` (`hit`, `miss`, `joined`: a prefetch was under way) and its place in
+        /// the view.
+        public func encode(to encoder: any Encoder) throws {
+            try detail.encode(to: encoder)
+            var c = encoder.container(keyedBy: CodingKeys.self)
+            try c.encode(outcome, forKey: .cache)
+            try c.encodeIfPresent(view, forKey: .view)
+        }
     }
 
     /// The holdings `query` selects, in its order; the view is kept, and the client's first security

@@ -16,8 +16,25 @@ public enum DetailGroup<Value: Sendable>: Sendable {
     }
 }
 
+/// `{"status":"loaded","data":…}` or `{"status":"failed","error":…}`.
+extension DetailGroup: Encodable where Value: Encodable {
+    enum CodingKeys: String, CodingKey { case status, data, error }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        switch self {
+        case .loaded(let value):
+            try c.encode("loaded", forKey: .status)
+            try c.encode(value, forKey: .data)
+        case .failed(let reason):
+            try c.encode("failed", forKey: .status)
+            try c.encode(reason, forKey: .error)
+        }
+    }
+}
+
 /// What a client sees of one security: four groups, each loaded on its own.
-public struct SecurityDetail: Sendable {
+public struct SecurityDetail: Sendable, Encodable {
     public var symbol: String
     public var details: DetailGroup<Details>
     public var priceHistory: DetailGroup<PriceHistory>
@@ -31,8 +48,22 @@ public struct SecurityDetail: Sendable {
         details.isLoaded && priceHistory.isLoaded && transactions.isLoaded && taxLots.isLoaded
     }
 
+    enum CodingKeys: String, CodingKey { case symbol, assetType, complete, loadedAt, details, priceHistory, transactions, taxLots }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(symbol, forKey: .symbol)
+        try c.encode(AssetType(ticker: symbol), forKey: .assetType)
+        try c.encode(isComplete, forKey: .complete)
+        try c.encode(loadedAt, forKey: .loadedAt)
+        try c.encode(details, forKey: .details)
+        try c.encode(priceHistory, forKey: .priceHistory)
+        try c.encode(transactions, forKey: .transactions)
+        try c.encode(taxLots, forKey: .taxLots)
+    }
+
     /// Last trade and quote, and the market's status.
-    public struct Details: Sendable, Equatable {
+    public struct Details: Sendable, Equatable, Encodable {
         public var lastTrade: Trade?
         public var lastQuote: Quote?
         public var marketStatus: PolygonREST.MarketStatus?
@@ -45,14 +76,14 @@ public struct SecurityDetail: Sendable {
         case rest
     }
 
-    public struct Trade: Sendable, Equatable {
+    public struct Trade: Sendable, Equatable, Encodable {
         public var price: Decimal
         public var size: Decimal?
         public var at: Date
         public var source: Source
     }
 
-    public struct Quote: Sendable, Equatable {
+    public struct Quote: Sendable, Equatable, Encodable {
         public var bid: Decimal
         public var bidSize: Decimal?
         public var ask: Decimal
@@ -62,25 +93,39 @@ public struct SecurityDetail: Sendable {
     }
 
     /// Daily bars over the past year and their average true range.
-    public struct PriceHistory: Sendable, Equatable {
+    public struct PriceHistory: Sendable, Equatable, Encodable {
         public var from: Day
         public var to: Day
         public var bars: [HistoryBar]
         /// Wilder's ATR over `atrPeriod` bars, as of the last bar; `nil` with too few bars.
         public var atr: Decimal?
         public static let atrPeriod = 14
+
+        enum CodingKeys: String, CodingKey { case from, to, bars, atr, atrPeriod }
+
+        public func encode(to encoder: any Encoder) throws {
+            var c = encoder.container(keyedBy: CodingKeys.self)
+            try c.encode(from, forKey: .from)
+            try c.encode(to, forKey: .to)
+            try c.encode(bars, forKey: .bars)
+            try c.encodeIfPresent(atr, forKey: .atr)
+            try c.encode(Self.atrPeriod, forKey: .atrPeriod)
+        }
     }
 
-    public struct HistoryBar: Sendable, Equatable {
+    public struct HistoryBar: Sendable, Equatable, Encodable {
         public var day: Day
         public var open, high, low, close: Decimal
         public var volume: Decimal
         /// The ATR as of this bar (from the `atrPeriod`-th bar on).
         public var atr: Decimal?
+
+        /// On the wire the day is `date`, as a transaction's.
+        enum CodingKeys: String, CodingKey { case day = "date", open, high, low, close, volume, atr }
     }
 
     /// The open FIFO lots of every active brokerage account.
-    public struct TaxLots: Sendable, Equatable {
+    public struct TaxLots: Sendable, Equatable, Encodable {
         public var lots: [TaxLot]
         public var sharesAvailable: Decimal
         public var costBasis: Decimal
@@ -88,7 +133,7 @@ public struct SecurityDetail: Sendable {
         public var averageCost: Decimal?
     }
 
-    public struct TaxLot: Sendable, Equatable {
+    public struct TaxLot: Sendable, Equatable, Encodable {
         public var accountID: Int64
         public var accountName: String
         public var acquired: Day
@@ -101,9 +146,18 @@ public struct SecurityDetail: Sendable {
 }
 
 /// A transaction of one symbol, with its account's name.
-public struct SymbolTransaction: Sendable, Equatable {
+public struct SymbolTransaction: Sendable, Equatable, Encodable {
     public var transaction: Transaction
     public var accountName: String
+
+    enum CodingKeys: String, CodingKey { case accountName }
+
+    /// The transaction with its account's name beside its fields.
+    public func encode(to encoder: any Encoder) throws {
+        try transaction.encode(to: encoder)
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(accountName, forKey: .accountName)
+    }
 }
 
 /// Average true range, Wilder's smoothing: the first value is the mean of the first `period` true
