@@ -57,6 +57,12 @@ let package = Package(
             swiftSettings: strict
         ),
         .target(
+            name: "Dashboard",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            resources: [.embedInCode("Assets")],
+            swiftSettings: strict
+        ),
+        .target(
             name: "AsyncSupport",
             swiftSettings: strict
         ),
@@ -88,7 +94,7 @@ let package = Package(
         .target(
             name: "RelayServer",
             dependencies: [
-                "PolygonWire", "MarketDataHub", "AsyncSupport",
+                "PolygonWire", "MarketDataHub", "AsyncSupport", "Dashboard",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),

@@ -307,6 +307,7 @@ public actor MarketDataHub {
             let lost = batch.count - room
             batch.removeLast(lost)
             subscriber.dropped += lost
+            droppedTotal += lost
             switch policy {
             case .drop:
                 droppedFull.increment(by: lost)
@@ -335,6 +336,7 @@ public actor MarketDataHub {
         case .dropped:
             // The stream's own bound (1,000 elements) is a backstop; the event bound comes first.
             subscriber.dropped += batch.count
+            droppedTotal += batch.count
             droppedFull.increment(by: batch.count)
         case .terminated:
             break
@@ -478,6 +480,9 @@ public actor MarketDataHub {
 
     /// Events published since start.
     public var publishedCount: Int { published }
+
+    /// Events dropped since start for subscribers that did not keep up (full buffers and evictions).
+    public private(set) var droppedTotal = 0
 
     /// Buffer use across subscribers: the fullest buffer (events queued and not yet read) and how many
     /// subscribers are lagging (have lost events not yet reported to them).

@@ -213,6 +213,8 @@ public final class Relay: Service, Sendable {
                 configuration.limits.eventTypes = SessionLimits.eventTypes(ofMarket: source.market)
                 configuration.tls = settings.tls
                 configuration.connectionLimits = settings.connectionLimits
+                configuration.portfolio = routes != nil
+                configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
                 return configuration
             }(),
             hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),

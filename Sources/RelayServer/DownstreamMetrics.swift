@@ -14,6 +14,8 @@ struct DownstreamMetrics: Sendable {
     let deliveryLatency: Timer
     /// The fullest subscriber buffer (events), set when `/metrics` is read.
     let maxBufferFill: Gauge
+    /// The same deliveries and latencies, readable (for `/v1/status`).
+    let tally = DeliveryTally()
 
     init(factory: any MetricsFactory) {
         delivered = Counter(label: "relay_events_delivered_total", factory: factory)

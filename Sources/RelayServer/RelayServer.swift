@@ -1,4 +1,5 @@
 import AsyncSupport
+import Dashboard
 import Foundation
 import Hummingbird
 import HummingbirdCore
@@ -31,6 +32,8 @@ public final class RelayServer: Service, Sendable {
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
     private let drains: LoopDrains
+    private let statusBoard: StatusBoard
+    let dashboard: Dashboard
 
     /// - Parameters:
     ///   - registry: the Prometheus registry `/metrics` serves; the hub and upstream should record into
@@ -61,6 +64,8 @@ public final class RelayServer: Service, Sendable {
         self.drains = LoopDrains(metrics: metrics)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
+        self.statusBoard = StatusBoard(hub: hub, feed: feed, sessions: sessions, tally: metrics.tally)
+        self.dashboard = Dashboard(directory: configuration.dashboardDirectory)
     }
 
     /// The port the server listens on, once it does.
@@ -83,6 +88,9 @@ public final class RelayServer: Service, Sendable {
         let applicationGroup = ServiceGroup(
             configuration: .init(services: [.init(service: application)], logger: logger))
         let running = Task.detached { try await applicationGroup.run() }
+        let statusBoard = self.statusBoard
+        let sampling = Task { await statusBoard.run() }
+        defer { sampling.cancel() }
         let sessions = self.sessions
         let logger = self.logger
         do {
@@ -219,9 +227,21 @@ public final class RelayServer: Service, Sendable {
         // a check per route. The market WebSocket authenticates in the Polygon conversation instead.
         let router = Router(context: RelayRequestContext.self)
         router.get("/healthz") { _, _ in try await self.health() }
+        addDashboard(to: router)
         let authentication = configuration.authentication
         let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication))
         (configuration.metricsPublic ? router.group() : keyed).get("/metrics") { _, _ in await self.prometheusText() }
+        keyed.get("/v1/status") { request, _ in
+            let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
+            let viewer: StatusBoard.Status.Viewer
+            switch authentication {
+            case .keys: viewer = .init(keysRequired: true, key: key?.name, portfolio: (key?.portfolio ?? .none).rawValue)
+            default: viewer = .init(keysRequired: false, key: nil, portfolio: ClientKey.PortfolioRight.write.rawValue)
+            }
+            let status = await self.statusBoard.status(
+                market: self.configuration.market, portfolio: self.configuration.portfolio, viewer: viewer)
+            return try Self.json(status, status: .ok, dates: true)
+        }
         keyed.get("/v1/last/**") { request, context in
             // The key's topics hold here as on the WebSocket.
             let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
@@ -300,9 +320,10 @@ public final class RelayServer: Service, Sendable {
         return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: event.bytes))
     }
 
-    static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {
+    static func json(_ value: some Encodable, status: HTTPResponse.Status, dates: Bool = false) throws -> Response {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
+        if dates { encoder.dateEncodingStrategy = .iso8601 }
         let data = try encoder.encode(value)
         return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }

@@ -14,6 +14,11 @@ public struct RelayServerConfiguration: Sendable {
     public var maxClientMessageBytes: Int
     /// Serve `/metrics` without a client key (for a Prometheus that cannot send one).
     public var metricsPublic: Bool = false
+    /// Whether the portfolio's routes are served (the dashboard shows its pages only then).
+    public var portfolio: Bool = false
+    /// Serve the dashboard's files from this directory instead of the embedded ones (working on the
+    /// page: edit, reload). `RELAY_DASHBOARD_DIR`.
+    public var dashboardDirectory: String?
     /// What one downstream connection may ask for.
     public var limits = SessionLimits()
     /// Market WebSocket connections in all and per remote address, and failed authentications per

@@ -22,6 +22,7 @@ struct ClientKeyTests {
         ("DELETE", "/v1/accounts/1", nil),
         ("POST", "/v1/accounts/1/transactions", #"{"date":"2024-01-02","kind":"buy","symbol":"AAPL","quantity":"1","price":"1"}"#),
         ("GET", "/v1/securities/AAPL", nil),
+        ("GET", "/v1/status", nil),
     ]
 
     func withKeyedRelay(metricsPublic: Bool = false, _ body: @Sendable (String) async throws -> Void) async throws {

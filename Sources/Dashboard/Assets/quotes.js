@@ -1,0 +1,185 @@
+// Live quotes and trades through the relay's own Polygon WebSocket, as any client sees them: auth,
+// subscribe, events. Changed values flash; the relay's notices (lagging, upstream gaps) are banners.
+import { key, socketURL, el, decimal, time } from "./api.js";
+
+const SAVED = "relay.quotes";
+
+function parseSymbols(text) {
+  return [...new Set(text.split(/[\s,]+/).map((s) => s.trim().toUpperCase()).filter(Boolean))].slice(0, 50);
+}
+
+export function mount(main, context) {
+  const market = context.status.market;
+  let symbols = parseSymbols(sessionStorage.getItem(SAVED) || "AAPL, MSFT, NVDA");
+  const input = el("input", { id: "symbols", name: "symbols", value: symbols.join(", "), autocomplete: "off", "aria-describedby": "symbols-help symbols-error" });
+  const error = el("p", { class: "field-error", id: "symbols-error" });
+  const connection = el("p", { class: "muted", id: "quotes-connection", role: "status", text: "Connecting…" });
+  const body = el("tbody");
+  const table = el(
+    "table",
+    { "aria-labelledby": "quotes-title" },
+    el(
+      "thead",
+      {},
+      el("tr", {}, ...["Symbol", "Bid", "Bid size", "Ask", "Ask size", "Last trade", "Trade size", "Time"].map((name, i) => el("th", { scope: "col", class: [2, 4, 6].includes(i) ? "hide-narrow" : null, text: name }))),
+    ),
+    body,
+  );
+  const form = el(
+    "form",
+    { class: "inline", novalidate: true },
+    el("div", { class: "field" }, el("label", { for: "symbols", text: "Symbols" }), input, el("span", { id: "symbols-help", class: "visually-hidden", text: "Tickers separated by commas, such as AAPL, MSFT" }), error),
+    el("button", { type: "submit", text: "Watch" }),
+  );
+  main.append(
+    el("h1", { text: "Live quotes" }),
+    el("section", { class: "panel" }, form, connection),
+    el("section", { class: "panel table-wrap", "aria-labelledby": "quotes-title" }, el("h2", { id: "quotes-title", text: "Quotes and trades" }), table),
+  );
+
+  const rows = new Map();
+  function row(symbol) {
+    let r = rows.get(symbol);
+    if (!r) {
+      const cells = {};
+      const tr = el("tr", { "data-symbol": symbol });
+      for (const name of ["sym", "bp", "bs", "ap", "as", "p", "s", "t"]) {
+        cells[name] = el(name === "sym" ? "th" : "td", { scope: name === "sym" ? "row" : null, class: ["bs", "as", "s"].includes(name) ? "hide-narrow" : null, text: name === "sym" ? symbol : "—" });
+        tr.append(cells[name]);
+      }
+      body.append(tr);
+      r = { tr, cells, values: {} };
+      rows.set(symbol, r);
+    }
+    return r;
+  }
+  function update(r, name, value, shown) {
+    if (value === undefined || value === null) return;
+    const before = r.values[name];
+    r.values[name] = value;
+    const cell = r.cells[name];
+    cell.textContent = shown;
+    if (before !== undefined && before !== value && typeof value === "number") {
+      cell.classList.remove("flash-up", "flash-down");
+      void cell.offsetWidth; // restart the animation
+      cell.classList.add(value > before ? "flash-up" : "flash-down");
+    }
+  }
+
+  let socket = null;
+  let stopped = false;
+  let retry = null;
+  let attempts = 0;
+
+  function connect() {
+    socket = new WebSocket(socketURL("/" + market));
+    connection.textContent = "Connecting…";
+    socket.onmessage = (message) => {
+      let events;
+      try {
+        events = JSON.parse(message.data);
+      } catch {
+        return;
+      }
+      for (const event of Array.isArray(events) ? events : [events]) handle(event);
+    };
+    socket.onclose = (event) => {
+      if (stopped) return;
+      connection.textContent = `Disconnected (${event.code}${event.reason ? ": " + event.reason : ""}); reconnecting…`;
+      attempts += 1;
+      retry = setTimeout(connect, Math.min(1000 * 2 ** attempts, 15000));
+    };
+  }
+
+  function send(message) {
+    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(message));
+  }
+
+  let subscribed = [];
+  function subscribe(next) {
+    const topics = (list) => list.flatMap((s) => [`Q.${s}`, `T.${s}`]).join(",");
+    if (subscribed.length) send({ action: "unsubscribe", params: topics(subscribed) });
+    if (next.length) send({ action: "subscribe", params: topics(next) });
+    subscribed = next;
+  }
+
+  function handle(event) {
+    if (event.ev === "status") {
+      switch (event.status) {
+        case "connected":
+          send({ action: "auth", params: key() || "dashboard" });
+          break;
+        case "auth_success":
+          attempts = 0;
+          connection.textContent = `Connected to /${market}`;
+          subscribe(symbols);
+          break;
+        case "auth_failed":
+          connection.textContent = "The relay did not accept the key.";
+          context.banner("quotes-auth", "The relay refused this key for the market feed.", "error");
+          break;
+        case "lagging":
+          context.banner("quotes-lagging", `The relay says this page is lagging: ${event.message}`);
+          break;
+        case "upstream_disconnected":
+          context.banner("quotes-upstream", `Upstream gap: ${event.message}`, "error");
+          break;
+        case "upstream_reconnected":
+          context.banner("quotes-upstream", `Upstream back: ${event.message}`);
+          break;
+        case "error":
+          error.textContent = event.message;
+          break;
+        default:
+          break;
+      }
+      return;
+    }
+    const symbol = event.sym || event.pair;
+    if (!symbol || !rows.has(symbol.toUpperCase())) return;
+    const r = row(symbol.toUpperCase());
+    if (event.ev === "Q" || event.ev === "XQ" || event.ev === "C") {
+      update(r, "bp", event.bp, decimal(String(event.bp)));
+      update(r, "bs", event.bs, String(event.bs ?? "—"));
+      update(r, "ap", event.ap, decimal(String(event.ap)));
+      update(r, "as", event.as, String(event.as ?? "—"));
+    } else if (event.ev === "T" || event.ev === "XT") {
+      update(r, "p", event.p, decimal(String(event.p)));
+      update(r, "s", event.s, String(event.s ?? "—"));
+    } else {
+      return;
+    }
+    if (event.t) r.cells.t.textContent = time(new Date(event.t).toISOString());
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = parseSymbols(input.value);
+    if (!next.length) {
+      error.textContent = "Enter at least one symbol, such as AAPL.";
+      input.setAttribute("aria-invalid", "true");
+      return;
+    }
+    error.textContent = "";
+    input.removeAttribute("aria-invalid");
+    sessionStorage.setItem(SAVED, next.join(", "));
+    for (const [symbol, r] of rows) {
+      if (!next.includes(symbol)) {
+        r.tr.remove();
+        rows.delete(symbol);
+      }
+    }
+    symbols = next;
+    symbols.forEach(row);
+    subscribe(next);
+  });
+
+  symbols.forEach(row);
+  connect();
+  return () => {
+    stopped = true;
+    clearTimeout(retry);
+    if (socket) socket.close(1000, "page left");
+    for (const id of ["quotes-lagging", "quotes-upstream", "quotes-auth"]) context.clearBanner(id);
+  };
+}
