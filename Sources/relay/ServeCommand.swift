@@ -146,6 +146,7 @@ struct ServeCommand: AsyncParsableCommand {
         var lines = [
             "relay is up\(demo ? " on the built-in demo feed" : "")",
             "  WebSocket  \(ws)://\(base)/\(market)   (Polygon protocol; client key: \(keyed ? "one of the configured keys" : "any, loopback only"))",
+            "  dashboard  \(http)://\(base)/",
             "  health     curl\(secure ? " --cacert YOUR-CA.pem" : "") \(http)://\(base)/healthz",
             "  last quote \(curl) \(http)://\(base)/v1/last/Q.AAPL",
             "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=\(secure ? "True" : "False"), subscriptions=[\"Q.AAPL\"])",
