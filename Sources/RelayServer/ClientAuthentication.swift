@@ -12,6 +12,11 @@ public enum ClientAuthentication: Sendable, Equatable {
     /// Any non-empty key is accepted, with every right: only allowed when the relay listens on loopback.
     case anyKeyOnLoopback
 
+    /// Whether a client must present one of the configured keys.
+    public var requiresKeys: Bool {
+        if case .keys = self { true } else { false }
+    }
+
     /// Why the relay refuses to start with this configuration.
     public struct RefusedError: Error, Sendable, CustomStringConvertible {
         public var host: String

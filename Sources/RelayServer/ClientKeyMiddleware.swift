@@ -25,7 +25,7 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        guard case .keys = authentication else { return try await next(request, context) }
+        guard authentication.requiresKeys else { return try await next(request, context) }
         guard let presented = Self.key(in: request), let key = authentication.identify(presented) else {
             var headers = HTTPFields()
             headers[.wwwAuthenticate] = #"Bearer realm="relay""#

@@ -8,7 +8,7 @@ extension RelayServer {
     /// for one and sends it with every call of the API, which checks it.
     func addDashboard(to router: Router<RelayRequestContext>) {
         let dashboard = self.dashboard
-        let keysRequired = if case .keys = configuration.authentication { true } else { false }
+        let keysRequired = configuration.authentication.requiresKeys
         router.get("/") { _, _ in
             guard let page = dashboard.page(keysRequired: keysRequired) else { return Response(status: .notFound) }
             return Self.asset(page, cache: "no-cache")

@@ -3,7 +3,8 @@ import Synchronization
 
 /// Deliveries and their latency as the relay can read them back (swift-metrics' counters and timers
 /// are write-only): the events written to clients and a histogram of delivery latency, for
-/// `/v1/status`. One lock per write, never an allocation. `Sendable` through its `Mutex`.
+/// `/v1/status`. One lock per write and one per drain turn, never an allocation. `Sendable` through
+/// its `Mutex`.
 final class DeliveryTally: Sendable {
     struct Counts: Sendable, Equatable {
         var delivered = 0
@@ -24,11 +25,15 @@ final class DeliveryTally: Sendable {
 
     static func upperBound(ofBucket index: Int) -> Double { 10e-6 * pow(2, Double(index) / 4) }
 
-    func record(delivered: Int, latencyNanoseconds: Int64?) {
-        counts.withLock { counts in
-            counts.delivered += delivered
-            if let latencyNanoseconds { counts.buckets[Self.bucket(ofNanoseconds: latencyNanoseconds)] += 1 }
-        }
+    /// Events written to clients in one drain turn.
+    func add(delivered: Int) {
+        counts.withLock { $0.delivered += delivered }
+    }
+
+    /// One write's delivery latency (its oldest event's).
+    func record(latencyNanoseconds: Int64) {
+        let bucket = Self.bucket(ofNanoseconds: latencyNanoseconds)
+        counts.withLock { $0.buckets[bucket] += 1 }
     }
 
     func read() -> Counts { counts.withLock { $0 } }

@@ -68,6 +68,7 @@ actor LoopDrain {
             taking.removeAll(keepingCapacity: true)
             if !writes.isEmpty {
                 metrics.delivered.increment(by: delivered)
+                metrics.tally.add(delivered: delivered)
                 let turn = writes
                 loop.execute { Self.write(turn) }
             }
@@ -97,18 +98,16 @@ actor LoopDrain {
         defer { if client.canTake { client.kick() } }
         if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
         var oldest = UInt64.max
-        let deliveredBefore = delivered
         for index in batch.indices where !batch[index].isNotice {
             delivered += 1
             let receivedAt = batch[index].receivedAt
             if receivedAt > 0, receivedAt < oldest { oldest = receivedAt }
         }
-        var latency: Int64?
         if oldest != .max {
-            latency = Int64(MonotonicClock.nanoseconds() &- oldest)
-            metrics.deliveryLatency.recordNanoseconds(latency ?? 0)
+            let latency = Int64(MonotonicClock.nanoseconds() &- oldest)
+            metrics.deliveryLatency.recordNanoseconds(latency)
+            metrics.tally.record(latencyNanoseconds: latency)
         }
-        metrics.tally.record(delivered: delivered - deliveredBefore, latencyNanoseconds: latency)
         metrics.writes.increment()
         return Write(handler: client.handler, frames: FrameEncoder.frames(for: batch))
     }

@@ -151,7 +151,7 @@ public final class RelayServer: Service, Sendable {
                     return .refuse(.notFound, "no WebSocket at \(path) (the market feed is at \(market))")
                 }
                 // The push streams take the client key the way the HTTP routes do.
-                if case .keys = authentication {
+                if authentication.requiresKeys {
                     let presented = ClientKeyMiddleware<RelayRequestContext>.key(
                         authorization: head.headers.first(name: "authorization"), uri: URI(head.uri))
                     guard let presented, let key = authentication.identify(presented) else {
@@ -233,14 +233,12 @@ public final class RelayServer: Service, Sendable {
         (configuration.metricsPublic ? router.group() : keyed).get("/metrics") { _, _ in await self.prometheusText() }
         keyed.get("/v1/status") { request, _ in
             let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
-            let viewer: StatusBoard.Status.Viewer
-            switch authentication {
-            case .keys: viewer = .init(keysRequired: true, key: key?.name, portfolio: (key?.portfolio ?? .none).rawValue)
-            default: viewer = .init(keysRequired: false, key: nil, portfolio: ClientKey.PortfolioRight.write.rawValue)
-            }
+            // Without keys everyone has every right.
+            let right = authentication.requiresKeys ? key?.portfolio ?? .none : .write
+            let viewer = StatusBoard.Status.Viewer(keysRequired: authentication.requiresKeys, key: key?.name, portfolio: right.rawValue)
             let status = await self.statusBoard.status(
                 market: self.configuration.market, portfolio: self.configuration.portfolio, viewer: viewer)
-            return try Self.json(status, status: .ok, dates: true)
+            return try Self.json(status, status: .ok)
         }
         keyed.get("/v1/last/**") { request, context in
             // The key's topics hold here as on the WebSocket.
@@ -320,10 +318,10 @@ public final class RelayServer: Service, Sendable {
         return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: event.bytes))
     }
 
-    static func json(_ value: some Encodable, status: HTTPResponse.Status, dates: Bool = false) throws -> Response {
+    static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        if dates { encoder.dateEncodingStrategy = .iso8601 }
+        encoder.dateEncodingStrategy = .iso8601
         let data = try encoder.encode(value)
         return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }

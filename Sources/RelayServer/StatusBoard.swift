@@ -11,9 +11,7 @@ actor StatusBoard {
         var published: Int
         var tally: DeliveryTally.Counts
         var connections: Int
-        var subscribers: Int
         var lagging: Int
-        var dropped: Int
     }
 
     /// A change of the upstream's state or the cluster role.
@@ -55,7 +53,7 @@ actor StatusBoard {
         note(upstream: report.upstream, cluster: report.cluster)
         let sample = Sample(
             at: .now, published: await hub.publishedCount, tally: tally.read(), connections: sessions.count,
-            subscribers: await hub.subscriberCount, lagging: await hub.bufferStatistics.lagging, dropped: await hub.droppedTotal)
+            lagging: await hub.bufferStatistics.lagging)
         samples.append(sample)
         if samples.count > Self.keptSeconds + 1 { samples.removeFirst(samples.count - Self.keptSeconds - 1) }
     }
