@@ -5,6 +5,15 @@ let strict: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny")
 ]
 
+/// The modules every delivered event passes through (codec, hub, downstream write path). Their release
+/// builds leave out the run-time exclusivity checks: the hot path touches class-held state (the hub's
+/// subscribers, NIO's buffers inlined here) for every event, and the checks cost more than the work
+/// (6.5% of the relay's CPU in the `fanout` scenario). The compile-time checks and strict concurrency
+/// stay; debug builds, and so the test suite, keep the run-time checks too.
+let hotPath: [SwiftSetting] = strict + [
+    .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))
+]
+
 let package = Package(
     name: "relay",
     platforms: [.macOS(.v15)],
@@ -69,7 +78,7 @@ let package = Package(
         .target(
             name: "PolygonWire",
             dependencies: [.product(name: "NIOCore", package: "swift-nio")],
-            swiftSettings: strict
+            swiftSettings: hotPath
         ),
         .target(
             name: "Upstream",
@@ -89,7 +98,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ],
-            swiftSettings: strict
+            swiftSettings: hotPath
         ),
         .target(
             name: "RelayServer",
@@ -108,7 +117,7 @@ let package = Package(
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),
             ],
-            swiftSettings: strict
+            swiftSettings: hotPath
         ),
         .target(
             name: "DemoFeed",
