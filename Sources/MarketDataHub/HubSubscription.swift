@@ -3,14 +3,14 @@ import PolygonWire
 /// What `MarketDataHub.subscribe(to:)` hands back: the subscriber's identity and its events.
 ///
 /// `Sendable`. Underneath is an `AsyncStream` created with `.bufferingOldest(1000)` whose elements are
-/// the subscriber's share of one upstream message (one `yield` per subscriber per message, not per
-/// event: the stream's generic machinery is the hub's main cost otherwise). The hub bounds each
+/// the subscriber's share of one upstream message (``HubDelivery``: one `yield` per subscriber per
+/// message, not per event, and no copy of the events: the message's events are shared). The hub bounds each
 /// subscriber to ``MarketDataHub/bufferLimit`` queued *events*: a subscriber that does not keep up loses
 /// the newest events, never anybody else's. Ending the iteration (or dropping the subscription) removes
 /// the subscriber from the hub. Relay notices (`ev` `status`) travel in the same stream, in order.
 public struct HubSubscription: Sendable {
     public let id: SubscriberID
-    let stream: AsyncStream<[MarketEvent]>
+    let stream: AsyncStream<HubDelivery>
     let queue: SubscriberQueue
 
     /// The events one by one. Use either this, or ``makeReader()``, once.
@@ -30,7 +30,7 @@ public struct HubSubscription: Sendable {
     /// The subscription's events as an `AsyncSequence` of single events.
     public struct Events: AsyncSequence, Sendable {
         public typealias Element = MarketEvent
-        let stream: AsyncStream<[MarketEvent]>
+        let stream: AsyncStream<HubDelivery>
         let queue: SubscriberQueue
 
         public func makeAsyncIterator() -> Iterator { Iterator(reader: Reader(iterator: stream.makeAsyncIterator(), queue: queue)) }
@@ -55,7 +55,7 @@ public struct HubSubscription: Sendable {
     /// Takes events in batches: waits for some, then takes whatever else is already queued without
     /// waiting. Not `Sendable`: it belongs to the one task that drains the subscription.
     public struct Reader {
-        var iterator: AsyncStream<[MarketEvent]>.AsyncIterator
+        var iterator: AsyncStream<HubDelivery>.AsyncIterator
         let queue: SubscriberQueue
 
         /// Everything queued, in order, once at least one event is; `nil` when the subscription has ended.
@@ -63,20 +63,34 @@ public struct HubSubscription: Sendable {
         /// Runs in the caller's isolation (`isolation`), so a reader on an actor is resumed on that
         /// actor's executor directly, without a stop on the global pool.
         public mutating func nextBatch(limit: Int = 8192, isolation: isolated (any Actor)? = #isolation) async -> [MarketEvent]? {
-            guard var batch = await iterator.next(isolation: isolation) else { return nil }
+            var deliveries: [HubDelivery] = []
+            guard await nextDeliveries(into: &deliveries, limit: limit) else { return nil }
+            var batch: [MarketEvent] = []
+            batch.reserveCapacity(deliveries.reduce(0) { $0 + $1.count })
+            for delivery in deliveries { delivery.append(to: &batch) }
+            return batch
+        }
+
+        /// Appends everything queued, in order, once at least one element is, to `deliveries` (the
+        /// events stay where the hub holds them); `false` when the subscription has ended. Stops once
+        /// `limit` events are taken. In the caller's isolation, like ``nextBatch(limit:isolation:)``.
+        public mutating func nextDeliveries(
+            into deliveries: inout [HubDelivery], limit: Int = 8192, isolation: isolated (any Actor)? = #isolation
+        ) async -> Bool {
+            guard let first = await iterator.next(isolation: isolation) else { return false }
+            deliveries.append(first)
+            var events = first.count
             var taken = 1
             let queued = queue.batches.load(ordering: .acquiring) - 1
-            var extra = 0
-            if queued > 0 { batch.reserveCapacity(Swift.min(queue.pending.load(ordering: .relaxed), limit)) }
             // These are already buffered (the hub counts after enqueueing), so `next()` does not wait.
-            while extra < queued, batch.count < limit, let more = await iterator.next(isolation: isolation) {
-                batch += more
-                extra += 1
+            while taken <= queued, events < limit, let more = await iterator.next(isolation: isolation) {
+                deliveries.append(more)
+                events += more.count
+                taken += 1
             }
-            taken += extra
             queue.batches.subtract(taken, ordering: .relaxed)
-            queue.pending.subtract(batch.count, ordering: .relaxed)
-            return batch
+            queue.pending.subtract(events, ordering: .relaxed)
+            return true
         }
     }
 }

@@ -14,8 +14,10 @@ import PolygonWire
 /// one leaves, and a ticker topic is left out while the wildcard of its event type is wanted (the
 /// wildcard already brings its events, and asking for both would make the upstream send them twice).
 ///
-/// The hot path (``publish(_:)``) costs one dictionary lookup per event plus one per wildcard type, an
-/// array append per matching subscriber, and one `yield` per subscriber per upstream message.
+/// The hot path (``publish(_:)``) costs one dictionary lookup per event plus one per wildcard type, a bit
+/// set per matching subscriber, and one `yield` per subscriber per upstream message (per 64 events of
+/// it): the message's events are held once and each subscriber's element names its share with a bit
+/// mask (``HubDelivery``), so nothing is copied per subscriber.
 public actor MarketDataHub {
     /// How many events a subscriber's stream holds before newer events are dropped for it.
     public static let bufferLimit = 1000
@@ -25,13 +27,12 @@ public actor MarketDataHub {
     /// One subscriber. A class so the hot path updates it in place; confined to the actor.
     private final class Subscriber {
         let id: SubscriberID
-        let continuation: AsyncStream<[MarketEvent]>.Continuation
+        let continuation: AsyncStream<HubDelivery>.Continuation
         let queue: SubscriberQueue
         var topics: Set<Topic> = []
-        /// Events matched during the current `publish`, yielded together at its end.
-        var staged: [MarketEvent] = []
-        /// The publish sequence number of the last event delivered (dedupes ticker + wildcard).
-        var lastSequence: UInt64 = 0
+        /// The events of the current window of a `publish` it gets (bit i: the window's event i). A bit
+        /// set twice (ticker and wildcard) is one delivery.
+        var mask: UInt64 = 0
         var dropped = 0
         /// Dropped since the last `lagging` notice.
         var lostSinceNotice = 0
@@ -44,7 +45,7 @@ public actor MarketDataHub {
         var untold = false
 
         init(
-            id: SubscriberID, continuation: AsyncStream<[MarketEvent]>.Continuation, queue: SubscriberQueue,
+            id: SubscriberID, continuation: AsyncStream<HubDelivery>.Continuation, queue: SubscriberQueue,
             whenQueued: (@Sendable () -> Void)?
         ) {
             self.id = id
@@ -67,7 +68,6 @@ public actor MarketDataHub {
     /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
     public let keepsUnwantedLastValues: Bool
     private var nextID: UInt64 = 1
-    private var sequence: UInt64 = 0
     private var subscribers: [SubscriberID: Subscriber] = [:]
     private var entries: [Topic: TopicEntry] = [:]
     /// Event type → subscribers of its wildcard.
@@ -133,7 +133,7 @@ public actor MarketDataHub {
         let id = SubscriberID(nextID)
         nextID += 1
         let (stream, continuation) = AsyncStream.makeStream(
-            of: [MarketEvent].self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
+            of: HubDelivery.self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
         continuation.onTermination = { [weak self] _ in
             guard let self else { return }
             Task { await self.remove(id) }
@@ -159,7 +159,7 @@ public actor MarketDataHub {
             let entry = entry(for: topic)
             entry.subscribers.append(subscriber)
             if snapshotOnSubscribe, let last = entry.last {
-                enqueue([last], to: subscriber)
+                enqueue(HubDelivery([last]), to: subscriber)
             }
         }
         tell(CollectionOfOne(subscriber))
@@ -228,7 +228,8 @@ public actor MarketDataHub {
     // MARK: publishing
 
     /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
-    /// topic. Never suspends. Each subscriber gets its matches as one stream element.
+    /// topic. Never suspends. Each subscriber gets its matches as one stream element per window of 64
+    /// events (one element for the usual upstream message).
     public func publish(_ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
         if let outage {
@@ -238,46 +239,44 @@ public actor MarketDataHub {
         lastEventAt = WallClock.nowMilliseconds()
         published += events.count
         publishedCounter.increment(by: events.count)
+        let shared = PublishedEvents(events)
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).
         touched.reserveCapacity(Swift.min(subscribers.count, 4096))
-        let stagedCapacity = Swift.min(events.count, 32)
-        for event in events {
-            sequence &+= 1
-            let topic = event.topic
-            let wild = wildcards[event.eventType]
-            // A cluster node may still receive a few events of a topic it just dropped: not kept.
-            if let entry = entries[topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: topic) : nil) {
-                // Its own bytes: a cached event must not keep its whole upstream message alive.
-                entry.last = event.compacted()
-                for subscriber in entry.subscribers {
-                    subscriber.lastSequence = sequence
-                    if subscriber.staged.isEmpty {
-                        touched.append(subscriber)
-                        subscriber.staged.reserveCapacity(stagedCapacity)
+        var base = 0
+        while base < events.count {
+            let end = Swift.min(base + 64, events.count)
+            for index in base..<end {
+                let bit: UInt64 = 1 << UInt64(index - base)
+                let event = events[index]
+                let wild = wildcards[event.eventType]
+                // A cluster node may still receive a few events of a topic it just dropped: not kept.
+                if let entry = entries[event.topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: event.topic) : nil) {
+                    // Its own bytes: a cached event must not keep its whole upstream message alive.
+                    entry.last = event.compacted()
+                    for subscriber in entry.subscribers {
+                        if subscriber.mask == 0 { touched.append(subscriber) }
+                        subscriber.mask |= bit
                     }
-                    subscriber.staged.append(event)
+                }
+                if let wild {
+                    for subscriber in wild {
+                        if subscriber.mask == 0 { touched.append(subscriber) }
+                        subscriber.mask |= bit
+                    }
                 }
             }
-            if let wild {
-                for subscriber in wild where subscriber.lastSequence != sequence {
-                    subscriber.lastSequence = sequence
-                    if subscriber.staged.isEmpty {
-                        touched.append(subscriber)
-                        subscriber.staged.reserveCapacity(stagedCapacity)
-                    }
-                    subscriber.staged.append(event)
-                }
+            for subscriber in touched {
+                let mask = subscriber.mask
+                subscriber.mask = 0
+                enqueue(HubDelivery(shared, base: base, mask: mask), to: subscriber)
             }
+            // Told after every subscriber's events are queued, one right after the other: whoever drains
+            // them (one task per event loop downstream) then finds most of them queued at its first look.
+            tell(touched)
+            touched.removeAll(keepingCapacity: true)
+            base = end
         }
-        for subscriber in touched {
-            let batch = subscriber.staged
-            subscriber.staged = []
-            enqueue(batch, to: subscriber)
-        }
-        // Told after every subscriber's events are queued, one right after the other: whoever drains
-        // them (one task per event loop downstream) then finds most of them queued at its first look.
-        tell(touched)
     }
 
     /// Calls `whenQueued` of those of `candidates` that had something queued since they were last told
@@ -292,20 +291,23 @@ public actor MarketDataHub {
 
     /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
     /// dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
-    private func enqueue(_ events: [MarketEvent], to subscriber: Subscriber) {
-        var batch = events
+    private func enqueue(_ delivery: HubDelivery, to subscriber: Subscriber) {
+        var delivery = delivery
+        var count = delivery.count
         var pending = subscriber.queue.pending.load(ordering: .acquiring)
         // A subscriber that lost events and has since drained to half its buffer is told first, so the
         // notice sits exactly where its gap is.
         if subscriber.lostSinceNotice > 0, pending <= Self.bufferLimit / 2 {
-            batch.insert(lossNotice(for: subscriber), at: 0)
+            let notice = lossNotice(for: subscriber)
             subscriber.lostSinceNotice = 0
             setLagging(false)
+            if yield(HubDelivery([notice]), count: 1, to: subscriber) { pending += 1 }
         }
         let room = max(Self.bufferLimit - pending, 0)
-        if batch.count > room {
-            let lost = batch.count - room
-            batch.removeLast(lost)
+        if count > room {
+            let lost = count - room
+            delivery = delivery.prefix(room)
+            count = room
             subscriber.dropped += lost
             droppedTotal += lost
             switch policy {
@@ -316,32 +318,36 @@ public actor MarketDataHub {
             case .disconnect:
                 // What fits is still queued, so the client reads up to the point it fell behind.
                 droppedEvicted.increment(by: lost)
-                if !batch.isEmpty, case .enqueued = subscriber.continuation.yield(batch) {
-                    subscriber.queue.pending.add(batch.count, ordering: .releasing)
-                    subscriber.queue.batches.add(1, ordering: .releasing)
-                    subscriber.untold = true
-                }
+                if count > 0 { _ = yield(delivery, count: count, to: subscriber) }
                 evict(subscriber)
                 return
             }
         }
-        guard !batch.isEmpty else { return }
-        switch subscriber.continuation.yield(batch) {
+        guard count > 0 else { return }
+        if yield(delivery, count: count, to: subscriber) {
+            pending += count
+            if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
+        }
+    }
+
+    /// Puts one element on a subscriber's stream and counts it; whether it was queued.
+    private func yield(_ delivery: HubDelivery, count: Int, to subscriber: Subscriber) -> Bool {
+        switch subscriber.continuation.yield(delivery) {
         case .enqueued:
-            subscriber.queue.pending.add(batch.count, ordering: .releasing)
+            subscriber.queue.pending.add(count, ordering: .releasing)
             subscriber.queue.batches.add(1, ordering: .releasing)
             subscriber.untold = true
-            pending += batch.count
-            if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
+            return true
         case .dropped:
             // The stream's own bound (1,000 elements) is a backstop; the event bound comes first.
-            subscriber.dropped += batch.count
-            droppedTotal += batch.count
-            droppedFull.increment(by: batch.count)
+            subscriber.dropped += count
+            droppedTotal += count
+            droppedFull.increment(by: count)
+            return false
         case .terminated:
-            break
+            return false
         @unknown default:
-            break
+            return false
         }
     }
 
@@ -384,7 +390,7 @@ public actor MarketDataHub {
     public func seed(_ event: MarketEvent) {
         guard snapshotOnSubscribe, let entry = entries[event.topic], entry.last == nil, !entry.subscribers.isEmpty else { return }
         entry.last = event.compacted()
-        for subscriber in entry.subscribers { enqueue([event], to: subscriber) }
+        for subscriber in entry.subscribers { enqueue(HubDelivery([event]), to: subscriber) }
         tell(entry.subscribers)
     }
 
@@ -402,7 +408,7 @@ public actor MarketDataHub {
             {
                 continue
             }
-            enqueue([notice], to: subscriber)
+            enqueue(HubDelivery([notice]), to: subscriber)
         }
         tell(subscribers.values)
     }
@@ -439,7 +445,7 @@ public actor MarketDataHub {
         let notice = MarketEvent.notice(status)
         for subscriber in subscribers.values where !subscriber.topics.isEmpty {
             subscriber.toldOfOutage = true
-            enqueue([notice], to: subscriber)
+            enqueue(HubDelivery([notice]), to: subscriber)
         }
         tell(subscribers.values)
     }
@@ -450,7 +456,7 @@ public actor MarketDataHub {
         let notice = MarketEvent.notice(status)
         for subscriber in subscribers.values where subscriber.toldOfOutage {
             subscriber.toldOfOutage = false
-            enqueue([notice], to: subscriber)
+            enqueue(HubDelivery([notice]), to: subscriber)
         }
         tell(subscribers.values)
     }

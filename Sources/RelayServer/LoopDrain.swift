@@ -12,9 +12,10 @@ import Synchronization
 /// it queued something for a client (``ClientFeed/kick()``, after a whole publish); the client joins
 /// the ready list, and the drain's task (started by the first kick, ended when the list is empty) takes
 /// each ready client in turn: reads everything queued for it (the read never waits: a client is only
-/// read while ``HubSubscription/hasQueued``) and encodes it as one frame of the upstream's own bytes
-/// (several only past 1,000,000 bytes). The frames of a whole turn go to the loop in one `execute`, which
-/// writes and flushes each connection's. One publish thus costs about one task and one loop wake-up per
+/// read while ``HubSubscription/hasQueued``) and builds it as one whole WebSocket frame of the
+/// upstream's own bytes, header included (``WireFrameBuilder``; several frames only past 1,000,000
+/// bytes), copied straight from where the hub holds the events. The frames of a whole turn go to the
+/// loop in one `execute`, which writes each below NIO's frame encoder and flushes. One publish thus costs about one task and one loop wake-up per
 /// loop, not a task per client. A client whose connection is not writable is not read until it is (its
 /// events wait in its own bounded hub buffer), so a slow client never holds up the others; a client that
 /// still has events after its turn goes to the back of the list, so a busy one cannot starve the rest.
@@ -31,6 +32,8 @@ actor LoopDrain {
     private var taking: [ClientFeed] = []
     /// Each client's stream reader, made at its first turn, dropped when its stream ends.
     private var readers: [SubscriberID: HubSubscription.Reader] = [:]
+    /// What one client's turn took, kept to reuse its storage.
+    private var taken: [HubDelivery] = []
 
     init(loop: any EventLoop, metrics: DownstreamMetrics) {
         self.loop = loop
@@ -78,7 +81,9 @@ actor LoopDrain {
     /// What one client's turn hands its loop.
     private struct Write: Sendable {
         let handler: NIOLoopBound<WebSocketConnectionHandler>
-        let frames: [ByteBuffer]
+        /// Whole WebSocket frames (``WireFrame``), the usual one first (no array for it).
+        let frame: ByteBuffer
+        var more: [ByteBuffer] = []
         /// Close with this code after the frames (a client the hub evicted).
         var close: (code: WebSocketErrorCode, reason: String)? = nil
     }
@@ -90,26 +95,48 @@ actor LoopDrain {
         let id = client.subscription.id
         // The reader holds only a reference to the stream's state: a copy reads the same stream.
         var reader = readers[id] ?? client.subscription.makeReader()
-        guard let batch = await reader.nextBatch() else {
+        var deliveries: [HubDelivery] = []
+        swap(&deliveries, &taken)
+        defer {
+            deliveries.removeAll(keepingCapacity: true)
+            swap(&deliveries, &taken)
+        }
+        guard await reader.nextDeliveries(into: &deliveries) else {
             readers[id] = nil
             return finished(client)
         }
         readers[id] = reader
         defer { if client.canTake { client.kick() } }
         if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
-        var oldest = UInt64.max
-        for index in batch.indices where !batch[index].isNotice {
-            delivered += 1
-            let receivedAt = batch[index].receivedAt
-            if receivedAt > 0, receivedAt < oldest { oldest = receivedAt }
+        var payload = 1
+        for index in deliveries.indices {
+            payload += deliveries[index].framedBytes
+            delivered += deliveries[index].marketEventCount
         }
-        if oldest != .max {
+        let write: Write
+        let oldest: UInt64
+        if payload <= FrameEncoder.maxFrameBytes {
+            let built = WireFrameBuilder.build(payload: payload) { builder in
+                for index in deliveries.indices { deliveries[index].write(into: &builder) }
+            }
+            oldest = built.oldestReceivedAt
+            write = Write(handler: client.handler, frame: built.frame)
+        } else {
+            // Past the frame limit (a burst queued while the connection was not writable): split.
+            var events: [MarketEvent] = []
+            for index in deliveries.indices { deliveries[index].append(to: &events) }
+            oldest = events.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
+            var frames = WireFrame.frames(for: events)
+            let first = frames.removeFirst()
+            write = Write(handler: client.handler, frame: first, more: frames)
+        }
+        if oldest != 0 {
             let latency = Int64(MonotonicClock.nanoseconds() &- oldest)
             metrics.deliveryLatency.recordNanoseconds(latency)
             metrics.tally.record(latencyNanoseconds: latency)
         }
         metrics.writes.increment()
-        return Write(handler: client.handler, frames: FrameEncoder.frames(for: batch))
+        return write
     }
 
     /// The stream ended: an evicted client is told why and closed with 1013.
@@ -119,15 +146,16 @@ actor LoopDrain {
         let notice = StatusMessage(
             status: StatusMessage.Kind.lagging,
             message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full")
-        return Write(handler: client.handler, frames: [notice.frame], close: (MarketConnection.tooSlowCloseCode, "too slow"))
+        return Write(handler: client.handler, frame: WireFrame.text(notice.frame), close: (MarketConnection.tooSlowCloseCode, "too slow"))
     }
 
     /// On the loop: each connection's frames, flushed, in the order of the turn.
     private static func write(_ writes: [Write]) {
         for write in writes {
             let handler = write.handler.value
-            for frame in write.frames { handler.write(frame, flush: false) }
-            handler.flush()
+            handler.writeWire(write.frame)
+            for frame in write.more { handler.writeWire(frame) }
+            handler.flushWire()
             if let close = write.close { handler.close(code: close.code, reason: close.reason) }
         }
     }

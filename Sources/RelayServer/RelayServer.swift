@@ -213,6 +213,11 @@ public final class RelayServer: Service, Sendable {
             metrics.connections.record(sessions.count)
             release()
         }
+        // Whole frames of events skip the frame encoder (in front of it, so TLS still applies).
+        let outlet = WireFrameOutlet()
+        handler.attach(outlet)
+        let encoder = try channel.pipeline.syncOperations.handler(type: WebSocketFrameEncoder.self)
+        try channel.pipeline.syncOperations.addHandler(outlet, position: .before(encoder))
         try channel.pipeline.syncOperations.addHandlers(Self.messageAggregator(configuration), handler)
     }
 

@@ -35,6 +35,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private var isClosed = false
     /// Shared with the task that drains this client's hub stream.
     let writability = Writability()
+    /// Where whole frames go (``writeWire(_:)``); set before the handler is added.
+    private var outlet: WireFrameOutlet?
 
     init(pingInterval: TimeAmount, closeTimeout: TimeAmount) {
         self.pingInterval = pingInterval
@@ -45,6 +47,11 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// write, the handler needs the conversation to deliver).
     func attach(_ conversation: WebSocketConversation) {
         self.conversation = conversation
+    }
+
+    /// Set once, before the handler is added: the outlet ``writeWire(_:)`` writes through.
+    func attach(_ outlet: WireFrameOutlet) {
+        self.outlet = outlet
     }
 
     var isWritable: Bool { context?.channel.isWritable ?? false }
@@ -126,8 +133,21 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         if flush { context.flush() }
     }
 
+    /// Writes whole frames (header and payload, ``WireFrame``) below the frame encoder, in order with
+    /// what ``write(_:flush:)`` writes; sent at the next flush. Without an outlet, nothing.
+    func writeWire(_ frame: ByteBuffer) {
+        guard !isClosing, let outlet else { return }
+        outlet.write(frame)
+    }
+
     func flush() {
         context?.flush()
+    }
+
+    /// Flushes from the outlet (what lies between it and the socket only; the frame encoder has no
+    /// part in a flush).
+    func flushWire() {
+        if let outlet { outlet.flush() } else { context?.flush() }
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client
@@ -171,5 +191,35 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         let conversation = self.conversation
         self.conversation = nil
         conversation?.closed()
+    }
+}
+
+/// Sits right in front of NIO's `WebSocketFrameEncoder` (on the socket's side of it), so frames built
+/// whole elsewhere (``WireFrame``: header and payload in one buffer) go out without passing the encoder:
+/// written on this handler's context they pass only what lies between it and the socket (TLS, when on).
+/// Everything else passes through it unchanged. The market feed's events take this way: one buffer per
+/// frame instead of the encoder's separate header buffer, and no per-frame pipeline steps.
+final class WireFrameOutlet: ChannelOutboundHandler, RemovableChannelHandler {
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private var context: ChannelHandlerContext?
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    /// On the loop: one whole frame, toward the socket (not flushed).
+    func write(_ frame: ByteBuffer) {
+        context?.write(wrapOutboundOut(frame), promise: nil)
+    }
+
+    /// On the loop: sends everything written so far, through either way.
+    func flush() {
+        context?.flush()
     }
 }
