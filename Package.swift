@@ -219,7 +219,11 @@ let package = Package(
         ),
         .testTarget(
             name: "PolygonWireTests",
-            dependencies: ["PolygonWire"],
+            dependencies: [
+                "PolygonWire",
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
             resources: [.copy("Fixtures")],
             swiftSettings: strict
         ),

@@ -20,7 +20,6 @@ let package = Package(
                 .product(name: "Benchmark", package: "benchmark"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
             path: "RelayBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]

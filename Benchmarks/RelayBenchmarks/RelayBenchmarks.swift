@@ -2,7 +2,6 @@ import Benchmark
 import MarketDataHub
 import NIOCore
 import NIOEmbedded
-import NIOWebSocket
 import PolygonWire
 
 /// A frame as Polygon sends it: 50 quotes over 100 symbols.
@@ -48,20 +47,23 @@ let benchmarks: @Sendable () -> Void = {
             let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100)) })
             readers.append(await hub.subscribe(to: topics).makeReader())
         }
+        var deliveries: [HubDelivery] = []
         benchmark.startMeasurement()
         for _ in benchmark.scaledIterations {
             await hub.publish(events)
             for index in readers.indices {
-                blackHole(await readers[index].nextBatch())
+                blackHole(await readers[index].nextDeliveries(into: &deliveries))
+                deliveries.removeAll(keepingCapacity: true)
             }
         }
         benchmark.stopMeasurement()
     }
 
     // The downstream write path, gated on allocations (stable where times are not): one upstream frame
-    // of 50 events published to the fanout shape, each subscriber's batch taken, encoded into one frame
-    // and written through NIO's WebSocket frame encoder. One iteration delivers about 100
-    // frames; `scripts/bench-micro check` fails when its malloc count rises above the stored threshold.
+    // of 50 events published to the fanout shape, each subscriber's deliveries taken, built into one
+    // whole WebSocket frame and written to its channel as the relay does (below the frame encoder).
+    // One iteration delivers about 100 frames; `scripts/bench-micro check` fails when its malloc count
+    // rises above the stored threshold.
     Benchmark(
         "WritePathAllocations",
         configuration: .init(metrics: [.mallocCountTotal], maxDuration: .seconds(2), maxIterations: 2_000)
@@ -72,18 +74,21 @@ let benchmarks: @Sendable () -> Void = {
         for subscriber in 0..<100 {
             let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100)) })
             readers.append(await hub.subscribe(to: topics).makeReader())
-            let channel = EmbeddedChannel()
-            try channel.pipeline.syncOperations.addHandler(WebSocketFrameEncoder())
-            channels.append(channel)
+            // No frame encoder: the relay writes its whole frames in front of it (its outlet).
+            channels.append(EmbeddedChannel())
         }
+        var deliveries: [HubDelivery] = []
         benchmark.startMeasurement()
         for _ in benchmark.scaledIterations {
             await hub.publish(events)
             for index in readers.indices {
-                guard let batch = await readers[index].nextBatch() else { continue }
-                for frame in FrameEncoder.frames(for: batch, allocator: channels[index].allocator) {
-                    channels[index].write(WebSocketFrame(fin: true, opcode: .text, data: frame), promise: nil)
+                guard await readers[index].nextDeliveries(into: &deliveries) else { continue }
+                let payload = deliveries.reduce(1) { $0 + $1.framedBytes }
+                let built = WireFrameBuilder.build(payload: payload, allocator: channels[index].allocator) { builder in
+                    for delivery in deliveries { delivery.write(into: &builder) }
                 }
+                deliveries.removeAll(keepingCapacity: true)
+                channels[index].write(built.frame, promise: nil)
                 channels[index].flush()
                 // What the socket would take: drained, so the next write starts from nothing queued.
                 while let written = try channels[index].readOutbound(as: ByteBuffer.self) { blackHole(written) }

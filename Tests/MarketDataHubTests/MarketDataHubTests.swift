@@ -337,3 +337,44 @@ struct MarketDataHubTests {
         #expect(await hub.topicEntryCount == 1)
     }
 }
+
+@Suite("Hub deliveries")
+struct HubDeliveryTests {
+    @Test func aPublishLargerThanOneWindowArrivesWholeInOrderAndOnceDespiteTickerAndWildcard() async throws {
+        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        let both = await hub.subscribe(to: topics("Q.A", "Q.*"))
+        let onlyB = await hub.subscribe(to: topics("Q.B"))
+        var reader = both.makeReader()
+        var readerB = onlyB.makeReader()
+        // 150 events: three windows of the hub's 64-event masks.
+        let input = (0..<150).map { event("Q", $0 % 3 == 0 ? "A" : "B", $0) }
+        await hub.publish(input)
+        var deliveries: [HubDelivery] = []
+        #expect(await reader.nextDeliveries(into: &deliveries))
+        #expect(deliveries.count == 3)
+        #expect(deliveries.reduce(0) { $0 + $1.count } == 150)
+        // What the downstream builds from them is exactly the frame of the events, in order.
+        let payload = deliveries.reduce(1) { $0 + $1.framedBytes }
+        let built = WireFrameBuilder.build(payload: payload) { builder in
+            for delivery in deliveries { delivery.write(into: &builder) }
+        }
+        let expected = try #require(FrameEncoder.frame(for: input))
+        #expect(built.frame.getSlice(at: WireFrame.headerLength(payload: payload), length: payload) == expected)
+        let mine = try #require(await readerB.nextBatch())
+        #expect(mine.map(\.json) == input.filter { $0.ticker == "B" }.map(\.json))
+        #expect(both.hasQueued == false)
+    }
+
+    @Test func aFullBufferKeepsTheOldestOfAWindow() async throws {
+        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        let sub = await hub.subscribe(to: topics("Q.A"))
+        await hub.publish((0..<(MarketDataHub.bufferLimit - 10)).map { event("Q", "A", $0) })
+        // 40 more: 10 fit, in order; 30 are dropped.
+        await hub.publish((0..<40).map { event("Q", "A", 5000 + $0) })
+        #expect(await hub.droppedEvents(for: sub.id) == 30)
+        var reader = sub.makeReader()
+        let got = try #require(await reader.nextBatch())
+        #expect(got.count == MarketDataHub.bufferLimit)
+        #expect(got.suffix(10).map(\.json) == (0..<10).map { event("Q", "A", 5000 + $0).json })
+    }
+}
