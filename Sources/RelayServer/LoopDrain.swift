@@ -15,8 +15,8 @@ import Synchronization
 /// read while ``HubSubscription/hasQueued``) and builds it as one whole WebSocket frame of the
 /// upstream's own bytes, header included (``WireFrameBuilder``; several frames only past 1,000,000
 /// bytes), copied straight from where the hub holds the events. The frames of a whole turn go to the
-/// loop in one `execute`, which writes each below NIO's frame encoder and flushes. One publish thus costs about one task and one loop wake-up per
-/// loop, not a task per client. A client whose connection is not writable is not read until it is (its
+/// loop in one `execute`, which writes each below NIO's frame encoder and flushes. One publish thus
+/// costs about one task and one loop wake-up per loop, not a task per client. A client whose connection is not writable is not read until it is (its
 /// events wait in its own bounded hub buffer), so a slow client never holds up the others; a client that
 /// still has events after its turn goes to the back of the list, so a busy one cannot starve the rest.
 ///
@@ -126,9 +126,8 @@ actor LoopDrain {
             var events: [MarketEvent] = []
             for index in deliveries.indices { deliveries[index].append(to: &events) }
             oldest = events.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
-            var frames = WireFrame.frames(for: events)
-            let first = frames.removeFirst()
-            write = Write(handler: client.handler, frame: first, more: frames)
+            let frames = WireFrame.frames(for: events)
+            write = Write(handler: client.handler, frame: frames.first ?? ByteBuffer(), more: Array(frames.dropFirst()))
         }
         if oldest != 0 {
             let latency = Int64(MonotonicClock.nanoseconds() &- oldest)
