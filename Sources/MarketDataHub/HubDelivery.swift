@@ -44,48 +44,35 @@ public struct HubDelivery: Sendable {
 
     /// The payload bytes its events take in a frame: each event's bytes and one separator.
     public var framedBytes: Int {
-        switch content {
-        case .selected(let published, let base, var mask):
-            var size = 0
-            published.events.withUnsafeBufferPointer { events in
-                while mask != 0 {
-                    size += events[base + mask.trailingZeroBitCount].bytes.readableBytes + 1
-                    mask &= mask &- 1
-                }
-            }
-            return size
-        case .events(let events):
-            return events.reduce(0) { $0 + $1.bytes.readableBytes + 1 }
-        }
+        var size = 0
+        forEachEvent { size += $0.bytes.readableBytes + 1 }
+        return size
     }
 
     /// Appends its events, in order, to a frame being built.
     public func write(into builder: inout WireFrameBuilder) {
+        forEachEvent { builder.append($0) }
+    }
+
+    /// Appends its events, in order, to an array.
+    public func append(to array: inout [MarketEvent]) {
+        forEachEvent { array.append(copy $0) }
+    }
+
+    /// Calls `body` with each of its events, in order, lent where the hub holds them (no copy).
+    private func forEachEvent(_ body: (borrowing MarketEvent) -> Void) {
         switch content {
         case .selected(let published, let base, var mask):
             published.events.withUnsafeBufferPointer { events in
                 while mask != 0 {
-                    builder.append(events[base + mask.trailingZeroBitCount])
+                    body(events[base + mask.trailingZeroBitCount])
                     mask &= mask &- 1
                 }
             }
         case .events(let events):
             events.withUnsafeBufferPointer { events in
-                for index in events.indices { builder.append(events[index]) }
+                for index in events.indices { body(events[index]) }
             }
-        }
-    }
-
-    /// Appends its events, in order, to an array.
-    public func append(to array: inout [MarketEvent]) {
-        switch content {
-        case .selected(let published, let base, var mask):
-            while mask != 0 {
-                array.append(published.events[base + mask.trailingZeroBitCount])
-                mask &= mask &- 1
-            }
-        case .events(let events):
-            array += events
         }
     }
 

@@ -32,22 +32,14 @@ public enum WireFrame {
         return frame
     }
 
-    /// Events as whole text frames, each a JSON array under `maxFrameBytes` (see
-    /// ``FrameEncoder/frames(for:maxFrameBytes:allocator:)``).
+    /// Events as whole text frames, each a JSON array under `maxFrameBytes` (the frames of
+    /// ``FrameEncoder/frames(for:maxFrameBytes:allocator:)``, each copied behind its header). For the
+    /// rare burst past the limit; one frame is built in place with ``WireFrameBuilder``.
     public static func frames(
         for events: [MarketEvent], maxFrameBytes: Int = FrameEncoder.maxFrameBytes,
         allocator: ByteBufferAllocator = ByteBufferAllocator()
     ) -> [ByteBuffer] {
-        let payload = events.reduce(1) { $0 + $1.bytes.readableBytes + 1 }
-        guard payload > maxFrameBytes else {
-            let built = WireFrameBuilder.build(payload: payload, allocator: allocator) { builder in
-                events.withUnsafeBufferPointer { events in
-                    for index in events.indices { builder.append(events[index]) }
-                }
-            }
-            return [built.frame]
-        }
-        return FrameEncoder.frames(for: events, maxFrameBytes: maxFrameBytes, allocator: allocator).map { text($0, allocator: allocator) }
+        FrameEncoder.frames(for: events, maxFrameBytes: maxFrameBytes, allocator: allocator).map { text($0, allocator: allocator) }
     }
 }
 
