@@ -101,7 +101,10 @@ extension DemoFeed {
 
     /// A Polygon-style REST answer from the market's state: the key (when one is set) as `apiKey`,
     /// 404 for an unknown ticker, the configured failures and delay first. With a delay, the wait is
-    /// cancelled when the client closes the connection, and counted as abandoned.
+    /// cancelled when the client closes the connection, and counted as abandoned; watching for that
+    /// consumes the connection's inbound side (Hummingbird closes it after the answer), so a delayed
+    /// answer says `Connection: close` and a client does not send its next request into a closing
+    /// connection.
     func restAnswer(
         _ endpoint: String, _ request: Request, _ context: some RequestContext, ticker fixedTicker: String? = nil,
         _ body: @escaping @Sendable (String, RestState) -> String?
@@ -120,8 +123,17 @@ extension DemoFeed {
                 restCounts.withLock { $0[key, default: RestCount()].abandoned += 1 }
                 throw error
             }
+            var response = answer(ticker, countedAs: key, number: number, request, body)
+            response.headers[.connection] = "close"
+            return response
         }
-        defer { restCounts.withLock { $0[key, default: RestCount()].completed += 1 } }
+        return answer(ticker, countedAs: key, number: number, request, body)
+    }
+
+    private func answer(
+        _ ticker: String, countedAs countKey: String, number: Int, _ request: Request, _ body: @Sendable (String, RestState) -> String?
+    ) -> Response {
+        defer { restCounts.withLock { $0[countKey, default: RestCount()].completed += 1 } }
         if number <= configuration.restFailures {
             return Self.restJSON(#"{"status":"ERROR","error":"temporarily unavailable"}"#, status: .serviceUnavailable)
         }
@@ -129,7 +141,7 @@ extension DemoFeed {
         let bearer = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil }
         let queryKey = request.uri.queryParameters.get("apiKey").map { String($0) }
         if let key = configuration.apiKey, (bearer ?? queryKey) != key {
-            restCounts.withLock { $0[Self.restKey(endpoint, ticker), default: RestCount()].unauthorized += 1 }
+            restCounts.withLock { $0[countKey, default: RestCount()].unauthorized += 1 }
             return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
         }
         guard let text = body(ticker, restState.withLock { $0 }) else {

@@ -96,6 +96,8 @@ public struct PolygonREST: Sendable {
             } catch {
                 if Task.isCancelled || error is CancellationError { return .failure(.cancelled) }
                 last = .transport("\(error)")
+                // The relay is stopping: no later attempt can succeed.
+                if let error = error as? HTTPClientError, error == .alreadyShutdown { return .failure(last) }
             }
         }
         return .failure(last)

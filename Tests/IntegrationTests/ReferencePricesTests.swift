@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import DemoFeed
 import Foundation
 import MarketDataHub
@@ -78,6 +79,27 @@ struct ReferencePricesTests {
                 return
             }
             #expect(feed.restRequests == 7, "a 401 is not retried")
+        }
+    }
+
+    @Test func aSlowFeedsAnswersOnOneKeptAliveClientAllArrive() async throws {
+        // The slow feed watches each connection for the client going away and then closes it after
+        // answering; a client that reused such a connection sent its next request into a closing
+        // socket (remote connection closed, I/O on closed channel). No retries here: each must succeed.
+        var configuration = DemoFeedConfiguration(port: 0, apiKey: "rest-key", eventsPerSecond: 100, seed: 4)
+        configuration.restDelay = .milliseconds(2)
+        let feed = DemoFeed(configuration: configuration, logger: testLogger)
+        try await withServices([feed]) {
+            let client = HTTPClient(eventLoopGroupProvider: .singleton)
+            let rest = PolygonREST(
+                baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "rest-key", attempts: 1, client: client)
+            var failures: [String] = []
+            for _ in 0..<40 {
+                if case .failure(let error) = await rest.lastTrade("AAPL") { failures.append("\(error)") }
+            }
+            try await client.shutdown()
+            #expect(failures.isEmpty, "\(failures.count) of 40 requests failed: \(Set(failures))")
+            #expect(feed.restCount("trade", "AAPL").completed == 40)
         }
     }
 }
