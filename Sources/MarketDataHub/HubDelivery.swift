@@ -1,5 +1,6 @@
 import NIOCore
 import PolygonWire
+import Synchronization
 
 /// One element of a subscriber's stream: its share of one published message, or a few events of its own
 /// (a notice, a snapshot on subscribe).
@@ -100,5 +101,77 @@ final class PublishedEvents: Sendable {
 
     init(_ events: [MarketEvent]) {
         self.events = events
+    }
+}
+
+/// One element of a subscriber's stream: what the hub queued for it since its reader last took an
+/// element. The hub yields a batch and adds later deliveries to it until the reader takes it, so a
+/// reader that is a publish or two behind takes them all with one `next()`, and the hub pays one `yield`
+/// per read instead of one per publish (the stream's `yield` and `next` are most of what a delivery
+/// costs outside the kernel). Order holds: a batch is added to only while it is the newest element, and
+/// once taken it is closed, so later deliveries go into a batch yielded after it.
+///
+/// Each subscriber has one, yielded again once its reader has taken it (``reopen(with:count:queue:)``):
+/// it is in the stream at most once at any time, and a publish allocates nothing for it.
+///
+/// `Sendable`: the hub adds and the reader takes under one lock.
+public final class DeliveryBatch: Sendable {
+    private struct State {
+        var deliveries: [HubDelivery] = []
+        var taken = true
+    }
+
+    private let state: Mutex<State>
+
+    /// Sized at subscribe time (a few deliveries: what a reader one or two publishes behind finds), so
+    /// the hot path only reuses it.
+    init() {
+        var deliveries: [HubDelivery] = []
+        deliveries.reserveCapacity(4)
+        state = Mutex(State(deliveries: deliveries))
+    }
+
+    /// Adds a delivery of `count` events and counts them in `queue.pending` (under the lock, so before
+    /// the reader can take and subtract them); `false` once the reader has taken the batch.
+    func add(_ delivery: HubDelivery, count: Int, queue: SubscriberQueue) -> Bool {
+        state.withLock { state in
+            guard !state.taken else { return false }
+            state.deliveries.append(delivery)
+            queue.pending.add(count, ordering: .relaxed)
+            return true
+        }
+    }
+
+    /// Opens a taken batch again with its first delivery, to be yielded again (the hub only does this
+    /// once ``add(_:count:queue:)`` said it was taken, so it is not in the stream).
+    func reopen(with delivery: HubDelivery, count: Int, queue: SubscriberQueue) {
+        state.withLock { state in
+            state.taken = false
+            state.deliveries.append(delivery)
+            queue.pending.add(count, ordering: .relaxed)
+        }
+    }
+
+    /// Closes it again, uncounted, after a yield that did not enqueue it.
+    func withdraw(queue: SubscriberQueue) {
+        state.withLock { state in
+            state.taken = true
+            queue.pending.subtract(state.deliveries.reduce(0) { $0 + $1.count }, ordering: .relaxed)
+            state.deliveries.removeAll(keepingCapacity: true)
+        }
+    }
+
+    /// Closes the batch and appends its deliveries, in order, to `deliveries`; the number of events.
+    func take(into deliveries: inout [HubDelivery]) -> Int {
+        state.withLock { state in
+            state.taken = true
+            var events = 0
+            for index in state.deliveries.indices {
+                events += state.deliveries[index].count
+                deliveries.append(state.deliveries[index])
+            }
+            state.deliveries.removeAll(keepingCapacity: true)
+            return events
+        }
     }
 }

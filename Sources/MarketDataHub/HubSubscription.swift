@@ -3,14 +3,15 @@ import PolygonWire
 /// What `MarketDataHub.subscribe(to:)` hands back: the subscriber's identity and its events.
 ///
 /// `Sendable`. Underneath is an `AsyncStream` created with `.bufferingOldest(1000)` whose elements are
-/// the subscriber's share of one upstream message (``HubDelivery``: one `yield` per subscriber per
-/// message, not per event, and no copy of the events: the message's events are shared). The hub bounds each
+/// the subscriber's shares of upstream messages (``HubDelivery``: no copy of the events, the message's
+/// events are shared) queued since its reader last took one: a ``DeliveryBatch``, which the hub adds to
+/// until the reader takes it (one `yield` per read, not per message or per event). The hub bounds each
 /// subscriber to ``MarketDataHub/bufferLimit`` queued *events*: a subscriber that does not keep up loses
 /// the newest events, never anybody else's. Ending the iteration (or dropping the subscription) removes
 /// the subscriber from the hub. Relay notices (`ev` `status`) travel in the same stream, in order.
 public struct HubSubscription: Sendable {
     public let id: SubscriberID
-    let stream: AsyncStream<HubDelivery>
+    let stream: AsyncStream<DeliveryBatch>
     let queue: SubscriberQueue
 
     /// The events one by one. Use either this, or ``makeReader()``, once.
@@ -30,7 +31,7 @@ public struct HubSubscription: Sendable {
     /// The subscription's events as an `AsyncSequence` of single events.
     public struct Events: AsyncSequence, Sendable {
         public typealias Element = MarketEvent
-        let stream: AsyncStream<HubDelivery>
+        let stream: AsyncStream<DeliveryBatch>
         let queue: SubscriberQueue
 
         public func makeAsyncIterator() -> Iterator { Iterator(reader: Reader(iterator: stream.makeAsyncIterator(), queue: queue)) }
@@ -42,7 +43,7 @@ public struct HubSubscription: Sendable {
 
             public mutating func next() async -> MarketEvent? {
                 if index == current.count {
-                    guard let batch = await reader.nextBatch(limit: .max) else { return nil }
+                    guard let batch = await reader.nextBatch() else { return nil }
                     current = batch
                     index = 0
                 }
@@ -55,40 +56,32 @@ public struct HubSubscription: Sendable {
     /// Takes events in batches: waits for some, then takes whatever else is already queued without
     /// waiting. Not `Sendable`: it belongs to the one task that drains the subscription.
     public struct Reader {
-        var iterator: AsyncStream<HubDelivery>.AsyncIterator
+        var iterator: AsyncStream<DeliveryBatch>.AsyncIterator
         let queue: SubscriberQueue
 
         /// Everything queued, in order, once at least one event is; `nil` when the subscription has ended.
-        /// Stops adding stream elements once `limit` events are reached.
         /// Runs in the caller's isolation (`isolation`), so a reader on an actor is resumed on that
         /// actor's executor directly, without a stop on the global pool.
-        public mutating func nextBatch(limit: Int = 8192, isolation: isolated (any Actor)? = #isolation) async -> [MarketEvent]? {
+        public mutating func nextBatch(isolation: isolated (any Actor)? = #isolation) async -> [MarketEvent]? {
             var deliveries: [HubDelivery] = []
-            guard await nextDeliveries(into: &deliveries, limit: limit) else { return nil }
+            guard await nextDeliveries(into: &deliveries) else { return nil }
             var batch: [MarketEvent] = []
             batch.reserveCapacity(deliveries.reduce(0) { $0 + $1.count })
             for delivery in deliveries { delivery.append(to: &batch) }
             return batch
         }
 
-        /// Appends everything queued, in order, once at least one element is, to `deliveries` (the
-        /// events stay where the hub holds them); `false` when the subscription has ended. Stops once
-        /// `limit` events are taken. In the caller's isolation, like ``nextBatch(limit:isolation:)``.
+        /// Appends everything queued, in order, once anything is, to `deliveries` (the events stay
+        /// where the hub holds them); `false` when the subscription has ended. One `next()` on the
+        /// stream: it holds at most one element, the subscriber's ``DeliveryBatch``, which has
+        /// everything queued since the last read (at most ``MarketDataHub/bufferLimit`` events). In the
+        /// caller's isolation, like ``nextBatch(isolation:)``.
         public mutating func nextDeliveries(
-            into deliveries: inout [HubDelivery], limit: Int = 8192, isolation: isolated (any Actor)? = #isolation
+            into deliveries: inout [HubDelivery], isolation: isolated (any Actor)? = #isolation
         ) async -> Bool {
-            guard let first = await iterator.next(isolation: isolation) else { return false }
-            deliveries.append(first)
-            var events = first.count
-            var taken = 1
-            let queued = queue.batches.load(ordering: .acquiring) - 1
-            // These are already buffered (the hub counts after enqueueing), so `next()` does not wait.
-            while taken <= queued, events < limit, let more = await iterator.next(isolation: isolation) {
-                deliveries.append(more)
-                events += more.count
-                taken += 1
-            }
-            queue.batches.subtract(taken, ordering: .relaxed)
+            guard let batch = await iterator.next(isolation: isolation) else { return false }
+            let events = batch.take(into: &deliveries)
+            queue.batches.subtract(1, ordering: .relaxed)
             queue.pending.subtract(events, ordering: .relaxed)
             return true
         }

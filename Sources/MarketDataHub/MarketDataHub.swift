@@ -15,9 +15,11 @@ import PolygonWire
 /// wildcard already brings its events, and asking for both would make the upstream send them twice).
 ///
 /// The hot path (``publish(_:)``) costs one dictionary lookup per event plus one per wildcard type, a bit
-/// set per matching subscriber, and one `yield` per subscriber per upstream message (per 64 events of
-/// it): the message's events are held once and each subscriber's element names its share with a bit
-/// mask (``HubDelivery``), so nothing is copied per subscriber.
+/// set per matching subscriber, and per subscriber one delivery per upstream message (per 64 events of
+/// it): the message's events are held once and each subscriber's delivery names its share with a bit
+/// mask (``HubDelivery``), so nothing is copied per subscriber. A delivery joins the subscriber's newest
+/// stream element while its reader has not taken it (``DeliveryBatch``), so the stream sees one `yield`
+/// per read, not per message.
 public actor MarketDataHub {
     /// How many events a subscriber's stream holds before newer events are dropped for it.
     public static let bufferLimit = 1000
@@ -27,8 +29,10 @@ public actor MarketDataHub {
     /// One subscriber. A class so the hot path updates it in place; confined to the actor.
     private final class Subscriber {
         let id: SubscriberID
-        let continuation: AsyncStream<HubDelivery>.Continuation
+        let continuation: AsyncStream<DeliveryBatch>.Continuation
         let queue: SubscriberQueue
+        /// Its stream's element: added to until the reader takes it, then yielded again.
+        let batch = DeliveryBatch()
         var topics: Set<Topic> = []
         /// The events of the current window of a `publish` it gets (bit i: the window's event i). A bit
         /// set twice (ticker and wildcard) is one delivery.
@@ -45,7 +49,7 @@ public actor MarketDataHub {
         var untold = false
 
         init(
-            id: SubscriberID, continuation: AsyncStream<HubDelivery>.Continuation, queue: SubscriberQueue,
+            id: SubscriberID, continuation: AsyncStream<DeliveryBatch>.Continuation, queue: SubscriberQueue,
             whenQueued: (@Sendable () -> Void)?
         ) {
             self.id = id
@@ -133,7 +137,7 @@ public actor MarketDataHub {
         let id = SubscriberID(nextID)
         nextID += 1
         let (stream, continuation) = AsyncStream.makeStream(
-            of: HubDelivery.self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
+            of: DeliveryBatch.self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
         continuation.onTermination = { [weak self] _ in
             guard let self else { return }
             Task { await self.remove(id) }
@@ -330,23 +334,33 @@ public actor MarketDataHub {
         }
     }
 
-    /// Puts one element on a subscriber's stream and counts it; whether it was queued.
+    /// Queues a delivery on a subscriber's stream and counts it; whether it was queued. It joins the
+    /// stream's newest element while the reader has not taken that yet (``DeliveryBatch``), else the
+    /// batch is yielded again with it.
     private func yield(_ delivery: HubDelivery, count: Int, to subscriber: Subscriber) -> Bool {
-        switch subscriber.continuation.yield(delivery) {
+        let batch = subscriber.batch
+        if batch.add(delivery, count: count, queue: subscriber.queue) {
+            subscriber.untold = true
+            return true
+        }
+        batch.reopen(with: delivery, count: count, queue: subscriber.queue)
+        switch subscriber.continuation.yield(batch) {
         case .enqueued:
-            subscriber.queue.pending.add(count, ordering: .releasing)
             subscriber.queue.batches.add(1, ordering: .releasing)
             subscriber.untold = true
             return true
         case .dropped:
-            // The stream's own bound (1,000 elements) is a backstop; the event bound comes first.
+            // The stream's own bound (1,000 elements) is a backstop: it holds one batch at a time.
+            batch.withdraw(queue: subscriber.queue)
             subscriber.dropped += count
             droppedTotal += count
             droppedFull.increment(by: count)
             return false
         case .terminated:
+            batch.withdraw(queue: subscriber.queue)
             return false
         @unknown default:
+            batch.withdraw(queue: subscriber.queue)
             return false
         }
     }

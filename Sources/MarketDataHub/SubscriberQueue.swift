@@ -4,9 +4,10 @@ import Synchronization
 ///
 /// `Sendable` through atomics. `pending` counts events the hub has queued and the reader has not taken
 /// yet; the hub refuses events beyond ``MarketDataHub/bufferLimit`` of them, which is the subscriber's
-/// bound. `batches` counts queued stream elements (a subscriber's share of one upstream message each).
-/// Both are raised after an element is enqueued and lowered after it is taken, so they never exceed
-/// what is buffered, and a reader that takes `batches` more elements never waits.
+/// bound. `batches` counts queued stream elements (``DeliveryBatch``es). Both are raised after events
+/// are enqueued (`pending` under the batch's lock when they join a queued one) and lowered after they
+/// are taken, so they never exceed what is buffered, and a reader that takes `batches` more elements
+/// never waits.
 /// `evicted` tells the reader the hub ended its stream because it fell behind (`disconnect` policy);
 /// `finished`, that the hub ended it at all (set after `finish()`).
 final class SubscriberQueue: Sendable {
