@@ -2,8 +2,8 @@ import NIOCore
 import PolygonWire
 import Synchronization
 
-/// One element of a subscriber's stream: its share of one published message, or a few events of its own
-/// (a notice, a snapshot on subscribe).
+/// A subscriber's share of one published message, or a few events of its own (a notice, a snapshot on
+/// subscribe): what its stream element (``DeliveryBatch``) is made of.
 ///
 /// `Sendable`, small, and allocation-free on the hot path: the events of a publish are held once, by a
 /// shared ``PublishedEvents``, and each subscriber's element names its events in it with a bit mask over
@@ -108,14 +108,14 @@ final class PublishedEvents: Sendable {
 /// element. The hub yields a batch and adds later deliveries to it until the reader takes it, so a
 /// reader that is a publish or two behind takes them all with one `next()`, and the hub pays one `yield`
 /// per read instead of one per publish (the stream's `yield` and `next` are most of what a delivery
-/// costs outside the kernel). Order holds: a batch is added to only while it is the newest element, and
-/// once taken it is closed, so later deliveries go into a batch yielded after it.
+/// costs outside the kernel). Order holds: a batch is added to only while it waits in the stream, and
+/// once taken it is closed, so later deliveries go into the next yield of it.
 ///
 /// Each subscriber has one, yielded again once its reader has taken it (``reopen(with:count:queue:)``):
 /// it is in the stream at most once at any time, and a publish allocates nothing for it.
 ///
 /// `Sendable`: the hub adds and the reader takes under one lock.
-public final class DeliveryBatch: Sendable {
+final class DeliveryBatch: Sendable {
     private struct State {
         var deliveries: [HubDelivery] = []
         var taken = true
