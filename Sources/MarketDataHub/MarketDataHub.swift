@@ -344,25 +344,21 @@ public actor MarketDataHub {
             return true
         }
         batch.reopen(with: delivery, count: count, queue: subscriber.queue)
-        switch subscriber.continuation.yield(batch) {
-        case .enqueued:
+        let result = subscriber.continuation.yield(batch)
+        if case .enqueued = result {
             subscriber.queue.batches.add(1, ordering: .releasing)
             subscriber.untold = true
             return true
-        case .dropped:
+        }
+        // Not in the stream (ended, or past its own bound): closed again, its count taken back.
+        batch.withdraw(queue: subscriber.queue)
+        if case .dropped = result {
             // The stream's own bound (1,000 elements) is a backstop: it holds one batch at a time.
-            batch.withdraw(queue: subscriber.queue)
             subscriber.dropped += count
             droppedTotal += count
             droppedFull.increment(by: count)
-            return false
-        case .terminated:
-            batch.withdraw(queue: subscriber.queue)
-            return false
-        @unknown default:
-            batch.withdraw(queue: subscriber.queue)
-            return false
         }
+        return false
     }
 
     /// The notice telling a subscriber how many events it lost since the last one.
