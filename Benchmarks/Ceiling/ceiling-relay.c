@@ -76,6 +76,19 @@ static size_t ws_header(unsigned char *h, int opcode, size_t len, int masked) {
   return n;
 }
 
+// The header of the whole frame at h (have bytes): its length (mask key included), 0 while the frame is
+// incomplete; the payload's length in *len as soon as the header says it.
+static size_t frame_header(const unsigned char *h, size_t have, uint64_t *len) {
+  *len = 0;
+  if (have < 2) return 0;
+  size_t hl = 2;
+  *len = h[1] & 127;
+  if (*len == 126) { if (have < 4) return 0; *len = (h[2] << 8) | h[3]; hl = 4; }
+  else if (*len == 127) { if (have < 10) return 0; *len = 0; for (int i = 0; i < 8; i++) *len = (*len << 8) | h[2 + i]; hl = 10; }
+  if (h[1] & 0x80) hl += 4;
+  return have < hl + *len ? 0 : hl;
+}
+
 static int symbol_of(const char *s, size_t n) {  // fanbench's names: S and digits
   if (n < 2 || s[0] != 'S') return -1;
   int v = 0;
@@ -203,13 +216,11 @@ static void on_client_bytes(conn_t *c) {
   size_t off = 0;
   while (c->state == 1 || c->state == 2) {  // client frames: masked, small, unfragmented
     unsigned char *h = c->in + off;
-    size_t have = c->in_len - off;
-    if (have < 2) break;
-    int op = h[0] & 15; uint64_t len = h[1] & 127; size_t hl = 2;
-    if (len == 126) { if (have < 4) break; len = (h[2] << 8) | h[3]; hl = 4; }
-    else if (len == 127) { close_conn(c); return; }
-    if (h[1] & 0x80) hl += 4;
-    if (have < hl + len) break;
+    uint64_t len;
+    size_t hl = frame_header(h, c->in_len - off, &len);
+    if (len > 65535) { close_conn(c); return; }
+    if (!hl) break;
+    int op = h[0] & 15;
     unsigned char *mk = h + hl - 4, *payload = h + hl;
     if (h[1] & 0x80) for (uint64_t i = 0; i < len; i++) payload[i] ^= mk[i & 3];
     if (op == 8) { close_conn(c); return; }
@@ -269,12 +280,10 @@ static void on_upstream_bytes(void) {
   size_t off = 0;
   for (;;) {
     unsigned char *h = up_in + off;
-    size_t have = up_len - off;
-    if (have < 2) break;
-    int op = h[0] & 15; uint64_t len = h[1] & 127; size_t hl = 2;
-    if (len == 126) { if (have < 4) break; len = (h[2] << 8) | h[3]; hl = 4; }
-    else if (len == 127) { if (have < 10) break; len = 0; for (int i = 0; i < 8; i++) len = (len << 8) | h[2 + i]; hl = 10; }
-    if (have < hl + len) break;
+    uint64_t len;
+    size_t hl = frame_header(h, up_len - off, &len);
+    if (!hl) break;
+    int op = h[0] & 15;
     if (op == 1) on_upstream_message((char *)h + hl, len);
     off += hl + len;
   }
