@@ -44,7 +44,7 @@ let benchmarks: @Sendable () -> Void = {
         let hub = MarketDataHub(snapshotOnSubscribe: false)
         var readers: [HubSubscription.Reader] = []
         for subscriber in 0..<100 {
-            let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100)) })
+            let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100))! })
             readers.append(await hub.subscribe(to: topics).makeReader())
         }
         var deliveries: [HubDelivery] = []
@@ -72,7 +72,7 @@ let benchmarks: @Sendable () -> Void = {
         var readers: [HubSubscription.Reader] = []
         var channels: [EmbeddedChannel] = []
         for subscriber in 0..<100 {
-            let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100)) })
+            let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100))! })
             readers.append(await hub.subscribe(to: topics).makeReader())
             // No frame encoder: the relay writes its whole frames in front of it (its outlet).
             channels.append(EmbeddedChannel())

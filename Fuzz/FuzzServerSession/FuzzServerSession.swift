@@ -9,7 +9,7 @@ public func fuzzServerSession(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     let bytes = UnsafeRawBufferPointer(start: start, count: count)
     let limits = SessionLimits(topicsPerMessage: 50, topicsPerConnection: 100, messagesPerSecond: 1_000, eventTypes: ["Q", "T", "AM"])
     var session = ServerSession(limits: limits) { key in
-        key == "k" ? ClientGrant(name: "k", entitlement: Entitlement(patterns: [.wildcard("Q"), Topic(eventType: "T", ticker: "A")])) : nil
+        key == "k" ? ClientGrant(name: "k", entitlement: Entitlement(patterns: [.wildcard("Q"), Topic(eventType: "T", ticker: "A")!])) : nil
     }
     let now = ContinuousClock.now
     for line in bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {

@@ -1,4 +1,5 @@
 import Foundation
+import MarketDataHub
 import PolygonWire
 import Synchronization
 
@@ -61,7 +62,16 @@ public final class LocalInterest: Sendable {
 
     public init() {}
 
-    /// Called by the hub (on the hub) with its whole new wanted set.
+    /// Called by the hub (on the hub) with what joined and left its wanted set: applied in place.
+    public func apply(_ change: WantedTopicsChange) {
+        let (listener, topics) = state.withLock { state in
+            change.apply(to: &state.topics)
+            return (state.listener, state.topics)
+        }
+        listener?(topics)
+    }
+
+    /// Replaces the wanted set.
     public func set(_ topics: Set<Topic>) {
         let listener = state.withLock { state in
             state.topics = topics

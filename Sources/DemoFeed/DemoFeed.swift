@@ -41,7 +41,7 @@ public final class DemoFeed: Service, Sendable {
         let outputs: AsyncStream<FeedOutput>.Continuation
 
         func wants(_ event: MarketEvent) -> Bool {
-            topics.contains(Topic(eventType: event.eventType, ticker: event.ticker))
+            topics.contains(event.topic)
                 || topics.contains(.wildcard(event.eventType))
         }
     }

@@ -9,10 +9,12 @@ import PolygonWire
 /// events, see ``HubSubscription``), and a slow one fills its own buffer and loses its own events,
 /// counted, never anybody else's. What happens then is the ``SlowConsumerPolicy``.
 ///
-/// The hub reference-counts what its subscribers want and reports the *upstream* set through
-/// `onWantedTopicsChange` whenever it changes: a topic is wanted from its first subscriber until its last
-/// one leaves, and a ticker topic is left out while the wildcard of its event type is wanted (the
-/// wildcard already brings its events, and asking for both would make the upstream send them twice).
+/// The hub reference-counts what its subscribers want and reports changes of the *upstream* set through
+/// `onWantedTopicsChange` (what joined it and what left it): a topic is wanted from its first subscriber
+/// until its last one leaves, and a ticker topic is left out while the wildcard of its event type is
+/// wanted (the wildcard already brings its events, and asking for both would make the upstream send
+/// them twice). The set is kept incrementally: a subscription change costs its own topics (a wildcard
+/// joining or leaving, the tickers of its type), never a walk over every topic.
 ///
 /// The hot path (``publish(_:)``) costs one dictionary lookup per event plus one per wildcard type, a bit
 /// set per matching subscriber, and per subscriber one delivery per upstream message (per 64 events of
@@ -77,6 +79,10 @@ public actor MarketDataHub {
     /// Event type → subscribers of its wildcard.
     private var wildcards: [String: [Subscriber]] = [:]
     private var upstreamWanted: Set<Topic> = []
+    /// Event type → its ticker topics that have subscribers (wanted upstream unless the wildcard is).
+    private var subscribedTickers: [String: Set<Topic>] = [:]
+    /// What joined and left the upstream set during the current call, reported at its end.
+    private var wantedChange = WantedTopicsChange()
     private var published = 0
     private var laggingCount = 0
     /// Wall time of the last event published, in ms.
@@ -90,7 +96,7 @@ public actor MarketDataHub {
         var reason: String
     }
 
-    private let onWantedTopicsChange: @Sendable (Set<Topic>) -> Void
+    private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     private let logger: Logger
     private let subscribersGauge: Gauge
     private let laggingGauge: Gauge
@@ -102,15 +108,15 @@ public actor MarketDataHub {
     ///   - policy: what to do with a subscriber whose buffer is full.
     ///   - snapshotOnSubscribe: whether a new subscription to a ticker topic immediately gets that
     ///     topic's last event.
-    ///   - onWantedTopicsChange: called, on the hub, with the whole new upstream topic set each time it
-    ///     changes. It must not block (the upstream client queues the change and returns).
+    ///   - onWantedTopicsChange: called, on the hub, with what joined and left the upstream topic set
+    ///     each time it changes. It must not block (the upstream client queues the change and returns).
     public init(
         policy: SlowConsumerPolicy = .drop,
         snapshotOnSubscribe: Bool = true,
         keepsUnwantedLastValues: Bool = true,
         logger: Logger = Logger(label: "relay.hub"),
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
-        onWantedTopicsChange: @escaping @Sendable (Set<Topic>) -> Void = { _ in }
+        onWantedTopicsChange: @escaping @Sendable (WantedTopicsChange) -> Void = { _ in }
     ) {
         self.policy = policy
         self.snapshotOnSubscribe = snapshotOnSubscribe
@@ -153,32 +159,31 @@ public actor MarketDataHub {
     /// new ticker topic's last event is delivered at once.
     public func add(_ topics: some Sequence<Topic>, to id: SubscriberID) {
         guard let subscriber = subscribers[id] else { return }
-        var changed = false
         for topic in topics where subscriber.topics.insert(topic).inserted {
-            changed = true
             if topic.isWildcard {
+                let first = wildcards[topic.eventType] == nil
                 wildcards[topic.eventType, default: []].append(subscriber)
+                if first { wildcardWanted(topic.eventType) }
                 continue
             }
             let entry = entry(for: topic)
             entry.subscribers.append(subscriber)
+            if entry.subscribers.count == 1 { tickerWanted(topic) }
             if snapshotOnSubscribe, let last = entry.last {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }
         tell(CollectionOfOne(subscriber))
-        if changed { refreshUpstreamWanted() }
+        reportWantedChange()
     }
 
     /// Removes topics from a subscriber; topics it does not have are ignored.
     public func remove(_ topics: some Sequence<Topic>, from id: SubscriberID) {
         guard let subscriber = subscribers[id] else { return }
-        var changed = false
         for topic in topics where subscriber.topics.remove(topic) != nil {
             unindex(topic, subscriber)
-            changed = true
         }
-        if changed { refreshUpstreamWanted() }
+        reportWantedChange()
     }
 
     /// Removes a subscriber and finishes its stream. Called automatically when the stream terminates.
@@ -190,7 +195,7 @@ public actor MarketDataHub {
         subscriber.continuation.finish()
         subscriber.queue.finished.store(true, ordering: .releasing)
         subscriber.whenQueued?()
-        if !subscriber.topics.isEmpty { refreshUpstreamWanted() }
+        reportWantedChange()
     }
 
     private func entry(for topic: Topic) -> TopicEntry {
@@ -205,12 +210,14 @@ public actor MarketDataHub {
             wildcards[topic.eventType]?.removeAll { $0 === subscriber }
             if wildcards[topic.eventType]?.isEmpty == true {
                 wildcards[topic.eventType] = nil
+                wildcardUnwanted(topic.eventType)
                 if !keepsUnwantedLastValues {
                     entries = entries.filter { $0.key.eventType != topic.eventType || !$0.value.subscribers.isEmpty }
                 }
             }
         } else if let entry = entries[topic] {
             entry.subscribers.removeAll { $0 === subscriber }
+            if entry.subscribers.isEmpty { tickerUnwanted(topic) }
             // Unwanted and nothing worth keeping (no last value, or a cluster node's): freed, so junk
             // topics leave no trace.
             if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil, entry.last == nil || !keepsUnwantedLastValues {
@@ -219,14 +226,47 @@ public actor MarketDataHub {
         }
     }
 
-    private func refreshUpstreamWanted() {
-        var wanted = Set(wildcards.keys.map(Topic.wildcard))
-        for (topic, entry) in entries where !entry.subscribers.isEmpty && wildcards[topic.eventType] == nil {
-            wanted.insert(topic)
-        }
-        guard wanted != upstreamWanted else { return }
-        upstreamWanted = wanted
-        onWantedTopicsChange(wanted)
+    /// A ticker topic got its first subscriber.
+    private func tickerWanted(_ topic: Topic) {
+        subscribedTickers[topic.eventType, default: []].insert(topic)
+        if wildcards[topic.eventType] == nil { upstreamAdd(topic) }
+    }
+
+    /// A ticker topic lost its last subscriber.
+    private func tickerUnwanted(_ topic: Topic) {
+        subscribedTickers[topic.eventType]?.remove(topic)
+        if subscribedTickers[topic.eventType]?.isEmpty == true { subscribedTickers[topic.eventType] = nil }
+        if wildcards[topic.eventType] == nil { upstreamRemove(topic) }
+    }
+
+    /// The wildcard of a type got its first subscriber: it replaces the type's tickers upstream.
+    private func wildcardWanted(_ eventType: String) {
+        upstreamAdd(.wildcard(eventType))
+        for topic in subscribedTickers[eventType] ?? [] { upstreamRemove(topic) }
+    }
+
+    /// The wildcard of a type lost its last subscriber: the type's tickers are wanted again.
+    private func wildcardUnwanted(_ eventType: String) {
+        upstreamRemove(.wildcard(eventType))
+        for topic in subscribedTickers[eventType] ?? [] { upstreamAdd(topic) }
+    }
+
+    private func upstreamAdd(_ topic: Topic) {
+        guard upstreamWanted.insert(topic).inserted else { return }
+        if wantedChange.removed.remove(topic) == nil { wantedChange.added.insert(topic) }
+    }
+
+    private func upstreamRemove(_ topic: Topic) {
+        guard upstreamWanted.remove(topic) != nil else { return }
+        if wantedChange.added.remove(topic) == nil { wantedChange.removed.insert(topic) }
+    }
+
+    /// Tells what the call changed in the upstream set, if anything.
+    private func reportWantedChange() {
+        guard !wantedChange.isEmpty else { return }
+        let change = wantedChange
+        wantedChange = WantedTopicsChange()
+        onWantedTopicsChange(change)
     }
 
     // MARK: publishing
@@ -504,5 +544,24 @@ public actor MarketDataHub {
     /// subscribers are lagging (have lost events not yet reported to them).
     public var bufferStatistics: (maxFill: Int, lagging: Int) {
         (subscribers.values.map { $0.queue.pending.load(ordering: .relaxed) }.max() ?? 0, laggingCount)
+    }
+}
+
+/// What joined and what left the hub's upstream topic set in one hub call. Value type, `Sendable`.
+public struct WantedTopicsChange: Sendable, Equatable {
+    public var added: Set<Topic> = []
+    public var removed: Set<Topic> = []
+
+    public init(added: Set<Topic> = [], removed: Set<Topic> = []) {
+        self.added = added
+        self.removed = removed
+    }
+
+    public var isEmpty: Bool { added.isEmpty && removed.isEmpty }
+
+    /// Applies the change to a set.
+    public func apply(to topics: inout Set<Topic>) {
+        topics.subtract(removed)
+        topics.formUnion(added)
     }
 }

@@ -21,8 +21,9 @@ public struct MarketEvent: Sendable {
         self.receivedAt = receivedAt
     }
 
-    /// The topic this event is delivered on, e.g. `Q.AAPL`.
-    public var topic: Topic { Topic(eventType: eventType, ticker: ticker) }
+    /// The topic this event is delivered on, e.g. `Q.AAPL`. Only looked up (an event whose ticker no
+    /// subscription can have matches nobody); never sent upstream.
+    public var topic: Topic { Topic(checkedEventType: eventType, ticker: ticker) }
 
     /// The event's JSON text (for logs, tests and HTTP answers; not for the hot path).
     public var json: String { String(buffer: bytes) }

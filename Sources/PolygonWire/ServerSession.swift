@@ -6,9 +6,11 @@ import NIOCore
 /// Value type, `Sendable`; one per connection, owned by the task that reads that connection. Used by
 /// the relay's downstream endpoint and by the demo feed, so both speak the protocol identically:
 /// the auth reply is a frame of its own; subscribes that arrive right behind `auth` (before its reply
-/// was read) are handled in order; `params` entries are trimmed; unsubscribing what was never
-/// subscribed is acknowledged; a malformed message is answered with an `error` status and the
-/// connection goes on.
+/// was read) are handled in order; `params` entries are trimmed; a malformed message is answered with an
+/// `error` status and the connection goes on. A client message gets at most one frame back, whatever
+/// its length (what changed, with counts and the first few topics, and what was refused), and a message
+/// that changes nothing and asks nothing wrong gets none: what a client can make the relay write is
+/// bounded by what it sends. A second `auth` is refused (a connection keeps the key it was admitted with).
 public struct ServerSession: Sendable {
     /// What to do after one client message.
     public struct Reaction: Sendable {
@@ -28,13 +30,19 @@ public struct ServerSession: Sendable {
     public private(set) var topics: Set<Topic> = []
     public let limits: SessionLimits
     private let authenticate: @Sendable (String) -> ClientGrant?
+    /// Distinct topics shared by every connection (per key and in all); `nil`: no such bound.
+    private let budget: TopicBudget?
     /// The message-rate token bucket: tokens left, and when it was last filled.
     private var tokens: Double
     private var filledAt: ContinuousClock.Instant?
+    private var rateLimitToldAt: ContinuousClock.Instant?
 
     /// - Parameter authenticate: what a client key may do, or `nil` when it is not accepted.
-    public init(limits: SessionLimits = SessionLimits(), grants authenticate: @escaping @Sendable (String) -> ClientGrant?) {
+    public init(
+        limits: SessionLimits = SessionLimits(), budget: TopicBudget? = nil, grants authenticate: @escaping @Sendable (String) -> ClientGrant?
+    ) {
         self.limits = limits
+        self.budget = budget
         self.authenticate = authenticate
         tokens = Double(max(limits.messageBurst, 1))
     }
@@ -47,8 +55,13 @@ public struct ServerSession: Sendable {
     /// Handles one client message (arriving at `now`).
     public mutating func receive(_ message: ByteBuffer, at now: ContinuousClock.Instant = .now) -> Reaction {
         guard admit(at: now) else {
+            // Told at most once a second: a flood past the rate is not answered message by message.
+            if let told = rateLimitToldAt, now - told < .seconds(1) { return Reaction() }
+            rateLimitToldAt = now
             return Reaction(frames: [
-                StatusMessage.error("rate limit: at most \(limits.messagesPerSecond) messages per second; this one was dropped").frame
+                StatusMessage.error(
+                    "rate limit: at most \(limits.messagesPerSecond) messages per second; messages past it are dropped (told once a second)"
+                ).frame
             ])
         }
         let action: ClientAction
@@ -59,9 +72,14 @@ public struct ServerSession: Sendable {
         }
         switch action.kind {
         case .auth:
+            if let grant {
+                // A grant is admitted once (its key's connection limit, its topics): no swapping keys.
+                return Reaction(frames: [
+                    StatusMessage.error("already authenticated as \"\(grant.name)\"; open a new connection to use another key").frame
+                ])
+            }
             let key = String(action.params.trimmingWhitespace())
             guard let granted = authenticate(key) else {
-                grant = nil
                 return Reaction(frames: [StatusMessage.authFailed.frame], close: true)
             }
             grant = granted
@@ -99,63 +117,78 @@ public struct ServerSession: Sendable {
             ])
         }
         var reaction = Reaction()
-        var acks: [StatusMessage] = []
-        var refused: [Topic] = []
-        var overLimit: [Topic] = []
-        for topic in parsed {
-            if action.kind == .subscribe, let problem = limits.problem(with: topic) {
-                acks.append(.error("invalid topic \"\(topic)\": \(problem)"))
-                continue
+        var problems: [String] = []
+        if action.kind == .subscribe {
+            var malformed: [String] = invalid
+            var refused: [Topic] = []
+            var overLimit = 0
+            var wanted: [Topic] = []
+            var seen = Set<Topic>()
+            for topic in parsed where !topics.contains(topic) && seen.insert(topic).inserted {
+                if let problem = limits.problem(with: topic) {
+                    malformed.append("\(topic) (\(problem))")
+                } else if let grant, !grant.entitlement.allows(topic) {
+                    refused.append(topic)
+                } else if topics.count + wanted.count >= limits.topicsPerConnection {
+                    overLimit += 1
+                } else {
+                    wanted.append(topic)
+                }
             }
-            if action.kind == .subscribe, let grant, !grant.entitlement.allows(topic) {
-                refused.append(topic)
-                continue
+            if !wanted.isEmpty, let budget, let grant {
+                let verdict = budget.reserve(wanted, grant)
+                if !verdict.refused.isEmpty {
+                    let refusedSet = Set(verdict.refused)
+                    wanted.removeAll { refusedSet.contains($0) }
+                    problems.append("\(verdict.reason ?? "topic limit reached"); not subscribed: \(Self.summary(verdict.refused))")
+                }
             }
-            if action.kind == .subscribe, !topics.contains(topic), topics.count >= limits.topicsPerConnection {
-                overLimit.append(topic)
-                continue
+            topics.formUnion(wanted)
+            reaction.added = wanted
+            if !malformed.isEmpty {
+                problems.append("invalid topics (expected EVENT.TICKER, e.g. Q.AAPL or T.*): \(Self.summary(malformed))")
             }
-            if action.kind == .subscribe {
-                if topics.insert(topic).inserted { reaction.added.append(topic) }
-                acks.append(StatusMessage(status: StatusMessage.Kind.success, message: "subscribed to: \(topic)"))
-            } else {
-                if topics.remove(topic) != nil { reaction.removed.append(topic) }
-                acks.append(StatusMessage(status: StatusMessage.Kind.success, message: "unsubscribed to: \(topic)"))
+            if !refused.isEmpty {
+                problems.append("not authorized: key \"\(grant?.name ?? "")\" may not subscribe to \(Self.summary(refused))")
             }
-        }
-        if !overLimit.isEmpty {
-            acks.append(
-                .error("topic limit reached: a connection holds at most \(limits.topicsPerConnection); not subscribed: \(overLimit.count) topics"))
-        }
-        if !refused.isEmpty {
-            acks.append(.error("not authorized: key \"\(grant?.name ?? "")\" may not subscribe to \(Topic.joinList(refused))"))
-        }
-        for entry in invalid {
-            acks.append(.error("invalid topic \"\(entry)\": expected EVENT.TICKER, e.g. Q.AAPL or T.*"))
+            if overLimit > 0 {
+                problems.append("topic limit reached: a connection holds at most \(limits.topicsPerConnection); not subscribed: \(overLimit) topics")
+            }
+        } else {
+            for topic in parsed where topics.remove(topic) != nil { reaction.removed.append(topic) }
+            if !reaction.removed.isEmpty, let budget, let grant { budget.release(reaction.removed, grant) }
+            if !invalid.isEmpty {
+                problems.append("invalid topics (expected EVENT.TICKER, e.g. Q.AAPL or T.*): \(Self.summary(invalid))")
+            }
         }
         if parsed.isEmpty && invalid.isEmpty {
-            acks.append(.error("\(action.kind.rawValue): no topics in params"))
+            problems.append("\(action.kind.rawValue): no topics in params")
         }
-        reaction.frames = Self.frames(acks)
+        // One frame per message whatever its length: what changed (nothing for a no-op) and what did not.
+        var statuses: [StatusMessage] = []
+        let changed = action.kind == .subscribe ? reaction.added : reaction.removed
+        if !changed.isEmpty {
+            let verb = action.kind == .subscribe ? "subscribed to" : "unsubscribed to"
+            let message = changed.count == 1 ? "\(verb): \(changed[0])" : "\(verb) \(changed.count) topics: \(Self.summary(changed))"
+            statuses.append(StatusMessage(status: StatusMessage.Kind.success, message: message))
+        }
+        if !problems.isEmpty { statuses.append(.error(problems.joined(separator: "; "))) }
+        if !statuses.isEmpty { reaction.frames = [StatusMessage.frame(statuses)] }
         return reaction
     }
 
-    /// Status objects packed into frames under the frame limit.
-    static func frames(_ statuses: [StatusMessage]) -> [ByteBuffer] {
-        var frames: [ByteBuffer] = []
-        var batch: [StatusMessage] = []
-        var size = 2
-        for status in statuses {
-            let length = status.json.utf8.count + 1
-            if !batch.isEmpty, size + length > FrameEncoder.maxFrameBytes {
-                frames.append(StatusMessage.frame(batch))
-                batch = []
-                size = 2
-            }
-            batch.append(status)
-            size += length
-        }
-        if !batch.isEmpty { frames.append(StatusMessage.frame(batch)) }
-        return frames
+    /// The topics held are given up (the connection closed): their share of the budget is released.
+    public mutating func releaseAll() {
+        if !topics.isEmpty, let budget, let grant { budget.release(Array(topics), grant) }
+        topics = []
+    }
+
+    /// How many entries a status names before it says how many more there are.
+    static let namedInSummary = 10
+
+    /// `A,B,C` for a few entries, `A,…,J and 990 more` for many: a status stays small whatever the message.
+    static func summary(_ entries: [some CustomStringConvertible]) -> String {
+        let named = entries.prefix(namedInSummary).map { String($0.description.prefix(64)) }.joined(separator: ",")
+        return entries.count > namedInSummary ? "\(named) and \(entries.count - namedInSummary) more" : named
     }
 }

@@ -48,14 +48,6 @@ public struct SessionLimits: Sendable, Equatable {
         }
         if topic.isWildcard { return nil }
         if topic.ticker.utf8.count > maxTickerLength { return "ticker longer than \(maxTickerLength) characters" }
-        let allowed = topic.ticker.utf8.allSatisfy { byte in
-            switch byte {
-            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-                UInt8(ascii: "."), UInt8(ascii: ":"), UInt8(ascii: "/"), UInt8(ascii: "-"), UInt8(ascii: "_"):
-                true
-            default: false
-            }
-        }
-        return allowed ? nil : "a ticker has letters, digits and . : / - _ only"
+        return Topic.isTicker(topic.ticker) ? nil : "a ticker has letters, digits and . : / - _ only"
     }
 }

@@ -1,6 +1,11 @@
 /// A Polygon subscription topic: an event type and a ticker, written `Q.AAPL`, or a wildcard `Q.*`.
 ///
 /// Value type, `Sendable`. Tickers may contain dots (`T.BRK.B`), so the event type ends at the first dot.
+///
+/// A topic cannot carry a separator of Polygon's `params` list, whatever path it comes from (a client
+/// message, a portfolio symbol, NATS): the event type is letters and digits, the ticker is `*` or
+/// letters, digits and `. : / - _` (``isTickerByte(_:)``); anything else is no topic (`nil`), so no
+/// `","`, `"*"` or white space can be joined into an upstream `subscribe`.
 public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
     /// The ticker that stands for every ticker of an event type.
     public static let wildcardTicker = "*"
@@ -10,27 +15,57 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
     /// The ticker, e.g. `AAPL`, `EUR/USD`, `O:SPY241220P00720000`, or `*`.
     public let ticker: String
 
-    public init(eventType: String, ticker: String) {
+    /// A topic of `eventType` and `ticker`, or `nil` when either part is empty or has a byte topics may
+    /// not have.
+    public init?(eventType: String, ticker: String) {
+        guard Self.isEventType(eventType), ticker == Self.wildcardTicker || Self.isTicker(ticker) else { return nil }
+        self.init(checkedEventType: eventType, ticker: ticker)
+    }
+
+    /// For parts already checked (or an event's own type and ticker, looked up, never sent upstream).
+    init(checkedEventType eventType: String, ticker: String) {
         self.eventType = eventType
         self.ticker = ticker
     }
 
-    /// Parses `EV.TICKER`, trimming surrounding white space; `nil` when either part is missing.
+    /// Whether `byte` may stand in a ticker: ASCII letters, digits and `. : / - _`.
+    @inlinable
+    public static func isTickerByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+            UInt8(ascii: "."), UInt8(ascii: ":"), UInt8(ascii: "/"), UInt8(ascii: "-"), UInt8(ascii: "_"):
+            true
+        default: false
+        }
+    }
+
+    /// A non-empty ticker of ticker bytes only (not the wildcard).
+    public static func isTicker(_ text: String) -> Bool {
+        !text.utf8.isEmpty && text.utf8.allSatisfy(isTickerByte)
+    }
+
+    /// A non-empty event type of ASCII letters and digits.
+    public static func isEventType(_ text: String) -> Bool {
+        !text.utf8.isEmpty
+            && text.utf8.allSatisfy { byte in
+                switch byte {
+                case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
+                default: false
+                }
+            }
+    }
+
+    /// Parses `EV.TICKER`, trimming surrounding white space; `nil` when either part is missing or has a
+    /// byte topics may not have.
     public init?(parsing text: some StringProtocol) {
         let trimmed = text.trimmingWhitespace()
         guard let dot = trimmed.firstIndex(of: ".") else { return nil }
-        let eventType = trimmed[..<dot]
-        let ticker = trimmed[trimmed.index(after: dot)...]
-        guard !eventType.isEmpty, !ticker.isEmpty,
-            !eventType.contains(where: { $0 == " " || $0 == "," }),
-            !ticker.contains(where: { $0 == " " || $0 == "," })
-        else { return nil }
-        self.init(eventType: String(eventType), ticker: String(ticker))
+        self.init(eventType: String(trimmed[..<dot]), ticker: String(trimmed[trimmed.index(after: dot)...]))
     }
 
-    /// The wildcard topic of an event type, `EV.*`.
+    /// The wildcard topic of an event type, `EV.*` (`eventType` is one a topic already has).
     public static func wildcard(_ eventType: String) -> Topic {
-        Topic(eventType: eventType, ticker: wildcardTicker)
+        Topic(checkedEventType: eventType, ticker: wildcardTicker)
     }
 
     /// Whether this topic is `EV.*`.

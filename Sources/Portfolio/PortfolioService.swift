@@ -139,11 +139,12 @@ public actor PortfolioService: Service {
         let added = symbols.subtracting(held)
         let removed = held.subtracting(symbols)
         func topics(_ symbols: Set<String>) -> [Topic] {
-            symbols.flatMap { [Topic(eventType: "T", ticker: $0), Topic(eventType: "Q", ticker: $0)] }
+            // A symbol no topic can have (the store checks them) asks for nothing.
+            symbols.flatMap { [Topic(eventType: "T", ticker: $0), Topic(eventType: "Q", ticker: $0)].compactMap { $0 } }
         }
         for symbol in added {
             for type in ["T", "Q"] {
-                if let last = await hub.lastEvent(for: Topic(eventType: type, ticker: symbol)) {
+                if let topic = Topic(eventType: type, ticker: symbol), let last = await hub.lastEvent(for: topic) {
                     prices[symbol, default: SymbolPrices()].apply(last, now: .now)
                 }
             }

@@ -142,8 +142,8 @@ public final class Relay: Service, Sendable {
         let hub = MarketDataHub(
             policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
             keepsUnwantedLastValues: settings.cluster == nil, logger: logger.with(label: "relay.hub"), metricsFactory: metricsFactory
-        ) { topics in
-            interest.set(topics)
+        ) { change in
+            interest.apply(change)
         }
         let clustered = settings.cluster != nil
         let makeUpstream: @Sendable () async throws -> PolygonWebSocket = {

@@ -228,7 +228,10 @@ public struct RelaySettings: Sendable {
         ("RELAY_LIMIT_MESSAGES_PER_SECOND", "limits.messagesPerSecond"),
         ("RELAY_LIMIT_CONNECTIONS", "limits.connections"),
         ("RELAY_LIMIT_CONNECTIONS_PER_ADDRESS", "limits.connectionsPerAddress"),
-        ("RELAY_LIMIT_FAILED_AUTH_PER_MINUTE", "limits.failedAuthPerMinute"),
+        ("RELAY_LIMIT_PENDING_PER_ADDRESS", "limits.pendingPerAddress"),
+        ("RELAY_LIMIT_OUTBOUND_BYTES", "limits.outboundBytes"),
+        ("RELAY_LIMIT_TOPICS_PER_KEY", "limits.topicsPerKey"),
+        ("RELAY_LIMIT_TOPICS", "limits.topics"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -379,7 +382,10 @@ public struct RelaySettings: Sendable {
         for (key, path) in [
             ("limits.connections", \RelayServerConfiguration.ConnectionLimits.total),
             ("limits.connectionsPerAddress", \RelayServerConfiguration.ConnectionLimits.perAddress),
-            ("limits.failedAuthPerMinute", \RelayServerConfiguration.ConnectionLimits.failedAuthentications),
+            ("limits.pendingPerAddress", \RelayServerConfiguration.ConnectionLimits.pendingPerAddress),
+            ("limits.outboundBytes", \RelayServerConfiguration.ConnectionLimits.outboundBytes),
+            ("limits.topicsPerKey", \RelayServerConfiguration.ConnectionLimits.topicsPerKey),
+            ("limits.topics", \RelayServerConfiguration.ConnectionLimits.topics),
         ] {
             guard let value = config.int(forKey: ConfigKey(key.split(separator: ".").map(String.init))) else { continue }
             guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }

@@ -1,53 +1,181 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
 import Synchronization
 
-/// Connection limits by remote address, and failed authentication per address. `Sendable`; the
-/// tables sit behind a `Mutex` and hold only addresses with open connections or recent failures.
+/// What connections each remote address holds, and its failed authentications. `Sendable`; the tables
+/// sit behind a `Mutex` and hold only addresses with open connections or recent failures (swept).
+///
+/// An address is its IPv4 address or its IPv6 /64 (one host or one site's network: a client with a
+/// /64 has 2⁶⁴ addresses to rotate through, so the /64 is the unit every limit counts).
+///
+/// Three tallies:
+/// - every accepted TCP connection (HTTP and WebSocket): refused at accept past the descriptor budget
+///   (the process's open-file limit less a reserve for the upstream, NATS, SQLite and files), and past
+///   ``RelayServerConfiguration/ConnectionLimits/pendingPerAddress`` connections of one address that
+///   have not yet sent a request head or authenticated;
+/// - market and push WebSockets, in all and per address (refused the way Polygon refuses: a status and
+///   close 1008);
+/// - failed authentications per address in the last window, which delay the answer to the next failure
+///   (doubling, capped) but never refuse a correct key.
 final class AddressGuard: Sendable {
     private struct State {
-        var open: [String: Int] = [:]
-        var total = 0
-        var failures: [String: [ContinuousClock.Instant]] = [:]
+        /// Accepted connections per address, and of them those still pending.
+        var accepted: [String: (open: Int, pending: Int)] = [:]
+        var acceptedTotal = 0
+        /// Market and push WebSockets.
+        var webSockets: [String: Int] = [:]
+        var webSocketsTotal = 0
+        var failures: [String: (count: Int, last: ContinuousClock.Instant)] = [:]
+        var sweptAt: ContinuousClock.Instant?
     }
 
-    /// Why a connection is refused.
+    /// Why a WebSocket is refused.
     enum Refusal: Sendable, Equatable {
         case total(Int)
         case perAddress(Int)
-        case tooManyFailures(retryAfter: Duration)
     }
+
+    /// Why a connection is closed as soon as it is accepted.
+    enum AcceptRefusal: Sendable, Equatable {
+        case descriptors(Int)
+        case pending(Int)
+    }
+
+    /// One accepted connection: its address, and whether it is still pending. Settled once.
+    final class Ticket: Sendable {
+        let address: String
+        fileprivate let pending = Atomic<Bool>(true)
+
+        fileprivate init(address: String) {
+            self.address = address
+        }
+    }
+
+    /// Failure records kept at most (an address past it is not delayed, never refused).
+    static let maxFailureRecords = 65_536
 
     let limits: RelayServerConfiguration.ConnectionLimits
+    /// Accepted connections at most: the open-file limit less the reserve.
+    let descriptorBudget: Int
     private let state = Mutex(State())
 
-    init(limits: RelayServerConfiguration.ConnectionLimits) {
+    init(limits: RelayServerConfiguration.ConnectionLimits, openFileLimit: Int = AddressGuard.openFileLimit()) {
         self.limits = limits
+        descriptorBudget = openFileLimit > 0 ? max(openFileLimit - limits.descriptorReserve, 1) : Int.max
     }
 
-    /// Counts a new connection from `address`, or says why it is refused.
-    func admit(_ address: String, at now: ContinuousClock.Instant = .now) -> Refusal? {
+    /// The address every limit counts: IPv4 as it is, IPv6 by its /64 (`2001:db8:1:2::/64`).
+    static func key(for address: String) -> String {
+        var v6 = in6_addr()
+        guard address.contains(":"), inet_pton(AF_INET6, address, &v6) == 1 else { return address }
+        let bytes = withUnsafeBytes(of: &v6) { Array($0) }
+        // IPv4-mapped: the IPv4 address.
+        if bytes[0..<10].allSatisfy({ $0 == 0 }), bytes[10] == 0xFF, bytes[11] == 0xFF {
+            return bytes[12..<16].map(String.init).joined(separator: ".")
+        }
+        let groups = stride(from: 0, to: 8, by: 2).map { String(UInt16(bytes[$0]) << 8 | UInt16(bytes[$0 + 1]), radix: 16) }
+        return groups.joined(separator: ":") + "::/64"
+    }
+
+    static func openFileLimit() -> Int {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max else { return -1 }
+        return Int(clamping: limit.rlim_cur)
+    }
+
+    // MARK: every connection
+
+    /// Counts a newly accepted connection (pending until ``settle(_:)``), or says why it is closed.
+    func accept(_ address: String) -> (Ticket?, AcceptRefusal?) {
+        let key = Self.key(for: address)
+        return state.withLock { state in
+            if state.acceptedTotal >= descriptorBudget { return (nil, .descriptors(descriptorBudget)) }
+            let tally = state.accepted[key] ?? (0, 0)
+            if tally.pending >= limits.pendingPerAddress { return (nil, .pending(limits.pendingPerAddress)) }
+            state.accepted[key] = (tally.open + 1, tally.pending + 1)
+            state.acceptedTotal += 1
+            return (Ticket(address: key), nil)
+        }
+    }
+
+    /// The connection sent its first request head (HTTP) or authenticated (market WebSocket).
+    func settle(_ ticket: Ticket) {
+        guard ticket.pending.exchange(false, ordering: .acquiringAndReleasing) else { return }
         state.withLock { state in
-            let recent = (state.failures[address] ?? []).filter { now - $0 < limits.failureWindow }
-            state.failures[address] = recent.isEmpty ? nil : recent
-            if recent.count >= limits.failedAuthentications, let oldest = recent.first {
-                return .tooManyFailures(retryAfter: limits.failureWindow - (now - oldest))
-            }
-            if state.total >= limits.total { return .total(limits.total) }
-            if state.open[address, default: 0] >= limits.perAddress { return .perAddress(limits.perAddress) }
-            state.total += 1
-            state.open[address, default: 0] += 1
+            if let tally = state.accepted[ticket.address] { state.accepted[ticket.address] = (tally.open, max(tally.pending - 1, 0)) }
+        }
+    }
+
+    /// The connection closed.
+    func closed(_ ticket: Ticket) {
+        let wasPending = ticket.pending.exchange(false, ordering: .acquiringAndReleasing)
+        state.withLock { state in
+            state.acceptedTotal = max(state.acceptedTotal - 1, 0)
+            guard let tally = state.accepted[ticket.address] else { return }
+            let next = (open: tally.open - 1, pending: wasPending ? tally.pending - 1 : tally.pending)
+            state.accepted[ticket.address] = next.open > 0 ? (next.open, max(next.pending, 0)) : nil
+        }
+    }
+
+    /// Accepted connections now, and those of them pending, from `address` (tests, status).
+    func accepted(from address: String) -> (open: Int, pending: Int) {
+        state.withLock { $0.accepted[Self.key(for: address)] ?? (0, 0) }
+    }
+
+    // MARK: WebSockets
+
+    /// Counts a new market or push WebSocket from `address`, or says why it is refused.
+    func admit(_ address: String) -> Refusal? {
+        let key = Self.key(for: address)
+        return state.withLock { state in
+            if state.webSocketsTotal >= limits.total { return .total(limits.total) }
+            if state.webSockets[key, default: 0] >= limits.perAddress { return .perAddress(limits.perAddress) }
+            state.webSocketsTotal += 1
+            state.webSockets[key, default: 0] += 1
             return nil
         }
     }
 
     func release(_ address: String) {
+        let key = Self.key(for: address)
         state.withLock { state in
-            state.total = max(state.total - 1, 0)
-            let left = (state.open[address] ?? 1) - 1
-            state.open[address] = left > 0 ? left : nil
+            state.webSocketsTotal = max(state.webSocketsTotal - 1, 0)
+            let left = (state.webSockets[key] ?? 1) - 1
+            state.webSockets[key] = left > 0 ? left : nil
         }
     }
 
-    func failedAuthentication(from address: String, at now: ContinuousClock.Instant = .now) {
-        state.withLock { $0.failures[address, default: []].append(now) }
+    // MARK: failed authentication
+
+    /// Records a failed authentication from `address` and says how long to wait before answering it:
+    /// nothing for the first in a window, then ``RelayServerConfiguration/ConnectionLimits/failureDelay``
+    /// doubling with each further failure, at most ``RelayServerConfiguration/ConnectionLimits/maxFailureDelay``.
+    /// A guesser gets few answers a second; a correct key is answered at once all the while.
+    func failedAuthentication(from address: String, at now: ContinuousClock.Instant = .now) -> Duration {
+        let key = Self.key(for: address)
+        return state.withLock { state in
+            sweep(&state, now: now)
+            var record = state.failures[key] ?? (0, now)
+            if now - record.last >= limits.failureWindow { record.count = 0 }
+            record.count += 1
+            record.last = now
+            if state.failures[key] != nil || state.failures.count < Self.maxFailureRecords { state.failures[key] = record }
+            guard record.count > 1 else { return .zero }
+            let doublings = min(record.count - 2, 30)
+            let delay = limits.failureDelay * (1 << doublings)
+            return min(delay, limits.maxFailureDelay)
+        }
+    }
+
+    /// Addresses with a failure record (tests).
+    var failureRecords: Int { state.withLock { $0.failures.count } }
+
+    /// Forgets failures older than the window, at most once per tenth of it.
+    private func sweep(_ state: inout State, now: ContinuousClock.Instant) {
+        if let sweptAt = state.sweptAt, now - sweptAt < limits.failureWindow / 10 { return }
+        state.sweptAt = now
+        let window = limits.failureWindow
+        state.failures = state.failures.filter { now - $0.value.last < window }
     }
 }

@@ -24,8 +24,13 @@ actor MarketConnection {
         /// What drains the hub streams of this connection's event loop.
         let drain: LoopDrain
         let logger: Logger
-        /// Told each time a client's key is refused (counted per address).
-        let authenticationFailed: @Sendable () -> Void
+        /// Distinct topics per key and in all.
+        let topicBudget: TopicBudget
+        /// Told once the client authenticated (and was admitted).
+        let authenticated: @Sendable () -> Void
+        /// Told each time a client's key is refused (counted per address); says how long to wait
+        /// before answering the failure.
+        let authenticationFailed: @Sendable () -> Duration
     }
 
     /// The close code for a client the `disconnect` policy removed: "try again later".
@@ -49,6 +54,8 @@ actor MarketConnection {
     private var hubChanges: [HubChange] = []
     private var hubWorker: Task<Void, Never>?
     private var ended = false
+    /// A failed authentication is being answered (after its delay): nothing more is read.
+    private var refusing = false
 
     init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, dependencies: Dependencies) {
         self.loop = loop
@@ -56,7 +63,8 @@ actor MarketConnection {
         self.handler = handler
         self.dependencies = dependencies
         let authentication = dependencies.configuration.authentication
-        session = ServerSession(limits: dependencies.configuration.limits, grants: { authentication.grant(for: $0) })
+        session = ServerSession(
+            limits: dependencies.configuration.limits, budget: dependencies.topicBudget, grants: { authentication.grant(for: $0) })
     }
 
     /// The handler's callbacks into this connection. Called on the loop, so they enter the actor's
@@ -88,7 +96,7 @@ actor MarketConnection {
     }
 
     private func received(_ message: ByteBuffer) {
-        guard !ended else { return }
+        guard !ended, !refusing else { return }
         let wasAuthenticated = session.isAuthenticated
         let reaction = session.receive(message)
         if let grant = session.grant, !wasAuthenticated {
@@ -105,17 +113,33 @@ actor MarketConnection {
                 return
             }
             admitted = grant
+            // Messages up to the full size from now on, and no longer pending for its address.
+            handler.value.messageLimit.open()
+            dependencies.authenticated()
             dependencies.logger.debug("downstream client authenticated", metadata: ["key": "\(grant.name)"])
+        }
+        if reaction.close {
+            // Answered after a delay that grows with the address's recent failures (a guesser gets few
+            // answers; a correct key on another connection is answered at once meanwhile).
+            refusing = true
+            let delay = dependencies.authenticationFailed()
+            dependencies.logger.info(
+                "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])
+            let frames = reaction.frames
+            let refuse: @Sendable () -> Void = {
+                self.assumeIsolated { connection in
+                    let handler = connection.handler.value
+                    for frame in frames { handler.write(frame, flush: false) }
+                    handler.flush()
+                    handler.close(code: .policyViolation, reason: "authentication failed")
+                }
+            }
+            if delay > .zero { loop.scheduleTask(in: TimeAmount(delay)) { refuse() } } else { refuse() }
+            return
         }
         let handler = self.handler.value
         for frame in reaction.frames { handler.write(frame, flush: false) }
         handler.flush()
-        if reaction.close {
-            dependencies.authenticationFailed()
-            dependencies.logger.info("downstream client refused: authentication failed")
-            handler.close(code: .policyViolation, reason: "authentication failed")
-            return
-        }
         if !reaction.added.isEmpty { change(.add(reaction.added)) }
         if !reaction.removed.isEmpty { change(.remove(reaction.removed)) }
     }
@@ -127,6 +151,7 @@ actor MarketConnection {
         authTimeout = nil
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
+        session.releaseAll()
         // Nothing the client asked for matters now, but leaving the hub does (after a join in flight).
         hubChanges.removeAll()
         change(.leave)

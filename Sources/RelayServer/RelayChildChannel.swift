@@ -12,16 +12,26 @@ import PolygonWire
 /// WebSocket upgrade straight into the relay's own channel handlers (the market feed and the push
 /// streams), with no task reading the connection and no Hummingbird WebSocket machinery in between.
 ///
+/// Every accepted connection is counted by its address (``AddressGuard``): closed at once past the
+/// descriptor budget or past its address's pending connections, pending until its first request head
+/// (HTTP) or its authentication (market WebSocket), which must come within the head timeout; a
+/// kept-alive HTTP connection is closed when its next request head does not come within the keep-alive
+/// timeout (``RequestHeadDeadline``), so a connection that sends a byte now and then holds nothing long.
+///
 /// `Sendable`, a value type; Hummingbird calls ``setup(channel:logger:)`` on the new channel's event
 /// loop and ``handle(value:logger:)`` in a task that, for an upgraded connection, returns at once.
 struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
-    /// Where a WebSocket upgrade leads.
-    struct WebSocketRoutes: Sendable {
+    /// Where a WebSocket upgrade leads, and how every connection is admitted and timed.
+    struct Routes: Sendable {
+        var addresses: AddressGuard
+        var headTimeout: TimeAmount
+        var keepAliveTimeout: TimeAmount
+        var logger: Logger
         /// Decides, from the upgrade request, whether to accept it (its extra response headers) or why
         /// not; runs on the channel's loop.
         var decide: @Sendable (HTTPRequestHead, any Channel) -> Decision
         /// Adds the connection's handlers once the upgrade is done (frame codec already in place).
-        var install: @Sendable (Accepted, any Channel) throws -> Void
+        var install: @Sendable (Accepted, any Channel, AddressGuard.Ticket?) throws -> Void
         var maxFrameSize: Int
     }
 
@@ -30,10 +40,15 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
         case refuse(HTTPResponse.Status, String)
     }
 
-    /// An accepted upgrade: the market feed, or the push stream at an index of the server's list.
+    /// An accepted upgrade: the market feed, or the push stream at an index of the server's list (with
+    /// the key that asked, when keys are required).
     enum Accepted: Sendable {
         case market
-        case push(Int)
+        case push(Int, ClientKey?)
+
+        var isMarket: Bool {
+            if case .market = self { true } else { false }
+        }
     }
 
     enum UpgradeResult: Sendable {
@@ -49,9 +64,9 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
     }
 
     let responder: HTTPChannelHandler.Responder
-    let routes: WebSocketRoutes
+    let routes: Routes
 
-    init(responder: @escaping HTTPChannelHandler.Responder, routes: WebSocketRoutes) {
+    init(responder: @escaping HTTPChannelHandler.Responder, routes: Routes) {
         self.routes = routes
         self.responder = Self.redirectingLateUpgrades(responder)
     }
@@ -64,17 +79,28 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
+            let routes = self.routes
+            let address = channel.remoteAddress?.ipAddress ?? "unknown"
+            let (ticket, refused) = routes.addresses.accept(address)
+            guard let ticket else {
+                routes.logger.debug("connection closed at accept", metadata: ["address": "\(address)", "why": "\(refused.map { "\($0)" } ?? "")"])
+                try channel.pipeline.syncOperations.addHandler(CloseWhenActive())
+                return Value(upgradeResult: channel.eventLoop.makeFailedFuture(ChannelError.inputClosed), channel: channel)
+            }
+            channel.closeFuture.whenComplete { _ in routes.addresses.closed(ticket) }
+            // The first request head (or upgrade) within the head timeout.
+            let headDeadline = channel.eventLoop.scheduleTask(in: routes.headTimeout) { channel.close(promise: nil) }
             if let options = channel.syncOptions {
                 try options.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
                 try options.setOption(ChannelOptions.recvAllocator, value: Self.receiveAllocator)
             }
             let refusal = NIOLoopBoundBox<(HTTPResponse.Status, String)?>(nil, eventLoop: channel.eventLoop)
             let accepted = NIOLoopBoundBox<Accepted?>(nil, eventLoop: channel.eventLoop)
-            let routes = self.routes
             let upgrader = NIOTypedWebSocketServerUpgrader<UpgradeResult>(
                 maxFrameSize: routes.maxFrameSize,
                 enableAutomaticErrorHandling: false,
                 shouldUpgrade: { channel, head in
+                    headDeadline.cancel()
                     switch routes.decide(head, channel) {
                     case .accept(let route):
                         accepted.value = route
@@ -87,7 +113,7 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 upgradePipelineHandler: { channel, _ in
                     channel.eventLoop.makeCompletedFuture {
                         guard let route = accepted.value else { throw ChannelError.inappropriateOperationForState }
-                        try routes.install(route, channel)
+                        try routes.install(route, channel, ticket)
                         return UpgradeResult.upgraded
                     }
                 })
@@ -95,7 +121,11 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 upgraders: [upgrader],
                 notUpgradingCompletionHandler: { channel in
                     channel.eventLoop.makeCompletedFuture {
+                        // A request head came: no longer pending; the next ones within the keep-alive timeout.
+                        headDeadline.cancel()
+                        routes.addresses.settle(ticket)
                         try channel.pipeline.syncOperations.addHandler(HTTP1ToHTTPServerCodec(secure: false))
+                        try channel.pipeline.syncOperations.addHandler(RequestHeadDeadline(timeout: routes.keepAliveTimeout))
                         try channel.pipeline.syncOperations.addHandler(HTTPConnectionStateHandler(logger: logger))
                         let asyncChannel = try NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>(
                             wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
@@ -148,5 +178,57 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
             try await writer.writeResponse(HTTPResponse(status: .temporaryRedirect, headerFields: [.connection: "close", .location: location]))
             throw RedirectedUpgrade()
         }
+    }
+}
+
+/// Closes a kept-alive HTTP connection whose next request head does not come within `timeout` of the
+/// end of the last response (waiting idle, or sending a head a byte at a time). Between the HTTP codec
+/// and the request handling; event-loop confined.
+final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPRequestPart
+    typealias InboundOut = HTTPRequestPart
+    typealias OutboundIn = HTTPResponsePart
+    typealias OutboundOut = HTTPResponsePart
+
+    private let timeout: TimeAmount
+    private var deadline: Scheduled<Void>?
+
+    init(timeout: TimeAmount) {
+        self.timeout = timeout
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .head = unwrapInboundIn(data) {
+            deadline?.cancel()
+            deadline = nil
+        }
+        context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .end = unwrapOutboundIn(data) {
+            deadline?.cancel()
+            let channel = context.channel
+            deadline = context.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
+        }
+        context.write(data, promise: promise)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
+    }
+}
+
+/// Closes its channel as soon as it is active (a connection refused at accept).
+final class CloseWhenActive: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { context.close(promise: nil) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        context.close(promise: nil)
     }
 }

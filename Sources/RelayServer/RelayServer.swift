@@ -31,6 +31,7 @@ public final class RelayServer: Service, Sendable {
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
+    private let topicLedger: TopicLedger
     private let drains: LoopDrains
     private let statusBoard: StatusBoard
     let dashboard: Dashboard
@@ -64,6 +65,7 @@ public final class RelayServer: Service, Sendable {
         self.drains = LoopDrains(metrics: metrics)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
+        self.topicLedger = TopicLedger(perKey: configuration.connectionLimits.topicsPerKey, total: configuration.connectionLimits.topics)
         self.statusBoard = StatusBoard(hub: hub, feed: feed, sessions: sessions, tally: metrics.tally)
         self.dashboard = Dashboard(directory: configuration.dashboardDirectory)
     }
@@ -123,8 +125,6 @@ public final class RelayServer: Service, Sendable {
         case .perAddress(let limit):
             StatusMessage(
                 status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) per address).")
-        case .tooManyFailures(let retryAfter):
-            .error("too many failed authentications from this address; try again in \(max(retryAfter.milliseconds / 1000, 1)) s")
         }
     }
 
@@ -139,11 +139,13 @@ public final class RelayServer: Service, Sendable {
     static let pingInterval = TimeAmount.seconds(30)
 
     /// The WebSocket side of the port: which upgrades are accepted, and the handlers that then run them.
-    private func webSocketRoutes() -> RelayChildChannel.WebSocketRoutes {
+    private func webSocketRoutes() -> RelayChildChannel.Routes {
         let market = "/\(configuration.market)"
         let pushStreams = self.pushStreams
         let authentication = configuration.authentication
-        return RelayChildChannel.WebSocketRoutes(
+        return RelayChildChannel.Routes(
+            addresses: addresses, headTimeout: TimeAmount(configuration.connectionLimits.headTimeout),
+            keepAliveTimeout: TimeAmount(configuration.connectionLimits.keepAliveTimeout), logger: logger,
             decide: { head, _ in
                 let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
                 if path == market { return .accept(.market) }
@@ -151,6 +153,7 @@ public final class RelayServer: Service, Sendable {
                     return .refuse(.notFound, "no WebSocket at \(path) (the market feed is at \(market))")
                 }
                 // The push streams take the client key the way the HTTP routes do.
+                var admitted: ClientKey?
                 if authentication.requiresKeys {
                     let presented = ClientKeyMiddleware<RelayRequestContext>.key(
                         authorization: head.headers.first(name: "authorization"), uri: URI(head.uri))
@@ -160,46 +163,71 @@ public final class RelayServer: Service, Sendable {
                     if pushStreams[index].needsPortfolioRight, key.portfolio < .read {
                         return .refuse(.forbidden, "key \"\(key.name)\" may not read the portfolio (its right: \(key.portfolio.rawValue))")
                     }
+                    admitted = key
                 }
-                return .accept(.push(index))
+                return .accept(.push(index, admitted))
             },
-            install: { [self] accepted, channel in try self.install(accepted, on: channel) },
+            install: { [self] accepted, channel, ticket in try self.install(accepted, on: channel, ticket: ticket) },
             maxFrameSize: configuration.maxClientMessageBytes)
     }
 
     /// Puts a new WebSocket connection's handlers into its pipeline (on its loop, right after the upgrade).
-    private func install(_ accepted: RelayChildChannel.Accepted, on channel: any Channel) throws {
-        let handler = WebSocketConnectionHandler(pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout)
+    private func install(_ accepted: RelayChildChannel.Accepted, on channel: any Channel, ticket: AddressGuard.Ticket?) throws {
+        let limits = configuration.connectionLimits
+        let messageLimit = ClientMessageLimit(
+            initial: accepted.isMarket ? limits.preAuthMessageBytes : configuration.maxClientMessageBytes,
+            full: configuration.maxClientMessageBytes)
+        try GatedFrameDecoder.replaceUpgradeDecoder(in: channel, limit: messageLimit)
+        let handler = WebSocketConnectionHandler(
+            pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: limits.outboundBytes)
         let close: @Sendable (WebSocketErrorCode, String) -> Void
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
-        let release: @Sendable () -> Void
+        var release: @Sendable () -> Void = {}
+        let addresses = self.addresses
+        // Market and push WebSockets both count against the connection limits; a push stream also
+        // against its key's maxConnections (a market connection's is checked when it authenticates).
+        let keyConnections = self.keyConnections
+        var grant: ClientGrant?
+        if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { grant = key?.grant }
+        let refusal: StatusMessage? = addresses.admit(address).map(Self.refusal) ?? {
+            guard let grant else { return nil }
+            guard keyConnections.admit(grant) else {
+                return StatusMessage(
+                    status: StatusMessage.Kind.maxConnections,
+                    message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0)).")
+            }
+            return nil
+        }()
+        if let refusal {
+            logger.info("downstream connection refused: \(refusal.message)", metadata: ["address": "\(address)"])
+            let isMarket = accepted.isMarket
+            handler.attach(
+                WebSocketConversation(
+                    opened: { [unowned handler] in
+                        if isMarket { handler.write(StatusMessage.connected.frame, flush: false) }
+                        handler.refuse(refusal, reason: "connection limit")
+                    },
+                    received: { _ in }, closed: {}))
+            try channel.pipeline.syncOperations.addHandler(handler)
+            return
+        }
+        release = { [grant] in
+            addresses.release(address)
+            if let grant { keyConnections.release(grant) }
+        }
         switch accepted {
         case .market:
-            if let refusal = addresses.admit(address) {
-                let status = Self.refusal(refusal)
-                logger.info("downstream connection refused: \(status.message)", metadata: ["address": "\(address)"])
-                handler.attach(
-                    WebSocketConversation(
-                        opened: { [unowned handler] in
-                            handler.write(StatusMessage.connected.frame, flush: false)
-                            handler.refuse(status, reason: "connection limit")
-                        },
-                        received: { _ in }, closed: {}))
-                try channel.pipeline.syncOperations.addHandlers(Self.messageAggregator(configuration), handler)
-                return
-            }
-            let addresses = self.addresses
-            release = { addresses.release(address) }
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop,
                 dependencies: .init(
                     hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections,
-                    drain: drains.drain(for: channel.eventLoop), logger: logger,
+                    drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: topicLedger.budget,
+                    authenticated: { if let ticket { addresses.settle(ticket) } },
                     authenticationFailed: { addresses.failedAuthentication(from: address) }))
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
-        case .push(let index):
-            release = {}
+        case .push(let index, _):
+            if let ticket { addresses.settle(ticket) }
             let connection = PushConnection(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, stream: pushStreams[index])
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
@@ -208,7 +236,7 @@ public final class RelayServer: Service, Sendable {
         let metrics = self.metrics
         let id = sessions.register(.init(close: close, closed: channel.closeFuture))
         metrics.connections.record(sessions.count)
-        channel.closeFuture.whenComplete { _ in
+        channel.closeFuture.whenComplete { [release] _ in
             sessions.unregister(id)
             metrics.connections.record(sessions.count)
             release()
@@ -218,13 +246,7 @@ public final class RelayServer: Service, Sendable {
         handler.attach(outlet)
         let encoder = try channel.pipeline.syncOperations.handler(type: WebSocketFrameEncoder.self)
         try channel.pipeline.syncOperations.addHandler(outlet, position: .before(encoder))
-        try channel.pipeline.syncOperations.addHandlers(Self.messageAggregator(configuration), handler)
-    }
-
-    /// Joins a client message's fragments (up to the largest message accepted) before the handler sees it.
-    private static func messageAggregator(_ configuration: RelayServerConfiguration) -> NIOWebSocketFrameAggregator {
-        NIOWebSocketFrameAggregator(
-            minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1024, maxAccumulatedFrameSize: configuration.maxClientMessageBytes)
+        try channel.pipeline.syncOperations.addHandler(handler)
     }
 
     private func makeApplication() throws -> any ApplicationProtocol {

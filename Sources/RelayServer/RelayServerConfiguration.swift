@@ -21,21 +21,58 @@ public struct RelayServerConfiguration: Sendable {
     public var dashboardDirectory: String?
     /// What one downstream connection may ask for.
     public var limits = SessionLimits()
-    /// Market WebSocket connections in all and per remote address, and failed authentications per
-    /// address within a window before that address is refused until the window has passed.
+    /// What every connection may hold: connections in all and per address, time, unread bytes, topics.
     public var connectionLimits = ConnectionLimits()
 
+    /// The server-wide bounds on what clients can make the relay hold. Each is answered as the README's
+    /// limits table says. Value type, `Sendable`.
     public struct ConnectionLimits: Sendable, Equatable {
+        /// Market and push WebSockets in all (then `max_connections`, close 1008).
         public var total: Int
+        /// Market and push WebSockets per remote address (an IPv6 /64 is one address).
         public var perAddress: Int
-        public var failedAuthentications: Int
+        /// Accepted connections of one address that have not yet sent a request head or authenticated;
+        /// one more is closed at once.
+        public var pendingPerAddress: Int
+        /// Open files kept free of client connections (the upstream, NATS, SQLite, files): connections
+        /// past the open-file limit less this are closed at once.
+        public var descriptorReserve: Int
+        /// How long a new connection has to send its first request head.
+        public var headTimeout: Duration
+        /// How long a kept-alive HTTP connection may wait for its next request head.
+        public var keepAliveTimeout: Duration
+        /// Bytes written to a client and not yet taken by its socket, past which it is closed (1008).
+        public var outboundBytes: Int
+        /// Largest client message before authentication (then any up to ``RelayServerConfiguration/maxClientMessageBytes``).
+        public var preAuthMessageBytes: Int
+        /// Distinct topics the connections of one key hold together, and all connections together.
+        public var topicsPerKey: Int
+        public var topics: Int
+        /// Failed authentications from one address within this window delay the answer to the next.
         public var failureWindow: Duration
+        /// The delay after the second failure in a window, doubling with each further one, at most `maxFailureDelay`.
+        public var failureDelay: Duration
+        public var maxFailureDelay: Duration
 
-        public init(total: Int = 50_000, perAddress: Int = 10_000, failedAuthentications: Int = 10, failureWindow: Duration = .seconds(60)) {
+        public init(
+            total: Int = 50_000, perAddress: Int = 10_000, pendingPerAddress: Int = 1_000, descriptorReserve: Int = 128,
+            headTimeout: Duration = .seconds(10), keepAliveTimeout: Duration = .seconds(30), outboundBytes: Int = 1 << 20,
+            preAuthMessageBytes: Int = 4096, topicsPerKey: Int = 20_000, topics: Int = 50_000, failureWindow: Duration = .seconds(60),
+            failureDelay: Duration = .milliseconds(500), maxFailureDelay: Duration = .seconds(10)
+        ) {
             self.total = total
             self.perAddress = perAddress
-            self.failedAuthentications = failedAuthentications
+            self.pendingPerAddress = pendingPerAddress
+            self.descriptorReserve = descriptorReserve
+            self.headTimeout = headTimeout
+            self.keepAliveTimeout = keepAliveTimeout
+            self.outboundBytes = outboundBytes
+            self.preAuthMessageBytes = preAuthMessageBytes
+            self.topicsPerKey = topicsPerKey
+            self.topics = topics
             self.failureWindow = failureWindow
+            self.failureDelay = failureDelay
+            self.maxFailureDelay = maxFailureDelay
         }
     }
 

@@ -15,7 +15,13 @@ struct WebSocketConversation {
 
 /// The channel handler of one downstream WebSocket connection once upgraded. It answers pings, pings a
 /// quiet client and drops one that stops answering, runs the close handshake in both directions, tracks
-/// writability for the code that writes, and hands each client message to its ``WebSocketConversation``.
+/// writability for the code that writes, joins fragments into messages (up to the connection's
+/// ``ClientMessageLimit``) and hands each client message to its ``WebSocketConversation``.
+///
+/// What a client can make it hold is bounded: while the connection is not writable it reads nothing
+/// more from the client (so a client that sends and never reads fills its own socket, not our memory);
+/// at most one pong waits to be written; and a connection whose unsent bytes pass
+/// ``RelayServerConfiguration/ConnectionLimits/outboundBytes`` is told so and closed (1008).
 ///
 /// Event-loop confined like every NIO handler (not `Sendable`): code elsewhere reaches it through
 /// `NIOLoopBound`: the connection's actor, whose executor is the same loop (``MarketConnection``), and
@@ -37,10 +43,25 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     let writability = Writability()
     /// Where whole frames go (``writeWire(_:)``); set before the handler is added.
     private var outlet: WireFrameOutlet?
+    /// The largest message accepted now (shared with the frame decoder).
+    let messageLimit: ClientMessageLimit
+    /// Unsent bytes past which the client is closed.
+    private let outboundLimit: Int
+    /// The fragments of a message not yet finished, and how many.
+    private var fragments: ByteBuffer?
+    private var fragmentCount = 0
+    /// A pong is written and not yet sent; the payload of a ping that came meanwhile (answered after).
+    private var pongInFlight = false
+    private var pongWaiting: ByteBuffer?
 
-    init(pingInterval: TimeAmount, closeTimeout: TimeAmount) {
+    /// Fragments of one message at most.
+    static let maxFragments = 1024
+
+    init(pingInterval: TimeAmount, closeTimeout: TimeAmount, messageLimit: ClientMessageLimit, outboundLimit: Int) {
         self.pingInterval = pingInterval
         self.closeTimeout = closeTimeout
+        self.messageLimit = messageLimit
+        self.outboundLimit = outboundLimit
     }
 
     /// Set once, before the handler is added to the pipeline (the conversation needs the handler to
@@ -81,12 +102,31 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         switch frame.opcode {
         case .text, .binary:
             guard !isClosing else { return }
-            conversation?.received(frame.unmaskedData)
+            guard fragments == nil else { return close(code: .protocolError, reason: "a new message inside a fragmented one") }
+            if frame.fin {
+                conversation?.received(frame.unmaskedData)
+            } else {
+                fragments = frame.unmaskedData
+                fragmentCount = 1
+                checkFragments()
+            }
+        case .continuation:
+            guard !isClosing else { return }
+            guard var joined = fragments else { return close(code: .protocolError, reason: "a continuation without a message") }
+            fragments = nil
+            var data = frame.unmaskedData
+            joined.writeBuffer(&data)
+            fragmentCount += 1
+            if frame.fin {
+                fragmentCount = 0
+                conversation?.received(joined)
+            } else {
+                fragments = joined
+                checkFragments()
+            }
         case .ping:
             guard !isClosing else { return }
-            var data = frame.unmaskedData
-            data.reserveCapacity(data.readableBytes)
-            context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: data)), promise: nil)
+            pong(frame.unmaskedData)
         case .pong:
             awaitingPong = false
         case .connectionClose:
@@ -112,25 +152,86 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         // A protocol error (bad frame, oversized message): tell the client the way RFC 6455 says, then go.
         if let error = error as? NIOWebSocketError {
-            let code: WebSocketErrorCode = error == .multiByteControlFrameLength || error == .fragmentedControlFrame ? .protocolError : .messageTooLarge
-            close(code: code, reason: nil)
+            if error == .multiByteControlFrameLength || error == .fragmentedControlFrame {
+                close(code: .protocolError, reason: nil)
+            } else {
+                tooLarge()
+            }
         } else {
             context.close(promise: nil)
         }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        writability.set(writable: context.channel.isWritable)
+        let writable = context.channel.isWritable
+        writability.set(writable: writable)
+        // A client whose socket does not take what we write is not read either: whatever it sends
+        // waits in its own socket, and nothing it sends makes us write more meanwhile.
+        if let options = context.channel.syncOptions { try? options.setOption(ChannelOptions.autoRead, value: writable) }
         context.fireChannelWritabilityChanged()
+    }
+
+    /// A message too large or in too many pieces closes with 1009.
+    private func checkFragments() {
+        guard let fragments else { return }
+        if fragments.readableBytes > messageLimit.bytes || fragmentCount > Self.maxFragments {
+            self.fragments = nil
+            tooLarge()
+        }
+    }
+
+    private func tooLarge() {
+        let limit = messageLimit.bytes
+        let when = messageLimit.isOpen ? "" : " before authentication"
+        write(StatusMessage.error("message too large: at most \(limit) bytes\(when)").frame)
+        close(code: .messageTooLarge, reason: "message too large")
+    }
+
+    /// Answers a ping; with a pong already waiting to go out, only the newest ping is answered after it.
+    private func pong(_ payload: ByteBuffer) {
+        guard let context else { return }
+        guard !pongInFlight else {
+            pongWaiting = payload
+            return
+        }
+        pongInFlight = true
+        var data = payload
+        data.reserveCapacity(data.readableBytes)
+        let promise = context.eventLoop.makePromise(of: Void.self)
+        let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        promise.futureResult.whenComplete { _ in
+            let handler = loopBound.value
+            handler.pongInFlight = false
+            if let waiting = handler.pongWaiting {
+                handler.pongWaiting = nil
+                if !handler.isClosing { handler.pong(waiting) }
+            }
+        }
+        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: data)), promise: promise)
+        checkOutbound()
+    }
+
+    /// Bytes written to this client that its socket has not taken yet.
+    var unsentBytes: Int {
+        (try? context?.channel.syncOptions?.getOption(ChannelOptions.bufferedWritableBytes)) ?? 0
+    }
+
+    /// Closes a client that leaves more than the outbound limit unread: what it is told goes out only
+    /// if it reads again; the close handshake's timeout ends it either way.
+    func checkOutbound() {
+        guard !isClosing, unsentBytes > outboundLimit else { return }
+        write(StatusMessage.error("too much unread: more than \(outboundLimit) bytes written to this connection were not read").frame, checked: false)
+        close(code: .policyViolation, reason: "too much unread")
     }
 
     // MARK: writing (on the event loop)
 
-    /// Writes one text frame; `flush` to send it now.
-    func write(_ payload: ByteBuffer, flush: Bool = true) {
+    /// Writes one text frame; `flush` to send it now. A client then past the outbound limit is closed.
+    func write(_ payload: ByteBuffer, flush: Bool = true, checked: Bool = true) {
         guard let context, !isClosing else { return }
         context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
         if flush { context.flush() }
+        if checked { checkOutbound() }
     }
 
     /// Writes whole frames (header and payload, ``WireFrame``) below the frame encoder, in order with
@@ -187,6 +288,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         isClosing = true
         pingTask?.cancel()
         pingTask = nil
+        fragments = nil
+        pongWaiting = nil
         writability.close()
         let conversation = self.conversation
         self.conversation = nil

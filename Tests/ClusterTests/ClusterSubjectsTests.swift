@@ -10,7 +10,7 @@ import Testing
     }
 
     @Test func plainTickerIsOneToken() {
-        #expect(subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")) == "relay.md.stocks.Q.AAPL")
+        #expect(subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")!) == "relay.md.stocks.Q.AAPL")
     }
 
     @Test func wildcardTopicIsSubjectWildcard() {
@@ -19,7 +19,7 @@ import Testing
 
     @Test(arguments: ["BRK.B", "O:SPY241220P00720000", "EUR/USD", "I:SPX", "BTC-USD", "A=B", "X>Y*Z", "ÄÖ"])
     func everyTickerRoundTripsThroughOneToken(ticker: String) throws {
-        let topic = Topic(eventType: "T", ticker: ticker)
+        let topic = Topic(eventType: "T", ticker: ticker)!
         let subject = subjects.subject(for: topic)
         let tokens = subject.split(separator: ".")
         #expect(tokens.count == 5, "\(subject) must have exactly five tokens")
@@ -44,7 +44,7 @@ import Testing
     @Test func clustersSharingNATSUseSeparateNames() throws {
         let other = try ClusterSubjects(cluster: "blue", market: "stocks")
         #expect(other.leaseBucket != subjects.leaseBucket)
-        #expect(other.subject(for: Topic(eventType: "Q", ticker: "AAPL")) != subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")))
+        #expect(other.subject(for: Topic(eventType: "Q", ticker: "AAPL")!) != subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")!))
     }
 
     @Test func serverListsParse() throws {
@@ -59,14 +59,14 @@ import Testing
 
     @Test func unionOfNodesWithWildcardCoveringTickers() {
         var table = InterestTable(ttl: .seconds(3))
-        table.update(node: "a", topics: [Topic(eventType: "Q", ticker: "AAPL"), Topic(eventType: "T", ticker: "MSFT")], at: start)
-        table.update(node: "b", topics: [.wildcard("Q"), Topic(eventType: "T", ticker: "MSFT")], at: start)
-        #expect(table.union == [.wildcard("Q"), Topic(eventType: "T", ticker: "MSFT")])
+        table.update(node: "a", topics: [Topic(eventType: "Q", ticker: "AAPL")!, Topic(eventType: "T", ticker: "MSFT")!], at: start)
+        table.update(node: "b", topics: [.wildcard("Q"), Topic(eventType: "T", ticker: "MSFT")!], at: start)
+        #expect(table.union == [.wildcard("Q"), Topic(eventType: "T", ticker: "MSFT")!])
     }
 
     @Test func aTopicStaysWhileAnyNodeWantsIt() {
         var table = InterestTable(ttl: .seconds(3))
-        let msft = Topic(eventType: "T", ticker: "MSFT")
+        let msft = Topic(eventType: "T", ticker: "MSFT")!
         table.update(node: "a", topics: [msft], at: start)
         table.update(node: "b", topics: [msft], at: start)
         #expect(table.update(node: "a", topics: [], at: start) == false)
@@ -77,16 +77,16 @@ import Testing
 
     @Test func aSilentNodeStopsCountingAfterItsTTL() {
         var table = InterestTable(ttl: .seconds(3))
-        table.update(node: "a", topics: [Topic(eventType: "Q", ticker: "A")], at: start)
-        table.update(node: "b", topics: [Topic(eventType: "Q", ticker: "B")], at: start + .seconds(2))
+        table.update(node: "a", topics: [Topic(eventType: "Q", ticker: "A")!], at: start)
+        table.update(node: "b", topics: [Topic(eventType: "Q", ticker: "B")!], at: start + .seconds(2))
         #expect(table.expire(at: start + .seconds(2)) == false)
         #expect(table.expire(at: start + .seconds(3)) == true)
-        #expect(table.union == [Topic(eventType: "Q", ticker: "B")])
+        #expect(table.union == [Topic(eventType: "Q", ticker: "B")!])
         #expect(table.liveNodes == ["b"])
     }
 
     @Test func wireFormRoundTrips() {
-        let topics: Set<Topic> = [.wildcard("XQ"), Topic(eventType: "T", ticker: "BRK.B"), Topic(eventType: "C", ticker: "EUR/USD")]
+        let topics: Set<Topic> = [.wildcard("XQ"), Topic(eventType: "T", ticker: "BRK.B")!, Topic(eventType: "C", ticker: "EUR/USD")!]
         #expect(InterestTable.decode(InterestTable.encode(topics)) == topics)
         #expect(InterestTable.decode("").isEmpty)
     }

@@ -71,22 +71,29 @@ struct LimitsTests {
         }
     }
 
-    @Test func anAddressThatKeepsFailingAuthenticationIsShutOut() async throws {
-        try await withLimitedRelay({ $0.connectionLimits.failedAuthentications = 3 }) { url in
-            for _ in 0..<3 {
+    @Test func wrongKeysSlowTheirAnswersButTheRightKeyGetsInAtOnce() async throws {
+        try await withLimitedRelay({
+            $0.connectionLimits.failureDelay = .milliseconds(400)
+            $0.connectionLimits.maxFailureDelay = .seconds(5)
+        }) { url in
+            // Four wrong keys in a row from this address: the first answered at once, then 0.4, 0.8, 1.6 s.
+            var answeredAfter: [Duration] = []
+            for _ in 0..<4 {
                 let guesser = WSTestClient(url: url)
                 _ = try await guesser.nextParsed()
+                let start = ContinuousClock.now
                 guesser.send(ClientAction(.auth, params: "guess"))
                 #expect(try await guesser.nextParsed().statuses == [.authFailed])
-                _ = try await guesser.waitForClose()
+                answeredAfter.append(.now - start)
+                #expect(try await guesser.waitForClose() == 1008)
             }
-            // Now even the right key from that address waits out the window.
-            let next = WSTestClient(url: url)
-            #expect(try await next.nextParsed().statuses == [.connected])
-            let refused = try await next.nextParsed().statuses.first
-            #expect(refused?.status == "error")
-            #expect(refused?.message.contains("too many failed authentications") == true)
-            #expect(try await next.waitForClose() == 1008)
+            #expect(answeredAfter[3] >= .milliseconds(1500), "the fourth failure was answered after \(answeredAfter[3])")
+            // Meanwhile, and right after, the right key from the same address is let in and served.
+            let start = ContinuousClock.now
+            let client = try await subscribedClient(url, "Q.AAPL")
+            #expect(.now - start < .seconds(3), "the right key waited \(ContinuousClock.now - start)")
+            #expect(try await client.nextEvents(1).count == 1)
+            await client.close()
         }
     }
 }

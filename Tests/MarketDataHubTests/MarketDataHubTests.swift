@@ -37,9 +37,11 @@ func take(_ count: Int, from stream: HubSubscription.Events, timeout: Duration =
     return try #require(events, "timed out after \(timeout) waiting for \(count) events")
 }
 
-/// Records every upstream topic set the hub reports, and lets a test wait for one.
+/// Applies every change of the upstream topic set the hub reports, records each resulting set and
+/// each change, and lets a test wait for a set.
 final class WantedRecorder: Sendable {
     let history = Mutex<[Set<Topic>]>([])
+    let changes = Mutex<[WantedTopicsChange]>([])
     let updates: AsyncStream<Set<Topic>>
     let continuation: AsyncStream<Set<Topic>>.Continuation
 
@@ -47,8 +49,14 @@ final class WantedRecorder: Sendable {
         (updates, continuation) = AsyncStream.makeStream(of: Set<Topic>.self)
     }
 
-    func record(_ topics: Set<Topic>) {
-        history.withLock { $0.append(topics) }
+    func record(_ change: WantedTopicsChange) {
+        changes.withLock { $0.append(change) }
+        let topics = history.withLock { history in
+            var topics = history.last ?? []
+            change.apply(to: &topics)
+            history.append(topics)
+            return topics
+        }
         continuation.yield(topics)
     }
 
@@ -156,6 +164,26 @@ struct MarketDataHubTests {
         #expect(recorder.history.withLock { $0 } == [topics("Q.A"), topics("Q.A", "T.B"), topics("Q.A"), []])
     }
 
+    @Test func aChangeReportsOnlyWhatItChanged() async throws {
+        let recorder = WantedRecorder()
+        let hub = MarketDataHub { recorder.record($0) }
+        let many = await hub.subscribe(to: Set((0..<10_000).map { Topic(eventType: "Q", ticker: "M\($0)")! }))
+        let toggler = await hub.subscribe()
+        await hub.add(topics("T.X"), to: toggler.id)
+        await hub.remove(topics("T.X"), from: toggler.id)
+        await hub.add(topics("Q.*"), to: toggler.id)
+        await hub.remove(topics("Q.*"), from: toggler.id)
+        let changes = recorder.changes.withLock { $0 }
+        #expect(changes.count == 5)
+        #expect(changes[1] == WantedTopicsChange(added: topics("T.X")))
+        #expect(changes[2] == WantedTopicsChange(removed: topics("T.X")))
+        // A wildcard stands in for its type's tickers, and gives them back when it goes.
+        #expect(changes[3].added == topics("Q.*") && changes[3].removed.count == 10_000)
+        #expect(changes[4].removed == topics("Q.*") && changes[4].added.count == 10_000)
+        #expect(recorder.history.withLock { $0.last } == (await hub.wantedTopics))
+        _ = many
+    }
+
     @Test func wildcardReplacesItsTickersUpstream() async throws {
         let hub = MarketDataHub()
         let a = await hub.subscribe(to: topics("Q.A", "Q.B", "T.C"))
@@ -182,8 +210,8 @@ struct MarketDataHubTests {
     @Test func lastEventPerTopicIsCached() async throws {
         let hub = MarketDataHub()
         await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("T", "A", 3)])
-        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A"))?.json == event("Q", "A", 2).json)
-        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "B")) == nil)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!)?.json == event("Q", "A", 2).json)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "B")!) == nil)
     }
 
     @Test func aSubscriberThatDoesNotReadLosesItsNewestEventsOnlyAndTheyAreCounted() async throws {
@@ -296,25 +324,25 @@ struct MarketDataHubTests {
         #expect(got.map(\.json) == [event("Q", "A", 1).json, event("Q", "B", 2).json])
         // A topic nobody subscribes to is not seeded.
         await hub.seed(event("Q", "C", 3))
-        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "C")) == nil)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "C")!) == nil)
     }
 
     @Test func aClusterNodeForgetsTheLastValueOfATopicNobodyWants() async throws {
         let hub = MarketDataHub(keepsUnwantedLastValues: false)
         let sub = await hub.subscribe(to: topics("Q.A"))
         await hub.publish([event("Q", "A", 1)])
-        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")) != nil)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) != nil)
         await hub.remove(topics("Q.A"), from: sub.id)
-        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")) == nil)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) == nil)
         // A straggler of the dropped topic is not kept either.
         await hub.publish([event("Q", "A", 2)])
-        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")) == nil)
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) == nil)
         // A single relay keeps it (its upstream is the only source).
         let single = MarketDataHub()
         let other = await single.subscribe(to: topics("Q.A"))
         await single.publish([event("Q", "A", 1)])
         await single.remove(topics("Q.A"), from: other.id)
-        #expect(await single.lastEvent(for: Topic(eventType: "Q", ticker: "A")) != nil)
+        #expect(await single.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) != nil)
     }
 
     @Test func lossBeforeTheHubIsToldToTheSubscribersOfTheLostTopics() async throws {
@@ -331,7 +359,7 @@ struct MarketDataHubTests {
 
     @Test func topicsNobodyWantsAndWithNoLastValueLeaveNoEntry() async throws {
         let hub = MarketDataHub()
-        let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)") }))
+        let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)")! }))
         await hub.publish([event("Q", "JUNK1", 1)])
         #expect(await hub.topicEntryCount == 500)
         await hub.remove(sub.id)

@@ -56,7 +56,7 @@ struct ClientSessionTests {
 
     @Test func largeSetsAreSplitUnderTheParamsLimit() {
         var session = ClientSession(apiKey: "k")
-        let many = Set((0..<3000).map { Topic(eventType: "Q", ticker: "TICK\($0)") })
+        let many = Set((0..<3000).map { Topic(eventType: "Q", ticker: "TICK\($0)")! })
         _ = session.setWanted(many)
         let messages = session.receive(.authSuccess).send
         #expect(messages.count > 1)

@@ -83,7 +83,7 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The hub's last trade of `symbol`, if the relay has seen one.
     func liveTrade(_ symbol: String) async -> SecurityDetail.Trade? {
-        guard let event = await hub?.lastEvent(for: Topic(eventType: "T", ticker: symbol)) else { return nil }
+        guard let topic = Topic(eventType: "T", ticker: symbol), let event = await hub?.lastEvent(for: topic) else { return nil }
         let text = String(buffer: event.bytes)
         guard let price = EventPrices.number("p", in: text) else { return nil }
         return .init(price: price, size: EventPrices.number("s", in: text), at: EventPrices.time(in: text, default: .now), source: .live)
@@ -91,7 +91,7 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The hub's last quote of `symbol`, if the relay has seen one.
     func liveQuote(_ symbol: String) async -> SecurityDetail.Quote? {
-        guard let event = await hub?.lastEvent(for: Topic(eventType: "Q", ticker: symbol)) else { return nil }
+        guard let topic = Topic(eventType: "Q", ticker: symbol), let event = await hub?.lastEvent(for: topic) else { return nil }
         let text = String(buffer: event.bytes)
         guard let bid = EventPrices.number("bp", in: text), let ask = EventPrices.number("ap", in: text) else { return nil }
         return .init(

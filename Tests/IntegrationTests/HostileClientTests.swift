@@ -1,0 +1,231 @@
+import Foundation
+import PolygonWire
+import RelayCore
+import RelayServer
+import Testing
+
+/// Clients that misbehave on purpose, over real sockets: what each can make the relay hold is bounded,
+/// and the well-behaved clients beside them are served.
+@Suite("Hostile clients meet bounds", .timeLimit(.minutes(2)))
+struct HostileClientTests {
+    func withRelay(
+        _ adjust: (inout RelaySettings) throws -> Void = { _ in }, _ body: @Sendable (_ port: Int, _ url: String) async throws -> Void
+    ) async throws {
+        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["client-key"], demoRate: 500)
+        try adjust(&settings)
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            try await body(parts.port, "ws://127.0.0.1:\(parts.port)/stocks")
+        }
+    }
+
+    /// A raw client, upgraded and authenticated.
+    func rawClient(port: Int, receiveBuffer: Int? = nil) throws -> RawSocket {
+        let socket = try RawSocket(port: port, receiveBuffer: receiveBuffer)
+        let rest = try socket.upgrade()
+        #expect(socket.readUntil("connected", initial: rest).found)
+        socket.send(RawSocket.text(#"{"action":"auth","params":"client-key"}"#))
+        #expect(socket.readUntil("auth_success").found)
+        return socket
+    }
+
+    @Test func aPingFloodFromAClientThatNeverReadsCostsNoMemory() async throws {
+        try await withRelay { port, url in
+            let honest = try await subscribedClient(url, "Q.AAPL")
+            // 64 MB of pings from a client that never reads its pongs. Before, the relay queued a pong
+            // for each (150 MB of pings made RSS grow by 370 MB); now at most one pong waits, and the
+            // client is not read while its socket does not take what we write.
+            let flooder = try rawClient(port: port, receiveBuffer: 4096)
+            flooder.setTimeout(.seconds(2))
+            let ping = RawSocket.frame(opcode: 0x9, payload: Array(repeating: 0x41, count: 125))
+            let chunk = Array((0..<500).map { _ in ping }.joined())
+            let before = residentBytes()
+            var sent = 0
+            let deadline = ContinuousClock.now + .seconds(30)
+            while sent < 64 << 20, ContinuousClock.now < deadline {
+                let n = flooder.send(chunk)
+                sent += n
+                if n < chunk.count { break }
+            }
+            let grown = residentBytes() - before
+            #expect(grown < 48 << 20, "RSS grew by \(grown >> 20) MB for \(sent >> 20) MB of pings")
+            // The others are still served.
+            #expect(try await honest.nextEvents(3).count >= 3)
+            await honest.close()
+        }
+    }
+
+    @Test func aClientThatLeavesTooMuchUnreadIsToldAndClosed() async throws {
+        try await withRelay({
+            $0.connectionLimits.outboundBytes = 8192
+            $0.limits.messageBurst = 100_000
+            $0.limits.messagesPerSecond = 100_000
+        }) { port, url in
+            let honest = try await subscribedClient(url, "Q.AAPL")
+            let hoarder = try rawClient(port: port, receiveBuffer: 4096)
+            // Each message is answered (ten invalid topics: an error naming them, about as long as the
+            // message); the answers pile up unread, past the kernel's buffers and then past the cap.
+            var messages: [UInt8] = []
+            for index in 0..<10_000 {
+                let junk = (0..<10).map { "Q.$\(index)-\($0)" + String(repeating: "$", count: 50) }.joined(separator: ",")
+                messages += RawSocket.text(#"{"action":"subscribe","params":"\#(junk)"}"#)
+            }
+            hoarder.setTimeout(.seconds(5))
+            hoarder.send(messages)
+            // The relay gives up on it: a status saying why (if it ever reads it), then the close.
+            #expect(hoarder.readsToEOF(within: .seconds(20)), "the relay kept a client that reads nothing")
+            #expect(try await honest.nextEvents(3).count >= 3)
+            await honest.close()
+        }
+    }
+
+    @Test func oneStatusPerMessageAndNoneForANoOp() async throws {
+        try await withRelay { _, url in
+            let client = try await WSTestClient.authenticated(url: url)
+            client.send(ClientAction(.subscribe, params: (0..<1000).map { "T.MANY\($0)" }.joined(separator: ",")))
+            let ack = try await client.nextParsed()
+            #expect(ack.statuses.count == 1)
+            #expect(ack.statuses.first?.message.hasPrefix("subscribed to 1000 topics: T.MANY0,") == true)
+            #expect(ack.statuses.first?.message.hasSuffix("and 990 more") == true)
+            // Unsubscribing what it never held changes nothing and gets no answer: the next frame is
+            // the answer to the message after it.
+            client.send(ClientAction(.unsubscribe, params: (0..<1000).map { "Q.NEVER\($0)" }.joined(separator: ",")))
+            client.send(ClientAction(.unsubscribe, params: "T.MANY0"))
+            #expect(try await client.nextParsed().statuses == [StatusMessage(status: "success", message: "unsubscribed to: T.MANY0")])
+            await client.close()
+        }
+    }
+
+    @Test func aSecondAuthIsAnErrorAndKeepsTheFirstKey() async throws {
+        try await withRelay({
+            $0.clientKeys = []
+            $0.clientKeyRights = [
+                try ClientKey(name: "narrow", secret: "narrow-key", topics: ["Q.AAPL"]),
+                try ClientKey(name: "wide", secret: "wide-key"),
+            ]
+        }) { _, url in
+            let client = try await WSTestClient.authenticated(url: url, key: "narrow-key")
+            client.send(ClientAction(.auth, params: "wide-key"))
+            let answer = try await client.nextParsed().statuses.first
+            #expect(answer?.status == "error")
+            #expect(answer?.message.contains("already authenticated as \"narrow\"") == true)
+            // Still the narrow key: MSFT is refused, AAPL served.
+            client.send(ClientAction(.subscribe, params: "Q.MSFT,Q.AAPL"))
+            let statuses = try await client.nextParsed().statuses
+            #expect(statuses.contains { $0.status == "error" && $0.message.contains("may not subscribe to Q.MSFT") })
+            #expect(try await client.nextEvents(2).allSatisfy { $0.ticker == "AAPL" })
+            await client.close()
+        }
+    }
+
+    @Test func aLargeMessageBeforeAuthenticationClosesWith1009() async throws {
+        try await withRelay { port, _ in
+            let stranger = try RawSocket(port: port)
+            let rest = try stranger.upgrade()
+            #expect(stranger.readUntil("connected", initial: rest).found)
+            stranger.send(RawSocket.text(#"{"action":"auth","params":""# + String(repeating: "x", count: 8000) + #""}"#))
+            let answer = stranger.readUntil("never")
+            #expect(answer.closeCode == 1009)
+            // In pieces it is no better.
+            let pieces = try RawSocket(port: port)
+            #expect(pieces.readUntil("connected", initial: try pieces.upgrade()).found)
+            var fragments = RawSocket.frame(opcode: 0x1, payload: Array(repeating: 0x20, count: 3000), fin: false)
+            fragments += RawSocket.frame(opcode: 0x0, payload: Array(repeating: 0x20, count: 3000), fin: false)
+            pieces.send(fragments)
+            #expect(pieces.readUntil("never").closeCode == 1009)
+        }
+    }
+
+    @Test func aLargeSubscribePipelinedRightBehindAuthIsFine() async throws {
+        try await withRelay { port, _ in
+            // As Go's client does: auth and a long subscribe in one write, before any answer.
+            let client = try RawSocket(port: port)
+            let rest = try client.upgrade()
+            let topics = (0..<900).map { "T.PIPE\($0)" }.joined(separator: ",")
+            client.send(
+                RawSocket.text(#"{"action":"auth","params":"client-key"}"#)
+                    + RawSocket.text(#"{"action":"subscribe","params":"\#(topics)"}"#))
+            #expect(client.readUntil("subscribed to 900 topics", initial: rest).found)
+        }
+    }
+
+    @Test func pendingConnectionsOfAnAddressAreCapped() async throws {
+        try await withRelay({ $0.connectionLimits.pendingPerAddress = 5 }) { port, url in
+            // Five connections that say nothing hold the address's pending places ...
+            let silent = try (0..<5).map { _ in try RawSocket(port: port) }
+            // ... so a sixth is closed at once,
+            let sixth = try RawSocket(port: port)
+            #expect(sixth.readsToEOF(within: .seconds(5)))
+            // until one of them goes.
+            silent[0].send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            #expect(silent[0].receive()?.isEmpty == false, "the settled connection is answered")
+            let client = try await WSTestClient.authenticated(url: url)
+            await client.close()
+        }
+    }
+
+    @Test func aConnectionThatNeverFinishesItsHeadIsClosed() async throws {
+        try await withRelay({
+            $0.connectionLimits.headTimeout = .seconds(1)
+            $0.connectionLimits.keepAliveTimeout = .seconds(1)
+        }) { port, _ in
+            // A byte of a request head every 200 ms never makes a head.
+            let slow = try RawSocket(port: port)
+            let start = ContinuousClock.now
+            var closed = false
+            for byte in "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ".utf8 {
+                if slow.send([byte]) == 0 || slow.readsToEOF(within: .milliseconds(200)) {
+                    closed = true
+                    break
+                }
+            }
+            #expect(closed, "a head sent a byte at a time was still being read after \(ContinuousClock.now - start)")
+            // A kept-alive connection idle past its timeout is closed too.
+            let idle = try RawSocket(port: port)
+            idle.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            #expect(idle.readsToEOF(within: .seconds(5)))
+        }
+    }
+
+    @Test func distinctTopicsPerKeyAreCapped() async throws {
+        try await withRelay({
+            $0.clientKeys = ["client-key", "other-key"]
+            $0.connectionLimits.topicsPerKey = 5
+        }) { _, url in
+            let first = try await WSTestClient.authenticated(url: url)
+            first.send(ClientAction(.subscribe, params: "Q.A1,Q.A2,Q.A3"))
+            _ = try await first.nextParsed()
+            // A second connection of the same key shares the key's five.
+            let second = try await WSTestClient.authenticated(url: url)
+            second.send(ClientAction(.subscribe, params: "Q.A1,Q.A4,Q.A5,Q.A6,Q.A7"))
+            let statuses = try await second.nextParsed().statuses
+            #expect(statuses.contains { $0.status == "success" && $0.message.contains("3 topics") })
+            #expect(statuses.contains { $0.status == "error" && $0.message.contains("at most 5 distinct topics") && $0.message.contains("Q.A6,Q.A7") })
+            // Another key has its own.
+            let other = try await WSTestClient.authenticated(url: url, key: "other-key")
+            other.send(ClientAction(.subscribe, params: "Q.B1,Q.B2"))
+            #expect(try await other.nextParsed().statuses.first?.status == "success")
+            // A topic given up frees its place.
+            await second.close()
+            var freed = false
+            for attempt in 0..<50 where !freed {
+                first.send(ClientAction(.subscribe, params: "Q.C\(attempt)"))
+                freed = try await first.nextParsed().statuses.first?.status == "success"
+                if !freed { try await Task.sleep(for: .milliseconds(100)) }
+            }
+            #expect(freed, "the places of a closed connection's topics were not freed")
+            await first.close()
+            await other.close()
+        }
+    }
+}
+
+/// This process's resident memory (the relay under test runs in it).
+func residentBytes() -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+        let kilobytes = Int(line.split(separator: " ").dropFirst().first ?? "")
+    else { return 0 }
+    return kilobytes * 1024
+}
