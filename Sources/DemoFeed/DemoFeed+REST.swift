@@ -137,10 +137,7 @@ extension DemoFeed {
         if number <= configuration.restFailures {
             return Self.restJSON(#"{"status":"ERROR","error":"temporarily unavailable"}"#, status: .serviceUnavailable)
         }
-        // Polygon takes the key as `Authorization: Bearer KEY` or as the `apiKey` query parameter.
-        let bearer = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil }
-        let queryKey = request.uri.queryParameters.get("apiKey").map { String($0) }
-        if let key = configuration.apiKey, (bearer ?? queryKey) != key {
+        if !presentsKey(request) {
             restCounts.withLock { $0[countKey, default: RestCount()].unauthorized += 1 }
             return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
         }
@@ -164,6 +161,15 @@ extension DemoFeed {
 
     /// Every endpoint-and-ticker key with its counts (diagnostics).
     public var restCountsByKey: [String: RestCount] { restCounts.withLock { $0 } }
+
+    /// Whether a request carries the feed's key (always, when the feed has none), as Polygon takes it:
+    /// `Authorization: Bearer KEY` or the `apiKey` query parameter.
+    func presentsKey(_ request: Request) -> Bool {
+        guard let key = configuration.apiKey else { return true }
+        let bearer = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil }
+        let queryKey = request.uri.queryParameters.get("apiKey").map { String($0) }
+        return (bearer ?? queryKey) == key
+    }
 
     static func restJSON(_ text: String, status: HTTPResponse.Status) -> Response {
         Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))

@@ -87,7 +87,10 @@ public final class DemoFeed: Service, Sendable {
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
         addREST(to: router)
-        router.post("/faults/:name") { _, context -> String in
+        router.post("/faults/:name") { request, context -> String in
+            // With a key set (the relay's built-in feed always has one, made at random), only its holder
+            // may break the feed.
+            guard self.presentsKey(request) else { throw HTTPError(.unauthorized, message: "the feed's API key is required") }
             let name = context.parameters.get("name") ?? ""
             guard let fault = DemoFeedFault(rawValue: name) else {
                 throw HTTPError(

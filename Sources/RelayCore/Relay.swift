@@ -168,7 +168,9 @@ public final class Relay: Service, Sendable {
             clusterNode = node
             feedStatus = ClusterFeedStatus(node: node, upstream: source.description)
         } else {
-            let single = UpstreamLink(hub: hub, interest: interest, makeUpstream: makeUpstream)
+            // The built-in feed's loopback address is nobody's business (its port served its faults).
+            let single = UpstreamLink(
+                hub: hub, interest: interest, shownURL: demoFeed == nil ? nil : source.description, makeUpstream: makeUpstream)
             link = single
             upstreamService = single
             feedStatus = single
@@ -281,10 +283,16 @@ final class UpstreamLink: Service, FeedStatus {
     private let interest: LocalInterest
     private let makeUpstream: @Sendable () async throws -> PolygonWebSocket
     private let made = ReadySignal<PolygonWebSocket>()
+    /// What the health report says instead of the upstream's URL (`nil`: the URL).
+    private let shownURL: String?
 
-    init(hub: MarketDataHub, interest: LocalInterest, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket) {
+    init(
+        hub: MarketDataHub, interest: LocalInterest, shownURL: String? = nil,
+        makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+    ) {
         self.hub = hub
         self.interest = interest
+        self.shownURL = shownURL
         self.makeUpstream = makeUpstream
     }
 
@@ -340,8 +348,10 @@ final class UpstreamLink: Service, FeedStatus {
         guard let upstream = made.value else {
             return FeedReport(healthy: false, upstream: UpstreamReport(state: "idle", url: "not known yet"))
         }
+        var report = UpstreamReport(upstream)
+        if let shownURL { report.url = shownURL }
         return FeedReport(
-            healthy: upstream.state == .authenticated, upstream: UpstreamReport(upstream),
+            healthy: upstream.state == .authenticated, upstream: report,
             lastUpstreamMessageAge: upstream.lastMessageAt.map { ContinuousClock.now - $0 })
     }
 }

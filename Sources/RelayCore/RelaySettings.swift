@@ -288,10 +288,13 @@ public struct RelaySettings: Sendable {
             }
             // swift-configuration reads lists of scalars only: keys with rights (mappings under
             // client.keys) are read with Yams below, and the provider gets the file without them.
+            // Read from memory: the file (with the upstream key in it) is never copied anywhere.
             let readable = try withoutKeysWithRights(file)
-            defer { if readable != file { try? FileManager.default.removeItem(atPath: readable) } }
             do {
-                providers.append(try await FileProvider<YAMLSnapshot>(filePath: FilePath(readable)))
+                let snapshot = try readable.withUnsafeBytes { bytes in
+                    try YAMLSnapshot(data: RawSpan(_unsafeBytes: bytes), providerName: "file \(file)", parsingOptions: .default)
+                }
+                providers.append(SnapshotProvider(fixed: snapshot))
             } catch {
                 throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
             }
@@ -504,22 +507,22 @@ public struct RelaySettings: Sendable {
         return (plain, keyed)
     }
 
-    /// `file` itself, or a temporary copy of it without `client.keys` when that list holds mappings.
-    static func withoutKeysWithRights(_ file: String) throws(InvalidSetting) -> String {
-        guard let text = try? String(contentsOfFile: file, encoding: .utf8),
-            var document = (try? Yams.load(yaml: text)) as? [String: Any],
+    /// The file's bytes, without `client.keys` when that list holds mappings (in memory; nothing is written).
+    static func withoutKeysWithRights(_ file: String) throws(InvalidSetting) -> [UInt8] {
+        guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+            throw InvalidSetting(description: "config file \(file) could not be read")
+        }
+        guard var document = (try? Yams.load(yaml: text)) as? [String: Any],
             var client = document["client"] as? [String: Any], let entries = client["keys"] as? [Any],
             entries.contains(where: { $0 is [String: Any] })
-        else { return file }
+        else { return Array(text.utf8) }
         client["keys"] = nil
         document["client"] = client
-        let copy = FileManager.default.temporaryDirectory.appendingPathComponent("relay-config-\(UUID().uuidString).yaml").path
         do {
-            try Yams.dump(object: document).write(toFile: copy, atomically: true, encoding: .utf8)
+            return Array(try Yams.dump(object: document).utf8)
         } catch {
             throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
         }
-        return copy
     }
 
     static func splitList(_ text: String) -> [String] {
@@ -536,5 +539,36 @@ extension String {
             out.append(character)
         }
         return out
+    }
+}
+
+/// A configuration provider over one snapshot that never changes (the config file, read once from
+/// memory). `Sendable`: the snapshot is.
+struct SnapshotProvider<Snapshot: ConfigSnapshot>: ConfigProvider {
+    let fixed: Snapshot
+
+    var providerName: String { fixed.providerName }
+
+    func value(forKey key: AbsoluteConfigKey, type: ConfigType) throws -> LookupResult {
+        try fixed.value(forKey: key, type: type)
+    }
+
+    nonisolated(nonsending) func fetchValue(forKey key: AbsoluteConfigKey, type: ConfigType) async throws -> LookupResult {
+        try value(forKey: key, type: type)
+    }
+
+    nonisolated(nonsending) func watchValue<Return: ~Copyable>(
+        forKey key: AbsoluteConfigKey, type: ConfigType,
+        updatesHandler: nonisolated(nonsending) (_ updates: ConfigUpdatesAsyncSequence<Result<LookupResult, any Error>, Never>) async throws -> Return
+    ) async throws -> Return {
+        try await watchValueFromValue(forKey: key, type: type, updatesHandler: updatesHandler)
+    }
+
+    func snapshot() -> any ConfigSnapshot { fixed }
+
+    nonisolated(nonsending) func watchSnapshot<Return: ~Copyable>(
+        updatesHandler: nonisolated(nonsending) (_ updates: ConfigUpdatesAsyncSequence<any ConfigSnapshot, Never>) async throws -> Return
+    ) async throws -> Return {
+        try await watchSnapshotFromSnapshot(updatesHandler: updatesHandler)
     }
 }

@@ -25,7 +25,10 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        guard authentication.requiresKeys else { return try await next(request, context) }
+        guard authentication.requiresKeys else {
+            // Without keys every name shares one scope (so the bound on names holds whatever they are).
+            return try await next(portfolio ? Self.scopingClientName(request, by: "loopback") : request, context)
+        }
         guard let presented = Self.key(in: request), let key = authentication.identify(presented) else {
             var headers = HTTPFields()
             headers[.wwwAuthenticate] = #"Bearer realm="relay""#
@@ -38,15 +41,19 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
                 return Self.error(
                     .forbidden, "key \"\(key.name)\" may not \(reading ? "read" : "change") the portfolio (its right: \(key.portfolio.rawValue))")
             }
-            // A client's self-chosen name (X-Relay-Client) is scoped by its key, so each key's names are
-            // bounded on their own and one key cannot push out another's clients.
-            if let header = HTTPField.Name("X-Relay-Client"), let name = request.headers[header], !name.isEmpty {
-                var head = request.head
-                head.headerFields[header] = "\(key.name):\(name)"
-                return try await next(Request(head: head, body: request.body), context)
-            }
+            return try await next(Self.scopingClientName(request, by: key.name), context)
         }
         return try await next(request, context)
+    }
+
+    /// A client's self-chosen name (X-Relay-Client) scoped by its key, `KEY:NAME`, so each key's names
+    /// are bounded on their own and one key cannot push out another's clients. Key names have no `:`
+    /// of their own here: the scope is what precedes the first one.
+    static func scopingClientName(_ request: Request, by scope: String) -> Request {
+        guard let header = HTTPField.Name("X-Relay-Client"), let name = request.headers[header], !name.isEmpty else { return request }
+        var head = request.head
+        head.headerFields[header] = "\(scope.replacingOccurrences(of: ":", with: "_")):\(name)"
+        return Request(head: head, body: request.body)
     }
 
     static func error(_ status: HTTPResponse.Status, _ message: String, headers: HTTPFields = [:]) -> Response {

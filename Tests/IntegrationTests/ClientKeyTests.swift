@@ -79,6 +79,27 @@ struct ClientKeyTests {
         }
     }
 
+    @Test func portfolioStreamsCountAgainstTheKeysConnectionLimit() async throws {
+        try await withRightsRelay { port in
+            // "two" may hold two WebSockets: portfolio streams and market connections together.
+            var streams: [WSTestClient] = []
+            for _ in 0..<2 {
+                let stream = WSTestClient(url: "ws://127.0.0.1:\(port)/v1/portfolio/stream?apiKey=two-secret")
+                _ = try await stream.nextFrame()
+                streams.append(stream)
+            }
+            let third = WSTestClient(url: "ws://127.0.0.1:\(port)/v1/portfolio/stream?apiKey=two-secret")
+            let refusal = try await third.nextFrame()
+            #expect(refusal.contains("max_connections") && refusal.contains(#"for key \"two\""#), "\(refusal)")
+            #expect(try await third.waitForClose() == 1008)
+            let market = WSTestClient(url: "ws://127.0.0.1:\(port)/stocks")
+            _ = try await market.nextParsed()
+            market.send(ClientAction(.auth, params: "two-secret"))
+            #expect(try await market.nextParsed().statuses.first?.status == StatusMessage.Kind.maxConnections)
+            for client in streams { await client.close() }
+        }
+    }
+
     func withRightsRelay(_ body: @Sendable (_ port: Int) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-rights-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -87,6 +108,7 @@ struct ClientKeyTests {
         settings.clientKeyRights = [
             try ClientKey(name: "quotes-only", secret: "quotes-secret", topics: ["Q.*"], portfolio: .none),
             try ClientKey(name: "five", secret: "five-secret", maxConnections: 5, portfolio: .none),
+            try ClientKey(name: "two", secret: "two-secret", maxConnections: 2, portfolio: .read),
             try ClientKey(name: "reader", secret: ClientKeyTests.sha256Text("reader-secret"), portfolio: .read),
             try ClientKey(name: "writer", secret: "writer-secret", portfolio: .write),
         ]
@@ -194,6 +216,24 @@ struct NamedClientTests {
             _ = try await ask("quiet-key", as: "desk")
             for index in 0..<(SecurityBrowser.maxNamedClients + 20) { _ = try await ask("noisy-key", as: "bot-\(index)") }
             #expect(await browser.knows(.named("key-2:desk")), "the other key's client is still known")
+            #expect(await browser.clientCount <= SecurityBrowser.maxNamedClients + 1)
+        }
+    }
+
+    @Test func withoutKeysNamesWithAColonAreBoundedToo() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-named-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), clientKeys: [], demoRate: 100, portfolio: .init(dataDirectory: directory))
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let browser = try #require(parts.securities)
+            let base = "http://127.0.0.1:\(parts.port)"
+            // Each name its own "scope" before the fix: "a0:x", "a1:x", … were never forgotten.
+            for index in 0..<(SecurityBrowser.maxNamedClients + 40) {
+                _ = try await httpSend("GET", base + "/v1/securities/AAPL", headers: ["X-Relay-Client": "a\(index):x"])
+            }
             #expect(await browser.clientCount <= SecurityBrowser.maxNamedClients + 1)
         }
     }

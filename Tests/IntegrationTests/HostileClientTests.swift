@@ -219,6 +219,24 @@ struct HostileClientTests {
             await other.close()
         }
     }
+
+    @Test func theBuiltInFeedKeepsItsPortAndItsFaultsToItself() async throws {
+        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["client-key"], demoRate: 200)
+        settings.portfolio = nil
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let demoPort = try #require(parts.demoFeedPort)
+            try await waitFor(try parts.upstreamClient.stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
+            let health = try await httpGet("http://127.0.0.1:\(parts.port)/healthz")
+            #expect(!health.body.contains("\(demoPort)"), "/healthz tells the demo feed's port: \(health.body)")
+            #expect(health.body.contains("built-in demo feed"))
+            // Anyone on the machine could reset the feed before; now only the holder of its key.
+            let fault = try await httpSend("POST", "http://127.0.0.1:\(demoPort)/faults/drop")
+            #expect(fault.status == 401)
+            #expect(try parts.upstreamClient.state == .authenticated)
+        }
+    }
 }
 
 /// This process's resident memory (the relay under test runs in it).

@@ -1,0 +1,48 @@
+import Testing
+
+@testable import RelayServer
+
+@Suite("Address guard: per-address tallies and failed authentication")
+struct AddressGuardTests {
+    @Test func anIPv6Slash64CountsAsOneAddress() {
+        #expect(AddressGuard.key(for: "2001:db8:1:2::1") == AddressGuard.key(for: "2001:db8:1:2:ffff:ffff:ffff:ffff"))
+        #expect(AddressGuard.key(for: "2001:db8:1:2::1") != AddressGuard.key(for: "2001:db8:1:3::1"))
+        #expect(AddressGuard.key(for: "::ffff:10.1.2.3") == "10.1.2.3")
+        #expect(AddressGuard.key(for: "192.0.2.7") == "192.0.2.7")
+        let guardian = AddressGuard(limits: .init(perAddress: 2), openFileLimit: 10_000)
+        #expect(guardian.admit("2001:db8:1:2::1") == nil)
+        #expect(guardian.admit("2001:db8:1:2::99") == nil)
+        #expect(guardian.admit("2001:db8:1:2::abcd") == .perAddress(2), "a third address of the same /64")
+        #expect(guardian.admit("2001:db8:1:3::1") == nil)
+    }
+
+    @Test func failuresDelayTheNextAnswerDoublingUpToTheCapAndAreForgotten() {
+        let limits = RelayServerConfiguration.ConnectionLimits(
+            failureWindow: .seconds(60), failureDelay: .milliseconds(500), maxFailureDelay: .seconds(4))
+        let guardian = AddressGuard(limits: limits, openFileLimit: 10_000)
+        let start = ContinuousClock.now
+        let delays = (0..<7).map { guardian.failedAuthentication(from: "198.51.100.1", at: start + .seconds($0)) }
+        #expect(delays == [.zero, .milliseconds(500), .seconds(1), .seconds(2), .seconds(4), .seconds(4), .seconds(4)])
+        // Another address is not slowed by this one.
+        #expect(guardian.failedAuthentication(from: "198.51.100.2", at: start + .seconds(7)) == .zero)
+        // A window later the first starts over, and the table is swept of what expired.
+        #expect(guardian.failedAuthentication(from: "198.51.100.3", at: start + .seconds(200)) == .zero)
+        #expect(guardian.failureRecords == 1)
+        #expect(guardian.failedAuthentication(from: "198.51.100.1", at: start + .seconds(201)) == .zero)
+    }
+
+    @Test func acceptedConnectionsArePendingUntilSettledAndTheBudgetHolds() throws {
+        let guardian = AddressGuard(limits: .init(pendingPerAddress: 2, descriptorReserve: 10), openFileLimit: 13)
+        #expect(guardian.descriptorBudget == 3)
+        let (a, _) = guardian.accept("192.0.2.1")
+        let (b, _) = guardian.accept("192.0.2.1")
+        #expect(guardian.accept("192.0.2.1").1 == .pending(2))
+        guardian.settle(try #require(a))
+        let (c, _) = guardian.accept("192.0.2.1")
+        #expect(c != nil)
+        #expect(guardian.accept("192.0.2.9").1 == .descriptors(3), "three open: the budget is spent")
+        guardian.closed(try #require(b))
+        #expect(guardian.accepted(from: "192.0.2.1") == (open: 2, pending: 1))
+        #expect(guardian.accept("192.0.2.9").0 != nil)
+    }
+}
