@@ -17,7 +17,12 @@ import Testing
         #expect(subjects.subject(for: .wildcard("T")) == "relay.md.stocks.T.*")
     }
 
-    @Test(arguments: ["BRK.B", "O:SPY241220P00720000", "EUR/USD", "I:SPX", "BTC-USD", "A=B", "X>Y*Z", "ÄÖ"])
+    @Test(arguments: ["A=B", "X>Y*Z", "ÄÖ", "A,B", "A B"])
+    func aTickerOutsideTheTickerRulesIsNoTopic(ticker: String) {
+        #expect(Topic(eventType: "T", ticker: ticker) == nil)
+    }
+
+    @Test(arguments: ["BRK.B", "O:SPY241220P00720000", "EUR/USD", "I:SPX", "BTC-USD", "C:EUR-USD", "a_b"])
     func everyTickerRoundTripsThroughOneToken(ticker: String) throws {
         let topic = Topic(eventType: "T", ticker: ticker)!
         let subject = subjects.subject(for: topic)
