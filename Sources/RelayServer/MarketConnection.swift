@@ -122,6 +122,8 @@ actor MarketConnection {
             // Answered after a delay that grows with the address's recent failures (a guesser gets few
             // answers; a correct key on another connection is answered at once meanwhile).
             refusing = true
+            authTimeout?.cancel()
+            authTimeout = nil
             let delay = dependencies.authenticationFailed()
             dependencies.logger.info(
                 "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])

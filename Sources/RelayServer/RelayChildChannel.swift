@@ -182,8 +182,9 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 }
 
 /// Closes a kept-alive HTTP connection whose next request head does not come within `timeout` of the
-/// end of the last response (waiting idle, or sending a head a byte at a time). Between the HTTP codec
-/// and the request handling; event-loop confined.
+/// end of the last response (waiting idle, or sending a head a byte at a time), and one whose request
+/// body stops arriving for `timeout` (an upload that trickles). Between the HTTP codec and the request
+/// handling; event-loop confined.
 final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -198,23 +199,29 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .head = unwrapInboundIn(data) {
-            deadline?.cancel()
-            deadline = nil
+        switch unwrapInboundIn(data) {
+        case .head, .body: restart(context)  // the body's next part within the timeout
+        case .end: stop()
         }
         context.fireChannelRead(data)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if case .end = unwrapOutboundIn(data) {
-            deadline?.cancel()
-            let channel = context.channel
-            deadline = context.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
-        }
+        if case .end = unwrapOutboundIn(data) { restart(context) }  // the next head within the timeout
         context.write(data, promise: promise)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
+        stop()
+    }
+
+    private func restart(_ context: ChannelHandlerContext) {
+        deadline?.cancel()
+        let channel = context.channel
+        deadline = context.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
+    }
+
+    private func stop() {
         deadline?.cancel()
         deadline = nil
     }

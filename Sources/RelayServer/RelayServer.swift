@@ -179,7 +179,9 @@ public final class RelayServer: Service, Sendable {
             full: configuration.maxClientMessageBytes)
         try GatedFrameDecoder.replaceUpgradeDecoder(in: channel, limit: messageLimit)
         let handler = WebSocketConnectionHandler(
-            pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: limits.outboundBytes)
+            pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: limits.outboundBytes,
+            // The session's message rate and burst, and room for control frames (pings, pongs, close).
+            pace: .init(perSecond: configuration.limits.messagesPerSecond + 10, burst: configuration.limits.messageBurst + 100))
         let close: @Sendable (WebSocketErrorCode, String) -> Void
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
         var release: @Sendable () -> Void = {}

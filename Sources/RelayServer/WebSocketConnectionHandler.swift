@@ -19,7 +19,9 @@ struct WebSocketConversation {
 /// ``ClientMessageLimit``) and hands each client message to its ``WebSocketConversation``.
 ///
 /// What a client can make it hold is bounded: while the connection is not writable it reads nothing
-/// more from the client (so a client that sends and never reads fills its own socket, not our memory);
+/// more from the client (so a client that sends and never reads fills its own socket, not our memory),
+/// and a client that sends frames of any kind (pings too) faster than its pace (``InboundPace``) is not
+/// read until the pace allows more, so what a flood costs in CPU is bounded as well;
 /// at most one pong waits to be written; and a connection whose unsent bytes pass
 /// ``RelayServerConfiguration/ConnectionLimits/outboundBytes`` is told so and closed (1008).
 ///
@@ -57,11 +59,29 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// Fragments of one message at most.
     static let maxFragments = 1024
 
-    init(pingInterval: TimeAmount, closeTimeout: TimeAmount, messageLimit: ClientMessageLimit, outboundLimit: Int) {
+    /// The frames a client may send: a burst, then a sustained rate.
+    struct InboundPace {
+        var perSecond: Int
+        var burst: Int
+    }
+
+    private let pace: InboundPace
+    private var tokens: Double
+    private var filledAt: NIODeadline?
+    /// Reading is paused until the pace allows more (or resumed by a scheduled task).
+    private var throttled = false
+    private var writable = true
+
+    init(
+        pingInterval: TimeAmount, closeTimeout: TimeAmount, messageLimit: ClientMessageLimit, outboundLimit: Int,
+        pace: InboundPace = InboundPace(perSecond: 60, burst: 1_100)
+    ) {
         self.pingInterval = pingInterval
         self.closeTimeout = closeTimeout
         self.messageLimit = messageLimit
         self.outboundLimit = outboundLimit
+        self.pace = InboundPace(perSecond: max(pace.perSecond, 1), burst: max(pace.burst, 1))
+        tokens = Double(self.pace.burst)
     }
 
     /// Set once, before the handler is added to the pipeline (the conversation needs the handler to
@@ -99,6 +119,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = unwrapInboundIn(data)
+        takeToken(context)
         switch frame.opcode {
         case .text, .binary:
             guard !isClosing else { return }
@@ -163,12 +184,39 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        let writable = context.channel.isWritable
+        writable = context.channel.isWritable
         writability.set(writable: writable)
         // A client whose socket does not take what we write is not read either: whatever it sends
         // waits in its own socket, and nothing it sends makes us write more meanwhile.
-        if let options = context.channel.syncOptions { try? options.setOption(ChannelOptions.autoRead, value: writable) }
+        updateReading(context)
         context.fireChannelWritabilityChanged()
+    }
+
+    /// Reads while the connection is writable and the client within its pace.
+    private func updateReading(_ context: ChannelHandlerContext) {
+        try? context.channel.syncOptions?.setOption(ChannelOptions.autoRead, value: writable && !throttled)
+    }
+
+    /// One frame's token; with none left, reading pauses until the next one is due (what was read
+    /// already is still handled).
+    private func takeToken(_ context: ChannelHandlerContext) {
+        let now = NIODeadline.now()
+        if let filledAt {
+            let elapsed = Double((now - filledAt).nanoseconds) / 1e9
+            tokens = min(Double(pace.burst), tokens + elapsed * Double(pace.perSecond))
+        }
+        filledAt = now
+        tokens -= 1
+        guard tokens < 1, !throttled else { return }
+        throttled = true
+        updateReading(context)
+        let wait = TimeAmount.nanoseconds(Int64((1 - tokens) / Double(pace.perSecond) * 1e9))
+        let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: wait) {
+            let handler = loopBound.value
+            handler.throttled = false
+            if let context = handler.context { handler.updateReading(context) }
+        }
     }
 
     /// A message too large or in too many pieces closes with 1009.

@@ -190,6 +190,10 @@ struct HostileClientTests {
             let idle = try RawSocket(port: port)
             idle.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             #expect(idle.readsToEOF(within: .seconds(5)))
+            // So is a request whose body trickles (a byte every 2 s against a 1 s timeout).
+            let trickle = try RawSocket(port: port)
+            trickle.send("POST /v1/accounts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            #expect(trickle.readsToEOF(within: .seconds(5)), "a trickling body held its connection")
         }
     }
 
