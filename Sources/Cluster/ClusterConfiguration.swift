@@ -33,6 +33,10 @@ public struct ClusterConfiguration: Sendable, Equatable {
     public var renewInterval: Duration { leaseDuration / 5 }
     /// Without a successful renewal for this long, the leader closes its upstream connection.
     public var dropUpstreamAfter: Duration { leaseDuration / 2 }
+    /// The leader's upstream client is handed a deadline of this long after each renewal was sent (or
+    /// the lease taken), enforced on its own service thread: a backstop that closes the socket before
+    /// the lease can lapse even when no Swift task gets to run.
+    public var upstreamDeadlineAfter: Duration { leaseDuration * 3 / 5 }
     public var interestTTL: Duration { interestHeartbeat * 3.5 }
 
     /// Parses `nats://host:port[,nats://host:port…]`.

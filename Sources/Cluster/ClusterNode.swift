@@ -15,7 +15,9 @@ import Upstream
 /// The lease is a JetStream key-value entry, taken with create-if-absent and renewed with a
 /// revision-checked update every fifth of its lifetime. The upstream connection is opened only after
 /// the lease is taken, and closed when half the lease has passed without a renewal — before the lease
-/// can lapse and another node take it — so two upstream connections never exist at once. On graceful
+/// can lapse and another node take it — so two upstream connections never exist at once. That close
+/// needs this node's tasks to run; as a backstop the upstream client's own service thread closes the
+/// socket at 3/5 of the lease after the last renewal, whatever the cooperative pool is doing. On graceful
 /// shutdown the leader closes upstream first, then deletes the lease, and a follower takes over within
 /// one poll interval.
 ///
@@ -336,11 +338,12 @@ public final class ClusterNode: Service, Sendable {
             "this node leads the cluster: connecting upstream",
             metadata: ["node": "\(configuration.nodeID)", "upstream": "\(upstream.configuration.endpoint)", "topics": "\(union.count)"])
         upstream.setWantedTopics(union)
+        upstream.setDeadline(takenAt + configuration.upstreamDeadlineAfter)
         connection.publish(subjects.interestRequest, "")
         let upstreamRun = Task { try? await upstream.run() }
         let publisher = Task { await self.publish(from: upstream, to: connection) }
 
-        let end = await renew(bucket: bucket, revision: revision, takenAt: takenAt)
+        let end = await renew(bucket: bucket, revision: revision, takenAt: takenAt, upstream: upstream)
         upstream.shutdown()
         await upstreamRun.value
         await publisher.value
@@ -370,7 +373,12 @@ public final class ClusterNode: Service, Sendable {
     }
 
     /// Renews the lease until it is lost or shutdown begins.
-    private func renew(bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant) async -> TermEnd {
+    /// Each renewal also moves the upstream client's own deadline (see
+    /// ``ClusterConfiguration/upstreamDeadlineAfter``), so the socket closes in time even if this task
+    /// never runs again.
+    private func renew(
+        bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, upstream: PolygonWebSocket
+    ) async -> TermEnd {
         var revision = revision
         var lastRenewed = takenAt
         while true {
@@ -392,6 +400,7 @@ public final class ClusterNode: Service, Sendable {
             case .success(let next):
                 revision = next
                 lastRenewed = sent
+                upstream.setDeadline(sent + configuration.upstreamDeadlineAfter)
                 metrics.renewed.increment()
             case .failure(.rejected(let text)):
                 metrics.renewFailed.increment()

@@ -217,3 +217,71 @@ struct UpstreamKeepaliveTests {
         }
     }
 }
+
+/// The deadline a cluster leader hands its upstream client with each lease renewal: enforced by the
+/// client's own libwebsockets thread, so it holds while every thread of the cooperative pool is stuck.
+@Suite("Upstream deadline", .serialized)
+struct UpstreamDeadlineTests {
+    /// Occupies every thread of the cooperative pool (one blocking task per core) until `end`.
+    func blockCooperativePool(until end: ContinuousClock.Instant) async {
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<max(ProcessInfo.processInfo.activeProcessorCount, 2) {
+                group.addTask { while ContinuousClock.now < end { usleep(5_000) } }
+            }
+        }
+    }
+
+    @Test func theServiceThreadClosesTheSocketAtTheDeadlineWhileThePoolIsBlocked() async throws {
+        let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            let upstream = PolygonWebSocket(
+                configuration: UpstreamConfiguration(
+                    endpoint: endpoint, apiKey: "k", reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(100))),
+                logger: testLogger)
+            upstream.setDeadline(.now + .seconds(60))
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                let deadline = ContinuousClock.now + .seconds(1)
+                upstream.setDeadline(deadline)
+                // Nothing renews, and no Swift task can run until two seconds past the deadline.
+                await blockCooperativePool(until: deadline + .seconds(2))
+                let statistics = upstream.statistics
+                #expect(statistics.deadlineCloses == 1)
+                let closedAt = try #require(statistics.lastDeadlineClose, "the service thread did not close the connection")
+                #expect(closedAt >= deadline)
+                #expect(closedAt < deadline + .seconds(1), "closed \(closedAt - deadline) after the deadline")
+                try await waitFor(feed.monitor.updates(), "the feed to see the close") { $0.openConnections == 0 }
+                // A measurement window, not synchronisation: retries are 50–100 ms apart, and none connects
+                // past the deadline.
+                try await Task.sleep(for: .milliseconds(500))
+                #expect(feed.monitor.snapshot.totalConnections == 1)
+                // A later deadline (the next renewal) lets it connect again.
+                upstream.setDeadline(.now + .seconds(60))
+                try await waitFor(upstream.stateUpdates(), "authenticated again") { $0 == .authenticated }
+                #expect(feed.monitor.snapshot.totalConnections == 2)
+            }
+        }
+    }
+
+    @Test func aDeadlineMovedBeforeItPassesKeepsTheConnection() async throws {
+        let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
+            upstream.setDeadline(.now + .seconds(60))
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                // Renewed every 200 ms for two seconds, each time 600 ms ahead.
+                let end = ContinuousClock.now + .seconds(2)
+                while ContinuousClock.now < end {
+                    upstream.setDeadline(.now + .milliseconds(600))
+                    try await Task.sleep(for: .milliseconds(200))
+                }
+                #expect(upstream.statistics.deadlineCloses == 0)
+                #expect(upstream.state == .authenticated)
+                #expect(feed.monitor.snapshot.totalConnections == 1)
+            }
+        }
+    }
+}
