@@ -245,7 +245,7 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "RelayCore", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio", "RelayBench",
+                "RelayCore", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio", "RelayBench", "Cluster",
                 "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),

@@ -31,6 +31,8 @@ public struct ClusterConfiguration: Sendable, Equatable {
     }
 
     public var renewInterval: Duration { leaseDuration / 5 }
+    /// The TTL of the lease bucket these nodes make (and expect to find): the lease, at least 100 ms.
+    public var leaseBucketTTL: Duration { max(leaseDuration, .milliseconds(100)) }
     /// Without a successful renewal for this long, the leader closes its upstream connection.
     public var dropUpstreamAfter: Duration { leaseDuration / 2 }
     /// The leader's upstream client is handed a deadline of this long after each renewal was sent (or

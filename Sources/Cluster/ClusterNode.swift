@@ -140,8 +140,15 @@ public final class ClusterNode: Service, Sendable {
             Task { await self.tick() },
             Task { await self.watch(connection, feed: feed) },
         ]
-        let lease = Task { await self.leaseLoop(feed: feed) }
-        await withGracefulShutdownHandler {
+        let lease = Task { () async -> ClusterError? in
+            do throws(ClusterError) {
+                try await self.leaseLoop(feed: feed)
+                return nil
+            } catch {
+                return error
+            }
+        }
+        let fatal: ClusterError? = await withGracefulShutdownHandler {
             await withTaskCancellationHandler {
                 await lease.value
             } onCancel: {
@@ -154,6 +161,10 @@ public final class ClusterNode: Service, Sendable {
         for task in helpers { task.cancel() }
         feed.stop()
         await connection.close()
+        if let fatal {
+            logger.critical("\(fatal.description)", metadata: ["node": "\(configuration.nodeID)"])
+            throw fatal
+        }
         logger.info("cluster node stopped", metadata: ["node": "\(configuration.nodeID)"])
     }
 
@@ -232,7 +243,8 @@ public final class ClusterNode: Service, Sendable {
 
     // MARK: the lease
 
-    private func leaseLoop(feed: ClusterFeed) async {
+    /// Ends (throwing) only when the lease bucket's TTL is not this node's lease: refused, not obeyed.
+    private func leaseLoop(feed: ClusterFeed) async throws(ClusterError) {
         var failures = 0
         var lastProblem: String?
         func problem(_ text: String) {
@@ -249,6 +261,11 @@ public final class ClusterNode: Service, Sendable {
             if bucket == nil {
                 do {
                     let lease = try await connection.keyValue(bucket: subjects.leaseBucket, ttl: configuration.leaseDuration)
+                    // A bucket made by nodes with another lease keeps the lease for its own TTL, not this
+                    // node's: the timing below would be wrong and nodes would take it from each other.
+                    if let kept = lease.ttl, kept != configuration.leaseBucketTTL {
+                        throw ClusterError.leaseMismatch(bucket: lease.name, bucketTTL: kept, configured: configuration.leaseBucketTTL)
+                    }
                     let last = try await connection.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
                     state.withLock {
                         $0.leaseBucket = lease
@@ -258,6 +275,8 @@ public final class ClusterNode: Service, Sendable {
                     failures = 0
                     if lastProblem != nil { logger.info("cluster lease: JetStream reachable again") }
                     lastProblem = nil
+                } catch let error as ClusterError {
+                    throw error
                 } catch {
                     problem("\(error)")
                     try? await Task.sleep(for: backoff.delay(attempt: failures))

@@ -275,7 +275,14 @@ public final class NATSConnection: Sendable {
             guard status == NATS_OK, let store else { return .failure(Self.error(status)) }
             return .success(NATSPointer(store))
         }
-        return KeyValueBucket(name: bucket, store: try result.get(), connection: self)
+        let store = try result.get()
+        let kept: Duration? = await Self.blocking {
+            var status: OpaquePointer?
+            guard kvStore_Status(&status, store.pointer) == NATS_OK, let status else { return nil }
+            defer { kvStatus_Destroy(status) }
+            return .nanoseconds(kvStatus_TTL(status))
+        }
+        return KeyValueBucket(name: bucket, store: store, connection: self, ttl: kept)
     }
 
     static func error(_ status: natsStatus) -> NATSError {
@@ -344,13 +351,17 @@ public final class NATSMessageSink: Sendable {
 /// for the server runs off the cooperative pool.
 public final class KeyValueBucket: Sendable {
     public let name: String
+    /// How long the bucket keeps a value after its last write, as the server reported it on bind
+    /// (`.zero`: forever); `nil` if the server did not say.
+    public let ttl: Duration?
     let store: NATSPointer
     let connection: NATSConnection
 
-    init(name: String, store: NATSPointer, connection: NATSConnection) {
+    init(name: String, store: NATSPointer, connection: NATSConnection, ttl: Duration?) {
         self.name = name
         self.store = store
         self.connection = connection
+        self.ttl = ttl
     }
 
     /// One stored value and its revision.

@@ -80,9 +80,9 @@ final class ClusterHarness: Sendable {
                 "serve", "--listen", "127.0.0.1:0", "--upstream", feedURL, "--upstream-key", Self.upstreamKey,
                 "--cluster", nats ?? natsURL, "--cluster-name", clusterName, "--node-id", id,
             ] + extra
+        let showLogs = ProcessInfo.processInfo.environment["RELAY_TEST_NODE_LOGS"] == "1"
         let process = RelayProcess(
-            binary: RelayProcess.siblingBinary(), arguments: arguments,
-            showLogs: ProcessInfo.processInfo.environment["RELAY_TEST_NODE_LOGS"] == "1")
+            binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: showLogs, captureLogs: !showLogs)
         let port = try await process.start(timeout: .seconds(30))
         nodes.withLock { $0[id] = (process, port) }
         return port
