@@ -58,6 +58,7 @@ let package = Package(
             name: "Cluster",
             dependencies: [
                 "CNats", "PolygonWire", "MarketDataHub", "Upstream", "AsyncSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
