@@ -65,7 +65,7 @@ public final class ClusterNode: Service, Sendable {
     ///   - makeUpstream: a new upstream client, made each time this node becomes leader.
     public init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
-        metricsFactory: any MetricsFactory, logger: Logger, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+        metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
     ) throws(ClusterError) {
         self.configuration = configuration
         subjects = try ClusterSubjects(cluster: configuration.name, market: market)

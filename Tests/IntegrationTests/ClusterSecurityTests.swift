@@ -369,3 +369,12 @@ struct ClusterSettingsTests {
         await #expect(throws: RelaySettings.InvalidSetting.self) { _ = try await RelaySettings.resolve(flags: flags, environment: [:]) }
     }
 }
+
+/// Occupies every thread of the cooperative pool (one blocking task per core, at least two) until `end`.
+func blockCooperativePool(until end: ContinuousClock.Instant) async {
+    await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<max(ProcessInfo.processInfo.activeProcessorCount, 2) {
+            group.addTask { while ContinuousClock.now < end { usleep(5_000) } }
+        }
+    }
+}

@@ -1,6 +1,9 @@
+import Cluster
 import DemoFeed
 import Foundation
+import MarketDataHub
 import PolygonWire
+import RelayBench
 import Testing
 import Upstream
 
@@ -220,17 +223,9 @@ struct UpstreamKeepaliveTests {
 
 /// The deadline a cluster leader hands its upstream client with each lease renewal: enforced by the
 /// client's own libwebsockets thread, so it holds while every thread of the cooperative pool is stuck.
-@Suite("Upstream deadline", .serialized)
+/// Serialized: two of these block this process's cooperative pool (for at most 1.5 s each).
+@Suite("Upstream deadline", .serialized, .timeLimit(.minutes(2)))
 struct UpstreamDeadlineTests {
-    /// Occupies every thread of the cooperative pool (one blocking task per core) until `end`.
-    func blockCooperativePool(until end: ContinuousClock.Instant) async {
-        await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<max(ProcessInfo.processInfo.activeProcessorCount, 2) {
-                group.addTask { while ContinuousClock.now < end { usleep(5_000) } }
-            }
-        }
-    }
-
     @Test func theServiceThreadClosesTheSocketAtTheDeadlineWhileThePoolIsBlocked() async throws {
         let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
         try await withServices([feed]) {
@@ -242,10 +237,10 @@ struct UpstreamDeadlineTests {
             upstream.setDeadline(.now + .seconds(60))
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
-                let deadline = ContinuousClock.now + .seconds(1)
+                let deadline = ContinuousClock.now + .milliseconds(500)
                 upstream.setDeadline(deadline)
-                // Nothing renews, and no Swift task can run until two seconds past the deadline.
-                await blockCooperativePool(until: deadline + .seconds(2))
+                // Nothing renews, and no Swift task can run until a second past the deadline.
+                await blockCooperativePool(until: deadline + .seconds(1))
                 let statistics = upstream.statistics
                 #expect(statistics.deadlineCloses == 1)
                 let closedAt = try #require(statistics.lastDeadlineClose, "the service thread did not close the connection")
@@ -272,15 +267,66 @@ struct UpstreamDeadlineTests {
             upstream.setDeadline(.now + .seconds(60))
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
-                // Renewed every 200 ms for two seconds, each time 600 ms ahead.
+                // Renewed every 200 ms for two seconds, each time 2 s ahead.
                 let end = ContinuousClock.now + .seconds(2)
                 while ContinuousClock.now < end {
-                    upstream.setDeadline(.now + .milliseconds(600))
+                    upstream.setDeadline(.now + .seconds(2))
                     try await Task.sleep(for: .milliseconds(200))
                 }
                 #expect(upstream.statistics.deadlineCloses == 0)
                 #expect(upstream.state == .authenticated)
                 #expect(feed.monitor.snapshot.totalConnections == 1)
+            }
+        }
+    }
+
+    /// A cluster leader in this process, so the test can starve its cooperative pool: the lease renewal
+    /// and the Swift-side close both stop, and the upstream client's own thread must close the socket
+    /// before the lease (1 s here, from the last renewal) could lapse and another node connect.
+    @Test(.enabled(if: ClusterHarness.enabled, "nats-server is not installed (scripts/test installs it)"))
+    func aLeaderWhosePoolIsBlockedClosesItsUpstreamSocketBeforeTheLeaseCouldLapse() async throws {
+        let nats = try NATSServerProcess()
+        let natsURL = try await nats.start()
+        do {
+            try await leadThenStarve(natsURL: natsURL)
+        } catch {
+            await nats.stop()
+            throw error
+        }
+        await nats.stop()
+    }
+
+    func leadThenStarve(natsURL: String) async throws {
+        let feed = DemoFeed(
+            configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 100, seed: 4), logger: testLogger)
+        try await withServices([feed]) {
+            let feedURL = try await feed.url()
+            let interest = LocalInterest()
+            let hub = MarketDataHub(keepsUnwantedLastValues: false, logger: testLogger) { interest.set($0) }
+            let node = try ClusterNode(
+                configuration: ClusterConfiguration(
+                    servers: [natsURL], name: "backstop\(UInt16.random(in: 0...9999))", nodeID: "inproc", leaseDuration: .seconds(1)),
+                market: "stocks", hub: hub, localInterest: interest, logger: testLogger
+            ) {
+                let endpoint = try #require(UpstreamConfiguration.Endpoint(feedURL))
+                var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "k")
+                configuration.closeTimeout = .seconds(1)
+                return PolygonWebSocket(configuration: configuration, logger: testLogger)
+            }
+            try await withServices([node]) {
+                try await eventually("the node to lead and authenticate upstream", timeout: .seconds(15)) {
+                    node.upstream?.state == .authenticated
+                }
+                let upstream = try #require(node.upstream)
+                let blockedAt = ContinuousClock.now
+                // Every cooperative thread busy for longer than the lease: no renewal, no Swift close.
+                await blockCooperativePool(until: blockedAt + .milliseconds(1500))
+                let statistics = upstream.statistics
+                #expect(statistics.deadlineCloses >= 1, "the upstream thread did not close the socket")
+                let closedAt = try #require(statistics.lastDeadlineClose)
+                // The last renewal was sent before the block; the lease lapses 1 s after it at the earliest.
+                #expect(closedAt < blockedAt + .seconds(1), "closed \(closedAt - blockedAt) into the block")
+                #expect(feed.monitor.snapshot.maxOpenConnections == 1)
             }
         }
     }
