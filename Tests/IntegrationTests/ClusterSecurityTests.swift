@@ -1,4 +1,4 @@
-import Cluster
+import Crypto
 import DemoFeed
 import Foundation
 import PolygonWire
@@ -6,6 +6,8 @@ import RelayBench
 import RelayCore
 import Synchronization
 import Testing
+
+@testable import Cluster
 
 /// A NATS client in this test process: what anyone allowed to publish on the cluster's NATS can do.
 func natsClient(_ url: String, name: String = "intruder") async throws -> NATSConnection {
@@ -375,6 +377,97 @@ func blockCooperativePool(until end: ContinuousClock.Instant) async {
     await withTaskGroup(of: Void.self) { group in
         for _ in 0..<max(ProcessInfo.processInfo.activeProcessorCount, 2) {
             group.addTask { while ContinuousClock.now < end { usleep(5_000) } }
+        }
+    }
+}
+
+/// Decentralised NATS auth (operator, account, user JWTs), made here the way `nsc` makes it, since
+/// Debian's nats-server ships neither `nsc` nor `nk`: Ed25519 keys, NKey encoding, JWTs signed by their
+/// issuer.
+struct NATSAccounts {
+    struct Key {
+        let privateKey = Curve25519.Signing.PrivateKey()
+        let prefix: UInt8
+        var publicKey: String { NKey.encode(prefix: [prefix], privateKey.publicKey.rawRepresentation) }
+    }
+
+    let operatorKey = Key(prefix: 14 << 3)
+    let accountKey = Key(prefix: 0)
+    /// The server's own account (JetStream needs one in operator mode).
+    let systemKey = Key(prefix: 0)
+    let userKey = Key(prefix: 20 << 3)
+
+    static func base64URL(_ data: some DataProtocol) -> String {
+        Data(data).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    /// A JWT of `claims` (the `nats` section) about `subject`, signed by `issuer`.
+    func jwt(subject: Key, issuer: Key, name: String, nats: [String: Any]) throws -> String {
+        let header = Self.base64URL(Data(#"{"typ":"JWT","alg":"ed25519-nkey"}"#.utf8))
+        let claims: [String: Any] = [
+            "jti": UUID().uuidString, "iat": Int(Date().timeIntervalSince1970), "iss": issuer.publicKey, "name": name,
+            "sub": subject.publicKey, "nats": nats,
+        ]
+        let body = Self.base64URL(try JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys]))
+        let signature = try issuer.privateKey.signature(for: Data("\(header).\(body)".utf8))
+        return "\(header).\(body).\(Self.base64URL(signature))"
+    }
+
+    /// The server's configuration (operator mode, the account preloaded) and the user's `.creds` file.
+    func write(to directory: String) throws -> (config: String, creds: String) {
+        let operatorJWT = try jwt(subject: operatorKey, issuer: operatorKey, name: "op", nats: ["type": "operator", "version": 2])
+        let unlimited: [String: Any] = [
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": true, "conn": -1, "leaf": -1,
+            "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+        ]
+        let accountJWT = try jwt(
+            subject: accountKey, issuer: operatorKey, name: "relay",
+            nats: ["limits": unlimited, "default_permissions": ["pub": [:], "sub": [:]], "type": "account", "version": 2])
+        let systemJWT = try jwt(
+            subject: systemKey, issuer: operatorKey, name: "SYS", nats: ["limits": ["conn": -1], "type": "account", "version": 2])
+        let userJWT = try jwt(
+            subject: userKey, issuer: accountKey, name: "node",
+            nats: ["pub": [:], "sub": [:], "subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2])
+        try operatorJWT.write(toFile: directory + "/operator.jwt", atomically: true, encoding: .utf8)
+        let config = directory + "/nats.conf"
+        try """
+            operator: "\(directory)/operator.jwt"
+            resolver: MEMORY
+            system_account: \(systemKey.publicKey)
+            resolver_preload: { \(accountKey.publicKey): "\(accountJWT)", \(systemKey.publicKey): "\(systemJWT)" }
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+        let creds = directory + "/node.creds"
+        try """
+            -----BEGIN NATS USER JWT-----
+            \(userJWT)
+            ------END NATS USER JWT------
+
+            ************************* IMPORTANT *************************
+            NKEY Seed printed below can be used to sign and prove identity.
+
+            -----BEGIN USER NKEY SEED-----
+            \(NKey.userSeed(userKey.privateKey.rawRepresentation))
+            ------END USER NKEY SEED------
+            """.write(toFile: creds, atomically: true, encoding: .utf8)
+        return (config, creds)
+    }
+}
+
+@Suite(
+    "Cluster on NATS: a credentials file", .timeLimit(.minutes(2)),
+    .enabled(if: ClusterHarness.enabled, "nats-server is not installed (scripts/test installs it)"))
+struct ClusterCredentialsFileTests {
+    @Test func aUserCredentialsFileAuthenticatesAgainstAnOperatorModeServer() async throws {
+        let directory = try scratchDirectory("nats-accounts")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (config, creds) = try NATSAccounts().write(to: directory)
+        try await ClusterHarness.with(nodes: 0, natsConfig: config) { cluster in
+            try await cluster.startNode("n1", extra: ["--no-portfolio", "--cluster-credentials", creds])
+            _ = try await cluster.agreedLeader()
+            // Without the credentials the server refuses the node.
+            try await cluster.startNode("n2")
+            #expect(try await cluster.cluster(of: "n2")["nats"] as? String != "connected")
         }
     }
 }
