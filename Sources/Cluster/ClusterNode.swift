@@ -65,7 +65,8 @@ public final class ClusterNode: Service, Sendable {
     ///   - makeUpstream: a new upstream client, made each time this node becomes leader.
     public init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
-        metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+        metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger,
+        makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
     ) throws(ClusterError) {
         self.configuration = configuration
         subjects = try ClusterSubjects(cluster: configuration.name, market: market)
@@ -238,7 +239,8 @@ public final class ClusterNode: Service, Sendable {
         case .complete(let changed):
             if changed, upstream != nil { updateUpstreamTopics() }
         case .outOfSequence:
-            metrics.rejected("interest", "from node \(node): a part out of sequence (one was lost); its next publish replaces it", logger: logger)
+            metrics.rejected(
+                "interest", "from node \(node): a part out of sequence (one was lost); its next publish replaces it", logger: logger)
         case .tooManyTopics:
             metrics.rejected(
                 "interest", "node \(node) wants more than \(configuration.maxTopicsPerNode) topics; its previous set stays", logger: logger)
@@ -363,7 +365,8 @@ public final class ClusterNode: Service, Sendable {
             let holder = entry.flatMap { LeaseValue(parsing: $0.value) }
             if let entry, holder == nil, entry.revision != foreignRevision {
                 foreignRevision = entry.revision
-                metrics.rejected("lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
+                metrics.rejected(
+                    "lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
             }
             observe(leader: holder?.node, feed: feed)
             if entry == nil, !Task.isCancelled {
@@ -514,7 +517,7 @@ public final class ClusterNode: Service, Sendable {
                     metrics.renewFailed.increment()
                     return .lost("the lease was taken over (\(text))")
                 }
-                metrics.rejected("lease", "the lease key was overwritten by something not a relay node; taken back", logger: logger)
+                metrics.rejected("lease", "the lease key was overwritten or deleted, not by a relay node; taken back", logger: logger)
                 revision = next
                 lastRenewed = sent
                 upstream.setDeadline(sent + configuration.upstreamDeadlineAfter)

@@ -157,9 +157,8 @@ public final class NATSConnection: Sendable {
         }
         if let certificate = security.certificateFile {
             guard let key = security.keyFile else { return "a client certificate needs its key file" }
-            if let problem = check(natsOptions_LoadCertificatesChain(options, certificate, key), "certificate \(certificate) / key \(key)") {
-                return problem
-            }
+            let status = natsOptions_LoadCertificatesChain(options, certificate, key)
+            if let problem = check(status, "certificate \(certificate) / key \(key)") { return problem }
         }
         if let file = security.credentialsFile,
             let problem = check(natsOptions_SetUserCredentialsFromFiles(options, file, nil), "credentials file \(file)")

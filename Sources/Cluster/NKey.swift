@@ -14,7 +14,10 @@ public enum NKey {
     /// The user public key (`U…`) of the seed in `file` (the first line that starts with `SU`).
     public static func publicKey(fromSeedFile file: String) throws(NKeyError) -> String {
         guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw .unreadable }
-        guard let line = text.split(whereSeparator: \.isNewline).map({ $0.trimmingCharacters(in: .whitespaces) }).first(where: { $0.hasPrefix("SU") })
+        guard
+            let line = text.split(whereSeparator: \.isNewline).map({ $0.trimmingCharacters(in: .whitespaces) }).first(where: {
+                $0.hasPrefix("SU")
+            })
         else { throw .noUserSeed }
         return try publicKey(fromSeed: line)
     }

@@ -35,7 +35,8 @@ public final class NATSServerProcess: Sendable {
         process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         // -p -1: a random free port, which the server logs.
-        process.arguments = (configFile.map { ["-c", $0] } ?? []) + ["-js", "-a", "127.0.0.1", "-p", port.map(String.init) ?? "-1", "-sd", storeDirectory]
+        process.arguments =
+            (configFile.map { ["-c", $0] } ?? []) + ["-js", "-a", "127.0.0.1", "-p", port.map(String.init) ?? "-1", "-sd", storeDirectory]
         process.standardError = log.handle
         process.standardOutput = log.handle
     }

@@ -294,7 +294,8 @@ public struct RelaySettings: Sendable {
         }
         providers.append(
             EnvironmentVariablesProvider(
-                environmentVariables: renamed, secretsSpecifier: .specific(["UPSTREAM_KEY", "CLIENT_KEYS", "CLUSTER_URL", "CLUSTER_TOKEN"])))
+                environmentVariables: renamed,
+                secretsSpecifier: .specific(["UPSTREAM_KEY", "CLIENT_KEYS", "CLUSTER_URL", "CLUSTER_TOKEN"])))
 
         if let file = flags.configFile ?? environment["RELAY_CONFIG"], !file.isEmpty {
             guard FileManager.default.fileExists(atPath: file) else {
@@ -455,7 +456,9 @@ public struct RelaySettings: Sendable {
             ]
             for (key, name, path) in files {
                 guard let file = config.string(forKey: key), !file.isEmpty else { continue }
-                guard FileManager.default.isReadableFile(atPath: file) else { throw InvalidSetting(description: "\(name): cannot read \(file)") }
+                guard FileManager.default.isReadableFile(atPath: file) else {
+                    throw InvalidSetting(description: "\(name): cannot read \(file)")
+                }
                 cluster.security[keyPath: path] = file
             }
             if (cluster.security.certificateFile == nil) != (cluster.security.keyFile == nil) {

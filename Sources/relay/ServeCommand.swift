@@ -90,7 +90,9 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(name: .customLong("cluster-token"), help: "A NATS authorization token (RELAY_CLUSTER_TOKEN keeps it out of ps).")
     var clusterToken: String?
 
-    @Option(name: .customLong("cluster-max-topics-per-node"), help: "The most topics this node's clients may have the cluster ask for (default 100000).")
+    @Option(
+        name: .customLong("cluster-max-topics-per-node"),
+        help: "The most topics this node's clients may have the cluster ask for (default 100000).")
     var clusterMaxTopicsPerNode: Int?
 
     /// The cluster's TLS and credential flags added to the others.

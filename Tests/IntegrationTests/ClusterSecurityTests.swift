@@ -143,6 +143,7 @@ struct ClusterLeaseAndInterestTests {
     @Test func aNodeWhoseLeaseDiffersFromTheBucketRefusesToRun() async throws {
         try await ClusterHarness.with(nodes: 1) { cluster in
             _ = try await cluster.agreedLeader()
+            try await eventually("the leader to connect upstream") { cluster.feed.monitor.snapshot.openConnections == 1 }
             let odd = RelayProcess(
                 binary: RelayProcess.siblingBinary(),
                 arguments: [
@@ -260,12 +261,22 @@ struct ClusterSecurityTests {
         let directory = try scratchDirectory("nats-tls")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let openssl = "/usr/bin/openssl"
-        try runTool(openssl, ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=relay-test-ca"], in: directory)
-        try runTool(openssl, ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"], in: directory)
+        try runTool(
+            openssl,
+            [
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj",
+                "/CN=relay-test-ca",
+            ], in: directory)
+        try runTool(
+            openssl, ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"],
+            in: directory)
         try "subjectAltName=IP:127.0.0.1,DNS:localhost\n".write(toFile: directory + "/san.ext", atomically: true, encoding: .utf8)
         try runTool(
             openssl,
-            ["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "1", "-extfile", "san.ext"],
+            [
+                "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days",
+                "1", "-extfile", "san.ext",
+            ],
             in: directory)
         let config = directory + "/nats.conf"
         try "tls { cert_file: \"\(directory)/server.pem\", key_file: \"\(directory)/server.key\" }\n"
@@ -331,15 +342,15 @@ struct ClusterSettingsTests {
         }
         let file = "\(directory)/relay.yaml"
         try """
-            cluster:
-              url: tls://u:file-secret@nats.example:4222
-              tlsCA: \(directory)/file-ca.pem
-              tlsCert: \(directory)/cert.pem
-              tlsKey: \(directory)/key.pem
-              credentials: \(directory)/node.creds
-              token: file-token
-              maxTopicsPerNode: 500
-            """.write(toFile: file, atomically: true, encoding: .utf8)
+        cluster:
+          url: tls://u:file-secret@nats.example:4222
+          tlsCA: \(directory)/file-ca.pem
+          tlsCert: \(directory)/cert.pem
+          tlsKey: \(directory)/key.pem
+          credentials: \(directory)/node.creds
+          token: file-token
+          maxTopicsPerNode: 500
+        """.write(toFile: file, atomically: true, encoding: .utf8)
         var flags = RelaySettings.Flags(configFile: file)
         flags.clusterTLSCA = "\(directory)/flag-ca.pem"
         let settings = try await RelaySettings.resolve(
@@ -432,24 +443,24 @@ struct NATSAccounts {
         try operatorJWT.write(toFile: directory + "/operator.jwt", atomically: true, encoding: .utf8)
         let config = directory + "/nats.conf"
         try """
-            operator: "\(directory)/operator.jwt"
-            resolver: MEMORY
-            system_account: \(systemKey.publicKey)
-            resolver_preload: { \(accountKey.publicKey): "\(accountJWT)", \(systemKey.publicKey): "\(systemJWT)" }
-            """.write(toFile: config, atomically: true, encoding: .utf8)
+        operator: "\(directory)/operator.jwt"
+        resolver: MEMORY
+        system_account: \(systemKey.publicKey)
+        resolver_preload: { \(accountKey.publicKey): "\(accountJWT)", \(systemKey.publicKey): "\(systemJWT)" }
+        """.write(toFile: config, atomically: true, encoding: .utf8)
         let creds = directory + "/node.creds"
         try """
-            -----BEGIN NATS USER JWT-----
-            \(userJWT)
-            ------END NATS USER JWT------
+        -----BEGIN NATS USER JWT-----
+        \(userJWT)
+        ------END NATS USER JWT------
 
-            ************************* IMPORTANT *************************
-            NKEY Seed printed below can be used to sign and prove identity.
+        ************************* IMPORTANT *************************
+        NKEY Seed printed below can be used to sign and prove identity.
 
-            -----BEGIN USER NKEY SEED-----
-            \(NKey.userSeed(userKey.privateKey.rawRepresentation))
-            ------END USER NKEY SEED------
-            """.write(toFile: creds, atomically: true, encoding: .utf8)
+        -----BEGIN USER NKEY SEED-----
+        \(NKey.userSeed(userKey.privateKey.rawRepresentation))
+        ------END USER NKEY SEED------
+        """.write(toFile: creds, atomically: true, encoding: .utf8)
         return (config, creds)
     }
 }

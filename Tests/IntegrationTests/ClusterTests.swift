@@ -87,7 +87,8 @@ final class ClusterHarness: Sendable {
             ] + extra
         let showLogs = ProcessInfo.processInfo.environment["RELAY_TEST_NODE_LOGS"] == "1"
         let process = RelayProcess(
-            binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: showLogs, captureLogs: !showLogs, environment: environment)
+            binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: showLogs, captureLogs: !showLogs,
+            environment: environment)
         let port = try await process.start(timeout: .seconds(30))
         nodes.withLock { $0[id] = (process, port) }
         return port

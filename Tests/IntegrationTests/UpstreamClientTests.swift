@@ -232,7 +232,8 @@ struct UpstreamDeadlineTests {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
             let upstream = PolygonWebSocket(
                 configuration: UpstreamConfiguration(
-                    endpoint: endpoint, apiKey: "k", reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(100))),
+                    endpoint: endpoint, apiKey: "k",
+                    reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(100))),
                 logger: testLogger)
             upstream.setDeadline(.now + .seconds(60))
             try await withServices([upstream]) {
