@@ -61,8 +61,8 @@ struct ClusterInboundChecksTests {
             let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
             let subject = subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL"))
             let forged = [
-                "[1}]garbage", #"{"ev":"Q","sym":"MSFT","bp":666}"#, #"[{"ev":"Q","sym":"AAPL","bp":666}]"#,
-                #"{"ev":"Q","sym":"AAPL","bp":666} trailing"#, "", #"{"ev":"status","status":"auth_success","message":"666"}"#,
+                "[1}]garbage", #"{"ev":"Q","sym":"MSFT","forged":1}"#, #"[{"ev":"Q","sym":"AAPL","forged":1}]"#,
+                #"{"ev":"Q","sym":"AAPL","forged":1} trailing"#, "", #"{"ev":"status","status":"auth_success","message":"forged"}"#,
             ]
             for payload in forged { #expect(nats.publish(subject, payload)) }
             let port = try cluster.port("n1")
@@ -71,7 +71,7 @@ struct ClusterInboundChecksTests {
             }
             // Every frame the client got, before and after, parses and holds real Q.AAPL events only.
             let events = try await client.nextEvents(30)
-            #expect(events.allSatisfy { $0.topic.description == "Q.AAPL" && !$0.json.contains("666") })
+            #expect(events.allSatisfy { $0.topic.description == "Q.AAPL" && !$0.json.contains("forged") })
             #expect(client.closeCode == nil)
             await client.close()
             await nats.close()
@@ -323,9 +323,9 @@ struct ClusterSecurityTests {
             let client = try await subscribedClient(try cluster.url(leader == "n1" ? "n2" : "n1"), "Q.AAPL")
             let reader = try await natsClient("nats://reader:reader-pw@127.0.0.1:\(port)", name: "reader")
             let subjects = try ClusterSubjects(cluster: clusterName, market: "stocks")
-            reader.publish(subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")), #"{"ev":"Q","sym":"AAPL","bp":666}"#)
+            reader.publish(subjects.subject(for: Topic(eventType: "Q", ticker: "AAPL")), #"{"ev":"Q","sym":"AAPL","forged":1}"#)
             try await eventually("NATS to refuse the reader's publish") { reader.lastError?.lowercased().contains("permi") == true }
-            #expect(try await client.nextEvents(20).allSatisfy { !$0.json.contains("666") })
+            #expect(try await client.nextEvents(20).allSatisfy { !$0.json.contains("forged") })
             await client.close()
             await reader.close()
         }

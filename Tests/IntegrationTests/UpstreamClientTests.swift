@@ -221,10 +221,47 @@ struct UpstreamKeepaliveTests {
     }
 }
 
+/// Whether this is the child process ``UpstreamDeadlineIsolationTests`` starts.
+private var runsIsolated: Bool { ProcessInfo.processInfo.environment["RELAY_TEST_ISOLATED"] == "1" }
+
+/// Runs the deadline tests in a child process of this test binary: two of them block the cooperative
+/// pool, which would stall (and fail) the tests running beside them in this one.
+@Suite("Upstream deadline, in a child process", .timeLimit(.minutes(3)))
+struct UpstreamDeadlineIsolationTests {
+    @Test(.enabled(if: !runsIsolated, "already the child"))
+    func theDeadlineTestsPassInAProcessOfTheirOwn() async throws {
+        let binary = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        let log = FileManager.default.temporaryDirectory.appendingPathComponent("relay-deadline-\(UUID().uuidString).log").path
+        defer { try? FileManager.default.removeItem(atPath: log) }
+        _ = FileManager.default.createFile(atPath: log, contents: nil)
+        let output = try #require(FileHandle(forWritingAtPath: log))
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: binary)
+        child.arguments = ["--testing-library", "swift-testing", "--filter", "UpstreamDeadlineTests"]
+        child.environment = ProcessInfo.processInfo.environment.merging(["RELAY_TEST_ISOLATED": "1"]) { $1 }
+        child.standardOutput = output
+        child.standardError = output
+        try child.run()
+        do {
+            try await eventually("the deadline tests' process to finish", timeout: .seconds(150)) { !child.isRunning }
+        } catch {
+            child.terminate()
+            throw error
+        }
+        try output.close()
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        #expect(child.terminationStatus == 0, "\(text.suffix(4000))")
+        #expect(text.contains("Test run with 3 tests") && !text.contains("skipped"), "\(text.suffix(4000))")
+    }
+}
+
 /// The deadline a cluster leader hands its upstream client with each lease renewal: enforced by the
 /// client's own libwebsockets thread, so it holds while every thread of the cooperative pool is stuck.
-/// Serialized: two of these block this process's cooperative pool (for at most 1.5 s each).
-@Suite("Upstream deadline", .serialized, .timeLimit(.minutes(2)))
+/// Runs only in its own process (see ``UpstreamDeadlineIsolationTests``); serialized, since two of
+/// these block the cooperative pool (for at most 1.5 s each).
+@Suite(
+    "Upstream deadline", .serialized, .timeLimit(.minutes(2)),
+    .enabled(if: runsIsolated, "runs in a child process: UpstreamDeadlineIsolationTests"))
 struct UpstreamDeadlineTests {
     @Test func theServiceThreadClosesTheSocketAtTheDeadlineWhileThePoolIsBlocked() async throws {
         let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
