@@ -98,6 +98,21 @@ import Testing
         #expect(throws: ClusterError.invalidURL("http://***@h:1")) { try ClusterConfiguration.servers(from: "http://u:secret@h:1") }
     }
 
+    /// Vectors from an independent implementation (Python: cryptography's Ed25519, base64.b32encode,
+    /// binascii.crc_hqx), for seeds 0x00…0x1F, all 0xFF, and RFC 8032's first test key.
+    @Test(arguments: [
+        ("SUAAAAICAMCAKBQHBAEQUCYMBUHA6EARCIJRIFIWC4MBSGQ3DQOR4H776Y", "UAB2CB576PHBBPQ5ODORRZ2LYCMWPZGWGCN2KDK7DXOIMZASKUY3RLKK"),
+        ("SUAP777777777777777777777777777777777777777777777777775UUA", "UB3KCWJAISTOJ5IREZN4U45GATMQWBJJ2HPWAK7DBIM2SJLWMDI7LRYD"),
+        ("SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALCA", "UDLVVGABQKYQVN6VJP7NHSLEA45A5YLS6PNKMIZFV4BBU2HXA5IRUVAL"),
+    ])
+    func nkeySeedsGiveTheirPublicKeys(seed: String, publicKey: String) throws {
+        #expect(try NKey.publicKey(fromSeed: seed) == publicKey)
+    }
+
+    @Test func aUserSeedIsEncodedAsNKeysDo() {
+        #expect(NKey.userSeed(Array(UInt8(0)..<32)) == "SUAAAAICAMCAKBQHBAEQUCYMBUHA6EARCIJRIFIWC4MBSGQ3DQOR4H776Y")
+    }
+
     @Test func anNKeySeedGivesItsPublicKey() throws {
         // nats-server itself checks the key in the integration tests; here the encoding's shape.
         let seed = NKey.userSeed([UInt8](repeating: 7, count: 32))
