@@ -20,4 +20,19 @@ static inline int relay_lws_context_port_no_listen(void) { return CONTEXT_PORT_N
 /* lws's own log levels we let through to the relay's logger. */
 static inline int relay_lws_log_levels(void) { return LLL_ERR | LLL_WARN; }
 
+/* A timer on the service thread's own scheduler (lws_sul) that knows its Swift owner: the owner
+ * pointer sits right after the list element, so the callback, handed the element, finds it. */
+struct relay_lws_timer {
+    lws_sorted_usec_list_t sul;
+    void *owner;
+};
+
+static inline void *relay_lws_timer_owner(lws_sorted_usec_list_t *sul) {
+    return ((struct relay_lws_timer *)(void *)sul)->owner;
+}
+
+static inline lws_sorted_usec_list_t *relay_lws_timer_sul(struct relay_lws_timer *timer) { return &timer->sul; }
+
+static inline int relay_lws_to_kill_sync(void) { return LWS_TO_KILL_SYNC; }
+
 #endif

@@ -72,11 +72,14 @@ final class ClusterFeed: Sendable {
             let topic = subject.withMemoryRebound(to: UInt8.self, capacity: length) {
                 subjects.topic(fromSubject: UnsafeBufferPointer(start: $0, count: length))
             }
-            guard let topic else { return }
-            let event = MarketEvent(
-                eventType: topic.eventType, ticker: topic.ticker, bytes: ByteBuffer(bytes: payload),
-                receivedAt: MonotonicClock.nanoseconds())
-            self.enqueue(event)
+            guard let topic else {
+                self.metrics.rejected("event", "\(String(cString: subject).prefix(200)) is not an event subject", logger: self.logger)
+                return
+            }
+            switch ClusterChecks.event(payload, topic: topic, receivedAt: MonotonicClock.nanoseconds()) {
+            case .success(let event): self.enqueue(event)
+            case .failure(let rejection): self.metrics.rejected("event", "\(rejection) (subject \(topic))", logger: self.logger)
+            }
         }
         eventSink.withLock { $0 = sink }
         let control = NATSMessageSink { [weak self] _, payload in

@@ -1,4 +1,6 @@
 import CoreMetrics
+import Logging
+import Synchronization
 
 /// The cluster's figures on `/metrics`. `Sendable` (swift-metrics handlers are).
 final class ClusterMetrics: Sendable {
@@ -20,6 +22,58 @@ final class ClusterMetrics: Sendable {
         failovers = Counter(label: "relay_cluster_failovers_total", factory: factory)
         natsIn = Counter(label: "relay_cluster_nats_messages_total", dimensions: [("direction", "in")], factory: factory)
         natsOut = Counter(label: "relay_cluster_nats_messages_total", dimensions: [("direction", "out")], factory: factory)
+    }
+
+    /// What arrived from NATS and was refused, by kind (`event`, `interest`, `lease`): counted, logged
+    /// (at most once per 10 s per kind, with the count held back), never used.
+    func rejected(_ kind: String, _ why: String, logger: Logger) {
+        Counter(label: "relay_cluster_rejected_total", dimensions: [("kind", kind)], factory: factory).increment()
+        let (log, held) = throttle.withLock { $0.admit(kind) }
+        if log {
+            logger.warning(
+                "cluster: refused a NATS message (\(kind)): \(why)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
+        }
+    }
+
+    /// A publish libnats refused (closed, or its reconnect buffer full), by what was published (`event`,
+    /// `interest`, `control`, `last_value`): counted, logged at most once per 10 s per kind.
+    func publishFailed(_ kind: String, logger: Logger) {
+        Counter(label: "relay_cluster_publish_failures_total", dimensions: [("kind", kind)], factory: factory).increment()
+        let (log, held) = throttle.withLock { $0.admit("publish-" + kind) }
+        if log {
+            logger.warning(
+                "cluster: a NATS publish (\(kind)) was refused (not connected, or the reconnect buffer is full)",
+                metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
+        }
+    }
+
+    /// This node's clients want more topics than the cluster takes from one node: counted (the topics
+    /// left out, per publish) and logged at most once per 10 s.
+    func interestCapped(wanted: Int, cap: Int, logger: Logger) {
+        Counter(label: "relay_cluster_interest_capped_total", factory: factory).increment()
+        let (log, held) = throttle.withLock { $0.admit("interest-cap") }
+        if log {
+            logger.error(
+                "this node's clients want \(wanted) topics but the cluster takes at most \(cap) per node (cluster.maxTopicsPerNode): \(wanted - cap) are not asked upstream",
+                metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
+        }
+    }
+
+    private let throttle = Mutex(Throttle())
+
+    /// Admits one log line per key per 10 s and counts those held back.
+    struct Throttle {
+        private var last: [String: ContinuousClock.Instant] = [:]
+        private var held: [String: Int] = [:]
+
+        mutating func admit(_ key: String, now: ContinuousClock.Instant = .now) -> (log: Bool, held: Int) {
+            if let previous = last[key], now - previous < .seconds(10) {
+                held[key, default: 0] += 1
+                return (false, 0)
+            }
+            last[key] = now
+            return (true, held.removeValue(forKey: key) ?? 0)
+        }
     }
 
     /// Events lost between NATS and this node's hub, by reason (`slow_consumer`, `node_queue_full`).

@@ -1,5 +1,6 @@
 import AsyncSupport
 import CoreMetrics
+import Foundation
 import Logging
 import MarketDataHub
 import NIOCore
@@ -15,7 +16,9 @@ import Upstream
 /// The lease is a JetStream key-value entry, taken with create-if-absent and renewed with a
 /// revision-checked update every fifth of its lifetime. The upstream connection is opened only after
 /// the lease is taken, and closed when half the lease has passed without a renewal — before the lease
-/// can lapse and another node take it — so two upstream connections never exist at once. On graceful
+/// can lapse and another node take it — so two upstream connections never exist at once. That close
+/// needs this node's tasks to run; as a backstop the upstream client's own service thread closes the
+/// socket at 3/5 of the lease after the last renewal, whatever the cooperative pool is doing. On graceful
 /// shutdown the leader closes upstream first, then deletes the lease, and a follower takes over within
 /// one poll interval.
 ///
@@ -54,22 +57,26 @@ public final class ClusterNode: Service, Sendable {
     private let state: Mutex<State>
     /// Changed last values waiting for the next write to the last-value store (leader only).
     private let pendingLastValues = Mutex<[Topic: ByteBuffer]>([:])
+    /// The rules a topic in another node's interest must pass (a client's subscription passes the same).
+    private let topicRules: SessionLimits
 
     /// - Parameters:
     ///   - localInterest: where this node's hub reports the topics it wants.
     ///   - makeUpstream: a new upstream client, made each time this node becomes leader.
     public init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
-        metricsFactory: any MetricsFactory, logger: Logger, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+        metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger,
+        makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
     ) throws(ClusterError) {
         self.configuration = configuration
         subjects = try ClusterSubjects(cluster: configuration.name, market: market)
+        topicRules = SessionLimits(eventTypes: SessionLimits.eventTypes(ofMarket: market))
         self.hub = hub
         self.localInterest = localInterest
         self.makeUpstream = makeUpstream
         self.metrics = ClusterMetrics(factory: metricsFactory)
         self.logger = logger
-        state = Mutex(State(interest: InterestTable(ttl: configuration.interestTTL)))
+        state = Mutex(State(interest: InterestTable(ttl: configuration.interestTTL, maxTopicsPerNode: configuration.maxTopicsPerNode)))
     }
 
     // MARK: reading
@@ -98,14 +105,24 @@ public final class ClusterNode: Service, Sendable {
     public func lastEvent(for topic: Topic) async -> MarketEvent? {
         guard !topic.isWildcard, let bucket = state.withLock({ $0.lastValueBucket }) else { return nil }
         guard let entry = try? await bucket.get(subjects.lastValueKey(for: topic)), !entry.value.isEmpty else { return nil }
-        return MarketEvent(eventType: topic.eventType, ticker: topic.ticker, bytes: ByteBuffer(bytes: entry.value))
+        switch ClusterChecks.event(entry.value, topic: topic) {
+        case .success(let event): return event
+        case .failure(let rejection):
+            metrics.rejected("event", "\(rejection) (last-value store, \(topic))", logger: logger)
+            return nil
+        }
     }
 
     // MARK: running
 
     public func run() async throws {
         let connection = NATSConnection(
-            servers: configuration.servers, name: "relay \(configuration.name)/\(configuration.nodeID)", logger: logger)
+            servers: configuration.servers, name: "relay \(configuration.name)/\(configuration.nodeID)", security: configuration.security,
+            logger: logger)
+        if let problem = connection.setupError {
+            state.withLock { $0.stopped = true }
+            throw ClusterError.natsSetup(problem)
+        }
         let feed = ClusterFeed(connection: connection, subjects: subjects, hub: hub, metrics: metrics, logger: logger) {
             [weak self] topic in await self?.lastEvent(for: topic)
         }
@@ -129,7 +146,7 @@ public final class ClusterNode: Service, Sendable {
         logger.info(
             "cluster node starting",
             metadata: [
-                "node": "\(configuration.nodeID)", "cluster": "\(configuration.name)", "nats": "\(configuration.servers.joined(separator: ","))",
+                "node": "\(configuration.nodeID)", "cluster": "\(configuration.name)", "nats": "\(configuration.displayServers)",
                 "lease_s": "\(configuration.leaseDuration)",
             ])
 
@@ -138,8 +155,15 @@ public final class ClusterNode: Service, Sendable {
             Task { await self.tick() },
             Task { await self.watch(connection, feed: feed) },
         ]
-        let lease = Task { await self.leaseLoop(feed: feed) }
-        await withGracefulShutdownHandler {
+        let lease = Task { () async -> ClusterError? in
+            do throws(ClusterError) {
+                try await self.leaseLoop(feed: feed)
+                return nil
+            } catch {
+                return error
+            }
+        }
+        let fatal: ClusterError? = await withGracefulShutdownHandler {
             await withTaskCancellationHandler {
                 await lease.value
             } onCancel: {
@@ -152,25 +176,75 @@ public final class ClusterNode: Service, Sendable {
         for task in helpers { task.cancel() }
         feed.stop()
         await connection.close()
+        if let fatal {
+            logger.critical("\(fatal.description)", metadata: ["node": "\(configuration.nodeID)"])
+            throw fatal
+        }
         logger.info("cluster node stopped", metadata: ["node": "\(configuration.nodeID)"])
     }
 
     // MARK: interest
 
+    /// The generation of this node's last interest publish (new process, higher start), held while the
+    /// parts are published so two publishes never interleave.
+    private let interestGeneration = Mutex<UInt64>(UInt64(Date().timeIntervalSince1970 * 1_000_000))
+
+    /// Publishes this node's wanted set in parts (see ``InterestTable/Part``), capped at
+    /// ``ClusterConfiguration/maxTopicsPerNode`` (the leader would refuse more): past it, the first
+    /// topics in order are asked for, and the rest is counted and logged, never dropped silently.
     private func publishInterest() {
         guard let connection = state.withLock({ $0.connection }) else { return }
-        connection.publish(subjects.interest(of: configuration.nodeID), InterestTable.encode(localInterest.topics))
+        var topics = localInterest.topics.sorted()
+        if topics.count > configuration.maxTopicsPerNode {
+            metrics.interestCapped(wanted: topics.count, cap: configuration.maxTopicsPerNode, logger: logger)
+            topics.removeLast(topics.count - configuration.maxTopicsPerNode)
+        }
+        let subject = subjects.interest(of: configuration.nodeID)
+        interestGeneration.withLock { generation in
+            generation += 1
+            for part in InterestTable.Part.split(topics, generation: generation) where !connection.publish(subject, part.text) {
+                metrics.publishFailed("interest", logger: logger)
+                return
+            }
+        }
     }
 
     private func received(interestOf subject: String, payload: String) {
         guard let token = subject.split(separator: ".").last,
             let node = ClusterSubjects.decodeToken(token)
-        else { return }
-        let topics = InterestTable.decode(payload)
-        let (changed, upstream) = state.withLock { state in
-            (state.interest.update(node: node, topics: topics, at: .now), state.upstream)
+        else {
+            metrics.rejected("interest", "\(subject.prefix(200)): not a node's interest subject", logger: logger)
+            return
         }
-        if changed, upstream != nil { updateUpstreamTopics() }
+        guard node.utf8.count <= 128 else {
+            metrics.rejected("interest", "a node name longer than 128 bytes", logger: logger)
+            return
+        }
+        guard let header = InterestTable.Part.parse(payload) else {
+            metrics.rejected("interest", "from node \(node): not an interest message (\(payload.utf8.count) bytes)", logger: logger)
+            return
+        }
+        let list = Topic.parseList(String(header.topics))
+        let (topics, refused) = ClusterChecks.interest(list.topics, invalid: list.invalid, limits: topicRules)
+        if !refused.isEmpty {
+            metrics.rejected("interest", "from node \(node): \(refused.joined(separator: "; "))", logger: logger)
+        }
+        let part = InterestTable.Part(generation: header.generation, part: header.part, parts: header.parts, topics: Array(topics))
+        let (outcome, upstream) = state.withLock { state in
+            (state.interest.receive(part, from: node, at: .now), state.upstream)
+        }
+        switch outcome {
+        case .gathering:
+            break
+        case .complete(let changed):
+            if changed, upstream != nil { updateUpstreamTopics() }
+        case .outOfSequence:
+            metrics.rejected(
+                "interest", "from node \(node): a part out of sequence (one was lost); its next publish replaces it", logger: logger)
+        case .tooManyTopics:
+            metrics.rejected(
+                "interest", "node \(node) wants more than \(configuration.maxTopicsPerNode) topics; its previous set stays", logger: logger)
+        }
     }
 
     /// Upstream subscription changes, at most one batch per 50 ms.
@@ -208,7 +282,8 @@ public final class ClusterNode: Service, Sendable {
         }
         guard !changed.isEmpty, let bucket = state.withLock({ $0.lastValueBucket }) else { return }
         for (topic, bytes) in changed {
-            bytes.withUnsafeReadableBytes { _ = bucket.putWithoutAck(subjects.lastValueKey(for: topic), $0) }
+            let sent = bytes.withUnsafeReadableBytes { bucket.putWithoutAck(subjects.lastValueKey(for: topic), $0) }
+            if !sent { metrics.publishFailed("last_value", logger: logger) }
         }
     }
 
@@ -230,9 +305,11 @@ public final class ClusterNode: Service, Sendable {
 
     // MARK: the lease
 
-    private func leaseLoop(feed: ClusterFeed) async {
+    /// Ends (throwing) only when the lease bucket's TTL is not this node's lease: refused, not obeyed.
+    private func leaseLoop(feed: ClusterFeed) async throws(ClusterError) {
         var failures = 0
         var lastProblem: String?
+        var foreignRevision: UInt64?
         func problem(_ text: String) {
             failures += 1
             if text != lastProblem {
@@ -247,6 +324,11 @@ public final class ClusterNode: Service, Sendable {
             if bucket == nil {
                 do {
                     let lease = try await connection.keyValue(bucket: subjects.leaseBucket, ttl: configuration.leaseDuration)
+                    // A bucket made by nodes with another lease keeps the lease for its own TTL, not this
+                    // node's: the timing below would be wrong and nodes would take it from each other.
+                    if let kept = lease.ttl, kept != configuration.leaseBucketTTL {
+                        throw ClusterError.leaseMismatch(bucket: lease.name, bucketTTL: kept, configured: configuration.leaseBucketTTL)
+                    }
                     let last = try await connection.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
                     state.withLock {
                         $0.leaseBucket = lease
@@ -256,6 +338,8 @@ public final class ClusterNode: Service, Sendable {
                     failures = 0
                     if lastProblem != nil { logger.info("cluster lease: JetStream reachable again") }
                     lastProblem = nil
+                } catch let error as ClusterError {
+                    throw error
                 } catch {
                     problem("\(error)")
                     try? await Task.sleep(for: backoff.delay(attempt: failures))
@@ -263,9 +347,9 @@ public final class ClusterNode: Service, Sendable {
                 }
             }
             guard let bucket else { continue }
-            let holder: String?
+            let entry: KeyValueBucket.Entry?
             do {
-                holder = try await bucket.get(subjects.leaseKey)?.text
+                entry = try await bucket.get(subjects.leaseKey)
                 failures = 0
             } catch {
                 problem("reading the lease: \(error)")
@@ -274,10 +358,20 @@ public final class ClusterNode: Service, Sendable {
                 try? await Task.sleep(for: backoff.delay(attempt: failures))
                 continue
             }
-            observe(leader: holder, feed: feed)
-            if holder == nil, !Task.isCancelled {
+            // A value that is not a relay node's lease (someone else wrote it) names no leader (so
+            // /healthz says 503) and is not obeyed: the leader, if there is one, takes the lease back at
+            // its next renewal. A follower does not take it: a leader may still be connected upstream,
+            // so the follower waits for the leader's renewal or the value's lapse (its TTL).
+            let holder = entry.flatMap { LeaseValue(parsing: $0.value) }
+            if let entry, holder == nil, entry.revision != foreignRevision {
+                foreignRevision = entry.revision
+                metrics.rejected(
+                    "lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
+            }
+            observe(leader: holder?.node, feed: feed)
+            if entry == nil, !Task.isCancelled {
                 let asked = ContinuousClock.now
-                if let revision = try? await bucket.create(subjects.leaseKey, configuration.nodeID) {
+                if let revision = try? await bucket.create(subjects.leaseKey, leaseValue) {
                     observe(leader: configuration.nodeID, feed: feed)
                     await lead(bucket: bucket, revision: revision, takenAt: asked, feed: feed)
                     continue
@@ -309,6 +403,17 @@ public final class ClusterNode: Service, Sendable {
         }
     }
 
+    /// A notice on the control subject; a refused publish is counted and logged.
+    private func publish(control text: String) {
+        guard let connection = state.withLock({ $0.connection }), connection.publish(subjects.upstreamControl, text) else {
+            metrics.publishFailed("control", logger: logger)
+            return
+        }
+    }
+
+    /// What this node writes as the lease's value.
+    private var leaseValue: String { LeaseValue(node: configuration.nodeID, leaseMs: configuration.leaseDuration.milliseconds).text }
+
     private enum TermEnd {
         case shutdown(validUntil: ContinuousClock.Instant)
         case lost(String)
@@ -336,11 +441,12 @@ public final class ClusterNode: Service, Sendable {
             "this node leads the cluster: connecting upstream",
             metadata: ["node": "\(configuration.nodeID)", "upstream": "\(upstream.configuration.endpoint)", "topics": "\(union.count)"])
         upstream.setWantedTopics(union)
-        connection.publish(subjects.interestRequest, "")
+        upstream.setDeadline(takenAt + configuration.upstreamDeadlineAfter)
+        if !connection.publish(subjects.interestRequest, "") { metrics.publishFailed("control", logger: logger) }
         let upstreamRun = Task { try? await upstream.run() }
         let publisher = Task { await self.publish(from: upstream, to: connection) }
 
-        let end = await renew(bucket: bucket, revision: revision, takenAt: takenAt)
+        let end = await renew(bucket: bucket, revision: revision, takenAt: takenAt, upstream: upstream)
         upstream.shutdown()
         await upstreamRun.value
         await publisher.value
@@ -353,9 +459,9 @@ public final class ClusterNode: Service, Sendable {
         switch end {
         case .lost(let reason):
             logger.warning("this node no longer leads: \(reason); upstream closed", metadata: ["node": "\(configuration.nodeID)"])
-            connection.publish(subjects.upstreamControl, "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)")
+            publish(control: "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)")
         case .shutdown(let validUntil):
-            connection.publish(subjects.upstreamControl, "the cluster leader \(configuration.nodeID) is shutting down; another node takes over")
+            publish(control: "the cluster leader \(configuration.nodeID) is shutting down; another node takes over")
             // Delete only a lease that is surely still ours.
             if ContinuousClock.now < validUntil {
                 do {
@@ -370,7 +476,12 @@ public final class ClusterNode: Service, Sendable {
     }
 
     /// Renews the lease until it is lost or shutdown begins.
-    private func renew(bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant) async -> TermEnd {
+    /// Each renewal also moves the upstream client's own deadline (see
+    /// ``ClusterConfiguration/upstreamDeadlineAfter``), so the socket closes in time even if this task
+    /// never runs again.
+    private func renew(
+        bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, upstream: PolygonWebSocket
+    ) async -> TermEnd {
         var revision = revision
         var lastRenewed = takenAt
         while true {
@@ -384,7 +495,7 @@ public final class ClusterNode: Service, Sendable {
                 return .lost("the lease could not be renewed for \(configuration.dropUpstreamAfter)")
             }
             let sent = ContinuousClock.now
-            let (key, node, last) = (subjects.leaseKey, configuration.nodeID, revision)
+            let (key, node, last) = (subjects.leaseKey, leaseValue, revision)
             let outcome = await Self.race(until: deadline) { () async throws(NATSError) -> UInt64 in
                 try await bucket.update(key, node, last: last)
             }
@@ -392,10 +503,25 @@ public final class ClusterNode: Service, Sendable {
             case .success(let next):
                 revision = next
                 lastRenewed = sent
+                upstream.setDeadline(sent + configuration.upstreamDeadlineAfter)
                 metrics.renewed.increment()
             case .failure(.rejected(let text)):
-                metrics.renewFailed.increment()
-                return .lost("the lease was taken over (\(text))")
+                // Someone wrote the key. A relay node's lease there means it was taken over; anything
+                // else is not obeyed: taken back with a revision-checked write.
+                let outcome = await Self.race(until: deadline) { () async throws(NATSError) -> UInt64 in
+                    guard let entry = try await bucket.get(key) else { return try await bucket.create(key, node) }
+                    if let holder = LeaseValue(parsing: entry.value) { throw .rejected("held by \(holder.node)") }
+                    return try await bucket.update(key, node, last: entry.revision)
+                }
+                guard case .success(let next) = outcome else {
+                    metrics.renewFailed.increment()
+                    return .lost("the lease was taken over (\(text))")
+                }
+                metrics.rejected("lease", "the lease key was overwritten or deleted, not by a relay node; taken back", logger: logger)
+                revision = next
+                lastRenewed = sent
+                upstream.setDeadline(sent + configuration.upstreamDeadlineAfter)
+                metrics.renewed.increment()
             case .failure(.unavailable(let text)):
                 metrics.renewFailed.increment()
                 logger.warning("lease renewal failed: \(text)", metadata: ["node": "\(configuration.nodeID)"])
@@ -438,7 +564,8 @@ public final class ClusterNode: Service, Sendable {
                         subject = subjects.subject(for: topic)
                         subjectsByTopic[topic] = subject
                     }
-                    event.bytes.withUnsafeReadableBytes { _ = connection.publish(subject, $0) }
+                    let sent = event.bytes.withUnsafeReadableBytes { connection.publish(subject, $0) }
+                    if !sent { metrics.publishFailed("event", logger: logger) }
                 }
                 // Slices of the frame, kept only until the next write to the store (which copies them).
                 pendingLastValues.withLock { pending in
@@ -446,9 +573,9 @@ public final class ClusterNode: Service, Sendable {
                 }
                 metrics.natsOut.increment(by: events.count)
             case .connectionLost(let reason):
-                connection.publish(subjects.upstreamControl, "upstream connection lost (\(reason))")
+                publish(control: "upstream connection lost (\(reason))")
             case .lost(let count, _):
-                connection.publish(subjects.upstreamControl, "\(ClusterFeed.lossPrefix)\(count)")
+                publish(control: "\(ClusterFeed.lossPrefix)\(count)")
             case .authenticated:
                 break
             }

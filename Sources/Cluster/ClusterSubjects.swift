@@ -132,11 +132,21 @@ public struct ClusterSubjects: Sendable, Equatable {
 public enum ClusterError: Error, Sendable, CustomStringConvertible, Equatable {
     case invalidName(String)
     case invalidURL(String)
+    /// The lease bucket exists with another TTL than this node's lease: nodes that disagree on the lease
+    /// would take it from each other (two upstream connections).
+    case leaseMismatch(bucket: String, bucketTTL: Duration, configured: Duration)
+    /// A TLS or credentials setting that libnats cannot use.
+    case natsSetup(String)
 
     public var description: String {
         switch self {
         case .invalidName(let text): "cluster: \(text)"
-        case .invalidURL(let url): "cluster: not a nats:// URL: \(url)"
+        case .invalidURL(let url): "cluster: not a nats:// or tls:// URL: \(url)"
+        case .natsSetup(let text): "cluster: the NATS connection cannot be set up: \(text)"
+        case .leaseMismatch(let bucket, let bucketTTL, let configured):
+            "cluster: the lease bucket \(bucket) keeps the lease \(bucketTTL.milliseconds) ms but this node's lease is "
+                + "\(configured.milliseconds) ms; every node of a cluster must use the same cluster.leaseSeconds "
+                + "(set it to \(Double(bucketTTL.milliseconds) / 1000), or delete the bucket while no node runs)"
         }
     }
 }

@@ -8,10 +8,101 @@ import PolygonWire
 /// wants it, and a ticker topic is left out while the wildcard of its event type is wanted.
 public struct InterestTable: Sendable {
     public let ttl: Duration
+    /// The most topics one node's set may hold; a set past it is refused whole (the node's previous set
+    /// stays) and ``receive(_:from:topics:at:)`` says so.
+    public let maxTopicsPerNode: Int
     private var nodes: [String: (topics: Set<Topic>, seen: ContinuousClock.Instant)] = [:]
+    /// Sets arriving in parts, by node: the generation being gathered and its topics so far.
+    private var gathering: [String: (generation: UInt64, next: Int, topics: Set<Topic>, seen: ContinuousClock.Instant)] = [:]
 
-    public init(ttl: Duration) {
+    public init(ttl: Duration, maxTopicsPerNode: Int = 100_000) {
         self.ttl = ttl
+        self.maxTopicsPerNode = maxTopicsPerNode
+    }
+
+    // MARK: the wire form, in parts
+
+    /// One message of a node's interest: generation `generation` (new with every publish), part
+    /// `part` of `parts` (1-based), and its topics. A set is as many parts as it takes to keep each
+    /// message far below NATS's payload limit (1 MB by default).
+    public struct Part: Sendable, Equatable {
+        public var generation: UInt64
+        public var part: Int
+        public var parts: Int
+        public var topics: [Topic]
+
+        /// Topics per message: at most 45 bytes each (a 40-byte ticker), so under 100 KB.
+        public static let topicsPerPart = 2_000
+        /// More parts than this is not a set a node sends.
+        public static let maxParts = 1_000
+
+        public init(generation: UInt64, part: Int, parts: Int, topics: [Topic]) {
+            self.generation = generation
+            self.part = part
+            self.parts = parts
+            self.topics = topics
+        }
+
+        /// `<generation> <part>/<parts>` on the first line, then the topics comma-separated.
+        public var text: String { "\(generation) \(part)/\(parts)\n" + Topic.joinList(topics) }
+
+        /// The parts of one publish of `topics`.
+        public static func split(_ topics: [Topic], generation: UInt64) -> [Part] {
+            let chunks = stride(from: 0, to: max(topics.count, 1), by: topicsPerPart).map {
+                Array(topics[min($0, topics.count)..<min($0 + topicsPerPart, topics.count)])
+            }
+            return chunks.enumerated().map { Part(generation: generation, part: $0.offset + 1, parts: chunks.count, topics: $0.element) }
+        }
+
+        /// Reads a part's header; the topics are returned as text, unparsed (with the entries that are
+        /// not topics), for the caller's checks. `nil` for a message that is not a part.
+        public static func parse(_ text: String) -> (generation: UInt64, part: Int, parts: Int, topics: Substring)? {
+            guard let newline = text.firstIndex(of: "\n") else { return nil }
+            let header = text[..<newline].split(separator: " ")
+            guard header.count == 2, let generation = UInt64(header[0]) else { return nil }
+            let numbers = header[1].split(separator: "/")
+            guard numbers.count == 2, let part = Int(numbers[0]), let parts = Int(numbers[1]), parts >= 1, parts <= maxParts,
+                part >= 1, part <= parts
+            else { return nil }
+            return (generation, part, parts, text[text.index(after: newline)...])
+        }
+    }
+
+    /// What became of a part.
+    public enum Outcome: Sendable, Equatable {
+        /// Kept; the set is not complete yet.
+        case gathering
+        /// The set is complete and now counts; whether the union changed.
+        case complete(changed: Bool)
+        /// Out of sequence (a part was lost): the set is dropped until the node's next publish.
+        case outOfSequence
+        /// Past ``maxTopicsPerNode``: the set is dropped, the node's previous set stays.
+        case tooManyTopics
+    }
+
+    /// Records one part of a node's set. Parts of one generation arrive in order (NATS keeps one
+    /// publisher's order); a part of a new generation starts over. Any part keeps the node alive.
+    public mutating func receive(_ part: Part, from node: String, at now: ContinuousClock.Instant) -> Outcome {
+        nodes[node]?.seen = now
+        var current = gathering[node] ?? (part.generation, 1, [], now)
+        if current.generation != part.generation { current = (part.generation, 1, [], now) }
+        current.seen = now
+        guard part.part == current.next else {
+            gathering[node] = nil
+            return .outOfSequence
+        }
+        current.topics.formUnion(part.topics)
+        guard current.topics.count <= maxTopicsPerNode else {
+            gathering[node] = nil
+            return .tooManyTopics
+        }
+        guard part.part == part.parts else {
+            current.next += 1
+            gathering[node] = current
+            return .gathering
+        }
+        gathering[node] = nil
+        return .complete(changed: update(node: node, topics: current.topics, at: now))
     }
 
     /// Records a node's whole set. Returns whether the union changed.
@@ -27,6 +118,7 @@ public struct InterestTable: Sendable {
     public mutating func expire(at now: ContinuousClock.Instant) -> Bool {
         let before = union
         nodes = nodes.filter { now - $0.value.seen < ttl }
+        gathering = gathering.filter { now - $0.value.seen < ttl }
         return union != before
     }
 

@@ -49,9 +49,12 @@ public final class NATSConnection: Sendable {
         var nextWatcher: UInt64 = 0
         var closed = false
         var lastError: String?
+        var setupError: String?
     }
 
     public let servers: [String]
+    /// The servers without user information, for logs.
+    public let displayServers: String
     let shared = Mutex(Shared())
     let logger: Logger
     let onSlowConsumer: Mutex<(@Sendable (NATSSubscription?) -> Void)?> = Mutex(nil)
@@ -61,8 +64,14 @@ public final class NATSConnection: Sendable {
     /// - Parameters:
     ///   - servers: `nats://host:port` URLs; libnats picks among them and fails over.
     ///   - name: the client name NATS shows for this connection.
-    public init(servers: [String], name: String, requestTimeout: Duration = .seconds(1), logger: Logger) {
+    ///   - security: TLS and credentials; a file that cannot be used leaves the connection closed with
+    ///     ``setupError`` saying why.
+    public init(
+        servers: [String], name: String, security: ClusterConfiguration.Security = .init(), requestTimeout: Duration = .seconds(1),
+        logger: Logger
+    ) {
         self.servers = servers
+        self.displayServers = servers.map(ClusterConfiguration.redacted).joined(separator: ",")
         self.logger = logger
         Self.openLibrary()
         var options: OpaquePointer?
@@ -98,6 +107,15 @@ public final class NATSConnection: Sendable {
         _ = natsOptions_SetReconnectedCB(options, natsReconnectedCallback, closure)
         _ = natsOptions_SetClosedCB(options, natsClosedCallback, closure)
         _ = natsOptions_SetErrorHandler(options, natsErrorCallback, closure)
+        if let problem = Self.apply(security, secure: servers.contains { $0.lowercased().hasPrefix("tls://") }, to: options) {
+            logger.error("NATS connection could not be set up: \(problem)")
+            shared.withLock {
+                $0.state = .closed
+                $0.lastError = problem
+                $0.setupError = problem
+            }
+            return
+        }
 
         var connection: OpaquePointer?
         let status = natsConnection_Connect(&connection, options)
@@ -121,12 +139,43 @@ public final class NATSConnection: Sendable {
             if status == NATS_OK, state.state == .connecting { state.state = .connected }
         }
         if status == NATS_OK {
-            logger.info("NATS connected", metadata: ["servers": "\(servers.joined(separator: ","))"])
+            logger.info("NATS connected", metadata: ["servers": "\(displayServers)"])
         } else {
             logger.warning(
-                "NATS not reachable yet; retrying in the background", metadata: ["servers": "\(servers.joined(separator: ","))"])
+                "NATS not reachable yet; retrying in the background", metadata: ["servers": "\(displayServers)"])
         }
     }
+
+    /// Sets TLS and credentials on `options`; why not, if one cannot be used.
+    private static func apply(_ security: ClusterConfiguration.Security, secure: Bool, to options: OpaquePointer) -> String? {
+        func check(_ status: natsStatus, _ what: String) -> String? {
+            status == NATS_OK ? nil : "\(what): \(lastErrorText(status))"
+        }
+        if secure || security.requiresTLS, let problem = check(natsOptions_SetSecure(options, true), "TLS") { return problem }
+        if let file = security.caFile, let problem = check(natsOptions_LoadCATrustedCertificates(options, file), "CA file \(file)") {
+            return problem
+        }
+        if let certificate = security.certificateFile {
+            guard let key = security.keyFile else { return "a client certificate needs its key file" }
+            let status = natsOptions_LoadCertificatesChain(options, certificate, key)
+            if let problem = check(status, "certificate \(certificate) / key \(key)") { return problem }
+        }
+        if let file = security.credentialsFile,
+            let problem = check(natsOptions_SetUserCredentialsFromFiles(options, file, nil), "credentials file \(file)")
+        {
+            return problem
+        }
+        if let file = security.nkeySeedFile {
+            let publicKey: String
+            do throws(NKeyError) { publicKey = try NKey.publicKey(fromSeedFile: file) } catch { return "NKey seed file \(file): \(error)" }
+            if let problem = check(natsOptions_SetNKeyFromSeed(options, publicKey, file), "NKey seed file \(file)") { return problem }
+        }
+        if let token = security.token, let problem = check(natsOptions_SetToken(options, token), "token") { return problem }
+        return nil
+    }
+
+    /// Why the connection could not be set up (a TLS or credentials file that cannot be used).
+    public var setupError: String? { shared.withLock { $0.setupError } }
 
     private static let opened: Void = {
         _ = nats_Open(-1)
@@ -182,7 +231,7 @@ public final class NATSConnection: Sendable {
         }
         guard let change else { return }
         let level: Logger.Level = new == .reconnecting ? .warning : .info
-        logger.log(level: level, "NATS \(change.old.rawValue) → \(new.rawValue)", metadata: ["servers": "\(servers.joined(separator: ","))"])
+        logger.log(level: level, "NATS \(change.old.rawValue) → \(new.rawValue)", metadata: ["servers": "\(displayServers)"])
         for watcher in change.watchers {
             watcher.yield(new)
             if new == .closed { watcher.finish() }
@@ -275,7 +324,14 @@ public final class NATSConnection: Sendable {
             guard status == NATS_OK, let store else { return .failure(Self.error(status)) }
             return .success(NATSPointer(store))
         }
-        return KeyValueBucket(name: bucket, store: try result.get(), connection: self)
+        let store = try result.get()
+        let kept: Duration? = await Self.blocking {
+            var status: OpaquePointer?
+            guard kvStore_Status(&status, store.pointer) == NATS_OK, let status else { return nil }
+            defer { kvStatus_Destroy(status) }
+            return .nanoseconds(kvStatus_TTL(status))
+        }
+        return KeyValueBucket(name: bucket, store: store, connection: self, ttl: kept)
     }
 
     static func error(_ status: natsStatus) -> NATSError {
@@ -344,13 +400,17 @@ public final class NATSMessageSink: Sendable {
 /// for the server runs off the cooperative pool.
 public final class KeyValueBucket: Sendable {
     public let name: String
+    /// How long the bucket keeps a value after its last write, as the server reported it on bind
+    /// (`.zero`: forever); `nil` if the server did not say.
+    public let ttl: Duration?
     let store: NATSPointer
     let connection: NATSConnection
 
-    init(name: String, store: NATSPointer, connection: NATSConnection) {
+    init(name: String, store: NATSPointer, connection: NATSConnection, ttl: Duration?) {
         self.name = name
         self.store = store
         self.connection = connection
+        self.ttl = ttl
     }
 
     /// One stored value and its revision.

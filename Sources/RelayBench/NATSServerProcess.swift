@@ -23,8 +23,11 @@ public final class NATSServerProcess: Sendable {
         return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 
-    /// - Parameter port: the port to listen on; `nil` lets the server pick a free one.
-    public init(port: Int? = nil) throws {
+    /// - Parameters:
+    ///   - port: the port to listen on; `nil` lets the server pick a free one.
+    ///   - configFile: a nats-server configuration file (TLS, accounts, permissions); the flags above
+    ///     still set the address, port and store.
+    public init(port: Int? = nil, configFile: String? = nil) throws {
         guard let binary = Self.binary else {
             throw StartError(description: "nats-server is not installed (Debian: apt-get install nats-server; scripts/test does)")
         }
@@ -32,7 +35,8 @@ public final class NATSServerProcess: Sendable {
         process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         // -p -1: a random free port, which the server logs.
-        process.arguments = ["-js", "-a", "127.0.0.1", "-p", port.map(String.init) ?? "-1", "-sd", storeDirectory]
+        process.arguments =
+            (configFile.map { ["-c", $0] } ?? []) + ["-js", "-a", "127.0.0.1", "-p", port.map(String.init) ?? "-1", "-sd", storeDirectory]
         process.standardError = log.handle
         process.standardOutput = log.handle
     }

@@ -13,18 +13,22 @@ public final class RelayProcess: Sendable {
         public var description: String
     }
 
-    public init(binary: String, arguments: [String], showLogs: Bool) {
+    /// - Parameters:
+    ///   - captureLogs: keep the log (stderr) with the output, for ``output`` (instead of `showLogs`).
+    ///   - environment: added to this process's environment.
+    public init(binary: String, arguments: [String], showLogs: Bool, captureLogs: Bool = false, environment: [String: String] = [:]) {
         process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
         process.standardOutput = stdout.handle
-        process.standardError = showLogs ? FileHandle.standardError : FileHandle.nullDevice
+        process.standardError = captureLogs ? stdout.handle : showLogs ? FileHandle.standardError : FileHandle.nullDevice
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
     }
 
     /// The port the banner names: `WebSocket  ws://127.0.0.1:PORT/stocks`.
     private var reportedPort: Int? {
         let all = stdout.text
-        guard let range = all.range(of: #"ws://[^ ]+:(\d+)/"#, options: .regularExpression) else { return nil }
+        guard let range = all.range(of: #"WebSocket +wss?://[^ ]+:(\d+)/"#, options: .regularExpression) else { return nil }
         let match = all[range]
         guard let colon = match.dropLast().lastIndex(of: ":") else { return nil }
         return Int(match[match.index(after: colon)...].dropLast())
@@ -94,7 +98,7 @@ public final class RelayProcess: Sendable {
         if process.isRunning { process.terminate() }
     }
 
-    /// What the relay printed on standard output so far.
+    /// What the relay printed on standard output so far (and its log, with `captureLogs`).
     public var output: String { stdout.text }
 
     /// The relay executable beside the running one (`relay`, or a test bundle in the same build folder),

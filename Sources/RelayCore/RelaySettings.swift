@@ -159,6 +159,9 @@ public struct RelaySettings: Sendable {
         public var cluster: String?
         public var nodeID: String?
         public var clusterName: String?
+        public var clusterTLSCA: String?, clusterTLSCert: String?, clusterTLSKey: String?
+        public var clusterCredentials: String?, clusterNKeySeed: String?, clusterToken: String?
+        public var clusterMaxTopicsPerNode: Int?
         public var metricsPublic: Bool?
         public var tlsCertificate: String?
         public var tlsKey: String?
@@ -220,6 +223,13 @@ public struct RelaySettings: Sendable {
         ("RELAY_NODE_ID", "cluster.nodeId"),
         ("RELAY_CLUSTER_NAME", "cluster.name"),
         ("RELAY_CLUSTER_LEASE_SECONDS", "cluster.leaseSeconds"),
+        ("RELAY_CLUSTER_TLS_CA", "cluster.tlsCA"),
+        ("RELAY_CLUSTER_TLS_CERT", "cluster.tlsCert"),
+        ("RELAY_CLUSTER_TLS_KEY", "cluster.tlsKey"),
+        ("RELAY_CLUSTER_CREDENTIALS", "cluster.credentials"),
+        ("RELAY_CLUSTER_NKEY_SEED", "cluster.nkeySeed"),
+        ("RELAY_CLUSTER_TOKEN", "cluster.token"),
+        ("RELAY_CLUSTER_MAX_TOPICS_PER_NODE", "cluster.maxTopicsPerNode"),
         ("RELAY_METRICS_PUBLIC", "metrics.public"),
         ("RELAY_TLS_CERT", "tls.cert"),
         ("RELAY_TLS_KEY", "tls.key"),
@@ -262,9 +272,16 @@ public struct RelaySettings: Sendable {
         put("portfolio.securityCacheSize", flags.securityCacheSize.map(ConfigContent.int))
         put("portfolio.closeHistory", flags.closeHistory.map(ConfigContent.bool))
         put("demo.restDelayMs", flags.demoRESTDelayMilliseconds.map(ConfigContent.int))
-        put("cluster.url", flags.cluster.map(ConfigContent.string))
+        put("cluster.url", flags.cluster.map(ConfigContent.string), secret: true)
         put("cluster.nodeId", flags.nodeID.map(ConfigContent.string))
         put("cluster.name", flags.clusterName.map(ConfigContent.string))
+        put("cluster.tlsCA", flags.clusterTLSCA.map(ConfigContent.string))
+        put("cluster.tlsCert", flags.clusterTLSCert.map(ConfigContent.string))
+        put("cluster.tlsKey", flags.clusterTLSKey.map(ConfigContent.string))
+        put("cluster.credentials", flags.clusterCredentials.map(ConfigContent.string))
+        put("cluster.nkeySeed", flags.clusterNKeySeed.map(ConfigContent.string))
+        put("cluster.token", flags.clusterToken.map(ConfigContent.string), secret: true)
+        put("cluster.maxTopicsPerNode", flags.clusterMaxTopicsPerNode.map(ConfigContent.int))
         put("metrics.public", flags.metricsPublic.map(ConfigContent.bool))
         put("tls.cert", flags.tlsCertificate.map(ConfigContent.string))
         put("tls.key", flags.tlsKey.map(ConfigContent.string))
@@ -280,7 +297,8 @@ public struct RelaySettings: Sendable {
         }
         providers.append(
             EnvironmentVariablesProvider(
-                environmentVariables: renamed, secretsSpecifier: .specific(["UPSTREAM_KEY", "CLIENT_KEYS"])))
+                environmentVariables: renamed,
+                secretsSpecifier: .specific(["UPSTREAM_KEY", "CLIENT_KEYS", "CLUSTER_URL", "CLUSTER_TOKEN"])))
 
         if let file = flags.configFile ?? environment["RELAY_CONFIG"], !file.isEmpty {
             guard FileManager.default.fileExists(atPath: file) else {
@@ -422,7 +440,7 @@ public struct RelaySettings: Sendable {
             if let closeHistory = config.bool(forKey: "portfolio.closeHistory") { portfolio.closeHistory = closeHistory }
             settings.portfolio = portfolio
         }
-        if let url = config.string(forKey: "cluster.url"), !url.isEmpty {
+        if let url = config.string(forKey: "cluster.url", isSecret: true), !url.isEmpty {
             let servers: [String]
             do { servers = try ClusterConfiguration.servers(from: url) } catch { throw InvalidSetting(description: error.description) }
             let name = config.string(forKey: "cluster.name") ?? "relay"
@@ -436,6 +454,26 @@ public struct RelaySettings: Sendable {
                 }
                 cluster.leaseDuration = .milliseconds(Int64(seconds * 1000))
             }
+            if let count = config.int(forKey: "cluster.maxTopicsPerNode") {
+                guard count >= 1 else { throw InvalidSetting(description: "cluster.maxTopicsPerNode: at least 1, got \(count)") }
+                cluster.maxTopicsPerNode = count
+            }
+            let files: [(key: ConfigKey, name: String, path: WritableKeyPath<ClusterConfiguration.Security, String?>)] = [
+                ("cluster.tlsCA", "cluster.tlsCA", \.caFile), ("cluster.tlsCert", "cluster.tlsCert", \.certificateFile),
+                ("cluster.tlsKey", "cluster.tlsKey", \.keyFile), ("cluster.credentials", "cluster.credentials", \.credentialsFile),
+                ("cluster.nkeySeed", "cluster.nkeySeed", \.nkeySeedFile),
+            ]
+            for (key, name, path) in files {
+                guard let file = config.string(forKey: key), !file.isEmpty else { continue }
+                guard FileManager.default.isReadableFile(atPath: file) else {
+                    throw InvalidSetting(description: "\(name): cannot read \(file)")
+                }
+                cluster.security[keyPath: path] = file
+            }
+            if (cluster.security.certificateFile == nil) != (cluster.security.keyFile == nil) {
+                throw InvalidSetting(description: "cluster.tlsCert and cluster.tlsKey go together")
+            }
+            if let token = config.string(forKey: "cluster.token", isSecret: true), !token.isEmpty { cluster.security.token = token }
             guard !node.isEmpty, node.count <= 128 else { throw InvalidSetting(description: "cluster node id: 1 to 128 characters") }
             do { _ = try ClusterSubjects(cluster: name, market: "stocks") } catch { throw InvalidSetting(description: error.description) }
             settings.cluster = cluster

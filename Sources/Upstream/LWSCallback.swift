@@ -20,6 +20,14 @@ func relayLWSCallback(
     return connection.handle(wsi: wsi, reason: reason, input: input, length: length)
 }
 
+/// The deadline timer's entry point (see ``LWSConnection/deadlineReached()``), on the service thread.
+/// The timer's owner pointer is an unretained ``LWSConnection``, valid for the reason given above: the
+/// timer is cancelled before the context is destroyed.
+func relayLWSDeadlineCallback(_ sul: UnsafeMutablePointer<lws_sorted_usec_list_t>?) {
+    guard let sul, let owner = relay_lws_timer_owner(sul) else { return }
+    Unmanaged<LWSConnection>.fromOpaque(owner).takeUnretainedValue().deadlineReached()
+}
+
 /// Routes lws's own error and warning lines into swift-log.
 func relayLWSLog(_ level: Int32, _ line: UnsafePointer<CChar>?) {
     guard let line else { return }

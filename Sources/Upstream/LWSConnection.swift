@@ -48,6 +48,11 @@ final class LWSConnection: Sendable {
         var lastLoggedDown: UpstreamState?
         var attemptsWhileDown = 0
         var throttle = LogThrottle()
+        /// Past this instant the connection may not exist (a cluster leader's lease validity); `nil`: no
+        /// limit. Enforced on the service thread by ``deadlineTimer``, with no Swift task involved.
+        var deadline: ContinuousClock.Instant?
+        var deadlineChanged = false
+        var deadlineTimer: LWSTimer?
     }
 
     let configuration: UpstreamConfiguration
@@ -125,9 +130,14 @@ final class LWSConnection: Sendable {
             finishThread()
             return
         }
+        let timer = UnsafeMutablePointer<relay_lws_timer>.allocate(capacity: 1)
+        timer.initialize(to: relay_lws_timer())
+        timer.pointee.owner = Unmanaged.passUnretained(self).toOpaque()
         shared.withLock { state in
             state.context = LWSHandle(pointer: context)
             state.retryPolicy = LWSRetryPolicy(pointer: UnsafePointer(retry))
+            state.deadlineTimer = LWSTimer(pointer: timer)
+            state.deadlineChanged = true
         }
         ready(.success(()))
         // Pick up whatever was requested before the context existed.
@@ -139,8 +149,11 @@ final class LWSConnection: Sendable {
         shared.withLock { state in
             state.context = nil
             state.retryPolicy = nil
+            state.deadlineTimer = nil
         }
+        lws_sul_cancel(relay_lws_timer_sul(timer))
         lws_context_destroy(context)
+        timer.deallocate()
         finishThread()
     }
 
@@ -183,6 +196,16 @@ final class LWSConnection: Sendable {
         shared.withLock { state in
             state.stopping = true
             state.exitLoop = true
+            wake(&state)
+        }
+    }
+
+    /// Sets (or, with `nil`, lifts) the instant past which the connection may not exist; wakes the
+    /// service thread, which schedules its own check for that instant.
+    func setDeadline(_ deadline: ContinuousClock.Instant?) {
+        shared.withLock { state in
+            state.deadline = deadline
+            state.deadlineChanged = true
             wake(&state)
         }
     }
@@ -278,12 +301,19 @@ final class LWSConnection: Sendable {
         case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
             serviceRequests()
         case LWS_CALLBACK_CLIENT_ESTABLISHED:
-            shared.withLock { state in
+            let late = shared.withLock { state in
                 state.wsi = LWSHandle(pointer: wsi)
                 state.established = true
                 state.lastMessageAt = .now
                 state.establishedAt = .now
+                guard let deadline = state.deadline, ContinuousClock.now >= deadline else { return false }
+                state.statistics.deadlineCloses += 1
+                state.statistics.lastDeadlineClose = .now
+                state.peerClose = Self.deadlineReason
+                return true
             }
+            // Opened past the deadline (the handshake outlasted it): closed before a byte is sent.
+            if late { return -1 }
             // lws closes the connection if `auth_success` has not cancelled this by then.
             lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, Int32(clamping: configuration.handshakeTimeout.components.seconds))
             setState(.authenticating)
@@ -319,6 +349,7 @@ final class LWSConnection: Sendable {
     }
 
     private func serviceRequests() {
+        scheduleDeadlineCheck()
         let wakeup: Wakeup = shared.withLock { state in
             if state.stopping {
                 if let wsi = state.wsi, state.established {
@@ -329,6 +360,8 @@ final class LWSConnection: Sendable {
                 return .exit
             }
             if state.connectRequested, !state.connectInFlight {
+                // Past the deadline no connection is opened; the request waits for a later deadline.
+                if let deadline = state.deadline, ContinuousClock.now >= deadline { return .none }
                 state.connectRequested = false
                 state.connectInFlight = true
                 return .connect
@@ -342,6 +375,56 @@ final class LWSConnection: Sendable {
         case .none, .exit: break
         case .connect: connect()
         case .writable(let wsi): lws_callback_on_writable(wsi)
+        }
+    }
+
+    // MARK: the deadline (service thread only)
+
+    static let deadlineReason = "closed by this relay: the cluster lease it was given was not renewed in time"
+
+    /// (Re)arms the timer for the current deadline after a change.
+    private func scheduleDeadlineCheck() {
+        let plan: (LWSHandle, LWSTimer, ContinuousClock.Instant?)? = shared.withLock { state in
+            guard state.deadlineChanged, let context = state.context, let timer = state.deadlineTimer else { return nil }
+            state.deadlineChanged = false
+            return (context, timer, state.deadline)
+        }
+        guard let (context, timer, deadline) = plan else { return }
+        let sul = relay_lws_timer_sul(timer.pointer)
+        guard let deadline else {
+            lws_sul_cancel(sul)
+            return
+        }
+        lws_sul_schedule(context.pointer, 0, sul, relayLWSDeadlineCallback, max(0, (deadline - .now).microseconds))
+    }
+
+    /// Called by the timer: closes the connection at once if the deadline has passed, else re-arms for
+    /// the (moved) deadline.
+    func deadlineReached() {
+        enum Action { case nothing, rearm(LWSHandle, LWSTimer, Int64), close(OpaquePointer) }
+        let action: Action = shared.withLock { state in
+            guard let deadline = state.deadline else { return .nothing }
+            let now = ContinuousClock.now
+            if now < deadline {
+                guard let context = state.context, let timer = state.deadlineTimer else { return .nothing }
+                return .rearm(context, timer, (deadline - now).microseconds)
+            }
+            guard let wsi = state.wsi, state.established else { return .nothing }
+            state.statistics.deadlineCloses += 1
+            state.statistics.lastDeadlineClose = now
+            state.peerClose = Self.deadlineReason
+            return .close(wsi.pointer)
+        }
+        switch action {
+        case .nothing:
+            break
+        case .rearm(let context, let timer, let microseconds):
+            lws_sul_schedule(context.pointer, 0, relay_lws_timer_sul(timer.pointer), relayLWSDeadlineCallback, max(0, microseconds))
+        case .close(let wsi):
+            logger.warning("upstream closed: the cluster lease this node was given passed without renewal")
+            // Not inside a callback of this wsi, so it may be closed synchronously: the socket is gone
+            // when this returns.
+            lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, relay_lws_to_kill_sync())
         }
     }
 
@@ -603,6 +686,12 @@ struct LWSRetryPolicy: @unchecked Sendable {
     let pointer: UnsafePointer<lws_retry_bo_t>
 }
 
+/// The deadline timer lws keeps in its scheduler; only armed, cancelled and freed on the service
+/// thread. See ``LWSHandle`` for why this is `Sendable`.
+struct LWSTimer: @unchecked Sendable {
+    let pointer: UnsafeMutablePointer<relay_lws_timer>
+}
+
 /// Counters of the upstream connection since start. Value type, `Sendable`.
 public struct UpstreamStatistics: Sendable, Equatable {
     public var connectAttempts = 0
@@ -617,6 +706,10 @@ public struct UpstreamStatistics: Sendable, Equatable {
     public var reconnectsByCause: [String: Int] = [:]
     /// The last `error` or `auth_timeout` status the upstream sent.
     public var lastError: String?
+    /// Connections closed by the service thread because the deadline (``PolygonWebSocket/setDeadline(_:)``)
+    /// passed, and when the last such close happened.
+    public var deadlineCloses = 0
+    public var lastDeadlineClose: ContinuousClock.Instant?
 }
 
 /// Errors the upstream client reports to its owner.
@@ -629,5 +722,13 @@ public enum UpstreamError: Error, Sendable, CustomStringConvertible {
         case .contextCreationFailed: "libwebsockets could not create its context (TLS setup or CA file?)"
         case .invalidURL(let url): "not a ws:// or wss:// URL: \(url)"
         }
+    }
+}
+
+extension Duration {
+    /// Whole microseconds (truncated), for lws's scheduler.
+    fileprivate var microseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
     }
 }

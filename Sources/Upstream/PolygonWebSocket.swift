@@ -65,6 +65,14 @@ public final class PolygonWebSocket: Service, Sendable {
         connection.setWanted(topics)
     }
 
+    /// Sets the instant past which the upstream connection may not exist (a cluster leader's lease
+    /// validity; `nil` lifts it). The service thread enforces it itself, with no Swift task: at the
+    /// deadline it closes the socket, and it opens no connection until a later deadline is given. Call
+    /// again with each renewal. Returns immediately; safe from any thread.
+    public func setDeadline(_ deadline: ContinuousClock.Instant?) {
+        connection.setDeadline(deadline)
+    }
+
     /// Starts the service thread, connects, and reconnects until shut down.
     public func run() async throws {
         let alreadyStarted = started.withLock { value in

@@ -72,6 +72,42 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(name: .customLong("cluster-name"), help: "Separates clusters sharing one NATS (default relay).")
     var clusterName: String?
 
+    @Option(name: .customLong("cluster-tls-ca"), help: "Connect to NATS over TLS, trusting these CA certificates (PEM).")
+    var clusterTLSCA: String?
+
+    @Option(name: .customLong("cluster-tls-cert"), help: "This node's certificate chain (PEM) for NATS servers that verify clients.")
+    var clusterTLSCert: String?
+
+    @Option(name: .customLong("cluster-tls-key"), help: "The PEM private key of --cluster-tls-cert.")
+    var clusterTLSKey: String?
+
+    @Option(name: .customLong("cluster-credentials"), help: "A NATS credentials file (user JWT and NKey seed).")
+    var clusterCredentials: String?
+
+    @Option(name: .customLong("cluster-nkey-seed"), help: "A file holding this node's NATS NKey user seed (SU…).")
+    var clusterNKeySeed: String?
+
+    @Option(name: .customLong("cluster-token"), help: "A NATS authorization token (RELAY_CLUSTER_TOKEN keeps it out of ps).")
+    var clusterToken: String?
+
+    @Option(
+        name: .customLong("cluster-max-topics-per-node"),
+        help: "The most topics this node's clients may have the cluster ask for (default 100000).")
+    var clusterMaxTopicsPerNode: Int?
+
+    /// The cluster's TLS and credential flags added to the others.
+    func withClusterFlags(_ flags: RelaySettings.Flags) -> RelaySettings.Flags {
+        var flags = flags
+        flags.clusterTLSCA = clusterTLSCA
+        flags.clusterTLSCert = clusterTLSCert
+        flags.clusterTLSKey = clusterTLSKey
+        flags.clusterCredentials = clusterCredentials
+        flags.clusterNKeySeed = clusterNKeySeed
+        flags.clusterToken = clusterToken
+        flags.clusterMaxTopicsPerNode = clusterMaxTopicsPerNode
+        return flags
+    }
+
     @Option(name: .customLong("tls-cert"), help: "Serve wss:// and https:// with this PEM certificate chain (needs --tls-key).")
     var tlsCertificate: String?
 
@@ -100,14 +136,14 @@ struct ServeCommand: AsyncParsableCommand {
         let settings: RelaySettings
         do {
             settings = try await RelaySettings.resolve(
-                flags: .init(
+                flags: withClusterFlags(.init(
                     listen: listen, upstream: upstream, upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
                     clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config,
                     slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
                     timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL,
                     securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay, cluster: cluster,
                     nodeID: nodeID, clusterName: clusterName, metricsPublic: publicMetrics ? true : nil, tlsCertificate: tlsCertificate,
-                    tlsKey: tlsKey, closeHistory: noCloseHistory ? false : nil),
+                    tlsKey: tlsKey, closeHistory: noCloseHistory ? false : nil)),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")

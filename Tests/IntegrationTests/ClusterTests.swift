@@ -21,10 +21,11 @@ final class ClusterHarness: Sendable {
     let natsURL: String
     let feed: DemoFeed
     let feedURL: String
-    let clusterName = "t\(UInt32.random(in: 0...UInt32.max))"
+    let clusterName: String
     private let nodes = Mutex<[String: (process: RelayProcess, port: Int)]>([:])
 
-    private init(nats: NATSServerProcess, natsURL: String, feed: DemoFeed, feedURL: String) {
+    private init(nats: NATSServerProcess, natsURL: String, feed: DemoFeed, feedURL: String, clusterName: String?) {
+        self.clusterName = clusterName ?? "t\(UInt32.random(in: 0...UInt32.max))"
         self.nats = Mutex(nats)
         self.natsURL = natsURL
         self.feed = feed
@@ -33,9 +34,10 @@ final class ClusterHarness: Sendable {
 
     /// Runs `body` with NATS, the feed and `nodeCount` started nodes (`n1`…); stops everything after.
     static func with(
-        nodes nodeCount: Int = 3, feedRate: Double = 3000, _ body: @Sendable (ClusterHarness) async throws -> Void
+        nodes nodeCount: Int = 3, feedRate: Double = 3000, natsConfig: String? = nil, clusterName: String? = nil,
+        _ body: @Sendable (ClusterHarness) async throws -> Void
     ) async throws {
-        let nats = try NATSServerProcess()
+        let nats = try NATSServerProcess(configFile: natsConfig)
         let natsURL = try await nats.start()
         let feed = DemoFeed(
             configuration: DemoFeedConfiguration(
@@ -43,7 +45,8 @@ final class ClusterHarness: Sendable {
             logger: testLogger)
         do {
             try await withServices([feed]) {
-                let harness = ClusterHarness(nats: nats, natsURL: natsURL, feed: feed, feedURL: try await feed.url())
+                let harness = ClusterHarness(
+                    nats: nats, natsURL: natsURL, feed: feed, feedURL: try await feed.url(), clusterName: clusterName)
                 do {
                     for index in 1...max(nodeCount, 1) where nodeCount > 0 { _ = try await harness.startNode("n\(index)") }
                     try await body(harness)
@@ -74,15 +77,18 @@ final class ClusterHarness: Sendable {
 
     /// Starts a node; returns its port.
     @discardableResult
-    func startNode(_ id: String, extra: [String] = ["--no-portfolio"], nats: String? = nil) async throws -> Int {
+    func startNode(
+        _ id: String, extra: [String] = ["--no-portfolio"], nats: String? = nil, environment: [String: String] = [:]
+    ) async throws -> Int {
         let arguments =
             [
                 "serve", "--listen", "127.0.0.1:0", "--upstream", feedURL, "--upstream-key", Self.upstreamKey,
                 "--cluster", nats ?? natsURL, "--cluster-name", clusterName, "--node-id", id,
             ] + extra
+        let showLogs = ProcessInfo.processInfo.environment["RELAY_TEST_NODE_LOGS"] == "1"
         let process = RelayProcess(
-            binary: RelayProcess.siblingBinary(), arguments: arguments,
-            showLogs: ProcessInfo.processInfo.environment["RELAY_TEST_NODE_LOGS"] == "1")
+            binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: showLogs, captureLogs: !showLogs,
+            environment: environment)
         let port = try await process.start(timeout: .seconds(30))
         nodes.withLock { $0[id] = (process, port) }
         return port

@@ -1,6 +1,9 @@
+import Cluster
 import DemoFeed
 import Foundation
+import MarketDataHub
 import PolygonWire
+import RelayBench
 import Testing
 import Upstream
 
@@ -213,6 +216,155 @@ struct UpstreamKeepaliveTests {
                 try await Task.sleep(for: .seconds(5))
                 #expect(upstream.state == .authenticated)
                 #expect(feed.monitor.snapshot.totalConnections == 1)
+            }
+        }
+    }
+}
+
+/// Whether this is the child process ``UpstreamDeadlineIsolationTests`` starts.
+private var runsIsolated: Bool { ProcessInfo.processInfo.environment["RELAY_TEST_ISOLATED"] == "1" }
+
+/// Runs the deadline tests in a child process of this test binary: two of them block the cooperative
+/// pool, which would stall (and fail) the tests running beside them in this one.
+@Suite("Upstream deadline, in a child process", .timeLimit(.minutes(3)))
+struct UpstreamDeadlineIsolationTests {
+    @Test(.enabled(if: !runsIsolated, "already the child"))
+    func theDeadlineTestsPassInAProcessOfTheirOwn() async throws {
+        let binary = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        let log = FileManager.default.temporaryDirectory.appendingPathComponent("relay-deadline-\(UUID().uuidString).log").path
+        defer { try? FileManager.default.removeItem(atPath: log) }
+        _ = FileManager.default.createFile(atPath: log, contents: nil)
+        let output = try #require(FileHandle(forWritingAtPath: log))
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: binary)
+        child.arguments = ["--testing-library", "swift-testing", "--filter", "UpstreamDeadlineTests"]
+        child.environment = ProcessInfo.processInfo.environment.merging(["RELAY_TEST_ISOLATED": "1"]) { $1 }
+        child.standardOutput = output
+        child.standardError = output
+        try child.run()
+        do {
+            try await eventually("the deadline tests' process to finish", timeout: .seconds(150)) { !child.isRunning }
+        } catch {
+            child.terminate()
+            throw error
+        }
+        try output.close()
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        #expect(child.terminationStatus == 0, "\(text.suffix(4000))")
+        #expect(text.contains("Test run with 3 tests") && !text.contains("skipped"), "\(text.suffix(4000))")
+    }
+}
+
+/// The deadline a cluster leader hands its upstream client with each lease renewal: enforced by the
+/// client's own libwebsockets thread, so it holds while every thread of the cooperative pool is stuck.
+/// Runs only in its own process (see ``UpstreamDeadlineIsolationTests``); serialized, since two of
+/// these block the cooperative pool (for at most 1.5 s each).
+@Suite(
+    "Upstream deadline", .serialized, .timeLimit(.minutes(2)),
+    .enabled(if: runsIsolated, "runs in a child process: UpstreamDeadlineIsolationTests"))
+struct UpstreamDeadlineTests {
+    @Test func theServiceThreadClosesTheSocketAtTheDeadlineWhileThePoolIsBlocked() async throws {
+        let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            let upstream = PolygonWebSocket(
+                configuration: UpstreamConfiguration(
+                    endpoint: endpoint, apiKey: "k",
+                    reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(100))),
+                logger: testLogger)
+            upstream.setDeadline(.now + .seconds(60))
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                let deadline = ContinuousClock.now + .milliseconds(500)
+                upstream.setDeadline(deadline)
+                // Nothing renews, and no Swift task can run until a second past the deadline.
+                await blockCooperativePool(until: deadline + .seconds(1))
+                let statistics = upstream.statistics
+                #expect(statistics.deadlineCloses == 1)
+                let closedAt = try #require(statistics.lastDeadlineClose, "the service thread did not close the connection")
+                #expect(closedAt >= deadline)
+                #expect(closedAt < deadline + .seconds(1), "closed \(closedAt - deadline) after the deadline")
+                try await waitFor(feed.monitor.updates(), "the feed to see the close") { $0.openConnections == 0 }
+                // A measurement window, not synchronisation: retries are 50–100 ms apart, and none connects
+                // past the deadline.
+                try await Task.sleep(for: .milliseconds(500))
+                #expect(feed.monitor.snapshot.totalConnections == 1)
+                // A later deadline (the next renewal) lets it connect again.
+                upstream.setDeadline(.now + .seconds(60))
+                try await waitFor(upstream.stateUpdates(), "authenticated again") { $0 == .authenticated }
+                #expect(feed.monitor.snapshot.totalConnections == 2)
+            }
+        }
+    }
+
+    @Test func aDeadlineMovedBeforeItPassesKeepsTheConnection() async throws {
+        let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
+            upstream.setDeadline(.now + .seconds(60))
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                // Renewed every 200 ms for two seconds, each time 2 s ahead.
+                let end = ContinuousClock.now + .seconds(2)
+                while ContinuousClock.now < end {
+                    upstream.setDeadline(.now + .seconds(2))
+                    try await Task.sleep(for: .milliseconds(200))
+                }
+                #expect(upstream.statistics.deadlineCloses == 0)
+                #expect(upstream.state == .authenticated)
+                #expect(feed.monitor.snapshot.totalConnections == 1)
+            }
+        }
+    }
+
+    /// A cluster leader in this process, so the test can starve its cooperative pool: the lease renewal
+    /// and the Swift-side close both stop, and the upstream client's own thread must close the socket
+    /// before the lease (1 s here, from the last renewal) could lapse and another node connect.
+    @Test(.enabled(if: ClusterHarness.enabled, "nats-server is not installed (scripts/test installs it)"))
+    func aLeaderWhosePoolIsBlockedClosesItsUpstreamSocketBeforeTheLeaseCouldLapse() async throws {
+        let nats = try NATSServerProcess()
+        let natsURL = try await nats.start()
+        do {
+            try await leadThenStarve(natsURL: natsURL)
+        } catch {
+            await nats.stop()
+            throw error
+        }
+        await nats.stop()
+    }
+
+    func leadThenStarve(natsURL: String) async throws {
+        let feed = DemoFeed(
+            configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 100, seed: 4), logger: testLogger)
+        try await withServices([feed]) {
+            let feedURL = try await feed.url()
+            let interest = LocalInterest()
+            let hub = MarketDataHub(keepsUnwantedLastValues: false, logger: testLogger) { interest.apply($0) }
+            let node = try ClusterNode(
+                configuration: ClusterConfiguration(
+                    servers: [natsURL], name: "backstop\(UInt16.random(in: 0...9999))", nodeID: "inproc", leaseDuration: .seconds(1)),
+                market: "stocks", hub: hub, localInterest: interest, logger: testLogger
+            ) {
+                let endpoint = try #require(UpstreamConfiguration.Endpoint(feedURL))
+                var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "k")
+                configuration.closeTimeout = .seconds(1)
+                return PolygonWebSocket(configuration: configuration, logger: testLogger)
+            }
+            try await withServices([node]) {
+                try await eventually("the node to lead and authenticate upstream", timeout: .seconds(15)) {
+                    node.upstream?.state == .authenticated
+                }
+                let upstream = try #require(node.upstream)
+                let blockedAt = ContinuousClock.now
+                // Every cooperative thread busy for longer than the lease: no renewal, no Swift close.
+                await blockCooperativePool(until: blockedAt + .milliseconds(1500))
+                let statistics = upstream.statistics
+                #expect(statistics.deadlineCloses >= 1, "the upstream thread did not close the socket")
+                let closedAt = try #require(statistics.lastDeadlineClose)
+                // The last renewal was sent before the block; the lease lapses 1 s after it at the earliest.
+                #expect(closedAt < blockedAt + .seconds(1), "closed \(closedAt - blockedAt) into the block")
+                #expect(feed.monitor.snapshot.maxOpenConnections == 1)
             }
         }
     }

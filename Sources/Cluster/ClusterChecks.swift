@@ -1,0 +1,89 @@
+import Foundation
+import NIOCore
+import PolygonWire
+
+/// What a node accepts from NATS. Anyone who may publish on the cluster's subjects reaches these
+/// checks (NATS permissions, see README, are what keeps others out); what fails them is counted and
+/// logged by the caller, never used. Pure functions, safe from any thread.
+public enum ClusterChecks {
+    /// An event message: exactly one JSON object (no array, nothing after it), a market event whose
+    /// `ev` and ticker field name the topic its subject names. Returns the event, or why not.
+    public static func event(_ payload: UnsafeRawBufferPointer, topic: Topic, receivedAt: UInt64 = 0) -> Result<MarketEvent, Rejection> {
+        guard let first = payload.first(where: { !isWhitespace($0) }), first == UInt8(ascii: "{") else {
+            return .failure(Rejection("not one JSON object (\(payload.count) bytes)"))
+        }
+        let parsed: ParsedFrame
+        do {
+            parsed = try FrameParser.parse(ByteBuffer(bytes: payload), receivedAt: receivedAt)
+        } catch {
+            return .failure(Rejection("malformed JSON: \(error)"))
+        }
+        guard parsed.statuses.isEmpty, parsed.events.count == 1, let event = parsed.events.first else {
+            return .failure(Rejection("not a market event"))
+        }
+        guard event.eventType == topic.eventType, event.ticker == topic.ticker else {
+            return .failure(Rejection("an event of \(event.topic) on the subject of \(topic)"))
+        }
+        return .success(event)
+    }
+
+    /// The same for a stored value (the cluster's last-value store).
+    public static func event(_ bytes: [UInt8], topic: Topic) -> Result<MarketEvent, Rejection> {
+        bytes.withUnsafeBytes { event($0, topic: topic) }
+    }
+
+    /// A node's interest: the topics that pass the market's topic rules, and why the others did not.
+    public static func interest(_ topics: [Topic], invalid: [String], limits: SessionLimits) -> (topics: Set<Topic>, refused: [String]) {
+        var accepted = Set<Topic>()
+        var refused = invalid.prefix(5).map { "\"\($0.prefix(50))\": not a topic" }
+        var refusedCount = invalid.count
+        for topic in topics {
+            if let problem = limits.problem(with: topic) {
+                refusedCount += 1
+                if refused.count < 5 { refused.append("\(topic.description.prefix(50)): \(problem)") }
+            } else {
+                accepted.insert(topic)
+            }
+        }
+        if refusedCount > refused.count { refused.append("and \(refusedCount - refused.count) more") }
+        return (accepted, refused)
+    }
+
+    static func isWhitespace(_ byte: UInt8) -> Bool {
+        byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\n") || byte == UInt8(ascii: "\r") || byte == UInt8(ascii: "\t")
+    }
+
+    /// Why a message was refused. Value type, `Sendable`.
+    public struct Rejection: Error, Sendable, Equatable, CustomStringConvertible {
+        public var description: String
+        init(_ description: String) { self.description = description }
+    }
+}
+
+/// The lease's value: which node holds it, and the lease it runs with. JSON, so a value some other
+/// publisher wrote (that is not a relay node's lease) is recognised as such and not obeyed. Value type,
+/// `Sendable`.
+public struct LeaseValue: Codable, Sendable, Equatable {
+    public var node: String
+    public var leaseMs: Int64
+
+    public init(node: String, leaseMs: Int64) {
+        self.node = node
+        self.leaseMs = leaseMs
+    }
+
+    /// The value a node writes.
+    public var text: String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        return (try? encoder.encode(self)).map { String(decoding: $0, as: UTF8.self) } ?? ""
+    }
+
+    /// A lease value a relay node wrote, or `nil`.
+    public init?(parsing bytes: [UInt8]) {
+        guard bytes.count <= 1024, let value = try? JSONDecoder().decode(LeaseValue.self, from: Data(bytes)),
+            !value.node.isEmpty, value.node.count <= 128, value.leaseMs > 0
+        else { return nil }
+        self = value
+    }
+}
