@@ -131,8 +131,8 @@ public actor PortfolioService: Service {
 
     private func followHoldings() async throws {
         var symbols: Set<String> = []
-        for account in try store.accounts() where account.kind == .brokerage && account.isActive {
-            let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+        for (account, transactions) in try await store.brokerageLedger() where account.isActive {
+            let book = try PositionBook(transactions: transactions)
             for position in book.open { symbols.insert(position.symbol) }
         }
         guard let subscription else { return }
@@ -193,9 +193,9 @@ public actor PortfolioService: Service {
 
     /// The valuation of one account, or of the whole portfolio: every active account, brokerage ones
     /// valued live (positions plus cash), savings ones at their last update, each listed in `accounts`.
-    public func valuation(accountID: Int64? = nil) throws -> Valuation {
+    public func valuation(accountID: Int64? = nil) async throws -> Valuation {
         let now = Date.now
-        let accounts = try store.accounts().filter { account in accountID.map { account.id == $0 } ?? account.isActive }
+        let accounts = try await store.accounts().filter { account in accountID.map { account.id == $0 } ?? account.isActive }
         var merged: [String: PositionBook.Position] = [:]
         var cash: Decimal = 0
         var values: [AccountValue] = []
@@ -204,7 +204,7 @@ public actor PortfolioService: Service {
         for account in accounts {
             switch account.kind {
             case .brokerage:
-                let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+                let book = try PositionBook(transactions: try await store.transactions(accountID: account.id))
                 let own = Valuation.of(book.open, cash: book.cash, prices: prices, rule: rule, now: now)
                 values.append(
                     AccountValue(
@@ -215,7 +215,7 @@ public actor PortfolioService: Service {
                     cash += book.cash
                 }
             case .savings:
-                let last = try store.updates(accountID: account.id).last { $0.at <= now }
+                let last = try await store.updates(accountID: account.id).last { $0.at <= now }
                 values.append(
                     AccountValue(
                         id: account.id, name: account.name, kind: .savings, value: last?.value, cash: nil, asOf: last?.at,
@@ -233,12 +233,12 @@ public actor PortfolioService: Service {
 
     /// Every open position of the active brokerage accounts in `accounts` (all when empty), merged by
     /// symbol, with the accounts holding each.
-    private func openPositions(accounts wanted: Set<Int64>) throws -> ([String: PositionBook.Position], [String: [Int64]]) {
+    private func openPositions(accounts wanted: Set<Int64>) async throws -> ([String: PositionBook.Position], [String: [Int64]]) {
         var positions: [String: PositionBook.Position] = [:]
         var holders: [String: [Int64]] = [:]
-        for account in try store.accounts() where account.kind == .brokerage && account.isActive {
+        for (account, transactions) in try await store.brokerageLedger() where account.isActive {
             if !wanted.isEmpty, !wanted.contains(account.id) { continue }
-            let open = try PositionBook(transactions: try store.transactions(accountID: account.id)).open
+            let open = try PositionBook(transactions: transactions).open
             PositionBook.merge(open, into: &positions)
             for position in open { holders[position.symbol, default: []].append(account.id) }
         }
@@ -247,8 +247,8 @@ public actor PortfolioService: Service {
 
     /// The holdings of the accounts in `accounts` (every active brokerage account when empty), valued
     /// now, by symbol.
-    public func holdings(accounts: Set<Int64> = []) throws -> [Holding] {
-        let (positions, holders) = try openPositions(accounts: accounts)
+    public func holdings(accounts: Set<Int64> = []) async throws -> [Holding] {
+        let (positions, holders) = try await openPositions(accounts: accounts)
         let valuation = Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
         return valuation.positions.map { row in
             let weight: Decimal? =
@@ -260,11 +260,11 @@ public actor PortfolioService: Service {
     }
 
     /// The current valuation, then a new one whenever it changes, at most every `pushInterval`.
-    public func valuationUpdates() -> AsyncStream<Valuation> {
+    public func valuationUpdates() async -> AsyncStream<Valuation> {
         let (stream, continuation) = AsyncStream.makeStream(of: Valuation.self, bufferingPolicy: .bufferingNewest(1))
         let id = UUID()
         watchers[id] = continuation
-        if let current = try? valuation() { continuation.yield(current) }
+        if let current = try? await valuation() { continuation.yield(current) }
         continuation.onTermination = { [weak self] _ in
             Task { await self?.removeWatcher(id) }
         }
@@ -281,7 +281,7 @@ public actor PortfolioService: Service {
         }
         pushPending = false
         lastPush = .now
-        guard let current = try? valuation() else { return }
+        guard let current = try? await valuation() else { return }
         for watcher in watchers.values { watcher.yield(current) }
     }
 
@@ -294,8 +294,8 @@ public actor PortfolioService: Service {
     /// valued completely since the relay started (after a restart, before its prices are back).
     public func backfill() async throws {
         let today = calendar.day(of: .now)
-        let accounts = try store.accounts()
-        let coverage = try store.closeCoverage()
+        let accounts = try await store.accounts()
+        let coverage = try await store.closeCoverage()
         var closeNeeds: [String: ClosedRange<Day>] = [:]
         var all: [AccountSnapshot] = []
         var accountDays: [Int64: (from: Day, through: Day)] = [:]
@@ -304,17 +304,17 @@ public actor PortfolioService: Service {
             var cash: [(day: Day, cash: Decimal)]?
             switch account.kind {
             case .savings:
-                observations = try store.updates(accountID: account.id).map { .init(at: $0.at, value: $0.value, source: .update) }
+                observations = try await store.updates(accountID: account.id).map { .init(at: $0.at, value: $0.value, source: .update) }
             case .brokerage:
                 let first = calendar.day(of: account.createdAt)
-                let transactions = try store.transactions(accountID: account.id)
+                let transactions = try await store.transactions(accountID: account.id)
                 cash = PositionBook.cashByDay(transactions)
-                let stored = try store.accountSnapshots(accountID: account.id, from: first, through: today).filter { $0.source == .valuation }
+                let stored = try await store.accountSnapshots(accountID: account.id, from: first, through: today).filter { $0.source == .valuation }
                 // A stored row's positions value: its value less its cash (older rows have no cash).
                 func observation(_ row: AccountSnapshot) -> SnapshotPlanner.Observation {
                     .init(at: noon(of: row.day), value: row.value - (row.cash ?? 0), partial: row.partial, source: .valuation)
                 }
-                observations = try pastObservations(
+                observations = try await pastObservations(
                     of: account, transactions: transactions, stored: stored.filter { $0.day < today }.map(observation), today: today,
                     coverage: coverage, needs: &closeNeeds)
                 if account.isActive {
@@ -346,6 +346,17 @@ public actor PortfolioService: Service {
         requestCloses(closeNeeds, coverage: coverage)
     }
 
+    /// Recomputes the history after a write the store has committed. A failure (the database busy with
+    /// another writer) is not the write's: it is logged and the history is recomputed at the next tick.
+    public func historyChanged() async {
+        do {
+            try await backfill()
+        } catch {
+            snapshotDue = true
+            logger.warning("portfolio history not recomputed yet (next tick): \(error)")
+        }
+    }
+
     private func noon(of day: Day) -> Date { calendar.startOfDay(day).addingTimeInterval(43_200) }
 
     /// An account's past days (its creation through yesterday, or the day before it closed): each valued
@@ -355,7 +366,7 @@ public actor PortfolioService: Service {
     private func pastObservations(
         of account: Account, transactions: [Transaction], stored: [SnapshotPlanner.Observation], today: Day,
         coverage: [String: ClosedRange<Day>], needs: inout [String: ClosedRange<Day>]
-    ) throws -> [SnapshotPlanner.Observation] {
+    ) async throws -> [SnapshotPlanner.Observation] {
         let first = calendar.day(of: account.createdAt)
         let last = min(calendar.previous(today), planner.lastDay(of: account, today: today))
         guard first <= last else { return stored }
@@ -364,7 +375,7 @@ public actor PortfolioService: Service {
             needs[symbol] = needs[symbol].map { min($0.lowerBound, range.lowerBound)...max($0.upperBound, range.upperBound) } ?? range
         }
         let lookBack = calendar.day(first, addingDays: -CloseValuation.maxCloseAgeDays)
-        let closes = try store.closes(of: Set(held.keys), from: lookBack, through: last)
+        let closes = try await store.closes(of: Set(held.keys), from: lookBack, through: last)
         let values = CloseValuation.values(
             transactions: transactions, days: calendar.days(from: first, through: last), closes: closes, coverage: coverage)
         var storedByDay: [Day: SnapshotPlanner.Observation] = [:]

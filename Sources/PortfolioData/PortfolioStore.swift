@@ -6,7 +6,11 @@ import GRDB
 /// with cascading deletes. Money and quantities are stored as exact decimal text (``DecimalText``),
 /// days as `YYYY-MM-DD`, instants as ISO 8601 UTC text.
 ///
-/// `Sendable`: GRDB's pool serialises writes and runs reads concurrently.
+/// `Sendable`: GRDB's pool serialises writes and runs reads concurrently. Every call for the server is
+/// `async` through GRDB's async API: SQLite works on GRDB's own dispatch queues while the caller is
+/// suspended, so a writer waiting for another process's lock never blocks a thread of Swift's
+/// cooperative pool (which the market feed and `/healthz` share). A write that cannot get the lock
+/// within the busy timeout throws ``StoreError/busy`` (answered 503).
 public final class PortfolioStore: Sendable {
     public let path: String
     private let pool: DatabasePool
@@ -18,23 +22,33 @@ public final class PortfolioStore: Sendable {
     public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         case notFound(String)
         case corrupt(String)
+        /// Another connection (another process, such as `relay portfolio import`) held the database's
+        /// write lock for longer than the busy timeout: nothing was written, try again.
+        case busy
         public var description: String {
             switch self {
             case .notFound(let what): "\(what) not found"
             case .corrupt(let what): "unreadable value in the database: \(what)"
+            case .busy: "the portfolio database is busy (another writer holds its lock); nothing was written, try again shortly"
             }
         }
     }
 
+    /// How long a write waits for another connection's lock before failing with ``StoreError/busy``.
+    public let busyTimeout: TimeInterval
+
     /// Opens (creating if needed) `portfolio.sqlite` in `directory` and migrates it.
-    public init(directory: String) throws {
+    /// - Parameter busyTimeout: how long a write waits for another connection's lock: short for the
+    ///   server (an HTTP write answers 503 rather than hang), longer for the import command.
+    public init(directory: String, busyTimeout: TimeInterval = 2) throws {
+        self.busyTimeout = busyTimeout
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         path = (directory as NSString).appendingPathComponent("portfolio.sqlite")
         var configuration = Configuration()
         configuration.foreignKeysEnabled = true
-        // Another process (`relay portfolio import` while `relay serve` runs) waits for the lock
-        // instead of failing at once with SQLITE_BUSY.
-        configuration.busyMode = .timeout(10)
+        // Another process (`relay portfolio import` while `relay serve` runs) holds the lock: wait a
+        // little for it instead of failing at once, then fail with `busy`.
+        configuration.busyMode = .timeout(busyTimeout)
         pool = try DatabasePool(path: path, configuration: configuration)
         try Self.migrator.migrate(pool)
     }
@@ -131,6 +145,41 @@ public final class PortfolioStore: Sendable {
         return migrator
     }
 
+    // MARK: access
+
+    /// GRDB's async read, on its reader queues.
+    private func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        do { return try await pool.read(body) } catch let error as DatabaseError where Self.isBusy(error) { throw StoreError.busy }
+    }
+
+    /// GRDB's async write, on its writer queue, in one `IMMEDIATE` transaction that waits for another
+    /// connection's lock at most ``busyTimeout`` from the call, not from its turn: writes queued behind
+    /// one that waits for the lock do not each wait the whole timeout again, one after the other.
+    private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        let deadline = ContinuousClock.now + .milliseconds(Int(busyTimeout * 1000))
+        do {
+            return try await pool.writeWithoutTransaction { db in
+                let left = (deadline - .now).components
+                let milliseconds = left.seconds * 1000 + left.attoseconds / 1_000_000_000_000_000
+                guard milliseconds > 0 else { throw StoreError.busy }
+                try db.execute(sql: "PRAGMA busy_timeout = \(milliseconds)")
+                var value: T?
+                try db.inTransaction(.immediate) {
+                    value = try body(db)
+                    return .commit
+                }
+                guard let value else { throw StoreError.corrupt("a write without a result") }
+                return value
+            }
+        } catch let error as DatabaseError where Self.isBusy(error) {
+            throw StoreError.busy
+        }
+    }
+
+    private static func isBusy(_ error: DatabaseError) -> Bool {
+        error.resultCode == .SQLITE_BUSY || error.resultCode == .SQLITE_LOCKED
+    }
+
     // MARK: encoding
 
     private static func text(_ date: Date) -> String {
@@ -162,10 +211,10 @@ public final class PortfolioStore: Sendable {
 
     // MARK: accounts
 
-    public func createAccount(name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false) throws
+    public func createAccount(name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false) async throws
         -> Account
     {
-        try pool.write { db in
+        try await write { db in
             try Self.insertAccount(db, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
         }
     }
@@ -188,16 +237,16 @@ public final class PortfolioStore: Sendable {
             id: db.lastInsertedRowID, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
     }
 
-    public func accounts() throws -> [Account] {
-        try pool.read { db in try Self.accounts(db) }
+    public func accounts() async throws -> [Account] {
+        try await read { db in try Self.accounts(db) }
     }
 
     private static func accounts(_ db: Database) throws -> [Account] {
         try Row.fetchAll(db, sql: "SELECT * FROM account ORDER BY id").map(account)
     }
 
-    public func account(_ id: Int64) throws -> Account {
-        try pool.read { db in try Self.account(db, id) }
+    public func account(_ id: Int64) async throws -> Account {
+        try await read { db in try Self.account(db, id) }
     }
 
     private static func account(_ db: Database, _ id: Int64) throws -> Account {
@@ -208,23 +257,23 @@ public final class PortfolioStore: Sendable {
     }
 
     /// Closes an account: it keeps its history and leaves totals from its closing day on.
-    public func closeAccount(_ id: Int64, at: Date) throws -> Account {
-        var account = try account(id)
-        guard account.closedAt == nil else { throw ValidationError(field: "closedAt", message: "the account is already closed") }
-        guard at >= account.createdAt else {
-            throw ValidationError(field: "closedAt", message: "must not be before the account was created")
-        }
-        try pool.write { db in
+    public func closeAccount(_ id: Int64, at: Date) async throws -> Account {
+        try await write { db in
+            var account = try Self.account(db, id)
+            guard account.closedAt == nil else { throw ValidationError(field: "closedAt", message: "the account is already closed") }
+            guard at >= account.createdAt else {
+                throw ValidationError(field: "closedAt", message: "must not be before the account was created")
+            }
             try db.execute(sql: "UPDATE account SET isActive = 0, closedAt = ? WHERE id = ?", arguments: [Self.text(at), id])
+            account.isActive = false
+            account.closedAt = at
+            return account
         }
-        account.isActive = false
-        account.closedAt = at
-        return account
     }
 
     /// Deletes an account and, by cascade, its transactions, updates and snapshots.
-    public func deleteAccount(_ id: Int64) throws {
-        try pool.write { db in
+    public func deleteAccount(_ id: Int64) async throws {
+        try await write { db in
             try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [id])
             guard db.changesCount > 0 else { throw StoreError.notFound("account \(id)") }
         }
@@ -255,10 +304,10 @@ public final class PortfolioStore: Sendable {
     /// Records a transaction after checking it: its fields, its date against the account's life, and
     /// that the account's book stays possible (no selling shares not held, no withdrawal beyond the
     /// cash unless the account allows negative cash).
-    public func addTransaction(accountID: Int64, _ new: NewTransaction, calendar: DayCalendar = .utc) throws -> Transaction {
+    public func addTransaction(accountID: Int64, _ new: NewTransaction, calendar: DayCalendar = .utc) async throws -> Transaction {
         // Read, check and insert in one write transaction: two sells arriving together are checked one
         // after the other, so together they can never sell more than is held.
-        try pool.write { db in
+        try await write { db in
             let account = try Self.account(db, accountID)
             var book = BookCheck(account: account, existing: try Self.transactions(db, accountID: accountID))
             return try Self.insert(new, into: account, checking: &book, db: db, calendar: calendar)
@@ -269,8 +318,8 @@ public final class PortfolioStore: Sendable {
     public func addTransaction(
         accountID: Int64, date: Day, kind: TransactionKind, symbol: String = "", quantity: Decimal = 0, price: Decimal = 0,
         fees: Decimal = 0, amount: Decimal = 0, calendar: DayCalendar = .utc
-    ) throws -> Transaction {
-        try addTransaction(
+    ) async throws -> Transaction {
+        try await addTransaction(
             accountID: accountID,
             NewTransaction(date: date, kind: kind, symbol: symbol, quantity: quantity, price: price, fees: fees, amount: amount),
             calendar: calendar)
@@ -357,7 +406,8 @@ public final class PortfolioStore: Sendable {
         return candidate
     }
 
-    /// An import's rows, all or nothing: in one write transaction, creating the accounts named that do
+    /// An import's rows, all or nothing: in one write transaction (synchronous: for the import command,
+    /// which has no cooperative pool to keep free), creating the accounts named that do
     /// not exist yet (as `kind` accounts dated from their first row). The first refused row throws
     /// (with its index in `rows`) and nothing is written.
     public func importTransactions(
@@ -415,8 +465,15 @@ public final class PortfolioStore: Sendable {
         public var description: String { "\(error)" }
     }
 
-    public func transactions(accountID: Int64) throws -> [Transaction] {
-        try pool.read { db in try Self.transactions(db, accountID: accountID) }
+    public func transactions(accountID: Int64) async throws -> [Transaction] {
+        try await read { db in try Self.transactions(db, accountID: accountID) }
+    }
+
+    /// Every brokerage account with its transactions, from one read (one consistent state).
+    public func brokerageLedger() async throws -> [(account: Account, transactions: [Transaction])] {
+        try await read { db in
+            try Self.accounts(db).filter { $0.kind == .brokerage }.map { ($0, try Self.transactions(db, accountID: $0.id)) }
+        }
     }
 
     private static func transactions(_ db: Database, accountID: Int64) throws -> [Transaction] {
@@ -431,16 +488,16 @@ public final class PortfolioStore: Sendable {
 
     // MARK: value updates
 
-    public func addUpdate(accountID: Int64, at: Date, value: Decimal) throws -> AccountUpdate {
-        let account = try account(accountID)
-        guard account.kind == .savings else {
-            throw ValidationError(field: "accountID", message: "value updates belong to savings accounts")
-        }
-        guard value >= 0 else { throw ValidationError(field: "value", message: "must not be negative") }
-        if let closedAt = account.closedAt, at >= closedAt {
-            throw ConflictError(field: "at", message: "the account closed at \(Self.text(closedAt)); an update then or later counts nowhere")
-        }
-        return try pool.write { db in
+    public func addUpdate(accountID: Int64, at: Date, value: Decimal) async throws -> AccountUpdate {
+        try await write { db in
+            let account = try Self.account(db, accountID)
+            guard account.kind == .savings else {
+                throw ValidationError(field: "accountID", message: "value updates belong to savings accounts")
+            }
+            guard value >= 0 else { throw ValidationError(field: "value", message: "must not be negative") }
+            if let closedAt = account.closedAt, at >= closedAt {
+                throw ConflictError(field: "at", message: "the account closed at \(Self.text(closedAt)); an update then or later counts nowhere")
+            }
             try db.execute(
                 sql: "INSERT INTO accountUpdate (accountID, at, value) VALUES (?, ?, ?)",
                 arguments: [accountID, Self.text(at), DecimalText.format(value)])
@@ -448,8 +505,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    public func updates(accountID: Int64) throws -> [AccountUpdate] {
-        try pool.read { db in
+    public func updates(accountID: Int64) async throws -> [AccountUpdate] {
+        try await read { db in
             try Row.fetchAll(db, sql: "SELECT * FROM accountUpdate WHERE accountID = ? ORDER BY at, id", arguments: [accountID]).map {
                 row in
                 AccountUpdate(
@@ -461,8 +518,8 @@ public final class PortfolioStore: Sendable {
     // MARK: snapshots
 
     /// Writes snapshots, replacing those of the same account and day, in one transaction.
-    public func saveSnapshots(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot]) throws {
-        try pool.write { db in try Self.save(snapshots, portfolio: portfolio, in: db) }
+    public func saveSnapshots(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot]) async throws {
+        try await write { db in try Self.save(snapshots, portfolio: portfolio, in: db) }
     }
 
     private static func save(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot], in db: Database) throws {
@@ -509,7 +566,7 @@ public final class PortfolioStore: Sendable {
         portfolioDays: (from: Day, through: Day)?
     ) async throws -> HistoryWrite {
         let ranges = accountDays.map { (id: $0.key, from: $0.value.from, through: $0.value.through) }
-        return try await pool.write { db in
+        return try await write { db in
             var result = HistoryWrite()
             for range in ranges {
                 try db.execute(
@@ -557,8 +614,8 @@ public final class PortfolioStore: Sendable {
     // MARK: daily closes
 
     /// The days whose closes were fetched for each symbol (closes or not: a holiday has none).
-    public func closeCoverage() throws -> [String: ClosedRange<Day>] {
-        try pool.read { db in
+    public func closeCoverage() async throws -> [String: ClosedRange<Day>] {
+        try await read { db in
             var coverage: [String: ClosedRange<Day>] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT * FROM closeCoverage") {
                 let from = try Self.day(row["fromDay"])
@@ -570,9 +627,9 @@ public final class PortfolioStore: Sendable {
     }
 
     /// Stored closes of `symbols` from `from` through `through`, oldest first per symbol.
-    public func closes(of symbols: Set<String>, from: Day, through: Day) throws -> [String: [(day: Day, close: Decimal)]] {
+    public func closes(of symbols: Set<String>, from: Day, through: Day) async throws -> [String: [(day: Day, close: Decimal)]] {
         guard !symbols.isEmpty else { return [:] }
-        return try pool.read { db in
+        return try await read { db in
             var closes: [String: [(day: Day, close: Decimal)]] = [:]
             let marks = Array(repeating: "?", count: symbols.count).joined(separator: ",")
             let rows = try Row.fetchAll(
@@ -587,7 +644,7 @@ public final class PortfolioStore: Sendable {
     /// coverage becomes their union).
     public func saveCloses(_ symbol: String, _ closes: [(day: Day, close: Decimal)], covering: ClosedRange<Day>) async throws {
         let rows = closes.map { (day: $0.day.description, close: DecimalText.format($0.close)) }
-        try await pool.write { db in
+        try await write { db in
             for row in rows {
                 try db.execute(sql: "INSERT OR REPLACE INTO dailyClose (symbol, day, close) VALUES (?, ?, ?)", arguments: [symbol, row.day, row.close])
             }
@@ -603,8 +660,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    public func accountSnapshots(accountID: Int64, from: Day, through: Day) throws -> [AccountSnapshot] {
-        try pool.read { db in
+    public func accountSnapshots(accountID: Int64, from: Day, through: Day) async throws -> [AccountSnapshot] {
+        try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM accountSnapshot WHERE accountID = ? AND day >= ? AND day <= ? ORDER BY day",
                 arguments: [accountID, from.description, through.description]
@@ -612,8 +669,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    public func portfolioSnapshots(from: Day, through: Day) throws -> [PortfolioSnapshot] {
-        try pool.read { db in
+    public func portfolioSnapshots(from: Day, through: Day) async throws -> [PortfolioSnapshot] {
+        try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ? AND day <= ? ORDER BY day",
                 arguments: [from.description, through.description]

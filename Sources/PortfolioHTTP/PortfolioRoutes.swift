@@ -32,7 +32,11 @@ public struct PortfolioRoutes: Sendable {
     struct Problem: Encodable {
         var error: String
         var field: String?
+        var status: Int?
     }
+
+    /// Seconds a client is told to wait (`Retry-After`) when the database is busy.
+    static let busyRetryAfter = 2
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
         let data = (try? PortfolioJSON.encoder.encode(value)) ?? Data(#"{"error":"encoding failed"}"#.utf8)
@@ -52,8 +56,14 @@ public struct PortfolioRoutes: Sendable {
         } catch let error as PortfolioStore.ConflictError {
             return problem(.conflict, error.message, field: error.field)
         } catch let error as PortfolioStore.StoreError {
-            if case .notFound = error { return problem(.notFound, error.description) }
-            return problem(.internalServerError, error.description)
+            switch error {
+            case .notFound: return problem(.notFound, error.description)
+            case .busy:
+                var response = json(Problem(error: error.description, status: 503), status: .serviceUnavailable)
+                response.headers[.retryAfter] = "\(busyRetryAfter)"
+                return response
+            case .corrupt: return problem(.internalServerError, error.description)
+            }
         } catch let error as DecodingError {
             return problem(.badRequest, "malformed body: \(Self.describe(error))", field: Self.field(of: error))
         } catch {
@@ -121,42 +131,42 @@ public struct PortfolioRoutes: Sendable {
         router.post("/v1/accounts") { request, _ in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
-                let account = try store.createAccount(
+                let account = try await store.createAccount(
                     name: new.name, kind: new.kind, currency: new.currency ?? "USD", createdAt: new.createdAt ?? .now,
                     allowNegativeCash: new.allowNegativeCash ?? false)
-                try await service.backfill()
+                await service.historyChanged()
                 return Self.json(account, status: .created)
             }
         }
         router.get("/v1/accounts") { _, _ in
-            await Self.answer { Self.json(try store.accounts()) }
+            await Self.answer { Self.json(try await store.accounts()) }
         }
         router.get("/v1/accounts/:id") { _, context in
-            await Self.answer { Self.json(try store.account(try Self.id(context))) }
+            await Self.answer { Self.json(try await store.account(try Self.id(context))) }
         }
         router.post("/v1/accounts/:id/close") { request, context in
             await Self.answer {
                 let close = (try? await Self.body(PortfolioJSON.Close.self, request)) ?? PortfolioJSON.Close()
-                let account = try store.closeAccount(try Self.id(context), at: close.closedAt ?? .now)
+                let account = try await store.closeAccount(try Self.id(context), at: close.closedAt ?? .now)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
-                try await service.backfill()
+                await service.historyChanged()
                 return Self.json(account)
             }
         }
         router.delete("/v1/accounts/:id") { _, context in
             await Self.answer {
-                try store.deleteAccount(try Self.id(context))
+                try await store.deleteAccount(try Self.id(context))
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
-                try await service.backfill()
+                await service.historyChanged()
                 return Response(status: .noContent)
             }
         }
         router.post("/v1/accounts/:id/transactions") { request, context in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
-                let transaction = try store.addTransaction(
+                let transaction = try await store.addTransaction(
                     accountID: try Self.id(context),
                     .init(
                         date: new.date, kind: new.kind, symbol: new.symbol ?? "", quantity: new.quantity?.value ?? 0,
@@ -170,23 +180,23 @@ public struct PortfolioRoutes: Sendable {
         router.get("/v1/accounts/:id/transactions") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
-                _ = try store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try store.transactions(accountID: id))
+                _ = try await store.account(id)  // 404 for an unknown account, not an empty list
+                return Self.json(try await store.transactions(accountID: id))
             }
         }
         router.post("/v1/accounts/:id/updates") { request, context in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewUpdate.self, request)
-                let update = try store.addUpdate(accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value)
-                try await service.backfill()
+                let update = try await store.addUpdate(accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value)
+                await service.historyChanged()
                 return Self.json(update, status: .created)
             }
         }
         router.get("/v1/accounts/:id/updates") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
-                _ = try store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try store.updates(accountID: id))
+                _ = try await store.account(id)  // 404 for an unknown account, not an empty list
+                return Self.json(try await store.updates(accountID: id))
             }
         }
         router.get("/v1/portfolio") { _, _ in
@@ -195,25 +205,25 @@ public struct PortfolioRoutes: Sendable {
         router.get("/v1/accounts/:id/valuation") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
-                _ = try store.account(id)
+                _ = try await store.account(id)
                 return Self.json(try await service.valuation(accountID: id))
             }
         }
         router.get("/v1/accounts/:id/history") { request, context in
             await Self.answer {
-                let account = try store.account(try Self.id(context))
+                let account = try await store.account(try Self.id(context))
                 let today = service.calendar.day(of: .now)
                 let (from, to) = try Self.range(request, default: service.calendar.day(of: account.createdAt), today)
                 return Self.json(
-                    try store.accountSnapshots(accountID: account.id, from: from, through: to))
+                    try await store.accountSnapshots(accountID: account.id, from: from, through: to))
             }
         }
         router.get("/v1/portfolio/history") { request, _ in
             await Self.answer {
                 let today = service.calendar.day(of: .now)
-                let start = try store.accounts().map { service.calendar.day(of: $0.createdAt) }.min() ?? today
+                let start = try await store.accounts().map { service.calendar.day(of: $0.createdAt) }.min() ?? today
                 let (from, to) = try Self.range(request, default: start, today)
-                return Self.json(try store.portfolioSnapshots(from: from, through: to))
+                return Self.json(try await store.portfolioSnapshots(from: from, through: to))
             }
         }
     }
@@ -229,7 +239,7 @@ public struct PortfolioRoutes: Sendable {
                     parameters[String(name)] = String(value).removingPercentEncoding ?? String(value)
                 }
                 let query = try HoldingsQuery(parameters: parameters)
-                for id in query.accounts { _ = try store.account(id) }
+                for id in query.accounts { _ = try await store.account(id) }
                 let view = try await Self.asClient(request, context, browser, connection) { client in
                     try await browser.holdings(query, client: client)
                 }

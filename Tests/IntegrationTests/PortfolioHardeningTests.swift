@@ -1,0 +1,132 @@
+import Foundation
+import PolygonWire
+import PortfolioDomain
+import Testing
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// A `sqlite3` process holding a database's write lock (`BEGIN IMMEDIATE`), as `relay portfolio
+/// import` does beside `relay serve`, until ``release()``.
+final class SQLiteLockHolder {
+    private let process: Process
+    private let input: FileHandle
+
+    /// Starts `sqlite3` on `path` and returns once it holds the write lock (it says so on stdout).
+    static func lock(_ path: String) async throws -> SQLiteLockHolder {
+        let candidates = ["/usr/bin/sqlite3", "/usr/local/bin/sqlite3", "/bin/sqlite3"]
+        let executable = try #require(
+            candidates.first { FileManager.default.isExecutableFile(atPath: $0) }, "these tests need the sqlite3 command (apt-get install sqlite3)")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = [path]
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        try process.run()
+        let holder = SQLiteLockHolder(process: process, input: input.fileHandleForWriting)
+        input.fileHandleForWriting.write(Data("BEGIN IMMEDIATE;\nSELECT 'locked';\n".utf8))
+        let reader = output.fileHandleForReading
+        let said = try await within(.seconds(10), "sqlite3 to take the write lock") {
+            // On a thread of its own: a blocking read must not take one of the cooperative pool's.
+            await withCheckedContinuation { continuation in
+                Thread.detachNewThread { continuation.resume(returning: String(decoding: reader.availableData, as: UTF8.self)) }
+            }
+        }
+        guard said.contains("locked") else {
+            holder.release()
+            throw TimeoutError(description: "sqlite3 did not take the lock: \(said)")
+        }
+        return holder
+    }
+
+    private init(process: Process, input: FileHandle) {
+        self.process = process
+        self.input = input
+    }
+
+    /// Commits (nothing) and quits: the lock is free once this returns.
+    func release() {
+        guard process.isRunning else { return }
+        input.write(Data("COMMIT;\n.quit\n".utf8))
+        try? input.close()
+        process.waitUntilExit()
+    }
+}
+
+/// A request on loopback with its status, `Retry-After` header and body.
+func httpAnswer(_ method: String, _ url: String, json: String) async throws -> (status: Int, retryAfter: String?, body: String) {
+    guard let target = URL(string: url) else { throw TimeoutError(description: "bad URL \(url)") }
+    var request = URLRequest(url: target)
+    request.httpMethod = method
+    request.timeoutInterval = 30
+    request.httpBody = Data(json.utf8)
+    request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+    let (data, response) = try await URLSession.shared.data(for: request)
+    let http = response as? HTTPURLResponse
+    return (http?.statusCode ?? 0, http?.value(forHTTPHeaderField: "Retry-After"), String(decoding: data, as: UTF8.self))
+}
+
+@Suite("Portfolio under hostile and heavy use")
+struct PortfolioHardeningTests {
+    /// Issue 22 item 10: another process holds the SQLite write lock. Portfolio writes wait on GRDB's
+    /// queues, not on the cooperative pool, and give up after the short busy timeout with 503; the
+    /// market feed and `/healthz` carry on meanwhile.
+    @Test func aLockedDatabaseAnswers503AndStopsNothingElse() async throws {
+        try await withPortfolioRelay { parts, base in
+            let store = try #require(parts.portfolio).store
+            let account = try await createBrokerageAccount(base)
+            let market = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/stocks")
+            market.send(ClientAction(.subscribe, params: "Q.*"))
+            _ = try await market.nextEvents(1, timeout: .seconds(10))
+
+            let lock = try await SQLiteLockHolder.lock(store.path)
+            defer { lock.release() }
+            // More writers than the machine has cores: each would have taken a thread of the pool.
+            let writers = max(4, ProcessInfo.processInfo.activeProcessorCount * 2)
+            let started = ContinuousClock.now
+            let writes = Task {
+                try await withThrowingTaskGroup(of: (status: Int, retryAfter: String?, body: String).self) { group in
+                    for index in 0..<writers {
+                        group.addTask {
+                            try await httpAnswer(
+                                "POST", "\(base)/v1/accounts/\(account)/transactions",
+                                json: #"{"kind":"deposit","date":"2024-01-0\#(2 + index % 7)","amount":"10"}"#)
+                        }
+                    }
+                    return try await group.reduce(into: []) { $0.append($1) }
+                }
+            }
+            // While they wait: the feed keeps coming and /healthz answers, every time, promptly.
+            var healthChecks = 0
+            var events = 0
+            while ContinuousClock.now - started < .milliseconds(1500) {
+                let health = try await within(.seconds(3), "/healthz while the database is locked") { try await httpGet("\(base)/healthz") }
+                #expect(health.status == 200 || health.status == 503, "\(health)")
+                healthChecks += 1
+                events += try await market.nextEvents(1, timeout: .seconds(3)).count
+            }
+            #expect(healthChecks > 0 && events > 0)
+
+            let answers = try await within(.seconds(15), "the portfolio writes to give up") { try await writes.value }
+            let waited = ContinuousClock.now - started
+            #expect(waited < .seconds(6), "each write waits at most the short busy timeout (2 s) from its arrival, not 10 s, nor 2 s per write queued before it: \(waited)")
+            for answer in answers {
+                #expect(answer.status == 503, "\(answer)")
+                #expect(answer.retryAfter != nil, "\(answer)")
+                let body = jsonObject(answer.body)
+                #expect(body["status"] as? Int == 503)
+                #expect((body["error"] as? String ?? "").contains("busy"), "\(answer.body)")
+            }
+            // Nothing was written, and once the lock is gone a write goes through.
+            #expect(try await store.transactions(accountID: Int64(account)).isEmpty)
+            lock.release()
+            let after = try await httpAnswer(
+                "POST", "\(base)/v1/accounts/\(account)/transactions", json: #"{"kind":"deposit","date":"2024-01-02","amount":"10"}"#)
+            #expect(after.status == 201, "\(after)")
+            await market.close()
+        }
+    }
+}
