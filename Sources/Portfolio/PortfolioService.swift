@@ -135,6 +135,14 @@ public actor PortfolioService: Service {
             let book = try PositionBook(transactions: transactions)
             for position in book.open { symbols.insert(position.symbol) }
         }
+        // Never a topic from an unchecked symbol: a database written before symbols were checked may
+        // hold one that would name other topics upstream (`*`, `X,AM.*`).
+        for symbol in symbols {
+            if let problem = HeldSymbol.problem(with: symbol) {
+                symbols.remove(symbol)
+                logger.warning("held symbol not followed", metadata: ["symbol": "\(symbol)", "reason": "\(problem)"])
+            }
+        }
         guard let subscription else { return }
         let added = symbols.subtracting(held)
         let removed = held.subtracting(symbols)
@@ -400,6 +408,8 @@ public actor PortfolioService: Service {
         let now = ContinuousClock.now
         var work: [(symbol: String, days: ClosedRange<Day>)] = []
         for (symbol, need) in needs.sorted(by: { $0.key < $1.key }) {
+            // Nor a REST path from one.
+            if HeldSymbol.problem(with: symbol) != nil { continue }
             if let failed = closeFailures[symbol], now - failed < .seconds(600) { continue }
             guard let have = coverage[symbol] else {
                 work.append((symbol, need))

@@ -379,8 +379,10 @@ public final class PortfolioStore: Sendable {
         var (quantity, price, amount) = (new.quantity, new.price, new.amount)
         switch new.kind {
         case .buy, .sell, .dividend:
-            guard !symbol.isEmpty, symbol.count <= 32 else {
-                throw ValidationError(field: "symbol", message: "required, up to 32 characters")
+            // The sidecar subscribes upstream to the `T.`/`Q.` topics of what is held: the same rules as a
+            // market-feed subscription, so no symbol can name other topics (`*`, `X,AM.*`).
+            if let problem = HeldSymbol.problem(with: symbol) {
+                throw ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
             }
             guard quantity > 0 else { throw ValidationError(field: "quantity", message: "must be above 0") }
             guard price >= 0 else { throw ValidationError(field: "price", message: "must not be negative") }

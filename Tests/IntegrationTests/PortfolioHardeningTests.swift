@@ -56,6 +56,29 @@ final class SQLiteLockHolder {
     }
 }
 
+/// Runs `sql` through the `sqlite3` command on the database at `path` (another process, as an older
+/// relay or a hand edit would have written it); returns its output.
+func sqlite3(_ path: String, _ sql: String) async throws -> String {
+    let candidates = ["/usr/bin/sqlite3", "/usr/local/bin/sqlite3", "/bin/sqlite3"]
+    let executable = try #require(
+        candidates.first { FileManager.default.isExecutableFile(atPath: $0) }, "these tests need the sqlite3 command (apt-get install sqlite3)")
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = ["-cmd", ".timeout 5000", path, sql]
+    let output = Pipe()
+    process.standardOutput = output
+    let exited = AsyncStream.makeStream(of: Int32.self)
+    process.terminationHandler = { process in
+        exited.continuation.yield(process.terminationStatus)
+        exited.continuation.finish()
+    }
+    try process.run()
+    let status = try await waitFor(exited.stream, "sqlite3 to finish", timeout: .seconds(15)) { _ in true }
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    try #require(status == 0, "sqlite3 \(sql) failed: \(text)")
+    return text
+}
+
 /// A request on loopback with its status, `Retry-After` header and body.
 func httpAnswer(_ method: String, _ url: String, json: String) async throws -> (status: Int, retryAfter: String?, body: String) {
     guard let target = URL(string: url) else { throw TimeoutError(description: "bad URL \(url)") }
@@ -127,6 +150,57 @@ struct PortfolioHardeningTests {
                 "POST", "\(base)/v1/accounts/\(account)/transactions", json: #"{"kind":"deposit","date":"2024-01-02","amount":"10"}"#)
             #expect(after.status == 201, "\(after)")
             await market.close()
+        }
+    }
+
+    /// Issue 22 item 7: a portfolio symbol becomes the sidecar's upstream `T.`/`Q.` topics, so it is held
+    /// to the ticker rules of a market-feed subscription; refused with 422 `field: symbol`.
+    @Test func symbolsThatWouldNameOtherTopicsAreRefused() async throws {
+        try await withPortfolioRelay { parts, base in
+            let portfolio = try #require(parts.portfolio)
+            let account = try await createBrokerageAccount(base)
+            let refused = ["*", "ZZZQ,AM.*", "ZZZQ,Q.AAPL", "Q.*", "A B", "AAPL\\u0000", String(repeating: "A", count: 41), "ZZ\\nQ"]
+            for symbol in refused {
+                let answer = try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(account)/transactions",
+                    json: #"{"kind":"buy","date":"2024-01-02","symbol":"\#(symbol)","quantity":"1","price":"1"}"#)
+                #expect(answer.status == 422, "\(symbol): \(answer)")
+                #expect(jsonObject(answer.body)["field"] as? String == "symbol", "\(symbol): \(answer)")
+            }
+            for symbol in ["BRK.B", "X:BTCUSD", "C:EUR/USD", String(repeating: "A", count: 40)] {
+                let answer = try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(account)/transactions",
+                    json: #"{"kind":"buy","date":"2024-01-02","symbol":"\#(symbol)","quantity":"1","price":"1"}"#)
+                #expect(answer.status == 201, "\(symbol): \(answer)")
+            }
+            let followed = await portfolio.followedTopics()
+            #expect(followed.allSatisfy { !$0.isWildcard && !$0.ticker.contains(",") }, "\(followed)")
+            #expect(followed.contains(Topic(eventType: "Q", ticker: "BRK.B")))
+            let transactions = try await portfolio.store.transactions(accountID: Int64(account))
+            #expect(transactions.count == 4)
+        }
+    }
+
+    /// Issue 22 item 7: a database written before symbols were checked may hold one that is no ticker;
+    /// the sidecar follows the good symbols and builds no topic from it.
+    @Test func theSidecarFollowsNoUncheckedSymbolFromTheDatabase() async throws {
+        try await withPortfolioRelay { parts, base in
+            let portfolio = try #require(parts.portfolio)
+            let account = try await createBrokerageAccount(base)
+            #expect(
+                try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(account)/transactions",
+                    json: #"{"kind":"buy","date":"2024-01-02","symbol":"AAPL","quantity":"1","price":"1"}"#
+                ).status == 201)
+            for symbol in ["*", "ZZZQ,AM.*"] {
+                _ = try await sqlite3(
+                    portfolio.store.path,
+                    #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees) VALUES (\#(account), '2024-01-02', 'buy', '\#(symbol)', '1', '1', '0');"#
+                )
+            }
+            try await portfolio.holdingsChanged()
+            let followed = await portfolio.followedTopics()
+            #expect(followed == [Topic(eventType: "T", ticker: "AAPL"), Topic(eventType: "Q", ticker: "AAPL")], "\(followed)")
         }
     }
 }

@@ -66,4 +66,17 @@ struct ImportTests {
         let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(overdraw, to: store) }
         #expect(error.field == "amount")
     }
+
+    /// Issue 22 item 7: an imported symbol is held to the ticker rules of a subscription, named by line.
+    @Test(arguments: ["*", "AM.*", "ZZZQ;Q.AAPL", "A B", String(repeating: "A", count: 41)])
+    func aSymbolThatIsNoTickerIsRefusedWithItsLine(symbol: String) async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let rows = try TransactionImport.parse("account,date,kind,symbol,quantity,price\nA,2024-01-02,buy,AAPL,1,10\nA,2024-01-03,buy,\(symbol),1,10")
+        let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(rows, to: store) }
+        #expect(error.line == 3)
+        #expect(error.field == "symbol")
+        #expect(try await store.accounts().isEmpty)
+    }
 }
