@@ -142,7 +142,37 @@ public final class PortfolioStore: Sendable {
                     ALTER TABLE accountSnapshot ADD COLUMN unpriced TEXT;
                     """)
         }
+        migrator.registerMigration("v4: snapshots by day") { db in
+            // The history is recomputed from a day on (today, each minute): its rows are found by day.
+            try db.execute(sql: "CREATE INDEX accountSnapshot_day ON accountSnapshot(day)")
+        }
         return migrator
+    }
+
+    // MARK: dates
+
+    /// The first day a date may name.
+    public static let earliestDay = Day(year: 1970, month: 1, day: 1)
+
+    /// Refuses a day before 1970-01-01 or after tomorrow (in `calendar`): every change recomputes the
+    /// history from its day on, so a date is bounded the way the history is.
+    static func check(_ day: Day, field: String, calendar: DayCalendar) throws {
+        let latest = calendar.next(calendar.day(of: .now))
+        guard day >= earliestDay, day <= latest else {
+            throw ValidationError(field: field, message: "must be from \(earliestDay) through tomorrow (\(latest)), got \(day)")
+        }
+    }
+
+    /// ``check(_:field:calendar:)`` for an instant (its day in `calendar`).
+    static func check(_ instant: Date, field: String, calendar: DayCalendar) throws {
+        // Far outside first (a calendar is not asked about the year 1 or 100000): a day and a half of
+        // margin either side covers every time zone.
+        let now = Date.now.timeIntervalSince1970
+        guard instant.timeIntervalSince1970 > -129_600, instant.timeIntervalSince1970 < now + 3 * 86_400 else {
+            throw ValidationError(
+                field: field, message: "must be from \(earliestDay) through tomorrow (\(calendar.next(calendar.day(of: .now))))")
+        }
+        try check(calendar.day(of: instant), field: field, calendar: calendar)
     }
 
     // MARK: access
@@ -211,10 +241,11 @@ public final class PortfolioStore: Sendable {
 
     // MARK: accounts
 
-    public func createAccount(name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false) async throws
-        -> Account
-    {
-        try await write { db in
+    public func createAccount(
+        name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false, calendar: DayCalendar = .utc
+    ) async throws -> Account {
+        try Self.check(createdAt, field: "createdAt", calendar: calendar)
+        return try await write { db in
             try Self.insertAccount(db, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
         }
     }
@@ -257,8 +288,9 @@ public final class PortfolioStore: Sendable {
     }
 
     /// Closes an account: it keeps its history and leaves totals from its closing day on.
-    public func closeAccount(_ id: Int64, at: Date) async throws -> Account {
-        try await write { db in
+    public func closeAccount(_ id: Int64, at: Date, calendar: DayCalendar = .utc) async throws -> Account {
+        try Self.check(at, field: "closedAt", calendar: calendar)
+        return try await write { db in
             var account = try Self.account(db, id)
             guard account.closedAt == nil else { throw ValidationError(field: "closedAt", message: "the account is already closed") }
             guard at >= account.createdAt else {
@@ -272,10 +304,13 @@ public final class PortfolioStore: Sendable {
     }
 
     /// Deletes an account and, by cascade, its transactions, updates and snapshots.
-    public func deleteAccount(_ id: Int64) async throws {
+    /// - Returns: the account as it was.
+    @discardableResult
+    public func deleteAccount(_ id: Int64) async throws -> Account {
         try await write { db in
+            let account = try Self.account(db, id)
             try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [id])
-            guard db.changesCount > 0 else { throw StoreError.notFound("account \(id)") }
+            return account
         }
     }
 
@@ -368,6 +403,7 @@ public final class PortfolioStore: Sendable {
             throw ValidationError(field: "accountID", message: "transactions belong to brokerage accounts")
         }
         let date = new.date
+        try check(date, field: "date", calendar: calendar)
         let created = calendar.day(of: account.createdAt)
         guard date >= created else {
             throw ConflictError(field: "date", message: "\(date) is before the account was created (\(created))")
@@ -488,10 +524,44 @@ public final class PortfolioStore: Sendable {
         }
     }
 
+    // MARK: changes
+
+    /// The newest row ids of the tables a change adds to (ids only grow: `AUTOINCREMENT`).
+    public struct ChangeMarks: Sendable, Equatable {
+        public var account: Int64 = 0
+        public var transaction: Int64 = 0
+        public var update: Int64 = 0
+        public init() {}
+    }
+
+    /// The rows added since `marks` (by this process or another, such as `relay portfolio import`):
+    /// the earliest day they touch (an account's creation, a transaction's date, an update's day in
+    /// `calendar`), `nil` when none was added, and the marks to ask from next time.
+    public func changes(after marks: ChangeMarks, calendar: DayCalendar) async throws -> (marks: ChangeMarks, earliest: Day?) {
+        try await read { db in
+            var now = ChangeMarks()
+            now.account = try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(id), 0) FROM account") ?? 0
+            now.transaction = try Int64.fetchOne(db, sql: #"SELECT COALESCE(MAX(id), 0) FROM "transaction""#) ?? 0
+            now.update = try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(id), 0) FROM accountUpdate") ?? 0
+            var days: [Day] = []
+            if let text = try String.fetchOne(db, sql: #"SELECT MIN(date) FROM "transaction" WHERE id > ?"#, arguments: [marks.transaction]) {
+                days.append(try Self.day(text))
+            }
+            for text in try String.fetchAll(db, sql: "SELECT createdAt FROM account WHERE id > ?", arguments: [marks.account]) {
+                days.append(calendar.day(of: try Self.date(text)))
+            }
+            for text in try String.fetchAll(db, sql: "SELECT at FROM accountUpdate WHERE id > ?", arguments: [marks.update]) {
+                days.append(calendar.day(of: try Self.date(text)))
+            }
+            return (now, days.min())
+        }
+    }
+
     // MARK: value updates
 
-    public func addUpdate(accountID: Int64, at: Date, value: Decimal) async throws -> AccountUpdate {
-        try await write { db in
+    public func addUpdate(accountID: Int64, at: Date, value: Decimal, calendar: DayCalendar = .utc) async throws -> AccountUpdate {
+        try Self.check(at, field: "at", calendar: calendar)
+        return try await write { db in
             let account = try Self.account(db, accountID)
             guard account.kind == .savings else {
                 throw ValidationError(field: "accountID", message: "value updates belong to savings accounts")
@@ -556,7 +626,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    /// Replaces the recomputed history in one transaction, touching only the rows that changed: each
+    /// Replaces the recomputed history in one transaction (of the days from `from` on: the snapshots
+    /// given are those days', the rows before are not read), touching only the rows that changed: each
     /// account's rows outside its days (after it closed, say) are removed, the portfolio's rows outside
     /// `portfolioDays` (days before any account that still exists) are removed, and of the rest only
     /// those that differ from what is stored are written. A closed or deleted account so leaves the
@@ -565,8 +636,9 @@ public final class PortfolioStore: Sendable {
     @discardableResult
     public func replaceHistory(
         _ snapshots: [AccountSnapshot], accountDays: [Int64: (from: Day, through: Day)], portfolio: [PortfolioSnapshot],
-        portfolioDays: (from: Day, through: Day)?
+        portfolioDays: (from: Day, through: Day)?, from: Day? = nil
     ) async throws -> HistoryWrite {
+        let since = from?.description ?? ""  // every day is after 
         let ranges = accountDays.map { (id: $0.key, from: $0.value.from, through: $0.value.through) }
         return try await write { db in
             var result = HistoryWrite()
@@ -585,13 +657,13 @@ public final class PortfolioStore: Sendable {
             }
             result.removed += db.changesCount
             var storedAccounts: [Int64: [Day: AccountSnapshot]] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot") {
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot WHERE day >= ?", arguments: [since]) {
                 let snapshot = try Self.accountSnapshot(row)
                 storedAccounts[snapshot.accountID, default: [:]][snapshot.day] = snapshot
             }
             let changed = snapshots.filter { storedAccounts[$0.accountID]?[$0.day] != $0 }
             var storedTotals: [Day: PortfolioSnapshot] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot") {
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ?", arguments: [since]) {
                 let snapshot = try Self.portfolioSnapshot(row)
                 storedTotals[snapshot.day] = snapshot
             }

@@ -133,8 +133,8 @@ public struct PortfolioRoutes: Sendable {
                 let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
                 let account = try await store.createAccount(
                     name: new.name, kind: new.kind, currency: new.currency ?? "USD", createdAt: new.createdAt ?? .now,
-                    allowNegativeCash: new.allowNegativeCash ?? false)
-                await service.historyChanged()
+                    allowNegativeCash: new.allowNegativeCash ?? false, calendar: service.calendar)
+                await service.historyChanged(from: service.calendar.day(of: account.createdAt))
                 return Self.json(account, status: .created)
             }
         }
@@ -147,19 +147,20 @@ public struct PortfolioRoutes: Sendable {
         router.post("/v1/accounts/:id/close") { request, context in
             await Self.answer {
                 let close = (try? await Self.body(PortfolioJSON.Close.self, request)) ?? PortfolioJSON.Close()
-                let account = try await store.closeAccount(try Self.id(context), at: close.closedAt ?? .now)
+                let account = try await store.closeAccount(try Self.id(context), at: close.closedAt ?? .now, calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
-                await service.historyChanged()
+                await service.historyChanged(from: service.calendar.day(of: account.closedAt ?? .now))
                 return Self.json(account)
             }
         }
         router.delete("/v1/accounts/:id") { _, context in
             await Self.answer {
-                try await store.deleteAccount(try Self.id(context))
+                let account = try await store.deleteAccount(try Self.id(context))
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
-                await service.historyChanged()
+                // Every day it counted on loses it from the portfolio's total.
+                await service.historyChanged(from: service.calendar.day(of: account.createdAt))
                 return Response(status: .noContent)
             }
         }
@@ -187,8 +188,9 @@ public struct PortfolioRoutes: Sendable {
         router.post("/v1/accounts/:id/updates") { request, context in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewUpdate.self, request)
-                let update = try await store.addUpdate(accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value)
-                await service.historyChanged()
+                let update = try await store.addUpdate(
+                    accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value, calendar: service.calendar)
+                await service.historyChanged(from: service.calendar.day(of: update.at))
                 return Self.json(update, status: .created)
             }
         }

@@ -79,4 +79,18 @@ struct ImportTests {
         #expect(error.field == "symbol")
         #expect(try await store.accounts().isEmpty)
     }
+
+    /// Issue 22 item 11: an imported date is bounded like any other, named by line.
+    @Test(arguments: ["0001-01-01", "1969-12-31", "2999-01-01"])
+    func aDateOutsideTheHistoryIsRefusedWithItsLine(date: String) async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let rows = try TransactionImport.parse(
+            "account,date,kind,symbol,quantity,price,fees,amount\nA,2024-01-02,deposit,,,,,100\nB,\(date),deposit,,,,,1")
+        let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(rows, to: store) }
+        #expect(error.line == 3)
+        #expect(error.field == "date")
+        #expect(try await store.accounts().isEmpty)
+    }
 }

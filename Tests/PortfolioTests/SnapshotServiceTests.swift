@@ -67,4 +67,52 @@ struct SnapshotServiceTests {
         #expect(history.last?.cash == 105)
         #expect(history.first?.cash == 100)
     }
+
+    /// Issue 22 item 11: a change recomputes the days from its own on, the minute's tick today only, and
+    /// rows another process added (`relay portfolio import`) from their day on.
+    @Test func aRecomputationStartsAtTheDayAChangeTouches() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let calendar = DayCalendar.utc
+        let today = calendar.day(of: .now)
+        let start = calendar.day(today, addingYears: -1)
+        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
+        _ = try await store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
+        let service = PortfolioService(store: store, hub: MarketDataHub())
+        try await service.backfill()
+        // A row long before any change below, marked: a recomputation reaching back to it would put it right.
+        let marked = calendar.day(start, addingDays: 10)
+        try await store.saveSnapshots(
+            [AccountSnapshot(accountID: account.id, day: marked, value: 999, cash: 999, partial: false, source: .carried)], portfolio: [])
+        @Sendable func row(_ day: Day) async throws -> AccountSnapshot? {
+            try await store.accountSnapshots(accountID: account.id, from: day, through: day).first
+        }
+
+        // The minute's tick: today only (nothing changed there).
+        try await service.backfill(from: today)
+        #expect(await service.lastHistoryWrite == PortfolioStore.HistoryWrite())
+        #expect(try await row(marked)?.value == 999)
+
+        // A deposit ten days ago: those days and today, account and portfolio, nothing before.
+        let tenDaysAgo = calendar.day(today, addingDays: -10)
+        _ = try await store.addTransaction(accountID: account.id, date: tenDaysAgo, kind: .deposit, amount: 5)
+        try await service.backfill(from: tenDaysAgo)
+        #expect(await service.lastHistoryWrite.written == 2 * 11)
+        #expect(try await row(tenDaysAgo)?.cash == 105)
+        #expect(try await row(calendar.previous(tenDaysAgo))?.cash == 100)
+        #expect(try await row(marked)?.value == 999)
+
+        // Another process imports a deposit five days ago: the next recomputation, even the tick's,
+        // finds the new row and starts at its day.
+        let fiveDaysAgo = calendar.day(today, addingDays: -5)
+        let imported = try PortfolioStore(directory: dir, busyTimeout: 10)
+        _ = try imported.importTransactions(
+            [(account: "A", transaction: .init(date: fiveDaysAgo, kind: .deposit, amount: 1))], newAccounts: "USD")
+        try await service.backfill(from: today)
+        #expect(await service.lastHistoryWrite.written == 2 * 6)
+        #expect(try await row(fiveDaysAgo)?.cash == 106)
+        #expect(try await row(calendar.previous(fiveDaysAgo))?.cash == 105)
+        #expect(try await row(marked)?.value == 999)
+    }
 }
