@@ -287,7 +287,8 @@ public final class PortfolioStore: Sendable {
         return try account(row)
     }
 
-    /// Closes an account: it keeps its history and leaves totals from its closing day on.
+    /// Closes an account: it keeps its history and leaves totals from its closing day on. Refused (409)
+    /// while it has transactions on or after the closing day or updates at or after the close.
     public func closeAccount(_ id: Int64, at: Date, calendar: DayCalendar = .utc) async throws -> Account {
         try Self.check(at, field: "closedAt", calendar: calendar)
         return try await write { db in
@@ -295,6 +296,23 @@ public final class PortfolioStore: Sendable {
             guard account.closedAt == nil else { throw ValidationError(field: "closedAt", message: "the account is already closed") }
             guard at >= account.createdAt else {
                 throw ValidationError(field: "closedAt", message: "must not be before the account was created")
+            }
+            // Nothing may be left dated where a new row could not be (a transaction on or after the
+            // closing day, an update at or after the close): checked in this transaction, so a row
+            // written meanwhile is seen.
+            let closeDay = calendar.day(of: at)
+            if let later = try String.fetchOne(
+                db, sql: #"SELECT MIN(date) FROM "transaction" WHERE accountID = ? AND date >= ?"#, arguments: [id, closeDay.description])
+            {
+                throw ConflictError(
+                    field: "closedAt",
+                    message: "the account has transactions on or after \(closeDay) (the first on \(later)); close it after its last transaction")
+            }
+            if let later = try String.fetchOne(
+                db, sql: "SELECT at FROM accountUpdate WHERE accountID = ? AND at >= ? ORDER BY at LIMIT 1", arguments: [id, Self.text(at)])
+            {
+                throw ConflictError(
+                    field: "closedAt", message: "the account has a value update at \(later), at or after the close; close it after its last update")
             }
             try db.execute(sql: "UPDATE account SET isActive = 0, closedAt = ? WHERE id = ?", arguments: [Self.text(at), id])
             account.isActive = false

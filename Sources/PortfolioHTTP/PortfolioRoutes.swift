@@ -175,6 +175,8 @@ public struct PortfolioRoutes: Sendable {
                     calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
+                // Read your writes: the history from its day on is right when this answers.
+                await service.historyChanged(from: transaction.date)
                 return Self.json(transaction, status: .created)
             }
         }

@@ -248,4 +248,62 @@ struct PortfolioHardeningTests {
             #expect(try await #require(parts.portfolio).store.transactions(accountID: Int64(account)).count == 1)
         }
     }
+
+    /// Issue 22 item 12: closing on a day the account still has transactions on or after is refused
+    /// with 409 (a new transaction there would be); the account stays open and unchanged.
+    @Test func closingBeforeTheLastTransactionIsAConflict() async throws {
+        try await withPortfolioRelay { _, base in
+            let account = try await createBrokerageAccount(base)
+            for body in [#"{"kind":"deposit","date":"2024-01-02","amount":"100"}"#, #"{"kind":"withdrawal","date":"2024-03-01","amount":"10"}"#] {
+                #expect(try await httpSend("POST", "\(base)/v1/accounts/\(account)/transactions", json: body).status == 201)
+            }
+            for closedAt in ["2024-02-01T00:00:00Z", "2024-03-01T12:00:00Z"] {
+                let answer = try await httpSend("POST", "\(base)/v1/accounts/\(account)/close", json: #"{"closedAt":"\#(closedAt)"}"#)
+                #expect(answer.status == 409, "\(closedAt): \(answer)")
+                #expect(jsonObject(answer.body)["field"] as? String == "closedAt")
+                #expect((jsonObject(answer.body)["error"] as? String ?? "").contains("2024-03-01"), "\(answer)")
+            }
+            let still = jsonObject(try await httpGet("\(base)/v1/accounts/\(account)").body)
+            #expect(still["isActive"] as? Bool == true, "\(still)")
+            #expect(still["closedAt"] == nil)
+            let closed = try await httpSend("POST", "\(base)/v1/accounts/\(account)/close", json: #"{"closedAt":"2024-03-02T00:00:00Z"}"#)
+            #expect(closed.status == 200, "\(closed)")
+
+            // A savings account with an update after the close asked for: the same.
+            let savings = try #require(
+                jsonObject(try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":"S","kind":"savings","createdAt":"2024-01-01T00:00:00Z"}"#).body)[
+                    "id"] as? Int)
+            #expect(
+                try await httpSend("POST", "\(base)/v1/accounts/\(savings)/updates", json: #"{"at":"2024-02-01T10:00:00Z","value":"5"}"#).status == 201)
+            let early = try await httpSend("POST", "\(base)/v1/accounts/\(savings)/close", json: #"{"closedAt":"2024-01-15T00:00:00Z"}"#)
+            #expect(early.status == 409, "\(early)")
+        }
+    }
+
+    /// Issue 22 item 12: after a back-dated transaction, the history rows it changes are right when the
+    /// write answers, not after the next recomputation.
+    @Test func aBackDatedTransactionIsInTheHistoryWhenTheWriteAnswers() async throws {
+        try await withPortfolioRelay { _, base in
+            let account = try await createBrokerageAccount(base)
+            #expect(
+                try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(account)/transactions", json: #"{"kind":"deposit","date":"2024-01-10","amount":"100"}"#
+                ).status == 201)
+            for (body, cash) in [
+                (#"{"kind":"deposit","date":"2024-01-05","amount":"50"}"#, ["2024-01-04": "0", "2024-01-05": "50", "2024-01-10": "150"]),
+                (#"{"kind":"withdrawal","date":"2024-01-07","amount":"20"}"#, ["2024-01-06": "50", "2024-01-07": "30", "2024-01-10": "130"]),
+            ] {
+                #expect(try await httpSend("POST", "\(base)/v1/accounts/\(account)/transactions", json: body).status == 201)
+                let rows =
+                    try JSONSerialization.jsonObject(
+                        with: Data(try await httpGet("\(base)/v1/accounts/\(account)/history?from=2024-01-01&to=2024-01-31").body.utf8))
+                    as? [[String: Any]] ?? []
+                let byDay = Dictionary(uniqueKeysWithValues: rows.compactMap { row in (row["day"] as? String).map { ($0, row["cash"] as? String) } })
+                for (day, expected) in cash { #expect(byDay[day] == expected, "\(body): \(day) in \(rows.prefix(12))") }
+                let total = try JSONSerialization.jsonObject(
+                    with: Data(try await httpGet("\(base)/v1/portfolio/history?from=2024-01-10&to=2024-01-10").body.utf8)) as? [[String: Any]]
+                #expect(total?.first?["cash"] as? String == cash["2024-01-10"], "\(String(describing: total))")
+            }
+        }
+    }
 }
