@@ -4,6 +4,7 @@ import PortfolioData
 import Foundation
 import Hummingbird
 import NIOCore
+import PolygonWire
 
 /// The portfolio's HTTP and WebSocket endpoints, mounted on the relay's own server:
 ///
@@ -119,15 +120,19 @@ public struct PortfolioRoutes: Sendable {
         return range
     }
 
-    /// - Parameter connection: the HTTP connection a request came on, when the context knows it: a
-    ///   client without a name is its connection, and its prefetches stop when it closes.
+    /// - Parameters:
+    ///   - connection: the HTTP connection a request came on, when the context knows it: a client
+    ///     without a name is its connection, and its prefetches stop when it closes.
+    ///   - entitlement: the topics the key a request presents may read (as on the WebSocket and
+    ///     `/v1/last/**`); a security's last trade and quote are its `T.` and `Q.` topics.
     public func add<Context: RequestContext>(
-        to router: some RouterMethods<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil }
+        to router: some RouterMethods<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil },
+        entitlement: @escaping @Sendable (Request) -> Entitlement = { _ in .everything }
     ) {
         let service = self.service
         let store = service.store
         let browser = self.browser
-        if let browser { Self.addSecurities(to: router, browser: browser, connection: connection) }
+        if let browser { Self.addSecurities(to: router, browser: browser, connection: connection, entitlement: entitlement) }
         router.post("/v1/accounts") { request, _ in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
@@ -233,7 +238,8 @@ public struct PortfolioRoutes: Sendable {
     }
 
     static func addSecurities<Context: RequestContext>(
-        to router: some RouterMethods<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?
+        to router: some RouterMethods<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?,
+        entitlement: @escaping @Sendable (Request) -> Entitlement
     ) {
         let store = browser.service.store
         router.get("/v1/holdings") { request, context in
@@ -254,13 +260,23 @@ public struct PortfolioRoutes: Sendable {
             await Self.answer {
                 let raw = context.parameters.get("symbol") ?? ""
                 let symbol = (raw.removingPercentEncoding ?? raw).uppercased()
-                guard !symbol.isEmpty, symbol.count <= 64, !symbol.contains(where: \.isWhitespace) else {
-                    throw PortfolioStore.ValidationError(field: "symbol", message: "expected a ticker such as AAPL or X:BTCUSD")
+                if let problem = HeldSymbol.problem(with: symbol) {
+                    throw PortfolioStore.ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
+                }
+                // The key's topics hold here as on the WebSocket: the last trade is T.<symbol>, the last
+                // quote Q.<symbol>. A key that may read neither is refused before anything is loaded; one
+                // that may read one of them gets the detail without the other (named in `withheld`).
+                let allowed = entitlement(request)
+                let (trade, quote) = (Topic(eventType: "T", ticker: symbol), Topic(eventType: "Q", ticker: symbol))
+                let (mayTrade, mayQuote) = (allowed.allows(trade), allowed.allows(quote))
+                guard mayTrade || mayQuote else {
+                    return Self.problem(.forbidden, "not authorized: this key may read neither \(trade) nor \(quote)", field: "symbol")
                 }
                 let view = request.uri.queryParameters.get("view").map { String($0) }.flatMap { $0.isEmpty ? nil : $0 }
-                let answer = try await Self.asClient(request, context, browser, connection) { client in
+                var answer = try await Self.asClient(request, context, browser, connection) { client in
                     try await browser.detail(symbol, view: view, client: client)
                 }
+                answer.detail = answer.detail.withholding(trade: !mayTrade, quote: !mayQuote)
                 return Self.json(answer)
             }
         }

@@ -1,6 +1,8 @@
 import Foundation
 import PolygonWire
 import PortfolioDomain
+import RelayCore
+import RelayServer
 import Testing
 
 #if canImport(FoundationNetworking)
@@ -221,7 +223,7 @@ struct PortfolioHardeningTests {
             }
             let account = try #require(
                 jsonObject(
-                    try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":"Epoch","kind":"brokerage","createdAt":"1970-01-01T00:00:00Z"}"#)
+                    try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":"Core","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
                         .body)["id"] as? Int)
             for date in ["0001-01-01", "1969-12-31", afterTomorrow.description] {
                 let answer = try await httpSend(
@@ -304,6 +306,53 @@ struct PortfolioHardeningTests {
                     with: Data(try await httpGet("\(base)/v1/portfolio/history?from=2024-01-10&to=2024-01-10").body.utf8)) as? [[String: Any]]
                 #expect(total?.first?["cash"] as? String == cash["2024-01-10"], "\(String(describing: total))")
             }
+        }
+    }
+
+    /// Issue 22 item 9: a key's topics hold on `/v1/securities/{symbol}` as on `/v1/last/**`: a key
+    /// that may read neither T.MSFT nor Q.MSFT is refused (403), one that may read only T.MSFT gets the
+    /// detail without the last quote (named in `withheld`), a key with every topic gets both.
+    @Test func aKeysTopicsHoldOnTheSecurityDetail() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-entitled-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), demoRate: 200, portfolio: .init(dataDirectory: directory, closeHistory: false))
+        settings.clientKeyRights = [
+            try ClientKey(name: "aapl-trades", secret: "aapl-secret", topics: ["T.AAPL"], portfolio: .read),
+            try ClientKey(name: "msft-trades", secret: "msft-secret", topics: ["T.MSFT"], portfolio: .read),
+            try ClientKey(name: "everything", secret: "all-secret", portfolio: .read),
+        ]
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let base = "http://127.0.0.1:\(parts.port)"
+            func detail(_ key: String) async throws -> (status: Int, json: [String: Any]) {
+                let answer = try await httpSend("GET", "\(base)/v1/securities/MSFT", headers: ["Authorization": "Bearer \(key)"])
+                return (answer.status, jsonObject(answer.body))
+            }
+            func values(_ json: [String: Any]) -> [String: Any] {
+                ((json["details"] as? [String: Any])?["data"] as? [String: Any]) ?? [:]
+            }
+
+            let refused = try await detail("aapl-secret")
+            #expect(refused.status == 403, "\(refused)")
+            #expect(refused.json["field"] as? String == "symbol")
+            let message = refused.json["error"] as? String ?? ""
+            #expect(message.contains("T.MSFT") && message.contains("Q.MSFT"), "\(message)")
+            #expect(try await httpSend("GET", "\(base)/v1/last/Q.MSFT", headers: ["Authorization": "Bearer aapl-secret"]).status == 403)
+
+            let everything = try await detail("all-secret")
+            #expect(everything.status == 200, "\(everything)")
+            #expect(values(everything.json)["lastTrade"] != nil, "\(everything.json)")
+            #expect(values(everything.json)["lastQuote"] != nil, "\(everything.json)")
+            #expect(values(everything.json)["withheld"] == nil)
+
+            // The same cached detail, cut for this key.
+            let tradesOnly = try await detail("msft-secret")
+            #expect(tradesOnly.status == 200, "\(tradesOnly)")
+            #expect(values(tradesOnly.json)["lastTrade"] != nil, "\(tradesOnly.json)")
+            #expect(values(tradesOnly.json)["lastQuote"] == nil, "\(tradesOnly.json)")
+            #expect(values(tradesOnly.json)["withheld"] as? [String] == ["Q.MSFT"])
         }
     }
 }

@@ -295,6 +295,24 @@ struct PortfolioStoreTests {
         #expect(try await store.account(b.id).closedAt != nil)
     }
 
+    /// Issue 22 item 11: the bounds, 1970-01-01 and tomorrow, are themselves allowed; a second past either is not.
+    @Test func datesFrom1970ThroughTomorrowAreAllowed() async throws {
+        let dir = directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let account = try await store.createAccount(name: "Epoch", kind: .brokerage, currency: "USD", createdAt: instant("1970-01-01T00:00:00Z"))
+        let tomorrow = DayCalendar.utc.next(DayCalendar.utc.day(of: .now))
+        _ = try await store.addTransaction(accountID: account.id, date: day("1970-01-01"), kind: .deposit, amount: 1)
+        _ = try await store.addTransaction(accountID: account.id, date: tomorrow, kind: .deposit, amount: 1)
+        await #expect(throws: PortfolioStore.ValidationError.self) {
+            try await store.createAccount(name: "Before", kind: .brokerage, currency: "USD", createdAt: instant("1969-12-31T23:59:59Z"))
+        }
+        await #expect(throws: PortfolioStore.ValidationError.self) {
+            try await store.addTransaction(accountID: account.id, date: DayCalendar.utc.next(tomorrow), kind: .deposit, amount: 1)
+        }
+        #expect(try await store.transactions(accountID: account.id).count == 2)
+    }
+
     @Test func invalidInputNamesTheField() async throws {
         let dir = directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
