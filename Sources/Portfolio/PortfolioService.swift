@@ -305,6 +305,9 @@ public actor PortfolioService: Service {
 
     private func removeWatcher(_ id: UUID) { watchers[id] = nil }
 
+    /// How many valuation streams are open (each is valued and encoded on its own).
+    public var valuationWatchers: Int { watchers.count }
+
     private func valuationChanged() async {
         guard !watchers.isEmpty else { return }
         guard ContinuousClock.now - lastPush >= pushInterval else {

@@ -21,10 +21,12 @@ import PolygonWire
 public struct PortfolioRoutes: Sendable {
     public let service: PortfolioService
     public let browser: SecurityBrowser?
+    private let broadcast: ValuationBroadcast
 
     public init(service: PortfolioService, browser: SecurityBrowser? = nil) {
         self.service = service
         self.browser = browser
+        self.broadcast = ValuationBroadcast(service: service)
     }
 
     /// The header a client names itself with to keep its prefetches across connections.
@@ -303,18 +305,9 @@ public struct PortfolioRoutes: Sendable {
     }
 
     /// The live valuation as WebSocket text frames, one per change (at most one per push interval): the
-    /// stream behind `/v1/portfolio/stream`, one per connection.
+    /// stream behind `/v1/portfolio/stream`, one per connection, all fed from one subscription whose
+    /// valuations are each encoded once.
     public func valuationFrames() async -> AsyncStream<ByteBuffer> {
-        let updates = await service.valuationUpdates()
-        let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingNewest(1))
-        let task = Task {
-            for await valuation in updates {
-                guard let data = try? PortfolioJSON.encoder.encode(valuation) else { continue }
-                continuation.yield(ByteBuffer(bytes: data))
-            }
-            continuation.finish()
-        }
-        continuation.onTermination = { _ in task.cancel() }
-        return frames
+        await broadcast.frames()
     }
 }

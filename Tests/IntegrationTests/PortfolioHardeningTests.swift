@@ -355,4 +355,39 @@ struct PortfolioHardeningTests {
             #expect(values(tradesOnly.json)["withheld"] as? [String] == ["Q.MSFT"])
         }
     }
+
+    /// Issue 22 item 3 (the portfolio part): every `/v1/portfolio/stream` connection is fed from one
+    /// valuation stream, each valuation encoded once, not one stream and one encoding per connection.
+    @Test func streamConnectionsShareOneEncodedValuation() async throws {
+        try await withPortfolioRelay { parts, base in
+            let portfolio = try #require(parts.portfolio)
+            let account = try await createBrokerageAccount(base)
+            #expect(
+                try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(account)/transactions", json: #"{"kind":"deposit","date":"2024-01-02","amount":"1000"}"#
+                ).status == 201)
+            let streams = (0..<3).map { _ in WSTestClient(url: "ws://127.0.0.1:\(parts.port)/v1/portfolio/stream") }
+            var first: [String] = []
+            for stream in streams { first.append(try await stream.nextFrame()) }
+            for frame in first { #expect(jsonObject(frame)["cash"] as? String == "1000", "\(frame)") }
+            #expect(await portfolio.valuationWatchers == 1, "three connections, one valuation stream")
+
+            // A change: every connection gets the same bytes.
+            #expect(
+                try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(account)/transactions", json: #"{"kind":"deposit","date":"2024-01-03","amount":"1"}"#
+                ).status == 201)
+            var next: [String] = []
+            for stream in streams {
+                var frame = try await stream.nextFrame()
+                while jsonObject(frame)["cash"] as? String != "1001" { frame = try await stream.nextFrame() }
+                next.append(frame)
+            }
+            #expect(Set(next).count == 1, "\(next)")
+            #expect(await portfolio.valuationWatchers == 1)
+
+            for stream in streams { await stream.close() }
+            try await eventually("the shared stream to stop with its last connection") { await portfolio.valuationWatchers == 0 }
+        }
+    }
 }
