@@ -189,7 +189,7 @@ let package = Package(
         .target(
             name: "PortfolioHTTP",
             dependencies: [
-                "Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
+                "Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PolygonWire",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],

@@ -47,6 +47,19 @@ public actor PortfolioService: Service {
     private var holdingsSync: Task<Void, any Error>?
     /// Brokerage accounts valued with every price since the relay started.
     private var completeSinceStart: Set<Int64> = []
+    /// The earliest day whose history a change touched and no recomputation has covered yet (a write
+    /// whose recomputation failed, closes fetched in the background); `nil`: only today is due.
+    private var dirtyFrom: Day?
+    /// The store's newest rows when the history was last recomputed: rows added after them (by another
+    /// process too: `relay portfolio import`) are recomputed from their day at the next recomputation.
+    private var changeMarks: PortfolioStore.ChangeMarks?
+    /// The latest history recomputation (the next waits for it).
+    private var recomputation: Task<Void, any Error>?
+
+    private func markDirty(from day: Day) {
+        dirtyFrom = dirtyFrom.map { min($0, day) } ?? day
+        snapshotDue = true
+    }
 
     public init(
         store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
@@ -100,9 +113,20 @@ public actor PortfolioService: Service {
             do {
                 try await Task.sleep(for: .seconds(1))
                 if pushPending { await valuationChanged() }
-                if snapshotDue || ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != calendar.day(of: .now) {
+                let today = calendar.day(of: .now)
+                if snapshotDue || ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != today {
                     snapshotDue = false
-                    try await backfill()
+                    // Only the days that can have changed: today, the day last recomputed (yesterday's
+                    // live value after midnight), and what a change left due.
+                    var from = min(today, lastBackfillDay ?? today)
+                    if let dirty = dirtyFrom { from = min(from, dirty) }
+                    dirtyFrom = nil
+                    do {
+                        try await backfill(from: from)
+                    } catch {
+                        markDirty(from: from)
+                        throw error
+                    }
                 }
             } catch is CancellationError {
                 return
@@ -131,9 +155,17 @@ public actor PortfolioService: Service {
 
     private func followHoldings() async throws {
         var symbols: Set<String> = []
-        for account in try store.accounts() where account.kind == .brokerage && account.isActive {
-            let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+        for (account, transactions) in try await store.brokerageLedger() where account.isActive {
+            let book = try PositionBook(transactions: transactions)
             for position in book.open { symbols.insert(position.symbol) }
+        }
+        // Never a topic from an unchecked symbol: a database written before symbols were checked may
+        // hold one that would name other topics upstream (`*`, `X,AM.*`).
+        for symbol in symbols {
+            if let problem = HeldSymbol.problem(with: symbol) {
+                symbols.remove(symbol)
+                logger.warning("held symbol not followed", metadata: ["symbol": "\(symbol)", "reason": "\(problem)"])
+            }
         }
         guard let subscription else { return }
         let added = symbols.subtracting(held)
@@ -194,9 +226,9 @@ public actor PortfolioService: Service {
 
     /// The valuation of one account, or of the whole portfolio: every active account, brokerage ones
     /// valued live (positions plus cash), savings ones at their last update, each listed in `accounts`.
-    public func valuation(accountID: Int64? = nil) throws -> Valuation {
+    public func valuation(accountID: Int64? = nil) async throws -> Valuation {
         let now = Date.now
-        let accounts = try store.accounts().filter { account in accountID.map { account.id == $0 } ?? account.isActive }
+        let accounts = try await store.accounts().filter { account in accountID.map { account.id == $0 } ?? account.isActive }
         var merged: [String: PositionBook.Position] = [:]
         var cash: Decimal = 0
         var values: [AccountValue] = []
@@ -205,7 +237,7 @@ public actor PortfolioService: Service {
         for account in accounts {
             switch account.kind {
             case .brokerage:
-                let book = try PositionBook(transactions: try store.transactions(accountID: account.id))
+                let book = try PositionBook(transactions: try await store.transactions(accountID: account.id))
                 let own = Valuation.of(book.open, cash: book.cash, prices: prices, rule: rule, now: now)
                 values.append(
                     AccountValue(
@@ -216,7 +248,7 @@ public actor PortfolioService: Service {
                     cash += book.cash
                 }
             case .savings:
-                let last = try store.updates(accountID: account.id).last { $0.at <= now }
+                let last = try await store.updates(accountID: account.id).last { $0.at <= now }
                 values.append(
                     AccountValue(
                         id: account.id, name: account.name, kind: .savings, value: last?.value, cash: nil, asOf: last?.at,
@@ -234,12 +266,12 @@ public actor PortfolioService: Service {
 
     /// Every open position of the active brokerage accounts in `accounts` (all when empty), merged by
     /// symbol, with the accounts holding each.
-    private func openPositions(accounts wanted: Set<Int64>) throws -> ([String: PositionBook.Position], [String: [Int64]]) {
+    private func openPositions(accounts wanted: Set<Int64>) async throws -> ([String: PositionBook.Position], [String: [Int64]]) {
         var positions: [String: PositionBook.Position] = [:]
         var holders: [String: [Int64]] = [:]
-        for account in try store.accounts() where account.kind == .brokerage && account.isActive {
+        for (account, transactions) in try await store.brokerageLedger() where account.isActive {
             if !wanted.isEmpty, !wanted.contains(account.id) { continue }
-            let open = try PositionBook(transactions: try store.transactions(accountID: account.id)).open
+            let open = try PositionBook(transactions: transactions).open
             PositionBook.merge(open, into: &positions)
             for position in open { holders[position.symbol, default: []].append(account.id) }
         }
@@ -248,8 +280,8 @@ public actor PortfolioService: Service {
 
     /// The holdings of the accounts in `accounts` (every active brokerage account when empty), valued
     /// now, by symbol.
-    public func holdings(accounts: Set<Int64> = []) throws -> [Holding] {
-        let (positions, holders) = try openPositions(accounts: accounts)
+    public func holdings(accounts: Set<Int64> = []) async throws -> [Holding] {
+        let (positions, holders) = try await openPositions(accounts: accounts)
         let valuation = Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
         return valuation.positions.map { row in
             let weight: Decimal? =
@@ -261,11 +293,11 @@ public actor PortfolioService: Service {
     }
 
     /// The current valuation, then a new one whenever it changes, at most every `pushInterval`.
-    public func valuationUpdates() -> AsyncStream<Valuation> {
+    public func valuationUpdates() async -> AsyncStream<Valuation> {
         let (stream, continuation) = AsyncStream.makeStream(of: Valuation.self, bufferingPolicy: .bufferingNewest(1))
         let id = UUID()
         watchers[id] = continuation
-        if let current = try? valuation() { continuation.yield(current) }
+        if let current = try? await valuation() { continuation.yield(current) }
         continuation.onTermination = { [weak self] _ in
             Task { await self?.removeWatcher(id) }
         }
@@ -273,6 +305,9 @@ public actor PortfolioService: Service {
     }
 
     private func removeWatcher(_ id: UUID) { watchers[id] = nil }
+
+    /// How many valuation streams are open (each is valued and encoded on its own).
+    public var valuationWatchers: Int { watchers.count }
 
     private func valuationChanged() async {
         guard !watchers.isEmpty else { return }
@@ -282,41 +317,64 @@ public actor PortfolioService: Service {
         }
         pushPending = false
         lastPush = .now
-        guard let current = try? valuation() else { return }
+        guard let current = try? await valuation() else { return }
         for watcher in watchers.values { watcher.yield(current) }
     }
 
     // MARK: snapshots
 
-    /// Recomputes every account's snapshots from its creation to today and the portfolio totals, and
-    /// saves what changed. A brokerage account's past days are valued from daily closes (fetched in the
+    /// Recomputes every account's snapshots from `from` (from its creation when `nil`, as at start) to
+    /// today and the portfolio totals of those days, and saves what changed; the days before `from` are
+    /// neither computed nor read. A brokerage account's past days are valued from daily closes (fetched in the
     /// background the first time a symbol and range is needed, then stored); today's value comes from the live valuation,
     /// except that a partial one never replaces a complete row of today until the account has been
     /// valued completely since the relay started (after a restart, before its prices are back).
-    public func backfill() async throws {
+    ///
+    /// Recomputations run one after another (each waits for the one before it): one that read the
+    /// store before a change must not write its older rows after one that read it after.
+    public func backfill(from requested: Day? = nil) async throws {
+        let previous = recomputation
+        let next = Task {
+            _ = await previous?.result
+            try await self.recompute(from: requested)
+        }
+        recomputation = next
+        try await next.value
+    }
+
+    private func recompute(from requested: Day?) async throws {
         let today = calendar.day(of: .now)
-        let accounts = try store.accounts()
-        let coverage = try store.closeCoverage()
+        let changes = try await store.changes(after: changeMarks ?? .init(), calendar: calendar)
+        // Every day when asked (`nil`) and the first time; else from the day asked, or from an earlier
+        // one that rows added since the last recomputation touch (an import by another process). A
+        // change dated tomorrow (allowed) touches no day there is a row for yet but today's.
+        var from: Day?
+        if let requested, changeMarks != nil {
+            from = min(changes.earliest.map { min($0, requested) } ?? requested, today)
+        }
+        let accounts = try await store.accounts()
+        let coverage = try await store.closeCoverage()
         var closeNeeds: [String: ClosedRange<Day>] = [:]
         var all: [AccountSnapshot] = []
         var accountDays: [Int64: (from: Day, through: Day)] = [:]
         for account in accounts {
             var observations: [SnapshotPlanner.Observation]
             var cash: [(day: Day, cash: Decimal)]?
+            let first = calendar.day(of: account.createdAt)
+            let start = from.map { max($0, first) } ?? first
             switch account.kind {
             case .savings:
-                observations = try store.updates(accountID: account.id).map { .init(at: $0.at, value: $0.value, source: .update) }
+                observations = try await store.updates(accountID: account.id).map { .init(at: $0.at, value: $0.value, source: .update) }
             case .brokerage:
-                let first = calendar.day(of: account.createdAt)
-                let transactions = try store.transactions(accountID: account.id)
+                let transactions = try await store.transactions(accountID: account.id)
                 cash = PositionBook.cashByDay(transactions)
-                let stored = try store.accountSnapshots(accountID: account.id, from: first, through: today).filter { $0.source == .valuation }
+                let stored = try await store.accountSnapshots(accountID: account.id, from: start, through: today).filter { $0.source == .valuation }
                 // A stored row's positions value: its value less its cash (older rows have no cash).
                 func observation(_ row: AccountSnapshot) -> SnapshotPlanner.Observation {
                     .init(at: noon(of: row.day), value: row.value - (row.cash ?? 0), partial: row.partial, source: .valuation)
                 }
-                observations = try pastObservations(
-                    of: account, transactions: transactions, stored: stored.filter { $0.day < today }.map(observation), today: today,
+                observations = try await pastObservations(
+                    of: account, from: start, transactions: transactions, stored: stored.filter { $0.day < today }.map(observation), today: today,
                     coverage: coverage, needs: &closeNeeds)
                 if account.isActive {
                     let book = try PositionBook(transactions: transactions)
@@ -335,49 +393,71 @@ public actor PortfolioService: Service {
                 }
             }
             // The days it counts on (none when it closed on the day it was created: `through` < `from`).
-            accountDays[account.id] = (calendar.day(of: account.createdAt), planner.lastDay(of: account, today: today))
-            all += planner.accountSnapshots(for: account, observations: observations, today: today, cash: cash)
+            accountDays[account.id] = (first, planner.lastDay(of: account, today: today))
+            all += planner.accountSnapshots(for: account, observations: observations, today: today, cash: cash, from: start)
         }
         let start = accounts.map { calendar.day(of: $0.createdAt) }.min()
-        let totals = start.map { planner.portfolioSnapshots(accounts: accounts, snapshots: all, from: $0, through: today) } ?? []
+        var totals: [PortfolioSnapshot] = []
+        if let start {
+            totals = planner.portfolioSnapshots(accounts: accounts, snapshots: all, from: max(start, from ?? start), through: today)
+        }
         lastHistoryWrite = try await store.replaceHistory(
-            all, accountDays: accountDays, portfolio: totals, portfolioDays: start.map { ($0, today) })
+            all, accountDays: accountDays, portfolio: totals, portfolioDays: start.map { ($0, today) }, from: from)
+        changeMarks = changes.marks
         lastSnapshotWrite = .now
         lastBackfillDay = today
         requestCloses(closeNeeds, coverage: coverage)
     }
 
+    /// Recomputes the history after a write the store has committed. A failure (the database busy with
+    /// another writer) is not the write's: it is logged and the history is recomputed at the next tick.
+    ///
+    /// - Parameter day: the first day the write changed (a transaction's date, an update's day, the day
+    ///   an account was created or closed); the days before it are left as they are.
+    public func historyChanged(from day: Day) async {
+        do {
+            try await backfill(from: day)
+        } catch {
+            markDirty(from: day)
+            logger.warning("portfolio history not recomputed yet (next tick): \(error)")
+        }
+    }
+
     private func noon(of day: Day) -> Date { calendar.startOfDay(day).addingTimeInterval(43_200) }
 
-    /// An account's past days (its creation through yesterday, or the day before it closed): each valued
+    /// An account's past days from `start` (its creation, or the first day a change touched) through
+    /// yesterday, or the day before it closed: each valued
     /// from that day's closes when every symbol held had one; else from the live valuation stored that
     /// day, if any; else from the closes there are, `partial`, naming the symbols without one. Adds the
     /// closes these days need to `needs`.
     private func pastObservations(
-        of account: Account, transactions: [Transaction], stored: [SnapshotPlanner.Observation], today: Day,
+        of account: Account, from start: Day, transactions: [Transaction], stored: [SnapshotPlanner.Observation], today: Day,
         coverage: [String: ClosedRange<Day>], needs: inout [String: ClosedRange<Day>]
-    ) throws -> [SnapshotPlanner.Observation] {
-        let first = calendar.day(of: account.createdAt)
+    ) async throws -> [SnapshotPlanner.Observation] {
+        let created = calendar.day(of: account.createdAt)
         let last = min(calendar.previous(today), planner.lastDay(of: account, today: today))
-        guard first <= last else { return stored }
-        let held = CloseValuation.heldRanges(transactions: transactions, from: first, through: last, calendar: calendar)
+        guard start <= last else { return stored }
+        // Valued from a week before `start` (from the creation at the earliest) and those days dropped:
+        // a close's age is then counted exactly on every day kept.
+        let first = max(created, calendar.day(start, addingDays: -CloseValuation.maxCloseAgeDays))
+        let held = CloseValuation.heldRanges(transactions: transactions, from: start, through: last, calendar: calendar)
         for (symbol, range) in held {
             needs[symbol] = needs[symbol].map { min($0.lowerBound, range.lowerBound)...max($0.upperBound, range.upperBound) } ?? range
         }
         let lookBack = calendar.day(first, addingDays: -CloseValuation.maxCloseAgeDays)
-        let closes = try store.closes(of: Set(held.keys), from: lookBack, through: last)
+        let closes = try await store.closes(of: Set(held.keys), from: lookBack, through: last)
         let values = CloseValuation.values(
             transactions: transactions, days: calendar.days(from: first, through: last), closes: closes, coverage: coverage)
         var storedByDay: [Day: SnapshotPlanner.Observation] = [:]
         for observation in stored { storedByDay[calendar.day(of: observation.at)] = observation }
-        let past: [SnapshotPlanner.Observation] = values.map { value in
+        let past: [SnapshotPlanner.Observation] = values.filter { $0.day >= start }.map { value in
             if value.unpriced.isEmpty {
                 return .init(at: noon(of: value.day), value: value.positionsValue, source: .close)
             }
             if let kept = storedByDay[value.day] { return kept }
             return .init(at: noon(of: value.day), value: value.positionsValue, partial: true, source: .close, unpriced: value.unpriced)
         }
-        return stored.filter { calendar.day(of: $0.at) < first } + past
+        return stored.filter { calendar.day(of: $0.at) < start } + past
     }
 
     // MARK: daily closes
@@ -390,6 +470,8 @@ public actor PortfolioService: Service {
         let now = ContinuousClock.now
         var work: [(symbol: String, days: ClosedRange<Day>)] = []
         for (symbol, need) in needs.sorted(by: { $0.key < $1.key }) {
+            // Nor a REST path from one.
+            if HeldSymbol.problem(with: symbol) != nil { continue }
             if let failed = closeFailures[symbol], now - failed < .seconds(600) { continue }
             guard let have = coverage[symbol] else {
                 work.append((symbol, need))
@@ -407,7 +489,8 @@ public actor PortfolioService: Service {
     private func fetchCloses(_ work: [(symbol: String, days: ClosedRange<Day>)], from rest: PolygonREST) async {
         defer {
             closeFetch = nil
-            snapshotDue = true
+            // The days the fetched closes value (the history from them on is recomputed at the next tick).
+            if let earliest = work.map(\.days.lowerBound).min() { markDirty(from: earliest) } else { snapshotDue = true }
         }
         var fetched = 0
         for (index, item) in work.enumerated() {

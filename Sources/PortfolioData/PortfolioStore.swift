@@ -6,7 +6,11 @@ import GRDB
 /// with cascading deletes. Money and quantities are stored as exact decimal text (``DecimalText``),
 /// days as `YYYY-MM-DD`, instants as ISO 8601 UTC text.
 ///
-/// `Sendable`: GRDB's pool serialises writes and runs reads concurrently.
+/// `Sendable`: GRDB's pool serialises writes and runs reads concurrently. Every call for the server is
+/// `async` through GRDB's async API: SQLite works on GRDB's own dispatch queues while the caller is
+/// suspended, so a writer waiting for another process's lock never blocks a thread of Swift's
+/// cooperative pool (which the market feed and `/healthz` share). A write that cannot get the lock
+/// within the busy timeout throws ``StoreError/busy`` (answered 503).
 public final class PortfolioStore: Sendable {
     public let path: String
     private let pool: DatabasePool
@@ -18,23 +22,33 @@ public final class PortfolioStore: Sendable {
     public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         case notFound(String)
         case corrupt(String)
+        /// Another connection (another process, such as `relay portfolio import`) held the database's
+        /// write lock for longer than the busy timeout: nothing was written, try again.
+        case busy
         public var description: String {
             switch self {
             case .notFound(let what): "\(what) not found"
             case .corrupt(let what): "unreadable value in the database: \(what)"
+            case .busy: "the portfolio database is busy (another writer holds its lock); nothing was written, try again shortly"
             }
         }
     }
 
+    /// How long a write waits for another connection's lock before failing with ``StoreError/busy``.
+    public let busyTimeout: TimeInterval
+
     /// Opens (creating if needed) `portfolio.sqlite` in `directory` and migrates it.
-    public init(directory: String) throws {
+    /// - Parameter busyTimeout: how long a write waits for another connection's lock: short for the
+    ///   server (an HTTP write answers 503 rather than hang), longer for the import command.
+    public init(directory: String, busyTimeout: TimeInterval = 2) throws {
+        self.busyTimeout = busyTimeout
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         path = (directory as NSString).appendingPathComponent("portfolio.sqlite")
         var configuration = Configuration()
         configuration.foreignKeysEnabled = true
-        // Another process (`relay portfolio import` while `relay serve` runs) waits for the lock
-        // instead of failing at once with SQLITE_BUSY.
-        configuration.busyMode = .timeout(10)
+        // Another process (`relay portfolio import` while `relay serve` runs) holds the lock: wait a
+        // little for it instead of failing at once, then fail with `busy`.
+        configuration.busyMode = .timeout(busyTimeout)
         pool = try DatabasePool(path: path, configuration: configuration)
         try Self.migrator.migrate(pool)
     }
@@ -128,7 +142,72 @@ public final class PortfolioStore: Sendable {
                     ALTER TABLE accountSnapshot ADD COLUMN unpriced TEXT;
                     """)
         }
+        migrator.registerMigration("v4: snapshots by day") { db in
+            // The history is recomputed from a day on (today, each minute): its rows are found by day.
+            try db.execute(sql: "CREATE INDEX accountSnapshot_day ON accountSnapshot(day)")
+        }
         return migrator
+    }
+
+    // MARK: dates
+
+    /// The first day a date may name.
+    public static let earliestDay = Day(year: 1970, month: 1, day: 1)
+
+    /// Refuses a day before 1970-01-01 or after tomorrow (in `calendar`): every change recomputes the
+    /// history from its day on, so a date is bounded the way the history is.
+    static func check(_ day: Day, field: String, calendar: DayCalendar) throws {
+        let latest = calendar.next(calendar.day(of: .now))
+        guard day >= earliestDay, day <= latest else {
+            throw ValidationError(field: field, message: "must be from \(earliestDay) through tomorrow (\(latest)), got \(day)")
+        }
+    }
+
+    /// ``check(_:field:calendar:)`` for an instant (its day in `calendar`).
+    static func check(_ instant: Date, field: String, calendar: DayCalendar) throws {
+        // Far outside first (a calendar is not asked about the year 1 or 100000): a day and a half of
+        // margin either side covers every time zone.
+        let now = Date.now.timeIntervalSince1970
+        guard instant.timeIntervalSince1970 > -129_600, instant.timeIntervalSince1970 < now + 3 * 86_400 else {
+            throw ValidationError(
+                field: field, message: "must be from \(earliestDay) through tomorrow (\(calendar.next(calendar.day(of: .now))))")
+        }
+        try check(calendar.day(of: instant), field: field, calendar: calendar)
+    }
+
+    // MARK: access
+
+    /// GRDB's async read, on its reader queues.
+    private func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        do { return try await pool.read(body) } catch let error as DatabaseError where Self.isBusy(error) { throw StoreError.busy }
+    }
+
+    /// GRDB's async write, on its writer queue, in one `IMMEDIATE` transaction that waits for another
+    /// connection's lock at most ``busyTimeout`` from the call, not from its turn: writes queued behind
+    /// one that waits for the lock do not each wait the whole timeout again, one after the other.
+    private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        let deadline = ContinuousClock.now + .milliseconds(Int(busyTimeout * 1000))
+        do {
+            return try await pool.writeWithoutTransaction { db in
+                let left = (deadline - .now).components
+                let milliseconds = left.seconds * 1000 + left.attoseconds / 1_000_000_000_000_000
+                guard milliseconds > 0 else { throw StoreError.busy }
+                try db.execute(sql: "PRAGMA busy_timeout = \(milliseconds)")
+                var value: T?
+                try db.inTransaction(.immediate) {
+                    value = try body(db)
+                    return .commit
+                }
+                guard let value else { throw StoreError.corrupt("a write without a result") }
+                return value
+            }
+        } catch let error as DatabaseError where Self.isBusy(error) {
+            throw StoreError.busy
+        }
+    }
+
+    private static func isBusy(_ error: DatabaseError) -> Bool {
+        error.resultCode == .SQLITE_BUSY || error.resultCode == .SQLITE_LOCKED
     }
 
     // MARK: encoding
@@ -162,10 +241,11 @@ public final class PortfolioStore: Sendable {
 
     // MARK: accounts
 
-    public func createAccount(name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false) throws
-        -> Account
-    {
-        try pool.write { db in
+    public func createAccount(
+        name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false, calendar: DayCalendar = .utc
+    ) async throws -> Account {
+        try Self.check(createdAt, field: "createdAt", calendar: calendar)
+        return try await write { db in
             try Self.insertAccount(db, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
         }
     }
@@ -188,16 +268,16 @@ public final class PortfolioStore: Sendable {
             id: db.lastInsertedRowID, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
     }
 
-    public func accounts() throws -> [Account] {
-        try pool.read { db in try Self.accounts(db) }
+    public func accounts() async throws -> [Account] {
+        try await read { db in try Self.accounts(db) }
     }
 
     private static func accounts(_ db: Database) throws -> [Account] {
         try Row.fetchAll(db, sql: "SELECT * FROM account ORDER BY id").map(account)
     }
 
-    public func account(_ id: Int64) throws -> Account {
-        try pool.read { db in try Self.account(db, id) }
+    public func account(_ id: Int64) async throws -> Account {
+        try await read { db in try Self.account(db, id) }
     }
 
     private static func account(_ db: Database, _ id: Int64) throws -> Account {
@@ -207,26 +287,48 @@ public final class PortfolioStore: Sendable {
         return try account(row)
     }
 
-    /// Closes an account: it keeps its history and leaves totals from its closing day on.
-    public func closeAccount(_ id: Int64, at: Date) throws -> Account {
-        var account = try account(id)
-        guard account.closedAt == nil else { throw ValidationError(field: "closedAt", message: "the account is already closed") }
-        guard at >= account.createdAt else {
-            throw ValidationError(field: "closedAt", message: "must not be before the account was created")
-        }
-        try pool.write { db in
+    /// Closes an account: it keeps its history and leaves totals from its closing day on. Refused (409)
+    /// while it has transactions on or after the closing day or updates at or after the close.
+    public func closeAccount(_ id: Int64, at: Date, calendar: DayCalendar = .utc) async throws -> Account {
+        try Self.check(at, field: "closedAt", calendar: calendar)
+        return try await write { db in
+            var account = try Self.account(db, id)
+            guard account.closedAt == nil else { throw ValidationError(field: "closedAt", message: "the account is already closed") }
+            guard at >= account.createdAt else {
+                throw ValidationError(field: "closedAt", message: "must not be before the account was created")
+            }
+            // Nothing may be left dated where a new row could not be (a transaction on or after the
+            // closing day, an update at or after the close): checked in this transaction, so a row
+            // written meanwhile is seen.
+            let closeDay = calendar.day(of: at)
+            if let later = try String.fetchOne(
+                db, sql: #"SELECT MIN(date) FROM "transaction" WHERE accountID = ? AND date >= ?"#, arguments: [id, closeDay.description])
+            {
+                throw ConflictError(
+                    field: "closedAt",
+                    message: "the account has transactions on or after \(closeDay) (the first on \(later)); close it after its last transaction")
+            }
+            if let later = try String.fetchOne(
+                db, sql: "SELECT at FROM accountUpdate WHERE accountID = ? AND at >= ? ORDER BY at LIMIT 1", arguments: [id, Self.text(at)])
+            {
+                throw ConflictError(
+                    field: "closedAt", message: "the account has a value update at \(later), at or after the close; close it after its last update")
+            }
             try db.execute(sql: "UPDATE account SET isActive = 0, closedAt = ? WHERE id = ?", arguments: [Self.text(at), id])
+            account.isActive = false
+            account.closedAt = at
+            return account
         }
-        account.isActive = false
-        account.closedAt = at
-        return account
     }
 
     /// Deletes an account and, by cascade, its transactions, updates and snapshots.
-    public func deleteAccount(_ id: Int64) throws {
-        try pool.write { db in
+    /// - Returns: the account as it was.
+    @discardableResult
+    public func deleteAccount(_ id: Int64) async throws -> Account {
+        try await write { db in
+            let account = try Self.account(db, id)
             try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [id])
-            guard db.changesCount > 0 else { throw StoreError.notFound("account \(id)") }
+            return account
         }
     }
 
@@ -255,10 +357,10 @@ public final class PortfolioStore: Sendable {
     /// Records a transaction after checking it: its fields, its date against the account's life, and
     /// that the account's book stays possible (no selling shares not held, no withdrawal beyond the
     /// cash unless the account allows negative cash).
-    public func addTransaction(accountID: Int64, _ new: NewTransaction, calendar: DayCalendar = .utc) throws -> Transaction {
+    public func addTransaction(accountID: Int64, _ new: NewTransaction, calendar: DayCalendar = .utc) async throws -> Transaction {
         // Read, check and insert in one write transaction: two sells arriving together are checked one
         // after the other, so together they can never sell more than is held.
-        try pool.write { db in
+        try await write { db in
             let account = try Self.account(db, accountID)
             var book = BookCheck(account: account, existing: try Self.transactions(db, accountID: accountID))
             return try Self.insert(new, into: account, checking: &book, db: db, calendar: calendar)
@@ -269,8 +371,8 @@ public final class PortfolioStore: Sendable {
     public func addTransaction(
         accountID: Int64, date: Day, kind: TransactionKind, symbol: String = "", quantity: Decimal = 0, price: Decimal = 0,
         fees: Decimal = 0, amount: Decimal = 0, calendar: DayCalendar = .utc
-    ) throws -> Transaction {
-        try addTransaction(
+    ) async throws -> Transaction {
+        try await addTransaction(
             accountID: accountID,
             NewTransaction(date: date, kind: kind, symbol: symbol, quantity: quantity, price: price, fees: fees, amount: amount),
             calendar: calendar)
@@ -319,6 +421,7 @@ public final class PortfolioStore: Sendable {
             throw ValidationError(field: "accountID", message: "transactions belong to brokerage accounts")
         }
         let date = new.date
+        try check(date, field: "date", calendar: calendar)
         let created = calendar.day(of: account.createdAt)
         guard date >= created else {
             throw ConflictError(field: "date", message: "\(date) is before the account was created (\(created))")
@@ -330,8 +433,10 @@ public final class PortfolioStore: Sendable {
         var (quantity, price, amount) = (new.quantity, new.price, new.amount)
         switch new.kind {
         case .buy, .sell, .dividend:
-            guard !symbol.isEmpty, symbol.count <= 32 else {
-                throw ValidationError(field: "symbol", message: "required, up to 32 characters")
+            // The sidecar subscribes upstream to the `T.`/`Q.` topics of what is held: the same rules as a
+            // market-feed subscription, so no symbol can name other topics (`*`, `X,AM.*`).
+            if let problem = HeldSymbol.problem(with: symbol) {
+                throw ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
             }
             guard quantity > 0 else { throw ValidationError(field: "quantity", message: "must be above 0") }
             guard price >= 0 else { throw ValidationError(field: "price", message: "must not be negative") }
@@ -357,7 +462,8 @@ public final class PortfolioStore: Sendable {
         return candidate
     }
 
-    /// An import's rows, all or nothing: in one write transaction, creating the accounts named that do
+    /// An import's rows, all or nothing: in one write transaction (synchronous: for the import command,
+    /// which has no cooperative pool to keep free), creating the accounts named that do
     /// not exist yet (as `kind` accounts dated from their first row). The first refused row throws
     /// (with its index in `rows`) and nothing is written.
     public func importTransactions(
@@ -415,8 +521,15 @@ public final class PortfolioStore: Sendable {
         public var description: String { "\(error)" }
     }
 
-    public func transactions(accountID: Int64) throws -> [Transaction] {
-        try pool.read { db in try Self.transactions(db, accountID: accountID) }
+    public func transactions(accountID: Int64) async throws -> [Transaction] {
+        try await read { db in try Self.transactions(db, accountID: accountID) }
+    }
+
+    /// Every brokerage account with its transactions, from one read (one consistent state).
+    public func brokerageLedger() async throws -> [(account: Account, transactions: [Transaction])] {
+        try await read { db in
+            try Self.accounts(db).filter { $0.kind == .brokerage }.map { ($0, try Self.transactions(db, accountID: $0.id)) }
+        }
     }
 
     private static func transactions(_ db: Database, accountID: Int64) throws -> [Transaction] {
@@ -429,18 +542,52 @@ public final class PortfolioStore: Sendable {
         }
     }
 
+    // MARK: changes
+
+    /// The newest row ids of the tables a change adds to (ids only grow: `AUTOINCREMENT`).
+    public struct ChangeMarks: Sendable, Equatable {
+        public var account: Int64 = 0
+        public var transaction: Int64 = 0
+        public var update: Int64 = 0
+        public init() {}
+    }
+
+    /// The rows added since `marks` (by this process or another, such as `relay portfolio import`):
+    /// the earliest day they touch (an account's creation, a transaction's date, an update's day in
+    /// `calendar`), `nil` when none was added, and the marks to ask from next time.
+    public func changes(after marks: ChangeMarks, calendar: DayCalendar) async throws -> (marks: ChangeMarks, earliest: Day?) {
+        try await read { db in
+            var now = ChangeMarks()
+            now.account = try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(id), 0) FROM account") ?? 0
+            now.transaction = try Int64.fetchOne(db, sql: #"SELECT COALESCE(MAX(id), 0) FROM "transaction""#) ?? 0
+            now.update = try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(id), 0) FROM accountUpdate") ?? 0
+            var days: [Day] = []
+            if let text = try String.fetchOne(db, sql: #"SELECT MIN(date) FROM "transaction" WHERE id > ?"#, arguments: [marks.transaction]) {
+                days.append(try Self.day(text))
+            }
+            for text in try String.fetchAll(db, sql: "SELECT createdAt FROM account WHERE id > ?", arguments: [marks.account]) {
+                days.append(calendar.day(of: try Self.date(text)))
+            }
+            for text in try String.fetchAll(db, sql: "SELECT at FROM accountUpdate WHERE id > ?", arguments: [marks.update]) {
+                days.append(calendar.day(of: try Self.date(text)))
+            }
+            return (now, days.min())
+        }
+    }
+
     // MARK: value updates
 
-    public func addUpdate(accountID: Int64, at: Date, value: Decimal) throws -> AccountUpdate {
-        let account = try account(accountID)
-        guard account.kind == .savings else {
-            throw ValidationError(field: "accountID", message: "value updates belong to savings accounts")
-        }
-        guard value >= 0 else { throw ValidationError(field: "value", message: "must not be negative") }
-        if let closedAt = account.closedAt, at >= closedAt {
-            throw ConflictError(field: "at", message: "the account closed at \(Self.text(closedAt)); an update then or later counts nowhere")
-        }
-        return try pool.write { db in
+    public func addUpdate(accountID: Int64, at: Date, value: Decimal, calendar: DayCalendar = .utc) async throws -> AccountUpdate {
+        try Self.check(at, field: "at", calendar: calendar)
+        return try await write { db in
+            let account = try Self.account(db, accountID)
+            guard account.kind == .savings else {
+                throw ValidationError(field: "accountID", message: "value updates belong to savings accounts")
+            }
+            guard value >= 0 else { throw ValidationError(field: "value", message: "must not be negative") }
+            if let closedAt = account.closedAt, at >= closedAt {
+                throw ConflictError(field: "at", message: "the account closed at \(Self.text(closedAt)); an update then or later counts nowhere")
+            }
             try db.execute(
                 sql: "INSERT INTO accountUpdate (accountID, at, value) VALUES (?, ?, ?)",
                 arguments: [accountID, Self.text(at), DecimalText.format(value)])
@@ -448,8 +595,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    public func updates(accountID: Int64) throws -> [AccountUpdate] {
-        try pool.read { db in
+    public func updates(accountID: Int64) async throws -> [AccountUpdate] {
+        try await read { db in
             try Row.fetchAll(db, sql: "SELECT * FROM accountUpdate WHERE accountID = ? ORDER BY at, id", arguments: [accountID]).map {
                 row in
                 AccountUpdate(
@@ -461,8 +608,8 @@ public final class PortfolioStore: Sendable {
     // MARK: snapshots
 
     /// Writes snapshots, replacing those of the same account and day, in one transaction.
-    public func saveSnapshots(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot]) throws {
-        try pool.write { db in try Self.save(snapshots, portfolio: portfolio, in: db) }
+    public func saveSnapshots(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot]) async throws {
+        try await write { db in try Self.save(snapshots, portfolio: portfolio, in: db) }
     }
 
     private static func save(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot], in db: Database) throws {
@@ -497,7 +644,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    /// Replaces the recomputed history in one transaction, touching only the rows that changed: each
+    /// Replaces the recomputed history in one transaction (of the days from `from` on: the snapshots
+    /// given are those days', the rows before are not read), touching only the rows that changed: each
     /// account's rows outside its days (after it closed, say) are removed, the portfolio's rows outside
     /// `portfolioDays` (days before any account that still exists) are removed, and of the rest only
     /// those that differ from what is stored are written. A closed or deleted account so leaves the
@@ -506,10 +654,11 @@ public final class PortfolioStore: Sendable {
     @discardableResult
     public func replaceHistory(
         _ snapshots: [AccountSnapshot], accountDays: [Int64: (from: Day, through: Day)], portfolio: [PortfolioSnapshot],
-        portfolioDays: (from: Day, through: Day)?
+        portfolioDays: (from: Day, through: Day)?, from: Day? = nil
     ) async throws -> HistoryWrite {
+        let since = from?.description ?? ""  // every day is after 
         let ranges = accountDays.map { (id: $0.key, from: $0.value.from, through: $0.value.through) }
-        return try await pool.write { db in
+        return try await write { db in
             var result = HistoryWrite()
             for range in ranges {
                 try db.execute(
@@ -526,13 +675,13 @@ public final class PortfolioStore: Sendable {
             }
             result.removed += db.changesCount
             var storedAccounts: [Int64: [Day: AccountSnapshot]] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot") {
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot WHERE day >= ?", arguments: [since]) {
                 let snapshot = try Self.accountSnapshot(row)
                 storedAccounts[snapshot.accountID, default: [:]][snapshot.day] = snapshot
             }
             let changed = snapshots.filter { storedAccounts[$0.accountID]?[$0.day] != $0 }
             var storedTotals: [Day: PortfolioSnapshot] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot") {
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ?", arguments: [since]) {
                 let snapshot = try Self.portfolioSnapshot(row)
                 storedTotals[snapshot.day] = snapshot
             }
@@ -557,8 +706,8 @@ public final class PortfolioStore: Sendable {
     // MARK: daily closes
 
     /// The days whose closes were fetched for each symbol (closes or not: a holiday has none).
-    public func closeCoverage() throws -> [String: ClosedRange<Day>] {
-        try pool.read { db in
+    public func closeCoverage() async throws -> [String: ClosedRange<Day>] {
+        try await read { db in
             var coverage: [String: ClosedRange<Day>] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT * FROM closeCoverage") {
                 let from = try Self.day(row["fromDay"])
@@ -570,9 +719,9 @@ public final class PortfolioStore: Sendable {
     }
 
     /// Stored closes of `symbols` from `from` through `through`, oldest first per symbol.
-    public func closes(of symbols: Set<String>, from: Day, through: Day) throws -> [String: [(day: Day, close: Decimal)]] {
+    public func closes(of symbols: Set<String>, from: Day, through: Day) async throws -> [String: [(day: Day, close: Decimal)]] {
         guard !symbols.isEmpty else { return [:] }
-        return try pool.read { db in
+        return try await read { db in
             var closes: [String: [(day: Day, close: Decimal)]] = [:]
             let marks = Array(repeating: "?", count: symbols.count).joined(separator: ",")
             let rows = try Row.fetchAll(
@@ -587,7 +736,7 @@ public final class PortfolioStore: Sendable {
     /// coverage becomes their union).
     public func saveCloses(_ symbol: String, _ closes: [(day: Day, close: Decimal)], covering: ClosedRange<Day>) async throws {
         let rows = closes.map { (day: $0.day.description, close: DecimalText.format($0.close)) }
-        try await pool.write { db in
+        try await write { db in
             for row in rows {
                 try db.execute(sql: "INSERT OR REPLACE INTO dailyClose (symbol, day, close) VALUES (?, ?, ?)", arguments: [symbol, row.day, row.close])
             }
@@ -603,8 +752,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    public func accountSnapshots(accountID: Int64, from: Day, through: Day) throws -> [AccountSnapshot] {
-        try pool.read { db in
+    public func accountSnapshots(accountID: Int64, from: Day, through: Day) async throws -> [AccountSnapshot] {
+        try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM accountSnapshot WHERE accountID = ? AND day >= ? AND day <= ? ORDER BY day",
                 arguments: [accountID, from.description, through.description]
@@ -612,8 +761,8 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    public func portfolioSnapshots(from: Day, through: Day) throws -> [PortfolioSnapshot] {
-        try pool.read { db in
+    public func portfolioSnapshots(from: Day, through: Day) async throws -> [PortfolioSnapshot] {
+        try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ? AND day <= ? ORDER BY day",
                 arguments: [from.description, through.description]

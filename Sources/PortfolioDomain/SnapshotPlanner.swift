@@ -41,10 +41,14 @@ public struct SnapshotPlanner: Sendable {
     ///   order (``PositionBook/cashByDay(_:)``); its observations are then the value of its positions,
     ///   and each day's snapshot adds that day's cash (so a deposit dated in the past moves every day
     ///   since). `nil` for accounts without cash (savings), whose observations are their whole value.
+    /// - Parameter from: the first day wanted (the creation day when `nil` or earlier); observations
+    ///   before it seed that day as those before the creation day do.
     public func accountSnapshots(
-        for account: Account, observations: [Observation], today: Day, cash cashChanges: [(day: Day, cash: Decimal)]? = nil
+        for account: Account, observations: [Observation], today: Day, cash cashChanges: [(day: Day, cash: Decimal)]? = nil,
+        from: Day? = nil
     ) -> [AccountSnapshot] {
-        let first = calendar.day(of: account.createdAt)
+        let created = calendar.day(of: account.createdAt)
+        let first = from.map { max($0, created) } ?? created
         let last = lastDay(of: account, today: today)
         guard first <= last else { return [] }
         // The latest observation of each day wins.

@@ -4,6 +4,7 @@ import PortfolioData
 import Foundation
 import Hummingbird
 import NIOCore
+import PolygonWire
 
 /// The portfolio's HTTP and WebSocket endpoints, mounted on the relay's own server:
 ///
@@ -20,10 +21,12 @@ import NIOCore
 public struct PortfolioRoutes: Sendable {
     public let service: PortfolioService
     public let browser: SecurityBrowser?
+    private let broadcast: ValuationBroadcast
 
     public init(service: PortfolioService, browser: SecurityBrowser? = nil) {
         self.service = service
         self.browser = browser
+        self.broadcast = ValuationBroadcast(service: service)
     }
 
     /// The header a client names itself with to keep its prefetches across connections.
@@ -32,7 +35,11 @@ public struct PortfolioRoutes: Sendable {
     struct Problem: Encodable {
         var error: String
         var field: String?
+        var status: Int?
     }
+
+    /// Seconds a client is told to wait (`Retry-After`) when the database is busy.
+    static let busyRetryAfter = 2
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
         let data = (try? PortfolioJSON.encoder.encode(value)) ?? Data(#"{"error":"encoding failed"}"#.utf8)
@@ -52,8 +59,14 @@ public struct PortfolioRoutes: Sendable {
         } catch let error as PortfolioStore.ConflictError {
             return problem(.conflict, error.message, field: error.field)
         } catch let error as PortfolioStore.StoreError {
-            if case .notFound = error { return problem(.notFound, error.description) }
-            return problem(.internalServerError, error.description)
+            switch error {
+            case .notFound: return problem(.notFound, error.description)
+            case .busy:
+                var response = json(Problem(error: error.description, status: 503), status: .serviceUnavailable)
+                response.headers[.retryAfter] = "\(busyRetryAfter)"
+                return response
+            case .corrupt: return problem(.internalServerError, error.description)
+            }
         } catch let error as DecodingError {
             return problem(.badRequest, "malformed body: \(Self.describe(error))", field: Self.field(of: error))
         } catch {
@@ -109,54 +122,59 @@ public struct PortfolioRoutes: Sendable {
         return range
     }
 
-    /// - Parameter connection: the HTTP connection a request came on, when the context knows it: a
-    ///   client without a name is its connection, and its prefetches stop when it closes.
+    /// - Parameters:
+    ///   - connection: the HTTP connection a request came on, when the context knows it: a client
+    ///     without a name is its connection, and its prefetches stop when it closes.
+    ///   - entitlement: the topics the key a request presents may read (as on the WebSocket and
+    ///     `/v1/last/**`); a security's last trade and quote are its `T.` and `Q.` topics.
     public func add<Context: RequestContext>(
-        to router: some RouterMethods<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil }
+        to router: some RouterMethods<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil },
+        entitlement: @escaping @Sendable (Request) -> Entitlement = { _ in .everything }
     ) {
         let service = self.service
         let store = service.store
         let browser = self.browser
-        if let browser { Self.addSecurities(to: router, browser: browser, connection: connection) }
+        if let browser { Self.addSecurities(to: router, browser: browser, connection: connection, entitlement: entitlement) }
         router.post("/v1/accounts") { request, _ in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
-                let account = try store.createAccount(
+                let account = try await store.createAccount(
                     name: new.name, kind: new.kind, currency: new.currency ?? "USD", createdAt: new.createdAt ?? .now,
-                    allowNegativeCash: new.allowNegativeCash ?? false)
-                try await service.backfill()
+                    allowNegativeCash: new.allowNegativeCash ?? false, calendar: service.calendar)
+                await service.historyChanged(from: service.calendar.day(of: account.createdAt))
                 return Self.json(account, status: .created)
             }
         }
         router.get("/v1/accounts") { _, _ in
-            await Self.answer { Self.json(try store.accounts()) }
+            await Self.answer { Self.json(try await store.accounts()) }
         }
         router.get("/v1/accounts/:id") { _, context in
-            await Self.answer { Self.json(try store.account(try Self.id(context))) }
+            await Self.answer { Self.json(try await store.account(try Self.id(context))) }
         }
         router.post("/v1/accounts/:id/close") { request, context in
             await Self.answer {
                 let close = (try? await Self.body(PortfolioJSON.Close.self, request)) ?? PortfolioJSON.Close()
-                let account = try store.closeAccount(try Self.id(context), at: close.closedAt ?? .now)
+                let account = try await store.closeAccount(try Self.id(context), at: close.closedAt ?? .now, calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
-                try await service.backfill()
+                await service.historyChanged(from: service.calendar.day(of: account.closedAt ?? .now))
                 return Self.json(account)
             }
         }
         router.delete("/v1/accounts/:id") { _, context in
             await Self.answer {
-                try store.deleteAccount(try Self.id(context))
+                let account = try await store.deleteAccount(try Self.id(context))
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
-                try await service.backfill()
+                // Every day it counted on loses it from the portfolio's total.
+                await service.historyChanged(from: service.calendar.day(of: account.createdAt))
                 return Response(status: .noContent)
             }
         }
         router.post("/v1/accounts/:id/transactions") { request, context in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
-                let transaction = try store.addTransaction(
+                let transaction = try await store.addTransaction(
                     accountID: try Self.id(context),
                     .init(
                         date: new.date, kind: new.kind, symbol: new.symbol ?? "", quantity: new.quantity?.value ?? 0,
@@ -164,29 +182,32 @@ public struct PortfolioRoutes: Sendable {
                     calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()
+                // Read your writes: the history from its day on is right when this answers.
+                await service.historyChanged(from: transaction.date)
                 return Self.json(transaction, status: .created)
             }
         }
         router.get("/v1/accounts/:id/transactions") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
-                _ = try store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try store.transactions(accountID: id))
+                _ = try await store.account(id)  // 404 for an unknown account, not an empty list
+                return Self.json(try await store.transactions(accountID: id))
             }
         }
         router.post("/v1/accounts/:id/updates") { request, context in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewUpdate.self, request)
-                let update = try store.addUpdate(accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value)
-                try await service.backfill()
+                let update = try await store.addUpdate(
+                    accountID: try Self.id(context), at: new.at ?? .now, value: new.value.value, calendar: service.calendar)
+                await service.historyChanged(from: service.calendar.day(of: update.at))
                 return Self.json(update, status: .created)
             }
         }
         router.get("/v1/accounts/:id/updates") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
-                _ = try store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try store.updates(accountID: id))
+                _ = try await store.account(id)  // 404 for an unknown account, not an empty list
+                return Self.json(try await store.updates(accountID: id))
             }
         }
         router.get("/v1/portfolio") { _, _ in
@@ -195,31 +216,32 @@ public struct PortfolioRoutes: Sendable {
         router.get("/v1/accounts/:id/valuation") { _, context in
             await Self.answer {
                 let id = try Self.id(context)
-                _ = try store.account(id)
+                _ = try await store.account(id)
                 return Self.json(try await service.valuation(accountID: id))
             }
         }
         router.get("/v1/accounts/:id/history") { request, context in
             await Self.answer {
-                let account = try store.account(try Self.id(context))
+                let account = try await store.account(try Self.id(context))
                 let today = service.calendar.day(of: .now)
                 let (from, to) = try Self.range(request, default: service.calendar.day(of: account.createdAt), today)
                 return Self.json(
-                    try store.accountSnapshots(accountID: account.id, from: from, through: to))
+                    try await store.accountSnapshots(accountID: account.id, from: from, through: to))
             }
         }
         router.get("/v1/portfolio/history") { request, _ in
             await Self.answer {
                 let today = service.calendar.day(of: .now)
-                let start = try store.accounts().map { service.calendar.day(of: $0.createdAt) }.min() ?? today
+                let start = try await store.accounts().map { service.calendar.day(of: $0.createdAt) }.min() ?? today
                 let (from, to) = try Self.range(request, default: start, today)
-                return Self.json(try store.portfolioSnapshots(from: from, through: to))
+                return Self.json(try await store.portfolioSnapshots(from: from, through: to))
             }
         }
     }
 
     static func addSecurities<Context: RequestContext>(
-        to router: some RouterMethods<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?
+        to router: some RouterMethods<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?,
+        entitlement: @escaping @Sendable (Request) -> Entitlement
     ) {
         let store = browser.service.store
         router.get("/v1/holdings") { request, context in
@@ -229,7 +251,7 @@ public struct PortfolioRoutes: Sendable {
                     parameters[String(name)] = String(value).removingPercentEncoding ?? String(value)
                 }
                 let query = try HoldingsQuery(parameters: parameters)
-                for id in query.accounts { _ = try store.account(id) }
+                for id in query.accounts { _ = try await store.account(id) }
                 let view = try await Self.asClient(request, context, browser, connection) { client in
                     try await browser.holdings(query, client: client)
                 }
@@ -240,13 +262,26 @@ public struct PortfolioRoutes: Sendable {
             await Self.answer {
                 let raw = context.parameters.get("symbol") ?? ""
                 let symbol = (raw.removingPercentEncoding ?? raw).uppercased()
-                guard !symbol.isEmpty, symbol.count <= 64, !symbol.contains(where: \.isWhitespace) else {
+                if let problem = HeldSymbol.problem(with: symbol) {
+                    throw PortfolioStore.ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
+                }
+                // The key's topics hold here as on the WebSocket: the last trade is T.<symbol>, the last
+                // quote Q.<symbol>. A key that may read neither is refused before anything is loaded; one
+                // that may read one of them gets the detail without the other (named in `withheld`).
+                let allowed = entitlement(request)
+                // A symbol that passed the ticker rules above makes topics.
+                guard let trade = Topic(eventType: "T", ticker: symbol), let quote = Topic(eventType: "Q", ticker: symbol) else {
                     throw PortfolioStore.ValidationError(field: "symbol", message: "expected a ticker such as AAPL or X:BTCUSD")
                 }
+                let (mayTrade, mayQuote) = (allowed.allows(trade), allowed.allows(quote))
+                guard mayTrade || mayQuote else {
+                    return Self.problem(.forbidden, "not authorized: this key may read neither \(trade) nor \(quote)", field: "symbol")
+                }
                 let view = request.uri.queryParameters.get("view").map { String($0) }.flatMap { $0.isEmpty ? nil : $0 }
-                let answer = try await Self.asClient(request, context, browser, connection) { client in
+                var answer = try await Self.asClient(request, context, browser, connection) { client in
                     try await browser.detail(symbol, view: view, client: client)
                 }
+                answer.detail = answer.detail.withholding(trade: !mayTrade, quote: !mayQuote)
                 return Self.json(answer)
             }
         }
@@ -273,18 +308,9 @@ public struct PortfolioRoutes: Sendable {
     }
 
     /// The live valuation as WebSocket text frames, one per change (at most one per push interval): the
-    /// stream behind `/v1/portfolio/stream`, one per connection.
+    /// stream behind `/v1/portfolio/stream`, one per connection, all fed from one subscription whose
+    /// valuations are each encoded once.
     public func valuationFrames() async -> AsyncStream<ByteBuffer> {
-        let updates = await service.valuationUpdates()
-        let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingNewest(1))
-        let task = Task {
-            for await valuation in updates {
-                guard let data = try? PortfolioJSON.encoder.encode(valuation) else { continue }
-                continuation.yield(ByteBuffer(bytes: data))
-            }
-            continuation.finish()
-        }
-        continuation.onTermination = { _ in task.cancel() }
-        return frames
+        await broadcast.frames()
     }
 }

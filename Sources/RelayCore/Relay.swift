@@ -220,7 +220,9 @@ public final class Relay: Service, Sendable {
                 return configuration
             }(),
             hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),
-            extraRoutes: { router in routes?.add(to: router) { $0.channel } },
+            extraRoutes: { router in
+                routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
+            },
             pushStreams: routes.map { routes in
                 [PushStream(path: "/v1/portfolio/stream", needsPortfolioRight: true) { await routes.valuationFrames() }]
             } ?? [])

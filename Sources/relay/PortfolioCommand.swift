@@ -20,8 +20,9 @@ struct PortfolioCommand: AsyncParsableCommand {
         @Flag(name: .customLong("if-empty"), help: "Import only when the portfolio has no accounts yet.") var ifEmpty = false
 
         func run() async throws {
-            let store = try PortfolioStore(directory: dataDirectory)
-            if ifEmpty, try !store.accounts().isEmpty {
+            // A batch job: it may wait longer for `relay serve`'s short writes than a request would.
+            let store = try PortfolioStore(directory: dataDirectory, busyTimeout: 10)
+            if ifEmpty, try await !store.accounts().isEmpty {
                 print("portfolio already has accounts; nothing imported (\(store.path))")
                 return
             }

@@ -37,6 +37,6 @@ struct ImportKillTests {
 
         // Reopened (SQLite rolls the torn transaction back): nothing of it, not even its account.
         let store = try PortfolioStore(directory: data)
-        #expect(try store.accounts().isEmpty)
+        #expect(try await store.accounts().isEmpty)
     }
 }

@@ -157,7 +157,7 @@ struct PortfolioHistoryTests {
             }
             let rows = try await history()
             let store = try #require(parts.portfolio).store
-            let closes = try store.closes(of: ["AAPL"], from: daysAgo(40), through: daysAgo(1))["AAPL"] ?? []
+            let closes = try await store.closes(of: ["AAPL"], from: daysAgo(40), through: daysAgo(1))["AAPL"] ?? []
             #expect(closes.count >= 15, "about 28 weekdays of AAPL closes stored: \(closes.count)")
             // Each day while AAPL was held alone: 10 × that day's close (or the last before it) plus 1000 cash.
             for offset in 11...30 {

@@ -113,9 +113,9 @@ struct ClosedMarketValuationTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try await withServices([feed]) {
             let store = try PortfolioStore(directory: directory)
-            let account = try store.createAccount(
+            let account = try await store.createAccount(
                 name: "A", kind: .brokerage, currency: "USD", createdAt: Date(timeIntervalSince1970: 1_700_000_000))
-            _ = try store.addTransaction(
+            _ = try await store.addTransaction(
                 accountID: account.id, date: Day(year: 2024, month: 1, day: 2), kind: .buy, symbol: "MSFT", quantity: 2, price: 400, fees: 0
             )
             let service = PortfolioService(

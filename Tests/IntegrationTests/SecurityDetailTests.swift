@@ -49,14 +49,14 @@ struct SecurityDetailTests {
             let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
             let portfolio = try #require(parts.portfolio)
             let feed = try #require(parts.demoFeed)
-            let account = try portfolio.store.createAccount(
+            let account = try await portfolio.store.createAccount(
                 name: "Core", kind: .brokerage, currency: "USD", createdAt: .now.addingTimeInterval(-3 * 366 * 86_400))
             let today = DayCalendar.utc.day(of: .now)
             for (index, symbol) in symbols.enumerated() {
-                _ = try portfolio.store.addTransaction(
+                _ = try await portfolio.store.addTransaction(
                     accountID: account.id, date: DayCalendar.utc.day(today, addingYears: -2), kind: .buy, symbol: symbol,
                     quantity: Decimal(10 + index), price: 100, fees: 1)
-                _ = try portfolio.store.addTransaction(
+                _ = try await portfolio.store.addTransaction(
                     accountID: account.id, date: today, kind: .buy, symbol: symbol, quantity: 5, price: 120, fees: 0)
             }
             try await portfolio.holdingsChanged()
@@ -244,7 +244,7 @@ struct SecurityDetailTests {
             // A load that read the transactions, then waits for the feed's REST answers.
             let first = Task { try await client.get("/v1/securities/AAPL").status }
             try await eventually("AAPL's load to start") { await cache.loadingSymbols.contains("AAPL") }
-            let account = try #require(try parts.portfolio?.store.accounts().first)
+            let account = try #require(try await parts.portfolio?.store.accounts().first)
             let today = DayCalendar.utc.day(of: .now)
             let bought = try await httpSend(
                 "POST", "http://127.0.0.1:\(parts.port)/v1/accounts/\(account.id)/transactions",
@@ -262,7 +262,7 @@ struct SecurityDetailTests {
     @Test func concurrentBuysAndSellsLeaveTheHubFollowingExactlyTheHoldings() async throws {
         try await withRelay(restDelay: .milliseconds(1), symbols: ["AAPL"]) { parts, _ in
             let portfolio = try #require(parts.portfolio)
-            let account = try #require(try portfolio.store.accounts().first)
+            let account = try #require(try await portfolio.store.accounts().first)
             let today = DayCalendar.utc.day(of: .now)
             let base = "http://127.0.0.1:\(parts.port)/v1/accounts/\(account.id)/transactions"
             let symbols = ["XA", "XB", "XC", "XD", "XE", "XF"]

@@ -7,7 +7,7 @@ import Testing
 
 @Suite("CSV import")
 struct ImportTests {
-    @Test func theSampleFileImportsAndValuesItsLots() throws {
+    @Test func theSampleFileImportsAndValuesItsLots() async throws {
         let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("config/sample-portfolio.csv")
         let rows = try TransactionImport.parse(try String(contentsOf: url, encoding: .utf8))
@@ -16,9 +16,9 @@ struct ImportTests {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         try TransactionImport.apply(rows, to: store)
-        let accounts = try store.accounts()
+        let accounts = try await store.accounts()
         #expect(accounts.map(\.name) == ["Core", "Growth"])
-        let core = try PositionBook(transactions: try store.transactions(accountID: accounts[0].id))
+        let core = try PositionBook(transactions: try await store.transactions(accountID: accounts[0].id))
         #expect(core.positions["AAPL"]?.quantity == dec("30"))
         #expect(core.positions["AAPL"]?.dividends == dec("7.5"))
         // 20000 deposited, three buys, a sell and a dividend.
@@ -40,7 +40,7 @@ struct ImportTests {
         }
     }
 
-    @Test func anOversellIsRefusedWithItsLine() throws {
+    @Test func anOversellIsRefusedWithItsLine() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
@@ -50,20 +50,47 @@ struct ImportTests {
         #expect(error.line == 5)
         #expect(error.field == "quantity")
         // All or nothing: the rows before it, and the accounts it created, are not there either.
-        #expect(try store.accounts().isEmpty)
+        #expect(try await store.accounts().isEmpty)
     }
 
-    @Test func depositsAndWithdrawalsImportWithTheirAmount() throws {
+    @Test func depositsAndWithdrawalsImportWithTheirAmount() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let rows = try TransactionImport.parse(
             "account,date,kind,symbol,quantity,price,fees,amount\nA,2024-01-01,deposit,,,,,100\nA,2024-01-02,buy,X,1,10,1\nA,2024-01-03,withdrawal,,,,,89")
         #expect(try TransactionImport.apply(rows, to: store) == 3)
-        let account = try #require(try store.accounts().first)
-        #expect(try PositionBook(transactions: try store.transactions(accountID: account.id)).cash == 0)
+        let account = try #require(try await store.accounts().first)
+        #expect(try PositionBook(transactions: try await store.transactions(accountID: account.id)).cash == 0)
         let overdraw = try TransactionImport.parse("account,date,kind,symbol,quantity,price,amount\nA,2024-01-04,withdrawal,,,,1")
         let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(overdraw, to: store) }
         #expect(error.field == "amount")
+    }
+
+    /// Issue 22 item 7: an imported symbol is held to the ticker rules of a subscription, named by line.
+    @Test(arguments: ["*", "AM.*", "ZZZQ;Q.AAPL", "A B", String(repeating: "A", count: 41)])
+    func aSymbolThatIsNoTickerIsRefusedWithItsLine(symbol: String) async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let rows = try TransactionImport.parse("account,date,kind,symbol,quantity,price\nA,2024-01-02,buy,AAPL,1,10\nA,2024-01-03,buy,\(symbol),1,10")
+        let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(rows, to: store) }
+        #expect(error.line == 3)
+        #expect(error.field == "symbol")
+        #expect(try await store.accounts().isEmpty)
+    }
+
+    /// Issue 22 item 11: an imported date is bounded like any other, named by line.
+    @Test(arguments: ["0001-01-01", "1969-12-31", "2999-01-01"])
+    func aDateOutsideTheHistoryIsRefusedWithItsLine(date: String) async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let rows = try TransactionImport.parse(
+            "account,date,kind,symbol,quantity,price,fees,amount\nA,2024-01-02,deposit,,,,,100\nB,\(date),deposit,,,,,1")
+        let error = try #require(throws: TransactionImport.LineError.self) { try TransactionImport.apply(rows, to: store) }
+        #expect(error.line == 3)
+        #expect(error.field == "date")
+        #expect(try await store.accounts().isEmpty)
     }
 }

@@ -229,79 +229,98 @@ struct PortfolioStoreTests {
         FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-\(UUID().uuidString)").path
     }
 
-    @Test func concurrentSellsNeverSellMoreThanIsHeld() throws {
+    @Test func concurrentSellsNeverSellMoreThanIsHeld() async throws {
         let dir = directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         // Two pools on one file, like `relay serve` and `relay portfolio import` in two processes.
         let first = try PortfolioStore(directory: dir)
         let second = try PortfolioStore(directory: dir)
-        let account = try first.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        let account = try await first.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
         let day = try #require(Day("2024-01-02"))
-        _ = try first.addTransaction(accountID: account.id, date: day, kind: .buy, symbol: "AAPL", quantity: 10, price: 100, fees: 0)
-        let sold = Mutex(0)
-        DispatchQueue.concurrentPerform(iterations: 40) { index in
-            let store = index.isMultiple(of: 2) ? first : second
-            if (try? store.addTransaction(accountID: account.id, date: day, kind: .sell, symbol: "AAPL", quantity: 1, price: 101, fees: 0))
-                != nil
-            {
-                sold.withLock { $0 += 1 }
+        _ = try await first.addTransaction(accountID: account.id, date: day, kind: .buy, symbol: "AAPL", quantity: 10, price: 100, fees: 0)
+        let sold = await withTaskGroup(of: Bool.self) { group in
+            for index in 0..<40 {
+                let store = index.isMultiple(of: 2) ? first : second
+                group.addTask {
+                    (try? await store.addTransaction(
+                        accountID: account.id, date: day, kind: .sell, symbol: "AAPL", quantity: 1, price: 101, fees: 0)) != nil
+                }
             }
+            return await group.reduce(0) { $0 + ($1 ? 1 : 0) }
         }
-        #expect(sold.withLock { $0 } == 10, "exactly the ten shares held could be sold")
-        let book = try PositionBook(transactions: try first.transactions(accountID: account.id))
+        #expect(sold == 10, "exactly the ten shares held could be sold")
+        let book = try PositionBook(transactions: try await first.transactions(accountID: account.id))
         #expect(book.positions.values.allSatisfy { $0.quantity >= 0 })
     }
 
-    @Test func everythingSurvivesAReopenExactly() throws {
+    @Test func everythingSurvivesAReopenExactly() async throws {
         let dir = directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var store: PortfolioStore? = try PortfolioStore(directory: dir)
         let brokerage = try #require(
-            try store?.createAccount(name: "Broker", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z")))
-        _ = try store?.addTransaction(
+            try await store?.createAccount(name: "Broker", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z")))
+        _ = try await store?.addTransaction(
             accountID: brokerage.id, date: day("2024-01-02"), kind: .buy, symbol: "aapl", quantity: dec("0.1"), price: dec("189.123456789"),
             fees: dec("0.01"))
         let savings = try #require(
-            try store?.createAccount(name: "Savings", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z")))
-        _ = try store?.addUpdate(accountID: savings.id, at: instant("2024-01-02T10:00:00Z"), value: dec("1000000000000.01"))
+            try await store?.createAccount(name: "Savings", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z")))
+        _ = try await store?.addUpdate(accountID: savings.id, at: instant("2024-01-02T10:00:00Z"), value: dec("1000000000000.01"))
         store = nil
 
         let reopened = try PortfolioStore(directory: dir)
-        let transactions = try reopened.transactions(accountID: brokerage.id)
+        let transactions = try await reopened.transactions(accountID: brokerage.id)
         #expect(transactions.first?.symbol == "AAPL")
         #expect(transactions.first?.price == dec("189.123456789"))
-        #expect(try reopened.updates(accountID: savings.id).first?.value == dec("1000000000000.01"))
-        #expect(try reopened.accounts().map(\.name) == ["Broker", "Savings"])
+        #expect(try await reopened.updates(accountID: savings.id).first?.value == dec("1000000000000.01"))
+        #expect(try await reopened.accounts().map(\.name) == ["Broker", "Savings"])
     }
 
-    @Test func deletingAnAccountRemovesItsRowsClosingKeepsThem() throws {
+    @Test func deletingAnAccountRemovesItsRowsClosingKeepsThem() async throws {
         let dir = directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
-        let a = try store.createAccount(name: "A", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
-        let b = try store.createAccount(name: "B", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        let a = try await store.createAccount(name: "A", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        let b = try await store.createAccount(name: "B", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
         for account in [a, b] {
-            _ = try store.addUpdate(accountID: account.id, at: instant("2024-01-01T10:00:00Z"), value: dec("5"))
-            try store.saveSnapshots(
+            _ = try await store.addUpdate(accountID: account.id, at: instant("2024-01-01T10:00:00Z"), value: dec("5"))
+            try await store.saveSnapshots(
                 [AccountSnapshot(accountID: account.id, day: day("2024-01-01"), value: dec("5"), partial: false, source: .update)],
                 portfolio: [])
         }
-        _ = try store.closeAccount(b.id, at: instant("2024-01-02T00:00:00Z"))
-        try store.deleteAccount(a.id)
-        #expect(try store.updates(accountID: a.id).isEmpty)
-        #expect(try store.accountSnapshots(accountID: a.id, from: day("2024-01-01"), through: day("2024-01-31")).isEmpty)
-        #expect(try store.accountSnapshots(accountID: b.id, from: day("2024-01-01"), through: day("2024-01-31")).count == 1)
-        #expect(try store.account(b.id).closedAt != nil)
+        _ = try await store.closeAccount(b.id, at: instant("2024-01-02T00:00:00Z"))
+        try await store.deleteAccount(a.id)
+        #expect(try await store.updates(accountID: a.id).isEmpty)
+        #expect(try await store.accountSnapshots(accountID: a.id, from: day("2024-01-01"), through: day("2024-01-31")).isEmpty)
+        #expect(try await store.accountSnapshots(accountID: b.id, from: day("2024-01-01"), through: day("2024-01-31")).count == 1)
+        #expect(try await store.account(b.id).closedAt != nil)
     }
 
-    @Test func invalidInputNamesTheField() throws {
+    /// Issue 22 item 11: the bounds, 1970-01-01 and tomorrow, are themselves allowed; a second past either is not.
+    @Test func datesFrom1970ThroughTomorrowAreAllowed() async throws {
         let dir = directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
-        let broker = try store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
-        func field(_ body: () throws -> Void) -> String? {
+        let account = try await store.createAccount(name: "Epoch", kind: .brokerage, currency: "USD", createdAt: instant("1970-01-01T00:00:00Z"))
+        let tomorrow = DayCalendar.utc.next(DayCalendar.utc.day(of: .now))
+        _ = try await store.addTransaction(accountID: account.id, date: day("1970-01-01"), kind: .deposit, amount: 1)
+        _ = try await store.addTransaction(accountID: account.id, date: tomorrow, kind: .deposit, amount: 1)
+        await #expect(throws: PortfolioStore.ValidationError.self) {
+            try await store.createAccount(name: "Before", kind: .brokerage, currency: "USD", createdAt: instant("1969-12-31T23:59:59Z"))
+        }
+        await #expect(throws: PortfolioStore.ValidationError.self) {
+            try await store.addTransaction(accountID: account.id, date: DayCalendar.utc.next(tomorrow), kind: .deposit, amount: 1)
+        }
+        #expect(try await store.transactions(accountID: account.id).count == 2)
+    }
+
+    @Test func invalidInputNamesTheField() async throws {
+        let dir = directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let broker = try await store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        func field(_ body: () async throws -> Void) async -> String? {
             do {
-                try body()
+                try await body()
                 return nil
             } catch let error as PortfolioStore.ValidationError {
                 return error.field
@@ -309,20 +328,20 @@ struct PortfolioStoreTests {
                 return "\(error)"
             }
         }
-        #expect(field { _ = try store.createAccount(name: " ", kind: .savings, currency: "USD", createdAt: .now) } == "name")
-        #expect(field { _ = try store.createAccount(name: "X", kind: .savings, currency: "usd", createdAt: .now) } == "currency")
+        #expect(await field { _ = try await store.createAccount(name: " ", kind: .savings, currency: "USD", createdAt: .now) } == "name")
+        #expect(await field { _ = try await store.createAccount(name: "X", kind: .savings, currency: "usd", createdAt: .now) } == "currency")
         #expect(
-            field {
-                _ = try store.addTransaction(
+            await field {
+                _ = try await store.addTransaction(
                     accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: "A", quantity: 0, price: 1, fees: 0)
             }
                 == "quantity")
         #expect(
-            field {
-                _ = try store.addTransaction(
+            await field {
+                _ = try await store.addTransaction(
                     accountID: broker.id, date: day("2024-01-02"), kind: .sell, symbol: "A", quantity: 1, price: 1, fees: 0)
             }
                 == "quantity")
-        #expect(field { _ = try store.addUpdate(accountID: broker.id, at: .now, value: 1) } == "accountID")
+        #expect(await field { _ = try await store.addUpdate(accountID: broker.id, at: .now, value: 1) } == "accountID")
     }
 }

@@ -13,29 +13,29 @@ struct SnapshotServiceTests {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
-        let account = try store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
-        _ = try store.addTransaction(accountID: account.id, date: day("2024-01-02"), kind: .buy, symbol: "ZZ", quantity: 1, price: 10)
+        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        _ = try await store.addTransaction(accountID: account.id, date: day("2024-01-02"), kind: .buy, symbol: "ZZ", quantity: 1, price: 10)
         let today = DayCalendar.utc.day(of: .now)
         // What the relay wrote before it was restarted: today complete, ZZ at 25 (cash -10).
-        try store.saveSnapshots(
+        try await store.saveSnapshots(
             [AccountSnapshot(accountID: account.id, day: today, value: 15, cash: -10, partial: false, source: .valuation)], portfolio: [])
 
         // Restarted, no price yet: today's row is kept, not replaced by "partial".
         let service = PortfolioService(store: store, hub: MarketDataHub())
         try await service.backfill()
-        var row = try #require(try store.accountSnapshots(accountID: account.id, from: today, through: today).first)
+        var row = try #require(try await store.accountSnapshots(accountID: account.id, from: today, through: today).first)
         #expect(row.partial == false)
         #expect(row.value == 15)
 
         // Priced again: the live value takes over.
         await service.setReference(PriceObservation(value: 30, at: .now, source: .restLastTrade), previousClose: nil, for: "ZZ")
         try await service.backfill()
-        row = try #require(try store.accountSnapshots(accountID: account.id, from: today, through: today).first)
+        row = try #require(try await store.accountSnapshots(accountID: account.id, from: today, through: today).first)
         #expect(row.partial == false)
         #expect(row.value == 20)
         #expect(row.cash == -10)
         // The portfolio's total follows, cash included.
-        let total = try #require(try store.portfolioSnapshots(from: today, through: today).first)
+        let total = try #require(try await store.portfolioSnapshots(from: today, through: today).first)
         #expect(total.total == 20)
         #expect(total.cash == -10)
     }
@@ -47,8 +47,8 @@ struct SnapshotServiceTests {
         let calendar = DayCalendar.utc
         let today = calendar.day(of: .now)
         let start = calendar.day(today, addingYears: -1)
-        let account = try store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
-        _ = try store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
+        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
+        _ = try await store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
         let service = PortfolioService(store: store, hub: MarketDataHub())
         let days = calendar.days(from: start, through: today).count
 
@@ -59,12 +59,60 @@ struct SnapshotServiceTests {
 
         // A deposit dated ten days ago changes those ten days and today, account and portfolio.
         let tenDaysAgo = calendar.days(from: start, through: today).suffix(11).first ?? today
-        _ = try store.addTransaction(accountID: account.id, date: tenDaysAgo, kind: .deposit, amount: 5)
+        _ = try await store.addTransaction(accountID: account.id, date: tenDaysAgo, kind: .deposit, amount: 5)
         try await service.backfill()
         #expect(await service.lastHistoryWrite.written == 2 * 11)
-        let history = try store.accountSnapshots(accountID: account.id, from: start, through: today)
+        let history = try await store.accountSnapshots(accountID: account.id, from: start, through: today)
         #expect(history.count == days)
         #expect(history.last?.cash == 105)
         #expect(history.first?.cash == 100)
+    }
+
+    /// Issue 22 item 11: a change recomputes the days from its own on, the minute's tick today only, and
+    /// rows another process added (`relay portfolio import`) from their day on.
+    @Test func aRecomputationStartsAtTheDayAChangeTouches() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let calendar = DayCalendar.utc
+        let today = calendar.day(of: .now)
+        let start = calendar.day(today, addingYears: -1)
+        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
+        _ = try await store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
+        let service = PortfolioService(store: store, hub: MarketDataHub())
+        try await service.backfill()
+        // A row long before any change below, marked: a recomputation reaching back to it would put it right.
+        let marked = calendar.day(start, addingDays: 10)
+        try await store.saveSnapshots(
+            [AccountSnapshot(accountID: account.id, day: marked, value: 999, cash: 999, partial: false, source: .carried)], portfolio: [])
+        @Sendable func row(_ day: Day) async throws -> AccountSnapshot? {
+            try await store.accountSnapshots(accountID: account.id, from: day, through: day).first
+        }
+
+        // The minute's tick: today only (nothing changed there).
+        try await service.backfill(from: today)
+        #expect(await service.lastHistoryWrite == PortfolioStore.HistoryWrite())
+        #expect(try await row(marked)?.value == 999)
+
+        // A deposit ten days ago: those days and today, account and portfolio, nothing before.
+        let tenDaysAgo = calendar.day(today, addingDays: -10)
+        _ = try await store.addTransaction(accountID: account.id, date: tenDaysAgo, kind: .deposit, amount: 5)
+        try await service.backfill(from: tenDaysAgo)
+        #expect(await service.lastHistoryWrite.written == 2 * 11)
+        #expect(try await row(tenDaysAgo)?.cash == 105)
+        #expect(try await row(calendar.previous(tenDaysAgo))?.cash == 100)
+        #expect(try await row(marked)?.value == 999)
+
+        // Another process imports a deposit five days ago: the next recomputation, even the tick's,
+        // finds the new row and starts at its day.
+        let fiveDaysAgo = calendar.day(today, addingDays: -5)
+        let imported = try PortfolioStore(directory: dir, busyTimeout: 10)
+        _ = try imported.importTransactions(
+            [(account: "A", transaction: .init(date: fiveDaysAgo, kind: .deposit, amount: 1))], newAccounts: "USD")
+        try await service.backfill(from: today)
+        #expect(await service.lastHistoryWrite.written == 2 * 6)
+        #expect(try await row(fiveDaysAgo)?.cash == 106)
+        #expect(try await row(calendar.previous(fiveDaysAgo))?.cash == 105)
+        #expect(try await row(marked)?.value == 999)
     }
 }

@@ -67,6 +67,28 @@ public struct SecurityDetail: Sendable, Encodable {
         public var lastTrade: Trade?
         public var lastQuote: Quote?
         public var marketStatus: PolygonREST.MarketStatus?
+        /// The topics whose values were left out because the client's key may not read them.
+        public var withheld: [String]? = nil
+    }
+
+    /// The detail without what a client's key may not read: the last trade without `T.<symbol>`, the
+    /// last quote without `Q.<symbol>`; the topics left out are named in `details.withheld`. (The cache
+    /// keeps the whole detail; each answer is cut for its client.)
+    public func withholding(trade withholdTrade: Bool, quote withholdQuote: Bool) -> SecurityDetail {
+        guard withholdTrade || withholdQuote, case .loaded(var values) = details else { return self }
+        var withheld: [String] = []
+        if withholdTrade {
+            values.lastTrade = nil
+            withheld.append("T.\(symbol)")
+        }
+        if withholdQuote {
+            values.lastQuote = nil
+            withheld.append("Q.\(symbol)")
+        }
+        values.withheld = withheld
+        var copy = self
+        copy.details = .loaded(values)
+        return copy
     }
 
     public enum Source: String, Sendable, Codable {

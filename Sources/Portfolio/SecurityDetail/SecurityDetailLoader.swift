@@ -32,9 +32,8 @@ public struct SecurityDetailLoader: Sendable {
         async let history = priceHistory(symbol, priority: priority)
         let today = calendar.day(of: .now)
         // Both database groups come from one read of the brokerage accounts and their transactions.
-        let ledger = Result { () throws -> Ledger in
-            try store.accounts().filter { $0.kind == .brokerage }.map { ($0, try store.transactions(accountID: $0.id)) }
-        }
+        let ledger: Result<Ledger, any Error>
+        do { ledger = .success(try await store.brokerageLedger()) } catch { ledger = .failure(error) }
         let transactions = self.transactions(symbol, ledger: ledger, today: today)
         let lots = taxLots(symbol, ledger: ledger, today: today)
         return SecurityDetail(
