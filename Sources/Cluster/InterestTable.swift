@@ -5,13 +5,21 @@ import PolygonWire
 ///
 /// Each node's set counts until it is replaced or until `ttl` passes without word from the node (a
 /// dead node stops counting). The union follows the hub's rules: a topic is wanted while any node
-/// wants it, and a ticker topic is left out while the wildcard of its event type is wanted.
+/// wants it, and a ticker topic is left out while the wildcard of its event type is wanted. The union is
+/// kept incrementally (each topic counts the nodes that want it): a node's new set costs what changed
+/// in it, never a walk over every node's topics.
 public struct InterestTable: Sendable {
     public let ttl: Duration
     /// The most topics one node's set may hold; a set past it is refused whole (the node's previous set
     /// stays) and ``receive(_:from:topics:at:)`` says so.
     public let maxTopicsPerNode: Int
     private var nodes: [String: (topics: Set<Topic>, seen: ContinuousClock.Instant)] = [:]
+    /// How many live nodes want each topic.
+    private var wanting: [Topic: Int] = [:]
+    /// Event type → its ticker topics some node wants (in the union unless the type's wildcard is).
+    private var tickers: [String: Set<Topic>] = [:]
+    /// The topics the upstream should send.
+    public private(set) var union: Set<Topic> = []
     /// Sets arriving in parts, by node: the generation being gathered and its topics so far.
     private var gathering: [String: (generation: UInt64, next: Int, topics: Set<Topic>, seen: ContinuousClock.Instant)] = [:]
 
@@ -108,30 +116,62 @@ public struct InterestTable: Sendable {
     /// Records a node's whole set. Returns whether the union changed.
     @discardableResult
     public mutating func update(node: String, topics: Set<Topic>, at now: ContinuousClock.Instant) -> Bool {
-        let before = union
+        let previous = nodes[node]?.topics ?? []
         nodes[node] = (topics, now)
-        return union != before
+        guard previous != topics else { return false }
+        var changed = false
+        for topic in previous where !topics.contains(topic) { changed = release(topic) || changed }
+        for topic in topics where !previous.contains(topic) { changed = want(topic) || changed }
+        return changed
     }
 
     /// Forgets nodes not heard from within `ttl`. Returns whether the union changed.
     @discardableResult
     public mutating func expire(at now: ContinuousClock.Instant) -> Bool {
-        let before = union
-        nodes = nodes.filter { now - $0.value.seen < ttl }
         gathering = gathering.filter { now - $0.value.seen < ttl }
-        return union != before
+        var changed = false
+        for (node, entry) in nodes where now - entry.seen >= ttl {
+            nodes[node] = nil
+            for topic in entry.topics { changed = release(topic) || changed }
+        }
+        return changed
+    }
+
+    /// One more node wants `topic`; whether the union changed.
+    private mutating func want(_ topic: Topic) -> Bool {
+        wanting[topic, default: 0] += 1
+        guard wanting[topic] == 1 else { return false }
+        if topic.isWildcard {
+            union.insert(topic)
+            for ticker in tickers[topic.eventType] ?? [] { union.remove(ticker) }
+            return true
+        }
+        tickers[topic.eventType, default: []].insert(topic)
+        guard wanting[.wildcard(topic.eventType)] == nil else { return false }
+        union.insert(topic)
+        return true
+    }
+
+    /// One node fewer wants `topic`; whether the union changed.
+    private mutating func release(_ topic: Topic) -> Bool {
+        guard let count = wanting[topic] else { return false }
+        guard count == 1 else {
+            wanting[topic] = count - 1
+            return false
+        }
+        wanting[topic] = nil
+        if topic.isWildcard {
+            union.remove(topic)
+            for ticker in tickers[topic.eventType] ?? [] { union.insert(ticker) }
+            return true
+        }
+        tickers[topic.eventType]?.remove(topic)
+        if tickers[topic.eventType]?.isEmpty == true { tickers[topic.eventType] = nil }
+        return union.remove(topic) != nil
     }
 
     /// The nodes that count now.
     public var liveNodes: [String] { nodes.keys.sorted() }
-
-    /// The topics the upstream should send.
-    public var union: Set<Topic> {
-        var all = Set<Topic>()
-        for entry in nodes.values { all.formUnion(entry.topics) }
-        let wildcardTypes = Set(all.filter(\.isWildcard).map(\.eventType))
-        return all.filter { $0.isWildcard || !wildcardTypes.contains($0.eventType) }
-    }
 
     /// The wire form of a node's set: its topics, comma-separated (Polygon's `params` form).
     public static func encode(_ topics: Set<Topic>) -> String { Topic.joinList(topics.sorted()) }

@@ -80,6 +80,31 @@ import Testing
         #expect(table.union.isEmpty)
     }
 
+    @Test func theUnionKeptAsNodesChangeIsTheUnionComputedAfresh() {
+        // Random sets of a few tickers and wildcards across four nodes, changed 2,000 times: after each
+        // change the kept union is what a walk over every node's set gives, and "changed" says so.
+        var generator = SystemRandomNumberGenerator()
+        let pool: [Topic] = ["Q", "T", "AM"].flatMap { type in
+            [Topic.wildcard(type)] + (0..<6).map { Topic(eventType: type, ticker: "S\($0)")! }
+        }
+        var table = InterestTable(ttl: .seconds(3))
+        var sets: [String: Set<Topic>] = [:]
+        func fresh() -> Set<Topic> {
+            let all = sets.values.reduce(into: Set<Topic>()) { $0.formUnion($1) }
+            let wild = Set(all.filter(\.isWildcard).map(\.eventType))
+            return all.filter { $0.isWildcard || !wild.contains($0.eventType) }
+        }
+        for _ in 0..<2_000 {
+            let node = "n\(Int.random(in: 0..<4, using: &generator))"
+            let topics = Set(pool.filter { _ in Int.random(in: 0..<4, using: &generator) == 0 })
+            let before = fresh()
+            sets[node] = topics
+            let changed = table.update(node: node, topics: topics, at: start)
+            #expect(table.union == fresh())
+            #expect(changed == (before != fresh()))
+        }
+    }
+
     @Test func aSilentNodeStopsCountingAfterItsTTL() {
         var table = InterestTable(ttl: .seconds(3))
         table.update(node: "a", topics: [Topic(eventType: "Q", ticker: "A")!], at: start)
