@@ -108,11 +108,13 @@ public struct ServerSession: Sendable {
     }
 
     private mutating func changeTopics(_ action: ClientAction) -> Reaction {
-        let (parsed, invalid) = Topic.parseList(action.params)
-        guard parsed.count + invalid.count <= limits.topicsPerMessage else {
+        // Counted before anything is parsed: a message past the limit costs a byte scan, no more.
+        let entries = Topic.entryCount(action.params)
+        let (parsed, invalid) = entries <= limits.topicsPerMessage * 2 ? Topic.parseList(action.params) : ([], [])
+        guard entries <= limits.topicsPerMessage * 2, parsed.count + invalid.count <= limits.topicsPerMessage else {
             return Reaction(frames: [
                 StatusMessage.error(
-                    "too many topics in one message: \(parsed.count + invalid.count) (at most \(limits.topicsPerMessage)); nothing was changed"
+                    "too many topics in one message: \(parsed.count + invalid.count > 0 ? parsed.count + invalid.count : entries) (at most \(limits.topicsPerMessage)); nothing was changed"
                 ).frame
             ])
         }

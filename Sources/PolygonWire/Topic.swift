@@ -46,13 +46,7 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
 
     /// A non-empty event type of ASCII letters and digits.
     public static func isEventType(_ text: String) -> Bool {
-        !text.utf8.isEmpty
-            && text.utf8.allSatisfy { byte in
-                switch byte {
-                case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
-                default: false
-                }
-            }
+        !text.utf8.isEmpty && text.utf8.allSatisfy(isEventTypeByte)
     }
 
     /// Parses `EV.TICKER`, trimming surrounding white space; `nil` when either part is missing or has a
@@ -82,21 +76,56 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
 }
 
 extension Topic {
-    /// Splits a Polygon `params` list (`"T.AAPL, Q.MSFT"`) into topics, trimming each entry.
-    /// Empty entries are ignored; entries that are not `EV.TICKER` are returned in `invalid`.
+    /// Splits a Polygon `params` list (`"T.AAPL, Q.MSFT"`) into topics, trimming each entry of ASCII
+    /// white space. Empty entries are ignored; entries that are not `EV.TICKER` are returned in `invalid`.
+    /// Works on the UTF-8 bytes: a client's list of a thousand entries costs microseconds.
     public static func parseList(_ params: String) -> (topics: [Topic], invalid: [String]) {
         var topics: [Topic] = []
         var invalid: [String] = []
-        for part in params.split(separator: ",", omittingEmptySubsequences: false) {
-            let entry = part.trimmingWhitespace()
-            if entry.isEmpty { continue }
-            if let topic = Topic(parsing: entry) {
-                topics.append(topic)
-            } else {
-                invalid.append(String(entry))
+        var params = params
+        params.withUTF8 { bytes in
+            var start = 0
+            while start <= bytes.count {
+                var end = start
+                while end < bytes.count, bytes[end] != UInt8(ascii: ",") { end += 1 }
+                var first = start
+                var last = end
+                while first < last, isASCIIWhitespace(bytes[first]) { first += 1 }
+                while last > first, isASCIIWhitespace(bytes[last - 1]) { last -= 1 }
+                if first < last {
+                    let entry = UnsafeBufferPointer(rebasing: bytes[first..<last])
+                    if let topic = Topic(entry) { topics.append(topic) } else { invalid.append(String(decoding: entry, as: UTF8.self)) }
+                }
+                start = end + 1
             }
         }
         return (topics, invalid)
+    }
+
+    /// How many entries a `params` list has (empty ones too), counted without parsing them.
+    public static func entryCount(_ params: String) -> Int {
+        params.utf8.reduce(1) { $1 == UInt8(ascii: ",") ? $0 + 1 : $0 }
+    }
+
+    /// `EV.TICKER` from trimmed bytes, or `nil`.
+    private init?(_ entry: UnsafeBufferPointer<UInt8>) {
+        guard let dot = entry.firstIndex(of: UInt8(ascii: ".")), dot > 0, dot < entry.count - 1 else { return nil }
+        let type = UnsafeBufferPointer(rebasing: entry[..<dot])
+        let ticker = UnsafeBufferPointer(rebasing: entry[(dot + 1)...])
+        let isWildcard = ticker.count == 1 && ticker[0] == UInt8(ascii: "*")
+        guard type.allSatisfy(Self.isEventTypeByte), isWildcard || ticker.allSatisfy(Self.isTickerByte) else { return nil }
+        self.init(checkedEventType: String(decoding: type, as: UTF8.self), ticker: String(decoding: ticker, as: UTF8.self))
+    }
+
+    private static func isASCIIWhitespace(_ byte: UInt8) -> Bool {
+        byte == 0x20 || byte == 0x09 || byte == 0x0A || byte == 0x0D
+    }
+
+    static func isEventTypeByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
+        default: false
+        }
     }
 
     /// Joins topics into one `params` string, the form Polygon's `subscribe` action takes.
