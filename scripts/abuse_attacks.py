@@ -12,6 +12,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.error
 import urllib.request
 
 HOST = "127.0.0.1"
@@ -340,6 +341,44 @@ def junk_topics(args):
         client.close()
 
 
+def http(port, method, path, key, body=None):
+    """(status, JSON body) of one request with a bearer key."""
+    request = urllib.request.Request(
+        f"http://{HOST}:{port}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def portfolio(args):
+    """7, 9, 11, 12. Symbols that would name other topics, a year-1 account, a close before a later
+    transaction, and a narrow key on another symbol's security detail."""
+    if not args.narrow_key:
+        report("portfolio", skipped="no --narrow-key (the relay runs without the portfolio)")
+        return
+    _, health = health_ms(args.port)
+    topics_before = health.get("upstream", {}).get("subscribedTopics") if isinstance(health, dict) else None
+    status, account = http(args.port, "POST", "/v1/accounts", args.key,
+                           {"name": "abuse", "kind": "brokerage", "createdAt": "2024-01-01T00:00:00Z"})
+    account_id = account.get("id")
+    symbols = {}
+    for symbol in ["*", "ZZZQ,AM.*", "ZZZQ,Q.AAPL", "A B"]:
+        symbols[symbol] = http(args.port, "POST", f"/v1/accounts/{account_id}/transactions", args.key,
+                               {"date": "2024-01-02", "kind": "buy", "symbol": symbol, "quantity": "1", "price": "1"})[0]
+    year_one = http(args.port, "POST", "/v1/accounts", args.key, {"name": "old", "kind": "brokerage", "createdAt": "0001-01-01T00:00:00Z"})[0]
+    http(args.port, "POST", f"/v1/accounts/{account_id}/transactions", args.key,
+         {"date": "2024-03-01", "kind": "buy", "symbol": "AAPL", "quantity": "1", "price": "1"})
+    close = http(args.port, "POST", f"/v1/accounts/{account_id}/close", args.key, {"closedAt": "2024-02-01T00:00:00Z"})[0]
+    narrow = http(args.port, "GET", "/v1/securities/MSFT", args.narrow_key)[0]
+    _, health = health_ms(args.port)
+    topics_after = health.get("upstream", {}).get("subscribedTopics") if isinstance(health, dict) else None
+    report("portfolio", account=status, symbols=symbols, account_dated_year_1=year_one, close_before_a_later_buy=close,
+           narrow_key_on_MSFT=narrow, upstream_topics_before=topics_before, upstream_topics_after=topics_after)
+
+
 ATTACKS = {
     "ping-flood": ping_flood,
     "unsubscribe-flood": unsubscribe_flood,
@@ -348,6 +387,7 @@ ATTACKS = {
     "guessing": guessing,
     "second-auth": second_auth,
     "junk-topics": junk_topics,
+    "portfolio": portfolio,
 }
 
 
@@ -357,6 +397,7 @@ def main():
     parser.add_argument("--key", required=True, help="an accepted client key (not the streaming clients')")
     parser.add_argument("--pid", type=int, default=0, help="the relay's pid, for its RSS")
     parser.add_argument("--only", default="", help="comma-separated attack names")
+    parser.add_argument("--narrow-key", default="", help="a key whose topics are Q.AAPL only (the portfolio attack)")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or list(ATTACKS)
     for name in names:
