@@ -1,3 +1,4 @@
+import PolygonWire
 import Testing
 
 @testable import RelayServer
@@ -44,5 +45,28 @@ struct AddressGuardTests {
         guardian.closed(try #require(b))
         #expect(guardian.accepted(from: "192.0.2.1") == (open: 2, pending: 1))
         #expect(guardian.accept("192.0.2.9").0 != nil)
+    }
+}
+
+@Suite("Topic ledger: distinct topics per key and in all")
+struct TopicLedgerTests {
+    func topics(_ names: String...) -> [Topic] { names.compactMap { Topic(parsing: $0) } }
+
+    @Test func aKeysTopicsAndAllTopicsAreCappedAndFreedByReference() {
+        let ledger = TopicLedger(perKey: 3, total: 4)
+        #expect(ledger.reserve(topics("Q.A", "Q.B", "Q.C"), for: "one").refused.isEmpty)
+        // The same topic held by another connection of the key costs no new place.
+        #expect(ledger.reserve(topics("Q.A"), for: "one").refused.isEmpty)
+        let overKey = ledger.reserve(topics("Q.D"), for: "one")
+        #expect(overKey.refused == topics("Q.D") && overKey.reason?.contains("key \"one\"") == true)
+        // Another key shares the relay's four: Q.A is already counted in all, Q.E is the fourth, Q.F one too many.
+        let overAll = ledger.reserve(topics("Q.A", "Q.E", "Q.F"), for: "two")
+        #expect(overAll.refused == topics("Q.F") && overAll.reason?.contains("at most 4 distinct topics") == true)
+        // Q.A is freed for "one" only when both of its connections gave it up.
+        ledger.release(topics("Q.A"), for: "one")
+        #expect(ledger.counts(key: "one") == (all: 4, key: 3))
+        ledger.release(topics("Q.A", "Q.B"), for: "one")
+        #expect(ledger.counts(key: "one") == (all: 3, key: 1), "Q.A is still held by key two; Q.B is gone")
+        #expect(ledger.reserve(topics("Q.F"), for: "two").refused.isEmpty)
     }
 }

@@ -185,6 +185,28 @@ struct SettingsTests {
         }
     }
 
+    @Test func aConfigFileWithTheUpstreamKeyIsReadWithoutACopyAnywhere() async throws {
+        // Keys with rights made the relay write the file, less those keys but with upstream.key, to a
+        // world-readable temporary file while it read it. With no usable temporary directory, that
+        // copy failed; the file is now read from memory.
+        let file = try writeConfig(
+            """
+            upstream:
+              url: wss://socket.polygon.io/stocks
+              key: upstream-secret
+            client:
+              keys:
+                - {name: robot, key: robot-secret, topics: ["Q.*"]}
+            """)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let saved = ProcessInfo.processInfo.environment["TMPDIR"]
+        setenv("TMPDIR", "/nonexistent-relay-tmp-\(UUID().uuidString)", 1)
+        defer { if let saved { setenv("TMPDIR", saved, 1) } else { unsetenv("TMPDIR") } }
+        let settings = try await RelaySettings.resolve(flags: .init(configFile: file), environment: [:])
+        #expect(settings.upstreamKey == "upstream-secret")
+        #expect(settings.clientKeyRights.map(\.name) == ["robot"])
+    }
+
     @Test func keysWithRightsComeFromTheConfigFile() async throws {
         let file = try writeConfig(
             """
