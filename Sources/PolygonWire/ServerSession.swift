@@ -190,7 +190,7 @@ public struct ServerSession: Sendable {
 
     /// `A,B,C` for a few entries, `A,…,J and 990 more` for many: a status stays small whatever the message.
     static func summary(_ entries: [some CustomStringConvertible]) -> String {
-        let named = entries.prefix(namedInSummary).map { String($0.description.prefix(64)) }.joined(separator: ",")
+        let named = entries.prefix(namedInSummary).map { String(decoding: $0.description.utf8.prefix(64), as: UTF8.self) }.joined(separator: ",")
         return entries.count > namedInSummary ? "\(named) and \(entries.count - namedInSummary) more" : named
     }
 }

@@ -40,6 +40,8 @@ final class AddressGuard: Sendable {
     enum AcceptRefusal: Sendable, Equatable {
         case descriptors(Int)
         case pending(Int)
+        /// Open connections of the address, HTTP and WebSocket together (the per-address limit).
+        case open(Int)
     }
 
     /// One accepted connection: its address, and whether it is still pending. Settled once.
@@ -93,6 +95,10 @@ final class AddressGuard: Sendable {
             if state.acceptedTotal >= descriptorBudget { return (nil, .descriptors(descriptorBudget)) }
             let tally = state.accepted[key] ?? (0, 0)
             if tally.pending >= limits.pendingPerAddress { return (nil, .pending(limits.pendingPerAddress)) }
+            // Room for the address's WebSockets and as many connections again as may be pending (so
+            // one WebSocket past its limit still hears why, as Polygon tells it).
+            let openLimit = limits.perAddress + limits.pendingPerAddress
+            if tally.open >= openLimit { return (nil, .open(openLimit)) }
             state.accepted[key] = (tally.open + 1, tally.pending + 1)
             state.acceptedTotal += 1
             return (Ticket(address: key), nil)

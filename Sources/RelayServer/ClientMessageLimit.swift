@@ -3,7 +3,7 @@ import NIOWebSocket
 
 /// The largest client message one WebSocket connection accepts right now: small until the client has
 /// authenticated (a stranger cannot make the relay buffer a megabyte per connection), the full limit
-/// after. Shared by the connection's frame decoder (``GatedFrameDecoder``) and its handler, both on the
+/// after. Shared by the connection's ``FrameSizeGate`` and its handler, both on the
 /// connection's event loop; not `Sendable`.
 final class ClientMessageLimit {
     private(set) var bytes: Int
@@ -20,40 +20,85 @@ final class ClientMessageLimit {
     var isOpen: Bool { bytes == full }
 }
 
-/// NIO's WebSocket frame decoder with a limit that can grow once: it decodes with a decoder of the
-/// small limit while ``ClientMessageLimit`` is small and with one of the full limit after. The limit
-/// changes only while a decoded frame is being handled (the auth message), so a decoder is always left
-/// between frames, and a frame pipelined right behind `auth` (a Go client sends everything at once) is
-/// judged by the full limit. A frame over the limit is refused by its header, before its payload is
-/// buffered: the decoder's error reaches the connection's handler, which closes with 1009.
-final class GatedFrameDecoder: ByteToMessageDecoder {
-    typealias InboundOut = WebSocketFrame
+/// In front of NIO's WebSocket frame decoder, on the raw bytes: reads each client frame's header and
+/// refuses a frame longer than the connection's ``ClientMessageLimit`` before its payload is buffered
+/// anywhere (NIO's decoder, whose own limit is the full one, holds a frame whole until it is complete).
+///
+/// It hands the bytes on frame by frame, so a frame is judged only after the frames before it were
+/// decoded and handled (synchronously, inside the hand-on): a subscribe pipelined right behind `auth`
+/// (a Go client sends everything at once) meets the full limit. Past the limit it raises NIO's
+/// `invalidFrameLength` error (the connection's handler closes with 1009) and drops the rest.
+/// Event-loop confined.
+final class FrameSizeGate: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
 
     private let limit: ClientMessageLimit
-    private let small: WebSocketFrameDecoder
-    private let large: WebSocketFrameDecoder
+    /// Payload bytes of the current frame still to hand on.
+    private var remaining: UInt64 = 0
+    /// A frame header not yet complete.
+    private var header = ByteBuffer()
+    private var refused = false
 
     init(limit: ClientMessageLimit) {
         self.limit = limit
-        small = WebSocketFrameDecoder(maxFrameSize: limit.bytes)
-        large = WebSocketFrameDecoder(maxFrameSize: limit.full)
     }
 
-    func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        let decoder = limit.isOpen ? large : small
-        return try decoder.decode(context: context, buffer: &buffer)
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        while bytes.readableBytes > 0, !refused {
+            if remaining > 0 {
+                let count = Int(min(remaining, UInt64(bytes.readableBytes)))
+                if let slice = bytes.readSlice(length: count) { context.fireChannelRead(wrapInboundOut(slice)) }
+                remaining -= UInt64(count)
+                continue
+            }
+            // A header: 2 bytes, then 2 or 8 of length, then 4 of mask.
+            let needed = Self.headerLength(header, next: bytes)
+            let take = min(needed - header.readableBytes, bytes.readableBytes)
+            if var part = bytes.readSlice(length: take) { header.writeBuffer(&part) }
+            guard header.readableBytes == needed, needed == Self.headerLength(header, next: ByteBuffer()) else { continue }
+            let length = Self.payloadLength(header)
+            guard length <= UInt64(limit.bytes) else {
+                refused = true
+                context.fireErrorCaught(NIOWebSocketError.invalidFrameLength)
+                return
+            }
+            let complete = header
+            header.clear()
+            remaining = length
+            context.fireChannelRead(wrapInboundOut(complete))
+        }
     }
 
-    func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
-        var decoder = limit.isOpen ? large : small  // a class: the same decoder, not a copy
-        return try decoder.decodeLast(context: context, buffer: &buffer, seenEOF: seenEOF)
+    /// How long the header starting in `header` (then `next`) is, as far as its bytes tell so far.
+    private static func headerLength(_ header: ByteBuffer, next: ByteBuffer) -> Int {
+        var view = header
+        var following = next
+        view.writeBuffer(&following)
+        guard view.readableBytes >= 2, let second = view.getInteger(at: view.readerIndex + 1, as: UInt8.self) else { return 2 }
+        let masked = second & 0x80 != 0 ? 4 : 0
+        switch second & 0x7F {
+        case 126: return 4 + masked
+        case 127: return 10 + masked
+        default: return 2 + masked
+        }
     }
 
-    /// Puts a gated decoder where the upgrade put NIO's own (before any byte reached it).
-    static func replaceUpgradeDecoder(in channel: any Channel, limit: ClientMessageLimit) throws {
+    private static func payloadLength(_ header: ByteBuffer) -> UInt64 {
+        let start = header.readerIndex
+        let short = UInt64((header.getInteger(at: start + 1, as: UInt8.self) ?? 0) & 0x7F)
+        switch short {
+        case 126: return UInt64(header.getInteger(at: start + 2, as: UInt16.self) ?? 0)
+        case 127: return header.getInteger(at: start + 2, as: UInt64.self) ?? .max
+        default: return short
+        }
+    }
+
+    /// Puts a gate in front of the decoder the upgrade added.
+    static func install(in channel: any Channel, limit: ClientMessageLimit) throws {
         let operations = channel.pipeline.syncOperations
-        let original = try operations.context(handlerType: ByteToMessageHandler<WebSocketFrameDecoder>.self)
-        try operations.addHandler(ByteToMessageHandler(GatedFrameDecoder(limit: limit)), position: .after(original.handler))
-        operations.removeHandler(context: original, promise: nil)
+        let decoder = try operations.context(handlerType: ByteToMessageHandler<WebSocketFrameDecoder>.self)
+        try operations.addHandler(FrameSizeGate(limit: limit), position: .before(decoder.handler))
     }
 }

@@ -193,6 +193,8 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
 
     private let timeout: TimeAmount
     private var deadline: Scheduled<Void>?
+    /// The response to the current request has ended (it may end before the request's body does).
+    private var answered = false
 
     init(timeout: TimeAmount) {
         self.timeout = timeout
@@ -200,14 +202,23 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
-        case .head, .body: restart(context)  // the body's next part within the timeout
-        case .end: stop()
+        case .head:
+            answered = false
+            restart(context)  // the body's first part within the timeout
+        case .body:
+            restart(context)  // and each next one
+        case .end:
+            // Handling takes what it takes; answered already, the next head is due within the timeout.
+            if answered { restart(context) } else { stop() }
         }
         context.fireChannelRead(data)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if case .end = unwrapOutboundIn(data) { restart(context) }  // the next head within the timeout
+        if case .end = unwrapOutboundIn(data) {
+            answered = true
+            restart(context)  // the next head (or the rest of this body) within the timeout
+        }
         context.write(data, promise: promise)
     }
 

@@ -177,7 +177,7 @@ public final class RelayServer: Service, Sendable {
         let messageLimit = ClientMessageLimit(
             initial: accepted.isMarket ? limits.preAuthMessageBytes : configuration.maxClientMessageBytes,
             full: configuration.maxClientMessageBytes)
-        try GatedFrameDecoder.replaceUpgradeDecoder(in: channel, limit: messageLimit)
+        try FrameSizeGate.install(in: channel, limit: messageLimit)
         let handler = WebSocketConnectionHandler(
             pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: limits.outboundBytes,
             // The session's message rate and burst, and room for control frames (pings, pongs, close).
@@ -194,6 +194,7 @@ public final class RelayServer: Service, Sendable {
         let refusal: StatusMessage? = addresses.admit(address).map(Self.refusal) ?? {
             guard let grant else { return nil }
             guard keyConnections.admit(grant) else {
+                addresses.release(address)
                 return StatusMessage(
                     status: StatusMessage.Kind.maxConnections,
                     message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0)).")

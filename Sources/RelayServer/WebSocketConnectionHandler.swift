@@ -136,6 +136,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             guard var joined = fragments else { return close(code: .protocolError, reason: "a continuation without a message") }
             fragments = nil
             var data = frame.unmaskedData
+            guard joined.readableBytes + data.readableBytes <= messageLimit.bytes else { return tooLarge() }
             joined.writeBuffer(&data)
             fragmentCount += 1
             if frame.fin {

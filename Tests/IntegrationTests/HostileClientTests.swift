@@ -150,6 +150,23 @@ struct HostileClientTests {
         }
     }
 
+    @Test func framesSentWithTheUpgradeRequestAreReadInOrderAndJudgedByTheirLimit() async throws {
+        try await withRelay { port, url in
+            // Auth and a subscribe in the same write as the upgrade request, before its 101.
+            let eager = try RawSocket(port: port)
+            let rest = try eager.upgrade(
+                then: RawSocket.text(#"{"action":"auth","params":"client-key"}"#) + RawSocket.text(#"{"action":"subscribe","params":"Q.AAPL"}"#))
+            #expect(eager.readUntil("auth_success", initial: rest).found)
+            #expect(eager.readUntil("subscribed to: Q.AAPL").found)
+            // A frame past the pre-auth limit in that write: refused with 1009, and the relay goes on.
+            let greedy = try RawSocket(port: port)
+            let head = try greedy.upgrade(then: RawSocket.text(String(repeating: "x", count: 8000)))
+            #expect(greedy.readUntil("never", initial: head).closeCode == 1009)
+            let honest = try await subscribedClient(url, "Q.AAPL")
+            await honest.close()
+        }
+    }
+
     @Test func pendingConnectionsOfAnAddressAreCapped() async throws {
         try await withRelay({ $0.connectionLimits.pendingPerAddress = 5 }) { port, url in
             // Six connections that say nothing: five hold the address's pending places, one is closed at
@@ -190,6 +207,12 @@ struct HostileClientTests {
             let idle = try RawSocket(port: port)
             idle.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             #expect(idle.readsToEOF(within: .seconds(5)))
+            // And one answered before it sent its whole body (401: no key), idle after the body.
+            let early = try RawSocket(port: port)
+            early.send("POST /v1/accounts HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n")
+            #expect(early.receive()?.isEmpty == false, "the 401 comes before the body ends")
+            early.send("0\r\n\r\n")
+            #expect(early.readsToEOF(within: .seconds(5)), "a connection answered before its body ended was never timed out")
             // So is a request whose body trickles (a byte every 2 s against a 1 s timeout).
             let trickle = try RawSocket(port: port)
             trickle.send("POST /v1/accounts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")

@@ -79,11 +79,16 @@ final class RawSocket {
         return false
     }
 
+    /// The HTTP request that asks for a WebSocket at `path`.
+    static func upgradeRequest(path: String = "/stocks") -> [UInt8] {
+        Array(
+            ("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").utf8)
+    }
+
     /// Upgrades to a WebSocket at `path`; returns the bytes that came after the response head.
-    func upgrade(path: String = "/stocks") throws -> [UInt8] {
-        _ = send(
-            "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    func upgrade(path: String = "/stocks", then pipelined: [UInt8] = []) throws -> [UInt8] {
+        _ = send(Self.upgradeRequest(path: path) + pipelined)
         var received: [UInt8] = []
         let end = Array("\r\n\r\n".utf8)
         while true {
