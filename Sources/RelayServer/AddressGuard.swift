@@ -27,6 +27,8 @@ final class AddressGuard: Sendable {
         var webSockets: [String: Int] = [:]
         var webSocketsTotal = 0
         var failures: [String: (count: Int, last: ContinuousClock.Instant)] = [:]
+        /// Failed authentications of each address whose (delayed) answer has not gone out yet.
+        var failuresInFlight: [String: Int] = [:]
         var sweptAt: ContinuousClock.Instant?
     }
 
@@ -169,9 +171,26 @@ final class AddressGuard: Sendable {
             if state.failures[key] != nil || state.failures.count < Self.maxFailureRecords { state.failures[key] = record }
             guard record.count > 1 else { return .zero }
             let doublings = min(record.count - 2, 30)
-            let delay = limits.failureDelay * (1 << doublings)
-            return min(delay, limits.maxFailureDelay)
+            state.failuresInFlight[key, default: 0] += 1
+            return min(limits.failureDelay * (1 << doublings), limits.maxFailureDelay)
         }
+    }
+
+    /// A delayed failure's answer went out (call once for each non-zero delay given).
+    func failureAnswered(from address: String) {
+        let key = Self.key(for: address)
+        state.withLock { state in
+            let left = (state.failuresInFlight[key] ?? 1) - 1
+            state.failuresInFlight[key] = left > 0 ? left : nil
+        }
+    }
+
+    /// Whether `address` has as many delayed failure answers in flight as it may: a guesser opening
+    /// connection after connection is then refused before its key is even checked (the right key too,
+    /// but only while that many wrong ones from the same address are waiting for their answers).
+    func isGuessing(_ address: String) -> Bool {
+        let key = Self.key(for: address)
+        return state.withLock { ($0.failuresInFlight[key] ?? 0) >= limits.failuresInFlightPerAddress }
     }
 
     /// Addresses with a failure record (tests).

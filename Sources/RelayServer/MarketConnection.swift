@@ -31,6 +31,10 @@ actor MarketConnection {
         /// Told each time a client's key is refused (counted per address); says how long to wait
         /// before answering the failure.
         let authenticationFailed: @Sendable () -> Duration
+        /// Told when a delayed failure's answer went out.
+        let failureAnswered: @Sendable () -> Void
+        /// Whether this connection's address has too many failures waiting for their answers.
+        let addressIsGuessing: @Sendable () -> Bool
     }
 
     /// The close code for a client the `disconnect` policy removed: "try again later".
@@ -97,6 +101,16 @@ actor MarketConnection {
 
     private func received(_ message: ByteBuffer) {
         guard !ended, !refusing else { return }
+        if !session.isAuthenticated, dependencies.addressIsGuessing() {
+            refusing = true
+            authTimeout?.cancel()
+            authTimeout = nil
+            dependencies.logger.info("downstream client refused: its address has too many failed authentications waiting")
+            handler.value.refuse(
+                .error("too many failed authentications from this address are being answered; try again in a few seconds"),
+                reason: "authentication failures")
+            return
+        }
         let wasAuthenticated = session.isAuthenticated
         let reaction = session.receive(message)
         if let grant = session.grant, !wasAuthenticated {
@@ -136,7 +150,15 @@ actor MarketConnection {
                     handler.close(code: .policyViolation, reason: "authentication failed")
                 }
             }
-            if delay > .zero { loop.scheduleTask(in: TimeAmount(delay)) { refuse() } } else { refuse() }
+            if delay > .zero {
+                let answered = dependencies.failureAnswered
+                loop.scheduleTask(in: TimeAmount(delay)) {
+                    refuse()
+                    answered()
+                }
+            } else {
+                refuse()
+            }
             return
         }
         let handler = self.handler.value

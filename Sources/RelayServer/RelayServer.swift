@@ -226,7 +226,9 @@ public final class RelayServer: Service, Sendable {
                     hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections,
                     drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: topicLedger.budget,
                     authenticated: { if let ticket { addresses.settle(ticket) } },
-                    authenticationFailed: { addresses.failedAuthentication(from: address) }))
+                    authenticationFailed: { addresses.failedAuthentication(from: address) },
+                    failureAnswered: { addresses.failureAnswered(from: address) },
+                    addressIsGuessing: { addresses.isGuessing(address) }))
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
         case .push(let index, _):

@@ -53,6 +53,9 @@ public struct RelayServerConfiguration: Sendable {
         /// The delay after the second failure in a window, doubling with each further one, at most `maxFailureDelay`.
         public var failureDelay: Duration
         public var maxFailureDelay: Duration
+        /// Delayed failure answers one address may be waiting for at once; past it, that address's
+        /// authentications are refused unchecked until some are answered.
+        public var failuresInFlightPerAddress: Int = 10
 
         public init(
             total: Int = 50_000, perAddress: Int = 10_000, pendingPerAddress: Int = 1_000, descriptorReserve: Int = 128,

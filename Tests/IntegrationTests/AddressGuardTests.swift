@@ -32,6 +32,18 @@ struct AddressGuardTests {
         #expect(guardian.failedAuthentication(from: "198.51.100.1", at: start + .seconds(201)) == .zero)
     }
 
+    @Test func anAddressWithTenFailuresWaitingForAnswersIsGuessing() {
+        let guardian = AddressGuard(limits: .init(), openFileLimit: 10_000)
+        #expect(guardian.failedAuthentication(from: "203.0.113.5") == .zero, "the first is answered at once, not held")
+        for _ in 0..<9 { _ = guardian.failedAuthentication(from: "203.0.113.5") }
+        #expect(!guardian.isGuessing("203.0.113.5"))
+        _ = guardian.failedAuthentication(from: "203.0.113.5")
+        #expect(guardian.isGuessing("203.0.113.5"), "ten delayed answers in flight")
+        #expect(!guardian.isGuessing("203.0.113.6"), "another address is not concerned")
+        guardian.failureAnswered(from: "203.0.113.5")
+        #expect(!guardian.isGuessing("203.0.113.5"))
+    }
+
     @Test func acceptedConnectionsArePendingUntilSettledAndTheBudgetHolds() throws {
         let guardian = AddressGuard(limits: .init(pendingPerAddress: 2, descriptorReserve: 10), openFileLimit: 13)
         #expect(guardian.descriptorBudget == 3)
