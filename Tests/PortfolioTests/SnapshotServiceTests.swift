@@ -9,6 +9,21 @@ import Testing
 /// The sidecar's snapshot writing against a real SQLite file.
 @Suite("Snapshot service")
 struct SnapshotServiceTests {
+    static func directory() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
+    }
+
+    /// A store in `dir` with one account opened a year ago with a deposit of 100 that day, and a service on it.
+    static func yearOfCash(in dir: String) async throws -> (PortfolioStore, PortfolioService, Account, Day, Day) {
+        let store = try PortfolioStore(directory: dir)
+        let calendar = DayCalendar.utc
+        let today = calendar.day(of: .now)
+        let start = calendar.day(today, addingYears: -1)
+        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
+        _ = try await store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
+        return (store, PortfolioService(store: store, hub: MarketDataHub()), account, start, today)
+    }
+
     @Test func aPartialLiveValueDoesNotReplaceTodaysCompleteRowUntilAllIsPricedAgain() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: dir) }
@@ -41,15 +56,10 @@ struct SnapshotServiceTests {
     }
 
     @Test func aBackfillWritesOnlyTheDaysThatChanged() async throws {
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
+        let dir = Self.directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let store = try PortfolioStore(directory: dir)
+        let (store, service, account, start, today) = try await Self.yearOfCash(in: dir)
         let calendar = DayCalendar.utc
-        let today = calendar.day(of: .now)
-        let start = calendar.day(today, addingYears: -1)
-        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
-        _ = try await store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
-        let service = PortfolioService(store: store, hub: MarketDataHub())
         let days = calendar.days(from: start, through: today).count
 
         try await service.backfill()
@@ -71,15 +81,10 @@ struct SnapshotServiceTests {
     /// Issue 22 item 11: a change recomputes the days from its own on, the minute's tick today only, and
     /// rows another process added (`relay portfolio import`) from their day on.
     @Test func aRecomputationStartsAtTheDayAChangeTouches() async throws {
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
+        let dir = Self.directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let store = try PortfolioStore(directory: dir)
+        let (store, service, account, start, today) = try await Self.yearOfCash(in: dir)
         let calendar = DayCalendar.utc
-        let today = calendar.day(of: .now)
-        let start = calendar.day(today, addingYears: -1)
-        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
-        _ = try await store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
-        let service = PortfolioService(store: store, hub: MarketDataHub())
         try await service.backfill()
         // A row long before any change below, marked: a recomputation reaching back to it would put it right.
         let marked = calendar.day(start, addingDays: 10)
