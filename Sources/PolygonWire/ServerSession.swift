@@ -108,20 +108,20 @@ public struct ServerSession: Sendable {
     }
 
     private mutating func changeTopics(_ action: ClientAction) -> Reaction {
-        // Counted before anything is parsed: a message past the limit costs a byte scan, no more.
+        // Entries (empty ones too, which parsing drops) are counted first: a message far past the limit
+        // costs a byte scan, no more.
         let entries = Topic.entryCount(action.params)
         let (parsed, invalid) = entries <= limits.topicsPerMessage * 2 ? Topic.parseList(action.params) : ([], [])
-        guard entries <= limits.topicsPerMessage * 2, parsed.count + invalid.count <= limits.topicsPerMessage else {
+        let count = entries <= limits.topicsPerMessage * 2 ? parsed.count + invalid.count : entries
+        guard count <= limits.topicsPerMessage else {
             return Reaction(frames: [
-                StatusMessage.error(
-                    "too many topics in one message: \(parsed.count + invalid.count > 0 ? parsed.count + invalid.count : entries) (at most \(limits.topicsPerMessage)); nothing was changed"
-                ).frame
+                StatusMessage.error("too many topics in one message: \(count) (at most \(limits.topicsPerMessage)); nothing was changed").frame
             ])
         }
         var reaction = Reaction()
         var problems: [String] = []
         if action.kind == .subscribe {
-            var malformed: [String] = invalid
+            var malformed = invalid
             var refused: [Topic] = []
             var overLimit = 0
             var wanted: [Topic] = []
@@ -147,9 +147,7 @@ public struct ServerSession: Sendable {
             }
             topics.formUnion(wanted)
             reaction.added = wanted
-            if !malformed.isEmpty {
-                problems.append("invalid topics (expected EVENT.TICKER, e.g. Q.AAPL or T.*): \(Self.summary(malformed))")
-            }
+            if !malformed.isEmpty { problems.append(Self.invalidTopics(malformed)) }
             if !refused.isEmpty {
                 problems.append("not authorized: key \"\(grant?.name ?? "")\" may not subscribe to \(Self.summary(refused))")
             }
@@ -159,9 +157,7 @@ public struct ServerSession: Sendable {
         } else {
             for topic in parsed where topics.remove(topic) != nil { reaction.removed.append(topic) }
             if !reaction.removed.isEmpty, let budget, let grant { budget.release(reaction.removed, grant) }
-            if !invalid.isEmpty {
-                problems.append("invalid topics (expected EVENT.TICKER, e.g. Q.AAPL or T.*): \(Self.summary(invalid))")
-            }
+            if !invalid.isEmpty { problems.append(Self.invalidTopics(invalid)) }
         }
         if parsed.isEmpty && invalid.isEmpty {
             problems.append("\(action.kind.rawValue): no topics in params")
@@ -183,6 +179,11 @@ public struct ServerSession: Sendable {
     public mutating func releaseAll() {
         if !topics.isEmpty, let budget, let grant { budget.release(Array(topics), grant) }
         topics = []
+    }
+
+    /// The problem of entries that are no topics (one wording for both actions).
+    static func invalidTopics(_ entries: [String]) -> String {
+        "invalid topics (expected EVENT.TICKER, e.g. Q.AAPL or T.*): \(summary(entries))"
     }
 
     /// How many entries a status names before it says how many more there are.

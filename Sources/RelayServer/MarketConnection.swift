@@ -102,9 +102,7 @@ actor MarketConnection {
     private func received(_ message: ByteBuffer) {
         guard !ended, !refusing else { return }
         if !session.isAuthenticated, dependencies.addressIsGuessing() {
-            refusing = true
-            authTimeout?.cancel()
-            authTimeout = nil
+            stopReading()
             dependencies.logger.info("downstream client refused: its address has too many failed authentications waiting")
             handler.value.refuse(
                 .error("too many failed authentications from this address are being answered; try again in a few seconds"),
@@ -135,9 +133,7 @@ actor MarketConnection {
         if reaction.close {
             // Answered after a delay that grows with the address's recent failures (a guesser gets few
             // answers; a correct key on another connection is answered at once meanwhile).
-            refusing = true
-            authTimeout?.cancel()
-            authTimeout = nil
+            stopReading()
             let delay = dependencies.authenticationFailed()
             dependencies.logger.info(
                 "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])
@@ -166,6 +162,13 @@ actor MarketConnection {
         handler.flush()
         if !reaction.added.isEmpty { change(.add(reaction.added)) }
         if !reaction.removed.isEmpty { change(.remove(reaction.removed)) }
+    }
+
+    /// A refusal is under way: nothing more is read, and the auth timeout has nothing left to do.
+    private func stopReading() {
+        refusing = true
+        authTimeout?.cancel()
+        authTimeout = nil
     }
 
     private func closed() {

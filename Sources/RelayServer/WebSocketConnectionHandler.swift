@@ -45,7 +45,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     let writability = Writability()
     /// Where whole frames go (``writeWire(_:)``); set before the handler is added.
     private var outlet: WireFrameOutlet?
-    /// The largest message accepted now (shared with the frame decoder).
+    /// The largest message accepted now (shared with the connection's ``FrameSizeGate``).
     let messageLimit: ClientMessageLimit
     /// Unsent bytes past which the client is closed.
     private let outboundLimit: Int
@@ -74,7 +74,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     init(
         pingInterval: TimeAmount, closeTimeout: TimeAmount, messageLimit: ClientMessageLimit, outboundLimit: Int,
-        pace: InboundPace = InboundPace(perSecond: 60, burst: 1_100)
+        pace: InboundPace
     ) {
         self.pingInterval = pingInterval
         self.closeTimeout = closeTimeout
@@ -220,13 +220,12 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         }
     }
 
-    /// A message too large or in too many pieces closes with 1009.
+    /// A message in too many pieces closes with 1009 (its size is checked as each piece joins; a single
+    /// frame's by the ``FrameSizeGate``).
     private func checkFragments() {
-        guard let fragments else { return }
-        if fragments.readableBytes > messageLimit.bytes || fragmentCount > Self.maxFragments {
-            self.fragments = nil
-            tooLarge()
-        }
+        guard fragmentCount > Self.maxFragments else { return }
+        fragments = nil
+        tooLarge()
     }
 
     private func tooLarge() {
