@@ -35,7 +35,7 @@ extension DemoFeed {
             try await self.restAnswer("trade", request, context) { ticker, state in
                 guard let last = state.last[ticker] else { return nil }
                 return
-                    #"{"status":"OK","request_id":"demo","results":{"T":"\#(ticker)","p":\#(DemoMarket.price(last.cents)),"s":100,"t":\#(last.at * 1_000_000),"x":4}}"#
+                    #"{"status":"OK","request_id":"demo","results":{"T":"\#(ticker)","p":\#(DemoMarket.price(last.cents, ticker: ticker)),"s":100,"t":\#(last.at * 1_000_000),"x":4}}"#
             }
         }
         router.get("/v2/last/nbbo/:ticker") { request, context in
@@ -44,13 +44,13 @@ extension DemoFeed {
                 let spread = max(last.cents / 5000, 1)
                 let bid = last.cents - spread / 2
                 return
-                    #"{"status":"OK","request_id":"demo","results":{"T":"\#(ticker)","p":\#(DemoMarket.price(bid)),"s":5,"x":11,"P":\#(DemoMarket.price(bid + spread)),"S":7,"X":19,"t":\#(last.at * 1_000_000)}}"#
+                    #"{"status":"OK","request_id":"demo","results":{"T":"\#(ticker)","p":\#(DemoMarket.price(bid, ticker: ticker)),"s":5,"x":11,"P":\#(DemoMarket.price(bid + spread, ticker: ticker)),"S":7,"X":19,"t":\#(last.at * 1_000_000)}}"#
             }
         }
         router.get("/v2/aggs/ticker/:ticker/prev") { request, context in
             try await self.restAnswer("prev", request, context) { ticker, state in
                 guard let close = state.previousClose[ticker] else { return nil }
-                let price = DemoMarket.price(close)
+                let price = DemoMarket.price(close, ticker: ticker)
                 let day = (WallClock.nowMilliseconds() / 86_400_000 - 1) * 86_400_000
                 return
                     #"{"ticker":"\#(ticker)","status":"OK","queryCount":1,"resultsCount":1,"adjusted":true,"request_id":"demo","results":[{"T":"\#(ticker)","o":\#(price),"h":\#(price),"l":\#(price),"c":\#(price),"v":1000000,"t":\#(day)}]}"#
@@ -69,7 +69,7 @@ extension DemoFeed {
                 let today = WallClock.nowMilliseconds() / 86_400_000
                 let bars = DemoHistory.bars(ticker: ticker, from: from, through: to, today: today, previousClose: close)
                 let rows = bars.map { bar in
-                    #"{"v":\#(bar.volume),"vw":\#(DemoMarket.price((bar.high + bar.low + bar.close) / 3)),"o":\#(DemoMarket.price(bar.open)),"c":\#(DemoMarket.price(bar.close)),"h":\#(DemoMarket.price(bar.high)),"l":\#(DemoMarket.price(bar.low)),"t":\#(bar.day * 86_400_000),"n":\#(bar.volume / 100)}"#
+                    #"{"v":\#(bar.volume),"vw":\#(DemoMarket.price((bar.high + bar.low + bar.close) / 3, ticker: ticker)),"o":\#(DemoMarket.price(bar.open, ticker: ticker)),"c":\#(DemoMarket.price(bar.close, ticker: ticker)),"h":\#(DemoMarket.price(bar.high, ticker: ticker)),"l":\#(DemoMarket.price(bar.low, ticker: ticker)),"t":\#(bar.day * 86_400_000),"n":\#(bar.volume / 100)}"#
                 }
                 return
                     #"{"ticker":"\#(ticker)","queryCount":\#(rows.count),"resultsCount":\#(rows.count),"adjusted":true,"results":[\#(rows.joined(separator: ","))],"status":"OK","request_id":"demo","count":\#(rows.count)}"#

@@ -37,6 +37,7 @@ public final class DemoFeed: Service, Sendable {
     private let logger: Logger
 
     struct FeedConnection: Sendable {
+        let market: Market
         var topics: Set<Topic> = []
         let outputs: AsyncStream<FeedOutput>.Continuation
 
@@ -55,8 +56,14 @@ public final class DemoFeed: Service, Sendable {
     public func listeningPort() async throws -> Int { try await port.wait() }
 
     /// The URL a client connects to, once the feed listens.
+    /// The first market's WebSocket URL.
     public func url() async throws -> String {
-        "\(configuration.tls == nil ? "ws" : "wss")://\(configuration.host):\(try await listeningPort())/\(configuration.market)"
+        try await url(for: configuration.servedMarkets.first ?? .stocks)
+    }
+
+    /// A market's WebSocket URL.
+    public func url(for market: Market) async throws -> String {
+        "\(configuration.tls == nil ? "ws" : "wss")://\(configuration.host):\(try await listeningPort())/\(market)"
     }
 
     public func run() async throws {
@@ -64,7 +71,12 @@ public final class DemoFeed: Service, Sendable {
             let app = try makeApplication()
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { try await app.run() }
-                group.addTask { await cancelWhenGracefulShutdown { await self.generate() } }
+                let markets = configuration.servedMarkets
+                for market in markets {
+                    // One market alone trades at the configured rate; beside stocks, the others at a quarter.
+                    let share = markets.count == 1 || market == .stocks ? 1.0 : 0.25
+                    group.addTask { await cancelWhenGracefulShutdown { await self.generate(market, rateShare: share) } }
+                }
                 try await group.next()
                 if Task.isShuttingDownGracefully {
                     try await group.waitForAll()
@@ -81,8 +93,10 @@ public final class DemoFeed: Service, Sendable {
 
     private func makeApplication() throws -> some ApplicationProtocol {
         let webSocketRouter = Router(context: FeedRequestContext.self)
-        webSocketRouter.ws("/\(configuration.market)") { inbound, outbound, context in
-            try await self.serve(inbound: inbound, outbound: outbound, channel: context.requestContext.channel)
+        for market in configuration.servedMarkets {
+            webSocketRouter.ws("/\(market)") { inbound, outbound, context in
+                try await self.serve(inbound: inbound, outbound: outbound, channel: context.requestContext.channel, market: market)
+            }
         }
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
@@ -96,7 +110,9 @@ public final class DemoFeed: Service, Sendable {
                 throw HTTPError(
                     .notFound, message: "unknown fault \(name); one of \(DemoFeedFault.allCases.map(\.rawValue).joined(separator: ", "))")
             }
-            return "{\"fault\":\"\(fault.rawValue)\",\"connections\":\(self.inject(fault))}\n"
+            // `?market=crypto`: only that market's connections.
+            let market = request.uri.queryParameters.get("market").flatMap { Market(rawValue: $0) }
+            return "{\"fault\":\"\(fault.rawValue)\",\"connections\":\(self.inject(fault, market: market))}\n"
         }
         let port = self.port
         let ping: AutoPingSetup = configuration.pingInterval.map { .enabled(timePeriod: $0) } ?? .disabled
@@ -119,13 +135,13 @@ public final class DemoFeed: Service, Sendable {
 
     // MARK: one client
 
-    private func serve(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, channel: any Channel) async throws {
+    private func serve(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, channel: any Channel, market: Market) async throws {
         let id = nextConnection.withLock { value in
             defer { value += 1 }
             return value
         }
         let (outputs, continuation) = AsyncStream.makeStream(of: FeedOutput.self, bufferingPolicy: .bufferingOldest(10_000))
-        connections.withLock { $0[id] = FeedConnection(outputs: continuation) }
+        connections.withLock { $0[id] = FeedConnection(market: market, outputs: continuation) }
         monitor.update { snapshot in
             snapshot.openConnections += 1
             snapshot.maxOpenConnections = max(snapshot.maxOpenConnections, snapshot.openConnections)
@@ -149,7 +165,7 @@ public final class DemoFeed: Service, Sendable {
         try await send(StatusMessage.connected.frame, to: outbound)
         // Reader and writer are tasks of their own so the `silence` fault can stop the reader (and with
         // it the pongs, which are answered while inbound is read) without ending the connection.
-        let reader = Task { try await self.read(inbound: inbound, outbound: outbound, connection: id) }
+        let reader = Task { try await self.read(inbound: inbound, outbound: outbound, connection: id, market: market) }
         let writer = Task { try await self.write(outputs, to: outbound, channel: channel, reader: reader) }
         await withTaskCancellationHandler {
             _ = try? await reader.value
@@ -164,7 +180,7 @@ public final class DemoFeed: Service, Sendable {
         writer.cancel()
     }
 
-    private func read(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, connection id: Int) async throws {
+    private func read(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, connection id: Int, market: Market) async throws {
         let expectedKey = configuration.apiKey
         var session = ServerSession { key in
             guard let expectedKey else { return !key.isEmpty }
@@ -180,7 +196,7 @@ public final class DemoFeed: Service, Sendable {
             let reaction = session.receive(buffer)
             if let action = try? ClientAction.decode(buffer) {
                 monitor.update { snapshot in
-                    snapshot.actions.append(.init(connection: id, kind: action.kind, params: action.params))
+                    snapshot.actions.append(.init(connection: id, kind: action.kind, params: action.params, market: market))
                     if !wasAuthenticated && session.isAuthenticated { snapshot.authenticatedConnections += 1 }
                 }
             }
@@ -189,7 +205,8 @@ public final class DemoFeed: Service, Sendable {
                 try await outbound.close(.policyViolation, reason: "authentication failed")
                 return
             }
-            let topics = session.topics
+            // In the market's topic form, as its events are routed (`XT.BTC-USD` is `XT.X:BTC-USD`).
+            let topics = Set(session.topics.map(market.normalized))
             connections.withLock { $0[id]?.topics = topics }
         }
     }
@@ -226,8 +243,8 @@ public final class DemoFeed: Service, Sendable {
 
     /// Inflicts a fault on every connection open now; returns how many there were.
     @discardableResult
-    public func inject(_ fault: DemoFeedFault) -> Int {
-        let open = connections.withLock { Array($0.values) }
+    public func inject(_ fault: DemoFeedFault, market: Market? = nil) -> Int {
+        let open = connections.withLock { Array($0.values.filter { market == nil || $0.market == market }) }
         for connection in open { connection.outputs.yield(.fault(fault)) }
         logger.info("fault injected", metadata: ["fault": "\(fault.rawValue)", "connections": "\(open.count)"])
         return open.count
@@ -267,20 +284,20 @@ public final class DemoFeed: Service, Sendable {
         }
     }
 
-    private func generate() async {
-        let seed = configuration.seed ?? UInt64.random(in: 0...UInt64.max)
+    private func generate(_ kind: Market, rateShare: Double) async {
+        let seed = (configuration.seed ?? UInt64.random(in: 0...UInt64.max)) &+ UInt64(Market.allCases.firstIndex(of: kind) ?? 0)
         var market =
-            configuration.universe.map { DemoMarket(tickers: $0, seed: seed) }
-            ?? DemoMarket(generatedTickers: configuration.generatedTickers, seed: seed)
+            configuration.universe.map { DemoMarket(tickers: $0, seed: seed, market: kind) }
+            ?? DemoMarket(market: kind, generatedTickers: configuration.generatedTickers, seed: seed)
         let opened = WallClock.nowMilliseconds()
         restState.withLock { state in
             // The market opens at these prices: yesterday's close, and the last trade until one happens.
-            state.previousClose = market.allCents
-            state.last = market.allCents.mapValues { ($0, opened) }
+            state.previousClose.merge(market.allCents) { _, new in new }
+            state.last.merge(market.allCents.mapValues { ($0, opened) }) { _, new in new }
         }
         let clock = ContinuousClock()
         let tick = configuration.tickInterval
-        let perTick = configuration.eventsPerSecond * tick.seconds
+        let perTick = max(configuration.eventsPerSecond * rateShare, 1) * tick.seconds
         var owed = 0.0
         var nextTick = clock.now
         var barStart = WallClock.nowMilliseconds()
@@ -302,7 +319,7 @@ public final class DemoFeed: Service, Sendable {
                 owed -= 1
             }
             restState.withLock { state in
-                for event in events where event.eventType == "T" {
+                for event in events where DemoMarket.setsLastPrice(event.eventType) {
                     if let cents = market.cents(of: event.ticker) { state.last[event.ticker] = (cents, now) }
                 }
             }
@@ -319,13 +336,13 @@ public final class DemoFeed: Service, Sendable {
             }
             // A machine that fell behind catches up from now rather than bursting.
             if clock.now - nextTick > tick * 10 { nextTick = clock.now }
-            broadcast(events)
+            broadcast(events, market: kind)
         }
     }
 
-    private func broadcast(_ events: [MarketEvent]) {
+    private func broadcast(_ events: [MarketEvent], market: Market) {
         guard !events.isEmpty else { return }
-        let targets = connections.withLock { Array($0.values) }
+        let targets = connections.withLock { Array($0.values.filter { $0.market == market }) }
         var frames = 0
         var sent = 0
         for connection in targets where !connection.topics.isEmpty {

@@ -1,3 +1,4 @@
+import PolygonWire
 /// How the synthetic market behaves. Value type, `Sendable`.
 public struct DemoFeedConfiguration: Sendable {
     public var host: String
@@ -5,6 +6,8 @@ public struct DemoFeedConfiguration: Sendable {
     public var port: Int
     /// The path the feed serves, `/stocks`.
     public var market: String
+    /// Every market the feed serves, each at its own path (`nil`: only ``market``).
+    public var markets: [Market]?
     /// The key clients must send; `nil` accepts any non-empty key.
     public var apiKey: String?
     /// Quotes and trades per second across the whole universe.
@@ -46,6 +49,11 @@ public struct DemoFeedConfiguration: Sendable {
             self.certificatePath = certificatePath
             self.privateKeyPath = privateKeyPath
         }
+    }
+
+    /// The markets served: ``markets``, or the one ``market`` names.
+    public var servedMarkets: [Market] {
+        markets ?? [Market(rawValue: market) ?? .stocks]
     }
 
     public init(

@@ -11,6 +11,8 @@ public final class DemoFeedMonitor: Sendable {
         public var connection: Int
         public var kind: ClientAction.Kind
         public var params: String
+        /// The market path the connection is on.
+        public var market: Market = .stocks
     }
 
     /// The counters and the action log at one moment.

@@ -1,19 +1,41 @@
-/// Which topics a client may subscribe to: every topic, or those matching a list of patterns, where
+/// Which markets and topics a client may use: every topic, or those matching a list of patterns, where
 /// `T.AAPL` allows that topic and `Q.*` allows every `Q` ticker and the `Q.*` wildcard itself. A
-/// wildcard subscription is allowed only by its own wildcard pattern. Value type, `Sendable`.
+/// wildcard subscription is allowed only by its own wildcard pattern. Patterns may be given per market
+/// (`crypto:XQ.*`); a market with patterns of its own uses only those, any other market the unqualified
+/// patterns. Value type, `Sendable`.
 public struct Entitlement: Sendable, Equatable {
-    /// `nil`: everything.
+    /// `nil`: everything (on markets without patterns of their own).
     public let patterns: Set<Topic>?
+    /// The markets the key may use; `nil`: all.
+    public let markets: Set<Market>?
+    /// Patterns that apply on one market only, instead of ``patterns``.
+    public let marketPatterns: [Market: Set<Topic>]
 
     public static let everything = Entitlement(patterns: nil)
 
-    public init(patterns: Set<Topic>?) {
+    public init(patterns: Set<Topic>?, markets: Set<Market>? = nil, marketPatterns: [Market: Set<Topic>] = [:]) {
         self.patterns = patterns
+        self.markets = markets
+        self.marketPatterns = marketPatterns
     }
 
-    public func allows(_ topic: Topic) -> Bool {
+    /// Whether the key may connect to `market` at all.
+    public func allows(market: Market) -> Bool {
+        markets?.contains(market) ?? true
+    }
+
+    /// Whether `topic` may be subscribed on `market` (`nil`: the unqualified patterns).
+    public func allows(_ topic: Topic, in market: Market? = nil) -> Bool {
+        if let market {
+            guard allows(market: market) else { return false }
+            if let own = marketPatterns[market] { return Self.matches(topic, own) }
+        }
         guard let patterns else { return true }
-        return patterns.contains(topic) || (!topic.isWildcard && patterns.contains(.wildcard(topic.eventType)))
+        return Self.matches(topic, patterns)
+    }
+
+    private static func matches(_ topic: Topic, _ patterns: Set<Topic>) -> Bool {
+        patterns.contains(topic) || (!topic.isWildcard && patterns.contains(.wildcard(topic.eventType)))
     }
 }
 

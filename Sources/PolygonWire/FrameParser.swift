@@ -11,10 +11,14 @@ public enum FrameParser {
     public static let maxDepth = 32
 
     /// Parses a frame: a JSON array of objects (a single bare object is accepted too).
-    /// - Parameter receivedAt: stamped on every event (monotonic ns), for latency accounting.
-    public static func parse(_ frame: ByteBuffer, receivedAt: UInt64 = 0) throws -> ParsedFrame {
+    /// - Parameters:
+    ///   - receivedAt: stamped on every event (monotonic ns), for latency accounting.
+    ///   - market: the market the frame came from: each event's ticker is routed in that market's topic
+    ///     form (a crypto `pair` `BTC-USD` on topic `XT.X:BTC-USD`; ``Market/topicTicker(_:)``). The
+    ///     event's bytes are untouched.
+    public static func parse(_ frame: ByteBuffer, receivedAt: UInt64 = 0, market: Market = .stocks) throws -> ParsedFrame {
         try frame.withUnsafeReadableBytes { raw in
-            var scanner = Scanner(bytes: raw, receivedAt: receivedAt)
+            var scanner = Scanner(bytes: raw, receivedAt: receivedAt, market: market)
             return try scanner.parseFrame(source: frame)
         }
     }
@@ -50,11 +54,13 @@ private struct ElementFields {
 private struct Scanner {
     let bytes: UnsafeRawBufferPointer
     let receivedAt: UInt64
+    let market: Market
     var index = 0
 
-    init(bytes: UnsafeRawBufferPointer, receivedAt: UInt64) {
+    init(bytes: UnsafeRawBufferPointer, receivedAt: UInt64, market: Market) {
         self.bytes = bytes
         self.receivedAt = receivedAt
+        self.market = market
     }
 
     // MARK: frame
@@ -123,7 +129,8 @@ private struct Scanner {
             result.skipped += 1
             return
         }
-        let ticker = string(tickerRange, fields)
+        var ticker = string(tickerRange, fields)
+        if market.tickerPrefix != nil { ticker = market.topicTicker(ticker) }
         // The slice shares the frame's storage: no copy of the event's bytes.
         guard let slice = source.getSlice(at: source.readerIndex + start, length: end - start) else {
             throw fault("internal: element outside the frame")

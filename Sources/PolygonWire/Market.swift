@@ -113,20 +113,19 @@ public enum Market: String, CaseIterable, Sendable, Codable, Comparable, CustomS
         return bytes.count == 7 && bytes[3] == UInt8(ascii: "-")
     }
 
-    /// Why a topic does not belong to this market (naming the market it belongs to), or `nil`.
+    /// Why a topic does not belong to this market (naming the market it belongs to), or `nil`. Short: a
+    /// refusal names each refused entry with it.
     public func problem(with topic: Topic) -> String? {
         if !eventTypes.contains(topic.eventType) {
-            let owners = Market.allCases.filter { $0.eventTypes.contains(topic.eventType) }
-            if owners.isEmpty {
-                return "unknown event type \(topic.eventType) (the \(self) market has \(eventTypes.sorted().joined(separator: ", ")))"
+            guard let owner = Market.allCases.first(where: { $0.eventTypes.contains(topic.eventType) }) else {
+                return "no \(topic.eventType) events on \(self)"
             }
-            return "\(topic) is a topic of the \(owners.map(\.rawValue).joined(separator: "/")) market, not \(self) "
-                + "(this market has \(eventTypes.sorted().joined(separator: ", ")))"
+            return "a \(owner) topic: use /\(owner)"
         }
         if topic.isWildcard { return nil }
         let owner = Market.of(ticker: topic.ticker)
         if owner != self, owner != .stocks || tickerPrefix == nil {
-            return "\(topic) names a ticker of the \(owner) market, not \(self)"
+            return "a \(owner) ticker: use /\(owner)"
         }
         return nil
     }

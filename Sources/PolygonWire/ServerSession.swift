@@ -22,6 +22,8 @@ public struct ServerSession: Sendable {
         public var removed: [Topic] = []
         /// Close the connection after sending `frames` (authentication failed).
         public var close = false
+        /// The key was right but may not use this connection's market (answered at once: no guess).
+        public var marketRefused = false
     }
 
     public var isAuthenticated: Bool { grant != nil }
@@ -82,6 +84,19 @@ public struct ServerSession: Sendable {
             guard let granted = authenticate(key) else {
                 return Reaction(frames: [StatusMessage.authFailed.frame], close: true)
             }
+            if let market = limits.market, !granted.entitlement.allows(market: market) {
+                // Polygon answers a plan without a market the same way: auth_failed, then it closes.
+                let markets = granted.entitlement.markets.map { $0.sorted().map(\.rawValue).joined(separator: ", ") } ?? ""
+                var reaction = Reaction(
+                    frames: [
+                        StatusMessage(
+                            status: StatusMessage.Kind.authFailed,
+                            message: "key \"\(granted.name)\" may not use the \(market) market (its markets: \(markets))"
+                        ).frame
+                    ], close: true)
+                reaction.marketRefused = true
+                return reaction
+            }
             grant = granted
             return Reaction(frames: [StatusMessage.authSuccess.frame])
         case .subscribe, .unsubscribe:
@@ -111,7 +126,11 @@ public struct ServerSession: Sendable {
         // Entries (empty ones too, which parsing drops) are counted first: a message far past the limit
         // costs a byte scan, no more.
         let entries = Topic.entryCount(action.params)
-        let (parsed, invalid) = entries <= limits.topicsPerMessage * 2 ? Topic.parseList(action.params) : ([], [])
+        var (parsed, invalid) = entries <= limits.topicsPerMessage * 2 ? Topic.parseList(action.params) : ([], [])
+        // In the market's own form (`XT.BTC-USD` is `XT.X:BTC-USD`): what the upstream and the hub use.
+        if let market = limits.market, market.tickerPrefix != nil {
+            parsed = parsed.map { market.problem(with: $0) == nil ? market.normalized($0) : $0 }
+        }
         let count = entries <= limits.topicsPerMessage * 2 ? parsed.count + invalid.count : entries
         guard count <= limits.topicsPerMessage else {
             return Reaction(frames: [
@@ -129,7 +148,7 @@ public struct ServerSession: Sendable {
             for topic in parsed where !topics.contains(topic) && seen.insert(topic).inserted {
                 if let problem = limits.problem(with: topic) {
                     malformed.append("\(topic) (\(problem))")
-                } else if let grant, !grant.entitlement.allows(topic) {
+                } else if let grant, !grant.entitlement.allows(topic, in: limits.market) {
                     refused.append(topic)
                 } else if topics.count + wanted.count >= limits.topicsPerConnection {
                     overLimit += 1

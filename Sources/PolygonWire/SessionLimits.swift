@@ -15,6 +15,11 @@ public struct SessionLimits: Sendable, Equatable {
     public var maxTickerLength: Int
     /// The event types the market has (`nil`: any); a topic of another type is refused.
     public var eventTypes: Set<String>?
+    /// The market the connection is on: its topics are written in its form (``Market/normalized(_:)``)
+    /// and a topic of another market is refused, naming that market. `nil`: no market check.
+    public var market: Market? {
+        didSet { eventTypes = market?.eventTypes }
+    }
 
     public init(
         topicsPerMessage: Int = 1_000, topicsPerConnection: Int = 10_000, messagesPerSecond: Int = 50, messageBurst: Int = 1_000,
@@ -31,18 +36,12 @@ public struct SessionLimits: Sendable, Equatable {
     /// The event types of Polygon's markets (the WebSocket path), from its published spec; `nil` for a
     /// market not listed, which then accepts any type.
     public static func eventTypes(ofMarket market: String) -> Set<String>? {
-        switch market {
-        case "stocks": ["T", "Q", "A", "AM", "LULD", "NOI", "FMV", "LV"]
-        case "options": ["T", "Q", "A", "AM", "FMV"]
-        case "forex": ["C", "CA", "CAS", "FMV"]
-        case "crypto": ["XT", "XQ", "XA", "XAS", "XL2", "FMV"]
-        case "indices": ["V", "A", "AM"]
-        default: nil
-        }
+        Market(rawValue: market)?.eventTypes
     }
 
     /// Why a topic is refused, or `nil` when it is fine.
     public func problem(with topic: Topic) -> String? {
+        if let market, let problem = market.problem(with: topic) { return problem }
         if let eventTypes, !eventTypes.contains(topic.eventType) {
             return "unknown event type \(topic.eventType) (this market has \(eventTypes.sorted().joined(separator: ", ")))"
         }

@@ -30,8 +30,9 @@ import Upstream
 public final class Relay: Service, Sendable {
     /// The running parts, for tests and tools.
     public struct Components: Sendable {
+        /// The first market's hub.
         public let hub: MarketDataHub
-        /// A single relay's upstream client; `nil` on a cluster node (see ``cluster``).
+        /// A single relay's upstream client of the first market; `nil` on a cluster node (see ``cluster``).
         public let upstream: PolygonWebSocket?
         /// This relay's cluster node, when clustered.
         public let cluster: ClusterNode?
@@ -45,6 +46,10 @@ public final class Relay: Service, Sendable {
         public let port: Int
         /// The in-process demo feed's port, if it runs.
         public let demoFeedPort: Int?
+        /// Every served market's hub (``hub`` is the first market's).
+        public let markets: [Market: MarketDataHub]
+        /// A single relay's upstream client per market.
+        public let upstreams: [Market: PolygonWebSocket]
     }
 
     /// How long each part may take to stop once shutdown reaches it.
@@ -85,16 +90,38 @@ public final class Relay: Service, Sendable {
         readiness.fail(CancellationError())
     }
 
-    /// Where the upstream is, its key and its REST API; the demo feed's address is known only once it
-    /// listens, hence the closures.
-    private struct UpstreamSource: Sendable {
-        var market: String
+    /// One market's upstream: where it is and its key; the demo feed's address is known only once it
+    /// listens, hence the closure.
+    private struct MarketSource: Sendable {
+        var market: Market
         var apiKey: String
         var endpoint: @Sendable () async throws -> UpstreamConfiguration.Endpoint
-        var restURL: (@Sendable () async throws -> String)?
+        var caFile: String?
         var description: String
-        /// The key REST requests carry (the upstream's; the demo feed's own only for its own REST).
-        var restKey: String
+    }
+
+    /// One market's running parts.
+    private struct MarketParts: Sendable {
+        var source: MarketSource
+        var hub: MarketDataHub
+        var interest: LocalInterest
+        var link: UpstreamLink?
+        var feed: any FeedStatus
+    }
+
+    /// The configured upstreams, one per market (today's settings name one; `nil`: none configured).
+    private func configuredSources() throws -> [MarketSource]? {
+        guard let endpoint = settings.upstream else { return nil }
+        guard let market = Market(rawValue: endpoint.market) else {
+            throw RelaySettings.InvalidSetting(
+                description: "upstream: \(endpoint) names no Polygon market (the URL's last path segment is one of "
+                    + "\(Market.allCases.map(\.rawValue).joined(separator: ", ")))")
+        }
+        return [
+            MarketSource(
+                market: market, apiKey: settings.upstreamKey ?? "", endpoint: { endpoint }, caFile: settings.upstreamCAFile,
+                description: endpoint.description)
+        ]
     }
 
     private func runParts() async throws {
@@ -110,71 +137,85 @@ public final class Relay: Service, Sendable {
         let logger = self.logger
 
         var demoFeed: DemoFeed?
-        let source: UpstreamSource
-        if let endpoint = settings.upstream {
-            let rest = settings.upstreamRESTURL ?? Self.restURL(for: endpoint)
-            source = UpstreamSource(
-                market: endpoint.market, apiKey: settings.upstreamKey ?? "", endpoint: { endpoint }, restURL: rest.map { url in { @Sendable in url } },
-                description: endpoint.description, restKey: settings.upstreamKey ?? "")
+        let sources: [MarketSource]
+        /// The portfolio's REST API and the key it carries.
+        let restURL: (@Sendable () async throws -> String)?
+        let restKey: String
+        if let configured = try configuredSources() {
+            sources = configured
+            let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
+            restURL = rest.map { url in { @Sendable in url } }
+            restKey = settings.upstreamKey ?? ""
         } else {
             let apiKey = "demo-" + UUID().uuidString
             var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
+            feedConfiguration.markets = Market.allCases
             feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
             let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
             demoFeed = feed
-            source = UpstreamSource(
-                market: feedConfiguration.market, apiKey: apiKey,
-                endpoint: {
-                    let url = try await feed.url()
-                    guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
-                    return endpoint
-                },
-                restURL: settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in
-                    "http://127.0.0.1:\(try await feed.listeningPort())"
-                },
-                description: "the built-in demo feed",
-                // Another REST source (`--rest-url`) gets the upstream key, never the demo feed's.
-                restKey: settings.upstreamRESTURL == nil ? apiKey : settings.upstreamKey ?? "")
-            logger.info("no upstream configured: serving the built-in demo feed")
+            sources = Market.allCases.map { market in
+                MarketSource(
+                    market: market, apiKey: apiKey,
+                    endpoint: {
+                        let url = try await feed.url(for: market)
+                        guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
+                        return endpoint
+                    }, caFile: nil, description: "the built-in demo feed")
+            }
+            restURL = settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in
+                "http://127.0.0.1:\(try await feed.listeningPort())"
+            }
+            // Another REST source (`--rest-url`) gets the upstream key, never the demo feed's.
+            restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamKey ?? ""
+            logger.info("no upstream configured: serving the built-in demo feed for every market")
+        }
+        if settings.cluster != nil, sources.count > 1 {
+            throw RelaySettings.InvalidSetting(description: "cluster: one market per cluster node for now (configure one upstream)")
         }
 
-        let interest = LocalInterest()
-        let hub = MarketDataHub(
-            policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
-            keepsUnwantedLastValues: settings.cluster == nil, logger: logger.with(label: "relay.hub"), metricsFactory: metricsFactory
-        ) { change in
-            interest.apply(change)
-        }
         let clustered = settings.cluster != nil
-        let makeUpstream: @Sendable () async throws -> PolygonWebSocket = {
-            var configuration = settings.upstreamTuning
-            configuration.endpoint = try await source.endpoint()
-            configuration.apiKey = source.apiKey
-            configuration.caFile = settings.upstreamCAFile
-            configuration.metricsFactory = metricsFactory
-            // A cluster leader must be gone well inside its lease once it decides to go.
-            if clustered { configuration.closeTimeout = .seconds(1) }
-            return PolygonWebSocket(configuration: configuration, logger: logger.with(label: "relay.upstream"))
-        }
-
-        let feedStatus: any FeedStatus
-        var upstreamService: (any Service)?
+        var markets: [MarketParts] = []
         var clusterNode: ClusterNode?
-        var link: UpstreamLink?
-        if let cluster = settings.cluster {
-            let node = try ClusterNode(
-                configuration: cluster, market: source.market, hub: hub, localInterest: interest, metricsFactory: metricsFactory,
-                logger: logger.with(label: "relay.cluster"), makeUpstream: makeUpstream)
-            clusterNode = node
-            feedStatus = ClusterFeedStatus(node: node, upstream: source.description)
-        } else {
-            // The built-in feed's loopback address is nobody's business (its port served its faults).
-            let single = UpstreamLink(
-                hub: hub, interest: interest, shownURL: demoFeed == nil ? nil : source.description, makeUpstream: makeUpstream)
-            link = single
-            upstreamService = single
-            feedStatus = single
+        for source in sources {
+            let marketLogger = logger.with(label: "relay.\(source.market)")
+            let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
+            let interest = LocalInterest()
+            let hub = MarketDataHub(
+                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+                keepsUnwantedLastValues: !clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
+            ) { change in
+                interest.apply(change)
+            }
+            let makeUpstream: @Sendable () async throws -> PolygonWebSocket = {
+                var configuration = settings.upstreamTuning
+                configuration.endpoint = try await source.endpoint()
+                configuration.apiKey = source.apiKey
+                configuration.caFile = source.caFile
+                configuration.metricsFactory = marketMetrics
+                // A cluster leader must be gone well inside its lease once it decides to go.
+                if clustered { configuration.closeTimeout = .seconds(1) }
+                return PolygonWebSocket(configuration: configuration, logger: marketLogger.with(label: "relay.upstream.\(source.market)"))
+            }
+            if let cluster = settings.cluster {
+                let node = try ClusterNode(
+                    configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
+                    logger: logger.with(label: "relay.cluster"), makeUpstream: makeUpstream)
+                clusterNode = node
+                markets.append(
+                    MarketParts(
+                        source: source, hub: hub, interest: interest, link: nil,
+                        feed: ClusterFeedStatus(node: node, upstream: source.description)))
+            } else {
+                // The built-in feed's loopback address is nobody's business (its port served its faults).
+                let link = UpstreamLink(
+                    hub: hub, interest: interest, shownURL: demoFeed == nil ? nil : source.description, makeUpstream: makeUpstream)
+                markets.append(MarketParts(source: source, hub: hub, interest: interest, link: link, feed: link))
+            }
         }
+        guard let primary = markets.first else {
+            throw RelaySettings.InvalidSetting(description: "upstream: no market configured")
+        }
+        let hub = primary.hub
 
         var portfolio: PortfolioService?
         var browser: SecurityBrowser?
@@ -192,7 +233,7 @@ public final class Relay: Service, Sendable {
             // in one process (tests), and a later relay on a reused port got the earlier one's dead ones.
             let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
             restClient = client
-            let rest = source.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: source.restKey, client: client) }
+            let rest = restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: restKey, client: client) }
             let service = PortfolioService(
                 store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
                 pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
@@ -209,17 +250,16 @@ public final class Relay: Service, Sendable {
         let server = RelayServer(
             configuration: {
                 var configuration = RelayServerConfiguration(
-                    host: settings.listen.host, port: settings.listen.port, market: source.market, authentication: authentication)
+                    host: settings.listen.host, port: settings.listen.port, authentication: authentication)
                 configuration.metricsPublic = settings.metricsPublic
                 configuration.limits = settings.limits
-                configuration.limits.eventTypes = SessionLimits.eventTypes(ofMarket: source.market)
                 configuration.tls = settings.tls
                 configuration.connectionLimits = settings.connectionLimits
                 configuration.portfolio = routes != nil
                 configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
                 return configuration
             }(),
-            hub: hub, feed: feedStatus, registry: registry, logger: logger.with(label: "relay.server"),
+            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed) }, registry: registry, logger: logger.with(label: "relay.server"),
             extraRoutes: { router in
                 routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
             },
@@ -230,7 +270,9 @@ public final class Relay: Service, Sendable {
         // Start order; they stop in reverse.
         var parts: [(String, any Service)] = []
         if let demoFeed { parts.append(("demo feed", demoFeed)) }
-        if let upstreamService { parts.append(("upstream", upstreamService)) }
+        for market in markets {
+            if let link = market.link { parts.append(("\(market.source.market) upstream", link)) }
+        }
         if let portfolio { parts.append(("portfolio", portfolio)) }
         parts.append(("server", server))
         if let clusterNode { parts.append(("cluster node", clusterNode)) }
@@ -254,20 +296,28 @@ public final class Relay: Service, Sendable {
                 tasks.addTask { try await group.run() }
                 let port = try await server.listeningPort()
                 let demoPort = try await demoFeed?.listeningPort()
-                let upstream = try await link?.upstream()
+                var upstreams: [Market: PolygonWebSocket] = [:]
+                for market in markets {
+                    if let link = market.link { upstreams[market.source.market] = try await link.upstream() }
+                }
                 readiness.succeed(
                     Components(
-                        hub: hub, upstream: upstream, cluster: clusterNode, server: server, demoFeed: demoFeed, portfolio: portfolio,
-                        securities: browser, port: port, demoFeedPort: demoPort))
+                        hub: hub, upstream: upstreams[primary.source.market], cluster: clusterNode, server: server, demoFeed: demoFeed,
+                        portfolio: portfolio, securities: browser, port: port, demoFeedPort: demoPort,
+                        markets: Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }), upstreams: upstreams))
+                let scheme = settings.tls == nil ? "ws" : "wss"
                 var metadata: Logger.Metadata = [
-                    "ws": "\(settings.tls == nil ? "ws" : "wss")://\(settings.listen.host):\(port)/\(source.market)",
-                    "upstream": "\(source.description)",
+                    "ws": "\(scheme)://\(settings.listen.host):\(port)/\(primary.source.market)",
+                    "upstream": "\(primary.source.description)",
                     "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
                 ]
+                if markets.count > 1 {
+                    metadata["markets"] = "\(markets.map { "/\($0.source.market)" }.joined(separator: " "))"
+                }
                 if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
                 // Where the portfolio's details, histories and reference prices come from.
                 if settings.portfolio != nil {
-                    metadata["rest"] = "\((try? await source.restURL?()) ?? "none: prices from the stream only")"
+                    metadata["rest"] = "\((try? await restURL?()) ?? "none: prices from the stream only")"
                 }
                 logger.info("relay listening", metadata: metadata)
                 try await tasks.waitForAll()

@@ -29,9 +29,14 @@ public struct ClientKey: Sendable, Equatable {
         public var description: String
     }
 
-    /// - Parameter secret: the key, or `sha256:` and its SHA-256 digest in hex.
+    /// - Parameters:
+    ///   - secret: the key, or `sha256:` and its SHA-256 digest in hex.
+    ///   - topics: patterns (`T.AAPL`, `Q.*`), each for every market, or for one when written
+    ///     `market:PATTERN` (`crypto:XQ.*`).
+    ///   - markets: the markets the key may use (`nil`: all).
     public init(
-        name: String, secret: String, topics: [String]? = nil, maxConnections: Int? = nil, portfolio: PortfolioRight = .write
+        name: String, secret: String, topics: [String]? = nil, markets: [String]? = nil, maxConnections: Int? = nil,
+        portfolio: PortfolioRight = .write
     ) throws(Invalid) {
         guard !name.isEmpty else { throw Invalid(description: "a client key needs a name") }
         let trimmed = String(secret.trimmingWhitespaceASCII())
@@ -44,17 +49,45 @@ public struct ClientKey: Sendable, Equatable {
             guard !trimmed.isEmpty else { throw Invalid(description: "client key \(name): the key is empty") }
             digest = Self.digest(of: trimmed)
         }
+        var allowedMarkets: Set<Market>?
+        if let markets {
+            var set = Set<Market>()
+            for text in markets {
+                guard let market = Market(rawValue: text.trimmingWhitespaceASCII().lowercased()) else {
+                    throw Invalid(
+                        description: "client key \(name): \"\(text)\" is not a market (\(Market.allCases.map(\.rawValue).joined(separator: ", ")))")
+                }
+                set.insert(market)
+            }
+            allowedMarkets = set
+        }
         if let topics {
             var patterns = Set<Topic>()
+            var perMarket: [Market: Set<Topic>] = [:]
             for text in topics {
-                guard let topic = Topic(parsing: text) else {
-                    throw Invalid(description: "client key \(name): \"\(text)\" is not a topic (EV.TICKER or EV.*)")
+                var pattern = Substring(text.trimmingWhitespaceASCII())
+                var market: Market?
+                // `crypto:XQ.*`: a market name, then the pattern (a ticker's own `X:` has no dot before it).
+                if let colon = pattern.firstIndex(of: ":"), !pattern[..<colon].contains("."),
+                    let named = Market(rawValue: pattern[..<colon].lowercased())
+                {
+                    market = named
+                    pattern = pattern[pattern.index(after: colon)...]
                 }
-                patterns.insert(topic)
+                guard var topic = Topic(parsing: pattern) else {
+                    throw Invalid(description: "client key \(name): \"\(text)\" is not a topic (EV.TICKER, EV.* or market:EV.TICKER)")
+                }
+                if let market {
+                    topic = market.normalized(topic)
+                    perMarket[market, default: []].insert(topic)
+                } else {
+                    patterns.insert(topic)
+                }
             }
-            entitlement = Entitlement(patterns: patterns)
+            // Only market-qualified patterns: the key's other markets get nothing.
+            entitlement = Entitlement(patterns: patterns, markets: allowedMarkets, marketPatterns: perMarket)
         } else {
-            entitlement = .everything
+            entitlement = Entitlement(patterns: nil, markets: allowedMarkets)
         }
         if let maxConnections, maxConnections < 1 {
             throw Invalid(description: "client key \(name): maxConnections must be at least 1")

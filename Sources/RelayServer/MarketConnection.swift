@@ -19,6 +19,8 @@ actor MarketConnection {
     struct Dependencies: Sendable {
         let hub: MarketDataHub
         let configuration: RelayServerConfiguration
+        /// The session limits on this connection's market (its event types and ticker form).
+        let limits: SessionLimits
         let metrics: DownstreamMetrics
         let keyConnections: KeyConnections
         /// What drains the hub streams of this connection's event loop.
@@ -68,7 +70,7 @@ actor MarketConnection {
         self.dependencies = dependencies
         let authentication = dependencies.configuration.authentication
         session = ServerSession(
-            limits: dependencies.configuration.limits, budget: dependencies.topicBudget, grants: { authentication.grant(for: $0) })
+            limits: dependencies.limits, budget: dependencies.topicBudget, grants: { authentication.grant(for: $0) })
     }
 
     /// The handler's callbacks into this connection. Called on the loop, so they enter the actor's
@@ -129,6 +131,16 @@ actor MarketConnection {
             handler.value.messageLimit.open()
             dependencies.authenticated()
             dependencies.logger.debug("downstream client authenticated", metadata: ["key": "\(grant.name)"])
+        }
+        if reaction.close, reaction.marketRefused {
+            // A right key on a market it may not use: no guess, so answered at once and not counted.
+            stopReading()
+            dependencies.logger.info("downstream client refused: its key may not use this market")
+            let handler = self.handler.value
+            for frame in reaction.frames { handler.write(frame, flush: false) }
+            handler.flush()
+            handler.close(code: .policyViolation, reason: "market not allowed")
+            return
         }
         if reaction.close {
             // Answered after a delay that grows with the address's recent failures (a guesser gets few

@@ -40,10 +40,10 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
         case refuse(HTTPResponse.Status, String)
     }
 
-    /// An accepted upgrade: the market feed, or the push stream at an index of the server's list (with
-    /// the key that asked, when keys are required).
+    /// An accepted upgrade: the market feed at an index of the server's markets, or the push stream at
+    /// an index of the server's list (with the key that asked, when keys are required).
     enum Accepted: Sendable {
-        case market
+        case market(Int)
         case push(Int, ClientKey?)
 
         var isMarket: Bool {

@@ -14,14 +14,15 @@ import PolygonWire
 import Prometheus
 import ServiceLifecycle
 
-/// The relay's downstream face: the Polygon WebSocket endpoint at `/<market>` and the HTTP routes on
-/// the same port (`/healthz`, `/v1/last/{topic}`).
+/// The relay's downstream face: each served market's Polygon WebSocket endpoint at its own path
+/// (`/stocks`, `/crypto`, …) and the HTTP routes on the same port (`/healthz`, `/healthz/{market}`,
+/// `/v1/last/{market}/{topic}`, `/v1/last/{topic}` for the first market).
 ///
 /// `Sendable`; a `Service` whose ``run()`` serves until graceful shutdown or cancellation.
 public final class RelayServer: Service, Sendable {
     public let configuration: RelayServerConfiguration
-    private let hub: MarketDataHub
-    private let feed: any FeedStatus
+    /// The served markets, in the order configured (the first answers the routes that name none).
+    private let markets: [MarketRoute]
     private let port = ReadySignal<Int>()
     private let sessions = SessionRegistry()
     private let logger: Logger
@@ -31,7 +32,6 @@ public final class RelayServer: Service, Sendable {
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
-    private let topicLedger: TopicLedger
     private let drains: LoopDrains
     private let statusBoard: StatusBoard
     let dashboard: Dashboard
@@ -43,7 +43,7 @@ public final class RelayServer: Service, Sendable {
     ///     portfolio right.
     ///   - pushStreams: server-push WebSocket routes (the portfolio's live valuation).
     public init(
-        configuration: RelayServerConfiguration, hub: MarketDataHub, feed: any FeedStatus,
+        configuration: RelayServerConfiguration, markets served: [ServedMarket],
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
         extraRoutes: @escaping @Sendable (RouterGroup<RelayRequestContext>) -> Void = { _ in },
         pushStreams: [PushStream] = []
@@ -51,8 +51,6 @@ public final class RelayServer: Service, Sendable {
         self.extraRoutes = extraRoutes
         self.pushStreams = pushStreams
         self.configuration = configuration
-        self.hub = hub
-        self.feed = feed
         self.logger = logger
         self.registry = registry
         var factory = PrometheusMetricsFactory(registry: registry)
@@ -65,8 +63,9 @@ public final class RelayServer: Service, Sendable {
         self.drains = LoopDrains(metrics: metrics)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
-        self.topicLedger = TopicLedger(perKey: configuration.connectionLimits.topicsPerKey, total: configuration.connectionLimits.topics)
-        self.statusBoard = StatusBoard(hub: hub, feed: feed, sessions: sessions, tally: metrics.tally)
+        let markets = served.map { MarketRoute($0, configuration: configuration, factory: factory) }
+        self.markets = markets
+        self.statusBoard = StatusBoard(markets: served, sessions: sessions, tally: metrics.tally)
         self.dashboard = Dashboard(directory: configuration.dashboardDirectory)
     }
 
@@ -140,7 +139,8 @@ public final class RelayServer: Service, Sendable {
 
     /// The WebSocket side of the port: which upgrades are accepted, and the handlers that then run them.
     private func webSocketRoutes() -> RelayChildChannel.Routes {
-        let market = "/\(configuration.market)"
+        let paths = Dictionary(markets.enumerated().map { ("/\($0.element.market)", $0.offset) }, uniquingKeysWith: { first, _ in first })
+        let served = markets.map { "/\($0.market)" }.joined(separator: ", ")
         let pushStreams = self.pushStreams
         let authentication = configuration.authentication
         return RelayChildChannel.Routes(
@@ -148,9 +148,12 @@ public final class RelayServer: Service, Sendable {
             keepAliveTimeout: TimeAmount(configuration.connectionLimits.keepAliveTimeout), logger: logger,
             decide: { head, _ in
                 let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
-                if path == market { return .accept(.market) }
+                if let index = paths[path] { return .accept(.market(index)) }
                 guard let index = pushStreams.firstIndex(where: { $0.path == path }) else {
-                    return .refuse(.notFound, "no WebSocket at \(path) (the market feed is at \(market))")
+                    if let market = Market(rawValue: String(path.dropFirst())) {
+                        return .refuse(.notFound, "the \(market) market is not configured on this relay (it serves \(served))")
+                    }
+                    return .refuse(.notFound, "no WebSocket at \(path) (the market feeds are at \(served))")
                 }
                 // The push streams take the client key the way the HTTP routes do.
                 var admitted: ClientKey?
@@ -219,12 +222,13 @@ public final class RelayServer: Service, Sendable {
             if let grant { keyConnections.release(grant) }
         }
         switch accepted {
-        case .market:
+        case .market(let index):
+            let route = markets[index]
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop,
                 dependencies: .init(
-                    hub: hub, configuration: configuration, metrics: metrics, keyConnections: keyConnections,
-                    drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: topicLedger.budget,
+                    hub: route.hub, configuration: configuration, limits: route.limits, metrics: metrics, keyConnections: keyConnections,
+                    drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: route.ledger.budget,
                     authenticated: { if let ticket { addresses.settle(ticket) } },
                     authenticationFailed: { addresses.failedAuthentication(from: address) },
                     failureAnswered: { addresses.failureAnswered(from: address) },
@@ -259,6 +263,7 @@ public final class RelayServer: Service, Sendable {
         // a check per route. The market WebSocket authenticates in the Polygon conversation instead.
         let router = Router(context: RelayRequestContext.self)
         router.get("/healthz") { _, _ in try await self.health() }
+        router.get("/healthz/{market}") { _, context in try await self.health(of: context.parameters.get("market") ?? "") }
         addDashboard(to: router)
         let authentication = configuration.authentication
         let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication))
@@ -268,8 +273,7 @@ public final class RelayServer: Service, Sendable {
             // Without keys everyone has every right.
             let right = authentication.requiresKeys ? key?.portfolio ?? .none : .write
             let viewer = StatusBoard.Status.Viewer(keysRequired: authentication.requiresKeys, key: key?.name, portfolio: right.rawValue)
-            let status = await self.statusBoard.status(
-                market: self.configuration.market, portfolio: self.configuration.portfolio, viewer: viewer)
+            let status = await self.statusBoard.status(portfolio: self.configuration.portfolio, viewer: viewer)
             return try Self.json(status, status: .ok)
         }
         keyed.get("/v1/last/**") { request, context in
@@ -308,16 +312,19 @@ public final class RelayServer: Service, Sendable {
     // MARK: HTTP
 
     private func prometheusText() async -> Response {
-        metrics.maxBufferFill.record(await hub.bufferStatistics.maxFill)
-        if let age = await feed.report().lastUpstreamMessageAge {
-            metrics.upstreamLastMessageAge.record(age.seconds)
+        for route in markets {
+            route.maxBufferFill.record(await route.hub.bufferStatistics.maxFill)
+            if let age = await route.feed.report().lastUpstreamMessageAge {
+                route.upstreamLastMessageAge.record(age.seconds)
+            }
         }
         return Response(
             status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
             body: .init(byteBuffer: ByteBuffer(bytes: registry.emitToBuffer())))
     }
 
-    struct Health: Encodable {
+    /// One market's part of `/healthz`.
+    struct MarketHealth: Encodable {
         var status: String
         var market: String
         var upstream: UpstreamReport
@@ -325,25 +332,90 @@ public final class RelayServer: Service, Sendable {
         var subscribers: Int
     }
 
-    private func health() async throws -> Response {
-        let report = await feed.report()
-        let body = Health(
-            status: report.healthy ? "ok" : "degraded", market: configuration.market, upstream: report.upstream,
-            cluster: report.cluster, subscribers: await hub.subscriberCount)
-        return try Self.json(body, status: report.healthy ? .ok : .serviceUnavailable)
+    /// `/healthz`: the first market's fields at the top (as a one-market relay always answered), every
+    /// market under `markets`; 200 only when every market's feed is healthy.
+    struct Health: Encodable {
+        var status: String
+        var market: String
+        var upstream: UpstreamReport
+        var cluster: ClusterReport?
+        var subscribers: Int
+        var markets: [String: MarketHealth]
     }
 
+    private func marketHealth(_ route: MarketRoute) async -> (healthy: Bool, MarketHealth) {
+        let report = await route.feed.report()
+        return (
+            report.healthy,
+            MarketHealth(
+                status: report.healthy ? "ok" : "degraded", market: route.market.rawValue, upstream: report.upstream, cluster: report.cluster,
+                subscribers: await route.hub.subscriberCount)
+        )
+    }
+
+    private func health() async throws -> Response {
+        var all: [String: MarketHealth] = [:]
+        var healthy = true
+        var first: MarketHealth?
+        for route in markets {
+            let (ok, health) = await marketHealth(route)
+            healthy = healthy && ok
+            all[route.market.rawValue] = health
+            if first == nil { first = health }
+        }
+        guard let first else { return try Self.json(["error": "no market is served"], status: .serviceUnavailable) }
+        let body = Health(
+            status: healthy ? "ok" : "degraded", market: first.market, upstream: first.upstream, cluster: first.cluster,
+            subscribers: first.subscribers, markets: all)
+        return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
+    }
+
+    /// `/healthz/{market}`: one market, for per-market probes.
+    private func health(of name: String) async throws -> Response {
+        guard let route = route(named: name) else {
+            return try Self.json(
+                ["error": "the market \(name) is not served here (served: \(markets.map(\.market.rawValue).joined(separator: ", ")))"],
+                status: .notFound)
+        }
+        let (healthy, body) = await marketHealth(route)
+        return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
+    }
+
+    private func route(named name: String) -> MarketRoute? {
+        guard let market = Market(rawValue: name.lowercased()) else { return nil }
+        return markets.first { $0.market == market }
+    }
+
+    /// `/v1/last/{market}/{topic}`, or `/v1/last/{topic}` on the first market.
     private func lastEvent(_ path: String, entitlement: Entitlement) async throws -> Response {
         let decoded = path.removingPercentEncoding ?? path
-        guard let topic = Topic(parsing: decoded), !topic.isWildcard else {
-            return try Self.json(["error": "not a topic: \(decoded) (expected EVENT.TICKER, e.g. Q.AAPL)"], status: .badRequest)
+        var text = Substring(decoded)
+        var route = markets.first
+        if let slash = text.firstIndex(of: "/"), let market = Market(rawValue: text[..<slash].lowercased()) {
+            guard let named = markets.first(where: { $0.market == market }) else {
+                return try Self.json(["error": "the \(market) market is not served here"], status: .notFound)
+            }
+            route = named
+            text = text[text.index(after: slash)...]
         }
-        guard entitlement.allows(topic) else {
+        guard let route else { return try Self.json(["error": "no market is served"], status: .notFound) }
+        guard let parsed = Topic(parsing: text), !parsed.isWildcard else {
+            return try Self.json(
+                ["error": "not a topic: \(text) (expected EVENT.TICKER, e.g. \(route.market.exampleTopic))"], status: .badRequest)
+        }
+        if let problem = route.market.problem(with: parsed) {
+            return try Self.json(["error": problem], status: .badRequest)
+        }
+        let topic = route.market.normalized(parsed)
+        guard entitlement.allows(market: route.market) else {
+            return try Self.json(["error": "not authorized: this key may not use the \(route.market) market"], status: .forbidden)
+        }
+        guard entitlement.allows(topic, in: route.market) else {
             return try Self.json(["error": "not authorized: this key may not read \(topic)"], status: .forbidden)
         }
         // This node's hub first; a cluster node asks the cluster's last values for a topic nobody here wants.
-        var last = await hub.lastEvent(for: topic)
-        if last == nil { last = await feed.lastEvent(for: topic) }
+        var last = await route.hub.lastEvent(for: topic)
+        if last == nil { last = await route.feed.lastEvent(for: topic) }
         guard let event = last else {
             return try Self.json(["error": "no event for \(topic) yet"], status: .notFound)
         }

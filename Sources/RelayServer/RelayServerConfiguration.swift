@@ -5,8 +5,9 @@ public struct RelayServerConfiguration: Sendable {
     public var host: String
     /// 0 picks a free port; read the bound one from ``RelayServer/listeningPort()``.
     public var port: Int
-    /// The market path clients connect to, `stocks` for `/stocks` (the upstream's market).
-    public var market: String
+    /// Polygon's ticker cap per upstream connection on the event types a market caps (options `Q` and
+    /// `FMV`: 1,000 contracts); the subscriptions past it are refused with an error status.
+    public var cappedTickers: Int = 1_000
     public var authentication: ClientAuthentication
     /// How long a client may stay connected without authenticating.
     public var authTimeout: Duration
@@ -96,14 +97,12 @@ public struct RelayServerConfiguration: Sendable {
     public init(
         host: String = "127.0.0.1",
         port: Int = 8080,
-        market: String = "stocks",
         authentication: ClientAuthentication = .anyKeyOnLoopback,
         authTimeout: Duration = .seconds(10),
         maxClientMessageBytes: Int = 1 << 20
     ) {
         self.host = host
         self.port = port
-        self.market = market
         self.authentication = authentication
         self.authTimeout = authTimeout
         self.maxClientMessageBytes = maxClientMessageBytes

@@ -1,5 +1,6 @@
 import Foundation
 import MarketDataHub
+import PolygonWire
 
 /// What `/v1/status` answers (and the dashboard's overview draws): the feed's state now, the
 /// downstream's counts, rates and latency, the last minutes as one sample per second, and the recent
@@ -24,18 +25,17 @@ actor StatusBoard {
     static let keptSeconds = 300
     static let keptChanges = 50
 
-    private let hub: MarketDataHub
-    private let feed: any FeedStatus
+    private let markets: [ServedMarket]
     private let sessions: SessionRegistry
     private let tally: DeliveryTally
     private var samples: [Sample] = []
     private var changes: [Change] = []
-    private var lastUpstreamState: String?
-    private var lastRole: String?
+    /// Per market: its upstream's last state and its cluster role, as last noted.
+    private var lastUpstreamState: [Market: String] = [:]
+    private var lastRole: [Market: String] = [:]
 
-    init(hub: MarketDataHub, feed: any FeedStatus, sessions: SessionRegistry, tally: DeliveryTally) {
-        self.hub = hub
-        self.feed = feed
+    init(markets: [ServedMarket], sessions: SessionRegistry, tally: DeliveryTally) {
+        self.markets = markets
         self.sessions = sessions
         self.tally = tally
     }
@@ -49,24 +49,30 @@ actor StatusBoard {
     }
 
     func sample() async {
-        let report = await feed.report()
-        note(upstream: report.upstream, cluster: report.cluster)
-        let sample = Sample(
-            at: .now, published: await hub.publishedCount, tally: tally.read(), connections: sessions.count,
-            lagging: await hub.bufferStatistics.lagging)
+        var published = 0
+        var lagging = 0
+        for served in markets {
+            let report = await served.feed.report()
+            note(served.market, upstream: report.upstream, cluster: report.cluster)
+            published += await served.hub.publishedCount
+            lagging += await served.hub.bufferStatistics.lagging
+        }
+        let sample = Sample(at: .now, published: published, tally: tally.read(), connections: sessions.count, lagging: lagging)
         samples.append(sample)
         if samples.count > Self.keptSeconds + 1 { samples.removeFirst(samples.count - Self.keptSeconds - 1) }
     }
 
-    private func note(upstream: UpstreamReport, cluster: ClusterReport?) {
-        if upstream.state != lastUpstreamState {
-            let from = lastUpstreamState.map { " (was \($0))" } ?? ""
-            record(Change(at: .now, what: "upstream \(upstream.state)\(from)", detail: upstream.detail ?? upstream.lastError))
-            lastUpstreamState = upstream.state
+    private func note(_ market: Market, upstream: UpstreamReport, cluster: ClusterReport?) {
+        // One market's changes read as before; several name their market.
+        let prefix = markets.count > 1 ? "\(market) " : ""
+        if upstream.state != lastUpstreamState[market] {
+            let from = lastUpstreamState[market].map { " (was \($0))" } ?? ""
+            record(Change(at: .now, what: "\(prefix)upstream \(upstream.state)\(from)", detail: upstream.detail ?? upstream.lastError))
+            lastUpstreamState[market] = upstream.state
         }
-        if let cluster, cluster.role != lastRole {
-            record(Change(at: .now, what: "cluster role \(cluster.role)", detail: cluster.leader.map { "leader \($0)" }))
-            lastRole = cluster.role
+        if let cluster, cluster.role != lastRole[market] {
+            record(Change(at: .now, what: "\(prefix)cluster role \(cluster.role)", detail: cluster.leader.map { "leader \($0)" }))
+            lastRole[market] = cluster.role
         }
     }
 
@@ -109,8 +115,22 @@ actor StatusBoard {
             var portfolio: String
         }
 
+        /// One market's feed and counts.
+        struct MarketStatus: Sendable, Encodable {
+            var market: String
+            var healthy: Bool
+            var upstream: UpstreamReport
+            var cluster: ClusterReport?
+            var subscribers: Int
+            var eventsPublished: Int
+        }
+
         var now: Date
+        /// The first market (the one a one-market relay serves), whose feed `upstream` and `cluster` show.
         var market: String
+        /// Every market, in the order configured.
+        var markets: [MarketStatus]
+        /// Whether every market's feed is healthy.
         var healthy: Bool
         var upstream: UpstreamReport
         var cluster: ClusterReport?
@@ -127,9 +147,27 @@ actor StatusBoard {
         var viewer: Viewer
     }
 
-    func status(market: String, portfolio: Bool, viewer: Status.Viewer) async -> Status {
-        let report = await feed.report()
-        note(upstream: report.upstream, cluster: report.cluster)
+    func status(portfolio: Bool, viewer: Status.Viewer) async -> Status {
+        var perMarket: [Status.MarketStatus] = []
+        var subscribers = 0
+        var lagging = 0
+        var published = 0
+        var dropped = 0
+        for served in markets {
+            let report = await served.feed.report()
+            note(served.market, upstream: report.upstream, cluster: report.cluster)
+            let marketSubscribers = await served.hub.subscriberCount
+            let marketPublished = await served.hub.publishedCount
+            subscribers += marketSubscribers
+            published += marketPublished
+            lagging += await served.hub.bufferStatistics.lagging
+            dropped += await served.hub.droppedTotal
+            perMarket.append(
+                .init(
+                    market: served.market.rawValue, healthy: report.healthy, upstream: report.upstream, cluster: report.cluster,
+                    subscribers: marketSubscribers, eventsPublished: marketPublished))
+        }
+        let first = perMarket.first
         var series = Status.Series()
         for (earlier, later) in zip(samples, samples.dropFirst()) {
             let seconds = max(later.at.timeIntervalSince(earlier.at), 0.001)
@@ -147,9 +185,10 @@ actor StatusBoard {
             latency.p99Ms = DeliveryTally.quantile(0.99, from: tenSecondsAgo.tally, to: latest.tally).map { $0 * 1000 }
         }
         return Status(
-            now: .now, market: market, healthy: report.healthy, upstream: report.upstream, cluster: report.cluster,
-            clients: .init(connections: sessions.count, subscribers: await hub.subscriberCount, lagging: await hub.bufferStatistics.lagging),
-            eventsPublished: await hub.publishedCount, eventsDelivered: tally.read().delivered, dropped: await hub.droppedTotal,
+            now: .now, market: first?.market ?? "", markets: perMarket, healthy: perMarket.allSatisfy(\.healthy),
+            upstream: first?.upstream ?? UpstreamReport(state: "idle", url: "none"), cluster: first?.cluster,
+            clients: .init(connections: sessions.count, subscribers: subscribers, lagging: lagging),
+            eventsPublished: published, eventsDelivered: tally.read().delivered, dropped: dropped,
             rates: .init(eventsIn: series.eventsIn.last ?? 0, eventsOut: series.eventsOut.last ?? 0), latency: latency, series: series,
             changes: changes.reversed(), portfolio: portfolio, viewer: viewer)
     }

@@ -10,15 +10,34 @@ final class TopicLedger: Sendable {
     private struct State {
         var all: [Topic: Int] = [:]
         var keys: [String: [Topic: Int]] = [:]
+        /// Ticker → its topics held of the capped event types.
+        var capped: [String: Int] = [:]
+    }
+
+    /// Polygon's per-connection ticker cap on some event types (options `Q` and `FMV`: 1,000 contracts):
+    /// the upstream is asked for at most `tickers` distinct tickers of `eventTypes`. Tickers held keep
+    /// their place (the ones wanted longest); a new one past the cap is refused, and so is a wildcard
+    /// of a capped type, which would ask for every ticker.
+    struct TickerCap: Sendable {
+        var eventTypes: Set<String>
+        var tickers: Int
+        var market: Market
     }
 
     let perKey: Int
     let total: Int
+    let cap: TickerCap?
     private let state = Mutex(State())
 
-    init(perKey: Int, total: Int) {
+    init(perKey: Int, total: Int, cap: TickerCap? = nil) {
         self.perKey = perKey
         self.total = total
+        self.cap = cap.flatMap { $0.eventTypes.isEmpty ? nil : $0 }
+    }
+
+    private func capReason(_ cap: TickerCap) -> String {
+        "Polygon's \(cap.market) cap reached: \(cap.eventTypes.sorted().joined(separator: " and ")) allow at most \(cap.tickers) "
+            + "distinct tickers per upstream connection (the ones subscribed first keep their place)"
     }
 
     /// What a ``ServerSession`` asks before it subscribes new topics.
@@ -46,6 +65,14 @@ final class TopicLedger: Sendable {
                     reason = reason ?? "topic limit reached: the relay holds at most \(total) distinct topics"
                     continue
                 }
+                if newToAll, let cap, cap.eventTypes.contains(topic.eventType) {
+                    if topic.isWildcard || (state.capped[topic.ticker] == nil && state.capped.count >= cap.tickers) {
+                        refused.append(topic)
+                        reason = reason ?? capReason(cap)
+                        continue
+                    }
+                    state.capped[topic.ticker, default: 0] += 1
+                }
                 held[topic, default: 0] += 1
                 state.all[topic, default: 0] += 1
             }
@@ -60,7 +87,12 @@ final class TopicLedger: Sendable {
             for topic in topics {
                 guard let count = held[topic] else { continue }
                 held[topic] = count > 1 ? count - 1 : nil
-                if let all = state.all[topic] { state.all[topic] = all > 1 ? all - 1 : nil }
+                if let all = state.all[topic] {
+                    state.all[topic] = all > 1 ? all - 1 : nil
+                    if all == 1, let cap, cap.eventTypes.contains(topic.eventType), let tickers = state.capped[topic.ticker] {
+                        state.capped[topic.ticker] = tickers > 1 ? tickers - 1 : nil
+                    }
+                }
             }
             state.keys[key] = held.isEmpty ? nil : held
         }

@@ -56,6 +56,8 @@ final class LWSConnection: Sendable {
     }
 
     let configuration: UpstreamConfiguration
+    /// The market the endpoint's path names: its events are routed by their topic tickers (`X:BTC-USD`).
+    var marketOfFrames: Market { Market(rawValue: configuration.endpoint.market) ?? .stocks }
     let logger: Logger
     let metrics: UpstreamMetrics
     let shared: Mutex<Shared>
@@ -584,7 +586,7 @@ final class LWSConnection: Sendable {
     private func process(_ message: ByteBuffer, wsi: OpaquePointer) {
         let parsed: ParsedFrame
         do {
-            parsed = try FrameParser.parse(message, receivedAt: MonotonicClock.nanoseconds())
+            parsed = try FrameParser.parse(message, receivedAt: MonotonicClock.nanoseconds(), market: marketOfFrames)
         } catch {
             shared.withLock { $0.statistics.malformedMessages += 1 }
             metrics.malformed.increment()

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import PolygonWire
 import RelayCore
 import RelayServer
 import ServiceLifecycle
@@ -163,14 +164,15 @@ struct ServeCommand: AsyncParsableCommand {
             tasks.addTask {
                 let parts = try await relay.ready()
                 Self.printWelcome(
-                    settings: settings, port: parts.port, market: parts.server.configuration.market, demo: parts.demoFeed != nil,
+                    settings: settings, port: parts.port, markets: parts.markets.keys.sorted(), demo: parts.demoFeed != nil,
                     portfolio: parts.portfolio != nil)
             }
             try await tasks.waitForAll()
         }
     }
 
-    static func printWelcome(settings: RelaySettings, port: Int, market: String, demo: Bool, portfolio: Bool) {
+    static func printWelcome(settings: RelaySettings, port: Int, markets: [Market], demo: Bool, portfolio: Bool) {
+        let market = markets.first ?? .stocks
         let host = settings.listen.host
         let base = "\(host.contains(":") ? "[\(host)]" : host):\(port)"
         // Never a configured key on the screen: terminals are recorded and shared.
@@ -181,11 +183,11 @@ struct ServeCommand: AsyncParsableCommand {
         let curl = "curl\(secure ? " --cacert YOUR-CA.pem" : "")\(keyed ? " -H 'Authorization: Bearer \(key)'" : "")"
         var lines = [
             "relay is up\(demo ? " on the built-in demo feed" : "")",
-            "  WebSocket  \(ws)://\(base)/\(market)   (Polygon protocol; client key: \(keyed ? "one of the configured keys" : "any, loopback only"))",
+            "  WebSocket  \(markets.map { "\(ws)://\(base)/\($0)" }.joined(separator: " "))   (Polygon protocol; client key: \(keyed ? "one of the configured keys" : "any, loopback only"))",
             "  dashboard  \(http)://\(base)/",
             "  health     curl\(secure ? " --cacert YOUR-CA.pem" : "") \(http)://\(base)/healthz",
-            "  last quote \(curl) \(http)://\(base)/v1/last/Q.AAPL",
-            "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=\(secure ? "True" : "False"), subscriptions=[\"Q.AAPL\"])",
+            "  last quote \(curl) \(http)://\(base)/v1/last/\(markets.count > 1 ? "\(market)/" : "")\(market.exampleTopic)",
+            "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=\(secure ? "True" : "False"), subscriptions=[\"\(market.exampleTopic)\"])",
             "  stop       Ctrl-C (SIGINT) or SIGTERM",
         ]
         if portfolio {

@@ -1,0 +1,48 @@
+import MarketDataHub
+import Metrics
+import PolygonWire
+
+/// One market the server serves at its own path (`/crypto`): the market, its hub, and its feed's health.
+/// Value type, `Sendable`. Each market's clients reach only its hub, so no event crosses markets.
+public struct ServedMarket: Sendable {
+    public let market: Market
+    public let hub: MarketDataHub
+    public let feed: any FeedStatus
+
+    public init(market: Market, hub: MarketDataHub, feed: any FeedStatus) {
+        self.market = market
+        self.hub = hub
+        self.feed = feed
+    }
+}
+
+/// What the server keeps per market: the served market, its topic ledger (with the market's ticker cap)
+/// and its gauges. `Sendable`.
+struct MarketRoute: Sendable {
+    let served: ServedMarket
+    let ledger: TopicLedger
+    let limits: SessionLimits
+    /// Seconds since the market's upstream last sent anything (data or pong), set when `/metrics` is read.
+    let upstreamLastMessageAge: Gauge
+    /// The market's fullest subscriber buffer (events), set when `/metrics` is read.
+    let maxBufferFill: Gauge
+
+    var market: Market { served.market }
+    var hub: MarketDataHub { served.hub }
+    var feed: any FeedStatus { served.feed }
+
+    init(_ served: ServedMarket, configuration: RelayServerConfiguration, factory: any MetricsFactory) {
+        self.served = served
+        let limits = configuration.connectionLimits
+        let capped = served.market.cappedEventTypes
+        ledger = TopicLedger(
+            perKey: limits.topicsPerKey, total: limits.topics,
+            cap: capped.isEmpty ? nil : .init(eventTypes: capped, tickers: configuration.cappedTickers, market: served.market))
+        var sessionLimits = configuration.limits
+        sessionLimits.market = served.market
+        self.limits = sessionLimits
+        let dimensions = [("market", served.market.rawValue)]
+        upstreamLastMessageAge = Gauge(label: "relay_upstream_last_message_age_seconds", dimensions: dimensions, factory: factory)
+        maxBufferFill = Gauge(label: "relay_subscriber_buffer_max_fill", dimensions: dimensions, factory: factory)
+    }
+}
