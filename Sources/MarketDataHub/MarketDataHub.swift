@@ -73,7 +73,6 @@ public actor MarketDataHub {
     /// upstream is the only source); a cluster node forgets it, because once unwanted nothing keeps it
     /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
     public let keepsUnwantedLastValues: Bool
-    private var nextID: UInt64 = 1
     private var subscribers: [SubscriberID: Subscriber] = [:]
     private var entries: [Topic: TopicEntry] = [:]
     /// Event type → subscribers of its wildcard.
@@ -140,8 +139,7 @@ public actor MarketDataHub {
     ///   that reads many subscriptions uses it to read each one only when ``HubSubscription/hasQueued``
     ///   holds, instead of keeping a task waiting in every stream.
     public func subscribe(to topics: Set<Topic> = [], whenQueued: (@Sendable () -> Void)? = nil) -> HubSubscription {
-        let id = SubscriberID(nextID)
-        nextID += 1
+        let id = SubscriberID.make()
         let (stream, continuation) = AsyncStream.makeStream(
             of: DeliveryBatch.self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
         continuation.onTermination = { [weak self] _ in

@@ -124,7 +124,8 @@ public enum Market: String, CaseIterable, Sendable, Codable, Comparable, CustomS
         }
         if topic.isWildcard { return nil }
         let owner = Market.of(ticker: topic.ticker)
-        if owner != self, owner != .stocks || tickerPrefix == nil {
+        // A plain ticker is any market's (a prefixed market writes it in its form); a prefixed one is its market's.
+        if owner != self, owner != .stocks {
             return "a \(owner) ticker: use /\(owner)"
         }
         return nil

@@ -18,7 +18,8 @@ public actor PortfolioService: Service {
     public nonisolated let store: PortfolioStore
     public nonisolated let calendar: DayCalendar
     public nonisolated let rule: PriceRule
-    private let hub: MarketDataHub
+    /// Each served market's hub: a holding is priced from the market its ticker names.
+    private let hubs: MarketHubs
     private let planner: SnapshotPlanner
     private let logger: Logger
     private let referencePrices: ReferencePrices?
@@ -27,7 +28,8 @@ public actor PortfolioService: Service {
     private let pushInterval: Duration
     private let snapshotInterval: Duration
     private var prices: [String: SymbolPrices] = [:]
-    private var subscription: HubSubscription?
+    /// The sidecar's subscription on each market's hub.
+    private var subscriptions: [Market: HubSubscription] = [:]
     private var held: Set<String> = []
     private var watchers: [UUID: AsyncStream<Valuation>.Continuation] = [:]
     private var lastPush = ContinuousClock.now - .seconds(3600)
@@ -62,14 +64,14 @@ public actor PortfolioService: Service {
     }
 
     public init(
-        store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
+        store: PortfolioStore, hubs: MarketHubs, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
         pushInterval: Duration = .milliseconds(500), snapshotInterval: Duration = .seconds(60),
         referencePrices: ReferencePrices? = nil, closeHistory: Bool = true, logger: Logger = Logger(label: "relay.portfolio")
     ) {
         self.closeHistory = closeHistory
         self.referencePrices = referencePrices
         self.store = store
-        self.hub = hub
+        self.hubs = hubs
         self.calendar = calendar
         self.rule = rule
         self.planner = SnapshotPlanner(calendar: calendar)
@@ -78,23 +80,38 @@ public actor PortfolioService: Service {
         self.logger = logger
     }
 
+    /// A sidecar on one stocks hub (a one-market relay, tests).
+    public init(
+        store: PortfolioStore, hub: MarketDataHub, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
+        pushInterval: Duration = .milliseconds(500), snapshotInterval: Duration = .seconds(60),
+        referencePrices: ReferencePrices? = nil, closeHistory: Bool = true, logger: Logger = Logger(label: "relay.portfolio")
+    ) {
+        self.init(
+            store: store, hubs: MarketHubs(stocks: hub), calendar: calendar, rule: rule, pushInterval: pushInterval,
+            snapshotInterval: snapshotInterval, referencePrices: referencePrices, closeHistory: closeHistory, logger: logger)
+    }
+
     // MARK: running
 
     public func run() async throws {
-        let subscription = await hub.subscribe()
-        self.subscription = subscription
+        var joined: [Market: HubSubscription] = [:]
+        for (market, hub) in hubs.hubs { joined[market] = await hub.subscribe() }
+        let subscriptions = joined
+        self.subscriptions = subscriptions
         try await holdingsChanged()
         try await backfill()
         await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Void.self) { group in
-                group.addTask { await self.consume(subscription.events) }
+                for subscription in subscriptions.values {
+                    group.addTask { await self.consume(subscription.events) }
+                }
                 group.addTask { await self.tick() }
                 await group.next()
                 group.cancelAll()
             }
         }
         closeFetch?.cancel()
-        await hub.remove(subscription.id)
+        for (market, subscription) in subscriptions { await hubs.hubs[market]?.remove(subscription.id) }
         for watcher in watchers.values { watcher.finish() }
     }
 
@@ -167,22 +184,31 @@ public actor PortfolioService: Service {
                 logger.warning("held symbol not followed", metadata: ["symbol": "\(symbol)", "reason": "\(problem)"])
             }
         }
-        guard let subscription else { return }
+        guard !subscriptions.isEmpty else { return }
         let added = symbols.subtracting(held)
         let removed = held.subtracting(symbols)
-        func topics(_ symbols: Set<String>) -> [Topic] {
-            // A symbol no topic can have (the store checks them) asks for nothing.
-            symbols.flatMap { [Topic(eventType: "T", ticker: $0), Topic(eventType: "Q", ticker: $0)].compactMap { $0 } }
+        // Each symbol on the hub of the market its ticker names (`X:BTC-USD` on crypto); a symbol of a
+        // market this relay does not serve is priced from REST references only.
+        func byMarket(_ symbols: Set<String>) -> [Market: [Topic]] {
+            var topics: [Market: [Topic]] = [:]
+            for symbol in symbols {
+                guard let (market, _) = hubs.hub(for: symbol) else { continue }
+                topics[market, default: []] += MarketHubs.priceTopics(of: symbol)
+            }
+            return topics
         }
         for symbol in added {
-            for type in ["T", "Q"] {
-                if let topic = Topic(eventType: type, ticker: symbol), let last = await hub.lastEvent(for: topic) {
-                    prices[symbol, default: SymbolPrices()].apply(last, now: .now)
-                }
+            guard let (_, hub) = hubs.hub(for: symbol) else { continue }
+            for topic in MarketHubs.priceTopics(of: symbol) {
+                if let last = await hub.lastEvent(for: topic) { prices[symbol, default: SymbolPrices()].apply(last, now: .now) }
             }
         }
-        if !added.isEmpty { await hub.add(topics(added), to: subscription.id) }
-        if !removed.isEmpty { await hub.remove(topics(removed), from: subscription.id) }
+        for (market, topics) in byMarket(added) {
+            if let id = subscriptions[market]?.id { await hubs.hubs[market]?.add(topics, to: id) }
+        }
+        for (market, topics) in byMarket(removed) {
+            if let id = subscriptions[market]?.id { await hubs.hubs[market]?.remove(topics, from: id) }
+        }
         held = symbols
         if let referencePrices, !added.isEmpty {
             // Without waiting: the live stream may well be first.
@@ -196,8 +222,11 @@ public actor PortfolioService: Service {
     /// The quote and trade topics the sidecar's hub subscription follows now (tests compare them with
     /// the holdings).
     public func followedTopics() async -> Set<Topic> {
-        guard let subscription else { return [] }
-        return await hub.topics(of: subscription.id)
+        var topics: Set<Topic> = []
+        for (market, subscription) in subscriptions {
+            topics.formUnion(await hubs.hubs[market]?.topics(of: subscription.id) ?? [])
+        }
+        return topics
     }
 
     /// Fetches REST prices for symbols, each on its own: one failure leaves the others priced.

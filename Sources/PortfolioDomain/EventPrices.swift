@@ -27,13 +27,23 @@ public enum EventPrices {
         // Read as text once; each field is then found in it.
         let text = String(buffer: event.bytes)
         let at = time(in: text, default: now)
+        // Trades (`T`, crypto `XT`) and index values (`V`) are last prices; quotes (`Q`, crypto `XQ`,
+        // forex `C` with `b`/`a`) give their mid.
         switch event.eventType {
-        case "T":
+        case "T", "XT":
             if let price = number("p", in: text), price > 0 {
                 prices.lastTrade = PriceObservation(value: price, at: at, source: .trade)
             }
-        case "Q":
+        case "V":
+            if let price = number("val", in: text), price > 0 {
+                prices.lastTrade = PriceObservation(value: price, at: at, source: .trade)
+            }
+        case "Q", "XQ":
             if let bid = number("bp", in: text), let ask = number("ap", in: text), bid > 0, ask >= bid {
+                prices.lastQuoteMid = PriceObservation(value: (bid + ask) / 2, at: at, source: .quoteMid)
+            }
+        case "C":
+            if let bid = number("b", in: text), let ask = number("a", in: text), bid > 0, ask >= bid {
                 prices.lastQuoteMid = PriceObservation(value: (bid + ask) / 2, at: at, source: .quoteMid)
             }
         default:

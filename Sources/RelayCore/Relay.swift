@@ -216,6 +216,7 @@ public final class Relay: Service, Sendable {
             throw RelaySettings.InvalidSetting(description: "upstream: no market configured")
         }
         let hub = primary.hub
+        let hubs = MarketHubs(Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }))
 
         var portfolio: PortfolioService?
         var browser: SecurityBrowser?
@@ -235,13 +236,13 @@ public final class Relay: Service, Sendable {
             restClient = client
             let rest = restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: restKey, client: client) }
             let service = PortfolioService(
-                store: store, hub: hub, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
+                store: store, hubs: hubs, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
                 pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
                 referencePrices: rest.map(ReferencePrices.init(rest:)), closeHistory: portfolioSettings.closeHistory,
                 logger: logger.with(label: "relay.portfolio"))
             portfolio = service
             browser = SecurityBrowser(
-                service: service, loader: SecurityDetailLoader(store: store, hub: hub, rest: rest, calendar: calendar),
+                service: service, loader: SecurityDetailLoader(store: store, hubs: hubs, rest: rest, calendar: calendar),
                 capacity: portfolioSettings.securityCacheSize, idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
                 metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
             logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])

@@ -23,6 +23,7 @@ def main() -> int:
     parser.add_argument("--expect-auth-failure", action="store_true")
     parser.add_argument("--secure", action="store_true", help="wss:// (secure=True)")
     parser.add_argument("--ca", help="with --secure: the CA to trust instead of certifi's bundle")
+    parser.add_argument("--market", default="stocks", help="the client's market (its path and its models)")
     args = parser.parse_args()
 
     if args.ca:
@@ -32,7 +33,7 @@ def main() -> int:
         certifi.where = lambda: args.ca
     wanted = [t.strip() for t in args.subscribe.split(",") if t.strip()]
     client = WebSocketClient(
-        api_key=args.key, feed=f"127.0.0.1:{args.port}", market="stocks", secure=args.secure, subscriptions=wanted
+        api_key=args.key, feed=f"127.0.0.1:{args.port}", market=args.market, secure=args.secure, subscriptions=wanted
     )
     received = []
 
@@ -59,6 +60,20 @@ def main() -> int:
     if args.expect_auth_failure:
         print("expected the relay to refuse the key", file=sys.stderr)
         return 1
+    if args.market != "stocks":
+        # Every message parsed into the market's own model (a dict would mean the client did not know it).
+        models = {}
+        for message in received:
+            if isinstance(message, dict):
+                print(f"unparsed message {message!r}", file=sys.stderr)
+                return 1
+            ident = getattr(message, "symbol", None) or getattr(message, "pair", None) or getattr(message, "ticker", None)
+            models.setdefault(type(message).__name__, set()).add(str(ident))
+        if len(received) < args.count:
+            print(f"received {len(received)} messages: {models}", file=sys.stderr)
+            return 1
+        print(json.dumps({"messages": len(received), "models": {k: sorted(v) for k, v in models.items()}}))
+        return 0
     topics = set()
     for message in received:
         if isinstance(message, EquityQuote):

@@ -13,14 +13,19 @@ import PolygonWire
 /// portfolio's database.
 public struct SecurityDetailLoader: Sendable {
     public let store: PortfolioStore
-    public let hub: MarketDataHub?
+    /// Each served market's hub (a symbol's live values come from the market its ticker names).
+    public let hubs: MarketHubs?
     public let rest: PolygonREST?
     public let calendar: DayCalendar
     private let marketStatus: MarketStatusMemo
 
     public init(store: PortfolioStore, hub: MarketDataHub?, rest: PolygonREST?, calendar: DayCalendar = .utc) {
+        self.init(store: store, hubs: hub.map(MarketHubs.init(stocks:)), rest: rest, calendar: calendar)
+    }
+
+    public init(store: PortfolioStore, hubs: MarketHubs?, rest: PolygonREST?, calendar: DayCalendar = .utc) {
         self.store = store
-        self.hub = hub
+        self.hubs = hubs
         self.rest = rest
         self.calendar = calendar
         self.marketStatus = MarketStatusMemo(rest: rest)
@@ -82,20 +87,33 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The hub's last trade of `symbol`, if the relay has seen one.
     func liveTrade(_ symbol: String) async -> SecurityDetail.Trade? {
-        guard let topic = Topic(eventType: "T", ticker: symbol), let event = await hub?.lastEvent(for: topic) else { return nil }
+        guard let event = await lastEvent(of: symbol, types: ["T", "XT", "V"]) else { return nil }
         let text = String(buffer: event.bytes)
-        guard let price = EventPrices.number("p", in: text) else { return nil }
+        guard let price = EventPrices.number(event.eventType == "V" ? "val" : "p", in: text) else { return nil }
         return .init(price: price, size: EventPrices.number("s", in: text), at: EventPrices.time(in: text, default: .now), source: .live)
     }
 
     /// The hub's last quote of `symbol`, if the relay has seen one.
     func liveQuote(_ symbol: String) async -> SecurityDetail.Quote? {
-        guard let topic = Topic(eventType: "Q", ticker: symbol), let event = await hub?.lastEvent(for: topic) else { return nil }
+        guard let event = await lastEvent(of: symbol, types: ["Q", "XQ", "C"]) else { return nil }
         let text = String(buffer: event.bytes)
-        guard let bid = EventPrices.number("bp", in: text), let ask = EventPrices.number("ap", in: text) else { return nil }
+        // Forex quotes (`C`) carry `b`/`a` and no sizes.
+        let forex = event.eventType == "C"
+        guard let bid = EventPrices.number(forex ? "b" : "bp", in: text), let ask = EventPrices.number(forex ? "a" : "ap", in: text) else {
+            return nil
+        }
         return .init(
-            bid: bid, bidSize: EventPrices.number("bs", in: text), ask: ask, askSize: EventPrices.number("as", in: text),
-            at: EventPrices.time(in: text, default: .now), source: .live)
+            bid: bid, bidSize: forex ? nil : EventPrices.number("bs", in: text), ask: ask,
+            askSize: forex ? nil : EventPrices.number("as", in: text), at: EventPrices.time(in: text, default: .now), source: .live)
+    }
+
+    /// The last event of `symbol` on its market's hub among its price topics of `types`.
+    private func lastEvent(of symbol: String, types: Set<String>) async -> MarketEvent? {
+        guard let (_, hub) = hubs?.hub(for: symbol) else { return nil }
+        for topic in MarketHubs.priceTopics(of: symbol) where types.contains(topic.eventType) {
+            if let event = await hub.lastEvent(for: topic) { return event }
+        }
+        return nil
     }
 
     static func date(nanoseconds: Int64) -> Date { Date(timeIntervalSince1970: Double(nanoseconds) / 1e9) }
