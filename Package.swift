@@ -235,6 +235,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "RelayServerTests",
+            dependencies: ["RelayServer", "PolygonWire"],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "ClusterTests",
             dependencies: ["Cluster", "PolygonWire"],
             swiftSettings: strict

@@ -120,13 +120,13 @@ public enum Market: String, CaseIterable, Sendable, Codable, Comparable, CustomS
             guard let owner = Market.allCases.first(where: { $0.eventTypes.contains(topic.eventType) }) else {
                 return "no \(topic.eventType) events on \(self)"
             }
-            return "a \(owner) topic: use /\(owner)"
+            return "\(owner) topic: use /\(owner)"
         }
         if topic.isWildcard { return nil }
         let owner = Market.of(ticker: topic.ticker)
         // A plain ticker is any market's (a prefixed market writes it in its form); a prefixed one is its market's.
         if owner != self, owner != .stocks {
-            return "a \(owner) ticker: use /\(owner)"
+            return "\(owner) ticker: use /\(owner)"
         }
         return nil
     }

@@ -198,7 +198,7 @@ public final class Relay: Service, Sendable {
             }
             if let cluster = settings.cluster {
                 let node = try ClusterNode(
-                    configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
+                    configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: metricsFactory,
                     logger: logger.with(label: "relay.cluster"), makeUpstream: makeUpstream)
                 clusterNode = node
                 markets.append(

@@ -130,12 +130,14 @@ def main():
     checks = Checks()
     try:
         # More holdings than the sample's six (ten steps need eleven), one of them a symbol the feed
-        # never prices, so the total is partial.
+        # never prices, so the total is partial, and one of another market (crypto, priced live from /crypto).
         account = relay.call("POST", "/v1/accounts", {"name": "Browser", "kind": "brokerage", "createdAt": "2024-01-02T00:00:00Z"})
         relay.call("POST", f"/v1/accounts/{account['id']}/transactions", {"kind": "deposit", "date": "2024-01-02", "amount": "50000"})
         for symbol, price in [("GOOGL", "140.10"), ("AMD", "150.20"), ("SPY", "470.30"), ("QQQ", "400.40"), ("ZZZQ", "10.00")]:
             relay.call("POST", f"/v1/accounts/{account['id']}/transactions",
                        {"kind": "buy", "date": "2024-01-03", "symbol": symbol, "quantity": "5", "price": price, "fees": "1"})
+        relay.call("POST", f"/v1/accounts/{account['id']}/transactions",
+                   {"kind": "buy", "date": "2024-01-04", "symbol": "X:BTC-USD", "quantity": "0.1", "price": "43000.00", "fees": "1"})
         run(relay, arguments, checks)
     finally:
         relay.stop()
@@ -200,6 +202,10 @@ def check_overview(page, checks, tag):
     checks.check(True, f"{tag}: the events-in count moves ({first} and up)")
     expect(page.locator("#spark-in svg path.line")).to_have_count(1, timeout=10_000)
     checks.check(True, f"{tag}: the events-in sparkline is drawn")
+    markets = page.get_by_role("table", name="Markets")
+    expect(markets.locator("tbody tr")).to_have_count(6, timeout=10_000)
+    expect(markets.locator('tr[data-market="crypto"] .state')).to_have_text("connected", timeout=15_000)
+    checks.check(True, f"{tag}: the overview lists every market's upstream (crypto connected)")
 
 
 def check_quotes(page, checks, tag):
@@ -209,6 +215,14 @@ def check_quotes(page, checks, tag):
     bid = page.locator('tr[data-symbol="AAPL"] td').first
     wait_until(lambda: bid.inner_text() not in ("—", ""), 15, "a quote for AAPL over the relay's WebSocket")
     checks.check(True, f"{tag}: live quotes arrive through the relay's WebSocket (AAPL bid {bid.inner_text()})")
+    # A second market: crypto at its own path, its pairs in the market's ticker form.
+    page.get_by_label("Market").select_option("crypto")
+    expect(page.locator("#quotes-connection")).to_have_text("Connected to /crypto", timeout=15_000)
+    btc = page.locator('tr[data-symbol="X:BTC-USD"] td').first
+    wait_until(lambda: btc.inner_text() not in ("—", ""), 15, "a crypto quote for X:BTC-USD over /crypto")
+    checks.check(True, f"{tag}: picking crypto shows live X:BTC-USD quotes from /crypto (bid {btc.inner_text()})")
+    page.get_by_label("Market").select_option("stocks")
+    expect(page.locator("#quotes-connection")).to_have_text("Connected to /stocks", timeout=15_000)
 
 
 def holdings_symbols(page):
@@ -218,7 +232,7 @@ def holdings_symbols(page):
 def check_portfolio(page, checks, tag, first):
     page.get_by_role("link", name="Portfolio").click()
     table = page.get_by_role("table", name="Holdings")
-    expect(table.locator("tbody tr")).to_have_count(11, timeout=15_000)
+    expect(table.locator("tbody tr")).to_have_count(12, timeout=15_000)
     symbols = holdings_symbols(page)
     sample = {"AAPL", "MSFT", "NVDA", "AMZN", "META", "TSLA"}
     checks.check(sample <= set(symbols), f"{tag}: the holdings table lists the sample holdings ({', '.join(symbols)})")
@@ -236,7 +250,10 @@ def check_portfolio(page, checks, tag, first):
         expect(table.locator("tbody tr")).to_have_count(1, timeout=10_000)
         checks.check(holdings_symbols(page) == ["AAPL"], f"{tag}: the filter narrows the holdings to AAPL")
         page.get_by_label("Filter by symbol").fill("")
-        expect(table.locator("tbody tr")).to_have_count(11, timeout=10_000)
+        expect(table.locator("tbody tr")).to_have_count(12, timeout=10_000)
+    crypto = table.locator('tr[data-symbol="X:BTC-USD"] td')
+    wait_until(lambda: any(re.search(r"[1-9]", cell) for cell in crypto.all_inner_texts()[1:3]), 15, "the crypto holding priced")
+    checks.check(True, f"{tag}: the crypto holding X:BTC-USD is priced live from the crypto market ({' | '.join(crypto.all_inner_texts()[:4])})")
     total = page.get_by_role("region", name="Portfolio total")
     expect(total.locator("#total-value")).not_to_have_text("—", timeout=10_000)
     expect(total.locator("#partial-banner")).to_contain_text("ZZZQ", timeout=10_000)

@@ -112,7 +112,11 @@ struct DashboardTests {
             }
             let live = jsonObject(liveBody)
             let changes = (live["changes"] as? [[String: Any]] ?? []).compactMap { $0["what"] as? String }
-            #expect(changes.contains { $0.hasPrefix("upstream authenticated") }, "the connection is among the recent changes: \(changes)")
+            // On the demo feed every market has its upstream: each change names its market.
+            #expect(changes.contains { $0.hasPrefix("stocks upstream authenticated") }, "the connection is among the recent changes: \(changes)")
+            #expect(changes.contains { $0.hasPrefix("crypto upstream authenticated") }, "\(changes)")
+            let markets = (live["markets"] as? [[String: Any]] ?? []).compactMap { $0["market"] as? String }
+            #expect(markets == Market.allCases.map(\.rawValue))
             let published = live["eventsPublished"] as? Int ?? 0
             let later = try await within(.seconds(10), "events published moving on") { () -> Int in
                 while true {

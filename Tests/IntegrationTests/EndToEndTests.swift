@@ -214,7 +214,8 @@ struct EndToEndTests {
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/stocks", key: "anything")
             client.send(ClientAction(.subscribe, params: "Q.AAPL"))
             #expect(try await client.nextEvents(2).allSatisfy { $0.topic.description == "Q.AAPL" })
-            #expect(parts.demoFeed?.monitor.snapshot.totalConnections == 1)
+            // One upstream connection per market, each at its path.
+            #expect(parts.demoFeed?.monitor.snapshot.totalConnections == Market.allCases.count)
             await client.close()
         }
     }

@@ -56,8 +56,8 @@ struct MultiMarketTests {
             client.send(ClientAction(.subscribe, params: "XT.X:BTC-USD,T.X:ETH-USD,Q.AAPL"))
             let answer = try await client.nextParsed()
             let error = try #require(answer.statuses.first { $0.status == StatusMessage.Kind.error })
-            #expect(error.message.contains("XT.X:BTC-USD (a crypto topic: use /crypto)"), "\(error.message)")
-            #expect(error.message.contains("T.X:ETH-USD (a crypto ticker: use /crypto)"), "\(error.message)")
+            #expect(error.message.contains("XT.X:BTC-USD (crypto topic: use /crypto)"), "\(error.message)")
+            #expect(error.message.contains("T.X:ETH-USD (crypto ticker: use /crypto)"), "\(error.message)")
             #expect(answer.statuses.contains { $0.status == StatusMessage.Kind.success && $0.message.contains("Q.AAPL") })
             // The connection goes on.
             #expect(try await client.nextEvents(1).allSatisfy { $0.topic.description == "Q.AAPL" })

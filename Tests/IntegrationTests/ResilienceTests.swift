@@ -235,14 +235,15 @@ struct ResilienceTests {
             func value(_ prefix: String) -> Double? {
                 lines.first { $0.hasPrefix(prefix + " ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
             }
-            #expect(value(#"relay_upstream_state{state="authenticated"}"#) == 1)
-            #expect(value(#"relay_upstream_state{state="disconnected"}"#) == 0)
-            #expect(lines.contains { $0.hasPrefix("relay_upstream_reconnects_total{cause=") && $0.hasSuffix(" 1") })
-            #expect(value("relay_subscribers") == 1)
+            // Every upstream and hub metric carries its market.
+            #expect(value(#"relay_upstream_state{market="stocks",state="authenticated"}"#) == 1)
+            #expect(value(#"relay_upstream_state{market="stocks",state="disconnected"}"#) == 0)
+            #expect(lines.contains { $0.hasPrefix(#"relay_upstream_reconnects_total{market="stocks",cause="#) && $0.hasSuffix(" 1") })
+            #expect(value(#"relay_subscribers{market="stocks"}"#) == 1)
             #expect(value("relay_downstream_connections") == 1)
-            #expect((value("relay_upstream_events_total") ?? 0) > 0)
+            #expect((value(#"relay_upstream_events_total{market="stocks"}"#) ?? 0) > 0)
             #expect((value("relay_events_delivered_total") ?? 0) >= 3)
-            #expect(value("relay_upstream_last_message_age_seconds") != nil)
+            #expect(value(#"relay_upstream_last_message_age_seconds{market="stocks"}"#) != nil)
             await client.close()
         }
     }

@@ -52,12 +52,25 @@ export function mount(main) {
     ),
   );
   const changes = el("ol", { class: "changes", id: "changes" });
+  const marketRows = el("tbody", { id: "market-rows" });
+  const markets = el(
+    "section",
+    { class: "panel wide table-wrap", "aria-labelledby": "markets-title", id: "markets" },
+    el("h2", { id: "markets-title", text: "Markets" }),
+    el(
+      "table",
+      { "aria-labelledby": "markets-title" },
+      el("thead", {}, el("tr", {}, ...["Market", "Upstream", "Topics subscribed", "Subscribers", "Events in", "Last message"].map((name) => el("th", { scope: "col", text: name })))),
+      marketRows,
+    ),
+  );
   main.append(
     el("h1", { text: "Overview" }),
     el(
       "div",
       { class: "grid" },
       upstream,
+      markets,
       card("clients", "Clients"),
       card("in", "Events in"),
       card("out", "Events out"),
@@ -118,6 +131,24 @@ export function mount(main) {
     spark("out", s.series.eventsOut, "Events out per second");
     spark("latency", s.series.p99Ms, "p99 latency in ms");
     spark("lagging", s.series.lagging, "Lagging clients");
+
+    // One row per market, each with its own upstream connection.
+    marketRows.replaceChildren(
+      ...(s.markets || []).map((m) => {
+        const up = m.upstream;
+        const badge = el("span", { class: "state " + (m.healthy ? "good" : "bad"), title: `state: ${up.state}`, text: STATES[up.state] || up.state });
+        return el(
+          "tr",
+          { "data-market": m.market },
+          el("th", { scope: "row", text: `/${m.market}` }),
+          el("td", {}, badge),
+          el("td", { text: String(up.subscribedTopics) }),
+          el("td", { text: String(m.subscribers) }),
+          el("td", { text: m.eventsPublished.toLocaleString() }),
+          el("td", { text: up.lastMessageAgeMs === undefined || up.lastMessageAgeMs === null ? "—" : `${up.lastMessageAgeMs} ms ago` }),
+        );
+      }),
+    );
 
     const items = s.changes.map((change) => el("li", {}, el("time", { datetime: change.at, text: time(change.at) }), " ", change.what, change.detail ? el("span", { class: "muted", text: ` — ${change.detail}` }) : null));
     changes.replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No changes yet." })]));

@@ -4,13 +4,37 @@ import { key, socketURL, el, decimal, time } from "./api.js";
 
 const SAVED = "relay.quotes";
 
+// Each market's quote and trade channels, and symbols to start with.
+const MARKETS = {
+  stocks: { quote: "Q", trade: "T", start: "AAPL, MSFT, NVDA" },
+  options: { quote: "Q", trade: "T", start: "O:SPY251219C00650000, O:AAPL251219C00200000" },
+  forex: { quote: "C", trade: null, start: "C:EUR-USD, C:GBP-USD" },
+  crypto: { quote: "XQ", trade: "XT", start: "X:BTC-USD, X:ETH-USD" },
+  indices: { quote: null, trade: "V", start: "I:SPX, I:NDX" },
+  futures: { quote: "Q", trade: "T", start: "ESZ5, NQZ5" },
+};
+
+// An event's ticker in the market's topic form (crypto `pair` BTC-USD is X:BTC-USD; forex `p` EUR/USD is C:EUR-USD).
+function topicTicker(market, event) {
+  const raw = String(event.sym || event.pair || (event.ev === "C" ? event.p : null) || event.T || "").toUpperCase();
+  if (!raw) return null;
+  const prefix = { options: "O:", forex: "C:", crypto: "X:", indices: "I:" }[market];
+  if (!prefix || raw.startsWith(prefix)) return raw;
+  return prefix + (market === "forex" ? raw.replace("/", "-") : raw);
+}
+
 function parseSymbols(text) {
   return [...new Set(text.split(/[\s,]+/).map((s) => s.trim().toUpperCase()).filter(Boolean))].slice(0, 50);
 }
 
 export function mount(main, context) {
-  const market = context.status.market;
-  let symbols = parseSymbols(sessionStorage.getItem(SAVED) || "AAPL, MSFT, NVDA");
+  const served = (context.status.markets || [{ market: context.status.market }]).map((m) => m.market);
+  const wanted = context.params ? context.params.get("market") : null;
+  let market = served.includes(wanted) ? wanted : sessionStorage.getItem(SAVED + ".market");
+  if (!served.includes(market)) market = served[0];
+  const channels = () => MARKETS[market] || MARKETS.stocks;
+  let symbols = parseSymbols(sessionStorage.getItem(`${SAVED}.${market}`) || channels().start);
+  const picker = el("select", { id: "market", name: "market" }, ...served.map((name) => el("option", { value: name, text: name, selected: name === market ? true : null })));
   const input = el("input", { id: "symbols", name: "symbols", value: symbols.join(", "), autocomplete: "off", "aria-describedby": "symbols-help symbols-error" });
   const error = el("p", { class: "field-error", id: "symbols-error" });
   const connection = el("p", { class: "muted", id: "quotes-connection", role: "status", text: "Connecting…" });
@@ -28,6 +52,7 @@ export function mount(main, context) {
   const form = el(
     "form",
     { class: "inline", novalidate: true },
+    el("div", { class: "field" }, el("label", { for: "market", text: "Market" }), picker),
     el("div", { class: "field" }, el("label", { for: "symbols", text: "Symbols" }), input, el("span", { id: "symbols-help", class: "visually-hidden", text: "Tickers separated by commas, such as AAPL, MSFT" }), error),
     el("button", { type: "submit", text: "Watch" }),
   );
@@ -97,7 +122,8 @@ export function mount(main, context) {
 
   let subscribed = [];
   function subscribe(next) {
-    const topics = (list) => list.flatMap((s) => [`Q.${s}`, `T.${s}`]).join(",");
+    const { quote, trade } = channels();
+    const topics = (list) => list.flatMap((s) => [quote && `${quote}.${s}`, trade && `${trade}.${s}`].filter(Boolean)).join(",");
     if (subscribed.length) send({ action: "unsubscribe", params: topics(subscribed) });
     if (next.length) send({ action: "subscribe", params: topics(next) });
     subscribed = next;
@@ -135,17 +161,22 @@ export function mount(main, context) {
       }
       return;
     }
-    const symbol = event.sym || event.pair;
-    if (!symbol || !rows.has(symbol.toUpperCase())) return;
-    const r = row(symbol.toUpperCase());
-    if (event.ev === "Q" || event.ev === "XQ" || event.ev === "C") {
+    const symbol = topicTicker(market, event);
+    if (!symbol || !rows.has(symbol)) return;
+    const r = row(symbol);
+    if (event.ev === "Q" || event.ev === "XQ") {
       update(r, "bp", event.bp, decimal(String(event.bp)));
       update(r, "bs", event.bs, String(event.bs ?? "—"));
       update(r, "ap", event.ap, decimal(String(event.ap)));
       update(r, "as", event.as, String(event.as ?? "—"));
+    } else if (event.ev === "C") {
+      update(r, "bp", event.b, decimal(String(event.b)));
+      update(r, "ap", event.a, decimal(String(event.a)));
     } else if (event.ev === "T" || event.ev === "XT") {
       update(r, "p", event.p, decimal(String(event.p)));
       update(r, "s", event.s, String(event.s ?? "—"));
+    } else if (event.ev === "V") {
+      update(r, "p", event.val, decimal(String(event.val)));
     } else {
       return;
     }
@@ -162,7 +193,7 @@ export function mount(main, context) {
     }
     error.textContent = "";
     input.removeAttribute("aria-invalid");
-    sessionStorage.setItem(SAVED, next.join(", "));
+    sessionStorage.setItem(`${SAVED}.${market}`, next.join(", "));
     for (const [symbol, r] of rows) {
       if (!next.includes(symbol)) {
         r.tr.remove();
@@ -172,6 +203,25 @@ export function mount(main, context) {
     symbols = next;
     symbols.forEach(row);
     subscribe(next);
+  });
+
+  picker.addEventListener("change", () => {
+    // Another market is another connection, at that market's path.
+    market = picker.value;
+    sessionStorage.setItem(SAVED + ".market", market);
+    subscribed = [];
+    for (const r of rows.values()) r.tr.remove();
+    rows.clear();
+    symbols = parseSymbols(sessionStorage.getItem(`${SAVED}.${market}`) || channels().start);
+    input.value = symbols.join(", ");
+    symbols.forEach(row);
+    clearTimeout(retry);
+    if (socket) {
+      socket.onclose = null;
+      socket.close(1000, "market changed");
+    }
+    attempts = 0;
+    connect();
   });
 
   symbols.forEach(row);

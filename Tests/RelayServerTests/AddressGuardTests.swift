@@ -82,3 +82,53 @@ struct TopicLedgerTests {
         #expect(ledger.reserve(topics("Q.F"), for: "two").refused.isEmpty)
     }
 }
+
+@Suite("Topic ledger: Polygon's options cap")
+struct TickerCapTests {
+    func topics(_ names: String...) -> [Topic] { names.compactMap { Topic(parsing: $0) } }
+
+    func optionsLedger(cap: Int) -> TopicLedger {
+        TopicLedger(perKey: 100, total: 100, cap: .init(eventTypes: Market.options.cappedEventTypes, tickers: cap, market: .options))
+    }
+
+    @Test func contractsPastTheCapAreRefusedAndTheEarliestKeepTheirPlace() {
+        let ledger = optionsLedger(cap: 2)
+        #expect(ledger.reserve(topics("Q.O:A1", "FMV.O:A1", "Q.O:B1"), for: "one").refused.isEmpty, "A1 counts once for Q and FMV")
+        let over = ledger.reserve(topics("Q.O:C1", "T.O:C1"), for: "two")
+        #expect(over.refused == topics("Q.O:C1"), "trades are not capped")
+        #expect(over.reason?.contains("at most 2 distinct tickers") == true, "\(over.reason ?? "")")
+        #expect(over.reason?.contains("options") == true)
+        // The first contracts keep their place; C1 gets one once A1 is given up by every topic.
+        ledger.release(topics("Q.O:A1"), for: "one")
+        #expect(!ledger.reserve(topics("Q.O:C1"), for: "two").refused.isEmpty, "FMV.O:A1 still holds A1")
+        ledger.release(topics("FMV.O:A1"), for: "one")
+        #expect(ledger.reserve(topics("Q.O:C1"), for: "two").refused.isEmpty)
+    }
+
+    @Test func aWildcardOfACappedTypeIsRefused() {
+        let ledger = optionsLedger(cap: 1_000)
+        #expect(ledger.reserve(topics("Q.*"), for: "one").refused == topics("Q.*"))
+        #expect(ledger.reserve(topics("T.*"), for: "one").refused.isEmpty)
+    }
+}
+
+@Suite("Client keys: markets and per-market patterns")
+struct ClientKeyMarketTests {
+    @Test func aKeyNamesItsMarketsAndPatternsPerMarket() throws {
+        let key = try ClientKey(name: "k", secret: "s", topics: ["crypto:XQ.*", "forex:C.EUR/USD", "Q.AAPL"], markets: ["stocks", "crypto", "forex"])
+        let entitlement = key.entitlement
+        #expect(entitlement.allows(market: .crypto) && !entitlement.allows(market: .options))
+        #expect(entitlement.allows(Topic(parsing: "XQ.X:BTC-USD")!, in: .crypto))
+        #expect(!entitlement.allows(Topic(parsing: "XT.X:BTC-USD")!, in: .crypto))
+        #expect(entitlement.allows(Topic(parsing: "C.C:EUR-USD")!, in: .forex), "patterns are written in the market's form")
+        #expect(entitlement.allows(Topic(parsing: "Q.AAPL")!, in: .stocks))
+        #expect(!entitlement.allows(Topic(parsing: "Q.MSFT")!, in: .stocks))
+        #expect(!entitlement.allows(Topic(parsing: "Q.AAPL")!, in: .options), "a market the key may not use")
+    }
+
+    @Test func anUnknownMarketIsAnErrorNamingIt() {
+        #expect(throws: ClientKey.Invalid.self) { try ClientKey(name: "k", secret: "s", markets: ["bonds"]) }
+        // A ticker's own prefix is not a market: `X:` stays part of the topic.
+        #expect(throws: Never.self) { try ClientKey(name: "k", secret: "s", topics: ["XT.X:BTC-USD"]) }
+    }
+}
