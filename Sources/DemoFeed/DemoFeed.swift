@@ -74,7 +74,7 @@ public final class DemoFeed: Service, Sendable {
                 let markets = configuration.servedMarkets
                 for market in markets {
                     // One market alone trades at the configured rate; beside stocks, the others at a quarter.
-                    let share = markets.count == 1 || market == .stocks ? 1.0 : 0.25
+                    let share = markets.count == 1 || market == .stocks || configuration.evenRates ? 1.0 : 0.25
                     group.addTask { await cancelWhenGracefulShutdown { await self.generate(market, rateShare: share) } }
                 }
                 try await group.next()
@@ -287,7 +287,7 @@ public final class DemoFeed: Service, Sendable {
     private func generate(_ kind: Market, rateShare: Double) async {
         let seed = (configuration.seed ?? UInt64.random(in: 0...UInt64.max)) &+ UInt64(Market.allCases.firstIndex(of: kind) ?? 0)
         var market =
-            configuration.universe.map { DemoMarket(tickers: $0, seed: seed, market: kind) }
+            (configuration.universes[kind] ?? configuration.universe).map { DemoMarket(tickers: $0, seed: seed, market: kind) }
             ?? DemoMarket(market: kind, generatedTickers: configuration.generatedTickers, seed: seed)
         let opened = WallClock.nowMilliseconds()
         restState.withLock { state in
@@ -329,7 +329,7 @@ public final class DemoFeed: Service, Sendable {
                 if tally?.firstStamp == nil { tally?.firstStamp = stamp }
                 tally?.lastStamp = stamp
             }
-            if configuration.universe == nil, clock.now >= nextBar {
+            if configuration.universe == nil, configuration.universes[kind] == nil, clock.now >= nextBar {
                 events += market.aggregates(start: barStart, end: now)
                 barStart = now
                 nextBar = nextBar.advanced(by: configuration.aggregateInterval)

@@ -8,6 +8,10 @@ public struct DemoFeedConfiguration: Sendable {
     public var market: String
     /// Every market the feed serves, each at its own path (`nil`: only ``market``).
     public var markets: [Market]?
+    /// Each market's tickers (benchmarks); a market without one uses ``universe`` or its majors.
+    public var universes: [Market: [String]] = [:]
+    /// Every market at ``eventsPerSecond`` (benchmarks); otherwise markets beside stocks at a quarter.
+    public var evenRates = false
     /// The key clients must send; `nil` accepts any non-empty key.
     public var apiKey: String?
     /// Quotes and trades per second across the whole universe.

@@ -39,14 +39,20 @@ public struct BenchRunner: Sendable {
         let feed = DemoFeed(
             configuration: {
                 var c = DemoFeedConfiguration(
-                    port: 0, eventsPerSecond: s.rate, tickInterval: .milliseconds(10), maxEventsPerFrame: s.frameEvents, seed: 1)
-                c.universe = s.tickers
+                    port: 0, eventsPerSecond: s.rate / Double(max(s.markets.count, 1)), tickInterval: .milliseconds(10),
+                    maxEventsPerFrame: s.frameEvents, seed: 1)
+                c.markets = s.markets
+                c.universes = Dictionary(uniqueKeysWithValues: s.markets.map { ($0, s.tickers(of: $0)) })
+                c.evenRates = true
                 c.stampNanoseconds = true
                 return c
             }(), logger: logger)
         let feedTask = Task { try await feed.run() }
         defer { feedTask.cancel() }
-        let feedURL = try await feed.url()
+        var upstreamArguments: [String] = []
+        for market in s.markets { upstreamArguments += ["--upstream", try await feed.url(for: market)] }
+        let feedURL = upstreamArguments.count == 2 ? upstreamArguments[1] : "\(s.markets.count) markets"
+        let paths = s.markets.map { "/\($0)" }.joined(separator: " ")
 
         // One relay, or a cluster of `nodes` on a NATS server of its own.
         var nats: NATSServerProcess?
@@ -68,13 +74,12 @@ public struct BenchRunner: Sendable {
                 let relay = RelayProcess(
                     binary: relayBinary,
                     arguments: [
-                        "serve", "--listen", "127.0.0.1:0", "--upstream", feedURL, "--upstream-key", "bench", "--log-level", "warning",
-                        "--no-portfolio",
-                    ] + (s.nodes > 1 ? clusterArguments + ["--node-id", "node\(node + 1)"] : []),
+                        "serve", "--listen", "127.0.0.1:0", "--upstream-key", "bench", "--log-level", "warning", "--no-portfolio",
+                    ] + upstreamArguments + (s.nodes > 1 ? clusterArguments + ["--node-id", "node\(node + 1)"] : []),
                     showLogs: showRelayLogs)
                 relays.append(relay)
                 ports.append(try await relay.start())
-                progress("relay pid \(relay.process.processIdentifier) on ws://127.0.0.1:\(ports[node])/stocks, upstream \(feedURL)")
+                progress("relay pid \(relay.process.processIdentifier) on ws://127.0.0.1:\(ports[node]) \(paths), upstream \(feedURL)")
             }
             if s.nodes > 1 { _ = try await leader(ports: ports) }
         } catch {
@@ -88,14 +93,16 @@ public struct BenchRunner: Sendable {
         var subscribers: [BenchSubscriber] = []
         var nodeOf: [Int] = []
         for index in 0..<s.subscribers {
-            let topics = s.wildcard ? ["Q.*", "T.*"] : s.symbols(forSubscriber: index).flatMap { ["Q.\($0)", "T.\($0)"] }
+            let topics = s.topics(forSubscriber: index)
             let node = index % relays.count
             subscribers.append(BenchSubscriber(topics: topics, stalled: false, latency: shards[node][(index / relays.count) % 16]))
             nodeOf.append(node)
         }
         let stalledShard = BenchSubscriber.LatencyShard()
         for index in 0..<s.stalledSubscribers {
-            subscribers.append(BenchSubscriber(topics: ["Q.*", "T.*"], stalled: true, latency: stalledShard))
+            subscribers.append(
+                BenchSubscriber(
+                    topics: BenchScenario.channels(of: s.market(ofSubscriber: index)).map { "\($0).*" }, stalled: true, latency: stalledShard))
             nodeOf.append(index % relays.count)
         }
 
@@ -103,7 +110,9 @@ public struct BenchRunner: Sendable {
         do {
             result = try await withThrowingTaskGroup(of: Void.self) { group in
                 try await connect(
-                    subscribers, to: nodeOf.map { "ws://127.0.0.1:\(ports[$0])/stocks" }, window: window, logger: logger, in: &group)
+                    subscribers,
+                    to: nodeOf.enumerated().map { index, node in "ws://127.0.0.1:\(ports[node])/\(s.market(ofSubscriber: index))" },
+                    window: window, logger: logger, in: &group)
                 defer { group.cancelAll() }
                 var result = try await measure(
                     subscribers: subscribers, nodeOf: nodeOf, shards: shards, feed: feed, relays: relays, ports: ports, window: window)
@@ -279,7 +288,9 @@ public struct BenchRunner: Sendable {
             laggingFast += counts.laggingNotices
             let wanted: Int
             if s.wildcard {
-                wanted = upstreamEvents
+                // Every event of the subscriber's market.
+                let market = s.market(ofSubscriber: index)
+                wanted = tally.eventsByTicker.reduce(0) { $0 + (Market.of(ticker: $1.key) == market ? $1.value : 0) }
             } else {
                 let symbols = Set(subscriber.topics.compactMap { Topic(parsing: $0)?.ticker })
                 wanted = symbols.reduce(0) { $0 + (tally.eventsByTicker[$1] ?? 0) }

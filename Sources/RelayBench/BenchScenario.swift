@@ -1,3 +1,5 @@
+import PolygonWire
+
 /// One benchmark setup: the upstream's rate and shape, and who subscribes to what. Value type,
 /// `Sendable`. The named scenarios are documented in the README with the figures measured.
 public struct BenchScenario: Sendable, Codable {
@@ -22,6 +24,9 @@ public struct BenchScenario: Sendable, Codable {
     /// Relay processes: 1 is a single relay; more run as a cluster on a NATS server the bench starts,
     /// with subscriber `i` on node `i % nodes`, followed by a kill -9 and a SIGTERM failover.
     public var nodes: Int = 1
+    /// The markets served, each with its own upstream connection (to the one synthetic feed) and its
+    /// share of the rate, the universe and the subscribers (subscriber `i` on market `i % count`).
+    public var markets: [Market] = [.stocks]
 
     public static let fanout = BenchScenario(
         name: "fanout", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
@@ -44,20 +49,57 @@ public struct BenchScenario: Sendable, Codable {
         return scenario
     }()
 
-    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster]
+    /// `fanout`'s load split across three markets at once (stocks, crypto, options), each with its own
+    /// upstream connection: a third of the rate, the symbols and the subscribers each.
+    public static let markets: BenchScenario = {
+        var scenario = BenchScenario.fanout
+        scenario.name = "markets"
+        scenario.markets = [.stocks, .crypto, .options]
+        return scenario
+    }()
 
-    /// The market's tickers: `S000`, `S001`, …
-    var tickers: [String] {
+    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster, .markets]
+
+    /// The market's tickers: `S000`, `S001`, … (crypto `X:S000-USD`, options `O:S000`, forex `C:S000-USD`, …).
+    func tickers(of market: Market) -> [String] {
         let width = max(String(universe - 1).count, 3)
-        return (0..<universe).map { index in
+        return (0..<max(universe / max(markets.count, 1), 1)).map { index in
             let digits = String(index)
-            return "S" + String(repeating: "0", count: width - digits.count) + digits
+            let base = "S" + String(repeating: "0", count: width - digits.count) + digits
+            switch market {
+            case .crypto, .forex: return market.topicTicker(base + "-USD")
+            default: return market.topicTicker(base)
+            }
         }
     }
 
-    /// The symbols of subscriber `index`: a spread that covers the universe evenly across subscribers.
+    /// The stocks tickers (one-market scenarios).
+    var tickers: [String] { tickers(of: markets.first ?? .stocks) }
+
+    /// The market of subscriber `index`.
+    func market(ofSubscriber index: Int) -> Market { markets.isEmpty ? .stocks : markets[index % markets.count] }
+
+    /// The quote and trade channels a subscriber follows on `market`.
+    static func channels(of market: Market) -> [String] {
+        switch market {
+        case .crypto: ["XQ", "XT"]
+        case .forex: ["C"]
+        case .indices: ["V"]
+        default: ["Q", "T"]
+        }
+    }
+
+    /// The topics of subscriber `index`.
+    func topics(forSubscriber index: Int) -> [String] {
+        let market = market(ofSubscriber: index)
+        let channels = Self.channels(of: market)
+        if wildcard { return channels.map { "\($0).*" } }
+        return symbols(forSubscriber: index).flatMap { symbol in channels.map { "\($0).\(symbol)" } }
+    }
+
+    /// The symbols of subscriber `index`: a spread that covers its market's universe evenly across subscribers.
     func symbols(forSubscriber index: Int) -> [String] {
-        let all = tickers
+        let all = tickers(of: market(ofSubscriber: index))
         guard !all.isEmpty else { return [] }
         let count = min(symbolsPerSubscriber, all.count)
         // A stride coprime-ish with the universe spreads each subscriber's picks across it.

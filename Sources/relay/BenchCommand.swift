@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import PolygonWire
 import RelayBench
 
 struct BenchCommand: AsyncParsableCommand {
@@ -11,12 +12,14 @@ struct BenchCommand: AsyncParsableCommand {
             many-clients (10,000 mostly idle subscribers, 50 events/s), firehose (4 wildcard subscribers, 200k events/s),
             slow-consumer (fanout plus one subscriber that never reads), cluster (fanout on one relay, then
             the same spread over three cluster nodes on a NATS server the bench starts, then a kill -9 and a
-            SIGTERM of the leader, timed). Flags override a scenario's knobs.
+            SIGTERM of the leader, timed), markets (fanout's load split across stocks, crypto and options at
+            once, each with its own upstream connection). Flags override a scenario's knobs; --market runs a
+            scenario on another market (its tickers, channels and path).
             Build in release mode for figures worth quoting: swift build -c release.
             """
     )
 
-    @Argument(help: "fanout, many-clients, firehose, slow-consumer or cluster.")
+    @Argument(help: "fanout, many-clients, firehose, slow-consumer, cluster or markets.")
     var scenario: String = "fanout"
 
     @Option(help: "Fast subscriber connections.") var subscribers: Int?
@@ -29,6 +32,7 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Measured seconds.") var duration: Double?
     @Option(help: "Seconds before measuring.") var warmup: Double?
     @Option(help: "Relay processes; more than one runs a cluster on NATS.") var nodes: Int?
+    @Option(help: "Run the scenario on this market (stocks, options, forex, crypto, indices, futures).") var market: String?
     @Flag(help: "Print the result as JSON on standard output.") var json = false
     @Flag(name: .customLong("relay-logs"), help: "Show the relay's own log lines.") var relayLogs = false
     @Option(name: .customLong("relay-binary"), help: "The relay executable to test (default: this one).") var relayBinary: String?
@@ -47,6 +51,12 @@ struct BenchCommand: AsyncParsableCommand {
         if let duration { chosen.durationSeconds = duration }
         if let warmup { chosen.warmupSeconds = warmup }
         if let nodes { chosen.nodes = max(nodes, 1) }
+        if let market {
+            guard let named = Market(rawValue: market) else {
+                throw ValidationError("unknown market \(market); one of \(Market.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            chosen.markets = [named]
+        }
         let binary =
             relayBinary ?? (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         let progress: @Sendable (String) -> Void = { line in FileHandle.standardError.write(Data((line + "\n").utf8)) }
