@@ -178,6 +178,40 @@ struct MultiMarketTests {
         }
     }
 
+    @Test func polygonsOptionsCapIsAnsweredNeverASilentDrop() async throws {
+        try await withDemoRelay { parts in
+            let url = "ws://127.0.0.1:\(parts.port)/options"
+            let contracts = (0..<1_001).map { String(format: "O:SPY251219C%08d", $0) }
+            let first = try await WSTestClient.authenticated(url: url)
+            // A thousand contracts' quotes (one message holds at most 1,000 topics), trades beside them uncapped.
+            first.send(ClientAction(.subscribe, params: contracts.prefix(1_000).map { "Q.\($0)" }.joined(separator: ",")))
+            let accepted = try await first.nextParsed()
+            #expect(accepted.statuses.map(\.status) == [StatusMessage.Kind.success], "\(accepted.statuses)")
+            first.send(ClientAction(.subscribe, params: "T.\(contracts[1_000])"))
+            #expect(try await first.nextParsed().statuses.map(\.status) == [StatusMessage.Kind.success])
+            // Another client's 1,001st contract: refused, naming the cap; a contract already held is fine.
+            let second = try await WSTestClient.authenticated(url: url)
+            second.send(ClientAction(.subscribe, params: "Q.\(contracts[1_000]),FMV.\(contracts[0]),Q.*"))
+            let answer = try await second.nextParsed()
+            let error = try #require(answer.statuses.first { $0.status == StatusMessage.Kind.error })
+            #expect(error.message.contains("options cap"), "\(error.message)")
+            #expect(error.message.contains("at most 1000"), "\(error.message)")
+            #expect(error.message.contains("Q.\(contracts[1_000])") && error.message.contains("Q.*"), "\(error.message)")
+            #expect(answer.statuses.contains { $0.status == StatusMessage.Kind.success && $0.message.contains("FMV.\(contracts[0])") })
+            // The first client leaving frees its contracts for the next.
+            await first.close()
+            // (The server releases them when it sees the close: asked again until then, at most 5 s.)
+            var freed = false
+            let deadline = ContinuousClock.now + .seconds(5)
+            while !freed, ContinuousClock.now < deadline {
+                second.send(ClientAction(.subscribe, params: "Q.\(contracts[1_000])"))
+                freed = try await second.nextParsed().statuses.first?.status == StatusMessage.Kind.success
+            }
+            #expect(freed, "the first client's contracts were not freed within 5 s")
+            await second.close()
+        }
+    }
+
     @Test(.enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
     func theOfficialPythonClientParsesEachMarketIntoItsOwnModels() async throws {
         try await withDemoRelay { parts in
