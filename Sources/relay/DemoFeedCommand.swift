@@ -1,6 +1,7 @@
 import ArgumentParser
 import DemoFeed
 import Logging
+import PolygonWire
 import RelayCore
 import ServiceLifecycle
 
@@ -13,8 +14,16 @@ struct DemoFeedCommand: AsyncParsableCommand {
     @Option(help: "HOST:PORT to listen on.")
     var listen: String = "127.0.0.1:9009"
 
-    @Option(help: "The market path served, e.g. stocks for ws://HOST:PORT/stocks.")
-    var market: String = "stocks"
+    @Option(help: "The market paths served, comma-separated (stocks for ws://HOST:PORT/stocks), or all.")
+    var markets: String = "all"
+
+    /// The markets named by `--markets`.
+    var servedMarkets: [Market]? {
+        if markets == "all" { return Market.allCases }
+        let named = markets.split(separator: ",").map { Market(rawValue: $0.trimmingCharacters(in: .whitespaces).lowercased()) }
+        guard !named.isEmpty, named.allSatisfy({ $0 != nil }) else { return nil }
+        return named.compactMap { $0 }
+    }
 
     @Option(name: .customLong("api-key"), help: "The key clients must send; any non-empty key when omitted.")
     var apiKey: String?
@@ -42,6 +51,9 @@ struct DemoFeedCommand: AsyncParsableCommand {
 
     func validate() throws {
         guard RelaySettings.Address(listen) != nil else { throw ValidationError("--listen: expected HOST:PORT, got \(listen)") }
+        guard servedMarkets != nil else {
+            throw ValidationError("--markets: a list of \(Market.allCases.map(\.rawValue).joined(separator: ", ")), or all; got \(markets)")
+        }
         guard rate > 0 else { throw ValidationError("--rate must be above 0") }
         guard aggregateSeconds > 0 else { throw ValidationError("--aggregate-seconds must be above 0") }
         guard (tlsCert == nil) == (tlsKey == nil) else { throw ValidationError("--tls-cert and --tls-key go together") }
@@ -52,19 +64,21 @@ struct DemoFeedCommand: AsyncParsableCommand {
         bootstrapLogging(level: Logger.Level(rawValue: logLevel) ?? .info)
         guard let address = RelaySettings.Address(listen) else { return }
         let logger = Logger(label: "relay.demo-feed")
-        let feed = DemoFeed(
-            configuration: DemoFeedConfiguration(
-                host: address.host, port: address.port, market: market, apiKey: apiKey, eventsPerSecond: rate,
-                aggregateInterval: .seconds(aggregateSeconds), generatedTickers: tickers, seed: seed,
-                tls: tlsCert.flatMap { cert in tlsKey.map { .init(certificatePath: cert, privateKeyPath: $0) } }),
-            logger: logger)
+        let served = servedMarkets ?? [.stocks]
+        var configuration = DemoFeedConfiguration(
+            host: address.host, port: address.port, market: served[0].rawValue, apiKey: apiKey, eventsPerSecond: rate,
+            aggregateInterval: .seconds(aggregateSeconds), generatedTickers: tickers, seed: seed,
+            tls: tlsCert.flatMap { cert in tlsKey.map { .init(certificatePath: cert, privateKeyPath: $0) } })
+        configuration.markets = served
+        let feed = DemoFeed(configuration: configuration, logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: [.init(service: feed)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try await group.run() }
             tasks.addTask {
-                let url = try await feed.url()
-                print("demo feed serving \(url) (\(Int(rate)) events/s)")
+                var urls: [String] = []
+                for market in served { urls.append(try await feed.url(for: market)) }
+                print("demo feed serving \(urls.joined(separator: " ")) (\(Int(rate)) events/s on stocks)")
             }
             try await tasks.waitForAll()
         }
