@@ -1,4 +1,7 @@
 import Foundation
+import MarketDataHub
+import NIOCore
+import PolygonWire
 import Synchronization
 import Testing
 
@@ -343,5 +346,37 @@ struct PortfolioStoreTests {
             }
                 == "quantity")
         #expect(await field { _ = try await store.addUpdate(accountID: broker.id, at: .now, value: 1) } == "accountID")
+    }
+}
+
+@Suite("Prices from every market's events")
+struct MarketPriceTests {
+    func prices(_ json: String, market: Market) throws -> SymbolPrices {
+        var prices = SymbolPrices()
+        for event in try FrameParser.parse(ByteBuffer(string: "[\(json)]"), market: market).events {
+            EventPrices.apply(event, to: &prices, now: Date(timeIntervalSince1970: 0))
+        }
+        return prices
+    }
+
+    @Test func cryptoForexAndIndexEventsPriceTheirHoldings() throws {
+        let crypto = try prices(
+            #"{"ev":"XT","pair":"BTC-USD","p":33021.9,"t":1610462007425,"s":0.01,"c":[2],"i":1,"x":3,"r":1},{"ev":"XQ","pair":"BTC-USD","bp":33052.79,"bs":0.48,"ap":33073.19,"as":0.6,"t":1610462411115,"x":1,"r":1}"#,
+            market: .crypto)
+        #expect(crypto.lastTrade?.value == dec("33021.9"))
+        #expect(crypto.lastQuoteMid?.value == dec("33062.99"))
+        let forex = try prices(#"{"ev":"C","p":"EUR/USD","x":48,"a":1.0844,"b":1.0842,"t":1536036818784}"#, market: .forex)
+        #expect(forex.lastQuoteMid?.value == dec("1.0843"))
+        #expect(forex.lastTrade == nil)
+        let index = try prices(#"{"ev":"V","val":3988.5,"T":"I:SPX","t":1678220098130}"#, market: .indices)
+        #expect(index.lastTrade?.value == dec("3988.5"))
+    }
+
+    @Test func eachTickerIsFollowedOnItsOwnMarketsChannels() {
+        #expect(MarketHubs.priceTopics(of: "X:BTC-USD").map(\.description) == ["XT.X:BTC-USD", "XQ.X:BTC-USD"])
+        #expect(MarketHubs.priceTopics(of: "C:EUR-USD").map(\.description) == ["C.C:EUR-USD"])
+        #expect(MarketHubs.priceTopics(of: "I:SPX").map(\.description) == ["V.I:SPX"])
+        #expect(MarketHubs.priceTopics(of: "AAPL").map(\.description) == ["T.AAPL", "Q.AAPL"])
+        #expect(MarketHubs.priceTopics(of: "O:SPY251219C00650000").map(\.description) == ["T.O:SPY251219C00650000", "Q.O:SPY251219C00650000"])
     }
 }
