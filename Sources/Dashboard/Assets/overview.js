@@ -97,6 +97,8 @@ export function mount(main) {
 
   function draw(s) {
     const up = s.upstream;
+    // With several markets this panel is the first market's; the Markets table has them all.
+    set("upstream-title", (s.markets || []).length > 1 ? `Upstream: /${s.market}` : "Upstream");
     set("upstream-state", STATES[up.state] || up.state);
     state.className = "state " + (s.healthy ? "good" : "bad");
     state.title = `state: ${up.state}`;
