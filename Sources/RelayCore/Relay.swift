@@ -109,19 +109,15 @@ public final class Relay: Service, Sendable {
         var feed: any FeedStatus
     }
 
-    /// The configured upstreams, one per market (today's settings name one; `nil`: none configured).
-    private func configuredSources() throws -> [MarketSource]? {
-        guard let endpoint = settings.upstream else { return nil }
-        guard let market = Market(rawValue: endpoint.market) else {
-            throw RelaySettings.InvalidSetting(
-                description: "upstream: \(endpoint) names no Polygon market (the URL's last path segment is one of "
-                    + "\(Market.allCases.map(\.rawValue).joined(separator: ", ")))")
+    /// The configured upstreams, one per market; `nil`: none configured (the demo feed serves every market).
+    private func configuredSources() -> [MarketSource]? {
+        guard !settings.upstreams.isEmpty else { return nil }
+        return settings.upstreams.map { upstream in
+            let endpoint = upstream.endpoint
+            return MarketSource(
+                market: upstream.market, apiKey: upstream.apiKey ?? settings.upstreamKey ?? "", endpoint: { endpoint },
+                caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description)
         }
-        return [
-            MarketSource(
-                market: market, apiKey: settings.upstreamKey ?? "", endpoint: { endpoint }, caFile: settings.upstreamCAFile,
-                description: endpoint.description)
-        ]
     }
 
     private func runParts() async throws {
@@ -141,7 +137,7 @@ public final class Relay: Service, Sendable {
         /// The portfolio's REST API and the key it carries.
         let restURL: (@Sendable () async throws -> String)?
         let restKey: String
-        if let configured = try configuredSources() {
+        if let configured = configuredSources() {
             sources = configured
             let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
             restURL = rest.map { url in { @Sendable in url } }
@@ -254,6 +250,7 @@ public final class Relay: Service, Sendable {
                     host: settings.listen.host, port: settings.listen.port, authentication: authentication)
                 configuration.metricsPublic = settings.metricsPublic
                 configuration.limits = settings.limits
+                configuration.cappedTickers = settings.optionsContracts
                 configuration.tls = settings.tls
                 configuration.connectionLimits = settings.connectionLimits
                 configuration.portfolio = routes != nil

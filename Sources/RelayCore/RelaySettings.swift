@@ -39,8 +39,20 @@ public struct RelaySettings: Sendable {
     }
 
     public var listen: Address
-    /// The upstream's URL; `nil` runs the built-in demo feed in-process and connects to it.
-    public var upstream: UpstreamConfiguration.Endpoint?
+    /// The upstreams, one per market (``MarketUpstream``); none runs the built-in demo feed in-process,
+    /// serving every market, and connects to it.
+    public var upstreams: [MarketUpstream] = []
+    /// The first upstream's URL (a one-market relay); setting it configures that one upstream.
+    public var upstream: UpstreamConfiguration.Endpoint? {
+        get { upstreams.first?.endpoint }
+        set {
+            upstreams = newValue.map { endpoint in
+                [MarketUpstream(market: Market(rawValue: endpoint.market.lowercased()) ?? .stocks, endpoint: endpoint)]
+            } ?? []
+        }
+    }
+    /// Polygon's options cap: `Q` and `FMV` contracts per upstream connection.
+    public var optionsContracts = 1_000
     /// The upstream API key (required with a real upstream).
     public var upstreamKey: String?
     /// A PEM file of extra trusted CAs for a `wss://` upstream.
@@ -122,7 +134,6 @@ public struct RelaySettings: Sendable {
     ) {
         self.portfolio = portfolio
         self.listen = listen
-        self.upstream = upstream
         self.upstreamKey = upstreamKey
         self.upstreamCAFile = upstreamCAFile
         self.clientKeys = clientKeys
@@ -131,6 +142,7 @@ public struct RelaySettings: Sendable {
         self.slowConsumerPolicy = slowConsumerPolicy
         self.snapshotOnSubscribe = snapshotOnSubscribe
         self.upstreamTuning = upstreamTuning
+        self.upstream = upstream
     }
 
     /// The upstream defaults (see ``ReconnectPolicy`` and ``UpstreamConfiguration``).
@@ -140,7 +152,11 @@ public struct RelaySettings: Sendable {
     /// Values given on the command line; `nil` means "not given".
     public struct Flags: Sendable {
         public var listen: String?
+        /// Upstream URLs, comma-separated (`--upstream` repeated).
         public var upstream: String?
+        public var markets: String?
+        public var upstreamHost: String?
+        public var optionsContracts: Int?
         public var upstreamKey: String?
         public var upstreamCAFile: String?
         public var clientKeys: String?
@@ -172,8 +188,12 @@ public struct RelaySettings: Sendable {
             slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
             portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil,
             cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil, metricsPublic: Bool? = nil,
-            tlsCertificate: String? = nil, tlsKey: String? = nil, closeHistory: Bool? = nil
+            tlsCertificate: String? = nil, tlsKey: String? = nil, closeHistory: Bool? = nil, markets: String? = nil,
+            upstreamHost: String? = nil, optionsContracts: Int? = nil
         ) {
+            self.markets = markets
+            self.upstreamHost = upstreamHost
+            self.optionsContracts = optionsContracts
             self.closeHistory = closeHistory
             self.tlsCertificate = tlsCertificate
             self.tlsKey = tlsKey
@@ -204,6 +224,8 @@ public struct RelaySettings: Sendable {
     public static let environmentNames: [(variable: String, key: String)] = [
         ("RELAY_LISTEN", "listen"),
         ("RELAY_UPSTREAM", "upstream.url"),
+        ("RELAY_MARKETS", "upstream.markets"),
+        ("RELAY_UPSTREAM_HOST", "upstream.host"),
         ("POLYGON_API_KEY", "upstream.key"),
         ("RELAY_UPSTREAM_CA_FILE", "upstream.caFile"),
         ("RELAY_CLIENT_KEYS", "client.keys"),
@@ -242,6 +264,7 @@ public struct RelaySettings: Sendable {
         ("RELAY_LIMIT_OUTBOUND_BYTES", "limits.outboundBytes"),
         ("RELAY_LIMIT_TOPICS_PER_KEY", "limits.topicsPerKey"),
         ("RELAY_LIMIT_TOPICS", "limits.topics"),
+        ("RELAY_LIMIT_OPTIONS_CONTRACTS", "limits.optionsContracts"),
     ]
 
     /// A setting that could not be used, named so the user can fix it.
@@ -258,6 +281,9 @@ public struct RelaySettings: Sendable {
         }
         put("listen", flags.listen.map(ConfigContent.string))
         put("upstream.url", flags.upstream.map(ConfigContent.string))
+        put("upstream.markets", flags.markets.map(ConfigContent.string))
+        put("upstream.host", flags.upstreamHost.map(ConfigContent.string))
+        put("limits.optionsContracts", flags.optionsContracts.map(ConfigContent.int))
         put("upstream.key", flags.upstreamKey.map(ConfigContent.string), secret: true)
         put("upstream.caFile", flags.upstreamCAFile.map(ConfigContent.string))
         put("client.keys", flags.clientKeys.map { .stringArray(splitList($0)) }, secret: true)
@@ -326,11 +352,28 @@ public struct RelaySettings: Sendable {
             }
             settings.listen = address
         }
-        if let url = config.string(forKey: "upstream.url"), !url.isEmpty {
-            guard let endpoint = UpstreamConfiguration.Endpoint(url) else {
-                throw InvalidSetting(description: "upstream: expected a ws:// or wss:// URL, got \"\(url)\"")
+        // Every market's upstream: URLs, then markets on a host, then the file's list (MarketUpstream).
+        var places: [[MarketUpstream]] = []
+        if let urls = config.string(forKey: "upstream.url"), !urls.isEmpty {
+            var listed: [MarketUpstream] = []
+            for url in splitList(urls) { try listed.append(MarketUpstream(url: url)) }
+            places.append(listed)
+        }
+        let markets = config.stringArray(forKey: "upstream.markets")?.joined(separator: ",") ?? config.string(forKey: "upstream.markets")
+        if let markets, !markets.isEmpty {
+            let host = config.string(forKey: "upstream.host") ?? MarketUpstream.defaultHost
+            guard !host.isEmpty, !host.contains("/") else {
+                throw InvalidSetting(description: "upstream host: a host name such as socket.massive.com, got \"\(host)\"")
             }
-            settings.upstream = endpoint
+            places.append(try MarketUpstream.markets(markets, host: host))
+        }
+        if let file = flags.configFile ?? environment["RELAY_CONFIG"], let listed = try MarketUpstream.list(inFile: file, environment: environment) {
+            places.append(listed)
+        }
+        settings.upstreams = try MarketUpstream.merge(places)
+        if let contracts = config.int(forKey: "limits.optionsContracts") {
+            guard contracts >= 1 else { throw InvalidSetting(description: "limits.optionsContracts: at least 1, got \(contracts)") }
+            settings.optionsContracts = contracts
         }
         settings.upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
         settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
@@ -478,9 +521,11 @@ public struct RelaySettings: Sendable {
             do { _ = try ClusterSubjects(cluster: name, market: "stocks") } catch { throw InvalidSetting(description: error.description) }
             settings.cluster = cluster
         }
-        if settings.upstream != nil, (settings.upstreamKey ?? "").isEmpty {
+        if (settings.upstreamKey ?? "").isEmpty, let keyless = settings.upstreams.first(where: { ($0.apiKey ?? "").isEmpty }) {
             throw InvalidSetting(
-                description: "an upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file")
+                description:
+                    "the \(keyless.market) upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file "
+                    + "(every market's default), or key/keyEnv in its upstreams entry")
         }
         return settings
     }
@@ -510,7 +555,7 @@ public struct RelaySettings: Sendable {
             guard let fields = entry as? [String: Any] else {
                 throw InvalidSetting(description: "client.keys[\(index)]: a key string or a mapping with name and key")
             }
-            let known: Set<String> = ["name", "key", "topics", "maxConnections", "portfolio"]
+            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio"]
             if let unknown = fields.keys.first(where: { !known.contains($0) }) {
                 throw InvalidSetting(description: "client.keys[\(index)]: unknown field \(unknown) (one of \(known.sorted().joined(separator: ", ")))")
             }
@@ -521,6 +566,11 @@ public struct RelaySettings: Sendable {
             if let raw = fields["topics"] {
                 guard let list = raw as? [Any] else { throw InvalidSetting(description: "client key \(name): topics is a list") }
                 topics = list.map { "\($0)" }
+            }
+            var markets: [String]?
+            if let raw = fields["markets"] {
+                guard let list = raw as? [Any] else { throw InvalidSetting(description: "client key \(name): markets is a list") }
+                markets = list.map { "\($0)" }
             }
             var maxConnections: Int?
             if let raw = fields["maxConnections"] {
@@ -535,7 +585,8 @@ public struct RelaySettings: Sendable {
                 portfolio = value
             }
             do {
-                keyed.append(try ClientKey(name: name, secret: secret, topics: topics, maxConnections: maxConnections, portfolio: portfolio))
+                keyed.append(
+                    try ClientKey(name: name, secret: secret, topics: topics, markets: markets, maxConnections: maxConnections, portfolio: portfolio))
             } catch {
                 throw InvalidSetting(description: error.description)
             }
@@ -550,12 +601,18 @@ public struct RelaySettings: Sendable {
         guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
             throw InvalidSetting(description: "config file \(file) could not be read")
         }
-        guard var document = (try? Yams.load(yaml: text)) as? [String: Any],
-            var client = document["client"] as? [String: Any], let entries = client["keys"] as? [Any],
+        // The `upstreams:` list of mappings is read by MarketUpstream; keys with rights by keysWithRights.
+        guard var document = (try? Yams.load(yaml: text)) as? [String: Any] else { return Array(text.utf8) }
+        let upstreams = document.removeValue(forKey: "upstreams") != nil
+        var keysRemoved = false
+        if var client = document["client"] as? [String: Any], let entries = client["keys"] as? [Any],
             entries.contains(where: { $0 is [String: Any] })
-        else { return Array(text.utf8) }
-        client["keys"] = nil
-        document["client"] = client
+        {
+            client["keys"] = nil
+            document["client"] = client
+            keysRemoved = true
+        }
+        guard upstreams || keysRemoved else { return Array(text.utf8) }
         do {
             return Array(try Yams.dump(object: document).utf8)
         } catch {

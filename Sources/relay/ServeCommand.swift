@@ -22,8 +22,19 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "HOST:PORT to listen on (default 127.0.0.1:8080).")
     var listen: String?
 
-    @Option(help: "Upstream WebSocket URL, e.g. wss://socket.polygon.io/stocks. Omit for the demo feed.")
-    var upstream: String?
+    @Option(
+        help: "Upstream WebSocket URL, e.g. wss://socket.massive.com/stocks; repeat for more markets (the last path segment names the market). Omit for the demo feed, which serves every market."
+    )
+    var upstream: [String] = []
+
+    @Option(help: "Markets to connect, comma-separated (stocks,options,forex,crypto,indices,futures), each at wss://UPSTREAM-HOST/MARKET.")
+    var markets: String?
+
+    @Option(name: .customLong("upstream-host"), help: "The host --markets connects to (default socket.massive.com; delayed.massive.com for the delayed feed).")
+    var upstreamHost: String?
+
+    @Option(name: .customLong("options-contracts"), help: "Polygon's cap on options Q and FMV contracts per upstream connection (default 1000).")
+    var optionsContracts: Int?
 
     @Option(name: .customLong("upstream-key"), help: "The upstream API key (never sent downstream).")
     var upstreamKey: String?
@@ -138,13 +149,14 @@ struct ServeCommand: AsyncParsableCommand {
         do {
             settings = try await RelaySettings.resolve(
                 flags: withClusterFlags(.init(
-                    listen: listen, upstream: upstream, upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
+                    listen: listen, upstream: upstream.isEmpty ? nil : upstream.joined(separator: ","), upstreamKey: upstreamKey, upstreamCAFile: upstreamCAFile,
                     clientKeys: clientKeys, demoRate: demoRate, logLevel: logLevel, configFile: config,
                     slowConsumer: slowConsumer, snapshotOnSubscribe: noSnapshot ? false : nil, dataDirectory: dataDirectory,
                     timeZone: timeZone, portfolioEnabled: noPortfolio ? false : nil, restURL: restURL,
                     securityCacheSize: securityCacheSize, demoRESTDelayMilliseconds: demoRESTDelay, cluster: cluster,
                     nodeID: nodeID, clusterName: clusterName, metricsPublic: publicMetrics ? true : nil, tlsCertificate: tlsCertificate,
-                    tlsKey: tlsKey, closeHistory: noCloseHistory ? false : nil)),
+                    tlsKey: tlsKey, closeHistory: noCloseHistory ? false : nil, markets: markets, upstreamHost: upstreamHost,
+                    optionsContracts: optionsContracts)),
                 environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")

@@ -251,3 +251,95 @@ struct SettingsTests {
         }
     }
 }
+
+@Suite("Configuration: every market's upstream")
+struct MarketSettingsTests {
+    func writeConfig(_ text: String) throws -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID().uuidString).yaml").path
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    @Test func repeatedUpstreamsNameTheirMarketsByTheirPath() async throws {
+        let settings = try await RelaySettings.resolve(
+            flags: .init(upstream: "wss://socket.massive.com/stocks,ws://127.0.0.1:9/crypto", upstreamKey: "default-key"), environment: [:])
+        #expect(settings.upstreams.map(\.market) == [.stocks, .crypto])
+        #expect(settings.upstreams[1].endpoint.description == "ws://127.0.0.1:9/crypto")
+        #expect(settings.upstreams.allSatisfy { $0.apiKey == nil }, "each uses the default key")
+        #expect(settings.upstream?.market == "stocks", "the first one is the upstream of a one-market view")
+    }
+
+    @Test func marketsOnAHostAndTheDelayedFeed() async throws {
+        let live = try await RelaySettings.resolve(flags: .init(markets: "stocks, options,crypto"), environment: ["POLYGON_API_KEY": "k"])
+        #expect(live.upstreams.map(\.endpoint.description) == [
+            "wss://socket.massive.com:443/stocks", "wss://socket.massive.com:443/options", "wss://socket.massive.com:443/crypto",
+        ])
+        let delayed = try await RelaySettings.resolve(
+            flags: .init(), environment: ["RELAY_MARKETS": "forex", "RELAY_UPSTREAM_HOST": "delayed.massive.com", "POLYGON_API_KEY": "k"])
+        #expect(delayed.upstreams.map(\.endpoint.description) == ["wss://delayed.massive.com:443/forex"])
+    }
+
+    @Test func theFileListGivesKeysAndCAsPerMarketAndFlagsWinPerMarket() async throws {
+        let file = try writeConfig(
+            """
+            upstream:
+              key: file-default
+            upstreams:
+              - {market: crypto, keyEnv: CRYPTO_KEY}
+              - {url: "wss://delayed.massive.com/options", key: options-key, caFile: /tmp/ca.pem}
+              - {market: stocks, url: "wss://file.example/stocks"}
+            """)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let settings = try await RelaySettings.resolve(
+            flags: .init(upstream: "ws://127.0.0.1:9/stocks", configFile: file), environment: ["CRYPTO_KEY": "crypto-secret"])
+        #expect(settings.upstreams.map(\.market) == [.stocks, .crypto, .options])
+        #expect(settings.upstreams[0].endpoint.host == "127.0.0.1", "the flag's stocks over the file's")
+        #expect(settings.upstreams[1].apiKey == "crypto-secret")
+        #expect(settings.upstreams[1].endpoint.description == "wss://socket.massive.com:443/crypto")
+        #expect(settings.upstreams[2].apiKey == "options-key" && settings.upstreams[2].caFile == "/tmp/ca.pem")
+        #expect(settings.upstreamKey == "file-default", "the default key of the others")
+    }
+
+    @Test func badUpstreamsAreRefusedNamingTheProblem() async throws {
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            _ = try await RelaySettings.resolve(flags: .init(upstream: "wss://socket.massive.com/bonds"), environment: [:])
+        }
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            _ = try await RelaySettings.resolve(flags: .init(upstream: "ws://a/stocks,ws://b/stocks"), environment: [:])
+        }
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            _ = try await RelaySettings.resolve(flags: .init(markets: "stocks,bonds"), environment: [:])
+        }
+        let file = try writeConfig("upstreams:\n  - {market: crypto, keyEnv: NOT_SET_ANYWHERE}\n")
+        await #expect(throws: RelaySettings.InvalidSetting.self, "a market without any key") {
+            _ = try await RelaySettings.resolve(flags: .init(markets: "crypto"), environment: [:])
+        }
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        do {
+            _ = try await RelaySettings.resolve(flags: .init(configFile: file), environment: [:])
+            Issue.record("a keyEnv naming an unset variable was accepted")
+        } catch let error as RelaySettings.InvalidSetting {
+            #expect(error.description.contains("NOT_SET_ANYWHERE"))
+        }
+    }
+
+    @Test func theOptionsCapAndKeysPerMarketAreSettings() async throws {
+        let file = try writeConfig(
+            """
+            limits:
+              optionsContracts: 250
+            client:
+              keys:
+                - {name: equities, key: e-secret, markets: [stocks, options]}
+            """)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let settings = try await RelaySettings.resolve(flags: .init(configFile: file), environment: [:])
+        #expect(settings.optionsContracts == 250)
+        #expect(settings.clientKeyRights.first?.entitlement.markets == [.stocks, .options])
+        let flagged = try await RelaySettings.resolve(flags: .init(configFile: file, optionsContracts: 10), environment: [:])
+        #expect(flagged.optionsContracts == 10)
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            _ = try await RelaySettings.resolve(flags: .init(optionsContracts: 0), environment: [:])
+        }
+    }
+}
