@@ -1,3 +1,4 @@
+import PolygonWire
 import Foundation
 
 /// What one benchmark run measured. Value type, `Sendable`, `Codable` (for `--json`).
@@ -70,6 +71,7 @@ public struct BenchResult: Sendable, Codable {
         if s.nodes > 1 { shape += " spread over \(s.nodes) cluster nodes" }
         var lines = [
             "relay bench — \(s.name): \(shape), \(n(s.rate)) events/s upstream in frames of \(s.frameEvents)"
+                + (s.markets == [.stocks] ? "" : ", on \(s.markets.map { "/\($0)" }.joined(separator: " ")) (an upstream connection each)")
                 + (s.stalledSubscribers > 0 ? ", \(s.stalledSubscribers) stalled" : "") + ", \(n(s.durationSeconds)) s",
             "  upstream     \(n(upstreamEventsPerSecond)) events/s sent",
             "  delivered    \(n(deliveredPerSecond)) events/s   ratio \(n(deliveryRatio, 4))   (\(n(Double(delivered))) of \(n(Double(expected))))",
