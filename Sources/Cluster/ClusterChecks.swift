@@ -7,14 +7,17 @@ import PolygonWire
 /// logged by the caller, never used. Pure functions, safe from any thread.
 public enum ClusterChecks {
     /// An event message: exactly one JSON object (no array, nothing after it), a market event whose
-    /// `ev` and ticker field name the topic its subject names. Returns the event, or why not.
-    public static func event(_ payload: UnsafeRawBufferPointer, topic: Topic, receivedAt: UInt64 = 0) -> Result<MarketEvent, Rejection> {
+    /// `ev` and ticker field name the topic its subject names (the ticker in `market`'s topic form: a
+    /// crypto `pair` `BTC-USD` names `X:BTC-USD`). Returns the event, or why not.
+    public static func event(
+        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market = .stocks, receivedAt: UInt64 = 0
+    ) -> Result<MarketEvent, Rejection> {
         guard let first = payload.first(where: { !isWhitespace($0) }), first == UInt8(ascii: "{") else {
             return .failure(Rejection("not one JSON object (\(payload.count) bytes)"))
         }
         let parsed: ParsedFrame
         do {
-            parsed = try FrameParser.parse(ByteBuffer(bytes: payload), receivedAt: receivedAt)
+            parsed = try FrameParser.parse(ByteBuffer(bytes: payload), receivedAt: receivedAt, market: market)
         } catch {
             return .failure(Rejection("malformed JSON: \(error)"))
         }
@@ -28,8 +31,8 @@ public enum ClusterChecks {
     }
 
     /// The same for a stored value (the cluster's last-value store).
-    public static func event(_ bytes: [UInt8], topic: Topic) -> Result<MarketEvent, Rejection> {
-        bytes.withUnsafeBytes { event($0, topic: topic) }
+    public static func event(_ bytes: [UInt8], topic: Topic, market: Market = .stocks) -> Result<MarketEvent, Rejection> {
+        bytes.withUnsafeBytes { event($0, topic: topic, market: market) }
     }
 
     /// A node's interest: the topics that pass the market's topic rules, and why the others did not.

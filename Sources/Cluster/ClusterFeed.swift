@@ -76,7 +76,7 @@ final class ClusterFeed: Sendable {
                 self.metrics.rejected("event", "\(String(cString: subject).prefix(200)) is not an event subject", logger: self.logger)
                 return
             }
-            switch ClusterChecks.event(payload, topic: topic, receivedAt: MonotonicClock.nanoseconds()) {
+            switch ClusterChecks.event(payload, topic: topic, market: subjects.wireMarket, receivedAt: MonotonicClock.nanoseconds()) {
             case .success(let event): self.enqueue(event)
             case .failure(let rejection): self.metrics.rejected("event", "\(rejection) (subject \(topic))", logger: self.logger)
             }

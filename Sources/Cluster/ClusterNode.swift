@@ -59,16 +59,22 @@ public final class ClusterNode: Service, Sendable {
     private let pendingLastValues = Mutex<[Topic: ByteBuffer]>([:])
     /// The rules a topic in another node's interest must pass (a client's subscription passes the same).
     private let topicRules: SessionLimits
+    /// The market this node serves (the lease's key).
+    public let market: String
+    /// Shared by this process's nodes of every market: leadership spreads across the cluster.
+    private let spread: LeadershipSpread?
 
     /// - Parameters:
     ///   - localInterest: where this node's hub reports the topics it wants.
     ///   - makeUpstream: a new upstream client, made each time this node becomes leader.
     public init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
-        metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger,
+        metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
         makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
     ) throws(ClusterError) {
         self.configuration = configuration
+        self.market = market
+        self.spread = spread
         subjects = try ClusterSubjects(cluster: configuration.name, market: market)
         topicRules = SessionLimits(eventTypes: SessionLimits.eventTypes(ofMarket: market))
         self.hub = hub
@@ -105,7 +111,7 @@ public final class ClusterNode: Service, Sendable {
     public func lastEvent(for topic: Topic) async -> MarketEvent? {
         guard !topic.isWildcard, let bucket = state.withLock({ $0.lastValueBucket }) else { return nil }
         guard let entry = try? await bucket.get(subjects.lastValueKey(for: topic)), !entry.value.isEmpty else { return nil }
-        switch ClusterChecks.event(entry.value, topic: topic) {
+        switch ClusterChecks.event(entry.value, topic: topic, market: subjects.wireMarket) {
         case .success(let event): return event
         case .failure(let rejection):
             metrics.rejected("event", "\(rejection) (last-value store, \(topic))", logger: logger)
@@ -369,6 +375,11 @@ public final class ClusterNode: Service, Sendable {
                     "lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
             }
             observe(leader: holder?.node, feed: feed)
+            // Spread: leave a free lease to a live node that leads no market (for a bounded while).
+            if entry == nil, let spread, spread.shouldDefer(market: market, liveNodes: state.withLock({ $0.interest.liveNodes })) {
+                try? await Task.sleep(for: configuration.leasePollInterval)
+                continue
+            }
             if entry == nil, !Task.isCancelled {
                 let asked = ContinuousClock.now
                 if let revision = try? await bucket.create(subjects.leaseKey, leaseValue) {
@@ -384,6 +395,7 @@ public final class ClusterNode: Service, Sendable {
     /// Notes the lease's holder; a change away from another node tells this node's subscribers that
     /// events stopped (the first event from the new leader then announces the gap).
     private func observe(leader holder: String?, feed: ClusterFeed) {
+        spread?.observe(market: market, leader: holder)
         let (previous, failover) = state.withLock { state -> (String?, Bool) in
             let previous = state.leader
             state.leader = holder
@@ -397,7 +409,7 @@ public final class ClusterNode: Service, Sendable {
         guard previous != holder else { return }
         if failover { metrics.failovers.increment() }
         logger.info(
-            "cluster leader: \(previous ?? "none") → \(holder ?? "none")", metadata: ["node": "\(configuration.nodeID)"])
+            "cluster leader of \(market): \(previous ?? "none") → \(holder ?? "none")", metadata: ["node": "\(configuration.nodeID)"])
         if let previous, previous != configuration.nodeID {
             feed.announceLost("the cluster leader \(previous) gave up the upstream connection (its lease ended); another node takes over")
         }
@@ -416,6 +428,8 @@ public final class ClusterNode: Service, Sendable {
 
     private enum TermEnd {
         case shutdown(validUntil: ContinuousClock.Instant)
+        /// Leadership spreads: this market goes to a node that leads none (``LeadershipSpread``).
+        case handOff(validUntil: ContinuousClock.Instant)
         case lost(String)
     }
 
@@ -460,8 +474,13 @@ public final class ClusterNode: Service, Sendable {
         case .lost(let reason):
             logger.warning("this node no longer leads: \(reason); upstream closed", metadata: ["node": "\(configuration.nodeID)"])
             publish(control: "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)")
-        case .shutdown(let validUntil):
-            publish(control: "the cluster leader \(configuration.nodeID) is shutting down; another node takes over")
+        case .shutdown(let validUntil), .handOff(let validUntil):
+            if case .handOff = end {
+                logger.info("handing the \(market) upstream to a node that leads no market", metadata: ["node": "\(configuration.nodeID)"])
+                publish(control: "the cluster leader \(configuration.nodeID) hands the \(market) upstream to an idle node")
+            } else {
+                publish(control: "the cluster leader \(configuration.nodeID) is shutting down; another node takes over")
+            }
             // Delete only a lease that is surely still ours.
             if ContinuousClock.now < validUntil {
                 do {
@@ -505,6 +524,11 @@ public final class ClusterNode: Service, Sendable {
                 lastRenewed = sent
                 upstream.setDeadline(sent + configuration.upstreamDeadlineAfter)
                 metrics.renewed.increment()
+                if let spread,
+                    spread.shouldHandOff(market: market, liveNodes: state.withLock({ $0.interest.liveNodes }), leadingSince: takenAt)
+                {
+                    return .handOff(validUntil: lastRenewed + configuration.dropUpstreamAfter)
+                }
             case .failure(.rejected(let text)):
                 // Someone wrote the key. A relay node's lease there means it was taken over; anything
                 // else is not obeyed: taken back with a revision-checked write.

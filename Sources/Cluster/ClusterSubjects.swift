@@ -67,6 +67,8 @@ public struct ClusterSubjects: Sendable, Equatable {
     /// The bucket holding the upstream lease, one key per market.
     public var leaseBucket: String { "\(cluster)-lease" }
     public var leaseKey: String { market }
+    /// The market whose ticker form events on these subjects are checked in.
+    public var wireMarket: Market { Market(rawValue: market) ?? .stocks }
     /// The bucket holding each topic's last event, for snapshots on any node.
     public var lastValueBucket: String { "\(cluster)-last-\(market)" }
     public func lastValueKey(for topic: Topic) -> String { Self.token(topic.eventType) + "." + Self.token(topic.ticker) }

@@ -165,13 +165,12 @@ public final class Relay: Service, Sendable {
             restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamKey ?? ""
             logger.info("no upstream configured: serving the built-in demo feed for every market")
         }
-        if settings.cluster != nil, sources.count > 1 {
-            throw RelaySettings.InvalidSetting(description: "cluster: one market per cluster node for now (configure one upstream)")
-        }
+        // One cluster node per market (each its own lease and NATS connection), spreading leadership.
+        let spread = settings.cluster.map { LeadershipSpread(node: $0.nodeID) }
 
         let clustered = settings.cluster != nil
         var markets: [MarketParts] = []
-        var clusterNode: ClusterNode?
+        var clusterNodes: [ClusterNode] = []
         for source in sources {
             let marketLogger = logger.with(label: "relay.\(source.market)")
             let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
@@ -194,9 +193,9 @@ public final class Relay: Service, Sendable {
             }
             if let cluster = settings.cluster {
                 let node = try ClusterNode(
-                    configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: metricsFactory,
-                    logger: logger.with(label: "relay.cluster"), makeUpstream: makeUpstream)
-                clusterNode = node
+                    configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
+                    logger: logger.with(label: "relay.cluster"), spread: spread, makeUpstream: makeUpstream)
+                clusterNodes.append(node)
                 markets.append(
                     MarketParts(
                         source: source, hub: hub, interest: interest, link: nil,
@@ -273,7 +272,7 @@ public final class Relay: Service, Sendable {
         }
         if let portfolio { parts.append(("portfolio", portfolio)) }
         parts.append(("server", server))
-        if let clusterNode { parts.append(("cluster node", clusterNode)) }
+        for node in clusterNodes { parts.append(("\(node.market) cluster node", node)) }
         let group = ServiceGroup(
             configuration: .init(
                 services: parts.map { name, service in
@@ -300,7 +299,7 @@ public final class Relay: Service, Sendable {
                 }
                 readiness.succeed(
                     Components(
-                        hub: hub, upstream: upstreams[primary.source.market], cluster: clusterNode, server: server, demoFeed: demoFeed,
+                        hub: hub, upstream: upstreams[primary.source.market], cluster: clusterNodes.first, server: server, demoFeed: demoFeed,
                         portfolio: portfolio, securities: browser, port: port, demoFeedPort: demoPort,
                         markets: Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }), upstreams: upstreams))
                 let scheme = settings.tls == nil ? "ws" : "wss"

@@ -67,7 +67,7 @@ struct ClusterInboundChecksTests {
             for payload in forged { #expect(nats.publish(subject, payload)) }
             let port = try cluster.port("n1")
             try await eventually("n1 to count the forged events") {
-                await metric(port, #"relay_cluster_rejected_total{kind="event"}"#) >= Double(forged.count)
+                await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="event"}"#) >= Double(forged.count)
             }
             // Every frame the client got, before and after, parses and holds real Q.AAPL events only.
             let events = try await client.nextEvents(30)
@@ -90,7 +90,7 @@ struct ClusterInboundChecksTests {
             #expect(nats.publish(subject, part))
             let port = try cluster.port(leader)
             try await eventually("the leader to count the refused interest") {
-                await metric(port, #"relay_cluster_rejected_total{kind="interest"}"#) >= 2
+                await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="interest"}"#) >= 2
             }
             // The topic that passes the rules counts (NATS permissions decide who may publish).
             try await eventually("the leader to subscribe T.NVDA upstream") {
@@ -116,7 +116,7 @@ struct ClusterInboundChecksTests {
             }
             let port = try cluster.port(leader)
             try await eventually("the leader to refuse the forged value") {
-                await metric(port, #"relay_cluster_rejected_total{kind="lease"}"#) >= 1
+                await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="lease"}"#) >= 1
             }
             try await eventually("the lease to name the leader again") {
                 guard let entry = try? await bucket.get(subjects.leaseKey) else { return false }
@@ -161,7 +161,7 @@ struct ClusterLeaseAndInterestTests {
             _ = try await cluster.agreedLeader()
             let client = try await WSTestClient.authenticated(url: try cluster.url("capped"))
             client.send(ClientAction(.subscribe, params: "Q.AAPL,Q.MSFT,Q.NVDA"))
-            try await eventually("the node to count the capped interest") { await metric(port, "relay_cluster_interest_capped_total") >= 1 }
+            try await eventually("the node to count the capped interest") { await metric(port, #"relay_cluster_interest_capped_total{market="stocks"}"#) >= 1 }
             try await eventually("the leader to subscribe two topics upstream") {
                 guard let upstream = try? await cluster.health("capped").body["upstream"] as? [String: Any] else { return false }
                 return upstream["subscribedTopics"] as? Int == 2
@@ -184,7 +184,7 @@ struct ClusterLeaseAndInterestTests {
                 guard let upstream = try? await cluster.health(leader).body["upstream"] as? [String: Any] else { return false }
                 return upstream["subscribedTopics"] as? Int ?? 0 >= 5_000
             }
-            #expect(await metric(try cluster.port(leader), #"relay_cluster_rejected_total{kind="interest"}"#) == 0)
+            #expect(await metric(try cluster.port(leader), #"relay_cluster_rejected_total{market="stocks",kind="interest"}"#) == 0)
             await nats.close()
         }
     }

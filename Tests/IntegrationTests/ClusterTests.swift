@@ -21,10 +21,15 @@ final class ClusterHarness: Sendable {
     let natsURL: String
     let feed: DemoFeed
     let feedURL: String
+    /// Each market's upstream arguments (`--upstream URL` per market the nodes serve).
+    let upstreamArguments: [String]
     let clusterName: String
     private let nodes = Mutex<[String: (process: RelayProcess, port: Int)]>([:])
 
-    private init(nats: NATSServerProcess, natsURL: String, feed: DemoFeed, feedURL: String, clusterName: String?) {
+    private init(
+        nats: NATSServerProcess, natsURL: String, feed: DemoFeed, feedURL: String, upstreamArguments: [String], clusterName: String?
+    ) {
+        self.upstreamArguments = upstreamArguments
         self.clusterName = clusterName ?? "t\(UInt32.random(in: 0...UInt32.max))"
         self.nats = Mutex(nats)
         self.natsURL = natsURL
@@ -35,18 +40,22 @@ final class ClusterHarness: Sendable {
     /// Runs `body` with NATS, the feed and `nodeCount` started nodes (`n1`…); stops everything after.
     static func with(
         nodes nodeCount: Int = 3, feedRate: Double = 3000, natsConfig: String? = nil, clusterName: String? = nil,
+        markets: [Market] = [.stocks],
         _ body: @Sendable (ClusterHarness) async throws -> Void
     ) async throws {
         let nats = try NATSServerProcess(configFile: natsConfig)
         let natsURL = try await nats.start()
-        let feed = DemoFeed(
-            configuration: DemoFeedConfiguration(
-                port: 0, apiKey: upstreamKey, eventsPerSecond: feedRate, tickInterval: .milliseconds(10), generatedTickers: 20, seed: 7),
-            logger: testLogger)
+        var configuration = DemoFeedConfiguration(
+            port: 0, apiKey: upstreamKey, eventsPerSecond: feedRate, tickInterval: .milliseconds(10), generatedTickers: 20, seed: 7)
+        configuration.markets = markets
+        let feed = DemoFeed(configuration: configuration, logger: testLogger)
         do {
             try await withServices([feed]) {
+                var upstreams: [String] = []
+                for market in markets { upstreams += ["--upstream", try await feed.url(for: market)] }
                 let harness = ClusterHarness(
-                    nats: nats, natsURL: natsURL, feed: feed, feedURL: try await feed.url(), clusterName: clusterName)
+                    nats: nats, natsURL: natsURL, feed: feed, feedURL: try await feed.url(), upstreamArguments: upstreams,
+                    clusterName: clusterName)
                 do {
                     for index in 1...max(nodeCount, 1) where nodeCount > 0 { _ = try await harness.startNode("n\(index)") }
                     try await body(harness)
@@ -82,7 +91,8 @@ final class ClusterHarness: Sendable {
     ) async throws -> Int {
         let arguments =
             [
-                "serve", "--listen", "127.0.0.1:0", "--upstream", feedURL, "--upstream-key", Self.upstreamKey,
+                "serve", "--listen", "127.0.0.1:0", "--upstream-key", Self.upstreamKey,
+            ] + upstreamArguments + [
                 "--cluster", nats ?? natsURL, "--cluster-name", clusterName, "--node-id", id,
             ] + extra
         let showLogs = ProcessInfo.processInfo.environment["RELAY_TEST_NODE_LOGS"] == "1"
@@ -217,6 +227,64 @@ struct ClusterTests {
                 #expect(client.closeCode == nil, "a client on a surviving node was disconnected")
                 await client.close()
             }
+        }
+    }
+
+    /// Each market's lease holder as `/healthz` of `id` reports it.
+    func marketLeaders(_ cluster: ClusterHarness, of id: String) async -> [String: String] {
+        guard let health = try? await cluster.health(id).body, let markets = health["markets"] as? [String: Any] else { return [:] }
+        var leaders: [String: String] = [:]
+        for (market, value) in markets {
+            if let section = (value as? [String: Any])?["cluster"] as? [String: Any], let leader = section["leader"] as? String {
+                leaders[market] = leader
+            }
+        }
+        return leaders
+    }
+
+    @Test func twoMarketsLeasesSitOnDifferentNodesAndOneFailsOverAlone() async throws {
+        try await ClusterHarness.with(markets: [.stocks, .crypto]) { cluster in
+            // Every node agrees on both markets' leaders, and leadership spread: two different nodes.
+            let agreed = Mutex<[String: String]>([:])
+            try await eventually("the nodes to agree on a leader per market, on two nodes", timeout: .seconds(30)) {
+                var seen: [[String: String]] = []
+                for id in cluster.nodeIDs { seen.append(await self.marketLeaders(cluster, of: id)) }
+                guard let first = seen.first, first.count == 2, seen.allSatisfy({ $0 == first }), Set(first.values).count == 2 else {
+                    return false
+                }
+                agreed.withLock { $0 = first }
+                return true
+            }
+            let leaders = agreed.withLock { $0 }
+            let cryptoLeader = try #require(leaders["crypto"])
+            let stocksLeader = try #require(leaders["stocks"])
+            let idle = try #require(cluster.nodeIDs.first { $0 != cryptoLeader && $0 != stocksLeader })
+
+            // Clients of both markets on the node that leads neither.
+            let crypto = try await subscribedClient("ws://127.0.0.1:\(try cluster.port(idle))/crypto", "XQ.X:BTC-USD")
+            let stocks = try await subscribedClient("ws://127.0.0.1:\(try cluster.port(idle))/stocks", "Q.AAPL")
+            _ = try await crypto.nextEvents(1, timeout: .seconds(15))
+            _ = try await stocks.nextEvents(1, timeout: .seconds(15))
+
+            let killedAt = ContinuousClock.now
+            try await cluster.kill(cryptoLeader)
+            _ = try await crypto.waitForStatus(StatusMessage.Kind.upstreamDisconnected, timeout: .seconds(15))
+            _ = try await crypto.waitForStatus(StatusMessage.Kind.upstreamReconnected, timeout: .seconds(15))
+            let failover = ContinuousClock.now - killedAt
+            print("two markets: crypto failed over alone in \(failover) after kill -9 of its leader \(cryptoLeader)")
+            #expect(failover < .seconds(10), "failover took \(failover)")
+            #expect(try await crypto.nextEvents(2).allSatisfy { $0.eventType == "XQ" })
+            // Stocks streamed on untouched: no notice at all, the same leader.
+            for _ in 0..<5 {
+                let frame = try await stocks.nextParsed()
+                #expect(frame.statuses.isEmpty, "stocks clients got \(frame.statuses)")
+            }
+            try await eventually("crypto's new leader to be known") { await self.marketLeaders(cluster, of: idle)["crypto"] != nil }
+            let after = await marketLeaders(cluster, of: idle)
+            #expect(after["stocks"] == stocksLeader)
+            #expect(after["crypto"] == idle, "the node that led nothing took crypto (spread), not the stocks leader")
+            await crypto.close()
+            await stocks.close()
         }
     }
 
