@@ -84,7 +84,7 @@ let package = Package(
         .target(
             name: "Upstream",
             dependencies: [
-                "CLibWebSockets", "PolygonWire",
+                "CLibWebSockets", "PolygonWire", "MarketDataHub", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -95,7 +95,7 @@ let package = Package(
         .target(
             name: "MarketDataHub",
             dependencies: [
-                "PolygonWire",
+                "PolygonWire", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ],
@@ -232,6 +232,11 @@ let package = Package(
         .testTarget(
             name: "MarketDataHubTests",
             dependencies: ["MarketDataHub", "PolygonWire"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "AsyncSupportTests",
+            dependencies: ["AsyncSupport"],
             swiftSettings: strict
         ),
         .testTarget(

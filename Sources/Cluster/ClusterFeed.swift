@@ -15,37 +15,16 @@ import Synchronization
 ///
 /// `Sendable`; state behind `Mutex`es. ``run()`` is the one consumer.
 final class ClusterFeed: Sendable {
-    enum Item: Sendable {
-        case events([MarketEvent])
-        case lost(reason: String)
-        case seed(MarketEvent)
-        case loss(count: Int, topics: Set<Topic>?, reason: String)
-    }
-
-    /// On the control subject, `loss:N`: the leader dropped N upstream events (its own queue was full).
     static let lossPrefix = "loss:"
-    /// Events queued between libnats and the hub before newer ones are dropped.
     static let maxQueuedEvents = 100_000
-    /// Events handed to the hub in one `publish`, so one late wake-up does not become one huge batch.
-    static let maxBatch = 256
-
-    private struct Inbox {
-        var items: [Item] = []
-        /// Events gathered since the last non-event item (appended as one `.events`).
-        var run: [MarketEvent] = []
-        var queuedEvents = 0
-        var dropped = 0
-        var droppedTopics: Set<Topic>? = []
-    }
 
     let subjects: ClusterSubjects
     private let connection: NATSConnection
     private let hub: MarketDataHub
     private let metrics: ClusterMetrics
     private let logger: Logger
-    private let inbox = Mutex(Inbox())
-    private let wake: AsyncStream<Void>.Continuation
-    private let wakes: AsyncStream<Void>
+    /// NATS's callback threads → this node's hub: the same inbox and pump as an upstream connection's.
+    private let inbox = SourceInbox.source(capacity: ClusterFeed.maxQueuedEvents)
     private let subscriptions = Mutex<[Topic: NATSSubscription]>([:])
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
@@ -60,7 +39,6 @@ final class ClusterFeed: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.lastValues = lastValues
-        (wakes, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
     /// Subscribes to the leader's notices and makes the sink for events. Call once, before ``run()``.
@@ -77,7 +55,9 @@ final class ClusterFeed: Sendable {
                 return
             }
             switch ClusterChecks.event(payload, topic: topic, market: subjects.wireMarket, receivedAt: MonotonicClock.nanoseconds()) {
-            case .success(let event): self.enqueue(event)
+            case .success(let event):
+                // A drop is counted and announced by the inbox and the pump.
+                self.inbox.push(.events([event]))
             case .failure(let rejection): self.metrics.rejected("event", "\(rejection) (subject \(topic))", logger: self.logger)
             }
         }
@@ -85,17 +65,17 @@ final class ClusterFeed: Sendable {
         let control = NATSMessageSink { [weak self] _, payload in
             let reason = String(decoding: payload, as: UTF8.self)
             if reason.hasPrefix(ClusterFeed.lossPrefix), let count = Int(reason.dropFirst(ClusterFeed.lossPrefix.count)) {
-                self?.append(.loss(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
+                self?.inbox.push(.lost(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
                 return
             }
-            self?.append(.lost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
+            self?.inbox.push(.connectionLost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
         }
         _ = connection.subscribe(subjects.upstreamControl, sink: control)
         connection.onSlowConsumer { [weak self] subscription in
             guard let self else { return }
             let topic = subscription.flatMap { self.subjects.topic(fromSubject: $0.subject) }
             self.metrics.natsDropped(reason: "slow_consumer").increment()
-            self.append(.loss(count: 1, topics: topic.map { [$0] }, reason: "NATS dropped messages for this node: slow consumer"))
+            self.inbox.push(.lost(count: 1, topics: topic.map { [$0] }, reason: "NATS dropped messages for this node: slow consumer"))
         }
     }
 
@@ -124,7 +104,7 @@ final class ClusterFeed: Sendable {
         guard !seeds.isEmpty else { return }
         Task {
             for topic in seeds {
-                if let event = await lastValues(topic) { append(.seed(event)) }
+                if let event = await lastValues(topic) { inbox.push(.seed(event)) }
             }
         }
     }
@@ -135,86 +115,25 @@ final class ClusterFeed: Sendable {
     /// Tells every subscriber of this node that events stopped (once per outage; the first event after
     /// it announces the gap).
     func announceLost(_ reason: String) {
-        append(.lost(reason: reason))
+        inbox.push(.connectionLost(reason: reason))
     }
 
     // MARK: the queue
 
-    private func enqueue(_ event: MarketEvent) {
-        let wasEmpty: Bool? = inbox.withLock { inbox in
-            guard inbox.queuedEvents < Self.maxQueuedEvents else {
-                inbox.dropped += 1
-                if inbox.droppedTopics != nil {
-                    inbox.droppedTopics?.insert(event.topic)
-                    if (inbox.droppedTopics?.count ?? 0) > 1000 { inbox.droppedTopics = nil }
-                }
-                return nil
-            }
-            let wasEmpty = inbox.items.isEmpty && inbox.run.isEmpty
-            inbox.run.append(event)
-            inbox.queuedEvents += 1
-            if inbox.run.count >= Self.maxBatch {
-                inbox.items.append(.events(inbox.run))
-                inbox.run = []
-            }
-            return wasEmpty
-        }
-        if wasEmpty == true { wake.yield() }
-    }
-
-    private func append(_ item: Item) {
-        inbox.withLock { inbox in
-            if !inbox.run.isEmpty {
-                inbox.items.append(.events(inbox.run))
-                inbox.run = []
-            }
-            inbox.items.append(item)
-        }
-        wake.yield()
-    }
-
-    /// Feeds the hub, in order, until cancelled.
+    /// Feeds the hub until ``stop()``.
     func run() async {
-        for await _ in wakes {
-            while true {
-                let (items, dropped, droppedTopics): ([Item], Int, Set<Topic>?) = inbox.withLock { inbox in
-                    if !inbox.run.isEmpty {
-                        inbox.items.append(.events(inbox.run))
-                        inbox.run = []
-                    }
-                    defer {
-                        inbox.items = []
-                        inbox.queuedEvents = 0
-                        inbox.dropped = 0
-                        inbox.droppedTopics = []
-                    }
-                    return (inbox.items, inbox.dropped, inbox.droppedTopics)
-                }
-                if items.isEmpty && dropped == 0 { break }
-                for item in items {
-                    switch item {
-                    case .events(let events):
-                        metrics.natsIn.increment(by: events.count)
-                        await hub.publish(events)
-                    case .lost(let reason):
-                        await hub.upstreamLost(reason: reason)
-                    case .seed(let event):
-                        await hub.seed(event)
-                    case .loss(let count, let topics, let reason):
-                        await hub.reportLoss(count, topics: topics, reason: reason)
-                    }
-                }
-                if dropped > 0 {
-                    metrics.natsDropped(reason: "node_queue_full").increment(by: dropped)
-                    logger.warning("cluster events dropped: this node's queue was full", metadata: ["dropped": "\(dropped)"])
-                    await hub.reportLoss(dropped, topics: droppedTopics, reason: "this relay node fell behind the cluster")
-                }
-            }
+        let metrics = self.metrics
+        let logger = self.logger
+        await HubPump.run(inbox, into: hub, lossReason: "this relay node fell behind the cluster") { count in
+            metrics.natsIn.increment(by: count)
+        } dropped: { count in
+            metrics.natsDropped(reason: "node_queue_full").increment(by: count)
+            logger.warning("cluster events dropped: this node's queue was full", metadata: ["dropped": "\(count)"])
         }
     }
 
     func stop() {
-        wake.finish()
+        inbox.finish()
         let all = subscriptions.withLock { current in
             defer { current.removeAll() }
             return Array(current.values)

@@ -575,9 +575,10 @@ public final class ClusterNode: Service, Sendable {
     /// lost connection as a notice on the control subject, in upstream order.
     private func publish(from upstream: PolygonWebSocket, to connection: NATSConnection) async {
         var subjectsByTopic: [Topic: String] = [:]
-        for await message in upstream.messages {
-            switch message {
-            case .events(let events):
+        await upstream.inbox.drain { items in
+            for item in items {
+            switch item {
+            case .element(.events(let events)):
                 for event in events {
                     let topic = event.topic
                     let subject: String
@@ -596,12 +597,13 @@ public final class ClusterNode: Service, Sendable {
                     for event in events { pending[event.topic] = event.bytes }
                 }
                 metrics.natsOut.increment(by: events.count)
-            case .connectionLost(let reason):
+            case .element(.connectionLost(let reason)):
                 publish(control: "upstream connection lost (\(reason))")
-            case .lost(let count, _):
+            case .lost(_, let count), .element(.lost(let count, _, _)):
                 publish(control: "\(ClusterFeed.lossPrefix)\(count)")
-            case .authenticated:
+            case .element(.authenticated), .element(.seed):
                 break
+            }
             }
         }
     }

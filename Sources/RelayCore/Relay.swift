@@ -364,31 +364,8 @@ final class UpstreamLink: Service, FeedStatus {
         let hub = self.hub
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await upstream.run() }
-            // Ends when the client stops and its stream finishes.
-            group.addTask {
-                // Messages that queued up while the hub was busy go to it as one publish (in order).
-                var messages = upstream.messages.makeAsyncIterator()
-                while let run = await messages.nextRun() {
-                    var events: [MarketEvent] = []
-                    for message in run {
-                        if case .events(let more) = message {
-                            events += more
-                            continue
-                        }
-                        if !events.isEmpty {
-                            await hub.publish(events)
-                            events = []
-                        }
-                        switch message {
-                        case .events: break
-                        case .connectionLost(let reason): await hub.upstreamLost(reason: reason)
-                        case .lost(let count, let topics): await hub.reportLoss(count, topics: topics, reason: "the relay fell behind its upstream")
-                        case .authenticated: break  // the first event after it ends an outage
-                        }
-                    }
-                    if !events.isEmpty { await hub.publish(events) }
-                }
-            }
+            // Ends when the client stops and its inbox finishes.
+            group.addTask { await HubPump.run(upstream.inbox, into: hub, lossReason: "the relay fell behind its upstream") }
             try await group.waitForAll()
         }
     }

@@ -1,6 +1,7 @@
 import CLibWebSockets
 import Foundation
 import Logging
+import MarketDataHub
 import NIOCore
 import PolygonWire
 import Synchronization
@@ -38,8 +39,6 @@ final class LWSConnection: Sendable {
         var nextWatcher: UInt64 = 0
         var rx = ByteBuffer()
         var rxOversized = false
-        /// Events dropped for a full queue and not yet announced to the consumer.
-        var unreportedLoss: (count: Int, topics: Set<Topic>?) = (0, [])
         var statistics = UpstreamStatistics()
         var lastMessageAt: ContinuousClock.Instant?
         var establishedAt: ContinuousClock.Instant?
@@ -57,12 +56,13 @@ final class LWSConnection: Sendable {
 
     let configuration: UpstreamConfiguration
     /// The market the endpoint's path names: its events are routed by their topic tickers (`X:BTC-USD`).
-    var marketOfFrames: Market { Market(rawValue: configuration.endpoint.market) ?? .stocks }
+    let marketOfFrames: Market
     let logger: Logger
     let metrics: UpstreamMetrics
     let shared: Mutex<Shared>
-    let eventContinuation: AsyncStream<UpstreamMessage>.Continuation
-    let queued: QueuedEvents
+    /// Events and connection changes, in wire order, to the consumer (the hub's pump, or a cluster
+    /// leader's NATS publisher); bounded by ``UpstreamConfiguration/maxQueuedEvents``.
+    let inbox: SourceInbox
     let endContinuation: AsyncStream<ConnectionEnd>.Continuation
     let exitContinuation: AsyncStream<Void>.Continuation
 
@@ -72,8 +72,7 @@ final class LWSConnection: Sendable {
     init(
         configuration: UpstreamConfiguration,
         logger: Logger,
-        events: AsyncStream<UpstreamMessage>.Continuation,
-        queued: QueuedEvents,
+        inbox: SourceInbox,
         ends: AsyncStream<ConnectionEnd>.Continuation,
         exit: AsyncStream<Void>.Continuation
     ) {
@@ -81,8 +80,8 @@ final class LWSConnection: Sendable {
         self.logger = logger
         self.shared = Mutex(Shared(session: ClientSession(apiKey: configuration.apiKey)))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
-        self.eventContinuation = events
-        self.queued = queued
+        self.inbox = inbox
+        self.marketOfFrames = Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
         self.endContinuation = ends
         self.exitContinuation = exit
     }
@@ -161,7 +160,7 @@ final class LWSConnection: Sendable {
 
     private func finishThread() {
         setState(.stopped)
-        eventContinuation.finish()
+        inbox.finish()
         endContinuation.finish()
         shared.withLock { state in
             for watcher in state.stateWatchers.values { watcher.finish() }
@@ -508,7 +507,7 @@ final class LWSConnection: Sendable {
             setState(.stopped)
         } else {
             metrics.reconnects[end.cause]?.increment()
-            if case .enqueued = eventContinuation.yield(.connectionLost(reason: end.reason)) { queued.messages.add(1, ordering: .relaxed) }
+            inbox.push(.connectionLost(reason: end.reason))
             switch end.cause {
             case .authFailed, .maxConnections: break  // the state already says why
             case .closed, .failed, .dead, .handshakeTimeout: setState(.disconnected(reason: end.reason))
@@ -598,32 +597,15 @@ final class LWSConnection: Sendable {
         let count = parsed.events.count
         shared.withLock { $0.statistics.eventsReceived += count }
         metrics.events.increment(by: count)
-        guard queued.count.load(ordering: .relaxed) + count <= configuration.maxQueuedEvents else {
-            // The consumer is this far behind: drop, count, and say so before the next kept message.
-            shared.withLock { state in
-                state.statistics.droppedEvents += count
-                state.unreportedLoss.count += count
-                if var topics = state.unreportedLoss.topics {
-                    for event in parsed.events { topics.insert(event.topic) }
-                    state.unreportedLoss.topics = topics.count > 1000 ? nil : topics
-                }
-            }
+        // Events are slices of their message; a large message is not kept alive by a few of them.
+        let events = message.readableBytes > configuration.compactMessagesAbove ? parsed.events.map { $0.compacted() } : parsed.events
+        guard inbox.push(.events(events)) else {
+            // The consumer is this far behind: dropped, counted, and announced in place by the inbox.
+            shared.withLock { $0.statistics.droppedEvents += count }
             metrics.dropped.increment(by: count)
             warnThrottled("queue full", "upstream events dropped: \(configuration.maxQueuedEvents) events already wait for the hub")
             return
         }
-        let loss = shared.withLock { state -> (count: Int, topics: Set<Topic>?)? in
-            guard state.unreportedLoss.count > 0 else { return nil }
-            defer { state.unreportedLoss = (0, []) }
-            return state.unreportedLoss
-        }
-        if let loss, case .enqueued = eventContinuation.yield(.lost(count: loss.count, topics: loss.topics)) {
-            queued.messages.add(1, ordering: .relaxed)
-        }
-        // Events are slices of their message; a large message is not kept alive by a few of them.
-        let events = message.readableBytes > configuration.compactMessagesAbove ? parsed.events.map { $0.compacted() } : parsed.events
-        queued.count.add(count, ordering: .relaxed)
-        if case .enqueued = eventContinuation.yield(.events(events)) { queued.messages.add(1, ordering: .relaxed) }
     }
 
     /// A warning that may repeat at the upstream's message rate: logged at most every ten seconds, with
@@ -655,7 +637,7 @@ final class LWSConnection: Sendable {
             break
         case .authenticated:
             lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
-            if case .enqueued = eventContinuation.yield(.authenticated) { queued.messages.add(1, ordering: .relaxed) }
+            inbox.push(.authenticated)
             setState(.authenticated)
         case .authFailed(let message):
             setState(.authFailed(message: "upstream rejected the API key: \(message)"))

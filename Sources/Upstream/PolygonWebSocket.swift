@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import MarketDataHub
 import PolygonWire
 import ServiceLifecycle
 import Synchronization
@@ -16,8 +17,9 @@ import Synchronization
 /// ``shutdown()``).
 public final class PolygonWebSocket: Service, Sendable {
     /// Every upstream message's events, and the connection's losses and authentications, in wire
-    /// order. Finishes when the client stops. One consumer (the relay's hub pump).
-    public let messages: UpstreamMessages
+    /// order; finishes when the client stops. One consumer: the hub's pump (``HubPump``), or a cluster
+    /// leader's NATS publisher.
+    public let inbox: SourceInbox
 
     private let connection: LWSConnection
     private let ends: AsyncStream<ConnectionEnd>
@@ -27,17 +29,36 @@ public final class PolygonWebSocket: Service, Sendable {
     private let logger: Logger
 
     public init(configuration: UpstreamConfiguration, logger: Logger = Logger(label: "relay.upstream")) {
-        let (messages, eventContinuation) = AsyncStream.makeStream(of: UpstreamMessage.self)
+        let inbox = SourceInbox.source(capacity: configuration.maxQueuedEvents)
         let (ends, endContinuation) = AsyncStream.makeStream(of: ConnectionEnd.self)
         let (exit, exitContinuation) = AsyncStream.makeStream(of: Void.self)
-        let queued = QueuedEvents()
-        self.messages = UpstreamMessages(stream: messages, queued: queued)
+        self.inbox = inbox
         self.ends = ends
         self.threadExit = exit
         self.logger = logger
         self.connection = LWSConnection(
             configuration: configuration, logger: logger,
-            events: eventContinuation, queued: queued, ends: endContinuation, exit: exitContinuation)
+            inbox: inbox, ends: endContinuation, exit: exitContinuation)
+    }
+
+    /// The inbox as a sequence (tests and tools; the relay drains ``inbox`` itself): the inbox's own
+    /// losses come as ``SourceMessage/lost(count:topics:reason:)``. Call once.
+    public var messages: AsyncStream<SourceMessage> {
+        let (stream, continuation) = AsyncStream.makeStream(of: SourceMessage.self)
+        let inbox = self.inbox
+        Task {
+            await inbox.drain { items in
+                for item in items {
+                    switch item {
+                    case .element(let message): continuation.yield(message)
+                    case .lost(let topics, let count):
+                        continuation.yield(.lost(count: count, topics: topics, reason: "the consumer fell behind its upstream"))
+                    }
+                }
+            }
+            continuation.finish()
+        }
+        return stream
     }
 
     /// The configuration this client was made with.

@@ -1,4 +1,5 @@
 import Foundation
+import MarketDataHub
 import HummingbirdWSClient
 import Logging
 import NIOCore
@@ -277,7 +278,7 @@ func eventually(
 }
 
 /// Collects at least `count` events from an upstream event stream.
-func collect(_ count: Int, from stream: UpstreamMessages, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
+func collect(_ count: Int, from stream: AsyncStream<SourceMessage>, timeout: Duration = .seconds(10)) async throws -> [MarketEvent] {
     try await within(timeout, "\(count) upstream events") {
         var out: [MarketEvent] = []
         for await message in stream {

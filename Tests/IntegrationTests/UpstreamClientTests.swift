@@ -58,7 +58,7 @@ struct UpstreamClientTests {
                     for await message in messages {
                         switch message {
                         case .events(let events): queued += events.count
-                        case .lost(let count, _): return (queued, count)
+                        case .lost(let count, _, _): return (queued, count)
                         default: break
                         }
                     }

@@ -1,0 +1,135 @@
+import Synchronization
+
+/// A bounded, ordered, loss-counting queue from any thread (a C library's callback thread:
+/// libwebsockets', libnats') into Swift concurrency, with one consumer.
+///
+/// Producers ``push(_:)`` without waiting: an element is kept while the queued weight (e.g. events)
+/// stays within `capacity`, otherwise it is dropped and noted in a `Loss` summary; the summary is handed
+/// to the consumer **in order**, ahead of the next element that was kept (or when the queue empties), so a
+/// consumer can tell exactly where events went missing. Elements of weight 0 (control messages) are always
+/// kept. A producer may merge an element into the one queued last (``init(capacity:emptyLoss:weight:noteDrop:merge:)``),
+/// so a stream of small messages costs one queued item per run rather than one per message.
+///
+/// `Sendable`: all state sits behind one `Mutex`; the consumer is woken through an `AsyncStream` that keeps
+/// at most one pending wake-up. One consumer at a time (``drain(_:)``).
+public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
+    /// What the consumer gets, in order.
+    public enum Item: Sendable {
+        case element(Element)
+        /// `count` (by weight) dropped since the previous item, summarized.
+        case lost(Loss, count: Int)
+    }
+
+    private struct State {
+        var items: [Item] = []
+        var weight = 0
+        var droppedWeight = 0
+        var loss: Loss
+        var finished = false
+    }
+
+    public let capacity: Int
+    private let emptyLoss: Loss
+    private let weigh: @Sendable (Element) -> Int
+    private let noteDrop: @Sendable (inout Loss, Element) -> Void
+    private let merge: (@Sendable (inout Element, Element) -> Bool)?
+    private let state: Mutex<State>
+    private let wakes: AsyncStream<Void>
+    private let wake: AsyncStream<Void>.Continuation
+    /// Weight taken by the consumer and not yet done with (see ``drain(_:)``).
+    private let inFlight = Atomic<Int>(0)
+
+    /// - Parameters:
+    ///   - capacity: the most weight queued (and being handled by the consumer) at once.
+    ///   - emptyLoss: the summary of no loss.
+    ///   - weight: an element's weight (0: always kept).
+    ///   - noteDrop: adds a dropped element to the summary.
+    ///   - merge: merges an element into the last one queued, returning whether it did.
+    public init(
+        capacity: Int, emptyLoss: Loss, weight: @escaping @Sendable (Element) -> Int,
+        noteDrop: @escaping @Sendable (inout Loss, Element) -> Void,
+        merge: (@Sendable (inout Element, Element) -> Bool)? = nil
+    ) {
+        self.capacity = capacity
+        self.emptyLoss = emptyLoss
+        self.weigh = weight
+        self.noteDrop = noteDrop
+        self.merge = merge
+        state = Mutex(State(loss: emptyLoss))
+        (wakes, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// Queues an element (from any thread, without waiting); returns `false` when it was dropped.
+    @discardableResult
+    public func push(_ element: Element) -> Bool {
+        let weight = weigh(element)
+        let kept = state.withLock { state -> Bool in
+            guard !state.finished else { return false }
+            if weight > 0, state.weight + inFlight.load(ordering: .relaxed) + weight > capacity {
+                state.droppedWeight += weight
+                noteDrop(&state.loss, element)
+                return false
+            }
+            flushLoss(&state)
+            state.weight += weight
+            if let merge, case .element(var last)? = state.items.last {
+                // Taken out first, so the merge changes a uniquely held value in place.
+                state.items[state.items.count - 1] = .lost(emptyLoss, count: 0)
+                let merged = merge(&last, element)
+                state.items[state.items.count - 1] = .element(last)
+                if merged { return true }
+            }
+            state.items.append(.element(element))
+            return true
+        }
+        if kept { wake.yield() }
+        return kept
+    }
+
+    private func flushLoss(_ state: inout State) {
+        guard state.droppedWeight > 0 else { return }
+        state.items.append(.lost(state.loss, count: state.droppedWeight))
+        state.droppedWeight = 0
+        state.loss = emptyLoss
+    }
+
+    /// No more elements: the consumer ends once it has taken what is queued.
+    public func finish() {
+        state.withLock { $0.finished = true }
+        wake.finish()
+    }
+
+    /// Weight queued now (for tests and gauges).
+    public var queuedWeight: Int { state.withLock { $0.weight } + inFlight.load(ordering: .relaxed) }
+
+    /// The consumer: hands `body` everything queued at each wake-up, in order (runs of up to `limit`
+    /// items), until ``finish()`` and the queue is empty. A run's weight counts against the capacity until
+    /// `body` returns, so the bound covers what the consumer is still handling.
+    public func drain(limit: Int = 1_024, _ body: ([Item]) async -> Void) async {
+        var wakes = self.wakes.makeAsyncIterator()
+        while true {
+            let (run, weight, finished) = state.withLock { state -> ([Item], Int, Bool) in
+                if state.items.isEmpty { flushLoss(&state) }
+                let count = min(state.items.count, limit)
+                let run = Array(state.items.prefix(count))
+                state.items.removeFirst(count)
+                var weight = 0
+                for item in run { if case .element(let element) = item { weight += weigh(element) } }
+                state.weight -= weight
+                inFlight.add(weight, ordering: .relaxed)
+                return (run, weight, state.finished)
+            }
+            if !run.isEmpty {
+                await body(run)
+                inFlight.subtract(weight, ordering: .relaxed)
+                continue
+            }
+            if finished { return }
+            guard await wakes.next() != nil else {
+                // Finished while waiting: take what is left.
+                if state.withLock({ $0.items.isEmpty && $0.droppedWeight == 0 }) { return }
+                continue
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+import AsyncSupport
+import PolygonWire
+
+/// Feeds a hub from its source's inbox: the one loop between any source and ``MarketDataHub``, beside
+/// the hub rather than in the composition root. A run of queued messages goes to the hub as few calls as
+/// order allows (consecutive events as one ``MarketDataHub/publish(_:)``).
+public enum HubPump {
+    /// Drains `inbox` into `hub` until the inbox finishes. `lossReason` names why the source's own
+    /// queue overflowed (told to the subscribers of the topics lost).
+    /// - Parameters:
+    ///   - published: told how many events each publish carried (a source's own counters).
+    ///   - dropped: told how many events the inbox dropped, as it reports them.
+    public static func run(
+        _ inbox: SourceInbox, into hub: MarketDataHub, lossReason: String, published: (Int) -> Void = { _ in },
+        dropped: (Int) -> Void = { _ in }
+    ) async {
+        await inbox.drain { items in
+            var events: [MarketEvent] = []
+            for item in items {
+                switch item {
+                case .element(.events(let more)):
+                    if events.isEmpty { events = more } else { events += more }
+                    continue
+                default:
+                    break
+                }
+                if !events.isEmpty {
+                    published(events.count)
+                    await hub.publish(events)
+                    events = []
+                }
+                switch item {
+                case .element(.events): break
+                case .element(.authenticated): break  // the first event after it ends an outage
+                case .element(.connectionLost(let reason)): await hub.upstreamLost(reason: reason)
+                case .element(.seed(let event)): await hub.seed(event)
+                case .element(.lost(let count, let topics, let reason)): await hub.reportLoss(count, topics: topics, reason: reason)
+                case .lost(let topics, let count):
+                    dropped(count)
+                    await hub.reportLoss(count, topics: topics, reason: lossReason)
+                }
+            }
+            if !events.isEmpty {
+                published(events.count)
+                await hub.publish(events)
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+import AsyncSupport
+import PolygonWire
+
+/// What a source (an upstream connection, a cluster node's NATS feed) hands its market's hub, in the
+/// order it happened, so a consumer can tell events before a gap from events after it. Value type,
+/// `Sendable`.
+public enum SourceMessage: Sendable {
+    /// Events, in order (one upstream message's, or a run of them).
+    case events([MarketEvent])
+    /// The source is (re)authenticated: events for the wanted topics follow.
+    case authenticated
+    /// The source lost its connection (not by shutdown); it comes back by itself.
+    case connectionLost(reason: String)
+    /// A topic's last event from elsewhere (a cluster's last-value store), for a subscriber that has none.
+    case seed(MarketEvent)
+    /// Events lost before they reached this relay, for the reason given (`topics` `nil`: too many to list).
+    case lost(count: Int, topics: Set<Topic>?, reason: String)
+
+    /// The events, if this is `.events`.
+    public var events: [MarketEvent]? {
+        if case .events(let events) = self { return events }
+        return nil
+    }
+}
+
+/// Topics of the events a ``SourceInbox`` dropped (`nil` once more than 1,000 different ones).
+public typealias DroppedTopics = Set<Topic>?
+
+/// The one queue from a source's thread to its hub: bounded by events, ordered, losses counted and
+/// reported in place (``BoundedInbox``). Consecutive events merge into one item (up to 256), so a source
+/// that hands over one event at a time (NATS) costs one queued item per run.
+public typealias SourceInbox = BoundedInbox<SourceMessage, DroppedTopics>
+
+extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
+    /// A source inbox holding at most `capacity` events.
+    public static func source(capacity: Int) -> SourceInbox {
+        SourceInbox(
+            capacity: capacity, emptyLoss: [],
+            weight: { message in
+                if case .events(let events) = message { return events.count }
+                return 0
+            },
+            noteDrop: { topics, message in
+                guard case .events(let events) = message, topics != nil else { return }
+                for event in events { topics?.insert(event.topic) }
+                if (topics?.count ?? 0) > 1_000 { topics = nil }
+            },
+            merge: { last, next in
+                guard case .events(let more) = next, case .events(var events) = last, events.count < 256 else { return false }
+                last = .authenticated  // releases `last`'s reference: `events` is now the only one
+                events += more
+                last = .events(events)
+                return true
+            })
+    }
+}

@@ -1,0 +1,91 @@
+import AsyncSupport
+import Foundation
+import Synchronization
+import Testing
+
+@Suite("Bounded inbox: a C thread's queue into Swift concurrency")
+struct BoundedInboxTests {
+    enum Message: Sendable, Equatable {
+        case data([Int])
+        case control(String)
+    }
+
+    static func weight(_ message: Message) -> Int {
+        if case .data(let values) = message { return values.count }
+        return 0
+    }
+
+    static func noteDrop(_ lost: inout [Int], _ message: Message) {
+        if case .data(let values) = message { lost += values }
+    }
+
+    static func merge(_ last: inout Message, _ next: Message) -> Bool {
+        guard case .data(var values) = last, case .data(let more) = next else { return false }
+        values += more
+        last = .data(values)
+        return true
+    }
+
+    func inbox(capacity: Int, merge: Bool = false) -> BoundedInbox<Message, [Int]> {
+        BoundedInbox(
+            capacity: capacity, emptyLoss: [], weight: Self.weight, noteDrop: Self.noteDrop, merge: merge ? Self.merge : nil)
+    }
+
+    func drained(_ inbox: BoundedInbox<Message, [Int]>) async -> [String] {
+        let out = Mutex<[String]>([])
+        await inbox.drain { items in
+            for item in items {
+                switch item {
+                case .element(let message): out.withLock { $0.append("\(message)") }
+                case .lost(let values, let count): out.withLock { $0.append("lost \(count) \(values)") }
+                }
+            }
+        }
+        return out.withLock { $0 }
+    }
+
+    @Test func overflowIsDroppedCountedAndReportedInPlace() async {
+        let inbox = inbox(capacity: 3)
+        #expect(inbox.push(.data([1, 2])))
+        #expect(!inbox.push(.data([3, 4])), "would pass the capacity")
+        #expect(!inbox.push(.data([5, 6])))
+        #expect(inbox.push(.control("reconnected")), "control messages weigh nothing and are always kept")
+        #expect(inbox.push(.data([7])))
+        #expect(inbox.queuedWeight == 3)
+        inbox.finish()
+        #expect(!inbox.push(.data([8])), "nothing after finish")
+        #expect(
+            await drained(inbox) == [
+                "data([1, 2])", "lost 4 [3, 4, 5, 6]", "control(\"reconnected\")", "data([7])",
+            ], "the loss comes where it happened, before what was kept after it")
+    }
+
+    @Test func aLossAtTheEndIsReportedWhenTheQueueEmpties() async {
+        let inbox = inbox(capacity: 1)
+        inbox.push(.data([1]))
+        inbox.push(.data([2]))
+        inbox.finish()
+        #expect(await drained(inbox) == ["data([1])", "lost 1 [2]"])
+    }
+
+    @Test func runsMergeIntoOneItem() async {
+        let inbox = inbox(capacity: 100, merge: true)
+        for value in 1...5 { inbox.push(.data([value])) }
+        inbox.push(.control("x"))
+        inbox.push(.data([6]))
+        inbox.finish()
+        #expect(await drained(inbox) == ["data([1, 2, 3, 4, 5])", "control(\"x\")", "data([6])"])
+    }
+
+    @Test func theConsumerWaitsForAProducerOnAnotherThread() async throws {
+        let inbox = inbox(capacity: 1_000)
+        let consumer = Task { await drained(inbox) }
+        let producer = Thread {
+            for value in 0..<100 { inbox.push(.data([value])) }
+            inbox.finish()
+        }
+        producer.start()
+        let seen = await consumer.value
+        #expect(seen.count == 100 && seen.first == "data([0])" && seen.last == "data([99])")
+    }
+}
