@@ -235,6 +235,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "UpstreamTests",
+            dependencies: ["Upstream", "PolygonWire"],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "AsyncSupportTests",
             dependencies: ["AsyncSupport"],
             swiftSettings: strict

@@ -22,34 +22,25 @@ final class LWSConnection: Sendable {
         var context: LWSHandle?
         var retryPolicy: LWSRetryPolicy?
         var wsi: LWSHandle?
-        var established = false
-        var connectInFlight = false
-        var connectRequested = false
-        var stopping = false
         var closeRequested = false
         var exitLoop = false
         var outbox: [String] = []
-        /// The Polygon conversation (auth, subscriptions); this type only moves its bytes.
-        var session: ClientSession
-        var authenticatedSince: ContinuousClock.Instant?
-        var endCause: ConnectionEnd.Cause?
-        var peerClose: String?
+        /// The connection's logic (connect, auth, statuses, close causes, backoff); this type only
+        /// moves its bytes and runs its timers.
+        var machine: PolygonConnectionStateMachine
         var state: UpstreamState = .idle
         var stateWatchers: [UInt64: AsyncStream<UpstreamState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
         var rx = ByteBuffer()
         var rxOversized = false
         var statistics = UpstreamStatistics()
-        var lastMessageAt: ContinuousClock.Instant?
-        var establishedAt: ContinuousClock.Instant?
         /// While the upstream is down: since when, and the last down state logged at info level.
         var downSince: ContinuousClock.Instant?
         var lastLoggedDown: UpstreamState?
         var attemptsWhileDown = 0
         var throttle = LogThrottle()
-        /// Past this instant the connection may not exist (a cluster leader's lease validity); `nil`: no
-        /// limit. Enforced on the service thread by ``deadlineTimer``, with no Swift task involved.
-        var deadline: ContinuousClock.Instant?
+        /// The deadline moved (``PolygonConnectionStateMachine/deadline``): the service thread re-arms
+        /// ``deadlineTimer``, which enforces it with no Swift task involved.
         var deadlineChanged = false
         var deadlineTimer: LWSTimer?
     }
@@ -78,7 +69,7 @@ final class LWSConnection: Sendable {
     ) {
         self.configuration = configuration
         self.logger = logger
-        self.shared = Mutex(Shared(session: ClientSession(apiKey: configuration.apiKey)))
+        self.shared = Mutex(Shared(machine: PolygonConnectionStateMachine(apiKey: configuration.apiKey, timing: .init(configuration))))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.inbox = inbox
         self.marketOfFrames = Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
@@ -179,15 +170,14 @@ final class LWSConnection: Sendable {
 
     func requestConnect() {
         shared.withLock { state in
-            guard !state.stopping else { return }
-            state.connectRequested = true
+            state.machine.requestConnect()
             wake(&state)
         }
     }
 
     func requestStop() {
         shared.withLock { state in
-            state.stopping = true
+            state.machine.stop()
             wake(&state)
         }
     }
@@ -195,7 +185,7 @@ final class LWSConnection: Sendable {
     /// Ends the service loop even if the close handshake never completes.
     func forceExit() {
         shared.withLock { state in
-            state.stopping = true
+            state.machine.stop()
             state.exitLoop = true
             wake(&state)
         }
@@ -205,7 +195,7 @@ final class LWSConnection: Sendable {
     /// service thread, which schedules its own check for that instant.
     func setDeadline(_ deadline: ContinuousClock.Instant?) {
         shared.withLock { state in
-            state.deadline = deadline
+            state.machine.setDeadline(deadline)
             state.deadlineChanged = true
             wake(&state)
         }
@@ -213,7 +203,7 @@ final class LWSConnection: Sendable {
 
     func setWanted(_ topics: Set<Topic>) {
         shared.withLock { state in
-            let messages = state.session.setWanted(topics)
+            let messages = state.machine.setWanted(topics)
             state.outbox += messages
             if !messages.isEmpty { wake(&state) }
         }
@@ -273,7 +263,7 @@ final class LWSConnection: Sendable {
     func stateUpdates() -> AsyncStream<UpstreamState> {
         let (stream, continuation) = AsyncStream.makeStream(of: UpstreamState.self)
         let id: UInt64? = shared.withLock { state in
-            if state.state == .stopped && state.context == nil && state.stopping {
+            if state.state == .stopped && state.context == nil && state.machine.stopping {
                 return nil
             }
             let id = state.nextWatcher
@@ -302,22 +292,24 @@ final class LWSConnection: Sendable {
         case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
             serviceRequests()
         case LWS_CALLBACK_CLIENT_ESTABLISHED:
-            let late = shared.withLock { state in
+            let opened = shared.withLock { state in
                 state.wsi = LWSHandle(pointer: wsi)
-                state.established = true
-                state.lastMessageAt = .now
-                state.establishedAt = .now
-                guard let deadline = state.deadline, ContinuousClock.now >= deadline else { return false }
-                state.statistics.deadlineCloses += 1
-                state.statistics.lastDeadlineClose = .now
-                state.peerClose = Self.deadlineReason
-                return true
+                let opened = state.machine.established(now: .now)
+                if case .refuse = opened {
+                    state.statistics.deadlineCloses += 1
+                    state.statistics.lastDeadlineClose = .now
+                }
+                return opened
             }
-            // Opened past the deadline (the handshake outlasted it): closed before a byte is sent.
-            if late { return -1 }
-            // lws closes the connection if `auth_success` has not cancelled this by then.
-            lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, Int32(clamping: configuration.handshakeTimeout.components.seconds))
-            setState(.authenticating)
+            switch opened {
+            case .refuse:
+                // Opened past the deadline (the handshake outlasted it): closed before a byte is sent.
+                return -1
+            case .authenticate(let within):
+                // lws closes the connection if `auth_success` has not cancelled this by then.
+                lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, Int32(clamping: within.components.seconds))
+                setState(.authenticating)
+            }
         case LWS_CALLBACK_CLIENT_RECEIVE:
             receive(wsi: wsi, input: input, length: length)
         case LWS_CALLBACK_CLIENT_WRITEABLE:
@@ -330,15 +322,12 @@ final class LWSConnection: Sendable {
                 let bytes = UnsafeRawBufferPointer(start: input, count: length)
                 let code = Int(bytes[0]) << 8 | Int(bytes[1])
                 let text = String(decoding: bytes.dropFirst(2), as: UTF8.self)
-                shared.withLock {
-                    $0.peerClose = text.isEmpty ? "closed by upstream with \(code)" : "closed by upstream with \(code): \(text)"
-                }
+                shared.withLock { $0.machine.peerClosed(code: code, text: text) }
             }
         case LWS_CALLBACK_CLIENT_CLOSED:
-            let reason = shared.withLock { $0.peerClose } ?? "connection closed"
-            connectionEnded(cause: .closed, reason: reason)
+            connectionEnded(cause: .closed, reason: "connection closed")
         case LWS_CALLBACK_CLIENT_RECEIVE_PONG:
-            shared.withLock { $0.lastMessageAt = .now }
+            shared.withLock { $0.machine.heard(now: .now) }
         default:
             break
         }
@@ -352,22 +341,17 @@ final class LWSConnection: Sendable {
     private func serviceRequests() {
         scheduleDeadlineCheck()
         let wakeup: Wakeup = shared.withLock { state in
-            if state.stopping {
-                if let wsi = state.wsi, state.established {
+            if state.machine.stopping {
+                if let wsi = state.wsi, state.machine.isEstablished {
                     state.closeRequested = true
                     return .writable(wsi.pointer)
                 }
-                if !state.connectInFlight { state.exitLoop = true }
+                if !state.machine.connectInFlight { state.exitLoop = true }
                 return .exit
             }
-            if state.connectRequested, !state.connectInFlight {
-                // Past the deadline no connection is opened; the request waits for a later deadline.
-                if let deadline = state.deadline, ContinuousClock.now >= deadline { return .none }
-                state.connectRequested = false
-                state.connectInFlight = true
-                return .connect
-            }
-            if let wsi = state.wsi, state.established, !state.outbox.isEmpty || state.closeRequested {
+            // Past the deadline no connection is opened; the request waits for a later deadline.
+            if state.machine.nextConnect(now: .now) { return .connect }
+            if let wsi = state.wsi, state.machine.isEstablished, !state.outbox.isEmpty || state.closeRequested {
                 return .writable(wsi.pointer)
             }
             return .none
@@ -381,14 +365,12 @@ final class LWSConnection: Sendable {
 
     // MARK: the deadline (service thread only)
 
-    static let deadlineReason = "closed by this relay: the cluster lease it was given was not renewed in time"
-
     /// (Re)arms the timer for the current deadline after a change.
     private func scheduleDeadlineCheck() {
         let plan: (LWSHandle, LWSTimer, ContinuousClock.Instant?)? = shared.withLock { state in
             guard state.deadlineChanged, let context = state.context, let timer = state.deadlineTimer else { return nil }
             state.deadlineChanged = false
-            return (context, timer, state.deadline)
+            return (context, timer, state.machine.deadline)
         }
         guard let (context, timer, deadline) = plan else { return }
         let sul = relay_lws_timer_sul(timer.pointer)
@@ -404,17 +386,19 @@ final class LWSConnection: Sendable {
     func deadlineReached() {
         enum Action { case nothing, rearm(LWSHandle, LWSTimer, Int64), close(OpaquePointer) }
         let action: Action = shared.withLock { state in
-            guard let deadline = state.deadline else { return .nothing }
             let now = ContinuousClock.now
-            if now < deadline {
+            switch state.machine.deadlineReached(now: now) {
+            case .nothing:
+                return .nothing
+            case .rearm(let after):
                 guard let context = state.context, let timer = state.deadlineTimer else { return .nothing }
-                return .rearm(context, timer, (deadline - now).microseconds)
+                return .rearm(context, timer, after.microseconds)
+            case .close:
+                guard let wsi = state.wsi else { return .nothing }
+                state.statistics.deadlineCloses += 1
+                state.statistics.lastDeadlineClose = now
+                return .close(wsi.pointer)
             }
-            guard let wsi = state.wsi, state.established else { return .nothing }
-            state.statistics.deadlineCloses += 1
-            state.statistics.lastDeadlineClose = now
-            state.peerClose = Self.deadlineReason
-            return .close(wsi.pointer)
         }
         switch action {
         case .nothing:
@@ -433,11 +417,7 @@ final class LWSConnection: Sendable {
         guard let (context, retryPolicy) = shared.withLock({ state in state.context.map { ($0.pointer, state.retryPolicy?.pointer) } })
         else { return }
         setState(.connecting)
-        shared.withLock { state in
-            state.statistics.connectAttempts += 1
-            state.peerClose = nil
-            state.endCause = nil
-        }
+        shared.withLock { $0.statistics.connectAttempts += 1 }
         let endpoint = configuration.endpoint
         let hostHeader = (endpoint.port == (endpoint.secure ? 443 : 80)) ? endpoint.host : "\(endpoint.host):\(endpoint.port)"
         let wsi: OpaquePointer? = endpoint.host.withCString { host in
@@ -467,53 +447,31 @@ final class LWSConnection: Sendable {
     }
 
     private func connectionEnded(cause: ConnectionEnd.Cause, reason: String) {
-        let end: ConnectionEnd? = shared.withLock { state in
-            guard state.connectInFlight else { return nil }
-            let now = ContinuousClock.now
-            let authenticatedFor = state.authenticatedSince.map { now - $0 }
-            var finalCause = state.endCause ?? cause
-            var finalReason = reason
-            if state.endCause == nil, state.established, !state.stopping {
-                if let last = state.lastMessageAt, now - last >= configuration.deadAfter - .milliseconds(500) {
-                    finalCause = .dead
-                    finalReason = "no data and no pong for \(configuration.deadAfter)"
-                } else if state.authenticatedSince == nil, let opened = state.establishedAt,
-                    now - opened >= configuration.handshakeTimeout - .milliseconds(500)
-                {
-                    finalCause = .handshakeTimeout
-                    finalReason = "no auth_success within \(configuration.handshakeTimeout)"
-                }
-            }
-            state.connectInFlight = false
+        let ended: PolygonConnectionStateMachine.Ended? = shared.withLock { state in
+            guard let ended = state.machine.ended(cause, reason: reason, now: .now) else { return nil }
             state.wsi = nil
-            state.established = false
-            state.establishedAt = nil
             state.closeRequested = false
-            state.authenticatedSince = nil
-            state.session.connectionEnded()
             state.outbox = []
             state.rx.clear()
             state.rxOversized = false
-            if state.stopping {
-                state.exitLoop = true
-            } else {
-                state.statistics.reconnectsByCause[finalCause.rawValue, default: 0] += 1
+            switch ended {
+            case .stopped: state.exitLoop = true
+            case .lost(let end, _, _): state.statistics.reconnectsByCause[end.cause.rawValue, default: 0] += 1
             }
-            return ConnectionEnd(cause: finalCause, reason: finalReason, authenticatedFor: authenticatedFor)
+            return ended
         }
-        guard let end else { return }
-        let stopping = shared.withLock { $0.stopping }
-        if stopping {
+        switch ended {
+        case nil:
+            return
+        case .stopped:
             setState(.stopped)
-        } else {
+        case .lost(var end, let state, let retryAfter):
             metrics.reconnects[end.cause]?.increment()
             inbox.push(.connectionLost(reason: end.reason))
-            switch end.cause {
-            case .authFailed, .maxConnections: break  // the state already says why
-            case .closed, .failed, .dead, .handshakeTimeout: setState(.disconnected(reason: end.reason))
-            }
+            if let state { setState(state) }
+            end.retryAfter = retryAfter
+            endContinuation.yield(end)
         }
-        endContinuation.yield(end)
     }
 
     private func write(wsi: OpaquePointer) -> Int32 {
@@ -552,7 +510,7 @@ final class LWSConnection: Sendable {
     private func receive(wsi: OpaquePointer, input: UnsafeMutableRawPointer?, length: Int) {
         let isFinal = lws_is_final_fragment(wsi) != 0
         let complete: ByteBuffer? = shared.withLock { state in
-            state.lastMessageAt = .now
+            state.machine.heard(now: .now)
             if !state.rxOversized {
                 if state.rx.readableBytes + length > configuration.maxMessageBytes {
                     state.rxOversized = true
@@ -616,33 +574,27 @@ final class LWSConnection: Sendable {
         logger.warning("\(message)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
     }
 
-    /// Carries out what the conversation (``ClientSession``) says a status means.
+    /// Carries out what the connection's logic says a status means.
     private func handle(_ status: StatusMessage, wsi: OpaquePointer) {
-        let reaction = shared.withLock { state in
-            let reaction = state.session.receive(status)
-            state.outbox += reaction.send
-            switch reaction.event {
-            case .authenticated: state.authenticatedSince = .now
-            case .authFailed: state.endCause = .authFailed
-            case .maxConnections: state.endCause = .maxConnections
+        let outcome = shared.withLock { state in
+            let outcome = state.machine.received(status, now: .now)
+            state.outbox += outcome.send
+            switch outcome.event {
             case .error(let message): state.statistics.lastError = message
             case .authTimeout(let message): state.statistics.lastError = "auth_timeout: \(message)"
-            case .connected, .acknowledged, .other: break
+            default: break
             }
-            if reaction.close { state.closeRequested = true }
-            return reaction
+            if outcome.close { state.closeRequested = true }
+            return outcome
         }
-        switch reaction.event {
-        case .connected:
-            break
-        case .authenticated:
+        if outcome.authenticated {
             lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
             inbox.push(.authenticated)
-            setState(.authenticated)
-        case .authFailed(let message):
-            setState(.authFailed(message: "upstream rejected the API key: \(message)"))
-        case .maxConnections(let message):
-            setState(.rejected(message: "another connection holds this account's slot: \(message)"))
+        }
+        if let state = outcome.state { setState(state) }
+        switch outcome.event {
+        case .connected, .authenticated, .authFailed, .maxConnections:
+            break
         case .acknowledged(let message):
             logger.debug("upstream: \(message)")
         case .error(let message):
@@ -652,7 +604,7 @@ final class LWSConnection: Sendable {
         case .other(let status, let message):
             logger.info("upstream status \(status): \(message)")
         }
-        if !reaction.send.isEmpty || reaction.close { lws_callback_on_writable(wsi) }
+        if !outcome.send.isEmpty || outcome.close { lws_callback_on_writable(wsi) }
     }
 }
 
@@ -674,39 +626,6 @@ struct LWSRetryPolicy: @unchecked Sendable {
 /// thread. See ``LWSHandle`` for why this is `Sendable`.
 struct LWSTimer: @unchecked Sendable {
     let pointer: UnsafeMutablePointer<relay_lws_timer>
-}
-
-/// Counters of the upstream connection since start. Value type, `Sendable`.
-public struct UpstreamStatistics: Sendable, Equatable {
-    public var connectAttempts = 0
-    public var messagesReceived = 0
-    public var eventsReceived = 0
-    public var malformedMessages = 0
-    public var oversizedMessages = 0
-    /// Events dropped because the queue to the hub was full.
-    public var droppedEvents = 0
-    /// Connections that ended other than by shutdown, by cause (`closed`, `failed`, `dead`,
-    /// `handshake_timeout`, `auth_failed`, `max_connections`).
-    public var reconnectsByCause: [String: Int] = [:]
-    /// The last `error` or `auth_timeout` status the upstream sent.
-    public var lastError: String?
-    /// Connections closed by the service thread because the deadline (``PolygonWebSocket/setDeadline(_:)``)
-    /// passed, and when the last such close happened.
-    public var deadlineCloses = 0
-    public var lastDeadlineClose: ContinuousClock.Instant?
-}
-
-/// Errors the upstream client reports to its owner.
-public enum UpstreamError: Error, Sendable, CustomStringConvertible {
-    case contextCreationFailed
-    case invalidURL(String)
-
-    public var description: String {
-        switch self {
-        case .contextCreationFailed: "libwebsockets could not create its context (TLS setup or CA file?)"
-        case .invalidURL(let url): "not a ws:// or wss:// URL: \(url)"
-        }
-    }
 }
 
 extension Duration {

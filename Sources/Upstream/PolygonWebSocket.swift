@@ -74,10 +74,10 @@ public final class PolygonWebSocket: Service, Sendable {
     public var statistics: UpstreamStatistics { connection.shared.withLock { $0.statistics } }
 
     /// The topics the upstream connection is subscribed to right now (empty while not authenticated).
-    public var subscribedTopics: Set<Topic> { connection.shared.withLock { $0.session.subscribed } }
+    public var subscribedTopics: Set<Topic> { connection.shared.withLock { $0.machine.session.subscribed } }
 
     /// When the last frame or pong arrived from the upstream.
-    public var lastMessageAt: ContinuousClock.Instant? { connection.shared.withLock { $0.lastMessageAt } }
+    public var lastMessageAt: ContinuousClock.Instant? { connection.shared.withLock { $0.machine.lastMessageAt } }
 
     /// Replaces the set of topics the upstream should send. While authenticated the difference is sent
     /// at once (subscribe first, then unsubscribe); otherwise it is sent after the next `auth_success`.
@@ -144,24 +144,21 @@ public final class PolygonWebSocket: Service, Sendable {
         }
     }
 
+    /// Waits out the delay the connection's logic chose after each end, then connects again.
     private func reconnectLoop() async {
-        let policy = connection.configuration.reconnect
-        var attempt = 0
         for await end in ends {
             if Task.isCancelled { return }
-            if let up = end.authenticatedFor, up >= policy.healthyAfter { attempt = 0 }
-            let delay = policy.delay(after: end.cause, attempt: attempt)
-            attempt += 1
+            let attempt = connection.shared.withLock { $0.machine.attempt }
             if end.cause == .maxConnections {
                 logger.warning(
                     "another consumer holds this account's upstream connection (Polygon allows one per account and market); retrying with backoff",
-                    metadata: ["in_s": "\(delay.milliseconds / 1000)", "attempt": "\(attempt)"])
+                    metadata: ["in_s": "\(end.retryAfter.milliseconds / 1000)", "attempt": "\(attempt)"])
             }
             logger.debug(
                 "upstream reconnect scheduled",
-                metadata: ["in_ms": "\(delay.milliseconds)", "attempt": "\(attempt)", "reason": "\(end.reason)"])
+                metadata: ["in_ms": "\(end.retryAfter.milliseconds)", "attempt": "\(attempt)", "reason": "\(end.reason)"])
             do {
-                try await Task.sleep(for: delay)
+                try await Task.sleep(for: end.retryAfter)
             } catch {
                 return
             }

@@ -53,18 +53,18 @@ public struct ReconnectPolicy: Sendable {
     }
 
     /// The delay after a connection ended for `cause`.
-    func delay(after cause: ConnectionEnd.Cause, attempt: Int) -> Duration {
-        var rng = SystemRandomNumberGenerator()
+    /// The wait before attempt `attempt` + 1 after a connection ended for `cause`.
+    func delay(after cause: ConnectionEnd.Cause, attempt: Int, using generator: inout some RandomNumberGenerator) -> Duration {
         switch cause {
         case .authFailed: return authFailedDelay
-        case .maxConnections: return maxConnectionsDelay(attempt: attempt, using: &rng)
-        case .closed, .failed, .dead, .handshakeTimeout: return delay(attempt: attempt, using: &rng)
+        case .maxConnections: return maxConnectionsDelay(attempt: attempt, using: &generator)
+        case .closed, .failed, .dead, .handshakeTimeout: return delay(attempt: attempt, using: &generator)
         }
     }
 }
 
 /// Why one upstream connection ended, as the service thread reports it to the reconnect loop.
-struct ConnectionEnd: Sendable {
+struct ConnectionEnd: Sendable, Equatable {
     enum Cause: String, Sendable, Equatable, CaseIterable {
         /// The upstream closed the connection, or the network dropped it.
         case closed
@@ -82,4 +82,6 @@ struct ConnectionEnd: Sendable {
     var reason: String
     /// How long the connection had been authenticated, if it ever was.
     var authenticatedFor: Duration?
+    /// How long to wait before connecting again (set by the connection's logic).
+    var retryAfter: Duration = .zero
 }

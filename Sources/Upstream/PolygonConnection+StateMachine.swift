@@ -1,0 +1,242 @@
+import PolygonWire
+
+/// The Polygon client connection's logic, without I/O: when to connect, what an established connection
+/// must do first, what each status Polygon sends means (through ``ClientSession``), why a connection
+/// ended (closed, failed, dead, handshake timeout, `auth_failed`, `max_connections`, the lease deadline),
+/// and how long to wait before the next attempt.
+///
+/// Value type, `Sendable`; owned by ``LWSConnection`` under its lock, fed the instants it observes (an
+/// injected clock, so tests drive it without libwebsockets or sleeps). Each input returns what the lws
+/// glue must do; the glue only moves bytes and runs timers.
+struct PolygonConnectionStateMachine: Sendable {
+    /// The timings the logic applies.
+    struct Timing: Sendable {
+        var handshakeTimeout: Duration
+        var deadAfter: Duration
+        var reconnect: ReconnectPolicy
+
+        init(_ configuration: UpstreamConfiguration) {
+            handshakeTimeout = configuration.handshakeTimeout
+            deadAfter = configuration.deadAfter
+            reconnect = configuration.reconnect
+        }
+
+        init(handshakeTimeout: Duration, deadAfter: Duration, reconnect: ReconnectPolicy = ReconnectPolicy()) {
+            self.handshakeTimeout = handshakeTimeout
+            self.deadAfter = deadAfter
+            self.reconnect = reconnect
+        }
+    }
+
+    /// What the glue does when a connection has just opened.
+    enum Opened: Equatable {
+        /// Close it before a byte is sent: it opened past the deadline.
+        case refuse(reason: String)
+        /// Wait at most this long for `auth_success` (lws's pending timeout), state `authenticating`.
+        case authenticate(within: Duration)
+    }
+
+    /// What the glue does after a status from the server.
+    struct StatusOutcome: Equatable {
+        /// Client messages to write, in order.
+        var send: [String] = []
+        /// Close the connection after writing them.
+        var close = false
+        /// A new state to report.
+        var state: UpstreamState?
+        /// `auth_success`: cancel the handshake timeout and tell the consumer events follow.
+        var authenticated = false
+        /// The session's reading of the status, for the log.
+        var event: ClientSession.Event
+    }
+
+    /// What the glue does when the deadline timer fires.
+    enum DeadlineOutcome: Equatable {
+        case nothing
+        /// The deadline moved: check again after this long.
+        case rearm(after: Duration)
+        /// Close the established connection at once.
+        case close
+    }
+
+    /// What the glue does once a connection ended.
+    enum Ended: Equatable {
+        /// Shutting down: no reconnect.
+        case stopped
+        /// Tell the consumer and the state (`state` `nil`: the state already says why), then connect
+        /// again after `retryAfter`.
+        case lost(ConnectionEnd, state: UpstreamState?, retryAfter: Duration)
+    }
+
+    static let deadlineReason = "closed by this relay: the cluster lease it was given was not renewed in time"
+
+    let timing: Timing
+    /// The Polygon conversation: auth, the wanted and subscribed topics.
+    private(set) var session: ClientSession
+    /// A connection attempt is under way (from ``nextConnect(now:)`` until ``ended(_:reason:now:)``).
+    private(set) var connectInFlight = false
+    private(set) var connectRequested = false
+    private(set) var stopping = false
+    private(set) var establishedAt: ContinuousClock.Instant?
+    private(set) var authenticatedSince: ContinuousClock.Instant?
+    /// When the last frame or pong arrived.
+    private(set) var lastMessageAt: ContinuousClock.Instant?
+    /// Past this instant no connection may exist (a cluster leader's lease); `nil`: none.
+    private(set) var deadline: ContinuousClock.Instant?
+    /// Why the connection is ending, when the server said so (`auth_failed`, `max_connections`).
+    private var endCause: ConnectionEnd.Cause?
+    /// The server's close frame, or the deadline, as the reason shown.
+    private var peerClose: String?
+    /// Reconnect attempts since the connection last stayed authenticated for ``ReconnectPolicy/healthyAfter``.
+    private(set) var attempt = 0
+    private var jitter: SplitMix
+
+    init(apiKey: String, timing: Timing, seed: UInt64 = UInt64.random(in: 0...UInt64.max)) {
+        session = ClientSession(apiKey: apiKey)
+        self.timing = timing
+        jitter = SplitMix(state: seed)
+    }
+
+    var isEstablished: Bool { establishedAt != nil }
+
+    // MARK: connecting
+
+    /// A connection is wanted (at start, and after each reconnect delay).
+    mutating func requestConnect() {
+        guard !stopping else { return }
+        connectRequested = true
+    }
+
+    /// Whether to start a connection now; past the deadline the request waits for a later deadline.
+    mutating func nextConnect(now: ContinuousClock.Instant) -> Bool {
+        guard !stopping, connectRequested, !connectInFlight else { return false }
+        if let deadline, now >= deadline { return false }
+        connectRequested = false
+        connectInFlight = true
+        endCause = nil
+        peerClose = nil
+        return true
+    }
+
+    /// The WebSocket handshake completed.
+    mutating func established(now: ContinuousClock.Instant) -> Opened {
+        establishedAt = now
+        lastMessageAt = now
+        if let deadline, now >= deadline {
+            peerClose = Self.deadlineReason
+            return .refuse(reason: Self.deadlineReason)
+        }
+        return .authenticate(within: timing.handshakeTimeout)
+    }
+
+    /// A frame or a pong arrived.
+    mutating func heard(now: ContinuousClock.Instant) {
+        lastMessageAt = now
+    }
+
+    /// The server's close frame.
+    mutating func peerClosed(code: Int, text: String) {
+        peerClose = text.isEmpty ? "closed by upstream with \(code)" : "closed by upstream with \(code): \(text)"
+    }
+
+    // MARK: the conversation
+
+    /// A status object from the server.
+    mutating func received(_ status: StatusMessage, now: ContinuousClock.Instant) -> StatusOutcome {
+        let reaction = session.receive(status)
+        var outcome = StatusOutcome(send: reaction.send, close: reaction.close, event: reaction.event)
+        switch reaction.event {
+        case .authenticated:
+            authenticatedSince = now
+            outcome.authenticated = true
+            outcome.state = .authenticated
+        case .authFailed(let message):
+            endCause = .authFailed
+            outcome.state = .authFailed(message: "upstream rejected the API key: \(message)")
+        case .maxConnections(let message):
+            endCause = .maxConnections
+            outcome.state = .rejected(message: "another connection holds this account's slot: \(message)")
+        case .connected, .acknowledged, .error, .authTimeout, .other:
+            break
+        }
+        return outcome
+    }
+
+    /// The topics the server should send; returns the messages that move it there (sent only while
+    /// authenticated; otherwise after the next `auth_success`).
+    mutating func setWanted(_ topics: Set<Topic>) -> [String] {
+        session.setWanted(topics)
+    }
+
+    // MARK: the deadline
+
+    mutating func setDeadline(_ deadline: ContinuousClock.Instant?) {
+        self.deadline = deadline
+    }
+
+    /// The deadline timer fired at `now`.
+    mutating func deadlineReached(now: ContinuousClock.Instant) -> DeadlineOutcome {
+        guard let deadline else { return .nothing }
+        if now < deadline { return .rearm(after: deadline - now) }
+        guard isEstablished else { return .nothing }
+        peerClose = Self.deadlineReason
+        return .close
+    }
+
+    // MARK: ending
+
+    /// Shutdown: close what is open, connect no more.
+    mutating func stop() {
+        stopping = true
+        connectRequested = false
+    }
+
+    /// The connection ended (lws closed it, or it never opened); `nil` when no attempt was under way
+    /// (lws may report a failed connect twice).
+    mutating func ended(_ cause: ConnectionEnd.Cause, reason: String, now: ContinuousClock.Instant) -> Ended? {
+        guard connectInFlight else { return nil }
+        connectInFlight = false
+        var finalCause = endCause ?? cause
+        var finalReason = cause == .closed ? (peerClose ?? reason) : reason
+        if endCause == nil, let opened = establishedAt, !stopping {
+            // lws hung up for silence (the retry policy's hang-up) or for the handshake timeout.
+            if let last = lastMessageAt, now - last >= timing.deadAfter - .milliseconds(500) {
+                finalCause = .dead
+                finalReason = "no data and no pong for \(timing.deadAfter)"
+            } else if authenticatedSince == nil, now - opened >= timing.handshakeTimeout - .milliseconds(500) {
+                finalCause = .handshakeTimeout
+                finalReason = "no auth_success within \(timing.handshakeTimeout)"
+            }
+        }
+        let authenticatedFor = authenticatedSince.map { now - $0 }
+        establishedAt = nil
+        authenticatedSince = nil
+        endCause = nil
+        peerClose = nil
+        session.connectionEnded()
+        if stopping { return .stopped }
+        let end = ConnectionEnd(cause: finalCause, reason: finalReason, authenticatedFor: authenticatedFor)
+        if let up = authenticatedFor, up >= timing.reconnect.healthyAfter { attempt = 0 }
+        let delay = timing.reconnect.delay(after: finalCause, attempt: attempt, using: &jitter)
+        attempt += 1
+        let state: UpstreamState? =
+            switch finalCause {
+            case .authFailed, .maxConnections: nil
+            case .closed, .failed, .dead, .handshakeTimeout: .disconnected(reason: finalReason)
+            }
+        return .lost(end, state: state, retryAfter: delay)
+    }
+}
+
+/// A small seedable generator for the reconnect jitter (SplitMix64), so tests repeat exactly.
+struct SplitMix: RandomNumberGenerator, Sendable {
+    var state: UInt64
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
