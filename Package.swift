@@ -134,10 +134,23 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Every setting of `relay serve`, resolved from flags, environment and file (swift-configuration).
         .target(
-            name: "RelayCore",
+            name: "RelayConfiguration",
             dependencies: [
-                "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
+                "PolygonWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed",
+                .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Yams", package: "Yams"),
+            ],
+            swiftSettings: strict
+        ),
+        // The top of the module graph: the composition root that wires every part into one relay.
+        .target(
+            name: "RelayComposition",
+            dependencies: [
+                "RelayConfiguration", "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
                 "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
@@ -210,7 +223,7 @@ let package = Package(
         .executableTarget(
             name: "relay",
             dependencies: [
-                "RelayCore", "DemoFeed", "RelayServer", "RelayBench", "Portfolio", "PortfolioData", "PortfolioDomain", "PolygonRESTClient",
+                "RelayComposition", "RelayConfiguration", "DemoFeed", "RelayServer", "RelayBench", "Portfolio", "PortfolioData", "PortfolioDomain", "PolygonRESTClient",
                 "PortfolioHTTP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -232,6 +245,11 @@ let package = Package(
         .testTarget(
             name: "MarketDataHubTests",
             dependencies: ["MarketDataHub", "PolygonWire"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "RelayConfigurationTests",
+            dependencies: ["RelayConfiguration", "PolygonWire", "Upstream", "RelayServer"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -262,7 +280,8 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "RelayCore", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio", "RelayBench", "Cluster",
+                "RelayComposition", "RelayConfiguration", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio",
+                "RelayBench", "Cluster",
                 "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),

@@ -2,7 +2,8 @@ import ArgumentParser
 import DemoFeed
 import Logging
 import PolygonWire
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import ServiceLifecycle
 
 struct DemoFeedCommand: AsyncParsableCommand {

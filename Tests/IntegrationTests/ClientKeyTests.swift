@@ -3,7 +3,8 @@ import Foundation
 import NIOSSL
 import PolygonWire
 import Portfolio
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import RelayServer
 import Testing
 

@@ -3,7 +3,8 @@ import DemoFeed
 import Foundation
 import PolygonWire
 import RelayBench
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Synchronization
 import Testing
 

@@ -3,7 +3,8 @@ import Foundation
 import FoundationNetworking
 #endif
 import PolygonWire
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Testing
 
 @testable import RelayServer

@@ -1,6 +1,7 @@
 import Foundation
 import PolygonWire
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import RelayServer
 import Testing
 

@@ -1,5 +1,6 @@
 import Foundation
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Testing
 
 /// Whether Polygon's official Python client can be imported here. `scripts/test` installs it and sets

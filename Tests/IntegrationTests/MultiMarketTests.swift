@@ -2,7 +2,8 @@ import DemoFeed
 import Foundation
 import NIOCore
 import PolygonWire
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import RelayServer
 import Testing
 

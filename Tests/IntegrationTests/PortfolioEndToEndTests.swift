@@ -1,5 +1,6 @@
 import Foundation
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Testing
 
 /// The valuation sidecar driven by the relay's own stream, over loopback.

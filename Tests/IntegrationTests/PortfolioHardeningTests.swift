@@ -1,7 +1,8 @@
 import Foundation
 import PolygonWire
 import PortfolioDomain
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import RelayServer
 import Testing
 

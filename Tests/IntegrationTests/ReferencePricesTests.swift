@@ -6,7 +6,8 @@ import Portfolio
 import PortfolioData
 import PortfolioDomain
 import PolygonRESTClient
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Testing
 
 /// The REST client against the demo feed's Polygon-style endpoints, over loopback.

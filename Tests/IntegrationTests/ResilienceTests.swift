@@ -1,7 +1,8 @@
 import DemoFeed
 import Foundation
 import PolygonWire
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Testing
 import Upstream
 

@@ -4,7 +4,8 @@ import Foundation
 import NIOCore
 import Portfolio
 import PortfolioDomain
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Testing
 
 /// A keep-alive HTTP client, as a browser or a terminal client is: one connection, reused; closing

@@ -8,7 +8,8 @@ import PolygonWire
 import ServiceLifecycle
 import Synchronization
 import Testing
-import RelayCore
+import RelayComposition
+import RelayConfiguration
 import Upstream
 
 #if canImport(FoundationNetworking)

@@ -220,61 +220,45 @@ public struct RelaySettings: Sendable {
         }
     }
 
-    /// The documented environment variables and the configuration key each one sets.
-    public static let environmentNames: [(variable: String, key: String)] = [
-        ("RELAY_LISTEN", "listen"),
-        ("RELAY_UPSTREAM", "upstream.url"),
-        ("RELAY_MARKETS", "upstream.markets"),
-        ("RELAY_UPSTREAM_HOST", "upstream.host"),
-        ("POLYGON_API_KEY", "upstream.key"),
-        ("RELAY_UPSTREAM_CA_FILE", "upstream.caFile"),
-        ("RELAY_CLIENT_KEYS", "client.keys"),
-        ("RELAY_DEMO_RATE", "demo.rate"),
-        ("RELAY_LOG_LEVEL", "log.level"),
-        ("RELAY_SLOW_CONSUMER", "subscribers.slowConsumer"),
-        ("RELAY_SNAPSHOT_ON_SUBSCRIBE", "subscribers.snapshotOnSubscribe"),
-        ("RELAY_REST_URL", "upstream.restURL"),
-        ("RELAY_DATA_DIR", "portfolio.dataDir"),
-        ("RELAY_PORTFOLIO_PUSH_MS", "portfolio.pushIntervalMs"),
-        ("RELAY_TIME_ZONE", "portfolio.timeZone"),
-        ("RELAY_PORTFOLIO", "portfolio.enabled"),
-        ("RELAY_SECURITY_CACHE_SIZE", "portfolio.securityCacheSize"),
-        ("RELAY_CLOSE_HISTORY", "portfolio.closeHistory"),
-        ("RELAY_DEMO_REST_DELAY_MS", "demo.restDelayMs"),
-        ("RELAY_CLUSTER", "cluster.url"),
-        ("RELAY_NODE_ID", "cluster.nodeId"),
-        ("RELAY_CLUSTER_NAME", "cluster.name"),
-        ("RELAY_CLUSTER_LEASE_SECONDS", "cluster.leaseSeconds"),
-        ("RELAY_CLUSTER_TLS_CA", "cluster.tlsCA"),
-        ("RELAY_CLUSTER_TLS_CERT", "cluster.tlsCert"),
-        ("RELAY_CLUSTER_TLS_KEY", "cluster.tlsKey"),
-        ("RELAY_CLUSTER_CREDENTIALS", "cluster.credentials"),
-        ("RELAY_CLUSTER_NKEY_SEED", "cluster.nkeySeed"),
-        ("RELAY_CLUSTER_TOKEN", "cluster.token"),
-        ("RELAY_CLUSTER_MAX_TOPICS_PER_NODE", "cluster.maxTopicsPerNode"),
-        ("RELAY_METRICS_PUBLIC", "metrics.public"),
-        ("RELAY_TLS_CERT", "tls.cert"),
-        ("RELAY_TLS_KEY", "tls.key"),
-        ("RELAY_LIMIT_TOPICS_PER_MESSAGE", "limits.topicsPerMessage"),
-        ("RELAY_LIMIT_TOPICS_PER_CONNECTION", "limits.topicsPerConnection"),
-        ("RELAY_LIMIT_MESSAGES_PER_SECOND", "limits.messagesPerSecond"),
-        ("RELAY_LIMIT_CONNECTIONS", "limits.connections"),
-        ("RELAY_LIMIT_CONNECTIONS_PER_ADDRESS", "limits.connectionsPerAddress"),
-        ("RELAY_LIMIT_PENDING_PER_ADDRESS", "limits.pendingPerAddress"),
-        ("RELAY_LIMIT_OUTBOUND_BYTES", "limits.outboundBytes"),
-        ("RELAY_LIMIT_TOPICS_PER_KEY", "limits.topicsPerKey"),
-        ("RELAY_LIMIT_TOPICS", "limits.topics"),
-        ("RELAY_LIMIT_OPTIONS_CONTRACTS", "limits.optionsContracts"),
-    ]
+    /// The documented environment variables and the configuration key each one sets (from
+    /// ``declarations``).
+    public static var environmentNames: [(variable: String, key: String)] {
+        declarations.compactMap { declaration in declaration.environment.map { ($0, declaration.key) } }
+    }
 
     /// A setting that could not be used, named so the user can fix it.
     public struct InvalidSetting: Error, Sendable, CustomStringConvertible {
         public var description: String
+
+        /// Our modules name their own refusals this way (the composition root's start-up checks).
+        package init(description: String) {
+            self.description = description
+        }
     }
 
-    /// Resolves settings: flag > environment > file (`--config` or `RELAY_CONFIG`) > default.
+    /// Resolves settings from `relay serve`'s arguments (read through ``declarations``):
+    /// flag > environment > file (`--config` or `RELAY_CONFIG`) > default.
+    public static func resolve(commandLine arguments: [String], environment: [String: String]) async throws -> RelaySettings {
+        let given = try parse(commandLine: arguments)
+        // Read like the environment (text, typed by the reader) under the keys' conventional names.
+        var renamed: [String: String] = [:]
+        for (key, value) in given { renamed[environmentStyle(key)] = value }
+        let provider = EnvironmentVariablesProvider(environmentVariables: renamed, secretsSpecifier: .specific(secretNames))
+        return try await resolve(
+            first: provider, configFile: given["config"], clientKeysGiven: given["client.keys"] != nil, environment: environment)
+    }
+
+    /// A file key in the form swift-configuration's environment provider reads (`upstream.url` →
+    /// `UPSTREAM_URL`).
+    static func environmentStyle(_ key: String) -> String {
+        key.replacingOccurrences(of: ".", with: "_").camelToSnake().uppercased()
+    }
+
+    /// The secret settings' names in that form.
+    static var secretNames: Set<String> { Set(declarations.filter(\.secret).map { environmentStyle($0.key) }) }
+
+    /// Resolves settings given as typed values (tools and tests): flag > environment > file > default.
     public static func resolve(flags: Flags, environment: [String: String]) async throws -> RelaySettings {
-        var providers: [any ConfigProvider] = []
         var given: [AbsoluteConfigKey: ConfigValue] = [:]
         func put(_ key: String, _ content: ConfigContent?, secret: Bool = false) {
             if let content { given[AbsoluteConfigKey(stringLiteral: key)] = ConfigValue(content, isSecret: secret) }
@@ -311,22 +295,30 @@ public struct RelaySettings: Sendable {
         put("metrics.public", flags.metricsPublic.map(ConfigContent.bool))
         put("tls.cert", flags.tlsCertificate.map(ConfigContent.string))
         put("tls.key", flags.tlsKey.map(ConfigContent.string))
-        providers.append(InMemoryProvider(name: "flags", values: given))
+        return try await resolve(
+            first: InMemoryProvider(name: "flags", values: given), configFile: flags.configFile, clientKeysGiven: flags.clientKeys != nil,
+            environment: environment)
+    }
+
+    private static func resolve(
+        first: any ConfigProvider, configFile: String?, clientKeysGiven: Bool, environment: [String: String]
+    ) async throws -> RelaySettings {
+        var providers: [any ConfigProvider] = [first]
 
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
         // read as `UPSTREAM_URL`), so only the documented names take effect.
         var renamed: [String: String] = [:]
         for (variable, key) in environmentNames {
             if let value = environment[variable], !value.isEmpty {
-                renamed[key.replacingOccurrences(of: ".", with: "_").camelToSnake().uppercased()] = value
+                renamed[environmentStyle(key)] = value
             }
         }
         providers.append(
             EnvironmentVariablesProvider(
                 environmentVariables: renamed,
-                secretsSpecifier: .specific(["UPSTREAM_KEY", "CLIENT_KEYS", "CLUSTER_URL", "CLUSTER_TOKEN"])))
+                secretsSpecifier: .specific(secretNames)))
 
-        if let file = flags.configFile ?? environment["RELAY_CONFIG"], !file.isEmpty {
+        if let file = configFile ?? environment["RELAY_CONFIG"], !file.isEmpty {
             guard FileManager.default.fileExists(atPath: file) else {
                 throw InvalidSetting(description: "config file not found: \(file)")
             }
@@ -367,7 +359,7 @@ public struct RelaySettings: Sendable {
             }
             places.append(try MarketUpstream.markets(markets, host: host))
         }
-        if let file = flags.configFile ?? environment["RELAY_CONFIG"], let listed = try MarketUpstream.list(inFile: file, environment: environment) {
+        if let file = configFile ?? environment["RELAY_CONFIG"], let listed = try MarketUpstream.list(inFile: file, environment: environment) {
             places.append(listed)
         }
         settings.upstreams = try MarketUpstream.merge(places)
@@ -389,7 +381,7 @@ public struct RelaySettings: Sendable {
             settings.upstreamRESTURL = rest
         }
         // A flag or the environment replace the file's keys; the file may also give keys with rights.
-        if flags.clientKeys == nil, (environment["RELAY_CLIENT_KEYS"] ?? "").isEmpty, let file = flags.configFile ?? environment["RELAY_CONFIG"],
+        if !clientKeysGiven, (environment["RELAY_CLIENT_KEYS"] ?? "").isEmpty, let file = configFile ?? environment["RELAY_CONFIG"],
             let rights = try keysWithRights(inFile: file)
         {
             settings.clientKeys = rights.plain

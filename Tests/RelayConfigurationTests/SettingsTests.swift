@@ -4,7 +4,7 @@ import RelayServer
 import Testing
 import Upstream
 
-@testable import RelayCore
+@testable import RelayConfiguration
 
 @Suite("Configuration precedence")
 struct SettingsTests {

@@ -12,6 +12,7 @@ import PortfolioData
 import PortfolioDomain
 import PolygonRESTClient
 import PortfolioHTTP
+import RelayConfiguration
 import Prometheus
 import RelayServer
 import ServiceLifecycle

@@ -1,0 +1,205 @@
+/// One setting of `relay serve`, declared once: its file key, its command-line flag, its environment
+/// variable, its default and its help. The command line is parsed from these declarations, the
+/// environment is read through them, and `relay serve --help` is written from them, so the three can
+/// neither miss a setting nor drift apart (``RelaySettings/resolve(commandLine:environment:)``).
+/// Each value's check lives with the code that reads it, which names the setting in its refusal. Value
+/// type, `Sendable`.
+public struct SettingDeclaration: Sendable, Equatable {
+    /// How a flag takes its value.
+    public enum Form: Sendable, Equatable {
+        /// `--flag VALUE` (or `--flag=VALUE`).
+        case value
+        /// `--flag VALUE`, repeatable; the values are joined with commas.
+        case repeatable
+        /// `--flag` alone sets the value given here (`--no-snapshot` sets `false`).
+        case presence(String)
+    }
+
+    /// The configuration file's key, e.g. `limits.topics`; what the other two spellings set.
+    public var key: String
+    /// The command-line flag without its dashes (`listen` for `--listen`); `nil`: none.
+    public var flag: String?
+    public var form: Form
+    /// The environment variable; `nil`: none.
+    public var environment: String?
+    /// The default, as the help shows it.
+    public var defaultValue: String
+    public var help: String
+    /// Whether the value is a secret (never shown, kept secret in the configuration reader).
+    public var secret: Bool
+
+    init(
+        _ key: String, flag: String? = nil, _ form: Form = .value, env: String? = nil, default defaultValue: String = "",
+        secret: Bool = false, _ help: String
+    ) {
+        self.key = key
+        self.flag = flag
+        self.form = form
+        self.environment = env
+        self.defaultValue = defaultValue
+        self.help = help
+        self.secret = secret
+    }
+}
+
+extension RelaySettings {
+    /// Every setting of `relay serve`.
+    public static let declarations: [SettingDeclaration] = [
+        .init("config", flag: "config", env: "RELAY_CONFIG", default: "none", "A YAML configuration file (see config/relay.yaml)."),
+        .init("listen", flag: "listen", env: "RELAY_LISTEN", default: "127.0.0.1:8080", "HOST:PORT to listen on."),
+        .init(
+            "upstream.url", flag: "upstream", .repeatable, env: "RELAY_UPSTREAM", default: "none: the built-in demo feed serves every market",
+            "Upstream WebSocket URL, e.g. wss://socket.massive.com/stocks; repeat (or comma-separate) for more markets: the last path segment names the market."
+        ),
+        .init(
+            "upstream.markets", flag: "markets", env: "RELAY_MARKETS", default: "none",
+            "Markets to connect, comma-separated (stocks, options, forex, crypto, indices, futures), each at wss://UPSTREAM-HOST/MARKET."),
+        .init(
+            "upstream.host", flag: "upstream-host", env: "RELAY_UPSTREAM_HOST", default: "socket.massive.com",
+            "The host --markets connects to (delayed.massive.com for the 15-minute delayed feed)."),
+        .init(
+            "upstream.key", flag: "upstream-key", env: "POLYGON_API_KEY", default: "required with an upstream", secret: true,
+            "The upstream API key, every market's unless its upstreams entry names its own (never sent downstream)."),
+        .init(
+            "upstreams", default: "none",
+            "File only: a list of upstreams, one per market, each with market and/or url, key or keyEnv (an environment variable holding it), caFile."),
+        .init("upstream.caFile", flag: "upstream-ca-file", env: "RELAY_UPSTREAM_CA_FILE", default: "system trust store", "Extra trusted CA certificates (PEM) for wss:// upstreams."),
+        .init(
+            "upstream.restURL", flag: "rest-url", env: "RELAY_REST_URL", default: "api.polygon.io / api.massive.com for their hosts; the demo feed's",
+            "The upstream's REST API (portfolio reference prices and history)."),
+        .init(
+            "client.keys", flag: "client-keys", env: "RELAY_CLIENT_KEYS", default: "none: any key, loopback only", secret: true,
+            "Comma-separated keys downstream clients authenticate with (the file may give keys with rights)."),
+        .init("demo.rate", flag: "demo-rate", env: "RELAY_DEMO_RATE", default: "500", "Events per second of the built-in demo feed's stocks (other markets a quarter)."),
+        .init(
+            "demo.restDelayMs", flag: "demo-rest-delay-ms", env: "RELAY_DEMO_REST_DELAY_MS", default: "0",
+            "Delay each REST answer of the built-in demo feed by this many ms (a slow data source)."),
+        .init("log.level", flag: "log-level", env: "RELAY_LOG_LEVEL", default: "info", "trace, debug, info, notice, warning, error or critical."),
+        .init(
+            "subscribers.slowConsumer", flag: "slow-consumer", env: "RELAY_SLOW_CONSUMER", default: "drop",
+            "When a client's 1,000-event buffer is full: drop (count, tell it later) or disconnect (close 1013)."),
+        .init(
+            "subscribers.snapshotOnSubscribe", flag: "no-snapshot", .presence("false"), env: "RELAY_SNAPSHOT_ON_SUBSCRIBE", default: "true",
+            "Send a topic's last event when a client subscribes to it (--no-snapshot: do not)."),
+        .init("metrics.public", flag: "public-metrics", .presence("true"), env: "RELAY_METRICS_PUBLIC", default: "false", "Serve /metrics without a client key."),
+        .init("tls.cert", flag: "tls-cert", env: "RELAY_TLS_CERT", default: "none", "Serve wss:// and https:// with this PEM certificate chain (needs tls.key)."),
+        .init("tls.key", flag: "tls-key", env: "RELAY_TLS_KEY", default: "none", "The PEM private key of tls.cert."),
+        .init("portfolio.enabled", flag: "no-portfolio", .presence("false"), env: "RELAY_PORTFOLIO", default: "true", "Run the portfolio valuation sidecar (--no-portfolio: do not)."),
+        .init("portfolio.dataDir", flag: "data-dir", env: "RELAY_DATA_DIR", default: "./data", "Where the portfolio sidecar keeps its SQLite file."),
+        .init("portfolio.timeZone", flag: "time-zone", env: "RELAY_TIME_ZONE", default: "UTC", "IANA zone of the portfolio's days."),
+        .init("portfolio.pushIntervalMs", env: "RELAY_PORTFOLIO_PUSH_MS", default: "500", "Least time between two valuations pushed to a stream client."),
+        .init("portfolio.staleAfterSeconds", default: "900", "A price older than this is stale (left out of the total, named)."),
+        .init(
+            "portfolio.securityCacheSize", flag: "security-cache-size", env: "RELAY_SECURITY_CACHE_SIZE", default: "10",
+            "Security details kept in the cache, prefetched ones included."),
+        .init("portfolio.clientIdleSeconds", default: "120", "A named portfolio client unseen this long is forgotten."),
+        .init(
+            "portfolio.closeHistory", flag: "no-close-history", .presence("false"), env: "RELAY_CLOSE_HISTORY", default: "true",
+            "Value past days from daily closes fetched over REST (--no-close-history: keep the live values recorded then)."),
+        .init(
+            "cluster.url", flag: "cluster", env: "RELAY_CLUSTER", default: "none: a single relay", secret: true,
+            "Run as a node of a cluster on NATS: nats://HOST:PORT[,…]. One node holds each market's upstream connection."),
+        .init("cluster.nodeId", flag: "node-id", env: "RELAY_NODE_ID", default: "hostname and port", "This node's name in the cluster."),
+        .init("cluster.name", flag: "cluster-name", env: "RELAY_CLUSTER_NAME", default: "relay", "Separates clusters sharing one NATS."),
+        .init("cluster.leaseSeconds", env: "RELAY_CLUSTER_LEASE_SECONDS", default: "5", "The upstream lease's lifetime (the same on every node)."),
+        .init("cluster.tlsCA", flag: "cluster-tls-ca", env: "RELAY_CLUSTER_TLS_CA", default: "none", "Connect to NATS over TLS, trusting these CA certificates (PEM)."),
+        .init("cluster.tlsCert", flag: "cluster-tls-cert", env: "RELAY_CLUSTER_TLS_CERT", default: "none", "This node's certificate chain (PEM) for NATS servers that verify clients."),
+        .init("cluster.tlsKey", flag: "cluster-tls-key", env: "RELAY_CLUSTER_TLS_KEY", default: "none", "The PEM private key of cluster.tlsCert."),
+        .init("cluster.credentials", flag: "cluster-credentials", env: "RELAY_CLUSTER_CREDENTIALS", default: "none", "A NATS credentials file (user JWT and NKey seed)."),
+        .init("cluster.nkeySeed", flag: "cluster-nkey-seed", env: "RELAY_CLUSTER_NKEY_SEED", default: "none", "A file holding this node's NATS NKey user seed (SU…)."),
+        .init(
+            "cluster.token", flag: "cluster-token", env: "RELAY_CLUSTER_TOKEN", default: "none", secret: true,
+            "A NATS authorization token (the environment keeps it out of ps)."),
+        .init(
+            "cluster.maxTopicsPerNode", flag: "cluster-max-topics-per-node", env: "RELAY_CLUSTER_MAX_TOPICS_PER_NODE", default: "100000",
+            "The most topics this node's clients may have the cluster ask for."),
+        .init("limits.topicsPerMessage", env: "RELAY_LIMIT_TOPICS_PER_MESSAGE", default: "1000", "Topics in one subscribe or unsubscribe message."),
+        .init("limits.topicsPerConnection", env: "RELAY_LIMIT_TOPICS_PER_CONNECTION", default: "10000", "Topics one connection holds."),
+        .init("limits.messagesPerSecond", env: "RELAY_LIMIT_MESSAGES_PER_SECOND", default: "50", "Client messages per second per connection, after a burst of 1,000."),
+        .init("limits.connections", env: "RELAY_LIMIT_CONNECTIONS", default: "50000", "Market and portfolio-stream WebSockets in all."),
+        .init("limits.connectionsPerAddress", env: "RELAY_LIMIT_CONNECTIONS_PER_ADDRESS", default: "10000", "Market and portfolio-stream WebSockets per address."),
+        .init(
+            "limits.pendingPerAddress", env: "RELAY_LIMIT_PENDING_PER_ADDRESS", default: "1000",
+            "Connections of one address not yet authenticated (or without a first request head)."),
+        .init("limits.outboundBytes", env: "RELAY_LIMIT_OUTBOUND_BYTES", default: "1048576", "Bytes written to a client and not yet taken by its socket."),
+        .init("limits.topicsPerKey", env: "RELAY_LIMIT_TOPICS_PER_KEY", default: "20000", "Distinct topics the connections of one key hold together, per market."),
+        .init("limits.topics", env: "RELAY_LIMIT_TOPICS", default: "50000", "Distinct topics all connections hold together, per market."),
+        .init(
+            "limits.optionsContracts", flag: "options-contracts", env: "RELAY_LIMIT_OPTIONS_CONTRACTS", default: "1000",
+            "Polygon's cap on options Q and FMV contracts per upstream connection."),
+    ]
+
+    /// The declaration of `key`.
+    static func declaration(of key: String) -> SettingDeclaration? {
+        declarations.first { $0.key == key }
+    }
+
+    /// Why a command line cannot be read, named for the person who typed it.
+    public struct CommandLineError: Error, Sendable, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Reads `relay serve`'s arguments through the declarations: each file key given, with its raw value.
+    public static func parse(commandLine arguments: [String]) throws(CommandLineError) -> [String: String] {
+        var values: [String: String] = [:]
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            index += 1
+            guard argument.hasPrefix("--") else {
+                throw CommandLineError(description: "unexpected argument \"\(argument)\" (settings are --name VALUE; see relay serve --help)")
+            }
+            var name = String(argument.dropFirst(2))
+            var inline: String?
+            if let equals = name.firstIndex(of: "=") {
+                inline = String(name[name.index(after: equals)...])
+                name = String(name[..<equals])
+            }
+            guard let declaration = declarations.first(where: { $0.flag == name }) else {
+                throw CommandLineError(description: "unknown option --\(name) (see relay serve --help)")
+            }
+            switch declaration.form {
+            case .presence(let value):
+                guard inline == nil else { throw CommandLineError(description: "--\(name) takes no value") }
+                values[declaration.key] = value
+            case .value, .repeatable:
+                let value: String
+                if let inline {
+                    value = inline
+                } else {
+                    guard index < arguments.count, !arguments[index].hasPrefix("--") else {
+                        throw CommandLineError(description: "--\(name) needs a value")
+                    }
+                    value = arguments[index]
+                    index += 1
+                }
+                if declaration.form == .repeatable, let earlier = values[declaration.key] {
+                    values[declaration.key] = earlier + "," + value
+                } else {
+                    values[declaration.key] = value
+                }
+            }
+        }
+        return values
+    }
+
+    /// The settings part of `relay serve --help`: every setting with its flag, environment variable,
+    /// file key and default, written from the declarations.
+    public static var settingsHelp: String {
+        var lines = ["Settings (precedence: flag > environment > config file > default):", ""]
+        for declaration in declarations {
+            var names: [String] = []
+            if let flag = declaration.flag {
+                switch declaration.form {
+                case .presence: names.append("--\(flag)")
+                case .value, .repeatable: names.append("--\(flag) VALUE" + (declaration.form == .repeatable ? " (repeatable)" : ""))
+                }
+            }
+            if let environment = declaration.environment { names.append(environment) }
+            names.append("file: \(declaration.key)")
+            lines.append("  " + names.joined(separator: " | "))
+            lines.append("      \(declaration.help) Default: \(declaration.defaultValue).")
+        }
+        return lines.joined(separator: "\n")
+    }
+}
