@@ -67,7 +67,7 @@ public final class ClusterNode: Service, Sendable {
     /// - Parameters:
     ///   - localInterest: where this node's hub reports the topics it wants.
     ///   - makeUpstream: a new upstream client, made each time this node becomes leader.
-    public init(
+    package init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
         makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket

@@ -12,7 +12,7 @@ import Synchronization
 /// `Sendable`; the table sits behind a `Mutex`. Every market's ``ClusterNode`` of the process reports the
 /// leader it observes; each node knows the leaders of every market because every node runs a cluster
 /// node for each configured market.
-public final class LeadershipSpread: Sendable {
+package final class LeadershipSpread: Sendable {
     private struct State {
         /// Market → the node holding its lease, as observed.
         var leaders: [String: String] = [:]
@@ -22,14 +22,14 @@ public final class LeadershipSpread: Sendable {
         var lastHandOff: ContinuousClock.Instant?
     }
 
-    public let node: String
-    public let maxDeferral: Duration
+    package let node: String
+    package let maxDeferral: Duration
     /// How long a node leads a market before it may hand it to an idle node, and the least time between
     /// two hand-offs of one node.
-    public let handOffAfter: Duration
+    package let handOffAfter: Duration
     private let state = Mutex(State())
 
-    public init(node: String, maxDeferral: Duration = .seconds(2), handOffAfter: Duration = .seconds(3)) {
+    package init(node: String, maxDeferral: Duration = .seconds(2), handOffAfter: Duration = .seconds(3)) {
         self.node = node
         self.maxDeferral = maxDeferral
         self.handOffAfter = handOffAfter
@@ -41,7 +41,7 @@ public final class LeadershipSpread: Sendable {
     /// ``handOffAfter``. A cluster whose nodes started one after another (the first took every lease)
     /// spreads this way; the hand-off is a graceful one (upstream closed, lease deleted), so the idle node
     /// takes over within a poll interval.
-    public func shouldHandOff(
+    package func shouldHandOff(
         market: String, liveNodes: [String], leadingSince: ContinuousClock.Instant, now: ContinuousClock.Instant = .now
     ) -> Bool {
         state.withLock { state in
@@ -56,7 +56,7 @@ public final class LeadershipSpread: Sendable {
     }
 
     /// Notes the holder of a market's lease (`nil`: none).
-    public func observe(market: String, leader: String?) {
+    package func observe(market: String, leader: String?) {
         state.withLock { state in
             state.leaders[market] = leader
             if leader != nil { state.deferringSince[market] = nil }
@@ -64,12 +64,12 @@ public final class LeadershipSpread: Sendable {
     }
 
     /// The markets each node leads, as observed.
-    public var leaders: [String: String] { state.withLock { $0.leaders } }
+    package var leaders: [String: String] { state.withLock { $0.leaders } }
 
     /// Whether this node should leave `market`'s free lease to another node now: it leads another market
     /// and a live node (`liveNodes`, heard from within the interest TTL) leads none, and it has not yet
     /// deferred this lease for ``maxDeferral``.
-    public func shouldDefer(market: String, liveNodes: [String], now: ContinuousClock.Instant = .now) -> Bool {
+    package func shouldDefer(market: String, liveNodes: [String], now: ContinuousClock.Instant = .now) -> Bool {
         state.withLock { state in
             let led = Set(state.leaders.filter { $0.key != market }.values)
             guard led.contains(node) else {

@@ -4,13 +4,13 @@ import PolygonWire
 /// Feeds a hub from its source's inbox: the one loop between any source and ``MarketDataHub``, beside
 /// the hub rather than in the composition root. A run of queued messages goes to the hub as few calls as
 /// order allows (consecutive events as one ``MarketDataHub/publish(_:)``).
-public enum HubPump {
+package enum HubPump {
     /// Drains `inbox` into `hub` until the inbox finishes. `lossReason` names why the source's own
     /// queue overflowed (told to the subscribers of the topics lost).
     /// - Parameters:
     ///   - published: told how many events each publish carried (a source's own counters).
     ///   - dropped: told how many events the inbox dropped, as it reports them.
-    public static func run(
+    package static func run(
         _ inbox: SourceInbox, into hub: MarketDataHub, lossReason: String, published: (Int) -> Void = { _ in },
         dropped: (Int) -> Void = { _ in }
     ) async {

@@ -3,27 +3,27 @@ import PolygonWire
 /// The hubs of the markets a relay serves, found by the market a ticker names (`X:BTC-USD` → crypto,
 /// plain tickers → stocks; ``Market/of(ticker:)``), for consumers that follow symbols of several markets
 /// (the portfolio). Value type, `Sendable`.
-public struct MarketHubs: Sendable {
-    public let hubs: [Market: MarketDataHub]
+package struct MarketHubs: Sendable {
+    package let hubs: [Market: MarketDataHub]
 
-    public init(_ hubs: [Market: MarketDataHub]) {
+    package init(_ hubs: [Market: MarketDataHub]) {
         self.hubs = hubs
     }
 
     /// One hub serving stocks (a one-market relay, tests).
-    public init(stocks hub: MarketDataHub) {
+    package init(stocks hub: MarketDataHub) {
         self.init([.stocks: hub])
     }
 
     /// The market a ticker names and its hub, or `nil` when that market is not served.
-    public func hub(for ticker: String) -> (market: Market, hub: MarketDataHub)? {
+    package func hub(for ticker: String) -> (market: Market, hub: MarketDataHub)? {
         let market = Market.of(ticker: ticker)
         return hubs[market].map { (market, $0) }
     }
 
     /// The topics that price a ticker on its market: its trades and quotes (`T`/`Q`; crypto `XT`/`XQ`;
     /// forex quotes `C`; index values `V`).
-    public static func priceTopics(of ticker: String) -> [Topic] {
+    package static func priceTopics(of ticker: String) -> [Topic] {
         let types: [String] =
             switch Market.of(ticker: ticker) {
             case .crypto: ["XT", "XQ"]

@@ -63,7 +63,7 @@ public actor PortfolioService: Service {
         snapshotDue = true
     }
 
-    public init(
+    package init(
         store: PortfolioStore, hubs: MarketHubs, calendar: DayCalendar = .utc, rule: PriceRule = PriceRule(),
         pushInterval: Duration = .milliseconds(500), snapshotInterval: Duration = .seconds(60),
         referencePrices: ReferencePrices? = nil, closeHistory: Bool = true, logger: Logger = Logger(label: "relay.portfolio")

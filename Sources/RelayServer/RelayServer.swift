@@ -42,7 +42,7 @@ public final class RelayServer: Service, Sendable {
     ///   - extraRoutes: more HTTP routes (the portfolio's), added behind the client-key check with the
     ///     portfolio right.
     ///   - pushStreams: server-push WebSocket routes (the portfolio's live valuation).
-    public init(
+    package init(
         configuration: RelayServerConfiguration, markets served: [ServedMarket],
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
         extraRoutes: @escaping @Sendable (RouterGroup<RelayRequestContext>) -> Void = { _ in },
@@ -335,12 +335,17 @@ public final class RelayServer: Service, Sendable {
     /// `/healthz`: the first market's fields at the top (as a one-market relay always answered), every
     /// market under `markets`; 200 only when every market's feed is healthy.
     struct Health: Encodable {
-        var status: String
-        var market: String
-        var upstream: UpstreamReport
-        var cluster: ClusterReport?
-        var subscribers: Int
+        /// The first market's fields, at the top level; `status` is every market's.
+        var first: MarketHealth
         var markets: [String: MarketHealth]
+
+        private enum Keys: String, CodingKey { case markets }
+
+        func encode(to encoder: any Encoder) throws {
+            try first.encode(to: encoder)
+            var container = encoder.container(keyedBy: Keys.self)
+            try container.encode(markets, forKey: .markets)
+        }
     }
 
     private func marketHealth(_ route: MarketRoute) async -> (healthy: Bool, MarketHealth) {
@@ -364,9 +369,9 @@ public final class RelayServer: Service, Sendable {
             if first == nil { first = health }
         }
         guard let first else { return try Self.json(["error": "no market is served"], status: .serviceUnavailable) }
-        let body = Health(
-            status: healthy ? "ok" : "degraded", market: first.market, upstream: first.upstream, cluster: first.cluster,
-            subscribers: first.subscribers, markets: all)
+        var top = first
+        top.status = healthy ? "ok" : "degraded"
+        let body = Health(first: top, markets: all)
         return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
     }
 

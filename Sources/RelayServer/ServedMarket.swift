@@ -4,12 +4,12 @@ import PolygonWire
 
 /// One market the server serves at its own path (`/crypto`): the market, its hub, and its feed's health.
 /// Value type, `Sendable`. Each market's clients reach only its hub, so no event crosses markets.
-public struct ServedMarket: Sendable {
-    public let market: Market
-    public let hub: MarketDataHub
-    public let feed: any FeedStatus
+package struct ServedMarket: Sendable {
+    package let market: Market
+    package let hub: MarketDataHub
+    package let feed: any FeedStatus
 
-    public init(market: Market, hub: MarketDataHub, feed: any FeedStatus) {
+    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus) {
         self.market = market
         self.hub = hub
         self.feed = feed

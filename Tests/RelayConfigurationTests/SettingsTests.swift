@@ -6,13 +6,16 @@ import Upstream
 
 @testable import RelayConfiguration
 
+/// A configuration file in the temporary directory, for one test.
+func writeTemporaryConfig(_ text: String) throws -> String {
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID().uuidString).yaml").path
+    try text.write(toFile: path, atomically: true, encoding: .utf8)
+    return path
+}
+
 @Suite("Configuration precedence")
 struct SettingsTests {
-    func writeConfig(_ text: String) throws -> String {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID().uuidString).yaml").path
-        try text.write(toFile: path, atomically: true, encoding: .utf8)
-        return path
-    }
+    func writeConfig(_ text: String) throws -> String { try writeTemporaryConfig(text) }
 
     @Test func defaultsServeTheDemoFeedOnLoopback8080() async throws {
         let settings = try await RelaySettings.resolve(flags: .init(), environment: [:])
@@ -254,11 +257,7 @@ struct SettingsTests {
 
 @Suite("Configuration: every market's upstream")
 struct MarketSettingsTests {
-    func writeConfig(_ text: String) throws -> String {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID().uuidString).yaml").path
-        try text.write(toFile: path, atomically: true, encoding: .utf8)
-        return path
-    }
+    func writeConfig(_ text: String) throws -> String { try writeTemporaryConfig(text) }
 
     @Test func repeatedUpstreamsNameTheirMarketsByTheirPath() async throws {
         let settings = try await RelaySettings.resolve(

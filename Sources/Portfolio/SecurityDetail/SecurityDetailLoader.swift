@@ -14,7 +14,7 @@ import PolygonWire
 public struct SecurityDetailLoader: Sendable {
     public let store: PortfolioStore
     /// Each served market's hub (a symbol's live values come from the market its ticker names).
-    public let hubs: MarketHubs?
+    package let hubs: MarketHubs?
     public let rest: PolygonREST?
     public let calendar: DayCalendar
     private let marketStatus: MarketStatusMemo
@@ -23,7 +23,7 @@ public struct SecurityDetailLoader: Sendable {
         self.init(store: store, hubs: hub.map(MarketHubs.init(stocks:)), rest: rest, calendar: calendar)
     }
 
-    public init(store: PortfolioStore, hubs: MarketHubs?, rest: PolygonREST?, calendar: DayCalendar = .utc) {
+    package init(store: PortfolioStore, hubs: MarketHubs?, rest: PolygonREST?, calendar: DayCalendar = .utc) {
         self.store = store
         self.hubs = hubs
         self.rest = rest
