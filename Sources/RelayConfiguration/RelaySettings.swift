@@ -149,77 +149,6 @@ public struct RelaySettings: Sendable {
     public static let defaultUpstreamTuning = UpstreamConfiguration(
         endpoint: .init(secure: false, host: "127.0.0.1", port: 80, path: "/stocks"), apiKey: "")
 
-    /// Values given on the command line; `nil` means "not given".
-    public struct Flags: Sendable {
-        public var listen: String?
-        /// Upstream URLs, comma-separated (`--upstream` repeated).
-        public var upstream: String?
-        public var markets: String?
-        public var upstreamHost: String?
-        public var optionsContracts: Int?
-        public var upstreamKey: String?
-        public var upstreamCAFile: String?
-        public var clientKeys: String?
-        public var demoRate: Double?
-        public var logLevel: String?
-        public var configFile: String?
-        public var slowConsumer: String?
-        public var snapshotOnSubscribe: Bool?
-        public var dataDirectory: String?
-        public var timeZone: String?
-        public var portfolioEnabled: Bool?
-        public var restURL: String?
-        public var securityCacheSize: Int?
-        public var closeHistory: Bool?
-        public var demoRESTDelayMilliseconds: Int?
-        public var cluster: String?
-        public var nodeID: String?
-        public var clusterName: String?
-        public var clusterTLSCA: String?, clusterTLSCert: String?, clusterTLSKey: String?
-        public var clusterCredentials: String?, clusterNKeySeed: String?, clusterToken: String?
-        public var clusterMaxTopicsPerNode: Int?
-        public var metricsPublic: Bool?
-        public var tlsCertificate: String?
-        public var tlsKey: String?
-
-        public init(
-            listen: String? = nil, upstream: String? = nil, upstreamKey: String? = nil, upstreamCAFile: String? = nil,
-            clientKeys: String? = nil, demoRate: Double? = nil, logLevel: String? = nil, configFile: String? = nil,
-            slowConsumer: String? = nil, snapshotOnSubscribe: Bool? = nil, dataDirectory: String? = nil, timeZone: String? = nil,
-            portfolioEnabled: Bool? = nil, restURL: String? = nil, securityCacheSize: Int? = nil, demoRESTDelayMilliseconds: Int? = nil,
-            cluster: String? = nil, nodeID: String? = nil, clusterName: String? = nil, metricsPublic: Bool? = nil,
-            tlsCertificate: String? = nil, tlsKey: String? = nil, closeHistory: Bool? = nil, markets: String? = nil,
-            upstreamHost: String? = nil, optionsContracts: Int? = nil
-        ) {
-            self.markets = markets
-            self.upstreamHost = upstreamHost
-            self.optionsContracts = optionsContracts
-            self.closeHistory = closeHistory
-            self.tlsCertificate = tlsCertificate
-            self.tlsKey = tlsKey
-            self.metricsPublic = metricsPublic
-            self.cluster = cluster
-            self.nodeID = nodeID
-            self.clusterName = clusterName
-            self.securityCacheSize = securityCacheSize
-            self.demoRESTDelayMilliseconds = demoRESTDelayMilliseconds
-            self.restURL = restURL
-            self.dataDirectory = dataDirectory
-            self.timeZone = timeZone
-            self.portfolioEnabled = portfolioEnabled
-            self.listen = listen
-            self.upstream = upstream
-            self.upstreamKey = upstreamKey
-            self.upstreamCAFile = upstreamCAFile
-            self.clientKeys = clientKeys
-            self.demoRate = demoRate
-            self.logLevel = logLevel
-            self.configFile = configFile
-            self.slowConsumer = slowConsumer
-            self.snapshotOnSubscribe = snapshotOnSubscribe
-        }
-    }
-
     /// The documented environment variables and the configuration key each one sets (from
     /// ``declarations``).
     public static var environmentNames: [(variable: String, key: String)] {
@@ -256,49 +185,6 @@ public struct RelaySettings: Sendable {
 
     /// The secret settings' names in that form.
     static var secretNames: Set<String> { Set(declarations.filter(\.secret).map { environmentStyle($0.key) }) }
-
-    /// Resolves settings given as typed values (tools and tests): flag > environment > file > default.
-    public static func resolve(flags: Flags, environment: [String: String]) async throws -> RelaySettings {
-        var given: [AbsoluteConfigKey: ConfigValue] = [:]
-        func put(_ key: String, _ content: ConfigContent?, secret: Bool = false) {
-            if let content { given[AbsoluteConfigKey(stringLiteral: key)] = ConfigValue(content, isSecret: secret) }
-        }
-        put("listen", flags.listen.map(ConfigContent.string))
-        put("upstream.url", flags.upstream.map(ConfigContent.string))
-        put("upstream.markets", flags.markets.map(ConfigContent.string))
-        put("upstream.host", flags.upstreamHost.map(ConfigContent.string))
-        put("limits.optionsContracts", flags.optionsContracts.map(ConfigContent.int))
-        put("upstream.key", flags.upstreamKey.map(ConfigContent.string), secret: true)
-        put("upstream.caFile", flags.upstreamCAFile.map(ConfigContent.string))
-        put("client.keys", flags.clientKeys.map { .stringArray(splitList($0)) }, secret: true)
-        put("demo.rate", flags.demoRate.map(ConfigContent.double))
-        put("log.level", flags.logLevel.map(ConfigContent.string))
-        put("subscribers.slowConsumer", flags.slowConsumer.map(ConfigContent.string))
-        put("subscribers.snapshotOnSubscribe", flags.snapshotOnSubscribe.map(ConfigContent.bool))
-        put("upstream.restURL", flags.restURL.map(ConfigContent.string))
-        put("portfolio.dataDir", flags.dataDirectory.map(ConfigContent.string))
-        put("portfolio.timeZone", flags.timeZone.map(ConfigContent.string))
-        put("portfolio.enabled", flags.portfolioEnabled.map(ConfigContent.bool))
-        put("portfolio.securityCacheSize", flags.securityCacheSize.map(ConfigContent.int))
-        put("portfolio.closeHistory", flags.closeHistory.map(ConfigContent.bool))
-        put("demo.restDelayMs", flags.demoRESTDelayMilliseconds.map(ConfigContent.int))
-        put("cluster.url", flags.cluster.map(ConfigContent.string), secret: true)
-        put("cluster.nodeId", flags.nodeID.map(ConfigContent.string))
-        put("cluster.name", flags.clusterName.map(ConfigContent.string))
-        put("cluster.tlsCA", flags.clusterTLSCA.map(ConfigContent.string))
-        put("cluster.tlsCert", flags.clusterTLSCert.map(ConfigContent.string))
-        put("cluster.tlsKey", flags.clusterTLSKey.map(ConfigContent.string))
-        put("cluster.credentials", flags.clusterCredentials.map(ConfigContent.string))
-        put("cluster.nkeySeed", flags.clusterNKeySeed.map(ConfigContent.string))
-        put("cluster.token", flags.clusterToken.map(ConfigContent.string), secret: true)
-        put("cluster.maxTopicsPerNode", flags.clusterMaxTopicsPerNode.map(ConfigContent.int))
-        put("metrics.public", flags.metricsPublic.map(ConfigContent.bool))
-        put("tls.cert", flags.tlsCertificate.map(ConfigContent.string))
-        put("tls.key", flags.tlsKey.map(ConfigContent.string))
-        return try await resolve(
-            first: InMemoryProvider(name: "flags", values: given), configFile: flags.configFile, clientKeysGiven: flags.clientKeys != nil,
-            environment: environment)
-    }
 
     private static func resolve(
         first: any ConfigProvider, configFile: String?, clientKeysGiven: Bool, environment: [String: String]

@@ -348,10 +348,8 @@ struct ClusterSettingsTests {
           token: file-token
           maxTopicsPerNode: 500
         """.write(toFile: file, atomically: true, encoding: .utf8)
-        var flags = RelaySettings.Flags(configFile: file)
-        flags.clusterTLSCA = "\(directory)/flag-ca.pem"
         let settings = try await RelaySettings.resolve(
-            flags: flags,
+            commandLine: ["--config", file, "--cluster-tls-ca", "\(directory)/flag-ca.pem"],
             environment: [
                 "RELAY_CLUSTER_TLS_CA": "\(directory)/env-ca.pem", "RELAY_CLUSTER_NKEY_SEED": "\(directory)/node.nk",
                 "RELAY_CLUSTER_TOKEN": "env-token",
@@ -369,14 +367,14 @@ struct ClusterSettingsTests {
 
     @Test func badClusterSettingsAreRefusedWithoutShowingSecrets() async throws {
         do {
-            _ = try await RelaySettings.resolve(flags: .init(cluster: "http://u:hidden-pw@h:1"), environment: [:])
+            _ = try await RelaySettings.resolve(commandLine: ["--cluster", "http://u:hidden-pw@h:1"], environment: [:])
             Issue.record("an http:// cluster URL was accepted")
         } catch {
             #expect("\(error)".contains("http://***@h:1") && !"\(error)".contains("hidden-pw"), "\(error)")
         }
-        var flags = RelaySettings.Flags(cluster: "nats://h:1")
-        flags.clusterTLSCA = "/nonexistent/ca.pem"
-        await #expect(throws: RelaySettings.InvalidSetting.self) { _ = try await RelaySettings.resolve(flags: flags, environment: [:]) }
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            _ = try await RelaySettings.resolve(commandLine: ["--cluster", "nats://h:1", "--cluster-tls-ca", "/nonexistent/ca.pem"], environment: [:])
+        }
     }
 }
 
