@@ -43,6 +43,10 @@ public actor PortfolioService: Service {
     public private(set) var lastHistoryWrite = PortfolioStore.HistoryWrite()
     /// The fetch of daily closes under way, if any.
     private var closeFetch: Task<Void, Never>?
+    /// How many close fetches have ended: a recomputation that read the store's coverage before the
+    /// latest one ended asks for nothing (its coverage is stale; the fetch's end makes the next tick
+    /// recompute with the new one).
+    private var closeFetchesEnded = 0
     /// When a symbol's closes last failed to come (tried again after ten minutes).
     private var closeFailures: [String: ContinuousClock.Instant] = [:]
     /// The latest `holdingsChanged` (the next waits for it).
@@ -382,6 +386,7 @@ public actor PortfolioService: Service {
             from = min(changes.earliest.map { min($0, requested) } ?? requested, today)
         }
         let accounts = try await store.accounts()
+        let fetchesEnded = closeFetchesEnded
         let coverage = try await store.closeCoverage()
         var closeNeeds: [String: ClosedRange<Day>] = [:]
         var all: [AccountSnapshot] = []
@@ -435,7 +440,7 @@ public actor PortfolioService: Service {
         changeMarks = changes.marks
         lastSnapshotWrite = .now
         lastBackfillDay = today
-        requestCloses(closeNeeds, coverage: coverage)
+        if fetchesEnded == closeFetchesEnded { requestCloses(closeNeeds, coverage: coverage) }
     }
 
     /// Recomputes the history after a write the store has committed. A failure (the database busy with
@@ -518,6 +523,7 @@ public actor PortfolioService: Service {
     private func fetchCloses(_ work: [(symbol: String, days: ClosedRange<Day>)], from rest: PolygonREST) async {
         defer {
             closeFetch = nil
+            closeFetchesEnded += 1
             // The days the fetched closes value (the history from them on is recomputed at the next tick).
             if let earliest = work.map(\.days.lowerBound).min() { markDirty(from: earliest) } else { snapshotDue = true }
         }
