@@ -93,7 +93,7 @@ struct LimitsTests {
             let start = ContinuousClock.now
             let client = try await subscribedClient(url, "Q.AAPL")
             #expect(.now - start < .seconds(3), "the right key waited \(ContinuousClock.now - start)")
-            #expect(try await client.nextEvents(1).count == 1)
+            #expect(try await client.nextEvents(1).count >= 1, "a frame may carry several events")
             await client.close()
         }
     }
