@@ -15,6 +15,9 @@ public struct HubDelivery: Sendable {
         /// The events of `published.events[base ..< base + 64]` whose bits are set in `mask`.
         case selected(PublishedEvents, base: Int, mask: UInt64)
         case events([MarketEvent])
+        /// Events outside the subscriber's bound: a resume's replay (bounded by the history and by
+        /// ``HistoryLimits/eventsPerResume`` instead).
+        case replay([MarketEvent])
     }
 
     @usableFromInline let content: Content
@@ -27,11 +30,21 @@ public struct HubDelivery: Sendable {
         content = .events(events)
     }
 
+    init(replay events: [MarketEvent]) {
+        content = .replay(events)
+    }
+
+    /// What it counts against the subscriber's bound (a replay: nothing).
+    var pendingWeight: Int {
+        if case .replay = content { return 0 }
+        return count
+    }
+
     /// How many events it carries (notices included).
     public var count: Int {
         switch content {
         case .selected(_, _, let mask): mask.nonzeroBitCount
-        case .events(let events): events.count
+        case .events(let events), .replay(let events): events.count
         }
     }
 
@@ -39,7 +52,7 @@ public struct HubDelivery: Sendable {
     public var marketEventCount: Int {
         switch content {
         case .selected(_, _, let mask): mask.nonzeroBitCount
-        case .events(let events): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
+        case .events(let events), .replay(let events): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
         }
     }
 
@@ -53,6 +66,13 @@ public struct HubDelivery: Sendable {
     /// Appends its events, in order, to a frame being built.
     public func write(into builder: inout WireFrameBuilder) {
         forEachEvent { builder.append($0) }
+    }
+
+    /// The newest market sequence among its events (0: none has one).
+    public var lastSequence: UInt64 {
+        var newest: UInt64 = 0
+        forEachEvent { newest = max(newest, $0.sequence) }
+        return newest
     }
 
     /// Appends its events, in order, to an array.
@@ -70,7 +90,7 @@ public struct HubDelivery: Sendable {
                     mask &= mask &- 1
                 }
             }
-        case .events(let events):
+        case .events(let events), .replay(let events):
             events.withUnsafeBufferPointer { events in
                 for index in events.indices { body(events[index]) }
             }
@@ -90,6 +110,8 @@ public struct HubDelivery: Sendable {
             return HubDelivery(published, base: base, mask: kept)
         case .events(let events):
             return HubDelivery(Array(events.prefix(max(count, 0))))
+        case .replay:
+            return self
         }
     }
 }
@@ -156,18 +178,19 @@ final class DeliveryBatch: Sendable {
     func withdraw(queue: SubscriberQueue) {
         state.withLock { state in
             state.taken = true
-            queue.pending.subtract(state.deliveries.reduce(0) { $0 + $1.count }, ordering: .relaxed)
+            queue.pending.subtract(state.deliveries.reduce(0) { $0 + $1.pendingWeight }, ordering: .relaxed)
             state.deliveries.removeAll(keepingCapacity: true)
         }
     }
 
-    /// Closes the batch and appends its deliveries, in order, to `deliveries`; the number of events.
+    /// Closes the batch and appends its deliveries, in order, to `deliveries`; the number of events
+    /// counted against the bound.
     func take(into deliveries: inout [HubDelivery]) -> Int {
         state.withLock { state in
             state.taken = true
             var events = 0
             for index in state.deliveries.indices {
-                events += state.deliveries[index].count
+                events += state.deliveries[index].pendingWeight
                 deliveries.append(state.deliveries[index])
             }
             state.deliveries.removeAll(keepingCapacity: true)

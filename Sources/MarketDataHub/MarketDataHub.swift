@@ -29,7 +29,7 @@ public actor MarketDataHub {
     public static let warningFill = bufferLimit * 8 / 10
 
     /// One subscriber. A class so the hot path updates it in place; confined to the actor.
-    private final class Subscriber {
+    final class Subscriber {
         let id: SubscriberID
         let continuation: AsyncStream<DeliveryBatch>.Continuation
         let queue: SubscriberQueue
@@ -49,6 +49,8 @@ public actor MarketDataHub {
         let whenQueued: (@Sendable () -> Void)?
         /// Something was queued and `whenQueued` not called yet (it is, at the end of the hub call).
         var untold = false
+        /// Its state events merged per symbol (asked for, or while it lags if its key allows it).
+        var conflation: Conflation?
 
         init(
             id: SubscriberID, continuation: AsyncStream<DeliveryBatch>.Continuation, queue: SubscriberQueue,
@@ -62,7 +64,7 @@ public actor MarketDataHub {
     }
 
     /// Everything about one ticker topic: its subscribers and its last event.
-    private final class TopicEntry {
+    final class TopicEntry {
         var subscribers: [Subscriber] = []
         var last: MarketEvent?
     }
@@ -73,8 +75,16 @@ public actor MarketDataHub {
     /// upstream is the only source); a cluster node forgets it, because once unwanted nothing keeps it
     /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
     public let keepsUnwantedLastValues: Bool
-    private var subscribers: [SubscriberID: Subscriber] = [:]
-    private var entries: [Topic: TopicEntry] = [:]
+    var subscribers: [SubscriberID: Subscriber] = [:]
+    var entries: [Topic: TopicEntry] = [:]
+    /// Recent events and the positions of new ones (`nil`: no history, no positions).
+    let history: EventHistory?
+    /// The epoch of this hub's positions (`nil` without a history).
+    public nonisolated let epoch: String?
+    /// Subscribers whose state events are conflated, and the task that flushes them.
+    var conflating: Set<SubscriberID> = []
+    var conflationTicker: Task<Void, Never>?
+    let metrics: HubHistoryMetrics
     /// Event type → subscribers of its wildcard.
     private var wildcards: [String: [Subscriber]] = [:]
     private var upstreamWanted: Set<Topic> = []
@@ -113,6 +123,7 @@ public actor MarketDataHub {
         policy: SlowConsumerPolicy = .drop,
         snapshotOnSubscribe: Bool = true,
         keepsUnwantedLastValues: Bool = true,
+        history: HistoryLimits? = HistoryLimits(),
         logger: Logger = Logger(label: "relay.hub"),
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
         onWantedTopicsChange: @escaping @Sendable (WantedTopicsChange) -> Void = { _ in }
@@ -122,6 +133,10 @@ public actor MarketDataHub {
         self.keepsUnwantedLastValues = keepsUnwantedLastValues
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
+        let history = history.map { EventHistory(limits: $0) }
+        self.history = history
+        epoch = history?.epoch
+        metrics = HubHistoryMetrics(factory: metricsFactory)
         subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
         laggingGauge = Gauge(label: "relay_subscribers_lagging", factory: metricsFactory)
         publishedCounter = Counter(label: "relay_hub_events_published_total", factory: metricsFactory)
@@ -156,6 +171,11 @@ public actor MarketDataHub {
     /// Adds topics to a subscriber; topics it already has are ignored. With `snapshotOnSubscribe`, each
     /// new ticker topic's last event is delivered at once.
     public func add(_ topics: some Sequence<Topic>, to id: SubscriberID) {
+        add(topics, to: id, snapshot: { _ in true })
+    }
+
+    /// Adds topics, each with its snapshot on subscribe unless `snapshot` says no.
+    func add(_ topics: some Sequence<Topic>, to id: SubscriberID, snapshot: (Topic) -> Bool) {
         guard let subscriber = subscribers[id] else { return }
         for topic in topics where subscriber.topics.insert(topic).inserted {
             if topic.isWildcard {
@@ -167,7 +187,7 @@ public actor MarketDataHub {
             let entry = entry(for: topic)
             entry.subscribers.append(subscriber)
             if entry.subscribers.count == 1 { tickerWanted(topic) }
-            if snapshotOnSubscribe, let last = entry.last {
+            if snapshotOnSubscribe, let last = entry.last, snapshot(topic) {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }
@@ -188,6 +208,7 @@ public actor MarketDataHub {
     public func remove(_ id: SubscriberID) {
         guard let subscriber = subscribers.removeValue(forKey: id) else { return }
         subscribersGauge.record(subscribers.count)
+        if conflating.remove(id) != nil { conflationChanged() }
         if subscriber.lostSinceNotice > 0 { setLagging(false) }
         for topic in subscriber.topics { unindex(topic, subscriber) }
         subscriber.continuation.finish()
@@ -260,7 +281,7 @@ public actor MarketDataHub {
     }
 
     /// Tells what the call changed in the upstream set, if anything.
-    private func reportWantedChange() {
+    func reportWantedChange() {
         guard !wantedChange.isEmpty else { return }
         let change = wantedChange
         wantedChange = WantedTopicsChange()
@@ -278,9 +299,18 @@ public actor MarketDataHub {
             self.outage = nil
             announceRecovery(from: outage, firstEventAfter: WallClock.nowMilliseconds())
         }
-        lastEventAt = WallClock.nowMilliseconds()
+        let now = WallClock.nowMilliseconds()
+        lastEventAt = now
         published += events.count
         publishedCounter.increment(by: events.count)
+        var events = events
+        if let history {
+            // Positions once per event, here, before any subscriber sees it: every delivery shares them.
+            let positions = history.assign(events)
+            events = EventPosition.stamp(events, positions)
+            history.append(events, positions: positions, at: now)
+            metrics.record(history)
+        }
         let shared = PublishedEvents(events)
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).
@@ -311,7 +341,11 @@ public actor MarketDataHub {
             for subscriber in touched {
                 let mask = subscriber.mask
                 subscriber.mask = 0
-                enqueue(HubDelivery(shared, base: base, mask: mask), to: subscriber)
+                if let conflation = subscriber.conflation, conflation.isMerging(fill: subscriber.queue.pending.load(ordering: .relaxed)) {
+                    deliverConflating(HubDelivery(shared, base: base, mask: mask), to: subscriber, conflation)
+                } else {
+                    enqueue(HubDelivery(shared, base: base, mask: mask), to: subscriber)
+                }
             }
             // Told after every subscriber's events are queued, one right after the other: whoever drains
             // them (one task per event loop downstream) then finds most of them queued at its first look.
@@ -324,7 +358,7 @@ public actor MarketDataHub {
     /// Calls `whenQueued` of those of `candidates` that had something queued since they were last told
     /// (`enqueue` only marks them, so a hub call tells everyone at its end, together). A flag on the
     /// subscriber rather than a list of them: a publish allocates nothing for it.
-    private func tell(_ candidates: some Sequence<Subscriber>) {
+    func tell(_ candidates: some Sequence<Subscriber>) {
         for subscriber in candidates where subscriber.untold {
             subscriber.untold = false
             subscriber.whenQueued?()
@@ -333,7 +367,7 @@ public actor MarketDataHub {
 
     /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
     /// dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
-    private func enqueue(_ delivery: HubDelivery, to subscriber: Subscriber) {
+    func enqueue(_ delivery: HubDelivery, to subscriber: Subscriber) {
         var delivery = delivery
         var count = delivery.count
         var pending = subscriber.queue.pending.load(ordering: .acquiring)
@@ -375,7 +409,7 @@ public actor MarketDataHub {
     /// Queues a delivery on a subscriber's stream and counts it; whether it was queued. It joins the
     /// stream's newest element while the reader has not taken that yet (``DeliveryBatch``), else the
     /// batch is yielded again with it.
-    private func yield(_ delivery: HubDelivery, count: Int, to subscriber: Subscriber) -> Bool {
+    func yield(_ delivery: HubDelivery, count: Int, to subscriber: Subscriber) -> Bool {
         let batch = subscriber.batch
         if batch.add(delivery, count: count, queue: subscriber.queue) {
             subscriber.untold = true

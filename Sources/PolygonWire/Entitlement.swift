@@ -1,3 +1,4 @@
+import Foundation
 /// Which markets and topics a client may use: every topic, or those matching a list of patterns, where
 /// `T.AAPL` allows that topic and `Q.*` allows every `Q` ticker and the `Q.*` wildcard itself. A
 /// wildcard subscription is allowed only by its own wildcard pattern. Patterns may be given per market
@@ -46,10 +47,39 @@ public struct ClientGrant: Sendable, Equatable {
     public var entitlement: Entitlement
     /// Connections this key may hold at once; `nil` for no limit.
     public var maxConnections: Int?
+    /// How this key's connections get state events merged (the key file's `conflate`).
+    public var conflation: KeyConflation
 
-    public init(name: String, entitlement: Entitlement = .everything, maxConnections: Int? = nil) {
+    public init(name: String, entitlement: Entitlement = .everything, maxConnections: Int? = nil, conflation: KeyConflation = .off) {
         self.name = name
         self.entitlement = entitlement
         self.maxConnections = maxConnections
+        self.conflation = conflation
+    }
+}
+
+/// A key's conflation: never (its lagging connections drop events, told `lagging`), only while a
+/// connection lags (its state events are merged before any is dropped), or always at an interval.
+/// Value type, `Sendable`.
+public enum KeyConflation: Sendable, Equatable {
+    case off
+    case whileLagging
+    case interval(Duration)
+
+    /// Reads the key file's value: `off`, `lagging`, or an interval such as `250ms` or `1s`.
+    public init?(parsing text: String) {
+        let text = text.trimmingCharacters(in: .whitespaces).lowercased()
+        switch text {
+        case "off", "false", "no": self = .off
+        case "lagging", "on-lag", "onlag": self = .whileLagging
+        default:
+            if text.hasSuffix("ms"), let value = Int(text.dropLast(2)), (1...60_000).contains(value) {
+                self = .interval(.milliseconds(value))
+            } else if text.hasSuffix("s"), let value = Int(text.dropLast()), (1...60).contains(value) {
+                self = .interval(.seconds(value))
+            } else {
+                return nil
+            }
+        }
     }
 }

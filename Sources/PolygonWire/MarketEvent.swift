@@ -13,12 +13,16 @@ public struct MarketEvent: Sendable {
     public let bytes: ByteBuffer
     /// When the relay received it (`MonotonicClock` nanoseconds; 0 when unknown), for delivery latency.
     public let receivedAt: UInt64
+    /// Its place in its market's arrival order (``EventPosition/market``), once the hub gave it one; 0
+    /// before (and for notices).
+    public let sequence: UInt64
 
-    public init(eventType: String, ticker: String, bytes: ByteBuffer, receivedAt: UInt64 = 0) {
+    public init(eventType: String, ticker: String, bytes: ByteBuffer, receivedAt: UInt64 = 0, sequence: UInt64 = 0) {
         self.eventType = eventType
         self.ticker = ticker
         self.bytes = bytes
         self.receivedAt = receivedAt
+        self.sequence = sequence
     }
 
     /// The topic this event is delivered on, e.g. `Q.AAPL`. Only looked up (an event whose ticker no
@@ -38,7 +42,7 @@ public struct MarketEvent: Sendable {
     /// (a last value) or queued behind a slow client, it holds its own bytes and nothing more.
     public func compacted() -> MarketEvent {
         guard bytes.storageCapacity > bytes.readableBytes else { return self }
-        return MarketEvent(eventType: eventType, ticker: ticker, bytes: ByteBuffer(buffer: bytes), receivedAt: receivedAt)
+        return MarketEvent(eventType: eventType, ticker: ticker, bytes: ByteBuffer(buffer: bytes), receivedAt: receivedAt, sequence: sequence)
     }
 
     /// Whether this is a relay notice rather than market data.

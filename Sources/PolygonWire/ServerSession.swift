@@ -24,7 +24,15 @@ public struct ServerSession: Sendable {
         public var close = false
         /// The key was right but may not use this connection's market (answered at once: no guess).
         public var marketRefused = false
+        /// A subscribe that resumes: where `added` start from (keys in the market's ticker form).
+        public var resume: ClientAction.Resume?
+        /// A subscribe that asked for conflation (`.zero`: the key's default interval).
+        public var conflate: Duration?
     }
+
+    /// The session tag the client gave with its key (`KEY#tag`), naming a session the relay keeps for a
+    /// while after the connection breaks so a reconnect resumes it.
+    public private(set) var sessionTag: String?
 
     public var isAuthenticated: Bool { grant != nil }
     /// Who the client authenticated as, once it has.
@@ -80,7 +88,21 @@ public struct ServerSession: Sendable {
                     StatusMessage.error("already authenticated as \"\(grant.name)\"; open a new connection to use another key").frame
                 ])
             }
-            let key = String(action.params.trimmingWhitespace())
+            var key = String(action.params.trimmingWhitespace())
+            if let hash = key.lastIndex(of: "#") {
+                let tag = String(key[key.index(after: hash)...])
+                key = String(key[..<hash])
+                guard Self.isSessionTag(tag) else {
+                    return Reaction(
+                        frames: [
+                            StatusMessage(
+                                status: StatusMessage.Kind.authFailed,
+                                message: "session tag after # must be 1 to 64 letters, digits, '.', '_' or '-'"
+                            ).frame
+                        ], close: true)
+                }
+                sessionTag = tag
+            }
             guard let granted = authenticate(key) else {
                 return Reaction(frames: [StatusMessage.authFailed.frame], close: true)
             }
@@ -105,6 +127,19 @@ public struct ServerSession: Sendable {
             }
             return changeTopics(action)
         }
+    }
+
+    /// Whether `tag` may name a session: 1 to 64 ASCII letters, digits, `.`, `_`, `-`.
+    public static func isSessionTag(_ tag: String) -> Bool {
+        (1...64).contains(tag.utf8.count)
+            && tag.utf8.allSatisfy { byte in
+                switch byte {
+                case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                    UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "-"):
+                    true
+                default: false
+                }
+            }
     }
 
     /// Takes one token from the bucket of `messageBurst` tokens, refilled at `messagesPerSecond`.
@@ -166,6 +201,18 @@ public struct ServerSession: Sendable {
             }
             topics.formUnion(wanted)
             reaction.added = wanted
+            reaction.conflate = action.conflate
+            switch action.resume {
+            case .positions(let epoch, let positions)?:
+                var normalized: [Topic: UInt64] = [:]
+                for (topic, position) in positions {
+                    let inForm = limits.market.map { market in market.problem(with: topic) == nil ? market.normalized(topic) : topic } ?? topic
+                    normalized[inForm] = position
+                }
+                reaction.resume = .positions(epoch: epoch, normalized)
+            case let other:
+                reaction.resume = other
+            }
             if !malformed.isEmpty { problems.append(Self.invalidTopics(malformed)) }
             if !refused.isEmpty {
                 problems.append("not authorized: key \"\(grant?.name ?? "")\" may not subscribe to \(Self.summary(refused))")
@@ -187,7 +234,9 @@ public struct ServerSession: Sendable {
         if !changed.isEmpty {
             let verb = action.kind == .subscribe ? "subscribed to" : "unsubscribed to"
             let message = changed.count == 1 ? "\(verb): \(changed[0])" : "\(verb) \(changed.count) topics: \(Self.summary(changed))"
-            statuses.append(StatusMessage(status: StatusMessage.Kind.success, message: message))
+            var success = StatusMessage(status: StatusMessage.Kind.success, message: message)
+            if action.kind == .subscribe, let epoch = limits.epoch { success.fields["epoch"] = StatusMessage.quoted(epoch) }
+            statuses.append(success)
         }
         if !problems.isEmpty { statuses.append(.error(problems.joined(separator: "; "))) }
         if !statuses.isEmpty { reaction.frames = [StatusMessage.frame(statuses)] }

@@ -8,11 +8,15 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
     public var message: String
     /// Extra numeric fields, written after `message` in key order (the relay's notices carry times).
     public var numbers: [String: Int64]
+    /// Extra fields whose values are JSON text already (strings quoted, objects, lists), written after
+    /// `numbers` in key order.
+    public var fields: [String: String]
 
-    public init(status: String, message: String, numbers: [String: Int64] = [:]) {
+    public init(status: String, message: String, numbers: [String: Int64] = [:], fields: [String: String] = [:]) {
         self.status = status
         self.message = message
         self.numbers = numbers
+        self.fields = fields
     }
 
     /// The status values Polygon uses, plus the relay's own notices.
@@ -30,7 +34,16 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
         public static let upstreamDisconnected = "upstream_disconnected"
         /// Relay notice: the upstream is back; the numbers name the window with no events.
         public static let upstreamReconnected = "upstream_reconnected"
+        /// Relay notice: a resume's missed events were all sent (this status marks the seam: live events
+        /// follow it); `replayed` counts them per topic.
+        public static let resumed = "resumed"
+        /// Relay notice: a topic's missed events are no longer all held (or the epoch changed): none of
+        /// them are sent, its last value follows, then live events.
+        public static let gap = "gap"
     }
+
+    /// A JSON string value for ``fields``.
+    public static func quoted(_ text: String) -> String { "\"" + JSONText.escape(text) + "\"" }
 
     public static let connected = StatusMessage(status: Kind.connected, message: "Connected Successfully")
     public static let authSuccess = StatusMessage(status: Kind.authSuccess, message: "authenticated")
@@ -46,6 +59,9 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
         var text = #"{"ev":"status","status":"\#(JSONText.escape(status))","message":"\#(JSONText.escape(message))""#
         for (key, value) in numbers.sorted(by: { $0.key < $1.key }) {
             text += #","\#(JSONText.escape(key))":\#(value)"#
+        }
+        for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
+            text += #","\#(JSONText.escape(key))":"# + value
         }
         return text + "}"
     }

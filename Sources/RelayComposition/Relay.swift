@@ -178,7 +178,9 @@ public final class Relay: Service, Sendable {
             let interest = LocalInterest()
             let hub = MarketDataHub(
                 policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
-                keepsUnwantedLastValues: !clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
+                keepsUnwantedLastValues: !clustered,
+                // A cluster's positions must be the leader's on every node: not yet, so a node keeps none.
+                history: clustered ? nil : settings.history, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
             ) { change in
                 interest.apply(change)
             }
@@ -251,6 +253,7 @@ public final class Relay: Service, Sendable {
                 configuration.metricsPublic = settings.metricsPublic
                 configuration.limits = settings.limits
                 configuration.cappedTickers = settings.optionsContracts
+                configuration.resume = settings.resume
                 configuration.tls = settings.tls
                 configuration.connectionLimits = settings.connectionLimits
                 configuration.portfolio = routes != nil

@@ -53,6 +53,10 @@ public struct RelaySettings: Sendable {
     }
     /// Polygon's options cap: `Q` and `FMV` contracts per upstream connection.
     public var optionsContracts = 1_000
+    /// Each market's recent events for resumes (`nil`: no history and no positions).
+    public var history: HistoryLimits? = HistoryLimits()
+    /// Tagged sessions: how long, how far back, how many.
+    public var resume = ResumeSettings()
     /// The upstream API key (required with a real upstream).
     public var upstreamKey: String?
     /// A PEM file of extra trusted CAs for a `wss://` upstream.
@@ -249,6 +253,27 @@ public struct RelaySettings: Sendable {
             places.append(listed)
         }
         settings.upstreams = try MarketUpstream.merge(places)
+        if config.bool(forKey: "history.enabled") == false {
+            settings.history = nil
+        } else {
+            var history = HistoryLimits()
+            func positive(_ key: ConfigKey) throws -> Int? {
+                guard let value = config.int(forKey: key) else { return nil }
+                guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
+                return value
+            }
+            if let value = try positive("history.eventsPerTopic") { history.eventsPerTopic = value }
+            if let value = try positive("history.maxAgeSeconds") { history.maxAge = .seconds(value) }
+            if let value = try positive("history.memoryMB") { history.memoryBytes = value << 20 }
+            if let value = try positive("history.eventsPerResume") { history.eventsPerResume = value }
+            settings.history = history
+            if let value = try positive("resume.windowSeconds") { settings.resume.window = .seconds(value) }
+            if let value = config.int(forKey: "resume.marginBytes") {
+                guard value >= 0 else { throw InvalidSetting(description: "resume.marginBytes: not negative, got \(value)") }
+                settings.resume.marginBytes = value
+            }
+            if let value = try positive("resume.sessions") { settings.resume.sessions = value }
+        }
         if let contracts = config.int(forKey: "limits.optionsContracts") {
             guard contracts >= 1 else { throw InvalidSetting(description: "limits.optionsContracts: at least 1, got \(contracts)") }
             settings.optionsContracts = contracts
@@ -433,7 +458,7 @@ public struct RelaySettings: Sendable {
             guard let fields = entry as? [String: Any] else {
                 throw InvalidSetting(description: "client.keys[\(index)]: a key string or a mapping with name and key")
             }
-            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio"]
+            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio", "conflate"]
             if let unknown = fields.keys.first(where: { !known.contains($0) }) {
                 throw InvalidSetting(description: "client.keys[\(index)]: unknown field \(unknown) (one of \(known.sorted().joined(separator: ", ")))")
             }
@@ -462,9 +487,18 @@ public struct RelaySettings: Sendable {
                 }
                 portfolio = value
             }
+            var conflation = KeyConflation.off
+            if let raw = fields["conflate"] {
+                guard let value = KeyConflation(parsing: "\(raw)") else {
+                    throw InvalidSetting(description: "client key \(name): conflate is off, lagging, or an interval such as 250ms")
+                }
+                conflation = value
+            }
             do {
                 keyed.append(
-                    try ClientKey(name: name, secret: secret, topics: topics, markets: markets, maxConnections: maxConnections, portfolio: portfolio))
+                    try ClientKey(
+                        name: name, secret: secret, topics: topics, markets: markets, maxConnections: maxConnections, portfolio: portfolio,
+                        conflation: conflation))
             } catch {
                 throw InvalidSetting(description: error.description)
             }

@@ -127,6 +127,22 @@ extension RelaySettings {
         .init(
             "limits.optionsContracts", flag: "options-contracts", env: "RELAY_LIMIT_OPTIONS_CONTRACTS", default: "1000",
             "Polygon's cap on options Q and FMV contracts per upstream connection."),
+        .init(
+            "history.enabled", flag: "no-history", .presence("false"), env: "RELAY_HISTORY", default: "true",
+            "Keep recent events per market and give every event a position (_s, _m) so clients can resume (--no-history: do not)."),
+        .init("history.eventsPerTopic", env: "RELAY_HISTORY_EVENTS_PER_TOPIC", default: "10000", "Events kept per topic for resumes."),
+        .init("history.maxAgeSeconds", env: "RELAY_HISTORY_MAX_AGE_SECONDS", default: "300", "How long an event is kept for resumes."),
+        .init(
+            "history.memoryMB", flag: "history-memory-mb", env: "RELAY_HISTORY_MEMORY_MB", default: "256",
+            "Memory the history of each market may take; past it the oldest events go first."),
+        .init("history.eventsPerResume", env: "RELAY_HISTORY_EVENTS_PER_RESUME", default: "100000", "The most events one resume replays (past it: gap)."),
+        .init(
+            "resume.windowSeconds", env: "RELAY_RESUME_WINDOW_SECONDS", default: "60",
+            "How long a tagged session (KEY#tag) is kept after its connection breaks."),
+        .init(
+            "resume.marginBytes", env: "RELAY_RESUME_MARGIN_BYTES", default: "65536",
+            "Bytes before the last acknowledged one that a tagged session gets again (what a proxy or a receive buffer may have held)."),
+        .init("resume.sessions", env: "RELAY_RESUME_SESSIONS", default: "10000", "Broken tagged sessions kept at once per market (the oldest go first)."),
     ]
 
     /// The declaration of `key`.

@@ -23,6 +23,8 @@ public struct ClientKey: Sendable, Equatable {
     public var entitlement: Entitlement
     public var maxConnections: Int?
     public var portfolio: PortfolioRight
+    /// Whether its connections' state events are merged (`conflate` in the key file).
+    public var conflation: KeyConflation
 
     /// Why a key definition cannot be used, named for the person who wrote it.
     public struct Invalid: Error, Sendable, CustomStringConvertible {
@@ -36,7 +38,7 @@ public struct ClientKey: Sendable, Equatable {
     ///   - markets: the markets the key may use (`nil`: all).
     public init(
         name: String, secret: String, topics: [String]? = nil, markets: [String]? = nil, maxConnections: Int? = nil,
-        portfolio: PortfolioRight = .write
+        portfolio: PortfolioRight = .write, conflation: KeyConflation = .off
     ) throws(Invalid) {
         guard !name.isEmpty else { throw Invalid(description: "a client key needs a name") }
         let trimmed = String(secret.trimmingWhitespaceASCII())
@@ -95,10 +97,11 @@ public struct ClientKey: Sendable, Equatable {
         self.name = name
         self.maxConnections = maxConnections
         self.portfolio = portfolio
+        self.conflation = conflation
     }
 
     /// What this key may do on the Polygon WebSocket.
-    public var grant: ClientGrant { ClientGrant(name: name, entitlement: entitlement, maxConnections: maxConnections) }
+    public var grant: ClientGrant { ClientGrant(name: name, entitlement: entitlement, maxConnections: maxConnections, conflation: conflation) }
 
     static func digest(of key: String) -> [UInt8] { Array(SHA256.hash(data: Array(key.utf8))) }
 

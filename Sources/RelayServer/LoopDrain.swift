@@ -86,6 +86,8 @@ actor LoopDrain {
         var more: [ByteBuffer] = []
         /// Close with this code after the frames (a client the hub evicted).
         var close: (code: WebSocketErrorCode, reason: String)? = nil
+        /// The newest market sequence written (tagged sessions only; 0: not noted).
+        var lastSequence: UInt64 = 0
     }
 
     /// One turn of one client: everything queued for it, as one write.
@@ -109,11 +111,14 @@ actor LoopDrain {
         defer { if client.canTake { client.kick() } }
         if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
         var payload = 1
+        var lastSequence: UInt64 = 0
+        let tracked = client.tracksPositions.load(ordering: .relaxed)
         for index in deliveries.indices {
             payload += deliveries[index].framedBytes
             delivered += deliveries[index].marketEventCount
+            if tracked { lastSequence = max(lastSequence, deliveries[index].lastSequence) }
         }
-        let write: Write
+        var write: Write
         let oldest: UInt64
         if payload <= FrameEncoder.maxFrameBytes {
             let built = WireFrameBuilder.build(payload: payload) { builder in
@@ -135,6 +140,7 @@ actor LoopDrain {
             metrics.tally.record(latencyNanoseconds: latency)
         }
         metrics.writes.increment()
+        write.lastSequence = lastSequence
         return write
     }
 
@@ -155,6 +161,7 @@ actor LoopDrain {
             handler.writeWire(write.frame)
             for frame in write.more { handler.writeWire(frame) }
             handler.flushWire()
+            if write.lastSequence != 0 { handler.wroteEvents(through: write.lastSequence) }
             if let close = write.close { handler.close(code: close.code, reason: close.reason) }
         }
     }
@@ -171,6 +178,8 @@ final class ClientFeed: Sendable {
     let isReady = Atomic<Bool>(false)
     /// The stream has ended; nothing more will come.
     private let isFinished = Atomic<Bool>(false)
+    /// A tagged session: each write notes the newest market sequence it carried.
+    let tracksPositions = Atomic<Bool>(false)
 
     init(subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability, drain: LoopDrain) {
         self.subscription = subscription

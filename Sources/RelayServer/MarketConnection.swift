@@ -18,6 +18,8 @@ import PolygonWire
 actor MarketConnection {
     struct Dependencies: Sendable {
         let hub: MarketDataHub
+        /// Broken tagged sessions of this market.
+        let shelf: SessionShelf
         let configuration: RelayServerConfiguration
         /// The session limits on this connection's market (its event types and ticker form).
         let limits: SessionLimits
@@ -44,10 +46,14 @@ actor MarketConnection {
 
     private enum HubChange {
         case join
-        case add([Topic])
+        case add([Topic], ClientAction.Resume?)
         case remove([Topic])
+        case conflate(ConflationMode?)
         case leave
     }
+
+    /// The default interval of a connection that asks for conflation without one.
+    static let defaultConflation: Duration = .milliseconds(250)
 
     nonisolated let unownedExecutor: UnownedSerialExecutor
     private let loop: any EventLoop
@@ -62,6 +68,12 @@ actor MarketConnection {
     private var ended = false
     /// A failed authentication is being answered (after its delay): nothing more is read.
     private var refusing = false
+    /// The connection's feed (once it joined the hub).
+    private var feed: ClientFeed?
+    /// `key#tag` of a tagged session.
+    private var sessionName: String?
+    /// The broken session this one took back: its topics resume from where it broke.
+    private var resuming: SessionShelf.Session?
 
     init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, dependencies: Dependencies) {
         self.loop = loop
@@ -127,6 +139,18 @@ actor MarketConnection {
                 return
             }
             admitted = grant
+            switch grant.conflation {
+            case .off: break
+            case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
+            case .interval(let interval): change(.conflate(ConflationMode(interval: interval, whileLagging: true)))
+            }
+            if let tag = session.sessionTag, dependencies.hub.epoch != nil {
+                let name = "\(grant.name)#\(tag)"
+                sessionName = name
+                resuming = dependencies.shelf.take(name)
+                handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
+                feed?.tracksPositions.store(true, ordering: .relaxed)
+            }
             // Messages up to the full size from now on, and no longer pending for its address.
             handler.value.messageLimit.open()
             dependencies.authenticated()
@@ -172,7 +196,11 @@ actor MarketConnection {
         let handler = self.handler.value
         for frame in reaction.frames { handler.write(frame, flush: false) }
         handler.flush()
-        if !reaction.added.isEmpty { change(.add(reaction.added)) }
+        if let interval = reaction.conflate {
+            let grantInterval: Duration? = if case .interval(let interval) = admitted?.conflation { interval } else { nil }
+            change(.conflate(ConflationMode(interval: interval == .zero ? grantInterval ?? Self.defaultConflation : interval, whileLagging: true)))
+        }
+        if !reaction.added.isEmpty { change(.add(reaction.added, reaction.resume)) }
         if !reaction.removed.isEmpty { change(.remove(reaction.removed)) }
     }
 
@@ -190,6 +218,14 @@ actor MarketConnection {
         authTimeout = nil
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
+        if let sessionName, let epoch = dependencies.hub.epoch, let position = handler.value.acknowledgedPosition {
+            // Kept for the reconnect: its topics (and any it had not resubscribed yet) and where it broke.
+            let topics = session.topics.union(resuming?.topics ?? [])
+            dependencies.shelf.keep(
+                SessionShelf.Session(
+                    epoch: epoch, resumeAfter: min(position.resumeAfter, resuming?.resumeAfter ?? .max), topics: topics, brokeAt: .now),
+                as: sessionName)
+        }
         session.releaseAll()
         // Nothing the client asked for matters now, but leaving the hub does (after a join in flight).
         hubChanges.removeAll()
@@ -214,11 +250,41 @@ actor MarketConnection {
                 subscription = joined
                 let writability = handler.value.writability
                 let feed = ClientFeed(subscription: joined, handler: handler, writability: writability, drain: dependencies.drain)
+                self.feed = feed
+                if handler.value.acknowledgedPosition != nil { feed.tracksPositions.store(true, ordering: .relaxed) }
                 target.set(feed)
                 writability.onWritable { feed.kick() }
                 feed.kick()
-            case .add(let topics):
-                if let id = subscription?.id { await hub.add(topics, to: id) }
+            case .add(let topics, let resume):
+                guard let id = subscription?.id else { continue }
+                if let resume {
+                    let from: HubResume =
+                        switch resume {
+                        case .positions(let epoch, let positions): .positions(epoch: epoch, positions)
+                        case .time(let milliseconds): .time(milliseconds: milliseconds)
+                        }
+                    await hub.add(topics, to: id, resuming: from)
+                } else if let broken = resuming {
+                    // A tagged session back: the topics it held resume from where it broke, the rest plainly.
+                    let back = topics.filter { broken.topics.contains($0) }
+                    let rest = topics.filter { !broken.topics.contains($0) }
+                    if !back.isEmpty {
+                        handler.value.acknowledgedPosition?.start(at: broken.resumeAfter)
+                        await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter))
+                        let left = broken.topics.subtracting(back)
+                        resuming = left.isEmpty ? nil : SessionShelf.Session(
+                            epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt)
+                    }
+                    if !rest.isEmpty {
+                        handler.value.acknowledgedPosition?.start(at: await hub.lastMarketSequence)
+                        await hub.add(rest, to: id)
+                    }
+                } else {
+                    if let position = handler.value.acknowledgedPosition { position.start(at: await hub.lastMarketSequence) }
+                    await hub.add(topics, to: id)
+                }
+            case .conflate(let mode):
+                if let id = subscription?.id { await hub.setConflation(mode, for: id) }
             case .remove(let topics):
                 if let id = subscription?.id { await hub.remove(topics, from: id) }
             case .leave:

@@ -88,6 +88,8 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 return Value(upgradeResult: channel.eventLoop.makeFailedFuture(ChannelError.inputClosed), channel: channel)
             }
             channel.closeFuture.whenComplete { _ in routes.addresses.closed(ticket) }
+            // First, socket side: what TCP carries, for tagged sessions' acknowledged positions.
+            try channel.pipeline.syncOperations.addHandler(SocketByteCounter(), position: .first)
             // The first request head (or upgrade) within the head timeout.
             let headDeadline = channel.eventLoop.scheduleTask(in: routes.headTimeout) { channel.close(promise: nil) }
             if let options = channel.syncOptions {

@@ -185,6 +185,7 @@ public final class RelayServer: Service, Sendable {
             pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: limits.outboundBytes,
             // The session's message rate and burst, and room for control frames (pings, pongs, close).
             pace: .init(perSecond: configuration.limits.messagesPerSecond + 10, burst: configuration.limits.messageBurst + 100))
+        handler.socketCounter = try? channel.pipeline.syncOperations.handler(type: SocketByteCounter.self)
         let close: @Sendable (WebSocketErrorCode, String) -> Void
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
         var release: @Sendable () -> Void = {}
@@ -227,7 +228,7 @@ public final class RelayServer: Service, Sendable {
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop,
                 dependencies: .init(
-                    hub: route.hub, configuration: configuration, limits: route.limits, metrics: metrics, keyConnections: keyConnections,
+                    hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, keyConnections: keyConnections,
                     drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: route.ledger.budget,
                     authenticated: { if let ticket { addresses.settle(ticket) } },
                     authenticationFailed: { addresses.failedAuthentication(from: address) },

@@ -8,6 +8,8 @@ public struct RelayServerConfiguration: Sendable {
     /// Polygon's ticker cap per upstream connection on the event types a market caps (options `Q` and
     /// `FMV`: 1,000 contracts); the subscriptions past it are refused with an error status.
     public var cappedTickers: Int = 1_000
+    /// Tagged sessions (`KEY#tag`): how long a broken one is kept, how far back it resumes, how many.
+    public var resume = ResumeSettings()
     public var authentication: ClientAuthentication
     /// How long a client may stay connected without authenticating.
     public var authTimeout: Duration

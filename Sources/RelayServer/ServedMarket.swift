@@ -22,6 +22,8 @@ struct MarketRoute: Sendable {
     let served: ServedMarket
     let ledger: TopicLedger
     let limits: SessionLimits
+    /// Broken tagged sessions waiting for their reconnect.
+    let shelf: SessionShelf
     /// Seconds since the market's upstream last sent anything (data or pong), set when `/metrics` is read.
     let upstreamLastMessageAge: Gauge
     /// The market's fullest subscriber buffer (events), set when `/metrics` is read.
@@ -40,7 +42,9 @@ struct MarketRoute: Sendable {
             cap: capped.isEmpty ? nil : .init(eventTypes: capped, tickers: configuration.cappedTickers, market: served.market))
         var sessionLimits = configuration.limits
         sessionLimits.market = served.market
+        sessionLimits.epoch = served.hub.epoch
         self.limits = sessionLimits
+        shelf = SessionShelf(settings: configuration.resume)
         let dimensions = [("market", served.market.rawValue)]
         upstreamLastMessageAge = Gauge(label: "relay_upstream_last_message_age_seconds", dimensions: dimensions, factory: factory)
         maxBufferFill = Gauge(label: "relay_subscriber_buffer_max_fill", dimensions: dimensions, factory: factory)

@@ -34,6 +34,10 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     private var context: ChannelHandlerContext?
     private var conversation: WebSocketConversation?
+    /// What went to the socket in all (`nil` when the pipeline has no counter).
+    var socketCounter: SocketByteCounter?
+    /// A tagged session's acknowledged position, noted after each write of events.
+    var acknowledgedPosition: AcknowledgedPosition?
     private let pingInterval: TimeAmount
     private let closeTimeout: TimeAmount
     private var pingTask: RepeatedTask?
@@ -297,6 +301,14 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// part in a flush).
     func flushWire() {
         if let outlet { outlet.flush() } else { context?.flush() }
+    }
+
+    /// Events through market sequence `sequence` were just written and flushed: a tagged session notes
+    /// how far the socket got and what its peer acknowledged.
+    func wroteEvents(through sequence: UInt64) {
+        guard let acknowledgedPosition, let socketCounter, let channel = context?.channel else { return }
+        acknowledgedPosition.wrote(
+            socketBytes: socketCounter.total, sequence: sequence, acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client

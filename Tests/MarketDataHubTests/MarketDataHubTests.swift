@@ -74,7 +74,7 @@ final class WantedRecorder: Sendable {
 @Suite("MarketDataHub")
 struct MarketDataHubTests {
     @Test func subscriberReceivesOnlyItsTopics() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: topics("Q.AAPL"))
         await hub.publish([event("Q", "MSFT"), event("T", "AAPL"), event("Q", "AAPL", 1), event("Q", "AAPL", 2)])
         let got = try await take(2, from: sub.events)
@@ -82,7 +82,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aCachedLastValueHoldsItsOwnBytesNotItsWholeUpstreamMessage() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         // One event sliced out of a 1 MB upstream message.
         var message = ByteBuffer(repeating: UInt8(ascii: " "), count: 1 << 20)
         let json = #"{"ev":"Q","sym":"AAPL","bp":1}"#
@@ -96,7 +96,7 @@ struct MarketDataHubTests {
     }
 
     @Test func whenQueuedTellsTheConsumerSoItReadsOnlyWhatIsThere() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let told = Atomic<Int>(0)
         let sub = await hub.subscribe(to: topics("Q.AAPL"), whenQueued: { told.add(1, ordering: .relaxed) })
         #expect(!sub.hasQueued)
@@ -116,7 +116,7 @@ struct MarketDataHubTests {
     }
 
     @Test func wildcardSubscriberReceivesEverySymbolOfItsType() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: topics("Q.*"))
         await hub.publish([event("Q", "A"), event("T", "A"), event("Q", "B")])
         let got = try await take(2, from: sub.events)
@@ -124,7 +124,7 @@ struct MarketDataHubTests {
     }
 
     @Test func twoSubscribersSharingATopicBothReceiveIt() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let a = await hub.subscribe(to: topics("Q.A"))
         let b = await hub.subscribe(to: topics("Q.A", "T.B"))
         await hub.publish([event("T", "B"), event("Q", "A")])
@@ -133,7 +133,7 @@ struct MarketDataHubTests {
     }
 
     @Test func tickerAndWildcardTogetherDeliverAnEventOnce() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: topics("Q.A", "Q.*"))
         await hub.publish([event("Q", "A", 1), event("Q", "B", 2)])
         let got = try await take(2, from: sub.events)
@@ -141,7 +141,7 @@ struct MarketDataHubTests {
     }
 
     @Test func unsubscribingStopsDelivery() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: topics("Q.A", "Q.B"))
         await hub.remove(topics("Q.A"), from: sub.id)
         await hub.publish([event("Q", "A"), event("Q", "B")])
@@ -185,7 +185,7 @@ struct MarketDataHubTests {
     }
 
     @Test func wildcardReplacesItsTickersUpstream() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let a = await hub.subscribe(to: topics("Q.A", "Q.B", "T.C"))
         let b = await hub.subscribe(to: topics("Q.*"))
         #expect(await hub.wantedTopics == topics("Q.*", "T.C"))
@@ -208,14 +208,14 @@ struct MarketDataHubTests {
     }
 
     @Test func lastEventPerTopicIsCached() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("T", "A", 3)])
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!)?.json == event("Q", "A", 2).json)
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "B")!) == nil)
     }
 
     @Test func aSubscriberThatDoesNotReadLosesItsNewestEventsOnlyAndTheyAreCounted() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let slow = await hub.subscribe(to: topics("Q.A"))
         let fast = await hub.subscribe(to: topics("Q.A"))
         let limit = MarketDataHub.bufferLimit
@@ -233,7 +233,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aNewSubscriptionGetsTheTopicsLastEventAtOnce() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("Q", "B", 3)])
         let sub = await hub.subscribe(to: topics("Q.A", "T.A", "Q.*"))
         // The snapshot of Q.A (T.A has none; wildcards get no snapshot), then live events.
@@ -243,7 +243,7 @@ struct MarketDataHubTests {
     }
 
     @Test func snapshotsCanBeTurnedOff() async throws {
-        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
         await hub.publish([event("Q", "A", 1)])
         let sub = await hub.subscribe(to: topics("Q.A"))
         await hub.publish([event("Q", "A", 2)])
@@ -251,7 +251,7 @@ struct MarketDataHubTests {
     }
 
     @Test func theReaderTakesEverythingQueuedAsOneBatch() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         var reader = sub.makeReader()
         await hub.publish((0..<300).map { event("Q", "A", $0) })
@@ -266,7 +266,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aDrainedSubscriberIsToldHowManyEventsItLost() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         var reader = sub.makeReader()
         let limit = MarketDataHub.bufferLimit
@@ -286,7 +286,7 @@ struct MarketDataHubTests {
 
     @Test func theDisconnectPolicyEndsASubscriberWhoseBufferIsFull() async throws {
         let recorder = WantedRecorder()
-        let hub = MarketDataHub(policy: .disconnect) { recorder.record($0) }
+        let hub = MarketDataHub(policy: .disconnect, history: nil) { recorder.record($0) }
         let slow = await hub.subscribe(to: topics("Q.A"))
         let other = await hub.subscribe(to: topics("Q.B"))
         await hub.publish((0...MarketDataHub.bufferLimit).map { event("Q", "A", $0) })
@@ -301,7 +301,7 @@ struct MarketDataHubTests {
     }
 
     @Test func onlySubscribersToldOfAnOutageAreToldItEnded() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let before = await hub.subscribe(to: topics("Q.A"))
         await hub.upstreamLost(reason: "test")
         let during = await hub.subscribe(to: topics("Q.A"))
@@ -315,7 +315,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aClusterSeedIsTheSnapshotUnlessALiveEventCameFirst() async throws {
-        let hub = MarketDataHub(keepsUnwantedLastValues: false)
+        let hub = MarketDataHub(keepsUnwantedLastValues: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A", "Q.B"))
         await hub.seed(event("Q", "A", 1))
         await hub.publish([event("Q", "B", 2)])
@@ -328,7 +328,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aClusterNodeForgetsTheLastValueOfATopicNobodyWants() async throws {
-        let hub = MarketDataHub(keepsUnwantedLastValues: false)
+        let hub = MarketDataHub(keepsUnwantedLastValues: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         await hub.publish([event("Q", "A", 1)])
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) != nil)
@@ -338,7 +338,7 @@ struct MarketDataHubTests {
         await hub.publish([event("Q", "A", 2)])
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) == nil)
         // A single relay keeps it (its upstream is the only source).
-        let single = MarketDataHub()
+        let single = MarketDataHub(history: nil)
         let other = await single.subscribe(to: topics("Q.A"))
         await single.publish([event("Q", "A", 1)])
         await single.remove(topics("Q.A"), from: other.id)
@@ -346,7 +346,7 @@ struct MarketDataHubTests {
     }
 
     @Test func lossBeforeTheHubIsToldToTheSubscribersOfTheLostTopics() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let hit = await hub.subscribe(to: topics("Q.A"))
         let wildcard = await hub.subscribe(to: topics("Q.*"))
         let spared = await hub.subscribe(to: topics("T.B"))
@@ -358,7 +358,7 @@ struct MarketDataHubTests {
     }
 
     @Test func topicsNobodyWantsAndWithNoLastValueLeaveNoEntry() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)")! }))
         await hub.publish([event("Q", "JUNK1", 1)])
         #expect(await hub.topicEntryCount == 500)
@@ -371,7 +371,7 @@ struct MarketDataHubTests {
 @Suite("Hub deliveries")
 struct HubDeliveryTests {
     @Test func aPublishLargerThanOneWindowArrivesWholeInOrderAndOnceDespiteTickerAndWildcard() async throws {
-        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
         let both = await hub.subscribe(to: topics("Q.A", "Q.*"))
         let onlyB = await hub.subscribe(to: topics("Q.B"))
         var reader = both.makeReader()
@@ -396,7 +396,7 @@ struct HubDeliveryTests {
     }
 
     @Test func aFullBufferKeepsTheOldestOfAWindow() async throws {
-        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         await hub.publish((0..<(MarketDataHub.bufferLimit - 10)).map { event("Q", "A", $0) })
         // 40 more: 10 fit, in order; 30 are dropped.

@@ -1,0 +1,190 @@
+import CoreMetrics
+import PolygonWire
+
+/// Where a resuming subscription starts. Value type, `Sendable`.
+public enum HubResume: Sendable, Equatable {
+    /// Per topic, the last position the client has (a ticker topic's topic sequence, a wildcard's market
+    /// sequence) in `epoch`; topics not named are added plainly.
+    case positions(epoch: String?, [Topic: UInt64])
+    /// Every event that arrived at or after this Unix ms.
+    case time(milliseconds: Int64)
+    /// Every event after this market sequence of `epoch` (a tagged session coming back: where its
+    /// connection broke).
+    case marketSequence(epoch: String, UInt64)
+}
+
+/// What a resume did: what each topic got. Value type, `Sendable`.
+public struct HubResumeOutcome: Sendable, Equatable {
+    /// Events replayed per topic that resumed whole.
+    public var replayed: [Topic: Int] = [:]
+    /// Topics whose missed events were not all held (or whose epoch had changed): told `gap`.
+    public var gaps: [Topic] = []
+
+    public var result: String { gaps.isEmpty ? "resumed" : replayed.isEmpty ? "gap" : "partial" }
+}
+
+/// The history's metrics. `Sendable` (metric handles).
+struct HubHistoryMetrics: Sendable {
+    let memory: Gauge
+    let events: Gauge
+    let replayed: Counter
+    let gaps: Counter
+    let conflated: Counter
+    let resumed: Counter
+    let resumedWithGaps: Counter
+
+    init(factory: any MetricsFactory) {
+        memory = Gauge(label: "relay_history_bytes", factory: factory)
+        events = Gauge(label: "relay_history_events", factory: factory)
+        replayed = Counter(label: "relay_events_replayed_total", factory: factory)
+        gaps = Counter(label: "relay_resume_gaps_total", factory: factory)
+        conflated = Counter(label: "relay_events_conflated_total", factory: factory)
+        resumed = Counter(label: "relay_resumes_total", dimensions: [("result", "resumed")], factory: factory)
+        resumedWithGaps = Counter(label: "relay_resumes_total", dimensions: [("result", "gap")], factory: factory)
+    }
+
+    func record(_ history: EventHistory) {
+        memory.record(history.memory)
+        events.record(history.eventCount)
+    }
+}
+
+extension MarketDataHub {
+    /// Adds topics to a subscriber, the ones `resume` names starting from there: in one step on the hub,
+    /// the subscriber gets every missed event (in arrival order, each once, outside its bound: a resume
+    /// is bounded by ``HistoryLimits/eventsPerResume``), then for each topic that cannot resume whole a
+    /// `gap` status and its last value, then a `resumed` status (the seam: what follows is live), and
+    /// from then on the live events of all its topics, nothing lost or doubled at the seam.
+    ///
+    /// Never partial: a topic whose missed events are not all held gets `gap` and none of them.
+    @discardableResult
+    public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) -> HubResumeOutcome {
+        guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
+        let fresh = topics.filter { !subscriber.topics.contains($0) }
+        var wanted: [(topic: Topic, since: EventHistory.Since)] = []
+        var epochGaps: [Topic] = []
+        var plain: [Topic] = []
+        for topic in fresh {
+            switch resume {
+            case .positions(let epoch, let positions):
+                guard let position = positions[topic] else {
+                    plain.append(topic)
+                    continue
+                }
+                if let epoch, epoch != self.epoch {
+                    epochGaps.append(topic)
+                } else {
+                    wanted.append((topic, topic.isWildcard ? .market(position) : .topic(position)))
+                }
+            case .time(let milliseconds):
+                wanted.append((topic, .time(milliseconds)))
+            case .marketSequence(let epoch, let sequence):
+                if epoch != self.epoch { epochGaps.append(topic) } else { wanted.append((topic, .market(sequence))) }
+            }
+        }
+        var outcome = HubResumeOutcome()
+        var gapNotices: [(Topic, StatusMessage)] = []
+        for topic in epochGaps {
+            gapNotices.append(
+                (
+                    topic,
+                    gapStatus(
+                        topic, message: "the relay's history of this market started afresh (epoch \(epoch ?? "none")); nothing can be replayed",
+                        from: nil)
+                ))
+        }
+        // Every topic's missed events, then trimmed to the bound by giving up the largest whole.
+        var found: [(topic: Topic, events: [MarketEvent])] = []
+        for (topic, since) in wanted {
+            switch history?.missed(topic, since: since) ?? .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history") {
+            case .events(let events):
+                found.append((topic, events))
+            case .gap(let from, let through, let unit, let reason):
+                gapNotices.append(
+                    (topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
+            }
+        }
+        let limit = history?.limits.eventsPerResume ?? 0
+        found.sort { $0.events.count < $1.events.count }
+        var total = 0
+        var replay: [MarketEvent] = []
+        var seen = Set<UInt64>()
+        for (topic, events) in found {
+            if total + events.count > limit {
+                gapNotices.append(
+                    (
+                        topic,
+                        gapStatus(
+                            topic, message: "\(events.count) missed events are more than one resume replays (\(limit)); none are replayed",
+                            from: nil)
+                    ))
+                continue
+            }
+            total += events.count
+            outcome.replayed[topic] = events.count
+            // A ticker topic and its wildcard share events: each goes once.
+            for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
+        }
+        replay.sort { $0.sequence < $1.sequence }
+        var delivery = replay
+        for (topic, notice) in gapNotices {
+            outcome.gaps.append(topic)
+            delivery.append(.notice(notice))
+            delivery += lastValues(of: topic)
+        }
+        delivery.append(.notice(resumedStatus(outcome)))
+        metrics.replayed.increment(by: replay.count)
+        if !outcome.gaps.isEmpty { metrics.gaps.increment(by: outcome.gaps.count) }
+        (outcome.gaps.isEmpty ? metrics.resumed : metrics.resumedWithGaps).increment()
+        if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
+        // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
+        let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
+        add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) })
+        return outcome
+    }
+
+    /// The last values a topic's `gap` is followed by: a ticker's own, or every ticker's of a wildcard's type.
+    private func lastValues(of topic: Topic) -> [MarketEvent] {
+        if !topic.isWildcard { return entries[topic]?.last.map { [$0] } ?? [] }
+        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.last).sorted { $0.sequence < $1.sequence }
+    }
+
+    private func gapStatus(_ topic: Topic, message: String, from range: (UInt64, UInt64, String)?) -> StatusMessage {
+        var fields = ["topic": StatusMessage.quoted(topic.description)]
+        if let epoch { fields["epoch"] = StatusMessage.quoted(epoch) }
+        var numbers: [String: Int64] = [:]
+        if let (from, through, unit) = range {
+            numbers["from"] = Int64(clamping: from)
+            numbers["through"] = Int64(clamping: through)
+            fields["unit"] = StatusMessage.quoted(unit)
+        }
+        return StatusMessage(status: StatusMessage.Kind.gap, message: "\(topic): \(message)", numbers: numbers, fields: fields)
+    }
+
+    private func resumedStatus(_ outcome: HubResumeOutcome) -> StatusMessage {
+        let replayed = outcome.replayed.sorted { $0.key < $1.key }.map { "\(StatusMessage.quoted($0.key.description)):\($0.value)" }
+        var fields = ["replayed": "{" + replayed.joined(separator: ",") + "}"]
+        if !outcome.gaps.isEmpty {
+            fields["gaps"] = "[" + outcome.gaps.sorted().map { StatusMessage.quoted($0.description) }.joined(separator: ",") + "]"
+        }
+        if let epoch { fields["epoch"] = StatusMessage.quoted(epoch) }
+        let count = outcome.replayed.values.reduce(0, +)
+        let message =
+            outcome.gaps.isEmpty
+            ? "resumed: \(count) missed events replayed; live from here"
+            : "resumed: \(count) missed events replayed, \(outcome.gaps.count) topics with a gap; live from here"
+        return StatusMessage(
+            status: StatusMessage.Kind.resumed, message: message,
+            numbers: ["market_sequence": Int64(clamping: (history?.nextMarketSequence ?? 1) - 1)], fields: fields)
+    }
+
+    // MARK: reading
+
+    /// The market sequence of the newest event (0: none, or no history).
+    public var lastMarketSequence: UInt64 { (history?.nextMarketSequence ?? 1) - 1 }
+
+    /// The history's size: memory counted, events held, topics seen this epoch.
+    public var historyStatistics: (memory: Int, events: Int, topics: Int)? {
+        history.map { ($0.memory, $0.eventCount, $0.topicCount) }
+    }
+}

@@ -1,0 +1,138 @@
+import NIOCore
+
+/// Where an event stands in the relay's history of its market: the sequence of its topic (`EV.SYM`,
+/// contiguous: 1, 2, 3 … for every event of that topic the relay received) and its market's arrival
+/// sequence (contiguous over every event of the market, whatever its topic; what a wildcard resumes
+/// from). Both are meaningful within one epoch (``epoch``), the token that changes when the relay's
+/// history of the market starts afresh.
+///
+/// They travel inside each event as two fields Polygon's clients do not know and pass over (the Python
+/// clients build their models from known keys; the Go client's `json.Unmarshal` skips unknown fields;
+/// the JS client hands the object on): `"_s"` (topic sequence) and `"_m"` (market sequence), written
+/// before the event's closing brace. Value type, `Sendable`.
+public struct EventPosition: Sendable, Hashable {
+    /// The field holding the topic sequence.
+    public static let topicField = "_s"
+    /// The field holding the market sequence.
+    public static let marketField = "_m"
+
+    public var topic: UInt64
+    public var market: UInt64
+
+    public init(topic: UInt64, market: UInt64) {
+        self.topic = topic
+        self.market = market
+    }
+
+    /// Events with their positions written in, all into one new buffer (one allocation per publish, not
+    /// per event); each returned event is a slice of it and carries `market` as its ``MarketEvent/sequence``.
+    /// `positions[i]` belongs to `events[i]`. An event whose bytes do not end with `}` keeps its bytes.
+    public static func stamp(_ events: [MarketEvent], _ positions: [EventPosition], allocator: ByteBufferAllocator = ByteBufferAllocator())
+        -> [MarketEvent]
+    {
+        var size = 0
+        for index in events.indices { size += events[index].bytes.readableBytes + 2 * 26 }
+        var buffer = allocator.buffer(capacity: size)
+        var ranges: [(start: Int, length: Int)] = []
+        ranges.reserveCapacity(events.count)
+        for index in events.indices {
+            let bytes = events[index].bytes
+            let start = buffer.writerIndex
+            let length = bytes.readableBytes
+            guard length >= 2, bytes.getInteger(at: bytes.readerIndex + length - 1, as: UInt8.self) == UInt8(ascii: "}") else {
+                buffer.writeImmutableBuffer(bytes)
+                ranges.append((start, buffer.writerIndex - start))
+                continue
+            }
+            let body = bytes.getSlice(at: bytes.readerIndex, length: length - 1) ?? ByteBuffer()
+            buffer.writeImmutableBuffer(body)
+            // `{}`: no field before ours, so no comma.
+            let empty = body.readableBytesView.allSatisfy { $0 == UInt8(ascii: "{") || $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
+            let position = positions[index]
+            buffer.writeString(empty ? #""_s":"# : #","_s":"#)
+            writeDecimal(position.topic, into: &buffer)
+            buffer.writeString(#","_m":"#)
+            writeDecimal(position.market, into: &buffer)
+            buffer.writeInteger(UInt8(ascii: "}"))
+            ranges.append((start, buffer.writerIndex - start))
+        }
+        var stamped: [MarketEvent] = []
+        stamped.reserveCapacity(events.count)
+        for index in events.indices {
+            let event = events[index]
+            let slice = buffer.getSlice(at: ranges[index].start, length: ranges[index].length) ?? event.bytes
+            stamped.append(
+                MarketEvent(
+                    eventType: event.eventType, ticker: event.ticker, bytes: slice, receivedAt: event.receivedAt,
+                    sequence: positions[index].market))
+        }
+        return stamped
+    }
+
+    /// The positions written in an event's bytes (`nil` when it has none): a cluster node adopts the
+    /// leader's. Looks only at the object's last two fields, where ``stamp(_:_:allocator:)`` puts them.
+    public static func read(from bytes: ByteBuffer) -> EventPosition? {
+        let view = bytes.readableBytesView
+        guard let topicKey = lastRange(of: Array(#""_s":"#.utf8), in: view),
+            let marketKey = lastRange(of: Array(#""_m":"#.utf8), in: view), topicKey < marketKey,
+            let topic = decimal(in: view, from: topicKey + 5), let market = decimal(in: view, from: marketKey + 5)
+        else { return nil }
+        return EventPosition(topic: topic, market: market)
+    }
+
+    private static func lastRange(of needle: [UInt8], in view: ByteBufferView) -> Int? {
+        guard view.count >= needle.count else { return nil }
+        var index = view.endIndex - needle.count
+        // Our fields are at the very end: a short look back suffices.
+        let floor = max(view.startIndex, view.endIndex - 64)
+        while index >= floor {
+            if view[index] == needle[0], zip(view[index..<(index + needle.count)], needle).allSatisfy({ $0 == $1 }) { return index }
+            index -= 1
+        }
+        return nil
+    }
+
+    private static func decimal(in view: ByteBufferView, from start: Int) -> UInt64? {
+        var value: UInt64 = 0
+        var index = start
+        var digits = 0
+        while index < view.endIndex, view[index] >= UInt8(ascii: "0"), view[index] <= UInt8(ascii: "9") {
+            let (scaled, overflow1) = value.multipliedReportingOverflow(by: 10)
+            let (sum, overflow2) = scaled.addingReportingOverflow(UInt64(view[index] - UInt8(ascii: "0")))
+            guard !overflow1, !overflow2 else { return nil }
+            value = sum
+            index += 1
+            digits += 1
+        }
+        return digits > 0 ? value : nil
+    }
+
+    private static func writeDecimal(_ value: UInt64, into buffer: inout ByteBuffer) {
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var count = 0
+        var rest = value
+        withUnsafeMutableBytes(of: &digits) { raw in
+            repeat {
+                raw[19 - count] = UInt8(ascii: "0") + UInt8(rest % 10)
+                rest /= 10
+                count += 1
+            } while rest > 0
+            buffer.writeBytes(UnsafeRawBufferPointer(rebasing: raw[(20 - count)...]))
+        }
+    }
+
+    /// A fresh epoch: 12 characters of base 36 from the time and randomness, different at every start
+    /// of a history.
+    public static func newEpoch() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let alphabet = Array("0123456789abcdefghijklmnopqrstuvwxyz".utf8)
+        var value = generator.next() as UInt64
+        var text: [UInt8] = []
+        for _ in 0..<12 {
+            text.append(alphabet[Int(value % 36)])
+            value /= 36
+        }
+        return String(decoding: text, as: UTF8.self)
+    }
+}

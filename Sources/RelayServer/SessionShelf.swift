@@ -1,0 +1,128 @@
+import MarketDataHub
+import PolygonWire
+import Synchronization
+
+/// How tagged sessions (`KEY#tag`) are kept for a reconnect. Value type, `Sendable`.
+public struct ResumeSettings: Sendable, Equatable {
+    /// How long a broken session is kept.
+    public var window: Duration = .seconds(60)
+    /// Bytes before the last one the client's TCP stack acknowledged that it gets again: what a proxy
+    /// between, or its own receive buffer, may have taken and not passed on when the connection broke.
+    public var marginBytes: Int = 65_536
+    /// Broken sessions kept at once per market; past it the oldest go first.
+    public var sessions: Int = 10_000
+
+    public init() {}
+}
+
+/// The broken tagged sessions of one market, each kept for ``ResumeSettings/window``: where its
+/// connection broke (a market sequence of an epoch) and the topics it held. A reconnect with the same key
+/// and tag takes it back (once). `Sendable` behind a `Mutex`.
+final class SessionShelf: Sendable {
+    struct Session: Sendable {
+        let epoch: String
+        let resumeAfter: UInt64
+        let topics: Set<Topic>
+        let brokeAt: ContinuousClock.Instant
+    }
+
+    private let settings: ResumeSettings
+    private let shelf = Mutex<(sessions: [String: Session], order: [String])>(([:], []))
+    /// Kept sessions that expired unclaimed.
+    let expired = Atomic<Int>(0)
+
+    init(settings: ResumeSettings) {
+        self.settings = settings
+    }
+
+    /// Keeps a broken session under `name` (key name and tag), replacing an older one of that name.
+    func keep(_ session: Session, as name: String) {
+        shelf.withLock { shelf in
+            sweep(&shelf, now: session.brokeAt)
+            if shelf.sessions.updateValue(session, forKey: name) != nil { shelf.order.removeAll { $0 == name } }
+            shelf.order.append(name)
+            while shelf.order.count > settings.sessions {
+                shelf.sessions[shelf.order.removeFirst()] = nil
+            }
+        }
+    }
+
+    /// Takes back the session kept under `name`, if it is still within its window.
+    func take(_ name: String, now: ContinuousClock.Instant = .now) -> Session? {
+        shelf.withLock { shelf in
+            sweep(&shelf, now: now)
+            guard let session = shelf.sessions.removeValue(forKey: name) else { return nil }
+            shelf.order.removeAll { $0 == name }
+            return session
+        }
+    }
+
+    /// Sessions kept now.
+    var count: Int { shelf.withLock { $0.sessions.count } }
+
+    private func sweep(_ shelf: inout (sessions: [String: Session], order: [String]), now: ContinuousClock.Instant) {
+        while let oldest = shelf.order.first, let session = shelf.sessions[oldest], now - session.brokeAt > settings.window {
+            shelf.order.removeFirst()
+            shelf.sessions[oldest] = nil
+            expired.add(1, ordering: .relaxed)
+        }
+    }
+}
+
+/// Where a tagged connection's client stands, from what its TCP stack acknowledged: after each write
+/// the relay notes how many bytes had gone to the socket and the newest market sequence written, and
+/// reads the socket's acknowledged byte count (Linux `TCP_INFO`'s `tcpi_bytes_acked`). When the
+/// connection breaks, the client has every event up to the newest write wholly acknowledged
+/// ``ResumeSettings/marginBytes`` before the last acknowledged byte. Confined to the connection's loop.
+final class AcknowledgedPosition {
+    private struct Mark {
+        let socketBytes: UInt64
+        let sequence: UInt64
+    }
+
+    private let marginBytes: UInt64
+    /// Marks not yet known acknowledged (oldest first), and the newest that is.
+    private var marks: [Mark] = []
+    private var acknowledged: UInt64
+    private var lastAcknowledgedBytes: UInt64 = 0
+
+    /// - Parameter start: the market sequence before anything this connection will be sent.
+    init(start: UInt64, marginBytes: Int) {
+        acknowledged = start
+        self.marginBytes = UInt64(marginBytes)
+    }
+
+    /// Where the client stands before its first topic: the market sequence then, or where its broken
+    /// session resumes. Only the first call counts.
+    func start(at sequence: UInt64) {
+        guard !started else { return }
+        started = true
+        acknowledged = sequence
+    }
+
+    private var started = false
+
+    /// A write went to the socket: `socketBytes` in all so far, its newest event `sequence`.
+    func wrote(socketBytes: UInt64, sequence: UInt64, acknowledgedBytes: UInt64?) {
+        let newest = max(sequence, marks.last?.sequence ?? acknowledged)
+        marks.append(Mark(socketBytes: socketBytes, sequence: newest))
+        if let acknowledgedBytes { advance(to: acknowledgedBytes) }
+        // Bounded: a client that acknowledges nothing keeps at most this many marks (the oldest merge).
+        if marks.count > 4096 { marks.removeFirst(2048) }
+    }
+
+    private func advance(to acknowledgedBytes: UInt64) {
+        lastAcknowledgedBytes = max(lastAcknowledgedBytes, acknowledgedBytes)
+        let safe = lastAcknowledgedBytes > marginBytes ? lastAcknowledgedBytes - marginBytes : 0
+        var taken = 0
+        for mark in marks {
+            guard mark.socketBytes <= safe else { break }
+            acknowledged = mark.sequence
+            taken += 1
+        }
+        if taken > 0 { marks.removeFirst(taken) }
+    }
+
+    /// The market sequence through which the client has every event of its topics.
+    var resumeAfter: UInt64 { acknowledged }
+}

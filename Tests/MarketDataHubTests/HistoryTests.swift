@@ -1,0 +1,154 @@
+import Foundation
+import NIOCore
+import PolygonWire
+import Testing
+
+@testable import MarketDataHub
+
+/// The fields of one event or notice as JSON.
+private func fields(_ event: MarketEvent) -> [String: Any] {
+    (try? JSONSerialization.jsonObject(with: Data(event.bytes.readableBytesView))) as? [String: Any] ?? [:]
+}
+
+private func topic(_ text: String) -> Topic { Topic(parsing: text)! }
+
+/// Events, positions, history and resumes on one hub.
+@Suite("Hub history: positions and resumes")
+struct HubHistoryTests {
+    @Test func everyEventGetsAContiguousTopicSequenceAndMarketSequenceWrittenIntoItsBytes() async throws {
+        let hub = MarketDataHub()
+        let subscription = await hub.subscribe(to: topics("T.AAPL", "T.MSFT"))
+        await hub.publish([event("T", "AAPL", 1), event("T", "MSFT", 1), event("T", "AAPL", 2)])
+        let got = try await take(3, from: subscription.events)
+        #expect(got.map { fields($0)["_s"] as? Int } == [1, 1, 2])
+        #expect(got.map { fields($0)["_m"] as? Int } == [1, 2, 3])
+        #expect(got.map { fields($0)["n"] as? Int } == [1, 1, 2], "the vendor's own fields are untouched")
+        #expect(got.map(\.sequence) == [1, 2, 3])
+        #expect(EventPosition.read(from: got[2].bytes) == EventPosition(topic: 2, market: 3))
+    }
+
+    @Test func aResumeByTopicPositionGetsExactlyTheMissedEventsThenResumedThenLive() async throws {
+        let hub = MarketDataHub()
+        await hub.publish((1...5).map { event("T", "AAPL", $0) })
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .positions(epoch: hub.epoch, [topic("T.AAPL"): 2]))
+        #expect(outcome.replayed == [topic("T.AAPL"): 3])
+        await hub.publish([event("T", "AAPL", 6)])
+        let got = try await take(5, from: subscription.events)
+        #expect(got.prefix(3).map { fields($0)["n"] as? Int } == [3, 4, 5])
+        #expect(fields(got[3])["status"] as? String == "resumed")
+        #expect((fields(got[3])["replayed"] as? [String: Int]) == ["T.AAPL": 3])
+        #expect(fields(got[4])["n"] as? Int == 6, "live right after the seam, nothing doubled")
+    }
+
+    @Test func aWildcardResumesByMarketSequenceInArrivalOrder() async throws {
+        let hub = MarketDataHub()
+        await hub.publish([event("Q", "A", 1), event("T", "A", 1), event("Q", "B", 2), event("Q", "A", 3)])
+        let subscription = await hub.subscribe()
+        await hub.add([topic("Q.*")], to: subscription.id, resuming: .positions(epoch: nil, [topic("Q.*"): 1]))
+        let got = try await take(3, from: subscription.events)
+        #expect(got.prefix(2).map { fields($0)["n"] as? Int } == [2, 3])
+        #expect(got.prefix(2).map(\.sequence) == [3, 4])
+        #expect(fields(got[2])["status"] as? String == "resumed")
+    }
+
+    @Test func aResumeByTimeReplaysWhatArrivedSinceThen() async throws {
+        let hub = MarketDataHub()
+        await hub.publish([event("T", "AAPL", 1)])
+        try await Task.sleep(for: .milliseconds(20))
+        let since = WallClock.nowMilliseconds()
+        try await Task.sleep(for: .milliseconds(5))
+        await hub.publish([event("T", "AAPL", 2), event("T", "AAPL", 3)])
+        let subscription = await hub.subscribe()
+        await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .time(milliseconds: since))
+        let got = try await take(3, from: subscription.events)
+        #expect(got.prefix(2).map { fields($0)["n"] as? Int } == [2, 3])
+        #expect(fields(got[2])["status"] as? String == "resumed")
+    }
+
+    @Test func anEvictedRangeIsAGapThenTheLastValueNeverAPartialReplay() async throws {
+        let hub = MarketDataHub(history: HistoryLimits(eventsPerTopic: 3))
+        await hub.publish((1...10).map { event("T", "AAPL", $0) })
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .positions(epoch: nil, [topic("T.AAPL"): 2]))
+        #expect(outcome.gaps == [topic("T.AAPL")])
+        let got = try await take(3, from: subscription.events)
+        let gap = fields(got[0])
+        #expect(gap["status"] as? String == "gap")
+        #expect(gap["topic"] as? String == "T.AAPL")
+        #expect(gap["from"] as? Int == 3 && gap["through"] as? Int == 7, "\(gap)")
+        #expect(fields(got[1])["n"] as? Int == 10, "then its last value")
+        #expect(fields(got[2])["status"] as? String == "resumed")
+    }
+
+    @Test func anotherEpochIsAGapForEveryTopicItNames() async throws {
+        let hub = MarketDataHub()
+        await hub.publish([event("T", "AAPL", 1)])
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .positions(epoch: "older", [topic("T.AAPL"): 1]))
+        #expect(outcome.gaps == [topic("T.AAPL")] && outcome.replayed.isEmpty)
+        let got = try await take(1, from: subscription.events)
+        #expect((fields(got[0])["message"] as? String)?.contains("started afresh") == true)
+    }
+
+    @Test func theMemoryBoundEvictsTheOldestWhateverTheirTopic() async throws {
+        let hub = MarketDataHub(history: HistoryLimits(memoryBytes: 20_000))
+        for round in 0..<50 { await hub.publish((0..<20).map { event("Q", "S\($0)", round) }) }
+        let statistics = try #require(await hub.historyStatistics)
+        #expect(statistics.memory <= 20_000)
+        #expect(statistics.events > 50 && statistics.events < 1000)
+        // The oldest are gone: a resume from the start is a gap, from near the end is whole.
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add([topic("Q.*")], to: subscription.id, resuming: .positions(epoch: nil, [topic("Q.*"): 1]))
+        #expect(outcome.gaps == [topic("Q.*")])
+        let recent = await hub.subscribe()
+        let whole = await hub.add([topic("Q.S1")], to: recent.id, resuming: .positions(epoch: nil, [topic("Q.S1"): 48]))
+        #expect(whole.replayed == [topic("Q.S1"): 2])
+    }
+
+    @Test func aResumePastItsBoundIsAGapForItsLargestTopics() async throws {
+        let hub = MarketDataHub(history: HistoryLimits(eventsPerResume: 5))
+        await hub.publish((1...10).map { event("T", "AAPL", $0) } + (1...3).map { event("T", "MSFT", $0) })
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add(
+            [topic("T.AAPL"), topic("T.MSFT")], to: subscription.id,
+            resuming: .positions(epoch: nil, [topic("T.AAPL"): 0, topic("T.MSFT"): 0]))
+        #expect(outcome.replayed == [topic("T.MSFT"): 3])
+        #expect(outcome.gaps == [topic("T.AAPL")])
+    }
+}
+
+@Suite("Hub conflation")
+struct HubConflationTests {
+    @Test func quotesMergePerSymbolTradesNeverAndATradeFlushesItsSymbolsQuoteFirst() async throws {
+        let hub = MarketDataHub()
+        let subscription = await hub.subscribe(to: topics("Q.AAPL", "Q.MSFT", "T.AAPL"))
+        await hub.setConflation(ConflationMode(interval: .milliseconds(200)), for: subscription.id)
+        await hub.publish((1...50).map { event("Q", "AAPL", $0) } + (1...50).map { event("Q", "MSFT", $0) })
+        await hub.publish([event("T", "AAPL", 1000), event("Q", "AAPL", 51)])
+        let got = try await take(4, from: subscription.events)
+        // The trade took AAPL's pending quote out first; MSFT's and the newer AAPL quote came at the interval.
+        #expect(got.map { "\($0.eventType).\($0.ticker).\(fields($0)["n"] as? Int ?? -1)" } == ["Q.AAPL.50", "T.AAPL.1000", "Q.MSFT.50", "Q.AAPL.51"])
+    }
+
+    @Test func aStalledSubscriberIsConflatedBeforeAnyEventIsDropped() async throws {
+        let hub = MarketDataHub()
+        let subscription = await hub.subscribe(to: topics("Q.*"))
+        await hub.setConflation(ConflationMode(interval: nil, whileLagging: true), for: subscription.id)
+        // Nobody reads: far more than the buffer holds, over 10 symbols.
+        for round in 0..<300 { await hub.publish((0..<10).map { event("Q", "S\($0)", round) }) }
+        #expect(await hub.droppedEvents(for: subscription.id) == 0)
+        #expect(await hub.droppedTotal == 0)
+        let pending = await hub.conflatedPending(for: subscription.id)
+        #expect(pending <= 10, "at most one pending quote per symbol: \(pending)")
+        // Reading it catches up, and the newest quote of each symbol arrives.
+        var newest: [String: Int] = [:]
+        var reader = subscription.events.makeAsyncIterator()
+        let deadline = ContinuousClock.now + .seconds(5)
+        while newest.count < 10 || newest.values.contains(where: { $0 != 299 }), ContinuousClock.now < deadline {
+            guard let next = await reader.next() else { break }
+            if !next.isNotice { newest[next.ticker] = fields(next)["n"] as? Int }
+        }
+        #expect(newest.count == 10 && newest.values.allSatisfy { $0 == 299 }, "\(newest)")
+    }
+}
