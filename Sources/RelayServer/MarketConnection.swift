@@ -74,6 +74,8 @@ actor MarketConnection {
     private var sessionName: String?
     /// The broken session this one took back: its topics resume from where it broke.
     private var resuming: SessionShelf.Session?
+    /// The session is still open on an older connection (closed now): its first subscribe waits for it.
+    private var takingOver = false
 
     init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, dependencies: Dependencies) {
         self.loop = loop
@@ -148,6 +150,12 @@ actor MarketConnection {
                 let name = "\(grant.name)#\(tag)"
                 sessionName = name
                 resuming = dependencies.shelf.take(name)
+                let loop = self.loop
+                let handler = self.handler
+                let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self)) {
+                    loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
+                }
+                takingOver = resuming == nil && previous
                 handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
                 feed?.tracksPositions.store(true, ordering: .relaxed)
             }
@@ -218,9 +226,11 @@ actor MarketConnection {
         authTimeout = nil
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
+        if let sessionName { dependencies.shelf.closed(sessionName, id: ObjectIdentifier(self)) }
         if let sessionName, let epoch = dependencies.hub.epoch, let position = handler.value.acknowledgedPosition {
             // Kept for the reconnect: its topics (and any it had not resubscribed yet) and where it broke.
             let topics = session.topics.union(resuming?.topics ?? [])
+            dependencies.logger.debug("tagged session kept", metadata: ["session": "\(sessionName)", "resumeAfter": "\(position.resumeAfter)"])
             dependencies.shelf.keep(
                 SessionShelf.Session(
                     epoch: epoch, resumeAfter: min(position.resumeAfter, resuming?.resumeAfter ?? .max), topics: topics, brokeAt: .now),
@@ -257,6 +267,10 @@ actor MarketConnection {
                 feed.kick()
             case .add(let topics, let resume):
                 guard let id = subscription?.id else { continue }
+                if takingOver, let sessionName {
+                    takingOver = false
+                    resuming = await dependencies.shelf.takeOver(sessionName)
+                }
                 if let resume {
                     let from: HubResume =
                         switch resume {

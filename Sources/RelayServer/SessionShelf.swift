@@ -28,6 +28,8 @@ final class SessionShelf: Sendable {
 
     private let settings: ResumeSettings
     private let shelf = Mutex<(sessions: [String: Session], order: [String])>(([:], []))
+    /// Tagged connections open now, by name: their identity and how to close one taken over.
+    private let live = Mutex<[String: (id: ObjectIdentifier, close: @Sendable () -> Void)]>([:])
     /// Kept sessions that expired unclaimed.
     let expired = Atomic<Int>(0)
 
@@ -55,6 +57,31 @@ final class SessionShelf: Sendable {
             shelf.order.removeAll { $0 == name }
             return session
         }
+    }
+
+    /// A tagged connection authenticated as `name`; a connection already open under that name (whose
+    /// client has come back before the relay saw it break) is closed, and its session is shelved as it closes.
+    /// Returns whether there was one.
+    func open(_ name: String, id: ObjectIdentifier, close: @escaping @Sendable () -> Void) -> Bool {
+        let previous = live.withLock { $0.updateValue((id, close), forKey: name) }
+        previous?.close()
+        return previous != nil
+    }
+
+    /// The tagged connection `id` closed (before its session is kept).
+    func closed(_ name: String, id: ObjectIdentifier) {
+        live.withLock { live in
+            if live[name]?.id == id { live[name] = nil }
+        }
+    }
+
+    /// The session of a connection taken over, once it closed and was kept: waits up to a second.
+    func takeOver(_ name: String) async -> Session? {
+        for _ in 0..<200 {
+            if let session = take(name) { return session }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return nil
     }
 
     /// Sessions kept now.

@@ -27,9 +27,14 @@ let interopScript = URL(fileURLWithPath: #filePath)
 
 /// Runs the interop script; returns its exit status and output. Bounded by `timeout`.
 func runPythonClient(_ arguments: [String], timeout: Duration = .seconds(40)) async throws -> (status: Int32, output: String) {
+    try await runPython(interopScript, arguments, timeout: timeout)
+}
+
+/// Runs a Python script; returns its exit status and output. Bounded by `timeout`.
+func runPython(_ script: String, _ arguments: [String], timeout: Duration) async throws -> (status: Int32, output: String) {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = ["python3", interopScript] + arguments
+    process.arguments = ["python3", script] + arguments
     let pipe = Pipe()
     process.standardOutput = pipe
     process.standardError = pipe
