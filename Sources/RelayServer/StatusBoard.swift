@@ -123,6 +123,17 @@ actor StatusBoard {
             var cluster: ClusterReport?
             var subscribers: Int
             var eventsPublished: Int
+            /// The epoch of the market's positions and what its history holds (`nil`: no history).
+            var history: History?
+        }
+
+        /// One market's history for resumes.
+        struct History: Sendable, Encodable {
+            var epoch: String
+            var memoryBytes: Int
+            var events: Int
+            var topics: Int
+            var lastMarketSequence: UInt64
         }
 
         var now: Date
@@ -162,10 +173,16 @@ actor StatusBoard {
             published += marketPublished
             lagging += await served.hub.bufferStatistics.lagging
             dropped += await served.hub.droppedTotal
+            var history: Status.History?
+            if let epoch = served.hub.epoch, let held = await served.hub.historyStatistics {
+                history = .init(
+                    epoch: epoch, memoryBytes: held.memory, events: held.events, topics: held.topics,
+                    lastMarketSequence: await served.hub.lastMarketSequence)
+            }
             perMarket.append(
                 .init(
                     market: served.market.rawValue, healthy: report.healthy, upstream: report.upstream, cluster: report.cluster,
-                    subscribers: marketSubscribers, eventsPublished: marketPublished))
+                    subscribers: marketSubscribers, eventsPublished: marketPublished, history: history))
         }
         let first = perMarket.first
         var series = Status.Series()

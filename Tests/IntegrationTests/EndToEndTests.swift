@@ -215,8 +215,12 @@ struct EndToEndTests {
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/stocks", key: "anything")
             client.send(ClientAction(.subscribe, params: "Q.AAPL"))
             #expect(try await client.nextEvents(2).allSatisfy { $0.topic.description == "Q.AAPL" })
-            // One upstream connection per market, each at its path.
-            #expect(parts.demoFeed?.monitor.snapshot.totalConnections == Market.allCases.count)
+            // One upstream connection per market, each at its path (the others may still be connecting).
+            let feed = try #require(parts.demoFeed)
+            try await eventually("every market's upstream to connect to the demo feed") {
+                feed.monitor.snapshot.totalConnections == Market.allCases.count
+            }
+            #expect(feed.monitor.snapshot.totalConnections == Market.allCases.count)
             await client.close()
         }
     }
