@@ -24,14 +24,18 @@ public struct HistoryLimits: Sendable, Equatable {
 
 /// One market's recent events in arrival order, and the positions the hub gives each new event.
 ///
-/// Owned by the hub and confined to it (not `Sendable`). Every event gets the next market sequence and
-/// the next sequence of its topic; both are contiguous and start at 1 in each epoch. The events are held
-/// once, in one ring in arrival order (a slot per market sequence), and each topic keeps the market
-/// sequences of its own events in a ring of its own, so a topic's position finds its place in O(1) and a
-/// wildcard's in O(1) too. Eviction: a topic past ``HistoryLimits/eventsPerTopic`` loses its oldest
-/// (the slot keeps its place but lets go of the bytes); the whole history past its memory or age bound
-/// loses its oldest slots, whatever their topic. What was evicted is remembered per topic and per event
-/// type as the highest market sequence lost, which is what tells whether a resume can be whole.
+/// Owned by the hub and confined to it (not `Sendable`). Every event has a market sequence and a
+/// sequence of its topic, both contiguous from 1 in each epoch: a single relay assigns them
+/// (``assign(_:)``), a cluster node adopts the leader's (written in the bytes). The events are held once,
+/// in one ring in arrival order, and each topic keeps the market sequences of its own events in a ring of
+/// its own. Eviction: a topic past ``HistoryLimits/eventsPerTopic`` loses its oldest (the slot lets go of
+/// the bytes); the whole history past its memory or age bound loses its oldest slots, whatever their topic.
+///
+/// What decides whether a resume can be whole: per topic and per event type, the highest market sequence
+/// evicted, and the market sequence from which every event has been received ("whole from"). A topic is
+/// whole only while the relay was asked for it: when it stops being wanted (nobody held it, so the upstream
+/// or NATS stopped sending it), when the upstream is lost, or when a cluster node sees a topic sequence
+/// skip, its whole run starts again at the next event, so a resume from before then is a `gap`.
 final class EventHistory {
     /// Bookkeeping counted per event beside its bytes (its slot, its place in its topic's ring, the
     /// share of its message's buffer header).
@@ -39,6 +43,7 @@ final class EventHistory {
 
     /// One event's slot in arrival order.
     struct Slot {
+        let sequence: UInt64
         let topic: TopicLine
         let topicSequence: UInt64
         /// Wall time it arrived, Unix ms.
@@ -50,14 +55,18 @@ final class EventHistory {
     /// One topic's line: its next sequence and the market sequences of its events still held.
     final class TopicLine {
         let topic: Topic
-        /// The sequence the next event of the topic gets.
+        /// The sequence the next event of the topic gets (or, adopted, is expected to have).
         var nextSequence: UInt64 = 1
-        /// Market sequences of its held events, oldest first; the first has topic sequence `firstSequence`.
+        /// Market sequences of its held events, oldest first, contiguous in topic sequence from `firstSequence`.
         var held = CircularBuffer<UInt64>()
         var firstSequence: UInt64 = 1
         /// The highest market sequence of this topic that was evicted (0: none), and when it had arrived.
         var evictedThrough: UInt64 = 0
         var evictedArrival: Int64 = .min
+        /// Every event of this topic from this market sequence on was received (1: all of the epoch's),
+        /// and the wall time from which that holds.
+        var wholeFrom: UInt64 = 1
+        var wholeSince: Int64 = .min
 
         init(topic: Topic) { self.topic = topic }
     }
@@ -65,22 +74,28 @@ final class EventHistory {
     let epoch: String
     var limits: HistoryLimits
     private var slots = CircularBuffer<Slot>()
-    /// The market sequence of `slots.first`.
-    private var firstSlotSequence: UInt64 = 1
-    /// The sequence the next event of the market gets.
+    /// The sequence the next event of the market gets (the newest seen, plus one).
     private(set) var nextMarketSequence: UInt64 = 1
     private var lines: [Topic: TopicLine] = [:]
-    /// Per event type, the highest market sequence of that type that was evicted.
+    /// Per event type, the highest market sequence of that type that was evicted, and when.
     private var typeEvictedThrough: [String: UInt64] = [:]
     private var typeEvictedArrival: [String: Int64] = [:]
+    /// Per event type, whole from (as for a line): every event of the type from then on was received.
+    /// A type missing here was never wholly received (a wildcard resume of it is a gap) unless
+    /// `wholeByDefault`.
+    private var typeWholeFrom: [String: (sequence: UInt64, since: Int64)] = [:]
+    /// Whether a type is whole from the epoch's start until told otherwise (a single relay's upstream is
+    /// asked for a wildcard only while one is wanted, so: no; kept for tests of the bare history).
+    private let wholeByDefault: Bool
     /// Memory counted (``overheadPerEvent`` per event plus its bytes).
     private(set) var memory = 0
     /// Events held (slots whose bytes are still here).
     private(set) var eventCount = 0
 
-    init(limits: HistoryLimits, epoch: String = EventPosition.newEpoch()) {
+    init(limits: HistoryLimits, epoch: String = EventPosition.newEpoch(), wholeByDefault: Bool = false) {
         self.limits = limits
         self.epoch = epoch
+        self.wholeByDefault = wholeByDefault
     }
 
     /// The positions the next events get (one per event, in order), without keeping them yet.
@@ -100,25 +115,38 @@ final class EventHistory {
         return positions
     }
 
-    /// Keeps stamped events (each with the positions ``assign(_:)`` gave, in order), then evicts what
-    /// the limits no longer allow.
+    /// Keeps stamped events with their positions (in order, market sequences rising), then evicts what
+    /// the limits no longer allow. A topic sequence that skips (a cluster node that was not sent some)
+    /// starts the topic's whole run again.
     func append(_ events: [MarketEvent], positions: [EventPosition], at now: Int64) {
         for index in events.indices {
             let event = events[index]
             let position = positions[index]
+            guard position.market >= nextMarketSequence else { continue }  // out of order: not kept
             let topic = event.topic
             let line: TopicLine
             if let existing = lines[topic] {
                 line = existing
+                if position.topic != line.nextSequence { restart(line, at: position, now: now) }
             } else {
                 line = TopicLine(topic: topic)
                 lines[topic] = line
+                line.firstSequence = position.topic
+                line.nextSequence = position.topic
+                // Its first event of the epoch: whole from the start. Otherwise (adopted mid-stream) from here.
+                if position.topic != 1 {
+                    line.wholeFrom = position.market
+                    line.wholeSince = now
+                }
             }
             line.nextSequence = position.topic + 1
             if line.held.isEmpty { line.firstSequence = position.topic }
             line.held.append(position.market)
-            slots.append(Slot(topic: line, topicSequence: position.topic, arrivedAt: now, event: event))
+            slots.append(Slot(sequence: position.market, topic: line, topicSequence: position.topic, arrivedAt: now, event: event))
             nextMarketSequence = position.market + 1
+            if typeWholeFrom[topic.eventType] == nil, pendingTypes.remove(topic.eventType) != nil {
+                typeWholeFrom[topic.eventType] = (position.market, now)
+            }
             memory += event.bytes.readableBytes + Self.overheadPerEvent
             eventCount += 1
             if line.held.count > limits.eventsPerTopic { evictOldest(of: line) }
@@ -126,33 +154,85 @@ final class EventHistory {
         evict(now: now)
     }
 
+    /// A topic's run broke: what it holds is let go (a resume from before is a gap) and it is whole again
+    /// from `position`.
+    private func restart(_ line: TopicLine, at position: EventPosition, now: Int64) {
+        while !line.held.isEmpty { dropOldest(of: line) }
+        line.firstSequence = position.topic
+        line.wholeFrom = position.market
+        line.wholeSince = now
+    }
+
+    // MARK: what is wanted
+
+    /// Types whose wildcard is wanted and whose first event since has not arrived yet.
+    private var pendingTypes: Set<String> = []
+
+    /// The relay now receives every event of a topic (ticker) from the next one on.
+    func wanted(_ topic: Topic, now: Int64) {
+        if topic.isWildcard {
+            pendingTypes.insert(topic.eventType)
+            return
+        }
+        interrupt(topic, now: now)
+    }
+
+    /// The relay stopped receiving a topic (or a wildcard's type): whole again only from its next event.
+    func unwanted(_ topic: Topic, now: Int64) {
+        if topic.isWildcard {
+            pendingTypes.remove(topic.eventType)
+            typeWholeFrom[topic.eventType] = nil
+            for line in lines.values where line.topic.eventType == topic.eventType { interrupt(line.topic, now: now) }
+            return
+        }
+        interrupt(topic, now: now)
+    }
+
+    /// Events may have been missed (the upstream was lost): every topic and type is whole again only from
+    /// the next event.
+    func interruptAll(now: Int64) {
+        for line in lines.values {
+            line.wholeFrom = nextMarketSequence
+            line.wholeSince = now
+        }
+        for type in typeWholeFrom.keys { pendingTypes.insert(type) }
+        typeWholeFrom.removeAll()
+    }
+
+    private func interrupt(_ topic: Topic, now: Int64) {
+        guard let line = lines[topic] else { return }
+        line.wholeFrom = max(line.wholeFrom, nextMarketSequence)
+        line.wholeSince = now
+    }
+
+    // MARK: eviction
+
     /// Drops the oldest slots while the history is past its memory bound or older than its age bound.
     func evict(now: Int64) {
         let oldestKept = now - limits.maxAge.milliseconds
         while let first = slots.first, memory > limits.memoryBytes || first.arrivedAt < oldestKept {
             let slot = slots.removeFirst()
-            let sequence = firstSlotSequence
-            firstSlotSequence += 1
             guard let event = slot.event else { continue }
             // Its topic's oldest held event is this one (a topic's ring is in arrival order too).
             let line = slot.topic
-            if line.held.first == sequence {
+            if line.held.first == slot.sequence {
                 line.held.removeFirst()
                 line.firstSequence += 1
             }
-            forget(event, sequence: sequence, arrivedAt: slot.arrivedAt, line: line)
+            forget(event, sequence: slot.sequence, arrivedAt: slot.arrivedAt, line: line)
         }
     }
 
     private func evictOldest(of line: TopicLine) {
+        dropOldest(of: line)
+    }
+
+    private func dropOldest(of line: TopicLine) {
         let sequence = line.held.removeFirst()
         line.firstSequence += 1
-        let index = Int(sequence - firstSlotSequence)
-        guard index >= 0, index < slots.count else { return }
-        let position = slots.index(slots.startIndex, offsetBy: index)
-        guard let event = slots[position].event else { return }
-        slots[position].event = nil
-        forget(event, sequence: sequence, arrivedAt: slots[position].arrivedAt, line: line)
+        guard let index = slotIndex(of: sequence), let event = slots[index].event else { return }
+        slots[index].event = nil
+        forget(event, sequence: sequence, arrivedAt: slots[index].arrivedAt, line: line)
     }
 
     private func forget(_ event: MarketEvent, sequence: UInt64, arrivedAt: Int64, line: TopicLine) {
@@ -196,32 +276,44 @@ final class EventHistory {
     /// The market sequence of the last event that arrived before `time` (Unix ms): a time resume starts
     /// after it. When nothing held is that old, the sequence before the oldest held slot.
     func marketSequence(before time: Int64) -> UInt64 {
-        // Slots are in arrival order, so their times do not decrease: binary search.
         var low = 0
         var high = slots.count
         while low < high {
             let middle = (low + high) / 2
             if slots[slots.index(slots.startIndex, offsetBy: middle)].arrivedAt < time { low = middle + 1 } else { high = middle }
         }
-        return firstSlotSequence + UInt64(low) - 1
+        if low < slots.count { return slots[slots.index(slots.startIndex, offsetBy: low)].sequence - 1 }
+        return nextMarketSequence - 1
     }
 
     /// The events of `topic` after where the client stands (a wildcard takes `.market` or `.time`).
     func missed(_ topic: Topic, since: Since) -> Missed {
         let ahead = "the position is ahead of this relay's history"
         let lost = "no longer held"
-        // Market-ordered positions: the last one the client has, and whether what was evicted is past it.
+        let notReceived = "not all received by this relay (it was not subscribed to the topic, or its upstream was away)"
+        let line = lines[topic]
+        let whole: (sequence: UInt64, since: Int64)? =
+            if topic.isWildcard { typeWholeFrom[topic.eventType] ?? (wholeByDefault ? (1, .min) : nil) } else { line.map { ($0.wholeFrom, $0.wholeSince) } ?? (1, .min) }
+        let evictedSequence = topic.isWildcard ? typeEvictedThrough[topic.eventType] ?? 0 : line?.evictedThrough ?? 0
+        // The last market sequence the client has.
         let after: UInt64
-        let evictedSequence = topic.isWildcard ? typeEvictedThrough[topic.eventType] ?? 0 : lines[topic]?.evictedThrough ?? 0
         switch since {
         case .topic(let position):
             guard !topic.isWildcard else { return missed(topic, since: .market(position)) }
-            guard let line = lines[topic] else {
+            guard let line else {
                 return position == 0 ? .events([]) : .gap(from: 1, through: position, unit: .topicSequence, reason: ahead)
             }
             guard position < line.nextSequence else { return .gap(from: line.nextSequence, through: position, unit: .topicSequence, reason: ahead) }
             guard position + 1 >= line.firstSequence else {
                 return .gap(from: position + 1, through: line.firstSequence - 1, unit: .topicSequence, reason: lost)
+            }
+            // Where that event stood in the market: held, just evicted, or (position 0) the epoch's start.
+            let market: UInt64 =
+                position >= line.firstSequence
+                ? line.held[line.held.index(line.held.startIndex, offsetBy: Int(position - line.firstSequence))]
+                : position == 0 ? 0 : line.evictedThrough
+            guard line.wholeFrom <= market + 1 else {
+                return .gap(from: position + 1, through: position + 1, unit: .topicSequence, reason: notReceived)
             }
             return .events(events(of: line, fromOffset: Int(position + 1 - line.firstSequence)))
         case .market(let position):
@@ -231,24 +323,31 @@ final class EventHistory {
             guard evictedSequence <= position else {
                 return .gap(from: position + 1, through: evictedSequence, unit: .marketSequence, reason: lost)
             }
+            guard let whole, whole.sequence <= position + 1 else {
+                return .gap(from: position + 1, through: (whole?.sequence ?? nextMarketSequence) - 1, unit: .marketSequence, reason: notReceived)
+            }
             after = position
         case .time(let time):
             after = marketSequence(before: time)
-            let evictedAt = topic.isWildcard ? typeEvictedArrival[topic.eventType] ?? .min : lines[topic]?.evictedArrival ?? .min
+            let evictedAt = topic.isWildcard ? typeEvictedArrival[topic.eventType] ?? .min : line?.evictedArrival ?? .min
             guard evictedAt < time else {
                 return .gap(from: UInt64(max(time, 0)), through: UInt64(max(evictedAt, 0)), unit: .unixMilliseconds, reason: lost)
+            }
+            guard let whole, whole.sequence <= after + 1 else {
+                return .gap(from: UInt64(max(time, 0)), through: UInt64(max(whole?.since ?? 0, 0)), unit: .unixMilliseconds, reason: notReceived)
             }
         }
         if topic.isWildcard {
             var events: [MarketEvent] = []
-            var sequence = max(after + 1, firstSlotSequence)
-            while sequence < nextMarketSequence {
-                if let slot = slot(at: sequence), slot.topic.topic.eventType == topic.eventType, let event = slot.event { events.append(event) }
-                sequence += 1
+            var index = firstSlotIndex(after: after)
+            while index != slots.endIndex {
+                let slot = slots[index]
+                if slot.topic.topic.eventType == topic.eventType, let event = slot.event { events.append(event) }
+                index = slots.index(after: index)
             }
             return .events(events)
         }
-        guard let line = lines[topic] else { return .events([]) }
+        guard let line else { return .events([]) }
         // Its held market sequences are in order: the first one past `after`.
         var low = 0
         var high = line.held.count
@@ -264,17 +363,35 @@ final class EventHistory {
         events.reserveCapacity(max(line.held.count - first, 0))
         var index = line.held.index(line.held.startIndex, offsetBy: first)
         while index != line.held.endIndex {
-            if let event = slot(at: line.held[index])?.event { events.append(event) }
+            if let slotIndex = slotIndex(of: line.held[index]), let event = slots[slotIndex].event { events.append(event) }
             index = line.held.index(after: index)
         }
         return events
     }
 
-    private func slot(at sequence: UInt64) -> Slot? {
-        guard sequence >= firstSlotSequence else { return nil }
-        let offset = Int(sequence - firstSlotSequence)
-        guard offset < slots.count else { return nil }
-        return slots[slots.index(slots.startIndex, offsetBy: offset)]
+    /// The index of the first slot whose sequence is past `sequence`.
+    private func firstSlotIndex(after sequence: UInt64) -> CircularBuffer<Slot>.Index {
+        var low = 0
+        var high = slots.count
+        while low < high {
+            let middle = (low + high) / 2
+            if slots[slots.index(slots.startIndex, offsetBy: middle)].sequence <= sequence { low = middle + 1 } else { high = middle }
+        }
+        return slots.index(slots.startIndex, offsetBy: low)
+    }
+
+    /// The index of the slot of `sequence`, if it is held (slots are in rising sequence: binary search;
+    /// O(1) when the sequences have no holes, as on a single relay).
+    private func slotIndex(of sequence: UInt64) -> CircularBuffer<Slot>.Index? {
+        guard let first = slots.first, sequence >= first.sequence else { return nil }
+        let guess = Int(min(sequence - first.sequence, UInt64(slots.count)))
+        if guess < slots.count {
+            let index = slots.index(slots.startIndex, offsetBy: guess)
+            if slots[index].sequence == sequence { return index }
+        }
+        let index = firstSlotIndex(after: sequence - 1)
+        guard index != slots.endIndex, slots[index].sequence == sequence else { return nil }
+        return index
     }
 
     /// The topic sequence of a topic's newest event (0: none yet).

@@ -188,3 +188,26 @@ extension MarketDataHub {
         history.map { ($0.memory, $0.eventCount, $0.topicCount) }
     }
 }
+
+extension MarketDataHub {
+    /// The leader of a cluster began a new epoch (a new leadership term): this node's history starts
+    /// afresh under it (positions of the old epoch resume as `gap`).
+    public func startEpoch(_ epoch: String) {
+        guard adoptsPositions, let limits = historyLimits, history?.epoch != epoch else { return }
+        let fresh = EventHistory(limits: limits, epoch: epoch)
+        // What this node wants now is what it receives whole from the new epoch's first events.
+        for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }
+        history = fresh
+        epochBox.withLock { $0 = epoch }
+        metrics.record(fresh)
+    }
+
+    /// Parks a subscriber: it keeps its topics (still wanted, so their history stays whole) and gets
+    /// nothing until removed. A broken tagged session's until its client comes back or its window ends.
+    public func park(_ id: SubscriberID) {
+        guard let subscriber = subscribers[id] else { return }
+        subscriber.parked = true
+        subscriber.conflation = nil
+        if conflating.remove(id) != nil { conflationChanged() }
+    }
+}

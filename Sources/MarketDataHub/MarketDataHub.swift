@@ -1,6 +1,7 @@
 import CoreMetrics
 import Logging
 import PolygonWire
+import Synchronization
 
 /// Fans market events out to subscribers, each filtered to its own topics.
 ///
@@ -51,6 +52,9 @@ public actor MarketDataHub {
         var untold = false
         /// Its state events merged per symbol (asked for, or while it lags if its key allows it).
         var conflation: Conflation?
+        /// Holds its topics (they stay wanted, so the history of them stays whole) but gets nothing: a
+        /// broken tagged session waiting for its client.
+        var parked = false
 
         init(
             id: SubscriberID, continuation: AsyncStream<DeliveryBatch>.Continuation, queue: SubscriberQueue,
@@ -78,9 +82,13 @@ public actor MarketDataHub {
     var subscribers: [SubscriberID: Subscriber] = [:]
     var entries: [Topic: TopicEntry] = [:]
     /// Recent events and the positions of new ones (`nil`: no history, no positions).
-    let history: EventHistory?
-    /// The epoch of this hub's positions (`nil` without a history).
-    public nonisolated let epoch: String?
+    var history: EventHistory?
+    let historyLimits: HistoryLimits?
+    /// Whether positions come written in the events (a cluster node: the leader's) instead of from here.
+    let adoptsPositions: Bool
+    nonisolated let epochBox: Mutex<String?>
+    /// The epoch of this hub's positions (`nil` without a history). Any thread.
+    public nonisolated var epoch: String? { epochBox.withLock { $0 } }
     /// Subscribers whose state events are conflated, and the task that flushes them.
     var conflating: Set<SubscriberID> = []
     var conflationTicker: Task<Void, Never>?
@@ -124,6 +132,7 @@ public actor MarketDataHub {
         snapshotOnSubscribe: Bool = true,
         keepsUnwantedLastValues: Bool = true,
         history: HistoryLimits? = HistoryLimits(),
+        adoptsPositions: Bool = false,
         logger: Logger = Logger(label: "relay.hub"),
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
         onWantedTopicsChange: @escaping @Sendable (WantedTopicsChange) -> Void = { _ in }
@@ -133,9 +142,12 @@ public actor MarketDataHub {
         self.keepsUnwantedLastValues = keepsUnwantedLastValues
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
-        let history = history.map { EventHistory(limits: $0) }
-        self.history = history
-        epoch = history?.epoch
+        historyLimits = history
+        // A node that adopts positions has no epoch until the leader names one.
+        let made = adoptsPositions ? nil : history.map { EventHistory(limits: $0) }
+        self.history = made
+        self.adoptsPositions = adoptsPositions
+        epochBox = Mutex(made?.epoch)
         metrics = HubHistoryMetrics(factory: metricsFactory)
         subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
         laggingGauge = Gauge(label: "relay_subscribers_lagging", factory: metricsFactory)
@@ -272,11 +284,13 @@ public actor MarketDataHub {
 
     private func upstreamAdd(_ topic: Topic) {
         guard upstreamWanted.insert(topic).inserted else { return }
+        history?.wanted(topic, now: WallClock.nowMilliseconds())
         if wantedChange.removed.remove(topic) == nil { wantedChange.added.insert(topic) }
     }
 
     private func upstreamRemove(_ topic: Topic) {
         guard upstreamWanted.remove(topic) != nil else { return }
+        history?.unwanted(topic, now: WallClock.nowMilliseconds())
         if wantedChange.added.remove(topic) == nil { wantedChange.removed.insert(topic) }
     }
 
@@ -305,10 +319,26 @@ public actor MarketDataHub {
         publishedCounter.increment(by: events.count)
         var events = events
         if let history {
-            // Positions once per event, here, before any subscriber sees it: every delivery shares them.
-            let positions = history.assign(events)
-            events = EventPosition.stamp(events, positions)
-            history.append(events, positions: positions, at: now)
+            if adoptsPositions {
+                // The leader's positions, already in the bytes: read, not written.
+                var positions: [EventPosition] = []
+                var kept: [MarketEvent] = []
+                for event in events {
+                    guard let position = EventPosition.read(from: event.bytes) else { continue }
+                    positions.append(position)
+                    kept.append(
+                        MarketEvent(
+                            eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt,
+                            sequence: position.market))
+                }
+                if kept.count == events.count { events = kept }
+                history.append(kept, positions: positions, at: now)
+            } else {
+                // Positions once per event, here, before any subscriber sees it: every delivery shares them.
+                let positions = history.assign(events)
+                events = EventPosition.stamp(events, positions)
+                history.append(events, positions: positions, at: now)
+            }
             metrics.record(history)
         }
         let shared = PublishedEvents(events)
@@ -368,6 +398,7 @@ public actor MarketDataHub {
     /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
     /// dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
     func enqueue(_ delivery: HubDelivery, to subscriber: Subscriber) {
+        guard !subscriber.parked else { return }
         var delivery = delivery
         var count = delivery.count
         var pending = subscriber.queue.pending.load(ordering: .acquiring)
@@ -502,6 +533,8 @@ public actor MarketDataHub {
     public func upstreamLost(reason: String) {
         guard outage == nil else { return }
         let now = WallClock.nowMilliseconds()
+        // Events of the outage never arrive: no resume reaches across it.
+        history?.interruptAll(now: now)
         outage = Outage(lastEventBefore: lastEventAt, lostAt: now, reason: reason)
         var numbers: [String: Int64] = ["lost_at_ms": now]
         if let lastEventAt { numbers["last_event_before_ms"] = lastEventAt }

@@ -50,6 +50,8 @@ actor MarketConnection {
         case remove([Topic])
         case conflate(ConflationMode?)
         case leave
+        /// A tagged session's connection ended: its subscriber is parked and the session shelved.
+        case shelve(String, SessionShelf.Session)
     }
 
     /// The default interval of a connection that asks for conflation without one.
@@ -226,20 +228,24 @@ actor MarketConnection {
         authTimeout = nil
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
-        if let sessionName { dependencies.shelf.closed(sessionName, id: ObjectIdentifier(self)) }
+        var shelved: (String, SessionShelf.Session)?
         if let sessionName, let epoch = dependencies.hub.epoch, let position = handler.value.acknowledgedPosition {
-            // Kept for the reconnect: its topics (and any it had not resubscribed yet) and where it broke.
-            let topics = session.topics.union(resuming?.topics ?? [])
+            // Kept for the reconnect: its topics and where it broke (a session it took back and had not
+            // resubscribed wholly keeps that one's start and topics).
             dependencies.logger.debug("tagged session kept", metadata: ["session": "\(sessionName)", "resumeAfter": "\(position.resumeAfter)"])
-            dependencies.shelf.keep(
+            shelved = (
+                sessionName,
                 SessionShelf.Session(
-                    epoch: epoch, resumeAfter: min(position.resumeAfter, resuming?.resumeAfter ?? .max), topics: topics, brokeAt: .now),
-                as: sessionName)
+                    epoch: epoch, resumeAfter: min(position.resumeAfter, resuming?.resumeAfter ?? .max),
+                    topics: session.topics.union(resuming?.topics ?? []), brokeAt: .now)
+            )
+        } else if let sessionName {
+            dependencies.shelf.closed(sessionName, id: ObjectIdentifier(self))
         }
         session.releaseAll()
         // Nothing the client asked for matters now, but leaving the hub does (after a join in flight).
         hubChanges.removeAll()
-        change(.leave)
+        if let shelved { change(.shelve(shelved.0, shelved.1)) } else { change(.leave) }
     }
 
     // MARK: the hub
@@ -285,6 +291,8 @@ actor MarketConnection {
                     if !back.isEmpty {
                         handler.value.acknowledgedPosition?.start(at: broken.resumeAfter)
                         await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter))
+                        // Its topics are this connection's now: the parked subscriber can go.
+                        if let parked = broken.parked { await hub.remove(parked) }
                         let left = broken.topics.subtracting(back)
                         resuming = left.isEmpty ? nil : SessionShelf.Session(
                             epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt)
@@ -303,7 +311,19 @@ actor MarketConnection {
                 if let id = subscription?.id { await hub.remove(topics, from: id) }
             case .leave:
                 if let id = subscription?.id { await hub.remove(id) }
+                if let parked = resuming?.parked { await hub.remove(parked) }
                 subscription = nil
+            case .shelve(let name, var session):
+                // Parked first, so its topics never stop being wanted; then shelved; then no longer open.
+                if let id = subscription?.id {
+                    await hub.park(id)
+                    session.parked = id
+                }
+                if let parked = resuming?.parked { await hub.remove(parked) }
+                resuming = nil
+                subscription = nil
+                dependencies.shelf.keep(session, as: name)
+                dependencies.shelf.closed(name, id: ObjectIdentifier(self))
             }
         }
         hubWorker = nil

@@ -44,7 +44,8 @@ struct MarketRoute: Sendable {
         sessionLimits.market = served.market
         sessionLimits.epoch = served.hub.epoch
         self.limits = sessionLimits
-        shelf = SessionShelf(settings: configuration.resume)
+        let hub = served.hub
+        shelf = SessionShelf(settings: configuration.resume) { parked in Task { await hub.remove(parked) } }
         let dimensions = [("market", served.market.rawValue)]
         upstreamLastMessageAge = Gauge(label: "relay_upstream_last_message_age_seconds", dimensions: dimensions, factory: factory)
         maxBufferFill = Gauge(label: "relay_subscriber_buffer_max_fill", dimensions: dimensions, factory: factory)

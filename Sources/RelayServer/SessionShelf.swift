@@ -24,6 +24,9 @@ final class SessionShelf: Sendable {
         let resumeAfter: UInt64
         let topics: Set<Topic>
         let brokeAt: ContinuousClock.Instant
+        /// Its parked hub subscriber, which keeps its topics wanted (so their history stays whole) until
+        /// the session is taken back or expires.
+        var parked: SubscriberID?
     }
 
     private let settings: ResumeSettings
@@ -33,30 +36,52 @@ final class SessionShelf: Sendable {
     /// Kept sessions that expired unclaimed.
     let expired = Atomic<Int>(0)
 
-    init(settings: ResumeSettings) {
+    /// Removes a parked subscriber from the hub (a session expired, was pushed out, or was replaced).
+    private let release: @Sendable (SubscriberID) -> Void
+
+    init(settings: ResumeSettings, release: @escaping @Sendable (SubscriberID) -> Void = { _ in }) {
         self.settings = settings
+        self.release = release
     }
 
     /// Keeps a broken session under `name` (key name and tag), replacing an older one of that name.
     func keep(_ session: Session, as name: String) {
-        shelf.withLock { shelf in
-            sweep(&shelf, now: session.brokeAt)
-            if shelf.sessions.updateValue(session, forKey: name) != nil { shelf.order.removeAll { $0 == name } }
+        let released = shelf.withLock { shelf -> [SubscriberID] in
+            var released = sweep(&shelf, now: session.brokeAt)
+            if let replaced = shelf.sessions.updateValue(session, forKey: name) {
+                shelf.order.removeAll { $0 == name }
+                if let parked = replaced.parked { released.append(parked) }
+            }
             shelf.order.append(name)
             while shelf.order.count > settings.sessions {
-                shelf.sessions[shelf.order.removeFirst()] = nil
+                if let parked = shelf.sessions.removeValue(forKey: shelf.order.removeFirst())?.parked { released.append(parked) }
             }
+            return released
         }
+        for id in released { release(id) }
+        // Swept once its window has passed, whether or not another session comes.
+        let window = settings.window
+        Task { [weak self] in
+            try? await Task.sleep(for: window + .milliseconds(100))
+            self?.sweep()
+        }
+    }
+
+    /// Lets go of the sessions whose window has passed.
+    func sweep(now: ContinuousClock.Instant = .now) {
+        for id in shelf.withLock({ sweep(&$0, now: now) }) { release(id) }
     }
 
     /// Takes back the session kept under `name`, if it is still within its window.
     func take(_ name: String, now: ContinuousClock.Instant = .now) -> Session? {
-        shelf.withLock { shelf in
-            sweep(&shelf, now: now)
-            guard let session = shelf.sessions.removeValue(forKey: name) else { return nil }
+        let (session, released) = shelf.withLock { shelf -> (Session?, [SubscriberID]) in
+            let released = sweep(&shelf, now: now)
+            guard let session = shelf.sessions.removeValue(forKey: name) else { return (nil, released) }
             shelf.order.removeAll { $0 == name }
-            return session
+            return (session, released)
         }
+        for id in released { release(id) }
+        return session
     }
 
     /// A tagged connection authenticated as `name`; a connection already open under that name (whose
@@ -87,12 +112,15 @@ final class SessionShelf: Sendable {
     /// Sessions kept now.
     var count: Int { shelf.withLock { $0.sessions.count } }
 
-    private func sweep(_ shelf: inout (sessions: [String: Session], order: [String]), now: ContinuousClock.Instant) {
+    private func sweep(_ shelf: inout (sessions: [String: Session], order: [String]), now: ContinuousClock.Instant) -> [SubscriberID] {
+        var released: [SubscriberID] = []
         while let oldest = shelf.order.first, let session = shelf.sessions[oldest], now - session.brokeAt > settings.window {
             shelf.order.removeFirst()
             shelf.sessions[oldest] = nil
+            if let parked = session.parked { released.append(parked) }
             expired.add(1, ordering: .relaxed)
         }
+        return released
     }
 }
 

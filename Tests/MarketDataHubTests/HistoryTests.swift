@@ -43,9 +43,12 @@ struct HubHistoryTests {
 
     @Test func aWildcardResumesByMarketSequenceInArrivalOrder() async throws {
         let hub = MarketDataHub()
+        // Held by someone, so the relay received every Q event.
+        let holder = await hub.subscribe(to: topics("Q.*"))
         await hub.publish([event("Q", "A", 1), event("T", "A", 1), event("Q", "B", 2), event("Q", "A", 3)])
         let subscription = await hub.subscribe()
         await hub.add([topic("Q.*")], to: subscription.id, resuming: .positions(epoch: nil, [topic("Q.*"): 1]))
+        _ = holder
         let got = try await take(3, from: subscription.events)
         #expect(got.prefix(2).map { fields($0)["n"] as? Int } == [2, 3])
         #expect(got.prefix(2).map(\.sequence) == [3, 4])
@@ -81,6 +84,34 @@ struct HubHistoryTests {
         #expect(fields(got[2])["status"] as? String == "resumed")
     }
 
+    @Test func aTopicNobodyHeldMeanwhileIsAGapNotASilentlyShortReplay() async throws {
+        let hub = MarketDataHub()
+        let first = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish((1...3).map { event("T", "AAPL", $0) })
+        await hub.remove(first.id)
+        // Nobody held it: the upstream was told to stop sending it, so what the market did meanwhile is unknown.
+        await hub.publish([event("Q", "MSFT", 1)])
+        let holder = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish([event("T", "AAPL", 9)])
+        let back = await hub.subscribe()
+        let outcome = await hub.add([topic("T.AAPL")], to: back.id, resuming: .positions(epoch: nil, [topic("T.AAPL"): 3]))
+        #expect(outcome.gaps == [topic("T.AAPL")])
+        _ = holder
+    }
+
+    @Test func aParkedSubscriberKeepsItsTopicsWholeAndGetsNothing() async throws {
+        let hub = MarketDataHub()
+        let first = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish((1...3).map { event("T", "AAPL", $0) })
+        await hub.park(first.id)
+        await hub.publish((4...6).map { event("T", "AAPL", $0) })
+        #expect(first.hasQueued, "what came before parking is still in its stream")
+        let back = await hub.subscribe()
+        let outcome = await hub.add([topic("T.AAPL")], to: back.id, resuming: .positions(epoch: nil, [topic("T.AAPL"): 3]))
+        #expect(outcome.replayed == [topic("T.AAPL"): 3] && outcome.gaps.isEmpty)
+        #expect(await hub.wantedTopics == topics("T.AAPL"))
+    }
+
     @Test func anotherEpochIsAGapForEveryTopicItNames() async throws {
         let hub = MarketDataHub()
         await hub.publish([event("T", "AAPL", 1)])
@@ -93,6 +124,8 @@ struct HubHistoryTests {
 
     @Test func theMemoryBoundEvictsTheOldestWhateverTheirTopic() async throws {
         let hub = MarketDataHub(history: HistoryLimits(memoryBytes: 20_000))
+        let holder = await hub.subscribe(to: topics("Q.*"))
+        defer { _ = holder }
         for round in 0..<50 { await hub.publish((0..<20).map { event("Q", "S\($0)", round) }) }
         let statistics = try #require(await hub.historyStatistics)
         #expect(statistics.memory <= 20_000)
