@@ -16,6 +16,8 @@ import Synchronization
 /// `Sendable`; state behind `Mutex`es. ``run()`` is the one consumer.
 final class ClusterFeed: Sendable {
     static let lossPrefix = "loss:"
+    /// The leader's epoch: the positions in the events that follow are of it.
+    static let epochPrefix = "epoch:"
     static let maxQueuedEvents = 100_000
 
     let subjects: ClusterSubjects
@@ -64,6 +66,16 @@ final class ClusterFeed: Sendable {
         eventSink.withLock { $0 = sink }
         let control = NATSMessageSink { [weak self] _, payload in
             let reason = String(decoding: payload, as: UTF8.self)
+            if reason.hasPrefix(ClusterFeed.epochPrefix) {
+                let epoch = String(reason.dropFirst(ClusterFeed.epochPrefix.count))
+                // A token the leader made: 1 to 32 letters and digits, or it is refused.
+                guard (1...32).contains(epoch.utf8.count), epoch.utf8.allSatisfy({ Topic.isTickerByte($0) && $0 != UInt8(ascii: ".") }) else {
+                    self?.metrics.rejected("control", "an epoch that is no token", logger: self?.logger ?? Logger(label: "relay.cluster"))
+                    return
+                }
+                self?.inbox.push(.epoch(epoch))
+                return
+            }
             if reason.hasPrefix(ClusterFeed.lossPrefix), let count = Int(reason.dropFirst(ClusterFeed.lossPrefix.count)) {
                 self?.inbox.push(.lost(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
                 return

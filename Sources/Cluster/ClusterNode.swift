@@ -52,6 +52,8 @@ public final class ClusterNode: Service, Sendable {
     private let hub: MarketDataHub
     private let localInterest: LocalInterest
     private let makeUpstream: @Sendable () async throws -> PolygonWebSocket
+    /// Whether the leader gives events their positions before publishing them (the nodes keep history).
+    private let stampsPositions: Bool
     private let metrics: ClusterMetrics
     private let logger: Logger
     private let state: Mutex<State>
@@ -70,8 +72,9 @@ public final class ClusterNode: Service, Sendable {
     package init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
-        makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+        stampsPositions: Bool = false, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
     ) throws(ClusterError) {
+        self.stampsPositions = stampsPositions
         self.configuration = configuration
         self.market = market
         self.spread = spread
@@ -575,10 +578,19 @@ public final class ClusterNode: Service, Sendable {
     /// lost connection as a notice on the control subject, in upstream order.
     private func publish(from upstream: PolygonWebSocket, to connection: NATSConnection) async {
         var subjectsByTopic: [Topic: String] = [:]
+        // A new epoch per leadership term: positions go on only within it. Announced before the first
+        // event (NATS keeps one publisher's order) and again every second, for nodes that join later.
+        var sequencer = stampsPositions ? PositionSequencer() : nil
+        var announced = ContinuousClock.now - .seconds(10)
         await upstream.inbox.drain { items in
+            if let epoch = sequencer?.epoch, ContinuousClock.now - announced >= .seconds(1) {
+                announced = .now
+                publish(control: "\(ClusterFeed.epochPrefix)\(epoch)")
+            }
             for item in items {
             switch item {
-            case .element(.events(let events)):
+            case .element(.events(let raw)):
+                let events = sequencer?.stamp(raw) ?? raw
                 for event in events {
                     let topic = event.topic
                     let subject: String
@@ -601,7 +613,7 @@ public final class ClusterNode: Service, Sendable {
                 publish(control: "upstream connection lost (\(reason))")
             case .lost(_, let count), .element(.lost(let count, _, _)):
                 publish(control: "\(ClusterFeed.lossPrefix)\(count)")
-            case .element(.authenticated), .element(.seed):
+            case .element(.authenticated), .element(.seed), .element(.epoch):
                 break
             }
             }

@@ -71,7 +71,8 @@ final class EventHistory {
         init(topic: Topic) { self.topic = topic }
     }
 
-    let epoch: String
+    /// Its epoch (empty while a cluster node has not yet been told the leader's).
+    var epoch: String
     var limits: HistoryLimits
     private var slots = CircularBuffer<Slot>()
     /// The sequence the next event of the market gets (the newest seen, plus one).

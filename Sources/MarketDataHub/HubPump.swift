@@ -34,6 +34,7 @@ package enum HubPump {
                 case .element(.authenticated): break  // the first event after it ends an outage
                 case .element(.connectionLost(let reason)): await hub.upstreamLost(reason: reason)
                 case .element(.seed(let event)): await hub.seed(event)
+                case .element(.epoch(let epoch)): await hub.startEpoch(epoch)
                 case .element(.lost(let count, let topics, let reason)): await hub.reportLoss(count, topics: topics, reason: reason)
                 case .lost(let topics, let count):
                     dropped(count)

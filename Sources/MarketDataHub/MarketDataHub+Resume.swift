@@ -194,6 +194,12 @@ extension MarketDataHub {
     /// afresh under it (positions of the old epoch resume as `gap`).
     public func startEpoch(_ epoch: String) {
         guard adoptsPositions, let limits = historyLimits, history?.epoch != epoch else { return }
+        if let history, history.epoch.isEmpty {
+            // The events already kept were this epoch's first (its notice came after them).
+            history.epoch = epoch
+            epochBox.withLock { $0 = epoch }
+            return
+        }
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }

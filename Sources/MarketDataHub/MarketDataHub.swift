@@ -318,6 +318,13 @@ public actor MarketDataHub {
         published += events.count
         publishedCounter.increment(by: events.count)
         var events = events
+        if history == nil, adoptsPositions, let limits = historyLimits {
+            // Positioned events before the leader's epoch was heard (its notice travels on another
+            // subject): kept, under an epoch named when it comes.
+            let fresh = EventHistory(limits: limits, epoch: "")
+            for topic in upstreamWanted { fresh.wanted(topic, now: now) }
+            history = fresh
+        }
         if let history {
             if adoptsPositions {
                 // The leader's positions, already in the bytes: read, not written.

@@ -15,6 +15,8 @@ public enum SourceMessage: Sendable {
     case seed(MarketEvent)
     /// Events lost before they reached this relay, for the reason given (`topics` `nil`: too many to list).
     case lost(count: Int, topics: Set<Topic>?, reason: String)
+    /// The positions that follow belong to this epoch (a cluster leader's term).
+    case epoch(String)
 
     /// The events, if this is `.events`.
     public var events: [MarketEvent]? {

@@ -33,6 +33,9 @@ public struct ServerSession: Sendable {
     /// The session tag the client gave with its key (`KEY#tag`), naming a session the relay keeps for a
     /// while after the connection breaks so a reconnect resumes it.
     public private(set) var sessionTag: String?
+    /// The epoch of the market's positions, told in each subscribe's `success` (`nil`: no history), so a
+    /// client that resumes later knows which epoch its positions are of. Set by the connection.
+    public var epoch: String?
 
     public var isAuthenticated: Bool { grant != nil }
     /// Who the client authenticated as, once it has.
@@ -235,7 +238,7 @@ public struct ServerSession: Sendable {
             let verb = action.kind == .subscribe ? "subscribed to" : "unsubscribed to"
             let message = changed.count == 1 ? "\(verb): \(changed[0])" : "\(verb) \(changed.count) topics: \(Self.summary(changed))"
             var success = StatusMessage(status: StatusMessage.Kind.success, message: message)
-            if action.kind == .subscribe, let epoch = limits.epoch { success.fields["epoch"] = StatusMessage.quoted(epoch) }
+            if action.kind == .subscribe, let epoch { success.fields["epoch"] = StatusMessage.quoted(epoch) }
             statuses.append(success)
         }
         if !problems.isEmpty { statuses.append(.error(problems.joined(separator: "; "))) }

@@ -20,9 +20,6 @@ public struct SessionLimits: Sendable, Equatable {
     public var market: Market? {
         didSet { eventTypes = market?.eventTypes }
     }
-    /// The epoch of the market's positions (`nil`: no history): told in each subscribe's `success`, so a
-    /// client that resumes later knows which epoch its positions are of.
-    public var epoch: String?
 
     public init(
         topicsPerMessage: Int = 1_000, topicsPerConnection: Int = 10_000, messagesPerSecond: Int = 50, messageBurst: Int = 1_000,

@@ -179,8 +179,8 @@ public final class Relay: Service, Sendable {
             let hub = MarketDataHub(
                 policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
                 keepsUnwantedLastValues: !clustered,
-                // A cluster's positions must be the leader's on every node: not yet, so a node keeps none.
-                history: clustered ? nil : settings.history, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
+                // In a cluster the leader gives the positions and every node adopts them.
+                history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
             ) { change in
                 interest.apply(change)
             }
@@ -197,7 +197,8 @@ public final class Relay: Service, Sendable {
             if let cluster = settings.cluster {
                 let node = try ClusterNode(
                     configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
-                    logger: logger.with(label: "relay.cluster"), spread: spread, makeUpstream: makeUpstream)
+                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
+                    makeUpstream: makeUpstream)
                 clusterNodes.append(node)
                 markets.append(
                     MarketParts(

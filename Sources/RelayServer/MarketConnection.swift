@@ -128,6 +128,7 @@ actor MarketConnection {
             return
         }
         let wasAuthenticated = session.isAuthenticated
+        session.epoch = dependencies.hub.epoch
         let reaction = session.receive(message)
         if let grant = session.grant, !wasAuthenticated {
             authTimeout?.cancel()

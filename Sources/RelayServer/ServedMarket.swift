@@ -42,7 +42,6 @@ struct MarketRoute: Sendable {
             cap: capped.isEmpty ? nil : .init(eventTypes: capped, tickers: configuration.cappedTickers, market: served.market))
         var sessionLimits = configuration.limits
         sessionLimits.market = served.market
-        sessionLimits.epoch = served.hub.epoch
         self.limits = sessionLimits
         let hub = served.hub
         shelf = SessionShelf(settings: configuration.resume) { parked in Task { await hub.remove(parked) } }

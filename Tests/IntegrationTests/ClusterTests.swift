@@ -331,6 +331,41 @@ struct ClusterTests {
         }
     }
 
+    @Test func positionsAreTheLeadersOnEveryNodeSoAClientResumesOnAnotherNode() async throws {
+        try await ClusterHarness.with { cluster in
+            _ = try await cluster.agreedLeader()
+            // n2 holds Q.AAPL throughout, so its history of it stays whole.
+            let holder = try await subscribedClient(try cluster.url("n2"), "Q.AAPL")
+            let epoch = Mutex("")
+            try await eventually("n1 to know the leader's epoch") {
+                guard let status = try? await httpGet("http://127.0.0.1:\(try cluster.port("n1"))/v1/status"),
+                    let object = try? JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any],
+                    let markets = object["markets"] as? [[String: Any]], let history = markets.first?["history"] as? [String: Any],
+                    let token = history["epoch"] as? String
+                else { return false }
+                epoch.withLock { $0 = token }
+                return true
+            }
+            let first = try await subscribedClient(try cluster.url("n1"), "Q.AAPL")
+            let seen = try await first.nextEvents(3)
+            let positions = seen.compactMap { EventPosition.read(from: $0.bytes) }
+            let last = try #require(positions.last?.topic, "events carry positions")
+            await first.close()
+            _ = try await holder.nextEvents(10)
+            // Back on another node, with the positions n1 gave: the same numbers there.
+            let back = try await WSTestClient.authenticated(url: try cluster.url("n2"))
+            back.send(#"{"action":"subscribe","params":"Q.AAPL","since":{"epoch":"\#(epoch.withLock { $0 })","Q.AAPL":\#(last)}}"#)
+            var frame = try await back.nextFrame()
+            while !frame.contains(#""status":"resumed""#) { frame = try await back.nextFrame() }
+            let resumed = (fields: try #require((try JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]])?.last { $0["status"] as? String == "resumed" }), eventsBefore: try FrameParser.parse(frame).events)
+            #expect(resumed.fields["gaps"] == nil, "\(frame)")
+            let sequences = resumed.eventsBefore.compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            #expect(sequences.first == last + 1)
+            #expect(sequences == Array((last + 1)...(last + UInt64(sequences.count))), "contiguous: \(sequences)")
+            for client in [holder, back] { await client.close() }
+        }
+    }
+
     @Test func aNodeThatCannotReachNATSReportsItAndNeverConnectsUpstream() async throws {
         try await ClusterHarness.with(nodes: 0) { cluster in
             // Port 1 on loopback: nothing listens, connections are refused at once.
