@@ -74,7 +74,8 @@ final class EventHistory {
     /// Its epoch (empty while a cluster node has not yet been told the leader's).
     var epoch: String
     var limits: HistoryLimits
-    private var slots = CircularBuffer<Slot>()
+    /// In segments: its growth never copies what it holds (a doubling ring would stall the hub).
+    private var slots = SegmentedQueue<Slot>()
     /// The sequence the next event of the market gets (the newest seen, plus one).
     private(set) var nextMarketSequence: UInt64 = 1
     private var lines: [Topic: TopicLine] = [:]
@@ -371,7 +372,7 @@ final class EventHistory {
     }
 
     /// The index of the first slot whose sequence is past `sequence`.
-    private func firstSlotIndex(after sequence: UInt64) -> CircularBuffer<Slot>.Index {
+    private func firstSlotIndex(after sequence: UInt64) -> Int {
         var low = 0
         var high = slots.count
         while low < high {
@@ -383,7 +384,7 @@ final class EventHistory {
 
     /// The index of the slot of `sequence`, if it is held (slots are in rising sequence: binary search;
     /// O(1) when the sequences have no holes, as on a single relay).
-    private func slotIndex(of sequence: UInt64) -> CircularBuffer<Slot>.Index? {
+    private func slotIndex(of sequence: UInt64) -> Int? {
         guard let first = slots.first, sequence >= first.sequence else { return nil }
         let guess = Int(min(sequence - first.sequence, UInt64(slots.count)))
         if guess < slots.count {

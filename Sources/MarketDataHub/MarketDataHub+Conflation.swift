@@ -111,7 +111,10 @@ extension MarketDataHub {
                 now.append(event)
             }
         }
-        if replaced > 0 { metrics.conflated.increment(by: replaced) }
+        if replaced > 0 {
+            metrics.conflated.increment(by: replaced)
+            resumeCounts.conflated += replaced
+        }
         if !now.isEmpty { enqueue(HubDelivery(now), to: subscriber) }
     }
 

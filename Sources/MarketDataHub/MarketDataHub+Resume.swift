@@ -23,6 +23,15 @@ public struct HubResumeOutcome: Sendable, Equatable {
     public var result: String { gaps.isEmpty ? "resumed" : replayed.isEmpty ? "gap" : "partial" }
 }
 
+/// What a hub's resumes and conflation did since start. Value type, `Sendable`.
+public struct ResumeCounts: Sendable, Equatable, Encodable {
+    public var resumes = 0
+    public var withGaps = 0
+    public var replayed = 0
+    public var gaps = 0
+    public var conflated = 0
+}
+
 /// The history's metrics. `Sendable` (metric handles).
 struct HubHistoryMetrics: Sendable {
     let memory: Gauge
@@ -136,6 +145,10 @@ extension MarketDataHub {
         metrics.replayed.increment(by: replay.count)
         if !outcome.gaps.isEmpty { metrics.gaps.increment(by: outcome.gaps.count) }
         (outcome.gaps.isEmpty ? metrics.resumed : metrics.resumedWithGaps).increment()
+        resumeCounts.resumes += 1
+        if !outcome.gaps.isEmpty { resumeCounts.withGaps += 1 }
+        resumeCounts.replayed += replay.count
+        resumeCounts.gaps += outcome.gaps.count
         if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
         // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
         let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
@@ -182,6 +195,10 @@ extension MarketDataHub {
 
     /// The market sequence of the newest event (0: none, or no history).
     public var lastMarketSequence: UInt64 { (history?.nextMarketSequence ?? 1) - 1 }
+
+    /// Resumes since start: how many, how many had a gap, events replayed, topics told `gap`, and state
+    /// events merged by conflation.
+    public var resumeStatistics: ResumeCounts { resumeCounts }
 
     /// The history's size: memory counted, events held, topics seen this epoch.
     public var historyStatistics: (memory: Int, events: Int, topics: Int)? {

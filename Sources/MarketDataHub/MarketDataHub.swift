@@ -92,6 +92,7 @@ public actor MarketDataHub {
     /// Subscribers whose state events are conflated, and the task that flushes them.
     var conflating: Set<SubscriberID> = []
     var conflationTicker: Task<Void, Never>?
+    var resumeCounts = ResumeCounts()
     let metrics: HubHistoryMetrics
     /// Event type → subscribers of its wildcard.
     private var wildcards: [String: [Subscriber]] = [:]

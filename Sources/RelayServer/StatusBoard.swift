@@ -34,8 +34,12 @@ actor StatusBoard {
     private var lastUpstreamState: [Market: String] = [:]
     private var lastRole: [Market: String] = [:]
 
-    init(markets: [ServedMarket], sessions: SessionRegistry, tally: DeliveryTally) {
+    /// Each market's broken tagged sessions.
+    private let shelves: [Market: SessionShelf]
+
+    init(markets: [ServedMarket], sessions: SessionRegistry, tally: DeliveryTally, shelves: [Market: SessionShelf] = [:]) {
         self.markets = markets
+        self.shelves = shelves
         self.sessions = sessions
         self.tally = tally
     }
@@ -134,6 +138,10 @@ actor StatusBoard {
             var events: Int
             var topics: Int
             var lastMarketSequence: UInt64
+            /// Resumes, replays, gaps and conflation since start.
+            var counts: ResumeCounts
+            /// Broken tagged sessions waiting for their client.
+            var sessionsKept: Int
         }
 
         var now: Date
@@ -177,7 +185,8 @@ actor StatusBoard {
             if let epoch = served.hub.epoch, let held = await served.hub.historyStatistics {
                 history = .init(
                     epoch: epoch, memoryBytes: held.memory, events: held.events, topics: held.topics,
-                    lastMarketSequence: await served.hub.lastMarketSequence)
+                    lastMarketSequence: await served.hub.lastMarketSequence, counts: await served.hub.resumeStatistics,
+                    sessionsKept: shelves[served.market]?.count ?? 0)
             }
             perMarket.append(
                 .init(

@@ -205,6 +205,9 @@ def check_overview(page, checks, tag):
     markets = page.get_by_role("table", name="Markets")
     expect(markets.locator("tbody tr")).to_have_count(6, timeout=10_000)
     expect(markets.locator('tr[data-market="crypto"] .state')).to_have_text("connected", timeout=15_000)
+    # Each market's history for resumes: events held and what resumes did.
+    expect(markets.locator('tr[data-market="stocks"] .history')).to_contain_text("events", timeout=10_000)
+    expect(markets.locator('tr[data-market="stocks"] .resumes')).to_contain_text("replayed")
     checks.check(True, f"{tag}: the overview lists every market's upstream (crypto connected)")
 
 

@@ -60,7 +60,7 @@ export function mount(main) {
     el(
       "table",
       { "aria-labelledby": "markets-title" },
-      el("thead", {}, el("tr", {}, ...["Market", "Upstream", "Topics subscribed", "Subscribers", "Events in", "Last message"].map((name) => el("th", { scope: "col", text: name })))),
+      el("thead", {}, el("tr", {}, ...["Market", "Upstream", "Topics subscribed", "Subscribers", "Events in", "Last message", "History", "Resumes", "Conflated"].map((name) => el("th", { scope: "col", text: name })))),
       marketRows,
     ),
   );
@@ -138,6 +138,7 @@ export function mount(main) {
     marketRows.replaceChildren(
       ...(s.markets || []).map((m) => {
         const up = m.upstream;
+        const h = m.history;
         const badge = el("span", { class: "state " + (m.healthy ? "good" : "bad"), title: `state: ${up.state}`, text: STATES[up.state] || up.state });
         return el(
           "tr",
@@ -148,6 +149,13 @@ export function mount(main) {
           el("td", { text: String(m.subscribers) }),
           el("td", { text: m.eventsPublished.toLocaleString() }),
           el("td", { text: up.lastMessageAgeMs === undefined || up.lastMessageAgeMs === null ? "—" : `${up.lastMessageAgeMs} ms ago` }),
+          // What a returning client can get back, and what it got.
+          el("td", { class: "history", text: h ? `${h.events.toLocaleString()} events · ${(h.memoryBytes / 1048576).toFixed(1)} MB` : "off" }),
+          el("td", {
+            class: "resumes",
+            text: h ? `${h.counts.resumes} (${h.counts.withGaps} with gaps) · ${h.counts.replayed.toLocaleString()} replayed · ${h.sessionsKept} waiting` : "—",
+          }),
+          el("td", { class: "conflated", text: h ? h.counts.conflated.toLocaleString() : "—" }),
         );
       }),
     );
