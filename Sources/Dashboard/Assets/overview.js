@@ -150,10 +150,11 @@ export function mount(main) {
           el("td", { text: m.eventsPublished.toLocaleString() }),
           el("td", { text: up.lastMessageAgeMs === undefined || up.lastMessageAgeMs === null ? "—" : `${up.lastMessageAgeMs} ms ago` }),
           // What a returning client can get back, and what it got.
-          el("td", { class: "history", text: h ? `${h.events.toLocaleString()} events · ${(h.memoryBytes / 1048576).toFixed(1)} MB` : "off" }),
+          el("td", { class: "history", title: h ? `epoch ${h.epoch}, ${h.topics} topics` : "", text: h ? `${h.events.toLocaleString()} events · ${(h.memoryBytes / 1048576).toFixed(1)} MB` : "off" }),
           el("td", {
             class: "resumes",
-            text: h ? `${h.counts.resumes} (${h.counts.withGaps} with gaps) · ${h.counts.replayed.toLocaleString()} replayed · ${h.sessionsKept} waiting` : "—",
+            title: h ? `${h.counts.withGaps} with a gap (${h.counts.gaps} topics); ${h.sessionsKept} tagged sessions waiting` : "",
+            text: h ? `${h.counts.resumes} · ${h.counts.replayed.toLocaleString()} replayed` : "—",
           }),
           el("td", { class: "conflated", text: h ? h.counts.conflated.toLocaleString() : "—" }),
         );
