@@ -230,6 +230,8 @@ extension MarketDataHub {
     public func park(_ id: SubscriberID) {
         guard let subscriber = subscribers[id] else { return }
         subscriber.parked = true
+        // What was queued for it and not read goes now: a parked session holds topics, not events.
+        subscriber.batch.withdraw(queue: subscriber.queue)
         subscriber.conflation = nil
         if conflating.remove(id) != nil { conflationChanged() }
     }
