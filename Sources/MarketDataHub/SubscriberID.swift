@@ -13,7 +13,7 @@ public struct SubscriberID: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// A new identifier, never handed out before in this process.
-    static func make() -> SubscriberID {
+    package static func make() -> SubscriberID {
         SubscriberID(next.wrappingAdd(1, ordering: .relaxed).oldValue)
     }
 

@@ -44,7 +44,10 @@ struct MarketRoute: Sendable {
         sessionLimits.market = served.market
         self.limits = sessionLimits
         let hub = served.hub
-        shelf = SessionShelf(settings: configuration.resume) { parked in Task { await hub.remove(parked) } }
+        shelf = SessionShelf(
+            settings: configuration.resume,
+            expiredCounter: Counter(label: "relay_resumes_total", dimensions: [("result", "expired"), ("market", served.market.rawValue)], factory: factory)
+        ) { parked in Task { await hub.remove(parked) } }
         let dimensions = [("market", served.market.rawValue)]
         upstreamLastMessageAge = Gauge(label: "relay_upstream_last_message_age_seconds", dimensions: dimensions, factory: factory)
         maxBufferFill = Gauge(label: "relay_subscriber_buffer_max_fill", dimensions: dimensions, factory: factory)

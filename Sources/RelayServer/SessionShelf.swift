@@ -1,3 +1,4 @@
+import CoreMetrics
 import MarketDataHub
 import PolygonWire
 import Synchronization
@@ -33,16 +34,23 @@ final class SessionShelf: Sendable {
     private let shelf = Mutex<(sessions: [String: Session], order: [String])>(([:], []))
     /// Tagged connections open now, by name: their identity and how to close one taken over.
     private let live = Mutex<[String: (id: ObjectIdentifier, close: @Sendable () -> Void)]>([:])
-    /// Kept sessions that expired unclaimed.
+    /// Kept sessions that expired unclaimed (`relay_resumes_total{result="expired"}`).
     let expired = Atomic<Int>(0)
+    private let expiredCounter: Counter?
+    /// Sessions one key may have kept at once: one key cannot push every other key's off the shelf.
+    var perKey: Int { max(settings.sessions / 10, 1) }
 
     /// Removes a parked subscriber from the hub (a session expired, was pushed out, or was replaced).
     private let release: @Sendable (SubscriberID) -> Void
 
-    init(settings: ResumeSettings, release: @escaping @Sendable (SubscriberID) -> Void = { _ in }) {
+    init(settings: ResumeSettings, expiredCounter: Counter? = nil, release: @escaping @Sendable (SubscriberID) -> Void = { _ in }) {
         self.settings = settings
+        self.expiredCounter = expiredCounter
         self.release = release
     }
+
+    /// The key part of a session's name (`key#tag`).
+    private static func key(of name: String) -> Substring { name[..<(name.lastIndex(of: "#") ?? name.endIndex)] }
 
     /// Keeps a broken session under `name` (key name and tag), replacing an older one of that name.
     func keep(_ session: Session, as name: String) {
@@ -51,6 +59,15 @@ final class SessionShelf: Sendable {
             if let replaced = shelf.sessions.updateValue(session, forKey: name) {
                 shelf.order.removeAll { $0 == name }
                 if let parked = replaced.parked { released.append(parked) }
+            }
+            // The key's oldest go first once it has its share; then the market's oldest.
+            let key = Self.key(of: name)
+            let ofKey = shelf.order.filter { Self.key(of: $0) == key }
+            if ofKey.count >= perKey {
+                for old in ofKey.prefix(ofKey.count - perKey + 1) {
+                    shelf.order.removeAll { $0 == old }
+                    if let parked = shelf.sessions.removeValue(forKey: old)?.parked { released.append(parked) }
+                }
             }
             shelf.order.append(name)
             while shelf.order.count > settings.sessions {
@@ -119,6 +136,7 @@ final class SessionShelf: Sendable {
             shelf.sessions[oldest] = nil
             if let parked = session.parked { released.append(parked) }
             expired.add(1, ordering: .relaxed)
+            expiredCounter?.increment()
         }
         return released
     }

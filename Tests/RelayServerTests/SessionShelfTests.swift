@@ -1,0 +1,46 @@
+import MarketDataHub
+import PolygonWire
+import Synchronization
+import Testing
+
+@testable import RelayServer
+
+@Suite("Broken tagged sessions")
+struct SessionShelfTests {
+    func session(after sequence: UInt64, at instant: ContinuousClock.Instant = .now) -> SessionShelf.Session {
+        SessionShelf.Session(epoch: "e", resumeAfter: sequence, topics: [Topic(parsing: "Q.AAPL")!], brokeAt: instant)
+    }
+
+    @Test func aSessionIsTakenBackOnceWithinItsWindow() {
+        var settings = ResumeSettings()
+        settings.window = .seconds(60)
+        let shelf = SessionShelf(settings: settings)
+        shelf.keep(session(after: 42), as: "alice#s1")
+        #expect(shelf.take("alice#s1")?.resumeAfter == 42)
+        #expect(shelf.take("alice#s1") == nil, "taken once")
+    }
+
+    @Test func anExpiredSessionIsGoneAndItsParkedSubscriberReleased() {
+        var settings = ResumeSettings()
+        settings.window = .seconds(1)
+        let released = Mutex<[SubscriberID]>([])
+        let shelf = SessionShelf(settings: settings) { id in released.withLock { $0.append(id) } }
+        var kept = session(after: 1, at: .now - .seconds(5))
+        kept.parked = SubscriberID.make()
+        shelf.keep(kept, as: "alice#old")
+        #expect(shelf.take("alice#old") == nil)
+        #expect(released.withLock { $0.count } == 1)
+        #expect(shelf.expired.load(ordering: .relaxed) == 1)
+    }
+
+    @Test func oneKeyCannotPushEveryOtherKeysSessionsOffTheShelf() {
+        var settings = ResumeSettings()
+        settings.sessions = 20  // two per key
+        let shelf = SessionShelf(settings: settings)
+        shelf.keep(session(after: 1), as: "bob#keep")
+        for index in 0..<50 { shelf.keep(session(after: UInt64(index)), as: "mallory#\(index)") }
+        #expect(shelf.count == 3, "bob's one and mallory's newest two")
+        #expect(shelf.take("bob#keep") != nil)
+        #expect(shelf.take("mallory#49") != nil && shelf.take("mallory#0") == nil)
+    }
+}
