@@ -146,7 +146,8 @@ extension MarketDataHub {
             conflationTicker = Task { [weak self] in
                 while !Task.isCancelled {
                     try? await Task.sleep(for: .milliseconds(20))
-                    await self?.flushConflated()
+                    guard let self else { return }
+                    await self.flushConflated()
                 }
             }
         }

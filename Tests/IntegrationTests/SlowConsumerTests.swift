@@ -17,9 +17,13 @@ struct SlowConsumerTests {
                 port: 0, eventsPerSecond: 20_000, tickInterval: .milliseconds(10), generatedTickers: 0, seed: 21),
             logger: testLogger)
         try await withServices([feed]) {
-            let settings = RelaySettings(
+            var settings = RelaySettings(
                 listen: .init(host: "127.0.0.1", port: 0), upstream: UpstreamConfiguration.Endpoint(try await feed.url()),
                 upstreamKey: "k", slowConsumerPolicy: policy)
+            // 20,000 events/s through an unoptimised build in the test's own process, late in the suite: the
+            // history's per-event work (cheap in release: +3.4% in fanbench) made the fast client fall
+            // behind too in full runs. What is tested here is the stalled client's bound, not the history.
+            settings.history = nil
             let relay = Relay(settings: settings, logger: testLogger)
             try await withServices([relay]) {
                 let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
