@@ -351,25 +351,24 @@ struct ClusterTests {
                 return true
             }
             let first = try await subscribedClient(try cluster.url("n1"), "Q.AAPL")
-            _ = try await first.nextEvents(3)
-            // The market goes quiet: what a new subscriber gets now can only be a snapshot.
-            cluster.feed.inject(.silence)
-            let last = Mutex("")
-            try await eventually("n1's hub and the cluster's store to hold the same last Q.AAPL") {
-                guard let local = try? await httpGet("http://127.0.0.1:\(try cluster.port("n1"))/v1/last/Q.AAPL"),
-                    let shared = try? await httpGet("http://127.0.0.1:\(try cluster.port("n3"))/v1/last/Q.AAPL"),
-                    local.status == 200, local.body == shared.body
-                else { return false }
-                last.withLock { $0 = local.body }
-                return true
-            }
-            // n2 never had Q.AAPL: its hub has no last value, the cluster does.
-            let late = try await WSTestClient.authenticated(url: try cluster.url("n2"))
-            late.send(ClientAction(.subscribe, params: "Q.AAPL"))
-            let snapshot = try await late.nextEvents(1, timeout: .seconds(5))
-            #expect(snapshot.first?.json == last.withLock { $0 })
+            let seen = try await first.nextEvents(3)
+            let positions = seen.compactMap { EventPosition.read(from: $0.bytes) }
+            let last = try #require(positions.last?.topic, "events carry positions")
             await first.close()
-            await late.close()
+            // n2 has received several quotes past the last one the client had.
+            var newest: UInt64 = 0
+            while newest < last + 3 {
+                newest = max(newest, try await holder.nextEvents(1).compactMap { EventPosition.read(from: $0.bytes)?.topic }.max() ?? 0)
+            }
+            // Back on another node, with the positions n1 gave: the same numbers there.
+            let back = try await WSTestClient.authenticated(url: try cluster.url("n2"))
+            back.send(#"{"action":"subscribe","params":"Q.AAPL","since":{"epoch":"\#(epoch.withLock { $0 })","Q.AAPL":\#(last)}}"#)
+            let resumed = try await back.waitForStatus(StatusMessage.Kind.resumed)
+            #expect(resumed.fields["gaps"] == nil, "\(resumed.fields)")
+            let sequences = resumed.eventsBefore.compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            #expect(sequences.first == last + 1)
+            #expect(sequences == Array((last + 1)...(last + UInt64(sequences.count))), "contiguous: \(sequences)")
+            for client in [holder, back] { await client.close() }
         }
     }
 
