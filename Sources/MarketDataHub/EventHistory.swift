@@ -151,7 +151,7 @@ final class EventHistory {
             }
             memory += event.bytes.readableBytes + Self.overheadPerEvent
             eventCount += 1
-            if line.held.count > limits.eventsPerTopic { evictOldest(of: line) }
+            if line.held.count > limits.eventsPerTopic { dropOldest(of: line) }
         }
         evict(now: now)
     }
@@ -223,10 +223,6 @@ final class EventHistory {
             }
             forget(event, sequence: slot.sequence, arrivedAt: slot.arrivedAt, line: line)
         }
-    }
-
-    private func evictOldest(of line: TopicLine) {
-        dropOldest(of: line)
     }
 
     private func dropOldest(of line: TopicLine) {
@@ -396,16 +392,6 @@ final class EventHistory {
         return index
     }
 
-    /// The topic sequence of a topic's newest event (0: none yet).
-    func lastSequence(of topic: Topic) -> UInt64 { (lines[topic]?.nextSequence ?? 1) - 1 }
-
     /// Topics with a line (seen at least once this epoch).
     var topicCount: Int { lines.count }
-}
-
-extension Duration {
-    /// Whole milliseconds.
-    var milliseconds: Int64 {
-        components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000
-    }
 }

@@ -19,8 +19,6 @@ public struct HubResumeOutcome: Sendable, Equatable {
     public var replayed: [Topic: Int] = [:]
     /// Topics whose missed events were not all held (or whose epoch had changed): told `gap`.
     public var gaps: [Topic] = []
-
-    public var result: String { gaps.isEmpty ? "resumed" : replayed.isEmpty ? "gap" : "partial" }
 }
 
 /// What a hub's resumes and conflation did since start. Value type, `Sendable`.
