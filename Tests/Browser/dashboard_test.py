@@ -5,7 +5,8 @@ Starts the relay (the binary given) on the built-in demo feed with the sample po
 keys (one with every right, one without portfolio rights), then checks what a person would: the key
 prompt, the overview's live upstream and counts, live quotes, the holdings table and its sorting, the
 total with its partial banner, the history chart, stepping through ten holdings with `j` (each detail
-shown within 200 ms of the key press, measured by the page), a form error next to its field, and no
+shown within 200 ms of the key press, measured by the page; a step over it is taken once more and only a
+second slow one fails, so a scheduling hiccup on a loaded machine is not a failure), a form error next to its field, and no
 console errors. Screenshots of every page at 1280x800 and 390x844 go to the given directory.
 
     python3 Tests/Browser/dashboard_test.py --relay .build/debug/relay --screenshots .build/screenshots
@@ -291,9 +292,19 @@ def check_security(page, checks, tag, steps):
         page.keyboard.press("j")
         expect(page.locator("#detail")).to_have_attribute("data-loaded", expected, timeout=10_000)
         took = float(page.locator("#detail").get_attribute("data-step-ms"))
-        if took > STEP_LIMIT_MS:
-            slow.append(f"{expected} {took:.0f} ms")
         print(f"     step to {expected}: {took:.0f} ms ({page.locator('#detail-position').inner_text()})")
+        if took > STEP_LIMIT_MS:
+            # One slow step on a loaded machine (a debug relay beside chromium on two cores) is a
+            # hiccup; a slow path is slow again. Step back and forward once more and judge the retry.
+            page.keyboard.press("k")
+            expect(page.locator("#detail")).to_have_attribute("data-loaded", order[index - 1], timeout=10_000)
+            page.wait_for_timeout(300)
+            page.keyboard.press("j")
+            expect(page.locator("#detail")).to_have_attribute("data-loaded", expected, timeout=10_000)
+            again = float(page.locator("#detail").get_attribute("data-step-ms"))
+            print(f"     step to {expected} again: {again:.0f} ms")
+            if again > STEP_LIMIT_MS:
+                slow.append(f"{expected} {took:.0f} then {again:.0f} ms")
     checks.check(not slow, f"{tag}: {steps} steps with j each show the detail within {STEP_LIMIT_MS} ms" + (f" (slow: {', '.join(slow)})" if slow else ""))
     page.keyboard.press("k")
     expect(page.locator("#detail")).to_have_attribute("data-loaded", order[steps - 1], timeout=10_000)
