@@ -1,5 +1,6 @@
 import CoreMetrics
 import MarketDataHub
+import NIOCore
 import PolygonWire
 import Synchronization
 
@@ -30,8 +31,84 @@ final class SessionShelf: Sendable {
         var parked: SubscriberID?
     }
 
+    /// The kept sessions, and their order of arrival market-wide and per key. Every step is O(1)
+    /// (amortised): a storm of thousands of breaks costs no more per break than one. A session taken back
+    /// or replaced leaves its entries in the orders, known stale by their stamp, and skipped when they
+    /// come to the front; as every session is gone within the window, an order holds at most the breaks of
+    /// one window.
+    private struct Shelf {
+        struct Entry {
+            let name: String
+            let stamp: UInt64
+        }
+
+        private(set) var sessions: [String: (session: Session, stamp: UInt64)] = [:]
+        private var order = CircularBuffer<Entry>()
+        private var byKey: [Substring: (count: Int, order: CircularBuffer<Entry>)] = [:]
+        private var stamps: UInt64 = 0
+
+        /// The key part of a session's name (`key#tag`).
+        static func key(of name: String) -> Substring { name[..<(name.lastIndex(of: "#") ?? name.endIndex)] }
+
+        private func isLive(_ entry: Entry) -> Bool { sessions[entry.name]?.stamp == entry.stamp }
+
+        mutating func remove(_ name: String) -> Session? {
+            guard let session = sessions.removeValue(forKey: name)?.session else { return nil }
+            let key = Self.key(of: name)
+            if let held = byKey[key], held.count > 1 { byKey[key]?.count = held.count - 1 } else { byKey[key] = nil }
+            return session
+        }
+
+        /// Adds `session` as the newest; returns the parked subscribers of sessions it pushed out (one of
+        /// the same name, the key's oldest past `perKey`, the market's oldest past `limit`).
+        mutating func insert(_ session: Session, as name: String, perKey: Int, limit: Int) -> [SubscriberID] {
+            var released: [SubscriberID] = []
+            if let parked = remove(name)?.parked { released.append(parked) }
+            let key = Self.key(of: name)
+            var held = byKey[key] ?? (0, CircularBuffer())
+            while held.count >= perKey, let entry = held.order.popFirst() {
+                guard isLive(entry) else { continue }
+                if let parked = sessions.removeValue(forKey: entry.name)?.session.parked { released.append(parked) }
+                held.count -= 1
+            }
+            while let entry = held.order.first, !isLive(entry) { held.order.removeFirst() }
+            stamps += 1
+            let entry = Entry(name: name, stamp: stamps)
+            held.count += 1
+            held.order.append(entry)
+            byKey[key] = held
+            sessions[name] = (session, stamps)
+            order.append(entry)
+            while sessions.count > limit, let oldest = popOldest() {
+                if let parked = remove(oldest.name)?.parked { released.append(parked) }
+            }
+            return released
+        }
+
+        /// The oldest live entry, taken off the market-wide order.
+        private mutating func popOldest() -> Entry? {
+            while let entry = order.popFirst() {
+                if isLive(entry) { return entry }
+            }
+            return nil
+        }
+
+        /// Removes the sessions broken more than `window` before `now`, oldest first.
+        mutating func expire(now: ContinuousClock.Instant, window: Duration) -> [Session] {
+            var gone: [Session] = []
+            while let entry = order.first {
+                if let kept = sessions[entry.name], kept.stamp == entry.stamp {
+                    guard now - kept.session.brokeAt > window else { break }
+                    if let session = remove(entry.name) { gone.append(session) }
+                }
+                order.removeFirst()
+            }
+            return gone
+        }
+    }
+
     private let settings: ResumeSettings
-    private let shelf = Mutex<(sessions: [String: Session], order: [String])>(([:], []))
+    private let shelf = Mutex(Shelf())
     /// Tagged connections open now, by name: their identity and how to close one taken over.
     private let live = Mutex<[String: (id: ObjectIdentifier, close: @Sendable () -> Void)]>([:])
     /// Kept sessions that expired unclaimed (`relay_resumes_total{result="expired"}`).
@@ -49,31 +126,10 @@ final class SessionShelf: Sendable {
         self.release = release
     }
 
-    /// The key part of a session's name (`key#tag`).
-    private static func key(of name: String) -> Substring { name[..<(name.lastIndex(of: "#") ?? name.endIndex)] }
-
     /// Keeps a broken session under `name` (key name and tag), replacing an older one of that name.
     func keep(_ session: Session, as name: String) {
         let released = shelf.withLock { shelf -> [SubscriberID] in
-            var released = sweep(&shelf, now: session.brokeAt)
-            if let replaced = shelf.sessions.updateValue(session, forKey: name) {
-                shelf.order.removeAll { $0 == name }
-                if let parked = replaced.parked { released.append(parked) }
-            }
-            // The key's oldest go first once it has its share; then the market's oldest.
-            let key = Self.key(of: name)
-            let ofKey = shelf.order.filter { Self.key(of: $0) == key }
-            if ofKey.count >= perKey {
-                for old in ofKey.prefix(ofKey.count - perKey + 1) {
-                    shelf.order.removeAll { $0 == old }
-                    if let parked = shelf.sessions.removeValue(forKey: old)?.parked { released.append(parked) }
-                }
-            }
-            shelf.order.append(name)
-            while shelf.order.count > settings.sessions {
-                if let parked = shelf.sessions.removeValue(forKey: shelf.order.removeFirst())?.parked { released.append(parked) }
-            }
-            return released
+            sweep(&shelf, now: session.brokeAt) + shelf.insert(session, as: name, perKey: perKey, limit: settings.sessions)
         }
         for id in released { release(id) }
         // Swept once its window has passed, whether or not another session comes.
@@ -93,9 +149,7 @@ final class SessionShelf: Sendable {
     func take(_ name: String, now: ContinuousClock.Instant = .now) -> Session? {
         let (session, released) = shelf.withLock { shelf -> (Session?, [SubscriberID]) in
             let released = sweep(&shelf, now: now)
-            guard let session = shelf.sessions.removeValue(forKey: name) else { return (nil, released) }
-            shelf.order.removeAll { $0 == name }
-            return (session, released)
+            return (shelf.remove(name), released)
         }
         for id in released { release(id) }
         return session
@@ -129,16 +183,13 @@ final class SessionShelf: Sendable {
     /// Sessions kept now.
     var count: Int { shelf.withLock { $0.sessions.count } }
 
-    private func sweep(_ shelf: inout (sessions: [String: Session], order: [String]), now: ContinuousClock.Instant) -> [SubscriberID] {
-        var released: [SubscriberID] = []
-        while let oldest = shelf.order.first, let session = shelf.sessions[oldest], now - session.brokeAt > settings.window {
-            shelf.order.removeFirst()
-            shelf.sessions[oldest] = nil
-            if let parked = session.parked { released.append(parked) }
-            expired.add(1, ordering: .relaxed)
-            expiredCounter?.increment()
+    private func sweep(_ shelf: inout Shelf, now: ContinuousClock.Instant) -> [SubscriberID] {
+        let gone = shelf.expire(now: now, window: settings.window)
+        if !gone.isEmpty {
+            expired.add(gone.count, ordering: .relaxed)
+            expiredCounter?.increment(by: gone.count)
         }
-        return released
+        return gone.compactMap(\.parked)
     }
 }
 
@@ -155,7 +206,7 @@ final class AcknowledgedPosition {
 
     private let marginBytes: UInt64
     /// Marks not yet known acknowledged (oldest first), and the newest that is.
-    private var marks: [Mark] = []
+    private var marks = CircularBuffer<Mark>()
     private var acknowledged: UInt64
     private var lastAcknowledgedBytes: UInt64 = 0
 

@@ -198,12 +198,30 @@ struct ClusterTests {
         }
     }
 
+    /// The epoch of the first market's positions as `/v1/status` of `node` reports it.
+    func positionsEpoch(of node: String, in cluster: ClusterHarness) async -> String? {
+        guard let status = try? await httpGet("http://127.0.0.1:\(try cluster.port(node))/v1/status"),
+            let object = try? JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any],
+            let markets = object["markets"] as? [[String: Any]], let history = markets.first?["history"] as? [String: Any]
+        else { return nil }
+        return history["epoch"] as? String
+    }
+
     @Test func killingTheLeaderHandsTheUpstreamToAnotherNodeWithoutDroppingClients() async throws {
         try await ClusterHarness.with { cluster in
             let leader = try await cluster.agreedLeader()
             let followers = cluster.nodeIDs.filter { $0 != leader }
             var clients: [WSTestClient] = []
             for id in followers { clients.append(try await subscribedClient(try cluster.url(id), "Q.AAPL")) }
+            // The leader's term is an epoch; the followers learn it within its next notice (each second).
+            let oldEpoch = Mutex("")
+            try await eventually("the followers to know the leader's epoch") {
+                guard let first = await positionsEpoch(of: followers[0], in: cluster), !first.isEmpty else { return false }
+                oldEpoch.withLock { $0 = first }
+                return true
+            }
+            let lastBefore = try #require(
+                try await clients[0].nextEvents(1).compactMap { EventPosition.read(from: $0.bytes)?.topic }.last, "events carry positions")
 
             let killedAt = ContinuousClock.now
             try await cluster.kill(leader)
@@ -219,6 +237,28 @@ struct ClusterTests {
             #expect(failover < .seconds(10), "failover took \(failover)")
             let successor = try await cluster.agreedLeader(among: followers)
             #expect(successor != leader)
+
+            // The new term is a new epoch: the upstream was gone meanwhile, so nothing carries the old
+            // positions on. A client resuming from the old epoch gets `gap`, the last value, then live.
+            let survivor = followers[0]
+            try await eventually("\(survivor) to know the new leader's epoch") {
+                guard let now = await positionsEpoch(of: survivor, in: cluster), !now.isEmpty else { return false }
+                return now != oldEpoch.withLock { $0 }
+            }
+            print("failover: \(leader) killed; \(survivor) serves positions of the new epoch after \(ContinuousClock.now - killedAt)")
+            let back = try await WSTestClient.authenticated(url: try cluster.url(survivor))
+            back.send(#"{"action":"subscribe","params":"Q.AAPL","since":{"epoch":"\#(oldEpoch.withLock { $0 })","Q.AAPL":\#(lastBefore)}}"#)
+            // The gap, the last value and the seam arrive together (one delivery of the hub).
+            var frames: [String] = []
+            repeat { frames.append(try await back.nextFrame()) } while frames.last?.contains(#""status":"resumed""#) != true
+            let objects = frames.flatMap { (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [[String: Any]]) ?? [] }
+            let kinds = objects.map { ($0["status"] as? String) ?? ($0["ev"] as? String ?? "?") }
+            let gapAt = try #require(kinds.firstIndex(of: StatusMessage.Kind.gap), "a gap: \(kinds)")
+            #expect(Array(kinds[gapAt...].prefix(3)) == [StatusMessage.Kind.gap, "Q", StatusMessage.Kind.resumed], "gap, last value, resumed: \(kinds)")
+            let resumed = objects.first { $0["status"] as? String == StatusMessage.Kind.resumed } ?? [:]
+            #expect((resumed["gaps"] as? [String]) == ["Q.AAPL"], "\(resumed)")
+            #expect(resumed["epoch"] as? String != oldEpoch.withLock { $0 })
+            await back.close()
 
             let snapshot = cluster.feed.monitor.snapshot
             #expect(snapshot.maxOpenConnections == 1, "two upstream connections existed at once")
@@ -337,13 +377,7 @@ struct ClusterTests {
             // n2 holds Q.AAPL throughout, so its history of it stays whole.
             let holder = try await subscribedClient(try cluster.url("n2"), "Q.AAPL")
             // A node that joined after the term began hears the epoch at the leader's next notice (each second).
-            @Sendable func epochOf(_ node: String) async -> String? {
-                guard let status = try? await httpGet("http://127.0.0.1:\(try cluster.port(node))/v1/status"),
-                    let object = try? JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any],
-                    let markets = object["markets"] as? [[String: Any]], let history = markets.first?["history"] as? [String: Any]
-                else { return nil }
-                return history["epoch"] as? String
-            }
+            @Sendable func epochOf(_ node: String) async -> String? { await positionsEpoch(of: node, in: cluster) }
             let epoch = Mutex("")
             try await eventually("n1 and n2 to know the leader's epoch") {
                 guard let first = await epochOf("n1"), !first.isEmpty, await epochOf("n2") == first else { return false }

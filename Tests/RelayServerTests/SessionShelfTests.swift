@@ -43,4 +43,36 @@ struct SessionShelfTests {
         #expect(shelf.take("bob#keep") != nil)
         #expect(shelf.take("mallory#49") != nil && shelf.take("mallory#0") == nil)
     }
+
+    @Test func sessionsTakenBackOrReplacedDoNotCountTowardsAKeysShare() {
+        var settings = ResumeSettings()
+        settings.sessions = 100  // ten per key
+        let shelf = SessionShelf(settings: settings)
+        for index in 0..<10 { shelf.keep(session(after: UInt64(index)), as: "alice#\(index)") }
+        for index in 0..<5 { #expect(shelf.take("alice#\(index)") != nil) }
+        // Replaced under the same name: still one session.
+        shelf.keep(session(after: 99), as: "alice#9")
+        for index in 10..<15 { shelf.keep(session(after: UInt64(index)), as: "alice#\(index)") }
+        #expect(shelf.count == 10, "alice's share, none pushed out early")
+        #expect(shelf.take("alice#5") != nil, "the oldest still kept")
+        shelf.keep(session(after: 15), as: "alice#15")
+        shelf.keep(session(after: 16), as: "alice#16")
+        #expect(shelf.take("alice#6") == nil, "past the share the oldest goes first")
+        #expect(shelf.take("alice#9")?.resumeAfter == 99, "the replacement is kept, and as the newer")
+    }
+
+    @Test func aStormOfBreaksKeepsTheNewestWithinTheLimit() {
+        var settings = ResumeSettings()
+        settings.sessions = 10_000
+        let released = Mutex(0)
+        let shelf = SessionShelf(settings: settings) { _ in released.withLock { $0 += 1 } }
+        for index in 0..<25_000 {
+            var kept = session(after: UInt64(index))
+            kept.parked = SubscriberID.make()
+            shelf.keep(kept, as: "key\(index % 20)#\(index)")
+        }
+        #expect(shelf.count == 10_000)
+        #expect(released.withLock { $0 } == 15_000, "every session pushed out lets go of its parked subscriber")
+        #expect(shelf.take("key19#24999") != nil && shelf.take("key0#0") == nil)
+    }
 }
