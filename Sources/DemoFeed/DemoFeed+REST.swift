@@ -29,8 +29,10 @@ struct RestState: Sendable {
 extension DemoFeed {
     /// Polygon's REST paths, answered from the market's state:
     /// `/v2/last/trade/{t}`, `/v2/last/nbbo/{t}`, `/v2/aggs/ticker/{t}/prev`,
-    /// `/v2/aggs/ticker/{t}/range/1/day/{from}/{to}` and `/v1/marketstatus/now`.
+    /// `/v2/aggs/ticker/{t}/range/1/day/{from}/{to}`, `/v2/aggs/ticker/{t}/range/1/minute/{from}/{to}`
+    /// (from what it streamed), `/v1/marketstatus/now`, and the history of ``addHistory(to:)``.
     func addREST(to router: Router<BasicRequestContext>) {
+        addHistory(to: router)
         router.get("/v2/last/trade/:ticker") { request, context in
             try await self.restAnswer("trade", request, context) { ticker, state in
                 guard let last = state.last[ticker] else { return nil }
@@ -58,8 +60,14 @@ extension DemoFeed {
         }
         router.get("/v2/aggs/ticker/:ticker/range/:multiplier/:timespan/:from/:to") { request, context in
             let parameters = context.parameters
+            if parameters.get("multiplier") == "1", parameters.get("timespan") == "minute" {
+                guard let from = parameters.get("from").flatMap({ Int64($0) }), let to = parameters.get("to").flatMap({ Int64($0) }) else {
+                    return Self.restJSON(#"{"status":"ERROR","error":"minute bars: from and to in Unix milliseconds"}"#, status: .badRequest)
+                }
+                return try await self.restAnswer("aggs", request, context) { ticker, _ in self.minuteBars(ticker: ticker, from: from, to: to) }
+            }
             guard parameters.get("multiplier") == "1", parameters.get("timespan") == "day" else {
-                return Self.restJSON(#"{"status":"ERROR","error":"the demo feed has daily bars only (range/1/day)"}"#, status: .badRequest)
+                return Self.restJSON(#"{"status":"ERROR","error":"the demo feed has daily and minute bars only (range/1/day, range/1/minute)"}"#, status: .badRequest)
             }
             guard let from = Self.day(parameters.get("from")), let to = Self.day(parameters.get("to")) else {
                 return Self.restJSON(#"{"status":"ERROR","error":"from and to: YYYY-MM-DD or Unix milliseconds"}"#, status: .badRequest)

@@ -30,10 +30,14 @@ public final class DemoFeed: Service, Sendable {
     private let connections = Mutex<[Int: FeedConnection]>([:])
     private let nextConnection = Mutex(1)
     private let tally = Mutex<Tally?>(nil)
+    /// Markets whose new connections are reset until then (`drop?seconds=N`).
+    private let refusals = Mutex<[Market: ContinuousClock.Instant]>([:])
     /// What the REST endpoints answer.
     let restState = Mutex(RestState())
     /// REST requests per endpoint and ticker, and what became of them.
     let restCounts = Mutex<[String: RestCount]>([:])
+    /// What each market generated, for the REST history endpoints.
+    let tapes: [Market: DemoTape]
     private let logger: Logger
 
     struct FeedConnection: Sendable {
@@ -50,6 +54,8 @@ public final class DemoFeed: Service, Sendable {
     public init(configuration: DemoFeedConfiguration = DemoFeedConfiguration(), logger: Logger = Logger(label: "relay.demo-feed")) {
         self.configuration = configuration
         self.logger = logger
+        tapes = configuration.keepsTape
+            ? Dictionary(uniqueKeysWithValues: configuration.servedMarkets.map { ($0, DemoTape(market: $0)) }) : [:]
     }
 
     /// The port the feed listens on, once it does.
@@ -110,9 +116,11 @@ public final class DemoFeed: Service, Sendable {
                 throw HTTPError(
                     .notFound, message: "unknown fault \(name); one of \(DemoFeedFault.allCases.map(\.rawValue).joined(separator: ", "))")
             }
-            // `?market=crypto`: only that market's connections.
+            // `?market=crypto`: only that market's connections. `drop?seconds=N`: and refuse new ones for N s.
             let market = request.uri.queryParameters.get("market").flatMap { Market(rawValue: $0) }
-            return "{\"fault\":\"\(fault.rawValue)\",\"connections\":\(self.inject(fault, market: market))}\n"
+            let refusal = request.uri.queryParameters.get("seconds").flatMap { Double($0) }.map { Duration.milliseconds(Int64($0 * 1000)) }
+            let count = self.inject(fault, market: market, refusingFor: fault == .drop ? refusal : nil)
+            return "{\"fault\":\"\(fault.rawValue)\",\"connections\":\(count)}\n"
         }
         let port = self.port
         let ping: AutoPingSetup = configuration.pingInterval.map { .enabled(timePeriod: $0) } ?? .disabled
@@ -136,6 +144,11 @@ public final class DemoFeed: Service, Sendable {
     // MARK: one client
 
     private func serve(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, channel: any Channel, market: Market) async throws {
+        if let until = refusals.withLock({ $0[market] }), ContinuousClock.now < until {
+            try? await (channel as? any SocketOptionProvider)?.setSoLinger(linger(l_onoff: 1, l_linger: 0)).get()
+            try? await channel.close()
+            return
+        }
         let id = nextConnection.withLock { value in
             defer { value += 1 }
             return value
@@ -241,9 +254,17 @@ public final class DemoFeed: Service, Sendable {
         }
     }
 
-    /// Inflicts a fault on every connection open now; returns how many there were.
+    /// Inflicts a fault on every connection open now; returns how many there were. With `refusingFor`,
+    /// connections that arrive meanwhile are reset at once (an outage of that length): the market goes
+    /// on generating, and its REST history keeps what nobody received.
     @discardableResult
-    public func inject(_ fault: DemoFeedFault, market: Market? = nil) -> Int {
+    public func inject(_ fault: DemoFeedFault, market: Market? = nil, refusingFor refusal: Duration? = nil) -> Int {
+        if let refusal {
+            let until = ContinuousClock.now + refusal
+            refusals.withLock { refusals in
+                for served in configuration.servedMarkets where market == nil || served == market { refusals[served] = until }
+            }
+        }
         let open = connections.withLock { Array($0.values.filter { market == nil || $0.market == market }) }
         for connection in open { connection.outputs.yield(.fault(fault)) }
         logger.info("fault injected", metadata: ["fault": "\(fault.rawValue)", "connections": "\(open.count)"])
@@ -295,13 +316,18 @@ public final class DemoFeed: Service, Sendable {
             state.previousClose.merge(market.allCents) { _, new in new }
             state.last.merge(market.allCents.mapValues { ($0, opened) }) { _, new in new }
         }
+        let tape = tapes[kind]
+        tape?.setTickers(market.tickers)
+        market.recording = tape != nil
         let clock = ContinuousClock()
         let tick = configuration.tickInterval
         let perTick = max(configuration.eventsPerSecond * rateShare, 1) * tick.seconds
         var owed = 0.0
         var nextTick = clock.now
-        var barStart = WallClock.nowMilliseconds()
-        var nextBar = clock.now + configuration.aggregateInterval
+        // Bars cover whole intervals of the wall clock (whole minutes by default), as Polygon's do.
+        let barLength = max(configuration.aggregateInterval.milliseconds, 1)
+        var barStart = opened / barLength * barLength
+        let makesBars = configuration.universe == nil && configuration.universes[kind] == nil
         while !Task.isCancelled {
             nextTick = nextTick.advanced(by: tick)
             do {
@@ -314,6 +340,11 @@ public final class DemoFeed: Service, Sendable {
             owed += perTick
             var events: [MarketEvent] = []
             events.reserveCapacity(Int(owed) + 1)
+            if makesBars, now >= barStart + barLength {
+                // The interval that ended, sent at the first tick after it.
+                events += market.aggregates(start: barStart, end: barStart + barLength)
+                barStart = now / barLength * barLength
+            }
             while owed >= 1 {
                 events.append(market.nextEvent(timestamp: now, stamp: stamp))
                 owed -= 1
@@ -329,10 +360,9 @@ public final class DemoFeed: Service, Sendable {
                 if tally?.firstStamp == nil { tally?.firstStamp = stamp }
                 tally?.lastStamp = stamp
             }
-            if configuration.universe == nil, configuration.universes[kind] == nil, clock.now >= nextBar {
-                events += market.aggregates(start: barStart, end: now)
-                barStart = now
-                nextBar = nextBar.advanced(by: configuration.aggregateInterval)
+            if let tape {
+                let (records, bars) = market.takeRecords()
+                tape.append(records, bars: bars, now: now)
             }
             // A machine that fell behind catches up from now rather than bursting.
             if clock.now - nextTick > tick * 10 { nextTick = clock.now }

@@ -43,6 +43,10 @@ public struct DemoFeedConfiguration: Sendable {
     public var restDelay: Duration?
     /// The first this-many REST requests are answered 503 (for testing retries).
     public var restFailures = 0
+    /// Whether the feed keeps what it generated for 30 minutes, so that `/v3/trades`, `/v3/quotes` and
+    /// minute aggregates answer with exactly the events it streamed (the relay's gap fill). Benchmarks at
+    /// high rates turn it off.
+    public var keepsTape = true
 
     /// A PEM certificate chain and its private key.
     public struct TLSFiles: Sendable {

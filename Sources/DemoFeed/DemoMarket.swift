@@ -55,6 +55,12 @@ public struct DemoMarket: Sendable {
     private var rng: SplitMix64
     private var sequence: Int64 = 0
     private let majorCount: Int
+    /// Trades and quotes generated since ``takeRecords()`` last took them (``DemoTape``).
+    private(set) var records: [DemoTape.Record] = []
+    /// Bars generated since ``takeRecords()`` last took them.
+    private(set) var barRecords: [DemoTape.Bar] = []
+    /// Whether generated events are recorded (the feed's REST history).
+    var recording = false
 
     /// A stock universe: the majors and `generatedTickers` more.
     public init(generatedTickers: Int = 300, seed: UInt64) {
@@ -100,6 +106,27 @@ public struct DemoMarket: Sendable {
 
     /// The tickers of this universe.
     public var tickers: [String] { symbols.map(\.ticker) }
+
+    /// The records of what was generated since the last call.
+    mutating func takeRecords() -> (records: [DemoTape.Record], bars: [DemoTape.Bar]) {
+        defer {
+            records.removeAll(keepingCapacity: true)
+            barRecords.removeAll(keepingCapacity: true)
+        }
+        return (records, barRecords)
+    }
+
+    private mutating func record(
+        _ kind: DemoTape.Record.Kind, _ index: Int, time: Int64, price: Int64, ask: Int64 = 0, size: Int, askSize: Int = 0, exchange: Int,
+        askExchange: Int = 0
+    ) {
+        guard recording else { return }
+        records.append(
+            DemoTape.Record(
+                time: time, sequence: sequence, price: Int32(clamping: price), ask: Int32(clamping: ask), size: Int16(clamping: size),
+                askSize: Int16(clamping: askSize), ticker: UInt16(clamping: index), kind: kind, exchange: UInt8(clamping: exchange),
+                askExchange: UInt8(clamping: askExchange)))
+    }
 
     /// Generated tickers read like real ones but cannot clash with them: `ZAAA`, `ZAAB`, …
     static func generatedTicker(_ index: Int) -> String {
@@ -186,6 +213,12 @@ public struct DemoMarket: Sendable {
                     #"{"ev":"AM","sym":"\#(s.ticker)","v":\#(bar.volume),"av":\#(s.dayVolume),"op":\#(price(bar.open)),"vw":\#(price(vwap)),"o":\#(price(bar.open)),"c":\#(price(bar.close)),"h":\#(price(bar.high)),"l":\#(price(bar.low)),"a":\#(price(vwap)),"z":\#(bar.trades),"s":\#(start),"e":\#(end)}"#
             }
             events.append(MarketEvent(eventType: type, ticker: s.ticker, bytes: ByteBuffer(string: json)))
+            if recording {
+                barRecords.append(
+                    DemoTape.Bar(
+                        ticker: UInt16(clamping: index), start: start, end: end, open: bar.open, high: bar.high, low: bar.low, close: bar.close,
+                        volume: bar.volume, vwap: vwap, trades: bar.trades))
+            }
         }
         return events
     }
@@ -210,8 +243,10 @@ public struct DemoMarket: Sendable {
                 #"{"ev":"XQ","pair":"\#(wireTicker(s.ticker))","bp":\#(price(bid)),"bs":\#(Double(bidSize) / 100),"ap":\#(price(ask)),"as":\#(Double(askSize) / 100),"t":\#(timestamp),"x":\#(exchange),"r":\#(timestamp)}"#
             return MarketEvent(eventType: "XQ", ticker: s.ticker, bytes: ByteBuffer(string: json))
         }
+        let askExchange = Int.random(in: 1...20, using: &rng)
+        record(.quote, index, time: timestamp, price: bid, ask: ask, size: bidSize, askSize: askSize, exchange: exchange, askExchange: askExchange)
         let json =
-            #"{"ev":"Q","sym":"\#(s.ticker)","bx":\#(exchange),"bp":\#(price(bid)),"bs":\#(bidSize),"ax":\#(Int.random(in: 1...20, using: &rng)),"ap":\#(price(ask)),"as":\#(askSize),"c":0,"i":[604],"t":\#(timestamp),"q":\#(sequence),"z":3}"#
+            #"{"ev":"Q","sym":"\#(s.ticker)","bx":\#(exchange),"bp":\#(price(bid)),"bs":\#(bidSize),"ax":\#(askExchange),"ap":\#(price(ask)),"as":\#(askSize),"c":0,"i":[604],"t":\#(timestamp),"q":\#(sequence),"z":3}"#
         return MarketEvent(eventType: "Q", ticker: s.ticker, bytes: ByteBuffer(string: json))
     }
 
@@ -220,6 +255,7 @@ public struct DemoMarket: Sendable {
         let size = Int64.random(in: 1...10, using: &rng) * (market == .stocks ? 100 : 1)
         recordTrade(index, size: size)
         let exchange = Int.random(in: 1...20, using: &rng)
+        record(.trade, index, time: timestamp, price: s.cents, size: Int(size), exchange: exchange)
         if market == .crypto {
             let json =
                 #"{"ev":"XT","pair":"\#(wireTicker(s.ticker))","p":\#(price(s.cents)),"t":\#(timestamp),"s":\#(Double(size) / 100),"c":[2],"i":\#(sequence),"x":\#(exchange),"r":\#(timestamp)}"#
@@ -235,6 +271,7 @@ public struct DemoMarket: Sendable {
         let s = symbols[index]
         recordTrade(index, size: 1)
         let spread = max(s.cents / 20000, 1)
+        record(.quote, index, time: timestamp, price: s.cents, ask: s.cents + spread, size: 0, exchange: 48, askExchange: 48)
         let json =
             #"{"ev":"C","p":"\#(wireTicker(s.ticker))","x":48,"a":\#(price(s.cents + spread)),"b":\#(price(s.cents)),"t":\#(timestamp)}"#
         return MarketEvent(eventType: "C", ticker: s.ticker, bytes: ByteBuffer(string: json))
