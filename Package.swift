@@ -138,7 +138,7 @@ let package = Package(
         .target(
             name: "RelayConfiguration",
             dependencies: [
-                "PolygonWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed",
+                "PolygonWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
@@ -151,7 +151,7 @@ let package = Package(
             name: "RelayComposition",
             dependencies: [
                 "RelayConfiguration", "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP", "GapFill",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -185,6 +185,17 @@ let package = Package(
                 "PortfolioDomain", "PolygonWire",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
+        // After an upstream outage: what the market did meanwhile, from the REST API, to the topics' holders.
+        .target(
+            name: "GapFill",
+            dependencies: [
+                "MarketDataHub", "PolygonRESTClient", "PolygonWire",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: strict

@@ -106,6 +106,12 @@ public actor MarketDataHub {
     /// Wall time of the last event published, in ms.
     private var lastEventAt: Int64?
     private var outage: Outage?
+    /// Gap fill: told of each recovery (its window and the topics held by name); the topics watched for
+    /// their first live event after it, and those events, so a fill stops short of what came live.
+    var recoveryHandler: (@Sendable (GapFillRequest) -> Void)?
+    var fillWatch: Set<Topic> = []
+    var firstLive: [Topic: MarketEvent] = [:]
+    var fillGeneration = 0
 
     /// An upstream outage in progress: when the last event before it arrived and why it began.
     private struct Outage {
@@ -319,6 +325,7 @@ public actor MarketDataHub {
         published += events.count
         publishedCounter.increment(by: events.count)
         var events = events
+        if !fillWatch.isEmpty { watchFirstLive(events) }
         if history == nil, adoptsPositions, let limits = historyLimits {
             // Positioned events before the leader's epoch was heard (its notice travels on another
             // subject): kept, under an epoch named when it comes.
@@ -562,6 +569,7 @@ public actor MarketDataHub {
                 status: StatusMessage.Kind.upstreamReconnected,
                 message: "upstream reconnected; no events were received between \(start) and \(firstEventAfter) (Unix ms, \(gap) ms)",
                 numbers: ["last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": gap]))
+        requestFill(from: start, through: firstEventAfter)
     }
 
     private func tellOutageStarted(_ status: StatusMessage) {

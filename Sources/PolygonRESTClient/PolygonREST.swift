@@ -103,7 +103,20 @@ public struct PolygonREST: Sendable {
         return .failure(last)
     }
 
-    static func escaped(_ symbol: String) -> String {
+    /// The body of a `next_url` a page named (Polygon's paging: an opaque `cursor`, and no key, which
+    /// the request carries in its header again). Only a URL on the API's own host is followed, so a
+    /// page can never send the key elsewhere.
+    public func get(nextURL: String, priority: RequestGate.Priority = .foreground) async -> Result<ByteBuffer, FetchError> {
+        let base: String
+        do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }
+        guard let next = URLComponents(string: nextURL), let home = URLComponents(string: base), next.host == home.host,
+            next.port == home.port, !next.path.isEmpty
+        else { return .failure(.malformed("next_url \(nextURL.prefix(200)) is not on \(base)")) }
+        let query = (next.queryItems ?? []).filter { $0.name != "apiKey" }.map { ($0.name, $0.value ?? "") }
+        return await get(next.path, query: query, priority: priority)
+    }
+
+    public static func escaped(_ symbol: String) -> String {
         symbol.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ":.-_"))) ?? symbol
     }
 

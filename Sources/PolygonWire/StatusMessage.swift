@@ -40,6 +40,9 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
         /// Relay notice: a topic's missed events are no longer all held (or the epoch changed): none of
         /// them are sent, its last value follows, then live events.
         public static let gap = "gap"
+        /// The relay's own: after an upstream outage, the events it recovered from the REST API for the
+        /// connection's topics (each flagged `"_r":1`), sent once the fill is done.
+        public static let recovered = "recovered"
     }
 
     /// A JSON string value for ``fields``.

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import AsyncSupport
 import Cluster
 import DemoFeed
+import GapFill
 import Foundation
 import Logging
 import MarketDataHub
@@ -51,6 +52,8 @@ public final class Relay: Service, Sendable {
         public let markets: [Market: MarketDataHub]
         /// A single relay's upstream client per market.
         public let upstreams: [Market: PolygonWebSocket]
+        /// Each market's gap filler (single relays with a REST API).
+        public let gapFillers: [Market: GapFiller]
     }
 
     /// How long each part may take to stop once shutdown reaches it.
@@ -246,6 +249,26 @@ public final class Relay: Service, Sendable {
                 metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
             logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
         }
+        // Gap fill: each upstream market of a single relay, from the same REST API, at one shared pace.
+        var gapFillers: [Market: GapFiller] = [:]
+        if let gapFill = settings.gapFill, let restURL, settings.cluster == nil {
+            let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+            restClient = client
+            let pace = RequestPace(perSecond: gapFill.requestsPerSecond)
+            for market in markets where market.link != nil {
+                // The demo feed's REST wants its own key; another source the market's upstream key.
+                let key = demoFeed != nil || market.source.apiKey.isEmpty ? restKey : market.source.apiKey
+                let filler = GapFiller(
+                    market: market.source.market, hub: market.hub, rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, client: client),
+                    pace: pace, settings: gapFill,
+                    metricsFactory: MarketMetricsFactory(base: metricsFactory, market: market.source.market.rawValue),
+                    logger: logger.with(label: "relay.gap-fill.\(market.source.market)"))
+                await filler.start()
+                gapFillers[market.source.market] = filler
+            }
+        } else if settings.gapFill != nil, settings.cluster == nil {
+            logger.info("gap fill off: no REST API is known for this upstream (set --rest-url)")
+        }
         let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
         let server = RelayServer(
             configuration: {
@@ -285,13 +308,15 @@ public final class Relay: Service, Sendable {
                 },
                 gracefulShutdownSignals: signals, logger: logger))
 
-        // The REST client stops with the relay, whichever way it stops.
+        // The gap fills and the REST client stop with the relay, whichever way it stops.
         do {
             try await runServices(group)
         } catch {
+            for filler in gapFillers.values { await filler.stop() }
             try? await restClient?.shutdown()
             throw error
         }
+        for filler in gapFillers.values { await filler.stop() }
         try? await restClient?.shutdown()
         func runServices(_ group: ServiceGroup) async throws {
             try await withThrowingTaskGroup(of: Void.self) { tasks in
@@ -306,7 +331,8 @@ public final class Relay: Service, Sendable {
                     Components(
                         hub: hub, upstream: upstreams[primary.source.market], cluster: clusterNodes.first, server: server, demoFeed: demoFeed,
                         portfolio: portfolio, securities: browser, port: port, demoFeedPort: demoPort,
-                        markets: Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }), upstreams: upstreams))
+                        markets: Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }), upstreams: upstreams,
+                        gapFillers: gapFillers))
                 let scheme = settings.tls == nil ? "ws" : "wss"
                 var metadata: Logger.Metadata = [
                     "ws": "\(scheme)://\(settings.listen.host):\(port)/\(primary.source.market)",

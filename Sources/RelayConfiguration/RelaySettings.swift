@@ -2,6 +2,7 @@ import Cluster
 import Configuration
 import DemoFeed
 import Foundation
+import GapFill
 import Logging
 import MarketDataHub
 import PolygonWire
@@ -55,6 +56,8 @@ public struct RelaySettings: Sendable {
     public var optionsContracts = 1_000
     /// Each market's recent events for resumes (`nil`: no history and no positions).
     public var history: HistoryLimits? = HistoryLimits()
+    /// After an upstream outage, what the market did meanwhile from the REST API (`nil`: off).
+    public var gapFill: GapFillSettings? = GapFillSettings()
     /// Tagged sessions: how long, how far back, how many.
     public var resume = ResumeSettings()
     /// The upstream API key (required with a real upstream).
@@ -253,15 +256,15 @@ public struct RelaySettings: Sendable {
             places.append(listed)
         }
         settings.upstreams = try MarketUpstream.merge(places)
+        func positive(_ key: ConfigKey) throws -> Int? {
+            guard let value = config.int(forKey: key) else { return nil }
+            guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
+            return value
+        }
         if config.bool(forKey: "history.enabled") == false {
             settings.history = nil
         } else {
             var history = HistoryLimits()
-            func positive(_ key: ConfigKey) throws -> Int? {
-                guard let value = config.int(forKey: key) else { return nil }
-                guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
-                return value
-            }
             if let value = try positive("history.eventsPerTopic") { history.eventsPerTopic = value }
             if let value = try positive("history.maxAgeSeconds") { history.maxAge = .seconds(value) }
             if let value = try positive("history.memoryMB") { history.memoryBytes = value << 20 }
@@ -273,6 +276,16 @@ public struct RelaySettings: Sendable {
                 settings.resume.marginBytes = value
             }
             if let value = try positive("resume.sessions") { settings.resume.sessions = value }
+        }
+        if config.bool(forKey: "gapFill.enabled") == false {
+            settings.gapFill = nil
+        } else {
+            var gapFill = GapFillSettings()
+            if let value = try positive("gapFill.maxWindowSeconds") { gapFill.maxWindow = .seconds(value) }
+            if let value = try positive("gapFill.maxTopics") { gapFill.maxTopics = value }
+            if let value = try positive("gapFill.requestsPerSecond") { gapFill.requestsPerSecond = Double(value) }
+            if let value = try positive("gapFill.eventsPerTopic") { gapFill.eventsPerTopic = value }
+            settings.gapFill = gapFill
         }
         if let contracts = config.int(forKey: "limits.optionsContracts") {
             guard contracts >= 1 else { throw InvalidSetting(description: "limits.optionsContracts: at least 1, got \(contracts)") }

@@ -143,6 +143,15 @@ extension RelaySettings {
             "resume.marginBytes", env: "RELAY_RESUME_MARGIN_BYTES", default: "65536",
             "Bytes before the last acknowledged one that a tagged session gets again (what a proxy or a receive buffer may have held)."),
         .init("resume.sessions", env: "RELAY_RESUME_SESSIONS", default: "10000", "Broken tagged sessions kept at once per market (the oldest go first)."),
+        .init(
+            "gapFill.enabled", flag: "no-gap-fill", .presence("false"), env: "RELAY_GAP_FILL", default: "true",
+            "After an upstream outage, fetch the missed trades, quotes and minute bars of topics held by name from the REST API (--no-gap-fill: do not)."),
+        .init("gapFill.maxWindowSeconds", env: "RELAY_GAP_FILL_MAX_WINDOW_SECONDS", default: "900", "The longest outage filled; a longer one gets its notice only."),
+        .init("gapFill.maxTopics", env: "RELAY_GAP_FILL_MAX_TOPICS", default: "500", "Topics one fill asks for, those held by the most clients first."),
+        .init(
+            "gapFill.requestsPerSecond", env: "RELAY_GAP_FILL_REQUESTS_PER_SECOND", default: "20",
+            "REST requests per second of all fills together (Polygon asks paid plans to stay under 100)."),
+        .init("gapFill.eventsPerTopic", env: "RELAY_GAP_FILL_EVENTS_PER_TOPIC", default: "100000", "The most events one fill recovers for a topic."),
     ]
 
     /// The declaration of `key`.

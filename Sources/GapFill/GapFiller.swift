@@ -1,0 +1,289 @@
+import CoreMetrics
+import Foundation
+import Logging
+import MarketDataHub
+import NIOCore
+import PolygonRESTClient
+import PolygonWire
+
+/// The gap fill's limits. Value type, `Sendable`.
+public struct GapFillSettings: Sendable, Equatable {
+    /// The longest outage filled; a longer one gets its notice only.
+    public var maxWindow: Duration = .seconds(15 * 60)
+    /// The most topics one fill asks for, those held by the most subscribers first.
+    public var maxTopics = 500
+    /// REST requests per second, all fills of all markets together.
+    public var requestsPerSecond = 20.0
+    /// The most events recovered for one topic; past it the topic is told missing from where it stopped.
+    public var eventsPerTopic = 100_000
+
+    public init() {}
+}
+
+/// Fills a market's upstream outages from the REST API: for each topic held by name whose type has a
+/// REST history (``RecoveredEvents/source(of:in:)``), the events of the window the relay did not
+/// receive, delivered to the topic's holders oldest first and flagged, then one `recovered` status per
+/// fill saying what came and what is missing. Wildcards are not filled (a `T.*` fill would cost a
+/// request per ticker): their holders have the outage notice.
+///
+/// One fill at a time per market, in order; requests go through the REST client's gate below
+/// interactive ones (`bulk`) and through a ``RequestPace`` shared by every market. An actor.
+public actor GapFiller {
+    public struct Statistics: Sendable, Equatable {
+        public var fills = 0
+        public var incomplete = 0
+        public var skipped = 0
+        public var recovered = 0
+        public var requests = 0
+        /// The last fill's window (Unix ms), events, whether complete, and how long it took.
+        public var last: (from: Int64, through: Int64, events: Int, complete: Bool, seconds: Double)?
+
+        public static func == (lhs: Statistics, rhs: Statistics) -> Bool {
+            (lhs.fills, lhs.incomplete, lhs.skipped, lhs.recovered, lhs.requests) == (rhs.fills, rhs.incomplete, rhs.skipped, rhs.recovered, rhs.requests)
+        }
+    }
+
+    private let market: Market
+    private let hub: MarketDataHub
+    private let rest: PolygonREST
+    private let pace: RequestPace
+    private let settings: GapFillSettings
+    private let logger: Logger
+    private var queue: Task<Void, Never>?
+    public private(set) var statistics = Statistics()
+    private let fillsComplete: Counter
+    private let fillsIncomplete: Counter
+    private let fillsSkipped: Counter
+    private let recoveredCounter: Counter
+    private let requestsOK: Counter
+    private let requestsFailed: Counter
+    private let duration: CoreMetrics.Timer
+
+    public init(
+        market: Market, hub: MarketDataHub, rest: PolygonREST, pace: RequestPace, settings: GapFillSettings,
+        metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger = Logger(label: "relay.gap-fill")
+    ) {
+        self.market = market
+        self.hub = hub
+        self.rest = rest
+        self.pace = pace
+        self.settings = settings
+        self.logger = logger
+        fillsComplete = Counter(label: "relay_gap_fills_total", dimensions: [("result", "complete")], factory: metricsFactory)
+        fillsIncomplete = Counter(label: "relay_gap_fills_total", dimensions: [("result", "incomplete")], factory: metricsFactory)
+        fillsSkipped = Counter(label: "relay_gap_fills_total", dimensions: [("result", "skipped")], factory: metricsFactory)
+        recoveredCounter = Counter(label: "relay_gap_fill_events_total", factory: metricsFactory)
+        requestsOK = Counter(label: "relay_gap_fill_requests_total", dimensions: [("result", "ok")], factory: metricsFactory)
+        requestsFailed = Counter(label: "relay_gap_fill_requests_total", dimensions: [("result", "failed")], factory: metricsFactory)
+        duration = CoreMetrics.Timer(label: "relay_gap_fill_seconds", factory: metricsFactory)
+    }
+
+    /// Asks the hub to hand every recovery to this filler.
+    public func start() async {
+        await hub.setRecoveryHandler { [weak self] request in
+            guard let self else { return }
+            Task { await self.enqueue(request) }
+        }
+    }
+
+    /// Stops filling: the fill under way is cancelled (what it delivered stays delivered).
+    public func stop() async {
+        await hub.setRecoveryHandler(nil)
+        queue?.cancel()
+        queue = nil
+    }
+
+    private func enqueue(_ request: GapFillRequest) {
+        let previous = queue
+        queue = Task {
+            await previous?.value
+            await self.fill(request)
+        }
+    }
+
+    /// Waits for the fills queued now (tests).
+    public func idle() async {
+        await queue?.value
+    }
+
+    func fill(_ request: GapFillRequest) async {
+        let started = ContinuousClock.now
+        let window = Duration.milliseconds(request.through - request.from)
+        guard window <= settings.maxWindow else {
+            statistics.skipped += 1
+            fillsSkipped.increment()
+            logger.warning(
+                "outage longer than the gap fill covers: notice only",
+                metadata: ["window_ms": "\(request.through - request.from)", "max_seconds": "\(settings.maxWindow.components.seconds)"])
+            return
+        }
+        var summary = GapFillSummary(from: request.from, through: request.through)
+        let fillable = request.topics.filter { !$0.topic.isWildcard && RecoveredEvents.source(of: $0.topic.eventType, in: market) != nil }
+        guard !fillable.isEmpty else { return }
+        for held in fillable.dropFirst(settings.maxTopics) {
+            summary.missing[held.topic] = "not filled: one fill asks for at most \(settings.maxTopics) topics (those held by the most clients)"
+        }
+        let chosen = Array(fillable.prefix(settings.maxTopics))
+        // A few topics at a time: the REST client's gate and the pace bound the requests anyway.
+        await withTaskGroup(of: (Topic, Result<Int, FillFailure>).self) { group in
+            var next = 0
+            while next < min(4, chosen.count) {
+                let held = chosen[next]
+                group.addTask { (held.topic, await self.fill(held, request)) }
+                next += 1
+            }
+            while let (topic, result) = await group.next() {
+                switch result {
+                case .success(let count): summary.recovered[topic] = count
+                case .failure(let failure):
+                    summary.missing[topic] = failure.reason
+                    if failure.delivered > 0 { summary.recovered[topic] = failure.delivered }
+                }
+                if next < chosen.count {
+                    let held = chosen[next]
+                    group.addTask { (held.topic, await self.fill(held, request)) }
+                    next += 1
+                }
+            }
+        }
+        guard !Task.isCancelled else { return }
+        await hub.announceRecovered(summary, generation: request.generation)
+        let events = summary.recovered.values.reduce(0, +)
+        let seconds = (ContinuousClock.now - started) / .seconds(1)
+        statistics.fills += 1
+        statistics.recovered += events
+        statistics.last = (request.from, request.through, events, summary.isComplete, seconds)
+        recoveredCounter.increment(by: events)
+        duration.recordNanoseconds(Int64(seconds * 1e9))
+        if summary.isComplete {
+            fillsComplete.increment()
+            logger.info(
+                "gap filled", metadata: ["events": "\(events)", "topics": "\(summary.recovered.count)", "window_ms": "\(request.through - request.from)"])
+        } else {
+            statistics.incomplete += 1
+            fillsIncomplete.increment()
+            logger.warning(
+                "gap fill incomplete",
+                metadata: ["events": "\(events)", "missing": "\(summary.missing.count)", "first_missing": "\(summary.missing.first.map { "\($0.key): \($0.value)" } ?? "")"])
+        }
+    }
+
+    struct FillFailure: Error {
+        var reason: String
+        var delivered: Int
+    }
+
+    /// One topic: its pages fetched, mapped, bounded by the window and by what the relay had before the
+    /// outage, then delivered.
+    private func fill(_ held: GapFillRequest.Held, _ request: GapFillRequest) async -> Result<Int, FillFailure> {
+        let topic = held.topic
+        guard let source = RecoveredEvents.source(of: topic.eventType, in: market) else { return .success(0) }
+        let order = RecoveredEvents.order(of: topic.eventType)
+        let ticker = PolygonREST.escaped(RecoveredEvents.restTicker(topic.ticker, in: market))
+        let lastBefore = held.lastBefore.flatMap { order.value(of: $0) }
+        // Trades and quotes from the last one the relay had (its millisecond: `q` tells them apart), or
+        // from the outage's start; bars from the start of the minute it began in.
+        let fromMs = source == .minuteBars
+            ? request.from / 60_000 * 60_000
+            : (held.lastBefore.flatMap { RecoveryOrder.time.value(of: $0) } ?? request.from)
+        var events: [(MarketEvent, Int64)] = []
+        var next: String?
+        var firstPage = true
+        while firstPage || next != nil {
+            do { try await pace.next() } catch { return .failure(FillFailure(reason: "cancelled", delivered: 0)) }
+            let answer: Result<ByteBuffer, PolygonREST.FetchError>
+            if let url = next {
+                answer = await rest.get(nextURL: url, priority: .bulk)
+            } else {
+                switch source {
+                case .trades, .quotes:
+                    let path = source == .trades ? "/v3/trades/\(ticker)" : "/v3/quotes/\(ticker)"
+                    answer = await rest.get(
+                        path,
+                        query: [
+                            ("timestamp.gte", "\(fromMs * 1_000_000)"), ("timestamp.lt", "\(request.through * 1_000_000)"), ("order", "asc"),
+                            ("sort", "timestamp"), ("limit", "50000"),
+                        ], priority: .bulk)
+                case .minuteBars:
+                    answer = await rest.get(
+                        "/v2/aggs/ticker/\(ticker)/range/1/minute/\(fromMs)/\(request.through)",
+                        query: [("adjusted", "true"), ("sort", "asc"), ("limit", "50000")], priority: .bulk)
+                }
+            }
+            firstPage = false
+            statistics.requests += 1
+            let body: ByteBuffer
+            switch answer {
+            case .success(let value):
+                body = value
+                requestsOK.increment()
+            case .failure(let error):
+                requestsFailed.increment()
+                let delivered = await deliver(topic, filtered(events, source, order, lastBefore, request), order: order, generation: request.generation)
+                let since = events.last.map { " after \($0.1) (Unix ms)" } ?? ""
+                return .failure(FillFailure(reason: "REST \(error)\(since); the rest of the window is missing", delivered: delivered))
+            }
+            do {
+                next = try decode(body, source: source, topic: topic, into: &events)
+            } catch {
+                requestsFailed.increment()
+                let delivered = await deliver(topic, filtered(events, source, order, lastBefore, request), order: order, generation: request.generation)
+                return .failure(FillFailure(reason: "unreadable REST answer: \(error)", delivered: delivered))
+            }
+            if events.count > settings.eventsPerTopic {
+                events.removeLast(events.count - settings.eventsPerTopic)
+                let delivered = await deliver(topic, filtered(events, source, order, lastBefore, request), order: order, generation: request.generation)
+                return .failure(
+                    FillFailure(
+                        reason: "more than \(settings.eventsPerTopic) events: recovered through \(events.last?.1 ?? request.from) (Unix ms), the rest is missing",
+                        delivered: delivered))
+            }
+        }
+        let delivered = await deliver(topic, filtered(events, source, order, lastBefore, request), order: order, generation: request.generation)
+        return .success(delivered)
+    }
+
+    /// What the relay did not have: after its last event of the topic before the outage, before the
+    /// reconnect, and for bars only those whose minute had ended by then (the live one is still to come).
+    private func filtered(
+        _ events: [(MarketEvent, Int64)], _ source: RecoveredEvents.Source, _ order: RecoveryOrder, _ lastBefore: Int64?, _ request: GapFillRequest
+    ) -> [(MarketEvent, Int64)] {
+        events.filter { event, time in
+            if let lastBefore, let value = order.value(of: event), value <= lastBefore { return false }
+            if source == .minuteBars {
+                // Without a bar of it before, a bar that ended before the outage began was delivered live.
+                return time + 60_000 <= request.through && (lastBefore != nil || time + 60_000 > request.from)
+            }
+            return time < request.through
+        }
+    }
+
+    private func deliver(_ topic: Topic, _ events: [(MarketEvent, Int64)], order: RecoveryOrder, generation: Int) async -> Int {
+        guard !events.isEmpty else { return 0 }
+        // Oldest first; a stable sort keeps REST's order within one timestamp.
+        let sorted = events.enumerated().sorted { ($0.element.1, $0.offset) < ($1.element.1, $1.offset) }.map(\.element.0)
+        return await hub.deliverRecovered(topic, sorted, order: order, generation: generation)
+    }
+
+    /// Appends a page's events; returns its `next_url`.
+    private func decode(_ body: ByteBuffer, source: RecoveredEvents.Source, topic: Topic, into events: inout [(MarketEvent, Int64)]) throws
+        -> String?
+    {
+        let data = Data(body.readableBytesView)
+        let decoder = JSONDecoder()
+        switch source {
+        case .trades:
+            let page = try decoder.decode(RecoveredEvents.Page<RecoveredEvents.Trade>.self, from: data)
+            events += (page.results ?? []).compactMap { RecoveredEvents.trade($0, type: topic.eventType, ticker: topic.ticker, market: market) }
+            return page.next_url
+        case .quotes:
+            let page = try decoder.decode(RecoveredEvents.Page<RecoveredEvents.Quote>.self, from: data)
+            events += (page.results ?? []).compactMap { RecoveredEvents.quote($0, type: topic.eventType, ticker: topic.ticker, market: market) }
+            return page.next_url
+        case .minuteBars:
+            let page = try decoder.decode(RecoveredEvents.Page<RecoveredEvents.Bar>.self, from: data)
+            events += (page.results ?? []).map { RecoveredEvents.bar($0, type: topic.eventType, ticker: topic.ticker, market: market) }
+            return page.next_url
+        }
+    }
+}
