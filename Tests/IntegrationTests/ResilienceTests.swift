@@ -27,6 +27,7 @@ func withFaultyFeedRelay(
     upstreamKey: String = "upstream-secret",
     tuning: UpstreamConfiguration = fastUpstreamTuning(),
     waitForAuthentication: Bool = true,
+    restFromFeed: Bool = false,
     _ body: (Relay.Components, DemoFeed, String) async throws -> Void
 ) async throws {
     var configuration = feedConfiguration
@@ -35,9 +36,11 @@ func withFaultyFeedRelay(
     configuration.seed = 11
     let feed = DemoFeed(configuration: configuration, logger: testLogger)
     try await withServices([feed]) {
-        let settings = RelaySettings(
+        var settings = RelaySettings(
             listen: .init(host: "127.0.0.1", port: 0), upstream: UpstreamConfiguration.Endpoint(try await feed.url()),
             upstreamKey: upstreamKey, clientKeys: ["client-key"], upstreamTuning: tuning)
+        // The feed's REST history: the gap fill's source (without it a loopback upstream has none).
+        if restFromFeed { settings.upstreamRESTURL = "http://127.0.0.1:\(try await feed.listeningPort())" }
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
             let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
