@@ -254,6 +254,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "GapFillTests",
+            dependencies: ["GapFill", "MarketDataHub", "PolygonWire"],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "MarketDataHubTests",
             dependencies: ["MarketDataHub", "PolygonWire"],
             swiftSettings: strict

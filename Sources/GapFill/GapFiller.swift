@@ -112,6 +112,7 @@ public actor GapFiller {
         guard window <= settings.maxWindow else {
             statistics.skipped += 1
             fillsSkipped.increment()
+            await hub.noteFillSkipped()
             logger.warning(
                 "outage longer than the gap fill covers: notice only",
                 metadata: ["window_ms": "\(request.through - request.from)", "max_seconds": "\(settings.maxWindow.components.seconds)"])

@@ -92,6 +92,29 @@ public enum RecoveryOrder: String, Sendable {
     }
 }
 
+/// The gap fills of a market since start, as the hub saw them end. `Sendable`.
+public struct GapFillCounts: Sendable, Equatable, Encodable {
+    public var fills = 0
+    public var incomplete = 0
+    /// Outages longer than the fill covers: their notice only.
+    public var skipped = 0
+    public var recovered = 0
+    public var last: Last?
+
+    public struct Last: Sendable, Equatable, Encodable {
+        /// The outage's window (Unix ms), when the fill ended (Unix ms), what it recovered.
+        public var from: Int64
+        public var through: Int64
+        public var endedAt: Int64
+        public var events: Int
+        public var topics: Int
+        public var complete: Bool
+        public var missing: Int
+    }
+
+    public init() {}
+}
+
 extension MarketDataHub {
     /// Asks `handler` to fill each outage once the upstream is back (the relay's gap fill); `nil` stops it.
     public func setRecoveryHandler(_ handler: (@Sendable (GapFillRequest) -> Void)?) {
@@ -149,6 +172,13 @@ extension MarketDataHub {
     /// of its own topics (`recovered`, with `complete`).
     public func announceRecovered(_ summary: GapFillSummary, generation: Int) {
         endFill(generation: generation)
+        let events = summary.recovered.values.reduce(0, +)
+        gapFillCounts.fills += 1
+        if !summary.isComplete { gapFillCounts.incomplete += 1 }
+        gapFillCounts.recovered += events
+        gapFillCounts.last = GapFillCounts.Last(
+            from: summary.from, through: summary.through, endedAt: WallClock.nowMilliseconds(), events: events,
+            topics: summary.recovered.count, complete: summary.isComplete, missing: summary.missing.count)
         var perSubscriber: [SubscriberID: (subscriber: Subscriber, topics: [Topic])] = [:]
         for topic in Set(summary.recovered.keys).union(summary.missing.keys) {
             for subscriber in entries[topic]?.subscribers ?? [] where !subscriber.parked {
@@ -177,6 +207,12 @@ extension MarketDataHub {
         }
         tell(told)
     }
+
+    /// An outage longer than the fill covers: counted, nothing asked for.
+    public func noteFillSkipped() { gapFillCounts.skipped += 1 }
+
+    /// The gap fills since start.
+    public var gapFillStatistics: GapFillCounts { gapFillCounts }
 
     private func endFill(generation: Int) {
         guard generation == fillGeneration else { return }

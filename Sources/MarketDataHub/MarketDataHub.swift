@@ -112,6 +112,7 @@ public actor MarketDataHub {
     var fillWatch: Set<Topic> = []
     var firstLive: [Topic: MarketEvent] = [:]
     var fillGeneration = 0
+    var gapFillCounts = GapFillCounts()
 
     /// An upstream outage in progress: when the last event before it arrived and why it began.
     private struct Outage {

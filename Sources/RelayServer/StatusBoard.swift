@@ -33,6 +33,7 @@ actor StatusBoard {
     /// Per market: its upstream's last state and its cluster role, as last noted.
     private var lastUpstreamState: [Market: String] = [:]
     private var lastRole: [Market: String] = [:]
+    private var lastFills: [Market: GapFillCounts] = [:]
 
     /// Each market's broken tagged sessions.
     private let shelves: [Market: SessionShelf]
@@ -58,6 +59,7 @@ actor StatusBoard {
         for served in markets {
             let report = await served.feed.report()
             note(served.market, upstream: report.upstream, cluster: report.cluster)
+            note(served.market, gapFill: await served.hub.gapFillStatistics)
             published += await served.hub.publishedCount
             lagging += await served.hub.bufferStatistics.lagging
         }
@@ -78,6 +80,23 @@ actor StatusBoard {
             record(Change(at: .now, what: "\(prefix)cluster role \(cluster.role)", detail: cluster.leader.map { "leader \($0)" }))
             lastRole[market] = cluster.role
         }
+    }
+
+    /// Each gap fill that ended since the last sample, as one change.
+    private func note(_ market: Market, gapFill: GapFillCounts) {
+        let seen = lastFills[market] ?? GapFillCounts()
+        defer { lastFills[market] = gapFill }
+        let prefix = markets.count > 1 ? "\(market) " : ""
+        if gapFill.skipped > seen.skipped {
+            record(Change(at: .now, what: "\(prefix)gap not filled", detail: "the outage was longer than the fill covers (gapFill.maxWindowSeconds)"))
+        }
+        guard gapFill.fills > seen.fills, let last = gapFill.last else { return }
+        let seconds = Double(last.through - last.from) / 1000
+        record(
+            Change(
+                at: .now, what: "\(prefix)gap filled\(last.complete ? "" : " (incomplete)")",
+                detail: "\(last.events) events of \(last.topics) topics recovered from a \(String(format: "%.1f", seconds)) s outage"
+                    + (last.complete ? "" : "; \(last.missing) topics missing")))
     }
 
     private func record(_ change: Change) {
@@ -129,6 +148,8 @@ actor StatusBoard {
             var eventsPublished: Int
             /// The epoch of the market's positions and what its history holds (`nil`: no history).
             var history: History?
+            /// Gap fills after upstream outages since start (`nil`: none yet).
+            var gapFill: GapFillCounts?
         }
 
         /// One market's history for resumes.
@@ -181,6 +202,7 @@ actor StatusBoard {
             published += marketPublished
             lagging += await served.hub.bufferStatistics.lagging
             dropped += await served.hub.droppedTotal
+            let gapFill = await served.hub.gapFillStatistics
             var history: Status.History?
             if let epoch = served.hub.epoch, let held = await served.hub.historyStatistics {
                 history = .init(
@@ -191,7 +213,8 @@ actor StatusBoard {
             perMarket.append(
                 .init(
                     market: served.market.rawValue, healthy: report.healthy, upstream: report.upstream, cluster: report.cluster,
-                    subscribers: marketSubscribers, eventsPublished: marketPublished, history: history))
+                    subscribers: marketSubscribers, eventsPublished: marketPublished, history: history,
+                    gapFill: gapFill.fills + gapFill.skipped > 0 ? gapFill : nil))
         }
         let first = perMarket.first
         var series = Status.Series()

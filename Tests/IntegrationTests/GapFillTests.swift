@@ -123,6 +123,15 @@ struct GapFillTests {
             #expect(wildcard.statuses(StatusMessage.Kind.recovered).isEmpty)
             let statistics = try #require(await parts.gapFillers[.stocks]?.statistics)
             #expect(statistics.fills == 1 && statistics.incomplete == 0 && statistics.requests == 3)
+            // Shown in /v1/status: the market's counts, and the fill among the recent changes.
+            try await eventually("/v1/status to show the fill") {
+                guard let status = try? await httpGet("http://127.0.0.1:\(parts.port)/v1/status", key: "client-key"),
+                    let object = try? JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any],
+                    let markets = object["markets"] as? [[String: Any]], let gapFill = markets.first?["gapFill"] as? [String: Any],
+                    let changes = object["changes"] as? [[String: Any]]
+                else { return false }
+                return int(gapFill["fills"]) == 1 && changes.contains { ($0["what"] as? String) == "gap filled" }
+            }
             await named.client.close()
             await wildcard.client.close()
         }
@@ -144,6 +153,20 @@ struct GapFillTests {
             #expect(named.objects.allSatisfy { int($0["_r"]) == nil }, "nothing invented")
             #expect(try #require(await parts.gapFillers[.stocks]?.statistics).incomplete == 1)
             await named.client.close()
+        }
+    }
+
+    @Test(.enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
+    func theOfficialPythonClientTakesTheRecoveredEventsAndMissesNothing() async throws {
+        try await withFaultyFeedRelay(restFromFeed: true) { parts, feed, url in
+            let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+                .appendingPathComponent("Interop/gap_fill_python_client.py").path
+            let result = try await runPython(
+                script,
+                ["--port", "\(parts.port)", "--key", "client-key", "--feed-port", "\(try await feed.listeningPort())", "--feed-key", "upstream-secret"],
+                timeout: .seconds(90))
+            #expect(result.status == 0, "\(result.output)")
+            #expect(try #require(await parts.gapFillers[.stocks]?.statistics).fills == 1, "\(result.output)")
         }
     }
 }

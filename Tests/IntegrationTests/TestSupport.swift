@@ -260,10 +260,11 @@ final class WSTestClient {
 }
 
 /// A plain HTTP GET on loopback: status and body.
-func httpGet(_ url: String) async throws -> (status: Int, body: String) {
+func httpGet(_ url: String, key: String? = nil) async throws -> (status: Int, body: String) {
     guard let target = URL(string: url) else { throw TimeoutError(description: "bad URL \(url)") }
     var request = URLRequest(url: target)
     request.timeoutInterval = 10
+    if let key { request.setValue("Bearer \(key)", forHTTPHeaderField: "Authorization") }
     let (data, response) = try await URLSession.shared.data(for: request)
     let status = (response as? HTTPURLResponse)?.statusCode ?? 0
     return (status, String(decoding: data, as: UTF8.self))
