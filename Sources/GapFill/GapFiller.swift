@@ -176,7 +176,8 @@ public actor GapFiller {
 
     /// One topic: its pages fetched, mapped, bounded by the window and by what the relay had before the
     /// outage, then delivered.
-    private func fill(_ held: GapFillRequest.Held, _ request: GapFillRequest) async -> Result<Int, FillFailure> {
+    /// Off the actor, so that several topics' pages are read and mapped on several cores at once.
+    private nonisolated func fill(_ held: GapFillRequest.Held, _ request: GapFillRequest) async -> Result<Int, FillFailure> {
         let topic = held.topic
         guard let source = RecoveredEvents.source(of: topic.eventType, in: market) else { return .success(0) }
         let order = RecoveredEvents.order(of: topic.eventType)
@@ -212,7 +213,7 @@ public actor GapFiller {
                 }
             }
             firstPage = false
-            statistics.requests += 1
+            await countRequest()
             let body: ByteBuffer
             switch answer {
             case .success(let value):
@@ -246,7 +247,9 @@ public actor GapFiller {
 
     /// What the relay did not have: after its last event of the topic before the outage, before the
     /// reconnect, and for bars only those whose minute had ended by then (the live one is still to come).
-    private func filtered(
+    private func countRequest() { statistics.requests += 1 }
+
+    private nonisolated func filtered(
         _ events: [(MarketEvent, Int64)], _ source: RecoveredEvents.Source, _ order: RecoveryOrder, _ lastBefore: Int64?, _ request: GapFillRequest
     ) -> [(MarketEvent, Int64)] {
         events.filter { event, time in
@@ -259,32 +262,37 @@ public actor GapFiller {
         }
     }
 
-    private func deliver(_ topic: Topic, _ events: [(MarketEvent, Int64)], order: RecoveryOrder, generation: Int) async -> Int {
+    /// Events handed to the hub per call: live events are published between two of them, so a large
+    /// fill does not hold up the live stream.
+    static let deliveryChunk = 1_000
+
+    private nonisolated func deliver(_ topic: Topic, _ events: [(MarketEvent, Int64)], order: RecoveryOrder, generation: Int) async -> Int {
         guard !events.isEmpty else { return 0 }
         // Oldest first; a stable sort keeps REST's order within one timestamp.
         let sorted = events.enumerated().sorted { ($0.element.1, $0.offset) < ($1.element.1, $1.offset) }.map(\.element.0)
-        return await hub.deliverRecovered(topic, sorted, order: order, generation: generation)
+        var delivered = 0
+        var start = 0
+        while start < sorted.count {
+            let end = min(start + Self.deliveryChunk, sorted.count)
+            delivered += await hub.deliverRecovered(topic, Array(sorted[start..<end]), order: order, generation: generation)
+            start = end
+        }
+        return delivered
     }
 
     /// Appends a page's events; returns its `next_url`.
-    private func decode(_ body: ByteBuffer, source: RecoveredEvents.Source, topic: Topic, into events: inout [(MarketEvent, Int64)]) throws
+    private nonisolated func decode(_ body: ByteBuffer, source: RecoveredEvents.Source, topic: Topic, into events: inout [(MarketEvent, Int64)]) throws
         -> String?
     {
-        let data = Data(body.readableBytesView)
-        let decoder = JSONDecoder()
-        switch source {
-        case .trades:
-            let page = try decoder.decode(RecoveredEvents.Page<RecoveredEvents.Trade>.self, from: data)
-            events += (page.results ?? []).compactMap { RecoveredEvents.trade($0, type: topic.eventType, ticker: topic.ticker, market: market) }
-            return page.next_url
-        case .quotes:
-            let page = try decoder.decode(RecoveredEvents.Page<RecoveredEvents.Quote>.self, from: data)
-            events += (page.results ?? []).compactMap { RecoveredEvents.quote($0, type: topic.eventType, ticker: topic.ticker, market: market) }
-            return page.next_url
-        case .minuteBars:
-            let page = try decoder.decode(RecoveredEvents.Page<RecoveredEvents.Bar>.self, from: data)
-            events += (page.results ?? []).map { RecoveredEvents.bar($0, type: topic.eventType, ticker: topic.ticker, market: market) }
-            return page.next_url
+        let market = self.market
+        return try RESTPage.read(Array(body.readableBytesView)) { result in
+            let event: (MarketEvent, Int64)?
+            switch source {
+            case .trades: event = RecoveredEvents.trade(result, type: topic.eventType, ticker: topic.ticker, market: market)
+            case .quotes: event = RecoveredEvents.quote(result, type: topic.eventType, ticker: topic.ticker, market: market)
+            case .minuteBars: event = RecoveredEvents.bar(result, type: topic.eventType, ticker: topic.ticker, market: market)
+            }
+            if let event { events.append(event) }
         }
     }
 }

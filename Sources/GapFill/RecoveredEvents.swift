@@ -39,128 +39,121 @@ public enum RecoveredEvents {
         market == .crypto || market == .forex ? ticker.filter { $0 != "-" && $0 != "/" } : ticker
     }
 
-    /// A page of REST results and where the next one is.
-    struct Page<Result: Decodable>: Decodable {
-        var results: [Result]?
-        var next_url: String?
-    }
+    /// An event of `type` built field by field, each value's text copied as it came, ending with the flag.
+    struct Builder {
+        var buffer: ByteBuffer
+        var first = true
 
-    struct Trade: Decodable {
-        var conditions: [Int]?
-        var exchange: Int?
-        var id: String?
-        var price: Double
-        var sequence_number: Int64?
-        var sip_timestamp: Int64?
-        var participant_timestamp: Int64?
-        var size: Double?
-        var tape: Int?
-    }
+        init(type: String, capacity: Int = 256) {
+            buffer = ByteBufferAllocator().buffer(capacity: capacity)
+            buffer.writeString("{\"ev\":\"\(type)\"")
+        }
 
-    struct Quote: Decodable {
-        var ask_exchange: Int?
-        var ask_price: Double?
-        var ask_size: Double?
-        var bid_exchange: Int?
-        var bid_price: Double?
-        var bid_size: Double?
-        var conditions: [Int]?
-        var indicators: [Int]?
-        var sequence_number: Int64?
-        var sip_timestamp: Int64?
-        var participant_timestamp: Int64?
-        var tape: Int?
-    }
+        mutating func raw(_ name: String, _ text: some Collection<UInt8>) {
+            buffer.writeString(",\"\(name)\":")
+            buffer.writeBytes(text)
+        }
 
-    struct Bar: Decodable {
-        var o: Double
-        var h: Double
-        var l: Double
-        var c: Double
-        var v: Double?
-        var vw: Double?
-        var t: Int64
-        var n: Int?
-    }
+        mutating func raw(_ name: String, _ text: String) {
+            buffer.writeString(",\"\(name)\":\(text)")
+        }
 
-    /// A JSON number as short as it reads: integers without a fraction, others as Swift prints a
-    /// `Double` (the shortest text that reads back the same: `189.05`).
-    static func number(_ value: Double) -> String {
-        if value == value.rounded(), abs(value) < 1e15 { return String(Int64(value)) }
-        return "\(value)"
+        mutating func field(_ name: String, _ result: RESTPage.Result, _ field: RESTPage.Field) {
+            if let text = result.number(field) { raw(name, text) }
+        }
+
+        mutating func finish() -> ByteBuffer {
+            buffer.writeString(",\"_r\":1}")
+            return buffer
+        }
     }
 
     /// The ticker field and its value as the market's events carry it.
-    static func tickerField(_ ticker: String, in market: Market) -> String {
+    static func tickerField(_ ticker: String, in market: Market, bar: Bool = false) -> (String, String) {
         switch market {
-        case .crypto: #""pair":"\#(ticker.hasPrefix("X:") ? String(ticker.dropFirst(2)) : ticker)""#
-        case .forex: #""p":"\#((ticker.hasPrefix("C:") ? String(ticker.dropFirst(2)) : ticker).replacingOccurrences(of: "-", with: "/"))""#
-        default: #""sym":"\#(ticker)""#
+        case .crypto: ("pair", StatusMessage.quoted(ticker.hasPrefix("X:") ? String(ticker.dropFirst(2)) : ticker))
+        case .forex:
+            (bar ? "pair" : "p", StatusMessage.quoted((ticker.hasPrefix("C:") ? String(ticker.dropFirst(2)) : ticker).replacingOccurrences(of: "-", with: "/")))
+        default: ("sym", StatusMessage.quoted(ticker))
         }
     }
 
-    static func milliseconds(_ sip: Int64?, _ participant: Int64?) -> Int64? { (sip ?? participant).map { $0 / 1_000_000 } }
-
-    static func event(_ type: String, _ ticker: String, _ fields: [String]) -> MarketEvent {
-        let json = "{\"ev\":\"\(type)\"," + fields.joined(separator: ",") + ",\"_r\":1}"
-        return MarketEvent(eventType: type, ticker: ticker, bytes: ByteBuffer(string: json))
+    /// Unix ms of a trade or quote: SIP time, or the participant's where there is no SIP.
+    static func milliseconds(_ result: RESTPage.Result) -> Int64? {
+        (result.integer(.sipTimestamp) ?? result.integer(.participantTimestamp)).map { $0 / 1_000_000 }
     }
 
-    static func trade(_ trade: Trade, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
-        guard let time = milliseconds(trade.sip_timestamp, trade.participant_timestamp) else { return nil }
-        var fields = [tickerField(ticker, in: market)]
+    static func trade(_ result: RESTPage.Result, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
+        guard let time = milliseconds(result), let price = result.number(.price) else { return nil }
+        var event = Builder(type: type)
+        let (name, value) = tickerField(ticker, in: market)
+        event.raw(name, value)
         if market == .crypto {
-            fields.append("\"p\":\(number(trade.price))")
-            fields.append("\"t\":\(time)")
-            if let size = trade.size { fields.append("\"s\":\(number(size))") }
-            if let conditions = trade.conditions { fields.append("\"c\":[\(conditions.map(String.init).joined(separator: ","))]") }
-            if let id = trade.id { fields.append("\"i\":\(StatusMessage.quoted(id))") }
-            if let exchange = trade.exchange { fields.append("\"x\":\(exchange)") }
+            event.raw("p", price)
+            event.raw("t", "\(time)")
+            event.field("s", result, .size)
+            if let conditions = result.numbers(.conditions) { event.raw("c", conditions) }
+            if let id = result.string(.id) { event.raw("i", id) }
+            event.field("x", result, .exchange)
         } else {
-            if let id = trade.id { fields.append("\"i\":\(StatusMessage.quoted(id))") }
-            if let exchange = trade.exchange { fields.append("\"x\":\(exchange)") }
-            fields.append("\"p\":\(number(trade.price))")
-            if let size = trade.size { fields.append("\"s\":\(number(size))") }
-            if let conditions = trade.conditions { fields.append("\"c\":[\(conditions.map(String.init).joined(separator: ","))]") }
-            fields.append("\"t\":\(time)")
-            if let sequence = trade.sequence_number { fields.append("\"q\":\(sequence)") }
-            if let tape = trade.tape { fields.append("\"z\":\(tape)") }
+            if let id = result.string(.id) { event.raw("i", id) }
+            event.field("x", result, .exchange)
+            event.raw("p", price)
+            event.field("s", result, .size)
+            if let conditions = result.numbers(.conditions) { event.raw("c", conditions) }
+            event.raw("t", "\(time)")
+            event.field("q", result, .sequenceNumber)
+            event.field("z", result, .tape)
         }
-        return (event(type, ticker, fields), time)
+        return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), time)
     }
 
-    static func quote(_ quote: Quote, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
-        guard let time = milliseconds(quote.sip_timestamp, quote.participant_timestamp) else { return nil }
-        var fields = [tickerField(ticker, in: market)]
+    static func quote(_ result: RESTPage.Result, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
+        guard let time = milliseconds(result) else { return nil }
+        var event = Builder(type: type)
+        let (name, value) = tickerField(ticker, in: market)
+        event.raw(name, value)
         if market == .forex {
-            if let exchange = quote.ask_exchange ?? quote.bid_exchange { fields.append("\"x\":\(exchange)") }
-            if let ask = quote.ask_price { fields.append("\"a\":\(number(ask))") }
-            if let bid = quote.bid_price { fields.append("\"b\":\(number(bid))") }
-            fields.append("\"t\":\(time)")
+            if result.number(.askExchange) != nil { event.field("x", result, .askExchange) } else { event.field("x", result, .bidExchange) }
+            event.field("a", result, .askPrice)
+            event.field("b", result, .bidPrice)
+            event.raw("t", "\(time)")
         } else {
-            if let exchange = quote.bid_exchange { fields.append("\"bx\":\(exchange)") }
-            if let bid = quote.bid_price { fields.append("\"bp\":\(number(bid))") }
-            if let size = quote.bid_size { fields.append("\"bs\":\(number(size))") }
-            if let exchange = quote.ask_exchange { fields.append("\"ax\":\(exchange)") }
-            if let ask = quote.ask_price { fields.append("\"ap\":\(number(ask))") }
-            if let size = quote.ask_size { fields.append("\"as\":\(number(size))") }
-            if let condition = quote.conditions?.first { fields.append("\"c\":\(condition)") }
-            if let indicators = quote.indicators { fields.append("\"i\":[\(indicators.map(String.init).joined(separator: ","))]") }
-            fields.append("\"t\":\(time)")
-            if let sequence = quote.sequence_number { fields.append("\"q\":\(sequence)") }
-            if let tape = quote.tape { fields.append("\"z\":\(tape)") }
+            event.field("bx", result, .bidExchange)
+            event.field("bp", result, .bidPrice)
+            event.field("bs", result, .bidSize)
+            event.field("ax", result, .askExchange)
+            event.field("ap", result, .askPrice)
+            event.field("as", result, .askSize)
+            // The WebSocket's `c` is one condition; REST lists them.
+            if let conditions = result.numbers(.conditions), let first = conditions.dropFirst().split(whereSeparator: { $0 == UInt8(ascii: ",") || $0 == UInt8(ascii: "]") }).first {
+                event.raw("c", first.filter { $0 != UInt8(ascii: " ") })
+            }
+            if let indicators = result.numbers(.indicators) { event.raw("i", indicators) }
+            event.raw("t", "\(time)")
+            event.field("q", result, .sequenceNumber)
+            event.field("z", result, .tape)
         }
-        return (event(type, ticker, fields), time)
+        return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), time)
     }
 
-    static func bar(_ bar: Bar, type: String, ticker: String, market: Market) -> (MarketEvent, Int64) {
-        var fields = [market == .forex ? #""pair":"\#(String(ticker.dropFirst(2)).replacingOccurrences(of: "-", with: "/"))""# : tickerField(ticker, in: market)]
-        if let volume = bar.v { fields.append("\"v\":\(number(volume))") }
-        if let vwap = bar.vw { fields.append("\"vw\":\(number(vwap))") }
-        if market == .crypto, let trades = bar.n { fields.append("\"z\":\(trades)") }
-        fields += ["\"o\":\(number(bar.o))", "\"c\":\(number(bar.c))", "\"h\":\(number(bar.h))", "\"l\":\(number(bar.l))"]
-        if market != .crypto, market != .forex, let trades = bar.n { fields.append("\"z\":\(trades)") }
-        fields += ["\"s\":\(bar.t)", "\"e\":\(bar.t + 60_000)"]
-        return (event(type, ticker, fields), bar.t)
+    static func bar(_ result: RESTPage.Result, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
+        guard let start = result.integer(.time), let open = result.number(.open), let high = result.number(.high), let low = result.number(.low),
+            let close = result.number(.close)
+        else { return nil }
+        var event = Builder(type: type)
+        let (name, value) = tickerField(ticker, in: market, bar: true)
+        event.raw(name, value)
+        event.field("v", result, .volume)
+        event.field("vw", result, .vwap)
+        if market == .crypto { event.field("z", result, .trades) }
+        event.raw("o", open)
+        event.raw("c", close)
+        event.raw("h", high)
+        event.raw("l", low)
+        if market != .crypto, market != .forex { event.field("z", result, .trades) }
+        event.raw("s", "\(start)")
+        event.raw("e", "\(start + 60_000)")
+        return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), start)
     }
 }

@@ -12,11 +12,17 @@ struct RecoveredEventsTests {
         try #require(try JSONSerialization.jsonObject(with: Data(event.bytes.readableBytesView)) as? [String: Any])
     }
 
+    /// The results of a REST page.
+    func results(_ page: String) throws -> [RESTPage.Result] {
+        var found: [RESTPage.Result] = []
+        _ = try RESTPage.read(Array(page.utf8)) { found.append($0) }
+        return found
+    }
+
     @Test func aStockTradeKeepsItsSequenceAndTakesMillisecondsAndTheFlag() throws {
-        let trade = RecoveredEvents.Trade(
-            conditions: [12, 37], exchange: 4, id: "71675", price: 189.05, sequence_number: 4_242, sip_timestamp: 1_700_000_000_123_456_789,
-            participant_timestamp: 1_700_000_000_123_000_000, size: 100, tape: 3)
-        let (event, time) = try #require(RecoveredEvents.trade(trade, type: "T", ticker: "AAPL", market: .stocks))
+        let page = #"{"results":[{"conditions":[12,37],"exchange":4,"id":"71675","participant_timestamp":1700000000123000000,"price":189.05,"sequence_number":4242,"sip_timestamp":1700000000123456789,"size":100,"tape":3,"trf_id":3}],"status":"OK","request_id":"x"}"#
+        let result = try #require(try results(page).first)
+        let (event, time) = try #require(RecoveredEvents.trade(result, type: "T", ticker: "AAPL", market: .stocks))
         #expect(time == 1_700_000_000_123)
         #expect(event.topic.description == "T.AAPL")
         let object = try json(event)
@@ -24,21 +30,22 @@ struct RecoveredEventsTests {
         #expect((object["p"] as? NSNumber)?.doubleValue == 189.05 && (object["s"] as? NSNumber)?.int64Value == 100)
         #expect((object["t"] as? NSNumber)?.int64Value == 1_700_000_000_123 && (object["q"] as? NSNumber)?.int64Value == 4_242)
         #expect(object["c"] as? [Int] == [12, 37] && (object["_r"] as? NSNumber)?.intValue == 1)
-        #expect(event.json.contains(#""p":189.05,"s":100,"#), "prices as short as they read, sizes as integers: \(event.json)")
+        #expect(event.json.contains(#""p":189.05,"s":100,"#), "numbers exactly as REST wrote them: \(event.json)")
         #expect(RecoveryOrder.sequence.value(of: event) == 4_242)
     }
 
     @Test func cryptoAndForexTakeTheirPairFieldsAndParticipantTime() throws {
-        let trade = RecoveredEvents.Trade(
-            conditions: [2], exchange: 1, id: "abc", price: 97_150.5, sequence_number: nil, sip_timestamp: nil,
-            participant_timestamp: 1_700_000_000_500_000_000, size: 0.05, tape: nil)
+        let trades = #"{"results":[{"conditions":[2],"exchange":1,"id":"abc","participant_timestamp":1700000000500000000,"price":97150.5,"size":0.05}]}"#
+        let trade = try #require(try results(trades).first)
         let (crypto, _) = try #require(RecoveredEvents.trade(trade, type: "XT", ticker: "X:BTC-USD", market: .crypto))
         let object = try json(crypto)
         #expect(object["pair"] as? String == "BTC-USD" && (object["s"] as? NSNumber)?.doubleValue == 0.05)
         #expect(crypto.topic.description == "XT.X:BTC-USD")
-        let quote = RecoveredEvents.Quote(
-            ask_exchange: 48, ask_price: 1.0847, ask_size: nil, bid_exchange: 48, bid_price: 1.0846, bid_size: nil, conditions: nil,
-            indicators: nil, sequence_number: nil, sip_timestamp: nil, participant_timestamp: 1_700_000_000_700_000_000, tape: nil)
+        let quotes = #"{"results":[{"ask_exchange":48,"ask_price":1.0847,"bid_exchange":48,"bid_price":1.0846,"participant_timestamp":1700000000700000000}],"next_url":"https:\/\/api.polygon.io\/v3\/quotes\/C:EURUSD?cursor=YWJj"}"#
+        var found: [RESTPage.Result] = []
+        let next = try RESTPage.read(Array(quotes.utf8)) { found.append($0) }
+        #expect(next == "https://api.polygon.io/v3/quotes/C:EURUSD?cursor=YWJj")
+        let quote = try #require(found.first)
         let (forex, time) = try #require(RecoveredEvents.quote(quote, type: "C", ticker: "C:EUR-USD", market: .forex))
         let fx = try json(forex)
         #expect(fx["p"] as? String == "EUR/USD" && (fx["a"] as? NSNumber)?.doubleValue == 1.0847 && time == 1_700_000_000_700)
@@ -46,8 +53,9 @@ struct RecoveredEventsTests {
     }
 
     @Test func aBarLeavesOutWhatRESTDoesNotGiveAndEndsAMinuteAfterItsStart() throws {
-        let bar = RecoveredEvents.Bar(o: 10, h: 12.5, l: 9.75, c: 11, v: 1_200, vw: 10.9, t: 1_700_000_040_000, n: 7)
-        let (event, start) = RecoveredEvents.bar(bar, type: "AM", ticker: "AAPL", market: .stocks)
+        let page = #"{"ticker":"AAPL","results":[{"v":1200,"vw":10.9,"o":10,"c":11,"h":12.5,"l":9.75,"t":1700000040000,"n":7}],"status":"OK"}"#
+        let result = try #require(try results(page).first)
+        let (event, start) = try #require(RecoveredEvents.bar(result, type: "AM", ticker: "AAPL", market: .stocks))
         let object = try json(event)
         #expect(start == 1_700_000_040_000 && (object["e"] as? NSNumber)?.int64Value == 1_700_000_100_000)
         #expect(object["av"] == nil && object["op"] == nil && object["a"] == nil)
@@ -55,6 +63,21 @@ struct RecoveredEventsTests {
         #expect(RecoveryOrder.barStart.value(of: event) == 1_700_000_040_000)
     }
 
+    @Test func malformedPagesThrowAndFieldsOfTheWrongKindAreLeftOut() throws {
+        let broken = [#"{"results":[{"price":1"#, #"{"results":[{"price":1,}]}"#, "[", "{\"results\":[{\"id\":\"x\u{01}\"}]}", ""]
+        for page in broken {
+            #expect(throws: RESTPage.Malformed.self, "\(page)") { _ = try results(page) }
+        }
+        let noPrice = #"{"results":[{"price":"1.5","sip_timestamp":1700000000000000000}]}"#
+        let noPriceResult = try #require(try results(noPrice).first)
+        #expect(RecoveredEvents.trade(noPriceResult, type: "T", ticker: "AAPL", market: .stocks) == nil, "no price")
+        let partial = #"{"results":[{"price":2,"sip_timestamp":1700000000000000000,"conditions":["x"],"id":7}]}"#
+        let partialResult = try #require(try results(partial).first)
+        let (event, _) = try #require(RecoveredEvents.trade(partialResult, type: "T", ticker: "AAPL", market: .stocks))
+        let object = try json(event)
+        #expect(object["c"] == nil && object["i"] == nil, "a string in conditions and a number id are left out: \(event.json)")
+        #expect(try results(#"{"results":[],"status":"OK"}"#).isEmpty)
+    }
     @Test func onlyTypesWithARESTHistoryAreFilled() {
         #expect(RecoveredEvents.source(of: "T", in: .stocks) == .trades)
         #expect(RecoveredEvents.source(of: "XQ", in: .crypto) == nil, "crypto quotes have no REST history")
