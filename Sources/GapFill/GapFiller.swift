@@ -125,10 +125,10 @@ public actor GapFiller {
             summary.missing[held.topic] = "not filled: one fill asks for at most \(settings.maxTopics) topics (those held by the most clients)"
         }
         let chosen = Array(fillable.prefix(settings.maxTopics))
-        // A few topics at a time: the REST client's gate and the pace bound the requests anyway.
+        // `topicsAtOnce` topics at a time; the REST client's gate and the pace bound the requests as well.
         await withTaskGroup(of: (Topic, Result<Int, FillFailure>).self) { group in
             var next = 0
-            while next < min(4, chosen.count) {
+            while next < min(Self.topicsAtOnce, chosen.count) {
                 let held = chosen[next]
                 group.addTask { (held.topic, await self.fill(held, request)) }
                 next += 1
@@ -261,6 +261,10 @@ public actor GapFiller {
             return time < request.through
         }
     }
+
+    /// Topics fetched and mapped at once: one, so that a fill takes at most one core from the live stream
+    /// (the REST round trips of the next topic overlap nothing, but a fill is seconds, the live stream always).
+    static let topicsAtOnce = 1
 
     /// Events handed to the hub per call: live events are published between two of them, so a large
     /// fill does not hold up the live stream.

@@ -43,6 +43,14 @@ struct RESTPage {
         }
     }
 
+    /// A byte of a JSON number: digits, sign, point, exponent.
+    static func isNumberByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "+"), UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"): true
+        default: false
+        }
+    }
+
     struct Malformed: Error, CustomStringConvertible {
         var at: Int
         var description: String { "malformed JSON at byte \(at)" }
@@ -76,8 +84,7 @@ struct RESTPage {
         func numbers(_ field: Field) -> ArraySlice<UInt8>? {
             guard let range = ranges[field.rawValue], bytes[range].first == UInt8(ascii: "[") else { return nil }
             let inside = bytes[range].dropFirst().dropLast()
-            let allowed: Set<UInt8> = Set("0123456789-., \n\t".utf8)
-            return inside.allSatisfy(allowed.contains) ? bytes[range] : nil
+            return inside.allSatisfy { RESTPage.isNumberByte($0) || $0 == UInt8(ascii: ",") || Scanner.isSpace($0) } ? bytes[range] : nil
         }
     }
 
@@ -124,8 +131,10 @@ struct RESTPage {
         let bytes: [UInt8]
         var index = 0
 
+        static func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 }
+
         mutating func skipSpace() {
-            while index < bytes.count, bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09 { index += 1 }
+            while index < bytes.count, Self.isSpace(bytes[index]) { index += 1 }
         }
 
         mutating func expect(_ byte: UInt8) throws {
@@ -202,8 +211,10 @@ struct RESTPage {
                 }
                 throw Malformed(at: start)
             default:
-                let allowed: Set<UInt8> = Set("0123456789+-.eEtruefalsn".utf8)
-                while index < bytes.count, allowed.contains(bytes[index]) { index += 1 }
+                // A number, or `true`, `false`, `null`.
+                while index < bytes.count, RESTPage.isNumberByte(bytes[index]) || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(bytes[index]) {
+                    index += 1
+                }
                 guard index > start else { throw Malformed(at: start) }
                 return start..<index
             }
