@@ -62,6 +62,13 @@ public enum RecoveredEvents {
             if let text = result.number(field) { raw(name, text) }
         }
 
+        /// The tail of a stock-shaped trade or quote: `t`, `q`, `z`.
+        mutating func timeSequenceTape(_ time: Int64, _ result: RESTPage.Result) {
+            raw("t", "\(time)")
+            field("q", result, .sequenceNumber)
+            field("z", result, .tape)
+        }
+
         mutating func finish() -> ByteBuffer {
             buffer.writeString(",\"_r\":1}")
             return buffer
@@ -101,9 +108,7 @@ public enum RecoveredEvents {
             event.raw("p", price)
             event.field("s", result, .size)
             if let conditions = result.numbers(.conditions) { event.raw("c", conditions) }
-            event.raw("t", "\(time)")
-            event.field("q", result, .sequenceNumber)
-            event.field("z", result, .tape)
+            event.timeSequenceTape(time, result)
         }
         return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), time)
     }
@@ -130,9 +135,7 @@ public enum RecoveredEvents {
                 event.raw("c", first.filter { $0 != UInt8(ascii: " ") })
             }
             if let indicators = result.numbers(.indicators) { event.raw("i", indicators) }
-            event.raw("t", "\(time)")
-            event.field("q", result, .sequenceNumber)
-            event.field("z", result, .tape)
+            event.timeSequenceTape(time, result)
         }
         return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), time)
     }
