@@ -114,6 +114,25 @@ struct SettingsTests {
         #expect(settings.upstream == nil, "the sample keeps the demo feed as default")
     }
 
+    @Test func gapFillSettingsFollowTheSamePrecedence() async throws {
+        let file = try writeConfig(
+            """
+            gapFill:
+              maxTopics: 7
+              requestsPerSecond: 50
+            """)
+        let fromFile = try await RelaySettings.resolve(
+            commandLine: ["--config", file], environment: ["RELAY_GAP_FILL_MAX_TOPICS": "9"])
+        #expect(fromFile.gapFill?.maxTopics == 9, "the environment over the file")
+        #expect(fromFile.gapFill?.requestsPerSecond == 50)
+        #expect(fromFile.gapFill?.maxWindow == .seconds(900))
+        let off = try await RelaySettings.resolve(commandLine: ["--config", file, "--no-gap-fill"], environment: [:])
+        #expect(off.gapFill == nil)
+        await #expect(throws: (any Error).self) {
+            _ = try await RelaySettings.resolve(commandLine: [], environment: ["RELAY_GAP_FILL_MAX_TOPICS": "0"])
+        }
+    }
+
     @Test func clusterSettingsFollowTheSamePrecedence() async throws {
         let file = try writeConfig(
             """
