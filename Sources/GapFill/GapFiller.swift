@@ -112,7 +112,7 @@ public actor GapFiller {
         guard window <= settings.maxWindow else {
             statistics.skipped += 1
             fillsSkipped.increment()
-            await hub.noteFillSkipped()
+            await hub.noteFillSkipped(generation: request.generation)
             logger.warning(
                 "outage longer than the gap fill covers: notice only",
                 metadata: ["window_ms": "\(request.through - request.from)", "max_seconds": "\(settings.maxWindow.components.seconds)"])
@@ -120,7 +120,10 @@ public actor GapFiller {
         }
         var summary = GapFillSummary(from: request.from, through: request.through)
         let fillable = request.topics.filter { !$0.topic.isWildcard && RecoveredEvents.source(of: $0.topic.eventType, in: market) != nil }
-        guard !fillable.isEmpty else { return }
+        guard !fillable.isEmpty else {
+            await hub.finishFill(generation: request.generation)
+            return
+        }
         for held in fillable.dropFirst(settings.maxTopics) {
             summary.missing[held.topic] = "not filled: one fill asks for at most \(settings.maxTopics) topics (those held by the most clients)"
         }
@@ -147,7 +150,10 @@ public actor GapFiller {
                 }
             }
         }
-        guard !Task.isCancelled else { return }
+        guard !Task.isCancelled else {
+            await hub.finishFill(generation: request.generation)
+            return
+        }
         await hub.announceRecovered(summary, generation: request.generation)
         let events = summary.recovered.values.reduce(0, +)
         let seconds = (ContinuousClock.now - started) / .seconds(1)

@@ -208,8 +208,14 @@ extension MarketDataHub {
         tell(told)
     }
 
-    /// An outage longer than the fill covers: counted, nothing asked for.
-    public func noteFillSkipped() { gapFillCounts.skipped += 1 }
+    /// An outage longer than the fill covers: counted, nothing asked for, nothing watched any more.
+    public func noteFillSkipped(generation: Int) {
+        gapFillCounts.skipped += 1
+        endFill(generation: generation)
+    }
+
+    /// A fill that had nothing to ask for (no topic held by name has a REST history): nothing watched any more.
+    public func finishFill(generation: Int) { endFill(generation: generation) }
 
     /// The gap fills since start.
     public var gapFillStatistics: GapFillCounts { gapFillCounts }
