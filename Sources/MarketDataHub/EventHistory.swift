@@ -117,6 +117,15 @@ final class EventHistory {
         return positions
     }
 
+    /// Gives events the next positions, writes them into their bytes and keeps them; returns the stamped
+    /// events (a single relay's: live ones, and a gap fill's recovered ones).
+    func keep(_ events: [MarketEvent], at now: Int64) -> [MarketEvent] {
+        let positions = assign(events)
+        let stamped = EventPosition.stamp(events, positions)
+        append(stamped, positions: positions, at: now)
+        return stamped
+    }
+
     /// Keeps stamped events with their positions (in order, market sequences rising), then evicts what
     /// the limits no longer allow. A topic sequence that skips (a cluster node that was not sent some)
     /// starts the topic's whole run again.

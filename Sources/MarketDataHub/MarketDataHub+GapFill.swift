@@ -50,7 +50,7 @@ public enum RecoveryOrder: String, Sendable {
         let view = event.bytes.readableBytesView
         let key = Array("\"\(rawValue)\":".utf8)
         var index = view.startIndex
-        while let found = Self.range(of: key, in: view, from: index) {
+        while let found = view[index...].firstRange(of: key)?.lowerBound {
             // A key, not the tail of a longer one or a string's content: `{` or `,` comes before it.
             let before = found > view.startIndex ? view[view.index(before: found)] : UInt8(ascii: "{")
             var position = found + key.count
@@ -70,23 +70,6 @@ public enum RecoveryOrder: String, Sendable {
                 if digits > 0 { return negative ? -value : value }
             }
             index = found + 1
-        }
-        return nil
-    }
-
-    private static func range(of key: [UInt8], in view: ByteBufferView, from start: ByteBufferView.Index) -> ByteBufferView.Index? {
-        guard !key.isEmpty, view.endIndex - start >= key.count else { return nil }
-        var index = start
-        while index <= view.endIndex - key.count {
-            if view[index] == key[0] {
-                var match = true
-                for offset in 1..<key.count where view[index + offset] != key[offset] {
-                    match = false
-                    break
-                }
-                if match { return index }
-            }
-            index += 1
         }
         return nil
     }
@@ -119,7 +102,7 @@ extension MarketDataHub {
     /// Asks `handler` to fill each outage once the upstream is back (the relay's gap fill); `nil` stops it.
     public func setRecoveryHandler(_ handler: (@Sendable (GapFillRequest) -> Void)?) {
         recoveryHandler = handler
-        if handler == nil { endFill(generation: fillGeneration) }
+        if handler == nil { finishFill(generation: fillGeneration) }
     }
 
     /// The upstream is back: the handler gets the window and every topic held by name, and each of them
@@ -155,9 +138,7 @@ extension MarketDataHub {
         }
         guard !events.isEmpty else { return 0 }
         if let history, !adoptsPositions {
-            let positions = history.assign(events)
-            events = EventPosition.stamp(events, positions)
-            history.append(events, positions: positions, at: WallClock.nowMilliseconds())
+            events = history.keep(events, at: WallClock.nowMilliseconds())
             metrics.record(history)
         }
         let holders = entries[topic]?.subscribers ?? []
@@ -171,7 +152,7 @@ extension MarketDataHub {
     /// A fill is over: each holder of a topic it covered is told what was recovered and what is missing
     /// of its own topics (`recovered`, with `complete`).
     public func announceRecovered(_ summary: GapFillSummary, generation: Int) {
-        endFill(generation: generation)
+        finishFill(generation: generation)
         let events = summary.recovered.values.reduce(0, +)
         gapFillCounts.fills += 1
         if !summary.isComplete { gapFillCounts.incomplete += 1 }
@@ -211,16 +192,15 @@ extension MarketDataHub {
     /// An outage longer than the fill covers: counted, nothing asked for, nothing watched any more.
     public func noteFillSkipped(generation: Int) {
         gapFillCounts.skipped += 1
-        endFill(generation: generation)
+        finishFill(generation: generation)
     }
-
-    /// A fill that had nothing to ask for (no topic held by name has a REST history): nothing watched any more.
-    public func finishFill(generation: Int) { endFill(generation: generation) }
 
     /// The gap fills since start.
     public var gapFillStatistics: GapFillCounts { gapFillCounts }
 
-    private func endFill(generation: Int) {
+    /// A fill is over (announced, skipped, cancelled, or with nothing to ask for): its topics are no
+    /// longer watched for their first live event.
+    public func finishFill(generation: Int) {
         guard generation == fillGeneration else { return }
         fillWatch = []
         firstLive = [:]

@@ -351,9 +351,7 @@ public actor MarketDataHub {
                 history.append(kept, positions: positions, at: now)
             } else {
                 // Positions once per event, here, before any subscriber sees it: every delivery shares them.
-                let positions = history.assign(events)
-                events = EventPosition.stamp(events, positions)
-                history.append(events, positions: positions, at: now)
+                events = history.keep(events, at: now)
             }
             metrics.record(history)
         }
