@@ -65,9 +65,7 @@ public final class RelayServer: Service, Sendable {
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
         let markets = served.map { MarketRoute($0, configuration: configuration, factory: factory) }
         self.markets = markets
-        self.statusBoard = StatusBoard(
-            markets: served, sessions: sessions, tally: metrics.tally,
-            shelves: Dictionary(markets.map { ($0.market, $0.shelf) }, uniquingKeysWith: { first, _ in first }))
+        self.statusBoard = StatusBoard(markets: markets, sessions: sessions, tally: metrics.tally)
         self.dashboard = Dashboard(directory: configuration.dashboardDirectory)
     }
 

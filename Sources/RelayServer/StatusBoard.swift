@@ -25,7 +25,8 @@ actor StatusBoard {
     static let keptSeconds = 300
     static let keptChanges = 50
 
-    private let markets: [ServedMarket]
+    /// Each market: its hub, feed and broken tagged sessions.
+    private let markets: [MarketRoute]
     private let sessions: SessionRegistry
     private let tally: DeliveryTally
     private var samples: [Sample] = []
@@ -35,12 +36,8 @@ actor StatusBoard {
     private var lastRole: [Market: String] = [:]
     private var lastFills: [Market: GapFillCounts] = [:]
 
-    /// Each market's broken tagged sessions.
-    private let shelves: [Market: SessionShelf]
-
-    init(markets: [ServedMarket], sessions: SessionRegistry, tally: DeliveryTally, shelves: [Market: SessionShelf] = [:]) {
+    init(markets: [MarketRoute], sessions: SessionRegistry, tally: DeliveryTally) {
         self.markets = markets
-        self.shelves = shelves
         self.sessions = sessions
         self.tally = tally
     }
@@ -208,7 +205,7 @@ actor StatusBoard {
                 history = .init(
                     epoch: epoch, memoryBytes: held.memory, events: held.events, topics: held.topics,
                     lastMarketSequence: await served.hub.lastMarketSequence, counts: await served.hub.resumeStatistics,
-                    sessionsKept: shelves[served.market]?.count ?? 0)
+                    sessionsKept: served.shelf.count)
             }
             perMarket.append(
                 .init(
