@@ -152,12 +152,16 @@ actor MarketConnection {
             if let tag = session.sessionTag, dependencies.hub.epoch != nil {
                 let name = "\(grant.name)#\(tag)"
                 sessionName = name
-                resuming = dependencies.shelf.take(name)
                 let loop = self.loop
                 let handler = self.handler
+                // Open first, then take: a broken connection shelves its session before it leaves the
+                // open ones, so either it is still open (and is taken over, waiting for its session) or
+                // its session is already on the shelf. Taking first left a gap between the two in which
+                // a session shelved meanwhile was missed (seen once in a full run: a reconnect resumed nothing).
                 let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self)) {
                     loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
                 }
+                resuming = dependencies.shelf.take(name)
                 takingOver = resuming == nil && previous
                 handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
                 feed?.tracksPositions.store(true, ordering: .relaxed)
