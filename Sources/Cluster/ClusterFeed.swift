@@ -124,6 +124,11 @@ final class ClusterFeed: Sendable {
     /// How many subjects this node is subscribed to.
     var subscriptionCount: Int { subscriptions.withLock { $0.count } }
 
+    /// Queues a message for this node's hub, in order with the events (the gap fill's results).
+    func push(_ message: SourceMessage) {
+        inbox.push(message)
+    }
+
     /// Tells every subscriber of this node that events stopped (once per outage; the first event after
     /// it announces the gap).
     func announceLost(_ reason: String) {

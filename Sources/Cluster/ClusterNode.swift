@@ -65,6 +65,10 @@ public final class ClusterNode: Service, Sendable {
     public let market: String
     /// Shared by this process's nodes of every market: leadership spreads across the cluster.
     private let spread: LeadershipSpread?
+    /// The positions of this node's term as leader, given to live and recovered events alike.
+    private let sequencer: TermSequencer
+    /// Gap fill: this node asks after each outage, and fills the cluster's asks while it leads.
+    private let fills: ClusterGapFill?
 
     /// - Parameters:
     ///   - localInterest: where this node's hub reports the topics it wants.
@@ -72,7 +76,8 @@ public final class ClusterNode: Service, Sendable {
     package init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
-        stampsPositions: Bool = false, makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+        stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil,
+        makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
     ) throws(ClusterError) {
         self.stampsPositions = stampsPositions
         self.configuration = configuration
@@ -83,8 +88,15 @@ public final class ClusterNode: Service, Sendable {
         self.hub = hub
         self.localInterest = localInterest
         self.makeUpstream = makeUpstream
-        self.metrics = ClusterMetrics(factory: metricsFactory)
+        let metrics = ClusterMetrics(factory: metricsFactory)
+        self.metrics = metrics
         self.logger = logger
+        let sequencer = TermSequencer()
+        self.sequencer = sequencer
+        fills = gapFill.map { [subjects] in
+            ClusterGapFill(
+                hook: $0, subjects: subjects, node: configuration.nodeID, hub: hub, sequencer: sequencer, metrics: metrics, logger: logger)
+        }
         state = Mutex(State(interest: InterestTable(ttl: configuration.interestTTL, maxTopicsPerNode: configuration.maxTopicsPerNode)))
     }
 
@@ -140,6 +152,7 @@ public final class ClusterNode: Service, Sendable {
             state.feed = feed
         }
         feed.start()
+        await fills?.start(connection: connection, feed: feed)
         let interestSink = NATSMessageSink { [weak self] subject, payload in
             self?.received(interestOf: String(cString: subject), payload: String(decoding: payload, as: UTF8.self))
         }
@@ -461,12 +474,18 @@ public final class ClusterNode: Service, Sendable {
         upstream.setDeadline(takenAt + configuration.upstreamDeadlineAfter)
         if !connection.publish(subjects.interestRequest, "") { metrics.publishFailed("control", logger: logger) }
         let upstreamRun = Task { try? await upstream.run() }
+        sequencer.begin(stamps: stampsPositions)
         let publisher = Task { await self.publish(from: upstream, to: connection) }
+        let filling = fills.map { fills in Task { await fills.lead(connection: connection) } }
 
         let end = await renew(bucket: bucket, revision: revision, takenAt: takenAt, upstream: upstream)
+        // A fill cut short answers nobody: the nodes ask the next leader for the union of their outages.
+        filling?.cancel()
+        await filling?.value
         upstream.shutdown()
         await upstreamRun.value
         await publisher.value
+        sequencer.end()
         state.withLock { state in
             state.leading = false
             state.upstream = nil
@@ -578,31 +597,34 @@ public final class ClusterNode: Service, Sendable {
     /// lost connection as a notice on the control subject, in upstream order.
     private func publish(from upstream: PolygonWebSocket, to connection: NATSConnection) async {
         var subjectsByTopic: [Topic: String] = [:]
-        // A new epoch per leadership term: positions go on only within it. Announced before the first
-        // event (NATS keeps one publisher's order) and again every second, for nodes that join later.
-        var sequencer = stampsPositions ? PositionSequencer() : nil
+        // A new epoch per leadership term (``TermSequencer``): positions go on only within it. Announced
+        // before the first event (NATS keeps one publisher's order) and again every second, for nodes
+        // that join later.
         var announced = ContinuousClock.now - .seconds(10)
         await upstream.inbox.drain { items in
-            if let epoch = sequencer?.epoch, ContinuousClock.now - announced >= .seconds(1) {
+            if let epoch = sequencer.epoch, ContinuousClock.now - announced >= .seconds(1) {
                 announced = .now
                 publish(control: "\(ClusterFeed.epochPrefix)\(epoch)")
             }
             for item in items {
             switch item {
             case .element(.events(let raw)):
-                let events = sequencer?.stamp(raw) ?? raw
-                for event in events {
-                    let topic = event.topic
-                    let subject: String
-                    if let known = subjectsByTopic[topic] {
-                        subject = known
-                    } else {
-                        if subjectsByTopic.count > 200_000 { subjectsByTopic.removeAll() }
-                        subject = subjects.subject(for: topic)
-                        subjectsByTopic[topic] = subject
+                var events: [MarketEvent] = []
+                sequencer.stamp(raw) { stamped in
+                    events = stamped
+                    for event in stamped {
+                        let topic = event.topic
+                        let subject: String
+                        if let known = subjectsByTopic[topic] {
+                            subject = known
+                        } else {
+                            if subjectsByTopic.count > 200_000 { subjectsByTopic.removeAll() }
+                            subject = subjects.subject(for: topic)
+                            subjectsByTopic[topic] = subject
+                        }
+                        let sent = event.bytes.withUnsafeReadableBytes { connection.publish(subject, $0) }
+                        if !sent { metrics.publishFailed("event", logger: logger) }
                     }
-                    let sent = event.bytes.withUnsafeReadableBytes { connection.publish(subject, $0) }
-                    if !sent { metrics.publishFailed("event", logger: logger) }
                 }
                 // Slices of the frame, kept only until the next write to the store (which copies them).
                 pendingLastValues.withLock { pending in
@@ -613,7 +635,7 @@ public final class ClusterNode: Service, Sendable {
                 publish(control: "upstream connection lost (\(reason))")
             case .lost(_, let count), .element(.lost(let count, _, _)):
                 publish(control: "\(ClusterFeed.lossPrefix)\(count)")
-            case .element(.authenticated), .element(.seed), .element(.epoch):
+            case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded):
                 break
             }
             }

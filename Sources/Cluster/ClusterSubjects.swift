@@ -59,6 +59,10 @@ public struct ClusterSubjects: Sendable, Equatable {
     public func interest(of node: String) -> String { "\(cluster).interest.\(market).\(Self.token(node))" }
     /// Every node's interest.
     public var allInterest: String { "\(cluster).interest.\(market).*" }
+    /// Where a node asks the leader to fill an outage it had (gap fill).
+    public var fillAsk: String { "\(cluster).ctl.\(market).fill-ask" }
+    /// Where the leader publishes what its fills recovered, and how each ended.
+    public var fillResult: String { "\(cluster).ctl.\(market).fill" }
     /// Asks every node to publish its interest now (a new leader does, so it starts with the union).
     public var interestRequest: String { "\(cluster).ctl.\(market).interest-request" }
 

@@ -84,7 +84,7 @@ public actor GapFiller {
         let previous = queue
         queue = Task {
             await previous?.value
-            await self.fill(request)
+            await self.fill(request, into: self.hub)
         }
     }
 
@@ -93,12 +93,14 @@ public actor GapFiller {
         await queue?.value
     }
 
-    func fill(_ request: GapFillRequest) async {
+    /// Fills one request's outage, handing what it recovers to `outlet` (the hub, or a cluster leader's
+    /// publisher). Ends early, without a summary, when its task is cancelled.
+    public func fill(_ request: GapFillRequest, into outlet: any RecoveryOutlet) async {
         let started = ContinuousClock.now
         let window = Duration.milliseconds(request.through - request.from)
         guard window <= settings.maxWindow else {
             fillsSkipped.increment()
-            await hub.noteFillSkipped(generation: request.generation)
+            await outlet.noteFillSkipped(generation: request.generation)
             logger.warning(
                 "outage longer than the gap fill covers: notice only",
                 metadata: ["window_ms": "\(request.through - request.from)", "max_seconds": "\(settings.maxWindow.components.seconds)"])
@@ -107,7 +109,7 @@ public actor GapFiller {
         var summary = GapFillSummary(from: request.from, through: request.through)
         let fillable = request.topics.filter { !$0.topic.isWildcard && RecoveredEvents.source(of: $0.topic.eventType, in: market) != nil }
         guard !fillable.isEmpty else {
-            await hub.finishFill(generation: request.generation)
+            await outlet.finishFill(generation: request.generation)
             return
         }
         for held in fillable.dropFirst(settings.maxTopics) {
@@ -116,7 +118,7 @@ public actor GapFiller {
         // One topic at a time, so that a fill takes at most one core from the live stream: two at once
         // filled 20% sooner but took the live p99 from 12 to 291 ms (README, Performance).
         for held in fillable.prefix(settings.maxTopics) {
-            switch await fill(held, request) {
+            switch await fill(held, request, outlet) {
             case .success(let count): summary.recovered[held.topic] = count
             case .failure(let failure):
                 summary.missing[held.topic] = failure.reason
@@ -124,10 +126,10 @@ public actor GapFiller {
             }
         }
         guard !Task.isCancelled else {
-            await hub.finishFill(generation: request.generation)
+            await outlet.finishFill(generation: request.generation)
             return
         }
-        await hub.announceRecovered(summary, generation: request.generation)
+        await outlet.announceRecovered(summary, generation: request.generation)
         let events = summary.recovered.values.reduce(0, +)
         recoveredCounter.increment(by: events)
         let elapsed = (ContinuousClock.now - started).components
@@ -152,10 +154,10 @@ public actor GapFiller {
     /// One topic: its pages fetched, mapped, bounded by the window and by what the relay had before the
     /// outage, then delivered (what came before a failure too). Off the actor: reading and mapping a
     /// page does not hold up `requests` or a new fill's queueing.
-    private nonisolated func fill(_ held: GapFillRequest.Held, _ request: GapFillRequest) async -> Result<Int, FillFailure> {
+    private nonisolated func fill(_ held: GapFillRequest.Held, _ request: GapFillRequest, _ outlet: any RecoveryOutlet) async -> Result<Int, FillFailure> {
         let topic = held.topic
         guard let source = RecoveredEvents.source(of: topic.eventType, in: market) else { return .success(0) }
-        let order = RecoveredEvents.order(of: topic.eventType)
+        let order = RecoveryOrder(eventType: topic.eventType)
         let ticker = PolygonREST.escaped(RecoveredEvents.restTicker(topic.ticker, in: market))
         let lastBefore = held.lastBefore.flatMap { order.value(of: $0) }
         // Trades and quotes from the last one the relay had (its millisecond: `q` tells them apart), or
@@ -214,7 +216,7 @@ public actor GapFiller {
                 break pages
             }
         }
-        let delivered = await deliver(topic, filtered(events, source, order, lastBefore, request), order: order, generation: request.generation)
+        let delivered = await deliver(topic, filtered(events, source, order, lastBefore, request), order: order, to: outlet)
         if let failure { return .failure(FillFailure(reason: failure, delivered: delivered)) }
         return .success(delivered)
     }
@@ -240,7 +242,7 @@ public actor GapFiller {
     /// fill does not hold up the live stream.
     static let deliveryChunk = 1_000
 
-    private nonisolated func deliver(_ topic: Topic, _ events: [(MarketEvent, Int64)], order: RecoveryOrder, generation: Int) async -> Int {
+    private nonisolated func deliver(_ topic: Topic, _ events: [(MarketEvent, Int64)], order: RecoveryOrder, to outlet: any RecoveryOutlet) async -> Int {
         guard !events.isEmpty else { return 0 }
         // Oldest first; a stable sort keeps REST's order within one timestamp.
         let sorted = events.enumerated().sorted { ($0.element.1, $0.offset) < ($1.element.1, $1.offset) }.map(\.element.0)
@@ -248,7 +250,7 @@ public actor GapFiller {
         var start = 0
         while start < sorted.count {
             let end = min(start + Self.deliveryChunk, sorted.count)
-            delivered += await hub.deliverRecovered(topic, Array(sorted[start..<end]), order: order, generation: generation)
+            delivered += await outlet.deliverRecovered(topic, Array(sorted[start..<end]), order: order)
             start = end
         }
         return delivered

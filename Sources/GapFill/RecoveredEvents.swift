@@ -25,15 +25,6 @@ public enum RecoveredEvents {
         }
     }
 
-    /// What orders a type's events against the live ones: `q` where the WebSocket carries it.
-    public static func order(of eventType: String) -> RecoveryOrder {
-        switch eventType {
-        case "T", "Q": .sequence
-        case "AM", "XA", "CA": .barStart
-        default: .time
-        }
-    }
-
     /// The ticker as the REST API spells it: crypto and forex pairs without their dash (`X:BTCUSD`).
     public static func restTicker(_ ticker: String, in market: Market) -> String {
         market == .crypto || market == .forex ? ticker.filter { $0 != "-" && $0 != "/" } : ticker

@@ -35,6 +35,13 @@ package enum HubPump {
                 case .element(.connectionLost(let reason)): await hub.upstreamLost(reason: reason)
                 case .element(.seed(let event)): await hub.seed(event)
                 case .element(.epoch(let epoch)): await hub.startEpoch(epoch)
+                case .element(.recovered(let topic, let recovered, let order)): _ = await hub.deliverRecovered(topic, recovered, order: order)
+                case .element(.recoveryEnded(let end, let generation)):
+                    switch end {
+                    case .filled(let summary): await hub.announceRecovered(summary, generation: generation)
+                    case .skipped: await hub.noteFillSkipped(generation: generation)
+                    case .nothing: await hub.finishFill(generation: generation)
+                    }
                 case .element(.lost(let count, let topics, let reason)): await hub.reportLoss(count, topics: topics, reason: reason)
                 case .lost(let topics, let count):
                     dropped(count)

@@ -10,14 +10,27 @@ public struct GapFillRequest: Sendable {
         public let holders: Int
         /// Its last event before the outage, if the relay had one.
         public let lastBefore: MarketEvent?
+
+        public init(topic: Topic, holders: Int, lastBefore: MarketEvent?) {
+            self.topic = topic
+            self.holders = holders
+            self.lastBefore = lastBefore
+        }
     }
 
     /// Unix ms: the last event before the outage (or when it was lost), and the first after it.
     public let from: Int64
     public let through: Int64
     public let topics: [Held]
-    /// Tells a fill's deliveries from a later outage's.
+    /// Numbers the requests of one hub (a fill's end settles its request's gaps and earlier ones).
     public let generation: Int
+
+    public init(from: Int64, through: Int64, topics: [Held], generation: Int) {
+        self.from = from
+        self.through = through
+        self.topics = topics
+        self.generation = generation
+    }
 }
 
 /// What a fill recovered, per topic, and what it could not: told to the holders of those topics as a
@@ -38,12 +51,31 @@ public struct GapFillSummary: Sendable {
     public var isComplete: Bool { missing.isEmpty }
 }
 
+/// How a fill ended, as a cluster's leader tells the nodes it filled for. `Sendable`.
+public enum RecoveryEnd: Sendable {
+    /// It was made: what it recovered and what is missing.
+    case filled(GapFillSummary)
+    /// Not made: the window is longer than the fill covers.
+    case skipped
+    /// Not made: none of the topics has a REST history.
+    case nothing
+}
+
 /// The field of an event that orders it against the ones the relay received live: Polygon's `q` for
 /// trades and quotes (rising per ticker), the bar's start `s`, or the time `t` where there is neither.
 public enum RecoveryOrder: String, Sendable {
     case sequence = "q"
     case barStart = "s"
     case time = "t"
+
+    /// What orders a type's recovered events against the live ones: `q` where the WebSocket carries it.
+    public init(eventType: String) {
+        switch eventType {
+        case "T", "Q": self = .sequence
+        case "AM", "XA", "CA": self = .barStart
+        default: self = .time
+        }
+    }
 
     /// The integer value of this field in `event`'s JSON, if present.
     public func value(of event: MarketEvent) -> Int64? {
@@ -98,44 +130,104 @@ public struct GapFillCounts: Sendable, Equatable, Encodable {
     public init() {}
 }
 
-extension MarketDataHub {
+/// Where a fill's results go: the market's hub on a single relay, NATS on a cluster's leader (each node
+/// then hands them to its own hub). `Sendable`.
+public protocol RecoveryOutlet: Sendable {
+    /// A topic's recovered events, oldest first, each flagged; returns how many were passed on.
+    func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder) async -> Int
+    /// The fill of request `generation` ended: what it recovered and what is missing.
+    func announceRecovered(_ summary: GapFillSummary, generation: Int) async
+    /// The fill of request `generation` was not made: its window is longer than the fill covers.
+    func noteFillSkipped(generation: Int) async
+    /// The fill of request `generation` ended without a summary (nothing to ask for, or cancelled).
+    func finishFill(generation: Int) async
+}
+
+/// One outage a topic's holders have not had filled yet: the events they may still be given lie after
+/// `after` (the last event the hub had, raised as recovered ones are delivered) and before `before`
+/// (the first live one after the outage). Value type.
+struct PendingGap {
+    var generation: Int
+    var from: Int64
+    var through: Int64
+    var after: MarketEvent?
+    var before: MarketEvent?
+    /// Recovered events delivered into this gap.
+    var delivered = 0
+}
+
+extension MarketDataHub: RecoveryOutlet {
+    /// The most outages a topic keeps waiting for a fill; an older one is given up (its holders had the
+    /// notice), as is one older than ``pendingGapLifetime``.
+    static let pendingGapsPerTopic = 8
+    static let pendingGapLifetime: Int64 = 3_600_000
+
     /// Asks `handler` to fill each outage once the upstream is back (the relay's gap fill); `nil` stops it.
     public func setRecoveryHandler(_ handler: (@Sendable (GapFillRequest) -> Void)?) {
         recoveryHandler = handler
         if handler == nil { finishFill(generation: fillGeneration) }
     }
 
-    /// The upstream is back: the handler gets the window and every topic held by name, and each of them
-    /// is watched for its first live event.
+    /// The upstream is back: each topic held by name gets a pending gap, watched for its first live
+    /// event, and the handler gets one request covering every gap not filled yet (an earlier outage's
+    /// fill cut short, e.g. by a cluster failover, is taken up for the union of both windows).
     func requestFill(from: Int64, through: Int64) {
         guard let recoveryHandler else { return }
         fillGeneration += 1
         var held: [GapFillRequest.Held] = []
+        var earliest = from
         for (topic, entry) in entries where !entry.subscribers.isEmpty {
-            held.append(GapFillRequest.Held(topic: topic, holders: entry.subscribers.count, lastBefore: entry.last))
+            var gaps = (pendingGaps[topic] ?? []).filter { through - $0.through < Self.pendingGapLifetime }
+            gaps.append(PendingGap(generation: fillGeneration, from: from, through: through, after: entry.last, before: nil))
+            if gaps.count > Self.pendingGapsPerTopic { gaps.removeFirst(gaps.count - Self.pendingGapsPerTopic) }
+            pendingGaps[topic] = gaps
+            fillWatch.insert(topic)
+            earliest = Swift.min(earliest, gaps[0].from)
+            held.append(GapFillRequest.Held(topic: topic, holders: entry.subscribers.count, lastBefore: gaps[0].after))
         }
         held.sort { ($0.holders, $1.topic) > ($1.holders, $0.topic) }
-        fillWatch = Set(held.map(\.topic))
-        firstLive = [:]
-        recoveryHandler(GapFillRequest(from: from, through: through, topics: held, generation: fillGeneration))
+        recoveryHandler(GapFillRequest(from: earliest, through: through, topics: held, generation: fillGeneration))
     }
 
+    /// A topic's first live event after an outage closes its open gaps.
     func watchFirstLive(_ events: [MarketEvent]) {
         for event in events where fillWatch.contains(event.topic) {
             fillWatch.remove(event.topic)
-            firstLive[event.topic] = event.compacted()
+            guard var gaps = pendingGaps[event.topic] else { continue }
+            let first = event.compacted()
+            for index in gaps.indices where gaps[index].before == nil { gaps[index].before = first }
+            pendingGaps[event.topic] = gaps
         }
     }
 
     /// Delivers a topic's recovered events (oldest first, each already flagged) to the subscribers that
-    /// hold it by name, as a replay outside their buffer's bound, leaving out any at or past the first
-    /// event that came live after the outage. They get positions and enter the history like any event;
-    /// the topic's last value stays the live one. Returns how many were delivered.
-    public func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder, generation: Int) -> Int {
+    /// hold it by name, as a replay outside their buffer's bound: only those that fall in one of the
+    /// topic's pending gaps (after what the hub had, before the first live event, not delivered yet),
+    /// so nothing arrives twice however often a window is fetched. They get positions and enter the
+    /// history like any event; the topic's last value stays the live one. On a cluster node every
+    /// recovered event the leader published enters the history under the leader's positions, delivered
+    /// or not, so positions stay the same on every node. Returns how many were delivered.
+    public func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder) -> Int {
         var events = events
-        if generation == fillGeneration, let live = firstLive[topic], let bound = order.value(of: live) {
-            events = events.filter { (order.value(of: $0) ?? .min) < bound }
+        if adoptsPositions, let history {
+            events = adopt(events, into: history, at: WallClock.nowMilliseconds())
+            metrics.record(history)
         }
+        guard var gaps = pendingGaps[topic], !gaps.isEmpty else { return 0 }
+        var bounds = gaps.map { gap in (gap.after.flatMap(order.value(of:)) ?? .min, gap.before.flatMap(order.value(of:)) ?? .max) }
+        var raised: [Int: MarketEvent] = [:]
+        events = events.filter { event in
+            guard let value = order.value(of: event),
+                let index = bounds.firstIndex(where: { $0.0 < value && value < $0.1 })
+            else { return false }
+            bounds[index].0 = value
+            raised[index] = event
+            gaps[index].delivered += 1
+            return true
+        }
+        // Its own bytes: a kept event must not hold a whole NATS message or REST page alive.
+        for (index, event) in raised { gaps[index].after = event.compacted() }
+        pendingGaps[topic] = gaps
         guard !events.isEmpty else { return 0 }
         if let history, !adoptsPositions {
             events = history.keep(events, at: WallClock.nowMilliseconds())
@@ -149,19 +241,24 @@ extension MarketDataHub {
         return events.count
     }
 
-    /// A fill is over: each holder of a topic it covered is told what was recovered and what is missing
-    /// of its own topics (`recovered`, with `complete`).
+    /// A fill is over: the gaps of request `generation` and earlier are settled, and each holder of a
+    /// topic it covered is told what it was given and what is missing of its own topics (`recovered`,
+    /// with `complete`).
     public func announceRecovered(_ summary: GapFillSummary, generation: Int) {
-        finishFill(generation: generation)
-        let events = summary.recovered.values.reduce(0, +)
+        let settled = settle(through: generation)
+        var delivered: [Topic: Int] = [:]
+        for (topic, gaps) in settled { delivered[topic] = gaps.reduce(0) { $0 + $1.delivered } }
+        let covered = Set(summary.recovered.keys).union(summary.missing.keys).filter { settled[$0] != nil }
+        let events = covered.reduce(0) { $0 + (delivered[$1] ?? 0) }
+        let missingCount = covered.filter { summary.missing[$0] != nil }.count
         gapFillCounts.fills += 1
-        if !summary.isComplete { gapFillCounts.incomplete += 1 }
+        if missingCount > 0 { gapFillCounts.incomplete += 1 }
         gapFillCounts.recovered += events
         gapFillCounts.last = GapFillCounts.Last(
             from: summary.from, through: summary.through, endedAt: WallClock.nowMilliseconds(), events: events,
-            topics: summary.recovered.count, complete: summary.isComplete, missing: summary.missing.count)
+            topics: covered.count - missingCount, complete: missingCount == 0, missing: missingCount)
         var perSubscriber: [SubscriberID: (subscriber: Subscriber, topics: [Topic])] = [:]
-        for topic in Set(summary.recovered.keys).union(summary.missing.keys) {
+        for topic in covered {
             for subscriber in entries[topic]?.subscribers ?? [] where !subscriber.parked {
                 perSubscriber[subscriber.id, default: (subscriber, [])].topics.append(topic)
             }
@@ -169,12 +266,14 @@ extension MarketDataHub {
         var told: [Subscriber] = []
         for (_, held) in perSubscriber {
             let topics = held.topics.sorted()
-            let recovered = topics.compactMap { topic in summary.recovered[topic].map { "\(StatusMessage.quoted(topic.description)):\($0)" } }
+            let recovered = topics.filter { summary.recovered[$0] != nil || delivered[$0, default: 0] > 0 }.map { topic in
+                "\(StatusMessage.quoted(topic.description)):\(delivered[topic] ?? 0)"
+            }
             let missing = topics.compactMap { topic in
                 summary.missing[topic].map { "\(StatusMessage.quoted(topic.description)):\(StatusMessage.quoted($0))" }
             }
             let complete = missing.isEmpty
-            let count = topics.reduce(0) { $0 + (summary.recovered[$1] ?? 0) }
+            let count = topics.reduce(0) { $0 + (delivered[$1] ?? 0) }
             var fields = ["topics": "{" + recovered.joined(separator: ",") + "}", "complete": complete ? "true" : "false"]
             if !complete { fields["missing"] = "{" + missing.joined(separator: ",") + "}" }
             let status = StatusMessage(
@@ -189,7 +288,7 @@ extension MarketDataHub {
         tell(told)
     }
 
-    /// An outage longer than the fill covers: counted, nothing asked for, nothing watched any more.
+    /// An outage longer than the fill covers: counted, its gaps given up (the notice was all).
     public func noteFillSkipped(generation: Int) {
         gapFillCounts.skipped += 1
         finishFill(generation: generation)
@@ -198,11 +297,29 @@ extension MarketDataHub {
     /// The gap fills since start.
     public var gapFillStatistics: GapFillCounts { gapFillCounts }
 
-    /// A fill is over (announced, skipped, cancelled, or with nothing to ask for): its topics are no
-    /// longer watched for their first live event.
+    /// A fill is over without a summary (skipped, cancelled, or with nothing to ask for): the gaps of
+    /// request `generation` and earlier are settled.
     public func finishFill(generation: Int) {
-        guard generation == fillGeneration else { return }
-        fillWatch = []
-        firstLive = [:]
+        _ = settle(through: generation)
+    }
+
+    /// The request generation of the latest recovery (a cluster node names it in its fill request).
+    public var latestFillGeneration: Int { fillGeneration }
+
+    /// Removes the gaps of requests up to `generation`; returns them per topic.
+    private func settle(through generation: Int) -> [Topic: [PendingGap]] {
+        var settled: [Topic: [PendingGap]] = [:]
+        for (topic, gaps) in pendingGaps {
+            let (done, left) = (gaps.filter { $0.generation <= generation }, gaps.filter { $0.generation > generation })
+            guard !done.isEmpty else { continue }
+            settled[topic] = done
+            if left.isEmpty {
+                pendingGaps[topic] = nil
+                fillWatch.remove(topic)
+            } else {
+                pendingGaps[topic] = left
+            }
+        }
+        return settled
     }
 }

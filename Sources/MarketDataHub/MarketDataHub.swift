@@ -106,11 +106,11 @@ public actor MarketDataHub {
     /// Wall time of the last event published, in ms.
     private var lastEventAt: Int64?
     private var outage: Outage?
-    /// Gap fill: told of each recovery (its window and the topics held by name); the topics watched for
-    /// their first live event after it, and those events, so a fill stops short of what came live.
+    /// Gap fill: told of each recovery (its window and the topics held by name); each such topic's
+    /// outages not filled yet, and those still watched for their first live event after the outage.
     var recoveryHandler: (@Sendable (GapFillRequest) -> Void)?
+    var pendingGaps: [Topic: [PendingGap]] = [:]
     var fillWatch: Set<Topic> = []
-    var firstLive: [Topic: MarketEvent] = [:]
     var fillGeneration = 0
     var gapFillCounts = GapFillCounts()
 
@@ -336,19 +336,7 @@ public actor MarketDataHub {
         }
         if let history {
             if adoptsPositions {
-                // The leader's positions, already in the bytes: read, not written.
-                var positions: [EventPosition] = []
-                var kept: [MarketEvent] = []
-                for event in events {
-                    guard let position = EventPosition.read(from: event.bytes) else { continue }
-                    positions.append(position)
-                    kept.append(
-                        MarketEvent(
-                            eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt,
-                            sequence: position.market))
-                }
-                if kept.count == events.count { events = kept }
-                history.append(kept, positions: positions, at: now)
+                events = adopt(events, into: history, at: now)
             } else {
                 // Positions once per event, here, before any subscriber sees it: every delivery shares them.
                 events = history.keep(events, at: now)
@@ -397,6 +385,22 @@ public actor MarketDataHub {
             touched.removeAll(keepingCapacity: true)
             base = end
         }
+    }
+
+    /// Keeps events whose positions a cluster's leader wrote into their bytes (read, not written);
+    /// returns them carrying their market sequence (as they came, if one had no position).
+    func adopt(_ events: [MarketEvent], into history: EventHistory, at now: Int64) -> [MarketEvent] {
+        var positions: [EventPosition] = []
+        var kept: [MarketEvent] = []
+        for event in events {
+            guard let position = EventPosition.read(from: event.bytes) else { continue }
+            positions.append(position)
+            kept.append(
+                MarketEvent(
+                    eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt, sequence: position.market))
+        }
+        history.append(kept, positions: positions, at: now)
+        return kept.count == events.count ? kept : events
     }
 
     /// Calls `whenQueued` of those of `candidates` that had something queued since they were last told

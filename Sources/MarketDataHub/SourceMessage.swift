@@ -17,6 +17,11 @@ public enum SourceMessage: Sendable {
     case lost(count: Int, topics: Set<Topic>?, reason: String)
     /// The positions that follow belong to this epoch (a cluster leader's term).
     case epoch(String)
+    /// A cluster leader's gap fill: recovered events of one topic, oldest first, with the leader's
+    /// positions (``MarketDataHub/deliverRecovered(_:_:order:)``).
+    case recovered(topic: Topic, events: [MarketEvent], order: RecoveryOrder)
+    /// A cluster leader's gap fill answered this node's requests up to `generation`.
+    case recoveryEnded(RecoveryEnd, generation: Int)
 
     /// The events, if this is `.events`.
     public var events: [MarketEvent]? {
@@ -39,12 +44,18 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
         SourceInbox(
             capacity: capacity, emptyLoss: [],
             weight: { message in
-                if case .events(let events) = message { return events.count }
-                return 0
+                switch message {
+                case .events(let events), .recovered(_, let events, _): events.count
+                default: 0
+                }
             },
             noteDrop: { topics, message in
-                guard case .events(let events) = message, topics != nil else { return }
-                for event in events { topics?.insert(event.topic) }
+                guard topics != nil else { return }
+                switch message {
+                case .events(let events): for event in events { topics?.insert(event.topic) }
+                case .recovered(let topic, _, _): topics?.insert(topic)
+                default: return
+                }
                 if (topics?.count ?? 0) > 1_000 { topics = nil }
             },
             merge: { last, next in

@@ -175,6 +175,14 @@ public final class Relay: Service, Sendable {
         let clustered = settings.cluster != nil
         var markets: [MarketParts] = []
         var clusterNodes: [ClusterNode] = []
+        // Gap fill: each upstream market, from the same REST API, at one shared pace (a cluster node
+        // fills only while it leads).
+        var restClient: HTTPClient?
+        var gapFillers: [Market: GapFiller] = [:]
+        let gapFillPace = settings.gapFill.map { RequestPace(perSecond: $0.requestsPerSecond) }
+        if settings.gapFill != nil, restURL == nil {
+            logger.info("gap fill off: no REST API is known for this upstream (set --rest-url)")
+        }
         for source in sources {
             let marketLogger = logger.with(label: "relay.\(source.market)")
             let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
@@ -197,10 +205,22 @@ public final class Relay: Service, Sendable {
                 if clustered { configuration.closeTimeout = .seconds(1) }
                 return PolygonWebSocket(configuration: configuration, logger: marketLogger.with(label: "relay.upstream.\(source.market)"))
             }
+            if let gapFill = settings.gapFill, let restURL, let gapFillPace {
+                let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+                restClient = client
+                // The demo feed's REST wants its own key; another source the market's upstream key.
+                let key = demoFeed != nil || source.apiKey.isEmpty ? restKey : source.apiKey
+                gapFillers[source.market] = GapFiller(
+                    market: source.market, hub: hub, rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, client: client),
+                    pace: gapFillPace, settings: gapFill, metricsFactory: marketMetrics, logger: logger.with(label: "relay.gap-fill.\(source.market)"))
+            }
             if let cluster = settings.cluster {
+                let hook = gapFillers[source.market].map { filler in
+                    ClusterGapFillHook(maxTopics: settings.gapFill?.maxTopics ?? 0) { request, outlet in await filler.fill(request, into: outlet) }
+                }
                 let node = try ClusterNode(
                     configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
-                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
+                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil, gapFill: hook,
                     makeUpstream: makeUpstream)
                 clusterNodes.append(node)
                 markets.append(
@@ -222,7 +242,6 @@ public final class Relay: Service, Sendable {
 
         var portfolio: PortfolioService?
         var browser: SecurityBrowser?
-        var restClient: HTTPClient?
         // Held until the relay stops: one valuation sidecar per portfolio directory.
         var sidecarLock: SidecarLock?
         defer { withExtendedLifetime(sidecarLock) {} }
@@ -234,7 +253,7 @@ public final class Relay: Service, Sendable {
             let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
             // A client of this relay's own: the shared one would keep pooled connections across relays
             // in one process (tests), and a later relay on a reused port got the earlier one's dead ones.
-            let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+            let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
             restClient = client
             let rest = restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: restKey, client: client) }
             let service = PortfolioService(
@@ -249,25 +268,9 @@ public final class Relay: Service, Sendable {
                 metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
             logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
         }
-        // Gap fill: each upstream market of a single relay, from the same REST API, at one shared pace.
-        var gapFillers: [Market: GapFiller] = [:]
-        if let gapFill = settings.gapFill, let restURL, settings.cluster == nil {
-            let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
-            restClient = client
-            let pace = RequestPace(perSecond: gapFill.requestsPerSecond)
-            for market in markets where market.link != nil {
-                // The demo feed's REST wants its own key; another source the market's upstream key.
-                let key = demoFeed != nil || market.source.apiKey.isEmpty ? restKey : market.source.apiKey
-                let filler = GapFiller(
-                    market: market.source.market, hub: market.hub, rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, client: client),
-                    pace: pace, settings: gapFill,
-                    metricsFactory: MarketMetricsFactory(base: metricsFactory, market: market.source.market.rawValue),
-                    logger: logger.with(label: "relay.gap-fill.\(market.source.market)"))
-                await filler.start()
-                gapFillers[market.source.market] = filler
-            }
-        } else if settings.gapFill != nil, settings.cluster == nil {
-            logger.info("gap fill off: no REST API is known for this upstream (set --rest-url)")
+        // A single relay's hubs hand their outages to their fillers; a cluster node's ask the leader.
+        if !clustered {
+            for filler in gapFillers.values { await filler.start() }
         }
         let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
         let server = RelayServer(

@@ -48,9 +48,9 @@ struct GapFillTests {
     }
 
     /// The feed's own record of `path` (its REST history), as JSON objects.
-    static func truth(_ feed: DemoFeed, _ path: String, _ query: String) async throws -> [[String: Any]] {
+    static func truth(_ feed: DemoFeed, _ path: String, _ query: String, key: String = "upstream-secret") async throws -> [[String: Any]] {
         let port = try await feed.listeningPort()
-        let answer = try await httpGet("http://127.0.0.1:\(port)\(path)?\(query)&apiKey=upstream-secret")
+        let answer = try await httpGet("http://127.0.0.1:\(port)\(path)?\(query)&apiKey=\(key)")
         #expect(answer.status == 200, "\(answer.body.prefix(300))")
         let object = try JSONSerialization.jsonObject(with: Data(answer.body.utf8)) as? [String: Any]
         return object?["results"] as? [[String: Any]] ?? []

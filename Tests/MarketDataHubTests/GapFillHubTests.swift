@@ -33,7 +33,7 @@ struct GapFillHubTests {
         #expect(request.topics.map(\.topic.description) == ["T.AAPL"], "named topics only")
         #expect(RecoveryOrder.sequence.value(of: try #require(request.topics.first?.lastBefore)) == 10)
         let delivered = await hub.deliverRecovered(
-            Topic(parsing: "T.AAPL")!, (11...16).map { trade($0, recovered: true) }, order: .sequence, generation: request.generation)
+            Topic(parsing: "T.AAPL")!, (11...16).map { trade($0, recovered: true) }, order: .sequence)
         #expect(delivered == 4)
         var summary = GapFillSummary(from: request.from, through: request.through)
         summary.recovered[Topic(parsing: "T.AAPL")!] = delivered
@@ -55,5 +55,62 @@ struct GapFillHubTests {
         #expect(wild.allSatisfy { fields($0)["_r"] == nil && fields($0)["status"] as? String != "recovered" })
         let counts = await hub.gapFillStatistics
         #expect(counts.fills == 1 && counts.recovered == 4 && counts.last?.complete == true)
+    }
+
+    @Test func anOutageBeforeTheLastFillEndedIsFilledWithItForTheUnionOfBothAndNothingArrivesTwice() async throws {
+        let hub = MarketDataHub(history: nil)
+        let requests = Mutex<[GapFillRequest]>([])
+        await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish([trade(10)])
+        await hub.upstreamLost(reason: "one")
+        await hub.publish([trade(15), trade(16)])
+        // The first fill is cut short (a cluster leader died) before it delivered anything.
+        await hub.upstreamLost(reason: "two")
+        await hub.publish([trade(20)])
+        let (first, second) = try #require(requests.withLock { $0.count == 2 ? ($0[0], $0[1]) : nil })
+        #expect(second.from == first.from && second.through >= first.through, "the union of both windows")
+        #expect(RecoveryOrder.sequence.value(of: try #require(second.topics.first?.lastBefore)) == 10, "from before the first outage")
+        // The whole union window, twice (a retry): only what fell in the two outages, once.
+        let topic = Topic(parsing: "T.AAPL")!
+        #expect(await hub.deliverRecovered(topic, (11...22).map { trade($0, recovered: true) }, order: .sequence) == 7)
+        #expect(await hub.deliverRecovered(topic, (11...22).map { trade($0, recovered: true) }, order: .sequence) == 0)
+        var summary = GapFillSummary(from: second.from, through: second.through)
+        summary.recovered[topic] = 12
+        await hub.announceRecovered(summary, generation: second.generation)
+        // The first request's end, late: its gap is settled already, nobody is told again.
+        await hub.announceRecovered(GapFillSummary(from: first.from, through: first.through), generation: first.generation)
+        await hub.publish([trade(21)])
+
+        let got = try await take(17, from: named.events)
+        #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 15, 16, 20, 11, 12, 13, 14, 17, 18, 19, 21], "\(got.map(\.json))")
+        let statuses = got.compactMap { fields($0)["status"] as? String }
+        #expect(statuses.filter { $0 == "recovered" }.count == 1, "\(statuses)")
+        let status = try #require(got.last { fields($0)["status"] as? String == "recovered" })
+        #expect((fields(status)["topics"] as? [String: Int]) == ["T.AAPL": 7], "what this hub delivered, not what was fetched")
+        #expect(await hub.gapFillStatistics.recovered == 7)
+    }
+
+    @Test func aClusterNodeKeepsEveryRecoveredEventUnderTheLeadersPositionsAndDeliversOnlyInItsOwnGaps() async throws {
+        let hub = MarketDataHub(adoptsPositions: true)
+        await hub.startEpoch("leader1")
+        await hub.setRecoveryHandler { _ in }
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        let positioned = { (events: [MarketEvent], first: UInt64, market: UInt64) in
+            EventPosition.stamp(events, events.indices.map { EventPosition(topic: first + UInt64($0), market: market + UInt64($0)) })
+        }
+        await hub.publish(positioned([trade(10)], 1, 1))
+        // This node had no outage: another node's fill reaches it, enters its history, goes to nobody.
+        #expect(await hub.deliverRecovered(Topic(parsing: "T.AAPL")!, positioned((11...12).map { trade($0, recovered: true) }, 2, 2), order: .sequence) == 0)
+        #expect(await hub.historyStatistics?.events == 3)
+        await hub.publish(positioned([trade(13)], 4, 4))
+        let got = try await take(2, from: named.events)
+        #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 13])
+        #expect(got.allSatisfy { fields($0)["_r"] == nil })
+        // The topic's run stayed whole: a resume from its first position replays the recovered ones too.
+        let resumed = await hub.subscribe()
+        await hub.add(Array(topics("T.AAPL")), to: resumed.id, resuming: .positions(epoch: "leader1", [Topic(parsing: "T.AAPL")!: 1]))
+        let replay = try await take(4, from: resumed.events)
+        #expect(replay.compactMap { fields($0)["q"] as? Int } == [11, 12, 13], "\(replay.map(\.json))")
     }
 }

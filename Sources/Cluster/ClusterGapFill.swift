@@ -1,0 +1,262 @@
+import AsyncSupport
+import Logging
+import MarketDataHub
+import NIOCore
+import PolygonWire
+import Synchronization
+
+/// How a cluster node fills outages: the fill itself (the relay's `GapFiller`, given to it by the
+/// composition root) and how many topics one ask names. `Sendable`.
+public struct ClusterGapFillHook: Sendable {
+    public var maxTopics: Int
+    /// Fills one request, handing the results to the outlet; ends early when its task is cancelled.
+    public var fill: @Sendable (GapFillRequest, any RecoveryOutlet) async -> Void
+
+    public init(maxTopics: Int, fill: @escaping @Sendable (GapFillRequest, any RecoveryOutlet) async -> Void) {
+        self.maxTopics = maxTopics
+        self.fill = fill
+    }
+}
+
+/// The positions of the leader's current term, given under one lock by the live publisher and by the
+/// gap fill's, so every event on NATS carries the next position in the order NATS carries them.
+/// `Sendable`: a `Mutex`.
+final class TermSequencer: Sendable {
+    private let state = Mutex<PositionSequencer?>(nil)
+
+    /// A new term (an epoch), or none (`stamps` false: no positions).
+    func begin(stamps: Bool) { state.withLock { $0 = stamps ? PositionSequencer() : nil } }
+    func end() { state.withLock { $0 = nil } }
+
+    var epoch: String? { state.withLock { $0?.epoch } }
+
+    /// Stamps `events` (when the term gives positions) and hands them to `publish` under the lock.
+    func stamp(_ events: [MarketEvent], _ publish: ([MarketEvent]) -> Void) {
+        state.withLock { sequencer in
+            publish(sequencer?.stamp(events) ?? events)
+        }
+    }
+}
+
+/// The gap fill of a cluster: every node asks, the leader fills.
+///
+/// After an outage (the leader's upstream dropped, a failover, this node's NATS lost) a node's hub
+/// makes its request (``GapFillRequest``: the window and the topics its clients hold by name, each with
+/// the last event it had). The node publishes it as an ask. The leader gathers the asks of a quarter
+/// second, fills their union once from the REST API, and publishes the recovered events with its
+/// positions, then how the fill ended and which asks it answered. Every node puts every recovered event
+/// in its history (positions stay the same everywhere) and delivers to its clients only what falls in
+/// its own pending gaps (``MarketDataHub/deliverRecovered(_:_:order:)``). A fill cut short by the end of
+/// a term answers nobody: the nodes keep their gaps, and their next ask (after the failover) covers the
+/// union of both outages, which the new leader fills.
+///
+/// `Sendable`; state behind `Mutex`es.
+final class ClusterGapFill: Sendable {
+    /// How long the leader gathers asks before filling (all nodes see a recovery within milliseconds).
+    static let gathering: Duration = .milliseconds(250)
+
+    private let hook: ClusterGapFillHook
+    private let subjects: ClusterSubjects
+    private let node: String
+    private let hub: MarketDataHub
+    private let sequencer: TermSequencer
+    private let metrics: ClusterMetrics
+    private let logger: Logger
+    private let rules: SessionLimits
+    /// The asks the leader has not filled yet.
+    private let inbox: AskInbox
+    /// Receives asks while this node leads (one sink for the process: sinks live as long as it).
+    private let askSink: NATSMessageSink
+
+    init(
+        hook: ClusterGapFillHook, subjects: ClusterSubjects, node: String, hub: MarketDataHub, sequencer: TermSequencer, metrics: ClusterMetrics,
+        logger: Logger
+    ) {
+        self.hook = hook
+        self.subjects = subjects
+        self.node = node
+        self.hub = hub
+        self.sequencer = sequencer
+        self.metrics = metrics
+        self.logger = logger
+        let rules = SessionLimits(eventTypes: SessionLimits.eventTypes(ofMarket: subjects.market))
+        self.rules = rules
+        let inbox = AskInbox()
+        self.inbox = inbox
+        askSink = NATSMessageSink { _, payload in
+            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, rules: rules) else {
+                return metrics.rejected("fill_ask", "an ask that does not read (\(payload.count) bytes)", logger: logger)
+            }
+            inbox.add(ask)
+        }
+    }
+
+    // MARK: every node
+
+    /// Sends this node's hub's requests as asks, and hands the leader's answers to `feed` (in order with
+    /// the events). Call once.
+    func start(connection: NATSConnection, feed: ClusterFeed) async {
+        let (subjects, node, maxTopics, metrics, logger) = (self.subjects, self.node, hook.maxTopics, self.metrics, self.logger)
+        await hub.setRecoveryHandler { request in
+            guard !request.topics.isEmpty else { return }  // no client holds a topic by name here
+            let ask = FillWire.Ask(
+                node: node, generation: request.generation, from: request.from, through: request.through,
+                topics: Array(request.topics.prefix(maxTopics)))
+            let sent = FillWire.ask(ask).withUnsafeBytes { connection.publish(subjects.fillAsk, $0) }
+            if !sent { metrics.publishFailed("fill_ask", logger: logger) }
+        }
+        let mine = ClusterSubjects.token(node) + "/"
+        let answers = NATSMessageSink { [weak feed] _, payload in
+            guard let feed else { return }
+            switch payload.first {
+            case UInt8(ascii: "E"):
+                guard let (topic, order, events) = FillWire.readEvents(payload, market: subjects.wireMarket) else {
+                    return metrics.rejected("fill", "recovered events that do not read (\(payload.count) bytes)", logger: logger)
+                }
+                feed.push(.recovered(topic: topic, events: events, order: order))
+            case UInt8(ascii: "S"):
+                guard let (end, answered) = FillWire.readEnd(payload) else {
+                    return metrics.rejected("fill", "a fill's end that does not read (\(payload.count) bytes)", logger: logger)
+                }
+                let generations = answered.compactMap { $0.hasPrefix(mine) ? Int($0.dropFirst(mine.count)) : nil }
+                if let generation = generations.max() { feed.push(.recoveryEnded(end, generation: generation)) }
+            default:
+                metrics.rejected("fill", "not a fill message (\(payload.count) bytes)", logger: logger)
+            }
+        }
+        _ = connection.subscribe(subjects.fillResult, sink: answers)
+    }
+
+    // MARK: the leader
+
+    /// While this node leads (until cancelled): gathers asks and fills them, one fill at a time.
+    func lead(connection: NATSConnection) async {
+        let arrivals = inbox.open()
+        defer { inbox.close() }
+        guard let subscription = connection.subscribe(subjects.fillAsk, sink: askSink) else {
+            logger.error("the leader cannot subscribe to gap-fill asks: outages are not filled this term")
+            return
+        }
+        defer { subscription.cancel() }
+        var generation = 0
+        for await _ in arrivals {
+            try? await Task.sleep(for: Self.gathering)
+            if Task.isCancelled { return }
+            let gathered = inbox.take()
+            guard !gathered.isEmpty else { continue }
+            generation += 1
+            let request = Self.merge(gathered, generation: generation)
+            logger.info(
+                "filling the cluster's outage",
+                metadata: [
+                    "asks": "\(gathered.map(\.id).joined(separator: ","))", "window_ms": "\(request.through - request.from)",
+                    "topics": "\(request.topics.count)",
+                ])
+            let outlet = LeaderOutlet(
+                connection: connection, subject: subjects.fillResult, sequencer: sequencer, answering: gathered.map(\.id), from: request.from,
+                through: request.through, metrics: metrics, logger: logger)
+            await hook.fill(request, outlet)
+            if Task.isCancelled { return }
+        }
+    }
+
+    /// One request for every ask gathered: the union of their windows; each topic once, held by the sum
+    /// of its holders, from the earliest last event any node had of it (none if one had none).
+    static func merge(_ asks: [FillWire.Ask], generation: Int) -> GapFillRequest {
+        var holders: [Topic: Int] = [:]
+        var earliest: [Topic: MarketEvent?] = [:]
+        for ask in asks {
+            for held in ask.topics {
+                holders[held.topic, default: 0] += held.holders
+                let order = RecoveryOrder(eventType: held.topic.eventType)
+                switch earliest[held.topic] {
+                case .none: earliest[held.topic] = .some(held.lastBefore)
+                case .some(.none): break
+                case .some(.some(let known)):
+                    guard let last = held.lastBefore else {
+                        earliest[held.topic] = .some(nil)
+                        break
+                    }
+                    if (order.value(of: last) ?? .min) < (order.value(of: known) ?? .min) { earliest[held.topic] = .some(last) }
+                }
+            }
+        }
+        let topics = holders.map { topic, count in GapFillRequest.Held(topic: topic, holders: count, lastBefore: earliest[topic] ?? nil) }
+            .sorted { ($0.holders, $1.topic) > ($1.holders, $0.topic) }
+        return GapFillRequest(
+            from: asks.map(\.from).min() ?? 0, through: asks.map(\.through).max() ?? 0, topics: topics, generation: generation)
+    }
+}
+
+/// Asks received while this node leads, and the wake-up of its fill loop (one per term: a finished
+/// stream does not start again). `Sendable`: `Mutex`es.
+final class AskInbox: Sendable {
+    private let asks = Mutex<[FillWire.Ask]>([])
+    private let wake = Mutex<AsyncStream<Void>.Continuation?>(nil)
+
+    /// A term begins: no ask from before it is kept (each node asks again after the failover).
+    func open() -> AsyncStream<Void> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        asks.withLock { $0.removeAll() }
+        wake.withLock { $0 = continuation }
+        return stream
+    }
+
+    func close() {
+        wake.withLock { wake in
+            wake?.finish()
+            wake = nil
+        }
+    }
+
+    func add(_ ask: FillWire.Ask) {
+        asks.withLock { $0.append(ask) }
+        _ = wake.withLock { $0 }?.yield()
+    }
+
+    func take() -> [FillWire.Ask] {
+        asks.withLock { asks in
+            defer { asks.removeAll() }
+            return asks
+        }
+    }
+}
+
+/// The leader's outlet: recovered events onto NATS with the term's positions, then the fill's end
+/// naming the asks it answered. A fill cancelled by the end of the term answers nobody. `Sendable`.
+struct LeaderOutlet: RecoveryOutlet {
+    let connection: NATSConnection
+    let subject: String
+    let sequencer: TermSequencer
+    let answering: [String]
+    let from: Int64
+    let through: Int64
+    let metrics: ClusterMetrics
+    let logger: Logger
+
+    func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder) async -> Int {
+        var published = 0
+        sequencer.stamp(events) { stamped in
+            for message in FillWire.events(topic, order: order, stamped) {
+                if message.withUnsafeBytes({ connection.publish(subject, $0) }) {
+                    published += 1
+                } else {
+                    metrics.publishFailed("fill", logger: logger)
+                }
+            }
+        }
+        return published > 0 ? events.count : 0
+    }
+
+    func announceRecovered(_ summary: GapFillSummary, generation: Int) async { end(.filled(summary)) }
+    func noteFillSkipped(generation: Int) async { end(.skipped) }
+    func finishFill(generation: Int) async {
+        // Cancelled: the term ended, and the next leader takes the asks up (the nodes keep their gaps).
+        if !Task.isCancelled { end(.nothing) }
+    }
+
+    private func end(_ end: RecoveryEnd) {
+        let message = FillWire.end(end, from: from, through: through, answering: answering)
+        if !message.withUnsafeBytes({ connection.publish(subject, $0) }) { metrics.publishFailed("fill", logger: logger) }
+    }
+}

@@ -1,0 +1,196 @@
+import MarketDataHub
+import NIOCore
+import PolygonWire
+
+/// The cluster's gap-fill messages on NATS, as bytes. Pure, `Sendable` values.
+///
+/// - A node's **ask** (`<cluster>.ctl.<market>.fill-ask`): `A <node> <generation> <from> <through>\n`,
+///   then per topic `<type> <ticker> <holders> <length>\n` and the topic's last event before the outage
+///   (`length` bytes, 0 when the node had none).
+/// - The leader's **events** (`<cluster>.ctl.<market>.fill`): `E <order> <type> <ticker>\n`, then per
+///   event `<length>\n` and its bytes (positions written in).
+/// - The leader's **end** (same subject): `S <filled|skipped|nothing> <from> <through> <node>/<generation>,…\n`,
+///   then `R <type> <ticker> <count>\n` per topic recovered and `M <type> <ticker> <reason>\n` per topic
+///   missing.
+///
+/// Names are subject tokens (``ClusterSubjects/token(_:)``): no space or line break. Every reader checks
+/// what it reads and answers `nil` for anything else.
+enum FillWire {
+    /// The most bytes of one message (NATS refuses more than its `max_payload`, 1 MB by default).
+    static let maxMessageBytes = 900_000
+
+    /// A node's request for a fill: its hub's ``GapFillRequest``, named by node and generation.
+    struct Ask: Sendable {
+        var node: String
+        var generation: Int
+        var from: Int64
+        var through: Int64
+        var topics: [GapFillRequest.Held]
+
+        var id: String { "\(ClusterSubjects.token(node))/\(generation)" }
+    }
+
+    // MARK: writing
+
+    /// An ask; topics past ``maxMessageBytes`` are left out (the fill takes the most held first anyway).
+    static func ask(_ ask: Ask) -> [UInt8] {
+        var out = Array("A \(ClusterSubjects.token(ask.node)) \(ask.generation) \(ask.from) \(ask.through)\n".utf8)
+        for held in ask.topics {
+            let last = held.lastBefore.map { Array($0.bytes.readableBytesView) } ?? []
+            let header = Array("\(name(held.topic)) \(held.holders) \(last.count)\n".utf8)
+            guard out.count + header.count + last.count <= maxMessageBytes else { break }
+            out += header
+            out += last
+        }
+        return out
+    }
+
+    /// A topic's recovered events, as few messages as ``maxMessageBytes`` allows.
+    static func events(_ topic: Topic, order: RecoveryOrder, _ events: [MarketEvent]) -> [[UInt8]] {
+        let header = Array("E \(order.rawValue) \(name(topic))\n".utf8)
+        var messages: [[UInt8]] = []
+        var out = header
+        for event in events {
+            let length = Array("\(event.bytes.readableBytes)\n".utf8)
+            if out.count > header.count, out.count + length.count + event.bytes.readableBytes > maxMessageBytes {
+                messages.append(out)
+                out = header
+            }
+            out += length
+            out += event.bytes.readableBytesView
+        }
+        if out.count > header.count { messages.append(out) }
+        return messages
+    }
+
+    /// How a fill answered the asks `ids`.
+    static func end(_ end: RecoveryEnd, from: Int64, through: Int64, answering ids: [String]) -> [UInt8] {
+        let kind: String
+        var lines: [String] = []
+        switch end {
+        case .filled(let summary):
+            kind = "filled"
+            for (topic, count) in summary.recovered.sorted(by: { $0.key < $1.key }) { lines.append("R \(name(topic)) \(count)") }
+            for (topic, reason) in summary.missing.sorted(by: { $0.key < $1.key }) {
+                lines.append("M \(name(topic)) \(reason.filter { $0 != "\n" && $0 != "\r" })")
+            }
+        case .skipped: kind = "skipped"
+        case .nothing: kind = "nothing"
+        }
+        var out = Array("S \(kind) \(from) \(through) \(ids.joined(separator: ","))\n".utf8)
+        for line in lines {
+            let bytes = Array((line + "\n").utf8)
+            guard out.count + bytes.count <= maxMessageBytes else { break }
+            out += bytes
+        }
+        return out
+    }
+
+    // MARK: reading
+
+    /// An ask; its topics must pass `rules` and its events `market`'s checks.
+    static func readAsk(_ bytes: UnsafeRawBufferPointer, market: Market, rules: SessionLimits) -> Ask? {
+        var reader = Reader(bytes)
+        guard let head = reader.line(), head.count == 5, head[0] == "A", let node = ClusterSubjects.decodeToken(head[1]),
+            let generation = Int(head[2]), let from = Int64(head[3]), let through = Int64(head[4]), from <= through
+        else { return nil }
+        var topics: [GapFillRequest.Held] = []
+        while !reader.isAtEnd {
+            guard let fields = reader.line(), fields.count == 4, let topic = topic(fields[0], fields[1]), rules.problem(with: topic) == nil,
+                !topic.isWildcard, let holders = Int(fields[2]), holders > 0, let length = Int(fields[3]), let last = reader.bytes(length)
+            else { return nil }
+            var lastBefore: MarketEvent?
+            if length > 0 {
+                guard case .success(let event) = ClusterChecks.event(last, topic: topic, market: market) else { return nil }
+                lastBefore = event
+            }
+            topics.append(GapFillRequest.Held(topic: topic, holders: holders, lastBefore: lastBefore))
+        }
+        return Ask(node: node, generation: generation, from: from, through: through, topics: topics)
+    }
+
+    /// Recovered events of one topic.
+    static func readEvents(_ bytes: UnsafeRawBufferPointer, market: Market) -> (Topic, RecoveryOrder, [MarketEvent])? {
+        var reader = Reader(bytes)
+        guard let head = reader.line(), head.count == 4, head[0] == "E", let order = RecoveryOrder(rawValue: String(head[1])),
+            let topic = topic(head[2], head[3]), !topic.isWildcard
+        else { return nil }
+        var events: [MarketEvent] = []
+        while !reader.isAtEnd {
+            guard let fields = reader.line(), fields.count == 1, let length = Int(fields[0]), length > 0, let bytes = reader.bytes(length),
+                case .success(let event) = ClusterChecks.event(bytes, topic: topic, market: market)
+            else { return nil }
+            events.append(event)
+        }
+        return (topic, order, events)
+    }
+
+    /// A fill's end, and the asks it answered (`node/generation`).
+    static func readEnd(_ bytes: UnsafeRawBufferPointer) -> (end: RecoveryEnd, answered: [String])? {
+        var reader = Reader(bytes)
+        guard let head = reader.line(), head.count == 5, head[0] == "S", let from = Int64(head[2]), let through = Int64(head[3]) else {
+            return nil
+        }
+        let answered = head[4].split(separator: ",").map(String.init)
+        switch head[1] {
+        case "skipped": return (.skipped, answered)
+        case "nothing": return (.nothing, answered)
+        case "filled": break
+        default: return nil
+        }
+        var summary = GapFillSummary(from: from, through: through)
+        while !reader.isAtEnd {
+            guard let text = reader.text(), let first = text.firstIndex(of: " ") else { return nil }
+            let parts = text[text.index(after: first)...].split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
+            guard parts.count == 3, let topic = topic(parts[0], parts[1]) else { return nil }
+            switch text[..<first] {
+            case "R":
+                guard let count = Int(parts[2]) else { return nil }
+                summary.recovered[topic] = count
+            case "M": summary.missing[topic] = String(parts[2])
+            default: return nil
+            }
+        }
+        return (.filled(summary), answered)
+    }
+
+    // MARK: parts
+
+    private static func name(_ topic: Topic) -> String {
+        "\(ClusterSubjects.token(topic.eventType)) \(ClusterSubjects.token(topic.ticker))"
+    }
+
+    private static func topic(_ type: Substring, _ ticker: Substring) -> Topic? {
+        guard let type = ClusterSubjects.decodeToken(type), let ticker = ClusterSubjects.decodeToken(ticker) else { return nil }
+        return Topic(eventType: type, ticker: ticker)
+    }
+
+    /// Lines and counted byte runs of a message.
+    private struct Reader {
+        let bytes: UnsafeRawBufferPointer
+        var index = 0
+
+        init(_ bytes: UnsafeRawBufferPointer) { self.bytes = bytes }
+
+        var isAtEnd: Bool { index >= bytes.count }
+
+        /// The next line (at most 4 KiB), whole.
+        mutating func text() -> Substring? {
+            guard let end = bytes[index...].prefix(4096).firstIndex(of: UInt8(ascii: "\n")) else { return nil }
+            let line = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[index..<end]), as: UTF8.self)
+            index = end + 1
+            return Substring(line)
+        }
+
+        /// The next line's space-separated fields.
+        mutating func line() -> [Substring]? {
+            text().map { $0.split(separator: " ", omittingEmptySubsequences: false) }
+        }
+
+        mutating func bytes(_ count: Int) -> UnsafeRawBufferPointer? {
+            guard count >= 0, count <= bytes.count - index else { return nil }
+            defer { index += count }
+            return UnsafeRawBufferPointer(rebasing: bytes[index..<(index + count)])
+        }
+    }
+}

@@ -1,0 +1,104 @@
+import MarketDataHub
+import NIOCore
+import PolygonWire
+import Testing
+
+@testable import Cluster
+
+private func trade(_ ticker: String, _ q: Int) -> MarketEvent {
+    MarketEvent(eventType: "T", ticker: ticker, bytes: ByteBuffer(string: #"{"ev":"T","sym":"\#(ticker)","p":1,"s":1,"t":1,"q":\#(q)}"#))
+}
+
+private func topic(_ text: String) -> Topic { Topic(parsing: text)! }
+
+/// The cluster's gap-fill messages: what a node asks, what the leader answers, and the leader's merge.
+@Suite("Cluster gap fill: messages and the leader's merge")
+struct FillWireTests {
+    let rules = SessionLimits(eventTypes: SessionLimits.eventTypes(ofMarket: "stocks"))
+
+    @Test func anAskReadsBackWithItsTopicsHoldersAndLastEvents() throws {
+        let ask = FillWire.Ask(
+            node: "node one", generation: 3, from: 1_000, through: 5_000,
+            topics: [
+                GapFillRequest.Held(topic: topic("T.BRK.B"), holders: 2, lastBefore: trade("BRK.B", 7)),
+                GapFillRequest.Held(topic: topic("Q.MSFT"), holders: 1, lastBefore: nil),
+            ])
+        let read = try #require(FillWire.ask(ask).withUnsafeBytes { FillWire.readAsk($0, market: .stocks, rules: rules) })
+        #expect(read.id == "node=20one/3" && read.node == "node one" && read.from == 1_000 && read.through == 5_000)
+        #expect(read.topics.map(\.topic) == [topic("T.BRK.B"), topic("Q.MSFT")] && read.topics.map(\.holders) == [2, 1])
+        #expect(RecoveryOrder.sequence.value(of: try #require(read.topics[0].lastBefore)) == 7 && read.topics[1].lastBefore == nil)
+    }
+
+    @Test func recoveredEventsTravelInMessagesUnderNATSsLimitAndReadBackWhole() throws {
+        let events = (1...20_000).map { trade("AAPL", $0) }
+        let messages = FillWire.events(topic("T.AAPL"), order: .sequence, events)
+        #expect(messages.count > 1 && messages.allSatisfy { $0.count <= FillWire.maxMessageBytes })
+        var back: [MarketEvent] = []
+        for message in messages {
+            let (readTopic, order, part) = try #require(message.withUnsafeBytes { FillWire.readEvents($0, market: .stocks) })
+            #expect(readTopic == topic("T.AAPL") && order == .sequence)
+            back += part
+        }
+        #expect(back.compactMap { RecoveryOrder.sequence.value(of: $0) } == Array(1...20_000))
+    }
+
+    @Test func aFillsEndNamesTheAsksItAnswered() throws {
+        var summary = GapFillSummary(from: 10, through: 20)
+        summary.recovered[topic("T.AAPL")] = 5
+        summary.missing[topic("Q.MSFT")] = "REST 503 after 15 (Unix ms)\nthe rest is missing"
+        let (end, answered) = try #require(
+            FillWire.end(.filled(summary), from: 10, through: 20, answering: ["n1/2", "n2/7"]).withUnsafeBytes { FillWire.readEnd($0) })
+        #expect(answered == ["n1/2", "n2/7"])
+        guard case .filled(let read) = end else {
+            Issue.record("not filled: \(end)")
+            return
+        }
+        #expect(read.from == 10 && read.through == 20 && read.recovered == [topic("T.AAPL"): 5])
+        #expect(read.missing == [topic("Q.MSFT"): "REST 503 after 15 (Unix ms)the rest is missing"])
+        let skipped = FillWire.end(.skipped, from: 1, through: 2, answering: ["n1/1"]).withUnsafeBytes { FillWire.readEnd($0) }
+        guard case .skipped = skipped?.end else {
+            Issue.record("not skipped")
+            return
+        }
+    }
+
+    @Test func malformedMessagesReadAsNothing() {
+        let good = FillWire.ask(
+            FillWire.Ask(node: "n", generation: 1, from: 1, through: 2, topics: [GapFillRequest.Held(topic: topic("T.AAPL"), holders: 1, lastBefore: trade("AAPL", 1))]))
+        let bad: [[UInt8]] = [
+            [], Array("A n 1 2\n".utf8), Array("A n x 1 2\n".utf8), Array("A n 1 5 2\n".utf8),
+            Array(good.dropLast()), Array("A n 1 1 2\nT * 1 0\n".utf8), Array("A n 1 1 2\nT AAPL 1 999\n{}".utf8),
+            Array("A n 1 1 2\nT AAPL 1 2\n{}".utf8),
+            // An event of another topic than its message names.
+            Array("A n 1 1 2\nT MSFT 1 \(trade("AAPL", 1).bytes.readableBytes)\n".utf8) + Array(trade("AAPL", 1).bytes.readableBytesView),
+        ]
+        for message in bad {
+            #expect(message.withUnsafeBytes { FillWire.readAsk($0, market: .stocks, rules: rules) } == nil, "\(String(decoding: message, as: UTF8.self))")
+        }
+        for message in [Array("E q T AAPL\n5\n{}".utf8), Array("E z T AAPL\n".utf8), Array("E q T AAPL\n-1\n".utf8)] {
+            #expect(message.withUnsafeBytes { FillWire.readEvents($0, market: .stocks) } == nil)
+        }
+        for message in [Array("S done 1 2 n/1\n".utf8), Array("S filled 1 2 n/1\nR T AAPL x\n".utf8), Array("S filled 1 2 n/1\nX T AAPL 1\n".utf8)] {
+            #expect(message.withUnsafeBytes { FillWire.readEnd($0) } == nil)
+        }
+    }
+
+    @Test func theLeaderFillsEachTopicOnceFromTheEarliestLastEventAnyNodeHadForTheUnionWindow() throws {
+        let asks = [
+            FillWire.Ask(node: "n1", generation: 1, from: 100, through: 900, topics: [
+                GapFillRequest.Held(topic: topic("T.AAPL"), holders: 1, lastBefore: trade("AAPL", 12)),
+                GapFillRequest.Held(topic: topic("T.MSFT"), holders: 3, lastBefore: trade("MSFT", 4)),
+            ]),
+            FillWire.Ask(node: "n2", generation: 5, from: 50, through: 800, topics: [
+                GapFillRequest.Held(topic: topic("T.AAPL"), holders: 4, lastBefore: trade("AAPL", 9)),
+                GapFillRequest.Held(topic: topic("T.MSFT"), holders: 1, lastBefore: nil),
+            ]),
+        ]
+        let request = ClusterGapFill.merge(asks, generation: 2)
+        #expect(request.from == 50 && request.through == 900 && request.generation == 2)
+        #expect(request.topics.map(\.topic) == [topic("T.AAPL"), topic("T.MSFT")], "most held first")
+        #expect(request.topics.map(\.holders) == [5, 4])
+        #expect(request.topics[0].lastBefore.flatMap { RecoveryOrder.sequence.value(of: $0) } == 9)
+        #expect(request.topics[1].lastBefore == nil, "a node that had none: from the window's start")
+    }
+}
