@@ -82,6 +82,11 @@ let package = Package(
             swiftSettings: hotPath
         ),
         .target(
+            name: "AlpacaWire",
+            dependencies: ["PolygonWire"],
+            swiftSettings: hotPath
+        ),
+        .target(
             name: "Upstream",
             dependencies: [
                 "CLibWebSockets", "PolygonWire", "MarketDataHub", "AsyncSupport",
@@ -241,6 +246,11 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "AlpacaWireTests",
+            dependencies: ["AlpacaWire", "PolygonWire"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -45,10 +45,7 @@ public struct ServerSession: Sendable {
     private let authenticate: @Sendable (String) -> ClientGrant?
     /// Distinct topics shared by every connection (per key and in all); `nil`: no such bound.
     private let budget: TopicBudget?
-    /// The message-rate token bucket: tokens left, and when it was last filled.
-    private var tokens: Double
-    private var filledAt: ContinuousClock.Instant?
-    private var rateLimitToldAt: ContinuousClock.Instant?
+    private var rate: MessageRate
 
     /// - Parameter authenticate: what a client key may do, or `nil` when it is not accepted.
     public init(
@@ -57,7 +54,7 @@ public struct ServerSession: Sendable {
         self.limits = limits
         self.budget = budget
         self.authenticate = authenticate
-        tokens = Double(max(limits.messageBurst, 1))
+        rate = MessageRate(limits)
     }
 
     /// - Parameter authenticate: whether a client key is accepted (for everything).
@@ -67,10 +64,9 @@ public struct ServerSession: Sendable {
 
     /// Handles one client message (arriving at `now`).
     public mutating func receive(_ message: ByteBuffer, at now: ContinuousClock.Instant = .now) -> Reaction {
-        guard admit(at: now) else {
+        guard rate.admit(at: now) else {
             // Told at most once a second: a flood past the rate is not answered message by message.
-            if let told = rateLimitToldAt, now - told < .seconds(1) { return Reaction() }
-            rateLimitToldAt = now
+            guard rate.tellsRefusal(at: now) else { return Reaction() }
             return Reaction(frames: [
                 StatusMessage.error(
                     "rate limit: at most \(limits.messagesPerSecond) messages per second; messages past it are dropped (told once a second)"
@@ -143,21 +139,6 @@ public struct ServerSession: Sendable {
                 default: false
                 }
             }
-    }
-
-    /// Takes one token from the bucket of `messageBurst` tokens, refilled at `messagesPerSecond`.
-    private mutating func admit(at now: ContinuousClock.Instant) -> Bool {
-        let rate = Double(limits.messagesPerSecond)
-        if let filledAt {
-            let elapsed = now - filledAt
-            tokens = min(
-                Double(max(limits.messageBurst, 1)),
-                tokens + rate * (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18))
-        }
-        filledAt = now
-        guard tokens >= 1 else { return false }
-        tokens -= 1
-        return true
     }
 
     private mutating func changeTopics(_ action: ClientAction) -> Reaction {

@@ -50,3 +50,38 @@ public struct SessionLimits: Sendable, Equatable {
         return Topic.isTicker(topic.ticker) ? nil : "a ticker has letters, digits and . : / - _ only"
     }
 }
+
+/// A client's message rate: a token bucket of `messageBurst` tokens refilled at `messagesPerSecond`,
+/// and when the client was last told it went past it (at most once a second). Value type, `Sendable`.
+public struct MessageRate: Sendable {
+    private let perSecond: Double
+    private let burst: Double
+    private var tokens: Double
+    private var filledAt: ContinuousClock.Instant?
+    private var toldAt: ContinuousClock.Instant?
+
+    public init(_ limits: SessionLimits) {
+        perSecond = Double(limits.messagesPerSecond)
+        burst = Double(max(limits.messageBurst, 1))
+        tokens = burst
+    }
+
+    /// Takes a token for a message arriving at `now`; `false` when there is none.
+    public mutating func admit(at now: ContinuousClock.Instant) -> Bool {
+        if let filledAt {
+            let elapsed = now - filledAt
+            tokens = min(burst, tokens + perSecond * (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18))
+        }
+        filledAt = now
+        guard tokens >= 1 else { return false }
+        tokens -= 1
+        return true
+    }
+
+    /// Whether a refused message is to be answered: the first in any second is, the rest are not.
+    public mutating func tellsRefusal(at now: ContinuousClock.Instant) -> Bool {
+        if let toldAt, now - toldAt < .seconds(1) { return false }
+        toldAt = now
+        return true
+    }
+}

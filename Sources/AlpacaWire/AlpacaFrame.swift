@@ -1,0 +1,63 @@
+/// Reads a MessagePack frame of Alpaca's stream (an array of maps) without decoding its events: each
+/// event is found by its `T` and `S` and kept as the range of its own bytes, so it can be passed on to
+/// MessagePack clients as it came. Control messages (`success`, `error`, `subscription`) are decoded
+/// whole. Pure.
+public enum AlpacaFrame {
+    public enum Item: Sendable, Equatable {
+        /// An event: its type (`t`, `q`, `b` …), its symbol, and where its map lies in the frame.
+        case event(type: String, symbol: String, bytes: Range<Int>)
+        /// A control message, whole.
+        case control(MessagePack.Value)
+        /// A map whose `T` is neither (counted, passed over), or an element that is no map.
+        case unknown(String)
+    }
+
+    /// The control types; any other `T` with an `S` is an event.
+    public static let controlTypes: Set<String> = ["success", "error", "subscription"]
+
+    public static func read(_ bytes: UnsafeRawBufferPointer) throws(MessagePack.ReadError) -> [Item] {
+        var reader = MessagePack.Reader(bytes)
+        let count = try reader.arrayCount()
+        guard count <= bytes.count else { throw .truncated }
+        var items: [Item] = []
+        items.reserveCapacity(count)
+        for _ in 0..<count {
+            let start = reader.offset
+            var probe = reader
+            guard case .some = try? probe.mapCount() else {
+                try reader.skip()
+                items.append(.unknown("an element that is no map"))
+                continue
+            }
+            let entries = try reader.mapCount()
+            var type: String?
+            var symbol: String?
+            for _ in 0..<entries {
+                let key = try reader.stringBytes()
+                if let key, key.count == 1, key[0] == UInt8(ascii: "T") || key[0] == UInt8(ascii: "S"),
+                    let value = try reader.stringBytes()
+                {
+                    let text = String(decoding: value, as: UTF8.self)
+                    if key[0] == UInt8(ascii: "T") { type = text } else { symbol = text }
+                } else {
+                    if key == nil { try reader.skip() }
+                    try reader.skip()
+                }
+            }
+            let range = start..<reader.offset
+            guard let type else {
+                items.append(.unknown("a map without T"))
+                continue
+            }
+            if controlTypes.contains(type) {
+                var whole = MessagePack.Reader(UnsafeRawBufferPointer(rebasing: bytes[range]))
+                items.append(.control(try whole.value()))
+            } else if let symbol, !symbol.isEmpty {
+                items.append(.event(type: type, symbol: symbol, bytes: range))
+            } else {
+                items.append(.unknown("T \(type.prefix(16)) without S"))
+            }
+        }
+        return items
+    }
+}

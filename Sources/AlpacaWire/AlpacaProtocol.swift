@@ -1,0 +1,145 @@
+import PolygonWire
+
+/// The codec a connection speaks: Alpaca's SDKs ask for MessagePack on the upgrade
+/// (`Content-Type: application/msgpack`); a plain WebSocket client gets JSON.
+public enum AlpacaCodec: String, Sendable {
+    case json
+    case messagePack = "msgpack"
+
+    /// The codec an upgrade's `Content-Type` asks for.
+    public init(contentType: String?) {
+        self = contentType?.lowercased().contains("msgpack") == true ? .messagePack : .json
+    }
+
+    /// One frame holding `messages` as an array.
+    public func frame(_ messages: [MessagePack.Value]) -> [UInt8] {
+        switch self {
+        case .messagePack: MessagePack.encode(.array(messages))
+        case .json: AlpacaJSON.text(.array(messages))
+        }
+    }
+
+    /// A client message in this codec, whole.
+    public func decode(_ bytes: [UInt8]) -> MessagePack.Value? {
+        switch self {
+        case .messagePack: try? MessagePack.decode(bytes)
+        case .json: AlpacaJSONReader.value(bytes)
+        }
+    }
+}
+
+/// Alpaca's subscription channels, the message type (`T`) of each one's events, and the event types a
+/// hub topic carries: a topic is `<T>.<symbol>` (`t.AAPL`, `q.*`, `o.BTC/USD`).
+public enum AlpacaChannel: String, Sendable, CaseIterable, Comparable {
+    case trades, quotes, bars, dailyBars, updatedBars, statuses, lulds, corrections, cancelErrors, orderbooks
+
+    public var eventType: String {
+        switch self {
+        case .trades: "t"
+        case .quotes: "q"
+        case .bars: "b"
+        case .dailyBars: "d"
+        case .updatedBars: "u"
+        case .statuses: "s"
+        case .lulds: "l"
+        case .corrections: "c"
+        case .cancelErrors: "x"
+        case .orderbooks: "o"
+        }
+    }
+
+    public init?(eventType: String) {
+        guard let channel = Self.allCases.first(where: { $0.eventType == eventType }) else { return nil }
+        self = channel
+    }
+
+    public static func < (lhs: Self, rhs: Self) -> Bool {
+        (allCases.firstIndex(of: lhs) ?? 0) < (allCases.firstIndex(of: rhs) ?? 0)
+    }
+}
+
+/// One of Alpaca's streams: its path, and the channels it has. Value type, `Sendable`.
+public enum AlpacaFeed: String, Sendable, CaseIterable {
+    case iex, sip, delayedSIP = "delayed_sip", test, crypto
+
+    /// The URL path of the feed (`/v2/iex`, `/v1beta3/crypto/us`).
+    public var path: String {
+        switch self {
+        case .crypto: "/v1beta3/crypto/us"
+        default: "/v2/\(rawValue)"
+        }
+    }
+
+    /// The feed a URL path names: Alpaca's paths, and `/v1beta2/crypto`, which alpaca-trade-api's crypto
+    /// stream still uses.
+    public init?(path: String) {
+        var path = path
+        while path.hasSuffix("/") { path.removeLast() }
+        switch path {
+        case "/v1beta3/crypto/us", "/v1beta2/crypto", "/v1beta1/crypto": self = .crypto
+        default:
+            guard path.hasPrefix("/v2/"), let feed = AlpacaFeed(rawValue: String(path.dropFirst(4))), feed != .crypto else { return nil }
+            self = feed
+        }
+    }
+
+    public var isCrypto: Bool { self == .crypto }
+
+    /// The channels this feed serves, in Alpaca's order.
+    public var channels: [AlpacaChannel] {
+        isCrypto
+            ? [.trades, .quotes, .bars, .updatedBars, .dailyBars, .orderbooks]
+            : [.trades, .quotes, .bars, .updatedBars, .dailyBars, .statuses, .lulds, .corrections, .cancelErrors]
+    }
+
+    /// The event types of its hub's topics.
+    public var eventTypes: Set<String> { Set(channels.map(\.eventType)) }
+}
+
+/// Alpaca's errors, with their codes and texts as Alpaca sends them.
+public enum AlpacaError: Int, Sendable, Error {
+    case invalidSyntax = 400
+    case notAuthenticated = 401
+    case authFailed = 402
+    case alreadyAuthenticated = 403
+    case authTimeout = 404
+    case symbolLimitExceeded = 405
+    case connectionLimitExceeded = 406
+    case slowClient = 407
+    case insufficientSubscription = 409
+    case invalidSubscribeAction = 410
+    case internalError = 500
+
+    public var text: String {
+        switch self {
+        case .invalidSyntax: "invalid syntax"
+        case .notAuthenticated: "not authenticated"
+        case .authFailed: "auth failed"
+        case .alreadyAuthenticated: "already authenticated"
+        case .authTimeout: "auth timeout"
+        case .symbolLimitExceeded: "symbol limit exceeded"
+        case .connectionLimitExceeded: "connection limit exceeded"
+        case .slowClient: "slow client"
+        case .insufficientSubscription: "insufficient subscription"
+        case .invalidSubscribeAction: "invalid subscribe action for this feed"
+        case .internalError: "internal error"
+        }
+    }
+
+    /// `{"T":"error","code":N,"msg":"…"}`.
+    public var message: MessagePack.Value { .map([.init(.string("T"), .string("error")), .init(.string("code"), .int(Int64(rawValue))), .init(.string("msg"), .string(text))]) }
+}
+
+/// Alpaca's control messages.
+public enum AlpacaControl {
+    public static func success(_ text: String) -> MessagePack.Value {
+        .map([.init(.string("T"), .string("success")), .init(.string("msg"), .string(text))])
+    }
+
+    public static let connected = success("connected")
+    public static let authenticated = success("authenticated")
+
+    /// The relay's own notices (upstream lost and back, a fill, lagging): a `T` the SDKs do not know and
+    /// so pass over without a word, alone in its frame. Fields as Polygon's status carries them.
+    public static let noticeType = "relay"
+}

@@ -1,0 +1,156 @@
+import PolygonWire
+
+/// The server side of Alpaca's conversation for one connection, without I/O: it reads client messages
+/// (in the connection's codec) and says what to answer and which topics to add or drop.
+///
+/// As Alpaca does: `auth` with `key` and `secret` (the key is the relay's client key; the secret is
+/// not checked, relay keys have none), then `subscribe`/`unsubscribe` with a list of symbols per channel.
+/// Every change is answered with the connection's whole subscription, each control message alone in a
+/// one-element array (Go's SDK reads exactly one element). A trades subscription brings its symbols'
+/// corrections and cancel errors, as Alpaca's does. Errors go in Alpaca's codes; the connection lives
+/// except after a failed auth, which closes it.
+///
+/// Value type, `Sendable`; one per connection, owned by the task that reads it.
+public struct AlpacaServerSession: Sendable {
+    public struct Reaction: Sendable {
+        /// Frames to send, in order, in the connection's codec.
+        public var frames: [[UInt8]] = []
+        public var added: [Topic] = []
+        public var removed: [Topic] = []
+        /// Close after sending `frames` (a failed auth).
+        public var close = false
+    }
+
+    public let codec: AlpacaCodec
+    public let feed: AlpacaFeed
+    public let limits: SessionLimits
+    public private(set) var grant: ClientGrant?
+    public private(set) var topics: Set<Topic> = []
+    public var isAuthenticated: Bool { grant != nil }
+    private let authenticate: @Sendable (String) -> ClientGrant?
+    private let budget: TopicBudget?
+    private var rate: MessageRate
+
+    public init(
+        codec: AlpacaCodec, feed: AlpacaFeed, limits: SessionLimits = SessionLimits(), budget: TopicBudget? = nil,
+        grants authenticate: @escaping @Sendable (String) -> ClientGrant?
+    ) {
+        self.codec = codec
+        self.feed = feed
+        var limits = limits
+        limits.eventTypes = feed.eventTypes
+        self.limits = limits
+        self.budget = budget
+        self.authenticate = authenticate
+        rate = MessageRate(limits)
+    }
+
+    /// What the server sends first.
+    public var connectedFrame: [UInt8] { codec.frame([AlpacaControl.connected]) }
+
+    /// Handles one client message (arriving at `now`).
+    public mutating func receive(_ message: [UInt8], at now: ContinuousClock.Instant = .now) -> Reaction {
+        guard rate.admit(at: now) else {
+            guard rate.tellsRefusal(at: now) else { return Reaction() }
+            return error(.invalidSyntax, "at most \(limits.messagesPerSecond) messages per second; messages past it are dropped")
+        }
+        guard let value = codec.decode(message), case .map = value, let action = value["action"]?.string else {
+            return error(.invalidSyntax)
+        }
+        switch action {
+        case "auth":
+            guard grant == nil else { return error(.alreadyAuthenticated) }
+            guard let key = value["key"]?.string, !key.isEmpty, let granted = authenticate(key) else {
+                var reaction = error(.authFailed)
+                reaction.close = true
+                return reaction
+            }
+            grant = granted
+            return Reaction(frames: [codec.frame([AlpacaControl.authenticated])])
+        case "subscribe", "unsubscribe":
+            guard isAuthenticated else { return error(.notAuthenticated) }
+            return change(value, subscribe: action == "subscribe")
+        default:
+            return error(.invalidSyntax)
+        }
+    }
+
+    private func error(_ code: AlpacaError, _ detail: String? = nil) -> Reaction {
+        var message = code.message
+        if let detail, case .map(var entries) = message {
+            entries[2] = .init(.string("msg"), .string("\(code.text): \(detail)"))
+            message = .map(entries)
+        }
+        return Reaction(frames: [codec.frame([message])])
+    }
+
+    private mutating func change(_ message: MessagePack.Value, subscribe: Bool) -> Reaction {
+        guard case .map(let entries) = message else { return error(.invalidSyntax) }
+        var asked: [Topic] = []
+        for entry in entries {
+            guard let name = entry.key.string, name != "action" else { continue }
+            guard let channel = AlpacaChannel(rawValue: name) else { return error(.invalidSyntax, "unknown channel \(name.prefix(32))") }
+            guard feed.channels.contains(channel) else { return error(.invalidSubscribeAction) }
+            guard let symbols = entry.value.array else { return error(.invalidSyntax, "\(name) takes a list of symbols") }
+            guard asked.count + symbols.count <= limits.topicsPerMessage else {
+                return error(.symbolLimitExceeded, "at most \(limits.topicsPerMessage) symbols in one message; nothing was changed")
+            }
+            for symbol in symbols {
+                guard let text = symbol.string, let topic = Topic(eventType: channel.eventType, ticker: text), limits.problem(with: topic) == nil
+                else { return error(.invalidSyntax, "not a symbol: \(String(describing: symbol).prefix(40))") }
+                asked.append(topic)
+                // Alpaca sends a trade's corrections and cancel errors to whoever takes its trades.
+                if channel == .trades, !feed.isCrypto {
+                    for implied in [AlpacaChannel.corrections, .cancelErrors] {
+                        if let topic = Topic(eventType: implied.eventType, ticker: text) { asked.append(topic) }
+                    }
+                }
+            }
+        }
+        var reaction = Reaction()
+        if subscribe {
+            var wanted: [Topic] = []
+            var seen = Set<Topic>()
+            for topic in asked where !topics.contains(topic) && seen.insert(topic).inserted {
+                if let grant, !grant.entitlement.allows(topic) { return error(.insufficientSubscription) }
+                wanted.append(topic)
+            }
+            guard topics.count + wanted.count <= limits.topicsPerConnection else {
+                return error(.symbolLimitExceeded, "a connection holds at most \(limits.topicsPerConnection) topics")
+            }
+            if !wanted.isEmpty, let budget, let grant {
+                let verdict = budget.reserve(wanted, grant)
+                guard verdict.refused.isEmpty else {
+                    budget.release(wanted.filter { !verdict.refused.contains($0) }, grant)
+                    return error(.symbolLimitExceeded, verdict.reason ?? "topic limit reached")
+                }
+            }
+            topics.formUnion(wanted)
+            reaction.added = wanted
+        } else {
+            for topic in asked where topics.remove(topic) != nil { reaction.removed.append(topic) }
+            if !reaction.removed.isEmpty, let budget, let grant { budget.release(reaction.removed, grant) }
+        }
+        reaction.frames = [codec.frame([subscription])]
+        return reaction
+    }
+
+    /// `{"T":"subscription","trades":[…],…}`: the connection's whole subscription, every channel of the
+    /// feed listed, symbols sorted.
+    public var subscription: MessagePack.Value {
+        var bySymbol: [String: [String]] = [:]
+        for topic in topics { bySymbol[topic.eventType, default: []].append(topic.ticker) }
+        var entries: [MessagePack.Value.Entry] = [.init(.string("T"), .string("subscription"))]
+        for channel in feed.channels {
+            let symbols = (bySymbol[channel.eventType] ?? []).sorted().map { MessagePack.Value.string($0) }
+            entries.append(.init(.string(channel.rawValue), .array(symbols)))
+        }
+        return .map(entries)
+    }
+
+    /// The topics held are given up (the connection closed): their share of the budget is released.
+    public mutating func releaseAll() {
+        if !topics.isEmpty, let budget, let grant { budget.release(Array(topics), grant) }
+        topics = []
+    }
+}

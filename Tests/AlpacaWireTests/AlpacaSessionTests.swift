@@ -1,0 +1,100 @@
+import AlpacaWire
+import PolygonWire
+import Testing
+
+private func json(_ text: String) -> [UInt8] { Array(text.utf8) }
+private func read(_ frame: [UInt8], _ codec: AlpacaCodec) -> [MessagePack.Value] { codec.decode(frame)?.array ?? [] }
+
+/// Alpaca's conversation, server side: connected, auth with the relay's key, subscriptions by channel
+/// answered with the whole subscription, errors in Alpaca's codes, in either codec.
+@Suite("Alpaca server session")
+struct AlpacaSessionTests {
+    func session(_ codec: AlpacaCodec = .json, feed: AlpacaFeed = .iex) -> AlpacaServerSession {
+        AlpacaServerSession(codec: codec, feed: feed) { key in key == "good" ? ClientGrant(name: "k") : nil }
+    }
+
+    @Test func connectAuthSubscribeAndTheWholeSubscriptionBack() throws {
+        var session = session()
+        #expect(String(decoding: session.connectedFrame, as: UTF8.self) == #"[{"T":"success","msg":"connected"}]"#)
+        let auth = session.receive(json(#"{"action":"auth","key":"good","secret":"anything"}"#))
+        #expect(auth.frames.map { String(decoding: $0, as: UTF8.self) } == [#"[{"T":"success","msg":"authenticated"}]"#])
+        let subscribe = session.receive(json(#"{"action":"subscribe","trades":["AAPL"],"quotes":["*","MSFT"],"bars":["AAPL"]}"#))
+        #expect(Set(subscribe.added.map(\.description)) == ["t.AAPL", "c.AAPL", "x.AAPL", "q.*", "q.MSFT", "b.AAPL"])
+        let frame = try #require(subscribe.frames.first)
+        let reply = try #require(read(frame, .json).first)
+        #expect(read(subscribe.frames[0], .json).count == 1, "alone in its array")
+        #expect(reply["T"] == .string("subscription"))
+        #expect(reply["trades"] == .array([.string("AAPL")]) && reply["quotes"] == .array([.string("*"), .string("MSFT")]))
+        #expect(reply["corrections"] == .array([.string("AAPL")]) && reply["cancelErrors"] == .array([.string("AAPL")]))
+        #expect(reply["lulds"] == .array([]), "every channel of the feed listed")
+        let unsubscribe = session.receive(json(#"{"action":"unsubscribe","quotes":["*"]}"#))
+        #expect(unsubscribe.removed.map(\.description) == ["q.*"])
+        #expect(read(unsubscribe.frames[0], .json).first?["quotes"] == .array([.string("MSFT")]))
+    }
+
+    @Test func theMessagePackCodecAnswersInMessagePack() throws {
+        var session = session(.messagePack, feed: .crypto)
+        #expect(try MessagePack.decode(session.connectedFrame) == .array([AlpacaControl.connected]))
+        let auth = MessagePack.encode(.map([.init(.string("action"), .string("auth")), .init(.string("key"), .string("good")), .init(.string("secret"), .string("s"))]))
+        let authenticated = try #require(session.receive(auth).frames.first)
+        #expect(try MessagePack.decode(authenticated) == .array([AlpacaControl.authenticated]))
+        let subscribe = MessagePack.encode(.map([.init(.string("action"), .string("subscribe")), .init(.string("orderbooks"), .array([.string("BTC/USD")]))]))
+        let reaction = session.receive(subscribe)
+        #expect(reaction.added.map(\.description) == ["o.BTC/USD"])
+        let reply = try #require(reaction.frames.first)
+        #expect(try MessagePack.decode(reply).array?.first?["orderbooks"] == .array([.string("BTC/USD")]))
+    }
+
+    @Test func errorsComeInAlpacasCodes() {
+        func code(_ reaction: AlpacaServerSession.Reaction) -> Int64? {
+            read(reaction.frames.first ?? [], .json).first?["code"]?.integer
+        }
+        var session = session()
+        #expect(code(session.receive(json(#"{"action":"subscribe","trades":["AAPL"]}"#))) == 401)
+        #expect(code(session.receive(json("not json"))) == 400)
+        var wrong = self.session()
+        let refused = wrong.receive(json(#"{"action":"auth","key":"bad","secret":"x"}"#))
+        #expect(code(refused) == 402 && refused.close)
+        _ = session.receive(json(#"{"action":"auth","key":"good","secret":"x"}"#))
+        #expect(code(session.receive(json(#"{"action":"auth","key":"good","secret":"x"}"#))) == 403)
+        #expect(code(session.receive(json(#"{"action":"subscribe","orderbooks":["AAPL"]}"#))) == 410, "no order books on a stock feed")
+        #expect(code(session.receive(json(#"{"action":"subscribe","trades":"AAPL"}"#))) == 400)
+        #expect(code(session.receive(json(#"{"action":"subscribe","trades":["bad symbol!"]}"#))) == 400)
+        let many = (0..<1_001).map { "\"S\($0)\"" }.joined(separator: ",")
+        #expect(code(session.receive(json(#"{"action":"subscribe","trades":[\#(many)]}"#))) == 405)
+        #expect(session.topics.isEmpty, "no error changed anything")
+    }
+
+    @Test func anEntitlementThatDoesNotCoverASymbolIsInsufficientSubscription() {
+        var session = AlpacaServerSession(codec: .json, feed: .iex) { _ in
+            ClientGrant(name: "k", entitlement: Entitlement(patterns: [Topic(eventType: "t", ticker: "AAPL")!]))
+        }
+        _ = session.receive(json(#"{"action":"auth","key":"k","secret":"x"}"#))
+        let reaction = session.receive(json(#"{"action":"subscribe","quotes":["AAPL"]}"#))
+        #expect(read(reaction.frames[0], .json).first?["code"] == .int(409))
+        #expect(reaction.added.isEmpty)
+    }
+
+    @Test func feedsAreKnownByTheirPaths() {
+        #expect(AlpacaFeed(path: "/v2/iex") == .iex && AlpacaFeed(path: "/v2/sip/") == .sip && AlpacaFeed(path: "/v2/delayed_sip") == .delayedSIP)
+        #expect(AlpacaFeed(path: "/v1beta3/crypto/us") == .crypto && AlpacaFeed(path: "/v1beta2/crypto") == .crypto)
+        #expect(AlpacaFeed(path: "/v2/crypto") == nil && AlpacaFeed(path: "/stocks") == nil)
+    }
+
+    @Test func aFrameOfEventsIsReadWithoutDecodingTheEvents() throws {
+        let trade = MessagePack.Value.map([
+            .init(.string("T"), .string("t")), .init(.string("S"), .string("AAPL")), .init(.string("p"), .double(1.5)),
+            .init(.string("t"), .timestamp(seconds: 1, nanoseconds: 2)),
+        ])
+        let frame = MessagePack.encode(.array([trade, AlpacaControl.connected, .int(3), .map([.init(.string("T"), .string("zz"))])]))
+        let items = try frame.withUnsafeBytes { try AlpacaFrame.read($0) }
+        guard case .event(let type, let symbol, let range) = items[0] else {
+            Issue.record("not an event: \(items)")
+            return
+        }
+        #expect(type == "t" && symbol == "AAPL")
+        #expect(try MessagePack.decode(frame[range]) == trade, "the event's own bytes")
+        #expect(items[1] == .control(AlpacaControl.connected))
+        #expect(items.count == 4)
+    }
+}
