@@ -1,3 +1,5 @@
+import PolygonWire
+
 /// JSON for Alpaca's plain WebSocket clients: a MessagePack value written as the JSON Alpaca sends
 /// (a timestamp as an RFC 3339 string with up to nine fraction digits, `"2021-02-22T15:51:44.208Z"`).
 /// Pure.
@@ -53,19 +55,8 @@ public enum AlpacaJSON {
     }
 
     static func appendString(_ text: String, to out: inout [UInt8]) {
-        let hex = Array("0123456789abcdef".utf8)
         out.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""): out += [UInt8(ascii: "\\"), UInt8(ascii: "\"")]
-            case UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), UInt8(ascii: "\\")]
-            case UInt8(ascii: "\n"): out += [UInt8(ascii: "\\"), UInt8(ascii: "n")]
-            case UInt8(ascii: "\r"): out += [UInt8(ascii: "\\"), UInt8(ascii: "r")]
-            case UInt8(ascii: "\t"): out += [UInt8(ascii: "\\"), UInt8(ascii: "t")]
-            case 0..<0x20: out += Array("\\u00".utf8) + [hex[Int(byte >> 4)], hex[Int(byte & 0xF)]]
-            default: out.append(byte)
-            }
-        }
+        out += JSONText.escape(text).utf8
         out.append(UInt8(ascii: "\""))
     }
 
