@@ -83,7 +83,7 @@ let package = Package(
         ),
         .target(
             name: "AlpacaWire",
-            dependencies: ["PolygonWire"],
+            dependencies: ["PolygonWire", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: hotPath
         ),
         .target(
@@ -109,7 +109,7 @@ let package = Package(
         .target(
             name: "RelayServer",
             dependencies: [
-                "PolygonWire", "MarketDataHub", "AsyncSupport", "Dashboard",
+                "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport", "Dashboard",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
@@ -307,7 +307,7 @@ let package = Package(
             name: "IntegrationTests",
             dependencies: [
                 "RelayComposition", "RelayConfiguration", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio",
-                "RelayBench", "Cluster",
+                "RelayBench", "Cluster", "AlpacaWire",
                 "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),

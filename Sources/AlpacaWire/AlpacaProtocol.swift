@@ -127,7 +127,15 @@ public enum AlpacaError: Int, Sendable, Error {
     }
 
     /// `{"T":"error","code":N,"msg":"…"}`.
-    public var message: MessagePack.Value { .map([.init(.string("T"), .string("error")), .init(.string("code"), .int(Int64(rawValue))), .init(.string("msg"), .string(text))]) }
+    public var message: MessagePack.Value { message(detail: nil) }
+
+    /// The error with a detail after Alpaca's text (`"symbol limit exceeded: …"`).
+    public func message(detail: String?) -> MessagePack.Value {
+        .map([
+            .init(.string("T"), .string("error")), .init(.string("code"), .int(Int64(rawValue))),
+            .init(.string("msg"), .string(detail.map { "\(text): \($0)" } ?? text)),
+        ])
+    }
 }
 
 /// Alpaca's control messages.

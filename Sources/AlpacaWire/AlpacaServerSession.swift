@@ -76,12 +76,7 @@ public struct AlpacaServerSession: Sendable {
     }
 
     private func error(_ code: AlpacaError, _ detail: String? = nil) -> Reaction {
-        var message = code.message
-        if let detail, case .map(var entries) = message {
-            entries[2] = .init(.string("msg"), .string("\(code.text): \(detail)"))
-            message = .map(entries)
-        }
-        return Reaction(frames: [codec.frame([message])])
+        Reaction(frames: [codec.frame([code.message(detail: detail)])])
     }
 
     private mutating func change(_ message: MessagePack.Value, subscribe: Bool) -> Reaction {

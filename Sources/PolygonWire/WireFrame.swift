@@ -10,9 +10,9 @@ public enum WireFrame {
         length < 126 ? 2 : length <= Int(UInt16.max) ? 4 : 10
     }
 
-    /// Writes the header of a final text frame of `length` payload bytes.
-    public static func writeHeader(payload length: Int, into buffer: inout ByteBuffer) {
-        buffer.writeInteger(UInt8(0x81))  // FIN, text
+    /// Writes the header of a final text (or binary) frame of `length` payload bytes.
+    public static func writeHeader(payload length: Int, binary: Bool = false, into buffer: inout ByteBuffer) {
+        buffer.writeInteger(UInt8(binary ? 0x82 : 0x81))  // FIN, text or binary
         if length < 126 {
             buffer.writeInteger(UInt8(length))
         } else if length <= Int(UInt16.max) {
@@ -26,8 +26,13 @@ public enum WireFrame {
 
     /// `payload` as one whole text frame (a copy with the header in front).
     public static func text(_ payload: ByteBuffer, allocator: ByteBufferAllocator = ByteBufferAllocator()) -> ByteBuffer {
+        whole(payload, binary: false, allocator: allocator)
+    }
+
+    /// `payload` as one whole text or binary frame.
+    public static func whole(_ payload: ByteBuffer, binary: Bool, allocator: ByteBufferAllocator = ByteBufferAllocator()) -> ByteBuffer {
         var frame = allocator.buffer(capacity: headerLength(payload: payload.readableBytes) + payload.readableBytes)
-        writeHeader(payload: payload.readableBytes, into: &frame)
+        writeHeader(payload: payload.readableBytes, binary: binary, into: &frame)
         frame.writeImmutableBuffer(payload)
         return frame
     }

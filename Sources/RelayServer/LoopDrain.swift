@@ -1,3 +1,4 @@
+import AlpacaWire
 import MarketDataHub
 import NIOCore
 import NIOWebSocket
@@ -120,7 +121,16 @@ actor LoopDrain {
         }
         var write: Write
         let oldest: UInt64
-        if payload <= FrameEncoder.maxFrameBytes {
+        if let codec = client.alpacaCodec {
+            // Alpaca's protocol: its codec's frames (MessagePack: the events' own bytes under an array header).
+            var events: [MarketEvent] = []
+            for index in deliveries.indices { deliveries[index].append(to: &events) }
+            oldest = events.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
+            let binary = codec == .messagePack
+            let frames = AlpacaDelivery.payloads(events, codec: codec).map { WireFrame.whole($0, binary: binary) }
+            guard let first = frames.first else { return nil }
+            write = Write(handler: client.handler, frame: first, more: Array(frames.dropFirst()))
+        } else if payload <= FrameEncoder.maxFrameBytes {
             let built = WireFrameBuilder.build(payload: payload) { builder in
                 for index in deliveries.indices { deliveries[index].write(into: &builder) }
             }
@@ -180,12 +190,18 @@ final class ClientFeed: Sendable {
     private let isFinished = Atomic<Bool>(false)
     /// A tagged session: each write notes the newest market sequence it carried.
     let tracksPositions = Atomic<Bool>(false)
+    /// Alpaca's protocol in this codec; `nil`: Polygon's.
+    let alpacaCodec: AlpacaCodec?
 
-    init(subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability, drain: LoopDrain) {
+    init(
+        subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability, drain: LoopDrain,
+        alpacaCodec: AlpacaCodec? = nil
+    ) {
         self.subscription = subscription
         self.handler = handler
         self.writability = writability
         self.drain = drain
+        self.alpacaCodec = alpacaCodec
     }
 
     /// Something was queued for the client, its connection can take more again, or it closed. Quick,

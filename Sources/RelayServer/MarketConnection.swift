@@ -61,7 +61,7 @@ actor MarketConnection {
     private let loop: any EventLoop
     private let handler: NIOLoopBound<WebSocketConnectionHandler>
     private let dependencies: Dependencies
-    private var session: ServerSession
+    private var session: any DownstreamSession
     private var admitted: ClientGrant?
     private var subscription: HubSubscription?
     private var authTimeout: Scheduled<Void>?
@@ -79,14 +79,13 @@ actor MarketConnection {
     /// The session is still open on an older connection (closed now): its first subscribe waits for it.
     private var takingOver = false
 
-    init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, dependencies: Dependencies) {
+    /// - Parameter session: the vendor's conversation (Polygon's or Alpaca's), not yet authenticated.
+    init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, session: any DownstreamSession, dependencies: Dependencies) {
         self.loop = loop
         self.unownedExecutor = loop.executor.asUnownedSerialExecutor()
         self.handler = handler
         self.dependencies = dependencies
-        let authentication = dependencies.configuration.authentication
-        session = ServerSession(
-            limits: dependencies.limits, budget: dependencies.topicBudget, grants: { authentication.grant(for: $0) })
+        self.session = session
     }
 
     /// The handler's callbacks into this connection. Called on the loop, so they enter the actor's
@@ -104,7 +103,7 @@ actor MarketConnection {
     }
 
     private func opened() {
-        handler.value.write(StatusMessage.connected.frame)
+        handler.value.write(session.connectedFrame, binary: session.isBinary)
         let timeout = dependencies.configuration.authTimeout
         authTimeout = loop.scheduleTask(in: TimeAmount(timeout)) {
             self.assumeIsolated { $0.authenticationTimedOut() }
@@ -114,7 +113,7 @@ actor MarketConnection {
 
     private func authenticationTimedOut() {
         guard !session.isAuthenticated, !ended else { return }
-        handler.value.refuse(StatusMessage.authTimeout, reason: "no authentication")
+        handler.value.refuse(session.authTimeoutFrame, binary: session.isBinary, reason: "no authentication")
     }
 
     private func received(_ message: ByteBuffer) {
@@ -123,8 +122,8 @@ actor MarketConnection {
             stopReading()
             dependencies.logger.info("downstream client refused: its address has too many failed authentications waiting")
             handler.value.refuse(
-                .error("too many failed authentications from this address are being answered; try again in a few seconds"),
-                reason: "authentication failures")
+                session.refusalFrame("too many failed authentications from this address are being answered; try again in a few seconds"),
+                binary: session.isBinary, reason: "authentication failures")
             return
         }
         let wasAuthenticated = session.isAuthenticated
@@ -136,11 +135,7 @@ actor MarketConnection {
             // A key's connection limit, answered as Polygon answers one: the status, then 1008.
             guard dependencies.keyConnections.admit(grant) else {
                 dependencies.logger.info("downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
-                handler.value.refuse(
-                    StatusMessage(
-                        status: StatusMessage.Kind.maxConnections,
-                        message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0))."),
-                    reason: "max connections")
+                handler.value.refuse(session.connectionLimitFrame(grant), binary: session.isBinary, reason: "max connections")
                 return
             }
             admitted = grant
@@ -176,7 +171,7 @@ actor MarketConnection {
             stopReading()
             dependencies.logger.info("downstream client refused: its key may not use this market")
             let handler = self.handler.value
-            for frame in reaction.frames { handler.write(frame, flush: false) }
+            for frame in reaction.frames { handler.write(frame, binary: session.isBinary, flush: false) }
             handler.flush()
             handler.close(code: .policyViolation, reason: "market not allowed")
             return
@@ -189,10 +184,11 @@ actor MarketConnection {
             dependencies.logger.info(
                 "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])
             let frames = reaction.frames
+            let binary = session.isBinary
             let refuse: @Sendable () -> Void = {
                 self.assumeIsolated { connection in
                     let handler = connection.handler.value
-                    for frame in frames { handler.write(frame, flush: false) }
+                    for frame in frames { handler.write(frame, binary: binary, flush: false) }
                     handler.flush()
                     handler.close(code: .policyViolation, reason: "authentication failed")
                 }
@@ -209,7 +205,7 @@ actor MarketConnection {
             return
         }
         let handler = self.handler.value
-        for frame in reaction.frames { handler.write(frame, flush: false) }
+        for frame in reaction.frames { handler.write(frame, binary: session.isBinary, flush: false) }
         handler.flush()
         if let interval = reaction.conflate {
             let grantInterval: Duration? = if case .interval(let interval) = admitted?.conflation { interval } else { nil }
@@ -270,7 +266,8 @@ actor MarketConnection {
                 let joined = await hub.subscribe(whenQueued: { target.kick() })
                 subscription = joined
                 let writability = handler.value.writability
-                let feed = ClientFeed(subscription: joined, handler: handler, writability: writability, drain: dependencies.drain)
+                let feed = ClientFeed(
+                    subscription: joined, handler: handler, writability: writability, drain: dependencies.drain, alpacaCodec: session.alpacaCodec)
                 self.feed = feed
                 if handler.value.acknowledgedPosition != nil { feed.tracksPositions.store(true, ordering: .relaxed) }
                 target.set(feed)

@@ -1,3 +1,4 @@
+import AlpacaWire
 import HTTPTypes
 import HummingbirdCore
 import Logging
@@ -43,7 +44,8 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
     /// An accepted upgrade: the market feed at an index of the server's markets, or the push stream at
     /// an index of the server's list (with the key that asked, when keys are required).
     enum Accepted: Sendable {
-        case market(Int)
+        /// A market, and the codec its upgrade asked for (Alpaca's clients: `Content-Type`).
+        case market(Int, AlpacaCodec)
         case push(Int, ClientKey?)
 
         var isMarket: Bool {

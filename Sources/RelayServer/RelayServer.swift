@@ -1,3 +1,4 @@
+import AlpacaWire
 import AsyncSupport
 import Dashboard
 import Foundation
@@ -139,8 +140,9 @@ public final class RelayServer: Service, Sendable {
 
     /// The WebSocket side of the port: which upgrades are accepted, and the handlers that then run them.
     private func webSocketRoutes() -> RelayChildChannel.Routes {
-        let paths = Dictionary(markets.enumerated().map { ("/\($0.element.market)", $0.offset) }, uniquingKeysWith: { first, _ in first })
-        let served = markets.map { "/\($0.market)" }.joined(separator: ", ")
+        let paths = Dictionary(
+            markets.enumerated().flatMap { index, route in route.served.paths.map { ($0, index) } }, uniquingKeysWith: { first, _ in first })
+        let served = markets.flatMap(\.served.paths).joined(separator: ", ")
         let pushStreams = self.pushStreams
         let authentication = configuration.authentication
         return RelayChildChannel.Routes(
@@ -148,7 +150,7 @@ public final class RelayServer: Service, Sendable {
             keepAliveTimeout: TimeAmount(configuration.connectionLimits.keepAliveTimeout), logger: logger,
             decide: { head, _ in
                 let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
-                if let index = paths[path] { return .accept(.market(index)) }
+                if let index = paths[path] { return .accept(.market(index, AlpacaCodec(contentType: head.headers.first(name: "content-type")))) }
                 guard let index = pushStreams.firstIndex(where: { $0.path == path }) else {
                     if let market = Market(rawValue: String(path.dropFirst())) {
                         return .refuse(.notFound, "the \(market) market is not configured on this relay (it serves \(served))")
@@ -207,10 +209,22 @@ public final class RelayServer: Service, Sendable {
         }()
         if let refusal {
             logger.info("downstream connection refused: \(refusal.message)", metadata: ["address": "\(address)"])
+            // In the market's own protocol: Polygon's connected and the status, or Alpaca's connected and 406.
+            var alpaca: AlpacaCodec?
+            if case .market(let index, let codec) = accepted, markets.indices.contains(index), case .alpaca = markets[index].served.wire {
+                alpaca = codec
+            }
             let isMarket = accepted.isMarket
             handler.attach(
                 WebSocketConversation(
                     opened: { [unowned handler] in
+                        if let alpaca {
+                            let binary = alpaca == .messagePack
+                            handler.write(ByteBuffer(bytes: alpaca.frame([AlpacaControl.connected])), binary: binary, flush: false)
+                            let error = AlpacaError.connectionLimitExceeded.message(detail: refusal.message)
+                            handler.refuse(ByteBuffer(bytes: alpaca.frame([error])), binary: binary, reason: "connection limit")
+                            return
+                        }
                         if isMarket { handler.write(StatusMessage.connected.frame, flush: false) }
                         handler.refuse(refusal, reason: "connection limit")
                     },
@@ -223,10 +237,18 @@ public final class RelayServer: Service, Sendable {
             if let grant { keyConnections.release(grant) }
         }
         switch accepted {
-        case .market(let index):
+        case .market(let index, let codec):
             let route = markets[index]
+            let authentication = configuration.authentication
+            let session: any DownstreamSession =
+                switch route.served.wire {
+                case .polygon: ServerSession(limits: route.limits, budget: route.ledger.budget, grants: { authentication.grant(for: $0) })
+                case .alpaca(let feed):
+                    AlpacaServerSession(
+                        codec: codec, feed: feed, limits: configuration.limits, budget: route.ledger.budget, grants: { authentication.grant(for: $0) })
+                }
             let connection = MarketConnection(
-                handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop,
+                handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: .init(
                     hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, keyConnections: keyConnections,
                     drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: route.ledger.budget,

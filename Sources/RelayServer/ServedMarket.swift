@@ -1,3 +1,4 @@
+import AlpacaWire
 import MarketDataHub
 import Metrics
 import PolygonWire
@@ -8,12 +9,30 @@ package struct ServedMarket: Sendable {
     package let market: Market
     package let hub: MarketDataHub
     package let feed: any FeedStatus
+    /// The protocol its clients speak.
+    package let wire: ServedWire
 
-    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus) {
+    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus, wire: ServedWire = .polygon) {
         self.market = market
         self.hub = hub
         self.feed = feed
+        self.wire = wire
     }
+
+    /// The paths its WebSocket is served at.
+    var paths: [String] {
+        switch wire {
+        case .polygon: ["/\(market)"]
+        case .alpaca(let feed): feed.isCrypto ? [feed.path, "/v1beta2/crypto"] : [feed.path]
+        }
+    }
+}
+
+/// The protocol a served market speaks downstream: Polygon's at `/<market>`, or Alpaca's at the feed's
+/// own path (`/v2/iex`, `/v1beta3/crypto/us`). Value type, `Sendable`.
+package enum ServedWire: Sendable, Equatable {
+    case polygon
+    case alpaca(AlpacaFeed)
 }
 
 /// What the server keeps per market: the served market, its topic ledger (with the market's ticker cap)

@@ -279,9 +279,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     // MARK: writing (on the event loop)
 
     /// Writes one text frame; `flush` to send it now. A client then past the outbound limit is closed.
-    func write(_ payload: ByteBuffer, flush: Bool = true, checked: Bool = true) {
+    func write(_ payload: ByteBuffer, binary: Bool = false, flush: Bool = true, checked: Bool = true) {
         guard let context, !isClosing else { return }
-        context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
+        context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: binary ? .binary : .text, data: payload)), promise: nil)
         if flush { context.flush() }
         if checked { checkOutbound() }
     }
@@ -327,7 +327,12 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     /// Refuses the client the way Polygon does: the status that says why, then close 1008.
     func refuse(_ status: StatusMessage, reason: String) {
-        write(status.frame)
+        refuse(status.frame, binary: false, reason: reason)
+    }
+
+    /// Sends a frame of the connection's protocol, then closes (1008).
+    func refuse(_ frame: ByteBuffer, binary: Bool, reason: String) {
+        write(frame, binary: binary)
         close(code: .policyViolation, reason: reason)
     }
 

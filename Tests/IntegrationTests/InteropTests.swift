@@ -31,10 +31,10 @@ func runPythonClient(_ arguments: [String], timeout: Duration = .seconds(40)) as
 }
 
 /// Runs a Python script; returns its exit status and output. Bounded by `timeout`.
-func runPython(_ script: String, _ arguments: [String], timeout: Duration) async throws -> (status: Int32, output: String) {
+func runPython(_ script: String, _ arguments: [String], timeout: Duration, python: String = "python3") async throws -> (status: Int32, output: String) {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = ["python3", script] + arguments
+    process.arguments = [python, script] + arguments
     let pipe = Pipe()
     process.standardOutput = pipe
     process.standardError = pipe

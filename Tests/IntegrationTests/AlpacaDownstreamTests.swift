@@ -1,0 +1,114 @@
+import AlpacaWire
+import Foundation
+import MarketDataHub
+import PolygonWire
+import RelayServer
+import Testing
+
+/// The Python with Alpaca's SDKs (`.build/alpaca-venv`, made by scripts/test; or `RELAY_ALPACA_PYTHON`).
+let alpacaPython: String? = {
+    if let given = ProcessInfo.processInfo.environment["RELAY_ALPACA_PYTHON"] { return given }
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    let venv = root.appendingPathComponent(".build/alpaca-venv/bin/python3").path
+    return FileManager.default.isExecutableFile(atPath: venv) ? venv : nil
+}()
+
+/// Whether the Alpaca interop tests run: the SDKs are there, or the run demands them (scripts/test).
+let alpacaSDKsAvailable = alpacaPython != nil || ProcessInfo.processInfo.environment["RELAY_REQUIRE_INTEROP"] == "1"
+
+/// A feed that is always up: the test publishes into the hub itself.
+struct TestFeed: FeedStatus {
+    func report() async -> FeedReport { FeedReport(healthy: true, upstream: UpstreamReport(state: "authenticated", url: "test")) }
+}
+
+/// Alpaca's protocol served downstream, over real sockets, to Alpaca's official SDKs unmodified: the
+/// relay's server with an Alpaca stock feed and crypto feed, each hub fed Alpaca events by the test.
+@Suite("Alpaca downstream: Alpaca's SDKs against the relay", .serialized, .enabled(if: alpacaSDKsAvailable, "scripts/test installs Alpaca's SDKs"))
+struct AlpacaDownstreamTests {
+    static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Interop/alpaca_sdk_client.py").path
+
+    /// Runs `body` with a relay serving `/v2/iex` and `/v1beta3/crypto/us`, its hubs fed every 20 ms.
+    func withAlpacaRelay(_ body: (Int) async throws -> Void) async throws {
+        let stocks = MarketDataHub(history: nil)
+        let crypto = MarketDataHub(history: nil)
+        var configuration = RelayServerConfiguration(
+            host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
+        configuration.authTimeout = .seconds(5)
+        let server = RelayServer(
+            configuration: configuration,
+            markets: [
+                ServedMarket(market: .stocks, hub: stocks, feed: TestFeed(), wire: .alpaca(.iex)),
+                ServedMarket(market: .crypto, hub: crypto, feed: TestFeed(), wire: .alpaca(.crypto)),
+            ], logger: testLogger)
+        let publisher = Task {
+            var id: Int64 = 0
+            while !Task.isCancelled {
+                id += 1
+                let now = Int64(Date().timeIntervalSince1970 * 1e9)
+                var events: [MarketEvent] = []
+                for (index, symbol) in ["AAPL", "MSFT"].enumerated() {
+                    let price = 100 + Double(index) * 50 + Double(id % 100) / 100
+                    events.append(AlpacaEvents.trade(symbol, id: id, price: price, size: 100, nanoseconds: now))
+                    events.append(AlpacaEvents.quote(symbol, bid: price - 0.01, ask: price + 0.01, size: 2, nanoseconds: now))
+                    if id % 5 == 0 {
+                        events.append(
+                            AlpacaEvents.bar(symbol, open: price, high: price + 1, low: price - 1, close: price, volume: 1000, trades: 10, startNanoseconds: now))
+                    }
+                }
+                await stocks.publish(events)
+                var coins = [
+                    AlpacaEvents.trade("BTC/USD", id: id, price: 60_000 + Double(id), size: 0.25, nanoseconds: now, crypto: true),
+                    AlpacaEvents.quote("BTC/USD", bid: 59_999, ask: 60_001, size: 0.5, nanoseconds: now, crypto: true),
+                ]
+                if id % 5 == 0 {
+                    coins.append(
+                        AlpacaEvents.bar("BTC/USD", open: 60_000, high: 60_010, low: 59_990, close: 60_005, volume: 1.5, trades: 3, startNanoseconds: now))
+                }
+                await crypto.publish(coins)
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+        }
+        defer { publisher.cancel() }
+        try await withServices([server]) {
+            try await body(try await server.listeningPort())
+        }
+    }
+
+    func run(_ arguments: [String]) async throws -> [String: Any] {
+        let python = try #require(alpacaPython, "python3 -m venv .build/alpaca-venv && .build/alpaca-venv/bin/pip install -r Tests/Interop/alpaca-requirements.txt")
+        let result = try await runPython(Self.script, arguments, timeout: .seconds(60), python: python)
+        #expect(result.status == 0, "\(result.output.suffix(3000))")
+        let line = result.output.split(separator: "\n").last { $0.hasPrefix("{") }.map(String.init) ?? "{}"
+        return (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? [:]
+    }
+
+    static func kinds(_ result: [String: Any]) -> [String: [[String: Any]]] {
+        (result["got"] as? [String: [[String: Any]]]) ?? [:]
+    }
+
+    @Test func alpacaPysStreamsTakeTradesQuotesAndBarsAsTheirModels() async throws {
+        try await withAlpacaRelay { port in
+            let stocks = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)", "--symbols", "AAPL"]))
+            #expect(stocks["trades"]?.first?["type"] as? String == "alpaca.data.models.trades.Trade", "\(stocks)")
+            #expect(stocks["quotes"]?.first?["type"] as? String == "alpaca.data.models.quotes.Quote", "\(stocks)")
+            #expect(stocks["bars"]?.first?["type"] as? String == "alpaca.data.models.bars.Bar", "\(stocks)")
+            #expect(stocks.values.joined().allSatisfy { $0["symbol"] as? String == "AAPL" }, "only what it asked for")
+            let crypto = Self.kinds(try await run(["--sdk", "alpaca-py", "--crypto", "--port", "\(port)", "--symbols", "BTC/USD"]))
+            #expect(crypto["trades"]?.first?["type"] as? String == "alpaca.data.models.trades.Trade", "\(crypto)")
+            #expect((crypto["trades"]?.first?["price"] as? Double ?? 0) > 60_000)
+            let raw = Self.kinds(try await run(["--sdk", "alpaca-py", "--raw", "--port", "\(port)", "--symbols", "MSFT"]))
+            #expect(raw["trades"]?.first?["type"] as? String == "dict" && raw["trades"]?.first?["symbol"] as? String == "MSFT", "\(raw)")
+        }
+    }
+
+    @Test func alpacaTradeAPIsStreamTakesThemToo() async throws {
+        try await withAlpacaRelay { port in
+            let stocks = Self.kinds(try await run(["--sdk", "alpaca-trade-api", "--port", "\(port)", "--symbols", "AAPL"]))
+            #expect(stocks["trades"]?.first?["type"] as? String == "alpaca_trade_api.entity.Trade", "\(stocks)")
+            #expect(stocks["trades"]?.first?["symbol"] as? String == "AAPL", "\(stocks)")
+            let crypto = Self.kinds(try await run(["--sdk", "alpaca-trade-api", "--crypto", "--port", "\(port)", "--symbols", "BTC/USD"]))
+            #expect((crypto["trades"]?.count ?? 0) >= 3, "\(crypto)")
+        }
+    }
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Alpaca's official SDKs, unmodified, against the relay: each stream subscribes, takes a few events into
+its own model objects (or raw dicts), and the script prints one JSON line of what it got.
+
+  --sdk alpaca-py | alpaca-trade-api    --crypto    --raw    --key KEY    --port PORT
+"""
+import argparse
+import json
+import sys
+import threading
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--sdk", required=True, choices=["alpaca-py", "alpaca-trade-api"])
+parser.add_argument("--port", type=int, required=True)
+parser.add_argument("--key", default="client-key")
+parser.add_argument("--crypto", action="store_true")
+parser.add_argument("--raw", action="store_true")
+parser.add_argument("--symbols", default="AAPL")
+parser.add_argument("--want", type=int, default=3, help="events of each kind before stopping")
+parser.add_argument("--seconds", type=float, default=20)
+args = parser.parse_args()
+symbols = args.symbols.split(",")
+
+got = {"trades": [], "quotes": [], "bars": []}
+done = threading.Event()
+
+
+def describe(kind, event):
+    if isinstance(event, dict):
+        return {"kind": kind, "type": "dict", "symbol": event.get("S"), "t": str(event.get("t")), "fields": sorted(event.keys())}
+    raw = getattr(event, "_raw", None)
+    symbol = getattr(event, "symbol", None) or (raw or {}).get("symbol")
+    timestamp = getattr(event, "timestamp", None)
+    price = getattr(event, "price", None)
+    if price is None:
+        price = getattr(event, "close", None) or getattr(event, "bid_price", None)
+    return {
+        "kind": kind, "type": f"{type(event).__module__}.{type(event).__name__}", "symbol": symbol,
+        "timestamp": timestamp.isoformat() if hasattr(timestamp, "isoformat") else str(timestamp), "price": price,
+    }
+
+
+def handler(kind, stop):
+    async def handle(event):
+        got[kind].append(describe(kind, event))
+        if all(len(events) >= args.want for events in got.values()):
+            done.set()
+            await stop()
+    return handle
+
+
+if args.sdk == "alpaca-py":
+    from alpaca.data.live import CryptoDataStream, StockDataStream
+
+    path = "/v1beta3/crypto/us" if args.crypto else "/v2/iex"
+    cls = CryptoDataStream if args.crypto else StockDataStream
+    stream = cls(args.key, "relay-secret", raw_data=args.raw, url_override=f"ws://127.0.0.1:{args.port}{path}")
+    stream.subscribe_trades(handler("trades", stream.stop_ws), *symbols)
+    stream.subscribe_quotes(handler("quotes", stream.stop_ws), *symbols)
+    stream.subscribe_bars(handler("bars", stream.stop_ws), *symbols)
+else:
+    from alpaca_trade_api.stream import Stream
+
+    stream = Stream(args.key, "relay-secret", data_stream_url=f"http://127.0.0.1:{args.port}", data_feed="iex", raw_data=args.raw)
+    if args.crypto:
+        stream.subscribe_crypto_trades(handler("trades", stream.stop_ws), *symbols)
+        stream.subscribe_crypto_quotes(handler("quotes", stream.stop_ws), *symbols)
+        stream.subscribe_crypto_bars(handler("bars", stream.stop_ws), *symbols)
+    else:
+        stream.subscribe_trades(handler("trades", stream.stop_ws), *symbols)
+        stream.subscribe_quotes(handler("quotes", stream.stop_ws), *symbols)
+        stream.subscribe_bars(handler("bars", stream.stop_ws), *symbols)
+
+timer = threading.Timer(args.seconds, stream.stop)
+timer.start()
+try:
+    stream.run()
+finally:
+    timer.cancel()
+print(json.dumps({"complete": done.is_set(), "got": got}))
+sys.exit(0 if done.is_set() else 1)
