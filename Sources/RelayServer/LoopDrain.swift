@@ -158,6 +158,13 @@ actor LoopDrain {
     private func finished(_ client: ClientFeed) -> Write? {
         client.finish()
         guard client.subscription.wasEvicted, !client.writability.isClosed else { return nil }
+        if let codec = client.alpacaCodec {
+            // Alpaca's own word for it: 407 slow client.
+            let error = AlpacaError.slowClient.message(detail: "this connection's buffer of \(MarketDataHub.bufferLimit) events was full")
+            return Write(
+                handler: client.handler, frame: WireFrame.whole(ByteBuffer(bytes: codec.frame([error])), binary: codec == .messagePack),
+                close: (MarketConnection.tooSlowCloseCode, "too slow"))
+        }
         let notice = StatusMessage(
             status: StatusMessage.Kind.lagging,
             message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full")

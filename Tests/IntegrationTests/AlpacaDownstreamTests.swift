@@ -30,6 +30,11 @@ struct AlpacaDownstreamTests {
 
     /// Runs `body` with a relay serving `/v2/iex` and `/v1beta3/crypto/us`, its hubs fed every 20 ms.
     func withAlpacaRelay(_ body: (Int) async throws -> Void) async throws {
+        try await withAlpacaRelay { port, _ in try await body(port) }
+    }
+
+    /// The same, with the stock feed's hub.
+    func withAlpacaRelay(_ body: (Int, MarketDataHub) async throws -> Void) async throws {
         let stocks = MarketDataHub(history: nil)
         let crypto = MarketDataHub(history: nil)
         var configuration = RelayServerConfiguration(
@@ -71,7 +76,7 @@ struct AlpacaDownstreamTests {
         }
         defer { publisher.cancel() }
         try await withServices([server]) {
-            try await body(try await server.listeningPort())
+            try await body(try await server.listeningPort(), stocks)
         }
     }
 
@@ -109,6 +114,71 @@ struct AlpacaDownstreamTests {
             #expect(stocks["trades"]?.first?["symbol"] as? String == "AAPL", "\(stocks)")
             let crypto = Self.kinds(try await run(["--sdk", "alpaca-trade-api", "--crypto", "--port", "\(port)", "--symbols", "BTC/USD"]))
             #expect((crypto["trades"]?.count ?? 0) >= 3, "\(crypto)")
+        }
+    }
+
+    @Test func aPlainWebSocketClientSpeaksAlpacasJSONAndGetsTheRelaysNoticesAsTheirOwnType() async throws {
+        try await withAlpacaRelay { port, hub in
+            let client = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            #expect(try await client.nextFrame() == #"[{"T":"success","msg":"connected"}]"#)
+            client.send(#"{"action":"auth","key":"client-key","secret":"any"}"#)
+            #expect(try await client.nextFrame() == #"[{"T":"success","msg":"authenticated"}]"#)
+            client.send(#"{"action":"subscribe","trades":["AAPL"]}"#)
+            let subscription = try await client.nextFrame()
+            #expect(subscription.hasPrefix(#"[{"T":"subscription","trades":["AAPL"],"quotes":[],"bars":[]"#), "\(subscription)")
+            let trades = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
+            let trade = try #require(trades.first)
+            #expect(trade["T"] as? String == "t" && trade["S"] as? String == "AAPL" && trade["p"] is Double)
+            let time = try #require(trade["t"] as? String)
+            #expect(time.hasSuffix("Z") && time.count >= 20, "an RFC 3339 time: \(time)")
+            await hub.upstreamLost(reason: "a test")
+            var notice: [String: Any]?
+            for _ in 0..<50 where notice == nil {
+                let frame = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
+                if let relay = frame.first(where: { $0["T"] as? String == "relay" }) {
+                    #expect(frame.count == 1, "alone in its frame")
+                    notice = relay
+                }
+            }
+            #expect(notice?["status"] as? String == StatusMessage.Kind.upstreamDisconnected, "\(String(describing: notice))")
+            #expect((notice?["msg"] as? String)?.contains("a test") == true)
+            client.send(#"{"action":"subscribe","orderbooks":["AAPL"]}"#)
+            var refused = ""
+            repeat { refused = try await client.nextFrame() } while !refused.contains(#""T":"error""#)
+            #expect(refused == #"[{"T":"error","code":410,"msg":"invalid subscribe action for this feed"}]"#)
+            await client.close()
+        }
+    }
+
+    @Test func anOutageNoticeGoesPastTheSDKsWithoutAWord() async throws {
+        try await withAlpacaRelay { port, hub in
+            let outage = Task {
+                try? await Task.sleep(for: .milliseconds(800))
+                await hub.upstreamLost(reason: "a test")
+            }
+            defer { outage.cancel() }
+            let python = try #require(alpacaPython)
+            let result = try await runPython(Self.script, ["--sdk", "alpaca-py", "--port", "\(port)", "--want", "25"], timeout: .seconds(60), python: python)
+            #expect(result.status == 0, "events went on after the notice: \(result.output.suffix(2000))")
+            #expect(!result.output.contains("ERROR") && !result.output.contains("Traceback"), "\(result.output.suffix(2000))")
+        }
+    }
+
+    @Test func aWrongKeyFailsTheSDKsAuthAndItsRetriesDoNotLockTheAddressOut() async throws {
+        try await withAlpacaRelay { port in
+            let python = try #require(alpacaPython)
+            let refused = try await runPython(
+                Self.script, ["--sdk", "alpaca-py", "--port", "\(port)", "--key", "wrong", "--seconds", "3"], timeout: .seconds(30), python: python)
+            #expect(refused.status != 0)
+            #expect(refused.output.contains("auth failed"), "\(refused.output.suffix(2000))")
+            // alpaca-trade-api retries every 10 ms without closing its sockets.
+            let storm = try await runPython(
+                Self.script, ["--sdk", "alpaca-trade-api", "--port", "\(port)", "--key", "wrong", "--seconds", "3"], timeout: .seconds(30),
+                python: python)
+            #expect(storm.status != 0 && storm.output.contains("auth failed"), "\(storm.output.suffix(2000))")
+            // The address is not locked out: the right key is served at once afterwards.
+            let served = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)"]))
+            #expect((served["trades"]?.count ?? 0) >= 3)
         }
     }
 }
