@@ -89,7 +89,7 @@ let package = Package(
         .target(
             name: "Upstream",
             dependencies: [
-                "CLibWebSockets", "PolygonWire", "MarketDataHub", "AsyncSupport",
+                "CLibWebSockets", "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),

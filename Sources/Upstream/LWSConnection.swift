@@ -24,7 +24,7 @@ final class LWSConnection: Sendable {
         var wsi: LWSHandle?
         var closeRequested = false
         var exitLoop = false
-        var outbox: [String] = []
+        var outbox: [[UInt8]] = []
         /// The connection's logic (connect, auth, statuses, close causes, backoff); this type only
         /// moves its bytes and runs its timers.
         var machine: PolygonConnectionStateMachine
@@ -69,7 +69,10 @@ final class LWSConnection: Sendable {
     ) {
         self.configuration = configuration
         self.logger = logger
-        self.shared = Mutex(Shared(machine: PolygonConnectionStateMachine(apiKey: configuration.apiKey, timing: .init(configuration))))
+        self.shared = Mutex(
+            Shared(
+                machine: PolygonConnectionStateMachine(
+                    apiKey: configuration.apiKey, secret: configuration.secret, vendor: configuration.vendor, timing: .init(configuration))))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.inbox = inbox
         self.marketOfFrames = Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
@@ -328,6 +331,20 @@ final class LWSConnection: Sendable {
             connectionEnded(cause: .closed, reason: "connection closed")
         case LWS_CALLBACK_CLIENT_RECEIVE_PONG:
             shared.withLock { $0.machine.heard(now: .now) }
+        case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER:
+            // Alpaca's stream speaks MessagePack to a client that asks for it on the upgrade.
+            guard let header = shared.withLock({ $0.machine.session.upgradeHeader }), let input else { break }
+            let cursor = input.assumingMemoryBound(to: UnsafeMutablePointer<UInt8>?.self)
+            guard let start = cursor.pointee else { return -1 }
+            let end = start + length
+            let added = header.name.withCString { name in
+                header.value.withCString { value in
+                    lws_add_http_header_by_name(
+                        wsi, UnsafeRawPointer(name).assumingMemoryBound(to: UInt8.self), UnsafeRawPointer(value).assumingMemoryBound(to: UInt8.self),
+                        Int32(header.value.utf8.count), cursor, end)
+                }
+            }
+            if added != 0 { return -1 }
         default:
             break
         }
@@ -475,7 +492,7 @@ final class LWSConnection: Sendable {
     }
 
     private func write(wsi: OpaquePointer) -> Int32 {
-        enum Next { case close, send(String, more: Bool), nothing }
+        enum Next { case close, send([UInt8], more: Bool), nothing }
         let next: Next = shared.withLock { state in
             if state.closeRequested { return .close }
             guard !state.outbox.isEmpty else { return .nothing }
@@ -492,11 +509,12 @@ final class LWSConnection: Sendable {
             // lws needs LWS_PRE bytes of headroom before the payload.
             let pre = relay_lws_pre()
             var buffer = [UInt8](repeating: 0, count: pre)
-            buffer += message.utf8
+            buffer += message
             let count = buffer.count - pre
+            let binary = configuration.vendor == .alpaca
             let written = buffer.withUnsafeMutableBufferPointer { pointer -> Int32 in
                 guard let base = pointer.baseAddress else { return -1 }
-                return lws_write(wsi, base + pre, count, LWS_WRITE_TEXT)
+                return lws_write(wsi, base + pre, count, binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT)
             }
             if written < count {
                 logger.warning("upstream write failed; closing the connection")
@@ -541,16 +559,17 @@ final class LWSConnection: Sendable {
     }
 
     private func process(_ message: ByteBuffer, wsi: OpaquePointer) {
-        let parsed: ParsedFrame
+        let parsed: UpstreamReading
         do {
-            parsed = try FrameParser.parse(message, receivedAt: MonotonicClock.nanoseconds(), market: marketOfFrames)
+            parsed = try UpstreamConversation.read(
+                message, vendor: configuration.vendor, receivedAt: MonotonicClock.nanoseconds(), market: marketOfFrames)
         } catch {
             shared.withLock { $0.statistics.malformedMessages += 1 }
             metrics.malformed.increment()
             warnThrottled("malformed", "malformed upstream message dropped (\(message.readableBytes) bytes): \(error)")
             return
         }
-        for status in parsed.statuses { handle(status, wsi: wsi) }
+        for control in parsed.controls { handle(control, wsi: wsi) }
         guard !parsed.events.isEmpty else { return }
         let count = parsed.events.count
         shared.withLock { $0.statistics.eventsReceived += count }
@@ -575,9 +594,9 @@ final class LWSConnection: Sendable {
     }
 
     /// Carries out what the connection's logic says a status means.
-    private func handle(_ status: StatusMessage, wsi: OpaquePointer) {
+    private func handle(_ control: UpstreamControl, wsi: OpaquePointer) {
         let outcome = shared.withLock { state in
-            let outcome = state.machine.received(status, now: .now)
+            let outcome = state.machine.received(control, now: .now)
             state.outbox += outcome.send
             switch outcome.event {
             case .error(let message): state.statistics.lastError = message

@@ -39,7 +39,7 @@ struct PolygonConnectionStateMachine: Sendable {
     /// What the glue does after a status from the server.
     struct StatusOutcome: Equatable {
         /// Client messages to write, in order.
-        var send: [String] = []
+        var send: [[UInt8]] = []
         /// Close the connection after writing them.
         var close = false
         /// A new state to report.
@@ -71,8 +71,8 @@ struct PolygonConnectionStateMachine: Sendable {
     static let deadlineReason = "closed by this relay: the cluster lease it was given was not renewed in time"
 
     let timing: Timing
-    /// The Polygon conversation: auth, the wanted and subscribed topics.
-    private(set) var session: ClientSession
+    /// The vendor's conversation: auth, the wanted and subscribed topics.
+    private(set) var session: UpstreamConversation
     /// A connection attempt is under way (from ``nextConnect(now:)`` until ``ended(_:reason:now:)``).
     private(set) var connectInFlight = false
     private(set) var connectRequested = false
@@ -91,8 +91,10 @@ struct PolygonConnectionStateMachine: Sendable {
     private(set) var attempt = 0
     private var jitter: SplitMix
 
-    init(apiKey: String, timing: Timing, seed: UInt64 = UInt64.random(in: 0...UInt64.max)) {
-        session = ClientSession(apiKey: apiKey)
+    init(
+        apiKey: String, secret: String? = nil, vendor: UpstreamVendor = .polygon, timing: Timing, seed: UInt64 = UInt64.random(in: 0...UInt64.max)
+    ) {
+        session = UpstreamConversation(vendor: vendor, key: apiKey, secret: secret)
         self.timing = timing
         jitter = SplitMix(state: seed)
     }
@@ -141,10 +143,15 @@ struct PolygonConnectionStateMachine: Sendable {
 
     // MARK: the conversation
 
-    /// A status object from the server.
+    /// A status object from a Polygon server.
     mutating func received(_ status: StatusMessage, now: ContinuousClock.Instant) -> StatusOutcome {
-        let reaction = session.receive(status)
-        var outcome = StatusOutcome(send: reaction.send, close: reaction.close, event: reaction.event)
+        received(.polygon(status), now: now)
+    }
+
+    /// A control message from the server.
+    mutating func received(_ control: UpstreamControl, now: ContinuousClock.Instant) -> StatusOutcome {
+        let reaction = session.receive(control)
+        var outcome = StatusOutcome(send: reaction.send, close: Self.closes(reaction.event), event: reaction.event)
         switch reaction.event {
         case .authenticated:
             authenticatedSince = now
@@ -164,8 +171,16 @@ struct PolygonConnectionStateMachine: Sendable {
 
     /// The topics the server should send; returns the messages that move it there (sent only while
     /// authenticated; otherwise after the next `auth_success`).
-    mutating func setWanted(_ topics: Set<Topic>) -> [String] {
+    mutating func setWanted(_ topics: Set<Topic>) -> [[UInt8]] {
         session.setWanted(topics)
+    }
+
+    /// The server refused us: close (and back off).
+    static func closes(_ event: ClientSession.Event) -> Bool {
+        switch event {
+        case .authFailed, .maxConnections: true
+        default: false
+        }
     }
 
     // MARK: the deadline

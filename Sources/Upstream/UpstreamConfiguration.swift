@@ -42,6 +42,11 @@ public struct UpstreamConfiguration: Sendable {
     public var endpoint: Endpoint
     /// The upstream API key. Sent only in the upstream `auth` action; never logged, never sent downstream.
     public var apiKey: String
+    /// The account's secret where the vendor has one (Alpaca's `APCA_API_SECRET_KEY`); never logged,
+    /// never sent downstream.
+    public var secret: String?
+    /// Whose protocol the endpoint speaks.
+    public var vendor: UpstreamVendor = .polygon
     /// A PEM file of extra trusted CAs for `wss://` (the system trust store is always used).
     public var caFile: String?
     /// Messages larger than this are dropped, counted and logged. Polygon's frames are kilobytes; the

@@ -45,13 +45,13 @@ struct PolygonConnectionStateMachineTests {
         let v6 = machine.established(now: at(0))
         #expect(v6 == .authenticate(within: .seconds(15)))
         let connected = machine.received(.connected, now: at(0))
-        #expect(connected.send == [#"{"action":"auth","params":"key"}"#] && !connected.close && connected.state == nil)
+        #expect(connected.send == [Array(#"{"action":"auth","params":"key"}"#.utf8)] && !connected.close && connected.state == nil)
         let authenticated = machine.received(.authSuccess, now: at(0.2))
         #expect(authenticated.authenticated && authenticated.state == .authenticated)
-        #expect(authenticated.send == [#"{"action":"subscribe","params":"Q.AAPL"}"#])
+        #expect(authenticated.send == [Array(#"{"action":"subscribe","params":"Q.AAPL"}"#.utf8)])
         #expect(machine.session.subscribed.map(\.description) == ["Q.AAPL"])
         let v7 = machine.setWanted([])
-        #expect(v7 == [#"{"action":"unsubscribe","params":"Q.AAPL"}"#], "while authenticated, changes go out at once")
+        #expect(v7 == [Array(#"{"action":"unsubscribe","params":"Q.AAPL"}"#.utf8)], "while authenticated, changes go out at once")
     }
 
     @Test func authFailedClosesAndRetriesOnlyAfterTheLongDelay() {
