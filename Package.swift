@@ -128,7 +128,7 @@ let package = Package(
         .target(
             name: "DemoFeed",
             dependencies: [
-                "PolygonWire", "AsyncSupport",
+                "PolygonWire", "AlpacaWire", "AsyncSupport",
                 .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),

@@ -1,3 +1,4 @@
+import AlpacaWire
 import AsyncSupport
 import Hummingbird
 import HummingbirdCore
@@ -27,7 +28,7 @@ public final class DemoFeed: Service, Sendable {
     /// What clients did, for tests and diagnostics.
     public let monitor = DemoFeedMonitor()
     private let port = ReadySignal<Int>()
-    private let connections = Mutex<[Int: FeedConnection]>([:])
+    let connections = Mutex<[Int: FeedConnection]>([:])
     private let nextConnection = Mutex(1)
     private let tally = Mutex<Tally?>(nil)
     /// Markets whose new connections are reset until then (`drop?seconds=N`).
@@ -42,6 +43,8 @@ public final class DemoFeed: Service, Sendable {
 
     struct FeedConnection: Sendable {
         let market: Market
+        /// Alpaca's protocol in this codec; `nil`: Polygon's.
+        let alpaca: AlpacaCodec?
         var topics: Set<Topic> = []
         let outputs: AsyncStream<FeedOutput>.Continuation
 
@@ -69,7 +72,14 @@ public final class DemoFeed: Service, Sendable {
 
     /// A market's WebSocket URL.
     public func url(for market: Market) async throws -> String {
-        "\(configuration.tls == nil ? "ws" : "wss")://\(configuration.host):\(try await listeningPort())/\(market)"
+        "\(configuration.tls == nil ? "ws" : "wss")://\(configuration.host):\(try await listeningPort())\(Self.paths(of: market, alpaca: configuration.alpaca)[0])"
+    }
+
+    /// Where a market is served: `/<market>` in Polygon's protocol; Alpaca's paths in Alpaca's.
+    static func paths(of market: Market, alpaca: Bool) -> [String] {
+        guard alpaca else { return ["/\(market)"] }
+        return market == .crypto
+            ? ["/v1beta3/crypto/us", "/v1beta2/crypto"] : AlpacaFeed.allCases.filter { !$0.isCrypto }.map(\.path)
     }
 
     public func run() async throws {
@@ -99,9 +109,13 @@ public final class DemoFeed: Service, Sendable {
 
     private func makeApplication() throws -> some ApplicationProtocol {
         let webSocketRouter = Router(context: FeedRequestContext.self)
+        let alpaca = configuration.alpaca
         for market in configuration.servedMarkets {
-            webSocketRouter.ws("/\(market)") { inbound, outbound, context in
-                try await self.serve(inbound: inbound, outbound: outbound, channel: context.requestContext.channel, market: market)
+            for path in Self.paths(of: market, alpaca: alpaca) {
+                webSocketRouter.ws(RouterPath(path)) { inbound, outbound, context in
+                    let codec = alpaca ? AlpacaCodec(contentType: context.request.headers[.contentType]) : nil
+                    try await self.serve(inbound: inbound, outbound: outbound, channel: context.requestContext.channel, market: market, alpaca: codec)
+                }
             }
         }
         let router = Router()
@@ -143,7 +157,9 @@ public final class DemoFeed: Service, Sendable {
 
     // MARK: one client
 
-    private func serve(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, channel: any Channel, market: Market) async throws {
+    private func serve(
+        inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, channel: any Channel, market: Market, alpaca: AlpacaCodec?
+    ) async throws {
         if let until = refusals.withLock({ $0[market] }), ContinuousClock.now < until {
             try? await (channel as? any SocketOptionProvider)?.setSoLinger(linger(l_onoff: 1, l_linger: 0)).get()
             try? await channel.close()
@@ -154,7 +170,7 @@ public final class DemoFeed: Service, Sendable {
             return value
         }
         let (outputs, continuation) = AsyncStream.makeStream(of: FeedOutput.self, bufferingPolicy: .bufferingOldest(10_000))
-        connections.withLock { $0[id] = FeedConnection(market: market, outputs: continuation) }
+        connections.withLock { $0[id] = FeedConnection(market: market, alpaca: alpaca, outputs: continuation) }
         monitor.update { snapshot in
             snapshot.openConnections += 1
             snapshot.maxOpenConnections = max(snapshot.maxOpenConnections, snapshot.openConnections)
@@ -175,11 +191,21 @@ public final class DemoFeed: Service, Sendable {
                 }
             }
         }
-        try await send(StatusMessage.connected.frame, to: outbound)
+        if let alpaca {
+            try await send(ByteBuffer(bytes: alpaca.frame([AlpacaControl.connected])), to: outbound, binary: alpaca == .messagePack)
+        } else {
+            try await send(StatusMessage.connected.frame, to: outbound)
+        }
         // Reader and writer are tasks of their own so the `silence` fault can stop the reader (and with
         // it the pongs, which are answered while inbound is read) without ending the connection.
-        let reader = Task { try await self.read(inbound: inbound, outbound: outbound, connection: id, market: market) }
-        let writer = Task { try await self.write(outputs, to: outbound, channel: channel, reader: reader) }
+        let reader = Task {
+            if let alpaca {
+                try await self.readAlpaca(inbound: inbound, outbound: outbound, connection: id, market: market, codec: alpaca)
+            } else {
+                try await self.read(inbound: inbound, outbound: outbound, connection: id, market: market)
+            }
+        }
+        let writer = Task { try await self.write(outputs, to: outbound, channel: channel, reader: reader, alpaca: alpaca) }
         await withTaskCancellationHandler {
             _ = try? await reader.value
             if reader.isCancelled {
@@ -225,13 +251,20 @@ public final class DemoFeed: Service, Sendable {
     }
 
     private func write(
-        _ outputs: AsyncStream<FeedOutput>, to outbound: WebSocketOutboundWriter, channel: any Channel, reader: Task<Void, any Error>
+        _ outputs: AsyncStream<FeedOutput>, to outbound: WebSocketOutboundWriter, channel: any Channel, reader: Task<Void, any Error>,
+        alpaca: AlpacaCodec?
     ) async throws {
         var silenced = false
         for await output in outputs {
             switch output {
             case .frame(let frame):
-                if !silenced { try await send(frame, to: outbound) }
+                if !silenced { try await send(frame, to: outbound, binary: alpaca == .messagePack) }
+            case .fault(.maxConnections) where alpaca != nil:
+                let codec = alpaca ?? .json
+                try await send(
+                    ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message])), to: outbound, binary: codec == .messagePack)
+                try await outbound.close(.policyViolation, reason: "connection limit exceeded")
+                return
             case .fault(.silence):
                 silenced = true
                 reader.cancel()
@@ -271,7 +304,11 @@ public final class DemoFeed: Service, Sendable {
         return open.count
     }
 
-    private func send(_ frame: ByteBuffer, to outbound: WebSocketOutboundWriter) async throws {
+    private func send(_ frame: ByteBuffer, to outbound: WebSocketOutboundWriter, binary: Bool = false) async throws {
+        if binary {
+            try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .binary, data: frame)))
+            return
+        }
         guard let fragmentSize = configuration.fragmentSize, fragmentSize > 0, frame.readableBytes > fragmentSize else {
             try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: .text, data: frame)))
             return
@@ -318,7 +355,8 @@ public final class DemoFeed: Service, Sendable {
         }
         let tape = tapes[kind]
         tape?.setTickers(market.tickers)
-        market.recording = tape != nil
+        // Alpaca's events are made from the records of what was generated.
+        market.recording = tape != nil || configuration.alpaca
         let clock = ContinuousClock()
         let tick = configuration.tickInterval
         let perTick = max(configuration.eventsPerSecond * rateShare, 1) * tick.seconds
@@ -360,9 +398,10 @@ public final class DemoFeed: Service, Sendable {
                 if tally?.firstStamp == nil { tally?.firstStamp = stamp }
                 tally?.lastStamp = stamp
             }
-            if let tape {
+            if market.recording {
                 let (records, bars) = market.takeRecords()
-                tape.append(records, bars: bars, now: now)
+                tape?.append(records, bars: bars, now: now)
+                if configuration.alpaca { events = Self.alpacaEvents(records, bars, tickers: market.tickers, market: kind) }
             }
             // A machine that fell behind catches up from now rather than bursting.
             if clock.now - nextTick > tick * 10 { nextTick = clock.now }
@@ -378,6 +417,14 @@ public final class DemoFeed: Service, Sendable {
         for connection in targets where !connection.topics.isEmpty {
             let wanted = events.filter(connection.wants)
             guard !wanted.isEmpty else { continue }
+            if let codec = connection.alpaca {
+                for payload in AlpacaDelivery.payloads(wanted, codec: codec) {
+                    connection.outputs.yield(.frame(payload))
+                    frames += 1
+                }
+                sent += wanted.count
+                continue
+            }
             var start = 0
             while start < wanted.count {
                 let end = min(start + max(configuration.maxEventsPerFrame, 1), wanted.count)

@@ -59,9 +59,15 @@ public struct DemoFeedConfiguration: Sendable {
         }
     }
 
+    /// Speak Alpaca's protocol instead of Polygon's: stocks at `/v2/iex` (and `/v2/sip`,
+    /// `/v2/delayed_sip`, `/v2/test`), crypto at `/v1beta3/crypto/us` (and `/v1beta2/crypto`); the key
+    /// is ``apiKey`` (the secret is not checked). Only stocks and crypto are served.
+    public var alpaca = false
+
     /// The markets served: ``markets``, or the one ``market`` names.
     public var servedMarkets: [Market] {
-        markets ?? [Market(rawValue: market) ?? .stocks]
+        let served = markets ?? [Market(rawValue: market) ?? .stocks]
+        return alpaca ? served.filter { $0 == .stocks || $0 == .crypto } : served
     }
 
     public init(

@@ -1,0 +1,95 @@
+import AlpacaWire
+import HummingbirdWebSocket
+import NIOCore
+import NIOWebSocket
+import PolygonWire
+
+/// The demo feed in Alpaca's protocol (``DemoFeedConfiguration/alpaca``): the same generated market,
+/// each trade, quote and bar written as Alpaca sends it, and the server side of Alpaca's conversation.
+extension DemoFeed {
+    /// Alpaca's events for what a tick generated: trades (`t`), quotes (`q`) and minute bars (`b`), its
+    /// stock symbols as they are and its crypto pairs as Alpaca names them (`X:BTC-USD` is `BTC/USD`).
+    static func alpacaEvents(_ records: [DemoTape.Record], _ bars: [DemoTape.Bar], tickers: [String], market: Market) -> [MarketEvent] {
+        let crypto = market == .crypto
+        let scale = 1 / Double(pow10(DemoMarket.decimals(of: market)))
+        func symbol(_ index: UInt16) -> String? {
+            guard Int(index) < tickers.count else { return nil }
+            let ticker = tickers[Int(index)]
+            return crypto ? alpacaPair(ticker) : ticker
+        }
+        var events: [MarketEvent] = []
+        events.reserveCapacity(records.count + bars.count)
+        for bar in bars {
+            guard let name = symbol(bar.ticker) else { continue }
+            events.append(
+                AlpacaEvents.bar(
+                    name, open: Double(bar.open) * scale, high: Double(bar.high) * scale, low: Double(bar.low) * scale,
+                    close: Double(bar.close) * scale, volume: Double(bar.volume), trades: Int64(bar.trades), startNanoseconds: bar.start * 1_000_000))
+        }
+        for record in records {
+            guard let name = symbol(record.ticker) else { continue }
+            let nanoseconds = record.time * 1_000_000
+            switch record.kind {
+            case .trade:
+                events.append(
+                    AlpacaEvents.trade(
+                        name, id: record.sequence, price: Double(record.price) * scale, size: crypto ? Double(record.size) / 100 : Double(record.size),
+                        nanoseconds: nanoseconds, crypto: crypto))
+            case .quote:
+                events.append(
+                    AlpacaEvents.quote(
+                        name, bid: Double(record.price) * scale, ask: Double(record.ask) * scale,
+                        size: crypto ? Double(record.size) / 100 : Double(record.size), nanoseconds: nanoseconds, crypto: crypto))
+            }
+        }
+        return events
+    }
+
+    /// `X:BTC-USD` → `BTC/USD`.
+    static func alpacaPair(_ ticker: String) -> String {
+        String((ticker.hasPrefix("X:") ? ticker.dropFirst(2) : ticker[...]).map { $0 == "-" ? "/" : $0 })
+    }
+
+    private static func pow10(_ exponent: Int) -> Int { (0..<exponent).reduce(1) { value, _ in value * 10 } }
+
+    /// Alpaca's conversation with one client: the feed's key (any secret), subscriptions per channel.
+    func readAlpaca(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter, connection id: Int, market: Market, codec: AlpacaCodec)
+        async throws
+    {
+        let expectedKey = configuration.apiKey
+        var session = AlpacaServerSession(codec: codec, feed: market == .crypto ? .crypto : .iex) { key in
+            guard expectedKey == nil || key == expectedKey else { return nil }
+            return ClientGrant(name: "demo")
+        }
+        for try await message in inbound.messages(maxSize: 1 << 20) {
+            let bytes: [UInt8]
+            switch message {
+            case .text(let text): bytes = Array(text.utf8)
+            case .binary(let data): bytes = Array(data.readableBytesView)
+            }
+            let wasAuthenticated = session.isAuthenticated
+            let reaction = session.receive(bytes)
+            monitor.update { snapshot in
+                if !wasAuthenticated && session.isAuthenticated { snapshot.authenticatedConnections += 1 }
+                // In Polygon's terms for the monitor: what the connection asked for, as topics.
+                if !reaction.added.isEmpty {
+                    let params = reaction.added.map(\.description).sorted().joined(separator: ",")
+                    snapshot.actions.append(.init(connection: id, kind: .subscribe, params: params, market: market))
+                }
+                if !reaction.removed.isEmpty {
+                    let params = reaction.removed.map(\.description).sorted().joined(separator: ",")
+                    snapshot.actions.append(.init(connection: id, kind: .unsubscribe, params: params, market: market))
+                }
+            }
+            for frame in reaction.frames {
+                try await outbound.write(.custom(WebSocketFrame(fin: true, opcode: codec == .messagePack ? .binary : .text, data: ByteBuffer(bytes: frame))))
+            }
+            if reaction.close {
+                try await outbound.close(.policyViolation, reason: "auth failed")
+                return
+            }
+            let topics = session.topics
+            connections.withLock { $0[id]?.topics = topics }
+        }
+    }
+}
