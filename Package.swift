@@ -143,7 +143,7 @@ let package = Package(
         .target(
             name: "RelayConfiguration",
             dependencies: [
-                "PolygonWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
+                "PolygonWire", "AlpacaWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
@@ -155,7 +155,7 @@ let package = Package(
         .target(
             name: "RelayComposition",
             dependencies: [
-                "RelayConfiguration", "PolygonWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
+                "RelayConfiguration", "PolygonWire", "AlpacaWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
                 "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP", "GapFill",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),

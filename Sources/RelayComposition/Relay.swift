@@ -1,3 +1,4 @@
+import AlpacaWire
 import AsyncHTTPClient
 import AsyncSupport
 import Cluster
@@ -102,6 +103,9 @@ public final class Relay: Service, Sendable {
         var endpoint: @Sendable () async throws -> UpstreamConfiguration.Endpoint
         var caFile: String?
         var description: String
+        /// Whose protocol the upstream speaks, and so the protocol served downstream.
+        var vendor: UpstreamVendor = .polygon
+        var wire: ServedWire = .polygon
     }
 
     /// One market's running parts.
@@ -118,9 +122,11 @@ public final class Relay: Service, Sendable {
         guard !settings.upstreams.isEmpty else { return nil }
         return settings.upstreams.map { upstream in
             let endpoint = upstream.endpoint
+            let vendor = settings.vendor(of: upstream)
             return MarketSource(
                 market: upstream.market, apiKey: upstream.apiKey ?? settings.upstreamKey ?? "", endpoint: { endpoint },
-                caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description)
+                caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description, vendor: vendor,
+                wire: vendor == .alpaca ? .alpaca(AlpacaFeed(path: endpoint.path) ?? (upstream.market == .crypto ? .crypto : .iex)) : .polygon)
         }
     }
 
@@ -148,19 +154,23 @@ public final class Relay: Service, Sendable {
             restKey = settings.upstreamKey ?? ""
         } else {
             let apiKey = "demo-" + UUID().uuidString
+            let alpaca = settings.upstreamVendor == .alpaca
             var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
-            feedConfiguration.markets = Market.allCases
+            // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed and crypto.
+            feedConfiguration.markets = alpaca ? [.stocks, .crypto] : Market.allCases
+            feedConfiguration.alpaca = alpaca
             feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
             let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
             demoFeed = feed
-            sources = Market.allCases.map { market in
+            sources = feedConfiguration.servedMarkets.map { market in
                 MarketSource(
                     market: market, apiKey: apiKey,
                     endpoint: {
                         let url = try await feed.url(for: market)
                         guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
                         return endpoint
-                    }, caFile: nil, description: "the built-in demo feed")
+                    }, caFile: nil, description: alpaca ? "the built-in demo feed (Alpaca's protocol)" : "the built-in demo feed",
+                    vendor: alpaca ? .alpaca : .polygon, wire: alpaca ? .alpaca(market == .crypto ? .crypto : .iex) : .polygon)
             }
             restURL = settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in
                 "http://127.0.0.1:\(try await feed.listeningPort())"
@@ -173,6 +183,8 @@ public final class Relay: Service, Sendable {
         let spread = settings.cluster.map { LeadershipSpread(node: $0.nodeID) }
 
         let clustered = settings.cluster != nil
+        // The built-in feed checks the key only: any secret does.
+        let demoSecret: String? = demoFeed == nil ? nil : "demo"
         var markets: [MarketParts] = []
         var clusterNodes: [ClusterNode] = []
         // Gap fill: each upstream market, from the same REST API, at one shared pace (a cluster node
@@ -190,8 +202,9 @@ public final class Relay: Service, Sendable {
             let hub = MarketDataHub(
                 policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
                 keepsUnwantedLastValues: !clustered,
-                // In a cluster the leader gives the positions and every node adopts them.
-                history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
+                // In a cluster the leader gives the positions and every node adopts them. Alpaca's events
+                // are MessagePack, which the positions (written into JSON) do not fit yet: no history.
+                history: source.vendor == .alpaca ? nil : settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
             ) { change in
                 interest.apply(change)
             }
@@ -200,12 +213,15 @@ public final class Relay: Service, Sendable {
                 configuration.endpoint = try await source.endpoint()
                 configuration.apiKey = source.apiKey
                 configuration.caFile = source.caFile
+                configuration.vendor = source.vendor
+                if source.vendor == .alpaca { configuration.secret = demoSecret ?? settings.upstreamSecret }
                 configuration.metricsFactory = marketMetrics
                 // A cluster leader must be gone well inside its lease once it decides to go.
                 if clustered { configuration.closeTimeout = .seconds(1) }
                 return PolygonWebSocket(configuration: configuration, logger: marketLogger.with(label: "relay.upstream.\(source.market)"))
             }
-            if let gapFill = settings.gapFill, let restURL, let gapFillPace {
+            // The fill maps Polygon's REST results: Alpaca's markets get the outage notices only.
+            if let gapFill = settings.gapFill, let restURL, let gapFillPace, source.vendor == .polygon {
                 let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
                 restClient = client
                 // The demo feed's REST wants its own key; another source the market's upstream key.
@@ -287,7 +303,7 @@ public final class Relay: Service, Sendable {
                 configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
                 return configuration
             }(),
-            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed) }, registry: registry, logger: logger.with(label: "relay.server"),
+            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed, wire: $0.source.wire) }, registry: registry, logger: logger.with(label: "relay.server"),
             extraRoutes: { router in
                 routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
             },

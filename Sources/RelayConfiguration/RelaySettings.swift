@@ -1,3 +1,4 @@
+import AlpacaWire
 import Cluster
 import Configuration
 import DemoFeed
@@ -62,6 +63,10 @@ public struct RelaySettings: Sendable {
     public var resume = ResumeSettings()
     /// The upstream API key (required with a real upstream).
     public var upstreamKey: String?
+    /// Whose protocol the upstream speaks; `nil`: known from each URL's host (Polygon's otherwise).
+    public var upstreamVendor: UpstreamVendor?
+    /// Alpaca's secret key.
+    public var upstreamSecret: String?
     /// A PEM file of extra trusted CAs for a `wss://` upstream.
     public var upstreamCAFile: String?
     /// The upstream's REST API (`https://api.polygon.io`), for the portfolio's reference prices.
@@ -291,7 +296,18 @@ public struct RelaySettings: Sendable {
             guard contracts >= 1 else { throw InvalidSetting(description: "limits.optionsContracts: at least 1, got \(contracts)") }
             settings.optionsContracts = contracts
         }
+        if let vendor = config.string(forKey: "upstream.vendor"), !vendor.isEmpty {
+            guard let known = UpstreamVendor(rawValue: vendor.lowercased()) else {
+                throw InvalidSetting(
+                    description: "upstream.vendor: \"\(vendor)\" is not a vendor (one of \(UpstreamVendor.allCases.map(\.rawValue).joined(separator: ", ")))")
+            }
+            settings.upstreamVendor = known
+        }
         settings.upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
+        settings.upstreamSecret = config.string(forKey: "upstream.secret", isSecret: true)
+        // An Alpaca upstream takes Alpaca's own variable when no key was given otherwise.
+        let alpaca = settings.upstreamVendor == .alpaca || settings.upstreams.contains { settings.vendor(of: $0) == .alpaca }
+        if alpaca, (settings.upstreamKey ?? "").isEmpty { settings.upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
         settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
         if let rest = config.string(forKey: "upstream.restURL"), !rest.isEmpty {
             guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", let host = url.host, !host.isEmpty else {
@@ -439,11 +455,22 @@ public struct RelaySettings: Sendable {
         }
         if (settings.upstreamKey ?? "").isEmpty, let keyless = settings.upstreams.first(where: { ($0.apiKey ?? "").isEmpty }) {
             throw InvalidSetting(
-                description:
-                    "the \(keyless.market) upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file "
-                    + "(every market's default), or key/keyEnv in its upstreams entry")
+                description: settings.vendor(of: keyless) == .alpaca
+                    ? "the \(keyless.market) upstream (Alpaca) needs its key id: APCA_API_KEY_ID, --upstream-key or upstream.key in the config file"
+                    : "the \(keyless.market) upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file "
+                        + "(every market's default), or key/keyEnv in its upstreams entry")
+        }
+        if (settings.upstreamSecret ?? "").isEmpty, let alpaca = settings.upstreams.first(where: { settings.vendor(of: $0) == .alpaca }) {
+            throw InvalidSetting(
+                description: "the \(alpaca.market) upstream (Alpaca) needs its secret key: APCA_API_SECRET_KEY, --upstream-secret or upstream.secret in the config file")
         }
         return settings
+    }
+
+    /// Whose protocol an upstream speaks: the setting, else its host (Alpaca's or Polygon's), else its
+    /// path (Alpaca's feed paths), else Polygon's.
+    public func vendor(of upstream: MarketUpstream) -> UpstreamVendor {
+        upstreamVendor ?? UpstreamVendor.of(host: upstream.endpoint.host) ?? (AlpacaFeed(path: upstream.endpoint.path) != nil ? .alpaca : .polygon)
     }
 
     /// `client.keys` of a YAML file when it holds mappings (keys with rights), and the plain strings

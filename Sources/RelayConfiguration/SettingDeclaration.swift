@@ -61,6 +61,16 @@ extension RelaySettings {
             "upstream.key", flag: "upstream-key", env: "POLYGON_API_KEY", default: "required with an upstream", secret: true,
             "The upstream API key, every market's unless its upstreams entry names its own (never sent downstream)."),
         .init(
+            "upstream.vendor", flag: "upstream-vendor", env: "RELAY_UPSTREAM_VENDOR",
+            default: "the URL's host tells for Polygon's and Alpaca's; polygon otherwise",
+            "Whose protocol the upstream speaks: polygon or alpaca (for a URL that is neither's own host, e.g. a test server; with no upstream, alpaca runs the demo feed in Alpaca's protocol)."),
+        .init(
+            "upstream.keyId", env: "APCA_API_KEY_ID", default: "none", secret: true,
+            "Alpaca's key id, the upstream key of an Alpaca upstream when upstream.key is not set."),
+        .init(
+            "upstream.secret", flag: "upstream-secret", env: "APCA_API_SECRET_KEY", default: "required with an Alpaca upstream", secret: true,
+            "Alpaca's secret key (sent only in the upstream auth; never logged, never sent downstream)."),
+        .init(
             "upstreams", default: "none",
             "File only: a list of upstreams, one per market, each with market and/or url, key or keyEnv (an environment variable holding it), caFile."),
         .init("upstream.caFile", flag: "upstream-ca-file", env: "RELAY_UPSTREAM_CA_FILE", default: "system trust store", "Extra trusted CA certificates (PEM) for wss:// upstreams."),

@@ -1,0 +1,75 @@
+import AlpacaWire
+import DemoFeed
+import Foundation
+import PolygonWire
+import RelayComposition
+import RelayConfiguration
+import Testing
+import Upstream
+
+/// The whole relay with an Alpaca upstream (the demo feed in Alpaca's protocol on loopback): one
+/// upstream connection, Alpaca's SDKs downstream.
+@Suite("Alpaca relay: one upstream connection for Alpaca's SDKs", .serialized, .enabled(if: alpacaSDKsAvailable, "scripts/test installs Alpaca's SDKs"))
+struct AlpacaRelayTests {
+    func withAlpacaRelay(_ body: (Relay.Components, DemoFeed) async throws -> Void) async throws {
+        var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "alpaca-key", eventsPerSecond: 2000, tickInterval: .milliseconds(10), seed: 3)
+        feedConfiguration.alpaca = true
+        feedConfiguration.markets = [.stocks]
+        // Bars every second, so a client sees a few within its run.
+        feedConfiguration.aggregateInterval = .seconds(1)
+        let feed = DemoFeed(configuration: feedConfiguration, logger: testLogger)
+        try await withServices([feed]) {
+            var settings = RelaySettings(
+                listen: .init(host: "127.0.0.1", port: 0), upstreamKey: "alpaca-key", clientKeys: ["client-key"],
+                upstreamTuning: fastUpstreamTuning())
+            settings.upstreams = [try MarketUpstream(url: try await feed.url(for: .stocks))]
+            settings.upstreamSecret = "alpaca-secret"
+            settings.portfolio = nil
+            #expect(settings.vendor(of: settings.upstreams[0]) == .alpaca, "Alpaca's path names the vendor")
+            let relay = Relay(settings: settings, logger: testLogger)
+            try await withServices([relay]) {
+                let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+                try await waitFor(try parts.upstreamClient.stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
+                try await body(parts, feed)
+            }
+        }
+    }
+
+    @Test func twoSDKClientsWithDifferentSymbolsShareOneUpstreamConnectionSubscribedToTheUnion() async throws {
+        try await withAlpacaRelay { parts, feed in
+            let python = try #require(alpacaPython)
+            let script = AlpacaDownstreamTests.script
+            async let apple = runPython(
+                script, ["--sdk", "alpaca-py", "--port", "\(parts.port)", "--symbols", "AAPL", "--want", "2"], timeout: .seconds(60), python: python)
+            async let microsoft = runPython(
+                script, ["--sdk", "alpaca-trade-api", "--port", "\(parts.port)", "--symbols", "MSFT", "--want", "2"], timeout: .seconds(60),
+                python: python)
+            let (first, second) = try await (apple, microsoft)
+            #expect(first.status == 0, "\(first.output.suffix(2000))")
+            #expect(second.status == 0, "\(second.output.suffix(2000))")
+            #expect(first.output.contains("\"symbol\": \"AAPL\"") && !first.output.contains("\"symbol\": \"MSFT\""))
+            #expect(second.output.contains("\"symbol\": \"MSFT\"") && !second.output.contains("\"symbol\": \"AAPL\""))
+            let snapshot = feed.monitor.snapshot
+            #expect(snapshot.totalConnections == 1, "one upstream connection for both")
+            let subscribed = Set(snapshot.topics(.subscribe))
+            #expect(subscribed.isSuperset(of: ["t.AAPL", "q.AAPL", "b.AAPL", "t.MSFT", "q.MSFT", "b.MSFT"]), "\(subscribed)")
+        }
+    }
+
+    @Test func anUpstreamAnswering406IsBackedOffWithoutAHotLoop() async throws {
+        try await withAlpacaRelay { parts, feed in
+            let upstream = try parts.upstreamClient
+            #expect(feed.inject(.maxConnections) == 1)
+            let state = try await waitFor(upstream.stateUpdates(), "the 406 to be taken as a connection limit") {
+                if case .rejected = $0 { true } else { false }
+            }
+            #expect("\(state)".contains("406"), "\(state)")
+            // Backed off as for Polygon's max_connections (1.5 s here, 15 s by default): no reconnect within a second.
+            try await Task.sleep(for: .seconds(1))
+            #expect(feed.monitor.snapshot.totalConnections == 1)
+            let started = ContinuousClock.now
+            try await waitFor(upstream.stateUpdates(), "the upstream back after its backoff", timeout: .seconds(15)) { $0 == .authenticated }
+            print("406 test: back after \(ContinuousClock.now - started), connections \(feed.monitor.snapshot.totalConnections), state was \(state)")
+        }
+    }
+}
