@@ -239,7 +239,7 @@ let package = Package(
         .executableTarget(
             name: "relay",
             dependencies: [
-                "RelayComposition", "RelayConfiguration", "DemoFeed", "RelayServer", "RelayBench", "Portfolio", "PortfolioData", "PortfolioDomain", "PolygonRESTClient",
+                "RelayComposition", "RelayConfiguration", "AlpacaWire", "DemoFeed", "RelayServer", "RelayBench", "Portfolio", "PortfolioData", "PortfolioDomain", "PolygonRESTClient",
                 "PortfolioHTTP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

@@ -1,3 +1,4 @@
+import AlpacaWire
 import ArgumentParser
 import Foundation
 import Logging
@@ -65,9 +66,25 @@ struct ServeCommand: AsyncParsableCommand {
         let secure = settings.tls != nil
         let (ws, http) = secure ? ("wss", "https") : ("ws", "http")
         let curl = "curl\(secure ? " --cacert YOUR-CA.pem" : "")\(keyed ? " -H 'Authorization: Bearer \(key)'" : "")"
+        let keyText = keyed ? "one of the configured keys" : "any, loopback only"
+        if settings.upstreamVendor == .alpaca || settings.upstreams.contains(where: { settings.vendor(of: $0) == .alpaca }) {
+            // Alpaca's protocol at Alpaca's paths: what an SDK user changes is the URL.
+            let stocks = settings.upstreams.first { $0.market == .stocks }.flatMap { AlpacaFeed(path: $0.endpoint.path) } ?? .iex
+            let paths = markets.map { $0 == .crypto ? AlpacaFeed.crypto.path : stocks.path }
+            let lines = [
+                "relay is up\(demo ? " on the built-in demo feed, in Alpaca's protocol" : "")",
+                "  WebSocket  \(paths.map { "\(ws)://\(base)\($0)" }.joined(separator: " "))   (Alpaca protocol, JSON or MessagePack; key: \(keyText))",
+                "  alpaca-py  StockDataStream(\"\(key)\", \"any-secret\", url_override=\"\(ws)://\(base)\(stocks.path)\")",
+                "  alpaca-trade-api  Stream(\"\(key)\", \"any-secret\", data_stream_url=\"\(http)://\(base)\", data_feed=\"\(stocks.rawValue)\")",
+                "  dashboard  \(http)://\(base)/",
+                "  stop       Ctrl-C (SIGINT) or SIGTERM",
+            ]
+            FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+            return
+        }
         var lines = [
             "relay is up\(demo ? " on the built-in demo feed" : "")",
-            "  WebSocket  \(markets.map { "\(ws)://\(base)/\($0)" }.joined(separator: " "))   (Polygon protocol; client key: \(keyed ? "one of the configured keys" : "any, loopback only"))",
+            "  WebSocket  \(markets.map { "\(ws)://\(base)/\($0)" }.joined(separator: " "))   (Polygon protocol; client key: \(keyText))",
             "  dashboard  \(http)://\(base)/",
             "  health     curl\(secure ? " --cacert YOUR-CA.pem" : "") \(http)://\(base)/healthz",
             "  last quote \(curl) \(http)://\(base)/v1/last/\(markets.count > 1 ? "\(market)/" : "")\(market.exampleTopic)",
