@@ -350,6 +350,10 @@ public final class RelayServer: Service, Sendable {
     struct MarketHealth: Encodable {
         var status: String
         var market: String
+        /// Whose protocol the market speaks: `polygon` or `alpaca`.
+        var vendor: String
+        /// Where its WebSocket is served.
+        var paths: [String]
         var upstream: UpstreamReport
         var cluster: ClusterReport?
         var subscribers: Int
@@ -376,7 +380,8 @@ public final class RelayServer: Service, Sendable {
         return (
             report.healthy,
             MarketHealth(
-                status: report.healthy ? "ok" : "degraded", market: route.market.rawValue, upstream: report.upstream, cluster: report.cluster,
+                status: report.healthy ? "ok" : "degraded", market: route.market.rawValue, vendor: route.served.vendor, paths: route.served.paths,
+                upstream: report.upstream, cluster: report.cluster,
                 subscribers: await route.hub.subscriberCount)
         )
     }

@@ -19,6 +19,11 @@ package struct ServedMarket: Sendable {
         self.wire = wire
     }
 
+    /// Whose protocol it speaks (a label of `/healthz` and the metrics).
+    var vendor: String {
+        if case .alpaca = wire { "alpaca" } else { "polygon" }
+    }
+
     /// The paths its WebSocket is served at.
     var paths: [String] {
         switch wire {
@@ -68,6 +73,8 @@ struct MarketRoute: Sendable {
             expiredCounter: Counter(label: "relay_resumes_total", dimensions: [("result", "expired"), ("market", served.market.rawValue)], factory: factory)
         ) { parked in Task { await hub.remove(parked) } }
         let dimensions = [("market", served.market.rawValue)]
+        // The Prometheus convention for what describes a series: an info gauge to join on.
+        Gauge(label: "relay_market_info", dimensions: dimensions + [("vendor", served.vendor)], factory: factory).record(1)
         upstreamLastMessageAge = Gauge(label: "relay_upstream_last_message_age_seconds", dimensions: dimensions, factory: factory)
         maxBufferFill = Gauge(label: "relay_subscriber_buffer_max_fill", dimensions: dimensions, factory: factory)
     }

@@ -33,9 +33,9 @@ struct AlpacaDownstreamTests {
         try await withAlpacaRelay { port, _ in try await body(port) }
     }
 
-    /// The same, with the stock feed's hub.
-    func withAlpacaRelay(_ body: (Int, MarketDataHub) async throws -> Void) async throws {
-        let stocks = MarketDataHub(history: nil)
+    /// The same, with the stock feed's hub (whose slow consumers meet `policy`).
+    func withAlpacaRelay(policy: SlowConsumerPolicy = .drop, _ body: (Int, MarketDataHub) async throws -> Void) async throws {
+        let stocks = MarketDataHub(policy: policy, history: nil)
         let crypto = MarketDataHub(history: nil)
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
@@ -147,6 +147,11 @@ struct AlpacaDownstreamTests {
             repeat { refused = try await client.nextFrame() } while !refused.contains(#""T":"error""#)
             #expect(refused == #"[{"T":"error","code":410,"msg":"invalid subscribe action for this feed"}]"#)
             await client.close()
+            // /healthz and /metrics name the vendor.
+            let health = try await httpGet("http://127.0.0.1:\(port)/healthz")
+            #expect(health.body.contains(#""vendor":"alpaca""#) && health.body.contains(#""paths":["\/v2\/iex"]"#), "\(health.body.prefix(600))")
+            let metrics = try await httpGet("http://127.0.0.1:\(port)/metrics", key: "client-key")
+            #expect(metrics.body.contains(#"relay_market_info{market="stocks",vendor="alpaca"} 1"#), "\(metrics.body.prefix(300))")
         }
     }
 
@@ -179,6 +184,28 @@ struct AlpacaDownstreamTests {
             // The address is not locked out: the right key is served at once afterwards.
             let served = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)"]))
             #expect((served["trades"]?.count ?? 0) >= 3)
+        }
+    }
+
+    @Test func aClientTooSlowForTheDisconnectPolicyGets407ThenTheClose() async throws {
+        try await withAlpacaRelay(policy: .disconnect) { port, hub in
+            let client = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await client.nextFrame()
+            client.send(#"{"action":"auth","key":"client-key","secret":"any"}"#)
+            _ = try await client.nextFrame()
+            client.send(#"{"action":"subscribe","quotes":["*"]}"#)
+            _ = try await client.nextFrame()
+            client.pause()
+            // Far more than the socket holds and the buffer's 1,000 events on top.
+            let now = Int64(Date().timeIntervalSince1970 * 1e9)
+            for round in 0..<60 {
+                await hub.publish((0..<1_000).map { AlpacaEvents.quote("Z\(round)", bid: 1, ask: 2, size: Double($0), nanoseconds: now) })
+            }
+            client.resume()
+            var last = ""
+            while let frame = try? await client.nextFrame(timeout: .seconds(10)) { last = frame }
+            #expect(last == #"[{"T":"error","code":407,"msg":"slow client: this connection's buffer of 1000 events was full"}]"#, "\(last.prefix(300))")
+            #expect(client.closeCode == 1013)
         }
     }
 }
