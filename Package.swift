@@ -57,7 +57,7 @@ let package = Package(
         .target(
             name: "Cluster",
             dependencies: [
-                "CNats", "PolygonWire", "MarketDataHub", "Upstream", "AsyncSupport",
+                "CNats", "PolygonWire", "AlpacaWire", "MarketDataHub", "Upstream", "AsyncSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),

@@ -1,6 +1,8 @@
+import AlpacaWire
 import Foundation
 import NIOCore
 import PolygonWire
+import Upstream
 
 /// What a node accepts from NATS. Anyone who may publish on the cluster's subjects reaches these
 /// checks (NATS permissions, see README, are what keeps others out); what fails them is counted and
@@ -10,8 +12,9 @@ public enum ClusterChecks {
     /// `ev` and ticker field name the topic its subject names (the ticker in `market`'s topic form: a
     /// crypto `pair` `BTC-USD` names `X:BTC-USD`). Returns the event, or why not.
     public static func event(
-        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market = .stocks, receivedAt: UInt64 = 0
+        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market = .stocks, vendor: UpstreamVendor = .polygon, receivedAt: UInt64 = 0
     ) -> Result<MarketEvent, Rejection> {
+        if vendor == .alpaca { return alpacaEvent(payload, topic: topic, receivedAt: receivedAt) }
         guard let first = payload.first(where: { !isWhitespace($0) }), first == UInt8(ascii: "{") else {
             return .failure(Rejection("not one JSON object (\(payload.count) bytes)"))
         }
@@ -31,8 +34,28 @@ public enum ClusterChecks {
     }
 
     /// The same for a stored value (the cluster's last-value store).
-    public static func event(_ bytes: [UInt8], topic: Topic, market: Market = .stocks) -> Result<MarketEvent, Rejection> {
-        bytes.withUnsafeBytes { event($0, topic: topic, market: market) }
+    public static func event(_ bytes: [UInt8], topic: Topic, market: Market = .stocks, vendor: UpstreamVendor = .polygon) -> Result<MarketEvent, Rejection> {
+        bytes.withUnsafeBytes { event($0, topic: topic, market: market, vendor: vendor) }
+    }
+
+    /// An Alpaca event: exactly one MessagePack map whose `T` and `S` name the topic.
+    static func alpacaEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, receivedAt: UInt64) -> Result<MarketEvent, Rejection> {
+        var framed = MessagePack.Writer(capacity: payload.count + 1)
+        framed.arrayHeader(1)
+        framed.raw(payload)
+        let items: [AlpacaFrame.Item]
+        do {
+            items = try framed.bytes.withUnsafeBytes { try AlpacaFrame.read($0) }
+        } catch {
+            return .failure(Rejection("malformed MessagePack: \(error)"))
+        }
+        guard items.count == 1, case .event(let type, let symbol, let range) = items[0], range.upperBound == framed.bytes.count else {
+            return .failure(Rejection("not one Alpaca event (\(payload.count) bytes)"))
+        }
+        guard type == topic.eventType, symbol == topic.ticker else {
+            return .failure(Rejection("an event of \(type).\(symbol) on the subject of \(topic)"))
+        }
+        return .success(MarketEvent(eventType: type, ticker: symbol, bytes: ByteBuffer(bytes: payload), receivedAt: receivedAt))
     }
 
     /// A node's interest: the topics that pass the market's topic rules, and why the others did not.

@@ -56,7 +56,8 @@ final class ClusterFeed: Sendable {
                 self.metrics.rejected("event", "\(String(cString: subject).prefix(200)) is not an event subject", logger: self.logger)
                 return
             }
-            switch ClusterChecks.event(payload, topic: topic, market: subjects.wireMarket, receivedAt: MonotonicClock.nanoseconds()) {
+            switch ClusterChecks.event(
+                payload, topic: topic, market: subjects.wireMarket, vendor: subjects.vendor, receivedAt: MonotonicClock.nanoseconds()) {
             case .success(let event):
                 // A drop is counted and announced by the inbox and the pump.
                 self.inbox.push(.events([event]))

@@ -79,7 +79,7 @@ final class ClusterGapFill: Sendable {
         self.sequencer = sequencer
         self.metrics = metrics
         self.logger = logger
-        let rules = SessionLimits(eventTypes: SessionLimits.eventTypes(ofMarket: subjects.market))
+        let rules = SessionLimits(eventTypes: subjects.eventTypes)
         self.rules = rules
         let inbox = AskInbox()
         self.inbox = inbox

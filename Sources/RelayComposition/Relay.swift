@@ -236,7 +236,8 @@ public final class Relay: Service, Sendable {
                 }
                 let node = try ClusterNode(
                     configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
-                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil, gapFill: hook,
+                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil && source.vendor == .polygon,
+                    gapFill: hook, vendor: source.vendor,
                     makeUpstream: makeUpstream)
                 clusterNodes.append(node)
                 markets.append(

@@ -40,7 +40,7 @@ final class ClusterHarness: Sendable {
     /// Runs `body` with NATS, the feed and `nodeCount` started nodes (`n1`…); stops everything after.
     static func with(
         nodes nodeCount: Int = 3, feedRate: Double = 3000, natsConfig: String? = nil, clusterName: String? = nil,
-        markets: [Market] = [.stocks],
+        markets: [Market] = [.stocks], alpaca: Bool = false,
         _ body: @Sendable (ClusterHarness) async throws -> Void
     ) async throws {
         let nats = try NATSServerProcess(configFile: natsConfig)
@@ -48,11 +48,14 @@ final class ClusterHarness: Sendable {
         var configuration = DemoFeedConfiguration(
             port: 0, apiKey: upstreamKey, eventsPerSecond: feedRate, tickInterval: .milliseconds(10), generatedTickers: 20, seed: 7)
         configuration.markets = markets
+        // In Alpaca's protocol: the nodes take its paths for Alpaca's and need a secret besides the key.
+        configuration.alpaca = alpaca
         let feed = DemoFeed(configuration: configuration, logger: testLogger)
         do {
             try await withServices([feed]) {
                 var upstreams: [String] = []
                 for market in markets { upstreams += ["--upstream", try await feed.url(for: market)] }
+                if alpaca { upstreams += ["--upstream-secret", "cluster-secret"] }
                 let harness = ClusterHarness(
                     nats: nats, natsURL: natsURL, feed: feed, feedURL: try await feed.url(), upstreamArguments: upstreams,
                     clusterName: clusterName)

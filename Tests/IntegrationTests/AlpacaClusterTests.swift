@@ -1,0 +1,54 @@
+import Foundation
+import PolygonWire
+import Testing
+
+/// An Alpaca feed on a cluster: one lease, one upstream connection, Alpaca's clients on every node.
+@Suite(
+    "Cluster on NATS: an Alpaca feed", .serialized, .timeLimit(.minutes(3)),
+    .enabled(if: ClusterHarness.enabled, "nats-server is not installed (scripts/test installs it)"))
+struct AlpacaClusterTests {
+    /// A JSON client of Alpaca's protocol on `url`, authenticated and subscribed to AAPL's trades.
+    func alpacaClient(_ url: String) async throws -> WSTestClient {
+        let client = WSTestClient(url: url)
+        _ = try await client.nextFrame()
+        client.send(#"{"action":"auth","key":"any-key","secret":"x"}"#)
+        #expect(try await client.nextFrame().contains("authenticated"))
+        client.send(#"{"action":"subscribe","trades":["AAPL"]}"#)
+        #expect(try await client.nextFrame().contains(#""T":"subscription""#))
+        return client
+    }
+
+    /// Reads until a frame holds `text`, or fails after `timeout`.
+    func read(_ client: WSTestClient, until text: String, timeout: Duration = .seconds(20)) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let frame = try await client.nextFrame(timeout: deadline - .now)
+            if frame.contains(text) { return }
+        }
+    }
+
+    @Test func anAlpacaFeedHasOneLeaseAndItsClientsOnEveryNodeSurviveAFailover() async throws {
+        try await ClusterHarness.with(nodes: 2, feedRate: 2000, alpaca: true) { cluster in
+            let leader = try await cluster.agreedLeader()
+            let survivor = try #require(cluster.nodeIDs.first { $0 != leader })
+            var clients: [String: WSTestClient] = [:]
+            for id in cluster.nodeIDs {
+                let client = try await alpacaClient("ws://127.0.0.1:\(try cluster.port(id))/v2/iex")
+                try await read(client, until: #"{"T":"t","S":"AAPL""#)
+                clients[id] = client
+            }
+            #expect(cluster.feed.monitor.snapshot.totalConnections == 1, "one upstream connection for the cluster")
+            let health = try await cluster.health(survivor).body
+            #expect((health["vendor"] as? String) == "alpaca", "\(health)")
+
+            try await cluster.kill(leader)
+            let client = try #require(clients[survivor])
+            try await read(client, until: #""T":"relay","status":"upstream_disconnected""#)
+            try await read(client, until: #"{"T":"t","S":"AAPL""#, timeout: .seconds(30))
+            #expect(try await cluster.agreedLeader(among: [survivor]) == survivor)
+            #expect(cluster.feed.monitor.snapshot.maxOpenConnections == 1, "two upstream connections existed at once")
+            #expect(client.closeCode == nil)
+            await client.close()
+        }
+    }
+}
