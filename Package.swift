@@ -176,7 +176,7 @@ let package = Package(
         // stream, snapshots, security details and their cache), and the HTTP surface (routes, JSON).
         .target(
             name: "PortfolioDomain",
-            dependencies: ["PolygonWire", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["PolygonWire", "AlpacaWire", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .target(
@@ -300,7 +300,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PortfolioTests",
-            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP", "MarketDataHub"],
+            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP", "MarketDataHub", "AlpacaWire", "PolygonWire"],
             swiftSettings: strict
         ),
         .testTarget(

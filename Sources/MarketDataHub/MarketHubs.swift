@@ -5,9 +5,32 @@ import PolygonWire
 /// (the portfolio). Value type, `Sendable`.
 package struct MarketHubs: Sendable {
     package let hubs: [Market: MarketDataHub]
+    /// Markets whose hubs carry Alpaca's events (`t.AAPL`, `q.BTC/USD`) rather than Polygon's.
+    package let alpaca: Set<Market>
 
-    package init(_ hubs: [Market: MarketDataHub]) {
+    package init(_ hubs: [Market: MarketDataHub], alpaca: Set<Market> = []) {
         self.hubs = hubs
+        self.alpaca = alpaca
+    }
+
+    /// The topics that price a held symbol on the hub that serves it: Polygon's (``priceTopics(of:)``),
+    /// or Alpaca's trades and quotes (`t`/`q`, a crypto pair as Alpaca names it: `X:BTC-USD` is `BTC/USD`).
+    package func priceTopics(of symbol: String) -> [Topic] {
+        let market = Market.of(ticker: symbol)
+        guard alpaca.contains(market) else { return Self.priceTopics(of: symbol) }
+        let ticker = Self.alpacaTicker(of: symbol, market: market)
+        return ["t", "q"].compactMap { Topic(eventType: $0, ticker: ticker) }
+    }
+
+    /// The held symbol an event prices (an Alpaca crypto pair `BTC/USD` prices `X:BTC-USD`).
+    package func heldSymbol(of event: MarketEvent, on market: Market) -> String {
+        guard alpaca.contains(market), market == .crypto else { return event.ticker }
+        return "X:" + event.ticker.replacingOccurrences(of: "/", with: "-")
+    }
+
+    static func alpacaTicker(of symbol: String, market: Market) -> String {
+        guard market == .crypto else { return symbol }
+        return String((symbol.hasPrefix("X:") ? symbol.dropFirst(2) : symbol[...]).map { $0 == "-" ? "/" : $0 })
     }
 
     /// One hub serving stocks (a one-market relay, tests).

@@ -106,8 +106,8 @@ public actor PortfolioService: Service {
         try await backfill()
         await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Void.self) { group in
-                for subscription in subscriptions.values {
-                    group.addTask { await self.consume(subscription.events) }
+                for (market, subscription) in subscriptions {
+                    group.addTask { await self.consume(subscription.events, on: market) }
                 }
                 group.addTask { await self.tick() }
                 await group.next()
@@ -119,10 +119,11 @@ public actor PortfolioService: Service {
         for watcher in watchers.values { watcher.finish() }
     }
 
-    private func consume(_ events: HubSubscription.Events) async {
+    private func consume(_ events: HubSubscription.Events, on market: Market) async {
         for await event in events where !event.isNotice {
-            let hadPrice = prices[event.ticker].map { $0.lastTrade != nil || $0.lastQuoteMid != nil } ?? false
-            prices[event.ticker, default: SymbolPrices()].apply(event, now: .now)
+            let symbol = hubs.heldSymbol(of: event, on: market)
+            let hadPrice = prices[symbol].map { $0.lastTrade != nil || $0.lastQuoteMid != nil } ?? false
+            prices[symbol, default: SymbolPrices()].apply(event, now: .now)
             if !hadPrice { snapshotDue = true }
             await valuationChanged()
         }
@@ -197,13 +198,13 @@ public actor PortfolioService: Service {
             var topics: [Market: [Topic]] = [:]
             for symbol in symbols {
                 guard let (market, _) = hubs.hub(for: symbol) else { continue }
-                topics[market, default: []] += MarketHubs.priceTopics(of: symbol)
+                topics[market, default: []] += hubs.priceTopics(of: symbol)
             }
             return topics
         }
         for symbol in added {
             guard let (_, hub) = hubs.hub(for: symbol) else { continue }
-            for topic in MarketHubs.priceTopics(of: symbol) {
+            for topic in hubs.priceTopics(of: symbol) {
                 if let last = await hub.lastEvent(for: topic) { prices[symbol, default: SymbolPrices()].apply(last, now: .now) }
             }
         }

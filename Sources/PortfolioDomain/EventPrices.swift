@@ -1,8 +1,10 @@
 import Foundation
+import AlpacaWire
 import NIOCore
 import PolygonWire
 
-/// Reads exact prices out of Polygon events: the number's own text, never a `Double` in between.
+/// Reads exact prices out of Polygon events (the number's own text, never a `Double` in between) and
+/// Alpaca's (MessagePack doubles, at their shortest decimal text).
 public enum EventPrices {
     /// The raw text of a top-level numeric field, e.g. `"p":189.05` → `189.05`.
     public static func number(_ field: String, in bytes: ByteBuffer) -> Decimal? {
@@ -22,8 +24,39 @@ public enum EventPrices {
         return Date(timeIntervalSince1970: NSDecimalNumber(decimal: ms).doubleValue / 1000)
     }
 
-    /// Updates a symbol's prices from a trade or quote event.
+    /// Updates a symbol's prices from an Alpaca trade (`t`) or quote (`q`): a MessagePack map whose
+    /// prices are binary doubles, taken at their shortest decimal text (`187.25`, not `187.2500000001`).
+    static func applyAlpaca(_ event: MarketEvent, to prices: inout SymbolPrices, now: Date) {
+        guard let value = try? MessagePack.decode(event.bytes.readableBytesView) else { return }
+        func decimal(_ field: String) -> Decimal? {
+            switch value[field] {
+            case .double(let number)?: number.isFinite ? DecimalText.parse("\(number)") : nil
+            case let other?: other.integer.map { Decimal($0) }
+            case nil: nil
+            }
+        }
+        var at = now
+        if case .timestamp(let seconds, let nanoseconds)? = value["t"] {
+            at = Date(timeIntervalSince1970: Double(seconds) + Double(nanoseconds) / 1e9)
+        }
+        switch event.eventType {
+        case "t":
+            if let price = decimal("p"), price > 0 { prices.lastTrade = PriceObservation(value: price, at: at, source: .trade) }
+        case "q":
+            if let bid = decimal("bp"), let ask = decimal("ap"), bid > 0, ask >= bid {
+                prices.lastQuoteMid = PriceObservation(value: (bid + ask) / 2, at: at, source: .quoteMid)
+            }
+        default:
+            break
+        }
+    }
+
+    /// Updates a symbol's prices from a trade or quote event (Polygon's JSON, or Alpaca's `t`/`q`).
     public static func apply(_ event: MarketEvent, to prices: inout SymbolPrices, now: Date) {
+        if event.eventType == "t" || event.eventType == "q" {
+            applyAlpaca(event, to: &prices, now: now)
+            return
+        }
         // Read as text once; each field is then found in it.
         let text = String(buffer: event.bytes)
         let at = time(in: text, default: now)

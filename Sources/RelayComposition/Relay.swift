@@ -255,7 +255,9 @@ public final class Relay: Service, Sendable {
             throw RelaySettings.InvalidSetting(description: "upstream: no market configured")
         }
         let hub = primary.hub
-        let hubs = MarketHubs(Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }))
+        let hubs = MarketHubs(
+            Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }),
+            alpaca: Set(markets.filter { $0.source.vendor == .alpaca }.map(\.source.market)))
 
         var portfolio: PortfolioService?
         var browser: SecurityBrowser?

@@ -1,0 +1,36 @@
+import AlpacaWire
+import Foundation
+import PolygonWire
+import Testing
+
+@testable import MarketDataHub
+@testable import PortfolioDomain
+
+/// The portfolio priced from Alpaca's stream: its trades and quotes (MessagePack doubles, at their
+/// shortest decimal text), its crypto pairs named as the holdings name them.
+@Suite("Portfolio: prices from Alpaca's events")
+struct AlpacaPricesTests {
+    @Test func aTradeIsTheLastPriceAndAQuoteItsMidExactly() {
+        var prices = SymbolPrices()
+        let at: Int64 = 1_700_000_000_250_000_000
+        EventPrices.apply(AlpacaEvents.trade("AAPL", id: 1, price: 187.25, size: 10, nanoseconds: at), to: &prices, now: .distantPast)
+        #expect(prices.lastTrade?.value == Decimal(string: "187.25"))
+        #expect(prices.lastTrade?.at == Date(timeIntervalSince1970: 1_700_000_000.25))
+        EventPrices.apply(AlpacaEvents.quote("AAPL", bid: 187.1, ask: 187.3, size: 2, nanoseconds: at), to: &prices, now: .distantPast)
+        #expect(prices.lastQuoteMid?.value == Decimal(string: "187.2"), "the mid of 187.1 and 187.3, not of their binary doubles")
+        // A bar prices nothing; a crypto trade's fractional size is no matter.
+        EventPrices.apply(
+            AlpacaEvents.bar("AAPL", open: 1, high: 1, low: 1, close: 1, volume: 1, trades: 1, startNanoseconds: at), to: &prices, now: .distantPast)
+        #expect(prices.lastTrade?.value == Decimal(string: "187.25"))
+    }
+
+    @Test func anAlpacaHubIsFollowedOnItsOwnTopicsAndItsPairsPriceTheHeldSymbols() {
+        let hubs = MarketHubs([.stocks: MarketDataHub(history: nil), .crypto: MarketDataHub(history: nil)], alpaca: [.stocks, .crypto])
+        #expect(hubs.priceTopics(of: "AAPL").map(\.description) == ["t.AAPL", "q.AAPL"])
+        #expect(hubs.priceTopics(of: "X:BTC-USD").map(\.description) == ["t.BTC/USD", "q.BTC/USD"])
+        let trade = AlpacaEvents.trade("BTC/USD", id: 1, price: 60_000.5, size: 0.5, nanoseconds: 0, crypto: true)
+        #expect(hubs.heldSymbol(of: trade, on: .crypto) == "X:BTC-USD")
+        let polygon = MarketHubs([.stocks: MarketDataHub(history: nil)])
+        #expect(polygon.priceTopics(of: "AAPL").map(\.description) == ["T.AAPL", "Q.AAPL"])
+    }
+}
