@@ -37,8 +37,11 @@ struct AlpacaDownstreamTests {
     func withAlpacaRelay(policy: SlowConsumerPolicy = .drop, _ body: (Int, MarketDataHub) async throws -> Void) async throws {
         let stocks = MarketDataHub(policy: policy, history: nil)
         let crypto = MarketDataHub(history: nil)
+        // Besides the plain key, one whose entitlement is AAPL's trades, quotes and bars only.
+        let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL", "c.AAPL", "x.AAPL"])
         var configuration = RelayServerConfiguration(
-            host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
+            host: "127.0.0.1", port: 0,
+            authentication: try ClientAuthentication.resolve(keys: ["client-key"], withRights: [appleOnly], listenHost: "127.0.0.1"))
         configuration.authTimeout = .seconds(5)
         let server = RelayServer(
             configuration: configuration,
@@ -206,6 +209,20 @@ struct AlpacaDownstreamTests {
             while let frame = try? await client.nextFrame(timeout: .seconds(10)) { last = frame }
             #expect(last == #"[{"T":"error","code":407,"msg":"slow client: this connection's buffer of 1000 events was full"}]"#, "\(last.prefix(300))")
             #expect(client.closeCode == 1013)
+        }
+    }
+
+    @Test func aKeyWithoutTheSymbolGets409AndNothingOfIt() async throws {
+        try await withAlpacaRelay { port in
+            let python = try #require(alpacaPython)
+            // alpaca-py logs the error (as for Alpaca's own 409) and gets nothing of MSFT.
+            let refused = try await runPython(
+                Self.script, ["--sdk", "alpaca-py", "--port", "\(port)", "--key", "apple-key", "--symbols", "MSFT", "--seconds", "4"],
+                timeout: .seconds(40), python: python)
+            #expect(refused.status != 0 && refused.output.contains("insufficient subscription (409)"), "\(refused.output.suffix(2000))")
+            #expect(!refused.output.contains("\"symbol\": \"MSFT\""))
+            let allowed = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)", "--key", "apple-key", "--symbols", "AAPL"]))
+            #expect((allowed["trades"]?.count ?? 0) >= 3, "the same key on its own symbol")
         }
     }
 }
