@@ -228,6 +228,7 @@ let package = Package(
         .target(
             name: "RelayBench",
             dependencies: [
+                "AlpacaWire",
                 "PolygonWire", "DemoFeed",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),

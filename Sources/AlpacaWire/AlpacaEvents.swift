@@ -12,7 +12,9 @@ public enum AlpacaEvents {
 
     /// A stock trade (`T` `t`): id, exchange, price, size, conditions, tape; a crypto trade has a
     /// fractional size and the taker side (`tks`) instead of exchange, conditions and tape.
-    public static func trade(_ symbol: String, id: Int64, price: Double, size: Double, nanoseconds: Int64, crypto: Bool = false) -> MarketEvent {
+    public static func trade(
+        _ symbol: String, id: Int64, price: Double, size: Double, nanoseconds: Int64, crypto: Bool = false, extra: [(String, MessagePack.Value)] = []
+    ) -> MarketEvent {
         var fields: [(String, MessagePack.Value)] = [("T", .string("t")), ("S", .string(symbol)), ("i", .int(id))]
         if crypto {
             fields += [("p", .double(price)), ("s", .double(size)), ("t", time(nanoseconds: nanoseconds)), ("tks", .string(id % 2 == 0 ? "B" : "S"))]
@@ -22,11 +24,13 @@ public enum AlpacaEvents {
                 ("t", time(nanoseconds: nanoseconds)),
             ]
         }
-        return event("t", symbol, fields)
+        return event("t", symbol, fields + extra)
     }
 
     /// A quote (`T` `q`): bid and ask price and size (stocks also their exchanges, conditions and tape).
-    public static func quote(_ symbol: String, bid: Double, ask: Double, size: Double, nanoseconds: Int64, crypto: Bool = false) -> MarketEvent {
+    public static func quote(
+        _ symbol: String, bid: Double, ask: Double, size: Double, nanoseconds: Int64, crypto: Bool = false, extra: [(String, MessagePack.Value)] = []
+    ) -> MarketEvent {
         var fields: [(String, MessagePack.Value)] = [("T", .string("q")), ("S", .string(symbol))]
         if crypto {
             fields += [("bp", .double(bid)), ("bs", .double(size)), ("ap", .double(ask)), ("as", .double(size)), ("t", time(nanoseconds: nanoseconds))]
@@ -36,7 +40,7 @@ public enum AlpacaEvents {
                 ("as", .int(Int64(size))), ("c", .array([.string("R")])), ("z", .string("C")), ("t", time(nanoseconds: nanoseconds)),
             ]
         }
-        return event("q", symbol, fields)
+        return event("q", symbol, fields + extra)
     }
 
     /// A minute bar (`T` `b`; `d` daily, `u` updated): open, high, low, close, volume, start, trades,

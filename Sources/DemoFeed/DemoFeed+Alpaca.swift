@@ -9,7 +9,11 @@ import PolygonWire
 extension DemoFeed {
     /// Alpaca's events for what a tick generated: trades (`t`), quotes (`q`) and minute bars (`b`), its
     /// stock symbols as they are and its crypto pairs as Alpaca names them (`X:BTC-USD` is `BTC/USD`).
-    static func alpacaEvents(_ records: [DemoTape.Record], _ bars: [DemoTape.Bar], tickers: [String], market: Market) -> [MarketEvent] {
+    /// - Parameter stamp: when given, added as `"rt"` (send time, Unix ns) for the benchmark's latency.
+    static func alpacaEvents(
+        _ records: [DemoTape.Record], _ bars: [DemoTape.Bar], tickers: [String], market: Market, stamp: Int64? = nil
+    ) -> [MarketEvent] {
+        let extra: [(String, MessagePack.Value)] = stamp.map { [("rt", .int($0))] } ?? []
         let crypto = market == .crypto
         let scale = 1 / Double(pow10(DemoMarket.decimals(of: market)))
         func symbol(_ index: UInt16) -> String? {
@@ -34,12 +38,12 @@ extension DemoFeed {
                 events.append(
                     AlpacaEvents.trade(
                         name, id: record.sequence, price: Double(record.price) * scale, size: crypto ? Double(record.size) / 100 : Double(record.size),
-                        nanoseconds: nanoseconds, crypto: crypto))
+                        nanoseconds: nanoseconds, crypto: crypto, extra: extra))
             case .quote:
                 events.append(
                     AlpacaEvents.quote(
                         name, bid: Double(record.price) * scale, ask: Double(record.ask) * scale,
-                        size: crypto ? Double(record.size) / 100 : Double(record.size), nanoseconds: nanoseconds, crypto: crypto))
+                        size: crypto ? Double(record.size) / 100 : Double(record.size), nanoseconds: nanoseconds, crypto: crypto, extra: extra))
             }
         }
         return events

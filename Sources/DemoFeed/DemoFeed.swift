@@ -401,7 +401,7 @@ public final class DemoFeed: Service, Sendable {
             if market.recording {
                 let (records, bars) = market.takeRecords()
                 tape?.append(records, bars: bars, now: now)
-                if configuration.alpaca { events = Self.alpacaEvents(records, bars, tickers: market.tickers, market: kind) }
+                if configuration.alpaca { events = Self.alpacaEvents(records, bars, tickers: market.tickers, market: kind, stamp: stamp) }
             }
             // A machine that fell behind catches up from now rather than bursting.
             if clock.now - nextTick > tick * 10 { nextTick = clock.now }

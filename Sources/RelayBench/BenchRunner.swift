@@ -45,14 +45,16 @@ public struct BenchRunner: Sendable {
                 c.universes = Dictionary(uniqueKeysWithValues: s.markets.map { ($0, s.tickers(of: $0)) })
                 c.evenRates = true
                 c.stampNanoseconds = true
+                c.alpaca = s.alpaca
                 return c
             }(), logger: logger)
         let feedTask = Task { try await feed.run() }
         defer { feedTask.cancel() }
         var upstreamArguments: [String] = []
         for market in s.markets { upstreamArguments += ["--upstream", try await feed.url(for: market)] }
+        if s.alpaca { upstreamArguments += ["--upstream-secret", "bench"] }
         let feedURL = upstreamArguments.count == 2 ? upstreamArguments[1] : "\(s.markets.count) markets"
-        let paths = s.markets.map { "/\($0)" }.joined(separator: " ")
+        let paths = s.markets.map { s.path(of: $0) }.joined(separator: " ")
 
         // One relay, or a cluster of `nodes` on a NATS server of its own.
         var nats: NATSServerProcess?
@@ -95,14 +97,16 @@ public struct BenchRunner: Sendable {
         for index in 0..<s.subscribers {
             let topics = s.topics(forSubscriber: index)
             let node = index % relays.count
-            subscribers.append(BenchSubscriber(topics: topics, stalled: false, latency: shards[node][(index / relays.count) % 16]))
+            subscribers.append(
+                BenchSubscriber(topics: topics, stalled: false, latency: shards[node][(index / relays.count) % 16], alpaca: s.alpaca))
             nodeOf.append(node)
         }
         let stalledShard = BenchSubscriber.LatencyShard()
         for index in 0..<s.stalledSubscribers {
             subscribers.append(
                 BenchSubscriber(
-                    topics: BenchScenario.channels(of: s.market(ofSubscriber: index)).map { "\($0).*" }, stalled: true, latency: stalledShard))
+                    topics: (s.alpaca ? ["q", "t"] : BenchScenario.channels(of: s.market(ofSubscriber: index))).map { "\($0).*" }, stalled: true,
+                    latency: stalledShard, alpaca: s.alpaca))
             nodeOf.append(index % relays.count)
         }
 
@@ -111,7 +115,7 @@ public struct BenchRunner: Sendable {
             result = try await withThrowingTaskGroup(of: Void.self) { group in
                 try await connect(
                     subscribers,
-                    to: nodeOf.enumerated().map { index, node in "ws://127.0.0.1:\(ports[node])/\(s.market(ofSubscriber: index))" },
+                    to: nodeOf.enumerated().map { index, node in "ws://127.0.0.1:\(ports[node])\(s.path(of: s.market(ofSubscriber: index)))" },
                     window: window, logger: logger, in: &group)
                 defer { group.cancelAll() }
                 var result = try await measure(

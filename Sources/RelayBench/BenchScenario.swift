@@ -27,6 +27,8 @@ public struct BenchScenario: Sendable, Codable {
     /// The markets served, each with its own upstream connection (to the one synthetic feed) and its
     /// share of the rate, the universe and the subscribers (subscriber `i` on market `i % count`).
     public var markets: [Market] = [.stocks]
+    /// Alpaca's protocol on both sides: the feed, the relay's upstream and MessagePack subscribers.
+    public var alpaca = false
 
     public static let fanout = BenchScenario(
         name: "fanout", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
@@ -58,7 +60,22 @@ public struct BenchScenario: Sendable, Codable {
         return scenario
     }()
 
-    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster, .markets]
+    /// `fanout` in Alpaca's protocol: the feed and the relay's upstream speak it, and the subscribers
+    /// are MessagePack clients as Alpaca's SDKs are (`t.`/`q.` of their symbols).
+    public static let alpaca: BenchScenario = {
+        var scenario = BenchScenario.fanout
+        scenario.name = "alpaca"
+        scenario.alpaca = true
+        return scenario
+    }()
+
+    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster, .markets, .alpaca]
+
+    /// A subscriber's WebSocket path on a relay of this scenario.
+    func path(of market: Market) -> String {
+        guard alpaca else { return "/\(market)" }
+        return market == .crypto ? "/v1beta3/crypto/us" : "/v2/iex"
+    }
 
     /// The market's tickers: `S000`, `S001`, … (crypto `X:S000-USD`, options `O:S000`, forex `C:S000-USD`, …).
     func tickers(of market: Market) -> [String] {
@@ -92,7 +109,7 @@ public struct BenchScenario: Sendable, Codable {
     /// The topics of subscriber `index`.
     func topics(forSubscriber index: Int) -> [String] {
         let market = market(ofSubscriber: index)
-        let channels = Self.channels(of: market)
+        let channels = alpaca ? ["q", "t"] : Self.channels(of: market)
         if wildcard { return channels.map { "\($0).*" } }
         return symbols(forSubscriber: index).flatMap { symbol in channels.map { "\($0).\(symbol)" } }
     }

@@ -1,3 +1,4 @@
+import AlpacaWire
 import Histogram
 import HummingbirdWSClient
 import Logging
@@ -35,17 +36,21 @@ final class BenchSubscriber: Sendable {
     let topics: [String]
     let stalled: Bool
     let latency: LatencyShard
+    /// Speaks Alpaca's protocol in MessagePack, as Alpaca's SDKs do.
+    let alpaca: Bool
     let counts = Mutex(Counts())
     let subscribed = Mutex(false)
 
-    init(topics: [String], stalled: Bool, latency: LatencyShard) {
+    init(topics: [String], stalled: Bool, latency: LatencyShard, alpaca: Bool = false) {
         self.topics = topics
         self.stalled = stalled
         self.latency = latency
+        self.alpaca = alpaca
     }
 
     /// Connects and runs until cancelled. `ready` is called once the subscription is acknowledged.
     func run(url: String, window: Window, logger: Logger, ready: @escaping @Sendable () -> Void) async throws {
+        if alpaca { return try await runAlpaca(url: url, window: window, logger: logger, ready: ready) }
         let topics = self.topics
         let stalled = self.stalled
         try await WebSocketClient.connect(url: url, configuration: .init(maxFrameSize: 1 << 22), logger: logger) { inbound, outbound, _ in
@@ -111,6 +116,86 @@ final class BenchSubscriber: Sendable {
                 for value in latencies { _ = histogram.record(value) }
             }
         }
+    }
+
+    /// The same conversation in Alpaca's protocol, MessagePack both ways (`Content-Type` on the upgrade).
+    private func runAlpaca(url: String, window: Window, logger: Logger, ready: @escaping @Sendable () -> Void) async throws {
+        var channels: [String: [MessagePack.Value]] = [:]
+        for topic in topics {
+            guard let dot = topic.firstIndex(of: ".") else { continue }
+            let name = topic[..<dot] == "t" ? "trades" : "quotes"
+            channels[name, default: []].append(.string(String(topic[topic.index(after: dot)...])))
+        }
+        let auth = MessagePack.encode(
+            .map([.init(.string("action"), .string("auth")), .init(.string("key"), .string("bench")), .init(.string("secret"), .string("bench"))]))
+        let subscribe = MessagePack.encode(
+            .map([.init(.string("action"), .string("subscribe"))] + channels.sorted { $0.key < $1.key }.map { .init(.string($0.key), .array($0.value)) }))
+        let stalled = self.stalled
+        var configuration = WebSocketClientConfiguration(maxFrameSize: 1 << 22)
+        configuration.additionalHeaders[.contentType] = "application/msgpack"
+        try await WebSocketClient.connect(url: url, configuration: configuration, logger: logger) { inbound, outbound, _ in
+            try await outbound.write(.binary(ByteBuffer(bytes: auth)))
+            try await outbound.write(.binary(ByteBuffer(bytes: subscribe)))
+            var acknowledged = false
+            for try await message in inbound.messages(maxSize: 1 << 24) {
+                guard case .binary(let data) = message else { continue }
+                let items = (try? data.withUnsafeReadableBytes { try AlpacaFrame.read($0) }) ?? []
+                if !acknowledged, items.contains(where: { if case .control(let value) = $0 { value["T"]?.string == "subscription" } else { false } }) {
+                    acknowledged = true
+                    self.subscribed.withLock { $0 = true }
+                    ready()
+                    if stalled { try await Task.sleep(for: .seconds(86_400)) }
+                }
+                self.recordAlpaca(items, in: data, window: window)
+            }
+        }
+    }
+
+    private func recordAlpaca(_ items: [AlpacaFrame.Item], in data: ByteBuffer, window: Window) {
+        let now = WallClock.nowNanoseconds()
+        let start = window.start.load(ordering: .relaxed)
+        let end = window.end.load(ordering: .relaxed)
+        var latencies: [UInt64] = []
+        var stamps: [Int64] = []
+        var lagging = 0
+        data.withUnsafeReadableBytes { raw in
+            for item in items {
+                switch item {
+                case .event(_, _, let range):
+                    if let rt = Self.alpacaSendStamp(UnsafeRawBufferPointer(rebasing: raw[range])) { stamps.append(rt) }
+                case .control(let value):
+                    if value["status"]?.string == StatusMessage.Kind.lagging || value["code"]?.integer == 407 { lagging += 1 }
+                case .unknown:
+                    break
+                }
+            }
+        }
+        counts.withLock { counts in
+            counts.received += stamps.count
+            counts.laggingNotices += lagging
+            for rt in stamps {
+                counts.byStamp[rt, default: 0] += 1
+                if rt >= start, rt <= end, now > rt { latencies.append(UInt64(now - rt)) }
+                if let after = counts.probeAfter, rt > after, counts.firstArrivalAfterProbe == nil { counts.firstArrivalAfterProbe = now }
+            }
+        }
+        if !latencies.isEmpty {
+            latency.histogram.withLock { histogram in
+                for value in latencies { _ = histogram.record(value) }
+            }
+        }
+    }
+
+    /// The `"rt"` of an Alpaca event (a MessagePack map), its other values passed over unread.
+    static func alpacaSendStamp(_ event: UnsafeRawBufferPointer) -> Int64? {
+        var reader = MessagePack.Reader(event)
+        guard let count = try? reader.mapCount() else { return nil }
+        for _ in 0..<count {
+            guard let key = try? reader.stringBytes() else { return nil }
+            if key.count == 2, key[0] == UInt8(ascii: "r"), key[1] == UInt8(ascii: "t") { return (try? reader.value())?.integer }
+            guard (try? reader.skip()) != nil else { return nil }
+        }
+        return nil
     }
 
     /// The `"rt"` the bench feed appends last to each event: `…,"rt":1763748302311000000}`.
