@@ -198,21 +198,26 @@ final class BenchSubscriber: Sendable {
         return nil
     }
 
-    /// The `"rt"` the bench feed appends last to each event: `…,"rt":1763748302311000000}`.
+    /// The `"rt"` the bench feed appends to each event (`…,"rt":1763748302311000000`), found from the
+    /// end: the relay writes its positions (`"_s"`, `"_m"`) after it.
     static func sendStamp(_ bytes: ByteBuffer) -> Int64? {
         bytes.withUnsafeReadableBytes { raw -> Int64? in
-            var index = raw.count - 2  // before the closing brace
-            var value: Int64 = 0
-            var scale: Int64 = 1
-            while index >= 0, raw[index] >= 0x30, raw[index] <= 0x39 {
-                value += Int64(raw[index] - 0x30) * scale
-                scale &*= 10
-                index -= 1
+            let key = Array(#","rt":"#.utf8)
+            var start = raw.count - key.count
+            while start >= 0 {
+                if raw[start] == key[0], (0..<key.count).allSatisfy({ raw[start + $0] == key[$0] }) { break }
+                start -= 1
             }
-            guard index >= 4, raw[index] == UInt8(ascii: ":"), raw[index - 1] == UInt8(ascii: "\""),
-                raw[index - 2] == UInt8(ascii: "t"), raw[index - 3] == UInt8(ascii: "r")
-            else { return nil }
-            return value
+            guard start >= 0 else { return nil }
+            var index = start + key.count
+            var value: Int64 = 0
+            var digits = 0
+            while index < raw.count, raw[index] >= 0x30, raw[index] <= 0x39, digits < 19 {
+                value = value * 10 + Int64(raw[index] - 0x30)
+                index += 1
+                digits += 1
+            }
+            return digits > 0 ? value : nil
         }
     }
 }
