@@ -62,6 +62,8 @@ public enum AlpacaJSON {
 
     /// RFC 3339 in UTC, the fraction without trailing zeros (none when whole).
     public static func rfc3339(seconds: Int64, nanoseconds: UInt32) -> String {
+        // Years 0 to 9999 only (what RFC 3339 can write); anything else as its plain count of seconds.
+        guard (-62_167_219_200...253_402_300_799).contains(seconds) else { return "\(seconds)" }
         let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
         let secondOfDay = seconds - days * 86_400
         let (year, month, day) = civil(fromDays: days)

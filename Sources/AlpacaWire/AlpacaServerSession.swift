@@ -19,10 +19,14 @@ public struct AlpacaServerSession: Sendable {
         public var removed: [Topic] = []
         /// Close after sending `frames` (a failed auth).
         public var close = false
+        /// The key was right but may not use this connection's market (answered at once: no guess).
+        public var marketRefused = false
     }
 
     public let codec: AlpacaCodec
     public let feed: AlpacaFeed
+    /// The relay's market this feed is served as (a key's markets and per-market patterns apply).
+    public let market: Market?
     public let limits: SessionLimits
     public private(set) var grant: ClientGrant?
     public private(set) var topics: Set<Topic> = []
@@ -32,11 +36,12 @@ public struct AlpacaServerSession: Sendable {
     private var rate: MessageRate
 
     public init(
-        codec: AlpacaCodec, feed: AlpacaFeed, limits: SessionLimits = SessionLimits(), budget: TopicBudget? = nil,
+        codec: AlpacaCodec, feed: AlpacaFeed, market: Market? = nil, limits: SessionLimits = SessionLimits(), budget: TopicBudget? = nil,
         grants authenticate: @escaping @Sendable (String) -> ClientGrant?
     ) {
         self.codec = codec
         self.feed = feed
+        self.market = market
         var limits = limits
         limits.eventTypes = feed.eventTypes
         self.limits = limits
@@ -65,6 +70,13 @@ public struct AlpacaServerSession: Sendable {
                 reaction.close = true
                 return reaction
             }
+            if let market, !granted.entitlement.allows(market: market) {
+                // As Alpaca answers a feed outside the plan: 409, then closed.
+                var reaction = error(.insufficientSubscription, "key \"\(granted.name)\" may not use the \(market) market")
+                reaction.close = true
+                reaction.marketRefused = true
+                return reaction
+            }
             grant = granted
             return Reaction(frames: [codec.frame([AlpacaControl.authenticated])])
         case "subscribe", "unsubscribe":
@@ -82,6 +94,8 @@ public struct AlpacaServerSession: Sendable {
     private mutating func change(_ message: MessagePack.Value, subscribe: Bool) -> Reaction {
         guard case .map(let entries) = message else { return error(.invalidSyntax) }
         var asked: [Topic] = []
+        // A trade's corrections and cancel errors come with it where the key allows them, never refusing it.
+        var implied: [Topic] = []
         for entry in entries {
             guard let name = entry.key.string, name != "action" else { continue }
             guard let channel = AlpacaChannel(rawValue: name) else { return error(.invalidSyntax, "unknown channel \(name.prefix(32))") }
@@ -96,8 +110,8 @@ public struct AlpacaServerSession: Sendable {
                 asked.append(topic)
                 // Alpaca sends a trade's corrections and cancel errors to whoever takes its trades.
                 if channel == .trades, !feed.isCrypto {
-                    for implied in [AlpacaChannel.corrections, .cancelErrors] {
-                        if let topic = Topic(eventType: implied.eventType, ticker: text) { asked.append(topic) }
+                    for channel in [AlpacaChannel.corrections, .cancelErrors] {
+                        if let topic = Topic(eventType: channel.eventType, ticker: text) { implied.append(topic) }
                     }
                 }
             }
@@ -107,7 +121,11 @@ public struct AlpacaServerSession: Sendable {
             var wanted: [Topic] = []
             var seen = Set<Topic>()
             for topic in asked where !topics.contains(topic) && seen.insert(topic).inserted {
-                if let grant, !grant.entitlement.allows(topic) { return error(.insufficientSubscription) }
+                if let grant, !grant.entitlement.allows(topic, in: market) { return error(.insufficientSubscription) }
+                wanted.append(topic)
+            }
+            for topic in implied where !topics.contains(topic) && seen.insert(topic).inserted {
+                if let grant, !grant.entitlement.allows(topic, in: market) { continue }
                 wanted.append(topic)
             }
             guard topics.count + wanted.count <= limits.topicsPerConnection else {
@@ -123,7 +141,7 @@ public struct AlpacaServerSession: Sendable {
             topics.formUnion(wanted)
             reaction.added = wanted
         } else {
-            for topic in asked where topics.remove(topic) != nil { reaction.removed.append(topic) }
+            for topic in asked + implied where topics.remove(topic) != nil { reaction.removed.append(topic) }
             if !reaction.removed.isEmpty, let budget, let grant { budget.release(reaction.removed, grant) }
         }
         reaction.frames = [codec.frame([subscription])]

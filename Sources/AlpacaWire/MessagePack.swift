@@ -180,9 +180,11 @@ extension MessagePack {
             case 4: return .timestamp(seconds: Int64(try reader.big(4)), nanoseconds: 0)
             case 8:
                 let both = try reader.big(8)
+                guard both >> 34 < 1_000_000_000 else { throw .unexpected("a timestamp's nanoseconds under 10⁹") }
                 return .timestamp(seconds: Int64(both & 0x3_FFFF_FFFF), nanoseconds: UInt32(both >> 34))
             case 12:
                 let nanoseconds = UInt32(try reader.big(4))
+                guard nanoseconds < 1_000_000_000 else { throw .unexpected("a timestamp's nanoseconds under 10⁹") }
                 return .timestamp(seconds: Int64(bitPattern: try reader.big(8)), nanoseconds: nanoseconds)
             default: throw .unexpected("a timestamp of 4, 8 or 12 bytes, not \(count)")
             }

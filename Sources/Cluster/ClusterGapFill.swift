@@ -167,7 +167,7 @@ final class ClusterGapFill: Sendable {
         var earliest: [Topic: MarketEvent?] = [:]
         for ask in asks {
             for held in ask.topics {
-                holders[held.topic, default: 0] += held.holders
+                holders[held.topic, default: 0] = min(holders[held.topic, default: 0] + held.holders, FillWire.maxHolders * 1_000)
                 let order = RecoveryOrder(eventType: held.topic.eventType)
                 switch earliest[held.topic] {
                 case .none: earliest[held.topic] = .some(held.lastBefore)

@@ -92,12 +92,13 @@ enum FillWire {
     static func readAsk(_ bytes: UnsafeRawBufferPointer, market: Market, rules: SessionLimits) -> Ask? {
         var reader = Reader(bytes)
         guard let head = reader.line(), head.count == 5, head[0] == "A", let node = ClusterSubjects.decodeToken(head[1]),
-            let generation = Int(head[2]), let from = Int64(head[3]), let through = Int64(head[4]), from <= through
+            let generation = Int(head[2]), let from = Int64(head[3]), let through = Int64(head[4]), Self.plausible(from, through)
         else { return nil }
         var topics: [GapFillRequest.Held] = []
         while !reader.isAtEnd {
             guard let fields = reader.line(), fields.count == 4, let topic = topic(fields[0], fields[1]), rules.problem(with: topic) == nil,
-                !topic.isWildcard, let holders = Int(fields[2]), holders > 0, let length = Int(fields[3]), let last = reader.bytes(length)
+                !topic.isWildcard, let holders = Int(fields[2]), (1...Self.maxHolders).contains(holders), let length = Int(fields[3]),
+                let last = reader.bytes(length)
             else { return nil }
             var lastBefore: MarketEvent?
             if length > 0 {
@@ -128,7 +129,8 @@ enum FillWire {
     /// A fill's end, and the asks it answered (`node/generation`).
     static func readEnd(_ bytes: UnsafeRawBufferPointer) -> (end: RecoveryEnd, answered: [String])? {
         var reader = Reader(bytes)
-        guard let head = reader.line(), head.count == 5, head[0] == "S", let from = Int64(head[2]), let through = Int64(head[3]) else {
+        // The first line names every ask answered: as long as the message allows.
+        guard let head = reader.line(limit: maxMessageBytes), head.count == 5, head[0] == "S", let from = Int64(head[2]), let through = Int64(head[3]) else {
             return nil
         }
         let answered = head[4].split(separator: ",").map(String.init)
@@ -154,6 +156,14 @@ enum FillWire {
         return (.filled(summary), answered)
     }
 
+    /// The most holders one ask may claim for a topic (a node's clients; more is no node's).
+    static let maxHolders = 10_000_000
+
+    /// A window of Unix ms a node could have seen: from after 2000 to a day past now, in order.
+    static func plausible(_ from: Int64, _ through: Int64, now: Int64 = WallClock.nowMilliseconds()) -> Bool {
+        from >= 946_684_800_000 && from <= through && through <= now + 86_400_000
+    }
+
     // MARK: parts
 
     private static func name(_ topic: Topic) -> String {
@@ -174,17 +184,17 @@ enum FillWire {
 
         var isAtEnd: Bool { index >= bytes.count }
 
-        /// The next line (at most 4 KiB), whole.
-        mutating func text() -> Substring? {
-            guard let end = bytes[index...].prefix(4096).firstIndex(of: UInt8(ascii: "\n")) else { return nil }
+        /// The next line (at most `limit` bytes), whole.
+        mutating func text(limit: Int = 4096) -> Substring? {
+            guard let end = bytes[index...].prefix(limit).firstIndex(of: UInt8(ascii: "\n")) else { return nil }
             let line = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[index..<end]), as: UTF8.self)
             index = end + 1
             return Substring(line)
         }
 
         /// The next line's space-separated fields.
-        mutating func line() -> [Substring]? {
-            text().map { $0.split(separator: " ", omittingEmptySubsequences: false) }
+        mutating func line(limit: Int = 4096) -> [Substring]? {
+            text(limit: limit).map { $0.split(separator: " ", omittingEmptySubsequences: false) }
         }
 
         mutating func bytes(_ count: Int) -> UnsafeRawBufferPointer? {

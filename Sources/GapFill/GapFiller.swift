@@ -162,9 +162,10 @@ public actor GapFiller {
         let lastBefore = held.lastBefore.flatMap { order.value(of: $0) }
         // Trades and quotes from the last one the relay had (its millisecond: `q` tells them apart), or
         // from the outage's start; bars from the start of the minute it began in.
+        // The last event's own time, within a day before the window (a wild `t` asks for nothing absurd).
         let fromMs = source == .minuteBars
             ? request.from / 60_000 * 60_000
-            : (held.lastBefore.flatMap { RecoveryOrder.time.value(of: $0) } ?? request.from)
+            : min(max(held.lastBefore.flatMap { RecoveryOrder.time.value(of: $0) } ?? request.from, request.from - 86_400_000), request.through)
         var events: [(MarketEvent, Int64)] = []
         var next: String?
         var firstPage = true

@@ -158,9 +158,10 @@ struct PendingGap {
 
 extension MarketDataHub: RecoveryOutlet {
     /// The most outages a topic keeps waiting for a fill; an older one is given up (its holders had the
-    /// notice), as is one older than ``pendingGapLifetime``.
+    /// notice), as is one older than ``pendingGapLifetime`` (the fill's longest window by default: a
+    /// union reaching further back would only be skipped, taking the new outage with it).
     static let pendingGapsPerTopic = 8
-    static let pendingGapLifetime: Int64 = 3_600_000
+    static let pendingGapLifetime: Int64 = 900_000
 
     /// Asks `handler` to fill each outage once the upstream is back (the relay's gap fill); `nil` stops it.
     public func setRecoveryHandler(_ handler: (@Sendable (GapFillRequest) -> Void)?) {
@@ -174,11 +175,26 @@ extension MarketDataHub: RecoveryOutlet {
     func requestFill(from: Int64, through: Int64) {
         guard let recoveryHandler else { return }
         fillGeneration += 1
+        // Every topic's old outages go, held or not (a topic nobody holds keeps none for long).
+        for (topic, gaps) in pendingGaps {
+            let kept = gaps.filter { through - $0.through < Self.pendingGapLifetime }
+            pendingGaps[topic] = kept.isEmpty ? nil : kept
+        }
+        recoveredThrough = recoveredThrough.filter { entries[$0.key].map { !$0.subscribers.isEmpty } ?? false }
         var held: [GapFillRequest.Held] = []
         var earliest = from
         for (topic, entry) in entries where !entry.subscribers.isEmpty {
-            var gaps = (pendingGaps[topic] ?? []).filter { through - $0.through < Self.pendingGapLifetime }
-            gaps.append(PendingGap(generation: fillGeneration, from: from, through: through, after: entry.last, before: nil))
+            var gaps = pendingGaps[topic] ?? []
+            // After what the topic's holders have: its last live event, or a recovered one past it (a
+            // quiet topic's last live event can be older than what an earlier fill brought).
+            let order = RecoveryOrder(eventType: topic.eventType)
+            var after = entry.last
+            if let recovered = recoveredThrough[topic],
+                (order.value(of: recovered) ?? .min) > (after.flatMap(order.value(of:)) ?? .min)
+            {
+                after = recovered
+            }
+            gaps.append(PendingGap(generation: fillGeneration, from: from, through: through, after: after, before: nil))
             if gaps.count > Self.pendingGapsPerTopic { gaps.removeFirst(gaps.count - Self.pendingGapsPerTopic) }
             pendingGaps[topic] = gaps
             fillWatch.insert(topic)
@@ -228,6 +244,11 @@ extension MarketDataHub: RecoveryOutlet {
         // Its own bytes: a kept event must not hold a whole NATS message or REST page alive.
         for (index, event) in raised { gaps[index].after = event.compacted() }
         pendingGaps[topic] = gaps
+        if let newest = events.max(by: { (order.value(of: $0) ?? .min) < (order.value(of: $1) ?? .min) }),
+            (order.value(of: newest) ?? .min) > (recoveredThrough[topic].flatMap(order.value(of:)) ?? .min)
+        {
+            recoveredThrough[topic] = newest.compacted()
+        }
         guard !events.isEmpty else { return 0 }
         if let history, !adoptsPositions {
             events = history.keep(events, at: WallClock.nowMilliseconds())

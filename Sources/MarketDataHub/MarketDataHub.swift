@@ -110,6 +110,8 @@ public actor MarketDataHub {
     /// outages not filled yet, and those still watched for their first live event after the outage.
     var recoveryHandler: (@Sendable (GapFillRequest) -> Void)?
     var pendingGaps: [Topic: [PendingGap]] = [:]
+    /// Per topic held by name, the newest recovered event delivered (a later outage's fill starts after it).
+    var recoveredThrough: [Topic: MarketEvent] = [:]
     var fillWatch: Set<Topic> = []
     var fillGeneration = 0
     var gapFillCounts = GapFillCounts()

@@ -30,7 +30,8 @@ public enum EventPrices {
         guard let value = try? MessagePack.decode(event.bytes.readableBytesView) else { return }
         func decimal(_ field: String) -> Decimal? {
             switch value[field] {
-            case .double(let number)?: number.isFinite ? DecimalText.parse("\(number)") : nil
+            // Swift writes tiny doubles with an exponent (`1.234e-05`), which Decimal reads too.
+            case .double(let number)?: number.isFinite ? DecimalText.parse("\(number)") ?? Decimal(string: "\(number)") : nil
             case let other?: other.integer.map { Decimal($0) }
             case nil: nil
             }

@@ -200,7 +200,8 @@ public final class Relay: Service, Sendable {
             let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
             let interest = LocalInterest()
             let hub = MarketDataHub(
-                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+                // Alpaca sends no last value on subscribe: its SDKs would take one for a new event.
+                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe && source.vendor == .polygon,
                 keepsUnwantedLastValues: !clustered,
                 // In a cluster the leader gives the positions and every node adopts them. Alpaca's events
                 // are MessagePack, which the positions (written into JSON) do not fit yet: no history.

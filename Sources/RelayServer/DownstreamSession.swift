@@ -76,7 +76,8 @@ extension AlpacaServerSession: DownstreamSession {
     mutating func receive(_ message: ByteBuffer) -> DownstreamReaction {
         let reaction: Reaction = receive(Array(message.readableBytesView), at: .now)
         return DownstreamReaction(
-            frames: reaction.frames.map { ByteBuffer(bytes: $0) }, added: reaction.added, removed: reaction.removed, close: reaction.close)
+            frames: reaction.frames.map { ByteBuffer(bytes: $0) }, added: reaction.added, removed: reaction.removed, close: reaction.close,
+            marketRefused: reaction.marketRefused)
     }
 
     var connectedFrame: ByteBuffer { ByteBuffer(bytes: codec.frame([AlpacaControl.connected])) }

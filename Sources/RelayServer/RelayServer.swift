@@ -245,7 +245,8 @@ public final class RelayServer: Service, Sendable {
                 case .polygon: ServerSession(limits: route.limits, budget: route.ledger.budget, grants: { authentication.grant(for: $0) })
                 case .alpaca(let feed):
                     AlpacaServerSession(
-                        codec: codec, feed: feed, limits: configuration.limits, budget: route.ledger.budget, grants: { authentication.grant(for: $0) })
+                        codec: codec, feed: feed, market: route.market, limits: configuration.limits, budget: route.ledger.budget,
+                        grants: { authentication.grant(for: $0) })
                 }
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,

@@ -65,6 +65,20 @@ struct AlpacaSessionTests {
         #expect(session.topics.isEmpty, "no error changed anything")
     }
 
+    @Test func aKeyOutsideTheMarketIsRefusedAtAuthAndATradeNeedsNoRightToItsCorrections() {
+        var crypto = AlpacaServerSession(codec: .json, feed: .crypto, market: .crypto) { _ in
+            ClientGrant(name: "k", entitlement: Entitlement(patterns: nil, markets: [.stocks]))
+        }
+        let refused = crypto.receive(json(#"{"action":"auth","key":"k","secret":"x"}"#))
+        #expect(refused.close && refused.marketRefused && read(refused.frames[0], .json).first?["code"] == .int(409))
+        var stocks = AlpacaServerSession(codec: .json, feed: .iex, market: .stocks) { _ in
+            ClientGrant(name: "k", entitlement: Entitlement(patterns: [Topic(eventType: "t", ticker: "AAPL")!]))
+        }
+        _ = stocks.receive(json(#"{"action":"auth","key":"k","secret":"x"}"#))
+        let trades = stocks.receive(json(#"{"action":"subscribe","trades":["AAPL"]}"#))
+        #expect(trades.added.map(\.description) == ["t.AAPL"], "corrections and cancel errors only where the key allows them")
+    }
+
     @Test func anEntitlementThatDoesNotCoverASymbolIsInsufficientSubscription() {
         var session = AlpacaServerSession(codec: .json, feed: .iex) { _ in
             ClientGrant(name: "k", entitlement: Entitlement(patterns: [Topic(eventType: "t", ticker: "AAPL")!]))

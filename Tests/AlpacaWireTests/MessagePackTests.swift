@@ -39,6 +39,8 @@ struct MessagePackTests {
             [], [0xC1], [0xA5, 0x61], [0x92, 0x01], [0xDD, 0xFF, 0xFF, 0xFF, 0xFF], [0xDF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01],
             [0xDB, 0x7F, 0xFF, 0xFF, 0xFF], [0xA2, 0xFF, 0xFE], [0xC7, 3, 0xFF, 1, 2, 3], [0x01, 0x02],
             Array(repeating: 0x91, count: 100) + [0xC0],
+            // Timestamps whose nanoseconds are 10⁹ or more.
+            [0xD7, 0xFF, 0xFF, 0xFF, 0xFF, 0xFC, 0, 0, 0, 1], [0xC7, 12, 0xFF, 0x3B, 0x9A, 0xCA, 0x00, 0, 0, 0, 0, 0, 0, 0, 1],
         ]
         for bytes in bad {
             #expect(throws: MessagePack.ReadError.self, "\(bytes.prefix(8))") { try MessagePack.decode(bytes) }
@@ -63,6 +65,9 @@ struct AlpacaJSONTests {
         #expect(AlpacaJSON.rfc3339(seconds: 1_653_403_814, nanoseconds: 653_397_416) == "2022-05-24T14:50:14.653397416Z")
         #expect(AlpacaJSON.rfc3339(seconds: 0, nanoseconds: 1) == "1970-01-01T00:00:00.000000001Z")
         #expect(AlpacaJSON.rfc3339(seconds: 951_782_400, nanoseconds: 0) == "2000-02-29T00:00:00Z")
+        // Past what RFC 3339 writes: no crash, the plain seconds.
+        #expect(AlpacaJSON.rfc3339(seconds: Int64.min, nanoseconds: 0) == "\(Int64.min)")
+        #expect(AlpacaJSON.rfc3339(seconds: -62_167_219_200, nanoseconds: 0) == "0000-01-01T00:00:00Z")
     }
 
     @Test func aTradeReadsAsAlpacasJSON() {

@@ -18,13 +18,13 @@ struct FillWireTests {
 
     @Test func anAskReadsBackWithItsTopicsHoldersAndLastEvents() throws {
         let ask = FillWire.Ask(
-            node: "node one", generation: 3, from: 1_000, through: 5_000,
+            node: "node one", generation: 3, from: 1_700_000_000_000, through: 1_700_000_004_000,
             topics: [
                 GapFillRequest.Held(topic: topic("T.BRK.B"), holders: 2, lastBefore: trade("BRK.B", 7)),
                 GapFillRequest.Held(topic: topic("Q.MSFT"), holders: 1, lastBefore: nil),
             ])
         let read = try #require(FillWire.ask(ask).withUnsafeBytes { FillWire.readAsk($0, market: .stocks, rules: rules) })
-        #expect(read.id == "node=20one/3" && read.node == "node one" && read.from == 1_000 && read.through == 5_000)
+        #expect(read.id == "node=20one/3" && read.node == "node one" && read.from == 1_700_000_000_000 && read.through == 1_700_000_004_000)
         #expect(read.topics.map(\.topic) == [topic("T.BRK.B"), topic("Q.MSFT")] && read.topics.map(\.holders) == [2, 1])
         #expect(RecoveryOrder.sequence.value(of: try #require(read.topics[0].lastBefore)) == 7 && read.topics[1].lastBefore == nil)
     }
@@ -64,13 +64,16 @@ struct FillWireTests {
 
     @Test func malformedMessagesReadAsNothing() {
         let good = FillWire.ask(
-            FillWire.Ask(node: "n", generation: 1, from: 1, through: 2, topics: [GapFillRequest.Held(topic: topic("T.AAPL"), holders: 1, lastBefore: trade("AAPL", 1))]))
+            FillWire.Ask(node: "n", generation: 1, from: 1_700_000_000_000, through: 1_700_000_001_000, topics: [GapFillRequest.Held(topic: topic("T.AAPL"), holders: 1, lastBefore: trade("AAPL", 1))]))
         let bad: [[UInt8]] = [
             [], Array("A n 1 2\n".utf8), Array("A n x 1 2\n".utf8), Array("A n 1 5 2\n".utf8),
-            Array(good.dropLast()), Array("A n 1 1 2\nT * 1 0\n".utf8), Array("A n 1 1 2\nT AAPL 1 999\n{}".utf8),
-            Array("A n 1 1 2\nT AAPL 1 2\n{}".utf8),
+            Array(good.dropLast()), Array("A n 1 1700000000000 1700000001000\nT * 1 0\n".utf8), Array("A n 1 1700000000000 1700000001000\nT AAPL 1 999\n{}".utf8),
+            Array("A n 1 1700000000000 1700000001000\nT AAPL 1 2\n{}".utf8),
+            // Windows no node could have seen, and holders past any node's.
+            Array("A n 1 -9223372036854775808 9223372036854775807\n".utf8), Array("A n 1 1000 2000\n".utf8),
+            Array("A n 1 1700000000000 1700000001000\nT AAPL 99999999999 0\n".utf8),
             // An event of another topic than its message names.
-            Array("A n 1 1 2\nT MSFT 1 \(trade("AAPL", 1).bytes.readableBytes)\n".utf8) + Array(trade("AAPL", 1).bytes.readableBytesView),
+            Array("A n 1 1700000000000 1700000001000\nT MSFT 1 \(trade("AAPL", 1).bytes.readableBytes)\n".utf8) + Array(trade("AAPL", 1).bytes.readableBytesView),
         ]
         for message in bad {
             #expect(message.withUnsafeBytes { FillWire.readAsk($0, market: .stocks, rules: rules) } == nil, "\(String(decoding: message, as: UTF8.self))")

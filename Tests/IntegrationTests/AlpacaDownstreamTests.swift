@@ -38,7 +38,7 @@ struct AlpacaDownstreamTests {
         let stocks = MarketDataHub(policy: policy, history: nil)
         let crypto = MarketDataHub(history: nil)
         // Besides the plain key, one whose entitlement is AAPL's trades, quotes and bars only.
-        let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL", "c.AAPL", "x.AAPL"])
+        let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL"])
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0,
             authentication: try ClientAuthentication.resolve(keys: ["client-key"], withRights: [appleOnly], listenHost: "127.0.0.1"))

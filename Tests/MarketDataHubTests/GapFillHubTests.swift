@@ -113,4 +113,27 @@ struct GapFillHubTests {
         let replay = try await take(4, from: resumed.events)
         #expect(replay.compactMap { fields($0)["q"] as? Int } == [11, 12, 13], "\(replay.map(\.json))")
     }
+
+    @Test func aQuietTopicsNextFillStartsAfterWhatTheLastFillBrought() async throws {
+        let hub = MarketDataHub(history: nil)
+        let requests = Mutex<[GapFillRequest]>([])
+        await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        let other = MarketEvent(eventType: "T", ticker: "MSFT", bytes: ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"q":1}"#))
+        let topic = Topic(parsing: "T.AAPL")!
+        await hub.publish([trade(10)])
+        await hub.upstreamLost(reason: "one")
+        await hub.publish([other])  // back; AAPL stays quiet
+        let first = try #require(requests.withLock { $0.last })
+        #expect(await hub.deliverRecovered(topic, (11...14).map { trade($0, recovered: true) }, order: .sequence) == 4)
+        await hub.announceRecovered(GapFillSummary(from: first.from, through: first.through), generation: first.generation)
+        await hub.upstreamLost(reason: "two")
+        await hub.publish([other])
+        let second = try #require(requests.withLock { $0.last })
+        #expect(RecoveryOrder.sequence.value(of: try #require(second.topics.first?.lastBefore)) == 14, "after what the first fill brought")
+        #expect(await hub.deliverRecovered(topic, (11...16).map { trade($0, recovered: true) }, order: .sequence) == 2)
+        // 10, the first outage's two notices, 11…14, the second's two, 15 and 16: nothing twice.
+        let got = try await take(11, from: named.events)
+        #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 11, 12, 13, 14, 15, 16], "\(got.map(\.json))")
+    }
 }
