@@ -21,6 +21,8 @@ let package = Package(
         .executable(name: "relay", targets: ["relay"]),
         // For the micro-benchmarks package under Benchmarks/.
         .library(name: "PolygonWire", targets: ["PolygonWire"]),
+        // For the fuzz targets under Fuzz/.
+        .library(name: "AlpacaWire", targets: ["AlpacaWire"]),
         .library(name: "MarketDataHub", targets: ["MarketDataHub"]),
     ],
     dependencies: [

@@ -1,6 +1,6 @@
 // swift-tools-version:6.1
 // libFuzzer targets for the parts that read untrusted bytes: the upstream frame parser, the server side
-// of the protocol (every client message) and topic parsing. A package of its own, built only by
+// of the protocol (every client message) and topic parsing, and Alpaca's frames and server session. A package of its own, built only by
 // scripts/fuzz with -sanitize=fuzzer,address (libFuzzer supplies `main`, so these cannot be ordinary
 // executables of the relay's package). Run: scripts/fuzz [seconds]
 import PackageDescription
@@ -24,6 +24,14 @@ let package = Package(
             name: "FuzzServerSession",
             dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
             path: "FuzzServerSession", swiftSettings: fuzzFlags),
+        .executableTarget(
+            name: "FuzzAlpacaFrame",
+            dependencies: ["FuzzSupport", .product(name: "AlpacaWire", package: "relay")],
+            path: "FuzzAlpacaFrame", swiftSettings: fuzzFlags),
+        .executableTarget(
+            name: "FuzzAlpacaSession",
+            dependencies: ["FuzzSupport", .product(name: "AlpacaWire", package: "relay"), .product(name: "PolygonWire", package: "relay")],
+            path: "FuzzAlpacaSession", swiftSettings: fuzzFlags),
         .executableTarget(
             name: "FuzzTopics",
             dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay")],
