@@ -100,3 +100,113 @@ struct ClusterGapFillTests {
         }
     }
 }
+
+/// A TCP proxy on loopback to one port (a node's way to NATS), that can cut every connection it carries
+/// and refuse new ones for a while: one node loses NATS while the others keep it.
+final class CuttableProxy: Sendable {
+    let port: Int
+    private let target: Int
+    private let listener: Int32
+    private let open = Mutex<[Int32]>([])
+    private let refusingUntil = Mutex<ContinuousClock.Instant?>(nil)
+
+    init(to target: Int) throws {
+        self.target = target
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        listener = fd
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = in_addr_t(UInt32(0x7F00_0001).bigEndian)
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(fd, pointer, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, pointer, &length) == 0
+            }
+        }
+        guard fd >= 0, bound else { throw RawSocket.Failure(description: "a proxy: errno \(errno)") }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        Thread.detachNewThread { [self] in acceptLoop() }
+    }
+
+    private func acceptLoop() {
+        while true {
+            let client = accept(listener, nil, nil)
+            if client < 0 { return }
+            if let until = refusingUntil.withLock({ $0 }), ContinuousClock.now < until {
+                Glibc.close(client)
+                continue
+            }
+            guard let upstream = try? RawSocket(port: target, timeout: .seconds(3600)) else {
+                Glibc.close(client)
+                continue
+            }
+            let server = dup(upstream.fd)
+            open.withLock { $0 += [client, server] }
+            Thread.detachNewThread { Self.pipe(from: client, to: server) }
+            Thread.detachNewThread { Self.pipe(from: server, to: client) }
+        }
+    }
+
+    private static func pipe(from source: Int32, to destination: Int32) {
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(source, $0.baseAddress, $0.count, 0) }
+            if count <= 0 { break }
+            let sent = buffer.withUnsafeBytes { Glibc.send(destination, $0.baseAddress, count, Int32(MSG_NOSIGNAL)) }
+            if sent <= 0 { break }
+        }
+        shutdown(source, Int32(SHUT_RDWR))
+        shutdown(destination, Int32(SHUT_RDWR))
+    }
+
+    /// Cuts every connection now and refuses new ones for `duration`.
+    func cut(for duration: Duration) {
+        refusingUntil.withLock { $0 = .now + duration }
+        let all = open.withLock { current in
+            defer { current.removeAll() }
+            return current
+        }
+        for fd in all { shutdown(fd, Int32(SHUT_RDWR)) }
+    }
+
+    func close() { shutdown(listener, Int32(SHUT_RDWR)) }
+}
+
+extension ClusterGapFillTests {
+    /// One node loses NATS (its proxy cut for 3 s) while the leader and the upstream carry on: that node
+    /// alone asks, the leader fills its window, and its client gets exactly what it missed.
+    @Test func aNodeThatLostNATSIsFilledByTheLeader() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let feedREST = "http://127.0.0.1:\(try await cluster.feed.listeningPort())"
+            let natsPort = try #require(cluster.natsURL.split(separator: ":").last.flatMap { Int($0) })
+            let proxy = try CuttableProxy(to: natsPort)
+            defer { proxy.close() }
+            try await cluster.startNode("n1", extra: ["--no-portfolio", "--rest-url", feedREST])
+            #expect(try await cluster.agreedLeader(among: ["n1"]) == "n1")
+            try await cluster.startNode("n2", extra: ["--no-portfolio", "--rest-url", feedREST], nats: "nats://127.0.0.1:\(proxy.port)")
+            #expect(try await cluster.agreedLeader() == "n1")
+            let named = GapFillTests.Reader(try await subscribedClient(try cluster.url("n2"), "T.AAPL,Q.MSFT"))
+            try await named.read(for: .seconds(1))
+
+            proxy.cut(for: .seconds(3))
+            try await named.read(until: "the recovered status", timeout: .seconds(60)) { $0["status"] as? String == StatusMessage.Kind.recovered }
+            try await named.read(for: .seconds(1))
+            let back = try #require(named.statuses(StatusMessage.Kind.upstreamReconnected).first)
+            let outage = try #require(int(back["last_event_before_ms"]))...(try #require(int(back["first_event_after_ms"])))
+            let status = try #require(named.statuses(StatusMessage.Kind.recovered).first)
+            #expect(status["complete"] as? Bool == true, "\(status)")
+            let trades = named.events("T", "AAPL")
+            let span = "timestamp.gte=\((int(trades.first?["t"]) ?? 0) * 1_000_000)&order=asc&limit=50000"
+            GapFillTests.expectExact(
+                trades, truth: try await GapFillTests.truth(cluster.feed, "/v3/trades/AAPL", span, key: ClusterHarness.upstreamKey),
+                topic: "T.AAPL", outage: outage)
+            let quotes = named.events("Q", "MSFT")
+            let quoteSpan = "timestamp.gte=\((int(quotes.first?["t"]) ?? 0) * 1_000_000)&order=asc&limit=50000"
+            GapFillTests.expectExact(
+                quotes, truth: try await GapFillTests.truth(cluster.feed, "/v3/quotes/MSFT", quoteSpan, key: ClusterHarness.upstreamKey),
+                topic: "Q.MSFT", outage: outage)
+            #expect(cluster.feed.monitor.snapshot.totalConnections == 1, "the upstream was never lost")
+            await named.client.close()
+        }
+    }
+}
