@@ -253,7 +253,7 @@ let package = Package(
         ),
         .testTarget(
             name: "AlpacaWireTests",
-            dependencies: ["AlpacaWire", "PolygonWire"],
+            dependencies: ["AlpacaWire", "PolygonWire", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -29,6 +29,9 @@ public struct AlpacaServerSession: Sendable {
     public let market: Market?
     public let limits: SessionLimits
     public private(set) var grant: ClientGrant?
+    /// The session tag the client gave with its key id (`KEY#tag`): the relay keeps the session for a
+    /// while after the connection breaks, and a reconnect with the same tag resumes it.
+    public private(set) var sessionTag: String?
     public private(set) var topics: Set<Topic> = []
     public var isAuthenticated: Bool { grant != nil }
     private let authenticate: @Sendable (String) -> ClientGrant?
@@ -65,7 +68,22 @@ public struct AlpacaServerSession: Sendable {
         switch action {
         case "auth":
             guard grant == nil else { return error(.alreadyAuthenticated) }
-            guard let key = value["key"]?.string, !key.isEmpty, let granted = authenticate(key) else {
+            guard var key = value["key"]?.string, !key.isEmpty else {
+                var reaction = error(.authFailed)
+                reaction.close = true
+                return reaction
+            }
+            if let hash = key.lastIndex(of: "#") {
+                let tag = String(key[key.index(after: hash)...])
+                key = String(key[..<hash])
+                guard ServerSession.isSessionTag(tag) else {
+                    var reaction = error(.authFailed, "a session tag after # has 1 to 64 letters, digits, '.', '_' or '-'")
+                    reaction.close = true
+                    return reaction
+                }
+                sessionTag = tag
+            }
+            guard let granted = authenticate(key) else {
                 var reaction = error(.authFailed)
                 reaction.close = true
                 return reaction

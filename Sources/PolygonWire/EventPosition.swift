@@ -9,7 +9,8 @@ import NIOCore
 /// They travel inside each event as two fields Polygon's clients do not know and pass over (the Python
 /// clients build their models from known keys; the Go client's `json.Unmarshal` skips unknown fields;
 /// the JS client hands the object on): `"_s"` (topic sequence) and `"_m"` (market sequence), written
-/// before the event's closing brace. Value type, `Sendable`.
+/// before the event's closing brace; in a MessagePack event (Alpaca's), as two more map entries at its
+/// end, which Alpaca's SDKs pass over as they do any key they do not map. Value type, `Sendable`.
 public struct EventPosition: Sendable, Hashable {
     /// The field holding the topic sequence.
     public static let topicField = "_s"
@@ -39,6 +40,12 @@ public struct EventPosition: Sendable, Hashable {
             let bytes = events[index].bytes
             let start = buffer.writerIndex
             let length = bytes.readableBytes
+            if let first = bytes.getInteger(at: bytes.readerIndex, as: UInt8.self), first != UInt8(ascii: "{"),
+                stampMessagePack(bytes, positions[index], into: &buffer)
+            {
+                ranges.append((start, buffer.writerIndex - start))
+                continue
+            }
             guard length >= 2, bytes.getInteger(at: bytes.readerIndex + length - 1, as: UInt8.self) == UInt8(ascii: "}") else {
                 buffer.writeImmutableBuffer(bytes)
                 ranges.append((start, buffer.writerIndex - start))
@@ -69,9 +76,60 @@ public struct EventPosition: Sendable, Hashable {
         return stamped
     }
 
+    /// The tail a MessagePack event gets: `"_s"` and `"_m"` as two more map entries, each a 64-bit
+    /// unsigned integer in its fixed form (9 bytes), so a reader finds them at a known place.
+    static let messagePackTail = 24
+
+    /// Writes a MessagePack map (an Alpaca event) with the two position entries added at its end and its
+    /// header counting them; `false` (nothing written) for bytes that are not a map it can extend.
+    private static func stampMessagePack(_ bytes: ByteBuffer, _ position: EventPosition, into buffer: inout ByteBuffer) -> Bool {
+        guard let first = bytes.getInteger(at: bytes.readerIndex, as: UInt8.self) else { return false }
+        let count: Int
+        let headerLength: Int
+        switch first {
+        case 0x80...0x8F:
+            count = Int(first & 0x0F)
+            headerLength = 1
+        case 0xDE:
+            guard let big = bytes.getInteger(at: bytes.readerIndex + 1, as: UInt16.self) else { return false }
+            count = Int(big)
+            headerLength = 3
+        default:
+            return false
+        }
+        guard count + 2 <= Int(UInt16.max), let body = bytes.getSlice(at: bytes.readerIndex + headerLength, length: bytes.readableBytes - headerLength)
+        else { return false }
+        if count + 2 < 16 {
+            buffer.writeInteger(UInt8(0x80 | (count + 2)))
+        } else {
+            buffer.writeInteger(UInt8(0xDE))
+            buffer.writeInteger(UInt16(count + 2))
+        }
+        buffer.writeImmutableBuffer(body)
+        for (key, value) in [(UInt8(ascii: "s"), position.topic), (UInt8(ascii: "m"), position.market)] {
+            buffer.writeBytes([0xA2, UInt8(ascii: "_"), key, 0xCF])
+            buffer.writeInteger(value)
+        }
+        return true
+    }
+
+    /// The positions of a MessagePack event, from the tail ``stampMessagePack`` writes.
+    private static func readMessagePack(_ bytes: ByteBuffer) -> EventPosition? {
+        let end = bytes.readerIndex + bytes.readableBytes
+        guard bytes.readableBytes > messagePackTail,
+            bytes.getBytes(at: end - 24, length: 4) == [0xA2, UInt8(ascii: "_"), UInt8(ascii: "s"), 0xCF],
+            bytes.getBytes(at: end - 12, length: 4) == [0xA2, UInt8(ascii: "_"), UInt8(ascii: "m"), 0xCF],
+            let topic = bytes.getInteger(at: end - 20, as: UInt64.self), let market = bytes.getInteger(at: end - 8, as: UInt64.self)
+        else { return nil }
+        return EventPosition(topic: topic, market: market)
+    }
+
     /// The positions written in an event's bytes (`nil` when it has none): a cluster node adopts the
     /// leader's. Looks only at the object's last two fields, where ``stamp(_:_:allocator:)`` puts them.
     public static func read(from bytes: ByteBuffer) -> EventPosition? {
+        if let first = bytes.getInteger(at: bytes.readerIndex, as: UInt8.self), first != UInt8(ascii: "{") {
+            return readMessagePack(bytes)
+        }
         let view = bytes.readableBytesView
         guard let topicKey = lastRange(of: Array(#""_s":"#.utf8), in: view),
             let marketKey = lastRange(of: Array(#""_m":"#.utf8), in: view), topicKey < marketKey,

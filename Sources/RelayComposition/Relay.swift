@@ -203,9 +203,8 @@ public final class Relay: Service, Sendable {
                 // Alpaca sends no last value on subscribe: its SDKs would take one for a new event.
                 policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe && source.vendor == .polygon,
                 keepsUnwantedLastValues: !clustered,
-                // In a cluster the leader gives the positions and every node adopts them. Alpaca's events
-                // are MessagePack, which the positions (written into JSON) do not fit yet: no history.
-                history: source.vendor == .alpaca ? nil : settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
+                // In a cluster the leader gives the positions and every node adopts them.
+                history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
             ) { change in
                 interest.apply(change)
             }
@@ -237,7 +236,7 @@ public final class Relay: Service, Sendable {
                 }
                 let node = try ClusterNode(
                     configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
-                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil && source.vendor == .polygon,
+                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
                     gapFill: hook, vendor: source.vendor,
                     makeUpstream: makeUpstream)
                 clusterNodes.append(node)

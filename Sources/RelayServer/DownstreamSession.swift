@@ -65,7 +65,7 @@ extension ServerSession: DownstreamSession {
 }
 
 extension AlpacaServerSession: DownstreamSession {
-    var sessionTag: String? { nil }
+    /// Alpaca's protocol names no epoch: a tagged session resumes within the relay's current one.
     var epoch: String? {
         get { nil }
         set {}

@@ -1,4 +1,5 @@
 import AlpacaWire
+import NIOCore
 import PolygonWire
 import Testing
 
@@ -110,5 +111,29 @@ struct AlpacaSessionTests {
         #expect(try MessagePack.decode(frame[range]) == trade, "the event's own bytes")
         #expect(items[1] == .control(AlpacaControl.connected))
         #expect(items.count == 4)
+    }
+
+    @Test func positionsGoIntoAnAlpacaEventAsTwoMoreEntriesAndReadBack() throws {
+        // 14 fields: with the two positions the map needs the 16-bit header.
+        var fields: [MessagePack.Value.Entry] = [.init(.string("T"), .string("t")), .init(.string("S"), .string("AAPL"))]
+        for index in 0..<12 { fields.append(.init(.string("f\(index)"), .int(Int64(index)))) }
+        let plain = MarketEvent(eventType: "t", ticker: "AAPL", bytes: ByteBuffer(bytes: MessagePack.encode(.map(fields))))
+        let small = AlpacaEvents.trade("MSFT", id: 1, price: 2.5, size: 1, nanoseconds: 0)
+        let stamped = EventPosition.stamp([plain, small], [EventPosition(topic: 7, market: 70), EventPosition(topic: 1, market: 71)])
+        #expect(EventPosition.read(from: stamped[0].bytes) == EventPosition(topic: 7, market: 70))
+        #expect(EventPosition.read(from: stamped[1].bytes) == EventPosition(topic: 1, market: 71))
+        let decoded = try MessagePack.decode(stamped[0].bytes.readableBytesView)
+        #expect(decoded["_s"]?.integer == 7 && decoded["_m"]?.integer == 70 && decoded["f11"]?.integer == 11 && decoded["S"]?.string == "AAPL")
+        #expect(try MessagePack.decode(stamped[1].bytes.readableBytesView)["p"] == .double(2.5))
+        #expect(EventPosition.read(from: small.bytes) == nil, "no positions in an event without them")
+    }
+
+    @Test func aTaggedKeyNamesItsSession() {
+        var session = self.session()
+        _ = session.receive(json(#"{"action":"auth","key":"good#desk-1","secret":"x"}"#))
+        #expect(session.isAuthenticated && session.sessionTag == "desk-1")
+        var bad = self.session()
+        let refused = bad.receive(json(#"{"action":"auth","key":"good#no spaces","secret":"x"}"#))
+        #expect(refused.close && !bad.isAuthenticated)
     }
 }

@@ -34,8 +34,10 @@ struct AlpacaDownstreamTests {
     }
 
     /// The same, with the stock feed's hub (whose slow consumers meet `policy`).
-    func withAlpacaRelay(policy: SlowConsumerPolicy = .drop, _ body: (Int, MarketDataHub) async throws -> Void) async throws {
-        let stocks = MarketDataHub(policy: policy, history: nil)
+    func withAlpacaRelay(
+        policy: SlowConsumerPolicy = .drop, history: HistoryLimits? = nil, _ body: (Int, MarketDataHub) async throws -> Void
+    ) async throws {
+        let stocks = MarketDataHub(policy: policy, history: history)
         let crypto = MarketDataHub(history: nil)
         // Besides the plain key, one whose entitlement is AAPL's trades, quotes and bars only.
         let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL"])
@@ -223,6 +225,39 @@ struct AlpacaDownstreamTests {
             #expect(!refused.output.contains("\"symbol\": \"MSFT\""))
             let allowed = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)", "--key", "apple-key", "--symbols", "AAPL"]))
             #expect((allowed["trades"]?.count ?? 0) >= 3, "the same key on its own symbol")
+        }
+    }
+
+    @Test func aTaggedSessionResumesWhereItBrokeWithContiguousPositions() async throws {
+        try await withAlpacaRelay(history: HistoryLimits()) { port, _ in
+            func connect() async throws -> WSTestClient {
+                let client = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+                _ = try await client.nextFrame()
+                client.send(#"{"action":"auth","key":"client-key#desk","secret":"any"}"#)
+                #expect(try await client.nextFrame().contains("authenticated"))
+                client.send(#"{"action":"subscribe","trades":["AAPL"]}"#)
+                return client
+            }
+            func positions(_ client: WSTestClient, count: Int) async throws -> [Int64] {
+                var seen: [Int64] = []
+                while seen.count < count {
+                    let frame = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
+                    seen += frame.filter { $0["T"] as? String == "t" }.compactMap { ($0["_s"] as? NSNumber)?.int64Value }
+                }
+                return seen
+            }
+            let first = try await connect()
+            let before = try await positions(first, count: 10)
+            await first.close()
+            // Trades go on while nobody holds the session.
+            try await Task.sleep(for: .milliseconds(300))
+            let second = try await connect()
+            let after = try await positions(second, count: 30)
+            await second.close()
+            let last = try #require(before.max())
+            #expect(try #require(after.first) <= last + 1, "resumed at or before where it broke: \(before.suffix(3)) then \(after.prefix(3))")
+            let all = Set(before + after)
+            #expect(all == Set((before.min() ?? 0)...(after.max() ?? 0)), "no position missing across the break")
         }
     }
 }
