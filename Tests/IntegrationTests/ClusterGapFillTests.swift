@@ -6,6 +6,22 @@ import PolygonWire
 import Synchronization
 import Testing
 
+/// A TCP socket listening on a free loopback port: its descriptor and port.
+func listeningSocket() throws -> (fd: Int32, port: Int) {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = in_addr_t(UInt32(0x7F00_0001).bigEndian)
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(fd, pointer, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, pointer, &length) == 0
+        }
+    }
+    guard fd >= 0, bound else { throw RawSocket.Failure(description: "a listening socket: errno \(errno)") }
+    return (fd, Int(UInt16(bigEndian: address.sin_port)))
+}
+
 /// A REST API that takes connections and never answers: a leader's fill through it hangs.
 final class SilentListener: Sendable {
     let port: Int
@@ -14,19 +30,7 @@ final class SilentListener: Sendable {
     let accepted = Atomic<Int>(0)
 
     init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        self.fd = fd
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = in_addr_t(UInt32(0x7F00_0001).bigEndian)
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(fd, pointer, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, pointer, &length) == 0
-            }
-        }
-        guard fd >= 0, bound else { throw RawSocket.Failure(description: "a silent listener: errno \(errno)") }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        (fd, port) = try listeningSocket()
         Thread.detachNewThread { [self] in
             while true {
                 let connection = accept(fd, nil, nil)
@@ -112,19 +116,7 @@ final class CuttableProxy: Sendable {
 
     init(to target: Int) throws {
         self.target = target
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        listener = fd
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = in_addr_t(UInt32(0x7F00_0001).bigEndian)
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(fd, pointer, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, pointer, &length) == 0
-            }
-        }
-        guard fd >= 0, bound else { throw RawSocket.Failure(description: "a proxy: errno \(errno)") }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        (listener, port) = try listeningSocket()
         Thread.detachNewThread { [self] in acceptLoop() }
     }
 
