@@ -11,7 +11,9 @@ import Upstream
 /// upstream connection, Alpaca's SDKs downstream.
 @Suite("Alpaca relay: one upstream connection for Alpaca's SDKs", .serialized, .enabled(if: alpacaSDKsAvailable, "scripts/test installs Alpaca's SDKs"))
 struct AlpacaRelayTests {
-    func withAlpacaRelay(_ body: (Relay.Components, DemoFeed) async throws -> Void) async throws {
+    func withAlpacaRelay(maxConnectionsDelay: Duration = .milliseconds(1500), _ body: (Relay.Components, DemoFeed) async throws -> Void)
+        async throws
+    {
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "alpaca-key", eventsPerSecond: 2000, tickInterval: .milliseconds(10), seed: 3)
         feedConfiguration.alpaca = true
         feedConfiguration.markets = [.stocks]
@@ -21,7 +23,7 @@ struct AlpacaRelayTests {
         try await withServices([feed]) {
             var settings = RelaySettings(
                 listen: .init(host: "127.0.0.1", port: 0), upstreamKey: "alpaca-key", clientKeys: ["client-key"],
-                upstreamTuning: fastUpstreamTuning())
+                upstreamTuning: fastUpstreamTuning(maxConnectionsDelay: maxConnectionsDelay))
             settings.upstreams = [try MarketUpstream(url: try await feed.url(for: .stocks))]
             settings.upstreamSecret = "alpaca-secret"
             settings.portfolio = nil
@@ -57,14 +59,15 @@ struct AlpacaRelayTests {
     }
 
     @Test func anUpstreamAnswering406IsBackedOffWithoutAHotLoop() async throws {
-        try await withAlpacaRelay { parts, feed in
+        // The backoff waits 2 to 4 s here (the upper half of its bound, jittered): a second is well inside it.
+        try await withAlpacaRelay(maxConnectionsDelay: .seconds(4)) { parts, feed in
             let upstream = try parts.upstreamClient
             #expect(feed.inject(.maxConnections) == 1)
             let state = try await waitFor(upstream.stateUpdates(), "the 406 to be taken as a connection limit") {
                 if case .rejected = $0 { true } else { false }
             }
             #expect("\(state)".contains("406"), "\(state)")
-            // Backed off as for Polygon's max_connections (1.5 s here, 15 s by default): no reconnect within a second.
+            // Backed off as for Polygon's max_connections (from 15 s by default): no reconnect within a second.
             try await Task.sleep(for: .seconds(1))
             #expect(feed.monitor.snapshot.totalConnections == 1)
             let started = ContinuousClock.now
