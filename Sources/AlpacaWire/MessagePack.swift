@@ -283,42 +283,32 @@ extension MessagePack {
             for shift in stride(from: (count - 1) * 8, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
         }
 
-        public mutating func arrayHeader(_ count: Int) {
-            switch count {
-            case 0..<16: bytes.append(0x90 | UInt8(count))
-            case 16..<65_536:
-                bytes.append(0xDC)
+        /// A length's header in the shortest of a type's forms: the fixed form (`fixed` with the count in
+        /// its low bits, below `fixedLimit`), then 8-, 16- and 32-bit counts after their markers.
+        private mutating func header(_ count: Int, fixed: UInt8?, fixedLimit: Int = 0, eight: UInt8?, sixteen: UInt8, thirtyTwo: UInt8) {
+            if let fixed, count < fixedLimit {
+                bytes.append(fixed | UInt8(count))
+            } else if let eight, count < 256 {
+                bytes += [eight, UInt8(count)]
+            } else if count < 65_536 {
+                bytes.append(sixteen)
                 big(UInt64(count), 2)
-            default:
-                bytes.append(0xDD)
+            } else {
+                bytes.append(thirtyTwo)
                 big(UInt64(count), 4)
             }
+        }
+
+        public mutating func arrayHeader(_ count: Int) {
+            header(count, fixed: 0x90, fixedLimit: 16, eight: nil, sixteen: 0xDC, thirtyTwo: 0xDD)
         }
 
         public mutating func mapHeader(_ count: Int) {
-            switch count {
-            case 0..<16: bytes.append(0x80 | UInt8(count))
-            case 16..<65_536:
-                bytes.append(0xDE)
-                big(UInt64(count), 2)
-            default:
-                bytes.append(0xDF)
-                big(UInt64(count), 4)
-            }
+            header(count, fixed: 0x80, fixedLimit: 16, eight: nil, sixteen: 0xDE, thirtyTwo: 0xDF)
         }
 
         public mutating func string(_ text: String) {
-            let count = text.utf8.count
-            switch count {
-            case 0..<32: bytes.append(0xA0 | UInt8(count))
-            case 32..<256: bytes += [0xD9, UInt8(count)]
-            case 256..<65_536:
-                bytes.append(0xDA)
-                big(UInt64(count), 2)
-            default:
-                bytes.append(0xDB)
-                big(UInt64(count), 4)
-            }
+            header(text.utf8.count, fixed: 0xA0, fixedLimit: 32, eight: 0xD9, sixteen: 0xDA, thirtyTwo: 0xDB)
             bytes += text.utf8
         }
 
@@ -386,15 +376,7 @@ extension MessagePack {
             case .double(let number): double(number)
             case .string(let text): string(text)
             case .binary(let data):
-                switch data.count {
-                case 0..<256: bytes += [0xC4, UInt8(data.count)]
-                case 256..<65_536:
-                    bytes.append(0xC5)
-                    big(UInt64(data.count), 2)
-                default:
-                    bytes.append(0xC6)
-                    big(UInt64(data.count), 4)
-                }
+                header(data.count, fixed: nil, eight: 0xC4, sixteen: 0xC5, thirtyTwo: 0xC6)
                 bytes += data
             case .array(let values):
                 arrayHeader(values.count)
@@ -413,13 +395,7 @@ extension MessagePack {
                 case 4: bytes.append(0xD6)
                 case 8: bytes.append(0xD7)
                 case 16: bytes.append(0xD8)
-                case 0..<256: bytes += [0xC7, UInt8(data.count)]
-                case 256..<65_536:
-                    bytes.append(0xC8)
-                    big(UInt64(data.count), 2)
-                default:
-                    bytes.append(0xC9)
-                    big(UInt64(data.count), 4)
+                default: header(data.count, fixed: nil, eight: 0xC7, sixteen: 0xC8, thirtyTwo: 0xC9)
                 }
                 bytes.append(UInt8(bitPattern: type))
                 bytes += data
