@@ -6,11 +6,54 @@ import PolygonWire
 /// JSON client gets each written as Alpaca's JSON. The relay's own notices (Polygon-style statuses in
 /// the hub) become `{"T":"relay","status":…,"msg":…}`, each alone in its frame: a `T` the SDKs pass over.
 /// Pure.
+///
+/// Framing is two steps, so the costly one can be shared: ``element(_:codec:)`` makes one event's
+/// element of an array in the codec (for JSON a conversion, which the relay makes once per event of a
+/// publish and shares among its JSON clients), and ``payloads(elements:codec:maxFrameBytes:)`` joins a
+/// client's elements into frames.
 public enum AlpacaDelivery {
-    /// Frame payloads, in order, none past `maxFrameBytes` unless one event is.
+    /// One event's element of a frame's array, in a codec, and whether it must be alone in its frame.
+    public struct Element: Sendable {
+        public let bytes: ByteBuffer
+        public let isNotice: Bool
+
+        public init(bytes: ByteBuffer, isNotice: Bool) {
+            self.bytes = bytes
+            self.isNotice = isNotice
+        }
+    }
+
+    /// An event's element in `codec`: a MessagePack event's own bytes, its JSON, or a notice's map.
+    /// `nil`: an event whose bytes are not one MessagePack value (the hub only holds checked ones).
+    public static func element(_ event: borrowing MarketEvent, codec: AlpacaCodec) -> Element? {
+        elementBytes(event, codec: codec).map { Element(bytes: $0, isNotice: event.isNotice) }
+    }
+
+    /// The bytes of ``element(_:codec:)``: what a hub keeps per event of a publish for its JSON clients.
+    public static func elementBytes(_ event: borrowing MarketEvent, codec: AlpacaCodec) -> ByteBuffer? {
+        if event.isNotice {
+            let map = notice(event)
+            return ByteBuffer(bytes: codec == .messagePack ? MessagePack.encode(map) : AlpacaJSON.text(map))
+        }
+        switch codec {
+        case .messagePack:
+            return event.bytes
+        case .json:
+            guard let value = try? MessagePack.decode(event.bytes.readableBytesView) else { return nil }
+            return ByteBuffer(bytes: AlpacaJSON.text(value))
+        }
+    }
+
+    /// Frame payloads for `events`, in order (each converted here: for one client).
     public static func payloads(_ events: [MarketEvent], codec: AlpacaCodec, maxFrameBytes: Int = FrameEncoder.maxFrameBytes) -> [ByteBuffer] {
+        payloads(elements: events.compactMap { element($0, codec: codec) }, codec: codec, maxFrameBytes: maxFrameBytes)
+    }
+
+    /// Frame payloads joining `elements`, in order, none past `maxFrameBytes` unless one element is;
+    /// each notice alone in its frame.
+    public static func payloads(elements: [Element], codec: AlpacaCodec, maxFrameBytes: Int = FrameEncoder.maxFrameBytes) -> [ByteBuffer] {
         var payloads: [ByteBuffer] = []
-        var run: [MarketEvent] = []
+        var run: [ByteBuffer] = []
         var runBytes = 0
         func flush() {
             guard !run.isEmpty else { return }
@@ -18,45 +61,44 @@ public enum AlpacaDelivery {
             run.removeAll(keepingCapacity: true)
             runBytes = 0
         }
-        for event in events {
-            if event.isNotice {
+        for element in elements {
+            if element.isNotice {
                 flush()
-                payloads.append(ByteBuffer(bytes: codec.frame([notice(event)])))
+                payloads.append(frame([element.bytes], codec: codec))
                 continue
             }
-            // JSON is about as long as the MessagePack it comes from, and often longer: counted double.
-            let weight = codec == .messagePack ? event.bytes.readableBytes : 2 * event.bytes.readableBytes
-            if runBytes + weight > maxFrameBytes { flush() }
-            run.append(event)
-            runBytes += weight
+            if runBytes + element.bytes.readableBytes + 1 > maxFrameBytes { flush() }
+            run.append(element.bytes)
+            runBytes += element.bytes.readableBytes + 1
         }
         flush()
         return payloads
     }
 
-    private static func frame(_ events: [MarketEvent], codec: AlpacaCodec) -> ByteBuffer {
+    /// Elements under one array: a MessagePack array header, or JSON's brackets and commas.
+    private static func frame(_ elements: [ByteBuffer], codec: AlpacaCodec) -> ByteBuffer {
+        let size = elements.reduce(0) { $0 + $1.readableBytes + 1 }
         switch codec {
         case .messagePack:
-            var writer = MessagePack.Writer(capacity: 5 + events.reduce(0) { $0 + $1.bytes.readableBytes })
-            writer.arrayHeader(events.count)
-            for event in events { writer.raw(event.bytes.readableBytesView) }
+            var writer = MessagePack.Writer(capacity: 5 + size)
+            writer.arrayHeader(elements.count)
+            for element in elements { writer.raw(element.readableBytesView) }
             return ByteBuffer(bytes: writer.bytes)
         case .json:
-            var out: [UInt8] = [UInt8(ascii: "[")]
-            var first = true
-            for event in events {
-                guard let value = try? MessagePack.decode(event.bytes.readableBytesView) else { continue }
-                if !first { out.append(UInt8(ascii: ",")) }
-                first = false
-                AlpacaJSON.append(value, to: &out)
+            var out = ByteBuffer()
+            out.reserveCapacity(size + 1)
+            out.writeInteger(UInt8(ascii: "["))
+            for (index, element) in elements.enumerated() {
+                if index > 0 { out.writeInteger(UInt8(ascii: ",")) }
+                out.writeImmutableBuffer(element)
             }
-            out.append(UInt8(ascii: "]"))
-            return ByteBuffer(bytes: out)
+            out.writeInteger(UInt8(ascii: "]"))
+            return out
         }
     }
 
     /// A hub notice (`{"ev":"status","status":…,"message":…}`) in Alpaca's shape.
-    static func notice(_ event: MarketEvent) -> MessagePack.Value {
+    static func notice(_ event: borrowing MarketEvent) -> MessagePack.Value {
         var entries: [MessagePack.Value.Entry] = [.init(.string("T"), .string(AlpacaControl.noticeType))]
         if case .map(let fields)? = AlpacaJSONReader.value(Array(event.bytes.readableBytesView)) {
             for field in fields where field.key != .string("ev") {

@@ -80,8 +80,27 @@ public struct HubDelivery: Sendable {
         forEachEvent { array.append(copy $0) }
     }
 
+    /// Calls `body` with each of its events, in order, and its form made by `convert`. The form of an
+    /// event of a publish is made once and shared by every subscriber that asks (see
+    /// ``PublishedEvents``), so every caller of one hub must pass the same conversion; a subscriber's
+    /// own events (a notice, a snapshot, a replay) are converted for it alone.
+    public func forEachEvent(
+        convertedBy convert: (borrowing MarketEvent) -> ByteBuffer?, _ body: (borrowing MarketEvent, ByteBuffer?) -> Void
+    ) {
+        switch content {
+        case .selected(let published, let base, var mask):
+            while mask != 0 {
+                let index = base + mask.trailingZeroBitCount
+                body(published.events[index], published.converted(at: index, convert))
+                mask &= mask &- 1
+            }
+        case .events(let events), .replay(let events):
+            for event in events { body(event, convert(event)) }
+        }
+    }
+
     /// Calls `body` with each of its events, in order, lent where the hub holds them (no copy).
-    private func forEachEvent(_ body: (borrowing MarketEvent) -> Void) {
+    public func forEachEvent(_ body: (borrowing MarketEvent) -> Void) {
         switch content {
         case .selected(let published, let base, var mask):
             published.events.withUnsafeBufferPointer { events in
@@ -120,10 +139,35 @@ public struct HubDelivery: Sendable {
 @usableFromInline
 final class PublishedEvents: Sendable {
     @usableFromInline let events: [MarketEvent]
+    /// Its events in another form, made by the first subscriber that needs each one and kept for the
+    /// rest (an Alpaca hub's JSON for its JSON clients: one conversion per event, not one per client).
+    /// A hub has one other form at most (its vendor's second codec), so one slot per event; empty, and
+    /// allocated, only once a subscriber asks.
+    private let converted = Mutex<[ConvertedForm]>([])
 
     init(_ events: [MarketEvent]) {
         self.events = events
     }
+
+    /// The other form of `events[index]` (`nil`: it has none), made by `convert` if no subscriber made
+    /// it yet. The conversion runs outside the lock; two drains racing on one event both convert, and
+    /// the first to finish is kept.
+    func converted(at index: Int, _ convert: (borrowing MarketEvent) -> ByteBuffer?) -> ByteBuffer? {
+        if case .made(let form) = converted.withLock({ $0.isEmpty ? .notMade : $0[index] }) { return form }
+        let form = convert(events[index])
+        return converted.withLock { slots in
+            if slots.isEmpty { slots = Array(repeating: .notMade, count: events.count) }
+            if case .made(let kept) = slots[index] { return kept }
+            slots[index] = .made(form)
+            return form
+        }
+    }
+}
+
+/// One event's other form, as ``PublishedEvents`` keeps it.
+enum ConvertedForm: Sendable {
+    case notMade
+    case made(ByteBuffer?)
 }
 
 /// One element of a subscriber's stream: what the hub queued for it since its reader last took an

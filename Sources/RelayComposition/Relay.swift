@@ -200,8 +200,7 @@ public final class Relay: Service, Sendable {
             let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
             let interest = LocalInterest()
             let hub = MarketDataHub(
-                // Alpaca sends no last value on subscribe: its SDKs would take one for a new event.
-                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe && source.vendor == .polygon,
+                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
                 keepsUnwantedLastValues: !clustered,
                 // In a cluster the leader gives the positions and every node adopts them.
                 history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics

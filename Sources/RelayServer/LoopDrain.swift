@@ -123,11 +123,25 @@ actor LoopDrain {
         let oldest: UInt64
         if let codec = client.alpacaCodec {
             // Alpaca's protocol: its codec's frames (MessagePack: the events' own bytes under an array header).
-            var events: [MarketEvent] = []
-            for index in deliveries.indices { deliveries[index].append(to: &events) }
-            oldest = events.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
+            // A JSON client's elements are converted once per event of a publish, shared by every JSON client.
+            // (A MessagePack client's are the events' own bytes: nothing to share.)
+            var elements: [AlpacaDelivery.Element] = []
+            var oldestSeen = UInt64.max
+            func add(_ event: borrowing MarketEvent, _ bytes: ByteBuffer?) {
+                if event.receivedAt != 0 { oldestSeen = min(oldestSeen, event.receivedAt) }
+                if let bytes { elements.append(AlpacaDelivery.Element(bytes: bytes, isNotice: event.isNotice)) }
+            }
+            for index in deliveries.indices {
+                switch codec {
+                case .json:
+                    deliveries[index].forEachEvent(convertedBy: { AlpacaDelivery.elementBytes($0, codec: .json) }, add)
+                case .messagePack:
+                    deliveries[index].forEachEvent { add($0, AlpacaDelivery.elementBytes($0, codec: .messagePack)) }
+                }
+            }
+            oldest = oldestSeen == .max ? 0 : oldestSeen
             let binary = codec == .messagePack
-            let frames = AlpacaDelivery.payloads(events, codec: codec).map { WireFrame.whole($0, binary: binary) }
+            let frames = AlpacaDelivery.payloads(elements: elements, codec: codec).map { WireFrame.whole($0, binary: binary) }
             guard let first = frames.first else { return nil }
             write = Write(handler: client.handler, frame: first, more: Array(frames.dropFirst()))
         } else if payload <= FrameEncoder.maxFrameBytes {

@@ -35,7 +35,8 @@ struct AlpacaDownstreamTests {
 
     /// The same, with the stock feed's hub (whose slow consumers meet `policy`).
     func withAlpacaRelay(
-        policy: SlowConsumerPolicy = .drop, history: HistoryLimits? = nil, _ body: (Int, MarketDataHub) async throws -> Void
+        policy: SlowConsumerPolicy = .drop, history: HistoryLimits? = nil, publishing: Bool = true,
+        _ body: (Int, MarketDataHub) async throws -> Void
     ) async throws {
         let stocks = MarketDataHub(policy: policy, history: history)
         let crypto = MarketDataHub(history: nil)
@@ -53,7 +54,7 @@ struct AlpacaDownstreamTests {
             ], logger: testLogger)
         let publisher = Task {
             var id: Int64 = 0
-            while !Task.isCancelled {
+            while publishing, !Task.isCancelled {
                 id += 1
                 let now = Int64(Date().timeIntervalSince1970 * 1e9)
                 var events: [MarketEvent] = []
@@ -136,9 +137,18 @@ struct AlpacaDownstreamTests {
             #expect(trade["T"] as? String == "t" && trade["S"] as? String == "AAPL" && trade["p"] is Double)
             let time = try #require(trade["t"] as? String)
             #expect(time.hasSuffix("Z") && time.count >= 20, "an RFC 3339 time: \(time)")
+            // A MessagePack client (alpaca-py) of the same symbol meanwhile gets its own form of the same
+            // publishes, and this client still its JSON (the JSON is made once per event and shared).
+            let models = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)", "--symbols", "AAPL"]))
+            #expect(models["trades"]?.first?["type"] as? String == "alpaca.data.models.trades.Trade", "\(models)")
+            for _ in 0..<3 {
+                let frame = try await client.nextFrame()
+                let events = try JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]] ?? []
+                #expect(!events.isEmpty && events.allSatisfy { $0["T"] as? String == "t" && $0["S"] as? String == "AAPL" }, "\(frame.prefix(300))")
+            }
             await hub.upstreamLost(reason: "a test")
             var notice: [String: Any]?
-            for _ in 0..<50 where notice == nil {
+            for _ in 0..<1000 where notice == nil {
                 let frame = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
                 if let relay = frame.first(where: { $0["T"] as? String == "relay" }) {
                     #expect(frame.count == 1, "alone in its frame")
@@ -157,6 +167,32 @@ struct AlpacaDownstreamTests {
             #expect(health.body.contains(#""vendor":"alpaca""#) && health.body.contains(#""paths":["\/v2\/iex"]"#), "\(health.body.prefix(600))")
             let metrics = try await httpGet("http://127.0.0.1:\(port)/metrics", key: "client-key")
             #expect(metrics.body.contains(#"relay_market_info{market="stocks",vendor="alpaca"} 1"#), "\(metrics.body.prefix(300))")
+        }
+    }
+
+    @Test func aSubscriptionGetsItsSymbolsLastEventsAtOnceInEachCodec() async throws {
+        try await withAlpacaRelay(publishing: false) { port, hub in
+            let now = Int64(Date().timeIntervalSince1970 * 1e9)
+            await hub.publish([
+                AlpacaEvents.trade("AAPL", id: 7, price: 187.25, size: 100, nanoseconds: now),
+                AlpacaEvents.quote("AAPL", bid: 187.2, ask: 187.3, size: 2, nanoseconds: now),
+                AlpacaEvents.bar("AAPL", open: 187, high: 188, low: 186, close: 187.25, volume: 1000, trades: 10, startNanoseconds: now),
+            ])
+            let client = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await client.nextFrame()
+            client.send(#"{"action":"auth","key":"client-key","secret":"any"}"#)
+            _ = try await client.nextFrame()
+            client.send(#"{"action":"subscribe","trades":["AAPL"]}"#)
+            #expect(try await client.nextFrame().contains(#""T":"subscription""#))
+            // Nothing more is published: the trade is the snapshot, right after the subscription.
+            let snapshot = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
+            #expect(snapshot.count == 1 && snapshot.first?["i"] as? Int == 7 && snapshot.first?["p"] as? Double == 187.25, "\(snapshot)")
+            await client.close()
+            // An SDK takes each last value as its model (one trade, quote and bar, and nothing else came).
+            let models = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)", "--symbols", "AAPL", "--want", "1"]))
+            #expect(models["trades"]?.first?["price"] as? Double == 187.25, "\(models)")
+            #expect(models["quotes"]?.first?["type"] as? String == "alpaca.data.models.quotes.Quote", "\(models)")
+            #expect(models["bars"]?.first?["type"] as? String == "alpaca.data.models.bars.Bar", "\(models)")
         }
     }
 

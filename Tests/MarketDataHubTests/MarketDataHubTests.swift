@@ -395,6 +395,35 @@ struct HubDeliveryTests {
         #expect(both.hasQueued == false)
     }
 
+    @Test func anEventsOtherFormIsMadeOncePerPublishAndSharedByEverySubscriber() async throws {
+        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
+        let first = await hub.subscribe(to: topics("Q.A", "Q.B"))
+        let second = await hub.subscribe(to: topics("Q.A"))
+        let third = await hub.subscribe(to: topics("Q.*"))
+        await hub.publish([event("Q", "A", 1), event("Q", "B", 2)])
+        var conversions = 0
+        var seen: [[String]] = []
+        for subscription in [first, second, third] {
+            var reader = subscription.makeReader()
+            var deliveries: [HubDelivery] = []
+            #expect(await reader.nextDeliveries(into: &deliveries))
+            var forms: [String] = []
+            for delivery in deliveries {
+                delivery.forEachEvent(convertedBy: { event in
+                    conversions += 1
+                    return ByteBuffer(string: "form of " + event.json)
+                }) { event, form in
+                    #expect(form.map { String(buffer: $0) } == "form of " + event.json)
+                    forms.append(form.map { String(buffer: $0) } ?? "")
+                }
+            }
+            seen.append(forms)
+        }
+        // Five deliveries of two events: two conversions.
+        #expect(conversions == 2)
+        #expect(seen.map(\.count) == [2, 1, 2])
+    }
+
     @Test func aFullBufferKeepsTheOldestOfAWindow() async throws {
         let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
