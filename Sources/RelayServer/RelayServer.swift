@@ -303,7 +303,9 @@ public final class RelayServer: Service, Sendable {
         keyed.get("/v1/last/**") { request, context in
             // The key's topics hold here as on the WebSocket.
             let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
-            return try await self.lastEvent(context.parameters.getCatchAll().joined(separator: "/"), entitlement: key?.entitlement ?? .everything)
+            return try await self.lastEvent(
+                context.parameters.getCatchAll().joined(separator: "/"), entitlement: key?.entitlement ?? .everything,
+                accept: request.headers[.accept])
         }
         // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
         extraRoutes(router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true)))
@@ -420,8 +422,10 @@ public final class RelayServer: Service, Sendable {
         return markets.first { $0.market == market }
     }
 
-    /// `/v1/last/{market}/{topic}`, or `/v1/last/{topic}` on the first market.
-    private func lastEvent(_ path: String, entitlement: Entitlement) async throws -> Response {
+    /// `/v1/last/{market}/{topic}`, or `/v1/last/{topic}` on the first market. An Alpaca market's topics
+    /// are Alpaca's (`t.AAPL`, `q.BTC/USD`) and its events come as Alpaca's JSON, or as their MessagePack
+    /// bytes when `accept` asks for `application/msgpack`.
+    private func lastEvent(_ path: String, entitlement: Entitlement, accept: String?) async throws -> Response {
         let decoded = path.removingPercentEncoding ?? path
         var text = Substring(decoded)
         var route = markets.first
@@ -437,10 +441,21 @@ public final class RelayServer: Service, Sendable {
             return try Self.json(
                 ["error": "not a topic: \(text) (expected EVENT.TICKER, e.g. \(route.market.exampleTopic))"], status: .badRequest)
         }
-        if let problem = route.market.problem(with: parsed) {
-            return try Self.json(["error": problem], status: .badRequest)
+        let topic: Topic
+        switch route.served.wire {
+        case .polygon:
+            if let problem = route.market.problem(with: parsed) {
+                return try Self.json(["error": problem], status: .badRequest)
+            }
+            topic = route.market.normalized(parsed)
+        case .alpaca(let feed):
+            guard feed.eventTypes.contains(parsed.eventType) else {
+                let types = feed.channels.map(\.eventType).joined(separator: ", ")
+                return try Self.json(
+                    ["error": "no \(parsed.eventType) events on \(feed.path) (Alpaca's channel letters: \(types); e.g. t.AAPL)"], status: .badRequest)
+            }
+            topic = parsed
         }
-        let topic = route.market.normalized(parsed)
         guard entitlement.allows(market: route.market) else {
             return try Self.json(["error": "not authorized: this key may not use the \(route.market) market"], status: .forbidden)
         }
@@ -453,7 +468,15 @@ public final class RelayServer: Service, Sendable {
         guard let event = last else {
             return try Self.json(["error": "no event for \(topic) yet"], status: .notFound)
         }
-        return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: event.bytes))
+        guard case .alpaca = route.served.wire else {
+            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: event.bytes))
+        }
+        let codec = AlpacaCodec(contentType: accept)
+        guard let bytes = AlpacaDelivery.elementBytes(event, codec: codec) else {
+            return try Self.json(["error": "the last event of \(topic) could not be read"], status: .internalServerError)
+        }
+        return Response(
+            status: .ok, headers: [.contentType: codec == .messagePack ? "application/msgpack" : "application/json"], body: .init(byteBuffer: bytes))
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {

@@ -188,6 +188,11 @@ struct AlpacaDownstreamTests {
             let snapshot = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
             #expect(snapshot.count == 1 && snapshot.first?["i"] as? Int == 7 && snapshot.first?["p"] as? Double == 187.25, "\(snapshot)")
             await client.close()
+            // /v1/last speaks Alpaca's topics and JSON on an Alpaca market.
+            let last = try await httpGet("http://127.0.0.1:\(port)/v1/last/stocks/t.AAPL", key: "client-key")
+            #expect(last.status == 200 && last.body.contains(#""T":"t","S":"AAPL","i":7"#) && last.body.contains(#""p":187.25"#), "\(last.body)")
+            let polygonTopic = try await httpGet("http://127.0.0.1:\(port)/v1/last/stocks/T.AAPL", key: "client-key")
+            #expect(polygonTopic.status == 400 && polygonTopic.body.contains("t.AAPL"), "\(polygonTopic.body)")
             // An SDK takes each last value as its model (one trade, quote and bar, and nothing else came).
             let models = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)", "--symbols", "AAPL", "--want", "1"]))
             #expect(models["trades"]?.first?["price"] as? Double == 187.25, "\(models)")
