@@ -15,7 +15,9 @@ extension DemoFeed {
     ) -> [MarketEvent] {
         let extra: [(String, MessagePack.Value)] = stamp.map { [("rt", .int($0))] } ?? []
         let crypto = market == .crypto
-        let scale = 1 / Double(pow10(DemoMarket.decimals(of: market)))
+        // Divided, not multiplied by 0.01: the quotient is the double nearest the decimal price, so it
+        // is written as that price (`3414.74`, not `3414.7400000000002`), as Alpaca's are.
+        let divisor = Double(pow10(DemoMarket.decimals(of: market)))
         func symbol(_ index: UInt16) -> String? {
             guard Int(index) < tickers.count else { return nil }
             let ticker = tickers[Int(index)]
@@ -27,8 +29,8 @@ extension DemoFeed {
             guard let name = symbol(bar.ticker) else { continue }
             events.append(
                 AlpacaEvents.bar(
-                    name, open: Double(bar.open) * scale, high: Double(bar.high) * scale, low: Double(bar.low) * scale,
-                    close: Double(bar.close) * scale, volume: Double(bar.volume), trades: Int64(bar.trades), startNanoseconds: bar.start * 1_000_000))
+                    name, open: Double(bar.open) / divisor, high: Double(bar.high) / divisor, low: Double(bar.low) / divisor,
+                    close: Double(bar.close) / divisor, volume: Double(bar.volume), trades: Int64(bar.trades), startNanoseconds: bar.start * 1_000_000))
         }
         for record in records {
             guard let name = symbol(record.ticker) else { continue }
@@ -37,12 +39,12 @@ extension DemoFeed {
             case .trade:
                 events.append(
                     AlpacaEvents.trade(
-                        name, id: record.sequence, price: Double(record.price) * scale, size: crypto ? Double(record.size) / 100 : Double(record.size),
+                        name, id: record.sequence, price: Double(record.price) / divisor, size: crypto ? Double(record.size) / 100 : Double(record.size),
                         nanoseconds: nanoseconds, crypto: crypto, extra: extra))
             case .quote:
                 events.append(
                     AlpacaEvents.quote(
-                        name, bid: Double(record.price) * scale, ask: Double(record.ask) * scale,
+                        name, bid: Double(record.price) / divisor, ask: Double(record.ask) / divisor,
                         size: crypto ? Double(record.size) / 100 : Double(record.size), nanoseconds: nanoseconds, crypto: crypto, extra: extra))
             }
         }

@@ -357,6 +357,7 @@ public final class DemoFeed: Service, Sendable {
         tape?.setTickers(market.tickers)
         // Alpaca's events are made from the records of what was generated.
         market.recording = tape != nil || configuration.alpaca
+        market.recordsCryptoQuotes = configuration.alpaca
         let clock = ContinuousClock()
         let tick = configuration.tickInterval
         let perTick = max(configuration.eventsPerSecond * rateShare, 1) * tick.seconds

@@ -61,6 +61,9 @@ public struct DemoMarket: Sendable {
     private(set) var barRecords: [DemoTape.Bar] = []
     /// Whether generated events are recorded (the feed's REST history).
     var recording = false
+    /// Whether crypto quotes are recorded too (Alpaca's events are made from the records; Polygon's
+    /// REST history of crypto has its trades only).
+    var recordsCryptoQuotes = false
 
     /// A stock universe: the majors and `generatedTickers` more.
     public init(generatedTickers: Int = 300, seed: UInt64) {
@@ -239,6 +242,9 @@ public struct DemoMarket: Sendable {
         let askSize = Int.random(in: 1...30, using: &rng)
         let exchange = Int.random(in: 1...20, using: &rng)
         if market == .crypto {
+            if recordsCryptoQuotes {
+                record(.quote, index, time: timestamp, price: bid, ask: ask, size: bidSize, askSize: askSize, exchange: exchange, askExchange: exchange)
+            }
             let json =
                 #"{"ev":"XQ","pair":"\#(wireTicker(s.ticker))","bp":\#(price(bid)),"bs":\#(Double(bidSize) / 100),"ap":\#(price(ask)),"as":\#(Double(askSize) / 100),"t":\#(timestamp),"x":\#(exchange),"r":\#(timestamp)}"#
             return MarketEvent(eventType: "XQ", ticker: s.ticker, bytes: ByteBuffer(string: json))

@@ -24,11 +24,13 @@ public enum EventPrices {
         return Date(timeIntervalSince1970: NSDecimalNumber(decimal: ms).doubleValue / 1000)
     }
 
-    /// Updates a symbol's prices from an Alpaca trade (`t`) or quote (`q`): a MessagePack map whose
-    /// prices are binary doubles, taken at their shortest decimal text (`187.25`, not `187.2500000001`).
-    static func applyAlpaca(_ event: MarketEvent, to prices: inout SymbolPrices, now: Date) {
-        guard let value = try? MessagePack.decode(event.bytes.readableBytesView) else { return }
-        func decimal(_ field: String) -> Decimal? {
+    /// An Alpaca event's fields: its numbers as exact decimals, its time.
+    public struct AlpacaFields: Sendable {
+        let value: MessagePack.Value
+
+        /// A number field: a MessagePack double at its shortest decimal text (`187.25`, not
+        /// `187.2500000001`), or an integer.
+        public func number(_ field: String) -> Decimal? {
             switch value[field] {
             // Swift writes tiny doubles with an exponent (`1.234e-05`), which Decimal reads too.
             case .double(let number)?: number.isFinite ? DecimalText.parse("\(number)") ?? Decimal(string: "\(number)") : nil
@@ -36,15 +38,29 @@ public enum EventPrices {
             case nil: nil
             }
         }
-        var at = now
-        if case .timestamp(let seconds, let nanoseconds)? = value["t"] {
-            at = Date(timeIntervalSince1970: Double(seconds) + Double(nanoseconds) / 1e9)
+
+        /// `t`, a MessagePack timestamp.
+        public var time: Date? {
+            guard case .timestamp(let seconds, let nanoseconds)? = value["t"] else { return nil }
+            return Date(timeIntervalSince1970: Double(seconds) + Double(nanoseconds) / 1e9)
         }
+    }
+
+    /// The fields of an Alpaca event (one MessagePack map), or `nil` for anything else.
+    public static func alpacaFields(_ event: MarketEvent) -> AlpacaFields? {
+        guard let value = try? MessagePack.decode(event.bytes.readableBytesView), case .map = value else { return nil }
+        return AlpacaFields(value: value)
+    }
+
+    /// Updates a symbol's prices from an Alpaca trade (`t`) or quote (`q`).
+    static func applyAlpaca(_ event: MarketEvent, to prices: inout SymbolPrices, now: Date) {
+        guard let fields = alpacaFields(event) else { return }
+        let at = fields.time ?? now
         switch event.eventType {
         case "t":
-            if let price = decimal("p"), price > 0 { prices.lastTrade = PriceObservation(value: price, at: at, source: .trade) }
+            if let price = fields.number("p"), price > 0 { prices.lastTrade = PriceObservation(value: price, at: at, source: .trade) }
         case "q":
-            if let bid = decimal("bp"), let ask = decimal("ap"), bid > 0, ask >= bid {
+            if let bid = fields.number("bp"), let ask = fields.number("ap"), bid > 0, ask >= bid {
                 prices.lastQuoteMid = PriceObservation(value: (bid + ask) / 2, at: at, source: .quoteMid)
             }
         default:

@@ -356,12 +356,12 @@ public final class Relay: Service, Sendable {
                         gapFillers: gapFillers))
                 let scheme = settings.tls == nil ? "ws" : "wss"
                 var metadata: Logger.Metadata = [
-                    "ws": "\(scheme)://\(settings.listen.host):\(port)/\(primary.source.market)",
+                    "ws": "\(scheme)://\(settings.listen.host):\(port)\(primary.source.wire.path(of: primary.source.market))",
                     "upstream": "\(primary.source.description)",
                     "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
                 ]
                 if markets.count > 1 {
-                    metadata["markets"] = "\(markets.map { "/\($0.source.market)" }.joined(separator: " "))"
+                    metadata["markets"] = "\(markets.map { $0.source.wire.path(of: $0.source.market) }.joined(separator: " "))"
                 }
                 if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
                 // Where the portfolio's details, histories and reference prices come from.

@@ -26,10 +26,7 @@ package struct ServedMarket: Sendable {
 
     /// The paths its WebSocket is served at.
     var paths: [String] {
-        switch wire {
-        case .polygon: ["/\(market)"]
-        case .alpaca(let feed): feed.isCrypto ? [feed.path, "/v1beta2/crypto"] : [feed.path]
-        }
+        if case .alpaca(let feed) = wire, feed.isCrypto { [feed.path, "/v1beta2/crypto"] } else { [wire.path(of: market)] }
     }
 }
 
@@ -38,6 +35,14 @@ package struct ServedMarket: Sendable {
 package enum ServedWire: Sendable, Equatable {
     case polygon
     case alpaca(AlpacaFeed)
+
+    /// The main path a market's WebSocket is served at in this protocol.
+    package func path(of market: Market) -> String {
+        switch self {
+        case .polygon: "/\(market)"
+        case .alpaca(let feed): feed.path
+        }
+    }
 }
 
 /// What the server keeps per market: the served market, its topic ledger (with the market's ticker cap)

@@ -138,6 +138,9 @@ actor StatusBoard {
         /// One market's feed and counts.
         struct MarketStatus: Sendable, Encodable {
             var market: String
+            /// Whose protocol its WebSocket speaks (`polygon`, `alpaca`), and where.
+            var vendor: String
+            var path: String
             var healthy: Bool
             var upstream: UpstreamReport
             var cluster: ClusterReport?
@@ -209,7 +212,8 @@ actor StatusBoard {
             }
             perMarket.append(
                 .init(
-                    market: served.market.rawValue, healthy: report.healthy, upstream: report.upstream, cluster: report.cluster,
+                    market: served.market.rawValue, vendor: served.served.vendor, path: served.served.paths.first ?? "/\(served.market)",
+                    healthy: report.healthy, upstream: report.upstream, cluster: report.cluster,
                     subscribers: marketSubscribers, eventsPublished: marketPublished, history: history,
                     gapFill: gapFill.fills + gapFill.skipped > 0 ? gapFill : nil))
         }

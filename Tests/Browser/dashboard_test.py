@@ -7,7 +7,10 @@ prompt, the overview's live upstream and counts, live quotes, the holdings table
 total with its partial banner, the history chart, stepping through ten holdings with `j` (each detail
 shown within 200 ms of the key press, measured by the page; a step over it is taken once more and only a
 second slow one fails, so a scheduling hiccup on a loaded machine is not a failure), a form error next to its field, and no
-console errors. Screenshots of every page at 1280x800 and 390x844 go to the given directory.
+console errors. Screenshots of every page at 1280x800 and 390x844 go to the given directory. Then a second
+relay on the demo feed in Alpaca's protocol (`--upstream-vendor alpaca`): the overview names its feeds'
+paths, live quotes arrive over Alpaca's JSON protocol for stocks and crypto, and a holding's detail shows
+its live quote.
 
     python3 Tests/Browser/dashboard_test.py --relay .build/debug/relay --screenshots .build/screenshots
 """
@@ -41,7 +44,7 @@ def free_port():
 class Relay:
     """A relay process on a loopback port chosen here, stopped by its own process id."""
 
-    def __init__(self, binary, root):
+    def __init__(self, binary, root, extra=()):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         data = os.path.join(root, "data")
@@ -56,7 +59,7 @@ class Relay:
         subprocess.run([binary, "portfolio", "import", sample, "--data-dir", data], check=True, capture_output=True)
         self.log = open(os.path.join(root, "relay.log"), "w")
         self.process = subprocess.Popen(
-            [binary, "serve", "--config", config, "--listen", f"127.0.0.1:{self.port}", "--data-dir", data, "--time-zone", "UTC"],
+            [binary, "serve", "--config", config, "--listen", f"127.0.0.1:{self.port}", "--data-dir", data, "--time-zone", "UTC", *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True)
         ready = threading.Event()
 
@@ -142,12 +145,19 @@ def main():
         run(relay, arguments, checks)
     finally:
         relay.stop()
+    alpaca_root = tempfile.mkdtemp(prefix="relay-browser-alpaca-")
+    alpaca = Relay(os.path.abspath(arguments.relay), alpaca_root, extra=("--upstream-vendor", "alpaca"))
+    try:
+        run_alpaca(alpaca, arguments, checks)
+    finally:
+        alpaca.stop()
     if checks.failures:
         print(f"\n{len(checks.failures)} browser check(s) failed (relay log: {relay.log.name}):")
         for failure in checks.failures:
             print("  - " + failure)
         sys.exit(1)
     shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(alpaca_root, ignore_errors=True)
     print("\nall browser checks passed")
 
 
@@ -187,6 +197,49 @@ def run(relay, arguments, checks):
                     check_form_error(page, checks, errors)
                 checks.check(not errors, f"{tag}: no console errors" + ("" if not errors else ": " + "; ".join(errors[:5])))
                 context.close()
+        finally:
+            browser.close()
+
+
+def run_alpaca(relay, arguments, checks):
+    """The dashboard on a relay whose feeds speak Alpaca's protocol."""
+    shots = arguments.screenshots
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=arguments.chromium, args=["--no-sandbox"])
+        try:
+            context, page, errors = open_page(browser, relay, OWNER, (1280, 800))
+            expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
+            markets = page.get_by_role("table", name="Markets")
+            expect(markets.locator('tr[data-market="stocks"] th')).to_have_text("/v2/iex (Alpaca)", timeout=15_000)
+            expect(markets.locator('tr[data-market="crypto"] .state')).to_have_text("connected", timeout=15_000)
+            checks.check(True, "alpaca: the overview names each feed's path and protocol (/v2/iex, crypto connected)")
+            page.get_by_role("link", name="Live quotes").click()
+            expect(page.locator("#quotes-connection")).to_have_text("Connected to /v2/iex", timeout=15_000)
+            page.get_by_label("Symbols").fill("AAPL, MSFT")
+            page.get_by_role("button", name="Watch").click()
+            bid = page.locator('tr[data-symbol="AAPL"] td').first
+            wait_until(lambda: bid.inner_text() not in ("—", ""), 15, "an Alpaca quote for AAPL over /v2/iex")
+            trade = page.locator('tr[data-symbol="AAPL"] td').nth(4)
+            wait_until(lambda: trade.inner_text() not in ("—", ""), 15, "an Alpaca trade for AAPL over /v2/iex")
+            stamp = page.locator('tr[data-symbol="AAPL"] td').last
+            checks.check(stamp.inner_text() not in ("—", ""), f"alpaca: live quotes and trades arrive in Alpaca's JSON (AAPL bid {bid.inner_text()}, last {trade.inner_text()} at {stamp.inner_text()})")
+            page.screenshot(path=f"{shots}/alpaca-quotes-1280x800.png", full_page=True)
+            page.get_by_label("Market").select_option("crypto")
+            expect(page.locator("#quotes-connection")).to_have_text("Connected to /v1beta3/crypto/us", timeout=15_000)
+            btc = page.locator('tr[data-symbol="BTC/USD"] td').first
+            wait_until(lambda: btc.inner_text() not in ("—", ""), 15, "an Alpaca crypto quote for BTC/USD")
+            checks.check(True, f"alpaca: picking crypto shows live BTC/USD quotes from /v1beta3/crypto/us (bid {btc.inner_text()})")
+            page.get_by_label("Market").select_option("stocks")
+            expect(page.locator("#quotes-connection")).to_have_text("Connected to /v2/iex", timeout=15_000)
+            # A holding's detail takes its live quote from the Alpaca feed's last values.
+            page.goto(relay.base + "/#/security/AAPL")
+            expect(page.locator("#detail")).to_have_attribute("data-loaded", "AAPL", timeout=15_000)
+            details = page.get_by_role("region", name="Quote and market")
+            expect(details).to_contain_text("live", timeout=10_000)
+            checks.check(True, "alpaca: a holding's detail shows its live quote from the Alpaca feed")
+            page.screenshot(path=f"{shots}/alpaca-security-1280x800.png", full_page=True)
+            checks.check(not errors, "alpaca: no console errors" + ("" if not errors else ": " + "; ".join(errors[:5])))
+            context.close()
         finally:
             browser.close()
 

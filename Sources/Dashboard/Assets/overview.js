@@ -143,7 +143,7 @@ export function mount(main) {
         return el(
           "tr",
           { "data-market": m.market },
-          el("th", { scope: "row", text: `/${m.market}` }),
+          el("th", { scope: "row", class: "path", title: `${m.market}, ${m.vendor === "alpaca" ? "Alpaca" : "Polygon"}'s protocol`, text: m.vendor === "alpaca" ? `${m.path} (Alpaca)` : m.path || `/${m.market}` }),
           el("td", {}, badge),
           el("td", { text: String(up.subscribedTopics) }),
           el("td", { text: String(m.subscribers) }),

@@ -1,5 +1,6 @@
-// Live quotes and trades through the relay's own Polygon WebSocket, as any client sees them: auth,
-// subscribe, events. Changed values flash; the relay's notices (lagging, upstream gaps) are banners.
+// Live quotes and trades through the relay's own WebSocket, as any client sees them: auth, subscribe,
+// events, in the protocol the market speaks (Polygon's at /<market>, or Alpaca's JSON at its feed's path).
+// Changed values flash; the relay's notices (lagging, upstream gaps) are banners.
 import { key, socketURL, el, decimal, time } from "./api.js";
 
 const SAVED = "relay.quotes";
@@ -12,6 +13,12 @@ const MARKETS = {
   crypto: { quote: "XQ", trade: "XT", start: "X:BTC-USD, X:ETH-USD" },
   indices: { quote: null, trade: "V", start: "I:SPX, I:NDX" },
   futures: { quote: "Q", trade: "T", start: "ESZ5, NQZ5" },
+};
+
+// Alpaca's markets: symbols as Alpaca names them (a crypto pair is BTC/USD).
+const ALPACA = {
+  stocks: { start: "AAPL, MSFT, NVDA" },
+  crypto: { start: "BTC/USD, ETH/USD" },
 };
 
 // An event's ticker in the market's topic form (crypto `pair` BTC-USD is X:BTC-USD; forex `p` EUR/USD is C:EUR-USD).
@@ -28,11 +35,14 @@ function parseSymbols(text) {
 }
 
 export function mount(main, context) {
-  const served = (context.status.markets || [{ market: context.status.market }]).map((m) => m.market);
+  const infos = context.status.markets || [{ market: context.status.market }];
+  const served = infos.map((m) => m.market);
+  const info = () => infos.find((m) => m.market === market) || {};
+  const alpaca = () => info().vendor === "alpaca";
   const wanted = context.params ? context.params.get("market") : null;
   let market = served.includes(wanted) ? wanted : sessionStorage.getItem(SAVED + ".market");
   if (!served.includes(market)) market = served[0];
-  const channels = () => MARKETS[market] || MARKETS.stocks;
+  const channels = () => (alpaca() ? ALPACA[market] || ALPACA.stocks : MARKETS[market] || MARKETS.stocks);
   let symbols = parseSymbols(sessionStorage.getItem(`${SAVED}.${market}`) || channels().start);
   const picker = el("select", { id: "market", name: "market" }, ...served.map((name) => el("option", { value: name, text: name, selected: name === market ? true : null })));
   const input = el("input", { id: "symbols", name: "symbols", value: symbols.join(", "), autocomplete: "off", "aria-describedby": "symbols-help symbols-error" });
@@ -97,7 +107,7 @@ export function mount(main, context) {
   let attempts = 0;
 
   function connect() {
-    socket = new WebSocket(socketURL("/" + market));
+    socket = new WebSocket(socketURL(info().path || "/" + market));
     connection.textContent = "Connecting…";
     socket.onmessage = (message) => {
       let events;
@@ -106,7 +116,7 @@ export function mount(main, context) {
       } catch {
         return;
       }
-      for (const event of Array.isArray(events) ? events : [events]) handle(event);
+      for (const event of Array.isArray(events) ? events : [events]) (alpaca() ? handleAlpaca : handle)(event);
     };
     socket.onclose = (event) => {
       if (stopped) return;
@@ -122,6 +132,13 @@ export function mount(main, context) {
 
   let subscribed = [];
   function subscribe(next) {
+    if (alpaca()) {
+      // Alpaca's per-channel lists; a trades subscription brings corrections and cancel errors, not shown here.
+      if (subscribed.length) send({ action: "unsubscribe", trades: subscribed, quotes: subscribed });
+      if (next.length) send({ action: "subscribe", trades: next, quotes: next });
+      subscribed = next;
+      return;
+    }
     const { quote, trade } = channels();
     const topics = (list) => list.flatMap((s) => [quote && `${quote}.${s}`, trade && `${trade}.${s}`].filter(Boolean)).join(",");
     if (subscribed.length) send({ action: "unsubscribe", params: topics(subscribed) });
@@ -136,9 +153,7 @@ export function mount(main, context) {
           send({ action: "auth", params: key() || "dashboard" });
           break;
         case "auth_success":
-          attempts = 0;
-          connection.textContent = `Connected to /${market}`;
-          subscribe(symbols);
+          authenticated();
           break;
         case "auth_failed":
           connection.textContent = "The relay did not accept the key.";
@@ -161,7 +176,47 @@ export function mount(main, context) {
       }
       return;
     }
-    const symbol = topicTicker(market, event);
+    show(topicTicker(market, event), event);
+  }
+
+  function authenticated() {
+    attempts = 0;
+    connection.textContent = `Connected to ${info().path || "/" + market}`;
+    subscribe(symbols);
+  }
+
+  // Alpaca's protocol: control messages by `T`, the relay's notices as `T: "relay"`, trades `t` and quotes `q`.
+  function handleAlpaca(message) {
+    switch (message.T) {
+      case "success":
+        if (message.msg === "connected") send({ action: "auth", key: key() || "dashboard", secret: "dashboard" });
+        else if (message.msg === "authenticated") authenticated();
+        return;
+      case "error":
+        if (message.code === 402 || message.code === 401) {
+          connection.textContent = "The relay did not accept the key.";
+          context.banner("quotes-auth", "The relay refused this key for the market feed.", "error");
+        } else {
+          error.textContent = `${message.code} ${message.msg}`;
+        }
+        return;
+      case "relay":
+        // The relay's notices carry Polygon's statuses: shown as for Polygon's markets.
+        handle({ ev: "status", status: message.status, message: message.msg });
+        return;
+      case "q":
+        show(message.S, { ev: "Q", bp: message.bp, bs: message.bs, ap: message.ap, as: message.as, t: message.t });
+        return;
+      case "t":
+        show(message.S, { ev: "T", p: message.p, s: message.s, t: message.t });
+        return;
+      default:
+        return;
+    }
+  }
+
+  // One event, in Polygon's field names, on its symbol's row.
+  function show(symbol, event) {
     if (!symbol || !rows.has(symbol)) return;
     const r = row(symbol);
     if (event.ev === "Q" || event.ev === "XQ") {
@@ -180,7 +235,9 @@ export function mount(main, context) {
     } else {
       return;
     }
-    if (event.t) r.cells.t.textContent = time(new Date(event.t).toISOString());
+    // Polygon's `t` is Unix ms; Alpaca's an RFC 3339 text with up to nine fraction digits (kept to three).
+    const at = typeof event.t === "string" ? new Date(event.t.replace(/(\.\d{3})\d+/, "$1")) : new Date(event.t);
+    if (event.t && !Number.isNaN(at.getTime())) r.cells.t.textContent = time(at.toISOString());
   }
 
   form.addEventListener("submit", (event) => {

@@ -87,7 +87,12 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The hub's last trade of `symbol`, if the relay has seen one.
     func liveTrade(_ symbol: String) async -> SecurityDetail.Trade? {
-        guard let event = await lastEvent(of: symbol, types: ["T", "XT", "V"]) else { return nil }
+        guard let event = await lastEvent(of: symbol, types: ["T", "XT", "V", "t"]) else { return nil }
+        if event.eventType == "t" {
+            // Alpaca's trade: a MessagePack map.
+            guard let fields = EventPrices.alpacaFields(event), let price = fields.number("p") else { return nil }
+            return .init(price: price, size: fields.number("s"), at: fields.time ?? .now, source: .live)
+        }
         let text = String(buffer: event.bytes)
         guard let price = EventPrices.number(event.eventType == "V" ? "val" : "p", in: text) else { return nil }
         return .init(price: price, size: EventPrices.number("s", in: text), at: EventPrices.time(in: text, default: .now), source: .live)
@@ -95,7 +100,11 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The hub's last quote of `symbol`, if the relay has seen one.
     func liveQuote(_ symbol: String) async -> SecurityDetail.Quote? {
-        guard let event = await lastEvent(of: symbol, types: ["Q", "XQ", "C"]) else { return nil }
+        guard let event = await lastEvent(of: symbol, types: ["Q", "XQ", "C", "q"]) else { return nil }
+        if event.eventType == "q" {
+            guard let fields = EventPrices.alpacaFields(event), let bid = fields.number("bp"), let ask = fields.number("ap") else { return nil }
+            return .init(bid: bid, bidSize: fields.number("bs"), ask: ask, askSize: fields.number("as"), at: fields.time ?? .now, source: .live)
+        }
         let text = String(buffer: event.bytes)
         // Forex quotes (`C`) carry `b`/`a` and no sizes.
         let forex = event.eventType == "C"
@@ -109,8 +118,8 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The last event of `symbol` on its market's hub among its price topics of `types`.
     private func lastEvent(of symbol: String, types: Set<String>) async -> MarketEvent? {
-        guard let (_, hub) = hubs?.hub(for: symbol) else { return nil }
-        for topic in MarketHubs.priceTopics(of: symbol) where types.contains(topic.eventType) {
+        guard let hubs, let (_, hub) = hubs.hub(for: symbol) else { return nil }
+        for topic in hubs.priceTopics(of: symbol) where types.contains(topic.eventType) {
             if let event = await hub.lastEvent(for: topic) { return event }
         }
         return nil
