@@ -4,7 +4,11 @@ import PolygonWire
 /// account's key and secret after `connected`, the whole wanted set subscribed after `authenticated`,
 /// and per change the subscribe and unsubscribe messages that move the server there, in MessagePack.
 /// Alpaca's errors are read as the relay's upstream client knows them (402 auth failed, 406 connection
-/// limit: close and back off; 404 auth timeout; the rest logged).
+/// limit, and 409 insufficient subscription before auth: close and back off; 404 auth timeout). Alpaca
+/// answers each subscribe and unsubscribe with one message, the `subscription` or an error, in order, so
+/// an error after auth (405 symbol limit, 409 insufficient subscription, 410 …) names the message it
+/// refused: its topics are ``Event/refused(code:message:topics:)``, not asked for again while wanted on
+/// this connection (so an account at its limit is not asked once per change of interest).
 ///
 /// Value type, `Sendable`; one per upstream client, owned by whoever holds its lock. The wanted set
 /// survives a lost connection; the server's subscriptions do not.
@@ -18,7 +22,9 @@ public struct AlpacaClientSession: Sendable {
         case authTimeout(String)
         /// The `subscription` reply (what the server now sends).
         case subscribed(String)
-        /// Another error (405 symbol limit, 409 insufficient subscription, 410 …): logged.
+        /// A subscribe refused (405 symbol limit, 409 insufficient subscription, 410 …): its topics.
+        case refused(code: Int, message: String, topics: Set<Topic>)
+        /// Another error: logged.
         case error(code: Int, message: String)
         case other(String)
     }
@@ -37,6 +43,11 @@ public struct AlpacaClientSession: Sendable {
     public private(set) var isAuthenticated = false
     public private(set) var wanted: Set<Topic> = []
     public private(set) var subscribed: Set<Topic> = []
+    /// Topics the server refused on this connection and that are still wanted.
+    public private(set) var refused: Set<Topic> = []
+    /// The subscribe and unsubscribe messages sent and not answered yet, oldest first: whether each
+    /// subscribed, and its topics.
+    private var awaiting: [(subscribes: Bool, topics: Set<Topic>)] = []
 
     public init(key: String, secret: String) {
         self.key = key
@@ -55,12 +66,16 @@ public struct AlpacaClientSession: Sendable {
         case "success" where message == "authenticated":
             isAuthenticated = true
             subscribed = wanted
-            return Reaction(send: Self.actions("subscribe", wanted), event: .authenticated)
+            return Reaction(send: send("subscribe", wanted), event: .authenticated)
         case "subscription":
+            if !awaiting.isEmpty { awaiting.removeFirst() }
             return Reaction(event: .subscribed(Self.describe(control)))
         case "error":
             let code = Int(control["code"]?.integer ?? 0)
             switch code {
+            case AlpacaError.insufficientSubscription.rawValue where !isAuthenticated:
+                // The feed is outside the account's plan: as a refused key, retried only slowly.
+                return Reaction(event: .authFailed("\(code) \(message)"))
             case AlpacaError.authFailed.rawValue, AlpacaError.notAuthenticated.rawValue:
                 isAuthenticated = false
                 return Reaction(event: .authFailed("\(code) \(message)"))
@@ -70,7 +85,15 @@ public struct AlpacaClientSession: Sendable {
             case AlpacaError.authTimeout.rawValue:
                 return Reaction(event: .authTimeout("\(code) \(message)"))
             default:
-                return Reaction(event: .error(code: code, message: message))
+                // The answer to the oldest message not answered yet (once authenticated, every error is one).
+                guard isAuthenticated, !awaiting.isEmpty else { return Reaction(event: .error(code: code, message: message)) }
+                let answered = awaiting.removeFirst()
+                guard answered.subscribes else { return Reaction(event: .error(code: code, message: message)) }
+                // Nothing of the message was done: the server does not send these topics.
+                let topics = answered.topics.intersection(wanted)
+                subscribed.subtract(answered.topics)
+                refused.formUnion(topics)
+                return Reaction(event: .refused(code: code, message: message, topics: topics))
             }
         default:
             return Reaction(event: .other(Self.describe(control)))
@@ -81,42 +104,64 @@ public struct AlpacaClientSession: Sendable {
     /// (subscribes first, then unsubscribes).
     public mutating func setWanted(_ topics: Set<Topic>) -> [[UInt8]] {
         wanted = topics
+        // A refused topic no longer wanted is forgotten: wanted again, it is asked for again.
+        refused.formIntersection(topics)
         guard isAuthenticated else { return [] }
-        let added = topics.subtracting(subscribed)
-        let removed = subscribed.subtracting(topics)
-        subscribed = topics
-        return Self.actions("subscribe", added) + Self.actions("unsubscribe", removed)
+        let asked = topics.subtracting(refused)
+        let added = asked.subtracting(subscribed)
+        let removed = subscribed.subtracting(asked)
+        subscribed = asked
+        return send("subscribe", added) + send("unsubscribe", removed)
     }
 
     public mutating func connectionEnded() {
         isAuthenticated = false
         subscribed = []
+        refused = []
+        awaiting = []
+    }
+
+    /// The messages of ``actions(_:_:)``, each noted as awaiting its answer.
+    private mutating func send(_ action: String, _ topics: Set<Topic>) -> [[UInt8]] {
+        let batches = Self.batches(topics)
+        for batch in batches { awaiting.append((action == "subscribe", batch)) }
+        return batches.map { Self.message(action, $0) }
     }
 
     /// Topic changes as `{"action":…,"trades":[…],…}` maps, at most ``symbolsPerMessage`` symbols each.
     /// A trade's corrections and cancel errors come with its trades: they are never asked for.
     public static func actions(_ action: String, _ topics: Set<Topic>) -> [[UInt8]] {
-        var messages: [[UInt8]] = []
-        var channels: [AlpacaChannel: [String]] = [:]
-        var count = 0
-        func flush() {
-            guard count > 0 else { return }
-            var entries: [MessagePack.Value.Entry] = [.init(.string("action"), .string(action))]
-            for channel in channels.keys.sorted() {
-                entries.append(.init(.string(channel.rawValue), .array((channels[channel] ?? []).map { .string($0) })))
-            }
-            messages.append(MessagePack.encode(.map(entries)))
-            channels = [:]
-            count = 0
-        }
+        batches(topics).map { message(action, $0) }
+    }
+
+    /// The topics of each message, at most ``symbolsPerMessage`` each, in order.
+    static func batches(_ topics: Set<Topic>) -> [Set<Topic>] {
+        var batches: [Set<Topic>] = []
+        var batch: Set<Topic> = []
         for topic in topics.sorted() {
             guard let channel = AlpacaChannel(eventType: topic.eventType), channel != .corrections, channel != .cancelErrors else { continue }
-            channels[channel, default: []].append(topic.ticker)
-            count += 1
-            if count >= symbolsPerMessage { flush() }
+            batch.insert(topic)
+            if batch.count >= symbolsPerMessage {
+                batches.append(batch)
+                batch = []
+            }
         }
-        flush()
-        return messages
+        if !batch.isEmpty { batches.append(batch) }
+        return batches
+    }
+
+    /// One subscribe or unsubscribe message: the topics' symbols per channel.
+    static func message(_ action: String, _ topics: Set<Topic>) -> [UInt8] {
+        var channels: [AlpacaChannel: [String]] = [:]
+        for topic in topics.sorted() {
+            guard let channel = AlpacaChannel(eventType: topic.eventType) else { continue }
+            channels[channel, default: []].append(topic.ticker)
+        }
+        var entries: [MessagePack.Value.Entry] = [.init(.string("action"), .string(action))]
+        for channel in channels.keys.sorted() {
+            entries.append(.init(.string(channel.rawValue), .array((channels[channel] ?? []).map { .string($0) })))
+        }
+        return MessagePack.encode(.map(entries))
     }
 
     private static func describe(_ value: MessagePack.Value) -> String {

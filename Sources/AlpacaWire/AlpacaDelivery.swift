@@ -98,9 +98,17 @@ public enum AlpacaDelivery {
     }
 
     /// A hub notice (`{"ev":"status","status":…,"message":…}`) in Alpaca's shape.
+    /// An `error` status with a `code` (a subscription the upstream refused) is Alpaca's own error, with
+    /// that code: the SDKs log it, as they would Alpaca's.
     static func notice(_ event: borrowing MarketEvent) -> MessagePack.Value {
         var entries: [MessagePack.Value.Entry] = [.init(.string("T"), .string(AlpacaControl.noticeType))]
-        if case .map(let fields)? = AlpacaJSONReader.value(Array(event.bytes.readableBytesView)) {
+        let parsed = AlpacaJSONReader.value(Array(event.bytes.readableBytesView))
+        if let parsed, parsed["status"]?.string == "error", let code = parsed["code"]?.integer,
+            let error = AlpacaError(rawValue: Int(code))
+        {
+            return error.message(detail: parsed["message"]?.string)
+        }
+        if case .map(let fields)? = parsed {
             for field in fields where field.key != .string("ev") {
                 entries.append(field.key == .string("message") ? .init(.string("msg"), field.value) : field)
             }

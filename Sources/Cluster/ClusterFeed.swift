@@ -77,6 +77,14 @@ final class ClusterFeed: Sendable {
                 self?.inbox.push(.epoch(epoch))
                 return
             }
+            if reason.hasPrefix(RefusalWire.prefix) {
+                guard let refused = RefusalWire.read(reason) else {
+                    self?.metrics.rejected("control", "a malformed refusal", logger: self?.logger ?? Logger(label: "relay.cluster"))
+                    return
+                }
+                self?.inbox.push(.refused(topics: refused.topics, code: refused.code, reason: refused.reason))
+                return
+            }
             if reason.hasPrefix(ClusterFeed.lossPrefix), let count = Int(reason.dropFirst(ClusterFeed.lossPrefix.count)) {
                 self?.inbox.push(.lost(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
                 return

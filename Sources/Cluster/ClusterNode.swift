@@ -637,6 +637,9 @@ public final class ClusterNode: Service, Sendable {
                 publish(control: "\(ClusterFeed.lossPrefix)\(count)")
             case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded):
                 break
+            case .element(.refused(let topics, let code, let reason)):
+                // Every node's clients of these topics are told (this node's too: it reads the control subject).
+                for control in RefusalWire.controls(topics, code: code, reason: reason) { publish(control: control) }
             }
             }
         }

@@ -63,7 +63,9 @@ extension DemoFeed {
         async throws
     {
         let expectedKey = configuration.apiKey
-        var session = AlpacaServerSession(codec: codec, feed: market == .crypto ? .crypto : .iex) { key in
+        var limits = SessionLimits()
+        if let limit = configuration.alpacaTopicLimit { limits.topicsPerConnection = limit }
+        var session = AlpacaServerSession(codec: codec, feed: market == .crypto ? .crypto : .iex, limits: limits) { key in
             guard expectedKey == nil || key == expectedKey else { return nil }
             return ClientGrant(name: "demo")
         }

@@ -63,6 +63,9 @@ public struct DemoFeedConfiguration: Sendable {
     /// `/v2/delayed_sip`, `/v2/test`), crypto at `/v1beta3/crypto/us` (and `/v1beta2/crypto`); the key
     /// is ``apiKey`` (the secret is not checked). Only stocks and crypto are served.
     public var alpaca = false
+    /// In Alpaca's protocol, the topics one connection may hold (Alpaca's plans limit symbols): a
+    /// subscribe past it is answered with 405 and changes nothing. `nil`: the session's default.
+    public var alpacaTopicLimit: Int?
 
     /// The markets served: ``markets``, or the one ``market`` names.
     public var servedMarkets: [Market] {

@@ -43,6 +43,7 @@ package enum HubPump {
                     case .nothing: await hub.finishFill(generation: generation)
                     }
                 case .element(.lost(let count, let topics, let reason)): await hub.reportLoss(count, topics: topics, reason: reason)
+                case .element(.refused(let topics, let code, let reason)): await hub.upstreamRefused(topics, code: code, reason: reason)
                 case .lost(let topics, let count):
                     dropped(count)
                     await hub.reportLoss(count, topics: topics, reason: lossReason)

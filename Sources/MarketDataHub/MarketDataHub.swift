@@ -546,6 +546,24 @@ public actor MarketDataHub {
         tell(subscribers.values)
     }
 
+    /// The upstream refused `topics` (e.g. Alpaca's 405 symbol limit, 409 insufficient subscription):
+    /// each subscriber holding one of them is told at once, with the topics it holds among them, in an
+    /// `error` status carrying the upstream's `code`. Its subscription stays: interest that changes or a
+    /// new connection asks again.
+    public func upstreamRefused(_ topics: Set<Topic>, code: Int, reason: String) {
+        var told: [Subscriber] = []
+        for subscriber in subscribers.values {
+            let held = subscriber.topics.intersection(topics)
+            guard !held.isEmpty else { continue }
+            let names = held.sorted().prefix(20).map(\.description).joined(separator: ",") + (held.count > 20 ? " and \(held.count - 20) more" : "")
+            let notice = MarketEvent.notice(
+                StatusMessage(status: StatusMessage.Kind.error, message: "the upstream refused \(names) (\(reason))", numbers: ["code": Int64(code)]))
+            enqueue(HubDelivery([notice]), to: subscriber)
+            told.append(subscriber)
+        }
+        tell(told)
+    }
+
     // MARK: upstream outages
 
     /// The upstream connection was lost. Every subscriber with topics is told at once, once per outage;

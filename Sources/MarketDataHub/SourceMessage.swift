@@ -15,6 +15,8 @@ public enum SourceMessage: Sendable {
     case seed(MarketEvent)
     /// Events lost before they reached this relay, for the reason given (`topics` `nil`: too many to list).
     case lost(count: Int, topics: Set<Topic>?, reason: String)
+    /// The upstream refused these topics (e.g. Alpaca's 405 symbol limit): their subscribers are told.
+    case refused(topics: Set<Topic>, code: Int, reason: String)
     /// The positions that follow belong to this epoch (a cluster leader's term).
     case epoch(String)
     /// A cluster leader's gap fill: recovered events of one topic, oldest first, with the leader's

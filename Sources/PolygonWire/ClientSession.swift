@@ -22,6 +22,9 @@ public struct ClientSession: Sendable {
         case acknowledged(String)
         /// `error`: e.g. a topic outside the plan.
         case error(String)
+        /// A subscription the server refused, naming its topics (Alpaca answers each subscribe in
+        /// order, so its errors can; Polygon's cannot, and its session never says this).
+        case refused(code: Int, message: String, topics: Set<Topic>)
         /// A status this session does not know; logged, otherwise ignored.
         case other(status: String, message: String)
     }

@@ -600,6 +600,7 @@ final class LWSConnection: Sendable {
             state.outbox += outcome.send
             switch outcome.event {
             case .error(let message): state.statistics.lastError = message
+            case .refused(let code, let message, let topics): state.statistics.lastError = "\(code) \(message) (\(topics.count) topics refused)"
             case .authTimeout(let message): state.statistics.lastError = "auth_timeout: \(message)"
             default: break
             }
@@ -618,6 +619,10 @@ final class LWSConnection: Sendable {
             logger.debug("upstream: \(message)")
         case .error(let message):
             warnThrottled("error-status", "upstream error status: \(message)")
+        case .refused(let code, let message, let topics):
+            // The clients of these topics are told: their subscription gets nothing from upstream.
+            warnThrottled("refused", "upstream refused a subscription of \(topics.count) topics: \(code) \(message)")
+            if !topics.isEmpty { inbox.push(.refused(topics: topics, code: code, reason: message)) }
         case .authTimeout(let message):
             logger.warning("upstream timed out our authentication: \(message)")
         case .other(let status, let message):

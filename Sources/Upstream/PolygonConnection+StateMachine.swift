@@ -163,7 +163,7 @@ struct PolygonConnectionStateMachine: Sendable {
         case .maxConnections(let message):
             endCause = .maxConnections
             outcome.state = .rejected(message: "another connection holds this account's slot: \(message)")
-        case .connected, .acknowledged, .error, .authTimeout, .other:
+        case .connected, .acknowledged, .error, .refused, .authTimeout, .other:
             break
         }
         return outcome

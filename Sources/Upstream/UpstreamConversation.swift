@@ -79,6 +79,7 @@ enum UpstreamConversation: Sendable {
                 case .connectionLimit(let message): .maxConnections(message)
                 case .authTimeout(let message): .authTimeout(message)
                 case .subscribed(let message): .acknowledged(message)
+                case .refused(let code, let message, let topics): .refused(code: code, message: message, topics: topics)
                 case .error(let code, let message): .error("\(code) \(message)")
                 case .other(let message): .other(status: "alpaca", message: message)
                 }

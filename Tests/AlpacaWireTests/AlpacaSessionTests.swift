@@ -137,3 +137,64 @@ struct AlpacaSessionTests {
         #expect(refused.close && !bad.isAuthenticated)
     }
 }
+
+/// Alpaca's conversation, client side (the relay's upstream): auth, the wanted set by channel, and
+/// errors read by the message they answer.
+@Suite("Alpaca client session")
+struct AlpacaClientSessionTests {
+    static func control(_ type: String, msg: String? = nil, code: Int? = nil) -> MessagePack.Value {
+        var entries: [MessagePack.Value.Entry] = [.init(.string("T"), .string(type))]
+        if let code { entries.append(.init(.string("code"), .int(Int64(code)))) }
+        if let msg { entries.append(.init(.string("msg"), .string(msg))) }
+        return .map(entries)
+    }
+
+    static func topics(_ list: String...) -> Set<Topic> { Set(list.compactMap { Topic(parsing: $0) }) }
+
+    func authenticated(wanting wanted: Set<Topic>) -> AlpacaClientSession {
+        var session = AlpacaClientSession(key: "k", secret: "s")
+        _ = session.setWanted(wanted)
+        let auth = session.receive(Self.control("success", msg: "connected"))
+        #expect(auth.event == .connected && auth.send.count == 1)
+        let subscribed = session.receive(Self.control("success", msg: "authenticated"))
+        #expect(subscribed.event == .authenticated)
+        // Trades by channel; their corrections and cancel errors are never asked for.
+        let sent = subscribed.send.compactMap { try? MessagePack.decode($0) }
+        #expect(sent.first?["trades"] == .array(wanted.filter { $0.eventType == "t" }.sorted().map { .string($0.ticker) }))
+        #expect(sent.first?["corrections"] == nil)
+        return session
+    }
+
+    @Test func aRefusedSubscribeNamesItsTopicsWhichAreNotAskedAgainWhileWanted() throws {
+        var session = authenticated(wanting: Self.topics("t.AAPL", "c.AAPL"))
+        // The first message answered; the second (MSFT) refused with 405.
+        let more = session.setWanted(Self.topics("t.AAPL", "c.AAPL", "t.MSFT"))
+        #expect(more.count == 1)
+        #expect(session.receive(Self.control("subscription")).event == .subscribed(#"{"T":"subscription"}"#))
+        let refused = session.receive(Self.control("error", msg: "symbol limit exceeded", code: 405))
+        #expect(refused.event == .refused(code: 405, message: "symbol limit exceeded", topics: Self.topics("t.MSFT")))
+        #expect(session.subscribed == Self.topics("t.AAPL", "c.AAPL") && session.refused == Self.topics("t.MSFT"))
+        // Another change asks only for what it adds; no unsubscribe of what the server never took.
+        let change = session.setWanted(Self.topics("t.AAPL", "c.AAPL", "t.MSFT", "q.AAPL"))
+        #expect(change.compactMap { try? MessagePack.decode($0)["quotes"] } == [.array([.string("AAPL")])])
+        #expect(change.compactMap { try? MessagePack.decode($0)["trades"] }.isEmpty)
+        // No longer wanted, it is forgotten; wanted again, asked again.
+        #expect(session.setWanted(Self.topics("t.AAPL", "c.AAPL", "q.AAPL")).isEmpty)
+        let again = session.setWanted(Self.topics("t.AAPL", "c.AAPL", "q.AAPL", "t.MSFT"))
+        #expect(again.compactMap { try? MessagePack.decode($0)["trades"] } == [.array([.string("MSFT")])])
+        // A new connection asks for everything wanted.
+        session.connectionEnded()
+        #expect(session.refused.isEmpty)
+    }
+
+    @Test func insufficientSubscriptionBeforeAuthIsAFeedOutsideThePlanAndAfterItARefusal() {
+        var outside = AlpacaClientSession(key: "k", secret: "s")
+        _ = outside.receive(Self.control("success", msg: "connected"))
+        #expect(outside.receive(Self.control("error", msg: "insufficient subscription", code: 409)).event == .authFailed("409 insufficient subscription"))
+        var session = authenticated(wanting: Self.topics("t.AAPL"))
+        let refused = session.receive(Self.control("error", msg: "insufficient subscription", code: 409))
+        #expect(refused.event == .refused(code: 409, message: "insufficient subscription", topics: Self.topics("t.AAPL")))
+        // An error answering nothing outstanding is only logged.
+        #expect(session.receive(Self.control("error", msg: "invalid syntax", code: 400)).event == .error(code: 400, message: "invalid syntax"))
+    }
+}

@@ -121,3 +121,26 @@ import Testing
         #expect(InterestTable.decode("").isEmpty)
     }
 }
+
+@Suite("Cluster refusal controls")
+struct ClusterRefusalTests {
+    @Test func aRefusalGoesOverNATSAsTextAndOnlyAWellFormedOneIsRead() throws {
+        let topics = Set(["t.MSFT", "q.BTC/USD"].compactMap { Topic(parsing: $0) })
+        let controls = RefusalWire.controls(topics, code: 405, reason: "symbol limit exceeded")
+        #expect(controls == ["refused:405 q.BTC/USD,t.MSFT symbol limit exceeded"])
+        let read = try #require(RefusalWire.read(controls[0]))
+        #expect(read.topics == topics && read.code == 405 && read.reason == "symbol limit exceeded")
+        // Many topics go as several messages, each within the bound.
+        let many = Set((0..<1_200).compactMap { Topic(eventType: "t", ticker: "S\($0)") })
+        let split = RefusalWire.controls(many, code: 405, reason: "limit")
+        #expect(split.count == 3 && split.compactMap(RefusalWire.read(_:)).reduce(Set<Topic>()) { $0.union($1.topics) } == many)
+        // Hostile or broken ones are refused.
+        for bad in [
+            "refused:200 t.MSFT ok", "refused:405  reason", "refused:405 t.MSFT", "refused:x t.MSFT r", "refused:405 not-a-topic r",
+            "refused:405 t.MSFT " + String(repeating: "r", count: 201),
+            "refused:405 " + (0..<501).map { "t.S\($0)" }.joined(separator: ",") + " r",
+        ] {
+            #expect(RefusalWire.read(bad) == nil, "\(bad.prefix(60))")
+        }
+    }
+}

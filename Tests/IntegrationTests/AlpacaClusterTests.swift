@@ -51,4 +51,25 @@ struct AlpacaClusterTests {
             await client.close()
         }
     }
+
+    @Test func aSubscriptionTheLeadersUpstreamRefusesIsToldToTheClientsOfEveryNode() async throws {
+        // The account may hold 4 topics: AAPL's trades take 3 (with corrections and cancel errors).
+        try await ClusterHarness.with(nodes: 2, feedRate: 2000, alpaca: true, alpacaTopicLimit: 4) { cluster in
+            let leader = try await cluster.agreedLeader()
+            let other = try #require(cluster.nodeIDs.first { $0 != leader })
+            let url = "ws://127.0.0.1:\(try cluster.port(other))/v2/iex"
+            let apple = try await alpacaClient(url)
+            try await read(apple, until: #"{"T":"t","S":"AAPL""#)
+            // On the node that does not lead: the leader's upstream refuses MSFT, and the refusal comes over NATS.
+            let microsoft = WSTestClient(url: url)
+            _ = try await microsoft.nextFrame()
+            microsoft.send(#"{"action":"auth","key":"any-key","secret":"x"}"#)
+            _ = try await microsoft.nextFrame()
+            microsoft.send(#"{"action":"subscribe","trades":["MSFT"]}"#)
+            try await read(microsoft, until: #"{"T":"error","code":405,"msg":"symbol limit exceeded: the upstream refused t.MSFT"#)
+            try await read(apple, until: #"{"T":"t","S":"AAPL""#)
+            await apple.close()
+            await microsoft.close()
+        }
+    }
 }

@@ -11,11 +11,12 @@ import Upstream
 /// upstream connection, Alpaca's SDKs downstream.
 @Suite("Alpaca relay: one upstream connection for Alpaca's SDKs", .serialized, .enabled(if: alpacaSDKsAvailable, "scripts/test installs Alpaca's SDKs"))
 struct AlpacaRelayTests {
-    func withAlpacaRelay(maxConnectionsDelay: Duration = .milliseconds(1500), _ body: (Relay.Components, DemoFeed) async throws -> Void)
-        async throws
-    {
+    func withAlpacaRelay(
+        maxConnectionsDelay: Duration = .milliseconds(1500), topicLimit: Int? = nil, _ body: (Relay.Components, DemoFeed) async throws -> Void
+    ) async throws {
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "alpaca-key", eventsPerSecond: 2000, tickInterval: .milliseconds(10), seed: 3)
         feedConfiguration.alpaca = true
+        feedConfiguration.alpacaTopicLimit = topicLimit
         feedConfiguration.markets = [.stocks]
         // Bars every second, so a client sees a few within its run.
         feedConfiguration.aggregateInterval = .seconds(1)
@@ -73,6 +74,48 @@ struct AlpacaRelayTests {
             let started = ContinuousClock.now
             try await waitFor(upstream.stateUpdates(), "the upstream back after its backoff", timeout: .seconds(15)) { $0 == .authenticated }
             print("406 test: back after \(ContinuousClock.now - started), connections \(feed.monitor.snapshot.totalConnections), state was \(state)")
+        }
+    }
+
+    @Test func aSubscriptionTheUpstreamRefusesIsToldToItsClientsOnlyAndNotAskedAgainPerChange() async throws {
+        // The account may hold 4 topics: a trades subscription is 3 there (trades, corrections, cancel errors).
+        try await withAlpacaRelay(topicLimit: 4) { parts, _ in
+            func client(_ subscribe: String) async throws -> WSTestClient {
+                let client = WSTestClient(url: "ws://127.0.0.1:\(parts.port)/v2/iex")
+                _ = try await client.nextFrame()
+                client.send(#"{"action":"auth","key":"client-key","secret":"any"}"#)
+                _ = try await client.nextFrame()
+                client.send(subscribe)
+                #expect(try await client.nextFrame().contains(#""T":"subscription""#))
+                return client
+            }
+            /// Frames up to and including the first with a message of `type`.
+            func until(_ client: WSTestClient, _ type: String, _ what: String) async throws -> [String] {
+                var frames: [String] = []
+                for _ in 0..<2_000 {
+                    frames.append(try await client.nextFrame())
+                    if frames[frames.count - 1].contains(#""T":"\#(type)""#) { return frames }
+                }
+                throw TimeoutError(description: "no \(type) frame: \(what)")
+            }
+            func next(_ client: WSTestClient, _ type: String, _ what: String) async throws -> String {
+                try await until(client, type, what).last ?? ""
+            }
+            let apple = try await client(#"{"action":"subscribe","trades":["AAPL"]}"#)
+            _ = try await next(apple, "t", "AAPL's trades")
+            // Past the account's limit: the relay accepted it, the upstream refuses it with 405.
+            let microsoft = try await client(#"{"action":"subscribe","trades":["MSFT"]}"#)
+            let refusal = try await next(microsoft, "error", "the upstream's refusal")
+            #expect(refusal.hasPrefix(#"[{"T":"error","code":405,"msg":"symbol limit exceeded: the upstream refused t.MSFT"#), "\(refusal)")
+            // A later change of interest is asked for alone (with t.MSFT again it would be refused whole).
+            let quotes = try await client(#"{"action":"subscribe","quotes":["AAPL"]}"#)
+            #expect(try await next(quotes, "q", "AAPL's quotes").contains(#""S":"AAPL""#))
+            // AAPL's trades go on (who is told is the hub's unit test).
+            _ = try await next(apple, "t", "AAPL's trades after the refusal")
+            #expect(try parts.upstreamClient.statistics.lastError?.contains("405") == true)
+            await apple.close()
+            await microsoft.close()
+            await quotes.close()
         }
     }
 }

@@ -40,7 +40,7 @@ final class ClusterHarness: Sendable {
     /// Runs `body` with NATS, the feed and `nodeCount` started nodes (`n1`…); stops everything after.
     static func with(
         nodes nodeCount: Int = 3, feedRate: Double = 3000, natsConfig: String? = nil, clusterName: String? = nil,
-        markets: [Market] = [.stocks], alpaca: Bool = false,
+        markets: [Market] = [.stocks], alpaca: Bool = false, alpacaTopicLimit: Int? = nil,
         _ body: @Sendable (ClusterHarness) async throws -> Void
     ) async throws {
         let nats = try NATSServerProcess(configFile: natsConfig)
@@ -50,6 +50,7 @@ final class ClusterHarness: Sendable {
         configuration.markets = markets
         // In Alpaca's protocol: the nodes take its paths for Alpaca's and need a secret besides the key.
         configuration.alpaca = alpaca
+        configuration.alpacaTopicLimit = alpacaTopicLimit
         let feed = DemoFeed(configuration: configuration, logger: testLogger)
         do {
             try await withServices([feed]) {

@@ -357,6 +357,19 @@ struct MarketDataHubTests {
         #expect(try await take(1, from: spared.events).first?.json == event("T", "B", 1).json)
     }
 
+    @Test func topicsTheUpstreamRefusedAreToldToTheirHoldersOnlyWithTheCode() async throws {
+        let hub = MarketDataHub(history: nil)
+        let both = await hub.subscribe(to: topics("t.MSFT", "t.GOOG", "t.AAPL"))
+        let one = await hub.subscribe(to: topics("t.MSFT"))
+        let spared = await hub.subscribe(to: topics("t.AAPL"))
+        await hub.upstreamRefused(topics("t.MSFT", "t.GOOG"), code: 405, reason: "symbol limit exceeded")
+        let told = try #require(try await take(1, from: both.events).first?.json)
+        #expect(told.contains("the upstream refused t.GOOG,t.MSFT (symbol limit exceeded)") && told.contains(#""code":405"#), "\(told)")
+        #expect(try await take(1, from: one.events).first?.json.contains("refused t.MSFT (") == true)
+        await hub.publish([event("t", "AAPL", 1)])
+        #expect(try await take(1, from: spared.events).first?.json == event("t", "AAPL", 1).json, "first what it holds: no notice")
+    }
+
     @Test func topicsNobodyWantsAndWithNoLastValueLeaveNoEntry() async throws {
         let hub = MarketDataHub(history: nil)
         let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)")! }))
