@@ -27,6 +27,31 @@ public enum AlpacaEvents {
         return event("t", symbol, fields + extra)
     }
 
+    /// An option trade (`T` `t`, symbol in OCC form `SPY251219C00650000`): exchange, price, contracts,
+    /// one condition letter.
+    public static func optionTrade(
+        _ symbol: String, price: Double, size: Int64, nanoseconds: Int64, extra: [(String, MessagePack.Value)] = []
+    ) -> MarketEvent {
+        event(
+            "t", symbol,
+            [
+                ("T", .string("t")), ("S", .string(symbol)), ("t", time(nanoseconds: nanoseconds)), ("x", .string("C")), ("p", .double(price)),
+                ("s", .int(size)), ("c", .string("I")),
+            ] + extra)
+    }
+
+    /// An option quote (`T` `q`): bid and ask with their exchanges and sizes, one condition letter.
+    public static func optionQuote(
+        _ symbol: String, bid: Double, ask: Double, bidSize: Int64, askSize: Int64, nanoseconds: Int64, extra: [(String, MessagePack.Value)] = []
+    ) -> MarketEvent {
+        event(
+            "q", symbol,
+            [
+                ("T", .string("q")), ("S", .string(symbol)), ("t", time(nanoseconds: nanoseconds)), ("bx", .string("C")), ("bp", .double(bid)),
+                ("bs", .int(bidSize)), ("ax", .string("C")), ("ap", .double(ask)), ("as", .int(askSize)), ("c", .string("A")),
+            ] + extra)
+    }
+
     /// A quote (`T` `q`): bid and ask price and size (stocks also their exchanges, conditions and tape).
     public static func quote(
         _ symbol: String, bid: Double, ask: Double, size: Double, nanoseconds: Int64, crypto: Bool = false, extra: [(String, MessagePack.Value)] = []

@@ -58,17 +58,41 @@ public enum AlpacaChannel: String, Sendable, CaseIterable, Comparable {
     }
 }
 
-/// One of Alpaca's streams: its path, and the channels it has. Value type, `Sendable`.
+/// One of Alpaca's streams: its path, its market, and the channels it has. Value type, `Sendable`.
 public enum AlpacaFeed: String, Sendable, CaseIterable {
     case iex, sip, delayedSIP = "delayed_sip", test, crypto
+    /// Options: the indicative feed and OPRA's (Alpaca sends them in MessagePack only).
+    case indicative, opra
 
-    /// The URL path of the feed (`/v2/iex`, `/v1beta3/crypto/us`).
+    /// The URL path of the feed (`/v2/iex`, `/v1beta3/crypto/us`, `/v1beta1/opra`).
     public var path: String {
         switch self {
         case .crypto: "/v1beta3/crypto/us"
+        case .indicative, .opra: "/v1beta1/\(rawValue)"
         default: "/v2/\(rawValue)"
         }
     }
+
+    /// The relay's market the feed serves.
+    public var market: Market {
+        switch self {
+        case .crypto: .crypto
+        case .indicative, .opra: .options
+        default: .stocks
+        }
+    }
+
+    /// The feed a relay market is served as when nothing names one: stocks `iex`, crypto, options `indicative`.
+    public static func standard(for market: Market) -> AlpacaFeed {
+        switch market {
+        case .crypto: .crypto
+        case .options: .indicative
+        default: .iex
+        }
+    }
+
+    /// Whether Alpaca sends it in MessagePack only (its options feeds).
+    public var isMessagePackOnly: Bool { market == .options }
 
     /// The feed a URL path names: Alpaca's paths, and `/v1beta2/crypto`, which alpaca-trade-api's crypto
     /// stream still uses.
@@ -77,8 +101,10 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
         while path.hasSuffix("/") { path.removeLast() }
         switch path {
         case "/v1beta3/crypto/us", "/v1beta2/crypto", "/v1beta1/crypto": self = .crypto
+        case "/v1beta1/indicative": self = .indicative
+        case "/v1beta1/opra": self = .opra
         default:
-            guard path.hasPrefix("/v2/"), let feed = AlpacaFeed(rawValue: String(path.dropFirst(4))), feed != .crypto else { return nil }
+            guard path.hasPrefix("/v2/"), let feed = AlpacaFeed(rawValue: String(path.dropFirst(4))), feed.market == .stocks else { return nil }
             self = feed
         }
     }
@@ -87,9 +113,11 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
 
     /// The channels this feed serves, in Alpaca's order.
     public var channels: [AlpacaChannel] {
-        isCrypto
-            ? [.trades, .quotes, .bars, .updatedBars, .dailyBars, .orderbooks]
-            : [.trades, .quotes, .bars, .updatedBars, .dailyBars, .statuses, .lulds, .corrections, .cancelErrors]
+        switch market {
+        case .crypto: [.trades, .quotes, .bars, .updatedBars, .dailyBars, .orderbooks]
+        case .options: [.trades, .quotes]
+        default: [.trades, .quotes, .bars, .updatedBars, .dailyBars, .statuses, .lulds, .corrections, .cancelErrors]
+        }
     }
 
     /// The event types of its hub's topics.

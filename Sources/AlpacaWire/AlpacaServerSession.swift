@@ -127,7 +127,7 @@ public struct AlpacaServerSession: Sendable {
                 else { return error(.invalidSyntax, "not a symbol: \(String(describing: symbol).prefix(40))") }
                 asked.append(topic)
                 // Alpaca sends a trade's corrections and cancel errors to whoever takes its trades.
-                if channel == .trades, !feed.isCrypto {
+                if channel == .trades, feed.market == .stocks {
                     for channel in [AlpacaChannel.corrections, .cancelErrors] {
                         if let topic = Topic(eventType: channel.eventType, ticker: text) { implied.append(topic) }
                     }

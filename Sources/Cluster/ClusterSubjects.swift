@@ -82,7 +82,7 @@ public struct ClusterSubjects: Sendable, Equatable {
 
     /// The event types the market's topics have (Polygon's market's, or an Alpaca feed's channels').
     public var eventTypes: Set<String>? {
-        vendor == .alpaca ? (market == "crypto" ? AlpacaFeed.crypto : .iex).eventTypes : SessionLimits.eventTypes(ofMarket: market)
+        vendor == .alpaca ? AlpacaFeed.standard(for: wireMarket).eventTypes : SessionLimits.eventTypes(ofMarket: market)
     }
     /// The bucket holding each topic's last event, for snapshots on any node.
     public var lastValueBucket: String { "\(cluster)-last-\(market)" }

@@ -8,24 +8,27 @@ import PolygonWire
 /// each trade, quote and bar written as Alpaca sends it, and the server side of Alpaca's conversation.
 extension DemoFeed {
     /// Alpaca's events for what a tick generated: trades (`t`), quotes (`q`) and minute bars (`b`), its
-    /// stock symbols as they are and its crypto pairs as Alpaca names them (`X:BTC-USD` is `BTC/USD`).
+    /// stock symbols as they are, its crypto pairs and option contracts as Alpaca names them (`X:BTC-USD`
+    /// is `BTC/USD`, `O:SPY251219C00650000` is `SPY251219C00650000`); options have trades and quotes only.
     /// - Parameter stamp: when given, added as `"rt"` (send time, Unix ns) for the benchmark's latency.
     static func alpacaEvents(
         _ records: [DemoTape.Record], _ bars: [DemoTape.Bar], tickers: [String], market: Market, stamp: Int64? = nil
     ) -> [MarketEvent] {
         let extra: [(String, MessagePack.Value)] = stamp.map { [("rt", .int($0))] } ?? []
         let crypto = market == .crypto
+        let options = market == .options
         // Divided, not multiplied by 0.01: the quotient is the double nearest the decimal price, so it
         // is written as that price (`3414.74`, not `3414.7400000000002`), as Alpaca's are.
         let divisor = Double(pow10(DemoMarket.decimals(of: market)))
         func symbol(_ index: UInt16) -> String? {
             guard Int(index) < tickers.count else { return nil }
             let ticker = tickers[Int(index)]
+            if options { return ticker.hasPrefix("O:") ? String(ticker.dropFirst(2)) : ticker }
             return crypto ? alpacaPair(ticker) : ticker
         }
         var events: [MarketEvent] = []
         events.reserveCapacity(records.count + bars.count)
-        for bar in bars {
+        for bar in bars where !options {
             guard let name = symbol(bar.ticker) else { continue }
             events.append(
                 AlpacaEvents.bar(
@@ -35,6 +38,19 @@ extension DemoFeed {
         for record in records {
             guard let name = symbol(record.ticker) else { continue }
             let nanoseconds = record.time * 1_000_000
+            if options {
+                switch record.kind {
+                case .trade:
+                    events.append(
+                        AlpacaEvents.optionTrade(name, price: Double(record.price) / divisor, size: Int64(record.size), nanoseconds: nanoseconds, extra: extra))
+                case .quote:
+                    events.append(
+                        AlpacaEvents.optionQuote(
+                            name, bid: Double(record.price) / divisor, ask: Double(record.ask) / divisor, bidSize: Int64(record.size),
+                            askSize: Int64(record.askSize), nanoseconds: nanoseconds, extra: extra))
+                }
+                continue
+            }
             switch record.kind {
             case .trade:
                 events.append(
@@ -65,7 +81,7 @@ extension DemoFeed {
         let expectedKey = configuration.apiKey
         var limits = SessionLimits()
         if let limit = configuration.alpacaTopicLimit { limits.topicsPerConnection = limit }
-        var session = AlpacaServerSession(codec: codec, feed: market == .crypto ? .crypto : .iex, limits: limits) { key in
+        var session = AlpacaServerSession(codec: codec, feed: .standard(for: market), limits: limits) { key in
             guard expectedKey == nil || key == expectedKey else { return nil }
             return ClientGrant(name: "demo")
         }

@@ -78,8 +78,8 @@ public final class DemoFeed: Service, Sendable {
     /// Where a market is served: `/<market>` in Polygon's protocol; Alpaca's paths in Alpaca's.
     static func paths(of market: Market, alpaca: Bool) -> [String] {
         guard alpaca else { return ["/\(market)"] }
-        return market == .crypto
-            ? ["/v1beta3/crypto/us", "/v1beta2/crypto"] : AlpacaFeed.allCases.filter { !$0.isCrypto }.map(\.path)
+        let feeds = AlpacaFeed.allCases.filter { $0.market == market }.map(\.path)
+        return market == .crypto ? feeds + ["/v1beta2/crypto"] : feeds
     }
 
     public func run() async throws {

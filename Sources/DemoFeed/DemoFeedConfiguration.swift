@@ -61,7 +61,8 @@ public struct DemoFeedConfiguration: Sendable {
 
     /// Speak Alpaca's protocol instead of Polygon's: stocks at `/v2/iex` (and `/v2/sip`,
     /// `/v2/delayed_sip`, `/v2/test`), crypto at `/v1beta3/crypto/us` (and `/v1beta2/crypto`); the key
-    /// is ``apiKey`` (the secret is not checked). Only stocks and crypto are served.
+    /// is ``apiKey`` (the secret is not checked). Only stocks, crypto and options (`/v1beta1/indicative`,
+    /// `/v1beta1/opra`) are served.
     public var alpaca = false
     /// In Alpaca's protocol, the topics one connection may hold (Alpaca's plans limit symbols): a
     /// subscribe past it is answered with 405 and changes nothing. `nil`: the session's default.
@@ -70,7 +71,7 @@ public struct DemoFeedConfiguration: Sendable {
     /// The markets served: ``markets``, or the one ``market`` names.
     public var servedMarkets: [Market] {
         let served = markets ?? [Market(rawValue: market) ?? .stocks]
-        return alpaca ? served.filter { $0 == .stocks || $0 == .crypto } : served
+        return alpaca ? served.filter { [.stocks, .crypto, .options].contains($0) } : served
     }
 
     public init(

@@ -126,7 +126,7 @@ public final class Relay: Service, Sendable {
             return MarketSource(
                 market: upstream.market, apiKey: upstream.apiKey ?? settings.upstreamKey ?? "", endpoint: { endpoint },
                 caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description, vendor: vendor,
-                wire: vendor == .alpaca ? .alpaca(AlpacaFeed(path: endpoint.path) ?? (upstream.market == .crypto ? .crypto : .iex)) : .polygon)
+                wire: vendor == .alpaca ? .alpaca(AlpacaFeed(path: endpoint.path) ?? .standard(for: upstream.market)) : .polygon)
         }
     }
 
@@ -156,8 +156,8 @@ public final class Relay: Service, Sendable {
             let apiKey = "demo-" + UUID().uuidString
             let alpaca = settings.upstreamVendor == .alpaca
             var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
-            // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed and crypto.
-            feedConfiguration.markets = alpaca ? [.stocks, .crypto] : Market.allCases
+            // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed, crypto and options.
+            feedConfiguration.markets = alpaca ? [.stocks, .crypto, .options] : Market.allCases
             feedConfiguration.alpaca = alpaca
             feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
             let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
@@ -170,7 +170,7 @@ public final class Relay: Service, Sendable {
                         guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
                         return endpoint
                     }, caFile: nil, description: alpaca ? "the built-in demo feed (Alpaca's protocol)" : "the built-in demo feed",
-                    vendor: alpaca ? .alpaca : .polygon, wire: alpaca ? .alpaca(market == .crypto ? .crypto : .iex) : .polygon)
+                    vendor: alpaca ? .alpaca : .polygon, wire: alpaca ? .alpaca(.standard(for: market)) : .polygon)
             }
             restURL = settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in
                 "http://127.0.0.1:\(try await feed.listeningPort())"

@@ -37,8 +37,8 @@ public struct MarketUpstream: Sendable, Equatable {
         guard let endpoint = UpstreamConfiguration.Endpoint(url) else {
             throw RelaySettings.InvalidSetting(description: "upstream: expected a ws:// or wss:// URL, got \"\(url)\"")
         }
-        // Alpaca's paths name its feeds (`/v2/iex`, `/v1beta3/crypto/us`): stocks or crypto.
-        let alpacaMarket = AlpacaFeed(path: endpoint.path).map { $0.isCrypto ? Market.crypto : .stocks }
+        // Alpaca's paths name its feeds (`/v2/iex`, `/v1beta3/crypto/us`, `/v1beta1/opra`) and so their markets.
+        let alpacaMarket = AlpacaFeed(path: endpoint.path)?.market
         guard let market = named ?? Market(rawValue: endpoint.market.lowercased()) ?? alpacaMarket else {
             throw RelaySettings.InvalidSetting(
                 description: "upstream \(url): the URL's last path segment names the market, one of \(Self.marketList) (got \"\(endpoint.market)\")")

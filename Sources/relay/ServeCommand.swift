@@ -69,8 +69,11 @@ struct ServeCommand: AsyncParsableCommand {
         let keyText = keyed ? "one of the configured keys" : "any, loopback only"
         if settings.upstreamVendor == .alpaca || settings.upstreams.contains(where: { settings.vendor(of: $0) == .alpaca }) {
             // Alpaca's protocol at Alpaca's paths: what an SDK user changes is the URL.
-            let stocks = settings.upstreams.first { $0.market == .stocks }.flatMap { AlpacaFeed(path: $0.endpoint.path) } ?? .iex
-            let paths = markets.map { $0 == .crypto ? AlpacaFeed.crypto.path : stocks.path }
+            func feed(_ market: Market) -> AlpacaFeed {
+                settings.upstreams.first { $0.market == market }.flatMap { AlpacaFeed(path: $0.endpoint.path) } ?? .standard(for: market)
+            }
+            let stocks = feed(.stocks)
+            let paths = markets.map { feed($0).path }
             let lines = [
                 "relay is up\(demo ? " on the built-in demo feed, in Alpaca's protocol" : "")",
                 "  WebSocket  \(paths.map { "\(ws)://\(base)\($0)" }.joined(separator: " "))   (Alpaca protocol, JSON or MessagePack; key: \(keyText))",

@@ -94,6 +94,21 @@ struct AlpacaSessionTests {
         #expect(AlpacaFeed(path: "/v2/iex") == .iex && AlpacaFeed(path: "/v2/sip/") == .sip && AlpacaFeed(path: "/v2/delayed_sip") == .delayedSIP)
         #expect(AlpacaFeed(path: "/v1beta3/crypto/us") == .crypto && AlpacaFeed(path: "/v1beta2/crypto") == .crypto)
         #expect(AlpacaFeed(path: "/v2/crypto") == nil && AlpacaFeed(path: "/stocks") == nil)
+        // Options: both feeds, trades and quotes only, MessagePack only at Alpaca.
+        #expect(AlpacaFeed(path: "/v1beta1/indicative") == .indicative && AlpacaFeed(path: "/v1beta1/opra") == .opra)
+        #expect(AlpacaFeed(path: "/v2/opra") == nil && AlpacaFeed(path: "/v2/indicative") == nil)
+        #expect(AlpacaFeed.opra.market == .options && AlpacaFeed.opra.channels == [.trades, .quotes] && AlpacaFeed.opra.isMessagePackOnly)
+        #expect(AlpacaFeed.standard(for: .options) == .indicative && AlpacaFeed.standard(for: .crypto) == .crypto)
+    }
+
+    @Test func anOptionsFeedRefusesChannelsItHasNot() {
+        var session = AlpacaServerSession(codec: .json, feed: .opra) { key in key == "good" ? ClientGrant(name: "k") : nil }
+        _ = session.receive(json(#"{"action":"auth","key":"good","secret":"x"}"#))
+        let bars = session.receive(json(#"{"action":"subscribe","bars":["SPY251219C00650000"]}"#))
+        #expect(bars.frames.map { String(decoding: $0, as: UTF8.self) } == [#"[{"T":"error","code":410,"msg":"invalid subscribe action for this feed"}]"#])
+        let trades = session.receive(json(#"{"action":"subscribe","trades":["SPY251219C00650000"]}"#))
+        // No corrections or cancel errors implied: options have none.
+        #expect(trades.frames.map { String(decoding: $0, as: UTF8.self) } == [#"[{"T":"subscription","trades":["SPY251219C00650000"],"quotes":[]}]"#])
     }
 
     @Test func aFrameOfEventsIsReadWithoutDecodingTheEvents() throws {

@@ -90,7 +90,12 @@ struct AlpacaDownstreamTests {
         let python = try #require(alpacaPython, "python3 -m venv .build/alpaca-venv && .build/alpaca-venv/bin/pip install -r Tests/Interop/alpaca-requirements.txt")
         let result = try await runPython(Self.script, arguments, timeout: .seconds(60), python: python)
         #expect(result.status == 0, "\(result.output.suffix(3000))")
-        let line = result.output.split(separator: "\n").last { $0.hasPrefix("{") }.map(String.init) ?? "{}"
+        return Self.lastJSON(result.output)
+    }
+
+    /// The script's result: its last line that is a JSON object.
+    static func lastJSON(_ output: String) -> [String: Any] {
+        let line = output.split(separator: "\n").last { $0.hasPrefix("{") }.map(String.init) ?? "{}"
         return (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? [:]
     }
 

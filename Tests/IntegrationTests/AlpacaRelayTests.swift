@@ -12,12 +12,13 @@ import Upstream
 @Suite("Alpaca relay: one upstream connection for Alpaca's SDKs", .serialized, .enabled(if: alpacaSDKsAvailable, "scripts/test installs Alpaca's SDKs"))
 struct AlpacaRelayTests {
     func withAlpacaRelay(
-        maxConnectionsDelay: Duration = .milliseconds(1500), topicLimit: Int? = nil, _ body: (Relay.Components, DemoFeed) async throws -> Void
+        maxConnectionsDelay: Duration = .milliseconds(1500), topicLimit: Int? = nil, market: Market = .stocks,
+        _ body: (Relay.Components, DemoFeed) async throws -> Void
     ) async throws {
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "alpaca-key", eventsPerSecond: 2000, tickInterval: .milliseconds(10), seed: 3)
         feedConfiguration.alpaca = true
         feedConfiguration.alpacaTopicLimit = topicLimit
-        feedConfiguration.markets = [.stocks]
+        feedConfiguration.markets = [market]
         // Bars every second, so a client sees a few within its run.
         feedConfiguration.aggregateInterval = .seconds(1)
         let feed = DemoFeed(configuration: feedConfiguration, logger: testLogger)
@@ -25,14 +26,14 @@ struct AlpacaRelayTests {
             var settings = RelaySettings(
                 listen: .init(host: "127.0.0.1", port: 0), upstreamKey: "alpaca-key", clientKeys: ["client-key"],
                 upstreamTuning: fastUpstreamTuning(maxConnectionsDelay: maxConnectionsDelay))
-            settings.upstreams = [try MarketUpstream(url: try await feed.url(for: .stocks))]
+            settings.upstreams = [try MarketUpstream(url: try await feed.url(for: market))]
             settings.upstreamSecret = "alpaca-secret"
             settings.portfolio = nil
             #expect(settings.vendor(of: settings.upstreams[0]) == .alpaca, "Alpaca's path names the vendor")
             let relay = Relay(settings: settings, logger: testLogger)
             try await withServices([relay]) {
                 let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
-                try await waitFor(try parts.upstreamClient.stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
+                try await waitFor(try #require(parts.upstreams[market]).stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
                 try await body(parts, feed)
             }
         }
@@ -116,6 +117,25 @@ struct AlpacaRelayTests {
             await apple.close()
             await microsoft.close()
             await quotes.close()
+        }
+    }
+
+    @Test func alpacaPysOptionStreamTakesOptionTradesAndQuotesThroughTheRelay() async throws {
+        // Alpaca sends options in MessagePack only; the relay takes them so and serves them at the same path.
+        try await withAlpacaRelay(market: .options) { parts, feed in
+            #expect(try await feed.url(for: .options).hasSuffix("/v1beta1/indicative"))
+            let python = try #require(alpacaPython)
+            let contract = "SPY251219C00650000"
+            let result = try await runPython(
+                AlpacaDownstreamTests.script, ["--sdk", "alpaca-py", "--options", "indicative", "--port", "\(parts.port)", "--symbols", contract],
+                timeout: .seconds(60), python: python)
+            #expect(result.status == 0, "\(result.output.suffix(2000))")
+            let got = AlpacaDownstreamTests.kinds(AlpacaDownstreamTests.lastJSON(result.output))
+            #expect(got["trades"]?.first?["type"] as? String == "alpaca.data.models.trades.Trade", "\(got)")
+            #expect(got["quotes"]?.first?["type"] as? String == "alpaca.data.models.quotes.Quote", "\(got)")
+            #expect(got.values.joined().allSatisfy { $0["symbol"] as? String == contract })
+            let subscribed = Set(feed.monitor.snapshot.topics(.subscribe))
+            #expect(subscribed == ["t.\(contract)", "q.\(contract)"], "\(subscribed)")
         }
     }
 }

@@ -14,6 +14,7 @@ parser.add_argument("--sdk", required=True, choices=["alpaca-py", "alpaca-trade-
 parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--key", default="client-key")
 parser.add_argument("--crypto", action="store_true")
+parser.add_argument("--options", choices=["indicative", "opra"], help="alpaca-py's OptionDataStream on this feed (trades and quotes)")
 parser.add_argument("--raw", action="store_true")
 parser.add_argument("--symbols", default="AAPL")
 parser.add_argument("--want", type=int, default=3, help="events of each kind before stopping")
@@ -21,7 +22,8 @@ parser.add_argument("--seconds", type=float, default=20)
 args = parser.parse_args()
 symbols = args.symbols.split(",")
 
-got = {"trades": [], "quotes": [], "bars": []}
+# Options have trades and quotes only.
+got = {"trades": [], "quotes": []} if args.options else {"trades": [], "quotes": [], "bars": []}
 done = threading.Event()
 
 
@@ -49,7 +51,15 @@ def handler(kind, stop):
     return handle
 
 
-if args.sdk == "alpaca-py":
+if args.sdk == "alpaca-py" and args.options:
+    from alpaca.data.enums import OptionsFeed
+    from alpaca.data.live import OptionDataStream
+
+    stream = OptionDataStream(args.key, "relay-secret", raw_data=args.raw, feed=OptionsFeed(args.options),
+                              url_override=f"ws://127.0.0.1:{args.port}/v1beta1/{args.options}")
+    stream.subscribe_trades(handler("trades", stream.stop_ws), *symbols)
+    stream.subscribe_quotes(handler("quotes", stream.stop_ws), *symbols)
+elif args.sdk == "alpaca-py":
     from alpaca.data.live import CryptoDataStream, StockDataStream
 
     path = "/v1beta3/crypto/us" if args.crypto else "/v2/iex"

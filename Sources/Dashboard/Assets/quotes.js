@@ -19,6 +19,7 @@ const MARKETS = {
 const ALPACA = {
   stocks: { start: "AAPL, MSFT, NVDA" },
   crypto: { start: "BTC/USD, ETH/USD" },
+  options: { start: "SPY251219C00650000, AAPL251219C00200000" },
 };
 
 // An event's ticker in the market's topic form (crypto `pair` BTC-USD is X:BTC-USD; forex `p` EUR/USD is C:EUR-USD).
