@@ -2,7 +2,7 @@ import PolygonWire
 
 /// The codec a connection speaks: Alpaca's SDKs ask for MessagePack on the upgrade
 /// (`Content-Type: application/msgpack`); a plain WebSocket client gets JSON.
-public enum AlpacaCodec: String, Sendable {
+public enum AlpacaCodec: String, Sendable, Codable {
     case json
     case messagePack = "msgpack"
 

@@ -98,7 +98,8 @@ public struct BenchRunner: Sendable {
             let topics = s.topics(forSubscriber: index)
             let node = index % relays.count
             subscribers.append(
-                BenchSubscriber(topics: topics, stalled: false, latency: shards[node][(index / relays.count) % 16], alpaca: s.alpaca))
+                BenchSubscriber(
+                    topics: topics, stalled: false, latency: shards[node][(index / relays.count) % 16], alpaca: s.alpaca ? s.alpacaCodec : nil))
             nodeOf.append(node)
         }
         let stalledShard = BenchSubscriber.LatencyShard()
@@ -106,7 +107,7 @@ public struct BenchRunner: Sendable {
             subscribers.append(
                 BenchSubscriber(
                     topics: (s.alpaca ? ["q", "t"] : BenchScenario.channels(of: s.market(ofSubscriber: index))).map { "\($0).*" }, stalled: true,
-                    latency: stalledShard, alpaca: s.alpaca))
+                    latency: stalledShard, alpaca: s.alpaca ? s.alpacaCodec : nil))
             nodeOf.append(index % relays.count)
         }
 

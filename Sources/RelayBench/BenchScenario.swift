@@ -1,3 +1,4 @@
+import AlpacaWire
 import PolygonWire
 
 /// One benchmark setup: the upstream's rate and shape, and who subscribes to what. Value type,
@@ -27,8 +28,10 @@ public struct BenchScenario: Sendable, Codable {
     /// The markets served, each with its own upstream connection (to the one synthetic feed) and its
     /// share of the rate, the universe and the subscribers (subscriber `i` on market `i % count`).
     public var markets: [Market] = [.stocks]
-    /// Alpaca's protocol on both sides: the feed, the relay's upstream and MessagePack subscribers.
+    /// Alpaca's protocol on both sides: the feed, the relay's upstream and the subscribers, in
+    /// ``alpacaCodec`` (MessagePack, as Alpaca's SDKs; or JSON, as a plain WebSocket client).
     public var alpaca = false
+    public var alpacaCodec: AlpacaCodec = .messagePack
 
     public static let fanout = BenchScenario(
         name: "fanout", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
@@ -69,7 +72,15 @@ public struct BenchScenario: Sendable, Codable {
         return scenario
     }()
 
-    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster, .markets, .alpaca]
+    /// `alpaca` with JSON subscribers: each event converted to Alpaca's JSON, once for all of them.
+    public static let alpacaJSON: BenchScenario = {
+        var scenario = BenchScenario.alpaca
+        scenario.name = "alpaca-json"
+        scenario.alpacaCodec = .json
+        return scenario
+    }()
+
+    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster, .markets, .alpaca, .alpacaJSON]
 
     /// A subscriber's WebSocket path on a relay of this scenario.
     func path(of market: Market) -> String {

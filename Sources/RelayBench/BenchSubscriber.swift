@@ -36,12 +36,12 @@ final class BenchSubscriber: Sendable {
     let topics: [String]
     let stalled: Bool
     let latency: LatencyShard
-    /// Speaks Alpaca's protocol in MessagePack, as Alpaca's SDKs do.
-    let alpaca: Bool
+    /// Speaks Alpaca's protocol in this codec (MessagePack as Alpaca's SDKs do); `nil`: Polygon's.
+    let alpaca: AlpacaCodec?
     let counts = Mutex(Counts())
     let subscribed = Mutex(false)
 
-    init(topics: [String], stalled: Bool, latency: LatencyShard, alpaca: Bool = false) {
+    init(topics: [String], stalled: Bool, latency: LatencyShard, alpaca: AlpacaCodec? = nil) {
         self.topics = topics
         self.stalled = stalled
         self.latency = latency
@@ -50,7 +50,7 @@ final class BenchSubscriber: Sendable {
 
     /// Connects and runs until cancelled. `ready` is called once the subscription is acknowledged.
     func run(url: String, window: Window, logger: Logger, ready: @escaping @Sendable () -> Void) async throws {
-        if alpaca { return try await runAlpaca(url: url, window: window, logger: logger, ready: ready) }
+        if let alpaca { return try await runAlpaca(url: url, codec: alpaca, window: window, logger: logger, ready: ready) }
         let topics = self.topics
         let stalled = self.stalled
         try await WebSocketClient.connect(url: url, configuration: .init(maxFrameSize: 1 << 22), logger: logger) { inbound, outbound, _ in
@@ -118,26 +118,43 @@ final class BenchSubscriber: Sendable {
         }
     }
 
-    /// The same conversation in Alpaca's protocol, MessagePack both ways (`Content-Type` on the upgrade).
-    private func runAlpaca(url: String, window: Window, logger: Logger, ready: @escaping @Sendable () -> Void) async throws {
+    /// The same conversation in Alpaca's protocol: MessagePack both ways (`Content-Type` on the
+    /// upgrade), or JSON text.
+    private func runAlpaca(url: String, codec: AlpacaCodec, window: Window, logger: Logger, ready: @escaping @Sendable () -> Void) async throws {
         var channels: [String: [MessagePack.Value]] = [:]
         for topic in topics {
             guard let dot = topic.firstIndex(of: ".") else { continue }
             let name = topic[..<dot] == "t" ? "trades" : "quotes"
             channels[name, default: []].append(.string(String(topic[topic.index(after: dot)...])))
         }
-        let auth = MessagePack.encode(
-            .map([.init(.string("action"), .string("auth")), .init(.string("key"), .string("bench")), .init(.string("secret"), .string("bench"))]))
-        let subscribe = MessagePack.encode(
-            .map([.init(.string("action"), .string("subscribe"))] + channels.sorted { $0.key < $1.key }.map { .init(.string($0.key), .array($0.value)) }))
+        let auth = MessagePack.Value.map([
+            .init(.string("action"), .string("auth")), .init(.string("key"), .string("bench")), .init(.string("secret"), .string("bench")),
+        ])
+        let subscribe = MessagePack.Value.map(
+            [.init(.string("action"), .string("subscribe"))] + channels.sorted { $0.key < $1.key }.map { .init(.string($0.key), .array($0.value)) })
         let stalled = self.stalled
         var configuration = WebSocketClientConfiguration(maxFrameSize: 1 << 22)
-        configuration.additionalHeaders[.contentType] = "application/msgpack"
+        if codec == .messagePack { configuration.additionalHeaders[.contentType] = "application/msgpack" }
         try await WebSocketClient.connect(url: url, configuration: configuration, logger: logger) { inbound, outbound, _ in
-            try await outbound.write(.binary(ByteBuffer(bytes: auth)))
-            try await outbound.write(.binary(ByteBuffer(bytes: subscribe)))
+            for message in [auth, subscribe] {
+                switch codec {
+                case .messagePack: try await outbound.write(.binary(ByteBuffer(bytes: MessagePack.encode(message))))
+                case .json: try await outbound.write(.text(String(decoding: AlpacaJSON.text(message), as: UTF8.self)))
+                }
+            }
             var acknowledged = false
             for try await message in inbound.messages(maxSize: 1 << 24) {
+                if case .text(let text) = message {
+                    // JSON: the subscription reply is found by its text, events by their `"rt":` stamps.
+                    if !acknowledged, text.contains(#""T":"subscription""#) {
+                        acknowledged = true
+                        self.subscribed.withLock { $0 = true }
+                        ready()
+                        if stalled { try await Task.sleep(for: .seconds(86_400)) }
+                    }
+                    self.recordAlpacaJSON(text, window: window)
+                    continue
+                }
                 guard case .binary(let data) = message else { continue }
                 let items = (try? data.withUnsafeReadableBytes { try AlpacaFrame.read($0) }) ?? []
                 if !acknowledged, items.contains(where: { if case .control(let value) = $0 { value["T"]?.string == "subscription" } else { false } }) {
@@ -151,11 +168,34 @@ final class BenchSubscriber: Sendable {
         }
     }
 
+    /// A JSON frame of Alpaca's: every `"rt":` stamp in it (one per event), without parsing the rest.
+    private func recordAlpacaJSON(_ text: String, window: Window) {
+        var stamps: [Int64] = []
+        let key = Array(#""rt":"#.utf8)
+        var text = text
+        text.withUTF8 { raw in
+            var index = 0
+            while index + key.count <= raw.count {
+                guard raw[index] == key[0], (1..<key.count).allSatisfy({ raw[index + $0] == key[$0] }) else {
+                    index += 1
+                    continue
+                }
+                index += key.count
+                var value: Int64 = 0
+                var digits = 0
+                while index < raw.count, raw[index] >= 0x30, raw[index] <= 0x39, digits < 19 {
+                    value = value * 10 + Int64(raw[index] - 0x30)
+                    index += 1
+                    digits += 1
+                }
+                if digits > 0 { stamps.append(value) }
+            }
+        }
+        let lagging = text.contains(#""status":"lagging""#) || text.contains(#""code":407"#) ? 1 : 0
+        record(stamps: stamps, lagging: lagging, window: window)
+    }
+
     private func recordAlpaca(_ items: [AlpacaFrame.Item], in data: ByteBuffer, window: Window) {
-        let now = WallClock.nowNanoseconds()
-        let start = window.start.load(ordering: .relaxed)
-        let end = window.end.load(ordering: .relaxed)
-        var latencies: [UInt64] = []
         var stamps: [Int64] = []
         var lagging = 0
         data.withUnsafeReadableBytes { raw in
@@ -170,6 +210,14 @@ final class BenchSubscriber: Sendable {
                 }
             }
         }
+        record(stamps: stamps, lagging: lagging, window: window)
+    }
+
+    private func record(stamps: [Int64], lagging: Int, window: Window) {
+        let now = WallClock.nowNanoseconds()
+        let start = window.start.load(ordering: .relaxed)
+        let end = window.end.load(ordering: .relaxed)
+        var latencies: [UInt64] = []
         counts.withLock { counts in
             counts.received += stamps.count
             counts.laggingNotices += lagging
