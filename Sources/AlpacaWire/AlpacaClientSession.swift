@@ -121,10 +121,15 @@ public struct AlpacaClientSession: Sendable {
         awaiting = []
     }
 
+    /// Messages awaiting their answer at most: a server that stops answering (Alpaca answers each)
+    /// must not make the list grow with every change of interest. Past it the oldest is forgotten.
+    public static let awaitingLimit = 1_000
+
     /// The messages of ``actions(_:_:)``, each noted as awaiting its answer.
     private mutating func send(_ action: String, _ topics: Set<Topic>) -> [[UInt8]] {
         let batches = Self.batches(topics)
         for batch in batches { awaiting.append((action == "subscribe", batch)) }
+        if awaiting.count > Self.awaitingLimit { awaiting.removeFirst(awaiting.count - Self.awaitingLimit) }
         return batches.map { Self.message(action, $0) }
     }
 

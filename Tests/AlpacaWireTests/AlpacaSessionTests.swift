@@ -202,6 +202,16 @@ struct AlpacaClientSessionTests {
         #expect(session.refused.isEmpty)
     }
 
+    @Test func aServerThatNeverAnswersDoesNotGrowTheListOfMessagesAwaitingAnswers() {
+        var session = authenticated(wanting: Self.topics("t.AAPL"))
+        // Ten thousand changes of two messages each (a subscribe, an unsubscribe), none answered: only
+        // the newest thousand messages are remembered, so an error answers the oldest of those, the
+        // subscribe of t.S9500, no longer wanted: nobody is told.
+        for index in 0..<10_000 { _ = session.setWanted(Self.topics("t.AAPL", "t.S\(index)")) }
+        let refused = session.receive(Self.control("error", msg: "symbol limit exceeded", code: 405))
+        #expect(refused.event == .refused(code: 405, message: "symbol limit exceeded", topics: []))
+    }
+
     @Test func insufficientSubscriptionBeforeAuthIsAFeedOutsideThePlanAndAfterItARefusal() {
         var outside = AlpacaClientSession(key: "k", secret: "s")
         _ = outside.receive(Self.control("success", msg: "connected"))
