@@ -35,8 +35,8 @@ protocol DownstreamSession: Sendable {
     var connectedFrame: ByteBuffer { get }
     /// The frame before a close for a missing auth.
     var authTimeoutFrame: ByteBuffer { get }
-    /// A key over its connection limit.
-    func connectionLimitFrame(_ grant: ClientGrant) -> ByteBuffer
+    /// A connection limit reached (a key's, an address's, the relay's), saying which.
+    func connectionLimitFrame(_ message: String) -> ByteBuffer
     /// A refusal that is not about the key (an address with too many failures, a connection limit).
     func refusalFrame(_ message: String) -> ByteBuffer
 }
@@ -55,10 +55,8 @@ extension ServerSession: DownstreamSession {
     var connectedFrame: ByteBuffer { StatusMessage.connected.frame }
     var authTimeoutFrame: ByteBuffer { StatusMessage.authTimeout.frame }
 
-    func connectionLimitFrame(_ grant: ClientGrant) -> ByteBuffer {
-        StatusMessage(
-            status: StatusMessage.Kind.maxConnections,
-            message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0)).").frame
+    func connectionLimitFrame(_ message: String) -> ByteBuffer {
+        StatusMessage(status: StatusMessage.Kind.maxConnections, message: message).frame
     }
 
     func refusalFrame(_ message: String) -> ByteBuffer { StatusMessage.error(message).frame }
@@ -83,8 +81,8 @@ extension AlpacaServerSession: DownstreamSession {
     var connectedFrame: ByteBuffer { ByteBuffer(bytes: codec.frame([AlpacaControl.connected])) }
     var authTimeoutFrame: ByteBuffer { ByteBuffer(bytes: codec.frame([AlpacaError.authTimeout.message])) }
 
-    func connectionLimitFrame(_ grant: ClientGrant) -> ByteBuffer {
-        ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message]))
+    func connectionLimitFrame(_ message: String) -> ByteBuffer {
+        ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message(detail: message)]))
     }
 
     func refusalFrame(_ message: String) -> ByteBuffer {

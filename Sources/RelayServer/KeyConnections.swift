@@ -26,6 +26,11 @@ final class KeyConnections: Sendable {
         return true
     }
 
+    /// What a client over its key's limit is told, as Polygon words it.
+    static func limitMessage(_ grant: ClientGrant) -> String {
+        "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0))."
+    }
+
     func release(_ grant: ClientGrant) {
         let count = counts.withLock { counts in
             let next = max(counts[grant.name, default: 0] - 1, 0)

@@ -135,7 +135,8 @@ actor MarketConnection {
             // A key's connection limit, answered as Polygon answers one: the status, then 1008.
             guard dependencies.keyConnections.admit(grant) else {
                 dependencies.logger.info("downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
-                handler.value.refuse(session.connectionLimitFrame(grant), binary: session.isBinary, reason: "max connections")
+                handler.value.refuse(
+                    session.connectionLimitFrame(KeyConnections.limitMessage(grant)), binary: session.isBinary, reason: "max connections")
                 return
             }
             admitted = grant

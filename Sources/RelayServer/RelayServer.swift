@@ -118,6 +118,19 @@ public final class RelayServer: Service, Sendable {
     }
 
     /// The status that answers a connection past a limit, the way Polygon answers one (then close 1008).
+    /// A market connection's session, in the protocol its market speaks.
+    private func session(for route: MarketRoute, codec: AlpacaCodec) -> any DownstreamSession {
+        let authentication = configuration.authentication
+        switch route.served.wire {
+        case .polygon:
+            return ServerSession(limits: route.limits, budget: route.ledger.budget, grants: { authentication.grant(for: $0) })
+        case .alpaca(let feed):
+            return AlpacaServerSession(
+                codec: codec, feed: feed, market: route.market, limits: configuration.limits, budget: route.ledger.budget,
+                grants: { authentication.grant(for: $0) })
+        }
+    }
+
     static func refusal(_ refusal: AddressGuard.Refusal) -> StatusMessage {
         switch refusal {
         case .total(let limit):
@@ -201,32 +214,24 @@ public final class RelayServer: Service, Sendable {
             guard let grant else { return nil }
             guard keyConnections.admit(grant) else {
                 addresses.release(address)
-                return StatusMessage(
-                    status: StatusMessage.Kind.maxConnections,
-                    message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0)).")
+                return StatusMessage(status: StatusMessage.Kind.maxConnections, message: KeyConnections.limitMessage(grant))
             }
             return nil
         }()
         if let refusal {
             logger.info("downstream connection refused: \(refusal.message)", metadata: ["address": "\(address)"])
-            // In the market's own protocol: Polygon's connected and the status, or Alpaca's connected and 406.
-            var alpaca: AlpacaCodec?
-            if case .market(let index, let codec) = accepted, markets.indices.contains(index), case .alpaca = markets[index].served.wire {
-                alpaca = codec
+            // A market client in its market's own protocol (its session's connected frame, then the
+            // limit: Polygon's max_connections status, Alpaca's 406); a push stream gets the status alone.
+            var frames = (connected: ByteBuffer?.none, refusal: refusal.frame, binary: false)
+            if case .market(let index, let codec) = accepted, markets.indices.contains(index) {
+                let session = session(for: markets[index], codec: codec)
+                frames = (session.connectedFrame, session.connectionLimitFrame(refusal.message), session.isBinary)
             }
-            let isMarket = accepted.isMarket
             handler.attach(
                 WebSocketConversation(
                     opened: { [unowned handler] in
-                        if let alpaca {
-                            let binary = alpaca == .messagePack
-                            handler.write(ByteBuffer(bytes: alpaca.frame([AlpacaControl.connected])), binary: binary, flush: false)
-                            let error = AlpacaError.connectionLimitExceeded.message(detail: refusal.message)
-                            handler.refuse(ByteBuffer(bytes: alpaca.frame([error])), binary: binary, reason: "connection limit")
-                            return
-                        }
-                        if isMarket { handler.write(StatusMessage.connected.frame, flush: false) }
-                        handler.refuse(refusal, reason: "connection limit")
+                        if let connected = frames.connected { handler.write(connected, binary: frames.binary, flush: false) }
+                        handler.refuse(frames.refusal, binary: frames.binary, reason: "connection limit")
                     },
                     received: { _ in }, closed: {}))
             try channel.pipeline.syncOperations.addHandler(handler)
@@ -239,15 +244,7 @@ public final class RelayServer: Service, Sendable {
         switch accepted {
         case .market(let index, let codec):
             let route = markets[index]
-            let authentication = configuration.authentication
-            let session: any DownstreamSession =
-                switch route.served.wire {
-                case .polygon: ServerSession(limits: route.limits, budget: route.ledger.budget, grants: { authentication.grant(for: $0) })
-                case .alpaca(let feed):
-                    AlpacaServerSession(
-                        codec: codec, feed: feed, market: route.market, limits: configuration.limits, budget: route.ledger.budget,
-                        grants: { authentication.grant(for: $0) })
-                }
+            let session = session(for: route, codec: codec)
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: .init(

@@ -35,17 +35,19 @@ struct AlpacaDownstreamTests {
 
     /// The same, with the stock feed's hub (whose slow consumers meet `policy`).
     func withAlpacaRelay(
-        policy: SlowConsumerPolicy = .drop, history: HistoryLimits? = nil, publishing: Bool = true,
+        policy: SlowConsumerPolicy = .drop, history: HistoryLimits? = nil, publishing: Bool = true, perAddress: Int? = nil,
         _ body: (Int, MarketDataHub) async throws -> Void
     ) async throws {
         let stocks = MarketDataHub(policy: policy, history: history)
         let crypto = MarketDataHub(history: nil)
         // Besides the plain key, one whose entitlement is AAPL's trades, quotes and bars only.
         let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL"])
+        let single = try ClientKey(name: "single", secret: "single-key", maxConnections: 1)
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0,
-            authentication: try ClientAuthentication.resolve(keys: ["client-key"], withRights: [appleOnly], listenHost: "127.0.0.1"))
+            authentication: try ClientAuthentication.resolve(keys: ["client-key"], withRights: [appleOnly, single], listenHost: "127.0.0.1"))
         configuration.authTimeout = .seconds(5)
+        if let perAddress { configuration.connectionLimits.perAddress = perAddress }
         let server = RelayServer(
             configuration: configuration,
             markets: [
@@ -203,6 +205,33 @@ struct AlpacaDownstreamTests {
             #expect(models["trades"]?.first?["price"] as? Double == 187.25, "\(models)")
             #expect(models["quotes"]?.first?["type"] as? String == "alpaca.data.models.quotes.Quote", "\(models)")
             #expect(models["bars"]?.first?["type"] as? String == "alpaca.data.models.bars.Bar", "\(models)")
+        }
+    }
+
+    @Test func connectionLimitsAreAnsweredWithAlpacas406InTheConnectionsCodec() async throws {
+        try await withAlpacaRelay(publishing: false, perAddress: 2) { port, _ in
+            // A key over its limit: 406 after its auth, then the close.
+            let first = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await first.nextFrame()
+            first.send(#"{"action":"auth","key":"single-key","secret":"x"}"#)
+            #expect(try await first.nextFrame() == #"[{"T":"success","msg":"authenticated"}]"#)
+            let second = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await second.nextFrame()
+            second.send(#"{"action":"auth","key":"single-key","secret":"x"}"#)
+            let limited = try await second.nextFrame()
+            #expect(limited.hasPrefix(#"[{"T":"error","code":406,"msg":"connection limit exceeded: Maximum number of websocket connections exceeded for key \"single\" (1)."#), "\(limited)")
+            #expect(try await second.waitForClose() == 1008)
+            // The address over its limit (two, the first client still open): refused at the upgrade,
+            // as Alpaca's own connected and 406.
+            let holder = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await holder.nextFrame()
+            let third = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            #expect(try await third.nextFrame() == #"[{"T":"success","msg":"connected"}]"#)
+            let refused = try await third.nextFrame()
+            #expect(refused.hasPrefix(#"[{"T":"error","code":406,"msg":"connection limit exceeded: Maximum number of websocket connections exceeded (2 per address)"#), "\(refused)")
+            #expect(try await third.waitForClose() == 1008)
+            await first.close()
+            await holder.close()
         }
     }
 
