@@ -173,7 +173,8 @@ final class BenchSubscriber: Sendable {
         var stamps: [Int64] = []
         let key = Array(#""rt":"#.utf8)
         var text = text
-        text.withUTF8 { raw in
+        text.withUTF8 { utf8 in
+            let raw = UnsafeRawBufferPointer(utf8)
             var index = 0
             while index + key.count <= raw.count {
                 guard raw[index] == key[0], (1..<key.count).allSatisfy({ raw[index + $0] == key[$0] }) else {
@@ -181,14 +182,7 @@ final class BenchSubscriber: Sendable {
                     continue
                 }
                 index += key.count
-                var value: Int64 = 0
-                var digits = 0
-                while index < raw.count, raw[index] >= 0x30, raw[index] <= 0x39, digits < 19 {
-                    value = value * 10 + Int64(raw[index] - 0x30)
-                    index += 1
-                    digits += 1
-                }
-                if digits > 0 { stamps.append(value) }
+                if let value = Self.number(in: raw, at: &index) { stamps.append(value) }
             }
         }
         let lagging = text.contains(#""status":"lagging""#) || text.contains(#""code":407"#) ? 1 : 0
@@ -258,14 +252,19 @@ final class BenchSubscriber: Sendable {
             }
             guard start >= 0 else { return nil }
             var index = start + key.count
-            var value: Int64 = 0
-            var digits = 0
-            while index < raw.count, raw[index] >= 0x30, raw[index] <= 0x39, digits < 19 {
-                value = value * 10 + Int64(raw[index] - 0x30)
-                index += 1
-                digits += 1
-            }
-            return digits > 0 ? value : nil
+            return number(in: raw, at: &index)
         }
+    }
+
+    /// The decimal digits at `index` (at most 19) as a number, `index` moved past them; `nil`: none.
+    static func number(in raw: UnsafeRawBufferPointer, at index: inout Int) -> Int64? {
+        var value: Int64 = 0
+        var digits = 0
+        while index < raw.count, raw[index] >= 0x30, raw[index] <= 0x39, digits < 19 {
+            value = value * 10 + Int64(raw[index] - 0x30)
+            index += 1
+            digits += 1
+        }
+        return digits > 0 ? value : nil
     }
 }

@@ -15,6 +15,7 @@ its live quote.
     python3 Tests/Browser/dashboard_test.py --relay .build/debug/relay --screenshots .build/screenshots
 """
 import argparse
+import contextlib
 import json
 import re
 import os
@@ -161,87 +162,90 @@ def main():
     print("\nall browser checks passed")
 
 
-def run(relay, arguments, checks):
-    shots = arguments.screenshots
+@contextlib.contextmanager
+def chromium(arguments):
+    """Debian's chromium under Playwright, closed after use."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=arguments.chromium, args=["--no-sandbox"])
         try:
-            # The key prompt: a wrong key is refused in the dialog, the feed-only key sees no portfolio.
-            context, page, errors = open_page(browser, relay, None, (1280, 800))
-            page.get_by_role("textbox", name="Key", exact=True).fill("wrong-key")
-            page.get_by_role("button", name="Use this key").click()
-            expect(page.locator("#key-error")).to_contain_text("did not accept", timeout=10_000)
-            checks.check(True, "a wrong key is refused in the key dialog")
-            page.get_by_role("textbox", name="Key", exact=True).fill(FEED_ONLY)
-            page.get_by_role("button", name="Use this key").click()
-            expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
-            checks.check(not page.get_by_role("link", name="Portfolio").is_visible(), "a key without portfolio rights sees no Portfolio page")
-            page.goto(relay.base + "/#/portfolio")
-            expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
-            checks.check(True, "…and is shown the overview when it asks for the portfolio")
-            # Refused key errors (401 on the wrong key) are expected above; only count what follows.
-            context.close()
-
-            for size, scheme in [((1280, 800), "light"), ((390, 844), "dark")]:
-                tag = f"{size[0]}x{size[1]}"
-                context, page, errors = open_page(browser, relay, OWNER, size, scheme)
-                check_overview(page, checks, tag)
-                page.screenshot(path=f"{shots}/overview-{tag}.png", full_page=True)
-                check_quotes(page, checks, tag)
-                page.screenshot(path=f"{shots}/quotes-{tag}.png", full_page=True)
-                check_portfolio(page, checks, tag, first=size[0] == 1280)
-                page.screenshot(path=f"{shots}/portfolio-{tag}.png", full_page=True)
-                check_security(page, checks, tag, steps=10 if size[0] == 1280 else 3)
-                page.screenshot(path=f"{shots}/security-{tag}.png", full_page=True)
-                if size[0] == 1280:
-                    check_form_error(page, checks, errors)
-                checks.check(not errors, f"{tag}: no console errors" + ("" if not errors else ": " + "; ".join(errors[:5])))
-                context.close()
+            yield browser
         finally:
             browser.close()
+
+
+def run(relay, arguments, checks):
+    shots = arguments.screenshots
+    with chromium(arguments) as browser:
+        # The key prompt: a wrong key is refused in the dialog, the feed-only key sees no portfolio.
+        context, page, errors = open_page(browser, relay, None, (1280, 800))
+        page.get_by_role("textbox", name="Key", exact=True).fill("wrong-key")
+        page.get_by_role("button", name="Use this key").click()
+        expect(page.locator("#key-error")).to_contain_text("did not accept", timeout=10_000)
+        checks.check(True, "a wrong key is refused in the key dialog")
+        page.get_by_role("textbox", name="Key", exact=True).fill(FEED_ONLY)
+        page.get_by_role("button", name="Use this key").click()
+        expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
+        checks.check(not page.get_by_role("link", name="Portfolio").is_visible(), "a key without portfolio rights sees no Portfolio page")
+        page.goto(relay.base + "/#/portfolio")
+        expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
+        checks.check(True, "…and is shown the overview when it asks for the portfolio")
+        # Refused key errors (401 on the wrong key) are expected above; only count what follows.
+        context.close()
+
+        for size, scheme in [((1280, 800), "light"), ((390, 844), "dark")]:
+            tag = f"{size[0]}x{size[1]}"
+            context, page, errors = open_page(browser, relay, OWNER, size, scheme)
+            check_overview(page, checks, tag)
+            page.screenshot(path=f"{shots}/overview-{tag}.png", full_page=True)
+            check_quotes(page, checks, tag)
+            page.screenshot(path=f"{shots}/quotes-{tag}.png", full_page=True)
+            check_portfolio(page, checks, tag, first=size[0] == 1280)
+            page.screenshot(path=f"{shots}/portfolio-{tag}.png", full_page=True)
+            check_security(page, checks, tag, steps=10 if size[0] == 1280 else 3)
+            page.screenshot(path=f"{shots}/security-{tag}.png", full_page=True)
+            if size[0] == 1280:
+                check_form_error(page, checks, errors)
+            checks.check(not errors, f"{tag}: no console errors" + ("" if not errors else ": " + "; ".join(errors[:5])))
+            context.close()
 
 
 def run_alpaca(relay, arguments, checks):
     """The dashboard on a relay whose feeds speak Alpaca's protocol."""
     shots = arguments.screenshots
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=arguments.chromium, args=["--no-sandbox"])
-        try:
-            context, page, errors = open_page(browser, relay, OWNER, (1280, 800))
-            expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
-            markets = page.get_by_role("table", name="Markets")
-            expect(markets.locator('tr[data-market="stocks"] th')).to_have_text("/v2/iex (Alpaca)", timeout=15_000)
-            expect(markets.locator('tr[data-market="crypto"] .state')).to_have_text("connected", timeout=15_000)
-            checks.check(True, "alpaca: the overview names each feed's path and protocol (/v2/iex, crypto connected)")
-            page.get_by_role("link", name="Live quotes").click()
-            expect(page.locator("#quotes-connection")).to_have_text("Connected to /v2/iex", timeout=15_000)
-            page.get_by_label("Symbols").fill("AAPL, MSFT")
-            page.get_by_role("button", name="Watch").click()
-            bid = page.locator('tr[data-symbol="AAPL"] td').first
-            wait_until(lambda: bid.inner_text() not in ("—", ""), 15, "an Alpaca quote for AAPL over /v2/iex")
-            trade = page.locator('tr[data-symbol="AAPL"] td').nth(4)
-            wait_until(lambda: trade.inner_text() not in ("—", ""), 15, "an Alpaca trade for AAPL over /v2/iex")
-            stamp = page.locator('tr[data-symbol="AAPL"] td').last
-            checks.check(stamp.inner_text() not in ("—", ""), f"alpaca: live quotes and trades arrive in Alpaca's JSON (AAPL bid {bid.inner_text()}, last {trade.inner_text()} at {stamp.inner_text()})")
-            page.screenshot(path=f"{shots}/alpaca-quotes-1280x800.png", full_page=True)
-            page.get_by_label("Market").select_option("crypto")
-            expect(page.locator("#quotes-connection")).to_have_text("Connected to /v1beta3/crypto/us", timeout=15_000)
-            btc = page.locator('tr[data-symbol="BTC/USD"] td').first
-            wait_until(lambda: btc.inner_text() not in ("—", ""), 15, "an Alpaca crypto quote for BTC/USD")
-            checks.check(True, f"alpaca: picking crypto shows live BTC/USD quotes from /v1beta3/crypto/us (bid {btc.inner_text()})")
-            page.get_by_label("Market").select_option("stocks")
-            expect(page.locator("#quotes-connection")).to_have_text("Connected to /v2/iex", timeout=15_000)
-            # A holding's detail takes its live quote from the Alpaca feed's last values.
-            page.goto(relay.base + "/#/security/AAPL")
-            expect(page.locator("#detail")).to_have_attribute("data-loaded", "AAPL", timeout=15_000)
-            details = page.get_by_role("region", name="Quote and market")
-            expect(details).to_contain_text("live", timeout=10_000)
-            checks.check(True, "alpaca: a holding's detail shows its live quote from the Alpaca feed")
-            page.screenshot(path=f"{shots}/alpaca-security-1280x800.png", full_page=True)
-            checks.check(not errors, "alpaca: no console errors" + ("" if not errors else ": " + "; ".join(errors[:5])))
-            context.close()
-        finally:
-            browser.close()
+    with chromium(arguments) as browser:
+        context, page, errors = open_page(browser, relay, OWNER, (1280, 800))
+        expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
+        markets = page.get_by_role("table", name="Markets")
+        expect(markets.locator('tr[data-market="stocks"] th')).to_have_text("/v2/iex (Alpaca)", timeout=15_000)
+        expect(markets.locator('tr[data-market="crypto"] .state')).to_have_text("connected", timeout=15_000)
+        checks.check(True, "alpaca: the overview names each feed's path and protocol (/v2/iex, crypto connected)")
+        page.get_by_role("link", name="Live quotes").click()
+        expect(page.locator("#quotes-connection")).to_have_text("Connected to /v2/iex", timeout=15_000)
+        page.get_by_label("Symbols").fill("AAPL, MSFT")
+        page.get_by_role("button", name="Watch").click()
+        bid = page.locator('tr[data-symbol="AAPL"] td').first
+        wait_until(lambda: bid.inner_text() not in ("—", ""), 15, "an Alpaca quote for AAPL over /v2/iex")
+        trade = page.locator('tr[data-symbol="AAPL"] td').nth(4)
+        wait_until(lambda: trade.inner_text() not in ("—", ""), 15, "an Alpaca trade for AAPL over /v2/iex")
+        stamp = page.locator('tr[data-symbol="AAPL"] td').last
+        checks.check(stamp.inner_text() not in ("—", ""), f"alpaca: live quotes and trades arrive in Alpaca's JSON (AAPL bid {bid.inner_text()}, last {trade.inner_text()} at {stamp.inner_text()})")
+        page.screenshot(path=f"{shots}/alpaca-quotes-1280x800.png", full_page=True)
+        page.get_by_label("Market").select_option("crypto")
+        expect(page.locator("#quotes-connection")).to_have_text("Connected to /v1beta3/crypto/us", timeout=15_000)
+        btc = page.locator('tr[data-symbol="BTC/USD"] td').first
+        wait_until(lambda: btc.inner_text() not in ("—", ""), 15, "an Alpaca crypto quote for BTC/USD")
+        checks.check(True, f"alpaca: picking crypto shows live BTC/USD quotes from /v1beta3/crypto/us (bid {btc.inner_text()})")
+        page.get_by_label("Market").select_option("stocks")
+        expect(page.locator("#quotes-connection")).to_have_text("Connected to /v2/iex", timeout=15_000)
+        # A holding's detail takes its live quote from the Alpaca feed's last values.
+        page.goto(relay.base + "/#/security/AAPL")
+        expect(page.locator("#detail")).to_have_attribute("data-loaded", "AAPL", timeout=15_000)
+        details = page.get_by_role("region", name="Quote and market")
+        expect(details).to_contain_text("live", timeout=10_000)
+        checks.check(True, "alpaca: a holding's detail shows its live quote from the Alpaca feed")
+        page.screenshot(path=f"{shots}/alpaca-security-1280x800.png", full_page=True)
+        checks.check(not errors, "alpaca: no console errors" + ("" if not errors else ": " + "; ".join(errors[:5])))
+        context.close()
 
 
 def check_overview(page, checks, tag):
