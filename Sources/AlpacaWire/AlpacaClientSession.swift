@@ -48,6 +48,9 @@ public struct AlpacaClientSession: Sendable {
     /// The subscribe and unsubscribe messages sent and not answered yet, oldest first: whether each
     /// subscribed, and its topics.
     private var awaiting: [(subscribes: Bool, topics: Set<Topic>)] = []
+    /// More messages went unanswered than ``awaitingLimit``: answers can no longer be matched to
+    /// their messages, so until the connection ends errors are only logged.
+    public private(set) var lostTrack = false
 
     public init(key: String, secret: String) {
         self.key = key
@@ -68,7 +71,7 @@ public struct AlpacaClientSession: Sendable {
             subscribed = wanted
             return Reaction(send: send("subscribe", wanted), event: .authenticated)
         case "subscription":
-            if !awaiting.isEmpty { awaiting.removeFirst() }
+            if !lostTrack, !awaiting.isEmpty { awaiting.removeFirst() }
             return Reaction(event: .subscribed(Self.describe(control)))
         case "error":
             let code = Int(control["code"]?.integer ?? 0)
@@ -84,9 +87,11 @@ public struct AlpacaClientSession: Sendable {
                 return Reaction(event: .connectionLimit("\(code) \(message)"))
             case AlpacaError.authTimeout.rawValue:
                 return Reaction(event: .authTimeout("\(code) \(message)"))
-            default:
-                // The answer to the oldest message not answered yet (once authenticated, every error is one).
-                guard isAuthenticated, !awaiting.isEmpty else { return Reaction(event: .error(code: code, message: message)) }
+            case AlpacaError.invalidSyntax.rawValue, AlpacaError.symbolLimitExceeded.rawValue, AlpacaError.insufficientSubscription.rawValue,
+                AlpacaError.invalidSubscribeAction.rawValue:
+                // The answer to the oldest message not answered yet. Other errors (407 slow client, 500
+                // internal error) come unasked and answer nothing.
+                guard isAuthenticated, !lostTrack, !awaiting.isEmpty else { return Reaction(event: .error(code: code, message: message)) }
                 let answered = awaiting.removeFirst()
                 guard answered.subscribes else { return Reaction(event: .error(code: code, message: message)) }
                 // Nothing of the message was done: the server does not send these topics.
@@ -94,6 +99,8 @@ public struct AlpacaClientSession: Sendable {
                 subscribed.subtract(answered.topics)
                 refused.formUnion(topics)
                 return Reaction(event: .refused(code: code, message: message, topics: topics))
+            default:
+                return Reaction(event: .error(code: code, message: message))
             }
         default:
             return Reaction(event: .other(Self.describe(control)))
@@ -119,17 +126,24 @@ public struct AlpacaClientSession: Sendable {
         subscribed = []
         refused = []
         awaiting = []
+        lostTrack = false
     }
 
     /// Messages awaiting their answer at most: a server that stops answering (Alpaca answers each)
-    /// must not make the list grow with every change of interest. Past it the oldest is forgotten.
+    /// must not make the list grow with every change of interest. Past it the list is dropped and
+    /// answers are no longer matched (``lostTrack``) until the connection ends.
     public static let awaitingLimit = 1_000
 
     /// The messages of ``actions(_:_:)``, each noted as awaiting its answer.
     private mutating func send(_ action: String, _ topics: Set<Topic>) -> [[UInt8]] {
         let batches = Self.batches(topics)
-        for batch in batches { awaiting.append((action == "subscribe", batch)) }
-        if awaiting.count > Self.awaitingLimit { awaiting.removeFirst(awaiting.count - Self.awaitingLimit) }
+        if !lostTrack {
+            for batch in batches { awaiting.append((action == "subscribe", batch)) }
+            if awaiting.count > Self.awaitingLimit {
+                awaiting = []
+                lostTrack = true
+            }
+        }
         return batches.map { Self.message(action, $0) }
     }
 

@@ -52,14 +52,16 @@ public enum AlpacaDelivery {
     /// Frame payloads joining `elements`, in order, none past `maxFrameBytes` unless one element is;
     /// each notice alone in its frame.
     public static func payloads(elements: [Element], codec: AlpacaCodec, maxFrameBytes: Int = FrameEncoder.maxFrameBytes) -> [ByteBuffer] {
+        // What a frame adds to its elements: the array header (at most 5 bytes), or JSON's brackets.
+        let framing = 5
         var payloads: [ByteBuffer] = []
         var run: [ByteBuffer] = []
-        var runBytes = 0
+        var runBytes = framing
         func flush() {
             guard !run.isEmpty else { return }
             payloads.append(frame(run, codec: codec))
             run.removeAll(keepingCapacity: true)
-            runBytes = 0
+            runBytes = framing
         }
         for element in elements {
             if element.isNotice {

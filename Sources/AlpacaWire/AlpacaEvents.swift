@@ -83,7 +83,7 @@ public enum AlpacaEvents {
             ])
     }
 
-    static func event(_ type: String, _ symbol: String, _ fields: [(String, MessagePack.Value)]) -> MarketEvent {
+    public static func event(_ type: String, _ symbol: String, _ fields: [(String, MessagePack.Value)]) -> MarketEvent {
         var writer = MessagePack.Writer(capacity: 96)
         writer.mapHeader(fields.count)
         for (key, value) in fields {

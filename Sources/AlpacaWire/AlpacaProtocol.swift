@@ -53,6 +53,10 @@ public enum AlpacaChannel: String, Sendable, CaseIterable, Comparable {
         self = channel
     }
 
+    /// Channels whose last event is no snapshot for a new subscriber: corrections and cancel errors
+    /// are one-off events, an order book update means nothing without the book.
+    public static let snapshotless: Set<String> = [Self.corrections.eventType, Self.cancelErrors.eventType, Self.orderbooks.eventType]
+
     public static func < (lhs: Self, rhs: Self) -> Bool {
         (allCases.firstIndex(of: lhs) ?? 0) < (allCases.firstIndex(of: rhs) ?? 0)
     }

@@ -75,6 +75,10 @@ public actor MarketDataHub {
 
     public let policy: SlowConsumerPolicy
     public let snapshotOnSubscribe: Bool
+    /// Event types whose last event is no snapshot: one-off events a new subscriber would take for
+    /// new ones (Alpaca's corrections `c` and cancel errors `x`) and changes that mean nothing alone
+    /// (Alpaca's order book updates `o`).
+    public let snapshotless: Set<String>
     /// Whether a topic's last event is kept after nobody wants it any more. A single relay keeps it (its
     /// upstream is the only source); a cluster node forgets it, because once unwanted nothing keeps it
     /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
@@ -135,11 +139,13 @@ public actor MarketDataHub {
     ///   - policy: what to do with a subscriber whose buffer is full.
     ///   - snapshotOnSubscribe: whether a new subscription to a ticker topic immediately gets that
     ///     topic's last event.
+    ///   - snapshotless: event types that never get one.
     ///   - onWantedTopicsChange: called, on the hub, with what joined and left the upstream topic set
     ///     each time it changes. It must not block (the upstream client queues the change and returns).
     public init(
         policy: SlowConsumerPolicy = .drop,
         snapshotOnSubscribe: Bool = true,
+        snapshotless: Set<String> = [],
         keepsUnwantedLastValues: Bool = true,
         history: HistoryLimits? = HistoryLimits(),
         adoptsPositions: Bool = false,
@@ -149,6 +155,7 @@ public actor MarketDataHub {
     ) {
         self.policy = policy
         self.snapshotOnSubscribe = snapshotOnSubscribe
+        self.snapshotless = snapshotless
         self.keepsUnwantedLastValues = keepsUnwantedLastValues
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
@@ -209,7 +216,7 @@ public actor MarketDataHub {
             let entry = entry(for: topic)
             entry.subscribers.append(subscriber)
             if entry.subscribers.count == 1 { tickerWanted(topic) }
-            if snapshotOnSubscribe, let last = entry.last, snapshot(topic) {
+            if snapshotOnSubscribe, !snapshotless.contains(topic.eventType), let last = entry.last, snapshot(topic) {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }
@@ -521,7 +528,9 @@ public actor MarketDataHub {
     /// the topic's last event and each of its subscribers gets it. A live event that arrived first wins,
     /// so a late seed never puts an older event after a newer one.
     public func seed(_ event: MarketEvent) {
-        guard snapshotOnSubscribe, let entry = entries[event.topic], entry.last == nil, !entry.subscribers.isEmpty else { return }
+        guard snapshotOnSubscribe, !snapshotless.contains(event.eventType), let entry = entries[event.topic], entry.last == nil,
+            !entry.subscribers.isEmpty
+        else { return }
         entry.last = event.compacted()
         for subscriber in entry.subscribers { enqueue(HubDelivery([event]), to: subscriber) }
         tell(entry.subscribers)

@@ -201,6 +201,7 @@ public final class Relay: Service, Sendable {
             let interest = LocalInterest()
             let hub = MarketDataHub(
                 policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+                snapshotless: source.vendor == .alpaca ? AlpacaChannel.snapshotless : [],
                 keepsUnwantedLastValues: !clustered,
                 // In a cluster the leader gives the positions and every node adopts them.
                 history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics

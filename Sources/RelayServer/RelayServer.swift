@@ -117,7 +117,6 @@ public final class RelayServer: Service, Sendable {
         port.fail(CancellationError())
     }
 
-    /// The status that answers a connection past a limit, the way Polygon answers one (then close 1008).
     /// A market connection's session, in the protocol its market speaks.
     private func session(for route: MarketRoute, codec: AlpacaCodec) -> any DownstreamSession {
         let authentication = configuration.authentication
@@ -131,6 +130,7 @@ public final class RelayServer: Service, Sendable {
         }
     }
 
+    /// The status that answers a connection past a limit, the way Polygon answers one (then close 1008).
     static func refusal(_ refusal: AddressGuard.Refusal) -> StatusMessage {
         switch refusal {
         case .total(let limit):
@@ -451,7 +451,8 @@ public final class RelayServer: Service, Sendable {
                 return try Self.json(
                     ["error": "no \(parsed.eventType) events on \(feed.path) (Alpaca's channel letters: \(types); e.g. t.AAPL)"], status: .badRequest)
             }
-            topic = parsed
+            // Alpaca's symbols are upper case (`t.aapl` is `t.AAPL`).
+            topic = Topic(eventType: parsed.eventType, ticker: parsed.ticker.uppercased()) ?? parsed
         }
         guard entitlement.allows(market: route.market) else {
             return try Self.json(["error": "not authorized: this key may not use the \(route.market) market"], status: .forbidden)
@@ -473,7 +474,8 @@ public final class RelayServer: Service, Sendable {
             return try Self.json(["error": "the last event of \(topic) could not be read"], status: .internalServerError)
         }
         return Response(
-            status: .ok, headers: [.contentType: codec == .messagePack ? "application/msgpack" : "application/json"], body: .init(byteBuffer: bytes))
+            status: .ok, headers: [.contentType: codec == .messagePack ? "application/msgpack" : "application/json", .vary: "Accept"],
+            body: .init(byteBuffer: bytes))
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {

@@ -204,12 +204,25 @@ struct AlpacaClientSessionTests {
 
     @Test func aServerThatNeverAnswersDoesNotGrowTheListOfMessagesAwaitingAnswers() {
         var session = authenticated(wanting: Self.topics("t.AAPL"))
-        // Ten thousand changes of two messages each (a subscribe, an unsubscribe), none answered: only
-        // the newest thousand messages are remembered, so an error answers the oldest of those, the
-        // subscribe of t.S9500, no longer wanted: nobody is told.
+        // Ten thousand changes, none answered: past a thousand messages waiting, answers can no longer
+        // be matched to their messages, so errors are only logged until the connection ends.
         for index in 0..<10_000 { _ = session.setWanted(Self.topics("t.AAPL", "t.S\(index)")) }
+        #expect(session.lostTrack)
+        let error = session.receive(Self.control("error", msg: "symbol limit exceeded", code: 405))
+        #expect(error.event == .error(code: 405, message: "symbol limit exceeded"))
+        session.connectionEnded()
+        #expect(!session.lostTrack)
+    }
+
+    @Test func errorsAlpacaSendsUnaskedAnswerNoMessage() {
+        var session = authenticated(wanting: Self.topics("t.AAPL"))
+        // The subscribe waits for its answer; a 407 or a 500 meanwhile is not it.
+        #expect(session.receive(Self.control("error", msg: "slow client", code: 407)).event == .error(code: 407, message: "slow client"))
+        #expect(session.receive(Self.control("error", msg: "internal error", code: 500)).event == .error(code: 500, message: "internal error"))
+        #expect(session.refused.isEmpty && session.subscribed == Self.topics("t.AAPL"))
+        // The answer that then comes is still matched to it.
         let refused = session.receive(Self.control("error", msg: "symbol limit exceeded", code: 405))
-        #expect(refused.event == .refused(code: 405, message: "symbol limit exceeded", topics: []))
+        #expect(refused.event == .refused(code: 405, message: "symbol limit exceeded", topics: Self.topics("t.AAPL")))
     }
 
     @Test func insufficientSubscriptionBeforeAuthIsAFeedOutsideThePlanAndAfterItARefusal() {
@@ -221,5 +234,24 @@ struct AlpacaClientSessionTests {
         #expect(refused.event == .refused(code: 409, message: "insufficient subscription", topics: Self.topics("t.AAPL")))
         // An error answering nothing outstanding is only logged.
         #expect(session.receive(Self.control("error", msg: "invalid syntax", code: 400)).event == .error(code: 400, message: "invalid syntax"))
+    }
+}
+
+@Suite("Alpaca delivery")
+struct AlpacaDeliveryTests {
+    @Test func framesStayWithinTheLimitInBothCodecsAndANoticeIsAloneInItsFrame() throws {
+        let trades = (0..<40).map { AlpacaEvents.trade("AAPL", id: Int64($0), price: 187.25, size: 100, nanoseconds: 1_700_000_000_000_000_000) }
+        let notice = MarketEvent.notice(StatusMessage(status: StatusMessage.Kind.lagging, message: "behind"))
+        let events = Array(trades[..<20]) + [notice] + Array(trades[20...])
+        for codec in [AlpacaCodec.json, .messagePack] {
+            let one = try #require(AlpacaDelivery.payloads([trades[0]], codec: codec).first).readableBytes
+            let limit = one * 3
+            let payloads = AlpacaDelivery.payloads(events, codec: codec, maxFrameBytes: limit)
+            #expect(payloads.allSatisfy { $0.readableBytes <= limit }, "\(codec): \(payloads.map(\.readableBytes)) over \(limit)")
+            let decoded = payloads.map { codec.decode(Array($0.readableBytesView))?.array ?? [] }
+            #expect(decoded.reduce(0) { $0 + $1.count } == 41)
+            let alone = decoded.filter { $0.contains { $0["T"]?.string == AlpacaControl.noticeType } }
+            #expect(alone.count == 1 && alone[0].count == 1, "\(codec)")
+        }
     }
 }

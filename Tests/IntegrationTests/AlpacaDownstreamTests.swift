@@ -38,7 +38,7 @@ struct AlpacaDownstreamTests {
         policy: SlowConsumerPolicy = .drop, history: HistoryLimits? = nil, publishing: Bool = true, perAddress: Int? = nil,
         _ body: (Int, MarketDataHub) async throws -> Void
     ) async throws {
-        let stocks = MarketDataHub(policy: policy, history: history)
+        let stocks = MarketDataHub(policy: policy, snapshotless: AlpacaChannel.snapshotless, history: history)
         let crypto = MarketDataHub(history: nil)
         // Besides the plain key, one whose entitlement is AAPL's trades, quotes and bars only.
         let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL"])
@@ -184,6 +184,9 @@ struct AlpacaDownstreamTests {
                 AlpacaEvents.trade("AAPL", id: 7, price: 187.25, size: 100, nanoseconds: now),
                 AlpacaEvents.quote("AAPL", bid: 187.2, ask: 187.3, size: 2, nanoseconds: now),
                 AlpacaEvents.bar("AAPL", open: 187, high: 188, low: 186, close: 187.25, volume: 1000, trades: 10, startNanoseconds: now),
+                // A correction is a one-off event: never a snapshot.
+                AlpacaEvents.event(
+                    "c", "AAPL", [("T", .string("c")), ("S", .string("AAPL")), ("oi", .int(6)), ("ci", .int(7)), ("t", AlpacaEvents.time(nanoseconds: now))]),
             ])
             let client = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
             _ = try await client.nextFrame()
@@ -191,9 +194,14 @@ struct AlpacaDownstreamTests {
             _ = try await client.nextFrame()
             client.send(#"{"action":"subscribe","trades":["AAPL"]}"#)
             #expect(try await client.nextFrame().contains(#""T":"subscription""#))
-            // Nothing more is published: the trade is the snapshot, right after the subscription.
+            // Nothing more is published: the trade is the snapshot, right after the subscription, and
+            // the correction (its topic comes with the trades) is not one.
             let snapshot = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
             #expect(snapshot.count == 1 && snapshot.first?["i"] as? Int == 7 && snapshot.first?["p"] as? Double == 187.25, "\(snapshot)")
+            client.send(#"{"action":"subscribe","quotes":["AAPL"]}"#)
+            #expect(try await client.nextFrame().contains(#""T":"subscription""#))
+            let quote = try await client.nextFrame()
+            #expect(quote.hasPrefix(#"[{"T":"q","S":"AAPL""#), "the quote's snapshot next, no correction before it: \(quote)")
             await client.close()
             // /v1/last speaks Alpaca's topics and JSON on an Alpaca market.
             let last = try await httpGet("http://127.0.0.1:\(port)/v1/last/stocks/t.AAPL", key: "client-key")
