@@ -14,7 +14,8 @@ package struct MarketHubs: Sendable {
     }
 
     /// The topics that price a held symbol on the hub that serves it: Polygon's (``priceTopics(of:)``),
-    /// or Alpaca's trades and quotes (`t`/`q`, a crypto pair as Alpaca names it: `X:BTC-USD` is `BTC/USD`).
+    /// or Alpaca's trades and quotes (`t`/`q`, a crypto pair and an option contract as Alpaca names
+    /// them: `X:BTC-USD` is `BTC/USD`, `O:SPY251219C00650000` is `SPY251219C00650000`).
     package func priceTopics(of symbol: String) -> [Topic] {
         let market = Market.of(ticker: symbol)
         guard alpaca.contains(market) else { return Self.priceTopics(of: symbol) }
@@ -22,15 +23,23 @@ package struct MarketHubs: Sendable {
         return ["t", "q"].compactMap { Topic(eventType: $0, ticker: ticker) }
     }
 
-    /// The held symbol an event prices (an Alpaca crypto pair `BTC/USD` prices `X:BTC-USD`).
+    /// The held symbol an event prices (an Alpaca crypto pair `BTC/USD` prices `X:BTC-USD`, a contract
+    /// `SPY251219C00650000` prices `O:SPY251219C00650000`).
     package func heldSymbol(of event: MarketEvent, on market: Market) -> String {
-        guard alpaca.contains(market), market == .crypto else { return event.ticker }
-        return "X:" + event.ticker.replacingOccurrences(of: "/", with: "-")
+        guard alpaca.contains(market) else { return event.ticker }
+        switch market {
+        case .crypto: return "X:" + event.ticker.replacingOccurrences(of: "/", with: "-")
+        case .options: return "O:" + event.ticker
+        default: return event.ticker
+        }
     }
 
     static func alpacaTicker(of symbol: String, market: Market) -> String {
-        guard market == .crypto else { return symbol }
-        return String((symbol.hasPrefix("X:") ? symbol.dropFirst(2) : symbol[...]).map { $0 == "-" ? "/" : $0 })
+        switch market {
+        case .crypto: String((symbol.hasPrefix("X:") ? symbol.dropFirst(2) : symbol[...]).map { $0 == "-" ? "/" : $0 })
+        case .options: symbol.hasPrefix("O:") ? String(symbol.dropFirst(2)) : symbol
+        default: symbol
+        }
     }
 
     /// One hub serving stocks (a one-market relay, tests).

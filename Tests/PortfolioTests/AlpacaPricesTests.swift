@@ -30,6 +30,14 @@ struct AlpacaPricesTests {
         #expect(hubs.priceTopics(of: "X:BTC-USD").map(\.description) == ["t.BTC/USD", "q.BTC/USD"])
         let trade = AlpacaEvents.trade("BTC/USD", id: 1, price: 60_000.5, size: 0.5, nanoseconds: 0, crypto: true)
         #expect(hubs.heldSymbol(of: trade, on: .crypto) == "X:BTC-USD")
+        // An option contract as Alpaca names it.
+        let options = MarketHubs([.options: MarketDataHub(history: nil)], alpaca: [.options])
+        #expect(options.priceTopics(of: "O:SPY251219C00650000").map(\.description) == ["t.SPY251219C00650000", "q.SPY251219C00650000"])
+        let contract = AlpacaEvents.optionTrade("SPY251219C00650000", price: 4.15, size: 2, nanoseconds: 0)
+        #expect(options.heldSymbol(of: contract, on: .options) == "O:SPY251219C00650000")
+        var prices = SymbolPrices()
+        EventPrices.apply(contract, to: &prices, now: .distantPast)
+        #expect(prices.lastTrade?.value == Decimal(string: "4.15"))
         let polygon = MarketHubs([.stocks: MarketDataHub(history: nil)])
         #expect(polygon.priceTopics(of: "AAPL").map(\.description) == ["T.AAPL", "Q.AAPL"])
     }
