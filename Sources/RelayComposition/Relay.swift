@@ -74,6 +74,12 @@ public final class Relay: Service, Sendable {
     }
 
     /// Polygon's (and Massive's) REST host for their WebSocket hosts; `nil` for any other upstream.
+    /// The key REST requests carry: the REST API's own, else the upstream's, but an Alpaca key id never
+    /// goes to another vendor's REST API (`nil`: none, REST is off).
+    package static func restKey(_ settings: RelaySettings, alpacaUpstream: Bool) -> String? {
+        settings.upstreamRESTKey ?? (alpacaUpstream ? nil : settings.upstreamKey)
+    }
+
     static func restURL(for endpoint: UpstreamConfiguration.Endpoint) -> String? {
         let host = endpoint.host.lowercased()
         for domain in ["polygon.io", "massive.com"] where host == domain || host.hasSuffix(".\(domain)") {
@@ -150,8 +156,14 @@ public final class Relay: Service, Sendable {
         if let configured = configuredSources() {
             sources = configured
             let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
-            restURL = rest.map { url in { @Sendable in url } }
-            restKey = settings.upstreamKey ?? ""
+            if let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor == .alpaca }) {
+                restURL = rest.map { url in { @Sendable in url } }
+                restKey = key
+            } else {
+                if rest != nil { logger.warning("REST off: an Alpaca upstream's key is not sent to \(rest ?? ""); give the REST API's own key with --rest-key") }
+                restURL = nil
+                restKey = ""
+            }
         } else {
             let apiKey = "demo-" + UUID().uuidString
             let alpaca = settings.upstreamVendor == .alpaca

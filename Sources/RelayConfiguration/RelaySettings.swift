@@ -71,6 +71,8 @@ public struct RelaySettings: Sendable {
     public var upstreamCAFile: String?
     /// The upstream's REST API (`https://api.polygon.io`), for the portfolio's reference prices.
     public var upstreamRESTURL: String?
+    /// The REST API's own key (`nil`: the upstream key, for a Polygon upstream only).
+    public var upstreamRESTKey: String?
     /// The relay's own client keys, each with every right (`--client-keys`, or a plain list in the file).
     public var clientKeys: [String]
     /// Client keys with rights, from the config file's `client.keys` entries that are mappings.
@@ -309,6 +311,7 @@ public struct RelaySettings: Sendable {
         let alpaca = settings.upstreamVendor == .alpaca || settings.upstreams.contains { settings.vendor(of: $0) == .alpaca }
         if alpaca, (settings.upstreamKey ?? "").isEmpty { settings.upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
         settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
+        settings.upstreamRESTKey = config.string(forKey: "upstream.restKey", isSecret: true).flatMap { $0.isEmpty ? nil : $0 }
         if let rest = config.string(forKey: "upstream.restURL"), !rest.isEmpty {
             guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", let host = url.host, !host.isEmpty else {
                 throw InvalidSetting(description: "rest URL: expected http(s)://host, got \"\(rest)\"")

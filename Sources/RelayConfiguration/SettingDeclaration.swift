@@ -78,6 +78,10 @@ extension RelaySettings {
             "upstream.restURL", flag: "rest-url", env: "RELAY_REST_URL", default: "api.polygon.io / api.massive.com for their hosts; the demo feed's",
             "The upstream's REST API (portfolio reference prices and history)."),
         .init(
+            "upstream.restKey", flag: "rest-key", env: "RELAY_REST_KEY", default: "the upstream key with a Polygon upstream; none with an Alpaca one",
+            secret: true,
+            "The REST API's key, when it is not the upstream's (an Alpaca key id is never sent to Polygon's REST API: with an Alpaca upstream, REST needs this)."),
+        .init(
             "client.keys", flag: "client-keys", env: "RELAY_CLIENT_KEYS", default: "none: any key, loopback only", secret: true,
             "Comma-separated keys downstream clients authenticate with (the file may give keys with rights)."),
         .init("demo.rate", flag: "demo-rate", env: "RELAY_DEMO_RATE", default: "500", "Events per second of the built-in demo feed's stocks (other markets a quarter)."),

@@ -138,4 +138,19 @@ struct AlpacaRelayTests {
             #expect(subscribed == ["t.\(contract)", "q.\(contract)"], "\(subscribed)")
         }
     }
+
+    @Test func anAlpacaKeyIdIsNeverTheKeyOfAnotherVendorsRESTAPI() async throws {
+        let alpaca = try await RelaySettings.resolve(
+            commandLine: ["--upstream", "wss://stream.data.alpaca.markets/v2/sip", "--rest-url", "https://api.polygon.io"],
+            environment: ["APCA_API_KEY_ID": "alpaca-id", "APCA_API_SECRET_KEY": "alpaca-secret"])
+        #expect(alpaca.upstreamKey == "alpaca-id")
+        #expect(Relay.restKey(alpaca, alpacaUpstream: true) == nil, "REST is off rather than sent the Alpaca key id")
+        let given = try await RelaySettings.resolve(
+            commandLine: ["--upstream", "wss://stream.data.alpaca.markets/v2/sip", "--rest-url", "https://api.polygon.io", "--rest-key", "polygon-key"],
+            environment: ["APCA_API_KEY_ID": "alpaca-id", "APCA_API_SECRET_KEY": "alpaca-secret"])
+        #expect(Relay.restKey(given, alpacaUpstream: true) == "polygon-key")
+        let polygon = try await RelaySettings.resolve(
+            commandLine: ["--upstream", "wss://socket.polygon.io/stocks"], environment: ["POLYGON_API_KEY": "pk"])
+        #expect(Relay.restKey(polygon, alpacaUpstream: false) == "pk", "Polygon's upstream key is its REST key")
+    }
 }
