@@ -33,6 +33,10 @@ let package = Package(
             dependencies: ["FuzzSupport", .product(name: "AlpacaWire", package: "relay"), .product(name: "PolygonWire", package: "relay")],
             path: "FuzzAlpacaSession", swiftSettings: fuzzFlags),
         .executableTarget(
+            name: "FuzzAlpacaClientSession",
+            dependencies: ["FuzzSupport", .product(name: "AlpacaWire", package: "relay"), .product(name: "PolygonWire", package: "relay")],
+            path: "FuzzAlpacaClientSession", swiftSettings: fuzzFlags),
+        .executableTarget(
             name: "FuzzTopics",
             dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay")],
             path: "FuzzTopics", swiftSettings: fuzzFlags),

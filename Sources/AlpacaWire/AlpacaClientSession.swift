@@ -68,8 +68,9 @@ public struct AlpacaClientSession: Sendable {
             return Reaction(send: [MessagePack.encode(auth)], event: .connected)
         case "success" where message == "authenticated":
             isAuthenticated = true
-            subscribed = wanted
-            return Reaction(send: send("subscribe", wanted), event: .authenticated)
+            // (Refused topics are only ever left over here from a server saying `authenticated` twice.)
+            subscribed = wanted.subtracting(refused)
+            return Reaction(send: send("subscribe", subscribed), event: .authenticated)
         case "subscription":
             if !lostTrack, !awaiting.isEmpty { awaiting.removeFirst() }
             return Reaction(event: .subscribed(Self.describe(control)))
