@@ -254,9 +254,18 @@ def check_overview(page, checks, tag):
     expect(upstream.locator("#upstream-state")).to_have_text("connected", timeout=15_000)
     checks.check(True, f"{tag}: the overview shows the upstream connected")
     events = page.locator("#note-in")
-    expect(events).to_contain_text("since start", timeout=10_000)
-    first = int(events.inner_text().split()[0].replace(",", ""))
-    wait_until(lambda: int(events.inner_text().split()[0].replace(",", "")) > first, 10, "the events-in count moving")
+
+    def events_in():
+        # The count as a one-element tuple (0 is a count too), or None while the page (re)draws: a click
+        # on Overview mounts it anew, so text read just after a check may be the new page's, still empty.
+        text = events.inner_text()
+        words = text.split()
+        if not words or "since start" not in text or not words[0].replace(",", "").isdigit():
+            return None
+        return (int(words[0].replace(",", "")),)
+
+    first = wait_until(events_in, 10, "the events-in count shown")[0]
+    wait_until(lambda: (events_in() or (first,))[0] > first, 10, "the events-in count moving")
     checks.check(True, f"{tag}: the events-in count moves ({first} and up)")
     expect(page.locator("#spark-in svg path.line")).to_have_count(1, timeout=10_000)
     checks.check(True, f"{tag}: the events-in sparkline is drawn")
