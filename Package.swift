@@ -298,7 +298,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ClusterTests",
-            dependencies: ["Cluster", "PolygonWire"],
+            dependencies: ["Cluster", "PolygonWire", "AlpacaWire"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -21,43 +21,48 @@ public enum AlpacaFrame {
         guard count <= bytes.count else { throw .truncated }
         var items: [Item] = []
         items.reserveCapacity(count)
-        for _ in 0..<count {
-            let start = reader.offset
-            var probe = reader
-            guard case .some = try? probe.mapCount() else {
-                try reader.skip()
-                items.append(.unknown("an element that is no map"))
-                continue
-            }
-            let entries = try reader.mapCount()
-            var type: String?
-            var symbol: String?
-            for _ in 0..<entries {
-                let key = try reader.stringBytes()
-                if let key, key.count == 1, key[0] == UInt8(ascii: "T") || key[0] == UInt8(ascii: "S"),
-                    let value = try reader.stringBytes()
-                {
-                    let text = String(decoding: value, as: UTF8.self)
-                    if key[0] == UInt8(ascii: "T") { type = text } else { symbol = text }
-                } else {
-                    if key == nil { try reader.skip() }
-                    try reader.skip()
-                }
-            }
-            let range = start..<reader.offset
-            guard let type else {
-                items.append(.unknown("a map without T"))
-                continue
-            }
-            if controlTypes.contains(type) {
-                var whole = MessagePack.Reader(UnsafeRawBufferPointer(rebasing: bytes[range]))
-                items.append(.control(try whole.value()))
-            } else if let symbol, !symbol.isEmpty {
-                items.append(.event(type: type, symbol: symbol, bytes: range))
+        for _ in 0..<count { items.append(try item(&reader, in: bytes)) }
+        return items
+    }
+
+    /// Reads one map standing alone (an event as a cluster node receives it from NATS): `.unknown`
+    /// when it is no map or bytes follow it.
+    public static func readOne(_ bytes: UnsafeRawBufferPointer) throws(MessagePack.ReadError) -> Item {
+        var reader = MessagePack.Reader(bytes)
+        let read = try item(&reader, in: bytes)
+        return reader.offset == bytes.count ? read : .unknown("bytes after the map")
+    }
+
+    /// The element at the reader, which moves past it.
+    private static func item(_ reader: inout MessagePack.Reader, in bytes: UnsafeRawBufferPointer) throws(MessagePack.ReadError) -> Item {
+        let start = reader.offset
+        var probe = reader
+        guard case .some = try? probe.mapCount() else {
+            try reader.skip()
+            return .unknown("an element that is no map")
+        }
+        let entries = try reader.mapCount()
+        var type: String?
+        var symbol: String?
+        for _ in 0..<entries {
+            let key = try reader.stringBytes()
+            if let key, key.count == 1, key[0] == UInt8(ascii: "T") || key[0] == UInt8(ascii: "S"),
+                let value = try reader.stringBytes()
+            {
+                let text = String(decoding: value, as: UTF8.self)
+                if key[0] == UInt8(ascii: "T") { type = text } else { symbol = text }
             } else {
-                items.append(.unknown("T \(type.prefix(16)) without S"))
+                if key == nil { try reader.skip() }
+                try reader.skip()
             }
         }
-        return items
+        let range = start..<reader.offset
+        guard let type else { return .unknown("a map without T") }
+        if controlTypes.contains(type) {
+            var whole = MessagePack.Reader(UnsafeRawBufferPointer(rebasing: bytes[range]))
+            return .control(try whole.value())
+        }
+        if let symbol, !symbol.isEmpty { return .event(type: type, symbol: symbol, bytes: range) }
+        return .unknown("T \(type.prefix(16)) without S")
     }
 }

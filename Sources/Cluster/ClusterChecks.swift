@@ -40,16 +40,13 @@ public enum ClusterChecks {
 
     /// An Alpaca event: exactly one MessagePack map whose `T` and `S` name the topic.
     static func alpacaEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, receivedAt: UInt64) -> Result<MarketEvent, Rejection> {
-        var framed = MessagePack.Writer(capacity: payload.count + 1)
-        framed.arrayHeader(1)
-        framed.raw(payload)
-        let items: [AlpacaFrame.Item]
+        let item: AlpacaFrame.Item
         do {
-            items = try framed.bytes.withUnsafeBytes { try AlpacaFrame.read($0) }
+            item = try AlpacaFrame.readOne(payload)
         } catch {
             return .failure(Rejection("malformed MessagePack: \(error)"))
         }
-        guard items.count == 1, case .event(let type, let symbol, let range) = items[0], range.upperBound == framed.bytes.count else {
+        guard case .event(let type, let symbol, _) = item else {
             return .failure(Rejection("not one Alpaca event (\(payload.count) bytes)"))
         }
         guard type == topic.eventType, symbol == topic.ticker else {

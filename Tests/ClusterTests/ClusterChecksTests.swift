@@ -1,4 +1,5 @@
 import Cluster
+import AlpacaWire
 import PolygonWire
 import Testing
 
@@ -120,5 +121,28 @@ import Testing
         let publicKey = try NKey.publicKey(fromSeed: seed)
         #expect(publicKey.hasPrefix("U") && publicKey.count == 56)
         #expect(throws: NKeyError.self) { try NKey.publicKey(fromSeed: "SUAAAA") }
+    }
+}
+
+@Suite struct AlpacaClusterChecksTests {
+    let topic = Topic(eventType: "t", ticker: "AAPL")!
+
+    func check(_ bytes: [UInt8]) -> Result<MarketEvent, ClusterChecks.Rejection> {
+        ClusterChecks.event(bytes, topic: topic, vendor: .alpaca)
+    }
+
+    @Test func anAlpacaEventFromNATSIsOneMapNamingItsSubjectsTopicAndNothingElse() throws {
+        let trade = AlpacaEvents.trade("AAPL", id: 1, price: 187.25, size: 100, nanoseconds: 0)
+        let bytes = Array(trade.bytes.readableBytesView)
+        let accepted = try check(bytes).get()
+        #expect(accepted.topic == topic && Array(accepted.bytes.readableBytesView) == bytes)
+        // Another topic, bytes after the map, no map, a map cut short: refused.
+        let other = AlpacaEvents.trade("MSFT", id: 1, price: 1, size: 1, nanoseconds: 0)
+        for bad in [Array(other.bytes.readableBytesView), bytes + [0xC0], [0x91] + bytes, Array(bytes.dropLast(3))] {
+            guard case .failure = check(bad) else {
+                Issue.record("accepted \(bad.prefix(8))")
+                continue
+            }
+        }
     }
 }
