@@ -80,6 +80,9 @@ public struct EventPosition: Sendable, Hashable {
     /// unsigned integer in its fixed form (9 bytes), so a reader finds them at a known place.
     static let messagePackTail = 24
 
+    /// What precedes a position's value in that tail: the 2-byte key `_s`/`_m` and the uint64 marker.
+    private static func tailEntry(_ key: UInt8) -> [UInt8] { [0xA2, UInt8(ascii: "_"), key, 0xCF] }
+
     /// Writes a MessagePack map (an Alpaca event) with the two position entries added at its end and its
     /// header counting them; `false` (nothing written) for bytes that are not a map it can extend.
     private static func stampMessagePack(_ bytes: ByteBuffer, _ position: EventPosition, into buffer: inout ByteBuffer) -> Bool {
@@ -107,7 +110,7 @@ public struct EventPosition: Sendable, Hashable {
         }
         buffer.writeImmutableBuffer(body)
         for (key, value) in [(UInt8(ascii: "s"), position.topic), (UInt8(ascii: "m"), position.market)] {
-            buffer.writeBytes([0xA2, UInt8(ascii: "_"), key, 0xCF])
+            buffer.writeBytes(tailEntry(key))
             buffer.writeInteger(value)
         }
         return true
@@ -115,11 +118,12 @@ public struct EventPosition: Sendable, Hashable {
 
     /// The positions of a MessagePack event, from the tail ``stampMessagePack`` writes.
     private static func readMessagePack(_ bytes: ByteBuffer) -> EventPosition? {
-        let end = bytes.readerIndex + bytes.readableBytes
+        let topicEntry = bytes.readerIndex + bytes.readableBytes - messagePackTail
+        let marketEntry = topicEntry + messagePackTail / 2
         guard bytes.readableBytes > messagePackTail,
-            bytes.getBytes(at: end - 24, length: 4) == [0xA2, UInt8(ascii: "_"), UInt8(ascii: "s"), 0xCF],
-            bytes.getBytes(at: end - 12, length: 4) == [0xA2, UInt8(ascii: "_"), UInt8(ascii: "m"), 0xCF],
-            let topic = bytes.getInteger(at: end - 20, as: UInt64.self), let market = bytes.getInteger(at: end - 8, as: UInt64.self)
+            bytes.getBytes(at: topicEntry, length: 4) == tailEntry(UInt8(ascii: "s")),
+            bytes.getBytes(at: marketEntry, length: 4) == tailEntry(UInt8(ascii: "m")),
+            let topic = bytes.getInteger(at: topicEntry + 4, as: UInt64.self), let market = bytes.getInteger(at: marketEntry + 4, as: UInt64.self)
         else { return nil }
         return EventPosition(topic: topic, market: market)
     }
