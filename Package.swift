@@ -102,7 +102,7 @@ let package = Package(
         .target(
             name: "MarketDataHub",
             dependencies: [
-                "PolygonWire", "AsyncSupport",
+                "PolygonWire", "AlpacaWire", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ],

@@ -62,6 +62,28 @@ public enum AlpacaChannel: String, Sendable, CaseIterable, Comparable {
     }
 }
 
+/// How Alpaca names a relay ticker, and back: a crypto pair `X:BTC-USD` is `BTC/USD`, an option
+/// contract `O:SPY251219C00650000` is `SPY251219C00650000`, a stock is itself. Pure.
+public enum AlpacaSymbol {
+    /// Alpaca's symbol for a ticker of `market` (as the relay writes it, or already Alpaca's).
+    public static func of(_ ticker: String, market: Market) -> String {
+        switch market {
+        case .crypto: String((ticker.hasPrefix("X:") ? ticker.dropFirst(2) : ticker[...]).map { $0 == "-" ? "/" : $0 })
+        case .options: ticker.hasPrefix("O:") ? String(ticker.dropFirst(2)) : ticker
+        default: ticker
+        }
+    }
+
+    /// The relay's ticker for an Alpaca symbol of `market`.
+    public static func ticker(of symbol: String, market: Market) -> String {
+        switch market {
+        case .crypto: "X:" + String(symbol.map { $0 == "/" ? "-" : $0 })
+        case .options: "O:" + symbol
+        default: symbol
+        }
+    }
+}
+
 /// One of Alpaca's streams: its path, its market, and the channels it has. Value type, `Sendable`.
 public enum AlpacaFeed: String, Sendable, CaseIterable {
     case iex, sip, delayedSIP = "delayed_sip", test, crypto

@@ -22,9 +22,7 @@ extension DemoFeed {
         let divisor = Double(pow10(DemoMarket.decimals(of: market)))
         func symbol(_ index: UInt16) -> String? {
             guard Int(index) < tickers.count else { return nil }
-            let ticker = tickers[Int(index)]
-            if options { return ticker.hasPrefix("O:") ? String(ticker.dropFirst(2)) : ticker }
-            return crypto ? alpacaPair(ticker) : ticker
+            return AlpacaSymbol.of(tickers[Int(index)], market: market)
         }
         var events: [MarketEvent] = []
         events.reserveCapacity(records.count + bars.count)
@@ -65,11 +63,6 @@ extension DemoFeed {
             }
         }
         return events
-    }
-
-    /// `X:BTC-USD` → `BTC/USD`.
-    static func alpacaPair(_ ticker: String) -> String {
-        String((ticker.hasPrefix("X:") ? ticker.dropFirst(2) : ticker[...]).map { $0 == "-" ? "/" : $0 })
     }
 
     private static func pow10(_ exponent: Int) -> Int { (0..<exponent).reduce(1) { value, _ in value * 10 } }

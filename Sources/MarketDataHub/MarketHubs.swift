@@ -1,3 +1,4 @@
+import AlpacaWire
 import PolygonWire
 
 /// The hubs of the markets a relay serves, found by the market a ticker names (`X:BTC-USD` → crypto,
@@ -19,27 +20,14 @@ package struct MarketHubs: Sendable {
     package func priceTopics(of symbol: String) -> [Topic] {
         let market = Market.of(ticker: symbol)
         guard alpaca.contains(market) else { return Self.priceTopics(of: symbol) }
-        let ticker = Self.alpacaTicker(of: symbol, market: market)
+        let ticker = AlpacaSymbol.of(symbol, market: market)
         return ["t", "q"].compactMap { Topic(eventType: $0, ticker: ticker) }
     }
 
     /// The held symbol an event prices (an Alpaca crypto pair `BTC/USD` prices `X:BTC-USD`, a contract
     /// `SPY251219C00650000` prices `O:SPY251219C00650000`).
     package func heldSymbol(of event: MarketEvent, on market: Market) -> String {
-        guard alpaca.contains(market) else { return event.ticker }
-        switch market {
-        case .crypto: return "X:" + event.ticker.replacingOccurrences(of: "/", with: "-")
-        case .options: return "O:" + event.ticker
-        default: return event.ticker
-        }
-    }
-
-    static func alpacaTicker(of symbol: String, market: Market) -> String {
-        switch market {
-        case .crypto: String((symbol.hasPrefix("X:") ? symbol.dropFirst(2) : symbol[...]).map { $0 == "-" ? "/" : $0 })
-        case .options: symbol.hasPrefix("O:") ? String(symbol.dropFirst(2)) : symbol
-        default: symbol
-        }
+        alpaca.contains(market) ? AlpacaSymbol.ticker(of: event.ticker, market: market) : event.ticker
     }
 
     /// One hub serving stocks (a one-market relay, tests).
