@@ -135,7 +135,9 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
         }
     }
 
-    public var isCrypto: Bool { self == .crypto }
+    /// Where it is served: its path, and the older one an SDK still uses for it (alpaca-trade-api's
+    /// crypto stream: `/v1beta2/crypto`).
+    public var paths: [String] { self == .crypto ? [path, "/v1beta2/crypto"] : [path] }
 
     /// The channels this feed serves, in Alpaca's order.
     public var channels: [AlpacaChannel] {

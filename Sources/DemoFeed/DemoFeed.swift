@@ -78,8 +78,7 @@ public final class DemoFeed: Service, Sendable {
     /// Where a market is served: `/<market>` in Polygon's protocol; Alpaca's paths in Alpaca's.
     static func paths(of market: Market, alpaca: Bool) -> [String] {
         guard alpaca else { return ["/\(market)"] }
-        let feeds = AlpacaFeed.allCases.filter { $0.market == market }.map(\.path)
-        return market == .crypto ? feeds + ["/v1beta2/crypto"] : feeds
+        return AlpacaFeed.allCases.filter { $0.market == market }.flatMap(\.paths)
     }
 
     public func run() async throws {

@@ -73,13 +73,13 @@ public final class Relay: Service, Sendable {
         self.logger = logger
     }
 
-    /// Polygon's (and Massive's) REST host for their WebSocket hosts; `nil` for any other upstream.
     /// The key REST requests carry: the REST API's own, else the upstream's, but an Alpaca key id never
     /// goes to another vendor's REST API (`nil`: none, REST is off).
     package static func restKey(_ settings: RelaySettings, alpacaUpstream: Bool) -> String? {
         settings.upstreamRESTKey ?? (alpacaUpstream ? nil : settings.upstreamKey)
     }
 
+    /// Polygon's (and Massive's) REST host for their WebSocket hosts; `nil` for any other upstream.
     static func restURL(for endpoint: UpstreamConfiguration.Endpoint) -> String? {
         let host = endpoint.host.lowercased()
         for domain in ["polygon.io", "massive.com"] where host == domain || host.hasSuffix(".\(domain)") {

@@ -26,7 +26,7 @@ package struct ServedMarket: Sendable {
 
     /// The paths its WebSocket is served at.
     var paths: [String] {
-        if case .alpaca(let feed) = wire, feed.isCrypto { [feed.path, "/v1beta2/crypto"] } else { [wire.path(of: market)] }
+        if case .alpaca(let feed) = wire { feed.paths } else { [wire.path(of: market)] }
     }
 }
 
