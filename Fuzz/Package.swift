@@ -1,11 +1,20 @@
 // swift-tools-version:6.1
 // libFuzzer targets for the parts that read untrusted bytes: the upstream frame parser, the server side
-// of the protocol (every client message) and topic parsing, and Alpaca's frames and server session. A package of its own, built only by
+// of the protocol (every client message) and topic parsing, and Alpaca's frames and both sides of its session. A package of its own, built only by
 // scripts/fuzz with -sanitize=fuzzer,address (libFuzzer supplies `main`, so these cannot be ordinary
 // executables of the relay's package). Run: scripts/fuzz [seconds]
 import PackageDescription
 
 let fuzzFlags: [SwiftSetting] = [.unsafeFlags(["-parse-as-library"])]
+
+/// One fuzz target in its folder, on the relay's `products` (and NIOCore when `nio`).
+func fuzzTarget(_ name: String, _ products: [String], nio: Bool = false) -> Target {
+    .executableTarget(
+        name: name,
+        dependencies: ["FuzzSupport"] + products.map { .product(name: $0, package: "relay") }
+            + (nio ? [.product(name: "NIOCore", package: "swift-nio")] : []),
+        path: name, swiftSettings: fuzzFlags)
+}
 
 let package = Package(
     name: "relay-fuzz",
@@ -16,29 +25,11 @@ let package = Package(
     ],
     targets: [
         .target(name: "FuzzSupport", path: "FuzzSupport"),
-        .executableTarget(
-            name: "FuzzFrameParser",
-            dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
-            path: "FuzzFrameParser", swiftSettings: fuzzFlags),
-        .executableTarget(
-            name: "FuzzServerSession",
-            dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay"), .product(name: "NIOCore", package: "swift-nio")],
-            path: "FuzzServerSession", swiftSettings: fuzzFlags),
-        .executableTarget(
-            name: "FuzzAlpacaFrame",
-            dependencies: ["FuzzSupport", .product(name: "AlpacaWire", package: "relay")],
-            path: "FuzzAlpacaFrame", swiftSettings: fuzzFlags),
-        .executableTarget(
-            name: "FuzzAlpacaSession",
-            dependencies: ["FuzzSupport", .product(name: "AlpacaWire", package: "relay"), .product(name: "PolygonWire", package: "relay")],
-            path: "FuzzAlpacaSession", swiftSettings: fuzzFlags),
-        .executableTarget(
-            name: "FuzzAlpacaClientSession",
-            dependencies: ["FuzzSupport", .product(name: "AlpacaWire", package: "relay"), .product(name: "PolygonWire", package: "relay")],
-            path: "FuzzAlpacaClientSession", swiftSettings: fuzzFlags),
-        .executableTarget(
-            name: "FuzzTopics",
-            dependencies: ["FuzzSupport", .product(name: "PolygonWire", package: "relay")],
-            path: "FuzzTopics", swiftSettings: fuzzFlags),
+        fuzzTarget("FuzzFrameParser", ["PolygonWire"], nio: true),
+        fuzzTarget("FuzzServerSession", ["PolygonWire"], nio: true),
+        fuzzTarget("FuzzAlpacaFrame", ["AlpacaWire"]),
+        fuzzTarget("FuzzAlpacaSession", ["AlpacaWire", "PolygonWire"]),
+        fuzzTarget("FuzzAlpacaClientSession", ["AlpacaWire", "PolygonWire"]),
+        fuzzTarget("FuzzTopics", ["PolygonWire"]),
     ]
 )

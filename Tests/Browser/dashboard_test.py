@@ -230,13 +230,9 @@ def run_alpaca(relay, arguments, checks):
         stamp = page.locator('tr[data-symbol="AAPL"] td').last
         checks.check(stamp.inner_text() not in ("—", ""), f"alpaca: live quotes and trades arrive in Alpaca's JSON (AAPL bid {bid.inner_text()}, last {trade.inner_text()} at {stamp.inner_text()})")
         page.screenshot(path=f"{shots}/alpaca-quotes-1280x800.png", full_page=True)
-        page.get_by_label("Market").select_option("crypto")
-        expect(page.locator("#quotes-connection")).to_have_text("Connected to /v1beta3/crypto/us", timeout=15_000)
-        btc = page.locator('tr[data-symbol="BTC/USD"] td').first
-        wait_until(lambda: btc.inner_text() not in ("—", ""), 15, "an Alpaca crypto quote for BTC/USD")
-        checks.check(True, f"alpaca: picking crypto shows live BTC/USD quotes from /v1beta3/crypto/us (bid {btc.inner_text()})")
-        page.get_by_label("Market").select_option("stocks")
-        expect(page.locator("#quotes-connection")).to_have_text("Connected to /v2/iex", timeout=15_000)
+        btc = watch_market(page, "crypto", "/v1beta3/crypto/us", "BTC/USD")
+        checks.check(True, f"alpaca: picking crypto shows live BTC/USD quotes from /v1beta3/crypto/us (bid {btc})")
+        watch_market(page, "stocks", "/v2/iex")
         # A holding's detail takes its live quote from the Alpaca feed's last values.
         page.goto(relay.base + "/#/security/AAPL")
         expect(page.locator("#detail")).to_have_attribute("data-loaded", "AAPL", timeout=15_000)
@@ -286,13 +282,21 @@ def check_quotes(page, checks, tag):
     wait_until(lambda: bid.inner_text() not in ("—", ""), 15, "a quote for AAPL over the relay's WebSocket")
     checks.check(True, f"{tag}: live quotes arrive through the relay's WebSocket (AAPL bid {bid.inner_text()})")
     # A second market: crypto at its own path, its pairs in the market's ticker form.
-    page.get_by_label("Market").select_option("crypto")
-    expect(page.locator("#quotes-connection")).to_have_text("Connected to /crypto", timeout=15_000)
-    btc = page.locator('tr[data-symbol="X:BTC-USD"] td').first
-    wait_until(lambda: btc.inner_text() not in ("—", ""), 15, "a crypto quote for X:BTC-USD over /crypto")
-    checks.check(True, f"{tag}: picking crypto shows live X:BTC-USD quotes from /crypto (bid {btc.inner_text()})")
-    page.get_by_label("Market").select_option("stocks")
-    expect(page.locator("#quotes-connection")).to_have_text("Connected to /stocks", timeout=15_000)
+    btc = watch_market(page, "crypto", "/crypto", "X:BTC-USD")
+    checks.check(True, f"{tag}: picking crypto shows live X:BTC-USD quotes from /crypto (bid {btc})")
+    watch_market(page, "stocks", "/stocks")
+
+
+def watch_market(page, market, path, symbol=None):
+    """Picks a market on the live quotes page and waits for its connection at `path` and, given a
+    symbol, for its first quote; returns the bid shown."""
+    page.get_by_label("Market").select_option(market)
+    expect(page.locator("#quotes-connection")).to_have_text(f"Connected to {path}", timeout=15_000)
+    if symbol is None:
+        return None
+    bid = page.locator(f'tr[data-symbol="{symbol}"] td').first
+    wait_until(lambda: bid.inner_text() not in ("—", ""), 15, f"a quote for {symbol} over {path}")
+    return bid.inner_text()
 
 
 def holdings_symbols(page):
