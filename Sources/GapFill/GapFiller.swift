@@ -16,6 +16,13 @@ public struct GapFillSettings: Sendable, Equatable {
     public var requestsPerSecond = 20.0
     /// The most events recovered for one topic; past it the topic is told missing from where it stopped.
     public var eventsPerTopic = 100_000
+    /// The most REST pages read for one topic (`next_url` paging); past it the rest is missing.
+    public var pagesPerTopic = 50
+    /// The longest one fill may take, all its topics together: past it the topics not yet filled are
+    /// told missing, so that the market's later outages (filled one after another) are not held up.
+    public var maxDuration: Duration = .seconds(180)
+    /// The longest one REST request may take, its whole body included (a trickled body too).
+    public var requestTimeout: Duration = .seconds(10)
 
     public init() {}
 }
@@ -42,6 +49,7 @@ public actor GapFiller {
     private let fillsIncomplete: Counter
     private let fillsSkipped: Counter
     private let recoveredCounter: Counter
+    private let resultsRefused: Counter
     private let requestsOK: Counter
     private let requestsFailed: Counter
     private let duration: CoreMetrics.Timer
@@ -60,6 +68,7 @@ public actor GapFiller {
         fillsIncomplete = Counter(label: "relay_gap_fills_total", dimensions: [("result", "incomplete")], factory: metricsFactory)
         fillsSkipped = Counter(label: "relay_gap_fills_total", dimensions: [("result", "skipped")], factory: metricsFactory)
         recoveredCounter = Counter(label: "relay_gap_fill_events_total", factory: metricsFactory)
+        resultsRefused = Counter(label: "relay_gap_fill_results_refused_total", factory: metricsFactory)
         requestsOK = Counter(label: "relay_gap_fill_requests_total", dimensions: [("result", "ok")], factory: metricsFactory)
         requestsFailed = Counter(label: "relay_gap_fill_requests_total", dimensions: [("result", "failed")], factory: metricsFactory)
         duration = CoreMetrics.Timer(label: "relay_gap_fill_seconds", factory: metricsFactory)
@@ -117,8 +126,13 @@ public actor GapFiller {
         }
         // One topic at a time, so that a fill takes at most one core from the live stream: two at once
         // filled 20% sooner but took the live p99 from 12 to 291 ms (README, Performance).
+        let deadline = started + settings.maxDuration
         for held in fillable.prefix(settings.maxTopics) {
-            switch await fill(held, request, outlet) {
+            guard ContinuousClock.now < deadline else {
+                summary.missing[held.topic] = "not filled: the fill took longer than \(settings.maxDuration.components.seconds) s"
+                continue
+            }
+            switch await fill(held, request, outlet, deadline: deadline) {
             case .success(let count): summary.recovered[held.topic] = count
             case .failure(let failure):
                 summary.missing[held.topic] = failure.reason
@@ -154,7 +168,9 @@ public actor GapFiller {
     /// One topic: its pages fetched, mapped, bounded by the window and by what the relay had before the
     /// outage, then delivered (what came before a failure too). Off the actor: reading and mapping a
     /// page does not hold up `requests` or a new fill's queueing.
-    private nonisolated func fill(_ held: GapFillRequest.Held, _ request: GapFillRequest, _ outlet: any RecoveryOutlet) async -> Result<Int, FillFailure> {
+    private nonisolated func fill(
+        _ held: GapFillRequest.Held, _ request: GapFillRequest, _ outlet: any RecoveryOutlet, deadline: ContinuousClock.Instant
+    ) async -> Result<Int, FillFailure> {
         let topic = held.topic
         guard let source = RecoveredEvents.source(of: topic.eventType, in: market) else { return .success(0) }
         let order = RecoveryOrder(eventType: topic.eventType)
@@ -170,7 +186,18 @@ public actor GapFiller {
         var next: String?
         var firstPage = true
         var failure: String?
+        var pages = 0
+        let window = fromMs..<max(fromMs, request.through)
         pages: while firstPage || next != nil {
+            if pages == settings.pagesPerTopic {
+                failure = "more than \(settings.pagesPerTopic) REST pages: recovered through \(events.last?.1 ?? fromMs) (Unix ms), the rest is missing"
+                break pages
+            }
+            if ContinuousClock.now >= deadline {
+                failure = "the fill took longer than \(settings.maxDuration.components.seconds) s: recovered through \(events.last?.1 ?? fromMs) (Unix ms), the rest is missing"
+                break pages
+            }
+            pages += 1
             do { try await pace.next() } catch { return .failure(FillFailure(reason: "cancelled", delivered: 0)) }
             let answer: Result<ByteBuffer, PolygonREST.FetchError>
             if let url = next {
@@ -183,12 +210,12 @@ public actor GapFiller {
                         path,
                         query: [
                             ("timestamp.gte", "\(fromMs * 1_000_000)"), ("timestamp.lt", "\(request.through * 1_000_000)"), ("order", "asc"),
-                            ("sort", "timestamp"), ("limit", "50000"),
+                            ("sort", "timestamp"), ("limit", "\(Self.pageLimit)"),
                         ], priority: .bulk)
                 case .minuteBars:
                     answer = await rest.get(
                         "/v2/aggs/ticker/\(ticker)/range/1/minute/\(fromMs)/\(request.through)",
-                        query: [("adjusted", "true"), ("sort", "asc"), ("limit", "50000")], priority: .bulk)
+                        query: [("adjusted", "true"), ("sort", "asc"), ("limit", "\(Self.pageLimit)")], priority: .bulk)
                 }
             }
             firstPage = false
@@ -205,15 +232,13 @@ public actor GapFiller {
                 break pages
             }
             do {
-                next = try decode(body, source: source, topic: topic, into: &events)
+                next = try decode(body, source: source, topic: topic, window: window, limit: settings.eventsPerTopic, into: &events)
+            } catch is TooManyEvents {
+                failure = "more than \(settings.eventsPerTopic) events: recovered through \(events.last?.1 ?? request.from) (Unix ms), the rest is missing"
+                break pages
             } catch {
                 requestsFailed.increment()
                 failure = "unreadable REST answer: \(error)"
-                break pages
-            }
-            if events.count > settings.eventsPerTopic {
-                events.removeLast(events.count - settings.eventsPerTopic)
-                failure = "more than \(settings.eventsPerTopic) events: recovered through \(events.last?.1 ?? request.from) (Unix ms), the rest is missing"
                 break pages
             }
         }
@@ -257,11 +282,27 @@ public actor GapFiller {
         return delivered
     }
 
-    /// Appends a page's events; returns its `next_url`.
-    private nonisolated func decode(_ body: ByteBuffer, source: RecoveredEvents.Source, topic: Topic, into events: inout [(MarketEvent, Int64)]) throws
-        -> String?
-    {
+    /// Results asked for per REST page: a page of quotes stays a few MB.
+    static let pageLimit = 10_000
+
+    /// A page held more events than the topic may recover.
+    struct TooManyEvents: Error {}
+
+    /// Appends a page's events that fall in `window` (Unix ms: a bar by its start); returns its
+    /// `next_url`. Throws ``TooManyEvents`` as soon as `events` would pass `limit`, in the middle of a
+    /// page too, so that a page of tiny results costs no more than `limit` events.
+    private nonisolated func decode(
+        _ body: ByteBuffer, source: RecoveredEvents.Source, topic: Topic, window: Range<Int64>, limit: Int, into events: inout [(MarketEvent, Int64)]
+    ) throws -> String? {
         let market = self.market
+        // Results with no price or time, or a value that is not exactly JSON of its kind: counted, not copied.
+        var refused = 0
+        defer {
+            if refused > 0 {
+                resultsRefused.increment(by: refused)
+                logger.warning("REST results refused: a value missing, implausible or not valid JSON", metadata: ["topic": "\(topic)", "results": "\(refused)"])
+            }
+        }
         return try RESTPage.read(Array(body.readableBytesView)) { result in
             let event: (MarketEvent, Int64)?
             switch source {
@@ -269,7 +310,13 @@ public actor GapFiller {
             case .quotes: event = RecoveredEvents.quote(result, type: topic.eventType, ticker: topic.ticker, market: market)
             case .minuteBars: event = RecoveredEvents.bar(result, type: topic.eventType, ticker: topic.ticker, market: market)
             }
-            if let event { events.append(event) }
+            guard let event else {
+                refused += 1
+                return
+            }
+            guard window.contains(event.1) else { return }
+            guard events.count < limit else { throw TooManyEvents() }
+            events.append(event)
         }
     }
 }

@@ -10,7 +10,7 @@ struct RESTPage {
     enum Field: Int, CaseIterable {
         case price, size, exchange, id, conditions, sequenceNumber, sipTimestamp, participantTimestamp, tape
         case askExchange, askPrice, askSize, bidExchange, bidPrice, bidSize, indicators
-        case open, high, low, close, volume, vwap, time, trades
+        case open, high, low, close, volume, vwap, time
 
         init?(name: ArraySlice<UInt8>) {
             switch String(decoding: name, as: UTF8.self) {
@@ -37,7 +37,6 @@ struct RESTPage {
             case "v": self = .volume
             case "vw": self = .vwap
             case "t": self = .time
-            case "n": self = .trades
             default: return nil
             }
         }
@@ -61,11 +60,15 @@ struct RESTPage {
         let bytes: [UInt8]
         fileprivate(set) var ranges = [Range<Int>?](repeating: nil, count: Field.allCases.count)
 
-        /// The value's text as it came, when it is a JSON number.
+        /// Whether the result has the field with a value other than `null`.
+        func has(_ field: Field) -> Bool {
+            guard let range = ranges[field.rawValue] else { return false }
+            return !bytes[range].elementsEqual("null".utf8)
+        }
+
+        /// The value's text as it came, when it is a JSON number (exactly: `1null`, `-` or `01` are not).
         func number(_ field: Field) -> ArraySlice<UInt8>? {
-            guard let range = ranges[field.rawValue], let first = bytes[range].first,
-                first == UInt8(ascii: "-") || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(first)
-            else { return nil }
+            guard let range = ranges[field.rawValue], RESTPage.isNumber(bytes[range]) else { return nil }
             return bytes[range]
         }
 
@@ -75,17 +78,98 @@ struct RESTPage {
             return Int64(String(decoding: text, as: UTF8.self))
         }
 
-        /// The value's text as it came, when it is a JSON string (quotes included) or an array of numbers.
+        /// The value's text as it came, when it is a valid JSON string (quotes included) of at most
+        /// ``RESTPage/maxStringBytes``.
         func string(_ field: Field) -> ArraySlice<UInt8>? {
-            guard let range = ranges[field.rawValue], bytes[range].first == UInt8(ascii: "\"") else { return nil }
+            guard let range = ranges[field.rawValue], range.count <= RESTPage.maxStringBytes, RESTPage.isString(bytes[range]) else { return nil }
             return bytes[range]
         }
 
+        /// The value's text as it came, when it is an array of at most ``RESTPage/maxListCount`` JSON numbers.
         func numbers(_ field: Field) -> ArraySlice<UInt8>? {
-            guard let range = ranges[field.rawValue], bytes[range].first == UInt8(ascii: "[") else { return nil }
+            guard let range = ranges[field.rawValue], bytes[range].first == UInt8(ascii: "["), bytes[range].last == UInt8(ascii: "]") else { return nil }
             let inside = bytes[range].dropFirst().dropLast()
-            return inside.allSatisfy { RESTPage.isNumberByte($0) || $0 == UInt8(ascii: ",") || Scanner.isSpace($0) } ? bytes[range] : nil
+            if inside.allSatisfy(Scanner.isSpace) { return bytes[range] }
+            let items = inside.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false)
+            guard items.count <= RESTPage.maxListCount,
+                items.allSatisfy({ RESTPage.isNumber(RESTPage.trimmed($0)) })
+            else { return nil }
+            return bytes[range]
         }
+    }
+
+    static func trimmed(_ text: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
+        guard let first = text.firstIndex(where: { !Scanner.isSpace($0) }), let last = text.lastIndex(where: { !Scanner.isSpace($0) }) else {
+            return text[text.startIndex..<text.startIndex]
+        }
+        return text[first...last]
+    }
+
+    /// The longest string value copied into an event (a trade id is a few dozen bytes).
+    static let maxStringBytes = 256
+    /// The most numbers in a list copied into an event (conditions, indicators).
+    static let maxListCount = 32
+    /// The longest number text copied into an event.
+    static let maxNumberBytes = 40
+
+    /// Whether `text` is exactly one JSON number (RFC 8259: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`)
+    /// of at most ``maxNumberBytes``.
+    static func isNumber(_ text: some Collection<UInt8>) -> Bool {
+        guard text.count <= maxNumberBytes else { return false }
+        func isDigit(_ byte: UInt8) -> Bool { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) }
+        var index = text.startIndex
+        func peek() -> UInt8? { index < text.endIndex ? text[index] : nil }
+        func digits() -> Int {
+            var count = 0
+            while let byte = peek(), isDigit(byte) {
+                count += 1
+                index = text.index(after: index)
+            }
+            return count
+        }
+        if peek() == UInt8(ascii: "-") { index = text.index(after: index) }
+        if peek() == UInt8(ascii: "0") {
+            index = text.index(after: index)
+        } else if digits() == 0 {
+            return false
+        }
+        if peek() == UInt8(ascii: ".") {
+            index = text.index(after: index)
+            guard digits() > 0 else { return false }
+        }
+        if peek() == UInt8(ascii: "e") || peek() == UInt8(ascii: "E") {
+            index = text.index(after: index)
+            if peek() == UInt8(ascii: "+") || peek() == UInt8(ascii: "-") { index = text.index(after: index) }
+            guard digits() > 0 else { return false }
+        }
+        return index == text.endIndex
+    }
+
+    /// Whether `text` is exactly one JSON string, quotes included, with only JSON's escapes
+    /// (`\" \\ \/ \b \f \n \r \t \uXXXX`) and no raw control bytes.
+    static func isString(_ text: ArraySlice<UInt8>) -> Bool {
+        guard text.count >= 2, text.first == UInt8(ascii: "\""), text.last == UInt8(ascii: "\"") else { return false }
+        var index = text.startIndex + 1
+        let end = text.endIndex - 1
+        while index < end {
+            let byte = text[index]
+            if byte < 0x20 || byte == UInt8(ascii: "\"") { return false }
+            if byte == UInt8(ascii: "\\") {
+                guard index + 1 < end else { return false }
+                switch text[index + 1] {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"), UInt8(ascii: "n"),
+                    UInt8(ascii: "r"), UInt8(ascii: "t"):
+                    index += 2
+                case UInt8(ascii: "u"):
+                    guard index + 6 <= end, text[(index + 2)..<(index + 6)].allSatisfy({ $0.isHexDigit }) else { return false }
+                    index += 6
+                default: return false
+                }
+            } else {
+                index += 1
+            }
+        }
+        return true
     }
 
     /// Calls `body` with each result of the page; returns its `next_url`.
@@ -238,5 +322,12 @@ struct RESTPage {
             }
             return String(decoding: out, as: UTF8.self)
         }
+    }
+}
+
+extension UInt8 {
+    fileprivate var isHexDigit: Bool {
+        (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(self) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(self)
+            || (UInt8(ascii: "A")...UInt8(ascii: "F")).contains(self)
     }
 }

@@ -8,7 +8,10 @@ import PolygonWire
 ///
 /// REST times are Unix ns (`sip_timestamp`, or `participant_timestamp` where there is no SIP), the
 /// WebSocket's ms; REST `sequence_number` is the WebSocket's `q`. Fields the REST answer lacks (a bar's
-/// `av`, `op`, `a`) are left out rather than invented. Every event ends with `"_r":1`, the recovered flag.
+/// `av`, `op`, `a`) are left out rather than invented, and so is a bar's `z`: on the WebSocket it is the
+/// average trade size, while REST gives the trade count `n`, whose quotient `v/n` is not what the
+/// vendor's own bar says when volume was adjusted. Every value is checked before it is copied (a JSON number, a
+/// valid string, a plausible time): a REST answer can never put invalid JSON into a client's frame. Every event ends with `"_r":1`, the recovered flag.
 public enum RecoveredEvents {
     public enum Source: Sendable, Equatable {
         case trades, quotes, minuteBars
@@ -31,9 +34,10 @@ public enum RecoveredEvents {
     }
 
     /// An event of `type` built field by field, each value's text copied as it came, ending with the flag.
+    /// A field the result has but whose value is not of its kind makes the whole event malformed.
     struct Builder {
         var buffer: ByteBuffer
-        var first = true
+        var malformed = false
 
         init(type: String, capacity: Int = 256) {
             buffer = ByteBufferAllocator().buffer(capacity: capacity)
@@ -49,8 +53,24 @@ public enum RecoveredEvents {
             buffer.writeString(",\"\(name)\":\(text)")
         }
 
+        /// A number field, when the result has it.
         mutating func field(_ name: String, _ result: RESTPage.Result, _ field: RESTPage.Field) {
-            if let text = result.number(field) { raw(name, text) }
+            copy(name, result, field, result.number(field))
+        }
+
+        /// A string field, when the result has it.
+        mutating func string(_ name: String, _ result: RESTPage.Result, _ field: RESTPage.Field) {
+            copy(name, result, field, result.string(field))
+        }
+
+        /// A list of numbers, when the result has it.
+        mutating func numbers(_ name: String, _ result: RESTPage.Result, _ field: RESTPage.Field) {
+            copy(name, result, field, result.numbers(field))
+        }
+
+        private mutating func copy(_ name: String, _ result: RESTPage.Result, _ field: RESTPage.Field, _ text: ArraySlice<UInt8>?) {
+            guard result.has(field) else { return }
+            if let text { raw(name, text) } else { malformed = true }
         }
 
         /// The tail of a stock-shaped trade or quote: `t`, `q`, `z`.
@@ -60,7 +80,9 @@ public enum RecoveredEvents {
             field("z", result, .tape)
         }
 
-        mutating func finish() -> ByteBuffer {
+        /// The event, or `nil` when a field was malformed.
+        mutating func finish() -> ByteBuffer? {
+            guard !malformed else { return nil }
             buffer.writeString(",\"_r\":1}")
             return buffer
         }
@@ -76,9 +98,16 @@ public enum RecoveredEvents {
         }
     }
 
-    /// Unix ms of a trade or quote: SIP time, or the participant's where there is no SIP.
+    /// The times a REST result may carry, Unix ms: 1970 to 2100. Anything else is refused before any
+    /// arithmetic is done on it (a bar's end is its start plus a minute).
+    public static let plausibleMilliseconds: ClosedRange<Int64> = 0...4_102_444_800_000
+
+    /// Unix ms of a trade or quote: SIP time, or the participant's where there is no SIP; `nil` when
+    /// neither is a plausible time.
     static func milliseconds(_ result: RESTPage.Result) -> Int64? {
-        (result.integer(.sipTimestamp) ?? result.integer(.participantTimestamp)).map { $0 / 1_000_000 }
+        guard let nanoseconds = result.integer(.sipTimestamp) ?? result.integer(.participantTimestamp), nanoseconds > 0 else { return nil }
+        let milliseconds = nanoseconds / 1_000_000
+        return plausibleMilliseconds.contains(milliseconds) ? milliseconds : nil
     }
 
     static func trade(_ result: RESTPage.Result, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
@@ -90,18 +119,18 @@ public enum RecoveredEvents {
             event.raw("p", price)
             event.raw("t", "\(time)")
             event.field("s", result, .size)
-            if let conditions = result.numbers(.conditions) { event.raw("c", conditions) }
-            if let id = result.string(.id) { event.raw("i", id) }
+            event.numbers("c", result, .conditions)
+            event.string("i", result, .id)
             event.field("x", result, .exchange)
         } else {
-            if let id = result.string(.id) { event.raw("i", id) }
+            event.string("i", result, .id)
             event.field("x", result, .exchange)
             event.raw("p", price)
             event.field("s", result, .size)
-            if let conditions = result.numbers(.conditions) { event.raw("c", conditions) }
+            event.numbers("c", result, .conditions)
             event.timeSequenceTape(time, result)
         }
-        return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), time)
+        return event.finish().map { (MarketEvent(eventType: type, ticker: ticker, bytes: $0), time) }
     }
 
     static func quote(_ result: RESTPage.Result, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
@@ -122,17 +151,23 @@ public enum RecoveredEvents {
             event.field("ap", result, .askPrice)
             event.field("as", result, .askSize)
             // The WebSocket's `c` is one condition; REST lists them.
-            if let conditions = result.numbers(.conditions), let first = conditions.dropFirst().split(whereSeparator: { $0 == UInt8(ascii: ",") || $0 == UInt8(ascii: "]") }).first {
-                event.raw("c", first.filter { $0 != UInt8(ascii: " ") })
+            if result.has(.conditions) {
+                if let conditions = result.numbers(.conditions) {
+                    if let first = conditions.dropFirst().split(whereSeparator: { $0 == UInt8(ascii: ",") || $0 == UInt8(ascii: "]") }).first {
+                        event.raw("c", RESTPage.trimmed(first))
+                    }
+                } else {
+                    event.malformed = true
+                }
             }
-            if let indicators = result.numbers(.indicators) { event.raw("i", indicators) }
+            event.numbers("i", result, .indicators)
             event.timeSequenceTape(time, result)
         }
-        return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), time)
+        return event.finish().map { (MarketEvent(eventType: type, ticker: ticker, bytes: $0), time) }
     }
 
     static func bar(_ result: RESTPage.Result, type: String, ticker: String, market: Market) -> (MarketEvent, Int64)? {
-        guard let start = result.integer(.time), let open = result.number(.open), let high = result.number(.high), let low = result.number(.low),
+        guard let start = result.integer(.time), plausibleMilliseconds.contains(start), let open = result.number(.open), let high = result.number(.high), let low = result.number(.low),
             let close = result.number(.close)
         else { return nil }
         var event = Builder(type: type)
@@ -140,14 +175,12 @@ public enum RecoveredEvents {
         event.raw(name, value)
         event.field("v", result, .volume)
         event.field("vw", result, .vwap)
-        if market == .crypto { event.field("z", result, .trades) }
         event.raw("o", open)
         event.raw("c", close)
         event.raw("h", high)
         event.raw("l", low)
-        if market != .crypto, market != .forex { event.field("z", result, .trades) }
         event.raw("s", "\(start)")
         event.raw("e", "\(start + 60_000)")
-        return (MarketEvent(eventType: type, ticker: ticker, bytes: event.finish()), start)
+        return event.finish().map { (MarketEvent(eventType: type, ticker: ticker, bytes: $0), start) }
     }
 }

@@ -19,7 +19,10 @@ public struct PolygonREST: Sendable {
     public var apiKey: String
     public var attempts: Int
     public var initialBackoff: Duration
+    /// The whole request, body included.
     public var timeout: Duration
+    /// The largest body read; a larger one fails the request.
+    public var maxBodyBytes = 16 << 20
     public let gate: RequestGate
     private let client: HTTPClient
 
@@ -83,12 +86,16 @@ public struct PolygonREST: Sendable {
                 do { try await Task.sleep(for: backoff.delay(attempt: attempt - 1)) } catch { return .failure(.cancelled) }
             }
             do {
-                let (status, body) = try await gate.run(priority) {
-                    var request = HTTPClientRequest(url: url)
-                    request.headers.add(name: "Accept", value: "application/json")
-                    request.headers.add(name: "Authorization", value: "Bearer \(apiKey)")
-                    let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
-                    return (Int(response.status.code), try await response.body.collect(upTo: 16 << 20))
+                let (status, body) = try await gate.run(priority) { [client, apiKey, timeout, maxBodyBytes] in
+                    // The timeout covers the whole answer, its body too: AsyncHTTPClient's own ends at
+                    // the head, and a body trickled a byte at a time would hold the request for ever.
+                    try await Self.within(timeout) {
+                        var request = HTTPClientRequest(url: url)
+                        request.headers.add(name: "Accept", value: "application/json")
+                        request.headers.add(name: "Authorization", value: "Bearer \(apiKey)")
+                        let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
+                        return (Int(response.status.code), try await response.body.collect(upTo: maxBodyBytes))
+                    }
                 }
                 if (200..<300).contains(status) { return .success(body) }
                 last = .status(status, String(buffer: body))
@@ -106,6 +113,26 @@ public struct PolygonREST: Sendable {
     /// The body of a `next_url` a page named (Polygon's paging: an opaque `cursor`, and no key, which
     /// the request carries in its header again). Only a URL on the API's own host is followed, so a
     /// page can never send the key elsewhere.
+    /// The whole of `operation` within `limit`, else ``TimedOut`` (the operation is cancelled: an
+    /// AsyncHTTPClient request closes its connection).
+    static func within<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await withThrowingTaskGroup(of: T.self) { group in
+            group.addTask { try await operation() }
+            group.addTask {
+                try await Task.sleep(for: limit)
+                throw TimedOut(limit: limit)
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next() else { throw CancellationError() }
+            return first
+        }
+    }
+
+    struct TimedOut: Error, CustomStringConvertible {
+        var limit: Duration
+        var description: String { "no whole answer within \(limit.components.seconds) s" }
+    }
+
     public func get(nextURL: String, priority: RequestGate.Priority = .foreground) async -> Result<ByteBuffer, FetchError> {
         let base: String
         do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }

@@ -188,7 +188,7 @@ public final class Relay: Service, Sendable {
                 "http://127.0.0.1:\(try await feed.listeningPort())"
             }
             // Another REST source (`--rest-url`) gets the upstream key, never the demo feed's.
-            restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamKey ?? ""
+            restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamRESTKey ?? settings.upstreamKey ?? ""
             logger.info("no upstream configured: serving the built-in demo feed for every market")
         }
         // One cluster node per market (each its own lease and NATS connection), spreading leadership.
@@ -236,10 +236,11 @@ public final class Relay: Service, Sendable {
             if let gapFill = settings.gapFill, let restURL, let gapFillPace, source.vendor == .polygon {
                 let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
                 restClient = client
-                // The demo feed's REST wants its own key; another source the market's upstream key.
-                let key = demoFeed != nil || source.apiKey.isEmpty ? restKey : source.apiKey
+                // The demo feed's REST wants its own key; another source the REST API's own key
+                // (`--rest-key`) when one is given, else the market's upstream key.
+                let key = demoFeed != nil || settings.upstreamRESTKey != nil || source.apiKey.isEmpty ? restKey : source.apiKey
                 gapFillers[source.market] = GapFiller(
-                    market: source.market, hub: hub, rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, client: client),
+                    market: source.market, hub: hub, rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: client),
                     pace: gapFillPace, settings: gapFill, metricsFactory: marketMetrics, logger: logger.with(label: "relay.gap-fill.\(source.market)"))
             }
             if let cluster = settings.cluster {

@@ -292,6 +292,9 @@ public struct RelaySettings: Sendable {
             if let value = try positive("gapFill.maxTopics") { gapFill.maxTopics = value }
             if let value = try positive("gapFill.requestsPerSecond") { gapFill.requestsPerSecond = Double(value) }
             if let value = try positive("gapFill.eventsPerTopic") { gapFill.eventsPerTopic = value }
+            if let value = try positive("gapFill.pagesPerTopic") { gapFill.pagesPerTopic = value }
+            if let value = try positive("gapFill.maxDurationSeconds") { gapFill.maxDuration = .seconds(value) }
+            if let value = try positive("gapFill.requestTimeoutSeconds") { gapFill.requestTimeout = .seconds(value) }
             settings.gapFill = gapFill
         }
         if let contracts = config.int(forKey: "limits.optionsContracts") {

@@ -166,6 +166,11 @@ extension RelaySettings {
             "gapFill.requestsPerSecond", env: "RELAY_GAP_FILL_REQUESTS_PER_SECOND", default: "20",
             "REST requests per second of all fills together (Polygon asks paid plans to stay under 100)."),
         .init("gapFill.eventsPerTopic", env: "RELAY_GAP_FILL_EVENTS_PER_TOPIC", default: "100000", "The most events one fill recovers for a topic."),
+        .init("gapFill.pagesPerTopic", env: "RELAY_GAP_FILL_PAGES_PER_TOPIC", default: "50", "The most REST pages (next_url) one fill reads for a topic."),
+        .init("gapFill.maxDurationSeconds", env: "RELAY_GAP_FILL_MAX_DURATION_SECONDS", default: "180", "The longest one fill may take; topics not filled by then are told missing."),
+        .init(
+            "gapFill.requestTimeoutSeconds", env: "RELAY_GAP_FILL_REQUEST_TIMEOUT_SECONDS", default: "10",
+            "The longest one REST request of a fill may take, its whole body included."),
     ]
 
     /// The declaration of `key`.

@@ -59,11 +59,11 @@ struct RecoveredEventsTests {
         let object = try json(event)
         #expect(start == 1_700_000_040_000 && (object["e"] as? NSNumber)?.int64Value == 1_700_000_100_000)
         #expect(object["av"] == nil && object["op"] == nil && object["a"] == nil)
-        #expect((object["z"] as? NSNumber)?.intValue == 7)
+        #expect(object["z"] == nil, "REST's trade count n is not the WebSocket's z (average trade size)")
         #expect(RecoveryOrder.barStart.value(of: event) == 1_700_000_040_000)
     }
 
-    @Test func malformedPagesThrowAndFieldsOfTheWrongKindAreLeftOut() throws {
+    @Test func malformedPagesThrowAndAResultWithAFieldOfTheWrongKindIsRefused() throws {
         let broken = [#"{"results":[{"price":1"#, #"{"results":[{"price":1,}]}"#, "[", "{\"results\":[{\"id\":\"x\u{01}\"}]}", ""]
         for page in broken {
             #expect(throws: RESTPage.Malformed.self, "\(page)") { _ = try results(page) }
@@ -73,10 +73,44 @@ struct RecoveredEventsTests {
         #expect(RecoveredEvents.trade(noPriceResult, type: "T", ticker: "AAPL", market: .stocks) == nil, "no price")
         let partial = #"{"results":[{"price":2,"sip_timestamp":1700000000000000000,"conditions":["x"],"id":7}]}"#
         let partialResult = try #require(try results(partial).first)
-        let (event, _) = try #require(RecoveredEvents.trade(partialResult, type: "T", ticker: "AAPL", market: .stocks))
-        let object = try json(event)
-        #expect(object["c"] == nil && object["i"] == nil, "a string in conditions and a number id are left out: \(event.json)")
+        #expect(
+            RecoveredEvents.trade(partialResult, type: "T", ticker: "AAPL", market: .stocks) == nil,
+            "a string in conditions and a number id: the result is not trusted")
+        let nulls = #"{"results":[{"price":2,"sip_timestamp":1700000000000000000,"conditions":null}]}"#
+        let nullsResult = try #require(try results(nulls).first)
+        let (event, _) = try #require(RecoveredEvents.trade(nullsResult, type: "T", ticker: "AAPL", market: .stocks), "null is absent")
+        #expect(try json(event)["c"] == nil)
         #expect(try results(#"{"results":[],"status":"OK"}"#).isEmpty)
+    }
+
+    /// Values that once reached clients and the history: nothing but exact JSON is copied.
+    @Test func onlyExactJSONValuesAndPlausibleTimesAreCopied() throws {
+        for number in ["0", "-1", "10.5", "1e9", "1.5E-3", "-0.25"] {
+            #expect(RESTPage.isNumber(Array(number.utf8)), "\(number)")
+        }
+        for number in ["", "-", "1nullfalse", "01", "1.", ".5", "1e", "+1", "--1", "1.5.5", "nan", String(repeating: "9", count: 41)] {
+            #expect(!RESTPage.isNumber(Array(number.utf8)), "\(number)")
+        }
+        for string in [#""""#, #""ok""#, #""a\"b""#, #""\u00e9\n\/""#] {
+            #expect(RESTPage.isString(Array(string.utf8)[...]), "\(string)")
+        }
+        for string in [#""\q\u""#, #""\u12""#, #""a"#, "\"\u{01}\"", #""a\""#, #""""""#] {
+            #expect(!RESTPage.isString(Array(string.utf8)[...]), "\(string)")
+        }
+        let cases = [
+            #"{"results":[{"price":1nullfalse,"sip_timestamp":1700000000000000000}]}"#,
+            #"{"results":[{"price":1,"size":-,"sip_timestamp":1700000000000000000}]}"#,
+            #"{"results":[{"price":1,"id":"\q\u","sip_timestamp":1700000000000000000}]}"#,
+            #"{"results":[{"price":1,"sip_timestamp":9223372036854775807}]}"#,
+            #"{"results":[{"price":1,"sip_timestamp":-5}]}"#,
+        ]
+        for page in cases {
+            let result = try #require(try results(page).first)
+            #expect(RecoveredEvents.trade(result, type: "T", ticker: "AAPL", market: .stocks) == nil, "\(page)")
+        }
+        // A bar whose end would overflow.
+        let bar = try #require(try results(#"{"results":[{"t":9223372036854775807,"o":1,"h":1,"l":1,"c":1}]}"#).first)
+        #expect(RecoveredEvents.bar(bar, type: "AM", ticker: "AAPL", market: .stocks) == nil)
     }
     @Test func onlyTypesWithARESTHistoryAreFilled() {
         #expect(RecoveredEvents.source(of: "T", in: .stocks) == .trades)

@@ -28,6 +28,7 @@ func withFaultyFeedRelay(
     tuning: UpstreamConfiguration = fastUpstreamTuning(),
     waitForAuthentication: Bool = true,
     restFromFeed: Bool = false,
+    configure: (inout RelaySettings) -> Void = { _ in },
     _ body: (Relay.Components, DemoFeed, String) async throws -> Void
 ) async throws {
     var configuration = feedConfiguration
@@ -41,6 +42,7 @@ func withFaultyFeedRelay(
             upstreamKey: upstreamKey, clientKeys: ["client-key"], upstreamTuning: tuning)
         // The feed's REST history: the gap fill's source (without it a loopback upstream has none).
         if restFromFeed { settings.upstreamRESTURL = "http://127.0.0.1:\(try await feed.listeningPort())" }
+        configure(&settings)
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
             let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
