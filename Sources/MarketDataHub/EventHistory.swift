@@ -89,6 +89,11 @@ final class EventHistory {
     /// Whether a type is whole from the epoch's start until told otherwise (a single relay's upstream is
     /// asked for a wildcard only while one is wanted, so: no; kept for tests of the bare history).
     private let wholeByDefault: Bool
+    /// The furthest one event's market sequence may leap past the newest kept: 2³² (twelve hours at
+    /// 100,000 events a second).
+    static let maxLeap: UInt64 = 1 << 32
+    /// Events not kept because their position was out of range or leapt too far.
+    private(set) var implausible = 0
     /// Memory counted (``overheadPerEvent`` per event plus its bytes).
     private(set) var memory = 0
     /// Events held (slots whose bytes are still here).
@@ -134,6 +139,13 @@ final class EventHistory {
             let event = events[index]
             let position = positions[index]
             guard position.market >= nextMarketSequence else { continue }  // out of order: not kept
+            // Positions come checked (``EventPosition/isPlausible``), so the arithmetic below cannot
+            // overflow; a leap far past the history (a hostile publisher's) is not kept either, or
+            // every later event would be "out of order".
+            guard position.isPlausible, nextMarketSequence == 1 || position.market - nextMarketSequence < Self.maxLeap else {
+                implausible += 1
+                continue
+            }
             let topic = event.topic
             let line: TopicLine
             if let existing = lines[topic] {
@@ -261,6 +273,8 @@ final class EventHistory {
         /// Some of them are no longer held: `from ... through` names the missing range in the position's
         /// own numbering (topic sequences for `.topic`, market sequences otherwise).
         case gap(from: UInt64, through: UInt64, unit: GapUnit, reason: String)
+        /// More than the limit asked for: none are returned (the scan stops there).
+        case tooMany
     }
 
     /// What a gap's range counts.
@@ -293,8 +307,10 @@ final class EventHistory {
         return nextMarketSequence - 1
     }
 
-    /// The events of `topic` after where the client stands (a wildcard takes `.market` or `.time`).
-    func missed(_ topic: Topic, since: Since) -> Missed {
+    /// The events of `topic` after where the client stands (a wildcard takes `.market` or `.time`), or
+    /// ``Missed/tooMany`` when they are more than `limit` (found out without collecting them: a
+    /// wildcard's scan of the slots stops at the limit).
+    func missed(_ topic: Topic, since: Since, limit: Int = .max) -> Missed {
         let ahead = "the position is ahead of this relay's history"
         let lost = "no longer held"
         let notReceived = "not all received by this relay (it was not subscribed to the topic, or its upstream was away)"
@@ -306,7 +322,7 @@ final class EventHistory {
         let after: UInt64
         switch since {
         case .topic(let position):
-            guard !topic.isWildcard else { return missed(topic, since: .market(position)) }
+            guard !topic.isWildcard else { return missed(topic, since: .market(position), limit: limit) }
             guard let line else {
                 return position == 0 ? .events([]) : .gap(from: 1, through: position, unit: .topicSequence, reason: ahead)
             }
@@ -322,7 +338,7 @@ final class EventHistory {
             guard line.wholeFrom <= market + 1 else {
                 return .gap(from: position + 1, through: position + 1, unit: .topicSequence, reason: notReceived)
             }
-            return .events(events(of: line, fromOffset: Int(position + 1 - line.firstSequence)))
+            return events(of: line, fromOffset: Int(position + 1 - line.firstSequence), limit: limit)
         case .market(let position):
             guard position < nextMarketSequence else {
                 return .gap(from: nextMarketSequence, through: position, unit: .marketSequence, reason: ahead)
@@ -349,7 +365,10 @@ final class EventHistory {
             var index = firstSlotIndex(after: after)
             while index != slots.endIndex {
                 let slot = slots[index]
-                if slot.topic.topic.eventType == topic.eventType, let event = slot.event { events.append(event) }
+                if slot.topic.topic.eventType == topic.eventType, let event = slot.event {
+                    guard events.count < limit else { return .tooMany }
+                    events.append(event)
+                }
                 index = slots.index(after: index)
             }
             return .events(events)
@@ -362,10 +381,11 @@ final class EventHistory {
             let middle = (low + high) / 2
             if line.held[line.held.index(line.held.startIndex, offsetBy: middle)] <= after { low = middle + 1 } else { high = middle }
         }
-        return .events(events(of: line, fromOffset: low))
+        return events(of: line, fromOffset: low, limit: limit)
     }
 
-    private func events(of line: TopicLine, fromOffset first: Int) -> [MarketEvent] {
+    private func events(of line: TopicLine, fromOffset first: Int, limit: Int) -> Missed {
+        guard line.held.count - first <= limit else { return .tooMany }
         var events: [MarketEvent] = []
         events.reserveCapacity(max(line.held.count - first, 0))
         var index = line.held.index(line.held.startIndex, offsetBy: first)
@@ -373,7 +393,7 @@ final class EventHistory {
             if let slotIndex = slotIndex(of: line.held[index]), let event = slots[slotIndex].event { events.append(event) }
             index = line.held.index(after: index)
         }
-        return events
+        return .events(events)
     }
 
     /// The index of the first slot whose sequence is past `sequence`.

@@ -40,6 +40,12 @@ public struct HubDelivery: Sendable {
         return count
     }
 
+    /// What it counts outside the bound (a replay: all its events).
+    var replayWeight: Int {
+        if case .replay(let events) = content { return events.count }
+        return 0
+    }
+
     /// How many events it carries (notices included).
     public var count: Int {
         switch content {
@@ -204,6 +210,7 @@ final class DeliveryBatch: Sendable {
             guard !state.taken else { return false }
             state.deliveries.append(delivery)
             queue.pending.add(count, ordering: .relaxed)
+            queue.replaying.add(delivery.replayWeight, ordering: .relaxed)
             return true
         }
     }
@@ -215,6 +222,7 @@ final class DeliveryBatch: Sendable {
             state.taken = false
             state.deliveries.append(delivery)
             queue.pending.add(count, ordering: .relaxed)
+            queue.replaying.add(delivery.replayWeight, ordering: .relaxed)
         }
     }
 
@@ -223,22 +231,25 @@ final class DeliveryBatch: Sendable {
         state.withLock { state in
             state.taken = true
             queue.pending.subtract(state.deliveries.reduce(0) { $0 + $1.pendingWeight }, ordering: .relaxed)
+            queue.replaying.subtract(state.deliveries.reduce(0) { $0 + $1.replayWeight }, ordering: .relaxed)
             state.deliveries.removeAll(keepingCapacity: true)
         }
     }
 
     /// Closes the batch and appends its deliveries, in order, to `deliveries`; the number of events
-    /// counted against the bound.
-    func take(into deliveries: inout [HubDelivery]) -> Int {
+    /// counted against the bound, and outside it (``SubscriberQueue/replaying``).
+    func take(into deliveries: inout [HubDelivery]) -> (events: Int, replayed: Int) {
         state.withLock { state in
             state.taken = true
             var events = 0
+            var replayed = 0
             for index in state.deliveries.indices {
                 events += state.deliveries[index].pendingWeight
+                replayed += state.deliveries[index].replayWeight
                 deliveries.append(state.deliveries[index])
             }
             state.deliveries.removeAll(keepingCapacity: true)
-            return events
+            return (events, replayed)
         }
     }
 }

@@ -80,9 +80,10 @@ public struct HubSubscription: Sendable {
             into deliveries: inout [HubDelivery], isolation: isolated (any Actor)? = #isolation
         ) async -> Bool {
             guard let batch = await iterator.next(isolation: isolation) else { return false }
-            let events = batch.take(into: &deliveries)
+            let (events, replayed) = batch.take(into: &deliveries)
             queue.batches.subtract(1, ordering: .relaxed)
             queue.pending.subtract(events, ordering: .relaxed)
+            if replayed > 0 { queue.replaying.subtract(replayed, ordering: .relaxed) }
             return true
         }
     }

@@ -40,7 +40,9 @@ struct HubHistoryMetrics: Sendable {
     let resumed: Counter
     let resumedWithGaps: Counter
 
-    init(factory: any MetricsFactory) {
+    init(factory: any MetricsFactory, limit: Int) {
+        // What the memory may reach (0: no history), beside what it holds: an alert compares the two.
+        Gauge(label: "relay_history_bytes_limit", factory: factory).record(limit)
         memory = Gauge(label: "relay_history_bytes", factory: factory)
         events = Gauge(label: "relay_history_events", factory: factory)
         replayed = Counter(label: "relay_events_replayed_total", factory: factory)
@@ -100,18 +102,30 @@ extension MarketDataHub {
                         from: nil)
                 ))
         }
+        // What this subscriber may be replayed now: one resume's bound, less what it has queued and not
+        // read yet (replays, recovered events), and within its budget over time (one resume's bound a
+        // minute), so neither repeated resumes nor a client that never reads make the hub hold more.
+        let now = WallClock.nowMilliseconds()
+        let resumeBound = history?.limits.eventsPerResume ?? 0
+        let queued = subscriber.queue.replaying.load(ordering: .relaxed)
+        let limit = max(0, min(resumeBound - queued, subscriber.replayBudget.available(capacity: resumeBound, now: now)))
+        let why =
+            limit == resumeBound
+            ? "more than one resume replays (\(resumeBound))"
+            : "more than this connection may be replayed now (\(limit): one resume replays \(resumeBound), less what the connection has not read yet (\(queued)) and what it was replayed in the last minute)"
         // Every topic's missed events, then trimmed to the bound by giving up the largest whole.
         var found: [(topic: Topic, events: [MarketEvent])] = []
         for (topic, since) in wanted {
-            switch history?.missed(topic, since: since) ?? .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history") {
+            switch history?.missed(topic, since: since, limit: limit) ?? .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history") {
             case .events(let events):
                 found.append((topic, events))
             case .gap(let from, let through, let unit, let reason):
                 gapNotices.append(
                     (topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
+            case .tooMany:
+                gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
             }
         }
-        let limit = history?.limits.eventsPerResume ?? 0
         found.sort { $0.events.count < $1.events.count }
         var total = 0
         var replay: [MarketEvent] = []
@@ -121,9 +135,7 @@ extension MarketDataHub {
                 gapNotices.append(
                     (
                         topic,
-                        gapStatus(
-                            topic, message: "\(events.count) missed events are more than one resume replays (\(limit)); none are replayed",
-                            from: nil)
+                        gapStatus(topic, message: "\(events.count) missed events are \(why); none are replayed", from: nil)
                     ))
                 continue
             }
@@ -133,6 +145,7 @@ extension MarketDataHub {
             for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
         }
         replay.sort { $0.sequence < $1.sequence }
+        subscriber.replayBudget.spend(replay.count, capacity: resumeBound, now: now)
         var delivery = replay
         for (topic, notice) in gapNotices {
             outcome.gaps.append(topic)
@@ -201,6 +214,25 @@ extension MarketDataHub {
     /// The history's size: memory counted, events held, topics seen this epoch.
     public var historyStatistics: (memory: Int, events: Int, topics: Int)? {
         history.map { ($0.memory, $0.eventCount, $0.topicCount) }
+    }
+}
+
+/// A subscriber's replays over time: a token bucket of events holding at most `capacity` (one resume's
+/// bound), refilled at `capacity` a minute. Value type.
+struct ReplayBudget {
+    /// Events left, and when that was counted (Unix ms); `nil`: full.
+    private var left: (events: Double, at: Int64)?
+
+    /// Events it may replay at `now`.
+    func available(capacity: Int, now: Int64) -> Int {
+        guard let left else { return capacity }
+        let refilled = Double(max(now - left.at, 0)) * Double(capacity) / 60_000
+        return Int(min(Double(capacity), left.events + refilled))
+    }
+
+    mutating func spend(_ events: Int, capacity: Int, now: Int64) {
+        guard events > 0 else { return }
+        left = (Double(max(available(capacity: capacity, now: now) - events, 0)), now)
     }
 }
 

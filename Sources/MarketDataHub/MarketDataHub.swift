@@ -55,6 +55,8 @@ public actor MarketDataHub {
         /// Holds its topics (they stay wanted, so the history of them stays whole) but gets nothing: a
         /// broken tagged session waiting for its client.
         var parked = false
+        /// What its resumes may still replay (``ReplayBudget``).
+        var replayBudget = ReplayBudget()
 
         init(
             id: SubscriberID, continuation: AsyncStream<DeliveryBatch>.Continuation, queue: SubscriberQueue,
@@ -165,7 +167,7 @@ public actor MarketDataHub {
         self.history = made
         self.adoptsPositions = adoptsPositions
         epochBox = Mutex(made?.epoch)
-        metrics = HubHistoryMetrics(factory: metricsFactory)
+        metrics = HubHistoryMetrics(factory: metricsFactory, limit: history?.memoryBytes ?? 0)
         subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
         laggingGauge = Gauge(label: "relay_subscribers_lagging", factory: metricsFactory)
         publishedCounter = Counter(label: "relay_hub_events_published_total", factory: metricsFactory)

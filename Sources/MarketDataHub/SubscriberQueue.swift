@@ -12,6 +12,10 @@ import Synchronization
 /// `finished`, that the hub ended it at all (set after `finish()`).
 final class SubscriberQueue: Sendable {
     let pending = Atomic<Int>(0)
+    /// Events queued outside the bound (a resume's replay, a gap fill's recovered events, notices) and
+    /// not taken yet: a new resume may replay only what keeps this within
+    /// ``HistoryLimits/eventsPerResume``.
+    let replaying = Atomic<Int>(0)
     let batches = Atomic<Int>(0)
     let evicted = Atomic<Bool>(false)
     let finished = Atomic<Bool>(false)

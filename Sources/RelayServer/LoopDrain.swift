@@ -189,10 +189,11 @@ actor LoopDrain {
     private static func write(_ writes: [Write]) {
         for write in writes {
             let handler = write.handler.value
-            handler.writeWire(write.frame)
-            for frame in write.more { handler.writeWire(frame) }
+            handler.writeWire(write.frame, completing: write.more.isEmpty ? write.lastSequence : 0)
+            for (index, frame) in write.more.enumerated() {
+                handler.writeWire(frame, completing: index == write.more.count - 1 ? write.lastSequence : 0)
+            }
             handler.flushWire()
-            if write.lastSequence != 0 { handler.wroteEvents(through: write.lastSequence) }
             if let close = write.close { handler.close(code: close.code, reason: close.reason) }
         }
     }

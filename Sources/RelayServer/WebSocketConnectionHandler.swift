@@ -175,6 +175,17 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         }
     }
 
+    /// The client closed its side of TCP without a close frame (Hummingbird allows half-closed
+    /// channels): nothing more can come, so the connection ends now rather than at the next missed
+    /// ping, giving back its key's connection slot, its address's count and its tagged session at once.
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         // A protocol error (bad frame, oversized message): tell the client the way RFC 6455 says, then go.
         if let error = error as? NIOWebSocketError {
@@ -189,8 +200,11 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
+        // Held event frames go first, before the drain is told it may take more (it may not while any
+        // are held).
+        if context.channel.isWritable, holdsFrames { flushWire() }
         writable = context.channel.isWritable
-        writability.set(writable: writable)
+        writability.set(writable: writable && !holdsFrames)
         // A client whose socket does not take what we write is not read either: whatever it sends
         // waits in its own socket, and nothing it sends makes us write more meanwhile.
         updateReading(context)
@@ -286,26 +300,59 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         if checked { checkOutbound() }
     }
 
-    /// Writes whole frames (header and payload, ``WireFrame``) below the frame encoder, in order with
-    /// what ``write(_:flush:)`` writes; sent at the next flush. Without an outlet, nothing.
-    func writeWire(_ frame: ByteBuffer) {
-        guard !isClosing, let outlet else { return }
-        outlet.write(frame)
+    /// Event frames taken from the hub and not yet handed to the channel, each with the newest market
+    /// sequence it completes (0: none). They go out while the channel's unsent bytes stay within
+    /// ``outboundLimit`` (``releaseHeld()``), so event frames are bound by the same unread-bytes limit
+    /// as everything else: a large replay waits here, as built frames, until the client reads, instead
+    /// of piling up in the channel. What can wait here is bounded by what the hub lets a subscriber
+    /// queue (its event buffer and one resume's replay).
+    private var heldFrames = CircularBuffer<(frame: ByteBuffer, sequence: UInt64)>()
+    /// NIO's default high-water mark of a channel's write buffer (past it the channel is not writable).
+    static let writeBufferHighWaterMark = 64 << 10
+
+    /// Queues whole frames (header and payload, ``WireFrame``) for below the frame encoder, in order
+    /// with what ``write(_:flush:)`` writes; `sequence` is the newest market sequence the frame
+    /// completes (a tagged session's acknowledged position), 0 for none. Sent by ``flushWire()``.
+    /// Without an outlet, nothing.
+    func writeWire(_ frame: ByteBuffer, completing sequence: UInt64 = 0) {
+        guard !isClosing, outlet != nil else { return }
+        heldFrames.append((frame, sequence))
     }
+
+    /// Whether frames wait for the client to read (the connection's drain takes nothing more meanwhile).
+    var holdsFrames: Bool { !heldFrames.isEmpty }
 
     func flush() {
         context?.flush()
     }
 
-    /// Flushes from the outlet (what lies between it and the socket only; the frame encoder has no
-    /// part in a flush).
+    /// Sends the held frames that fit the unread-bytes limit, and flushes from the outlet (what lies
+    /// between it and the socket only; the frame encoder has no part in a flush).
     func flushWire() {
-        if let outlet { outlet.flush() } else { context?.flush() }
+        guard let outlet else {
+            context?.flush()
+            return
+        }
+        var unsent = unsentBytes
+        var completed: UInt64 = 0
+        // Below NIO's high-water mark one more frame always goes (so a frame left held means the channel
+        // is not writable, and its becoming writable again sends the rest); above it, only what stays
+        // within the limit.
+        while let (frame, sequence) = heldFrames.first, !isClosing,
+            unsent < Self.writeBufferHighWaterMark || unsent + frame.readableBytes <= outboundLimit
+        {
+            heldFrames.removeFirst()
+            unsent += frame.readableBytes
+            outlet.write(frame)
+            if sequence != 0 { completed = sequence }
+        }
+        outlet.flush()
+        if completed != 0 { wroteEvents(through: completed) }
     }
 
     /// Events through market sequence `sequence` were just written and flushed: a tagged session notes
     /// how far the socket got and what its peer acknowledged.
-    func wroteEvents(through sequence: UInt64) {
+    private func wroteEvents(through sequence: UInt64) {
         guard let acknowledgedPosition, let socketCounter, let channel = context?.channel else { return }
         acknowledgedPosition.wrote(
             socketBytes: socketCounter.total, sequence: sequence, acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))

@@ -185,3 +185,39 @@ struct HubConflationTests {
         #expect(newest.count == 10 && newest.values.allSatisfy { $0 == 299 }, "\(newest)")
     }
 }
+
+/// What one subscriber's resumes may make the hub hold: replays weigh against one resume's bound until
+/// they are read, and against a budget of one resume's bound a minute after.
+@Suite("Hub history: replays are bounded per subscriber")
+struct ReplayBoundTests {
+    @Test func replaysNotYetReadAndReplaysOfTheLastMinuteCountAgainstTheBound() async throws {
+        var limits = HistoryLimits()
+        limits.eventsPerResume = 10
+        let hub = MarketDataHub(history: limits)
+        let aapl = Topic(parsing: "T.AAPL")!
+        await hub.publish((1...8).map { event("T", "AAPL", $0) })
+        let subscription = await hub.subscribe()
+        let resume = HubResume.positions(epoch: hub.epoch, [aapl: 0])
+        #expect(await hub.add([aapl], to: subscription.id, resuming: resume).replayed == [aapl: 8])
+        // Not read yet: another 8 would pass the bound of 10.
+        await hub.remove([aapl], from: subscription.id)
+        let queued = await hub.add([aapl], to: subscription.id, resuming: resume)
+        #expect(queued.gaps == [aapl] && queued.replayed.isEmpty)
+        // Read now; but 8 of the minute's 10 are spent.
+        _ = try await take(8, from: subscription.events)
+        await hub.remove([aapl], from: subscription.id)
+        #expect(await hub.add([aapl], to: subscription.id, resuming: resume).gaps == [aapl])
+        // What is left of the budget still replays.
+        await hub.remove([aapl], from: subscription.id)
+        #expect(await hub.add([aapl], to: subscription.id, resuming: .positions(epoch: hub.epoch, [aapl: 6])).replayed == [aapl: 2])
+    }
+
+    @Test func theBudgetRefillsOverAMinute() {
+        var budget = ReplayBudget()
+        #expect(budget.available(capacity: 600, now: 0) == 600)
+        budget.spend(600, capacity: 600, now: 0)
+        #expect(budget.available(capacity: 600, now: 0) == 0)
+        #expect(budget.available(capacity: 600, now: 30_000) == 300)
+        #expect(budget.available(capacity: 600, now: 120_000) == 600, "never more than the capacity")
+    }
+}
