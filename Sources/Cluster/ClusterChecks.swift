@@ -30,6 +30,15 @@ public enum ClusterChecks {
         guard event.eventType == topic.eventType, event.ticker == topic.ticker else {
             return .failure(Rejection("an event of \(event.topic) on the subject of \(topic)"))
         }
+        return checkedPosition(event)
+    }
+
+    /// The event, unless the positions written in it are out of range (0, or past
+    /// ``EventPosition/maxSequence``): no arithmetic is done on a position from NATS that could overflow.
+    static func checkedPosition(_ event: MarketEvent) -> Result<MarketEvent, Rejection> {
+        if let position = EventPosition.readWritten(from: event.bytes), !position.isPlausible {
+            return .failure(Rejection("implausible position _s \(position.topic), _m \(position.market) (1 through \(EventPosition.maxSequence))"))
+        }
         return .success(event)
     }
 
@@ -52,7 +61,7 @@ public enum ClusterChecks {
         guard type == topic.eventType, symbol == topic.ticker else {
             return .failure(Rejection("an event of \(type).\(symbol) on the subject of \(topic)"))
         }
-        return .success(MarketEvent(eventType: type, ticker: symbol, bytes: ByteBuffer(bytes: payload), receivedAt: receivedAt))
+        return checkedPosition(MarketEvent(eventType: type, ticker: symbol, bytes: ByteBuffer(bytes: payload), receivedAt: receivedAt))
     }
 
     /// A node's interest: the topics that pass the market's topic rules, and why the others did not.

@@ -20,6 +20,15 @@ public struct EventPosition: Sendable, Hashable {
     public var topic: UInt64
     public var market: UInt64
 
+    /// The largest sequence a position may carry: 2⁵³, the largest integer every client can read exactly
+    /// (JavaScript's numbers), and centuries of events at a million a second. A larger one read from the
+    /// bytes of an event (NATS) is refused: the history adds one to a position, and a value near 2⁶⁴
+    /// would overflow or leave the epoch's history unable to keep anything after it.
+    public static let maxSequence: UInt64 = 1 << 53
+
+    /// Both sequences from 1 through ``maxSequence``.
+    public var isPlausible: Bool { (1...Self.maxSequence).contains(topic) && (1...Self.maxSequence).contains(market) }
+
     public init(topic: UInt64, market: UInt64) {
         self.topic = topic
         self.market = market
@@ -128,9 +137,16 @@ public struct EventPosition: Sendable, Hashable {
         return EventPosition(topic: topic, market: market)
     }
 
-    /// The positions written in an event's bytes (`nil` when it has none): a cluster node adopts the
-    /// leader's. Looks only at the object's last two fields, where ``stamp(_:_:allocator:)`` puts them.
+    /// The positions written in an event's bytes (`nil` when it has none, or they are not plausible): a
+    /// cluster node adopts the leader's. Looks only at the object's last two fields, where
+    /// ``stamp(_:_:allocator:)`` puts them.
     public static func read(from bytes: ByteBuffer) -> EventPosition? {
+        guard let position = readWritten(from: bytes), position.isPlausible else { return nil }
+        return position
+    }
+
+    /// The positions written in an event's bytes, plausible or not (`nil`: it has none).
+    public static func readWritten(from bytes: ByteBuffer) -> EventPosition? {
         if let first = bytes.getInteger(at: bytes.readerIndex, as: UInt8.self), first != UInt8(ascii: "{") {
             return readMessagePack(bytes)
         }

@@ -1,4 +1,5 @@
 import Cluster
+import NIOCore
 import AlpacaWire
 import PolygonWire
 import Testing
@@ -144,5 +145,29 @@ import Testing
                 continue
             }
         }
+    }
+}
+
+/// Positions from NATS are checked before the history does arithmetic on them.
+@Suite struct ClusterPositionChecksTests {
+    func check(_ text: String) -> Result<MarketEvent, ClusterChecks.Rejection> {
+        ClusterChecks.event(Array(text.utf8), topic: Topic(parsing: "T.AAPL")!)
+    }
+
+    @Test func anEventWhosePositionsOverflowIsRefusedAndAPlausibleOneAccepted() {
+        let base = #"{"ev":"T","sym":"AAPL","p":1,"s":1,"t":1700000000000"#
+        for tail in [
+            #","_s":18446744073709551615,"_m":18446744073709551615}"#, #","_s":1,"_m":18446744073709551614}"#, #","_s":0,"_m":5}"#,
+            #","_s":1,"_m":9007199254740993}"#,
+        ] {
+            guard case .failure(let rejection) = check(base + tail) else {
+                Issue.record("accepted: \(tail)")
+                continue
+            }
+            #expect(rejection.description.contains("implausible position"), "\(rejection)")
+        }
+        #expect((try? check(base + #","_s":3,"_m":9007199254740992}"#).get()) != nil)
+        #expect((try? check(base + "}").get()) != nil, "an event with no positions passes as before")
+        #expect(EventPosition.read(from: ByteBuffer(string: base + #","_s":1,"_m":18446744073709551615}"#)) == nil)
     }
 }
