@@ -34,8 +34,15 @@ public enum ClientAuthentication: Sendable, Equatable {
     {
         var all = withRights
         var seen = Set<String>()
+        // A key's name is its identity (connection limits, topic budgets, tagged sessions are counted by
+        // it): a plain key's never repeats a named key's (`key-1` named in the file makes the first plain
+        // key `key-2`).
+        var names = Set(withRights.map(\.name))
+        var number = 0
         for key in keys.map({ String($0.trimmingWhitespaceASCII()) }) where !key.isEmpty && seen.insert(key).inserted {
-            if let plain = try? ClientKey(name: "key-\(seen.count)", secret: key) { all.append(plain) }
+            repeat { number += 1 } while names.contains("key-\(number)")
+            names.insert("key-\(number)")
+            if let plain = try? ClientKey(name: "key-\(number)", secret: key) { all.append(plain) }
         }
         if !all.isEmpty { return .keys(all) }
         guard isLoopback(listenHost) else { throw RefusedError(host: listenHost) }

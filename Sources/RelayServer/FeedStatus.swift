@@ -45,12 +45,15 @@ public struct UpstreamReport: Sendable, Encodable {
     public var oversizedMessages: Int
     public var reconnects: [String: Int]
     public var lastError: String?
+    /// Connected, topics subscribed, the market open, and no event for the silence setting.
+    public var silent: Bool
 
     public init(
         state: String, detail: String? = nil, url: String, subscribedTopics: Int = 0, lastMessageAgeMs: Int64? = nil,
         messagesReceived: Int = 0, eventsReceived: Int = 0, malformedMessages: Int = 0, oversizedMessages: Int = 0,
-        reconnects: [String: Int] = [:], lastError: String? = nil
+        reconnects: [String: Int] = [:], lastError: String? = nil, silent: Bool = false
     ) {
+        self.silent = silent
         self.state = state
         self.detail = detail
         self.url = url

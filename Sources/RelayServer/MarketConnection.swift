@@ -30,6 +30,8 @@ actor MarketConnection {
         let logger: Logger
         /// Distinct topics per key and in all.
         let topicBudget: TopicBudget
+        /// Gives back topics a shelved session held for a key (by name).
+        let shelfRelease: @Sendable ([Topic], String) -> Void
         /// Told once the client authenticated (and was admitted).
         let authenticated: @Sendable () -> Void
         /// Told each time a client's key is refused (counted per address); says how long to wait
@@ -228,10 +230,11 @@ actor MarketConnection {
         ended = true
         authTimeout?.cancel()
         authTimeout = nil
+        let grant = admitted
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
         var shelved: (String, SessionShelf.Session)?
-        if let sessionName, let epoch = dependencies.hub.epoch, let position = handler.value.acknowledgedPosition {
+        if let sessionName, let grant, let epoch = dependencies.hub.epoch, let position = handler.value.acknowledgedPosition {
             // Kept for the reconnect: its topics and where it broke (a session it took back and had not
             // resubscribed wholly keeps that one's start and topics).
             dependencies.logger.debug("tagged session kept", metadata: ["session": "\(sessionName)", "resumeAfter": "\(position.resumeAfter)"])
@@ -241,6 +244,10 @@ actor MarketConnection {
                     epoch: epoch, resumeAfter: min(position.resumeAfter, resuming?.resumeAfter ?? .max),
                     topics: session.topics.union(resuming?.topics ?? []), brokeAt: .now)
             )
+            // The shelved session holds its topics in the key's budget until it is taken back or let go,
+            // as the connection did (each is held by this key already, so none is refused): parked
+            // sessions count against the topic limits like open connections.
+            _ = dependencies.topicBudget.reserve(Array(shelved?.1.topics ?? []), grant)
         } else if let sessionName {
             dependencies.shelf.closed(sessionName, id: ObjectIdentifier(self))
         }
@@ -294,8 +301,10 @@ actor MarketConnection {
                     if !back.isEmpty {
                         handler.value.acknowledgedPosition?.start(at: broken.resumeAfter)
                         await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter))
-                        // Its topics are this connection's now: the parked subscriber can go.
+                        // Its topics are this connection's now: the parked subscriber can go, and the
+                        // session's hold on them in the key's budget (this connection holds its own).
                         if let parked = broken.parked { await hub.remove(parked) }
+                        releaseBudget(back)
                         let left = broken.topics.subtracting(back)
                         resuming = left.isEmpty ? nil : SessionShelf.Session(
                             epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt)
@@ -315,6 +324,8 @@ actor MarketConnection {
             case .leave:
                 if let id = subscription?.id { await hub.remove(id) }
                 if let parked = resuming?.parked { await hub.remove(parked) }
+                releaseBudget(Array(resuming?.topics ?? []))
+                resuming = nil
                 subscription = nil
             case .shelve(let name, var session):
                 // Parked first, so its topics never stop being wanted; then shelved; then no longer open.
@@ -323,6 +334,8 @@ actor MarketConnection {
                     session.parked = id
                 }
                 if let parked = resuming?.parked { await hub.remove(parked) }
+                // The shelved session took over the taken-back one's topics (and holds its own on them).
+                releaseBudget(Array(resuming?.topics ?? []))
                 resuming = nil
                 subscription = nil
                 dependencies.shelf.keep(session, as: name)
@@ -330,5 +343,11 @@ actor MarketConnection {
             }
         }
         hubWorker = nil
+    }
+
+    /// Gives back a taken-back session's hold on `topics` in its key's budget.
+    private func releaseBudget(_ topics: [Topic]) {
+        guard !topics.isEmpty, let sessionName else { return }
+        dependencies.shelfRelease(topics, SessionShelf.key(of: sessionName))
     }
 }

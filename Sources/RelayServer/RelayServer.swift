@@ -250,6 +250,7 @@ public final class RelayServer: Service, Sendable {
                 dependencies: .init(
                     hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, keyConnections: keyConnections,
                     drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: route.ledger.budget,
+                    shelfRelease: { [ledger = route.ledger] topics, key in ledger.release(topics, for: key) },
                     authenticated: { if let ticket { addresses.settle(ticket) } },
                     authenticationFailed: { addresses.failedAuthentication(from: address) },
                     failureAnswered: { addresses.failureAnswered(from: address) },

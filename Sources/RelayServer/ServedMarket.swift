@@ -73,10 +73,14 @@ struct MarketRoute: Sendable {
         sessionLimits.market = served.market
         self.limits = sessionLimits
         let hub = served.hub
+        let ledger = self.ledger
         shelf = SessionShelf(
             settings: configuration.resume,
             expiredCounter: Counter(label: "relay_resumes_total", dimensions: [("result", "expired"), ("market", served.market.rawValue)], factory: factory)
-        ) { parked in Task { await hub.remove(parked) } }
+        ) { released in
+            ledger.release(Array(released.session.topics), for: SessionShelf.key(of: released.name))
+            if let parked = released.session.parked { Task { await hub.remove(parked) } }
+        }
         let dimensions = [("market", served.market.rawValue)]
         // The Prometheus convention for what describes a series: an info gauge to join on.
         Gauge(label: "relay_market_info", dimensions: dimensions + [("vendor", served.vendor)], factory: factory).record(1)

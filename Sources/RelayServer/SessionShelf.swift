@@ -59,16 +59,16 @@ final class SessionShelf: Sendable {
             return session
         }
 
-        /// Adds `session` as the newest; returns the parked subscribers of sessions it pushed out (one of
-        /// the same name, the key's oldest past `perKey`, the market's oldest past `limit`).
-        mutating func insert(_ session: Session, as name: String, perKey: Int, limit: Int) -> [SubscriberID] {
-            var released: [SubscriberID] = []
-            if let parked = remove(name)?.parked { released.append(parked) }
+        /// Adds `session` as the newest; returns the sessions it pushed out (one of the same name, the
+        /// key's oldest past `perKey`, the market's oldest past `limit`).
+        mutating func insert(_ session: Session, as name: String, perKey: Int, limit: Int) -> [Released] {
+            var released: [Released] = []
+            if let replaced = remove(name) { released.append((name, replaced)) }
             let key = Self.key(of: name)
             var held = byKey[key] ?? (0, CircularBuffer())
             while held.count >= perKey, let entry = held.order.popFirst() {
                 guard isLive(entry) else { continue }
-                if let parked = sessions.removeValue(forKey: entry.name)?.session.parked { released.append(parked) }
+                if let old = sessions.removeValue(forKey: entry.name)?.session { released.append((entry.name, old)) }
                 held.count -= 1
             }
             while let entry = held.order.first, !isLive(entry) { held.order.removeFirst() }
@@ -80,7 +80,7 @@ final class SessionShelf: Sendable {
             sessions[name] = (session, stamps)
             order.append(entry)
             while sessions.count > limit, let oldest = popOldest() {
-                if let parked = remove(oldest.name)?.parked { released.append(parked) }
+                if let old = remove(oldest.name) { released.append((oldest.name, old)) }
             }
             return released
         }
@@ -94,18 +94,21 @@ final class SessionShelf: Sendable {
         }
 
         /// Removes the sessions broken more than `window` before `now`, oldest first.
-        mutating func expire(now: ContinuousClock.Instant, window: Duration) -> [Session] {
-            var gone: [Session] = []
+        mutating func expire(now: ContinuousClock.Instant, window: Duration) -> [Released] {
+            var gone: [Released] = []
             while let entry = order.first {
                 if let kept = sessions[entry.name], kept.stamp == entry.stamp {
                     guard now - kept.session.brokeAt > window else { break }
-                    if let session = remove(entry.name) { gone.append(session) }
+                    if let session = remove(entry.name) { gone.append((entry.name, session)) }
                 }
                 order.removeFirst()
             }
             return gone
         }
     }
+
+    /// A session let go without being taken back, and its name.
+    typealias Released = (name: String, session: Session)
 
     private let settings: ResumeSettings
     private let shelf = Mutex(Shelf())
@@ -117,10 +120,12 @@ final class SessionShelf: Sendable {
     /// Sessions one key may have kept at once: one key cannot push every other key's off the shelf.
     var perKey: Int { max(settings.sessions / 10, 1) }
 
-    /// Removes a parked subscriber from the hub (a session expired, was pushed out, or was replaced).
-    private let release: @Sendable (SubscriberID) -> Void
+    /// Lets go of what a session held (it expired, was pushed out, or was replaced): its parked hub
+    /// subscriber, and its topics in the key's budget (held until then, so that parked sessions count
+    /// against the topic limits like open connections).
+    private let release: @Sendable (Released) -> Void
 
-    init(settings: ResumeSettings, expiredCounter: Counter? = nil, release: @escaping @Sendable (SubscriberID) -> Void = { _ in }) {
+    init(settings: ResumeSettings, expiredCounter: Counter? = nil, release: @escaping @Sendable (Released) -> Void = { _ in }) {
         self.settings = settings
         self.expiredCounter = expiredCounter
         self.release = release
@@ -128,10 +133,10 @@ final class SessionShelf: Sendable {
 
     /// Keeps a broken session under `name` (key name and tag), replacing an older one of that name.
     func keep(_ session: Session, as name: String) {
-        let released = shelf.withLock { shelf -> [SubscriberID] in
+        let released = shelf.withLock { shelf -> [Released] in
             sweep(&shelf, now: session.brokeAt) + shelf.insert(session, as: name, perKey: perKey, limit: settings.sessions)
         }
-        for id in released { release(id) }
+        for session in released { release(session) }
         // Swept once its window has passed, whether or not another session comes.
         let window = settings.window
         Task { [weak self] in
@@ -142,16 +147,16 @@ final class SessionShelf: Sendable {
 
     /// Lets go of the sessions whose window has passed.
     func sweep(now: ContinuousClock.Instant = .now) {
-        for id in shelf.withLock({ sweep(&$0, now: now) }) { release(id) }
+        for session in shelf.withLock({ sweep(&$0, now: now) }) { release(session) }
     }
 
     /// Takes back the session kept under `name`, if it is still within its window.
     func take(_ name: String, now: ContinuousClock.Instant = .now) -> Session? {
-        let (session, released) = shelf.withLock { shelf -> (Session?, [SubscriberID]) in
+        let (session, released) = shelf.withLock { shelf -> (Session?, [Released]) in
             let released = sweep(&shelf, now: now)
             return (shelf.remove(name), released)
         }
-        for id in released { release(id) }
+        for session in released { release(session) }
         return session
     }
 
@@ -183,14 +188,17 @@ final class SessionShelf: Sendable {
     /// Sessions kept now.
     var count: Int { shelf.withLock { $0.sessions.count } }
 
-    private func sweep(_ shelf: inout Shelf, now: ContinuousClock.Instant) -> [SubscriberID] {
+    private func sweep(_ shelf: inout Shelf, now: ContinuousClock.Instant) -> [Released] {
         let gone = shelf.expire(now: now, window: settings.window)
         if !gone.isEmpty {
             expired.add(gone.count, ordering: .relaxed)
             expiredCounter?.increment(by: gone.count)
         }
-        return gone.compactMap(\.parked)
+        return gone
     }
+
+    /// The key part of a session's name (`key#tag`): whose topic budget it counts against.
+    static func key(of name: String) -> String { String(Shelf.key(of: name)) }
 }
 
 /// Where a tagged connection's client stands, from what its TCP stack acknowledged: after each write

@@ -23,14 +23,16 @@ struct SessionShelfTests {
     @Test func anExpiredSessionIsGoneAndItsParkedSubscriberReleased() {
         var settings = ResumeSettings()
         settings.window = .seconds(1)
-        let released = Mutex<[SubscriberID]>([])
-        let shelf = SessionShelf(settings: settings) { id in released.withLock { $0.append(id) } }
+        let released = Mutex<[SessionShelf.Released]>([])
+        let shelf = SessionShelf(settings: settings) { gone in released.withLock { $0.append(gone) } }
         var kept = session(after: 1, at: .now - .seconds(5))
         kept.parked = SubscriberID.make()
         shelf.keep(kept, as: "alice#old")
         #expect(shelf.take("alice#old") == nil)
         #expect(released.withLock { $0.count } == 1)
+        #expect(released.withLock { $0.first?.name } == "alice#old" && released.withLock { $0.first?.session.parked } == kept.parked)
         #expect(shelf.expired.load(ordering: .relaxed) == 1)
+        #expect(SessionShelf.key(of: "alice#old") == "alice" && SessionShelf.key(of: "a#b#c") == "a#b")
     }
 
     @Test func oneKeyCannotPushEveryOtherKeysSessionsOffTheShelf() {
