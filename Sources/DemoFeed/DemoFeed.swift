@@ -267,6 +267,8 @@ public final class DemoFeed: Service, Sendable {
             case .fault(.silence):
                 silenced = true
                 reader.cancel()
+            case .fault(.mute):
+                silenced = true
             case .fault(.drop):
                 // SO_LINGER 0: close sends a TCP reset.
                 try? await (channel as? any SocketOptionProvider)?.setSoLinger(linger(l_onoff: 1, l_linger: 0)).get()

@@ -11,6 +11,8 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
     case maxConnections = "max-connections"
     /// Stop sending and stop reading: no data and no pongs, the connection left hanging.
     case silence
+    /// Keep the connection, answer pings and messages, but send no more events: a silent upstream.
+    case mute
     /// Send a frame that is not valid JSON.
     case malformed
     /// Send one 5 MB frame.

@@ -226,6 +226,7 @@ public final class Relay: Service, Sendable {
                 configuration.apiKey = source.apiKey
                 configuration.caFile = source.caFile
                 configuration.vendor = source.vendor
+                configuration.market = source.market
                 if source.vendor == .alpaca { configuration.secret = demoSecret ?? settings.upstreamSecret }
                 configuration.metricsFactory = marketMetrics
                 // A cluster leader must be gone well inside its lease once it decides to go.
@@ -482,7 +483,7 @@ extension UpstreamReport {
             lastMessageAgeMs: upstream.lastMessageAt.map { (ContinuousClock.now - $0).milliseconds },
             messagesReceived: statistics.messagesReceived, eventsReceived: statistics.eventsReceived,
             malformedMessages: statistics.malformedMessages, oversizedMessages: statistics.oversizedMessages,
-            reconnects: statistics.reconnectsByCause, lastError: statistics.lastError)
+            reconnects: statistics.reconnectsByCause, lastError: statistics.lastError, silent: upstream.isSilent)
     }
 }
 

@@ -314,6 +314,10 @@ public struct RelaySettings: Sendable {
         let alpaca = settings.upstreamVendor == .alpaca || settings.upstreams.contains { settings.vendor(of: $0) == .alpaca }
         if alpaca, (settings.upstreamKey ?? "").isEmpty { settings.upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
         settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
+        if let seconds = config.int(forKey: "upstream.silentAfterSeconds") {
+            guard seconds >= 0 else { throw InvalidSetting(description: "upstream.silentAfterSeconds: not negative, got \(seconds)") }
+            settings.upstreamTuning.silentAfter = seconds == 0 ? nil : .seconds(seconds)
+        }
         settings.upstreamRESTKey = config.string(forKey: "upstream.restKey", isSecret: true).flatMap { $0.isEmpty ? nil : $0 }
         if let rest = config.string(forKey: "upstream.restURL"), !rest.isEmpty {
             guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", let host = url.host, !host.isEmpty else {

@@ -73,6 +73,9 @@ extension RelaySettings {
         .init(
             "upstreams", default: "none",
             "File only: a list of upstreams, one per market, each with market and/or url, key or keyEnv (an environment variable holding it), caFile."),
+        .init(
+            "upstream.silentAfterSeconds", env: "RELAY_UPSTREAM_SILENT_AFTER_SECONDS", default: "300",
+            "No event for this long while topics are subscribed and the market is open: the upstream is silent (shown, reconnected once); 0: not watched."),
         .init("upstream.caFile", flag: "upstream-ca-file", env: "RELAY_UPSTREAM_CA_FILE", default: "system trust store", "Extra trusted CA certificates (PEM) for wss:// upstreams."),
         .init(
             "upstream.restURL", flag: "rest-url", env: "RELAY_REST_URL", default: "api.polygon.io / api.massive.com for their hosts; the demo feed's",

@@ -24,6 +24,8 @@ final class LWSConnection: Sendable {
         var wsi: LWSHandle?
         var closeRequested = false
         var exitLoop = false
+        /// The connection is to be dropped (and reconnected): a silent upstream.
+        var dropRequested = false
         var outbox: [[UInt8]] = []
         /// The connection's logic (connect, auth, statuses, close causes, backoff); this type only
         /// moves its bytes and runs its timers.
@@ -181,6 +183,14 @@ final class LWSConnection: Sendable {
     func requestStop() {
         shared.withLock { state in
             state.machine.stop()
+            wake(&state)
+        }
+    }
+
+    /// Drops the connection (the reconnect logic then connects again, as after any drop). Safe from any thread.
+    func requestDrop() {
+        shared.withLock { state in
+            state.dropRequested = true
             wake(&state)
         }
     }
@@ -352,7 +362,7 @@ final class LWSConnection: Sendable {
     }
 
     private enum Wakeup {
-        case none, connect, writable(OpaquePointer), exit
+        case none, connect, writable(OpaquePointer), drop(OpaquePointer), exit
     }
 
     private func serviceRequests() {
@@ -366,6 +376,10 @@ final class LWSConnection: Sendable {
                 if !state.machine.connectInFlight { state.exitLoop = true }
                 return .exit
             }
+            if state.dropRequested {
+                state.dropRequested = false
+                if let wsi = state.wsi { return .drop(wsi.pointer) }
+            }
             // Past the deadline no connection is opened; the request waits for a later deadline.
             if state.machine.nextConnect(now: .now) { return .connect }
             if let wsi = state.wsi, state.machine.isEstablished, !state.outbox.isEmpty || state.closeRequested {
@@ -377,6 +391,8 @@ final class LWSConnection: Sendable {
         case .none, .exit: break
         case .connect: connect()
         case .writable(let wsi): lws_callback_on_writable(wsi)
+        // lws closes it at its next service (a second at most), from its own timeout handling.
+        case .drop(let wsi): lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, 1)
         }
     }
 

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import Logging
 import MarketDataHub
@@ -26,6 +27,7 @@ public final class PolygonWebSocket: Service, Sendable {
     private let threadExit: AsyncStream<Void>
     private let reconnectTask = Mutex<Task<Void, Never>?>(nil)
     private let started = Mutex(false)
+    private let silent = Atomic<Bool>(false)
     private let logger: Logger
 
     public init(configuration: UpstreamConfiguration, logger: Logger = Logger(label: "relay.upstream")) {
@@ -119,6 +121,8 @@ public final class PolygonWebSocket: Service, Sendable {
         let loop = Task { await self.reconnectLoop() }
         reconnectTask.withLock { $0 = loop }
         connection.requestConnect()
+        let watch = Task { await self.watchForSilence() }
+        defer { watch.cancel() }
 
         await withGracefulShutdownHandler {
             await withTaskCancellationHandler {
@@ -130,6 +134,37 @@ public final class PolygonWebSocket: Service, Sendable {
             self.shutdown()
         }
         for await _ in threadExit {}
+    }
+
+    /// Whether the upstream is silent now (``SilenceWatch``).
+    public var isSilent: Bool { silent.load(ordering: .relaxed) }
+
+    /// Looks every few seconds for a silent upstream; shows it and drops the connection once per silence.
+    private func watchForSilence() async {
+        let configuration = connection.configuration
+        guard let after = configuration.silentAfter else { return }
+        let gauge = Gauge(label: "relay_upstream_silent", factory: configuration.metricsFactory)
+        gauge.record(0)
+        var watch = SilenceWatch(after: after, market: configuration.market)
+        let step = min(after / 4, .seconds(5))
+        while !Task.isCancelled {
+            let verdict = watch.look(
+                authenticated: state == .authenticated, subscribed: subscribedTopics.count, events: statistics.eventsReceived,
+                now: .now, date: Date())
+            silent.store(watch.silent, ordering: .relaxed)
+            gauge.record(watch.silent ? 1 : 0)
+            switch verdict {
+            case .quiet, .silent: break
+            case .reconnect:
+                logger.warning(
+                    "upstream silent: connected, topics subscribed, market open, and no event; reconnecting once",
+                    metadata: ["silent_for_s": "\(after.components.seconds)", "topics": "\(subscribedTopics.count)"])
+                connection.requestDrop()
+            case .recovered:
+                logger.info("upstream no longer silent: events arrive again")
+            }
+            try? await Task.sleep(for: step)
+        }
     }
 
     /// Closes the connection cleanly and stops the service thread. Safe to call more than once.

@@ -1,5 +1,6 @@
 import CoreMetrics
 import Foundation
+import PolygonWire
 
 /// Everything the upstream client needs to hold its one connection. Value type, `Sendable`.
 public struct UpstreamConfiguration: Sendable {
@@ -67,6 +68,11 @@ public struct UpstreamConfiguration: Sendable {
     /// Events that may wait between the upstream thread and the hub; past it newer messages are
     /// dropped, counted and announced (a burst never becomes unbounded memory).
     public var maxQueuedEvents = 100_000
+    /// No event for this long while topics are subscribed and the market is open (``MarketHours``) is a
+    /// silent upstream: shown, and reconnected once (``SilenceWatch``); `nil`: not watched.
+    public var silentAfter: Duration? = .seconds(300)
+    /// The market this connection carries (its trading hours decide when silence counts).
+    public var market: Market?
     /// Upstream messages larger than this have their events copied out of the message, so a queued or
     /// cached event never keeps a large message alive.
     public var compactMessagesAbove = 16 * 1024

@@ -254,3 +254,30 @@ struct ResilienceTests {
         }
     }
 }
+
+@Suite("Resilience: a silent upstream", .serialized)
+struct SilentUpstreamTests {
+    /// The feed keeps the connection and answers pings but sends nothing more: the relay notices within
+    /// the silence setting, drops the connection once, and its client streams again from the new one.
+    @Test func aConnectedButSilentUpstreamIsReconnectedOnce() async throws {
+        var tuning = fastUpstreamTuning()
+        tuning.silentAfter = .seconds(2)
+        try await withFaultyFeedRelay(tuning: tuning, configure: { settings in
+            // Crypto trades around the clock, so the test does not depend on the hour.
+            if var endpoint = settings.upstream {
+                endpoint.path = "/crypto"
+                settings.upstream = endpoint
+            }
+        }) { parts, feed, url in
+            let client = try await subscribedClient(url.replacingOccurrences(of: "/stocks", with: "/crypto"), "XT.X:BTC-USD")
+            #expect(feed.inject(.mute) == 1)
+            try await eventually("the relay to reconnect the silent upstream", timeout: .seconds(20)) {
+                feed.monitor.snapshot.totalConnections >= 2
+            }
+            _ = try await client.nextEvents(3, timeout: .seconds(10))
+            let upstream = try parts.upstreamClient
+            #expect(upstream.statistics.reconnectsByCause.values.reduce(0, +) >= 1)
+            await client.close()
+        }
+    }
+}
