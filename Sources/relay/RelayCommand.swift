@@ -6,7 +6,7 @@ import Logging
 struct RelayCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "relay",
-        abstract: "One upstream market-data connection, fanned out to any number of Polygon-protocol clients.",
+        abstract: "One upstream connection per market and vendor account (Polygon/Massive and Alpaca), fanned out to any number of clients speaking the vendor's own protocol.",
         subcommands: [ServeCommand.self, DemoFeedCommand.self, BenchCommand.self, PortfolioCommand.self],
         defaultSubcommand: ServeCommand.self
     )
