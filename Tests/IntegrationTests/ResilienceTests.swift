@@ -262,7 +262,9 @@ struct SilentUpstreamTests {
     @Test func aConnectedButSilentUpstreamIsReconnectedOnce() async throws {
         var tuning = fastUpstreamTuning()
         tuning.silentAfter = .seconds(2)
-        try await withFaultyFeedRelay(tuning: tuning, configure: { settings in
+        var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "upstream-secret")
+        feedConfiguration.markets = [.stocks, .crypto]
+        try await withFaultyFeedRelay(feed: feedConfiguration, tuning: tuning, configure: { settings in
             // Crypto trades around the clock, so the test does not depend on the hour.
             if var endpoint = settings.upstream {
                 endpoint.path = "/crypto"
