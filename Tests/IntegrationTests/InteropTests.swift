@@ -32,22 +32,32 @@ func runPythonClient(_ arguments: [String], timeout: Duration = .seconds(40)) as
 
 /// Runs a Python script; returns its exit status and output. Bounded by `timeout`.
 func runPython(_ script: String, _ arguments: [String], timeout: Duration, python: String = "python3") async throws -> (status: Int32, output: String) {
+    try await runProcess("/usr/bin/env", [python, script] + arguments, timeout: timeout, what: "the Python client to finish")
+}
+
+/// Runs a program (in `directory`, if given); returns its exit status and output (stdout and stderr),
+/// read while it runs so a long report cannot block it on a full pipe. Bounded by `timeout`.
+func runProcess(
+    _ executable: String, _ arguments: [String], in directory: URL? = nil, timeout: Duration, what: String
+) async throws -> (status: Int32, output: String) {
     let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = [python, script] + arguments
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    if let directory { process.currentDirectoryURL = directory }
     let pipe = Pipe()
     process.standardOutput = pipe
     process.standardError = pipe
     let (exited, exit) = AsyncStream.makeStream(of: Int32.self)
     process.terminationHandler = { exit.yield($0.terminationStatus) }
     try process.run()
+    let reader = pipe.fileHandleForReading
+    let output = Task.detached { String(decoding: reader.readDataToEndOfFile(), as: UTF8.self) }
     do {
-        let status = try await within(timeout, "the Python client to finish") {
+        let status = try await within(timeout, what) {
             for await status in exited { return status }
             return -1
         }
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        return (status, output)
+        return (status, await output.value)
     } catch {
         process.terminate()
         throw error

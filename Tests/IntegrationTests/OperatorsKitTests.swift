@@ -26,29 +26,7 @@ enum OperatorsKit {
     /// `timeout`.
     static func runPromtool(_ arguments: [String], timeout: Duration = .seconds(60)) async throws -> (status: Int32, output: String) {
         let promtool = try #require(promtool, "promtool is not installed (Debian: apt-get install prometheus; scripts/test does)")
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: promtool)
-        process.arguments = arguments
-        process.currentDirectoryURL = root
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        let (exited, exit) = AsyncStream.makeStream(of: Int32.self)
-        process.terminationHandler = { exit.yield($0.terminationStatus) }
-        try process.run()
-        // Read while it runs: a report longer than the pipe's buffer would otherwise block it.
-        let reader = pipe.fileHandleForReading
-        let output = Task.detached { String(decoding: reader.readDataToEndOfFile(), as: UTF8.self) }
-        do {
-            let status = try await within(timeout, "promtool to finish") {
-                for await status in exited { return status }
-                return -1
-            }
-            return (status, await output.value)
-        } catch {
-            process.terminate()
-            throw error
-        }
+        return try await runProcess(promtool, arguments, in: root, timeout: timeout, what: "promtool to finish")
     }
 
     /// The `relay_…` metric names a text mentions (in expressions, comments and annotations alike).
