@@ -50,14 +50,22 @@ func runProcess(
     let (exited, exit) = AsyncStream.makeStream(of: Int32.self)
     process.terminationHandler = { exit.yield($0.terminationStatus) }
     try process.run()
+    // On a thread of its own: a blocking read on a task would hold one of the cooperative pool's few
+    // threads (two on a 2-core machine), and two programs read at once starved the relay under test.
     let reader = pipe.fileHandleForReading
-    let output = Task.detached { String(decoding: reader.readDataToEndOfFile(), as: UTF8.self) }
+    let (output, written) = AsyncStream.makeStream(of: String.self)
+    Thread.detachNewThread {
+        written.yield(String(decoding: reader.readDataToEndOfFile(), as: UTF8.self))
+        written.finish()
+    }
     do {
         let status = try await within(timeout, what) {
             for await status in exited { return status }
             return -1
         }
-        return (status, await output.value)
+        var text = ""
+        for await part in output { text += part }
+        return (status, text)
     } catch {
         process.terminate()
         throw error
