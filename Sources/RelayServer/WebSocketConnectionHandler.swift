@@ -302,7 +302,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     /// Event frames taken from the hub and not yet handed to the channel, each with the newest market
     /// sequence it completes (0: none). They go out while the channel's unsent bytes stay within
-    /// ``outboundLimit`` (``releaseHeld()``), so event frames are bound by the same unread-bytes limit
+    /// ``outboundLimit`` (``flushWire()``), so event frames are bound by the same unread-bytes limit
     /// as everything else: a large replay waits here, as built frames, until the client reads, instead
     /// of piling up in the channel. What can wait here is bounded by what the hub lets a subscriber
     /// queue (its event buffer and one resume's replay).
@@ -346,11 +346,14 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             outlet.write(frame)
             if sequence != 0 { completed = sequence }
         }
-        outlet.flush()
+        // Noted before the flush: the socket's count is taken as frames enter the pipeline, and a flush
+        // that makes the channel writable again sends more frames (from `channelWritabilityChanged`),
+        // whose later position must be noted after this one.
         if completed != 0 { wroteEvents(through: completed) }
+        outlet.flush()
     }
 
-    /// Events through market sequence `sequence` were just written and flushed: a tagged session notes
+    /// Events through market sequence `sequence` were just written: a tagged session notes
     /// how far the socket got and what its peer acknowledged.
     private func wroteEvents(through sequence: UInt64) {
         guard let acknowledgedPosition, let socketCounter, let channel = context?.channel else { return }
