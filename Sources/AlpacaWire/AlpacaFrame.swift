@@ -20,7 +20,9 @@ public enum AlpacaFrame {
         let count = try reader.arrayCount()
         guard count <= bytes.count else { throw .truncated }
         var items: [Item] = []
-        items.reserveCapacity(count)
+        // What is reserved is what a count can honestly need up front; a claimed count past that grows
+        // as elements really arrive (a 4 MiB frame claiming 4 million elements reserved ~190 MB).
+        items.reserveCapacity(min(count, MessagePack.maxReserved))
         for _ in 0..<count { items.append(try item(&reader, in: bytes)) }
         return items
     }

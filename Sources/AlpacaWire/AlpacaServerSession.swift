@@ -32,7 +32,12 @@ public struct AlpacaServerSession: Sendable {
     /// The session tag the client gave with its key id (`KEY#tag`): the relay keeps the session for a
     /// while after the connection breaks, and a reconnect with the same tag resumes it.
     public private(set) var sessionTag: String?
-    public private(set) var topics: Set<Topic> = []
+    public private(set) var topics: Set<Topic> = [] {
+        didSet { subscriptionFrame = nil }
+    }
+    /// The whole subscription as last encoded, until the topics change: a change that changes nothing
+    /// (or any number of them in a row) is answered without listing and sorting every topic again.
+    private var subscriptionFrame: [UInt8]?
     public var isAuthenticated: Bool { grant != nil }
     private let authenticate: @Sendable (String) -> ClientGrant?
     private let budget: TopicBudget?
@@ -156,13 +161,17 @@ public struct AlpacaServerSession: Sendable {
                     return error(.symbolLimitExceeded, verdict.reason ?? "topic limit reached")
                 }
             }
-            topics.formUnion(wanted)
+            if !wanted.isEmpty { topics.formUnion(wanted) }
             reaction.added = wanted
         } else {
-            for topic in asked + implied where topics.remove(topic) != nil { reaction.removed.append(topic) }
+            var seen = Set<Topic>()
+            reaction.removed = (asked + implied).filter { topics.contains($0) && seen.insert($0).inserted }
+            if !reaction.removed.isEmpty { topics.subtract(reaction.removed) }
             if !reaction.removed.isEmpty, let budget, let grant { budget.release(reaction.removed, grant) }
         }
-        reaction.frames = [codec.frame([subscription])]
+        let frame = subscriptionFrame ?? codec.frame([subscription])
+        subscriptionFrame = frame
+        reaction.frames = [frame]
         return reaction
     }
 

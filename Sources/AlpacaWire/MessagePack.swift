@@ -7,6 +7,9 @@
 public enum MessagePack {
     /// The deepest nesting read (Alpaca's messages are two levels deep; an order book three).
     public static let maxDepth = 32
+    /// The most elements reserved up front for an array or map read: a count from the wire is a claim,
+    /// and a larger container grows as its elements actually arrive.
+    public static let maxReserved = 1_024
 
     /// A decoded value. Maps keep their order (and any repeated key) as sent.
     public enum Value: Sendable, Equatable {
@@ -203,13 +206,13 @@ extension MessagePack {
                 // Each element takes a byte at least: a count past what is left is a lie, not a reservation.
                 guard count <= bytes.count - offset else { throw .truncated }
                 var values: [Value] = []
-                values.reserveCapacity(count)
+                values.reserveCapacity(Swift.min(count, MessagePack.maxReserved))
                 for _ in 0..<count { values.append(try value(depth: depth + 1)) }
                 return .array(values)
             case .map(let count):
                 guard count <= (bytes.count - offset) / 2 else { throw .truncated }
                 var entries: [Value.Entry] = []
-                entries.reserveCapacity(count)
+                entries.reserveCapacity(Swift.min(count, MessagePack.maxReserved))
                 for _ in 0..<count {
                     let key = try value(depth: depth + 1)
                     entries.append(Value.Entry(key, try value(depth: depth + 1)))

@@ -106,16 +106,24 @@ public struct EventPosition: Sendable, Hashable {
             guard let big = bytes.getInteger(at: bytes.readerIndex + 1, as: UInt16.self) else { return false }
             count = Int(big)
             headerLength = 3
+        case 0xDF:
+            // A map32 (a writer may use it for any size): stamped like the others, or a cluster's
+            // followers would get it without the leader's positions.
+            guard let big = bytes.getInteger(at: bytes.readerIndex + 1, as: UInt32.self), big < UInt32.max - 2 else { return false }
+            count = Int(big)
+            headerLength = 5
         default:
             return false
         }
-        guard count + 2 <= Int(UInt16.max), let body = bytes.getSlice(at: bytes.readerIndex + headerLength, length: bytes.readableBytes - headerLength)
-        else { return false }
+        guard let body = bytes.getSlice(at: bytes.readerIndex + headerLength, length: bytes.readableBytes - headerLength) else { return false }
         if count + 2 < 16 {
             buffer.writeInteger(UInt8(0x80 | (count + 2)))
-        } else {
+        } else if count + 2 <= Int(UInt16.max) {
             buffer.writeInteger(UInt8(0xDE))
             buffer.writeInteger(UInt16(count + 2))
+        } else {
+            buffer.writeInteger(UInt8(0xDF))
+            buffer.writeInteger(UInt32(count + 2))
         }
         buffer.writeImmutableBuffer(body)
         for (key, value) in [(UInt8(ascii: "s"), position.topic), (UInt8(ascii: "m"), position.market)] {

@@ -33,6 +33,22 @@ struct AlpacaSessionTests {
         #expect(read(unsubscribe.frames[0], .json).first?["quotes"] == .array([.string("MSFT")]))
     }
 
+    /// Every change is answered with the whole subscription (Alpaca's own behaviour), but a change that
+    /// changes nothing costs no new listing: the frame is the one already made, byte for byte.
+    @Test func aChangeThatChangesNothingIsAnsweredWithTheSubscriptionAlreadyMade() throws {
+        var session = session()
+        _ = session.receive(json(#"{"action":"auth","key":"good","secret":"anything"}"#))
+        let symbols = (0..<500).map { "\"S\($0)\"" }.joined(separator: ",")
+        let first = session.receive(json(#"{"action":"subscribe","quotes":["# + symbols + "]}"))
+        let again = session.receive(json(#"{"action":"subscribe","quotes":["S1"]}"#))
+        let absent = session.receive(json(#"{"action":"unsubscribe","quotes":["NOPE"]}"#))
+        #expect(again.added.isEmpty && absent.removed.isEmpty)
+        #expect(again.frames == first.frames && absent.frames == first.frames)
+        let removed = session.receive(json(#"{"action":"unsubscribe","quotes":["S1","S1"]}"#))
+        #expect(removed.removed.map(\.description) == ["q.S1"])
+        #expect(removed.frames != first.frames, "a real change is listed anew")
+    }
+
     @Test func theMessagePackCodecAnswersInMessagePack() throws {
         var session = session(.messagePack, feed: .crypto)
         #expect(try MessagePack.decode(session.connectedFrame) == .array([AlpacaControl.connected]))
@@ -141,6 +157,14 @@ struct AlpacaSessionTests {
         #expect(decoded["_s"]?.integer == 7 && decoded["_m"]?.integer == 70 && decoded["f11"]?.integer == 11 && decoded["S"]?.string == "AAPL")
         #expect(try MessagePack.decode(stamped[1].bytes.readableBytesView)["p"] == .double(2.5))
         #expect(EventPosition.read(from: small.bytes) == nil, "no positions in an event without them")
+        // A map32 header (any writer may use it, whatever the size) is stamped too.
+        var wide: [UInt8] = [0xDF, 0, 0, 0, 2]
+        wide += MessagePack.encode(.string("T")) + MessagePack.encode(.string("t"))
+        wide += MessagePack.encode(.string("S")) + MessagePack.encode(.string("AAPL"))
+        let map32 = MarketEvent(eventType: "t", ticker: "AAPL", bytes: ByteBuffer(bytes: wide))
+        let stampedWide = EventPosition.stamp([map32], [EventPosition(topic: 3, market: 30)])
+        #expect(EventPosition.read(from: stampedWide[0].bytes) == EventPosition(topic: 3, market: 30))
+        #expect(try MessagePack.decode(stampedWide[0].bytes.readableBytesView)["S"]?.string == "AAPL")
     }
 
     @Test func aTaggedKeyNamesItsSession() {
