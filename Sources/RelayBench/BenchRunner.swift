@@ -356,6 +356,8 @@ public struct BenchRunner: Sendable {
             for line in String(decoding: data, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
                 guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
                 values[String(line[..<space]), default: 0] += value
+                // A labelled series also adds to its bare name (every market's deliveries together).
+                if let brace = line.firstIndex(of: "{"), brace < space { values[String(line[..<brace]), default: 0] += value }
             }
         }
         return values

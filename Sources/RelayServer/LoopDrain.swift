@@ -71,7 +71,6 @@ actor LoopDrain {
             }
             taking.removeAll(keepingCapacity: true)
             if !writes.isEmpty {
-                metrics.delivered.increment(by: delivered)
                 metrics.tally.add(delivered: delivered)
                 let turn = writes
                 loop.execute { Self.write(turn) }
@@ -113,12 +112,15 @@ actor LoopDrain {
         if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
         var payload = 1
         var lastSequence: UInt64 = 0
+        var events = 0
         let tracked = client.tracksPositions.load(ordering: .relaxed)
         for index in deliveries.indices {
             payload += deliveries[index].framedBytes
-            delivered += deliveries[index].marketEventCount
+            events += deliveries[index].marketEventCount
             if tracked { lastSequence = max(lastSequence, deliveries[index].lastSequence) }
         }
+        delivered += events
+        client.metrics.delivered.increment(by: events)
         var write: Write
         let oldest: UInt64
         if let codec = client.alpacaCodec {
@@ -160,10 +162,10 @@ actor LoopDrain {
         }
         if oldest != 0 {
             let latency = Int64(MonotonicClock.nanoseconds() &- oldest)
-            metrics.deliveryLatency.recordNanoseconds(latency)
+            client.metrics.deliveryLatency.recordNanoseconds(latency)
             metrics.tally.record(latencyNanoseconds: latency)
         }
-        metrics.writes.increment()
+        client.metrics.writes.increment()
         write.lastSequence = lastSequence
         return write
     }
@@ -214,12 +216,15 @@ final class ClientFeed: Sendable {
     let tracksPositions = Atomic<Bool>(false)
     /// Alpaca's protocol in this codec; `nil`: Polygon's.
     let alpacaCodec: AlpacaCodec?
+    /// Its market's delivery metrics.
+    let metrics: DeliveryMetrics
 
     init(
         subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability, drain: LoopDrain,
-        alpacaCodec: AlpacaCodec? = nil
+        metrics: DeliveryMetrics, alpacaCodec: AlpacaCodec? = nil
     ) {
         self.subscription = subscription
+        self.metrics = metrics
         self.handler = handler
         self.writability = writability
         self.drain = drain

@@ -24,6 +24,8 @@ actor MarketConnection {
         /// The session limits on this connection's market (its event types and ticker form).
         let limits: SessionLimits
         let metrics: DownstreamMetrics
+        /// The market's delivery metrics.
+        let delivery: DeliveryMetrics
         let keyConnections: KeyConnections
         /// What drains the hub streams of this connection's event loop.
         let drain: LoopDrain
@@ -275,7 +277,8 @@ actor MarketConnection {
                 subscription = joined
                 let writability = handler.value.writability
                 let feed = ClientFeed(
-                    subscription: joined, handler: handler, writability: writability, drain: dependencies.drain, alpacaCodec: session.alpacaCodec)
+                    subscription: joined, handler: handler, writability: writability, drain: dependencies.drain,
+                    metrics: dependencies.delivery, alpacaCodec: session.alpacaCodec)
                 self.feed = feed
                 if handler.value.acknowledgedPosition != nil { feed.tracksPositions.store(true, ordering: .relaxed) }
                 target.set(feed)

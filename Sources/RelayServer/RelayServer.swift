@@ -248,7 +248,8 @@ public final class RelayServer: Service, Sendable {
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: .init(
-                    hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, keyConnections: keyConnections,
+                    hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, delivery: route.delivery,
+                    keyConnections: keyConnections,
                     drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: route.ledger.budget,
                     shelfRelease: { [ledger = route.ledger] topics, key in ledger.release(topics, for: key) },
                     authenticated: { if let ticket { addresses.settle(ticket) } },

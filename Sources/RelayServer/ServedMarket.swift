@@ -57,6 +57,8 @@ struct MarketRoute: Sendable {
     let upstreamLastMessageAge: Gauge
     /// The market's fullest subscriber buffer (events), set when `/metrics` is read.
     let maxBufferFill: Gauge
+    /// What its clients are delivered (labelled with the market).
+    let delivery: DeliveryMetrics
 
     var market: Market { served.market }
     var hub: MarketDataHub { served.hub }
@@ -64,6 +66,7 @@ struct MarketRoute: Sendable {
 
     init(_ served: ServedMarket, configuration: RelayServerConfiguration, factory: any MetricsFactory) {
         self.served = served
+        delivery = DeliveryMetrics(market: served.market.rawValue, factory: factory)
         let limits = configuration.connectionLimits
         let capped = served.market.cappedEventTypes
         ledger = TopicLedger(

@@ -248,7 +248,9 @@ struct ResilienceTests {
             #expect(value(#"relay_subscribers{market="stocks"}"#) == 1)
             #expect(value("relay_downstream_connections") == 1)
             #expect((value(#"relay_upstream_events_total{market="stocks"}"#) ?? 0) > 0)
-            #expect((value("relay_events_delivered_total") ?? 0) >= 3)
+            #expect((value(#"relay_events_delivered_total{market="stocks"}"#) ?? 0) >= 3)
+            #expect((value(#"relay_downstream_writes_total{market="stocks"}"#) ?? 0) >= 1)
+            #expect(lines.contains { $0.hasPrefix(#"relay_delivery_latency_seconds_count{market="stocks"}"#) })
             #expect(value(#"relay_upstream_last_message_age_seconds{market="stocks"}"#) != nil)
             await client.close()
         }
