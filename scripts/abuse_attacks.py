@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""The attacks of issue 22, run against a relay on loopback while other clients stream.
+"""The attacks of issue 22 (and the later replay, parked-session and hostile-REST ones), run against a
+relay on loopback while other clients stream.
 
 Each attack is bounded in count and time, targets 127.0.0.1 only, and prints one JSON line with what
 it did and what the relay did back. Standard library only. Used by scripts/abuse; it can also be run
-by hand: scripts/abuse_attacks.py --port 8080 --key KEY --pid RELAY_PID
+by hand: scripts/abuse_attacks.py --port 8080 --key KEY --pid RELAY_PID. docs/abuse.md describes the
+later attacks.
 """
 import argparse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import json
-import os
+import re
 import socket
 import struct
+import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 HOST = "127.0.0.1"
@@ -379,6 +384,400 @@ def portfolio(args):
            narrow_key_on_MSFT=narrow, upstream_topics_before=topics_before, upstream_topics_after=topics_after)
 
 
+# --- later attacks: replays, parked sessions, a hostile REST API ------------------------------------
+
+
+def metrics(port, key):
+    """{series: value} of /metrics (asked with the key); {} when it cannot be read."""
+    request = urllib.request.Request(f"http://{HOST}:{port}/metrics", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            body = answer.read().decode(errors="replace")
+    except Exception:  # noqa: BLE001 - no figures is the outcome
+        return {}
+    values = {}
+    for line in body.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        try:
+            values[series] = float(value)
+        except ValueError:
+            pass
+    return values
+
+
+def metric(values, name, **labels):
+    """The sum of name's series whose labels include labels."""
+    total = 0.0
+    for series, value in values.items():
+        if series != name and not series.startswith(name + "{"):
+            continue
+        if all(f'{label}="{wanted}"' in series for label, wanted in labels.items()):
+            total += value
+    return total
+
+
+def metric_deltas(before, after, names):
+    """{name: after - before} for each (name, labels) in names, as ints."""
+    return {title: int(metric(after, name, **labels) - metric(before, name, **labels)) for title, (name, labels) in names.items()}
+
+
+def relay_status(port, key):
+    """(upstream topics, kept tagged sessions, subscribers) summed over the markets of /v1/status."""
+    try:
+        _, body = http(port, "GET", "/v1/status", key)
+    except Exception:  # noqa: BLE001
+        return None, None, None
+    markets = body.get("markets") or []
+    topics = sum(m.get("upstream", {}).get("subscribedTopics", 0) for m in markets)
+    kept = sum((m.get("history") or {}).get("sessionsKept", 0) for m in markets)
+    subscribers = sum(m.get("subscribers", 0) for m in markets)
+    return topics, kept, subscribers
+
+
+class FrameReader(threading.Thread):
+    """Reads a client's socket until stopped, counting bytes and the statuses named in `watch`;
+    keeps the payloads of frames containing one of `keep`, and the close code."""
+
+    def __init__(self, client, watch=(), keep=()):
+        super().__init__(daemon=True)
+        self.client, self.watch, self.keep = client, watch, keep
+        self.bytes, self.counts, self.kept, self.close_code, self.closed = 0, {w: 0 for w in watch}, [], None, False
+        self.stop = threading.Event()
+
+    def run(self):
+        sock, buffer = self.client.sock, self.client.buffer
+        self.client.buffer = b""
+        sock.settimeout(0.5)
+        while not self.stop.is_set():
+            while len(buffer) >= 2:
+                opcode, n, offset = buffer[0] & 0x0F, buffer[1] & 0x7F, 2
+                if n == 126:
+                    if len(buffer) < 4:
+                        break
+                    n, offset = struct.unpack(">H", buffer[2:4])[0], 4
+                elif n == 127:
+                    if len(buffer) < 10:
+                        break
+                    n, offset = struct.unpack(">Q", buffer[2:10])[0], 10
+                if len(buffer) < offset + n:
+                    break
+                payload, buffer = buffer[offset:offset + n], buffer[offset + n:]
+                if opcode == 0x8:
+                    self.close_code = struct.unpack(">H", payload[:2])[0] if len(payload) >= 2 else None
+                for needle in self.watch:
+                    self.counts[needle] += payload.count(needle.encode())
+                if any(needle.encode() in payload for needle in self.keep):
+                    self.kept.append(payload.decode(errors="replace"))
+            try:
+                chunk = sock.recv(262144)
+            except socket.timeout:
+                continue
+            except OSError:
+                self.closed = True
+                return
+            if not chunk:
+                self.closed = True
+                return
+            self.bytes += len(chunk)
+            buffer += chunk
+
+    def finish(self, timeout=2.0):
+        self.stop.set()
+        self.join(timeout)
+
+
+def replay_flood(args):
+    """Resumes thrown away at once: pairs of a subscribe with `sinceTime` 30 s back and its
+    unsubscribe, from a client that never reads (4 KiB receive buffer) and from one that reads
+    everything and sends at the allowed message rate (40 a second)."""
+    topic, pairs = args.replay_topic, args.replay_pairs
+    watched = ['"status":"resumed"', '"status":"gap"', '"status":"error"']
+    counters = {
+        "replayed_events": ("relay_events_replayed_total", {}),
+        "resumes_whole": ("relay_resumes_total", {"result": "resumed"}),
+        "resumes_with_gap": ("relay_resumes_total", {"result": "gap"}),
+        "topics_told_gap": ("relay_resume_gaps_total", {}),
+    }
+
+    def pair():
+        since = int(time.time() * 1000) - 30_000
+        return (text(json.dumps({"action": "subscribe", "params": topic, "sinceTime": since}))
+                + text(json.dumps({"action": "unsubscribe", "params": topic})))
+
+    # The client that never reads.
+    before_metrics, before = metrics(args.port, args.key), rss_mb(args.pid)
+    client = Client(args.port, rcvbuf=4096).authenticated(args.key)
+    client.sock.settimeout(2.0)
+    sent, start = 0, time.monotonic()
+    while sent < pairs and time.monotonic() - start < 15:
+        try:
+            client.sock.sendall(pair())
+        except OSError:
+            break
+        sent += 1
+    peak, hold_until = before, time.monotonic() + 20
+    while time.monotonic() < hold_until:
+        peak = max(peak, rss_mb(args.pid))
+        time.sleep(0.25)
+    held = rss_mb(args.pid)
+    # Then read for 10 s: what was queued for it, and whether the relay closed it meanwhile.
+    reader = FrameReader(client, watched)
+    reader.start()
+    reader.join(10)
+    reader.finish()
+    client.close()
+    report("replay-flood", variant="never-reads", topic=topic, pairs_sent=sent, rss_before_mb=round(before),
+           rss_peak_mb=round(peak), rss_after_20s_mb=round(held), rss_after_close_mb=round(rss_mb(args.pid)),
+           closed=reader.closed or reader.close_code is not None, close_code=reader.close_code,
+           bytes_received_when_read_after_20s=reader.bytes,
+           statuses={k.split('"')[3]: v for k, v in reader.counts.items()},
+           relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters))
+
+    # The client that reads everything, at the allowed message rate (50/s sustained: 40/s here).
+    before_metrics, before = metrics(args.port, args.key), rss_mb(args.pid)
+    client = Client(args.port).authenticated(args.key)
+    reader = FrameReader(client, watched)
+    reader.start()
+    client.sock.settimeout(2.0)
+    sent, peak, start = 0, before, time.monotonic()
+    while sent < pairs and time.monotonic() - start < 30 and not reader.closed:
+        try:
+            client.sock.sendall(pair())
+        except OSError:
+            break
+        sent += 1
+        peak = max(peak, rss_mb(args.pid))
+        time.sleep(max(0.0, start + sent * 0.05 - time.monotonic()))
+    drain_until = time.monotonic() + 5
+    while time.monotonic() < drain_until and not reader.closed:
+        peak = max(peak, rss_mb(args.pid))
+        time.sleep(0.25)
+    elapsed = time.monotonic() - start
+    reader.finish()
+    client.close()
+    report("replay-flood", variant="reads-at-allowed-rate", topic=topic, pairs_sent=sent, seconds=round(elapsed, 1),
+           rss_before_mb=round(before), rss_peak_mb=round(peak), rss_after_mb=round(rss_mb(args.pid)),
+           closed=reader.closed or reader.close_code is not None, close_code=reader.close_code,
+           bytes_received=reader.bytes, mb_per_s=round(reader.bytes / 2**20 / max(elapsed, 0.001), 2),
+           statuses={k.split('"')[3]: v for k, v in reader.counts.items()},
+           relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters))
+
+
+def parked_flood(args):
+    """One key, many tagged connections (KEY#abuseN), each subscribing 500 made-up topics, each then
+    dropping its TCP connection without a close frame: the broken sessions are parked for the resume
+    window, holding their topics. The upstream topics must stay within the key's topicsPerKey."""
+    connections, per = args.parked_connections, 500
+    topics_before, kept_before, _ = relay_status(args.port, args.key)
+    before = rss_mb(args.pid)
+    accepted, refused_messages, failures = 0, 0, []
+    start = time.monotonic()
+    for c in range(connections):
+        if time.monotonic() - start > 60:
+            failures.append("stopped at 60 s")
+            break
+        try:
+            client = Client(args.port).authenticated(f"{args.key}#abuse{c}")
+        except (OSError, ConnectionError) as error:
+            failures.append(f"{c}: {error}")
+            continue
+        client.sock.sendall(text(json.dumps({"action": "subscribe", "params": ",".join(f"T.JUNK{c}X{i}" for i in range(per))})))
+        seen, until = set(), time.monotonic() + 3
+        while time.monotonic() < until and len(seen) < 2:
+            answer = client.wait_for('"status"', timeout=max(until - time.monotonic(), 0.01))
+            if not isinstance(answer, str):
+                break
+            if '"success"' in answer:
+                seen.add("success")
+                counted = re.search(r"subscribed to (\d+) topics", answer)
+                accepted += int(counted.group(1)) if counted else 1
+                until = min(until, time.monotonic() + 0.3)
+            if '"error"' in answer:
+                seen.add("error")
+                refused_messages += 1
+                until = min(until, time.monotonic() + 0.3)
+        client.close()  # a FIN, no close frame: the session is parked
+    time.sleep(1)
+    topics_peak, kept_peak, _ = relay_status(args.port, args.key)
+    rss_peak = rss_mb(args.pid)
+    # The resume window (60 s): the parked sessions, and their topics, are let go after it.
+    released_after, wait_start = None, time.monotonic()
+    topics_after, kept_after = topics_peak, kept_peak
+    while time.monotonic() - wait_start < 75:
+        time.sleep(5)
+        topics_after, kept_after, _ = relay_status(args.port, args.key)
+        if kept_after is not None and kept_before is not None and kept_after <= kept_before:
+            released_after = round(time.monotonic() - wait_start)
+            break
+    added = (topics_peak or 0) - (topics_before or 0)
+    report("parked-flood", connections=connections, topics_asked=connections * per, topics_accepted=accepted,
+           messages_refused=refused_messages, failures=failures[:3], seconds=round(time.monotonic() - start),
+           upstream_topics_before=topics_before, upstream_topics_parked=topics_peak, upstream_topics_added=added,
+           within_topics_per_key=added <= args.topics_per_key, sessions_kept_before=kept_before, sessions_kept_parked=kept_peak,
+           released_after_s=released_after, upstream_topics_after_release=topics_after, sessions_kept_after=kept_after,
+           rss_before_mb=round(before), rss_parked_mb=round(rss_peak), rss_after_mb=round(rss_mb(args.pid)))
+
+
+class HostileREST(ThreadingHTTPServer):
+    """A REST API answering /v3/trades/ABUSEC* with corrupt values, /v3/trades/ABUSEP* with endless
+    next_url pages, /v3/trades/ABUSET* with a body trickled a byte every 0.5 s; anything else an
+    empty page. Counts what it was asked."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port):
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.requests, self.pages, self.trickles, self.key_in_url, self.no_bearer = {}, {}, [], 0, 0
+        super().__init__((HOST, port), HostileHandler)
+
+    def count(self, kind):
+        with self.lock:
+            self.requests[kind] = self.requests.get(kind, 0) + 1
+
+
+class HostileHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_):
+        pass
+
+    def answer(self, body, status=200):
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        server = self.server
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        if "apiKey" in query or "apikey" in query:
+            server.key_in_url += 1
+        if not self.headers.get("Authorization", "").startswith("Bearer "):
+            server.no_bearer += 1
+        ticker = url.path.rsplit("/", 1)[-1]
+        gte = int(query.get("timestamp.gte", [str(time.time_ns())])[0])
+        if url.path.startswith("/v3/trades/ABUSEC"):
+            server.count("corrupt")
+            if ticker.endswith("1"):  # not JSON at all
+                body = f'{{"results":[{{"price":1nullfalse,"size":100,"sip_timestamp":{gte + 1},"sequence_number":1,"exchange":4}}],"status":"OK"}}'
+            else:  # JSON, but values no trade has
+                body = (f'{{"results":[{{"price":[[["1"]]],"size":"NaN","sip_timestamp":{gte + 1}00000000000000000000,'
+                        f'"sequence_number":-1e999,"exchange":{{"x":null}}}}],"status":"OK"}}')
+            self.answer(body)
+        elif url.path.startswith("/v3/trades/ABUSEP"):
+            server.count("paging")
+            with server.lock:
+                page = server.pages[ticker] = server.pages.get(ticker, 0) + 1
+            self.answer(json.dumps({"results": [], "status": "OK",
+                                    "next_url": f"http://{HOST}:{server.server_address[1]}/v3/trades/{ticker}?cursor={page}"}))
+        elif url.path.startswith("/v3/trades/ABUSET"):
+            server.count("trickle")
+            start = time.monotonic()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            sent = 0
+            try:
+                self.wfile.flush()
+                body = b'{"results":[' + b" " * 99987 + b"]}"
+                while not server.stopping.is_set() and time.monotonic() - start < 40 and sent < len(body):
+                    self.wfile.write(body[sent:sent + 1])
+                    self.wfile.flush()
+                    sent += 1
+                    time.sleep(0.5)
+                outcome = "server stopped"
+            except OSError:
+                outcome = "relay hung up"
+            with server.lock:
+                server.trickles.append({"ticker": ticker, "outcome": outcome, "after_s": round(time.monotonic() - start, 1), "bytes": sent})
+            self.close_connection = True
+        else:
+            server.count("other:" + "/".join(url.path.split("/")[:3]))
+            self.answer('{"results":[],"status":"OK"}')
+
+
+def hostile_rest(args):
+    """A gap fill from a hostile REST API: the relay's --rest-url is our HostileREST, the attacker holds
+    T.ABUSEC1-2 (corrupt values), T.ABUSEP1-2 (endless next_url) and T.ABUSET1-2 (a trickled body),
+    and the upstream connection is cut (ss -K) so that the relay reconnects and fills the outage."""
+    if not args.rest_port or not args.upstream_port:
+        report("hostile-rest", skipped="needs --rest-port (the relay's --rest-url) and --upstream-port; scripts/abuse passes both")
+        return
+    try:
+        server = HostileREST(args.rest_port)
+    except OSError as error:
+        report("hostile-rest", skipped=f"cannot listen on the relay's REST port {args.rest_port}: {error}")
+        return
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+    topics = ["T.ABUSEC1", "T.ABUSEC2", "T.ABUSEP1", "T.ABUSEP2", "T.ABUSET1", "T.ABUSET2"]
+    client = None
+    try:
+        client = Client(args.port).authenticated(args.key)
+        client.sock.sendall(text(json.dumps({"action": "subscribe", "params": ",".join(topics)})))
+        client.wait_for('"success"', timeout=5)
+        reader = FrameReader(client, ['"upstream_disconnected"', '"upstream_reconnected"'], keep=['"status":"recovered"'])
+        reader.start()
+        counters = {
+            "fills_complete": ("relay_gap_fills_total", {"result": "complete"}),
+            "fills_incomplete": ("relay_gap_fills_total", {"result": "incomplete"}),
+            "requests_ok": ("relay_gap_fill_requests_total", {"result": "ok"}),
+            "requests_failed": ("relay_gap_fill_requests_total", {"result": "failed"}),
+            "results_refused": ("relay_gap_fill_results_refused_total", {}),
+            "events_recovered": ("relay_gap_fill_events_total", {}),
+        }
+        before_metrics, before = metrics(args.port, args.key), rss_mb(args.pid)
+        try:
+            cut = subprocess.run(["ss", "-K", "-tn", "dst", HOST, "dport", "=", f":{args.upstream_port}"],
+                                 capture_output=True, text=True, timeout=10)
+            killed = [line for line in cut.stdout.splitlines()[1:] if line.strip()]
+            why = cut.stderr.strip() or "ss -K killed no socket (needs root and a kernel with CONFIG_INET_DIAG_DESTROY)"
+        except (OSError, subprocess.SubprocessError) as error:
+            killed, why = [], f"ss -K: {error}"
+        if not killed:
+            reader.finish()
+            report("hostile-rest", skipped=f"cannot drop the upstream connection: {why}")
+            return
+        start, peak, health_worst = time.monotonic(), before, 0.0
+        while time.monotonic() - start < 60 and not reader.kept and not reader.closed:
+            peak = max(peak, rss_mb(args.pid))
+            ms, _ = health_ms(args.port)
+            health_worst = max(health_worst, ms or 0)
+            time.sleep(0.5)
+        seconds = round(time.monotonic() - start, 1)
+        reader.finish()
+        recovered = None
+        if reader.kept:
+            status = json.loads(reader.kept[0])
+            status = next((s for s in status if s.get("status") == "recovered"), {}) if isinstance(status, list) else status
+            recovered = {"complete": status.get("complete"), "topics": status.get("topics"),
+                         "missing": {t: reason[:110] for t, reason in (status.get("missing") or {}).items()}}
+        report("hostile-rest", upstream_sockets_cut=len(killed), seconds_to_recovered=seconds if recovered else None,
+               statuses={k.strip('"'): v for k, v in reader.counts.items()}, recovered=recovered,
+               rest_requests=server.requests, pages_per_paging_topic=server.pages, trickles=server.trickles,
+               key_in_url=server.key_in_url, requests_without_bearer=server.no_bearer,
+               relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters),
+               healthz_worst_ms=health_worst, rss_before_mb=round(before), rss_peak_mb=round(peak), rss_after_mb=round(rss_mb(args.pid)))
+    finally:
+        server.stopping.set()
+        server.shutdown()
+        server.server_close()
+        if client:
+            client.close()
+
+
+def hostile_nats(args):
+    """A hostile NATS peer: only on a cluster, which scripts/abuse does not run."""
+    report("hostile-nats", skipped="scripts/abuse runs a single relay without NATS; a hostile NATS peer needs a cluster (scripts/chaos runs one)")
+
+
 ATTACKS = {
     "ping-flood": ping_flood,
     "unsubscribe-flood": unsubscribe_flood,
@@ -388,6 +787,10 @@ ATTACKS = {
     "second-auth": second_auth,
     "junk-topics": junk_topics,
     "portfolio": portfolio,
+    "replay-flood": replay_flood,
+    "parked-flood": parked_flood,
+    "hostile-rest": hostile_rest,
+    "hostile-nats": hostile_nats,
 }
 
 
@@ -398,8 +801,18 @@ def main():
     parser.add_argument("--pid", type=int, default=0, help="the relay's pid, for its RSS")
     parser.add_argument("--only", default="", help="comma-separated attack names")
     parser.add_argument("--narrow-key", default="", help="a key whose topics are Q.AAPL only (the portfolio attack)")
+    parser.add_argument("--upstream-port", type=int, default=0, help="the relay's upstream port on loopback (hostile-rest cuts it)")
+    parser.add_argument("--rest-port", type=int, default=0, help="the loopback port of the relay's --rest-url (hostile-rest serves it)")
+    parser.add_argument("--replay-topic", default="Q.*",
+                        help="replay-flood's topic (Q.*: fanbench's upstream sends quotes only, so T.* has nothing to replay)")
+    parser.add_argument("--replay-pairs", type=int, default=200, help="replay-flood's subscribe/unsubscribe pairs per client")
+    parser.add_argument("--parked-connections", type=int, default=60, help="parked-flood's tagged connections (500 topics each)")
+    parser.add_argument("--topics-per-key", type=int, default=20000, help="the relay's limits.topicsPerKey")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or list(ATTACKS)
+    unknown = [n for n in names if n not in ATTACKS]
+    if unknown:
+        parser.error(f"unknown attacks {unknown}; known: {', '.join(ATTACKS)}")
     for name in names:
         try:
             ATTACKS[name](args)

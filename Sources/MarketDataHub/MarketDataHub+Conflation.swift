@@ -20,11 +20,19 @@ public struct ConflationMode: Sendable, Equatable {
 
 /// One subscriber's pending merged events: the newest state event per topic not yet queued, in the
 /// order their topics first became pending. Bounded by the topics the subscriber holds (a dirty set over
-/// the last values), not by the event rate. Confined to the hub.
+/// the last values), not by the event rate. A trade takes its own ticker's pending events through an
+/// index by ticker, so its cost does not grow with the other tickers pending (it used to scan them all).
+/// Confined to the hub.
 final class Conflation {
     var mode: ConflationMode
-    private(set) var pending: [Topic: MarketEvent] = [:]
-    private var order: [Topic] = []
+    /// Each pending topic's newest event, and the stamp of when the topic became pending.
+    private var pending: [Topic: (event: MarketEvent, stamp: Int)] = [:]
+    /// Topics in the order they became pending; an entry whose stamp is no longer its topic's is stale
+    /// (taken by a trade since), skipped, and compacted away once stale entries outnumber live ones.
+    private var order: [(topic: Topic, stamp: Int)] = []
+    /// The pending topics of each ticker, in the order they became pending.
+    private var byTicker: [String: [Topic]] = [:]
+    private var stamps = 0
     /// Events replaced while pending (told in metrics).
     private(set) var merged = 0
     var nextFlush: ContinuousClock.Instant
@@ -36,6 +44,9 @@ final class Conflation {
 
     var isEmpty: Bool { pending.isEmpty }
 
+    /// Topics with a pending event.
+    var pendingCount: Int { pending.count }
+
     /// Whether new events are merged now, at this buffer fill.
     func isMerging(fill: Int) -> Bool {
         mode.interval != nil || (mode.whileLagging && (fill >= MarketDataHub.warningFill || !pending.isEmpty))
@@ -44,31 +55,32 @@ final class Conflation {
     /// Holds a state event (replacing its topic's pending one); whether it replaced one.
     func hold(_ event: MarketEvent) -> Bool {
         let topic = event.topic
-        if pending.updateValue(event, forKey: topic) == nil {
-            order.append(topic)
-            return false
+        if let held = pending[topic] {
+            pending[topic] = (event, held.stamp)
+            merged += 1
+            return true
         }
-        merged += 1
-        return true
+        stamps += 1
+        pending[topic] = (event, stamps)
+        order.append((topic, stamps))
+        byTicker[topic.ticker, default: []].append(topic)
+        return false
     }
 
     /// Takes the pending events of one ticker (a trade of it flushes them first), in order.
     func take(ticker: String) -> [MarketEvent] {
-        guard pending.keys.contains(where: { $0.ticker == ticker }) else { return [] }
-        var taken: [MarketEvent] = []
-        order.removeAll { topic in
-            guard topic.ticker == ticker, let event = pending.removeValue(forKey: topic) else { return false }
-            taken.append(event)
-            return true
-        }
+        guard let topics = byTicker.removeValue(forKey: ticker) else { return [] }
+        let taken = topics.compactMap { pending.removeValue(forKey: $0)?.event }
+        if order.count > 2 * pending.count + 64 { order.removeAll { pending[$0.topic]?.stamp != $0.stamp } }
         return taken
     }
 
     /// Takes every pending event, in the order their topics became pending.
     func takeAll() -> [MarketEvent] {
-        let taken = order.compactMap { pending[$0] }
+        let taken = order.compactMap { entry in pending[entry.topic].flatMap { $0.stamp == entry.stamp ? $0.event : nil } }
         pending.removeAll(keepingCapacity: true)
         order.removeAll(keepingCapacity: true)
+        byTicker.removeAll(keepingCapacity: true)
         return taken
     }
 }
@@ -156,5 +168,5 @@ extension MarketDataHub {
 
 extension MarketDataHub {
     /// Merged events waiting for one subscriber (at most one per topic).
-    public func conflatedPending(for id: SubscriberID) -> Int { subscribers[id]?.conflation?.pending.count ?? 0 }
+    public func conflatedPending(for id: SubscriberID) -> Int { subscribers[id]?.conflation?.pendingCount ?? 0 }
 }

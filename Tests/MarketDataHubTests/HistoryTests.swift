@@ -225,3 +225,28 @@ struct ReplayBoundTests {
         #expect(budget.available(capacity: 600, now: 120_000) == 600, "never more than the capacity")
     }
 }
+
+/// The pending table itself: a trade takes its own ticker's events in the order they became pending,
+/// the rest keep their order, and stale entries left by trades never reorder or double anything.
+@Suite("Conflation's pending table")
+struct ConflationTableTests {
+    @Test func aTradeTakesItsTickerInOrderAndTheRestKeepTheirs() {
+        let table = Conflation(mode: ConflationMode(interval: .milliseconds(250)))
+        #expect(!table.hold(event("Q", "AAPL", 1)))
+        #expect(!table.hold(event("Q", "MSFT", 1)))
+        #expect(!table.hold(event("AM", "AAPL", 1)))
+        #expect(table.hold(event("Q", "AAPL", 2)), "replaces the pending quote")
+        let taken = table.take(ticker: "AAPL")
+        #expect(taken.map(\.topic.description) == ["Q.AAPL", "AM.AAPL"])
+        #expect(String(buffer: taken[0].bytes).contains(#""n":2"#), "the newest")
+        #expect(table.take(ticker: "AAPL").isEmpty && table.pendingCount == 1)
+        // Many trades of one ticker between flushes: its stale entries are compacted, nothing doubles.
+        for round in 0..<500 {
+            _ = table.hold(event("Q", "IBM", round))
+            #expect(table.take(ticker: "IBM").count == 1)
+        }
+        _ = table.hold(event("Q", "AAPL", 3))
+        #expect(table.takeAll().map(\.topic.description) == ["Q.MSFT", "Q.AAPL"])
+        #expect(table.isEmpty && table.merged == 1)
+    }
+}
