@@ -247,12 +247,23 @@ extension MarketDataHub {
             epochBox.withLock { $0 = epoch }
             return
         }
+        let replaced = history != nil
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }
         history = fresh
         epochBox.withLock { $0 = epoch }
         metrics.record(fresh)
+        // Clients that stay connected are told: their `_s` and `_m` start again, under this epoch.
+        guard replaced else { return }
+        let notice = MarketEvent.notice(
+            StatusMessage(
+                status: StatusMessage.Kind.epoch,
+                message: "positions start again under epoch \(epoch) (a new leadership term); a later since names it",
+                fields: ["epoch": StatusMessage.quoted(epoch)]))
+        let told = subscribers.values.filter { !$0.topics.isEmpty && !$0.parked }
+        for subscriber in told { enqueue(HubDelivery([notice]), to: subscriber) }
+        tell(told)
     }
 
     /// Parks a subscriber: it keeps its topics (still wanted, so their history stays whole) and gets

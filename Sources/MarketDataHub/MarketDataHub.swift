@@ -598,11 +598,15 @@ public actor MarketDataHub {
     private func announceRecovery(from outage: Outage, firstEventAfter: Int64) {
         let start = outage.lastEventBefore ?? outage.lostAt
         let gap = firstEventAfter - start
+        // The epoch positions count in from here (a failover's new one, on a cluster), so that a client
+        // that stays connected can resume later with `since`.
+        var fields: [String: String] = [:]
+        if let epoch, !epoch.isEmpty { fields["epoch"] = StatusMessage.quoted(epoch) }
         tellOutageEnded(
             StatusMessage(
                 status: StatusMessage.Kind.upstreamReconnected,
                 message: "upstream reconnected; no events were received between \(start) and \(firstEventAfter) (Unix ms, \(gap) ms)",
-                numbers: ["last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": gap]))
+                numbers: ["last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": gap], fields: fields))
         requestFill(from: start, through: firstEventAfter)
     }
 

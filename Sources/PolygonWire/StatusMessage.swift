@@ -43,6 +43,9 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
         /// The relay's own: after an upstream outage, the events it recovered from the REST API for the
         /// connection's topics (each flagged `"_r":1`), sent once the fill is done.
         public static let recovered = "recovered"
+        /// Relay notice: the market's positions start again under a new epoch (a cluster's new
+        /// leadership term); a later `since` names it.
+        public static let epoch = "epoch"
     }
 
     /// A JSON string value for ``fields``.

@@ -250,3 +250,18 @@ struct ConflationTableTests {
         #expect(table.isEmpty && table.merged == 1)
     }
 }
+
+@Suite("Hub history: a new epoch")
+struct EpochNoticeTests {
+    /// A cluster node's history starts afresh under a failover's new epoch: its connected clients are
+    /// told (`epoch`), and the end of the outage names it too, so a later `since` can.
+    @Test func aClientThatStaysConnectedIsToldTheNewEpoch() async throws {
+        let hub = MarketDataHub(adoptsPositions: true)
+        let subscription = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.startEpoch("first")
+        await hub.startEpoch("first")
+        await hub.startEpoch("second")
+        let notice = try #require(try await take(1, from: subscription.events).first)
+        #expect(fields(notice)["status"] as? String == "epoch" && fields(notice)["epoch"] as? String == "second", "\(fields(notice))")
+    }
+}
