@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
 import Foundation
 import PolygonWire
 import RelayComposition
@@ -29,6 +32,58 @@ struct HostileClientTests {
         socket.send(RawSocket.text(#"{"action":"auth","params":"client-key"}"#))
         #expect(socket.readUntil("auth_success").found)
         return socket
+    }
+
+    /// A client that closes its side of TCP without a close frame is gone at once: its key's only
+    /// connection slot is free for the next connection right away, not after a missed ping (30 s).
+    @Test func aClientThatHalfClosesTCPIsGoneAtOnce() async throws {
+        try await withRelay({ settings in
+            settings.clientKeys = []
+            settings.clientKeyRights = [try ClientKey(name: "single", secret: "client-key", maxConnections: 1)]
+        }) { port, url in
+            let first = try rawClient(port: port)
+            first.send(RawSocket.text(#"{"action":"subscribe","params":"Q.AAPL"}"#))
+            #expect(first.readUntil("Q.AAPL").found)
+            shutdown(first.fd, Int32(SHUT_WR))
+            #expect(first.readsToEOF(within: .seconds(5)), "the relay closes its side too")
+            // The key's one slot is free again.
+            let second = try await subscribedClient(url, "Q.MSFT")
+            await second.close()
+        }
+    }
+
+    /// Broken tagged sessions keep their topics in their key's budget: parking sessions does not make
+    /// room for more topics upstream (one key once had 494,000 subscribed, limit 50,000).
+    @Test func parkedTaggedSessionsCountAgainstTheKeysTopicLimit() async throws {
+        try await withRelay({ settings in
+            settings.connectionLimits.topicsPerKey = 20
+        }) { port, url in
+            @Sendable func sessionsKept() async -> Int {
+                guard let status = try? await httpGet("http://127.0.0.1:\(port)/v1/status", key: "client-key"),
+                    let markets = jsonObject(status.body)["markets"] as? [[String: Any]],
+                    let history = markets.first?["history"] as? [String: Any]
+                else { return -1 }
+                return (history["sessionsKept"] as? NSNumber)?.intValue ?? -1
+            }
+            for session in 0..<2 {
+                let client = try await WSTestClient.authenticated(url: url, key: "client-key#s\(session)")
+                client.send(ClientAction(.subscribe, params: (0..<10).map { "T.J\(session)X\($0)" }.joined(separator: ",")))
+                _ = try await client.waitForStatus(StatusMessage.Kind.success)
+                await client.close()
+                try await eventually("session \(session) to be kept") { await sessionsKept() == session + 1 }
+            }
+            // Two parked sessions hold the key's 20 topics: a third connection's new topics are refused.
+            let third = try await WSTestClient.authenticated(url: url, key: "client-key#s2")
+            third.send(ClientAction(.subscribe, params: "T.J2X0"))
+            let refused = try await third.waitForStatus(StatusMessage.Kind.error)
+            #expect((refused.fields["message"] as? String)?.contains("topic limit reached") == true, "\(refused.fields)")
+            // Taking a session back gives its topics to the new connection without counting them twice.
+            let back = try await WSTestClient.authenticated(url: url, key: "client-key#s0")
+            back.send(ClientAction(.subscribe, params: (0..<10).map { "T.J0X\($0)" }.joined(separator: ",")))
+            _ = try await back.waitForStatus(StatusMessage.Kind.success)
+            await third.close()
+            await back.close()
+        }
     }
 
     @Test func aPingFloodFromAClientThatNeverReadsCostsNoMemory() async throws {
