@@ -94,8 +94,20 @@ final class EventHistory {
     static let maxLeap: UInt64 = 1 << 32
     /// Events not kept because their position was out of range or leapt too far.
     private(set) var implausible = 0
-    /// Memory counted (``overheadPerEvent`` per event plus its bytes).
+    /// Memory counted (``overheadPerEvent`` per event plus its bytes, ``overheadPerLine`` per topic
+    /// line).
     private(set) var memory = 0
+    /// Bookkeeping counted per topic line (its object, its ring, its place in the table).
+    static let overheadPerLine = 256
+    /// Tickers and wildcard types the relay is asked for now: a line of a topic that is neither, once
+    /// it holds no event, is let go (distinct topics seen in an epoch would otherwise grow without bound).
+    private var wantedTickers = Set<Topic>()
+    private var wantedTypes = Set<String>()
+    /// The newest market sequence, and its arrival, when a line was last let go (0: none yet). A topic
+    /// with no line may have had events up to then: a resume from before is a gap, and a new line starts
+    /// its topic sequence past every number the old one could have used.
+    private var droppedThrough: UInt64 = 0
+    private var droppedArrival: Int64 = .min
     /// Events held (slots whose bytes are still here).
     private(set) var eventCount = 0
 
@@ -114,7 +126,7 @@ final class EventHistory {
         var pendingTopic: [Topic: UInt64] = [:]
         for event in events {
             let topic = event.topic
-            let next = pendingTopic[topic] ?? lines[topic]?.nextSequence ?? 1
+            let next = pendingTopic[topic] ?? lines[topic]?.nextSequence ?? firstTopicSequence
             pendingTopic[topic] = next + 1
             positions.append(EventPosition(topic: next, market: market))
             market += 1
@@ -154,6 +166,7 @@ final class EventHistory {
             } else {
                 line = TopicLine(topic: topic)
                 lines[topic] = line
+                memory += Self.overheadPerLine
                 line.firstSequence = position.topic
                 line.nextSequence = position.topic
                 // Its first event of the epoch: whole from the start. Otherwise (adopted mid-stream) from here.
@@ -191,24 +204,47 @@ final class EventHistory {
     /// Types whose wildcard is wanted and whose first event since has not arrived yet.
     private var pendingTypes: Set<String> = []
 
+    /// The topic sequence a topic with no line starts at: 1, or past every sequence a line let go could
+    /// have used (a topic's sequence never passes the market's), so numbers never repeat in an epoch.
+    private var firstTopicSequence: UInt64 { droppedThrough == 0 ? 1 : nextMarketSequence }
+
     /// The relay now receives every event of a topic (ticker) from the next one on.
     func wanted(_ topic: Topic, now: Int64) {
         if topic.isWildcard {
+            wantedTypes.insert(topic.eventType)
             pendingTypes.insert(topic.eventType)
             return
         }
+        wantedTickers.insert(topic)
         interrupt(topic, now: now)
+    }
+
+    private func isWanted(_ topic: Topic) -> Bool { wantedTickers.contains(topic) || wantedTypes.contains(topic.eventType) }
+
+    /// Lets go of a line that holds no event and whose topic is not wanted.
+    private func dropIfIdle(_ line: TopicLine) {
+        guard line.held.isEmpty, !isWanted(line.topic), lines[line.topic] === line else { return }
+        lines[line.topic] = nil
+        memory -= Self.overheadPerLine
+        droppedThrough = nextMarketSequence - 1
+        droppedArrival = max(droppedArrival, line.evictedArrival)
     }
 
     /// The relay stopped receiving a topic (or a wildcard's type): whole again only from its next event.
     func unwanted(_ topic: Topic, now: Int64) {
         if topic.isWildcard {
+            wantedTypes.remove(topic.eventType)
             pendingTypes.remove(topic.eventType)
             typeWholeFrom[topic.eventType] = nil
-            for line in lines.values where line.topic.eventType == topic.eventType { interrupt(line.topic, now: now) }
+            for line in Array(lines.values) where line.topic.eventType == topic.eventType {
+                interrupt(line.topic, now: now)
+                dropIfIdle(line)
+            }
             return
         }
+        wantedTickers.remove(topic)
         interrupt(topic, now: now)
+        if let line = lines[topic] { dropIfIdle(line) }
     }
 
     /// Events may have been missed (the upstream was lost): every topic and type is whole again only from
@@ -262,6 +298,7 @@ final class EventHistory {
         let type = line.topic.eventType
         typeEvictedThrough[type] = max(typeEvictedThrough[type] ?? 0, sequence)
         typeEvictedArrival[type] = max(typeEvictedArrival[type] ?? .min, arrivedAt)
+        dropIfIdle(line)
     }
 
     // MARK: reading
@@ -315,16 +352,19 @@ final class EventHistory {
         let lost = "no longer held"
         let notReceived = "not all received by this relay (it was not subscribed to the topic, or its upstream was away)"
         let line = lines[topic]
+        // A ticker with no line: never seen this epoch, or let go (then whole only after that).
         let whole: (sequence: UInt64, since: Int64)? =
-            if topic.isWildcard { typeWholeFrom[topic.eventType] ?? (wholeByDefault ? (1, .min) : nil) } else { line.map { ($0.wholeFrom, $0.wholeSince) } ?? (1, .min) }
-        let evictedSequence = topic.isWildcard ? typeEvictedThrough[topic.eventType] ?? 0 : line?.evictedThrough ?? 0
+            if topic.isWildcard { typeWholeFrom[topic.eventType] ?? (wholeByDefault ? (1, .min) : nil) } else {
+                line.map { ($0.wholeFrom, $0.wholeSince) } ?? (droppedThrough + 1, droppedArrival)
+            }
+        let evictedSequence = topic.isWildcard ? typeEvictedThrough[topic.eventType] ?? 0 : line?.evictedThrough ?? droppedThrough
         // The last market sequence the client has.
         let after: UInt64
         switch since {
         case .topic(let position):
             guard !topic.isWildcard else { return missed(topic, since: .market(position), limit: limit) }
             guard let line else {
-                return position == 0 ? .events([]) : .gap(from: 1, through: position, unit: .topicSequence, reason: ahead)
+                return position == 0 ? .events([]) : .gap(from: 1, through: position, unit: .topicSequence, reason: droppedThrough > 0 ? lost : ahead)
             }
             guard position < line.nextSequence else { return .gap(from: line.nextSequence, through: position, unit: .topicSequence, reason: ahead) }
             guard position + 1 >= line.firstSequence else {
@@ -352,7 +392,7 @@ final class EventHistory {
             after = position
         case .time(let time):
             after = marketSequence(before: time)
-            let evictedAt = topic.isWildcard ? typeEvictedArrival[topic.eventType] ?? .min : line?.evictedArrival ?? .min
+            let evictedAt = topic.isWildcard ? typeEvictedArrival[topic.eventType] ?? .min : line?.evictedArrival ?? droppedArrival
             guard evictedAt < time else {
                 return .gap(from: UInt64(max(time, 0)), through: UInt64(max(evictedAt, 0)), unit: .unixMilliseconds, reason: lost)
             }

@@ -265,3 +265,35 @@ struct EpochNoticeTests {
         #expect(fields(notice)["status"] as? String == "epoch" && fields(notice)["epoch"] as? String == "second", "\(fields(notice))")
     }
 }
+
+/// A topic nobody wants whose events are all evicted leaves no line behind, and its numbers never repeat.
+@Suite("Hub history: lines of topics nobody wants")
+struct HistoryLineTests {
+    @Test func idleLinesAreLetGoCountedMeanwhileAndTheirNumbersNeverReused() {
+        var limits = HistoryLimits()
+        limits.eventsPerTopic = 1
+        let history = EventHistory(limits: limits, epoch: "e")
+        let junk = (0..<1_000).map { Topic(eventType: "T", ticker: "J\($0)")! }
+        let aapl = Topic(parsing: "T.AAPL")!
+        history.wanted(aapl, now: 0)
+        for topic in junk { history.wanted(topic, now: 0) }
+        _ = history.keep(junk.map { event("T", $0.ticker) } + [event("T", "AAPL", 1)], at: 0)
+        #expect(history.topicCount == 1_001)
+        #expect(history.memory >= 1_001 * EventHistory.overheadPerLine, "lines are counted")
+        for topic in junk { history.unwanted(topic, now: 0) }
+        // Each junk topic's one event is pushed out by its next; then nobody wants it: its line goes.
+        _ = history.keep(junk.map { event("T", $0.ticker, 2) }, at: 1)
+        #expect(history.topicCount == 1_001, "still holding an event each")
+        history.evict(now: 10_000_000)
+        #expect(history.topicCount == 1, "the junk lines let go; AAPL's kept, empty, because it is wanted")
+        #expect(history.memory == EventHistory.overheadPerLine)
+        // A resume from an old position of a let-go topic is a gap, never the wrong events.
+        guard case .gap = history.missed(junk[0], since: .topic(1)) else {
+            Issue.record("a gap expected")
+            return
+        }
+        // Its next event numbers past anything it had before.
+        let again = history.keep([event("T", "J0", 3)], at: 10_000_001)
+        #expect((EventPosition.read(from: again[0].bytes)?.topic ?? 0) > 2)
+    }
+}
