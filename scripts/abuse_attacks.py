@@ -436,6 +436,41 @@ def relay_status(port, key):
     return topics, kept, subscribers
 
 
+class Watch(threading.Thread):
+    """Samples the relay's RSS and its delivery p99 over the last 10 s (/v1/status) every second
+    while an attack runs: what the streaming clients paid for it. The p99 of the first 10 s is
+    reported apart (its window still holds the attack before); the history's memory (the 5-minute
+    window filling) is reported beside the RSS, so that its growth is not taken for the attack's."""
+
+    def __init__(self, args):
+        super().__init__(daemon=True)
+        self.args, self.stop, self.rss_peak = args, threading.Event(), rss_mb(args.pid)
+        self.start_time, self.p99_first_10s, self.p99_after = time.monotonic(), 0.0, None
+        self.history_before = metric(metrics(args.port, args.key), "relay_history_bytes")
+
+    def run(self):
+        while not self.stop.is_set():
+            self.rss_peak = max(self.rss_peak, rss_mb(self.args.pid))
+            try:
+                _, body = http(self.args.port, "GET", "/v1/status", self.args.key)
+                p99 = (body.get("latency") or {}).get("p99Ms") or 0
+                if time.monotonic() - self.start_time < 10:
+                    self.p99_first_10s = max(self.p99_first_10s, p99)
+                else:
+                    self.p99_after = max(self.p99_after or 0, p99)
+            except Exception:  # noqa: BLE001
+                pass
+            self.stop.wait(1.0)
+
+    def finish(self):
+        self.stop.set()
+        self.join(5)
+        history_after = metric(metrics(self.args.port, self.args.key), "relay_history_bytes")
+        return {"rss_peak_mb": round(self.rss_peak), "relay_p99_worst_ms_first_10s": round(self.p99_first_10s, 1),
+                "relay_p99_worst_ms_after": None if self.p99_after is None else round(self.p99_after, 1),
+                "history_mb": [round(self.history_before / 2**20), round(history_after / 2**20)]}
+
+
 class FrameReader(threading.Thread):
     """Reads a client's socket until stopped, counting bytes and the statuses named in `watch`;
     keeps the payloads of frames containing one of `keep`, and the close code."""
@@ -491,8 +526,18 @@ class FrameReader(threading.Thread):
 def replay_flood(args):
     """Resumes thrown away at once: pairs of a subscribe with `sinceTime` 30 s back and its
     unsubscribe, from a client that never reads (4 KiB receive buffer) and from one that reads
-    everything and sends at the allowed message rate (40 a second)."""
-    topic, pairs = args.replay_topic, args.replay_pairs
+    everything and sends at the allowed message rate (40 a second). Once with each topic list of
+    --replay-topics: a wildcard nobody held (its history is never whole: every resume is a gap) and
+    fanbench's 100 quote topics, held all along by the streaming clients (whole: real replays)."""
+    for topic in args.replay_topics.split(";"):
+        if topic == "FANBENCH":
+            topic = ",".join(f"Q.S{i:05d}" for i in range(100))
+        replay_flood_of(args, topic)
+
+
+def replay_flood_of(args, topic):
+    pairs = args.replay_pairs
+    shown = topic if len(topic) < 40 else f"{topic[:17]}…{topic[-9:]} ({topic.count(',') + 1} topics)"
     watched = ['"status":"resumed"', '"status":"gap"', '"status":"error"']
     counters = {
         "replayed_events": ("relay_events_replayed_total", {}),
@@ -506,18 +551,22 @@ def replay_flood(args):
         return (text(json.dumps({"action": "subscribe", "params": topic, "sinceTime": since}))
                 + text(json.dumps({"action": "unsubscribe", "params": topic})))
 
-    # The client that never reads.
+    # The clients that never read (--replay-nonreaders, 1 unless asked).
     before_metrics, before = metrics(args.port, args.key), rss_mb(args.pid)
-    client = Client(args.port, rcvbuf=4096).authenticated(args.key)
-    client.sock.settimeout(2.0)
-    sent, start = 0, time.monotonic()
-    while sent < pairs and time.monotonic() - start < 15:
-        try:
-            client.sock.sendall(pair())
-        except OSError:
-            break
-        sent += 1
-    peak, hold_until = before, time.monotonic() + 20
+    watch = Watch(args)
+    watch.start()
+    clients = [Client(args.port, rcvbuf=4096).authenticated(args.key) for _ in range(args.replay_nonreaders)]
+    sent, start = [0] * len(clients), time.monotonic()
+    for index, client in enumerate(clients):
+        client.sock.settimeout(2.0)
+        while sent[index] < pairs and time.monotonic() - start < 15 * len(clients):
+            try:
+                client.sock.sendall(pair())
+            except OSError:
+                break
+            sent[index] += 1
+    client = clients[0]
+    peak, hold_until = before, time.monotonic() + 15
     while time.monotonic() < hold_until:
         peak = max(peak, rss_mb(args.pid))
         time.sleep(0.25)
@@ -525,18 +574,22 @@ def replay_flood(args):
     # Then read for 10 s: what was queued for it, and whether the relay closed it meanwhile.
     reader = FrameReader(client, watched)
     reader.start()
-    reader.join(10)
+    reader.join(5)
     reader.finish()
-    client.close()
-    report("replay-flood", variant="never-reads", topic=topic, pairs_sent=sent, rss_before_mb=round(before),
-           rss_peak_mb=round(peak), rss_after_20s_mb=round(held), rss_after_close_mb=round(rss_mb(args.pid)),
+    for each in clients:
+        each.close()
+    time.sleep(2)
+    report("replay-flood", variant="never-reads", topic=shown, clients=len(clients), pairs_sent=sent[0] if len(sent) == 1 else sent,
+           rss_before_mb=round(before), rss_peak_mb=round(peak), rss_after_15s_mb=round(held), rss_2s_after_close_mb=round(rss_mb(args.pid)),
            closed=reader.closed or reader.close_code is not None, close_code=reader.close_code,
-           bytes_received_when_read_after_20s=reader.bytes,
+           bytes_read_in_5s_after_15s_first_client=reader.bytes,
            statuses={k.split('"')[3]: v for k, v in reader.counts.items()},
-           relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters))
+           relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters), watch=watch.finish())
 
     # The client that reads everything, at the allowed message rate (50/s sustained: 40/s here).
     before_metrics, before = metrics(args.port, args.key), rss_mb(args.pid)
+    watch = Watch(args)
+    watch.start()
     client = Client(args.port).authenticated(args.key)
     reader = FrameReader(client, watched)
     reader.start()
@@ -557,12 +610,12 @@ def replay_flood(args):
     elapsed = time.monotonic() - start
     reader.finish()
     client.close()
-    report("replay-flood", variant="reads-at-allowed-rate", topic=topic, pairs_sent=sent, seconds=round(elapsed, 1),
+    report("replay-flood", variant="reads-at-allowed-rate", topic=shown, pairs_sent=sent, seconds=round(elapsed, 1),
            rss_before_mb=round(before), rss_peak_mb=round(peak), rss_after_mb=round(rss_mb(args.pid)),
            closed=reader.closed or reader.close_code is not None, close_code=reader.close_code,
            bytes_received=reader.bytes, mb_per_s=round(reader.bytes / 2**20 / max(elapsed, 0.001), 2),
            statuses={k.split('"')[3]: v for k, v in reader.counts.items()},
-           relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters))
+           relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters), watch=watch.finish())
 
 
 def parked_flood(args):
@@ -572,6 +625,8 @@ def parked_flood(args):
     connections, per = args.parked_connections, 500
     topics_before, kept_before, _ = relay_status(args.port, args.key)
     before = rss_mb(args.pid)
+    watch = Watch(args)
+    watch.start()
     accepted, refused_messages, failures = 0, 0, []
     start = time.monotonic()
     for c in range(connections):
@@ -617,7 +672,7 @@ def parked_flood(args):
            upstream_topics_before=topics_before, upstream_topics_parked=topics_peak, upstream_topics_added=added,
            within_topics_per_key=added <= args.topics_per_key, sessions_kept_before=kept_before, sessions_kept_parked=kept_peak,
            released_after_s=released_after, upstream_topics_after_release=topics_after, sessions_kept_after=kept_after,
-           rss_before_mb=round(before), rss_parked_mb=round(rss_peak), rss_after_mb=round(rss_mb(args.pid)))
+           rss_before_mb=round(before), rss_parked_mb=round(rss_peak), rss_after_mb=round(rss_mb(args.pid)), watch=watch.finish())
 
 
 class HostileREST(ThreadingHTTPServer):
@@ -706,8 +761,9 @@ class HostileHandler(BaseHTTPRequestHandler):
 
 def hostile_rest(args):
     """A gap fill from a hostile REST API: the relay's --rest-url is our HostileREST, the attacker holds
-    T.ABUSEC1-2 (corrupt values), T.ABUSEP1-2 (endless next_url) and T.ABUSET1-2 (a trickled body),
-    and the upstream connection is cut (ss -K) so that the relay reconnects and fills the outage."""
+    T.ABUSEC1-2 (corrupt values), T.ABUSEP1-2 (endless next_url) and T.ABUSET1 (a trickled body),
+    and the upstream connection is cut (ss -K) so that the relay reconnects and fills the outage. Waits
+    up to 100 s for the fill's `recovered` (a trickled request is tried 4 times, 10 s each)."""
     if not args.rest_port or not args.upstream_port:
         report("hostile-rest", skipped="needs --rest-port (the relay's --rest-url) and --upstream-port; scripts/abuse passes both")
         return
@@ -717,7 +773,7 @@ def hostile_rest(args):
         report("hostile-rest", skipped=f"cannot listen on the relay's REST port {args.rest_port}: {error}")
         return
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
-    topics = ["T.ABUSEC1", "T.ABUSEC2", "T.ABUSEP1", "T.ABUSEP2", "T.ABUSET1", "T.ABUSET2"]
+    topics = ["T.ABUSEC1", "T.ABUSEC2", "T.ABUSEP1", "T.ABUSEP2", "T.ABUSET1"]
     client = None
     try:
         client = Client(args.port).authenticated(args.key)
@@ -734,6 +790,8 @@ def hostile_rest(args):
             "events_recovered": ("relay_gap_fill_events_total", {}),
         }
         before_metrics, before = metrics(args.port, args.key), rss_mb(args.pid)
+        watch = Watch(args)
+        watch.start()
         try:
             cut = subprocess.run(["ss", "-K", "-tn", "dst", HOST, "dport", "=", f":{args.upstream_port}"],
                                  capture_output=True, text=True, timeout=10)
@@ -743,10 +801,11 @@ def hostile_rest(args):
             killed, why = [], f"ss -K: {error}"
         if not killed:
             reader.finish()
+            watch.finish()
             report("hostile-rest", skipped=f"cannot drop the upstream connection: {why}")
             return
         start, peak, health_worst = time.monotonic(), before, 0.0
-        while time.monotonic() - start < 60 and not reader.kept and not reader.closed:
+        while time.monotonic() - start < 100 and not reader.kept and not reader.closed:
             peak = max(peak, rss_mb(args.pid))
             ms, _ = health_ms(args.port)
             health_worst = max(health_worst, ms or 0)
@@ -761,10 +820,11 @@ def hostile_rest(args):
                          "missing": {t: reason[:110] for t, reason in (status.get("missing") or {}).items()}}
         report("hostile-rest", upstream_sockets_cut=len(killed), seconds_to_recovered=seconds if recovered else None,
                statuses={k.strip('"'): v for k, v in reader.counts.items()}, recovered=recovered,
-               rest_requests=server.requests, pages_per_paging_topic=server.pages, trickles=server.trickles,
+               rest_requests=server.requests, pages_per_paging_topic=server.pages, trickles=list(server.trickles),
                key_in_url=server.key_in_url, requests_without_bearer=server.no_bearer,
                relay=metric_deltas(before_metrics, metrics(args.port, args.key), counters),
-               healthz_worst_ms=health_worst, rss_before_mb=round(before), rss_peak_mb=round(peak), rss_after_mb=round(rss_mb(args.pid)))
+               healthz_worst_ms=health_worst, rss_before_mb=round(before), rss_peak_mb=round(peak), rss_after_mb=round(rss_mb(args.pid)),
+               watch=watch.finish())
     finally:
         server.stopping.set()
         server.shutdown()
@@ -803,9 +863,10 @@ def main():
     parser.add_argument("--narrow-key", default="", help="a key whose topics are Q.AAPL only (the portfolio attack)")
     parser.add_argument("--upstream-port", type=int, default=0, help="the relay's upstream port on loopback (hostile-rest cuts it)")
     parser.add_argument("--rest-port", type=int, default=0, help="the loopback port of the relay's --rest-url (hostile-rest serves it)")
-    parser.add_argument("--replay-topic", default="Q.*",
-                        help="replay-flood's topic (Q.*: fanbench's upstream sends quotes only, so T.* has nothing to replay)")
+    parser.add_argument("--replay-topics", default="T.*;FANBENCH",
+                        help="replay-flood's topic lists, ';' between them; FANBENCH: fanbench's Q.S00000…Q.S00099")
     parser.add_argument("--replay-pairs", type=int, default=200, help="replay-flood's subscribe/unsubscribe pairs per client")
+    parser.add_argument("--replay-nonreaders", type=int, default=1, help="replay-flood's clients that never read (the first is read at the end)")
     parser.add_argument("--parked-connections", type=int, default=60, help="parked-flood's tagged connections (500 topics each)")
     parser.add_argument("--topics-per-key", type=int, default=20000, help="the relay's limits.topicsPerKey")
     args = parser.parse_args()
