@@ -102,6 +102,9 @@ public struct PolygonREST: Sendable {
                 if status != 429 && status < 500 { return .failure(last) }
             } catch {
                 if Task.isCancelled || error is CancellationError { return .failure(.cancelled) }
+                // A server that took the whole timeout without a whole answer (a trickled body) is not
+                // asked again: each attempt would hold the caller as long again.
+                if error is TimedOut { return .failure(.transport("\(error)")) }
                 last = .transport("\(error)")
                 // The relay is stopping: no later attempt can succeed.
                 if let error = error as? HTTPClientError, error == .alreadyShutdown { return .failure(last) }
