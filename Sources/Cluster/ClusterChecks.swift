@@ -98,10 +98,15 @@ public enum ClusterChecks {
 public struct LeaseValue: Codable, Sendable, Equatable {
     public var node: String
     public var leaseMs: Int64
+    /// Names one term (one take of the lease), so a node restarted under the same name that takes the
+    /// lease again is seen as a new leader: the other nodes tell their clients the old one went. Absent
+    /// in values of earlier versions.
+    public var term: String?
 
-    public init(node: String, leaseMs: Int64) {
+    public init(node: String, leaseMs: Int64, term: String? = nil) {
         self.node = node
         self.leaseMs = leaseMs
+        self.term = term
     }
 
     /// The value a node writes.
@@ -114,7 +119,7 @@ public struct LeaseValue: Codable, Sendable, Equatable {
     /// A lease value a relay node wrote, or `nil`.
     public init?(parsing bytes: [UInt8]) {
         guard bytes.count <= 1024, let value = try? JSONDecoder().decode(LeaseValue.self, from: Data(bytes)),
-            !value.node.isEmpty, value.node.count <= 128, value.leaseMs > 0
+            !value.node.isEmpty, value.node.count <= 128, value.leaseMs > 0, (value.term?.utf8.count ?? 0) <= 64
         else { return nil }
         self = value
     }

@@ -18,9 +18,17 @@ final class ClusterFeed: Sendable {
     static let lossPrefix = "loss:"
     /// The leader's epoch: the positions in the events that follow are of it.
     static let epochPrefix = "epoch:"
+    /// The leader forgot a node's interest (not heard from within its TTL): `forgotten:<node token>`.
+    static let forgottenPrefix = "forgotten:"
     static let maxQueuedEvents = 100_000
+    /// The most bytes of a control message read.
+    static let maxControlBytes = 64 * 1024
+    /// The most events one loss report of the leader's may claim (its queue holds far fewer).
+    static let maxReportedLoss = 1_000_000_000
 
     let subjects: ClusterSubjects
+    /// This node's name (a `forgotten:` notice naming it is for its clients).
+    private let node: String
     private let connection: NATSConnection
     private let hub: MarketDataHub
     private let metrics: ClusterMetrics
@@ -32,9 +40,10 @@ final class ClusterFeed: Sendable {
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
 
     init(
-        connection: NATSConnection, subjects: ClusterSubjects, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
+        connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
+        self.node = node
         self.connection = connection
         self.subjects = subjects
         self.hub = hub
@@ -66,7 +75,9 @@ final class ClusterFeed: Sendable {
         }
         eventSink.withLock { $0 = sink }
         let control = NATSMessageSink { [weak self] _, payload in
-            let reason = String(decoding: payload, as: UTF8.self)
+            // No control message of the leader's is longer (a refusal names at most 500 topics); what is
+            // past this is not read.
+            let reason = String(decoding: UnsafeRawBufferPointer(rebasing: payload.prefix(ClusterFeed.maxControlBytes)), as: UTF8.self)
             if reason.hasPrefix(ClusterFeed.epochPrefix) {
                 let epoch = String(reason.dropFirst(ClusterFeed.epochPrefix.count))
                 // A token the leader made: 1 to 32 letters and digits, or it is refused.
@@ -85,11 +96,27 @@ final class ClusterFeed: Sendable {
                 self?.inbox.push(.refused(topics: refused.topics, code: refused.code, reason: refused.reason))
                 return
             }
+            if reason.hasPrefix(ClusterFeed.forgottenPrefix) {
+                // Another node's: not this node's clients' business.
+                let named = ClusterSubjects.decodeToken(reason.dropFirst(ClusterFeed.forgottenPrefix.count))
+                guard let self, named == self.node else { return }
+                let why = "the cluster leader did not hear from this relay node for a while (its NATS link stalled); events may be missing"
+                self.inbox.push(.connectionLost(reason: why))
+                return
+            }
             if reason.hasPrefix(ClusterFeed.lossPrefix), let count = Int(reason.dropFirst(ClusterFeed.lossPrefix.count)) {
+                guard (1...ClusterFeed.maxReportedLoss).contains(count) else {
+                    let logger = self?.logger ?? Logger(label: "relay.cluster")
+                    self?.metrics.rejected("control", "a loss report of \(count) events", logger: logger)
+                    return
+                }
                 self?.inbox.push(.lost(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
                 return
             }
-            self?.inbox.push(.connectionLost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
+            // Anything else is the leader's notice of an outage, in its words; its clients see them, so
+            // they are bounded and printable (whoever may publish here writes them).
+            let shown = ClusterText.visible(reason)
+            self?.inbox.push(.connectionLost(reason: shown.isEmpty ? "the cluster leader lost its upstream connection" : shown))
         }
         _ = connection.subscribe(subjects.upstreamControl, sink: control)
         connection.onSlowConsumer { [weak self] subscription in

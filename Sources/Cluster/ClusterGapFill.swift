@@ -9,11 +9,18 @@ import Synchronization
 /// composition root) and how many topics one ask names. `Sendable`.
 public struct ClusterGapFillHook: Sendable {
     public var maxTopics: Int
+    /// The longest outage the fill covers (`gapFill.maxWindowSeconds`): the leader fills no ask whose
+    /// window is longer or reaches further back (``FillWire/fillable(_:maxWindow:now:)``).
+    public var maxWindow: Duration
     /// Fills one request, handing the results to the outlet; ends early when its task is cancelled.
     public var fill: @Sendable (GapFillRequest, any RecoveryOutlet) async -> Void
 
-    public init(maxTopics: Int, fill: @escaping @Sendable (GapFillRequest, any RecoveryOutlet) async -> Void) {
+    public init(
+        maxTopics: Int, maxWindow: Duration = .seconds(15 * 60),
+        fill: @escaping @Sendable (GapFillRequest, any RecoveryOutlet) async -> Void
+    ) {
         self.maxTopics = maxTopics
+        self.maxWindow = maxWindow
         self.fill = fill
     }
 }
@@ -44,8 +51,11 @@ final class TermSequencer: Sendable {
 /// makes its request (``GapFillRequest``: the window and the topics its clients hold by name, each with
 /// the last event it had). The node publishes it as an ask. The leader gathers the asks of a quarter
 /// second, fills their union once from the REST API, and publishes the recovered events with its
-/// positions, then how the fill ended and which asks it answered. Every node puts every recovered event
-/// in its history (positions stay the same everywhere) and delivers to its clients only what falls in
+/// positions, then how the fill ended and which asks it answered. An ask whose window the fill does not
+/// cover (``FillWire/fillable(_:maxWindow:now:)``) is answered `skipped` on its own, never merged; a
+/// union of fillable asks longer than the fill covers is filled in turns. Every node watches the asks
+/// too, and takes recovered events only for topics an ask named (``AskedTopics``); the leader publishes
+/// only the topics of the asks it answers. Every node puts every recovered event in its history (positions stay the same everywhere) and delivers to its clients only what falls in
 /// its own pending gaps (``MarketDataHub/deliverRecovered(_:_:order:)``). A fill cut short by the end of
 /// a term answers nobody: the nodes keep their gaps, and their next ask (after the failover) covers the
 /// union of both outages, which the new leader fills.
@@ -67,6 +77,8 @@ final class ClusterGapFill: Sendable {
     private let inbox: AskInbox
     /// Receives asks while this node leads (one sink for the process: sinks live as long as it).
     private let askSink: NATSMessageSink
+    /// The topics the cluster's recent asks named: the only ones this node takes recovered events of.
+    private let asked = AskedTopics()
 
     init(
         hook: ClusterGapFillHook, subjects: ClusterSubjects, node: String, hub: MarketDataHub, sequencer: TermSequencer, metrics: ClusterMetrics,
@@ -83,9 +95,17 @@ final class ClusterGapFill: Sendable {
         self.rules = rules
         let inbox = AskInbox()
         self.inbox = inbox
+        let maxWindow = hook.maxWindow
         askSink = NATSMessageSink { _, payload in
             guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, rules: rules) else {
                 return metrics.rejected("fill_ask", "an ask that does not read (\(payload.count) bytes)", logger: logger)
+            }
+            guard FillWire.fillable(ask, maxWindow: maxWindow) else {
+                metrics.rejected(
+                    "fill_ask",
+                    "ask \(ask.id) for \(ask.from)...\(ask.through) (Unix ms): not within the \(maxWindow.components.seconds) s the fill covers before now; answered skipped",
+                    logger: logger)
+                return inbox.refuse(ask)
             }
             inbox.add(ask)
         }
@@ -105,6 +125,15 @@ final class ClusterGapFill: Sendable {
             let sent = FillWire.ask(ask).withUnsafeBytes { connection.publish(subjects.fillAsk, $0) }
             if !sent { metrics.publishFailed("fill_ask", logger: logger) }
         }
+        // Every node reads every ask (its own too), so it knows which topics a fill may bring.
+        let (asked, rules, maxWindow) = (self.asked, self.rules, hook.maxWindow)
+        let watch = NATSMessageSink { _, payload in
+            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, rules: rules),
+                FillWire.fillable(ask, maxWindow: maxWindow)
+            else { return }
+            asked.note(ask.topics.map(\.topic))
+        }
+        _ = connection.subscribe(subjects.fillAsk, sink: watch)
         let mine = ClusterSubjects.token(node) + "/"
         let answers = NATSMessageSink { [weak feed] _, payload in
             guard let feed else { return }
@@ -112,6 +141,9 @@ final class ClusterGapFill: Sendable {
             case UInt8(ascii: "E"):
                 guard let (topic, order, events) = FillWire.readEvents(payload, market: subjects.wireMarket) else {
                     return metrics.rejected("fill", "recovered events that do not read (\(payload.count) bytes)", logger: logger)
+                }
+                guard asked.contains(topic) else {
+                    return metrics.rejected("fill", "recovered events of \(topic), which no recent ask named", logger: logger)
                 }
                 feed.push(.recovered(topic: topic, events: events, order: order))
             case UInt8(ascii: "S"):
@@ -142,7 +174,18 @@ final class ClusterGapFill: Sendable {
         for await _ in arrivals {
             try? await Task.sleep(for: Self.gathering)
             if Task.isCancelled { return }
-            let gathered = inbox.take()
+            // Asks the fill does not cover: answered on their own, as a single relay answers them.
+            let refused = inbox.takeRefused()
+            if !refused.isEmpty {
+                let (from, through) = (refused.map(\.from).min() ?? 0, refused.map(\.through).max() ?? 0)
+                let message = FillWire.end(.skipped, from: from, through: through, answering: refused.map(\.id))
+                if !message.withUnsafeBytes({ connection.publish(subjects.fillResult, $0) }) {
+                    metrics.publishFailed("fill", logger: logger)
+                }
+            }
+            let (gathered, later) = Self.batch(inbox.take(), maxWindow: hook.maxWindow)
+            // The rest waits for the next turn (each ask alone fits: ``FillWire/fillable(_:maxWindow:now:)``).
+            if !later.isEmpty { inbox.putBack(later) }
             guard !gathered.isEmpty else { continue }
             generation += 1
             let request = Self.merge(gathered, generation: generation)
@@ -154,10 +197,30 @@ final class ClusterGapFill: Sendable {
                 ])
             let outlet = LeaderOutlet(
                 connection: connection, subject: subjects.fillResult, sequencer: sequencer, answering: gathered.map(\.id), from: request.from,
-                through: request.through, metrics: metrics, logger: logger)
+                through: request.through, topics: Set(request.topics.map(\.topic)), metrics: metrics, logger: logger)
             await hook.fill(request, outlet)
             if Task.isCancelled { return }
         }
+    }
+
+    /// The asks one fill takes: the newest first, as many as keep the union of their windows within
+    /// `maxWindow` (the fill skips a longer one, and every ask with it); the rest for a later turn.
+    static func batch(_ asks: [FillWire.Ask], maxWindow: Duration) -> (now: [FillWire.Ask], later: [FillWire.Ask]) {
+        let window = maxWindow.milliseconds
+        var now: [FillWire.Ask] = []
+        var later: [FillWire.Ask] = []
+        var from = Int64.max
+        var through = Int64.min
+        for ask in asks.sorted(by: { $0.through > $1.through }) {
+            let (joinedFrom, joinedThrough) = (min(from, ask.from), max(through, ask.through))
+            if now.isEmpty || joinedThrough - joinedFrom <= window {
+                now.append(ask)
+                (from, through) = (joinedFrom, joinedThrough)
+            } else {
+                later.append(ask)
+            }
+        }
+        return (now, later)
     }
 
     /// One request for every ask gathered: the union of their windows; each topic once, held by the sum
@@ -192,14 +255,37 @@ final class ClusterGapFill: Sendable {
 /// stream does not start again). `Sendable`: `Mutex`es.
 final class AskInbox: Sendable {
     private let asks = Mutex<[FillWire.Ask]>([])
+    /// Asks the fill does not cover, to be answered `skipped` (at most ``maxRefused`` kept).
+    private let refused = Mutex<[FillWire.Ask]>([])
     private let wake = Mutex<AsyncStream<Void>.Continuation?>(nil)
+    static let maxRefused = 1_000
 
     /// A term begins: no ask from before it is kept (each node asks again after the failover).
     func open() -> AsyncStream<Void> {
         let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         asks.withLock { $0.removeAll() }
+        refused.withLock { $0.removeAll() }
         wake.withLock { $0 = continuation }
         return stream
+    }
+
+    /// An ask the fill does not cover: answered `skipped` at the next turn.
+    func refuse(_ ask: FillWire.Ask) {
+        refused.withLock { if $0.count < Self.maxRefused { $0.append(ask) } }
+        _ = wake.withLock { $0 }?.yield()
+    }
+
+    func takeRefused() -> [FillWire.Ask] {
+        refused.withLock { refused in
+            defer { refused.removeAll() }
+            return refused
+        }
+    }
+
+    /// Asks left for a later turn (the wake-up comes again).
+    func putBack(_ later: [FillWire.Ask]) {
+        asks.withLock { $0.insert(contentsOf: later, at: 0) }
+        _ = wake.withLock { $0 }?.yield()
     }
 
     func close() {
@@ -222,8 +308,42 @@ final class AskInbox: Sendable {
     }
 }
 
+/// The topics the cluster's asks named lately (every node's, as each node reads them on NATS): a node
+/// takes recovered events only of these, so a fill message about a topic nobody asked for goes nowhere.
+/// Each is kept ``lifetime`` after the last ask naming it (a hub gives up an outage's gaps after as
+/// long), at most ``maxTopics`` (past it the ones noted longest ago go). `Sendable`: a `Mutex`.
+final class AskedTopics: Sendable {
+    static let lifetime: Duration = .seconds(15 * 60)
+    static let maxTopics = 100_000
+    private let noted = Mutex<[Topic: ContinuousClock.Instant]>([:])
+
+    func note(_ topics: [Topic], at now: ContinuousClock.Instant = .now) {
+        noted.withLock { noted in
+            for topic in topics { noted[topic] = now }
+            guard noted.count > Self.maxTopics else { return }
+            noted = noted.filter { now - $0.value < Self.lifetime }
+            if noted.count > Self.maxTopics {
+                let oldest = noted.sorted { $0.value < $1.value }.prefix(noted.count - Self.maxTopics).map(\.key)
+                for topic in oldest { noted[topic] = nil }
+            }
+        }
+    }
+
+    func contains(_ topic: Topic, at now: ContinuousClock.Instant = .now) -> Bool {
+        noted.withLock { noted in
+            guard let at = noted[topic] else { return false }
+            guard now - at < Self.lifetime else {
+                noted[topic] = nil
+                return false
+            }
+            return true
+        }
+    }
+}
+
 /// The leader's outlet: recovered events onto NATS with the term's positions, then the fill's end
-/// naming the asks it answered. A fill cancelled by the end of the term answers nobody. `Sendable`.
+/// naming the asks it answered. A fill cancelled by the end of the term answers nobody. Only the
+/// topics of the asks it answers are published. `Sendable`.
 struct LeaderOutlet: RecoveryOutlet {
     let connection: NATSConnection
     let subject: String
@@ -231,10 +351,16 @@ struct LeaderOutlet: RecoveryOutlet {
     let answering: [String]
     let from: Int64
     let through: Int64
+    /// The topics the answered asks named.
+    let topics: Set<Topic>
     let metrics: ClusterMetrics
     let logger: Logger
 
     func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder) async -> Int {
+        guard topics.contains(topic) else {
+            metrics.rejected("fill", "the fill brought \(topic), which no ask it answers named: not published", logger: logger)
+            return 0
+        }
         var published = 0
         sequencer.stamp(events) { stamped in
             for message in FillWire.events(topic, order: order, stamped) {

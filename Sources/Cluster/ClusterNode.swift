@@ -18,9 +18,13 @@ import Upstream
 /// the lease is taken, and closed when half the lease has passed without a renewal — before the lease
 /// can lapse and another node take it — so two upstream connections never exist at once. That close
 /// needs this node's tasks to run; as a backstop the upstream client's own service thread closes the
-/// socket at 3/5 of the lease after the last renewal, whatever the cooperative pool is doing. On graceful
-/// shutdown the leader closes upstream first, then deletes the lease, and a follower takes over within
-/// one poll interval.
+/// socket at 3/5 of the lease after the last renewal, whatever the cooperative pool is doing. A renewal
+/// that shows the lease gone (the bucket lost, the key empty) or taken by another node closes the
+/// upstream at once. The lapse alone does not protect against a bucket that loses its values (NATS
+/// restarted with it in memory): a node that takes the lease without having watched it held connects
+/// upstream only a whole lease after its view of the bucket began (``LeaseView``). On graceful shutdown
+/// the leader closes upstream first, then deletes the lease, and a follower takes over within one poll
+/// interval.
 ///
 /// `Sendable`; a `Service`. State behind a `Mutex`; ``run()`` owns every task and the NATS connection.
 public final class ClusterNode: Service, Sendable {
@@ -39,6 +43,9 @@ public final class ClusterNode: Service, Sendable {
         var feed: ClusterFeed?
         var leading = false
         var leader: String?
+        /// The term of the leader's lease (``LeaseValue/term``), and of this node's own last one.
+        var leaderTerm: String?
+        var ownTerm: String?
         var lastKnownLeader: String?
         var upstream: PolygonWebSocket?
         var interest: InterestTable
@@ -144,7 +151,9 @@ public final class ClusterNode: Service, Sendable {
             state.withLock { $0.stopped = true }
             throw ClusterError.natsSetup(problem)
         }
-        let feed = ClusterFeed(connection: connection, subjects: subjects, hub: hub, metrics: metrics, logger: logger) {
+        let feed = ClusterFeed(
+            connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger
+        ) {
             [weak self] topic in await self?.lastEvent(for: topic)
         }
         state.withLock { state in
@@ -215,7 +224,8 @@ public final class ClusterNode: Service, Sendable {
     /// ``ClusterConfiguration/maxTopicsPerNode`` (the leader would refuse more): past it, the first
     /// topics in order are asked for, and the rest is counted and logged, never dropped silently.
     private func publishInterest() {
-        guard let connection = state.withLock({ $0.connection }) else { return }
+        // Not connected yet: the first connection publishes it (``watch(_:feed:)``).
+        guard let connection = state.withLock({ $0.connection }), connection.state != .connecting else { return }
         var topics = localInterest.topics.sorted()
         if topics.count > configuration.maxTopicsPerNode {
             metrics.interestCapped(wanted: topics.count, cap: configuration.maxTopicsPerNode, logger: logger)
@@ -287,8 +297,13 @@ public final class ClusterNode: Service, Sendable {
         while !Task.isCancelled {
             try? await Task.sleep(for: configuration.lastValueInterval)
             let now = ContinuousClock.now
-            let (expired, leading) = state.withLock { ($0.interest.expire(at: now), $0.leading) }
-            if expired, leading { updateUpstreamTopics() }
+            let (expired, leading) = state.withLock { ($0.interest.expireNodes(at: now), $0.leading) }
+            if expired.changed, leading {
+                updateUpstreamTopics()
+                // A node silent that long may be cut off only for a while (a stalled link): it learns, in
+                // order with the events, that its clients' topics may have left the upstream meanwhile.
+                for node in expired.nodes { publish(control: ClusterFeed.forgottenPrefix + ClusterSubjects.token(node)) }
+            }
             if leading { writeLastValues() }
             if now - lastHeartbeat >= configuration.interestHeartbeat {
                 lastHeartbeat = now
@@ -340,9 +355,15 @@ public final class ClusterNode: Service, Sendable {
             }
         }
         let backoff = Backoff(initial: .milliseconds(250), cap: .seconds(5))
+        var view = LeaseView(hold: configuration.leaseDuration)
         while !Task.isCancelled {
             guard let connection = state.withLock({ $0.connection }) else { return }
             var bucket = state.withLock { $0.leaseBucket }
+            if bucket == nil, connection.state == .connecting {
+                // Never connected yet: the connection says so itself.
+                try? await Task.sleep(for: configuration.leasePollInterval)
+                continue
+            }
             if bucket == nil {
                 do {
                     let lease = try await connection.keyValue(bucket: subjects.leaseBucket, ttl: configuration.leaseDuration)
@@ -357,6 +378,7 @@ public final class ClusterNode: Service, Sendable {
                         $0.lastValueBucket = last
                     }
                     bucket = lease
+                    view.reset()
                     failures = 0
                     if lastProblem != nil { logger.info("cluster lease: JetStream reachable again") }
                     lastProblem = nil
@@ -370,10 +392,12 @@ public final class ClusterNode: Service, Sendable {
             }
             guard let bucket else { continue }
             let entry: KeyValueBucket.Entry?
+            let sentWith = connection.continuity
             do {
                 entry = try await bucket.get(subjects.leaseKey)
                 failures = 0
             } catch {
+                view.reset()
                 problem("reading the lease: \(error)")
                 // After a NATS restart the bucket may be gone: bind (or create) it again.
                 if failures >= 3 { state.withLock { $0.leaseBucket = nil } }
@@ -385,12 +409,14 @@ public final class ClusterNode: Service, Sendable {
             // its next renewal. A follower does not take it: a leader may still be connected upstream,
             // so the follower waits for the leader's renewal or the value's lapse (its TTL).
             let holder = entry.flatMap { LeaseValue(parsing: $0.value) }
+            view.read(
+                revision: entry?.revision, holder: holder != nil, sentWith: sentWith, answeredWith: connection.continuity, at: .now)
             if let entry, holder == nil, entry.revision != foreignRevision {
                 foreignRevision = entry.revision
                 metrics.rejected(
                     "lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
             }
-            observe(leader: holder?.node, feed: feed)
+            observe(leader: holder?.node, term: holder?.term, feed: feed)
             // Spread: leave a free lease to a live node that leads no market (for a bounded while).
             if entry == nil, let spread, spread.shouldDefer(market: market, liveNodes: state.withLock({ $0.interest.liveNodes })) {
                 try? await Task.sleep(for: configuration.leasePollInterval)
@@ -398,9 +424,14 @@ public final class ClusterNode: Service, Sendable {
             }
             if entry == nil, !Task.isCancelled {
                 let asked = ContinuousClock.now
-                if let revision = try? await bucket.create(subjects.leaseKey, leaseValue) {
-                    observe(leader: configuration.nodeID, feed: feed)
-                    await lead(bucket: bucket, revision: revision, takenAt: asked, feed: feed)
+                let term = Self.newTerm()
+                if let revision = try? await bucket.create(subjects.leaseKey, leaseValue(term: term)) {
+                    let allowed = view.upstreamAllowed(takenAt: revision, continuity: connection.continuity, now: .now)
+                    state.withLock { $0.ownTerm = term }
+                    observe(leader: configuration.nodeID, term: term, feed: feed)
+                    await lead(bucket: bucket, revision: revision, takenAt: asked, upstreamFrom: allowed, term: term, feed: feed)
+                    // What this node saw before its term tells nothing about the bucket after it.
+                    view.reset()
                     continue
                 }
             }
@@ -408,26 +439,33 @@ public final class ClusterNode: Service, Sendable {
         }
     }
 
-    /// Notes the lease's holder; a change away from another node tells this node's subscribers that
-    /// events stopped (the first event from the new leader then announces the gap).
-    private func observe(leader holder: String?, feed: ClusterFeed) {
+    /// Notes the lease's holder and its term; a change away from another node's term (another node, or
+    /// the same name restarted) tells this node's subscribers that events stopped (the first event from
+    /// the new leader then announces the gap).
+    private func observe(leader holder: String?, term: String?, feed: ClusterFeed) {
         spread?.observe(market: market, leader: holder)
-        let (previous, failover) = state.withLock { state -> (String?, Bool) in
+        let (previous, change, failover) = state.withLock { state -> (String?, LeaderChange, Bool) in
             let previous = state.leader
+            let change = LeaderChange(
+                from: previous.map { LeaderChange.Holder(node: $0, term: state.leaderTerm) },
+                to: holder.map { LeaderChange.Holder(node: $0, term: term) }, me: configuration.nodeID, ownTerm: state.ownTerm)
             state.leader = holder
+            state.leaderTerm = term
             var failover = false
             if let holder {
-                failover = state.lastKnownLeader != nil && state.lastKnownLeader != holder
+                failover = state.lastKnownLeader != nil && (state.lastKnownLeader != holder || change.newTerm)
                 state.lastKnownLeader = holder
             }
-            return (previous, failover)
+            return (previous, change, failover)
         }
-        guard previous != holder else { return }
+        guard change.changed else { return }
         if failover { metrics.failovers.increment() }
         logger.info(
-            "cluster leader of \(market): \(previous ?? "none") → \(holder ?? "none")", metadata: ["node": "\(configuration.nodeID)"])
-        if let previous, previous != configuration.nodeID {
-            feed.announceLost("the cluster leader \(previous) gave up the upstream connection (its lease ended); another node takes over")
+            "cluster leader of \(market): \(previous ?? "none") → \(holder ?? "none")\(change.newTerm ? " (a new term)" : "")",
+            metadata: ["node": "\(configuration.nodeID)"])
+        if let previous, change.othersTermEnded {
+            let name = ClusterText.visible(previous, limit: 64)
+            feed.announceLost("the cluster leader \(name) gave up the upstream connection (its lease ended); another node takes over")
         }
     }
 
@@ -439,8 +477,16 @@ public final class ClusterNode: Service, Sendable {
         }
     }
 
-    /// What this node writes as the lease's value.
-    private var leaseValue: String { LeaseValue(node: configuration.nodeID, leaseMs: configuration.leaseDuration.milliseconds).text }
+    /// What this node writes as the lease's value in term `term`.
+    private func leaseValue(term: String) -> String {
+        LeaseValue(node: configuration.nodeID, leaseMs: configuration.leaseDuration.milliseconds, term: term).text
+    }
+
+    /// A new term's name: 12 random letters and digits.
+    private static func newTerm() -> String {
+        let alphabet = Array("abcdefghijklmnopqrstuvwxyz0123456789")
+        return String((0..<12).map { _ in alphabet.randomElement() ?? "x" })
+    }
 
     private enum TermEnd {
         case shutdown(validUntil: ContinuousClock.Instant)
@@ -449,15 +495,23 @@ public final class ClusterNode: Service, Sendable {
         case lost(String)
     }
 
-    /// One term as leader: upstream connected while the lease is renewed, closed before it can lapse.
-    private func lead(bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, feed: ClusterFeed) async {
+    /// One term as leader: upstream connected while the lease is renewed (from `upstreamFrom` on, see
+    /// ``LeaseView``), closed before it can lapse.
+    private func lead(
+        bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, upstreamFrom: ContinuousClock.Instant, term: String,
+        feed: ClusterFeed
+    ) async {
         guard let connection = state.withLock({ $0.connection }) else { return }
         let upstream: PolygonWebSocket
         do {
             upstream = try await makeUpstream()
         } catch {
-            logger.error("this node took the lease but cannot make its upstream client: \(error); releasing the lease")
-            try? await bucket.delete(subjects.leaseKey)
+            // Released only once no earlier holder can still be connected (a node that saw this lease
+            // held takes a released one at once); before that it is left to lapse.
+            let release = ContinuousClock.now >= upstreamFrom
+            let then = release ? "releasing the lease" : "leaving the lease to lapse"
+            logger.error("this node took the lease but cannot make its upstream client: \(error); \(then)")
+            if release { try? await bucket.delete(subjects.leaseKey) }
             try? await Task.sleep(for: configuration.leaseDuration)
             return
         }
@@ -467,22 +521,32 @@ public final class ClusterNode: Service, Sendable {
             return state.interest.union
         }
         metrics.leader.record(1)
-        logger.info(
-            "this node leads the cluster: connecting upstream",
-            metadata: ["node": "\(configuration.nodeID)", "upstream": "\(upstream.configuration.endpoint)", "topics": "\(union.count)"])
+        let wait = upstreamFrom - ContinuousClock.now
+        if wait > .zero {
+            logger.warning(
+                "this node leads the cluster but connects upstream only in \(wait.milliseconds) ms: it took a lease it had not seen held (just started, back on NATS, or NATS lost the lease bucket), and a holder NATS forgot may still be connected for up to 3/5 of the lease",
+                metadata: ["node": "\(configuration.nodeID)", "upstream": "\(upstream.configuration.endpoint)", "topics": "\(union.count)"])
+        } else {
+            logger.info(
+                "this node leads the cluster: connecting upstream",
+                metadata: ["node": "\(configuration.nodeID)", "upstream": "\(upstream.configuration.endpoint)", "topics": "\(union.count)"])
+        }
         upstream.setWantedTopics(union)
-        upstream.setDeadline(takenAt + configuration.upstreamDeadlineAfter)
+        // A deadline already passed holds the client from connecting until ``renew`` moves it.
+        upstream.setDeadline(wait > .zero ? .now : takenAt + configuration.upstreamDeadlineAfter)
         if !connection.publish(subjects.interestRequest, "") { metrics.publishFailed("control", logger: logger) }
         let upstreamRun = Task { try? await upstream.run() }
         sequencer.begin(stamps: stampsPositions)
         let publisher = Task { await self.publish(from: upstream, to: connection) }
         let filling = fills.map { fills in Task { await fills.lead(connection: connection) } }
 
-        let end = await renew(bucket: bucket, revision: revision, takenAt: takenAt, upstream: upstream)
+        let end = await renew(
+            bucket: bucket, revision: revision, takenAt: takenAt, upstreamFrom: upstreamFrom, term: term, upstream: upstream)
+        // Closed first: nothing that ends more slowly (a fill's REST request) may hold it open.
+        upstream.shutdown()
         // A fill cut short answers nobody: the nodes ask the next leader for the union of their outages.
         filling?.cancel()
         await filling?.value
-        upstream.shutdown()
         await upstreamRun.value
         await publisher.value
         sequencer.end()
@@ -503,8 +567,10 @@ public final class ClusterNode: Service, Sendable {
             } else {
                 publish(control: "the cluster leader \(configuration.nodeID) is shutting down; another node takes over")
             }
-            // Delete only a lease that is surely still ours.
-            if ContinuousClock.now < validUntil {
+            // Delete only a lease that is surely still ours, and only once no earlier holder can still
+            // be connected (a follower that saw it held takes a released lease at once); before that
+            // it lapses by itself.
+            if ContinuousClock.now < validUntil, ContinuousClock.now >= upstreamFrom {
                 do {
                     try await bucket.delete(subjects.leaseKey)
                     logger.info("upstream closed and lease released for a successor", metadata: ["node": "\(configuration.nodeID)"])
@@ -519,24 +585,47 @@ public final class ClusterNode: Service, Sendable {
     /// Renews the lease until it is lost or shutdown begins.
     /// Each renewal also moves the upstream client's own deadline (see
     /// ``ClusterConfiguration/upstreamDeadlineAfter``), so the socket closes in time even if this task
-    /// never runs again.
+    /// never runs again; before `upstreamFrom` the deadline stays passed, so the client does not connect.
     private func renew(
-        bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, upstream: PolygonWebSocket
+        bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, upstreamFrom: ContinuousClock.Instant, term: String,
+        upstream: PolygonWebSocket
     ) async -> TermEnd {
         var revision = revision
         var lastRenewed = takenAt
+        var opened = ContinuousClock.now >= upstreamFrom
+        var nextRenewal = ContinuousClock.now + configuration.renewInterval
+        /// The upstream may stay connected 3/5 of the lease past the last renewal, once it may connect at all.
+        func extend() {
+            if opened { upstream.setDeadline(lastRenewed + configuration.upstreamDeadlineAfter) }
+        }
+        /// A renewal showed the lease gone or another node's: the upstream closes at once, not at its
+        /// deadline (its client's service thread closes the socket when it sees a deadline passed).
+        func lose(_ reason: String) -> TermEnd {
+            upstream.setDeadline(.now)
+            metrics.renewFailed.increment()
+            return .lost(reason + "; upstream closed at once")
+        }
         while true {
             let deadline = lastRenewed + configuration.dropUpstreamAfter
+            var wake = min(deadline, nextRenewal)
+            if !opened { wake = min(wake, upstreamFrom) }
             do {
-                try await Task.sleep(until: min(deadline, .now + configuration.renewInterval))
+                try await Task.sleep(until: wake)
             } catch {
-                return .shutdown(validUntil: lastRenewed + configuration.dropUpstreamAfter)
+                return .shutdown(validUntil: deadline)
             }
             if ContinuousClock.now >= deadline {
                 return .lost("the lease could not be renewed for \(configuration.dropUpstreamAfter)")
             }
+            if !opened, ContinuousClock.now >= upstreamFrom {
+                opened = true
+                extend()
+                logger.info(
+                    "connecting upstream now: no earlier holder can still be connected", metadata: ["node": "\(configuration.nodeID)"])
+            }
+            guard ContinuousClock.now >= nextRenewal else { continue }
             let sent = ContinuousClock.now
-            let (key, node, last) = (subjects.leaseKey, leaseValue, revision)
+            let (key, node, last, nodeID) = (subjects.leaseKey, leaseValue(term: term), revision, configuration.nodeID)
             let outcome = await Self.race(until: deadline) { () async throws(NATSError) -> UInt64 in
                 try await bucket.update(key, node, last: last)
             }
@@ -544,43 +633,61 @@ public final class ClusterNode: Service, Sendable {
             case .success(let next):
                 revision = next
                 lastRenewed = sent
-                upstream.setDeadline(sent + configuration.upstreamDeadlineAfter)
+                extend()
                 metrics.renewed.increment()
-                if let spread,
-                    spread.shouldHandOff(market: market, liveNodes: state.withLock({ $0.interest.liveNodes }), leadingSince: takenAt)
+                if opened, let spread,
+                    spread.shouldHandOff(
+                        market: market, liveNodes: state.withLock({ $0.interest.liveNodes }), leadingSince: max(takenAt, upstreamFrom))
                 {
                     return .handOff(validUntil: lastRenewed + configuration.dropUpstreamAfter)
                 }
             case .failure(.rejected(let text)):
-                // Someone wrote the key. A relay node's lease there means it was taken over; anything
-                // else is not obeyed: taken back with a revision-checked write.
-                let outcome = await Self.race(until: deadline) { () async throws(NATSError) -> UInt64 in
-                    guard let entry = try await bucket.get(key) else { return try await bucket.create(key, node) }
-                    if let holder = LeaseValue(parsing: entry.value) { throw .rejected("held by \(holder.node)") }
-                    return try await bucket.update(key, node, last: entry.revision)
+                // Someone wrote the key since. This node's own lease there (a renewal NATS applied but
+                // whose answer was lost) is renewed from its revision; a value no relay node wrote is
+                // not obeyed but taken back with a revision-checked write, the upstream staying up (no
+                // node takes over a value that is not a lease). Another node's lease, or none, ends
+                // the term at once.
+                let outcome = await Self.race(until: deadline) { () async throws(NATSError) -> (UInt64, foreign: Bool) in
+                    guard let entry = try await bucket.get(key) else { throw .gone("the lease key is empty") }
+                    if let holder = LeaseValue(parsing: entry.value) {
+                        // Another term under this name is another process's (two nodes named alike).
+                        guard holder.node == nodeID, holder.term == term else { throw .rejected("held by \(holder.node)") }
+                        return (try await bucket.update(key, node, last: entry.revision), false)
+                    }
+                    return (try await bucket.update(key, node, last: entry.revision), true)
                 }
-                guard case .success(let next) = outcome else {
-                    metrics.renewFailed.increment()
-                    return .lost("the lease was taken over (\(text))")
+                let next: UInt64
+                let foreign: Bool
+                switch outcome {
+                case .success(let taken): (next, foreign) = taken
+                case .failure(.rejected(let held)): return lose("the lease was taken over (\(held))")
+                case .failure(.gone): return lose("the lease is gone from NATS (\(text))")
+                case .failure(.unavailable(let why)):
+                    return lose("a renewal was refused (\(text)) and the lease could not be read (\(why))")
                 }
-                metrics.rejected("lease", "the lease key was overwritten or deleted, not by a relay node; taken back", logger: logger)
+                if foreign {
+                    metrics.rejected("lease", "the lease key was overwritten, not by a relay node; taken back", logger: logger)
+                }
                 revision = next
                 lastRenewed = sent
-                upstream.setDeadline(sent + configuration.upstreamDeadlineAfter)
+                extend()
                 metrics.renewed.increment()
+            case .failure(.gone(let text)):
+                return lose("the lease bucket is gone from NATS (\(text))")
             case .failure(.unavailable(let text)):
                 metrics.renewFailed.increment()
                 logger.warning("lease renewal failed: \(text)", metadata: ["node": "\(configuration.nodeID)"])
             }
+            nextRenewal = ContinuousClock.now + configuration.renewInterval
             if Task.isCancelled { return .shutdown(validUntil: lastRenewed + configuration.dropUpstreamAfter) }
         }
     }
 
     /// Runs `operation`, giving up (as unavailable) at `deadline`.
-    private static func race(
-        until deadline: ContinuousClock.Instant, _ operation: @escaping @Sendable () async throws(NATSError) -> UInt64
-    ) async -> Result<UInt64, NATSError> {
-        await withTaskGroup(of: Result<UInt64, NATSError>?.self) { group in
+    private static func race<T: Sendable>(
+        until deadline: ContinuousClock.Instant, _ operation: @escaping @Sendable () async throws(NATSError) -> T
+    ) async -> Result<T, NATSError> {
+        await withTaskGroup(of: Result<T, NATSError>?.self) { group in
             group.addTask {
                 do throws(NATSError) { return .success(try await operation()) } catch { return .failure(error) }
             }

@@ -149,7 +149,8 @@ enum FillWire {
             case "R":
                 guard let count = Int(parts[2]) else { return nil }
                 summary.recovered[topic] = count
-            case "M": summary.missing[topic] = String(parts[2])
+            // Told to clients as is: bounded and printable.
+            case "M": summary.missing[topic] = ClusterText.visible(parts[2])
             default: return nil
             }
         }
@@ -162,6 +163,20 @@ enum FillWire {
     /// A window of Unix ms a node could have seen: from after 2000 to a day past now, in order.
     static func plausible(_ from: Int64, _ through: Int64, now: Int64 = WallClock.nowMilliseconds()) -> Bool {
         from >= 946_684_800_000 && from <= through && through <= now + 86_400_000
+    }
+
+    /// How far a node's clock and the delivery of its ask may put its window past the leader's clock.
+    static let clockSlack: Int64 = 60_000
+
+    /// Whether the leader fills `ask`, received at `now` (Unix ms): its window is no longer than the
+    /// gap fill covers (`maxWindow`), reaches back no further than that before now, and ends no later
+    /// than now (each give or take ``clockSlack``). Any other ask is answered `skipped`, as a single
+    /// relay answers an outage longer than its fill covers: merged with the others it would widen their
+    /// union past what the fill covers, and the whole fill would be skipped.
+    static func fillable(_ ask: Ask, maxWindow: Duration, now: Int64 = WallClock.nowMilliseconds()) -> Bool {
+        let window = maxWindow.milliseconds
+        return ask.from <= ask.through && ask.through - ask.from <= window && ask.from >= now - window - clockSlack
+            && ask.through <= now + clockSlack
     }
 
     // MARK: parts

@@ -128,13 +128,23 @@ public struct InterestTable: Sendable {
     /// Forgets nodes not heard from within `ttl`. Returns whether the union changed.
     @discardableResult
     public mutating func expire(at now: ContinuousClock.Instant) -> Bool {
+        expireNodes(at: now).changed
+    }
+
+    /// Forgets nodes not heard from within `ttl`: whether the union changed, and the nodes whose
+    /// forgetting changed it (their clients' topics may have gone from the upstream subscription).
+    public mutating func expireNodes(at now: ContinuousClock.Instant) -> (changed: Bool, nodes: [String]) {
         gathering = gathering.filter { now - $0.value.seen < ttl }
         var changed = false
+        var forgotten: [String] = []
         for (node, entry) in nodes where now - entry.seen >= ttl {
             nodes[node] = nil
-            for topic in entry.topics { changed = release(topic) || changed }
+            var released = false
+            for topic in entry.topics { released = release(topic) || released }
+            if released { forgotten.append(node) }
+            changed = changed || released
         }
-        return changed
+        return (changed, forgotten.sorted())
     }
 
     /// One more node wants `topic`; whether the union changed.

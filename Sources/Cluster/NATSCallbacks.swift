@@ -21,21 +21,19 @@ private func owner(_ closure: UnsafeMutableRawPointer?) -> NATSConnection? {
 }
 
 func natsConnectedCallback(_ connection: OpaquePointer?, _ closure: UnsafeMutableRawPointer?) {
-    owner(closure)?.set(.connected)
+    owner(closure)?.connected(connection)
 }
 
 func natsReconnectedCallback(_ connection: OpaquePointer?, _ closure: UnsafeMutableRawPointer?) {
-    owner(closure)?.set(.connected)
+    owner(closure)?.connected(connection)
 }
 
 func natsDisconnectedCallback(_ connection: OpaquePointer?, _ closure: UnsafeMutableRawPointer?) {
-    guard let owner = owner(closure) else { return }
-    // A disconnect while we close on purpose is not news.
-    if !owner.isClosing { owner.set(.reconnecting) }
+    owner(closure)?.disconnected(connection)
 }
 
 func natsClosedCallback(_ connection: OpaquePointer?, _ closure: UnsafeMutableRawPointer?) {
-    owner(closure)?.set(.closed)
+    owner(closure)?.closedByLibrary(connection)
 }
 
 func natsErrorCallback(
@@ -44,8 +42,7 @@ func natsErrorCallback(
     guard let owner = owner(closure) else { return }
     if status == NATS_SLOW_CONSUMER {
         let handler = owner.onSlowConsumer.withLock { $0 }
-        let subject = subscription.flatMap { natsSubscription_GetSubject($0) }.map { String(cString: $0) } ?? ""
-        handler?(subscription.map { NATSSubscription(pointer: $0, subject: subject) })
+        handler?(subscription.flatMap { owner.subscription(for: $0) })
     } else {
         owner.recordError(String(cString: natsStatus_GetText(status)))
     }

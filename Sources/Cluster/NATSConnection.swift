@@ -7,12 +7,13 @@ import Synchronization
 
 /// Where the connection to NATS stands, as libnats reports it. Value type, `Sendable`.
 public enum NATSState: String, Sendable, Equatable {
-    /// Not connected yet; libnats retries in the background.
+    /// Not connected yet; libnats retries in the background (and the connection is built again if
+    /// libnats gives up).
     case connecting
     case connected
     /// Lost; libnats reconnects in the background and restores every subscription.
     case reconnecting
-    /// Closed for good (shutdown).
+    /// Closed for good: shut down, or the TLS and credential settings could not be used.
     case closed
 }
 
@@ -20,36 +21,74 @@ public enum NATSState: String, Sendable, Equatable {
 public enum NATSError: Error, Sendable, CustomStringConvertible {
     /// The server answered and refused (e.g. a key-value update whose revision is no longer the last).
     case rejected(String)
-    /// No answer: not connected, timed out, no JetStream.
+    /// No answer: not connected, timed out.
     case unavailable(String)
+    /// Connected, but nothing answers where a bucket's stream should: it does not exist (NATS lost it,
+    /// e.g. a restart of a server that kept it in memory, or JetStream is off).
+    case gone(String)
 
     public var description: String {
         switch self {
         case .rejected(let text): "refused by NATS: \(text)"
         case .unavailable(let text): "NATS unavailable: \(text)"
+        case .gone(let text): "NATS has no such bucket (\(text))"
         }
     }
 }
 
 /// The relay's connection to NATS, on the official C client (libnats).
 ///
+/// libnats reconnects by itself once it has been connected, forever (`MaxReconnect` -1), and retries a
+/// failed first connect in the background (`RetryOnFailedConnect`). One case it gives up on: libnats
+/// 3.4.1 closes the connection for good when the *first* attempt reached a server that accepted the TCP
+/// connection but did not complete the NATS handshake (a stalled server or proxy; fixed upstream in
+/// nats.c 77843e72, after 3.4.1), and it also closes it after the same authentication error twice. A
+/// connection this type did not close is therefore never left closed: it is built again, with the same
+/// options, after a backoff (0.25 s doubling to 4 s), and every subscription made on it is made again on
+/// the new one (a ``NATSSubscription`` is a handle that follows the rebuild). The connection given up is
+/// destroyed once no call uses it (``NATSHandle``): a node retrying for days holds no more memory. Until a connection is built
+/// (the first attempt runs on a queue of its own, not in `init`), publishes are refused and
+/// subscriptions wait for it.
+///
 /// Concurrency contract (the C boundary): libnats is thread-safe — every call below may be made from
 /// any thread, and libnats guards its own objects with its own locks — and it calls back on threads of
 /// its own. The Swift state here (`shared`) is only touched under its `Mutex`. Calls that wait for a
 /// server answer (key-value operations) run on a dispatch queue of their own, never on the cooperative
-/// thread pool. The objects handed to libnats as callback closures (this connection, each
-/// ``NATSMessageSink``) are retained for the life of the process: libnats may still call back on its
-/// threads while a connection closes, so they are never freed under it.
+/// thread pool, as does building a connection (its first attempt waits up to the 2 s connect timeout).
+/// The objects handed to libnats as callback closures (this connection, each ``NATSMessageSink``) are
+/// retained for the life of the process: libnats may still call back on its threads while a connection
+/// closes, so they are never freed under it. Callbacks about a connection that is no longer the current
+/// one are ignored.
 public final class NATSConnection: Sendable {
     struct Shared {
-        var connection: NATSPointer?
-        var jetStream: NATSPointer?
+        /// The current libnats connection and its JetStream context.
+        var connection: NATSHandle?
+        /// Kept to build the connection again (libnats copies them on each connect).
+        var options: NATSPointer?
         var state: NATSState = .connecting
         var watchers: [UInt64: AsyncStream<NATSState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
         var closed = false
         var lastError: String?
         var setupError: String?
+        /// Every live subscription, made again on each new connection.
+        var subscriptions: [UInt64: Registered] = [:]
+        var nextSubscription: UInt64 = 1
+        /// Connections built so far (each a break in what this node saw of NATS).
+        var builds: UInt64 = 0
+        /// Builds that failed or were closed by libnats since the last time one was connected.
+        var failedBuilds = 0
+        var everConnected = false
+        /// The problems of building logged since the connection was last connected (each once).
+        var buildProblems: Set<String> = []
+    }
+
+    /// A subscription as made by a caller, and its libnats subscription on the current connection.
+    struct Registered {
+        var subject: String
+        var sink: NATSMessageSink
+        var pendingLimit: Int
+        var pointer: NATSPointer?
     }
 
     public let servers: [String]
@@ -57,15 +96,20 @@ public final class NATSConnection: Sendable {
     public let displayServers: String
     let shared = Mutex(Shared())
     let logger: Logger
+    let requestTimeout: Duration
     let onSlowConsumer: Mutex<(@Sendable (NATSSubscription?) -> Void)?> = Mutex(nil)
     /// Blocking requests (key-value) run here, off the cooperative pool.
     static let requestQueue = DispatchQueue(label: "relay-nats-requests", attributes: .concurrent)
+    /// Builds this connection (a blocking connect), one at a time.
+    private let buildQueue = DispatchQueue(label: "relay-nats-connect")
+    /// The delay before building again after a build failed or libnats closed the connection.
+    static let rebuildBackoff = Backoff(initial: .milliseconds(250), cap: .seconds(4))
 
     /// - Parameters:
     ///   - servers: `nats://host:port` URLs; libnats picks among them and fails over.
     ///   - name: the client name NATS shows for this connection.
     ///   - security: TLS and credentials; a file that cannot be used leaves the connection closed with
-    ///     ``setupError`` saying why.
+    ///     ``setupError`` saying why (not built again: the files are the operator's to fix).
     public init(
         servers: [String], name: String, security: ClusterConfiguration.Security = .init(), requestTimeout: Duration = .seconds(1),
         logger: Logger
@@ -73,13 +117,16 @@ public final class NATSConnection: Sendable {
         self.servers = servers
         self.displayServers = servers.map(ClusterConfiguration.redacted).joined(separator: ",")
         self.logger = logger
+        self.requestTimeout = requestTimeout
         Self.openLibrary()
         var options: OpaquePointer?
         guard natsOptions_Create(&options) == NATS_OK, let options else {
-            shared.withLock { $0.state = .closed }
+            shared.withLock {
+                $0.state = .closed
+                $0.setupError = "libnats could not allocate its options"
+            }
             return
         }
-        defer { natsOptions_Destroy(options) }
         let closure = Unmanaged.passRetained(self).toOpaque()
         var cServers = servers.map { strdup($0) }
         defer { for pointer in cServers { free(pointer) } }
@@ -108,6 +155,7 @@ public final class NATSConnection: Sendable {
         _ = natsOptions_SetClosedCB(options, natsClosedCallback, closure)
         _ = natsOptions_SetErrorHandler(options, natsErrorCallback, closure)
         if let problem = Self.apply(security, secure: servers.contains { $0.lowercased().hasPrefix("tls://") }, to: options) {
+            natsOptions_Destroy(options)
             logger.error("NATS connection could not be set up: \(problem)")
             shared.withLock {
                 $0.state = .closed
@@ -116,34 +164,8 @@ public final class NATSConnection: Sendable {
             }
             return
         }
-
-        var connection: OpaquePointer?
-        let status = natsConnection_Connect(&connection, options)
-        guard let connection, status == NATS_OK || status == NATS_NOT_YET_CONNECTED else {
-            let text = Self.lastErrorText(status)
-            logger.error("NATS connection could not be set up: \(text)")
-            shared.withLock {
-                $0.state = .closed
-                $0.lastError = text
-            }
-            return
-        }
-        var jsOptions = jsOptions()
-        jsOptions_Init(&jsOptions)
-        jsOptions.Wait = requestTimeout.milliseconds
-        var jetStream: OpaquePointer?
-        _ = natsConnection_JetStream(&jetStream, connection, &jsOptions)
-        shared.withLock { state in
-            state.connection = NATSPointer(connection)
-            state.jetStream = jetStream.map(NATSPointer.init)
-            if status == NATS_OK, state.state == .connecting { state.state = .connected }
-        }
-        if status == NATS_OK {
-            logger.info("NATS connected", metadata: ["servers": "\(displayServers)"])
-        } else {
-            logger.warning(
-                "NATS not reachable yet; retrying in the background", metadata: ["servers": "\(displayServers)"])
-        }
+        shared.withLock { $0.options = NATSPointer(options) }
+        build(after: .zero)
     }
 
     /// Sets TLS and credentials on `options`; why not, if one cannot be used.
@@ -184,10 +206,141 @@ public final class NATSConnection: Sendable {
 
     private static func openLibrary() { _ = opened }
 
+    /// libnats' text for a failed call's `status`: this thread's last error when it is that status (an
+    /// older one, of another call on this thread, would mislead), else the status's own text.
     static func lastErrorText(_ status: natsStatus) -> String {
         var last = NATS_OK
-        if let text = nats_GetLastError(&last), last != NATS_OK { return String(cString: text) }
+        if let text = nats_GetLastError(&last), last != NATS_OK, last == status || status == NATS_OK { return String(cString: text) }
         return String(cString: natsStatus_GetText(status))
+    }
+
+    // MARK: building the connection
+
+    /// Builds a libnats connection after `delay`, on ``buildQueue``: connects (its first attempt blocks
+    /// for at most the connect timeout; libnats retries in the background after that), makes every
+    /// registered subscription on it, and makes it the current one. A failed build is tried again.
+    private func build(after delay: Duration) {
+        buildQueue.asyncAfter(deadline: .now() + .milliseconds(Int(delay.milliseconds))) { [self] in
+            guard let options = shared.withLock({ $0.closed ? nil : $0.options }) else { return }
+            var made: OpaquePointer?
+            let status = natsConnection_Connect(&made, options.pointer)
+            guard let made, status == NATS_OK || status == NATS_NOT_YET_CONNECTED else {
+                buildFailed(Self.lastErrorText(status))
+                return
+            }
+            var jsOptions = jsOptions()
+            jsOptions_Init(&jsOptions)
+            jsOptions.Wait = requestTimeout.milliseconds
+            var jetStream: OpaquePointer?
+            _ = natsConnection_JetStream(&jetStream, made, &jsOptions)
+            let handle = NATSHandle(made, jetStream: jetStream)
+            let installed: Bool = shared.withLock { state in
+                guard !state.closed else { return false }
+                state.connection = handle
+                state.builds += 1
+                for id in state.subscriptions.keys {
+                    guard let registered = state.subscriptions[id] else { continue }
+                    state.subscriptions[id]?.pointer = Self.subscribe(made, registered, logger: logger)
+                }
+                return true
+            }
+            guard installed else {
+                natsConnection_Close(made)
+                return
+            }
+            if status == NATS_NOT_YET_CONNECTED {
+                note(buildProblem: "NATS not reachable yet; retrying in the background")
+            }
+            reconcile(made)
+        }
+    }
+
+    /// Once a connection is current: its state as libnats has it now (callbacks about it that came
+    /// before it was current were ignored).
+    private func reconcile(_ connection: OpaquePointer) {
+        switch natsConnection_Status(connection) {
+        case NATS_CONN_STATUS_CONNECTED: connected(connection)
+        case NATS_CONN_STATUS_CLOSED: closedByLibrary(connection)
+        case NATS_CONN_STATUS_RECONNECTING, NATS_CONN_STATUS_DISCONNECTED:
+            if shared.withLock({ $0.everConnected }) { set(.reconnecting) }
+        default: break
+        }
+    }
+
+    private func buildFailed(_ problem: String) {
+        note(buildProblem: "NATS connection could not be made: \(problem); trying again")
+        let attempt: Int? = shared.withLock { state in
+            guard !state.closed else { return nil }
+            state.lastError = problem
+            state.failedBuilds += 1
+            return state.failedBuilds
+        }
+        if let attempt { build(after: Self.rebuildBackoff.delay(attempt: attempt)) }
+    }
+
+    /// Logs a problem of building once until the connection is connected again (a node retrying for
+    /// hours logs a line or two).
+    private func note(buildProblem text: String) {
+        let fresh = shared.withLock { $0.buildProblems.insert(text).inserted }
+        if fresh { logger.warning("\(text)", metadata: ["servers": "\(displayServers)"]) }
+    }
+
+    /// Whether `connection` is the current one.
+    private func isCurrent(_ connection: OpaquePointer?) -> Bool {
+        guard let connection else { return false }
+        return shared.withLock { $0.connection?.connection == connection }
+    }
+
+    // MARK: libnats' callbacks (on its threads)
+
+    func connected(_ connection: OpaquePointer?) {
+        guard isCurrent(connection) else { return }
+        let first = shared.withLock { state in
+            defer {
+                state.everConnected = true
+                state.failedBuilds = 0
+                state.buildProblems.removeAll()
+            }
+            return !state.everConnected
+        }
+        if first { logger.info("NATS connected", metadata: ["servers": "\(displayServers)"]) }
+        set(.connected)
+    }
+
+    func disconnected(_ connection: OpaquePointer?) {
+        // A disconnect while we close on purpose is not news.
+        guard isCurrent(connection), !isClosing else { return }
+        set(shared.withLock { $0.everConnected } ? .reconnecting : .connecting)
+    }
+
+    /// libnats closed `connection`: for good if this type closed it, else it is built again.
+    func closedByLibrary(_ connection: OpaquePointer?) {
+        let given: (attempt: Int, subscriptions: [NATSPointer], retired: NATSHandle)? = shared.withLock { state in
+            guard !state.closed, let current = state.connection, current.connection == connection else { return nil }
+            // No publish or subscribe reaches a closed connection; the next build takes over. The
+            // connection is destroyed when the last call holding it returns (not under this lock).
+            state.connection = nil
+            var subscriptions: [NATSPointer] = []
+            for id in state.subscriptions.keys {
+                if let pointer = state.subscriptions[id]?.pointer { subscriptions.append(pointer) }
+                state.subscriptions[id]?.pointer = nil
+            }
+            state.failedBuilds += 1
+            return (state.failedBuilds, subscriptions, current)
+        }
+        guard let (attempt, subscriptions, retired) = given else {
+            if isClosing { set(.closed) }
+            return
+        }
+        defer { withExtendedLifetime(retired) {} }
+        // Closed with their connection: what is left of them is freed.
+        for subscription in subscriptions { natsSubscription_Destroy(subscription.pointer) }
+        var text: UnsafePointer<CChar>?
+        if let connection { _ = natsConnection_GetLastError(connection, &text) }
+        let why = text.map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 } ?? "no error given"
+        note(buildProblem: "NATS connection closed by libnats (\(why)); building it again")
+        set(shared.withLock { $0.everConnected } ? .reconnecting : .connecting)
+        build(after: Self.rebuildBackoff.delay(attempt: attempt))
     }
 
     // MARK: state
@@ -199,6 +352,24 @@ public final class NATSConnection: Sendable {
 
     /// libnats' last error on this connection, if any.
     public var lastError: String? { shared.withLock { $0.lastError } }
+
+    /// Changes whenever this node may have missed something NATS stored: with each connection built and
+    /// each reconnect of it (libnats counts a reconnect before the connection is used again), so a
+    /// read answered after a change can be told from one answered before.
+    public var continuity: UInt64 {
+        let (builds, connection) = shared.withLock { ($0.builds, $0.connection) }
+        var reconnects: UInt64 = 0
+        if let connection {
+            var statistics: OpaquePointer?
+            if natsStatistics_Create(&statistics) == NATS_OK, let statistics {
+                if natsConnection_GetStats(connection.connection, statistics) == NATS_OK {
+                    _ = natsStatistics_GetCounts(statistics, nil, nil, nil, nil, &reconnects)
+                }
+                natsStatistics_Destroy(statistics)
+            }
+        }
+        return builds << 32 &+ reconnects
+    }
 
     /// The current state, then every change, until the connection closes.
     public func stateUpdates() -> AsyncStream<NATSState> {
@@ -245,11 +416,11 @@ public final class NATSConnection: Sendable {
     // MARK: publishing and subscribing
 
     /// Publishes `bytes` on `subject`; returns at once (libnats buffers and flushes on its own thread).
-    /// Refused while closed, or when the reconnect buffer is full.
+    /// Refused while no connection is built or it is closed, or when the reconnect buffer is full.
     @discardableResult
     public func publish(_ subject: String, _ bytes: UnsafeRawBufferPointer) -> Bool {
         guard let connection = shared.withLock({ $0.connection }) else { return false }
-        return natsConnection_Publish(connection.pointer, subject, bytes.baseAddress, Int32(clamping: bytes.count)) == NATS_OK
+        return natsConnection_Publish(connection.connection, subject, bytes.baseAddress, Int32(clamping: bytes.count)) == NATS_OK
     }
 
     @discardableResult
@@ -259,17 +430,62 @@ public final class NATSConnection: Sendable {
     }
 
     /// Subscribes `sink` to `subject` (wildcards `*` and `>` allowed). libnats restores the subscription
-    /// after a reconnect. `nil` when the connection is closed.
+    /// after a reconnect, and it is made again on a rebuilt connection (or on the first one, when none is
+    /// built yet). `nil` when the connection is closed.
     public func subscribe(_ subject: String, sink: NATSMessageSink, pendingLimit: Int = 100_000) -> NATSSubscription? {
-        guard let connection = shared.withLock({ $0.connection }) else { return nil }
+        let id: UInt64? = shared.withLock { state in
+            guard !state.closed else { return nil }
+            let id = state.nextSubscription
+            state.nextSubscription += 1
+            var registered = Registered(subject: subject, sink: sink, pendingLimit: pendingLimit)
+            if let connection = state.connection {
+                registered.pointer = Self.subscribe(connection.connection, registered, logger: logger)
+            }
+            state.subscriptions[id] = registered
+            return id
+        }
+        return id.map { NATSSubscription(id: $0, subject: subject, connection: self) }
+    }
+
+    /// Makes `registered` on `connection` (under ``shared``'s lock: libnats' subscribe only buffers).
+    private static func subscribe(_ connection: OpaquePointer, _ registered: Registered, logger: Logger) -> NATSPointer? {
         var subscription: OpaquePointer?
-        let status = natsConnection_Subscribe(&subscription, connection.pointer, subject, natsMessageCallback, sink.closure)
+        let status = natsConnection_Subscribe(&subscription, connection, registered.subject, natsMessageCallback, registered.sink.closure)
         guard status == NATS_OK, let subscription else {
-            logger.warning("NATS subscribe failed", metadata: ["subject": "\(subject)", "error": "\(Self.lastErrorText(status))"])
+            // On a connection libnats already closed, the next build makes it: no news.
+            if natsConnection_Status(connection) != NATS_CONN_STATUS_CLOSED {
+                logger.warning(
+                    "NATS subscribe failed", metadata: ["subject": "\(registered.subject)", "error": "\(lastErrorText(status))"])
+            }
             return nil
         }
-        _ = natsSubscription_SetPendingLimits(subscription, Int32(clamping: pendingLimit), 256 * 1024 * 1024)
-        return NATSSubscription(pointer: subscription, subject: subject)
+        _ = natsSubscription_SetPendingLimits(subscription, Int32(clamping: registered.pendingLimit), 256 * 1024 * 1024)
+        return NATSPointer(subscription)
+    }
+
+    /// Ends subscription `id`.
+    func unsubscribe(_ id: UInt64) {
+        let pointer = shared.withLock { $0.subscriptions.removeValue(forKey: id)?.pointer }
+        guard let pointer else { return }
+        _ = natsSubscription_Unsubscribe(pointer.pointer)
+        natsSubscription_Destroy(pointer.pointer)
+    }
+
+    /// Messages libnats dropped for subscription `id` (on the current connection) because it fell behind.
+    func dropped(_ id: UInt64) -> Int64 {
+        guard let pointer = shared.withLock({ $0.subscriptions[id]?.pointer }) else { return 0 }
+        var count: Int64 = 0
+        _ = natsSubscription_GetDropped(pointer.pointer, &count)
+        return count
+    }
+
+    /// The subscription a libnats subscription pointer belongs to (for its slow-consumer report).
+    func subscription(for pointer: OpaquePointer) -> NATSSubscription? {
+        shared.withLock { state in
+            state.subscriptions.first { $0.value.pointer?.pointer == pointer }.map {
+                NATSSubscription(id: $0.key, subject: $0.value.subject, connection: self)
+            }
+        }
     }
 
     /// Called (on a libnats thread) when a subscription drops messages because its consumer fell
@@ -281,20 +497,23 @@ public final class NATSConnection: Sendable {
     /// Sends what is buffered and waits (bounded) for the server to confirm it.
     public func flush(timeout: Duration = .seconds(1)) async -> Bool {
         guard let connection = shared.withLock({ $0.connection }) else { return false }
-        return await Self.blocking { natsConnection_FlushTimeout(connection.pointer, timeout.milliseconds) == NATS_OK }
+        return await Self.blocking { natsConnection_FlushTimeout(connection.connection, timeout.milliseconds) == NATS_OK }
     }
 
-    /// Closes the connection for good (pending publishes are flushed first, bounded).
+    /// Closes the connection for good (pending publishes are flushed first, bounded); it is not built
+    /// again.
     public func close() async {
-        let connection: NATSPointer? = shared.withLock { state in
-            guard !state.closed else { return nil }
+        let (connection, first): (NATSHandle?, Bool) = shared.withLock { state in
+            guard !state.closed else { return (nil, false) }
             state.closed = true
-            return state.connection
+            return (state.connection, true)
         }
-        guard let connection else { return }
-        await Self.blocking {
-            _ = natsConnection_FlushTimeout(connection.pointer, 500)
-            natsConnection_Close(connection.pointer)
+        guard first else { return }
+        if let connection {
+            await Self.blocking {
+                _ = natsConnection_FlushTimeout(connection.connection, 500)
+                natsConnection_Close(connection.connection)
+            }
         }
         set(.closed)
     }
@@ -304,25 +523,31 @@ public final class NATSConnection: Sendable {
     /// Binds to a key-value bucket, creating it (in memory, one value per key) if it does not exist.
     /// - Parameter ttl: how long a value lives after its last write (at least 100 ms).
     public func keyValue(bucket: String, ttl: Duration?) async throws(NATSError) -> KeyValueBucket {
-        guard let jetStream = shared.withLock({ $0.jetStream }) else { throw .unavailable("no JetStream context") }
+        guard let handle = shared.withLock({ $0.connection }), handle.jetStream != nil else {
+            throw .unavailable("no JetStream context (not connected)")
+        }
         let result: Result<NATSPointer, NATSError> = await Self.blocking {
-            var store: OpaquePointer?
-            var status = js_KeyValue(&store, jetStream.pointer, bucket)
-            if status == NATS_NOT_FOUND {
-                var config = kvConfig()
-                kvConfig_Init(&config)
-                config.History = 1
-                config.StorageType = js_MemoryStorage
-                if let ttl { config.TTL = max(ttl.nanoseconds, 100_000_000) }
-                status = bucket.withCString { name in
-                    config.Bucket = name
-                    return js_CreateKeyValue(&store, jetStream.pointer, &config)
+            // The connection is held until this returns (the store keeps what it needs of it after).
+            withExtendedLifetime(handle) {
+                guard let jetStream = handle.jetStream else { return .failure(.unavailable("no JetStream context")) }
+                var store: OpaquePointer?
+                var status = js_KeyValue(&store, jetStream, bucket)
+                if status == NATS_NOT_FOUND {
+                    var config = kvConfig()
+                    kvConfig_Init(&config)
+                    config.History = 1
+                    config.StorageType = js_MemoryStorage
+                    if let ttl { config.TTL = max(ttl.nanoseconds, 100_000_000) }
+                    status = bucket.withCString { name in
+                        config.Bucket = name
+                        return js_CreateKeyValue(&store, jetStream, &config)
+                    }
+                    // Another node may have created it in between.
+                    if status != NATS_OK { status = js_KeyValue(&store, jetStream, bucket) }
                 }
-                // Another node may have created it in between.
-                if status != NATS_OK { status = js_KeyValue(&store, jetStream.pointer, bucket) }
+                guard status == NATS_OK, let store else { return .failure(Self.error(status)) }
+                return .success(NATSPointer(store))
             }
-            guard status == NATS_OK, let store else { return .failure(Self.error(status)) }
-            return .success(NATSPointer(store))
         }
         let store = try result.get()
         let kept: Duration? = await Self.blocking {
@@ -336,7 +561,12 @@ public final class NATSConnection: Sendable {
 
     static func error(_ status: natsStatus) -> NATSError {
         let text = lastErrorText(status)
-        return status == NATS_ERR ? .rejected(text) : .unavailable(text)
+        switch status {
+        case NATS_ERR: return .rejected(text)
+        // Connected, yet nothing listens where the bucket's stream should: it does not exist.
+        case NATS_NO_RESPONDERS: return .gone(text)
+        default: return .unavailable(text)
+        }
     }
 
     /// Runs a libnats call that waits for the server on the request queue and returns its result.
@@ -356,26 +586,41 @@ struct NATSPointer: @unchecked Sendable {
     init(_ pointer: OpaquePointer) { self.pointer = pointer }
 }
 
-/// One NATS subscription. `@unchecked Sendable` for the reason given on ``NATSPointer``.
-public struct NATSSubscription: @unchecked Sendable, Hashable {
-    let pointer: OpaquePointer
-    public let subject: String
+/// One libnats connection and its JetStream context, destroyed (``natsConnection_Destroy``,
+/// ``jsCtx_Destroy``) when the last Swift reference goes: ``NATSConnection`` holds the current one, and
+/// each call takes a reference for as long as it uses the pointers. libnats keeps its own references
+/// for its threads, subscriptions and key-value stores, so it frees the memory only when they are done.
+///
+/// `@unchecked Sendable` for the reason given on ``NATSPointer``; immutable.
+final class NATSHandle: @unchecked Sendable {
+    let connection: OpaquePointer
+    let jetStream: OpaquePointer?
 
-    /// Messages libnats dropped for this subscription because it fell behind.
-    public var dropped: Int64 {
-        var count: Int64 = 0
-        _ = natsSubscription_GetDropped(pointer, &count)
-        return count
+    init(_ connection: OpaquePointer, jetStream: OpaquePointer?) {
+        self.connection = connection
+        self.jetStream = jetStream
     }
+
+    deinit {
+        if let jetStream { jsCtx_Destroy(jetStream) }
+        natsConnection_Destroy(connection)
+    }
+}
+
+/// One NATS subscription: a handle that follows the connection when it is built again. `Sendable`.
+public struct NATSSubscription: Sendable, Hashable {
+    let id: UInt64
+    public let subject: String
+    let connection: NATSConnection?
+
+    /// Messages libnats dropped for this subscription because it fell behind (on the current connection).
+    public var dropped: Int64 { connection?.dropped(id) ?? 0 }
 
     /// Ends the subscription. Messages already handed to the delivery thread may still arrive.
-    public func cancel() {
-        _ = natsSubscription_Unsubscribe(pointer)
-        natsSubscription_Destroy(pointer)
-    }
+    public func cancel() { connection?.unsubscribe(id) }
 
-    public static func == (lhs: Self, rhs: Self) -> Bool { lhs.pointer == rhs.pointer }
-    public func hash(into hasher: inout Hasher) { hasher.combine(pointer) }
+    public static func == (lhs: Self, rhs: Self) -> Bool { lhs.id == rhs.id && lhs.connection === rhs.connection }
+    public func hash(into hasher: inout Hasher) { hasher.combine(id) }
 }
 
 /// Receives the messages of one or more subscriptions, on libnats' delivery thread: the subject and

@@ -22,7 +22,8 @@ package enum RefusalWire {
     }
 
     /// Reads a refusal control message (``controls(_:code:reason:)``), checking everything: a
-    /// 4xx code, at most ``topicsPerMessage`` valid topics, a reason of at most 200 bytes.
+    /// 4xx code, at most ``topicsPerMessage`` valid topics, a reason of at most 200 bytes (shown to
+    /// clients printable only, ``ClusterText``).
     package static func read(_ text: String) -> (topics: Set<Topic>, code: Int, reason: String)? {
         guard text.hasPrefix(prefix) else { return nil }
         let parts = text.dropFirst(prefix.count).split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
@@ -34,6 +35,6 @@ package enum RefusalWire {
             guard let topic = Topic(parsing: name) else { return nil }
             topics.insert(topic)
         }
-        return (topics, code, String(parts[2]))
+        return (topics, code, ClusterText.visible(parts[2]))
     }
 }

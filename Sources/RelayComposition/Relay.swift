@@ -246,7 +246,9 @@ public final class Relay: Service, Sendable {
             }
             if let cluster = settings.cluster {
                 let hook = gapFillers[source.market].map { filler in
-                    ClusterGapFillHook(maxTopics: settings.gapFill?.maxTopics ?? 0) { request, outlet in await filler.fill(request, into: outlet) }
+                    ClusterGapFillHook(maxTopics: settings.gapFill?.maxTopics ?? 0, maxWindow: settings.gapFill?.maxWindow ?? .seconds(15 * 60)) { request, outlet in
+                        await filler.fill(request, into: outlet)
+                    }
                 }
                 let node = try ClusterNode(
                     configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,

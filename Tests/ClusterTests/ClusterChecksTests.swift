@@ -83,6 +83,15 @@ import Testing
         #expect(refused.count == 3)
     }
 
+    @Test func aLeaseValueNamesItsTermAndOneOfAnEarlierVersionStillReads() throws {
+        let value = LeaseValue(node: "n1", leaseMs: 5000, term: "k3v9q0x1z2ab")
+        #expect(value.text == #"{"leaseMs":5000,"node":"n1","term":"k3v9q0x1z2ab"}"#)
+        #expect(LeaseValue(parsing: Array(value.text.utf8)) == value)
+        let earlier = try #require(LeaseValue(parsing: Array(#"{"leaseMs":5000,"node":"n1"}"#.utf8)))
+        #expect(earlier.node == "n1" && earlier.term == nil)
+        #expect(LeaseValue(parsing: Array(#"{"leaseMs":5000,"node":"n1","term":"\#(String(repeating: "t", count: 65))"}"#.utf8)) == nil)
+    }
+
     @Test func leaseValuesRoundTripAndForeignOnesDoNotParse() {
         let value = LeaseValue(node: "n1", leaseMs: 5000)
         #expect(LeaseValue(parsing: Array(value.text.utf8)) == value)

@@ -69,6 +69,20 @@ import Testing
         #expect(table.union == [.wildcard("Q"), Topic(eventType: "T", ticker: "MSFT")!])
     }
 
+    @Test func aSilentNodeIsForgottenAndNamedWhenItsTopicsLeaveTheUnion() {
+        var table = InterestTable(ttl: .seconds(3))
+        let msft = Topic(eventType: "T", ticker: "MSFT")!
+        let aapl = Topic(eventType: "T", ticker: "AAPL")!
+        table.update(node: "stalled", topics: [msft, aapl], at: start)
+        table.update(node: "shares", topics: [aapl], at: start)
+        table.update(node: "idle", topics: [], at: start)
+        table.update(node: "shares", topics: [aapl], at: start + .seconds(2))
+        let expired = table.expireNodes(at: start + .seconds(3))
+        // "stalled" took T.MSFT with it (its clients may have missed events); "idle" wanted nothing.
+        #expect(expired.changed && expired.nodes == ["stalled"])
+        #expect(table.union == [aapl])
+    }
+
     @Test func aTopicStaysWhileAnyNodeWantsIt() {
         var table = InterestTable(ttl: .seconds(3))
         let msft = Topic(eventType: "T", ticker: "MSFT")!

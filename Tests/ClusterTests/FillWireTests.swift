@@ -104,4 +104,77 @@ struct FillWireTests {
         #expect(request.topics[0].lastBefore.flatMap { RecoveryOrder.sequence.value(of: $0) } == 9)
         #expect(request.topics[1].lastBefore == nil, "a node that had none: from the window's start")
     }
+
+    // MARK: hostile input (issue 11)
+
+    let maxWindow = Duration.seconds(900)
+    let now = WallClock.nowMilliseconds()
+
+    func ask(_ node: String, from: Int64, through: Int64, _ topics: String...) -> FillWire.Ask {
+        FillWire.Ask(
+            node: node, generation: 1, from: from, through: through,
+            topics: topics.map { GapFillRequest.Held(topic: topic($0), holders: 1, lastBefore: nil) })
+    }
+
+    @Test func anAskReachingFurtherBackThanTheFillCoversIsNotFilled() {
+        // 2000-01-01: plausible to the reader, yet merged it would widen every fill past what is filled.
+        let ancient = ask("x", from: 946_684_800_000, through: now, "T.AAPL")
+        #expect(ancient.withBytes { FillWire.readAsk($0, market: .stocks, rules: rules) } != nil)
+        #expect(!FillWire.fillable(ancient, maxWindow: maxWindow, now: now))
+        // A short window long ago, a window longer than the fill covers, one ending in the future.
+        #expect(!FillWire.fillable(ask("x", from: 946_684_800_000, through: 946_684_810_000, "T.AAPL"), maxWindow: maxWindow, now: now))
+        #expect(!FillWire.fillable(ask("x", from: now - 901_000, through: now, "T.AAPL"), maxWindow: maxWindow, now: now))
+        #expect(!FillWire.fillable(ask("x", from: now - 1_000, through: now + 3_600_000, "T.AAPL"), maxWindow: maxWindow, now: now))
+        // What a node asks after an outage: filled, give or take a clock's skew.
+        #expect(FillWire.fillable(ask("n1", from: now - 30_000, through: now - 200, "T.AAPL"), maxWindow: maxWindow, now: now))
+        #expect(FillWire.fillable(ask("n1", from: now - 899_000, through: now, "T.AAPL"), maxWindow: maxWindow, now: now))
+        #expect(FillWire.fillable(ask("n1", from: now - 10_000, through: now + 5_000, "T.AAPL"), maxWindow: maxWindow, now: now))
+    }
+
+    @Test func asksWhoseUnionIsLongerThanTheFillCoversAreFilledInTurns() {
+        let asks = [
+            ask("n1", from: now - 880_000, through: now - 870_000, "T.AAPL"),
+            ask("n2", from: now - 20_000, through: now - 1_000, "T.MSFT"),
+            ask("n3", from: now - 40_000, through: now, "T.AAPL"),
+        ]
+        let (first, later) = ClusterGapFill.batch(asks, maxWindow: .seconds(60))
+        #expect(first.map(\.node) == ["n3", "n2"], "the newest first, as long as the union fits")
+        #expect(later.map(\.node) == ["n1"])
+        let request = ClusterGapFill.merge(first, generation: 1)
+        #expect(request.through - request.from <= 60_000)
+        #expect(ClusterGapFill.batch(later, maxWindow: .seconds(60)).now.map(\.node) == ["n1"], "each ask alone is filled")
+        // Within the window: one fill for all.
+        #expect(ClusterGapFill.batch(asks, maxWindow: maxWindow).later.isEmpty)
+    }
+
+    @Test func aNodeTakesRecoveredEventsOnlyOfTopicsAnAskNamed() {
+        let asked = AskedTopics()
+        let start = ContinuousClock.now
+        asked.note([topic("T.AAPL"), topic("Q.MSFT")], at: start)
+        #expect(asked.contains(topic("T.AAPL"), at: start + .seconds(1)))
+        #expect(!asked.contains(topic("T.NVDA"), at: start + .seconds(1)), "nobody asked for it")
+        #expect(!asked.contains(topic("Q.MSFT"), at: start + AskedTopics.lifetime), "asked too long ago")
+        // A flood of asks keeps the most recent topics, never more than the cap.
+        let flood = (0..<(AskedTopics.maxTopics + 10)).map { Topic(eventType: "T", ticker: "Z\($0)")! }
+        asked.note(flood, at: start + .seconds(2))
+        asked.note([topic("T.NVDA")], at: start + .seconds(3))
+        #expect(asked.contains(topic("T.NVDA"), at: start + .seconds(4)))
+    }
+
+    @Test func whyATopicWasNotFilledIsShownBoundedAndPrintable() throws {
+        let hostile = "M T AAPL " + String(repeating: "\u{1B}[31mred\u{7}", count: 300) + "\n"
+        let message = Array("S filled 1 2 n/1\n".utf8) + Array(hostile.utf8)
+        let (end, _) = try #require(message.withUnsafeBytes { FillWire.readEnd($0) })
+        guard case .filled(let summary) = end, let reason = summary.missing[topic("T.AAPL")] else {
+            Issue.record("not read: \(end)")
+            return
+        }
+        #expect(reason.utf8.count <= ClusterText.maxBytes)
+        #expect(reason.unicodeScalars.allSatisfy { ClusterText.isVisible($0) }, "\(reason.debugDescription)")
+        #expect(reason.hasPrefix("[31mred [31mred"))
+    }
+}
+
+extension FillWire.Ask {
+    func withBytes<T>(_ body: (UnsafeRawBufferPointer) -> T) -> T { FillWire.ask(self).withUnsafeBytes(body) }
 }

@@ -106,13 +106,17 @@ struct ClusterGapFillTests {
 }
 
 /// A TCP proxy on loopback to one port (a node's way to NATS), that can cut every connection it carries
-/// and refuse new ones for a while: one node loses NATS while the others keep it.
+/// and refuse new ones for a while (one node loses NATS while the others keep it), or stall: accept
+/// connections and forward nothing, in either direction, until restored (a partition that heals, or a
+/// server that takes TCP connections and never answers).
 final class CuttableProxy: Sendable {
     let port: Int
     private let target: Int
     private let listener: Int32
     private let open = Mutex<[Int32]>([])
     private let refusingUntil = Mutex<ContinuousClock.Instant?>(nil)
+    /// While stalled: the clients accepted and not yet connected to the target.
+    private let stalled = Mutex<[Int32]?>(nil)
 
     init(to target: Int) throws {
         self.target = target
@@ -128,22 +132,32 @@ final class CuttableProxy: Sendable {
                 Glibc.close(client)
                 continue
             }
-            guard let upstream = try? RawSocket(port: target, timeout: .seconds(3600)) else {
-                Glibc.close(client)
-                continue
+            let held = stalled.withLock { held -> Bool in
+                guard held != nil else { return false }
+                held?.append(client)
+                return true
             }
-            let server = dup(upstream.fd)
-            open.withLock { $0 += [client, server] }
-            Thread.detachNewThread { Self.pipe(from: client, to: server) }
-            Thread.detachNewThread { Self.pipe(from: server, to: client) }
+            if !held { connect(client) }
         }
     }
 
-    private static func pipe(from source: Int32, to destination: Int32) {
+    private func connect(_ client: Int32) {
+        guard let upstream = try? RawSocket(port: target, timeout: .seconds(3600)) else {
+            Glibc.close(client)
+            return
+        }
+        let server = dup(upstream.fd)
+        open.withLock { $0 += [client, server] }
+        Thread.detachNewThread { [self] in pipe(from: client, to: server) }
+        Thread.detachNewThread { [self] in pipe(from: server, to: client) }
+    }
+
+    private func pipe(from source: Int32, to destination: Int32) {
         var buffer = [UInt8](repeating: 0, count: 65_536)
         while true {
             let count = buffer.withUnsafeMutableBytes { recv(source, $0.baseAddress, $0.count, 0) }
             if count <= 0 { break }
+            while stalled.withLock({ $0 != nil }) { usleep(10_000) }
             let sent = buffer.withUnsafeBytes { Glibc.send(destination, $0.baseAddress, count, Int32(MSG_NOSIGNAL)) }
             if sent <= 0 { break }
         }
@@ -159,6 +173,20 @@ final class CuttableProxy: Sendable {
             return current
         }
         for fd in all { shutdown(fd, Int32(SHUT_RDWR)) }
+    }
+
+    /// Forwards nothing from now on: new connections are accepted and held, bytes wait.
+    func stall() {
+        stalled.withLock { if $0 == nil { $0 = [] } }
+    }
+
+    /// Ends a stall: held connections reach the target, waiting bytes flow.
+    func restore() {
+        let held = stalled.withLock { held in
+            defer { held = nil }
+            return held ?? []
+        }
+        for client in held { connect(client) }
     }
 
     func close() { shutdown(listener, Int32(SHUT_RDWR)) }

@@ -1,6 +1,8 @@
 import Crypto
 import DemoFeed
 import Foundation
+import MarketDataHub
+import NIOCore
 import PolygonWire
 import RelayBench
 import RelayComposition
@@ -82,6 +84,9 @@ struct ClusterInboundChecksTests {
     @Test func interestTopicsThatBreakTheTopicRulesAreNotSubscribedUpstream() async throws {
         try await ClusterHarness.with(nodes: 1) { cluster in
             let leader = try await cluster.agreedLeader()
+            // Published once, the intruder's interest lasts 3.5 s: the upstream must be up by then (a
+            // first leader connects a lease after it could see the lease bucket).
+            try await eventually("the leader to connect upstream") { cluster.feed.monitor.snapshot.openConnections == 1 }
             let nats = try await natsClient(cluster.natsURL)
             let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
             let subject = subjects.interest(of: "intruder")
@@ -99,6 +104,55 @@ struct ClusterInboundChecksTests {
             }
             let subscribed = cluster.feed.monitor.snapshot.topics(.subscribe)
             #expect(!subscribed.contains { $0.hasPrefix("ZZ.") || $0.hasPrefix("Q.AAAA") || $0.contains(" ") }, "\(subscribed)")
+            await nats.close()
+        }
+    }
+
+    /// Issue 11: what anyone who may publish on the control subjects sends reaches clients bounded and
+    /// printable; an ask reaching back to 2000 is not filled; fill events for a topic no ask named go
+    /// nowhere.
+    @Test func hostileControlAndFillMessagesReachNoClientAsSent() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            // With gap fill, so the leader reads the asks.
+            let feedREST = "http://127.0.0.1:\(try await cluster.feed.listeningPort())"
+            try await cluster.startNode("n1", extra: ["--no-portfolio", "--rest-url", feedREST])
+            _ = try await cluster.agreedLeader()
+            let client = try await subscribedClient(try cluster.url("n1"), "Q.AAPL,T.MSFT")
+            let nats = try await natsClient(cluster.natsURL)
+            let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+            let port = try cluster.port("n1")
+
+            // An ask from 2000-01-01: plausible, but never merged into a fill.
+            let ancient = FillWire.Ask(
+                node: "intruder", generation: 1, from: 946_684_800_000, through: WallClock.nowMilliseconds(),
+                topics: [GapFillRequest.Held(topic: Topic(parsing: "T.MSFT")!, holders: 1, lastBefore: nil)])
+            #expect(FillWire.ask(ancient).withUnsafeBytes { nats.publish(subjects.fillAsk, $0) })
+            try await eventually("the leader to refuse the ancient ask") {
+                await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="fill_ask"}"#) >= 1
+            }
+
+            // Recovered events of a topic no ask named (no outage yet, so no node asked; the refused ask does
+            // not count), though a client holds it.
+            let forged = MarketEvent(
+                eventType: "T", ticker: "MSFT", bytes: ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"s":1,"t":1,"q":1,"forged":1}"#))
+            for message in FillWire.events(Topic(parsing: "T.MSFT")!, order: .sequence, [forged]) {
+                #expect(message.withUnsafeBytes { nats.publish(subjects.fillResult, $0) })
+            }
+            try await eventually("n1 to refuse the unasked fill") {
+                await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="fill"}"#) >= 1
+            }
+
+            // A 200 KB notice full of terminal escapes and line breaks.
+            let huge = String(repeating: "\u{1B}[2J\r\nforged notice \u{7}", count: 10_000)
+            #expect(nats.publish(subjects.upstreamControl, huge))
+            let lost = try await client.waitForStatus(StatusMessage.Kind.upstreamDisconnected)
+            let message = try #require(lost.fields["message"] as? String)
+            #expect(message.utf8.count < 400, "\(message.utf8.count) bytes")
+            #expect(message.contains("forged notice") && !message.unicodeScalars.contains { $0.value < 0x20 || $0 == "\u{7F}" })
+
+            let frames = try await client.nextEvents(20)
+            #expect(!frames.contains { $0.json.contains("forged") })
+            await client.close()
             await nats.close()
         }
     }
@@ -175,6 +229,8 @@ struct ClusterLeaseAndInterestTests {
     @Test func anInterestOfThousandsOfTopicsArrivesInPartsAndCounts() async throws {
         try await ClusterHarness.with(nodes: 1) { cluster in
             let leader = try await cluster.agreedLeader()
+            // Published once, this interest lasts 3.5 s: the upstream must be up by then.
+            try await eventually("the leader to connect upstream") { cluster.feed.monitor.snapshot.openConnections == 1 }
             let nats = try await natsClient(cluster.natsURL, name: "big-node")
             let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
             let topics = (0..<5_000).map { Topic(eventType: "Q", ticker: "X\($0)")! }

@@ -460,6 +460,86 @@ struct ClusterTests {
         }
     }
 
+    /// NATS restarts and loses the lease bucket (it is in memory) while the leader is cut off from it: the
+    /// other node finds no lease and takes it at once, but the old leader keeps its upstream connection
+    /// until its own deadline (3/5 of the lease after its last renewal). The new leader must not connect
+    /// upstream before that; it waits a whole lease after it could see the bucket again.
+    @Test func aNATSRestartThatLosesTheLeaseNeverLetsTwoNodesConnectUpstream() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            // A long lease makes the old leader's hold (6 s at most after its last renewal) far longer
+            // than the other node's way back to NATS and to the lease (about 3 s).
+            let lease = ["RELAY_CLUSTER_LEASE_SECONDS": "12"]
+            let natsPort = try #require(cluster.natsURL.split(separator: ":").last.flatMap { Int($0) })
+            let proxy = try CuttableProxy(to: natsPort)
+            defer { proxy.close() }
+            try await cluster.startNode("n1", nats: "nats://127.0.0.1:\(proxy.port)", environment: lease)
+            #expect(try await cluster.agreedLeader(among: ["n1"]) == "n1")
+            try await eventually("n1 to connect upstream", timeout: .seconds(40)) { cluster.feed.monitor.snapshot.openConnections == 1 }
+            try await cluster.startNode("n2", environment: lease)
+            #expect(try await cluster.agreedLeader() == "n1")
+
+            proxy.cut(for: .seconds(40))
+            try await cluster.restartNATS()
+            try await eventually("n2 to lead", timeout: .seconds(20)) {
+                (try? await cluster.cluster(of: "n2"))?["leader"] as? String == "n2"
+            }
+            try await eventually("n2 to connect upstream", timeout: .seconds(40)) {
+                let snapshot = cluster.feed.monitor.snapshot
+                return snapshot.totalConnections == 2 && snapshot.openConnections == 1
+            }
+            let snapshot = cluster.feed.monitor.snapshot
+            #expect(snapshot.maxOpenConnections == 1, "two upstream connections existed at once")
+            let client = try await subscribedClient(try cluster.url("n2"), "Q.AAPL")
+            #expect(try await client.nextEvents(3).allSatisfy { $0.topic.description == "Q.AAPL" })
+            await client.close()
+        }
+    }
+
+    /// The leader is killed and started again under its name before its lease lapses: it (or the other
+    /// node) takes the lease again the moment it lapses. Even when the other node never reads the lease
+    /// empty in between, the new term is a new leader to it, and its clients are told of the outage.
+    @Test func aLeaderRestartedUnderItsNameIsANewLeaderToTheOtherNodesClients() async throws {
+        try await ClusterHarness.with(nodes: 2) { cluster in
+            let leader = try await cluster.agreedLeader()
+            try await eventually("the leader to connect upstream", timeout: .seconds(15)) {
+                cluster.feed.monitor.snapshot.openConnections == 1
+            }
+            let follower = try #require(cluster.nodeIDs.first { $0 != leader })
+            let client = try await subscribedClient(try cluster.url(follower), "Q.AAPL")
+            try await cluster.kill(leader)
+            try await cluster.startNode(leader)
+            _ = try await client.waitForStatus(StatusMessage.Kind.upstreamDisconnected, timeout: .seconds(20))
+            _ = try await client.waitForStatus(StatusMessage.Kind.upstreamReconnected, timeout: .seconds(20))
+            #expect(try await client.nextEvents(3).allSatisfy { $0.topic.description == "Q.AAPL" })
+            #expect(cluster.feed.monitor.snapshot.maxOpenConnections == 1)
+            await client.close()
+        }
+    }
+
+    /// A server (or proxy) that takes the TCP connection and then says nothing: libnats 3.4.1 gives up on
+    /// a first connect that went that way. The node builds its connection again until NATS answers.
+    @Test func aNodeStartedWhileNATSStallsConnectsOnceNATSAnswers() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let natsPort = try #require(cluster.natsURL.split(separator: ":").last.flatMap { Int($0) })
+            let proxy = try CuttableProxy(to: natsPort)
+            defer { proxy.close() }
+            proxy.stall()
+            try await cluster.startNode("n1", nats: "nats://127.0.0.1:\(proxy.port)")
+            // Past libnats' 2 s wait for the server's greeting: its first connect has failed.
+            try await Task.sleep(for: .seconds(4))
+            #expect(try await cluster.cluster(of: "n1")["nats"] as? String != "connected")
+            #expect(try await cluster.health("n1").status == 503)
+            proxy.restore()
+            try await eventually("n1 to reach NATS", timeout: .seconds(20)) {
+                (try? await cluster.cluster(of: "n1"))?["nats"] as? String == "connected"
+            }
+            #expect(try await cluster.agreedLeader(among: ["n1"]) == "n1")
+            let client = try await subscribedClient(try cluster.url("n1"), "Q.AAPL")
+            #expect(try await client.nextEvents(3).allSatisfy { $0.topic.description == "Q.AAPL" })
+            await client.close()
+        }
+    }
+
     @Test func thePortfolioSidecarRunsOnOneNodeFedThroughNATS() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-cluster-portfolio-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
