@@ -154,6 +154,10 @@ struct PendingGap {
     var before: MarketEvent?
     /// Recovered events delivered into this gap.
     var delivered = 0
+    /// Recovered events that fall after `after` while `before` is not known yet: held until the topic's
+    /// first live event bounds them (a trade stamped before the fill's window ends can still be on its
+    /// way live) or the fill ends, so that none arrives both recovered and live.
+    var held: [MarketEvent] = []
 }
 
 extension MarketDataHub: RecoveryOutlet {
@@ -177,6 +181,8 @@ extension MarketDataHub: RecoveryOutlet {
         fillGeneration += 1
         // Every topic's old outages go, held or not (a topic nobody holds keeps none for long).
         for (topic, gaps) in pendingGaps {
+            // What a given-up gap still held goes out first (its topic has had no live event since).
+            _ = release(topic, gaps.filter { through - $0.through >= Self.pendingGapLifetime })
             let kept = gaps.filter { through - $0.through < Self.pendingGapLifetime }
             pendingGaps[topic] = kept.isEmpty ? nil : kept
         }
@@ -185,17 +191,17 @@ extension MarketDataHub: RecoveryOutlet {
         var earliest = from
         for (topic, entry) in entries where !entry.subscribers.isEmpty {
             var gaps = pendingGaps[topic] ?? []
-            // After what the topic's holders have: its last live event, or a recovered one past it (a
-            // quiet topic's last live event can be older than what an earlier fill brought).
+            // After what the topic's holders have or are held for them: its last live event, or a
+            // recovered one past it (a quiet topic's last live event can be older than what an earlier
+            // fill brought, delivered or held in a gap still open).
             let order = RecoveryOrder(eventType: topic.eventType)
-            var after = entry.last
-            if let recovered = recoveredThrough[topic],
-                (order.value(of: recovered) ?? .min) > (after.flatMap(order.value(of:)) ?? .min)
-            {
-                after = recovered
-            }
+            let candidates = [entry.last, recoveredThrough[topic]] + gaps.filter { $0.before == nil }.map(\.after)
+            let after = candidates.compactMap { $0 }.max { (order.value(of: $0) ?? .min) < (order.value(of: $1) ?? .min) }
             gaps.append(PendingGap(generation: fillGeneration, from: from, through: through, after: after, before: nil))
-            if gaps.count > Self.pendingGapsPerTopic { gaps.removeFirst(gaps.count - Self.pendingGapsPerTopic) }
+            if gaps.count > Self.pendingGapsPerTopic {
+                _ = release(topic, Array(gaps.prefix(gaps.count - Self.pendingGapsPerTopic)))
+                gaps.removeFirst(gaps.count - Self.pendingGapsPerTopic)
+            }
             pendingGaps[topic] = gaps
             fillWatch.insert(topic)
             earliest = Swift.min(earliest, gaps[0].from)
@@ -205,15 +211,69 @@ extension MarketDataHub: RecoveryOutlet {
         recoveryHandler(GapFillRequest(from: earliest, through: through, topics: held, generation: fillGeneration))
     }
 
-    /// A topic's first live event after an outage closes its open gaps.
+    /// A topic's first live event after an outage closes its open gaps: the recovered events held for
+    /// them that lie before it are delivered (ahead of it), the rest were on their way live.
     func watchFirstLive(_ events: [MarketEvent]) {
         for event in events where fillWatch.contains(event.topic) {
             fillWatch.remove(event.topic)
             guard var gaps = pendingGaps[event.topic] else { continue }
             let first = event.compacted()
-            for index in gaps.indices where gaps[index].before == nil { gaps[index].before = first }
+            let order = RecoveryOrder(eventType: event.topic.eventType)
+            let bound = order.value(of: first) ?? .max
+            var passed: [MarketEvent] = []
+            for index in gaps.indices where gaps[index].before == nil {
+                gaps[index].before = first
+                let held = gaps[index].held
+                gaps[index].held = []
+                heldRecovered -= held.count
+                let kept = held.filter { (order.value(of: $0) ?? .max) < bound }
+                gaps[index].delivered += kept.count
+                passed += kept
+            }
             pendingGaps[event.topic] = gaps
+            pass(event.topic, passed)
         }
+    }
+
+    /// The most recovered events the hub holds for topics whose first live event has not come (a fill
+    /// brings at most its settings' events; a cluster node's come from NATS). Past it, what is held is
+    /// delivered at once, as it would be without a bound for it.
+    static let heldRecoveredLimit = 200_000
+
+    /// Delivers every held recovered event of `topic`'s gaps in `gaps` now; returns the gaps emptied.
+    private func release(_ topic: Topic, _ gaps: [PendingGap]) -> [PendingGap] {
+        var gaps = gaps
+        var passed: [MarketEvent] = []
+        for index in gaps.indices where !gaps[index].held.isEmpty {
+            passed += gaps[index].held
+            gaps[index].delivered += gaps[index].held.count
+            heldRecovered -= gaps[index].held.count
+            gaps[index].held = []
+        }
+        pass(topic, passed)
+        return gaps
+    }
+
+    /// Recovered events of `topic` to its named holders now, as a replay outside their buffer's bound,
+    /// with positions and into the history (on a cluster node they have the leader's already).
+    private func pass(_ topic: Topic, _ events: [MarketEvent]) {
+        guard !events.isEmpty else { return }
+        let order = RecoveryOrder(eventType: topic.eventType)
+        if let newest = events.max(by: { (order.value(of: $0) ?? .min) < (order.value(of: $1) ?? .min) }),
+            (order.value(of: newest) ?? .min) > (recoveredThrough[topic].flatMap(order.value(of:)) ?? .min)
+        {
+            recoveredThrough[topic] = newest.compacted()
+        }
+        var events = events
+        if let history, !adoptsPositions {
+            events = history.keep(events, at: WallClock.nowMilliseconds())
+            metrics.record(history)
+        }
+        let holders = entries[topic]?.subscribers ?? []
+        for subscriber in holders where !subscriber.parked {
+            _ = yield(HubDelivery(replay: events), count: 0, to: subscriber)
+        }
+        tell(holders)
     }
 
     /// Delivers a topic's recovered events (oldest first, each already flagged) to the subscribers that
@@ -232,34 +292,33 @@ extension MarketDataHub: RecoveryOutlet {
         guard var gaps = pendingGaps[topic], !gaps.isEmpty else { return 0 }
         var bounds = gaps.map { gap in (gap.after.flatMap(order.value(of:)) ?? .min, gap.before.flatMap(order.value(of:)) ?? .max) }
         var raised: [Int: MarketEvent] = [:]
-        events = events.filter { event in
+        var now: [MarketEvent] = []
+        var accepted = 0
+        for event in events {
             guard let value = order.value(of: event),
                 let index = bounds.firstIndex(where: { $0.0 < value && value < $0.1 })
-            else { return false }
+            else { continue }
             bounds[index].0 = value
             raised[index] = event
-            gaps[index].delivered += 1
-            return true
+            accepted += 1
+            if gaps[index].before == nil {
+                // Its own bytes: a held event must not hold a whole NATS message or REST page alive.
+                gaps[index].held.append(event.compacted())
+                heldRecovered += 1
+            } else {
+                gaps[index].delivered += 1
+                now.append(event)
+            }
         }
-        // Its own bytes: a kept event must not hold a whole NATS message or REST page alive.
         for (index, event) in raised { gaps[index].after = event.compacted() }
+        // Oldest first: the gaps whose first live event came lie before those still open.
+        pass(topic, now)
+        if heldRecovered > Self.heldRecoveredLimit {
+            for (held, open) in pendingGaps where held != topic { pendingGaps[held] = release(held, open) }
+            gaps = release(topic, gaps)
+        }
         pendingGaps[topic] = gaps
-        if let newest = events.max(by: { (order.value(of: $0) ?? .min) < (order.value(of: $1) ?? .min) }),
-            (order.value(of: newest) ?? .min) > (recoveredThrough[topic].flatMap(order.value(of:)) ?? .min)
-        {
-            recoveredThrough[topic] = newest.compacted()
-        }
-        guard !events.isEmpty else { return 0 }
-        if let history, !adoptsPositions {
-            events = history.keep(events, at: WallClock.nowMilliseconds())
-            metrics.record(history)
-        }
-        let holders = entries[topic]?.subscribers ?? []
-        for subscriber in holders where !subscriber.parked {
-            _ = yield(HubDelivery(replay: events), count: 0, to: subscriber)
-        }
-        tell(holders)
-        return events.count
+        return accepted
     }
 
     /// A fill is over: the gaps of request `generation` and earlier are settled, and each holder of a
@@ -333,7 +392,8 @@ extension MarketDataHub: RecoveryOutlet {
         for (topic, gaps) in pendingGaps {
             let (done, left) = (gaps.filter { $0.generation <= generation }, gaps.filter { $0.generation > generation })
             guard !done.isEmpty else { continue }
-            settled[topic] = done
+            // The fill is over and the topic stayed quiet: what it brought is delivered now.
+            settled[topic] = release(topic, done)
             if left.isEmpty {
                 pendingGaps[topic] = nil
                 fillWatch.remove(topic)

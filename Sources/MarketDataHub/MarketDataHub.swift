@@ -118,6 +118,8 @@ public actor MarketDataHub {
     var pendingGaps: [Topic: [PendingGap]] = [:]
     /// Per topic held by name, the newest recovered event delivered (a later outage's fill starts after it).
     var recoveredThrough: [Topic: MarketEvent] = [:]
+    /// Recovered events held in `pendingGaps` until their topic's first live event (or the fill's end).
+    var heldRecovered = 0
     var fillWatch: Set<Topic> = []
     var fillGeneration = 0
     var gapFillCounts = GapFillCounts()

@@ -132,8 +132,60 @@ struct GapFillHubTests {
         let second = try #require(requests.withLock { $0.last })
         #expect(RecoveryOrder.sequence.value(of: try #require(second.topics.first?.lastBefore)) == 14, "after what the first fill brought")
         #expect(await hub.deliverRecovered(topic, (11...16).map { trade($0, recovered: true) }, order: .sequence) == 2)
+        await hub.announceRecovered(GapFillSummary(from: second.from, through: second.through), generation: second.generation)
         // 10, the first outage's two notices, 11…14, the second's two, 15 and 16: nothing twice.
         let got = try await take(11, from: named.events)
         #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 11, 12, 13, 14, 15, 16], "\(got.map(\.json))")
+    }
+
+    /// A hub whose named holder of `T.AAPL` had trade 10, then an outage the upstream came back from
+    /// with another ticker's trade, so AAPL's first live event after it has not come: the hub, the
+    /// holder's subscription and the fill request.
+    private func backWithAnotherTicker() async throws -> (MarketDataHub, HubSubscription, GapFillRequest) {
+        let hub = MarketDataHub(history: nil)
+        let requests = Mutex<[GapFillRequest]>([])
+        await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish([trade(10)])
+        await hub.upstreamLost(reason: "test")
+        await hub.publish([MarketEvent(eventType: "T", ticker: "MSFT", bytes: ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"q":1}"#))])
+        return (hub, named, try #require(requests.withLock { $0.first }))
+    }
+
+    @Test func recoveredEventsWaitForTheTopicsFirstLiveEventSoOneStillOnItsWayLiveIsNotSentTwice() async throws {
+        let (hub, named, request) = try await backWithAnotherTicker()
+        let topic = Topic(parsing: "T.AAPL")!
+        // AAPL's 15 and 16, stamped before the window's end, are still on their way live when the fill
+        // brings 11…16.
+        #expect(await hub.deliverRecovered(topic, (11...16).map { trade($0, recovered: true) }, order: .sequence) == 6)
+        await hub.publish([trade(15)])
+        await hub.publish([trade(16)])
+        var summary = GapFillSummary(from: request.from, through: request.through)
+        summary.recovered[topic] = 6
+        await hub.announceRecovered(summary, generation: request.generation)
+        await hub.publish([trade(17)])
+
+        // 10, the two notices, recovered 11…14 ahead of live 15, 16, the status, 17: nothing twice.
+        let got = try await take(11, from: named.events)
+        #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 11, 12, 13, 14, 15, 16, 17], "\(got.map(\.json))")
+        #expect(got.filter { fields($0)["_r"] as? Int == 1 }.compactMap { fields($0)["q"] as? Int } == [11, 12, 13, 14])
+        let status = try #require(got.last { fields($0)["status"] as? String == "recovered" })
+        #expect((fields(status)["topics"] as? [String: Int]) == ["T.AAPL": 4], "what was delivered, not what was fetched")
+        #expect(await hub.heldRecovered == 0)
+    }
+
+    @Test func whatAFillBroughtForATopicThatStaysQuietIsDeliveredWhenTheFillEnds() async throws {
+        let (hub, named, request) = try await backWithAnotherTicker()
+        let topic = Topic(parsing: "T.AAPL")!
+        #expect(await hub.deliverRecovered(topic, (11...12).map { trade($0, recovered: true) }, order: .sequence) == 2)
+        #expect(await hub.heldRecovered == 2)
+        var summary = GapFillSummary(from: request.from, through: request.through)
+        summary.recovered[topic] = 2
+        await hub.announceRecovered(summary, generation: request.generation)
+        let got = try await take(6, from: named.events)
+        #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 11, 12], "\(got.map(\.json))")
+        #expect(fields(got[5])["status"] as? String == "recovered", "the status after the events it counts")
+        #expect((fields(got[5])["topics"] as? [String: Int]) == ["T.AAPL": 2])
+        #expect(await hub.heldRecovered == 0)
     }
 }
