@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The attacks of issue 22 (and the later replay, parked-session and hostile-REST ones), run against a
+"""The abuse attacks (floods, slow clients, bad input, and the replay, parked-session and hostile-REST ones), run against a
 relay on loopback while other clients stream.
 
 Each attack is bounded in count and time, targets 127.0.0.1 only, and prints one JSON line with what
