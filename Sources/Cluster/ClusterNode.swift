@@ -324,12 +324,23 @@ public final class ClusterNode: Service, Sendable {
         }
     }
 
-    /// Tells this node's subscribers when NATS is lost (events stop); republishes interest on return.
+    /// How long a node that starts without NATS waits before telling its clients no events come.
+    static let unreachedNoticeDelay: Duration = .seconds(2)
+
+    /// Tells this node's subscribers when NATS is lost (events stop), or not reached at start (after
+    /// ``unreachedNoticeDelay``, so a usual start says nothing); republishes interest on return.
     private func watch(_ connection: NATSConnection, feed: ClusterFeed) async {
         var previous: NATSState?
+        let servers = configuration.displayServers
         for await state in connection.stateUpdates() {
             defer { previous = state }
             switch state {
+            case .connecting where previous == nil:
+                Task {
+                    try? await Task.sleep(for: Self.unreachedNoticeDelay)
+                    guard connection.state == .connecting else { return }
+                    feed.announceLost("this relay node has not reached NATS (\(servers)) yet; events come when it does")
+                }
             case .reconnecting:
                 feed.announceLost("this relay node lost its connection to NATS")
             case .connected where previous != nil && previous != .connected:

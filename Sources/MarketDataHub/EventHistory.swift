@@ -7,8 +7,9 @@ public struct HistoryLimits: Sendable, Equatable {
     public var eventsPerTopic: Int
     /// How long an event is kept.
     public var maxAge: Duration
-    /// Memory the history may take, counted as each event's bytes plus ``EventHistory/overheadPerEvent``;
-    /// past it the oldest events go first, whatever their topic.
+    /// Memory the history may take, counted as the process holds it: every buffer its events are slices
+    /// of, whole, while any of them is kept, plus ``EventHistory/overheadPerEvent`` per event; past it
+    /// the oldest events go first, whatever their topic.
     public var memoryBytes: Int
     /// The most events one resume may replay; a resume that would need more gets `gap` for its largest
     /// topics instead (never a partial replay of a topic).
@@ -37,9 +38,23 @@ public struct HistoryLimits: Sendable, Equatable {
 /// or NATS stopped sending it), when the upstream is lost, or when a cluster node sees a topic sequence
 /// skip, its whole run starts again at the next event, so a resume from before then is a `gap`.
 final class EventHistory {
-    /// Bookkeeping counted per event beside its bytes (its slot, its place in its topic's ring, the
-    /// share of its message's buffer header).
-    static let overheadPerEvent = 96
+    /// Bookkeeping counted per event beside the buffer it is a slice of: its slot (``Slot``, 128 bytes
+    /// with its optional event) and its place in its topic's ring (8 bytes, in a ring of a power of two).
+    static let overheadPerEvent = 144
+
+    /// What a buffer costs beside its capacity: its storage object and two allocations' headers.
+    static let overheadPerBuffer = 96
+
+    /// One buffer the history's events are slices of (a publish's stamped events share a few). Counted
+    /// whole, its capacity and its header, from the first event of it kept to the last one let go:
+    /// that is what the process holds, however few of its events are left, so the memory bound holds in
+    /// the process's resident memory, not only in the bytes of the events.
+    final class Buffer {
+        let cost: Int
+        var events = 0
+
+        init(cost: Int) { self.cost = cost }
+    }
 
     /// One event's slot in arrival order.
     struct Slot {
@@ -48,6 +63,8 @@ final class EventHistory {
         let topicSequence: UInt64
         /// Wall time it arrived, Unix ms.
         let arrivedAt: Int64
+        /// The buffer its bytes lie in.
+        let buffer: Buffer
         /// `nil` once its topic evicted it.
         var event: MarketEvent?
     }
@@ -147,6 +164,8 @@ final class EventHistory {
     /// the limits no longer allow. A topic sequence that skips (a cluster node that was not sent some)
     /// starts the topic's whole run again.
     func append(_ events: [MarketEvent], positions: [EventPosition], at now: Int64) {
+        // The buffers of this call's events (a publish's share a few), by their storage.
+        var buffers: [(storage: UnsafeMutableRawPointer, buffer: Buffer)] = []
         for index in events.indices {
             let event = events[index]
             let position = positions[index]
@@ -178,12 +197,23 @@ final class EventHistory {
             line.nextSequence = position.topic + 1
             if line.held.isEmpty { line.firstSequence = position.topic }
             line.held.append(position.market)
-            slots.append(Slot(sequence: position.market, topic: line, topicSequence: position.topic, arrivedAt: now, event: event))
+            let storage = event.bytes.withVeryUnsafeBytesWithStorageManagement { $1.toOpaque() }
+            let buffer: Buffer
+            if let known = buffers.last(where: { $0.storage == storage })?.buffer {
+                buffer = known
+            } else {
+                buffer = Buffer(cost: event.bytes.storageCapacity + Self.overheadPerBuffer)
+                buffers.append((storage, buffer))
+                memory += buffer.cost
+            }
+            buffer.events += 1
+            slots.append(
+                Slot(sequence: position.market, topic: line, topicSequence: position.topic, arrivedAt: now, buffer: buffer, event: event))
             nextMarketSequence = position.market + 1
             if typeWholeFrom[topic.eventType] == nil, pendingTypes.remove(topic.eventType) != nil {
                 typeWholeFrom[topic.eventType] = (position.market, now)
             }
-            memory += event.bytes.readableBytes + Self.overheadPerEvent
+            memory += Self.overheadPerEvent
             eventCount += 1
             if line.held.count > limits.eventsPerTopic { dropOldest(of: line) }
         }
@@ -271,27 +301,31 @@ final class EventHistory {
         let oldestKept = now - limits.maxAge.milliseconds
         while let first = slots.first, memory > limits.memoryBytes || first.arrivedAt < oldestKept {
             let slot = slots.removeFirst()
-            guard let event = slot.event else { continue }
+            guard slot.event != nil else { continue }
             // Its topic's oldest held event is this one (a topic's ring is in arrival order too).
             let line = slot.topic
             if line.held.first == slot.sequence {
                 line.held.removeFirst()
                 line.firstSequence += 1
             }
-            forget(event, sequence: slot.sequence, arrivedAt: slot.arrivedAt, line: line)
+            forget(slot, line: line)
         }
     }
 
     private func dropOldest(of line: TopicLine) {
         let sequence = line.held.removeFirst()
         line.firstSequence += 1
-        guard let index = slotIndex(of: sequence), let event = slots[index].event else { return }
+        guard let index = slotIndex(of: sequence), slots[index].event != nil else { return }
         slots[index].event = nil
-        forget(event, sequence: sequence, arrivedAt: slots[index].arrivedAt, line: line)
+        forget(slots[index], line: line)
     }
 
-    private func forget(_ event: MarketEvent, sequence: UInt64, arrivedAt: Int64, line: TopicLine) {
-        memory -= event.bytes.readableBytes + Self.overheadPerEvent
+    /// An event let go: its bookkeeping, and its buffer once no event of it is left.
+    private func forget(_ slot: Slot, line: TopicLine) {
+        let (sequence, arrivedAt) = (slot.sequence, slot.arrivedAt)
+        memory -= Self.overheadPerEvent
+        slot.buffer.events -= 1
+        if slot.buffer.events == 0 { memory -= slot.buffer.cost }
         eventCount -= 1
         line.evictedThrough = max(line.evictedThrough, sequence)
         line.evictedArrival = max(line.evictedArrival, arrivedAt)

@@ -224,6 +224,12 @@ public actor MarketDataHub {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }
+        // Subscribing while the upstream is down: told at once, not left waiting in silence (and told
+        // when it is back, like the others).
+        if let outage, !subscriber.toldOfOutage, !subscriber.topics.isEmpty {
+            subscriber.toldOfOutage = true
+            enqueue(HubDelivery([MarketEvent.notice(outageNotice(outage))]), to: subscriber)
+        }
         tell(CollectionOfOne(subscriber))
         reportWantedChange()
     }
@@ -586,15 +592,20 @@ public actor MarketDataHub {
         let now = WallClock.nowMilliseconds()
         // Events of the outage never arrive: no resume reaches across it.
         history?.interruptAll(now: now)
-        outage = Outage(lastEventBefore: lastEventAt, lostAt: now, reason: reason)
-        var numbers: [String: Int64] = ["lost_at_ms": now]
-        if let lastEventAt { numbers["last_event_before_ms"] = lastEventAt }
-        tellOutageStarted(
-            StatusMessage(
-                status: StatusMessage.Kind.upstreamDisconnected,
-                message: "upstream connection lost (\(reason)); subscriptions are kept and resume when it is back",
-                numbers: numbers))
+        let outage = Outage(lastEventBefore: lastEventAt, lostAt: now, reason: reason)
+        self.outage = outage
+        tellOutageStarted(outageNotice(outage))
         logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
+    }
+
+    /// The `upstream_disconnected` status of an outage.
+    private func outageNotice(_ outage: Outage) -> StatusMessage {
+        var numbers: [String: Int64] = ["lost_at_ms": outage.lostAt]
+        if let before = outage.lastEventBefore { numbers["last_event_before_ms"] = before }
+        return StatusMessage(
+            status: StatusMessage.Kind.upstreamDisconnected,
+            message: "upstream connection lost (\(outage.reason)); subscriptions are kept and resume when it is back",
+            numbers: numbers)
     }
 
     private func announceRecovery(from outage: Outage, firstEventAfter: Int64) {
@@ -621,8 +632,8 @@ public actor MarketDataHub {
         tell(subscribers.values)
     }
 
-    /// The end of an outage goes to those told of its start: a client that subscribed meanwhile never
-    /// heard of it, and its stream simply begins.
+    /// The end of an outage goes to those told of its start (a client that subscribed meanwhile was
+    /// told as it subscribed; one that only connected, with no topics, was not).
     private func tellOutageEnded(_ status: StatusMessage) {
         let notice = MarketEvent.notice(status)
         for subscriber in subscribers.values where subscriber.toldOfOutage {

@@ -34,21 +34,48 @@ public struct EventPosition: Sendable, Hashable {
         self.market = market
     }
 
-    /// Events with their positions written in, all into one new buffer (one allocation per publish, not
-    /// per event); each returned event is a slice of it and carries `market` as its ``MarketEvent/sequence``.
-    /// `positions[i]` belongs to `events[i]`. An event whose bytes do not end with `}` keeps its bytes.
+    /// Events with their positions written in, into new buffers of a few KiB each (a few allocations per
+    /// publish, not one per event); each returned event is a slice of one and carries `market` as its
+    /// ``MarketEvent/sequence``. `positions[i]` belongs to `events[i]`. An event whose bytes do not end
+    /// with `}` keeps its bytes.
+    ///
+    /// NIO gives a buffer the next power of two of the capacity asked for, so one buffer sized to a
+    /// whole publish could be nearly twice what it holds, for as long as the history keeps any of its
+    /// events; buffers of a power of two each, filled in turn (``chunkCapacity(left:next:)``), leave a
+    /// few percent unused instead.
     public static func stamp(_ events: [MarketEvent], _ positions: [EventPosition], allocator: ByteBufferAllocator = ByteBufferAllocator())
         -> [MarketEvent]
     {
-        var size = 0
-        for index in events.indices { size += events[index].bytes.readableBytes + 2 * 26 }
-        var buffer = allocator.buffer(capacity: size)
+        var left = 0
+        for index in events.indices { left += events[index].bytes.readableBytes + maxGrowth }
+        var stamped: [MarketEvent] = []
+        stamped.reserveCapacity(events.count)
+        var buffer = ByteBuffer()
+        // The events written into `buffer` so far: where each lies in it.
         var ranges: [(start: Int, length: Int)] = []
         ranges.reserveCapacity(events.count)
+        // Slices are taken once a buffer is full: writing into a buffer a slice shares would copy it.
+        func seal() {
+            let first = stamped.count
+            for (offset, range) in ranges.enumerated() {
+                let event = events[first + offset]
+                let slice = buffer.getSlice(at: range.start, length: range.length) ?? event.bytes
+                stamped.append(
+                    MarketEvent(
+                        eventType: event.eventType, ticker: event.ticker, bytes: slice, receivedAt: event.receivedAt,
+                        sequence: positions[first + offset].market))
+            }
+            ranges.removeAll(keepingCapacity: true)
+        }
         for index in events.indices {
             let bytes = events[index].bytes
-            let start = buffer.writerIndex
             let length = bytes.readableBytes
+            if buffer.writableBytes < length + maxGrowth {
+                seal()
+                buffer = allocator.buffer(capacity: chunkCapacity(left: left, next: length + maxGrowth))
+            }
+            left -= length + maxGrowth
+            let start = buffer.writerIndex
             if let first = bytes.getInteger(at: bytes.readerIndex, as: UInt8.self), first != UInt8(ascii: "{"),
                 stampMessagePack(bytes, positions[index], into: &buffer)
             {
@@ -72,17 +99,24 @@ public struct EventPosition: Sendable, Hashable {
             buffer.writeInteger(UInt8(ascii: "}"))
             ranges.append((start, buffer.writerIndex - start))
         }
-        var stamped: [MarketEvent] = []
-        stamped.reserveCapacity(events.count)
-        for index in events.indices {
-            let event = events[index]
-            let slice = buffer.getSlice(at: ranges[index].start, length: ranges[index].length) ?? event.bytes
-            stamped.append(
-                MarketEvent(
-                    eventType: event.eventType, ticker: event.ticker, bytes: slice, receivedAt: event.receivedAt,
-                    sequence: positions[index].market))
-        }
+        seal()
         return stamped
+    }
+
+    /// The most a stamp adds to an event: two fields of up to 16 digits each in JSON (44 bytes), or
+    /// MessagePack's tail and a wider map header (28).
+    static let maxGrowth = 52
+
+    /// The largest buffer ``stamp(_:_:allocator:)`` fills (an event larger than it gets one of its own).
+    static let chunkBytes = 16 << 10
+
+    /// The capacity of the next buffer, a power of two: the largest not above what is `left` to write
+    /// (so it is filled), at most ``chunkBytes``; at least what the `next` event needs; the next one up
+    /// for a small rest, whose rounding costs little.
+    static func chunkCapacity(left: Int, next: Int) -> Int {
+        func power(atLeast value: Int) -> Int { value <= 1 ? 1 : 1 << (Int.bitWidth - (value - 1).leadingZeroBitCount) }
+        let fitting = left < 512 ? power(atLeast: left) : min(1 << (Int.bitWidth - 1 - left.leadingZeroBitCount), chunkBytes)
+        return max(fitting, power(atLeast: next))
     }
 
     /// The tail a MessagePack event gets: `"_s"` and `"_m"` as two more map entries, each a 64-bit

@@ -419,8 +419,13 @@ struct ClusterTests {
             let section = try #require(health.body["cluster"] as? [String: Any])
             #expect(section["nats"] as? String != "connected")
             #expect(section["leader"] == nil || section["leader"] is NSNull)
-            // Give it a few of its retries: a node without the lease never opens the upstream connection.
-            try await Task.sleep(for: .seconds(2))
+            // Its clients are told that nothing comes, and why, instead of waiting in silence.
+            let client = try await WSTestClient.authenticated(url: try cluster.url("lonely"))
+            client.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            let told = try await client.waitForStatus(StatusMessage.Kind.upstreamDisconnected)
+            #expect((told.fields["message"] as? String)?.contains("has not reached NATS") == true, "\(told.fields)")
+            await client.close()
+            // A node without the lease never opens the upstream connection (it has retried meanwhile).
             #expect(cluster.feed.monitor.snapshot.totalConnections == 0)
             #expect(try cluster.process("lonely").process.isRunning, "the node keeps retrying instead of exiting")
         }

@@ -300,18 +300,29 @@ struct MarketDataHubTests {
         #expect(await reader.nextBatch() == nil)
     }
 
-    @Test func onlySubscribersToldOfAnOutageAreToldItEnded() async throws {
+    @Test func aSubscriberThatComesDuringAnOutageIsToldAtOnceAndOnlyThoseToldAreToldItEnded() async throws {
         let hub = MarketDataHub(history: nil)
         let before = await hub.subscribe(to: topics("Q.A"))
         await hub.upstreamLost(reason: "test")
         let during = await hub.subscribe(to: topics("Q.A"))
+        let later = await hub.subscribe()
+        await hub.add(topics("Q.B"), to: later.id)
+        let idle = await hub.subscribe()
         await hub.publish([event("Q", "A", 1)])
         let told = try await take(3, from: before.events)
         #expect(told[0].json.contains("upstream_disconnected"))
         #expect(told[1].json.contains("upstream_reconnected"))
         #expect(told[2].json == event("Q", "A", 1).json)
-        // It subscribed during the outage: no "reconnected" without a "disconnected", just the data.
-        #expect(try await take(1, from: during.events).first?.json == event("Q", "A", 1).json)
+        // It subscribed during the outage: told as it did, with the outage's own start and reason.
+        let joined = try await take(3, from: during.events)
+        #expect(joined[0].json.contains("upstream_disconnected") && joined[0].json.contains("(test)") && joined[0].json == told[0].json)
+        #expect(joined[1].json.contains("upstream_reconnected"))
+        #expect(joined[2].json == event("Q", "A", 1).json)
+        // Topics added later, during the outage, likewise; a subscriber with no topics hears nothing.
+        let added = try await take(2, from: later.events)
+        #expect(added.map { $0.json.contains("upstream_disconnected") } == [true, false])
+        #expect(added[1].json.contains("upstream_reconnected"))
+        #expect(!idle.hasQueued)
     }
 
     @Test func aClusterSeedIsTheSnapshotUnlessALiveEventCameFirst() async throws {
