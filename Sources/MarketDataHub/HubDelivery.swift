@@ -41,7 +41,7 @@ public struct HubDelivery: Sendable {
     }
 
     /// What it counts outside the bound (a replay: all its events).
-    var replayWeight: Int {
+    public var replayWeight: Int {
         if case .replay(let events) = content { return events.count }
         return 0
     }
@@ -120,6 +120,35 @@ public struct HubDelivery: Sendable {
                 for index in events.indices { body(events[index]) }
             }
         }
+    }
+
+    /// Cuts `deliveries` where their frames would pass `bytes`, inside a replay only (the others are
+    /// bounded by the subscriber's buffer): keeps what fits, at least one event, and returns the rest
+    /// in order (`nil` when everything fits), so a resume's replay is built into frames as the client
+    /// reads, not all at once.
+    public static func cut(_ deliveries: inout [HubDelivery], afterBytes bytes: Int) -> [HubDelivery]? {
+        var size = 0
+        for index in deliveries.indices {
+            let delivery = deliveries[index]
+            guard case .replay(let events) = delivery.content else {
+                size += delivery.framedBytes
+                continue
+            }
+            var kept = 0
+            while kept < events.count {
+                let next = events[kept].bytes.readableBytes + 1
+                if size + next > bytes, size > 0 || kept > 0 { break }
+                size += next
+                kept += 1
+            }
+            guard kept < events.count else { continue }
+            var rest = [HubDelivery(replay: Array(events[kept...]))]
+            rest += deliveries[(index + 1)...]
+            deliveries.removeSubrange(index...)
+            if kept > 0 { deliveries.append(HubDelivery(replay: Array(events[..<kept]))) }
+            return rest
+        }
+        return nil
     }
 
     /// The first `count` of its events (what fits a subscriber's remaining room).

@@ -25,6 +25,12 @@ public struct HubSubscription: Sendable {
         queue.batches.load(ordering: .acquiring) > 0 || queue.finished.load(ordering: .acquiring)
     }
 
+    /// Replayed events taken from the stream but kept by its reader for later (``HubDelivery/cut(_:afterBytes:)``),
+    /// or (negative) sent since: they still count as queued, so that a new resume sees them.
+    public func carried(replayed count: Int) {
+        queue.replaying.add(count, ordering: .relaxed)
+    }
+
     /// Whether the hub ended this subscription because it fell too far behind (`disconnect` policy).
     public var wasEvicted: Bool { queue.evicted.load(ordering: .acquiring) }
 

@@ -35,6 +35,12 @@ actor LoopDrain {
     private var readers: [SubscriberID: HubSubscription.Reader] = [:]
     /// What one client's turn took, kept to reuse its storage.
     private var taken: [HubDelivery] = []
+    /// Per client, what it was given past one turn's bytes (the rest of a replay, and what came after
+    /// it): taken before its stream is read again.
+    private var carry: [SubscriberID: [HubDelivery]] = [:]
+    /// The most frame bytes one turn builds for a client while a replay is being sent: a resume of
+    /// 100,000 events goes out as the client reads, never built all at once and held.
+    static let replayBytesPerTurn = 256 << 10
 
     init(loop: any EventLoop, metrics: DownstreamMetrics) {
         self.loop = loop
@@ -103,11 +109,21 @@ actor LoopDrain {
             deliveries.removeAll(keepingCapacity: true)
             swap(&deliveries, &taken)
         }
-        guard await reader.nextDeliveries(into: &deliveries) else {
-            readers[id] = nil
-            return finished(client)
+        if let carried = carry.removeValue(forKey: id) {
+            deliveries += carried
+            client.subscription.carried(replayed: -carried.reduce(0) { $0 + $1.replayWeight })
+        } else {
+            guard await reader.nextDeliveries(into: &deliveries) else {
+                readers[id] = nil
+                return finished(client)
+            }
+            readers[id] = reader
         }
-        readers[id] = reader
+        if !client.writability.isClosed, let rest = HubDelivery.cut(&deliveries, afterBytes: Self.replayBytesPerTurn) {
+            carry[id] = rest
+            client.subscription.carried(replayed: rest.reduce(0) { $0 + $1.replayWeight })
+        }
+        client.carrying.store(carry[id] != nil, ordering: .releasing)
         defer { if client.canTake { client.kick() } }
         if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
         var payload = 1
@@ -173,6 +189,7 @@ actor LoopDrain {
     /// The stream ended: an evicted client is told why and closed with 1013.
     private func finished(_ client: ClientFeed) -> Write? {
         client.finish()
+        carry[client.subscription.id] = nil
         guard client.subscription.wasEvicted, !client.writability.isClosed else { return nil }
         if let codec = client.alpacaCodec {
             // Alpaca's own word for it: 407 slow client.
@@ -214,6 +231,8 @@ final class ClientFeed: Sendable {
     private let isFinished = Atomic<Bool>(false)
     /// A tagged session: each write notes the newest market sequence it carried.
     let tracksPositions = Atomic<Bool>(false)
+    /// The drain keeps part of what it took for the next turn (a replay past one turn's bytes).
+    let carrying = Atomic<Bool>(false)
     /// Alpaca's protocol in this codec; `nil`: Polygon's.
     let alpacaCodec: AlpacaCodec?
     /// Its market's delivery metrics.
@@ -240,7 +259,9 @@ final class ClientFeed: Sendable {
         drain.schedule(self)
     }
 
-    var canTake: Bool { subscription.hasQueued && (writability.isWritable || writability.isClosed) }
+    var canTake: Bool {
+        (subscription.hasQueued || carrying.load(ordering: .acquiring)) && (writability.isWritable || writability.isClosed)
+    }
 
     fileprivate func finish() { isFinished.store(true, ordering: .releasing) }
 }

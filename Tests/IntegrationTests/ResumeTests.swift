@@ -75,6 +75,27 @@ struct ResumeTests {
         }
     }
 
+    @Test func aLargeReplayGoesOutAsTheClientReadsWholeInOrderOnceThenLive() async throws {
+        try await withRelay(rate: 10_000) { url in
+            let clock = try await WSTestClient.authenticated(url: url)
+            let since = WallClock.nowMilliseconds()
+            _ = try await subscribe(clock, "Q.*", events: 1)
+            // Well past one turn's bytes (256 KiB): the replay is built a part at a time as it is read.
+            _ = try await clock.nextEvents(12_000, timeout: .seconds(30))
+            let back = try await WSTestClient.authenticated(url: url)
+            back.send(#"{"action":"subscribe","params":"Q.*","sinceTime":\#(since)}"#)
+            let resumed = try await back.waitForStatus(StatusMessage.Kind.resumed, timeout: .seconds(60))
+            let replayed = try #require((resumed.fields["replayed"] as? [String: Int])?["Q.*"])
+            #expect(replayed >= 12_000)
+            var markets = resumed.eventsBefore.compactMap { EventPosition.read(from: $0.bytes)?.market }
+            markets += try await back.nextEvents(200).compactMap { EventPosition.read(from: $0.bytes)?.market }
+            let first = try #require(markets.first)
+            #expect(markets.count >= replayed + 200)
+            #expect(markets == Array(first...(first + UInt64(markets.count) - 1)), "every event once, in order, across the seam")
+            for client in [clock, back] { await client.close() }
+        }
+    }
+
     @Test func anotherEpochGetsAGapThenTheLastValueThenLive() async throws {
         try await withRelay { url in
             let clock = try await WSTestClient.authenticated(url: url)

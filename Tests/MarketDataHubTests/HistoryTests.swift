@@ -339,4 +339,29 @@ struct HistoryLineTests {
         #expect(Double(held) <= Double(used) * 1.1, "\(held) bytes held for \(used)")
         #expect(String(buffer: stamped[49].bytes).hasSuffix(#","_s":50,"_m":1000050}"#))
     }
+
+    @Test func aReplayIsCutWhereItsFramesWouldPassATurnsBytesAndNothingElseIs() {
+        let live = HubDelivery((0..<3).map { event("Q", "L", $0) })
+        let replay = HubDelivery(replay: (0..<100).map { event("Q", "R", $0) })
+        let after = HubDelivery([event("Q", "L", 9)])
+        let size = event("Q", "R", 10).bytes.readableBytes + 1
+        var deliveries = [live, replay, after]
+        // Room for the live events and ten replayed ones.
+        let budget = live.framedBytes + 10 * size
+        let rest = try? #require(HubDelivery.cut(&deliveries, afterBytes: budget))
+        var kept: [MarketEvent] = []
+        for delivery in deliveries { delivery.append(to: &kept) }
+        var left: [MarketEvent] = []
+        for delivery in rest ?? [] { delivery.append(to: &left) }
+        #expect(kept.map(\.json) == ((0..<3).map { event("Q", "L", $0) } + (0..<10).map { event("Q", "R", $0) }).map(\.json))
+        #expect(left.map(\.json) == ((10..<100).map { event("Q", "R", $0) } + [event("Q", "L", 9)]).map(\.json))
+        #expect(rest?.first?.replayWeight == 90 && rest?.last?.replayWeight == 0)
+        // Within the budget: untouched. Past it without a replay: untouched (the buffer bounds those).
+        var small = [live, after]
+        #expect(HubDelivery.cut(&small, afterBytes: 1) == nil && small.count == 2)
+        // A budget smaller than one event still sends one.
+        var tiny = [replay]
+        #expect(HubDelivery.cut(&tiny, afterBytes: 1)?.first?.count == 99)
+        #expect(tiny.first?.count == 1)
+    }
 }
