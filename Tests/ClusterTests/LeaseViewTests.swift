@@ -44,11 +44,6 @@ struct LeaseViewTests {
         #expect(view.since == nil && !view.sawHolder)
     }
 
-    @Test func aTakeAcrossAReconnectWaitsALeaseFromTheTake() {
-        var view = LeaseView(hold: lease)
-        view.read(revision: 40, holder: true, sentWith: 1, answeredWith: 1, at: at(0))
-        #expect(view.upstreamAllowed(takenAt: 41, continuity: 2, now: at(1_000)) == at(6_000))
-    }
 
     @Test func aRevisionGoingBackMeansANewBucket() {
         var view = LeaseView(hold: lease)
@@ -60,16 +55,30 @@ struct LeaseViewTests {
         #expect(view.since == at(600) && view.highestRevision == 2)
     }
 
-    @Test func aValueNoRelayNodeWroteIsNoHolder() {
-        var view = LeaseView(hold: lease)
-        view.read(revision: 5, holder: false, sentWith: 1, answeredWith: 1, at: at(0))
-        #expect(view.upstreamAllowed(takenAt: 6, continuity: 1, now: at(100)) == at(5_000))
+    /// One read of the bucket at 0 ms, then a take: when the upstream may open (ms).
+    struct TakeCase: Sendable, CustomTestStringConvertible {
+        let testDescription: String
+        let revision: UInt64
+        let holder: Bool
+        var reset = false
+        let takenAt: UInt64
+        let continuity: UInt64
+        let now: Int
+        let allowed: Int
     }
 
-    @Test func withoutAViewANodeWaitsALeaseFromTheTake() {
+    @Test(arguments: [
+        // A reconnect between the read and the take: the view no longer counts, a lease from the take.
+        TakeCase(testDescription: "a take across a reconnect", revision: 40, holder: true, takenAt: 41, continuity: 2, now: 1_000, allowed: 6_000),
+        // A value no relay node wrote is no holder: a lease from the read.
+        TakeCase(testDescription: "a value no node wrote", revision: 5, holder: false, takenAt: 6, continuity: 1, now: 100, allowed: 5_000),
+        // Without a view (reset), a lease from the take.
+        TakeCase(testDescription: "no view", revision: 5, holder: true, reset: true, takenAt: 6, continuity: 1, now: 100, allowed: 5_100),
+    ])
+    func whenATakeMayOpenTheUpstream(_ take: TakeCase) {
         var view = LeaseView(hold: lease)
-        view.read(revision: 5, holder: true, sentWith: 1, answeredWith: 1, at: at(0))
-        view.reset()
-        #expect(view.upstreamAllowed(takenAt: 6, continuity: 1, now: at(100)) == at(5_100))
+        view.read(revision: take.revision, holder: take.holder, sentWith: 1, answeredWith: 1, at: at(0))
+        if take.reset { view.reset() }
+        #expect(view.upstreamAllowed(takenAt: take.takenAt, continuity: take.continuity, now: at(take.now)) == at(take.allowed))
     }
 }
