@@ -85,16 +85,15 @@ struct RESTPage {
             return bytes[range]
         }
 
-        /// The value's text as it came, when it is an array of at most ``RESTPage/maxListCount`` JSON numbers.
+        /// The value as an array of at most ``RESTPage/maxListCount`` JSON numbers, written again
+        /// without the whitespace it came with (whose length the host chooses).
         func numbers(_ field: Field) -> ArraySlice<UInt8>? {
             guard let range = ranges[field.rawValue], bytes[range].first == UInt8(ascii: "["), bytes[range].last == UInt8(ascii: "]") else { return nil }
             let inside = bytes[range].dropFirst().dropLast()
-            if inside.allSatisfy(Scanner.isSpace) { return bytes[range] }
-            let items = inside.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false)
-            guard items.count <= RESTPage.maxListCount,
-                items.allSatisfy({ RESTPage.isNumber(RESTPage.trimmed($0)) })
-            else { return nil }
-            return bytes[range]
+            if inside.allSatisfy(Scanner.isSpace) { return Array("[]".utf8)[...] }
+            let items = inside.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false).map(RESTPage.trimmed)
+            guard items.count <= RESTPage.maxListCount, items.allSatisfy(RESTPage.isNumber) else { return nil }
+            return (Array("[".utf8) + Array(items.joined(separator: [UInt8(ascii: ",")])) + Array("]".utf8))[...]
         }
     }
 

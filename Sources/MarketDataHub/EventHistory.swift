@@ -38,9 +38,14 @@ public struct HistoryLimits: Sendable, Equatable {
 /// or NATS stopped sending it), when the upstream is lost, or when a cluster node sees a topic sequence
 /// skip, its whole run starts again at the next event, so a resume from before then is a `gap`.
 final class EventHistory {
-    /// Bookkeeping counted per event beside the buffer it is a slice of: its slot (``Slot``, 128 bytes
-    /// with its optional event) and its place in its topic's ring (8 bytes, in a ring of a power of two).
-    static let overheadPerEvent = 144
+    /// Bookkeeping counted per event beside the buffer it is a slice of: its slot (``slotBytes``) and
+    /// its place in its topic's ring (``ringBytes``).
+    static let overheadPerEvent = slotBytes + ringBytes
+    /// A slot (``Slot``, 128 bytes with its optional event): counted until it leaves the arrival ring,
+    /// also when its topic let its event go earlier (the slot stays, empty, until then).
+    static let slotBytes = 128
+    /// A place in a topic's ring (8 bytes, in a ring of a power of two).
+    static let ringBytes = 16
 
     /// What a buffer costs beside its capacity: its storage object and two allocations' headers.
     static let overheadPerBuffer = 96
@@ -301,6 +306,7 @@ final class EventHistory {
         let oldestKept = now - limits.maxAge.milliseconds
         while let first = slots.first, memory > limits.memoryBytes || first.arrivedAt < oldestKept {
             let slot = slots.removeFirst()
+            memory -= Self.slotBytes
             guard slot.event != nil else { continue }
             // Its topic's oldest held event is this one (a topic's ring is in arrival order too).
             let line = slot.topic
@@ -323,7 +329,7 @@ final class EventHistory {
     /// An event let go: its bookkeeping, and its buffer once no event of it is left.
     private func forget(_ slot: Slot, line: TopicLine) {
         let (sequence, arrivedAt) = (slot.sequence, slot.arrivedAt)
-        memory -= Self.overheadPerEvent
+        memory -= Self.ringBytes
         slot.buffer.events -= 1
         if slot.buffer.events == 0 { memory -= slot.buffer.cost }
         eventCount -= 1

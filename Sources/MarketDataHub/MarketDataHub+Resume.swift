@@ -108,7 +108,17 @@ extension MarketDataHub {
         let now = WallClock.nowMilliseconds()
         let resumeBound = history?.limits.eventsPerResume ?? 0
         let queued = subscriber.queue.replaying.load(ordering: .relaxed)
-        let limit = max(0, min(resumeBound - queued, subscriber.replayBudget.available(capacity: resumeBound, now: now)))
+        let available = subscriber.replayBudget.available(capacity: resumeBound, now: now)
+        // Spent (less than 1% of a resume left): a resume could replay next to nothing, while its gaps'
+        // notices and last values would still be queued.
+        if history != nil, queued >= resumeBound || available * 100 < resumeBound, !(wanted.isEmpty && epochGaps.isEmpty) {
+            return notResumed(
+                Set(wanted.map(\.topic)).union(epochGaps), plain: plain, subscriber: subscriber,
+                why: queued >= resumeBound
+                    ? "this connection has \(queued) replayed events it has not read yet (one resume replays at most \(resumeBound))"
+                    : "this connection was replayed \(resumeBound) events (notices and last values included) in the last minute")
+        }
+        let limit = max(0, min(resumeBound - queued, available))
         let why =
             limit == resumeBound
             ? "more than one resume replays (\(resumeBound))"
@@ -145,7 +155,6 @@ extension MarketDataHub {
             for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
         }
         replay.sort { $0.sequence < $1.sequence }
-        subscriber.replayBudget.spend(replay.count, capacity: resumeBound, now: now)
         var delivery = replay
         for (topic, notice) in gapNotices {
             outcome.gaps.append(topic)
@@ -153,6 +162,8 @@ extension MarketDataHub {
             delivery += lastValues(of: topic)
         }
         delivery.append(.notice(resumedStatus(outcome)))
+        // The notices and last values count too: they are queued outside the buffer like the replay.
+        subscriber.replayBudget.spend(delivery.count, capacity: resumeBound, now: now)
         metrics.replayed.increment(by: replay.count)
         if !outcome.gaps.isEmpty { metrics.gaps.increment(by: outcome.gaps.count) }
         (outcome.gaps.isEmpty ? metrics.resumed : metrics.resumedWithGaps).increment()
@@ -164,6 +175,30 @@ extension MarketDataHub {
         // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
         let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
         add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) })
+        return outcome
+    }
+
+    /// A resume asked of a connection that has a whole resume's worth of replayed events (and notices)
+    /// queued and not read, or was replayed that much in the last minute: not made. One `gap` status says so, then `resumed` naming the topics; they
+    /// are subscribed live, their last values through the connection's bounded buffer like any
+    /// subscribe's, so repeating the ask makes the hub hold nothing more.
+    private func notResumed(_ asked: Set<Topic>, plain: [Topic], subscriber: Subscriber, why: String) -> HubResumeOutcome {
+        let names = asked.sorted()
+        let shown = names.first.map { names.count > 1 ? "\($0) and \(names.count - 1) more" : "\($0)" } ?? ""
+        var fields: [String: String] = [:]
+        if let epoch { fields["epoch"] = StatusMessage.quoted(epoch) }
+        let notice = StatusMessage(
+            status: StatusMessage.Kind.gap,
+            message: "not resumed (\(shown)): \(why); subscribed live",
+            fields: fields)
+        let outcome = HubResumeOutcome(replayed: [:], gaps: names)
+        enqueue(HubDelivery([.notice(notice), .notice(resumedStatus(outcome))]), to: subscriber)
+        metrics.gaps.increment(by: names.count)
+        metrics.resumedWithGaps.increment()
+        resumeCounts.resumes += 1
+        resumeCounts.withGaps += 1
+        resumeCounts.gaps += names.count
+        add(asked.union(plain), to: subscriber.id, snapshot: { _ in true })
         return outcome
     }
 

@@ -34,6 +34,20 @@ struct RecoveredEventsTests {
         #expect(RecoveryOrder.sequence.value(of: event) == 4_242)
     }
 
+    @Test func aListPaddedWithWhitespaceIsWrittenWithoutIt() throws {
+        // A hostile host pads a list to megabytes: the event carries the numbers only.
+        let padding = String(repeating: " ", count: 1 << 20)
+        let page = #"{"results":[{"conditions":[12,\#(padding)37\#(padding)],"price":1,"sequence_number":1,"sip_timestamp":1700000000123456789,"size":1}]}"#
+        let result = try #require(try results(page).first)
+        let (event, _) = try #require(RecoveredEvents.trade(result, type: "T", ticker: "AAPL", market: .stocks))
+        #expect(event.bytes.readableBytes < 200, "\(event.bytes.readableBytes) bytes")
+        #expect(try json(event)["c"] as? [Int] == [12, 37])
+        let empty = #"{"results":[{"conditions":[\#(padding)],"price":1,"sequence_number":2,"sip_timestamp":1700000000123456789,"size":1}]}"#
+        let emptyResult = try #require(try results(empty).first)
+        let (bare, _) = try #require(RecoveredEvents.trade(emptyResult, type: "T", ticker: "AAPL", market: .stocks))
+        #expect(bare.bytes.readableBytes < 200 && bare.json.contains(#""c":[]"#), "\(bare.bytes.readableBytes) bytes")
+    }
+
     @Test func cryptoAndForexTakeTheirPairFieldsAndParticipantTime() throws {
         let trades = #"{"results":[{"conditions":[2],"exchange":1,"id":"abc","participant_timestamp":1700000000500000000,"price":97150.5,"size":0.05}]}"#
         let trade = try #require(try results(trades).first)

@@ -192,27 +192,52 @@ struct HubConflationTests {
 struct ReplayBoundTests {
     @Test func replaysNotYetReadAndReplaysOfTheLastMinuteCountAgainstTheBound() async throws {
         var limits = HistoryLimits()
-        limits.eventsPerResume = 10
+        limits.eventsPerResume = 20
         let hub = MarketDataHub(history: limits)
         let aapl = Topic(parsing: "T.AAPL")!
         // Another holder keeps the topic wanted (so its history stays whole) throughout.
         let keeper = await hub.subscribe(to: [aapl])
-        await hub.publish((1...8).map { event("T", "AAPL", $0) })
+        await hub.publish((1...16).map { event("T", "AAPL", $0) })
         let subscription = await hub.subscribe()
         let resume = HubResume.positions(epoch: hub.epoch, [aapl: 0])
-        #expect(await hub.add([aapl], to: subscription.id, resuming: resume).replayed == [aapl: 8])
-        // Not read yet: another 8 would pass the bound of 10.
+        // 16 events and the `resumed` status: 17 of the 20.
+        #expect(await hub.add([aapl], to: subscription.id, resuming: resume).replayed == [aapl: 16])
+        // Not read yet: another 16 would pass the bound. A gap, its last value and `resumed`: 20.
         await hub.remove([aapl], from: subscription.id)
         let queued = await hub.add([aapl], to: subscription.id, resuming: resume)
         #expect(queued.gaps == [aapl] && queued.replayed.isEmpty)
-        // Read now; but 8 of the minute's 10 are spent.
-        _ = try await take(8, from: subscription.events)
+        // Read now; but the minute's 20 are spent, notices included: not resumed at all, one notice
+        // says why, and the topic is live.
+        _ = try await take(20, from: subscription.events)
         await hub.remove([aapl], from: subscription.id)
         #expect(await hub.add([aapl], to: subscription.id, resuming: resume).gaps == [aapl])
-        // What is left of the budget still replays.
-        await hub.remove([aapl], from: subscription.id)
-        let small = await hub.add([aapl], to: subscription.id, resuming: .positions(epoch: hub.epoch, [aapl: 6]))
-        #expect(small.replayed == [aapl: 2], "\(small)")
+        await hub.publish([event("T", "AAPL", 17)])
+        let answer = try await take(4, from: subscription.events)
+        #expect((fields(answer[0])["message"] as? String)?.contains("not resumed (T.AAPL)") == true, "\(answer.map(\.json))")
+        #expect(fields(answer[1])["status"] as? String == "resumed")
+        #expect(fields(answer[2])["n"] as? Int == 16, "its last value, as any subscribe's")
+        #expect(fields(answer[3])["n"] as? Int == 17, "then live")
+        await hub.remove(keeper.id)
+    }
+
+    @Test func aConnectionThatNeverReadsCannotPileUpResumeAnswers() async throws {
+        var limits = HistoryLimits()
+        limits.eventsPerResume = 1_000
+        let hub = MarketDataHub(history: limits)
+        let wanted = (0..<200).map { Topic(eventType: "T", ticker: "S\($0)")! }
+        let keeper = await hub.subscribe(to: Set(wanted))
+        await hub.publish(wanted.map { event("T", $0.ticker, 1) })
+        // Another epoch: every topic a gap, each with a notice and a last value; 100 times, never read.
+        let subscription = await hub.subscribe()
+        for _ in 0..<100 {
+            await hub.add(wanted, to: subscription.id, resuming: .positions(epoch: "old", Dictionary(uniqueKeysWithValues: wanted.map { ($0, 1) })))
+            await hub.remove(wanted, from: subscription.id)
+        }
+        let queued = subscription.queue.replaying.load(ordering: .relaxed)
+        // Resumes are answered while less than the bound is queued: the bound and one answer (401) at
+        // most; the not-resumed answers after go through the 1,000-event buffer.
+        #expect(queued <= limits.eventsPerResume + 401, "\(queued) queued outside the buffer")
+        #expect(subscription.queue.pending.load(ordering: .relaxed) <= MarketDataHub.bufferLimit)
         await hub.remove(keeper.id)
     }
 
@@ -308,16 +333,21 @@ struct HistoryLineTests {
         let firstBuffer = first[0].bytes.storageCapacity + EventHistory.overheadPerBuffer
         #expect(first[1].bytes.withVeryUnsafeBytesWithStorageManagement { $1.toOpaque() } == first[0].bytes.withVeryUnsafeBytesWithStorageManagement { $1.toOpaque() })
         #expect(history.memory == lines + 2 * EventHistory.overheadPerEvent + firstBuffer)
-        // A's next pushes A's first out; B's first still holds the buffer, so it still counts.
+        // A's next pushes A's first out; B's first still holds the buffer, so it still counts, and the
+        // emptied slot stays in the arrival ring, counted, until the ring lets it go.
         let second = history.keep([event("T", "A", 2)], at: 0)
         let secondBuffer = second[0].bytes.storageCapacity + EventHistory.overheadPerBuffer
-        #expect(history.memory == lines + 2 * EventHistory.overheadPerEvent + firstBuffer + secondBuffer)
+        let emptySlot = EventHistory.slotBytes
+        #expect(history.memory == lines + 2 * EventHistory.overheadPerEvent + emptySlot + firstBuffer + secondBuffer)
         // B's next lets its first go: the first buffer is no longer held.
         let third = history.keep([event("T", "B", 2)], at: 0)
         let thirdBuffer = third[0].bytes.storageCapacity + EventHistory.overheadPerBuffer
-        #expect(history.memory == lines + 2 * EventHistory.overheadPerEvent + secondBuffer + thirdBuffer)
+        #expect(history.memory == lines + 2 * EventHistory.overheadPerEvent + 2 * emptySlot + secondBuffer + thirdBuffer)
+        // The age bound takes every slot: only the lines are left.
+        history.evict(now: 10_000_000)
+        #expect(history.memory == lines)
         // What a slot really takes is within what each event is counted.
-        #expect(MemoryLayout<EventHistory.Slot>.stride + 16 <= EventHistory.overheadPerEvent, "\(MemoryLayout<EventHistory.Slot>.stride)")
+        #expect(MemoryLayout<EventHistory.Slot>.stride <= EventHistory.slotBytes, "\(MemoryLayout<EventHistory.Slot>.stride)")
     }
 
     @Test func aPublishIsStampedIntoBuffersItNearlyFills() {
