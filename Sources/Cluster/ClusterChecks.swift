@@ -14,6 +14,12 @@ public enum ClusterChecks {
     public static func event(
         _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market = .stocks, vendor: UpstreamVendor = .polygon, receivedAt: UInt64 = 0
     ) -> Result<MarketEvent, Rejection> {
+        // A market event is far smaller, and a ticker far shorter, than what a publisher could send:
+        // past them, the hub and every subscriber's buffer would hold what nobody bounded in bytes.
+        guard payload.count <= maxEventBytes else { return .failure(Rejection("an event of \(payload.count) bytes (at most \(maxEventBytes))")) }
+        guard topic.ticker.utf8.count <= SessionLimits().maxTickerLength else {
+            return .failure(Rejection("a ticker of \(topic.ticker.utf8.count) bytes (at most \(SessionLimits().maxTickerLength))"))
+        }
         if vendor == .alpaca { return alpacaEvent(payload, topic: topic, receivedAt: receivedAt) }
         guard let first = payload.first(where: { !isWhitespace($0) }), first == UInt8(ascii: "{") else {
             return .failure(Rejection("not one JSON object (\(payload.count) bytes)"))
@@ -32,6 +38,9 @@ public enum ClusterChecks {
         }
         return checkedPosition(event)
     }
+
+    /// The largest event a node takes from NATS.
+    public static let maxEventBytes = 64 << 10
 
     /// The event, unless the positions written in it are out of range (0, or past
     /// ``EventPosition/maxSequence``): no arithmetic is done on a position from NATS that could overflow.

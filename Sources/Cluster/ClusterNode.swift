@@ -276,6 +276,8 @@ public final class ClusterNode: Service, Sendable {
         case .tooManyTopics:
             metrics.rejected(
                 "interest", "node \(node) wants more than \(configuration.maxTopicsPerNode) topics; its previous set stays", logger: logger)
+        case .tooManyNodes:
+            metrics.rejected("interest", "from node \(node): the cluster already counts the interest of 64 nodes", logger: logger)
         }
     }
 

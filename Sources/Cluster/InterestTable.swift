@@ -23,9 +23,15 @@ public struct InterestTable: Sendable {
     /// Sets arriving in parts, by node: the generation being gathered and its topics so far.
     private var gathering: [String: (generation: UInt64, next: Int, topics: Set<Topic>, seen: ContinuousClock.Instant)] = [:]
 
-    public init(ttl: Duration, maxTopicsPerNode: Int = 100_000) {
+    /// The most nodes whose sets count (or are being gathered); a new node's set past it is refused, so
+    /// whoever may publish on the interest subjects cannot grow the table and the upstream set by
+    /// inventing nodes.
+    public let maxNodes: Int
+
+    public init(ttl: Duration, maxTopicsPerNode: Int = 100_000, maxNodes: Int = 64) {
         self.ttl = ttl
         self.maxTopicsPerNode = maxTopicsPerNode
+        self.maxNodes = maxNodes
     }
 
     // MARK: the wire form, in parts
@@ -86,11 +92,16 @@ public struct InterestTable: Sendable {
         case outOfSequence
         /// Past ``maxTopicsPerNode``: the set is dropped, the node's previous set stays.
         case tooManyTopics
+        /// A node the table does not know while it holds ``maxNodes``: refused.
+        case tooManyNodes
     }
 
     /// Records one part of a node's set. Parts of one generation arrive in order (NATS keeps one
     /// publisher's order); a part of a new generation starts over. Any part keeps the node alive.
     public mutating func receive(_ part: Part, from node: String, at now: ContinuousClock.Instant) -> Outcome {
+        if nodes[node] == nil, gathering[node] == nil, nodes.count + gathering.keys.filter({ nodes[$0] == nil }).count >= maxNodes {
+            return .tooManyNodes
+        }
         nodes[node]?.seen = now
         var current = gathering[node] ?? (part.generation, 1, [], now)
         if current.generation != part.generation { current = (part.generation, 1, [], now) }

@@ -270,7 +270,19 @@ extension MarketDataHub: RecoveryOutlet {
             metrics.record(history)
         }
         let holders = entries[topic]?.subscribers ?? []
+        // Outside the buffer like a replay, and bounded like one: a connection that has a resume's worth
+        // queued and unread is told instead (through its buffer).
+        let bound = history?.limits.eventsPerResume ?? HistoryLimits().eventsPerResume
         for subscriber in holders where !subscriber.parked {
+            let queued = subscriber.queue.replaying.load(ordering: .relaxed)
+            guard queued + events.count <= bound else {
+                let notice = StatusMessage(
+                    status: StatusMessage.Kind.gap,
+                    message: "\(topic): \(events.count) recovered events of the outage not sent: this connection has \(queued) replayed events it has not read yet (at most \(bound))",
+                    fields: ["topic": StatusMessage.quoted(topic.description)])
+                enqueue(HubDelivery([.notice(notice)]), to: subscriber)
+                continue
+            }
             _ = yield(HubDelivery(replay: events), count: 0, to: subscriber)
         }
         tell(holders)

@@ -45,6 +45,17 @@ import Testing
         #expect(table.union.isEmpty)
     }
 
+    @Test func nodesPastTheCapAreRefusedAndKnownOnesStillCount() {
+        var table = InterestTable(ttl: .seconds(3), maxNodes: 3)
+        for node in ["a", "b", "c"] {
+            #expect(table.receive(InterestTable.Part.split(topics(2), generation: 1)[0], from: node, at: .now) != .tooManyNodes)
+        }
+        #expect(table.receive(InterestTable.Part.split(topics(5), generation: 1)[0], from: "invented", at: .now) == .tooManyNodes)
+        #expect(table.union.count == 2)
+        #expect(table.receive(InterestTable.Part.split(topics(4), generation: 2)[0], from: "a", at: .now) == .complete(changed: true))
+        #expect(table.union.count == 4)
+    }
+
     @Test func headersThatAreNotPartsAreRefused() {
         for text in ["Q.AAPL,T.MSFT", "1 2/1\nQ.AAPL", "1 0/1\n", "x 1/1\n", "1 1/1001\n", ""] {
             #expect(InterestTable.Part.parse(text) == nil, "\(text)")
@@ -64,6 +75,14 @@ import Testing
         let event = try check(#" {"ev":"Q","sym":"AAPL","bp":1.5} "#).get()
         #expect(event.topic == aapl)
         #expect(event.json == #"{"ev":"Q","sym":"AAPL","bp":1.5}"#)
+    }
+
+    @Test func anEventPastItsSizeOrATickerPastItsLengthIsRefused() {
+        let padding = String(repeating: " ", count: ClusterChecks.maxEventBytes)
+        #expect((try? check(#"{"ev":"Q","sym":"AAPL","bp":1.5}"# + padding).get()) == nil, "past 64 KiB")
+        let long = Topic(eventType: "Q", ticker: String(repeating: "A", count: 41))!
+        let refused = Array(#"{"ev":"Q","sym":"\#(long.ticker)","bp":1.5}"#.utf8).withUnsafeBytes { ClusterChecks.event($0, topic: long) }
+        #expect((try? refused.get()) == nil, "a 41-byte ticker")
     }
 
     @Test func everythingElseIsRefused() {

@@ -178,3 +178,23 @@ struct FillWireTests {
 extension FillWire.Ask {
     func withBytes<T>(_ body: (UnsafeRawBufferPointer) -> T) -> T { FillWire.ask(self).withUnsafeBytes(body) }
 }
+
+/// The leader's queue of fill asks: bounded whoever publishes them.
+@Suite("Cluster gap fill: the leader's asks")
+struct AskInboxTests {
+    @Test func theLeaderKeepsOneAskPerNodeTheNewestAndAnswersSkippedPastItsCap() {
+        let inbox = AskInbox()
+        _ = inbox.open()
+        func asking(_ node: String, _ generation: Int) -> FillWire.Ask {
+            FillWire.Ask(node: node, generation: generation, from: 1_700_000_000_000, through: 1_700_000_001_000, topics: [])
+        }
+        inbox.add(asking("a", 2))
+        inbox.add(asking("a", 1))
+        inbox.add(asking("a", 3))
+        for index in 0..<(AskInbox.maxAsks + 10) { inbox.add(asking("n\(index)", 1)) }
+        let taken = inbox.take()
+        #expect(taken.count == AskInbox.maxAsks)
+        #expect(taken.filter { $0.node == "a" }.map(\.generation) == [3], "a node's newest ask stands for its earlier ones")
+        #expect(inbox.takeRefused().count == 11, "the nodes past the cap are answered skipped")
+    }
+}

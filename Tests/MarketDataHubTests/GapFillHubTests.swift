@@ -188,4 +188,24 @@ struct GapFillHubTests {
         #expect((fields(got[5])["topics"] as? [String: Int]) == ["T.AAPL": 2])
         #expect(await hub.heldRecovered == 0)
     }
+
+    @Test func recoveredEventsForAConnectionThatHasAResumesWorthUnreadAreToldNotQueued() async throws {
+        let hub = MarketDataHub(history: HistoryLimits(eventsPerResume: 10))
+        let requests = Mutex<[GapFillRequest]>([])
+        await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        let topic = Topic(parsing: "T.AAPL")!
+        await hub.publish([trade(10)])
+        await hub.upstreamLost(reason: "test")
+        await hub.publish([trade(30)])
+        // Two parts of a fill, never read: the first fits the bound, the second does not.
+        #expect(await hub.deliverRecovered(topic, (11...18).map { trade($0, recovered: true) }, order: .sequence) == 8)
+        #expect(await hub.deliverRecovered(topic, (19...26).map { trade($0, recovered: true) }, order: .sequence) == 8)
+        #expect(named.queue.replaying.load(ordering: .relaxed) == 8)
+        let got = try await take(13, from: named.events)
+        #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 30] + Array(11...18), "\(got.map(\.json))")
+        let told = try #require(got.last)
+        #expect(fields(told)["status"] as? String == "gap" && fields(told)["topic"] as? String == "T.AAPL")
+        #expect((fields(told)["message"] as? String)?.contains("8 recovered events of the outage not sent") == true)
+    }
 }
