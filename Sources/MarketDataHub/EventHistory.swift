@@ -41,9 +41,10 @@ final class EventHistory {
     /// Bookkeeping counted per event beside the buffer it is a slice of: its slot (``slotBytes``) and
     /// its place in its topic's ring (``ringBytes``).
     static let overheadPerEvent = slotBytes + ringBytes
-    /// A slot (``Slot``, 128 bytes with its optional event): counted until it leaves the arrival ring,
-    /// also when its topic let its event go earlier (the slot stays, empty, until then).
-    static let slotBytes = 128
+    /// A slot (``Slot``, 128 bytes with its optional event) and its place in its event type's ring (16):
+    /// counted until it leaves the arrival ring, also when its topic let its event go earlier (the slot
+    /// stays, empty, until then).
+    static let slotBytes = 144
     /// A place in a topic's ring (8 bytes, in a ring of a power of two).
     static let ringBytes = 16
 
@@ -98,6 +99,9 @@ final class EventHistory {
     var limits: HistoryLimits
     /// In segments: its growth never copies what it holds (a doubling ring would stall the hub).
     private var slots = SegmentedQueue<Slot>()
+    /// Per event type, the market sequences of its slots, oldest first (emptied ones too, until their
+    /// slot leaves): a wildcard's resume reads its own type's events, not every slot after its position.
+    private var typeSlots: [String: CircularBuffer<UInt64>] = [:]
     /// The sequence the next event of the market gets (the newest seen, plus one).
     private(set) var nextMarketSequence: UInt64 = 1
     private var lines: [Topic: TopicLine] = [:]
@@ -212,6 +216,7 @@ final class EventHistory {
                 memory += buffer.cost
             }
             buffer.events += 1
+            typeSlots[topic.eventType, default: CircularBuffer()].append(position.market)
             slots.append(
                 Slot(sequence: position.market, topic: line, topicSequence: position.topic, arrivedAt: now, buffer: buffer, event: event))
             nextMarketSequence = position.market + 1
@@ -307,6 +312,11 @@ final class EventHistory {
         while let first = slots.first, memory > limits.memoryBytes || first.arrivedAt < oldestKept {
             let slot = slots.removeFirst()
             memory -= Self.slotBytes
+            let type = slot.topic.topic.eventType
+            if typeSlots[type]?.first == slot.sequence {
+                typeSlots[type]?.removeFirst()
+                if typeSlots[type]?.isEmpty == true { typeSlots[type] = nil }
+            }
             guard slot.event != nil else { continue }
             // Its topic's oldest held event is this one (a topic's ring is in arrival order too).
             let line = slot.topic
@@ -441,15 +451,22 @@ final class EventHistory {
             }
         }
         if topic.isWildcard {
+            guard let sequences = typeSlots[topic.eventType] else { return .events([]) }
+            // The type's slots are in rising sequence: the first one past `after`, then each in turn.
+            var low = 0
+            var high = sequences.count
+            while low < high {
+                let middle = (low + high) / 2
+                if sequences[sequences.index(sequences.startIndex, offsetBy: middle)] <= after { low = middle + 1 } else { high = middle }
+            }
             var events: [MarketEvent] = []
-            var index = firstSlotIndex(after: after)
-            while index != slots.endIndex {
-                let slot = slots[index]
-                if slot.topic.topic.eventType == topic.eventType, let event = slot.event {
+            var index = sequences.index(sequences.startIndex, offsetBy: low)
+            while index != sequences.endIndex {
+                if let slot = slotIndex(of: sequences[index]), let event = slots[slot].event {
                     guard events.count < limit else { return .tooMany }
                     events.append(event)
                 }
-                index = slots.index(after: index)
+                index = sequences.index(after: index)
             }
             return .events(events)
         }
@@ -500,6 +517,9 @@ final class EventHistory {
         guard index != slots.endIndex, slots[index].sequence == sequence else { return nil }
         return index
     }
+
+    /// Slots in the per-type rings (each slot is in its type's once).
+    var typeSlotCount: Int { typeSlots.values.reduce(0) { $0 + $1.count } }
 
     /// Topics with a line (seen at least once this epoch).
     var topicCount: Int { lines.count }

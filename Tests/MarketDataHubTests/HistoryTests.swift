@@ -55,6 +55,29 @@ struct HubHistoryTests {
         #expect(fields(got[2])["status"] as? String == "resumed")
     }
 
+    @Test func aWildcardReadsItsOwnTypesSlotsAndTheyGoWithTheirs() {
+        var limits = HistoryLimits()
+        limits.eventsPerTopic = 3
+        let history = EventHistory(limits: limits, epoch: "e")
+        history.wanted(topic("Q.*"), now: 0)
+        history.wanted(topic("T.*"), now: 0)
+        for round in 1...10 { _ = history.keep([event("T", "A", round), event("Q", "B", round), event("Q", "C", round)], at: Int64(round)) }
+        #expect(history.typeSlotCount == 30, "every slot, emptied ones too, until it leaves")
+        // Each topic keeps its last 3 (rounds 8 to 10); round 7's C is market sequence 21.
+        guard case .events(let quotes) = history.missed(topic("Q.*"), since: .market(21)) else {
+            Issue.record("events expected")
+            return
+        }
+        #expect(quotes.allSatisfy { $0.json.contains(#""ev":"Q""#) })
+        #expect(quotes.map(\.sequence) == [23, 24, 26, 27, 29, 30])
+        guard case .tooMany = history.missed(topic("Q.*"), since: .market(21), limit: 5) else {
+            Issue.record("past the limit: too many")
+            return
+        }
+        history.evict(now: 10_000_000)
+        #expect(history.typeSlotCount == 0)
+    }
+
     @Test func aResumeByTimeReplaysWhatArrivedSinceThen() async throws {
         let hub = MarketDataHub()
         await hub.publish([event("T", "AAPL", 1)])
