@@ -17,7 +17,7 @@ public struct HubDelivery: Sendable {
         case events([MarketEvent])
         /// Events outside the subscriber's bound: a resume's replay (bounded by the history and by
         /// ``HistoryLimits/eventsPerResume`` instead).
-        case replay([MarketEvent])
+        case replay(ArraySlice<MarketEvent>)
     }
 
     @usableFromInline let content: Content
@@ -30,8 +30,12 @@ public struct HubDelivery: Sendable {
         content = .events(events)
     }
 
+    private init(content: Content) {
+        self.content = content
+    }
+
     init(replay events: [MarketEvent]) {
-        content = .replay(events)
+        content = .replay(events[...])
     }
 
     /// What it counts against the subscriber's bound (a replay: nothing).
@@ -50,7 +54,8 @@ public struct HubDelivery: Sendable {
     public var count: Int {
         switch content {
         case .selected(_, _, let mask): mask.nonzeroBitCount
-        case .events(let events), .replay(let events): events.count
+        case .events(let events): events.count
+        case .replay(let events): events.count
         }
     }
 
@@ -58,7 +63,8 @@ public struct HubDelivery: Sendable {
     public var marketEventCount: Int {
         switch content {
         case .selected(_, _, let mask): mask.nonzeroBitCount
-        case .events(let events), .replay(let events): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
+        case .events(let events): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
+        case .replay(let events): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
         }
     }
 
@@ -100,7 +106,9 @@ public struct HubDelivery: Sendable {
                 body(published.events[index], published.converted(at: index, convert))
                 mask &= mask &- 1
             }
-        case .events(let events), .replay(let events):
+        case .events(let events):
+            for event in events { body(event, convert(event)) }
+        case .replay(let events):
             for event in events { body(event, convert(event)) }
         }
     }
@@ -115,7 +123,11 @@ public struct HubDelivery: Sendable {
                     mask &= mask &- 1
                 }
             }
-        case .events(let events), .replay(let events):
+        case .events(let events):
+            events.withUnsafeBufferPointer { events in
+                for index in events.indices { body(events[index]) }
+            }
+        case .replay(let events):
             events.withUnsafeBufferPointer { events in
                 for index in events.indices { body(events[index]) }
             }
@@ -134,18 +146,19 @@ public struct HubDelivery: Sendable {
                 size += delivery.framedBytes
                 continue
             }
-            var kept = 0
-            while kept < events.count {
-                let next = events[kept].bytes.readableBytes + 1
-                if size + next > bytes, size > 0 || kept > 0 { break }
+            // Slices of the one array: cutting a replay part by part copies nothing.
+            var end = events.startIndex
+            while end < events.endIndex {
+                let next = events[end].bytes.readableBytes + 1
+                if size + next > bytes, size > 0 || end > events.startIndex { break }
                 size += next
-                kept += 1
+                end += 1
             }
-            guard kept < events.count else { continue }
-            var rest = [HubDelivery(replay: Array(events[kept...]))]
+            guard end < events.endIndex else { continue }
+            var rest = [HubDelivery(content: .replay(events[end...]))]
             rest += deliveries[(index + 1)...]
             deliveries.removeSubrange(index...)
-            if kept > 0 { deliveries.append(HubDelivery(replay: Array(events[..<kept]))) }
+            if end > events.startIndex { deliveries.append(HubDelivery(content: .replay(events[..<end]))) }
             return rest
         }
         return nil
