@@ -37,12 +37,18 @@ final class ClusterFeed: Sendable {
     private let inbox = SourceInbox.source(capacity: ClusterFeed.maxQueuedEvents)
     private let subscriptions = Mutex<[Topic: NATSSubscription]>([:])
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
+    /// The leader this node knows of (the old one, when a new term's epoch comes first).
+    private let leader: @Sendable () -> String?
+    /// The last epoch the leader announced.
+    private let epochSeen = Mutex<String?>(nil)
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
+        leader: @escaping @Sendable () -> String? = { nil },
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
+        self.leader = leader
         self.node = node
         self.connection = connection
         self.subjects = subjects
@@ -85,7 +91,18 @@ final class ClusterFeed: Sendable {
                     self?.metrics.rejected("control", "an epoch that is no token", logger: self?.logger ?? Logger(label: "relay.cluster"))
                     return
                 }
-                self?.inbox.push(.epoch(epoch))
+                guard let self else { return }
+                // A new term after another: the outage starts now, before its first event (after a
+                // kill -9 no word comes from the old leader, and the lease is read every 250 ms).
+                let previous = self.epochSeen.withLock { seen in
+                    defer { seen = epoch }
+                    return seen
+                }
+                if let previous, previous != epoch {
+                    let old = self.leader().map { "the cluster leader \($0) is gone" } ?? "the cluster's leader changed"
+                    self.inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
+                }
+                self.inbox.push(.epoch(epoch))
                 return
             }
             if reason.hasPrefix(RefusalWire.prefix) {

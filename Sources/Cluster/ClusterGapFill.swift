@@ -37,6 +37,12 @@ final class TermSequencer: Sendable {
 
     var epoch: String? { state.withLock { $0?.epoch } }
 
+    /// Topics the upstream stopped sending for a while this term: their next events skip a sequence.
+    func interrupt(_ topics: Set<Topic>) {
+        guard !topics.isEmpty else { return }
+        state.withLock { $0?.interrupt(topics) }
+    }
+
     /// Stamps `events` (when the term gives positions) and hands them to `publish` under the lock.
     func stamp(_ events: [MarketEvent], _ publish: ([MarketEvent]) -> Void) {
         state.withLock { sequencer in

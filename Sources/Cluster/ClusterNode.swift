@@ -48,6 +48,10 @@ public final class ClusterNode: Service, Sendable {
         var ownTerm: String?
         var lastKnownLeader: String?
         var upstream: PolygonWebSocket?
+        /// This term's upstream set as last applied, and the topics it dropped since (a node's interest
+        /// lapsed): one taken back skips a sequence (``TermSequencer/interrupt(_:)``).
+        var upstreamApplied: Set<Topic> = []
+        var upstreamDropped: Set<Topic> = []
         var interest: InterestTable
         var leaseBucket: KeyValueBucket?
         var lastValueBucket: KeyValueBucket?
@@ -152,7 +156,8 @@ public final class ClusterNode: Service, Sendable {
             throw ClusterError.natsSetup(problem)
         }
         let feed = ClusterFeed(
-            connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger
+            connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger,
+            leader: { [weak self] in self?.state.withLock { $0.leader ?? $0.lastKnownLeader } }
         ) {
             [weak self] topic in await self?.lastEvent(for: topic)
         }
@@ -287,7 +292,18 @@ public final class ClusterNode: Service, Sendable {
     private func updateUpstreamTopics() {
         upstreamUpdate.poke { [weak self] in
             guard let self else { return }
-            let (union, upstream) = state.withLock { ($0.interest.union, $0.upstream) }
+            let (union, upstream, back) = state.withLock { state -> (Set<Topic>, PolygonWebSocket?, Set<Topic>) in
+                let union = state.interest.union
+                guard state.upstream != nil else { return (union, nil, []) }
+                state.upstreamDropped.formUnion(state.upstreamApplied.subtracting(union))
+                let back = state.upstreamDropped.intersection(union)
+                state.upstreamDropped.subtract(back)
+                // Bounded: a term that dropped this many topics starts counting again.
+                if state.upstreamDropped.count > 100_000 { state.upstreamDropped.removeAll() }
+                state.upstreamApplied = union
+                return (union, state.upstream, back)
+            }
+            sequencer.interrupt(back)
             upstream?.setWantedTopics(union)
         }
     }
@@ -549,6 +565,10 @@ public final class ClusterNode: Service, Sendable {
         upstream.setDeadline(wait > .zero ? .now : takenAt + configuration.upstreamDeadlineAfter)
         if !connection.publish(subjects.interestRequest, "") { metrics.publishFailed("control", logger: logger) }
         let upstreamRun = Task { try? await upstream.run() }
+        state.withLock { state in
+            state.upstreamApplied = union
+            state.upstreamDropped = []
+        }
         sequencer.begin(stamps: stampsPositions)
         let publisher = Task { await self.publish(from: upstream, to: connection) }
         let filling = fills.map { fills in Task { await fills.lead(connection: connection) } }

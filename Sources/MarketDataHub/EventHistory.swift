@@ -172,7 +172,11 @@ final class EventHistory {
     /// Keeps stamped events with their positions (in order, market sequences rising), then evicts what
     /// the limits no longer allow. A topic sequence that skips (a cluster node that was not sent some)
     /// starts the topic's whole run again.
-    func append(_ events: [MarketEvent], positions: [EventPosition], at now: Int64) {
+    /// Returns the topics whose run broke while this node held it whole (a topic sequence that skips
+    /// forward): events of theirs never reached it, and their holders are to be told.
+    @discardableResult
+    func append(_ events: [MarketEvent], positions: [EventPosition], at now: Int64) -> [Topic] {
+        var broken: [Topic] = []
         // The buffers of this call's events (a publish's share a few), by their storage.
         var buffers: [(storage: UnsafeMutableRawPointer, buffer: Buffer)] = []
         for index in events.indices {
@@ -190,7 +194,10 @@ final class EventHistory {
             let line: TopicLine
             if let existing = lines[topic] {
                 line = existing
-                if position.topic != line.nextSequence { restart(line, at: position, now: now) }
+                if position.topic != line.nextSequence {
+                    if position.topic > line.nextSequence, line.wholeFrom <= (line.held.last ?? line.evictedThrough) { broken.append(topic) }
+                    restart(line, at: position, now: now)
+                }
             } else {
                 line = TopicLine(topic: topic)
                 lines[topic] = line
@@ -228,6 +235,7 @@ final class EventHistory {
             if line.held.count > limits.eventsPerTopic { dropOldest(of: line) }
         }
         evict(now: now)
+        return broken
     }
 
     /// A topic's run broke: what it holds is let go (a resume from before is a gap) and it is whole again

@@ -283,6 +283,11 @@ extension MarketDataHub {
             return
         }
         let replaced = history != nil
+        // A new leadership term: its first event may come before this node heard that the last leader
+        // is gone (a kill -9 sends no word; the lease is read every 250 ms). The outage starts here, so
+        // its notice comes before that event and the window (and the fill) reaches back to the last
+        // event of the old term. Already in one: nothing more.
+        if replaced { upstreamLost(reason: "a new cluster leader's term began; events between the last leader's and its own may be missing") }
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }

@@ -418,7 +418,16 @@ public actor MarketDataHub {
                 MarketEvent(
                     eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt, sequence: position.market))
         }
-        history.append(kept, positions: positions, at: now)
+        // A topic whose run broke: its holders are told before the event after the break.
+        for topic in history.append(kept, positions: positions, at: now) {
+            let notice = MarketEvent.notice(
+                StatusMessage(
+                    status: StatusMessage.Kind.gap,
+                    message: "\(topic): events are missing before this one (the cluster's upstream stopped sending it for a while)",
+                    fields: ["topic": StatusMessage.quoted(topic.description)]))
+            let holders = (entries[topic]?.subscribers ?? []) + (wildcards[topic.eventType] ?? [])
+            for subscriber in holders { enqueue(HubDelivery([notice]), to: subscriber) }
+        }
         return kept.count == events.count ? kept : events
     }
 

@@ -12,6 +12,19 @@ package struct PositionSequencer {
         self.epoch = epoch
     }
 
+    /// Topics whose events stopped for a while in this term (the upstream no longer sent them): each
+    /// skips a topic sequence, so a node that held the topic sees the break at its next event and tells
+    /// its clients, instead of a run that looks whole. A wildcard skips every ticker of its type.
+    package mutating func interrupt(_ topics: some Sequence<Topic>) {
+        for topic in topics {
+            if topic.isWildcard {
+                for (known, next) in nextTopic where known.eventType == topic.eventType { nextTopic[known] = next + 1 }
+            } else if let next = nextTopic[topic] {
+                nextTopic[topic] = next + 1
+            }
+        }
+    }
+
     /// The events with their positions written in (one buffer per call).
     package mutating func stamp(_ events: [MarketEvent]) -> [MarketEvent] {
         var positions: [EventPosition] = []

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import PolygonWire
+import Synchronization
 import Testing
 
 @testable import MarketDataHub
@@ -309,8 +310,78 @@ struct EpochNoticeTests {
         await hub.startEpoch("first")
         await hub.startEpoch("first")
         await hub.startEpoch("second")
-        let notice = try #require(try await take(1, from: subscription.events).first)
-        #expect(fields(notice)["status"] as? String == "epoch" && fields(notice)["epoch"] as? String == "second", "\(fields(notice))")
+        let told = try await take(2, from: subscription.events)
+        #expect(fields(told[0])["status"] as? String == "upstream_disconnected", "\(fields(told[0]))")
+        #expect(fields(told[1])["status"] as? String == "epoch" && fields(told[1])["epoch"] as? String == "second", "\(fields(told[1]))")
+    }
+
+    /// A new term's first event can reach a node before word that the last leader is gone: the outage
+    /// starts with the term, so its notice comes first and the fill reaches back to the old term's last.
+    @Test func aNewTermOpensTheOutageBeforeItsFirstEventSoTheFillCoversTheFailover() async throws {
+        let hub = MarketDataHub(adoptsPositions: true)
+        let requests = Mutex<[GapFillRequest]>([])
+        await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
+        let subscription = await hub.subscribe(to: topics("T.AAPL"))
+        let positioned = { (n: Int, position: UInt64) in
+            EventPosition.stamp([event("T", "AAPL", n)], [EventPosition(topic: position, market: position)])
+        }
+        await hub.startEpoch("old")
+        await hub.publish(positioned(1, 1))
+        await hub.publish(positioned(2, 2))
+        // The new leader's epoch, then its first event: no lease word came in between.
+        await hub.startEpoch("new")
+        await hub.publish(positioned(9, 1))
+        let got = try await take(6, from: subscription.events)
+        #expect(got.map { fields($0)["status"] as? String ?? "n\(fields($0)["n"] ?? "")" } == ["n1", "n2", "upstream_disconnected", "epoch", "upstream_reconnected", "n9"])
+        let request = try #require(requests.withLock { $0.first })
+        #expect(fields(try #require(request.topics.first?.lastBefore))["n"] as? Int == 2, "the fill starts after the old term's last event")
+    }
+}
+
+/// On a cluster node, a topic's sequence that skips while the node held it whole means events of it
+/// never arrived (the leader's upstream stopped sending it for a while): its holders are told.
+@Suite("Hub history: a broken run on a cluster node")
+struct BrokenRunTests {
+    func positioned(_ n: Int, _ topicSequence: UInt64, _ market: UInt64) -> [MarketEvent] {
+        EventPosition.stamp([event("T", "AAPL", n)], [EventPosition(topic: topicSequence, market: market)])
+    }
+
+    @Test func aSkipInAWholeRunIsAGapToItsHoldersBeforeTheEventAfterIt() async throws {
+        let hub = MarketDataHub(adoptsPositions: true)
+        await hub.startEpoch("e")
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        let wildcard = await hub.subscribe(to: topics("T.*"))
+        await hub.publish(positioned(1, 1, 1))
+        await hub.publish(positioned(2, 2, 2))
+        // The leader's upstream dropped T.AAPL for a while: its next event skips a topic sequence.
+        await hub.publish(positioned(3, 4, 3))
+        for subscription in [named, wildcard] {
+            let got = try await take(4, from: subscription.events)
+            #expect(got.map { fields($0)["status"] as? String ?? "n\(fields($0)["n"] ?? "")" } == ["n1", "n2", "gap", "n3"])
+            #expect(fields(got[2])["topic"] as? String == "T.AAPL")
+        }
+    }
+
+    @Test func aRunThisNodeDidNotHoldWholeIsNoGap() async throws {
+        let hub = MarketDataHub(adoptsPositions: true)
+        await hub.startEpoch("e")
+        let first = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish(positioned(1, 1, 1))
+        // Nobody here wanted it for a while (this node stopped receiving it): a later run is not a loss.
+        await hub.remove(first.id)
+        let later = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish(positioned(5, 5, 2))
+        let got = try await take(2, from: later.events)
+        #expect(got.map { fields($0)["n"] as? Int } == [1, 5], "its snapshot, then the event, no gap: \(got.map(\.json))")
+    }
+
+    @Test func theLeadersSequencerSkipsATopicTakenBackAndEveryTickerOfAWildcard() {
+        var sequencer = PositionSequencer(epoch: "e")
+        let first = sequencer.stamp([event("T", "A", 1), event("T", "B", 1), event("Q", "C", 1)])
+        sequencer.interrupt([Topic(parsing: "T.A")!, Topic(parsing: "Q.*")!, Topic(parsing: "T.NEVER")!])
+        let next = sequencer.stamp([event("T", "A", 2), event("T", "B", 2), event("Q", "C", 2), event("T", "NEVER", 1)])
+        #expect(first.compactMap { EventPosition.read(from: $0.bytes)?.topic } == [1, 1, 1])
+        #expect(next.compactMap { EventPosition.read(from: $0.bytes)?.topic } == [3, 2, 3, 1], "A and C skip one; B and a new topic do not")
     }
 }
 
