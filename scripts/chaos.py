@@ -67,6 +67,11 @@ DEFAULT_SYMBOLS = {
     "futures": ["ESZ5", "NQZ5", "CLZ5", "GCZ5", "ZNZ5"],
 }
 START = time.monotonic()
+# Per symbol, how the last this many distinct `q` arrived at a client (for the recovered duplicates' samples).
+ARRIVALS_KEPT = 5000
+# Samples in the report: holes in `lost_events` per kind, recovered duplicates per kind.
+LOST_SAMPLES_PER_KIND = 40
+DUPLICATE_SAMPLES_PER_KIND = 30
 # The faults, with their weights.
 ACTIONS = {"kill9": 3, "sigterm": 2, "nats_restart": 1, "link_cut": 2, "client_reset": 2}
 
@@ -758,9 +763,14 @@ class SymbolState:
         self.received = 0
         self.duplicates = 0
         self.recovered = 0
-        self.recovered_duplicates = 0
+        self.recovered_twice = 0        # a recovered q already in a filled hole
+        self.recovered_already_had = 0  # a recovered q in no hole: the client had it live or from a replay
         self.recovered_outside = 0
         self.holes = []
+        # How each recent q arrived: q -> ((conn, node, recovered, before_resumed, at), ...), its arrivals in
+        # order; `arrival_order` has the q in the order they were first seen, to forget the oldest.
+        self.arrivals = {}
+        self.arrival_order = collections.deque()
 
 
 class Client(asyncio.Protocol):
@@ -783,7 +793,13 @@ class Client(asyncio.Protocol):
         self.topic_notices = collections.Counter()
         self.statuses = collections.Counter()
         self.resumed_conns = set()
-        self.recent_silent = []
+        # Holes a COVERING status within 5 s on the same connection marks as told late (`late_notice`): silent
+        # ones, and a tagged client's holes across its reconnect (resume_loss if that connection got `resumed`).
+        self.late_notice_candidates = []
+        self.reconnect_holes = []   # a tagged client's reconnect holes on its current connection
+        # Recovered duplicates on a tagged connection before its `resumed`: (st, kind, sample). A replay's if
+        # `resumed` comes (counted in `duplicates`), else recovered duplicates once the connection is over.
+        self.pending_replay = []
         self.notes = collections.deque(maxlen=40)
         self.errors = []
         self.incomplete_fills = 0
@@ -819,6 +835,8 @@ class Client(asyncio.Protocol):
 
     async def connect(self, node):
         loop = asyncio.get_running_loop()
+        self.settle_pending_replay()
+        self.reconnect_holes = []
         self.conn += 1
         self.frames = FrameReader()
         self.upgraded = False
@@ -917,15 +935,23 @@ class Client(asyncio.Protocol):
                 self.topic_notices[topic[2:]] += 1
             else:
                 self.notices += 1
-            # A notice right after a silent hole on the same connection: late, not missing.
+            # A notice right after a silent hole, or after a tagged client's hole across its reconnect, on the
+            # same connection: told late, not missing silently (and the hole is the failover's, not the resume's).
             now = time.monotonic()
-            for hole in self.recent_silent:
-                if hole["kind"] in ("silent", "after_snapshot") and hole["conn"] == self.conn and now - hole["mono"] < 5 and (
+            for hole in self.late_notice_candidates:
+                if "late_notice" not in hole and hole["conn"] == self.conn and now - hole["mono"] < 5 and (
                         status != "gap" or topic == f"T.{hole['symbol']}"):
-                    hole["kind"] = "late_notice"
-            self.recent_silent = [h for h in self.recent_silent if now - h["mono"] < 5]
+                    hole["late_notice"] = {"status": status, "at": rel()}
+            self.late_notice_candidates = [h for h in self.late_notice_candidates if now - h["mono"] < 5]
         elif status == "resumed":
             self.resumed_conns.add(self.conn)
+            # The replay is over: recovered events it repeated were the resume margin's duplicates.
+            for st, _, _ in self.pending_replay:
+                st.duplicates += 1
+            self.pending_replay = []
+            for hole in self.reconnect_holes:
+                if "late_notice" not in hole:
+                    self.say_resume_loss(hole)
         elif status == "recovered":
             if m.get("complete") is False:
                 self.incomplete_fills += 1
@@ -942,6 +968,7 @@ class Client(asyncio.Protocol):
             self.on_recovered(st, sym, q, m)
             return
         st.received += 1
+        self.arrived(st, q, False)
         if st.first is None:
             st.first = q
         if st.last is not None and q <= st.last:
@@ -955,8 +982,22 @@ class Client(asyncio.Protocol):
         st.last_s = m.get("_s")
         st.last_at = time.monotonic()
 
+    def arrived(self, st, q, recovered):
+        """Notes how `q` arrived (kept for the last ARRIVALS_KEPT distinct q of the symbol); its arrivals so far."""
+        arrival = (self.conn, self.node.name, recovered, self.tagged and self.conn not in self.resumed_conns, rel())
+        seen = st.arrivals.get(q)
+        if seen is None:
+            seen = st.arrivals[q] = (arrival,)
+            st.arrival_order.append(q)
+            if len(st.arrival_order) > ARRIVALS_KEPT:
+                st.arrivals.pop(st.arrival_order.popleft(), None)
+        elif len(seen) < 8:
+            seen = st.arrivals[q] = seen + (arrival,)
+        return seen
+
     def on_recovered(self, st, sym, q, m):
         st.recovered += 1
+        arrivals = self.arrived(st, q, True)
         if st.last is None or q < st.first:
             st.recovered_outside += 1
             return
@@ -967,14 +1008,57 @@ class Client(asyncio.Protocol):
             st.mark = (self.conn, self.notices, self.topic_notices[sym])
             st.mark_was_first = False
             return
+        in_hole = None
         for hole in reversed(st.holes):
             if hole["lo"] <= q <= hole["hi"]:
-                if q in hole["filled"]:
-                    st.recovered_duplicates += 1
-                else:
+                if q not in hole["filled"]:
                     hole["filled"].add(q)
-                return
-        st.recovered_duplicates += 1
+                    return
+                in_hole = hole
+                break
+        kind = "recovered_twice" if in_hole is not None else "recovered_already_had"
+        sample = {"symbol": sym, "q": q, "at": rel(), "conn": self.conn, "node": self.node.name, "arrivals": arrivals,
+                  "hole": in_hole, "s": m.get("_s")}
+        if self.tagged and self.conn not in self.resumed_conns:
+            # Perhaps a resume's replay repeating what the client had (the margin); settled by `resumed`.
+            self.pending_replay.append((st, kind, sample))
+        else:
+            self.recovered_duplicate(st, kind, sample)
+
+    def recovered_duplicate(self, st, kind, sample):
+        if kind == "recovered_twice":
+            st.recovered_twice += 1
+        else:
+            st.recovered_already_had += 1
+        self.harness.offer_duplicate_sample(kind, self, sample)
+
+    def settle_pending_replay(self):
+        """Recovered duplicates of a tagged connection that ended (or is still open at the end) without
+        `resumed`: no replay, so they count as recovered duplicates."""
+        for st, kind, sample in self.pending_replay:
+            self.recovered_duplicate(st, kind, sample)
+        self.pending_replay = []
+
+    def describe_arrival(self, arrival):
+        conn, node, recovered, before_resumed, at = arrival
+        if before_resumed and conn in self.resumed_conns:
+            how = "replayed_recovered" if recovered else "replayed"
+        else:
+            how = "recovered" if recovered else "live"
+        return {"conn": conn, "node": node, "how": how, "at": at}
+
+    def describe_duplicate(self, kind, sample):
+        """A recovered duplicate's sample for the report, with how the client got that q each time."""
+        out = {"kind": kind, "client": self.name, "tagged": self.tagged, "symbol": sample["symbol"], "q": sample["q"],
+               "at": sample["at"], "conn": sample["conn"], "node": sample["node"], "s": sample["s"],
+               "connection_resumed": sample["conn"] in self.resumed_conns,
+               "arrivals": [self.describe_arrival(a) for a in sample["arrivals"]],
+               "client_notes": sample.get("notes", [])}
+        hole = sample["hole"]
+        if hole is not None:
+            out["hole"] = {"lo": hole["lo"], "hi": hole["hi"], "kind": self.final_kind(hole), "conn": hole["conn"],
+                           "node": hole["node"], "at": hole["at"], "filled": len(hole["filled"])}
+        return out
 
     def hole(self, st, sym, lo, hi, m):
         conn, notices, topic_notices = st.mark
@@ -991,17 +1075,36 @@ class Client(asyncio.Protocol):
                 "node": self.node.name, "at": rel(), "mono": time.monotonic(), "filled": set(),
                 "s_before": st.last_s, "s_after": m.get("_s"), "recovered": bool(m.get("_r"))}
         st.holes.append(hole)
+        if kind == "silent" or (kind == "reconnect" and self.tagged):
+            # Either may yet turn out told late (see on_status); a tagged client's reconnect hole is the
+            # resume's (resume_loss) unless so, or unless the connection is never `resumed` (not_resumed).
+            self.late_notice_candidates = [h for h in self.late_notice_candidates if hole["mono"] - h["mono"] < 5]
+            self.late_notice_candidates.append(hole)
+        if kind == "reconnect" and self.tagged:
+            self.reconnect_holes.append(hole)
+            if self.conn in self.resumed_conns:
+                self.say_resume_loss(hole)
         if kind in ("silent", "after_snapshot"):
-            self.recent_silent.append(hole)
             say(f"client {self.name} on {self.node.name}: {hi - lo + 1} events of {sym} missing (q {lo}..{hi}), "
                 f"no notice so far (_s {st.last_s} -> {m.get('_s')}){' right after its snapshot' if kind != 'silent' else ''}")
 
+    def say_resume_loss(self, hole):
+        say(f"client {self.name} on {hole['node']}: {hole['hi'] - hole['lo'] + 1} events of {hole['symbol']} missing "
+            f"(q {hole['lo']}..{hole['hi']}) across a reconnect the relay answered `resumed`, no notice so far "
+            f"(_s {hole['s_before']} -> {hole['s_after']})")
+
     def final_kind(self, hole):
-        if hole["kind"] == "reconnect" and self.tagged:
-            return "resume_loss" if hole["conn"] in self.resumed_conns else "not_resumed"
-        return hole["kind"]
+        kind = hole["kind"]
+        if kind == "reconnect" and self.tagged:
+            if hole["conn"] not in self.resumed_conns:
+                return "not_resumed"
+            return "late_notice" if "late_notice" in hole else "resume_loss"
+        if kind == "silent" and "late_notice" in hole:
+            return "late_notice"
+        return kind
 
     def summary(self, stall_seconds):
+        self.settle_pending_replay()
         lost = collections.Counter()
         recovered_in_holes = 0
         for st in self.syms.values():
@@ -1019,7 +1122,9 @@ class Client(asyncio.Protocol):
             "lost_own_reconnect": lost["reconnect"], "tagged_lost_after_resumed": lost["resume_loss"],
             "tagged_lost_not_resumed": lost["not_resumed"],
             "recovered": sum(st.recovered for st in self.syms.values()), "recovered_into_holes": recovered_in_holes,
-            "recovered_duplicates": sum(st.recovered_duplicates for st in self.syms.values()),
+            "recovered_duplicates": sum(st.recovered_twice + st.recovered_already_had for st in self.syms.values()),
+            "recovered_twice": sum(st.recovered_twice for st in self.syms.values()),
+            "recovered_already_had": sum(st.recovered_already_had for st in self.syms.values()),
             "duplicates": sum(st.duplicates for st in self.syms.values()),
             "connections": self.conn, "connections_by_node": dict(self.connections_by_node), "connect_failures": self.connect_failures,
             "resumed": self.statuses["resumed"], "statuses": {k: v for k, v in sorted(self.statuses.items()) if k not in ("success",)},
@@ -1054,6 +1159,24 @@ class Harness:
         self.leadership = {m: {"last_ok": None, "longest": 0.0, "longest_at": None, "changes": 0, "leader": None,
                                "multiple": 0, "samples": 0, "leaderless_samples": 0} for m in self.symbols}
         self.measuring = False
+        # A uniform sample of the recovered duplicates of each kind (reservoir), with its own generator so
+        # sampling does not change the chaos a seed chooses.
+        self.duplicate_samples = {"recovered_twice": [], "recovered_already_had": []}
+        self.duplicates_seen = collections.Counter()
+        self.sample_rng = random.Random(f"samples-{args.seed}")
+
+    def offer_duplicate_sample(self, kind, client, sample):
+        self.duplicates_seen[kind] += 1
+        kept = self.duplicate_samples[kind]
+        if len(kept) < DUPLICATE_SAMPLES_PER_KIND:
+            slot = len(kept)
+            kept.append(None)
+        else:
+            slot = self.sample_rng.randrange(self.duplicates_seen[kind])
+            if slot >= DUPLICATE_SAMPLES_PER_KIND:
+                return
+        sample["notes"] = [n for n in client.notes if sample["at"] - 10 <= n[0] <= sample["at"] + 5][-8:]
+        kept[slot] = (client, sample)
 
     def record(self, kind, **details):
         self.actions[kind] += 1
@@ -1328,10 +1451,12 @@ class Harness:
         totals = collections.Counter()
         for c in clients:
             for key in ("received", "lost_silent", "lost_after_snapshot", "lost_late_notice", "lost_with_notice", "lost_own_reconnect", "tagged_lost_after_resumed",
-                        "tagged_lost_not_resumed", "recovered", "recovered_into_holes", "recovered_duplicates", "duplicates", "connections",
+                        "tagged_lost_not_resumed", "recovered", "recovered_into_holes", "recovered_duplicates", "recovered_twice",
+                        "recovered_already_had", "duplicates", "connections",
                         "resumed", "incomplete_fills", "malformed"):
                 totals[key] += c[key]
         silent = []
+        lost_holes = collections.Counter()
         for client in self.clients:
             for st in client.syms.values():
                 for hole in st.holes:
@@ -1339,9 +1464,20 @@ class Harness:
                     if kind in ("silent", "after_snapshot", "late_notice", "resume_loss"):
                         missing = hole["hi"] - hole["lo"] + 1 - len(hole["filled"])
                         if missing > 0:
+                            lost_holes[kind] += 1
                             silent.append({k: v for k, v in hole.items() if k not in ("filled", "mono")} | {"kind": kind, "missing": missing,
                                           "chaos_before": [e for e in self.chaos_log if hole["at"] - 15 <= e["at"] <= hole["at"]][-4:],
                                           "client_notes": [n for n in client.notes if hole["at"] - 15 <= n[0] <= hole["at"] + 5][-8:]})
+        silent.sort(key=lambda h: h["at"])
+        per_kind = collections.Counter()
+        lost_events = []
+        for h in silent:
+            per_kind[h["kind"]] += 1
+            if per_kind[h["kind"]] <= LOST_SAMPLES_PER_KIND:
+                lost_events.append(h)
+        duplicate_samples = {kind: sorted((client.describe_duplicate(kind, sample) for client, sample in kept),
+                                          key=lambda d: d["at"])
+                             for kind, kept in self.duplicate_samples.items()}
         failures = []
         for market, u in upstream.items():
             if u["max_connections_at_once"] > 1:
@@ -1362,7 +1498,8 @@ class Harness:
                          "gap_fill": self.args.gap_fill, "clients": len(self.clients), "actions": sorted(self.args.actions)},
             "upstream": upstream, "leadership": leadership, "totals": dict(totals),
             "chaos_actions": dict(self.actions), "node_exits": self.node_exits,
-            "lost_events": silent[:100], "clients": clients,
+            "lost_events": lost_events, "lost_event_holes": dict(lost_holes),
+            "recovered_duplicate_samples": duplicate_samples, "clients": clients,
             "rest": {"requests": self.mock.rest_requests, "results": self.mock.rest_results},
             "chaos_log": self.chaos_log, "work_dir": self.work,
         }
@@ -1419,7 +1556,8 @@ def human(report):
               f"{t.get('lost_own_reconnect', 0)}",
               f"  tagged clients: lost although resumed {t.get('tagged_lost_after_resumed', 0)} (must be 0), lost where no session "
               f"could resume (node restarted or another node) {t.get('tagged_lost_not_resumed', 0)}; {t.get('resumed', 0)} resumes",
-              f"  duplicates {t.get('duplicates', 0)} (resume margin, snapshots), recovered duplicates {t.get('recovered_duplicates', 0)}, "
+              f"  duplicates {t.get('duplicates', 0)} (resume margin, snapshots), recovered duplicates {t.get('recovered_duplicates', 0)} "
+              f"({t.get('recovered_twice', 0)} into an already filled hole, {t.get('recovered_already_had', 0)} the client had), "
               f"incomplete fills {t.get('incomplete_fills', 0)}"]
     for failure in report["failures"]:
         lines.append(f"  FAILURE: {failure}")
