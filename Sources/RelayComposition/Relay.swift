@@ -339,6 +339,7 @@ public final class Relay: Service, Sendable {
         if let portfolio { parts.append(("portfolio", portfolio)) }
         parts.append(("server", server))
         for node in clusterNodes { parts.append(("\(node.market) cluster node", node)) }
+        parts.append(("memory trim", MemoryTrim()))
         let group = ServiceGroup(
             configuration: .init(
                 services: parts.map { name, service in
