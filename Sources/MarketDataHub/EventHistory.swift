@@ -461,14 +461,8 @@ final class EventHistory {
         if topic.isWildcard {
             guard let sequences = typeSlots[topic.eventType] else { return .events([]) }
             // The type's slots are in rising sequence: the first one past `after`, then each in turn.
-            var low = 0
-            var high = sequences.count
-            while low < high {
-                let middle = (low + high) / 2
-                if sequences[sequences.index(sequences.startIndex, offsetBy: middle)] <= after { low = middle + 1 } else { high = middle }
-            }
             var events: [MarketEvent] = []
-            var index = sequences.index(sequences.startIndex, offsetBy: low)
+            var index = sequences.index(sequences.startIndex, offsetBy: Self.firstOffset(after: after, in: sequences))
             while index != sequences.endIndex {
                 if let slot = slotIndex(of: sequences[index]), let event = slots[slot].event {
                     guard events.count < limit else { return .tooMany }
@@ -480,13 +474,18 @@ final class EventHistory {
         }
         guard let line else { return .events([]) }
         // Its held market sequences are in order: the first one past `after`.
+        return events(of: line, fromOffset: Self.firstOffset(after: after, in: line.held), limit: limit)
+    }
+
+    /// The offset of the first of `sequences` (rising) past `after`: a binary search.
+    private static func firstOffset(after: UInt64, in sequences: CircularBuffer<UInt64>) -> Int {
         var low = 0
-        var high = line.held.count
+        var high = sequences.count
         while low < high {
             let middle = (low + high) / 2
-            if line.held[line.held.index(line.held.startIndex, offsetBy: middle)] <= after { low = middle + 1 } else { high = middle }
+            if sequences[sequences.index(sequences.startIndex, offsetBy: middle)] <= after { low = middle + 1 } else { high = middle }
         }
-        return events(of: line, fromOffset: low, limit: limit)
+        return low
     }
 
     private func events(of line: TopicLine, fromOffset first: Int, limit: Int) -> Missed {

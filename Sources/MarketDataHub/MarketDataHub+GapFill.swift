@@ -218,20 +218,8 @@ extension MarketDataHub: RecoveryOutlet {
             fillWatch.remove(event.topic)
             guard var gaps = pendingGaps[event.topic] else { continue }
             let first = event.compacted()
-            let order = RecoveryOrder(eventType: event.topic.eventType)
-            let bound = order.value(of: first) ?? .max
-            var passed: [MarketEvent] = []
-            for index in gaps.indices where gaps[index].before == nil {
-                gaps[index].before = first
-                let held = gaps[index].held
-                gaps[index].held = []
-                heldRecovered -= held.count
-                let kept = held.filter { (order.value(of: $0) ?? .max) < bound }
-                gaps[index].delivered += kept.count
-                passed += kept
-            }
-            pendingGaps[event.topic] = gaps
-            pass(event.topic, passed)
+            for index in gaps.indices where gaps[index].before == nil { gaps[index].before = first }
+            pendingGaps[event.topic] = release(event.topic, gaps, before: RecoveryOrder(eventType: event.topic.eventType).value(of: first))
         }
     }
 
@@ -240,15 +228,19 @@ extension MarketDataHub: RecoveryOutlet {
     /// delivered at once, as it would be without a bound for it.
     static let heldRecoveredLimit = 200_000
 
-    /// Delivers every held recovered event of `topic`'s gaps in `gaps` now; returns the gaps emptied.
-    private func release(_ topic: Topic, _ gaps: [PendingGap]) -> [PendingGap] {
+    /// Delivers the held recovered events of `topic`'s gaps in `gaps` now, those ordered before `bound`
+    /// when there is one (the rest were on their way live); returns the gaps emptied.
+    private func release(_ topic: Topic, _ gaps: [PendingGap], before bound: Int64? = nil) -> [PendingGap] {
+        let order = RecoveryOrder(eventType: topic.eventType)
         var gaps = gaps
         var passed: [MarketEvent] = []
         for index in gaps.indices where !gaps[index].held.isEmpty {
-            passed += gaps[index].held
-            gaps[index].delivered += gaps[index].held.count
-            heldRecovered -= gaps[index].held.count
+            let held = gaps[index].held
+            heldRecovered -= held.count
             gaps[index].held = []
+            let kept = bound.map { bound in held.filter { (order.value(of: $0) ?? .max) < bound } } ?? held
+            gaps[index].delivered += kept.count
+            passed += kept
         }
         pass(topic, passed)
         return gaps
