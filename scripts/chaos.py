@@ -1074,6 +1074,10 @@ class Client(asyncio.Protocol):
         hole = {"client": self.name, "symbol": sym, "lo": lo, "hi": hi, "kind": kind, "conn": self.conn,
                 "node": self.node.name, "at": rel(), "mono": time.monotonic(), "filled": set(),
                 "s_before": st.last_s, "s_after": m.get("_s"), "recovered": bool(m.get("_r"))}
+        # What the client saw just before (its notes roll over long before the report is written), and how
+        # the events either side of the hole arrived: what a hole's cause is read from.
+        hole["notes_before"] = list(self.notes)[-12:]
+        hole["around"] = {q: [self.describe_arrival(a) for a in st.arrivals.get(q, ())] for q in (lo - 2, lo - 1, hi + 1)}
         st.holes.append(hole)
         if kind == "silent" or (kind == "reconnect" and self.tagged):
             # Either may yet turn out told late (see on_status); a tagged client's reconnect hole is the
@@ -1467,7 +1471,7 @@ class Harness:
                             lost_holes[kind] += 1
                             silent.append({k: v for k, v in hole.items() if k not in ("filled", "mono")} | {"kind": kind, "missing": missing,
                                           "chaos_before": [e for e in self.chaos_log if hole["at"] - 15 <= e["at"] <= hole["at"]][-4:],
-                                          "client_notes": [n for n in client.notes if hole["at"] - 15 <= n[0] <= hole["at"] + 5][-8:]})
+                                          "client_notes": hole.get("notes_before", []) + [n for n in client.notes if hole["at"] < n[0] <= hole["at"] + 5][-8:]})
         silent.sort(key=lambda h: h["at"])
         per_kind = collections.Counter()
         lost_events = []

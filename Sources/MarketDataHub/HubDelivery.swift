@@ -87,6 +87,20 @@ public struct HubDelivery: Sendable {
         return newest
     }
 
+    /// The epoch its `epoch` notice starts (a cluster's new leadership term: the market sequences of the
+    /// events after it count afresh), if it carries one. Such a notice comes on its own.
+    public var epochStarted: String? {
+        guard case .events(let events) = content, events.count == 1, let event = events.first, event.isNotice,
+            event.ticker == StatusMessage.Kind.epoch
+        else { return nil }
+        let view = event.bytes.readableBytesView
+        let key = Array(#","epoch":""#.utf8)
+        guard let found = view.firstRange(of: key) else { return nil }
+        let value = view[found.upperBound...]
+        guard let end = value.firstIndex(of: UInt8(ascii: "\"")) else { return nil }
+        return String(decoding: value[..<end], as: UTF8.self)
+    }
+
     /// Appends its events, in order, to an array.
     public func append(to array: inout [MarketEvent]) {
         forEachEvent { array.append(copy $0) }

@@ -242,6 +242,10 @@ extension MarketDataHub {
     /// The market sequence of the newest event (0: none, or no history).
     public var lastMarketSequence: UInt64 { (history?.nextMarketSequence ?? 1) - 1 }
 
+    /// Where the market stands now: its epoch and the newest event's market sequence in it, read
+    /// together (a new epoch cannot come between the two).
+    public var position: (epoch: String?, sequence: UInt64) { (epoch, lastMarketSequence) }
+
     /// Resumes since start: how many, how many had a gap, events replayed, topics told `gap`, and state
     /// events merged by conflation.
     public var resumeStatistics: ResumeCounts { resumeCounts }

@@ -94,6 +94,8 @@ actor LoopDrain {
         var close: (code: WebSocketErrorCode, reason: String)? = nil
         /// The newest market sequence written (tagged sessions only; 0: not noted).
         var lastSequence: UInt64 = 0
+        /// The epoch a notice in it started (tagged sessions only): `lastSequence` is of this epoch.
+        var epoch: String?
     }
 
     /// One turn of one client: everything queued for it, as one write.
@@ -128,12 +130,20 @@ actor LoopDrain {
         if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
         var payload = 1
         var lastSequence: UInt64 = 0
+        var epoch: String?
         var events = 0
         let tracked = client.tracksPositions.load(ordering: .relaxed)
         for index in deliveries.indices {
             payload += deliveries[index].framedBytes
             events += deliveries[index].marketEventCount
-            if tracked { lastSequence = max(lastSequence, deliveries[index].lastSequence) }
+            guard tracked else { continue }
+            if let started = deliveries[index].epochStarted {
+                // Positions count afresh from here: only the new epoch's note where the client stands.
+                epoch = started
+                lastSequence = 0
+            } else {
+                lastSequence = max(lastSequence, deliveries[index].lastSequence)
+            }
         }
         delivered += events
         client.metrics.delivered.increment(by: events)
@@ -183,6 +193,7 @@ actor LoopDrain {
         }
         client.metrics.writes.increment()
         write.lastSequence = lastSequence
+        write.epoch = epoch
         return write
     }
 
@@ -208,9 +219,10 @@ actor LoopDrain {
     private static func write(_ writes: [Write]) {
         for write in writes {
             let handler = write.handler.value
-            handler.writeWire(write.frame, completing: write.more.isEmpty ? write.lastSequence : 0)
+            handler.writeWire(write.frame, completing: write.more.isEmpty ? write.lastSequence : 0, epoch: write.more.isEmpty ? write.epoch : nil)
             for (index, frame) in write.more.enumerated() {
-                handler.writeWire(frame, completing: index == write.more.count - 1 ? write.lastSequence : 0)
+                let last = index == write.more.count - 1
+                handler.writeWire(frame, completing: last ? write.lastSequence : 0, epoch: last ? write.epoch : nil)
             }
             handler.flushWire()
             if let close = write.close { handler.close(code: close.code, reason: close.reason) }

@@ -236,15 +236,21 @@ actor MarketConnection {
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
         var shelved: (String, SessionShelf.Session)?
-        if let sessionName, let grant, let epoch = dependencies.hub.epoch, let position = handler.value.acknowledgedPosition {
-            // Kept for the reconnect: its topics and where it broke (a session it took back and had not
-            // resubscribed wholly keeps that one's start and topics).
-            dependencies.logger.debug("tagged session kept", metadata: ["session": "\(sessionName)", "resumeAfter": "\(position.resumeAfter)"])
+        if let sessionName, let grant, let position = handler.value.acknowledgedPosition,
+            let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch
+        {
+            // Kept for the reconnect: its topics and where it broke, in the epoch of that position (a
+            // session it took back and had not resubscribed wholly keeps that one's start and topics;
+            // one of an older epoch stands for both, so that they resume as `gap`, never partly).
+            var (kept, resumeAfter) = (epoch, position.resumeAfter)
+            if let resuming {
+                if resuming.epoch == epoch { resumeAfter = min(resumeAfter, resuming.resumeAfter) } else { (kept, resumeAfter) = (resuming.epoch, resuming.resumeAfter) }
+            }
+            dependencies.logger.debug(
+                "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept)", "resumeAfter": "\(resumeAfter)"])
             shelved = (
                 sessionName,
-                SessionShelf.Session(
-                    epoch: epoch, resumeAfter: min(position.resumeAfter, resuming?.resumeAfter ?? .max),
-                    topics: session.topics.union(resuming?.topics ?? []), brokeAt: .now)
+                SessionShelf.Session(epoch: kept, resumeAfter: resumeAfter, topics: session.topics.union(resuming?.topics ?? []), brokeAt: .now)
             )
             // The shelved session holds its topics in the key's budget until it is taken back or let go,
             // as the connection did (each is held by this key already, so none is refused): parked
@@ -302,7 +308,13 @@ actor MarketConnection {
                     let back = topics.filter { broken.topics.contains($0) }
                     let rest = topics.filter { !broken.topics.contains($0) }
                     if !back.isEmpty {
-                        handler.value.acknowledgedPosition?.start(at: broken.resumeAfter)
+                        // From where it broke; from now if the epoch changed since (the resume is `gap` then).
+                        let now = await hub.position
+                        if now.epoch == broken.epoch {
+                            handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
+                        } else {
+                            handler.value.acknowledgedPosition?.start(at: now.sequence, epoch: now.epoch)
+                        }
                         await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter))
                         // Its topics are this connection's now: the parked subscriber can go, and the
                         // session's hold on them in the key's budget (this connection holds its own).
@@ -313,11 +325,15 @@ actor MarketConnection {
                             epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt)
                     }
                     if !rest.isEmpty {
-                        handler.value.acknowledgedPosition?.start(at: await hub.lastMarketSequence)
+                        let now = await hub.position
+                        handler.value.acknowledgedPosition?.start(at: now.sequence, epoch: now.epoch)
                         await hub.add(rest, to: id)
                     }
                 } else {
-                    if let position = handler.value.acknowledgedPosition { position.start(at: await hub.lastMarketSequence) }
+                    if let position = handler.value.acknowledgedPosition {
+                        let now = await hub.position
+                        position.start(at: now.sequence, epoch: now.epoch)
+                    }
                     await hub.add(topics, to: id)
                 }
             case .conflate(let mode):

@@ -205,17 +205,27 @@ final class SessionShelf: Sendable {
 /// the relay notes how many bytes had gone to the socket and the newest market sequence written, and
 /// reads the socket's acknowledged byte count (Linux `TCP_INFO`'s `tcpi_bytes_acked`). When the
 /// connection breaks, the client has every event up to the newest write wholly acknowledged
-/// ``ResumeSettings/marginBytes`` before the last acknowledged byte. Confined to the connection's loop.
+/// ``ResumeSettings/marginBytes`` before the last acknowledged byte.
+///
+/// A position belongs to an epoch: on a cluster a new leadership term starts the market sequences
+/// again, and the connection is told so in its stream (an `epoch` notice). The write that carries the
+/// notice starts the positions of the new epoch; until the client has acknowledged it, it stands where
+/// it stood in the old one (so a resume then is told `gap` for the old epoch's tail rather than
+/// replaying the new one from a position that was never in it). Confined to the connection's loop.
 final class AcknowledgedPosition {
     private struct Mark {
         let socketBytes: UInt64
         let sequence: UInt64
+        let epoch: String?
     }
 
     private let marginBytes: UInt64
     /// Marks not yet known acknowledged (oldest first), and the newest that is.
     private var marks = CircularBuffer<Mark>()
     private var acknowledged: UInt64
+    private var acknowledgedEpoch: String?
+    /// The epoch of the newest write.
+    private var writingEpoch: String?
     private var lastAcknowledgedBytes: UInt64 = 0
 
     /// - Parameter start: the market sequence before anything this connection will be sent.
@@ -224,20 +234,29 @@ final class AcknowledgedPosition {
         self.marginBytes = UInt64(marginBytes)
     }
 
-    /// Where the client stands before its first topic: the market sequence then, or where its broken
-    /// session resumes. Only the first call counts.
-    func start(at sequence: UInt64) {
+    /// Where the client stands before its first topic: the market sequence then (in `epoch`), or where
+    /// its broken session resumes. Only the first call counts.
+    func start(at sequence: UInt64, epoch: String?) {
         guard !started else { return }
         started = true
         acknowledged = sequence
+        acknowledgedEpoch = epoch
+        writingEpoch = epoch
     }
 
     private var started = false
 
-    /// A write went to the socket: `socketBytes` in all so far, its newest event `sequence`.
-    func wrote(socketBytes: UInt64, sequence: UInt64, acknowledgedBytes: UInt64?) {
-        let newest = max(sequence, marks.last?.sequence ?? acknowledged)
-        marks.append(Mark(socketBytes: socketBytes, sequence: newest))
+    /// A write went to the socket: `socketBytes` in all so far, its newest event `sequence`; with
+    /// `epoch`, the write told the client of a new epoch, and `sequence` (0: none yet) is of that epoch.
+    func wrote(socketBytes: UInt64, sequence: UInt64, epoch: String? = nil, acknowledgedBytes: UInt64?) {
+        let newest: UInt64
+        if let epoch, epoch != writingEpoch {
+            writingEpoch = epoch
+            newest = sequence
+        } else {
+            newest = max(sequence, marks.last?.sequence ?? (acknowledgedEpoch == writingEpoch ? acknowledged : 0))
+        }
+        marks.append(Mark(socketBytes: socketBytes, sequence: newest, epoch: writingEpoch))
         if let acknowledgedBytes { advance(to: acknowledgedBytes) }
         // Bounded: a client that acknowledges nothing keeps at most this many marks (the oldest merge).
         if marks.count > 4096 { marks.removeFirst(2048) }
@@ -250,6 +269,7 @@ final class AcknowledgedPosition {
         for mark in marks {
             guard mark.socketBytes <= safe else { break }
             acknowledged = mark.sequence
+            acknowledgedEpoch = mark.epoch
             taken += 1
         }
         if taken > 0 { marks.removeFirst(taken) }
@@ -257,4 +277,7 @@ final class AcknowledgedPosition {
 
     /// The market sequence through which the client has every event of its topics.
     var resumeAfter: UInt64 { acknowledged }
+
+    /// The epoch of ``resumeAfter`` (`nil` or empty: not known here; the hub's).
+    var epoch: String? { acknowledgedEpoch }
 }

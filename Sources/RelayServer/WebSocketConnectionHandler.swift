@@ -306,17 +306,18 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// as everything else: a large replay waits here, as built frames, until the client reads, instead
     /// of piling up in the channel. What can wait here is bounded by what the hub lets a subscriber
     /// queue (its event buffer and one resume's replay).
-    private var heldFrames = CircularBuffer<(frame: ByteBuffer, sequence: UInt64)>()
+    private var heldFrames = CircularBuffer<(frame: ByteBuffer, sequence: UInt64, epoch: String?)>()
     /// NIO's default high-water mark of a channel's write buffer (past it the channel is not writable).
     static let writeBufferHighWaterMark = 64 << 10
 
     /// Queues whole frames (header and payload, ``WireFrame``) for below the frame encoder, in order
     /// with what ``write(_:flush:)`` writes; `sequence` is the newest market sequence the frame
-    /// completes (a tagged session's acknowledged position), 0 for none. Sent by ``flushWire()``.
+    /// completes (a tagged session's acknowledged position), 0 for none, and `epoch` the epoch a
+    /// notice in it started (`sequence` is then of that epoch). Sent by ``flushWire()``.
     /// Without an outlet, nothing.
-    func writeWire(_ frame: ByteBuffer, completing sequence: UInt64 = 0) {
+    func writeWire(_ frame: ByteBuffer, completing sequence: UInt64 = 0, epoch: String? = nil) {
         guard !isClosing, outlet != nil else { return }
-        heldFrames.append((frame, sequence))
+        heldFrames.append((frame, sequence, epoch))
     }
 
     /// Whether frames wait for the client to read (the connection's drain takes nothing more meanwhile).
@@ -335,30 +336,36 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         }
         var unsent = unsentBytes
         var completed: UInt64 = 0
+        var epoch: String?
         // Below NIO's high-water mark one more frame always goes (so a frame left held means the channel
         // is not writable, and its becoming writable again sends the rest); above it, only what stays
         // within the limit.
-        while let (frame, sequence) = heldFrames.first, !isClosing,
+        while let (frame, sequence, started) = heldFrames.first, !isClosing,
             unsent < Self.writeBufferHighWaterMark || unsent + frame.readableBytes <= outboundLimit
         {
             heldFrames.removeFirst()
             unsent += frame.readableBytes
             outlet.write(frame)
-            if sequence != 0 { completed = sequence }
+            if let started {
+                epoch = started
+                completed = sequence
+            } else if sequence != 0 {
+                completed = sequence
+            }
         }
         // Noted before the flush: the socket's count is taken as frames enter the pipeline, and a flush
         // that makes the channel writable again sends more frames (from `channelWritabilityChanged`),
         // whose later position must be noted after this one.
-        if completed != 0 { wroteEvents(through: completed) }
+        if completed != 0 || epoch != nil { wroteEvents(through: completed, epoch: epoch) }
         outlet.flush()
     }
 
-    /// Events through market sequence `sequence` were just written: a tagged session notes
-    /// how far the socket got and what its peer acknowledged.
-    private func wroteEvents(through sequence: UInt64) {
+    /// Events through market sequence `sequence` (of a new `epoch`, when one started) were just
+    /// written: a tagged session notes how far the socket got and what its peer acknowledged.
+    private func wroteEvents(through sequence: UInt64, epoch: String?) {
         guard let acknowledgedPosition, let socketCounter, let channel = context?.channel else { return }
         acknowledgedPosition.wrote(
-            socketBytes: socketCounter.total, sequence: sequence, acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
+            socketBytes: socketCounter.total, sequence: sequence, epoch: epoch, acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client

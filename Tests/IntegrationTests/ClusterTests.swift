@@ -274,6 +274,54 @@ struct ClusterTests {
         }
     }
 
+    /// A tagged client that stays connected through a failover stands in the new epoch once it has read
+    /// its notice: when it breaks and comes back, its session resumes there, whole. (Its position used
+    /// to stay the old term's, far above the new term's first sequences: its resume was told `gap`
+    /// although nothing was missing, and once the new term passed that height, a replay from there
+    /// would have left out what lay below.)
+    @Test func aTaggedClientThatStayedThroughAFailoverResumesInTheNewEpoch() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            // Without gap fill, the new term's positions are its live events only: few, against the old term's.
+            // A small resume margin: the 30 events read after the notice put the client past it.
+            for id in ["n1", "n2", "n3"] {
+                try await cluster.startNode(id, extra: ["--no-portfolio", "--no-gap-fill"], environment: ["RELAY_RESUME_MARGIN_BYTES": "512"])
+            }
+            let leader = try await cluster.agreedLeader()
+            let follower = try #require(cluster.nodeIDs.first { $0 != leader })
+            // A session is kept only under an epoch: the follower hears the leader's within a second.
+            try await eventually("\(follower) to know the leader's epoch") { await positionsEpoch(of: follower, in: cluster)?.isEmpty == false }
+            let key = "client-key#through-failover"
+            let client = try await WSTestClient.authenticated(url: try cluster.url(follower), key: key)
+            client.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            _ = try await client.waitForStatus(StatusMessage.Kind.success)
+            let old = try await client.nextEvents(200)
+            let oldPositions = old.compactMap { EventPosition.read(from: $0.bytes)?.market }
+            let oldTop = try #require(oldPositions.last)
+
+            try await cluster.kill(leader)
+            let notice = try await client.waitForStatus(StatusMessage.Kind.epoch, timeout: .seconds(20))
+            let epoch = try #require(notice.fields["epoch"] as? String)
+            let read = try await client.nextEvents(30)
+            let positions = read.compactMap { EventPosition.read(from: $0.bytes) }
+            let last = try #require(positions.last)
+            #expect(last.market < oldTop, "the new term's positions start below the old term's (\(last.market) against \(oldTop))")
+            await client.close()
+
+            let back = try await WSTestClient.authenticated(url: try cluster.url(follower), key: key)
+            back.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            let resumed = try await back.waitForStatus(StatusMessage.Kind.resumed)
+            #expect(resumed.fields["gaps"] == nil, "resumed whole: \(resumed.fields)")
+            #expect(resumed.fields["epoch"] as? String == epoch)
+            var sequences = resumed.eventsBefore.compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            sequences += try await back.nextEvents(5).compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            // The replay starts at or before the next one (the margin may repeat a few) and runs on without a hole.
+            let first = try #require(sequences.first)
+            #expect(first <= last.topic + 1, "replayed from \(first), the client had \(last.topic)")
+            #expect(sequences == Array(first...(first + UInt64(sequences.count) - 1)), "contiguous: \(sequences)")
+            await back.close()
+        }
+    }
+
     /// Each market's lease holder as `/healthz` of `id` reports it.
     func marketLeaders(_ cluster: ClusterHarness, of id: String) async -> [String: String] {
         guard let health = try? await cluster.health(id).body, let markets = health["markets"] as? [String: Any] else { return [:] }

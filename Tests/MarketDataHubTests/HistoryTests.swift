@@ -315,6 +315,22 @@ struct EpochNoticeTests {
         #expect(fields(told[1])["status"] as? String == "epoch" && fields(told[1])["epoch"] as? String == "second", "\(fields(told[1]))")
     }
 
+    /// A tagged connection's write path reads which epoch a delivery starts: its positions after it
+    /// count in that epoch (and only a delivery that is that notice says so).
+    @Test func theEpochNoticesDeliveryNamesTheEpochItStarts() async throws {
+        let hub = MarketDataHub(adoptsPositions: true)
+        await hub.startEpoch("first")
+        #expect(await hub.position == ("first", 0))
+        await hub.publish(EventPosition.stamp([event("T", "AAPL", 1)], [EventPosition(topic: 7, market: 7)]))
+        #expect(await hub.position == ("first", 7))
+        let notice = MarketEvent.notice(
+            StatusMessage(status: StatusMessage.Kind.epoch, message: "positions start again under epoch \"x\"", fields: ["epoch": StatusMessage.quoted("second")]))
+        #expect(HubDelivery([notice]).epochStarted == "second")
+        #expect(HubDelivery([MarketEvent.notice(StatusMessage(status: StatusMessage.Kind.gap, message: "epoch", fields: ["epoch": "\"x\""]))]).epochStarted == nil)
+        #expect(HubDelivery([event("T", "AAPL", 1)]).epochStarted == nil)
+        #expect(HubDelivery(replay: [notice]).epochStarted == nil, "a replay's are not the stream's own")
+    }
+
     /// A new term's first event can reach a node before word that the last leader is gone: the outage
     /// starts with the term, so its notice comes first and the fill reaches back to the old term's last.
     @Test func aNewTermOpensTheOutageBeforeItsFirstEventSoTheFillCoversTheFailover() async throws {

@@ -78,3 +78,38 @@ struct SessionShelfTests {
         #expect(shelf.take("key19#24999") != nil && shelf.take("key0#0") == nil)
     }
 }
+
+@Suite("Where a tagged client stands")
+struct AcknowledgedPositionTests {
+    @Test func theClientStandsAtTheNewestWriteItAcknowledgedLessTheMargin() {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 100)
+        position.start(at: 10, epoch: "e1")
+        position.wrote(socketBytes: 1_000, sequence: 20, acknowledgedBytes: 0)
+        position.wrote(socketBytes: 2_000, sequence: 30, acknowledgedBytes: 1_050)
+        #expect(position.resumeAfter == 10, "1,050 acknowledged less the 100 B margin does not cover the first write")
+        position.wrote(socketBytes: 3_000, sequence: 40, acknowledgedBytes: 2_100)
+        #expect(position.resumeAfter == 30 && position.epoch == "e1")
+    }
+
+    @Test func aNewEpochsPositionsCountOnlyOnceTheClientAcknowledgedItsNotice() {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.start(at: 900, epoch: "e1")
+        position.wrote(socketBytes: 1_000, sequence: 950, acknowledgedBytes: 1_000)
+        #expect(position.resumeAfter == 950 && position.epoch == "e1")
+        // The write with the new term's notice and its first events (sequences start again, far below).
+        position.wrote(socketBytes: 2_000, sequence: 5, epoch: "e2", acknowledgedBytes: 1_500)
+        #expect(position.resumeAfter == 950 && position.epoch == "e1", "the notice is not acknowledged yet: still in the old epoch")
+        position.wrote(socketBytes: 3_000, sequence: 12, acknowledgedBytes: 3_000)
+        // Not the old epoch's 950 carried on (the relay's positions are lower now): the new one's own.
+        #expect(position.resumeAfter == 12 && position.epoch == "e2")
+    }
+
+    @Test func aNoticeWithNoEventOfTheNewEpochYetStandsAtItsStart() {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.start(at: 900, epoch: "e1")
+        position.wrote(socketBytes: 500, sequence: 0, epoch: "e2", acknowledgedBytes: 500)
+        #expect(position.resumeAfter == 0 && position.epoch == "e2")
+        position.wrote(socketBytes: 800, sequence: 3, acknowledgedBytes: 800)
+        #expect(position.resumeAfter == 3)
+    }
+}
