@@ -15,16 +15,7 @@ import Synchronization
 ///
 /// `Sendable`; state behind `Mutex`es. ``run()`` is the one consumer.
 final class ClusterFeed: Sendable {
-    static let lossPrefix = "loss:"
-    /// The leader's epoch: the positions in the events that follow are of it.
-    static let epochPrefix = "epoch:"
-    /// The leader forgot a node's interest (not heard from within its TTL): `forgotten:<node token>`.
-    static let forgottenPrefix = "forgotten:"
     static let maxQueuedEvents = 100_000
-    /// The most bytes of a control message read.
-    static let maxControlBytes = 64 * 1024
-    /// The most events one loss report of the leader's may claim (its queue holds far fewer).
-    static let maxReportedLoss = 1_000_000_000
 
     let subjects: ClusterSubjects
     /// This node's name (a `forgotten:` notice naming it is for its clients).
@@ -81,59 +72,11 @@ final class ClusterFeed: Sendable {
         }
         eventSink.withLock { $0 = sink }
         let control = NATSMessageSink { [weak self] _, payload in
-            // No control message of the leader's is longer (a refusal names at most 500 topics); what is
-            // past this is not read.
-            let reason = String(decoding: UnsafeRawBufferPointer(rebasing: payload.prefix(ClusterFeed.maxControlBytes)), as: UTF8.self)
-            if reason.hasPrefix(ClusterFeed.epochPrefix) {
-                let epoch = String(reason.dropFirst(ClusterFeed.epochPrefix.count))
-                // A token the leader made: 1 to 32 letters and digits, or it is refused.
-                guard (1...32).contains(epoch.utf8.count), epoch.utf8.allSatisfy({ Topic.isTickerByte($0) && $0 != UInt8(ascii: ".") }) else {
-                    self?.metrics.rejected("control", "an epoch that is no token", logger: self?.logger ?? Logger(label: "relay.cluster"))
-                    return
-                }
-                guard let self else { return }
-                // A new term after another: the outage starts now, before its first event (after a
-                // kill -9 no word comes from the old leader, and the lease is read every 250 ms).
-                let previous = self.epochSeen.withLock { seen in
-                    defer { seen = epoch }
-                    return seen
-                }
-                if let previous, previous != epoch {
-                    let old = self.leader().map { "the cluster leader \($0) is gone" } ?? "the cluster's leader changed"
-                    self.inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
-                }
-                self.inbox.push(.epoch(epoch))
-                return
+            guard let self else { return }
+            switch ClusterControl.read(payload) {
+            case .success(let message): self.take(message)
+            case .failure(let rejection): self.metrics.rejected("control", rejection.description, logger: self.logger)
             }
-            if reason.hasPrefix(RefusalWire.prefix) {
-                guard let refused = RefusalWire.read(reason) else {
-                    self?.metrics.rejected("control", "a malformed refusal", logger: self?.logger ?? Logger(label: "relay.cluster"))
-                    return
-                }
-                self?.inbox.push(.refused(topics: refused.topics, code: refused.code, reason: refused.reason))
-                return
-            }
-            if reason.hasPrefix(ClusterFeed.forgottenPrefix) {
-                // Another node's: not this node's clients' business.
-                let named = ClusterSubjects.decodeToken(reason.dropFirst(ClusterFeed.forgottenPrefix.count))
-                guard let self, named == self.node else { return }
-                let why = "the cluster leader did not hear from this relay node for a while (its NATS link stalled); events may be missing"
-                self.inbox.push(.connectionLost(reason: why))
-                return
-            }
-            if reason.hasPrefix(ClusterFeed.lossPrefix), let count = Int(reason.dropFirst(ClusterFeed.lossPrefix.count)) {
-                guard (1...ClusterFeed.maxReportedLoss).contains(count) else {
-                    let logger = self?.logger ?? Logger(label: "relay.cluster")
-                    self?.metrics.rejected("control", "a loss report of \(count) events", logger: logger)
-                    return
-                }
-                self?.inbox.push(.lost(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
-                return
-            }
-            // Anything else is the leader's notice of an outage, in its words; its clients see them, so
-            // they are bounded and printable (whoever may publish here writes them).
-            let shown = ClusterText.visible(reason)
-            self?.inbox.push(.connectionLost(reason: shown.isEmpty ? "the cluster leader lost its upstream connection" : shown))
         }
         _ = connection.subscribe(subjects.upstreamControl, sink: control)
         connection.onSlowConsumer { [weak self] subscription in
@@ -141,6 +84,35 @@ final class ClusterFeed: Sendable {
             let topic = subscription.flatMap { self.subjects.topic(fromSubject: $0.subject) }
             self.metrics.natsDropped(reason: "slow_consumer").increment()
             self.inbox.push(.lost(count: 1, topics: topic.map { [$0] }, reason: "NATS dropped messages for this node: slow consumer"))
+        }
+    }
+
+    /// The leader's control message, in order with the events.
+    private func take(_ message: ClusterControl) {
+        switch message {
+        case .epoch(let epoch):
+            // A new term after another: the outage starts now, before its first event (after a kill -9
+            // no word comes from the old leader, and the lease is read every 250 ms).
+            let previous = epochSeen.withLock { seen in
+                defer { seen = epoch }
+                return seen
+            }
+            if let previous, previous != epoch {
+                let old = leader().map { "the cluster leader \($0) is gone" } ?? "the cluster's leader changed"
+                inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
+            }
+            inbox.push(.epoch(epoch))
+        case .upstreamDown(let reason):
+            // In the leader's words; whoever may publish here writes them, so they came bounded and printable.
+            inbox.push(.connectionLost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
+        case .loss(let count):
+            inbox.push(.lost(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
+        case .refused(let topics, let code, let reason):
+            inbox.push(.refused(topics: topics, code: code, reason: reason))
+        case .forgotten(let node):
+            // Another node's: not this node's clients' business.
+            guard node == self.node else { return }
+            inbox.push(.connectionLost(reason: "the cluster leader did not hear from this relay node for a while (its NATS link stalled); events may be missing"))
         }
     }
 

@@ -320,7 +320,7 @@ public final class ClusterNode: Service, Sendable {
                 updateUpstreamTopics()
                 // A node silent that long may be cut off only for a while (a stalled link): it learns, in
                 // order with the events, that its clients' topics may have left the upstream meanwhile.
-                for node in expired.nodes { publish(control: ClusterFeed.forgottenPrefix + ClusterSubjects.token(node)) }
+                for node in expired.nodes { publish(control: .forgotten(node: node)) }
             }
             if leading { writeLastValues() }
             if now - lastHeartbeat >= configuration.interestHeartbeat {
@@ -499,10 +499,12 @@ public final class ClusterNode: Service, Sendable {
     }
 
     /// A notice on the control subject; a refused publish is counted and logged.
-    private func publish(control text: String) {
-        guard let connection = state.withLock({ $0.connection }), connection.publish(subjects.upstreamControl, text) else {
-            metrics.publishFailed("control", logger: logger)
-            return
+    private func publish(control: ClusterControl) {
+        for text in control.messages {
+            guard let connection = state.withLock({ $0.connection }), connection.publish(subjects.upstreamControl, text) else {
+                metrics.publishFailed("control", logger: logger)
+                return
+            }
         }
     }
 
@@ -592,13 +594,13 @@ public final class ClusterNode: Service, Sendable {
         switch end {
         case .lost(let reason):
             logger.warning("this node no longer leads: \(reason); upstream closed", metadata: ["node": "\(configuration.nodeID)"])
-            publish(control: "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)")
+            publish(control: .upstreamDown(reason: "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)"))
         case .shutdown(let validUntil), .handOff(let validUntil):
             if case .handOff = end {
                 logger.info("handing the \(market) upstream to a node that leads no market", metadata: ["node": "\(configuration.nodeID)"])
-                publish(control: "the cluster leader \(configuration.nodeID) hands the \(market) upstream to an idle node")
+                publish(control: .upstreamDown(reason: "the cluster leader \(configuration.nodeID) hands the \(market) upstream to an idle node"))
             } else {
-                publish(control: "the cluster leader \(configuration.nodeID) is shutting down; another node takes over")
+                publish(control: .upstreamDown(reason: "the cluster leader \(configuration.nodeID) is shutting down; another node takes over"))
             }
             // Delete only a lease that is surely still ours, and only once no earlier holder can still
             // be connected (a follower that saw it held takes a released lease at once); before that
@@ -744,7 +746,7 @@ public final class ClusterNode: Service, Sendable {
         await upstream.inbox.drain { items in
             if let epoch = sequencer.epoch, ContinuousClock.now - announced >= .seconds(1) {
                 announced = .now
-                publish(control: "\(ClusterFeed.epochPrefix)\(epoch)")
+                publish(control: .epoch(epoch))
             }
             for item in items {
             switch item {
@@ -772,14 +774,14 @@ public final class ClusterNode: Service, Sendable {
                 }
                 metrics.natsOut.increment(by: events.count)
             case .element(.connectionLost(let reason)):
-                publish(control: "upstream connection lost (\(reason))")
+                publish(control: .upstreamDown(reason: "upstream connection lost (\(reason))"))
             case .lost(_, let count), .element(.lost(let count, _, _)):
-                publish(control: "\(ClusterFeed.lossPrefix)\(count)")
+                publish(control: .loss(count: count))
             case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded):
                 break
             case .element(.refused(let topics, let code, let reason)):
                 // Every node's clients of these topics are told (this node's too: it reads the control subject).
-                for control in RefusalWire.controls(topics, code: code, reason: reason) { publish(control: control) }
+                publish(control: .refused(topics: topics, code: code, reason: reason))
             }
             }
         }

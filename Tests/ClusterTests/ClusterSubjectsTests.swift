@@ -136,25 +136,61 @@ import Testing
     }
 }
 
-@Suite("Cluster refusal controls")
-struct ClusterRefusalTests {
+@Suite("Cluster control messages")
+struct ClusterControlTests {
+    func read(_ text: String) -> ClusterControl? { try? ClusterControl.read(text).get() }
+
     @Test func aRefusalGoesOverNATSAsTextAndOnlyAWellFormedOneIsRead() throws {
         let topics = Set(["t.MSFT", "q.BTC/USD"].compactMap { Topic(parsing: $0) })
-        let controls = RefusalWire.controls(topics, code: 405, reason: "symbol limit exceeded")
-        #expect(controls == ["refused:405 q.BTC/USD,t.MSFT symbol limit exceeded"])
-        let read = try #require(RefusalWire.read(controls[0]))
-        #expect(read.topics == topics && read.code == 405 && read.reason == "symbol limit exceeded")
+        let control = ClusterControl.refused(topics: topics, code: 405, reason: "symbol limit exceeded")
+        #expect(control.messages == ["refused:405 q.BTC/USD,t.MSFT symbol limit exceeded"])
+        #expect(read(control.messages[0]) == control)
         // Many topics go as several messages, each within the bound.
         let many = Set((0..<1_200).compactMap { Topic(eventType: "t", ticker: "S\($0)") })
-        let split = RefusalWire.controls(many, code: 405, reason: "limit")
-        #expect(split.count == 3 && split.compactMap(RefusalWire.read(_:)).reduce(Set<Topic>()) { $0.union($1.topics) } == many)
-        // Hostile or broken ones are refused.
+        let split = ClusterControl.refused(topics: many, code: 405, reason: "limit").messages
+        var back = Set<Topic>()
+        for message in split {
+            guard case .refused(let topics, 405, "limit") = read(message) else { Issue.record("\(message.prefix(60))"); continue }
+            back.formUnion(topics)
+        }
+        #expect(split.count == 3 && back == many)
+        // Hostile or broken ones are refused, not read as anything else.
         for bad in [
             "refused:200 t.MSFT ok", "refused:405  reason", "refused:405 t.MSFT", "refused:x t.MSFT r", "refused:405 not-a-topic r",
             "refused:405 t.MSFT " + String(repeating: "r", count: 201),
             "refused:405 " + (0..<501).map { "t.S\($0)" }.joined(separator: ",") + " r",
         ] {
-            #expect(RefusalWire.read(bad) == nil, "\(bad.prefix(60))")
+            #expect(read(bad) == nil, "\(bad.prefix(60))")
         }
+    }
+
+    @Test func everyKindReadsBackAsWritten() {
+        for control in [
+            ClusterControl.epoch("k2x9q0a1b2c3"), .upstreamDown(reason: "the cluster leader n1 is shutting down; another node takes over"),
+            .loss(count: 17), .forgotten(node: "node one.a"),
+        ] {
+            #expect(control.messages.count == 1 && read(control.messages[0]) == control, "\(control.messages)")
+        }
+    }
+
+    @Test func eachKindsFieldsAreCheckedWhole() {
+        for bad in [
+            "epoch:", "epoch:has.dot", "epoch:" + String(repeating: "a", count: 33), "epoch:sp ace", "loss:0", "loss:-3", "loss:many",
+            "loss:1000000001", "forgotten:", "forgotten:bad=zz",
+        ] {
+            #expect(read(bad) == nil, "\(bad)")
+        }
+    }
+
+    /// The release before this codec wrote an outage notice as bare text: it still reads as one (a
+    /// cluster is upgraded a node at a time), printable and bounded like every reason clients see.
+    @Test func bareTextIsAnOutageNoticeShownPrintable() {
+        #expect(read("upstream connection lost (socket closed)") == .upstreamDown(reason: "upstream connection lost (socket closed)"))
+        #expect(read("the cluster leader n2 closed its upstream: the lease could not be renewed") != nil)
+        guard case .upstreamDown(let reason) = read("down:" + String(repeating: "x\u{7}", count: 5_000)) else {
+            Issue.record("a long down reads, cut")
+            return
+        }
+        #expect(reason.utf8.count <= 200 && !reason.contains("\u{7}"))
     }
 }

@@ -27,8 +27,8 @@ struct ClusterTextTests {
     }
 
     @Test func aRefusalsReasonReadsBackPrintable() throws {
-        let read = try #require(RefusalWire.read("refused:405 T.AAPL symbol limit\u{7}\u{1B}[0m exceeded"))
-        #expect(read.reason == "symbol limit [0m exceeded")
-        #expect(RefusalWire.read("refused:405 T.AAPL " + String(repeating: "x", count: 201)) == nil)
+        let read = try ClusterControl.read("refused:405 T.AAPL symbol limit\u{7}\u{1B}[0m exceeded").get()
+        #expect(read == .refused(topics: [Topic(parsing: "T.AAPL")!], code: 405, reason: "symbol limit [0m exceeded"))
+        #expect((try? ClusterControl.read("refused:405 T.AAPL " + String(repeating: "x", count: 201)).get()) == nil)
     }
 }
