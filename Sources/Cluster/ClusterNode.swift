@@ -47,7 +47,7 @@ public final class ClusterNode: Service, Sendable {
         var leaderTerm: String?
         var ownTerm: String?
         var lastKnownLeader: String?
-        var upstream: PolygonWebSocket?
+        var upstream: UpstreamClient?
         /// This term's upstream set as last applied, and the topics it dropped since (a node's interest
         /// lapsed): one taken back skips a sequence (``TermSequencer/interrupt(_:)``).
         var upstreamApplied: Set<Topic> = []
@@ -62,7 +62,7 @@ public final class ClusterNode: Service, Sendable {
     public let subjects: ClusterSubjects
     private let hub: MarketDataHub
     private let localInterest: LocalInterest
-    private let makeUpstream: @Sendable () async throws -> PolygonWebSocket
+    private let makeUpstream: @Sendable () async throws -> UpstreamClient
     /// Whether the leader gives events their positions before publishing them (the nodes keep history).
     private let stampsPositions: Bool
     private let metrics: ClusterMetrics
@@ -88,7 +88,7 @@ public final class ClusterNode: Service, Sendable {
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
         stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil, vendor: UpstreamVendor = .polygon,
-        makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+        makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
     ) throws(ClusterError) {
         self.stampsPositions = stampsPositions
         self.configuration = configuration
@@ -130,7 +130,7 @@ public final class ClusterNode: Service, Sendable {
     }
 
     /// This node's upstream client while it leads.
-    public var upstream: PolygonWebSocket? { state.withLock { $0.upstream } }
+    public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
 
     /// A topic's last event from the cluster's last-value store (for `/v1/last` on a node whose clients
     /// do not want the topic).
@@ -292,7 +292,7 @@ public final class ClusterNode: Service, Sendable {
     private func updateUpstreamTopics() {
         upstreamUpdate.poke { [weak self] in
             guard let self else { return }
-            let (union, upstream, back) = state.withLock { state -> (Set<Topic>, PolygonWebSocket?, Set<Topic>) in
+            let (union, upstream, back) = state.withLock { state -> (Set<Topic>, UpstreamClient?, Set<Topic>) in
                 let union = state.interest.union
                 guard state.upstream != nil else { return (union, nil, []) }
                 state.upstreamDropped.formUnion(state.upstreamApplied.subtracting(union))
@@ -533,7 +533,7 @@ public final class ClusterNode: Service, Sendable {
         feed: ClusterFeed
     ) async {
         guard let connection = state.withLock({ $0.connection }) else { return }
-        let upstream: PolygonWebSocket
+        let upstream: UpstreamClient
         do {
             upstream = try await makeUpstream()
         } catch {
@@ -623,7 +623,7 @@ public final class ClusterNode: Service, Sendable {
     /// never runs again; before `upstreamFrom` the deadline stays passed, so the client does not connect.
     private func renew(
         bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, upstreamFrom: ContinuousClock.Instant, term: String,
-        upstream: PolygonWebSocket
+        upstream: UpstreamClient
     ) async -> TermEnd {
         var revision = revision
         var lastRenewed = takenAt
@@ -737,7 +737,7 @@ public final class ClusterNode: Service, Sendable {
 
     /// The leader's publisher: every upstream event's exact bytes on its topic's subject, and each
     /// lost connection as a notice on the control subject, in upstream order.
-    private func publish(from upstream: PolygonWebSocket, to connection: NATSConnection) async {
+    private func publish(from upstream: UpstreamClient, to connection: NATSConnection) async {
         var subjectsByTopic: [Topic: String] = [:]
         // A new epoch per leadership term (``TermSequencer``): positions go on only within it. Announced
         // before the first event (NATS keeps one publisher's order) and again every second, for nodes

@@ -36,7 +36,7 @@ public final class Relay: Service, Sendable {
         /// The first market's hub.
         public let hub: MarketDataHub
         /// A single relay's upstream client of the first market; `nil` on a cluster node (see ``cluster``).
-        public let upstream: PolygonWebSocket?
+        public let upstream: UpstreamClient?
         /// This relay's cluster node, when clustered.
         public let cluster: ClusterNode?
         public let server: RelayServer
@@ -52,7 +52,7 @@ public final class Relay: Service, Sendable {
         /// Every served market's hub (``hub`` is the first market's).
         public let markets: [Market: MarketDataHub]
         /// A single relay's upstream client per market.
-        public let upstreams: [Market: PolygonWebSocket]
+        public let upstreams: [Market: UpstreamClient]
         /// Each market's gap filler (single relays with a REST API).
         public let gapFillers: [Market: GapFiller]
     }
@@ -220,7 +220,7 @@ public final class Relay: Service, Sendable {
             ) { change in
                 interest.apply(change)
             }
-            let makeUpstream: @Sendable () async throws -> PolygonWebSocket = {
+            let makeUpstream: @Sendable () async throws -> UpstreamClient = {
                 var configuration = settings.upstreamTuning
                 configuration.endpoint = try await source.endpoint()
                 configuration.apiKey = source.apiKey
@@ -231,7 +231,7 @@ public final class Relay: Service, Sendable {
                 configuration.metricsFactory = marketMetrics
                 // A cluster leader must be gone well inside its lease once it decides to go.
                 if clustered { configuration.closeTimeout = .seconds(1) }
-                return PolygonWebSocket(configuration: configuration, logger: marketLogger.with(label: "relay.upstream.\(source.market)"))
+                return UpstreamClient(configuration: configuration, logger: marketLogger.with(label: "relay.upstream.\(source.market)"))
             }
             // The fill maps Polygon's REST results: Alpaca's markets get the outage notices only.
             if let gapFill = settings.gapFill, let restURL, let gapFillPace, source.vendor == .polygon {
@@ -362,7 +362,7 @@ public final class Relay: Service, Sendable {
                 tasks.addTask { try await group.run() }
                 let port = try await server.listeningPort()
                 let demoPort = try await demoFeed?.listeningPort()
-                var upstreams: [Market: PolygonWebSocket] = [:]
+                var upstreams: [Market: UpstreamClient] = [:]
                 for market in markets {
                     if let link = market.link { upstreams[market.source.market] = try await link.upstream() }
                 }
@@ -400,14 +400,14 @@ public final class Relay: Service, Sendable {
 final class UpstreamLink: Service, FeedStatus {
     private let hub: MarketDataHub
     private let interest: LocalInterest
-    private let makeUpstream: @Sendable () async throws -> PolygonWebSocket
-    private let made = ReadySignal<PolygonWebSocket>()
+    private let makeUpstream: @Sendable () async throws -> UpstreamClient
+    private let made = ReadySignal<UpstreamClient>()
     /// What the health report says instead of the upstream's URL (`nil`: the URL).
     private let shownURL: String?
 
     init(
         hub: MarketDataHub, interest: LocalInterest, shownURL: String? = nil,
-        makeUpstream: @escaping @Sendable () async throws -> PolygonWebSocket
+        makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
     ) {
         self.hub = hub
         self.interest = interest
@@ -416,10 +416,10 @@ final class UpstreamLink: Service, FeedStatus {
     }
 
     /// The upstream client, once made.
-    func upstream() async throws -> PolygonWebSocket { try await made.wait() }
+    func upstream() async throws -> UpstreamClient { try await made.wait() }
 
     func run() async throws {
-        let upstream: PolygonWebSocket
+        let upstream: UpstreamClient
         do {
             upstream = try await makeUpstream()
         } catch {
@@ -477,7 +477,7 @@ struct ClusterFeedStatus: FeedStatus {
 }
 
 extension UpstreamReport {
-    init(_ upstream: PolygonWebSocket) {
+    init(_ upstream: UpstreamClient) {
         let state = upstream.state
         let statistics = upstream.statistics
         self.init(

@@ -8,7 +8,7 @@ import Synchronization
 
 let lwsLogger = Logger(label: "relay.lws")
 
-/// The libwebsockets side of ``PolygonWebSocket``: one `lws_context`, its service thread, and the
+/// The libwebsockets side of ``UpstreamClient``: one `lws_context`, its service thread, and the
 /// Polygon handshake state machine.
 ///
 /// Concurrency contract (the C boundary): every lws call except `lws_cancel_service` happens on the
@@ -29,7 +29,7 @@ final class LWSConnection: Sendable {
         var outbox: [[UInt8]] = []
         /// The connection's logic (connect, auth, statuses, close causes, backoff); this type only
         /// moves its bytes and runs its timers.
-        var machine: PolygonConnectionStateMachine
+        var machine: UpstreamConnectionMachine
         var state: UpstreamState = .idle
         var stateWatchers: [UInt64: AsyncStream<UpstreamState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
@@ -41,7 +41,7 @@ final class LWSConnection: Sendable {
         var lastLoggedDown: UpstreamState?
         var attemptsWhileDown = 0
         var throttle = LogThrottle()
-        /// The deadline moved (``PolygonConnectionStateMachine/deadline``): the service thread re-arms
+        /// The deadline moved (``UpstreamConnectionMachine/deadline``): the service thread re-arms
         /// ``deadlineTimer``, which enforces it with no Swift task involved.
         var deadlineChanged = false
         var deadlineTimer: LWSTimer?
@@ -73,7 +73,7 @@ final class LWSConnection: Sendable {
         self.logger = logger
         self.shared = Mutex(
             Shared(
-                machine: PolygonConnectionStateMachine(
+                machine: UpstreamConnectionMachine(
                     apiKey: configuration.apiKey, secret: configuration.secret, vendor: configuration.vendor, timing: .init(configuration))))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.inbox = inbox
@@ -480,7 +480,7 @@ final class LWSConnection: Sendable {
     }
 
     private func connectionEnded(cause: ConnectionEnd.Cause, reason: String) {
-        let ended: PolygonConnectionStateMachine.Ended? = shared.withLock { state in
+        let ended: UpstreamConnectionMachine.Ended? = shared.withLock { state in
             guard let ended = state.machine.ended(cause, reason: reason, now: .now) else { return nil }
             state.wsi = nil
             state.closeRequested = false

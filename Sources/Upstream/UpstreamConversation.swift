@@ -31,7 +31,7 @@ struct UpstreamReading: Sendable {
 }
 
 /// The vendor's side of one upstream connection, without I/O: reading frames (off the lock), and the
-/// conversation (auth, subscriptions) that ``PolygonConnectionStateMachine`` drives. Value type,
+/// conversation (auth, subscriptions) that ``UpstreamConnectionMachine`` drives. Value type,
 /// `Sendable`.
 enum UpstreamConversation: Sendable {
     case polygon(ClientSession)

@@ -12,7 +12,7 @@ public struct UpstreamStatistics: Sendable, Equatable {
     public var reconnectsByCause: [String: Int] = [:]
     /// The last `error` or `auth_timeout` status the upstream sent.
     public var lastError: String?
-    /// Connections closed by the service thread because the deadline (``PolygonWebSocket/setDeadline(_:)``)
+    /// Connections closed by the service thread because the deadline (``UpstreamClient/setDeadline(_:)``)
     /// passed, and when the last such close happened.
     public var deadlineCloses = 0
     public var lastDeadlineClose: ContinuousClock.Instant?

@@ -16,11 +16,11 @@ struct AlpacaUpstreamTests {
         return DemoFeed(configuration: configuration, logger: testLogger)
     }
 
-    func client(_ url: String, key: String = "alpaca-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> PolygonWebSocket {
+    func client(_ url: String, key: String = "alpaca-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> UpstreamClient {
         var configuration = UpstreamConfiguration(endpoint: try #require(UpstreamConfiguration.Endpoint(url)), apiKey: key, reconnect: reconnect)
         configuration.vendor = .alpaca
         configuration.secret = "alpaca-secret"
-        return PolygonWebSocket(configuration: configuration, logger: testLogger)
+        return UpstreamClient(configuration: configuration, logger: testLogger)
     }
 
     @Test func authenticatesWithKeyAndSecretSubscribesByChannelAndTakesMessagePackEvents() async throws {

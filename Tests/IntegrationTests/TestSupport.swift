@@ -317,7 +317,7 @@ func jsonObject(_ text: String) -> [String: Any] {
 
 extension Relay.Components {
     /// The upstream client of the single relay these tests run.
-    var upstreamClient: PolygonWebSocket {
+    var upstreamClient: UpstreamClient {
         get throws { try #require(upstream, "a single relay has an upstream client") }
     }
 }

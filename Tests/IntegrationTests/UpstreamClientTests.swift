@@ -17,9 +17,9 @@ struct UpstreamClientTests {
             logger: testLogger)
     }
 
-    func client(_ url: String, key: String = "up-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> PolygonWebSocket {
+    func client(_ url: String, key: String = "up-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> UpstreamClient {
         let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
-        return PolygonWebSocket(
+        return UpstreamClient(
             configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: key, reconnect: reconnect), logger: testLogger)
     }
 
@@ -47,7 +47,7 @@ struct UpstreamClientTests {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
             var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key")
             configuration.maxQueuedEvents = 200
-            let upstream = PolygonWebSocket(configuration: configuration, logger: testLogger)
+            let upstream = UpstreamClient(configuration: configuration, logger: testLogger)
             upstream.setWantedTopics(topics("Q.*", "T.*"))
             try await withServices([upstream]) {
                 // Nobody reads while the feed sends 4,000 events/s: the queue fills and then drops.
@@ -175,7 +175,7 @@ struct UpstreamTLSTests {
             let url = try await feed.url()
             #expect(url.hasPrefix("wss://"))
             let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
-            let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key"), logger: testLogger)
+            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key"), logger: testLogger)
             try await withServices([upstream]) {
                 let state = try await waitFor(upstream.stateUpdates(), "the TLS failure") { $0.name == "disconnected" }
                 #expect(state.detail?.contains("connection failed") == true)
@@ -188,7 +188,7 @@ struct UpstreamTLSTests {
         let feed = try tlsFeed()
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
-            let upstream = PolygonWebSocket(
+            let upstream = UpstreamClient(
                 configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key", caFile: try fixture("test-server.pem")),
                 logger: testLogger)
             upstream.setWantedTopics(topics("Q.*"))
@@ -209,7 +209,7 @@ struct UpstreamKeepaliveTests {
             logger: testLogger)
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
-            let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
+            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
                 // A measurement window spanning two ping periods and a half.
@@ -267,7 +267,7 @@ struct UpstreamDeadlineTests {
         let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
-            let upstream = PolygonWebSocket(
+            let upstream = UpstreamClient(
                 configuration: UpstreamConfiguration(
                     endpoint: endpoint, apiKey: "k",
                     reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(100))),
@@ -301,7 +301,7 @@ struct UpstreamDeadlineTests {
         let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
-            let upstream = PolygonWebSocket(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
+            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
             upstream.setDeadline(.now + .seconds(60))
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
@@ -349,7 +349,7 @@ struct UpstreamDeadlineTests {
                 let endpoint = try #require(UpstreamConfiguration.Endpoint(feedURL))
                 var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "k")
                 configuration.closeTimeout = .seconds(1)
-                return PolygonWebSocket(configuration: configuration, logger: testLogger)
+                return UpstreamClient(configuration: configuration, logger: testLogger)
             }
             try await withServices([node]) {
                 try await eventually("the node to lead and authenticate upstream", timeout: .seconds(15)) {

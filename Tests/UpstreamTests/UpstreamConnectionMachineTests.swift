@@ -5,16 +5,16 @@ import Testing
 
 /// The upstream connection's logic, driven by hand: no libwebsockets, no sockets, no sleeps; the clock
 /// is the instants each input is given.
-@Suite("Polygon connection state machine")
-struct PolygonConnectionStateMachineTests {
+@Suite("Upstream connection state machine")
+struct UpstreamConnectionMachineTests {
     let start = ContinuousClock.now
-    let timing = PolygonConnectionStateMachine.Timing(handshakeTimeout: .seconds(15), deadAfter: .seconds(30))
+    let timing = UpstreamConnectionMachine.Timing(handshakeTimeout: .seconds(15), deadAfter: .seconds(30))
 
     func at(_ seconds: Double) -> ContinuousClock.Instant { start + .milliseconds(Int64(seconds * 1000)) }
 
     /// A machine whose connection is open (connected and, unless told otherwise, authenticated) at 0 s.
-    func open(authenticated: Bool = true, wanted: Set<Topic> = []) -> PolygonConnectionStateMachine {
-        var machine = PolygonConnectionStateMachine(apiKey: "key", timing: timing, seed: 1)
+    func open(authenticated: Bool = true, wanted: Set<Topic> = []) -> UpstreamConnectionMachine {
+        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 1)
         _ = machine.setWanted(wanted)
         machine.requestConnect()
         let v1 = machine.nextConnect(now: at(0))
@@ -26,7 +26,7 @@ struct PolygonConnectionStateMachineTests {
         return machine
     }
 
-    func lost(_ ended: PolygonConnectionStateMachine.Ended?) -> (end: ConnectionEnd, state: UpstreamState?, retryAfter: Duration)? {
+    func lost(_ ended: UpstreamConnectionMachine.Ended?) -> (end: ConnectionEnd, state: UpstreamState?, retryAfter: Duration)? {
         guard case .lost(let end, let state, let retryAfter) = ended else { return nil }
         return (end, state, retryAfter)
     }
@@ -34,7 +34,7 @@ struct PolygonConnectionStateMachineTests {
     // MARK: statuses
 
     @Test func connectedSendsAuthAndAuthSuccessSubscribesTheWantedSet() throws {
-        var machine = PolygonConnectionStateMachine(apiKey: "key", timing: timing, seed: 1)
+        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 1)
         let v3 = machine.setWanted(Set([Topic(parsing: "Q.AAPL")!]))
         #expect(v3.isEmpty, "nothing is sent before auth_success")
         machine.requestConnect()
@@ -52,6 +52,39 @@ struct PolygonConnectionStateMachineTests {
         #expect(machine.session.subscribed.map(\.description) == ["Q.AAPL"])
         let v7 = machine.setWanted([])
         #expect(v7 == [Array(#"{"action":"unsubscribe","params":"Q.AAPL"}"#.utf8)], "while authenticated, changes go out at once")
+    }
+
+    /// The connection's phase and what is wanted next are two enums: every combination the glue sees is
+    /// one the machine can name.
+    @Test func thePhaseAndTheIntentFollowTheConnection() {
+        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 1)
+        #expect(machine.phase == .idle && machine.intent == .wait)
+        machine.requestConnect()
+        #expect(machine.intent == .connect)
+        let first = machine.nextConnect(now: at(0))
+        #expect(first && machine.phase == .connecting && machine.intent == .wait)
+        _ = machine.established(now: at(1))
+        #expect(machine.phase == .open(since: at(1), authenticated: nil))
+        _ = machine.received(.authSuccess, now: at(2))
+        #expect(machine.phase == .open(since: at(1), authenticated: at(2)))
+        // Asked again while one is open: taken up once it ended (after the glue's delay it asks anyway).
+        machine.requestConnect()
+        let whileOpen = machine.nextConnect(now: at(3))
+        #expect(!whileOpen, "one connection at a time")
+        let end = machine.ended(.closed, reason: "bye", now: at(40))
+        #expect(lost(end)?.end.authenticatedFor == .seconds(38))
+        let twice = machine.ended(.closed, reason: "again", now: at(41))
+        #expect(machine.phase == .idle && twice == nil, "an end reported twice counts once")
+        let second = machine.nextConnect(now: at(42))
+        #expect(second && machine.phase == .connecting)
+        // Stopping while an attempt is under way: it ends as stopped, and nothing connects again.
+        machine.stop()
+        #expect(machine.intent == .stop && machine.connectInFlight)
+        let stopped = machine.ended(.failed, reason: "refused", now: at(43))
+        #expect(stopped == .stopped)
+        machine.requestConnect()
+        let afterStop = machine.nextConnect(now: at(44))
+        #expect(!afterStop && machine.phase == .idle && machine.intent == .stop)
     }
 
     @Test func authFailedClosesAndRetriesOnlyAfterTheLongDelay() {
@@ -105,7 +138,7 @@ struct PolygonConnectionStateMachineTests {
     }
 
     @Test func aFailedConnectIsReportedOnceAndBacksOffExponentially() {
-        var machine = PolygonConnectionStateMachine(apiKey: "key", timing: timing, seed: 7)
+        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 7)
         var ceilings: [Duration] = []
         for attempt in 0..<4 {
             machine.requestConnect()
@@ -155,7 +188,7 @@ struct PolygonConnectionStateMachineTests {
         let v12 = machine.deadlineReached(now: at(3))
         #expect(v12 == .close)
         let ended = lost(machine.ended(.closed, reason: "connection closed", now: at(3)))
-        #expect(ended?.end.reason == PolygonConnectionStateMachine.deadlineReason)
+        #expect(ended?.end.reason == UpstreamConnectionMachine.deadlineReason)
         machine.requestConnect()
         let v13 = machine.nextConnect(now: at(4))
         #expect(!v13, "past the deadline no connection opens")
@@ -165,7 +198,7 @@ struct PolygonConnectionStateMachineTests {
         // A handshake that outlasted the deadline is refused before a byte is sent.
         machine.setDeadline(at(4.5))
         let v15 = machine.established(now: at(5))
-        #expect(v15 == .refuse(reason: PolygonConnectionStateMachine.deadlineReason))
+        #expect(v15 == .refuse(reason: UpstreamConnectionMachine.deadlineReason))
         machine.setDeadline(nil)
         let v16 = machine.deadlineReached(now: at(6))
         #expect(v16 == .nothing)

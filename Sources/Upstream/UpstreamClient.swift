@@ -6,7 +6,8 @@ import PolygonWire
 import ServiceLifecycle
 import Synchronization
 
-/// The relay's one upstream connection: a Polygon-style WebSocket client on libwebsockets.
+/// The relay's one upstream connection per market: a WebSocket client on libwebsockets for either
+/// vendor (what it says on the connection is the vendor's conversation, ``UpstreamConversation``).
 ///
 /// It connects, waits for `connected`, authenticates with the upstream key, then keeps the upstream's
 /// subscriptions equal to ``setWantedTopics(_:)``'s latest set, across reconnects. Events arrive on
@@ -16,7 +17,7 @@ import Synchronization
 /// a thread of its own (see ``LWSConnection``); ``run()`` owns that thread's lifetime and the reconnect
 /// loop, and returns after a clean close once shut down (graceful shutdown, cancellation or
 /// ``shutdown()``).
-public final class PolygonWebSocket: Service, Sendable {
+public final class UpstreamClient: Service, Sendable {
     /// Every upstream message's events, and the connection's losses and authentications, in wire
     /// order; finishes when the client stops. One consumer: the hub's pump (``HubPump``), or a cluster
     /// leader's NATS publisher.
@@ -102,7 +103,7 @@ public final class PolygonWebSocket: Service, Sendable {
             defer { value = true }
             return value
         }
-        precondition(!alreadyStarted, "PolygonWebSocket.run() may be called once")
+        precondition(!alreadyStarted, "UpstreamClient.run() may be called once")
 
         let connection = self.connection
         let readiness = AsyncStream.makeStream(of: Result<Void, UpstreamError>.self)

@@ -1,14 +1,14 @@
 import PolygonWire
 
-/// The Polygon client connection's logic, without I/O: when to connect, what an established connection
-/// must do first, what each status Polygon sends means (through ``ClientSession``), why a connection
+/// The upstream connection's logic, without I/O: when to connect, what an established connection
+/// must do first, what each status the vendor sends means (through ``UpstreamConversation``), why a connection
 /// ended (closed, failed, dead, handshake timeout, `auth_failed`, `max_connections`, the lease deadline),
 /// and how long to wait before the next attempt.
 ///
 /// Value type, `Sendable`; owned by ``LWSConnection`` under its lock, fed the instants it observes (an
 /// injected clock, so tests drive it without libwebsockets or sleeps). Each input returns what the lws
 /// glue must do; the glue only moves bytes and runs timers.
-struct PolygonConnectionStateMachine: Sendable {
+struct UpstreamConnectionMachine: Sendable {
     /// The timings the logic applies.
     struct Timing: Sendable {
         var handshakeTimeout: Duration
@@ -73,12 +73,29 @@ struct PolygonConnectionStateMachine: Sendable {
     let timing: Timing
     /// The vendor's conversation: auth, the wanted and subscribed topics.
     private(set) var session: UpstreamConversation
-    /// A connection attempt is under way (from ``nextConnect(now:)`` until ``ended(_:reason:now:)``).
-    private(set) var connectInFlight = false
-    private(set) var connectRequested = false
-    private(set) var stopping = false
-    private(set) var establishedAt: ContinuousClock.Instant?
-    private(set) var authenticatedSince: ContinuousClock.Instant?
+
+    /// Where the one connection is.
+    enum Phase: Equatable {
+        /// No connection, none under way.
+        case idle
+        /// An attempt under way (from ``nextConnect(now:)``), not open yet.
+        case connecting
+        /// The WebSocket is open since `since`; `authenticated` since then, once `auth_success` came.
+        case open(since: ContinuousClock.Instant, authenticated: ContinuousClock.Instant?)
+    }
+
+    /// What comes after the connection in hand.
+    enum Intent: Equatable {
+        /// Nothing yet (the reconnect delay runs, or nothing was asked).
+        case wait
+        /// A connection is wanted: ``nextConnect(now:)`` starts it once none is under way.
+        case connect
+        /// Shutting down: close what is open, connect no more.
+        case stop
+    }
+
+    private(set) var phase = Phase.idle
+    private(set) var intent = Intent.wait
     /// When the last frame or pong arrived.
     private(set) var lastMessageAt: ContinuousClock.Instant?
     /// Past this instant no connection may exist (a cluster leader's lease); `nil`: none.
@@ -99,22 +116,28 @@ struct PolygonConnectionStateMachine: Sendable {
         jitter = SplitMix(state: seed)
     }
 
-    var isEstablished: Bool { establishedAt != nil }
+    var isEstablished: Bool {
+        if case .open = phase { return true }
+        return false
+    }
+    /// An attempt is under way or open (it has yet to end).
+    var connectInFlight: Bool { phase != .idle }
+    var stopping: Bool { intent == .stop }
 
     // MARK: connecting
 
     /// A connection is wanted (at start, and after each reconnect delay).
     mutating func requestConnect() {
-        guard !stopping else { return }
-        connectRequested = true
+        guard intent != .stop else { return }
+        intent = .connect
     }
 
     /// Whether to start a connection now; past the deadline the request waits for a later deadline.
     mutating func nextConnect(now: ContinuousClock.Instant) -> Bool {
-        guard !stopping, connectRequested, !connectInFlight else { return false }
+        guard intent == .connect, phase == .idle else { return false }
         if let deadline, now >= deadline { return false }
-        connectRequested = false
-        connectInFlight = true
+        intent = .wait
+        phase = .connecting
         endCause = nil
         peerClose = nil
         return true
@@ -122,7 +145,7 @@ struct PolygonConnectionStateMachine: Sendable {
 
     /// The WebSocket handshake completed.
     mutating func established(now: ContinuousClock.Instant) -> Opened {
-        establishedAt = now
+        phase = .open(since: now, authenticated: nil)
         lastMessageAt = now
         if let deadline, now >= deadline {
             peerClose = Self.deadlineReason
@@ -154,7 +177,7 @@ struct PolygonConnectionStateMachine: Sendable {
         var outcome = StatusOutcome(send: reaction.send, close: Self.closes(reaction.event), event: reaction.event)
         switch reaction.event {
         case .authenticated:
-            authenticatedSince = now
+            if case .open(let since, _) = phase { phase = .open(since: since, authenticated: now) }
             outcome.authenticated = true
             outcome.state = .authenticated
         case .authFailed(let message):
@@ -202,18 +225,22 @@ struct PolygonConnectionStateMachine: Sendable {
 
     /// Shutdown: close what is open, connect no more.
     mutating func stop() {
-        stopping = true
-        connectRequested = false
+        intent = .stop
     }
 
     /// The connection ended (lws closed it, or it never opened); `nil` when no attempt was under way
     /// (lws may report a failed connect twice).
     mutating func ended(_ cause: ConnectionEnd.Cause, reason: String, now: ContinuousClock.Instant) -> Ended? {
-        guard connectInFlight else { return nil }
-        connectInFlight = false
+        let (opened, authenticatedSince): (ContinuousClock.Instant?, ContinuousClock.Instant?)
+        switch phase {
+        case .idle: return nil
+        case .connecting: (opened, authenticatedSince) = (nil, nil)
+        case .open(let since, let authenticated): (opened, authenticatedSince) = (since, authenticated)
+        }
+        phase = .idle
         var finalCause = endCause ?? cause
         var finalReason = cause == .closed ? (peerClose ?? reason) : reason
-        if endCause == nil, let opened = establishedAt, !stopping {
+        if endCause == nil, let opened, !stopping {
             // lws hung up for silence (the retry policy's hang-up) or for the handshake timeout.
             if let last = lastMessageAt, now - last >= timing.deadAfter - .milliseconds(500) {
                 finalCause = .dead
@@ -224,8 +251,6 @@ struct PolygonConnectionStateMachine: Sendable {
             }
         }
         let authenticatedFor = authenticatedSince.map { now - $0 }
-        establishedAt = nil
-        authenticatedSince = nil
         endCause = nil
         peerClose = nil
         session.connectionEnded()
