@@ -43,6 +43,8 @@ public actor GapFiller {
     private let settings: GapFillSettings
     private let logger: Logger
     private var queue: Task<Void, Never>?
+    /// Where a single relay's fills go (its source's inbox), from ``start(into:)``.
+    private var outlet: (any RecoveryOutlet)?
     /// REST requests made since start (the fills themselves are counted by the hub: ``MarketDataHub/gapFillStatistics``).
     public private(set) var requests = 0
     private let fillsComplete: Counter
@@ -74,8 +76,10 @@ public actor GapFiller {
         duration = CoreMetrics.Timer(label: "relay_gap_fill_seconds", factory: metricsFactory)
     }
 
-    /// Asks the hub to hand every recovery to this filler.
-    public func start() async {
+    /// Asks the hub to hand every recovery to this filler, whose results go to `outlet` (the market
+    /// source's inbox, ``InboxOutlet``: the hub's one way in).
+    public func start(into outlet: any RecoveryOutlet) async {
+        self.outlet = outlet
         await hub.setRecoveryHandler { [weak self] request in
             guard let self else { return }
             Task { await self.enqueue(request) }
@@ -90,10 +94,11 @@ public actor GapFiller {
     }
 
     private func enqueue(_ request: GapFillRequest) {
+        guard let outlet else { return }
         let previous = queue
         queue = Task {
             await previous?.value
-            await self.fill(request, into: self.hub)
+            await self.fill(request, into: outlet)
         }
     }
 

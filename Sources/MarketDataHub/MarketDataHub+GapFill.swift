@@ -130,8 +130,9 @@ public struct GapFillCounts: Sendable, Equatable, Encodable {
     public init() {}
 }
 
-/// Where a fill's results go: the market's hub on a single relay, NATS on a cluster's leader (each node
-/// then hands them to its own hub). `Sendable`.
+/// Where a fill's results go: the market's source inbox on a single relay (``InboxOutlet``), NATS on a
+/// cluster's leader (each node then hands them to its own hub through its feed's inbox). Either way they
+/// reach a hub through its source's inbox, in order with the events. `Sendable`.
 public protocol RecoveryOutlet: Sendable {
     /// A topic's recovered events, oldest first, each flagged; returns how many were passed on.
     func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder) async -> Int
@@ -160,7 +161,7 @@ struct PendingGap {
     var held: [MarketEvent] = []
 }
 
-extension MarketDataHub: RecoveryOutlet {
+extension MarketDataHub {
     /// The most outages a topic keeps waiting for a fill; an older one is given up (its holders had the
     /// notice), as is one older than ``pendingGapLifetime`` (the fill's longest window by default: a
     /// union reaching further back would only be skipped, taking the new outage with it).

@@ -69,3 +69,32 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
             })
     }
 }
+
+/// A gap fill's results into a source's inbox, in order with the source's events: the fill reaches the
+/// hub through the same door as everything else the source brings (``HubPump``). `inbox` gives the
+/// source's inbox once it exists (`nil`: none, and the results go nowhere). What a full inbox drops is
+/// counted and told to the topic's holders like any dropped event. `Sendable`.
+public struct InboxOutlet: RecoveryOutlet {
+    private let inbox: @Sendable () async -> SourceInbox?
+
+    public init(_ inbox: @escaping @Sendable () async -> SourceInbox?) {
+        self.inbox = inbox
+    }
+
+    public func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder) async -> Int {
+        guard let inbox = await inbox(), inbox.push(.recovered(topic: topic, events: events, order: order)) else { return 0 }
+        return events.count
+    }
+
+    public func announceRecovered(_ summary: GapFillSummary, generation: Int) async {
+        _ = await inbox()?.push(.recoveryEnded(.filled(summary), generation: generation))
+    }
+
+    public func noteFillSkipped(generation: Int) async {
+        _ = await inbox()?.push(.recoveryEnded(.skipped, generation: generation))
+    }
+
+    public func finishFill(generation: Int) async {
+        _ = await inbox()?.push(.recoveryEnded(.nothing, generation: generation))
+    }
+}

@@ -305,7 +305,10 @@ public final class Relay: Service, Sendable {
         }
         // A single relay's hubs hand their outages to their fillers; a cluster node's ask the leader.
         if !clustered {
-            for filler in gapFillers.values { await filler.start() }
+            for parts in markets {
+                guard let filler = gapFillers[parts.source.market], let link = parts.link else { continue }
+                await filler.start(into: InboxOutlet { try? await link.upstream().inbox })
+            }
         }
         let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
         let server = RelayServer(
