@@ -203,8 +203,32 @@ public struct RelaySettings: Sendable {
     private static func resolve(
         first: any ConfigProvider, configFile: String?, clientKeysGiven: Bool, environment: [String: String]
     ) async throws -> RelaySettings {
-        var providers: [any ConfigProvider] = [first]
+        let file = configFile ?? environment["RELAY_CONFIG"]
+        let config = try reader(first: first, file: file, environment: environment)
+        var settings = RelaySettings()
+        try settings.readServing(config)
+        try settings.readUpstreams(config, file: file, environment: environment)
+        settings.history = try HistoryLimits(reading: config)
+        if settings.history != nil { settings.resume = try ResumeSettings(reading: config) }
+        settings.gapFill = try GapFillSettings(reading: config)
+        try settings.limits.read(config)
+        try settings.connectionLimits.read(config)
+        settings.portfolio = try PortfolioSettings(reading: config)
+        settings.cluster = try ClusterConfiguration(reading: config, listenPort: settings.listen.port)
+        // A flag or the environment replace the file's keys; the file may also give keys with rights.
+        if !clientKeysGiven, (environment["RELAY_CLIENT_KEYS"] ?? "").isEmpty, let file, let rights = try keysWithRights(inFile: file) {
+            settings.clientKeys = rights.plain
+            settings.clientKeyRights = rights.keyed
+        } else {
+            settings.clientKeys = config.stringArray(forKey: "client.keys", isSecret: true)?.flatMap(splitList) ?? []
+        }
+        try settings.checkUpstreamKeys()
+        return settings
+    }
 
+    /// The settings' reader: `first` (the flags), the documented environment variables, then the file.
+    private static func reader(first: any ConfigProvider, file: String?, environment: [String: String]) throws -> ConfigReader {
+        var providers: [any ConfigProvider] = [first]
         // The documented variable names are renamed to the keys' conventional form (`upstream.url` is
         // read as `UPSTREAM_URL`), so only the documented names take effect.
         var renamed: [String: String] = [:]
@@ -213,12 +237,8 @@ public struct RelaySettings: Sendable {
                 renamed[environmentStyle(key)] = value
             }
         }
-        providers.append(
-            EnvironmentVariablesProvider(
-                environmentVariables: renamed,
-                secretsSpecifier: .specific(secretNames)))
-
-        if let file = configFile ?? environment["RELAY_CONFIG"], !file.isEmpty {
+        providers.append(EnvironmentVariablesProvider(environmentVariables: renamed, secretsSpecifier: .specific(secretNames)))
+        if let file, !file.isEmpty {
             guard FileManager.default.fileExists(atPath: file) else {
                 throw InvalidSetting(description: "config file not found: \(file)")
             }
@@ -235,20 +255,63 @@ public struct RelaySettings: Sendable {
                 throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
             }
         }
-        let config = ConfigReader(providers: providers)
+        return ConfigReader(providers: providers)
+    }
 
-        var settings = RelaySettings()
+    /// What the server itself is told: where it listens, how it logs, treats subscribers and serves
+    /// TLS, and the demo feed's pace.
+    private mutating func readServing(_ config: ConfigReader) throws {
         if let listen = config.string(forKey: "listen") {
             guard let address = Address(listen) else {
                 throw InvalidSetting(description: "listen: expected HOST:PORT, got \"\(listen)\"")
             }
-            settings.listen = address
+            self.listen = address
         }
-        // Every market's upstream: URLs, then markets on a host, then the file's list (MarketUpstream).
+        if let rate = config.double(forKey: "demo.rate") {
+            guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
+            demoRate = rate
+        }
+        if let milliseconds = config.int(forKey: "demo.restDelayMs") {
+            guard milliseconds >= 0 else {
+                throw InvalidSetting(description: "demo.restDelayMs: must not be negative, got \(milliseconds)")
+            }
+            demoRESTDelayMilliseconds = milliseconds
+        }
+        if let level = config.string(forKey: "log.level") {
+            guard let parsed = Logger.Level(rawValue: level.lowercased()) else {
+                throw InvalidSetting(
+                    description: "log level: one of trace, debug, info, notice, warning, error, critical; got \"\(level)\"")
+            }
+            logLevel = parsed
+        }
+        if let policy = config.string(forKey: "subscribers.slowConsumer") {
+            guard let parsed = SlowConsumerPolicy(rawValue: policy.lowercased()) else {
+                throw InvalidSetting(description: "slow consumer policy: drop or disconnect, got \"\(policy)\"")
+            }
+            slowConsumerPolicy = parsed
+        }
+        snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
+        metricsPublic = config.bool(forKey: "metrics.public") ?? false
+        switch (config.string(forKey: "tls.cert"), config.string(forKey: "tls.key")) {
+        case (nil, nil):
+            break
+        case (let certificate?, let key?):
+            for (what, path) in [("certificate", certificate), ("key", key)] where !FileManager.default.isReadableFile(atPath: path) {
+                throw InvalidSetting(description: "TLS \(what) file not readable: \(path)")
+            }
+            tls = .init(certificatePath: certificate, privateKeyPath: key)
+        default:
+            throw InvalidSetting(description: "TLS needs both a certificate and its key: --tls-cert PEM --tls-key PEM")
+        }
+    }
+
+    /// Every market's upstream (URLs, then markets on a host, then the file's list: ``MarketUpstream``),
+    /// whose protocol it speaks, its keys, its REST API and the client's tuning.
+    private mutating func readUpstreams(_ config: ConfigReader, file: String?, environment: [String: String]) throws {
         var places: [[MarketUpstream]] = []
         if let urls = config.string(forKey: "upstream.url"), !urls.isEmpty {
             var listed: [MarketUpstream] = []
-            for url in splitList(urls) { try listed.append(MarketUpstream(url: url)) }
+            for url in Self.splitList(urls) { try listed.append(MarketUpstream(url: url)) }
             places.append(listed)
         }
         let markets = config.stringArray(forKey: "upstream.markets")?.joined(separator: ",") ?? config.string(forKey: "upstream.markets")
@@ -259,66 +322,28 @@ public struct RelaySettings: Sendable {
             }
             places.append(try MarketUpstream.markets(markets, host: host))
         }
-        if let file = configFile ?? environment["RELAY_CONFIG"], let listed = try MarketUpstream.list(inFile: file, environment: environment) {
+        if let file, let listed = try MarketUpstream.list(inFile: file, environment: environment) {
             places.append(listed)
         }
-        settings.upstreams = try MarketUpstream.merge(places)
-        func positive(_ key: ConfigKey) throws -> Int? {
-            guard let value = config.int(forKey: key) else { return nil }
-            guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
-            return value
-        }
-        if config.bool(forKey: "history.enabled") == false {
-            settings.history = nil
-        } else {
-            var history = HistoryLimits()
-            if let value = try positive("history.eventsPerTopic") { history.eventsPerTopic = value }
-            if let value = try positive("history.maxAgeSeconds") { history.maxAge = .seconds(value) }
-            if let value = try positive("history.memoryMB") { history.memoryBytes = value << 20 }
-            if let value = try positive("history.eventsPerResume") { history.eventsPerResume = value }
-            settings.history = history
-            if let value = try positive("resume.windowSeconds") { settings.resume.window = .seconds(value) }
-            if let value = config.int(forKey: "resume.marginBytes") {
-                guard value >= 0 else { throw InvalidSetting(description: "resume.marginBytes: not negative, got \(value)") }
-                settings.resume.marginBytes = value
-            }
-            if let value = try positive("resume.sessions") { settings.resume.sessions = value }
-        }
-        if config.bool(forKey: "gapFill.enabled") == false {
-            settings.gapFill = nil
-        } else {
-            var gapFill = GapFillSettings()
-            if let value = try positive("gapFill.maxWindowSeconds") { gapFill.maxWindow = .seconds(value) }
-            if let value = try positive("gapFill.maxTopics") { gapFill.maxTopics = value }
-            if let value = try positive("gapFill.requestsPerSecond") { gapFill.requestsPerSecond = Double(value) }
-            if let value = try positive("gapFill.eventsPerTopic") { gapFill.eventsPerTopic = value }
-            if let value = try positive("gapFill.pagesPerTopic") { gapFill.pagesPerTopic = value }
-            if let value = try positive("gapFill.maxDurationSeconds") { gapFill.maxDuration = .seconds(value) }
-            if let value = try positive("gapFill.requestTimeoutSeconds") { gapFill.requestTimeout = .seconds(value) }
-            settings.gapFill = gapFill
-        }
-        if let contracts = config.int(forKey: "limits.optionsContracts") {
-            guard contracts >= 1 else { throw InvalidSetting(description: "limits.optionsContracts: at least 1, got \(contracts)") }
-            settings.optionsContracts = contracts
-        }
+        upstreams = try MarketUpstream.merge(places)
+        if let contracts = try config.positive("limits.optionsContracts") { optionsContracts = contracts }
         if let vendor = config.string(forKey: "upstream.vendor"), !vendor.isEmpty {
             guard let known = UpstreamVendor(rawValue: vendor.lowercased()) else {
                 throw InvalidSetting(
                     description: "upstream.vendor: \"\(vendor)\" is not a vendor (one of \(UpstreamVendor.allCases.map(\.rawValue).joined(separator: ", ")))")
             }
-            settings.upstreamVendor = known
+            upstreamVendor = known
         }
-        settings.upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
-        settings.upstreamSecret = config.string(forKey: "upstream.secret", isSecret: true)
+        upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
+        upstreamSecret = config.string(forKey: "upstream.secret", isSecret: true)
         // An Alpaca upstream takes Alpaca's own variable when no key was given otherwise.
-        let alpaca = settings.upstreamVendor == .alpaca || settings.upstreams.contains { settings.vendor(of: $0) == .alpaca }
-        if alpaca, (settings.upstreamKey ?? "").isEmpty { settings.upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
-        settings.upstreamCAFile = config.string(forKey: "upstream.caFile")
-        if let seconds = config.int(forKey: "upstream.silentAfterSeconds") {
-            guard seconds >= 0 else { throw InvalidSetting(description: "upstream.silentAfterSeconds: not negative, got \(seconds)") }
-            settings.upstreamTuning.silentAfter = seconds == 0 ? nil : .seconds(seconds)
+        let alpaca = upstreamVendor == .alpaca || upstreams.contains { vendor(of: $0) == .alpaca }
+        if alpaca, (upstreamKey ?? "").isEmpty { upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
+        upstreamCAFile = config.string(forKey: "upstream.caFile")
+        if let seconds = try config.notNegative("upstream.silentAfterSeconds") {
+            upstreamTuning.silentAfter = seconds == 0 ? nil : .seconds(seconds)
         }
-        settings.upstreamRESTKey = config.string(forKey: "upstream.restKey", isSecret: true).flatMap { $0.isEmpty ? nil : $0 }
+        upstreamRESTKey = config.string(forKey: "upstream.restKey", isSecret: true).flatMap { $0.isEmpty ? nil : $0 }
         if let rest = config.string(forKey: "upstream.restURL"), !rest.isEmpty {
             guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", let host = url.host, !host.isEmpty else {
                 throw InvalidSetting(description: "rest URL: expected http(s)://host, got \"\(rest)\"")
@@ -328,153 +353,23 @@ public struct RelaySettings: Sendable {
                 throw InvalidSetting(
                     description: "rest URL: http:// would send the upstream key in the clear to \(host); use https:// (plain http only to loopback)")
             }
-            settings.upstreamRESTURL = rest
+            upstreamRESTURL = rest
         }
-        // A flag or the environment replace the file's keys; the file may also give keys with rights.
-        if !clientKeysGiven, (environment["RELAY_CLIENT_KEYS"] ?? "").isEmpty, let file = configFile ?? environment["RELAY_CONFIG"],
-            let rights = try keysWithRights(inFile: file)
-        {
-            settings.clientKeys = rights.plain
-            settings.clientKeyRights = rights.keyed
-        } else {
-            settings.clientKeys =
-                config.stringArray(forKey: "client.keys", isSecret: true)?
-                .flatMap(splitList) ?? []
-        }
-        if let rate = config.double(forKey: "demo.rate") {
-            guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
-            settings.demoRate = rate
-        }
-        if let milliseconds = config.int(forKey: "demo.restDelayMs") {
-            guard milliseconds >= 0 else {
-                throw InvalidSetting(description: "demo.restDelayMs: must not be negative, got \(milliseconds)")
-            }
-            settings.demoRESTDelayMilliseconds = milliseconds
-        }
-        if let level = config.string(forKey: "log.level") {
-            guard let parsed = Logger.Level(rawValue: level.lowercased()) else {
-                throw InvalidSetting(
-                    description: "log level: one of trace, debug, info, notice, warning, error, critical; got \"\(level)\"")
-            }
-            settings.logLevel = parsed
-        }
-        if let policy = config.string(forKey: "subscribers.slowConsumer") {
-            guard let parsed = SlowConsumerPolicy(rawValue: policy.lowercased()) else {
-                throw InvalidSetting(description: "slow consumer policy: drop or disconnect, got \"\(policy)\"")
-            }
-            settings.slowConsumerPolicy = parsed
-        }
-        settings.snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
-        settings.metricsPublic = config.bool(forKey: "metrics.public") ?? false
-        switch (config.string(forKey: "tls.cert"), config.string(forKey: "tls.key")) {
-        case (nil, nil):
-            break
-        case (let certificate?, let key?):
-            for (what, path) in [("certificate", certificate), ("key", key)] where !FileManager.default.isReadableFile(atPath: path) {
-                throw InvalidSetting(description: "TLS \(what) file not readable: \(path)")
-            }
-            settings.tls = .init(certificatePath: certificate, privateKeyPath: key)
-        default:
-            throw InvalidSetting(description: "TLS needs both a certificate and its key: --tls-cert PEM --tls-key PEM")
-        }
-        for (key, path) in [
-            ("limits.topicsPerMessage", \SessionLimits.topicsPerMessage), ("limits.topicsPerConnection", \SessionLimits.topicsPerConnection),
-            ("limits.messagesPerSecond", \SessionLimits.messagesPerSecond),
-        ] {
-            guard let value = config.int(forKey: ConfigKey(key.split(separator: ".").map(String.init))) else { continue }
-            guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
-            settings.limits[keyPath: path] = value
-        }
-        for (key, path) in [
-            ("limits.connections", \RelayServerConfiguration.ConnectionLimits.total),
-            ("limits.connectionsPerAddress", \RelayServerConfiguration.ConnectionLimits.perAddress),
-            ("limits.pendingPerAddress", \RelayServerConfiguration.ConnectionLimits.pendingPerAddress),
-            ("limits.outboundBytes", \RelayServerConfiguration.ConnectionLimits.outboundBytes),
-            ("limits.topicsPerKey", \RelayServerConfiguration.ConnectionLimits.topicsPerKey),
-            ("limits.topics", \RelayServerConfiguration.ConnectionLimits.topics),
-        ] {
-            guard let value = config.int(forKey: ConfigKey(key.split(separator: ".").map(String.init))) else { continue }
-            guard value >= 1 else { throw InvalidSetting(description: "\(key): at least 1, got \(value)") }
-            settings.connectionLimits[keyPath: path] = value
-        }
-        if config.bool(forKey: "portfolio.enabled") ?? true {
-            var portfolio = PortfolioSettings()
-            if let directory = config.string(forKey: "portfolio.dataDir"), !directory.isEmpty { portfolio.dataDirectory = directory }
-            if let zone = config.string(forKey: "portfolio.timeZone") {
-                guard TimeZone(identifier: zone) != nil else {
-                    throw InvalidSetting(description: "time zone: not an IANA zone such as UTC or America/New_York: \"\(zone)\"")
-                }
-                portfolio.timeZone = zone
-            }
-            if let milliseconds = config.int(forKey: "portfolio.pushIntervalMs") {
-                guard milliseconds >= 0 else { throw InvalidSetting(description: "portfolio.pushIntervalMs: must not be negative") }
-                portfolio.pushIntervalMilliseconds = milliseconds
-            }
-            if let seconds = config.double(forKey: "portfolio.staleAfterSeconds") {
-                guard seconds > 0 else { throw InvalidSetting(description: "portfolio.staleAfterSeconds: must be above 0") }
-                portfolio.staleAfterSeconds = seconds
-            }
-            if let size = config.int(forKey: "portfolio.securityCacheSize") {
-                guard size >= 1 else { throw InvalidSetting(description: "portfolio.securityCacheSize: at least 1, got \(size)") }
-                portfolio.securityCacheSize = size
-            }
-            if let seconds = config.double(forKey: "portfolio.clientIdleSeconds") {
-                guard seconds > 0 else { throw InvalidSetting(description: "portfolio.clientIdleSeconds: must be above 0") }
-                portfolio.clientIdleSeconds = seconds
-            }
-            if let closeHistory = config.bool(forKey: "portfolio.closeHistory") { portfolio.closeHistory = closeHistory }
-            settings.portfolio = portfolio
-        }
-        if let url = config.string(forKey: "cluster.url", isSecret: true), !url.isEmpty {
-            let servers: [String]
-            do { servers = try ClusterConfiguration.servers(from: url) } catch { throw InvalidSetting(description: error.description) }
-            let name = config.string(forKey: "cluster.name") ?? "relay"
-            let node =
-                config.string(forKey: "cluster.nodeId")
-                ?? "\(ProcessInfo.processInfo.hostName)-\(settings.listen.port == 0 ? "pid\(getpid())" : "\(settings.listen.port)")"
-            var cluster = ClusterConfiguration(servers: servers, name: name, nodeID: node)
-            if let seconds = config.double(forKey: "cluster.leaseSeconds") {
-                guard seconds >= 1, seconds <= 600 else {
-                    throw InvalidSetting(description: "cluster.leaseSeconds: between 1 and 600, got \(seconds)")
-                }
-                cluster.leaseDuration = .milliseconds(Int64(seconds * 1000))
-            }
-            if let count = config.int(forKey: "cluster.maxTopicsPerNode") {
-                guard count >= 1 else { throw InvalidSetting(description: "cluster.maxTopicsPerNode: at least 1, got \(count)") }
-                cluster.maxTopicsPerNode = count
-            }
-            let files: [(key: ConfigKey, name: String, path: WritableKeyPath<ClusterConfiguration.Security, String?>)] = [
-                ("cluster.tlsCA", "cluster.tlsCA", \.caFile), ("cluster.tlsCert", "cluster.tlsCert", \.certificateFile),
-                ("cluster.tlsKey", "cluster.tlsKey", \.keyFile), ("cluster.credentials", "cluster.credentials", \.credentialsFile),
-                ("cluster.nkeySeed", "cluster.nkeySeed", \.nkeySeedFile),
-            ]
-            for (key, name, path) in files {
-                guard let file = config.string(forKey: key), !file.isEmpty else { continue }
-                guard FileManager.default.isReadableFile(atPath: file) else {
-                    throw InvalidSetting(description: "\(name): cannot read \(file)")
-                }
-                cluster.security[keyPath: path] = file
-            }
-            if (cluster.security.certificateFile == nil) != (cluster.security.keyFile == nil) {
-                throw InvalidSetting(description: "cluster.tlsCert and cluster.tlsKey go together")
-            }
-            if let token = config.string(forKey: "cluster.token", isSecret: true), !token.isEmpty { cluster.security.token = token }
-            guard !node.isEmpty, node.count <= 128 else { throw InvalidSetting(description: "cluster node id: 1 to 128 characters") }
-            do { _ = try ClusterSubjects(cluster: name, market: "stocks") } catch { throw InvalidSetting(description: error.description) }
-            settings.cluster = cluster
-        }
-        if (settings.upstreamKey ?? "").isEmpty, let keyless = settings.upstreams.first(where: { ($0.apiKey ?? "").isEmpty }) {
+    }
+
+    /// Every upstream has its key (and an Alpaca one its secret), from wherever it may come.
+    private func checkUpstreamKeys() throws {
+        if (upstreamKey ?? "").isEmpty, let keyless = upstreams.first(where: { ($0.apiKey ?? "").isEmpty }) {
             throw InvalidSetting(
-                description: settings.vendor(of: keyless) == .alpaca
+                description: vendor(of: keyless) == .alpaca
                     ? "the \(keyless.market) upstream (Alpaca) needs its key id: APCA_API_KEY_ID, --upstream-key or upstream.key in the config file"
                     : "the \(keyless.market) upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file "
                         + "(every market's default), or key/keyEnv in its upstreams entry")
         }
-        if (settings.upstreamSecret ?? "").isEmpty, let alpaca = settings.upstreams.first(where: { settings.vendor(of: $0) == .alpaca }) {
+        if (upstreamSecret ?? "").isEmpty, let alpaca = upstreams.first(where: { vendor(of: $0) == .alpaca }) {
             throw InvalidSetting(
                 description: "the \(alpaca.market) upstream (Alpaca) needs its secret key: APCA_API_SECRET_KEY, --upstream-secret or upstream.secret in the config file")
         }
-        return settings
     }
 
     /// Whose protocol an upstream speaks: the setting, else its host (Alpaca's or Polygon's), else its

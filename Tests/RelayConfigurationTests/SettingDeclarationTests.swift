@@ -50,13 +50,13 @@ struct SettingDeclarationTests {
         let directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("Sources/RelayConfiguration")
         var source = ""
-        for file in ["RelaySettings.swift", "MarketUpstream.swift"] {
+        for file in ["RelaySettings.swift", "MarketUpstream.swift", "Settings+ConfigReader.swift"] {
             source += try String(contentsOf: directory.appendingPathComponent(file), encoding: .utf8)
         }
         let keys = Set(RelaySettings.declarations.map(\.key))
         let variables = Set(RelaySettings.declarations.compactMap(\.environment))
         var read: Set<String> = []
-        for pattern in [#"forKey: "([a-zA-Z.]+)""#, #"\("((?:limits|cluster)\.[a-zA-Z]+)""#] {
+        for pattern in [#"forKey: "([a-zA-Z.]+)""#, #"\("((?:limits|cluster)\.[a-zA-Z]+)""#, #"(?:positive|notNegative|aboveZero)\("([a-zA-Z.]+)"\)"#] {
             let regex = try NSRegularExpression(pattern: pattern)
             for match in regex.matches(in: source, range: NSRange(source.startIndex..., in: source)) {
                 if let range = Range(match.range(at: 1), in: source) { read.insert(String(source[range])) }

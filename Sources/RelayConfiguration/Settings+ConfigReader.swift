@@ -1,0 +1,149 @@
+import Cluster
+import Configuration
+import Foundation
+import GapFill
+import Logging
+import MarketDataHub
+import PolygonWire
+import RelayServer
+
+// Each configuration type reads its own keys from the resolved reader (flags > environment > file >
+// default), the way Hummingbird's `+ConfigReader` files do; `RelaySettings.resolve` only puts them
+// together. A value out of range is an ``RelaySettings/InvalidSetting`` naming its key.
+
+extension ConfigReader {
+    /// An integer setting that must be at least 1.
+    func positive(_ key: ConfigKey) throws -> Int? {
+        guard let value = int(forKey: key) else { return nil }
+        guard value >= 1 else { throw RelaySettings.InvalidSetting(description: "\(key): at least 1, got \(value)") }
+        return value
+    }
+
+    /// An integer setting that must not be negative.
+    func notNegative(_ key: ConfigKey) throws -> Int? {
+        guard let value = int(forKey: key) else { return nil }
+        guard value >= 0 else { throw RelaySettings.InvalidSetting(description: "\(key): not negative, got \(value)") }
+        return value
+    }
+
+    /// A number of seconds that must be above 0.
+    func aboveZero(_ key: ConfigKey) throws -> Double? {
+        guard let value = double(forKey: key) else { return nil }
+        guard value > 0 else { throw RelaySettings.InvalidSetting(description: "\(key): must be above 0, got \(value)") }
+        return value
+    }
+}
+
+extension HistoryLimits {
+    /// `history.*`; `nil` with `history.enabled` false.
+    init?(reading config: ConfigReader) throws {
+        guard config.bool(forKey: "history.enabled") != false else { return nil }
+        self.init()
+        if let value = try config.positive("history.eventsPerTopic") { eventsPerTopic = value }
+        if let value = try config.positive("history.maxAgeSeconds") { maxAge = .seconds(value) }
+        if let value = try config.positive("history.memoryMB") { memoryBytes = value << 20 }
+        if let value = try config.positive("history.eventsPerResume") { eventsPerResume = value }
+    }
+}
+
+extension ResumeSettings {
+    /// `resume.*`.
+    init(reading config: ConfigReader) throws {
+        self.init()
+        if let value = try config.positive("resume.windowSeconds") { window = .seconds(value) }
+        if let value = try config.notNegative("resume.marginBytes") { marginBytes = value }
+        if let value = try config.positive("resume.sessions") { sessions = value }
+    }
+}
+
+extension GapFillSettings {
+    /// `gapFill.*`; `nil` with `gapFill.enabled` false.
+    init?(reading config: ConfigReader) throws {
+        guard config.bool(forKey: "gapFill.enabled") != false else { return nil }
+        self.init()
+        if let value = try config.positive("gapFill.maxWindowSeconds") { maxWindow = .seconds(value) }
+        if let value = try config.positive("gapFill.maxTopics") { maxTopics = value }
+        if let value = try config.positive("gapFill.requestsPerSecond") { requestsPerSecond = Double(value) }
+        if let value = try config.positive("gapFill.eventsPerTopic") { eventsPerTopic = value }
+        if let value = try config.positive("gapFill.pagesPerTopic") { pagesPerTopic = value }
+        if let value = try config.positive("gapFill.maxDurationSeconds") { maxDuration = .seconds(value) }
+        if let value = try config.positive("gapFill.requestTimeoutSeconds") { requestTimeout = .seconds(value) }
+    }
+}
+
+extension SessionLimits {
+    /// `limits.topicsPerMessage`, `limits.topicsPerConnection`, `limits.messagesPerSecond` over the defaults.
+    mutating func read(_ config: ConfigReader) throws {
+        if let value = try config.positive("limits.topicsPerMessage") { topicsPerMessage = value }
+        if let value = try config.positive("limits.topicsPerConnection") { topicsPerConnection = value }
+        if let value = try config.positive("limits.messagesPerSecond") { messagesPerSecond = value }
+    }
+}
+
+extension RelayServerConfiguration.ConnectionLimits {
+    /// `limits.connections`, `…PerAddress`, `pendingPerAddress`, `outboundBytes`, `topicsPerKey`, `topics` over the defaults.
+    mutating func read(_ config: ConfigReader) throws {
+        if let value = try config.positive("limits.connections") { total = value }
+        if let value = try config.positive("limits.connectionsPerAddress") { perAddress = value }
+        if let value = try config.positive("limits.pendingPerAddress") { pendingPerAddress = value }
+        if let value = try config.positive("limits.outboundBytes") { outboundBytes = value }
+        if let value = try config.positive("limits.topicsPerKey") { topicsPerKey = value }
+        if let value = try config.positive("limits.topics") { topics = value }
+    }
+}
+
+extension RelaySettings.PortfolioSettings {
+    /// `portfolio.*`; `nil` with `portfolio.enabled` false.
+    init?(reading config: ConfigReader) throws {
+        guard config.bool(forKey: "portfolio.enabled") ?? true else { return nil }
+        self.init()
+        if let directory = config.string(forKey: "portfolio.dataDir"), !directory.isEmpty { dataDirectory = directory }
+        if let zone = config.string(forKey: "portfolio.timeZone") {
+            guard TimeZone(identifier: zone) != nil else {
+                throw RelaySettings.InvalidSetting(description: "time zone: not an IANA zone such as UTC or America/New_York: \"\(zone)\"")
+            }
+            timeZone = zone
+        }
+        if let milliseconds = try config.notNegative("portfolio.pushIntervalMs") { pushIntervalMilliseconds = milliseconds }
+        if let seconds = try config.aboveZero("portfolio.staleAfterSeconds") { staleAfterSeconds = seconds }
+        if let size = try config.positive("portfolio.securityCacheSize") { securityCacheSize = size }
+        if let seconds = try config.aboveZero("portfolio.clientIdleSeconds") { clientIdleSeconds = seconds }
+        if let closeHistory = config.bool(forKey: "portfolio.closeHistory") { self.closeHistory = closeHistory }
+    }
+}
+
+extension ClusterConfiguration {
+    /// `cluster.*`; `nil` without `cluster.url`. A node without `cluster.nodeId` is named after the
+    /// host and `listenPort` (or the process when the port is chosen by the system).
+    init?(reading config: ConfigReader, listenPort: Int) throws {
+        guard let url = config.string(forKey: "cluster.url", isSecret: true), !url.isEmpty else { return nil }
+        let servers: [String]
+        do { servers = try ClusterConfiguration.servers(from: url) } catch { throw RelaySettings.InvalidSetting(description: error.description) }
+        let name = config.string(forKey: "cluster.name") ?? "relay"
+        let node =
+            config.string(forKey: "cluster.nodeId") ?? "\(ProcessInfo.processInfo.hostName)-\(listenPort == 0 ? "pid\(getpid())" : "\(listenPort)")"
+        guard !node.isEmpty, node.count <= 128 else { throw RelaySettings.InvalidSetting(description: "cluster node id: 1 to 128 characters") }
+        self.init(servers: servers, name: name, nodeID: node)
+        if let seconds = config.double(forKey: "cluster.leaseSeconds") {
+            guard seconds >= 1, seconds <= 600 else {
+                throw RelaySettings.InvalidSetting(description: "cluster.leaseSeconds: between 1 and 600, got \(seconds)")
+            }
+            leaseDuration = .milliseconds(Int64(seconds * 1000))
+        }
+        if let count = try config.positive("cluster.maxTopicsPerNode") { maxTopicsPerNode = count }
+        let files: [(key: ConfigKey, path: WritableKeyPath<ClusterConfiguration.Security, String?>)] = [
+            ("cluster.tlsCA", \.caFile), ("cluster.tlsCert", \.certificateFile), ("cluster.tlsKey", \.keyFile),
+            ("cluster.credentials", \.credentialsFile), ("cluster.nkeySeed", \.nkeySeedFile),
+        ]
+        for (key, path) in files {
+            guard let file = config.string(forKey: key), !file.isEmpty else { continue }
+            guard FileManager.default.isReadableFile(atPath: file) else { throw RelaySettings.InvalidSetting(description: "\(key): cannot read \(file)") }
+            security[keyPath: path] = file
+        }
+        if (security.certificateFile == nil) != (security.keyFile == nil) {
+            throw RelaySettings.InvalidSetting(description: "cluster.tlsCert and cluster.tlsKey go together")
+        }
+        if let token = config.string(forKey: "cluster.token", isSecret: true), !token.isEmpty { security.token = token }
+        do { _ = try ClusterSubjects(cluster: name, market: "stocks") } catch { throw RelaySettings.InvalidSetting(description: error.description) }
+    }
+}
