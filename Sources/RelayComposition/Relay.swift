@@ -61,9 +61,9 @@ public final class Relay: Service, Sendable {
     public static let partShutdownDeadline: Duration = .seconds(5)
 
     public let settings: RelaySettings
-    private let readiness = ReadySignal<Components>()
+    let readiness = ReadySignal<Components>()
     private let signals: [UnixSignal]
-    private let logger: Logger
+    let logger: Logger
 
     /// - Parameter gracefulShutdownSignals: signals that start a graceful shutdown (the CLI passes
     ///   SIGTERM and SIGINT; tests trigger shutdown through their own group).
@@ -103,7 +103,7 @@ public final class Relay: Service, Sendable {
 
     /// One market's upstream: where it is and its key; the demo feed's address is known only once it
     /// listens, hence the closure.
-    private struct MarketSource: Sendable {
+    struct MarketSource: Sendable {
         var market: Market
         var apiKey: String
         var endpoint: @Sendable () async throws -> UpstreamConfiguration.Endpoint
@@ -115,7 +115,7 @@ public final class Relay: Service, Sendable {
     }
 
     /// One market's running parts.
-    private struct MarketParts: Sendable {
+    struct MarketParts: Sendable {
         var source: MarketSource
         var hub: MarketDataHub
         var interest: LocalInterest
@@ -124,7 +124,7 @@ public final class Relay: Service, Sendable {
     }
 
     /// The configured upstreams, one per market; `nil`: none configured (the demo feed serves every market).
-    private func configuredSources() -> [MarketSource]? {
+    func configuredSources() -> [MarketSource]? {
         guard !settings.upstreams.isEmpty else { return nil }
         return settings.upstreams.map { upstream in
             let endpoint = upstream.endpoint
@@ -145,203 +145,35 @@ public final class Relay: Service, Sendable {
         }
         let registry = PrometheusCollectorRegistry()
         let metricsFactory = PrometheusMetricsFactory(registry: registry)
-        let settings = self.settings
-        let logger = self.logger
-
-        var demoFeed: DemoFeed?
-        let sources: [MarketSource]
-        /// The portfolio's REST API and the key it carries.
-        let restURL: (@Sendable () async throws -> String)?
-        let restKey: String
-        if let configured = configuredSources() {
-            sources = configured
-            let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
-            if let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor == .alpaca }) {
-                restURL = rest.map { url in { @Sendable in url } }
-                restKey = key
-            } else {
-                if rest != nil { logger.warning("REST off: an Alpaca upstream's key is not sent to \(rest ?? ""); give the REST API's own key with --rest-key") }
-                restURL = nil
-                restKey = ""
-            }
-        } else {
-            let apiKey = "demo-" + UUID().uuidString
-            let alpaca = settings.upstreamVendor == .alpaca
-            var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
-            // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed, crypto and options.
-            feedConfiguration.markets = alpaca ? [.stocks, .crypto, .options] : Market.allCases
-            feedConfiguration.alpaca = alpaca
-            feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
-            let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
-            demoFeed = feed
-            sources = feedConfiguration.servedMarkets.map { market in
-                MarketSource(
-                    market: market, apiKey: apiKey,
-                    endpoint: {
-                        let url = try await feed.url(for: market)
-                        guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
-                        return endpoint
-                    }, caFile: nil, description: alpaca ? "the built-in demo feed (Alpaca's protocol)" : "the built-in demo feed",
-                    vendor: alpaca ? .alpaca : .polygon, wire: alpaca ? .alpaca(.standard(for: market)) : .polygon)
-            }
-            restURL = settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in
-                "http://127.0.0.1:\(try await feed.listeningPort())"
-            }
-            // Another REST source (`--rest-url`) gets the upstream key, never the demo feed's.
-            restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamRESTKey ?? settings.upstreamKey ?? ""
-            logger.info("no upstream configured: serving the built-in demo feed for every market")
-        }
-        // One cluster node per market (each its own lease and NATS connection), spreading leadership.
-        let spread = settings.cluster.map { LeadershipSpread(node: $0.nodeID) }
-
-        let clustered = settings.cluster != nil
-        // The built-in feed checks the key only: any secret does.
-        let demoSecret: String? = demoFeed == nil ? nil : "demo"
-        var markets: [MarketParts] = []
-        var clusterNodes: [ClusterNode] = []
-        // Gap fill: each upstream market, from the same REST API, at one shared pace (a cluster node
-        // fills only while it leads).
-        var restClient: HTTPClient?
-        var gapFillers: [Market: GapFiller] = [:]
-        let gapFillPace = settings.gapFill.map { RequestPace(perSecond: $0.requestsPerSecond) }
-        if settings.gapFill != nil, restURL == nil {
-            logger.info("gap fill off: no REST API is known for this upstream (set --rest-url)")
-        }
-        for source in sources {
-            let marketLogger = logger.with(label: "relay.\(source.market)")
-            let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
-            let interest = LocalInterest()
-            let hub = MarketDataHub(
-                policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
-                snapshotless: source.vendor == .alpaca ? AlpacaChannel.snapshotless : [],
-                keepsUnwantedLastValues: !clustered,
-                // In a cluster the leader gives the positions and every node adopts them.
-                history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
-            ) { change in
-                interest.apply(change)
-            }
-            let makeUpstream: @Sendable () async throws -> UpstreamClient = {
-                var configuration = settings.upstreamTuning
-                configuration.endpoint = try await source.endpoint()
-                configuration.apiKey = source.apiKey
-                configuration.caFile = source.caFile
-                configuration.vendor = source.vendor
-                configuration.market = source.market
-                if source.vendor == .alpaca { configuration.secret = demoSecret ?? settings.upstreamSecret }
-                configuration.metricsFactory = marketMetrics
-                // A cluster leader must be gone well inside its lease once it decides to go.
-                if clustered { configuration.closeTimeout = .seconds(1) }
-                return UpstreamClient(configuration: configuration, logger: marketLogger.with(label: "relay.upstream.\(source.market)"))
-            }
-            // The fill maps Polygon's REST results: Alpaca's markets get the outage notices only.
-            if let gapFill = settings.gapFill, let restURL, let gapFillPace, source.vendor == .polygon {
-                let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
-                restClient = client
-                // The demo feed's REST wants its own key; another source the REST API's own key
-                // (`--rest-key`) when one is given, else the market's upstream key.
-                let key = demoFeed != nil || settings.upstreamRESTKey != nil || source.apiKey.isEmpty ? restKey : source.apiKey
-                gapFillers[source.market] = GapFiller(
-                    market: source.market, hub: hub, rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: client),
-                    pace: gapFillPace, settings: gapFill, metricsFactory: marketMetrics, logger: logger.with(label: "relay.gap-fill.\(source.market)"))
-            }
-            if let cluster = settings.cluster {
-                let hook = gapFillers[source.market].map { filler in
-                    ClusterGapFillHook(maxTopics: settings.gapFill?.maxTopics ?? 0, maxWindow: settings.gapFill?.maxWindow ?? .seconds(15 * 60)) { request, outlet in
-                        await filler.fill(request, into: outlet)
-                    }
-                }
-                let node = try ClusterNode(
-                    configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
-                    logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
-                    gapFill: hook, vendor: source.vendor,
-                    makeUpstream: makeUpstream)
-                clusterNodes.append(node)
-                markets.append(
-                    MarketParts(
-                        source: source, hub: hub, interest: interest, link: nil,
-                        feed: ClusterFeedStatus(node: node, upstream: source.description)))
-            } else {
-                // The built-in feed's loopback address is nobody's business (its port served its faults).
-                let link = UpstreamLink(
-                    hub: hub, interest: interest, shownURL: demoFeed == nil ? nil : source.description, makeUpstream: makeUpstream)
-                markets.append(MarketParts(source: source, hub: hub, interest: interest, link: link, feed: link))
-            }
-        }
-        guard let primary = markets.first else {
+        let upstream = upstreamSources()
+        let rest = RESTClientBox()
+        let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
+        guard let primary = assembly.markets.first else {
             throw RelaySettings.InvalidSetting(description: "upstream: no market configured")
         }
-        let hub = primary.hub
         let hubs = MarketHubs(
-            Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }),
-            alpaca: Set(markets.filter { $0.source.vendor == .alpaca }.map(\.source.market)))
-
-        var portfolio: PortfolioService?
-        var browser: SecurityBrowser?
+            Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.source.market, $0.hub) }),
+            alpaca: Set(assembly.markets.filter { $0.source.vendor == .alpaca }.map(\.source.market)))
+        let sidecar = try portfolioSidecar(hubs: hubs, upstream: upstream, rest: rest, metricsFactory: metricsFactory)
         // Held until the relay stops: one valuation sidecar per portfolio directory.
-        var sidecarLock: SidecarLock?
-        defer { withExtendedLifetime(sidecarLock) {} }
-        if let portfolioSettings = settings.portfolio {
-            sidecarLock = try SidecarLock(directory: portfolioSettings.dataDirectory)
-            guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
-                throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
-            }
-            let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
-            // A client of this relay's own: the shared one would keep pooled connections across relays
-            // in one process (tests), and a later relay on a reused port got the earlier one's dead ones.
-            let client = restClient ?? HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
-            restClient = client
-            let rest = restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: restKey, client: client) }
-            let service = PortfolioService(
-                store: store, hubs: hubs, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
-                pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
-                referencePrices: rest.map(ReferencePrices.init(rest:)), closeHistory: portfolioSettings.closeHistory,
-                logger: logger.with(label: "relay.portfolio"))
-            portfolio = service
-            browser = SecurityBrowser(
-                service: service, loader: SecurityDetailLoader(store: store, hubs: hubs, rest: rest, calendar: calendar),
-                capacity: portfolioSettings.securityCacheSize, idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
-                metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
-            logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
-        }
+        defer { withExtendedLifetime(sidecar.lock) {} }
         // A single relay's hubs hand their outages to their fillers; a cluster node's ask the leader.
-        if !clustered {
-            for parts in markets {
-                guard let filler = gapFillers[parts.source.market], let link = parts.link else { continue }
+        if settings.cluster == nil {
+            for parts in assembly.markets {
+                guard let filler = assembly.gapFillers[parts.source.market], let link = parts.link else { continue }
                 await filler.start(into: InboxOutlet { try? await link.upstream().inbox })
             }
         }
-        let routes = portfolio.map { PortfolioRoutes(service: $0, browser: browser) }
-        let server = RelayServer(
-            configuration: {
-                var configuration = RelayServerConfiguration(
-                    host: settings.listen.host, port: settings.listen.port, authentication: authentication)
-                configuration.metricsPublic = settings.metricsPublic
-                configuration.limits = settings.limits
-                configuration.cappedTickers = settings.optionsContracts
-                configuration.resume = settings.resume
-                configuration.tls = settings.tls
-                configuration.connectionLimits = settings.connectionLimits
-                configuration.portfolio = routes != nil
-                configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
-                return configuration
-            }(),
-            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed, wire: $0.source.wire) }, registry: registry, logger: logger.with(label: "relay.server"),
-            extraRoutes: { router in
-                routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
-            },
-            pushStreams: routes.map { routes in
-                [PushStream(path: "/v1/portfolio/stream", needsPortfolioRight: true) { await routes.valuationFrames() }]
-            } ?? [])
-
+        let server = makeServer(authentication: authentication, markets: assembly.markets, routes: sidecar.routes, registry: registry)
         // Start order; they stop in reverse.
         var parts: [(String, any Service)] = []
-        if let demoFeed { parts.append(("demo feed", demoFeed)) }
-        for market in markets {
+        if let demoFeed = upstream.demoFeed { parts.append(("demo feed", demoFeed)) }
+        for market in assembly.markets {
             if let link = market.link { parts.append(("\(market.source.market) upstream", link)) }
         }
-        if let portfolio { parts.append(("portfolio", portfolio)) }
+        if let portfolio = sidecar.service { parts.append(("portfolio", portfolio)) }
         parts.append(("server", server))
-        for node in clusterNodes { parts.append(("\(node.market) cluster node", node)) }
+        for node in assembly.clusterNodes { parts.append(("\(node.market) cluster node", node)) }
         parts.append(("memory trim", MemoryTrim()))
         let group = ServiceGroup(
             configuration: .init(
@@ -349,50 +181,16 @@ public final class Relay: Service, Sendable {
                     .init(service: BoundedShutdown(name: name, service: service, deadline: Self.partShutdownDeadline, logger: logger))
                 },
                 gracefulShutdownSignals: signals, logger: logger))
-
         // The gap fills and the REST client stop with the relay, whichever way it stops.
         do {
-            try await runServices(group)
+            try await run(group, server: server, primary: primary, upstream: upstream, assembly: assembly, sidecar: sidecar, authentication: authentication)
         } catch {
-            for filler in gapFillers.values { await filler.stop() }
-            try? await restClient?.shutdown()
+            for filler in assembly.gapFillers.values { await filler.stop() }
+            try? await rest.client?.shutdown()
             throw error
         }
-        for filler in gapFillers.values { await filler.stop() }
-        try? await restClient?.shutdown()
-        func runServices(_ group: ServiceGroup) async throws {
-            try await withThrowingTaskGroup(of: Void.self) { tasks in
-                tasks.addTask { try await group.run() }
-                let port = try await server.listeningPort()
-                let demoPort = try await demoFeed?.listeningPort()
-                var upstreams: [Market: UpstreamClient] = [:]
-                for market in markets {
-                    if let link = market.link { upstreams[market.source.market] = try await link.upstream() }
-                }
-                readiness.succeed(
-                    Components(
-                        hub: hub, upstream: upstreams[primary.source.market], cluster: clusterNodes.first, server: server, demoFeed: demoFeed,
-                        portfolio: portfolio, securities: browser, port: port, demoFeedPort: demoPort,
-                        markets: Dictionary(uniqueKeysWithValues: markets.map { ($0.source.market, $0.hub) }), upstreams: upstreams,
-                        gapFillers: gapFillers))
-                let scheme = settings.tls == nil ? "ws" : "wss"
-                var metadata: Logger.Metadata = [
-                    "ws": "\(scheme)://\(settings.listen.host):\(port)\(primary.source.wire.path(of: primary.source.market))",
-                    "upstream": "\(primary.source.description)",
-                    "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
-                ]
-                if markets.count > 1 {
-                    metadata["markets"] = "\(markets.map { $0.source.wire.path(of: $0.source.market) }.joined(separator: " "))"
-                }
-                if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
-                // Where the portfolio's details, histories and reference prices come from.
-                if settings.portfolio != nil {
-                    metadata["rest"] = "\((try? await restURL?()) ?? "none: prices from the stream only")"
-                }
-                logger.info("relay listening", metadata: metadata)
-                try await tasks.waitForAll()
-            }
-        }
+        for filler in assembly.gapFillers.values { await filler.stop() }
+        try? await rest.client?.shutdown()
     }
 }
 

@@ -1,0 +1,286 @@
+import AlpacaWire
+import AsyncHTTPClient
+import Cluster
+import DemoFeed
+import Foundation
+import GapFill
+import Logging
+import MarketDataHub
+import NIOPosix
+import PolygonRESTClient
+import PolygonWire
+import Portfolio
+import PortfolioData
+import PortfolioDomain
+import PortfolioHTTP
+import Prometheus
+import RelayConfiguration
+import RelayServer
+import ServiceLifecycle
+import Synchronization
+import Upstream
+
+/// The parts ``Relay/run()`` puts together, each built by a function of its own: where each market's
+/// events come from, each market (hub, source, gap filler, cluster node), the portfolio sidecar, and
+/// the server.
+extension Relay {
+    /// Every market's upstream, and the REST API the fills and the portfolio ask.
+    struct UpstreamSources: Sendable {
+        var sources: [MarketSource]
+        /// The in-process demo feed, when no upstream is configured.
+        var demoFeed: DemoFeed?
+        /// The REST API's base URL (the demo feed's is known once it listens), `nil`: REST is off.
+        var restURL: (@Sendable () async throws -> String)?
+        /// The key REST requests carry.
+        var restKey: String
+    }
+
+    /// Each market's running parts, its cluster node (when clustered) and its gap filler (with a REST API).
+    struct Assembly: Sendable {
+        var markets: [MarketParts] = []
+        var clusterNodes: [ClusterNode] = []
+        var gapFillers: [Market: GapFiller] = [:]
+    }
+
+    /// The portfolio sidecar's parts (all `nil` when it is off).
+    struct Sidecar: Sendable {
+        var service: PortfolioService?
+        var browser: SecurityBrowser?
+        /// Held until the relay stops: one valuation sidecar per portfolio directory.
+        var lock: SidecarLock?
+        var routes: PortfolioRoutes?
+    }
+
+    /// One REST client for the fills and the portfolio, made when the first needs it. `Sendable`: the
+    /// client behind a `Mutex`.
+    final class RESTClientBox: Sendable {
+        private let made = Mutex<HTTPClient?>(nil)
+
+        /// The client, if one was made.
+        var client: HTTPClient? { made.withLock { $0 } }
+
+        /// The client, made now if none was. A client of this relay's own: the shared one would keep
+        /// pooled connections across relays in one process (tests), and a later relay on a reused port
+        /// got the earlier one's dead ones.
+        func shared() -> HTTPClient {
+            made.withLock { client in
+                if let client { return client }
+                let new = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+                client = new
+                return new
+            }
+        }
+    }
+
+    // MARK: the upstreams
+
+    /// The configured upstreams, or the built-in demo feed serving every market.
+    func upstreamSources() -> UpstreamSources {
+        if let configured = configuredSources() {
+            let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
+            guard let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor == .alpaca }) else {
+                if rest != nil { logger.warning("REST off: an Alpaca upstream's key is not sent to \(rest ?? ""); give the REST API's own key with --rest-key") }
+                return UpstreamSources(sources: configured, restURL: nil, restKey: "")
+            }
+            return UpstreamSources(sources: configured, restURL: rest.map { url in { @Sendable in url } }, restKey: key)
+        }
+        let apiKey = "demo-" + UUID().uuidString
+        let alpaca = settings.upstreamVendor == .alpaca
+        var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
+        // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed, crypto and options.
+        feedConfiguration.markets = alpaca ? [.stocks, .crypto, .options] : Market.allCases
+        feedConfiguration.alpaca = alpaca
+        feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
+        let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
+        let sources = feedConfiguration.servedMarkets.map { market in
+            MarketSource(
+                market: market, apiKey: apiKey,
+                endpoint: {
+                    let url = try await feed.url(for: market)
+                    guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
+                    return endpoint
+                }, caFile: nil, description: alpaca ? "the built-in demo feed (Alpaca's protocol)" : "the built-in demo feed",
+                vendor: alpaca ? .alpaca : .polygon, wire: alpaca ? .alpaca(.standard(for: market)) : .polygon)
+        }
+        let restURL: @Sendable () async throws -> String =
+            settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in "http://127.0.0.1:\(try await feed.listeningPort())" }
+        // Another REST source (`--rest-url`) gets the upstream key, never the demo feed's.
+        let restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamRESTKey ?? settings.upstreamKey ?? ""
+        logger.info("no upstream configured: serving the built-in demo feed for every market")
+        return UpstreamSources(sources: sources, demoFeed: feed, restURL: restURL, restKey: restKey)
+    }
+
+    // MARK: the markets
+
+    /// Every market's parts, one after the other (a cluster node per market, each its own lease and
+    /// NATS connection, spreading leadership).
+    func assembleMarkets(_ upstream: UpstreamSources, rest: RESTClientBox, metricsFactory: PrometheusMetricsFactory) throws -> Assembly {
+        let spread = settings.cluster.map { LeadershipSpread(node: $0.nodeID) }
+        // Gap fill: each upstream market, from the same REST API, at one shared pace (a cluster node
+        // fills only while it leads).
+        let gapFillPace = settings.gapFill.map { RequestPace(perSecond: $0.requestsPerSecond) }
+        if settings.gapFill != nil, upstream.restURL == nil {
+            logger.info("gap fill off: no REST API is known for this upstream (set --rest-url)")
+        }
+        var assembly = Assembly()
+        for source in upstream.sources {
+            try assemble(source, upstream: upstream, spread: spread, gapFillPace: gapFillPace, rest: rest, metricsFactory: metricsFactory, into: &assembly)
+        }
+        return assembly
+    }
+
+    /// One market: its hub, how its upstream client is made, its gap filler, and its source (a cluster
+    /// node, or a single relay's upstream link).
+    private func assemble(
+        _ source: MarketSource, upstream: UpstreamSources, spread: LeadershipSpread?, gapFillPace: RequestPace?, rest: RESTClientBox,
+        metricsFactory: PrometheusMetricsFactory, into assembly: inout Assembly
+    ) throws {
+        let settings = self.settings
+        let clustered = settings.cluster != nil
+        let marketLogger = logger.with(label: "relay.\(source.market)")
+        let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
+        let interest = LocalInterest()
+        let hub = MarketDataHub(
+            policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+            snapshotless: source.vendor == .alpaca ? AlpacaChannel.snapshotless : [],
+            keepsUnwantedLastValues: !clustered,
+            // In a cluster the leader gives the positions and every node adopts them.
+            history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
+        ) { change in
+            interest.apply(change)
+        }
+        // The built-in feed checks the key only: any secret does.
+        let demoSecret: String? = upstream.demoFeed == nil ? nil : "demo"
+        let makeUpstream: @Sendable () async throws -> UpstreamClient = {
+            var configuration = settings.upstreamTuning
+            configuration.endpoint = try await source.endpoint()
+            configuration.apiKey = source.apiKey
+            configuration.caFile = source.caFile
+            configuration.vendor = source.vendor
+            configuration.market = source.market
+            if source.vendor == .alpaca { configuration.secret = demoSecret ?? settings.upstreamSecret }
+            configuration.metricsFactory = marketMetrics
+            // A cluster leader must be gone well inside its lease once it decides to go.
+            if clustered { configuration.closeTimeout = .seconds(1) }
+            return UpstreamClient(configuration: configuration, logger: marketLogger.with(label: "relay.upstream.\(source.market)"))
+        }
+        // The fill maps Polygon's REST results: Alpaca's markets get the outage notices only.
+        if let gapFill = settings.gapFill, let restURL = upstream.restURL, let gapFillPace, source.vendor == .polygon {
+            // The demo feed's REST wants its own key; another source the REST API's own key
+            // (`--rest-key`) when one is given, else the market's upstream key.
+            let key = upstream.demoFeed != nil || settings.upstreamRESTKey != nil || source.apiKey.isEmpty ? upstream.restKey : source.apiKey
+            assembly.gapFillers[source.market] = GapFiller(
+                market: source.market, hub: hub,
+                rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: rest.shared()),
+                pace: gapFillPace, settings: gapFill, metricsFactory: marketMetrics, logger: logger.with(label: "relay.gap-fill.\(source.market)"))
+        }
+        guard let cluster = settings.cluster else {
+            // The built-in feed's loopback address is nobody's business (its port served its faults).
+            let link = UpstreamLink(
+                hub: hub, interest: interest, shownURL: upstream.demoFeed == nil ? nil : source.description, makeUpstream: makeUpstream)
+            assembly.markets.append(MarketParts(source: source, hub: hub, interest: interest, link: link, feed: link))
+            return
+        }
+        let hook = assembly.gapFillers[source.market].map { filler in
+            ClusterGapFillHook(maxTopics: settings.gapFill?.maxTopics ?? 0, maxWindow: settings.gapFill?.maxWindow ?? .seconds(15 * 60)) { request, outlet in
+                await filler.fill(request, into: outlet)
+            }
+        }
+        let node = try ClusterNode(
+            configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
+            logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
+            gapFill: hook, vendor: source.vendor, makeUpstream: makeUpstream)
+        assembly.clusterNodes.append(node)
+        assembly.markets.append(
+            MarketParts(source: source, hub: hub, interest: interest, link: nil, feed: ClusterFeedStatus(node: node, upstream: source.description)))
+    }
+
+    // MARK: the portfolio and the server
+
+    /// The valuation sidecar on the markets' hubs, with its holdings views and security details.
+    func portfolioSidecar(hubs: MarketHubs, upstream: UpstreamSources, rest: RESTClientBox, metricsFactory: PrometheusMetricsFactory) throws -> Sidecar {
+        guard let portfolioSettings = settings.portfolio else { return Sidecar() }
+        let lock = try SidecarLock(directory: portfolioSettings.dataDirectory)
+        guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
+            throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
+        }
+        let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
+        let client = upstream.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: upstream.restKey, client: rest.shared()) }
+        let service = PortfolioService(
+            store: store, hubs: hubs, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
+            pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
+            referencePrices: client.map(ReferencePrices.init(rest:)), closeHistory: portfolioSettings.closeHistory,
+            logger: logger.with(label: "relay.portfolio"))
+        let browser = SecurityBrowser(
+            service: service, loader: SecurityDetailLoader(store: store, hubs: hubs, rest: client, calendar: calendar),
+            capacity: portfolioSettings.securityCacheSize, idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
+            metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
+        logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
+        return Sidecar(service: service, browser: browser, lock: lock, routes: PortfolioRoutes(service: service, browser: browser))
+    }
+
+    /// The downstream server: every market's routes, the portfolio's, metrics and the dashboard.
+    func makeServer(
+        authentication: ClientAuthentication, markets: [MarketParts], routes: PortfolioRoutes?, registry: PrometheusCollectorRegistry
+    ) -> RelayServer {
+        var configuration = RelayServerConfiguration(host: settings.listen.host, port: settings.listen.port, authentication: authentication)
+        configuration.metricsPublic = settings.metricsPublic
+        configuration.limits = settings.limits
+        configuration.cappedTickers = settings.optionsContracts
+        configuration.resume = settings.resume
+        configuration.tls = settings.tls
+        configuration.connectionLimits = settings.connectionLimits
+        configuration.portfolio = routes != nil
+        configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
+        return RelayServer(
+            configuration: configuration,
+            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed, wire: $0.source.wire) }, registry: registry,
+            logger: logger.with(label: "relay.server"),
+            extraRoutes: { router in
+                routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
+            },
+            pushStreams: routes.map { routes in
+                [PushStream(path: "/v1/portfolio/stream", needsPortfolioRight: true) { await routes.valuationFrames() }]
+            } ?? [])
+    }
+
+    /// Runs the parts' group; once every part runs and the server listens, publishes them (``ready()``)
+    /// and says where the relay listens.
+    func run(
+        _ group: ServiceGroup, server: RelayServer, primary: MarketParts, upstream: UpstreamSources, assembly: Assembly, sidecar: Sidecar,
+        authentication: ClientAuthentication
+    ) async throws {
+        let settings = self.settings
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            let port = try await server.listeningPort()
+            let demoPort = try await upstream.demoFeed?.listeningPort()
+            var upstreams: [Market: UpstreamClient] = [:]
+            for market in assembly.markets {
+                if let link = market.link { upstreams[market.source.market] = try await link.upstream() }
+            }
+            readiness.succeed(
+                Components(
+                    hub: primary.hub, upstream: upstreams[primary.source.market], cluster: assembly.clusterNodes.first, server: server,
+                    demoFeed: upstream.demoFeed, portfolio: sidecar.service, securities: sidecar.browser, port: port, demoFeedPort: demoPort,
+                    markets: Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.source.market, $0.hub) }), upstreams: upstreams,
+                    gapFillers: assembly.gapFillers))
+            let scheme = settings.tls == nil ? "ws" : "wss"
+            var metadata: Logger.Metadata = [
+                "ws": "\(scheme)://\(settings.listen.host):\(port)\(primary.source.wire.path(of: primary.source.market))",
+                "upstream": "\(primary.source.description)",
+                "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
+            ]
+            if assembly.markets.count > 1 {
+                metadata["markets"] = "\(assembly.markets.map { $0.source.wire.path(of: $0.source.market) }.joined(separator: " "))"
+            }
+            if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
+            // Where the portfolio's details, histories and reference prices come from.
+            if settings.portfolio != nil {
+                metadata["rest"] = "\((try? await upstream.restURL?()) ?? "none: prices from the stream only")"
+            }
+            logger.info("relay listening", metadata: metadata)
+            try await tasks.waitForAll()
+        }
+    }
+}
