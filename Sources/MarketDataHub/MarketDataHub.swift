@@ -102,11 +102,8 @@ public actor MarketDataHub {
     let metrics: HubHistoryMetrics
     /// Event type → subscribers of its wildcard.
     private var wildcards: [String: [Subscriber]] = [:]
-    private var upstreamWanted: Set<Topic> = []
-    /// Event type → its ticker topics that have subscribers (wanted upstream unless the wildcard is).
-    private var subscribedTickers: [String: Set<Topic>] = [:]
-    /// What joined and left the upstream set during the current call, reported at its end.
-    private var wantedChange = WantedTopicsChange()
+    /// What this hub wants from its source; what a call changed in it is reported at the call's end.
+    private var wanted = WantedSet()
     private var published = 0
     private var laggingCount = 0
     /// Wall time of the last event published, in ms.
@@ -285,47 +282,29 @@ public actor MarketDataHub {
     }
 
     /// A ticker topic got its first subscriber.
-    private func tickerWanted(_ topic: Topic) {
-        subscribedTickers[topic.eventType, default: []].insert(topic)
-        if wildcards[topic.eventType] == nil { upstreamAdd(topic) }
-    }
+    private func tickerWanted(_ topic: Topic) { follow(wanted.tickerSubscribed(topic)) }
 
     /// A ticker topic lost its last subscriber.
-    private func tickerUnwanted(_ topic: Topic) {
-        subscribedTickers[topic.eventType]?.remove(topic)
-        if subscribedTickers[topic.eventType]?.isEmpty == true { subscribedTickers[topic.eventType] = nil }
-        if wildcards[topic.eventType] == nil { upstreamRemove(topic) }
-    }
+    private func tickerUnwanted(_ topic: Topic) { follow(wanted.tickerUnsubscribed(topic)) }
 
     /// The wildcard of a type got its first subscriber: it replaces the type's tickers upstream.
-    private func wildcardWanted(_ eventType: String) {
-        upstreamAdd(.wildcard(eventType))
-        for topic in subscribedTickers[eventType] ?? [] { upstreamRemove(topic) }
-    }
+    private func wildcardWanted(_ eventType: String) { follow(wanted.wildcardSubscribed(eventType)) }
 
     /// The wildcard of a type lost its last subscriber: the type's tickers are wanted again.
-    private func wildcardUnwanted(_ eventType: String) {
-        upstreamRemove(.wildcard(eventType))
-        for topic in subscribedTickers[eventType] ?? [] { upstreamAdd(topic) }
-    }
+    private func wildcardUnwanted(_ eventType: String) { follow(wanted.wildcardUnsubscribed(eventType)) }
 
-    private func upstreamAdd(_ topic: Topic) {
-        guard upstreamWanted.insert(topic).inserted else { return }
-        history?.wanted(topic, now: WallClock.nowMilliseconds())
-        if wantedChange.removed.remove(topic) == nil { wantedChange.added.insert(topic) }
-    }
-
-    private func upstreamRemove(_ topic: Topic) {
-        guard upstreamWanted.remove(topic) != nil else { return }
-        history?.unwanted(topic, now: WallClock.nowMilliseconds())
-        if wantedChange.added.remove(topic) == nil { wantedChange.removed.insert(topic) }
+    /// The history keeps a topic whole from when it is wanted.
+    private func follow(_ step: WantedSet.Step) {
+        guard let history, !step.isEmpty else { return }
+        let now = WallClock.nowMilliseconds()
+        for (topic, wanted) in step {
+            if wanted { history.wanted(topic, now: now) } else { history.unwanted(topic, now: now) }
+        }
     }
 
     /// Tells what the call changed in the upstream set, if anything.
     func reportWantedChange() {
-        guard !wantedChange.isEmpty else { return }
-        let change = wantedChange
-        wantedChange = WantedTopicsChange()
+        guard let change = wanted.takeChange() else { return }
         onWantedTopicsChange(change)
     }
 
@@ -350,7 +329,7 @@ public actor MarketDataHub {
             // Positioned events before the leader's epoch was heard (its notice travels on another
             // subject): kept, under an epoch named when it comes.
             let fresh = EventHistory(limits: limits, epoch: "")
-            for topic in upstreamWanted { fresh.wanted(topic, now: now) }
+            for topic in wanted.topics { fresh.wanted(topic, now: now) }
             history = fresh
         }
         if let history {
@@ -667,7 +646,7 @@ public actor MarketDataHub {
     public var subscriberCount: Int { subscribers.count }
 
     /// The topic set the upstream should be subscribed to right now.
-    public var wantedTopics: Set<Topic> { upstreamWanted }
+    public var wantedTopics: Set<Topic> { wanted.topics }
 
     /// The topics one subscriber has.
     public func topics(of id: SubscriberID) -> Set<Topic> { subscribers[id]?.topics ?? [] }

@@ -1,0 +1,75 @@
+import PolygonWire
+
+/// What a hub wants from its source: every ticker topic that has a subscriber, except those of a type
+/// whose wildcard has one (the wildcard replaces them, and gives them back when its last subscriber
+/// leaves). One of the hub's jobs as a plain value, confined to the hub.
+///
+/// Each step returns what it changed in the set, in order, for the hub's history; the set also gathers
+/// what joined and left during one hub call (``takeChange()``), a topic that joined and left within it
+/// counting as neither.
+struct WantedSet {
+    /// One step's changes, in order: each topic and whether it is now wanted.
+    typealias Step = [(topic: Topic, wanted: Bool)]
+
+    /// The topics wanted now.
+    private(set) var topics: Set<Topic> = []
+    /// Event type → its ticker topics that have subscribers (wanted unless the type's wildcard is).
+    private var tickers: [String: Set<Topic>] = [:]
+    /// Event types whose wildcard has a subscriber.
+    private var wildcards: Set<String> = []
+    private var gathered = WantedTopicsChange()
+
+    /// A ticker topic got its first subscriber.
+    mutating func tickerSubscribed(_ topic: Topic) -> Step {
+        tickers[topic.eventType, default: []].insert(topic)
+        var step: Step = []
+        if !wildcards.contains(topic.eventType) { add(topic, &step) }
+        return step
+    }
+
+    /// A ticker topic lost its last subscriber.
+    mutating func tickerUnsubscribed(_ topic: Topic) -> Step {
+        tickers[topic.eventType]?.remove(topic)
+        if tickers[topic.eventType]?.isEmpty == true { tickers[topic.eventType] = nil }
+        var step: Step = []
+        if !wildcards.contains(topic.eventType) { remove(topic, &step) }
+        return step
+    }
+
+    /// The wildcard of a type got its first subscriber: it replaces the type's tickers.
+    mutating func wildcardSubscribed(_ eventType: String) -> Step {
+        wildcards.insert(eventType)
+        var step: Step = []
+        add(.wildcard(eventType), &step)
+        for topic in tickers[eventType] ?? [] { remove(topic, &step) }
+        return step
+    }
+
+    /// The wildcard of a type lost its last subscriber: the type's tickers are wanted again.
+    mutating func wildcardUnsubscribed(_ eventType: String) -> Step {
+        wildcards.remove(eventType)
+        var step: Step = []
+        remove(.wildcard(eventType), &step)
+        for topic in tickers[eventType] ?? [] { add(topic, &step) }
+        return step
+    }
+
+    /// What joined and left since the last call (`nil`: nothing), and starts gathering afresh.
+    mutating func takeChange() -> WantedTopicsChange? {
+        guard !gathered.isEmpty else { return nil }
+        defer { gathered = WantedTopicsChange() }
+        return gathered
+    }
+
+    private mutating func add(_ topic: Topic, _ step: inout Step) {
+        guard topics.insert(topic).inserted else { return }
+        step.append((topic, true))
+        if gathered.removed.remove(topic) == nil { gathered.added.insert(topic) }
+    }
+
+    private mutating func remove(_ topic: Topic, _ step: inout Step) {
+        guard topics.remove(topic) != nil else { return }
+        step.append((topic, false))
+        if gathered.added.remove(topic) == nil { gathered.removed.insert(topic) }
+    }
+}
