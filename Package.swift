@@ -78,14 +78,21 @@ let package = Package(
             name: "AsyncSupport",
             swiftSettings: strict
         ),
+        // What every vendor shares: the event value, topics, markets, entitlements, limits, positions,
+        // frames. It imports no vendor module; each vendor's wire module depends on it and on nothing else of ours.
         .target(
-            name: "PolygonWire",
+            name: "MarketCore",
             dependencies: [.product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: hotPath
         ),
         .target(
+            name: "PolygonWire",
+            dependencies: ["MarketCore", .product(name: "NIOCore", package: "swift-nio")],
+            swiftSettings: hotPath
+        ),
+        .target(
             name: "AlpacaWire",
-            dependencies: ["PolygonWire", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["MarketCore", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: hotPath
         ),
         .target(

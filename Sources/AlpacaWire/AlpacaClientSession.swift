@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// The client side of Alpaca's conversation for one upstream connection, without I/O: `auth` with the
 /// account's key and secret after `connected`, the whole wanted set subscribed after `authenticated`,

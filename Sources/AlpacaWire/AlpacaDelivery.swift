@@ -1,5 +1,5 @@
 import NIOCore
-import PolygonWire
+import MarketCore
 
 /// Events of an Alpaca hub as a client's frames, in its codec. Each event's bytes are its MessagePack
 /// map as the upstream sent it: a MessagePack client gets them under a new array header, unchanged; a

@@ -1,5 +1,5 @@
 import NIOCore
-import PolygonWire
+import MarketCore
 
 /// Alpaca's events as its stream sends them (MessagePack maps, `t` a timestamp), for the demo feed and
 /// tests: the fields Alpaca's SDKs read into their models. Pure.

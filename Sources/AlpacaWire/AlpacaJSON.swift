@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// JSON for Alpaca's plain WebSocket clients: a MessagePack value written as the JSON Alpaca sends
 /// (a timestamp as an RFC 3339 string with up to nine fraction digits, `"2021-02-22T15:51:44.208Z"`).

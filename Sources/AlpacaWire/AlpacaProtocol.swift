@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// The codec a connection speaks: Alpaca's SDKs ask for MessagePack on the upgrade
 /// (`Content-Type: application/msgpack`); a plain WebSocket client gets JSON.

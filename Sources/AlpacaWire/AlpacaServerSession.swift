@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// The server side of Alpaca's conversation for one connection, without I/O: it reads client messages
 /// (in the connection's codec) and says what to answer and which topics to add or drop.
@@ -81,7 +81,7 @@ public struct AlpacaServerSession: Sendable {
             if let hash = key.lastIndex(of: "#") {
                 let tag = String(key[key.index(after: hash)...])
                 key = String(key[..<hash])
-                guard ServerSession.isSessionTag(tag) else {
+                guard SessionTag.isValid(tag) else {
                     var reaction = error(.authFailed, "a session tag after # has 1 to 64 letters, digits, '.', '_' or '-'")
                     reaction.close = true
                     return reaction

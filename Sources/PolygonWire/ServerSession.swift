@@ -129,17 +129,7 @@ public struct ServerSession: Sendable {
     }
 
     /// Whether `tag` may name a session: 1 to 64 ASCII letters, digits, `.`, `_`, `-`.
-    public static func isSessionTag(_ tag: String) -> Bool {
-        (1...64).contains(tag.utf8.count)
-            && tag.utf8.allSatisfy { byte in
-                switch byte {
-                case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-                    UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "-"):
-                    true
-                default: false
-                }
-            }
-    }
+    public static func isSessionTag(_ tag: String) -> Bool { SessionTag.isValid(tag) }
 
     private mutating func changeTopics(_ action: ClientAction) -> Reaction {
         // Entries (empty ones too, which parsing drops) are counted first: a message far past the limit

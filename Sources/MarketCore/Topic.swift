@@ -135,7 +135,7 @@ extension Topic {
 }
 
 extension StringProtocol {
-    func trimmingWhitespace() -> SubSequence {
+    package func trimmingWhitespace() -> SubSequence {
         var start = startIndex
         var end = endIndex
         while start < end, self[start].isWhitespace { start = index(after: start) }

@@ -32,12 +32,6 @@ public struct MarketEvent: Sendable {
     /// The event's JSON text (for logs, tests and HTTP answers; not for the hot path).
     public var json: String { String(buffer: bytes) }
 
-    /// A status object travelling with events: the relay's notices to its subscribers, written into
-    /// their event stream so they arrive in order with the events around them.
-    public static func notice(_ status: StatusMessage) -> MarketEvent {
-        MarketEvent(eventType: "status", ticker: status.status, bytes: ByteBuffer(string: status.json))
-    }
-
     /// The same event with bytes of its own, not a slice of the message it arrived in: kept for long
     /// (a last value) or queued behind a slow client, it holds its own bytes and nothing more.
     public func compacted() -> MarketEvent {
