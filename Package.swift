@@ -59,7 +59,7 @@ let package = Package(
         .target(
             name: "Cluster",
             dependencies: [
-                "CNats", "PolygonWire", "AlpacaWire", "MarketDataHub", "Upstream", "AsyncSupport",
+                "MarketCore", "CNats", "PolygonWire", "AlpacaWire", "MarketDataHub", "Upstream", "AsyncSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -98,7 +98,7 @@ let package = Package(
         .target(
             name: "Upstream",
             dependencies: [
-                "CLibWebSockets", "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport",
+                "MarketCore", "CLibWebSockets", "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -109,7 +109,7 @@ let package = Package(
         .target(
             name: "MarketDataHub",
             dependencies: [
-                "PolygonWire", "AlpacaWire", "AsyncSupport",
+                "MarketCore", "PolygonWire", "AlpacaWire", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ],
@@ -118,7 +118,7 @@ let package = Package(
         .target(
             name: "RelayServer",
             dependencies: [
-                "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport", "Dashboard",
+                "MarketCore", "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport", "Dashboard",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
@@ -152,7 +152,7 @@ let package = Package(
         .target(
             name: "RelayConfiguration",
             dependencies: [
-                "PolygonWire", "AlpacaWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
+                "MarketCore", "PolygonWire", "AlpacaWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
@@ -185,7 +185,7 @@ let package = Package(
         // stream, snapshots, security details and their cache), and the HTTP surface (routes, JSON).
         .target(
             name: "PortfolioDomain",
-            dependencies: ["PolygonWire", "AlpacaWire", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["MarketCore", "PolygonWire", "AlpacaWire", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .target(
@@ -207,7 +207,7 @@ let package = Package(
         .target(
             name: "GapFill",
             dependencies: [
-                "MarketDataHub", "PolygonRESTClient", "PolygonWire",
+                "MarketCore", "MarketDataHub", "PolygonRESTClient", "PolygonWire",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -217,7 +217,7 @@ let package = Package(
         .target(
             name: "Portfolio",
             dependencies: [
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PolygonWire", "MarketDataHub",
+                "MarketCore", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketDataHub",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -228,7 +228,7 @@ let package = Package(
         .target(
             name: "PortfolioHTTP",
             dependencies: [
-                "Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PolygonWire",
+                "MarketCore", "Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],

@@ -1,6 +1,7 @@
 import AlpacaWire
 import Foundation
 import NIOCore
+import MarketCore
 import PolygonWire
 import Upstream
 

@@ -1,6 +1,6 @@
 import Foundation
 import MarketDataHub
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// How a relay node joins a cluster. Value type, `Sendable`.

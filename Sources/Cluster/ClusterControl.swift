@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// What a cluster's leader tells every node of a market on `<cluster>.ctl.<market>`, in order with the
 /// events (one publisher): one typed value per message, and one codec for every kind.

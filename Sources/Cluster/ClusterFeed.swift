@@ -2,7 +2,7 @@ import Foundation
 import Logging
 import MarketDataHub
 import NIOCore
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// One node's side of the cluster's data path: NATS subscriptions for exactly the topics this node's

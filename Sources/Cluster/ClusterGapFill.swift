@@ -2,7 +2,7 @@ import AsyncSupport
 import Logging
 import MarketDataHub
 import NIOCore
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// How a cluster node fills outages: the fill itself (the relay's `GapFiller`, given to it by the

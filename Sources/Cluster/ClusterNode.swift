@@ -4,7 +4,7 @@ import Foundation
 import Logging
 import MarketDataHub
 import NIOCore
-import PolygonWire
+import MarketCore
 import ServiceLifecycle
 import Synchronization
 import Upstream

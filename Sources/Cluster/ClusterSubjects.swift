@@ -1,5 +1,5 @@
 import AlpacaWire
-import PolygonWire
+import MarketCore
 import Upstream
 
 /// The NATS names one cluster uses for one market: event subjects, control subjects, key-value

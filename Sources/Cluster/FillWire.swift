@@ -1,6 +1,6 @@
 import MarketDataHub
 import NIOCore
-import PolygonWire
+import MarketCore
 
 /// The cluster's gap-fill messages on NATS, as bytes. Pure, `Sendable` values.
 ///

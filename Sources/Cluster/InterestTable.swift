@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// What every live node of the cluster wants, and the union the leader subscribes upstream. Pure,
 /// value type, `Sendable`.

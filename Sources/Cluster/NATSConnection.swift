@@ -2,7 +2,7 @@ import CNats
 import Dispatch
 import Foundation
 import Logging
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// Where the connection to NATS stands, as libnats reports it. Value type, `Sendable`.

@@ -4,7 +4,7 @@ import Logging
 import MarketDataHub
 import NIOCore
 import PolygonRESTClient
-import PolygonWire
+import MarketCore
 
 /// The gap fill's limits. Value type, `Sendable`.
 public struct GapFillSettings: Sendable, Equatable {

@@ -1,6 +1,7 @@
 import Foundation
 import MarketDataHub
 import NIOCore
+import MarketCore
 import PolygonWire
 
 /// Which REST history fills which WebSocket event type, per market, and how a REST result becomes that

@@ -1,5 +1,5 @@
 import NIOCore
-import PolygonWire
+import MarketCore
 
 /// How much of a market's recent events the hub keeps for clients that come back. Value type, `Sendable`.
 public struct HistoryLimits: Sendable, Equatable {

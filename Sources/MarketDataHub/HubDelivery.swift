@@ -1,4 +1,5 @@
 import NIOCore
+import MarketCore
 import PolygonWire
 import Synchronization
 

@@ -1,5 +1,5 @@
 import AsyncSupport
-import PolygonWire
+import MarketCore
 
 /// Feeds a hub from its source's inbox: the one loop between any source and ``MarketDataHub``, beside
 /// the hub rather than in the composition root. A run of queued messages goes to the hub as few calls as

@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// What `MarketDataHub.subscribe(to:)` hands back: the subscriber's identity and its events.
 ///

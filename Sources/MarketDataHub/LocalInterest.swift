@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// The topics a hub wants, handed from the hub's callback (``MarketDataHub``'s `onWantedTopicsChange`)

@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// How a subscriber's state events are merged. Value type, `Sendable`.
 public struct ConflationMode: Sendable, Equatable {

@@ -1,4 +1,5 @@
 import NIOCore
+import MarketCore
 import PolygonWire
 
 /// After an upstream outage: the window no event arrived in, and the topics subscribers hold by name

@@ -1,4 +1,5 @@
 import CoreMetrics
+import MarketCore
 import PolygonWire
 
 /// Where a resuming subscription starts. Value type, `Sendable`.

@@ -1,5 +1,6 @@
 import CoreMetrics
 import Logging
+import MarketCore
 import PolygonWire
 import Synchronization
 

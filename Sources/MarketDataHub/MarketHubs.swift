@@ -1,5 +1,5 @@
 import AlpacaWire
-import PolygonWire
+import MarketCore
 
 /// The hubs of the markets a relay serves, found by the market a ticker names (`X:BTC-USD` → crypto,
 /// plain tickers → stocks; ``Market/of(ticker:)``), for consumers that follow symbols of several markets

@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// Gives events their positions where a cluster's leader publishes them, so every node holds the same
 /// positions: a topic's sequence and the market's, in one epoch (a leadership term). Value type, owned by

@@ -1,5 +1,5 @@
 import AsyncSupport
-import PolygonWire
+import MarketCore
 
 /// What a source (an upstream connection, a cluster node's NATS feed) hands its market's hub, in the
 /// order it happened, so a consumer can tell events before a gap from events after it. Value type,

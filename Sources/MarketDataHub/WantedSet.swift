@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// What a hub wants from its source: every ticker topic that has a subscriber, except those of a type
 /// whose wildcard has one (the wildcard replaces them, and gives them back when its last subscriber

@@ -4,7 +4,7 @@ import PolygonRESTClient
 import Foundation
 import Logging
 import MarketDataHub
-import PolygonWire
+import MarketCore
 import ServiceLifecycle
 
 /// The valuation sidecar: values holdings off the relay's own stream and keeps the daily history.

@@ -1,7 +1,7 @@
 import Foundation
 import AlpacaWire
 import NIOCore
-import PolygonWire
+import MarketCore
 
 /// Reads exact prices out of Polygon events (the number's own text, never a `Double` in between) and
 /// Alpaca's (MessagePack doubles, at their shortest decimal text).

@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// The symbols a portfolio may hold: exactly the tickers a market-feed client may subscribe to
 /// (``SessionLimits/problem(with:)``: letters, digits and `. : / - _`, at most 40 characters), and

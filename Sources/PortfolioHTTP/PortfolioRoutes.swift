@@ -4,7 +4,7 @@ import PortfolioData
 import Foundation
 import Hummingbird
 import NIOCore
-import PolygonWire
+import MarketCore
 
 /// The portfolio's HTTP and WebSocket endpoints, mounted on the relay's own server:
 ///

@@ -1,6 +1,6 @@
 import AlpacaWire
 import Foundation
-import PolygonWire
+import MarketCore
 import Upstream
 import Yams
 

@@ -6,7 +6,7 @@ import Foundation
 import GapFill
 import Logging
 import MarketDataHub
-import PolygonWire
+import MarketCore
 import RelayServer
 import SystemPackage
 import Yams

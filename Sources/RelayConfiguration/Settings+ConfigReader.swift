@@ -4,7 +4,7 @@ import Foundation
 import GapFill
 import Logging
 import MarketDataHub
-import PolygonWire
+import MarketCore
 import RelayServer
 
 // Each configuration type reads its own keys from the resolved reader (flags > environment > file >

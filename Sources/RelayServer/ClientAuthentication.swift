@@ -2,7 +2,7 @@
     import Glibc
 #endif
 
-import PolygonWire
+import MarketCore
 
 /// Which keys downstream clients may authenticate with, and what each may do: the relay's own client
 /// keys, never the upstream key. Value type, `Sendable`.

@@ -1,5 +1,5 @@
 import Crypto
-import PolygonWire
+import MarketCore
 
 /// One downstream client key and its rights. Value type, `Sendable`.
 ///

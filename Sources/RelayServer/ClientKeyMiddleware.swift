@@ -3,7 +3,7 @@ import HTTPTypes
 import Hummingbird
 import HummingbirdCore
 import NIOCore
-import PolygonWire
+import MarketCore
 
 /// The one key check for every HTTP route (and the WebSocket routes other than the market feed, which
 /// authenticates with Polygon's `auth` message): a request carries a client key as

@@ -1,5 +1,6 @@
 import AlpacaWire
 import NIOCore
+import MarketCore
 import PolygonWire
 
 /// What one client message did, in any vendor's protocol. Value type, `Sendable`.

@@ -1,5 +1,5 @@
 import MarketDataHub
-import PolygonWire
+import MarketCore
 
 /// Where the relay's events come from, as the downstream server reports it on `/healthz` and
 /// `/metrics`: a single node's upstream connection, or a cluster node's view of the cluster. The

@@ -1,5 +1,5 @@
 import CoreMetrics
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// How many market WebSocket connections each client key holds, to enforce its `maxConnections`.

@@ -2,6 +2,7 @@ import AlpacaWire
 import MarketDataHub
 import NIOCore
 import NIOWebSocket
+import MarketCore
 import PolygonWire
 import Synchronization
 

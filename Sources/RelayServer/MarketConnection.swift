@@ -2,6 +2,7 @@ import Logging
 import MarketDataHub
 import NIOCore
 import NIOWebSocket
+import MarketCore
 import PolygonWire
 
 /// One downstream market client: the Polygon conversation (``ServerSession``) on the way in, its hub

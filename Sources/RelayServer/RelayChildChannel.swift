@@ -7,7 +7,7 @@ import NIOHTTP1
 import NIOHTTPTypes
 import NIOHTTPTypesHTTP1
 import NIOWebSocket
-import PolygonWire
+import MarketCore
 
 /// How the relay's port sets up each accepted connection: HTTP/1.1 for Hummingbird's router, or a
 /// WebSocket upgrade straight into the relay's own channel handlers (the market feed and the push

@@ -11,6 +11,7 @@ import MarketDataHub
 import Metrics
 import NIOCore
 import NIOWebSocket
+import MarketCore
 import PolygonWire
 import Prometheus
 import ServiceLifecycle

@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// How the downstream server listens and whom it lets in. Value type, `Sendable`.
 public struct RelayServerConfiguration: Sendable {

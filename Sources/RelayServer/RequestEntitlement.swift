@@ -1,5 +1,5 @@
 import Hummingbird
-import PolygonWire
+import MarketCore
 
 extension ClientAuthentication {
     /// The topics the key an HTTP request presents (bearer token, else `apiKey`) may read, as

@@ -1,7 +1,7 @@
 import AlpacaWire
 import MarketDataHub
 import Metrics
-import PolygonWire
+import MarketCore
 
 /// One market the server serves at its own path (`/crypto`): the market, its hub, and its feed's health.
 /// Value type, `Sendable`. Each market's clients reach only its hub, so no event crosses markets.

@@ -1,7 +1,7 @@
 import CoreMetrics
 import MarketDataHub
 import NIOCore
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// How tagged sessions (`KEY#tag`) are kept for a reconnect. Value type, `Sendable`.

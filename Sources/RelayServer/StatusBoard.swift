@@ -1,6 +1,6 @@
 import Foundation
 import MarketDataHub
-import PolygonWire
+import MarketCore
 
 /// What `/v1/status` answers (and the dashboard's overview draws): the feed's state now, the
 /// downstream's counts, rates and latency, the last minutes as one sample per second, and the recent

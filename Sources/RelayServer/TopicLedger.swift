@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 import Synchronization
 
 /// Distinct topics held by the market connections of each key and by all of them, so that no key,

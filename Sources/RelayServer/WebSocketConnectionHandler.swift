@@ -1,5 +1,6 @@
 import NIOCore
 import NIOWebSocket
+import MarketCore
 import PolygonWire
 
 /// What a downstream WebSocket connection does with its messages: the market feed's Polygon

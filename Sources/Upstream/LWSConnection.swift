@@ -3,7 +3,7 @@ import Foundation
 import Logging
 import MarketDataHub
 import NIOCore
-import PolygonWire
+import MarketCore
 import Synchronization
 
 let lwsLogger = Logger(label: "relay.lws")

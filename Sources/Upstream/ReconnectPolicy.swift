@@ -1,4 +1,4 @@
-import PolygonWire
+import MarketCore
 
 /// When to try the upstream again after a connection ends.
 ///

@@ -1,6 +1,6 @@
 import CoreMetrics
 import Foundation
-import PolygonWire
+import MarketCore
 
 /// When a market trades, by a plain weekly calendar in New York time (no holidays: a holiday looks
 /// like a silent upstream and is reconnected once, which is harmless). Pure, `Sendable`.

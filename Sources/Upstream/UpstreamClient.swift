@@ -2,7 +2,7 @@ import CoreMetrics
 import Foundation
 import Logging
 import MarketDataHub
-import PolygonWire
+import MarketCore
 import ServiceLifecycle
 import Synchronization
 

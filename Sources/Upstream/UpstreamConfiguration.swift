@@ -1,6 +1,6 @@
 import CoreMetrics
 import Foundation
-import PolygonWire
+import MarketCore
 
 /// Everything the upstream client needs to hold its one connection. Value type, `Sendable`.
 public struct UpstreamConfiguration: Sendable {

@@ -1,3 +1,4 @@
+import MarketCore
 import PolygonWire
 
 /// The upstream connection's logic, without I/O: when to connect, what an established connection

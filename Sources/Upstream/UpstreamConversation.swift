@@ -1,5 +1,6 @@
 import AlpacaWire
 import NIOCore
+import MarketCore
 import PolygonWire
 
 /// The vendors whose stream the upstream client speaks. Known from the endpoint's host for Polygon's
