@@ -26,6 +26,8 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
         var droppedWeight = 0
         var loss: Loss
         var finished = false
+        /// Producers waiting for room (``push(_:waitingBelow:)``), woken when the consumer is done with a run.
+        var roomWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
     public let capacity: Int
@@ -38,6 +40,8 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     private let wake: AsyncStream<Void>.Continuation
     /// Weight taken by the consumer and not yet done with (see ``drain(_:)``).
     private let inFlight = Atomic<Int>(0)
+    /// Whether a producer waits for room (read by the consumer without the lock).
+    private let hasRoomWaiters = Atomic<Bool>(false)
 
     /// - Parameters:
     ///   - capacity: the most weight queued (and being handled by the consumer) at once.
@@ -62,28 +66,71 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     /// Queues an element (from any thread, without waiting); returns `false` when it was dropped.
     @discardableResult
     public func push(_ element: Element) -> Bool {
-        let weight = weigh(element)
-        let kept = state.withLock { state -> Bool in
-            guard !state.finished else { return false }
-            if weight > 0, state.weight + inFlight.load(ordering: .relaxed) + weight > capacity {
-                state.droppedWeight += weight
-                noteDrop(&state.loss, element)
-                return false
-            }
-            flushLoss(&state)
-            state.weight += weight
-            if let merge, case .element(var last)? = state.items.last {
-                // Taken out first, so the merge changes a uniquely held value in place.
-                state.items[state.items.count - 1] = .lost(emptyLoss, count: 0)
-                let merged = merge(&last, element)
-                state.items[state.items.count - 1] = .element(last)
-                if merged { return true }
-            }
-            state.items.append(.element(element))
-            return true
+        let kept = state.withLock { state in
+            enqueue(element, weight: weigh(element), within: capacity, into: &state) ?? false
         }
         if kept { wake.yield() }
         return kept
+    }
+
+    /// Queues an element once the weight queued leaves room for it within `room` (less than the
+    /// capacity): for a producer that can wait, such as a REST fill, so that it never fills the queue a
+    /// live producer shares with it. Returns `false` when the queue finished (the element is not queued).
+    public func push(_ element: Element, waitingBelow room: Int) async -> Bool {
+        let weight = weigh(element)
+        while true {
+            var outcome: Bool?
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let waiting = state.withLock { state -> Bool in
+                    outcome = enqueue(element, weight: weight, within: room, into: &state, waiting: true)
+                    guard outcome == nil else { return false }
+                    state.roomWaiters.append(continuation)
+                    hasRoomWaiters.store(true, ordering: .releasing)
+                    return true
+                }
+                if !waiting { continuation.resume() }
+            }
+            if let outcome {
+                if outcome { wake.yield() }
+                return outcome
+            }
+        }
+    }
+
+    /// Appends `element` when the weight queued leaves room for it within `limit`. `true`: queued;
+    /// `false`: not (finished, or dropped and noted); `nil`: no room, and `waiting` (nothing dropped).
+    private func enqueue(_ element: Element, weight: Int, within limit: Int, into state: inout State, waiting: Bool = false) -> Bool? {
+        guard !state.finished else { return false }
+        let queued = state.weight + inFlight.load(ordering: .relaxed)
+        // A waiting element heavier than its room goes once nothing else is queued.
+        if weight > 0, queued + weight > limit, !(waiting && queued == 0) {
+            if waiting { return nil }
+            state.droppedWeight += weight
+            noteDrop(&state.loss, element)
+            return false
+        }
+        flushLoss(&state)
+        state.weight += weight
+        if let merge, case .element(var last)? = state.items.last {
+            // Taken out first, so the merge changes a uniquely held value in place.
+            state.items[state.items.count - 1] = .lost(emptyLoss, count: 0)
+            let merged = merge(&last, element)
+            state.items[state.items.count - 1] = .element(last)
+            if merged { return true }
+        }
+        state.items.append(.element(element))
+        return true
+    }
+
+    /// Wakes the producers waiting for room: each looks again.
+    private func wakeRoomWaiters() {
+        guard hasRoomWaiters.load(ordering: .acquiring) else { return }
+        let waiters = state.withLock { state in
+            defer { state.roomWaiters = [] }
+            hasRoomWaiters.store(false, ordering: .releasing)
+            return state.roomWaiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     private func flushLoss(_ state: inout State) {
@@ -97,6 +144,7 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     public func finish() {
         state.withLock { $0.finished = true }
         wake.finish()
+        wakeRoomWaiters()
     }
 
     /// Weight queued now (for tests and gauges).
@@ -122,6 +170,7 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             if !run.isEmpty {
                 await body(run)
                 inFlight.subtract(weight, ordering: .relaxed)
+                wakeRoomWaiters()
                 continue
             }
             if finished { return }

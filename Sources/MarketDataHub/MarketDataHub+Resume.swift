@@ -288,6 +288,14 @@ extension MarketDataHub {
             return
         }
         let replaced = history != nil
+        // What conflation holds of the old term goes out now, ahead of the notices: every position a
+        // connection is sent after the `epoch` notice is the new epoch's.
+        if replaced {
+            for subscriber in subscribers.values where !subscriber.parked {
+                guard let conflation = subscriber.conflation, !conflation.isEmpty else { continue }
+                enqueue(HubDelivery(conflation.takeAll()), to: subscriber)
+            }
+        }
         // A new leadership term: its first event may come before this node heard that the last leader
         // is gone (a kill -9 sends no word; the lease is read every 250 ms). The outage starts here, so
         // its notice comes before that event and the window (and the fill) reaches back to the last

@@ -72,8 +72,9 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
 
 /// A gap fill's results into a source's inbox, in order with the source's events: the fill reaches the
 /// hub through the same door as everything else the source brings (``HubPump``). `inbox` gives the
-/// source's inbox once it exists (`nil`: none, and the results go nowhere). What a full inbox drops is
-/// counted and told to the topic's holders like any dropped event. `Sendable`.
+/// source's inbox once it exists (`nil`: none, and the results go nowhere). Each part waits until the
+/// inbox is less than half full, so a large fill never crowds out the live events sharing it: it goes
+/// at the pace the hub takes it, as when it called the hub itself. `Sendable`.
 public struct InboxOutlet: RecoveryOutlet {
     private let inbox: @Sendable () async -> SourceInbox?
 
@@ -82,7 +83,8 @@ public struct InboxOutlet: RecoveryOutlet {
     }
 
     public func deliverRecovered(_ topic: Topic, _ events: [MarketEvent], order: RecoveryOrder) async -> Int {
-        guard let inbox = await inbox(), inbox.push(.recovered(topic: topic, events: events, order: order)) else { return 0 }
+        guard let inbox = await inbox(), await inbox.push(.recovered(topic: topic, events: events, order: order), waitingBelow: inbox.capacity / 2)
+        else { return 0 }
         return events.count
     }
 

@@ -298,6 +298,9 @@ actor MarketConnection {
                     resuming = await dependencies.shelf.takeOver(sessionName)
                 }
                 if let resume {
+                    // Where the client stands in market sequences is not known from per-topic positions:
+                    // from the epoch's start, so that a break during the replay loses nothing.
+                    if let position = handler.value.acknowledgedPosition { position.start(at: 0, epoch: await hub.position.epoch) }
                     let from: HubResume =
                         switch resume {
                         case .positions(let epoch, let positions): .positions(epoch: epoch, positions)

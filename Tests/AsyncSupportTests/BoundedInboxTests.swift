@@ -77,6 +77,39 @@ struct BoundedInboxTests {
         #expect(await drained(inbox) == ["data([1, 2, 3, 4, 5])", "control(\"x\")", "data([6])"])
     }
 
+    /// A producer that can wait (a REST fill) takes at most the room it is given and drops nothing: the
+    /// live producer sharing the inbox keeps the rest of the capacity.
+    @Test func aWaitingProducerQueuesWithinItsRoomAndNeverDrops() async throws {
+        let inbox = inbox(capacity: 10)
+        let released = AsyncStream<Void>.makeStream()
+        let taken = AsyncStream<Void>.makeStream()
+        let runs = Mutex<[String]>([])
+        let consumer = Task {
+            var gate = released.stream.makeAsyncIterator()
+            await inbox.drain(limit: 1) { items in
+                for item in items { if case .element(let message) = item { runs.withLock { $0.append("\(message)") } } }
+                taken.continuation.yield()
+                _ = await gate.next()  // one run at a time, when the test says
+            }
+        }
+        let producer = Task {
+            var kept = 0
+            for value in 0..<4 where await inbox.push(.data([value, value, value]), waitingBelow: 5) { kept += 1 }
+            return kept
+        }
+        // The first part is taken; the second waits in the queue (3 + 3 > 5 counting what is in hand).
+        var takenRuns = taken.stream.makeAsyncIterator()
+        _ = await takenRuns.next()
+        #expect(inbox.queuedWeight == 3, "only the part in hand: the next one waits for room")
+        #expect(inbox.push(.data([100, 101])), "the live producer still has room")
+        for _ in 0..<6 { released.continuation.yield() }
+        #expect(await producer.value == 4, "every part queued, none dropped")
+        inbox.finish()
+        released.continuation.finish()
+        await consumer.value
+        #expect(runs.withLock { $0 } == ["data([0, 0, 0])", "data([100, 101])", "data([1, 1, 1])", "data([2, 2, 2])", "data([3, 3, 3])"])
+    }
+
     @Test func theConsumerWaitsForAProducerOnAnotherThread() async throws {
         let inbox = inbox(capacity: 1_000)
         let consumer = Task { await drained(inbox) }

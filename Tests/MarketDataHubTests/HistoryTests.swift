@@ -331,6 +331,21 @@ struct EpochNoticeTests {
         #expect(HubDelivery(replay: [notice]).epochStarted == nil, "a replay's are not the stream's own")
     }
 
+    /// What conflation holds of the old term goes out before the `epoch` notice: a tagged connection
+    /// counts every position after the notice as the new epoch's.
+    @Test func conflatedEventsOfTheOldTermComeBeforeTheEpochNotice() async throws {
+        let hub = MarketDataHub(adoptsPositions: true)
+        await hub.startEpoch("old")
+        let subscription = await hub.subscribe(to: topics("Q.AAPL"))
+        await hub.setConflation(ConflationMode(interval: .seconds(60)), for: subscription.id)
+        await hub.publish(EventPosition.stamp([event("Q", "AAPL", 1)], [EventPosition(topic: 1, market: 500)]))
+        #expect(await hub.conflatedPending(for: subscription.id) == 1)
+        await hub.startEpoch("new")
+        let got = try await take(3, from: subscription.events)
+        #expect(got.map { fields($0)["status"] as? String ?? "n\(fields($0)["n"] ?? "")" } == ["n1", "upstream_disconnected", "epoch"])
+        #expect(await hub.conflatedPending(for: subscription.id) == 0)
+    }
+
     /// A new term's first event can reach a node before word that the last leader is gone: the outage
     /// starts with the term, so its notice comes first and the fill reaches back to the old term's last.
     @Test func aNewTermOpensTheOutageBeforeItsFirstEventSoTheFillCoversTheFailover() async throws {
