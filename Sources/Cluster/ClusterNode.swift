@@ -500,11 +500,10 @@ public final class ClusterNode: Service, Sendable {
 
     /// A notice on the control subject; a refused publish is counted and logged.
     private func publish(control: ClusterControl) {
-        for text in control.messages {
-            guard let connection = state.withLock({ $0.connection }), connection.publish(subjects.upstreamControl, text) else {
-                metrics.publishFailed("control", logger: logger)
-                return
-            }
+        let connection = state.withLock { $0.connection }
+        // Each message on its own: a refusal in parts loses only the parts that failed.
+        for text in control.messages where connection?.publish(subjects.upstreamControl, text) != true {
+            metrics.publishFailed("control", logger: logger)
         }
     }
 
