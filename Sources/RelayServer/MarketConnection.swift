@@ -79,6 +79,10 @@ actor MarketConnection {
     private var feed: ClientFeed?
     /// `key#tag` of a tagged session.
     private var sessionName: String?
+    /// A tagged session's name while its market has no epoch yet (a cluster node before its leader's
+    /// first term): positions are tracked, and the session is kept under this name when the connection
+    /// breaks, once an epoch names them.
+    private var unnamedSession: String?
     /// The broken session this one took back: its topics resume from where it broke.
     private var resuming: SessionShelf.Session?
     /// The session is still open on an older connection (closed now): its first subscribe waits for it.
@@ -166,6 +170,10 @@ actor MarketConnection {
                 takingOver = resuming == nil && previous
                 handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
                 feed?.tracksPositions.store(true, ordering: .relaxed)
+            } else if let tag = session.sessionTag {
+                unnamedSession = "\(grant.name)#\(tag)"
+                handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
+                feed?.tracksPositions.store(true, ordering: .relaxed)
             }
             // Messages up to the full size from now on, and no longer pending for its address.
             handler.value.messageLimit.open()
@@ -237,6 +245,8 @@ actor MarketConnection {
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
         var shelved: (String, SessionShelf.Session)?
+        // A session tagged before its market had an epoch is kept if one names its positions now.
+        let sessionName = self.sessionName ?? (dependencies.hub.epoch != nil ? unnamedSession : nil)
         if let sessionName, let grant, let position = handler.value.acknowledgedPosition,
             let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch
         {

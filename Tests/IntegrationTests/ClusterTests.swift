@@ -322,6 +322,37 @@ struct ClusterTests {
         }
     }
 
+    /// A client tagged before its node knew any epoch (a cluster before its leader's first term) still
+    /// has a session: its positions are tracked from the start and named by the epoch that comes.
+    @Test func aClientTaggedBeforeTheFirstTermStillResumes() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            // The first leader waits a lease before it connects upstream: a client now comes before any epoch.
+            for id in ["n1", "n2"] {
+                try await cluster.startNode(id, extra: ["--no-portfolio", "--no-gap-fill"], environment: ["RELAY_RESUME_MARGIN_BYTES": "512"])
+            }
+            let key = "client-key#early"
+            let early = await positionsEpoch(of: "n2", in: cluster)
+            let client = try await WSTestClient.authenticated(url: try cluster.url("n2"), key: key)
+            client.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            _ = try await client.waitForStatus(StatusMessage.Kind.success)
+            let read = try await client.nextEvents(40, timeout: .seconds(30))
+            let positions = read.compactMap { EventPosition.read(from: $0.bytes) }
+            let last = try #require(positions.last)
+            if early?.isEmpty == false { print("note: n2 knew an epoch before the client authenticated (\(early ?? ""))") }
+            await client.close()
+
+            let back = try await WSTestClient.authenticated(url: try cluster.url("n2"), key: key)
+            back.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            let resumed = try await back.waitForStatus(StatusMessage.Kind.resumed)
+            #expect(resumed.fields["gaps"] == nil, "resumed whole: \(resumed.fields)")
+            var sequences = resumed.eventsBefore.compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            sequences += try await back.nextEvents(5).compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            let first = try #require(sequences.first)
+            #expect(first <= last.topic + 1, "replayed from \(first), the client had \(last.topic)")
+            await back.close()
+        }
+    }
+
     /// Each market's lease holder as `/healthz` of `id` reports it.
     func marketLeaders(_ cluster: ClusterHarness, of id: String) async -> [String: String] {
         guard let health = try? await cluster.health(id).body, let markets = health["markets"] as? [String: Any] else { return [:] }
