@@ -59,7 +59,7 @@ let package = Package(
         .target(
             name: "Cluster",
             dependencies: [
-                "MarketCore", "CNats", "PolygonWire", "AlpacaWire", "MarketDataHub", "Upstream", "AsyncSupport",
+                "MarketCore", "CNats", "MarketDataHub", "Upstream", "AsyncSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -98,7 +98,7 @@ let package = Package(
         .target(
             name: "Upstream",
             dependencies: [
-                "MarketCore", "CLibWebSockets", "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport",
+                "MarketCore", "CLibWebSockets", "MarketDataHub", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -109,7 +109,7 @@ let package = Package(
         .target(
             name: "MarketDataHub",
             dependencies: [
-                "MarketCore", "PolygonWire", "AlpacaWire", "AsyncSupport",
+                "MarketCore", "AsyncSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ],
@@ -118,7 +118,7 @@ let package = Package(
         .target(
             name: "RelayServer",
             dependencies: [
-                "MarketCore", "PolygonWire", "AlpacaWire", "MarketDataHub", "AsyncSupport", "Dashboard",
+                "MarketCore", "MarketDataHub", "AsyncSupport", "Dashboard",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
@@ -185,7 +185,7 @@ let package = Package(
         // stream, snapshots, security details and their cache), and the HTTP surface (routes, JSON).
         .target(
             name: "PortfolioDomain",
-            dependencies: ["MarketCore", "PolygonWire", "AlpacaWire", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["MarketCore", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .target(
@@ -207,7 +207,7 @@ let package = Package(
         .target(
             name: "GapFill",
             dependencies: [
-                "MarketCore", "MarketDataHub", "PolygonRESTClient", "PolygonWire",
+                "MarketCore", "MarketDataHub", "PolygonRESTClient",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -260,7 +260,13 @@ let package = Package(
         ),
         .testTarget(
             name: "AlpacaWireTests",
-            dependencies: ["AlpacaWire", "PolygonWire", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["AlpacaWire", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            // One conformance suite: the same specs against every protocol behind the seam.
+            name: "WireProtocolTests",
+            dependencies: ["MarketCore", "PolygonWire", "AlpacaWire", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(

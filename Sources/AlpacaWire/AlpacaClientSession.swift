@@ -13,21 +13,9 @@ import MarketCore
 /// Value type, `Sendable`; one per upstream client, owned by whoever holds its lock. The wanted set
 /// survives a lost connection; the server's subscriptions do not.
 public struct AlpacaClientSession: Sendable {
-    /// What one server control message means.
-    public enum Event: Sendable, Equatable {
-        case connected
-        case authenticated
-        case authFailed(String)
-        case connectionLimit(String)
-        case authTimeout(String)
-        /// The `subscription` reply (what the server now sends).
-        case subscribed(String)
-        /// A subscribe refused (405 symbol limit, 409 insufficient subscription, 410 …): its topics.
-        case refused(code: Int, message: String, topics: Set<Topic>)
-        /// Another error: logged.
-        case error(code: Int, message: String)
-        case other(String)
-    }
+    /// What one server control message means, in the relay's words (``UpstreamSignal``): Alpaca's 406 is
+    /// `maxConnections`, its `subscription` reply `acknowledged`, an error `"<code> <msg>"`.
+    public typealias Event = UpstreamSignal
 
     public struct Reaction: Sendable, Equatable {
         /// Client messages (MessagePack), in order.
@@ -73,7 +61,7 @@ public struct AlpacaClientSession: Sendable {
             return Reaction(send: send("subscribe", subscribed), event: .authenticated)
         case "subscription":
             if !lostTrack, !awaiting.isEmpty { awaiting.removeFirst() }
-            return Reaction(event: .subscribed(Self.describe(control)))
+            return Reaction(event: .acknowledged(Self.describe(control)))
         case "error":
             let code = Int(control["code"]?.integer ?? 0)
             switch code {
@@ -85,26 +73,26 @@ public struct AlpacaClientSession: Sendable {
                 return Reaction(event: .authFailed("\(code) \(message)"))
             case AlpacaError.connectionLimitExceeded.rawValue:
                 isAuthenticated = false
-                return Reaction(event: .connectionLimit("\(code) \(message)"))
+                return Reaction(event: .maxConnections("\(code) \(message)"))
             case AlpacaError.authTimeout.rawValue:
                 return Reaction(event: .authTimeout("\(code) \(message)"))
             case AlpacaError.invalidSyntax.rawValue, AlpacaError.symbolLimitExceeded.rawValue, AlpacaError.insufficientSubscription.rawValue,
                 AlpacaError.invalidSubscribeAction.rawValue:
                 // The answer to the oldest message not answered yet. Other errors (407 slow client, 500
                 // internal error) come unasked and answer nothing.
-                guard isAuthenticated, !lostTrack, !awaiting.isEmpty else { return Reaction(event: .error(code: code, message: message)) }
+                guard isAuthenticated, !lostTrack, !awaiting.isEmpty else { return Reaction(event: .error("\(code) \(message)")) }
                 let answered = awaiting.removeFirst()
-                guard answered.subscribes else { return Reaction(event: .error(code: code, message: message)) }
+                guard answered.subscribes else { return Reaction(event: .error("\(code) \(message)")) }
                 // Nothing of the message was done: the server does not send these topics.
                 let topics = answered.topics.intersection(wanted)
                 subscribed.subtract(answered.topics)
                 refused.formUnion(topics)
                 return Reaction(event: .refused(code: code, message: message, topics: topics))
             default:
-                return Reaction(event: .error(code: code, message: message))
+                return Reaction(event: .error("\(code) \(message)"))
             }
         default:
-            return Reaction(event: .other(Self.describe(control)))
+            return Reaction(event: .other(status: "alpaca", message: Self.describe(control)))
         }
     }
 
@@ -186,5 +174,20 @@ public struct AlpacaClientSession: Sendable {
 
     private static func describe(_ value: MessagePack.Value) -> String {
         String(decoding: AlpacaJSON.text(value).prefix(300), as: UTF8.self)
+    }
+}
+
+extension AlpacaClientSession: UpstreamSession {
+    /// A control map from ``AlpacaWireProtocol/readUpstream(_:receivedAt:market:)``, in the relay's words.
+    public mutating func react(to control: UpstreamControl) -> UpstreamReaction {
+        guard let value = control.message as? MessagePack.Value else {
+            return UpstreamReaction(signal: .other(status: "mismatch", message: "a control message of another protocol"))
+        }
+        let reaction = receive(value)
+        return UpstreamReaction(send: reaction.send, signal: reaction.event)
+    }
+
+    public mutating func want(_ topics: Set<Topic>) -> [[UInt8]] {
+        setWanted(topics)
     }
 }

@@ -3,9 +3,8 @@ import MarketCore
 
 /// Events of an Alpaca hub as a client's frames, in its codec. Each event's bytes are its MessagePack
 /// map as the upstream sent it: a MessagePack client gets them under a new array header, unchanged; a
-/// JSON client gets each written as Alpaca's JSON. The relay's own notices (Polygon-style statuses in
-/// the hub) become `{"T":"relay","status":…,"msg":…}`, each alone in its frame: a `T` the SDKs pass over.
-/// Pure.
+/// JSON client gets each written as Alpaca's JSON. The relay's own notices are maps too (rendered by
+/// ``AlpacaWireProtocol/render(_:)``), each alone in its frame. Pure.
 ///
 /// Framing is two steps, so the costly one can be shared: ``element(_:codec:)`` makes one event's
 /// element of an array in the codec (for JSON a conversion, which the relay makes once per event of a
@@ -23,7 +22,7 @@ public enum AlpacaDelivery {
         }
     }
 
-    /// An event's element in `codec`: a MessagePack event's own bytes, its JSON, or a notice's map.
+    /// An event's element in `codec`: a MessagePack event's (or notice's) own bytes, or its JSON.
     /// `nil`: an event whose bytes are not one MessagePack value (the hub only holds checked ones).
     public static func element(_ event: borrowing MarketEvent, codec: AlpacaCodec) -> Element? {
         elementBytes(event, codec: codec).map { Element(bytes: $0, isNotice: event.isNotice) }
@@ -31,10 +30,6 @@ public enum AlpacaDelivery {
 
     /// The bytes of ``element(_:codec:)``: what a hub keeps per event of a publish for its JSON clients.
     public static func elementBytes(_ event: borrowing MarketEvent, codec: AlpacaCodec) -> ByteBuffer? {
-        if event.isNotice {
-            let map = notice(event)
-            return ByteBuffer(bytes: codec == .messagePack ? MessagePack.encode(map) : AlpacaJSON.text(map))
-        }
         switch codec {
         case .messagePack:
             return event.bytes
@@ -97,24 +92,5 @@ public enum AlpacaDelivery {
             out.writeInteger(UInt8(ascii: "]"))
             return out
         }
-    }
-
-    /// A hub notice (`{"ev":"status","status":…,"message":…}`) in Alpaca's shape.
-    /// An `error` status with a `code` (a subscription the upstream refused) is Alpaca's own error, with
-    /// that code: the SDKs log it, as they would Alpaca's.
-    static func notice(_ event: borrowing MarketEvent) -> MessagePack.Value {
-        var entries: [MessagePack.Value.Entry] = [.init(.string("T"), .string(AlpacaControl.noticeType))]
-        let parsed = AlpacaJSONReader.value(Array(event.bytes.readableBytesView))
-        if let parsed, parsed["status"]?.string == "error", let code = parsed["code"]?.integer,
-            let error = AlpacaError(rawValue: Int(code))
-        {
-            return error.message(detail: parsed["message"]?.string)
-        }
-        if case .map(let fields)? = parsed {
-            for field in fields where field.key != .string("ev") {
-                entries.append(field.key == .string("message") ? .init(.string("msg"), field.value) : field)
-            }
-        }
-        return .map(entries)
     }
 }

@@ -58,9 +58,6 @@ public struct AlpacaServerSession: Sendable {
         rate = MessageRate(limits)
     }
 
-    /// What the server sends first.
-    public var connectedFrame: [UInt8] { codec.frame([AlpacaControl.connected]) }
-
     /// Handles one client message (arriving at `now`).
     public mutating func receive(_ message: [UInt8], at now: ContinuousClock.Instant = .now) -> Reaction {
         guard rate.admit(at: now) else {

@@ -1,19 +1,17 @@
-import AlpacaWire
 import Foundation
 import NIOCore
 import MarketCore
-import PolygonWire
 import Upstream
 
 /// What a node accepts from NATS. Anyone who may publish on the cluster's subjects reaches these
 /// checks (NATS permissions, see README, are what keeps others out); what fails them is counted and
 /// logged by the caller, never used. Pure functions, safe from any thread.
 public enum ClusterChecks {
-    /// An event message: exactly one JSON object (no array, nothing after it), a market event whose
-    /// `ev` and ticker field name the topic its subject names (the ticker in `market`'s topic form: a
-    /// crypto `pair` `BTC-USD` names `X:BTC-USD`). Returns the event, or why not.
+    /// An event message: exactly one event of the market's protocol (``WireProtocol/checkedEvent(_:topic:market:receivedAt:)``)
+    /// whose own fields name the topic its subject names, within the size bounds, with plausible
+    /// positions. Returns the event, or why not.
     public static func event(
-        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market = .stocks, vendor: UpstreamVendor = .polygon, receivedAt: UInt64 = 0
+        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, wire: any WireProtocol, receivedAt: UInt64 = 0
     ) -> Result<MarketEvent, Rejection> {
         // A market event is far smaller, and a ticker far shorter, than what a publisher could send:
         // past them, the hub and every subscriber's buffer would hold what nobody bounded in bytes.
@@ -21,23 +19,16 @@ public enum ClusterChecks {
         guard topic.ticker.utf8.count <= SessionLimits().maxTickerLength else {
             return .failure(Rejection("a ticker of \(topic.ticker.utf8.count) bytes (at most \(SessionLimits().maxTickerLength))"))
         }
-        if vendor == .alpaca { return alpacaEvent(payload, topic: topic, receivedAt: receivedAt) }
-        guard let first = payload.first(where: { !isWhitespace($0) }), first == UInt8(ascii: "{") else {
-            return .failure(Rejection("not one JSON object (\(payload.count) bytes)"))
+        switch wire.checkedEvent(payload, topic: topic, market: market, receivedAt: receivedAt) {
+        case .success(let event): return checkedPosition(event)
+        case .failure(let rejection): return .failure(Rejection(rejection.reason))
         }
-        let parsed: ParsedFrame
-        do {
-            parsed = try FrameParser.parse(ByteBuffer(bytes: payload), receivedAt: receivedAt, market: market)
-        } catch {
-            return .failure(Rejection("malformed JSON: \(error)"))
-        }
-        guard parsed.statuses.isEmpty, parsed.events.count == 1, let event = parsed.events.first else {
-            return .failure(Rejection("not a market event"))
-        }
-        guard event.eventType == topic.eventType, event.ticker == topic.ticker else {
-            return .failure(Rejection("an event of \(event.topic) on the subject of \(topic)"))
-        }
-        return checkedPosition(event)
+    }
+
+    /// The topic rules of a cluster's market (`market` as its subjects name it) in its protocol: the
+    /// event types it has (any, for a market the relay does not know).
+    public static func rules(ofMarket market: String, wire: any WireProtocol) -> SessionLimits {
+        SessionLimits(eventTypes: Market(rawValue: market).map { wire.eventTypes(of: $0) })
     }
 
     /// The largest event a node takes from NATS.
@@ -53,25 +44,8 @@ public enum ClusterChecks {
     }
 
     /// The same for a stored value (the cluster's last-value store).
-    public static func event(_ bytes: [UInt8], topic: Topic, market: Market = .stocks, vendor: UpstreamVendor = .polygon) -> Result<MarketEvent, Rejection> {
-        bytes.withUnsafeBytes { event($0, topic: topic, market: market, vendor: vendor) }
-    }
-
-    /// An Alpaca event: exactly one MessagePack map whose `T` and `S` name the topic.
-    static func alpacaEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, receivedAt: UInt64) -> Result<MarketEvent, Rejection> {
-        let item: AlpacaFrame.Item
-        do {
-            item = try AlpacaFrame.readOne(payload)
-        } catch {
-            return .failure(Rejection("malformed MessagePack: \(error)"))
-        }
-        guard case .event(let type, let symbol, _) = item else {
-            return .failure(Rejection("not one Alpaca event (\(payload.count) bytes)"))
-        }
-        guard type == topic.eventType, symbol == topic.ticker else {
-            return .failure(Rejection("an event of \(type).\(symbol) on the subject of \(topic)"))
-        }
-        return checkedPosition(MarketEvent(eventType: type, ticker: symbol, bytes: ByteBuffer(bytes: payload), receivedAt: receivedAt))
+    public static func event(_ bytes: [UInt8], topic: Topic, market: Market, wire: any WireProtocol) -> Result<MarketEvent, Rejection> {
+        bytes.withUnsafeBytes { event($0, topic: topic, market: market, wire: wire) }
     }
 
     /// A node's interest: the topics that pass the market's topic rules, and why the others did not.
@@ -89,10 +63,6 @@ public enum ClusterChecks {
         }
         if refusedCount > refused.count { refused.append("and \(refusedCount - refused.count) more") }
         return (accepted, refused)
-    }
-
-    static func isWhitespace(_ byte: UInt8) -> Bool {
-        byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\n") || byte == UInt8(ascii: "\r") || byte == UInt8(ascii: "\t")
     }
 
     /// Why a message was refused. Value type, `Sendable`.

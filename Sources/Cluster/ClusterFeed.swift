@@ -63,7 +63,7 @@ final class ClusterFeed: Sendable {
                 return
             }
             switch ClusterChecks.event(
-                payload, topic: topic, market: subjects.wireMarket, vendor: subjects.vendor, receivedAt: MonotonicClock.nanoseconds()) {
+                payload, topic: topic, market: subjects.wireMarket, wire: hub.wire, receivedAt: MonotonicClock.nanoseconds()) {
             case .success(let event):
                 // A drop is counted and announced by the inbox and the pump.
                 self.inbox.push(.events([event]))

@@ -97,13 +97,14 @@ final class ClusterGapFill: Sendable {
         self.sequencer = sequencer
         self.metrics = metrics
         self.logger = logger
-        let rules = SessionLimits(eventTypes: subjects.eventTypes)
+        let rules = ClusterChecks.rules(ofMarket: subjects.market, wire: hub.wire)
+        let wire = hub.wire
         self.rules = rules
         let inbox = AskInbox()
         self.inbox = inbox
         let maxWindow = hook.maxWindow
         askSink = NATSMessageSink { _, payload in
-            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, rules: rules) else {
+            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, wire: wire, rules: rules) else {
                 return metrics.rejected("fill_ask", "an ask that does not read (\(payload.count) bytes)", logger: logger)
             }
             guard FillWire.fillable(ask, maxWindow: maxWindow) else {
@@ -132,9 +133,9 @@ final class ClusterGapFill: Sendable {
             if !sent { metrics.publishFailed("fill_ask", logger: logger) }
         }
         // Every node reads every ask (its own too), so it knows which topics a fill may bring.
-        let (asked, rules, maxWindow) = (self.asked, self.rules, hook.maxWindow)
+        let (asked, rules, maxWindow, wire) = (self.asked, self.rules, hook.maxWindow, hub.wire)
         let watch = NATSMessageSink { _, payload in
-            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, rules: rules),
+            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, wire: wire, rules: rules),
                 FillWire.fillable(ask, maxWindow: maxWindow)
             else { return }
             asked.note(ask.topics.map(\.topic))
@@ -145,7 +146,7 @@ final class ClusterGapFill: Sendable {
             guard let feed else { return }
             switch payload.first {
             case UInt8(ascii: "E"):
-                guard let (topic, order, events) = FillWire.readEvents(payload, market: subjects.wireMarket) else {
+                guard let (topic, order, events) = FillWire.readEvents(payload, market: subjects.wireMarket, wire: wire) else {
                     return metrics.rejected("fill", "recovered events that do not read (\(payload.count) bytes)", logger: logger)
                 }
                 guard asked.contains(topic) else {

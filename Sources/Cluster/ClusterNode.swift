@@ -87,15 +87,15 @@ public final class ClusterNode: Service, Sendable {
     package init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
-        stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil, vendor: UpstreamVendor = .polygon,
+        stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil,
         makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
     ) throws(ClusterError) {
         self.stampsPositions = stampsPositions
         self.configuration = configuration
         self.market = market
         self.spread = spread
-        subjects = try ClusterSubjects(cluster: configuration.name, market: market, vendor: vendor)
-        topicRules = SessionLimits(eventTypes: subjects.eventTypes)
+        subjects = try ClusterSubjects(cluster: configuration.name, market: market)
+        topicRules = ClusterChecks.rules(ofMarket: market, wire: hub.wire)
         self.hub = hub
         self.localInterest = localInterest
         self.makeUpstream = makeUpstream
@@ -137,7 +137,7 @@ public final class ClusterNode: Service, Sendable {
     public func lastEvent(for topic: Topic) async -> MarketEvent? {
         guard !topic.isWildcard, let bucket = state.withLock({ $0.lastValueBucket }) else { return nil }
         guard let entry = try? await bucket.get(subjects.lastValueKey(for: topic)), !entry.value.isEmpty else { return nil }
-        switch ClusterChecks.event(entry.value, topic: topic, market: subjects.wireMarket, vendor: subjects.vendor) {
+        switch ClusterChecks.event(entry.value, topic: topic, market: subjects.wireMarket, wire: hub.wire) {
         case .success(let event): return event
         case .failure(let rejection):
             metrics.rejected("event", "\(rejection) (last-value store, \(topic))", logger: logger)

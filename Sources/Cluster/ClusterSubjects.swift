@@ -1,6 +1,4 @@
-import AlpacaWire
 import MarketCore
-import Upstream
 
 /// The NATS names one cluster uses for one market: event subjects, control subjects, key-value
 /// buckets and keys. Pure, value type, `Sendable`.
@@ -16,12 +14,8 @@ public struct ClusterSubjects: Sendable, Equatable {
     /// `<cluster>.md.<market>.`, the prefix of every event subject.
     public let eventPrefix: String
 
-    /// Whose protocol the market's events are in (how a node checks them).
-    public let vendor: UpstreamVendor
-
     /// - Throws: when the cluster name or market is not a plain token (letters, digits, `-`, `_`).
-    public init(cluster: String, market: String, vendor: UpstreamVendor = .polygon) throws(ClusterError) {
-        self.vendor = vendor
+    public init(cluster: String, market: String) throws(ClusterError) {
         for (what, name) in [("cluster name", cluster), ("market", market)] {
             guard !name.isEmpty, name.utf8.allSatisfy({ Self.isPlain($0) }) else {
                 throw .invalidName("\(what) \"\(name)\": use letters, digits, - and _ only")
@@ -80,10 +74,6 @@ public struct ClusterSubjects: Sendable, Equatable {
     /// The market whose ticker form events on these subjects are checked in.
     public var wireMarket: Market { Market(rawValue: market) ?? .stocks }
 
-    /// The event types the market's topics have (Polygon's market's, or an Alpaca feed's channels').
-    public var eventTypes: Set<String>? {
-        vendor == .alpaca ? AlpacaFeed.standard(for: wireMarket).eventTypes : SessionLimits.eventTypes(ofMarket: market)
-    }
     /// The bucket holding each topic's last event, for snapshots on any node.
     public var lastValueBucket: String { "\(cluster)-last-\(market)" }
     public func lastValueKey(for topic: Topic) -> String { Self.token(topic.eventType) + "." + Self.token(topic.ticker) }

@@ -89,7 +89,7 @@ enum FillWire {
     // MARK: reading
 
     /// An ask; its topics must pass `rules` and its events `market`'s checks.
-    static func readAsk(_ bytes: UnsafeRawBufferPointer, market: Market, rules: SessionLimits) -> Ask? {
+    static func readAsk(_ bytes: UnsafeRawBufferPointer, market: Market, wire: any WireProtocol, rules: SessionLimits) -> Ask? {
         var reader = Reader(bytes)
         guard let head = reader.line(), head.count == 5, head[0] == "A", let node = ClusterSubjects.decodeToken(head[1]),
             let generation = Int(head[2]), let from = Int64(head[3]), let through = Int64(head[4]), Self.plausible(from, through)
@@ -102,7 +102,7 @@ enum FillWire {
             else { return nil }
             var lastBefore: MarketEvent?
             if length > 0 {
-                guard case .success(let event) = ClusterChecks.event(last, topic: topic, market: market) else { return nil }
+                guard case .success(let event) = ClusterChecks.event(last, topic: topic, market: market, wire: wire) else { return nil }
                 lastBefore = event
             }
             topics.append(GapFillRequest.Held(topic: topic, holders: holders, lastBefore: lastBefore))
@@ -111,7 +111,7 @@ enum FillWire {
     }
 
     /// Recovered events of one topic.
-    static func readEvents(_ bytes: UnsafeRawBufferPointer, market: Market) -> (Topic, RecoveryOrder, [MarketEvent])? {
+    static func readEvents(_ bytes: UnsafeRawBufferPointer, market: Market, wire: any WireProtocol) -> (Topic, RecoveryOrder, [MarketEvent])? {
         var reader = Reader(bytes)
         guard let head = reader.line(), head.count == 4, head[0] == "E", let order = RecoveryOrder(rawValue: String(head[1])),
             let topic = topic(head[2], head[3]), !topic.isWildcard
@@ -119,7 +119,7 @@ enum FillWire {
         var events: [MarketEvent] = []
         while !reader.isAtEnd {
             guard let fields = reader.line(), fields.count == 1, let length = Int(fields[0]), length > 0, let bytes = reader.bytes(length),
-                case .success(let event) = ClusterChecks.event(bytes, topic: topic, market: market)
+                case .success(let event) = ClusterChecks.event(bytes, topic: topic, market: market, wire: wire)
             else { return nil }
             events.append(event)
         }

@@ -2,7 +2,6 @@ import Foundation
 import MarketDataHub
 import NIOCore
 import MarketCore
-import PolygonWire
 
 /// Which REST history fills which WebSocket event type, per market, and how a REST result becomes that
 /// event: trades (`/v3/trades`), quotes (`/v3/quotes`) and minute bars (`range/1/minute`). Pure, `Sendable`.
@@ -92,10 +91,10 @@ public enum RecoveredEvents {
     /// The ticker field and its value as the market's events carry it.
     static func tickerField(_ ticker: String, in market: Market, bar: Bool = false) -> (String, String) {
         switch market {
-        case .crypto: ("pair", StatusMessage.quoted(ticker.hasPrefix("X:") ? String(ticker.dropFirst(2)) : ticker))
+        case .crypto: ("pair", quoted(ticker.hasPrefix("X:") ? String(ticker.dropFirst(2)) : ticker))
         case .forex:
-            (bar ? "pair" : "p", StatusMessage.quoted((ticker.hasPrefix("C:") ? String(ticker.dropFirst(2)) : ticker).replacingOccurrences(of: "-", with: "/")))
-        default: ("sym", StatusMessage.quoted(ticker))
+            (bar ? "pair" : "p", quoted((ticker.hasPrefix("C:") ? String(ticker.dropFirst(2)) : ticker).replacingOccurrences(of: "-", with: "/")))
+        default: ("sym", quoted(ticker))
         }
     }
 
@@ -105,6 +104,9 @@ public enum RecoveredEvents {
 
     /// Unix ms of a trade or quote: SIP time, or the participant's where there is no SIP; `nil` when
     /// neither is a plausible time.
+    /// A JSON string value.
+    private static func quoted(_ text: String) -> String { "\"" + JSONText.escape(text) + "\"" }
+
     static func milliseconds(_ result: RESTPage.Result) -> Int64? {
         guard let nanoseconds = result.integer(.sipTimestamp) ?? result.integer(.participantTimestamp), nanoseconds > 0 else { return nil }
         let milliseconds = nanoseconds / 1_000_000

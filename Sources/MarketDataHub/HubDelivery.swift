@@ -1,6 +1,5 @@
 import NIOCore
 import MarketCore
-import PolygonWire
 import Synchronization
 
 /// A subscriber's share of one published message, or a few events of its own (a notice, a snapshot on
@@ -10,12 +9,14 @@ import Synchronization
 /// shared ``PublishedEvents``, and each subscriber's element names its events in it with a bit mask over
 /// a window of up to 64 of them. A publish thus costs one retain per subscriber instead of a copy of
 /// every matching event into an array of its own.
-public struct HubDelivery: Sendable {
+public struct HubDelivery: Sendable, EventRun {
     @usableFromInline
     enum Content: Sendable {
         /// The events of `published.events[base ..< base + 64]` whose bits are set in `mask`.
         case selected(PublishedEvents, base: Int, mask: UInt64)
-        case events([MarketEvent])
+        /// A subscriber's own events; `epoch`: they are the notice that the market's positions start
+        /// again under that epoch.
+        case events([MarketEvent], epoch: String?)
         /// Events outside the subscriber's bound: a resume's replay (bounded by the history and by
         /// ``HistoryLimits/eventsPerResume`` instead).
         case replay(ArraySlice<MarketEvent>)
@@ -28,7 +29,12 @@ public struct HubDelivery: Sendable {
     }
 
     init(_ events: [MarketEvent]) {
-        content = .events(events)
+        content = .events(events, epoch: nil)
+    }
+
+    /// The notice that positions start again under `epoch`, on its own.
+    init(epochNotice notice: MarketEvent, epoch: String) {
+        content = .events([notice], epoch: epoch)
     }
 
     private init(content: Content) {
@@ -55,7 +61,7 @@ public struct HubDelivery: Sendable {
     public var count: Int {
         switch content {
         case .selected(_, _, let mask): mask.nonzeroBitCount
-        case .events(let events): events.count
+        case .events(let events, _): events.count
         case .replay(let events): events.count
         }
     }
@@ -64,7 +70,7 @@ public struct HubDelivery: Sendable {
     public var marketEventCount: Int {
         switch content {
         case .selected(_, _, let mask): mask.nonzeroBitCount
-        case .events(let events): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
+        case .events(let events, _): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
         case .replay(let events): events.reduce(0) { $0 + ($1.isNotice ? 0 : 1) }
         }
     }
@@ -91,15 +97,8 @@ public struct HubDelivery: Sendable {
     /// The epoch its `epoch` notice starts (a cluster's new leadership term: the market sequences of the
     /// events after it count afresh), if it carries one. Such a notice comes on its own.
     public var epochStarted: String? {
-        guard case .events(let events) = content, events.count == 1, let event = events.first, event.isNotice,
-            event.ticker == StatusMessage.Kind.epoch
-        else { return nil }
-        let view = event.bytes.readableBytesView
-        let key = Array(#","epoch":""#.utf8)
-        guard let found = view.firstRange(of: key) else { return nil }
-        let value = view[found.upperBound...]
-        guard let end = value.firstIndex(of: UInt8(ascii: "\"")) else { return nil }
-        return String(decoding: value[..<end], as: UTF8.self)
+        guard case .events(_, let epoch) = content else { return nil }
+        return epoch
     }
 
     /// Appends its events, in order, to an array.
@@ -121,7 +120,7 @@ public struct HubDelivery: Sendable {
                 body(published.events[index], published.converted(at: index, convert))
                 mask &= mask &- 1
             }
-        case .events(let events):
+        case .events(let events, _):
             for event in events { body(event, convert(event)) }
         case .replay(let events):
             for event in events { body(event, convert(event)) }
@@ -138,7 +137,7 @@ public struct HubDelivery: Sendable {
                     mask &= mask &- 1
                 }
             }
-        case .events(let events):
+        case .events(let events, _):
             events.withUnsafeBufferPointer { events in
                 for index in events.indices { body(events[index]) }
             }
@@ -190,8 +189,8 @@ public struct HubDelivery: Sendable {
                 mask &= ~lowest
             }
             return HubDelivery(published, base: base, mask: kept)
-        case .events(let events):
-            return HubDelivery(Array(events.prefix(max(count, 0))))
+        case .events(let events, let epoch):
+            return HubDelivery(content: .events(Array(events.prefix(max(count, 0))), epoch: count > 0 ? epoch : nil))
         case .replay:
             return self
         }

@@ -1,6 +1,5 @@
 import NIOCore
 import MarketCore
-import PolygonWire
 
 /// After an upstream outage: the window no event arrived in, and the topics subscribers hold by name
 /// (most held first), each with the last event the relay had of it. `Sendable`.
@@ -270,11 +269,11 @@ extension MarketDataHub {
         for subscriber in holders where !subscriber.parked {
             let queued = subscriber.queue.replaying.load(ordering: .relaxed)
             guard queued + events.count <= bound else {
-                let notice = StatusMessage(
-                    status: StatusMessage.Kind.gap,
+                let notice = Notice(
+                    .gap,
                     message: "\(topic): \(events.count) recovered events of the outage not sent: this connection has \(queued) replayed events it has not read yet (at most \(bound))",
-                    fields: ["topic": StatusMessage.quoted(topic.description)])
-                enqueue(HubDelivery([.notice(notice)]), to: subscriber)
+                    details: ["topic": .text(topic.description)])
+                enqueue(HubDelivery([wire.render(notice)]), to: subscriber)
                 continue
             }
             _ = yield(HubDelivery(replay: events), count: 0, to: subscriber)
@@ -353,22 +352,22 @@ extension MarketDataHub {
         for (_, held) in perSubscriber {
             let topics = held.topics.sorted()
             let recovered = topics.filter { summary.recovered[$0] != nil || delivered[$0, default: 0] > 0 }.map { topic in
-                "\(StatusMessage.quoted(topic.description)):\(delivered[topic] ?? 0)"
+                Notice.Detail(topic.description, .number(Int64(delivered[topic] ?? 0)))
             }
-            let missing = topics.compactMap { topic in
-                summary.missing[topic].map { "\(StatusMessage.quoted(topic.description)):\(StatusMessage.quoted($0))" }
-            }
+            let missing = topics.compactMap { topic in summary.missing[topic].map { Notice.Detail(topic.description, .text($0)) } }
             let complete = missing.isEmpty
             let count = topics.reduce(0) { $0 + (delivered[$1] ?? 0) }
-            var fields = ["topics": "{" + recovered.joined(separator: ",") + "}", "complete": complete ? "true" : "false"]
-            if !complete { fields["missing"] = "{" + missing.joined(separator: ",") + "}" }
-            let status = StatusMessage(
-                status: StatusMessage.Kind.recovered,
+            var details: [String: Notice.Value] = [
+                "from": .number(summary.from), "through": .number(summary.through), "topics": .object(recovered), "complete": .flag(complete),
+            ]
+            if !complete { details["missing"] = .object(missing) }
+            let notice = Notice(
+                .recovered,
                 message: complete
                     ? "recovered \(count) events of the outage from \(summary.from) to \(summary.through) (Unix ms), each flagged \"_r\":1"
                     : "recovered \(count) events of the outage from \(summary.from) to \(summary.through) (Unix ms); incomplete: see missing",
-                numbers: ["from": summary.from, "through": summary.through], fields: fields)
-            _ = yield(HubDelivery(replay: [.notice(status)]), count: 0, to: held.subscriber)
+                details: details)
+            _ = yield(HubDelivery(replay: [wire.render(notice)]), count: 0, to: held.subscriber)
             told.append(held.subscriber)
         }
         tell(told)

@@ -1,6 +1,5 @@
 import CoreMetrics
 import MarketCore
-import PolygonWire
 
 /// Where a resuming subscription starts. Value type, `Sendable`.
 public enum HubResume: Sendable, Equatable {
@@ -93,7 +92,7 @@ extension MarketDataHub {
             }
         }
         var outcome = HubResumeOutcome()
-        var gapNotices: [(Topic, StatusMessage)] = []
+        var gapNotices: [(Topic, Notice)] = []
         for topic in epochGaps {
             gapNotices.append(
                 (
@@ -159,10 +158,10 @@ extension MarketDataHub {
         var delivery = replay
         for (topic, notice) in gapNotices {
             outcome.gaps.append(topic)
-            delivery.append(.notice(notice))
+            delivery.append(wire.render(notice))
             delivery += lastValues(of: topic)
         }
-        delivery.append(.notice(resumedStatus(outcome)))
+        delivery.append(wire.render(resumedStatus(outcome)))
         // The notices and last values count too: they are queued outside the buffer like the replay.
         subscriber.replayBudget.spend(delivery.count, capacity: resumeBound, now: now)
         metrics.replayed.increment(by: replay.count)
@@ -186,14 +185,11 @@ extension MarketDataHub {
     private func notResumed(_ asked: Set<Topic>, plain: [Topic], subscriber: Subscriber, why: String) -> HubResumeOutcome {
         let names = asked.sorted()
         let shown = names.first.map { names.count > 1 ? "\($0) and \(names.count - 1) more" : "\($0)" } ?? ""
-        var fields: [String: String] = [:]
-        if let epoch { fields["epoch"] = StatusMessage.quoted(epoch) }
-        let notice = StatusMessage(
-            status: StatusMessage.Kind.gap,
-            message: "not resumed (\(shown)): \(why); subscribed live",
-            fields: fields)
+        var details: [String: Notice.Value] = [:]
+        if let epoch { details["epoch"] = .text(epoch) }
+        let notice = Notice(.gap, message: "not resumed (\(shown)): \(why); subscribed live", details: details)
         let outcome = HubResumeOutcome(replayed: [:], gaps: names)
-        enqueue(HubDelivery([.notice(notice), .notice(resumedStatus(outcome))]), to: subscriber)
+        enqueue(HubDelivery([wire.render(notice), wire.render(resumedStatus(outcome))]), to: subscriber)
         metrics.gaps.increment(by: names.count)
         metrics.resumedWithGaps.increment()
         resumeCounts.resumes += 1
@@ -209,33 +205,30 @@ extension MarketDataHub {
         return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.last).sorted { $0.sequence < $1.sequence }
     }
 
-    private func gapStatus(_ topic: Topic, message: String, from range: (UInt64, UInt64, String)?) -> StatusMessage {
-        var fields = ["topic": StatusMessage.quoted(topic.description)]
-        if let epoch { fields["epoch"] = StatusMessage.quoted(epoch) }
-        var numbers: [String: Int64] = [:]
+    private func gapStatus(_ topic: Topic, message: String, from range: (UInt64, UInt64, String)?) -> Notice {
+        var details: [String: Notice.Value] = ["topic": .text(topic.description)]
+        if let epoch { details["epoch"] = .text(epoch) }
         if let (from, through, unit) = range {
-            numbers["from"] = Int64(clamping: from)
-            numbers["through"] = Int64(clamping: through)
-            fields["unit"] = StatusMessage.quoted(unit)
+            details["from"] = .number(Int64(clamping: from))
+            details["through"] = .number(Int64(clamping: through))
+            details["unit"] = .text(unit)
         }
-        return StatusMessage(status: StatusMessage.Kind.gap, message: "\(topic): \(message)", numbers: numbers, fields: fields)
+        return Notice(.gap, message: "\(topic): \(message)", details: details)
     }
 
-    private func resumedStatus(_ outcome: HubResumeOutcome) -> StatusMessage {
-        let replayed = outcome.replayed.sorted { $0.key < $1.key }.map { "\(StatusMessage.quoted($0.key.description)):\($0.value)" }
-        var fields = ["replayed": "{" + replayed.joined(separator: ",") + "}"]
-        if !outcome.gaps.isEmpty {
-            fields["gaps"] = "[" + outcome.gaps.sorted().map { StatusMessage.quoted($0.description) }.joined(separator: ",") + "]"
-        }
-        if let epoch { fields["epoch"] = StatusMessage.quoted(epoch) }
+    private func resumedStatus(_ outcome: HubResumeOutcome) -> Notice {
+        var details: [String: Notice.Value] = [
+            "replayed": Notice.counts(outcome.replayed),
+            "market_sequence": .number(Int64(clamping: (history?.nextMarketSequence ?? 1) - 1)),
+        ]
+        if !outcome.gaps.isEmpty { details["gaps"] = Notice.topics(outcome.gaps) }
+        if let epoch { details["epoch"] = .text(epoch) }
         let count = outcome.replayed.values.reduce(0, +)
         let message =
             outcome.gaps.isEmpty
             ? "resumed: \(count) missed events replayed; live from here"
             : "resumed: \(count) missed events replayed, \(outcome.gaps.count) topics with a gap; live from here"
-        return StatusMessage(
-            status: StatusMessage.Kind.resumed, message: message,
-            numbers: ["market_sequence": Int64(clamping: (history?.nextMarketSequence ?? 1) - 1)], fields: fields)
+        return Notice(.resumed, message: message, details: details)
     }
 
     // MARK: reading
@@ -309,13 +302,12 @@ extension MarketDataHub {
         metrics.record(fresh)
         // Clients that stay connected are told: their `_s` and `_m` start again, under this epoch.
         guard replaced else { return }
-        let notice = MarketEvent.notice(
-            StatusMessage(
-                status: StatusMessage.Kind.epoch,
-                message: "positions start again under epoch \(epoch) (a new leadership term); a later since names it",
-                fields: ["epoch": StatusMessage.quoted(epoch)]))
+        let notice = wire.render(
+            Notice(
+                .epoch, message: "positions start again under epoch \(epoch) (a new leadership term); a later since names it",
+                details: ["epoch": .text(epoch)]))
         let told = subscribers.values.filter { !$0.topics.isEmpty && !$0.parked }
-        for subscriber in told { enqueue(HubDelivery([notice]), to: subscriber) }
+        for subscriber in told { enqueue(HubDelivery(epochNotice: notice, epoch: epoch), to: subscriber) }
         tell(told)
     }
 

@@ -1,7 +1,6 @@
 import CoreMetrics
 import Logging
 import MarketCore
-import PolygonWire
 import Synchronization
 
 /// Fans market events out to subscribers, each filtered to its own topics.
@@ -30,52 +29,8 @@ public actor MarketDataHub {
     /// The fill level at which a subscriber is reported as falling behind.
     public static let warningFill = bufferLimit * 8 / 10
 
-    /// One subscriber. A class so the hot path updates it in place; confined to the actor.
-    final class Subscriber {
-        let id: SubscriberID
-        let continuation: AsyncStream<DeliveryBatch>.Continuation
-        let queue: SubscriberQueue
-        /// Its stream's element: added to until the reader takes it, then yielded again.
-        let batch = DeliveryBatch()
-        var topics: Set<Topic> = []
-        /// The events of the current window of a `publish` it gets (bit i: the window's event i). A bit
-        /// set twice (ticker and wildcard) is one delivery.
-        var mask: UInt64 = 0
-        var dropped = 0
-        /// Dropped since the last `lagging` notice.
-        var lostSinceNotice = 0
-        var lastWarning: ContinuousClock.Instant?
-        /// Told the upstream is down, and not yet that it is back.
-        var toldOfOutage = false
-        /// Called after something was queued on the stream, and after it finished.
-        let whenQueued: (@Sendable () -> Void)?
-        /// Something was queued and `whenQueued` not called yet (it is, at the end of the hub call).
-        var untold = false
-        /// Its state events merged per symbol (asked for, or while it lags if its key allows it).
-        var conflation: Conflation?
-        /// Holds its topics (they stay wanted, so the history of them stays whole) but gets nothing: a
-        /// broken tagged session waiting for its client.
-        var parked = false
-        /// What its resumes may still replay (``ReplayBudget``).
-        var replayBudget = ReplayBudget()
-
-        init(
-            id: SubscriberID, continuation: AsyncStream<DeliveryBatch>.Continuation, queue: SubscriberQueue,
-            whenQueued: (@Sendable () -> Void)?
-        ) {
-            self.id = id
-            self.continuation = continuation
-            self.queue = queue
-            self.whenQueued = whenQueued
-        }
-    }
-
-    /// Everything about one ticker topic: its subscribers and its last event.
-    final class TopicEntry {
-        var subscribers: [Subscriber] = []
-        var last: MarketEvent?
-    }
-
+    /// The protocol of the market this hub carries: its notices are rendered in its words.
+    public nonisolated let wire: any WireProtocol
     public let policy: SlowConsumerPolicy
     public let snapshotOnSubscribe: Bool
     /// Event types whose last event is no snapshot: one-off events a new subscriber would take for
@@ -104,12 +59,13 @@ public actor MarketDataHub {
     /// Event type → subscribers of its wildcard.
     private var wildcards: [String: [Subscriber]] = [:]
     /// What this hub wants from its source; what a call changed in it is reported at the call's end.
-    private var wanted = WantedSet()
-    private var published = 0
-    private var laggingCount = 0
-    /// Wall time of the last event published, in ms.
-    private var lastEventAt: Int64?
-    private var outage: Outage?
+    var wanted = WantedSet()
+    var published = 0
+    /// Events dropped since start for subscribers that did not keep up (full buffers and evictions).
+    public private(set) var droppedTotal = 0
+    var laggingCount = 0
+    /// The upstream's outages: the one in progress, and when the last event arrived.
+    var outages = OutageLedger()
     /// Gap fill: told of each recovery (its window and the topics held by name); each such topic's
     /// outages not filled yet, and those still watched for their first live event after the outage.
     var recoveryHandler: (@Sendable (GapFillRequest) -> Void)?
@@ -122,15 +78,8 @@ public actor MarketDataHub {
     var fillGeneration = 0
     var gapFillCounts = GapFillCounts()
 
-    /// An upstream outage in progress: when the last event before it arrived and why it began.
-    private struct Outage {
-        var lastEventBefore: Int64?
-        var lostAt: Int64
-        var reason: String
-    }
-
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
-    private let logger: Logger
+    let logger: Logger
     private let subscribersGauge: Gauge
     private let laggingGauge: Gauge
     private let publishedCounter: Counter
@@ -138,6 +87,7 @@ public actor MarketDataHub {
     private let droppedEvicted: Counter
 
     /// - Parameters:
+    ///   - wire: the market's protocol (it renders the hub's notices).
     ///   - policy: what to do with a subscriber whose buffer is full.
     ///   - snapshotOnSubscribe: whether a new subscription to a ticker topic immediately gets that
     ///     topic's last event.
@@ -145,6 +95,7 @@ public actor MarketDataHub {
     ///   - onWantedTopicsChange: called, on the hub, with what joined and left the upstream topic set
     ///     each time it changes. It must not block (the upstream client queues the change and returns).
     public init(
+        wire: some WireProtocol,
         policy: SlowConsumerPolicy = .drop,
         snapshotOnSubscribe: Bool = true,
         snapshotless: Set<String> = [],
@@ -155,6 +106,7 @@ public actor MarketDataHub {
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
         onWantedTopicsChange: @escaping @Sendable (WantedTopicsChange) -> Void = { _ in }
     ) {
+        self.wire = wire
         self.policy = policy
         self.snapshotOnSubscribe = snapshotOnSubscribe
         self.snapshotless = snapshotless
@@ -224,9 +176,9 @@ public actor MarketDataHub {
         }
         // Subscribing while the upstream is down: told at once, not left waiting in silence (and told
         // when it is back, like the others).
-        if let outage, !subscriber.toldOfOutage, !subscriber.topics.isEmpty {
+        if let outage = outages.current, !subscriber.toldOfOutage, !subscriber.topics.isEmpty {
             subscriber.toldOfOutage = true
-            enqueue(HubDelivery([MarketEvent.notice(outageNotice(outage))]), to: subscriber)
+            enqueue(HubDelivery([wire.render(outage.notice)]), to: subscriber)
         }
         tell(CollectionOfOne(subscriber))
         reportWantedChange()
@@ -316,12 +268,8 @@ public actor MarketDataHub {
     /// events (one element for the usual upstream message).
     public func publish(_ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
-        if let outage {
-            self.outage = nil
-            announceRecovery(from: outage, firstEventAfter: WallClock.nowMilliseconds())
-        }
         let now = WallClock.nowMilliseconds()
-        lastEventAt = now
+        if let recovery = outages.eventsArrived(at: now) { announce(recovery) }
         published += events.count
         publishedCounter.increment(by: events.count)
         var events = events
@@ -400,11 +348,10 @@ public actor MarketDataHub {
         }
         // A topic whose run broke: its holders are told before the event after the break.
         for topic in history.append(kept, positions: positions, at: now) {
-            let notice = MarketEvent.notice(
-                StatusMessage(
-                    status: StatusMessage.Kind.gap,
-                    message: "\(topic): events are missing before this one (the cluster's upstream stopped sending it for a while)",
-                    fields: ["topic": StatusMessage.quoted(topic.description)]))
+            let notice = wire.render(
+                Notice(
+                    .gap, message: "\(topic): events are missing before this one (the cluster's upstream stopped sending it for a while)",
+                    details: ["topic": .text(topic.description)]))
             let holders = (entries[topic]?.subscribers ?? []) + (wildcards[topic.eventType] ?? [])
             for subscriber in holders { enqueue(HubDelivery([notice]), to: subscriber) }
         }
@@ -493,11 +440,10 @@ public actor MarketDataHub {
     /// The notice telling a subscriber how many events it lost since the last one.
     private func lossNotice(for subscriber: Subscriber) -> MarketEvent {
         let lost = subscriber.lostSinceNotice
-        return MarketEvent.notice(
-            StatusMessage(
-                status: StatusMessage.Kind.lagging,
-                message: "\(lost) events were dropped because this connection did not keep up",
-                numbers: ["dropped": Int64(lost), "dropped_total": Int64(subscriber.dropped)]))
+        return wire.render(
+            Notice(
+                .lagging, message: "\(lost) events were dropped because this connection did not keep up",
+                details: ["dropped": .number(Int64(lost)), "dropped_total": .number(Int64(subscriber.dropped))]))
     }
 
     private func evict(_ subscriber: Subscriber) {
@@ -533,156 +479,5 @@ public actor MarketDataHub {
         entry.last = event.compacted()
         for subscriber in entry.subscribers { enqueue(HubDelivery([event]), to: subscriber) }
         tell(entry.subscribers)
-    }
-
-    /// Events were lost before they reached the hub (e.g. NATS dropped them for this node): the
-    /// subscribers of `topics` (every subscriber with topics when `nil`) get a `lagging` notice at once.
-    public func reportLoss(_ count: Int, topics: Set<Topic>?, reason: String) {
-        let notice = MarketEvent.notice(
-            StatusMessage(
-                status: StatusMessage.Kind.lagging, message: "\(count) events were lost before reaching this relay (\(reason))",
-                numbers: ["dropped": Int64(count)]))
-        let lostTypes = topics.map { Set($0.map(\.eventType)) }
-        for subscriber in subscribers.values where !subscriber.topics.isEmpty {
-            if let topics, let lostTypes, subscriber.topics.isDisjoint(with: topics),
-                !subscriber.topics.contains(where: { $0.isWildcard && lostTypes.contains($0.eventType) })
-            {
-                continue
-            }
-            enqueue(HubDelivery([notice]), to: subscriber)
-        }
-        tell(subscribers.values)
-    }
-
-    /// The upstream refused `topics` (e.g. Alpaca's 405 symbol limit, 409 insufficient subscription):
-    /// each subscriber holding one of them is told at once, with the topics it holds among them, in an
-    /// `error` status carrying the upstream's `code`. Its subscription stays: interest that changes or a
-    /// new connection asks again.
-    public func upstreamRefused(_ topics: Set<Topic>, code: Int, reason: String) {
-        var told: [Subscriber] = []
-        for subscriber in subscribers.values {
-            let held = subscriber.topics.intersection(topics)
-            guard !held.isEmpty else { continue }
-            let names = held.sorted().prefix(20).map(\.description).joined(separator: ",") + (held.count > 20 ? " and \(held.count - 20) more" : "")
-            let notice = MarketEvent.notice(
-                StatusMessage(status: StatusMessage.Kind.error, message: "the upstream refused \(names) (\(reason))", numbers: ["code": Int64(code)]))
-            enqueue(HubDelivery([notice]), to: subscriber)
-            told.append(subscriber)
-        }
-        tell(told)
-    }
-
-    // MARK: upstream outages
-
-    /// The upstream connection was lost. Every subscriber with topics is told at once, once per outage;
-    /// when events flow again each is told the window in which none arrived.
-    public func upstreamLost(reason: String) {
-        guard outage == nil else { return }
-        let now = WallClock.nowMilliseconds()
-        // Events of the outage never arrive: no resume reaches across it.
-        history?.interruptAll(now: now)
-        let outage = Outage(lastEventBefore: lastEventAt, lostAt: now, reason: reason)
-        self.outage = outage
-        tellOutageStarted(outageNotice(outage))
-        logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
-    }
-
-    /// The `upstream_disconnected` status of an outage.
-    private func outageNotice(_ outage: Outage) -> StatusMessage {
-        var numbers: [String: Int64] = ["lost_at_ms": outage.lostAt]
-        if let before = outage.lastEventBefore { numbers["last_event_before_ms"] = before }
-        return StatusMessage(
-            status: StatusMessage.Kind.upstreamDisconnected,
-            message: "upstream connection lost (\(outage.reason)); subscriptions are kept and resume when it is back",
-            numbers: numbers)
-    }
-
-    private func announceRecovery(from outage: Outage, firstEventAfter: Int64) {
-        let start = outage.lastEventBefore ?? outage.lostAt
-        let gap = firstEventAfter - start
-        // The epoch positions count in from here (a failover's new one, on a cluster), so that a client
-        // that stays connected can resume later with `since`.
-        var fields: [String: String] = [:]
-        if let epoch, !epoch.isEmpty { fields["epoch"] = StatusMessage.quoted(epoch) }
-        tellOutageEnded(
-            StatusMessage(
-                status: StatusMessage.Kind.upstreamReconnected,
-                message: "upstream reconnected; no events were received between \(start) and \(firstEventAfter) (Unix ms, \(gap) ms)",
-                numbers: ["last_event_before_ms": start, "first_event_after_ms": firstEventAfter, "gap_ms": gap], fields: fields))
-        requestFill(from: start, through: firstEventAfter)
-    }
-
-    private func tellOutageStarted(_ status: StatusMessage) {
-        let notice = MarketEvent.notice(status)
-        for subscriber in subscribers.values where !subscriber.topics.isEmpty {
-            subscriber.toldOfOutage = true
-            enqueue(HubDelivery([notice]), to: subscriber)
-        }
-        tell(subscribers.values)
-    }
-
-    /// The end of an outage goes to those told of its start (a client that subscribed meanwhile was
-    /// told as it subscribed; one that only connected, with no topics, was not).
-    private func tellOutageEnded(_ status: StatusMessage) {
-        let notice = MarketEvent.notice(status)
-        for subscriber in subscribers.values where subscriber.toldOfOutage {
-            subscriber.toldOfOutage = false
-            enqueue(HubDelivery([notice]), to: subscriber)
-        }
-        tell(subscribers.values)
-    }
-
-    // MARK: reading
-
-    /// Whether an upstream outage is in progress (lost, and no event since).
-    public var isUpstreamOutage: Bool { outage != nil }
-
-    /// The last event seen on a ticker topic, if any.
-    public func lastEvent(for topic: Topic) -> MarketEvent? { entries[topic]?.last }
-
-    /// Topics the hub holds an entry for (subscribers or a last value).
-    public var topicEntryCount: Int { entries.count }
-
-    /// How many subscribers are connected to the hub.
-    public var subscriberCount: Int { subscribers.count }
-
-    /// The topic set the upstream should be subscribed to right now.
-    public var wantedTopics: Set<Topic> { wanted.topics }
-
-    /// The topics one subscriber has.
-    public func topics(of id: SubscriberID) -> Set<Topic> { subscribers[id]?.topics ?? [] }
-
-    /// Events dropped for one subscriber because its buffer was full.
-    public func droppedEvents(for id: SubscriberID) -> Int { subscribers[id]?.dropped ?? 0 }
-
-    /// Events published since start.
-    public var publishedCount: Int { published }
-
-    /// Events dropped since start for subscribers that did not keep up (full buffers and evictions).
-    public private(set) var droppedTotal = 0
-
-    /// Buffer use across subscribers: the fullest buffer (events queued and not yet read) and how many
-    /// subscribers are lagging (have lost events not yet reported to them).
-    public var bufferStatistics: (maxFill: Int, lagging: Int) {
-        (subscribers.values.map { $0.queue.pending.load(ordering: .relaxed) }.max() ?? 0, laggingCount)
-    }
-}
-
-/// What joined and what left the hub's upstream topic set in one hub call. Value type, `Sendable`.
-public struct WantedTopicsChange: Sendable, Equatable {
-    public var added: Set<Topic> = []
-    public var removed: Set<Topic> = []
-
-    public init(added: Set<Topic> = [], removed: Set<Topic> = []) {
-        self.added = added
-        self.removed = removed
-    }
-
-    public var isEmpty: Bool { added.isEmpty && removed.isEmpty }
-
-    /// Applies the change to a set.
-    public func apply(to topics: inout Set<Topic>) {
-        topics.subtract(removed)
-        topics.formUnion(added)
     }
 }

@@ -73,3 +73,22 @@ struct WantedSet {
         if gathered.added.remove(topic) == nil { gathered.removed.insert(topic) }
     }
 }
+
+/// What joined and what left the hub's upstream topic set in one hub call. Value type, `Sendable`.
+public struct WantedTopicsChange: Sendable, Equatable {
+    public var added: Set<Topic> = []
+    public var removed: Set<Topic> = []
+
+    public init(added: Set<Topic> = [], removed: Set<Topic> = []) {
+        self.added = added
+        self.removed = removed
+    }
+
+    public var isEmpty: Bool { added.isEmpty && removed.isEmpty }
+
+    /// Applies the change to a set.
+    public func apply(to topics: inout Set<Topic>) {
+        topics.subtract(removed)
+        topics.formUnion(added)
+    }
+}

@@ -26,15 +26,9 @@ public struct ClientAction: Sendable, Equatable {
         self.conflate = conflate
     }
 
-    /// Where a resuming subscribe starts. Value type, `Sendable`.
-    public enum Resume: Sendable, Equatable {
-        /// `"since":{"epoch":"…","T.AAPL":812,"Q.*":90211}`: per topic, the last position the client has
-        /// (a ticker topic's topic sequence, a wildcard's market sequence); topics not named subscribe
-        /// plainly.
-        case positions(epoch: String?, [Topic: UInt64])
-        /// `"sinceTime": <Unix ms>`: every event the relay received from then on.
-        case time(milliseconds: Int64)
-    }
+    /// Where a resuming subscribe starts: `"since":{"epoch":"…","T.AAPL":812,"Q.*":90211}` (per topic,
+    /// the last position the client has) or `"sinceTime": <Unix ms>`.
+    public typealias Resume = ResumeRequest
 
     /// Why a client message could not be understood; `message` is what the client is told.
     public struct DecodingError: Error, Sendable, Equatable {

@@ -6,28 +6,9 @@
 /// ``ServerSession``. The wanted set survives a lost connection; the server's subscriptions do not, so
 /// after the next `auth_success` the whole wanted set is subscribed again.
 public struct ClientSession: Sendable {
-    /// What one server status means for the connection.
-    public enum Event: Sendable, Equatable {
-        /// `connected`: the `auth` message is in ``Reaction/send``.
-        case connected
-        /// `auth_success`: events for the wanted topics follow.
-        case authenticated
-        /// `auth_failed`: the key was refused; close, and retry only slowly.
-        case authFailed(String)
-        /// `max_connections`: another connection holds the account's slot; close and back off.
-        case maxConnections(String)
-        /// `auth_timeout`: the server gave up waiting for our `auth`.
-        case authTimeout(String)
-        /// `success`: a subscription was acknowledged.
-        case acknowledged(String)
-        /// `error`: e.g. a topic outside the plan.
-        case error(String)
-        /// A subscription the server refused, naming its topics (Alpaca answers each subscribe in
-        /// order, so its errors can; Polygon's cannot, and its session never says this).
-        case refused(code: Int, message: String, topics: Set<Topic>)
-        /// A status this session does not know; logged, otherwise ignored.
-        case other(status: String, message: String)
-    }
+    /// What a status means, in the relay's words (``UpstreamSignal``); Polygon's session never says
+    /// `refused` (its errors do not name the request they answer).
+    public typealias Event = UpstreamSignal
 
     /// What to do after a status message.
     public struct Reaction: Sendable, Equatable {
@@ -35,7 +16,7 @@ public struct ClientSession: Sendable {
         public var send: [String] = []
         public var event: Event
         /// Close the connection (the server refused us).
-        public var close: Bool { if case .authFailed = event { true } else if case .maxConnections = event { true } else { false } }
+        public var close: Bool { event.closes }
     }
 
     /// Longest `params` of one subscribe/unsubscribe message.
@@ -110,5 +91,20 @@ public struct ClientSession: Sendable {
         }
         if !params.isEmpty { messages.append(ClientAction(kind, params: params).json) }
         return messages
+    }
+}
+
+extension ClientSession: UpstreamSession {
+    /// A status from ``PolygonWireProtocol/readUpstream(_:receivedAt:market:)``.
+    public mutating func react(to control: UpstreamControl) -> UpstreamReaction {
+        guard let status = control.message as? StatusMessage else {
+            return UpstreamReaction(signal: .other(status: "mismatch", message: "a control message of another protocol"))
+        }
+        let reaction = receive(status)
+        return UpstreamReaction(send: reaction.send.map { Array($0.utf8) }, signal: reaction.event)
+    }
+
+    public mutating func want(_ topics: Set<Topic>) -> [[UInt8]] {
+        setWanted(topics).map { Array($0.utf8) }
     }
 }

@@ -120,10 +120,11 @@ public actor PortfolioService: Service {
     }
 
     private func consume(_ events: HubSubscription.Events, on market: Market) async {
+        let wire = hubs.hubs[market]?.wire
         for await event in events where !event.isNotice {
             let symbol = hubs.heldSymbol(of: event, on: market)
             let hadPrice = prices[symbol].map { $0.lastTrade != nil || $0.lastQuoteMid != nil } ?? false
-            prices[symbol, default: SymbolPrices()].apply(event, now: .now)
+            prices[symbol, default: SymbolPrices()].apply(wire?.price(in: event), now: .now)
             if !hadPrice { snapshotDue = true }
             await valuationChanged()
         }
@@ -205,7 +206,7 @@ public actor PortfolioService: Service {
         for symbol in added {
             guard let (_, hub) = hubs.hub(for: symbol) else { continue }
             for topic in hubs.priceTopics(of: symbol) {
-                if let last = await hub.lastEvent(for: topic) { prices[symbol, default: SymbolPrices()].apply(last, now: .now) }
+                if let last = await hub.lastEvent(for: topic) { prices[symbol, default: SymbolPrices()].apply(hub.wire.price(in: last), now: .now) }
             }
         }
         for (market, topics) in byMarket(added) {
@@ -557,7 +558,7 @@ public actor PortfolioService: Service {
 }
 
 extension SymbolPrices {
-    mutating func apply(_ event: MarketEvent, now: Date) {
-        EventPrices.apply(event, to: &self, now: now)
+    mutating func apply(_ reading: PriceReading?, now: Date) {
+        EventPrices.apply(reading, to: &self, now: now)
     }
 }

@@ -100,7 +100,7 @@ extension Relay {
                     guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
                     return endpoint
                 }, caFile: nil, description: alpaca ? "the built-in demo feed (Alpaca's protocol)" : "the built-in demo feed",
-                vendor: alpaca ? .alpaca : .polygon, wire: alpaca ? .alpaca(.standard(for: market)) : .polygon)
+                vendor: alpaca ? .alpaca : .polygon, wire: Self.wireProtocol(alpaca ? .alpaca : .polygon, market: market, path: nil))
         }
         let restURL: @Sendable () async throws -> String =
             settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in "http://127.0.0.1:\(try await feed.listeningPort())" }
@@ -140,9 +140,10 @@ extension Relay {
         let marketLogger = logger.with(label: "relay.\(source.market)")
         let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
         let interest = LocalInterest()
+        let wire = source.wire
         let hub = MarketDataHub(
-            policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
-            snapshotless: source.vendor == .alpaca ? AlpacaChannel.snapshotless : [],
+            wire: wire, policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+            snapshotless: wire.snapshotless(of: source.market),
             keepsUnwantedLastValues: !clustered,
             // In a cluster the leader gives the positions and every node adopts them.
             history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
@@ -156,7 +157,7 @@ extension Relay {
             configuration.endpoint = try await source.endpoint()
             configuration.apiKey = source.apiKey
             configuration.caFile = source.caFile
-            configuration.vendor = source.vendor
+            configuration.wire = wire
             configuration.market = source.market
             if source.vendor == .alpaca { configuration.secret = demoSecret ?? settings.upstreamSecret }
             configuration.metricsFactory = marketMetrics
@@ -189,7 +190,7 @@ extension Relay {
         let node = try ClusterNode(
             configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
             logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
-            gapFill: hook, vendor: source.vendor, makeUpstream: makeUpstream)
+            gapFill: hook, makeUpstream: makeUpstream)
         assembly.clusterNodes.append(node)
         assembly.markets.append(
             MarketParts(source: source, hub: hub, interest: interest, link: nil, feed: ClusterFeedStatus(node: node, upstream: source.description)))
@@ -234,7 +235,7 @@ extension Relay {
         configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
         return RelayServer(
             configuration: configuration,
-            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed, wire: $0.source.wire) }, registry: registry,
+            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed) }, registry: registry,
             logger: logger.with(label: "relay.server"),
             extraRoutes: { router in
                 routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
@@ -267,12 +268,12 @@ extension Relay {
                     gapFillers: assembly.gapFillers))
             let scheme = settings.tls == nil ? "ws" : "wss"
             var metadata: Logger.Metadata = [
-                "ws": "\(scheme)://\(settings.listen.host):\(port)\(primary.source.wire.path(of: primary.source.market))",
+                "ws": "\(scheme)://\(settings.listen.host):\(port)\(primary.source.mainPath)",
                 "upstream": "\(primary.source.description)",
                 "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
             ]
             if assembly.markets.count > 1 {
-                metadata["markets"] = "\(assembly.markets.map { $0.source.wire.path(of: $0.source.market) }.joined(separator: " "))"
+                metadata["markets"] = "\(assembly.markets.map(\.source.mainPath).joined(separator: " "))"
             }
             if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
             // Where the portfolio's details, histories and reference prices come from.

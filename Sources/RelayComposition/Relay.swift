@@ -111,7 +111,21 @@ public final class Relay: Service, Sendable {
         var description: String
         /// Whose protocol the upstream speaks, and so the protocol served downstream.
         var vendor: UpstreamVendor = .polygon
-        var wire: ServedWire = .polygon
+        /// That protocol, for this market (``Relay/wireProtocol(_:market:path:)``).
+        var wire: any WireProtocol = PolygonWireProtocol()
+
+        /// The main path its WebSocket is served at.
+        var mainPath: String { wire.servedPaths(of: market).first ?? "/\(market)" }
+    }
+
+    /// The protocols the relay speaks: the one place that names them. A new protocol is a module with
+    /// its ``WireProtocol`` conformance and a case here (docs/protocols.md).
+    static func wireProtocol(_ vendor: UpstreamVendor, market: Market, path: String?) -> any WireProtocol {
+        switch vendor {
+        case .polygon: PolygonWireProtocol()
+        // The feed its path names (`/v2/sip`), else the market's usual one.
+        case .alpaca: AlpacaWireProtocol(feed: path.flatMap(AlpacaFeed.init(path:)) ?? .standard(for: market))
+        }
     }
 
     /// One market's running parts.
@@ -132,7 +146,7 @@ public final class Relay: Service, Sendable {
             return MarketSource(
                 market: upstream.market, apiKey: upstream.apiKey ?? settings.upstreamKey ?? "", endpoint: { endpoint },
                 caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description, vendor: vendor,
-                wire: vendor == .alpaca ? .alpaca(AlpacaFeed(path: endpoint.path) ?? .standard(for: upstream.market)) : .polygon)
+                wire: Self.wireProtocol(vendor, market: upstream.market, path: endpoint.path))
         }
     }
 
@@ -151,9 +165,7 @@ public final class Relay: Service, Sendable {
         guard let primary = assembly.markets.first else {
             throw RelaySettings.InvalidSetting(description: "upstream: no market configured")
         }
-        let hubs = MarketHubs(
-            Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.source.market, $0.hub) }),
-            alpaca: Set(assembly.markets.filter { $0.source.vendor == .alpaca }.map(\.source.market)))
+        let hubs = MarketHubs(Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.source.market, $0.hub) }))
         let sidecar = try portfolioSidecar(hubs: hubs, upstream: upstream, rest: rest, metricsFactory: metricsFactory)
         // Held until the relay stops: one valuation sidecar per portfolio directory.
         defer { withExtendedLifetime(sidecar.lock) {} }

@@ -161,7 +161,7 @@ public struct RelaySettings: Sendable {
 
     /// The upstream defaults (see ``ReconnectPolicy`` and ``UpstreamConfiguration``).
     public static let defaultUpstreamTuning = UpstreamConfiguration(
-        endpoint: .init(secure: false, host: "127.0.0.1", port: 80, path: "/stocks"), apiKey: "")
+        endpoint: .init(secure: false, host: "127.0.0.1", port: 80, path: "/stocks"), apiKey: "", wire: .polygon)
 
     /// The documented environment variables and the configuration key each one sets (from
     /// ``declarations``).

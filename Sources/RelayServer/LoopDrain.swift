@@ -1,9 +1,7 @@
-import AlpacaWire
 import MarketDataHub
 import NIOCore
 import NIOWebSocket
 import MarketCore
-import PolygonWire
 import Synchronization
 
 /// Moves what the hub queued for the clients of one event loop into their connections, with a task
@@ -148,45 +146,10 @@ actor LoopDrain {
         }
         delivered += events
         client.metrics.delivered.increment(by: events)
-        var write: Write
-        let oldest: UInt64
-        if let codec = client.alpacaCodec {
-            // Alpaca's protocol: its codec's frames (MessagePack: the events' own bytes under an array header).
-            // A JSON client's elements are converted once per event of a publish, shared by every JSON client.
-            // (A MessagePack client's are the events' own bytes: nothing to share.)
-            var elements: [AlpacaDelivery.Element] = []
-            var oldestSeen = UInt64.max
-            func add(_ event: borrowing MarketEvent, _ bytes: ByteBuffer?) {
-                if event.receivedAt != 0 { oldestSeen = min(oldestSeen, event.receivedAt) }
-                if let bytes { elements.append(AlpacaDelivery.Element(bytes: bytes, isNotice: event.isNotice)) }
-            }
-            for index in deliveries.indices {
-                switch codec {
-                case .json:
-                    deliveries[index].forEachEvent(convertedBy: { AlpacaDelivery.elementBytes($0, codec: .json) }, add)
-                case .messagePack:
-                    deliveries[index].forEachEvent { add($0, AlpacaDelivery.elementBytes($0, codec: .messagePack)) }
-                }
-            }
-            oldest = oldestSeen == .max ? 0 : oldestSeen
-            let binary = codec == .messagePack
-            let frames = AlpacaDelivery.payloads(elements: elements, codec: codec).map { WireFrame.whole($0, binary: binary) }
-            guard let first = frames.first else { return nil }
-            write = Write(handler: client.handler, frame: first, more: Array(frames.dropFirst()))
-        } else if payload <= FrameEncoder.maxFrameBytes {
-            let built = WireFrameBuilder.build(payload: payload) { builder in
-                for index in deliveries.indices { deliveries[index].write(into: &builder) }
-            }
-            oldest = built.oldestReceivedAt
-            write = Write(handler: client.handler, frame: built.frame)
-        } else {
-            // Past the frame limit (a burst queued while the connection was not writable): split.
-            var events: [MarketEvent] = []
-            for index in deliveries.indices { deliveries[index].append(to: &events) }
-            oldest = events.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
-            let frames = WireFrame.frames(for: events)
-            write = Write(handler: client.handler, frame: frames.first ?? ByteBuffer(), more: Array(frames.dropFirst()))
-        }
+        // One call through the protocol seam per client turn: its framing builds the frames.
+        guard let framed = client.framing.frames(of: deliveries, payloadBytes: payload) else { return nil }
+        var write = Write(handler: client.handler, frame: framed.first, more: framed.more)
+        let oldest = framed.oldestReceivedAt
         if oldest != 0 {
             let latency = Int64(MonotonicClock.nanoseconds() &- oldest)
             client.metrics.deliveryLatency.recordNanoseconds(latency)
@@ -203,17 +166,10 @@ actor LoopDrain {
         client.finish()
         carry[client.subscription.id] = nil
         guard client.subscription.wasEvicted, !client.writability.isClosed else { return nil }
-        if let codec = client.alpacaCodec {
-            // Alpaca's own word for it: 407 slow client.
-            let error = AlpacaError.slowClient.message(detail: "this connection's buffer of \(MarketDataHub.bufferLimit) events was full")
-            return Write(
-                handler: client.handler, frame: WireFrame.whole(ByteBuffer(bytes: codec.frame([error])), binary: codec == .messagePack),
-                close: (MarketConnection.tooSlowCloseCode, "too slow"))
-        }
-        let notice = StatusMessage(
-            status: StatusMessage.Kind.lagging,
-            message: "disconnected: this connection did not keep up and its buffer of \(MarketDataHub.bufferLimit) events was full")
-        return Write(handler: client.handler, frame: WireFrame.text(notice.frame), close: (MarketConnection.tooSlowCloseCode, "too slow"))
+        // In its protocol's words (Polygon's `lagging` status, Alpaca's 407 slow client).
+        return Write(
+            handler: client.handler, frame: client.framing.evictedFrame(bufferLimit: MarketDataHub.bufferLimit),
+            close: (MarketConnection.tooSlowCloseCode, "too slow"))
     }
 
     /// On the loop: each connection's frames, flushed, in the order of the turn.
@@ -246,21 +202,21 @@ final class ClientFeed: Sendable {
     let tracksPositions = Atomic<Bool>(false)
     /// The drain keeps part of what it took for the next turn (a replay past one turn's bytes).
     let carrying = Atomic<Bool>(false)
-    /// Alpaca's protocol in this codec; `nil`: Polygon's.
-    let alpacaCodec: AlpacaCodec?
+    /// How its events become frames, in its protocol and codec.
+    let framing: any DownstreamFraming
     /// Its market's delivery metrics.
     let metrics: DeliveryMetrics
 
     init(
         subscription: HubSubscription, handler: NIOLoopBound<WebSocketConnectionHandler>, writability: Writability, drain: LoopDrain,
-        metrics: DeliveryMetrics, alpacaCodec: AlpacaCodec? = nil
+        metrics: DeliveryMetrics, framing: any DownstreamFraming
     ) {
         self.subscription = subscription
         self.metrics = metrics
         self.handler = handler
         self.writability = writability
         self.drain = drain
-        self.alpacaCodec = alpacaCodec
+        self.framing = framing
     }
 
     /// Something was queued for the client, its connection can take more again, or it closed. Quick,

@@ -3,7 +3,6 @@ import MarketDataHub
 import NIOCore
 import NIOWebSocket
 import MarketCore
-import PolygonWire
 
 /// One downstream market client: the Polygon conversation (``ServerSession``) on the way in, its hub
 /// subscription on the way out.
@@ -51,7 +50,7 @@ actor MarketConnection {
 
     private enum HubChange {
         case join
-        case add([Topic], ClientAction.Resume?)
+        case add([Topic], ResumeRequest?)
         case remove([Topic])
         case conflate(ConflationMode?)
         case leave
@@ -137,7 +136,7 @@ actor MarketConnection {
         }
         let wasAuthenticated = session.isAuthenticated
         session.epoch = dependencies.hub.epoch
-        let reaction = session.receive(message)
+        let reaction = session.respond(to: message)
         if let grant = session.grant, !wasAuthenticated {
             authTimeout?.cancel()
             authTimeout = nil
@@ -295,7 +294,7 @@ actor MarketConnection {
                 let writability = handler.value.writability
                 let feed = ClientFeed(
                     subscription: joined, handler: handler, writability: writability, drain: dependencies.drain,
-                    metrics: dependencies.delivery, alpacaCodec: session.alpacaCodec)
+                    metrics: dependencies.delivery, framing: session.framing)
                 self.feed = feed
                 if handler.value.acknowledgedPosition != nil { feed.tracksPositions.store(true, ordering: .relaxed) }
                 target.set(feed)

@@ -1,4 +1,4 @@
-import AlpacaWire
+
 import HTTPTypes
 import HummingbirdCore
 import Logging
@@ -44,8 +44,8 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
     /// An accepted upgrade: the market feed at an index of the server's markets, or the push stream at
     /// an index of the server's list (with the key that asked, when keys are required).
     enum Accepted: Sendable {
-        /// A market, and the codec its upgrade asked for (Alpaca's clients: `Content-Type`).
-        case market(Int, AlpacaCodec)
+        /// A market, and the `Content-Type` of its upgrade (a codec its protocol lets a client choose).
+        case market(Int, contentType: String?)
         case push(Int, ClientKey?)
 
         var isMarket: Bool {

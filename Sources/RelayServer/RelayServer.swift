@@ -1,4 +1,3 @@
-import AlpacaWire
 import AsyncSupport
 import Dashboard
 import Foundation
@@ -12,7 +11,6 @@ import Metrics
 import NIOCore
 import NIOWebSocket
 import MarketCore
-import PolygonWire
 import Prometheus
 import ServiceLifecycle
 
@@ -119,26 +117,20 @@ public final class RelayServer: Service, Sendable {
     }
 
     /// A market connection's session, in the protocol its market speaks.
-    private func session(for route: MarketRoute, codec: AlpacaCodec) -> any DownstreamSession {
+    private func session(for route: MarketRoute, contentType: String?) -> any DownstreamSession {
         let authentication = configuration.authentication
-        switch route.served.wire {
-        case .polygon:
-            return ServerSession(limits: route.limits, budget: route.ledger.budget, grants: { authentication.grant(for: $0) })
-        case .alpaca(let feed):
-            return AlpacaServerSession(
-                codec: codec, feed: feed, market: route.market, limits: configuration.limits, budget: route.ledger.budget,
-                grants: { authentication.grant(for: $0) })
-        }
+        return route.served.wire.downstreamSession(
+            DownstreamContext(
+                market: route.market, limits: route.limits, budget: route.ledger.budget, contentType: contentType,
+                grants: { authentication.grant(for: $0) }))
     }
 
-    /// The status that answers a connection past a limit, the way Polygon answers one (then close 1008).
-    static func refusal(_ refusal: AddressGuard.Refusal) -> StatusMessage {
+    /// What a connection past a limit is told (in its protocol's words: Polygon's `max_connections`,
+    /// Alpaca's 406; then close 1008).
+    static func refusal(_ refusal: AddressGuard.Refusal) -> String {
         switch refusal {
-        case .total(let limit):
-            StatusMessage(status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) in all).")
-        case .perAddress(let limit):
-            StatusMessage(
-                status: StatusMessage.Kind.maxConnections, message: "Maximum number of websocket connections exceeded (\(limit) per address).")
+        case .total(let limit): "Maximum number of websocket connections exceeded (\(limit) in all)."
+        case .perAddress(let limit): "Maximum number of websocket connections exceeded (\(limit) per address)."
         }
     }
 
@@ -164,7 +156,7 @@ public final class RelayServer: Service, Sendable {
             keepAliveTimeout: TimeAmount(configuration.connectionLimits.keepAliveTimeout), logger: logger,
             decide: { head, _ in
                 let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
-                if let index = paths[path] { return .accept(.market(index, AlpacaCodec(contentType: head.headers.first(name: "content-type")))) }
+                if let index = paths[path] { return .accept(.market(index, contentType: head.headers.first(name: "content-type"))) }
                 guard let index = pushStreams.firstIndex(where: { $0.path == path }) else {
                     if let market = Market(rawValue: String(path.dropFirst())) {
                         return .refuse(.notFound, "the \(market) market is not configured on this relay (it serves \(served))")
@@ -211,22 +203,22 @@ public final class RelayServer: Service, Sendable {
         let keyConnections = self.keyConnections
         var grant: ClientGrant?
         if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { grant = key?.grant }
-        let refusal: StatusMessage? = addresses.admit(address).map(Self.refusal) ?? {
+        let refusal: String? = addresses.admit(address).map(Self.refusal) ?? {
             guard let grant else { return nil }
             guard keyConnections.admit(grant) else {
                 addresses.release(address)
-                return StatusMessage(status: StatusMessage.Kind.maxConnections, message: KeyConnections.limitMessage(grant))
+                return KeyConnections.limitMessage(grant)
             }
             return nil
         }()
         if let refusal {
-            logger.info("downstream connection refused: \(refusal.message)", metadata: ["address": "\(address)"])
+            logger.info("downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
             // A market client in its market's own protocol (its session's connected frame, then the
             // limit: Polygon's max_connections status, Alpaca's 406); a push stream gets the status alone.
-            var frames = (connected: ByteBuffer?.none, refusal: refusal.frame, binary: false)
-            if case .market(let index, let codec) = accepted, markets.indices.contains(index) {
-                let session = session(for: markets[index], codec: codec)
-                frames = (session.connectedFrame, session.connectionLimitFrame(refusal.message), session.isBinary)
+            var frames = (connected: ByteBuffer?.none, refusal: RelayStatus.frame(status: "max_connections", message: refusal), binary: false)
+            if case .market(let index, let contentType) = accepted, markets.indices.contains(index) {
+                let session = session(for: markets[index], contentType: contentType)
+                frames = (session.connectedFrame, session.connectionLimitFrame(refusal), session.framing.isBinary)
             }
             handler.attach(
                 WebSocketConversation(
@@ -243,9 +235,12 @@ public final class RelayServer: Service, Sendable {
             if let grant { keyConnections.release(grant) }
         }
         switch accepted {
-        case .market(let index, let codec):
+        case .market(let index, let contentType):
             let route = markets[index]
-            let session = session(for: route, codec: codec)
+            let session = session(for: route, contentType: contentType)
+            // What the connection itself tells the client goes in its protocol's words.
+            let framing = session.framing
+            handler.errorFrame = { [session] message in (session.errorFrame(message), framing.isBinary) }
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: .init(
@@ -442,20 +437,9 @@ public final class RelayServer: Service, Sendable {
                 ["error": "not a topic: \(text) (expected EVENT.TICKER, e.g. \(route.market.exampleTopic))"], status: .badRequest)
         }
         let topic: Topic
-        switch route.served.wire {
-        case .polygon:
-            if let problem = route.market.problem(with: parsed) {
-                return try Self.json(["error": problem], status: .badRequest)
-            }
-            topic = route.market.normalized(parsed)
-        case .alpaca(let feed):
-            guard feed.eventTypes.contains(parsed.eventType) else {
-                let types = feed.channels.map(\.eventType).joined(separator: ", ")
-                return try Self.json(
-                    ["error": "no \(parsed.eventType) events on \(feed.path) (Alpaca's channel letters: \(types); e.g. t.AAPL)"], status: .badRequest)
-            }
-            // Alpaca's symbols are upper case (`t.aapl` is `t.AAPL`).
-            topic = Topic(eventType: parsed.eventType, ticker: parsed.ticker.uppercased()) ?? parsed
+        switch route.served.wire.lastValueTopic(parsed, market: route.market) {
+        case .success(let normalized): topic = normalized
+        case .failure(let problem): return try Self.json(["error": problem.reason], status: .badRequest)
         }
         guard entitlement.allows(market: route.market) else {
             return try Self.json(["error": "not authorized: this key may not use the \(route.market) market"], status: .forbidden)
@@ -469,16 +453,10 @@ public final class RelayServer: Service, Sendable {
         guard let event = last else {
             return try Self.json(["error": "no event for \(topic) yet"], status: .notFound)
         }
-        guard case .alpaca = route.served.wire else {
-            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: event.bytes))
-        }
-        let codec = AlpacaCodec(contentType: accept)
-        guard let bytes = AlpacaDelivery.elementBytes(event, codec: codec) else {
+        guard let answer = route.served.wire.httpAnswer(event, accept: accept) else {
             return try Self.json(["error": "the last event of \(topic) could not be read"], status: .internalServerError)
         }
-        return Response(
-            status: .ok, headers: [.contentType: codec == .messagePack ? "application/msgpack" : "application/json", .vary: "Accept"],
-            body: .init(byteBuffer: bytes))
+        return Response(status: .ok, headers: [.contentType: answer.contentType, .vary: "Accept"], body: .init(byteBuffer: answer.body))
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {

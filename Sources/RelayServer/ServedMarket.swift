@@ -1,48 +1,29 @@
-import AlpacaWire
 import MarketDataHub
 import Metrics
 import MarketCore
 
-/// One market the server serves at its own path (`/crypto`): the market, its hub, and its feed's health.
-/// Value type, `Sendable`. Each market's clients reach only its hub, so no event crosses markets.
+/// One market the server serves at its own paths (`/crypto`, `/v2/iex`): the market, its hub, and its
+/// feed's health; the protocol its clients speak is its hub's (``MarketDataHub/wire``). Value type,
+/// `Sendable`. Each market's clients reach only its hub, so no event crosses markets.
 package struct ServedMarket: Sendable {
     package let market: Market
     package let hub: MarketDataHub
     package let feed: any FeedStatus
-    /// The protocol its clients speak.
-    package let wire: ServedWire
 
-    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus, wire: ServedWire = .polygon) {
+    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus) {
         self.market = market
         self.hub = hub
         self.feed = feed
-        self.wire = wire
     }
+
+    /// The protocol its clients speak.
+    var wire: any WireProtocol { hub.wire }
 
     /// Whose protocol it speaks (a label of `/healthz` and the metrics).
-    var vendor: String {
-        if case .alpaca = wire { "alpaca" } else { "polygon" }
-    }
+    var vendor: String { wire.name }
 
     /// The paths its WebSocket is served at.
-    var paths: [String] {
-        if case .alpaca(let feed) = wire { feed.paths } else { [wire.path(of: market)] }
-    }
-}
-
-/// The protocol a served market speaks downstream: Polygon's at `/<market>`, or Alpaca's at the feed's
-/// own path (`/v2/iex`, `/v1beta3/crypto/us`). Value type, `Sendable`.
-package enum ServedWire: Sendable, Equatable {
-    case polygon
-    case alpaca(AlpacaFeed)
-
-    /// The main path a market's WebSocket is served at in this protocol.
-    package func path(of market: Market) -> String {
-        switch self {
-        case .polygon: "/\(market)"
-        case .alpaca(let feed): feed.path
-        }
-    }
+    var paths: [String] { wire.servedPaths(of: market) }
 }
 
 /// What the server keeps per market: the served market, its topic ledger (with the market's ticker cap)

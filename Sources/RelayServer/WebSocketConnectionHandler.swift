@@ -1,7 +1,6 @@
 import NIOCore
 import NIOWebSocket
 import MarketCore
-import PolygonWire
 
 /// What a downstream WebSocket connection does with its messages: the market feed's Polygon
 /// conversation, or a server-push stream. Called on the connection's event loop, synchronously.
@@ -35,6 +34,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     private var context: ChannelHandlerContext?
     private var conversation: WebSocketConversation?
+    /// How an error is told to this client: its protocol's error frame (a market connection's session
+    /// sets it), else the relay's own status object.
+    var errorFrame: (String) -> (payload: ByteBuffer, binary: Bool) = { (RelayStatus.frame(status: "error", message: $0), false) }
     /// What went to the socket in all (`nil` when the pipeline has no counter).
     var socketCounter: SocketByteCounter?
     /// A tagged session's acknowledged position, noted after each write of events.
@@ -250,7 +252,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private func tooLarge() {
         let limit = messageLimit.bytes
         let when = messageLimit.isOpen ? "" : " before authentication"
-        write(StatusMessage.error("message too large: at most \(limit) bytes\(when)").frame)
+        let error = errorFrame("message too large: at most \(limit) bytes\(when)")
+        write(error.payload, binary: error.binary)
         close(code: .messageTooLarge, reason: "message too large")
     }
 
@@ -287,7 +290,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// if it reads again; the close handshake's timeout ends it either way.
     func checkOutbound() {
         guard !isClosing, unsentBytes > outboundLimit else { return }
-        write(StatusMessage.error("too much unread: more than \(outboundLimit) bytes written to this connection were not read").frame, checked: false)
+        let error = errorFrame("too much unread: more than \(outboundLimit) bytes written to this connection were not read")
+        write(error.payload, binary: error.binary, checked: false)
         close(code: .policyViolation, reason: "too much unread")
     }
 
@@ -381,11 +385,6 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         context.eventLoop.scheduleTask(in: closeTimeout) { [channel = context.channel] in
             channel.close(promise: nil)
         }
-    }
-
-    /// Refuses the client the way Polygon does: the status that says why, then close 1008.
-    func refuse(_ status: StatusMessage, reason: String) {
-        refuse(status.frame, binary: false, reason: reason)
     }
 
     /// Sends a frame of the connection's protocol, then closes (1008).

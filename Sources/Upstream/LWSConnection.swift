@@ -74,7 +74,7 @@ final class LWSConnection: Sendable {
         self.shared = Mutex(
             Shared(
                 machine: UpstreamConnectionMachine(
-                    apiKey: configuration.apiKey, secret: configuration.secret, vendor: configuration.vendor, timing: .init(configuration))))
+                    session: configuration.wire.upstreamSession(key: configuration.apiKey, secret: configuration.secret), timing: .init(configuration))))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.inbox = inbox
         self.marketOfFrames = Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
@@ -342,8 +342,8 @@ final class LWSConnection: Sendable {
         case LWS_CALLBACK_CLIENT_RECEIVE_PONG:
             shared.withLock { $0.machine.heard(now: .now) }
         case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER:
-            // Alpaca's stream speaks MessagePack to a client that asks for it on the upgrade.
-            guard let header = shared.withLock({ $0.machine.session.upgradeHeader }), let input else { break }
+            // The protocol's header on the upgrade (Alpaca: MessagePack frames, please).
+            guard let header = configuration.wire.upstreamUpgradeHeader, let input else { break }
             let cursor = input.assumingMemoryBound(to: UnsafeMutablePointer<UInt8>?.self)
             guard let start = cursor.pointee else { return -1 }
             let end = start + length
@@ -527,7 +527,7 @@ final class LWSConnection: Sendable {
             var buffer = [UInt8](repeating: 0, count: pre)
             buffer += message
             let count = buffer.count - pre
-            let binary = configuration.vendor == .alpaca
+            let binary = configuration.wire.upstreamSendsBinary
             let written = buffer.withUnsafeMutableBufferPointer { pointer -> Int32 in
                 guard let base = pointer.baseAddress else { return -1 }
                 return lws_write(wsi, base + pre, count, binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT)
@@ -577,8 +577,7 @@ final class LWSConnection: Sendable {
     private func process(_ message: ByteBuffer, wsi: OpaquePointer) {
         let parsed: UpstreamReading
         do {
-            parsed = try UpstreamConversation.read(
-                message, vendor: configuration.vendor, receivedAt: MonotonicClock.nanoseconds(), market: marketOfFrames)
+            parsed = try configuration.wire.readUpstream(message, receivedAt: MonotonicClock.nanoseconds(), market: marketOfFrames)
         } catch {
             shared.withLock { $0.statistics.malformedMessages += 1 }
             metrics.malformed.increment()

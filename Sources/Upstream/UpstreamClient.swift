@@ -7,7 +7,7 @@ import ServiceLifecycle
 import Synchronization
 
 /// The relay's one upstream connection per market: a WebSocket client on libwebsockets for either
-/// vendor (what it says on the connection is the vendor's conversation, ``UpstreamConversation``).
+/// vendor (what it says on the connection is its protocol's ``UpstreamSession``).
 ///
 /// It connects, waits for `connected`, authenticates with the upstream key, then keeps the upstream's
 /// subscriptions equal to ``setWantedTopics(_:)``'s latest set, across reconnects. Events arrive on

@@ -46,8 +46,8 @@ public struct UpstreamConfiguration: Sendable {
     /// The account's secret where the vendor has one (Alpaca's `APCA_API_SECRET_KEY`); never logged,
     /// never sent downstream.
     public var secret: String?
-    /// Whose protocol the endpoint speaks.
-    public var vendor: UpstreamVendor = .polygon
+    /// The protocol the endpoint speaks.
+    public var wire: any WireProtocol
     /// A PEM file of extra trusted CAs for `wss://` (the system trust store is always used).
     public var caFile: String?
     /// Messages larger than this are dropped, counted and logged. Polygon's frames are kilobytes; the
@@ -80,6 +80,7 @@ public struct UpstreamConfiguration: Sendable {
     public init(
         endpoint: Endpoint,
         apiKey: String,
+        wire: some WireProtocol,
         caFile: String? = nil,
         maxMessageBytes: Int = 4 << 20,
         handshakeTimeout: Duration = .seconds(15),
@@ -90,6 +91,7 @@ public struct UpstreamConfiguration: Sendable {
     ) {
         self.endpoint = endpoint
         self.apiKey = apiKey
+        self.wire = wire
         self.caFile = caFile
         self.maxMessageBytes = maxMessageBytes
         self.handshakeTimeout = handshakeTimeout

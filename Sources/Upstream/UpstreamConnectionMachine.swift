@@ -1,8 +1,7 @@
 import MarketCore
-import PolygonWire
 
 /// The upstream connection's logic, without I/O: when to connect, what an established connection
-/// must do first, what each status the vendor sends means (through ``UpstreamConversation``), why a connection
+/// must do first, what each control message the vendor sends means (through its protocol's ``UpstreamSession``), why a connection
 /// ended (closed, failed, dead, handshake timeout, `auth_failed`, `max_connections`, the lease deadline),
 /// and how long to wait before the next attempt.
 ///
@@ -48,7 +47,7 @@ struct UpstreamConnectionMachine: Sendable {
         /// `auth_success`: cancel the handshake timeout and tell the consumer events follow.
         var authenticated = false
         /// The session's reading of the status, for the log.
-        var event: ClientSession.Event
+        var event: UpstreamSignal
     }
 
     /// What the glue does when the deadline timer fires.
@@ -73,7 +72,7 @@ struct UpstreamConnectionMachine: Sendable {
 
     let timing: Timing
     /// The vendor's conversation: auth, the wanted and subscribed topics.
-    private(set) var session: UpstreamConversation
+    private(set) var session: any UpstreamSession
 
     /// Where the one connection is.
     enum Phase: Equatable {
@@ -110,9 +109,9 @@ struct UpstreamConnectionMachine: Sendable {
     private var jitter: SplitMix
 
     init(
-        apiKey: String, secret: String? = nil, vendor: UpstreamVendor = .polygon, timing: Timing, seed: UInt64 = UInt64.random(in: 0...UInt64.max)
+        session: any UpstreamSession, timing: Timing, seed: UInt64 = UInt64.random(in: 0...UInt64.max)
     ) {
-        session = UpstreamConversation(vendor: vendor, key: apiKey, secret: secret)
+        self.session = session
         self.timing = timing
         jitter = SplitMix(state: seed)
     }
@@ -167,16 +166,11 @@ struct UpstreamConnectionMachine: Sendable {
 
     // MARK: the conversation
 
-    /// A status object from a Polygon server.
-    mutating func received(_ status: StatusMessage, now: ContinuousClock.Instant) -> StatusOutcome {
-        received(.polygon(status), now: now)
-    }
-
     /// A control message from the server.
     mutating func received(_ control: UpstreamControl, now: ContinuousClock.Instant) -> StatusOutcome {
-        let reaction = session.receive(control)
-        var outcome = StatusOutcome(send: reaction.send, close: Self.closes(reaction.event), event: reaction.event)
-        switch reaction.event {
+        let reaction = session.react(to: control)
+        var outcome = StatusOutcome(send: reaction.send, close: reaction.signal.closes, event: reaction.signal)
+        switch reaction.signal {
         case .authenticated:
             if case .open(let since, _) = phase { phase = .open(since: since, authenticated: now) }
             outcome.authenticated = true
@@ -196,15 +190,7 @@ struct UpstreamConnectionMachine: Sendable {
     /// The topics the server should send; returns the messages that move it there (sent only while
     /// authenticated; otherwise after the next `auth_success`).
     mutating func setWanted(_ topics: Set<Topic>) -> [[UInt8]] {
-        session.setWanted(topics)
-    }
-
-    /// The server refused us: close (and back off).
-    static func closes(_ event: ClientSession.Event) -> Bool {
-        switch event {
-        case .authFailed, .maxConnections: true
-        default: false
-        }
+        session.want(topics)
     }
 
     // MARK: the deadline

@@ -1,4 +1,5 @@
 import AlpacaWire
+import MarketCore
 import Testing
 
 /// MessagePack as the format defines it: every form read, each value written in its shortest form, and

@@ -68,7 +68,7 @@ import Testing
     let aapl = Topic(eventType: "Q", ticker: "AAPL")!
 
     func check(_ text: String) -> Result<MarketEvent, ClusterChecks.Rejection> {
-        Array(text.utf8).withUnsafeBytes { ClusterChecks.event($0, topic: aapl) }
+        Array(text.utf8).withUnsafeBytes { ClusterChecks.event($0, topic: aapl, market: .stocks, wire: .polygon) }
     }
 
     @Test func oneMatchingObjectPasses() throws {
@@ -81,7 +81,7 @@ import Testing
         let padding = String(repeating: " ", count: ClusterChecks.maxEventBytes)
         #expect((try? check(#"{"ev":"Q","sym":"AAPL","bp":1.5}"# + padding).get()) == nil, "past 64 KiB")
         let long = Topic(eventType: "Q", ticker: String(repeating: "A", count: 41))!
-        let refused = Array(#"{"ev":"Q","sym":"\#(long.ticker)","bp":1.5}"#.utf8).withUnsafeBytes { ClusterChecks.event($0, topic: long) }
+        let refused = Array(#"{"ev":"Q","sym":"\#(long.ticker)","bp":1.5}"#.utf8).withUnsafeBytes { ClusterChecks.event($0, topic: long, market: .stocks, wire: .polygon) }
         #expect((try? refused.get()) == nil, "a 41-byte ticker")
     }
 
@@ -157,7 +157,7 @@ import Testing
     let topic = Topic(eventType: "t", ticker: "AAPL")!
 
     func check(_ bytes: [UInt8]) -> Result<MarketEvent, ClusterChecks.Rejection> {
-        ClusterChecks.event(bytes, topic: topic, vendor: .alpaca)
+        ClusterChecks.event(bytes, topic: topic, market: .stocks, wire: .alpaca(.iex))
     }
 
     @Test func anAlpacaEventFromNATSIsOneMapNamingItsSubjectsTopicAndNothingElse() throws {
@@ -179,7 +179,7 @@ import Testing
 /// Positions from NATS are checked before the history does arithmetic on them.
 @Suite struct ClusterPositionChecksTests {
     func check(_ text: String) -> Result<MarketEvent, ClusterChecks.Rejection> {
-        ClusterChecks.event(Array(text.utf8), topic: Topic(parsing: "T.AAPL")!)
+        ClusterChecks.event(Array(text.utf8), topic: Topic(parsing: "T.AAPL")!, market: .stocks, wire: .polygon)
     }
 
     @Test func anEventWhosePositionsOverflowIsRefusedAndAPlausibleOneAccepted() {

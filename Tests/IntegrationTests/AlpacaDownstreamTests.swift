@@ -38,8 +38,8 @@ struct AlpacaDownstreamTests {
         policy: SlowConsumerPolicy = .drop, history: HistoryLimits? = nil, publishing: Bool = true, perAddress: Int? = nil,
         _ body: (Int, MarketDataHub) async throws -> Void
     ) async throws {
-        let stocks = MarketDataHub(policy: policy, snapshotless: AlpacaChannel.snapshotless, history: history)
-        let crypto = MarketDataHub(history: nil)
+        let stocks = MarketDataHub(wire: .alpaca(.iex), policy: policy, snapshotless: AlpacaChannel.snapshotless, history: history)
+        let crypto = MarketDataHub(wire: .alpaca(.crypto), history: nil)
         // Besides the plain key, one whose entitlement is AAPL's trades, quotes and bars only.
         let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL"])
         let single = try ClientKey(name: "single", secret: "single-key", maxConnections: 1)
@@ -51,8 +51,8 @@ struct AlpacaDownstreamTests {
         let server = RelayServer(
             configuration: configuration,
             markets: [
-                ServedMarket(market: .stocks, hub: stocks, feed: TestFeed(), wire: .alpaca(.iex)),
-                ServedMarket(market: .crypto, hub: crypto, feed: TestFeed(), wire: .alpaca(.crypto)),
+                ServedMarket(market: .stocks, hub: stocks, feed: TestFeed()),
+                ServedMarket(market: .crypto, hub: crypto, feed: TestFeed()),
             ], logger: testLogger)
         let publisher = Task {
             var id: Int64 = 0

@@ -17,8 +17,9 @@ struct AlpacaUpstreamTests {
     }
 
     func client(_ url: String, key: String = "alpaca-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> UpstreamClient {
-        var configuration = UpstreamConfiguration(endpoint: try #require(UpstreamConfiguration.Endpoint(url)), apiKey: key, reconnect: reconnect)
-        configuration.vendor = .alpaca
+        let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
+        var configuration = UpstreamConfiguration(
+            endpoint: endpoint, apiKey: key, wire: .alpaca(AlpacaFeed(path: endpoint.path) ?? .iex), reconnect: reconnect)
         configuration.secret = "alpaca-secret"
         return UpstreamClient(configuration: configuration, logger: testLogger)
     }

@@ -9,6 +9,7 @@ import PolygonRESTClient
 import RelayComposition
 import RelayConfiguration
 import Testing
+import PolygonWire
 
 /// The REST client against the demo feed's Polygon-style endpoints, over loopback.
 @Suite("Reference prices over REST")
@@ -120,7 +121,7 @@ struct ClosedMarketValuationTests {
                 accountID: account.id, date: Day(year: 2024, month: 1, day: 2), kind: .buy, symbol: "MSFT", quantity: 2, price: 400, fees: 0
             )
             let service = PortfolioService(
-                store: store, hub: MarketDataHub(),
+                store: store, hub: MarketDataHub(wire: .polygon),
                 referencePrices: ReferencePrices(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "k"))
             try await withServices([service]) {
                 let updates = await service.valuationUpdates()

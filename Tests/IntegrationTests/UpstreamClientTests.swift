@@ -20,7 +20,7 @@ struct UpstreamClientTests {
     func client(_ url: String, key: String = "up-key", reconnect: ReconnectPolicy = ReconnectPolicy()) throws -> UpstreamClient {
         let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
         return UpstreamClient(
-            configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: key, reconnect: reconnect), logger: testLogger)
+            configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: key, wire: .polygon, reconnect: reconnect), logger: testLogger)
     }
 
     @Test func authenticatesThenSubscribesTheWantedTopics() async throws {
@@ -45,7 +45,7 @@ struct UpstreamClientTests {
         let feed = feed()
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
-            var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key")
+            var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key", wire: .polygon)
             configuration.maxQueuedEvents = 200
             let upstream = UpstreamClient(configuration: configuration, logger: testLogger)
             upstream.setWantedTopics(topics("Q.*", "T.*"))
@@ -175,7 +175,7 @@ struct UpstreamTLSTests {
             let url = try await feed.url()
             #expect(url.hasPrefix("wss://"))
             let endpoint = try #require(UpstreamConfiguration.Endpoint(url))
-            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key"), logger: testLogger)
+            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key", wire: .polygon), logger: testLogger)
             try await withServices([upstream]) {
                 let state = try await waitFor(upstream.stateUpdates(), "the TLS failure") { $0.name == "disconnected" }
                 #expect(state.detail?.contains("connection failed") == true)
@@ -189,7 +189,7 @@ struct UpstreamTLSTests {
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
             let upstream = UpstreamClient(
-                configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key", caFile: try fixture("test-server.pem")),
+                configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "up-key", wire: .polygon, caFile: try fixture("test-server.pem")),
                 logger: testLogger)
             upstream.setWantedTopics(topics("Q.*"))
             try await withServices([upstream]) {
@@ -209,7 +209,7 @@ struct UpstreamKeepaliveTests {
             logger: testLogger)
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
-            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
+            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k", wire: .polygon), logger: testLogger)
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
                 // A measurement window spanning two ping periods and a half.
@@ -269,7 +269,7 @@ struct UpstreamDeadlineTests {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
             let upstream = UpstreamClient(
                 configuration: UpstreamConfiguration(
-                    endpoint: endpoint, apiKey: "k",
+                    endpoint: endpoint, apiKey: "k", wire: .polygon,
                     reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(100))),
                 logger: testLogger)
             upstream.setDeadline(.now + .seconds(60))
@@ -301,7 +301,7 @@ struct UpstreamDeadlineTests {
         let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "k", eventsPerSecond: 10, seed: 9), logger: testLogger)
         try await withServices([feed]) {
             let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
-            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k"), logger: testLogger)
+            let upstream = UpstreamClient(configuration: UpstreamConfiguration(endpoint: endpoint, apiKey: "k", wire: .polygon), logger: testLogger)
             upstream.setDeadline(.now + .seconds(60))
             try await withServices([upstream]) {
                 try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
@@ -340,14 +340,14 @@ struct UpstreamDeadlineTests {
         try await withServices([feed]) {
             let feedURL = try await feed.url()
             let interest = LocalInterest()
-            let hub = MarketDataHub(keepsUnwantedLastValues: false, logger: testLogger) { interest.apply($0) }
+            let hub = MarketDataHub(wire: .polygon, keepsUnwantedLastValues: false, logger: testLogger) { interest.apply($0) }
             let node = try ClusterNode(
                 configuration: ClusterConfiguration(
                     servers: [natsURL], name: "backstop\(UInt16.random(in: 0...9999))", nodeID: "inproc", leaseDuration: .seconds(1)),
                 market: "stocks", hub: hub, localInterest: interest, logger: testLogger
             ) {
                 let endpoint = try #require(UpstreamConfiguration.Endpoint(feedURL))
-                var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "k")
+                var configuration = UpstreamConfiguration(endpoint: endpoint, apiKey: "k", wire: .polygon)
                 configuration.closeTimeout = .seconds(1)
                 return UpstreamClient(configuration: configuration, logger: testLogger)
             }

@@ -20,7 +20,7 @@ private func trade(_ q: Int, recovered: Bool = false) -> MarketEvent {
 @Suite("Hub: gap fill")
 struct GapFillHubTests {
     @Test func aRecoveryAsksForTheNamedTopicsAndRecoveredEventsGoToTheirHoldersUpToTheFirstLiveOne() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let requests = Mutex<[GapFillRequest]>([])
         await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
         let named = await hub.subscribe(to: topics("T.AAPL"))
@@ -58,7 +58,7 @@ struct GapFillHubTests {
     }
 
     @Test func anOutageBeforeTheLastFillEndedIsFilledWithItForTheUnionOfBothAndNothingArrivesTwice() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let requests = Mutex<[GapFillRequest]>([])
         await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
         let named = await hub.subscribe(to: topics("T.AAPL"))
@@ -92,7 +92,7 @@ struct GapFillHubTests {
     }
 
     @Test func aClusterNodeKeepsEveryRecoveredEventUnderTheLeadersPositionsAndDeliversOnlyInItsOwnGaps() async throws {
-        let hub = MarketDataHub(adoptsPositions: true)
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         await hub.startEpoch("leader1")
         await hub.setRecoveryHandler { _ in }
         let named = await hub.subscribe(to: topics("T.AAPL"))
@@ -115,7 +115,7 @@ struct GapFillHubTests {
     }
 
     @Test func aQuietTopicsNextFillStartsAfterWhatTheLastFillBrought() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let requests = Mutex<[GapFillRequest]>([])
         await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
         let named = await hub.subscribe(to: topics("T.AAPL"))
@@ -142,7 +142,7 @@ struct GapFillHubTests {
     /// with another ticker's trade, so AAPL's first live event after it has not come: the hub, the
     /// holder's subscription and the fill request.
     private func backWithAnotherTicker() async throws -> (MarketDataHub, HubSubscription, GapFillRequest) {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let requests = Mutex<[GapFillRequest]>([])
         await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
         let named = await hub.subscribe(to: topics("T.AAPL"))
@@ -190,7 +190,7 @@ struct GapFillHubTests {
     }
 
     @Test func recoveredEventsForAConnectionThatHasAResumesWorthUnreadAreToldNotQueued() async throws {
-        let hub = MarketDataHub(history: HistoryLimits(eventsPerResume: 10))
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 10))
         let requests = Mutex<[GapFillRequest]>([])
         await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
         let named = await hub.subscribe(to: topics("T.AAPL"))

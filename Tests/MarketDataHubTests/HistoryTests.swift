@@ -17,7 +17,7 @@ private func topic(_ text: String) -> Topic { Topic(parsing: text)! }
 @Suite("Hub history: positions and resumes")
 struct HubHistoryTests {
     @Test func everyEventGetsAContiguousTopicSequenceAndMarketSequenceWrittenIntoItsBytes() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         let subscription = await hub.subscribe(to: topics("T.AAPL", "T.MSFT"))
         await hub.publish([event("T", "AAPL", 1), event("T", "MSFT", 1), event("T", "AAPL", 2)])
         let got = try await take(3, from: subscription.events)
@@ -29,7 +29,7 @@ struct HubHistoryTests {
     }
 
     @Test func aResumeByTopicPositionGetsExactlyTheMissedEventsThenResumedThenLive() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         await hub.publish((1...5).map { event("T", "AAPL", $0) })
         let subscription = await hub.subscribe()
         let outcome = await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .positions(epoch: hub.epoch, [topic("T.AAPL"): 2]))
@@ -43,7 +43,7 @@ struct HubHistoryTests {
     }
 
     @Test func aWildcardResumesByMarketSequenceInArrivalOrder() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         // Held by someone, so the relay received every Q event.
         let holder = await hub.subscribe(to: topics("Q.*"))
         await hub.publish([event("Q", "A", 1), event("T", "A", 1), event("Q", "B", 2), event("Q", "A", 3)])
@@ -80,7 +80,7 @@ struct HubHistoryTests {
     }
 
     @Test func aResumeByTimeReplaysWhatArrivedSinceThen() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         await hub.publish([event("T", "AAPL", 1)])
         try await Task.sleep(for: .milliseconds(20))
         let since = WallClock.nowMilliseconds()
@@ -94,7 +94,7 @@ struct HubHistoryTests {
     }
 
     @Test func anEvictedRangeIsAGapThenTheLastValueNeverAPartialReplay() async throws {
-        let hub = MarketDataHub(history: HistoryLimits(eventsPerTopic: 3))
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerTopic: 3))
         await hub.publish((1...10).map { event("T", "AAPL", $0) })
         let subscription = await hub.subscribe()
         let outcome = await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .positions(epoch: nil, [topic("T.AAPL"): 2]))
@@ -109,7 +109,7 @@ struct HubHistoryTests {
     }
 
     @Test func aTopicNobodyHeldMeanwhileIsAGapNotASilentlyShortReplay() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         let first = await hub.subscribe(to: topics("T.AAPL"))
         await hub.publish((1...3).map { event("T", "AAPL", $0) })
         await hub.remove(first.id)
@@ -124,7 +124,7 @@ struct HubHistoryTests {
     }
 
     @Test func aParkedSubscriberKeepsItsTopicsWholeAndGetsNothing() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         let first = await hub.subscribe(to: topics("T.AAPL"))
         await hub.publish((1...3).map { event("T", "AAPL", $0) })
         await hub.park(first.id)
@@ -137,7 +137,7 @@ struct HubHistoryTests {
     }
 
     @Test func anotherEpochIsAGapForEveryTopicItNames() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         await hub.publish([event("T", "AAPL", 1)])
         let subscription = await hub.subscribe()
         let outcome = await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .positions(epoch: "older", [topic("T.AAPL"): 1]))
@@ -147,7 +147,7 @@ struct HubHistoryTests {
     }
 
     @Test func theMemoryBoundEvictsTheOldestWhateverTheirTopic() async throws {
-        let hub = MarketDataHub(history: HistoryLimits(memoryBytes: 40_000))
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(memoryBytes: 40_000))
         let holder = await hub.subscribe(to: topics("Q.*"))
         defer { _ = holder }
         for round in 0..<50 { await hub.publish((0..<20).map { event("Q", "S\($0)", round) }) }
@@ -164,7 +164,7 @@ struct HubHistoryTests {
     }
 
     @Test func aResumePastItsBoundIsAGapForItsLargestTopics() async throws {
-        let hub = MarketDataHub(history: HistoryLimits(eventsPerResume: 5))
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 5))
         await hub.publish((1...10).map { event("T", "AAPL", $0) } + (1...3).map { event("T", "MSFT", $0) })
         let subscription = await hub.subscribe()
         let outcome = await hub.add(
@@ -178,7 +178,7 @@ struct HubHistoryTests {
 @Suite("Hub conflation")
 struct HubConflationTests {
     @Test func quotesMergePerSymbolTradesNeverAndATradeFlushesItsSymbolsQuoteFirst() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         let subscription = await hub.subscribe(to: topics("Q.AAPL", "Q.MSFT", "T.AAPL"))
         await hub.setConflation(ConflationMode(interval: .milliseconds(200)), for: subscription.id)
         await hub.publish((1...50).map { event("Q", "AAPL", $0) } + (1...50).map { event("Q", "MSFT", $0) })
@@ -189,7 +189,7 @@ struct HubConflationTests {
     }
 
     @Test func aStalledSubscriberIsConflatedBeforeAnyEventIsDropped() async throws {
-        let hub = MarketDataHub()
+        let hub = MarketDataHub(wire: .polygon)
         let subscription = await hub.subscribe(to: topics("Q.*"))
         await hub.setConflation(ConflationMode(interval: nil, whileLagging: true), for: subscription.id)
         // Nobody reads: far more than the buffer holds, over 10 symbols.
@@ -217,7 +217,7 @@ struct ReplayBoundTests {
     @Test func replaysNotYetReadAndReplaysOfTheLastMinuteCountAgainstTheBound() async throws {
         var limits = HistoryLimits()
         limits.eventsPerResume = 20
-        let hub = MarketDataHub(history: limits)
+        let hub = MarketDataHub(wire: .polygon, history: limits)
         let aapl = Topic(parsing: "T.AAPL")!
         // Another holder keeps the topic wanted (so its history stays whole) throughout.
         let keeper = await hub.subscribe(to: [aapl])
@@ -247,7 +247,7 @@ struct ReplayBoundTests {
     @Test func aConnectionThatNeverReadsCannotPileUpResumeAnswers() async throws {
         var limits = HistoryLimits()
         limits.eventsPerResume = 1_000
-        let hub = MarketDataHub(history: limits)
+        let hub = MarketDataHub(wire: .polygon, history: limits)
         let wanted = (0..<200).map { Topic(eventType: "T", ticker: "S\($0)")! }
         let keeper = await hub.subscribe(to: Set(wanted))
         await hub.publish(wanted.map { event("T", $0.ticker, 1) })
@@ -305,7 +305,7 @@ struct EpochNoticeTests {
     /// A cluster node's history starts afresh under a failover's new epoch: its connected clients are
     /// told (`epoch`), and the end of the outage names it too, so a later `since` can.
     @Test func aClientThatStaysConnectedIsToldTheNewEpoch() async throws {
-        let hub = MarketDataHub(adoptsPositions: true)
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         let subscription = await hub.subscribe(to: topics("T.AAPL"))
         await hub.startEpoch("first")
         await hub.startEpoch("first")
@@ -318,15 +318,15 @@ struct EpochNoticeTests {
     /// A tagged connection's write path reads which epoch a delivery starts: its positions after it
     /// count in that epoch (and only a delivery that is that notice says so).
     @Test func theEpochNoticesDeliveryNamesTheEpochItStarts() async throws {
-        let hub = MarketDataHub(adoptsPositions: true)
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         await hub.startEpoch("first")
         #expect(await hub.position == ("first", 0))
         await hub.publish(EventPosition.stamp([event("T", "AAPL", 1)], [EventPosition(topic: 7, market: 7)]))
         #expect(await hub.position == ("first", 7))
-        let notice = MarketEvent.notice(
-            StatusMessage(status: StatusMessage.Kind.epoch, message: "positions start again under epoch \"x\"", fields: ["epoch": StatusMessage.quoted("second")]))
-        #expect(HubDelivery([notice]).epochStarted == "second")
-        #expect(HubDelivery([MarketEvent.notice(StatusMessage(status: StatusMessage.Kind.gap, message: "epoch", fields: ["epoch": "\"x\""]))]).epochStarted == nil)
+        let notice = hub.wire.render(Notice(.epoch, message: "positions start again under epoch second", details: ["epoch": .text("second")]))
+        #expect(HubDelivery(epochNotice: notice, epoch: "second").epochStarted == "second")
+        #expect(HubDelivery([notice]).epochStarted == nil, "only the hub's own epoch delivery starts one, not a notice's bytes")
+        #expect(HubDelivery(epochNotice: notice, epoch: "second").prefix(1).epochStarted == "second", "a delivery cut to fit keeps it")
         #expect(HubDelivery([event("T", "AAPL", 1)]).epochStarted == nil)
         #expect(HubDelivery(replay: [notice]).epochStarted == nil, "a replay's are not the stream's own")
     }
@@ -334,7 +334,7 @@ struct EpochNoticeTests {
     /// What conflation holds of the old term goes out before the `epoch` notice: a tagged connection
     /// counts every position after the notice as the new epoch's.
     @Test func conflatedEventsOfTheOldTermComeBeforeTheEpochNotice() async throws {
-        let hub = MarketDataHub(adoptsPositions: true)
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         await hub.startEpoch("old")
         let subscription = await hub.subscribe(to: topics("Q.AAPL"))
         await hub.setConflation(ConflationMode(interval: .seconds(60)), for: subscription.id)
@@ -349,7 +349,7 @@ struct EpochNoticeTests {
     /// A new term's first event can reach a node before word that the last leader is gone: the outage
     /// starts with the term, so its notice comes first and the fill reaches back to the old term's last.
     @Test func aNewTermOpensTheOutageBeforeItsFirstEventSoTheFillCoversTheFailover() async throws {
-        let hub = MarketDataHub(adoptsPositions: true)
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         let requests = Mutex<[GapFillRequest]>([])
         await hub.setRecoveryHandler { request in requests.withLock { $0.append(request) } }
         let subscription = await hub.subscribe(to: topics("T.AAPL"))
@@ -378,7 +378,7 @@ struct BrokenRunTests {
     }
 
     @Test func aSkipInAWholeRunIsAGapToItsHoldersBeforeTheEventAfterIt() async throws {
-        let hub = MarketDataHub(adoptsPositions: true)
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         await hub.startEpoch("e")
         let named = await hub.subscribe(to: topics("T.AAPL"))
         let wildcard = await hub.subscribe(to: topics("T.*"))
@@ -394,7 +394,7 @@ struct BrokenRunTests {
     }
 
     @Test func aRunThisNodeDidNotHoldWholeIsNoGap() async throws {
-        let hub = MarketDataHub(adoptsPositions: true)
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         await hub.startEpoch("e")
         let first = await hub.subscribe(to: topics("T.AAPL"))
         await hub.publish(positioned(1, 1, 1))

@@ -74,7 +74,7 @@ final class WantedRecorder: Sendable {
 @Suite("MarketDataHub")
 struct MarketDataHubTests {
     @Test func subscriberReceivesOnlyItsTopics() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: topics("Q.AAPL"))
         await hub.publish([event("Q", "MSFT"), event("T", "AAPL"), event("Q", "AAPL", 1), event("Q", "AAPL", 2)])
         let got = try await take(2, from: sub.events)
@@ -82,7 +82,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aCachedLastValueHoldsItsOwnBytesNotItsWholeUpstreamMessage() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         // One event sliced out of a 1 MB upstream message.
         var message = ByteBuffer(repeating: UInt8(ascii: " "), count: 1 << 20)
         let json = #"{"ev":"Q","sym":"AAPL","bp":1}"#
@@ -96,7 +96,7 @@ struct MarketDataHubTests {
     }
 
     @Test func whenQueuedTellsTheConsumerSoItReadsOnlyWhatIsThere() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let told = Atomic<Int>(0)
         let sub = await hub.subscribe(to: topics("Q.AAPL"), whenQueued: { told.add(1, ordering: .relaxed) })
         #expect(!sub.hasQueued)
@@ -116,7 +116,7 @@ struct MarketDataHubTests {
     }
 
     @Test func wildcardSubscriberReceivesEverySymbolOfItsType() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: topics("Q.*"))
         await hub.publish([event("Q", "A"), event("T", "A"), event("Q", "B")])
         let got = try await take(2, from: sub.events)
@@ -124,7 +124,7 @@ struct MarketDataHubTests {
     }
 
     @Test func twoSubscribersSharingATopicBothReceiveIt() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let a = await hub.subscribe(to: topics("Q.A"))
         let b = await hub.subscribe(to: topics("Q.A", "T.B"))
         await hub.publish([event("T", "B"), event("Q", "A")])
@@ -133,7 +133,7 @@ struct MarketDataHubTests {
     }
 
     @Test func tickerAndWildcardTogetherDeliverAnEventOnce() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A", "Q.*"))
         await hub.publish([event("Q", "A", 1), event("Q", "B", 2)])
         let got = try await take(2, from: sub.events)
@@ -141,7 +141,7 @@ struct MarketDataHubTests {
     }
 
     @Test func unsubscribingStopsDelivery() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A", "Q.B"))
         await hub.remove(topics("Q.A"), from: sub.id)
         await hub.publish([event("Q", "A"), event("Q", "B")])
@@ -150,7 +150,7 @@ struct MarketDataHubTests {
 
     @Test func upstreamSetIsReferenceCounted() async throws {
         let recorder = WantedRecorder()
-        let hub = MarketDataHub { recorder.record($0) }
+        let hub = MarketDataHub(wire: .polygon) { recorder.record($0) }
         let a = await hub.subscribe(to: topics("Q.A"))
         let b = await hub.subscribe(to: topics("Q.A", "T.B"))
         #expect(await hub.wantedTopics == topics("Q.A", "T.B"))
@@ -166,7 +166,7 @@ struct MarketDataHubTests {
 
     @Test func aChangeReportsOnlyWhatItChanged() async throws {
         let recorder = WantedRecorder()
-        let hub = MarketDataHub { recorder.record($0) }
+        let hub = MarketDataHub(wire: .polygon) { recorder.record($0) }
         let many = await hub.subscribe(to: Set((0..<10_000).map { Topic(eventType: "Q", ticker: "M\($0)")! }))
         let toggler = await hub.subscribe()
         await hub.add(topics("T.X"), to: toggler.id)
@@ -185,7 +185,7 @@ struct MarketDataHubTests {
     }
 
     @Test func wildcardReplacesItsTickersUpstream() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let a = await hub.subscribe(to: topics("Q.A", "Q.B", "T.C"))
         let b = await hub.subscribe(to: topics("Q.*"))
         #expect(await hub.wantedTopics == topics("Q.*", "T.C"))
@@ -196,7 +196,7 @@ struct MarketDataHubTests {
 
     @Test func endingTheStreamRemovesTheSubscriber() async throws {
         let recorder = WantedRecorder()
-        let hub = MarketDataHub { recorder.record($0) }
+        let hub = MarketDataHub(wire: .polygon) { recorder.record($0) }
         let reader = Task {
             let sub = await hub.subscribe(to: topics("Q.A"))
             for await _ in sub.events {}
@@ -208,14 +208,14 @@ struct MarketDataHubTests {
     }
 
     @Test func lastEventPerTopicIsCached() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("T", "A", 3)])
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!)?.json == event("Q", "A", 2).json)
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "B")!) == nil)
     }
 
     @Test func aSubscriberThatDoesNotReadLosesItsNewestEventsOnlyAndTheyAreCounted() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let slow = await hub.subscribe(to: topics("Q.A"))
         let fast = await hub.subscribe(to: topics("Q.A"))
         let limit = MarketDataHub.bufferLimit
@@ -233,7 +233,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aNewSubscriptionGetsTheTopicsLastEventAtOnce() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("Q", "B", 3)])
         let sub = await hub.subscribe(to: topics("Q.A", "T.A", "Q.*"))
         // The snapshot of Q.A (T.A has none; wildcards get no snapshot), then live events.
@@ -243,7 +243,7 @@ struct MarketDataHubTests {
     }
 
     @Test func snapshotsCanBeTurnedOff() async throws {
-        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
+        let hub = MarketDataHub(wire: .polygon, snapshotOnSubscribe: false, history: nil)
         await hub.publish([event("Q", "A", 1)])
         let sub = await hub.subscribe(to: topics("Q.A"))
         await hub.publish([event("Q", "A", 2)])
@@ -251,7 +251,7 @@ struct MarketDataHubTests {
     }
 
     @Test func theReaderTakesEverythingQueuedAsOneBatch() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         var reader = sub.makeReader()
         await hub.publish((0..<300).map { event("Q", "A", $0) })
@@ -266,7 +266,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aDrainedSubscriberIsToldHowManyEventsItLost() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         var reader = sub.makeReader()
         let limit = MarketDataHub.bufferLimit
@@ -286,7 +286,7 @@ struct MarketDataHubTests {
 
     @Test func theDisconnectPolicyEndsASubscriberWhoseBufferIsFull() async throws {
         let recorder = WantedRecorder()
-        let hub = MarketDataHub(policy: .disconnect, history: nil) { recorder.record($0) }
+        let hub = MarketDataHub(wire: .polygon, policy: .disconnect, history: nil) { recorder.record($0) }
         let slow = await hub.subscribe(to: topics("Q.A"))
         let other = await hub.subscribe(to: topics("Q.B"))
         await hub.publish((0...MarketDataHub.bufferLimit).map { event("Q", "A", $0) })
@@ -301,7 +301,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aSubscriberThatComesDuringAnOutageIsToldAtOnceAndOnlyThoseToldAreToldItEnded() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let before = await hub.subscribe(to: topics("Q.A"))
         await hub.upstreamLost(reason: "test")
         let during = await hub.subscribe(to: topics("Q.A"))
@@ -326,7 +326,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aClusterSeedIsTheSnapshotUnlessALiveEventCameFirst() async throws {
-        let hub = MarketDataHub(keepsUnwantedLastValues: false, history: nil)
+        let hub = MarketDataHub(wire: .polygon, keepsUnwantedLastValues: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A", "Q.B"))
         await hub.seed(event("Q", "A", 1))
         await hub.publish([event("Q", "B", 2)])
@@ -339,7 +339,7 @@ struct MarketDataHubTests {
     }
 
     @Test func aClusterNodeForgetsTheLastValueOfATopicNobodyWants() async throws {
-        let hub = MarketDataHub(keepsUnwantedLastValues: false, history: nil)
+        let hub = MarketDataHub(wire: .polygon, keepsUnwantedLastValues: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         await hub.publish([event("Q", "A", 1)])
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) != nil)
@@ -349,7 +349,7 @@ struct MarketDataHubTests {
         await hub.publish([event("Q", "A", 2)])
         #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "A")!) == nil)
         // A single relay keeps it (its upstream is the only source).
-        let single = MarketDataHub(history: nil)
+        let single = MarketDataHub(wire: .polygon, history: nil)
         let other = await single.subscribe(to: topics("Q.A"))
         await single.publish([event("Q", "A", 1)])
         await single.remove(topics("Q.A"), from: other.id)
@@ -357,7 +357,7 @@ struct MarketDataHubTests {
     }
 
     @Test func lossBeforeTheHubIsToldToTheSubscribersOfTheLostTopics() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let hit = await hub.subscribe(to: topics("Q.A"))
         let wildcard = await hub.subscribe(to: topics("Q.*"))
         let spared = await hub.subscribe(to: topics("T.B"))
@@ -369,7 +369,7 @@ struct MarketDataHubTests {
     }
 
     @Test func topicsTheUpstreamRefusedAreToldToTheirHoldersOnlyWithTheCode() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let both = await hub.subscribe(to: topics("t.MSFT", "t.GOOG", "t.AAPL"))
         let one = await hub.subscribe(to: topics("t.MSFT"))
         let spared = await hub.subscribe(to: topics("t.AAPL"))
@@ -382,7 +382,7 @@ struct MarketDataHubTests {
     }
 
     @Test func topicsNobodyWantsAndWithNoLastValueLeaveNoEntry() async throws {
-        let hub = MarketDataHub(history: nil)
+        let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)")! }))
         await hub.publish([event("Q", "JUNK1", 1)])
         #expect(await hub.topicEntryCount == 500)
@@ -395,7 +395,7 @@ struct MarketDataHubTests {
 @Suite("Hub deliveries")
 struct HubDeliveryTests {
     @Test func aPublishLargerThanOneWindowArrivesWholeInOrderAndOnceDespiteTickerAndWildcard() async throws {
-        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
+        let hub = MarketDataHub(wire: .polygon, snapshotOnSubscribe: false, history: nil)
         let both = await hub.subscribe(to: topics("Q.A", "Q.*"))
         let onlyB = await hub.subscribe(to: topics("Q.B"))
         var reader = both.makeReader()
@@ -420,7 +420,7 @@ struct HubDeliveryTests {
     }
 
     @Test func anEventsOtherFormIsMadeOncePerPublishAndSharedByEverySubscriber() async throws {
-        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
+        let hub = MarketDataHub(wire: .polygon, snapshotOnSubscribe: false, history: nil)
         let first = await hub.subscribe(to: topics("Q.A", "Q.B"))
         let second = await hub.subscribe(to: topics("Q.A"))
         let third = await hub.subscribe(to: topics("Q.*"))
@@ -449,7 +449,7 @@ struct HubDeliveryTests {
     }
 
     @Test func aFullBufferKeepsTheOldestOfAWindow() async throws {
-        let hub = MarketDataHub(snapshotOnSubscribe: false, history: nil)
+        let hub = MarketDataHub(wire: .polygon, snapshotOnSubscribe: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         await hub.publish((0..<(MarketDataHub.bufferLimit - 10)).map { event("Q", "A", $0) })
         // 40 more: 10 fit, in order; 30 are dropped.

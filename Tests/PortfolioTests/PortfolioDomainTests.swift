@@ -354,7 +354,7 @@ struct MarketPriceTests {
     func prices(_ json: String, market: Market) throws -> SymbolPrices {
         var prices = SymbolPrices()
         for event in try FrameParser.parse(ByteBuffer(string: "[\(json)]"), market: market).events {
-            EventPrices.apply(event, to: &prices, now: Date(timeIntervalSince1970: 0))
+            EventPrices.apply(PolygonWireProtocol().price(in: event), to: &prices, now: Date(timeIntervalSince1970: 0))
         }
         return prices
     }
@@ -373,10 +373,10 @@ struct MarketPriceTests {
     }
 
     @Test func eachTickerIsFollowedOnItsOwnMarketsChannels() {
-        #expect(MarketHubs.priceTopics(of: "X:BTC-USD").map(\.description) == ["XT.X:BTC-USD", "XQ.X:BTC-USD"])
-        #expect(MarketHubs.priceTopics(of: "C:EUR-USD").map(\.description) == ["C.C:EUR-USD"])
-        #expect(MarketHubs.priceTopics(of: "I:SPX").map(\.description) == ["V.I:SPX"])
-        #expect(MarketHubs.priceTopics(of: "AAPL").map(\.description) == ["T.AAPL", "Q.AAPL"])
-        #expect(MarketHubs.priceTopics(of: "O:SPY251219C00650000").map(\.description) == ["T.O:SPY251219C00650000", "Q.O:SPY251219C00650000"])
+        #expect(PolygonWireProtocol().priceTopics(of: "X:BTC-USD", market: Market.of(ticker: "X:BTC-USD")).map(\.description) == ["XT.X:BTC-USD", "XQ.X:BTC-USD"])
+        #expect(PolygonWireProtocol().priceTopics(of: "C:EUR-USD", market: Market.of(ticker: "C:EUR-USD")).map(\.description) == ["C.C:EUR-USD"])
+        #expect(PolygonWireProtocol().priceTopics(of: "I:SPX", market: Market.of(ticker: "I:SPX")).map(\.description) == ["V.I:SPX"])
+        #expect(PolygonWireProtocol().priceTopics(of: "AAPL", market: Market.of(ticker: "AAPL")).map(\.description) == ["T.AAPL", "Q.AAPL"])
+        #expect(PolygonWireProtocol().priceTopics(of: "O:SPY251219C00650000", market: Market.of(ticker: "O:SPY251219C00650000")).map(\.description) == ["T.O:SPY251219C00650000", "Q.O:SPY251219C00650000"])
     }
 }

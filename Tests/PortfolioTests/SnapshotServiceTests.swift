@@ -1,6 +1,7 @@
 import Foundation
 import MarketDataHub
 import Testing
+import PolygonWire
 
 @testable import Portfolio
 @testable import PortfolioData
@@ -21,7 +22,7 @@ struct SnapshotServiceTests {
         let start = calendar.day(today, addingYears: -1)
         let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: calendar.startOfDay(start))
         _ = try await store.addTransaction(accountID: account.id, date: start, kind: .deposit, amount: 100)
-        return (store, PortfolioService(store: store, hub: MarketDataHub()), account, start, today)
+        return (store, PortfolioService(store: store, hub: MarketDataHub(wire: .polygon)), account, start, today)
     }
 
     @Test func aPartialLiveValueDoesNotReplaceTodaysCompleteRowUntilAllIsPricedAgain() async throws {
@@ -36,7 +37,7 @@ struct SnapshotServiceTests {
             [AccountSnapshot(accountID: account.id, day: today, value: 15, cash: -10, partial: false, source: .valuation)], portfolio: [])
 
         // Restarted, no price yet: today's row is kept, not replaced by "partial".
-        let service = PortfolioService(store: store, hub: MarketDataHub())
+        let service = PortfolioService(store: store, hub: MarketDataHub(wire: .polygon))
         try await service.backfill()
         var row = try #require(try await store.accountSnapshots(accountID: account.id, from: today, through: today).first)
         #expect(row.partial == false)

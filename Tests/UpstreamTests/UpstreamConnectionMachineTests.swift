@@ -3,6 +3,13 @@ import Testing
 
 @testable import Upstream
 
+extension UpstreamConnectionMachine {
+    /// A Polygon status, as Polygon's reader hands it on.
+    mutating func received(_ status: StatusMessage, now: ContinuousClock.Instant) -> StatusOutcome {
+        received(UpstreamControl(status), now: now)
+    }
+}
+
 /// The upstream connection's logic, driven by hand: no libwebsockets, no sockets, no sleeps; the clock
 /// is the instants each input is given.
 @Suite("Upstream connection state machine")
@@ -14,7 +21,7 @@ struct UpstreamConnectionMachineTests {
 
     /// A machine whose connection is open (connected and, unless told otherwise, authenticated) at 0 s.
     func open(authenticated: Bool = true, wanted: Set<Topic> = []) -> UpstreamConnectionMachine {
-        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 1)
+        var machine = UpstreamConnectionMachine(session: ClientSession(apiKey: "key"), timing: timing, seed: 1)
         _ = machine.setWanted(wanted)
         machine.requestConnect()
         let v1 = machine.nextConnect(now: at(0))
@@ -34,7 +41,7 @@ struct UpstreamConnectionMachineTests {
     // MARK: statuses
 
     @Test func connectedSendsAuthAndAuthSuccessSubscribesTheWantedSet() throws {
-        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 1)
+        var machine = UpstreamConnectionMachine(session: ClientSession(apiKey: "key"), timing: timing, seed: 1)
         let v3 = machine.setWanted(Set([Topic(parsing: "Q.AAPL")!]))
         #expect(v3.isEmpty, "nothing is sent before auth_success")
         machine.requestConnect()
@@ -57,7 +64,7 @@ struct UpstreamConnectionMachineTests {
     /// The connection's phase and what is wanted next are two enums: every combination the glue sees is
     /// one the machine can name.
     @Test func thePhaseAndTheIntentFollowTheConnection() {
-        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 1)
+        var machine = UpstreamConnectionMachine(session: ClientSession(apiKey: "key"), timing: timing, seed: 1)
         #expect(machine.phase == .idle && machine.intent == .wait)
         machine.requestConnect()
         #expect(machine.intent == .connect)
@@ -138,7 +145,7 @@ struct UpstreamConnectionMachineTests {
     }
 
     @Test func aFailedConnectIsReportedOnceAndBacksOffExponentially() {
-        var machine = UpstreamConnectionMachine(apiKey: "key", timing: timing, seed: 7)
+        var machine = UpstreamConnectionMachine(session: ClientSession(apiKey: "key"), timing: timing, seed: 7)
         var ceilings: [Duration] = []
         for attempt in 0..<4 {
             machine.requestConnect()

@@ -1,5 +1,5 @@
 import Logging
-import PolygonWire
+import MarketCore
 
 /// Runs the prefetches of one client: after it views a security, the window's neighbours are loaded
 /// (nearest at once, the next after ``PrefetchWindow/delay``), at low priority; prefetches that fall

@@ -3,7 +3,7 @@ import PortfolioData
 import PolygonRESTClient
 import Foundation
 import MarketDataHub
-import PolygonWire
+import MarketCore
 
 /// Loads a security's detail: its four groups concurrently, each succeeding or failing on its own.
 ///
@@ -87,40 +87,29 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The hub's last trade of `symbol`, if the relay has seen one.
     func liveTrade(_ symbol: String) async -> SecurityDetail.Trade? {
-        guard let event = await lastEvent(of: symbol, types: ["T", "XT", "V", "t"]) else { return nil }
-        if event.eventType == "t" {
-            // Alpaca's trade: a MessagePack map.
-            guard let fields = EventPrices.alpacaFields(event), let price = fields.number("p") else { return nil }
-            return .init(price: price, size: fields.number("s"), at: fields.time ?? .now, source: .live)
-        }
-        let text = String(buffer: event.bytes)
-        guard let price = EventPrices.number(event.eventType == "V" ? "val" : "p", in: text) else { return nil }
-        return .init(price: price, size: EventPrices.number("s", in: text), at: EventPrices.time(in: text, default: .now), source: .live)
+        guard let (event, wire) = await lastEvent(of: symbol, types: ["T", "XT", "V", "t"]),
+            case .trade(let text, let size, let at)? = wire.price(in: event), let price = EventPrices.decimal(text)
+        else { return nil }
+        return .init(price: price, size: size.flatMap(EventPrices.decimal), at: EventPrices.date(at) ?? .now, source: .live)
     }
 
     /// The hub's last quote of `symbol`, if the relay has seen one.
     func liveQuote(_ symbol: String) async -> SecurityDetail.Quote? {
-        guard let event = await lastEvent(of: symbol, types: ["Q", "XQ", "C", "q"]) else { return nil }
-        if event.eventType == "q" {
-            guard let fields = EventPrices.alpacaFields(event), let bid = fields.number("bp"), let ask = fields.number("ap") else { return nil }
-            return .init(bid: bid, bidSize: fields.number("bs"), ask: ask, askSize: fields.number("as"), at: fields.time ?? .now, source: .live)
-        }
-        let text = String(buffer: event.bytes)
-        // Forex quotes (`C`) carry `b`/`a` and no sizes.
-        let forex = event.eventType == "C"
-        guard let bid = EventPrices.number(forex ? "b" : "bp", in: text), let ask = EventPrices.number(forex ? "a" : "ap", in: text) else {
-            return nil
-        }
+        guard let (event, wire) = await lastEvent(of: symbol, types: ["Q", "XQ", "C", "q"]),
+            case .quote(let bidText, let bidSize, let askText, let askSize, let at)? = wire.price(in: event),
+            let bid = EventPrices.decimal(bidText), let ask = EventPrices.decimal(askText)
+        else { return nil }
         return .init(
-            bid: bid, bidSize: forex ? nil : EventPrices.number("bs", in: text), ask: ask,
-            askSize: forex ? nil : EventPrices.number("as", in: text), at: EventPrices.time(in: text, default: .now), source: .live)
+            bid: bid, bidSize: bidSize.flatMap(EventPrices.decimal), ask: ask, askSize: askSize.flatMap(EventPrices.decimal),
+            at: EventPrices.date(at) ?? .now, source: .live)
     }
 
-    /// The last event of `symbol` on its market's hub among its price topics of `types`.
-    private func lastEvent(of symbol: String, types: Set<String>) async -> MarketEvent? {
+    /// The last event of `symbol` on its market's hub among its price topics of `types`, and the
+    /// protocol that reads it.
+    private func lastEvent(of symbol: String, types: Set<String>) async -> (MarketEvent, any WireProtocol)? {
         guard let hubs, let (_, hub) = hubs.hub(for: symbol) else { return nil }
         for topic in hubs.priceTopics(of: symbol) where types.contains(topic.eventType) {
-            if let event = await hub.lastEvent(for: topic) { return event }
+            if let event = await hub.lastEvent(for: topic) { return (event, hub.wire) }
         }
         return nil
     }

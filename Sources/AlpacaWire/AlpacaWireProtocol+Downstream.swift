@@ -1,0 +1,101 @@
+import MarketCore
+import NIOCore
+
+extension AlpacaWireProtocol {
+    /// The feed's paths (and the older one an SDK still uses for it).
+    public func servedPaths(of market: Market) -> [String] { feed.paths }
+
+    /// In the codec the upgrade asked for (`Content-Type: application/msgpack`, else JSON).
+    public func downstreamSession(_ context: DownstreamContext) -> any DownstreamSession {
+        // Alpaca's channel letters are checked by the session itself, not the market's (Polygon's) table.
+        var limits = context.limits
+        limits.market = nil
+        return AlpacaServerSession(
+            codec: AlpacaCodec(contentType: context.contentType), feed: feed, market: context.market, limits: limits, budget: context.budget,
+            grants: context.grants)
+    }
+
+    /// A topic of the feed's channels (`t.AAPL`), its symbol upper case as Alpaca's are.
+    public func lastValueTopic(_ topic: Topic, market: Market) -> Result<Topic, WireRejection> {
+        guard feed.eventTypes.contains(topic.eventType) else {
+            let types = feed.channels.map(\.eventType).joined(separator: ", ")
+            return .failure(WireRejection("no \(topic.eventType) events on \(feed.path) (Alpaca's channel letters: \(types); e.g. t.AAPL)"))
+        }
+        return .success(Topic(eventType: topic.eventType, ticker: topic.ticker.uppercased()) ?? topic)
+    }
+
+    /// Alpaca's JSON, or the event's MessagePack bytes when `accept` asks for `application/msgpack`.
+    public func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String)? {
+        let codec = AlpacaCodec(contentType: accept)
+        return AlpacaDelivery.elementBytes(event, codec: codec).map { ($0, codec == .messagePack ? "application/msgpack" : "application/json") }
+    }
+}
+
+extension AlpacaServerSession: DownstreamSession {
+    /// Alpaca's protocol names no epoch: a tagged session resumes within the relay's current one.
+    public var epoch: String? {
+        get { nil }
+        set {}
+    }
+
+    public var framing: any DownstreamFraming { AlpacaFraming(codec: codec) }
+
+    public mutating func respond(to message: ByteBuffer) -> DownstreamReaction {
+        let reaction: Reaction = receive(Array(message.readableBytesView), at: .now)
+        return DownstreamReaction(
+            frames: reaction.frames.map { ByteBuffer(bytes: $0) }, added: reaction.added, removed: reaction.removed, close: reaction.close,
+            marketRefused: reaction.marketRefused)
+    }
+
+    public var connectedFrame: ByteBuffer { ByteBuffer(bytes: codec.frame([AlpacaControl.connected])) }
+    public var authTimeoutFrame: ByteBuffer { ByteBuffer(bytes: codec.frame([AlpacaError.authTimeout.message])) }
+
+    public func connectionLimitFrame(_ message: String) -> ByteBuffer {
+        ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message(detail: message)]))
+    }
+
+    public func refusalFrame(_ message: String) -> ByteBuffer {
+        ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message(detail: message)]))
+    }
+
+    public func errorFrame(_ message: String) -> ByteBuffer {
+        ByteBuffer(bytes: codec.frame([AlpacaError.invalidSyntax.message(detail: message)]))
+    }
+}
+
+/// Alpaca's frames in a codec: MessagePack clients get the events' own bytes under an array header;
+/// JSON clients each event converted once per publish (shared by every JSON client of the hub); each
+/// notice alone in its frame (``AlpacaDelivery``).
+public struct AlpacaFraming: DownstreamFraming {
+    public let codec: AlpacaCodec
+
+    public init(codec: AlpacaCodec) {
+        self.codec = codec
+    }
+
+    public var isBinary: Bool { codec == .messagePack }
+
+    public func frames<Runs: Collection>(of runs: Runs, payloadBytes: Int) -> FramedTurn? where Runs.Element: EventRun {
+        var elements: [AlpacaDelivery.Element] = []
+        var oldest = UInt64.max
+        func add(_ event: borrowing MarketEvent, _ bytes: ByteBuffer?) {
+            if event.receivedAt != 0 { oldest = min(oldest, event.receivedAt) }
+            if let bytes { elements.append(AlpacaDelivery.Element(bytes: bytes, isNotice: event.isNotice)) }
+        }
+        for run in runs {
+            switch codec {
+            case .json: run.forEachEvent(convertedBy: { AlpacaDelivery.elementBytes($0, codec: .json) }, add)
+            case .messagePack: run.forEachEvent { add($0, AlpacaDelivery.elementBytes($0, codec: .messagePack)) }
+            }
+        }
+        let frames = AlpacaDelivery.payloads(elements: elements, codec: codec).map { WireFrame.whole($0, binary: isBinary) }
+        guard let first = frames.first else { return nil }
+        return FramedTurn(first: first, more: Array(frames.dropFirst()), oldestReceivedAt: oldest == .max ? 0 : oldest)
+    }
+
+    /// Alpaca's own word for it: 407 slow client.
+    public func evictedFrame(bufferLimit: Int) -> ByteBuffer {
+        let error = AlpacaError.slowClient.message(detail: "this connection's buffer of \(bufferLimit) events was full")
+        return WireFrame.whole(ByteBuffer(bytes: codec.frame([error])), binary: isBinary)
+    }
+}

@@ -1,0 +1,89 @@
+import NIOCore
+
+/// A vendor's protocol, as the relay speaks it: the one seam between the vendor-neutral relay (hub,
+/// upstream client, server, cluster, gap fill, portfolio) and a vendor's wire. Each vendor conforms once,
+/// in its own module (`PolygonWire`, `AlpacaWire`), which imports this core and nothing of another
+/// vendor's; the composition root names the protocols (its list is the only place that knows them).
+///
+/// A conformance is a value: a market's protocol may carry that market's choices (Alpaca's feed). It is
+/// asked per market or per connection, never per event on the hot path: what a client's turn costs is one
+/// call through the seam.
+///
+/// What a conformance provides (docs/protocols.md lists it with the reasons):
+/// - ``name``: the protocol's name in settings, logs and status answers;
+/// - ``render(_:)``: a ``Notice`` in the protocol's own words, as an event of its encoding;
+/// - ``eventTypes(of:)``: the event types a market's topics have (the cluster's subjects);
+/// - ``checkedEvent(_:topic:market:receivedAt:)``: an event that arrived from elsewhere (NATS), checked
+///   to be exactly one event of the topic it claims;
+/// - ``snapshotless(of:)``: event types whose last value is no snapshot;
+/// - ``priceTopics(of:market:)``, ``heldSymbol(of:market:)`` and ``price(in:)``: how a held symbol is
+///   priced from the stream (the portfolio);
+/// - ``upstreamSession(key:secret:)``, ``readUpstream(_:receivedAt:market:)``, ``upstreamSendsBinary`` and
+///   ``upstreamUpgradeHeader``: the client side of the vendor's stream (the upstream client);
+/// - ``servedPaths(of:)``, ``downstreamSession(_:)`` (with its ``DownstreamFraming``), ``lastValueTopic(_:market:)``
+///   and ``httpAnswer(_:accept:)``: the server side (downstream clients, the relay's HTTP API).
+public protocol WireProtocol: Sendable {
+    /// The protocol's name: `polygon`, `alpaca`.
+    var name: String { get }
+
+    /// A notice as this protocol's message: an event (``MarketEvent/notice(_:bytes:)``) whose bytes are
+    /// encoded as this protocol's events are, so a notice is framed like the events around it.
+    func render(_ notice: Notice) -> MarketEvent
+
+    /// The event types the topics of `market` have, as this protocol names them.
+    func eventTypes(of market: Market) -> Set<String>
+
+    /// An event that arrived from elsewhere (a cluster's NATS subject), checked to be exactly one whole
+    /// event of this protocol whose own fields name `topic`.
+    func checkedEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, receivedAt: UInt64) -> Result<MarketEvent, WireRejection>
+
+    /// Event types whose last event is no snapshot for a new subscriber (one-off events, increments).
+    func snapshotless(of market: Market) -> Set<String>
+
+    /// The topics that price a held symbol (a relay ticker such as `AAPL` or `X:BTC-USD`) on `market`.
+    func priceTopics(of symbol: String, market: Market) -> [Topic]
+
+    /// The held symbol an event of `market` prices (the relay's ticker for the event's own symbol).
+    func heldSymbol(of event: MarketEvent, market: Market) -> String
+
+    /// The price a trade, quote or index value says; `nil` for any other event.
+    func price(in event: MarketEvent) -> PriceReading?
+
+    // MARK: the upstream
+
+    /// A new connection's client session (the login with `key` and, where the vendor has one, `secret`).
+    func upstreamSession(key: String, secret: String?) -> any UpstreamSession
+
+    /// One whole server message of `market`'s stream: its events (slices of `message`, no copy) and its
+    /// control messages. Pure (no session state): the connection reads off its lock.
+    func readUpstream(_ message: ByteBuffer, receivedAt: UInt64, market: Market) throws -> UpstreamReading
+
+    /// Whether the client's messages go as binary frames (Alpaca's MessagePack) rather than text.
+    var upstreamSendsBinary: Bool { get }
+
+    /// A header the upstream upgrade request carries (`name:` with its colon, as libwebsockets wants it).
+    var upstreamUpgradeHeader: (name: String, value: String)? { get }
+
+    // MARK: downstream
+
+    /// The paths a market's WebSocket is served at (the first is its main one).
+    func servedPaths(of market: Market) -> [String]
+
+    /// A new downstream connection's session (its codec chosen from the upgrade's `Content-Type`).
+    func downstreamSession(_ context: DownstreamContext) -> any DownstreamSession
+
+    /// A topic as the relay's HTTP API names it (`/v1/last/{market}/{topic}`), in the protocol's form; or
+    /// why it is none (answered 400).
+    func lastValueTopic(_ topic: Topic, market: Market) -> Result<Topic, WireRejection>
+
+    /// An event as an HTTP answer's body for the request's `Accept`, and its content type; `nil`: it
+    /// cannot be written.
+    func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String)?
+}
+
+/// Why an event from elsewhere was not taken, for the counter and the log.
+public struct WireRejection: Error, Sendable, Equatable, CustomStringConvertible {
+    public let reason: String
+    public init(_ reason: String) { self.reason = reason }
+    public var description: String { reason }
+}

@@ -1,0 +1,79 @@
+import Logging
+import MarketCore
+
+// What the hub tells its subscribers beside the events: losses before the hub, refusals, and the
+// upstream's outages, each as a notice in the market's protocol (``MarketDataHub/wire``).
+extension MarketDataHub {
+    /// Events were lost before they reached the hub (e.g. NATS dropped them for this node): the
+    /// subscribers of `topics` (every subscriber with topics when `nil`) get a `lagging` notice at once.
+    public func reportLoss(_ count: Int, topics: Set<Topic>?, reason: String) {
+        let notice = wire.render(
+            Notice(.lagging, message: "\(count) events were lost before reaching this relay (\(reason))", details: ["dropped": .number(Int64(count))]))
+        let lostTypes = topics.map { Set($0.map(\.eventType)) }
+        for subscriber in subscribers.values where !subscriber.topics.isEmpty {
+            if let topics, let lostTypes, subscriber.topics.isDisjoint(with: topics),
+                !subscriber.topics.contains(where: { $0.isWildcard && lostTypes.contains($0.eventType) })
+            {
+                continue
+            }
+            enqueue(HubDelivery([notice]), to: subscriber)
+        }
+        tell(subscribers.values)
+    }
+
+    /// The upstream refused `topics` (e.g. Alpaca's 405 symbol limit, 409 insufficient subscription):
+    /// each subscriber holding one of them is told at once, with the topics it holds among them, in an
+    /// `error` status carrying the upstream's `code`. Its subscription stays: interest that changes or a
+    /// new connection asks again.
+    public func upstreamRefused(_ topics: Set<Topic>, code: Int, reason: String) {
+        var told: [Subscriber] = []
+        for subscriber in subscribers.values {
+            let held = subscriber.topics.intersection(topics)
+            guard !held.isEmpty else { continue }
+            let names = held.sorted().prefix(20).map(\.description).joined(separator: ",") + (held.count > 20 ? " and \(held.count - 20) more" : "")
+            let notice = wire.render(Notice(.refused, message: "the upstream refused \(names) (\(reason))", details: ["code": .number(Int64(code))]))
+            enqueue(HubDelivery([notice]), to: subscriber)
+            told.append(subscriber)
+        }
+        tell(told)
+    }
+
+    // MARK: upstream outages
+
+    /// The upstream connection was lost. Every subscriber with topics is told at once, once per outage;
+    /// when events flow again each is told the window in which none arrived.
+    public func upstreamLost(reason: String) {
+        let now = WallClock.nowMilliseconds()
+        guard let outage = outages.lost(reason: reason, at: now) else { return }
+        // Events of the outage never arrive: no resume reaches across it.
+        history?.interruptAll(now: now)
+        tellOutageStarted(outage.notice)
+        logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
+    }
+
+    /// The first events after an outage: those told of it are told the window, and gap fill is asked.
+    func announce(_ recovery: OutageLedger.Recovery) {
+        tellOutageEnded(recovery.notice(epoch: epoch))
+        requestFill(from: recovery.start, through: recovery.firstEventAfter)
+    }
+
+    private func tellOutageStarted(_ status: Notice) {
+        let notice = wire.render(status)
+        for subscriber in subscribers.values where !subscriber.topics.isEmpty {
+            subscriber.toldOfOutage = true
+            enqueue(HubDelivery([notice]), to: subscriber)
+        }
+        tell(subscribers.values)
+    }
+
+    /// The end of an outage goes to those told of its start (a client that subscribed meanwhile was
+    /// told as it subscribed; one that only connected, with no topics, was not).
+    private func tellOutageEnded(_ status: Notice) {
+        let notice = wire.render(status)
+        for subscriber in subscribers.values where subscriber.toldOfOutage {
+            subscriber.toldOfOutage = false
+            enqueue(HubDelivery([notice]), to: subscriber)
+        }
+        tell(subscribers.values)
+    }
+}

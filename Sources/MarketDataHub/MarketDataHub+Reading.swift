@@ -1,0 +1,36 @@
+import MarketCore
+
+extension MarketDataHub {
+    // MARK: reading
+
+    /// Whether an upstream outage is in progress (lost, and no event since).
+    public var isUpstreamOutage: Bool { outages.current != nil }
+
+    /// The last event seen on a ticker topic, if any.
+    public func lastEvent(for topic: Topic) -> MarketEvent? { entries[topic]?.last }
+
+    /// Topics the hub holds an entry for (subscribers or a last value).
+    public var topicEntryCount: Int { entries.count }
+
+    /// How many subscribers are connected to the hub.
+    public var subscriberCount: Int { subscribers.count }
+
+    /// The topic set the upstream should be subscribed to right now.
+    public var wantedTopics: Set<Topic> { wanted.topics }
+
+    /// The topics one subscriber has.
+    public func topics(of id: SubscriberID) -> Set<Topic> { subscribers[id]?.topics ?? [] }
+
+    /// Events dropped for one subscriber because its buffer was full.
+    public func droppedEvents(for id: SubscriberID) -> Int { subscribers[id]?.dropped ?? 0 }
+
+    /// Events published since start.
+    public var publishedCount: Int { published }
+
+
+    /// Buffer use across subscribers: the fullest buffer (events queued and not yet read) and how many
+    /// subscribers are lagging (have lost events not yet reported to them).
+    public var bufferStatistics: (maxFill: Int, lagging: Int) {
+        (subscribers.values.map { $0.queue.pending.load(ordering: .relaxed) }.max() ?? 0, laggingCount)
+    }
+}

@@ -1,0 +1,49 @@
+import MarketCore
+
+extension MarketDataHub {
+    /// One subscriber. A class so the hot path updates it in place; confined to the actor.
+    final class Subscriber {
+        let id: SubscriberID
+        let continuation: AsyncStream<DeliveryBatch>.Continuation
+        let queue: SubscriberQueue
+        /// Its stream's element: added to until the reader takes it, then yielded again.
+        let batch = DeliveryBatch()
+        var topics: Set<Topic> = []
+        /// The events of the current window of a `publish` it gets (bit i: the window's event i). A bit
+        /// set twice (ticker and wildcard) is one delivery.
+        var mask: UInt64 = 0
+        var dropped = 0
+        /// Dropped since the last `lagging` notice.
+        var lostSinceNotice = 0
+        var lastWarning: ContinuousClock.Instant?
+        /// Told the upstream is down, and not yet that it is back.
+        var toldOfOutage = false
+        /// Called after something was queued on the stream, and after it finished.
+        let whenQueued: (@Sendable () -> Void)?
+        /// Something was queued and `whenQueued` not called yet (it is, at the end of the hub call).
+        var untold = false
+        /// Its state events merged per symbol (asked for, or while it lags if its key allows it).
+        var conflation: Conflation?
+        /// Holds its topics (they stay wanted, so the history of them stays whole) but gets nothing: a
+        /// broken tagged session waiting for its client.
+        var parked = false
+        /// What its resumes may still replay (``ReplayBudget``).
+        var replayBudget = ReplayBudget()
+
+        init(
+            id: SubscriberID, continuation: AsyncStream<DeliveryBatch>.Continuation, queue: SubscriberQueue,
+            whenQueued: (@Sendable () -> Void)?
+        ) {
+            self.id = id
+            self.continuation = continuation
+            self.queue = queue
+            self.whenQueued = whenQueued
+        }
+    }
+
+    /// Everything about one ticker topic: its subscribers and its last event.
+    final class TopicEntry {
+        var subscribers: [Subscriber] = []
+        var last: MarketEvent?
+    }
+}

@@ -1,0 +1,74 @@
+import MarketCore
+import NIOCore
+
+extension PolygonWireProtocol {
+    /// Each market at its own path, `/<market>`.
+    public func servedPaths(of market: Market) -> [String] { ["/\(market)"] }
+
+    public func downstreamSession(_ context: DownstreamContext) -> any DownstreamSession {
+        ServerSession(limits: context.limits, budget: context.budget, grants: context.grants)
+    }
+
+    /// A topic as `/v1/last` names it, checked against the market's event types and in its ticker form.
+    public func lastValueTopic(_ topic: Topic, market: Market) -> Result<Topic, WireRejection> {
+        if let problem = market.problem(with: topic) { return .failure(WireRejection(problem)) }
+        return .success(market.normalized(topic))
+    }
+
+    /// The event's own JSON.
+    public func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String)? {
+        (event.bytes, "application/json")
+    }
+}
+
+extension ServerSession: DownstreamSession {
+    public var framing: any DownstreamFraming { PolygonFraming() }
+
+    public mutating func respond(to message: ByteBuffer) -> DownstreamReaction {
+        let reaction: Reaction = receive(message, at: .now)
+        return DownstreamReaction(
+            frames: reaction.frames, added: reaction.added, removed: reaction.removed, close: reaction.close,
+            marketRefused: reaction.marketRefused, resume: reaction.resume, conflate: reaction.conflate)
+    }
+
+    public var connectedFrame: ByteBuffer { StatusMessage.connected.frame }
+    public var authTimeoutFrame: ByteBuffer { StatusMessage.authTimeout.frame }
+
+    public func connectionLimitFrame(_ message: String) -> ByteBuffer {
+        StatusMessage(status: StatusMessage.Kind.maxConnections, message: message).frame
+    }
+
+    public func refusalFrame(_ message: String) -> ByteBuffer { StatusMessage.error(message).frame }
+    public func errorFrame(_ message: String) -> ByteBuffer { StatusMessage.error(message).frame }
+}
+
+/// Polygon's frames: a JSON array of the events' own bytes, built straight into one whole WebSocket
+/// frame (``WireFrameBuilder``), several only past the frame limit.
+public struct PolygonFraming: DownstreamFraming {
+    public init() {}
+
+    public var isBinary: Bool { false }
+
+    public func frames<Runs: Collection>(of runs: Runs, payloadBytes: Int) -> FramedTurn? where Runs.Element: EventRun {
+        if payloadBytes <= FrameEncoder.maxFrameBytes {
+            let built = WireFrameBuilder.build(payload: payloadBytes) { builder in
+                for run in runs { run.forEachEvent { builder.append($0) } }
+            }
+            return FramedTurn(first: built.frame, oldestReceivedAt: built.oldestReceivedAt)
+        }
+        // Past the frame limit (a burst queued while the connection was not writable): split.
+        var events: [MarketEvent] = []
+        for run in runs { run.forEachEvent { events.append(copy $0) } }
+        let oldest = events.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
+        let frames = WireFrame.frames(for: events)
+        guard let first = frames.first else { return nil }
+        return FramedTurn(first: first, more: Array(frames.dropFirst()), oldestReceivedAt: oldest)
+    }
+
+    public func evictedFrame(bufferLimit: Int) -> ByteBuffer {
+        let notice = StatusMessage(
+            status: StatusMessage.Kind.lagging,
+            message: "disconnected: this connection did not keep up and its buffer of \(bufferLimit) events was full")
+        return WireFrame.text(notice.frame)
+    }
+}
