@@ -75,18 +75,16 @@ public struct AlpacaFraming: DownstreamFraming {
 
     public var isBinary: Bool { codec == .messagePack }
 
-    public func frames<Runs: Collection>(of runs: Runs, payloadBytes: Int) -> FramedTurn? where Runs.Element: EventRun {
+    public func frames(payloadBytes: Int, events: TurnEvents, converted: ConvertedTurnEvents) -> FramedTurn? {
         var elements: [AlpacaDelivery.Element] = []
         var oldest = UInt64.max
         func add(_ event: borrowing MarketEvent, _ bytes: ByteBuffer?) {
             if event.receivedAt != 0 { oldest = min(oldest, event.receivedAt) }
             if let bytes { elements.append(AlpacaDelivery.Element(bytes: bytes, isNotice: event.isNotice)) }
         }
-        for run in runs {
-            switch codec {
-            case .json: run.forEachEvent(convertedBy: { AlpacaDelivery.elementBytes($0, codec: .json) }, add)
-            case .messagePack: run.forEachEvent { add($0, AlpacaDelivery.elementBytes($0, codec: .messagePack)) }
-            }
+        switch codec {
+        case .json: converted({ AlpacaDelivery.elementBytes($0, codec: .json) }, add)
+        case .messagePack: events { add($0, AlpacaDelivery.elementBytes($0, codec: .messagePack)) }
         }
         let frames = AlpacaDelivery.payloads(elements: elements, codec: codec).map { WireFrame.whole($0, binary: isBinary) }
         guard let first = frames.first else { return nil }

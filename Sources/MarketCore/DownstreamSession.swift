@@ -87,14 +87,15 @@ public protocol DownstreamSession: Sendable {
     func errorFrame(_ message: String) -> ByteBuffer
 }
 
-/// A run of events the server hands a framing (a hub delivery), lent in order.
-public protocol EventRun {
-    /// Each event, in order.
-    func forEachEvent(_ body: (borrowing MarketEvent) -> Void)
-    /// Each event and its form made by `convert`, shared among the clients of one publish that pass the
-    /// same conversion.
-    func forEachEvent(convertedBy convert: (borrowing MarketEvent) -> ByteBuffer?, _ body: (borrowing MarketEvent, ByteBuffer?) -> Void)
-}
+/// Lends a client turn's events, in order, to `body` (where the hub holds them: no copy).
+public typealias TurnEvents = (_ body: (borrowing MarketEvent) -> Void) -> Void
+
+/// Lends a client turn's events, in order, each with its form made by `convert`: an event of a publish
+/// is converted once and the form shared by every client of the hub that asks (so every caller of one
+/// hub must pass the same conversion).
+public typealias ConvertedTurnEvents = (
+    _ convert: (borrowing MarketEvent) -> ByteBuffer?, _ body: (borrowing MarketEvent, ByteBuffer?) -> Void
+) -> Void
 
 /// One client turn's events as whole WebSocket frames (header included), the usual single one first.
 public struct FramedTurn: Sendable {
@@ -115,9 +116,10 @@ public struct FramedTurn: Sendable {
 public protocol DownstreamFraming: Sendable {
     /// Whether its frames are binary (MessagePack) rather than text.
     var isBinary: Bool { get }
-    /// The turn's `runs`, in order, as whole frames; `payloadBytes` is what their events' bytes and one
-    /// separator each come to (a frame's size before framing). `nil`: nothing to send.
-    func frames<Runs: Collection>(of runs: Runs, payloadBytes: Int) -> FramedTurn? where Runs.Element: EventRun
+    /// The turn's events as whole frames; `payloadBytes` is what their bytes and one separator each come
+    /// to (a frame's size before framing). A framing reads them through one of the two views, once.
+    /// `nil`: nothing to send.
+    func frames(payloadBytes: Int, events: TurnEvents, converted: ConvertedTurnEvents) -> FramedTurn?
     /// The whole frame telling a client it was dropped for not keeping up (its buffer of `bufferLimit`
     /// events was full), before the close.
     func evictedFrame(bufferLimit: Int) -> ByteBuffer

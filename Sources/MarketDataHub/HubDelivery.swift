@@ -9,7 +9,7 @@ import Synchronization
 /// shared ``PublishedEvents``, and each subscriber's element names its events in it with a bit mask over
 /// a window of up to 64 of them. A publish thus costs one retain per subscriber instead of a copy of
 /// every matching event into an array of its own.
-public struct HubDelivery: Sendable, EventRun {
+public struct HubDelivery: Sendable {
     @usableFromInline
     enum Content: Sendable {
         /// The events of `published.events[base ..< base + 64]` whose bits are set in `mask`.

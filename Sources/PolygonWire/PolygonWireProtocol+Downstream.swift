@@ -49,18 +49,18 @@ public struct PolygonFraming: DownstreamFraming {
 
     public var isBinary: Bool { false }
 
-    public func frames<Runs: Collection>(of runs: Runs, payloadBytes: Int) -> FramedTurn? where Runs.Element: EventRun {
+    public func frames(payloadBytes: Int, events: TurnEvents, converted: ConvertedTurnEvents) -> FramedTurn? {
         if payloadBytes <= FrameEncoder.maxFrameBytes {
             let built = WireFrameBuilder.build(payload: payloadBytes) { builder in
-                for run in runs { run.forEachEvent { builder.append($0) } }
+                events { builder.append($0) }
             }
             return FramedTurn(first: built.frame, oldestReceivedAt: built.oldestReceivedAt)
         }
         // Past the frame limit (a burst queued while the connection was not writable): split.
-        var events: [MarketEvent] = []
-        for run in runs { run.forEachEvent { events.append(copy $0) } }
-        let oldest = events.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
-        let frames = WireFrame.frames(for: events)
+        var all: [MarketEvent] = []
+        events { all.append(copy $0) }
+        let oldest = all.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
+        let frames = WireFrame.frames(for: all)
         guard let first = frames.first else { return nil }
         return FramedTurn(first: first, more: Array(frames.dropFirst()), oldestReceivedAt: oldest)
     }

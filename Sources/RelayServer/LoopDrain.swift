@@ -147,7 +147,12 @@ actor LoopDrain {
         delivered += events
         client.metrics.delivered.increment(by: events)
         // One call through the protocol seam per client turn: its framing builds the frames.
-        guard let framed = client.framing.frames(of: deliveries, payloadBytes: payload) else { return nil }
+        guard
+            let framed = client.framing.frames(
+                payloadBytes: payload,
+                events: { body in for index in deliveries.indices { deliveries[index].forEachEvent(body) } },
+                converted: { convert, body in for index in deliveries.indices { deliveries[index].forEachEvent(convertedBy: convert, body) } })
+        else { return nil }
         var write = Write(handler: client.handler, frame: framed.first, more: framed.more)
         let oldest = framed.oldestReceivedAt
         if oldest != 0 {
