@@ -110,6 +110,7 @@ let package = Package(
             name: "MarketDataHub",
             dependencies: [
                 "MarketCore", "AsyncSupport",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ],

@@ -26,7 +26,7 @@ import Upstream
 extension Relay {
     /// Every market's upstream, and the REST API the fills and the portfolio ask.
     struct UpstreamSources: Sendable {
-        var sources: [MarketSource]
+        var sources: [SourcePlan]
         /// The in-process demo feed, when no upstream is configured.
         var demoFeed: DemoFeed?
         /// The REST API's base URL (the demo feed's is known once it listens), `nil`: REST is off.
@@ -93,7 +93,7 @@ extension Relay {
         feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
         let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
         let sources = feedConfiguration.servedMarkets.map { market in
-            MarketSource(
+            SourcePlan(
                 market: market, apiKey: apiKey,
                 endpoint: {
                     let url = try await feed.url(for: market)
@@ -132,7 +132,7 @@ extension Relay {
     /// One market: its hub, how its upstream client is made, its gap filler, and its source (a cluster
     /// node, or a single relay's upstream link).
     private func assemble(
-        _ source: MarketSource, upstream: UpstreamSources, spread: LeadershipSpread?, gapFillPace: RequestPace?, rest: RESTClientBox,
+        _ source: SourcePlan, upstream: UpstreamSources, spread: LeadershipSpread?, gapFillPace: RequestPace?, rest: RESTClientBox,
         metricsFactory: PrometheusMetricsFactory, into assembly: inout Assembly
     ) throws {
         let settings = self.settings
@@ -177,9 +177,9 @@ extension Relay {
         }
         guard let cluster = settings.cluster else {
             // The built-in feed's loopback address is nobody's business (its port served its faults).
-            let link = UpstreamLink(
+            let link = UpstreamSource(
                 hub: hub, interest: interest, shownURL: upstream.demoFeed == nil ? nil : source.description, makeUpstream: makeUpstream)
-            assembly.markets.append(MarketParts(source: source, hub: hub, interest: interest, link: link, feed: link))
+            assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: link, source: link))
             return
         }
         let hook = assembly.gapFillers[source.market].map { filler in
@@ -193,7 +193,7 @@ extension Relay {
             gapFill: hook, makeUpstream: makeUpstream)
         assembly.clusterNodes.append(node)
         assembly.markets.append(
-            MarketParts(source: source, hub: hub, interest: interest, link: nil, feed: ClusterFeedStatus(node: node, upstream: source.description)))
+            MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: ClusterSource(node: node, upstream: source.description)))
     }
 
     // MARK: the portfolio and the server
@@ -235,7 +235,7 @@ extension Relay {
         configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
         return RelayServer(
             configuration: configuration,
-            markets: markets.map { ServedMarket(market: $0.source.market, hub: $0.hub, feed: $0.feed) }, registry: registry,
+            markets: markets.map { ServedMarket(market: $0.plan.market, hub: $0.hub, feed: $0.source) }, registry: registry,
             logger: logger.with(label: "relay.server"),
             extraRoutes: { router in
                 routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
@@ -258,22 +258,22 @@ extension Relay {
             let demoPort = try await upstream.demoFeed?.listeningPort()
             var upstreams: [Market: UpstreamClient] = [:]
             for market in assembly.markets {
-                if let link = market.link { upstreams[market.source.market] = try await link.upstream() }
+                if let link = market.upstream { upstreams[market.plan.market] = try await link.upstream() }
             }
             readiness.succeed(
                 Components(
-                    hub: primary.hub, upstream: upstreams[primary.source.market], cluster: assembly.clusterNodes.first, server: server,
+                    hub: primary.hub, upstream: upstreams[primary.plan.market], cluster: assembly.clusterNodes.first, server: server,
                     demoFeed: upstream.demoFeed, portfolio: sidecar.service, securities: sidecar.browser, port: port, demoFeedPort: demoPort,
-                    markets: Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.source.market, $0.hub) }), upstreams: upstreams,
+                    markets: Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.plan.market, $0.hub) }), upstreams: upstreams,
                     gapFillers: assembly.gapFillers))
             let scheme = settings.tls == nil ? "ws" : "wss"
             var metadata: Logger.Metadata = [
-                "ws": "\(scheme)://\(settings.listen.host):\(port)\(primary.source.mainPath)",
-                "upstream": "\(primary.source.description)",
+                "ws": "\(scheme)://\(settings.listen.host):\(port)\(primary.plan.mainPath)",
+                "upstream": "\(primary.plan.description)",
                 "client_auth": authentication == .anyKeyOnLoopback ? "any key (loopback only)" : "client keys",
             ]
             if assembly.markets.count > 1 {
-                metadata["markets"] = "\(assembly.markets.map(\.source.mainPath).joined(separator: " "))"
+                metadata["markets"] = "\(assembly.markets.map(\.plan.mainPath).joined(separator: " "))"
             }
             if let cluster = settings.cluster { metadata["cluster"] = "\(cluster.name)/\(cluster.nodeID)" }
             // Where the portfolio's details, histories and reference prices come from.

@@ -103,7 +103,7 @@ public final class Relay: Service, Sendable {
 
     /// One market's upstream: where it is and its key; the demo feed's address is known only once it
     /// listens, hence the closure.
-    struct MarketSource: Sendable {
+    struct SourcePlan: Sendable {
         var market: Market
         var apiKey: String
         var endpoint: @Sendable () async throws -> UpstreamConfiguration.Endpoint
@@ -130,20 +130,22 @@ public final class Relay: Service, Sendable {
 
     /// One market's running parts.
     struct MarketParts: Sendable {
-        var source: MarketSource
+        var plan: SourcePlan
         var hub: MarketDataHub
         var interest: LocalInterest
-        var link: UpstreamLink?
-        var feed: any FeedStatus
+        /// A single relay's upstream source (`nil` on a cluster node).
+        var upstream: UpstreamSource?
+        /// Where its events come from.
+        var source: any MarketSource
     }
 
     /// The configured upstreams, one per market; `nil`: none configured (the demo feed serves every market).
-    func configuredSources() -> [MarketSource]? {
+    func configuredSources() -> [SourcePlan]? {
         guard !settings.upstreams.isEmpty else { return nil }
         return settings.upstreams.map { upstream in
             let endpoint = upstream.endpoint
             let vendor = settings.vendor(of: upstream)
-            return MarketSource(
+            return SourcePlan(
                 market: upstream.market, apiKey: upstream.apiKey ?? settings.upstreamKey ?? "", endpoint: { endpoint },
                 caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description, vendor: vendor,
                 wire: Self.wireProtocol(vendor, market: upstream.market, path: endpoint.path))
@@ -165,14 +167,14 @@ public final class Relay: Service, Sendable {
         guard let primary = assembly.markets.first else {
             throw RelaySettings.InvalidSetting(description: "upstream: no market configured")
         }
-        let hubs = MarketHubs(Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.source.market, $0.hub) }))
+        let hubs = MarketHubs(Dictionary(uniqueKeysWithValues: assembly.markets.map { ($0.plan.market, $0.hub) }))
         let sidecar = try portfolioSidecar(hubs: hubs, upstream: upstream, rest: rest, metricsFactory: metricsFactory)
         // Held until the relay stops: one valuation sidecar per portfolio directory.
         defer { withExtendedLifetime(sidecar.lock) {} }
         // A single relay's hubs hand their outages to their fillers; a cluster node's ask the leader.
         if settings.cluster == nil {
             for parts in assembly.markets {
-                guard let filler = assembly.gapFillers[parts.source.market], let link = parts.link else { continue }
+                guard let filler = assembly.gapFillers[parts.plan.market], let link = parts.upstream else { continue }
                 await filler.start(into: InboxOutlet { try? await link.upstream().inbox })
             }
         }
@@ -180,12 +182,12 @@ public final class Relay: Service, Sendable {
         // Start order; they stop in reverse.
         var parts: [(String, any Service)] = []
         if let demoFeed = upstream.demoFeed { parts.append(("demo feed", demoFeed)) }
-        for market in assembly.markets {
-            if let link = market.link { parts.append(("\(market.source.market) upstream", link)) }
+        for market in assembly.markets where market.upstream != nil {
+            parts.append(("\(market.plan.market) upstream", market.source))
         }
         if let portfolio = sidecar.service { parts.append(("portfolio", portfolio)) }
         parts.append(("server", server))
-        for node in assembly.clusterNodes { parts.append(("\(node.market) cluster node", node)) }
+        for market in assembly.markets where market.upstream == nil { parts.append(("\(market.plan.market) cluster node", market.source)) }
         parts.append(("memory trim", MemoryTrim()))
         let group = ServiceGroup(
             configuration: .init(
@@ -203,103 +205,6 @@ public final class Relay: Service, Sendable {
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
-    }
-}
-
-/// A single relay's upstream side: one upstream client, made once the upstream's address is known,
-/// whose events feed the hub in order, and whose subscriptions follow what the hub wants.
-///
-/// `Sendable`; a `Service`. Reports the connection's health to the server (``FeedStatus``).
-final class UpstreamLink: Service, FeedStatus {
-    private let hub: MarketDataHub
-    private let interest: LocalInterest
-    private let makeUpstream: @Sendable () async throws -> UpstreamClient
-    private let made = ReadySignal<UpstreamClient>()
-    /// What the health report says instead of the upstream's URL (`nil`: the URL).
-    private let shownURL: String?
-
-    init(
-        hub: MarketDataHub, interest: LocalInterest, shownURL: String? = nil,
-        makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
-    ) {
-        self.hub = hub
-        self.interest = interest
-        self.shownURL = shownURL
-        self.makeUpstream = makeUpstream
-    }
-
-    /// The upstream client, once made.
-    func upstream() async throws -> UpstreamClient { try await made.wait() }
-
-    func run() async throws {
-        let upstream: UpstreamClient
-        do {
-            upstream = try await makeUpstream()
-        } catch {
-            made.fail(error)
-            throw error
-        }
-        made.succeed(upstream)
-        // At most one upstream change per 50 ms: a crowd reconnecting after a restart makes a handful
-        // of subscribe messages, not one per client.
-        let batch = Debouncer(delay: .milliseconds(50))
-        interest.listen { _ in batch.poke { upstream.setWantedTopics(self.interest.topics) } }
-        let hub = self.hub
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await upstream.run() }
-            // Ends when the client stops and its inbox finishes.
-            group.addTask { await HubPump.run(upstream.inbox, into: hub, lossReason: "the relay fell behind its upstream") }
-            try await group.waitForAll()
-        }
-    }
-
-    func report() async -> FeedReport {
-        guard let upstream = made.value else {
-            return FeedReport(healthy: false, upstream: UpstreamReport(state: "idle", url: "not known yet"))
-        }
-        var report = UpstreamReport(upstream)
-        if let shownURL { report.url = shownURL }
-        return FeedReport(
-            healthy: upstream.state == .authenticated, upstream: report,
-            lastUpstreamMessageAge: upstream.lastMessageAt.map { ContinuousClock.now - $0 })
-    }
-}
-
-/// A cluster node's feed as the server reports it: the cluster section, and this node's upstream
-/// connection while it leads (`standby` while it follows).
-struct ClusterFeedStatus: FeedStatus {
-    let node: ClusterNode
-    let upstream: String
-
-    func report() async -> FeedReport {
-        let status = node.status
-        let cluster = ClusterReport(
-            role: status.role, node: status.node, leader: status.leader, nats: status.nats, liveNodes: status.liveNodes,
-            subscriptions: status.subscriptions)
-        if let connection = node.upstream {
-            return FeedReport(
-                healthy: node.isHealthy && connection.state == .authenticated, upstream: UpstreamReport(connection), cluster: cluster,
-                lastUpstreamMessageAge: connection.lastMessageAt.map { ContinuousClock.now - $0 })
-        }
-        let detail = status.leader.map { "held by the cluster leader \($0)" } ?? "no cluster leader yet"
-        return FeedReport(
-            healthy: node.isHealthy, upstream: UpstreamReport(state: "standby", detail: detail, url: upstream), cluster: cluster)
-    }
-
-    func lastEvent(for topic: Topic) async -> MarketEvent? { await node.lastEvent(for: topic) }
-}
-
-extension UpstreamReport {
-    init(_ upstream: UpstreamClient) {
-        let state = upstream.state
-        let statistics = upstream.statistics
-        self.init(
-            state: state.name, detail: state.detail, url: upstream.configuration.endpoint.description,
-            subscribedTopics: upstream.subscribedTopics.count,
-            lastMessageAgeMs: upstream.lastMessageAt.map { (ContinuousClock.now - $0).milliseconds },
-            messagesReceived: statistics.messagesReceived, eventsReceived: statistics.eventsReceived,
-            malformedMessages: statistics.malformedMessages, oversizedMessages: statistics.oversizedMessages,
-            reconnects: statistics.reconnectsByCause, lastError: statistics.lastError, silent: upstream.isSilent)
     }
 }
 

@@ -1,10 +1,9 @@
-import MarketDataHub
 import MarketCore
 
 /// Where the relay's events come from, as the downstream server reports it on `/healthz` and
-/// `/metrics`: a single node's upstream connection, or a cluster node's view of the cluster. The
-/// server reads the feed only through this, so it does not depend on the upstream client or the
-/// cluster modules.
+/// `/metrics`: a single node's upstream connection, or a cluster node's view of the cluster. Every
+/// ``MarketSource`` is one; the server reads the feed only through this, so it does not depend on the
+/// upstream client or the cluster modules.
 public protocol FeedStatus: Sendable {
     /// The feed's part of `/healthz`, and whether the relay can serve now.
     func report() async -> FeedReport
