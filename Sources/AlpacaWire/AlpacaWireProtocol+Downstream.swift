@@ -25,9 +25,9 @@ extension AlpacaWireProtocol {
     }
 
     /// Alpaca's JSON, or the event's MessagePack bytes when `accept` asks for `application/msgpack`.
-    public func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String)? {
+    public func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String, negotiated: Bool)? {
         let codec = AlpacaCodec(contentType: accept)
-        return AlpacaDelivery.elementBytes(event, codec: codec).map { ($0, codec == .messagePack ? "application/msgpack" : "application/json") }
+        return AlpacaDelivery.elementBytes(event, codec: codec).map { ($0, codec == .messagePack ? "application/msgpack" : "application/json", true) }
     }
 }
 
@@ -58,8 +58,15 @@ extension AlpacaServerSession: DownstreamSession {
         ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message(detail: message)]))
     }
 
-    public func errorFrame(_ message: String) -> ByteBuffer {
-        ByteBuffer(bytes: codec.frame([AlpacaError.invalidSyntax.message(detail: message)]))
+    /// A message too large is Alpaca's 400 (invalid syntax); a client that does not read, its 407 (slow
+    /// client), as its eviction is.
+    public func errorFrame(_ error: DownstreamError) -> ByteBuffer {
+        let code: AlpacaError =
+            switch error {
+            case .messageTooLarge: .invalidSyntax
+            case .tooMuchUnread: .slowClient
+            }
+        return ByteBuffer(bytes: codec.frame([code.message(detail: error.message)]))
     }
 }
 

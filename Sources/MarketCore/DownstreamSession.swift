@@ -82,9 +82,23 @@ public protocol DownstreamSession: Sendable {
     func connectionLimitFrame(_ message: String) -> ByteBuffer
     /// A refusal that is not about the key (an address with too many failures).
     func refusalFrame(_ message: String) -> ByteBuffer
-    /// An error about what the client did (a message too large, too much unread); the connection lives
-    /// or closes as the caller decides.
-    func errorFrame(_ message: String) -> ByteBuffer
+    /// An error about what the client did, before the connection closes.
+    func errorFrame(_ error: DownstreamError) -> ByteBuffer
+}
+
+/// What a downstream client did that closes its connection, told in its protocol's words first.
+public enum DownstreamError: Sendable, Equatable {
+    /// A message past the size limit (then close 1009).
+    case messageTooLarge(String)
+    /// More written to it than it read (then close 1008).
+    case tooMuchUnread(String)
+
+    /// What it says.
+    public var message: String {
+        switch self {
+        case .messageTooLarge(let message), .tooMuchUnread(let message): message
+        }
+    }
 }
 
 /// Lends a client turn's events, in order, to `body` (where the hub holds them: no copy).

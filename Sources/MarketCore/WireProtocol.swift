@@ -76,9 +76,9 @@ public protocol WireProtocol: Sendable {
     /// why it is none (answered 400).
     func lastValueTopic(_ topic: Topic, market: Market) -> Result<Topic, WireRejection>
 
-    /// An event as an HTTP answer's body for the request's `Accept`, and its content type; `nil`: it
-    /// cannot be written.
-    func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String)?
+    /// An event as an HTTP answer's body for the request's `Accept`, its content type, and whether the
+    /// answer depends on `Accept` (`Vary`); `nil`: it cannot be written.
+    func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String, negotiated: Bool)?
 }
 
 /// Why an event from elsewhere was not taken, for the counter and the log.

@@ -16,8 +16,8 @@ extension PolygonWireProtocol {
     }
 
     /// The event's own JSON.
-    public func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String)? {
-        (event.bytes, "application/json")
+    public func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String, negotiated: Bool)? {
+        (event.bytes, "application/json", false)
     }
 }
 
@@ -39,7 +39,7 @@ extension ServerSession: DownstreamSession {
     }
 
     public func refusalFrame(_ message: String) -> ByteBuffer { StatusMessage.error(message).frame }
-    public func errorFrame(_ message: String) -> ByteBuffer { StatusMessage.error(message).frame }
+    public func errorFrame(_ error: DownstreamError) -> ByteBuffer { StatusMessage.error(error.message).frame }
 }
 
 /// Polygon's frames: a JSON array of the events' own bytes, built straight into one whole WebSocket

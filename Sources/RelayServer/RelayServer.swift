@@ -240,7 +240,7 @@ public final class RelayServer: Service, Sendable {
             let session = session(for: route, contentType: contentType)
             // What the connection itself tells the client goes in its protocol's words.
             let framing = session.framing
-            handler.errorFrame = { [session] message in (session.errorFrame(message), framing.isBinary) }
+            handler.errorFrame = { [session] error in (session.errorFrame(error), framing.isBinary) }
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: .init(
@@ -456,7 +456,9 @@ public final class RelayServer: Service, Sendable {
         guard let answer = route.served.wire.httpAnswer(event, accept: accept) else {
             return try Self.json(["error": "the last event of \(topic) could not be read"], status: .internalServerError)
         }
-        return Response(status: .ok, headers: [.contentType: answer.contentType, .vary: "Accept"], body: .init(byteBuffer: answer.body))
+        var headers: HTTPFields = [.contentType: answer.contentType]
+        if answer.negotiated { headers[.vary] = "Accept" }
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: answer.body))
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {

@@ -36,7 +36,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private var conversation: WebSocketConversation?
     /// How an error is told to this client: its protocol's error frame (a market connection's session
     /// sets it), else the relay's own status object.
-    var errorFrame: (String) -> (payload: ByteBuffer, binary: Bool) = { (RelayStatus.frame(status: "error", message: $0), false) }
+    var errorFrame: (DownstreamError) -> (payload: ByteBuffer, binary: Bool) = { (RelayStatus.frame(status: "error", message: $0.message), false) }
     /// What went to the socket in all (`nil` when the pipeline has no counter).
     var socketCounter: SocketByteCounter?
     /// A tagged session's acknowledged position, noted after each write of events.
@@ -252,7 +252,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private func tooLarge() {
         let limit = messageLimit.bytes
         let when = messageLimit.isOpen ? "" : " before authentication"
-        let error = errorFrame("message too large: at most \(limit) bytes\(when)")
+        let error = errorFrame(.messageTooLarge("message too large: at most \(limit) bytes\(when)"))
         write(error.payload, binary: error.binary)
         close(code: .messageTooLarge, reason: "message too large")
     }
@@ -290,7 +290,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// if it reads again; the close handshake's timeout ends it either way.
     func checkOutbound() {
         guard !isClosing, unsentBytes > outboundLimit else { return }
-        let error = errorFrame("too much unread: more than \(outboundLimit) bytes written to this connection were not read")
+        let error = errorFrame(.tooMuchUnread("too much unread: more than \(outboundLimit) bytes written to this connection were not read"))
         write(error.payload, binary: error.binary, checked: false)
         close(code: .policyViolation, reason: "too much unread")
     }

@@ -187,7 +187,7 @@ public final class UpstreamClient: Service, Sendable {
             let attempt = connection.shared.withLock { $0.machine.attempt }
             if end.cause == .maxConnections {
                 logger.warning(
-                    "another consumer holds this account's upstream connection (Polygon allows one per account and market); retrying with backoff",
+                    "another consumer holds this account's upstream connection (the vendor allows one per account and market); retrying with backoff",
                     metadata: ["in_s": "\(end.retryAfter.milliseconds / 1000)", "attempt": "\(attempt)"])
             }
             logger.debug(

@@ -280,3 +280,28 @@ struct AlpacaDeliveryTests {
         }
     }
 }
+
+/// The relay's notices in Alpaca's words: `{"T":"relay","status":…,"msg":…}` maps, details as they were
+/// when the notices were Polygon JSON read back (numbers first, then the rest, each by key); a refusal
+/// with one of Alpaca's codes is that error.
+@Suite("Alpaca: notices rendered")
+struct AlpacaNoticeRenderingTests {
+    let alpaca = AlpacaWireProtocol(feed: .iex)
+
+    func json(_ notice: Notice) throws -> String {
+        let value = try MessagePack.decode(Array(alpaca.render(notice).bytes.readableBytesView))
+        return String(decoding: AlpacaJSON.text(value), as: UTF8.self)
+    }
+
+    @Test func aNoticeIsARelayMapWithItsDetails() throws {
+        let gap = Notice(.gap, message: "Q.A: gone", details: ["topic": .text("q.A"), "from": .number(3), "complete": .flag(true)])
+        #expect(try json(gap) == #"{"T":"relay","status":"gap","msg":"Q.A: gone","from":3,"complete":true,"topic":"q.A"}"#)
+    }
+
+    @Test func aRefusalWithAlpacasCodeIsItsError() throws {
+        let refused = Notice(.refused, message: "the upstream refused t.AAPL", details: ["code": .number(409)])
+        #expect(try json(refused) == #"{"T":"error","code":409,"msg":"insufficient subscription: the upstream refused t.AAPL"}"#)
+        let unknown = Notice(.refused, message: "no", details: ["code": .number(999)])
+        #expect(try json(unknown) == #"{"T":"relay","status":"error","msg":"no","code":999}"#)
+    }
+}

@@ -315,6 +315,20 @@ struct EpochNoticeTests {
         #expect(fields(told[1])["status"] as? String == "epoch" && fields(told[1])["epoch"] as? String == "second", "\(fields(told[1]))")
     }
 
+    /// The hub's own `epoch` notice is the delivery that marks the new epoch, as a drain reads it: the
+    /// outage notice before it marks none.
+    @Test func theHubsEpochNoticeDeliveryIsMarkedAsTheDrainReadsIt() async throws {
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
+        let subscription = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.startEpoch("first")
+        await hub.startEpoch("second")
+        var reader = subscription.makeReader()
+        var deliveries: [HubDelivery] = []
+        let read = await reader.nextDeliveries(into: &deliveries)
+        #expect(read)
+        #expect(deliveries.map(\.epochStarted) == [nil, "second"], "the outage notice, then the epoch notice marked")
+    }
+
     /// A tagged connection's write path reads which epoch a delivery starts: its positions after it
     /// count in that epoch (and only a delivery that is that notice says so).
     @Test func theEpochNoticesDeliveryNamesTheEpochItStarts() async throws {

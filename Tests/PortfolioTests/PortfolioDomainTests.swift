@@ -359,6 +359,12 @@ struct MarketPriceTests {
         return prices
     }
 
+    /// A price in exponent form is read as the number it is (the old text scan stopped at the `e`).
+    @Test func aPriceInExponentFormIsReadWhole() throws {
+        let trade = try prices(#"{"ev":"XT","pair":"SHIB-USD","p":1.5e-05,"s":1000,"t":1700000000000}"#, market: .crypto)
+        #expect(trade.lastTrade?.value == Decimal(string: "0.000015"))
+    }
+
     @Test func cryptoForexAndIndexEventsPriceTheirHoldings() throws {
         let crypto = try prices(
             #"{"ev":"XT","pair":"BTC-USD","p":33021.9,"t":1610462007425,"s":0.01,"c":[2],"i":1,"x":3,"r":1},{"ev":"XQ","pair":"BTC-USD","bp":33052.79,"bs":0.48,"ap":33073.19,"as":0.6,"t":1610462411115,"x":1,"r":1}"#,

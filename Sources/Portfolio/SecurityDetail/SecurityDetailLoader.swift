@@ -87,31 +87,35 @@ public struct SecurityDetailLoader: Sendable {
 
     /// The hub's last trade of `symbol`, if the relay has seen one.
     func liveTrade(_ symbol: String) async -> SecurityDetail.Trade? {
-        guard let (event, wire) = await lastEvent(of: symbol, types: ["T", "XT", "V", "t"]),
-            case .trade(let text, let size, let at)? = wire.price(in: event), let price = EventPrices.decimal(text)
-        else { return nil }
-        return .init(price: price, size: size.flatMap(EventPrices.decimal), at: EventPrices.date(at) ?? .now, source: .live)
+        for reading in await liveReadings(of: symbol) {
+            guard case .trade(let text, let size, let at) = reading, let price = EventPrices.decimal(text) else { continue }
+            return .init(price: price, size: size.flatMap(EventPrices.decimal), at: EventPrices.date(at) ?? .now, source: .live)
+        }
+        return nil
     }
 
     /// The hub's last quote of `symbol`, if the relay has seen one.
     func liveQuote(_ symbol: String) async -> SecurityDetail.Quote? {
-        guard let (event, wire) = await lastEvent(of: symbol, types: ["Q", "XQ", "C", "q"]),
-            case .quote(let bidText, let bidSize, let askText, let askSize, let at)? = wire.price(in: event),
-            let bid = EventPrices.decimal(bidText), let ask = EventPrices.decimal(askText)
-        else { return nil }
-        return .init(
-            bid: bid, bidSize: bidSize.flatMap(EventPrices.decimal), ask: ask, askSize: askSize.flatMap(EventPrices.decimal),
-            at: EventPrices.date(at) ?? .now, source: .live)
-    }
-
-    /// The last event of `symbol` on its market's hub among its price topics of `types`, and the
-    /// protocol that reads it.
-    private func lastEvent(of symbol: String, types: Set<String>) async -> (MarketEvent, any WireProtocol)? {
-        guard let hubs, let (_, hub) = hubs.hub(for: symbol) else { return nil }
-        for topic in hubs.priceTopics(of: symbol) where types.contains(topic.eventType) {
-            if let event = await hub.lastEvent(for: topic) { return (event, hub.wire) }
+        for reading in await liveReadings(of: symbol) {
+            guard case .quote(let bidText, let bidSize, let askText, let askSize, let at) = reading, let bid = EventPrices.decimal(bidText),
+                let ask = EventPrices.decimal(askText)
+            else { continue }
+            return .init(
+                bid: bid, bidSize: bidSize.flatMap(EventPrices.decimal), ask: ask, askSize: askSize.flatMap(EventPrices.decimal),
+                at: EventPrices.date(at) ?? .now, source: .live)
         }
         return nil
+    }
+
+    /// What the last events of `symbol`'s price topics say, read by its market's protocol, in the
+    /// protocol's order of those topics.
+    private func liveReadings(of symbol: String) async -> [PriceReading] {
+        guard let hubs, let (_, hub) = hubs.hub(for: symbol) else { return [] }
+        var readings: [PriceReading] = []
+        for topic in hubs.priceTopics(of: symbol) {
+            if let event = await hub.lastEvent(for: topic), let reading = hub.wire.price(in: event) { readings.append(reading) }
+        }
+        return readings
     }
 
     static func date(nanoseconds: Int64) -> Date { Date(timeIntervalSince1970: Double(nanoseconds) / 1e9) }
