@@ -287,7 +287,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MarketDataHubTests",
-            dependencies: ["MarketDataHub", "PolygonWire"],
+            dependencies: ["MarketDataHub", "PolygonWire", "AlpacaWire"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -66,6 +66,12 @@ public struct AlpacaWireProtocol: WireProtocol {
     /// book updates (changes that mean nothing alone).
     public func snapshotless(of market: Market) -> Set<String> { AlpacaChannel.snapshotless.intersection(eventTypes(of: market)) }
 
+    /// Quotes and bars (minute, updated, daily); not trades, statuses, LULD bands, corrections or order
+    /// book updates (increments).
+    public var stateEventTypes: Set<String> {
+        Set([AlpacaChannel.quotes, .bars, .updatedBars, .dailyBars].map(\.eventType))
+    }
+
     /// Trades and quotes (`t`/`q`) of the symbol as Alpaca names it (`X:BTC-USD` is `BTC/USD`,
     /// `O:SPY251219C00650000` is `SPY251219C00650000`).
     public func priceTopics(of symbol: String, market: Market) -> [Topic] {

@@ -15,7 +15,8 @@ import NIOCore
 /// - ``eventTypes(of:)``: the event types a market's topics have (the cluster's subjects);
 /// - ``checkedEvent(_:topic:market:receivedAt:)``: an event that arrived from elsewhere (NATS), checked
 ///   to be exactly one event of the topic it claims;
-/// - ``snapshotless(of:)``: event types whose last value is no snapshot;
+/// - ``snapshotless(of:)``: event types whose last value is no snapshot; ``stateEventTypes``: those
+///   conflation may merge;
 /// - ``priceTopics(of:market:)``, ``heldSymbol(of:market:)`` and ``price(in:)``: how a held symbol is
 ///   priced from the stream (the portfolio);
 /// - ``upstreamSession(key:secret:)``, ``readUpstream(_:receivedAt:market:)``, ``upstreamSendsBinary`` and
@@ -39,6 +40,10 @@ public protocol WireProtocol: Sendable {
 
     /// Event types whose last event is no snapshot for a new subscriber (one-off events, increments).
     func snapshotless(of market: Market) -> Set<String>
+
+    /// Event types whose newest value replaces the older (quotes, bars, index values): what conflation
+    /// may merge for a slow client. Trades, statuses and increments never are.
+    var stateEventTypes: Set<String> { get }
 
     /// The topics that price a held symbol (a relay ticker such as `AAPL` or `X:BTC-USD`) on `market`.
     func priceTopics(of symbol: String, market: Market) -> [Topic]

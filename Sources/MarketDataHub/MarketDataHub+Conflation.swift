@@ -12,10 +12,6 @@ public struct ConflationMode: Sendable, Equatable {
         self.interval = interval
         self.whileLagging = whileLagging
     }
-
-    /// The event types whose newest value replaces the older (state), as opposed to trades and notices
-    /// (`T`, `XT`, `LULD`, `NOI`), which are never merged.
-    public static let stateEventTypes: Set<String> = ["Q", "XQ", "C", "A", "AM", "XA", "CA", "V", "FMV", "LV"]
 }
 
 /// One subscriber's pending merged events: the newest state event per topic not yet queued, in the
@@ -116,7 +112,7 @@ extension MarketDataHub {
         var now: [MarketEvent] = []
         var replaced = 0
         for event in events {
-            if ConflationMode.stateEventTypes.contains(event.eventType) {
+            if stateEventTypes.contains(event.eventType) {
                 if conflation.hold(event) { replaced += 1 }
             } else {
                 now += conflation.take(ticker: event.ticker)

@@ -31,6 +31,8 @@ public actor MarketDataHub {
 
     /// The protocol of the market this hub carries: its notices are rendered in its words.
     public nonisolated let wire: any WireProtocol
+    /// Its state event types (what conflation may merge), asked of the protocol once.
+    let stateEventTypes: Set<String>
     public let policy: SlowConsumerPolicy
     public let snapshotOnSubscribe: Bool
     /// Event types whose last event is no snapshot: one-off events a new subscriber would take for
@@ -107,6 +109,7 @@ public actor MarketDataHub {
         onWantedTopicsChange: @escaping @Sendable (WantedTopicsChange) -> Void = { _ in }
     ) {
         self.wire = wire
+        stateEventTypes = wire.stateEventTypes
         self.policy = policy
         self.snapshotOnSubscribe = snapshotOnSubscribe
         self.snapshotless = snapshotless

@@ -75,6 +75,10 @@ public struct PolygonWireProtocol: WireProtocol {
     /// Polygon's last values are all snapshots.
     public func snapshotless(of market: Market) -> Set<String> { [] }
 
+    /// Quotes (`Q`, `XQ`, `C`), aggregates (`A`, `AM`, `XA`, `CA`), index values (`V`), fair market values
+    /// (`FMV`) and last values (`LV`); not trades, LULD bands or imbalances.
+    public var stateEventTypes: Set<String> { ["Q", "XQ", "C", "A", "AM", "XA", "CA", "V", "FMV", "LV"] }
+
     /// A ticker's trades and quotes (`T`/`Q`; crypto `XT`/`XQ`; forex quotes `C`; index values `V`).
     public func priceTopics(of symbol: String, market: Market) -> [Topic] {
         let types: [String] =

@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import AlpacaWire
 import PolygonWire
 import Synchronization
 import Testing
@@ -186,6 +187,25 @@ struct HubConflationTests {
         let got = try await take(4, from: subscription.events)
         // The trade took AAPL's pending quote out first; MSFT's and the newer AAPL quote came at the interval.
         #expect(got.map { "\($0.eventType).\($0.ticker).\(fields($0)["n"] as? Int ?? -1)" } == ["Q.AAPL.50", "T.AAPL.1000", "Q.MSFT.50", "Q.AAPL.51"])
+    }
+
+    /// An Alpaca market's quotes merge too (its protocol names its state events): the latest quote, then
+    /// the trade that flushed it.
+    @Test func anAlpacaMarketsQuotesMergeAndItsTradesDoNot() async throws {
+        let alpaca = AlpacaWireProtocol(feed: .iex)
+        let hub = MarketDataHub(wire: alpaca, history: nil)
+        let subscription = await hub.subscribe(to: topics("q.AAPL", "t.AAPL"))
+        await hub.setConflation(ConflationMode(interval: .seconds(60)), for: subscription.id)
+        await hub.publish((1...20).map { AlpacaEvents.quote("AAPL", bid: Double($0), ask: Double($0) + 1, size: 1, nanoseconds: 0) })
+        await hub.publish([AlpacaEvents.trade("AAPL", id: 7, price: 30, size: 1, nanoseconds: 0)])
+        let got = try await take(2, from: subscription.events)
+        #expect(got.map(\.eventType) == ["q", "t"])
+        guard case .quote(let bid, _, _, _, _)? = alpaca.price(in: got[0]) else {
+            Issue.record("not a quote: \(got[0].eventType)")
+            return
+        }
+        #expect(bid == "20.0", "the newest of the 20 quotes")
+        #expect(await hub.droppedEvents(for: subscription.id) == 0)
     }
 
     @Test func aStalledSubscriberIsConflatedBeforeAnyEventIsDropped() async throws {

@@ -187,6 +187,8 @@ struct ConformanceTests {
             let types = spec.wire.eventTypes(of: market)
             #expect(topics.allSatisfy { types.contains($0.eventType) }, "\(topics) in \(types.sorted())")
             #expect(spec.wire.snapshotless(of: market).isSubset(of: types))
+            #expect(!spec.wire.stateEventTypes.contains(spec.tradeType), "a trade is never merged")
+            #expect(!spec.wire.stateEventTypes.intersection(types).isEmpty, "\(market) has state events to conflate")
             for topic in topics {
                 let event = MarketEvent(eventType: topic.eventType, ticker: topic.ticker, bytes: ByteBuffer())
                 #expect(spec.wire.heldSymbol(of: event, market: market) == symbol, "\(topic)")
