@@ -1,3 +1,5 @@
+import MarketCore
+
 /// The demo market's past: one daily bar per weekday, the same for a ticker every time it is asked
 /// for, ending at the previous close the live market opened at.
 ///

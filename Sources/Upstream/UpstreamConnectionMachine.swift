@@ -106,14 +106,14 @@ struct UpstreamConnectionMachine: Sendable {
     private var peerClose: String?
     /// Reconnect attempts since the connection last stayed authenticated for ``ReconnectPolicy/healthyAfter``.
     private(set) var attempt = 0
-    private var jitter: SplitMix
+    private var jitter: SplitMix64
 
     init(
         session: any UpstreamSession, timing: Timing, seed: UInt64 = UInt64.random(in: 0...UInt64.max)
     ) {
         self.session = session
         self.timing = timing
-        jitter = SplitMix(state: seed)
+        jitter = SplitMix64(seed: seed)
     }
 
     var isEstablished: Bool {
@@ -252,18 +252,5 @@ struct UpstreamConnectionMachine: Sendable {
             case .closed, .failed, .dead, .handshakeTimeout: .disconnected(reason: finalReason)
             }
         return .lost(end, state: state, retryAfter: delay)
-    }
-}
-
-/// A small seedable generator for the reconnect jitter (SplitMix64), so tests repeat exactly.
-struct SplitMix: RandomNumberGenerator, Sendable {
-    var state: UInt64
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
