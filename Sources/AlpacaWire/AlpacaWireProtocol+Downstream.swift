@@ -57,17 +57,6 @@ extension AlpacaServerSession: DownstreamSession {
     public func refusalFrame(_ message: String) -> ByteBuffer {
         ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message(detail: message)]))
     }
-
-    /// A message too large is Alpaca's 400 (invalid syntax); a client that does not read, its 407 (slow
-    /// client), as its eviction is.
-    public func errorFrame(_ error: DownstreamError) -> ByteBuffer {
-        let code: AlpacaError =
-            switch error {
-            case .messageTooLarge: .invalidSyntax
-            case .tooMuchUnread: .slowClient
-            }
-        return ByteBuffer(bytes: codec.frame([code.message(detail: error.message)]))
-    }
 }
 
 /// Alpaca's frames in a codec: MessagePack clients get the events' own bytes under an array header;
@@ -102,5 +91,16 @@ public struct AlpacaFraming: DownstreamFraming {
     public func evictedFrame(bufferLimit: Int) -> ByteBuffer {
         let error = AlpacaError.slowClient.message(detail: "this connection's buffer of \(bufferLimit) events was full")
         return WireFrame.whole(ByteBuffer(bytes: codec.frame([error])), binary: isBinary)
+    }
+
+    /// A message too large is Alpaca's 400 (invalid syntax); a client that does not read, its 407 (slow
+    /// client), as its eviction is.
+    public func errorFrame(_ error: DownstreamError) -> ByteBuffer {
+        let code: AlpacaError =
+            switch error {
+            case .messageTooLarge: .invalidSyntax
+            case .tooMuchUnread: .slowClient
+            }
+        return ByteBuffer(bytes: codec.frame([code.message(detail: error.message)]))
     }
 }

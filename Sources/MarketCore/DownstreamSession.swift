@@ -82,8 +82,6 @@ public protocol DownstreamSession: Sendable {
     func connectionLimitFrame(_ message: String) -> ByteBuffer
     /// A refusal that is not about the key (an address with too many failures).
     func refusalFrame(_ message: String) -> ByteBuffer
-    /// An error about what the client did, before the connection closes.
-    func errorFrame(_ error: DownstreamError) -> ByteBuffer
 }
 
 /// What a downstream client did that closes its connection, told in its protocol's words first.
@@ -137,6 +135,9 @@ public protocol DownstreamFraming: Sendable {
     /// The whole frame telling a client it was dropped for not keeping up (its buffer of `bufferLimit`
     /// events was full), before the close.
     func evictedFrame(bufferLimit: Int) -> ByteBuffer
+    /// An error about what the client did, before the connection closes (a payload in ``isBinary``'s
+    /// opcode).
+    func errorFrame(_ error: DownstreamError) -> ByteBuffer
 }
 
 extension DownstreamSession {

@@ -39,7 +39,6 @@ extension ServerSession: DownstreamSession {
     }
 
     public func refusalFrame(_ message: String) -> ByteBuffer { StatusMessage.error(message).frame }
-    public func errorFrame(_ error: DownstreamError) -> ByteBuffer { StatusMessage.error(error.message).frame }
 }
 
 /// Polygon's frames: a JSON array of the events' own bytes, built straight into one whole WebSocket
@@ -71,4 +70,6 @@ public struct PolygonFraming: DownstreamFraming {
             message: "disconnected: this connection did not keep up and its buffer of \(bufferLimit) events was full")
         return WireFrame.text(notice.frame)
     }
+
+    public func errorFrame(_ error: DownstreamError) -> ByteBuffer { StatusMessage.error(error.message).frame }
 }

@@ -240,7 +240,7 @@ public final class RelayServer: Service, Sendable {
             let session = session(for: route, contentType: contentType)
             // What the connection itself tells the client goes in its protocol's words.
             let framing = session.framing
-            handler.errorFrame = { [session] error in (session.errorFrame(error), framing.isBinary) }
+            handler.errorFrame = { error in (framing.errorFrame(error), framing.isBinary) }
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: .init(
