@@ -163,7 +163,9 @@ public struct PolygonREST: Sendable {
     /// `/v2/aggs/ticker/{ticker}/prev`: the previous session's close.
     public func previousClose(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<Decimal, FetchError> {
         await get("/v2/aggs/ticker/\(Self.escaped(symbol))/prev", priority: priority).flatMap { body in
-            guard let close = EventPrices.number("c", in: body), close > 0 else { return .failure(.malformed("no close")) }
+            guard let close = PolygonWireProtocol.numberText("c", in: String(buffer: body)).flatMap(EventPrices.decimal), close > 0 else {
+                return .failure(.malformed("no close"))
+            }
             return .success(close)
         }
     }

@@ -116,8 +116,9 @@ public struct PolygonWireProtocol: WireProtocol {
         }
     }
 
-    /// The raw text of a top-level numeric field (`"p":189.05` → `189.05`), or `nil`.
-    static func numberText(_ field: String, in text: String) -> String? {
+    /// The raw text of a top-level numeric field (`"p":189.05` → `189.05`), or `nil`: in an event or a
+    /// REST answer.
+    public static func numberText(_ field: String, in text: String) -> String? {
         guard let key = text.range(of: "\"\(field)\":") else { return nil }
         var end = key.upperBound
         while end < text.endIndex, "-0123456789.eE+".contains(text[end]) { end = text.index(after: end) }

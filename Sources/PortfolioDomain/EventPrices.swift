@@ -2,28 +2,9 @@ import Foundation
 import NIOCore
 import MarketCore
 
-/// Exact prices: what a protocol read out of an event (``PriceReading``, decimal text) applied to a
-/// symbol's prices, and the numbers of a JSON text (a REST answer) read as their own text, never a
-/// `Double` in between.
+/// Exact prices: what a protocol read out of an event (``PriceReading``, decimal text, never a `Double`
+/// in between) applied to a symbol's prices.
 public enum EventPrices {
-    /// The raw text of a top-level numeric field, e.g. `"p":189.05` → `189.05`.
-    public static func number(_ field: String, in bytes: ByteBuffer) -> Decimal? {
-        number(field, in: String(buffer: bytes))
-    }
-
-    public static func number(_ field: String, in text: String) -> Decimal? {
-        guard let key = text.range(of: "\"\(field)\":") else { return nil }
-        var end = key.upperBound
-        while end < text.endIndex, "-0123456789.".contains(text[end]) { end = text.index(after: end) }
-        return DecimalText.parse(String(text[key.upperBound..<end]))
-    }
-
-    /// The event's time (`t`, Unix ms) or now.
-    public static func time(in text: String, default now: Date) -> Date {
-        guard let ms = number("t", in: text) else { return now }
-        return Date(timeIntervalSince1970: NSDecimalNumber(decimal: ms).doubleValue / 1000)
-    }
-
     /// Exact decimal text as a `Decimal` (an exponent too: `1.234e-05`).
     public static func decimal(_ text: String) -> Decimal? {
         DecimalText.parse(text) ?? Decimal(string: text)
