@@ -153,7 +153,7 @@ let package = Package(
         .target(
             name: "RelayConfiguration",
             dependencies: [
-                "MarketCore", "PolygonWire", "AlpacaWire", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
+                "MarketCore", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
@@ -166,7 +166,7 @@ let package = Package(
             name: "RelayComposition",
             dependencies: [
                 "RelayConfiguration", "PolygonWire", "AlpacaWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP", "GapFill",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "GapFill",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -194,10 +194,17 @@ let package = Package(
             dependencies: ["PortfolioDomain", .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: strict
         ),
+        // The REST seam: what the relay asks of a vendor's REST API (gap fill's history, the portfolio's
+        // reference data), the request gate and pace; no vendor's paths.
+        .target(
+            name: "MarketREST",
+            dependencies: ["MarketCore", "PortfolioDomain", .product(name: "NIOCore", package: "swift-nio")],
+            swiftSettings: strict
+        ),
         .target(
             name: "PolygonRESTClient",
             dependencies: [
-                "PortfolioDomain", "PolygonWire",
+                "PortfolioDomain", "PolygonWire", "MarketREST", "MarketCore",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -208,7 +215,7 @@ let package = Package(
         .target(
             name: "GapFill",
             dependencies: [
-                "MarketCore", "MarketDataHub", "PolygonRESTClient",
+                "MarketCore", "MarketDataHub", "MarketREST",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -218,7 +225,7 @@ let package = Package(
         .target(
             name: "Portfolio",
             dependencies: [
-                "MarketCore", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketDataHub",
+                "MarketCore", "PortfolioDomain", "PortfolioData", "MarketREST", "MarketDataHub",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -229,7 +236,7 @@ let package = Package(
         .target(
             name: "PortfolioHTTP",
             dependencies: [
-                "MarketCore", "Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
+                "MarketCore", "Portfolio", "PortfolioDomain", "PortfolioData", "MarketREST",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
@@ -282,7 +289,7 @@ let package = Package(
         ),
         .testTarget(
             name: "GapFillTests",
-            dependencies: ["GapFill", "MarketDataHub", "PolygonWire"],
+            dependencies: ["GapFill", "MarketDataHub", "PolygonWire", "PolygonRESTClient"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -292,7 +299,7 @@ let package = Package(
         ),
         .testTarget(
             name: "RelayConfigurationTests",
-            dependencies: ["RelayConfiguration", "PolygonWire", "Upstream", "RelayServer"],
+            dependencies: ["RelayConfiguration", "RelayComposition", "MarketCore", "Upstream", "RelayServer"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -317,7 +324,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PortfolioTests",
-            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "PortfolioHTTP", "MarketDataHub", "AlpacaWire", "PolygonWire"],
+            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "MarketDataHub", "AlpacaWire", "PolygonWire"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -325,7 +332,7 @@ let package = Package(
             dependencies: [
                 "RelayComposition", "RelayConfiguration", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio",
                 "RelayBench", "Cluster", "AlpacaWire",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST",
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

@@ -136,3 +136,12 @@ extension WireProtocol where Self == AlpacaWireProtocol {
     /// Alpaca's protocol, served as `feed`.
     public static func alpaca(_ feed: AlpacaFeed) -> AlpacaWireProtocol { AlpacaWireProtocol(feed: feed) }
 }
+
+extension WireVendor {
+    /// Alpaca: its hosts, its feed paths (`/v2/iex` names stocks), a key id and a secret, and the protocol
+    /// of the feed an upstream's path names, else the market's usual feed.
+    public static let alpaca = WireVendor(
+        name: "alpaca", signsInWithSecret: true, ownsHost: { $0.hasSuffix("alpaca.markets") },
+        marketOfPath: { AlpacaFeed(path: $0)?.market },
+        wireProtocol: { market, path in AlpacaWireProtocol(feed: path.flatMap(AlpacaFeed.init(path:)) ?? .standard(for: market)) })
+}

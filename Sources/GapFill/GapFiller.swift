@@ -3,7 +3,7 @@ import Foundation
 import Logging
 import MarketDataHub
 import NIOCore
-import PolygonRESTClient
+import MarketREST
 import MarketCore
 
 /// The gap fill's limits. Value type, `Sendable`.
@@ -27,8 +27,9 @@ public struct GapFillSettings: Sendable, Equatable {
     public init() {}
 }
 
-/// Fills a market's upstream outages from the REST API: for each topic held by name whose type has a
-/// REST history (``RecoveredEvents/source(of:in:)``), the events of the window the relay did not
+/// Fills a market's upstream outages from the vendor's REST API, read through the REST seam
+/// (``MarketHistory``, e.g. `PolygonHistory`): for each topic held by name whose type has a history
+/// (``MarketHistory/kind(of:)``), the events of the window the relay did not
 /// receive, delivered to the topic's holders oldest first and flagged, then one `recovered` status per
 /// fill saying what came and what is missing. Wildcards are not filled (a `T.*` fill would cost a
 /// request per ticker): their holders have the outage notice.
@@ -38,7 +39,7 @@ public struct GapFillSettings: Sendable, Equatable {
 public actor GapFiller {
     private let market: Market
     private let hub: MarketDataHub
-    private let rest: PolygonREST
+    private let history: any MarketHistory
     private let pace: RequestPace
     private let settings: GapFillSettings
     private let logger: Logger
@@ -57,12 +58,12 @@ public actor GapFiller {
     private let duration: CoreMetrics.Timer
 
     public init(
-        market: Market, hub: MarketDataHub, rest: PolygonREST, pace: RequestPace, settings: GapFillSettings,
+        market: Market, hub: MarketDataHub, history: any MarketHistory, pace: RequestPace, settings: GapFillSettings,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger = Logger(label: "relay.gap-fill")
     ) {
         self.market = market
         self.hub = hub
-        self.rest = rest
+        self.history = history
         self.pace = pace
         self.settings = settings
         self.logger = logger
@@ -121,7 +122,7 @@ public actor GapFiller {
             return
         }
         var summary = GapFillSummary(from: request.from, through: request.through)
-        let fillable = request.topics.filter { !$0.topic.isWildcard && RecoveredEvents.source(of: $0.topic.eventType, in: market) != nil }
+        let fillable = request.topics.filter { !$0.topic.isWildcard && history.kind(of: $0.topic.eventType) != nil }
         guard !fillable.isEmpty else {
             await outlet.finishFill(generation: request.generation)
             return
@@ -177,14 +178,13 @@ public actor GapFiller {
         _ held: GapFillRequest.Held, _ request: GapFillRequest, _ outlet: any RecoveryOutlet, deadline: ContinuousClock.Instant
     ) async -> Result<Int, FillFailure> {
         let topic = held.topic
-        guard let source = RecoveredEvents.source(of: topic.eventType, in: market) else { return .success(0) }
+        guard let kind = history.kind(of: topic.eventType) else { return .success(0) }
         let order = RecoveryOrder(eventType: topic.eventType)
-        let ticker = PolygonREST.escaped(RecoveredEvents.restTicker(topic.ticker, in: market))
         let lastBefore = held.lastBefore.flatMap { order.value(of: $0) }
         // Trades and quotes from the last one the relay had (its millisecond: `q` tells them apart), or
         // from the outage's start; bars from the start of the minute it began in.
         // The last event's own time, within a day before the window (a wild `t` asks for nothing absurd).
-        let fromMs = source == .minuteBars
+        let fromMs = kind == .minuteBars
             ? request.from / 60_000 * 60_000
             : min(max(held.lastBefore.flatMap { RecoveryOrder.time.value(of: $0) } ?? request.from, request.from - 86_400_000), request.through)
         var events: [(MarketEvent, Int64)] = []
@@ -204,52 +204,42 @@ public actor GapFiller {
             }
             pages += 1
             do { try await pace.next() } catch { return .failure(FillFailure(reason: "cancelled", delivered: 0)) }
-            let answer: Result<ByteBuffer, PolygonREST.FetchError>
-            if let url = next {
-                answer = await rest.get(nextURL: url, priority: .bulk)
-            } else {
-                switch source {
-                case .trades, .quotes:
-                    let path = source == .trades ? "/v3/trades/\(ticker)" : "/v3/quotes/\(ticker)"
-                    answer = await rest.get(
-                        path,
-                        query: [
-                            ("timestamp.gte", "\(fromMs * 1_000_000)"), ("timestamp.lt", "\(request.through * 1_000_000)"), ("order", "asc"),
-                            ("sort", "timestamp"), ("limit", "\(Self.pageLimit)"),
-                        ], priority: .bulk)
-                case .minuteBars:
-                    answer = await rest.get(
-                        "/v2/aggs/ticker/\(ticker)/range/1/minute/\(fromMs)/\(request.through)",
-                        query: [("adjusted", "true"), ("sort", "asc"), ("limit", "\(Self.pageLimit)")], priority: .bulk)
-                }
-            }
+            let answer = await history.page(
+                of: topic, window: window, cursor: next, room: settings.eventsPerTopic - events.count, priority: .bulk)
             firstPage = false
             await countRequest()
-            let body: ByteBuffer
             switch answer {
-            case .success(let value):
-                body = value
+            case .success(let page):
                 requestsOK.increment()
+                noteRefused(page.refused, topic)
+                next = page.next
+                let room = settings.eventsPerTopic - events.count
+                events += page.events.prefix(room)
+                if page.events.count > room {
+                    failure = "more than \(settings.eventsPerTopic) events: recovered through \(events.last?.1 ?? request.from) (Unix ms), the rest is missing"
+                    break pages
+                }
+            case .failure(.malformed(let what)):
+                requestsFailed.increment()
+                failure = "unreadable REST answer: \(what)"
+                break pages
             case .failure(let error):
                 requestsFailed.increment()
                 let since = events.last.map { " after \($0.1) (Unix ms)" } ?? ""
                 failure = "REST \(error)\(since); the rest of the window is missing"
                 break pages
             }
-            do {
-                next = try decode(body, source: source, topic: topic, window: window, limit: settings.eventsPerTopic, into: &events)
-            } catch is TooManyEvents {
-                failure = "more than \(settings.eventsPerTopic) events: recovered through \(events.last?.1 ?? request.from) (Unix ms), the rest is missing"
-                break pages
-            } catch {
-                requestsFailed.increment()
-                failure = "unreadable REST answer: \(error)"
-                break pages
-            }
         }
-        let delivered = await deliver(topic, filtered(events, source, order, lastBefore, request), order: order, to: outlet)
+        let delivered = await deliver(topic, filtered(events, kind, order, lastBefore, request), order: order, to: outlet)
         if let failure { return .failure(FillFailure(reason: failure, delivered: delivered)) }
         return .success(delivered)
+    }
+
+    /// Results with no price or time, or a value that is not exactly JSON of its kind: counted, not copied.
+    private nonisolated func noteRefused(_ refused: Int, _ topic: Topic) {
+        guard refused > 0 else { return }
+        resultsRefused.increment(by: refused)
+        logger.warning("REST results refused: a value missing, implausible or not valid JSON", metadata: ["topic": "\(topic)", "results": "\(refused)"])
     }
 
     private func countRequest() { requests += 1 }
@@ -257,11 +247,11 @@ public actor GapFiller {
     /// What the relay did not have: after its last event of the topic before the outage, before the
     /// reconnect, and for bars only those whose minute had ended by then (the live one is still to come).
     private nonisolated func filtered(
-        _ events: [(MarketEvent, Int64)], _ source: RecoveredEvents.Source, _ order: RecoveryOrder, _ lastBefore: Int64?, _ request: GapFillRequest
+        _ events: [(MarketEvent, Int64)], _ kind: HistoryKind, _ order: RecoveryOrder, _ lastBefore: Int64?, _ request: GapFillRequest
     ) -> [(MarketEvent, Int64)] {
         events.filter { event, time in
             if let lastBefore, let value = order.value(of: event), value <= lastBefore { return false }
-            if source == .minuteBars {
+            if kind == .minuteBars {
                 // Without a bar of it before, a bar that ended before the outage began was delivered live.
                 return time + 60_000 <= request.through && (lastBefore != nil || time + 60_000 > request.from)
             }
@@ -285,43 +275,5 @@ public actor GapFiller {
             start = end
         }
         return delivered
-    }
-
-    /// Results asked for per REST page: a page of quotes stays a few MB.
-    static let pageLimit = 10_000
-
-    /// A page held more events than the topic may recover.
-    struct TooManyEvents: Error {}
-
-    /// Appends a page's events that fall in `window` (Unix ms: a bar by its start); returns its
-    /// `next_url`. Throws ``TooManyEvents`` as soon as `events` would pass `limit`, in the middle of a
-    /// page too, so that a page of tiny results costs no more than `limit` events.
-    private nonisolated func decode(
-        _ body: ByteBuffer, source: RecoveredEvents.Source, topic: Topic, window: Range<Int64>, limit: Int, into events: inout [(MarketEvent, Int64)]
-    ) throws -> String? {
-        let market = self.market
-        // Results with no price or time, or a value that is not exactly JSON of its kind: counted, not copied.
-        var refused = 0
-        defer {
-            if refused > 0 {
-                resultsRefused.increment(by: refused)
-                logger.warning("REST results refused: a value missing, implausible or not valid JSON", metadata: ["topic": "\(topic)", "results": "\(refused)"])
-            }
-        }
-        return try RESTPage.read(Array(body.readableBytesView)) { result in
-            let event: (MarketEvent, Int64)?
-            switch source {
-            case .trades: event = RecoveredEvents.trade(result, type: topic.eventType, ticker: topic.ticker, market: market)
-            case .quotes: event = RecoveredEvents.quote(result, type: topic.eventType, ticker: topic.ticker, market: market)
-            case .minuteBars: event = RecoveredEvents.bar(result, type: topic.eventType, ticker: topic.ticker, market: market)
-            }
-            guard let event else {
-                refused += 1
-                return
-            }
-            guard window.contains(event.1) else { return }
-            guard events.count < limit else { throw TooManyEvents() }
-            events.append(event)
-        }
     }
 }

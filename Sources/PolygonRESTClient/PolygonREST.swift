@@ -3,6 +3,8 @@ import AsyncHTTPClient
 import Foundation
 import Logging
 import NIOCore
+import MarketREST
+import MarketCore
 import PolygonWire
 
 /// The upstream's REST API, Polygon's paths: last trade and quote, daily aggregates, previous close,
@@ -12,7 +14,7 @@ import PolygonWire
 /// gate's order (foreground, then background, then bulk); transport errors, 429 and 5xx are retried with exponential backoff and full
 /// jitter, other 4xx fail at once; cancelling the calling task cancels the request in flight (the
 /// connection is closed, so the server sees it) and any wait.
-public struct PolygonREST: Sendable {
+public struct PolygonREST: MarketReference {
     /// The API's base URL; resolved when a request is made, so a relay can name a demo feed that is
     /// not listening yet.
     private let baseURL: @Sendable () async throws -> String
@@ -52,21 +54,8 @@ public struct PolygonREST: Sendable {
         self.client = client
     }
 
-    public enum FetchError: Error, Sendable, Equatable, CustomStringConvertible {
-        case status(Int, String)
-        case malformed(String)
-        case transport(String)
-        case cancelled
-
-        public var description: String {
-            switch self {
-            case .status(let code, let body): "HTTP \(code): \(body.prefix(200))"
-            case .malformed(let what): "unreadable answer: \(what)"
-            case .transport(let error): "request failed: \(error)"
-            case .cancelled: "cancelled"
-            }
-        }
-    }
+    public typealias FetchError = RESTError
+    public typealias Bar = DailyBar
 
     /// The body of `GET path?query`, a JSON document. The key travels in the `Authorization` header,
     /// never in the URL (URLs end up in proxies' and servers' logs).
@@ -152,12 +141,16 @@ public struct PolygonREST: Sendable {
 
     /// `/v2/last/trade/{ticker}`.
     public func lastTrade(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastTrade, FetchError> {
-        await get("/v2/last/trade/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(LastTrade.self, $0) }
+        await get("/v2/last/trade/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(TradeResults.self, $0) }.map {
+            LastTrade(price: $0.p, size: $0.s, timestamp: $0.t)
+        }
     }
 
     /// `/v2/last/nbbo/{ticker}`.
     public func lastQuote(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastQuote, FetchError> {
-        await get("/v2/last/nbbo/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(LastQuote.self, $0) }
+        await get("/v2/last/nbbo/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(QuoteResults.self, $0) }.map {
+            LastQuote(bid: $0.p, bidSize: $0.s, ask: $0.P, askSize: $0.S, timestamp: $0.t)
+        }
     }
 
     /// `/v2/aggs/ticker/{ticker}/prev`: the previous session's close.
@@ -196,23 +189,6 @@ public struct PolygonREST: Sendable {
         }
     }
 
-    /// One daily bar. Prices as decimals (parsed from the JSON text, not through `Double`).
-    public struct Bar: Sendable, Equatable {
-        /// The bar's start, Unix milliseconds.
-        public var start: Int64
-        public var open, high, low, close: Decimal
-        public var volume: Decimal
-    }
-
-    /// Polygon's market status (the fields the detail shows).
-    public struct MarketStatus: Sendable, Equatable, Codable {
-        public var market: String
-        public var serverTime: String?
-        public var earlyHours: Bool?
-        public var afterHours: Bool?
-        public var exchanges: [String: String]?
-    }
-
     struct AggregatesPage: Decodable {
         struct Row: Decodable {
             var t: Int64
@@ -222,28 +198,20 @@ public struct PolygonREST: Sendable {
         var results: [Row]?
     }
 
-    /// A last trade: price, size, SIP time in Unix nanoseconds.
-    public struct LastTrade: Sendable, Equatable, Decodable {
-        public var price: Decimal
-        public var size: Decimal?
-        public var timestamp: Int64
-
-        enum CodingKeys: String, CodingKey {
-            case price = "p", size = "s", timestamp = "t"
-        }
+    /// `/v2/last/trade`'s results: price, size, SIP time in Unix nanoseconds.
+    struct TradeResults: Decodable {
+        var p: Decimal
+        var s: Decimal?
+        var t: Int64
     }
 
-    /// A last NBBO quote: bid and ask with sizes, SIP time in Unix nanoseconds.
-    public struct LastQuote: Sendable, Equatable, Decodable {
-        public var bid: Decimal
-        public var bidSize: Decimal?
-        public var ask: Decimal
-        public var askSize: Decimal?
-        public var timestamp: Int64
-
-        enum CodingKeys: String, CodingKey {
-            case bid = "p", bidSize = "s", ask = "P", askSize = "S", timestamp = "t"
-        }
+    /// `/v2/last/nbbo`'s results: bid and ask with sizes, SIP time in Unix nanoseconds.
+    struct QuoteResults: Decodable {
+        var p: Decimal
+        var s: Decimal?
+        var P: Decimal
+        var S: Decimal?
+        var t: Int64
     }
 
     struct Envelope<Results: Decodable>: Decodable {

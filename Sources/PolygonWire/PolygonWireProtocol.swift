@@ -143,3 +143,10 @@ extension WireProtocol where Self == PolygonWireProtocol {
     /// Polygon's protocol.
     public static var polygon: PolygonWireProtocol { PolygonWireProtocol() }
 }
+
+extension WireVendor {
+    /// Polygon (Massive): its hosts, its protocol on every market.
+    public static let polygon = WireVendor(
+        name: "polygon", ownsHost: { $0.hasSuffix("polygon.io") || $0.hasSuffix("massive.com") },
+        wireProtocol: { _, _ in PolygonWireProtocol() })
+}

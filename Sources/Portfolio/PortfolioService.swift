@@ -1,6 +1,6 @@
 import PortfolioDomain
 import PortfolioData
-import PolygonRESTClient
+import MarketREST
 import Foundation
 import Logging
 import MarketDataHub
@@ -522,7 +522,7 @@ public actor PortfolioService: Service {
         closeFetch = Task { await self.fetchCloses(work, from: rest) }
     }
 
-    private func fetchCloses(_ work: [(symbol: String, days: ClosedRange<Day>)], from rest: PolygonREST) async {
+    private func fetchCloses(_ work: [(symbol: String, days: ClosedRange<Day>)], from rest: any MarketReference) async {
         defer {
             closeFetch = nil
             closeFetchesEnded += 1

@@ -7,6 +7,7 @@ import GapFill
 import Logging
 import MarketDataHub
 import NIOPosix
+import MarketREST
 import PolygonRESTClient
 import PolygonWire
 import Portfolio
@@ -78,14 +79,15 @@ extension Relay {
     func upstreamSources() -> UpstreamSources {
         if let configured = configuredSources() {
             let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
-            guard let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor == .alpaca }) else {
+            guard let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor.signsInWithSecret }) else {
                 if rest != nil { logger.warning("REST off: an Alpaca upstream's key is not sent to \(rest ?? ""); give the REST API's own key with --rest-key") }
                 return UpstreamSources(sources: configured, restURL: nil, restKey: "")
             }
             return UpstreamSources(sources: configured, restURL: rest.map { url in { @Sendable in url } }, restKey: key)
         }
         let apiKey = "demo-" + UUID().uuidString
-        let alpaca = settings.upstreamVendor == .alpaca
+        let vendor = settings.upstreamVendor ?? Self.vendors[0]
+        let alpaca = vendor == .alpaca
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
         // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed, crypto and options.
         feedConfiguration.markets = alpaca ? [.stocks, .crypto, .options] : Market.allCases
@@ -100,7 +102,7 @@ extension Relay {
                     guard let endpoint = UpstreamConfiguration.Endpoint(url) else { throw UpstreamError.invalidURL(url) }
                     return endpoint
                 }, caFile: nil, description: alpaca ? "the built-in demo feed (Alpaca's protocol)" : "the built-in demo feed",
-                vendor: alpaca ? .alpaca : .polygon, wire: Self.wireProtocol(alpaca ? .alpaca : .polygon, market: market, path: nil))
+                vendor: vendor, wire: vendor.wireProtocol(market: market))
         }
         let restURL: @Sendable () async throws -> String =
             settings.upstreamRESTURL.map { url in { @Sendable in url } } ?? { @Sendable in "http://127.0.0.1:\(try await feed.listeningPort())" }
@@ -159,7 +161,7 @@ extension Relay {
             configuration.caFile = source.caFile
             configuration.wire = wire
             configuration.market = source.market
-            if source.vendor == .alpaca { configuration.secret = demoSecret ?? settings.upstreamSecret }
+            if source.vendor.signsInWithSecret { configuration.secret = demoSecret ?? settings.upstreamSecret }
             configuration.metricsFactory = marketMetrics
             // A cluster leader must be gone well inside its lease once it decides to go.
             if clustered { configuration.closeTimeout = .seconds(1) }
@@ -172,7 +174,9 @@ extension Relay {
             let key = upstream.demoFeed != nil || settings.upstreamRESTKey != nil || source.apiKey.isEmpty ? upstream.restKey : source.apiKey
             assembly.gapFillers[source.market] = GapFiller(
                 market: source.market, hub: hub,
-                rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: rest.shared()),
+                history: PolygonHistory(
+                    market: source.market,
+                    rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: rest.shared())),
                 pace: gapFillPace, settings: gapFill, metricsFactory: marketMetrics, logger: logger.with(label: "relay.gap-fill.\(source.market)"))
         }
         guard let cluster = settings.cluster else {

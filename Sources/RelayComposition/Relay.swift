@@ -68,6 +68,9 @@ public final class Relay: Service, Sendable {
     /// - Parameter gracefulShutdownSignals: signals that start a graceful shutdown (the CLI passes
     ///   SIGTERM and SIGINT; tests trigger shutdown through their own group).
     public init(settings: RelaySettings, gracefulShutdownSignals: [UnixSignal] = [], logger: Logger = Logger(label: "relay")) {
+        var settings = settings
+        // Settings built by hand (tests) speak every vendor too.
+        if settings.vendors.isEmpty { settings.vendors = Self.vendors }
         self.settings = settings
         self.signals = gracefulShutdownSignals
         self.logger = logger
@@ -110,23 +113,21 @@ public final class Relay: Service, Sendable {
         var caFile: String?
         var description: String
         /// Whose protocol the upstream speaks, and so the protocol served downstream.
-        var vendor: UpstreamVendor = .polygon
-        /// That protocol, for this market (``Relay/wireProtocol(_:market:path:)``).
-        var wire: any WireProtocol = PolygonWireProtocol()
+        var vendor: WireVendor
+        /// That protocol, for this market.
+        var wire: any WireProtocol
 
         /// The main path its WebSocket is served at.
         var mainPath: String { wire.servedPaths(of: market).first ?? "/\(market)" }
     }
 
-    /// The protocols the relay speaks: the one place that names them. A new protocol is a module with
-    /// its ``WireProtocol`` conformance and a case here (docs/protocols.md).
-    static func wireProtocol(_ vendor: UpstreamVendor, market: Market, path: String?) -> any WireProtocol {
-        switch vendor {
-        case .polygon: PolygonWireProtocol()
-        // The feed its path names (`/v2/sip`), else the market's usual one.
-        case .alpaca: AlpacaWireProtocol(feed: path.flatMap(AlpacaFeed.init(path:)) ?? .standard(for: market))
-        }
-    }
+    /// The vendors the relay speaks: the one place that names them. The first is the default protocol
+    /// (an upstream no vendor recognises, the demo feed). A new protocol is a module with its
+    /// ``WireProtocol`` conformance and its ``WireVendor``, and a line here (docs/protocols.md).
+    public static let vendors: [WireVendor] = [
+        .polygon,
+        .alpaca,
+    ]
 
     /// One market's running parts.
     struct MarketParts: Sendable {
@@ -144,11 +145,11 @@ public final class Relay: Service, Sendable {
         guard !settings.upstreams.isEmpty else { return nil }
         return settings.upstreams.map { upstream in
             let endpoint = upstream.endpoint
-            let vendor = settings.vendor(of: upstream)
+            let vendor = settings.vendor(of: upstream) ?? Self.vendors[0]
             return SourcePlan(
                 market: upstream.market, apiKey: upstream.apiKey ?? settings.upstreamKey ?? "", endpoint: { endpoint },
                 caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description, vendor: vendor,
-                wire: Self.wireProtocol(vendor, market: upstream.market, path: endpoint.path))
+                wire: vendor.wireProtocol(market: upstream.market, path: endpoint.path))
         }
     }
 

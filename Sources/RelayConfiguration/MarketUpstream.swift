@@ -1,4 +1,3 @@
-import AlpacaWire
 import Foundation
 import MarketCore
 import Upstream
@@ -32,14 +31,15 @@ public struct MarketUpstream: Sendable, Equatable {
         self.caFile = caFile
     }
 
-    /// The upstream at `url`, whose last path segment names the market.
-    public init(url: String, market named: Market? = nil, apiKey: String? = nil, caFile: String? = nil) throws(RelaySettings.InvalidSetting) {
+    /// The upstream at `url`, whose path names the market in a listed vendor's terms (Alpaca's `/v2/iex`),
+    /// else by its last segment (`/stocks`).
+    public init(
+        url: String, market named: Market? = nil, apiKey: String? = nil, caFile: String? = nil, vendors: [WireVendor]
+    ) throws(RelaySettings.InvalidSetting) {
         guard let endpoint = UpstreamConfiguration.Endpoint(url) else {
             throw RelaySettings.InvalidSetting(description: "upstream: expected a ws:// or wss:// URL, got \"\(url)\"")
         }
-        // Alpaca's paths name its feeds (`/v2/iex`, `/v1beta3/crypto/us`, `/v1beta1/opra`) and so their markets.
-        let alpacaMarket = AlpacaFeed(path: endpoint.path)?.market
-        guard let market = named ?? Market(rawValue: endpoint.market.lowercased()) ?? alpacaMarket else {
+        guard let market = named ?? Market(rawValue: endpoint.market.lowercased()) ?? vendors.market(ofPath: endpoint.path) else {
             throw RelaySettings.InvalidSetting(
                 description: "upstream \(url): the URL's last path segment names the market, one of \(Self.marketList) (got \"\(endpoint.market)\")")
         }
@@ -49,19 +49,19 @@ public struct MarketUpstream: Sendable, Equatable {
     static var marketList: String { Market.allCases.map(\.rawValue).joined(separator: ", ") }
 
     /// `wss://HOST/MARKET` for each market of a comma-separated list.
-    static func markets(_ list: String, host: String) throws(RelaySettings.InvalidSetting) -> [MarketUpstream] {
+    static func markets(_ list: String, host: String, vendors: [WireVendor]) throws(RelaySettings.InvalidSetting) -> [MarketUpstream] {
         var upstreams: [MarketUpstream] = []
         for name in RelaySettings.splitList(list) {
             guard let market = Market(rawValue: name.lowercased()) else {
                 throw RelaySettings.InvalidSetting(description: "markets: \"\(name)\" is not a market (one of \(marketList))")
             }
-            try upstreams.append(MarketUpstream(url: "wss://\(host)/\(market)", market: market))
+            try upstreams.append(MarketUpstream(url: "wss://\(host)/\(market)", market: market, vendors: vendors))
         }
         return upstreams
     }
 
     /// The file's `upstreams:` list (mappings swift-configuration does not read), `nil` when it has none.
-    static func list(inFile file: String, environment: [String: String]) throws(RelaySettings.InvalidSetting) -> [MarketUpstream]? {
+    static func list(inFile file: String, environment: [String: String], vendors: [WireVendor]) throws(RelaySettings.InvalidSetting) -> [MarketUpstream]? {
         guard let text = try? String(contentsOfFile: file, encoding: .utf8),
             let document = (try? Yams.load(yaml: text)) as? [String: Any], let entries = document["upstreams"]
         else { return nil }
@@ -97,7 +97,7 @@ public struct MarketUpstream: Sendable, Equatable {
                 }
                 key = value
             }
-            try upstreams.append(MarketUpstream(url: url, market: market, apiKey: key, caFile: fields["caFile"].map { "\($0)" }))
+            try upstreams.append(MarketUpstream(url: url, market: market, apiKey: key, caFile: fields["caFile"].map { "\($0)" }, vendors: vendors))
         }
         return upstreams
     }

@@ -1,4 +1,3 @@
-import AlpacaWire
 import Cluster
 import Configuration
 import DemoFeed
@@ -63,8 +62,12 @@ public struct RelaySettings: Sendable {
     public var resume = ResumeSettings()
     /// The upstream API key (required with a real upstream).
     public var upstreamKey: String?
-    /// Whose protocol the upstream speaks; `nil`: known from each URL's host (Polygon's otherwise).
-    public var upstreamVendor: UpstreamVendor?
+    /// Whose protocol the upstream speaks; `nil`: known from each URL's host or path (the first vendor's
+    /// otherwise).
+    public var upstreamVendor: WireVendor?
+    /// The vendors the relay speaks, the composition root's list (`Relay.vendors`): the settings
+    /// recognise their hosts and paths and name them.
+    public var vendors: [WireVendor] = []
     /// Alpaca's secret key.
     public var upstreamSecret: String?
     /// A PEM file of extra trusted CAs for a `wss://` upstream.
@@ -181,14 +184,17 @@ public struct RelaySettings: Sendable {
 
     /// Resolves settings from `relay serve`'s arguments (read through ``declarations``):
     /// flag > environment > file (`--config` or `RELAY_CONFIG`) > default.
-    public static func resolve(commandLine arguments: [String], environment: [String: String]) async throws -> RelaySettings {
+    public static func resolve(
+        vendors: [WireVendor], commandLine arguments: [String], environment: [String: String]
+    ) async throws -> RelaySettings {
         let given = try parse(commandLine: arguments)
         // Read like the environment (text, typed by the reader) under the keys' conventional names.
         var renamed: [String: String] = [:]
         for (key, value) in given { renamed[environmentStyle(key)] = value }
         let provider = EnvironmentVariablesProvider(environmentVariables: renamed, secretsSpecifier: .specific(secretNames))
         return try await resolve(
-            first: provider, configFile: given["config"], clientKeysGiven: given["client.keys"] != nil, environment: environment)
+            vendors: vendors, first: provider, configFile: given["config"], clientKeysGiven: given["client.keys"] != nil,
+            environment: environment)
     }
 
     /// A file key in the form swift-configuration's environment provider reads (`upstream.url` →
@@ -201,11 +207,12 @@ public struct RelaySettings: Sendable {
     static var secretNames: Set<String> { Set(declarations.filter(\.secret).map { environmentStyle($0.key) }) }
 
     private static func resolve(
-        first: any ConfigProvider, configFile: String?, clientKeysGiven: Bool, environment: [String: String]
+        vendors: [WireVendor], first: any ConfigProvider, configFile: String?, clientKeysGiven: Bool, environment: [String: String]
     ) async throws -> RelaySettings {
         let file = configFile ?? environment["RELAY_CONFIG"]
         let config = try reader(first: first, file: file, environment: environment)
         var settings = RelaySettings()
+        settings.vendors = vendors
         try settings.readServing(config)
         try settings.readUpstreams(config, file: file, environment: environment)
         settings.history = try HistoryLimits(reading: config)
@@ -311,7 +318,7 @@ public struct RelaySettings: Sendable {
         var places: [[MarketUpstream]] = []
         if let urls = config.string(forKey: "upstream.url"), !urls.isEmpty {
             var listed: [MarketUpstream] = []
-            for url in Self.splitList(urls) { try listed.append(MarketUpstream(url: url)) }
+            for url in Self.splitList(urls) { try listed.append(MarketUpstream(url: url, vendors: vendors)) }
             places.append(listed)
         }
         let markets = config.stringArray(forKey: "upstream.markets")?.joined(separator: ",") ?? config.string(forKey: "upstream.markets")
@@ -320,25 +327,26 @@ public struct RelaySettings: Sendable {
             guard !host.isEmpty, !host.contains("/") else {
                 throw InvalidSetting(description: "upstream host: a host name such as socket.massive.com, got \"\(host)\"")
             }
-            places.append(try MarketUpstream.markets(markets, host: host))
+            places.append(try MarketUpstream.markets(markets, host: host, vendors: vendors))
         }
-        if let file, let listed = try MarketUpstream.list(inFile: file, environment: environment) {
+        if let file, let listed = try MarketUpstream.list(inFile: file, environment: environment, vendors: vendors) {
             places.append(listed)
         }
         upstreams = try MarketUpstream.merge(places)
         if let contracts = try config.positive("limits.optionsContracts") { optionsContracts = contracts }
         if let vendor = config.string(forKey: "upstream.vendor"), !vendor.isEmpty {
-            guard let known = UpstreamVendor(rawValue: vendor.lowercased()) else {
+            guard let known = vendors.named(vendor) else {
                 throw InvalidSetting(
-                    description: "upstream.vendor: \"\(vendor)\" is not a vendor (one of \(UpstreamVendor.allCases.map(\.rawValue).joined(separator: ", ")))")
+                    description: "upstream.vendor: \"\(vendor)\" is not a vendor (one of \(vendors.map(\.name).joined(separator: ", ")))")
             }
             upstreamVendor = known
         }
         upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
         upstreamSecret = config.string(forKey: "upstream.secret", isSecret: true)
-        // An Alpaca upstream takes Alpaca's own variable when no key was given otherwise.
-        let alpaca = upstreamVendor == .alpaca || upstreams.contains { vendor(of: $0) == .alpaca }
-        if alpaca, (upstreamKey ?? "").isEmpty { upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
+        // An upstream signing in with a key id and a secret (Alpaca's) takes Alpaca's own variable when
+        // no key was given otherwise.
+        let withSecret = upstreamVendor?.signsInWithSecret == true || upstreams.contains { vendor(of: $0)?.signsInWithSecret == true }
+        if withSecret, (upstreamKey ?? "").isEmpty { upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
         upstreamCAFile = config.string(forKey: "upstream.caFile")
         if let seconds = try config.notNegative("upstream.silentAfterSeconds") {
             upstreamTuning.silentAfter = seconds == 0 ? nil : .seconds(seconds)
@@ -361,21 +369,22 @@ public struct RelaySettings: Sendable {
     private func checkUpstreamKeys() throws {
         if (upstreamKey ?? "").isEmpty, let keyless = upstreams.first(where: { ($0.apiKey ?? "").isEmpty }) {
             throw InvalidSetting(
-                description: vendor(of: keyless) == .alpaca
+                description: vendor(of: keyless)?.signsInWithSecret == true
                     ? "the \(keyless.market) upstream (Alpaca) needs its key id: APCA_API_KEY_ID, --upstream-key or upstream.key in the config file"
                     : "the \(keyless.market) upstream needs its API key: --upstream-key, POLYGON_API_KEY or upstream.key in the config file "
                         + "(every market's default), or key/keyEnv in its upstreams entry")
         }
-        if (upstreamSecret ?? "").isEmpty, let alpaca = upstreams.first(where: { vendor(of: $0) == .alpaca }) {
+        if (upstreamSecret ?? "").isEmpty, let alpaca = upstreams.first(where: { vendor(of: $0)?.signsInWithSecret == true }) {
             throw InvalidSetting(
                 description: "the \(alpaca.market) upstream (Alpaca) needs its secret key: APCA_API_SECRET_KEY, --upstream-secret or upstream.secret in the config file")
         }
     }
 
-    /// Whose protocol an upstream speaks: the setting, else its host (Alpaca's or Polygon's), else its
-    /// path (Alpaca's feed paths), else Polygon's.
-    public func vendor(of upstream: MarketUpstream) -> UpstreamVendor {
-        upstreamVendor ?? UpstreamVendor.of(host: upstream.endpoint.host) ?? (AlpacaFeed(path: upstream.endpoint.path) != nil ? .alpaca : .polygon)
+    /// Whose protocol an upstream speaks: the setting, else the vendor owning its host, else the one
+    /// whose paths name a market (Alpaca's feed paths), else the first of ``vendors`` (Polygon's); `nil`
+    /// only when no vendors are listed.
+    public func vendor(of upstream: MarketUpstream) -> WireVendor? {
+        upstreamVendor ?? vendors.speaking(host: upstream.endpoint.host, path: upstream.endpoint.path)
     }
 
     /// `client.keys` of a YAML file when it holds mappings (keys with rights), and the plain strings

@@ -30,7 +30,8 @@ struct ServeCommand: AsyncParsableCommand {
         DescriptorLimit.raiseToHardLimit()
         let settings: RelaySettings
         do {
-            settings = try await RelaySettings.resolve(commandLine: settingArguments, environment: ProcessInfo.processInfo.environment)
+            settings = try await RelaySettings.resolve(
+                vendors: Relay.vendors, commandLine: settingArguments, environment: ProcessInfo.processInfo.environment)
         } catch {
             throw StartupError(message: "\(error)")
         }

@@ -4,7 +4,8 @@ import NIOCore
 import PolygonWire
 import Testing
 
-@testable import GapFill
+@testable import MarketREST
+@testable import PolygonRESTClient
 
 @Suite("Gap fill: REST results as WebSocket events")
 struct RecoveredEventsTests {

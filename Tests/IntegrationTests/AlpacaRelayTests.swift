@@ -26,7 +26,8 @@ struct AlpacaRelayTests {
             var settings = RelaySettings(
                 listen: .init(host: "127.0.0.1", port: 0), upstreamKey: "alpaca-key", clientKeys: ["client-key"],
                 upstreamTuning: fastUpstreamTuning(maxConnectionsDelay: maxConnectionsDelay))
-            settings.upstreams = [try MarketUpstream(url: try await feed.url(for: market))]
+            settings.vendors = Relay.vendors
+            settings.upstreams = [try MarketUpstream(url: try await feed.url(for: market), vendors: Relay.vendors)]
             settings.upstreamSecret = "alpaca-secret"
             settings.portfolio = nil
             #expect(settings.vendor(of: settings.upstreams[0]) == .alpaca, "Alpaca's path names the vendor")
@@ -141,15 +142,18 @@ struct AlpacaRelayTests {
 
     @Test func anAlpacaKeyIdIsNeverTheKeyOfAnotherVendorsRESTAPI() async throws {
         let alpaca = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--upstream", "wss://stream.data.alpaca.markets/v2/sip", "--rest-url", "https://api.polygon.io"],
             environment: ["APCA_API_KEY_ID": "alpaca-id", "APCA_API_SECRET_KEY": "alpaca-secret"])
         #expect(alpaca.upstreamKey == "alpaca-id")
         #expect(Relay.restKey(alpaca, alpacaUpstream: true) == nil, "REST is off rather than sent the Alpaca key id")
         let given = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--upstream", "wss://stream.data.alpaca.markets/v2/sip", "--rest-url", "https://api.polygon.io", "--rest-key", "polygon-key"],
             environment: ["APCA_API_KEY_ID": "alpaca-id", "APCA_API_SECRET_KEY": "alpaca-secret"])
         #expect(Relay.restKey(given, alpacaUpstream: true) == "polygon-key")
         let polygon = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--upstream", "wss://socket.polygon.io/stocks"], environment: ["POLYGON_API_KEY": "pk"])
         #expect(Relay.restKey(polygon, alpacaUpstream: false) == "pk", "Polygon's upstream key is its REST key")
     }

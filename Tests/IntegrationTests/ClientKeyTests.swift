@@ -274,12 +274,13 @@ struct DownstreamTLSTests {
 
     @Test func tlsSettingsNeedBothFilesAndReadableOnes() async throws {
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            try await RelaySettings.resolve(commandLine: ["--tls-cert", try fixture("test-server.pem")], environment: [:])
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--tls-cert", try fixture("test-server.pem")], environment: [:])
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            try await RelaySettings.resolve(commandLine: ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], environment: [:])
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], environment: [:])
         }
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--tls-cert", try fixture("test-server.pem"), "--tls-key", try fixture("test-server.key")], environment: [:])
         #expect(settings.tls != nil)
     }

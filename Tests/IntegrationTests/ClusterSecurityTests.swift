@@ -405,6 +405,7 @@ struct ClusterSettingsTests {
           maxTopicsPerNode: 500
         """.write(toFile: file, atomically: true, encoding: .utf8)
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--config", file, "--cluster-tls-ca", "\(directory)/flag-ca.pem"],
             environment: [
                 "RELAY_CLUSTER_TLS_CA": "\(directory)/env-ca.pem", "RELAY_CLUSTER_NKEY_SEED": "\(directory)/node.nk",
@@ -423,13 +424,13 @@ struct ClusterSettingsTests {
 
     @Test func badClusterSettingsAreRefusedWithoutShowingSecrets() async throws {
         do {
-            _ = try await RelaySettings.resolve(commandLine: ["--cluster", "http://u:hidden-pw@h:1"], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--cluster", "http://u:hidden-pw@h:1"], environment: [:])
             Issue.record("an http:// cluster URL was accepted")
         } catch {
             #expect("\(error)".contains("http://***@h:1") && !"\(error)".contains("hidden-pw"), "\(error)")
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            _ = try await RelaySettings.resolve(commandLine: ["--cluster", "nats://h:1", "--cluster-tls-ca", "/nonexistent/ca.pem"], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--cluster", "nats://h:1", "--cluster-tls-ca", "/nonexistent/ca.pem"], environment: [:])
         }
     }
 }

@@ -5,6 +5,7 @@ import MarketDataHub
 import Portfolio
 import PortfolioData
 import PortfolioDomain
+import MarketREST
 import PolygonRESTClient
 import RelayComposition
 import RelayConfiguration
@@ -23,7 +24,7 @@ struct ReferencePricesTests {
     @Test func eachSymbolGetsItsOwnResult() async throws {
         let feed = feed()
         try await withServices([feed]) {
-            let source = ReferencePrices(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "rest-key")
+            let source = ReferencePrices(rest: PolygonREST(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "rest-key"))
             let results = await source.fetch(["AAPL", "MSFT", "NOPE"])
             let aapl = try results["AAPL"]?.get()
             #expect(aapl?.lastTrade?.source == .restLastTrade)
@@ -71,11 +72,11 @@ struct ReferencePricesTests {
         let feed = feed(failures: 3)
         try await withServices([feed]) {
             let base = "http://127.0.0.1:\(try await feed.listeningPort())"
-            let source = ReferencePrices(baseURL: base, apiKey: "rest-key", attempts: 4, initialBackoff: .milliseconds(20))
+            let source = ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "rest-key", attempts: 4, initialBackoff: .milliseconds(20)))
             // Two requests per symbol; the first three answers are 503, so both succeed within 4 attempts.
             #expect(try await source.reference(for: "AAPL").get().lastTrade != nil)
             #expect(feed.restRequests == 5)
-            let wrongKey = ReferencePrices(baseURL: base, apiKey: "wrong", attempts: 4, initialBackoff: .milliseconds(20))
+            let wrongKey = ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "wrong", attempts: 4, initialBackoff: .milliseconds(20)))
             guard case .failure(.status(401, _)) = await wrongKey.reference(for: "AAPL") else {
                 Issue.record("expected 401")
                 return
@@ -122,7 +123,7 @@ struct ClosedMarketValuationTests {
             )
             let service = PortfolioService(
                 store: store, hub: MarketDataHub(wire: .polygon),
-                referencePrices: ReferencePrices(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "k"))
+                referencePrices: ReferencePrices(rest: PolygonREST(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "k")))
             try await withServices([service]) {
                 let updates = await service.valuationUpdates()
                 let valuation = try await waitFor(updates, "MSFT priced from REST") { $0.positions.first?.status == .priced }

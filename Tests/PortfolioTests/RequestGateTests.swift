@@ -2,6 +2,7 @@ import Synchronization
 import Testing
 
 @testable import Portfolio
+@testable import MarketREST
 @testable import PolygonRESTClient
 
 /// The names served, in order.

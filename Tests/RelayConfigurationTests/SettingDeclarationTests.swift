@@ -1,4 +1,5 @@
 import Foundation
+import RelayComposition
 import Testing
 
 @testable import RelayConfiguration
@@ -23,6 +24,7 @@ struct SettingDeclarationTests {
 
     @Test func flagsBeatTheEnvironmentThroughTheSamePath() async throws {
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--listen", "127.0.0.1:9001", "--options-contracts", "300", "--no-portfolio", "--demo-rate", "42.5"],
             environment: ["RELAY_LISTEN": "127.0.0.1:8000", "RELAY_LIMIT_OPTIONS_CONTRACTS": "7", "RELAY_LIMIT_TOPICS": "99"])
         #expect(settings.listen.port == 9001)

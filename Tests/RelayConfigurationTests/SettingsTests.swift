@@ -1,6 +1,7 @@
 import Foundation
-import PolygonWire
 import RelayServer
+import MarketCore
+import RelayComposition
 import Testing
 import Upstream
 
@@ -18,7 +19,7 @@ struct SettingsTests {
     func writeConfig(_ text: String) throws -> String { try writeTemporaryConfig(text) }
 
     @Test func defaultsServeTheDemoFeedOnLoopback8080() async throws {
-        let settings = try await RelaySettings.resolve(commandLine: [], environment: [:])
+        let settings = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:])
         #expect(settings.listen == .init(host: "127.0.0.1", port: 8080))
         #expect(settings.upstream == nil)
         #expect(settings.clientKeys.isEmpty)
@@ -38,6 +39,7 @@ struct SettingsTests {
             """)
         defer { try? FileManager.default.removeItem(atPath: file) }
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--listen", "127.0.0.1:9000", "--config", file],
             environment: ["RELAY_LISTEN": "127.0.0.1:8000", "RELAY_UPSTREAM": "ws://env.example:81/crypto"])
         #expect(settings.listen.port == 9000, "flag over environment")
@@ -50,6 +52,7 @@ struct SettingsTests {
 
     @Test func documentedEnvironmentVariablesAreRead() async throws {
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: [],
             environment: [
                 "RELAY_UPSTREAM": "wss://socket.polygon.io/stocks", "POLYGON_API_KEY": "pk",
@@ -63,29 +66,31 @@ struct SettingsTests {
     }
 
     @Test func slowConsumerPolicyAndSnapshotsAreConfigurable() async throws {
-        let defaults = try await RelaySettings.resolve(commandLine: [], environment: [:])
+        let defaults = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:])
         #expect(defaults.slowConsumerPolicy == .drop)
         #expect(defaults.snapshotOnSubscribe)
         let fromEnvironment = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: [], environment: ["RELAY_SLOW_CONSUMER": "disconnect", "RELAY_SNAPSHOT_ON_SUBSCRIBE": "false"])
         #expect(fromEnvironment.slowConsumerPolicy == .disconnect)
         #expect(!fromEnvironment.snapshotOnSubscribe)
         let fromFlags = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--slow-consumer", "drop"], environment: ["RELAY_SLOW_CONSUMER": "disconnect"])
         #expect(fromFlags.slowConsumerPolicy == .drop)
         #expect(fromFlags.snapshotOnSubscribe)
     }
 
     @Test func closeHistoryIsOnByDefaultAndCanBeTurnedOff() async throws {
-        #expect(try await RelaySettings.resolve(commandLine: [], environment: [:]).portfolio?.closeHistory == true)
-        let fromEnvironment = try await RelaySettings.resolve(commandLine: [], environment: ["RELAY_CLOSE_HISTORY": "false"])
+        #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:]).portfolio?.closeHistory == true)
+        let fromEnvironment = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: ["RELAY_CLOSE_HISTORY": "false"])
         #expect(fromEnvironment.portfolio?.closeHistory == false)
-        let fromFlag = try await RelaySettings.resolve(commandLine: ["--no-close-history"], environment: ["RELAY_CLOSE_HISTORY": "true"])
+        let fromFlag = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--no-close-history"], environment: ["RELAY_CLOSE_HISTORY": "true"])
         #expect(fromFlag.portfolio?.closeHistory == false)
     }
 
     @Test func clientKeysFlagIsACommaSeparatedList() async throws {
-        let settings = try await RelaySettings.resolve(commandLine: ["--client-keys", "k1,k2 , k3"], environment: ["RELAY_CLIENT_KEYS": "env"])
+        let settings = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--client-keys", "k1,k2 , k3"], environment: ["RELAY_CLIENT_KEYS": "env"])
         #expect(settings.clientKeys == ["k1", "k2", "k3"])
     }
 
@@ -99,7 +104,7 @@ struct SettingsTests {
     ])
     func badSettingsNameTheirProblem(arguments: [String], mentions: String) async throws {
         do {
-            _ = try await RelaySettings.resolve(commandLine: arguments, environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: arguments, environment: [:])
             Issue.record("expected an error mentioning \(mentions)")
         } catch {
             #expect("\(error)".contains(mentions))
@@ -109,6 +114,7 @@ struct SettingsTests {
     @Test func theSampleConfigFileLoads() async throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--config", root.appendingPathComponent("config/relay.yaml").path], environment: [:])
         #expect(settings.listen.port == 8080)
         #expect(settings.upstream == nil, "the sample keeps the demo feed as default")
@@ -122,14 +128,15 @@ struct SettingsTests {
               requestsPerSecond: 50
             """)
         let fromFile = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--config", file], environment: ["RELAY_GAP_FILL_MAX_TOPICS": "9"])
         #expect(fromFile.gapFill?.maxTopics == 9, "the environment over the file")
         #expect(fromFile.gapFill?.requestsPerSecond == 50)
         #expect(fromFile.gapFill?.maxWindow == .seconds(900))
-        let off = try await RelaySettings.resolve(commandLine: ["--config", file, "--no-gap-fill"], environment: [:])
+        let off = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file, "--no-gap-fill"], environment: [:])
         #expect(off.gapFill == nil)
         await #expect(throws: (any Error).self) {
-            _ = try await RelaySettings.resolve(commandLine: [], environment: ["RELAY_GAP_FILL_MAX_TOPICS": "0"])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: ["RELAY_GAP_FILL_MAX_TOPICS": "0"])
         }
     }
 
@@ -144,6 +151,7 @@ struct SettingsTests {
             """)
         defer { try? FileManager.default.removeItem(atPath: file) }
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--config", file, "--cluster", "nats://a:4222,nats://b:4223", "--node-id", "flag-node"],
             environment: ["RELAY_CLUSTER_NAME": "envcluster", "RELAY_NODE_ID": "env-node"])
         let cluster = try #require(settings.cluster)
@@ -153,9 +161,9 @@ struct SettingsTests {
         #expect(cluster.leaseDuration == .seconds(8), "file over default")
         #expect(cluster.renewInterval < cluster.dropUpstreamAfter && cluster.dropUpstreamAfter < cluster.leaseDuration)
 
-        let single = try await RelaySettings.resolve(commandLine: [], environment: [:])
+        let single = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:])
         #expect(single.cluster == nil, "without --cluster nothing changes")
-        let defaulted = try await RelaySettings.resolve(commandLine: ["--listen", "127.0.0.1:8181", "--cluster", "nats://x:1"], environment: [:])
+        let defaulted = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--listen", "127.0.0.1:8181", "--cluster", "nats://x:1"], environment: [:])
         #expect(defaulted.cluster?.name == "relay")
         #expect(defaulted.cluster?.nodeID.hasSuffix("-8181") == true, "default node id: hostname and port")
         #expect(defaulted.cluster?.leaseDuration == .seconds(5))
@@ -163,26 +171,26 @@ struct SettingsTests {
 
     @Test func badClusterSettingsNameTheSetting() async throws {
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            try await RelaySettings.resolve(commandLine: ["--cluster", "http://x:4222"], environment: [:])
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--cluster", "http://x:4222"], environment: [:])
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            try await RelaySettings.resolve(commandLine: ["--cluster", "nats://x:4222", "--cluster-name", "a.b"], environment: [:])
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--cluster", "nats://x:4222", "--cluster-name", "a.b"], environment: [:])
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            try await RelaySettings.resolve(commandLine: ["--cluster", "nats://x:4222"], environment: ["RELAY_CLUSTER_LEASE_SECONDS": "0.5"])
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--cluster", "nats://x:4222"], environment: ["RELAY_CLUSTER_LEASE_SECONDS": "0.5"])
         }
     }
 
     @Test func aPlainHTTPRESTURLIsRefusedUnlessItIsLoopback() async throws {
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            try await RelaySettings.resolve(commandLine: ["--rest-url", "http://api.polygon.io"], environment: [:])
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--rest-url", "http://api.polygon.io"], environment: [:])
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            try await RelaySettings.resolve(commandLine: ["--rest-url", "http://127.evil.example:80"], environment: [:])
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--rest-url", "http://127.evil.example:80"], environment: [:])
         }
-        let loopback = try await RelaySettings.resolve(commandLine: ["--rest-url", "http://127.0.0.1:9009"], environment: [:])
+        let loopback = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--rest-url", "http://127.0.0.1:9009"], environment: [:])
         #expect(loopback.upstreamRESTURL == "http://127.0.0.1:9009")
-        let secure = try await RelaySettings.resolve(commandLine: ["--rest-url", "https://api.polygon.io"], environment: [:])
+        let secure = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--rest-url", "https://api.polygon.io"], environment: [:])
         #expect(secure.upstreamRESTURL == "https://api.polygon.io")
     }
 
@@ -224,7 +232,7 @@ struct SettingsTests {
         let saved = ProcessInfo.processInfo.environment["TMPDIR"]
         setenv("TMPDIR", "/nonexistent-relay-tmp-\(UUID().uuidString)", 1)
         defer { if let saved { setenv("TMPDIR", saved, 1) } else { unsetenv("TMPDIR") } }
-        let settings = try await RelaySettings.resolve(commandLine: ["--config", file], environment: [:])
+        let settings = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:])
         #expect(settings.upstreamKey == "upstream-secret")
         #expect(settings.clientKeyRights.map(\.name) == ["robot"])
     }
@@ -239,7 +247,7 @@ struct SettingsTests {
                 - plain-key
             """)
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let settings = try await RelaySettings.resolve(commandLine: ["--config", file], environment: [:])
+        let settings = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:])
         #expect(settings.clientKeys == ["plain-key"])
         #expect(settings.clientKeyRights.map(\.name) == ["dashboard", "robot"])
         let authentication = try ClientAuthentication.resolve(
@@ -256,7 +264,7 @@ struct SettingsTests {
         #expect(authentication.identify("nope") == nil)
 
         // A flag replaces the file's keys.
-        let flagged = try await RelaySettings.resolve(commandLine: ["--client-keys", "flag-key", "--config", file], environment: [:])
+        let flagged = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--client-keys", "flag-key", "--config", file], environment: [:])
         #expect(flagged.clientKeys == ["flag-key"] && flagged.clientKeyRights.isEmpty)
     }
 
@@ -268,7 +276,7 @@ struct SettingsTests {
             let file = try writeConfig("client:\n  keys:\n    - \(entry)\n")
             defer { try? FileManager.default.removeItem(atPath: file) }
             await #expect(throws: RelaySettings.InvalidSetting.self, "\(entry)") {
-                try await RelaySettings.resolve(commandLine: ["--config", file], environment: [:])
+                try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:])
             }
         }
     }
@@ -280,6 +288,7 @@ struct MarketSettingsTests {
 
     @Test func repeatedUpstreamsNameTheirMarketsByTheirPath() async throws {
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--upstream", "wss://socket.massive.com/stocks,ws://127.0.0.1:9/crypto", "--upstream-key", "default-key"], environment: [:])
         #expect(settings.upstreams.map(\.market) == [.stocks, .crypto])
         #expect(settings.upstreams[1].endpoint.description == "ws://127.0.0.1:9/crypto")
@@ -288,11 +297,12 @@ struct MarketSettingsTests {
     }
 
     @Test func marketsOnAHostAndTheDelayedFeed() async throws {
-        let live = try await RelaySettings.resolve(commandLine: ["--markets", "stocks, options,crypto"], environment: ["POLYGON_API_KEY": "k"])
+        let live = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--markets", "stocks, options,crypto"], environment: ["POLYGON_API_KEY": "k"])
         #expect(live.upstreams.map(\.endpoint.description) == [
             "wss://socket.massive.com:443/stocks", "wss://socket.massive.com:443/options", "wss://socket.massive.com:443/crypto",
         ])
         let delayed = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: [], environment: ["RELAY_MARKETS": "forex", "RELAY_UPSTREAM_HOST": "delayed.massive.com", "POLYGON_API_KEY": "k"])
         #expect(delayed.upstreams.map(\.endpoint.description) == ["wss://delayed.massive.com:443/forex"])
     }
@@ -309,6 +319,7 @@ struct MarketSettingsTests {
             """)
         defer { try? FileManager.default.removeItem(atPath: file) }
         let settings = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
             commandLine: ["--upstream", "ws://127.0.0.1:9/stocks", "--config", file], environment: ["CRYPTO_KEY": "crypto-secret"])
         #expect(settings.upstreams.map(\.market) == [.stocks, .crypto, .options])
         #expect(settings.upstreams[0].endpoint.host == "127.0.0.1", "the flag's stocks over the file's")
@@ -320,21 +331,21 @@ struct MarketSettingsTests {
 
     @Test func badUpstreamsAreRefusedNamingTheProblem() async throws {
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            _ = try await RelaySettings.resolve(commandLine: ["--upstream", "wss://socket.massive.com/bonds"], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "wss://socket.massive.com/bonds"], environment: [:])
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            _ = try await RelaySettings.resolve(commandLine: ["--upstream", "ws://a/stocks,ws://b/stocks"], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "ws://a/stocks,ws://b/stocks"], environment: [:])
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            _ = try await RelaySettings.resolve(commandLine: ["--markets", "stocks,bonds"], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--markets", "stocks,bonds"], environment: [:])
         }
         let file = try writeConfig("upstreams:\n  - {market: crypto, keyEnv: NOT_SET_ANYWHERE}\n")
         await #expect(throws: RelaySettings.InvalidSetting.self, "a market without any key") {
-            _ = try await RelaySettings.resolve(commandLine: ["--markets", "crypto"], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--markets", "crypto"], environment: [:])
         }
         defer { try? FileManager.default.removeItem(atPath: file) }
         do {
-            _ = try await RelaySettings.resolve(commandLine: ["--config", file], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:])
             Issue.record("a keyEnv naming an unset variable was accepted")
         } catch let error as RelaySettings.InvalidSetting {
             #expect(error.description.contains("NOT_SET_ANYWHERE"))
@@ -351,13 +362,13 @@ struct MarketSettingsTests {
                 - {name: equities, key: e-secret, markets: [stocks, options]}
             """)
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let settings = try await RelaySettings.resolve(commandLine: ["--config", file], environment: [:])
+        let settings = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:])
         #expect(settings.optionsContracts == 250)
         #expect(settings.clientKeyRights.first?.entitlement.markets == [.stocks, .options])
-        let flagged = try await RelaySettings.resolve(commandLine: ["--config", file, "--options-contracts", "10"], environment: [:])
+        let flagged = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file, "--options-contracts", "10"], environment: [:])
         #expect(flagged.optionsContracts == 10)
         await #expect(throws: RelaySettings.InvalidSetting.self) {
-            _ = try await RelaySettings.resolve(commandLine: ["--options-contracts", "0"], environment: [:])
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--options-contracts", "0"], environment: [:])
         }
     }
 }

@@ -1,4 +1,4 @@
-import PolygonRESTClient
+import MarketREST
 import Logging
 import Metrics
 

@@ -1,5 +1,5 @@
 import PortfolioDomain
-import PolygonRESTClient
+import MarketREST
 import Foundation
 
 /// A group of a security's detail: loaded, or failed with the reason (the other groups stand).
@@ -66,7 +66,7 @@ public struct SecurityDetail: Sendable, Encodable {
     public struct Details: Sendable, Equatable, Encodable {
         public var lastTrade: Trade?
         public var lastQuote: Quote?
-        public var marketStatus: PolygonREST.MarketStatus?
+        public var marketStatus: MarketStatus?
         /// The topics whose values were left out because the client's key may not read them.
         public var withheld: [String]? = nil
     }

@@ -1,6 +1,6 @@
 import PortfolioDomain
 import PortfolioData
-import PolygonRESTClient
+import MarketREST
 import Foundation
 import MarketDataHub
 import MarketCore
@@ -15,15 +15,15 @@ public struct SecurityDetailLoader: Sendable {
     public let store: PortfolioStore
     /// Each served market's hub (a symbol's live values come from the market its ticker names).
     package let hubs: MarketHubs?
-    public let rest: PolygonREST?
+    public let rest: (any MarketReference)?
     public let calendar: DayCalendar
     private let marketStatus: MarketStatusMemo
 
-    public init(store: PortfolioStore, hub: MarketDataHub?, rest: PolygonREST?, calendar: DayCalendar = .utc) {
+    public init(store: PortfolioStore, hub: MarketDataHub?, rest: (any MarketReference)?, calendar: DayCalendar = .utc) {
         self.init(store: store, hubs: hub.map(MarketHubs.init(stocks:)), rest: rest, calendar: calendar)
     }
 
-    package init(store: PortfolioStore, hubs: MarketHubs?, rest: PolygonREST?, calendar: DayCalendar = .utc) {
+    package init(store: PortfolioStore, hubs: MarketHubs?, rest: (any MarketReference)?, calendar: DayCalendar = .utc) {
         self.store = store
         self.hubs = hubs
         self.rest = rest
@@ -71,7 +71,7 @@ public struct SecurityDetailLoader: Sendable {
             case nil: break
             }
         }
-        var market: PolygonREST.MarketStatus?
+        var market: MarketStatus?
         switch await status {
         case .success(let value): market = value
         case .failure(let error): errors.append("market status: \(error)")
@@ -189,17 +189,17 @@ public struct SecurityDetailLoader: Sendable {
 
 /// The market's status, asked for at most once a minute whatever the number of details loading.
 actor MarketStatusMemo {
-    private let rest: PolygonREST?
-    private var last: (value: PolygonREST.MarketStatus, at: ContinuousClock.Instant)?
-    private var inFlight: Task<Result<PolygonREST.MarketStatus, PolygonREST.FetchError>, Never>?
+    private let rest: (any MarketReference)?
+    private var last: (value: MarketStatus, at: ContinuousClock.Instant)?
+    private var inFlight: Task<Result<MarketStatus, RESTError>, Never>?
     static let lifetime: Duration = .seconds(60)
 
-    init(rest: PolygonREST?) { self.rest = rest }
+    init(rest: (any MarketReference)?) { self.rest = rest }
 
-    func current(priority: RequestGate.Priority) async -> Result<PolygonREST.MarketStatus, PolygonREST.FetchError> {
+    func current(priority: RequestGate.Priority) async -> Result<MarketStatus, RESTError> {
         guard let rest else { return .failure(.transport("no REST source configured")) }
         if let last, ContinuousClock.now - last.at < Self.lifetime { return .success(last.value) }
-        let task: Task<Result<PolygonREST.MarketStatus, PolygonREST.FetchError>, Never>
+        let task: Task<Result<MarketStatus, RESTError>, Never>
         if let inFlight {
             task = inFlight
         } else {

@@ -1,4 +1,3 @@
-import PortfolioDomain
 import Synchronization
 
 /// At most `limit` requests at a time. When a slot frees up it goes to the first waiting

@@ -1,24 +1,17 @@
 import PortfolioDomain
 import Foundation
-import PolygonWire
+import MarketREST
 
 /// Prices from the upstream's REST API (the last trade and the previous close), for symbols with no
 /// live tick yet: at start, or with the market closed. The demo feed serves the same endpoints.
 ///
-/// `Sendable`. Every symbol gets its own `Result`; concurrency, retries and cancellation are
-/// ``PolygonREST``'s (these requests are bulk ones: security details, prefetched or waited for, go
-/// first).
+/// `Sendable`. Every symbol gets its own `Result`; concurrency, retries and cancellation are the REST
+/// client's (these requests are bulk ones: security details, prefetched or waited for, go first).
 public struct ReferencePrices: Sendable {
-    public let rest: PolygonREST
+    public let rest: any MarketReference
 
-    public init(rest: PolygonREST) {
+    public init(rest: any MarketReference) {
         self.rest = rest
-    }
-
-    public init(baseURL: String, apiKey: String, maxConcurrent: Int = 4, attempts: Int = 4, initialBackoff: Duration = .milliseconds(200)) {
-        self.init(
-            rest: PolygonREST(
-                baseURL: baseURL, apiKey: apiKey, maxConcurrent: maxConcurrent, attempts: attempts, initialBackoff: initialBackoff))
     }
 
     /// What the REST API knows of one symbol.
@@ -27,7 +20,7 @@ public struct ReferencePrices: Sendable {
         public var previousClose: Decimal?
     }
 
-    public typealias FetchError = PolygonREST.FetchError
+    public typealias FetchError = RESTError
 
     /// References for many symbols, concurrently (as far as the REST client's limit allows), each with
     /// its own outcome.

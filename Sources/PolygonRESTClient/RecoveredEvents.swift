@@ -1,5 +1,4 @@
 import Foundation
-import MarketDataHub
 import NIOCore
 import MarketCore
 
