@@ -7,11 +7,9 @@ extension AlpacaWireProtocol {
 
     /// In the codec the upgrade asked for (`Content-Type: application/msgpack`, else JSON).
     public func downstreamSession(_ context: DownstreamContext) -> any DownstreamSession {
-        // Alpaca's channel letters are checked by the session itself, not the market's (Polygon's) table.
-        var limits = context.limits
-        limits.market = nil
-        return AlpacaServerSession(
-            codec: AlpacaCodec(contentType: context.contentType), feed: feed, market: context.market, limits: limits, budget: context.budget,
+        // Alpaca's channel letters are checked by the session itself (the feed's event types).
+        AlpacaServerSession(
+            codec: AlpacaCodec(contentType: context.contentType), feed: feed, market: context.market, limits: context.limits, budget: context.budget,
             grants: context.grants)
     }
 
@@ -22,6 +20,15 @@ extension AlpacaWireProtocol {
             return .failure(WireRejection("no \(topic.eventType) events on \(feed.path) (Alpaca's channel letters: \(types); e.g. t.AAPL)"))
         }
         return .success(Topic(eventType: topic.eventType, ticker: topic.ticker.uppercased()) ?? topic)
+    }
+
+    /// A quote of the feed's usual symbol, in Alpaca's channel letters (`q.AAPL`, `q.BTC/USD`).
+    public func exampleTopic(of market: Market) -> String {
+        switch market {
+        case .crypto: "q.BTC/USD"
+        case .options: "q.SPY251219C00650000"
+        default: "q.AAPL"
+        }
     }
 
     /// Alpaca's JSON, or the event's MessagePack bytes when `accept` asks for `application/msgpack`.

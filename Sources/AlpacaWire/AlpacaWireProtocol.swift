@@ -45,6 +45,9 @@ public struct AlpacaWireProtocol: WireProtocol {
 
     public func eventTypes(of market: Market) -> Set<String> { feed.eventTypes }
 
+    /// Alpaca caps no channel by a ticker count per connection that the relay must keep.
+    public func cappedEventTypes(of market: Market) -> Set<String> { [] }
+
     /// Exactly one MessagePack map whose `T` and `S` name `topic`.
     public func checkedEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, receivedAt: UInt64) -> Result<MarketEvent, WireRejection> {
         let item: AlpacaFrame.Item

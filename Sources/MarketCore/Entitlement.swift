@@ -35,6 +35,16 @@ public struct Entitlement: Sendable, Equatable {
         return Self.matches(topic, patterns)
     }
 
+    /// The same rights with `market`'s own patterns (`crypto:XQ.BTC-USD`) written as that market's
+    /// protocol writes its topics (`XQ.X:BTC-USD` in Polygon's): the key file names tickers as people
+    /// write them, a session compares topics in its protocol's form.
+    public func inForm(of market: Market, _ form: (Topic) -> Topic) -> Entitlement {
+        guard let own = marketPatterns[market] else { return self }
+        var perMarket = marketPatterns
+        perMarket[market] = Set(own.map(form))
+        return Entitlement(patterns: patterns, markets: markets, marketPatterns: perMarket)
+    }
+
     private static func matches(_ topic: Topic, _ patterns: Set<Topic>) -> Bool {
         patterns.contains(topic) || (!topic.isWildcard && patterns.contains(.wildcard(topic.eventType)))
     }

@@ -13,13 +13,9 @@ public struct SessionLimits: Sendable, Equatable {
     public var messageBurst: Int
     /// Longest ticker accepted.
     public var maxTickerLength: Int
-    /// The event types the market has (`nil`: any); a topic of another type is refused.
+    /// The event types the connection's market has in its protocol (`nil`: any); a topic of another
+    /// type is refused. Set by the protocol's downstream session (`WireProtocol.eventTypes(of:)`).
     public var eventTypes: Set<String>?
-    /// The market the connection is on: its topics are written in its form (``Market/normalized(_:)``)
-    /// and a topic of another market is refused, naming that market. `nil`: no market check.
-    public var market: Market? {
-        didSet { eventTypes = market?.eventTypes }
-    }
 
     public init(
         topicsPerMessage: Int = 1_000, topicsPerConnection: Int = 10_000, messagesPerSecond: Int = 50, messageBurst: Int = 1_000,
@@ -33,15 +29,8 @@ public struct SessionLimits: Sendable, Equatable {
         self.eventTypes = eventTypes
     }
 
-    /// The event types of Polygon's markets (the WebSocket path), from its published spec; `nil` for a
-    /// market not listed, which then accepts any type.
-    public static func eventTypes(ofMarket market: String) -> Set<String>? {
-        Market(rawValue: market)?.eventTypes
-    }
-
     /// Why a topic is refused, or `nil` when it is fine.
     public func problem(with topic: Topic) -> String? {
-        if let market, let problem = market.problem(with: topic) { return problem }
         if let eventTypes, !eventTypes.contains(topic.eventType) {
             return "unknown event type \(topic.eventType) (this market has \(eventTypes.sorted().joined(separator: ", ")))"
         }

@@ -23,7 +23,7 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
     }
 
     /// For parts already checked (or an event's own type and ticker, looked up, never sent upstream).
-    init(checkedEventType eventType: String, ticker: String) {
+    package init(checkedEventType eventType: String, ticker: String) {
         self.eventType = eventType
         self.ticker = ticker
     }

@@ -34,6 +34,11 @@ public protocol WireProtocol: Sendable {
     /// The event types the topics of `market` have, as this protocol names them.
     func eventTypes(of market: Market) -> Set<String>
 
+    /// The event types the vendor serves for at most a fixed number of tickers per upstream connection
+    /// (Polygon's options `Q` and `FMV`: 1,000 contracts); the server keeps the distinct tickers of
+    /// these types under the cap (`--options-contracts`). Empty: no cap.
+    func cappedEventTypes(of market: Market) -> Set<String>
+
     /// An event that arrived from elsewhere (a cluster's NATS subject), checked to be exactly one whole
     /// event of this protocol whose own fields name `topic`.
     func checkedEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, receivedAt: UInt64) -> Result<MarketEvent, WireRejection>
@@ -80,6 +85,9 @@ public protocol WireProtocol: Sendable {
     /// A topic as the relay's HTTP API names it (`/v1/last/{market}/{topic}`), in the protocol's form; or
     /// why it is none (answered 400).
     func lastValueTopic(_ topic: Topic, market: Market) -> Result<Topic, WireRejection>
+
+    /// A topic of `market` as a client writes it, for messages (`Q.AAPL`).
+    func exampleTopic(of market: Market) -> String
 
     /// An event as an HTTP answer's body for the request's `Accept`, its content type, and whether the
     /// answer depends on `Accept` (`Vary`); `nil`: it cannot be written.

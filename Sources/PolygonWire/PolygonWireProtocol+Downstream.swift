@@ -6,7 +6,7 @@ extension PolygonWireProtocol {
     public func servedPaths(of market: Market) -> [String] { ["/\(market)"] }
 
     public func downstreamSession(_ context: DownstreamContext) -> any DownstreamSession {
-        ServerSession(limits: context.limits, budget: context.budget, grants: context.grants)
+        ServerSession(limits: context.limits, market: context.market, budget: context.budget, grants: context.grants)
     }
 
     /// A topic as `/v1/last` names it, checked against the market's event types and in its ticker form.
@@ -14,6 +14,8 @@ extension PolygonWireProtocol {
         if let problem = market.problem(with: topic) { return .failure(WireRejection(problem)) }
         return .success(market.normalized(topic))
     }
+
+    public func exampleTopic(of market: Market) -> String { market.exampleTopic }
 
     /// The event's own JSON.
     public func httpAnswer(_ event: MarketEvent, accept: String?) -> (body: ByteBuffer, contentType: String, negotiated: Bool)? {

@@ -47,6 +47,8 @@ public struct PolygonWireProtocol: WireProtocol {
 
     public func eventTypes(of market: Market) -> Set<String> { market.eventTypes }
 
+    public func cappedEventTypes(of market: Market) -> Set<String> { market.cappedEventTypes }
+
     /// Exactly one JSON object (no array, nothing after it): a market event whose `ev` and ticker field
     /// name `topic` (the ticker in `market`'s topic form: a crypto `pair` `BTC-USD` names `X:BTC-USD`).
     public func checkedEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, receivedAt: UInt64) -> Result<MarketEvent, WireRejection> {

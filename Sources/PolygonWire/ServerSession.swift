@@ -42,6 +42,10 @@ public struct ServerSession: Sendable {
     public private(set) var grant: ClientGrant?
     public private(set) var topics: Set<Topic> = []
     public let limits: SessionLimits
+    /// The market the connection is on: its topics are written in its form (``Market/normalized(_:)``),
+    /// a topic of another market is refused naming that market, and only its event types are taken.
+    /// `nil`: no market check.
+    public let market: Market?
     private let authenticate: @Sendable (String) -> ClientGrant?
     /// Distinct topics shared by every connection (per key and in all); `nil`: no such bound.
     private let budget: TopicBudget?
@@ -49,9 +53,13 @@ public struct ServerSession: Sendable {
 
     /// - Parameter authenticate: what a client key may do, or `nil` when it is not accepted.
     public init(
-        limits: SessionLimits = SessionLimits(), budget: TopicBudget? = nil, grants authenticate: @escaping @Sendable (String) -> ClientGrant?
+        limits: SessionLimits = SessionLimits(), market: Market? = nil, budget: TopicBudget? = nil,
+        grants authenticate: @escaping @Sendable (String) -> ClientGrant?
     ) {
+        var limits = limits
+        if let market { limits.eventTypes = market.eventTypes }
         self.limits = limits
+        self.market = market
         self.budget = budget
         self.authenticate = authenticate
         rate = MessageRate(limits)
@@ -105,7 +113,7 @@ public struct ServerSession: Sendable {
             guard let granted = authenticate(key) else {
                 return Reaction(frames: [StatusMessage.authFailed.frame], close: true)
             }
-            if let market = limits.market, !granted.entitlement.allows(market: market) {
+            if let market, !granted.entitlement.allows(market: market) {
                 // Polygon answers a plan without a market the same way: auth_failed, then it closes.
                 let markets = granted.entitlement.markets.map { $0.sorted().map(\.rawValue).joined(separator: ", ") } ?? ""
                 var reaction = Reaction(
@@ -118,7 +126,12 @@ public struct ServerSession: Sendable {
                 reaction.marketRefused = true
                 return reaction
             }
-            grant = granted
+            var inForm = granted
+            // The key's patterns for this market in its topics' form (`crypto:XQ.BTC-USD` is `XQ.X:BTC-USD`).
+            if let market {
+                inForm.entitlement = granted.entitlement.inForm(of: market) { market.problem(with: $0) == nil ? market.normalized($0) : $0 }
+            }
+            grant = inForm
             return Reaction(frames: [StatusMessage.authSuccess.frame])
         case .subscribe, .unsubscribe:
             guard isAuthenticated else {
@@ -137,7 +150,7 @@ public struct ServerSession: Sendable {
         let entries = Topic.entryCount(action.params)
         var (parsed, invalid) = entries <= limits.topicsPerMessage * 2 ? Topic.parseList(action.params) : ([], [])
         // In the market's own form (`XT.BTC-USD` is `XT.X:BTC-USD`): what the upstream and the hub use.
-        if let market = limits.market, market.tickerPrefix != nil {
+        if let market, market.tickerPrefix != nil {
             parsed = parsed.map { market.problem(with: $0) == nil ? market.normalized($0) : $0 }
         }
         let count = entries <= limits.topicsPerMessage * 2 ? parsed.count + invalid.count : entries
@@ -155,9 +168,9 @@ public struct ServerSession: Sendable {
             var wanted: [Topic] = []
             var seen = Set<Topic>()
             for topic in parsed where !topics.contains(topic) && seen.insert(topic).inserted {
-                if let problem = limits.problem(with: topic) {
+                if let problem = market?.problem(with: topic) ?? limits.problem(with: topic) {
                     malformed.append("\(topic) (\(problem))")
-                } else if let grant, !grant.entitlement.allows(topic, in: limits.market) {
+                } else if let grant, !grant.entitlement.allows(topic, in: market) {
                     refused.append(topic)
                 } else if topics.count + wanted.count >= limits.topicsPerConnection {
                     overLimit += 1
@@ -180,7 +193,7 @@ public struct ServerSession: Sendable {
             case .positions(let epoch, let positions)?:
                 var normalized: [Topic: UInt64] = [:]
                 for (topic, position) in positions {
-                    let inForm = limits.market.map { market in market.problem(with: topic) == nil ? market.normalized(topic) : topic } ?? topic
+                    let inForm = self.market.map { market in market.problem(with: topic) == nil ? market.normalized(topic) : topic } ?? topic
                     normalized[inForm] = position
                 }
                 reaction.resume = .positions(epoch: epoch, normalized)

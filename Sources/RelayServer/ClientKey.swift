@@ -76,11 +76,11 @@ public struct ClientKey: Sendable, Equatable {
                     market = named
                     pattern = pattern[pattern.index(after: colon)...]
                 }
-                guard var topic = Topic(parsing: pattern) else {
+                // As written: each market's protocol puts its own patterns in its form (Entitlement.inForm).
+                guard let topic = Topic(parsing: pattern) else {
                     throw Invalid(description: "client key \(name): \"\(text)\" is not a topic (EV.TICKER, EV.* or market:EV.TICKER)")
                 }
                 if let market {
-                    topic = market.normalized(topic)
                     perMarket[market, default: []].insert(topic)
                 } else {
                     patterns.insert(topic)

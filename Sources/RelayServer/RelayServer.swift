@@ -434,7 +434,7 @@ public final class RelayServer: Service, Sendable {
         guard let route else { return try Self.json(["error": "no market is served"], status: .notFound) }
         guard let parsed = Topic(parsing: text), !parsed.isWildcard else {
             return try Self.json(
-                ["error": "not a topic: \(text) (expected EVENT.TICKER, e.g. \(route.market.exampleTopic))"], status: .badRequest)
+                ["error": "not a topic: \(text) (expected EVENT.TICKER, e.g. \(route.served.wire.exampleTopic(of: route.market)))"], status: .badRequest)
         }
         let topic: Topic
         switch route.served.wire.lastValueTopic(parsed, market: route.market) {
@@ -444,7 +444,9 @@ public final class RelayServer: Service, Sendable {
         guard entitlement.allows(market: route.market) else {
             return try Self.json(["error": "not authorized: this key may not use the \(route.market) market"], status: .forbidden)
         }
-        guard entitlement.allows(topic, in: route.market) else {
+        let wire = route.served.wire
+        let inForm = entitlement.inForm(of: route.market) { (try? wire.lastValueTopic($0, market: route.market).get()) ?? $0 }
+        guard inForm.allows(topic, in: route.market) else {
             return try Self.json(["error": "not authorized: this key may not read \(topic)"], status: .forbidden)
         }
         // This node's hub first; a cluster node asks the cluster's last values for a topic nobody here wants.

@@ -49,13 +49,15 @@ struct MarketRoute: Sendable {
         self.served = served
         delivery = DeliveryMetrics(market: served.market.rawValue, factory: factory)
         let limits = configuration.connectionLimits
-        let capped = served.market.cappedEventTypes
+        let capped = served.wire.cappedEventTypes(of: served.market)
         ledger = TopicLedger(
             perKey: limits.topicsPerKey, total: limits.topics,
-            cap: capped.isEmpty ? nil : .init(eventTypes: capped, tickers: configuration.cappedTickers, market: served.market))
-        var sessionLimits = configuration.limits
-        sessionLimits.market = served.market
-        self.limits = sessionLimits
+            cap: capped.isEmpty
+                ? nil
+                : .init(
+                    eventTypes: capped, tickers: configuration.cappedTickers, market: served.market,
+                    vendor: served.wire.name.prefix(1).uppercased() + served.wire.name.dropFirst()))
+        self.limits = configuration.limits
         let hub = served.hub
         let ledger = self.ledger
         shelf = SessionShelf(

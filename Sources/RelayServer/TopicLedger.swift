@@ -14,7 +14,8 @@ final class TopicLedger: Sendable {
         var capped: [String: Int] = [:]
     }
 
-    /// Polygon's per-connection ticker cap on some event types (options `Q` and `FMV`: 1,000 contracts):
+    /// The vendor's per-connection ticker cap on some event types (`WireProtocol.cappedEventTypes(of:)`:
+    /// Polygon's options `Q` and `FMV`, 1,000 contracts):
     /// the upstream is asked for at most `tickers` distinct tickers of `eventTypes`. Tickers held keep
     /// their place (the ones wanted longest); a new one past the cap is refused, and so is a wildcard
     /// of a capped type, which would ask for every ticker.
@@ -22,6 +23,8 @@ final class TopicLedger: Sendable {
         var eventTypes: Set<String>
         var tickers: Int
         var market: Market
+        /// Whose cap it is, as the message names it (`Polygon`).
+        var vendor: String
     }
 
     let perKey: Int
@@ -36,7 +39,7 @@ final class TopicLedger: Sendable {
     }
 
     private func capReason(_ cap: TickerCap) -> String {
-        "Polygon's \(cap.market) cap reached: \(cap.eventTypes.sorted().joined(separator: " and ")) allow at most \(cap.tickers) "
+        "\(cap.vendor)'s \(cap.market) cap reached: \(cap.eventTypes.sorted().joined(separator: " and ")) allow at most \(cap.tickers) "
             + "distinct tickers per upstream connection (the ones subscribed first keep their place)"
     }
 

@@ -95,7 +95,7 @@ import Testing
     }
 
     @Test func interestTopicsFollowTheTopicRules() {
-        let limits = SessionLimits(eventTypes: SessionLimits.eventTypes(ofMarket: "stocks"))
+        let limits = SessionLimits(eventTypes: Market.stocks.eventTypes)
         let list = Topic.parseList("Q.AAPL,ZZ.EVIL,T.\(String(repeating: "A", count: 60)),T.NVDA,???")
         let (accepted, refused) = ClusterChecks.interest(list.topics, invalid: list.invalid, limits: limits)
         #expect(accepted == [aapl, Topic(eventType: "T", ticker: "NVDA")!])

@@ -14,7 +14,7 @@ private func topic(_ text: String) -> Topic { Topic(parsing: text)! }
 /// The cluster's gap-fill messages: what a node asks, what the leader answers, and the leader's merge.
 @Suite("Cluster gap fill: messages and the leader's merge")
 struct FillWireTests {
-    let rules = SessionLimits(eventTypes: SessionLimits.eventTypes(ofMarket: "stocks"))
+    let rules = SessionLimits(eventTypes: Market.stocks.eventTypes)
 
     @Test func anAskReadsBackWithItsTopicsHoldersAndLastEvents() throws {
         let ask = FillWire.Ask(

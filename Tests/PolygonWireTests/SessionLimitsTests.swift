@@ -37,7 +37,7 @@ struct SessionLimitsTests {
     }
 
     @Test func topicsAreCheckedAgainstTheMarketAndTheTickerRules() throws {
-        var session = authenticated(SessionLimits(maxTickerLength: 8, eventTypes: SessionLimits.eventTypes(ofMarket: "stocks")))
+        var session = authenticated(SessionLimits(maxTickerLength: 8, eventTypes: Market.stocks.eventTypes))
         let reaction = session.receive(subscribe("Q.AAPL,XQ.BTC-USD,T.WAYTOOLONGTICKER,T.A$B,T.BRK.B,AM.*"))
         #expect(Set(reaction.added.map(\.description)) == ["Q.AAPL", "T.BRK.B", "AM.*"])
         let errors = try messages(reaction).filter { $0.status == "error" }.map(\.message)
@@ -45,6 +45,18 @@ struct SessionLimitsTests {
         #expect(errors.contains { $0.contains("XQ.BTC-USD") && $0.contains("unknown event type") })
         #expect(errors.contains { $0.contains("longer than 8") })
         #expect(errors.contains { $0.contains("T.A$B") })
+    }
+
+    @Test func aKeysPatternsForTheMarketAreReadInItsForm() throws {
+        // The key file writes `crypto:XQ.BTC-USD`; on /crypto the topic is `XQ.X:BTC-USD`.
+        let rights = Entitlement(patterns: [], marketPatterns: [.crypto: [Topic(parsing: "XQ.BTC-USD")!]])
+        var session = ServerSession(limits: SessionLimits(), market: .crypto) { _ in ClientGrant(name: "k", entitlement: rights) }
+        _ = session.receive(ByteBuffer(string: #"{"action":"auth","params":"k"}"#))
+        let reaction = session.receive(subscribe("XQ.BTC-USD,XQ.ETH-USD,Q.AAPL"))
+        #expect(reaction.added == [Topic(parsing: "XQ.X:BTC-USD")!], "the key's own pair, in the market's form")
+        let errors = try messages(reaction).filter { $0.status == "error" }.map(\.message)
+        #expect(errors.contains { $0.contains("XQ.X:ETH-USD") }, "a pair the key does not name is refused")
+        #expect(errors.contains { $0.contains("stocks topic") }, "another market's type names its market")
     }
 
     @Test func messagesPastTheRateAreAnsweredAndDropped() throws {

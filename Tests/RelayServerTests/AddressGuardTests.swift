@@ -88,7 +88,7 @@ struct TickerCapTests {
     func topics(_ names: String...) -> [Topic] { names.compactMap { Topic(parsing: $0) } }
 
     func optionsLedger(cap: Int) -> TopicLedger {
-        TopicLedger(perKey: 100, total: 100, cap: .init(eventTypes: Market.options.cappedEventTypes, tickers: cap, market: .options))
+        TopicLedger(perKey: 100, total: 100, cap: .init(eventTypes: Market.options.cappedEventTypes, tickers: cap, market: .options, vendor: "Polygon"))
     }
 
     @Test func contractsPastTheCapAreRefusedAndTheEarliestKeepTheirPlace() {
@@ -120,7 +120,10 @@ struct ClientKeyMarketTests {
         #expect(entitlement.allows(market: .crypto) && !entitlement.allows(market: .options))
         #expect(entitlement.allows(Topic(parsing: "XQ.X:BTC-USD")!, in: .crypto))
         #expect(!entitlement.allows(Topic(parsing: "XT.X:BTC-USD")!, in: .crypto))
-        #expect(entitlement.allows(Topic(parsing: "C.C:EUR-USD")!, in: .forex), "patterns are written in the market's form")
+        #expect(
+            entitlement.inForm(of: .forex, Market.forex.normalized).allows(Topic(parsing: "C.C:EUR-USD")!, in: .forex),
+            "a protocol writes the key's patterns in its market's form")
+        #expect(entitlement.allows(Topic(parsing: "C.EUR/USD")!, in: .forex), "the key keeps them as written")
         #expect(entitlement.allows(Topic(parsing: "Q.AAPL")!, in: .stocks))
         #expect(!entitlement.allows(Topic(parsing: "Q.MSFT")!, in: .stocks))
         #expect(!entitlement.allows(Topic(parsing: "Q.AAPL")!, in: .options), "a market the key may not use")
