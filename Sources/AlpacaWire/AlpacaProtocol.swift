@@ -149,7 +149,10 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
     }
 
     /// The event types of its hub's topics.
-    public var eventTypes: Set<String> { Set(channels.map(\.eventType)) }
+    public var eventTypes: Set<String> { Self.eventTypesByFeed[self] ?? [] }
+
+    /// Made once: every connection's session holds its feed's set (shared, not a copy each).
+    private static let eventTypesByFeed = Dictionary(uniqueKeysWithValues: allCases.map { ($0, Set($0.channels.map(\.eventType))) })
 }
 
 /// Alpaca's errors, with their codes and texts as Alpaca sends them.

@@ -7,16 +7,17 @@ import MarketCore
 /// `pair` `BTC-USD`, forex quotes `p` `EUR/USD`; ``topicTicker(_:)`` maps both to the topic's form.
 extension Market {
     /// The event types the market carries, from Polygon's published spec.
-    public var eventTypes: Set<String> {
-        switch self {
-        case .stocks: ["T", "Q", "A", "AM", "LULD", "NOI", "FMV", "LV"]
-        case .options: ["T", "Q", "A", "AM", "FMV", "LV"]
-        case .forex: ["C", "CA", "CAS", "FMV", "LV"]
-        case .crypto: ["XT", "XQ", "XL2", "XA", "XAS", "FMV", "LV"]
-        case .indices: ["A", "AM", "V"]
-        case .futures: ["T", "Q", "A", "AM"]
-        }
-    }
+    public var eventTypes: Set<String> { Self.polygonEventTypes[self] ?? [] }
+
+    /// Made once: every connection's session holds its market's set (shared, not a copy each).
+    private static let polygonEventTypes: [Market: Set<String>] = [
+        .stocks: ["T", "Q", "A", "AM", "LULD", "NOI", "FMV", "LV"],
+        .options: ["T", "Q", "A", "AM", "FMV", "LV"],
+        .forex: ["C", "CA", "CAS", "FMV", "LV"],
+        .crypto: ["XT", "XQ", "XL2", "XA", "XAS", "FMV", "LV"],
+        .indices: ["A", "AM", "V"],
+        .futures: ["T", "Q", "A", "AM"],
+    ]
 
     /// The prefix of the market's topic tickers (`X:`), `nil` for stocks and futures.
     public var tickerPrefix: String? {

@@ -16,33 +16,60 @@ import MarketCore
 /// Acknowledgements are written before the hub is asked to add a topic, so a client never sees an
 /// event before the ack of its subscription.
 actor MarketConnection {
-    struct Dependencies: Sendable {
+    /// What every connection of one market shares, made once per market (``RelayServer``): each
+    /// connection holds a reference, not a copy (10,000 idle clients held ~700 bytes each of copies).
+    final class Dependencies: Sendable {
         let hub: MarketDataHub
         /// Broken tagged sessions of this market.
         let shelf: SessionShelf
         let configuration: RelayServerConfiguration
-        /// The session limits on this connection's market (its event types and ticker form).
+        /// The session limits on this connection's market.
         let limits: SessionLimits
         let metrics: DownstreamMetrics
         /// The market's delivery metrics.
         let delivery: DeliveryMetrics
         let keyConnections: KeyConnections
-        /// What drains the hub streams of this connection's event loop.
-        let drain: LoopDrain
         let logger: Logger
         /// Distinct topics per key and in all.
         let topicBudget: TopicBudget
         /// Gives back topics a shelved session held for a key (by name).
         let shelfRelease: @Sendable ([Topic], String) -> Void
+
+        init(
+            hub: MarketDataHub, shelf: SessionShelf, configuration: RelayServerConfiguration, limits: SessionLimits,
+            metrics: DownstreamMetrics, delivery: DeliveryMetrics, keyConnections: KeyConnections, logger: Logger,
+            topicBudget: TopicBudget, shelfRelease: @escaping @Sendable ([Topic], String) -> Void
+        ) {
+            self.hub = hub
+            self.shelf = shelf
+            self.configuration = configuration
+            self.limits = limits
+            self.metrics = metrics
+            self.delivery = delivery
+            self.keyConnections = keyConnections
+            self.logger = logger
+            self.topicBudget = topicBudget
+            self.shelfRelease = shelfRelease
+        }
+    }
+
+    /// What this connection tells its address's guard (``AddressGuard``), one connection's own: one
+    /// value, not a closure each.
+    struct AddressHooks: Sendable {
+        let addresses: AddressGuard
+        let address: String
+        /// Its place in the address's pending connections, settled once it authenticates.
+        let ticket: AddressGuard.Ticket?
+
         /// Told once the client authenticated (and was admitted).
-        let authenticated: @Sendable () -> Void
+        func authenticated() { if let ticket { addresses.settle(ticket) } }
         /// Told each time a client's key is refused (counted per address); says how long to wait
         /// before answering the failure.
-        let authenticationFailed: @Sendable () -> Duration
+        func authenticationFailed() -> Duration { addresses.failedAuthentication(from: address) }
         /// Told when a delayed failure's answer went out.
-        let failureAnswered: @Sendable () -> Void
+        func failureAnswered() { addresses.failureAnswered(from: address) }
         /// Whether this connection's address has too many failures waiting for their answers.
-        let addressIsGuessing: @Sendable () -> Bool
+        func addressIsGuessing() -> Bool { addresses.isGuessing(address) }
     }
 
     /// The close code for a client the `disconnect` policy removed: "try again later".
@@ -65,6 +92,9 @@ actor MarketConnection {
     private let loop: any EventLoop
     private let handler: NIOLoopBound<WebSocketConnectionHandler>
     private let dependencies: Dependencies
+    private let hooks: AddressHooks
+    /// What drains the hub streams of this connection's event loop.
+    private let drain: LoopDrain
     private var session: any DownstreamSession
     private var admitted: ClientGrant?
     private var subscription: HubSubscription?
@@ -88,11 +118,16 @@ actor MarketConnection {
     private var takingOver = false
 
     /// - Parameter session: the vendor's conversation (Polygon's or Alpaca's), not yet authenticated.
-    init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, session: any DownstreamSession, dependencies: Dependencies) {
+    init(
+        handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, session: any DownstreamSession, dependencies: Dependencies,
+        drain: LoopDrain, hooks: AddressHooks
+    ) {
         self.loop = loop
         self.unownedExecutor = loop.executor.asUnownedSerialExecutor()
         self.handler = handler
         self.dependencies = dependencies
+        self.drain = drain
+        self.hooks = hooks
         self.session = session
     }
 
@@ -126,7 +161,7 @@ actor MarketConnection {
 
     private func received(_ message: ByteBuffer) {
         guard !ended, !refusing else { return }
-        if !session.isAuthenticated, dependencies.addressIsGuessing() {
+        if !session.isAuthenticated, hooks.addressIsGuessing() {
             stopReading()
             dependencies.logger.info("downstream client refused: its address has too many failed authentications waiting")
             handler.value.refuse(
@@ -176,7 +211,7 @@ actor MarketConnection {
             }
             // Messages up to the full size from now on, and no longer pending for its address.
             handler.value.messageLimit.open()
-            dependencies.authenticated()
+            hooks.authenticated()
             dependencies.logger.debug("downstream client authenticated", metadata: ["key": "\(grant.name)"])
         }
         if reaction.close, reaction.marketRefused {
@@ -193,7 +228,7 @@ actor MarketConnection {
             // Answered after a delay that grows with the address's recent failures (a guesser gets few
             // answers; a correct key on another connection is answered at once meanwhile).
             stopReading()
-            let delay = dependencies.authenticationFailed()
+            let delay = hooks.authenticationFailed()
             dependencies.logger.info(
                 "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])
             let frames = reaction.frames
@@ -207,7 +242,7 @@ actor MarketConnection {
                 }
             }
             if delay > .zero {
-                let answered = dependencies.failureAnswered
+                let answered = hooks.failureAnswered
                 loop.scheduleTask(in: TimeAmount(delay)) {
                     refuse()
                     answered()
@@ -293,7 +328,7 @@ actor MarketConnection {
                 subscription = joined
                 let writability = handler.value.writability
                 let feed = ClientFeed(
-                    subscription: joined, handler: handler, writability: writability, drain: dependencies.drain,
+                    subscription: joined, handler: handler, writability: writability, drain: drain,
                     metrics: dependencies.delivery, framing: session.framing)
                 self.feed = feed
                 if handler.value.acknowledgedPosition != nil { feed.tracksPositions.store(true, ordering: .relaxed) }

@@ -23,6 +23,8 @@ public final class RelayServer: Service, Sendable {
     public let configuration: RelayServerConfiguration
     /// The served markets, in the order configured (the first answers the routes that name none).
     private let markets: [MarketRoute]
+    /// What every connection of each market shares (in ``markets``' order).
+    private let connectionDependencies: [MarketConnection.Dependencies]
     private let port = ReadySignal<Int>()
     private let sessions = SessionRegistry()
     private let logger: Logger
@@ -65,6 +67,12 @@ public final class RelayServer: Service, Sendable {
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
         let markets = served.map { MarketRoute($0, configuration: configuration, factory: factory) }
         self.markets = markets
+        self.connectionDependencies = markets.map { [metrics, keyConnections] route in
+            MarketConnection.Dependencies(
+                hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, delivery: route.delivery,
+                keyConnections: keyConnections, logger: logger, topicBudget: route.ledger.budget,
+                shelfRelease: { [ledger = route.ledger] topics, key in ledger.release(topics, for: key) })
+        }
         self.statusBoard = StatusBoard(markets: markets, sessions: sessions, tally: metrics.tally)
         self.dashboard = Dashboard(directory: configuration.dashboardDirectory)
     }
@@ -243,15 +251,8 @@ public final class RelayServer: Service, Sendable {
             handler.errorFrame = { error in (framing.errorFrame(error), framing.isBinary) }
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
-                dependencies: .init(
-                    hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, delivery: route.delivery,
-                    keyConnections: keyConnections,
-                    drain: drains.drain(for: channel.eventLoop), logger: logger, topicBudget: route.ledger.budget,
-                    shelfRelease: { [ledger = route.ledger] topics, key in ledger.release(topics, for: key) },
-                    authenticated: { if let ticket { addresses.settle(ticket) } },
-                    authenticationFailed: { addresses.failedAuthentication(from: address) },
-                    failureAnswered: { addresses.failureAnswered(from: address) },
-                    addressIsGuessing: { addresses.isGuessing(address) }))
+                dependencies: connectionDependencies[index], drain: drains.drain(for: channel.eventLoop),
+                hooks: .init(addresses: addresses, address: address, ticket: ticket))
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
         case .push(let index, _):

@@ -221,7 +221,7 @@ final class AcknowledgedPosition {
 
     private let marginBytes: UInt64
     /// Marks not yet known acknowledged (oldest first), and the newest that is.
-    private var marks = CircularBuffer<Mark>()
+    private var marks = CircularBuffer<Mark>(initialCapacity: 2)
     private var acknowledged: UInt64
     private var acknowledgedEpoch: String?
     /// The epoch of the newest write.

@@ -311,7 +311,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// as everything else: a large replay waits here, as built frames, until the client reads, instead
     /// of piling up in the channel. What can wait here is bounded by what the hub lets a subscriber
     /// queue (its event buffer and one resume's replay).
-    private var heldFrames = CircularBuffer<(frame: ByteBuffer, sequence: UInt64, epoch: String?)>()
+    // Small at first (NIO's default is 16 slots, ~800 bytes a connection): most connections hold a frame
+    // or two at a time, and the buffer grows when one holds more.
+    private var heldFrames = CircularBuffer<(frame: ByteBuffer, sequence: UInt64, epoch: String?)>(initialCapacity: 2)
     /// NIO's default high-water mark of a channel's write buffer (past it the channel is not writable).
     static let writeBufferHighWaterMark = 64 << 10
 
