@@ -87,7 +87,7 @@ public struct AlpacaFraming: DownstreamFraming {
         }
         switch codec {
         case .json: converted({ AlpacaDelivery.elementBytes($0, codec: .json) }, add)
-        case .messagePack: events { add($0, AlpacaDelivery.elementBytes($0, codec: .messagePack)) }
+        case .messagePack: events { add($0.pointee, AlpacaDelivery.elementBytes($0.pointee, codec: .messagePack)) }
         }
         let frames = AlpacaDelivery.payloads(elements: elements, codec: codec).map { WireFrame.whole($0, binary: isBinary) }
         guard let first = frames.first else { return nil }

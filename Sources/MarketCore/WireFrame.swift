@@ -105,21 +105,27 @@ public struct WireFrameBuilder: ~Copyable {
         return (frame, oldest)
     }
 
+    /// Appends the event at `event` (a ``TurnEvents`` address), its fields read in place.
     @inline(__always)
-    public mutating func append(_ event: borrowing MarketEvent) {
-        let length = event.bytes.readableBytes
+    public mutating func append(_ event: UnsafePointer<MarketEvent>) {
+        let length = event.pointee.bytes.readableBytes
         guard offset + length + 2 <= capacity else {
             overflowed = true
             return
         }
         base.storeBytes(of: UInt8(ascii: count == 0 ? "[" : ","), toByteOffset: offset, as: UInt8.self)
         let target = base + offset + 1
-        event.bytes.withUnsafeReadableBytes { source in
+        event.pointee.bytes.withUnsafeReadableBytes { source in
             if let from = source.baseAddress { target.copyMemory(from: from, byteCount: source.count) }
         }
         offset += 1 + length
         count += 1
-        let received = event.receivedAt
+        let received = event.pointee.receivedAt
         if received != 0, oldestReceivedAt == 0 || received < oldestReceivedAt { oldestReceivedAt = received }
+    }
+
+    @inline(__always)
+    public mutating func append(_ event: borrowing MarketEvent) {
+        withUnsafePointer(to: event) { append($0) }
     }
 }

@@ -127,6 +127,31 @@ public struct HubDelivery: Sendable {
         }
     }
 
+    /// Calls `body` with the address of each of its events, in order, where the hub holds them (valid
+    /// during the call): what a client turn's framing reads (``TurnEvents``).
+    public func forEachEventAddress(_ body: (UnsafePointer<MarketEvent>) -> Void) {
+        switch content {
+        case .selected(let published, let base, var mask):
+            published.events.withUnsafeBufferPointer { events in
+                guard let start = events.baseAddress else { return }
+                while mask != 0 {
+                    body(start + base + mask.trailingZeroBitCount)
+                    mask &= mask &- 1
+                }
+            }
+        case .events(let events, _):
+            events.withUnsafeBufferPointer { events in
+                guard let start = events.baseAddress else { return }
+                for index in events.indices { body(start + index) }
+            }
+        case .replay(let events):
+            events.withUnsafeBufferPointer { events in
+                guard let start = events.baseAddress else { return }
+                for index in events.indices { body(start + index) }
+            }
+        }
+    }
+
     /// Calls `body` with each of its events, in order, lent where the hub holds them (no copy).
     public func forEachEvent(_ body: (borrowing MarketEvent) -> Void) {
         switch content {

@@ -59,7 +59,7 @@ public struct PolygonFraming: DownstreamFraming {
         }
         // Past the frame limit (a burst queued while the connection was not writable): split.
         var all: [MarketEvent] = []
-        events { all.append(copy $0) }
+        events { all.append($0.pointee) }
         let oldest = all.lazy.map(\.receivedAt).filter { $0 != 0 }.min() ?? 0
         let frames = WireFrame.frames(for: all)
         guard let first = frames.first else { return nil }

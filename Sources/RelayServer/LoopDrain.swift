@@ -150,7 +150,7 @@ actor LoopDrain {
         guard
             let framed = client.framing.frames(
                 payloadBytes: payload,
-                events: { body in for index in deliveries.indices { deliveries[index].forEachEvent(body) } },
+                events: { body in for index in deliveries.indices { deliveries[index].forEachEventAddress(body) } },
                 converted: { convert, body in for index in deliveries.indices { deliveries[index].forEachEvent(convertedBy: convert, body) } })
         else { return nil }
         var write = Write(handler: client.handler, frame: framed.first, more: framed.more)
