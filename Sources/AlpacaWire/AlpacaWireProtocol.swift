@@ -45,6 +45,12 @@ public struct AlpacaWireProtocol: WireProtocol {
 
     public func eventTypes(of market: Market) -> Set<String> { feed.eventTypes }
 
+    /// Alpaca's events are ordered by their time; the relay has no REST history of them to fill (gap
+    /// fill runs on Polygon's markets), so none is read.
+    public func recoveryOrder(of eventType: String) -> RecoveryOrder { .time }
+
+    public func orderValue(_ order: RecoveryOrder, of event: MarketEvent) -> Int64? { nil }
+
     /// Alpaca caps no channel by a ticker count per connection that the relay must keep.
     public func cappedEventTypes(of market: Market) -> Set<String> { [] }
 

@@ -195,7 +195,7 @@ final class ClusterGapFill: Sendable {
             if !later.isEmpty { inbox.putBack(later) }
             guard !gathered.isEmpty else { continue }
             generation += 1
-            let request = Self.merge(gathered, generation: generation)
+            let request = Self.merge(gathered, generation: generation, wire: hub.wire)
             logger.info(
                 "filling the cluster's outage",
                 metadata: [
@@ -232,13 +232,13 @@ final class ClusterGapFill: Sendable {
 
     /// One request for every ask gathered: the union of their windows; each topic once, held by the sum
     /// of its holders, from the earliest last event any node had of it (none if one had none).
-    static func merge(_ asks: [FillWire.Ask], generation: Int) -> GapFillRequest {
+    static func merge(_ asks: [FillWire.Ask], generation: Int, wire: any WireProtocol) -> GapFillRequest {
         var holders: [Topic: Int] = [:]
         var earliest: [Topic: MarketEvent?] = [:]
         for ask in asks {
             for held in ask.topics {
                 holders[held.topic, default: 0] = min(holders[held.topic, default: 0] + held.holders, FillWire.maxHolders * 1_000)
-                let order = RecoveryOrder(eventType: held.topic.eventType)
+                let order = wire.recoveryOrder(of: held.topic.eventType)
                 switch earliest[held.topic] {
                 case .none: earliest[held.topic] = .some(held.lastBefore)
                 case .some(.none): break
@@ -247,7 +247,7 @@ final class ClusterGapFill: Sendable {
                         earliest[held.topic] = .some(nil)
                         break
                     }
-                    if (order.value(of: last) ?? .min) < (order.value(of: known) ?? .min) { earliest[held.topic] = .some(last) }
+                    if (wire.orderValue(order, of: last) ?? .min) < (wire.orderValue(order, of: known) ?? .min) { earliest[held.topic] = .some(last) }
                 }
             }
         }

@@ -179,14 +179,15 @@ public actor GapFiller {
     ) async -> Result<Int, FillFailure> {
         let topic = held.topic
         guard let kind = history.kind(of: topic.eventType) else { return .success(0) }
-        let order = RecoveryOrder(eventType: topic.eventType)
-        let lastBefore = held.lastBefore.flatMap { order.value(of: $0) }
+        let wire = hub.wire
+        let order = wire.recoveryOrder(of: topic.eventType)
+        let lastBefore = held.lastBefore.flatMap { wire.orderValue(order, of: $0) }
         // Trades and quotes from the last one the relay had (its millisecond: `q` tells them apart), or
         // from the outage's start; bars from the start of the minute it began in.
         // The last event's own time, within a day before the window (a wild `t` asks for nothing absurd).
         let fromMs = kind == .minuteBars
             ? request.from / 60_000 * 60_000
-            : min(max(held.lastBefore.flatMap { RecoveryOrder.time.value(of: $0) } ?? request.from, request.from - 86_400_000), request.through)
+            : min(max(held.lastBefore.flatMap { wire.orderValue(.time, of: $0) } ?? request.from, request.from - 86_400_000), request.through)
         var events: [(MarketEvent, Int64)] = []
         var next: String?
         var firstPage = true
@@ -250,7 +251,7 @@ public actor GapFiller {
         _ events: [(MarketEvent, Int64)], _ kind: HistoryKind, _ order: RecoveryOrder, _ lastBefore: Int64?, _ request: GapFillRequest
     ) -> [(MarketEvent, Int64)] {
         events.filter { event, time in
-            if let lastBefore, let value = order.value(of: event), value <= lastBefore { return false }
+            if let lastBefore, let value = hub.wire.orderValue(order, of: event), value <= lastBefore { return false }
             if kind == .minuteBars {
                 // Without a bar of it before, a bar that ended before the outage began was delivered live.
                 return time + 60_000 <= request.through && (lastBefore != nil || time + 60_000 > request.from)

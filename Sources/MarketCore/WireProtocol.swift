@@ -86,6 +86,12 @@ public protocol WireProtocol: Sendable {
     /// why it is none (answered 400).
     func lastValueTopic(_ topic: Topic, market: Market) -> Result<Topic, WireRejection>
 
+    /// What orders a type's events against each other (gap fill: which recovered events the relay
+    /// already had live).
+    func recoveryOrder(of eventType: String) -> RecoveryOrder
+    /// The value of `order`'s field in `event`, if it has one.
+    func orderValue(_ order: RecoveryOrder, of event: MarketEvent) -> Int64?
+
     /// A topic of `market` as a client writes it, for messages (`Q.AAPL`).
     func exampleTopic(of market: Market) -> String
 

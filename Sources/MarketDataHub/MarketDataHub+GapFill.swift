@@ -61,52 +61,6 @@ public enum RecoveryEnd: Sendable {
     case nothing
 }
 
-/// The field of an event that orders it against the ones the relay received live: Polygon's `q` for
-/// trades and quotes (rising per ticker), the bar's start `s`, or the time `t` where there is neither.
-public enum RecoveryOrder: String, Sendable {
-    case sequence = "q"
-    case barStart = "s"
-    case time = "t"
-
-    /// What orders a type's recovered events against the live ones: `q` where the WebSocket carries it.
-    public init(eventType: String) {
-        switch eventType {
-        case "T", "Q": self = .sequence
-        case "AM", "XA", "CA": self = .barStart
-        default: self = .time
-        }
-    }
-
-    /// The integer value of this field in `event`'s JSON, if present.
-    public func value(of event: MarketEvent) -> Int64? {
-        let view = event.bytes.readableBytesView
-        let key = Array("\"\(rawValue)\":".utf8)
-        var index = view.startIndex
-        while let found = view[index...].firstRange(of: key)?.lowerBound {
-            // A key, not the tail of a longer one or a string's content: `{` or `,` comes before it.
-            let before = found > view.startIndex ? view[view.index(before: found)] : UInt8(ascii: "{")
-            var position = found + key.count
-            if before == UInt8(ascii: "{") || before == UInt8(ascii: ",") {
-                var negative = false
-                if position < view.endIndex, view[position] == UInt8(ascii: "-") {
-                    negative = true
-                    position += 1
-                }
-                var value: Int64 = 0
-                var digits = 0
-                while position < view.endIndex, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(view[position]), digits < 18 {
-                    value = value * 10 + Int64(view[position] - UInt8(ascii: "0"))
-                    position += 1
-                    digits += 1
-                }
-                if digits > 0 { return negative ? -value : value }
-            }
-            index = found + 1
-        }
-        return nil
-    }
-}
-
 /// The gap fills of a market since start, as the hub saw them end. `Sendable`.
 public struct GapFillCounts: Sendable, Equatable, Encodable {
     public var fills = 0
@@ -195,9 +149,9 @@ extension MarketDataHub {
             // After what the topic's holders have or are held for them: its last live event, or a
             // recovered one past it (a quiet topic's last live event can be older than what an earlier
             // fill brought, delivered or held in a gap still open).
-            let order = RecoveryOrder(eventType: topic.eventType)
+            let order = wire.recoveryOrder(of: topic.eventType)
             let candidates = [entry.last, recoveredThrough[topic]] + gaps.filter { $0.before == nil }.map(\.after)
-            let after = candidates.compactMap { $0 }.max { (order.value(of: $0) ?? .min) < (order.value(of: $1) ?? .min) }
+            let after = candidates.compactMap { $0 }.max { (wire.orderValue(order, of: $0) ?? .min) < (wire.orderValue(order, of: $1) ?? .min) }
             gaps.append(PendingGap(generation: fillGeneration, from: from, through: through, after: after, before: nil))
             if gaps.count > Self.pendingGapsPerTopic {
                 _ = release(topic, Array(gaps.prefix(gaps.count - Self.pendingGapsPerTopic)))
@@ -220,7 +174,7 @@ extension MarketDataHub {
             guard var gaps = pendingGaps[event.topic] else { continue }
             let first = event.compacted()
             for index in gaps.indices where gaps[index].before == nil { gaps[index].before = first }
-            pendingGaps[event.topic] = release(event.topic, gaps, before: RecoveryOrder(eventType: event.topic.eventType).value(of: first))
+            pendingGaps[event.topic] = release(event.topic, gaps, before: wire.orderValue(wire.recoveryOrder(of: event.topic.eventType), of: first))
         }
     }
 
@@ -232,14 +186,14 @@ extension MarketDataHub {
     /// Delivers the held recovered events of `topic`'s gaps in `gaps` now, those ordered before `bound`
     /// when there is one (the rest were on their way live); returns the gaps emptied.
     private func release(_ topic: Topic, _ gaps: [PendingGap], before bound: Int64? = nil) -> [PendingGap] {
-        let order = RecoveryOrder(eventType: topic.eventType)
+        let order = wire.recoveryOrder(of: topic.eventType)
         var gaps = gaps
         var passed: [MarketEvent] = []
         for index in gaps.indices where !gaps[index].held.isEmpty {
             let held = gaps[index].held
             heldRecovered -= held.count
             gaps[index].held = []
-            let kept = bound.map { bound in held.filter { (order.value(of: $0) ?? .max) < bound } } ?? held
+            let kept = bound.map { bound in held.filter { (wire.orderValue(order, of: $0) ?? .max) < bound } } ?? held
             gaps[index].delivered += kept.count
             passed += kept
         }
@@ -251,9 +205,9 @@ extension MarketDataHub {
     /// with positions and into the history (on a cluster node they have the leader's already).
     private func pass(_ topic: Topic, _ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
-        let order = RecoveryOrder(eventType: topic.eventType)
-        if let newest = events.max(by: { (order.value(of: $0) ?? .min) < (order.value(of: $1) ?? .min) }),
-            (order.value(of: newest) ?? .min) > (recoveredThrough[topic].flatMap(order.value(of:)) ?? .min)
+        let order = wire.recoveryOrder(of: topic.eventType)
+        if let newest = events.max(by: { (wire.orderValue(order, of: $0) ?? .min) < (wire.orderValue(order, of: $1) ?? .min) }),
+            (wire.orderValue(order, of: newest) ?? .min) > (recoveredThrough[topic].flatMap { wire.orderValue(order, of: $0) } ?? .min)
         {
             recoveredThrough[topic] = newest.compacted()
         }
@@ -295,12 +249,12 @@ extension MarketDataHub {
             metrics.record(history)
         }
         guard var gaps = pendingGaps[topic], !gaps.isEmpty else { return 0 }
-        var bounds = gaps.map { gap in (gap.after.flatMap(order.value(of:)) ?? .min, gap.before.flatMap(order.value(of:)) ?? .max) }
+        var bounds = gaps.map { gap in (gap.after.flatMap { wire.orderValue(order, of: $0) } ?? .min, gap.before.flatMap { wire.orderValue(order, of: $0) } ?? .max) }
         var raised: [Int: MarketEvent] = [:]
         var now: [MarketEvent] = []
         var accepted = 0
         for event in events {
-            guard let value = order.value(of: event),
+            guard let value = wire.orderValue(order, of: event),
                 let index = bounds.firstIndex(where: { $0.0 < value && value < $0.1 })
             else { continue }
             bounds[index].0 = value

@@ -26,7 +26,7 @@ struct FillWireTests {
         let read = try #require(FillWire.ask(ask).withUnsafeBytes { FillWire.readAsk($0, market: .stocks, wire: .polygon, rules: rules) })
         #expect(read.id == "node=20one/3" && read.node == "node one" && read.from == 1_700_000_000_000 && read.through == 1_700_000_004_000)
         #expect(read.topics.map(\.topic) == [topic("T.BRK.B"), topic("Q.MSFT")] && read.topics.map(\.holders) == [2, 1])
-        #expect(RecoveryOrder.sequence.value(of: try #require(read.topics[0].lastBefore)) == 7 && read.topics[1].lastBefore == nil)
+        #expect(PolygonWireProtocol().orderValue(.sequence, of: try #require(read.topics[0].lastBefore)) == 7 && read.topics[1].lastBefore == nil)
     }
 
     @Test func recoveredEventsTravelInMessagesUnderNATSsLimitAndReadBackWhole() throws {
@@ -39,7 +39,7 @@ struct FillWireTests {
             #expect(readTopic == topic("T.AAPL") && order == .sequence)
             back += part
         }
-        #expect(back.compactMap { RecoveryOrder.sequence.value(of: $0) } == Array(1...20_000))
+        #expect(back.compactMap { PolygonWireProtocol().orderValue(.sequence, of: $0) } == Array(1...20_000))
     }
 
     @Test func aFillsEndNamesTheAsksItAnswered() throws {
@@ -97,11 +97,11 @@ struct FillWireTests {
                 GapFillRequest.Held(topic: topic("T.MSFT"), holders: 1, lastBefore: nil),
             ]),
         ]
-        let request = ClusterGapFill.merge(asks, generation: 2)
+        let request = ClusterGapFill.merge(asks, generation: 2, wire: PolygonWireProtocol())
         #expect(request.from == 50 && request.through == 900 && request.generation == 2)
         #expect(request.topics.map(\.topic) == [topic("T.AAPL"), topic("T.MSFT")], "most held first")
         #expect(request.topics.map(\.holders) == [5, 4])
-        #expect(request.topics[0].lastBefore.flatMap { RecoveryOrder.sequence.value(of: $0) } == 9)
+        #expect(request.topics[0].lastBefore.flatMap { PolygonWireProtocol().orderValue(.sequence, of: $0) } == 9)
         #expect(request.topics[1].lastBefore == nil, "a node that had none: from the window's start")
     }
 
@@ -140,7 +140,7 @@ struct FillWireTests {
         let (first, later) = ClusterGapFill.batch(asks, maxWindow: .seconds(60))
         #expect(first.map(\.node) == ["n3", "n2"], "the newest first, as long as the union fits")
         #expect(later.map(\.node) == ["n1"])
-        let request = ClusterGapFill.merge(first, generation: 1)
+        let request = ClusterGapFill.merge(first, generation: 1, wire: PolygonWireProtocol())
         #expect(request.through - request.from <= 60_000)
         #expect(ClusterGapFill.batch(later, maxWindow: .seconds(60)).now.map(\.node) == ["n1"], "each ask alone is filled")
         // Within the window: one fill for all.

@@ -32,7 +32,7 @@ struct RecoveredEventsTests {
         #expect((object["t"] as? NSNumber)?.int64Value == 1_700_000_000_123 && (object["q"] as? NSNumber)?.int64Value == 4_242)
         #expect(object["c"] as? [Int] == [12, 37] && (object["_r"] as? NSNumber)?.intValue == 1)
         #expect(event.json.contains(#""p":189.05,"s":100,"#), "numbers exactly as REST wrote them: \(event.json)")
-        #expect(RecoveryOrder.sequence.value(of: event) == 4_242)
+        #expect(PolygonWireProtocol().orderValue(.sequence, of: event) == 4_242)
     }
 
     @Test func aListPaddedWithWhitespaceIsWrittenWithoutIt() throws {
@@ -64,7 +64,7 @@ struct RecoveredEventsTests {
         let (forex, time) = try #require(RecoveredEvents.quote(quote, type: "C", ticker: "C:EUR-USD", market: .forex))
         let fx = try json(forex)
         #expect(fx["p"] as? String == "EUR/USD" && (fx["a"] as? NSNumber)?.doubleValue == 1.0847 && time == 1_700_000_000_700)
-        #expect(RecoveryOrder.time.value(of: forex) == 1_700_000_000_700)
+        #expect(PolygonWireProtocol().orderValue(.time, of: forex) == 1_700_000_000_700)
     }
 
     @Test func aBarLeavesOutWhatRESTDoesNotGiveAndEndsAMinuteAfterItsStart() throws {
@@ -75,7 +75,7 @@ struct RecoveredEventsTests {
         #expect(start == 1_700_000_040_000 && (object["e"] as? NSNumber)?.int64Value == 1_700_000_100_000)
         #expect(object["av"] == nil && object["op"] == nil && object["a"] == nil)
         #expect(object["z"] == nil, "REST's trade count n is not the WebSocket's z (average trade size)")
-        #expect(RecoveryOrder.barStart.value(of: event) == 1_700_000_040_000)
+        #expect(PolygonWireProtocol().orderValue(.barStart, of: event) == 1_700_000_040_000)
     }
 
     @Test func malformedPagesThrowAndAResultWithAFieldOfTheWrongKindIsRefused() throws {
@@ -137,8 +137,8 @@ struct RecoveredEventsTests {
 
     @Test func theOrderFieldIsAKeyNotTheTailOfAnotherOrAString() {
         let event = MarketEvent(eventType: "T", ticker: "AAPL", bytes: ByteBuffer(string: #"{"ev":"T","sym":"q\":9","xq":5,"q":42}"#))
-        #expect(RecoveryOrder.sequence.value(of: event) == 42)
+        #expect(PolygonWireProtocol().orderValue(.sequence, of: event) == 42)
         let none = MarketEvent(eventType: "T", ticker: "AAPL", bytes: ByteBuffer(string: #"{"ev":"T","q":"x"}"#))
-        #expect(RecoveryOrder.sequence.value(of: none) == nil)
+        #expect(PolygonWireProtocol().orderValue(.sequence, of: none) == nil)
     }
 }

@@ -31,7 +31,7 @@ struct GapFillHubTests {
         await hub.publish([trade(15)])
         let request = try #require(requests.withLock { $0.first })
         #expect(request.topics.map(\.topic.description) == ["T.AAPL"], "named topics only")
-        #expect(RecoveryOrder.sequence.value(of: try #require(request.topics.first?.lastBefore)) == 10)
+        #expect(PolygonWireProtocol().orderValue(.sequence, of: try #require(request.topics.first?.lastBefore)) == 10)
         let delivered = await hub.deliverRecovered(
             Topic(parsing: "T.AAPL")!, (11...16).map { trade($0, recovered: true) }, order: .sequence)
         #expect(delivered == 4)
@@ -70,7 +70,7 @@ struct GapFillHubTests {
         await hub.publish([trade(20)])
         let (first, second) = try #require(requests.withLock { $0.count == 2 ? ($0[0], $0[1]) : nil })
         #expect(second.from == first.from && second.through >= first.through, "the union of both windows")
-        #expect(RecoveryOrder.sequence.value(of: try #require(second.topics.first?.lastBefore)) == 10, "from before the first outage")
+        #expect(PolygonWireProtocol().orderValue(.sequence, of: try #require(second.topics.first?.lastBefore)) == 10, "from before the first outage")
         // The whole union window, twice (a retry): only what fell in the two outages, once.
         let topic = Topic(parsing: "T.AAPL")!
         #expect(await hub.deliverRecovered(topic, (11...22).map { trade($0, recovered: true) }, order: .sequence) == 7)
@@ -130,7 +130,7 @@ struct GapFillHubTests {
         await hub.upstreamLost(reason: "two")
         await hub.publish([other])
         let second = try #require(requests.withLock { $0.last })
-        #expect(RecoveryOrder.sequence.value(of: try #require(second.topics.first?.lastBefore)) == 14, "after what the first fill brought")
+        #expect(PolygonWireProtocol().orderValue(.sequence, of: try #require(second.topics.first?.lastBefore)) == 14, "after what the first fill brought")
         #expect(await hub.deliverRecovered(topic, (11...16).map { trade($0, recovered: true) }, order: .sequence) == 2)
         await hub.announceRecovered(GapFillSummary(from: second.from, through: second.through), generation: second.generation)
         // 10, the first outage's two notices, 11…14, the second's two, 15 and 16: nothing twice.
