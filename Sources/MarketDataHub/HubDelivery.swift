@@ -82,11 +82,6 @@ public struct HubDelivery: Sendable {
         return size
     }
 
-    /// Appends its events, in order, to a frame being built.
-    public func write(into builder: inout WireFrameBuilder) {
-        forEachEvent { builder.append($0) }
-    }
-
     /// The newest market sequence among its events (0: none has one).
     public var lastSequence: UInt64 {
         var newest: UInt64 = 0

@@ -1,3 +1,4 @@
+import MarketCore
 import NIOCore
 
 /// A Polygon status object, `{"ev":"status","status":"…","message":"…"}`.
@@ -28,24 +29,25 @@ public struct StatusMessage: Sendable, Equatable, CustomStringConvertible {
         public static let success = "success"
         public static let error = "error"
         public static let maxConnections = "max_connections"
+        // The relay's notices keep the names of the neutral notice they render (``Notice/Kind``).
         /// Relay notice: this connection fell behind and lost events; `dropped` says how many.
-        public static let lagging = "lagging"
+        public static let lagging = Notice.Kind.lagging.rawValue
         /// Relay notice: the upstream connection was lost; events stop until it is back.
-        public static let upstreamDisconnected = "upstream_disconnected"
+        public static let upstreamDisconnected = Notice.Kind.upstreamDisconnected.rawValue
         /// Relay notice: the upstream is back; the numbers name the window with no events.
-        public static let upstreamReconnected = "upstream_reconnected"
+        public static let upstreamReconnected = Notice.Kind.upstreamReconnected.rawValue
         /// Relay notice: a resume's missed events were all sent (this status marks the seam: live events
         /// follow it); `replayed` counts them per topic.
-        public static let resumed = "resumed"
+        public static let resumed = Notice.Kind.resumed.rawValue
         /// Relay notice: a topic's missed events are no longer all held (or the epoch changed): none of
         /// them are sent, its last value follows, then live events.
-        public static let gap = "gap"
+        public static let gap = Notice.Kind.gap.rawValue
         /// The relay's own: after an upstream outage, the events it recovered from the REST API for the
         /// connection's topics (each flagged `"_r":1`), sent once the fill is done.
-        public static let recovered = "recovered"
+        public static let recovered = Notice.Kind.recovered.rawValue
         /// Relay notice: the market's positions start again under a new epoch (a cluster's new
         /// leadership term); a later `since` names it.
-        public static let epoch = "epoch"
+        public static let epoch = Notice.Kind.epoch.rawValue
     }
 
     /// A JSON string value for ``fields``.

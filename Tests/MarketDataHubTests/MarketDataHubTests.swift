@@ -410,7 +410,7 @@ struct HubDeliveryTests {
         // What the downstream builds from them is exactly the frame of the events, in order.
         let payload = deliveries.reduce(1) { $0 + $1.framedBytes }
         let built = WireFrameBuilder.build(payload: payload) { builder in
-            for delivery in deliveries { delivery.write(into: &builder) }
+            for delivery in deliveries { delivery.forEachEventAddress { builder.append($0) } }
         }
         let expected = try #require(FrameEncoder.frame(for: input))
         #expect(built.frame.getSlice(at: WireFrame.headerLength(payload: payload), length: payload) == expected)
