@@ -98,119 +98,33 @@ public protocol RecoveryOutlet: Sendable {
     func finishFill(generation: Int) async
 }
 
-/// One outage a topic's holders have not had filled yet: the events they may still be given lie after
-/// `after` (the last event the hub had, raised as recovered ones are delivered) and before `before`
-/// (the first live one after the outage). Value type.
-struct PendingGap {
-    var generation: Int
-    var from: Int64
-    var through: Int64
-    var after: MarketEvent?
-    var before: MarketEvent?
-    /// Recovered events delivered into this gap.
-    var delivered = 0
-    /// Recovered events that fall after `after` while `before` is not known yet: held until the topic's
-    /// first live event bounds them (a trade stamped before the fill's window ends can still be on its
-    /// way live) or the fill ends, so that none arrives both recovered and live.
-    var held: [MarketEvent] = []
-}
-
 extension MarketDataHub {
-    /// The most outages a topic keeps waiting for a fill; an older one is given up (its holders had the
-    /// notice), as is one older than ``pendingGapLifetime`` (the fill's longest window by default: a
-    /// union reaching further back would only be skipped, taking the new outage with it).
-    static let pendingGapsPerTopic = 8
-    static let pendingGapLifetime: Int64 = 900_000
-
     /// Asks `handler` to fill each outage once the upstream is back (the relay's gap fill); `nil` stops it.
     public func setRecoveryHandler(_ handler: (@Sendable (GapFillRequest) -> Void)?) {
         recoveryHandler = handler
-        if handler == nil { finishFill(generation: fillGeneration) }
+        if handler == nil { finishFill(generation: gapLedger.generation) }
     }
 
     /// The upstream is back: each topic held by name gets a pending gap, watched for its first live
-    /// event, and the handler gets one request covering every gap not filled yet (an earlier outage's
-    /// fill cut short, e.g. by a cluster failover, is taken up for the union of both windows).
+    /// event, and the handler gets one request covering every gap not filled yet (``GapLedger``).
     func requestFill(from: Int64, through: Int64) {
         guard let recoveryHandler else { return }
-        fillGeneration += 1
-        // Every topic's old outages go, held or not (a topic nobody holds keeps none for long).
-        for (topic, gaps) in pendingGaps {
-            // What a given-up gap still held goes out first (its topic has had no live event since).
-            _ = release(topic, gaps.filter { through - $0.through >= Self.pendingGapLifetime })
-            let kept = gaps.filter { through - $0.through < Self.pendingGapLifetime }
-            pendingGaps[topic] = kept.isEmpty ? nil : kept
-        }
-        recoveredThrough = recoveredThrough.filter { entries[$0.key].map { !$0.subscribers.isEmpty } ?? false }
-        var held: [GapFillRequest.Held] = []
-        var earliest = from
-        for (topic, entry) in entries where !entry.subscribers.isEmpty {
-            var gaps = pendingGaps[topic] ?? []
-            // After what the topic's holders have or are held for them: its last live event, or a
-            // recovered one past it (a quiet topic's last live event can be older than what an earlier
-            // fill brought, delivered or held in a gap still open).
-            let order = wire.recoveryOrder(of: topic.eventType)
-            let candidates = [entry.last, recoveredThrough[topic]] + gaps.filter { $0.before == nil }.map(\.after)
-            let after = candidates.compactMap { $0 }.max { (wire.orderValue(order, of: $0) ?? .min) < (wire.orderValue(order, of: $1) ?? .min) }
-            gaps.append(PendingGap(generation: fillGeneration, from: from, through: through, after: after, before: nil))
-            if gaps.count > Self.pendingGapsPerTopic {
-                _ = release(topic, Array(gaps.prefix(gaps.count - Self.pendingGapsPerTopic)))
-                gaps.removeFirst(gaps.count - Self.pendingGapsPerTopic)
-            }
-            pendingGaps[topic] = gaps
-            fillWatch.insert(topic)
-            earliest = Swift.min(earliest, gaps[0].from)
-            held.append(GapFillRequest.Held(topic: topic, holders: entry.subscribers.count, lastBefore: gaps[0].after))
-        }
-        held.sort { ($0.holders, $1.topic) > ($1.holders, $0.topic) }
-        recoveryHandler(GapFillRequest(from: earliest, through: through, topics: held, generation: fillGeneration))
+        let holders = entries.compactMap { topic, entry in entry.subscribers.isEmpty ? nil : (topic, entry.subscribers.count, entry.last) }
+        let (request, released) = gapLedger.open(from: from, through: through, holders: holders)
+        pass(released)
+        recoveryHandler(request)
     }
 
     /// A topic's first live event after an outage closes its open gaps: the recovered events held for
     /// them that lie before it are delivered (ahead of it), the rest were on their way live.
     func watchFirstLive(_ events: [MarketEvent]) {
-        for event in events where fillWatch.contains(event.topic) {
-            fillWatch.remove(event.topic)
-            guard var gaps = pendingGaps[event.topic] else { continue }
-            let first = event.compacted()
-            for index in gaps.indices where gaps[index].before == nil { gaps[index].before = first }
-            pendingGaps[event.topic] = release(event.topic, gaps, before: wire.orderValue(wire.recoveryOrder(of: event.topic.eventType), of: first))
-        }
-    }
-
-    /// The most recovered events the hub holds for topics whose first live event has not come (a fill
-    /// brings at most its settings' events; a cluster node's come from NATS). Past it, what is held is
-    /// delivered at once, as it would be without a bound for it.
-    static let heldRecoveredLimit = 200_000
-
-    /// Delivers the held recovered events of `topic`'s gaps in `gaps` now, those ordered before `bound`
-    /// when there is one (the rest were on their way live); returns the gaps emptied.
-    private func release(_ topic: Topic, _ gaps: [PendingGap], before bound: Int64? = nil) -> [PendingGap] {
-        let order = wire.recoveryOrder(of: topic.eventType)
-        var gaps = gaps
-        var passed: [MarketEvent] = []
-        for index in gaps.indices where !gaps[index].held.isEmpty {
-            let held = gaps[index].held
-            heldRecovered -= held.count
-            gaps[index].held = []
-            let kept = bound.map { bound in held.filter { (wire.orderValue(order, of: $0) ?? .max) < bound } } ?? held
-            gaps[index].delivered += kept.count
-            passed += kept
-        }
-        pass(topic, passed)
-        return gaps
+        pass(gapLedger.firstLive(events))
     }
 
     /// Recovered events of `topic` to its named holders now, as a replay outside their buffer's bound,
     /// with positions and into the history (on a cluster node they have the leader's already).
     private func pass(_ topic: Topic, _ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
-        let order = wire.recoveryOrder(of: topic.eventType)
-        if let newest = events.max(by: { (wire.orderValue(order, of: $0) ?? .min) < (wire.orderValue(order, of: $1) ?? .min) }),
-            (wire.orderValue(order, of: newest) ?? .min) > (recoveredThrough[topic].flatMap { wire.orderValue(order, of: $0) } ?? .min)
-        {
-            recoveredThrough[topic] = newest.compacted()
-        }
         var events = events
         if let history, !adoptsPositions {
             events = history.keep(events, at: WallClock.nowMilliseconds())
@@ -235,6 +149,10 @@ extension MarketDataHub {
         tell(holders)
     }
 
+    private func pass(_ released: GapLedger.Released) {
+        for (topic, events) in released { pass(topic, events) }
+    }
+
     /// Delivers a topic's recovered events (oldest first, each already flagged) to the subscribers that
     /// hold it by name, as a replay outside their buffer's bound: only those that fall in one of the
     /// topic's pending gaps (after what the hub had, before the first live event, not delivered yet),
@@ -248,35 +166,8 @@ extension MarketDataHub {
             events = adopt(events, into: history, at: WallClock.nowMilliseconds())
             metrics.record(history)
         }
-        guard var gaps = pendingGaps[topic], !gaps.isEmpty else { return 0 }
-        var bounds = gaps.map { gap in (gap.after.flatMap { wire.orderValue(order, of: $0) } ?? .min, gap.before.flatMap { wire.orderValue(order, of: $0) } ?? .max) }
-        var raised: [Int: MarketEvent] = [:]
-        var now: [MarketEvent] = []
-        var accepted = 0
-        for event in events {
-            guard let value = wire.orderValue(order, of: event),
-                let index = bounds.firstIndex(where: { $0.0 < value && value < $0.1 })
-            else { continue }
-            bounds[index].0 = value
-            raised[index] = event
-            accepted += 1
-            if gaps[index].before == nil {
-                // Its own bytes: a held event must not hold a whole NATS message or REST page alive.
-                gaps[index].held.append(event.compacted())
-                heldRecovered += 1
-            } else {
-                gaps[index].delivered += 1
-                now.append(event)
-            }
-        }
-        for (index, event) in raised { gaps[index].after = event.compacted() }
-        // Oldest first: the gaps whose first live event came lie before those still open.
-        pass(topic, now)
-        if heldRecovered > Self.heldRecoveredLimit {
-            for (held, open) in pendingGaps where held != topic { pendingGaps[held] = release(held, open) }
-            gaps = release(topic, gaps)
-        }
-        pendingGaps[topic] = gaps
+        let (accepted, released) = gapLedger.accept(topic, events, order: order)
+        pass(released)
         return accepted
     }
 
@@ -290,10 +181,10 @@ extension MarketDataHub {
         let covered = Set(summary.recovered.keys).union(summary.missing.keys).filter { settled[$0] != nil }
         let events = covered.reduce(0) { $0 + (delivered[$1] ?? 0) }
         let missingCount = covered.filter { summary.missing[$0] != nil }.count
-        gapFillCounts.fills += 1
-        if missingCount > 0 { gapFillCounts.incomplete += 1 }
-        gapFillCounts.recovered += events
-        gapFillCounts.last = GapFillCounts.Last(
+        gapLedger.counts.fills += 1
+        if missingCount > 0 { gapLedger.counts.incomplete += 1 }
+        gapLedger.counts.recovered += events
+        gapLedger.counts.last = GapFillCounts.Last(
             from: summary.from, through: summary.through, endedAt: WallClock.nowMilliseconds(), events: events,
             topics: covered.count - missingCount, complete: missingCount == 0, missing: missingCount)
         var perSubscriber: [SubscriberID: (subscriber: Subscriber, topics: [Topic])] = [:]
@@ -329,12 +220,12 @@ extension MarketDataHub {
 
     /// An outage longer than the fill covers: counted, its gaps given up (the notice was all).
     public func noteFillSkipped(generation: Int) {
-        gapFillCounts.skipped += 1
+        gapLedger.counts.skipped += 1
         finishFill(generation: generation)
     }
 
     /// The gap fills since start.
-    public var gapFillStatistics: GapFillCounts { gapFillCounts }
+    public var gapFillStatistics: GapFillCounts { gapLedger.counts }
 
     /// A fill is over without a summary (skipped, cancelled, or with nothing to ask for): the gaps of
     /// request `generation` and earlier are settled.
@@ -343,23 +234,12 @@ extension MarketDataHub {
     }
 
     /// The request generation of the latest recovery (a cluster node names it in its fill request).
-    public var latestFillGeneration: Int { fillGeneration }
+    public var latestFillGeneration: Int { gapLedger.generation }
 
-    /// Removes the gaps of requests up to `generation`; returns them per topic.
+    /// Settles the gaps of requests up to `generation`, delivering what they held; returns them per topic.
     private func settle(through generation: Int) -> [Topic: [PendingGap]] {
-        var settled: [Topic: [PendingGap]] = [:]
-        for (topic, gaps) in pendingGaps {
-            let (done, left) = (gaps.filter { $0.generation <= generation }, gaps.filter { $0.generation > generation })
-            guard !done.isEmpty else { continue }
-            // The fill is over and the topic stayed quiet: what it brought is delivered now.
-            settled[topic] = release(topic, done)
-            if left.isEmpty {
-                pendingGaps[topic] = nil
-                fillWatch.remove(topic)
-            } else {
-                pendingGaps[topic] = left
-            }
-        }
+        let (settled, released) = gapLedger.settle(through: generation)
+        pass(released)
         return settled
     }
 }

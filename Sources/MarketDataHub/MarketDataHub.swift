@@ -71,14 +71,8 @@ public actor MarketDataHub {
     /// Gap fill: told of each recovery (its window and the topics held by name); each such topic's
     /// outages not filled yet, and those still watched for their first live event after the outage.
     var recoveryHandler: (@Sendable (GapFillRequest) -> Void)?
-    var pendingGaps: [Topic: [PendingGap]] = [:]
-    /// Per topic held by name, the newest recovered event delivered (a later outage's fill starts after it).
-    var recoveredThrough: [Topic: MarketEvent] = [:]
-    /// Recovered events held in `pendingGaps` until their topic's first live event (or the fill's end).
-    var heldRecovered = 0
-    var fillWatch: Set<Topic> = []
-    var fillGeneration = 0
-    var gapFillCounts = GapFillCounts()
+    /// Gap fill's outages, held recovered events and counts (``GapLedger``).
+    var gapLedger: GapLedger
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger
@@ -109,6 +103,7 @@ public actor MarketDataHub {
         onWantedTopicsChange: @escaping @Sendable (WantedTopicsChange) -> Void = { _ in }
     ) {
         self.wire = wire
+        gapLedger = GapLedger(wire: wire)
         stateEventTypes = wire.stateEventTypes
         self.policy = policy
         self.snapshotOnSubscribe = snapshotOnSubscribe
@@ -276,7 +271,7 @@ public actor MarketDataHub {
         published += events.count
         publishedCounter.increment(by: events.count)
         var events = events
-        if !fillWatch.isEmpty { watchFirstLive(events) }
+        if !gapLedger.watched.isEmpty { watchFirstLive(events) }
         if history == nil, adoptsPositions, let limits = historyLimits {
             // Positioned events before the leader's epoch was heard (its notice travels on another
             // subject): kept, under an epoch named when it comes.

@@ -171,14 +171,14 @@ struct GapFillHubTests {
         #expect(got.filter { fields($0)["_r"] as? Int == 1 }.compactMap { fields($0)["q"] as? Int } == [11, 12, 13, 14])
         let status = try #require(got.last { fields($0)["status"] as? String == "recovered" })
         #expect((fields(status)["topics"] as? [String: Int]) == ["T.AAPL": 4], "what was delivered, not what was fetched")
-        #expect(await hub.heldRecovered == 0)
+        #expect(await hub.gapLedger.held == 0)
     }
 
     @Test func whatAFillBroughtForATopicThatStaysQuietIsDeliveredWhenTheFillEnds() async throws {
         let (hub, named, request) = try await backWithAnotherTicker()
         let topic = Topic(parsing: "T.AAPL")!
         #expect(await hub.deliverRecovered(topic, (11...12).map { trade($0, recovered: true) }, order: .sequence) == 2)
-        #expect(await hub.heldRecovered == 2)
+        #expect(await hub.gapLedger.held == 2)
         var summary = GapFillSummary(from: request.from, through: request.through)
         summary.recovered[topic] = 2
         await hub.announceRecovered(summary, generation: request.generation)
@@ -186,7 +186,7 @@ struct GapFillHubTests {
         #expect(got.compactMap { fields($0)["q"] as? Int } == [10, 11, 12], "\(got.map(\.json))")
         #expect(fields(got[5])["status"] as? String == "recovered", "the status after the events it counts")
         #expect((fields(got[5])["topics"] as? [String: Int]) == ["T.AAPL": 2])
-        #expect(await hub.heldRecovered == 0)
+        #expect(await hub.gapLedger.held == 0)
     }
 
     @Test func recoveredEventsForAConnectionThatHasAResumesWorthUnreadAreToldNotQueued() async throws {
