@@ -41,7 +41,7 @@ let benchmarks: @Sendable () -> Void = {
         "MarketDataHub.publish: 50 events to 100 subscribers × 20 of 100 symbols, drained",
         configuration: .init(metrics: [.throughput, .wallClock, .mallocCountTotal], maxDuration: .seconds(3))
     ) { benchmark in
-        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        let hub = MarketDataHub(wire: PolygonWireProtocol(), snapshotOnSubscribe: false)
         var readers: [HubSubscription.Reader] = []
         for subscriber in 0..<100 {
             let topics = Set((0..<20).map { Topic(eventType: "Q", ticker: "S" + String(format: "%03d", (subscriber * 7 + $0 * 37) % 100))! })
@@ -68,7 +68,7 @@ let benchmarks: @Sendable () -> Void = {
         "WritePathAllocations",
         configuration: .init(metrics: [.mallocCountTotal], maxDuration: .seconds(2), maxIterations: 2_000)
     ) { benchmark in
-        let hub = MarketDataHub(snapshotOnSubscribe: false)
+        let hub = MarketDataHub(wire: PolygonWireProtocol(), snapshotOnSubscribe: false)
         var readers: [HubSubscription.Reader] = []
         var channels: [EmbeddedChannel] = []
         for subscriber in 0..<100 {
@@ -85,7 +85,7 @@ let benchmarks: @Sendable () -> Void = {
                 guard await readers[index].nextDeliveries(into: &deliveries) else { continue }
                 let payload = deliveries.reduce(1) { $0 + $1.framedBytes }
                 let built = WireFrameBuilder.build(payload: payload, allocator: channels[index].allocator) { builder in
-                    for delivery in deliveries { delivery.write(into: &builder) }
+                    for delivery in deliveries { delivery.forEachEventAddress { builder.append($0) } }
                 }
                 deliveries.removeAll(keepingCapacity: true)
                 channels[index].write(built.frame, promise: nil)
