@@ -409,6 +409,8 @@ actor MarketConnection {
                 dependencies.shelf.closed(name, id: ObjectIdentifier(self))
             }
         }
+        // Empty now: its buffer goes too (an idle connection keeps none; changes are rare).
+        hubChanges = []
         hubWorker = nil
     }
 
