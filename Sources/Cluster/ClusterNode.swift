@@ -28,15 +28,8 @@ import Upstream
 ///
 /// `Sendable`; a `Service`. State behind a `Mutex`; ``run()`` owns every task and the NATS connection.
 public final class ClusterNode: Service, Sendable {
-    /// What `/healthz` shows of the cluster. Value type, `Sendable`.
-    public struct Status: Sendable, Equatable {
-        public var role: String
-        public var node: String
-        public var leader: String?
-        public var nats: String
-        public var liveNodes: [String]
-        public var subscriptions: Int
-    }
+    /// What `/healthz` shows of the cluster: the feed report's cluster part.
+    public typealias Status = ClusterReport
 
     private struct State {
         var connection: NATSConnection?

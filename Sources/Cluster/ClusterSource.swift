@@ -19,17 +19,14 @@ public struct ClusterSource: MarketSource {
 
     public func report() async -> FeedReport {
         let status = node.status
-        let cluster = ClusterReport(
-            role: status.role, node: status.node, leader: status.leader, nats: status.nats, liveNodes: status.liveNodes,
-            subscriptions: status.subscriptions)
         if let connection = node.upstream {
             return FeedReport(
-                healthy: node.isHealthy && connection.state == .authenticated, upstream: UpstreamReport(connection), cluster: cluster,
+                healthy: node.isHealthy && connection.state == .authenticated, upstream: UpstreamReport(connection), cluster: status,
                 lastUpstreamMessageAge: connection.lastMessageAt.map { ContinuousClock.now - $0 })
         }
         let detail = status.leader.map { "held by the cluster leader \($0)" } ?? "no cluster leader yet"
         return FeedReport(
-            healthy: node.isHealthy, upstream: UpstreamReport(state: "standby", detail: detail, url: upstream), cluster: cluster)
+            healthy: node.isHealthy, upstream: UpstreamReport(state: "standby", detail: detail, url: upstream), cluster: status)
     }
 
     public func lastEvent(for topic: Topic) async -> MarketEvent? { await node.lastEvent(for: topic) }

@@ -68,7 +68,7 @@ public struct UpstreamReport: Sendable, Encodable {
 }
 
 /// A cluster node as `/healthz` shows it.
-public struct ClusterReport: Sendable, Encodable {
+public struct ClusterReport: Sendable, Equatable, Encodable {
     /// `leader` or `follower`.
     public var role: String
     public var node: String

@@ -78,14 +78,14 @@ public struct HubDelivery: Sendable {
     /// The payload bytes its events take in a frame: each event's bytes and one separator.
     public var framedBytes: Int {
         var size = 0
-        forEachEvent { size += $0.bytes.readableBytes + 1 }
+        forEachEventAddress { size += $0.pointee.bytes.readableBytes + 1 }
         return size
     }
 
     /// The newest market sequence among its events (0: none has one).
     public var lastSequence: UInt64 {
         var newest: UInt64 = 0
-        forEachEvent { newest = max(newest, $0.sequence) }
+        forEachEventAddress { newest = max(newest, $0.pointee.sequence) }
         return newest
     }
 
@@ -98,7 +98,7 @@ public struct HubDelivery: Sendable {
 
     /// Appends its events, in order, to an array.
     public func append(to array: inout [MarketEvent]) {
-        forEachEvent { array.append(copy $0) }
+        forEachEventAddress { array.append($0.pointee) }
     }
 
     /// Calls `body` with each of its events, in order, and its form made by `convert`. The form of an
@@ -143,27 +143,6 @@ public struct HubDelivery: Sendable {
             events.withUnsafeBufferPointer { events in
                 guard let start = events.baseAddress else { return }
                 for index in events.indices { body(start + index) }
-            }
-        }
-    }
-
-    /// Calls `body` with each of its events, in order, lent where the hub holds them (no copy).
-    public func forEachEvent(_ body: (borrowing MarketEvent) -> Void) {
-        switch content {
-        case .selected(let published, let base, var mask):
-            published.events.withUnsafeBufferPointer { events in
-                while mask != 0 {
-                    body(events[base + mask.trailingZeroBitCount])
-                    mask &= mask &- 1
-                }
-            }
-        case .events(let events, _):
-            events.withUnsafeBufferPointer { events in
-                for index in events.indices { body(events[index]) }
-            }
-        case .replay(let events):
-            events.withUnsafeBufferPointer { events in
-                for index in events.indices { body(events[index]) }
             }
         }
     }
