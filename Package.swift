@@ -314,7 +314,7 @@ let package = Package(
         ),
         .testTarget(
             name: "RelayServerTests",
-            dependencies: ["RelayServer", "PolygonWire"],
+            dependencies: ["RelayServer", "PolygonWire", .product(name: "NIOEmbedded", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(

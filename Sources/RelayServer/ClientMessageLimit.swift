@@ -3,7 +3,7 @@ import NIOWebSocket
 
 /// The largest client message one WebSocket connection accepts right now: small until the client has
 /// authenticated (a stranger cannot make the relay buffer a megabyte per connection), the full limit
-/// after. Shared by the connection's ``FrameSizeGate`` and its handler, both on the
+/// after. Shared by the connection's ``WireGate`` and its handler, both on the
 /// connection's event loop; not `Sendable`.
 final class ClientMessageLimit {
     private(set) var bytes: Int
@@ -20,19 +20,31 @@ final class ClientMessageLimit {
     var isOpen: Bool { bytes == full }
 }
 
-/// In front of NIO's WebSocket frame decoder, on the raw bytes: reads each client frame's header and
-/// refuses a frame longer than the connection's ``ClientMessageLimit`` before its payload is buffered
-/// anywhere (NIO's decoder, whose own limit is the full one, holds a frame whole until it is complete).
+/// A WebSocket connection's wire side: between NIO's WebSocket codec and the socket (TLS, when on),
+/// one handler with two jobs, so a connection pays for one pipeline step instead of two.
 ///
-/// It hands the bytes on frame by frame, so a frame is judged only after the frames before it were
-/// decoded and handled (synchronously, inside the hand-on): a subscribe pipelined right behind `auth`
-/// (a Go client sends everything at once) meets the full limit. Past the limit it raises NIO's
-/// `invalidFrameLength` error (the connection's handler closes with 1009) and drops the rest.
+/// **In: the size gate.** In front of NIO's WebSocket frame decoder, on the raw bytes: reads each client
+/// frame's header and refuses a frame longer than the connection's ``ClientMessageLimit`` before its
+/// payload is buffered anywhere (NIO's decoder, whose own limit is the full one, holds a frame whole
+/// until it is complete). It hands the bytes on frame by frame, so a frame is judged only after the
+/// frames before it were decoded and handled (synchronously, inside the hand-on): a subscribe pipelined
+/// right behind `auth` (a Go client sends everything at once) meets the full limit. Past the limit it
+/// raises NIO's `invalidFrameLength` error (the connection's handler closes with 1009) and drops the rest.
+///
+/// **Out: the outlet for whole frames.** On the socket's side of NIO's `WebSocketFrameEncoder`, so frames
+/// built whole elsewhere (``WireFrame``: header and payload in one buffer) go out without passing the
+/// encoder: written on this handler's context (``write(_:)``) they pass only what lies between it and
+/// the socket. Everything else passes through unchanged. The market feed's events take this way: one
+/// buffer per frame instead of the encoder's separate header buffer, and no per-frame pipeline steps.
+///
 /// Event-loop confined.
-final class FrameSizeGate: ChannelInboundHandler, RemovableChannelHandler {
+final class WireGate: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
 
+    private var context: ChannelHandlerContext?
     private let limit: ClientMessageLimit
     /// Payload bytes of the current frame still to hand on.
     private var remaining: UInt64 = 0
@@ -42,6 +54,24 @@ final class FrameSizeGate: ChannelInboundHandler, RemovableChannelHandler {
 
     init(limit: ClientMessageLimit) {
         self.limit = limit
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    /// On the loop: one whole frame, toward the socket (not flushed).
+    func write(_ frame: ByteBuffer) {
+        context?.write(wrapOutboundOut(frame), promise: nil)
+    }
+
+    /// On the loop: sends everything written so far, through either way.
+    func flush() {
+        context?.flush()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -96,9 +126,12 @@ final class FrameSizeGate: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     /// Puts a gate in front of the decoder the upgrade added.
-    static func install(in channel: any Channel, limit: ClientMessageLimit) throws {
+    static func install(in channel: any Channel, limit: ClientMessageLimit) throws -> WireGate {
+        // NIO's upgrade puts the encoder, then the decoder: in front of the encoder is in front of both.
         let operations = channel.pipeline.syncOperations
-        let decoder = try operations.context(handlerType: ByteToMessageHandler<WebSocketFrameDecoder>.self)
-        try operations.addHandler(FrameSizeGate(limit: limit), position: .before(decoder.handler))
+        let encoder = try operations.handler(type: WebSocketFrameEncoder.self)
+        let gate = WireGate(limit: limit)
+        try operations.addHandler(gate, position: .before(encoder))
+        return gate
     }
 }

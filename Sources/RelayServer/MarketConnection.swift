@@ -75,6 +75,11 @@ actor MarketConnection {
     /// The close code for a client the `disconnect` policy removed: "try again later".
     static let tooSlowCloseCode = WebSocketErrorCode(codeNumber: 1013)
 
+    /// Whether this connection's hub changes are under way, waiting for a slot, or none.
+    private enum Worker {
+        case idle, waiting, running
+    }
+
     private enum HubChange {
         case join
         case add([Topic], ResumeRequest?)
@@ -83,6 +88,11 @@ actor MarketConnection {
         case leave
         /// A tagged session's connection ended: its subscriber is parked and the session shelved.
         case shelve(String, SessionShelf.Session)
+
+        /// A tagged session shelved: it starts at once, whatever the limit (see ``HubChangeSlots``).
+        var isUrgent: Bool {
+            if case .shelve = self { true } else { false }
+        }
     }
 
     /// The default interval of a connection that asks for conflation without one.
@@ -98,9 +108,12 @@ actor MarketConnection {
     private var session: any DownstreamSession
     private var admitted: ClientGrant?
     private var subscription: HubSubscription?
-    private var authTimeout: Scheduled<Void>?
+    /// Its loop's sign-in deadlines (the server's auth timeout).
+    private let signIn: NIOLoopBound<LoopDeadlineQueue<MarketConnection>>
     private var hubChanges: [HubChange] = []
-    private var hubWorker: Task<Void, Never>?
+    /// Its loop's limit on connections with hub changes under way.
+    private let hubSlots: NIOLoopBound<HubChangeSlots<MarketConnection>>
+    private var worker = Worker.idle
     private var ended = false
     /// A failed authentication is being answered (after its delay): nothing more is read.
     private var refusing = false
@@ -120,9 +133,12 @@ actor MarketConnection {
     /// - Parameter session: the vendor's conversation (Polygon's or Alpaca's), not yet authenticated.
     init(
         handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, session: any DownstreamSession, dependencies: Dependencies,
-        drain: LoopDrain, hooks: AddressHooks
+        drain: LoopDrain, signIn: NIOLoopBound<LoopDeadlineQueue<MarketConnection>>, hubSlots: NIOLoopBound<HubChangeSlots<MarketConnection>>,
+        hooks: AddressHooks
     ) {
         self.loop = loop
+        self.signIn = signIn
+        self.hubSlots = hubSlots
         self.unownedExecutor = loop.executor.asUnownedSerialExecutor()
         self.handler = handler
         self.dependencies = dependencies
@@ -147,15 +163,19 @@ actor MarketConnection {
 
     private func opened() {
         handler.value.write(session.connectedFrame, binary: session.isBinary)
-        let timeout = dependencies.configuration.authTimeout
-        authTimeout = loop.scheduleTask(in: TimeAmount(timeout)) {
-            self.assumeIsolated { $0.authenticationTimedOut() }
-        }
+        signIn.value.add(self)
         change(.join)
     }
 
+    /// The sign-in deadlines of a server whose clients have `timeout` to authenticate, one queue per loop.
+    static func signInDeadlines(_ timeout: Duration) -> PerLoop<LoopDeadlineQueue<MarketConnection>> {
+        PerLoop { loop in
+            LoopDeadlineQueue(loop: loop, delay: TimeAmount(timeout)) { connection in connection.assumeIsolated { $0.authenticationTimedOut() } }
+        }
+    }
+
     private func authenticationTimedOut() {
-        guard !session.isAuthenticated, !ended else { return }
+        guard !session.isAuthenticated, !ended, !refusing else { return }
         handler.value.refuse(session.authTimeoutFrame, binary: session.isBinary, reason: "no authentication")
     }
 
@@ -173,8 +193,6 @@ actor MarketConnection {
         session.epoch = dependencies.hub.epoch
         let reaction = session.respond(to: message)
         if let grant = session.grant, !wasAuthenticated {
-            authTimeout?.cancel()
-            authTimeout = nil
             // A key's connection limit, answered as Polygon answers one: the status, then 1008.
             guard dependencies.keyConnections.admit(grant) else {
                 dependencies.logger.info("downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
@@ -266,15 +284,11 @@ actor MarketConnection {
     /// A refusal is under way: nothing more is read, and the auth timeout has nothing left to do.
     private func stopReading() {
         refusing = true
-        authTimeout?.cancel()
-        authTimeout = nil
     }
 
     private func closed() {
         guard !ended else { return }
         ended = true
-        authTimeout?.cancel()
-        authTimeout = nil
         let grant = admitted
         if let admitted { dependencies.keyConnections.release(admitted) }
         admitted = nil
@@ -314,8 +328,21 @@ actor MarketConnection {
 
     private func change(_ change: HubChange) {
         hubChanges.append(change)
-        guard hubWorker == nil else { return }
-        hubWorker = Task { await self.applyHubChanges() }
+        switch worker {
+        case .running:
+            return
+        case .waiting:
+            guard change.isUrgent else { return }
+            hubSlots.value.startNow(self)
+            startWorker()
+        case .idle:
+            if hubSlots.value.start(self, urgent: change.isUrgent) { startWorker() } else { worker = .waiting }
+        }
+    }
+
+    private func startWorker() {
+        worker = .running
+        Task { await self.applyHubChanges() }
     }
 
     private func applyHubChanges() async {
@@ -409,9 +436,15 @@ actor MarketConnection {
                 dependencies.shelf.closed(name, id: ObjectIdentifier(self))
             }
         }
+        finishedChanges()
+    }
+
+    private func finishedChanges() {
         // Empty now: its buffer goes too (an idle connection keeps none; changes are rare).
         hubChanges = []
-        hubWorker = nil
+        worker = .idle
+        // The next connection of this loop in line (its actor runs on this loop too).
+        hubSlots.value.finished()?.assumeIsolated { $0.startWorker() }
     }
 
     /// Gives back a taken-back session's hold on `topics` in its key's budget.

@@ -74,10 +74,10 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
     }
 
     /// Each connection keeps up to `maxMessagesPerRead` receive buffers for reuse, sized by its receive
-    /// allocator (NIO's default starts at 2 KiB). Downstream clients send little after their upgrade,
-    /// so one buffer starting at 512 bytes (growing with what arrives, up to 64 KiB) costs an idle
-    /// client 512 bytes instead of 8 KiB.
-    static let receiveAllocator = AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536)
+    /// allocator (NIO's default starts at 2 KiB). Downstream clients send little after their upgrade
+    /// (an upgrade request of 150 to 600 bytes, then messages of tens of bytes), so one buffer starting
+    /// at 256 bytes (growing with what arrives, up to 64 KiB) costs an idle client 256 bytes, not 8 KiB.
+    static let receiveAllocator = AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 256, maximum: 65536)
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {

@@ -35,6 +35,12 @@ public final class RelayServer: Service, Sendable {
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
     private let drains: LoopDrains
+    /// Each loop's ping deadlines, and its sign-in deadlines: one queue and one armed task per loop,
+    /// not a scheduled task per connection.
+    private let pings = PerLoop { LoopDeadlineQueue<WebSocketConnectionHandler>(loop: $0, delay: RelayServer.pingInterval) { $0.pingOrDrop() } }
+    private let signIns: PerLoop<LoopDeadlineQueue<MarketConnection>>
+    /// Each loop's limit on connections with hub changes under way.
+    private let hubSlots = PerLoop { _ in HubChangeSlots<MarketConnection>(limit: RelayServer.hubChangesPerLoop) }
     private let statusBoard: StatusBoard
     let dashboard: Dashboard
 
@@ -63,6 +69,7 @@ public final class RelayServer: Service, Sendable {
         ]
         self.metrics = DownstreamMetrics(factory: factory)
         self.drains = LoopDrains(metrics: metrics)
+        self.signIns = MarketConnection.signInDeadlines(configuration.authTimeout)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
         let markets = served.map { MarketRoute($0, configuration: configuration, factory: factory) }
@@ -151,6 +158,8 @@ public final class RelayServer: Service, Sendable {
     static let closeTimeout = TimeAmount.seconds(3)
     /// A client that does not answer a ping within this long is dropped (and idle clients are pinged).
     static let pingInterval = TimeAmount.seconds(30)
+    /// Connections of one loop with hub changes under way at once (``HubChangeSlots``).
+    static let hubChangesPerLoop = 256
 
     /// The WebSocket side of the port: which upgrades are accepted, and the handlers that then run them.
     private func webSocketRoutes() -> RelayChildChannel.Routes {
@@ -196,9 +205,9 @@ public final class RelayServer: Service, Sendable {
         let messageLimit = ClientMessageLimit(
             initial: accepted.isMarket ? limits.preAuthMessageBytes : configuration.maxClientMessageBytes,
             full: configuration.maxClientMessageBytes)
-        try FrameSizeGate.install(in: channel, limit: messageLimit)
+        let gate = try WireGate.install(in: channel, limit: messageLimit)
         let handler = WebSocketConnectionHandler(
-            pingInterval: Self.pingInterval, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: limits.outboundBytes,
+            pings: pings.on(channel.eventLoop).value, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: limits.outboundBytes,
             // The session's message rate and burst, and room for control frames (pings, pongs, close).
             pace: .init(perSecond: configuration.limits.messagesPerSecond + 10, burst: configuration.limits.messageBurst + 100))
         handler.socketCounter = try? channel.pipeline.syncOperations.handler(type: SocketByteCounter.self)
@@ -252,6 +261,7 @@ public final class RelayServer: Service, Sendable {
             let connection = MarketConnection(
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: connectionDependencies[index], drain: drains.drain(for: channel.eventLoop),
+                signIn: signIns.on(channel.eventLoop), hubSlots: hubSlots.on(channel.eventLoop),
                 hooks: .init(addresses: addresses, address: address, ticket: ticket))
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
@@ -270,11 +280,8 @@ public final class RelayServer: Service, Sendable {
             metrics.connections.record(sessions.count)
             release()
         }
-        // Whole frames of events skip the frame encoder (in front of it, so TLS still applies).
-        let outlet = WireFrameOutlet()
-        handler.attach(outlet)
-        let encoder = try channel.pipeline.syncOperations.handler(type: WebSocketFrameEncoder.self)
-        try channel.pipeline.syncOperations.addHandler(outlet, position: .before(encoder))
+        // Whole frames of events skip the frame encoder (through the gate in front of it, so TLS still applies).
+        handler.attach(gate)
         try channel.pipeline.syncOperations.addHandler(handler)
     }
 

@@ -41,9 +41,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     var socketCounter: SocketByteCounter?
     /// A tagged session's acknowledged position, noted after each write of events.
     var acknowledgedPosition: AcknowledgedPosition?
-    private let pingInterval: TimeAmount
+    /// Its loop's ping deadlines: the handler is in it while open, once per interval.
+    private let pings: LoopDeadlineQueue<WebSocketConnectionHandler>
     private let closeTimeout: TimeAmount
-    private var pingTask: RepeatedTask?
     private var awaitingPong = false
     /// A close frame was sent; the channel closes when the client answers or after `closeTimeout`.
     private(set) var isClosing = false
@@ -51,8 +51,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// Shared with the task that drains this client's hub stream.
     let writability = Writability()
     /// Where whole frames go (``writeWire(_:)``); set before the handler is added.
-    private var outlet: WireFrameOutlet?
-    /// The largest message accepted now (shared with the connection's ``FrameSizeGate``).
+    private var outlet: WireGate?
+    /// The largest message accepted now (shared with the connection's ``WireGate``).
     let messageLimit: ClientMessageLimit
     /// Unsent bytes past which the client is closed.
     private let outboundLimit: Int
@@ -80,10 +80,10 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private var writable = true
 
     init(
-        pingInterval: TimeAmount, closeTimeout: TimeAmount, messageLimit: ClientMessageLimit, outboundLimit: Int,
+        pings: LoopDeadlineQueue<WebSocketConnectionHandler>, closeTimeout: TimeAmount, messageLimit: ClientMessageLimit, outboundLimit: Int,
         pace: InboundPace
     ) {
-        self.pingInterval = pingInterval
+        self.pings = pings
         self.closeTimeout = closeTimeout
         self.messageLimit = messageLimit
         self.outboundLimit = outboundLimit
@@ -98,7 +98,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     /// Set once, before the handler is added: the outlet ``writeWire(_:)`` writes through.
-    func attach(_ outlet: WireFrameOutlet) {
+    func attach(_ outlet: WireGate) {
         self.outlet = outlet
     }
 
@@ -106,10 +106,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
-        pingTask = context.eventLoop.scheduleRepeatedTask(initialDelay: pingInterval, delay: pingInterval) { _ in
-            loopBound.value.pingOrDrop()
-        }
+        pings.add(self)
         // Added by the upgrade, to a channel that is already active.
         conversation?.opened()
     }
@@ -242,7 +239,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     /// A message in too many pieces closes with 1009 (its size is checked as each piece joins; a single
-    /// frame's by the ``FrameSizeGate``).
+    /// frame's by the ``WireGate``).
     private func checkFragments() {
         guard fragmentCount > Self.maxFragments else { return }
         fragments = nil
@@ -395,7 +392,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         close(code: .policyViolation, reason: reason)
     }
 
-    private func pingOrDrop() {
+    /// Told by its loop's ping deadlines once an interval after it opened (and after each ping).
+    func pingOrDrop() {
         guard let context, !isClosing else { return }
         if awaitingPong {
             // No answer for a whole interval: the peer is gone without a FIN.
@@ -404,49 +402,18 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         }
         awaitingPong = true
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer())), promise: nil)
+        pings.add(self)
     }
 
     private func finish() {
         guard !isClosed else { return }
         isClosed = true
         isClosing = true
-        pingTask?.cancel()
-        pingTask = nil
         fragments = nil
         pongWaiting = nil
         writability.close()
         let conversation = self.conversation
         self.conversation = nil
         conversation?.closed()
-    }
-}
-
-/// Sits right in front of NIO's `WebSocketFrameEncoder` (on the socket's side of it), so frames built
-/// whole elsewhere (``WireFrame``: header and payload in one buffer) go out without passing the encoder:
-/// written on this handler's context they pass only what lies between it and the socket (TLS, when on).
-/// Everything else passes through it unchanged. The market feed's events take this way: one buffer per
-/// frame instead of the encoder's separate header buffer, and no per-frame pipeline steps.
-final class WireFrameOutlet: ChannelOutboundHandler, RemovableChannelHandler {
-    typealias OutboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
-
-    private var context: ChannelHandlerContext?
-
-    func handlerAdded(context: ChannelHandlerContext) {
-        self.context = context
-    }
-
-    func handlerRemoved(context: ChannelHandlerContext) {
-        self.context = nil
-    }
-
-    /// On the loop: one whole frame, toward the socket (not flushed).
-    func write(_ frame: ByteBuffer) {
-        context?.write(wrapOutboundOut(frame), promise: nil)
-    }
-
-    /// On the loop: sends everything written so far, through either way.
-    func flush() {
-        context?.flush()
     }
 }

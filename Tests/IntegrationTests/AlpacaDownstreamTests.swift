@@ -243,6 +243,27 @@ struct AlpacaDownstreamTests {
         }
     }
 
+    /// The sign-in deadline (5 s here): a client that never authenticates is told Alpaca's 404 and closed;
+    /// one that authenticated in time is not, and later ones get their own full 5 s.
+    @Test func aClientThatNeverAuthenticatesGets404ThenTheClose() async throws {
+        try await withAlpacaRelay(publishing: false) { port, _ in
+            let silent = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await silent.nextFrame()
+            let started = ContinuousClock.now
+            let signedIn = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await signedIn.nextFrame()
+            signedIn.send(#"{"action":"auth","key":"client-key","secret":"x"}"#)
+            #expect(try await signedIn.nextFrame() == #"[{"T":"success","msg":"authenticated"}]"#)
+            #expect(try await silent.nextFrame(timeout: .seconds(10)) == #"[{"T":"error","code":404,"msg":"auth timeout"}]"#)
+            #expect(try await silent.waitForClose() == 1008)
+            #expect(ContinuousClock.now - started >= .seconds(4), "not before its deadline")
+            // The one that signed in is served still.
+            signedIn.send(#"{"action":"subscribe","trades":["AAPL"]}"#)
+            #expect(try await signedIn.nextFrame().contains(#""T":"subscription""#))
+            await signedIn.close()
+        }
+    }
+
     @Test func anOutageNoticeGoesPastTheSDKsWithoutAWord() async throws {
         try await withAlpacaRelay { port, hub in
             let outage = Task {
