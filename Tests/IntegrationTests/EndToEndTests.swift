@@ -242,7 +242,7 @@ struct EndToEndTests {
             await group.triggerGracefulShutdown()
             // 1012 "service restart": official clients reconnect; 1000/1001 would stop them for good.
             #expect(try await client.waitForClose() == 1012)
-            try await within(.seconds(10), "the relay to stop") { try await running.value }
+            try await stopped(running, within: .seconds(10), "the relay to stop")
             #expect(try parts.upstreamClient.state == .stopped)
             try await waitFor(feed.monitor.updates(), "the upstream connection to close") { $0.openConnections == 0 }
         }

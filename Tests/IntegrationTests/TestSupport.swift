@@ -67,12 +67,28 @@ func withServices<T: Sendable>(
         result = try await body()
     } catch {
         await group.triggerGracefulShutdown()
-        _ = try? await within(.seconds(15), "services to stop") { try await running.value }
+        try? await stopped(running, within: .seconds(15), "services to stop")
         throw error
     }
     await group.triggerGracefulShutdown()
-    try await within(.seconds(15), "services to stop") { try await running.value }
+    try await stopped(running, within: .seconds(15), "services to stop")
     return result
+}
+
+/// Waits for `running` to end; past `timeout` it is cancelled (a graceful stop that hangs is forced,
+/// so the test fails at once with `what` named instead of waiting for its time limit: ``within(_:_:_:)``
+/// cannot end a wait on another task's value) and this throws.
+func stopped(_ running: Task<Void, any Error>, within timeout: Duration, _ what: String) async throws {
+    let forced = Mutex(false)
+    let timer = Task {
+        try await Task.sleep(for: timeout)
+        forced.withLock { $0 = true }
+        running.cancel()
+    }
+    let result = await running.result
+    timer.cancel()
+    if forced.withLock({ $0 }) { throw TimeoutError(description: "timed out after \(timeout) waiting for \(what) (then cancelled)") }
+    try result.get()
 }
 
 /// A real WebSocket client on loopback (HummingbirdWSClient), driven step by step from one test task.
