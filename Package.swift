@@ -24,6 +24,7 @@ let package = Package(
         // For the fuzz targets under Fuzz/.
         .library(name: "AlpacaWire", targets: ["AlpacaWire"]),
         .library(name: "MarketDataHub", targets: ["MarketDataHub"]),
+        .library(name: "Tape", targets: ["Tape"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
@@ -50,6 +51,17 @@ let package = Package(
             name: "CLibWebSockets",
             pkgConfig: "libwebsockets",
             providers: [.apt(["libwebsockets-dev", "libssl-dev"])]
+        ),
+        .systemLibrary(
+            name: "CZstd",
+            pkgConfig: "libzstd",
+            providers: [.apt(["libzstd-dev"])]
+        ),
+        // The tape: what the relay received, kept on disk in zstd blocks per market per UTC day.
+        .target(
+            name: "Tape",
+            dependencies: ["CZstd"],
+            swiftSettings: strict
         ),
         .systemLibrary(
             name: "CNats",
@@ -310,6 +322,11 @@ let package = Package(
         .testTarget(
             name: "AsyncSupportTests",
             dependencies: ["AsyncSupport"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "TapeTests",
+            dependencies: ["Tape"],
             swiftSettings: strict
         ),
         .testTarget(

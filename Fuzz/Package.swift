@@ -1,6 +1,7 @@
 // swift-tools-version:6.1
 // libFuzzer targets for the parts that read untrusted bytes: the upstream frame parser, the server side
-// of the protocol (every client message) and topic parsing, and Alpaca's frames and both sides of its session. A package of its own, built only by
+// of the protocol (every client message) and topic parsing, Alpaca's frames and both sides of its session, and
+// the tape's files. A package of its own, built only by
 // scripts/fuzz with -sanitize=fuzzer,address (libFuzzer supplies `main`, so these cannot be ordinary
 // executables of the relay's package). Run: scripts/fuzz [seconds]
 import PackageDescription
@@ -31,5 +32,6 @@ let package = Package(
         fuzzTarget("FuzzAlpacaSession", ["AlpacaWire", "PolygonWire"]),
         fuzzTarget("FuzzAlpacaClientSession", ["AlpacaWire", "PolygonWire"]),
         fuzzTarget("FuzzTopics", ["PolygonWire"]),
+        fuzzTarget("FuzzTapeReader", ["Tape"]),
     ]
 )

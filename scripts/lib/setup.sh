@@ -32,7 +32,7 @@ ensure_swift() {
 # libnats (the official NATS C client, for clusters).
 ensure_relay_dependencies() {
     ensure_swift
-    ensure_debian_packages libwebsockets-dev libssl-dev libsqlite3-dev libnats-dev pkg-config
+    ensure_debian_packages libwebsockets-dev libssl-dev libsqlite3-dev libnats-dev libzstd-dev pkg-config
 }
 
 # The NATS server (with JetStream) that clusters run on; the cluster tests and scripts/cluster start it.

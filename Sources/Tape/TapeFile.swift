@@ -1,0 +1,219 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// One market's tape for one UTC day: `<directory>/<market>/<yyyy-mm-dd>.tape`, blocks appended one
+/// after another (``TapeBlockHeader``). Append-only: a block is written whole with one `write`, and
+/// what a crash leaves half written after the last whole block (a torn tail) is found by its header's
+/// check or length and cut the next time the file is opened for writing, never read as events.
+public enum TapeFile {
+    /// The file of `market`'s tape for the UTC day of `time` (nanoseconds).
+    public static func path(directory: String, market: String, day: String) -> String {
+        "\(directory)/\(market)/\(day).tape"
+    }
+
+    /// `yyyy-mm-dd` of the UTC day `time` (nanoseconds since 1970) falls in.
+    public static func day(of time: Int64) -> String {
+        var seconds = time_t(time / 1_000_000_000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        let year = Int(parts.tm_year) + 1900
+        let month = Int(parts.tm_mon) + 1
+        let day = Int(parts.tm_mday)
+        return "\(year)-\(month < 10 ? "0" : "")\(month)-\(day < 10 ? "0" : "")\(day)"
+    }
+}
+
+/// Appends records to a market's tape, a block at a time: records gather in memory until ``flush()``
+/// (its owner calls it on a timer, the flush interval) or until a block's worth (`blockBytes` before
+/// compression) is waiting; a record of the next UTC day closes the day's file and opens the next.
+///
+/// Not `Sendable`: one owner, off the delivery path (the recorder).
+public final class TapeWriter {
+    public let directory: String
+    public let market: String
+    private let blockBytes: Int
+    private let compressor: ZstdCompressor
+    private var descriptor: Int32 = -1
+    private var path = ""
+    /// The UTC day of the open file.
+    public private(set) var day: String?
+    /// Where the next block goes in the open file.
+    private var offset: Int64 = 0
+    private var pending: [UInt8] = []
+    private var pendingRecords = 0
+    private var first: (time: Int64, sequence: UInt64)?
+    private var last: (time: Int64, sequence: UInt64) = (0, 0)
+    /// Bytes cut from the end of a file when it was opened (a torn tail), since this writer began.
+    public private(set) var tornBytesCut: Int64 = 0
+    /// Blocks written, and their bytes on disk (headers included).
+    public private(set) var blocksWritten = 0
+    public private(set) var bytesWritten: Int64 = 0
+
+    public init(directory: String, market: String, blockBytes: Int = 256 << 10, level: Int32 = 3) throws {
+        self.directory = directory
+        self.market = market
+        self.blockBytes = max(blockBytes, 1)
+        compressor = try ZstdCompressor(level: level)
+    }
+
+    deinit {
+        if descriptor >= 0 { close(descriptor) }
+    }
+
+    /// Adds `record` to the block being gathered (writing it first if the record is of another day, or
+    /// the block is full).
+    public func append(_ record: TapeRecord) throws {
+        let recordDay = TapeFile.day(of: record.time)
+        if recordDay != day {
+            try flush()
+            try open(day: recordDay)
+        }
+        if first == nil {
+            let sequence: UInt64 = if case .event(let event) = record { event.sequence } else { 0 }
+            first = (record.time, sequence)
+            last = (record.time, sequence)
+        }
+        guard let first else { return }
+        RecordLayout.append(record, to: &pending, baseTime: first.time, baseSequence: first.sequence)
+        pendingRecords += 1
+        switch record {
+        case .event(let event): last = (max(last.time, event.receivedAt), max(last.sequence, event.sequence))
+        case .gap(_, let to): last.time = max(last.time, to)
+        }
+        if pending.count >= blockBytes { try flush() }
+    }
+
+    /// Writes what was gathered as one block (nothing when nothing was).
+    public func flush() throws {
+        guard pendingRecords > 0, let first else { return }
+        let frame = try pending.withUnsafeBytes { try compressor.compress($0) }
+        let header = TapeBlockHeader(
+            compressedLength: frame.count, uncompressedLength: pending.count, records: pendingRecords, firstTime: first.time,
+            lastTime: last.time, firstSequence: first.sequence, lastSequence: last.sequence)
+        let block = header.bytes + frame
+        let written = block.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, off_t(offset)) }
+        guard written == block.count else {
+            // A short write (a full disk): what was written is a torn tail, cut when the file is next opened.
+            throw TapeError.system("writing a block to", path)
+        }
+        offset += Int64(block.count)
+        blocksWritten += 1
+        bytesWritten += Int64(block.count)
+        pending.removeAll(keepingCapacity: true)
+        pendingRecords = 0
+        self.first = nil
+    }
+
+    /// Records gathered and not yet written.
+    public var unflushedRecords: Int { pendingRecords }
+
+    private func open(day: String) throws {
+        if descriptor >= 0 {
+            close(descriptor)
+            descriptor = -1
+        }
+        let folder = "\(directory)/\(market)"
+        for path in [directory, folder] where mkdir(path, 0o755) != 0 && errno != EEXIST {
+            throw TapeError.system("creating", path)
+        }
+        path = TapeFile.path(directory: directory, market: market, day: day)
+        descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { throw TapeError.system("opening", path) }
+        let length = Int64(lseek(descriptor, 0, SEEK_END))
+        let end = TapeScan.blocks(descriptor: descriptor, length: length).blocks.last?.end ?? 0
+        if end < length {
+            guard ftruncate(descriptor, off_t(end)) == 0 else { throw TapeError.system("cutting the torn tail of", path) }
+            tornBytesCut += length - end
+        }
+        offset = end
+        self.day = day
+    }
+}
+
+/// Reads one day file of a tape: its index (the block headers) at open, then records block by block.
+/// A block whose frame does not check (a flipped byte) is skipped and counted; the rest reads. What
+/// follows the last whole block (a torn tail, or a block being written now) is not read.
+///
+/// Not `Sendable`: one reader per replay or export.
+public final class TapeReader {
+    public let path: String
+    private let descriptor: Int32
+    private let decompressor: ZstdDecompressor
+    /// The file's whole blocks, in order.
+    public private(set) var blocks: [TapeBlock]
+    /// Blocks that could not be read (their frame or records did not check), by index.
+    public private(set) var skippedBlocks: [Int] = []
+    /// Byte ranges between blocks that are not blocks (a damaged header: its block is lost).
+    public private(set) var damaged: [Range<Int64>] = []
+
+    public init(path: String) throws {
+        self.path = path
+        descriptor = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { throw TapeError.system("opening", path) }
+        decompressor = try ZstdDecompressor()
+        let found = TapeScan.blocks(descriptor: descriptor, length: Int64(lseek(descriptor, 0, SEEK_END)))
+        blocks = found.blocks
+        damaged = found.damaged
+    }
+
+    deinit {
+        close(descriptor)
+    }
+
+    /// Looks again for blocks written since (a day still being recorded).
+    public func refresh() {
+        let found = TapeScan.blocks(descriptor: descriptor, length: Int64(lseek(descriptor, 0, SEEK_END)))
+        blocks = found.blocks
+        damaged = found.damaged
+    }
+
+    /// The first block that may hold a record received at or after `time`: a binary search over the
+    /// blocks' last times (records are in arrival order).
+    public func firstBlock(atOrAfter time: Int64) -> Int {
+        partition { $0.header.lastTime >= time }
+    }
+
+    /// The first block that may hold the event of market sequence `sequence` or a later one.
+    public func firstBlock(atOrAfterSequence sequence: UInt64) -> Int {
+        partition { $0.header.lastSequence >= sequence }
+    }
+
+    private func partition(_ isAtOrAfter: (TapeBlock) -> Bool) -> Int {
+        var low = 0
+        var high = blocks.count
+        while low < high {
+            let middle = (low + high) / 2
+            if isAtOrAfter(blocks[middle]) { high = middle } else { low = middle + 1 }
+        }
+        return low
+    }
+
+    /// The records of block `index`; `nil` (and the block noted in ``skippedBlocks``) when it does not check.
+    public func records(inBlock index: Int) -> [TapeRecord]? {
+        guard blocks.indices.contains(index) else { return nil }
+        let block = blocks[index]
+        var frame = [UInt8](repeating: 0, count: Int(block.header.compressedLength))
+        let read = frame.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, off_t(block.offset) + off_t(TapeBlockHeader.size)) }
+        guard read == frame.count,
+            let payload = try? frame.withUnsafeBytes({ try decompressor.decompress($0, expected: Int(block.header.uncompressedLength)) }),
+            let records = RecordLayout.records(in: payload, baseTime: block.header.firstTime, baseSequence: block.header.firstSequence),
+            records.count == Int(block.header.records)
+        else {
+            if !skippedBlocks.contains(index) { skippedBlocks.append(index) }
+            return nil
+        }
+        return records
+    }
+
+    /// Every readable record from the first received at or after `time`, in order (blocks that do not
+    /// check are skipped).
+    public func records(from time: Int64 = .min) -> [TapeRecord] {
+        var all: [TapeRecord] = []
+        for index in firstBlock(atOrAfter: time)..<blocks.count {
+            guard let records = records(inBlock: index) else { continue }
+            all.append(contentsOf: records.filter { $0.time >= time || { if case .gap(_, let to) = $0 { to >= time } else { false } }($0) })
+        }
+        return all
+    }
+}

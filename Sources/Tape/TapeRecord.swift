@@ -1,0 +1,126 @@
+/// One thing the tape holds, in the order the relay received it: a market event as it came from the
+/// upstream (its vendor's own bytes, so a replay speaks the vendor's protocol), or a gap: a window in
+/// which the relay did not record (it was down, or recording paused on a full disk).
+public enum TapeRecord: Sendable, Equatable {
+    case event(TapeEvent)
+    /// Nothing was recorded from `from` to `to` (UTC nanoseconds).
+    case gap(from: Int64, to: Int64)
+
+    /// When it was received (an event) or when the hole began (a gap): UTC nanoseconds.
+    public var time: Int64 {
+        switch self {
+        case .event(let event): event.receivedAt
+        case .gap(let from, _): from
+        }
+    }
+}
+
+/// A market event on the tape.
+public struct TapeEvent: Sendable, Equatable {
+    /// When the relay read the frame it came in (UTC nanoseconds).
+    public var receivedAt: Int64
+    /// Its place in its market's arrival order.
+    public var sequence: UInt64
+    /// The vendor's event type (`Q`, `t`, …) and the symbol it routes by.
+    public var eventType: String
+    public var ticker: String
+    /// The event's own bytes as the upstream sent them.
+    public var bytes: [UInt8]
+
+    public init(receivedAt: Int64, sequence: UInt64, eventType: String, ticker: String, bytes: [UInt8]) {
+        self.receivedAt = receivedAt
+        self.sequence = sequence
+        self.eventType = eventType
+        self.ticker = ticker
+        self.bytes = bytes
+    }
+}
+
+/// How records are laid out in a block before compression: each record is a kind byte, then
+/// LEB128 varints and length-prefixed bytes. Times and sequences are deltas from the block's first
+/// (a block's events are close in both, so most deltas take one to three bytes before zstd sees them).
+enum RecordLayout {
+    static let event: UInt8 = 1
+    static let gap: UInt8 = 2
+
+    static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
+        switch record {
+        case .event(let event):
+            payload.append(Self.event)
+            appendVarint(zigzag(event.receivedAt &- baseTime), to: &payload)
+            appendVarint(event.sequence &- baseSequence, to: &payload)
+            appendBytes(Array(event.eventType.utf8), to: &payload)
+            appendBytes(Array(event.ticker.utf8), to: &payload)
+            appendBytes(event.bytes, to: &payload)
+        case .gap(let from, let to):
+            payload.append(Self.gap)
+            appendVarint(zigzag(from &- baseTime), to: &payload)
+            appendVarint(zigzag(to &- from), to: &payload)
+        }
+    }
+
+    /// The records of a block's payload; `nil` when it does not parse to its end (a block whose zstd
+    /// checksum matched but whose records do not is still refused, never half read).
+    static func records(in payload: [UInt8], baseTime: Int64, baseSequence: UInt64) -> [TapeRecord]? {
+        var records: [TapeRecord] = []
+        var index = 0
+        while index < payload.count {
+            let kind = payload[index]
+            index += 1
+            switch kind {
+            case Self.event:
+                guard let time = readVarint(payload, &index), let sequence = readVarint(payload, &index),
+                    let type = readBytes(payload, &index), let ticker = readBytes(payload, &index), let bytes = readBytes(payload, &index)
+                else { return nil }
+                records.append(
+                    .event(
+                        TapeEvent(
+                            receivedAt: baseTime &+ unzigzag(time), sequence: baseSequence &+ sequence,
+                            eventType: String(decoding: type, as: UTF8.self), ticker: String(decoding: ticker, as: UTF8.self), bytes: bytes)))
+            case Self.gap:
+                guard let from = readVarint(payload, &index), let length = readVarint(payload, &index) else { return nil }
+                let start = baseTime &+ unzigzag(from)
+                records.append(.gap(from: start, to: start &+ unzigzag(length)))
+            default:
+                return nil
+            }
+        }
+        return records
+    }
+
+    static func zigzag(_ value: Int64) -> UInt64 { UInt64(bitPattern: (value << 1) ^ (value >> 63)) }
+    static func unzigzag(_ value: UInt64) -> Int64 { Int64(bitPattern: value >> 1) ^ -Int64(bitPattern: value & 1) }
+
+    static func appendVarint(_ value: UInt64, to payload: inout [UInt8]) {
+        var value = value
+        while value >= 0x80 {
+            payload.append(UInt8(truncatingIfNeeded: value) | 0x80)
+            value >>= 7
+        }
+        payload.append(UInt8(value))
+    }
+
+    static func readVarint(_ payload: [UInt8], _ index: inout Int) -> UInt64? {
+        var value: UInt64 = 0
+        var shift: UInt64 = 0
+        while index < payload.count, shift < 64 {
+            let byte = payload[index]
+            index += 1
+            value |= UInt64(byte & 0x7F) << shift
+            if byte < 0x80 { return value }
+            shift += 7
+        }
+        return nil
+    }
+
+    static func appendBytes(_ bytes: [UInt8], to payload: inout [UInt8]) {
+        appendVarint(UInt64(bytes.count), to: &payload)
+        payload.append(contentsOf: bytes)
+    }
+
+    static func readBytes(_ payload: [UInt8], _ index: inout Int) -> [UInt8]? {
+        guard let count = readVarint(payload, &index), count <= UInt64(payload.count - index) else { return nil }
+        defer { index += Int(count) }
+        return Array(payload[index..<index + Int(count)])
+    }
+}

@@ -1,0 +1,185 @@
+import Foundation
+import Testing
+
+@testable import Tape
+
+/// Real files in a temporary directory: what is written reads back, a torn tail is cut at every byte
+/// offset, a flipped byte loses its block and no other, a seek is a binary search, a day ends at UTC
+/// midnight.
+@Suite("Tape files: zstd blocks per market per UTC day")
+struct TapeFileTests {
+    /// 2026-11-20 14:30:00 UTC in nanoseconds.
+    static let start: Int64 = 1_795_185_000 * 1_000_000_000
+
+    func withDirectory(_ body: (String) throws -> Void) throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try body(directory)
+    }
+
+    /// Quotes of a few symbols, 1 ms apart, sequences from 1.
+    func events(_ count: Int, from first: Int = 0, start: Int64 = TapeFileTests.start) -> [TapeRecord] {
+        (first..<first + count).map { index in
+            let symbol = ["AAPL", "MSFT", "NVDA"][index % 3]
+            let json = #"{"ev":"Q","sym":"\#(symbol)","bp":\#(100 + index % 50).25,"ap":\#(100 + index % 50).27,"t":\#(start / 1_000_000 + Int64(index))}"#
+            return .event(
+                TapeEvent(
+                    receivedAt: start + Int64(index) * 1_000_000, sequence: UInt64(index + 1), eventType: "Q", ticker: symbol,
+                    bytes: Array(json.utf8)))
+        }
+    }
+
+    /// `records` on the 2026-11-20 stocks tape in 1 KB blocks: its path, the records, the file's bytes
+    /// and its blocks.
+    func written(_ records: [TapeRecord], in directory: String) throws -> (String, [TapeRecord], Data, [TapeBlock]) {
+        let path = TapeFile.path(directory: directory, market: "stocks", day: "2026-11-20")
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        for record in records { try writer.append(record) }
+        try writer.flush()
+        return (path, records, try Data(contentsOf: URL(fileURLWithPath: path)), try TapeReader(path: path).blocks)
+    }
+
+    @Test func whatIsWrittenReadsBackInOrderAcrossBlocks() throws {
+        try withDirectory { directory in
+            let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 4096)
+            var records = events(5_000)
+            records.insert(.gap(from: Self.start + 2_500_000_000, to: Self.start + 2_600_000_000), at: 2_500)
+            for record in records { try writer.append(record) }
+            try writer.flush()
+            #expect(writer.blocksWritten > 20, "small blocks: \(writer.blocksWritten)")
+            let reader = try TapeReader(path: TapeFile.path(directory: directory, market: "stocks", day: "2026-11-20"))
+            #expect(reader.blocks.count == writer.blocksWritten)
+            #expect(reader.records() == records)
+            #expect(reader.skippedBlocks.isEmpty && reader.damaged.isEmpty)
+            let raw = records.reduce(0) { total, record in if case .event(let event) = record { total + event.bytes.count } else { total } }
+            print("tape: \(records.count) records, \(raw) bytes of JSON in \(writer.bytesWritten) bytes on disk")
+            #expect(writer.bytesWritten * 3 < raw, "compressed well below the JSON")
+        }
+    }
+
+    @Test func aSeekFindsTheBlockOfATimeAndOfASequenceByBinarySearch() throws {
+        try withDirectory { directory in
+            let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 2048)
+            for record in events(3_000) { try writer.append(record) }
+            try writer.flush()
+            let reader = try TapeReader(path: TapeFile.path(directory: directory, market: "stocks", day: "2026-11-20"))
+            for probe in [0, 1, 777, 1_500, 2_999] {
+                let time = Self.start + Int64(probe) * 1_000_000
+                let index = reader.firstBlock(atOrAfter: time)
+                let block = reader.blocks[index]
+                #expect(block.header.firstTime <= time && time <= block.header.lastTime, "event \(probe) is in block \(index)")
+                #expect(index == 0 || reader.blocks[index - 1].header.lastTime < time)
+                let bySequence = reader.firstBlock(atOrAfterSequence: UInt64(probe + 1))
+                #expect(bySequence == index)
+            }
+            #expect(reader.firstBlock(atOrAfter: Self.start + 10_000_000_000) == reader.blocks.count, "past the end: none")
+            let from = reader.records(from: Self.start + 1_234 * 1_000_000)
+            #expect(from.first == events(1, from: 1_234).first)
+            #expect(from.count == 3_000 - 1_234)
+        }
+    }
+
+    @Test func aTornTailIsCutAtEveryByteOffsetAndTheTapeGoesOn() throws {
+        try withDirectory { directory in
+            let (path, records, whole, blocks) = try written(events(60), in: directory)
+            try #require(blocks.count >= 3)
+            let last = try #require(blocks.last)
+            let keptRecords = blocks.dropLast().reduce(0) { $0 + Int($1.header.records) }
+            // Every length from the last block's start to one byte short of its end.
+            for cut in Int(last.offset)..<Int(last.end) {
+                try whole.prefix(cut).write(to: URL(fileURLWithPath: path))
+                let torn = try TapeReader(path: path)
+                #expect(torn.blocks.count == blocks.count - 1, "cut at \(cut)")
+                #expect(torn.records().count == keptRecords)
+                #expect(torn.damaged.isEmpty, "a torn tail is not damage")
+            }
+            // Opened for writing, the tail is cut and what comes next follows the whole blocks.
+            let again = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+            let more = events(10, from: 60)
+            for record in more { try again.append(record) }
+            try again.flush()
+            #expect(again.tornBytesCut == Int64(last.end - last.offset - 1))
+            let reader = try TapeReader(path: path)
+            #expect(reader.records() == Array(records.prefix(keptRecords)) + more)
+        }
+    }
+
+    @Test func aFlippedByteLosesItsBlockAndNoOther() throws {
+        try withDirectory { directory in
+            let (path, _, whole, blocks) = try written(events(80), in: directory)
+            try #require(blocks.count >= 4)
+            let damagedBlock = blocks[2]
+            let others = blocks.enumerated().filter { $0.offset != 2 }.reduce(0) { $0 + Int($1.element.header.records) }
+            // In the frame: the zstd checksum finds it; the block is skipped and told.
+            var flipped = whole
+            flipped[Int(damagedBlock.offset) + TapeBlockHeader.size + 20] ^= 0x01
+            try flipped.write(to: URL(fileURLWithPath: path))
+            var reader = try TapeReader(path: path)
+            #expect(reader.blocks.count == blocks.count)
+            #expect(reader.records().count == others)
+            #expect(reader.skippedBlocks == [2])
+            // In the header: the scan finds the next block by its magic and check; the range is told.
+            flipped = whole
+            flipped[Int(damagedBlock.offset) + 30] ^= 0x10
+            try flipped.write(to: URL(fileURLWithPath: path))
+            reader = try TapeReader(path: path)
+            #expect(reader.blocks.count == blocks.count - 1)
+            #expect(reader.records().count == others)
+            #expect(reader.damaged == [damagedBlock.offset..<damagedBlock.end])
+            // A writer opening the file keeps the damage (it is not a tail) and appends after the last block.
+            let writer2 = try TapeWriter(directory: directory, market: "stocks")
+            try writer2.append(events(1, from: 80)[0])
+            try writer2.flush()
+            #expect(writer2.tornBytesCut == 0)
+            #expect(try TapeReader(path: path).records().count == others + 1)
+        }
+    }
+
+    @Test func aRecordOfTheNextUTCDayStartsTheNextDaysFile() throws {
+        try withDirectory { directory in
+            let midnight: Int64 = 1_795_219_200 * 1_000_000_000  // 2026-11-21 00:00:00 UTC
+            let writer = try TapeWriter(directory: directory, market: "crypto")
+            let before = events(3, start: midnight - 3_000_000)
+            let after = events(3, from: 3, start: midnight - 3_000_000)
+            for record in before + after { try writer.append(record) }
+            try writer.flush()
+            #expect(writer.day == "2026-11-21")
+            let first = try TapeReader(path: TapeFile.path(directory: directory, market: "crypto", day: "2026-11-20"))
+            let second = try TapeReader(path: TapeFile.path(directory: directory, market: "crypto", day: "2026-11-21"))
+            #expect(first.records() == before)
+            #expect(second.records() == after)
+            #expect(TapeFile.day(of: midnight - 1) == "2026-11-20")
+            #expect(TapeFile.day(of: midnight) == "2026-11-21")
+        }
+    }
+
+    /// The fuzz seed is written by a second implementation of the format (`Fuzz/make_tape_seed.py`:
+    /// Python and the zstd command line): the reader takes it whole.
+    @Test func aTapeWrittenByAnotherImplementationOfTheFormatReads() throws {
+        let seed = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../Fuzz/corpus/tape-three-blocks.tape")
+        let reader = try TapeReader(path: seed.standardizedFileURL.path)
+        #expect(reader.blocks.count == 3)
+        let records = reader.records()
+        #expect(records.count == 13)
+        #expect(reader.skippedBlocks.isEmpty && reader.damaged.isEmpty)
+        #expect(records.contains(.gap(from: Self.start + 1_005_000_000, to: Self.start + 1_006_000_000)))
+        guard case .event(let first) = records.first else { return #expect(Bool(false), "an event first") }
+        #expect(first.sequence == 1 && first.ticker == "AAPL" && first.receivedAt == Self.start)
+        #expect(String(decoding: first.bytes, as: UTF8.self).hasPrefix(#"{"ev":"Q","sym":"AAPL""#))
+    }
+
+    @Test func recordLayoutTakesExtremeValuesAndRefusesTruncatedPayloads() {
+        let records: [TapeRecord] = [
+            .event(TapeEvent(receivedAt: .max, sequence: .max, eventType: "", ticker: "", bytes: [])),
+            .event(TapeEvent(receivedAt: .min, sequence: 0, eventType: "XQ", ticker: "X:BTC-USD", bytes: Array(repeating: 0xFF, count: 300))),
+            .gap(from: -5, to: 5),
+        ]
+        var payload: [UInt8] = []
+        for record in records { RecordLayout.append(record, to: &payload, baseTime: 7, baseSequence: 9) }
+        #expect(RecordLayout.records(in: payload, baseTime: 7, baseSequence: 9) == records)
+        for length in 0..<payload.count {
+            let parsed = RecordLayout.records(in: Array(payload.prefix(length)), baseTime: 7, baseSequence: 9)
+            #expect(parsed == nil || parsed!.count < records.count, "a prefix of \(length) bytes is never read as all of it")
+        }
+    }
+}
