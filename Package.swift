@@ -60,7 +60,9 @@ let package = Package(
         // The tape: what the relay received, kept on disk in zstd blocks per market per UTC day.
         .target(
             name: "Tape",
-            dependencies: ["CZstd"],
+            dependencies: [
+                "CZstd", "MarketCore", .product(name: "NIOCore", package: "swift-nio"), .product(name: "Metrics", package: "swift-metrics"),
+            ],
             swiftSettings: strict
         ),
         .systemLibrary(
@@ -178,7 +180,7 @@ let package = Package(
             name: "RelayComposition",
             dependencies: [
                 "RelayConfiguration", "PolygonWire", "AlpacaWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "GapFill",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "GapFill", "Tape",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -326,7 +328,7 @@ let package = Package(
         ),
         .testTarget(
             name: "TapeTests",
-            dependencies: ["Tape"],
+            dependencies: ["Tape", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -73,6 +73,8 @@ public actor MarketDataHub {
     var recoveryHandler: (@Sendable (GapFillRequest) -> Void)?
     /// Gap fill's outages, held recovered events and counts (``GapLedger``).
     var gapLedger: GapLedger
+    /// Told every published event with its position (the tape's recorder), if any.
+    private var tap: (any EventTap)?
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger
@@ -100,9 +102,11 @@ public actor MarketDataHub {
         adoptsPositions: Bool = false,
         logger: Logger = Logger(label: "relay.hub"),
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
+        tap: (any EventTap)? = nil,
         onWantedTopicsChange: @escaping @Sendable (WantedTopicsChange) -> Void = { _ in }
     ) {
         self.wire = wire
+        self.tap = tap
         gapLedger = GapLedger(wire: wire)
         stateEventTypes = wire.stateEventTypes
         self.policy = policy
@@ -264,6 +268,11 @@ public actor MarketDataHub {
     /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
     /// topic. Never suspends. Each subscriber gets its matches as one stream element per window of 64
     /// events (one element for the usual upstream message).
+    /// From now on `tap` is told every published event, positioned, before any subscriber (`nil`: none).
+    public func setTap(_ tap: (any EventTap)?) {
+        self.tap = tap
+    }
+
     public func publish(_ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
         let now = WallClock.nowMilliseconds()
@@ -288,6 +297,7 @@ public actor MarketDataHub {
             }
             metrics.record(history)
         }
+        tap?.take(events)
         let shared = PublishedEvents(events)
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).

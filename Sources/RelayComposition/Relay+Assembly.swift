@@ -17,6 +17,7 @@ import PortfolioHTTP
 import Prometheus
 import RelayConfiguration
 import RelayServer
+import Tape
 import ServiceLifecycle
 import Synchronization
 import Upstream
@@ -41,6 +42,8 @@ extension Relay {
         var markets: [MarketParts] = []
         var clusterNodes: [ClusterNode] = []
         var gapFillers: [Market: GapFiller] = [:]
+        /// Each market's tape recorder (a single relay's, while the tape is on).
+        var recorders: [Market: TapeRecorder] = [:]
     }
 
     /// The portfolio sidecar's parts (all `nil` when it is off).
@@ -143,12 +146,28 @@ extension Relay {
         let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
         let interest = LocalInterest()
         let wire = source.wire
+        // The tape records what the hub publishes (a cluster's tape is not a node's: not recorded there yet).
+        var recorder: TapeRecorder?
+        if let tape = settings.tape, !clustered {
+            var recording = TapeRecorder.Settings(directory: tape.directory, market: source.market.rawValue)
+            recording.flushInterval = tape.flushInterval
+            recording.retentionDays = tape.retentionDays
+            recording.retentionBytes = tape.retentionBytes
+            do {
+                recorder = try TapeRecorder(settings: recording, metricsFactory: marketMetrics)
+                assembly.recorders[source.market] = recorder
+            } catch {
+                // Delivery does not depend on the tape: the relay runs, unrecorded, and says why.
+                marketLogger.warning("the tape is not recorded: \(error)")
+            }
+        }
         let hub = MarketDataHub(
             wire: wire, policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
             snapshotless: wire.snapshotless(of: source.market),
             keepsUnwantedLastValues: !clustered,
             // In a cluster the leader gives the positions and every node adopts them.
-            history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics
+            history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics,
+            tap: recorder
         ) { change in
             interest.apply(change)
         }

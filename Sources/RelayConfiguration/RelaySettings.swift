@@ -58,6 +58,8 @@ public struct RelaySettings: Sendable {
     public var history: HistoryLimits? = HistoryLimits()
     /// After an upstream outage, what the market did meanwhile from the REST API (`nil`: off).
     public var gapFill: GapFillSettings? = GapFillSettings()
+    /// The tape: where each market's events are recorded (`nil`: not recorded).
+    public var tape: TapeSettings? = TapeSettings()
     /// Tagged sessions: how long, how far back, how many.
     public var resume = ResumeSettings()
     /// The upstream API key (required with a real upstream).
@@ -218,6 +220,7 @@ public struct RelaySettings: Sendable {
         settings.history = try HistoryLimits(reading: config)
         if settings.history != nil { settings.resume = try ResumeSettings(reading: config) }
         settings.gapFill = try GapFillSettings(reading: config)
+        settings.tape = try TapeSettings(reading: config)
         try settings.limits.read(config)
         try settings.connectionLimits.read(config)
         settings.portfolio = try PortfolioSettings(reading: config)

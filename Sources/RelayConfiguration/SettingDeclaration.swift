@@ -101,6 +101,13 @@ extension RelaySettings {
         .init("metrics.public", flag: "public-metrics", .presence("true"), env: "RELAY_METRICS_PUBLIC", default: "false", "Serve /metrics without a client key."),
         .init("tls.cert", flag: "tls-cert", env: "RELAY_TLS_CERT", default: "none", "Serve wss:// and https:// with this PEM certificate chain (needs tls.key)."),
         .init("tls.key", flag: "tls-key", env: "RELAY_TLS_KEY", default: "none", "The PEM private key of tls.cert."),
+        .init("tape.enabled", flag: "no-tape", .presence("false"), env: "RELAY_TAPE", default: "true", "Record every market's events on the tape (--no-tape: do not)."),
+        .init("tape.dir", flag: "tape-dir", env: "RELAY_TAPE_DIR", default: "the data directory's tape/", "Where the tape is kept: a folder per market, a file per UTC day."),
+        .init("tape.retentionDays", env: "RELAY_TAPE_RETENTION_DAYS", default: "7", "Days of tape kept per market (today's included); older days are deleted, oldest first."),
+        .init("tape.maxGB", env: "RELAY_TAPE_MAX_GB", default: "20", "Gigabytes of tape kept per market; past them the oldest days are deleted (never today's)."),
+        .init(
+            "tape.flushMs", env: "RELAY_TAPE_FLUSH_MS", default: "500",
+            "The longest a received event waits in memory before its block is written to the tape (what a crash can lose)."),
         .init("portfolio.enabled", flag: "no-portfolio", .presence("false"), env: "RELAY_PORTFOLIO", default: "true", "Run the portfolio valuation sidecar (--no-portfolio: do not)."),
         .init("portfolio.dataDir", flag: "data-dir", env: "RELAY_DATA_DIR", default: "./data", "Where the portfolio sidecar keeps its SQLite file."),
         .init("portfolio.timeZone", flag: "time-zone", env: "RELAY_TIME_ZONE", default: "UTC", "IANA zone of the portfolio's days."),

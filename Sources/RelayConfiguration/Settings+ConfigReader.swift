@@ -71,6 +71,35 @@ extension GapFillSettings {
     }
 }
 
+/// Where and how each market's events are recorded (``RelaySettings/tape``).
+public struct TapeSettings: Sendable, Equatable {
+    /// The tape's directory (a folder per market).
+    public var directory = "./data/tape"
+    /// The longest a received event waits in memory before its block is written.
+    public var flushInterval: Duration = .milliseconds(500)
+    /// Days kept per market (today's included), and bytes per market.
+    public var retentionDays = 7
+    public var retentionBytes: Int64 = 20 << 30
+
+    public init() {}
+}
+
+extension TapeSettings {
+    /// `tape.*`; `nil` with `tape.enabled` false. Without `tape.dir`, `tape/` in `portfolio.dataDir`.
+    init?(reading config: ConfigReader) throws {
+        guard config.bool(forKey: "tape.enabled") != false else { return nil }
+        self.init()
+        if let directory = config.string(forKey: "tape.dir"), !directory.isEmpty {
+            self.directory = directory
+        } else if let data = config.string(forKey: "portfolio.dataDir"), !data.isEmpty {
+            directory = data.hasSuffix("/") ? "\(data)tape" : "\(data)/tape"
+        }
+        if let milliseconds = try config.positive("tape.flushMs") { flushInterval = .milliseconds(milliseconds) }
+        if let days = try config.positive("tape.retentionDays") { retentionDays = days }
+        if let gigabytes = try config.aboveZero("tape.maxGB") { retentionBytes = Int64(gigabytes * Double(1 << 30)) }
+    }
+}
+
 extension SessionLimits {
     /// `limits.topicsPerMessage`, `limits.topicsPerConnection`, `limits.messagesPerSecond` over the defaults.
     mutating func read(_ config: ConfigReader) throws {

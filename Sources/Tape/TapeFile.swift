@@ -12,6 +12,48 @@ public enum TapeFile {
         "\(directory)/\(market)/\(day).tape"
     }
 
+    /// Makes `path` and every folder above it that is missing (`mkdir -p`).
+    static func makeDirectories(_ path: String) throws {
+        var prefix = path.hasPrefix("/") ? "" : "."
+        for component in path.split(separator: "/") where !component.isEmpty {
+            prefix += "/\(component)"
+            if mkdir(prefix, 0o755) != 0, errno != EEXIST { throw TapeError.system("creating", prefix) }
+        }
+    }
+
+    /// The day files of `market`'s tape, oldest first, with their sizes.
+    public static func days(directory: String, market: String) -> [(day: String, path: String, bytes: Int64)] {
+        let folder = "\(directory)/\(market)"
+        guard let handle = opendir(folder) else { return [] }
+        defer { closedir(handle) }
+        var days: [(day: String, path: String, bytes: Int64)] = []
+        while let entry = readdir(handle) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard name.hasSuffix(".tape"), name.count == 15 else { continue }
+            let path = "\(folder)/\(name)"
+            var info = stat()
+            guard stat(path, &info) == 0 else { continue }
+            days.append((String(name.prefix(10)), path, Int64(info.st_size)))
+        }
+        return days.sorted { $0.day < $1.day }
+    }
+
+    /// Deletes `market`'s oldest day files, never `today`'s, while there are more than `keepDays` days
+    /// (today included) or they hold more than `maxBytes`. The days deleted.
+    @discardableResult
+    public static func prune(directory: String, market: String, today: String, keepDays: Int, maxBytes: Int64) -> [String] {
+        var days = days(directory: directory, market: market)
+        var total = days.reduce(0) { $0 + $1.bytes }
+        var deleted: [String] = []
+        while let oldest = days.first, oldest.day < today, days.count > keepDays || total > maxBytes {
+            guard unlink(oldest.path) == 0 else { break }
+            deleted.append(oldest.day)
+            total -= oldest.bytes
+            days.removeFirst()
+        }
+        return deleted
+    }
+
     /// `yyyy-mm-dd` of the UTC day `time` (nanoseconds since 1970) falls in.
     public static func day(of time: Int64) -> String {
         var seconds = time_t(time / 1_000_000_000)
@@ -21,6 +63,29 @@ public enum TapeFile {
         let month = Int(parts.tm_mon) + 1
         let day = Int(parts.tm_mday)
         return "\(year)-\(month < 10 ? "0" : "")\(month)-\(day < 10 ? "0" : "")\(day)"
+    }
+}
+
+/// The one writer of a market's tape in a directory: an exclusive `flock` on `<market>/.lock`, held while
+/// it lives. A second relay (or a second recorder in one process) pointed at the same directory and
+/// market is refused instead of interleaving its blocks with the first's.
+public final class TapeLock: Sendable {
+    private let descriptor: Int32
+
+    public init(directory: String, market: String) throws {
+        let folder = "\(directory)/\(market)"
+        try TapeFile.makeDirectories(folder)
+        let path = "\(folder)/.lock"
+        descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { throw TapeError.system("opening", path) }
+        guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
+            close(descriptor)
+            throw TapeError("the \(market) tape in \(directory) is being recorded by another relay (\(path) is locked)")
+        }
+    }
+
+    deinit {
+        close(descriptor)
     }
 }
 
@@ -42,6 +107,10 @@ public final class TapeWriter {
     private var offset: Int64 = 0
     private var pending: [UInt8] = []
     private var pendingRecords = 0
+    private var pendingEvents = 0
+    /// Events in blocks written, and events lost with a block that could not be written.
+    public private(set) var eventsWritten = 0
+    public private(set) var eventsLost = 0
     private var first: (time: Int64, sequence: UInt64)?
     private var last: (time: Int64, sequence: UInt64) = (0, 0)
     /// Bytes cut from the end of a file when it was opened (a torn tail), since this writer began.
@@ -50,7 +119,7 @@ public final class TapeWriter {
     public private(set) var blocksWritten = 0
     public private(set) var bytesWritten: Int64 = 0
 
-    public init(directory: String, market: String, blockBytes: Int = 256 << 10, level: Int32 = 3) throws {
+    public init(directory: String, market: String, blockBytes: Int = 256 << 10, level: Int32 = 1) throws {
         self.directory = directory
         self.market = market
         self.blockBytes = max(blockBytes, 1)
@@ -64,24 +133,44 @@ public final class TapeWriter {
     /// Adds `record` to the block being gathered (writing it first if the record is of another day, or
     /// the block is full).
     public func append(_ record: TapeRecord) throws {
-        let recordDay = TapeFile.day(of: record.time)
+        switch record {
+        case .event(let event):
+            try event.bytes.withUnsafeBytes { bytes in
+                try appendEvent(receivedAt: event.receivedAt, sequence: event.sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes)
+            }
+        case .gap(let from, let to):
+            let first = try starting(at: from, sequence: 0)
+            RecordLayout.append(record, to: &pending, baseTime: first.time, baseSequence: first.sequence)
+            pendingRecords += 1
+            last.time = max(last.time, to)
+            if pending.count >= blockBytes { try flush() }
+        }
+    }
+
+    /// An event's record, its bytes copied once from where they are (the recorder's way: no
+    /// ``TapeEvent`` made per event).
+    public func appendEvent(receivedAt: Int64, sequence: UInt64, eventType: String, ticker: String, bytes: UnsafeRawBufferPointer) throws {
+        let first = try starting(at: receivedAt, sequence: sequence)
+        RecordLayout.appendEvent(
+            receivedAt: receivedAt, sequence: sequence, eventType: eventType, ticker: ticker, bytes: bytes, to: &pending, baseTime: first.time,
+            baseSequence: first.sequence)
+        pendingRecords += 1
+        pendingEvents += 1
+        last = (max(last.time, receivedAt), max(last.sequence, sequence))
+        if pending.count >= blockBytes { try flush() }
+    }
+
+    /// The block's first time and sequence, once the file of `time`'s day is open.
+    private func starting(at time: Int64, sequence: UInt64) throws -> (time: Int64, sequence: UInt64) {
+        let recordDay = TapeFile.day(of: time)
         if recordDay != day {
             try flush()
             try open(day: recordDay)
         }
-        if first == nil {
-            let sequence: UInt64 = if case .event(let event) = record { event.sequence } else { 0 }
-            first = (record.time, sequence)
-            last = (record.time, sequence)
-        }
-        guard let first else { return }
-        RecordLayout.append(record, to: &pending, baseTime: first.time, baseSequence: first.sequence)
-        pendingRecords += 1
-        switch record {
-        case .event(let event): last = (max(last.time, event.receivedAt), max(last.sequence, event.sequence))
-        case .gap(_, let to): last.time = max(last.time, to)
-        }
-        if pending.count >= blockBytes { try flush() }
+        if let first { return first }
+        first = (time, sequence)
+        last = (time, sequence)
+        return (time, sequence)
     }
 
     /// Writes what was gathered as one block (nothing when nothing was).
@@ -94,14 +183,26 @@ public final class TapeWriter {
         let block = header.bytes + frame
         let written = block.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, off_t(offset)) }
         guard written == block.count else {
-            // A short write (a full disk): what was written is a torn tail, cut when the file is next opened.
-            throw TapeError.system("writing a block to", path)
+            // A short write (a full disk): what was written is a torn tail, cut when the file is next
+            // opened, which the next record does; the block's records are lost (its owner records the gap).
+            let error = TapeError.system("writing a block to", path)
+            eventsLost += pendingEvents
+            pending.removeAll(keepingCapacity: true)
+            pendingRecords = 0
+            pendingEvents = 0
+            self.first = nil
+            close(descriptor)
+            descriptor = -1
+            day = nil
+            throw error
         }
         offset += Int64(block.count)
         blocksWritten += 1
         bytesWritten += Int64(block.count)
+        eventsWritten += pendingEvents
         pending.removeAll(keepingCapacity: true)
         pendingRecords = 0
+        pendingEvents = 0
         self.first = nil
     }
 
@@ -113,10 +214,7 @@ public final class TapeWriter {
             close(descriptor)
             descriptor = -1
         }
-        let folder = "\(directory)/\(market)"
-        for path in [directory, folder] where mkdir(path, 0o755) != 0 && errno != EEXIST {
-            throw TapeError.system("creating", path)
-        }
+        try TapeFile.makeDirectories("\(directory)/\(market)")
         path = TapeFile.path(directory: directory, market: market, day: day)
         descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else { throw TapeError.system("opening", path) }

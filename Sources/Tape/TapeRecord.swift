@@ -46,17 +46,32 @@ enum RecordLayout {
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
         switch record {
         case .event(let event):
-            payload.append(Self.event)
-            appendVarint(zigzag(event.receivedAt &- baseTime), to: &payload)
-            appendVarint(event.sequence &- baseSequence, to: &payload)
-            appendBytes(Array(event.eventType.utf8), to: &payload)
-            appendBytes(Array(event.ticker.utf8), to: &payload)
-            appendBytes(event.bytes, to: &payload)
+            event.bytes.withUnsafeBytes { bytes in
+                appendEvent(
+                    receivedAt: event.receivedAt, sequence: event.sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes,
+                    to: &payload, baseTime: baseTime, baseSequence: baseSequence)
+            }
         case .gap(let from, let to):
             payload.append(Self.gap)
             appendVarint(zigzag(from &- baseTime), to: &payload)
             appendVarint(zigzag(to &- from), to: &payload)
         }
+    }
+
+    /// An event's record, its bytes copied once, straight from where they are (the recorder's path).
+    static func appendEvent(
+        receivedAt: Int64, sequence: UInt64, eventType: String, ticker: String, bytes: UnsafeRawBufferPointer, to payload: inout [UInt8],
+        baseTime: Int64, baseSequence: UInt64
+    ) {
+        payload.append(Self.event)
+        appendVarint(zigzag(receivedAt &- baseTime), to: &payload)
+        appendVarint(sequence &- baseSequence, to: &payload)
+        appendVarint(UInt64(eventType.utf8.count), to: &payload)
+        payload.append(contentsOf: eventType.utf8)
+        appendVarint(UInt64(ticker.utf8.count), to: &payload)
+        payload.append(contentsOf: ticker.utf8)
+        appendVarint(UInt64(bytes.count), to: &payload)
+        payload.append(contentsOf: bytes)
     }
 
     /// The records of a block's payload; `nil` when it does not parse to its end (a block whose zstd
@@ -111,11 +126,6 @@ enum RecordLayout {
             shift += 7
         }
         return nil
-    }
-
-    static func appendBytes(_ bytes: [UInt8], to payload: inout [UInt8]) {
-        appendVarint(UInt64(bytes.count), to: &payload)
-        payload.append(contentsOf: bytes)
     }
 
     static func readBytes(_ payload: [UInt8], _ index: inout Int) -> [UInt8]? {

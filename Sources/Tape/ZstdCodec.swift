@@ -13,7 +13,7 @@ public struct ZstdError: Error, CustomStringConvertible, Equatable {
     }
 }
 
-/// One zstd compression context, reused for every block (a context costs about 1 MB at level 3 and
+/// One zstd compression context, reused for every block (a context costs about 1 MB and
 /// takes time to set up). Each block is a whole zstd frame with its content size and a checksum
 /// (XXH64 of the content), so a block decodes on its own and a flipped byte is found, not read.
 ///
@@ -21,7 +21,7 @@ public struct ZstdError: Error, CustomStringConvertible, Equatable {
 final class ZstdCompressor {
     private let context: OpaquePointer
 
-    init(level: Int32 = 3) throws {
+    init(level: Int32 = 1) throws {
         guard let context = ZSTD_createCCtx() else { throw ZstdError("no memory for a zstd context") }
         self.context = context
         for (parameter, value) in [(ZSTD_c_compressionLevel, level), (ZSTD_c_checksumFlag, 1), (ZSTD_c_contentSizeFlag, 1)] {

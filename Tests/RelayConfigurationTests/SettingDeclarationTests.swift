@@ -34,6 +34,23 @@ struct SettingDeclarationTests {
         #expect(settings.demoRate == 42.5)
     }
 
+    @Test func theTapeIsOnUnderTheDataDirectoryUnlessTurnedOff() async throws {
+        let byDefault = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--data-dir", "/srv/relay/"], environment: [:])
+        #expect(byDefault.tape?.directory == "/srv/relay/tape")
+        #expect(byDefault.tape?.retentionDays == 7)
+        let tuned = try await RelaySettings.resolve(
+            vendors: Relay.vendors, commandLine: ["--tape-dir", "/tape"],
+            environment: ["RELAY_TAPE_FLUSH_MS": "200", "RELAY_TAPE_RETENTION_DAYS": "30", "RELAY_TAPE_MAX_GB": "1.5"])
+        #expect(tuned.tape?.directory == "/tape")
+        #expect(tuned.tape?.flushInterval == .milliseconds(200))
+        #expect(tuned.tape?.retentionDays == 30)
+        #expect(tuned.tape?.retentionBytes == 1_610_612_736)
+        #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--no-tape"], environment: [:]).tape == nil)
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: ["RELAY_TAPE_MAX_GB": "0"])
+        }
+    }
+
     @Test func theHelpListsEverySetting() {
         let help = RelaySettings.settingsHelp
         for declaration in RelaySettings.declarations {

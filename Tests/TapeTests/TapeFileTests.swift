@@ -168,6 +168,25 @@ struct TapeFileTests {
         #expect(String(decoding: first.bytes, as: UTF8.self).hasPrefix(#"{"ev":"Q","sym":"AAPL""#))
     }
 
+    @Test func retentionDeletesTheOldestDaysPastTheCountOrTheBytesNeverToday() throws {
+        try withDirectory { directory in
+            let writer = try TapeWriter(directory: directory, market: "stocks")
+            // Five days of 200 quotes each, a day apart.
+            for day in 0..<5 {
+                for record in events(200, from: day * 200, start: Self.start + Int64(day) * 86_400_000_000_000) { try writer.append(record) }
+            }
+            try writer.flush()
+            let all = TapeFile.days(directory: directory, market: "stocks")
+            #expect(all.map(\.day) == ["2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23", "2026-11-24"])
+            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-24", keepDays: 3, maxBytes: .max) == ["2026-11-20", "2026-11-21"])
+            // By bytes: what is left holds more than one day's worth, so all but today go.
+            let oneDay = all[0].bytes
+            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-24", keepDays: 30, maxBytes: oneDay + 1) == ["2026-11-22", "2026-11-23"])
+            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-24", keepDays: 1, maxBytes: 0).isEmpty, "never today's")
+            #expect(TapeFile.days(directory: directory, market: "stocks").map(\.day) == ["2026-11-24"])
+        }
+    }
+
     @Test func recordLayoutTakesExtremeValuesAndRefusesTruncatedPayloads() {
         let records: [TapeRecord] = [
             .event(TapeEvent(receivedAt: .max, sequence: .max, eventType: "", ticker: "", bytes: [])),

@@ -1,0 +1,272 @@
+import Dispatch
+import MarketCore
+import Metrics
+import Synchronization
+
+/// Records one market's events on its tape, off the delivery path: the hub hands each published batch
+/// to ``take(_:)`` (an ``EventTap``), which queues it and returns; a serial dispatch queue of the
+/// recorder's own (not the Swift concurrency pool, since it blocks on the disk) wakes when a block's
+/// worth waits or when the flush interval passes, gathers the records into blocks (``TapeWriter``) and
+/// writes them, so a crash loses at most the records of the last interval.
+///
+/// Never slows or loses delivery: the queue is bounded in bytes (what waits, plus one batch being
+/// written); past the bound, batches are not queued but counted, and the hole is recorded as a gap
+/// with its window. A disk that fails (full, gone) pauses recording: what arrives meanwhile is dropped
+/// and counted, a retry comes every few seconds, and when writing works again the window it missed
+/// is recorded as a gap. Either way the hub never waits.
+///
+/// A market's tape in a directory has one recorder at a time (``TapeLock``): a second one is refused.
+public final class TapeRecorder: EventTap {
+    public struct Settings: Sendable {
+        /// The tape's directory (each market in a folder of its own).
+        public var directory: String
+        /// The market's folder name.
+        public var market: String
+        /// A block's records before compression.
+        public var blockBytes = 256 << 10
+        /// The longest a record waits in memory before its block is written (what a crash can lose).
+        public var flushInterval: Duration = .milliseconds(500)
+        /// Bytes of events that may wait for the recorder; past it, batches are counted and dropped.
+        public var queueBytes = 64 << 20
+        /// How long recording stays paused after a write failed before it tries again.
+        public var retryInterval: Duration = .seconds(5)
+        /// Days kept (today's included); older day files are deleted, oldest first.
+        public var retentionDays = 7
+        /// Bytes this market's tape may hold; past them the oldest days go (never today's).
+        public var retentionBytes: Int64 = 20 << 30
+
+        public init(directory: String, market: String) {
+            self.directory = directory
+            self.market = market
+        }
+    }
+
+    /// What the recorder has done, for `/healthz`, the dashboard and tests.
+    public struct Status: Sendable, Equatable {
+        /// Events in blocks on disk.
+        public var eventsRecorded: Int
+        public var blocksWritten: Int
+        public var bytesWritten: Int
+        /// Events not recorded (a full queue, a paused recording).
+        public var eventsDropped: Int
+        /// Why recording is paused now (the write's error), `nil` while it records.
+        public var pausedBecause: String?
+    }
+
+    public let settings: Settings
+    /// Held while the recorder lives: no other recorder writes this market's tape in this directory.
+    private let lock: TapeLock
+    private struct Waiting {
+        var batches: [[MarketEvent]] = []
+        var bytes = 0
+        /// A drain is scheduled or running.
+        var draining = false
+        /// Batches not queued (the bound), as one window of wall-clock time, to record as a gap.
+        var hole: (from: Int64, to: Int64)?
+        var pausedBecause: String?
+    }
+
+    private let waiting = Mutex(Waiting())
+    private let writing: Mutex<Writing>
+    private let work: DispatchQueue
+    private let eventsRecorded = Atomic<Int>(0)
+    private let blocksWritten = Atomic<Int>(0)
+    private let bytesWritten = Atomic<Int>(0)
+    private let eventsDropped = Atomic<Int>(0)
+    private let metrics: Metrics
+
+    private struct Metrics {
+        let events: Counter
+        let bytes: Counter
+        let blocks: Counter
+        let dropped: Counter
+        let pauses: Counter
+
+        init(factory: any MetricsFactory) {
+            events = Counter(label: "relay_tape_events_recorded_total", factory: factory)
+            bytes = Counter(label: "relay_tape_bytes_written_total", factory: factory)
+            blocks = Counter(label: "relay_tape_blocks_written_total", factory: factory)
+            dropped = Counter(label: "relay_tape_events_dropped_total", factory: factory)
+            pauses = Counter(label: "relay_tape_pauses_total", factory: factory)
+        }
+    }
+
+    /// - Parameter metricsFactory: where its counters go (the relay's labels them with the market).
+    public init(settings: Settings, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
+        self.settings = settings
+        lock = try TapeLock(directory: settings.directory, market: settings.market)
+        writing = Mutex(Writing(writer: try TapeWriter(directory: settings.directory, market: settings.market, blockBytes: settings.blockBytes)))
+        work = DispatchQueue(label: "relay.tape.\(settings.market)")
+        metrics = Metrics(factory: metricsFactory)
+        scheduleFlush()
+    }
+
+    /// The next flush, one interval from now, while the recorder lives.
+    private func scheduleFlush() {
+        let (seconds, attoseconds) = settings.flushInterval.components
+        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        work.asyncAfter(deadline: .now() + .nanoseconds(max(nanoseconds, 1_000_000))) { [weak self] in
+            guard let self else { return }
+            self.writeAll(flushing: true)
+            self.pruneIfDue()
+            self.scheduleFlush()
+        }
+    }
+
+    public var status: Status {
+        Status(
+            eventsRecorded: eventsRecorded.load(ordering: .relaxed), blocksWritten: blocksWritten.load(ordering: .relaxed),
+            bytesWritten: bytesWritten.load(ordering: .relaxed), eventsDropped: eventsDropped.load(ordering: .relaxed),
+            pausedBecause: waiting.withLock { $0.pausedBecause })
+    }
+
+    public func take(_ events: [MarketEvent]) {
+        var size = 0
+        for event in events { size += event.bytes.readableBytes + 48 }
+        enum Taken { case queued, queuedFirst, dropped }
+        let taken = waiting.withLock { waiting -> Taken in
+            guard waiting.bytes + size <= settings.queueBytes, waiting.pausedBecause == nil else {
+                let now = WallClock.nowNanoseconds()
+                waiting.hole = (waiting.hole?.from ?? now, now)
+                return .dropped
+            }
+            waiting.batches.append(events)
+            waiting.bytes += size
+            // The writer wakes for a block's worth (or at the flush interval), not for every batch:
+            // at 1,000 batches a second that was 1,000 thread wake-ups.
+            if waiting.draining || waiting.bytes < settings.blockBytes { return .queued }
+            waiting.draining = true
+            return .queuedFirst
+        }
+        switch taken {
+        case .queued: break
+        case .queuedFirst: work.async { self.writeAll(flushing: false) }
+        case .dropped: dropped(events.count)
+        }
+    }
+
+    private func dropped(_ count: Int) {
+        eventsDropped.add(count, ordering: .relaxed)
+        metrics.dropped.increment(by: count)
+    }
+
+    /// Writes everything recorded so far (the flush interval's job; also at shutdown). Waits for the disk.
+    public func flush() {
+        work.sync { writeAll(flushing: true) }
+    }
+
+    /// When retention was last applied.
+    private let prunedAt = Mutex<ContinuousClock.Instant?>(nil)
+
+    /// Once a minute, on `work`: the oldest days past the retention go.
+    private func pruneIfDue() {
+        let due = prunedAt.withLock { last in
+            guard last.map({ ContinuousClock.now - $0 >= .seconds(60) }) ?? true else { return false }
+            last = .now
+            return true
+        }
+        guard due else { return }
+        TapeFile.prune(
+            directory: settings.directory, market: settings.market, today: TapeFile.day(of: WallClock.nowNanoseconds()),
+            keepDays: max(settings.retentionDays, 1), maxBytes: settings.retentionBytes)
+    }
+
+    /// On `work`: takes what waits and writes it, until nothing waits.
+    private func writeAll(flushing: Bool) {
+        while true {
+            let taken = waiting.withLock { waiting -> (batches: [[MarketEvent]], hole: (from: Int64, to: Int64)?)? in
+                guard !waiting.batches.isEmpty || waiting.hole != nil else {
+                    waiting.draining = false
+                    return nil
+                }
+                defer {
+                    waiting.batches = []
+                    waiting.bytes = 0
+                    waiting.hole = nil
+                }
+                return (waiting.batches, waiting.hole)
+            }
+            guard let taken else { break }
+            write(taken.batches, hole: taken.hole)
+        }
+        if flushing { write([], hole: nil, flush: true) }
+    }
+
+    private func write(_ batches: [[MarketEvent]], hole: (from: Int64, to: Int64)?, flush: Bool = false) {
+        let outcome = writing.withLock { $0.write(batches, hole: hole, flush: flush, retryAfter: settings.retryInterval) }
+        eventsRecorded.add(outcome.events, ordering: .relaxed)
+        metrics.events.increment(by: outcome.events)
+        if outcome.dropped > 0 { dropped(outcome.dropped) }
+        if outcome.blocks > 0 {
+            blocksWritten.add(outcome.blocks, ordering: .relaxed)
+            bytesWritten.add(outcome.bytes, ordering: .relaxed)
+            metrics.blocks.increment(by: outcome.blocks)
+            metrics.bytes.increment(by: outcome.bytes)
+        }
+        if outcome.paused { metrics.pauses.increment() }
+        waiting.withLock { $0.pausedBecause = outcome.pausedBecause }
+    }
+}
+
+/// The recorder's side that touches the disk: its writer, and whether writing is paused. Only the
+/// recorder's dispatch queue uses it (behind a `Mutex`, so it is `Sendable` without a promise).
+private struct Writing {
+    let writer: TapeWriter
+    /// Recording stopped at this wall-clock time because of `reason`; tried again after `retryAt`.
+    var paused: (since: Int64, reason: String, retryAt: ContinuousClock.Instant)?
+
+    struct Outcome {
+        var events = 0
+        var dropped = 0
+        var blocks = 0
+        var bytes = 0
+        var paused = false
+        var pausedBecause: String?
+    }
+
+    mutating func write(_ batches: [[MarketEvent]], hole: (from: Int64, to: Int64)?, flush: Bool, retryAfter: Duration) -> Outcome {
+        var outcome = Outcome()
+        let count = batches.reduce(0) { $0 + $1.count }
+        let now = WallClock.nowNanoseconds()
+        if let paused {
+            guard ContinuousClock.now >= paused.retryAt else {
+                outcome.dropped = count
+                outcome.pausedBecause = paused.reason
+                return outcome
+            }
+        }
+        let before = (writer.blocksWritten, writer.bytesWritten, writer.eventsWritten, writer.eventsLost)
+        let wasPaused = paused
+        var appended = 0
+        do {
+            // The window recording missed (paused, or batches past the queue's bound), as one gap.
+            let missed = [paused.map { ($0.since, now) }, hole].compactMap { $0 }
+            if let from = missed.map(\.0).min(), let to = missed.map(\.1).max() { try writer.append(.gap(from: from, to: to)) }
+            self.paused = nil
+            // Receive times are monotonic; the tape keeps wall-clock time.
+            let offset = now - Int64(MonotonicClock.nanoseconds())
+            for batch in batches {
+                for event in batch {
+                    let receivedAt = event.receivedAt == 0 ? now : Int64(event.receivedAt) + offset
+                    try event.bytes.withUnsafeReadableBytes { bytes in
+                        try writer.appendEvent(
+                            receivedAt: receivedAt, sequence: event.sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes)
+                    }
+                    appended += 1
+                }
+            }
+            if flush { try writer.flush() }
+        } catch {
+            // Paused since the first failure: a retry that fails keeps the window's start.
+            outcome.paused = wasPaused == nil
+            self.paused = (wasPaused?.since ?? now, "\(error)", ContinuousClock.now + retryAfter)
+            outcome.pausedBecause = "\(error)"
+        }
+        // Recorded: events in blocks on disk; dropped: those never appended, and those of a block lost.
+        outcome.events = writer.eventsWritten - before.2
+        outcome.dropped = (count - appended) + (writer.eventsLost - before.3)
+        outcome.blocks = writer.blocksWritten - before.0
+        outcome.bytes = Int(writer.bytesWritten - before.1)
+        return outcome
+    }
+}

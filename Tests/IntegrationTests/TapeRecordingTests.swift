@@ -1,0 +1,41 @@
+import Foundation
+import MarketCore
+import PolygonWire
+import RelayComposition
+import RelayConfiguration
+import Tape
+import Testing
+
+/// The relay records what its hub publishes: a real relay on its demo feed, a real client, the tape
+/// read back from its files after the relay stopped.
+@Suite("The tape: the relay records every market's events", .timeLimit(.minutes(2)))
+struct TapeRecordingTests {
+    @Test func everyPublishedEventIsOnTheTapeInOrderOnceTheRelayStops() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-tape-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 500)
+        settings.portfolio = nil
+        settings.tape?.directory = directory
+        settings.tape?.flushInterval = .seconds(60)  // nothing written on a timer: the stop writes it all
+        let relay = Relay(settings: settings, logger: testLogger)
+        let hub = try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/stocks")
+            client.send(ClientAction(.subscribe, params: "Q.*,T.*"))
+            _ = try await client.nextEvents(200)
+            await client.close()
+            return parts.hub
+        }
+        let last = await hub.position.sequence
+        try #require(last >= 200)
+        let path = TapeFile.path(directory: directory, market: "stocks", day: TapeFile.day(of: WallClock.nowNanoseconds()))
+        let reader = try TapeReader(path: path)
+        let events = reader.records().compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
+        let sequences = events.map(\.sequence)
+        #expect(sequences.last == last, "the last event the hub published is on the tape")
+        #expect(sequences == Array((sequences.first ?? 1)...last), "every position from the first recorded, none twice")
+        #expect(events.allSatisfy { ["Q", "T"].contains($0.eventType) && !$0.bytes.isEmpty })
+        let now = WallClock.nowNanoseconds()
+        #expect(events.allSatisfy { $0.receivedAt > now - 120_000_000_000 && $0.receivedAt <= now }, "wall-clock receive times")
+    }
+}

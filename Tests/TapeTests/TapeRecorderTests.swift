@@ -1,0 +1,135 @@
+import Foundation
+import MarketCore
+import NIOCore
+import Testing
+
+@testable import Tape
+
+/// The recorder on real files: what the hub hands it is on the tape within a flush interval, in order,
+/// with wall-clock receive times; a disk that fails pauses it (told, counted) and the window it
+/// missed is on the tape as a gap once it records again.
+@Suite("Tape recorder: the hub's events to disk, off the delivery path")
+struct TapeRecorderTests {
+    func withDirectory(_ body: (String) async throws -> Void) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try await body(directory)
+    }
+
+    func quotes(_ count: Int, from first: Int) -> [MarketEvent] {
+        (first..<first + count).map { index in
+            MarketEvent(
+                eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(string: #"{"ev":"Q","sym":"AAPL","bp":\#(index)}"#),
+                receivedAt: MonotonicClock.nanoseconds(), sequence: UInt64(index))
+        }
+    }
+
+    func todaysTape(_ directory: String) -> String {
+        TapeFile.path(directory: directory, market: "stocks", day: TapeFile.day(of: WallClock.nowNanoseconds()))
+    }
+
+    /// Waits (bounded) until `condition` holds.
+    func eventually(_ what: String, _ condition: () -> Bool) async throws {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !condition() {
+            guard ContinuousClock.now < deadline else {
+                Issue.record("timed out waiting for \(what)")
+                return
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    @Test func whatTheHubHandsItIsOnTheTapeWithinAFlushInterval() async throws {
+        try await withDirectory { directory in
+            var settings = TapeRecorder.Settings(directory: directory, market: "stocks")
+            settings.flushInterval = .milliseconds(100)
+            let recorder = try TapeRecorder(settings: settings)
+            let before = WallClock.nowNanoseconds()
+            let batches = [quotes(3, from: 1), quotes(500, from: 4), quotes(1, from: 504)]
+            for batch in batches { recorder.take(batch) }
+            // No flush asked: the interval writes the block.
+            try await eventually("a block on disk") { recorder.status.blocksWritten > 0 && recorder.status.eventsRecorded == 504 }
+            let records = try TapeReader(path: todaysTape(directory)).records()
+            let events = records.compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
+            #expect(events.map(\.sequence) == Array(1...504).map(UInt64.init))
+            #expect(events.last?.bytes == Array(#"{"ev":"Q","sym":"AAPL","bp":504}"#.utf8))
+            #expect(events.allSatisfy { $0.eventType == "Q" && $0.ticker == "AAPL" })
+            let after = WallClock.nowNanoseconds()
+            #expect(events.allSatisfy { $0.receivedAt >= before - 50_000_000 && $0.receivedAt <= after }, "wall-clock receive times")
+            #expect(recorder.status.eventsDropped == 0 && recorder.status.pausedBecause == nil)
+        }
+    }
+
+    @Test func aSecondRecorderOfTheSameMarketAndDirectoryIsRefused() async throws {
+        try await withDirectory { directory in
+            let first = try TapeRecorder(settings: .init(directory: directory, market: "stocks"))
+            #expect(throws: TapeError.self) { try TapeRecorder(settings: .init(directory: directory, market: "stocks")) }
+            // Another market beside it is another tape.
+            _ = try TapeRecorder(settings: .init(directory: directory, market: "crypto"))
+            withExtendedLifetime(first) {}
+            // Once the first is gone, its market can be recorded again.
+        }
+        try await withDirectory { directory in
+            do { _ = try TapeRecorder(settings: .init(directory: directory, market: "stocks")) }
+            _ = try TapeRecorder(settings: .init(directory: directory, market: "stocks"))
+        }
+    }
+
+    @Test func itMakesEveryMissingFolderOfItsDirectory() async throws {
+        try await withDirectory { directory in
+            let nested = "\(directory)/data/tape"
+            let recorder = try TapeRecorder(settings: .init(directory: nested, market: "stocks"))
+            recorder.take(quotes(2, from: 1))
+            recorder.flush()
+            #expect(try TapeReader(path: todaysTape(nested)).records().count == 2)
+        }
+    }
+
+    @Test func aQueueFullOfBytesDropsAndCountsAndTheHoleIsAGap() async throws {
+        try await withDirectory { directory in
+            var settings = TapeRecorder.Settings(directory: directory, market: "stocks")
+            settings.queueBytes = 1  // nothing fits: every batch is a hole
+            let recorder = try TapeRecorder(settings: settings)
+            recorder.take(quotes(10, from: 1))
+            recorder.take(quotes(5, from: 11))
+            #expect(recorder.status.eventsDropped == 15)
+            recorder.flush()
+            let records = try TapeReader(path: todaysTape(directory)).records()
+            #expect(records.count == 1)
+            guard case .gap(let from, let to) = records.first else { return #expect(Bool(false), "a gap") }
+            #expect(from <= to && to <= WallClock.nowNanoseconds())
+        }
+    }
+
+    /// The day's file is `/dev/full` at first (every write fails with ENOSPC): recording pauses, says
+    /// why, drops and counts; once the file is an ordinary one again, the next retry records the window
+    /// it missed as one gap, then the events.
+    @Test func aFullDiskPausesRecordingAndTheMissedWindowBecomesAGap() async throws {
+        try await withDirectory { directory in
+            try FileManager.default.createDirectory(atPath: "\(directory)/stocks", withIntermediateDirectories: true)
+            let path = todaysTape(directory)
+            try FileManager.default.createSymbolicLink(atPath: path, withDestinationPath: "/dev/full")
+            var settings = TapeRecorder.Settings(directory: directory, market: "stocks")
+            settings.flushInterval = .milliseconds(20)
+            settings.retryInterval = .milliseconds(100)
+            let recorder = try TapeRecorder(settings: settings)
+            let started = WallClock.nowNanoseconds()
+            recorder.take(quotes(10, from: 1))
+            try await eventually("recording to pause") { recorder.status.pausedBecause != nil }
+            #expect(recorder.status.pausedBecause?.contains("space") == true, "\(recorder.status.pausedBecause ?? "")")
+            recorder.take(quotes(5, from: 11))
+            #expect(recorder.status.eventsDropped >= 10)
+            try FileManager.default.removeItem(atPath: path)
+            try await eventually("recording again") { recorder.status.pausedBecause == nil }
+            recorder.take(quotes(3, from: 16))
+            recorder.flush()
+            let records = try TapeReader(path: path).records()
+            guard case .gap(let from, let to) = records.first else { return #expect(Bool(false), "the missed window first: \(records)") }
+            #expect(from >= started - 1_000_000_000 && to > from)
+            let sequences = records.compactMap { record -> UInt64? in if case .event(let event) = record { event.sequence } else { nil } }
+            #expect(sequences == [16, 17, 18], "what came while paused is not on the tape; what came after is")
+            #expect(recorder.status.eventsDropped == 15)
+        }
+    }
+}
