@@ -5,6 +5,7 @@ import DemoFeed
 import Foundation
 import GapFill
 import Logging
+import MarketCore
 import MarketDataHub
 import NIOPosix
 import MarketREST
@@ -202,7 +203,7 @@ extension Relay {
             // The built-in feed's loopback address is nobody's business (its port served its faults).
             let link = UpstreamSource(
                 hub: hub, interest: interest, shownURL: upstream.demoFeed == nil ? nil : source.description, makeUpstream: makeUpstream)
-            assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: link, source: link))
+            assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: link, source: link, recorder: recorder))
             return
         }
         let hook = assembly.gapFillers[source.market].map { filler in
@@ -243,6 +244,13 @@ extension Relay {
         return Sidecar(service: service, browser: browser, lock: lock, routes: PortfolioRoutes(service: service, browser: browser))
     }
 
+    /// What the server serves of a market: its hub, its source's health, its recording.
+    private static func served(_ parts: MarketParts) -> ServedMarket {
+        var tape: (@Sendable () -> TapeReport)?
+        if let recorder = parts.recorder { tape = { recorder.report } }
+        return ServedMarket(market: parts.plan.market, hub: parts.hub, feed: parts.source, tape: tape)
+    }
+
     /// The downstream server: every market's routes, the portfolio's, metrics and the dashboard.
     func makeServer(
         authentication: ClientAuthentication, markets: [MarketParts], routes: PortfolioRoutes?, registry: PrometheusCollectorRegistry
@@ -258,7 +266,7 @@ extension Relay {
         configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
         return RelayServer(
             configuration: configuration,
-            markets: markets.map { ServedMarket(market: $0.plan.market, hub: $0.hub, feed: $0.source) }, registry: registry,
+            markets: markets.map(Self.served), registry: registry,
             logger: logger.with(label: "relay.server"),
             extraRoutes: { router in
                 routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })

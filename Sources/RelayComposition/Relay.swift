@@ -17,6 +17,7 @@ import PortfolioHTTP
 import RelayConfiguration
 import Prometheus
 import RelayServer
+import Tape
 import ServiceLifecycle
 import UnixSignals
 import Upstream
@@ -138,6 +139,8 @@ public final class Relay: Service, Sendable {
         var upstream: UpstreamSource?
         /// Where its events come from.
         var source: any MarketSource
+        /// Its tape recorder, while the tape is on (a single relay's).
+        var recorder: TapeRecorder?
     }
 
     /// The configured upstreams, one per market; `nil`: none configured (the demo feed serves every market).

@@ -363,6 +363,9 @@ public final class RelayServer: Service, Sendable {
         var upstream: UpstreamReport
         var cluster: ClusterReport?
         var subscribers: Int
+        /// Its recording on the tape (absent when it is not recorded). A paused recording does not make
+        /// the market degraded: delivery does not depend on it.
+        var tape: TapeReport?
     }
 
     /// `/healthz`: the first market's fields at the top (as a one-market relay always answered), every
@@ -388,7 +391,7 @@ public final class RelayServer: Service, Sendable {
             MarketHealth(
                 status: report.healthy ? "ok" : "degraded", market: route.market.rawValue, vendor: route.served.vendor, paths: route.served.paths,
                 upstream: report.upstream, cluster: report.cluster,
-                subscribers: await route.hub.subscriberCount)
+                subscribers: await route.hub.subscriberCount, tape: route.served.tape?())
         )
     }
 

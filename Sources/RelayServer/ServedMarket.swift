@@ -9,11 +9,14 @@ package struct ServedMarket: Sendable {
     package let market: Market
     package let hub: MarketDataHub
     package let feed: any FeedStatus
+    /// Its recording on the tape, when it is recorded.
+    package let tape: (@Sendable () -> TapeReport)?
 
-    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus) {
+    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus, tape: (@Sendable () -> TapeReport)? = nil) {
         self.market = market
         self.hub = hub
         self.feed = feed
+        self.tape = tape
     }
 
     /// The protocol its clients speak.

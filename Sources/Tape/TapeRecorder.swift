@@ -120,6 +120,14 @@ public final class TapeRecorder: EventTap {
             pausedBecause: waiting.withLock { $0.pausedBecause })
     }
 
+    /// The recording as `/healthz` shows it.
+    public var report: TapeReport {
+        let status = status
+        return TapeReport(
+            recording: status.pausedBecause == nil, eventsRecorded: status.eventsRecorded, eventsDropped: status.eventsDropped,
+            bytesWritten: status.bytesWritten, pausedBecause: status.pausedBecause)
+    }
+
     public func take(_ events: [MarketEvent]) {
         var size = 0
         for event in events { size += event.bytes.readableBytes + 48 }

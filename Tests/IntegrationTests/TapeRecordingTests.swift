@@ -24,6 +24,13 @@ struct TapeRecordingTests {
             client.send(ClientAction(.subscribe, params: "Q.*,T.*"))
             _ = try await client.nextEvents(200)
             await client.close()
+            // /healthz tells each market's recording (the markets nobody subscribed to record nothing yet).
+            let health = jsonObject(try await httpGet("http://127.0.0.1:\(parts.port)/healthz").body)
+            let stocks = (health["markets"] as? [String: Any])?["stocks"] as? [String: Any]
+            let tape = stocks?["tape"] as? [String: Any]
+            #expect(tape?["recording"] as? Bool == true, "\(String(describing: stocks))")
+            #expect(tape?["eventsDropped"] as? Int == 0)
+            #expect(tape?["pausedBecause"] == nil)
             return parts.hub
         }
         let last = await hub.position.sequence

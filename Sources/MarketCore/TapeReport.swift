@@ -1,0 +1,20 @@
+/// A market's recording, as `/healthz` and the dashboard show it: whether it records now, what it has
+/// written and dropped, and why it is paused when it is.
+public struct TapeReport: Sendable, Codable, Equatable {
+    /// It records now (not paused by a failing disk).
+    public var recording: Bool
+    public var eventsRecorded: Int
+    /// Events not recorded (a full queue, a paused recording).
+    public var eventsDropped: Int
+    public var bytesWritten: Int
+    /// The error that paused recording, while it is paused.
+    public var pausedBecause: String?
+
+    public init(recording: Bool, eventsRecorded: Int, eventsDropped: Int, bytesWritten: Int, pausedBecause: String?) {
+        self.recording = recording
+        self.eventsRecorded = eventsRecorded
+        self.eventsDropped = eventsDropped
+        self.bytesWritten = bytesWritten
+        self.pausedBecause = pausedBecause
+    }
+}
