@@ -272,7 +272,7 @@ let package = Package(
             name: "relay",
             dependencies: [
                 "RelayComposition", "RelayConfiguration", "AlpacaWire", "DemoFeed", "RelayServer", "RelayBench", "Portfolio", "PortfolioData", "PortfolioDomain", "PolygonRESTClient",
-                "PortfolioHTTP",
+                "PortfolioHTTP", "Tape",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

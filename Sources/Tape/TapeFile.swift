@@ -21,6 +21,19 @@ public enum TapeFile {
         }
     }
 
+    /// The markets with a folder under `directory`, by name.
+    public static func markets(directory: String) -> [String] {
+        guard let handle = opendir(directory) else { return [] }
+        defer { closedir(handle) }
+        var markets: [String] = []
+        while let entry = readdir(handle) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard !name.hasPrefix("."), entry.pointee.d_type == UInt8(DT_DIR) else { continue }
+            markets.append(name)
+        }
+        return markets.sorted()
+    }
+
     /// The day files of `market`'s tape, oldest first, with their sizes.
     public static func days(directory: String, market: String) -> [(day: String, path: String, bytes: Int64)] {
         let folder = "\(directory)/\(market)"

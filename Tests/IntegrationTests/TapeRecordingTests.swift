@@ -1,6 +1,7 @@
 import Foundation
 import MarketCore
 import PolygonWire
+import RelayBench
 import RelayComposition
 import RelayConfiguration
 import Tape
@@ -44,5 +45,51 @@ struct TapeRecordingTests {
         #expect(events.allSatisfy { ["Q", "T"].contains($0.eventType) && !$0.bytes.isEmpty })
         let now = WallClock.nowNanoseconds()
         #expect(events.allSatisfy { $0.receivedAt > now - 120_000_000_000 && $0.receivedAt <= now }, "wall-clock receive times")
+    }
+
+    /// A relay process killed with SIGKILL mid-recording, then started again on the same tape: what it
+    /// wrote before is read whole (a torn tail cut, never read), the second run appends after it, and
+    /// `relay tape ls` counts it all without damage.
+    @Test func aRelayKilledMidRecordingLeavesATapeThatReadsAndGoesOn() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-tape-kill-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let arguments = [
+            "serve", "--listen", "127.0.0.1:0", "--no-portfolio", "--demo-rate", "2000", "--client-keys", "k", "--tape-dir", directory,
+        ]
+        let path = TapeFile.path(directory: directory, market: "stocks", day: TapeFile.day(of: WallClock.nowNanoseconds()))
+        @Sendable func recordedEvents() -> [TapeEvent] {
+            guard let reader = try? TapeReader(path: path) else { return [] }
+            return reader.records().compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
+        }
+        // First run: events flow to a client and onto the tape, then SIGKILL with a block half gathered.
+        let relay = RelayProcess(
+            binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: false, environment: ["RELAY_TAPE_FLUSH_MS": "100"])
+        let port = try await relay.start(timeout: .seconds(30))
+        let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "k")
+        client.send(ClientAction(.subscribe, params: "Q.*,T.*"))
+        _ = try await client.nextEvents(300)
+        try await eventually("a few blocks on the tape", timeout: .seconds(20)) { recordedEvents().count >= 300 }
+        await relay.kill()
+        await client.close()
+        let beforeRestart = recordedEvents()
+        let killedAt = WallClock.nowNanoseconds()
+        #expect(try TapeReader(path: path).damaged.isEmpty, "a torn tail is not damage")
+        let sequences = beforeRestart.map(\.sequence)
+        #expect(sequences == Array((sequences.first ?? 1)...(sequences.last ?? 0)), "whole blocks only: every position once, in order")
+
+        // Second run on the same tape: it appends after the last whole block.
+        let again = RelayProcess(
+            binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: false, environment: ["RELAY_TAPE_FLUSH_MS": "100"])
+        let secondPort = try await again.start(timeout: .seconds(30))
+        let second = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(secondPort)/stocks", key: "k")
+        second.send(ClientAction(.subscribe, params: "Q.*"))
+        _ = try await second.nextEvents(100)
+        await second.close()
+        await again.stop()
+        let after = recordedEvents()
+        #expect(Array(after.prefix(beforeRestart.count)) == beforeRestart, "what was on the tape is still there, first")
+        #expect(after.dropFirst(beforeRestart.count).contains { $0.receivedAt > killedAt }, "the second run's events follow")
+        let summary = try #require(try TapeDaySummary.all(directory: directory).first { $0.market == "stocks" })
+        #expect(summary.events == after.count && summary.skippedBlocks == 0 && summary.damagedBytes == 0)
     }
 }
