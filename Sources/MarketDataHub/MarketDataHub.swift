@@ -297,7 +297,7 @@ public actor MarketDataHub {
             }
             metrics.record(history)
         }
-        tap?.take(events)
+        tap?.take(events, epoch: history?.epoch)
         let shared = PublishedEvents(events)
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).

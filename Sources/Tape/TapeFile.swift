@@ -152,12 +152,23 @@ public final class TapeWriter {
                 try appendEvent(receivedAt: event.receivedAt, sequence: event.sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes)
             }
         case .gap(let from, let to):
-            let first = try starting(at: from, sequence: 0)
-            RecordLayout.append(record, to: &pending, baseTime: first.time, baseSequence: first.sequence)
-            pendingRecords += 1
-            last.time = max(last.time, to)
-            if pending.count >= blockBytes { try flush() }
+            try appendOther(record, at: from, until: to)
+        case .epoch(let epoch, let at):
+            try appendOther(record, at: at, until: at)
+            self.epoch = epoch
         }
+    }
+
+    /// The epoch of the events appended now (the last `.epoch` record): written again first in each
+    /// new day file.
+    public private(set) var epoch: String?
+
+    private func appendOther(_ record: TapeRecord, at time: Int64, until end: Int64) throws {
+        let first = try starting(at: time, sequence: 0)
+        RecordLayout.append(record, to: &pending, baseTime: first.time, baseSequence: first.sequence)
+        pendingRecords += 1
+        last.time = max(last.time, end)
+        if pending.count >= blockBytes { try flush() }
     }
 
     /// An event's record, its bytes copied once from where they are (the recorder's way: no
@@ -179,6 +190,13 @@ public final class TapeWriter {
         if recordDay != day {
             try flush()
             try open(day: recordDay)
+            first = (time, sequence)
+            last = (time, sequence)
+            // A day file tells its own epoch before its first event.
+            if let epoch {
+                RecordLayout.append(.epoch(epoch, at: time), to: &pending, baseTime: time, baseSequence: sequence)
+                pendingRecords += 1
+            }
         }
         if let first { return first }
         first = (time, sequence)

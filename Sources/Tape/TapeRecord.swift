@@ -5,12 +5,16 @@ public enum TapeRecord: Sendable, Equatable {
     case event(TapeEvent)
     /// Nothing was recorded from `from` to `to` (UTC nanoseconds).
     case gap(from: Int64, to: Int64)
+    /// The events after it are positioned in `epoch` (their sequences count in it): written when the
+    /// relay's epoch begins or changes, and first in each day file, so a file tells its own epochs.
+    case epoch(String, at: Int64)
 
     /// When it was received (an event) or when the hole began (a gap): UTC nanoseconds.
     public var time: Int64 {
         switch self {
         case .event(let event): event.receivedAt
         case .gap(let from, _): from
+        case .epoch(_, let at): at
         }
     }
 }
@@ -42,6 +46,7 @@ public struct TapeEvent: Sendable, Equatable {
 enum RecordLayout {
     static let event: UInt8 = 1
     static let gap: UInt8 = 2
+    static let epoch: UInt8 = 3
 
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
         switch record {
@@ -55,6 +60,11 @@ enum RecordLayout {
             payload.append(Self.gap)
             appendVarint(zigzag(from &- baseTime), to: &payload)
             appendVarint(zigzag(to &- from), to: &payload)
+        case .epoch(let epoch, let at):
+            payload.append(Self.epoch)
+            appendVarint(zigzag(at &- baseTime), to: &payload)
+            appendVarint(UInt64(epoch.utf8.count), to: &payload)
+            payload.append(contentsOf: epoch.utf8)
         }
     }
 
@@ -96,6 +106,9 @@ enum RecordLayout {
                 guard let from = readVarint(payload, &index), let length = readVarint(payload, &index) else { return nil }
                 let start = baseTime &+ unzigzag(from)
                 records.append(.gap(from: start, to: start &+ unzigzag(length)))
+            case Self.epoch:
+                guard let at = readVarint(payload, &index), let name = readBytes(payload, &index) else { return nil }
+                records.append(.epoch(String(decoding: name, as: UTF8.self), at: baseTime &+ unzigzag(at)))
             default:
                 return nil
             }

@@ -57,7 +57,7 @@ public final class TapeRecorder: EventTap {
     /// Held while the recorder lives: no other recorder writes this market's tape in this directory.
     private let lock: TapeLock
     private struct Waiting {
-        var batches: [[MarketEvent]] = []
+        var batches: [Batch] = []
         var bytes = 0
         /// A drain is scheduled or running.
         var draining = false
@@ -128,7 +128,7 @@ public final class TapeRecorder: EventTap {
             bytesWritten: status.bytesWritten, pausedBecause: status.pausedBecause)
     }
 
-    public func take(_ events: [MarketEvent]) {
+    public func take(_ events: [MarketEvent], epoch: String?) {
         var size = 0
         for event in events { size += event.bytes.readableBytes + 48 }
         enum Taken { case queued, queuedFirst, dropped }
@@ -138,7 +138,7 @@ public final class TapeRecorder: EventTap {
                 waiting.hole = (waiting.hole?.from ?? now, now)
                 return .dropped
             }
-            waiting.batches.append(events)
+            waiting.batches.append(Batch(events: events, epoch: epoch))
             waiting.bytes += size
             // The writer wakes for a block's worth (or at the flush interval), not for every batch:
             // at 1,000 batches a second that was 1,000 thread wake-ups.
@@ -182,7 +182,7 @@ public final class TapeRecorder: EventTap {
     /// On `work`: takes what waits and writes it, until nothing waits.
     private func writeAll(flushing: Bool) {
         while true {
-            let taken = waiting.withLock { waiting -> (batches: [[MarketEvent]], hole: (from: Int64, to: Int64)?)? in
+            let taken = waiting.withLock { waiting -> (batches: [Batch], hole: (from: Int64, to: Int64)?)? in
                 guard !waiting.batches.isEmpty || waiting.hole != nil else {
                     waiting.draining = false
                     return nil
@@ -200,7 +200,7 @@ public final class TapeRecorder: EventTap {
         if flushing { write([], hole: nil, flush: true) }
     }
 
-    private func write(_ batches: [[MarketEvent]], hole: (from: Int64, to: Int64)?, flush: Bool = false) {
+    private func write(_ batches: [Batch], hole: (from: Int64, to: Int64)?, flush: Bool = false) {
         let outcome = writing.withLock { $0.write(batches, hole: hole, flush: flush, retryAfter: settings.retryInterval) }
         eventsRecorded.add(outcome.events, ordering: .relaxed)
         metrics.events.increment(by: outcome.events)
@@ -214,6 +214,12 @@ public final class TapeRecorder: EventTap {
         if outcome.paused { metrics.pauses.increment() }
         waiting.withLock { $0.pausedBecause = outcome.pausedBecause }
     }
+}
+
+/// A batch the hub published, and the epoch its positions count in.
+private struct Batch {
+    var events: [MarketEvent]
+    var epoch: String?
 }
 
 /// The recorder's side that touches the disk: its writer, and whether writing is paused. Only the
@@ -232,9 +238,9 @@ private struct Writing {
         var pausedBecause: String?
     }
 
-    mutating func write(_ batches: [[MarketEvent]], hole: (from: Int64, to: Int64)?, flush: Bool, retryAfter: Duration) -> Outcome {
+    mutating func write(_ batches: [Batch], hole: (from: Int64, to: Int64)?, flush: Bool, retryAfter: Duration) -> Outcome {
         var outcome = Outcome()
-        let count = batches.reduce(0) { $0 + $1.count }
+        let count = batches.reduce(0) { $0 + $1.events.count }
         let now = WallClock.nowNanoseconds()
         if let paused {
             guard ContinuousClock.now >= paused.retryAt else {
@@ -254,7 +260,8 @@ private struct Writing {
             // Receive times are monotonic; the tape keeps wall-clock time.
             let offset = now - Int64(MonotonicClock.nanoseconds())
             for batch in batches {
-                for event in batch {
+                if let epoch = batch.epoch, epoch != writer.epoch { try writer.append(.epoch(epoch, at: now)) }
+                for event in batch.events {
                     let receivedAt = event.receivedAt == 0 ? now : Int64(event.receivedAt) + offset
                     try event.bytes.withUnsafeReadableBytes { bytes in
                         try writer.appendEvent(

@@ -12,6 +12,8 @@ public struct TapeDaySummary: Sendable, Equatable {
     /// The first and last receive time on it (UTC ns), `nil` when it holds nothing readable.
     public var first: Int64?
     public var last: Int64?
+    /// The epochs its events are positioned in, in order (a restart of the relay begins one).
+    public var epochs: [String] = []
     /// Blocks that did not check, and byte ranges between blocks that are not blocks.
     public var skippedBlocks: Int
     public var damagedBytes: Int64
@@ -37,6 +39,8 @@ public struct TapeDaySummary: Sendable, Equatable {
                 case .gap(let from, let to):
                     gaps += 1
                     gapNanoseconds += max(to - from, 0)
+                case .epoch(let epoch, _):
+                    if epochs.last != epoch { epochs.append(epoch) }
                 }
             }
         }

@@ -148,6 +148,14 @@ struct TapeFileTests {
             let second = try TapeReader(path: TapeFile.path(directory: directory, market: "crypto", day: "2026-11-21"))
             #expect(first.records() == before)
             #expect(second.records() == after)
+            // A day file tells its epoch before its events: the next day's starts with it again.
+            let epochs = try TapeWriter(directory: directory, market: "options")
+            try epochs.append(.epoch("e7", at: midnight - 5))
+            for record in before + after { try epochs.append(record) }
+            try epochs.flush()
+            let secondDay = try TapeReader(path: TapeFile.path(directory: directory, market: "options", day: "2026-11-21")).records()
+            #expect(secondDay.first == .epoch("e7", at: after[0].time))
+            #expect(Array(secondDay.dropFirst()) == after)
             #expect(TapeFile.day(of: midnight - 1) == "2026-11-20")
             #expect(TapeFile.day(of: midnight) == "2026-11-21")
         }

@@ -47,7 +47,7 @@ struct TapeRecorderTests {
             let recorder = try TapeRecorder(settings: settings)
             let before = WallClock.nowNanoseconds()
             let batches = [quotes(3, from: 1), quotes(500, from: 4), quotes(1, from: 504)]
-            for batch in batches { recorder.take(batch) }
+            for batch in batches { recorder.take(batch, epoch: "e1") }
             // No flush asked: the interval writes the block.
             try await eventually("a block on disk") { recorder.status.blocksWritten > 0 && recorder.status.eventsRecorded == 504 }
             let records = try TapeReader(path: todaysTape(directory)).records()
@@ -55,6 +55,8 @@ struct TapeRecorderTests {
             #expect(events.map(\.sequence) == Array(1...504).map(UInt64.init))
             #expect(events.last?.bytes == Array(#"{"ev":"Q","sym":"AAPL","bp":504}"#.utf8))
             #expect(events.allSatisfy { $0.eventType == "Q" && $0.ticker == "AAPL" })
+            #expect(records.first.map { if case .epoch("e1", _) = $0 { true } else { false } } == true, "the epoch before the events")
+            #expect(records.count == events.count + 1, "told once, while it does not change")
             let after = WallClock.nowNanoseconds()
             #expect(events.allSatisfy { $0.receivedAt >= before - 50_000_000 && $0.receivedAt <= after }, "wall-clock receive times")
             #expect(recorder.status.eventsDropped == 0 && recorder.status.pausedBecause == nil)
@@ -80,9 +82,9 @@ struct TapeRecorderTests {
         try await withDirectory { directory in
             let nested = "\(directory)/data/tape"
             let recorder = try TapeRecorder(settings: .init(directory: nested, market: "stocks"))
-            recorder.take(quotes(2, from: 1))
+            recorder.take(quotes(2, from: 1), epoch: "e1")
             recorder.flush()
-            #expect(try TapeReader(path: todaysTape(nested)).records().count == 2)
+            #expect(try TapeReader(path: todaysTape(nested)).records().filter { if case .event = $0 { true } else { false } }.count == 2)
         }
     }
 
@@ -91,8 +93,8 @@ struct TapeRecorderTests {
             var settings = TapeRecorder.Settings(directory: directory, market: "stocks")
             settings.queueBytes = 1  // nothing fits: every batch is a hole
             let recorder = try TapeRecorder(settings: settings)
-            recorder.take(quotes(10, from: 1))
-            recorder.take(quotes(5, from: 11))
+            recorder.take(quotes(10, from: 1), epoch: "e1")
+            recorder.take(quotes(5, from: 11), epoch: "e1")
             #expect(recorder.status.eventsDropped == 15)
             recorder.flush()
             let records = try TapeReader(path: todaysTape(directory)).records()
@@ -115,17 +117,19 @@ struct TapeRecorderTests {
             settings.retryInterval = .milliseconds(100)
             let recorder = try TapeRecorder(settings: settings)
             let started = WallClock.nowNanoseconds()
-            recorder.take(quotes(10, from: 1))
+            recorder.take(quotes(10, from: 1), epoch: "e1")
             try await eventually("recording to pause") { recorder.status.pausedBecause != nil }
             #expect(recorder.status.pausedBecause?.contains("space") == true, "\(recorder.status.pausedBecause ?? "")")
-            recorder.take(quotes(5, from: 11))
+            recorder.take(quotes(5, from: 11), epoch: "e1")
             #expect(recorder.status.eventsDropped >= 10)
             try FileManager.default.removeItem(atPath: path)
             try await eventually("recording again") { recorder.status.pausedBecause == nil }
-            recorder.take(quotes(3, from: 16))
+            recorder.take(quotes(3, from: 16), epoch: "e1")
             recorder.flush()
             let records = try TapeReader(path: path).records()
-            guard case .gap(let from, let to) = records.first else { return #expect(Bool(false), "the missed window first: \(records)") }
+            // The file tells its epoch first, then the window recording missed, then what came after.
+            guard case .epoch("e1", _) = records.first else { return #expect(Bool(false), "the epoch first: \(records)") }
+            guard case .gap(let from, let to) = records.dropFirst().first else { return #expect(Bool(false), "then the missed window: \(records)") }
             #expect(from >= started - 1_000_000_000 && to > from)
             let sequences = records.compactMap { record -> UInt64? in if case .event(let event) = record { event.sequence } else { nil } }
             #expect(sequences == [16, 17, 18], "what came while paused is not on the tape; what came after is")
