@@ -11,7 +11,7 @@ struct TapeCommand: AsyncParsableCommand {
 
     struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            commandName: "ls", abstract: "List the tape's days per market: size, events, gaps, the time they span, damage.")
+            commandName: "ls", abstract: "List the tape's days per market: size, events, gaps, the time they span, epochs (a relay's start begins one), damage.")
 
         @Option(name: .customLong("tape-dir"), help: "The tape's directory.") var directory: String = "./data/tape"
 
@@ -21,14 +21,14 @@ struct TapeCommand: AsyncParsableCommand {
                 print("no tape in \(directory)")
                 return
             }
-            print("market     day          size        events  gaps (s)        from      to        damage")
+            print("market     day          size        events  gaps (s)        from      to        epochs  damage")
             for day in days {
                 let gap = day.gaps == 0 ? "0" : "\(day.gaps) (\(String(format: "%.1f", Double(day.gapNanoseconds) / 1e9)))"
                 let damage = day.skippedBlocks == 0 && day.damagedBytes == 0 ? "none" : "\(day.skippedBlocks) blocks, \(day.damagedBytes) bytes"
                 print(
                     [
                         day.market.padding(10), day.day.padding(12), Self.size(day.bytes).padding(11, right: true), "\(day.events)".padding(7, right: true),
-                        "  " + gap.padding(14), Self.time(day.first).padding(9), Self.time(day.last).padding(9), damage,
+                        "  " + gap.padding(14), Self.time(day.first).padding(9), Self.time(day.last).padding(9), "\(day.epochs.count)".padding(7), damage,
                     ].joined(separator: " "))
             }
         }
