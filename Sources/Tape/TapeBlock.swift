@@ -20,6 +20,8 @@
 /// check finds a torn or flipped header; the zstd frame's checksum finds a flipped payload.
 public struct TapeBlockHeader: Sendable, Equatable {
     public static let size = 64
+    /// The most records' bytes a block may claim.
+    static let largestBlock: UInt32 = 64 << 20
     static let magic: (UInt8, UInt8, UInt8, UInt8) = (0x52, 0x54, 0x42, 0x31)  // RTB1
 
     public var compressedLength: UInt32
@@ -49,6 +51,9 @@ public struct TapeBlockHeader: Sendable, Equatable {
         guard Self.check(Array(bytes[0..<56])) == word(56) else { return nil }
         compressedLength = half(4)
         uncompressedLength = half(8)
+        // A block is a flush interval or 256 KB of records (one record may pass that): a header that
+        // claims more than 64 MB would make a reader allocate it before the frame is checked.
+        guard uncompressedLength <= Self.largestBlock else { return nil }
         records = half(12)
         firstTime = Int64(bitPattern: word(16))
         lastTime = Int64(bitPattern: word(24))

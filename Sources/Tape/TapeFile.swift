@@ -89,12 +89,15 @@ public final class TapeLock: Sendable {
         let folder = "\(directory)/\(market)"
         try TapeFile.makeDirectories(folder)
         let path = "\(folder)/.lock"
-        descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        guard descriptor >= 0 else { throw TapeError.system("opening", path) }
-        guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
-            close(descriptor)
+        // Held in a local until it is locked: a throwing init whose properties are all set runs deinit,
+        // which would close it a second time (by then perhaps another thread's descriptor).
+        let opened = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard opened >= 0 else { throw TapeError.system("opening", path) }
+        guard flock(opened, LOCK_EX | LOCK_NB) == 0 else {
+            close(opened)
             throw TapeError("the \(market) tape in \(directory) is being recorded by another relay (\(path) is locked)")
         }
+        descriptor = opened
     }
 
     deinit {
@@ -124,6 +127,14 @@ public final class TapeWriter {
     /// Events in blocks written, and events lost with a block that could not be written.
     public private(set) var eventsWritten = 0
     public private(set) var eventsLost = 0
+    /// The earliest receive time in a block that could not be written (since ``takeLostFrom()``).
+    private var lostFrom: Int64?
+
+    /// Where the records lost with failed blocks began (they are a gap to record), once.
+    public func takeLostFrom() -> Int64? {
+        defer { lostFrom = nil }
+        return lostFrom
+    }
     private var first: (time: Int64, sequence: UInt64)?
     private var last: (time: Int64, sequence: UInt64) = (0, 0)
     /// Bytes cut from the end of a file when it was opened (a torn tail), since this writer began.
@@ -163,17 +174,22 @@ public final class TapeWriter {
     /// new day file.
     public private(set) var epoch: String?
 
+    /// A gap or an epoch: in the file of the day it ends in (a gap across midnight is today's news; it
+    /// never reopens yesterday's file, which retention may have deleted).
     private func appendOther(_ record: TapeRecord, at time: Int64, until end: Int64) throws {
-        let first = try starting(at: time, sequence: 0)
+        if pending.count >= blockBytes { try flush() }
+        let first = try starting(at: end, sequence: 0)
         RecordLayout.append(record, to: &pending, baseTime: first.time, baseSequence: first.sequence)
         pendingRecords += 1
         last.time = max(last.time, end)
-        if pending.count >= blockBytes { try flush() }
     }
 
     /// An event's record, its bytes copied once from where they are (the recorder's way: no
     /// ``TapeEvent`` made per event).
     public func appendEvent(receivedAt: Int64, sequence: UInt64, eventType: String, ticker: String, bytes: UnsafeRawBufferPointer) throws {
+        // A full block is written before the record joins the next: when that write fails, this record
+        // is not in the lost block (its caller counts it as not appended, once).
+        if pending.count >= blockBytes { try flush() }
         let first = try starting(at: receivedAt, sequence: sequence)
         RecordLayout.appendEvent(
             receivedAt: receivedAt, sequence: sequence, eventType: eventType, ticker: ticker, bytes: bytes, to: &pending, baseTime: first.time,
@@ -181,7 +197,6 @@ public final class TapeWriter {
         pendingRecords += 1
         pendingEvents += 1
         last = (max(last.time, receivedAt), max(last.sequence, sequence))
-        if pending.count >= blockBytes { try flush() }
     }
 
     /// The block's first time and sequence, once the file of `time`'s day is open.
@@ -217,6 +232,7 @@ public final class TapeWriter {
             // A short write (a full disk): what was written is a torn tail, cut when the file is next
             // opened, which the next record does; the block's records are lost (its owner records the gap).
             let error = TapeError.system("writing a block to", path)
+            lostFrom = min(lostFrom ?? first.time, first.time)
             eventsLost += pendingEvents
             pending.removeAll(keepingCapacity: true)
             pendingRecords = 0
@@ -245,6 +261,7 @@ public final class TapeWriter {
             close(descriptor)
             descriptor = -1
         }
+        self.day = nil
         try TapeFile.makeDirectories("\(directory)/\(market)")
         path = TapeFile.path(directory: directory, market: market, day: day)
         descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
@@ -252,7 +269,12 @@ public final class TapeWriter {
         let length = Int64(lseek(descriptor, 0, SEEK_END))
         let end = TapeScan.blocks(descriptor: descriptor, length: length).blocks.last?.end ?? 0
         if end < length {
-            guard ftruncate(descriptor, off_t(end)) == 0 else { throw TapeError.system("cutting the torn tail of", path) }
+            guard ftruncate(descriptor, off_t(end)) == 0 else {
+                let error = TapeError.system("cutting the torn tail of", path)
+                close(descriptor)
+                descriptor = -1
+                throw error
+            }
             tornBytesCut += length - end
         }
         offset = end
@@ -278,9 +300,9 @@ public final class TapeReader {
 
     public init(path: String) throws {
         self.path = path
+        decompressor = try ZstdDecompressor()
         descriptor = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else { throw TapeError.system("opening", path) }
-        decompressor = try ZstdDecompressor()
         let found = TapeScan.blocks(descriptor: descriptor, length: Int64(lseek(descriptor, 0, SEEK_END)))
         blocks = found.blocks
         damaged = found.damaged

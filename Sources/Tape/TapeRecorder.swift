@@ -246,6 +246,8 @@ private struct Writing {
             guard ContinuousClock.now >= paused.retryAt else {
                 outcome.dropped = count
                 outcome.pausedBecause = paused.reason
+                // A hole that began before the pause widens the window the resumed recording tells.
+                if let hole, hole.from < paused.since { self.paused?.since = hole.from }
                 return outcome
             }
         }
@@ -272,9 +274,11 @@ private struct Writing {
             }
             if flush { try writer.flush() }
         } catch {
-            // Paused since the first failure: a retry that fails keeps the window's start.
+            // Paused since the first failure (a retry that fails keeps the window's start), or since the
+            // first record of a block lost, or of a hole taken with this batch, if earlier.
             outcome.paused = wasPaused == nil
-            self.paused = (wasPaused?.since ?? now, "\(error)", ContinuousClock.now + retryAfter)
+            let since = [wasPaused?.since, writer.takeLostFrom(), hole?.from, now].compactMap { $0 }.min() ?? now
+            self.paused = (since, "\(error)", ContinuousClock.now + retryAfter)
             outcome.pausedBecause = "\(error)"
         }
         // Recorded: events in blocks on disk; dropped: those never appended, and those of a block lost.

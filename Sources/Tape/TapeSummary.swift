@@ -38,7 +38,8 @@ public struct TapeDaySummary: Sendable, Equatable {
                     last = max(last ?? event.receivedAt, event.receivedAt)
                 case .gap(let from, let to):
                     gaps += 1
-                    gapNanoseconds += max(to - from, 0)
+                    // Values read from a file: never trap on them.
+                    gapNanoseconds = gapNanoseconds &+ max(to &- from, 0)
                 case .epoch(let epoch, _):
                     if epochs.last != epoch { epochs.append(epoch) }
                 }

@@ -156,6 +156,13 @@ struct TapeFileTests {
             let secondDay = try TapeReader(path: TapeFile.path(directory: directory, market: "options", day: "2026-11-21")).records()
             #expect(secondDay.first == .epoch("e7", at: after[0].time))
             #expect(Array(secondDay.dropFirst()) == after)
+            // A gap across midnight is the new day's news: it never reopens (or re-creates) the day before.
+            let late = try TapeWriter(directory: directory, market: "futures")
+            try late.append(after[0])
+            try late.append(.gap(from: midnight - 60_000_000_000, to: midnight + 5_000_000))
+            try late.flush()
+            #expect(TapeFile.days(directory: directory, market: "futures").map(\.day) == ["2026-11-21"])
+            #expect(try TapeReader(path: TapeFile.path(directory: directory, market: "futures", day: "2026-11-21")).records().count == 2)
             #expect(TapeFile.day(of: midnight - 1) == "2026-11-20")
             #expect(TapeFile.day(of: midnight) == "2026-11-21")
         }
