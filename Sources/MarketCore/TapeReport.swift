@@ -3,17 +3,20 @@
 public struct TapeReport: Sendable, Codable, Equatable {
     /// It records now (not paused by a failing disk).
     public var recording: Bool
+    /// Events in blocks on disk.
     public var eventsRecorded: Int
     /// Events not recorded (a full queue, a paused recording).
     public var eventsDropped: Int
+    public var blocksWritten: Int
     public var bytesWritten: Int
     /// The error that paused recording, while it is paused.
     public var pausedBecause: String?
 
-    public init(recording: Bool, eventsRecorded: Int, eventsDropped: Int, bytesWritten: Int, pausedBecause: String?) {
-        self.recording = recording
+    public init(eventsRecorded: Int, eventsDropped: Int, blocksWritten: Int, bytesWritten: Int, pausedBecause: String?) {
+        recording = pausedBecause == nil
         self.eventsRecorded = eventsRecorded
         self.eventsDropped = eventsDropped
+        self.blocksWritten = blocksWritten
         self.bytesWritten = bytesWritten
         self.pausedBecause = pausedBecause
     }

@@ -43,8 +43,6 @@ extension Relay {
         var markets: [MarketParts] = []
         var clusterNodes: [ClusterNode] = []
         var gapFillers: [Market: GapFiller] = [:]
-        /// Each market's tape recorder (a single relay's, while the tape is on).
-        var recorders: [Market: TapeRecorder] = [:]
     }
 
     /// The portfolio sidecar's parts (all `nil` when it is off).
@@ -156,7 +154,6 @@ extension Relay {
             recording.retentionBytes = tape.retentionBytes
             do {
                 recorder = try TapeRecorder(settings: recording, metricsFactory: marketMetrics)
-                assembly.recorders[source.market] = recorder
             } catch {
                 // Delivery does not depend on the tape: the relay runs, unrecorded, and says why.
                 marketLogger.warning("the tape is not recorded: \(error)")

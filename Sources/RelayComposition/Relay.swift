@@ -205,13 +205,13 @@ public final class Relay: Service, Sendable {
         } catch {
             for filler in assembly.gapFillers.values { await filler.stop() }
             try? await rest.client?.shutdown()
-            for recorder in assembly.recorders.values { recorder.flush() }
+            for market in assembly.markets { market.recorder?.flush() }
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
         // What the tape holds in memory goes to disk (the upstream has stopped: nothing more comes).
-        for recorder in assembly.recorders.values { recorder.flush() }
+        for market in assembly.markets { market.recorder?.flush() }
     }
 }
 

@@ -35,8 +35,7 @@ public struct TapeBlockHeader: Sendable, Equatable {
     var bytes: [UInt8] {
         var bytes: [UInt8] = [Self.magic.0, Self.magic.1, Self.magic.2, Self.magic.3]
         bytes.reserveCapacity(Self.size)
-        for value in [UInt64(compressedLength) | UInt64(uncompressedLength) << 32] { Self.put(value, into: &bytes) }
-        Self.put(UInt32(records), into: &bytes)
+        for value in [compressedLength, uncompressedLength, records] { Self.put(value, into: &bytes) }
         for value in [UInt64(bitPattern: firstTime), UInt64(bitPattern: lastTime), firstSequence, lastSequence, 0] { Self.put(value, into: &bytes) }
         Self.put(Self.check(bytes), into: &bytes)
         return bytes

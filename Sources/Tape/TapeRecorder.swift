@@ -41,18 +41,6 @@ public final class TapeRecorder: EventTap {
         }
     }
 
-    /// What the recorder has done, for `/healthz`, the dashboard and tests.
-    public struct Status: Sendable, Equatable {
-        /// Events in blocks on disk.
-        public var eventsRecorded: Int
-        public var blocksWritten: Int
-        public var bytesWritten: Int
-        /// Events not recorded (a full queue, a paused recording).
-        public var eventsDropped: Int
-        /// Why recording is paused now (the write's error), `nil` while it records.
-        public var pausedBecause: String?
-    }
-
     public let settings: Settings
     /// Held while the recorder lives: no other recorder writes this market's tape in this directory.
     private let lock: TapeLock
@@ -103,9 +91,7 @@ public final class TapeRecorder: EventTap {
 
     /// The next flush, one interval from now, while the recorder lives.
     private func scheduleFlush() {
-        let (seconds, attoseconds) = settings.flushInterval.components
-        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-        work.asyncAfter(deadline: .now() + .nanoseconds(max(nanoseconds, 1_000_000))) { [weak self] in
+        work.asyncAfter(deadline: .now() + .milliseconds(Int(max(settings.flushInterval.milliseconds, 1)))) { [weak self] in
             guard let self else { return }
             self.writeAll(flushing: true)
             self.pruneIfDue()
@@ -113,19 +99,12 @@ public final class TapeRecorder: EventTap {
         }
     }
 
-    public var status: Status {
-        Status(
-            eventsRecorded: eventsRecorded.load(ordering: .relaxed), blocksWritten: blocksWritten.load(ordering: .relaxed),
-            bytesWritten: bytesWritten.load(ordering: .relaxed), eventsDropped: eventsDropped.load(ordering: .relaxed),
-            pausedBecause: waiting.withLock { $0.pausedBecause })
-    }
-
-    /// The recording as `/healthz` shows it.
+    /// What the recorder has done, as `/healthz` shows it.
     public var report: TapeReport {
-        let status = status
-        return TapeReport(
-            recording: status.pausedBecause == nil, eventsRecorded: status.eventsRecorded, eventsDropped: status.eventsDropped,
-            bytesWritten: status.bytesWritten, pausedBecause: status.pausedBecause)
+        TapeReport(
+            eventsRecorded: eventsRecorded.load(ordering: .relaxed), eventsDropped: eventsDropped.load(ordering: .relaxed),
+            blocksWritten: blocksWritten.load(ordering: .relaxed), bytesWritten: bytesWritten.load(ordering: .relaxed),
+            pausedBecause: waiting.withLock { $0.pausedBecause })
     }
 
     public func take(_ events: [MarketEvent], epoch: String?) {

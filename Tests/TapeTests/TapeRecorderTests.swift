@@ -49,7 +49,7 @@ struct TapeRecorderTests {
             let batches = [quotes(3, from: 1), quotes(500, from: 4), quotes(1, from: 504)]
             for batch in batches { recorder.take(batch, epoch: "e1") }
             // No flush asked: the interval writes the block.
-            try await eventually("a block on disk") { recorder.status.blocksWritten > 0 && recorder.status.eventsRecorded == 504 }
+            try await eventually("a block on disk") { recorder.report.blocksWritten > 0 && recorder.report.eventsRecorded == 504 }
             let records = try TapeReader(path: todaysTape(directory)).records()
             let events = records.compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
             #expect(events.map(\.sequence) == Array(1...504).map(UInt64.init))
@@ -59,7 +59,7 @@ struct TapeRecorderTests {
             #expect(records.count == events.count + 1, "told once, while it does not change")
             let after = WallClock.nowNanoseconds()
             #expect(events.allSatisfy { $0.receivedAt >= before - 50_000_000 && $0.receivedAt <= after }, "wall-clock receive times")
-            #expect(recorder.status.eventsDropped == 0 && recorder.status.pausedBecause == nil)
+            #expect(recorder.report.eventsDropped == 0 && recorder.report.pausedBecause == nil)
         }
     }
 
@@ -95,7 +95,7 @@ struct TapeRecorderTests {
             let recorder = try TapeRecorder(settings: settings)
             recorder.take(quotes(10, from: 1), epoch: "e1")
             recorder.take(quotes(5, from: 11), epoch: "e1")
-            #expect(recorder.status.eventsDropped == 15)
+            #expect(recorder.report.eventsDropped == 15)
             recorder.flush()
             let records = try TapeReader(path: todaysTape(directory)).records()
             #expect(records.count == 1)
@@ -118,12 +118,12 @@ struct TapeRecorderTests {
             let recorder = try TapeRecorder(settings: settings)
             let started = WallClock.nowNanoseconds()
             recorder.take(quotes(10, from: 1), epoch: "e1")
-            try await eventually("recording to pause") { recorder.status.pausedBecause != nil }
-            #expect(recorder.status.pausedBecause?.contains("space") == true, "\(recorder.status.pausedBecause ?? "")")
+            try await eventually("recording to pause") { recorder.report.pausedBecause != nil }
+            #expect(recorder.report.pausedBecause?.contains("space") == true, "\(recorder.report.pausedBecause ?? "")")
             recorder.take(quotes(5, from: 11), epoch: "e1")
-            #expect(recorder.status.eventsDropped >= 10)
+            #expect(recorder.report.eventsDropped >= 10)
             try FileManager.default.removeItem(atPath: path)
-            try await eventually("recording again") { recorder.status.pausedBecause == nil }
+            try await eventually("recording again") { recorder.report.pausedBecause == nil }
             recorder.take(quotes(3, from: 16), epoch: "e1")
             recorder.flush()
             let records = try TapeReader(path: path).records()
@@ -133,7 +133,7 @@ struct TapeRecorderTests {
             #expect(from >= started - 1_000_000_000 && to > from)
             let sequences = records.compactMap { record -> UInt64? in if case .event(let event) = record { event.sequence } else { nil } }
             #expect(sequences == [16, 17, 18], "what came while paused is not on the tape; what came after is")
-            #expect(recorder.status.eventsDropped == 15)
+            #expect(recorder.report.eventsDropped == 15)
         }
     }
 }
