@@ -65,6 +65,15 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // A recorded day of the tape replayed as a market's source.
+        .target(
+            name: "TapeReplay",
+            dependencies: [
+                "Tape", "MarketCore", "MarketDataHub", "AsyncSupport", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"), .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
         .systemLibrary(
             name: "CNats",
             pkgConfig: "libnats",
@@ -180,7 +189,7 @@ let package = Package(
             name: "RelayComposition",
             dependencies: [
                 "RelayConfiguration", "PolygonWire", "AlpacaWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "GapFill", "Tape",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "GapFill", "Tape", "TapeReplay",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -328,7 +337,10 @@ let package = Package(
         ),
         .testTarget(
             name: "TapeTests",
-            dependencies: ["Tape", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: [
+                "Tape", "TapeReplay", "MarketCore", "MarketDataHub", "PolygonWire", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"), .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

@@ -769,7 +769,7 @@ public final class ClusterNode: Service, Sendable {
                 publish(control: .upstreamDown(reason: "upstream connection lost (\(reason))"))
             case .lost(_, let count), .element(.lost(let count, _, _)):
                 publish(control: .loss(count: count))
-            case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded):
+            case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded), .element(.notice):
                 break
             case .element(.refused(let topics, let code, let reason)):
                 // Every node's clients of these topics are told (this node's too: it reads the control subject).

@@ -25,6 +25,9 @@ public struct Notice: Sendable, Equatable {
         case epoch
         /// The upstream refused topics (its `code` says why, in its own numbering).
         case refused
+        /// The market's events are a recorded day replayed, not live: at the replay's start (what day,
+        /// what window, what speed) and at its end (`state` `started` or `ended`).
+        case replay
     }
 
     /// A detail's value: what the relay's notices carry, in shapes every protocol can write.

@@ -38,6 +38,26 @@ extension MarketDataHub {
         tell(told)
     }
 
+    /// The source says what it is (a replay's start or end): every subscriber with topics is told now,
+    /// and each later one as it takes its first topics.
+    public func sourceSays(_ notice: Notice) {
+        let rendered = wire.render(notice)
+        sourceNotice = rendered
+        let told = subscribers.values.filter { !$0.topics.isEmpty && !$0.parked }
+        for subscriber in told { enqueue(HubDelivery([rendered]), to: subscriber) }
+        tell(told)
+    }
+
+    /// The most events any subscriber with topics has queued and not read: what a source that paces
+    /// itself by its slowest reader (a replay at full speed) waits on.
+    public var deepestBacklog: Int {
+        var deepest = 0
+        for subscriber in subscribers.values where !subscriber.topics.isEmpty && !subscriber.parked {
+            deepest = max(deepest, subscriber.queue.pending.load(ordering: .relaxed))
+        }
+        return deepest
+    }
+
     // MARK: upstream outages
 
     /// The upstream connection was lost. Every subscriber with topics is told at once, once per outage;

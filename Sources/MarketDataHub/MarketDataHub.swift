@@ -68,6 +68,9 @@ public actor MarketDataHub {
     var laggingCount = 0
     /// The upstream's outages: the one in progress, and when the last event arrived.
     var outages = OutageLedger()
+    /// What the source says of itself to every subscriber (a replay's notice), rendered: told to each
+    /// subscriber as it takes its first topics, until the source says something else.
+    var sourceNotice: MarketEvent?
     /// Gap fill: told of each recovery (its window and the topics held by name); each such topic's
     /// outages not filled yet, and those still watched for their first live event after the outage.
     var recoveryHandler: (@Sendable (GapFillRequest) -> Void)?
@@ -162,6 +165,7 @@ public actor MarketDataHub {
     /// Adds topics, each with its snapshot on subscribe unless `snapshot` says no.
     func add(_ topics: some Sequence<Topic>, to id: SubscriberID, snapshot: (Topic) -> Bool) {
         guard let subscriber = subscribers[id] else { return }
+        let hadTopics = !subscriber.topics.isEmpty
         for topic in topics where subscriber.topics.insert(topic).inserted {
             if topic.isWildcard {
                 let first = wildcards[topic.eventType] == nil
@@ -182,6 +186,8 @@ public actor MarketDataHub {
             subscriber.toldOfOutage = true
             enqueue(HubDelivery([wire.render(outage.notice)]), to: subscriber)
         }
+        // A source that says what it is (a replay): told before the first events.
+        if !hadTopics, !subscriber.topics.isEmpty, let sourceNotice { enqueue(HubDelivery([sourceNotice]), to: subscriber) }
         tell(CollectionOfOne(subscriber))
         reportWantedChange()
     }
@@ -279,6 +285,7 @@ public actor MarketDataHub {
         if let recovery = outages.eventsArrived(at: now) { announce(recovery) }
         published += events.count
         publishedCounter.increment(by: events.count)
+        let received = events
         var events = events
         if !gapLedger.watched.isEmpty { watchFirstLive(events) }
         if history == nil, adoptsPositions, let limits = historyLimits {
@@ -297,7 +304,15 @@ public actor MarketDataHub {
             }
             metrics.record(history)
         }
-        tap?.take(events, epoch: history?.epoch)
+        if let tap {
+            // The bytes as received (what a replay serves again, positioned afresh), in arrival order:
+            // a single relay's positions run on one by one from the first.
+            if adoptsPositions || history == nil {
+                tap.take(events, epoch: history?.epoch)
+            } else {
+                tap.take(received, firstSequence: events.first?.sequence ?? 0, epoch: history?.epoch)
+            }
+        }
         let shared = PublishedEvents(events)
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).

@@ -22,6 +22,8 @@ public enum SourceMessage: Sendable {
     /// A cluster leader's gap fill: recovered events of one topic, oldest first, with the leader's
     /// positions (``MarketDataHub/deliverRecovered(_:_:order:)``).
     case recovered(topic: Topic, events: [MarketEvent], order: RecoveryOrder)
+    /// The source says what it is to every subscriber (a replay's start and end).
+    case notice(Notice)
     /// A cluster leader's gap fill answered this node's requests up to `generation`.
     case recoveryEnded(RecoveryEnd, generation: Int)
 

@@ -19,6 +19,7 @@ import Prometheus
 import RelayConfiguration
 import RelayServer
 import Tape
+import TapeReplay
 import ServiceLifecycle
 import Synchronization
 import Upstream
@@ -78,7 +79,8 @@ extension Relay {
     // MARK: the upstreams
 
     /// The configured upstreams, or the built-in demo feed serving every market.
-    func upstreamSources() -> UpstreamSources {
+    func upstreamSources() throws -> UpstreamSources {
+        if let replay = settings.replay { return UpstreamSources(sources: try replaySources(replay), restURL: nil, restKey: "") }
         if let configured = configuredSources() {
             let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
             guard let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor.signsInWithSecret }) else {
@@ -112,6 +114,38 @@ extension Relay {
         let restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamRESTKey ?? settings.upstreamKey ?? ""
         logger.info("no upstream configured: serving the built-in demo feed for every market")
         return UpstreamSources(sources: sources, demoFeed: feed, restURL: restURL, restKey: restKey)
+    }
+
+    /// A recorded day's markets, each in the protocol its vendor spoke when it was recorded.
+    func replaySources(_ replay: ReplaySettings) throws -> [SourcePlan] {
+        let recorded = TapeFile.markets(directory: replay.directory).compactMap { name in
+            Market(rawValue: name).map { ($0, TapeFile.days(directory: replay.directory, market: name)) }
+        }
+        guard let day = replay.day ?? recorded.flatMap({ $0.1.map(\.day) }).max() else {
+            throw RelaySettings.InvalidSetting(description: "replay.date: the tape in \(replay.directory) holds no day to replay")
+        }
+        let markets = replay.markets ?? recorded.filter { $0.1.contains { $0.day == day } }.map(\.0)
+        var plans: [SourcePlan] = []
+        for market in markets {
+            var plan = ReplayPlan(directory: replay.directory, market: market.rawValue, day: day, loop: replay.loop)
+            guard let days = recorded.first(where: { $0.0 == market })?.1, days.contains(where: { $0.day == day }) else {
+                throw RelaySettings.InvalidSetting(description: "replay: the tape in \(replay.directory) has no \(market) for \(day)")
+            }
+            plan.speed = ReplayPlan.Speed(replay.speed) ?? .times(1)
+            if let from = replay.from { plan.from = ReplayPlan.time(from, on: day) }
+            if let to = replay.to { plan.to = ReplayPlan.time(to, on: day) }
+            // The protocol it was recorded in (a tape that does not say: the default vendor's).
+            let source = try TapeReader(path: plan.path).source()
+            let vendor = source.flatMap { told in Self.vendors.first { $0.name == told.vendor } } ?? Self.vendors[0]
+            plans.append(
+                SourcePlan(
+                    market: market, apiKey: "", endpoint: { throw UpstreamError.invalidURL("a replay has no upstream") }, caFile: nil,
+                    description: "the tape (\(market) \(day))", vendor: vendor, wire: vendor.wireProtocol(market: market, path: source?.path),
+                    upstreamPath: source?.path, replay: plan))
+        }
+        guard !plans.isEmpty else { throw RelaySettings.InvalidSetting(description: "replay: the tape in \(replay.directory) has no market for \(day)") }
+        logger.info("replaying the tape instead of the live upstreams", metadata: ["day": "\(day)", "markets": "\(markets.map(\.rawValue))"])
+        return plans
     }
 
     // MARK: the markets
@@ -149,6 +183,8 @@ extension Relay {
         var recorder: TapeRecorder?
         if let tape = settings.tape, !clustered {
             var recording = TapeRecorder.Settings(directory: tape.directory, market: source.market.rawValue)
+            recording.vendor = source.vendor.name
+            recording.upstreamPath = source.upstreamPath
             recording.flushInterval = tape.flushInterval
             recording.retentionDays = tape.retentionDays
             recording.retentionBytes = tape.retentionBytes
@@ -168,6 +204,11 @@ extension Relay {
             tap: recorder
         ) { change in
             interest.apply(change)
+        }
+        if let replay = source.replay {
+            let tape = TapeSource(plan: replay, hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"))
+            assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: tape))
+            return
         }
         // The built-in feed checks the key only: any secret does.
         let demoSecret: String? = upstream.demoFeed == nil ? nil : "demo"

@@ -18,6 +18,7 @@ import RelayConfiguration
 import Prometheus
 import RelayServer
 import Tape
+import TapeReplay
 import ServiceLifecycle
 import UnixSignals
 import Upstream
@@ -117,6 +118,10 @@ public final class Relay: Service, Sendable {
         var vendor: WireVendor
         /// That protocol, for this market.
         var wire: any WireProtocol
+        /// The upstream URL's path, when known (recorded on the tape with the vendor).
+        var upstreamPath: String?
+        /// A recorded day replayed instead of the upstream.
+        var replay: ReplayPlan?
 
         /// The main path its WebSocket is served at.
         var mainPath: String { wire.servedPaths(of: market).first ?? "/\(market)" }
@@ -152,7 +157,7 @@ public final class Relay: Service, Sendable {
             return SourcePlan(
                 market: upstream.market, apiKey: upstream.apiKey ?? settings.upstreamKey ?? "", endpoint: { endpoint },
                 caFile: upstream.caFile ?? settings.upstreamCAFile, description: endpoint.description, vendor: vendor,
-                wire: vendor.wireProtocol(market: upstream.market, path: endpoint.path))
+                wire: vendor.wireProtocol(market: upstream.market, path: endpoint.path), upstreamPath: endpoint.path)
         }
     }
 
@@ -165,7 +170,7 @@ public final class Relay: Service, Sendable {
         }
         let registry = PrometheusCollectorRegistry()
         let metricsFactory = PrometheusMetricsFactory(registry: registry)
-        let upstream = upstreamSources()
+        let upstream = try upstreamSources()
         let rest = RESTClientBox()
         let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
         guard let primary = assembly.markets.first else {

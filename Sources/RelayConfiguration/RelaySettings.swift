@@ -60,6 +60,8 @@ public struct RelaySettings: Sendable {
     public var gapFill: GapFillSettings? = GapFillSettings()
     /// The tape: where each market's events are recorded (`nil`: not recorded).
     public var tape: TapeSettings? = TapeSettings()
+    /// A recorded day replayed instead of the live upstreams (`nil`: live). A replay does not record.
+    public var replay: ReplaySettings?
     /// Tagged sessions: how long, how far back, how many.
     public var resume = ResumeSettings()
     /// The upstream API key (required with a real upstream).
@@ -221,10 +223,15 @@ public struct RelaySettings: Sendable {
         if settings.history != nil { settings.resume = try ResumeSettings(reading: config) }
         settings.gapFill = try GapFillSettings(reading: config)
         settings.tape = try TapeSettings(reading: config)
+        settings.replay = try ReplaySettings(reading: config)
+        if settings.replay != nil { settings.tape = nil }
         try settings.limits.read(config)
         try settings.connectionLimits.read(config)
         settings.portfolio = try PortfolioSettings(reading: config)
         settings.cluster = try ClusterConfiguration(reading: config, listenPort: settings.listen.port)
+        if settings.replay != nil, settings.cluster != nil {
+            throw InvalidSetting(description: "replay.date: a replay runs on one relay, not on a cluster node (leave out cluster.*)")
+        }
         // A flag or the environment replace the file's keys; the file may also give keys with rights.
         if !clientKeysGiven, (environment["RELAY_CLIENT_KEYS"] ?? "").isEmpty, let file, let rights = try keysWithRights(inFile: file) {
             settings.clientKeys = rights.plain

@@ -108,6 +108,16 @@ extension RelaySettings {
         .init(
             "tape.flushMs", env: "RELAY_TAPE_FLUSH_MS", default: "500",
             "The longest a received event waits in memory before its block is written to the tape (what a crash can lose)."),
+        .init(
+            "replay.date", flag: "replay-date", env: "RELAY_REPLAY_DATE", default: "none: live",
+            "Serve a recorded UTC day from the tape instead of the live upstreams (yyyy-mm-dd, or last: the newest day recorded)."),
+        .init("replay.markets", flag: "replay-markets", env: "RELAY_REPLAY_MARKETS", default: "every market recorded that day", "The markets a replay serves, comma-separated."),
+        .init(
+            "replay.speed", flag: "replay-speed", env: "RELAY_REPLAY_SPEED", default: "1",
+            "How fast a replay goes: 1 as recorded, 10 ten times faster, max as fast as the slowest client reads (it waits for the first)."),
+        .init("replay.from", flag: "replay-from", env: "RELAY_REPLAY_FROM", default: "the day's start", "Where a replay starts in its day, HH:MM[:SS] UTC."),
+        .init("replay.to", flag: "replay-to", env: "RELAY_REPLAY_TO", default: "the day's end", "Where a replay ends, HH:MM[:SS] UTC."),
+        .init("replay.loop", flag: "replay-loop", .presence("true"), env: "RELAY_REPLAY_LOOP", default: "false", "Start the replay again at its end (an off-hours test stream)."),
         .init("portfolio.enabled", flag: "no-portfolio", .presence("false"), env: "RELAY_PORTFOLIO", default: "true", "Run the portfolio valuation sidecar (--no-portfolio: do not)."),
         .init("portfolio.dataDir", flag: "data-dir", env: "RELAY_DATA_DIR", default: "./data", "Where the portfolio sidecar keeps its SQLite file."),
         .init("portfolio.timeZone", flag: "time-zone", env: "RELAY_TIME_ZONE", default: "UTC", "IANA zone of the portfolio's days."),

@@ -89,14 +89,82 @@ extension TapeSettings {
     init?(reading config: ConfigReader) throws {
         guard config.bool(forKey: "tape.enabled") != false else { return nil }
         self.init()
-        if let directory = config.string(forKey: "tape.dir"), !directory.isEmpty {
-            self.directory = directory
-        } else if let data = config.string(forKey: "portfolio.dataDir"), !data.isEmpty {
-            directory = data.hasSuffix("/") ? "\(data)tape" : "\(data)/tape"
-        }
+        directory = Self.directory(config)
         if let milliseconds = try config.positive("tape.flushMs") { flushInterval = .milliseconds(milliseconds) }
         if let days = try config.positive("tape.retentionDays") { retentionDays = days }
         if let gigabytes = try config.aboveZero("tape.maxGB") { retentionBytes = Int64(gigabytes * Double(1 << 30)) }
+    }
+
+    /// `tape.dir`, or `tape/` in `portfolio.dataDir`, or `./data/tape` (recorded or not: a replay reads it).
+    static func directory(_ config: ConfigReader) -> String {
+        if let directory = config.string(forKey: "tape.dir"), !directory.isEmpty { return directory }
+        if let data = config.string(forKey: "portfolio.dataDir"), !data.isEmpty { return data.hasSuffix("/") ? "\(data)tape" : "\(data)/tape" }
+        return TapeSettings().directory
+    }
+}
+
+/// A recorded day replayed instead of the live upstreams (``RelaySettings/replay``): which day, which
+/// markets, what window, how fast, and whether on a loop. Value type, `Sendable`.
+public struct ReplaySettings: Sendable, Equatable {
+    /// The tape's directory.
+    public var directory: String
+    /// `yyyy-mm-dd` (UTC), or `nil`: the newest day recorded.
+    public var day: String?
+    /// The markets replayed (`nil`: every market recorded that day).
+    public var markets: [Market]?
+    /// `1`, `10` … (the recorded spacing divided by it) or `max`.
+    public var speed: String = "1"
+    /// The window of the day, `HH:MM[:SS]` UTC (`nil`: its start, its end).
+    public var from: String?
+    public var to: String?
+    /// Start again at the end.
+    public var loop = false
+
+    public init(directory: String) { self.directory = directory }
+}
+
+extension ReplaySettings {
+    /// `replay.*`; `nil` without `replay.date`.
+    init?(reading config: ConfigReader) throws {
+        guard let date = config.string(forKey: "replay.date"), !date.isEmpty else { return nil }
+        self.init(directory: TapeSettings.directory(config))
+        if date.lowercased() != "last" {
+            guard Self.isDay(date) else { throw RelaySettings.InvalidSetting(description: "replay.date: expected yyyy-mm-dd or last, got \"\(date)\"") }
+            day = date
+        }
+        if let list = config.string(forKey: "replay.markets"), !list.isEmpty {
+            markets = try RelaySettings.splitList(list).map { name in
+                guard let market = Market(rawValue: name.lowercased()) else {
+                    throw RelaySettings.InvalidSetting(description: "replay.markets: \"\(name)\" is not a market (one of \(Market.allCases.map(\.rawValue).joined(separator: ", ")))")
+                }
+                return market
+            }
+        }
+        if let speed = config.string(forKey: "replay.speed"), !speed.isEmpty {
+            let factor = Double(speed.hasSuffix("x") ? String(speed.dropLast()) : speed)
+            guard speed.lowercased() == "max" || factor.map({ $0.isFinite && $0 > 0 && $0 <= 1_000_000 }) == true else {
+                throw RelaySettings.InvalidSetting(description: "replay.speed: expected a number above 0 (1 is as recorded, 10 ten times faster) or max, got \"\(speed)\"")
+            }
+            self.speed = speed.lowercased()
+        }
+        for (key, value) in [("replay.from", config.string(forKey: "replay.from")), ("replay.to", config.string(forKey: "replay.to"))] {
+            guard let value, !value.isEmpty else { continue }
+            guard Self.isClock(value) else { throw RelaySettings.InvalidSetting(description: "\(key): expected HH:MM or HH:MM:SS (UTC), got \"\(value)\"") }
+            if key == "replay.from" { from = value } else { to = value }
+        }
+        loop = config.bool(forKey: "replay.loop") ?? false
+    }
+
+    static func isDay(_ text: String) -> Bool {
+        let parts = text.split(separator: "-", omittingEmptySubsequences: false)
+        return parts.count == 3 && zip(parts, [4, 2, 2]).allSatisfy { $0.count == $1 && $0.allSatisfy(\.isNumber) }
+    }
+
+    static func isClock(_ text: String) -> Bool {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard (2...3).contains(parts.count), parts.allSatisfy({ (1...2).contains($0.count) && $0.allSatisfy(\.isNumber) }) else { return false }
+        let numbers = parts.compactMap { Int($0) }
+        return numbers[0] <= 24 && numbers.dropFirst().allSatisfy { $0 < 60 }
     }
 }
 

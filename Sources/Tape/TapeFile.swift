@@ -77,6 +77,29 @@ public enum TapeFile {
         let day = Int(parts.tm_mday)
         return "\(year)-\(month < 10 ? "0" : "")\(month)-\(day < 10 ? "0" : "")\(day)"
     }
+
+    /// `HH:MM:SS` (UTC) of `time` (nanoseconds since 1970) in its day.
+    public static func clock(of time: Int64) -> String {
+        let seconds = (time / 1_000_000_000) % 86_400
+        func two(_ value: Int64) -> String { value < 10 ? "0\(value)" : "\(value)" }
+        return "\(two(seconds / 3600)):\(two((seconds / 60) % 60)):\(two(seconds % 60))"
+    }
+
+    /// The start of the UTC day `yyyy-mm-dd` in nanoseconds since 1970; `nil` when it is not such a day.
+    public static func midnight(of day: String) -> Int64? {
+        let parts = day.split(separator: "-", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0].count == 4, parts[1].count == 2, parts[2].count == 2, let year = Int(parts[0]), let month = Int(parts[1]),
+            let date = Int(parts[2]), (1970...9999).contains(year), (1...12).contains(month), (1...31).contains(date)
+        else { return nil }
+        var fields = tm()
+        fields.tm_year = Int32(year - 1900)
+        fields.tm_mon = Int32(month - 1)
+        fields.tm_mday = Int32(date)
+        let seconds = timegm(&fields)
+        // 2026-02-31 would roll into March: not a day.
+        guard seconds >= 0, Self.day(of: Int64(seconds) * 1_000_000_000) == day else { return nil }
+        return Int64(seconds) * 1_000_000_000
+    }
 }
 
 /// The one writer of a market's tape in a directory: an exclusive `flock` on `<market>/.lock`, held while
@@ -167,8 +190,15 @@ public final class TapeWriter {
         case .epoch(let epoch, let at):
             try appendOther(record, at: at, until: at)
             self.epoch = epoch
+        case .source(let vendor, let path, let at):
+            try appendOther(record, at: at, until: at)
+            source = (vendor, path)
         }
     }
+
+    /// The source of the events appended now (the last `.source` record): written again in each new
+    /// day file, after the epoch.
+    public private(set) var source: (vendor: String, path: String?)?
 
     /// The epoch of the events appended now (the last `.epoch` record): written again first in each
     /// new day file.
@@ -210,6 +240,10 @@ public final class TapeWriter {
             // A day file tells its own epoch before its first event.
             if let epoch {
                 RecordLayout.append(.epoch(epoch, at: time), to: &pending, baseTime: time, baseSequence: sequence)
+                pendingRecords += 1
+            }
+            if let source {
+                RecordLayout.append(.source(vendor: source.vendor, path: source.path, at: time), to: &pending, baseTime: time, baseSequence: sequence)
                 pendingRecords += 1
             }
         }
@@ -355,6 +389,17 @@ public final class TapeReader {
             return nil
         }
         return records
+    }
+
+    /// The vendor and upstream path the day's events came from: its first `source` record (written in
+    /// its first block; the first few are looked at). `nil`: none recorded.
+    public func source() -> (vendor: String, path: String?)? {
+        for index in blocks.indices.prefix(4) {
+            for record in records(inBlock: index) ?? [] {
+                if case .source(let vendor, let path, _) = record { return (vendor, path) }
+            }
+        }
+        return nil
     }
 
     /// Every readable record from the first received at or after `time`, in order (blocks that do not

@@ -8,6 +8,10 @@ public enum TapeRecord: Sendable, Equatable {
     /// The events after it are positioned in `epoch` (their sequences count in it): written when the
     /// relay's epoch begins or changes, and first in each day file, so a file tells its own epochs.
     case epoch(String, at: Int64)
+    /// The events after it came from this vendor's upstream (``WireVendor/name``), at `path` on its host
+    /// when known (Alpaca's feed is in the path): how a replay knows which protocol to speak. Written
+    /// when recording begins, and first in each day file after the epoch.
+    case source(vendor: String, path: String?, at: Int64)
 
     /// When it was received (an event) or when the hole began (a gap): UTC nanoseconds.
     public var time: Int64 {
@@ -15,6 +19,7 @@ public enum TapeRecord: Sendable, Equatable {
         case .event(let event): event.receivedAt
         case .gap(let from, _): from
         case .epoch(_, let at): at
+        case .source(_, _, let at): at
         }
     }
 }
@@ -47,6 +52,7 @@ enum RecordLayout {
     static let event: UInt8 = 1
     static let gap: UInt8 = 2
     static let epoch: UInt8 = 3
+    static let source: UInt8 = 4
 
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
         switch record {
@@ -65,6 +71,14 @@ enum RecordLayout {
             appendVarint(zigzag(at &- baseTime), to: &payload)
             appendVarint(UInt64(epoch.utf8.count), to: &payload)
             payload.append(contentsOf: epoch.utf8)
+        case .source(let vendor, let path, let at):
+            payload.append(Self.source)
+            appendVarint(zigzag(at &- baseTime), to: &payload)
+            appendVarint(UInt64(vendor.utf8.count), to: &payload)
+            payload.append(contentsOf: vendor.utf8)
+            // No path: an empty one (a path always begins with `/`).
+            appendVarint(UInt64(path?.utf8.count ?? 0), to: &payload)
+            payload.append(contentsOf: (path ?? "").utf8)
         }
     }
 
@@ -109,6 +123,13 @@ enum RecordLayout {
             case Self.epoch:
                 guard let at = readVarint(payload, &index), let name = readBytes(payload, &index) else { return nil }
                 records.append(.epoch(String(decoding: name, as: UTF8.self), at: baseTime &+ unzigzag(at)))
+            case Self.source:
+                guard let at = readVarint(payload, &index), let vendor = readBytes(payload, &index), let path = readBytes(payload, &index)
+                else { return nil }
+                records.append(
+                    .source(
+                        vendor: String(decoding: vendor, as: UTF8.self), path: path.isEmpty ? nil : String(decoding: path, as: UTF8.self),
+                        at: baseTime &+ unzigzag(at)))
             default:
                 return nil
             }

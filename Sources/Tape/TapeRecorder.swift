@@ -34,6 +34,10 @@ public final class TapeRecorder: EventTap {
         public var retentionDays = 7
         /// Bytes this market's tape may hold; past them the oldest days go (never today's).
         public var retentionBytes: Int64 = 20 << 30
+        /// The vendor whose upstream the events come from (its ``WireVendor/name``), and the upstream's
+        /// path when known: recorded on the tape, so a replay speaks the same protocol (`nil`: not told).
+        public var vendor: String?
+        public var upstreamPath: String?
 
         public init(directory: String, market: String) {
             self.directory = directory
@@ -83,7 +87,10 @@ public final class TapeRecorder: EventTap {
     public init(settings: Settings, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
         self.settings = settings
         lock = try TapeLock(directory: settings.directory, market: settings.market)
-        writing = Mutex(Writing(writer: try TapeWriter(directory: settings.directory, market: settings.market, blockBytes: settings.blockBytes)))
+        writing = Mutex(
+            Writing(
+                writer: try TapeWriter(directory: settings.directory, market: settings.market, blockBytes: settings.blockBytes),
+                source: settings.vendor.map { ($0, settings.upstreamPath) }))
         work = DispatchQueue(label: "relay.tape.\(settings.market)")
         metrics = Metrics(factory: metricsFactory)
         scheduleFlush()
@@ -107,7 +114,7 @@ public final class TapeRecorder: EventTap {
             pausedBecause: waiting.withLock { $0.pausedBecause })
     }
 
-    public func take(_ events: [MarketEvent], epoch: String?) {
+    public func take(_ events: [MarketEvent], firstSequence: UInt64, epoch: String?) {
         var size = 0
         for event in events { size += event.bytes.readableBytes + 48 }
         enum Taken { case queued, queuedFirst, dropped }
@@ -117,7 +124,7 @@ public final class TapeRecorder: EventTap {
                 waiting.hole = (waiting.hole?.from ?? now, now)
                 return .dropped
             }
-            waiting.batches.append(Batch(events: events, epoch: epoch))
+            waiting.batches.append(Batch(events: events, firstSequence: firstSequence, epoch: epoch))
             waiting.bytes += size
             // The writer wakes for a block's worth (or at the flush interval), not for every batch:
             // at 1,000 batches a second that was 1,000 thread wake-ups.
@@ -195,9 +202,11 @@ public final class TapeRecorder: EventTap {
     }
 }
 
-/// A batch the hub published, and the epoch its positions count in.
+/// A batch the hub published, the first event's market sequence (the rest follow one by one; `0`: each
+/// event's own), and the epoch its positions count in.
 private struct Batch {
     var events: [MarketEvent]
+    var firstSequence: UInt64
     var epoch: String?
 }
 
@@ -205,6 +214,8 @@ private struct Batch {
 /// recorder's dispatch queue uses it (behind a `Mutex`, so it is `Sendable` without a promise).
 private struct Writing {
     let writer: TapeWriter
+    /// The vendor and upstream path to record, once, before the first events.
+    let source: (vendor: String, path: String?)?
     /// Recording stopped at this wall-clock time because of `reason`; tried again after `retryAt`.
     var paused: (since: Int64, reason: String, retryAt: ContinuousClock.Instant)?
 
@@ -242,11 +253,13 @@ private struct Writing {
             let offset = now - Int64(MonotonicClock.nanoseconds())
             for batch in batches {
                 if let epoch = batch.epoch, epoch != writer.epoch { try writer.append(.epoch(epoch, at: now)) }
-                for event in batch.events {
+                if let source, writer.source == nil { try writer.append(.source(vendor: source.vendor, path: source.path, at: now)) }
+                for (index, event) in batch.events.enumerated() {
                     let receivedAt = event.receivedAt == 0 ? now : Int64(event.receivedAt) + offset
+                    let sequence = batch.firstSequence == 0 ? event.sequence : batch.firstSequence + UInt64(index)
                     try event.bytes.withUnsafeReadableBytes { bytes in
                         try writer.appendEvent(
-                            receivedAt: receivedAt, sequence: event.sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes)
+                            receivedAt: receivedAt, sequence: sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes)
                     }
                     appended += 1
                 }

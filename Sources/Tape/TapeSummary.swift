@@ -14,6 +14,8 @@ public struct TapeDaySummary: Sendable, Equatable {
     public var last: Int64?
     /// The epochs its events are positioned in, in order (a restart of the relay begins one).
     public var epochs: [String] = []
+    /// The vendor whose events the day holds (its first `source` record; `nil`: none recorded).
+    public var vendor: String?
     /// Blocks that did not check, and byte ranges between blocks that are not blocks.
     public var skippedBlocks: Int
     public var damagedBytes: Int64
@@ -42,6 +44,8 @@ public struct TapeDaySummary: Sendable, Equatable {
                     gapNanoseconds = gapNanoseconds &+ max(to &- from, 0)
                 case .epoch(let epoch, _):
                     if epochs.last != epoch { epochs.append(epoch) }
+                case .source(let vendor, _, _):
+                    if self.vendor == nil { self.vendor = vendor }
                 }
             }
         }

@@ -7,7 +7,7 @@ struct RelayCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "relay",
         abstract: "One upstream connection per market and vendor account (Polygon/Massive and Alpaca), fanned out to any number of clients speaking the vendor's own protocol.",
-        subcommands: [ServeCommand.self, DemoFeedCommand.self, BenchCommand.self, PortfolioCommand.self, TapeCommand.self],
+        subcommands: [ServeCommand.self, DemoFeedCommand.self, BenchCommand.self, PortfolioCommand.self, TapeCommand.self, ReplayCommand.self],
         defaultSubcommand: ServeCommand.self
     )
 }

@@ -51,13 +51,13 @@ struct ServeCommand: AsyncParsableCommand {
                 let parts = try await relay.ready()
                 Self.printWelcome(
                     settings: settings, port: parts.port, markets: parts.markets.keys.sorted(), demo: parts.demoFeed != nil,
-                    portfolio: parts.portfolio != nil)
+                    portfolio: parts.portfolio != nil, paths: Dictionary(uniqueKeysWithValues: parts.markets.compactMap { market, hub in hub.wire.servedPaths(of: market).first.map { (market, $0) } }))
             }
             try await tasks.waitForAll()
         }
     }
 
-    static func printWelcome(settings: RelaySettings, port: Int, markets: [Market], demo: Bool, portfolio: Bool) {
+    static func printWelcome(settings: RelaySettings, port: Int, markets: [Market], demo: Bool, portfolio: Bool, paths: [Market: String] = [:]) {
         let market = markets.first ?? .stocks
         let host = settings.listen.host
         let base = "\(host.contains(":") ? "[\(host)]" : host):\(port)"
@@ -80,6 +80,16 @@ struct ServeCommand: AsyncParsableCommand {
                 "  WebSocket  \(paths.map { "\(ws)://\(base)\($0)" }.joined(separator: " "))   (Alpaca protocol, JSON or MessagePack; key: \(keyText))",
                 "  alpaca-py  StockDataStream(\"\(key)\", \"any-secret\", url_override=\"\(ws)://\(base)\(stocks.path)\")",
                 "  alpaca-trade-api  Stream(\"\(key)\", \"any-secret\", data_stream_url=\"\(http)://\(base)\", data_feed=\"\(stocks.rawValue)\")",
+                "  dashboard  \(http)://\(base)/",
+                "  stop       Ctrl-C (SIGINT) or SIGTERM",
+            ]
+            FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+            return
+        }
+        if let replay = settings.replay {
+            let lines = [
+                "relay is replaying the tape (\(replay.day ?? "the newest day"), speed \(replay.speed)\(replay.loop ? ", on a loop" : "")): recorded events, not live",
+                "  WebSocket  \(markets.map { "\(ws)://\(base)\(paths[$0] ?? "/\($0)")" }.joined(separator: " "))   (the recorded vendor's protocol; client key: \(keyText))",
                 "  dashboard  \(http)://\(base)/",
                 "  stop       Ctrl-C (SIGINT) or SIGTERM",
             ]

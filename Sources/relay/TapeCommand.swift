@@ -40,9 +40,7 @@ struct TapeCommand: AsyncParsableCommand {
 
         /// `HH:MM:SS` UTC of a receive time.
         static func time(_ nanoseconds: Int64?) -> String {
-            guard let nanoseconds else { return "-" }
-            let seconds = (nanoseconds / 1_000_000_000) % 86_400
-            return String(format: "%02d:%02d:%02d", seconds / 3600, (seconds / 60) % 60, seconds % 60)
+            nanoseconds.map(TapeFile.clock(of:)) ?? "-"
         }
     }
 }

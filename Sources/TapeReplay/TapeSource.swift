@@ -1,0 +1,287 @@
+import AsyncSupport
+import Logging
+import MarketCore
+import MarketDataHub
+import NIOCore
+import ServiceLifecycle
+import Synchronization
+import Tape
+
+/// What to replay of one market: a recorded UTC day, a window of it, how fast, and whether again.
+/// Value type, `Sendable`.
+public struct ReplayPlan: Sendable, Equatable {
+    /// How fast the recorded time passes.
+    public enum Speed: Sendable, Equatable, CustomStringConvertible {
+        /// The recorded spacing divided by this (1: as it happened).
+        case times(Double)
+        /// As fast as the slowest reader takes it, starting once there is a reader.
+        case max
+
+        /// `1`, `10`, `0.5` or `max`; `nil` for anything else.
+        public init?(_ text: String) {
+            if text.lowercased() == "max" {
+                self = .max
+                return
+            }
+            guard let factor = Double(text.hasSuffix("x") ? String(text.dropLast()) : text), factor.isFinite, factor > 0, factor <= 1_000_000
+            else { return nil }
+            self = .times(factor)
+        }
+
+        public var description: String {
+            switch self {
+            case .max: "max"
+            case .times(let factor): factor == factor.rounded() ? "\(Int(factor))x" : "\(factor)x"
+            }
+        }
+    }
+
+    /// The tape's directory, and the market's folder in it.
+    public var directory: String
+    public var market: String
+    /// The UTC day, `yyyy-mm-dd`.
+    public var day: String
+    /// The window, as UTC nanoseconds of receive time (`nil`: the day's start, its end).
+    public var from: Int64?
+    public var to: Int64?
+    public var speed: Speed
+    /// Start again at the end (an off-hours test stream).
+    public var loop: Bool
+
+    public init(directory: String, market: String, day: String, from: Int64? = nil, to: Int64? = nil, speed: Speed = .times(1), loop: Bool = false) {
+        self.directory = directory
+        self.market = market
+        self.day = day
+        self.from = from
+        self.to = to
+        self.speed = speed
+        self.loop = loop
+    }
+
+    /// The day file it reads.
+    public var path: String { TapeFile.path(directory: directory, market: market, day: day) }
+
+    /// A time of `day` (`HH:MM` or `HH:MM:SS`, UTC) as UTC nanoseconds; `nil` when either does not read.
+    public static func time(_ clock: String, on day: String) -> Int64? {
+        let parts = clock.split(separator: ":").map { Int($0) }
+        guard (2...3).contains(parts.count), parts.allSatisfy({ $0 != nil }), let midnight = TapeFile.midnight(of: day) else { return nil }
+        let (hours, minutes, seconds) = (parts[0] ?? 0, parts[1] ?? 0, parts.count == 3 ? parts[2] ?? 0 : 0)
+        guard (0...24).contains(hours), (0..<60).contains(minutes), (0..<60).contains(seconds), hours * 3600 + minutes * 60 + seconds <= 86_400
+        else { return nil }
+        return midnight + Int64(hours * 3600 + minutes * 60 + seconds) * 1_000_000_000
+    }
+}
+
+/// A recorded day of a market replayed as its source (``MarketSource``): the tape's events go into the
+/// hub through the same inbox a live upstream's do, in their recorded order and with their recorded
+/// bytes (so the vendor's own time fields are the recorded ones), and each client's subscription
+/// filters them as it would live ones. Subscribers are told what is replayed: a `replay` notice at the
+/// start (the day, the window, the speed) and at the end.
+///
+/// At a finite speed the recorded spacing is kept, scaled. At `max` the replay waits for its first
+/// reader, then goes as fast as its slowest reader takes events: it waits while any subscriber has half
+/// its buffer queued, so none is ever dropped. A gap in the tape (the relay was down, or recording
+/// paused) is told as the upstream being away for that window. A block that does not check is skipped
+/// and counted.
+///
+/// `Sendable`; a `Service`.
+public final class TapeSource: MarketSource {
+    private let plan: ReplayPlan
+    private let hub: MarketDataHub
+    private let interest: LocalInterest
+    private let logger: Logger
+    private let inbox: SourceInbox
+    private let progress = Mutex(Progress())
+
+    private struct Progress {
+        var state = "waiting"
+        var events = 0
+        var passes = 0
+        var skippedBlocks = 0
+        var lastError: String?
+        var lastEventAt: ContinuousClock.Instant?
+    }
+
+    /// Events handed to the hub at a time (at most).
+    static let batchSize = 256
+
+    public init(plan: ReplayPlan, hub: MarketDataHub, interest: LocalInterest, logger: Logger) {
+        self.plan = plan
+        self.hub = hub
+        self.interest = interest
+        self.logger = logger
+        inbox = SourceInbox.source(capacity: 65_536)
+    }
+
+    public func run() async throws {
+        let hub = self.hub
+        let inbox = self.inbox
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await HubPump.run(inbox, into: hub, lossReason: "the relay fell behind the replay") }
+            group.addTask {
+                await cancelWhenGracefulShutdown { await self.replay() }
+                inbox.finish()
+            }
+            // After the last pass the source idles (its clients stay) until the relay stops.
+            group.addTask { try? await gracefulShutdown() }
+            await group.waitForAll()
+        }
+    }
+
+    public func report() async -> FeedReport {
+        let progress = progress.withLock { $0 }
+        let upstream = UpstreamReport(
+            state: progress.state, detail: description, url: "tape:\(plan.path)",
+            lastMessageAgeMs: progress.lastEventAt.map { (ContinuousClock.now - $0).milliseconds }, messagesReceived: progress.events,
+            eventsReceived: progress.events, malformedMessages: progress.skippedBlocks, lastError: progress.lastError)
+        return FeedReport(healthy: progress.lastError == nil, upstream: upstream)
+    }
+
+    /// `stocks 2026-11-20 09:30:00–10:00:00 at 10x`.
+    private var description: String {
+        let window = plan.from == nil && plan.to == nil ? "" : " \(Self.clock(plan.from) ?? "00:00:00")–\(Self.clock(plan.to) ?? "24:00:00")"
+        return "\(plan.market) \(plan.day)\(window) at \(plan.speed)\(plan.loop ? ", looping" : "")"
+    }
+
+    private static func clock(_ nanoseconds: Int64?) -> String? { nanoseconds.map(TapeFile.clock(of:)) }
+
+    private func note(_ change: (inout Progress) -> Void) { progress.withLock { change(&$0) } }
+
+    /// Every pass over the day (one, or until stopped with `loop`).
+    private func replay() async {
+        repeat {
+            if plan.speed == .max {
+                note { $0.state = "waiting for a reader" }
+                await firstReader()
+            }
+            guard !Task.isCancelled else { return }
+            do {
+                try await pass()
+            } catch is CancellationError {
+                return
+            } catch {
+                logger.error("the replay stopped: \(error)")
+                note {
+                    $0.state = "failed"
+                    $0.lastError = "\(error)"
+                }
+                return
+            }
+            note { $0.passes += 1 }
+        } while plan.loop && !Task.isCancelled
+        note { $0.state = "ended" }
+    }
+
+    /// Returns once some subscriber holds a topic of this market.
+    private func firstReader() async {
+        let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        interest.listen { topics in if !topics.isEmpty { continuation.yield() } }
+        for await _ in stream { break }
+        interest.listen { _ in }
+        continuation.finish()
+    }
+
+    /// One pass over the day's window: the start notice, the events at their pace, the end notice.
+    private func pass() async throws {
+        let reader = try TapeReader(path: plan.path)
+        note { $0.state = "replaying" }
+        var details: [String: Notice.Value] = [
+            "state": .text("started"), "market": .text(plan.market), "day": .text(plan.day), "speed": .text(plan.speed.description),
+        ]
+        if let from = Self.clock(plan.from) { details["from"] = .text(from) }
+        if let to = Self.clock(plan.to) { details["to"] = .text(to) }
+        _ = await inbox.push(.notice(Notice(.replay, message: "replaying \(description): recorded events, not live", details: details)), waitingBelow: inbox.capacity)
+        let from = plan.from ?? .min
+        let to = plan.to ?? .max
+        var pace = Pace(speed: plan.speed)
+        var batch: [MarketEvent] = []
+        var replayed = 0
+        let first = reader.firstBlock(atOrAfter: from)
+        blocks: for index in first..<reader.blocks.count {
+            try Task.checkCancellation()
+            guard reader.blocks[index].header.firstTime <= to else { break }
+            guard let records = reader.records(inBlock: index) else {
+                note { $0.skippedBlocks += 1 }
+                logger.warning("a damaged block of the tape is skipped", metadata: ["path": "\(plan.path)", "block": "\(index)"])
+                continue
+            }
+            for record in records {
+                switch record {
+                case .event(let event):
+                    guard event.receivedAt >= from else { continue }
+                    guard event.receivedAt <= to else { break blocks }
+                    if let wait = pace.wait(until: event.receivedAt), wait > .milliseconds(1) {
+                        replayed += await hand(&batch)
+                        try await Task.sleep(for: wait)
+                    }
+                    batch.append(
+                        MarketEvent(
+                            eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes),
+                            receivedAt: MonotonicClock.nanoseconds()))
+                    if batch.count >= Self.batchSize { replayed += await hand(&batch) }
+                case .gap(let start, let end):
+                    guard end >= from, start <= to else { continue }
+                    // What the relay did not receive then, told as its upstream being away for that window.
+                    replayed += await hand(&batch)
+                    let seconds = Double(end - start) / 1e9
+                    _ = await inbox.push(
+                        .connectionLost(reason: "the tape has a gap here: nothing was recorded for \(Int(seconds.rounded())) s"),
+                        waitingBelow: inbox.capacity)
+                default:
+                    continue
+                }
+            }
+            replayed += await hand(&batch)
+        }
+        replayed += await hand(&batch)
+        _ = await inbox.push(
+            .notice(
+                Notice(
+                    .replay, message: "the replay of \(description) ended (\(replayed) events)\(plan.loop ? "; it starts again" : "")",
+                    details: ["state": .text("ended"), "market": .text(plan.market), "day": .text(plan.day), "events": .number(Int64(replayed))])),
+            waitingBelow: inbox.capacity)
+    }
+
+    /// Hands what was gathered to the hub, in order; at `max`, first waits while a reader is behind.
+    /// Returns how many.
+    private func hand(_ batch: inout [MarketEvent]) async -> Int {
+        guard !batch.isEmpty else { return 0 }
+        let count = batch.count
+        if plan.speed == .max {
+            // Paced by the slowest reader: never more than half a buffer queued for anyone.
+            while await hub.deepestBacklog > MarketDataHub.bufferLimit / 2, !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(1))
+            }
+            _ = await inbox.push(.events(batch), waitingBelow: Self.batchSize)
+        } else {
+            _ = await inbox.push(.events(batch), waitingBelow: inbox.capacity / 2)
+        }
+        batch.removeAll(keepingCapacity: true)
+        note {
+            $0.events += count
+            $0.lastEventAt = .now
+        }
+        return count
+    }
+}
+
+/// When each recorded event is due: the first one now, each later one its recorded distance after it,
+/// divided by the speed. Value type.
+struct Pace {
+    let speed: ReplayPlan.Speed
+    private var origin: (recorded: Int64, at: ContinuousClock.Instant)?
+
+    init(speed: ReplayPlan.Speed) { self.speed = speed }
+
+    /// How long until the event recorded at `time` is due (`nil`: now, or at `max`).
+    mutating func wait(until time: Int64) -> Duration? {
+        guard case .times(let factor) = speed else { return nil }
+        guard let origin else {
+            self.origin = (time, .now)
+            return nil
+        }
+        let due = origin.at + .nanoseconds(Int64(Double(max(time - origin.recorded, 0)) / factor))
+        let now = ContinuousClock.now
+        return due > now ? due - now : nil
+    }
+}
