@@ -338,7 +338,7 @@ let package = Package(
         .testTarget(
             name: "TapeTests",
             dependencies: [
-                "Tape", "TapeReplay", "MarketCore", "MarketDataHub", "PolygonWire", .product(name: "NIOCore", package: "swift-nio"),
+                "Tape", "TapeReplay", "MarketCore", "MarketDataHub", "PolygonWire", "AlpacaWire", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"), .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict

@@ -157,7 +157,7 @@ extension Relay {
         // Gap fill: each upstream market, from the same REST API, at one shared pace (a cluster node
         // fills only while it leads).
         let gapFillPace = settings.gapFill.map { RequestPace(perSecond: $0.requestsPerSecond) }
-        if settings.gapFill != nil, upstream.restURL == nil {
+        if settings.gapFill != nil, upstream.restURL == nil, settings.replay == nil {
             logger.info("gap fill off: no REST API is known for this upstream (set --rest-url)")
         }
         var assembly = Assembly()

@@ -3,6 +3,7 @@ import Foundation
 import MarketCore
 import PolygonWire
 import RelayComposition
+import RelayBench
 import RelayConfiguration
 import Tape
 import Testing
@@ -62,6 +63,15 @@ struct ReplayTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let recorded = try await record(into: directory, count: 1_500)
         try #require(recorded.count >= 1_500)
+        // `relay tape export` writes the same events, a line each, with their positions and receive times.
+        let exported = try await runProcess(
+            RelayProcess.siblingBinary(), ["tape", "export", "--tape-dir", directory, "--market", "stocks", "--format", "jsonl"], timeout: .seconds(30),
+            what: "relay tape export")
+        #expect(exported.status == 0, "\(exported.output.suffix(500))")
+        let lines = exported.output.split(separator: "\n").filter { $0.hasPrefix("{") }.map { jsonObject(String($0)) }
+        #expect(lines.count == recorded.count, "a line per recorded event")
+        #expect(lines.map { $0["_m"] as? Int } == recorded.map { Int($0.sequence) })
+        #expect(lines.map { $0["_r"] as? Int } == recorded.map { Int($0.receivedAt) })
         try await replaying(directory) { port in
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks")
             client.send(ClientAction(.subscribe, params: "Q.*,T.*"))

@@ -51,6 +51,32 @@ struct SettingDeclarationTests {
         }
     }
 
+    @Test func aReplayReadsTheTapeAndRecordsNothing() async throws {
+        #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:]).replay == nil, "live by default")
+        let replay = try await RelaySettings.resolve(
+            vendors: Relay.vendors,
+            commandLine: ["--data-dir", "/srv/relay", "--replay-date", "2026-11-20", "--replay-speed", "10", "--replay-from", "09:30", "--replay-loop"],
+            environment: ["RELAY_REPLAY_MARKETS": "stocks,crypto", "RELAY_REPLAY_TO": "10:00:30"])
+        #expect(replay.replay?.directory == "/srv/relay/tape", "the tape's directory, recorded or not")
+        #expect(replay.replay?.day == "2026-11-20")
+        #expect(replay.replay?.markets == [.stocks, .crypto])
+        #expect(replay.replay?.speed == "10")
+        #expect(replay.replay?.from == "09:30" && replay.replay?.to == "10:00:30")
+        #expect(replay.replay?.loop == true)
+        #expect(replay.tape == nil, "a replay does not record")
+        let newest = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--replay-date", "last", "--replay-speed", "MAX"], environment: [:])
+        #expect(newest.replay?.day == nil && newest.replay?.speed == "max")
+        for bad in [
+            ["--replay-date", "20-11-2026"], ["--replay-date", "last", "--replay-speed", "0"], ["--replay-date", "last", "--replay-speed", "fast"],
+            ["--replay-date", "last", "--replay-from", "9.30"], ["--replay-date", "last", "--replay-to", "25:00"],
+            ["--replay-date", "last", "--replay-markets", "stocks,bonds"],
+        ] {
+            await #expect(throws: RelaySettings.InvalidSetting.self, "\(bad)") {
+                try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: bad, environment: [:])
+            }
+        }
+    }
+
     @Test func theHelpListsEverySetting() {
         let help = RelaySettings.settingsHelp
         for declaration in RelaySettings.declarations {
