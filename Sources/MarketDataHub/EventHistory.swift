@@ -162,11 +162,14 @@ final class EventHistory {
 
     /// Gives events the next positions, writes them into their bytes and keeps them; returns the stamped
     /// events (a single relay's: live ones, and a gap fill's recovered ones).
-    func keep(_ events: [MarketEvent], at now: Int64) -> [MarketEvent] {
+    func keep(_ events: [MarketEvent], at now: Int64) -> [MarketEvent] { keepPositioned(events, at: now).events }
+
+    /// The same, with the positions given.
+    func keepPositioned(_ events: [MarketEvent], at now: Int64) -> (events: [MarketEvent], positions: [EventPosition]) {
         let positions = assign(events)
         let stamped = EventPosition.stamp(events, positions)
         append(stamped, positions: positions, at: now)
-        return stamped
+        return (stamped, positions)
     }
 
     /// Keeps stamped events with their positions (in order, market sequences rising), then evicts what

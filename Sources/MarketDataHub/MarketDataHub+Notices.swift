@@ -67,6 +67,7 @@ extension MarketDataHub {
         guard let outage = outages.lost(reason: reason, at: now) else { return }
         // Events of the outage never arrive: no resume reaches across it.
         history?.interruptAll(now: now)
+        tap?.interrupted()
         tellOutageStarted(outage.notice)
         logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
     }

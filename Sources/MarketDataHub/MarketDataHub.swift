@@ -77,7 +77,7 @@ public actor MarketDataHub {
     /// Gap fill's outages, held recovered events and counts (``GapLedger``).
     var gapLedger: GapLedger
     /// Told every published event with its position (the tape's recorder), if any.
-    private var tap: (any EventTap)?
+    var tap: (any EventTap)?
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger
@@ -257,6 +257,7 @@ public actor MarketDataHub {
     /// The history keeps a topic whole from when it is wanted.
     private func follow(_ step: WantedSet.Step) {
         guard let history, !step.isEmpty else { return }
+        tap?.wantedChanged(step)
         let now = WallClock.nowMilliseconds()
         for (topic, wanted) in step {
             if wanted { history.wanted(topic, now: now) } else { history.unwanted(topic, now: now) }
@@ -295,23 +296,19 @@ public actor MarketDataHub {
             for topic in wanted.topics { fresh.wanted(topic, now: now) }
             history = fresh
         }
+        var positions: [EventPosition]?
         if let history {
             if adoptsPositions {
                 events = adopt(events, into: history, at: now)
             } else {
                 // Positions once per event, here, before any subscriber sees it: every delivery shares them.
-                events = history.keep(events, at: now)
+                (events, positions) = history.keepPositioned(events, at: now)
             }
             metrics.record(history)
         }
         if let tap {
-            // The bytes as received (what a replay serves again, positioned afresh), in arrival order:
-            // a single relay's positions run on one by one from the first.
-            if adoptsPositions || history == nil {
-                tap.take(events, epoch: history?.epoch)
-            } else {
-                tap.take(received, firstSequence: events.first?.sequence ?? 0, epoch: history?.epoch)
-            }
+            // The bytes as received (what a replay serves again, positioned afresh) with their positions.
+            if let positions { tap.take(received, positions: positions, epoch: history?.epoch) } else { tap.take(events, epoch: history?.epoch) }
         }
         let shared = PublishedEvents(events)
         var touched: [Subscriber] = []

@@ -183,7 +183,9 @@ public final class TapeWriter {
         switch record {
         case .event(let event):
             try event.bytes.withUnsafeBytes { bytes in
-                try appendEvent(receivedAt: event.receivedAt, sequence: event.sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes)
+                try appendEvent(
+                    receivedAt: event.receivedAt, sequence: event.sequence, topicSequence: event.topicSequence, eventType: event.eventType,
+                    ticker: event.ticker, bytes: bytes)
             }
         case .gap(let from, let to):
             try appendOther(record, at: from, until: to)
@@ -193,6 +195,8 @@ public final class TapeWriter {
         case .source(let vendor, let path, let at):
             try appendOther(record, at: at, until: at)
             source = (vendor, path)
+        case .wanted(_, _, let at), .interrupted(let at):
+            try appendOther(record, at: at, until: at)
         }
     }
 
@@ -216,40 +220,43 @@ public final class TapeWriter {
 
     /// An event's record, its bytes copied once from where they are (the recorder's way: no
     /// ``TapeEvent`` made per event).
-    public func appendEvent(receivedAt: Int64, sequence: UInt64, eventType: String, ticker: String, bytes: UnsafeRawBufferPointer) throws {
+    public func appendEvent(
+        receivedAt: Int64, sequence: UInt64, topicSequence: UInt64 = 0, eventType: String, ticker: String, bytes: UnsafeRawBufferPointer
+    ) throws {
         // A full block is written before the record joins the next: when that write fails, this record
         // is not in the lost block (its caller counts it as not appended, once).
         if pending.count >= blockBytes { try flush() }
         let first = try starting(at: receivedAt, sequence: sequence)
         RecordLayout.appendEvent(
-            receivedAt: receivedAt, sequence: sequence, eventType: eventType, ticker: ticker, bytes: bytes, to: &pending, baseTime: first.time,
-            baseSequence: first.sequence)
+            receivedAt: receivedAt, sequence: sequence, topicSequence: topicSequence, eventType: eventType, ticker: ticker, bytes: bytes,
+            to: &pending, baseTime: first.time, baseSequence: first.sequence)
         pendingRecords += 1
         pendingEvents += 1
         last = (max(last.time, receivedAt), max(last.sequence, sequence))
     }
 
-    /// The block's first time and sequence, once the file of `time`'s day is open.
+    /// The block's first time and sequence, once the file of `time`'s day is open. A new day file tells
+    /// its epoch and source first; every block begins with its epoch, so a reader starting at any block
+    /// (a restart's rebuild of its recent history) knows which epoch its positions count in.
     private func starting(at time: Int64, sequence: UInt64) throws -> (time: Int64, sequence: UInt64) {
         let recordDay = TapeFile.day(of: time)
+        var newDay = false
         if recordDay != day {
             try flush()
             try open(day: recordDay)
-            first = (time, sequence)
-            last = (time, sequence)
-            // A day file tells its own epoch before its first event.
-            if let epoch {
-                RecordLayout.append(.epoch(epoch, at: time), to: &pending, baseTime: time, baseSequence: sequence)
-                pendingRecords += 1
-            }
-            if let source {
-                RecordLayout.append(.source(vendor: source.vendor, path: source.path, at: time), to: &pending, baseTime: time, baseSequence: sequence)
-                pendingRecords += 1
-            }
+            newDay = true
         }
         if let first { return first }
         first = (time, sequence)
         last = (time, sequence)
+        if let epoch {
+            RecordLayout.append(.epoch(epoch, at: time), to: &pending, baseTime: time, baseSequence: sequence)
+            pendingRecords += 1
+        }
+        if newDay, let source {
+            RecordLayout.append(.source(vendor: source.vendor, path: source.path, at: time), to: &pending, baseTime: time, baseSequence: sequence)
+            pendingRecords += 1
+        }
         return (time, sequence)
     }
 

@@ -12,6 +12,12 @@ public enum TapeRecord: Sendable, Equatable {
     /// when known (Alpaca's feed is in the path): how a replay knows which protocol to speak. Written
     /// when recording begins, and first in each day file after the epoch.
     case source(vendor: String, path: String?, at: Int64)
+    /// The relay began (`true`) or stopped receiving a topic (`T.AAPL`, or a wildcard `T.*`): whether a
+    /// topic's events on the tape are whole depends on it (a restart's history is rebuilt from these).
+    case wanted(topic: String, Bool, at: Int64)
+    /// The upstream was lost: events after this may be missing (every topic whole again only from its
+    /// next event).
+    case interrupted(at: Int64)
 
     /// When it was received (an event) or when the hole began (a gap): UTC nanoseconds.
     public var time: Int64 {
@@ -20,6 +26,8 @@ public enum TapeRecord: Sendable, Equatable {
         case .gap(let from, _): from
         case .epoch(_, let at): at
         case .source(_, _, let at): at
+        case .wanted(_, _, let at): at
+        case .interrupted(let at): at
         }
     }
 }
@@ -30,15 +38,18 @@ public struct TapeEvent: Sendable, Equatable {
     public var receivedAt: Int64
     /// Its place in its market's arrival order.
     public var sequence: UInt64
+    /// Its place in its topic's order (`_s`); 0: not recorded.
+    public var topicSequence: UInt64
     /// The vendor's event type (`Q`, `t`, …) and the symbol it routes by.
     public var eventType: String
     public var ticker: String
     /// The event's own bytes as the upstream sent them.
     public var bytes: [UInt8]
 
-    public init(receivedAt: Int64, sequence: UInt64, eventType: String, ticker: String, bytes: [UInt8]) {
+    public init(receivedAt: Int64, sequence: UInt64, topicSequence: UInt64 = 0, eventType: String, ticker: String, bytes: [UInt8]) {
         self.receivedAt = receivedAt
         self.sequence = sequence
+        self.topicSequence = topicSequence
         self.eventType = eventType
         self.ticker = ticker
         self.bytes = bytes
@@ -53,14 +64,18 @@ enum RecordLayout {
     static let gap: UInt8 = 2
     static let epoch: UInt8 = 3
     static let source: UInt8 = 4
+    /// An event with its topic sequence too.
+    static let positionedEvent: UInt8 = 5
+    static let wanted: UInt8 = 6
+    static let interrupted: UInt8 = 7
 
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
         switch record {
         case .event(let event):
             event.bytes.withUnsafeBytes { bytes in
                 appendEvent(
-                    receivedAt: event.receivedAt, sequence: event.sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes,
-                    to: &payload, baseTime: baseTime, baseSequence: baseSequence)
+                    receivedAt: event.receivedAt, sequence: event.sequence, topicSequence: event.topicSequence, eventType: event.eventType,
+                    ticker: event.ticker, bytes: bytes, to: &payload, baseTime: baseTime, baseSequence: baseSequence)
             }
         case .gap(let from, let to):
             payload.append(Self.gap)
@@ -79,17 +94,27 @@ enum RecordLayout {
             // No path: an empty one (a path always begins with `/`).
             appendVarint(UInt64(path?.utf8.count ?? 0), to: &payload)
             payload.append(contentsOf: (path ?? "").utf8)
+        case .wanted(let topic, let wanted, let at):
+            payload.append(Self.wanted)
+            appendVarint(zigzag(at &- baseTime), to: &payload)
+            payload.append(wanted ? 1 : 0)
+            appendVarint(UInt64(topic.utf8.count), to: &payload)
+            payload.append(contentsOf: topic.utf8)
+        case .interrupted(let at):
+            payload.append(Self.interrupted)
+            appendVarint(zigzag(at &- baseTime), to: &payload)
         }
     }
 
     /// An event's record, its bytes copied once, straight from where they are (the recorder's path).
     static func appendEvent(
-        receivedAt: Int64, sequence: UInt64, eventType: String, ticker: String, bytes: UnsafeRawBufferPointer, to payload: inout [UInt8],
-        baseTime: Int64, baseSequence: UInt64
+        receivedAt: Int64, sequence: UInt64, topicSequence: UInt64 = 0, eventType: String, ticker: String, bytes: UnsafeRawBufferPointer,
+        to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64
     ) {
-        payload.append(Self.event)
+        payload.append(topicSequence == 0 ? Self.event : Self.positionedEvent)
         appendVarint(zigzag(receivedAt &- baseTime), to: &payload)
         appendVarint(sequence &- baseSequence, to: &payload)
+        if topicSequence != 0 { appendVarint(topicSequence, to: &payload) }
         appendVarint(UInt64(eventType.utf8.count), to: &payload)
         payload.append(contentsOf: eventType.utf8)
         appendVarint(UInt64(ticker.utf8.count), to: &payload)
@@ -107,14 +132,19 @@ enum RecordLayout {
             let kind = payload[index]
             index += 1
             switch kind {
-            case Self.event:
-                guard let time = readVarint(payload, &index), let sequence = readVarint(payload, &index),
-                    let type = readBytes(payload, &index), let ticker = readBytes(payload, &index), let bytes = readBytes(payload, &index)
+            case Self.event, Self.positionedEvent:
+                guard let time = readVarint(payload, &index), let sequence = readVarint(payload, &index) else { return nil }
+                var topicSequence: UInt64 = 0
+                if kind == Self.positionedEvent {
+                    guard let read = readVarint(payload, &index) else { return nil }
+                    topicSequence = read
+                }
+                guard let type = readBytes(payload, &index), let ticker = readBytes(payload, &index), let bytes = readBytes(payload, &index)
                 else { return nil }
                 records.append(
                     .event(
                         TapeEvent(
-                            receivedAt: baseTime &+ unzigzag(time), sequence: baseSequence &+ sequence,
+                            receivedAt: baseTime &+ unzigzag(time), sequence: baseSequence &+ sequence, topicSequence: topicSequence,
                             eventType: String(decoding: type, as: UTF8.self), ticker: String(decoding: ticker, as: UTF8.self), bytes: bytes)))
             case Self.gap:
                 guard let from = readVarint(payload, &index), let length = readVarint(payload, &index) else { return nil }
@@ -130,6 +160,15 @@ enum RecordLayout {
                     .source(
                         vendor: String(decoding: vendor, as: UTF8.self), path: path.isEmpty ? nil : String(decoding: path, as: UTF8.self),
                         at: baseTime &+ unzigzag(at)))
+            case Self.wanted:
+                guard let at = readVarint(payload, &index), index < payload.count, payload[index] <= 1 else { return nil }
+                let wanted = payload[index] == 1
+                index += 1
+                guard let topic = readBytes(payload, &index) else { return nil }
+                records.append(.wanted(topic: String(decoding: topic, as: UTF8.self), wanted, at: baseTime &+ unzigzag(at)))
+            case Self.interrupted:
+                guard let at = readVarint(payload, &index) else { return nil }
+                records.append(.interrupted(at: baseTime &+ unzigzag(at)))
             default:
                 return nil
             }

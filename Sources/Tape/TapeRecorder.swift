@@ -114,9 +114,24 @@ public final class TapeRecorder: EventTap {
             pausedBecause: waiting.withLock { $0.pausedBecause })
     }
 
-    public func take(_ events: [MarketEvent], firstSequence: UInt64, epoch: String?) {
+    public func take(_ events: [MarketEvent], positions: [EventPosition]?, epoch: String?) {
         var size = 0
-        for event in events { size += event.bytes.readableBytes + 48 }
+        for event in events { size += event.bytes.readableBytes + 64 }
+        queue(Batch(events: events, positions: positions, epoch: epoch), size: size)
+    }
+
+    public func wantedChanged(_ changes: [(topic: Topic, wanted: Bool)]) {
+        let now = WallClock.nowNanoseconds()
+        queue(Batch(marks: changes.map { .wanted(topic: $0.topic.description, $0.wanted, at: now) }), size: 64 * changes.count)
+    }
+
+    public func interrupted() {
+        queue(Batch(marks: [.interrupted(at: WallClock.nowNanoseconds())]), size: 64)
+    }
+
+    /// Queues a batch of `size` bytes for the writer, or counts it dropped (its hole a gap to record).
+    private func queue(_ batch: Batch, size: Int) {
+        let events = batch.events
         enum Taken { case queued, queuedFirst, dropped }
         let taken = waiting.withLock { waiting -> Taken in
             guard waiting.bytes + size <= settings.queueBytes, waiting.pausedBecause == nil else {
@@ -124,7 +139,7 @@ public final class TapeRecorder: EventTap {
                 waiting.hole = (waiting.hole?.from ?? now, now)
                 return .dropped
             }
-            waiting.batches.append(Batch(events: events, firstSequence: firstSequence, epoch: epoch))
+            waiting.batches.append(batch)
             waiting.bytes += size
             // The writer wakes for a block's worth (or at the flush interval), not for every batch:
             // at 1,000 batches a second that was 1,000 thread wake-ups.
@@ -202,12 +217,14 @@ public final class TapeRecorder: EventTap {
     }
 }
 
-/// A batch the hub published, the first event's market sequence (the rest follow one by one; `0`: each
-/// event's own), and the epoch its positions count in.
+/// A batch the hub published, its events' positions (`nil`: each event's own market sequence), and the
+/// epoch they count in; or what the hub told between batches (its wanted set's changes, a lost upstream),
+/// as the records to write.
 private struct Batch {
-    var events: [MarketEvent]
-    var firstSequence: UInt64
+    var events: [MarketEvent] = []
+    var positions: [EventPosition]?
     var epoch: String?
+    var marks: [TapeRecord] = []
 }
 
 /// The recorder's side that touches the disk: its writer, and whether writing is paused. Only the
@@ -254,12 +271,14 @@ private struct Writing {
             for batch in batches {
                 if let epoch = batch.epoch, epoch != writer.epoch { try writer.append(.epoch(epoch, at: now)) }
                 if let source, writer.source == nil { try writer.append(.source(vendor: source.vendor, path: source.path, at: now)) }
+                for mark in batch.marks { try writer.append(mark) }
                 for (index, event) in batch.events.enumerated() {
                     let receivedAt = event.receivedAt == 0 ? now : Int64(event.receivedAt) + offset
-                    let sequence = batch.firstSequence == 0 ? event.sequence : batch.firstSequence + UInt64(index)
+                    let position = batch.positions?[index]
                     try event.bytes.withUnsafeReadableBytes { bytes in
                         try writer.appendEvent(
-                            receivedAt: receivedAt, sequence: sequence, eventType: event.eventType, ticker: event.ticker, bytes: bytes)
+                            receivedAt: receivedAt, sequence: position?.market ?? event.sequence, topicSequence: position?.topic ?? 0,
+                            eventType: event.eventType, ticker: event.ticker, bytes: bytes)
                     }
                     appended += 1
                 }

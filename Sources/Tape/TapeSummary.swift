@@ -46,6 +46,8 @@ public struct TapeDaySummary: Sendable, Equatable {
                     if epochs.last != epoch { epochs.append(epoch) }
                 case .source(let vendor, _, _):
                     if self.vendor == nil { self.vendor = vendor }
+                case .wanted, .interrupted:
+                    break
                 }
             }
         }

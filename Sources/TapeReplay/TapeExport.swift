@@ -3,10 +3,11 @@ import NIOCore
 import Tape
 
 /// A recorded day written out as text: one event per line, in arrival order, each with the time the
-/// relay received it. `jsonl`: the vendor's own event object (Alpaca's MessagePack as its JSON) with two
-/// fields added at its end, `"_r"` (receive time, UTC ns) and `"_m"` (market sequence), as the relay adds
-/// positions live. `csv`: a header, then `received_ns,received_utc,market_sequence,event_type,symbol` and
-/// one column per field of the events exported (in the order first seen; arrays as JSON text).
+/// relay received it. `jsonl`: the vendor's own event object (Alpaca's MessagePack as its JSON) with
+/// fields added at its end, `"_r"` (receive time, UTC ns), `"_s"` (topic sequence, when recorded) and
+/// `"_m"` (market sequence), as the relay adds positions live. `csv`: a header, then
+/// `received_ns,received_utc,topic_sequence,market_sequence,event_type,symbol` and one column per field
+/// of the events exported (in the order first seen; arrays as JSON text).
 ///
 /// Value type, `Sendable`.
 public struct TapeExport: Sendable {
@@ -51,7 +52,7 @@ public struct TapeExport: Sendable {
         case .jsonl:
             var text = ""
             try events(reader, &outcome) { event, json in
-                text += Self.withReceipt(json, receivedAt: event.receivedAt, sequence: event.sequence)
+                text += Self.withReceipt(json, event)
                 text += "\n"
                 if text.utf8.count >= 64 << 10 {
                     try write(text)
@@ -67,10 +68,13 @@ public struct TapeExport: Sendable {
             try events(reader, &first) { _, json in
                 for key in JSONFields.keys(json) where !Self.identity.contains(key) && known.insert(key).inserted { columns.append(key) }
             }
-            var text = (["received_ns", "received_utc", "market_sequence", "event_type", "symbol"] + columns).map(Self.csvCell).joined(separator: ",") + "\n"
+            var text = (["received_ns", "received_utc", "topic_sequence", "market_sequence", "event_type", "symbol"] + columns).map(Self.csvCell).joined(separator: ",") + "\n"
             try events(reader, &outcome) { event, json in
                 let fields = JSONFields.values(json)
-                let leading = ["\(event.receivedAt)", Self.utc(event.receivedAt), "\(event.sequence)", event.eventType, event.ticker]
+                let leading = [
+                    "\(event.receivedAt)", Self.utc(event.receivedAt), event.topicSequence == 0 ? "" : "\(event.topicSequence)", "\(event.sequence)",
+                    event.eventType, event.ticker,
+                ]
                 text += (leading + columns.map { fields[$0] ?? "" }).map(Self.csvCell).joined(separator: ",") + "\n"
                 if text.utf8.count >= 64 << 10 {
                     try write(text)
@@ -113,10 +117,11 @@ public struct TapeExport: Sendable {
         }
     }
 
-    /// `json` with `"_r"` and `"_m"` before its closing brace.
-    static func withReceipt(_ json: String, receivedAt: Int64, sequence: UInt64) -> String {
+    /// `json` with `"_r"`, `"_s"` (when recorded) and `"_m"` before its closing brace.
+    static func withReceipt(_ json: String, _ event: TapeEvent) -> String {
         let separator = json == "{}" ? "" : ","
-        return String(json.dropLast()) + "\(separator)\"_r\":\(receivedAt),\"_m\":\(sequence)}"
+        let topic = event.topicSequence == 0 ? "" : ",\"_s\":\(event.topicSequence)"
+        return String(json.dropLast()) + "\(separator)\"_r\":\(event.receivedAt)\(topic),\"_m\":\(event.sequence)}"
     }
 
     /// `2026-11-20T09:30:00.123456789Z`.

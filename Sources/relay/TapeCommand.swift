@@ -54,9 +54,9 @@ extension TapeCommand {
             commandName: "export",
             abstract: "Write a recorded day's events as JSON lines or CSV, in arrival order, each with the time the relay received it.",
             discussion: """
-                jsonl: the vendor's own event object (Alpaca's MessagePack as its JSON) with "_r" (receive time, UTC ns) and "_m" \
-                (market sequence) added at its end. csv: received_ns, received_utc, market_sequence, event_type, symbol, then a column \
-                per field of the events exported.
+                jsonl: the vendor's own event object (Alpaca's MessagePack as its JSON) with "_r" (receive time, UTC ns), "_s" and "_m" \
+                (topic and market sequences) added at its end. csv: received_ns, received_utc, topic_sequence, market_sequence, \
+                event_type, symbol, then a column per field of the events exported.
                 """)
 
         @Option(name: .customLong("tape-dir"), help: "The tape's directory.") var directory: String = "./data/tape"

@@ -81,10 +81,12 @@ struct ReplayTests {
             #expect(started.fields["speed"] as? String == "max")
             let ended = try await client.waitForStatus("replay", timeout: .seconds(60))
             #expect(ended.fields["state"] as? String == "ended", "\(ended.fields)")
-            let replayed = ended.eventsBefore.map { Self.withoutPositions(String(buffer: $0.bytes)) }
+            // Nothing is published before the start notice, so the events read with it (in its frame, after
+            // it) are the replay's first.
+            let replayed = (started.eventsBefore + ended.eventsBefore).map { Self.withoutPositions(String(buffer: $0.bytes)) }
             let expected = recorded.map { String(decoding: $0.bytes, as: UTF8.self) }
             #expect(replayed.count == expected.count, "every recorded event (\(replayed.count) of \(expected.count))")
-            #expect(replayed == expected, "in order, with the recorded bytes (time fields included)")
+            if replayed.count == expected.count { #expect(replayed == expected, "in order, with the recorded bytes (time fields included)") }
             #expect(ended.fields["events"] as? Int == recorded.count)
             await client.close()
             // /healthz tells what the source is.

@@ -40,7 +40,10 @@ struct TapeRecordingTests {
         let reader = try TapeReader(path: path)
         let records = reader.records()
         let events = records.compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
-        #expect(records.first.map { if case .epoch(let told, _) = $0 { told == epoch } else { false } } == true, "the hub's epoch first")
+        let firstEpoch = records.firstIndex { if case .epoch = $0 { true } else { false } }
+        let firstEvent = records.firstIndex { if case .event = $0 { true } else { false } }
+        #expect(firstEpoch.map { if case .epoch(let told, _) = records[$0] { told == epoch } else { false } } == true, "the hub's epoch")
+        #expect((firstEpoch ?? .max) < (firstEvent ?? .max), "told before the events")
         let sequences = events.map(\.sequence)
         #expect(sequences.last == last, "the last event the hub published is on the tape")
         #expect(sequences == Array((sequences.first ?? 1)...last), "every position from the first recorded, none twice")

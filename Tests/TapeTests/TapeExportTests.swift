@@ -31,7 +31,8 @@ struct TapeExportTests {
             ? #"{"ev":"T","sym":"AAPL","p":189.5,"s":100,"c":[0,12],"t":\#(index)}"#
             : #"{"ev":"Q","sym":"MSFT","bp":415.1,"ap":415.2,"x":"a,\"b\"","t":\#(index)}"#
         return TapeEvent(
-            receivedAt: Self.midnight + Int64(index) * 1_000_000_000, sequence: UInt64(index + 1), eventType: trade ? "T" : "Q",
+            receivedAt: Self.midnight + Int64(index) * 1_000_000_000, sequence: UInt64(index + 1), topicSequence: UInt64(index / 2 + 1),
+            eventType: trade ? "T" : "Q",
             ticker: trade ? "AAPL" : "MSFT", bytes: Array(text.utf8))
     }
 
@@ -49,7 +50,7 @@ struct TapeExportTests {
             let (text, outcome) = try export(path, .jsonl)
             let lines = text.split(separator: "\n").map(String.init)
             #expect(outcome.events == 10 && lines.count == 10)
-            #expect(lines[0] == #"{"ev":"T","sym":"AAPL","p":189.5,"s":100,"c":[0,12],"t":0,"_r":\#(Self.midnight),"_m":1}"#)
+            #expect(lines[0] == #"{"ev":"T","sym":"AAPL","p":189.5,"s":100,"c":[0,12],"t":0,"_r":\#(Self.midnight),"_s":1,"_m":1}"#)
             let objects = lines.compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
             #expect(objects.count == 10, "every line is a JSON object")
             #expect(objects.map { $0["_m"] as? Int } == (1...10).map { $0 }, "in arrival order")
@@ -66,9 +67,9 @@ struct TapeExportTests {
             let (text, outcome) = try export(path, .csv)
             let lines = text.split(separator: "\n").map(String.init)
             #expect(outcome.events == 4 && lines.count == 5)
-            #expect(lines[0] == "received_ns,received_utc,market_sequence,event_type,symbol,p,s,c,t,bp,ap,x", "the fields in the order first seen")
-            #expect(lines[1] == "\(Self.midnight),2026-11-20T00:00:00.000000000Z,1,T,AAPL,189.5,100,\"[0,12]\",0,,,")
-            #expect(lines[2] == "\(Self.midnight + 1_000_000_000),2026-11-20T00:00:01.000000000Z,2,Q,MSFT,,,,1,415.1,415.2,\"a,\"\"b\"\"\"")
+            #expect(lines[0] == "received_ns,received_utc,topic_sequence,market_sequence,event_type,symbol,p,s,c,t,bp,ap,x", "the fields in the order first seen")
+            #expect(lines[1] == "\(Self.midnight),2026-11-20T00:00:00.000000000Z,1,1,T,AAPL,189.5,100,\"[0,12]\",0,,,")
+            #expect(lines[2] == "\(Self.midnight + 1_000_000_000),2026-11-20T00:00:01.000000000Z,1,2,Q,MSFT,,,,1,415.1,415.2,\"a,\"\"b\"\"\"")
         }
     }
 
@@ -83,7 +84,7 @@ struct TapeExportTests {
             #expect(object["T"] as? String == "t" && object["S"] as? String == "AAPL" && object["p"] as? Double == 189.5, "\(object)")
             #expect(object["_r"] as? Int == Int(Self.midnight))
             let csv = try export(path, .csv, wire: .alpaca(.iex)).text
-            #expect(csv.hasPrefix("received_ns,received_utc,market_sequence,event_type,symbol,i,x,p,s,c,z,t\n"), "\(csv)")
+            #expect(csv.hasPrefix("received_ns,received_utc,topic_sequence,market_sequence,event_type,symbol,i,x,p,s,c,z,t\n"), "\(csv)")
         }
     }
 

@@ -1,6 +1,8 @@
 import Foundation
 import MarketCore
+import MarketDataHub
 import NIOCore
+import PolygonWire
 import Testing
 
 @testable import Tape
@@ -60,6 +62,43 @@ struct TapeRecorderTests {
             let after = WallClock.nowNanoseconds()
             #expect(events.allSatisfy { $0.receivedAt >= before - 50_000_000 && $0.receivedAt <= after }, "wall-clock receive times")
             #expect(recorder.report.eventsDropped == 0 && recorder.report.pausedBecause == nil)
+        }
+    }
+
+    /// A real hub recording through its tap: the events as received (the bytes without the positions the
+    /// hub writes into what it sends) with both their positions, and in order with them what decides
+    /// whether they are whole: the topics it began and stopped receiving, and an upstream loss.
+    @Test func theHubsPositionsWantedSetAndLossesAreOnTheTapeInOrder() async throws {
+        try await withDirectory { directory in
+            let recorder = try TapeRecorder(settings: TapeRecorder.Settings(directory: directory, market: "stocks"))
+            let hub = MarketDataHub(wire: .polygon, tap: recorder)
+            let apple = try #require(Topic(parsing: "Q.AAPL"))
+            let subscription = await hub.subscribe(to: [apple])
+            await hub.publish(quotes(3, from: 1).map { MarketEvent(eventType: $0.eventType, ticker: $0.ticker, bytes: $0.bytes) })
+            await hub.upstreamLost(reason: "test")
+            await hub.publish(quotes(2, from: 4).map { MarketEvent(eventType: $0.eventType, ticker: $0.ticker, bytes: $0.bytes) })
+            await hub.remove([apple], from: subscription.id)
+            recorder.flush()
+            let records = try TapeReader(path: todaysTape(directory)).records()
+            let shown = records.map { record -> String in
+                switch record {
+                case .event(let event): "event \(event.topicSequence)/\(event.sequence) \(String(decoding: event.bytes, as: UTF8.self))"
+                case .wanted(let topic, let wanted, _): "\(wanted ? "wanted" : "unwanted") \(topic)"
+                case .interrupted: "interrupted"
+                case .epoch: "epoch"
+                case .gap: "gap"
+                case .source: "source"
+                }
+            }
+            #expect(
+                shown == [
+                    "wanted Q.AAPL", "epoch",
+                    #"event 1/1 {"ev":"Q","sym":"AAPL","bp":1}"#, #"event 2/2 {"ev":"Q","sym":"AAPL","bp":2}"#, #"event 3/3 {"ev":"Q","sym":"AAPL","bp":3}"#,
+                    "interrupted",
+                    #"event 4/4 {"ev":"Q","sym":"AAPL","bp":4}"#, #"event 5/5 {"ev":"Q","sym":"AAPL","bp":5}"#,
+                    "unwanted Q.AAPL",
+                ], "\(shown)")
+            withExtendedLifetime(subscription) {}
         }
     }
 

@@ -191,6 +191,8 @@ struct TapeReplayTests {
                 case .source(let vendor, let path, _): "source \(vendor) \(path ?? "-")"
                 case .event: "event"
                 case .gap: "gap"
+                case .wanted: "wanted"
+                case .interrupted: "interrupted"
                 }
             }
             #expect(kinds == ["epoch", "source alpaca -", "event"])
