@@ -150,6 +150,8 @@ actor StatusBoard {
             var history: History?
             /// Gap fills after upstream outages since start (`nil`: none yet).
             var gapFill: GapFillCounts?
+            /// Its recording on the tape (`nil`: not recorded).
+            var tape: TapeReport?
         }
 
         /// One market's history for resumes.
@@ -215,7 +217,7 @@ actor StatusBoard {
                     market: served.market.rawValue, vendor: served.served.vendor, path: served.served.paths.first ?? "/\(served.market)",
                     healthy: report.healthy, upstream: report.upstream, cluster: report.cluster,
                     subscribers: marketSubscribers, eventsPublished: marketPublished, history: history,
-                    gapFill: gapFill.fills + gapFill.skipped > 0 ? gapFill : nil))
+                    gapFill: gapFill.fills + gapFill.skipped > 0 ? gapFill : nil, tape: served.served.tape?()))
         }
         let first = perMarket.first
         var series = Status.Series()

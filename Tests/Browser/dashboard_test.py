@@ -271,6 +271,8 @@ def check_overview(page, checks, tag):
     # Each market's history for resumes: events held and what resumes did.
     expect(markets.locator('tr[data-market="stocks"] .history')).to_contain_text("events", timeout=10_000)
     expect(markets.locator('tr[data-market="stocks"] .resumes')).to_contain_text("replayed")
+    # Each market's recording on the tape.
+    expect(markets.locator('tr[data-market="stocks"] .tape')).to_have_text(re.compile(r"^\d[\d.,]* [KM]B$"), timeout=10_000)
     checks.check(True, f"{tag}: the overview lists every market's upstream (crypto connected)")
 
 

@@ -60,7 +60,7 @@ export function mount(main) {
     el(
       "table",
       { "aria-labelledby": "markets-title" },
-      el("thead", {}, el("tr", {}, ...["Market", "Upstream", "Topics subscribed", "Subscribers", "Events in", "Last message", "History", "Resumes", "Conflated"].map((name) => el("th", { scope: "col", text: name })))),
+      el("thead", {}, el("tr", {}, ...["Market", "Upstream", "Topics subscribed", "Subscribers", "Events in", "Last message", "History", "Resumes", "Conflated", "Tape"].map((name) => el("th", { scope: "col", text: name })))),
       marketRows,
     ),
   );
@@ -134,6 +134,15 @@ export function mount(main) {
     spark("latency", s.series.p99Ms, "p99 latency in ms");
     spark("lagging", s.series.lagging, "Lagging clients");
 
+    function tapeCell(t) {
+      if (!t) return el("span", { class: "muted", text: "off" });
+      const size = t.bytesWritten < 1048576 ? `${Math.round(t.bytesWritten / 1024)} KB` : `${(t.bytesWritten / 1048576).toFixed(1)} MB`;
+      const recorded = `${t.eventsRecorded.toLocaleString()} events recorded in ${t.blocksWritten.toLocaleString()} blocks`;
+      const dropped = t.eventsDropped ? `; ${t.eventsDropped.toLocaleString()} not recorded` : "";
+      if (!t.recording) return el("span", { class: "state bad", title: `paused: ${t.pausedBecause}; ${recorded}${dropped}`, text: `paused · ${size}` });
+      return el("span", { title: `${recorded}${dropped}`, text: size });
+    }
+
     // One row per market, each with its own upstream connection.
     marketRows.replaceChildren(
       ...(s.markets || []).map((m) => {
@@ -157,6 +166,8 @@ export function mount(main) {
             text: h ? `${h.counts.resumes} · ${h.counts.replayed.toLocaleString()} replayed` : "—",
           }),
           el("td", { class: "conflated", text: h ? h.counts.conflated.toLocaleString() : "—" }),
+          // Its recording: what is on disk, and a paused recording (a failing disk) in red with its reason.
+          el("td", { class: "tape" }, tapeCell(m.tape)),
         );
       }),
     );
