@@ -7,6 +7,8 @@ extension MarketDataHub {
     /// Events were lost before they reached the hub (e.g. NATS dropped them for this node): the
     /// subscribers of `topics` (every subscriber with topics when `nil`) get a `lagging` notice at once.
     public func reportLoss(_ count: Int, topics: Set<Topic>?, reason: String) {
+        // On the tape too: what follows is not whole.
+        tap?.interrupted()
         let notice = wire.render(
             Notice(.lagging, message: "\(count) events were lost before reaching this relay (\(reason))", details: ["dropped": .number(Int64(count))]))
         let lostTypes = topics.map { Set($0.map(\.eventType)) }

@@ -165,7 +165,9 @@ public actor MarketDataHub {
     /// Adds topics, each with its snapshot on subscribe unless `snapshot` says no.
     func add(_ topics: some Sequence<Topic>, to id: SubscriberID, snapshot: (Topic) -> Bool) {
         guard let subscriber = subscribers[id] else { return }
-        let hadTopics = !subscriber.topics.isEmpty
+        // A source that says what it is (a replay): told before anything else, as the first topics come.
+        let topics = Array(topics)
+        if subscriber.topics.isEmpty, !topics.isEmpty, let sourceNotice { enqueue(HubDelivery([sourceNotice]), to: subscriber) }
         for topic in topics where subscriber.topics.insert(topic).inserted {
             if topic.isWildcard {
                 let first = wildcards[topic.eventType] == nil
@@ -186,8 +188,6 @@ public actor MarketDataHub {
             subscriber.toldOfOutage = true
             enqueue(HubDelivery([wire.render(outage.notice)]), to: subscriber)
         }
-        // A source that says what it is (a replay): told before the first events.
-        if !hadTopics, !subscriber.topics.isEmpty, let sourceNotice { enqueue(HubDelivery([sourceNotice]), to: subscriber) }
         tell(CollectionOfOne(subscriber))
         reportWantedChange()
     }
@@ -256,8 +256,9 @@ public actor MarketDataHub {
 
     /// The history keeps a topic whole from when it is wanted.
     private func follow(_ step: WantedSet.Step) {
-        guard let history, !step.isEmpty else { return }
+        guard !step.isEmpty else { return }
         tap?.wantedChanged(step)
+        guard let history else { return }
         let now = WallClock.nowMilliseconds()
         for (topic, wanted) in step {
             if wanted { history.wanted(topic, now: now) } else { history.unwanted(topic, now: now) }

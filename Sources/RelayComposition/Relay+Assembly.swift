@@ -121,7 +121,9 @@ extension Relay {
         let recorded = TapeFile.markets(directory: replay.directory).compactMap { name in
             Market(rawValue: name).map { ($0, TapeFile.days(directory: replay.directory, market: name)) }
         }
-        guard let day = replay.day ?? recorded.flatMap({ $0.1.map(\.day) }).max() else {
+        // The newest day of the markets asked for (of every market when none is named).
+        let candidates = replay.markets.map { asked in recorded.filter { asked.contains($0.0) } } ?? recorded
+        guard let day = replay.day ?? candidates.flatMap({ $0.1.map(\.day) }).max() else {
             throw RelaySettings.InvalidSetting(description: "replay.date: the tape in \(replay.directory) holds no day to replay")
         }
         let markets = replay.markets ?? recorded.filter { $0.1.contains { $0.day == day } }.map(\.0)
@@ -132,8 +134,13 @@ extension Relay {
                 throw RelaySettings.InvalidSetting(description: "replay: the tape in \(replay.directory) has no \(market) for \(day)")
             }
             plan.speed = ReplayPlan.Speed(replay.speed) ?? .times(1)
-            if let from = replay.from { plan.from = ReplayPlan.time(from, on: day) }
-            if let to = replay.to { plan.to = ReplayPlan.time(to, on: day) }
+            for (text, isStart) in [(replay.from, true), (replay.to, false)] {
+                guard let text else { continue }
+                guard let time = ReplayPlan.time(text, on: day) else {
+                    throw RelaySettings.InvalidSetting(description: "replay.\(isStart ? "from" : "to"): \"\(text)\" is not a time of \(day)")
+                }
+                if isStart { plan.from = time } else { plan.to = time }
+            }
             // The protocol it was recorded in (a tape that does not say: the default vendor's).
             let source = try TapeReader(path: plan.path).source()
             let vendor = source.flatMap { told in Self.vendors.first { $0.name == told.vendor } } ?? Self.vendors[0]

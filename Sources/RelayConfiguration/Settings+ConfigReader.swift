@@ -149,23 +149,33 @@ extension ReplaySettings {
         }
         for (key, value) in [("replay.from", config.string(forKey: "replay.from")), ("replay.to", config.string(forKey: "replay.to"))] {
             guard let value, !value.isEmpty else { continue }
-            guard Self.isClock(value) else { throw RelaySettings.InvalidSetting(description: "\(key): expected HH:MM or HH:MM:SS (UTC), got \"\(value)\"") }
+            guard Self.seconds(value) != nil else {
+                throw RelaySettings.InvalidSetting(description: "\(key): expected HH:MM or HH:MM:SS (UTC, up to 24:00), got \"\(value)\"")
+            }
             if key == "replay.from" { from = value } else { to = value }
+        }
+        if let from, let to, let start = Self.seconds(from), let end = Self.seconds(to), start >= end {
+            throw RelaySettings.InvalidSetting(description: "replay.from (\(from)) must come before replay.to (\(to))")
         }
         loop = config.bool(forKey: "replay.loop") ?? false
     }
 
     static func isDay(_ text: String) -> Bool {
         let parts = text.split(separator: "-", omittingEmptySubsequences: false)
-        return parts.count == 3 && zip(parts, [4, 2, 2]).allSatisfy { $0.count == $1 && $0.allSatisfy(\.isNumber) }
+        return parts.count == 3 && zip(parts, [4, 2, 2]).allSatisfy { $0.count == $1 && $0.allSatisfy(isDigit) }
     }
 
-    static func isClock(_ text: String) -> Bool {
+    /// `HH:MM[:SS]` as seconds into the day (24:00 its end); `nil` for anything else.
+    static func seconds(_ text: String) -> Int? {
         let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-        guard (2...3).contains(parts.count), parts.allSatisfy({ (1...2).contains($0.count) && $0.allSatisfy(\.isNumber) }) else { return false }
+        guard (2...3).contains(parts.count), parts.allSatisfy({ (1...2).contains($0.count) && $0.allSatisfy(isDigit) }) else { return nil }
         let numbers = parts.compactMap { Int($0) }
-        return numbers[0] <= 24 && numbers.dropFirst().allSatisfy { $0 < 60 }
+        guard numbers.count == parts.count, numbers[0] <= 24, numbers.dropFirst().allSatisfy({ $0 < 60 }) else { return nil }
+        let seconds = numbers[0] * 3600 + numbers[1] * 60 + (numbers.count == 3 ? numbers[2] : 0)
+        return seconds <= 86_400 ? seconds : nil
     }
+
+    private static func isDigit(_ character: Character) -> Bool { ("0"..."9").contains(character) }
 }
 
 extension SessionLimits {

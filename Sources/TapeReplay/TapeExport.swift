@@ -126,6 +126,8 @@ public struct TapeExport: Sendable {
 
     /// `2026-11-20T09:30:00.123456789Z`.
     static func utc(_ nanoseconds: Int64) -> String {
+        // A time read from a file: before 1970 it is written as 1970's start, never trapped on.
+        let nanoseconds = max(nanoseconds, 0)
         let fraction = String(nanoseconds % 1_000_000_000)
         return "\(TapeFile.day(of: nanoseconds))T\(TapeFile.clock(of: nanoseconds)).\(String(repeating: "0", count: 9 - fraction.count))\(fraction)Z"
     }

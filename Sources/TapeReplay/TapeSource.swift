@@ -155,8 +155,9 @@ public final class TapeSource: MarketSource {
                 await firstReader()
             }
             guard !Task.isCancelled else { return }
+            let replayed: Int
             do {
-                try await pass()
+                replayed = try await pass()
             } catch is CancellationError {
                 return
             } catch {
@@ -165,9 +166,21 @@ public final class TapeSource: MarketSource {
                     $0.state = "failed"
                     $0.lastError = "\(error)"
                 }
+                // Its clients are told, not left in silence.
+                _ = await inbox.push(
+                    .notice(
+                        Notice(
+                            .replay, message: "the replay of \(description) stopped: \(error)",
+                            details: ["state": .text("failed"), "market": .text(plan.market), "day": .text(plan.day)])),
+                    waitingBelow: inbox.capacity)
                 return
             }
             note { $0.passes += 1 }
+            // A window with no events would loop without pause: one pass says so, and the replay ends.
+            if replayed == 0, plan.loop {
+                logger.warning("the replay's window holds no events: it does not loop", metadata: ["replay": "\(description)"])
+                break
+            }
         } while plan.loop && !Task.isCancelled
         note { $0.state = "ended" }
     }
@@ -182,7 +195,8 @@ public final class TapeSource: MarketSource {
     }
 
     /// One pass over the day's window: the start notice, the events at their pace, the end notice.
-    private func pass() async throws {
+    /// Returns how many events it replayed.
+    private func pass() async throws -> Int {
         let reader = try TapeReader(path: plan.path)
         note { $0.state = "replaying" }
         var details: [String: Notice.Value] = [
@@ -223,9 +237,10 @@ public final class TapeSource: MarketSource {
                     guard end >= from, start <= to else { continue }
                     // What the relay did not receive then, told as its upstream being away for that window.
                     replayed += await hand(&batch)
-                    let seconds = Double(end - start) / 1e9
+                    // Values read from a file: never trap on them.
+                    let seconds = max(Double(end) - Double(start), 0) / 1e9
                     _ = await inbox.push(
-                        .connectionLost(reason: "the tape has a gap here: nothing was recorded for \(Int(seconds.rounded())) s"),
+                        .connectionLost(reason: "the tape has a gap here: nothing was recorded for \(Int(min(seconds, 1e9).rounded())) s"),
                         waitingBelow: inbox.capacity)
                 default:
                     continue
@@ -240,6 +255,7 @@ public final class TapeSource: MarketSource {
                     .replay, message: "the replay of \(description) ended (\(replayed) events)\(plan.loop ? "; it starts again" : "")",
                     details: ["state": .text("ended"), "market": .text(plan.market), "day": .text(plan.day), "events": .number(Int64(replayed))])),
             waitingBelow: inbox.capacity)
+        return replayed
     }
 
     /// Hands what was gathered to the hub, in order; at `max`, first waits while a reader is behind.
@@ -248,8 +264,9 @@ public final class TapeSource: MarketSource {
         guard !batch.isEmpty else { return 0 }
         let count = batch.count
         if plan.speed == .max {
-            // Paced by the slowest reader: never more than half a buffer queued for anyone.
-            while await hub.deepestBacklog > MarketDataHub.bufferLimit / 2, !Task.isCancelled {
+            // Paced by the slowest reader: what anyone has unread, the batch still on its way to the hub
+            // (the push below waits for the one before it) and this one stay within a reader's buffer.
+            while await hub.deepestBacklog > MarketDataHub.bufferLimit - 2 * Self.batchSize, !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(1))
             }
             _ = await inbox.push(.events(batch), waitingBelow: Self.batchSize)
@@ -280,7 +297,9 @@ struct Pace {
             self.origin = (time, .now)
             return nil
         }
-        let due = origin.at + .nanoseconds(Int64(Double(max(time - origin.recorded, 0)) / factor))
+        // Values read from a file, and any speed: computed in floating point and capped at a day.
+        let scaled = min(max(Double(time) - Double(origin.recorded), 0) / factor, 86_400e9)
+        let due = origin.at + .nanoseconds(Int64(scaled))
         let now = ContinuousClock.now
         return due > now ? due - now : nil
     }

@@ -69,7 +69,8 @@ struct SettingDeclarationTests {
         for bad in [
             ["--replay-date", "20-11-2026"], ["--replay-date", "last", "--replay-speed", "0"], ["--replay-date", "last", "--replay-speed", "fast"],
             ["--replay-date", "last", "--replay-from", "9.30"], ["--replay-date", "last", "--replay-to", "25:00"],
-            ["--replay-date", "last", "--replay-markets", "stocks,bonds"],
+            ["--replay-date", "last", "--replay-markets", "stocks,bonds"], ["--replay-date", "last", "--replay-from", "24:30"],
+            ["--replay-date", "last", "--replay-from", "½:½"], ["--replay-date", "last", "--replay-from", "10:00", "--replay-to", "09:30"],
         ] {
             await #expect(throws: RelaySettings.InvalidSetting.self, "\(bad)") {
                 try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: bad, environment: [:])

@@ -93,5 +93,7 @@ struct TapeExportTests {
         #expect(JSONFields.values(#"{"a":[1,2],"c":"q\"uote"}"#) == ["a": "[1,2]", "c": #"q"uote"#])
         #expect(JSONFields.keys("not json").isEmpty)
         #expect(JSONFields.keys(#"{"a":1,"b""#) == ["a"], "a torn object keeps what it read")
+        #expect(TapeExport.utc(-100_000_000) == "1970-01-01T00:00:00.000000000Z", "a time read from a file is never trapped on")
+        #expect(TapeExport.utc(1_500_000_001) == "1970-01-01T00:00:01.500000001Z")
     }
 }

@@ -47,12 +47,16 @@ struct TapeReplayTests {
 
     /// A hub, its wanted set and a replay of `plan`'s day running; `body` gets the hub.
     func replaying(_ plan: ReplayPlan, _ body: (MarketDataHub) async throws -> Void) async throws {
+        try await replaying(plan) { hub, _ in try await body(hub) }
+    }
+
+    func replaying(_ plan: ReplayPlan, _ body: (MarketDataHub, TapeSource) async throws -> Void) async throws {
         let interest = LocalInterest()
         let hub = MarketDataHub(wire: .polygon) { change in interest.apply(change) }
         let source = TapeSource(plan: plan, hub: hub, interest: interest, logger: .init(label: "test.replay"))
         let running = Task { try await source.run() }
         defer { running.cancel() }
-        try await body(hub)
+        try await body(hub, source)
     }
 
     /// What a subscriber of `topics` reads until the replay's end notice: its events' `"i"` and the
@@ -149,6 +153,35 @@ struct TapeReplayTests {
         }
     }
 
+    @Test func aLoopOverAWindowWithNoEventsEndsAfterOnePass() async throws {
+        try await withDirectory { directory in
+            try writeTape(directory, count: 100)
+            // The events are at 09:30; the window is an hour later.
+            let from = try #require(ReplayPlan.time("10:30", on: Self.day))
+            let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, from: from, to: from + 60_000_000_000, speed: .max, loop: true)
+            try await replaying(plan) { hub, source in
+                let read = try await read(hub, ["Q.*"])
+                #expect(read.indices.isEmpty && read.notices.last?["events"] as? Int == 0)
+                let deadline = ContinuousClock.now + .seconds(10)
+                while await source.report().upstream.state != "ended", ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+                #expect(await source.report().upstream.state == "ended", "one pass, then it ends instead of spinning")
+            }
+        }
+    }
+
+    @Test func aMissingDayIsToldToItsClients() async throws {
+        try await withDirectory { directory in
+            let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: .max)
+            try await replaying(plan) { hub, source in
+                var reader = await hub.subscribe(to: Set([Topic(parsing: "Q.*")].compactMap { $0 })).makeReader()
+                let batch = try #require(await reader.nextBatch())
+                let text = batch.map { String(buffer: $0.bytes) }.joined()
+                #expect(text.contains(#""status":"replay""#) && text.contains(#""state":"failed""#), "\(text)")
+                #expect(await source.report().healthy == false)
+            }
+        }
+    }
+
     @Test func aFiniteSpeedKeepsTheRecordedSpacingScaled() {
         var pace = Pace(speed: .times(10))
         #expect(pace.wait(until: 1_000_000_000) == nil, "the first event is due at once")
@@ -156,6 +189,9 @@ struct TapeReplayTests {
         let wait = pace.wait(until: 2_000_000_000)
         #expect(wait.map { $0 > .milliseconds(90) && $0 <= .milliseconds(100) } == true, "\(String(describing: wait))")
         #expect(pace.wait(until: 1_000_000_000) == nil, "an event recorded no later is due now")
+        var slow = Pace(speed: .times(0.000001))
+        _ = slow.wait(until: .min)
+        #expect(slow.wait(until: .max).map { $0 <= .seconds(86_400) } == true, "any spacing and speed: at most a day, never a trap")
         var fast = Pace(speed: .max)
         #expect(fast.wait(until: 0) == nil && fast.wait(until: 60_000_000_000) == nil, "max never waits on the clock")
     }
