@@ -169,8 +169,20 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             }
             if !run.isEmpty {
                 await body(run)
-                inFlight.subtract(weight, ordering: .relaxed)
-                wakeRoomWaiters()
+                // Lowered under the lock a waiting producer checks and registers under: it sees this
+                // weight gone, or it is registered and is woken now. (Lowered outside it, the two could
+                // pass each other: the producer read the old weight, the consumer no waiter yet, and a
+                // lone producer slept forever.)
+                let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                    inFlight.subtract(weight, ordering: .relaxed)
+                    guard !state.roomWaiters.isEmpty else { return [] }
+                    defer {
+                        state.roomWaiters = []
+                        hasRoomWaiters.store(false, ordering: .releasing)
+                    }
+                    return state.roomWaiters
+                }
+                for waiter in waiters { waiter.resume() }
                 continue
             }
             if finished { return }

@@ -110,6 +110,30 @@ struct BoundedInboxTests {
         #expect(runs.withLock { $0 } == ["data([0, 0, 0])", "data([100, 101])", "data([1, 1, 1])", "data([2, 2, 2])", "data([3, 3, 3])"])
     }
 
+    /// A producer that waits for room is never left waiting while the queue is empty: the consumer lowers
+    /// what it has in hand and wakes the waiters in one step under the lock the producer checks and waits
+    /// under (before, the two could pass each other, and a lone producer, such as a replay, slept forever).
+    @Test func aLoneProducerWaitingForRoomIsAlwaysWoken() async throws {
+        let inbox = inbox(capacity: 1_000)
+        let consumed = Atomic<Int>(0)
+        let consumer = Task {
+            await inbox.drain { items in
+                for item in items { if case .element(.data(let values)) = item { consumed.add(values.count, ordering: .relaxed) } }
+                await Task.yield()
+            }
+        }
+        let parts = 20_000
+        let producer = Task {
+            for part in 0..<parts { _ = await inbox.push(.data([part, part]), waitingBelow: 2) }
+        }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while consumed.load(ordering: .relaxed) < parts * 2, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(consumed.load(ordering: .relaxed) == parts * 2, "every part through: the producer was never left asleep")
+        producer.cancel()
+        inbox.finish()
+        await consumer.value
+    }
+
     @Test func theConsumerWaitsForAProducerOnAnotherThread() async throws {
         let inbox = inbox(capacity: 1_000)
         let consumer = Task { await drained(inbox) }
