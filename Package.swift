@@ -176,7 +176,7 @@ let package = Package(
         .target(
             name: "RelayConfiguration",
             dependencies: [
-                "MarketCore", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill",
+                "MarketCore", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill", "Tape", "TapeReplay",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),

@@ -116,6 +116,14 @@ extension Relay {
         return UpstreamSources(sources: sources, demoFeed: feed, restURL: restURL, restKey: restKey)
     }
 
+    /// The vendor, protocol and upstream path a day file of `market` was recorded in (its `source`
+    /// record; a tape that does not say: the default vendor's): what its replay and export speak.
+    public static func recordedProtocol(of path: String, market: Market) throws -> (vendor: WireVendor, wire: any WireProtocol, path: String?) {
+        let source = try TapeReader(path: path).source()
+        let vendor = source.flatMap { told in vendors.first { $0.name == told.vendor } } ?? vendors[0]
+        return (vendor, vendor.wireProtocol(market: market, path: source?.path), source?.path)
+    }
+
     /// A recorded day's markets, each in the protocol its vendor spoke when it was recorded.
     func replaySources(_ replay: ReplaySettings) throws -> [SourcePlan] {
         let recorded = TapeFile.markets(directory: replay.directory).compactMap { name in
@@ -141,14 +149,12 @@ extension Relay {
                 }
                 if isStart { plan.from = time } else { plan.to = time }
             }
-            // The protocol it was recorded in (a tape that does not say: the default vendor's).
-            let source = try TapeReader(path: plan.path).source()
-            let vendor = source.flatMap { told in Self.vendors.first { $0.name == told.vendor } } ?? Self.vendors[0]
+            let recorded = try Self.recordedProtocol(of: plan.path, market: market)
             plans.append(
                 SourcePlan(
                     market: market, apiKey: "", endpoint: { throw UpstreamError.invalidURL("a replay has no upstream") }, caFile: nil,
-                    description: "the tape (\(market) \(day))", vendor: vendor, wire: vendor.wireProtocol(market: market, path: source?.path),
-                    upstreamPath: source?.path, replay: plan))
+                    description: "the tape (\(market) \(day))", vendor: recorded.vendor, wire: recorded.wire, upstreamPath: recorded.path,
+                    replay: plan))
         }
         guard !plans.isEmpty else { throw RelaySettings.InvalidSetting(description: "replay: the tape in \(replay.directory) has no market for \(day)") }
         logger.info("replaying the tape instead of the live upstreams", metadata: ["day": "\(day)", "markets": "\(markets.map(\.rawValue))"])

@@ -6,6 +6,8 @@ import Logging
 import MarketDataHub
 import MarketCore
 import RelayServer
+import Tape
+import TapeReplay
 
 // Each configuration type reads its own keys from the resolved reader (flags > environment > file >
 // default), the way Hummingbird's `+ConfigReader` files do; `RelaySettings.resolve` only puts them
@@ -129,7 +131,7 @@ extension ReplaySettings {
         guard let date = config.string(forKey: "replay.date"), !date.isEmpty else { return nil }
         self.init(directory: TapeSettings.directory(config))
         if date.lowercased() != "last" {
-            guard Self.isDay(date) else { throw RelaySettings.InvalidSetting(description: "replay.date: expected yyyy-mm-dd or last, got \"\(date)\"") }
+            guard TapeFile.midnight(of: date) != nil else { throw RelaySettings.InvalidSetting(description: "replay.date: expected yyyy-mm-dd or last, got \"\(date)\"") }
             day = date
         }
         if let list = config.string(forKey: "replay.markets"), !list.isEmpty {
@@ -141,41 +143,23 @@ extension ReplaySettings {
             }
         }
         if let speed = config.string(forKey: "replay.speed"), !speed.isEmpty {
-            let factor = Double(speed.hasSuffix("x") ? String(speed.dropLast()) : speed)
-            guard speed.lowercased() == "max" || factor.map({ $0.isFinite && $0 > 0 && $0 <= 1_000_000 }) == true else {
+            guard ReplayPlan.Speed(speed) != nil else {
                 throw RelaySettings.InvalidSetting(description: "replay.speed: expected a number above 0 (1 is as recorded, 10 ten times faster) or max, got \"\(speed)\"")
             }
             self.speed = speed.lowercased()
         }
         for (key, value) in [("replay.from", config.string(forKey: "replay.from")), ("replay.to", config.string(forKey: "replay.to"))] {
             guard let value, !value.isEmpty else { continue }
-            guard Self.seconds(value) != nil else {
+            guard TapeFile.seconds(ofClock: value) != nil else {
                 throw RelaySettings.InvalidSetting(description: "\(key): expected HH:MM or HH:MM:SS (UTC, up to 24:00), got \"\(value)\"")
             }
             if key == "replay.from" { from = value } else { to = value }
         }
-        if let from, let to, let start = Self.seconds(from), let end = Self.seconds(to), start >= end {
+        if let from, let to, let start = TapeFile.seconds(ofClock: from), let end = TapeFile.seconds(ofClock: to), start >= end {
             throw RelaySettings.InvalidSetting(description: "replay.from (\(from)) must come before replay.to (\(to))")
         }
         loop = config.bool(forKey: "replay.loop") ?? false
     }
-
-    static func isDay(_ text: String) -> Bool {
-        let parts = text.split(separator: "-", omittingEmptySubsequences: false)
-        return parts.count == 3 && zip(parts, [4, 2, 2]).allSatisfy { $0.count == $1 && $0.allSatisfy(isDigit) }
-    }
-
-    /// `HH:MM[:SS]` as seconds into the day (24:00 its end); `nil` for anything else.
-    static func seconds(_ text: String) -> Int? {
-        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-        guard (2...3).contains(parts.count), parts.allSatisfy({ (1...2).contains($0.count) && $0.allSatisfy(isDigit) }) else { return nil }
-        let numbers = parts.compactMap { Int($0) }
-        guard numbers.count == parts.count, numbers[0] <= 24, numbers.dropFirst().allSatisfy({ $0 < 60 }) else { return nil }
-        let seconds = numbers[0] * 3600 + numbers[1] * 60 + (numbers.count == 3 ? numbers[2] : 0)
-        return seconds <= 86_400 ? seconds : nil
-    }
-
-    private static func isDigit(_ character: Character) -> Bool { ("0"..."9").contains(character) }
 }
 
 extension SessionLimits {

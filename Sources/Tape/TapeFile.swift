@@ -85,6 +85,18 @@ public enum TapeFile {
         return "\(two(seconds / 3600)):\(two((seconds / 60) % 60)):\(two(seconds % 60))"
     }
 
+    /// `HH:MM` or `HH:MM:SS` (one or two ASCII digits each) as seconds into a day, up to `24:00` (its
+    /// end); `nil` for anything else.
+    public static func seconds(ofClock text: String) -> Int? {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard (2...3).contains(parts.count), parts.allSatisfy({ (1...2).contains($0.count) && $0.allSatisfy { ("0"..."9").contains($0) } })
+        else { return nil }
+        let numbers = parts.compactMap { Int($0) }
+        guard numbers.count == parts.count, numbers[0] <= 24, numbers.dropFirst().allSatisfy({ $0 < 60 }) else { return nil }
+        let seconds = numbers[0] * 3600 + numbers[1] * 60 + (numbers.count == 3 ? numbers[2] : 0)
+        return seconds <= 86_400 ? seconds : nil
+    }
+
     /// The start of the UTC day `yyyy-mm-dd` in nanoseconds since 1970; `nil` when it is not such a day.
     public static func midnight(of day: String) -> Int64? {
         let parts = day.split(separator: "-", omittingEmptySubsequences: false)
@@ -411,12 +423,52 @@ public final class TapeReader {
 
     /// Every readable record from the first received at or after `time`, in order (blocks that do not
     /// check are skipped).
-    public func records(from time: Int64 = .min) -> [TapeRecord] {
-        var all: [TapeRecord] = []
-        for index in firstBlock(atOrAfter: time)..<blocks.count {
-            guard let records = records(inBlock: index) else { continue }
-            all.append(contentsOf: records.filter { $0.time >= time || { if case .gap(_, let to) = $0 { to >= time } else { false } }($0) })
+    public func records(from time: Int64 = .min) -> [TapeRecord] { Array(records(from: time, through: .max)) }
+
+    /// The records of the window `from...through` (UTC ns), in order, a block decoded at a time as they
+    /// are read: events received in it, gaps overlapping it, other records made in it. The first block
+    /// is found by binary search; the reading ends at the first event past the window. Blocks that do
+    /// not check are skipped (``skippedBlocks``).
+    public func records(from: Int64, through: Int64) -> Window { Window(reader: self, from: from, through: through) }
+
+    /// What ``records(from:through:)`` reads. Not `Sendable`: its reader's.
+    public struct Window: Sequence, IteratorProtocol {
+        let reader: TapeReader
+        let from: Int64
+        let through: Int64
+        private var block: Int
+        private var records: IndexingIterator<[TapeRecord]>?
+
+        init(reader: TapeReader, from: Int64, through: Int64) {
+            self.reader = reader
+            self.from = from
+            self.through = through
+            block = reader.firstBlock(atOrAfter: from)
         }
-        return all
+
+        public mutating func next() -> TapeRecord? {
+            while true {
+                if let record = records?.next() {
+                    switch record {
+                    case .event(let event):
+                        guard event.receivedAt >= from else { continue }
+                        guard event.receivedAt <= through else {
+                            // Records are in arrival order: nothing later is in the window.
+                            block = reader.blocks.count
+                            records = nil
+                            return nil
+                        }
+                    case .gap(let start, let end):
+                        guard end >= from, start <= through else { continue }
+                    default:
+                        guard (from...through).contains(record.time) else { continue }
+                    }
+                    return record
+                }
+                guard block < reader.blocks.count, reader.blocks[block].header.firstTime <= through else { return nil }
+                records = (reader.records(inBlock: block) ?? []).makeIterator()
+                block += 1
+            }
+        }
     }
 }

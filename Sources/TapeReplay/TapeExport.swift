@@ -91,30 +91,20 @@ public struct TapeExport: Sendable {
 
     /// Each event of the window and topics, with its JSON text.
     private func events(_ reader: TapeReader, _ outcome: inout Outcome, _ body: (TapeEvent, String) throws -> Void) throws {
-        let from = self.from ?? .min
-        let to = self.to ?? .max
-        blocks: for index in reader.firstBlock(atOrAfter: from)..<reader.blocks.count {
-            guard reader.blocks[index].header.firstTime <= to else { break }
-            guard let records = reader.records(inBlock: index) else {
-                outcome.skippedBlocks += 1
+        for case .event(let event) in reader.records(from: from ?? .min, through: to ?? .max) {
+            guard topics.isEmpty || topics.contains(where: { $0.eventType == event.eventType && ($0.isWildcard || $0.ticker == event.ticker) })
+            else { continue }
+            let market = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes))
+            guard let answer = wire.httpAnswer(market, accept: "application/json"), answer.contentType == "application/json",
+                let json = answer.body.getString(at: answer.body.readerIndex, length: answer.body.readableBytes), json.hasSuffix("}")
+            else {
+                outcome.unreadable += 1
                 continue
             }
-            for case .event(let event) in records {
-                guard event.receivedAt >= from else { continue }
-                guard event.receivedAt <= to else { break blocks }
-                guard topics.isEmpty || topics.contains(where: { $0.eventType == event.eventType && ($0.isWildcard || $0.ticker == event.ticker) })
-                else { continue }
-                let market = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes))
-                guard let answer = wire.httpAnswer(market, accept: "application/json"), answer.contentType == "application/json",
-                    let json = answer.body.getString(at: answer.body.readerIndex, length: answer.body.readableBytes), json.hasSuffix("}")
-                else {
-                    outcome.unreadable += 1
-                    continue
-                }
-                outcome.events += 1
-                try body(event, json)
-            }
+            outcome.events += 1
+            try body(event, json)
         }
+        outcome.skippedBlocks = reader.skippedBlocks.count
     }
 
     /// `json` with `"_r"`, `"_s"` (when recorded) and `"_m"` before its closing brace.

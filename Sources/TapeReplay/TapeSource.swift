@@ -63,12 +63,8 @@ public struct ReplayPlan: Sendable, Equatable {
 
     /// A time of `day` (`HH:MM` or `HH:MM:SS`, UTC) as UTC nanoseconds; `nil` when either does not read.
     public static func time(_ clock: String, on day: String) -> Int64? {
-        let parts = clock.split(separator: ":").map { Int($0) }
-        guard (2...3).contains(parts.count), parts.allSatisfy({ $0 != nil }), let midnight = TapeFile.midnight(of: day) else { return nil }
-        let (hours, minutes, seconds) = (parts[0] ?? 0, parts[1] ?? 0, parts.count == 3 ? parts[2] ?? 0 : 0)
-        guard (0...24).contains(hours), (0..<60).contains(minutes), (0..<60).contains(seconds), hours * 3600 + minutes * 60 + seconds <= 86_400
-        else { return nil }
-        return midnight + Int64(hours * 3600 + minutes * 60 + seconds) * 1_000_000_000
+        guard let seconds = TapeFile.seconds(ofClock: clock), let midnight = TapeFile.midnight(of: day) else { return nil }
+        return midnight + Int64(seconds) * 1_000_000_000
     }
 }
 
@@ -205,48 +201,37 @@ public final class TapeSource: MarketSource {
         if let from = Self.clock(plan.from) { details["from"] = .text(from) }
         if let to = Self.clock(plan.to) { details["to"] = .text(to) }
         _ = await inbox.push(.notice(Notice(.replay, message: "replaying \(description): recorded events, not live", details: details)), waitingBelow: inbox.capacity)
-        let from = plan.from ?? .min
-        let to = plan.to ?? .max
         var pace = Pace(speed: plan.speed)
         var batch: [MarketEvent] = []
         var replayed = 0
-        let first = reader.firstBlock(atOrAfter: from)
-        blocks: for index in first..<reader.blocks.count {
+        for record in reader.records(from: plan.from ?? .min, through: plan.to ?? .max) {
             try Task.checkCancellation()
-            guard reader.blocks[index].header.firstTime <= to else { break }
-            guard let records = reader.records(inBlock: index) else {
-                note { $0.skippedBlocks += 1 }
-                logger.warning("a damaged block of the tape is skipped", metadata: ["path": "\(plan.path)", "block": "\(index)"])
+            switch record {
+            case .event(let event):
+                if let wait = pace.wait(until: event.receivedAt), wait > .milliseconds(1) {
+                    replayed += await hand(&batch)
+                    try await Task.sleep(for: wait)
+                }
+                batch.append(
+                    MarketEvent(
+                        eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes),
+                        receivedAt: MonotonicClock.nanoseconds()))
+                if batch.count >= Self.batchSize { replayed += await hand(&batch) }
+            case .gap(let start, let end):
+                // What the relay did not receive then, told as its upstream being away for that window.
+                replayed += await hand(&batch)
+                // Values read from a file: never trap on them.
+                let seconds = max(Double(end) - Double(start), 0) / 1e9
+                _ = await inbox.push(
+                    .connectionLost(reason: "the tape has a gap here: nothing was recorded for \(Int(min(seconds, 1e9).rounded())) s"),
+                    waitingBelow: inbox.capacity)
+            default:
                 continue
             }
-            for record in records {
-                switch record {
-                case .event(let event):
-                    guard event.receivedAt >= from else { continue }
-                    guard event.receivedAt <= to else { break blocks }
-                    if let wait = pace.wait(until: event.receivedAt), wait > .milliseconds(1) {
-                        replayed += await hand(&batch)
-                        try await Task.sleep(for: wait)
-                    }
-                    batch.append(
-                        MarketEvent(
-                            eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes),
-                            receivedAt: MonotonicClock.nanoseconds()))
-                    if batch.count >= Self.batchSize { replayed += await hand(&batch) }
-                case .gap(let start, let end):
-                    guard end >= from, start <= to else { continue }
-                    // What the relay did not receive then, told as its upstream being away for that window.
-                    replayed += await hand(&batch)
-                    // Values read from a file: never trap on them.
-                    let seconds = max(Double(end) - Double(start), 0) / 1e9
-                    _ = await inbox.push(
-                        .connectionLost(reason: "the tape has a gap here: nothing was recorded for \(Int(min(seconds, 1e9).rounded())) s"),
-                        waitingBelow: inbox.capacity)
-                default:
-                    continue
-                }
-            }
-            replayed += await hand(&batch)
+        }
+        if !reader.skippedBlocks.isEmpty {
+            note { $0.skippedBlocks = reader.skippedBlocks.count }
+            logger.warning("damaged blocks of the tape were skipped", metadata: ["path": "\(plan.path)", "blocks": "\(reader.skippedBlocks)"])
         }
         replayed += await hand(&batch)
         _ = await inbox.push(

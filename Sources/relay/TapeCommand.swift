@@ -75,11 +75,8 @@ extension TapeCommand {
             guard let file = days.first(where: { $0.day == day }) else {
                 throw ValidationError("no tape of \(market) for \(day) in \(directory) (days: \(days.map(\.day).joined(separator: ", ")))")
             }
-            var export = TapeExport(path: file.path, format: format, wire: Relay.vendors[0].wireProtocol(market: Market(rawValue: market) ?? .stocks))
-            // The protocol the day was recorded in.
-            if let source = try TapeReader(path: file.path).source(), let vendor = Relay.vendors.first(where: { $0.name == source.vendor }) {
-                export.wire = vendor.wireProtocol(market: Market(rawValue: market) ?? .stocks, path: source.path)
-            }
+            var export = TapeExport(
+                path: file.path, format: format, wire: try Relay.recordedProtocol(of: file.path, market: Market(rawValue: market) ?? .stocks).wire)
             if let topics {
                 let parsed = Topic.parseList(topics)
                 guard parsed.invalid.isEmpty else { throw ValidationError("--topics: not topics: \(parsed.invalid.joined(separator: ", "))") }
