@@ -18,6 +18,14 @@ struct ReplayTests {
     func record(into directory: String, vendor: WireVendor? = nil, market: Market = .stocks, topics: [String] = ["Q.*", "T.*"], count: Int) async throws
         -> [TapeEvent]
     {
+        try await record(into: directory, vendor: vendor, market: market, topics: topics, until: "\(count) events") { $0.count >= count }
+    }
+
+    /// The same, until the event types the subscriber got are `enough`.
+    func record(
+        into directory: String, vendor: WireVendor? = nil, market: Market = .stocks, topics: [String], until what: String,
+        enough: @escaping @Sendable ([String]) -> Bool
+    ) async throws -> [TapeEvent] {
         var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 2000)
         settings.portfolio = nil
         settings.upstreamVendor = vendor
@@ -27,10 +35,10 @@ struct ReplayTests {
             let parts = try await within(.seconds(10), "the recording relay to start") { try await relay.ready() }
             let hub = try #require(parts.markets[market])
             let wanted = Set(topics.compactMap { Topic(parsing: $0) })
-            try await within(.seconds(30), "\(count) events of \(topics) to be recorded") {
+            try await within(.seconds(30), "\(what) of \(topics) to be recorded") {
                 var reader = await hub.subscribe(to: wanted).makeReader()
-                var seen = 0
-                while seen < count, let batch = await reader.nextBatch() { seen += batch.count }
+                var seen: [String] = []
+                while !enough(seen), let batch = await reader.nextBatch() { seen += batch.map(\.eventType) }
             }
         }
         let path = TapeFile.path(directory: directory, market: market.rawValue, day: TapeFile.day(of: WallClock.nowNanoseconds()))
@@ -115,8 +123,12 @@ struct ReplayTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-replay-alpaca-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let contract = "SPY251219C00650000"
-        let recorded = try await record(into: directory, vendor: .alpaca, market: .options, topics: ["t.\(contract)", "q.\(contract)"], count: 12)
-        try #require(recorded.filter { $0.eventType == "t" }.count >= 3 && recorded.filter { $0.eventType == "q" }.count >= 3, "trades and quotes recorded")
+        // Trades of a contract are rarer than its quotes: recorded until there are a few of each.
+        let recorded = try await record(
+            into: directory, vendor: .alpaca, market: .options, topics: ["t.\(contract)", "q.\(contract)"], until: "3 trades and 3 quotes"
+        ) { types in types.filter { $0 == "t" }.count >= 3 && types.filter { $0 == "q" }.count >= 3 }
+        let kinds = recorded.map(\.eventType)
+        try #require(kinds.filter { $0 == "t" }.count >= 3 && kinds.filter { $0 == "q" }.count >= 3, "trades and quotes recorded: \(kinds)")
         try await replaying(directory, markets: [.options]) { port in
             let python = try #require(alpacaPython)
             let result = try await runPython(
