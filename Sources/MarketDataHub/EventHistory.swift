@@ -75,6 +75,14 @@ final class EventHistory {
         var event: MarketEvent?
     }
 
+    /// A topic's (or type's) whole run: every event from market sequence `sequence` (received from
+    /// `since`) until `until` (Unix ms) was received.
+    struct Run {
+        let sequence: UInt64
+        let since: Int64
+        let until: Int64
+    }
+
     /// One topic's line: its next sequence and the market sequences of its events still held.
     final class TopicLine {
         let topic: Topic
@@ -88,8 +96,14 @@ final class EventHistory {
         var evictedArrival: Int64 = .min
         /// Every event of this topic from this market sequence on was received (1: all of the epoch's),
         /// and the wall time from which that holds.
+        /// ``EventHistory/notReceived`` while the relay does not receive the topic.
         var wholeFrom: UInt64 = 1
         var wholeSince: Int64 = .min
+        /// Whole from, as it stood when it was last received, and until when (Unix ms): at a restart,
+        /// or when it stopped being wanted (the clients of a stopping relay leave before it stops).
+        var lastRun: Run?
+        /// ``lastRun`` as it stood when the run before a restart stopped (`nil`: not received then).
+        var beforeRestart: Run?
 
         init(topic: Topic) { self.topic = topic }
     }
@@ -136,6 +150,24 @@ final class EventHistory {
     private var droppedArrival: Int64 = .min
     /// Events held (slots whose bytes are still here).
     private(set) var eventCount = 0
+
+    /// "Whole from" of a topic the relay does not receive now: no resume across this time is whole.
+    static let notReceived = UInt64.max
+
+    /// Where the relay's previous run of this epoch stopped, once it went on from it (``restarted(after:stoppedAt:now:)``).
+    struct Restart {
+        /// The market sequence the restart itself takes (no event has it): every event before it is the
+        /// previous run's, every one after it this run's.
+        let marker: UInt64
+        /// When the previous run stopped and this one started (Unix ms): nothing was received between.
+        let stoppedAt: Int64
+        let startedAt: Int64
+    }
+
+    private(set) var restart: Restart?
+    /// Per event type, its last whole run once its wildcard stopped being wanted, and as it stood at the restart.
+    private var typeLastRun: [String: Run] = [:]
+    private var typeBeforeRestart: [String: Run] = [:]
 
     init(limits: HistoryLimits, epoch: String = EventPosition.newEpoch(), wholeByDefault: Bool = false) {
         self.limits = limits
@@ -272,6 +304,14 @@ final class EventHistory {
 
     private func isWanted(_ topic: Topic) -> Bool { wantedTickers.contains(topic) || wantedTypes.contains(topic.eventType) }
 
+    /// Everything the relay receives now is `topics` (a tape's record of it): what joined is wanted from
+    /// here, what left is not; what stayed keeps its run.
+    func holding(_ topics: Set<Topic>, now: Int64) {
+        let current = Set(wantedTickers).union(wantedTypes.map { Topic.wildcard($0) })
+        for topic in current.subtracting(topics) { unwanted(topic, now: now) }
+        for topic in topics.subtracting(current) { wanted(topic, now: now) }
+    }
+
     /// Lets go of a line that holds no event and whose topic is not wanted.
     private func dropIfIdle(_ line: TopicLine) {
         guard line.held.isEmpty, !isWanted(line.topic), lines[line.topic] === line else { return }
@@ -286,7 +326,9 @@ final class EventHistory {
         if topic.isWildcard {
             wantedTypes.remove(topic.eventType)
             pendingTypes.remove(topic.eventType)
-            typeWholeFrom[topic.eventType] = nil
+            if let whole = typeWholeFrom.removeValue(forKey: topic.eventType) {
+                typeLastRun[topic.eventType] = Run(sequence: whole.sequence, since: whole.since, until: now)
+            }
             for line in Array(lines.values) where line.topic.eventType == topic.eventType {
                 interrupt(line.topic, now: now)
                 dropIfIdle(line)
@@ -301,7 +343,7 @@ final class EventHistory {
     /// Events may have been missed (the upstream was lost): every topic and type is whole again only from
     /// the next event.
     func interruptAll(now: Int64) {
-        for line in lines.values {
+        for line in lines.values where line.wholeFrom != Self.notReceived {
             line.wholeFrom = nextMarketSequence
             line.wholeSince = now
         }
@@ -309,10 +351,42 @@ final class EventHistory {
         typeWholeFrom.removeAll()
     }
 
+    /// A topic's run starts again: whole from the next event while it is wanted, not received otherwise.
     private func interrupt(_ topic: Topic, now: Int64) {
         guard let line = lines[topic] else { return }
-        line.wholeFrom = max(line.wholeFrom, nextMarketSequence)
+        guard isWanted(topic) else {
+            if line.wholeFrom != Self.notReceived { line.lastRun = Run(sequence: line.wholeFrom, since: line.wholeSince, until: now) }
+            (line.wholeFrom, line.wholeSince) = (Self.notReceived, .max)
+            return
+        }
+        line.wholeFrom = line.wholeFrom == Self.notReceived ? nextMarketSequence : max(line.wholeFrom, nextMarketSequence)
         line.wholeSince = now
+    }
+
+    /// The previous run of this epoch (rebuilt into this history from its tape) stopped at `stoppedAt`
+    /// after giving market sequences through `last`; this run starts `now`, receiving nothing yet. The
+    /// restart takes the next market sequence (``Restart/marker``), so a client that began after it
+    /// never stands before it. Topic sequences go on from each line's; a topic with no line starts past
+    /// the marker. A resume from before the restart gets the previous run's events it missed, a `gap`
+    /// naming the time nothing was received, then this run's (``missed(_:since:limit:now:)``).
+    func restarted(after last: UInt64, stoppedAt: Int64, now: Int64) {
+        let marker = max(nextMarketSequence, last + 1)
+        nextMarketSequence = marker + 1
+        restart = Restart(marker: marker, stoppedAt: stoppedAt, startedAt: now)
+        // What was received at the stop was, until then; what had stopped being received, until it did.
+        for line in lines.values {
+            line.beforeRestart =
+                line.wholeFrom == Self.notReceived ? line.lastRun : Run(sequence: line.wholeFrom, since: line.wholeSince, until: stoppedAt)
+            (line.wholeFrom, line.wholeSince) = (Self.notReceived, .max)
+        }
+        typeBeforeRestart = typeLastRun
+        for (type, whole) in typeWholeFrom { typeBeforeRestart[type] = Run(sequence: whole.sequence, since: whole.since, until: stoppedAt) }
+        typeWholeFrom.removeAll()
+        pendingTypes.removeAll()
+        wantedTickers.removeAll()
+        wantedTypes.removeAll()
+        droppedThrough = marker
+        droppedArrival = max(droppedArrival, stoppedAt)
     }
 
     // MARK: eviction
@@ -373,6 +447,10 @@ final class EventHistory {
         case gap(from: UInt64, through: UInt64, unit: GapUnit, reason: String)
         /// More than the limit asked for: none are returned (the scan stops there).
         case tooMany
+        /// The position is before a restart: the previous run's events after it (`before`), nothing
+        /// received from `downFrom` through `downTo` (Unix ms: the relay was down, then the topic was
+        /// not received again until it was wanted), then this run's events (`after`).
+        case acrossRestart(before: [MarketEvent], downFrom: Int64, downTo: Int64, after: [MarketEvent])
     }
 
     /// What a gap's range counts.
@@ -408,7 +486,8 @@ final class EventHistory {
     /// The events of `topic` after where the client stands (a wildcard takes `.market` or `.time`), or
     /// ``Missed/tooMany`` when they are more than `limit` (found out without collecting them: a
     /// wildcard's scan of the slots stops at the limit).
-    func missed(_ topic: Topic, since: Since, limit: Int = .max) -> Missed {
+    func missed(_ topic: Topic, since: Since, limit: Int = .max, now: Int64 = WallClock.nowMilliseconds()) -> Missed {
+        if let restart, let after = positionBefore(restart, topic, since) { return missed(topic, after: after, across: restart, limit: limit, now: now) }
         let ahead = "the position is ahead of this relay's history"
         let lost = "no longer held"
         let notReceived = "not all received by this relay (it was not subscribed to the topic, or its upstream was away)"
@@ -448,7 +527,7 @@ final class EventHistory {
                 return .gap(from: position + 1, through: evictedSequence, unit: .marketSequence, reason: lost)
             }
             guard let whole, whole.sequence <= position + 1 else {
-                return .gap(from: position + 1, through: (whole?.sequence ?? nextMarketSequence) - 1, unit: .marketSequence, reason: notReceived)
+                return .gap(from: position + 1, through: min(whole?.sequence ?? nextMarketSequence, nextMarketSequence) - 1, unit: .marketSequence, reason: notReceived)
             }
             after = position
         case .time(let time):
@@ -458,7 +537,8 @@ final class EventHistory {
                 return .gap(from: UInt64(max(time, 0)), through: UInt64(max(evictedAt, 0)), unit: .unixMilliseconds, reason: lost)
             }
             guard let whole, whole.sequence <= after + 1 else {
-                return .gap(from: UInt64(max(time, 0)), through: UInt64(max(whole?.since ?? 0, 0)), unit: .unixMilliseconds, reason: notReceived)
+                let through = whole.map { $0.since == .max ? now : $0.since } ?? 0
+                return .gap(from: UInt64(max(time, 0)), through: UInt64(max(through, 0)), unit: .unixMilliseconds, reason: notReceived)
             }
         }
         if topic.isWildcard {
@@ -478,6 +558,68 @@ final class EventHistory {
         guard let line else { return .events([]) }
         // Its held market sequences are in order: the first one past `after`.
         return events(of: line, fromOffset: Self.firstOffset(after: after, in: line.held), limit: limit)
+    }
+
+    /// The market sequence a client stands at when that is before `restart` (`nil`: after it, or not
+    /// known here: the usual answer applies). A time before this run started stands before it too.
+    private func positionBefore(_ restart: Restart, _ topic: Topic, _ since: Since) -> UInt64? {
+        switch since {
+        case .market(let position):
+            return position < restart.marker ? position : nil
+        case .time(let time):
+            return time <= restart.startedAt ? min(marketSequence(before: time), restart.marker - 1) : nil
+        case .topic(let position):
+            guard !topic.isWildcard else { return position < restart.marker ? position : nil }
+            guard let line = lines[topic], position < line.nextSequence else { return nil }
+            let market: UInt64
+            if position == 0 {
+                market = 0
+            } else if position >= line.firstSequence {
+                market = line.held[line.held.index(line.held.startIndex, offsetBy: Int(position - line.firstSequence))]
+            } else if position + 1 == line.firstSequence {
+                market = line.evictedThrough
+            } else {
+                return nil
+            }
+            return market < restart.marker ? market : nil
+        }
+    }
+
+    /// What a topic missed after market sequence `after`, a position before `restart`: whole only if the
+    /// previous run held the topic whole from there to its stop; then its events after `after`, the time
+    /// nothing was received (from the stop until the topic was received again: now, if it is not yet),
+    /// and this run's events from then on.
+    private func missed(_ topic: Topic, after: UInt64, across restart: Restart, limit: Int, now: Int64) -> Missed {
+        let type = topic.eventType
+        let line = lines[topic]
+        let evicted = topic.isWildcard ? typeEvictedThrough[type] ?? 0 : line?.evictedThrough ?? droppedThrough
+        guard evicted <= after else {
+            return .gap(from: after + 1, through: evicted, unit: .marketSequence, reason: "no longer held")
+        }
+        let before = topic.isWildcard ? typeBeforeRestart[type] : line?.beforeRestart
+        guard let before, before.sequence <= after + 1 else {
+            return .gap(
+                from: after + 1, through: restart.marker - 1, unit: .marketSequence,
+                reason: "not all received by this relay before it restarted (it was not subscribed to the topic, or its upstream was away)")
+        }
+        let whole: (sequence: UInt64, since: Int64)? = topic.isWildcard ? typeWholeFrom[type] : line.map { ($0.wholeFrom, $0.wholeSince) }
+        let received = whole.flatMap { $0.sequence == Self.notReceived ? nil : $0 }
+        let sequences: CircularBuffer<UInt64>? = topic.isWildcard ? typeSlots[type] : line?.held
+        var earlier: [MarketEvent] = []
+        var later: [MarketEvent] = []
+        if let sequences {
+            var index = sequences.index(sequences.startIndex, offsetBy: Self.firstOffset(after: after, in: sequences))
+            while index != sequences.endIndex {
+                let sequence = sequences[index]
+                index = sequences.index(after: index)
+                // This run's events count only from where it received the topic whole.
+                guard sequence < restart.marker || (received.map { sequence >= $0.sequence } ?? false) else { continue }
+                guard let slot = slotIndex(of: sequence), let event = slots[slot].event else { continue }
+                guard earlier.count + later.count < limit else { return .tooMany }
+                if sequence < restart.marker { earlier.append(event) } else { later.append(event) }
+            }
+        }
+        return .acrossRestart(before: earlier, downFrom: min(before.until, restart.stoppedAt), downTo: received?.since ?? now, after: later)
     }
 
     /// The offset of the first of `sequences` (rising) past `after`: a binary search.

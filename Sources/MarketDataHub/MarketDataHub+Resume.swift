@@ -125,10 +125,22 @@ extension MarketDataHub {
             : "more than this connection may be replayed now (\(limit): one resume replays \(resumeBound), less what the connection has not read yet (\(queued)) and what it was replayed in the last minute)"
         // Every topic's missed events, then trimmed to the bound by giving up the largest whole.
         var found: [(topic: Topic, events: [MarketEvent])] = []
+        // Topics resuming from before a restart: the time nothing was received, told between the
+        // previous run's events and this run's.
+        var acrossRestart: [Topic: Notice] = [:]
         for (topic, since) in wanted {
-            switch history?.missed(topic, since: since, limit: limit) ?? .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history") {
+            switch history?.missed(topic, since: since, limit: limit, now: now)
+                ?? .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history")
+            {
             case .events(let events):
                 found.append((topic, events))
+            case .acrossRestart(let before, let downFrom, let downTo, let after):
+                found.append((topic, before + after))
+                let seconds = Double(max(downTo - downFrom, 0) / 100) / 10
+                acrossRestart[topic] = gapStatus(
+                    topic,
+                    message: "nothing was received for \(seconds) s (the relay restarted); the events before and after are replayed",
+                    from: (UInt64(max(downFrom, 0)), UInt64(max(downTo, 0)), EventHistory.GapUnit.unixMilliseconds.rawValue))
             case .gap(let from, let through, let unit, let reason):
                 gapNotices.append(
                     (topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
@@ -156,6 +168,13 @@ extension MarketDataHub {
         }
         replay.sort { $0.sequence < $1.sequence }
         var delivery = replay
+        let restarted = acrossRestart.filter { outcome.replayed[$0.key] != nil }
+        if !restarted.isEmpty, let marker = history?.restart?.marker {
+            // The previous run's events, the restart's gaps, this run's events.
+            let seam = replay.firstIndex { $0.sequence >= marker } ?? replay.endIndex
+            delivery.insert(contentsOf: restarted.sorted { $0.key < $1.key }.map { wire.render($0.value) }, at: seam)
+            outcome.gaps += restarted.keys.sorted()
+        }
         for (topic, notice) in gapNotices {
             outcome.gaps.append(topic)
             delivery.append(wire.render(notice))
@@ -229,6 +248,52 @@ extension MarketDataHub {
             ? "resumed: \(count) missed events replayed; live from here"
             : "resumed: \(count) missed events replayed, \(outcome.gaps.count) topics with a gap; live from here"
         return Notice(.resumed, message: message, details: details)
+    }
+
+    // MARK: going on after a restart
+
+    /// Goes on from the previous run of this market (before anything is published or subscribed): its
+    /// epoch is kept, its recent events are read back into the history (with their positions, and
+    /// their topics' last values), and the restart is marked, so that a resume from before it gets what
+    /// that run received, a `gap` naming the time nothing was received, then this run's events. Blocks
+    /// the hub while the run is read (once, at start). Returns the events read back; 0 and nothing
+    /// changed when this hub keeps no history of its own, or has published already.
+    @discardableResult
+    public func goOn(from prior: some PriorRun) -> Int {
+        guard !adoptsPositions, let limits = historyLimits, (history?.nextMarketSequence ?? 1) == 1, !prior.epoch.isEmpty else { return 0 }
+        let rebuilt = EventHistory(limits: limits, epoch: prior.epoch)
+        var count = 0
+        var steps = prior.steps()
+        while let step = steps.next() {
+            switch step {
+            case .events(let events, let positions, let arrivals):
+                guard events.count == positions.count, events.count == arrivals.count else { continue }
+                let stamped = EventPosition.stamp(events, positions)
+                // Each run of one arrival time at once (the history keeps one arrival per call).
+                var start = 0
+                while start < stamped.count {
+                    var end = start + 1
+                    while end < stamped.count, arrivals[end] == arrivals[start] { end += 1 }
+                    rebuilt.append(Array(stamped[start..<end]), positions: Array(positions[start..<end]), at: arrivals[start])
+                    start = end
+                }
+                for event in stamped { entry(for: event.topic).last = event.compacted() }
+                count += events.count
+            case .wanted(let topic, let wanted, let at):
+                if wanted { rebuilt.wanted(topic, now: at) } else { rebuilt.unwanted(topic, now: at) }
+            case .holding(let topics, let at):
+                rebuilt.holding(Set(topics), now: at)
+            case .interrupted(let at):
+                rebuilt.interruptAll(now: at)
+            }
+        }
+        let now = WallClock.nowMilliseconds()
+        rebuilt.restarted(after: prior.lastMarketSequence, stoppedAt: prior.stoppedAt, now: now)
+        rebuilt.evict(now: now)
+        history = rebuilt
+        epochBox.withLock { $0 = prior.epoch }
+        metrics.record(rebuilt)
+        return count
     }
 
     // MARK: reading

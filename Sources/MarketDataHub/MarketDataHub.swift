@@ -214,7 +214,7 @@ public actor MarketDataHub {
         reportWantedChange()
     }
 
-    private func entry(for topic: Topic) -> TopicEntry {
+    func entry(for topic: Topic) -> TopicEntry {
         if let entry = entries[topic] { return entry }
         let entry = TopicEntry()
         entries[topic] = entry

@@ -6,6 +6,7 @@ import DemoFeed
 import GapFill
 import Foundation
 import Logging
+import MarketCore
 import MarketDataHub
 import NIOPosix
 import PolygonWire
@@ -173,6 +174,7 @@ public final class Relay: Service, Sendable {
         let upstream = try upstreamSources()
         let rest = RESTClientBox()
         let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
+        for market in assembly.markets { await goOnFromTape(market) }
         guard let primary = assembly.markets.first else {
             throw RelaySettings.InvalidSetting(description: "upstream: no market configured")
         }
@@ -210,13 +212,32 @@ public final class Relay: Service, Sendable {
         } catch {
             for filler in assembly.gapFillers.values { await filler.stop() }
             try? await rest.client?.shutdown()
-            for market in assembly.markets { market.recorder?.flush() }
+            for market in assembly.markets { market.recorder?.stop() }
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
-        // What the tape holds in memory goes to disk (the upstream has stopped: nothing more comes).
-        for market in assembly.markets { market.recorder?.flush() }
+        // What the tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
+        // more comes), so the next start goes on in the same epoch.
+        for market in assembly.markets { market.recorder?.stop() }
+    }
+
+    /// A recorded market whose tape ends with a clean stop goes on from that run (its epoch, positions
+    /// and recent history, ``MarketDataHub/goOn(from:)``) before anything is received, and the time it
+    /// was down goes on the tape as a gap. Otherwise it begins a new epoch, and the log says why.
+    private func goOnFromTape(_ market: MarketParts) async {
+        guard let recorder = market.recorder, let limits = settings.history, let tape = settings.tape else { return }
+        let name = market.plan.market.rawValue
+        do {
+            let tail = try TapeTail.read(directory: tape.directory, market: name, maxAge: limits.maxAge, maxBytes: limits.memoryBytes)
+            let events = await market.hub.goOn(from: tail)
+            recorder.note(.gap(from: tail.stoppedAt &* 1_000_000, to: WallClock.nowNanoseconds()))
+            logger.info(
+                "\(name): going on from the last run (its tape ends with a clean stop)",
+                metadata: ["epoch": "\(tail.epoch)", "eventsReadBack": "\(events)", "downMs": "\(WallClock.nowMilliseconds() - tail.stoppedAt)"])
+        } catch {
+            logger.info("\(name): a new epoch: \(error)")
+        }
     }
 }
 

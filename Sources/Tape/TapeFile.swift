@@ -207,10 +207,31 @@ public final class TapeWriter {
         case .source(let vendor, let path, let at):
             try appendOther(record, at: at, until: at)
             source = (vendor, path)
-        case .wanted(_, _, let at), .interrupted(let at):
+        case .wanted(let topic, let wanted, let at):
+            try appendOther(record, at: at, until: at)
+            if wanted { holding.insert(topic) } else { holding.remove(topic) }
+            tracksHolding = true
+        case .holding(let topics, let at):
+            try appendOther(record, at: at, until: at)
+            holding = Set(topics)
+            holdingWrittenAt = at
+            tracksHolding = true
+        case .interrupted(let at), .stopped(let at):
             try appendOther(record, at: at, until: at)
         }
     }
+
+    /// The topics the relay receives now (from the `.wanted` records appended): written whole at the
+    /// start of a block every ``holdingInterval`` (and first in each day file), so a reader starting
+    /// at that block knows them.
+    public private(set) var holding: Set<String> = []
+    private var holdingWrittenAt: Int64?
+    /// Whether this writer is told what is wanted (a hub's recording is, from its first subscribe): only
+    /// then is the set written.
+    private var tracksHolding = false
+    /// How often the whole wanted set is written again (UTC ns): a restart reads back at most this far
+    /// before the window it rebuilds.
+    public static let holdingInterval: Int64 = 10_000_000_000
 
     /// The source of the events appended now (the last `.source` record): written again in each new
     /// day file, after the epoch.
@@ -268,6 +289,11 @@ public final class TapeWriter {
         if newDay, let source {
             RecordLayout.append(.source(vendor: source.vendor, path: source.path, at: time), to: &pending, baseTime: time, baseSequence: sequence)
             pendingRecords += 1
+        }
+        if tracksHolding, newDay || holdingWrittenAt.map({ time - $0 >= Self.holdingInterval || time < $0 }) ?? true {
+            RecordLayout.append(.holding(holding.sorted(), at: time), to: &pending, baseTime: time, baseSequence: sequence)
+            pendingRecords += 1
+            holdingWrittenAt = time
         }
         return (time, sequence)
     }

@@ -18,6 +18,13 @@ public enum TapeRecord: Sendable, Equatable {
     /// The upstream was lost: events after this may be missing (every topic whole again only from its
     /// next event).
     case interrupted(at: Int64)
+    /// The relay stopped cleanly: every position it gave before this is on the tape (or in a gap
+    /// recorded before it), so its next start may go on counting in the same epoch.
+    case stopped(at: Int64)
+    /// The topics (and wildcards) the relay receives now, all of them: written at the start of a block
+    /// every few seconds, so a reader starting there knows what was wanted without reading from the
+    /// day's start (a restart rebuilding its recent history).
+    case holding([String], at: Int64)
 
     /// When it was received (an event) or when the hole began (a gap): UTC nanoseconds.
     public var time: Int64 {
@@ -28,6 +35,8 @@ public enum TapeRecord: Sendable, Equatable {
         case .source(_, _, let at): at
         case .wanted(_, _, let at): at
         case .interrupted(let at): at
+        case .stopped(let at): at
+        case .holding(_, let at): at
         }
     }
 }
@@ -68,6 +77,8 @@ enum RecordLayout {
     static let positionedEvent: UInt8 = 5
     static let wanted: UInt8 = 6
     static let interrupted: UInt8 = 7
+    static let stopped: UInt8 = 8
+    static let holding: UInt8 = 9
 
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
         switch record {
@@ -103,6 +114,17 @@ enum RecordLayout {
         case .interrupted(let at):
             payload.append(Self.interrupted)
             appendVarint(zigzag(at &- baseTime), to: &payload)
+        case .stopped(let at):
+            payload.append(Self.stopped)
+            appendVarint(zigzag(at &- baseTime), to: &payload)
+        case .holding(let topics, let at):
+            payload.append(Self.holding)
+            appendVarint(zigzag(at &- baseTime), to: &payload)
+            appendVarint(UInt64(topics.count), to: &payload)
+            for topic in topics {
+                appendVarint(UInt64(topic.utf8.count), to: &payload)
+                payload.append(contentsOf: topic.utf8)
+            }
         }
     }
 
@@ -166,9 +188,21 @@ enum RecordLayout {
                 index += 1
                 guard let topic = readBytes(payload, &index) else { return nil }
                 records.append(.wanted(topic: String(decoding: topic, as: UTF8.self), wanted, at: baseTime &+ unzigzag(at)))
-            case Self.interrupted:
+            case Self.interrupted, Self.stopped:
                 guard let at = readVarint(payload, &index) else { return nil }
-                records.append(.interrupted(at: baseTime &+ unzigzag(at)))
+                let time = baseTime &+ unzigzag(at)
+                records.append(kind == Self.stopped ? .stopped(at: time) : .interrupted(at: time))
+            case Self.holding:
+                // Each topic takes at least its length byte: a count past what is left is damage.
+                guard let at = readVarint(payload, &index), let count = readVarint(payload, &index), count <= UInt64(payload.count - index)
+                else { return nil }
+                var topics: [String] = []
+                topics.reserveCapacity(Int(count))
+                for _ in 0..<count {
+                    guard let topic = readBytes(payload, &index) else { return nil }
+                    topics.append(String(decoding: topic, as: UTF8.self))
+                }
+                records.append(.holding(topics, at: baseTime &+ unzigzag(at)))
             default:
                 return nil
             }

@@ -164,6 +164,22 @@ public final class TapeRecorder: EventTap {
         work.sync { writeAll(flushing: true) }
     }
 
+    /// The relay stops: everything queued is written, then a `stopped` record (every position given is
+    /// on the tape: the next start may go on in the same epoch, ``TapeTail``). A recording paused by a
+    /// failing disk writes no such record, and anything recorded after it makes it not the last one:
+    /// either way the next start begins a new epoch.
+    public func stop() {
+        work.sync {
+            writeAll(flushing: false)
+            write([Batch(marks: [.stopped(at: WallClock.nowNanoseconds())])], hole: nil, flush: true)
+        }
+    }
+
+    /// Records `record` in order with the batches (a restart's down window, as a gap).
+    public func note(_ record: TapeRecord) {
+        queue(Batch(marks: [record]), size: 64)
+    }
+
     /// When retention was last applied.
     private let prunedAt = Mutex<ContinuousClock.Instant?>(nil)
 

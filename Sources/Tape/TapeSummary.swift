@@ -46,7 +46,7 @@ public struct TapeDaySummary: Sendable, Equatable {
                     if epochs.last != epoch { epochs.append(epoch) }
                 case .source(let vendor, _, _):
                     if self.vendor == nil { self.vendor = vendor }
-                case .wanted, .interrupted:
+                case .wanted, .interrupted, .stopped, .holding:
                     break
                 }
             }

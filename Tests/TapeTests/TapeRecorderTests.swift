@@ -88,6 +88,8 @@ struct TapeRecorderTests {
                 case .epoch: "epoch"
                 case .gap: "gap"
                 case .source: "source"
+                case .stopped: "stopped"
+                case .holding(let topics, _): "holding \(topics.joined(separator: ","))"
                 }
             }
             #expect(

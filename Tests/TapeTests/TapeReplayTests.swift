@@ -229,6 +229,8 @@ struct TapeReplayTests {
                 case .gap: "gap"
                 case .wanted: "wanted"
                 case .interrupted: "interrupted"
+                case .stopped: "stopped"
+                case .holding: "holding"
                 }
             }
             #expect(kinds == ["epoch", "source alpaca -", "event"])
