@@ -8,10 +8,11 @@ public protocol EventTap: Sendable {
     /// is `events[i]`'s (`nil`: each event's own ``MarketEvent/sequence``, as a cluster node's adopted
     /// events carry, and no topic sequence).
     func take(_ events: [MarketEvent], positions: [EventPosition]?, epoch: String?)
-    /// The hub began (`true`) or stopped receiving these topics (tickers, or wildcards `T.*`).
-    func wantedChanged(_ changes: [(topic: Topic, wanted: Bool)])
+    /// The hub began (`true`) or stopped receiving these topics (tickers, or wildcards `T.*`); `epoch`:
+    /// the hub's now (its first subscribe comes before its first event).
+    func wantedChanged(_ changes: [(topic: Topic, wanted: Bool)], epoch: String?)
     /// The upstream was lost: events after this may be missing until each topic is whole again.
-    func interrupted()
+    func interrupted(epoch: String?)
 }
 
 extension EventTap {

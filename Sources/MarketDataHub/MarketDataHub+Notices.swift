@@ -8,7 +8,7 @@ extension MarketDataHub {
     /// subscribers of `topics` (every subscriber with topics when `nil`) get a `lagging` notice at once.
     public func reportLoss(_ count: Int, topics: Set<Topic>?, reason: String) {
         // On the tape too: what follows is not whole.
-        tap?.interrupted()
+        tap?.interrupted(epoch: history?.epoch)
         let notice = wire.render(
             Notice(.lagging, message: "\(count) events were lost before reaching this relay (\(reason))", details: ["dropped": .number(Int64(count))]))
         let lostTypes = topics.map { Set($0.map(\.eventType)) }
@@ -69,7 +69,7 @@ extension MarketDataHub {
         guard let outage = outages.lost(reason: reason, at: now) else { return }
         // Events of the outage never arrive: no resume reaches across it.
         history?.interruptAll(now: now)
-        tap?.interrupted()
+        tap?.interrupted(epoch: history?.epoch)
         tellOutageStarted(outage.notice)
         logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
     }

@@ -257,7 +257,7 @@ public actor MarketDataHub {
     /// The history keeps a topic whole from when it is wanted.
     private func follow(_ step: WantedSet.Step) {
         guard !step.isEmpty else { return }
-        tap?.wantedChanged(step)
+        tap?.wantedChanged(step, epoch: history?.epoch)
         guard let history else { return }
         let now = WallClock.nowMilliseconds()
         for (topic, wanted) in step {

@@ -120,13 +120,13 @@ public final class TapeRecorder: EventTap {
         queue(Batch(events: events, positions: positions, epoch: epoch), size: size)
     }
 
-    public func wantedChanged(_ changes: [(topic: Topic, wanted: Bool)]) {
+    public func wantedChanged(_ changes: [(topic: Topic, wanted: Bool)], epoch: String?) {
         let now = WallClock.nowNanoseconds()
-        queue(Batch(marks: changes.map { .wanted(topic: $0.topic.description, $0.wanted, at: now) }), size: 64 * changes.count)
+        queue(Batch(epoch: epoch, marks: changes.map { .wanted(topic: $0.topic.description, $0.wanted, at: now) }), size: 64 * changes.count)
     }
 
-    public func interrupted() {
-        queue(Batch(marks: [.interrupted(at: WallClock.nowNanoseconds())]), size: 64)
+    public func interrupted(epoch: String?) {
+        queue(Batch(epoch: epoch, marks: [.interrupted(at: WallClock.nowNanoseconds())]), size: 64)
     }
 
     /// Queues a batch of `size` bytes for the writer, or counts it dropped (its hole a gap to record).

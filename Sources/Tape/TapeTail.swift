@@ -38,7 +38,7 @@ public struct TapeTail: PriorRun {
         // Every block begins with its epoch: the last one named in the last block is the run's.
         var epoch: String?
         for record in records { if case .epoch(let name, _) = record { epoch = name } }
-        guard let epoch else { throw NotResumable(description: "the last block of \(newest.path) names no epoch") }
+        guard let epoch else { throw NotResumable(description: "its last run recorded no events") }
         // The window: the last `maxAge`, at most `maxBytes`, back to a block that says what was wanted.
         let (age, overflow) = maxAge.milliseconds.multipliedReportingOverflow(by: 1_000_000)
         let keepFrom = overflow ? Int64.min : stopped &- age
@@ -62,7 +62,7 @@ public struct TapeTail: PriorRun {
         let lastSequence = reader.blocks.map(\.header.lastSequence).max() ?? 0
         return TapeTail(
             path: newest.path, epoch: epoch, lastMarketSequence: lastSequence, stoppedAt: stopped / 1_000_000, firstBlock: start,
-            keepFrom: max(keepFrom, reader.blocks[first].header.firstTime))
+            keepFrom: keepFrom)
     }
 
     /// The records from ``firstBlock`` to the end, as steps: the epoch's events (from ``keepFrom``), the

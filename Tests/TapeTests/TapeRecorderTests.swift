@@ -94,7 +94,7 @@ struct TapeRecorderTests {
             }
             #expect(
                 shown == [
-                    "wanted Q.AAPL", "epoch",
+                    "epoch", "wanted Q.AAPL",
                     #"event 1/1 {"ev":"Q","sym":"AAPL","bp":1}"#, #"event 2/2 {"ev":"Q","sym":"AAPL","bp":2}"#, #"event 3/3 {"ev":"Q","sym":"AAPL","bp":3}"#,
                     "interrupted",
                     #"event 4/4 {"ev":"Q","sym":"AAPL","bp":4}"#, #"event 5/5 {"ev":"Q","sym":"AAPL","bp":5}"#,

@@ -1,0 +1,96 @@
+import Foundation
+import MarketCore
+import PolygonWire
+import RelayBench
+import Tape
+import Testing
+
+/// A relay stopped and started again on the same tape goes on in the same epoch: a client that comes
+/// back with its positions from before the restart gets every event the relay had received, a `gap`
+/// naming the time it was down, then live, its topic sequences contiguous across. Real relay processes,
+/// a real SIGTERM, the tape read back from its file in between.
+@Suite("Resume across a restart", .timeLimit(.minutes(3)))
+struct RestartResumeTests {
+    /// Reads frames until a `resumed` status (included): every object in order.
+    func objects(until status: String, from client: WSTestClient, timeout: Duration = .seconds(15)) async throws -> [[String: Any]] {
+        var objects: [[String: Any]] = []
+        let deadline = ContinuousClock.now + timeout
+        while !objects.contains(where: { $0["status"] as? String == status }) {
+            let left = deadline - .now
+            guard left > .zero else { throw TimeoutError(description: "no \(status) within \(timeout): \(objects.suffix(3))") }
+            objects += try JSONSerialization.jsonObject(with: Data(try await client.nextFrame(timeout: left).utf8)) as? [[String: Any]] ?? []
+        }
+        return objects
+    }
+
+    @Test func aClientWithPositionsFromBeforeASIGTERMGetsWhatTheRelayReceivedTheDownWindowThenLive() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-restart-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let arguments = [
+            "serve", "--listen", "127.0.0.1:0", "--no-portfolio", "--demo-rate", "2000", "--client-keys", "k", "--tape-dir", directory,
+        ]
+        // First run: a client reads some AAPL quotes and trades, then the relay stops (SIGTERM).
+        let first = RelayProcess(binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: false)
+        let port = try await first.start(timeout: .seconds(30))
+        let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "k")
+        client.send(ClientAction(.subscribe, params: "Q.AAPL,T.*"))
+        let success = try await client.waitForStatus("success")
+        let epoch = try #require(success.fields["epoch"] as? String)
+        var seen = success.eventsBefore
+        seen += try await client.nextEvents(200)
+        let positions = seen.compactMap { event in EventPosition.read(from: event.bytes).map { (event.topic, $0) } }
+        let lastQuote = try #require(positions.last { $0.0.description == "Q.AAPL" }?.1.topic)
+        let lastTrade = try #require(positions.last { $0.0.eventType == "T" }?.1.market)
+        // More arrive that the client does not count as seen: what it will have missed.
+        _ = try await client.nextEvents(100)
+        await first.stop()
+        #expect(try await client.waitForClose() == 1012, "told to come back (service restart)")
+
+        // What the first run received after those positions is on its tape, ending with its stop.
+        let path = TapeFile.path(directory: directory, market: "stocks", day: TapeFile.day(of: WallClock.nowNanoseconds()))
+        let recorded = try TapeReader(path: path).records()
+        guard case .stopped(let stoppedAt) = recorded.last else {
+            Issue.record("the tape ends with a clean stop: \(String(describing: recorded.last))")
+            return
+        }
+        let recordedEvents = recorded.compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
+        let missedQuotes = recordedEvents.filter { $0.eventType == "Q" && $0.ticker == "AAPL" && $0.topicSequence > lastQuote }.map(\.topicSequence)
+        let missedTrades = recordedEvents.filter { $0.eventType == "T" && $0.sequence > lastTrade }.map(\.sequence)
+
+        // Second run on the same tape: the client comes back with where it stood.
+        let startedAt = WallClock.nowMilliseconds()
+        let second = RelayProcess(binary: RelayProcess.siblingBinary(), arguments: arguments, showLogs: false)
+        let secondPort = try await second.start(timeout: .seconds(30))
+        let back = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(secondPort)/stocks", key: "k")
+        back.send(#"{"action":"subscribe","params":"Q.AAPL,T.*","since":{"epoch":"\#(epoch)","Q.AAPL":\#(lastQuote),"T.*":\#(lastTrade)}}"#)
+        let told = try await objects(until: "resumed", from: back)
+        let subscribed = told.first { $0["status"] as? String == "success" }
+        #expect(subscribed?["epoch"] as? String == epoch, "the same epoch: \(String(describing: subscribed))")
+        // The previous run's events, each topic's gap, then this run's, then `resumed`.
+        let gaps = told.enumerated().filter { $0.element["status"] as? String == "gap" }
+        #expect(Set(gaps.compactMap { $0.element["topic"] as? String }) == ["Q.AAPL", "T.*"], "\(gaps.map(\.element))")
+        for (_, gap) in gaps {
+            #expect(gap["unit"] as? String == "unix_ms" && gap["epoch"] as? String == epoch, "\(gap)")
+            // The client's topics stopped being received when it was closed, just before the stop.
+            let letGo = recorded.last { record in
+                if case .wanted(let topic, false, _) = record { topic == gap["topic"] as? String } else { false }
+            }
+            #expect(gap["from"] as? Int64 == (letGo?.time ?? stoppedAt) / 1_000_000, "from when it was last received: \(gap)")
+            #expect((letGo?.time ?? 0) <= stoppedAt)
+            #expect((gap["through"] as? Int64 ?? 0) >= startedAt, "until this run received the topic: \(gap)")
+        }
+        let seam = gaps.first?.offset ?? told.count
+        let before = told.prefix(seam).filter { $0["ev"] != nil }
+        #expect(before.filter { $0["ev"] as? String == "Q" }.compactMap { ($0["_s"] as? NSNumber)?.uint64Value } == missedQuotes,
+            "every AAPL quote the first run received after the client's position, none twice")
+        #expect(before.filter { $0["ev"] as? String == "T" }.compactMap { ($0["_m"] as? NSNumber)?.uint64Value } == missedTrades,
+            "every trade likewise")
+        #expect(!missedTrades.isEmpty || !missedQuotes.isEmpty, "the client had not read everything before the stop")
+        // Live: AAPL's topic sequence goes on from the first run's last.
+        let live = try await back.nextEvents(400).filter { $0.topic.description == "Q.AAPL" }.compactMap { EventPosition.read(from: $0.bytes) }
+        let lastRecordedQuote = missedQuotes.last ?? lastQuote
+        #expect(live.first.map { $0.topic > lastRecordedQuote } == true, "numbers go on past the previous run's: \(live.prefix(3))")
+        await back.close()
+        await second.stop()
+    }
+}
