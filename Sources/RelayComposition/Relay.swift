@@ -190,6 +190,7 @@ public final class Relay: Service, Sendable {
             }
         }
         let server = makeServer(authentication: authentication, markets: assembly.markets, routes: sidecar.routes, registry: registry)
+        for market in assembly.markets { await restoreSessions(market, into: server) }
         // Start order; they stop in reverse.
         var parts: [(String, any Service)] = []
         if let demoFeed = upstream.demoFeed { parts.append(("demo feed", demoFeed)) }
@@ -212,14 +213,52 @@ public final class Relay: Service, Sendable {
         } catch {
             for filler in assembly.gapFillers.values { await filler.stop() }
             try? await rest.client?.shutdown()
+            await saveSessions(of: server, markets: assembly.markets)
             for market in assembly.markets { market.recorder?.stop() }
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
+        await saveSessions(of: server, markets: assembly.markets)
         // What the tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
         // more comes), so the next start goes on in the same epoch.
         for market in assembly.markets { market.recorder?.stop() }
+    }
+
+    /// Where a recorded market's broken tagged sessions wait for the next start: beside its tape.
+    private func sessionsFile(_ market: MarketParts) -> String? {
+        guard market.recorder != nil, settings.history != nil, let tape = settings.tape else { return nil }
+        return "\(tape.directory)/\(market.plan.market.rawValue)/sessions.json"
+    }
+
+    /// Saves each recorded market's broken tagged sessions (the stop closed their connections with
+    /// 1012: their clients come back to the next start, which goes on in the same epoch).
+    private func saveSessions(of server: RelayServer, markets: [MarketParts]) async {
+        let saved = await server.savedSessions()
+        for market in markets {
+            guard let path = sessionsFile(market), let sessions = saved[market.plan.market], !sessions.isEmpty else { continue }
+            do {
+                let data = try JSONEncoder().encode(sessions)
+                try data.write(to: URL(fileURLWithPath: path), options: .atomic)
+                logger.info("\(market.plan.market): \(sessions.count) tagged sessions saved for the next start")
+            } catch {
+                logger.warning("\(market.plan.market): tagged sessions not saved: \(error)")
+            }
+        }
+    }
+
+    /// Shelves the tagged sessions the last run saved (read once: the file goes), before any client
+    /// connects; only those of the epoch the market went on in are taken.
+    private func restoreSessions(_ market: MarketParts, into server: RelayServer) async {
+        guard let path = sessionsFile(market), let data = FileManager.default.contents(atPath: path) else { return }
+        try? FileManager.default.removeItem(atPath: path)
+        // Bounded like the shelf itself: a larger file is not the relay's.
+        guard data.count <= 64 << 20, let sessions = try? JSONDecoder().decode([SavedSession].self, from: data) else {
+            logger.warning("\(market.plan.market): the saved tagged sessions could not be read; none restored")
+            return
+        }
+        let restored = await server.restore(Array(sessions.prefix(settings.resume.sessions)), market: market.plan.market)
+        logger.info("\(market.plan.market): \(restored) of \(sessions.count) saved tagged sessions restored")
     }
 
     /// A recorded market whose tape ends with a clean stop goes on from that run (its epoch, positions

@@ -321,7 +321,12 @@ actor MarketConnection {
         session.releaseAll()
         // Nothing the client asked for matters now, but leaving the hub does (after a join in flight).
         hubChanges.removeAll()
-        if let shelved { change(.shelve(shelved.0, shelved.1)) } else { change(.leave) }
+        if let shelved {
+            dependencies.shelf.shelving()
+            change(.shelve(shelved.0, shelved.1))
+        } else {
+            change(.leave)
+        }
     }
 
     // MARK: the hub
@@ -434,6 +439,7 @@ actor MarketConnection {
                 subscription = nil
                 dependencies.shelf.keep(session, as: name)
                 dependencies.shelf.closed(name, id: ObjectIdentifier(self))
+                dependencies.shelf.shelved()
             }
         }
         finishedChanges()

@@ -22,7 +22,7 @@ import ServiceLifecycle
 public final class RelayServer: Service, Sendable {
     public let configuration: RelayServerConfiguration
     /// The served markets, in the order configured (the first answers the routes that name none).
-    private let markets: [MarketRoute]
+    let markets: [MarketRoute]
     /// What every connection of each market shares (in ``markets``' order).
     private let connectionDependencies: [MarketConnection.Dependencies]
     private let port = ReadySignal<Int>()
@@ -168,10 +168,15 @@ public final class RelayServer: Service, Sendable {
         let served = markets.flatMap(\.served.paths).joined(separator: ", ")
         let pushStreams = self.pushStreams
         let authentication = configuration.authentication
+        let sessions = self.sessions
         return RelayChildChannel.Routes(
             addresses: addresses, headTimeout: TimeAmount(configuration.connectionLimits.headTimeout),
             keepAliveTimeout: TimeAmount(configuration.connectionLimits.keepAliveTimeout), logger: logger,
             decide: { head, _ in
+                // Stopping: a client closed with 1012 that comes straight back would be served by this
+                // relay for a moment and closed again (its session shelved here, after what the stop
+                // saves for the next start). Refused, it tries again and finds the next start.
+                if sessions.isClosing { return .refuse(.serviceUnavailable, "the relay is stopping; connect again in a moment") }
                 let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
                 if let index = paths[path] { return .accept(.market(index, contentType: head.headers.first(name: "content-type"))) }
                 guard let index = pushStreams.firstIndex(where: { $0.path == path }) else {

@@ -32,9 +32,14 @@ final class SessionRegistry: Sendable {
 
     var count: Int { sessions.withLock { $0.open.count } }
 
+    /// Whether ``closeAll(code:reason:timeout:)`` began: the server is stopping, and takes no new session.
+    var isClosing: Bool { closing.load(ordering: .relaxed) }
+    private let closing = Atomic<Bool>(false)
+
     /// Sends a close frame with `code` to every open session and waits until they are closed, at most
     /// `timeout`.
     func closeAll(code: WebSocketErrorCode, reason: String, timeout: Duration) async {
+        closing.store(true, ordering: .relaxed)
         let open = sessions.withLock { Array($0.open.values) }
         guard !open.isEmpty else { return }
         for entry in open { entry.close(code, reason) }

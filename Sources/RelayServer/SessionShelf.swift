@@ -188,6 +188,26 @@ final class SessionShelf: Sendable {
     /// Sessions kept now.
     var count: Int { shelf.withLock { $0.sessions.count } }
 
+    /// Broken connections whose sessions are on their way to the shelf (a connection's hub changes run
+    /// after it closed): a relay that stops saves its shelf once none is.
+    private let onTheirWay = Atomic<Int>(0)
+
+    /// A connection closed with a session to keep (``keep(_:as:)`` comes later, from its hub changes).
+    func shelving() { onTheirWay.add(1, ordering: .relaxed) }
+
+    /// It was kept (or let go).
+    func shelved() { onTheirWay.subtract(1, ordering: .relaxed) }
+
+    /// The sessions kept now, once none is on its way (waiting at most `timeout`): what a stopping relay
+    /// saves for its next start.
+    func settled(timeout: Duration = .seconds(2)) async -> [(name: String, session: Session)] {
+        let deadline = ContinuousClock.now + timeout
+        while onTheirWay.load(ordering: .relaxed) > 0, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return shelf.withLock { shelf in shelf.sessions.map { ($0.key, $0.value.session) } }
+    }
+
     private func sweep(_ shelf: inout Shelf, now: ContinuousClock.Instant) -> [Released] {
         let gone = shelf.expire(now: now, window: settings.window)
         if !gone.isEmpty {

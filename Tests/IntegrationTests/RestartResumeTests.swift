@@ -93,4 +93,47 @@ struct RestartResumeTests {
         await back.close()
         await second.stop()
     }
+
+    /// Polygon's official Python client, unmodified, three of them with tagged keys, reading while the
+    /// relay is stopped (SIGTERM) and started again on the same port and tape: each reconnects on its
+    /// own, its session is taken back from what the first run saved, and no topic sequence is missing
+    /// across the restart (the first run's events it had not read are replayed, numbers go on).
+    @Test(.enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
+    func taggedOfficialClientsMissNothingTheRelayReceivedAcrossARestart() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-restart-py-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let ready = "\(directory)/ready"
+        func relay(port: Int) -> RelayProcess {
+            RelayProcess(
+                binary: RelayProcess.siblingBinary(),
+                arguments: [
+                    "serve", "--listen", "127.0.0.1:\(port)", "--no-portfolio", "--demo-rate", "2000", "--client-keys", "py-key", "--tape-dir",
+                    "\(directory)/tape",
+                ], showLogs: false)
+        }
+        let first = relay(port: 0)
+        let port = try await first.start(timeout: .seconds(30))
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Interop/restart_python_client.py").path
+        let clients = Task {
+            try await runPython(
+                script, ["--port", "\(port)", "--key", "py-key", "--clients", "3", "--subscribe", "Q.*", "--before", "300", "--after", "300", "--ready-file", ready],
+                timeout: .seconds(150))
+        }
+        try await eventually("every client reading", timeout: .seconds(60)) { FileManager.default.fileExists(atPath: ready) }
+        await first.stop()
+        let second = relay(port: port)
+        _ = try await second.start(timeout: .seconds(30))
+        let result = try await clients.value
+        await second.stop()
+        #expect(result.status == 0, "\(result.output)")
+        let line = try #require(result.output.split(separator: "\n").last { $0.hasPrefix("{") })
+        let summary = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(summary["missing"] as? Int == 0, "\(summary)")
+        #expect(summary["resumed"] as? Int == 3, "\(summary)")
+        // Each was told the time nothing was received, in Unix ms.
+        let gaps = summary["gaps"] as? [[String: Any]] ?? []
+        #expect(gaps.count == 3 && gaps.allSatisfy { $0["unit"] as? String == "unix_ms" && $0["topic"] as? String == "Q.*" }, "\(summary)")
+    }
 }

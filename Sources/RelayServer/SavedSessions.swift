@@ -1,0 +1,59 @@
+import MarketCore
+import MarketDataHub
+
+/// A broken tagged session as a stopping relay saves it for its next start: its name (key name and
+/// tag, never the key), where it broke (a market sequence of an epoch) and its topics. Value type,
+/// `Sendable`, `Codable` (the composition root writes it beside the market's tape).
+public struct SavedSession: Sendable, Codable, Equatable {
+    public var name: String
+    public var epoch: String
+    public var resumeAfter: UInt64
+    public var topics: [String]
+
+    public init(name: String, epoch: String, resumeAfter: UInt64, topics: [String]) {
+        self.name = name
+        self.epoch = epoch
+        self.resumeAfter = resumeAfter
+        self.topics = topics
+    }
+}
+
+extension RelayServer {
+    /// Each market's broken tagged sessions, once the connections the stop closed have shelved theirs
+    /// (a stopping relay saves them: its clients come back to the next start).
+    public func savedSessions() async -> [Market: [SavedSession]] {
+        var saved: [Market: [SavedSession]] = [:]
+        for route in markets {
+            saved[route.market] = await route.shelf.settled().map { name, session in
+                SavedSession(name: name, epoch: session.epoch, resumeAfter: session.resumeAfter, topics: session.topics.map(\.description).sorted())
+            }
+        }
+        return saved
+    }
+
+    /// Shelves sessions a previous run saved, before any client connects, each for a whole resume window
+    /// from now and parked as a broken connection's is (its topics wanted from the first event, and held
+    /// in its key's topic budget). Only sessions of the market's epoch now are taken (another epoch's
+    /// would resume as `gap` anyway). Returns how many were shelved.
+    @discardableResult
+    public func restore(_ sessions: [SavedSession], market: Market) async -> Int {
+        guard let route = markets.first(where: { $0.market == market }), let epoch = route.hub.epoch else { return 0 }
+        var restored = 0
+        for saved in sessions where saved.epoch == epoch && !saved.name.isEmpty {
+            let topics = saved.topics.compactMap { Topic(parsing: $0) }
+            guard !topics.isEmpty else { continue }
+            // Held in the key's budget as the connection held them (a budget that shrank meanwhile
+            // refuses some: those are not restored).
+            let refused = Set(route.ledger.reserve(topics, for: SessionShelf.key(of: saved.name)).refused)
+            let kept = topics.filter { !refused.contains($0) }
+            guard !kept.isEmpty else { continue }
+            let parked = await route.hub.subscribe(to: Set(kept))
+            await route.hub.park(parked.id)
+            route.shelf.keep(
+                SessionShelf.Session(epoch: saved.epoch, resumeAfter: saved.resumeAfter, topics: Set(kept), brokeAt: .now, parked: parked.id),
+                as: saved.name)
+            restored += 1
+        }
+        return restored
+    }
+}
