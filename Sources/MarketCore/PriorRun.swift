@@ -4,16 +4,20 @@
 /// from it keeps the epoch, rebuilds its recent history from the steps, and answers a resume from
 /// before the restart with what the run received, then a `gap` naming the time it was down.
 ///
-/// Given only for a run that stopped cleanly (every position it gave is in it): after a crash some
-/// positions clients hold may never have been written, and counting on in the same epoch would give
-/// those numbers to other events. `Sendable`; its ``steps()`` may block on the disk (called once, at start).
+/// After a crash some positions clients hold may never have been written: counting on from the last
+/// recorded would give those numbers to other events, so the numbers leap past what the run reserved
+/// before giving them. `Sendable`; its ``steps()`` may block on the disk (called once, at start).
 public protocol PriorRun: Sendable {
     /// The epoch its positions count in.
     var epoch: String { get }
     /// The last market sequence it gave (the next start's positions go on past it).
     var lastMarketSequence: UInt64 { get }
-    /// When it stopped (Unix ms): nothing was received from then until the next start.
+    /// When it stopped (Unix ms): nothing was received from then until the next start (after a crash:
+    /// the last it recorded).
     var stoppedAt: Int64 { get }
+    /// Whether it stopped cleanly (everything it gave is in it). After a crash, ``lastMarketSequence``
+    /// is past every number it may have given (reserved ahead), and every topic's numbers leap past it.
+    var clean: Bool { get }
     associatedtype Steps: IteratorProtocol<PriorRunStep>
     /// Its recent steps, oldest first, read as they are asked for.
     func steps() -> Steps

@@ -88,7 +88,8 @@ final class EventHistory {
         let topic: Topic
         /// The sequence the next event of the topic gets (or, adopted, is expected to have).
         var nextSequence: UInt64 = 1
-        /// Market sequences of its held events, oldest first, contiguous in topic sequence from `firstSequence`.
+        /// Market sequences of its held events, oldest first, contiguous in topic sequence from
+        /// `firstSequence` (but for a ``leap``).
         var held = CircularBuffer<UInt64>()
         var firstSequence: UInt64 = 1
         /// The highest market sequence of this topic that was evicted (0: none), and when it had arrived.
@@ -105,7 +106,28 @@ final class EventHistory {
         /// ``lastRun`` as it stood when the run before a restart stopped (`nil`: not received then).
         var beforeRestart: Run?
 
+        /// Its topic sequences skip from `after` to `to` (a restart after a crash: the numbers the
+        /// crashed run may have given and not recorded are never given again).
+        var leap: (after: UInt64, to: UInt64)?
+
         init(topic: Topic) { self.topic = topic }
+
+        /// Where topic sequence `sequence` (from `firstSequence`, below `nextSequence`) lies in `held`;
+        /// `nil`: in a leap's hole (no event of this history has it).
+        func offset(of sequence: UInt64) -> Int? {
+            guard let leap, firstSequence <= leap.after, sequence > leap.after else { return Int(sequence - firstSequence) }
+            guard sequence >= leap.to else { return nil }
+            return Int(sequence - firstSequence - (leap.to - leap.after - 1))
+        }
+
+        /// The oldest held event was let go.
+        func advanceFirst() {
+            firstSequence += 1
+            if let leap, firstSequence == leap.after + 1 {
+                firstSequence = leap.to
+                self.leap = nil
+            }
+        }
     }
 
     /// Its epoch (empty while a cluster node has not yet been told the leader's).
@@ -277,6 +299,7 @@ final class EventHistory {
     /// from `position`.
     private func restart(_ line: TopicLine, at position: EventPosition, now: Int64) {
         while !line.held.isEmpty { dropOldest(of: line) }
+        line.leap = nil
         line.firstSequence = position.topic
         line.wholeFrom = position.market
         line.wholeSince = now
@@ -369,12 +392,19 @@ final class EventHistory {
     /// never stands before it. Topic sequences go on from each line's; a topic with no line starts past
     /// the marker. A resume from before the restart gets the previous run's events it missed, a `gap`
     /// naming the time nothing was received, then this run's (``missed(_:since:limit:now:)``).
-    func restarted(after last: UInt64, stoppedAt: Int64, now: Int64) {
+    ///
+    /// After a crash (`leap`), numbers the crashed run gave may not be on its tape: topic sequences leap
+    /// past the marker too (a topic's never passes the market's), so none is given twice.
+    func restarted(after last: UInt64, stoppedAt: Int64, now: Int64, leap: Bool = false) {
         let marker = max(nextMarketSequence, last + 1)
         nextMarketSequence = marker + 1
         restart = Restart(marker: marker, stoppedAt: stoppedAt, startedAt: now)
         // What was received at the stop was, until then; what had stopped being received, until it did.
         for line in lines.values {
+            if leap {
+                if line.held.isEmpty { line.firstSequence = marker + 1 } else { line.leap = (line.nextSequence - 1, marker + 1) }
+                line.nextSequence = marker + 1
+            }
             line.beforeRestart =
                 line.wholeFrom == Self.notReceived ? line.lastRun : Run(sequence: line.wholeFrom, since: line.wholeSince, until: stoppedAt)
             (line.wholeFrom, line.wholeSince) = (Self.notReceived, .max)
@@ -407,7 +437,7 @@ final class EventHistory {
             let line = slot.topic
             if line.held.first == slot.sequence {
                 line.held.removeFirst()
-                line.firstSequence += 1
+                line.advanceFirst()
             }
             forget(slot, line: line)
         }
@@ -415,7 +445,7 @@ final class EventHistory {
 
     private func dropOldest(of line: TopicLine) {
         let sequence = line.held.removeFirst()
-        line.firstSequence += 1
+        line.advanceFirst()
         guard let index = slotIndex(of: sequence), slots[index].event != nil else { return }
         slots[index].event = nil
         forget(slots[index], line: line)
@@ -511,14 +541,13 @@ final class EventHistory {
                 return .gap(from: position + 1, through: line.firstSequence - 1, unit: .topicSequence, reason: lost)
             }
             // Where that event stood in the market: held, just evicted, or (position 0) the epoch's start.
+            let held = position >= line.firstSequence ? line.offset(of: position) : nil
             let market: UInt64 =
-                position >= line.firstSequence
-                ? line.held[line.held.index(line.held.startIndex, offsetBy: Int(position - line.firstSequence))]
-                : position == 0 ? 0 : line.evictedThrough
+                if let held { line.held[line.held.index(line.held.startIndex, offsetBy: held)] } else { position == 0 ? 0 : line.evictedThrough }
             guard line.wholeFrom <= market + 1 else {
                 return .gap(from: position + 1, through: position + 1, unit: .topicSequence, reason: notReceived)
             }
-            return events(of: line, fromOffset: Int(position + 1 - line.firstSequence), limit: limit)
+            return events(of: line, fromOffset: held.map { $0 + 1 } ?? 0, limit: limit)
         case .market(let position):
             guard position < nextMarketSequence else {
                 return .gap(from: nextMarketSequence, through: position, unit: .marketSequence, reason: ahead)
@@ -575,7 +604,9 @@ final class EventHistory {
             if position == 0 {
                 market = 0
             } else if position >= line.firstSequence {
-                market = line.held[line.held.index(line.held.startIndex, offsetBy: Int(position - line.firstSequence))]
+                // In a leap's hole: the crashed run gave it and did not record it (before the restart).
+                guard let offset = line.offset(of: position) else { return restart.marker - 1 }
+                market = line.held[line.held.index(line.held.startIndex, offsetBy: offset)]
             } else if position + 1 == line.firstSequence {
                 market = line.evictedThrough
             } else {

@@ -288,7 +288,7 @@ extension MarketDataHub {
             }
         }
         let now = WallClock.nowMilliseconds()
-        rebuilt.restarted(after: prior.lastMarketSequence, stoppedAt: prior.stoppedAt, now: now)
+        rebuilt.restarted(after: prior.lastMarketSequence, stoppedAt: prior.stoppedAt, now: now, leap: !prior.clean)
         rebuilt.evict(now: now)
         history = rebuilt
         epochBox.withLock { $0 = prior.epoch }

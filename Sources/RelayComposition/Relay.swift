@@ -191,6 +191,7 @@ public final class Relay: Service, Sendable {
         }
         let server = makeServer(authentication: authentication, markets: assembly.markets, routes: sidecar.routes, registry: registry)
         for market in assembly.markets { await restoreSessions(market, into: server) }
+        let checkpoint = Task { await checkpointSessions(of: server, markets: assembly.markets) }
         // Start order; they stop in reverse.
         var parts: [(String, any Service)] = []
         if let demoFeed = upstream.demoFeed { parts.append(("demo feed", demoFeed)) }
@@ -213,12 +214,16 @@ public final class Relay: Service, Sendable {
         } catch {
             for filler in assembly.gapFillers.values { await filler.stop() }
             try? await rest.client?.shutdown()
+            checkpoint.cancel()
+            await checkpoint.value
             await saveSessions(of: server, markets: assembly.markets)
             for market in assembly.markets { market.recorder?.stop() }
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
+        checkpoint.cancel()
+        await checkpoint.value
         await saveSessions(of: server, markets: assembly.markets)
         // What the tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
         // more comes), so the next start goes on in the same epoch.
@@ -236,13 +241,37 @@ public final class Relay: Service, Sendable {
     private func saveSessions(of server: RelayServer, markets: [MarketParts]) async {
         let saved = await server.savedSessions()
         for market in markets {
-            guard let path = sessionsFile(market), let sessions = saved[market.plan.market], !sessions.isEmpty else { continue }
+            guard let path = sessionsFile(market) else { continue }
+            let sessions = saved[market.plan.market] ?? []
             do {
-                let data = try JSONEncoder().encode(sessions)
-                try data.write(to: URL(fileURLWithPath: path), options: .atomic)
+                // Written even when empty: the last checkpoint's open sessions were all let go since.
+                try JSONEncoder().encode(sessions).write(to: URL(fileURLWithPath: path), options: .atomic)
                 logger.info("\(market.plan.market): \(sessions.count) tagged sessions saved for the next start")
             } catch {
                 logger.warning("\(market.plan.market): tagged sessions not saved: \(error)")
+            }
+        }
+    }
+
+    /// Every second while the relay runs, each recorded market's tagged sessions (kept and open, where
+    /// each stands) go beside its tape when they changed: a start after a crash takes them back from
+    /// there (a stop saves them once more, settled).
+    private func checkpointSessions(of server: RelayServer, markets: [MarketParts]) async {
+        var written: [Market: Data] = [:]
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(1))
+            guard !Task.isCancelled else { return }
+            let saved = server.checkpointSessions()
+            for market in markets {
+                guard let path = sessionsFile(market), let data = try? JSONEncoder().encode(saved[market.plan.market] ?? []),
+                    data != written[market.plan.market]
+                else { continue }
+                do {
+                    try data.write(to: URL(fileURLWithPath: path), options: .atomic)
+                    written[market.plan.market] = data
+                } catch {
+                    logger.warning("\(market.plan.market): tagged sessions not checkpointed: \(error)")
+                }
             }
         }
     }

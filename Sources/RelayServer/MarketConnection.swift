@@ -127,6 +127,8 @@ actor MarketConnection {
     private var unnamedSession: String?
     /// The broken session this one took back: its topics resume from where it broke.
     private var resuming: SessionShelf.Session?
+    /// Where this tagged connection stands, for the running relay's checkpoint of its sessions.
+    private var standing: SessionStanding?
     /// The session is still open on an older connection (closed now): its first subscribe waits for it.
     private var takingOver = false
 
@@ -215,12 +217,17 @@ actor MarketConnection {
                 // open ones, so either it is still open (and is taken over, waiting for its session) or
                 // its session is already on the shelf. Taking first left a gap between the two in which
                 // a session shelved meanwhile was missed (seen once in a full run: a reconnect resumed nothing).
-                let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self)) {
+                let standing = SessionStanding()
+                self.standing = standing
+                let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing) {
                     loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
                 }
                 resuming = dependencies.shelf.take(name)
                 takingOver = resuming == nil && previous
-                handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
+                standing.holds([], takenBack: resuming.map { ($0.epoch, $0.resumeAfter, $0.topics) })
+                let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
+                position.standing = standing
+                handler.value.acknowledgedPosition = position
                 feed?.tracksPositions.store(true, ordering: .relaxed)
             } else if let tag = session.sessionTag {
                 unnamedSession = "\(grant.name)#\(tag)"
@@ -442,6 +449,7 @@ actor MarketConnection {
                 dependencies.shelf.shelved()
             }
         }
+        standing?.holds(session.topics, takenBack: resuming.map { ($0.epoch, $0.resumeAfter, $0.topics) })
         finishedChanges()
     }
 

@@ -31,6 +31,19 @@ extension RelayServer {
         return saved
     }
 
+    /// Each market's tagged sessions, kept and open, where each stands now (no waiting): what a running
+    /// relay saves every second, so that a start after a crash takes them back too (an open one from
+    /// where its client had acknowledged: a little may be replayed twice, nothing skipped).
+    public func checkpointSessions() -> [Market: [SavedSession]] {
+        var saved: [Market: [SavedSession]] = [:]
+        for route in markets {
+            saved[route.market] = route.shelf.checkpoint().map { name, epoch, resumeAfter, topics in
+                SavedSession(name: name, epoch: epoch, resumeAfter: resumeAfter, topics: topics.map(\.description).sorted())
+            }.sorted { $0.name < $1.name }
+        }
+        return saved
+    }
+
     /// Shelves sessions a previous run saved, before any client connects, each for a whole resume window
     /// from now and parked as a broken connection's is (its topics wanted from the first event, and held
     /// in its key's topic budget). Only sessions of the market's epoch now are taken (another epoch's

@@ -113,7 +113,7 @@ final class SessionShelf: Sendable {
     private let settings: ResumeSettings
     private let shelf = Mutex(Shelf())
     /// Tagged connections open now, by name: their identity and how to close one taken over.
-    private let live = Mutex<[String: (id: ObjectIdentifier, close: @Sendable () -> Void)]>([:])
+    private let live = Mutex<[String: (id: ObjectIdentifier, close: @Sendable () -> Void, standing: SessionStanding?)]>([:])
     /// Kept sessions that expired unclaimed (`relay_resumes_total{result="expired"}`).
     let expired = Atomic<Int>(0)
     private let expiredCounter: Counter?
@@ -163,8 +163,8 @@ final class SessionShelf: Sendable {
     /// A tagged connection authenticated as `name`; a connection already open under that name (whose
     /// client has come back before the relay saw it break) is closed, and its session is shelved as it closes.
     /// Returns whether there was one.
-    func open(_ name: String, id: ObjectIdentifier, close: @escaping @Sendable () -> Void) -> Bool {
-        let previous = live.withLock { $0.updateValue((id, close), forKey: name) }
+    func open(_ name: String, id: ObjectIdentifier, standing: SessionStanding? = nil, close: @escaping @Sendable () -> Void) -> Bool {
+        let previous = live.withLock { $0.updateValue((id, close, standing), forKey: name) }
         previous?.close()
         return previous != nil
     }
@@ -208,6 +208,20 @@ final class SessionShelf: Sendable {
         return shelf.withLock { shelf in shelf.sessions.map { ($0.key, $0.value.session) } }
     }
 
+    /// The sessions kept now and those of the tagged connections open now, each where it stands (what
+    /// a running relay saves every second, for a start after a crash): a connection's is where its
+    /// client has acknowledged, so a session restored from it may replay a little twice, never skip.
+    func checkpoint() -> [(name: String, epoch: String, resumeAfter: UInt64, topics: Set<Topic>)] {
+        var all = shelf.withLock { shelf in shelf.sessions.map { ($0.key, $0.value.session.epoch, $0.value.session.resumeAfter, $0.value.session.topics) } }
+        let open = live.withLock { live in live.compactMap { name, entry in entry.standing.map { (name, $0) } } }
+        let openNames = Set(open.map(\.0))
+        all.removeAll { openNames.contains($0.0) }
+        for (name, standing) in open {
+            if let now = standing.now, !now.topics.isEmpty { all.append((name, now.epoch, now.resumeAfter, now.topics)) }
+        }
+        return all
+    }
+
     private func sweep(_ shelf: inout Shelf, now: ContinuousClock.Instant) -> [Released] {
         let gone = shelf.expire(now: now, window: settings.window)
         if !gone.isEmpty {
@@ -219,6 +233,47 @@ final class SessionShelf: Sendable {
 
     /// The key part of a session's name (`key#tag`): whose topic budget it counts against.
     static func key(of name: String) -> String { String(Shelf.key(of: name)) }
+}
+
+/// Where an open tagged connection stands, as a checkpoint reads it from another thread: the epoch and
+/// market sequence its client has acknowledged (``AcknowledgedPosition`` stores it as it advances), the
+/// topics it holds, and the session it took back whose topics it has not all subscribed again (its
+/// start stands for those). `Sendable` behind a `Mutex` (written on the connection's loop, read by the
+/// checkpoint once a second).
+final class SessionStanding: Sendable {
+    private struct State {
+        var epoch: String?
+        var acknowledged: UInt64 = 0
+        var topics: Set<Topic> = []
+        var takenBack: (epoch: String, resumeAfter: UInt64, topics: Set<Topic>)?
+    }
+
+    private let state = Mutex(State())
+
+    func acknowledged(_ sequence: UInt64, epoch: String?) {
+        state.withLock {
+            $0.acknowledged = sequence
+            $0.epoch = epoch
+        }
+    }
+
+    func holds(_ topics: Set<Topic>, takenBack: (epoch: String, resumeAfter: UInt64, topics: Set<Topic>)?) {
+        state.withLock {
+            $0.topics = topics
+            $0.takenBack = takenBack
+        }
+    }
+
+    /// Where it stands (as the connection's close would shelve it), once it stands in an epoch.
+    var now: (epoch: String, resumeAfter: UInt64, topics: Set<Topic>)? {
+        state.withLock { state in
+            let topics = state.topics.union(state.takenBack?.topics ?? [])
+            guard let epoch = state.epoch, !epoch.isEmpty else { return state.takenBack.map { ($0.epoch, $0.resumeAfter, topics) } }
+            guard let back = state.takenBack else { return (epoch, state.acknowledged, topics) }
+            // As at a close: the taken-back session's start holds while its topics are not all back.
+            return back.epoch == epoch ? (epoch, min(state.acknowledged, back.resumeAfter), topics) : (back.epoch, back.resumeAfter, topics)
+        }
+    }
 }
 
 /// Where a tagged connection's client stands, from what its TCP stack acknowledged: after each write
@@ -240,6 +295,8 @@ final class AcknowledgedPosition {
     }
 
     private let marginBytes: UInt64
+    /// Told where the client stands each time that advances (a running relay's checkpoint reads it).
+    var standing: SessionStanding?
     /// Marks not yet known acknowledged (oldest first), and the newest that is.
     private var marks = CircularBuffer<Mark>(initialCapacity: 2)
     private var acknowledged: UInt64
@@ -262,6 +319,7 @@ final class AcknowledgedPosition {
         acknowledged = sequence
         acknowledgedEpoch = epoch
         writingEpoch = epoch
+        standing?.acknowledged(sequence, epoch: epoch)
     }
 
     private var started = false
@@ -292,7 +350,10 @@ final class AcknowledgedPosition {
             acknowledgedEpoch = mark.epoch
             taken += 1
         }
-        if taken > 0 { marks.removeFirst(taken) }
+        if taken > 0 {
+            marks.removeFirst(taken)
+            standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch)
+        }
     }
 
     /// The market sequence through which the client has every event of its topics.

@@ -114,7 +114,11 @@ public final class TapeRecorder: EventTap {
             pausedBecause: waiting.withLock { $0.pausedBecause })
     }
 
+    /// The epoch and market sequence reserved on disk so far (``PositionReservation``).
+    private let reserved = Mutex<(epoch: String, through: UInt64)?>(nil)
+
     public func take(_ events: [MarketEvent], positions: [EventPosition]?, epoch: String?) {
+        if let epoch, let newest = positions?.last?.market ?? events.last?.sequence { reserve(through: newest, epoch: epoch) }
         var size = 0
         for event in events { size += event.bytes.readableBytes + 64 }
         queue(Batch(events: events, positions: positions, epoch: epoch), size: size)
@@ -127,6 +131,18 @@ public final class TapeRecorder: EventTap {
 
     public func interrupted(epoch: String?) {
         queue(Batch(epoch: epoch, marks: [.interrupted(at: WallClock.nowNanoseconds())]), size: 64)
+    }
+
+    /// Before the hub delivers a position past what is reserved, the next reservation is on disk (on
+    /// the hub's executor, about once per ``PositionReservation/step`` events: one small write and a rename).
+    private func reserve(through newest: UInt64, epoch: String) {
+        reserved.withLock { reserved in
+            guard reserved.map({ $0.epoch != epoch || newest > $0.through }) ?? true else { return }
+            let through = newest + PositionReservation.step
+            let written = PositionReservation.write(directory: settings.directory, market: settings.market, epoch: epoch, through: through)
+            // Not written: no file is left, and a start after a crash begins a new epoch.
+            reserved = written ? (epoch, through) : nil
+        }
     }
 
     /// Queues a batch of `size` bytes for the writer, or counts it dropped (its hole a gap to record).

@@ -2,7 +2,8 @@ import MarketCore
 import NIOCore
 
 /// The end of a market's tape as its next start needs it (a ``PriorRun``): when the newest day file
-/// ends with a clean stop, the epoch and last market sequence of that run, when it stopped, and the
+/// ends with a clean stop (or, after a crash, its epoch reserved positions ahead: ``PositionReservation``),
+/// the epoch and last market sequence of that run, when it stopped, and the
 /// blocks from which its recent history is read back (the last `maxAge` before the stop and at most
 /// `maxBytes` of records, from the nearest block before that which says what was wanted).
 ///
@@ -12,6 +13,7 @@ public struct TapeTail: PriorRun {
     public let epoch: String
     public let lastMarketSequence: UInt64
     public let stoppedAt: Int64
+    public let clean: Bool
     /// The first block read back, and the receive time (UTC ns) from which events are kept.
     let firstBlock: Int
     let keepFrom: Int64
@@ -21,7 +23,8 @@ public struct TapeTail: PriorRun {
         public let description: String
     }
 
-    /// The newest day of `market`'s tape under `directory`, if its last record is a clean stop.
+    /// The newest day of `market`'s tape under `directory`, if its last record is a clean stop or its
+    /// last epoch reserved its positions.
     /// - Parameters:
     ///   - maxAge: how long before the stop events are read back (the history's age bound).
     ///   - maxBytes: at most this many bytes of records (before compression) are read back.
@@ -32,13 +35,25 @@ public struct TapeTail: PriorRun {
         let reader: TapeReader
         do { reader = try TapeReader(path: newest.path) } catch { throw NotResumable(description: "\(error)") }
         guard let last = reader.blocks.indices.last else { throw NotResumable(description: "\(newest.path) holds no block") }
-        guard let records = reader.records(inBlock: last), case .stopped(let stopped) = records.last else {
-            throw NotResumable(description: "the last run did not stop cleanly (no stop record at the end of \(newest.path))")
-        }
+        guard let records = reader.records(inBlock: last) else { throw NotResumable(description: "the last block of \(newest.path) does not read") }
         // Every block begins with its epoch: the last one named in the last block is the run's.
         var epoch: String?
         for record in records { if case .epoch(let name, _) = record { epoch = name } }
         guard let epoch else { throw NotResumable(description: "its last run recorded no events") }
+        // Past every market sequence the file's blocks hold (an older epoch's too: going past is safe).
+        var lastSequence = reader.blocks.map(\.header.lastSequence).max() ?? 0
+        let stopped: Int64
+        let clean: Bool
+        if case .stopped(let at) = records.last {
+            (stopped, clean) = (at, true)
+        } else {
+            // A crash: what it gave may pass what it recorded, but not what it reserved.
+            guard let reserved = PositionReservation.read(directory: directory, market: market), reserved.epoch == epoch else {
+                throw NotResumable(description: "the last run did not stop cleanly and reserved no positions in its epoch")
+            }
+            lastSequence = max(lastSequence, reserved.through)
+            (stopped, clean) = (reader.blocks[last].header.lastTime, false)
+        }
         // The window: the last `maxAge`, at most `maxBytes`, back to a block that says what was wanted.
         let (age, overflow) = maxAge.milliseconds.multipliedReportingOverflow(by: 1_000_000)
         let keepFrom = overflow ? Int64.min : stopped &- age
@@ -58,10 +73,8 @@ public struct TapeTail: PriorRun {
         {
             start -= 1
         }
-        // Past every market sequence the file's blocks hold (an older epoch's too: going past is safe).
-        let lastSequence = reader.blocks.map(\.header.lastSequence).max() ?? 0
         return TapeTail(
-            path: newest.path, epoch: epoch, lastMarketSequence: lastSequence, stoppedAt: stopped / 1_000_000, firstBlock: start,
+            path: newest.path, epoch: epoch, lastMarketSequence: lastSequence, stoppedAt: stopped / 1_000_000, clean: clean, firstBlock: start,
             keepFrom: keepFrom)
     }
 

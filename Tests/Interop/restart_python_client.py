@@ -6,8 +6,9 @@
 When every client has read --before events it writes --ready-file (the test then stops the relay and
 starts it again). Each client then reads until it has had a `resumed` status and --after more events.
 
-Prints one JSON line: events, missing (per-topic _s numbers never received, across the restart),
-duplicates, resumed, the gap statuses (their from/through/unit), and the down window each client was told.
+Prints one JSON line: events, missing (per-topic _s numbers never received before the gap, or after it),
+leaps (topics whose numbers do not go on by one across the gap), duplicates, resumed, and the gap
+statuses (their from/through/unit): the down window each client was told.
 Exit 0 when nothing is missing and every client resumed.
 """
 import argparse
@@ -30,7 +31,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=120)
     args = parser.parse_args()
 
-    states = [{"seen": {}, "events": 0, "after": 0, "resumed": 0, "gaps": [], "ready": False} for _ in range(args.clients)]
+    states = [{"seen": {}, "segment": 0, "events": 0, "after": 0, "resumed": 0, "gaps": [], "ready": False} for _ in range(args.clients)]
 
     async def run_one(index):
         state = states[index]
@@ -52,9 +53,11 @@ def main() -> int:
                         state["resumed"] += 1
                     elif status == "gap":
                         state["gaps"].append({k: message.get(k) for k in ("topic", "from", "through", "unit")})
+                        # What follows the gap is numbered after the restart: a segment of its own.
+                        state["segment"] += 1
                     continue
                 topic = f'{message["ev"]}.{message["sym"]}'
-                state["seen"].setdefault(topic, []).append(message["_s"])
+                state["seen"].setdefault((topic, state["segment"]), []).append(message["_s"])
                 state["events"] += 1
                 if state["resumed"]:
                     state["after"] += 1
@@ -77,20 +80,28 @@ def main() -> int:
         print(f"timed out: {[(s['events'], s['resumed']) for s in states]}", file=sys.stderr)
         return 1
 
+    # Missing: numbers never received within a segment (before the gap, after it). Leaps: topics whose
+    # numbers do not go on by one across the gap (after a crash they leap past what was reserved).
     missing = 0
     duplicates = 0
     events = 0
+    leaps = 0
     for state in states:
         events += state["events"]
-        for numbers in state["seen"].values():
+        last = {}
+        for (topic, segment), numbers in sorted(state["seen"].items(), key=lambda item: item[0][1]):
             unique = set(numbers)
             duplicates += len(numbers) - len(unique)
             missing += (max(unique) - min(unique) + 1) - len(unique)
+            if topic in last and min(unique) != last[topic] + 1:
+                leaps += 1
+            last[topic] = max(unique)
     result = {
         "clients": args.clients,
         "events": events,
         "missing": missing,
         "duplicates": duplicates,
+        "leaps": leaps,
         "resumed": sum(s["resumed"] for s in states),
         "gaps": [gap for s in states for gap in s["gaps"]][:20],
         "gapCount": sum(len(s["gaps"]) for s in states),

@@ -17,6 +17,7 @@ private struct RecordedRun: PriorRun {
     let epoch: String
     let lastMarketSequence: UInt64
     let stoppedAt: Int64
+    var clean = true
     let recorded: [Recorded]
 
     enum Recorded {
@@ -129,5 +130,31 @@ struct HubRestartTests {
         let second = await hub.subscribe()
         let missed = await hub.add([topic("Q.MSFT")], to: second.id, resuming: .positions(epoch: "e1", [topic("Q.MSFT"): 0]))
         #expect(missed.replayed == [topic("Q.MSFT"): 1], "its whole run began with its first event: \(missed)")
+    }
+
+    /// After a crash the run may have given numbers it never recorded: they are never given again
+    /// (every topic's numbers leap past what it reserved), and a client holding one is told the gap.
+    @Test func afterACrashNumbersLeapPastTheReservedAndAPositionNeverRecordedCrossesTheRestart() async throws {
+        var crashed = previousRun()
+        crashed = RecordedRun(epoch: "e1", lastMarketSequence: 1_000, stoppedAt: now - 3_000, clean: false, recorded: crashed.recorded)
+        let hub = MarketDataHub(wire: .polygon)
+        await hub.goOn(from: crashed)
+        let holder = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish([event("T", "AAPL", 9)])
+        let live = try await take(2, from: holder.events)
+        #expect(fields(live[1])["_s"] as? Int == 1_002 && fields(live[1])["_m"] as? Int == 1_002, "\(fields(live[1]))")
+        // A client holding AAPL trade 7, which the crashed run gave and never recorded.
+        let client = await hub.subscribe()
+        let outcome = await hub.add([topic("T.AAPL")], to: client.id, resuming: .positions(epoch: "e1", [topic("T.AAPL"): 7]))
+        #expect(outcome.replayed == [topic("T.AAPL"): 1] && outcome.gaps == [topic("T.AAPL")], "\(outcome)")
+        let got = try await take(3, from: client.events)
+        #expect(fields(got[0])["status"] as? String == "gap" && fields(got[0])["from"] as? Int64 == now - 3_000)
+        #expect(fields(got[1])["_s"] as? Int == 1_002)
+        // One holding 4 (recorded) gets 5, the gap, then 1002.
+        let older = await hub.subscribe()
+        await hub.add([topic("T.AAPL")], to: older.id, resuming: .positions(epoch: "e1", [topic("T.AAPL"): 4]))
+        let replayed = try await take(3, from: older.events)
+        #expect(replayed.map { fields($0)["_s"] as? Int } == [5, nil, 1_002])
+        withExtendedLifetime(holder) {}
     }
 }
