@@ -15,7 +15,7 @@ public struct HistoryLimits: Sendable, Equatable {
     /// topics instead (never a partial replay of a topic).
     public var eventsPerResume: Int
 
-    public init(eventsPerTopic: Int = 10_000, maxAge: Duration = .seconds(300), memoryBytes: Int = 256 << 20, eventsPerResume: Int = 100_000) {
+    public init(eventsPerTopic: Int = 10_000, maxAge: Duration = .seconds(300), memoryBytes: Int = 64 << 20, eventsPerResume: Int = 100_000) {
         self.eventsPerTopic = eventsPerTopic
         self.maxAge = maxAge
         self.memoryBytes = memoryBytes
@@ -172,6 +172,13 @@ final class EventHistory {
     private var droppedArrival: Int64 = .min
     /// Events held (slots whose bytes are still here).
     private(set) var eventCount = 0
+
+    /// The market sequence of the oldest slot held (the next one's when none is): what the history
+    /// holds of the market starts there.
+    var oldestSequence: UInt64 { slots.first?.sequence ?? nextMarketSequence }
+
+    /// The reason of a gap whose events were let go (an archive may still have them).
+    static let noLongerHeld = "no longer held"
 
     /// "Whole from" of a topic the relay does not receive now: no resume across this time is whole.
     static let notReceived = UInt64.max
@@ -519,7 +526,7 @@ final class EventHistory {
     func missed(_ topic: Topic, since: Since, limit: Int = .max, now: Int64 = WallClock.nowMilliseconds()) -> Missed {
         if let restart, let after = positionBefore(restart, topic, since) { return missed(topic, after: after, across: restart, limit: limit, now: now) }
         let ahead = "the position is ahead of this relay's history"
-        let lost = "no longer held"
+        let lost = Self.noLongerHeld
         let notReceived = "not all received by this relay (it was not subscribed to the topic, or its upstream was away)"
         let line = lines[topic]
         // A ticker with no line: never seen this epoch, or let go (then whole only after that).
@@ -625,7 +632,7 @@ final class EventHistory {
         let line = lines[topic]
         let evicted = topic.isWildcard ? typeEvictedThrough[type] ?? 0 : line?.evictedThrough ?? droppedThrough
         guard evicted <= after else {
-            return .gap(from: after + 1, through: evicted, unit: .marketSequence, reason: "no longer held")
+            return .gap(from: after + 1, through: evicted, unit: .marketSequence, reason: Self.noLongerHeld)
         }
         let before = topic.isWildcard ? typeBeforeRestart[type] : line?.beforeRestart
         guard let before, before.sequence <= after + 1 else {

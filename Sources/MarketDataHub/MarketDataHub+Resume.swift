@@ -28,6 +28,8 @@ public struct ResumeCounts: Sendable, Equatable, Encodable {
     public var replayed = 0
     public var gaps = 0
     public var conflated = 0
+    /// Resumes that read the archive (the tape) for positions older than the memory.
+    public var fromArchive = 0
 }
 
 /// The history's metrics. `Sendable` (metric handles).
@@ -39,6 +41,9 @@ struct HubHistoryMetrics: Sendable {
     let conflated: Counter
     let resumed: Counter
     let resumedWithGaps: Counter
+    /// Resumes that asked the archive (the tape), and events it gave them.
+    let archiveResumes: Counter
+    let archiveReplayed: Counter
 
     init(factory: any MetricsFactory, limit: Int) {
         // What the memory may reach (0: no history), beside what it holds: an alert compares the two.
@@ -50,6 +55,8 @@ struct HubHistoryMetrics: Sendable {
         conflated = Counter(label: "relay_events_conflated_total", factory: factory)
         resumed = Counter(label: "relay_resumes_total", dimensions: [("result", "resumed")], factory: factory)
         resumedWithGaps = Counter(label: "relay_resumes_total", dimensions: [("result", "gap")], factory: factory)
+        archiveResumes = Counter(label: "relay_tape_resumes_total", factory: factory)
+        archiveReplayed = Counter(label: "relay_tape_events_replayed_total", factory: factory)
     }
 
     func record(_ history: EventHistory) {
@@ -66,31 +73,15 @@ extension MarketDataHub {
     /// from then on the live events of all its topics, nothing lost or doubled at the seam.
     ///
     /// Never partial: a topic whose missed events are not all held gets `gap` and none of them.
+    ///
+    /// A position older than the memory holds is asked of the market's archive (its tape) first: the
+    /// hub serves everything else while the archive reads, then the archive's events, the memory's
+    /// from where the archive stopped, and live follow as one.
     @discardableResult
-    public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) -> HubResumeOutcome {
+    public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
+        let archived = await fromArchive(topics, to: id, resuming: resume)
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
-        let fresh = topics.filter { !subscriber.topics.contains($0) }
-        var wanted: [(topic: Topic, since: EventHistory.Since)] = []
-        var epochGaps: [Topic] = []
-        var plain: [Topic] = []
-        for topic in fresh {
-            switch resume {
-            case .positions(let epoch, let positions):
-                guard let position = positions[topic] else {
-                    plain.append(topic)
-                    continue
-                }
-                if let epoch, epoch != self.epoch {
-                    epochGaps.append(topic)
-                } else {
-                    wanted.append((topic, topic.isWildcard ? .market(position) : .topic(position)))
-                }
-            case .time(let milliseconds):
-                wanted.append((topic, .time(milliseconds)))
-            case .marketSequence(let epoch, let sequence):
-                if epoch != self.epoch { epochGaps.append(topic) } else { wanted.append((topic, .market(sequence))) }
-            }
-        }
+        let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
         var outcome = HubResumeOutcome()
         var gapNotices: [(Topic, Notice)] = []
         for topic in epochGaps {
@@ -128,14 +119,16 @@ extension MarketDataHub {
         // Topics resuming from before a restart: the time nothing was received, told between the
         // previous run's events and this run's.
         var acrossRestart: [Topic: Notice] = [:]
-        for (topic, since) in wanted {
-            switch history?.missed(topic, since: since, limit: limit, now: now)
-                ?? .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history")
-            {
+        var fromTape = 0
+        // What the memory answers, after what the archive found first (`older`).
+        func take(_ topic: Topic, _ missed: EventHistory.Missed, after older: [MarketEvent] = []) {
+            switch missed {
             case .events(let events):
-                found.append((topic, events))
+                found.append((topic, older + events))
+                fromTape += older.count
             case .acrossRestart(let before, let downFrom, let downTo, let after):
-                found.append((topic, before + after))
+                found.append((topic, older + before + after))
+                fromTape += older.count
                 let seconds = Double(max(downTo - downFrom, 0) / 100) / 10
                 acrossRestart[topic] = gapStatus(
                     topic,
@@ -146,6 +139,27 @@ extension MarketDataHub {
                     (topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
             case .tooMany:
                 gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
+            }
+        }
+        for (topic, since) in wanted {
+            guard let history else {
+                take(topic, .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history"))
+                continue
+            }
+            guard let archived, let answer = archived.answers[topic] else {
+                take(topic, history.missed(topic, since: since, limit: limit, now: now))
+                continue
+            }
+            switch answer {
+            case .events(let events, let positions):
+                // The tape's events, then the memory's from where the tape's answer ends.
+                let older = EventPosition.stamp(events, positions)
+                take(topic, history.missed(topic, since: .market(archived.until), limit: max(limit - older.count, 0), now: now), after: older)
+            case .gap(let from, let through, let unit, let reason):
+                gapNotices.append(
+                    (topic, gapStatus(topic, message: "missed events \(reason) (read from the tape); none are replayed", from: (from, through, unit))))
+            case .tooMany:
+                take(topic, .tooMany)
             }
         }
         found.sort { $0.events.count < $1.events.count }
@@ -184,6 +198,7 @@ extension MarketDataHub {
         // The notices and last values count too: they are queued outside the buffer like the replay.
         subscriber.replayBudget.spend(delivery.count, capacity: resumeBound, now: now)
         metrics.replayed.increment(by: replay.count)
+        if fromTape > 0 { metrics.archiveReplayed.increment(by: fromTape) }
         if !outcome.gaps.isEmpty { metrics.gaps.increment(by: outcome.gaps.count) }
         (outcome.gaps.isEmpty ? metrics.resumed : metrics.resumedWithGaps).increment()
         resumeCounts.resumes += 1
@@ -195,6 +210,58 @@ extension MarketDataHub {
         let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
         add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) })
         return outcome
+    }
+
+    /// The archive's answers for the topics whose positions the memory no longer holds (of this epoch),
+    /// and where they end (the memory takes over after it); `nil`: none asked.
+    private func fromArchive(
+        _ topics: [Topic], to id: SubscriberID, resuming resume: HubResume
+    ) async -> (answers: [Topic: ArchiveAnswer], until: UInt64)? {
+        guard let archive, let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
+        let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
+            guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
+            return switch since {
+            case .topic(let position): ArchiveRequest(topic: topic, since: .topic(position))
+            case .market(let position): ArchiveRequest(topic: topic, since: .market(position))
+            case .time(let time): ArchiveRequest(topic: topic, since: .time(time))
+            }
+        }
+        guard !requests.isEmpty else { return nil }
+        let until = history.oldestSequence - 1
+        let answers = await archive.missed(requests, epoch: epoch, until: until, limit: history.limits.eventsPerResume)
+        resumeCounts.fromArchive += 1
+        metrics.archiveResumes.increment()
+        return (answers, until)
+    }
+
+    /// Per topic not held yet, where the client stands (`wanted`), or that its epoch is not this one's,
+    /// or that it resumes from nowhere (`plain`).
+    private func resumeRequests(
+        _ topics: [Topic], of subscriber: Subscriber, _ resume: HubResume
+    ) -> (wanted: [(topic: Topic, since: EventHistory.Since)], epochGaps: [Topic], plain: [Topic]) {
+        let fresh = topics.filter { !subscriber.topics.contains($0) }
+        var wanted: [(topic: Topic, since: EventHistory.Since)] = []
+        var epochGaps: [Topic] = []
+        var plain: [Topic] = []
+        for topic in fresh {
+            switch resume {
+            case .positions(let epoch, let positions):
+                guard let position = positions[topic] else {
+                    plain.append(topic)
+                    continue
+                }
+                if let epoch, epoch != self.epoch {
+                    epochGaps.append(topic)
+                } else {
+                    wanted.append((topic, topic.isWildcard ? .market(position) : .topic(position)))
+                }
+            case .time(let milliseconds):
+                wanted.append((topic, .time(milliseconds)))
+            case .marketSequence(let epoch, let sequence):
+                if epoch != self.epoch { epochGaps.append(topic) } else { wanted.append((topic, .market(sequence))) }
+            }
+        }
+        return (wanted, epochGaps, plain)
     }
 
     /// A resume asked of a connection that has a whole resume's worth of replayed events (and notices)
@@ -297,6 +364,10 @@ extension MarketDataHub {
     }
 
     // MARK: reading
+
+    /// The market sequence of the oldest event the history holds in memory (`nil`: no history); a
+    /// resume from before it is answered from the archive, if there is one.
+    public var oldestHeldSequence: UInt64? { history?.oldestSequence }
 
     /// The market sequence of the newest event (0: none, or no history).
     public var lastMarketSequence: UInt64 { (history?.nextMarketSequence ?? 1) - 1 }

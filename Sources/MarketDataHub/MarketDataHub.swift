@@ -78,6 +78,8 @@ public actor MarketDataHub {
     var gapLedger: GapLedger
     /// Told every published event with its position (the tape's recorder), if any.
     var tap: (any EventTap)?
+    /// Where events older than the history's memory are kept (the tape), if anywhere.
+    var archive: (any EventArchive)?
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger
@@ -279,6 +281,11 @@ public actor MarketDataHub {
     /// From now on `tap` is told every published event, positioned, before any subscriber (`nil`: none).
     public func setTap(_ tap: (any EventTap)?) {
         self.tap = tap
+    }
+
+    /// From now on a resume from a position older than the history holds is asked of `archive`.
+    public func setArchive(_ archive: (any EventArchive)?) {
+        self.archive = archive
     }
 
     public func publish(_ events: [MarketEvent]) {

@@ -293,9 +293,13 @@ public final class Relay: Service, Sendable {
     /// A recorded market whose tape ends with a clean stop goes on from that run (its epoch, positions
     /// and recent history, ``MarketDataHub/goOn(from:)``) before anything is received, and the time it
     /// was down goes on the tape as a gap. Otherwise it begins a new epoch, and the log says why.
+    ///
+    /// Its tape is also the hub's archive: a resume from a position older than the memory holds is
+    /// read from it.
     private func goOnFromTape(_ market: MarketParts) async {
         guard let recorder = market.recorder, let limits = settings.history, let tape = settings.tape else { return }
         let name = market.plan.market.rawValue
+        await market.hub.setArchive(TapeArchive(directory: tape.directory, market: name))
         do {
             let tail = try TapeTail.read(directory: tape.directory, market: name, maxAge: limits.maxAge, maxBytes: limits.memoryBytes)
             let events = await market.hub.goOn(from: tail)

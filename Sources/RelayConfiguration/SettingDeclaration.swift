@@ -167,7 +167,7 @@ extension RelaySettings {
         .init("history.eventsPerTopic", env: "RELAY_HISTORY_EVENTS_PER_TOPIC", default: "10000", "Events kept per topic for resumes."),
         .init("history.maxAgeSeconds", env: "RELAY_HISTORY_MAX_AGE_SECONDS", default: "300", "How long an event is kept for resumes."),
         .init(
-            "history.memoryMB", flag: "history-memory-mb", env: "RELAY_HISTORY_MEMORY_MB", default: "256",
+            "history.memoryMB", flag: "history-memory-mb", env: "RELAY_HISTORY_MEMORY_MB", default: "64",
             "Memory the history of each market may take; past it the oldest events go first."),
         .init("history.eventsPerResume", env: "RELAY_HISTORY_EVENTS_PER_RESUME", default: "100000", "The most events one resume replays (past it: gap)."),
         .init(

@@ -65,14 +65,7 @@ public struct TapeTail: PriorRun {
             bytes += Int(reader.blocks[byBytes].header.uncompressedLength)
         }
         first = min(max(first, byBytes), last)
-        var start = first
-        // At most two holding intervals of blocks back (it is written every interval).
-        let floor = reader.blocks[first].header.firstTime - 2 * TapeWriter.holdingInterval
-        while start > 0, !(reader.records(inBlock: start) ?? []).contains(where: { if case .holding = $0 { true } else { false } }),
-            reader.blocks[start - 1].header.lastTime >= floor
-        {
-            start -= 1
-        }
+        let start = reader.holdingBlock(atOrBefore: first)
         return TapeTail(
             path: newest.path, epoch: epoch, lastMarketSequence: lastSequence, stoppedAt: stopped / 1_000_000, clean: clean, firstBlock: start,
             keepFrom: keepFrom)

@@ -2,6 +2,8 @@ import Foundation
 import MarketCore
 import PolygonWire
 import RelayBench
+import RelayComposition
+import RelayConfiguration
 import Tape
 import Testing
 
@@ -150,5 +152,49 @@ struct RestartResumeTests {
         let gaps = summary["gaps"] as? [[String: Any]] ?? []
         #expect(gaps.count == 3 && gaps.allSatisfy { $0["unit"] as? String == "unix_ms" && $0["topic"] as? String == "Q.*" }, "\(summary)")
         if !killed { #expect(summary["leaps"] as? Int == 0, "numbers go on by one across a clean restart: \(summary)") }
+    }
+
+    /// A client whose position the memory no longer holds (a 2 s history here) resumes from the tape:
+    /// the tape's events, then the memory's, then live, its topic sequences contiguous, no gap.
+    @Test func aPositionOlderThanTheMemoryResumesFromTheTape() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-archive-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 2_000)
+        settings.portfolio = nil
+        settings.tape?.directory = directory
+        settings.tape?.flushInterval = .milliseconds(100)
+        settings.history?.maxAge = .seconds(2)
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let url = "ws://127.0.0.1:\(parts.port)/stocks"
+            // Another client holds the topic throughout, so the relay receives all of it.
+            let holder = try await WSTestClient.authenticated(url: url)
+            holder.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            _ = try await holder.waitForStatus("success")
+            let first = try await WSTestClient.authenticated(url: url)
+            first.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            let success = try await first.waitForStatus("success")
+            let epoch = try #require(success.fields["epoch"] as? String)
+            let seen = success.eventsBefore + (try await first.nextEvents(5))
+            let last = try #require(seen.compactMap { EventPosition.read(from: $0.bytes) }.last)
+            await first.close()
+            // The memory lets it go (older than 2 s); the holder keeps reading meanwhile.
+            let deadline = ContinuousClock.now + .seconds(15)
+            while (await parts.hub.oldestHeldSequence ?? 0) <= last.market + 1 {
+                try #require(ContinuousClock.now < deadline, "the memory still holds the client's position after 15 s")
+                _ = try? await holder.nextEvents(1, timeout: .milliseconds(200))
+            }
+            let back = try await WSTestClient.authenticated(url: url)
+            back.send(#"{"action":"subscribe","params":"Q.AAPL","since":{"epoch":"\#(epoch)","Q.AAPL":\#(last.topic)}}"#)
+            let resumed = try await back.waitForStatus("resumed")
+            #expect((resumed.fields["gaps"] as? [String] ?? []).isEmpty, "\(resumed.fields)")
+            var sequences = resumed.eventsBefore.compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            #expect(sequences.count >= 5, "two seconds and more of AAPL quotes: \(sequences.count)")
+            sequences += try await back.nextEvents(3).compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            #expect(sequences == Array((last.topic + 1)...(last.topic + UInt64(sequences.count))), "contiguous from the tape through live: \(sequences)")
+            #expect(await parts.hub.resumeStatistics.fromArchive >= 1)
+            for client in [holder, back] { await client.close() }
+        }
     }
 }
