@@ -3,29 +3,34 @@
 /// only for positions of its own epoch, and only up to where its memory takes over. `Sendable`; a read
 /// may take a while (it waits on the disk off the hub: the hub serves everything else meanwhile).
 public protocol EventArchive: Sendable {
-    /// What each topic missed after where its client stands, through market sequence `until`, in
-    /// `epoch`: every event (whole: the topic was received all that time), or why not. At most `limit`
-    /// events in all; a topic past it is ``ArchiveAnswer/tooMany``.
-    func missed(_ requests: [ArchiveRequest], epoch: String, until: UInt64, limit: Int) async -> [Topic: ArchiveAnswer]
+    /// What each topic missed after where its client stands, through its request's `until`, in
+    /// `epoch`: every event (whole: the topic was received all that time, every market sequence
+    /// between on the archive), or why not. At most `limit` events in all; a topic past it is
+    /// ``ArchiveAnswer/tooMany``.
+    func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer]
 }
 
-/// One topic a resume asks the archive for, and where its client stands. Value type, `Sendable`.
+/// Where a resuming client stands on a topic. Value type, `Sendable`.
+public enum ResumePoint: Sendable, Equatable {
+    /// A ticker topic's topic sequence (`_s`) of the last event the client has.
+    case topic(UInt64)
+    /// The market sequence (`_m`) of the last event the client has.
+    case market(UInt64)
+    /// Every event that arrived at or after this Unix ms.
+    case time(Int64)
+}
+
+/// One topic a resume asks the archive for, where its client stands, and the market sequence through
+/// which it is asked (the hub's memory holds the topic's events after it). Value type, `Sendable`.
 public struct ArchiveRequest: Sendable, Equatable {
-    public enum Since: Sendable, Equatable {
-        /// A ticker topic's topic sequence (`_s`) of the last event the client has.
-        case topic(UInt64)
-        /// The market sequence (`_m`) of the last event the client has.
-        case market(UInt64)
-        /// Every event that arrived at or after this Unix ms.
-        case time(Int64)
-    }
-
     public var topic: Topic
-    public var since: Since
+    public var since: ResumePoint
+    public var until: UInt64
 
-    public init(topic: Topic, since: Since) {
+    public init(topic: Topic, since: ResumePoint, until: UInt64) {
         self.topic = topic
         self.since = since
+        self.until = until
     }
 }
 

@@ -177,6 +177,13 @@ final class EventHistory {
     /// holds of the market starts there.
     var oldestSequence: UInt64 { slots.first?.sequence ?? nextMarketSequence }
 
+    /// The market sequence after which this history holds every event of `topic` it received: an
+    /// archive is asked for what a resume missed through it, the memory answers after it.
+    func archiveBoundary(of topic: Topic) -> UInt64 {
+        let evicted = topic.isWildcard ? typeEvictedThrough[topic.eventType] ?? 0 : lines[topic]?.evictedThrough ?? droppedThrough
+        return max(oldestSequence - 1, evicted)
+    }
+
     /// The reason of a gap whose events were let go (an archive may still have them).
     static let noLongerHeld = "no longer held"
 
@@ -498,14 +505,7 @@ final class EventHistory {
     }
 
     /// Where a client stands on one topic.
-    enum Since {
-        /// The topic sequence of the last event it has (ticker topics).
-        case topic(UInt64)
-        /// The market sequence of the last event it has.
-        case market(UInt64)
-        /// It wants every event that arrived at or after this Unix ms.
-        case time(Int64)
-    }
+    typealias Since = ResumePoint
 
     /// The market sequence of the last event that arrived before `time` (Unix ms): a time resume starts
     /// after it. When nothing held is that old, the sequence before the oldest held slot.

@@ -146,7 +146,7 @@ extension MarketDataHub {
                 take(topic, .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history"))
                 continue
             }
-            guard let archived, let answer = archived.answers[topic] else {
+            guard let (answer, until) = archived?[topic] else {
                 take(topic, history.missed(topic, since: since, limit: limit, now: now))
                 continue
             }
@@ -154,7 +154,7 @@ extension MarketDataHub {
             case .events(let events, let positions):
                 // The tape's events, then the memory's from where the tape's answer ends.
                 let older = EventPosition.stamp(events, positions)
-                take(topic, history.missed(topic, since: .market(archived.until), limit: max(limit - older.count, 0), now: now), after: older)
+                take(topic, history.missed(topic, since: .market(until), limit: max(limit - older.count, 0), now: now), after: older)
             case .gap(let from, let through, let unit, let reason):
                 gapNotices.append(
                     (topic, gapStatus(topic, message: "missed events \(reason) (read from the tape); none are replayed", from: (from, through, unit))))
@@ -214,24 +214,24 @@ extension MarketDataHub {
 
     /// The archive's answers for the topics whose positions the memory no longer holds (of this epoch),
     /// and where they end (the memory takes over after it); `nil`: none asked.
-    private func fromArchive(
-        _ topics: [Topic], to id: SubscriberID, resuming resume: HubResume
-    ) async -> (answers: [Topic: ArchiveAnswer], until: UInt64)? {
+    private func fromArchive(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> [Topic: (ArchiveAnswer, until: UInt64)]? {
         guard let archive, let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
+        // A connection that may not be replayed now is not read for either (it gets `gap`, not a read).
+        let bound = history.limits.eventsPerResume
+        let now = WallClock.nowMilliseconds()
+        guard subscriber.queue.replaying.load(ordering: .relaxed) < bound, subscriber.replayBudget.available(capacity: bound, now: now) * 100 >= bound
+        else { return nil }
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
             guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
-            return switch since {
-            case .topic(let position): ArchiveRequest(topic: topic, since: .topic(position))
-            case .market(let position): ArchiveRequest(topic: topic, since: .market(position))
-            case .time(let time): ArchiveRequest(topic: topic, since: .time(time))
-            }
+            return ArchiveRequest(topic: topic, since: since, until: history.archiveBoundary(of: topic))
         }
         guard !requests.isEmpty else { return nil }
-        let until = history.oldestSequence - 1
-        let answers = await archive.missed(requests, epoch: epoch, until: until, limit: history.limits.eventsPerResume)
+        let answers = await archive.missed(requests, epoch: epoch, limit: bound)
         resumeCounts.fromArchive += 1
         metrics.archiveResumes.increment()
-        return (answers, until)
+        var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
+        for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
+        return archived
     }
 
     /// Per topic not held yet, where the client stands (`wanted`), or that its epoch is not this one's,

@@ -5,72 +5,98 @@ import NIOCore
 /// A market's tape as the hub's archive (``EventArchive``): a resume from a position its memory no
 /// longer holds is answered from the day file, read on a queue of its own (it waits on the disk).
 ///
-/// One pass from the block before the earliest position that says what was wanted, to `until`: a
-/// topic's events are whole from where its client stands only if it was received all that time (wanted,
-/// by name or by its wildcard, no loss, no hole in the recording, one epoch). A `_s` position is found
-/// by reading back from `until`, at most ``topicSearchBlocks`` blocks. Only the newest day file is read
-/// (a position from an earlier day is a gap). `Sendable`: names a folder; each read opens the file.
+/// One pass from the block before the earliest position that says what was wanted: a topic's events
+/// are whole from where its client stands (its own event, found on the tape) only if every market
+/// sequence after it through its `until` is on the tape, in its epoch, with no loss, stop or hole
+/// between, and the topic was received (wanted, by name or by its wildcard) all that time. A `_s`
+/// position is found by reading back from `until`. At most ``blocksPerRead`` blocks a read. Only the
+/// newest day file is read (a position from an earlier day is not found: a gap). `Sendable`: names a
+/// folder; each read opens the file.
 public final class TapeArchive: EventArchive {
     public let directory: String
     public let market: String
     private let queue: DispatchQueue
-    /// How far back a `_s` position is looked for: blocks of up to 256 KB of records (about 1 GB).
-    public static let topicSearchBlocks = 4096
-
     public init(directory: String, market: String) {
         self.directory = directory
         self.market = market
         queue = DispatchQueue(label: "relay.tape.archive.\(market)")
     }
 
-    public func missed(_ requests: [ArchiveRequest], epoch: String, until: UInt64, limit: Int) async -> [Topic: ArchiveAnswer] {
+    public func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer] {
         await withCheckedContinuation { continuation in
-            queue.async { continuation.resume(returning: self.read(requests, epoch: epoch, until: until, limit: limit)) }
+            queue.async { continuation.resume(returning: self.read(requests, epoch: epoch, limit: limit)) }
         }
     }
 
-    /// What a topic's read found so far.
+    /// The most blocks one read decodes (up to 256 KB of records each: about 2 GB), its searches
+    /// included: a resume asking for more is a gap, so no client makes a read unbounded.
+    public static let blocksPerRead = 8192
+
+    /// Where a topic's read stands.
     private struct Reading {
         let topic: Topic
-        /// The market sequence after which it wants events.
+        /// The market sequence after which it wants events, and through which.
         let after: UInt64
-        var active = false
+        let until: UInt64
+        /// The last market sequence seen since `after` (`nil`: `after` not reached yet).
+        var last: UInt64?
         var events: [MarketEvent] = []
         var positions: [EventPosition] = []
         var answer: ArchiveAnswer?
+
+        func gap(_ reason: String) -> ArchiveAnswer { .gap(from: after + 1, through: until, unit: "market_sequence", reason: reason) }
     }
 
-    func read(_ requests: [ArchiveRequest], epoch: String, until: UInt64, limit: Int) -> [Topic: ArchiveAnswer] {
-        func gapAll(_ reason: String) -> [Topic: ArchiveAnswer] {
-            Dictionary(requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: reason)) }, uniquingKeysWith: { a, _ in a })
-        }
+    func read(_ requests: [ArchiveRequest], epoch: String, limit: Int) -> [Topic: ArchiveAnswer] {
         guard let newest = TapeFile.days(directory: directory, market: market).last, let reader = try? TapeReader(path: newest.path) else {
-            return gapAll("not on the tape")
+            return Dictionary(
+                requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "not on the tape")) },
+                uniquingKeysWith: { first, _ in first })
         }
+        var budget = Self.blocksPerRead
         var answers: [Topic: ArchiveAnswer] = [:]
         var readings: [Reading] = []
-        for request in requests where answers[request.topic] == nil {
-            switch start(of: request, in: reader, until: until) {
-            case .success(let after): readings.append(Reading(topic: request.topic, after: after))
+        for request in requests where answers[request.topic] == nil && !readings.contains(where: { $0.topic == request.topic }) {
+            switch start(of: request, in: reader, epoch: epoch, budget: &budget) {
+            case .success(let after): readings.append(Reading(topic: request.topic, after: after, until: request.until))
             case .failure(let gap): answers[request.topic] = gap.answer
             }
         }
         guard let earliest = readings.map(\.after).min() else { return answers }
-        let first = reader.holdingBlock(atOrBefore: reader.firstBlock(atOrAfterSequence: earliest + 1))
+        scan(&readings, in: reader, from: reader.holdingBlock(atOrBefore: reader.firstBlock(atOrAfterSequence: max(earliest, 1))), epoch: epoch, limit: limit, budget: &budget)
+        for reading in readings {
+            answers[reading.topic] =
+                reading.answer
+                ?? (reading.last.map { $0 >= reading.until } == true || reading.after >= reading.until
+                    ? .events(reading.events, reading.positions)
+                    : reading.gap(reading.last == nil ? "not on the tape (its position was not found)" : "not all on the tape yet"))
+        }
+        return answers
+    }
+
+    /// One pass from `first`: each reading starts at its own event (`after`), then takes every market
+    /// sequence in turn (a hole, a loss, a stop, another epoch, a damaged block or its topic not received
+    /// makes it a gap) until its `until`.
+    private func scan(_ readings: inout [Reading], in reader: TapeReader, from first: Int, epoch: String, limit: Int, budget: inout Int) {
+        // What was received (a day file's first block without a holding record began its run: nothing).
         var wanted = Set<String>()
-        // A day file's first block without a holding record began its run: nothing was wanted before.
         var known = first == 0
         var ours = false
         var total = 0
-        // Stops being whole: every active reading not yet answered.
-        func breakActive(_ reason: String, only topic: Topic? = nil) {
-            for index in readings.indices where readings[index].active && readings[index].answer == nil {
-                if let topic, !Self.affects(topic, readings[index].topic) { continue }
-                readings[index].answer = .gap(from: readings[index].after + 1, through: until, unit: "market_sequence", reason: reason)
+        func breakActive(_ reason: String, unless stillReceived: ((Topic) -> Bool)? = nil) {
+            for index in readings.indices where readings[index].last != nil && readings[index].answer == nil {
+                if let stillReceived, stillReceived(readings[index].topic) { continue }
+                readings[index].answer = readings[index].gap(reason)
             }
         }
-        var reached = false
-        scan: for index in first..<reader.blocks.count {
+        let notReceived = "not received all the time (nobody held it for a while)"
+        for index in first..<reader.blocks.count {
+            guard readings.contains(where: { $0.answer == nil }) else { return }
+            guard budget > 0 else {
+                for reading in readings.indices where readings[reading].answer == nil { readings[reading].answer = readings[reading].gap("too far back to read at once") }
+                return
+            }
+            budget -= 1
             guard let records = reader.records(inBlock: index) else {
                 breakActive("a damaged block of the tape")
                 continue
@@ -78,18 +104,18 @@ public final class TapeArchive: EventArchive {
             for record in records {
                 switch record {
                 case .epoch(let name, _):
+                    if ours, name != epoch { breakActive("another epoch on the tape") }
                     ours = name == epoch
-                    if !ours { breakActive("another epoch on the tape") }
                 case .holding(let topics, _):
                     guard ours else { continue }
-                    let now = Set(topics)
-                    if known { for changed in now.symmetricDifference(wanted) { if let topic = Topic(parsing: changed) { breakActive("not received all the time", only: topic) } } }
-                    wanted = now
+                    wanted = Set(topics)
                     known = true
+                    breakActive(notReceived, unless: { Self.isWanted($0, in: wanted) })
                 case .wanted(let name, let isWanted, _):
                     guard ours else { continue }
                     if isWanted { wanted.insert(name) } else { wanted.remove(name) }
-                    if let topic = Topic(parsing: name) { breakActive("not received all the time", only: topic) }
+                    // A topic that stops being received, even for a moment, may have missed events.
+                    breakActive(notReceived, unless: { Self.isWanted($0, in: wanted) })
                 case .interrupted, .gap, .stopped:
                     guard ours else { continue }
                     breakActive("the upstream was lost or the relay was down meanwhile")
@@ -98,53 +124,55 @@ public final class TapeArchive: EventArchive {
                 case .source:
                     continue
                 case .event(let event):
-                    guard ours else { continue }
-                    if event.sequence > until {
-                        reached = true
-                        break scan
-                    }
+                    guard ours, event.sequence > 0 else { continue }
                     for index in readings.indices where readings[index].answer == nil {
-                        if !readings[index].active {
-                            guard event.sequence > readings[index].after else { continue }
-                            readings[index].active = true
-                            guard known, Self.isWanted(readings[index].topic, in: wanted) else {
-                                readings[index].answer = .gap(
-                                    from: readings[index].after + 1, through: until, unit: "market_sequence",
-                                    reason: "not all received by this relay (it was not subscribed to the topic)")
+                        guard let last = readings[index].last else {
+                            // Its own event (or, from the epoch's start, the first): the reading starts there.
+                            if event.sequence == readings[index].after {
+                                readings[index].last = event.sequence
+                            } else if readings[index].after == 0, event.sequence == 1 {
+                                readings[index].last = 0
+                            } else {
                                 continue
                             }
-                        }
-                        let topic = readings[index].topic
-                        guard topic.eventType == event.eventType, topic.isWildcard || topic.ticker == event.ticker else { continue }
-                        guard total < limit else {
-                            readings[index].answer = .tooMany
+                            guard readings[index].last == 0 else { continue }
+                            // The epoch's first event: taken below like any other.
+                            take(event, into: &readings[index], last: 0, known: known, wanted: wanted, limit: limit, total: &total)
                             continue
                         }
-                        total += 1
-                        readings[index].events.append(
-                            MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes), sequence: event.sequence))
-                        readings[index].positions.append(EventPosition(topic: event.topicSequence, market: event.sequence))
-                    }
-                    if event.sequence == until {
-                        reached = true
-                        break scan
+                        take(event, into: &readings[index], last: last, known: known, wanted: wanted, limit: limit, total: &total)
                     }
                 }
             }
         }
-        for reading in readings {
-            answers[reading.topic] =
-                reading.answer
-                ?? (reached || reading.after >= until
-                    ? .events(reading.events, reading.positions)
-                    : .gap(from: reading.after + 1, through: until, unit: "market_sequence", reason: "not on the tape yet"))
-        }
-        return answers
     }
 
-    /// Whether a change to `changed` (a ticker or a wildcard) touches what `topic` receives.
-    static func affects(_ changed: Topic, _ topic: Topic) -> Bool {
-        changed.eventType == topic.eventType && (changed.isWildcard || topic.isWildcard || changed.ticker == topic.ticker)
+    /// The next event after a reading's `last`: a hole in the numbers or its topic not received ends it
+    /// as a gap; past its `until` it is whole; its topic's events are kept.
+    private func take(_ event: TapeEvent, into reading: inout Reading, last: UInt64, known: Bool, wanted: Set<String>, limit: Int, total: inout Int) {
+        guard event.sequence == last &+ 1 else {
+            reading.answer = reading.gap("not all on the tape (market sequences \(last &+ 1)…\(event.sequence &- 1) are not)")
+            return
+        }
+        // Every number through `until` was on the tape: whole.
+        guard event.sequence <= reading.until else {
+            reading.answer = .events(reading.events, reading.positions)
+            return
+        }
+        reading.last = event.sequence
+        guard known, Self.isWanted(reading.topic, in: wanted) else {
+            reading.answer = reading.gap("not all received by this relay (it was not subscribed to the topic)")
+            return
+        }
+        let topic = reading.topic
+        guard topic.eventType == event.eventType, topic.isWildcard || topic.ticker == event.ticker else { return }
+        guard total < limit else {
+            reading.answer = .tooMany
+            return
+        }
+        total += 1
+        reading.events.append(event.marketEvent)
+        reading.positions.append(event.position)
     }
 
     /// Whether `topic` was received: by name, or by its type's wildcard.
@@ -156,40 +184,62 @@ public final class TapeArchive: EventArchive {
         let answer: ArchiveAnswer
     }
 
-    /// The market sequence after which a request wants events.
-    private func start(of request: ArchiveRequest, in reader: TapeReader, until: UInt64) -> Result<UInt64, Gap> {
+    /// The market sequence after which a request wants events: its own, the last event of its epoch
+    /// before its time, or (a `_s`) its event's, found by reading back from its `until`.
+    private func start(of request: ArchiveRequest, in reader: TapeReader, epoch: String, budget: inout Int) -> Result<UInt64, Gap> {
         switch request.since {
         case .market(let position):
             return .success(position)
         case .time(let milliseconds):
             let (time, overflow) = milliseconds.multipliedReportingOverflow(by: 1_000_000)
             guard !overflow else { return .failure(Gap(answer: .gap(from: 0, through: 0, unit: "unix_ms", reason: "not a time on the tape"))) }
-            for index in reader.firstBlock(atOrAfter: time)..<reader.blocks.count {
-                for record in reader.records(inBlock: index) ?? [] {
-                    if case .event(let event) = record, event.receivedAt >= time { return .success(event.sequence - 1) }
-                }
+            var index = reader.firstBlock(atOrAfter: time)
+            while index < reader.blocks.count, budget > 0 {
+                budget -= 1
+                for event in Self.events(inBlock: index, of: reader, epoch: epoch) where event.receivedAt >= time { return .success(event.sequence - 1) }
+                index += 1
             }
-            return .success(until)
+            return .success(request.until)
         case .topic(let position):
             let topic = request.topic
             guard !topic.isWildcard else { return .success(position) }
             guard position > 0 else { return .success(0) }
-            var index = min(reader.firstBlock(atOrAfterSequence: until), reader.blocks.count - 1)
-            var looked = 0
-            while index >= 0, looked < Self.topicSearchBlocks {
-                let events = (reader.records(inBlock: index) ?? []).compactMap { record -> TapeEvent? in
-                    if case .event(let event) = record, event.eventType == topic.eventType, event.ticker == topic.ticker { event } else { nil }
-                }
+            var index = min(reader.firstBlock(atOrAfterSequence: request.until), reader.blocks.count - 1)
+            while index >= 0, budget > 0 {
+                budget -= 1
+                let events = Self.events(inBlock: index, of: reader, epoch: epoch).filter { $0.eventType == topic.eventType && $0.ticker == topic.ticker }
                 if let found = events.first(where: { $0.topicSequence == position }) { return .success(found.sequence) }
                 if let oldest = events.first, oldest.topicSequence < position {
                     return .failure(Gap(answer: .gap(from: position, through: position, unit: "topic_sequence", reason: "not on the tape")))
                 }
                 index -= 1
-                looked += 1
             }
             return .failure(Gap(answer: .gap(from: 1, through: position, unit: "topic_sequence", reason: "no longer on the tape")))
         }
     }
+
+    /// A block's events of `epoch` that have positions (a block begins with its epoch).
+    private static func events(inBlock index: Int, of reader: TapeReader, epoch: String) -> [TapeEvent] {
+        var ours = false
+        var events: [TapeEvent] = []
+        for record in reader.records(inBlock: index) ?? [] {
+            switch record {
+            case .epoch(let name, _): ours = name == epoch
+            case .event(let event) where ours && event.sequence > 0: events.append(event)
+            default: continue
+            }
+        }
+        return events
+    }
+}
+
+extension TapeEvent {
+    /// As the hub takes it (its own bytes, type, symbol and market sequence), and its positions.
+    var marketEvent: MarketEvent {
+        MarketEvent(eventType: eventType, ticker: ticker, bytes: ByteBuffer(bytes: bytes), sequence: sequence)
+    }
+
+    var position: EventPosition { EventPosition(topic: topicSequence, market: sequence) }
 }
 
 extension TapeReader {

@@ -126,9 +126,8 @@ public struct TapeTail: PriorRun {
                     guard ours, event.receivedAt >= tail.keepFrom, event.topicSequence > 0,
                         let topic = Topic(eventType: event.eventType, ticker: event.ticker), !topic.isWildcard
                     else { continue }
-                    events.append(
-                        MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes), sequence: event.sequence))
-                    positions.append(EventPosition(topic: event.topicSequence, market: event.sequence))
+                    events.append(event.marketEvent)
+                    positions.append(event.position)
                     arrivals.append(event.receivedAt / 1_000_000)
                 case .wanted(let name, let wanted, let at):
                     guard ours, let topic = Topic(parsing: name) else { continue }

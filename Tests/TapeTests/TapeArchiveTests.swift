@@ -13,20 +13,21 @@ struct TapeArchiveTests {
     /// 300 events 1 ms apart in 1 KB blocks: AAPL quotes (held by name), MSFT and NVDA trades (held by
     /// `T.*`), MSFT quotes (not held: none is recorded, but a resume of them is a gap); the upstream is
     /// lost after event 200.
-    func tape(in directory: String) throws -> [TapeEvent] {
+    func tape(in directory: String, leaving missing: Set<Int> = [], from firstIndex: Int = 1) throws -> [TapeEvent] {
         let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
         try writer.append(.epoch("e1", at: Self.start))
         try writer.append(.wanted(topic: "Q.AAPL", true, at: Self.start))
         try writer.append(.wanted(topic: "T.*", true, at: Self.start))
         var events: [TapeEvent] = []
         var topicSequences: [String: UInt64] = [:]
-        for index in 1...300 {
+        for index in firstIndex...300 {
             let (type, symbol) = [("Q", "AAPL"), ("T", "MSFT"), ("T", "NVDA")][index % 3]
             let topicSequence = (topicSequences["\(type).\(symbol)"] ?? 0) + 1
             topicSequences["\(type).\(symbol)"] = topicSequence
             let event = TapeEvent(
                 receivedAt: Self.start + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: topicSequence, eventType: type,
                 ticker: symbol, bytes: Array(#"{"ev":"\#(type)","sym":"\#(symbol)","n":\#(index)}"#.utf8))
+            guard !missing.contains(index) else { continue }
             try writer.append(.event(event))
             events.append(event)
             if index == 200 { try writer.append(.interrupted(at: event.receivedAt)) }
@@ -35,10 +36,10 @@ struct TapeArchiveTests {
         return events
     }
 
-    func withTape(_ body: (TapeArchive, [TapeEvent]) async throws -> Void) async throws {
+    func withTape(leaving missing: Set<Int> = [], from first: Int = 1, _ body: (TapeArchive, [TapeEvent]) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let events = try tape(in: directory)
+        let events = try tape(in: directory, leaving: missing, from: first)
         try await body(TapeArchive(directory: directory, market: "stocks"), events)
     }
 
@@ -51,16 +52,16 @@ struct TapeArchiveTests {
         try await withTape { archive, events in
             let apple = try #require(Topic(parsing: "Q.AAPL"))
             let expected = events.filter { $0.ticker == "AAPL" && $0.sequence > 51 && $0.sequence <= 150 }.map(\.sequence)
-            let byMarket = await archive.missed([ArchiveRequest(topic: apple, since: .market(51))], epoch: "e1", until: 150, limit: 1_000)
+            let byMarket = await archive.missed([ArchiveRequest(topic: apple, since: .market(51), until: 150)], epoch: "e1", limit: 1_000)
             #expect(sequences(byMarket[apple]) == expected)
             // AAPL's quote at market sequence 51 is its 17th.
             let seventeenth = try #require(events.first { $0.sequence == 51 })
             #expect(seventeenth.ticker == "AAPL")
             let byTopic = await archive.missed(
-                [ArchiveRequest(topic: apple, since: .topic(seventeenth.topicSequence))], epoch: "e1", until: 150, limit: 1_000)
+                [ArchiveRequest(topic: apple, since: .topic(seventeenth.topicSequence), until: 150)], epoch: "e1", limit: 1_000)
             #expect(sequences(byTopic[apple]) == expected)
             let byTime = await archive.missed(
-                [ArchiveRequest(topic: apple, since: .time((seventeenth.receivedAt + 1_000_000) / 1_000_000))], epoch: "e1", until: 150, limit: 1_000)
+                [ArchiveRequest(topic: apple, since: .time((seventeenth.receivedAt + 1_000_000) / 1_000_000), until: 150)], epoch: "e1", limit: 1_000)
             #expect(sequences(byTime[apple]) == expected, "from the first event at or after the time")
             if case .events(let bytes, let positions) = byMarket[apple] {
                 #expect(positions.map(\.topic) == Array(18...UInt64(17 + positions.count)), "topic sequences contiguous")
@@ -72,10 +73,10 @@ struct TapeArchiveTests {
     @Test func aWildcardGetsItsTypesEventsAndALossOrATopicNotHeldIsAGap() async throws {
         try await withTape { archive, events in
             let trades = try #require(Topic(parsing: "T.*"))
-            let answers = await archive.missed([ArchiveRequest(topic: trades, since: .market(10))], epoch: "e1", until: 100, limit: 1_000)
+            let answers = await archive.missed([ArchiveRequest(topic: trades, since: .market(10), until: 100)], epoch: "e1", limit: 1_000)
             #expect(sequences(answers[trades]) == events.filter { $0.eventType == "T" && $0.sequence > 10 && $0.sequence <= 100 }.map(\.sequence))
             // Across the loss after event 200: a gap.
-            let lost = await archive.missed([ArchiveRequest(topic: trades, since: .market(150))], epoch: "e1", until: 250, limit: 1_000)
+            let lost = await archive.missed([ArchiveRequest(topic: trades, since: .market(150), until: 250)], epoch: "e1", limit: 1_000)
             guard case .gap(let from, let through, _, _) = lost[trades] else {
                 Issue.record("a gap across the loss: \(String(describing: lost[trades]))")
                 return
@@ -83,13 +84,34 @@ struct TapeArchiveTests {
             #expect(from == 151 && through == 250)
             // MSFT quotes were never held; another epoch's positions are not these.
             let quotes = try #require(Topic(parsing: "Q.MSFT"))
-            let notHeld = await archive.missed([ArchiveRequest(topic: quotes, since: .market(10))], epoch: "e1", until: 100, limit: 1_000)
+            let notHeld = await archive.missed([ArchiveRequest(topic: quotes, since: .market(10), until: 100)], epoch: "e1", limit: 1_000)
             if case .gap = notHeld[quotes] {} else { Issue.record("not held: a gap, not \(String(describing: notHeld[quotes]))") }
-            let otherEpoch = await archive.missed([ArchiveRequest(topic: trades, since: .market(10))], epoch: "e2", until: 100, limit: 1_000)
+            let otherEpoch = await archive.missed([ArchiveRequest(topic: trades, since: .market(10), until: 100)], epoch: "e2", limit: 1_000)
             if case .events = otherEpoch[trades] { Issue.record("another epoch's positions are not answered") }
             // Past the limit: too many, none returned.
-            let bounded = await archive.missed([ArchiveRequest(topic: trades, since: .market(10))], epoch: "e1", until: 100, limit: 5)
+            let bounded = await archive.missed([ArchiveRequest(topic: trades, since: .market(10), until: 100)], epoch: "e1", limit: 5)
             if case .tooMany = bounded[trades] {} else { Issue.record("past the limit: \(String(describing: bounded[trades]))") }
+        }
+    }
+
+    /// A market sequence missing from the tape (a batch the recorder could not keep, events it was not
+    /// handed) is a gap, as is a position the file does not hold (an earlier day's).
+    @Test func aHoleInTheNumbersOrAPositionNotOnTheTapeIsAGap() async throws {
+        try await withTape(leaving: [120]) { archive, _ in
+            let trades = try #require(Topic(parsing: "T.*"))
+            let across = await archive.missed([ArchiveRequest(topic: trades, since: .market(100), until: 150)], epoch: "e1", limit: 1_000)
+            guard case .gap(_, _, _, let reason) = across[trades] else {
+                Issue.record("a hole is a gap: \(String(describing: across[trades]))")
+                return
+            }
+            #expect(reason.contains("120"), "\(reason)")
+            let before = await archive.missed([ArchiveRequest(topic: trades, since: .market(100), until: 118)], epoch: "e1", limit: 1_000)
+            if case .events = before[trades] {} else { Issue.record("before the hole: whole, not \(String(describing: before[trades]))") }
+        }
+        try await withTape(from: 50) { archive, _ in
+            let trades = try #require(Topic(parsing: "T.*"))
+            let earlier = await archive.missed([ArchiveRequest(topic: trades, since: .market(10), until: 100)], epoch: "e1", limit: 1_000)
+            if case .gap = earlier[trades] {} else { Issue.record("a position the file does not hold: \(String(describing: earlier[trades]))") }
         }
     }
 }
