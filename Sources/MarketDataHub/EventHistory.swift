@@ -35,8 +35,12 @@ public struct HistoryLimits: Sendable, Equatable {
 /// What decides whether a resume can be whole: per topic and per event type, the highest market sequence
 /// evicted, and the market sequence from which every event has been received ("whole from"). A topic is
 /// whole only while the relay was asked for it: when it stops being wanted (nobody held it, so the upstream
-/// or NATS stopped sending it), when the upstream is lost, or when a cluster node sees a topic sequence
-/// skip, its whole run starts again at the next event, so a resume from before then is a `gap`.
+/// or NATS stopped sending it) it is not received (``notReceived``) until it is wanted again; when the
+/// upstream is lost, or a cluster node sees a topic sequence skip, its whole run starts again at the next
+/// event; so a resume from before then is a `gap`. A restart (``restarted(after:stoppedAt:now:leap:)``)
+/// keeps the previous run's events and tells the time between as a `gap` of its own; a restart and an
+/// upstream loss each take a market sequence of their own (no event has it), so a client that stood just
+/// before one is never taken for one that came after it.
 final class EventHistory {
     /// Bookkeeping counted per event beside the buffer it is a slice of: its slot (``slotBytes``) and
     /// its place in its topic's ring (``ringBytes``).
@@ -190,7 +194,7 @@ final class EventHistory {
     /// "Whole from" of a topic the relay does not receive now: no resume across this time is whole.
     static let notReceived = UInt64.max
 
-    /// Where the relay's previous run of this epoch stopped, once it went on from it (``restarted(after:stoppedAt:now:)``).
+    /// Where the relay's previous run of this epoch stopped, once it went on from it (``restarted(after:stoppedAt:now:leap:)``).
     struct Restart {
         /// The market sequence the restart itself takes (no event has it): every event before it is the
         /// previous run's, every one after it this run's.
@@ -247,6 +251,16 @@ final class EventHistory {
     /// forward): events of theirs never reached it, and their holders are to be told.
     @discardableResult
     func append(_ events: [MarketEvent], positions: [EventPosition], at now: Int64) -> [Topic] {
+        append(events, positions: positions, now: now, arrivals: nil)
+    }
+
+    /// The same, each event with its own arrival (Unix ms: a previous run's, read back from its tape).
+    func append(_ events: [MarketEvent], positions: [EventPosition], arrivals: [Int64]) {
+        append(events, positions: positions, now: arrivals.max() ?? 0, arrivals: arrivals)
+    }
+
+    @discardableResult
+    private func append(_ events: [MarketEvent], positions: [EventPosition], now: Int64, arrivals: [Int64]?) -> [Topic] {
         var broken: [Topic] = []
         // The buffers of this call's events (a publish's share a few), by their storage.
         var buffers: [(storage: UnsafeMutableRawPointer, buffer: Buffer)] = []
@@ -296,7 +310,9 @@ final class EventHistory {
             buffer.events += 1
             typeSlots[topic.eventType, default: CircularBuffer()].append(position.market)
             slots.append(
-                Slot(sequence: position.market, topic: line, topicSequence: position.topic, arrivedAt: now, buffer: buffer, event: event))
+                Slot(
+                    sequence: position.market, topic: line, topicSequence: position.topic, arrivedAt: arrivals?[index] ?? now, buffer: buffer,
+                    event: event))
             nextMarketSequence = position.market + 1
             if typeWholeFrom[topic.eventType] == nil, pendingTypes.remove(topic.eventType) != nil {
                 typeWholeFrom[topic.eventType] = (position.market, now)
@@ -333,6 +349,8 @@ final class EventHistory {
         if topic.isWildcard {
             wantedTypes.insert(topic.eventType)
             pendingTypes.insert(topic.eventType)
+            // Its run from here: a restart before its first event has no whole run of it to tell.
+            typeLastRun[topic.eventType] = nil
             return
         }
         wantedTickers.insert(topic)
@@ -378,8 +396,12 @@ final class EventHistory {
     }
 
     /// Events may have been missed (the upstream was lost): every topic and type is whole again only from
-    /// the next event.
-    func interruptAll(now: Int64) {
+    /// the next event. With `marked`, the loss takes the next market sequence itself (no event has it):
+    /// a client that had every event before it resumes as `gap`, never as whole with the outage unseen,
+    /// and one that came after it stands at the mark. (A cluster node adopts the leader's numbers: not
+    /// marked there.)
+    func interruptAll(now: Int64, marked: Bool = false) {
+        if marked, nextMarketSequence > 1 { nextMarketSequence += 1 }
         for line in lines.values where line.wholeFrom != Self.notReceived {
             line.wholeFrom = nextMarketSequence
             line.wholeSince = now

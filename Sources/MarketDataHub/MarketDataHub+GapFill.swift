@@ -127,8 +127,12 @@ extension MarketDataHub {
         guard !events.isEmpty else { return }
         var events = events
         if let history, !adoptsPositions {
-            events = history.keep(events, at: WallClock.nowMilliseconds())
+            let received = events
+            let positions: [EventPosition]
+            (events, positions) = history.keepPositioned(events, at: WallClock.nowMilliseconds())
             metrics.record(history)
+            // On the tape too: their positions were given (a restart must not give them again).
+            tap?.take(received, positions: positions, epoch: history.epoch)
         }
         let holders = entries[topic]?.subscribers ?? []
         // Outside the buffer like a replay, and bounded like one: a connection that has a resume's worth

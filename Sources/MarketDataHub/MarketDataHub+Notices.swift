@@ -67,8 +67,9 @@ extension MarketDataHub {
     public func upstreamLost(reason: String) {
         let now = WallClock.nowMilliseconds()
         guard let outage = outages.lost(reason: reason, at: now) else { return }
-        // Events of the outage never arrive: no resume reaches across it.
-        history?.interruptAll(now: now)
+        // Events of the outage never arrive: no resume reaches across it (a single relay's loss takes a
+        // market sequence of its own: a client that stood just before it is told the gap).
+        history?.interruptAll(now: now, marked: !adoptsPositions)
         tap?.interrupted(epoch: history?.epoch)
         tellOutageStarted(outage.notice)
         logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])

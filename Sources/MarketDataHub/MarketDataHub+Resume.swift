@@ -333,25 +333,23 @@ extension MarketDataHub {
         var steps = prior.steps()
         while let step = steps.next() {
             switch step {
-            case .events(let events, let positions, let arrivals):
-                guard events.count == positions.count, events.count == arrivals.count else { continue }
-                let stamped = EventPosition.stamp(events, positions)
-                // Each run of one arrival time at once (the history keeps one arrival per call).
-                var start = 0
-                while start < stamped.count {
-                    var end = start + 1
-                    while end < stamped.count, arrivals[end] == arrivals[start] { end += 1 }
-                    rebuilt.append(Array(stamped[start..<end]), positions: Array(positions[start..<end]), at: arrivals[start])
-                    start = end
-                }
+            case .events(let all, let allPositions, let allArrivals):
+                guard all.count == allPositions.count, all.count == allArrivals.count else { continue }
+                // Read from a file: a position that is not plausible, or a topic's number past the
+                // market's (which no relay gives), is not kept.
+                let kept = all.indices.filter { allPositions[$0].isPlausible && allPositions[$0].topic <= allPositions[$0].market }
+                let positions = kept.map { allPositions[$0] }
+                let stamped = EventPosition.stamp(kept.map { all[$0] }, positions)
+                rebuilt.append(stamped, positions: positions, arrivals: kept.map { allArrivals[$0] })
                 for event in stamped { entry(for: event.topic).last = event.compacted() }
-                count += events.count
+                count += stamped.count
             case .wanted(let topic, let wanted, let at):
                 if wanted { rebuilt.wanted(topic, now: at) } else { rebuilt.unwanted(topic, now: at) }
             case .holding(let topics, let at):
                 rebuilt.holding(Set(topics), now: at)
             case .interrupted(let at):
-                rebuilt.interruptAll(now: at)
+                // As the run did: a loss took a market sequence of its own (a restart, a hole likewise).
+                rebuilt.interruptAll(now: at, marked: true)
             }
         }
         let now = WallClock.nowMilliseconds()

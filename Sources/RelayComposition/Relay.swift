@@ -276,11 +276,11 @@ public final class Relay: Service, Sendable {
         }
     }
 
-    /// Shelves the tagged sessions the last run saved (read once: the file goes), before any client
-    /// connects; only those of the epoch the market went on in are taken.
+    /// Shelves the tagged sessions the last run saved, before any client connects; only those of the
+    /// epoch the market went on in are taken. (The file stays: this run's checkpoint replaces it within
+    /// a second, with these sessions in it while they are kept.)
     private func restoreSessions(_ market: MarketParts, into server: RelayServer) async {
         guard let path = sessionsFile(market), let data = FileManager.default.contents(atPath: path) else { return }
-        try? FileManager.default.removeItem(atPath: path)
         // Bounded like the shelf itself: a larger file is not the relay's.
         guard data.count <= 64 << 20, let sessions = try? JSONDecoder().decode([SavedSession].self, from: data) else {
             logger.warning("\(market.plan.market): the saved tagged sessions could not be read; none restored")
@@ -290,7 +290,8 @@ public final class Relay: Service, Sendable {
         logger.info("\(market.plan.market): \(restored) of \(sessions.count) saved tagged sessions restored")
     }
 
-    /// A recorded market whose tape ends with a clean stop goes on from that run (its epoch, positions
+    /// A recorded market whose tape ends with a clean stop (or whose crashed run reserved its positions)
+    /// goes on from that run (its epoch, positions
     /// and recent history, ``MarketDataHub/goOn(from:)``) before anything is received, and the time it
     /// was down goes on the tape as a gap. Otherwise it begins a new epoch, and the log says why.
     ///
@@ -305,7 +306,7 @@ public final class Relay: Service, Sendable {
             let events = await market.hub.goOn(from: tail)
             recorder.note(.gap(from: tail.stoppedAt &* 1_000_000, to: WallClock.nowNanoseconds()))
             logger.info(
-                "\(name): going on from the last run (its tape ends with a clean stop)",
+                "\(name): going on from the last run (\(tail.clean ? "its tape ends with a clean stop" : "after a crash: past its reserved positions"))",
                 metadata: ["epoch": "\(tail.epoch)", "eventsReadBack": "\(events)", "downMs": "\(WallClock.nowMilliseconds() - tail.stoppedAt)"])
         } catch {
             logger.info("\(name): a new epoch: \(error)")

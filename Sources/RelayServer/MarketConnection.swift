@@ -308,10 +308,8 @@ actor MarketConnection {
             // Kept for the reconnect: its topics and where it broke, in the epoch of that position (a
             // session it took back and had not resubscribed wholly keeps that one's start and topics;
             // one of an older epoch stands for both, so that they resume as `gap`, never partly).
-            var (kept, resumeAfter) = (epoch, position.resumeAfter)
-            if let resuming {
-                if resuming.epoch == epoch { resumeAfter = min(resumeAfter, resuming.resumeAfter) } else { (kept, resumeAfter) = (resuming.epoch, resuming.resumeAfter) }
-            }
+            let (kept, resumeAfter) = SessionStanding.kept(
+                epoch: epoch, acknowledged: position.resumeAfter, takenBack: resuming.map { ($0.epoch, $0.resumeAfter) })
             dependencies.logger.debug(
                 "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept)", "resumeAfter": "\(resumeAfter)"])
             shelved = (

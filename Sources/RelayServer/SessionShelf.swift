@@ -198,22 +198,23 @@ final class SessionShelf: Sendable {
     /// It was kept (or let go).
     func shelved() { onTheirWay.subtract(1, ordering: .relaxed) }
 
-    /// The sessions kept now, once none is on its way (waiting at most `timeout`): what a stopping relay
-    /// saves for its next start.
-    func settled(timeout: Duration = .seconds(2)) async -> [(name: String, session: Session)] {
+    /// Waits until no broken connection's session is on its way to the shelf (at most `timeout`): a
+    /// stopping relay saves its sessions then.
+    func settled(timeout: Duration = .seconds(2)) async {
         let deadline = ContinuousClock.now + timeout
         while onTheirWay.load(ordering: .relaxed) > 0, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(5))
         }
-        return shelf.withLock { shelf in shelf.sessions.map { ($0.key, $0.value.session) } }
     }
 
     /// The sessions kept now and those of the tagged connections open now, each where it stands (what
     /// a running relay saves every second, for a start after a crash): a connection's is where its
     /// client has acknowledged, so a session restored from it may replay a little twice, never skip.
     func checkpoint() -> [(name: String, epoch: String, resumeAfter: UInt64, topics: Set<Topic>)] {
-        var all = shelf.withLock { shelf in shelf.sessions.map { ($0.key, $0.value.session.epoch, $0.value.session.resumeAfter, $0.value.session.topics) } }
+        // The open ones first: a connection that closes meanwhile is kept on the shelf before it
+        // leaves the open ones, so it is found in one or the other.
         let open = live.withLock { live in live.compactMap { name, entry in entry.standing.map { (name, $0) } } }
+        var all = shelf.withLock { shelf in shelf.sessions.map { ($0.key, $0.value.session.epoch, $0.value.session.resumeAfter, $0.value.session.topics) } }
         let openNames = Set(open.map(\.0))
         all.removeAll { openNames.contains($0.0) }
         for (name, standing) in open {
@@ -269,10 +270,17 @@ final class SessionStanding: Sendable {
         state.withLock { state in
             let topics = state.topics.union(state.takenBack?.topics ?? [])
             guard let epoch = state.epoch, !epoch.isEmpty else { return state.takenBack.map { ($0.epoch, $0.resumeAfter, topics) } }
-            guard let back = state.takenBack else { return (epoch, state.acknowledged, topics) }
-            // As at a close: the taken-back session's start holds while its topics are not all back.
-            return back.epoch == epoch ? (epoch, min(state.acknowledged, back.resumeAfter), topics) : (back.epoch, back.resumeAfter, topics)
+            let kept = Self.kept(epoch: epoch, acknowledged: state.acknowledged, takenBack: state.takenBack.map { ($0.epoch, $0.resumeAfter) })
+            return (kept.epoch, kept.resumeAfter, topics)
         }
+    }
+
+    /// Where a tagged session stands when its connection stands at `acknowledged` in `epoch`, having
+    /// taken back a session (`takenBack`) whose topics are not all subscribed again: that one's start
+    /// holds in the same epoch; one of an older epoch stands for both (they resume as `gap`, never partly).
+    static func kept(epoch: String, acknowledged: UInt64, takenBack: (epoch: String, resumeAfter: UInt64)?) -> (epoch: String, resumeAfter: UInt64) {
+        guard let takenBack else { return (epoch, acknowledged) }
+        return takenBack.epoch == epoch ? (epoch, min(acknowledged, takenBack.resumeAfter)) : takenBack
     }
 }
 

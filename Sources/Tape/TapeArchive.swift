@@ -83,6 +83,10 @@ public final class TapeArchive: EventArchive {
         var known = first == 0
         var ours = false
         var total = 0
+        // The last market sequence of the epoch seen, and whether a loss, a hole or a stop came since:
+        // each takes a number of its own that no event has (a client may stand at it).
+        var lastSeen: UInt64 = 0
+        var skipped = false
         func breakActive(_ reason: String, unless stillReceived: ((Topic) -> Bool)? = nil) {
             for index in readings.indices where readings[index].last != nil && readings[index].answer == nil {
                 if let stillReceived, stillReceived(readings[index].topic) { continue }
@@ -118,6 +122,7 @@ public final class TapeArchive: EventArchive {
                     breakActive(notReceived, unless: { Self.isWanted($0, in: wanted) })
                 case .interrupted, .gap, .stopped:
                     guard ours else { continue }
+                    skipped = true
                     breakActive("the upstream was lost or the relay was down meanwhile")
                     // The next run starts receiving nothing (its wanted records follow).
                     if case .stopped = record { (wanted, known) = ([], true) }
@@ -125,19 +130,19 @@ public final class TapeArchive: EventArchive {
                     continue
                 case .event(let event):
                     guard ours, event.sequence > 0 else { continue }
+                    defer { (lastSeen, skipped) = (event.sequence, false) }
                     for index in readings.indices where readings[index].answer == nil {
                         guard let last = readings[index].last else {
-                            // Its own event (or, from the epoch's start, the first): the reading starts there.
-                            if event.sequence == readings[index].after {
-                                readings[index].last = event.sequence
-                            } else if readings[index].after == 0, event.sequence == 1 {
-                                readings[index].last = 0
-                            } else {
-                                continue
+                            let after = readings[index].after
+                            if event.sequence == after {
+                                // Its own event: the reading starts after it.
+                                readings[index].last = after
+                            } else if event.sequence == after &+ 1, after == 0 || (skipped && lastSeen < after) {
+                                // The epoch's first event, or the first after the number a loss or a
+                                // restart took, where the client stood: taken like any other.
+                                readings[index].last = after
+                                take(event, into: &readings[index], last: after, known: known, wanted: wanted, limit: limit, total: &total)
                             }
-                            guard readings[index].last == 0 else { continue }
-                            // The epoch's first event: taken below like any other.
-                            take(event, into: &readings[index], last: 0, known: known, wanted: wanted, limit: limit, total: &total)
                             continue
                         }
                         take(event, into: &readings[index], last: last, known: known, wanted: wanted, limit: limit, total: &total)

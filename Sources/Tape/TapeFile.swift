@@ -207,17 +207,30 @@ public final class TapeWriter {
         case .source(let vendor, let path, let at):
             try appendOther(record, at: at, until: at)
             source = (vendor, path)
-        case .wanted(let topic, let wanted, let at):
+        case .wanted(_, _, let at):
             try appendOther(record, at: at, until: at)
-            if wanted { holding.insert(topic) } else { holding.remove(topic) }
-            tracksHolding = true
-        case .holding(let topics, let at):
+            follow(record)
+        case .holding(_, let at):
             try appendOther(record, at: at, until: at)
-            holding = Set(topics)
             holdingWrittenAt = at
-            tracksHolding = true
+            follow(record)
         case .interrupted(let at), .stopped(let at):
             try appendOther(record, at: at, until: at)
+        }
+    }
+
+    /// Follows what `record` says is wanted without writing it (recording is paused: the window is
+    /// told as a gap, and the next snapshot of the wanted set is still true).
+    public func follow(_ record: TapeRecord) {
+        switch record {
+        case .wanted(let topic, let wanted, _):
+            if wanted { holding.insert(topic) } else { holding.remove(topic) }
+            tracksHolding = true
+        case .holding(let topics, _):
+            holding = Set(topics)
+            tracksHolding = true
+        default:
+            break
         }
     }
 

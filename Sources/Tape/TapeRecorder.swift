@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
 import Dispatch
 import MarketCore
 import Metrics
@@ -114,8 +117,16 @@ public final class TapeRecorder: EventTap {
             pausedBecause: waiting.withLock { $0.pausedBecause })
     }
 
-    /// The epoch and market sequence reserved on disk so far (``PositionReservation``).
-    private let reserved = Mutex<(epoch: String, through: UInt64)?>(nil)
+    /// The epoch and market sequence reserved on disk so far (``PositionReservation``), when a failed
+    /// write may be tried again, and whether a stop mark may be beside the tape (the last run's, until
+    /// this one gives its first position; this one's, once it stopped).
+    private struct Reserved {
+        var position: (epoch: String, through: UInt64)?
+        var retryAt: ContinuousClock.Instant?
+        var stopMarked = true
+    }
+
+    private let reserved = Mutex(Reserved())
 
     public func take(_ events: [MarketEvent], positions: [EventPosition]?, epoch: String?) {
         if let epoch, let newest = positions?.last?.market ?? events.last?.sequence { reserve(through: newest, epoch: epoch) }
@@ -137,11 +148,22 @@ public final class TapeRecorder: EventTap {
     /// the hub's executor, about once per ``PositionReservation/step`` events: one small write and a rename).
     private func reserve(through newest: UInt64, epoch: String) {
         reserved.withLock { reserved in
-            guard reserved.map({ $0.epoch != epoch || newest > $0.through }) ?? true else { return }
-            let through = newest + PositionReservation.step
-            let written = PositionReservation.write(directory: settings.directory, market: settings.market, epoch: epoch, through: through)
-            // Not written: no file is left, and a start after a crash begins a new epoch.
-            reserved = written ? (epoch, through) : nil
+            if reserved.stopMarked {
+                // A position given after a stop: that stop no longer says everything is on the tape.
+                unlink(PositionReservation.stopMark(directory: settings.directory, market: settings.market))
+                reserved.stopMarked = false
+            }
+            guard reserved.position.map({ $0.epoch != epoch || newest > $0.through }) ?? true else { return }
+            if let retryAt = reserved.retryAt, ContinuousClock.now < retryAt { return }
+            let through = min(newest, PositionReservation.largest) + PositionReservation.step
+            // Not written: no file is left (a start after a crash begins a new epoch); tried again in 5 s.
+            if PositionReservation.write(directory: settings.directory, market: settings.market, epoch: epoch, through: through) {
+                reserved.position = (epoch, through)
+                reserved.retryAt = nil
+            } else {
+                reserved.position = nil
+                reserved.retryAt = .now + .seconds(5)
+            }
         }
     }
 
@@ -150,7 +172,10 @@ public final class TapeRecorder: EventTap {
         let events = batch.events
         enum Taken { case queued, queuedFirst, dropped }
         let taken = waiting.withLock { waiting -> Taken in
-            guard waiting.bytes + size <= settings.queueBytes, waiting.pausedBecause == nil else {
+            // What was wanted and lost is never dropped for the bound (a few bytes each): the tape's
+            // wanted set must stay true, or a reader would take a topic let go for one received.
+            let marksOnly = batch.events.isEmpty && !batch.marks.isEmpty
+            guard marksOnly || (waiting.bytes + size <= settings.queueBytes && waiting.pausedBecause == nil) else {
                 let now = WallClock.nowNanoseconds()
                 waiting.hole = (waiting.hole?.from ?? now, now)
                 return .dropped
@@ -180,14 +205,21 @@ public final class TapeRecorder: EventTap {
         work.sync { writeAll(flushing: true) }
     }
 
-    /// The relay stops: everything queued is written, then a `stopped` record (every position given is
-    /// on the tape: the next start may go on in the same epoch, ``TapeTail``). A recording paused by a
-    /// failing disk writes no such record, and anything recorded after it makes it not the last one:
-    /// either way the next start begins a new epoch.
+    /// The relay stops: everything queued is written, then, when every position the hub gave is on the
+    /// tape (nothing was dropped since the recorder began, the disk is not failing), a `stopped` record
+    /// and its mark beside the tape (``PositionReservation/stopMark(directory:market:)``): the next start
+    /// goes on in the same epoch with numbers going on by one (``TapeTail``). Otherwise it goes on past
+    /// the reservation. A position given after the stop removes the mark.
     public func stop() {
+        let epoch = reserved.withLock { $0.position?.epoch }
         work.sync {
             writeAll(flushing: false)
+            guard eventsDropped.load(ordering: .relaxed) == 0, waiting.withLock({ $0.pausedBecause == nil }) else { return }
             write([Batch(marks: [.stopped(at: WallClock.nowNanoseconds())])], hole: nil, flush: true)
+        }
+        guard let epoch, eventsDropped.load(ordering: .relaxed) == 0, waiting.withLock({ $0.pausedBecause == nil }) else { return }
+        if PositionReservation.replace(PositionReservation.stopMark(directory: settings.directory, market: settings.market), with: "\(epoch)\n") {
+            reserved.withLock { $0.stopMarked = true }
         }
     }
 
@@ -285,6 +317,8 @@ private struct Writing {
             guard ContinuousClock.now >= paused.retryAt else {
                 outcome.dropped = count
                 outcome.pausedBecause = paused.reason
+                // Not written, but what is wanted is still followed: the tape's next snapshot of it is true.
+                for batch in batches { for mark in batch.marks { writer.follow(mark) } }
                 // A hole that began before the pause widens the window the resumed recording tells.
                 if let hole, hole.from < paused.since { self.paused?.since = hole.from }
                 return outcome
@@ -317,6 +351,8 @@ private struct Writing {
             }
             if flush { try writer.flush() }
         } catch {
+            // What the batches said is wanted is still followed (applied again in order: the same end).
+            for batch in batches { for mark in batch.marks { writer.follow(mark) } }
             // Paused since the first failure (a retry that fails keeps the window's start), or since the
             // first record of a block lost, or of a hole taken with this batch, if earlier.
             outcome.paused = wasPaused == nil

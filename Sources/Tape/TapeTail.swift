@@ -2,7 +2,8 @@ import MarketCore
 import NIOCore
 
 /// The end of a market's tape as its next start needs it (a ``PriorRun``): when the newest day file
-/// ends with a clean stop (or, after a crash, its epoch reserved positions ahead: ``PositionReservation``),
+/// ends with a clean stop and its mark (or, after a crash, its epoch reserved positions ahead:
+/// ``PositionReservation``),
 /// the epoch and last market sequence of that run, when it stopped, and the
 /// blocks from which its recent history is read back (the last `maxAge` before the stop and at most
 /// `maxBytes` of records, from the nearest block before that which says what was wanted).
@@ -42,9 +43,12 @@ public struct TapeTail: PriorRun {
         guard let epoch else { throw NotResumable(description: "its last run recorded no events") }
         // Past every market sequence the file's blocks hold (an older epoch's too: going past is safe).
         var lastSequence = reader.blocks.map(\.header.lastSequence).max() ?? 0
+        guard lastSequence <= PositionReservation.largest else {
+            throw NotResumable(description: "its market sequences are past what a position may carry")
+        }
         let stopped: Int64
         let clean: Bool
-        if case .stopped(let at) = records.last {
+        if case .stopped(let at) = records.last, PositionReservation.stoppedEpoch(directory: directory, market: market) == epoch {
             (stopped, clean) = (at, true)
         } else {
             // A crash: what it gave may pass what it recorded, but not what it reserved.
@@ -141,7 +145,12 @@ public struct TapeTail: PriorRun {
                     guard ours else { continue }
                     flush()
                     steps.append(.interrupted(at: at / 1_000_000))
-                case .source, .stopped:
+                case .stopped(let at):
+                    // The next run starts receiving nothing (its wanted records follow).
+                    guard ours else { continue }
+                    flush()
+                    steps.append(.holding([], at: at / 1_000_000))
+                case .source:
                     continue
                 }
             }

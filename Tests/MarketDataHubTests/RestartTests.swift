@@ -157,4 +157,24 @@ struct HubRestartTests {
         #expect(replayed.map { fields($0)["_s"] as? Int } == [5, nil, 1_002])
         withExtendedLifetime(holder) {}
     }
+
+    /// An upstream loss takes a market sequence of its own: a client that had every event before it is
+    /// told the gap (the outage's events never arrived), one that came after it stands at the mark.
+    @Test func aClientThatHadEveryEventBeforeAnUpstreamLossIsToldTheGap() async throws {
+        let hub = MarketDataHub(wire: .polygon)
+        let epoch = try #require(hub.epoch)
+        let holder = await hub.subscribe(to: topics("Q.*"))
+        await hub.publish([event("Q", "A", 1), event("Q", "A", 2)])
+        _ = try await take(2, from: holder.events)
+        await hub.upstreamLost(reason: "test")
+        #expect(await hub.position.sequence == 3, "the loss's own number")
+        await hub.publish([event("Q", "A", 3)])
+        let back = await hub.subscribe()
+        let outcome = await hub.add([topic("Q.*")], to: back.id, resuming: .marketSequence(epoch: epoch, 2))
+        #expect(outcome.gaps == [topic("Q.*")], "\(outcome)")
+        let later = await hub.subscribe()
+        let whole = await hub.add([topic("Q.*")], to: later.id, resuming: .marketSequence(epoch: epoch, 3))
+        #expect(whole.gaps.isEmpty && whole.replayed == [topic("Q.*"): 1], "\(whole)")
+        withExtendedLifetime(holder) {}
+    }
 }
