@@ -1,6 +1,7 @@
 import Dispatch
 import MarketCore
 import NIOCore
+import Synchronization
 
 /// A market's tape as the hub's archive (``EventArchive``): a resume from a position its memory no
 /// longer holds is answered from the day file, read on a queue of its own (it waits on the disk).
@@ -23,10 +24,25 @@ public final class TapeArchive: EventArchive {
     }
 
     public func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer] {
-        await withCheckedContinuation { continuation in
-            queue.async { continuation.resume(returning: self.read(requests, epoch: epoch, limit: limit)) }
+        // Reads wait in line (one at a time: the disk is one): past a few waiting, a resume is told
+        // at once rather than wait behind them (a storm of resumes never queues without bound).
+        guard waiting.add(1, ordering: .relaxed).newValue <= Self.readsWaiting else {
+            waiting.subtract(1, ordering: .relaxed)
+            return Dictionary(
+                requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "the tape is busy with other resumes")) },
+                uniquingKeysWith: { first, _ in first })
+        }
+        return await withCheckedContinuation { continuation in
+            queue.async {
+                continuation.resume(returning: self.read(requests, epoch: epoch, limit: limit))
+                self.waiting.subtract(1, ordering: .relaxed)
+            }
         }
     }
+
+    /// Reads of this market's tape in line at once, at most.
+    public static let readsWaiting = 8
+    private let waiting = Atomic<Int>(0)
 
     /// The most blocks one read decodes (up to 256 KB of records each: about 2 GB), its searches
     /// included: a resume asking for more is a gap, so no client makes a read unbounded.
