@@ -245,12 +245,23 @@ public final class Relay: Service, Sendable {
             let sessions = saved[market.plan.market] ?? []
             do {
                 // Written even when empty: the last checkpoint's open sessions were all let go since.
-                try JSONEncoder().encode(sessions).write(to: URL(fileURLWithPath: path), options: .atomic)
-                logger.info("\(market.plan.market): \(sessions.count) tagged sessions saved for the next start")
+                if try Self.write(JSONEncoder().encode(sessions), empty: sessions.isEmpty, to: path) {
+                    logger.info("\(market.plan.market): \(sessions.count) tagged sessions saved for the next start")
+                }
             } catch {
                 logger.warning("\(market.plan.market): tagged sessions not saved: \(error)")
             }
         }
+    }
+
+    /// Writes a market's sessions file whole (its folder made if missing); nothing when there are no
+    /// sessions and no file to replace. Whether it wrote.
+    private static func write(_ data: Data, empty: Bool, to path: String) throws -> Bool {
+        guard !empty || FileManager.default.fileExists(atPath: path) else { return false }
+        let url = URL(fileURLWithPath: path)
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try data.write(to: url, options: .atomic)
+        return true
     }
 
     /// Every second while the relay runs, each recorded market's tagged sessions (kept and open, where
@@ -263,13 +274,16 @@ public final class Relay: Service, Sendable {
             guard !Task.isCancelled else { return }
             let saved = server.checkpointSessions()
             for market in markets {
-                guard let path = sessionsFile(market), let data = try? JSONEncoder().encode(saved[market.plan.market] ?? []),
-                    data != written[market.plan.market]
-                else { continue }
+                let sessions = saved[market.plan.market] ?? []
+                guard let path = sessionsFile(market), let data = try? JSONEncoder().encode(sessions), data != written[market.plan.market] else {
+                    continue
+                }
                 do {
-                    try data.write(to: URL(fileURLWithPath: path), options: .atomic)
+                    _ = try Self.write(data, empty: sessions.isEmpty, to: path)
                     written[market.plan.market] = data
                 } catch {
+                    // Told once per change, not every second.
+                    written[market.plan.market] = data
                     logger.warning("\(market.plan.market): tagged sessions not checkpointed: \(error)")
                 }
             }
