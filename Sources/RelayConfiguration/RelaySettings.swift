@@ -58,8 +58,11 @@ public struct RelaySettings: Sendable {
     public var history: HistoryLimits? = HistoryLimits()
     /// After an upstream outage, what the market did meanwhile from the REST API (`nil`: off).
     public var gapFill: GapFillSettings? = GapFillSettings()
-    /// The tape: where each market's events are recorded (`nil`: not recorded).
-    public var tape: TapeSettings? = TapeSettings()
+    /// The tape: where each market's events are recorded (`nil`: not recorded). `relay serve` records by
+    /// default (its settings come from ``resolve(vendors:commandLine:environment:)``); a relay whose
+    /// settings are made in code records only when given one, so that embedders and tests do not share
+    /// `./data/tape` (and go on from each other's runs).
+    public var tape: TapeSettings?
     /// A recorded day replayed instead of the live upstreams (`nil`: live). A replay does not record.
     public var replay: ReplaySettings?
     /// Tagged sessions: how long, how far back, how many.

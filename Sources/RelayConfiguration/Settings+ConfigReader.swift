@@ -84,6 +84,11 @@ public struct TapeSettings: Sendable, Equatable {
     public var retentionBytes: Int64 = 20 << 30
 
     public init() {}
+
+    /// The defaults, recording under `directory`.
+    public init(directory: String) {
+        self.directory = directory
+    }
 }
 
 extension TapeSettings {

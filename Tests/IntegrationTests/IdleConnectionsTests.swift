@@ -16,7 +16,7 @@ struct IdleConnectionsTests {
     func idleClientsAreCheap() async throws {
         let relay = RelayProcess(
             binary: RelayProcess.siblingBinary(),
-            arguments: ["serve", "--listen", "127.0.0.1:0", "--no-portfolio", "--demo-rate", "20", "--client-keys", "k"],
+            arguments: ["serve", "--listen", "127.0.0.1:0", "--no-portfolio", "--no-tape", "--demo-rate", "20", "--client-keys", "k"],
             showLogs: false)
         // Both ends of 2,200 connections live on this machine.
         var limit = rlimit()

@@ -29,7 +29,7 @@ struct ReplayTests {
         var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 2000)
         settings.portfolio = nil
         settings.upstreamVendor = vendor
-        settings.tape?.directory = directory
+        settings.tape = TapeSettings(directory: directory)
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
             let parts = try await within(.seconds(10), "the recording relay to start") { try await relay.ready() }

@@ -161,7 +161,7 @@ struct RestartResumeTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 2_000)
         settings.portfolio = nil
-        settings.tape?.directory = directory
+        settings.tape = TapeSettings(directory: directory)
         settings.tape?.flushInterval = .milliseconds(100)
         settings.history?.maxAge = .seconds(2)
         let relay = Relay(settings: settings, logger: testLogger)

@@ -16,7 +16,7 @@ struct TapeRecordingTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), demoRate: 500)
         settings.portfolio = nil
-        settings.tape?.directory = directory
+        settings.tape = TapeSettings(directory: directory)
         settings.tape?.flushInterval = .seconds(60)  // nothing written on a timer: the stop writes it all
         let relay = Relay(settings: settings, logger: testLogger)
         let hub = try await withServices([relay]) {

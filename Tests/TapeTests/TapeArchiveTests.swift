@@ -114,4 +114,19 @@ struct TapeArchiveTests {
             if case .gap = earlier[trades] {} else { Issue.record("a position the file does not hold: \(String(describing: earlier[trades]))") }
         }
     }
+
+    /// A run recorded without positions (history off) leaves events of market sequence 0 on the tape: a
+    /// time resume passes over them (it once took `0 - 1`, and stopped the relay).
+    @Test func eventsWithoutPositionsArePassedOver() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        try writer.append(.epoch("e1", at: Self.start))
+        try writer.append(.event(TapeEvent(receivedAt: Self.start + 1_000_000, sequence: 0, eventType: "T", ticker: "A", bytes: [0x7B, 0x7D])))
+        try writer.flush()
+        let archive = TapeArchive(directory: directory, market: "stocks")
+        let trades = try #require(Topic(parsing: "T.*"))
+        let answers = await archive.missed([ArchiveRequest(topic: trades, since: .time(Self.start / 1_000_000), until: 10)], epoch: "e1", limit: 100)
+        #expect(answers[trades] != nil)
+    }
 }

@@ -105,6 +105,35 @@ struct TapeRecorderTests {
         }
     }
 
+    /// Gap fill's recovered events get positions from the hub like live ones: they are on the tape too
+    /// (a restart that did not know them would give their numbers again).
+    @Test func recoveredEventsAreOnTheTapeWithTheirPositions() async throws {
+        func trade(_ q: Int) -> MarketEvent {
+            MarketEvent(eventType: "T", ticker: "AAPL", bytes: ByteBuffer(string: #"{"ev":"T","sym":"AAPL","p":1,"q":\#(q)}"#))
+        }
+        try await withDirectory { directory in
+            let recorder = try TapeRecorder(settings: TapeRecorder.Settings(directory: directory, market: "stocks"))
+            let hub = MarketDataHub(wire: .polygon, tap: recorder)
+            await hub.setRecoveryHandler { _ in }
+            let apple = try #require(Topic(parsing: "T.AAPL"))
+            let subscription = await hub.subscribe(to: [apple])
+            await hub.publish([trade(10)])
+            await hub.upstreamLost(reason: "test")
+            await hub.publish([trade(15)])
+            let recovered = await hub.deliverRecovered(apple, (11...16).map(trade), order: .sequence)
+            #expect(recovered == 4)
+            recorder.flush()
+            let events = try TapeReader(path: todaysTape(directory)).records().compactMap { record -> TapeEvent? in
+                if case .event(let event) = record { event } else { nil }
+            }
+            #expect(events.count == 6, "the two live trades and the four recovered")
+            let sequences = events.map(\.sequence)
+            #expect(Set(sequences).count == sequences.count, "no position twice: \(sequences)")
+            #expect((await hub.position.sequence) == sequences.max(), "the hub's newest position is on the tape")
+            withExtendedLifetime(subscription) {}
+        }
+    }
+
     @Test func aSecondRecorderOfTheSameMarketAndDirectoryIsRefused() async throws {
         try await withDirectory { directory in
             let first = try TapeRecorder(settings: .init(directory: directory, market: "stocks"))
