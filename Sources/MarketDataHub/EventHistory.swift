@@ -188,6 +188,9 @@ final class EventHistory {
         return max(oldestSequence - 1, evicted)
     }
 
+    /// Whether the history has a line of `topic` (it received the topic lately, or holds it now).
+    func hasLine(_ topic: Topic) -> Bool { lines[topic] != nil }
+
     /// The reason of a gap whose events were let go (an archive may still have them).
     static let noLongerHeld = "no longer held"
 

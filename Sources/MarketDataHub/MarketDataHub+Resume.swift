@@ -223,12 +223,18 @@ extension MarketDataHub {
         else { return nil }
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
             guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
+            // A `_s` of a ticker this history has no line of (not received lately, or never: any name
+            // a client makes up) is not looked for on the tape: it would be read back block by block.
+            if case .topic = since, !topic.isWildcard, !history.hasLine(topic) { return nil }
             return ArchiveRequest(topic: topic, since: since, until: history.archiveBoundary(of: topic))
         }
         guard !requests.isEmpty else { return nil }
         let answers = await archive.missed(requests, epoch: epoch, limit: bound)
         resumeCounts.fromArchive += 1
         metrics.archiveResumes.increment()
+        // A read costs the connection a tenth of a resume's budget, whatever it found: asking again and
+        // again reads the disk at most ten times a minute per connection.
+        subscribers[id]?.replayBudget.spend(max(bound / 10, 1), capacity: bound, now: WallClock.nowMilliseconds())
         var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
         for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
         return archived
