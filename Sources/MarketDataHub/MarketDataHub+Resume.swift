@@ -100,9 +100,7 @@ extension MarketDataHub {
         let resumeBound = history?.limits.eventsPerResume ?? 0
         let queued = subscriber.queue.replaying.load(ordering: .relaxed)
         let available = subscriber.replayBudget.available(capacity: resumeBound, now: now)
-        // Spent (less than 1% of a resume left): a resume could replay next to nothing, while its gaps'
-        // notices and last values would still be queued.
-        if history != nil, queued >= resumeBound || available * 100 < resumeBound, !(wanted.isEmpty && epochGaps.isEmpty) {
+        if history != nil, !Self.mayBeReplayed(queued: queued, available: available, bound: resumeBound), !(wanted.isEmpty && epochGaps.isEmpty) {
             return notResumed(
                 Set(wanted.map(\.topic)).union(epochGaps), plain: plain, subscriber: subscriber,
                 why: queued >= resumeBound
@@ -218,9 +216,8 @@ extension MarketDataHub {
         guard let archive, let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
         // A connection that may not be replayed now is not read for either (it gets `gap`, not a read).
         let bound = history.limits.eventsPerResume
-        let now = WallClock.nowMilliseconds()
-        guard subscriber.queue.replaying.load(ordering: .relaxed) < bound, subscriber.replayBudget.available(capacity: bound, now: now) * 100 >= bound
-        else { return nil }
+        let available = subscriber.replayBudget.available(capacity: bound, now: WallClock.nowMilliseconds())
+        guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
             guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
             // A `_s` of a ticker this history has no line of (not received lately, or never: any name
@@ -238,6 +235,13 @@ extension MarketDataHub {
         var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
         for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
         return archived
+    }
+
+    /// Whether a connection may be replayed now: less than one resume's bound queued and unread, and at
+    /// least 1% of its budget left (spent, a resume could replay next to nothing while its gaps' notices
+    /// and last values would still be queued).
+    private static func mayBeReplayed(queued: Int, available: Int, bound: Int) -> Bool {
+        queued < bound && available * 100 >= bound
     }
 
     /// Per topic not held yet, where the client stands (`wanted`), or that its epoch is not this one's,

@@ -214,17 +214,13 @@ public final class Relay: Service, Sendable {
         } catch {
             for filler in assembly.gapFillers.values { await filler.stop() }
             try? await rest.client?.shutdown()
-            checkpoint.cancel()
-            await checkpoint.value
-            await saveSessions(of: server, markets: assembly.markets)
+            await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
             for market in assembly.markets { market.recorder?.stop() }
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
-        checkpoint.cancel()
-        await checkpoint.value
-        await saveSessions(of: server, markets: assembly.markets)
+        await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
         // What the tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
         // more comes), so the next start goes on in the same epoch.
         for market in assembly.markets { market.recorder?.stop() }
@@ -236,58 +232,59 @@ public final class Relay: Service, Sendable {
         return "\(tape.directory)/\(market.plan.market.rawValue)/sessions.json"
     }
 
-    /// Saves each recorded market's broken tagged sessions (the stop closed their connections with
-    /// 1012: their clients come back to the next start, which goes on in the same epoch).
-    private func saveSessions(of server: RelayServer, markets: [MarketParts]) async {
-        let saved = await server.savedSessions()
-        for market in markets {
-            guard let path = sessionsFile(market) else { continue }
-            let sessions = saved[market.plan.market] ?? []
-            do {
-                // Written even when empty: the last checkpoint's open sessions were all let go since.
-                if try Self.write(JSONEncoder().encode(sessions), empty: sessions.isEmpty, to: path) {
-                    logger.info("\(market.plan.market): \(sessions.count) tagged sessions saved for the next start")
-                }
-            } catch {
-                logger.warning("\(market.plan.market): tagged sessions not saved: \(error)")
-            }
-        }
+    /// What was last written of each market's sessions file, and what last failed to be (told once).
+    private struct SessionFiles {
+        var written: [Market: Data] = [:]
+        var failed: [Market: Data] = [:]
     }
 
-    /// Writes a market's sessions file whole (its folder made if missing); nothing when there are no
-    /// sessions and no file to replace. Whether it wrote.
-    private static func write(_ data: Data, empty: Bool, to path: String) throws -> Bool {
-        guard !empty || FileManager.default.fileExists(atPath: path) else { return false }
-        let url = URL(fileURLWithPath: path)
-        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
-        try data.write(to: url, options: .atomic)
-        return true
+    /// Writes each recorded market's tagged sessions beside its tape when they differ from what was
+    /// written last (a market with none and no file is left alone); a checkpoint that fails is told once
+    /// per change, the final save tries again. `saved`: the stop's final save (told in the log).
+    private func writeSessions(_ sessions: [Market: [SavedSession]], of markets: [MarketParts], saved: Bool, files: inout SessionFiles) {
+        for market in markets {
+            let name = market.plan.market
+            let list = sessions[name] ?? []
+            guard let path = sessionsFile(market), let data = try? JSONEncoder().encode(list), saved || data != files.failed[name] else { continue }
+            guard data != files.written[name] else {
+                if saved, !list.isEmpty { logger.info("\(name): \(list.count) tagged sessions saved for the next start") }
+                continue
+            }
+            // Written even when empty, once there is a file: the sessions it held were all let go since.
+            guard !list.isEmpty || FileManager.default.fileExists(atPath: path) else { continue }
+            do {
+                let url = URL(fileURLWithPath: path)
+                try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+                try data.write(to: url, options: .atomic)
+                files.written[name] = data
+                if saved { logger.info("\(name): \(list.count) tagged sessions saved for the next start") }
+            } catch {
+                files.failed[name] = data
+                logger.warning("\(name): tagged sessions not \(saved ? "saved" : "checkpointed"): \(error)")
+            }
+        }
     }
 
     /// Every second while the relay runs, each recorded market's tagged sessions (kept and open, where
     /// each stands) go beside its tape when they changed: a start after a crash takes them back from
-    /// there (a stop saves them once more, settled).
-    private func checkpointSessions(of server: RelayServer, markets: [MarketParts]) async {
-        var written: [Market: Data] = [:]
+    /// there. Returns what it wrote, once cancelled (the stop saves them once more, settled).
+    private func checkpointSessions(of server: RelayServer, markets: [MarketParts]) async -> SessionFiles {
+        var files = SessionFiles()
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
-            guard !Task.isCancelled else { return }
-            let saved = server.checkpointSessions()
-            for market in markets {
-                let sessions = saved[market.plan.market] ?? []
-                guard let path = sessionsFile(market), let data = try? JSONEncoder().encode(sessions), data != written[market.plan.market] else {
-                    continue
-                }
-                do {
-                    _ = try Self.write(data, empty: sessions.isEmpty, to: path)
-                    written[market.plan.market] = data
-                } catch {
-                    // Told once per change, not every second.
-                    written[market.plan.market] = data
-                    logger.warning("\(market.plan.market): tagged sessions not checkpointed: \(error)")
-                }
-            }
+            guard !Task.isCancelled else { break }
+            writeSessions(server.checkpointSessions(), of: markets, saved: false, files: &files)
         }
+        return files
+    }
+
+    /// Stops the checkpoint, then saves each recorded market's tagged sessions, settled (the stop
+    /// closed their connections with 1012: their clients come back to the next start, which goes on in
+    /// the same epoch).
+    private func saveSessions(of server: RelayServer, markets: [MarketParts], checkpoint: Task<SessionFiles, Never>) async {
+        checkpoint.cancel()
+        var files = await checkpoint.value
+        writeSessions(await server.savedSessions(), of: markets, saved: true, files: &files)
     }
 
     /// Shelves the tagged sessions the last run saved, before any client connects; only those of the

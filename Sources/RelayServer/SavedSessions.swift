@@ -24,17 +24,8 @@ extension RelayServer {
     /// Connections still open then (the close gave up on them) are saved where they stand, as the
     /// running relay's checkpoint saves them.
     public func savedSessions() async -> [Market: [SavedSession]] {
-        var saved: [Market: [SavedSession]] = [:]
-        for route in markets {
-            await route.shelf.settled()
-            saved[route.market] = Self.saved(route.shelf.checkpoint())
-        }
-        return saved
-    }
-
-    private static func saved(_ sessions: [(name: String, epoch: String, resumeAfter: UInt64, topics: Set<Topic>)]) -> [SavedSession] {
-        sessions.map { SavedSession(name: $0.name, epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: $0.topics.map(\.description).sorted()) }
-            .sorted { $0.name < $1.name }
+        for route in markets { await route.shelf.settled() }
+        return checkpointSessions()
     }
 
     /// Each market's tagged sessions, kept and open, where each stands now (no waiting): what a running
@@ -42,7 +33,11 @@ extension RelayServer {
     /// where its client had acknowledged: a little may be replayed twice, nothing skipped).
     public func checkpointSessions() -> [Market: [SavedSession]] {
         var saved: [Market: [SavedSession]] = [:]
-        for route in markets { saved[route.market] = Self.saved(route.shelf.checkpoint()) }
+        for route in markets {
+            saved[route.market] = route.shelf.checkpoint().map {
+                SavedSession(name: $0.name, epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: $0.topics.map(\.description).sorted())
+            }.sorted { $0.name < $1.name }
+        }
         return saved
     }
 
