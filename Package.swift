@@ -82,7 +82,7 @@ let package = Package(
         .target(
             name: "Cluster",
             dependencies: [
-                "MarketCore", "CNats", "MarketDataHub", "Upstream", "AsyncSupport",
+                "MarketCore", "CNats", "MarketDataHub", "Upstream", "AsyncSupport", "Tape",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -281,7 +281,7 @@ let package = Package(
             name: "relay",
             dependencies: [
                 "RelayComposition", "RelayConfiguration", "AlpacaWire", "DemoFeed", "RelayServer", "RelayBench", "Portfolio", "PortfolioData", "PortfolioDomain", "PolygonRESTClient",
-                "PortfolioHTTP", "Tape",
+                "PortfolioHTTP", "Tape", "Cluster",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

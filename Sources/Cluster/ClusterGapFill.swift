@@ -28,8 +28,16 @@ public struct ClusterGapFillHook: Sendable {
 /// The positions of the leader's current term, given under one lock by the live publisher and by the
 /// gap fill's, so every event on NATS carries the next position in the order NATS carries them.
 /// `Sendable`: a `Mutex`.
+///
+/// What it stamps is recorded on the cluster's tape too (``tap``, the leader's recorder), under the
+/// same lock, so the tape holds the events in the order NATS carries them, with their positions.
 final class TermSequencer: Sendable {
     private let state = Mutex<PositionSequencer?>(nil)
+    private let tap: (any EventTap)?
+
+    init(tap: (any EventTap)? = nil) {
+        self.tap = tap
+    }
 
     /// A new term (an epoch), or none (`stamps` false: no positions).
     func begin(stamps: Bool) { state.withLock { $0 = stamps ? PositionSequencer() : nil } }
@@ -46,7 +54,13 @@ final class TermSequencer: Sendable {
     /// Stamps `events` (when the term gives positions) and hands them to `publish` under the lock.
     func stamp(_ events: [MarketEvent], _ publish: ([MarketEvent]) -> Void) {
         state.withLock { sequencer in
-            publish(sequencer?.stamp(events) ?? events)
+            guard let epoch = sequencer?.epoch, let positions = sequencer?.positions(of: events) else {
+                tap?.take(events, epoch: nil)
+                publish(events)
+                return
+            }
+            tap?.take(events, positions: positions, epoch: epoch)
+            publish(EventPosition.stamp(events, positions))
         }
     }
 }

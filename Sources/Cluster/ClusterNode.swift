@@ -7,6 +7,7 @@ import NIOCore
 import MarketCore
 import ServiceLifecycle
 import Synchronization
+import Tape
 import Upstream
 
 /// One relay node of a cluster on NATS: it feeds its own hub from NATS, publishes what its hub wants,
@@ -73,6 +74,12 @@ public final class ClusterNode: Service, Sendable {
     private let sequencer: TermSequencer
     /// Gap fill: this node asks after each outage, and fills the cluster's asks while it leads.
     private let fills: ClusterGapFill?
+    /// The cluster's tape of this market (``JetStreamTape``), which this node records while it leads
+    /// (`recorder`) and every node reads (``archive``).
+    private let tape: JetStreamTape?
+    private let recorder: TapeRecorder?
+    /// Resumes reaching further back than this node's memory read the cluster's tape.
+    public let archive: TapeArchive?
 
     /// - Parameters:
     ///   - localInterest: where this node's hub reports the topics it wants.
@@ -80,7 +87,7 @@ public final class ClusterNode: Service, Sendable {
     package init(
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
-        stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil,
+        stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil, tape tapeSettings: ClusterTapeSettings? = nil,
         makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
     ) throws(ClusterError) {
         self.stampsPositions = stampsPositions
@@ -95,7 +102,23 @@ public final class ClusterNode: Service, Sendable {
         let metrics = ClusterMetrics(factory: metricsFactory)
         self.metrics = metrics
         self.logger = logger
-        let sequencer = TermSequencer()
+        let tape = tapeSettings.map { [subjects] in JetStreamTape(subjects: subjects, settings: $0) }
+        var recorder: TapeRecorder?
+        if let tape {
+            var recording = TapeRecorder.Settings(directory: "", market: market)
+            recording.flushInterval = tape.settings.flushInterval
+            recording.vendor = tape.settings.vendor
+            recording.upstreamPath = tape.settings.upstreamPath
+            do {
+                recorder = try TapeRecorder(settings: recording, sink: JetStreamTapeSink(tape: tape), metricsFactory: metricsFactory)
+            } catch {
+                logger.warning("the cluster's tape is not recorded by this node: \(error)")
+            }
+        }
+        self.tape = tape
+        self.recorder = recorder
+        archive = tape.map { tape in TapeArchive(market: market) { JetStreamTapeBlocks(tape: tape) } }
+        let sequencer = TermSequencer(tap: recorder)
         self.sequencer = sequencer
         fills = gapFill.map { [subjects] in
             ClusterGapFill(
@@ -124,6 +147,9 @@ public final class ClusterNode: Service, Sendable {
 
     /// This node's upstream client while it leads.
     public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
+
+    /// What this node recorded on the cluster's tape (while it led), as `/healthz` shows it.
+    public var tapeReport: TapeReport? { recorder?.report }
 
     /// A topic's last event from the cluster's last-value store (for `/v1/last` on a node whose clients
     /// do not want the topic).
@@ -158,6 +184,7 @@ public final class ClusterNode: Service, Sendable {
             state.connection = connection
             state.feed = feed
         }
+        tape?.use(connection)
         feed.start()
         await fills?.start(connection: connection, feed: feed)
         let interestSink = NATSMessageSink { [weak self] subject, payload in
@@ -285,18 +312,21 @@ public final class ClusterNode: Service, Sendable {
     private func updateUpstreamTopics() {
         upstreamUpdate.poke { [weak self] in
             guard let self else { return }
-            let (union, upstream, back) = state.withLock { state -> (Set<Topic>, UpstreamClient?, Set<Topic>) in
+            let (union, upstream, back, changes) = state.withLock { state -> (Set<Topic>, UpstreamClient?, Set<Topic>, [(topic: Topic, wanted: Bool)]) in
                 let union = state.interest.union
-                guard state.upstream != nil else { return (union, nil, []) }
+                guard state.upstream != nil else { return (union, nil, [], []) }
+                let changes = union.subtracting(state.upstreamApplied).map { (topic: $0, wanted: true) }
+                    + state.upstreamApplied.subtracting(union).map { (topic: $0, wanted: false) }
                 state.upstreamDropped.formUnion(state.upstreamApplied.subtracting(union))
                 let back = state.upstreamDropped.intersection(union)
                 state.upstreamDropped.subtract(back)
                 // Bounded: a term that dropped this many topics starts counting again.
                 if state.upstreamDropped.count > 100_000 { state.upstreamDropped.removeAll() }
                 state.upstreamApplied = union
-                return (union, state.upstream, back)
+                return (union, state.upstream, back, changes)
             }
             sequencer.interrupt(back)
+            if upstream != nil, let recorder, !changes.isEmpty { recorder.wantedChanged(changes, epoch: sequencer.epoch) }
             upstream?.setWantedTopics(union)
         }
     }
@@ -564,6 +594,8 @@ public final class ClusterNode: Service, Sendable {
             state.upstreamDropped = []
         }
         sequencer.begin(stamps: stampsPositions)
+        // The tape's reader knows from here what the term receives (the epoch's first records).
+        recorder?.begin(epoch: sequencer.epoch, holding: union.map(\.description))
         let publisher = Task { await self.publish(from: upstream, to: connection) }
         let filling = fills.map { fills in Task { await fills.lead(connection: connection) } }
 
@@ -576,6 +608,11 @@ public final class ClusterNode: Service, Sendable {
         await filling?.value
         await upstreamRun.value
         await publisher.value
+        // The term's last blocks are on the tape before the lease goes (the next leader's come after).
+        if let recorder {
+            recorder.interrupted(epoch: sequencer.epoch)
+            await Self.flushed(recorder)
+        }
         sequencer.end()
         state.withLock { state in
             state.leading = false
@@ -710,6 +747,16 @@ public final class ClusterNode: Service, Sendable {
         }
     }
 
+    /// Waits (off the cooperative pool) until everything `recorder` was given is written.
+    private static func flushed(_ recorder: TapeRecorder) async {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                recorder.flush()
+                continuation.resume()
+            }
+        }
+    }
+
     /// Runs `operation`, giving up (as unavailable) at `deadline`.
     private static func race<T: Sendable>(
         until deadline: ContinuousClock.Instant, _ operation: @escaping @Sendable () async throws(NATSError) -> T
@@ -766,8 +813,10 @@ public final class ClusterNode: Service, Sendable {
                 }
                 metrics.natsOut.increment(by: events.count)
             case .element(.connectionLost(let reason)):
+                recorder?.interrupted(epoch: sequencer.epoch)
                 publish(control: .upstreamDown(reason: "upstream connection lost (\(reason))"))
             case .lost(_, let count), .element(.lost(let count, _, _)):
+                recorder?.interrupted(epoch: sequencer.epoch)
                 publish(control: .loss(count: count))
             case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded), .element(.notice):
                 break

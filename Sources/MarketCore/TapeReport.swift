@@ -11,6 +11,13 @@ public struct TapeReport: Sendable, Codable, Equatable {
     public var bytesWritten: Int
     /// The error that paused recording, while it is paused.
     public var pausedBecause: String?
+    /// Where the tape is kept: `disk` (day files) or `jetstream` (a cluster's stream).
+    public var store: String?
+    /// What the tape holds now (looked at once a minute): its bytes, its UTC days (on a disk), and
+    /// its oldest record's time (unix ms). `nil` until first looked at.
+    public var heldBytes: Int64?
+    public var heldDays: Int?
+    public var heldSince: Int64?
 
     public init(eventsRecorded: Int, eventsDropped: Int, blocksWritten: Int, bytesWritten: Int, pausedBecause: String?) {
         recording = pausedBecause == nil

@@ -27,6 +27,11 @@ package struct PositionSequencer {
 
     /// The events with their positions written in (one buffer per call).
     package mutating func stamp(_ events: [MarketEvent]) -> [MarketEvent] {
+        EventPosition.stamp(events, positions(of: events))
+    }
+
+    /// The next positions, one per event, in order.
+    package mutating func positions(of events: [MarketEvent]) -> [EventPosition] {
         var positions: [EventPosition] = []
         positions.reserveCapacity(events.count)
         for event in events {
@@ -36,6 +41,6 @@ package struct PositionSequencer {
             positions.append(EventPosition(topic: next, market: nextMarket))
             nextMarket += 1
         }
-        return EventPosition.stamp(events, positions)
+        return positions
     }
 }

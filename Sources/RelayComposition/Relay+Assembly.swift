@@ -192,7 +192,7 @@ extension Relay {
         let marketMetrics = MarketMetricsFactory(base: metricsFactory, market: source.market.rawValue)
         let interest = LocalInterest()
         let wire = source.wire
-        // The tape records what the hub publishes (a cluster's tape is not a node's: not recorded there yet).
+        // The tape records what the hub publishes (a cluster's tape is the leader's: its cluster node records it).
         var recorder: TapeRecorder?
         if let tape = settings.tape, !clustered {
             var recording = TapeRecorder.Settings(directory: tape.directory, market: source.market.rawValue)
@@ -262,13 +262,26 @@ extension Relay {
                 await filler.fill(request, into: outlet)
             }
         }
+        // A cluster's tape is a JetStream stream per market, recorded by the leader, read by every node.
+        let clusterTape = settings.tape.map { tape in
+            var stream = ClusterTapeSettings()
+            stream.replicas = tape.replicas
+            stream.maxAge = .seconds(tape.retentionDays * 86_400)
+            stream.maxBytes = tape.retentionBytes
+            stream.flushInterval = tape.flushInterval
+            stream.vendor = source.vendor.name
+            stream.upstreamPath = source.upstreamPath
+            return stream
+        }
         let node = try ClusterNode(
             configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
             logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
-            gapFill: hook, makeUpstream: makeUpstream)
+            gapFill: hook, tape: settings.history == nil ? nil : clusterTape, makeUpstream: makeUpstream)
         assembly.clusterNodes.append(node)
-        assembly.markets.append(
-            MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: ClusterSource(node: node, upstream: source.description)))
+        var parts = MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: ClusterSource(node: node, upstream: source.description))
+        parts.clusterArchive = node.archive
+        if node.tapeReport != nil { parts.clusterTape = { node.tapeReport ?? TapeReport(eventsRecorded: 0, eventsDropped: 0, blocksWritten: 0, bytesWritten: 0, pausedBecause: nil) } }
+        assembly.markets.append(parts)
     }
 
     // MARK: the portfolio and the server
@@ -297,7 +310,7 @@ extension Relay {
 
     /// What the server serves of a market: its hub, its source's health, its recording.
     private static func served(_ parts: MarketParts) -> ServedMarket {
-        var tape: (@Sendable () -> TapeReport)?
+        var tape = parts.clusterTape
         if let recorder = parts.recorder { tape = { recorder.report } }
         return ServedMarket(market: parts.plan.market, hub: parts.hub, feed: parts.source, tape: tape)
     }

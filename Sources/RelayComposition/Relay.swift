@@ -147,6 +147,10 @@ public final class Relay: Service, Sendable {
         var source: any MarketSource
         /// Its tape recorder, while the tape is on (a single relay's).
         var recorder: TapeRecorder?
+        /// A cluster node's: the cluster's tape of the market (a JetStream stream), and what this node
+        /// recorded there.
+        var clusterArchive: TapeArchive?
+        var clusterTape: (@Sendable () -> TapeReport)?
     }
 
     /// The configured upstreams, one per market; `nil`: none configured (the demo feed serves every market).
@@ -309,6 +313,7 @@ public final class Relay: Service, Sendable {
     /// Its tape is also the hub's archive: a resume from a position older than the memory holds is
     /// read from it.
     private func goOnFromTape(_ market: MarketParts) async {
+        if let archive = market.clusterArchive { await market.hub.setArchive(archive) }
         guard let recorder = market.recorder, let limits = settings.history, let tape = settings.tape else { return }
         let name = market.plan.market.rawValue
         await market.hub.setArchive(TapeArchive(directory: tape.directory, market: name))

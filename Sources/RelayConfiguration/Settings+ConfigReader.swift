@@ -82,6 +82,8 @@ public struct TapeSettings: Sendable, Equatable {
     /// Days kept per market (today's included), and bytes per market.
     public var retentionDays = 7
     public var retentionBytes: Int64 = 20 << 30
+    /// On a cluster: copies of each block on the NATS servers (the tape stream's replicas).
+    public var replicas = 1
 
     public init() {}
 
@@ -100,6 +102,10 @@ extension TapeSettings {
         if let milliseconds = try config.positive("tape.flushMs") { flushInterval = .milliseconds(milliseconds) }
         if let days = try config.positive("tape.retentionDays") { retentionDays = days }
         if let gigabytes = try config.aboveZero("tape.maxGB") { retentionBytes = Int64(gigabytes * Double(1 << 30)) }
+        if let replicas = try config.positive("tape.replicas") {
+            guard replicas <= 5 else { throw RelaySettings.InvalidSetting(description: "tape.replicas: \(replicas) (a JetStream stream has at most 5)") }
+            self.replicas = replicas
+        }
     }
 
     /// `tape.dir`, or `tape/` in `portfolio.dataDir`, or `./data/tape` (recorded or not: a replay reads it).

@@ -161,6 +161,9 @@ actor StatusBoard {
             var events: Int
             var topics: Int
             var lastMarketSequence: UInt64
+            /// The market sequence of the oldest event the memory holds (a resume from before it
+            /// reads the tape).
+            var oldestMarketSequence: UInt64?
             /// Resumes, replays, gaps and conflation since start.
             var counts: ResumeCounts
             /// Broken tagged sessions waiting for their client.
@@ -209,7 +212,8 @@ actor StatusBoard {
             if let epoch = served.hub.epoch, let held = await served.hub.historyStatistics {
                 history = .init(
                     epoch: epoch, memoryBytes: held.memory, events: held.events, topics: held.topics,
-                    lastMarketSequence: await served.hub.lastMarketSequence, counts: await served.hub.resumeStatistics,
+                    lastMarketSequence: await served.hub.lastMarketSequence, oldestMarketSequence: await served.hub.oldestHeldSequence,
+                    counts: await served.hub.resumeStatistics,
                     sessionsKept: served.shelf.count)
             }
             perMarket.append(

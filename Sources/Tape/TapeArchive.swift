@@ -4,22 +4,34 @@ import NIOCore
 import Synchronization
 
 /// A market's tape as the hub's archive (``EventArchive``): a resume from a position its memory no
-/// longer holds is answered from the day file, read on a queue of its own (it waits on the disk).
+/// longer holds is answered from the tape (the newest day file on a disk, or a cluster's stream), read
+/// on a queue of its own (it waits on the disk or the network).
 ///
 /// One pass from the block before the earliest position that says what was wanted: a topic's events
 /// are whole from where its client stands (its own event, found on the tape) only if every market
 /// sequence after it through its `until` is on the tape, in its epoch, with no loss, stop or hole
 /// between, and the topic was received (wanted, by name or by its wildcard) all that time. A `_s`
 /// position is found by reading back from `until`. At most ``blocksPerRead`` blocks a read. Only the
-/// newest day file is read (a position from an earlier day is not found: a gap). `Sendable`: names a
-/// folder; each read opens the file.
+/// newest day file of a disk's tape is read (a position from an earlier day is not found: a gap).
+/// `Sendable`: each read opens the blocks anew.
 public final class TapeArchive: EventArchive {
-    public let directory: String
     public let market: String
+    /// The blocks as they are now (`nil`: no tape to read).
+    private let open: @Sendable () -> (any TapeBlocks)?
     private let queue: DispatchQueue
-    public init(directory: String, market: String) {
-        self.directory = directory
+
+    /// The newest day file of `market`'s tape under `directory`.
+    public convenience init(directory: String, market: String) {
+        self.init(market: market) {
+            guard let newest = TapeFile.days(directory: directory, market: market).last else { return nil }
+            return try? TapeReader(path: newest.path)
+        }
+    }
+
+    /// The blocks `open` gives, opened again for each read.
+    public init(market: String, open: @escaping @Sendable () -> (any TapeBlocks)?) {
         self.market = market
+        self.open = open
         queue = DispatchQueue(label: "relay.tape.archive.\(market)")
     }
 
@@ -64,7 +76,7 @@ public final class TapeArchive: EventArchive {
     }
 
     func read(_ requests: [ArchiveRequest], epoch: String, limit: Int) -> [Topic: ArchiveAnswer] {
-        guard let newest = TapeFile.days(directory: directory, market: market).last, let reader = try? TapeReader(path: newest.path) else {
+        guard let reader = open() else {
             return Dictionary(
                 requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "not on the tape")) },
                 uniquingKeysWith: { first, _ in first })
@@ -93,7 +105,7 @@ public final class TapeArchive: EventArchive {
     /// One pass from `first`: each reading starts at its own event (`after`), then takes every market
     /// sequence in turn (a hole, a loss, a stop, another epoch, a damaged block or its topic not received
     /// makes it a gap) until its `until`.
-    private func scan(_ readings: inout [Reading], in reader: TapeReader, from first: Int, epoch: String, limit: Int, budget: inout Int) {
+    private func scan(_ readings: inout [Reading], in reader: some TapeBlocks, from first: Int, epoch: String, limit: Int, budget: inout Int) {
         // What was received (a day file's first block without a holding record began its run: nothing).
         var wanted = Set<String>()
         var known = first == 0
@@ -110,7 +122,7 @@ public final class TapeArchive: EventArchive {
             }
         }
         let notReceived = "not received all the time (nobody held it for a while)"
-        for index in first..<reader.blocks.count {
+        for index in first..<reader.blockCount {
             guard readings.contains(where: { $0.answer == nil }) else { return }
             guard budget > 0 else {
                 for reading in readings.indices where readings[reading].answer == nil { readings[reading].answer = readings[reading].gap("too far back to read at once") }
@@ -207,7 +219,7 @@ public final class TapeArchive: EventArchive {
 
     /// The market sequence after which a request wants events: its own, the last event of its epoch
     /// before its time, or (a `_s`) its event's, found by reading back from its `until`.
-    private func start(of request: ArchiveRequest, in reader: TapeReader, epoch: String, budget: inout Int) -> Result<UInt64, Gap> {
+    private func start(of request: ArchiveRequest, in reader: some TapeBlocks, epoch: String, budget: inout Int) -> Result<UInt64, Gap> {
         switch request.since {
         case .market(let position):
             return .success(position)
@@ -215,7 +227,7 @@ public final class TapeArchive: EventArchive {
             let (time, overflow) = milliseconds.multipliedReportingOverflow(by: 1_000_000)
             guard !overflow else { return .failure(Gap(answer: .gap(from: 0, through: 0, unit: "unix_ms", reason: "not a time on the tape"))) }
             var index = reader.firstBlock(atOrAfter: time)
-            while index < reader.blocks.count, budget > 0 {
+            while index < reader.blockCount, budget > 0 {
                 budget -= 1
                 for event in Self.events(inBlock: index, of: reader, epoch: epoch) where event.receivedAt >= time { return .success(event.sequence - 1) }
                 index += 1
@@ -225,7 +237,7 @@ public final class TapeArchive: EventArchive {
             let topic = request.topic
             guard !topic.isWildcard else { return .success(position) }
             guard position > 0 else { return .success(0) }
-            var index = min(reader.firstBlock(atOrAfterSequence: request.until), reader.blocks.count - 1)
+            var index = min(reader.firstBlock(atOrAfterSequence: request.until), reader.blockCount - 1)
             while index >= 0, budget > 0 {
                 budget -= 1
                 let events = Self.events(inBlock: index, of: reader, epoch: epoch).filter { $0.eventType == topic.eventType && $0.ticker == topic.ticker }
@@ -240,7 +252,7 @@ public final class TapeArchive: EventArchive {
     }
 
     /// A block's events of `epoch` that have positions (a block begins with its epoch).
-    private static func events(inBlock index: Int, of reader: TapeReader, epoch: String) -> [TapeEvent] {
+    private static func events(inBlock index: Int, of reader: some TapeBlocks, epoch: String) -> [TapeEvent] {
         var ours = false
         var events: [TapeEvent] = []
         for record in reader.records(inBlock: index) ?? [] {
@@ -263,17 +275,17 @@ extension TapeEvent {
     var position: EventPosition { EventPosition(topic: topicSequence, market: sequence) }
 }
 
-extension TapeReader {
+extension TapeBlocks {
     /// The nearest block at or before `index` that says what was wanted (a `holding` record), at most
     /// two holding intervals before it; `index` itself when none is found.
     public func holdingBlock(atOrBefore index: Int) -> Int {
-        guard !blocks.isEmpty else { return 0 }
-        let target = min(max(index, 0), blocks.count - 1)
-        let floor = blocks[target].header.firstTime - 2 * TapeWriter.holdingInterval
+        guard blockCount > 0 else { return 0 }
+        let target = min(max(index, 0), blockCount - 1)
+        guard let floor = header(ofBlock: target).map({ $0.firstTime - 2 * TapeWriter.holdingInterval }) else { return target }
         var start = target
         while start >= 0 {
             if (records(inBlock: start) ?? []).contains(where: { if case .holding = $0 { true } else { false } }) { return start }
-            guard start > 0, blocks[start - 1].header.lastTime >= floor else { break }
+            guard start > 0, let before = header(ofBlock: start - 1), before.lastTime >= floor else { break }
             start -= 1
         }
         return target

@@ -98,7 +98,7 @@ public struct TapeBlock: Sendable, Equatable {
 public struct TapeError: Error, CustomStringConvertible {
     public var description: String
 
-    init(_ description: String) {
+    public init(_ description: String) {
         self.description = description
     }
 

@@ -140,22 +140,115 @@ public final class TapeLock: Sendable {
     }
 }
 
+/// Where a tape's blocks are stored, one whole block at a time, in order: a file per UTC day on a
+/// local disk (``TapeDayFiles``), or a cluster's JetStream stream.
+public protocol TapeBlockSink: AnyObject {
+    /// Makes ready for the blocks of the UTC `day` (`yyyy-mm-dd`): a file per day opens the day's
+    /// (cutting a torn tail); a stream has nothing to do.
+    func begin(day: String) throws
+    /// Stores one whole block (its header and frame). Throws when it was not stored whole; its writer
+    /// begins the day again before the next block.
+    func write(_ block: [UInt8]) throws
+    /// What the tape holds now (`nil`: it cannot tell). May wait for the disk or the network.
+    func held() -> TapeHeld?
+}
+
+/// What a tape holds: its bytes, its UTC days (`nil` where it has no days, a stream), and the receive
+/// time of its oldest record (UTC ns; `nil` when empty).
+public struct TapeHeld: Sendable, Equatable {
+    public var bytes: Int64
+    public var days: Int?
+    public var since: Int64?
+    /// `disk` or `jetstream`.
+    public var store: String
+
+    public init(bytes: Int64, days: Int?, since: Int64?, store: String) {
+        self.bytes = bytes
+        self.days = days
+        self.since = since
+        self.store = store
+    }
+}
+
+/// A market's tape on a local disk: a file per UTC day (``TapeFile``), opened for appending; a torn
+/// tail (a block half written when the process died) is cut when the day's file is opened.
+///
+/// Not `Sendable`: its writer's.
+public final class TapeDayFiles: TapeBlockSink {
+    public let directory: String
+    public let market: String
+    private var descriptor: Int32 = -1
+    private var path = ""
+    /// Where the next block goes in the open file.
+    private var offset: Int64 = 0
+    /// Bytes cut from the end of a file when it was opened (a torn tail), since these files were opened.
+    public private(set) var tornBytesCut: Int64 = 0
+
+    public init(directory: String, market: String) {
+        self.directory = directory
+        self.market = market
+    }
+
+    deinit {
+        if descriptor >= 0 { close(descriptor) }
+    }
+
+    public func begin(day: String) throws {
+        if descriptor >= 0 {
+            close(descriptor)
+            descriptor = -1
+        }
+        try TapeFile.makeDirectories("\(directory)/\(market)")
+        path = TapeFile.path(directory: directory, market: market, day: day)
+        descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { throw TapeError.system("opening", path) }
+        let length = Int64(lseek(descriptor, 0, SEEK_END))
+        let end = TapeScan.blocks(descriptor: descriptor, length: length).blocks.last?.end ?? 0
+        if end < length {
+            guard ftruncate(descriptor, off_t(end)) == 0 else {
+                let error = TapeError.system("cutting the torn tail of", path)
+                close(descriptor)
+                descriptor = -1
+                throw error
+            }
+            tornBytesCut += length - end
+        }
+        offset = end
+    }
+
+    public func held() -> TapeHeld? {
+        let days = TapeFile.days(directory: directory, market: market)
+        let oldest = days.lazy.compactMap { try? TapeReader(path: $0.path) }.first { $0.blockCount > 0 }
+        return TapeHeld(bytes: days.reduce(0) { $0 + $1.bytes }, days: days.count, since: oldest?.header(ofBlock: 0)?.firstTime, store: "disk")
+    }
+
+    public func write(_ block: [UInt8]) throws {
+        guard descriptor >= 0 else { throw TapeError("no day file of the \(market) tape is open") }
+        let written = block.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, off_t(offset)) }
+        guard written == block.count else {
+            // A short write (a full disk): what was written is a torn tail, cut when the file is next
+            // opened, which the writer's next block does.
+            let error = TapeError.system("writing a block to", path)
+            close(descriptor)
+            descriptor = -1
+            throw error
+        }
+        offset += Int64(block.count)
+    }
+}
+
 /// Appends records to a market's tape, a block at a time: records gather in memory until ``flush()``
 /// (its owner calls it on a timer, the flush interval) or until a block's worth (`blockBytes` before
-/// compression) is waiting; a record of the next UTC day closes the day's file and opens the next.
+/// compression) is waiting; a record of the next UTC day begins the next day (its own file, on a disk).
 ///
 /// Not `Sendable`: one owner, off the delivery path (the recorder).
 public final class TapeWriter {
-    public let directory: String
-    public let market: String
+    /// Where the blocks go.
+    public let sink: any TapeBlockSink
     private let blockBytes: Int
     private let compressor: ZstdCompressor
-    private var descriptor: Int32 = -1
-    private var path = ""
-    /// The UTC day of the open file.
+    /// The UTC day of the blocks being written.
     public private(set) var day: String?
-    /// Where the next block goes in the open file.
-    private var offset: Int64 = 0
     private var pending: [UInt8] = []
     private var pendingRecords = 0
     private var pendingEvents = 0
@@ -172,21 +265,21 @@ public final class TapeWriter {
     }
     private var first: (time: Int64, sequence: UInt64)?
     private var last: (time: Int64, sequence: UInt64) = (0, 0)
-    /// Bytes cut from the end of a file when it was opened (a torn tail), since this writer began.
-    public private(set) var tornBytesCut: Int64 = 0
+    /// Bytes cut from the end of a day file when it was opened (a torn tail), since this writer began.
+    public var tornBytesCut: Int64 { (sink as? TapeDayFiles)?.tornBytesCut ?? 0 }
     /// Blocks written, and their bytes on disk (headers included).
     public private(set) var blocksWritten = 0
     public private(set) var bytesWritten: Int64 = 0
 
-    public init(directory: String, market: String, blockBytes: Int = 256 << 10, level: Int32 = 1) throws {
-        self.directory = directory
-        self.market = market
-        self.blockBytes = max(blockBytes, 1)
-        compressor = try ZstdCompressor(level: level)
+    /// A writer of `market`'s day files under `directory`.
+    public convenience init(directory: String, market: String, blockBytes: Int = 256 << 10, level: Int32 = 1) throws {
+        try self.init(sink: TapeDayFiles(directory: directory, market: market), blockBytes: blockBytes, level: level)
     }
 
-    deinit {
-        if descriptor >= 0 { close(descriptor) }
+    public init(sink: any TapeBlockSink, blockBytes: Int = 256 << 10, level: Int32 = 1) throws {
+        self.sink = sink
+        self.blockBytes = max(blockBytes, 1)
+        compressor = try ZstdCompressor(level: level)
     }
 
     /// Adds `record` to the block being gathered (writing it first if the record is of another day, or
@@ -289,7 +382,9 @@ public final class TapeWriter {
         var newDay = false
         if recordDay != day {
             try flush()
-            try open(day: recordDay)
+            day = nil
+            try sink.begin(day: recordDay)
+            day = recordDay
             newDay = true
         }
         if let first { return first }
@@ -319,23 +414,20 @@ public final class TapeWriter {
             compressedLength: frame.count, uncompressedLength: pending.count, records: pendingRecords, firstTime: first.time,
             lastTime: last.time, firstSequence: first.sequence, lastSequence: last.sequence)
         let block = header.bytes + frame
-        let written = block.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, off_t(offset)) }
-        guard written == block.count else {
-            // A short write (a full disk): what was written is a torn tail, cut when the file is next
-            // opened, which the next record does; the block's records are lost (its owner records the gap).
-            let error = TapeError.system("writing a block to", path)
+        do {
+            try sink.write(block)
+        } catch {
+            // Not stored whole (a full disk, a stream that did not acknowledge): the block's records are
+            // lost (its owner records the gap), and the next record begins its day again.
             lostFrom = min(lostFrom ?? first.time, first.time)
             eventsLost += pendingEvents
             pending.removeAll(keepingCapacity: true)
             pendingRecords = 0
             pendingEvents = 0
             self.first = nil
-            close(descriptor)
-            descriptor = -1
             day = nil
             throw error
         }
-        offset += Int64(block.count)
         blocksWritten += 1
         bytesWritten += Int64(block.count)
         eventsWritten += pendingEvents
@@ -347,30 +439,72 @@ public final class TapeWriter {
 
     /// Records gathered and not yet written.
     public var unflushedRecords: Int { pendingRecords }
+}
 
-    private func open(day: String) throws {
-        if descriptor >= 0 {
-            close(descriptor)
-            descriptor = -1
+/// A tape's blocks in order, as a reader sees them: a day file (``TapeReader``) or a cluster's stream.
+/// A block that cannot be had (damaged, or gone from a stream since) answers `nil`.
+///
+/// Not `Sendable`: one reader at a time.
+public protocol TapeBlocks: AnyObject {
+    /// How many blocks there are (some may answer `nil`).
+    var blockCount: Int { get }
+    /// What block `index` spans.
+    func header(ofBlock index: Int) -> TapeBlockHeader?
+    /// Block `index`'s records, `nil` when it does not check or cannot be had.
+    func records(inBlock index: Int) -> [TapeRecord]?
+}
+
+extension TapeBlocks {
+    /// The first block that may hold a record received at or after `time`: a binary search over the
+    /// blocks' last times (records are in arrival order).
+    public func firstBlock(atOrAfter time: Int64) -> Int {
+        partition { $0.lastTime >= time }
+    }
+
+    /// The first block that may hold the event of market sequence `sequence` or a later one.
+    public func firstBlock(atOrAfterSequence sequence: UInt64) -> Int {
+        partition { $0.lastSequence >= sequence }
+    }
+
+    /// A block that cannot be had counts as before (a stream loses its oldest first).
+    private func partition(_ isAtOrAfter: (TapeBlockHeader) -> Bool) -> Int {
+        var low = 0
+        var high = blockCount
+        while low < high {
+            let middle = (low + high) / 2
+            if header(ofBlock: middle).map(isAtOrAfter) == true { high = middle } else { low = middle + 1 }
         }
-        self.day = nil
-        try TapeFile.makeDirectories("\(directory)/\(market)")
-        path = TapeFile.path(directory: directory, market: market, day: day)
-        descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        guard descriptor >= 0 else { throw TapeError.system("opening", path) }
-        let length = Int64(lseek(descriptor, 0, SEEK_END))
-        let end = TapeScan.blocks(descriptor: descriptor, length: length).blocks.last?.end ?? 0
-        if end < length {
-            guard ftruncate(descriptor, off_t(end)) == 0 else {
-                let error = TapeError.system("cutting the torn tail of", path)
-                close(descriptor)
-                descriptor = -1
-                throw error
-            }
-            tornBytesCut += length - end
-        }
-        offset = end
-        self.day = day
+        return low
+    }
+}
+
+/// Decodes blocks held whole in memory (a stream's messages): each block is its header and its frame.
+/// Not `Sendable`: a decompression context.
+public final class TapeBlockDecoder {
+    private let decompressor: ZstdDecompressor
+
+    public init() throws {
+        decompressor = try ZstdDecompressor()
+    }
+
+    /// The header of the block in `bytes`, `nil` when it does not check or the frame is not all there.
+    public static func header(of bytes: UnsafeRawBufferPointer) -> TapeBlockHeader? {
+        guard let header = TapeBlockHeader(bytes), bytes.count == TapeBlockHeader.size + Int(header.compressedLength) else { return nil }
+        return header
+    }
+
+    /// The records of the block in `bytes`, `nil` when it does not check.
+    public func records(of bytes: UnsafeRawBufferPointer) -> [TapeRecord]? {
+        guard let header = Self.header(of: bytes) else { return nil }
+        return records(header: header, frame: UnsafeRawBufferPointer(rebasing: bytes[TapeBlockHeader.size...]))
+    }
+
+    func records(header: TapeBlockHeader, frame: UnsafeRawBufferPointer) -> [TapeRecord]? {
+        guard let payload = try? decompressor.decompress(frame, expected: Int(header.uncompressedLength)),
+            let records = RecordLayout.records(in: payload, baseTime: header.firstTime, baseSequence: header.firstSequence),
+            records.count == Int(header.records)
+        else { return nil }
+        return records
     }
 }
 
@@ -379,10 +513,10 @@ public final class TapeWriter {
 /// follows the last whole block (a torn tail, or a block being written now) is not read.
 ///
 /// Not `Sendable`: one reader per replay or export.
-public final class TapeReader {
+public final class TapeReader: TapeBlocks {
     public let path: String
     private let descriptor: Int32
-    private let decompressor: ZstdDecompressor
+    private let decoder: TapeBlockDecoder
     /// The file's whole blocks, in order.
     public private(set) var blocks: [TapeBlock]
     /// Blocks that could not be read (their frame or records did not check), by index.
@@ -392,7 +526,7 @@ public final class TapeReader {
 
     public init(path: String) throws {
         self.path = path
-        decompressor = try ZstdDecompressor()
+        decoder = try TapeBlockDecoder()
         descriptor = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else { throw TapeError.system("opening", path) }
         let found = TapeScan.blocks(descriptor: descriptor, length: Int64(lseek(descriptor, 0, SEEK_END)))
@@ -411,25 +545,10 @@ public final class TapeReader {
         damaged = found.damaged
     }
 
-    /// The first block that may hold a record received at or after `time`: a binary search over the
-    /// blocks' last times (records are in arrival order).
-    public func firstBlock(atOrAfter time: Int64) -> Int {
-        partition { $0.header.lastTime >= time }
-    }
+    public var blockCount: Int { blocks.count }
 
-    /// The first block that may hold the event of market sequence `sequence` or a later one.
-    public func firstBlock(atOrAfterSequence sequence: UInt64) -> Int {
-        partition { $0.header.lastSequence >= sequence }
-    }
-
-    private func partition(_ isAtOrAfter: (TapeBlock) -> Bool) -> Int {
-        var low = 0
-        var high = blocks.count
-        while low < high {
-            let middle = (low + high) / 2
-            if isAtOrAfter(blocks[middle]) { high = middle } else { low = middle + 1 }
-        }
-        return low
+    public func header(ofBlock index: Int) -> TapeBlockHeader? {
+        blocks.indices.contains(index) ? blocks[index].header : nil
     }
 
     /// The records of block `index`; `nil` (and the block noted in ``skippedBlocks``) when it does not check.
@@ -438,11 +557,7 @@ public final class TapeReader {
         let block = blocks[index]
         var frame = [UInt8](repeating: 0, count: Int(block.header.compressedLength))
         let read = frame.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, off_t(block.offset) + off_t(TapeBlockHeader.size)) }
-        guard read == frame.count,
-            let payload = try? frame.withUnsafeBytes({ try decompressor.decompress($0, expected: Int(block.header.uncompressedLength)) }),
-            let records = RecordLayout.records(in: payload, baseTime: block.header.firstTime, baseSequence: block.header.firstSequence),
-            records.count == Int(block.header.records)
-        else {
+        guard read == frame.count, let records = frame.withUnsafeBytes({ decoder.records(header: block.header, frame: $0) }) else {
             if !skippedBlocks.contains(index) { skippedBlocks.append(index) }
             return nil
         }

@@ -49,8 +49,9 @@ public final class TapeRecorder: EventTap {
     }
 
     public let settings: Settings
-    /// Held while the recorder lives: no other recorder writes this market's tape in this directory.
-    private let lock: TapeLock
+    /// Held while the recorder lives: no other recorder writes this market's tape in this directory
+    /// (`nil`: the blocks go elsewhere, a cluster's stream, whose writer is the lease's holder).
+    private let lock: TapeLock?
     private struct Waiting {
         var batches: [Batch] = []
         var bytes = 0
@@ -76,6 +77,9 @@ public final class TapeRecorder: EventTap {
         let blocks: Counter
         let dropped: Counter
         let pauses: Counter
+        let heldBytes: Gauge
+        let heldDays: Gauge
+        let heldSince: Gauge
 
         init(factory: any MetricsFactory) {
             events = Counter(label: "relay_tape_events_recorded_total", factory: factory)
@@ -83,21 +87,39 @@ public final class TapeRecorder: EventTap {
             blocks = Counter(label: "relay_tape_blocks_written_total", factory: factory)
             dropped = Counter(label: "relay_tape_events_dropped_total", factory: factory)
             pauses = Counter(label: "relay_tape_pauses_total", factory: factory)
+            heldBytes = Gauge(label: "relay_tape_held_bytes", factory: factory)
+            heldDays = Gauge(label: "relay_tape_held_days", factory: factory)
+            heldSince = Gauge(label: "relay_tape_held_since_seconds", factory: factory)
         }
     }
 
     /// - Parameter metricsFactory: where its counters go (the relay's labels them with the market).
-    public init(settings: Settings, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
+    public convenience init(settings: Settings, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
+        try self.init(
+            settings: settings, lock: TapeLock(directory: settings.directory, market: settings.market),
+            sink: TapeDayFiles(directory: settings.directory, market: settings.market), metricsFactory: metricsFactory)
+    }
+
+    /// A recorder whose blocks go to `sink` (a cluster's JetStream stream), not to day files: no lock,
+    /// no position reservation or stop mark, no retention of its own (the sink's limits are), and
+    /// `settings.directory` is not used.
+    public convenience init(settings: Settings, sink: sending any TapeBlockSink, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
+        try self.init(settings: settings, lock: nil, sink: sink, metricsFactory: metricsFactory)
+    }
+
+    private init(settings: Settings, lock: TapeLock?, sink: sending any TapeBlockSink, metricsFactory: any MetricsFactory) throws {
         self.settings = settings
-        lock = try TapeLock(directory: settings.directory, market: settings.market)
+        self.lock = lock
         writing = Mutex(
-            Writing(
-                writer: try TapeWriter(directory: settings.directory, market: settings.market, blockBytes: settings.blockBytes),
-                source: settings.vendor.map { ($0, settings.upstreamPath) }))
+            Writing(writer: try TapeWriter(sink: sink, blockBytes: settings.blockBytes), source: settings.vendor.map { ($0, settings.upstreamPath) }))
         work = DispatchQueue(label: "relay.tape.\(settings.market)")
         metrics = Metrics(factory: metricsFactory)
         scheduleFlush()
     }
+
+    /// Whether the tape is day files in ``Settings/directory`` (a reservation, a stop mark and
+    /// retention are this recorder's to keep).
+    private var isLocal: Bool { lock != nil }
 
     /// The next flush, one interval from now, while the recorder lives.
     private func scheduleFlush() {
@@ -111,11 +133,21 @@ public final class TapeRecorder: EventTap {
 
     /// What the recorder has done, as `/healthz` shows it.
     public var report: TapeReport {
-        TapeReport(
+        var report = TapeReport(
             eventsRecorded: eventsRecorded.load(ordering: .relaxed), eventsDropped: eventsDropped.load(ordering: .relaxed),
             blocksWritten: blocksWritten.load(ordering: .relaxed), bytesWritten: bytesWritten.load(ordering: .relaxed),
             pausedBecause: waiting.withLock { $0.pausedBecause })
+        if let held = held.withLock({ $0 }) {
+            report.store = held.store
+            report.heldBytes = held.bytes
+            report.heldDays = held.days
+            report.heldSince = held.since.map { $0 / 1_000_000 }
+        }
+        return report
     }
+
+    /// What the tape held when last looked at (once a minute, with retention).
+    private let held = Mutex<TapeHeld?>(nil)
 
     /// The epoch and market sequence reserved on disk so far (``PositionReservation``), when a failed
     /// write may be tried again, and whether a stop mark may be beside the tape (the last run's, until
@@ -140,6 +172,12 @@ public final class TapeRecorder: EventTap {
         queue(Batch(epoch: epoch, marks: changes.map { .wanted(topic: $0.topic.description, $0.wanted, at: now) }), size: 64 * changes.count)
     }
 
+    /// A new run of `epoch` (a cluster leader's term) begins, receiving `holding`: written first in
+    /// the epoch, so a reader of its first block knows what was received.
+    public func begin(epoch: String?, holding: [String]) {
+        queue(Batch(epoch: epoch, marks: [.holding(holding.sorted(), at: WallClock.nowNanoseconds())]), size: 64 + 32 * holding.count)
+    }
+
     public func interrupted(epoch: String?) {
         queue(Batch(epoch: epoch, marks: [.interrupted(at: WallClock.nowNanoseconds())]), size: 64)
     }
@@ -147,6 +185,7 @@ public final class TapeRecorder: EventTap {
     /// Before the hub delivers a position past what is reserved, the next reservation is on disk (on
     /// the hub's executor, about once per ``PositionReservation/step`` events: one small write and a rename).
     private func reserve(through newest: UInt64, epoch: String) {
+        guard isLocal else { return }
         reserved.withLock { reserved in
             if reserved.stopMarked {
                 // A position given after a stop: that stop no longer says everything is on the tape.
@@ -211,6 +250,10 @@ public final class TapeRecorder: EventTap {
     /// goes on in the same epoch with numbers going on by one (``TapeTail``). Otherwise it goes on past
     /// the reservation. A position given after the stop removes the mark.
     public func stop() {
+        guard isLocal else {
+            flush()
+            return
+        }
         let epoch = reserved.withLock { $0.position?.epoch }
         work.sync {
             writeAll(flushing: false)
@@ -231,17 +274,28 @@ public final class TapeRecorder: EventTap {
     /// When retention was last applied.
     private let prunedAt = Mutex<ContinuousClock.Instant?>(nil)
 
-    /// Once a minute, on `work`: the oldest days past the retention go.
+    /// Once a minute, on `work`: the oldest days past the retention go (a disk's tape), then what the
+    /// tape holds is looked at.
     private func pruneIfDue() {
+        // Every minute; every second while the tape holds nothing yet (so "held since" shows soon).
+        let empty = held.withLock { $0?.since == nil }
         let due = prunedAt.withLock { last in
-            guard last.map({ ContinuousClock.now - $0 >= .seconds(60) }) ?? true else { return false }
+            guard last.map({ ContinuousClock.now - $0 >= .seconds(empty ? 1 : 60) }) ?? true else { return false }
             last = .now
             return true
         }
         guard due else { return }
-        TapeFile.prune(
-            directory: settings.directory, market: settings.market, today: TapeFile.day(of: WallClock.nowNanoseconds()),
-            keepDays: max(settings.retentionDays, 1), maxBytes: settings.retentionBytes)
+        if isLocal {
+            TapeFile.prune(
+                directory: settings.directory, market: settings.market, today: TapeFile.day(of: WallClock.nowNanoseconds()),
+                keepDays: max(settings.retentionDays, 1), maxBytes: settings.retentionBytes)
+        }
+        let now = writing.withLock { $0.writer.sink.held() }
+        held.withLock { $0 = now }
+        guard let now else { return }
+        metrics.heldBytes.record(now.bytes)
+        if let days = now.days { metrics.heldDays.record(days) }
+        if let since = now.since { metrics.heldSince.record(Double(since) / 1e9) }
     }
 
     /// On `work`: takes what waits and writes it, until nothing waits.

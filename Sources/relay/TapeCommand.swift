@@ -1,5 +1,7 @@
 import ArgumentParser
+import Cluster
 import Foundation
+import Logging
 import MarketCore
 import RelayComposition
 import Tape
@@ -9,7 +11,7 @@ struct TapeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tape",
         abstract: "Look at the tape: what the relay recorded, per market and UTC day.",
-        subcommands: [List.self, Export.self]
+        subcommands: [List.self, Export.self, Pull.self]
     )
 
     struct List: AsyncParsableCommand {
@@ -102,6 +104,42 @@ extension TapeCommand {
             if outcome.unreadable > 0 { summary += "; \(outcome.unreadable) could not be written as JSON and were left out" }
             if outcome.skippedBlocks > 0 { summary += "; \(outcome.skippedBlocks) damaged blocks skipped" }
             FileHandle.standardError.write(Data((summary + "\n").utf8))
+        }
+    }
+}
+
+extension TapeCommand {
+    struct Pull: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "pull",
+            abstract: "Copy a cluster's tape (its JetStream streams) into day files here, for replay, export and ls.",
+            discussion: """
+                Each UTC day the stream holds is written whole and renamed over that day's file in --tape-dir, so pulling again                 replaces it. The user, password or token may be in the URL; RELAY_CLUSTER_TOKEN is read too.
+                """)
+
+        @Option(name: .customLong("cluster"), help: "NATS: nats://HOST:PORT[,…] or tls://…") var cluster: String
+        @Option(name: .customLong("cluster-name"), help: "The cluster's name (what its nodes run with).") var name: String = "relay"
+        @Option(help: "Markets, comma-separated (stocks,crypto,…).") var markets: String
+        @Option(name: .customLong("tape-dir"), help: "Where the day files go.") var directory: String = "./data/tape"
+        @Option(name: .customLong("cluster-credentials"), help: "A NATS .creds file.") var credentials: String?
+        @Option(name: .customLong("cluster-tls-ca"), help: "CA certificates (PEM) for TLS.") var caFile: String?
+
+        func run() async throws {
+            let servers: [String]
+            do { servers = try ClusterConfiguration.servers(from: cluster) } catch { throw ValidationError("--cluster: \(error)") }
+            var security = ClusterConfiguration.Security()
+            security.credentialsFile = credentials
+            security.caFile = caFile
+            security.token = ProcessInfo.processInfo.environment["RELAY_CLUSTER_TOKEN"]
+            var logger = Logger(label: "relay.tape.pull")
+            logger.logLevel = .warning
+            for market in markets.split(separator: ",").map(String.init) {
+                let outcome = try await ClusterTapePull.pull(
+                    servers: servers, security: security, cluster: name, market: market, directory: directory, logger: logger)
+                var line = "\(market): \(outcome.blocks) blocks into \(outcome.days.count) days (\(outcome.days.joined(separator: ", ")))"
+                if outcome.missing > 0 { line += "; \(outcome.missing) blocks NATS no longer had or sent damaged" }
+                print(line)
+            }
         }
     }
 }

@@ -3,6 +3,7 @@ import Foundation
 import PolygonWire
 import RelayBench
 import Synchronization
+import Tape
 import Testing
 
 /// A real `nats-server` with JetStream, the demo feed as the one upstream (in this process, so the test
@@ -487,6 +488,73 @@ struct ClusterTests {
             #expect(sequences == Array((last + 1)...(last + UInt64(sequences.count))), "contiguous: \(sequences)")
             for client in [holder, back] { await client.close() }
         }
+    }
+
+    /// The leader records the cluster's tape in a JetStream stream: a client whose position the node's
+    /// memory (2 s here) no longer holds resumes on another node from the stream, contiguously.
+    @Test func aPositionOlderThanANodesMemoryResumesFromTheClustersTapeOnAnotherNode() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let environment = ["RELAY_HISTORY_MAX_AGE_SECONDS": "2", "RELAY_TAPE_FLUSH_MS": "100", "RELAY_TAPE_MAX_GB": "0.25"]
+            for id in ["n1", "n2"] { try await cluster.startNode(id, environment: environment) }
+            _ = try await cluster.agreedLeader()
+            // n2 holds the topic throughout, so the leader receives all of it and n2's memory moves on.
+            let holder = try await subscribedClient(try cluster.url("n2"), "Q.AAPL")
+            let epoch = Mutex("")
+            try await eventually("n1 and n2 to know the leader's epoch") {
+                guard let known = await positionsEpoch(of: "n2", in: cluster), !known.isEmpty, await positionsEpoch(of: "n1", in: cluster) == known
+                else { return false }
+                epoch.withLock { $0 = known }
+                return true
+            }
+            let first = try await subscribedClient(try cluster.url("n1"), "Q.AAPL")
+            let last = try #require(try await first.nextEvents(5).compactMap { EventPosition.read(from: $0.bytes) }.last, "events carry positions")
+            await first.close()
+            // n2's memory lets the client's position go; the holder keeps reading meanwhile.
+            let deadline = ContinuousClock.now + .seconds(30)
+            while await oldestHeld(on: "n2", in: cluster) <= last.market + 1 {
+                try #require(ContinuousClock.now < deadline, "n2's memory still holds the client's position after 30 s")
+                _ = try? await holder.nextEvents(1, timeout: .milliseconds(200))
+            }
+            let back = try await WSTestClient.authenticated(url: try cluster.url("n2"))
+            back.send(#"{"action":"subscribe","params":"Q.AAPL","since":{"epoch":"\#(epoch.withLock { $0 })","Q.AAPL":\#(last.topic)}}"#)
+            // Every frame up to `resumed`, kept to show what a gap said.
+            var frames: [String] = []
+            while !(frames.last?.contains(#""status":"resumed""#) ?? false) { frames.append(try await back.nextFrame(timeout: .seconds(15))) }
+            let statuses = frames.flatMap { (try? FrameParser.parse($0).statuses) ?? [] }
+            #expect(!statuses.contains { $0.status == "gap" }, "no gap: \(frames.filter { $0.contains("status") })")
+            var sequences = frames.flatMap { (try? FrameParser.parse($0).events) ?? [] }.compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            #expect(sequences.count >= 5, "two seconds and more of AAPL quotes: \(sequences.count)")
+            sequences += try await back.nextEvents(3).compactMap { EventPosition.read(from: $0.bytes)?.topic }
+            #expect(sequences == Array((last.topic + 1)...(last.topic + UInt64(sequences.count))), "contiguous from the tape through live: \(sequences)")
+            #expect(await metric(try cluster.port("n2"), #"relay_tape_resumes_total{market="stocks"}"#) >= 1, "n2 read the cluster's tape")
+            // The leader wrote the blocks, to the stream (what every node, and the next leader, reads).
+            let leader = try await cluster.agreedLeader()
+            let status = try await httpGet("http://127.0.0.1:\(try cluster.port(leader))/v1/status")
+            let markets = (try JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any])?["markets"] as? [[String: Any]]
+            let tape = try #require(markets?.first?["tape"] as? [String: Any], "the leader's status shows its recording")
+            #expect((tape["blocksWritten"] as? Int ?? 0) > 0, "\(tape)")
+            #expect(tape["pausedBecause"] == nil, "\(tape)")
+            for client in [holder, back] { await client.close() }
+            // `relay tape pull` copies the stream into day files here: the events with the leader's positions.
+            let directory = try scratchDirectory("pull")
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            try runTool(
+                RelayProcess.siblingBinary(), ["tape", "pull", "--cluster", cluster.natsURL, "--cluster-name", cluster.clusterName, "--markets", "stocks", "--tape-dir", directory],
+                in: directory)
+            let day = try #require(TapeFile.days(directory: directory, market: "stocks").last, "a day file was pulled")
+            let pulled = try TapeReader(path: day.path).records().compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
+            let quotes = pulled.filter { $0.eventType == "Q" && $0.ticker == "AAPL" }
+            #expect(quotes.contains { $0.topicSequence == last.topic && $0.sequence == last.market }, "the client's own event is on the pulled tape")
+            #expect(quotes.count > sequences.count, "\(quotes.count) quotes pulled")
+        }
+    }
+
+    func oldestHeld(on node: String, in cluster: ClusterHarness) async -> UInt64 {
+        guard let status = try? await httpGet("http://127.0.0.1:\(try cluster.port(node))/v1/status"),
+            let object = try? JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any],
+            let markets = object["markets"] as? [[String: Any]], let history = markets.first?["history"] as? [String: Any]
+        else { return 0 }
+        return (history["oldestMarketSequence"] as? NSNumber)?.uint64Value ?? 0
     }
 
     @Test func aNodeThatCannotReachNATSReportsItAndNeverConnectsUpstream() async throws {

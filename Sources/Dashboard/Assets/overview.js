@@ -136,11 +136,20 @@ export function mount(main) {
 
     function tapeCell(t) {
       if (!t) return el("span", { class: "muted", text: "off" });
-      const size = t.bytesWritten < 1048576 ? `${Math.round(t.bytesWritten / 1024)} KB` : `${(t.bytesWritten / 1048576).toFixed(1)} MB`;
-      const recorded = `${t.eventsRecorded.toLocaleString()} events recorded in ${t.blocksWritten.toLocaleString()} blocks`;
+      // What the tape holds (looked at once a minute), else what this run wrote.
+      const bytes = t.heldBytes ?? t.bytesWritten;
+      const size = bytes < 1048576 ? `${Math.round(bytes / 1024)} KB` : bytes < 1073741824 ? `${(bytes / 1048576).toFixed(1)} MB` : `${(bytes / 1073741824).toFixed(2)} GB`;
+      // Held since: the oldest record's time, UTC (its date when not today).
+      let since = "";
+      if (t.heldSince) {
+        const at = new Date(t.heldSince).toISOString();
+        since = at.slice(0, 10) === new Date().toISOString().slice(0, 10) ? ` · since ${at.slice(11, 16)} UTC` : ` · since ${at.slice(0, 10)}`;
+      }
+      const where = t.store === "jetstream" ? "in the cluster's JetStream stream" : t.heldDays ? `in ${t.heldDays} day ${t.heldDays === 1 ? "file" : "files"}` : "on disk";
+      const recorded = `${where}; this run recorded ${t.eventsRecorded.toLocaleString()} events in ${t.blocksWritten.toLocaleString()} blocks`;
       const dropped = t.eventsDropped ? `; ${t.eventsDropped.toLocaleString()} not recorded` : "";
-      if (!t.recording) return el("span", { class: "state bad", title: `paused: ${t.pausedBecause}; ${recorded}${dropped}`, text: `paused · ${size}` });
-      return el("span", { title: `${recorded}${dropped}`, text: size });
+      if (!t.recording) return el("span", { class: "state bad", title: `paused: ${t.pausedBecause}; ${recorded}${dropped}`, text: `paused · ${size}${since}` });
+      return el("span", { title: `${recorded}${dropped}`, text: `${size}${since}` });
     }
 
     // One row per market, each with its own upstream connection.

@@ -1,0 +1,299 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+import CNats
+import Dispatch
+import Logging
+import Synchronization
+import Tape
+
+/// How a cluster keeps its tape: one JetStream stream per market, in files on the NATS servers, and
+/// what the leader records in it.
+public struct ClusterTapeSettings: Sendable, Equatable {
+    /// Copies of each block on the NATS servers (1, 3 or 5; more than the servers there are is refused).
+    public var replicas = 1
+    /// Blocks older than this go (JetStream's `max_age`).
+    public var maxAge: Duration = .seconds(7 * 86_400)
+    /// The stream's bytes at most; the oldest blocks go first (JetStream's `max_bytes`).
+    public var maxBytes: Int64 = 20 << 30
+    /// The longest a block waits on the leader before it is written (what a failover can lose).
+    public var flushInterval: Duration = .milliseconds(500)
+    /// The vendor and upstream path recorded with the events (what a replay speaks).
+    public var vendor: String?
+    public var upstreamPath: String?
+
+    public init() {}
+}
+
+/// A market's tape on a cluster: the JetStream stream `<cluster>-tape-<market>`, on the subject
+/// `<cluster>.tape.<market>`, one message per block (its header and zstd frame, exactly as a day file
+/// holds it), written by the leader and read by every node.
+///
+/// The stream's sequence is the block's index: a seek is a binary search over the blocks' headers,
+/// each probe one direct read of a message by its sequence (about 17 for a day of blocks). The stream
+/// is made on the first write or read that finds it missing, with file storage, the replicas and the
+/// limits of ``ClusterTapeSettings`` (limits retention, old blocks discarded first); a stream that
+/// exists is updated to them.
+///
+/// Every call here waits for NATS: made on the recorder's and the archive's own queues, never on the
+/// cooperative pool. `Sendable`: immutable, and ``NATSConnection`` is.
+final class JetStreamTape: Sendable {
+    let stream: String
+    let subject: String
+    let settings: ClusterTapeSettings
+    /// The node's connection to NATS, once it has one.
+    private let connection = Mutex<NATSConnection?>(nil)
+    /// How long a write or a read waits for NATS.
+    static let wait: Int64 = 2_000
+
+    init(subjects: ClusterSubjects, settings: ClusterTapeSettings) {
+        stream = "\(subjects.cluster)-tape-\(subjects.market)"
+        subject = "\(subjects.cluster).tape.\(subjects.market)"
+        self.settings = settings
+    }
+
+    /// The node's connection, once made.
+    func use(_ connection: NATSConnection) {
+        self.connection.withLock { $0 = connection }
+    }
+
+    /// The JetStream context of the connection as it is now.
+    func handle() throws(TapeError) -> NATSHandle {
+        guard let handle = connection.withLock({ $0 })?.shared.withLock({ $0.connection }), handle.jetStream != nil else {
+            throw TapeError("not connected to NATS")
+        }
+        return handle
+    }
+
+    private let made = Atomic<Bool>(false)
+
+    /// Makes the stream (or updates it to these settings) once per process, and again after NATS said
+    /// it has none.
+    func ensureStream(_ handle: NATSHandle) throws(TapeError) {
+        guard !made.load(ordering: .relaxed), let jetStream = handle.jetStream else { return }
+        var config = jsStreamConfig()
+        jsStreamConfig_Init(&config)
+        config.Storage = js_FileStorage
+        config.Retention = js_LimitsPolicy
+        config.Discard = js_DiscardOld
+        config.Replicas = Int64(max(settings.replicas, 1))
+        config.MaxAge = settings.maxAge.nanoseconds
+        config.MaxBytes = settings.maxBytes
+        config.AllowDirect = true
+        let status: natsStatus = stream.withCString { name in
+            subject.withCString { subject in
+                var subjects: [UnsafePointer<CChar>?] = [subject]
+                return subjects.withUnsafeMutableBufferPointer { list in
+                    config.Name = name
+                    config.Subjects = list.baseAddress
+                    config.SubjectsLen = 1
+                    var info: UnsafeMutablePointer<jsStreamInfo>?
+                    var code = jsErrCode(0)
+                    var status = js_AddStream(&info, jetStream, &config, nil, &code)
+                    if status != NATS_OK {
+                        // It exists: its limits follow the settings (replicas may not change this way).
+                        status = js_UpdateStream(&info, jetStream, &config, nil, &code)
+                    }
+                    if let info { jsStreamInfo_Destroy(info) }
+                    return status
+                }
+            }
+        }
+        guard status == NATS_OK else { throw TapeError("the tape stream \(stream) could not be made: \(NATSConnection.lastErrorText(status))") }
+        made.store(true, ordering: .relaxed)
+    }
+
+    /// The stream's first and last sequence, bytes and oldest block's time (`nil`: no stream, or NATS
+    /// did not answer).
+    func bounds(_ handle: NATSHandle) -> (first: UInt64, last: UInt64, bytes: UInt64, firstTime: Int64)? {
+        guard let jetStream = handle.jetStream else { return nil }
+        var info: UnsafeMutablePointer<jsStreamInfo>?
+        var code = jsErrCode(0)
+        var options = jsOptions()
+        jsOptions_Init(&options)
+        options.Wait = Self.wait
+        guard js_GetStreamInfo(&info, jetStream, stream, &options, &code) == NATS_OK, let info else { return nil }
+        defer { jsStreamInfo_Destroy(info) }
+        let state = info.pointee.State
+        return (state.FirstSeq, state.LastSeq, state.Bytes, state.FirstTime)
+    }
+
+    /// The block stored at `sequence`, whole (`nil`: gone, or NATS did not answer).
+    func block(at sequence: UInt64, _ handle: NATSHandle) -> [UInt8]? {
+        guard let jetStream = handle.jetStream else { return nil }
+        var message: OpaquePointer?
+        var code = jsErrCode(0)
+        var options = jsOptions()
+        jsOptions_Init(&options)
+        options.Wait = Self.wait
+        guard js_GetMsg(&message, jetStream, stream, sequence, &options, &code) == NATS_OK, let message else { return nil }
+        defer { natsMsg_Destroy(message) }
+        let length = Int(natsMsg_GetDataLength(message))
+        guard length > 0, let data = natsMsg_GetData(message) else { return nil }
+        return Array(UnsafeRawBufferPointer(start: data, count: length))
+    }
+}
+
+/// The leader's recorder writes here: each block is published to the stream and waits for JetStream's
+/// acknowledgement (stored on its replicas), so a block the recorder counts written is on the cluster.
+/// A block not acknowledged throws: the recorder pauses and records the window as a gap, as for a full
+/// disk. Not `Sendable`: its recorder's.
+final class JetStreamTapeSink: TapeBlockSink {
+    private let tape: JetStreamTape
+
+    init(tape: JetStreamTape) {
+        self.tape = tape
+    }
+
+    func begin(day: String) throws {}
+
+    func held() -> TapeHeld? {
+        guard let handle = try? tape.handle(), let bounds = tape.bounds(handle) else { return nil }
+        // The oldest block's first record, or (unreadable) the time NATS stored it.
+        let since = tape.block(at: bounds.first, handle).flatMap { $0.withUnsafeBytes { TapeBlockDecoder.header(of: $0)?.firstTime } }
+        return TapeHeld(bytes: Int64(bounds.bytes), days: nil, since: bounds.last >= bounds.first && bounds.first > 0 ? since ?? bounds.firstTime : nil, store: "jetstream")
+    }
+
+    func write(_ block: [UInt8]) throws {
+        let handle = try tape.handle()
+        try tape.ensureStream(handle)
+        guard let jetStream = handle.jetStream else { throw TapeError("not connected to NATS") }
+        var options = jsPubOptions()
+        jsPubOptions_Init(&options)
+        options.MaxWait = JetStreamTape.wait
+        let status = tape.stream.withCString { stream in
+            options.ExpectStream = stream
+            return block.withUnsafeBytes { bytes in
+                var acknowledgement: UnsafeMutablePointer<jsPubAck>?
+                var code = jsErrCode(0)
+                let status = js_Publish(&acknowledgement, jetStream, tape.subject, bytes.baseAddress, Int32(bytes.count), &options, &code)
+                if let acknowledgement { jsPubAck_Destroy(acknowledgement) }
+                return status
+            }
+        }
+        guard status == NATS_OK else {
+            throw TapeError("a block was not stored in the tape stream \(tape.stream): \(NATSConnection.lastErrorText(status))")
+        }
+    }
+}
+
+/// The stream's blocks as a reader sees them (``TapeBlocks``): its sequences when opened, each block
+/// fetched when first asked for and kept for the read (at most ``kept`` at once).
+/// Not `Sendable`: one read.
+final class JetStreamTapeBlocks: TapeBlocks {
+    private let tape: JetStreamTape
+    private let handle: NATSHandle
+    private let first: UInt64
+    let blockCount: Int
+    private let decoder: TapeBlockDecoder
+    private var cache: [Int: [UInt8]] = [:]
+    private var order: [Int] = []
+    static let kept = 64
+
+    init?(tape: JetStreamTape) {
+        guard let handle = try? tape.handle(), let bounds = tape.bounds(handle), let decoder = try? TapeBlockDecoder() else { return nil }
+        self.tape = tape
+        self.handle = handle
+        self.decoder = decoder
+        first = bounds.first
+        blockCount = bounds.last >= bounds.first && bounds.first > 0 ? Int(bounds.last - bounds.first + 1) : 0
+    }
+
+    private func bytes(ofBlock index: Int) -> [UInt8]? {
+        guard index >= 0, index < blockCount else { return nil }
+        if let kept = cache[index] { return kept }
+        guard let bytes = tape.block(at: first + UInt64(index), handle) else { return nil }
+        if order.count >= Self.kept { cache[order.removeFirst()] = nil }
+        cache[index] = bytes
+        order.append(index)
+        return bytes
+    }
+
+    func header(ofBlock index: Int) -> TapeBlockHeader? {
+        bytes(ofBlock: index)?.withUnsafeBytes { TapeBlockDecoder.header(of: $0) }
+    }
+
+    func records(inBlock index: Int) -> [TapeRecord]? {
+        bytes(ofBlock: index)?.withUnsafeBytes { decoder.records(of: $0) }
+    }
+}
+
+/// Copies a cluster's tape of one market (its JetStream stream) into day files on this machine, where
+/// `relay replay`, `relay tape export` and `relay tape ls` read it. Each UTC day the stream holds is
+/// written whole to a new file and then renamed over the day's file (a pull again replaces it, never
+/// appends twice), under the market's tape lock (a relay recording there is not overwritten).
+public enum ClusterTapePull {
+    public struct Outcome: Sendable {
+        /// The days written, and the blocks copied (blocks NATS no longer had, or sent damaged, are left out).
+        public var days: [String] = []
+        public var blocks = 0
+        public var missing = 0
+    }
+
+    public static func pull(
+        servers: [String], security: ClusterConfiguration.Security = .init(), cluster: String, market: String, directory: String,
+        timeout: Duration = .seconds(10), logger: Logger
+    ) async throws -> Outcome {
+        let subjects = try ClusterSubjects(cluster: cluster, market: market)
+        let lock = try TapeLock(directory: directory, market: market)
+        let connection = NATSConnection(servers: servers, name: "relay tape pull", security: security, logger: logger)
+        if let problem = connection.setupError { throw TapeError("NATS: \(problem)") }
+        let deadline = ContinuousClock.now + timeout
+        while connection.state != .connected, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        guard connection.state == .connected else {
+            await connection.close()
+            throw TapeError("NATS at \(connection.displayServers) did not answer in \(timeout)")
+        }
+        let tape = JetStreamTape(subjects: subjects, settings: ClusterTapeSettings())
+        tape.use(connection)
+        let copied: Result<Outcome, any Error> = await withCheckedContinuation { continuation in
+            DispatchQueue(label: "relay.tape.pull").async {
+                continuation.resume(returning: Result { try withExtendedLifetime(lock) { try copy(tape, market: market, directory: directory) } })
+            }
+        }
+        await connection.close()
+        return try copied.get()
+    }
+
+    private static func copy(_ tape: JetStreamTape, market: String, directory: String) throws -> Outcome {
+        let handle = try tape.handle()
+        guard let bounds = tape.bounds(handle) else { throw TapeError("NATS has no tape stream \(tape.stream) (is this the cluster's name?)") }
+        var outcome = Outcome()
+        guard bounds.first > 0, bounds.last >= bounds.first else { return outcome }
+        var open: (day: String, descriptor: Int32, partial: String)?
+        func finish() throws {
+            guard let current = open else { return }
+            open = nil
+            let complete = fsync(current.descriptor) == 0
+            close(current.descriptor)
+            guard complete, rename(current.partial, TapeFile.path(directory: directory, market: market, day: current.day)) == 0 else {
+                unlink(current.partial)
+                throw TapeError("could not write \(current.partial)")
+            }
+            outcome.days.append(current.day)
+        }
+        for sequence in bounds.first...bounds.last {
+            guard let block = tape.block(at: sequence, handle), let header = block.withUnsafeBytes({ TapeBlockDecoder.header(of: $0) }) else {
+                outcome.missing += 1
+                continue
+            }
+            let day = TapeFile.day(of: header.firstTime)
+            if open?.day != day {
+                try finish()
+                let partial = TapeFile.path(directory: directory, market: market, day: day) + ".pull"
+                let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+                guard descriptor >= 0 else { throw TapeError("could not write \(partial)") }
+                open = (day, descriptor, partial)
+            }
+            guard let current = open, block.withUnsafeBytes({ write(current.descriptor, $0.baseAddress, $0.count) }) == block.count else {
+                if let current = open { close(current.descriptor); unlink(current.partial) }
+                throw TapeError("could not write the \(day) tape of \(market)")
+            }
+            outcome.blocks += 1
+        }
+        try finish()
+        return outcome
+    }
+}
