@@ -117,7 +117,7 @@ public final class ClusterNode: Service, Sendable {
         }
         self.tape = tape
         self.recorder = recorder
-        archive = tape.map { tape in TapeArchive(market: market) { JetStreamTapeBlocks(tape: tape) } }
+        archive = tape.map { tape in TapeArchive(market: market) { JetStreamTapeBlocks(tape: tape, epoch: $0) } }
         let sequencer = TermSequencer(tap: recorder)
         self.sequencer = sequencer
         fills = gapFill.map { [subjects] in

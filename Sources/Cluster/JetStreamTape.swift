@@ -25,12 +25,15 @@ public struct ClusterTapeSettings: Sendable, Equatable {
     public init() {}
 }
 
-/// A market's tape on a cluster: the JetStream stream `<cluster>-tape-<market>`, on the subject
-/// `<cluster>.tape.<market>`, one message per block (its header and zstd frame, exactly as a day file
-/// holds it), written by the leader and read by every node.
+/// A market's tape on a cluster: the JetStream stream `<cluster>-tape-<market>`, one message per block
+/// (its header and zstd frame, exactly as a day file holds it) on the subject of its epoch,
+/// `<cluster>.tape.<market>.<epoch>` (a block holds one epoch's records; a leadership term is an epoch),
+/// written by the leader and read by every node.
 ///
-/// The stream's sequence is the block's index: a seek is a binary search over the blocks' headers,
-/// each probe one direct read of a message by its sequence (about 17 for a day of blocks). The stream
+/// A term's blocks are one run of the stream's sequences (the leader writes its last blocks before it
+/// lets the lease go), found by the first and last message of its subject; within it, a seek is a binary
+/// search over the blocks' headers, each probe one read of a message by its sequence (about 17 for a
+/// day of blocks). The stream
 /// is made on the first write or read that finds it missing, with file storage, the replicas and the
 /// limits of ``ClusterTapeSettings`` (limits retention, old blocks discarded first); a stream that
 /// exists is updated to them.
@@ -48,8 +51,20 @@ final class JetStreamTape: Sendable {
 
     init(subjects: ClusterSubjects, settings: ClusterTapeSettings) {
         stream = "\(subjects.cluster)-tape-\(subjects.market)"
-        subject = "\(subjects.cluster).tape.\(subjects.market)"
+        subject = "\(subjects.cluster).tape.\(subjects.market).>"
+        subjectPrefix = "\(subjects.cluster).tape.\(subjects.market)."
         self.settings = settings
+    }
+
+    private let subjectPrefix: String
+
+    /// The subject of an epoch's blocks (an epoch is a token of letters and digits; anything else, or
+    /// none, is filed under `none`).
+    func subject(of epoch: String?) -> String {
+        guard let epoch, !epoch.isEmpty, epoch.utf8.count <= 64, epoch.utf8.allSatisfy({ ClusterSubjects.isPlain($0) }) else {
+            return subjectPrefix + "none"
+        }
+        return subjectPrefix + epoch
     }
 
     /// The node's connection, once made.
@@ -118,6 +133,33 @@ final class JetStreamTape: Sendable {
         return (state.FirstSeq, state.LastSeq, state.Bytes, state.FirstTime)
     }
 
+    /// The stream sequences of the first and last block of `epoch` (`nil`: none, or NATS did not answer).
+    func range(of epoch: String, _ handle: NATSHandle) -> (first: UInt64, last: UInt64)? {
+        guard let jetStream = handle.jetStream else { return nil }
+        let subject = subject(of: epoch)
+        var options = jsOptions()
+        jsOptions_Init(&options)
+        options.Wait = Self.wait
+        var lastMessage: OpaquePointer?
+        var code = jsErrCode(0)
+        guard js_GetLastMsg(&lastMessage, jetStream, stream, subject, &options, &code) == NATS_OK, let lastMessage else { return nil }
+        let last = natsMsg_GetSequence(lastMessage)
+        natsMsg_Destroy(lastMessage)
+        var firstMessage: OpaquePointer?
+        var direct = jsDirectGetMsgOptions()
+        jsDirectGetMsgOptions_Init(&direct)
+        direct.Sequence = 1
+        let status = subject.withCString { name in
+            direct.NextBySubject = name
+            return js_DirectGetMsg(&firstMessage, jetStream, stream, &options, &direct)
+        }
+        guard status == NATS_OK, let firstMessage else { return nil }
+        let first = natsMsg_GetSequence(firstMessage)
+        natsMsg_Destroy(firstMessage)
+        guard first > 0, last >= first else { return nil }
+        return (first, last)
+    }
+
     /// The block stored at `sequence`, whole (`nil`: gone, or NATS did not answer).
     func block(at sequence: UInt64, _ handle: NATSHandle) -> [UInt8]? {
         guard let jetStream = handle.jetStream else { return nil }
@@ -154,7 +196,7 @@ final class JetStreamTapeSink: TapeBlockSink {
         return TapeHeld(bytes: Int64(bounds.bytes), days: nil, since: bounds.last >= bounds.first && bounds.first > 0 ? since ?? bounds.firstTime : nil, store: "jetstream")
     }
 
-    func write(_ block: [UInt8]) throws {
+    func write(_ block: [UInt8], epoch: String?) throws {
         let handle = try tape.handle()
         try tape.ensureStream(handle)
         guard let jetStream = handle.jetStream else { throw TapeError("not connected to NATS") }
@@ -166,7 +208,7 @@ final class JetStreamTapeSink: TapeBlockSink {
             return block.withUnsafeBytes { bytes in
                 var acknowledgement: UnsafeMutablePointer<jsPubAck>?
                 var code = jsErrCode(0)
-                let status = js_Publish(&acknowledgement, jetStream, tape.subject, bytes.baseAddress, Int32(bytes.count), &options, &code)
+                let status = js_Publish(&acknowledgement, jetStream, tape.subject(of: epoch), bytes.baseAddress, Int32(bytes.count), &options, &code)
                 if let acknowledgement { jsPubAck_Destroy(acknowledgement) }
                 return status
             }
@@ -177,8 +219,8 @@ final class JetStreamTapeSink: TapeBlockSink {
     }
 }
 
-/// The stream's blocks as a reader sees them (``TapeBlocks``): its sequences when opened, each block
-/// fetched when first asked for and kept for the read (at most ``kept`` at once).
+/// An epoch's blocks in the stream as a reader sees them (``TapeBlocks``): their sequences when opened,
+/// each block fetched when first asked for and kept for the read (at most ``kept`` at once).
 /// Not `Sendable`: one read.
 final class JetStreamTapeBlocks: TapeBlocks {
     private let tape: JetStreamTape
@@ -190,13 +232,13 @@ final class JetStreamTapeBlocks: TapeBlocks {
     private var order: [Int] = []
     static let kept = 64
 
-    init?(tape: JetStreamTape) {
-        guard let handle = try? tape.handle(), let bounds = tape.bounds(handle), let decoder = try? TapeBlockDecoder() else { return nil }
+    init?(tape: JetStreamTape, epoch: String) {
+        guard let handle = try? tape.handle(), let range = tape.range(of: epoch, handle), let decoder = try? TapeBlockDecoder() else { return nil }
         self.tape = tape
         self.handle = handle
         self.decoder = decoder
-        first = bounds.first
-        blockCount = bounds.last >= bounds.first && bounds.first > 0 ? Int(bounds.last - bounds.first + 1) : 0
+        first = range.first
+        blockCount = Int(range.last - range.first + 1)
     }
 
     private func bytes(ofBlock index: Int) -> [UInt8]? {

@@ -32,6 +32,10 @@ public struct ArchiveRequest: Sendable, Equatable {
         self.since = since
         self.until = until
     }
+
+    /// `until` for an epoch that is over (a cluster's former leadership term): every event after the
+    /// client's through the end of the epoch on the archive, answered ``ArchiveAnswer/throughEnd(_:_:endedAt:)``.
+    public static let epochEnd = UInt64.max
 }
 
 /// What the archive has of a topic. `Sendable`.
@@ -43,4 +47,8 @@ public enum ArchiveAnswer: Sendable {
     case gap(from: UInt64, through: UInt64, unit: String, reason: String)
     /// More than the limit.
     case tooMany
+    /// For ``ArchiveRequest/epochEnd``: its events through the end of the epoch on the archive (its
+    /// positions as ``events(_:_:)``), and when the archive's record of the epoch ends (Unix ms): what
+    /// came after is not on it.
+    case throughEnd([MarketEvent], [EventPosition], endedAt: Int64)
 }

@@ -80,18 +80,30 @@ extension MarketDataHub {
     @discardableResult
     public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
         let archived = await fromArchive(topics, to: id, resuming: resume)
+        let former = await fromFormerEpoch(topics, to: id, resuming: resume)
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
         var outcome = HubResumeOutcome()
         var gapNotices: [(Topic, Notice)] = []
+        let afresh = "the relay's history of this market started afresh (epoch \(epoch ?? "none"))"
+        // Topics resuming from a cluster's former term, found whole on its tape: that term's events, a
+        // gap naming the time between the terms, then this term's.
+        var acrossTerms: [Topic: (former: [MarketEvent], notice: Notice)] = [:]
         for topic in epochGaps {
-            gapNotices.append(
-                (
-                    topic,
+            switch former?[topic] {
+            case .throughEnd(let events, let positions, let endedAt):
+                let through = epochAdoptedAt ?? WallClock.nowMilliseconds()
+                let seconds = Double(max(through - endedAt, 0) / 100) / 10
+                acrossTerms[topic] = (
+                    EventPosition.stamp(events, positions),
                     gapStatus(
-                        topic, message: "the relay's history of this market started afresh (epoch \(epoch ?? "none")); nothing can be replayed",
-                        from: nil)
-                ))
+                        topic, message: "nothing was received for \(seconds) s between two leadership terms (\(afresh)); the events before and after are replayed",
+                        from: (UInt64(max(endedAt, 0)), UInt64(max(through, 0)), EventHistory.GapUnit.unixMilliseconds.rawValue)))
+            case .gap(_, _, _, let reason):
+                gapNotices.append((topic, gapStatus(topic, message: "\(afresh); the former term's tape has not all its missed events (\(reason)); none are replayed", from: nil)))
+            default:
+                gapNotices.append((topic, gapStatus(topic, message: "\(afresh); nothing can be replayed", from: nil)))
+            }
         }
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not
         // read yet (replays, recovered events), and within its budget over time (one resume's bound a
@@ -112,8 +124,9 @@ extension MarketDataHub {
             limit == resumeBound
             ? "more than one resume replays (\(resumeBound))"
             : "more than this connection may be replayed now (\(limit): one resume replays \(resumeBound), less what the connection has not read yet (\(queued)) and what it was replayed in the last minute)"
-        // Every topic's missed events, then trimmed to the bound by giving up the largest whole.
-        var found: [(topic: Topic, events: [MarketEvent])] = []
+        // Every topic's missed events (a former term's apart), then trimmed to the bound by giving up
+        // the largest whole.
+        var found: [(topic: Topic, events: [MarketEvent], former: [MarketEvent])] = []
         // Topics resuming from before a restart: the time nothing was received, told between the
         // previous run's events and this run's.
         var acrossRestart: [Topic: Notice] = [:]
@@ -122,10 +135,10 @@ extension MarketDataHub {
         func take(_ topic: Topic, _ missed: EventHistory.Missed, after older: [MarketEvent] = []) {
             switch missed {
             case .events(let events):
-                found.append((topic, older + events))
+                found.append((topic, older + events, []))
                 fromTape += older.count
             case .acrossRestart(let before, let downFrom, let downTo, let after):
-                found.append((topic, older + before + after))
+                found.append((topic, older + before + after, []))
                 fromTape += older.count
                 let seconds = Double(max(downTo - downFrom, 0) / 100) / 10
                 acrossRestart[topic] = gapStatus(
@@ -139,6 +152,25 @@ extension MarketDataHub {
                 gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
             }
         }
+        for (topic, (earlier, _)) in acrossTerms.sorted(by: { $0.key < $1.key }) {
+            // This term's events of the topic from its first (whole only if the memory holds them all).
+            // A ticker this history has no line of, once the term has had events, was not received here.
+            var missed = history?.missed(topic, since: topic.isWildcard ? .market(0) : .topic(0), limit: max(limit - earlier.count, 0), now: now)
+            if let history, !topic.isWildcard, !history.hasLine(topic), history.nextMarketSequence > 1 {
+                missed = .gap(from: 1, through: 1, unit: .topicSequence, reason: "this node did not receive it this term")
+            }
+            switch missed {
+            case .events(let events):
+                found.append((topic, events, earlier))
+                fromTape += earlier.count
+            case .gap(_, _, _, let reason):
+                acrossTerms[topic] = nil
+                gapNotices.append((topic, gapStatus(topic, message: "\(afresh); this term's events are not all held (\(reason)); none are replayed", from: nil)))
+            default:
+                acrossTerms[topic] = nil
+                gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
+            }
+        }
         for (topic, since) in wanted {
             guard let history else {
                 take(topic, .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history"))
@@ -149,7 +181,7 @@ extension MarketDataHub {
                 continue
             }
             switch answer {
-            case .events(let events, let positions):
+            case .events(let events, let positions), .throughEnd(let events, let positions, _):
                 // The tape's events, then the memory's from where the tape's answer ends.
                 let older = EventPosition.stamp(events, positions)
                 take(topic, history.missed(topic, since: .market(until), limit: max(limit - older.count, 0), now: now), after: older)
@@ -160,25 +192,31 @@ extension MarketDataHub {
                 take(topic, .tooMany)
             }
         }
-        found.sort { $0.events.count < $1.events.count }
+        found.sort { $0.events.count + $0.former.count < $1.events.count + $1.former.count }
         var total = 0
         var replay: [MarketEvent] = []
         var seen = Set<UInt64>()
-        for (topic, events) in found {
-            if total + events.count > limit {
+        var formerReplay: [MarketEvent] = []
+        var formerSeen = Set<UInt64>()
+        for (topic, events, former) in found {
+            let count = events.count + former.count
+            if total + count > limit {
+                acrossTerms[topic] = nil
                 gapNotices.append(
                     (
                         topic,
-                        gapStatus(topic, message: "\(events.count) missed events are \(why); none are replayed", from: nil)
+                        gapStatus(topic, message: "\(count) missed events are \(why); none are replayed", from: nil)
                     ))
                 continue
             }
-            total += events.count
-            outcome.replayed[topic] = events.count
+            total += count
+            outcome.replayed[topic] = count
             // A ticker topic and its wildcard share events: each goes once.
             for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
+            for event in former where formerSeen.insert(event.sequence).inserted { formerReplay.append(event) }
         }
         replay.sort { $0.sequence < $1.sequence }
+        formerReplay.sort { $0.sequence < $1.sequence }
         var delivery = replay
         let restarted = acrossRestart.filter { outcome.replayed[$0.key] != nil }
         if !restarted.isEmpty, let marker = history?.restart?.marker {
@@ -186,6 +224,11 @@ extension MarketDataHub {
             let seam = replay.firstIndex { $0.sequence >= marker } ?? replay.endIndex
             delivery.insert(contentsOf: restarted.sorted { $0.key < $1.key }.map { wire.render($0.value) }, at: seam)
             outcome.gaps += restarted.keys.sorted()
+        }
+        if !acrossTerms.isEmpty {
+            // The former term's events first (their positions are its), the time between, then this term's.
+            delivery = formerReplay + acrossTerms.sorted { $0.key < $1.key }.map { wire.render($0.value.notice) } + delivery
+            outcome.gaps += acrossTerms.keys.sorted()
         }
         for (topic, notice) in gapNotices {
             outcome.gaps.append(topic)
@@ -195,13 +238,13 @@ extension MarketDataHub {
         delivery.append(wire.render(resumedStatus(outcome)))
         // The notices and last values count too: they are queued outside the buffer like the replay.
         subscriber.replayBudget.spend(delivery.count, capacity: resumeBound, now: now)
-        metrics.replayed.increment(by: replay.count)
+        metrics.replayed.increment(by: replay.count + formerReplay.count)
         if fromTape > 0 { metrics.archiveReplayed.increment(by: fromTape) }
         if !outcome.gaps.isEmpty { metrics.gaps.increment(by: outcome.gaps.count) }
         (outcome.gaps.isEmpty ? metrics.resumed : metrics.resumedWithGaps).increment()
         resumeCounts.resumes += 1
         if !outcome.gaps.isEmpty { resumeCounts.withGaps += 1 }
-        resumeCounts.replayed += replay.count
+        resumeCounts.replayed += replay.count + formerReplay.count
         resumeCounts.gaps += outcome.gaps.count
         if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
         // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
@@ -235,6 +278,37 @@ extension MarketDataHub {
         var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
         for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
         return archived
+    }
+
+    /// A cluster node's resume from a former leadership term (an epoch other than this one): what its
+    /// tape holds of each topic after the client's position, through the term's end; `nil`: none asked
+    /// (no archive, no history of adopted positions, or positions of this epoch).
+    private func fromFormerEpoch(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> [Topic: ArchiveAnswer]? {
+        guard adoptsPositions, let archive, let history, let subscriber = subscribers[id] else { return nil }
+        let requests: [ArchiveRequest]
+        let former: String
+        switch resume {
+        case .positions(let epoch?, let positions) where !epoch.isEmpty && epoch != self.epoch:
+            former = epoch
+            requests = topics.filter { !subscriber.topics.contains($0) }.compactMap { topic in
+                positions[topic].map { ArchiveRequest(topic: topic, since: topic.isWildcard ? .market($0) : .topic($0), until: ArchiveRequest.epochEnd) }
+            }
+        case .marketSequence(let epoch, let sequence) where !epoch.isEmpty && epoch != self.epoch:
+            former = epoch
+            requests = topics.filter { !subscriber.topics.contains($0) }.map { ArchiveRequest(topic: $0, since: .market(sequence), until: ArchiveRequest.epochEnd) }
+        default:
+            return nil
+        }
+        let bound = history.limits.eventsPerResume
+        let available = subscriber.replayBudget.available(capacity: bound, now: WallClock.nowMilliseconds())
+        guard !requests.isEmpty, Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound)
+        else { return nil }
+        let answers = await archive.missed(requests, epoch: former, limit: bound)
+        resumeCounts.fromArchive += 1
+        metrics.archiveResumes.increment()
+        // A read costs a tenth of the budget, as any read of the archive.
+        subscribers[id]?.replayBudget.spend(max(bound / 10, 1), capacity: bound, now: WallClock.nowMilliseconds())
+        return answers
     }
 
     /// Whether a connection may be replayed now: less than one resume's bound queued and unread, and at
@@ -438,6 +512,7 @@ extension MarketDataHub {
         // its notice comes before that event and the window (and the fill) reaches back to the last
         // event of the old term. Already in one: nothing more.
         if replaced { upstreamLost(reason: "a new cluster leader's term began; events between the last leader's and its own may be missing") }
+        epochAdoptedAt = WallClock.nowMilliseconds()
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }

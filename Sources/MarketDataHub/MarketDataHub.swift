@@ -80,6 +80,9 @@ public actor MarketDataHub {
     var tap: (any EventTap)?
     /// Where events older than the history's memory are kept (the tape), if anywhere.
     var archive: (any EventArchive)?
+    /// When this node began the current epoch it adopted (a cluster's leadership term), Unix ms: a
+    /// resume from the former term is told nothing was received from that term's end until then.
+    var epochAdoptedAt: Int64?
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger

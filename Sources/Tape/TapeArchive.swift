@@ -16,20 +16,21 @@ import Synchronization
 /// `Sendable`: each read opens the blocks anew.
 public final class TapeArchive: EventArchive {
     public let market: String
-    /// The blocks as they are now (`nil`: no tape to read).
-    private let open: @Sendable () -> (any TapeBlocks)?
+    /// The blocks of an epoch as they are now (a disk's newest day file holds every epoch's; `nil`:
+    /// no tape to read).
+    private let open: @Sendable (_ epoch: String) -> (any TapeBlocks)?
     private let queue: DispatchQueue
 
     /// The newest day file of `market`'s tape under `directory`.
     public convenience init(directory: String, market: String) {
-        self.init(market: market) {
+        self.init(market: market) { _ in
             guard let newest = TapeFile.days(directory: directory, market: market).last else { return nil }
             return try? TapeReader(path: newest.path)
         }
     }
 
-    /// The blocks `open` gives, opened again for each read.
-    public init(market: String, open: @escaping @Sendable () -> (any TapeBlocks)?) {
+    /// The blocks `open` gives for the epoch asked, opened again for each read.
+    public init(market: String, open: @escaping @Sendable (_ epoch: String) -> (any TapeBlocks)?) {
         self.market = market
         self.open = open
         queue = DispatchQueue(label: "relay.tape.archive.\(market)")
@@ -71,12 +72,22 @@ public final class TapeArchive: EventArchive {
         var events: [MarketEvent] = []
         var positions: [EventPosition] = []
         var answer: ArchiveAnswer?
+        /// Asked through the end of its epoch (``ArchiveRequest/epochEnd``).
+        var throughEnd: Bool { until == ArchiveRequest.epochEnd }
+        /// For a reading through the end: the time (UTC ns) of a loss, hole or stop seen since its last
+        /// event (the epoch's end, unless an event of the epoch follows).
+        var ending: Int64?
 
-        func gap(_ reason: String) -> ArchiveAnswer { .gap(from: after + 1, through: until, unit: "market_sequence", reason: reason) }
+        func gap(_ reason: String) -> ArchiveAnswer {
+            .gap(from: after + 1, through: throughEnd ? after + 1 : until, unit: "market_sequence", reason: reason)
+        }
+
+        /// Whole through the epoch's end, which the archive's record of it reached at `time` (UTC ns).
+        func ended(at time: Int64) -> ArchiveAnswer { .throughEnd(events, positions, endedAt: time / 1_000_000) }
     }
 
     func read(_ requests: [ArchiveRequest], epoch: String, limit: Int) -> [Topic: ArchiveAnswer] {
-        guard let reader = open() else {
+        guard let reader = open(epoch) else {
             return Dictionary(
                 requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "not on the tape")) },
                 uniquingKeysWith: { first, _ in first })
@@ -91,7 +102,15 @@ public final class TapeArchive: EventArchive {
             }
         }
         guard let earliest = readings.map(\.after).min() else { return answers }
-        scan(&readings, in: reader, from: reader.holdingBlock(atOrBefore: reader.firstBlock(atOrAfterSequence: max(earliest, 1))), epoch: epoch, limit: limit, budget: &budget)
+        let end = scan(
+            &readings, in: reader, from: reader.holdingBlock(atOrBefore: reader.firstBlock(atOrAfterSequence: max(earliest, 1))), epoch: epoch,
+            limit: limit, budget: &budget)
+        for index in readings.indices where readings[index].throughEnd && readings[index].answer == nil {
+            // The archive's record of the epoch ends here: whole through it, or (the client stood past
+            // it: its last events were never recorded) nothing more to give.
+            guard let end, readings[index].last != nil || readings[index].after >= end.sequence else { continue }
+            readings[index].answer = readings[index].ended(at: end.time)
+        }
         for reading in readings {
             answers[reading.topic] =
                 reading.answer
@@ -105,7 +124,12 @@ public final class TapeArchive: EventArchive {
     /// One pass from `first`: each reading starts at its own event (`after`), then takes every market
     /// sequence in turn (a hole, a loss, a stop, another epoch, a damaged block or its topic not received
     /// makes it a gap) until its `until`.
-    private func scan(_ readings: inout [Reading], in reader: some TapeBlocks, from first: Int, epoch: String, limit: Int, budget: inout Int) {
+    /// Returns where the epoch's record ended (its last record's time and last market sequence) when
+    /// the pass reached the end (another epoch, or the last block); `nil` when it stopped before.
+    @discardableResult
+    private func scan(
+        _ readings: inout [Reading], in reader: some TapeBlocks, from first: Int, epoch: String, limit: Int, budget: inout Int
+    ) -> (time: Int64, sequence: UInt64)? {
         // What was received (a day file's first block without a holding record began its run: nothing).
         var wanted = Set<String>()
         var known = first == 0
@@ -115,18 +139,21 @@ public final class TapeArchive: EventArchive {
         // each takes a number of its own that no event has (a client may stand at it).
         var lastSeen: UInt64 = 0
         var skipped = false
-        func breakActive(_ reason: String, unless stillReceived: ((Topic) -> Bool)? = nil) {
+        func breakActive(_ reason: String, unless stillReceived: ((Topic) -> Bool)? = nil, sparingThroughEnd: Bool = false) {
             for index in readings.indices where readings[index].last != nil && readings[index].answer == nil {
                 if let stillReceived, stillReceived(readings[index].topic) { continue }
+                if sparingThroughEnd, readings[index].throughEnd { continue }
                 readings[index].answer = readings[index].gap(reason)
             }
         }
+        // The time of the epoch's last record seen.
+        var lastTime: Int64 = 0
         let notReceived = "not received all the time (nobody held it for a while)"
         for index in first..<reader.blockCount {
-            guard readings.contains(where: { $0.answer == nil }) else { return }
+            guard readings.contains(where: { $0.answer == nil }) else { return nil }
             guard budget > 0 else {
                 for reading in readings.indices where readings[reading].answer == nil { readings[reading].answer = readings[reading].gap("too far back to read at once") }
-                return
+                return nil
             }
             budget -= 1
             guard let records = reader.records(inBlock: index) else {
@@ -135,9 +162,14 @@ public final class TapeArchive: EventArchive {
             }
             for record in records {
                 switch record {
-                case .epoch(let name, _):
-                    if ours, name != epoch { breakActive("another epoch on the tape") }
+                case .epoch(let name, let at):
+                    if ours, name != epoch {
+                        // A former epoch's record ends where another begins.
+                        if readings.contains(where: \.throughEnd) { return (lastTime, lastSeen) }
+                        breakActive("another epoch on the tape")
+                    }
                     ours = name == epoch
+                    if ours { lastTime = max(lastTime, at) }
                 case .holding(let topics, _):
                     guard ours else { continue }
                     wanted = Set(topics)
@@ -151,7 +183,12 @@ public final class TapeArchive: EventArchive {
                 case .interrupted, .gap, .stopped:
                     guard ours else { continue }
                     skipped = true
-                    breakActive("the upstream was lost or the relay was down meanwhile")
+                    lastTime = max(lastTime, record.time)
+                    // Through the end: the epoch's end, unless one of its events follows.
+                    for index in readings.indices where readings[index].throughEnd && readings[index].last != nil && readings[index].ending == nil {
+                        readings[index].ending = record.time
+                    }
+                    breakActive("the upstream was lost or the relay was down meanwhile", sparingThroughEnd: true)
                     // The next run starts receiving nothing (its wanted records follow).
                     if case .stopped = record { (wanted, known) = ([], true) }
                 case .source:
@@ -159,6 +196,11 @@ public final class TapeArchive: EventArchive {
                 case .event(let event):
                     guard ours, event.sequence > 0 else { continue }
                     defer { (lastSeen, skipped) = (event.sequence, false) }
+                    lastTime = max(lastTime, event.receivedAt)
+                    // The epoch went on after a loss: a reading through its end missed what the loss took.
+                    for index in readings.indices where readings[index].ending != nil && readings[index].answer == nil {
+                        readings[index].answer = readings[index].gap("the upstream was lost or the relay was down meanwhile")
+                    }
                     for index in readings.indices where readings[index].answer == nil {
                         guard let last = readings[index].last else {
                             let after = readings[index].after
@@ -178,6 +220,7 @@ public final class TapeArchive: EventArchive {
                 }
             }
         }
+        return (lastTime, lastSeen)
     }
 
     /// The next event after a reading's `last`: a hole in the numbers or its topic not received ends it

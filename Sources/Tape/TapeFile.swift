@@ -146,9 +146,10 @@ public protocol TapeBlockSink: AnyObject {
     /// Makes ready for the blocks of the UTC `day` (`yyyy-mm-dd`): a file per day opens the day's
     /// (cutting a torn tail); a stream has nothing to do.
     func begin(day: String) throws
-    /// Stores one whole block (its header and frame). Throws when it was not stored whole; its writer
-    /// begins the day again before the next block.
-    func write(_ block: [UInt8]) throws
+    /// Stores one whole block (its header and frame), all of whose records are of `epoch` (`nil`:
+    /// none told). Throws when it was not stored whole; its writer begins the day again before the next
+    /// block.
+    func write(_ block: [UInt8], epoch: String?) throws
     /// What the tape holds now (`nil`: it cannot tell). May wait for the disk or the network.
     func held() -> TapeHeld?
 }
@@ -222,7 +223,7 @@ public final class TapeDayFiles: TapeBlockSink {
         return TapeHeld(bytes: days.reduce(0) { $0 + $1.bytes }, days: days.count, since: oldest?.header(ofBlock: 0)?.firstTime, store: "disk")
     }
 
-    public func write(_ block: [UInt8]) throws {
+    public func write(_ block: [UInt8], epoch: String?) throws {
         guard descriptor >= 0 else { throw TapeError("no day file of the \(market) tape is open") }
         let written = block.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, off_t(offset)) }
         guard written == block.count else {
@@ -295,8 +296,13 @@ public final class TapeWriter {
         case .gap(let from, let to):
             try appendOther(record, at: from, until: to)
         case .epoch(let epoch, let at):
-            try appendOther(record, at: at, until: at)
-            self.epoch = epoch
+            // A block holds one epoch's records (a stream files it under its epoch).
+            if epoch != self.epoch {
+                try flush()
+                self.epoch = epoch
+            }
+            // A block's start tells its epoch by itself.
+            if first == nil { _ = try starting(at: at, sequence: 0) } else { try appendOther(record, at: at, until: at) }
         case .source(let vendor, let path, let at):
             try appendOther(record, at: at, until: at)
             source = (vendor, path)
@@ -415,7 +421,7 @@ public final class TapeWriter {
             lastTime: last.time, firstSequence: first.sequence, lastSequence: last.sequence)
         let block = header.bytes + frame
         do {
-            try sink.write(block)
+            try sink.write(block, epoch: epoch)
         } catch {
             // Not stored whole (a full disk, a stream that did not acknowledge): the block's records are
             // lost (its owner records the gap), and the next record begins its day again.

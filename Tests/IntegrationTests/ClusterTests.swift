@@ -549,6 +549,97 @@ struct ClusterTests {
         }
     }
 
+    /// After a failover, a client with a position of the former term resumes from the cluster's tape:
+    /// every event that term recorded after its position, a `gap` naming the time between the terms,
+    /// then the new term's events from its first, then live. After a SIGTERM of the leader that is
+    /// every event a client that stayed connected got; after `kill -9`, all but the last flush
+    /// interval's, which the gap's window covers.
+    @Test(arguments: [false, true]) func aPositionOfTheFormerTermResumesAcrossAFailoverFromTheClustersTape(killed: Bool) async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let environment = ["RELAY_TAPE_FLUSH_MS": "100", "RELAY_TAPE_MAX_GB": "0.25"]
+            try await cluster.startNode("n1", environment: environment)
+            #expect(try await cluster.agreedLeader(among: ["n1"]) == "n1")
+            try await cluster.startNode("n2", environment: environment)
+            _ = try await cluster.agreedLeader()
+            // n2 holds the topic throughout: it sees every event of both terms.
+            let holder = try await subscribedClient(try cluster.url("n2"), "Q.AAPL")
+            let former = Mutex("")
+            try await eventually("n2 to know n1's epoch") {
+                guard let known = await positionsEpoch(of: "n2", in: cluster), !known.isEmpty else { return false }
+                former.withLock { $0 = known }
+                return true
+            }
+            let first = try await subscribedClient(try cluster.url("n2"), "Q.AAPL")
+            let last = try #require(try await first.nextEvents(5).compactMap { EventPosition.read(from: $0.bytes) }.last, "events carry positions")
+            await first.close()
+            var held = try await holder.nextEvents(20)
+            if killed { try await cluster.kill("n1") } else { try cluster.terminate("n1") }
+            // n2 leads a new term; the holder reads on through the failover.
+            var next = ""
+            let deadline = ContinuousClock.now + .seconds(30)
+            while true {
+                held += (try? await holder.nextEvents(1, timeout: .milliseconds(200))) ?? []
+                if let known = await positionsEpoch(of: "n2", in: cluster), !known.isEmpty, known != former.withLock({ $0 }) {
+                    next = known
+                    break
+                }
+                try #require(ContinuousClock.now < deadline, "n2 leads no new term 30 s after n1's SIGTERM")
+            }
+            held += try await holder.nextEvents(5)
+            // What the holder got of the former term: its topic sequences rise until the new term's start again.
+            var formerTopicSequences: [UInt64] = []
+            for position in held.compactMap({ EventPosition.read(from: $0.bytes) }) {
+                guard position.topic > (formerTopicSequences.last ?? 0) else { break }
+                formerTopicSequences.append(position.topic)
+            }
+            let back = try await WSTestClient.authenticated(url: try cluster.url("n2"))
+            back.send(#"{"action":"subscribe","params":"Q.AAPL","since":{"epoch":"\#(former.withLock { $0 })","Q.AAPL":\#(last.topic)}}"#)
+            var frames: [String] = []
+            while !(frames.last?.contains(#""status":"resumed""#) ?? false) { frames.append(try await back.nextFrame(timeout: .seconds(15))) }
+            // The former term's events, then one gap in unix_ms, then the new term's from its first.
+            var before: [UInt64] = []
+            var after: [UInt64] = []
+            var gaps: [[String: Any]] = []
+            for frame in frames {
+                let objects = (try? JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]]) ?? []
+                for object in objects {
+                    if object["status"] as? String == "gap" { gaps.append(object) }
+                    guard object["ev"] as? String == "Q", let topic = (object["_s"] as? NSNumber)?.uint64Value else { continue }
+                    if gaps.isEmpty { before.append(topic) } else { after.append(topic) }
+                }
+            }
+            try #require(gaps.count == 1, "one gap between the terms: \(frames.filter { $0.contains("status") })")
+            #expect(gaps[0]["unit"] as? String == "unix_ms", "\(gaps[0])")
+            #expect(gaps[0]["epoch"] as? String == next, "\(gaps[0])")
+            let from = (gaps[0]["from"] as? NSNumber)?.int64Value ?? 0
+            let through = (gaps[0]["through"] as? NSNumber)?.int64Value ?? 0
+            #expect(from > 0 && through >= from, "the window between the terms: \(gaps[0])")
+            #expect(before.first == last.topic + 1, "the former term's from the client's next: \(before.prefix(5))")
+            #expect(before == Array((last.topic + 1)...(last.topic + UInt64(max(before.count, 1)))).prefix(before.count).map { $0 }, "contiguous: \(before)")
+            if killed {
+                // What the killed leader had not flushed is not on the tape: the gap's window begins no
+                // later than the first of those events (their own times, by the feed, come just before).
+                #expect((before.last ?? 0) <= (formerTopicSequences.last ?? 0))
+                let unrecorded = held.filter { event in
+                    guard let position = EventPosition.read(from: event.bytes) else { return false }
+                    return position.topic > (before.last ?? 0) && formerTopicSequences.contains(position.topic) && position.market > last.market
+                }
+                for event in unrecorded {
+                    let object = try JSONSerialization.jsonObject(with: Data(event.bytes.readableBytesView)) as? [String: Any]
+                    let time = (object?["t"] as? NSNumber)?.int64Value ?? 0
+                    #expect(time >= from - 200, "an unrecorded event at \(time) falls in the gap from \(from)")
+                }
+            } else {
+                // Every former-term event the holder had after the client's position (a SIGTERM flushes the tape).
+                #expect(before.last == formerTopicSequences.last, "the tape's last of the term \(before.last ?? 0), the holder's \(formerTopicSequences.last ?? 0)")
+            }
+            #expect(after.first == 1, "the new term's from its first: \(after.prefix(5))")
+            #expect(after == Array(1...UInt64(max(after.count, 1))).prefix(after.count).map { $0 }, "contiguous: \(after)")
+            #expect(await metric(try cluster.port("n2"), #"relay_tape_resumes_total{market="stocks"}"#) >= 1)
+            for client in [holder, back] { await client.close() }
+        }
+    }
+
     func oldestHeld(on node: String, in cluster: ClusterHarness) async -> UInt64 {
         guard let status = try? await httpGet("http://127.0.0.1:\(try cluster.port(node))/v1/status"),
             let object = try? JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any],

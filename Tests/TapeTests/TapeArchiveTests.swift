@@ -129,4 +129,52 @@ struct TapeArchiveTests {
         let answers = await archive.missed([ArchiveRequest(topic: trades, since: .time(Self.start / 1_000_000), until: 10)], epoch: "e1", limit: 100)
         #expect(answers[trades] != nil)
     }
+
+    /// A former epoch read through its end (a cluster's term after a failover): whole from the client's
+    /// position when nothing of the epoch follows its last loss, with the time its record ends; a loss
+    /// the epoch went on after is a gap; a position past what was recorded gets nothing, and the end.
+    @Test func aFormerEpochIsReadThroughItsEnd() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        try writer.append(.epoch("e1", at: Self.start))
+        try writer.append(.holding(["Q.AAPL"], at: Self.start))
+        for index in 1...100 {
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: Self.start + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
+                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
+        }
+        // The term ends (its leader's last mark), then the next term's epoch begins.
+        let end = Self.start + 101 * 1_000_000
+        try writer.append(.interrupted(at: end))
+        try writer.append(.epoch("e2", at: end + 5_000_000_000))
+        try writer.append(.holding(["Q.AAPL"], at: end + 5_000_000_000))
+        try writer.flush()
+        let archive = TapeArchive(directory: directory, market: "stocks")
+        let apple = try #require(Topic(parsing: "Q.AAPL"))
+        let answers = await archive.missed([ArchiveRequest(topic: apple, since: .topic(60), until: ArchiveRequest.epochEnd)], epoch: "e1", limit: 1_000)
+        guard case .throughEnd(_, let positions, let endedAt) = answers[apple] else {
+            Issue.record("whole through the end: \(String(describing: answers[apple]))")
+            return
+        }
+        #expect(positions.map(\.topic) == Array(61...100))
+        #expect(endedAt == end / 1_000_000, "the record of e1 ends at its last mark")
+        // Asked from past what was recorded: nothing more, and where the record ends.
+        let past = await archive.missed([ArchiveRequest(topic: apple, since: .market(105), until: ArchiveRequest.epochEnd)], epoch: "e1", limit: 1_000)
+        guard case .throughEnd(let none, _, _) = past[apple] else {
+            Issue.record("a position past the recording: \(String(describing: past[apple]))")
+            return
+        }
+        #expect(none.isEmpty)
+        // The same tape with a loss in the middle of e1: reading through it is a gap.
+        try await withTape { archive, _ in
+            let lost = await archive.missed([ArchiveRequest(topic: apple, since: .market(150), until: ArchiveRequest.epochEnd)], epoch: "e1", limit: 1_000)
+            guard case .gap = lost[apple] else {
+                Issue.record("events of e1 after its loss: a gap, not \(String(describing: lost[apple]))")
+                return
+            }
+        }
+    }
 }
