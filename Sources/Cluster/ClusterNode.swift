@@ -117,7 +117,7 @@ public final class ClusterNode: Service, Sendable {
         }
         self.tape = tape
         self.recorder = recorder
-        archive = tape.map { tape in TapeArchive(market: market) { JetStreamTapeBlocks(tape: tape, epoch: $0) } }
+        archive = tape.map { tape in TapeArchive(market: market) { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch) : nil } }
         let sequencer = TermSequencer(tap: recorder)
         self.sequencer = sequencer
         fills = gapFill.map { [subjects] in

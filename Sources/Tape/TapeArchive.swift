@@ -18,19 +18,22 @@ public final class TapeArchive: EventArchive {
     public let market: String
     /// The blocks of an epoch as they are now (a disk's newest day file holds every epoch's; `nil`:
     /// no tape to read).
-    private let open: @Sendable (_ epoch: String) -> (any TapeBlocks)?
+    private let open: @Sendable (_ epoch: String, _ days: Int) -> (any TapeBlocks)?
     private let queue: DispatchQueue
 
-    /// The newest day file of `market`'s tape under `directory`.
+    /// The day files of `market`'s tape under `directory`: the newest first, and one day further back
+    /// at a time while a client's position is not found (within the read's budget).
     public convenience init(directory: String, market: String) {
-        self.init(market: market) { _ in
-            guard let newest = TapeFile.days(directory: directory, market: market).last else { return nil }
-            return try? TapeReader(path: newest.path)
+        self.init(market: market) { _, days in
+            let files = TapeFile.days(directory: directory, market: market)
+            guard files.count >= days else { return nil }
+            return try? TapeDays(paths: files.suffix(days).map(\.path))
         }
     }
 
-    /// The blocks `open` gives for the epoch asked, opened again for each read.
-    public init(market: String, open: @escaping @Sendable (_ epoch: String) -> (any TapeBlocks)?) {
+    /// The blocks `open` gives for the epoch asked and the number of newest days (1, then more while
+    /// a position is not found; `nil`: no more), opened again for each read.
+    public init(market: String, open: @escaping @Sendable (_ epoch: String, _ days: Int) -> (any TapeBlocks)?) {
         self.market = market
         self.open = open
         queue = DispatchQueue(label: "relay.tape.archive.\(market)")
@@ -86,13 +89,32 @@ public final class TapeArchive: EventArchive {
         func ended(at time: Int64) -> ArchiveAnswer { .throughEnd(events, positions, endedAt: time / 1_000_000) }
     }
 
+    /// The reasons of a position not found: a read reaching one day further back may find it.
+    static let notFound = "not on the tape (its position was not found)"
+    static let noLongerOnTape = "no longer on the tape"
+
     func read(_ requests: [ArchiveRequest], epoch: String, limit: Int) -> [Topic: ArchiveAnswer] {
-        guard let reader = open(epoch) else {
-            return Dictionary(
-                requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "not on the tape")) },
-                uniquingKeysWith: { first, _ in first })
-        }
         var budget = Self.blocksPerRead
+        var answers: [Topic: ArchiveAnswer] = [:]
+        var asked = requests
+        var days = 1
+        // The newest day first; the requests whose position it does not hold, again over one more day.
+        while !asked.isEmpty, budget > 0, let reader = open(epoch, days) {
+            let found = read(asked, in: reader, epoch: epoch, limit: limit, budget: &budget)
+            answers.merge(found) { _, new in new }
+            asked = asked.filter { request in
+                guard case .gap(_, _, _, let reason) = found[request.topic] else { return false }
+                return reason == Self.notFound || reason == Self.noLongerOnTape
+            }
+            days += 1
+        }
+        for request in requests where answers[request.topic] == nil {
+            answers[request.topic] = .gap(from: 0, through: 0, unit: "market_sequence", reason: "not on the tape")
+        }
+        return answers
+    }
+
+    private func read(_ requests: [ArchiveRequest], in reader: some TapeBlocks, epoch: String, limit: Int, budget: inout Int) -> [Topic: ArchiveAnswer] {
         var answers: [Topic: ArchiveAnswer] = [:]
         var readings: [Reading] = []
         for request in requests where answers[request.topic] == nil && !readings.contains(where: { $0.topic == request.topic }) {
@@ -116,7 +138,7 @@ public final class TapeArchive: EventArchive {
                 reading.answer
                 ?? (reading.last.map { $0 >= reading.until } == true || reading.after >= reading.until
                     ? .events(reading.events, reading.positions)
-                    : reading.gap(reading.last == nil ? "not on the tape (its position was not found)" : "not all on the tape yet"))
+                    : reading.gap(reading.last == nil ? Self.notFound : "not all on the tape yet"))
         }
         return answers
     }
@@ -290,7 +312,7 @@ public final class TapeArchive: EventArchive {
                 }
                 index -= 1
             }
-            return .failure(Gap(answer: .gap(from: 1, through: position, unit: "topic_sequence", reason: "no longer on the tape")))
+            return .failure(Gap(answer: .gap(from: 1, through: position, unit: "topic_sequence", reason: Self.noLongerOnTape)))
         }
     }
 

@@ -484,6 +484,47 @@ extension TapeBlocks {
     }
 }
 
+/// Consecutive day files read as one run of blocks (the oldest first): what a resume reaching back
+/// past midnight reads. Not `Sendable`: its readers'.
+public final class TapeDays: TapeBlocks {
+    private let readers: [TapeReader]
+    /// The index of each reader's first block.
+    private let starts: [Int]
+    public let blockCount: Int
+
+    public init(paths: [String]) throws {
+        readers = try paths.map { try TapeReader(path: $0) }
+        var starts: [Int] = []
+        var count = 0
+        for reader in readers {
+            starts.append(count)
+            count += reader.blockCount
+        }
+        self.starts = starts
+        blockCount = count
+    }
+
+    /// The reader holding block `index`, and the block's index in it.
+    private func locate(_ index: Int) -> (TapeReader, Int)? {
+        guard index >= 0, index < blockCount else { return nil }
+        var low = 0
+        var high = starts.count - 1
+        while low < high {
+            let middle = (low + high + 1) / 2
+            if starts[middle] <= index { low = middle } else { high = middle - 1 }
+        }
+        return (readers[low], index - starts[low])
+    }
+
+    public func header(ofBlock index: Int) -> TapeBlockHeader? {
+        locate(index).flatMap { $0.0.header(ofBlock: $0.1) }
+    }
+
+    public func records(inBlock index: Int) -> [TapeRecord]? {
+        locate(index).flatMap { $0.0.records(inBlock: $0.1) }
+    }
+}
+
 /// Decodes blocks held whole in memory (a stream's messages): each block is its header and its frame.
 /// Not `Sendable`: a decompression context.
 public final class TapeBlockDecoder {

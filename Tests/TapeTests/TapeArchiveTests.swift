@@ -95,7 +95,7 @@ struct TapeArchiveTests {
     }
 
     /// A market sequence missing from the tape (a batch the recorder could not keep, events it was not
-    /// handed) is a gap, as is a position the file does not hold (an earlier day's).
+    /// handed) is a gap, as is a position the tape does not hold (older than its first day).
     @Test func aHoleInTheNumbersOrAPositionNotOnTheTapeIsAGap() async throws {
         try await withTape(leaving: [120]) { archive, _ in
             let trades = try #require(Topic(parsing: "T.*"))
@@ -176,5 +176,40 @@ struct TapeArchiveTests {
                 return
             }
         }
+    }
+
+    /// A resume from before midnight UTC reads yesterday's day file too: the newest day first, then one
+    /// more while the position is not found.
+    @Test func aPositionFromYesterdaysFileResumesAcrossMidnight() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let midnight = try #require(TapeFile.midnight(of: "2026-11-28"))
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        let first = midnight - 150_000_000
+        try writer.append(.epoch("e1", at: first))
+        try writer.append(.holding(["Q.AAPL"], at: first))
+        for index in 1...300 {
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: first + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
+                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
+        }
+        try writer.flush()
+        #expect(TapeFile.days(directory: directory, market: "stocks").map(\.day) == ["2026-11-27", "2026-11-28"])
+        let archive = TapeArchive(directory: directory, market: "stocks")
+        let apple = try #require(Topic(parsing: "Q.AAPL"))
+        let answers = await archive.missed([ArchiveRequest(topic: apple, since: .topic(40), until: 280)], epoch: "e1", limit: 1_000)
+        guard case .events(_, let positions) = answers[apple] else {
+            Issue.record("whole across midnight: \(String(describing: answers[apple]))")
+            return
+        }
+        #expect(positions.map(\.topic) == Array(41...280))
+        let byTime = await archive.missed([ArchiveRequest(topic: apple, since: .time((first + 100_000_000) / 1_000_000), until: 280)], epoch: "e1", limit: 1_000)
+        guard case .events(_, let fromTime) = byTime[apple] else {
+            Issue.record("by time, across midnight: \(String(describing: byTime[apple]))")
+            return
+        }
+        #expect(fromTime.first?.topic == 100)
     }
 }
