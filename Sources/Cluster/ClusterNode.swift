@@ -110,7 +110,7 @@ public final class ClusterNode: Service, Sendable {
             recording.vendor = tape.settings.vendor
             recording.upstreamPath = tape.settings.upstreamPath
             do {
-                recorder = try TapeRecorder(settings: recording, sink: JetStreamTapeSink(tape: tape), metricsFactory: metricsFactory)
+                recorder = try TapeRecorder(settings: recording, sink: JetStreamTapeSink(tape: tape), held: { tape.held() }, metricsFactory: metricsFactory)
             } catch {
                 logger.warning("the cluster's tape is not recorded by this node: \(error)")
             }
@@ -608,10 +608,11 @@ public final class ClusterNode: Service, Sendable {
         await filling?.value
         await upstreamRun.value
         await publisher.value
-        // The term's last blocks are on the tape before the lease goes (the next leader's come after).
-        if let recorder {
-            recorder.interrupted(epoch: sequencer.epoch)
-            await Self.flushed(recorder)
+        // The term's last blocks are on the tape before the lease goes (the next leader's come after),
+        // and nothing of the term after them.
+        if let recorder, let epoch = sequencer.epoch {
+            recorder.interrupted(epoch: epoch)
+            await Self.ended(epoch, recorder)
         }
         sequencer.end()
         state.withLock { state in
@@ -747,11 +748,12 @@ public final class ClusterNode: Service, Sendable {
         }
     }
 
-    /// Waits (off the cooperative pool) until everything `recorder` was given is written.
-    private static func flushed(_ recorder: TapeRecorder) async {
+    /// Ends the term's recording (``TapeRecorder/end(epoch:)``), waiting off the cooperative pool
+    /// until everything it was given is written.
+    private static func ended(_ epoch: String, _ recorder: TapeRecorder) async {
         await withCheckedContinuation { continuation in
             DispatchQueue.global().async {
-                recorder.flush()
+                recorder.end(epoch: epoch)
                 continuation.resume()
             }
         }

@@ -82,6 +82,11 @@ final class JetStreamTape: Sendable {
 
     private let made = Atomic<Bool>(false)
 
+    /// A write failed: the stream is made (or updated) again before the next.
+    func streamMayBeGone() {
+        made.store(false, ordering: .relaxed)
+    }
+
     /// Makes the stream (or updates it to these settings) once per process, and again after NATS said
     /// it has none.
     func ensureStream(_ handle: NATSHandle) throws(TapeError) {
@@ -124,9 +129,7 @@ final class JetStreamTape: Sendable {
         guard let jetStream = handle.jetStream else { return nil }
         var info: UnsafeMutablePointer<jsStreamInfo>?
         var code = jsErrCode(0)
-        var options = jsOptions()
-        jsOptions_Init(&options)
-        options.Wait = Self.wait
+        var options = Self.options()
         guard js_GetStreamInfo(&info, jetStream, stream, &options, &code) == NATS_OK, let info else { return nil }
         defer { jsStreamInfo_Destroy(info) }
         let state = info.pointee.State
@@ -137,9 +140,7 @@ final class JetStreamTape: Sendable {
     func range(of epoch: String, _ handle: NATSHandle) -> (first: UInt64, last: UInt64)? {
         guard let jetStream = handle.jetStream else { return nil }
         let subject = subject(of: epoch)
-        var options = jsOptions()
-        jsOptions_Init(&options)
-        options.Wait = Self.wait
+        var options = Self.options()
         var lastMessage: OpaquePointer?
         var code = jsErrCode(0)
         guard js_GetLastMsg(&lastMessage, jetStream, stream, subject, &options, &code) == NATS_OK, let lastMessage else { return nil }
@@ -160,19 +161,45 @@ final class JetStreamTape: Sendable {
         return (first, last)
     }
 
-    /// The block stored at `sequence`, whole (`nil`: gone, or NATS did not answer).
-    func block(at sequence: UInt64, _ handle: NATSHandle) -> [UInt8]? {
-        guard let jetStream = handle.jetStream else { return nil }
+    /// What the stream holds: its bytes, and when NATS stored its oldest block (`nil`: NATS did not
+    /// answer, or there is no stream yet). One request.
+    func held() -> TapeHeld? {
+        guard let handle = try? handle(), let bounds = bounds(handle) else { return nil }
+        let empty = bounds.first == 0 || bounds.last < bounds.first
+        return TapeHeld(bytes: Int64(bounds.bytes), days: nil, since: empty ? nil : bounds.firstTime, store: "jetstream")
+    }
+
+    /// What a read of one block found.
+    enum Fetched {
+        /// The block, and the subject it was stored on (its epoch's).
+        case block([UInt8], subject: String)
+        /// No message at that sequence (discarded by the limits, or never there).
+        case gone
+        /// NATS did not answer: not connected, timed out.
+        case failed(String)
+    }
+
+    /// The block stored at `sequence`, whole.
+    func fetch(_ sequence: UInt64, _ handle: NATSHandle) -> Fetched {
+        guard let jetStream = handle.jetStream else { return .failed("not connected to NATS") }
         var message: OpaquePointer?
         var code = jsErrCode(0)
-        var options = jsOptions()
-        jsOptions_Init(&options)
-        options.Wait = Self.wait
-        guard js_GetMsg(&message, jetStream, stream, sequence, &options, &code) == NATS_OK, let message else { return nil }
+        var options = Self.options()
+        let status = js_GetMsg(&message, jetStream, stream, sequence, &options, &code)
+        if status == NATS_NOT_FOUND { return .gone }
+        guard status == NATS_OK, let message else { return .failed(NATSConnection.lastErrorText(status)) }
         defer { natsMsg_Destroy(message) }
         let length = Int(natsMsg_GetDataLength(message))
-        guard length > 0, let data = natsMsg_GetData(message) else { return nil }
-        return Array(UnsafeRawBufferPointer(start: data, count: length))
+        guard length > 0, let data = natsMsg_GetData(message), let subject = natsMsg_GetSubject(message) else { return .gone }
+        return .block(Array(UnsafeRawBufferPointer(start: data, count: length)), subject: String(cString: subject))
+    }
+
+    /// Options that wait ``wait`` for an answer.
+    static func options() -> jsOptions {
+        var options = jsOptions()
+        jsOptions_Init(&options)
+        options.Wait = wait
+        return options
     }
 }
 
@@ -188,13 +215,6 @@ final class JetStreamTapeSink: TapeBlockSink {
     }
 
     func begin(day: String) throws {}
-
-    func held() -> TapeHeld? {
-        guard let handle = try? tape.handle(), let bounds = tape.bounds(handle) else { return nil }
-        // The oldest block's first record, or (unreadable) the time NATS stored it.
-        let since = tape.block(at: bounds.first, handle).flatMap { $0.withUnsafeBytes { TapeBlockDecoder.header(of: $0)?.firstTime } }
-        return TapeHeld(bytes: Int64(bounds.bytes), days: nil, since: bounds.last >= bounds.first && bounds.first > 0 ? since ?? bounds.firstTime : nil, store: "jetstream")
-    }
 
     func write(_ block: [UInt8], epoch: String?) throws {
         let handle = try tape.handle()
@@ -214,6 +234,8 @@ final class JetStreamTapeSink: TapeBlockSink {
             }
         }
         guard status == NATS_OK else {
+            // The stream may be gone (deleted, or lost with a server): the next write makes it again.
+            tape.streamMayBeGone()
             throw TapeError("a block was not stored in the tape stream \(tape.stream): \(NATSConnection.lastErrorText(status))")
         }
     }
@@ -222,33 +244,53 @@ final class JetStreamTapeSink: TapeBlockSink {
 /// An epoch's blocks in the stream as a reader sees them (``TapeBlocks``): their sequences when opened,
 /// each block fetched when first asked for and kept for the read (at most ``kept`` at once).
 /// Not `Sendable`: one read.
+///
+/// A block of another epoch inside the run (a late block of a term that lost its lease while another
+/// node led) cannot be had, as a damaged one: a reading across it is a gap. The first NATS failure, or
+/// ``readFor`` after opening, ends the read: every block after cannot be had either, so a read never
+/// waits on NATS for long (the archive's queue serves one read at a time).
 final class JetStreamTapeBlocks: TapeBlocks {
     private let tape: JetStreamTape
     private let handle: NATSHandle
+    private let subject: String
     private let first: UInt64
     let blockCount: Int
     private let decoder: TapeBlockDecoder
-    private var cache: [Int: [UInt8]] = [:]
+    private var cache: [Int: [UInt8]?] = [:]
     private var order: [Int] = []
+    private var failed = false
+    private let deadline: ContinuousClock.Instant
     static let kept = 64
+    /// The longest one read of the stream goes on.
+    static let readFor: Duration = .seconds(10)
 
     init?(tape: JetStreamTape, epoch: String) {
         guard let handle = try? tape.handle(), let range = tape.range(of: epoch, handle), let decoder = try? TapeBlockDecoder() else { return nil }
         self.tape = tape
         self.handle = handle
         self.decoder = decoder
+        subject = tape.subject(of: epoch)
         first = range.first
         blockCount = Int(range.last - range.first + 1)
+        deadline = .now + Self.readFor
     }
 
     private func bytes(ofBlock index: Int) -> [UInt8]? {
         guard index >= 0, index < blockCount else { return nil }
         if let kept = cache[index] { return kept }
-        guard let bytes = tape.block(at: first + UInt64(index), handle) else { return nil }
+        guard !failed, ContinuousClock.now < deadline else { return nil }
+        let found: [UInt8]?
+        switch tape.fetch(first + UInt64(index), handle) {
+        case .block(let bytes, let subject): found = subject == self.subject ? bytes : nil
+        case .gone: found = nil
+        case .failed:
+            failed = true
+            return nil
+        }
         if order.count >= Self.kept { cache[order.removeFirst()] = nil }
-        cache[index] = bytes
+        cache[index] = found
         order.append(index)
-        return bytes
+        return found
     }
 
     func header(ofBlock index: Int) -> TapeBlockHeader? {
@@ -270,6 +312,8 @@ public enum ClusterTapePull {
         public var days: [String] = []
         public var blocks = 0
         public var missing = 0
+        /// Days kept as they were here: the local file begins earlier than what the stream still holds.
+        public var kept: [String] = []
     }
 
     public static func pull(
@@ -304,38 +348,67 @@ public enum ClusterTapePull {
         guard let bounds = tape.bounds(handle) else { throw TapeError("NATS has no tape stream \(tape.stream) (is this the cluster's name?)") }
         var outcome = Outcome()
         guard bounds.first > 0, bounds.last >= bounds.first else { return outcome }
-        var open: (day: String, descriptor: Int32, partial: String)?
-        func finish() throws {
-            guard let current = open else { return }
-            open = nil
-            let complete = fsync(current.descriptor) == 0
-            close(current.descriptor)
-            guard complete, rename(current.partial, TapeFile.path(directory: directory, market: market, day: current.day)) == 0 else {
-                unlink(current.partial)
-                throw TapeError("could not write \(current.partial)")
+        // Each day's blocks go to its own new file, in stream order, however the days come.
+        var files: [String: (descriptor: Int32, partial: String, first: Int64)] = [:]
+        var order: [String] = []
+        func discard() {
+            for file in files.values {
+                close(file.descriptor)
+                unlink(file.partial)
             }
-            outcome.days.append(current.day)
         }
         for sequence in bounds.first...bounds.last {
-            guard let block = tape.block(at: sequence, handle), let header = block.withUnsafeBytes({ TapeBlockDecoder.header(of: $0) }) else {
+            let block: [UInt8]
+            switch tape.fetch(sequence, handle) {
+            case .block(let bytes, _): block = bytes
+            case .gone:
+                outcome.missing += 1
+                continue
+            case .failed(let why):
+                // A pull cut short replaces nothing.
+                discard()
+                throw TapeError("NATS stopped answering at block \(sequence) of \(tape.stream): \(why); nothing was replaced")
+            }
+            guard let header = block.withUnsafeBytes({ TapeBlockDecoder.header(of: $0) }) else {
                 outcome.missing += 1
                 continue
             }
             let day = TapeFile.day(of: header.firstTime)
-            if open?.day != day {
-                try finish()
+            if files[day] == nil {
                 let partial = TapeFile.path(directory: directory, market: market, day: day) + ".pull"
                 let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-                guard descriptor >= 0 else { throw TapeError("could not write \(partial)") }
-                open = (day, descriptor, partial)
+                guard descriptor >= 0 else {
+                    discard()
+                    throw TapeError("could not write \(partial)")
+                }
+                files[day] = (descriptor, partial, header.firstTime)
+                order.append(day)
             }
-            guard let current = open, block.withUnsafeBytes({ write(current.descriptor, $0.baseAddress, $0.count) }) == block.count else {
-                if let current = open { close(current.descriptor); unlink(current.partial) }
+            guard let file = files[day], block.withUnsafeBytes({ write(file.descriptor, $0.baseAddress, $0.count) }) == block.count else {
+                discard()
                 throw TapeError("could not write the \(day) tape of \(market)")
             }
             outcome.blocks += 1
         }
-        try finish()
+        for day in order {
+            guard let file = files.removeValue(forKey: day) else { continue }
+            let complete = fsync(file.descriptor) == 0
+            close(file.descriptor)
+            let path = TapeFile.path(directory: directory, market: market, day: day)
+            // A day here that begins earlier than the stream's (whose oldest blocks its limits let go)
+            // holds more than the pull: kept.
+            if let local = try? TapeReader(path: path), let first = local.header(ofBlock: 0)?.firstTime, first < file.first {
+                unlink(file.partial)
+                outcome.kept.append(day)
+                continue
+            }
+            guard complete, rename(file.partial, path) == 0 else {
+                unlink(file.partial)
+                discard()
+                throw TapeError("could not write \(path)")
+            }
+            outcome.days.append(day)
+        }
         return outcome
     }
 }

@@ -256,11 +256,7 @@ extension MarketDataHub {
     /// The archive's answers for the topics whose positions the memory no longer holds (of this epoch),
     /// and where they end (the memory takes over after it); `nil`: none asked.
     private func fromArchive(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> [Topic: (ArchiveAnswer, until: UInt64)]? {
-        guard let archive, let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
-        // A connection that may not be replayed now is not read for either (it gets `gap`, not a read).
-        let bound = history.limits.eventsPerResume
-        let available = subscriber.replayBudget.available(capacity: bound, now: WallClock.nowMilliseconds())
-        guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
+        guard let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
             guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
             // A `_s` of a ticker this history has no line of (not received lately, or never: any name
@@ -268,45 +264,71 @@ extension MarketDataHub {
             if case .topic = since, !topic.isWildcard, !history.hasLine(topic) { return nil }
             return ArchiveRequest(topic: topic, since: since, until: history.archiveBoundary(of: topic))
         }
-        guard !requests.isEmpty else { return nil }
-        let answers = await archive.missed(requests, epoch: epoch, limit: bound)
-        resumeCounts.fromArchive += 1
-        metrics.archiveResumes.increment()
-        // A read costs the connection a tenth of a resume's budget, whatever it found: asking again and
-        // again reads the disk at most ten times a minute per connection.
-        subscribers[id]?.replayBudget.spend(max(bound / 10, 1), capacity: bound, now: WallClock.nowMilliseconds())
+        guard let answers = await readArchive(requests, epoch: epoch, for: id) else { return nil }
         var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
         for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
+        // The memory went on evicting while the archive read: what it let go since is read too (a few
+        // times at most; each read is of what the last one took), so the archive's answer and the
+        // memory's still meet.
+        for _ in 0..<3 {
+            guard let archive, let history = self.history, history.epoch == epoch else { break }
+            let behind = archived.compactMap { topic, found -> ArchiveRequest? in
+                guard case .events = found.0, history.archiveBoundary(of: topic) > found.until else { return nil }
+                return ArchiveRequest(topic: topic, since: .market(found.until), until: history.archiveBoundary(of: topic))
+            }
+            guard !behind.isEmpty else { break }
+            let more = await archive.missed(behind, epoch: epoch, limit: history.limits.eventsPerResume)
+            for request in behind {
+                guard let earlier = archived[request.topic] else { continue }
+                switch (earlier.0, more[request.topic]) {
+                case (.events(let events, let positions), .events(let later, let laterPositions)):
+                    archived[request.topic] = (.events(events + later, positions + laterPositions), request.until)
+                case (_, let answer?):
+                    archived[request.topic] = (answer, request.until)
+                case (_, nil):
+                    archived[request.topic] = nil
+                }
+            }
+        }
         return archived
     }
 
-    /// A cluster node's resume from a former leadership term (an epoch other than this one): what its
-    /// tape holds of each topic after the client's position, through the term's end; `nil`: none asked
-    /// (no archive, no history of adopted positions, or positions of this epoch).
+    /// A cluster node's resume from the leadership term before this one (the epoch this node adopted
+    /// last before the current): what the tape holds of each topic after the client's position, through
+    /// the term's end; `nil`: none asked (no archive, no history of adopted positions, or an epoch that
+    /// is this one, or not the one before: an older one would skip a whole term).
     private func fromFormerEpoch(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> [Topic: ArchiveAnswer]? {
-        guard adoptsPositions, let archive, let history, let subscriber = subscribers[id] else { return nil }
+        guard adoptsPositions, let history, let previousEpoch, let subscriber = subscribers[id] else { return nil }
+        let fresh = topics.filter { !subscriber.topics.contains($0) }
         let requests: [ArchiveRequest]
-        let former: String
         switch resume {
-        case .positions(let epoch?, let positions) where !epoch.isEmpty && epoch != self.epoch:
-            former = epoch
-            requests = topics.filter { !subscriber.topics.contains($0) }.compactMap { topic in
-                positions[topic].map { ArchiveRequest(topic: topic, since: topic.isWildcard ? .market($0) : .topic($0), until: ArchiveRequest.epochEnd) }
+        case .positions(previousEpoch?, let positions):
+            requests = fresh.compactMap { topic in
+                // As for a resume of this epoch, a ticker with no line here is not looked for (it would
+                // be read back block by block, and this term's part of it is not held anyway).
+                guard let position = positions[topic], topic.isWildcard || history.hasLine(topic) || history.nextMarketSequence == 1 else { return nil }
+                return ArchiveRequest(topic: topic, since: topic.isWildcard ? .market(position) : .topic(position), until: ArchiveRequest.epochEnd)
             }
-        case .marketSequence(let epoch, let sequence) where !epoch.isEmpty && epoch != self.epoch:
-            former = epoch
-            requests = topics.filter { !subscriber.topics.contains($0) }.map { ArchiveRequest(topic: $0, since: .market(sequence), until: ArchiveRequest.epochEnd) }
+        case .marketSequence(previousEpoch, let sequence):
+            requests = fresh.map { ArchiveRequest(topic: $0, since: .market(sequence), until: ArchiveRequest.epochEnd) }
         default:
             return nil
         }
+        return await readArchive(requests, epoch: previousEpoch, for: id)
+    }
+
+    /// The archive's answers to `requests` of `epoch` for a connection that may be replayed now (one
+    /// that may not gets `gap`, not a read); `nil`: nothing asked. A read costs the connection a tenth
+    /// of a resume's budget, whatever it found: asking again and again reads at most ten times a
+    /// minute per connection.
+    private func readArchive(_ requests: [ArchiveRequest], epoch: String, for id: SubscriberID) async -> [Topic: ArchiveAnswer]? {
+        guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id] else { return nil }
         let bound = history.limits.eventsPerResume
         let available = subscriber.replayBudget.available(capacity: bound, now: WallClock.nowMilliseconds())
-        guard !requests.isEmpty, Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound)
-        else { return nil }
-        let answers = await archive.missed(requests, epoch: former, limit: bound)
+        guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
+        let answers = await archive.missed(requests, epoch: epoch, limit: bound)
         resumeCounts.fromArchive += 1
         metrics.archiveResumes.increment()
-        // A read costs a tenth of the budget, as any read of the archive.
         subscribers[id]?.replayBudget.spend(max(bound / 10, 1), capacity: bound, now: WallClock.nowMilliseconds())
         return answers
     }
@@ -513,6 +535,7 @@ extension MarketDataHub {
         // event of the old term. Already in one: nothing more.
         if replaced { upstreamLost(reason: "a new cluster leader's term began; events between the last leader's and its own may be missing") }
         epochAdoptedAt = WallClock.nowMilliseconds()
+        previousEpoch = history.map(\.epoch).flatMap { $0.isEmpty ? nil : $0 }
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }

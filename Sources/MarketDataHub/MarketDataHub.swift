@@ -83,6 +83,9 @@ public actor MarketDataHub {
     /// When this node began the current epoch it adopted (a cluster's leadership term), Unix ms: a
     /// resume from the former term is told nothing was received from that term's end until then.
     var epochAdoptedAt: Int64?
+    /// The epoch this node adopted before the current one (the former leadership term): the one a
+    /// resume across a failover is answered from the archive for.
+    var previousEpoch: String?
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger

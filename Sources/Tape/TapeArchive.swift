@@ -124,13 +124,21 @@ public final class TapeArchive: EventArchive {
             }
         }
         guard let earliest = readings.map(\.after).min() else { return answers }
-        let end = scan(
-            &readings, in: reader, from: reader.holdingBlock(atOrBefore: reader.firstBlock(atOrAfterSequence: max(earliest, 1))), epoch: epoch,
-            limit: limit, budget: &budget)
+        var first = reader.firstBlock(atOrAfterSequence: max(earliest, 1))
+        if first >= reader.blockCount {
+            // Past every event: from the last block that has any (blocks of marks only after it), so a
+            // reading through the epoch's end sees where its record ends.
+            first = reader.blockCount - 1
+            while first > 0, budget > 0, reader.header(ofBlock: first).map({ $0.lastSequence == 0 }) ?? true {
+                budget -= 1
+                first -= 1
+            }
+        }
+        let end = scan(&readings, in: reader, from: reader.holdingBlock(atOrBefore: first), epoch: epoch, limit: limit, budget: &budget)
         for index in readings.indices where readings[index].throughEnd && readings[index].answer == nil {
             // The archive's record of the epoch ends here: whole through it, or (the client stood past
             // it: its last events were never recorded) nothing more to give.
-            guard let end, readings[index].last != nil || readings[index].after >= end.sequence else { continue }
+            guard let end, end.sequence > 0, readings[index].last != nil || readings[index].after >= end.sequence else { continue }
             readings[index].answer = readings[index].ended(at: end.time)
         }
         for reading in readings {

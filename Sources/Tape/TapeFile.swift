@@ -150,8 +150,6 @@ public protocol TapeBlockSink: AnyObject {
     /// none told). Throws when it was not stored whole; its writer begins the day again before the next
     /// block.
     func write(_ block: [UInt8], epoch: String?) throws
-    /// What the tape holds now (`nil`: it cannot tell). May wait for the disk or the network.
-    func held() -> TapeHeld?
 }
 
 /// What a tape holds: its bytes, its UTC days (`nil` where it has no days, a stream), and the receive
@@ -217,7 +215,8 @@ public final class TapeDayFiles: TapeBlockSink {
         offset = end
     }
 
-    public func held() -> TapeHeld? {
+    /// What `market`'s day files under `directory` hold now.
+    public static func held(directory: String, market: String) -> TapeHeld {
         let days = TapeFile.days(directory: directory, market: market)
         let oldest = days.lazy.compactMap { try? TapeReader(path: $0.path) }.first { $0.blockCount > 0 }
         return TapeHeld(bytes: days.reduce(0) { $0 + $1.bytes }, days: days.count, since: oldest?.header(ofBlock: 0)?.firstTime, store: "disk")

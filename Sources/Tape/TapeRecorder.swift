@@ -95,21 +95,29 @@ public final class TapeRecorder: EventTap {
 
     /// - Parameter metricsFactory: where its counters go (the relay's labels them with the market).
     public convenience init(settings: Settings, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
+        let (directory, market) = (settings.directory, settings.market)
         try self.init(
-            settings: settings, lock: TapeLock(directory: settings.directory, market: settings.market),
-            sink: TapeDayFiles(directory: settings.directory, market: settings.market), metricsFactory: metricsFactory)
+            settings: settings, lock: TapeLock(directory: directory, market: market), sink: TapeDayFiles(directory: directory, market: market),
+            held: { TapeDayFiles.held(directory: directory, market: market) }, metricsFactory: metricsFactory)
     }
 
     /// A recorder whose blocks go to `sink` (a cluster's JetStream stream), not to day files: no lock,
     /// no position reservation or stop mark, no retention of its own (the sink's limits are), and
-    /// `settings.directory` is not used.
-    public convenience init(settings: Settings, sink: sending any TapeBlockSink, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
-        try self.init(settings: settings, lock: nil, sink: sink, metricsFactory: metricsFactory)
+    /// `settings.directory` is not used. `held` says what the sink holds (asked once a minute, off the
+    /// writer's lock).
+    public convenience init(
+        settings: Settings, sink: sending any TapeBlockSink, held: @escaping @Sendable () -> TapeHeld?,
+        metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance
+    ) throws {
+        try self.init(settings: settings, lock: nil, sink: sink, held: held, metricsFactory: metricsFactory)
     }
 
-    private init(settings: Settings, lock: TapeLock?, sink: sending any TapeBlockSink, metricsFactory: any MetricsFactory) throws {
+    private init(
+        settings: Settings, lock: TapeLock?, sink: sending any TapeBlockSink, held: @escaping @Sendable () -> TapeHeld?, metricsFactory: any MetricsFactory
+    ) throws {
         self.settings = settings
         self.lock = lock
+        probe = held
         writing = Mutex(
             Writing(writer: try TapeWriter(sink: sink, blockBytes: settings.blockBytes), source: settings.vendor.map { ($0, settings.upstreamPath) }))
         work = DispatchQueue(label: "relay.tape.\(settings.market)")
@@ -146,8 +154,9 @@ public final class TapeRecorder: EventTap {
         return report
     }
 
-    /// What the tape held when last looked at (once a minute, with retention).
+    /// What the tape held when last looked at (once a minute, with retention), and how to look.
     private let held = Mutex<TapeHeld?>(nil)
+    private let probe: @Sendable () -> TapeHeld?
 
     /// The epoch and market sequence reserved on disk so far (``PositionReservation``), when a failed
     /// write may be tried again, and whether a stop mark may be beside the tape (the last run's, until
@@ -171,6 +180,22 @@ public final class TapeRecorder: EventTap {
         let now = WallClock.nowNanoseconds()
         queue(Batch(epoch: epoch, marks: changes.map { .wanted(topic: $0.topic.description, $0.wanted, at: now) }), size: 64 * changes.count)
     }
+
+    /// A run of `epoch` (a cluster leader's term) is over: everything queued for it is written now, and
+    /// nothing of it after (a late mark, a gap of a pause): the next term's blocks, another node's
+    /// perhaps, come after its last. Its readers take what follows its last record as not received.
+    /// Waits for the sink.
+    public func end(epoch: String) {
+        ended.withLock { $0 = epoch }
+        work.sync {
+            writeAll(flushing: true)
+            writing.withLock { $0.endEpoch(epoch) }
+            waiting.withLock { $0.pausedBecause = nil }
+        }
+    }
+
+    /// The epoch that ended last (``end(epoch:)``): what comes for it later is not written.
+    private let ended = Mutex<String?>(nil)
 
     /// A new run of `epoch` (a cluster leader's term) begins, receiving `holding`: written first in
     /// the epoch, so a reader of its first block knows what was received.
@@ -208,6 +233,8 @@ public final class TapeRecorder: EventTap {
 
     /// Queues a batch of `size` bytes for the writer, or counts it dropped (its hole a gap to record).
     private func queue(_ batch: Batch, size: Int) {
+        // What comes for an epoch already ended (a mark queued as its term closed) is not the tape's.
+        if let epoch = batch.epoch, ended.withLock({ $0 == epoch }) { return }
         let events = batch.events
         enum Taken { case queued, queuedFirst, dropped }
         let taken = waiting.withLock { waiting -> Taken in
@@ -277,8 +304,8 @@ public final class TapeRecorder: EventTap {
     /// Once a minute, on `work`: the oldest days past the retention go (a disk's tape), then what the
     /// tape holds is looked at.
     private func pruneIfDue() {
-        // Every minute; every second while the tape holds nothing yet (so "held since" shows soon).
-        let empty = held.withLock { $0?.since == nil }
+        // Every minute; a disk's every second while it holds nothing yet (so "held since" shows soon).
+        let empty = isLocal && held.withLock { $0?.since == nil }
         let due = prunedAt.withLock { last in
             guard last.map({ ContinuousClock.now - $0 >= .seconds(empty ? 1 : 60) }) ?? true else { return false }
             last = .now
@@ -290,7 +317,7 @@ public final class TapeRecorder: EventTap {
                 directory: settings.directory, market: settings.market, today: TapeFile.day(of: WallClock.nowNanoseconds()),
                 keepDays: max(settings.retentionDays, 1), maxBytes: settings.retentionBytes)
         }
-        let now = writing.withLock { $0.writer.sink.held() }
+        let now = probe()
         held.withLock { $0 = now }
         guard let now else { return }
         metrics.heldBytes.record(now.bytes)
@@ -353,6 +380,15 @@ private struct Writing {
     let source: (vendor: String, path: String?)?
     /// Recording stopped at this wall-clock time because of `reason`; tried again after `retryAt`.
     var paused: (since: Int64, reason: String, retryAt: ContinuousClock.Instant)?
+    /// The epoch last ended (``TapeRecorder/end(epoch:)``): a gap is never written under it.
+    var endedEpoch: String?
+
+    /// `epoch`'s run is over: a pause or hole of it is not written (its readers take what follows its
+    /// last record as not received).
+    mutating func endEpoch(_ epoch: String) {
+        endedEpoch = epoch
+        paused = nil
+    }
 
     struct Outcome {
         var events = 0
@@ -382,14 +418,25 @@ private struct Writing {
         let wasPaused = paused
         var appended = 0
         do {
-            // The window recording missed (paused, or batches past the queue's bound), as one gap.
+            // The window recording missed (paused, or batches past the queue's bound), as one gap, in
+            // the epoch of what is written next (never under an epoch whose blocks another writer may
+            // have followed since).
             let missed = [paused.map { ($0.since, now) }, hole].compactMap { $0 }
-            if let from = missed.map(\.0).min(), let to = missed.map(\.1).max() { try writer.append(.gap(from: from, to: to)) }
+            var gap: TapeRecord?
+            if let from = missed.map(\.0).min(), let to = missed.map(\.1).max() { gap = .gap(from: from, to: to) }
+            if gap != nil, batches.isEmpty, endedEpoch != nil, writer.epoch == endedEpoch {
+                // Nothing to write it with: it waits for the next batch.
+                outcome.pausedBecause = paused?.reason
+                if let hole { self.paused = (min(paused?.since ?? hole.from, hole.from), paused?.reason ?? "events were not recorded", paused?.retryAt ?? .now) }
+                return outcome
+            }
+            if batches.isEmpty, let gap { try writer.append(gap) }
             self.paused = nil
             // Receive times are monotonic; the tape keeps wall-clock time.
             let offset = now - Int64(MonotonicClock.nanoseconds())
-            for batch in batches {
+            for (number, batch) in batches.enumerated() {
                 if let epoch = batch.epoch, epoch != writer.epoch { try writer.append(.epoch(epoch, at: now)) }
+                if number == 0, let gap { try writer.append(gap) }
                 if let source, writer.source == nil { try writer.append(.source(vendor: source.vendor, path: source.path, at: now)) }
                 for mark in batch.marks { try writer.append(mark) }
                 for (index, event) in batch.events.enumerated() {

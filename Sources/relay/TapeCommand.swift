@@ -114,7 +114,7 @@ extension TapeCommand {
             commandName: "pull",
             abstract: "Copy a cluster's tape (its JetStream streams) into day files here, for replay, export and ls.",
             discussion: """
-                Each UTC day the stream holds is written whole and renamed over that day's file in --tape-dir, so pulling again                 replaces it. The user, password or token may be in the URL; RELAY_CLUSTER_TOKEN is read too.
+                Each UTC day the stream holds is written whole and renamed over that day's file in --tape-dir, so pulling again replaces it; a day here that begins earlier than the stream keeps its file, and a pull cut short replaces nothing. The user, password or token may be in the URL; RELAY_CLUSTER_TOKEN is read too.
                 """)
 
         @Option(name: .customLong("cluster"), help: "NATS: nats://HOST:PORT[,…] or tls://…") var cluster: String
@@ -138,6 +138,7 @@ extension TapeCommand {
                     servers: servers, security: security, cluster: name, market: market, directory: directory, logger: logger)
                 var line = "\(market): \(outcome.blocks) blocks into \(outcome.days.count) days (\(outcome.days.joined(separator: ", ")))"
                 if outcome.missing > 0 { line += "; \(outcome.missing) blocks NATS no longer had or sent damaged" }
+                if !outcome.kept.isEmpty { line += "; kept here as they were (they begin earlier than the stream): \(outcome.kept.joined(separator: ", "))" }
                 print(line)
             }
         }
