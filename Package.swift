@@ -71,6 +71,7 @@ let package = Package(
             dependencies: [
                 "Tape", "MarketCore", "MarketDataHub", "AsyncSupport", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"), .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
             ],
             swiftSettings: strict
         ),

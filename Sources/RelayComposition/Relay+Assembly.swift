@@ -219,7 +219,8 @@ extension Relay {
             interest.apply(change)
         }
         if let replay = source.replay {
-            let tape = TapeSource(plan: replay, hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"))
+            let tape = TapeSource(
+                plan: replay, hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"), metricsFactory: marketMetrics)
             assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: tape))
             return
         }

@@ -1,6 +1,7 @@
 import AsyncSupport
 import Logging
 import MarketCore
+import Metrics
 import MarketDataHub
 import NIOCore
 import ServiceLifecycle
@@ -101,7 +102,15 @@ public final class TapeSource: MarketSource {
     /// Events handed to the hub at a time (at most).
     static let batchSize = 256
 
-    public init(plan: ReplayPlan, hub: MarketDataHub, interest: LocalInterest, logger: Logger) {
+    /// Passes begun, and events handed to the hub (`relay_tape_replays_total`, `relay_tape_replay_events_total`).
+    private let passesStarted: Counter
+    private let eventsReplayed: Counter
+
+    public init(
+        plan: ReplayPlan, hub: MarketDataHub, interest: LocalInterest, logger: Logger, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance
+    ) {
+        passesStarted = Counter(label: "relay_tape_replays_total", factory: metricsFactory)
+        eventsReplayed = Counter(label: "relay_tape_replay_events_total", factory: metricsFactory)
         self.plan = plan
         self.hub = hub
         self.interest = interest
@@ -195,6 +204,7 @@ public final class TapeSource: MarketSource {
     private func pass() async throws -> Int {
         let reader = try TapeReader(path: plan.path)
         note { $0.state = "replaying" }
+        passesStarted.increment()
         var details: [String: Notice.Value] = [
             "state": .text("started"), "market": .text(plan.market), "day": .text(plan.day), "speed": .text(plan.speed.description),
         ]
@@ -261,6 +271,7 @@ public final class TapeSource: MarketSource {
         batch.removeAll(keepingCapacity: true)
         note {
             $0.events += count
+            eventsReplayed.increment(by: count)
             $0.lastEventAt = .now
         }
         return count

@@ -149,6 +149,26 @@ struct TapeRecorderTests {
         }
     }
 
+    /// What the tape holds is looked at while it holds nothing every flush, then once a minute: its
+    /// bytes, its days and its oldest record's time, in the report (`/healthz`, the dashboard).
+    @Test func whatTheTapeHoldsIsReported() async throws {
+        try await withDirectory { directory in
+            var settings = TapeRecorder.Settings(directory: directory, market: "stocks")
+            settings.flushInterval = .milliseconds(20)
+            let recorder = try TapeRecorder(settings: settings)
+            let before = WallClock.nowNanoseconds() / 1_000_000
+            recorder.take(quotes(20, from: 1), epoch: "e1")
+            recorder.flush()
+            try await eventually("the report to say what the tape holds") { recorder.report.heldSince != nil }
+            let report = recorder.report
+            #expect(report.store == "disk")
+            #expect(report.heldDays == 1)
+            let size = TapeFile.days(directory: directory, market: "stocks").reduce(Int64(0)) { $0 + $1.bytes }
+            #expect(report.heldBytes == size && size > 0)
+            #expect((report.heldSince ?? 0) >= before - 1_000 && (report.heldSince ?? 0) <= WallClock.nowNanoseconds() / 1_000_000)
+        }
+    }
+
     @Test func itMakesEveryMissingFolderOfItsDirectory() async throws {
         try await withDirectory { directory in
             let nested = "\(directory)/data/tape"
