@@ -351,7 +351,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ClusterTests",
-            dependencies: ["Cluster", "PolygonWire", "AlpacaWire"],
+            dependencies: ["Cluster", "PolygonWire", "AlpacaWire", "Tape", "MarketCore", "RelayBench", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
         .testTarget(

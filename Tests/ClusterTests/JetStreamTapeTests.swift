@@ -1,0 +1,105 @@
+import Foundation
+import Logging
+import MarketCore
+import RelayBench
+import Tape
+import Testing
+
+@testable import Cluster
+
+/// The cluster's tape on a real nats-server with JetStream: blocks written through the leader's sink,
+/// read back by term (its subject) as the archive reads them.
+@Suite(
+    "Cluster tape: a JetStream stream read by term", .serialized, .timeLimit(.minutes(2)),
+    .enabled(
+        if: NATSServerProcess.binary != nil || ProcessInfo.processInfo.environment["RELAY_REQUIRE_NATS"] == "1",
+        "nats-server is not installed (scripts/test installs it)"))
+struct JetStreamTapeTests {
+    static let start: Int64 = 1_795_185_000 * 1_000_000_000
+
+    /// A stream of a new cluster on a fresh server; the server is given to `body` to stop.
+    func withStream(_ body: (JetStreamTape, NATSServerProcess) async throws -> Void) async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let connection = NATSConnection(servers: [url], name: "tape test", logger: Logger(label: "tape-test"))
+        let deadline = ContinuousClock.now + .seconds(10)
+        while connection.state != .connected {
+            try #require(ContinuousClock.now < deadline, "connected to NATS within 10 s")
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let tape = JetStreamTape(subjects: try ClusterSubjects(cluster: "t\(UInt32.random(in: 0...UInt32.max))", market: "stocks"), settings: ClusterTapeSettings())
+        tape.use(connection)
+        do {
+            try await body(tape, nats)
+        } catch {
+            await connection.close()
+            await nats.stop()
+            throw error
+        }
+        await connection.close()
+        await nats.stop()
+    }
+
+    /// AAPL quotes `sequences` of `epoch` (topic and market sequence alike), 1 ms apart from `at`, in
+    /// blocks of about 16, through the leader's sink.
+    func record(_ tape: JetStreamTape, epoch: String, _ sequences: ClosedRange<Int>, at time: Int64) throws {
+        let writer = try TapeWriter(sink: JetStreamTapeSink(tape: tape), blockBytes: 1024)
+        try writer.append(.epoch(epoch, at: time))
+        try writer.append(.holding(["Q.AAPL"], at: time))
+        for index in sequences {
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: time + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
+                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
+        }
+        try writer.flush()
+    }
+
+    func archive(_ tape: JetStreamTape) -> TapeArchive {
+        TapeArchive(market: "stocks") { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch) : nil }
+    }
+
+    /// A term's blocks are found by its subject, among another term's; a late block of a term written
+    /// after the next term's began makes a reading across the other term's blocks a gap, never a
+    /// partial answer.
+    @Test func aTermIsReadByItsSubjectAndAnotherTermsBlocksInsideItsRunAreAGap() async throws {
+        try await withStream { tape, _ in
+            try record(tape, epoch: "e1", 1...100, at: Self.start)
+            try record(tape, epoch: "e2", 1...50, at: Self.start + 1_000_000_000)
+            // A late block of e1, after e2's (a leader that lost its lease while another led).
+            try record(tape, epoch: "e1", 101...120, at: Self.start)
+            let archive = archive(tape)
+            let apple = try #require(Topic(parsing: "Q.AAPL"))
+            let early = await archive.missed([ArchiveRequest(topic: apple, since: .topic(10), until: 60)], epoch: "e1", limit: 1_000)
+            guard case .events(_, let positions) = early[apple] else {
+                Issue.record("e1 before e2's blocks: whole, not \(String(describing: early[apple]))")
+                return
+            }
+            #expect(positions.map(\.topic) == Array(11...60))
+            let across = await archive.missed([ArchiveRequest(topic: apple, since: .topic(90), until: ArchiveRequest.epochEnd)], epoch: "e1", limit: 1_000)
+            if case .gap = across[apple] {} else { Issue.record("across e2's blocks inside e1's run: a gap, not \(String(describing: across[apple]))") }
+            let second = await archive.missed([ArchiveRequest(topic: apple, since: .topic(10), until: 40)], epoch: "e2", limit: 1_000)
+            guard case .events(_, let secondPositions) = second[apple] else {
+                Issue.record("e2 on its own: whole, not \(String(describing: second[apple]))")
+                return
+            }
+            #expect(secondPositions.map(\.topic) == Array(11...40))
+            let unknown = await archive.missed([ArchiveRequest(topic: apple, since: .topic(10), until: 40)], epoch: "nosuch", limit: 1_000)
+            if case .gap = unknown[apple] {} else { Issue.record("an epoch with no blocks: a gap") }
+        }
+    }
+
+    /// NATS gone: a read ends at once with a gap (it never waits on every block).
+    @Test func aReadEndsPromptlyWhenNATSIsGone() async throws {
+        try await withStream { tape, nats in
+            try record(tape, epoch: "e1", 1...200, at: Self.start)
+            await nats.stop()
+            let apple = try #require(Topic(parsing: "Q.AAPL"))
+            let began = ContinuousClock.now
+            let answers = await archive(tape).missed([ArchiveRequest(topic: apple, since: .topic(10), until: 150)], epoch: "e1", limit: 1_000)
+            if case .gap = answers[apple] {} else { Issue.record("NATS gone: a gap, not \(String(describing: answers[apple]))") }
+            #expect(ContinuousClock.now - began < .seconds(15), "the read ended within its bound")
+        }
+    }
+}
