@@ -77,7 +77,8 @@ public final class ClusterNode: Service, Sendable {
     /// The cluster's tape of this market (``JetStreamTape``), which this node records while it leads
     /// (`recorder`) and every node reads (``archive``).
     private let tape: JetStreamTape?
-    private let recorder: TapeRecorder?
+    /// What this node recorded on the cluster's tape while it led (`/healthz` shows its report).
+    public let recorder: TapeRecorder?
     /// Resumes reaching further back than this node's memory read the cluster's tape.
     public let archive: TapeArchive?
 
@@ -147,9 +148,6 @@ public final class ClusterNode: Service, Sendable {
 
     /// This node's upstream client while it leads.
     public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
-
-    /// What this node recorded on the cluster's tape (while it led), as `/healthz` shows it.
-    public var tapeReport: TapeReport? { recorder?.report }
 
     /// A topic's last event from the cluster's last-value store (for `/v1/last` on a node whose clients
     /// do not want the topic).

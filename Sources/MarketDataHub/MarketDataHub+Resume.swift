@@ -273,8 +273,9 @@ extension MarketDataHub {
         for _ in 0..<3 {
             guard let archive, let history = self.history, history.epoch == epoch else { break }
             let behind = archived.compactMap { topic, found -> ArchiveRequest? in
-                guard case .events = found.0, history.archiveBoundary(of: topic) > found.until else { return nil }
-                return ArchiveRequest(topic: topic, since: .market(found.until), until: history.archiveBoundary(of: topic))
+                let boundary = history.archiveBoundary(of: topic)
+                guard case .events = found.0, boundary > found.until else { return nil }
+                return ArchiveRequest(topic: topic, since: .market(found.until), until: boundary)
             }
             guard !behind.isEmpty else { break }
             let more = await archive.missed(behind, epoch: epoch, limit: history.limits.eventsPerResume)

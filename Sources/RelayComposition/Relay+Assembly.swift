@@ -281,7 +281,7 @@ extension Relay {
         assembly.clusterNodes.append(node)
         var parts = MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: ClusterSource(node: node, upstream: source.description))
         parts.clusterArchive = node.archive
-        if node.tapeReport != nil { parts.clusterTape = { node.tapeReport ?? TapeReport(eventsRecorded: 0, eventsDropped: 0, blocksWritten: 0, bytesWritten: 0, pausedBecause: nil) } }
+        if let recorder = node.recorder { parts.clusterTape = { recorder.report } }
         assembly.markets.append(parts)
     }
 

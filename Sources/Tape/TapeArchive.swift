@@ -11,9 +11,9 @@ import Synchronization
 /// are whole from where its client stands (its own event, found on the tape) only if every market
 /// sequence after it through its `until` is on the tape, in its epoch, with no loss, stop or hole
 /// between, and the topic was received (wanted, by name or by its wildcard) all that time. A `_s`
-/// position is found by reading back from `until`. At most ``blocksPerRead`` blocks a read. Only the
-/// newest day file of a disk's tape is read (a position from an earlier day is not found: a gap).
-/// `Sendable`: each read opens the blocks anew.
+/// position is found by reading back from `until`. At most ``blocksPerRead`` blocks a read. A disk's
+/// tape is read from its newest day file, then one more day back at a time for the positions not
+/// found. `Sendable`: each read opens the blocks anew.
 public final class TapeArchive: EventArchive {
     public let market: String
     /// The blocks of an epoch as they are now (a disk's newest day file holds every epoch's; `nil`:

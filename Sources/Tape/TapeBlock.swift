@@ -135,6 +135,13 @@ enum TapeScan {
         return found
     }
 
+    /// The file's first whole block (what ``blocks(descriptor:length:)`` would find first), reading
+    /// only as far as it.
+    static func firstBlock(descriptor: Int32, length: Int64) -> TapeBlock? {
+        if let block = block(at: 0, descriptor: descriptor, length: length) { return block }
+        return nextBlock(after: 0, descriptor: descriptor, length: length).flatMap { block(at: $0, descriptor: descriptor, length: length) }
+    }
+
     private static func block(at offset: Int64, descriptor: Int32, length: Int64) -> TapeBlock? {
         var raw = [UInt8](repeating: 0, count: TapeBlockHeader.size)
         let read = raw.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, TapeBlockHeader.size, off_t(offset)) }

@@ -218,8 +218,14 @@ public final class TapeDayFiles: TapeBlockSink {
     /// What `market`'s day files under `directory` hold now.
     public static func held(directory: String, market: String) -> TapeHeld {
         let days = TapeFile.days(directory: directory, market: market)
-        let oldest = days.lazy.compactMap { try? TapeReader(path: $0.path) }.first { $0.blockCount > 0 }
-        return TapeHeld(bytes: days.reduce(0) { $0 + $1.bytes }, days: days.count, since: oldest?.header(ofBlock: 0)?.firstTime, store: "disk")
+        // The oldest day's first block, read alone (not the file's whole index: once a minute).
+        let since = days.lazy.compactMap { day -> Int64? in
+            let descriptor = Glibc.open(day.path, O_RDONLY | O_CLOEXEC)
+            guard descriptor >= 0 else { return nil }
+            defer { close(descriptor) }
+            return TapeScan.firstBlock(descriptor: descriptor, length: Int64(lseek(descriptor, 0, SEEK_END)))?.header.firstTime
+        }.first
+        return TapeHeld(bytes: days.reduce(0) { $0 + $1.bytes }, days: days.count, since: since, store: "disk")
     }
 
     public func write(_ block: [UInt8], epoch: String?) throws {

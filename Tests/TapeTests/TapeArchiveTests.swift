@@ -36,6 +36,20 @@ struct TapeArchiveTests {
         return events
     }
 
+    /// `epoch` receiving AAPL quotes, then its quotes `sequences` (topic and market sequence alike), 1 ms
+    /// apart from `time`.
+    func appendQuotes(to writer: TapeWriter, epoch: String, _ sequences: ClosedRange<Int>, at time: Int64) throws {
+        try writer.append(.epoch(epoch, at: time))
+        try writer.append(.holding(["Q.AAPL"], at: time))
+        for index in sequences {
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: time + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
+                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
+        }
+    }
+
     func withTape(leaving missing: Set<Int> = [], from first: Int = 1, _ body: (TapeArchive, [TapeEvent]) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -137,15 +151,7 @@ struct TapeArchiveTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
-        try writer.append(.epoch("e1", at: Self.start))
-        try writer.append(.holding(["Q.AAPL"], at: Self.start))
-        for index in 1...100 {
-            try writer.append(
-                .event(
-                    TapeEvent(
-                        receivedAt: Self.start + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
-                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
-        }
+        try appendQuotes(to: writer, epoch: "e1", 1...100, at: Self.start)
         // The term ends (its leader's last mark), then the next term's epoch begins.
         let end = Self.start + 101 * 1_000_000
         try writer.append(.interrupted(at: end))
@@ -186,15 +192,7 @@ struct TapeArchiveTests {
         let midnight = try #require(TapeFile.midnight(of: "2026-11-28"))
         let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
         let first = midnight - 150_000_000
-        try writer.append(.epoch("e1", at: first))
-        try writer.append(.holding(["Q.AAPL"], at: first))
-        for index in 1...300 {
-            try writer.append(
-                .event(
-                    TapeEvent(
-                        receivedAt: first + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
-                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
-        }
+        try appendQuotes(to: writer, epoch: "e1", 1...300, at: first)
         try writer.flush()
         #expect(TapeFile.days(directory: directory, market: "stocks").map(\.day) == ["2026-11-27", "2026-11-28"])
         let archive = TapeArchive(directory: directory, market: "stocks")
