@@ -234,7 +234,8 @@ public final class TapeRecorder: EventTap {
     /// Queues a batch of `size` bytes for the writer, or counts it dropped (its hole a gap to record).
     private func queue(_ batch: Batch, size: Int) {
         // What comes for an epoch already ended (a mark queued as its term closed) is not the tape's.
-        if let epoch = batch.epoch, ended.withLock({ $0 == epoch }) { return }
+        // (Only a stream's recorder ends epochs: a disk's takes no lock for it on the hub's path.)
+        if !isLocal, let epoch = batch.epoch, ended.withLock({ $0 == epoch }) { return }
         let events = batch.events
         enum Taken { case queued, queuedFirst, dropped }
         let taken = waiting.withLock { waiting -> Taken in
