@@ -143,7 +143,7 @@ let package = Package(
         .target(
             name: "RelayServer",
             dependencies: [
-                "MarketCore", "MarketDataHub", "AsyncSupport", "Dashboard",
+                "MarketCore", "MarketDataHub", "AsyncSupport", "Dashboard", "RESTGateway", "MarketREST",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
@@ -177,7 +177,7 @@ let package = Package(
         .target(
             name: "RelayConfiguration",
             dependencies: [
-                "MarketCore", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill", "Tape", "TapeReplay",
+                "MarketCore", "MarketREST", "Upstream", "MarketDataHub", "RelayServer", "Cluster", "DemoFeed", "GapFill", "Tape", "TapeReplay",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
@@ -190,7 +190,7 @@ let package = Package(
             name: "RelayComposition",
             dependencies: [
                 "RelayConfiguration", "PolygonWire", "AlpacaWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "GapFill", "Tape", "TapeReplay",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "RESTGateway", "PortfolioHTTP", "GapFill", "Tape", "TapeReplay",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -225,10 +225,22 @@ let package = Package(
             dependencies: ["MarketCore", "PortfolioDomain", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
+        // The REST gateway: the account's REST API through the relay (live answers, a shared cache, one
+        // budget), vendor-neutral; each vendor's REST module gives its dialect.
+        .target(
+            name: "RESTGateway",
+            dependencies: [
+                "MarketCore", "MarketREST", .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"), .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"), .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .target(
             name: "PolygonRESTClient",
             dependencies: [
-                "PortfolioDomain", "PolygonWire", "MarketREST", "MarketCore",
+                "PortfolioDomain", "PolygonWire", "MarketREST", "MarketCore", "RESTGateway",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),

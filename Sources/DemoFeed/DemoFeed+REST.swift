@@ -83,6 +83,17 @@ extension DemoFeed {
                     #"{"ticker":"\#(ticker)","queryCount":\#(rows.count),"resultsCount":\#(rows.count),"adjusted":true,"results":[\#(rows.joined(separator: ","))],"status":"OK","request_id":"demo","count":\#(rows.count)}"#
             }
         }
+        router.get("/v2/snapshot/locale/us/markets/stocks/tickers/:ticker") { request, context in
+            try await self.restAnswer("snapshot", request, context) { ticker, state in
+                guard let last = state.last[ticker] else { return nil }
+                let price = DemoMarket.price(last.cents, ticker: ticker)
+                let spread = max(last.cents / 5000, 1)
+                let bid = last.cents - spread / 2
+                let previous = state.previousClose[ticker] ?? last.cents
+                let day = #"{"o":\#(DemoMarket.price(previous, ticker: ticker)),"h":\#(price),"l":\#(price),"c":\#(price),"v":100000,"vw":\#(price)}"#
+                return #"{"request_id":"demo","status":"OK","ticker":{"ticker":"\#(ticker)","day":\#(day),"lastQuote":{"P":\#(DemoMarket.price(bid + spread, ticker: ticker)),"S":7,"p":\#(DemoMarket.price(bid, ticker: ticker)),"s":5,"t":\#(last.at * 1_000_000)},"lastTrade":{"c":[0],"i":"1","p":\#(price),"s":100,"t":\#(last.at * 1_000_000),"x":4},"prevDay":{"o":\#(DemoMarket.price(previous, ticker: ticker)),"h":\#(DemoMarket.price(previous, ticker: ticker)),"l":\#(DemoMarket.price(previous, ticker: ticker)),"c":\#(DemoMarket.price(previous, ticker: ticker)),"v":1000000,"vw":\#(DemoMarket.price(previous, ticker: ticker))},"updated":\#(last.at * 1_000_000)}}"#
+            }
+        }
         router.get("/v1/marketstatus/now") { request, context in
             // The demo market trades around the clock.
             try await self.restAnswer("status", request, context, ticker: "") { _, _ in
@@ -95,16 +106,7 @@ extension DemoFeed {
     static func day(_ text: String?) -> Int64? {
         guard let text else { return nil }
         if let milliseconds = Int64(text) { return milliseconds / 86_400_000 }
-        let parts = text.split(separator: "-").compactMap { Int64($0) }
-        guard parts.count == 3, (1...12).contains(parts[1]), (1...31).contains(parts[2]) else { return nil }
-        // Days from civil (Howard Hinnant's algorithm).
-        let (y0, m, d) = (parts[0], parts[1], parts[2])
-        let y = m <= 2 ? y0 - 1 : y0
-        let era = (y >= 0 ? y : y - 399) / 400
-        let yoe = y - era * 400
-        let doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        return era * 146_097 + doe - 719_468
+        return CivilDay.days(text)
     }
 
     /// A Polygon-style REST answer from the market's state: the key (when one is set) as `apiKey`,
@@ -145,6 +147,14 @@ extension DemoFeed {
         if number <= configuration.restFailures {
             return Self.restJSON(#"{"status":"ERROR","error":"temporarily unavailable"}"#, status: .serviceUnavailable)
         }
+        if let retryAfter = overLimit() {
+            restCounts.withLock { $0["limited", default: RestCount()].completed += 1 }
+            var response = Self.restJSON(
+                #"{"status":"ERROR","request_id":"demo","error":"You've exceeded the maximum requests per minute, please wait or upgrade your subscription to continue."}"#,
+                status: .tooManyRequests)
+            response.headers[.retryAfter] = String(retryAfter)
+            return response
+        }
         if !presentsKey(request) {
             restCounts.withLock { $0[countKey, default: RestCount()].unauthorized += 1 }
             return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
@@ -154,6 +164,20 @@ extension DemoFeed {
         }
         return Self.restJSON(text, status: .ok)
     }
+
+    /// Seconds until the minute's window ends when this request is past ``DemoFeedConfiguration/restPerMinute``.
+    private func overLimit() -> Int? {
+        guard let limit = configuration.restPerMinute else { return nil }
+        let now = WallClock.nowMilliseconds()
+        return restWindow.withLock { window in
+            if now - window.start >= 60_000 { window = (now, 0) }
+            window.count += 1
+            return window.count > limit ? Int((window.start + 60_000 - now + 999) / 1000) : nil
+        }
+    }
+
+    /// Requests answered 429 for the per-minute limit.
+    public var restLimited: Int { restCounts.withLock { $0["limited"]?.completed ?? 0 } }
 
     /// REST requests received, all endpoints together.
     public var restRequests: Int { restCounts.withLock { $0.values.reduce(0) { $0 + $1.started } } }

@@ -37,6 +37,8 @@ public final class DemoFeed: Service, Sendable {
     let restState = Mutex(RestState())
     /// REST requests per endpoint and ticker, and what became of them.
     let restCounts = Mutex<[String: RestCount]>([:])
+    /// The current minute's REST requests (``DemoFeedConfiguration/restPerMinute``): its start, its count.
+    let restWindow = Mutex<(start: Int64, count: Int)>((0, 0))
     /// What each market generated, for the REST history endpoints.
     let tapes: [Market: DemoTape]
     private let logger: Logger

@@ -43,6 +43,9 @@ public struct DemoFeedConfiguration: Sendable {
     public var restDelay: Duration?
     /// The first this-many REST requests are answered 503 (for testing retries).
     public var restFailures = 0
+    /// REST requests answered per minute (a plan's limit, e.g. 5 on Polygon's free plan); past it 429
+    /// with `Retry-After`, as the vendor does. `nil`: no limit.
+    public var restPerMinute: Int?
     /// Whether the feed keeps what it generated for 30 minutes, so that `/v3/trades`, `/v3/quotes` and
     /// minute aggregates answer with exactly the events it streamed (the relay's gap fill). Benchmarks at
     /// high rates turn it off.

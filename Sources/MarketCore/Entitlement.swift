@@ -25,6 +25,12 @@ public struct Entitlement: Sendable, Equatable {
         markets?.contains(market) ?? true
     }
 
+    /// Whether every topic of `market` may be read: the market is allowed and no pattern narrows it.
+    public func allowsWhole(market: Market) -> Bool {
+        guard allows(market: market) else { return false }
+        return marketPatterns[market] == nil && patterns == nil
+    }
+
     /// Whether `topic` may be subscribed on `market` (`nil`: the unqualified patterns).
     public func allows(_ topic: Topic, in market: Market? = nil) -> Bool {
         if let market {

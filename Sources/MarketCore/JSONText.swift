@@ -19,3 +19,133 @@ public enum JSONText {
         return out
     }
 }
+
+extension JSONText {
+    /// The members of one JSON object as the raw text of each value (a number's digits exactly as sent,
+    /// a string with its quotes, an array or object whole), for a relay that rewrites a vendor's event
+    /// into another of the vendor's shapes without passing prices through `Double`. `nil`: not one
+    /// well-formed object (nesting deeper than 32, a string left open, text after the object).
+    public static func members(of text: Substring) -> [String: Substring]? {
+        var scanner = Scanner(text: text)
+        return scanner.object()
+    }
+
+    /// A string value's text without its quotes (escapes left as written), `nil` if it is no string.
+    public static func unquoted(_ value: Substring?) -> Substring? {
+        guard let value, value.count >= 2, value.first == "\"", value.last == "\"" else { return nil }
+        return value.dropFirst().dropLast()
+    }
+
+    private struct Scanner {
+        let text: Substring
+        var index: Substring.Index
+
+        init(text: Substring) {
+            self.text = text
+            index = text.startIndex
+        }
+
+        mutating func object() -> [String: Substring]? {
+            skipSpace()
+            guard peek == "{" else { return nil }
+            advance()
+            var members: [String: Substring] = [:]
+            skipSpace()
+            if peek == "}" {
+                advance()
+                return finished() ? members : nil
+            }
+            while true {
+                skipSpace()
+                guard let keyText = string() else { return nil }
+                skipSpace()
+                guard peek == ":" else { return nil }
+                advance()
+                skipSpace()
+                let start = index
+                guard value(depth: 0) else { return nil }
+                members[String(keyText.dropFirst().dropLast())] = text[start..<index]
+                skipSpace()
+                if peek == "," {
+                    advance()
+                    continue
+                }
+                guard peek == "}" else { return nil }
+                advance()
+                return finished() ? members : nil
+            }
+        }
+
+        private mutating func finished() -> Bool {
+            skipSpace()
+            return index == text.endIndex
+        }
+
+        private var peek: Character? { index < text.endIndex ? text[index] : nil }
+
+        private mutating func advance() { index = text.index(after: index) }
+
+        private mutating func skipSpace() {
+            while let character = peek, character == " " || character == "\n" || character == "\r" || character == "\t" { advance() }
+        }
+
+        /// A string, quotes included.
+        private mutating func string() -> Substring? {
+            guard peek == "\"" else { return nil }
+            let start = index
+            advance()
+            while let character = peek {
+                advance()
+                if character == "\\" {
+                    guard peek != nil else { return nil }
+                    advance()
+                } else if character == "\"" {
+                    return text[start..<index]
+                }
+            }
+            return nil
+        }
+
+        private mutating func value(depth: Int) -> Bool {
+            guard depth < 32, let first = peek else { return false }
+            switch first {
+            case "\"": return string() != nil
+            case "{", "[":
+                let close: Character = first == "{" ? "}" : "]"
+                advance()
+                skipSpace()
+                if peek == close {
+                    advance()
+                    return true
+                }
+                while true {
+                    skipSpace()
+                    if first == "{" {
+                        guard string() != nil else { return false }
+                        skipSpace()
+                        guard peek == ":" else { return false }
+                        advance()
+                        skipSpace()
+                    }
+                    guard value(depth: depth + 1) else { return false }
+                    skipSpace()
+                    if peek == "," {
+                        advance()
+                        continue
+                    }
+                    guard peek == close else { return false }
+                    advance()
+                    return true
+                }
+            default:
+                // A number, true, false or null: its characters up to the next delimiter.
+                let start = index
+                while let character = peek, "-+.0123456789eEtrufalsn".contains(character) { advance() }
+                let word = text[start..<index]
+                if word.isEmpty { return false }
+                if word == "true" || word == "false" || word == "null" { return true }
+                return Double(word) != nil
+            }
+        }
+    }
+}

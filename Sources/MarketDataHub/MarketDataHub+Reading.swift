@@ -9,6 +9,13 @@ extension MarketDataHub {
     /// The last event seen on a ticker topic, if any.
     public func lastEvent(for topic: Topic) -> MarketEvent? { entries[topic]?.last }
 
+    /// The last event of a topic the market is subscribed to upstream now (itself or by its wildcard)
+    /// with no outage: a value that is current, as the REST gateway answers live. `nil` otherwise.
+    public func currentEvent(for topic: Topic) -> MarketEvent? {
+        guard outages.current == nil, wanted.topics.contains(topic) || wanted.topics.contains(.wildcard(topic.eventType)) else { return nil }
+        return entries[topic]?.last
+    }
+
     /// Topics the hub holds an entry for (subscribers or a last value).
     public var topicEntryCount: Int { entries.count }
 

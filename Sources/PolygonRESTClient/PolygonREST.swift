@@ -26,6 +26,9 @@ public struct PolygonREST: MarketReference {
     /// The largest body read; a larger one fails the request.
     public var maxBodyBytes = 16 << 20
     public let gate: RequestGate
+    /// The account's budget, shared with the REST gateway's clients: each attempt takes a token
+    /// (waiting as long as it takes), and a vendor's 429 pauses it for its `Retry-After`.
+    public var budget: RESTBudget?
     private let client: HTTPClient
 
     public init(
@@ -74,26 +77,29 @@ public struct PolygonREST: MarketReference {
             if attempt > 0 {
                 do { try await Task.sleep(for: backoff.delay(attempt: attempt - 1)) } catch { return .failure(.cancelled) }
             }
+            if let budget, await budget.take(priority, bounded: false) == .cancelled { return .failure(.cancelled) }
             do {
-                let (status, body) = try await gate.run(priority) { [client, apiKey, timeout, maxBodyBytes] in
+                let (status, body, retryAfter) = try await gate.run(priority) { [client, apiKey, timeout, maxBodyBytes] in
                     // The timeout covers the whole answer, its body too: AsyncHTTPClient's own ends at
                     // the head, and a body trickled a byte at a time would hold the request for ever.
-                    try await Self.within(timeout) {
+                    try await RESTDeadline.within(timeout) {
                         var request = HTTPClientRequest(url: url)
                         request.headers.add(name: "Accept", value: "application/json")
                         request.headers.add(name: "Authorization", value: "Bearer \(apiKey)")
                         let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
-                        return (Int(response.status.code), try await response.body.collect(upTo: maxBodyBytes))
+                        let retryAfter = response.headers.first(name: "Retry-After").flatMap { Int($0) }
+                        return (Int(response.status.code), try await response.body.collect(upTo: maxBodyBytes), retryAfter)
                     }
                 }
                 if (200..<300).contains(status) { return .success(body) }
                 last = .status(status, String(buffer: body))
+                if status == 429, let budget { await budget.pause(for: .seconds(retryAfter ?? 1)) }
                 if status != 429 && status < 500 { return .failure(last) }
             } catch {
                 if Task.isCancelled || error is CancellationError { return .failure(.cancelled) }
                 // A server that took the whole timeout without a whole answer (a trickled body) is not
                 // asked again: each attempt would hold the caller as long again.
-                if error is TimedOut { return .failure(.transport("\(error)")) }
+                if error is RESTDeadline.TimedOut { return .failure(.transport("\(error)")) }
                 last = .transport("\(error)")
                 // The relay is stopping: no later attempt can succeed.
                 if let error = error as? HTTPClientError, error == .alreadyShutdown { return .failure(last) }
@@ -105,26 +111,6 @@ public struct PolygonREST: MarketReference {
     /// The body of a `next_url` a page named (Polygon's paging: an opaque `cursor`, and no key, which
     /// the request carries in its header again). Only a URL on the API's own host is followed, so a
     /// page can never send the key elsewhere.
-    /// The whole of `operation` within `limit`, else ``TimedOut`` (the operation is cancelled: an
-    /// AsyncHTTPClient request closes its connection).
-    static func within<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
-        try await withThrowingTaskGroup(of: T.self) { group in
-            group.addTask { try await operation() }
-            group.addTask {
-                try await Task.sleep(for: limit)
-                throw TimedOut(limit: limit)
-            }
-            defer { group.cancelAll() }
-            guard let first = try await group.next() else { throw CancellationError() }
-            return first
-        }
-    }
-
-    struct TimedOut: Error, CustomStringConvertible {
-        var limit: Duration
-        var description: String { "no whole answer within \(limit.components.seconds) s" }
-    }
-
     public func get(nextURL: String, priority: RequestGate.Priority = .foreground) async -> Result<ByteBuffer, FetchError> {
         let base: String
         do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }

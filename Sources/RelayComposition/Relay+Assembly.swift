@@ -11,6 +11,7 @@ import NIOPosix
 import MarketREST
 import PolygonRESTClient
 import PolygonWire
+import RESTGateway
 import Portfolio
 import PortfolioData
 import PortfolioDomain
@@ -37,6 +38,8 @@ extension Relay {
         var restURL: (@Sendable () async throws -> String)?
         /// The key REST requests carry.
         var restKey: String
+        /// The account's REST budget, shared by the gateway's clients, gap fill and the portfolio.
+        var restBudget: RESTBudget?
     }
 
     /// Each market's running parts, its cluster node (when clustered) and its gap filler (with a REST API).
@@ -244,11 +247,11 @@ extension Relay {
             // The demo feed's REST wants its own key; another source the REST API's own key
             // (`--rest-key`) when one is given, else the market's upstream key.
             let key = upstream.demoFeed != nil || settings.upstreamRESTKey != nil || source.apiKey.isEmpty ? upstream.restKey : source.apiKey
+            var client = PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: rest.shared())
+            client.budget = upstream.restBudget
             assembly.gapFillers[source.market] = GapFiller(
                 market: source.market, hub: hub,
-                history: PolygonHistory(
-                    market: source.market,
-                    rest: PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: rest.shared())),
+                history: PolygonHistory(market: source.market, rest: client),
                 pace: gapFillPace, settings: gapFill, metricsFactory: marketMetrics, logger: logger.with(label: "relay.gap-fill.\(source.market)"))
         }
         guard let cluster = settings.cluster else {
@@ -295,7 +298,11 @@ extension Relay {
             throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
         }
         let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
-        let client = upstream.restURL.map { PolygonREST(resolvingBaseURL: $0, apiKey: upstream.restKey, client: rest.shared()) }
+        let client = upstream.restURL.map { url in
+            var client = PolygonREST(resolvingBaseURL: url, apiKey: upstream.restKey, client: rest.shared())
+            client.budget = upstream.restBudget
+            return client
+        }
         let service = PortfolioService(
             store: store, hubs: hubs, calendar: calendar, rule: PriceRule(staleAfter: portfolioSettings.staleAfterSeconds),
             pushInterval: .milliseconds(portfolioSettings.pushIntervalMilliseconds),
@@ -309,6 +316,35 @@ extension Relay {
         return Sidecar(service: service, browser: browser, lock: lock, routes: PortfolioRoutes(service: service, browser: browser))
     }
 
+    /// The REST gateway for the account's REST API, when there is one and a Polygon market: its
+    /// dialect, the budget gap fill and the portfolio share, the cache file, the served markets' values.
+    func makeGateways(
+        _ upstream: UpstreamSources, rest: RESTClientBox, markets: [MarketParts], metricsFactory: PrometheusMetricsFactory
+    ) -> [RESTGateway] {
+        guard let gatewaySettings = settings.gateway, let restURL = upstream.restURL, let budget = upstream.restBudget,
+            markets.contains(where: { $0.plan.vendor == .polygon })
+        else { return [] }
+        var cache: GatewayCache?
+        if let path = gatewaySettings.cachePath {
+            do {
+                cache = try GatewayCache(path: path, maxBytes: gatewaySettings.cacheBytes)
+            } catch {
+                logger.warning("REST gateway: no cache (\(path) could not be opened: \(error)); every answer comes from the vendor")
+            }
+        }
+        var gatewayConfiguration = RESTGateway.Settings()
+        gatewayConfiguration.timeout = gatewaySettings.timeout
+        gatewayConfiguration.referenceTTL = gatewaySettings.referenceTTL
+        let gateway = RESTGateway(
+            dialect: PolygonGatewayDialect(referenceTTL: gatewaySettings.referenceTTL), upstreamBase: restURL,
+            credentials: RESTCredentials(key: upstream.restKey), budget: budget, cache: cache,
+            values: ServedLiveValues(markets: markets.map(Self.served)), settings: gatewayConfiguration, client: rest.shared(),
+            metricsFactory: metricsFactory, logger: logger.with(label: "relay.rest-gateway"))
+        logger.info(
+            "REST gateway on", metadata: ["budget": "\(budget.rate)", "cache": "\(cache?.path ?? "none")"])
+        return [gateway]
+    }
+
     /// What the server serves of a market: its hub, its source's health, its recording.
     private static func served(_ parts: MarketParts) -> ServedMarket {
         var tape = parts.clusterTape
@@ -318,9 +354,12 @@ extension Relay {
 
     /// The downstream server: every market's routes, the portfolio's, metrics and the dashboard.
     func makeServer(
-        authentication: ClientAuthentication, markets: [MarketParts], routes: PortfolioRoutes?, registry: PrometheusCollectorRegistry
+        authentication: ClientAuthentication, markets: [MarketParts], routes: PortfolioRoutes?, registry: PrometheusCollectorRegistry,
+        gateways: [RESTGateway] = []
     ) -> RelayServer {
         var configuration = RelayServerConfiguration(host: settings.listen.host, port: settings.listen.port, authentication: authentication)
+        configuration.gateways = gateways
+        configuration.restPublicURL = settings.gateway?.publicURL
         configuration.metricsPublic = settings.metricsPublic
         configuration.limits = settings.limits
         configuration.cappedTickers = settings.optionsContracts

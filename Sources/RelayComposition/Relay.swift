@@ -14,6 +14,7 @@ import Portfolio
 import PortfolioData
 import PortfolioDomain
 import PolygonRESTClient
+import MarketREST
 import PortfolioHTTP
 import RelayConfiguration
 import Prometheus
@@ -175,7 +176,10 @@ public final class Relay: Service, Sendable {
         }
         let registry = PrometheusCollectorRegistry()
         let metricsFactory = PrometheusMetricsFactory(registry: registry)
-        let upstream = try upstreamSources()
+        var upstream = try upstreamSources()
+        if let gateway = settings.gateway, upstream.restURL != nil {
+            upstream.restBudget = RESTBudget(rate: gateway.budget, maxWaiting: gateway.queue, maxWait: gateway.maxWait)
+        }
         let rest = RESTClientBox()
         let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
         for market in assembly.markets { await goOnFromTape(market) }
@@ -193,7 +197,9 @@ public final class Relay: Service, Sendable {
                 await filler.start(into: InboxOutlet { try? await link.upstream().inbox })
             }
         }
-        let server = makeServer(authentication: authentication, markets: assembly.markets, routes: sidecar.routes, registry: registry)
+        let gateways = makeGateways(upstream, rest: rest, markets: assembly.markets, metricsFactory: metricsFactory)
+        let server = makeServer(
+            authentication: authentication, markets: assembly.markets, routes: sidecar.routes, registry: registry, gateways: gateways)
         for market in assembly.markets { await restoreSessions(market, into: server) }
         let checkpoint = Task { await checkpointSessions(of: server, markets: assembly.markets) }
         // Start order; they stop in reverse.

@@ -6,6 +6,7 @@ import GapFill
 import Logging
 import MarketDataHub
 import MarketCore
+import MarketREST
 import RelayServer
 import SystemPackage
 import Yams
@@ -63,6 +64,8 @@ public struct RelaySettings: Sendable {
     /// settings are made in code records only when given one, so that embedders and tests do not share
     /// `./data/tape` (and go on from each other's runs).
     public var tape: TapeSettings?
+    /// The REST gateway (`nil`: off; on by default when read from flags, environment and file).
+    public var gateway: GatewaySettings?
     /// A recorded day replayed instead of the live upstreams (`nil`: live). A replay does not record.
     public var replay: ReplaySettings?
     /// Tagged sessions: how long, how far back, how many.
@@ -226,6 +229,7 @@ public struct RelaySettings: Sendable {
         if settings.history != nil { settings.resume = try ResumeSettings(reading: config) }
         settings.gapFill = try GapFillSettings(reading: config)
         settings.tape = try TapeSettings(reading: config)
+        settings.gateway = try GatewaySettings(reading: config)
         settings.replay = try ReplaySettings(reading: config)
         if settings.replay != nil { settings.tape = nil }
         try settings.limits.read(config)
@@ -425,7 +429,7 @@ public struct RelaySettings: Sendable {
             guard let fields = entry as? [String: Any] else {
                 throw InvalidSetting(description: "client.keys[\(index)]: a key string or a mapping with name and key")
             }
-            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio", "conflate"]
+            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio", "conflate", "rest", "restRate"]
             if let unknown = fields.keys.first(where: { !known.contains($0) }) {
                 throw InvalidSetting(description: "client.keys[\(index)]: unknown field \(unknown) (one of \(known.sorted().joined(separator: ", ")))")
             }
@@ -462,12 +466,24 @@ public struct RelaySettings: Sendable {
                 conflation = value
             }
             do {
-                keyed.append(
-                    try ClientKey(
-                        name: name, secret: secret, topics: topics, markets: markets, maxConnections: maxConnections, portfolio: portfolio,
-                        conflation: conflation))
+                var key = try ClientKey(
+                    name: name, secret: secret, topics: topics, markets: markets, maxConnections: maxConnections, portfolio: portfolio,
+                    conflation: conflation)
+                if let raw = fields["rest"] {
+                    guard let value = raw as? Bool else { throw InvalidSetting(description: "client key \(name): rest is true or false") }
+                    key.rest = value
+                }
+                if let raw = fields["restRate"] {
+                    guard let rate = RESTRate(parsing: "\(raw)") else {
+                        throw InvalidSetting(description: "client key \(name): restRate is a rate such as 60/min or 5/s, got \(raw)")
+                    }
+                    key.restRate = rate
+                }
+                keyed.append(key)
+            } catch let error as InvalidSetting {
+                throw error
             } catch {
-                throw InvalidSetting(description: error.description)
+                throw InvalidSetting(description: "\(error)")
             }
         }
         let names = keyed.map(\.name)

@@ -1,5 +1,6 @@
 import Cluster
 import Configuration
+import MarketREST
 import Foundation
 import GapFill
 import Logging
@@ -70,6 +71,58 @@ extension GapFillSettings {
         if let value = try config.positive("gapFill.pagesPerTopic") { pagesPerTopic = value }
         if let value = try config.positive("gapFill.maxDurationSeconds") { maxDuration = .seconds(value) }
         if let value = try config.positive("gapFill.requestTimeoutSeconds") { requestTimeout = .seconds(value) }
+    }
+}
+
+/// The REST gateway (``RelaySettings/gateway``): the account's budget, the waits it allows, the cache.
+public struct GatewaySettings: Sendable, Equatable {
+    /// The account's plan: requests per second or minute, shared by every client, gap fill and the portfolio.
+    public var budget = RESTRate(requests: 100, per: .seconds(1))
+    /// Requests waiting for the budget at most; past it a client gets 429.
+    public var queue = 256
+    /// The longest a client's request waits for the budget; longer is a 429 with `Retry-After`.
+    public var maxWait: Duration = .seconds(10)
+    /// The whole upstream answer; past it the client gets 504.
+    public var timeout: Duration = .seconds(10)
+    /// The cache's file (`nil`: no cache), and its bound in bytes.
+    public var cachePath: String?
+    public var cacheBytes = 256 << 20
+    /// How long reference data is kept.
+    public var referenceTTL: Duration = .seconds(3600)
+    /// The address clients reach the relay at, for a page's `next_url` (`nil`: the `Host` they send).
+    public var publicURL: String?
+
+    public init() {}
+}
+
+extension GatewaySettings {
+    /// `rest.*`; `nil` with `rest.gateway` false.
+    init?(reading config: ConfigReader) throws {
+        guard config.bool(forKey: "rest.gateway") != false else { return nil }
+        self.init()
+        if let text = config.string(forKey: "rest.budget"), !text.isEmpty {
+            guard let rate = RESTRate(parsing: text) else {
+                throw RelaySettings.InvalidSetting(description: "rest.budget: a rate such as 5/min or 100/s, got \(text)")
+            }
+            budget = rate
+        }
+        if let value = try config.positive("rest.queue") { queue = value }
+        if let value = try config.positive("rest.maxWaitSeconds") { maxWait = .seconds(value) }
+        if let value = try config.positive("rest.timeoutSeconds") { timeout = .seconds(value) }
+        if let value = try config.positive("rest.cacheMB") { cacheBytes = value << 20 }
+        if let value = try config.positive("rest.referenceTTLSeconds") { referenceTTL = .seconds(value) }
+        if let path = config.string(forKey: "rest.cachePath"), !path.isEmpty {
+            cachePath = path
+        } else {
+            let data = config.string(forKey: "portfolio.dataDir").flatMap { $0.isEmpty ? nil : $0 } ?? "./data"
+            cachePath = data.hasSuffix("/") ? "\(data)rest-cache.sqlite" : "\(data)/rest-cache.sqlite"
+        }
+        if let url = config.string(forKey: "rest.publicURL"), !url.isEmpty {
+            guard let parsed = URL(string: url), parsed.scheme == "http" || parsed.scheme == "https", parsed.host != nil, parsed.path.isEmpty || parsed.path == "/" else {
+                throw RelaySettings.InvalidSetting(description: "rest.publicURL: http(s)://host[:port], got \(url)")
+            }
+            publicURL = url.hasSuffix("/") ? String(url.dropLast()) : url
+        }
     }
 }
 

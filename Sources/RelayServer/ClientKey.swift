@@ -1,5 +1,6 @@
 import Crypto
 import MarketCore
+import MarketREST
 
 /// One downstream client key and its rights. Value type, `Sendable`.
 ///
@@ -25,6 +26,10 @@ public struct ClientKey: Sendable, Equatable {
     public var portfolio: PortfolioRight
     /// Whether its connections' state events are merged (`conflate` in the key file).
     public var conflation: KeyConflation
+    /// Whether it may use the REST gateway (`rest` in the key file; default yes).
+    public var rest = true
+    /// Its own REST rate (`restRate`, e.g. `60/min`), within the account's budget; `nil`: none of its own.
+    public var restRate: RESTRate?
 
     /// Why a key definition cannot be used, named for the person who wrote it.
     public struct Invalid: Error, Sendable, CustomStringConvertible {

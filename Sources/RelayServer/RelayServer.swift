@@ -42,6 +42,7 @@ public final class RelayServer: Service, Sendable {
     /// Each loop's limit on connections with hub changes under way.
     private let hubSlots = PerLoop { _ in HubChangeSlots<MarketConnection>(limit: RelayServer.hubChangesPerLoop) }
     private let statusBoard: StatusBoard
+    let keyQuotas = KeyQuotas()
     let dashboard: Dashboard
 
     /// - Parameters:
@@ -309,12 +310,18 @@ public final class RelayServer: Service, Sendable {
             return try Self.json(status, status: .ok)
         }
         keyed.get("/v1/last/**") { request, context in
+            // Polygon's `/v1/last/crypto/{from}/{to}` is the REST gateway's; the rest are the relay's own.
+            let rest = context.parameters.getCatchAll()
+            if rest.count == 3, rest[0] == "crypto", !rest[1].contains("."), self.gateway(for: request.uri.path) != nil {
+                return await self.gatewayAnswer(request, context: context)
+            }
             // The key's topics hold here as on the WebSocket.
             let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
             return try await self.lastEvent(
                 context.parameters.getCatchAll().joined(separator: "/"), entitlement: key?.entitlement ?? .everything,
                 accept: request.headers[.accept])
         }
+        addGateways(to: keyed)
         // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
         extraRoutes(router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true)))
 

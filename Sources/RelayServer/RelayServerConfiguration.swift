@@ -1,3 +1,4 @@
+import RESTGateway
 import MarketCore
 
 /// How the downstream server listens and whom it lets in. Value type, `Sendable`.
@@ -95,6 +96,12 @@ public struct RelayServerConfiguration: Sendable {
             self.privateKeyPath = privateKeyPath
         }
     }
+
+    /// The REST gateways (one per upstream account), served at their vendors' paths.
+    public var gateways: [RESTGateway] = []
+    /// The address a client reaches the relay at, for the links a REST page carries back
+    /// (`rest.publicURL`); `nil`: the `Host` the client sent.
+    public var restPublicURL: String?
 
     public init(
         host: String = "127.0.0.1",

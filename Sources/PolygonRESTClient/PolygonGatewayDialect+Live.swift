@@ -1,0 +1,146 @@
+import Foundation
+import MarketCore
+import NIOCore
+import RESTGateway
+
+/// Live answers in Polygon's REST shapes, built from the WebSocket events the relay holds. The field
+/// names differ between the two (REST last trade and quote carry `t` in nanoseconds, the WebSocket in
+/// milliseconds: multiplied, so the digits below the millisecond are zero); numbers are copied as their
+/// text, never through `Double`.
+extension PolygonGatewayDialect {
+    public func live(_ route: GatewayRoute, values: any LiveValues, fetch: @Sendable (String) async -> GatewayAnswer) async -> ByteBuffer? {
+        guard case .topics(let market, let topics) = route.scope, let topic = topics.first else { return nil }
+        switch route.name {
+        case "last-trade":
+            guard let trade = await Self.fields(values.held(topic, in: market)) else { return nil }
+            return Self.envelope("results", Self.restTrade(trade, ticker: topic.ticker))
+        case "last-quote":
+            guard let quote = await Self.fields(values.held(topic, in: market)) else { return nil }
+            return Self.envelope("results", Self.restQuote(quote, ticker: topic.ticker))
+        case "last-crypto":
+            guard let trade = await Self.fields(values.held(topic, in: market)) else { return nil }
+            let last = Self.object([
+                ("conditions", trade["c"]), ("exchange", trade["x"]), ("price", trade["p"]), ("size", trade["s"]), ("timestamp", trade["t"]),
+            ])
+            return ByteBuffer(string: #"{"last":\#(last),"request_id":"relay","status":"success","symbol":"\#(JSONText.escape(topic.ticker))"}"#)
+        case "snapshot-ticker":
+            return await snapshot(topic.ticker, market: market, values: values, fetch: fetch)
+        default:
+            return nil
+        }
+    }
+
+    /// `/v2/snapshot/locale/us/markets/stocks/tickers/{t}` from the held trade (required), quote and
+    /// minute bar, and the previous day's bar (cached until the next 08:00 UTC: one upstream call per
+    /// ticker a day). The stream carries no day high and low: `day` has the official open, volume and
+    /// VWAP of the latest minute bar and the last trade as its close.
+    func snapshot(_ ticker: String, market: Market, values: any LiveValues, fetch: @Sendable (String) async -> GatewayAnswer) async -> ByteBuffer? {
+        guard let trade = await Self.fields(values.held(Topic(checkedEventType: "T", ticker: ticker), in: market)) else { return nil }
+        let quote = await Self.fields(values.held(Topic(checkedEventType: "Q", ticker: ticker), in: market))
+        let minute = await Self.fields(values.held(Topic(checkedEventType: "AM", ticker: ticker), in: market))
+        let previous = await fetch("/v2/aggs/ticker/\(PolygonREST.escaped(ticker))/prev?adjusted=true")
+        var previousBar: [String: String]?
+        if previous.status == 200, let body = JSONText.members(of: Substring(String(buffer: previous.body))),
+            let results = body["results"], results.hasPrefix("["), results.count > 2
+        {
+            previousBar = JSONText.members(of: Self.firstElement(results))?.mapValues { String($0) }
+        }
+        var members: [(String, String?)] = [("ticker", "\"\(JSONText.escape(ticker))\"")]
+        if let minute {
+            members.append(("day", Self.object([("o", minute["op"]), ("c", trade["p"]), ("v", minute["av"]), ("vw", minute["a"])])))
+            members.append(("min", Self.object([
+                ("av", minute["av"]), ("o", minute["o"]), ("h", minute["h"]), ("l", minute["l"]), ("c", minute["c"]), ("v", minute["v"]),
+                ("vw", minute["vw"]), ("t", minute["s"]),
+            ])))
+        }
+        if let quote {
+            members.append(("lastQuote", Self.object([
+                ("P", quote["ap"]), ("S", quote["as"]), ("p", quote["bp"]), ("s", quote["bs"]), ("t", Self.nanoseconds(quote["t"])),
+            ])))
+        }
+        members.append(("lastTrade", Self.object([
+            ("c", trade["c"]), ("i", trade["i"]), ("p", trade["p"]), ("s", trade["s"]), ("t", Self.nanoseconds(trade["t"])), ("x", trade["x"]),
+        ])))
+        if let previousBar {
+            members.append(("prevDay", Self.object([
+                ("o", previousBar["o"]), ("h", previousBar["h"]), ("l", previousBar["l"]), ("c", previousBar["c"]), ("v", previousBar["v"]),
+                ("vw", previousBar["vw"]),
+            ])))
+            if let close = previousBar["c"].flatMap({ Decimal(string: $0) }), close > 0, let last = trade["p"].flatMap({ Decimal(string: $0) }) {
+                let change = last - close
+                var percent = change / close * 100
+                var rounded = Decimal()
+                NSDecimalRound(&rounded, &percent, 6, .plain)
+                members.append(("todaysChange", "\(change)"))
+                members.append(("todaysChangePerc", "\(rounded)"))
+            }
+        }
+        let updated = [trade["t"], quote?["t"]].compactMap { $0.flatMap { Int64($0) } }.max()
+        members.append(("updated", updated.map { String($0 * 1_000_000) }))
+        return ByteBuffer(string: #"{"request_id":"relay","status":"OK","ticker":\#(Self.object(members))}"#)
+    }
+
+    /// REST last trade's `results` from a WebSocket trade.
+    static func restTrade(_ trade: [String: String], ticker: String) -> String {
+        object([
+            ("T", "\"\(JSONText.escape(ticker))\""), ("c", trade["c"]), ("f", nanoseconds(trade["trft"])), ("i", trade["i"]), ("p", trade["p"]),
+            ("q", trade["q"]), ("r", trade["trfi"]), ("s", trade["s"]), ("t", nanoseconds(trade["t"])), ("x", trade["x"]), ("z", trade["z"]),
+        ])
+    }
+
+    /// REST last quote's `results` (the NBBO) from a WebSocket quote: its one condition as a list.
+    static func restQuote(_ quote: [String: String], ticker: String) -> String {
+        object([
+            ("T", "\"\(JSONText.escape(ticker))\""), ("P", quote["ap"]), ("S", quote["as"]), ("X", quote["ax"]),
+            ("c", quote["c"].map { $0.hasPrefix("[") ? $0 : "[\($0)]" }), ("i", quote["i"]), ("p", quote["bp"]), ("q", quote["q"]),
+            ("s", quote["bs"]), ("t", nanoseconds(quote["t"])), ("x", quote["bx"]), ("z", quote["z"]),
+        ])
+    }
+
+    /// The members of a held event, `nil` when none is held or it is not one JSON object.
+    static func fields(_ event: MarketEvent?) -> [String: String]? {
+        guard let event else { return nil }
+        return JSONText.members(of: Substring(String(buffer: event.bytes)))?.mapValues { String($0) }
+    }
+
+    static func envelope(_ key: String, _ results: String) -> ByteBuffer {
+        ByteBuffer(string: #"{"request_id":"relay","status":"OK","\#(key)":\#(results)}"#)
+    }
+
+    /// A JSON object of the members that have a value.
+    static func object(_ members: [(String, String?)]) -> String {
+        "{" + members.compactMap { name, value in value.map { "\"\(name)\":\($0)" } }.joined(separator: ",") + "}"
+    }
+
+    /// Milliseconds as nanoseconds (a whole number of milliseconds only).
+    static func nanoseconds(_ milliseconds: String?) -> String? {
+        milliseconds.flatMap { Int64($0) }.map { String($0 * 1_000_000) }
+    }
+
+    /// The first element of a JSON array's text.
+    static func firstElement(_ array: Substring) -> Substring {
+        var depth = 0
+        var inString = false
+        var escaped = false
+        let start = array.index(after: array.startIndex)
+        var index = start
+        while index < array.endIndex {
+            let character = array[index]
+            if inString {
+                if escaped { escaped = false } else if character == "\\" { escaped = true } else if character == "\"" { inString = false }
+            } else if character == "\"" {
+                inString = true
+            } else if character == "{" || character == "[" {
+                depth += 1
+            } else if character == "}" || character == "]" {
+                if depth == 0 { return array[start..<index] }
+                depth -= 1
+                if depth == 0 { return array[start...index] }
+            } else if character == ",", depth == 0 {
+                return array[start..<index]
+            }
+            index = array.index(after: index)
+        }
+        return array[start..<index]
+    }
+}

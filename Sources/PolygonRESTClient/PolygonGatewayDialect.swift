@@ -1,0 +1,347 @@
+import Foundation
+import MarketCore
+import MarketREST
+import NIOCore
+import RESTGateway
+
+/// Polygon's (and Massive's) REST API as the relay's gateway serves it.
+///
+/// - **Live** from the stream when the relay holds the ticker: `/v2/last/trade/{t}`, `/v2/last/nbbo/{t}`,
+///   `/v1/last/crypto/{from}/{to}`, `/v2/snapshot/locale/us/markets/stocks/tickers/{t}`.
+/// - **Cached**: bars, open/close and grouped bars of closed days (a day is closed 6 hours after it ends
+///   in UTC: New York's after-hours end at 01:00 UTC); split-adjusted ones (the default) only until the
+///   next 08:00 UTC, since splits take effect before a session opens; trades and quotes of windows that
+///   end on a closed day, and the pages their `next_url`s name; the previous day's bar until the next
+///   08:00 UTC; reference data (tickers, exchanges, conditions, holidays, financials) for the
+///   reference TTL.
+/// - **Passed through**, one call for identical requests in flight: everything else of today.
+///
+/// `Sendable`, a value type.
+public struct PolygonGatewayDialect: GatewayDialect {
+    public var referenceTTL: Duration
+
+    public init(referenceTTL: Duration = .seconds(3600)) {
+        self.referenceTTL = referenceTTL
+    }
+
+    public var name: String { "polygon" }
+
+    public var pathPrefixes: [String] { ["/v1", "/v2", "/v3", "/vX"] }
+
+    public var routeList: [String] {
+        [
+            "/v2/last/trade/{ticker}", "/v2/last/nbbo/{ticker}", "/v1/last/crypto/{from}/{to}", "/v1/last_quote/currencies/{from}/{to}",
+            "/v2/snapshot/locale/{locale}/markets/{market}/tickers[/{ticker}]", "/v2/snapshot/locale/us/markets/stocks/{gainers|losers}",
+            "/v3/snapshot[/options/{underlying}[/{contract}]|/indices]", "/v2/aggs/ticker/{ticker}/range/{multiplier}/{timespan}/{from}/{to}",
+            "/v2/aggs/ticker/{ticker}/prev", "/v2/aggs/grouped/locale/us/market/{market}/{date}", "/v1/open-close/{ticker}/{date}",
+            "/v1/open-close/crypto/{from}/{to}/{date}", "/v3/trades/{ticker}", "/v3/quotes/{ticker}", "/v1/indicators/{kind}/{ticker}",
+            "/v1/marketstatus/{now|upcoming}", "/v1/conversion/{from}/{to}", "/v1/summaries", "/v1/related-companies/{ticker}",
+            "/v2/reference/news", "/v3/reference/...", "/vX/reference/...", "/v1/reference/...",
+        ]
+    }
+
+    // MARK: routes
+
+    public func route(_ request: GatewayRequest, now: Int64) -> Result<GatewayRoute, GatewayProblem> {
+        let segments: [String]
+        switch Self.segments(of: request.path) {
+        case .success(let parsed): segments = parsed
+        case .failure(let problem): return .failure(problem)
+        }
+        let query: [(name: String, value: String)]
+        switch Self.checkedQuery(request.query) {
+        case .success(let checked): query = checked
+        case .failure(let problem): return .failure(problem)
+        }
+        let upstream = Self.upstream(segments, query)
+        func route(_ name: String, _ scope: RouteScope, _ policy: CachePolicy, _ priority: RequestGate.Priority = .background, live: Bool = false)
+            -> Result<GatewayRoute, GatewayProblem>
+        {
+            .success(GatewayRoute(name: name, scope: scope, policy: policy, priority: priority, upstream: upstream, live: live))
+        }
+        // A page a cached answer named is cached as that answer was.
+        let paged: (CachePolicy) -> CachePolicy = { policy in
+            if let cursor = request.parameter("cursor") { return .cursor(cursor) }
+            return policy
+        }
+        let s = segments
+        switch (s.count, s.first) {
+        case (4, "v2") where s[1] == "last" && s[2] == "trade":
+            return route("last-trade", Self.scope(s[3], types: .trade), .pass, .foreground, live: true)
+        case (4, "v2") where s[1] == "last" && s[2] == "nbbo":
+            return route("last-quote", Self.scope(s[3], types: .quote), .pass, .foreground, live: true)
+        case (5, "v1") where s[1] == "last" && s[2] == "crypto":
+            return route("last-crypto", .topics(.crypto, [Topic(checkedEventType: "XT", ticker: "\(s[3])-\(s[4])".uppercased())]), .pass, .foreground, live: true)
+        case (5, "v1") where s[1] == "last_quote" && s[2] == "currencies":
+            return route("last-forex", .topics(.forex, [Topic(checkedEventType: "C", ticker: "\(s[3])/\(s[4])".uppercased())]), .pass, .foreground)
+        case (_, "v2") where s.count >= 6 && s[1] == "snapshot" && s[2] == "locale" && s[4] == "markets":
+            guard let market = Self.snapshotMarket(s[5]) else { return .failure(.notFound("no snapshot of market \(s[5])")) }
+            if s.count == 8, s[6] == "tickers" {
+                return route("snapshot-ticker", Self.scope(s[7], types: .trade), .pass, .foreground, live: market == .stocks && s[3] == "us")
+            }
+            if s.count == 7, s[6] == "tickers" {
+                if let tickers = request.parameter("tickers"), !tickers.isEmpty {
+                    return route("snapshot-tickers", Self.scope(list: tickers, market: market), .pass, .foreground)
+                }
+                return route("snapshot-market", .markets([market]), .pass, .foreground)
+            }
+            if s.count == 7, s[6] == "gainers" || s[6] == "losers" { return route("snapshot-movers", .markets([market]), .pass, .foreground) }
+            return .failure(.notFound("no snapshot route \(request.path)"))
+        case (_, "v3") where s.count >= 2 && s[1] == "snapshot":
+            if s.count == 2 {
+                if let tickers = request.parameter("ticker.any_of") ?? request.parameter("ticker"), !tickers.isEmpty {
+                    return route("snapshot-unified", Self.scope(list: tickers, market: nil), .pass, .foreground)
+                }
+                return route("snapshot-unified", .markets(Market.allCases), .pass, .foreground)
+            }
+            if s.count == 3, s[2] == "indices" {
+                if let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty {
+                    return route("snapshot-indices", Self.scope(list: tickers, market: .indices), .pass, .foreground)
+                }
+                return route("snapshot-indices", .markets([.indices]), .pass, .foreground)
+            }
+            if s.count == 4, s[2] == "options" { return route("snapshot-options", .markets([.options]), .pass, .foreground) }
+            if s.count == 5, s[2] == "options" { return route("snapshot-option", Self.scope(s[4], types: .trade), .pass, .foreground) }
+            return .failure(.notFound("no snapshot route \(request.path)"))
+        case (9, "v2") where s[1] == "aggs" && s[2] == "ticker" && s[4] == "range":
+            guard let multiplier = Int(s[5]), multiplier >= 1 else { return .failure(.badRequest("multiplier: a whole number ≥ 1, got \(s[5])")) }
+            _ = multiplier
+            guard Self.timespans.contains(s[6]) else {
+                return .failure(.badRequest("timespan: one of \(Self.timespans.sorted().joined(separator: ", ")), got \(s[6])"))
+            }
+            guard let from = Self.day(s[7]), let to = Self.day(s[8]) else {
+                return .failure(.badRequest("from and to: YYYY-MM-DD or Unix milliseconds, got \(s[7]) and \(s[8])"))
+            }
+            guard from <= to else { return .failure(.badRequest("from (\(s[7])) is after to (\(s[8]))")) }
+            return route("aggregates", Self.scope(s[3], types: .bar), paged(Self.barPolicy(closedDay: to, request: request, now: now)))
+        case (5, "v2") where s[1] == "aggs" && s[2] == "ticker" && s[4] == "prev":
+            return route("previous-close", Self.scope(s[3], types: .bar), .until(Self.next0800(after: now)), .foreground)
+        case (8, "v2") where s[1] == "aggs" && s[2] == "grouped" && s[3] == "locale" && s[5] == "market":
+            guard let market = Self.snapshotMarket(s[6]) else { return .failure(.notFound("no grouped bars of market \(s[6])")) }
+            guard let day = Self.day(s[7]) else { return .failure(.badRequest("date: YYYY-MM-DD, got \(s[7])")) }
+            return route("grouped", .markets([market]), Self.barPolicy(closedDay: day, request: request, now: now))
+        case (4, "v1") where s[1] == "open-close":
+            guard let day = Self.day(s[3]) else { return .failure(.badRequest("date: YYYY-MM-DD, got \(s[3])")) }
+            return route("open-close", Self.scope(s[2], types: .bar), Self.barPolicy(closedDay: day, request: request, now: now))
+        case (6, "v1") where s[1] == "open-close" && s[2] == "crypto":
+            guard let day = Self.day(s[5]) else { return .failure(.badRequest("date: YYYY-MM-DD, got \(s[5])")) }
+            let topic = Topic(checkedEventType: "XA", ticker: "\(s[3])-\(s[4])".uppercased())
+            return route("open-close", .topics(.crypto, [topic]), Self.barPolicy(closedDay: day, request: request, now: now))
+        case (3, "v3") where s[1] == "trades" || s[1] == "quotes":
+            let trades = s[1] == "trades"
+            switch Self.windowEnd(request) {
+            case .failure(let problem): return .failure(problem)
+            case .success(let end):
+                let policy: CachePolicy = end.map { Self.isClosed(day: $0, now: now) } == true ? .forever : .pass
+                return route(s[1], Self.scope(s[2], types: trades ? .trade : .quote), paged(policy))
+            }
+        case (4, "v1") where s[1] == "indicators":
+            return route("indicators", Self.scope(s[3], types: .bar), .pass)
+        case (3, "v1") where s[1] == "marketstatus" && s[2] == "now":
+            return route("market-status", .reference, .pass, .foreground)
+        case (3, "v1") where s[1] == "marketstatus" && s[2] == "upcoming":
+            return route("market-holidays", .reference, .until(now + referenceTTL.milliseconds))
+        case (4, "v1") where s[1] == "conversion":
+            return route("conversion", .topics(.forex, [Topic(checkedEventType: "C", ticker: "\(s[2])/\(s[3])".uppercased())]), .pass, .foreground)
+        case (2, "v1") where s[1] == "summaries":
+            guard let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty else { return route("summaries", .markets(Market.allCases), .pass) }
+            return route("summaries", Self.scope(list: tickers, market: nil), .pass)
+        case (3, "v1") where s[1] == "related-companies":
+            return route("reference", .reference, .until(now + referenceTTL.milliseconds))
+        case (3, "v2") where s[1] == "reference" && s[2] == "news":
+            return route("news", .reference, .pass)
+        case (_, _) where s.count >= 3 && s[1] == "reference" && ["v1", "v3", "vX"].contains(s[0]):
+            return route("reference", .reference, paged(.until(now + referenceTTL.milliseconds)))
+        case (_, "vX") where s.count >= 2:
+            return route("reference", .reference, paged(.until(now + referenceTTL.milliseconds)))
+        default:
+            return .failure(.notFound("no gateway route \(request.path)"))
+        }
+    }
+
+    static let timespans: Set<String> = ["second", "minute", "hour", "day", "week", "month", "quarter", "year"]
+
+    /// The path's segments, decoded; refused: anything that is not one plain path on the vendor's host
+    /// (`//`, `..`, an encoded `/` or `\`, control characters, an absolute URL).
+    static func segments(of path: String) -> Result<[String], GatewayProblem> {
+        guard path.hasPrefix("/"), !path.hasPrefix("//"), !path.contains("\\"), path.utf8.count <= 2048 else {
+            return .failure(.badRequest("not a path of the vendor's REST API: \(path.prefix(100))"))
+        }
+        let lowered = path.lowercased()
+        guard !lowered.contains("%2f"), !lowered.contains("%5c"), !lowered.contains("%00") else {
+            return .failure(.badRequest("an encoded / or \\ is not allowed in a path"))
+        }
+        var segments: [String] = []
+        for raw in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            guard let decoded = raw.removingPercentEncoding, !decoded.isEmpty, decoded != ".", decoded != "..",
+                decoded.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value != 0x7F && $0 != "?" && $0 != "#" && $0 != "@" })
+            else {
+                return .failure(.badRequest("not a path of the vendor's REST API: \(path.prefix(100))"))
+            }
+            segments.append(decoded)
+        }
+        return .success(segments)
+    }
+
+    /// The query without the client's key, every name checked, in a fixed order (so identical requests
+    /// are one cache entry and one flight).
+    static func checkedQuery(_ query: [(name: String, value: String)]) -> Result<[(name: String, value: String)], GatewayProblem> {
+        var kept: [(name: String, value: String)] = []
+        for item in query where item.name != "apiKey" {
+            guard !item.name.isEmpty, item.name.utf8.count <= 64,
+                item.name.unicodeScalars.allSatisfy({ CharacterSet.alphanumerics.contains($0) || $0 == "." || $0 == "_" })
+            else { return .failure(.badRequest("query parameter \"\(item.name.prefix(64))\" is not one of the API's")) }
+            guard item.value.utf8.count <= 4096 else { return .failure(.badRequest("query parameter \(item.name): longer than 4096 bytes")) }
+            if item.name == "limit", Int(item.value).map({ $0 < 1 }) ?? true {
+                return .failure(.badRequest("limit: a whole number ≥ 1, got \(item.value.prefix(40))"))
+            }
+            kept.append(item)
+        }
+        kept.sort { $0.name < $1.name }
+        return .success(kept)
+    }
+
+    /// The request upstream: the segments encoded again, the checked query.
+    static func upstream(_ segments: [String], _ query: [(name: String, value: String)]) -> String {
+        let path = "/" + segments.map(PolygonREST.escaped).joined(separator: "/")
+        guard !query.isEmpty else { return path }
+        var components = URLComponents()
+        components.queryItems = query.map { URLQueryItem(name: $0.name, value: $0.value) }
+        // `+` is a space to most servers: encoded, as in a timestamp's offset.
+        let text = (components.percentEncodedQuery ?? "").replacingOccurrences(of: "+", with: "%2B")
+        return "\(path)?\(text)"
+    }
+
+    /// What the event types a route reads are, in each market's names.
+    enum Reads { case trade, quote, bar }
+
+    /// A ticker's market (by its prefix) and the topic the route reads of it there, in the WebSocket's
+    /// form (crypto `X:BTCUSD` → `XT.BTC-USD`, forex `C:EURUSD` → `C.EUR/USD`).
+    static func scope(_ ticker: String, types: Reads) -> RouteScope {
+        let ticker = ticker.uppercased()
+        let market = Market.of(ticker: ticker)
+        return .topics(market, [topic(ticker, market: market, types: types)])
+    }
+
+    static func topic(_ ticker: String, market: Market, types: Reads) -> Topic {
+        switch market {
+        case .crypto:
+            let pair = Self.pair(ticker.dropFirst(2), separator: "-")
+            return Topic(checkedEventType: types == .trade ? "XT" : types == .quote ? "XQ" : "XA", ticker: pair)
+        case .forex:
+            let pair = Self.pair(ticker.dropFirst(2), separator: "/")
+            return Topic(checkedEventType: types == .bar ? "CA" : "C", ticker: pair)
+        case .indices:
+            return Topic(checkedEventType: types == .bar ? "AM" : "V", ticker: ticker)
+        default:
+            return Topic(checkedEventType: types == .trade ? "T" : types == .quote ? "Q" : "AM", ticker: ticker)
+        }
+    }
+
+    /// `BTCUSD` → `BTC-USD`: the quote currency is the longest known one it ends with.
+    static func pair(_ symbol: Substring, separator: String) -> String {
+        for quote in ["USDT", "USDC", "USD", "EUR", "GBP", "JPY", "CAD", "AUD", "CHF", "BTC", "ETH"] where symbol.count > quote.count && symbol.hasSuffix(quote) {
+            return "\(symbol.dropLast(quote.count))\(separator)\(quote)"
+        }
+        return String(symbol)
+    }
+
+    /// A comma-separated list of tickers: each one's topic, all in one market (else the whole markets).
+    static func scope(list: String, market: Market?) -> RouteScope {
+        let tickers = list.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).uppercased() }.filter { !$0.isEmpty }
+        let markets = Set(tickers.map { market ?? Market.of(ticker: $0) })
+        guard markets.count == 1, let only = markets.first else { return .markets(Array(markets).sorted()) }
+        return .topics(only, tickers.map { topic($0, market: only, types: .trade) })
+    }
+
+    static func snapshotMarket(_ name: String) -> Market? {
+        switch name {
+        case "stocks": .stocks
+        case "crypto": .crypto
+        case "forex", "fx": .forex
+        case "options": .options
+        case "indices": .indices
+        case "otc": .stocks
+        default: nil
+        }
+    }
+
+    /// `YYYY-MM-DD` or Unix milliseconds, as days since 1970-01-01.
+    static func day(_ text: String) -> Int64? {
+        if let milliseconds = Int64(text) { return milliseconds >= 0 ? milliseconds / 86_400_000 : nil }
+        return CivilDay.days(text)
+    }
+
+    static let dayMs: Int64 = 86_400_000
+
+    /// A day is closed 6 hours after it ends in UTC: every US session of it (after-hours end at 20:00 in
+    /// New York, 01:00 UTC in winter) is over, and the late corrections with it.
+    static func isClosed(day: Int64, now: Int64) -> Bool { now >= (day + 1) * dayMs + 6 * 3_600_000 }
+
+    /// The next 08:00 UTC after `now`: before a US pre-market opens (09:00 UTC in winter), after New
+    /// York's midnight, so a previous day's bar and split adjustments are the new day's.
+    static func next0800(after now: Int64) -> Int64 {
+        let today0800 = now / dayMs * dayMs + 8 * 3_600_000
+        return today0800 > now ? today0800 : today0800 + dayMs
+    }
+
+    /// Bars through a closed day cannot change; split-adjusted ones (the default) change when a split
+    /// takes effect, before a session opens: kept until the next 08:00 UTC.
+    static func barPolicy(closedDay day: Int64, request: GatewayRequest, now: Int64) -> CachePolicy {
+        guard isClosed(day: day, now: now) else { return .pass }
+        return request.parameter("adjusted") == "false" ? .forever : .until(next0800(after: now))
+    }
+
+    /// The day a trades or quotes window ends on (its `timestamp.lt`/`.lte` or `timestamp` as a date or
+    /// Unix ns), `nil` when it has no end; a malformed bound is a 400.
+    static func windowEnd(_ request: GatewayRequest) -> Result<Int64?, GatewayProblem> {
+        var end: Int64?
+        for name in ["timestamp", "timestamp.lt", "timestamp.lte", "timestamp.gt", "timestamp.gte"] {
+            guard let text = request.parameter(name) else { continue }
+            let day: Int64?
+            if let nanoseconds = Int64(text) {
+                day = nanoseconds >= 0 ? nanoseconds / 1_000_000 / dayMs : nil
+            } else {
+                day = Self.day(text)
+            }
+            guard let day else { return .failure(.badRequest("\(name): a date (YYYY-MM-DD) or Unix nanoseconds, got \(text.prefix(40))")) }
+            if name == "timestamp" || name == "timestamp.lt" || name == "timestamp.lte" { end = min(end ?? day, day) }
+        }
+        return .success(end)
+    }
+
+    // MARK: for the client
+
+    public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String]) {
+        let text = String(buffer: body)
+        guard text.contains("\"next_url\""), let members = JSONText.members(of: Substring(text)), let value = members["next_url"] else {
+            return (body, [])
+        }
+        var rewritten = text
+        let replacement: String
+        var cursors: [String] = []
+        if let link = JSONText.unquoted(value).map({ String($0).replacingOccurrences(of: "\\/", with: "/") }), let components = URLComponents(string: link),
+            !components.percentEncodedPath.isEmpty
+        {
+            let items = (components.queryItems ?? []).filter { $0.name != "apiKey" }
+            cursors = items.filter { $0.name == "cursor" }.compactMap(\.value)
+            var kept = URLComponents()
+            kept.queryItems = items
+            let query = kept.percentEncodedQuery.map { "?\($0)" } ?? ""
+            replacement = "\"\(JSONText.escape(request.base + components.percentEncodedPath + query))\""
+        } else {
+            replacement = "null"
+        }
+        rewritten.replaceSubrange(value.startIndex..<value.endIndex, with: replacement)
+        return (ByteBuffer(string: rewritten), cursors)
+    }
+
+    public func credentialHeaders(_ credentials: RESTCredentials) -> [(String, String)] {
+        [("Authorization", "Bearer \(credentials.key)")]
+    }
+
+    public func errorBody(status: Int, message: String) -> ByteBuffer {
+        let word = status == 404 ? "NOT_FOUND" : status == 403 ? "NOT_AUTHORIZED" : "ERROR"
+        return ByteBuffer(string: #"{"status":"\#(word)","request_id":"relay","error":"\#(JSONText.escape(message))"}"#)
+    }
+}

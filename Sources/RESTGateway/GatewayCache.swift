@@ -1,0 +1,133 @@
+import Foundation
+import GRDB
+import NIOCore
+import Synchronization
+
+/// The gateway's answers that cannot change (closed days' bars, past days' trades and quotes) and
+/// reference data for its TTL, in one SQLite file through GRDB: shared by every client, kept across
+/// restarts, bounded in bytes with the least recently used answers evicted first.
+///
+/// `Sendable`: GRDB's `DatabaseQueue` serialises access; the byte total is behind a `Mutex`.
+public final class GatewayCache: Sendable {
+    public let path: String
+    public let maxBytes: Int
+    private let queue: DatabaseQueue
+    private let total: Mutex<Int>
+
+    public struct Entry: Sendable {
+        public var body: ByteBuffer
+        public var contentType: String
+    }
+
+    /// Opens (or creates) the cache file. Throws when the file cannot be opened or is not a cache.
+    public init(path: String, maxBytes: Int) throws {
+        self.path = path
+        self.maxBytes = max(maxBytes, 1 << 16)
+        try FileManager.default.createDirectory(
+            atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(5)
+        queue = try DatabaseQueue(path: path, configuration: configuration)
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("answers") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE answers(
+                        key TEXT PRIMARY KEY NOT NULL, body BLOB NOT NULL, content_type TEXT NOT NULL,
+                        expires_at INTEGER, used_at INTEGER NOT NULL, bytes INTEGER NOT NULL);
+                    CREATE INDEX answers_used ON answers(used_at);
+                    CREATE TABLE cursors(cursor TEXT PRIMARY KEY NOT NULL, expires_at INTEGER);
+                    """)
+        }
+        try migrator.migrate(queue)
+        let bytes = try queue.read { db in try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(bytes), 0) FROM answers") ?? 0 }
+        total = Mutex(bytes)
+    }
+
+    /// The bytes of the answers held.
+    public var bytes: Int { total.withLock { $0 } }
+
+    /// How many answers are held.
+    public func count() async -> Int {
+        (try? await queue.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM answers") ?? 0 }) ?? 0
+    }
+
+    /// The answer stored under `key` that has not expired by `now` (Unix ms); marks it used.
+    public func answer(_ key: String, now: Int64) async -> Entry? {
+        do {
+            return try await queue.write { db -> Entry? in
+                guard
+                    let row = try Row.fetchOne(
+                        db, sql: "SELECT body, content_type FROM answers WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+                        arguments: [key, now])
+                else { return nil }
+                try db.execute(sql: "UPDATE answers SET used_at = ? WHERE key = ?", arguments: [now, key])
+                let data: Data = row["body"]
+                return Entry(body: ByteBuffer(bytes: data), contentType: row["content_type"])
+            }
+        } catch {
+            return nil
+        }
+    }
+
+    /// Stores an answer until `expires` (`nil`: until evicted), then evicts the least recently used
+    /// answers until the total is within the bound. An answer over an eighth of the bound is not kept.
+    public func store(_ key: String, body: ByteBuffer, contentType: String, expires: Int64?, now: Int64) async {
+        let size = body.readableBytes + key.utf8.count
+        guard size <= maxBytes / 8 else { return }
+        let maxBytes = self.maxBytes
+        do {
+            let held = try await queue.write { db -> Int in
+                let previous = try Int.fetchOne(db, sql: "SELECT bytes FROM answers WHERE key = ?", arguments: [key]) ?? 0
+                try db.execute(
+                    sql: "INSERT OR REPLACE INTO answers(key, body, content_type, expires_at, used_at, bytes) VALUES (?, ?, ?, ?, ?, ?)",
+                    arguments: [key, Data(body.readableBytesView), contentType, expires, now, size])
+                var held = try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(bytes), 0) FROM answers") ?? (size - previous)
+                // Expired answers go first, then the least recently used.
+                if held > maxBytes {
+                    try db.execute(sql: "DELETE FROM answers WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [now])
+                    held = try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(bytes), 0) FROM answers") ?? 0
+                }
+                while held > maxBytes {
+                    let rows = try Row.fetchAll(db, sql: "SELECT key, bytes FROM answers WHERE key != ? ORDER BY used_at LIMIT 32", arguments: [key])
+                    if rows.isEmpty { break }
+                    for row in rows where held > maxBytes {
+                        let evicted: String = row["key"]
+                        try db.execute(sql: "DELETE FROM answers WHERE key = ?", arguments: [evicted])
+                        held -= row["bytes"] as Int
+                    }
+                }
+                try db.execute(sql: "DELETE FROM cursors WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [now])
+                return held
+            }
+            total.withLock { $0 = held }
+        } catch {
+            // A cache that cannot write serves from upstream; nothing is lost.
+        }
+    }
+
+    /// Remembers that the pages these cursors name may be cached as the answer that named them.
+    public func remember(cursors: [String], expires: Int64?) async {
+        guard !cursors.isEmpty else { return }
+        try? await queue.write { db in
+            for cursor in cursors.prefix(16) where cursor.utf8.count <= 4096 {
+                try db.execute(sql: "INSERT OR REPLACE INTO cursors(cursor, expires_at) VALUES (?, ?)", arguments: [cursor, expires])
+            }
+        }
+    }
+
+    /// How long the page a cursor names may be cached: `.some(nil)` forever, `.some(t)` until `t`,
+    /// `nil`: the cursor came from no cached answer.
+    public func cursorPolicy(_ cursor: String, now: Int64) async -> Int64?? {
+        do {
+            return try await queue.read { db -> Int64?? in
+                guard let row = try Row.fetchOne(db, sql: "SELECT expires_at FROM cursors WHERE cursor = ?", arguments: [cursor]) else { return nil }
+                let expires: Int64? = row["expires_at"]
+                if let expires, expires <= now { return nil }
+                return .some(expires)
+            }
+        } catch {
+            return nil
+        }
+    }
+}

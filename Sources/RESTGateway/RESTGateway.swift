@@ -1,0 +1,355 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import MarketCore
+import MarketREST
+import Metrics
+import NIOCore
+import NIOHTTP1
+import Synchronization
+
+/// Who is asking: the client key's name and its rights, as the relay's key check found them.
+public struct GatewayClient: Sendable {
+    public var name: String
+    /// The key's `rest` right.
+    public var rest: Bool
+    /// Whether the key may read a topic of a market (its markets and topic patterns).
+    public var allows: @Sendable (Market, Topic) -> Bool
+    /// Whether the key may read a whole market (its markets, and no topic pattern narrowing it).
+    public var allowsMarket: @Sendable (Market) -> Bool
+    /// The key's own budget (`nil`: only the account's).
+    public var quota: RESTBudget?
+
+    public init(
+        name: String, rest: Bool = true, allows: @escaping @Sendable (Market, Topic) -> Bool = { _, _ in true },
+        allowsMarket: @escaping @Sendable (Market) -> Bool = { _ in true }, quota: RESTBudget? = nil
+    ) {
+        self.name = name
+        self.rest = rest
+        self.allows = allows
+        self.allowsMarket = allowsMarket
+        self.quota = quota
+    }
+}
+
+/// The team's REST gateway for one upstream account: official REST clients ask the relay with a relay
+/// key, and the gateway answers
+/// - from the stream, when the relay holds the values (last trade, last quote, snapshot: no upstream call);
+/// - from its cache, for what cannot change (closed days) and reference data for a while;
+/// - from the vendor with the upstream key (which never leaves the relay), one call for identical
+///   requests in flight, each call taking a token of the account's ``RESTBudget``.
+///
+/// What each path is, and how long its answer holds, is the vendor's ``GatewayDialect``; the gateway
+/// itself names no vendor. `Sendable`: immutable parts, the flights in flight behind a `Mutex`.
+public final class RESTGateway: Sendable {
+    public struct Settings: Sendable {
+        /// The whole upstream exchange, body included; past it the client gets 504.
+        public var timeout: Duration = .seconds(10)
+        /// The largest upstream body passed on; a larger one is a 502.
+        public var maxBodyBytes = 32 << 20
+        /// How long reference data (tickers, exchanges, conditions, holidays) is kept.
+        public var referenceTTL: Duration = .seconds(3600)
+
+        public init() {}
+    }
+
+    public let dialect: any GatewayDialect
+    public let budget: RESTBudget
+    public let cache: GatewayCache?
+    public let settings: Settings
+    private let upstreamBase: @Sendable () async throws -> String
+    private let credentials: RESTCredentials
+    private let client: HTTPClient
+    private let values: any LiveValues
+    private let logger: Logger
+    private let metrics: GatewayMetrics
+    private let flights = Mutex<[String: Task<Fetched, Never>]>([:])
+
+    /// An upstream answer as fetched, before it is made right for a client.
+    struct Fetched: Sendable {
+        var status: Int
+        var body: ByteBuffer
+        var contentType: String
+        var retryAfter: Int?
+        /// Made by the relay (budget, timeout, transport), not the vendor's.
+        var fromRelay: Bool
+    }
+
+    public init(
+        dialect: any GatewayDialect, upstreamBase: @escaping @Sendable () async throws -> String, credentials: RESTCredentials,
+        budget: RESTBudget, cache: GatewayCache?, values: any LiveValues, settings: Settings = .init(), client: HTTPClient,
+        metricsFactory: (any MetricsFactory)? = nil, logger: Logger = Logger(label: "relay.rest-gateway")
+    ) {
+        self.dialect = dialect
+        self.upstreamBase = {
+            let url = try await upstreamBase()
+            return url.hasSuffix("/") ? String(url.dropLast()) : url
+        }
+        self.credentials = credentials
+        self.budget = budget
+        self.cache = cache
+        self.values = values
+        self.settings = settings
+        self.client = client
+        self.logger = logger
+        metrics = GatewayMetrics(factory: metricsFactory ?? MetricsSystem.factory)
+    }
+
+    /// What the gateway counted: answers by source, upstream calls, calls saved.
+    public var tally: GatewayTally { metrics.tally.withLock { $0 } }
+
+    /// Answers one client request.
+    public func answer(_ request: GatewayRequest, client: GatewayClient) async -> GatewayAnswer {
+        let now = WallClock.nowMilliseconds()
+        guard client.rest else {
+            return refusal(403, "key \"\(client.name)\" has no rest right", route: "refused")
+        }
+        let route: GatewayRoute
+        switch dialect.route(request, now: now) {
+        case .success(let found): route = found
+        case .failure(.badRequest(let message)): return refusal(400, message, route: "invalid")
+        case .failure(.notFound(let message)):
+            return refusal(404, "\(message); the gateway serves \(dialect.routeList.joined(separator: ", "))", route: "unknown")
+        }
+        switch route.scope {
+        case .reference: break
+        case .topics(let market, let topics):
+            for topic in topics where !client.allows(market, topic) {
+                return refusal(403, "key \"\(client.name)\" may not read \(topic.ticker) in \(market) (\(topic))", route: route.name)
+            }
+        case .markets(let markets):
+            for market in markets where !client.allowsMarket(market) {
+                return refusal(403, "key \"\(client.name)\" may not read the whole \(market) market", route: route.name)
+            }
+        }
+        if let quota = client.quota {
+            switch await quota.take(route.priority) {
+            case .granted: break
+            case .cancelled: return refusal(499, "cancelled", route: route.name)
+            case .refused(let after):
+                metrics.count(route: route.name, outcome: "quota")
+                var answer = relayAnswer(429, "key \"\(client.name)\" is over its REST quota (\(quota.rate))")
+                answer.retryAfter = Self.seconds(after)
+                return answer
+            }
+        }
+        return await serve(route, request: request, now: now)
+    }
+
+    /// A route's answer: live, cached, coalesced or fetched.
+    private func serve(_ route: GatewayRoute, request: GatewayRequest, now: Int64) async -> GatewayAnswer {
+        if route.live,
+            let body = await dialect.live(route, values: values, fetch: { [self] path in await self.internalAnswer(path, base: request.base) })
+        {
+            metrics.count(route: route.name, outcome: "live")
+            metrics.saved()
+            return GatewayAnswer(status: 200, body: body, source: .live)
+        }
+        let key = "\(dialect.name) \(route.upstream)"
+        let expires: Int64?? = await expiry(of: route.policy, now: now)
+        if let expires, let cache, let hit = await cache.answer(key, now: now) {
+            metrics.count(route: route.name, outcome: "cache")
+            metrics.saved()
+            metrics.cacheBytes(cache.bytes)
+            let (body, cursors) = dialect.forClient(hit.body, request: request)
+            await cache.remember(cursors: cursors, expires: expires)
+            return GatewayAnswer(status: 200, body: body, contentType: hit.contentType, source: .cache)
+        }
+        let (fetched, joined) = flight(key, route: route, expires: expires, now: now)
+        let result = await fetched.value
+        if joined {
+            metrics.count(route: route.name, outcome: "coalesced")
+            metrics.saved()
+        } else {
+            metrics.count(route: route.name, outcome: result.fromRelay ? (result.status == 429 ? "budget" : "failed") : "upstream")
+        }
+        var answer = GatewayAnswer(
+            status: result.status, body: result.body, contentType: result.contentType, retryAfter: result.retryAfter,
+            source: result.fromRelay ? .relay : joined ? .coalesced : .upstream)
+        if (200..<300).contains(result.status) {
+            let (body, cursors) = dialect.forClient(result.body, request: request)
+            answer.body = body
+            if let expires, let cache, !joined { await cache.remember(cursors: cursors, expires: expires) }
+        }
+        return answer
+    }
+
+    /// An answer the relay needs for a live one (a snapshot's previous day), through the gateway as a
+    /// client's would be, with every right.
+    private func internalAnswer(_ pathAndQuery: String, base: String) async -> GatewayAnswer {
+        let components = URLComponents(string: pathAndQuery)
+        let request = GatewayRequest(
+            path: components?.percentEncodedPath ?? pathAndQuery,
+            query: (components?.queryItems ?? []).map { ($0.name, $0.value ?? "") }, base: base)
+        let now = WallClock.nowMilliseconds()
+        guard case .success(let route) = dialect.route(request, now: now) else {
+            return relayAnswer(404, "no route \(pathAndQuery)")
+        }
+        return await serve(GatewayRoute(name: route.name, scope: route.scope, policy: route.policy, priority: route.priority, upstream: route.upstream), request: request, now: now)
+    }
+
+    /// How long an answer under this policy may be kept: `nil` not at all, `.some(nil)` for ever.
+    private func expiry(of policy: CachePolicy, now: Int64) async -> Int64?? {
+        switch policy {
+        case .pass: nil
+        case .forever: .some(nil)
+        case .until(let time): time > now ? .some(time) : nil
+        case .cursor(let cursor): await cache?.cursorPolicy(cursor, now: now) ?? nil
+        }
+    }
+
+    /// The request's flight upstream: a new one, or the one an identical request started (`joined`).
+    private func flight(_ key: String, route: GatewayRoute, expires: Int64??, now: Int64) -> (Task<Fetched, Never>, joined: Bool) {
+        flights.withLock { flights in
+            if let running = flights[key] { return (running, true) }
+            let task = Task<Fetched, Never> {
+                let fetched = await self.fetch(route)
+                if let expires, let cache = self.cache, fetched.status == 200, !fetched.fromRelay {
+                    await cache.store(key, body: fetched.body, contentType: fetched.contentType, expires: expires, now: now)
+                    self.metrics.cacheBytes(cache.bytes)
+                }
+                _ = self.flights.withLock { $0.removeValue(forKey: key) }
+                return fetched
+            }
+            flights[key] = task
+            return (task, false)
+        }
+    }
+
+    /// One upstream call: a token of the budget, the request with the account's credentials, the whole
+    /// answer within the timeout. The vendor's errors pass through with their status and body (the key
+    /// scrubbed from it); its 429 pauses the budget for its `Retry-After`.
+    private func fetch(_ route: GatewayRoute) async -> Fetched {
+        switch await budget.take(route.priority) {
+        case .granted: break
+        case .cancelled: return Self.made(499, dialect.errorBody(status: 499, message: "cancelled"))
+        case .refused(let after):
+            var refused = Self.made(
+                429, dialect.errorBody(status: 429, message: "the account's REST budget (\(budget.rate)) is spent; retry after \(Self.seconds(after)) s"))
+            refused.retryAfter = Self.seconds(after)
+            return refused
+        }
+        let base: String
+        do { base = try await upstreamBase() } catch {
+            return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API has no address yet"))
+        }
+        let url = base + route.upstream
+        let started = ContinuousClock.now
+        do {
+            let (client, headers, timeout, maxBody) = (self.client, dialect.credentialHeaders(credentials), settings.timeout, settings.maxBodyBytes)
+            let result = try await RESTDeadline.within(timeout) { () -> Fetched in
+                var request = HTTPClientRequest(url: url)
+                request.headers.add(name: "Accept", value: "application/json")
+                for (name, value) in headers { request.headers.add(name: name, value: value) }
+                let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
+                let body = try await response.body.collect(upTo: maxBody)
+                return Fetched(
+                    status: Int(response.status.code), body: body,
+                    contentType: response.headers.first(name: "Content-Type") ?? "application/json",
+                    retryAfter: response.headers.first(name: "Retry-After").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) },
+                    fromRelay: false)
+            }
+            metrics.upstream(status: result.status, took: ContinuousClock.now - started)
+            if result.status == 429 {
+                await budget.pause(for: .seconds(result.retryAfter ?? 1))
+            }
+            return Fetched(
+                status: result.status, body: scrubbed(result.body), contentType: result.contentType,
+                retryAfter: result.status == 429 ? result.retryAfter ?? 1 : nil, fromRelay: false)
+        } catch is RESTDeadline.TimedOut {
+            metrics.upstream(status: 504, took: ContinuousClock.now - started)
+            return Self.made(504, dialect.errorBody(status: 504, message: "the vendor's REST API did not answer within \(settings.timeout.components.seconds) s"))
+        } catch {
+            metrics.upstream(status: 502, took: ContinuousClock.now - started)
+            logger.warning("REST gateway: \(route.name) failed: \(error)")
+            return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API could not be reached"))
+        }
+    }
+
+    /// The body with every occurrence of the upstream credentials replaced.
+    private func scrubbed(_ body: ByteBuffer) -> ByteBuffer {
+        var text = String(buffer: body)
+        var changed = false
+        for secret in [credentials.key, credentials.secret].compactMap({ $0 }) where secret.count >= 4 && text.contains(secret) {
+            text = text.replacingOccurrences(of: secret, with: "<relay-upstream-key>")
+            changed = true
+        }
+        return changed ? ByteBuffer(string: text) : body
+    }
+
+    private static func made(_ status: Int, _ body: ByteBuffer) -> Fetched {
+        Fetched(status: status, body: body, contentType: "application/json", retryAfter: nil, fromRelay: true)
+    }
+
+    private func refusal(_ status: Int, _ message: String, route: String) -> GatewayAnswer {
+        metrics.count(route: route, outcome: "refused")
+        return relayAnswer(status, message)
+    }
+
+    private func relayAnswer(_ status: Int, _ message: String) -> GatewayAnswer {
+        GatewayAnswer(status: status, body: dialect.errorBody(status: status, message: message), source: .relay)
+    }
+
+    /// Whole seconds, rounded up, at least 1: `Retry-After`.
+    static func seconds(_ duration: Duration) -> Int {
+        let (seconds, attoseconds) = duration.components
+        return max(1, Int(seconds) + (attoseconds > 0 ? 1 : 0))
+    }
+}
+
+/// The gateway's counts since start: answers by source, upstream calls, calls saved (live, cache and
+/// coalesced answers).
+public struct GatewayTally: Sendable, Equatable, Codable {
+    public var live = 0
+    public var cache = 0
+    public var coalesced = 0
+    public var upstream = 0
+    public var refused = 0
+    public var upstreamCalls = 0
+
+    /// Answers that needed no upstream call, of all answered with data.
+    public var hitRate: Double? {
+        let served = live + cache + coalesced + upstream
+        return served == 0 ? nil : Double(live + cache + coalesced) / Double(served)
+    }
+}
+
+/// The gateway's metrics: `relay_rest_requests_total{route,outcome}`, `relay_rest_upstream_calls_total{status}`,
+/// `relay_rest_upstream_seconds`, `relay_rest_upstream_saved_total`, `relay_rest_cache_bytes`.
+final class GatewayMetrics: Sendable {
+    private let factory: any MetricsFactory
+    private let savedCounter: Counter
+    private let cacheGauge: Gauge
+    private let upstreamTimer: Timer
+    let tally = Mutex(GatewayTally())
+
+    init(factory: any MetricsFactory) {
+        self.factory = factory
+        savedCounter = Counter(label: "relay_rest_upstream_saved_total", factory: factory)
+        cacheGauge = Gauge(label: "relay_rest_cache_bytes", factory: factory)
+        upstreamTimer = Timer(label: "relay_rest_upstream_seconds", factory: factory)
+    }
+
+    func count(route: String, outcome: String) {
+        Counter(label: "relay_rest_requests_total", dimensions: [("route", route), ("outcome", outcome)], factory: factory).increment()
+        tally.withLock { tally in
+            switch outcome {
+            case "live": tally.live += 1
+            case "cache": tally.cache += 1
+            case "coalesced": tally.coalesced += 1
+            case "upstream": tally.upstream += 1
+            default: tally.refused += 1
+            }
+        }
+    }
+
+    func saved() { savedCounter.increment() }
+
+    func cacheBytes(_ bytes: Int) { cacheGauge.record(bytes) }
+
+    func upstream(status: Int, took: Duration) {
+        Counter(label: "relay_rest_upstream_calls_total", dimensions: [("status", String(status))], factory: factory).increment()
+        upstreamTimer.recordNanoseconds(took.components.seconds * 1_000_000_000 + took.components.attoseconds / 1_000_000_000)
+        tally.withLock { $0.upstreamCalls += 1 }
+    }
+}

@@ -1,0 +1,308 @@
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+import DemoFeed
+import Foundation
+import MarketREST
+import PolygonWire
+import RelayComposition
+import RelayConfiguration
+import RelayServer
+import Testing
+
+/// A session that opens as many connections as its callers ask for (the shared one queues past a few
+/// per host, which would send concurrent requests one batch after another).
+let gatewaySession: URLSession = {
+    let configuration = URLSessionConfiguration.ephemeral
+    configuration.httpMaximumConnectionsPerHost = 256
+    return URLSession(configuration: configuration)
+}()
+
+/// A GET with its headers, through URLSession (no retries of its own).
+func httpGetWithHeaders(_ url: String, key: String? = nil) async throws -> (status: Int, body: String, headers: [String: String]) {
+    guard let target = URL(string: url) else { throw TimeoutError(description: "bad URL \(url)") }
+    var request = URLRequest(url: target)
+    request.timeoutInterval = 20
+    if let key { request.setValue("Bearer \(key)", forHTTPHeaderField: "Authorization") }
+    let (data, response) = try await gatewaySession.data(for: request)
+    let http = response as? HTTPURLResponse
+    var headers: [String: String] = [:]
+    for (name, value) in http?.allHeaderFields ?? [:] { headers["\(name.base)".lowercased()] = "\(value)" }
+    return (http?.statusCode ?? 0, String(decoding: data, as: UTF8.self), headers)
+}
+
+/// The REST gateway over real sockets: Polygon's REST paths asked of the relay with a relay key, the
+/// demo feed as the vendor (it counts every call, checks its key and can enforce a per-minute limit).
+@Suite("REST gateway: the account's REST API through the relay", .serialized)
+struct RESTGatewayTests {
+    static let upstreamKey = "upstream-secret"
+
+    /// A relay on a demo feed with the gateway on (its cache in a fresh directory unless `cache` names one).
+    static func withGateway(
+        feed feedConfiguration: DemoFeedConfiguration = DemoFeedConfiguration(port: 0, apiKey: upstreamKey),
+        cache: String? = nil, configure: (inout RelaySettings) -> Void = { _ in },
+        _ body: (Relay.Components, DemoFeed, String) async throws -> Void
+    ) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-gateway-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try await withFaultyFeedRelay(
+            feed: feedConfiguration, restFromFeed: true,
+            configure: { settings in
+                var gateway = GatewaySettings()
+                gateway.cachePath = cache ?? "\(directory)/rest-cache.sqlite"
+                settings.gateway = gateway
+                configure(&settings)
+            }
+        ) { parts, feed, _ in
+            try await body(parts, feed, "http://127.0.0.1:\(parts.port)")
+        }
+    }
+
+    static func object(_ text: String) -> [String: Any] { jsonObject(text) }
+
+    /// A client subscribed to AAPL's trades, quotes and minute bars that has seen a trade of it (so the
+    /// relay holds one).
+    static func aaplHolder(_ base: String) async throws -> WSTestClient {
+        let client = try await subscribedClient(base.replacingOccurrences(of: "http", with: "ws") + "/stocks", "T.AAPL,Q.AAPL,AM.AAPL")
+        let deadline = ContinuousClock.now + .seconds(10)
+        while ContinuousClock.now < deadline {
+            if try await client.nextEvents(1, timeout: deadline - .now).contains(where: { $0.eventType == "T" }) { return client }
+        }
+        throw TimeoutError(description: "no trade of AAPL within 10 s")
+    }
+
+    /// Waits until the feed generated at least `count` trades of AAPL in the last minute (its REST history).
+    static func feedTraded(_ feed: DemoFeed, _ count: Int) async throws {
+        let port = try await feed.listeningPort()
+        try await eventually("\(count) trades of AAPL at the feed", timeout: .seconds(20)) {
+            let now = WallClock.nowMilliseconds() * 1_000_000
+            let answer = try? await httpGet(
+                "http://127.0.0.1:\(port)/v3/trades/AAPL?timestamp.gte=\(now - 60_000_000_000)&limit=1000&apiKey=\(Self.upstreamKey)")
+            return ((jsonObject(answer?.body ?? "{}")["results"] as? [Any])?.count ?? 0) >= count
+        }
+    }
+
+    @Test func heldTickersAreAnsweredLiveWithoutAnUpstreamCall() async throws {
+        try await Self.withGateway { _, feed, base in
+            let client = try await Self.aaplHolder(base)
+            let trade = try await httpGetWithHeaders("\(base)/v2/last/trade/AAPL", key: "client-key")
+            #expect(trade.status == 200, "\(trade.body)")
+            #expect(trade.headers["x-relay-source"] == "live")
+            let results = Self.object(trade.body)["results"] as? [String: Any]
+            #expect(results?["T"] as? String == "AAPL")
+            #expect((results?["p"] as? NSNumber)?.doubleValue ?? 0 > 0)
+            // REST's `t` is in nanoseconds.
+            #expect((results?["t"] as? NSNumber)?.int64Value ?? 0 > 1_000_000_000_000_000_000)
+            let quote = try await httpGetWithHeaders("\(base)/v2/last/nbbo/AAPL", key: "client-key")
+            #expect(quote.headers["x-relay-source"] == "live", "\(quote.body)")
+            let nbbo = Self.object(quote.body)["results"] as? [String: Any]
+            #expect(((nbbo?["p"] as? NSNumber)?.doubleValue ?? 0) <= ((nbbo?["P"] as? NSNumber)?.doubleValue ?? 0))
+            #expect(feed.restCount("trade", "AAPL").started == 0, "the vendor was not asked for a held ticker")
+            #expect(feed.restCount("nbbo", "AAPL").started == 0)
+
+            // A snapshot: live, with the previous day from the vendor once, then from the cache.
+            for _ in 0..<3 {
+                let snapshot = try await httpGetWithHeaders("\(base)/v2/snapshot/locale/us/markets/stocks/tickers/AAPL", key: "client-key")
+                #expect(snapshot.status == 200 && snapshot.headers["x-relay-source"] == "live", "\(snapshot.body)")
+                let ticker = Self.object(snapshot.body)["ticker"] as? [String: Any]
+                #expect(ticker?["prevDay"] != nil && ticker?["lastTrade"] != nil && ticker?["todaysChange"] != nil, "\(snapshot.body)")
+            }
+            #expect(feed.restCount("prev", "AAPL").started == 1, "the previous day is asked once and cached")
+            #expect(feed.restCount("snapshot", "AAPL").started == 0)
+
+            // A ticker nobody subscribed to is the vendor's answer.
+            let other = try await httpGetWithHeaders("\(base)/v2/last/trade/MSFT", key: "client-key")
+            #expect(other.status == 200 && other.headers["x-relay-source"] == "upstream", "\(other.body)")
+            #expect(feed.restCount("trade", "MSFT").started == 1)
+            #expect(!other.body.contains(Self.upstreamKey))
+            await client.close()
+        }
+    }
+
+    @Test func closedDaysAreCachedAcrossARestart() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-gateway-cache-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = "\(directory)/rest-cache.sqlite"
+        let path = "/v2/aggs/ticker/AAPL/range/1/day/2026-10-01/2026-10-31"
+        var first = ""
+        try await Self.withGateway(cache: cache) { _, feed, base in
+            let answer = try await httpGetWithHeaders("\(base)\(path)", key: "client-key")
+            #expect(answer.status == 200 && answer.headers["x-relay-source"] == "upstream", "\(answer.body)")
+            let again = try await httpGetWithHeaders("\(base)\(path)?apiKey=client-key")
+            #expect(again.headers["x-relay-source"] == "cache", "the client's own apiKey is not part of the request")
+            #expect(again.body == answer.body)
+            #expect(feed.restCount("aggs", "AAPL").started == 1)
+            first = answer.body
+        }
+        // A new relay (and a new feed) on the same cache file.
+        try await Self.withGateway(cache: cache) { _, feed, base in
+            let answer = try await httpGetWithHeaders("\(base)\(path)", key: "client-key")
+            #expect(answer.headers["x-relay-source"] == "cache", "\(answer.body)")
+            #expect(answer.body == first)
+            #expect(feed.restCount("aggs", "AAPL").started == 0, "answered from the cache the first relay kept")
+            // Today's data passes through.
+            let today = WallClock.nowMilliseconds()
+            let minutes = try await httpGetWithHeaders("\(base)/v2/aggs/ticker/AAPL/range/1/minute/\(today - 600_000)/\(today)", key: "client-key")
+            #expect(minutes.headers["x-relay-source"] == "upstream", "\(minutes.body)")
+        }
+    }
+
+    @Test func identicalRequestsInFlightAreOneUpstreamCall() async throws {
+        var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: Self.upstreamKey)
+        feedConfiguration.restDelay = .milliseconds(400)
+        try await Self.withGateway(feed: feedConfiguration) { _, feed, base in
+            let today = WallClock.nowMilliseconds()
+            let url = "\(base)/v2/aggs/ticker/AAPL/range/1/minute/\(today - 600_000)/\(today)"
+            let answers = try await withThrowingTaskGroup(of: (Int, String).self) { group in
+                for _ in 0..<50 {
+                    group.addTask {
+                        let answer = try await httpGetWithHeaders(url, key: "client-key")
+                        return (answer.status, answer.headers["x-relay-source"] ?? "")
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(answers.allSatisfy { $0.0 == 200 }, "\(answers.filter { $0.0 != 200 }.prefix(3))")
+            #expect(feed.restCount("aggs", "AAPL").started == 1, "50 identical requests, one upstream call")
+            #expect(answers.filter { $0.1 == "coalesced" }.count == 49)
+        }
+    }
+
+    @Test func theAccountsBudgetHoldsAndNoRequestHangs() async throws {
+        try await Self.withGateway(configure: { settings in
+            settings.gateway?.budget = RESTRate(requests: 5, per: .seconds(60))
+            settings.gateway?.maxWait = .seconds(2)
+        }) { _, feed, base in
+            let started = ContinuousClock.now
+            let now = WallClock.nowMilliseconds() * 1_000_000
+            let answers = try await withThrowingTaskGroup(of: (Int, String?).self) { group in
+                for index in 0..<200 {
+                    group.addTask {
+                        // Distinct requests (no coalescing), none cacheable.
+                        let answer = try await httpGetWithHeaders(
+                            "\(base)/v3/trades/AAPL?timestamp.gte=\(now - Int64(index + 1) * 1_000_000_000)&limit=5", key: "client-key")
+                        return (answer.status, answer.headers["retry-after"])
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(feed.restCount("trades", "AAPL").started <= 5, "the vendor saw at most the budget")
+            #expect(answers.filter { $0.0 == 200 }.count <= 5)
+            let refused = answers.filter { $0.0 == 429 }
+            #expect(refused.count >= 195, "\(Dictionary(grouping: answers, by: \.0).mapValues(\.count))")
+            #expect(refused.allSatisfy { ($0.1.flatMap(Int.init) ?? 0) >= 1 }, "each 429 says when to come back")
+            #expect(ContinuousClock.now - started < .seconds(15), "no request hung")
+        }
+    }
+
+    @Test func theVendorsRateLimitIsPassedOnAndBackedOff() async throws {
+        var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: Self.upstreamKey)
+        feedConfiguration.restPerMinute = 2
+        try await Self.withGateway(feed: feedConfiguration) { _, feed, base in
+            for ticker in ["MSFT", "NVDA"] {
+                let answer = try await httpGetWithHeaders("\(base)/v2/last/trade/\(ticker)", key: "client-key")
+                #expect(answer.status == 200, "\(answer.body)")
+            }
+            let limited = try await httpGetWithHeaders("\(base)/v2/last/trade/AMZN", key: "client-key")
+            #expect(limited.status == 429, "\(limited.body)")
+            #expect((limited.headers["retry-after"].flatMap(Int.init) ?? 0) >= 1)
+            #expect(feed.restLimited == 1)
+            // The budget waits out the vendor's Retry-After: the next request is not sent to be refused.
+            let next = try await httpGetWithHeaders("\(base)/v2/last/trade/GOOGL", key: "client-key")
+            #expect(next.status == 429 && next.headers["x-relay-source"] == "relay", "\(next.body)")
+            #expect(feed.restLimited == 1, "the vendor was not asked again inside its Retry-After")
+        }
+    }
+
+    @Test func badInputGetsAClearAnswerAndNoPathLeavesTheVendorsHost() async throws {
+        var noRest = try ClientKey(name: "no-rest", secret: "no-rest-secret")
+        noRest.rest = false
+        let keys = [noRest, try ClientKey(name: "aapl-only", secret: "aapl-secret", topics: ["T.AAPL", "Q.AAPL", "AM.AAPL"])]
+        try await Self.withGateway(configure: { settings in
+            settings.clientKeyRights = keys
+        }) { _, feed, base in
+            let unknown = try await httpGetWithHeaders("\(base)/v2/nothing/here", key: "client-key")
+            #expect(unknown.status == 404 && unknown.body.contains("/v2/last/trade/{ticker}"), "\(unknown.body)")
+            let multiplier = try await httpGetWithHeaders("\(base)/v2/aggs/ticker/AAPL/range/x/day/2026-10-01/2026-10-02", key: "client-key")
+            #expect(multiplier.status == 400 && multiplier.body.contains("multiplier"), "\(multiplier.body)")
+            let window = try await httpGetWithHeaders("\(base)/v3/trades/AAPL?timestamp.lt=yesterday", key: "client-key")
+            #expect(window.status == 400, "\(window.body)")
+            let noRight = try await httpGetWithHeaders("\(base)/v2/last/trade/AAPL", key: "no-rest-secret")
+            #expect(noRight.status == 403 && noRight.body.contains("rest"), "\(noRight.body)")
+            let outside = try await httpGetWithHeaders("\(base)/v2/last/trade/MSFT", key: "aapl-secret")
+            #expect(outside.status == 403 && outside.body.contains("MSFT"), "\(outside.body)")
+            let wholeMarket = try await httpGetWithHeaders("\(base)/v2/snapshot/locale/us/markets/stocks/tickers", key: "aapl-secret")
+            #expect(wholeMarket.status == 403, "\(wholeMarket.body)")
+            let noKey = try await httpGetWithHeaders("\(base)/v2/last/trade/AAPL")
+            #expect(noKey.status == 401)
+            // The vendor's own error passes through with its status.
+            let missing = try await httpGetWithHeaders("\(base)/v2/last/trade/NOSUCH", key: "client-key")
+            #expect(missing.status == 404 && missing.body.contains("no data for NOSUCH"), "\(missing.body)")
+            // Paths that would leave the vendor's host or its path are refused before any call.
+            let calls = feed.restRequests
+            for attempt in ["/v2/last/trade/..%2F..%2Fevil", "/v2/last/trade/%2F%2Fevil.example", "/v2/last/trade/a%5Cb", "/v2/../v1/x"] {
+                let answer = try await httpGetWithHeaders("\(base)\(attempt)", key: "client-key")
+                #expect(answer.status == 400 || answer.status == 404, "\(attempt): \(answer.status) \(answer.body)")
+            }
+            #expect(feed.restRequests == calls, "no refused path reached the vendor")
+        }
+    }
+
+    @Test func pagesPointBackAtTheRelayAndNeverCarryAKey() async throws {
+        try await Self.withGateway { _, feed, base in
+            try await Self.feedTraded(feed, 10)
+            let now = WallClock.nowMilliseconds() * 1_000_000
+            var url: String? = "\(base)/v3/trades/AAPL?timestamp.gte=\(now - 60_000_000_000)&timestamp.lt=\(now)&order=asc&limit=3&apiKey=client-key"
+            var pages = 0
+            var sequences: [Int64] = []
+            while let next = url, pages < 5 {
+                let answer = try await httpGetWithHeaders(next, key: "client-key")
+                #expect(answer.status == 200, "\(answer.body.prefix(300))")
+                #expect(!answer.body.contains(Self.upstreamKey) && !answer.body.contains("apiKey"), "no key in a page")
+                let object = Self.object(answer.body)
+                sequences += (object["results"] as? [[String: Any]] ?? []).compactMap { ($0["sequence_number"] as? NSNumber)?.int64Value }
+                url = object["next_url"] as? String
+                if let url { #expect(url.hasPrefix("\(base)/v3/trades/AAPL?"), "next_url points at the relay: \(url)") }
+                pages += 1
+            }
+            #expect(pages >= 2, "more than one page")
+            #expect(Set(sequences).count == sequences.count)
+            // A next_url needs the relay key like any request.
+            if let url {
+                let anonymous = try await httpGetWithHeaders(url)
+                #expect(anonymous.status == 401)
+            }
+            _ = feed
+        }
+    }
+
+    @Test func aVendorThatDoesNotAnswerInTimeIsA504() async throws {
+        let hostile = try HostileREST { _, _ in .trickle(length: 1000, every: .milliseconds(50)) }
+        try await Self.withGateway(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(hostile.port)"
+            settings.gateway?.timeout = .seconds(1)
+        }) { _, _, base in
+            let started = ContinuousClock.now
+            let answer = try await httpGetWithHeaders("\(base)/v2/last/trade/ZZZZ", key: "client-key")
+            #expect(answer.status == 504, "\(answer.body)")
+            #expect(ContinuousClock.now - started < .seconds(5))
+            #expect(hostile.requests.withLock { $0.allSatisfy { $0.authorization == "Bearer \(Self.upstreamKey)" } })
+        }
+    }
+
+    @Test(.enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
+    func polygonsOfficialRESTClientWorksThroughTheRelay() async throws {
+        try await Self.withGateway { parts, feed, base in
+            let client = try await Self.aaplHolder(base)
+            try await Self.feedTraded(feed, 10)
+            let script = URL(fileURLWithPath: interopScript).deletingLastPathComponent().appendingPathComponent("rest_gateway_client.py").path
+            let result = try await runPython(
+                script,
+                ["--port", "\(parts.port)", "--key", "client-key", "--feed-port", "\(try await feed.listeningPort())", "--feed-key", Self.upstreamKey],
+                timeout: .seconds(60))
+            #expect(result.status == 0, "\(result.output)")
+            #expect(feed.restCount("trade", "AAPL").started == 0, "the official client's last trade was answered live")
+            await client.close()
+        }
+    }
+}
