@@ -98,6 +98,16 @@ public final class RESTGateway: Sendable {
     /// What the gateway counted: answers by source, upstream calls, calls saved.
     public var tally: GatewayTally { metrics.tally.withLock { $0 } }
 
+    /// What `/v1/status` and the dashboard show: the counts, the hit rate, the account's budget, the cache.
+    public func report() async -> GatewayReport {
+        let budget = await budget.state
+        let tally = self.tally
+        return GatewayReport(
+            vendor: dialect.name, answers: tally, hitRate: tally.hitRate, budget: budget.rate.description, tokens: budget.tokens,
+            burst: budget.burst, waiting: budget.waiting, pausedUntil: budget.pausedUntil, refusedByBudget: budget.refused,
+            cacheBytes: cache?.bytes, cacheLimitBytes: cache?.maxBytes)
+    }
+
     /// Answers one client request.
     public func answer(_ request: GatewayRequest, client: GatewayClient) async -> GatewayAnswer {
         let now = WallClock.nowMilliseconds()
@@ -295,6 +305,24 @@ public final class RESTGateway: Sendable {
         let (seconds, attoseconds) = duration.components
         return max(1, Int(seconds) + (attoseconds > 0 ? 1 : 0))
     }
+}
+
+/// A gateway's state for `/v1/status`. Value type, `Sendable`, `Encodable`.
+public struct GatewayReport: Sendable, Encodable {
+    public var vendor: String
+    public var answers: GatewayTally
+    /// Answers that needed no upstream call, of those answered with data (`nil`: none yet).
+    public var hitRate: Double?
+    /// The account's plan (`100/s`), tokens in hand now, the bucket's size, requests waiting.
+    public var budget: String
+    public var tokens: Double
+    public var burst: Int
+    public var waiting: Int
+    /// Until when a vendor's 429 pauses the account, Unix ms.
+    public var pausedUntil: Int64?
+    public var refusedByBudget: Int
+    public var cacheBytes: Int?
+    public var cacheLimitBytes: Int?
 }
 
 /// The gateway's counts since start: answers by source, upstream calls, calls saved (live, cache and

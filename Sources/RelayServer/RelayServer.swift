@@ -81,7 +81,7 @@ public final class RelayServer: Service, Sendable {
                 keyConnections: keyConnections, logger: logger, topicBudget: route.ledger.budget,
                 shelfRelease: { [ledger = route.ledger] topics, key in ledger.release(topics, for: key) })
         }
-        self.statusBoard = StatusBoard(markets: markets, sessions: sessions, tally: metrics.tally)
+        self.statusBoard = StatusBoard(markets: markets, sessions: sessions, tally: metrics.tally, gateways: configuration.gateways)
         self.dashboard = Dashboard(directory: configuration.dashboardDirectory)
     }
 

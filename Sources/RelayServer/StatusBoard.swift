@@ -1,6 +1,7 @@
 import Foundation
 import MarketDataHub
 import MarketCore
+import RESTGateway
 
 /// What `/v1/status` answers (and the dashboard's overview draws): the feed's state now, the
 /// downstream's counts, rates and latency, the last minutes as one sample per second, and the recent
@@ -36,7 +37,10 @@ actor StatusBoard {
     private var lastRole: [Market: String] = [:]
     private var lastFills: [Market: GapFillCounts] = [:]
 
-    init(markets: [MarketRoute], sessions: SessionRegistry, tally: DeliveryTally) {
+    private let gateways: [RESTGateway]
+
+    init(markets: [MarketRoute], sessions: SessionRegistry, tally: DeliveryTally, gateways: [RESTGateway] = []) {
+        self.gateways = gateways
         self.markets = markets
         self.sessions = sessions
         self.tally = tally
@@ -190,6 +194,8 @@ actor StatusBoard {
         /// Whether the portfolio sidecar runs on this relay.
         var portfolio: Bool
         var viewer: Viewer
+        /// The REST gateway (`nil`: off).
+        var gateway: GatewayReport?
     }
 
     func status(portfolio: Bool, viewer: Status.Viewer) async -> Status {
@@ -246,6 +252,6 @@ actor StatusBoard {
             clients: .init(connections: sessions.count, subscribers: subscribers, lagging: lagging),
             eventsPublished: published, eventsDelivered: tally.read().delivered, dropped: dropped,
             rates: .init(eventsIn: series.eventsIn.last ?? 0, eventsOut: series.eventsOut.last ?? 0), latency: latency, series: series,
-            changes: changes.reversed(), portfolio: portfolio, viewer: viewer)
+            changes: changes.reversed(), portfolio: portfolio, viewer: viewer, gateway: await gateways.first?.report())
     }
 }

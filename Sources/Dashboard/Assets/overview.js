@@ -77,6 +77,7 @@ export function mount(main) {
       card("latency", "Delivery latency"),
       card("dropped", "Dropped events"),
       card("lagging", "Lagging clients"),
+      card("gateway", "REST gateway"),
       el("section", { class: "panel wide", "aria-labelledby": "changes-title" }, el("h2", { id: "changes-title", text: "Recent changes" }), changes),
     ),
   );
@@ -128,6 +129,19 @@ export function mount(main) {
       const latest = values.length ? values[values.length - 1] : null;
       document.getElementById(`spark-${id}`).replaceChildren(sparkline(values, `${what} over the last ${minutes} min; latest ${latest === null ? "none" : what.includes("ms") ? ms(latest) : rate(latest)}`));
     };
+    // The REST gateway: answers that cost no upstream call, and the account's budget.
+    const g = s.gateway;
+    if (g) {
+      const served = g.answers.live + g.answers.cache + g.answers.coalesced + g.answers.upstream;
+      set("stat-gateway", g.hitRate === null || g.hitRate === undefined ? "no requests yet" : `${Math.round(g.hitRate * 100)}% without a call`);
+      const paused = g.pausedUntil && g.pausedUntil > Date.now() ? ` · paused by the vendor for ${Math.ceil((g.pausedUntil - Date.now()) / 1000)} s` : "";
+      const cache = g.cacheBytes === null || g.cacheBytes === undefined ? "no cache" : `cache ${(g.cacheBytes / 1048576).toFixed(1)} MB`;
+      set("note-gateway", `${served.toLocaleString()} answered (${g.answers.live.toLocaleString()} live, ${g.answers.cache.toLocaleString()} cached, ${g.answers.coalesced.toLocaleString()} shared) · budget ${g.budget}: ${Math.floor(g.tokens)} of ${g.burst} left${g.waiting ? `, ${g.waiting} waiting` : ""}${paused} · ${g.refusedByBudget.toLocaleString()} refused · ${cache}`);
+    } else {
+      set("stat-gateway", "off");
+      set("note-gateway", "no REST API configured");
+    }
+
     spark("clients", s.series.connections, "Connections");
     spark("in", s.series.eventsIn, "Events in per second");
     spark("out", s.series.eventsOut, "Events out per second");
