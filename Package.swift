@@ -83,7 +83,7 @@ let package = Package(
         .target(
             name: "Cluster",
             dependencies: [
-                "MarketCore", "CNats", "MarketDataHub", "Upstream", "AsyncSupport", "Tape",
+                "MarketCore", "MarketREST", "CNats", "MarketDataHub", "Upstream", "AsyncSupport", "Tape",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -363,7 +363,17 @@ let package = Package(
         ),
         .testTarget(
             name: "ClusterTests",
-            dependencies: ["Cluster", "PolygonWire", "AlpacaWire", "Tape", "MarketCore", "RelayBench", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Cluster", "PolygonWire", "AlpacaWire", "Tape", "MarketCore", "MarketREST", "RelayBench", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "MarketRESTTests",
+            dependencies: ["MarketREST"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "GatewayTests",
+            dependencies: ["RESTGateway", "PolygonRESTClient", "MarketREST", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -34,6 +34,19 @@ public struct RESTRate: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// What every REST request of an account waits on: ``RESTBudget`` on one node, a bucket shared
+/// through NATS on a cluster (`SharedRESTBudget`). `Sendable`.
+public protocol AccountBudget: Sendable {
+    /// The account's plan.
+    var rate: RESTRate { get }
+    /// Waits for a token (see ``RESTBudget/take(_:bounded:)``).
+    func take(_ priority: RequestGate.Priority, bounded: Bool) async -> RESTBudget.Admission
+    /// The vendor answered 429: nothing more is sent for `retryAfter`.
+    func pause(for retryAfter: Duration) async
+    /// What the budget holds now.
+    func snapshot() async -> RESTBudget.State
+}
+
 /// The account's REST budget: one token bucket for every request the relay sends to a vendor's REST
 /// API (the gateway's clients, gap fill, the portfolio), refilled at the plan's rate, holding at most
 /// `burst` tokens. Requests wait for a token in priority order (foreground, background, bulk; first
@@ -42,7 +55,7 @@ public struct RESTRate: Sendable, Equatable, CustomStringConvertible {
 /// answers as `429` with `Retry-After`. A vendor's own `429` pauses the bucket for its `Retry-After`.
 ///
 /// An actor; the clock is injected for tests (``now``).
-public actor RESTBudget {
+public actor RESTBudget: AccountBudget {
     public enum Admission: Sendable, Equatable {
         case granted
         /// Not sent: the wait for a token would pass the bound (or the queue is full); a token is free
@@ -65,8 +78,8 @@ public actor RESTBudget {
 
     public nonisolated let rate: RESTRate
     public nonisolated let burst: Int
-    public let maxWaiting: Int
-    public let maxWait: Duration
+    public nonisolated let maxWaiting: Int
+    public nonisolated let maxWait: Duration
     private var tokens: Double
     private var refilledAt: ContinuousClock.Instant
     private var pausedUntil: ContinuousClock.Instant?
@@ -91,6 +104,8 @@ public actor RESTBudget {
         tokens = Double(self.burst)
         refilledAt = .now
     }
+
+    public func snapshot() -> State { state }
 
     public var state: State {
         refill()

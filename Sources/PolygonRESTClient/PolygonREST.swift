@@ -28,7 +28,7 @@ public struct PolygonREST: MarketReference {
     public let gate: RequestGate
     /// The account's budget, shared with the REST gateway's clients: each attempt takes a token
     /// (waiting as long as it takes), and a vendor's 429 pauses it for its `Retry-After`.
-    public var budget: RESTBudget?
+    public var budget: (any AccountBudget)?
     private let client: HTTPClient
 
     public init(

@@ -54,7 +54,7 @@ public final class RESTGateway: Sendable {
     }
 
     public let dialect: any GatewayDialect
-    public let budget: RESTBudget
+    public let budget: any AccountBudget
     public let cache: GatewayCache?
     public let settings: Settings
     private let upstreamBase: @Sendable () async throws -> String
@@ -77,7 +77,7 @@ public final class RESTGateway: Sendable {
 
     public init(
         dialect: any GatewayDialect, upstreamBase: @escaping @Sendable () async throws -> String, credentials: RESTCredentials,
-        budget: RESTBudget, cache: GatewayCache?, values: any LiveValues, settings: Settings = .init(), client: HTTPClient,
+        budget: any AccountBudget, cache: GatewayCache?, values: any LiveValues, settings: Settings = .init(), client: HTTPClient,
         metricsFactory: (any MetricsFactory)? = nil, logger: Logger = Logger(label: "relay.rest-gateway")
     ) {
         self.dialect = dialect
@@ -100,7 +100,7 @@ public final class RESTGateway: Sendable {
 
     /// What `/v1/status` and the dashboard show: the counts, the hit rate, the account's budget, the cache.
     public func report() async -> GatewayReport {
-        let budget = await budget.state
+        let budget = await budget.snapshot()
         let tally = self.tally
         return GatewayReport(
             vendor: dialect.name, answers: tally, hitRate: tally.hitRate, budget: budget.rate.description, tokens: budget.tokens,
@@ -133,7 +133,7 @@ public final class RESTGateway: Sendable {
             }
         }
         if let quota = client.quota {
-            switch await quota.take(route.priority) {
+            switch await quota.take(route.priority, bounded: true) {
             case .granted: break
             case .cancelled: return refusal(499, "cancelled", route: route.name)
             case .refused(let after):
@@ -230,7 +230,7 @@ public final class RESTGateway: Sendable {
     /// answer within the timeout. The vendor's errors pass through with their status and body (the key
     /// scrubbed from it); its 429 pauses the budget for its `Retry-After`.
     private func fetch(_ route: GatewayRoute) async -> Fetched {
-        switch await budget.take(route.priority) {
+        switch await budget.take(route.priority, bounded: true) {
         case .granted: break
         case .cancelled: return Self.made(499, dialect.errorBody(status: 499, message: "cancelled"))
         case .refused(let after):

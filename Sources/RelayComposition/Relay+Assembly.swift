@@ -39,7 +39,7 @@ extension Relay {
         /// The key REST requests carry.
         var restKey: String
         /// The account's REST budget, shared by the gateway's clients, gap fill and the portfolio.
-        var restBudget: RESTBudget?
+        var restBudget: (any AccountBudget)?
     }
 
     /// Each market's running parts, its cluster node (when clustered) and its gap filler (with a REST API).

@@ -178,7 +178,14 @@ public final class Relay: Service, Sendable {
         let metricsFactory = PrometheusMetricsFactory(registry: registry)
         var upstream = try upstreamSources()
         if let gateway = settings.gateway, upstream.restURL != nil {
-            upstream.restBudget = RESTBudget(rate: gateway.budget, maxWaiting: gateway.queue, maxWait: gateway.maxWait)
+            // A cluster's nodes share the account's one budget through NATS.
+            if let cluster = settings.cluster {
+                upstream.restBudget = SharedRESTBudget(
+                    rate: gateway.budget, maxWaiting: gateway.queue, maxWait: gateway.maxWait, cluster: cluster,
+                    logger: logger.with(label: "relay.rest-budget"))
+            } else {
+                upstream.restBudget = RESTBudget(rate: gateway.budget, maxWaiting: gateway.queue, maxWait: gateway.maxWait)
+            }
         }
         let rest = RESTClientBox()
         let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
@@ -224,12 +231,14 @@ public final class Relay: Service, Sendable {
         } catch {
             for filler in assembly.gapFillers.values { await filler.stop() }
             try? await rest.client?.shutdown()
+            await (upstream.restBudget as? SharedRESTBudget)?.close()
             await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
             for market in assembly.markets { market.recorder?.stop() }
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
+        await (upstream.restBudget as? SharedRESTBudget)?.close()
         await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
         // What the tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
         // more comes), so the next start goes on in the same epoch.

@@ -1,0 +1,206 @@
+import Foundation
+import Logging
+import MarketCore
+import MarketREST
+import Synchronization
+
+/// The account's REST budget on a cluster: one token bucket for every node, kept in a JetStream
+/// key-value bucket (`<cluster>-rest-budget`, key `account`) as `tokens,updated_ms,paused_until_ms`
+/// and changed only by compare-and-set on its revision, so two nodes never spend the same token.
+///
+/// A request first waits its turn on this node (a local ``RESTBudget`` with the same plan: it orders
+/// the node's requests by priority and bounds their queue and wait), then takes the shared token; when
+/// the shared bucket is empty it waits for the refill, or is refused with the time to the next token
+/// once that passes the wait bound. A vendor's 429 is written to the bucket, so every node pauses.
+/// When NATS does not answer, the node falls back to its own bucket (it cannot be worse than one node
+/// alone) and says so in the log.
+///
+/// `Sendable`: immutable parts, the bound bucket behind a `Mutex`.
+public final class SharedRESTBudget: AccountBudget {
+    public let rate: RESTRate
+    public let local: RESTBudget
+    private let connection: NATSConnection
+    private let bucketName: String
+    private let key = "account"
+    private let bucket = Mutex<KeyValueBucket?>(nil)
+    private let warned = Mutex(false)
+    private let logger: Logger
+
+    public init(
+        rate: RESTRate, burst: Int? = nil, maxWaiting: Int = 256, maxWait: Duration = .seconds(10), cluster: ClusterConfiguration,
+        logger: Logger = Logger(label: "relay.rest-budget")
+    ) {
+        self.rate = rate
+        local = RESTBudget(rate: rate, burst: burst, maxWaiting: maxWaiting, maxWait: maxWait)
+        connection = NATSConnection(
+            servers: cluster.servers, name: "relay \(cluster.name)/\(cluster.nodeID) REST budget", security: cluster.security, logger: logger)
+        bucketName = "\(cluster.name)-rest-budget"
+        self.logger = logger
+    }
+
+    public func take(_ priority: RequestGate.Priority, bounded: Bool) async -> RESTBudget.Admission {
+        let started = ContinuousClock.now
+        let turn = await local.take(priority, bounded: bounded)
+        guard turn == .granted else { return turn }
+        while true {
+            switch await takeShared() {
+            case .granted: return .granted
+            case .unavailable: return .granted
+            case .wait(let wait):
+                if bounded, ContinuousClock.now - started + wait > local.maxWait { return .refused(retryAfter: wait) }
+                do { try await Task.sleep(for: min(wait, .seconds(1))) } catch { return .cancelled }
+            }
+        }
+    }
+
+    public func pause(for retryAfter: Duration) async {
+        await local.pause(for: retryAfter)
+        let until = WallClock.nowMilliseconds() + min(max(retryAfter, .milliseconds(100)), .seconds(3600)).milliseconds
+        _ = await changeShared { state in
+            state.pausedUntil = max(state.pausedUntil, until)
+            state.tokens = min(state.tokens, 0)
+            return true
+        }
+    }
+
+    public func snapshot() async -> RESTBudget.State {
+        var state = await local.snapshot()
+        if let bucket = await boundBucket(), let entry = try? await bucket.get(key), let shared = Shared(entry.text) {
+            let now = WallClock.nowMilliseconds()
+            state.tokens = shared.refilled(at: now, rate: rate, burst: local.burst).tokens
+            state.pausedUntil = shared.pausedUntil > now ? shared.pausedUntil : nil
+        }
+        return state
+    }
+
+    /// The stored bucket: tokens, when they were counted, until when the vendor paused the account.
+    struct Shared: Equatable {
+        var tokens: Double
+        var updated: Int64
+        var pausedUntil: Int64
+
+        init(tokens: Double, updated: Int64, pausedUntil: Int64) {
+            self.tokens = tokens
+            self.updated = updated
+            self.pausedUntil = pausedUntil
+        }
+
+        init?(_ text: String) {
+            let parts = text.split(separator: ",")
+            guard parts.count == 3, let tokens = Double(parts[0]), tokens.isFinite, let updated = Int64(parts[1]), let paused = Int64(parts[2]) else {
+                return nil
+            }
+            self.init(tokens: tokens, updated: updated, pausedUntil: paused)
+        }
+
+        var text: String { "\(tokens),\(updated),\(pausedUntil)" }
+
+        /// Refilled up to `now` (never backwards: a node whose clock is behind adds nothing).
+        func refilled(at now: Int64, rate: RESTRate, burst: Int) -> Shared {
+            let elapsed = max(0, now - updated)
+            return Shared(
+                tokens: min(Double(burst), tokens + Double(elapsed) / 1000 * rate.perSecond), updated: max(updated, now), pausedUntil: pausedUntil)
+        }
+    }
+
+    enum SharedTake: Equatable {
+        case granted
+        case wait(Duration)
+        case unavailable
+    }
+
+    private func takeShared() async -> SharedTake {
+        var wait: Duration = .zero
+        let changed = await changeShared { state in
+            let now = WallClock.nowMilliseconds()
+            if state.pausedUntil > now {
+                wait = .milliseconds(state.pausedUntil - now)
+                return false
+            }
+            guard state.tokens >= 1 else {
+                wait = .seconds((1 - state.tokens) / rate.perSecond)
+                return false
+            }
+            state.tokens -= 1
+            return true
+        }
+        switch changed {
+        case nil: return .unavailable
+        case true?: return .granted
+        case false?: return .wait(max(wait, .milliseconds(10)))
+        }
+    }
+
+    /// Reads the bucket, lets `change` decide (and alter the state), and writes it back on the revision
+    /// read; a write that lost to another node's is tried again (at most 8 times). `nil`: NATS did not
+    /// answer; `false`: `change` declined.
+    private func changeShared(_ change: (inout Shared) -> Bool) async -> Bool? {
+        guard let bucket = await boundBucket() else { return nil }
+        for _ in 0..<8 {
+            let now = WallClock.nowMilliseconds()
+            let entry: KeyValueBucket.Entry?
+            do { entry = try await bucket.get(key) } catch {
+                unavailable(error)
+                return nil
+            }
+            var state = (entry.flatMap { Shared($0.text) } ?? Shared(tokens: Double(local.burst), updated: now, pausedUntil: 0))
+                .refilled(at: now, rate: rate, burst: local.burst)
+            guard change(&state) else { return false }
+            do {
+                if let entry {
+                    _ = try await bucket.update(key, state.text, last: entry.revision)
+                } else {
+                    _ = try await bucket.create(key, state.text)
+                }
+                return true
+            } catch .rejected(_) {
+                // Another node wrote first: read again.
+                continue
+            } catch {
+                unavailable(error)
+                return nil
+            }
+        }
+        // Always losing (or a bucket that refuses writes): count on this node's own bucket.
+        return nil
+    }
+
+    /// Whether the shared bucket answers within `timeout` (at start, and in tests).
+    public func reachable(within timeout: Duration) async -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if await boundBucket() != nil { return true }
+            do { try await Task.sleep(for: .milliseconds(50)) } catch { return false }
+        }
+        return false
+    }
+
+    private func boundBucket() async -> KeyValueBucket? {
+        if let bound = bucket.withLock({ $0 }) { return bound }
+        do {
+            // Kept until the bucket would be full again anyway (an expired value reads as a full bucket).
+            let refill = Duration.seconds(Double(local.burst) / rate.perSecond)
+            let bound = try await connection.keyValue(bucket: bucketName, ttl: max(refill * 2, .seconds(60)))
+            bucket.withLock { $0 = bound }
+            return bound
+        } catch {
+            unavailable(error)
+            return nil
+        }
+    }
+
+    private func unavailable(_ error: any Error) {
+        // The next call binds again (a rebuilt connection leaves the old handle failing).
+        bucket.withLock { $0 = nil }
+        let first = warned.withLock { warned in
+            defer { warned = true }
+            return !warned
+        }
+        if first {
+            logger.warning("REST budget: the cluster's shared bucket is unavailable (\(error)); this node counts on its own until NATS answers")
+        }
+    }
+
+    /// Closes the budget's NATS connection.
+    public func close() async { await connection.close() }
+}

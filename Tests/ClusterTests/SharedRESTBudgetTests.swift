@@ -1,0 +1,68 @@
+import Foundation
+import Logging
+import MarketCore
+import MarketREST
+import RelayBench
+import Testing
+
+@testable import Cluster
+
+/// The account's REST budget shared by several nodes through a real nats-server's key-value store.
+@Suite(
+    "REST budget shared by a cluster's nodes", .serialized, .timeLimit(.minutes(2)),
+    .enabled(
+        if: NATSServerProcess.binary != nil || ProcessInfo.processInfo.environment["RELAY_REQUIRE_NATS"] == "1",
+        "nats-server is not installed (scripts/test installs it)"))
+struct SharedRESTBudgetTests {
+    func nodes(_ count: Int, rate: RESTRate, maxWait: Duration, url: String) async throws -> [SharedRESTBudget] {
+        let cluster = "b\(UInt32.random(in: 0...UInt32.max))"
+        var nodes: [SharedRESTBudget] = []
+        for index in 0..<count {
+            let budget = SharedRESTBudget(
+                rate: rate, maxWait: maxWait, cluster: ClusterConfiguration(servers: [url], name: cluster, nodeID: "node-\(index)"),
+                logger: Logger(label: "budget-test"))
+            #expect(await budget.reachable(within: .seconds(10)), "node \(index) reached the shared bucket")
+            nodes.append(budget)
+        }
+        return nodes
+    }
+
+    @Test func threeNodesTogetherSpendTheAccountsBudgetOnce() async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let nodes = try await nodes(3, rate: RESTRate(requests: 5, per: .seconds(60)), maxWait: .milliseconds(300), url: url)
+        // Each node alone would grant 5 at once; together they may only grant the account's 5.
+        let admissions = await withTaskGroup(of: RESTBudget.Admission.self) { group in
+            for node in nodes {
+                for _ in 0..<10 { group.addTask { await node.take(.foreground, bounded: true) } }
+            }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(admissions.filter { $0 == .granted }.count == 5, "\(admissions)")
+        let refused = admissions.compactMap { admission -> Duration? in
+            if case .refused(let after) = admission { return after }
+            return nil
+        }
+        #expect(refused.count == 25)
+        #expect(refused.allSatisfy { $0 >= .seconds(1) }, "each refusal says when a token is free again")
+        for node in nodes { await node.close() }
+        await nats.stop()
+    }
+
+    @Test func aVendors429PausesEveryNode() async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let nodes = try await nodes(2, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .milliseconds(200), url: url)
+        #expect(await nodes[1].take(.foreground, bounded: true) == .granted)
+        await nodes[0].pause(for: .seconds(30))
+        let other = await nodes[1].take(.foreground, bounded: true)
+        guard case .refused(let after) = other else {
+            Issue.record("the other node was not paused: \(other)")
+            return
+        }
+        #expect(after > .seconds(20), "refused until the vendor's Retry-After has passed: \(after)")
+        #expect(await nodes[1].snapshot().pausedUntil != nil)
+        for node in nodes { await node.close() }
+        await nats.stop()
+    }
+}

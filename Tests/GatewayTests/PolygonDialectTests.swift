@@ -1,0 +1,108 @@
+import Foundation
+import MarketCore
+import MarketREST
+import NIOCore
+import PolygonRESTClient
+import RESTGateway
+import Testing
+
+/// Polygon's REST paths as the gateway reads them: which route, what it reads for the key's rights,
+/// how long its answer may be cached, and what is refused before any call.
+@Suite("REST gateway: Polygon's routes")
+struct PolygonDialectTests {
+    let dialect = PolygonGatewayDialect(referenceTTL: .seconds(3600))
+    /// 2026-12-02 15:00 UTC.
+    let now: Int64 = 1_796_223_600_000
+
+    func route(_ path: String, _ query: [(String, String)] = []) -> Result<GatewayRoute, GatewayProblem> {
+        dialect.route(GatewayRequest(path: path, query: query.map { (name: $0.0, value: $0.1) }, base: "http://relay:8080"), now: now)
+    }
+
+    func routed(_ path: String, _ query: [(String, String)] = []) throws -> GatewayRoute {
+        try route(path, query).get()
+    }
+
+    @Test func liveRoutesReadTheStreamsTopics() throws {
+        let trade = try routed("/v2/last/trade/aapl")
+        #expect(trade.live && trade.name == "last-trade")
+        #expect(trade.scope == .topics(.stocks, [Topic(parsing: "T.AAPL")!]))
+        #expect(try routed("/v2/last/nbbo/AAPL").scope == .topics(.stocks, [Topic(parsing: "Q.AAPL")!]))
+        #expect(try routed("/v1/last/crypto/BTC/USD").scope == .topics(.crypto, [Topic(parsing: "XT.BTC-USD")!]))
+        let snapshot = try routed("/v2/snapshot/locale/us/markets/stocks/tickers/MSFT")
+        #expect(snapshot.live && snapshot.scope == .topics(.stocks, [Topic(parsing: "T.MSFT")!]))
+        // An option's last trade is the options market's; a crypto snapshot is passed through.
+        #expect(try routed("/v2/last/trade/O:SPY251219C00650000").scope == .topics(.options, [Topic(parsing: "T.O:SPY251219C00650000")!]))
+        let crypto = try routed("/v2/snapshot/locale/global/markets/crypto/tickers/X:BTCUSD")
+        #expect(!crypto.live && crypto.scope == .topics(.crypto, [Topic(parsing: "XT.BTC-USD")!]))
+        #expect(try routed("/v2/snapshot/locale/us/markets/stocks/tickers").scope == .markets([.stocks]))
+    }
+
+    @Test func closedDaysAreCachedTodayPasses() throws {
+        // Adjusted (the default) until the next 08:00 UTC; unadjusted for ever.
+        let next0800: Int64 = 1_796_284_800_000
+        #expect(try routed("/v2/aggs/ticker/AAPL/range/1/day/2026-10-01/2026-10-31").policy == .until(next0800))
+        #expect(try routed("/v2/aggs/ticker/AAPL/range/1/day/2026-10-01/2026-10-31", [("adjusted", "false")]).policy == .forever)
+        // Yesterday closed at 06:00 UTC today; today has not.
+        #expect(try routed("/v2/aggs/ticker/AAPL/range/1/minute/2026-12-01/2026-12-01").policy == .until(next0800))
+        #expect(try routed("/v2/aggs/ticker/AAPL/range/1/minute/2026-12-02/2026-12-02").policy == .pass)
+        #expect(try routed("/v2/aggs/ticker/AAPL/range/1/minute/\(now - 600_000)/\(now)").policy == .pass)
+        // Trades of a window that ends on a closed day; without an end, passed.
+        #expect(try routed("/v3/trades/AAPL", [("timestamp.gte", "2026-11-30"), ("timestamp.lt", "2026-12-01")]).policy == .forever)
+        #expect(try routed("/v3/trades/AAPL", [("timestamp.gte", "2026-11-30")]).policy == .pass)
+        #expect(try routed("/v3/quotes/AAPL", [("timestamp", "2026-11-27")]).policy == .forever)
+        // A page is cached as the answer that named its cursor was.
+        #expect(try routed("/v3/trades/AAPL", [("cursor", "abc")]).policy == .cursor("abc"))
+        #expect(try routed("/v3/reference/tickers/AAPL").policy == .until(now + 3_600_000))
+        #expect(try routed("/v1/marketstatus/now").policy == .pass)
+        #expect(try routed("/v2/aggs/ticker/AAPL/prev").policy == .until(next0800))
+    }
+
+    @Test func identicalRequestsAreOneUpstreamRequestWithoutTheClientsKey() throws {
+        let one = try routed("/v3/trades/AAPL", [("limit", "5"), ("apiKey", "secret"), ("order", "asc")])
+        let other = try routed("/v3/trades/AAPL", [("order", "asc"), ("limit", "5")])
+        #expect(one.upstream == other.upstream)
+        #expect(one.upstream == "/v3/trades/AAPL?limit=5&order=asc")
+        // A + in a value is sent encoded (a server would read a space).
+        #expect(try routed("/v3/reference/tickers", [("search", "A+B")]).upstream == "/v3/reference/tickers?search=A%2BB")
+    }
+
+    @Test func whatIsNotOnePathOfTheAPIIsRefused() {
+        for path in ["//evil.example/v2/last/trade/AAPL", "/v2/last/trade/..%2Fx", "/v2/../v3/trades/AAPL", "/v2/last/trade/a%5Cb", "/v2/last/trade/%00",
+            "/v2/last/trade/a@evil.example"]
+        {
+            guard case .failure(.badRequest) = route(path) else {
+                Issue.record("\(path) was not refused as a bad request: \(route(path))")
+                continue
+            }
+        }
+        guard case .failure(.notFound) = route("/v2/not/a/route") else { Issue.record("an unknown route is a 404"); return }
+        guard case .failure(.badRequest) = route("/v3/trades/AAPL", [("limit", "0")]) else { Issue.record("limit 0"); return }
+        guard case .failure(.badRequest) = route("/v3/trades/AAPL", [("bad name", "1")]) else { Issue.record("a parameter name with a space"); return }
+        guard case .failure(.badRequest) = route("/v2/aggs/ticker/AAPL/range/1/fortnight/2026-10-01/2026-10-02") else { Issue.record("timespan"); return }
+        guard case .failure(.badRequest) = route("/v2/aggs/ticker/AAPL/range/1/day/2026-10-05/2026-10-02") else { Issue.record("from after to"); return }
+    }
+
+    @Test func aPagesLinkPointsBackAtTheRelayWithoutAKey() {
+        let body = ByteBuffer(
+            string: #"{"results":[{"p":1.5}],"status":"OK","next_url":"https:\/\/api.polygon.io\/v3\/trades\/AAPL?cursor=YWJj&apiKey=upstream-secret"}"#)
+        let request = GatewayRequest(path: "/v3/trades/AAPL", query: [], base: "http://relay:8080")
+        let (rewritten, cursors) = dialect.forClient(body, request: request)
+        let text = String(buffer: rewritten)
+        #expect(text.contains(#""next_url":"http://relay:8080/v3/trades/AAPL?cursor=YWJj""#), "\(text)")
+        #expect(!text.contains("upstream-secret") && !text.contains("polygon.io"))
+        #expect(cursors == ["YWJj"])
+        #expect(text.hasPrefix(#"{"results":[{"p":1.5}]"#), "the rest of the body is as the vendor sent it")
+    }
+
+    @Test func jsonMembersKeepNumbersAsSent() throws {
+        let members = try #require(JSONText.members(of: #"{"p": 189.60, "c":[0,12], "i":"a\"b", "n":null, "o":{"x":[1,{"y":2}]}}"#))
+        #expect(members["p"] == "189.60")
+        #expect(members["c"] == "[0,12]")
+        #expect(members["i"] == #""a\"b""#)
+        #expect(members["n"] == "null")
+        #expect(members["o"] == #"{"x":[1,{"y":2}]}"#)
+        for broken in [#"{"p":1"#, #"{"p":}"#, #"{"p":1} x"#, #"["p"]"#, #"{"p":"open}"#, String(repeating: "[", count: 40)] {
+            #expect(JSONText.members(of: Substring(broken)) == nil, "\(broken)")
+        }
+    }
+}
