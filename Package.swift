@@ -190,7 +190,7 @@ let package = Package(
             name: "RelayComposition",
             dependencies: [
                 "RelayConfiguration", "PolygonWire", "AlpacaWire", "AsyncSupport", "Upstream", "MarketDataHub", "RelayServer", "DemoFeed", "Portfolio", "Cluster",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "RESTGateway", "PortfolioHTTP", "GapFill", "Tape", "TapeReplay",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "AlpacaREST", "MarketREST", "RESTGateway", "PortfolioHTTP", "GapFill", "Tape", "TapeReplay",
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -235,6 +235,12 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"), .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
+            swiftSettings: strict
+        ),
+        // Alpaca's market-data REST API as the gateway serves it.
+        .target(
+            name: "AlpacaREST",
+            dependencies: ["AlpacaWire", "RESTGateway", "MarketREST", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .target(
@@ -373,7 +379,7 @@ let package = Package(
         ),
         .testTarget(
             name: "GatewayTests",
-            dependencies: ["RESTGateway", "PolygonRESTClient", "MarketREST", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["RESTGateway", "PolygonRESTClient", "AlpacaREST", "MarketREST", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -5,7 +5,7 @@ import MarketREST
 import Synchronization
 
 /// The account's REST budget on a cluster: one token bucket for every node, kept in a JetStream
-/// key-value bucket (`<cluster>-rest-budget`, key `account`) as `tokens,updated_ms,paused_until_ms`
+/// key-value bucket (`<cluster>-rest-budget`, a key per upstream account) as `tokens,updated_ms,paused_until_ms`
 /// and changed only by compare-and-set on its revision, so two nodes never spend the same token.
 ///
 /// A request first waits its turn on this node (a local ``RESTBudget`` with the same plan: it orders
@@ -21,15 +21,16 @@ public final class SharedRESTBudget: AccountBudget {
     public let local: RESTBudget
     private let connection: NATSConnection
     private let bucketName: String
-    private let key = "account"
+    private let key: String
     private let bucket = Mutex<KeyValueBucket?>(nil)
     private let warned = Mutex(false)
     private let logger: Logger
 
     public init(
         rate: RESTRate, burst: Int? = nil, maxWaiting: Int = 256, maxWait: Duration = .seconds(10), cluster: ClusterConfiguration,
-        logger: Logger = Logger(label: "relay.rest-budget")
+        account: String = "account", logger: Logger = Logger(label: "relay.rest-budget")
     ) {
+        key = account
         self.rate = rate
         local = RESTBudget(rate: rate, burst: burst, maxWaiting: maxWaiting, maxWait: maxWait)
         connection = NATSConnection(

@@ -166,7 +166,7 @@ extension DemoFeed {
     }
 
     /// Seconds until the minute's window ends when this request is past ``DemoFeedConfiguration/restPerMinute``.
-    private func overLimit() -> Int? {
+    func overLimit() -> Int? {
         guard let limit = configuration.restPerMinute else { return nil }
         let now = WallClock.nowMilliseconds()
         return restWindow.withLock { window in

@@ -122,6 +122,7 @@ public final class DemoFeed: Service, Sendable {
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
         addREST(to: router)
+        addAlpacaREST(to: router)
         router.post("/faults/:name") { request, context -> String in
             // With a key set (the relay's built-in feed always has one, made at random), only its holder
             // may break the feed.

@@ -44,16 +44,16 @@ public struct PolygonGatewayDialect: GatewayDialect {
 
     public func route(_ request: GatewayRequest, now: Int64) -> Result<GatewayRoute, GatewayProblem> {
         let segments: [String]
-        switch Self.segments(of: request.path) {
+        switch GatewayPath.segments(of: request.path) {
         case .success(let parsed): segments = parsed
         case .failure(let problem): return .failure(problem)
         }
         let query: [(name: String, value: String)]
-        switch Self.checkedQuery(request.query) {
+        switch GatewayPath.checkedQuery(request.query) {
         case .success(let checked): query = checked
         case .failure(let problem): return .failure(problem)
         }
-        let upstream = Self.upstream(segments, query)
+        let upstream = GatewayPath.upstream(segments, query)
         func route(_ name: String, _ scope: RouteScope, _ policy: CachePolicy, _ priority: RequestGate.Priority = .background, live: Bool = false)
             -> Result<GatewayRoute, GatewayProblem>
         {
@@ -115,7 +115,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
             guard from <= to else { return .failure(.badRequest("from (\(s[7])) is after to (\(s[8]))")) }
             return route("aggregates", Self.scope(s[3], types: .bar), paged(Self.barPolicy(closedDay: to, request: request, now: now)))
         case (5, "v2") where s[1] == "aggs" && s[2] == "ticker" && s[4] == "prev":
-            return route("previous-close", Self.scope(s[3], types: .bar), .until(Self.next0800(after: now)), .foreground)
+            return route("previous-close", Self.scope(s[3], types: .bar), .until(GatewayCalendar.next0800(after: now)), .foreground)
         case (8, "v2") where s[1] == "aggs" && s[2] == "grouped" && s[3] == "locale" && s[5] == "market":
             guard let market = Self.snapshotMarket(s[6]) else { return .failure(.notFound("no grouped bars of market \(s[6])")) }
             guard let day = Self.day(s[7]) else { return .failure(.badRequest("date: YYYY-MM-DD, got \(s[7])")) }
@@ -132,7 +132,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
             switch Self.windowEnd(request) {
             case .failure(let problem): return .failure(problem)
             case .success(let end):
-                let policy: CachePolicy = end.map { Self.isClosed(day: $0, now: now) } == true ? .forever : .pass
+                let policy: CachePolicy = end.map { GatewayCalendar.isClosed(day: $0, now: now) } == true ? .forever : .pass
                 return route(s[1], Self.scope(s[2], types: trades ? .trade : .quote), paged(policy))
             }
         case (4, "v1") where s[1] == "indicators":
@@ -160,57 +160,6 @@ public struct PolygonGatewayDialect: GatewayDialect {
     }
 
     static let timespans: Set<String> = ["second", "minute", "hour", "day", "week", "month", "quarter", "year"]
-
-    /// The path's segments, decoded; refused: anything that is not one plain path on the vendor's host
-    /// (`//`, `..`, an encoded `/` or `\`, control characters, an absolute URL).
-    static func segments(of path: String) -> Result<[String], GatewayProblem> {
-        guard path.hasPrefix("/"), !path.hasPrefix("//"), !path.contains("\\"), path.utf8.count <= 2048 else {
-            return .failure(.badRequest("not a path of the vendor's REST API: \(path.prefix(100))"))
-        }
-        let lowered = path.lowercased()
-        guard !lowered.contains("%2f"), !lowered.contains("%5c"), !lowered.contains("%00") else {
-            return .failure(.badRequest("an encoded / or \\ is not allowed in a path"))
-        }
-        var segments: [String] = []
-        for raw in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-            guard let decoded = raw.removingPercentEncoding, !decoded.isEmpty, decoded != ".", decoded != "..",
-                decoded.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value != 0x7F && $0 != "?" && $0 != "#" && $0 != "@" })
-            else {
-                return .failure(.badRequest("not a path of the vendor's REST API: \(path.prefix(100))"))
-            }
-            segments.append(decoded)
-        }
-        return .success(segments)
-    }
-
-    /// The query without the client's key, every name checked, in a fixed order (so identical requests
-    /// are one cache entry and one flight).
-    static func checkedQuery(_ query: [(name: String, value: String)]) -> Result<[(name: String, value: String)], GatewayProblem> {
-        var kept: [(name: String, value: String)] = []
-        for item in query where item.name != "apiKey" {
-            guard !item.name.isEmpty, item.name.utf8.count <= 64,
-                item.name.unicodeScalars.allSatisfy({ CharacterSet.alphanumerics.contains($0) || $0 == "." || $0 == "_" })
-            else { return .failure(.badRequest("query parameter \"\(item.name.prefix(64))\" is not one of the API's")) }
-            guard item.value.utf8.count <= 4096 else { return .failure(.badRequest("query parameter \(item.name): longer than 4096 bytes")) }
-            if item.name == "limit", Int(item.value).map({ $0 < 1 }) ?? true {
-                return .failure(.badRequest("limit: a whole number ≥ 1, got \(item.value.prefix(40))"))
-            }
-            kept.append(item)
-        }
-        kept.sort { $0.name < $1.name }
-        return .success(kept)
-    }
-
-    /// The request upstream: the segments encoded again, the checked query.
-    static func upstream(_ segments: [String], _ query: [(name: String, value: String)]) -> String {
-        let path = "/" + segments.map(PolygonREST.escaped).joined(separator: "/")
-        guard !query.isEmpty else { return path }
-        var components = URLComponents()
-        components.queryItems = query.map { URLQueryItem(name: $0.name, value: $0.value) }
-        // `+` is a space to most servers: encoded, as in a timestamp's offset.
-        let text = (components.percentEncodedQuery ?? "").replacingOccurrences(of: "+", with: "%2B")
-        return "\(path)?\(text)"
-    }
 
     /// What the event types a route reads are, in each market's names.
     enum Reads { case trade, quote, bar }
@@ -272,24 +221,11 @@ public struct PolygonGatewayDialect: GatewayDialect {
         return CivilDay.days(text)
     }
 
-    static let dayMs: Int64 = 86_400_000
-
-    /// A day is closed 6 hours after it ends in UTC: every US session of it (after-hours end at 20:00 in
-    /// New York, 01:00 UTC in winter) is over, and the late corrections with it.
-    static func isClosed(day: Int64, now: Int64) -> Bool { now >= (day + 1) * dayMs + 6 * 3_600_000 }
-
-    /// The next 08:00 UTC after `now`: before a US pre-market opens (09:00 UTC in winter), after New
-    /// York's midnight, so a previous day's bar and split adjustments are the new day's.
-    static func next0800(after now: Int64) -> Int64 {
-        let today0800 = now / dayMs * dayMs + 8 * 3_600_000
-        return today0800 > now ? today0800 : today0800 + dayMs
-    }
-
     /// Bars through a closed day cannot change; split-adjusted ones (the default) change when a split
     /// takes effect, before a session opens: kept until the next 08:00 UTC.
     static func barPolicy(closedDay day: Int64, request: GatewayRequest, now: Int64) -> CachePolicy {
-        guard isClosed(day: day, now: now) else { return .pass }
-        return request.parameter("adjusted") == "false" ? .forever : .until(next0800(after: now))
+        guard GatewayCalendar.isClosed(day: day, now: now) else { return .pass }
+        return request.parameter("adjusted") == "false" ? .forever : .until(GatewayCalendar.next0800(after: now))
     }
 
     /// The day a trades or quotes window ends on (its `timestamp.lt`/`.lte` or `timestamp` as a date or
@@ -300,7 +236,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
             guard let text = request.parameter(name) else { continue }
             let day: Int64?
             if let nanoseconds = Int64(text) {
-                day = nanoseconds >= 0 ? nanoseconds / 1_000_000 / dayMs : nil
+                day = nanoseconds >= 0 ? nanoseconds / 1_000_000 / GatewayCalendar.dayMs : nil
             } else {
                 day = Self.day(text)
             }

@@ -12,6 +12,7 @@ import MarketREST
 import PolygonRESTClient
 import PolygonWire
 import RESTGateway
+import AlpacaREST
 import Portfolio
 import PortfolioData
 import PortfolioDomain
@@ -40,6 +41,16 @@ extension Relay {
         var restKey: String
         /// The account's REST budget, shared by the gateway's clients, gap fill and the portfolio.
         var restBudget: (any AccountBudget)?
+        /// Alpaca's data REST API and its account's credentials, when an Alpaca market is served.
+        var alpacaREST: AlpacaAccount?
+        var alpacaBudget: (any AccountBudget)?
+    }
+
+    /// An Alpaca account's data REST API: where it is, the key id and secret.
+    struct AlpacaAccount: Sendable {
+        var url: @Sendable () async throws -> String
+        var key: String
+        var secret: String
     }
 
     /// Each market's running parts, its cluster node (when clustered) and its gap filler (with a REST API).
@@ -88,9 +99,13 @@ extension Relay {
             let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
             guard let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor.signsInWithSecret }) else {
                 if rest != nil { logger.warning("REST off: an Alpaca upstream's key is not sent to \(rest ?? ""); give the REST API's own key with --rest-key") }
-                return UpstreamSources(sources: configured, restURL: nil, restKey: "")
+                var sources = UpstreamSources(sources: configured, restURL: nil, restKey: "")
+                sources.alpacaREST = alpacaAccount(configured)
+                return sources
             }
-            return UpstreamSources(sources: configured, restURL: rest.map { url in { @Sendable in url } }, restKey: key)
+            var sources = UpstreamSources(sources: configured, restURL: rest.map { url in { @Sendable in url } }, restKey: key)
+            sources.alpacaREST = alpacaAccount(configured)
+            return sources
         }
         let apiKey = "demo-" + UUID().uuidString
         let vendor = settings.upstreamVendor ?? Self.vendors[0]
@@ -116,7 +131,14 @@ extension Relay {
         // Another REST source (`--rest-url`) gets the upstream key, never the demo feed's.
         let restKey = settings.upstreamRESTURL == nil ? apiKey : settings.upstreamRESTKey ?? settings.upstreamKey ?? ""
         logger.info("no upstream configured: serving the built-in demo feed for every market")
-        return UpstreamSources(sources: sources, demoFeed: feed, restURL: restURL, restKey: restKey)
+        var upstreamSources = UpstreamSources(sources: sources, demoFeed: feed, restURL: restURL, restKey: restKey)
+        if alpaca {
+            // The demo feed answers Alpaca's REST paths too, with its own key.
+            let url: @Sendable () async throws -> String =
+                settings.gateway?.alpacaURL.map { url in { @Sendable in url } } ?? { @Sendable in "http://127.0.0.1:\(try await feed.listeningPort())" }
+            upstreamSources.alpacaREST = AlpacaAccount(url: url, key: apiKey, secret: "demo")
+        }
+        return upstreamSources
     }
 
     /// The vendor, protocol and upstream path a day file of `market` was recorded in (its `source`
@@ -316,14 +338,19 @@ extension Relay {
         return Sidecar(service: service, browser: browser, lock: lock, routes: PortfolioRoutes(service: service, browser: browser))
     }
 
+    /// The Alpaca account of the configured upstreams' Alpaca markets (their key id, the upstream secret).
+    func alpacaAccount(_ configured: [SourcePlan]) -> AlpacaAccount? {
+        guard let source = configured.first(where: { $0.vendor == .alpaca }), !source.apiKey.isEmpty else { return nil }
+        let url = settings.gateway?.alpacaURL ?? "https://data.alpaca.markets"
+        return AlpacaAccount(url: { url }, key: source.apiKey, secret: settings.upstreamSecret ?? "")
+    }
+
     /// The REST gateway for the account's REST API, when there is one and a Polygon market: its
     /// dialect, the budget gap fill and the portfolio share, the cache file, the served markets' values.
     func makeGateways(
         _ upstream: UpstreamSources, rest: RESTClientBox, markets: [MarketParts], metricsFactory: PrometheusMetricsFactory
     ) -> [RESTGateway] {
-        guard let gatewaySettings = settings.gateway, let restURL = upstream.restURL, let budget = upstream.restBudget,
-            markets.contains(where: { $0.plan.vendor == .polygon })
-        else { return [] }
+        guard let gatewaySettings = settings.gateway else { return [] }
         var cache: GatewayCache?
         if let path = gatewaySettings.cachePath {
             do {
@@ -335,14 +362,29 @@ extension Relay {
         var gatewayConfiguration = RESTGateway.Settings()
         gatewayConfiguration.timeout = gatewaySettings.timeout
         gatewayConfiguration.referenceTTL = gatewaySettings.referenceTTL
-        let gateway = RESTGateway(
-            dialect: PolygonGatewayDialect(referenceTTL: gatewaySettings.referenceTTL), upstreamBase: restURL,
-            credentials: RESTCredentials(key: upstream.restKey), budget: budget, cache: cache,
-            values: ServedLiveValues(markets: markets.map(Self.served)), settings: gatewayConfiguration, client: rest.shared(),
-            metricsFactory: metricsFactory, logger: logger.with(label: "relay.rest-gateway"))
-        logger.info(
-            "REST gateway on", metadata: ["budget": "\(budget.rate)", "cache": "\(cache?.path ?? "none")"])
-        return [gateway]
+        let values = ServedLiveValues(markets: markets.map(Self.served))
+        var gateways: [RESTGateway] = []
+        // One gateway per vendor account, each with its dialect and budget; one cache for both.
+        if let restURL = upstream.restURL, let budget = upstream.restBudget, markets.contains(where: { $0.plan.vendor == .polygon }) {
+            gateways.append(
+                RESTGateway(
+                    dialect: PolygonGatewayDialect(referenceTTL: gatewaySettings.referenceTTL), upstreamBase: restURL,
+                    credentials: RESTCredentials(key: upstream.restKey), budget: budget, cache: cache, values: values, settings: gatewayConfiguration,
+                    client: rest.shared(), metricsFactory: metricsFactory, logger: logger.with(label: "relay.rest-gateway.polygon")))
+        }
+        if let alpaca = upstream.alpacaREST, let budget = upstream.alpacaBudget, markets.contains(where: { $0.plan.vendor == .alpaca }) {
+            gateways.append(
+                RESTGateway(
+                    dialect: AlpacaGatewayDialect(referenceTTL: gatewaySettings.referenceTTL), upstreamBase: alpaca.url,
+                    credentials: RESTCredentials(key: alpaca.key, secret: alpaca.secret), budget: budget, cache: cache, values: values,
+                    settings: gatewayConfiguration, client: rest.shared(), metricsFactory: metricsFactory,
+                    logger: logger.with(label: "relay.rest-gateway.alpaca")))
+        }
+        for gateway in gateways {
+            logger.info(
+                "REST gateway on", metadata: ["vendor": "\(gateway.dialect.name)", "budget": "\(gateway.budget.rate)", "cache": "\(cache?.path ?? "none")"])
+        }
+        return gateways
     }
 
     /// What the server serves of a market: its hub, its source's health, its recording.

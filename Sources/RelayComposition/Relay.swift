@@ -177,15 +177,16 @@ public final class Relay: Service, Sendable {
         let registry = PrometheusCollectorRegistry()
         let metricsFactory = PrometheusMetricsFactory(registry: registry)
         var upstream = try upstreamSources()
-        if let gateway = settings.gateway, upstream.restURL != nil {
-            // A cluster's nodes share the account's one budget through NATS.
-            if let cluster = settings.cluster {
-                upstream.restBudget = SharedRESTBudget(
-                    rate: gateway.budget, maxWaiting: gateway.queue, maxWait: gateway.maxWait, cluster: cluster,
+        if let gateway = settings.gateway {
+            // A cluster's nodes share each account's one budget through NATS.
+            func budget(_ rate: RESTRate, account: String) -> any AccountBudget {
+                guard let cluster = settings.cluster else { return RESTBudget(rate: rate, maxWaiting: gateway.queue, maxWait: gateway.maxWait) }
+                return SharedRESTBudget(
+                    rate: rate, maxWaiting: gateway.queue, maxWait: gateway.maxWait, cluster: cluster, account: account,
                     logger: logger.with(label: "relay.rest-budget"))
-            } else {
-                upstream.restBudget = RESTBudget(rate: gateway.budget, maxWaiting: gateway.queue, maxWait: gateway.maxWait)
             }
+            if upstream.restURL != nil { upstream.restBudget = budget(gateway.budget, account: "polygon") }
+            if upstream.alpacaREST != nil { upstream.alpacaBudget = budget(gateway.alpacaBudget, account: "alpaca") }
         }
         let rest = RESTClientBox()
         let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
@@ -231,14 +232,14 @@ public final class Relay: Service, Sendable {
         } catch {
             for filler in assembly.gapFillers.values { await filler.stop() }
             try? await rest.client?.shutdown()
-            await (upstream.restBudget as? SharedRESTBudget)?.close()
+            for budget in [upstream.restBudget, upstream.alpacaBudget] { await (budget as? SharedRESTBudget)?.close() }
             await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
             for market in assembly.markets { market.recorder?.stop() }
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
-        await (upstream.restBudget as? SharedRESTBudget)?.close()
+        for budget in [upstream.restBudget, upstream.alpacaBudget] { await (budget as? SharedRESTBudget)?.close() }
         await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
         // What the tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
         // more comes), so the next start goes on in the same epoch.

@@ -105,6 +105,8 @@ extension RelaySettings {
         .init(
             "rest.budget", flag: "rest-budget", env: "RELAY_REST_BUDGET", default: "100/s",
             "The account's REST plan (5/min on Polygon's free plan, 200/min on Alpaca's basic): every client, gap fill and the portfolio share it."),
+        .init("rest.alpacaBudget", env: "RELAY_REST_ALPACA_BUDGET", default: "200/min", "Alpaca's REST plan, when an Alpaca market is served (its own account)."),
+        .init("rest.alpacaURL", env: "RELAY_REST_ALPACA_URL", default: "https://data.alpaca.markets; the demo feed's", "Alpaca's market-data REST API."),
         .init("rest.queue", env: "RELAY_REST_QUEUE", default: "256", "REST requests waiting for the budget at most; past it a client gets 429."),
         .init("rest.maxWaitSeconds", env: "RELAY_REST_MAX_WAIT_SECONDS", default: "10", "The longest a REST request waits for the budget; longer is a 429 with Retry-After."),
         .init("rest.timeoutSeconds", env: "RELAY_REST_TIMEOUT_SECONDS", default: "10", "The longest the vendor may take to answer a gateway request (then 504)."),

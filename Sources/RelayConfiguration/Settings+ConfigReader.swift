@@ -78,6 +78,10 @@ extension GapFillSettings {
 public struct GatewaySettings: Sendable, Equatable {
     /// The account's plan: requests per second or minute, shared by every client, gap fill and the portfolio.
     public var budget = RESTRate(requests: 100, per: .seconds(1))
+    /// Alpaca's account (200/min on its basic plan), when an Alpaca market is served.
+    public var alpacaBudget = RESTRate(requests: 200, per: .seconds(60))
+    /// Alpaca's data REST API (`nil`: `https://data.alpaca.markets`, or the demo feed's).
+    public var alpacaURL: String?
     /// Requests waiting for the budget at most; past it a client gets 429.
     public var queue = 256
     /// The longest a client's request waits for the budget; longer is a 429 with `Retry-After`.
@@ -105,6 +109,18 @@ extension GatewaySettings {
                 throw RelaySettings.InvalidSetting(description: "rest.budget: a rate such as 5/min or 100/s, got \(text)")
             }
             budget = rate
+        }
+        if let text = config.string(forKey: "rest.alpacaBudget"), !text.isEmpty {
+            guard let rate = RESTRate(parsing: text) else {
+                throw RelaySettings.InvalidSetting(description: "rest.alpacaBudget: a rate such as 200/min, got \(text)")
+            }
+            alpacaBudget = rate
+        }
+        if let url = config.string(forKey: "rest.alpacaURL"), !url.isEmpty {
+            guard let parsed = URL(string: url), parsed.scheme == "https" || (parsed.scheme == "http" && ["127.0.0.1", "localhost", "::1"].contains(parsed.host ?? "")) else {
+                throw RelaySettings.InvalidSetting(description: "rest.alpacaURL: https://host (plain http only to loopback: the key travels with every request), got \(url)")
+            }
+            alpacaURL = url
         }
         if let value = try config.positive("rest.queue") { queue = value }
         if let value = try config.positive("rest.maxWaitSeconds") { maxWait = .seconds(value) }

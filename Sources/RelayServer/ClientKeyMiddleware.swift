@@ -32,7 +32,8 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
         guard let presented = Self.key(in: request), let key = authentication.identify(presented) else {
             var headers = HTTPFields()
             headers[.wwwAuthenticate] = #"Bearer realm="relay""#
-            return Self.error(.unauthorized, "a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY", headers: headers)
+            return Self.error(
+                .unauthorized, "a client key is required: send Authorization: Bearer KEY, APCA-API-KEY-ID: KEY or ?apiKey=KEY", headers: headers)
         }
         if portfolio {
             let reading = request.method == .get || request.method == .head
@@ -63,9 +64,14 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
     }
 
-    /// The key a request presents: the bearer token, else `apiKey` from the query.
+    /// The key a request presents: the bearer token, else Alpaca's `APCA-API-KEY-ID` header (its SDKs'
+    /// REST clients send the key there; the secret beside it is not checked: relay keys have none), else
+    /// `apiKey` from the query.
     static func key(in request: Request) -> String? {
-        key(authorization: request.headers[.authorization], uri: request.uri)
+        if request.headers[.authorization] == nil, let name = HTTPField.Name("APCA-API-KEY-ID"), let alpaca = request.headers[name], !alpaca.isEmpty {
+            return alpaca
+        }
+        return key(authorization: request.headers[.authorization], uri: request.uri)
     }
 
     /// The key in an `Authorization` header's bearer token, else in the URI's `apiKey` parameter.

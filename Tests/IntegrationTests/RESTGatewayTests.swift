@@ -306,3 +306,93 @@ struct RESTGatewayTests {
         }
     }
 }
+
+/// Alpaca's side of the gateway: alpaca-py's historical clients through the relay on an Alpaca demo feed.
+@Suite("REST gateway: Alpaca's data API through the relay", .serialized)
+struct AlpacaRESTGatewayTests {
+    /// A relay on an Alpaca demo feed of stocks, its gateway on.
+    func withAlpacaGateway(_ body: (Relay.Components, DemoFeed, String) async throws -> Void) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-alpaca-gateway-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "alpaca-key", eventsPerSecond: 2000, tickInterval: .milliseconds(10), seed: 3)
+        feedConfiguration.alpaca = true
+        feedConfiguration.markets = [.stocks]
+        let feed = DemoFeed(configuration: feedConfiguration, logger: testLogger)
+        try await withServices([feed]) {
+            var settings = RelaySettings(
+                listen: .init(host: "127.0.0.1", port: 0), upstreamKey: "alpaca-key", clientKeys: ["client-key"], upstreamTuning: fastUpstreamTuning())
+            settings.vendors = Relay.vendors
+            settings.upstreams = [try MarketUpstream(url: try await feed.url(for: .stocks), vendors: Relay.vendors)]
+            settings.upstreamSecret = "alpaca-secret"
+            settings.portfolio = nil
+            var gateway = GatewaySettings()
+            gateway.cachePath = "\(directory)/rest-cache.sqlite"
+            gateway.alpacaURL = "http://127.0.0.1:\(try await feed.listeningPort())"
+            settings.gateway = gateway
+            let relay = Relay(settings: settings, logger: testLogger)
+            try await withServices([relay]) {
+                let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+                try await waitFor(try #require(parts.upstreams[.stocks]).stateUpdates(), "the upstream to authenticate") { $0 == .authenticated }
+                try await body(parts, feed, "http://127.0.0.1:\(parts.port)")
+            }
+        }
+    }
+
+    /// An Alpaca JSON client subscribed to AAPL's and MSFT's trades, quotes and bars that has seen a
+    /// trade and a quote of each.
+    func holder(_ base: String) async throws -> WSTestClient {
+        let client = WSTestClient(url: base.replacingOccurrences(of: "http", with: "ws") + "/v2/iex")
+        _ = try await client.nextFrame()
+        client.send(#"{"action":"auth","key":"client-key","secret":"x"}"#)
+        #expect(try await client.nextFrame().contains("authenticated"))
+        client.send(#"{"action":"subscribe","trades":["AAPL","MSFT"],"quotes":["AAPL","MSFT"],"bars":["AAPL"]}"#)
+        var seen: Set<String> = []
+        let deadline = ContinuousClock.now + .seconds(15)
+        while seen.count < 4 {
+            let frame = try await client.nextFrame(timeout: deadline - .now)
+            for kind in ["t", "q"] {
+                for symbol in ["AAPL", "MSFT"] where frame.contains(#""T":"\#(kind)","S":"\#(symbol)""#) { seen.insert("\(kind)\(symbol)") }
+            }
+        }
+        return client
+    }
+
+    @Test func heldSymbolsAreLiveAndOtherAnswersComeFromAlpaca() async throws {
+        try await withAlpacaGateway { _, feed, base in
+            let client = try await holder(base)
+            let trades = try await httpGetWithHeaders("\(base)/v2/stocks/trades/latest?symbols=AAPL,MSFT", key: "client-key")
+            #expect(trades.status == 200 && trades.headers["x-relay-source"] == "live", "\(trades.body)")
+            let map = jsonObject(trades.body)["trades"] as? [String: Any]
+            #expect(Set(map?.keys.map { $0 } ?? []) == ["AAPL", "MSFT"])
+            let one = try await httpGetWithHeaders("\(base)/v2/stocks/AAPL/quotes/latest", key: "client-key")
+            #expect(one.headers["x-relay-source"] == "live" && jsonObject(one.body)["symbol"] as? String == "AAPL", "\(one.body)")
+            #expect(feed.restCount("alpaca-trades-latest").started == 0 && feed.restCount("alpaca-quotes-latest").started == 0)
+            // A symbol not held: Alpaca's answer, with the relay's credentials.
+            let other = try await httpGetWithHeaders("\(base)/v2/stocks/trades/latest?symbols=AAPL,NVDA", key: "client-key")
+            #expect(other.status == 200 && other.headers["x-relay-source"] == "upstream", "\(other.body)")
+            #expect(feed.restCount("alpaca-trades-latest").unauthorized == 0, "the relay sent the account's key id")
+            // Alpaca's error shape for what the gateway refuses.
+            let refused = try await httpGetWithHeaders("\(base)/v2/stocks/trades/latest", key: "client-key")
+            #expect(refused.status == 400 && jsonObject(refused.body)["message"] != nil && jsonObject(refused.body)["code"] != nil, "\(refused.body)")
+
+            let python = try #require(alpacaPython, "python3 -m venv .build/alpaca-venv && .build/alpaca-venv/bin/pip install -r Tests/Interop/alpaca-requirements.txt")
+            let script = URL(fileURLWithPath: interopScript).deletingLastPathComponent().appendingPathComponent("alpaca_rest_client.py").path
+            let result = try await runPython(
+                script,
+                ["--url", base, "--key", "client-key", "--feed-url", "http://127.0.0.1:\(try await feed.listeningPort())", "--feed-key", "alpaca-key"],
+                timeout: .seconds(60), python: python)
+            #expect(result.status == 0, "\(result.output)")
+            #expect(feed.restCount("alpaca-trades-latest").started == 1, "alpaca-py's latest trades of held symbols were live")
+            // A month of daily bars (closed days) is cached: asked again, the feed is not.
+            let bars = feed.restCount("alpaca-bars").started
+            let again = try await runPython(
+                script,
+                ["--url", base, "--key", "client-key", "--feed-url", "http://127.0.0.1:\(try await feed.listeningPort())", "--feed-key", "alpaca-key"],
+                timeout: .seconds(60), python: python)
+            #expect(again.status == 0, "\(again.output)")
+            // The second run's only bars calls are its own check against the feed (3 pages), none through the relay.
+            #expect(feed.restCount("alpaca-bars").started - bars == 3, "the relay answered the bars from its cache")
+            await client.close()
+        }
+    }
+}
