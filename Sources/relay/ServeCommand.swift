@@ -80,6 +80,8 @@ struct ServeCommand: AsyncParsableCommand {
                 "  WebSocket  \(paths.map { "\(ws)://\(base)\($0)" }.joined(separator: " "))   (Alpaca protocol, JSON or MessagePack; key: \(keyText))",
                 "  alpaca-py  StockDataStream(\"\(key)\", \"any-secret\", url_override=\"\(ws)://\(base)\(stocks.path)\")",
                 "  alpaca-trade-api  Stream(\"\(key)\", \"any-secret\", data_stream_url=\"\(http)://\(base)\", data_feed=\"\(stocks.rawValue)\")",
+                "  REST       curl\(secure ? " --cacert YOUR-CA.pem" : "") -H 'APCA-API-KEY-ID: \(key)' '\(http)://\(base)/v2/stocks/snapshots?symbols=AAPL'   (Alpaca's data API through the relay)",
+                "  alpaca-py  StockHistoricalDataClient(\"\(key)\", \"any-secret\", url_override=\"\(http)://\(base)\")",
                 "  dashboard  \(http)://\(base)/",
                 "  stop       Ctrl-C (SIGINT) or SIGTERM",
             ]
@@ -105,6 +107,11 @@ struct ServeCommand: AsyncParsableCommand {
             "  Python     WebSocketClient(api_key=\"\(key)\", feed=\"\(base)\", market=\"\(market)\", secure=\(secure ? "True" : "False"), subscriptions=[\"\(market.exampleTopic)\"])",
             "  stop       Ctrl-C (SIGINT) or SIGTERM",
         ]
+        if settings.gateway != nil {
+            // Polygon's REST API through the relay: live from the stream, cached, or the vendor's, one budget.
+            lines.insert("  REST       \(curl) \(http)://\(base)/v2/last/trade/AAPL   (and /v2/last/nbbo, /v2/snapshot/…, /v2/aggs/…, /v3/trades/…)", at: lines.count - 1)
+            lines.insert("  REST (Py)  RESTClient(api_key=\"\(key)\", base=\"\(http)://\(base)\")", at: lines.count - 1)
+        }
         if portfolio {
             lines.insert("  portfolio  \(curl) \(http)://\(base)/v1/portfolio   (history: /v1/portfolio/history)", at: lines.count - 1)
         }
