@@ -10,14 +10,23 @@ import RESTGateway
 extension AlpacaGatewayDialect {
     public func live(_ route: GatewayRoute, values: any LiveValues, fetch: @Sendable (String) async -> GatewayAnswer) async -> ByteBuffer? {
         guard case .topics(let market, let topics) = route.scope, !topics.isEmpty else { return nil }
-        let symbols = topics.map(\.ticker)
+        // Each symbol once (a snapshot's scope names three topics of each).
+        var symbols: [String] = []
+        for topic in topics where !symbols.contains(topic.ticker) { symbols.append(topic.ticker) }
         // A stock's own routes (`/v2/stocks/AAPL/trades/latest`, `/v2/stocks/AAPL/snapshot`) answer one record.
         let path = route.upstream.prefix { $0 != "?" }.split(separator: "/")
         let single = path.first == "v2" && (path.count == 5 || path.last == "snapshot")
         if route.name == "snapshots" {
+            // Held first (no upstream call for what is not); then the previous daily bars in one call.
+            for symbol in symbols {
+                guard await values.held(Topic(checkedEventType: Kind.trades.eventType, ticker: symbol), in: market) != nil,
+                    await values.held(Topic(checkedEventType: Kind.quotes.eventType, ticker: symbol), in: market) != nil
+                else { return nil }
+            }
+            let previous = await previousDailyBars(symbols, market: market, fetch: fetch)
             var entries: [String] = []
             for symbol in symbols {
-                guard let snapshot = await snapshot(symbol, market: market, values: values, fetch: fetch) else { return nil }
+                guard let snapshot = await snapshot(symbol, market: market, values: values, previous: previous[symbol]) else { return nil }
                 entries.append(single ? snapshot : "\"\(JSONText.escape(symbol))\":\(snapshot)")
             }
             if single { return entries.first.map { ByteBuffer(string: #"{"symbol":"\#(JSONText.escape(symbols[0]))",\#($0.dropFirst())"#) } }
@@ -55,8 +64,8 @@ extension AlpacaGatewayDialect {
     }
 
     /// A snapshot from the held trade and quote (required), minute and daily bars, and the previous
-    /// daily bar from the daily bars of the week before today (a closed window: cached).
-    func snapshot(_ symbol: String, market: Market, values: any LiveValues, fetch: @Sendable (String) async -> GatewayAnswer) async -> String? {
+    /// daily bar (``previousDailyBars(_:market:fetch:)``).
+    func snapshot(_ symbol: String, market: Market, values: any LiveValues, previous: String?) async -> String? {
         guard let trade = await Self.record(.trades, symbol, market: market, values: values),
             let quote = await Self.record(.quotes, symbol, market: market, values: values)
         else { return nil }
@@ -67,35 +76,31 @@ extension AlpacaGatewayDialect {
         {
             members.append(#""dailyBar":\#(Self.record(.bars, daily))"#)
         }
-        if let previous = await previousDailyBar(symbol, market: market, fetch: fetch) { members.append(#""prevDailyBar":\#(previous)"#) }
+        if let previous { members.append(#""prevDailyBar":\#(previous)"#) }
         return "{" + members.joined(separator: ",") + "}"
     }
 
-    /// The last daily bar before today, from `/bars` of the week before (one upstream call a symbol a day).
-    func previousDailyBar(_ symbol: String, market: Market, fetch: @Sendable (String) async -> GatewayAnswer) async -> String? {
-        let today = WallClock.nowMilliseconds() / GatewayCalendar.dayMs
-        let start = Self.date(today - 7)
-        let end = Self.date(today - 1)
+    /// Each symbol's last daily bar through the last closed day, from one `/bars` call over the week
+    /// before it (a closed window, cached: one upstream call a day for a given set of symbols).
+    func previousDailyBars(_ symbols: [String], market: Market, fetch: @Sendable (String) async -> GatewayAnswer) async -> [String: String] {
+        let end = GatewayCalendar.lastClosedDay(now: WallClock.nowMilliseconds())
         let base = market == .crypto ? "/v1beta3/crypto/us/bars" : "/v2/stocks/bars"
-        let encoded = symbol.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? symbol
-        let answer = await fetch("\(base)?symbols=\(encoded)&timeframe=1Day&start=\(start)&end=\(end)")
+        let list = symbols.joined(separator: ",").addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ","))) ?? ""
+        let answer = await fetch("\(base)?symbols=\(list)&timeframe=1Day&start=\(Self.date(end - 7))&end=\(Self.date(end))&limit=10000")
         guard answer.status == 200, let body = JSONText.members(of: Substring(String(buffer: answer.body))), let bars = body["bars"],
-            let bySymbol = JSONText.members(of: bars), let list = bySymbol[symbol], list.count > 2
-        else { return nil }
-        // The last element of the list.
-        var depth = 0
-        var lastStart = list.startIndex
-        for index in list.indices {
-            switch list[index] {
-            case "{":
-                if depth == 0 { lastStart = index }
-                depth += 1
-            case "}": depth -= 1
-            default: break
-            }
+            let bySymbol = JSONText.members(of: bars)
+        else { return [:] }
+        var previous: [String: String] = [:]
+        for (symbol, list) in bySymbol {
+            if let last = Self.lastObject(in: list), let members = JSONText.members(of: last) { previous[symbol] = Self.record(.bars, members) }
         }
-        guard let last = list[lastStart...].firstIndex(of: "}").map({ list[lastStart...$0] }), let members = JSONText.members(of: last) else { return nil }
-        return Self.record(.bars, members)
+        return previous
+    }
+
+    /// The last element of a JSON array of flat objects.
+    static func lastObject(in list: Substring) -> Substring? {
+        guard let close = list.lastIndex(of: "}"), let open = list[..<close].lastIndex(of: "{") else { return nil }
+        return list[open...close]
     }
 
     /// Days since 1970-01-01 as `YYYY-MM-DD`.

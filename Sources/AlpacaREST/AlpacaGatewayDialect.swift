@@ -78,14 +78,22 @@ public struct AlpacaGatewayDialect: GatewayDialect {
         case .failure(let problem): return .failure(problem)
         }
         let upstream = GatewayPath.upstream(segments, query)
+        let s = segments
         func route(_ name: String, _ scope: RouteScope, _ policy: CachePolicy, _ priority: RequestGate.Priority = .background, live: Bool = false)
             -> Result<GatewayRoute, GatewayProblem>
         {
             .success(GatewayRoute(name: name, scope: scope, policy: policy, priority: priority, upstream: upstream, live: live))
         }
         let symbols = Self.symbols(request)
+        // The stream is one feed in one currency (crypto: Alpaca's `us` location): a request for
+        // another feed, currency or location is the vendor's to answer.
+        let liveable = request.parameter("feed") == nil && request.parameter("currency") == nil && (s.count < 3 || s[0] != "v1beta3" || s[2] == "us")
         func topics(_ market: Market, _ kind: Kind, _ list: [String]) -> RouteScope {
             .topics(market, list.map { Topic(checkedEventType: kind.eventType, ticker: $0) })
+        }
+        /// A snapshot holds trades, quotes and bars: the key needs all three of each symbol.
+        func snapshotScope(_ market: Market, _ list: [String]) -> RouteScope {
+            .topics(market, list.flatMap { symbol in [Kind.trades, .quotes, .bars].map { Topic(checkedEventType: $0.eventType, ticker: symbol) } })
         }
         func history(_ market: Market, _ kind: Kind, _ list: [String]) -> Result<GatewayRoute, GatewayProblem> {
             guard !list.isEmpty else { return .failure(.badRequest("symbols: one or more, comma-separated")) }
@@ -97,31 +105,33 @@ public struct AlpacaGatewayDialect: GatewayDialect {
                     let raw = (request.parameter("adjustment") ?? "raw") == "raw"
                     policy = kind != .bars || raw ? .forever : .until(GatewayCalendar.next0800(after: now))
                 }
-                if let token = request.parameter("page_token") { policy = .cursor(token) }
+                // A page (`page_token`) comes with its request's every parameter again (alpaca-py sends
+                // them): its own `end` says whether it may be cached.
                 return route(kind.rawValue, topics(market, kind, list), policy)
             }
         }
-        let s = segments
         switch s.count >= 2 ? (s[0], s[1]) : ("", "") {
         case ("v2", "stocks"):
             let rest = Array(s.dropFirst(2))
             if rest.count == 2, let kind = Kind(rawValue: rest[0]), rest[1] == "latest" {
                 guard !symbols.isEmpty else { return .failure(.badRequest("symbols: one or more, comma-separated")) }
-                return route("latest-\(kind.rawValue)", topics(.stocks, kind, symbols), .pass, .foreground, live: true)
+                return route("latest-\(kind.rawValue)", topics(.stocks, kind, symbols), .pass, .foreground, live: liveable)
             }
             if rest == ["snapshots"] {
                 guard !symbols.isEmpty else { return .failure(.badRequest("symbols: one or more, comma-separated")) }
-                return route("snapshots", topics(.stocks, .trades, symbols), .pass, .foreground, live: true)
+                return route("snapshots", snapshotScope(.stocks, symbols), .pass, .foreground, live: liveable)
             }
             if rest.count == 1, let kind = Kind(rawValue: rest[0]) { return history(.stocks, kind, symbols) }
             if rest == ["auctions"] { return route("auctions", topics(.stocks, .trades, symbols), .pass) }
-            if rest.first == "meta", rest.count >= 2 { return route("reference", .reference, .until(now + referenceTTL.milliseconds)) }
-            if rest.count >= 2, rest[0] != "meta" {
+            if rest == ["meta", "exchanges"] || (rest.count == 3 && rest[0] == "meta" && rest[1] == "conditions") {
+                return route("reference", .reference, .until(now + referenceTTL.milliseconds))
+            }
+            if rest.count >= 2 {
                 let symbol = rest[0].uppercased()
                 if rest.count == 3, let kind = Kind(rawValue: rest[1]), rest[2] == "latest" {
-                    return route("latest-\(kind.rawValue)", topics(.stocks, kind, [symbol]), .pass, .foreground, live: true)
+                    return route("latest-\(kind.rawValue)", topics(.stocks, kind, [symbol]), .pass, .foreground, live: liveable)
                 }
-                if rest.count == 2, rest[1] == "snapshot" { return route("snapshots", topics(.stocks, .trades, [symbol]), .pass, .foreground, live: true) }
+                if rest.count == 2, rest[1] == "snapshot" { return route("snapshots", snapshotScope(.stocks, [symbol]), .pass, .foreground, live: liveable) }
                 if rest.count == 2, let kind = Kind(rawValue: rest[1]) { return history(.stocks, kind, [symbol]) }
                 if rest.count == 2, rest[1] == "auctions" { return route("auctions", topics(.stocks, .trades, [symbol]), .pass) }
             }
@@ -129,34 +139,36 @@ public struct AlpacaGatewayDialect: GatewayDialect {
             let rest = Array(s.dropFirst(3))
             if rest.count == 2, rest[0] == "latest", let kind = Kind(rawValue: rest[1]) {
                 guard !symbols.isEmpty else { return .failure(.badRequest("symbols: one or more, comma-separated")) }
-                return route("latest-\(kind.rawValue)", topics(.crypto, kind, symbols), .pass, .foreground, live: true)
+                return route("latest-\(kind.rawValue)", topics(.crypto, kind, symbols), .pass, .foreground, live: liveable)
             }
             if rest == ["latest", "orderbooks"] {
                 return route("latest-orderbooks", .topics(.crypto, symbols.map { Topic(checkedEventType: "o", ticker: $0) }), .pass, .foreground)
             }
             if rest == ["snapshots"] {
                 guard !symbols.isEmpty else { return .failure(.badRequest("symbols: one or more, comma-separated")) }
-                return route("snapshots", topics(.crypto, .trades, symbols), .pass, .foreground, live: true)
+                return route("snapshots", snapshotScope(.crypto, symbols), .pass, .foreground, live: liveable)
             }
             if rest.count == 1, let kind = Kind(rawValue: rest[0]) { return history(.crypto, kind, symbols) }
         case ("v1beta1", "options"):
             let rest = Array(s.dropFirst(2))
             if rest.count == 2, let kind = Kind(rawValue: rest[0]), kind != .bars, rest[1] == "latest" {
                 guard !symbols.isEmpty else { return .failure(.badRequest("symbols: one or more, comma-separated")) }
-                return route("latest-\(kind.rawValue)", topics(.options, kind, symbols), .pass, .foreground, live: true)
+                return route("latest-\(kind.rawValue)", topics(.options, kind, symbols), .pass, .foreground, live: liveable)
             }
-            if rest == ["snapshots"] { return route("snapshots", topics(.options, .trades, symbols), .pass, .foreground) }
+            if rest == ["snapshots"] { return route("snapshots", snapshotScope(.options, symbols), .pass, .foreground) }
             if rest.count == 2, rest[0] == "snapshots" { return route("option-chain", .markets([.options]), .pass) }
             if rest.count == 1, let kind = Kind(rawValue: rest[0]), kind != .quotes { return history(.options, kind, symbols) }
-            if rest.first == "meta", rest.count >= 2 { return route("reference", .reference, .until(now + referenceTTL.milliseconds)) }
+            if rest == ["meta", "exchanges"] || (rest.count == 3 && rest[0] == "meta" && rest[1] == "conditions") {
+                return route("reference", .reference, .until(now + referenceTTL.milliseconds))
+            }
         case ("v1beta1", "news"):
             return route("news", .reference, .pass)
         case ("v1beta1", "logos"), ("v1beta1", "corporate-actions"):
             return route("reference", .reference, .until(now + referenceTTL.milliseconds))
         case ("v1beta1", "screener"):
-            return route("screener", .markets([.stocks]), .pass)
+            return route("screener", .markets([s.count > 2 && s[2] == "crypto" ? .crypto : .stocks]), .pass)
         case ("v1beta1", "forex"):
-            return route("forex", .reference, .pass)
+            return route("forex", .markets([.forex]), .pass)
         default:
             break
         }
@@ -172,7 +184,7 @@ public struct AlpacaGatewayDialect: GatewayDialect {
     static func endDay(_ request: GatewayRequest) -> Result<Int64?, GatewayProblem> {
         for name in ["start", "end"] {
             guard let text = request.parameter(name) else { continue }
-            guard text.count >= 10, let day = CivilDay.days(text.prefix(10)) else {
+            guard let day = GatewayCalendar.day(text, millisecondsAllowed: false) else {
                 return .failure(.badRequest("\(name): RFC 3339 or YYYY-MM-DD, got \(text.prefix(40))"))
             }
             if name == "end" { return .success(day) }

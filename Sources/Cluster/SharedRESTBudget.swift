@@ -126,44 +126,61 @@ public final class SharedRESTBudget: AccountBudget {
             return true
         }
         switch changed {
-        case nil: return .unavailable
-        case true?: return .granted
-        case false?: return .wait(max(wait, .milliseconds(10)))
+        case .unavailable: return .unavailable
+        case .changed: return .granted
+        case .declined: return .wait(max(wait, .milliseconds(10)))
+        case .contended: return .wait(.milliseconds(Int64.random(in: 5...50)))
         }
     }
 
+    /// What a read-change-write of the bucket came to.
+    enum Change {
+        case changed
+        /// `change` declined (no token, a pause).
+        case declined
+        /// Every try lost to another node's write: try again shortly (never a token not counted).
+        case contended
+        /// NATS did not answer, or refused the bucket outright: this node counts on its own.
+        case unavailable
+    }
+
     /// Reads the bucket, lets `change` decide (and alter the state), and writes it back on the revision
-    /// read; a write that lost to another node's is tried again (at most 8 times). `nil`: NATS did not
-    /// answer; `false`: `change` declined.
-    private func changeShared(_ change: (inout Shared) -> Bool) async -> Bool? {
-        guard let bucket = await boundBucket() else { return nil }
+    /// read; a write that lost to another node's is tried again (at most 8 times).
+    private func changeShared(_ change: (inout Shared) -> Bool) async -> Change {
+        guard let bucket = await boundBucket() else { return .unavailable }
         for _ in 0..<8 {
             let now = WallClock.nowMilliseconds()
             let entry: KeyValueBucket.Entry?
             do { entry = try await bucket.get(key) } catch {
                 unavailable(error)
-                return nil
+                return .unavailable
             }
             var state = (entry.flatMap { Shared($0.text) } ?? Shared(tokens: Double(local.burst), updated: now, pausedUntil: 0))
                 .refilled(at: now, rate: rate, burst: local.burst)
-            guard change(&state) else { return false }
+            guard change(&state) else { return .declined }
             do {
                 if let entry {
                     _ = try await bucket.update(key, state.text, last: entry.revision)
                 } else {
                     _ = try await bucket.create(key, state.text)
                 }
-                return true
-            } catch .rejected(_) {
+                return .changed
+            } catch .rejected(let text) where Self.lostTheRace(text) {
                 // Another node wrote first: read again.
                 continue
             } catch {
                 unavailable(error)
-                return nil
+                return .unavailable
             }
         }
-        // Always losing (or a bucket that refuses writes): count on this node's own bucket.
-        return nil
+        return .contended
+    }
+
+    /// Whether a refused write lost to another node's (the revision moved, or the key was created
+    /// meanwhile), as against a bucket that refuses writes.
+    static func lostTheRace(_ text: String) -> Bool {
+        let lowered = text.lowercased()
+        return lowered.contains("wrong last sequence") || lowered.contains("key exists")
     }
 
     /// Whether the shared bucket answers within `timeout` (at start, and in tests).

@@ -100,7 +100,7 @@ extension DemoFeed {
             else { return nil }
             // At most 10 bars a page (Alpaca's is 10,000): a month of days takes several pages.
             let limit = max(1, min(Int(query.get("limit") ?? "10") ?? 10, 10))
-            let offset = query.get("page_token").flatMap { Int($0.dropFirst()) } ?? 0
+            let offset = max(0, query.get("page_token").flatMap { Int($0.dropFirst()) } ?? 0)
             let today = WallClock.nowMilliseconds() / 86_400_000
             var rows: [(String, String)] = []
             for symbol in Self.symbols(request) {

@@ -128,7 +128,9 @@ public actor RESTBudget: AccountBudget {
         }
         if bounded {
             let wait = estimatedWait(for: priority, now: now)
-            if waiting.count >= maxWaiting || wait > maxWait {
+            // The queue's bound is the clients': the relay's own requests (which wait as long as it
+            // takes) do not fill it.
+            if waiting.filter({ $0.deadline != nil }).count >= maxWaiting || wait > maxWait {
                 refusedCount += 1
                 return .refused(retryAfter: max(wait, .seconds(1)))
             }

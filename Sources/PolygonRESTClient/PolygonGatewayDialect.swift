@@ -64,12 +64,19 @@ public struct PolygonGatewayDialect: GatewayDialect {
             if let cursor = request.parameter("cursor") { return .cursor(cursor) }
             return policy
         }
+        // A page's cursor stands for its first request's whole query: on a route whose tickers come from
+        // the query, a cursor could name tickers other than those given beside it, so paging such a
+        // route needs the whole market's rights.
+        let paging = request.parameter("cursor") != nil
         let s = segments
         switch (s.count, s.first) {
         case (4, "v2") where s[1] == "last" && s[2] == "trade":
-            return route("last-trade", Self.scope(s[3], types: .trade), .pass, .foreground, live: true)
+            // Live for the markets whose stream has trades of this shape (stocks, options).
+            let market = Market.of(ticker: s[3].uppercased())
+            return route("last-trade", Self.scope(s[3], types: .trade), .pass, .foreground, live: market == .stocks || market == .options)
         case (4, "v2") where s[1] == "last" && s[2] == "nbbo":
-            return route("last-quote", Self.scope(s[3], types: .quote), .pass, .foreground, live: true)
+            let market = Market.of(ticker: s[3].uppercased())
+            return route("last-quote", Self.scope(s[3], types: .quote), .pass, .foreground, live: market == .stocks || market == .options)
         case (5, "v1") where s[1] == "last" && s[2] == "crypto":
             return route("last-crypto", .topics(.crypto, [Topic(checkedEventType: "XT", ticker: "\(s[3])-\(s[4])".uppercased())]), .pass, .foreground, live: true)
         case (5, "v1") where s[1] == "last_quote" && s[2] == "currencies":
@@ -77,10 +84,14 @@ public struct PolygonGatewayDialect: GatewayDialect {
         case (_, "v2") where s.count >= 6 && s[1] == "snapshot" && s[2] == "locale" && s[4] == "markets":
             guard let market = Self.snapshotMarket(s[5]) else { return .failure(.notFound("no snapshot of market \(s[5])")) }
             if s.count == 8, s[6] == "tickers" {
-                return route("snapshot-ticker", Self.scope(s[7], types: .trade), .pass, .foreground, live: market == .stocks && s[3] == "us")
+                // A snapshot holds the ticker's trades, quotes and bars: the key needs all three.
+                let ticker = s[7].uppercased()
+                let scope: RouteScope = .topics(
+                    Market.of(ticker: ticker), [Reads.trade, .quote, .bar].map { Self.topic(ticker, market: Market.of(ticker: ticker), types: $0) })
+                return route("snapshot-ticker", scope, .pass, .foreground, live: market == .stocks && s[3] == "us")
             }
             if s.count == 7, s[6] == "tickers" {
-                if let tickers = request.parameter("tickers"), !tickers.isEmpty {
+                if let tickers = request.parameter("tickers"), !tickers.isEmpty, !paging {
                     return route("snapshot-tickers", Self.scope(list: tickers, market: market), .pass, .foreground)
                 }
                 return route("snapshot-market", .markets([market]), .pass, .foreground)
@@ -89,13 +100,13 @@ public struct PolygonGatewayDialect: GatewayDialect {
             return .failure(.notFound("no snapshot route \(request.path)"))
         case (_, "v3") where s.count >= 2 && s[1] == "snapshot":
             if s.count == 2 {
-                if let tickers = request.parameter("ticker.any_of") ?? request.parameter("ticker"), !tickers.isEmpty {
+                if let tickers = request.parameter("ticker.any_of") ?? request.parameter("ticker"), !tickers.isEmpty, !paging {
                     return route("snapshot-unified", Self.scope(list: tickers, market: nil), .pass, .foreground)
                 }
                 return route("snapshot-unified", .markets(Market.allCases), .pass, .foreground)
             }
             if s.count == 3, s[2] == "indices" {
-                if let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty {
+                if let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty, !paging {
                     return route("snapshot-indices", Self.scope(list: tickers, market: .indices), .pass, .foreground)
                 }
                 return route("snapshot-indices", .markets([.indices]), .pass, .foreground)
@@ -144,15 +155,13 @@ public struct PolygonGatewayDialect: GatewayDialect {
         case (4, "v1") where s[1] == "conversion":
             return route("conversion", .topics(.forex, [Topic(checkedEventType: "C", ticker: "\(s[2])/\(s[3])".uppercased())]), .pass, .foreground)
         case (2, "v1") where s[1] == "summaries":
-            guard let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty else { return route("summaries", .markets(Market.allCases), .pass) }
+            guard let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty, !paging else { return route("summaries", .markets(Market.allCases), .pass) }
             return route("summaries", Self.scope(list: tickers, market: nil), .pass)
         case (3, "v1") where s[1] == "related-companies":
             return route("reference", .reference, .until(now + referenceTTL.milliseconds))
         case (3, "v2") where s[1] == "reference" && s[2] == "news":
             return route("news", .reference, .pass)
         case (_, _) where s.count >= 3 && s[1] == "reference" && ["v1", "v3", "vX"].contains(s[0]):
-            return route("reference", .reference, paged(.until(now + referenceTTL.milliseconds)))
-        case (_, "vX") where s.count >= 2:
             return route("reference", .reference, paged(.until(now + referenceTTL.milliseconds)))
         default:
             return .failure(.notFound("no gateway route \(request.path)"))
@@ -216,10 +225,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
     }
 
     /// `YYYY-MM-DD` or Unix milliseconds, as days since 1970-01-01.
-    static func day(_ text: String) -> Int64? {
-        if let milliseconds = Int64(text) { return milliseconds >= 0 ? milliseconds / 86_400_000 : nil }
-        return CivilDay.days(text)
-    }
+    static func day(_ text: String) -> Int64? { GatewayCalendar.day(text, millisecondsAllowed: true) }
 
     /// Bars through a closed day cannot change; split-adjusted ones (the default) change when a split
     /// takes effect, before a session opens: kept until the next 08:00 UTC.
@@ -238,7 +244,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
             if let nanoseconds = Int64(text) {
                 day = nanoseconds >= 0 ? nanoseconds / 1_000_000 / GatewayCalendar.dayMs : nil
             } else {
-                day = Self.day(text)
+                day = GatewayCalendar.day(text, millisecondsAllowed: false)
             }
             guard let day else { return .failure(.badRequest("\(name): a date (YYYY-MM-DD) or Unix nanoseconds, got \(text.prefix(40))")) }
             if name == "timestamp" || name == "timestamp.lt" || name == "timestamp.lte" { end = min(end ?? day, day) }
@@ -263,7 +269,8 @@ public struct PolygonGatewayDialect: GatewayDialect {
             cursors = items.filter { $0.name == "cursor" }.compactMap(\.value)
             var kept = URLComponents()
             kept.queryItems = items
-            let query = kept.percentEncodedQuery.map { "?\($0)" } ?? ""
+            // A `+` in a value is sent encoded: a client's `+` reads as a space.
+            let query = kept.percentEncodedQuery.map { "?\($0.replacingOccurrences(of: "+", with: "%2B"))" } ?? ""
             replacement = "\"\(JSONText.escape(request.base + components.percentEncodedPath + query))\""
         } else {
             replacement = "null"

@@ -11,7 +11,7 @@ import Synchronization
 public final class GatewayCache: Sendable {
     public let path: String
     public let maxBytes: Int
-    private let queue: DatabaseQueue
+    private let queue: DatabasePool
     private let total: Mutex<Int>
 
     public struct Entry: Sendable {
@@ -27,7 +27,10 @@ public final class GatewayCache: Sendable {
             atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         var configuration = Configuration()
         configuration.busyMode = .timeout(5)
-        queue = try DatabaseQueue(path: path, configuration: configuration)
+        // WAL (a pool) and no fsync per commit: a cache may lose its last answers in a power cut, never
+        // its consistency.
+        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = NORMAL") }
+        queue = try DatabasePool(path: path, configuration: configuration)
         var migrator = DatabaseMigrator()
         migrator.registerMigration("answers") { db in
             try db.execute(
@@ -52,19 +55,24 @@ public final class GatewayCache: Sendable {
         (try? await queue.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM answers") ?? 0 }) ?? 0
     }
 
-    /// The answer stored under `key` that has not expired by `now` (Unix ms); marks it used.
+    /// The answer stored under `key` that has not expired by `now` (Unix ms); marks it used (at most
+    /// once a minute: a hit is a read, not a write).
     public func answer(_ key: String, now: Int64) async -> Entry? {
         do {
-            return try await queue.write { db -> Entry? in
+            let found = try await queue.read { db -> (Entry, Int64)? in
                 guard
                     let row = try Row.fetchOne(
-                        db, sql: "SELECT body, content_type FROM answers WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+                        db, sql: "SELECT body, content_type, used_at FROM answers WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
                         arguments: [key, now])
                 else { return nil }
-                try db.execute(sql: "UPDATE answers SET used_at = ? WHERE key = ?", arguments: [now, key])
                 let data: Data = row["body"]
-                return Entry(body: ByteBuffer(bytes: data), contentType: row["content_type"])
+                return (Entry(body: ByteBuffer(bytes: data), contentType: row["content_type"]), row["used_at"])
             }
+            guard let (entry, used) = found else { return nil }
+            if now - used > 60_000 {
+                try? await queue.write { db in try db.execute(sql: "UPDATE answers SET used_at = ? WHERE key = ?", arguments: [now, key]) }
+            }
+            return entry
         } catch {
             return nil
         }
@@ -77,12 +85,13 @@ public final class GatewayCache: Sendable {
         guard size <= maxBytes / 8 else { return }
         let maxBytes = self.maxBytes
         do {
-            let held = try await queue.write { db -> Int in
+            try await queue.write { db in
                 let previous = try Int.fetchOne(db, sql: "SELECT bytes FROM answers WHERE key = ?", arguments: [key]) ?? 0
                 try db.execute(
                     sql: "INSERT OR REPLACE INTO answers(key, body, content_type, expires_at, used_at, bytes) VALUES (?, ?, ?, ?, ?, ?)",
                     arguments: [key, Data(body.readableBytesView), contentType, expires, now, size])
-                var held = try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(bytes), 0) FROM answers") ?? (size - previous)
+                // The running total (writes are serialised: nothing changes it between).
+                var held = self.total.withLock { $0 } + size - previous
                 // Expired answers go first, then the least recently used.
                 if held > maxBytes {
                     try db.execute(sql: "DELETE FROM answers WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [now])
@@ -98,13 +107,15 @@ public final class GatewayCache: Sendable {
                     }
                 }
                 try db.execute(sql: "DELETE FROM cursors WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [now])
-                return held
+                self.total.withLock { $0 = held }
             }
-            total.withLock { $0 = held }
         } catch {
             // A cache that cannot write serves from upstream; nothing is lost.
         }
     }
+
+    /// The cursors remembered at most (the oldest are forgotten first: their pages then pass through).
+    public static let maxCursors = 100_000
 
     /// Remembers that the pages these cursors name may be cached as the answer that named them.
     public func remember(cursors: [String], expires: Int64?) async {
@@ -113,6 +124,7 @@ public final class GatewayCache: Sendable {
             for cursor in cursors.prefix(16) where cursor.utf8.count <= 4096 {
                 try db.execute(sql: "INSERT OR REPLACE INTO cursors(cursor, expires_at) VALUES (?, ?)", arguments: [cursor, expires])
             }
+            try db.execute(sql: "DELETE FROM cursors WHERE rowid <= (SELECT MAX(rowid) FROM cursors) - ?", arguments: [Self.maxCursors])
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import MarketCore
 
 /// A request's path and query checked once for every vendor: one plain path on the vendor's host, the
 /// client's key left out, parameters in a fixed order.
@@ -25,11 +26,17 @@ public enum GatewayPath {
         return .success(segments)
     }
 
-    /// The query without the client's key, every name checked, in a fixed order (so identical requests
-    /// are one cache entry and one flight).
+    /// The query without the client's key, every name checked and given once (a second value could
+    /// reach the vendor unchecked), at most 64 parameters and 8 KiB, in a fixed order (so identical
+    /// requests are one cache entry and one flight).
     public static func checkedQuery(_ query: [(name: String, value: String)]) -> Result<[(name: String, value: String)], GatewayProblem> {
         var kept: [(name: String, value: String)] = []
+        guard query.count <= 64, query.reduce(0, { $0 + $1.name.utf8.count + $1.value.utf8.count + 2 }) <= 8192 else {
+            return .failure(.badRequest("the query is too long (at most 64 parameters, 8 KiB)"))
+        }
+        var names = Set<String>()
         for item in query where item.name != "apiKey" {
+            guard names.insert(item.name).inserted else { return .failure(.badRequest("query parameter \(item.name.prefix(64)) is given twice")) }
             guard !item.name.isEmpty, item.name.utf8.count <= 64,
                 item.name.unicodeScalars.allSatisfy({ CharacterSet.alphanumerics.contains($0) || $0 == "." || $0 == "_" })
             else { return .failure(.badRequest("query parameter \"\(item.name.prefix(64))\" is not one of the API's")) }
@@ -66,7 +73,48 @@ public enum GatewayCalendar {
 
     /// A day is closed 6 hours after it ends in UTC: every US session of it (after-hours end at 20:00 in
     /// New York, 01:00 UTC in winter) is over, and the late corrections with it.
-    public static func isClosed(day: Int64, now: Int64) -> Bool { now >= (day + 1) * dayMs + 6 * 3_600_000 }
+    public static func isClosed(day: Int64, now: Int64) -> Bool { day < (now - 6 * 3_600_000) / dayMs }
+
+    /// The last closed day at `now`.
+    public static func lastClosedDay(now: Int64) -> Int64 { (now - 6 * 3_600_000) / dayMs - 1 }
+
+    /// `YYYY-MM-DD`, or an RFC 3339 time (its offset applied), or Unix milliseconds, as days since
+    /// 1970-01-01 in UTC; `nil` for anything else or past the year 9999.
+    public static func day(_ text: some StringProtocol, millisecondsAllowed: Bool) -> Int64? {
+        if millisecondsAllowed, let milliseconds = Int64(text) {
+            return (0...253_402_300_799_999).contains(milliseconds) ? milliseconds / dayMs : nil
+        }
+        guard text.count >= 10, let date = CivilDay.days(text.prefix(10)) else { return nil }
+        guard text.count > 10 else { return date }
+        // HH:MM[:SS[.fraction]] then Z or ±HH:MM.
+        let time = Array(text.dropFirst(11).utf8)
+        guard text.dropFirst(10).first == "T" || text.dropFirst(10).first == " ", time.count >= 6 else { return nil }
+        func number(_ range: Range<Int>) -> Int64? {
+            guard range.upperBound <= time.count else { return nil }
+            return Int64(String(decoding: time[range], as: UTF8.self))
+        }
+        guard let hour = number(0..<2), let minute = number(3..<5), hour < 24, minute < 60 else { return nil }
+        var index = 5
+        if index < time.count, time[index] == UInt8(ascii: ":") {
+            guard number(6..<8) != nil else { return nil }
+            index = 8
+            if index < time.count, time[index] == UInt8(ascii: ".") {
+                index += 1
+                while index < time.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(time[index]) { index += 1 }
+            }
+        }
+        var offsetMinutes: Int64 = 0
+        if index < time.count, time[index] == UInt8(ascii: "Z") || time[index] == UInt8(ascii: "z") {
+            index += 1
+        } else if index < time.count, time[index] == UInt8(ascii: "+") || time[index] == UInt8(ascii: "-") {
+            guard let hours = number(index + 1..<index + 3), let minutes = number(index + 4..<index + 6) else { return nil }
+            offsetMinutes = (hours * 60 + minutes) * (time[index] == UInt8(ascii: "-") ? -1 : 1)
+            index += 6
+        }
+        guard index == time.count else { return nil }
+        let minutes = date * 1440 + hour * 60 + minute - offsetMinutes
+        return minutes >= 0 ? minutes / 1440 : (minutes - 1439) / 1440
+    }
 
     /// The next 08:00 UTC after `now`: before a US pre-market opens (09:00 UTC in winter), after New
     /// York's midnight, so a previous day's bar and split adjustments are the new day's.

@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Crypto
 import Foundation
 import Logging
 import MarketCore
@@ -155,7 +156,8 @@ public final class RESTGateway: Sendable {
             metrics.saved()
             return GatewayAnswer(status: 200, body: body, source: .live)
         }
-        let key = "\(dialect.name) \(route.upstream)"
+        // The account's: another host or key (the demo's, another plan's) has answers of its own.
+        let key = "\(dialect.name) \(await accountTag()) \(route.upstream)"
         let expires: Int64?? = await expiry(of: route.policy, now: now)
         if let expires, let cache, let hit = await cache.answer(key, now: now) {
             metrics.count(route: route.name, outcome: "cache")
@@ -167,7 +169,7 @@ public final class RESTGateway: Sendable {
         }
         let (fetched, joined) = flight(key, route: route, expires: expires, now: now)
         let result = await fetched.value
-        if joined {
+        if joined && !result.fromRelay {
             metrics.count(route: route.name, outcome: "coalesced")
             metrics.saved()
         } else {
@@ -182,6 +184,13 @@ public final class RESTGateway: Sendable {
             if let expires, let cache, !joined { await cache.remember(cursors: cursors, expires: expires) }
         }
         return answer
+    }
+
+    /// The upstream's host and a digest of its key: what a cached answer belongs to.
+    private func accountTag() async -> String {
+        let host = (try? await upstreamBase()).flatMap { URLComponents(string: $0)?.host } ?? "unknown"
+        let digest = SHA256.hash(data: Array((credentials.key + "\u{0}" + (credentials.secret ?? "")).utf8))
+        return "\(host) \(digest.prefix(8).map { String(format: "%02x", $0) }.joined())"
     }
 
     /// An answer the relay needs for a live one (a snapshot's previous day), through the gateway as a
@@ -260,6 +269,11 @@ public final class RESTGateway: Sendable {
                     fromRelay: false)
             }
             metrics.upstream(status: result.status, took: ContinuousClock.now - started)
+            if (300..<400).contains(result.status) {
+                // Never followed (the credentials would go along): the vendor's API does not redirect.
+                logger.warning("REST gateway: \(route.name): the vendor answered \(result.status) (a redirect, not followed)")
+                return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API answered with a redirect, which the relay does not follow"))
+            }
             if result.status == 429 {
                 await budget.pause(for: .seconds(result.retryAfter ?? 1))
             }

@@ -83,7 +83,11 @@ extension Relay {
         func shared() -> HTTPClient {
             made.withLock { client in
                 if let client { return client }
-                let new = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton)
+                // No redirect is followed: a redirect would carry the vendor's credentials (Alpaca's are
+                // headers AsyncHTTPClient keeps across hosts) to wherever it points.
+                var configuration = HTTPClient.Configuration()
+                configuration.redirectConfiguration = .disallow
+                let new = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: configuration)
                 client = new
                 return new
             }

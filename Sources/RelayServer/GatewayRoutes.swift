@@ -1,3 +1,4 @@
+import Foundation
 import HTTPTypes
 import Hummingbird
 import MarketCore
@@ -29,10 +30,12 @@ final class KeyQuotas: Sendable {
 
     func budget(for key: ClientKey) -> RESTBudget? {
         guard let rate = key.restRate else { return nil }
+        // By name and rate: a key file changed to another rate gets a budget of that rate.
+        let name = "\(key.name) \(rate)"
         return budgets.withLock { budgets in
-            if let budget = budgets[key.name] { return budget }
+            if let budget = budgets[name] { return budget }
             let budget = RESTBudget(rate: rate, maxWaiting: 64, maxWait: .seconds(5))
-            budgets[key.name] = budget
+            budgets[name] = budget
             return budget
         }
     }
@@ -46,6 +49,8 @@ extension RelayServer {
         guard !gateways.isEmpty else { return }
         let prefixes = Set(gateways.flatMap(\.dialect.pathPrefixes))
         for prefix in prefixes.sorted() {
+            // The prefix itself is a route too (Alpaca's `/v1beta1/news`).
+            keyed.get(RouterPath(prefix)) { request, context in await self.gatewayAnswer(request, context: context) }
             keyed.get("\(prefix)/**") { request, context in await self.gatewayAnswer(request, context: context) }
         }
     }
@@ -54,7 +59,7 @@ extension RelayServer {
     func gateway(for path: String) -> RESTGateway? {
         var best: (RESTGateway, Int)?
         for gateway in configuration.gateways {
-            for prefix in gateway.dialect.pathPrefixes where path.hasPrefix(prefix + "/") && prefix.count > (best?.1 ?? -1) {
+            for prefix in gateway.dialect.pathPrefixes where (path == prefix || path.hasPrefix(prefix + "/")) && prefix.count > (best?.1 ?? -1) {
                 best = (gateway, prefix.count)
             }
         }
@@ -85,13 +90,25 @@ extension RelayServer {
             // Without keys (loopback only) every request has every right.
             client = GatewayClient(name: "loopback")
         }
-        let query = uri.queryParameters.map { (name: String($0.key), value: String($0.value)) }
+        let query = Self.formQuery(uri.query ?? "")
         let gatewayRequest = GatewayRequest(path: uri.path, query: query, base: clientBase(request))
         let answer = await gateway.answer(gatewayRequest, client: client)
         var headers: HTTPFields = [.contentType: answer.contentType]
         if let source = HTTPField.Name("X-Relay-Source") { headers[source] = answer.source.rawValue }
         if let retryAfter = answer.retryAfter { headers[.retryAfter] = String(retryAfter) }
         return Response(status: .init(code: answer.status), headers: headers, body: .init(byteBuffer: answer.body))
+    }
+
+    /// A query as HTML forms and the vendors' clients write it: `+` is a space, then percent-decoding.
+    static func formQuery(_ query: String) -> [(name: String, value: String)] {
+        query.split(separator: "&", omittingEmptySubsequences: true).map { pair in
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            func decoded(_ text: Substring) -> String {
+                let spaced = text.replacingOccurrences(of: "+", with: " ")
+                return spaced.removingPercentEncoding ?? spaced
+            }
+            return (decoded(parts[0]), parts.count > 1 ? decoded(parts[1]) : "")
+        }
     }
 
     /// How the client reached the relay (`http://host:port`), for the links a page carries back: the

@@ -194,8 +194,14 @@ actor StatusBoard {
         /// Whether the portfolio sidecar runs on this relay.
         var portfolio: Bool
         var viewer: Viewer
-        /// The REST gateway (`nil`: off).
-        var gateway: GatewayReport?
+        /// The REST gateways, one per vendor account (empty: off).
+        var gateways: [GatewayReport]
+    }
+
+    private func gatewayReports() async -> [GatewayReport] {
+        var reports: [GatewayReport] = []
+        for gateway in gateways { reports.append(await gateway.report()) }
+        return reports
     }
 
     func status(portfolio: Bool, viewer: Status.Viewer) async -> Status {
@@ -252,6 +258,6 @@ actor StatusBoard {
             clients: .init(connections: sessions.count, subscribers: subscribers, lagging: lagging),
             eventsPublished: published, eventsDelivered: tally.read().delivered, dropped: dropped,
             rates: .init(eventsIn: series.eventsIn.last ?? 0, eventsOut: series.eventsOut.last ?? 0), latency: latency, series: series,
-            changes: changes.reversed(), portfolio: portfolio, viewer: viewer, gateway: await gateways.first?.report())
+            changes: changes.reversed(), portfolio: portfolio, viewer: viewer, gateways: await gatewayReports())
     }
 }

@@ -275,6 +275,15 @@ def check_overview(page, checks, tag):
     # Its size and since when it holds (looked at every second until the tape holds a block).
     expect(markets.locator('tr[data-market="stocks"] .tape')).to_have_text(re.compile(r"^\d[\d.,]* [KMG]B · since (\d\d:\d\d UTC|\d{4}-\d\d-\d\d)$"), timeout=10_000)
     checks.check(True, f"{tag}: the overview lists every market's upstream (crypto connected)")
+    # The REST gateway: a closed month's bars asked twice through the relay (the vendor once, then the
+    # cache), so the card shows a hit rate and the account's budget.
+    page.evaluate("""async () => {
+        const headers = { Authorization: `Bearer ${sessionStorage.getItem("relay.key")}` };
+        for (let i = 0; i < 2; i++) await fetch("/v2/aggs/ticker/AAPL/range/1/day/2026-10-01/2026-10-31", { headers });
+    }""")
+    expect(page.locator("#stat-gateway")).to_have_text(re.compile(r"^\d+% without a call$"), timeout=10_000)
+    expect(page.locator("#note-gateway")).to_contain_text("polygon budget 100/s", timeout=10_000)
+    checks.check(True, f"{tag}: the REST gateway card shows its hit rate ({page.locator('#stat-gateway').inner_text()}) and the account's budget")
 
 
 def check_quotes(page, checks, tag):

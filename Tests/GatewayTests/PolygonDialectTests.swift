@@ -29,11 +29,16 @@ struct PolygonDialectTests {
         #expect(try routed("/v2/last/nbbo/AAPL").scope == .topics(.stocks, [Topic(parsing: "Q.AAPL")!]))
         #expect(try routed("/v1/last/crypto/BTC/USD").scope == .topics(.crypto, [Topic(parsing: "XT.BTC-USD")!]))
         let snapshot = try routed("/v2/snapshot/locale/us/markets/stocks/tickers/MSFT")
-        #expect(snapshot.live && snapshot.scope == .topics(.stocks, [Topic(parsing: "T.MSFT")!]))
+        #expect(snapshot.live && snapshot.scope == .topics(.stocks, ["T.MSFT", "Q.MSFT", "AM.MSFT"].compactMap { Topic(parsing: $0) }))
+        // Indices' and forex's last values are not the stream's trades: the vendor answers them.
+        #expect(try !routed("/v2/last/trade/C:EURUSD").live)
         // An option's last trade is the options market's; a crypto snapshot is passed through.
         #expect(try routed("/v2/last/trade/O:SPY251219C00650000").scope == .topics(.options, [Topic(parsing: "T.O:SPY251219C00650000")!]))
         let crypto = try routed("/v2/snapshot/locale/global/markets/crypto/tickers/X:BTCUSD")
-        #expect(!crypto.live && crypto.scope == .topics(.crypto, [Topic(parsing: "XT.BTC-USD")!]))
+        #expect(!crypto.live && crypto.scope == .topics(.crypto, ["XT.BTC-USD", "XQ.BTC-USD", "XA.BTC-USD"].compactMap { Topic(parsing: $0) }))
+        // A further page of tickers named in the query needs the whole market: the cursor could name others.
+        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL")]).scope == .topics(.stocks, [Topic(parsing: "T.AAPL")!]))
+        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL"), ("cursor", "abc")]).scope == .markets(Market.allCases))
         #expect(try routed("/v2/snapshot/locale/us/markets/stocks/tickers").scope == .markets([.stocks]))
     }
 
@@ -76,6 +81,13 @@ struct PolygonDialectTests {
             }
         }
         guard case .failure(.notFound) = route("/v2/not/a/route") else { Issue.record("an unknown route is a 404"); return }
+        // A date past any calendar is refused, not overflowed.
+        guard case .failure(.badRequest) = route("/v2/aggs/ticker/AAPL/range/1/day/0/9223372036854775807") else { Issue.record("a huge date"); return }
+        guard case .failure(.badRequest) = route("/v1/open-close/AAPL/9223372036854775807") else { Issue.record("a huge date"); return }
+        guard case .failure(.badRequest) = route("/v3/snapshot", [("ticker.any_of", "AAPL"), ("ticker.any_of", "TSLA")]) else {
+            Issue.record("a parameter given twice")
+            return
+        }
         guard case .failure(.badRequest) = route("/v3/trades/AAPL", [("limit", "0")]) else { Issue.record("limit 0"); return }
         guard case .failure(.badRequest) = route("/v3/trades/AAPL", [("bad name", "1")]) else { Issue.record("a parameter name with a space"); return }
         guard case .failure(.badRequest) = route("/v2/aggs/ticker/AAPL/range/1/fortnight/2026-10-01/2026-10-02") else { Issue.record("timespan"); return }

@@ -129,14 +129,19 @@ export function mount(main) {
       const latest = values.length ? values[values.length - 1] : null;
       document.getElementById(`spark-${id}`).replaceChildren(sparkline(values, `${what} over the last ${minutes} min; latest ${latest === null ? "none" : what.includes("ms") ? ms(latest) : rate(latest)}`));
     };
-    // The REST gateway: answers that cost no upstream call, and the account's budget.
-    const g = s.gateway;
-    if (g) {
-      const served = g.answers.live + g.answers.cache + g.answers.coalesced + g.answers.upstream;
-      set("stat-gateway", g.hitRate === null || g.hitRate === undefined ? "no requests yet" : `${Math.round(g.hitRate * 100)}% without a call`);
-      const paused = g.pausedUntil && g.pausedUntil > Date.now() ? ` · paused by the vendor for ${Math.ceil((g.pausedUntil - Date.now()) / 1000)} s` : "";
-      const cache = g.cacheBytes === null || g.cacheBytes === undefined ? "no cache" : `cache ${(g.cacheBytes / 1048576).toFixed(1)} MB`;
-      set("note-gateway", `${served.toLocaleString()} answered (${g.answers.live.toLocaleString()} live, ${g.answers.cache.toLocaleString()} cached, ${g.answers.coalesced.toLocaleString()} shared) · budget ${g.budget}: ${Math.floor(g.tokens)} of ${g.burst} left${g.waiting ? `, ${g.waiting} waiting` : ""}${paused} · ${g.refusedByBudget.toLocaleString()} refused · ${cache}`);
+    // The REST gateways (one per vendor account): answers that cost no upstream call, and each budget.
+    const gateways = s.gateways || [];
+    if (gateways.length) {
+      const sum = (f) => gateways.reduce((n, g) => n + f(g.answers), 0);
+      const saved = sum((a) => a.live + a.cache + a.coalesced);
+      const served = saved + sum((a) => a.upstream);
+      set("stat-gateway", served === 0 ? "no requests yet" : `${Math.round((saved / served) * 100)}% without a call`);
+      const budgets = gateways.map((g) => {
+        const paused = g.pausedUntil && g.pausedUntil > Date.now() ? `, paused by the vendor for ${Math.ceil((g.pausedUntil - Date.now()) / 1000)} s` : "";
+        return `${g.vendor} budget ${g.budget}: ${Math.floor(g.tokens)} of ${g.burst} left${g.waiting ? `, ${g.waiting} waiting` : ""}${paused}, ${g.refusedByBudget.toLocaleString()} refused`;
+      });
+      const cache = gateways[0].cacheBytes === null || gateways[0].cacheBytes === undefined ? "no cache" : `cache ${(gateways[0].cacheBytes / 1048576).toFixed(1)} MB`;
+      set("note-gateway", `${served.toLocaleString()} answered (${sum((a) => a.live).toLocaleString()} live, ${sum((a) => a.cache).toLocaleString()} cached, ${sum((a) => a.coalesced).toLocaleString()} shared) · ${budgets.join(" · ")} · ${cache}`);
     } else {
       set("stat-gateway", "off");
       set("note-gateway", "no REST API configured");
