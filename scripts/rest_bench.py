@@ -125,7 +125,7 @@ async def held_tickers(port, count):
     return tickers, holder, asyncio.create_task(drain())
 
 
-async def live(binary, seconds):
+async def live(binary, seconds, clients=100):
     relay = Relay(binary)
     try:
         tickers, holder, drain = await held_tickers(relay.port, 50)
@@ -150,11 +150,11 @@ async def live(binary, seconds):
                 await asyncio.sleep(max(0, next_round - time.time()))
 
         started = time.time()
-        await asyncio.gather(*(client() for _ in range(100)))
+        await asyncio.gather(*(client() for _ in range(clients)))
         elapsed = time.time() - started
         result = {
-            "scenario": "live: 100 clients x (last trade + last quote) x 50 held tickers, once a second",
-            "requests": len(latencies), "per_second": round(len(latencies) / elapsed), "asked_per_second": 100 * 50 * 2,
+            "scenario": f"live: {clients} clients x (last trade + last quote) x 50 held tickers, once a second",
+            "requests": len(latencies), "per_second": round(len(latencies) / elapsed), "asked_per_second": clients * 50 * 2,
             "answers": sources, "vendor_calls": metric(relay.port, "relay_rest_upstream_calls_total") - calls,
             "p50_ms": round(quantile(latencies, 0.5) * 1000, 2), "p99_ms": round(quantile(latencies, 0.99) * 1000, 2),
             "relay_cpu_seconds": round(relay.cpu_seconds() - cpu, 2), "seconds": round(elapsed, 1),
@@ -215,10 +215,11 @@ def main():
     parser.add_argument("--relay", default=".build/release/relay")
     parser.add_argument("--scenario", default="all", choices=["live", "aggs", "burst", "all"])
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--clients", type=int, default=100, help="the live scenario's clients")
     args = parser.parse_args()
     results = []
     if args.scenario in ("live", "all"):
-        results.append(asyncio.run(live(args.relay, args.seconds)))
+        results.append(asyncio.run(live(args.relay, args.seconds, args.clients)))
     if args.scenario in ("aggs", "all"):
         results.append(asyncio.run(aggs(args.relay)))
     if args.scenario in ("burst", "all"):

@@ -36,22 +36,25 @@ extension JSONText {
         return value.dropFirst().dropLast()
     }
 
+    /// Reads UTF-8 bytes; the members' values are slices of the text (UTF-8 indices are the text's).
     private struct Scanner {
         let text: Substring
+        let utf8: Substring.UTF8View
         var index: Substring.Index
 
         init(text: Substring) {
             self.text = text
-            index = text.startIndex
+            utf8 = text.utf8
+            index = utf8.startIndex
         }
 
         mutating func object() -> [String: Substring]? {
             skipSpace()
-            guard peek == "{" else { return nil }
+            guard peek == UInt8(ascii: "{") else { return nil }
             advance()
             var members: [String: Substring] = [:]
             skipSpace()
-            if peek == "}" {
+            if peek == UInt8(ascii: "}") {
                 advance()
                 return finished() ? members : nil
             }
@@ -59,18 +62,18 @@ extension JSONText {
                 skipSpace()
                 guard let keyText = string() else { return nil }
                 skipSpace()
-                guard peek == ":" else { return nil }
+                guard peek == UInt8(ascii: ":") else { return nil }
                 advance()
                 skipSpace()
                 let start = index
                 guard value(depth: 0) else { return nil }
                 members[String(keyText.dropFirst().dropLast())] = text[start..<index]
                 skipSpace()
-                if peek == "," {
+                if peek == UInt8(ascii: ",") {
                     advance()
                     continue
                 }
-                guard peek == "}" else { return nil }
+                guard peek == UInt8(ascii: "}") else { return nil }
                 advance()
                 return finished() ? members : nil
             }
@@ -78,28 +81,28 @@ extension JSONText {
 
         private mutating func finished() -> Bool {
             skipSpace()
-            return index == text.endIndex
+            return index == utf8.endIndex
         }
 
-        private var peek: Character? { index < text.endIndex ? text[index] : nil }
+        private var peek: UInt8? { index < utf8.endIndex ? utf8[index] : nil }
 
-        private mutating func advance() { index = text.index(after: index) }
+        private mutating func advance() { index = utf8.index(after: index) }
 
         private mutating func skipSpace() {
-            while let character = peek, character == " " || character == "\n" || character == "\r" || character == "\t" { advance() }
+            while let byte = peek, byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 { advance() }
         }
 
         /// A string, quotes included.
         private mutating func string() -> Substring? {
-            guard peek == "\"" else { return nil }
+            guard peek == UInt8(ascii: "\"") else { return nil }
             let start = index
             advance()
-            while let character = peek {
+            while let byte = peek {
                 advance()
-                if character == "\\" {
+                if byte == UInt8(ascii: "\\") {
                     guard peek != nil else { return nil }
                     advance()
-                } else if character == "\"" {
+                } else if byte == UInt8(ascii: "\"") {
                     return text[start..<index]
                 }
             }
@@ -109,9 +112,10 @@ extension JSONText {
         private mutating func value(depth: Int) -> Bool {
             guard depth < 32, let first = peek else { return false }
             switch first {
-            case "\"": return string() != nil
-            case "{", "[":
-                let close: Character = first == "{" ? "}" : "]"
+            case UInt8(ascii: "\""): return string() != nil
+            case UInt8(ascii: "{"), UInt8(ascii: "["):
+                let object = first == UInt8(ascii: "{")
+                let close = object ? UInt8(ascii: "}") : UInt8(ascii: "]")
                 advance()
                 skipSpace()
                 if peek == close {
@@ -120,16 +124,16 @@ extension JSONText {
                 }
                 while true {
                     skipSpace()
-                    if first == "{" {
+                    if object {
                         guard string() != nil else { return false }
                         skipSpace()
-                        guard peek == ":" else { return false }
+                        guard peek == UInt8(ascii: ":") else { return false }
                         advance()
                         skipSpace()
                     }
                     guard value(depth: depth + 1) else { return false }
                     skipSpace()
-                    if peek == "," {
+                    if peek == UInt8(ascii: ",") {
                         advance()
                         continue
                     }
@@ -138,14 +142,16 @@ extension JSONText {
                     return true
                 }
             default:
-                // A number, true, false or null: its characters up to the next delimiter.
+                // A number, true, false or null: its bytes up to the next delimiter.
                 let start = index
-                while let character = peek, "-+.0123456789eEtrufalsn".contains(character) { advance() }
+                while let byte = peek, Self.wordBytes[Int(byte)] { advance() }
                 let word = text[start..<index]
                 if word.isEmpty { return false }
                 if word == "true" || word == "false" || word == "null" { return true }
                 return Double(word) != nil
             }
         }
+
+        private static let wordBytes: [Bool] = (0..<256).map { Array("-+.0123456789eEtrufalsn".utf8).contains(UInt8($0)) }
     }
 }

@@ -6,6 +6,7 @@ import NIOCore
 import MarketREST
 import MarketCore
 import PolygonWire
+import RESTGateway
 
 /// The upstream's REST API, Polygon's paths: last trade and quote, daily aggregates, previous close,
 /// market status. The demo feed serves the same paths.
@@ -121,9 +122,7 @@ public struct PolygonREST: MarketReference {
         return await get(next.path, query: query, priority: priority)
     }
 
-    public static func escaped(_ symbol: String) -> String {
-        symbol.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ":.-_"))) ?? symbol
-    }
+    public static func escaped(_ symbol: String) -> String { GatewayPath.escaped(symbol) }
 
     /// `/v2/last/trade/{ticker}`.
     public func lastTrade(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastTrade, FetchError> {

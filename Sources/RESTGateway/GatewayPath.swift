@@ -10,14 +10,19 @@ public enum GatewayPath {
         guard path.hasPrefix("/"), !path.hasPrefix("//"), !path.contains("\\"), path.utf8.count <= 2048 else {
             return .failure(.badRequest("not a path of the vendor's REST API: \(path.prefix(100))"))
         }
-        let lowered = path.lowercased()
-        guard !lowered.contains("%2f"), !lowered.contains("%5c"), !lowered.contains("%00") else {
-            return .failure(.badRequest("an encoded / or \\ is not allowed in a path"))
+        let bytes = Array(path.utf8)
+        for index in bytes.indices where bytes[index] == UInt8(ascii: "%") && index + 2 < bytes.count {
+            let code = (bytes[index + 1] | 0x20, bytes[index + 2] | 0x20)
+            // %2F, %5C, %00
+            if code == (UInt8(ascii: "2"), UInt8(ascii: "f")) || code == (UInt8(ascii: "5"), UInt8(ascii: "c")) || code == (UInt8(ascii: "0"), UInt8(ascii: "0")) {
+                return .failure(.badRequest("an encoded / or \\ is not allowed in a path"))
+            }
         }
         var segments: [String] = []
         for raw in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-            guard let decoded = raw.removingPercentEncoding, !decoded.isEmpty, decoded != ".", decoded != "..",
-                decoded.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value != 0x7F && $0 != "?" && $0 != "#" && $0 != "@" })
+            let decoded = raw.contains("%") ? raw.removingPercentEncoding : String(raw)
+            guard let decoded, !decoded.isEmpty, decoded != ".", decoded != "..",
+                decoded.utf8.allSatisfy({ $0 > 0x20 && $0 != 0x7F && $0 != UInt8(ascii: "?") && $0 != UInt8(ascii: "#") && $0 != UInt8(ascii: "@") })
             else {
                 return .failure(.badRequest("not a path of the vendor's REST API: \(path.prefix(100))"))
             }
@@ -38,7 +43,7 @@ public enum GatewayPath {
         for item in query where item.name != "apiKey" {
             guard names.insert(item.name).inserted else { return .failure(.badRequest("query parameter \(item.name.prefix(64)) is given twice")) }
             guard !item.name.isEmpty, item.name.utf8.count <= 64,
-                item.name.unicodeScalars.allSatisfy({ CharacterSet.alphanumerics.contains($0) || $0 == "." || $0 == "_" })
+                item.name.utf8.allSatisfy({ Self.isAlphanumeric($0) || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "_") })
             else { return .failure(.badRequest("query parameter \"\(item.name.prefix(64))\" is not one of the API's")) }
             guard item.value.utf8.count <= 4096 else { return .failure(.badRequest("query parameter \(item.name): longer than 4096 bytes")) }
             if item.name == "limit", Int(item.value).map({ $0 < 1 }) ?? true {
@@ -50,20 +55,52 @@ public enum GatewayPath {
         return .success(kept)
     }
 
-    /// The request upstream: the segments encoded again, the checked query.
+    /// The request upstream: the segments encoded again, the checked query (every byte but letters,
+    /// digits and `-._~` percent-encoded, `+` included: most servers read it as a space).
     public static func upstream(_ segments: [String], _ query: [(name: String, value: String)]) -> String {
-        let path = "/" + segments.map(escaped).joined(separator: "/")
-        guard !query.isEmpty else { return path }
-        var components = URLComponents()
-        components.queryItems = query.map { URLQueryItem(name: $0.name, value: $0.value) }
-        // `+` is a space to most servers: encoded, as in a timestamp's offset.
-        let text = (components.percentEncodedQuery ?? "").replacingOccurrences(of: "+", with: "%2B")
-        return "\(path)?\(text)"
+        var out = ""
+        out.reserveCapacity(64)
+        for segment in segments {
+            out += "/"
+            out += escaped(segment)
+        }
+        for (index, item) in query.enumerated() {
+            out += index == 0 ? "?" : "&"
+            out += encoded(item.name, keeping: Self.unreserved)
+            out += "="
+            out += encoded(item.value, keeping: Self.unreserved)
+        }
+        return out
     }
 
     /// A path segment percent-encoded (letters, digits and `:.-_` as they are).
-    public static func escaped(_ segment: String) -> String {
-        segment.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ":.-_"))) ?? segment
+    public static func escaped(_ segment: String) -> String { encoded(segment, keeping: Self.segmentSafe) }
+
+    private static func isAlphanumeric(_ byte: UInt8) -> Bool {
+        (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte)
+            || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
+    }
+
+    private static let unreserved: [Bool] = (0..<256).map { byte in
+        isAlphanumeric(UInt8(byte)) || Array("-._~".utf8).contains(UInt8(byte))
+    }
+    private static let segmentSafe: [Bool] = (0..<256).map { byte in
+        isAlphanumeric(UInt8(byte)) || Array(":.-_".utf8).contains(UInt8(byte))
+    }
+
+    private static func encoded(_ text: String, keeping safe: [Bool]) -> String {
+        if text.utf8.allSatisfy({ safe[Int($0)] }) { return text }
+        let hex = Array("0123456789ABCDEF".utf8)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(text.utf8.count * 3)
+        for byte in text.utf8 {
+            if safe[Int(byte)] {
+                bytes.append(byte)
+            } else {
+                bytes += [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]]
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 }
 
