@@ -7,8 +7,8 @@ import Testing
 /// naming the file).
 @Suite("Module boundaries: who may import a vendor's module")
 struct ModuleBoundaryTests {
-    /// The vendors' modules: their wire protocols and Polygon's REST client.
-    static let vendorModules: Set<String> = ["PolygonWire", "AlpacaWire", "PolygonRESTClient"]
+    /// The vendors' modules: their wire protocols and their REST clients and gateway dialects.
+    static let vendorModules: Set<String> = ["PolygonWire", "AlpacaWire", "PolygonRESTClient", "AlpacaREST"]
     /// The modules that may import them: the composition root and what it is built of for a vendor.
     static let allowed: Set<String> = ["RelayComposition", "relay", "DemoFeed", "RelayBench"]
 
