@@ -68,16 +68,11 @@ public struct AlpacaGatewayDialect: GatewayDialect {
 
     public func route(_ request: GatewayRequest, now: Int64) -> Result<GatewayRoute, GatewayProblem> {
         let segments: [String]
-        switch GatewayPath.segments(of: request.path) {
-        case .success(let parsed): segments = parsed
+        let upstream: String
+        switch GatewayPath.parse(request) {
+        case .success(let parsed): (segments, upstream) = parsed
         case .failure(let problem): return .failure(problem)
         }
-        let query: [(name: String, value: String)]
-        switch GatewayPath.checkedQuery(request.query) {
-        case .success(let checked): query = checked
-        case .failure(let problem): return .failure(problem)
-        }
-        let upstream = GatewayPath.upstream(segments, query)
         let s = segments
         func route(_ name: String, _ scope: RouteScope, _ policy: CachePolicy, _ priority: RequestGate.Priority = .background, live: Bool = false)
             -> Result<GatewayRoute, GatewayProblem>

@@ -4,6 +4,14 @@ import MarketCore
 /// A request's path and query checked once for every vendor: one plain path on the vendor's host, the
 /// client's key left out, parameters in a fixed order.
 public enum GatewayPath {
+    /// A request's checked segments and the request to send upstream (``segments(of:)``,
+    /// ``checkedQuery(_:)``, ``upstream(_:_:)``), or why it has none.
+    public static func parse(_ request: GatewayRequest) -> Result<(segments: [String], upstream: String), GatewayProblem> {
+        segments(of: request.path).flatMap { segments in
+            checkedQuery(request.query).map { query in (segments, upstream(segments, query)) }
+        }
+    }
+
     /// The path's segments, decoded; refused: anything that is not one plain path on the vendor's host
     /// (`//`, `..`, an encoded `/` or `\`, control characters, an absolute URL).
     public static func segments(of path: String) -> Result<[String], GatewayProblem> {
