@@ -833,3 +833,44 @@ struct ShutdownTests {
         #expect(ContinuousClock.now - stoppedAt < .seconds(4))
     }
 }
+
+/// The REST gateway on a cluster: the account's budget is the cluster's, not each node's.
+@Suite("Cluster: one REST budget for every node", .serialized, .enabled(if: ClusterHarness.enabled, "nats-server is not installed (scripts/test installs it)"))
+struct ClusterRESTBudgetTests {
+    @Test func twoNodesTogetherSendTheVendorNoMoreThanThePlan() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-cluster-rest-\(UUID().uuidString)").path
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let feedPort = try await cluster.feed.listeningPort()
+            var ports: [Int] = []
+            for id in ["n1", "n2"] {
+                ports.append(
+                    try await cluster.startNode(
+                        id,
+                        extra: [
+                            "--no-portfolio", "--no-tape", "--rest-url", "http://127.0.0.1:\(feedPort)", "--rest-key", ClusterHarness.upstreamKey,
+                            "--rest-budget", "5/min",
+                        ],
+                        environment: ["RELAY_REST_CACHE_PATH": "\(directory)/\(id).sqlite", "RELAY_REST_MAX_WAIT_SECONDS": "1"]))
+            }
+            let before = cluster.feed.restCount("trades", "AAPL").started
+            let now = WallClock.nowMilliseconds() * 1_000_000
+            // 15 distinct requests (no coalescing, nothing cacheable) at each node at once.
+            let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+                for (node, port) in ports.enumerated() {
+                    for index in 0..<15 {
+                        group.addTask {
+                            let gte = now - Int64(node * 100 + index + 1) * 1_000_000_000
+                            return try await httpGetWithHeaders("http://127.0.0.1:\(port)/v3/trades/AAPL?timestamp.gte=\(gte)&limit=5", key: "any").status
+                        }
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            let sent = cluster.feed.restCount("trades", "AAPL").started - before
+            #expect(sent <= 5 && sent >= 1, "the vendor saw \(sent) calls from two nodes on a 5/min plan")
+            #expect(statuses.filter { $0 == 200 }.count == sent)
+            #expect(statuses.filter { $0 == 429 }.count == 30 - sent, "\(Dictionary(grouping: statuses) { $0 }.mapValues(\.count))")
+        }
+    }
+}
