@@ -187,13 +187,6 @@ public final class Relay: Service, Sendable {
             }
             if upstream.restURL != nil { upstream.restBudget = budget(gateway.budget, account: "polygon") }
             if upstream.alpacaREST != nil { upstream.alpacaBudget = budget(gateway.alpacaBudget, account: "alpaca") }
-            // A node counts on its own bucket only while NATS does not answer: give it a moment to, so
-            // the first requests after a start are the cluster's too.
-            for case let shared as SharedRESTBudget in [upstream.restBudget, upstream.alpacaBudget] {
-                if await !shared.reachable(within: .seconds(3)) {
-                    logger.warning("REST budget: the cluster's shared bucket did not answer within 3 s; counting on this node's own until it does")
-                }
-            }
         }
         let rest = RESTClientBox()
         let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
