@@ -75,6 +75,15 @@ public struct AlpacaWireProtocol: WireProtocol {
     /// book updates (changes that mean nothing alone).
     public func snapshotless(of market: Market) -> Set<String> { AlpacaChannel.snapshotless.intersection(eventTypes(of: market)) }
 
+    /// Crypto order books (`o`): each carried book is kept from its increments (``AlpacaOrderBook``), so
+    /// a subscriber that joins after the vendor's whole book (`"r":true`) went by gets the book first.
+    public func folding(of market: Market, limits: FoldLimits) -> TopicFolding? {
+        let type = AlpacaChannel.orderbooks.eventType
+        guard eventTypes(of: market).contains(type) else { return nil }
+        let levels = limits.bookLevels
+        return TopicFolding(eventTypes: [type]) { topic in AlpacaOrderBook(symbol: topic.ticker, levels: levels) }
+    }
+
     /// Quotes and bars (minute, updated, daily); not trades, statuses, LULD bands, corrections or order
     /// book updates (increments).
     public var stateEventTypes: Set<String> {

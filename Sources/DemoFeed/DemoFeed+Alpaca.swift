@@ -106,7 +106,14 @@ extension DemoFeed {
                 return
             }
             let topics = session.topics
-            connections.withLock { $0[id]?.topics = topics }
+            // A book subscribed to is owed whole, as Alpaca sends it after a subscribe.
+            let books = reaction.added.filter { $0.eventType == "o" }.map(\.ticker)
+            let dropped = reaction.removed.filter { $0.eventType == "o" }.map(\.ticker)
+            connections.withLock { connections in
+                connections[id]?.topics = topics
+                connections[id]?.booksOwed.formUnion(books)
+                connections[id]?.booksOwed.subtract(dropped)
+            }
         }
     }
 }

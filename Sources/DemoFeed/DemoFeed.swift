@@ -48,6 +48,8 @@ public final class DemoFeed: Service, Sendable {
         /// Alpaca's protocol in this codec; `nil`: Polygon's.
         let alpaca: AlpacaCodec?
         var topics: Set<Topic> = []
+        /// Order books it subscribed to and has not been sent whole yet (Alpaca symbols).
+        var booksOwed: Set<String> = []
         let outputs: AsyncStream<FeedOutput>.Continuation
 
         func wants(_ event: MarketEvent) -> Bool {
@@ -371,6 +373,12 @@ public final class DemoFeed: Service, Sendable {
         let barLength = max(configuration.aggregateInterval.milliseconds, 1)
         var barStart = opened / barLength * barLength
         let makesBars = configuration.universe == nil && configuration.universes[kind] == nil
+        // Alpaca's crypto order books, for the first pairs.
+        let bookTickers = kind == .crypto && configuration.alpaca ? Array(market.tickers.prefix(Self.bookPairs)) : []
+        func bookPrices() -> [String: Int64] {
+            Dictionary(bookTickers.compactMap { ticker in market.cents(of: ticker).map { (AlpacaSymbol.of(ticker, market: kind), $0) } }) { first, _ in first }
+        }
+        var books = bookTickers.isEmpty ? nil : DemoBooks(prices: bookPrices(), seed: seed)
         while !Task.isCancelled {
             nextTick = nextTick.advanced(by: tick)
             do {
@@ -408,19 +416,40 @@ public final class DemoFeed: Service, Sendable {
                 tape?.append(records, bars: bars, now: now)
                 if configuration.alpaca { events = Self.alpacaEvents(records, bars, tickers: market.tickers, market: kind, stamp: stamp) }
             }
+            if var current = books {
+                events += current.tick(prices: bookPrices(), nanoseconds: now * 1_000_000)
+                books = current
+            }
             // A machine that fell behind catches up from now rather than bursting.
             if clock.now - nextTick > tick * 10 { nextTick = clock.now }
-            broadcast(events, market: kind)
+            broadcast(events, market: kind, books: books)
         }
     }
 
-    private func broadcast(_ events: [MarketEvent], market: Market) {
-        guard !events.isEmpty else { return }
-        let targets = connections.withLock { Array($0.values.filter { $0.market == market }) }
+    /// How many of the crypto pairs have order books (Alpaca's protocol).
+    static let bookPairs = 16
+
+    private func broadcast(_ events: [MarketEvent], market: Market, books: DemoBooks? = nil) {
+        // Taken with the topics, in one look: a book subscribed to is sent whole before any change to it.
+        let targets = connections.withLock { connections in
+            var targets: [FeedConnection] = []
+            for (id, connection) in connections where connection.market == market {
+                targets.append(connection)
+                if !connection.booksOwed.isEmpty { connections[id]?.booksOwed = [] }
+            }
+            return targets
+        }
+        guard !events.isEmpty || targets.contains(where: { !$0.booksOwed.isEmpty }) else { return }
         var frames = 0
         var sent = 0
         for connection in targets where !connection.topics.isEmpty {
-            let wanted = events.filter(connection.wants)
+            var wanted = events.filter(connection.wants)
+            if !connection.booksOwed.isEmpty, let books {
+                // The whole book holds this tick's change to it already.
+                let owed = connection.booksOwed.contains("*") ? Set(books.symbols) : connection.booksOwed
+                wanted.removeAll { $0.eventType == "o" && owed.contains($0.ticker) }
+                wanted.insert(contentsOf: owed.sorted().compactMap { books.reset($0) }, at: 0)
+            }
             guard !wanted.isEmpty else { continue }
             if let codec = connection.alpaca {
                 for payload in AlpacaDelivery.payloads(wanted, codec: codec) {

@@ -15,8 +15,9 @@ import NIOCore
 /// - ``eventTypes(of:)``: the event types a market's topics have (the cluster's subjects);
 /// - ``checkedEvent(_:topic:market:receivedAt:)``: an event that arrived from elsewhere (NATS), checked
 ///   to be exactly one event of the topic it claims;
-/// - ``snapshotless(of:)``: event types whose last value is no snapshot; ``stateEventTypes``: those
-///   conflation may merge;
+/// - ``snapshotless(of:)``: event types whose last value is no snapshot; ``folding(of:limits:)``: those
+///   whose state is folded for a late subscriber (order books); ``stateEventTypes``: those conflation
+///   may merge;
 /// - ``priceTopics(of:market:)``, ``heldSymbol(of:market:)`` and ``price(in:)``: how a held symbol is
 ///   priced from the stream (the portfolio);
 /// - ``upstreamSession(key:secret:)``, ``readUpstream(_:receivedAt:market:)``, ``upstreamSendsBinary`` and
@@ -45,6 +46,10 @@ public protocol WireProtocol: Sendable {
 
     /// Event types whose last event is no snapshot for a new subscriber (one-off events, increments).
     func snapshotless(of market: Market) -> Set<String>
+
+    /// The event types whose topics the hub folds into a state a late subscriber starts from (an order
+    /// book from its increments), and how; `nil`: none.
+    func folding(of market: Market, limits: FoldLimits) -> TopicFolding?
 
     /// Event types whose newest value replaces the older (quotes, bars, index values): what conflation
     /// may merge for a slow client. Trades, statuses and increments never are.

@@ -9,6 +9,7 @@ extension MarketDataHub {
     public func reportLoss(_ count: Int, topics: Set<Topic>?, reason: String) {
         // On the tape too: what follows is not whole.
         tap?.interrupted(epoch: history?.epoch)
+        interruptFolds(topics)
         let notice = wire.render(
             Notice(.lagging, message: "\(count) events were lost before reaching this relay (\(reason))", details: ["dropped": .number(Int64(count))]))
         let lostTypes = topics.map { Set($0.map(\.eventType)) }
@@ -71,8 +72,20 @@ extension MarketDataHub {
         // market sequence of its own: a client that stood just before it is told the gap).
         history?.interruptAll(now: now, marked: !adoptsPositions)
         tap?.interrupted(epoch: history?.epoch)
+        interruptFolds(nil)
         tellOutageStarted(outage.notice)
         logger.debug("subscribers told the upstream is down", metadata: ["subscribers": "\(subscribers.count)"])
+    }
+
+    /// Folded states (order books) of `topics` (all when `nil`, or when a wildcard of their type lost
+    /// events) missed events: none is served until the vendor sends it whole again.
+    func interruptFolds(_ topics: Set<Topic>?) {
+        guard let folding else { return }
+        let wildTypes = topics.map { Set($0.filter(\.isWildcard).map(\.eventType)) } ?? []
+        for (topic, entry) in entries where folding.eventTypes.contains(topic.eventType) {
+            if let topics, !topics.contains(topic), !wildTypes.contains(topic.eventType) { continue }
+            entry.fold?.interrupt()
+        }
     }
 
     /// The first events after an outage: those told of it are told the window, and gap fill is asked.

@@ -45,5 +45,7 @@ extension MarketDataHub {
     final class TopicEntry {
         var subscribers: [Subscriber] = []
         var last: MarketEvent?
+        /// The topic's state folded from its events (an order book), for a type the protocol folds.
+        var fold: (any TopicFold)?
     }
 }

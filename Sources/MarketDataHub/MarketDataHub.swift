@@ -39,6 +39,9 @@ public actor MarketDataHub {
     /// new ones (Alpaca's corrections `c` and cancel errors `x`) and changes that mean nothing alone
     /// (Alpaca's order book updates `o`).
     public let snapshotless: Set<String>
+    /// Event types whose topics are folded into a state a new subscriber gets instead of the last
+    /// event (order books built from increments; ``TopicFold``), and how.
+    let folding: TopicFolding?
     /// Whether a topic's last event is kept after nobody wants it any more. A single relay keeps it (its
     /// upstream is the only source); a cluster node forgets it, because once unwanted nothing keeps it
     /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
@@ -101,6 +104,8 @@ public actor MarketDataHub {
     ///   - snapshotOnSubscribe: whether a new subscription to a ticker topic immediately gets that
     ///     topic's last event.
     ///   - snapshotless: event types that never get one.
+    ///   - folding: event types whose topics are kept as a folded state (an order book), given as the
+    ///     snapshot instead of the last event.
     ///   - onWantedTopicsChange: called, on the hub, with what joined and left the upstream topic set
     ///     each time it changes. It must not block (the upstream client queues the change and returns).
     public init(
@@ -108,6 +113,7 @@ public actor MarketDataHub {
         policy: SlowConsumerPolicy = .drop,
         snapshotOnSubscribe: Bool = true,
         snapshotless: Set<String> = [],
+        folding: TopicFolding? = nil,
         keepsUnwantedLastValues: Bool = true,
         history: HistoryLimits? = HistoryLimits(),
         adoptsPositions: Bool = false,
@@ -123,6 +129,7 @@ public actor MarketDataHub {
         self.policy = policy
         self.snapshotOnSubscribe = snapshotOnSubscribe
         self.snapshotless = snapshotless
+        self.folding = folding
         self.keepsUnwantedLastValues = keepsUnwantedLastValues
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
@@ -181,12 +188,22 @@ public actor MarketDataHub {
                 let first = wildcards[topic.eventType] == nil
                 wildcards[topic.eventType, default: []].append(subscriber)
                 if first { wildcardWanted(topic.eventType) }
+                // Every whole state of the type: a wildcard's holder starts each book whole too.
+                if snapshotOnSubscribe, folding?.eventTypes.contains(topic.eventType) == true, snapshot(topic) {
+                    let wholes = entries.compactMap { $0.key.eventType == topic.eventType ? $0.value.fold?.whole() : nil }
+                    if !wholes.isEmpty { enqueue(HubDelivery(wholes), to: subscriber) }
+                }
                 continue
             }
             let entry = entry(for: topic)
             entry.subscribers.append(subscriber)
             if entry.subscribers.count == 1 { tickerWanted(topic) }
-            if snapshotOnSubscribe, !snapshotless.contains(topic.eventType), let last = entry.last, snapshot(topic) {
+            guard snapshotOnSubscribe, snapshot(topic) else { continue }
+            if let fold = entry.fold {
+                // The whole state, or nothing while it is not known whole (the vendor's whole one is on
+                // its way, and goes to every holder).
+                if let whole = fold.whole() { enqueue(HubDelivery([whole]), to: subscriber) }
+            } else if !snapshotless.contains(topic.eventType), let last = entry.last {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }
@@ -225,6 +242,7 @@ public actor MarketDataHub {
     func entry(for topic: Topic) -> TopicEntry {
         if let entry = entries[topic] { return entry }
         let entry = TopicEntry()
+        entry.fold = folding?.fold(for: topic)
         entries[topic] = entry
         return entry
     }
@@ -235,6 +253,10 @@ public actor MarketDataHub {
             if wildcards[topic.eventType]?.isEmpty == true {
                 wildcards[topic.eventType] = nil
                 wildcardUnwanted(topic.eventType)
+                // Books nobody holds by name any more stop coming: no longer vouched for.
+                if folding?.eventTypes.contains(topic.eventType) == true {
+                    for (key, entry) in entries where key.eventType == topic.eventType && entry.subscribers.isEmpty { entry.fold?.interrupt() }
+                }
                 if !keepsUnwantedLastValues {
                     entries = entries.filter { $0.key.eventType != topic.eventType || !$0.value.subscribers.isEmpty }
                 }
@@ -242,6 +264,8 @@ public actor MarketDataHub {
         } else if let entry = entries[topic] {
             entry.subscribers.removeAll { $0 === subscriber }
             if entry.subscribers.isEmpty { tickerUnwanted(topic) }
+            // Unwanted, its events stop: a folded state kept would go stale unseen.
+            if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil { entry.fold?.interrupt() }
             // Unwanted and nothing worth keeping (no last value, or a cluster node's): freed, so junk
             // topics leave no trace.
             if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil, entry.last == nil || !keepsUnwantedLastValues {
@@ -339,6 +363,7 @@ public actor MarketDataHub {
                 if let entry = entries[event.topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: event.topic) : nil) {
                     // Its own bytes: a cached event must not keep its whole upstream message alive.
                     entry.last = event.compacted()
+                    entry.fold?.apply(event)
                     for subscriber in entry.subscribers {
                         if subscriber.mask == 0 { touched.append(subscriber) }
                         subscriber.mask |= bit

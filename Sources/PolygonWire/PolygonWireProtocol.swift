@@ -77,6 +77,10 @@ public struct PolygonWireProtocol: WireProtocol {
     /// Polygon's last values are all snapshots.
     public func snapshotless(of market: Market) -> Set<String> { [] }
 
+    /// None: Polygon's one book, crypto `XL2`, sends up to 100 levels per side in every message (each one
+    /// the top of the book, not a change to it), so its last event is already a whole book.
+    public func folding(of market: Market, limits: FoldLimits) -> TopicFolding? { nil }
+
     /// Quotes (`Q`, `XQ`, `C`), aggregates (`A`, `AM`, `XA`, `CA`), index values (`V`), fair market values
     /// (`FMV`) and last values (`LV`); not trades, LULD bands or imbalances.
     public var stateEventTypes: Set<String> { ["Q", "XQ", "C", "A", "AM", "XA", "CA", "V", "FMV", "LV"] }

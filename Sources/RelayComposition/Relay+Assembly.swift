@@ -240,6 +240,7 @@ extension Relay {
         let hub = MarketDataHub(
             wire: wire, policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
             snapshotless: wire.snapshotless(of: source.market),
+            folding: wire.folding(of: source.market, limits: settings.foldLimits),
             keepsUnwantedLastValues: !clustered,
             // In a cluster the leader gives the positions and every node adopts them.
             history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics,

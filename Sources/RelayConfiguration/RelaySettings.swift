@@ -99,6 +99,8 @@ public struct RelaySettings: Sendable {
     public var slowConsumerPolicy: SlowConsumerPolicy
     /// Whether a new subscription to a ticker topic immediately gets that topic's last event.
     public var snapshotOnSubscribe: Bool
+    /// Bounds of the states the hub folds from increments (order books: levels per side).
+    public var foldLimits = FoldLimits()
     /// The portfolio sidecar: where its SQLite file lives and the zone its days are in; `nil` turns it off.
     public var portfolio: PortfolioSettings?
     /// Run as one node of a cluster on NATS; `nil` runs a single relay.
@@ -315,6 +317,10 @@ public struct RelaySettings: Sendable {
             slowConsumerPolicy = parsed
         }
         snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
+        if let levels = try config.positive("books.levels") {
+            guard levels <= 100_000 else { throw InvalidSetting(description: "books.levels: at most 100000, got \(levels)") }
+            foldLimits = FoldLimits(bookLevels: levels)
+        }
         metricsPublic = config.bool(forKey: "metrics.public") ?? false
         switch (config.string(forKey: "tls.cert"), config.string(forKey: "tls.key")) {
         case (nil, nil):

@@ -3,6 +3,7 @@
 its own model objects (or raw dicts), and the script prints one JSON line of what it got.
 
   --sdk alpaca-py | alpaca-trade-api    --crypto    --raw    --key KEY    --port PORT
+  --orderbooks: crypto order books only (each described with its reset flag and levels)
 """
 import argparse
 import json
@@ -15,6 +16,7 @@ parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--key", default="client-key")
 parser.add_argument("--crypto", action="store_true")
 parser.add_argument("--options", choices=["indicative", "opra"], help="alpaca-py's OptionDataStream on this feed (trades and quotes)")
+parser.add_argument("--orderbooks", action="store_true", help="crypto order books only")
 parser.add_argument("--raw", action="store_true")
 parser.add_argument("--symbols", default="AAPL")
 parser.add_argument("--want", type=int, default=3, help="events of each kind before stopping")
@@ -23,11 +25,36 @@ args = parser.parse_args()
 symbols = args.symbols.split(",")
 
 # Options have trades and quotes only.
-got = {"trades": [], "quotes": []} if args.options else {"trades": [], "quotes": [], "bars": []}
+if args.orderbooks:
+    got = {"orderbooks": []}
+elif args.options:
+    got = {"trades": [], "quotes": []}
+else:
+    got = {"trades": [], "quotes": [], "bars": []}
 done = threading.Event()
 
 
+def field(item, *names):
+    for name in names:
+        if isinstance(item, dict) and name in item:
+            return item[name]
+        value = getattr(item, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def levels(side):
+    return [[float(field(level, "price", "p")), float(field(level, "size", "s"))] for level in side or []]
+
+
 def describe(kind, event):
+    if kind == "orderbooks" and not isinstance(event, dict):
+        # alpaca-py's Orderbook (bids, asks, reset) or alpaca-trade-api's OrderbookV2 (its fields by name).
+        return {
+            "kind": kind, "type": f"{type(event).__module__}.{type(event).__name__}", "symbol": field(event, "symbol", "S"),
+            "reset": bool(field(event, "reset", "r")), "bids": levels(field(event, "bids", "b")), "asks": levels(field(event, "asks", "a")),
+        }
     if isinstance(event, dict):
         return {"kind": kind, "type": "dict", "symbol": event.get("S"), "t": str(event.get("t")), "fields": sorted(event.keys())}
     raw = getattr(event, "_raw", None)
@@ -65,14 +92,19 @@ elif args.sdk == "alpaca-py":
     path = "/v1beta3/crypto/us" if args.crypto else "/v2/iex"
     cls = CryptoDataStream if args.crypto else StockDataStream
     stream = cls(args.key, "relay-secret", raw_data=args.raw, url_override=f"ws://127.0.0.1:{args.port}{path}")
-    stream.subscribe_trades(handler("trades", stream.stop_ws), *symbols)
-    stream.subscribe_quotes(handler("quotes", stream.stop_ws), *symbols)
-    stream.subscribe_bars(handler("bars", stream.stop_ws), *symbols)
+    if args.orderbooks:
+        stream.subscribe_orderbooks(handler("orderbooks", stream.stop_ws), *symbols)
+    else:
+        stream.subscribe_trades(handler("trades", stream.stop_ws), *symbols)
+        stream.subscribe_quotes(handler("quotes", stream.stop_ws), *symbols)
+        stream.subscribe_bars(handler("bars", stream.stop_ws), *symbols)
 else:
     from alpaca_trade_api.stream import Stream
 
     stream = Stream(args.key, "relay-secret", data_stream_url=f"http://127.0.0.1:{args.port}", data_feed="iex", raw_data=args.raw)
-    if args.crypto:
+    if args.orderbooks:
+        stream.subscribe_crypto_orderbooks(handler("orderbooks", stream.stop_ws), *symbols)
+    elif args.crypto:
         stream.subscribe_crypto_trades(handler("trades", stream.stop_ws), *symbols)
         stream.subscribe_crypto_quotes(handler("quotes", stream.stop_ws), *symbols)
         stream.subscribe_crypto_bars(handler("bars", stream.stop_ws), *symbols)

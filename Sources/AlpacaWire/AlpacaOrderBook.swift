@@ -1,0 +1,155 @@
+import MarketCore
+import NIOCore
+
+/// One crypto order book as Alpaca's `orderbooks` channel builds it (``TopicFold``): the vendor's whole
+/// book (`"r":true`) replaces it, each increment sets the levels it names, and a level of size 0 is
+/// removed. A late subscriber gets ``whole()``: the book as one `o` map marked `"r":true`, as Alpaca sends
+/// it after a subscribe, with the time and position of the last event folded in.
+///
+/// Bounded: at most `levels` price levels per side, the best ones. A level beyond them is not kept
+/// (counted in ``levelsDropped``), so a book deeper than the bound is served to its best `levels`.
+///
+/// Not whole until the first whole book arrives, after an event that cannot be read, or after
+/// ``interrupt()`` (the events stopped): a state the relay knows may be wrong is never served.
+/// A class confined to its hub.
+public final class AlpacaOrderBook: TopicFold {
+    public let symbol: String
+    public let levels: Int
+    /// Best first: bids from the highest price, asks from the lowest.
+    private(set) var bids = Side(descending: true)
+    private(set) var asks = Side(descending: false)
+    public private(set) var isWhole = false
+    /// Levels not kept because a side was full (and better levels filled it).
+    public private(set) var levelsDropped = 0
+    private var time: MessagePack.Value?
+    private var position: EventPosition?
+    /// The whole book as last rendered, until the next event changes it.
+    private var rendered: MarketEvent?
+
+    public init(symbol: String, levels: Int) {
+        self.symbol = symbol
+        self.levels = max(levels, 1)
+    }
+
+    /// One side of the book: price levels sorted best first.
+    struct Side {
+        let descending: Bool
+        var prices: [Double] = []
+        var sizes: [Double] = []
+
+        /// Where `price` is, or would be inserted, keeping the order.
+        func index(of price: Double) -> (index: Int, found: Bool) {
+            var low = 0
+            var high = prices.count
+            while low < high {
+                let middle = (low + high) / 2
+                let other = prices[middle]
+                if other == price { return (middle, true) }
+                if descending ? other > price : other < price { low = middle + 1 } else { high = middle }
+            }
+            return (low, false)
+        }
+
+        /// Sets a level (size 0 removes it) within `limit` levels; whether a level was not kept.
+        mutating func set(_ price: Double, _ size: Double, limit: Int) -> Bool {
+            let (index, found) = index(of: price)
+            if size == 0 {
+                if found {
+                    prices.remove(at: index)
+                    sizes.remove(at: index)
+                }
+                return false
+            }
+            if found {
+                sizes[index] = size
+                return false
+            }
+            guard index < limit else { return true }
+            prices.insert(price, at: index)
+            sizes.insert(size, at: index)
+            if prices.count > limit {
+                prices.removeLast()
+                sizes.removeLast()
+                return true
+            }
+            return false
+        }
+
+        mutating func clear() {
+            prices.removeAll(keepingCapacity: true)
+            sizes.removeAll(keepingCapacity: true)
+        }
+
+        var value: MessagePack.Value {
+            .array(zip(prices, sizes).map { .map([.init(.string("p"), .double($0)), .init(.string("s"), .double($1))]) })
+        }
+    }
+
+    public func apply(_ event: MarketEvent) {
+        rendered = nil
+        guard let value = try? MessagePack.decode(event.bytes.readableBytesView), case .map = value,
+            let bidLevels = Self.levels(value["b"]), let askLevels = Self.levels(value["a"])
+        else {
+            // A change that cannot be read leaves a book nobody can vouch for: not whole until the next reset.
+            isWhole = false
+            return
+        }
+        if case .bool(true)? = value["r"] {
+            bids.clear()
+            asks.clear()
+            isWhole = true
+        }
+        for (price, size) in bidLevels where bids.set(price, size, limit: levels) { levelsDropped += 1 }
+        for (price, size) in askLevels where asks.set(price, size, limit: levels) { levelsDropped += 1 }
+        time = value["t"] ?? time
+        position = EventPosition.read(from: event.bytes)
+    }
+
+    /// A side's levels as (price, size); `nil` when they are not an array of `{"p","s"}` numbers (an
+    /// absent side is no change).
+    private static func levels(_ value: MessagePack.Value?) -> [(Double, Double)]? {
+        guard let value else { return [] }
+        guard case .array(let items) = value else { return nil }
+        var levels: [(Double, Double)] = []
+        levels.reserveCapacity(items.count)
+        for item in items {
+            guard let price = number(item["p"]), let size = number(item["s"]), price.isFinite, size.isFinite, size >= 0 else { return nil }
+            levels.append((price, size))
+        }
+        return levels
+    }
+
+    private static func number(_ value: MessagePack.Value?) -> Double? {
+        switch value {
+        case .double(let number)?: number
+        case .int(let number)?: Double(number)
+        case .uint(let number)?: Double(number)
+        default: nil
+        }
+    }
+
+    public func whole() -> MarketEvent? {
+        guard isWhole else { return nil }
+        if let rendered { return rendered }
+        let type = AlpacaChannel.orderbooks.eventType
+        var fields: [(String, MessagePack.Value)] = [("T", .string(type)), ("S", .string(symbol))]
+        if let time { fields.append(("t", time)) }
+        fields += [("b", bids.value), ("a", asks.value), ("r", .bool(true))]
+        var event = AlpacaEvents.event(type, symbol, fields)
+        if let position { event = EventPosition.stamp([event], [position])[0] }
+        rendered = event
+        return event
+    }
+
+    public func interrupt() {
+        isWhole = false
+        rendered = nil
+    }
+
+    /// Two doubles per level and the arrays' headers.
+    public var footprint: Int { 16 * (bids.prices.capacity + asks.prices.capacity) + 256 }
+
+    /// The book's levels, best first (tests and the dashboard).
+    public var bidLevels: [(price: Double, size: Double)] { Array(zip(bids.prices, bids.sizes)) }
+    public var askLevels: [(price: Double, size: Double)] { Array(zip(asks.prices, asks.sizes)) }
+}

@@ -1,0 +1,89 @@
+import AlpacaWire
+import MarketCore
+import Testing
+
+@testable import MarketDataHub
+
+/// Topics the hub folds (Alpaca's crypto order books): a late subscriber starts from the whole book,
+/// and never from one the hub knows is not whole.
+@Suite("Hub: folded topics")
+struct FoldedTopicTests {
+    let wire = AlpacaWireProtocol(feed: .crypto)
+
+    func hub(history: HistoryLimits? = nil) -> MarketDataHub {
+        MarketDataHub(
+            wire: wire, snapshotless: wire.snapshotless(of: .crypto), folding: wire.folding(of: .crypto, limits: FoldLimits()), history: history)
+    }
+
+    func book(_ bids: [(Double, Double)], _ asks: [(Double, Double)], reset: Bool = false, symbol: String = "BTC/USD") -> MarketEvent {
+        func side(_ levels: [(Double, Double)]) -> MessagePack.Value {
+            .array(levels.map { .map([.init(.string("p"), .double($0.0)), .init(.string("s"), .double($0.1))]) })
+        }
+        var fields: [(String, MessagePack.Value)] = [("T", .string("o")), ("S", .string(symbol)), ("b", side(bids)), ("a", side(asks))]
+        if reset { fields.append(("r", .bool(true))) }
+        return AlpacaEvents.event("o", symbol, fields)
+    }
+
+    func describe(_ event: MarketEvent) throws -> String {
+        let value = try MessagePack.decode(event.bytes.readableBytesView)
+        func side(_ key: String) -> String {
+            (value[key]?.array ?? []).map { level in
+                ["p", "s"].map { if case .double(let number)? = level[$0] { "\(number)" } else { "?" } }.joined(separator: "x")
+            }.joined(separator: ",")
+        }
+        var reset = false
+        if case .bool(true)? = value["r"] { reset = true }
+        return "\(value["S"]?.string ?? "?") \(reset ? "reset " : "")b[\(side("b"))] a[\(side("a"))]"
+    }
+
+    @Test func aLateSubscriberGetsTheWholeBookThenTheChanges() async throws {
+        let hub = hub(history: HistoryLimits())
+        let first = await hub.subscribe(to: topics("o.BTC/USD"))
+        await hub.publish([book([(100, 1), (99, 2)], [(101, 1)], reset: true)])
+        await hub.publish([book([(99, 0), (98, 5)], [(101, 3)])])
+        #expect(try await take(2, from: first.events).count == 2)
+        let late = await hub.subscribe(to: topics("o.BTC/USD"))
+        await hub.publish([book([(100, 4)], [])])
+        let got = try await take(2, from: late.events)
+        #expect(try got.map(describe) == ["BTC/USD reset b[100.0x1.0,98.0x5.0] a[101.0x3.0]", "BTC/USD b[100.0x4.0] a[]"])
+        // Positioned as the change folded in last: a resume from it goes on after it.
+        #expect(EventPosition.read(from: got[0].bytes)?.topic == 2)
+    }
+
+    @Test func aWildcardSubscriberGetsEveryWholeBook() async throws {
+        let hub = hub()
+        let first = await hub.subscribe(to: topics("o.BTC/USD", "o.ETH/USD"))
+        await hub.publish([book([(100, 1)], [(101, 1)], reset: true), book([(10, 1)], [(11, 1)], reset: true, symbol: "ETH/USD")])
+        _ = try await take(2, from: first.events)
+        let wild = await hub.subscribe(to: topics("o.*"))
+        let got = try await take(2, from: wild.events)
+        #expect(try Set(got.map(describe)) == ["BTC/USD reset b[100.0x1.0] a[101.0x1.0]", "ETH/USD reset b[10.0x1.0] a[11.0x1.0]"])
+    }
+
+    @Test func noBookIsServedBeforeTheVendorsWholeOneNorAfterAnOutageOrWhileUnwanted() async throws {
+        let hub = hub()
+        let first = await hub.subscribe(to: topics("o.BTC/USD", "t.BTC/USD"))
+        // Changes before any whole book: nothing to serve a second subscriber.
+        await hub.publish([book([(100, 1)], [])])
+        _ = try await take(1, from: first.events)
+        let second = await hub.subscribe(to: topics("o.BTC/USD", "t.BTC/USD"))
+        await hub.publish([AlpacaEvents.trade("BTC/USD", id: 1, price: 100, size: 1, nanoseconds: 0, crypto: true)])
+        #expect(try await take(1, from: second.events).map(\.eventType) == ["t"], "no book first")
+        // Whole, then the upstream is lost: not whole until the vendor's next whole book.
+        await hub.publish([book([(100, 1)], [(101, 1)], reset: true)])
+        await hub.upstreamLost(reason: "test")
+        let third = await hub.subscribe(to: topics("o.BTC/USD", "t.BTC/USD"))
+        await hub.publish([AlpacaEvents.trade("BTC/USD", id: 2, price: 100, size: 1, nanoseconds: 0, crypto: true)])
+        let afterOutage = try await take(3, from: third.events)
+        #expect(!afterOutage.contains { $0.eventType == "o" }, "\(afterOutage.map(\.eventType))")
+        // Whole again; then nobody holds it, so its changes stop coming: not served when held again.
+        await hub.publish([book([(100, 2)], [(101, 1)], reset: true)])
+        await hub.remove(topics("o.BTC/USD"), from: first.id)
+        await hub.remove(topics("o.BTC/USD"), from: second.id)
+        await hub.remove(topics("o.BTC/USD"), from: third.id)
+        let fourth = await hub.subscribe(to: topics("o.BTC/USD", "t.BTC/USD"))
+        await hub.publish([AlpacaEvents.trade("BTC/USD", id: 3, price: 100, size: 1, nanoseconds: 0, crypto: true)])
+        let got = try await take(2, from: fourth.events)
+        #expect(got.map(\.eventType) == ["t", "t"], "the last trade, then the new one; no stale book")
+    }
+}
