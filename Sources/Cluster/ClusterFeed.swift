@@ -166,11 +166,39 @@ final class ClusterFeed: Sendable {
     func run() async {
         let metrics = self.metrics
         let logger = self.logger
-        await HubPump.run(inbox, into: hub, lossReason: "this relay node fell behind the cluster") { count in
-            metrics.natsIn.increment(by: count)
-        } dropped: { count in
-            metrics.natsDropped(reason: "node_queue_full").increment(by: count)
-            logger.warning("cluster events dropped: this node's queue was full", metadata: ["dropped": "\(count)"])
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                await HubPump.run(self.inbox, into: self.hub, lossReason: "this relay node fell behind the cluster") { count in
+                    metrics.natsIn.increment(by: count)
+                } dropped: { count in
+                    metrics.natsDropped(reason: "node_queue_full").increment(by: count)
+                    logger.warning("cluster events dropped: this node's queue was full", metadata: ["dropped": "\(count)"])
+                }
+            }
+            if hub.folding != nil { group.addTask { await self.askForWholeStates() } }
+            // The pump ends with the inbox (``stop()``); the asking with it.
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    /// How often a folded topic this node cannot vouch for is asked of the store again.
+    static let wholeStateInterval: Duration = .milliseconds(500)
+
+    /// A folded topic (an order book) this node's clients hold and its hub cannot vouch for (the node
+    /// began receiving it after the vendor's whole book went by, or lost events since) is asked of the
+    /// last-value store, where the leader keeps each book whole, until the hub takes one: twice a
+    /// second, at most 100 topics a round.
+    private func askForWholeStates() async {
+        while !Task.isCancelled {
+            do {
+                try await Task.sleep(for: Self.wholeStateInterval)
+            } catch {
+                return
+            }
+            for topic in await hub.foldsNotWhole().prefix(100) {
+                if let event = await lastValues(topic) { inbox.push(.seed(event)) }
+            }
         }
     }
 

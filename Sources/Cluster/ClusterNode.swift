@@ -64,6 +64,8 @@ public final class ClusterNode: Service, Sendable {
     private let state: Mutex<State>
     /// Changed last values waiting for the next write to the last-value store (leader only).
     private let pendingLastValues = Mutex<[Topic: ByteBuffer]>([:])
+    /// The leader's order books (folded topics), whole in the last-value store (``FoldedLastValues``).
+    private let foldedLastValues = Mutex(FoldedLastValues())
     /// The rules a topic in another node's interest must pass (a client's subscription passes the same).
     private let topicRules: SessionLimits
     /// The market this node serves (the lease's key).
@@ -324,6 +326,7 @@ public final class ClusterNode: Service, Sendable {
                 return (union, state.upstream, back, changes)
             }
             sequencer.interrupt(back)
+            if upstream != nil { foldedLastValues.withLock { $0.interrupt(outside: union) } }
             if upstream != nil, let recorder, !changes.isEmpty { recorder.wantedChanged(changes, epoch: sequencer.epoch) }
             upstream?.setWantedTopics(union)
         }
@@ -352,10 +355,11 @@ public final class ClusterNode: Service, Sendable {
     }
 
     private func writeLastValues() {
-        let changed = pendingLastValues.withLock { pending in
+        var changed = pendingLastValues.withLock { pending in
             defer { pending.removeAll(keepingCapacity: true) }
             return pending
         }
+        for (topic, whole) in foldedLastValues.withLock({ $0.takeChanged() }) { changed[topic] = whole }
         guard !changed.isEmpty, let bucket = state.withLock({ $0.lastValueBucket }) else { return }
         for (topic, bytes) in changed {
             let sent = bytes.withUnsafeReadableBytes { bucket.putWithoutAck(subjects.lastValueKey(for: topic), $0) }
@@ -807,16 +811,28 @@ public final class ClusterNode: Service, Sendable {
                         if !sent { metrics.publishFailed("event", logger: logger) }
                     }
                 }
-                // Slices of the frame, kept only until the next write to the store (which copies them).
-                pendingLastValues.withLock { pending in
-                    for event in events { pending[event.topic] = event.bytes }
+                // Slices of the frame, kept only until the next write to the store (which copies them). A
+                // folded topic's last value is its whole state instead.
+                if let folding = hub.folding, events.contains(where: { folding.eventTypes.contains($0.eventType) }) {
+                    foldedLastValues.withLock { folded in
+                        for event in events where folding.eventTypes.contains(event.eventType) { folded.apply(event, folding: folding) }
+                    }
+                    pendingLastValues.withLock { pending in
+                        for event in events where !folding.eventTypes.contains(event.eventType) { pending[event.topic] = event.bytes }
+                    }
+                } else {
+                    pendingLastValues.withLock { pending in
+                        for event in events { pending[event.topic] = event.bytes }
+                    }
                 }
                 metrics.natsOut.increment(by: events.count)
             case .element(.connectionLost(let reason)):
                 recorder?.interrupted(epoch: sequencer.epoch)
+                foldedLastValues.withLock { $0.interruptAll() }
                 publish(control: .upstreamDown(reason: "upstream connection lost (\(reason))"))
             case .lost(_, let count), .element(.lost(let count, _, _)):
                 recorder?.interrupted(epoch: sequencer.epoch)
+                foldedLastValues.withLock { $0.interruptAll() }
                 publish(control: .loss(count: count))
             case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded), .element(.notice):
                 break

@@ -85,6 +85,8 @@ extension MarketDataHub {
         for (topic, entry) in entries where folding.eventTypes.contains(topic.eventType) {
             if let topics, !topics.contains(topic), !wildTypes.contains(topic.eventType) { continue }
             entry.fold?.interrupt()
+            // What came before the loss cannot bring a later whole state up to date.
+            entry.heldBack = []
         }
     }
 

@@ -47,5 +47,16 @@ extension MarketDataHub {
         var last: MarketEvent?
         /// The topic's state folded from its events (an order book), for a type the protocol folds.
         var fold: (any TopicFold)?
+        /// A cluster node's events of a folded topic since its fold stopped being whole, so a whole state
+        /// from the cluster's store, at an earlier position, can be brought up to date (at most
+        /// ``heldBackLimit``; past it the oldest go, and only a newer whole state helps).
+        var heldBack: [MarketEvent] = []
+
+        static let heldBackLimit = 4096
+
+        func holdBack(_ event: MarketEvent) {
+            if heldBack.count >= Self.heldBackLimit { heldBack.removeFirst(heldBack.count / 2) }
+            heldBack.append(event.compacted())
+        }
     }
 }

@@ -41,7 +41,7 @@ public actor MarketDataHub {
     public let snapshotless: Set<String>
     /// Event types whose topics are folded into a state a new subscriber gets instead of the last
     /// event (order books built from increments; ``TopicFold``), and how.
-    let folding: TopicFolding?
+    public nonisolated let folding: TopicFolding?
     /// Whether a topic's last event is kept after nobody wants it any more. A single relay keeps it (its
     /// upstream is the only source); a cluster node forgets it, because once unwanted nothing keeps it
     /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
@@ -360,16 +360,25 @@ public actor MarketDataHub {
                 let event = events[index]
                 let wild = wildcards[event.eventType]
                 // A cluster node may still receive a few events of a topic it just dropped: not kept.
+                var withheld = false
                 if let entry = entries[event.topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: event.topic) : nil) {
                     // Its own bytes: a cached event must not keep its whole upstream message alive.
                     entry.last = event.compacted()
-                    entry.fold?.apply(event)
-                    for subscriber in entry.subscribers {
-                        if subscriber.mask == 0 { touched.append(subscriber) }
-                        subscriber.mask |= bit
+                    if let fold = entry.fold {
+                        fold.apply(event)
+                        // A cluster node whose state is not whole holds the change back, for the whole state
+                        // the store will bring, instead of sending its holders changes to a book they lack.
+                        withheld = adoptsPositions && !fold.isWhole
+                        if withheld { entry.holdBack(event) } else if !entry.heldBack.isEmpty { entry.heldBack = [] }
+                    }
+                    if !withheld {
+                        for subscriber in entry.subscribers {
+                            if subscriber.mask == 0 { touched.append(subscriber) }
+                            subscriber.mask |= bit
+                        }
                     }
                 }
-                if let wild {
+                if let wild, !withheld {
                     for subscriber in wild {
                         if subscriber.mask == 0 { touched.append(subscriber) }
                         subscriber.mask |= bit
@@ -532,11 +541,51 @@ public actor MarketDataHub {
     /// the topic's last event and each of its subscribers gets it. A live event that arrived first wins,
     /// so a late seed never puts an older event after a newer one.
     public func seed(_ event: MarketEvent) {
+        if let entry = entries[event.topic], let fold = entry.fold {
+            adoptWhole(event, of: event.topic, into: entry, fold)
+            return
+        }
         guard snapshotOnSubscribe, !snapshotless.contains(event.eventType), let entry = entries[event.topic], entry.last == nil,
             !entry.subscribers.isEmpty
         else { return }
         entry.last = event.compacted()
         for subscriber in entry.subscribers { enqueue(HubDelivery([event]), to: subscriber) }
         tell(entry.subscribers)
+    }
+
+    /// A folded topic's whole state from elsewhere (the cluster's store holds the leader's book, at the
+    /// position of the last change in it): taken while this hub's own is not whole, brought up to date
+    /// with the changes held back since that position, and sent to the topic's holders. Not taken when a
+    /// change after it is missing (the next, newer one from the store will do).
+    func adoptWhole(_ whole: MarketEvent, of topic: Topic, into entry: TopicEntry, _ fold: any TopicFold) {
+        guard !fold.isWhole, let position = EventPosition.read(from: whole.bytes) else { return }
+        // Only when a change this node holds is at most the one right after the whole state: then nothing
+        // between the two went by unseen (with nothing held yet, the next round of the store decides).
+        guard let firstHeld = entry.heldBack.first.flatMap({ EventPosition.read(from: $0.bytes) }), firstHeld.topic <= position.topic + 1 else {
+            return
+        }
+        var later: [MarketEvent] = []
+        var expected = position.topic + 1
+        for event in entry.heldBack {
+            guard let held = EventPosition.read(from: event.bytes), held.topic > position.topic else { continue }
+            guard held.topic == expected else { return }
+            expected += 1
+            later.append(event)
+        }
+        fold.apply(whole)
+        for event in later { fold.apply(event) }
+        guard let rendered = fold.whole() else { return }
+        entry.heldBack = []
+        let holders = entry.subscribers + (wildcards[topic.eventType] ?? [])
+        for subscriber in holders { enqueue(HubDelivery([rendered]), to: subscriber) }
+        tell(holders)
+    }
+
+    /// Folded topics someone here holds whose state is not whole: what a cluster node asks its store for.
+    public func foldsNotWhole() -> [Topic] {
+        entries.compactMap { topic, entry in
+            guard let fold = entry.fold, !fold.isWhole, !entry.subscribers.isEmpty || wildcards[topic.eventType] != nil else { return nil }
+            return topic
+        }
     }
 }

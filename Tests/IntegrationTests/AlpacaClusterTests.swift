@@ -72,4 +72,39 @@ struct AlpacaClusterTests {
             await microsoft.close()
         }
     }
+
+    /// A node whose clients take a crypto order book after the vendor's whole book went by (another
+    /// node's client asked first) takes the leader's whole book from the last-value store, brought up to
+    /// date by position: its client's first message is the whole book, equal to the feed's own.
+    @Test func aNodeThatJoinsAnOrderBookLateServesItWholeFromTheLeadersBook() async throws {
+        try await ClusterHarness.with(nodes: 2, feedRate: 400, markets: [.crypto], alpaca: true) { cluster in
+            let (first, second) = (cluster.nodeIDs[0], cluster.nodeIDs[1])
+            let truth = OrderBookTests.Truth(
+                try await BookStream(url: try await cluster.feed.url(for: .crypto), key: ClusterHarness.upstreamKey, symbol: "BTC/USD"))
+            let early = try await BookStream(url: "ws://127.0.0.1:\(try cluster.port(first))/v1beta3/crypto/us", key: "any-key", symbol: "BTC/USD")
+            let vendors = try await early.next()
+            #expect(vendors["r"] as? Bool == true, "the vendor's whole book first: \(vendors)")
+            // Changes go by before the other node's client asks.
+            for _ in 0..<5 { _ = try await early.next() }
+            for join in 0..<3 {
+                let late = try await BookStream(url: "ws://127.0.0.1:\(try cluster.port(second))/v1beta3/crypto/us", key: "any-key", symbol: "BTC/USD")
+                let whole = try await late.next()
+                #expect(whole["r"] as? Bool == true, "join \(join): the whole book first, no change to a book it lacks: \(whole)")
+                var book = ClientBook()
+                book.apply(whole)
+                let time = try #require(whole["t"] as? String)
+                print("order book join \(join) on \(second): whole at \(time), the feed's book at \(truth.at ?? "none")")
+                let expected = try await truth.through(time)
+                #expect(book == expected, "join \(join) at \(time): \(book) against the feed's \(expected)")
+                for _ in 0..<3 {
+                    let change = try await late.next()
+                    book.apply(change)
+                    #expect(book == (try await truth.through(try #require(change["t"] as? String))), "join \(join): a change after it")
+                }
+                await late.close()
+            }
+            await early.close()
+            await truth.stream.close()
+        }
+    }
 }

@@ -48,9 +48,11 @@ final class BookStream {
         client.send(#"{"action":"subscribe","orderbooks":["\#(symbol)"]}"#)
     }
 
-    /// The next `o` message of the symbol.
-    func next() async throws -> [String: Any] {
+    /// The next `o` message of the symbol; fails after `timeout`.
+    func next(timeout: Duration = .seconds(15)) async throws -> [String: Any] {
+        let deadline = ContinuousClock.now + timeout
         while pending.isEmpty {
+            guard ContinuousClock.now < deadline else { throw TimeoutError(description: "no order book message of \(symbol) in \(timeout)") }
             let frame = try await client.nextFrame()
             let items = (try? JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]]) ?? []
             pending += items.filter { $0["T"] as? String == "o" && $0["S"] as? String == symbol }
@@ -97,13 +99,14 @@ struct OrderBookTests {
 
         /// The book right after the change stamped `time` (each of the demo's changes has a time of its own).
         func through(_ time: String) async throws -> ClientBook {
-            var read = 0
+            let deadline = ContinuousClock.now + .seconds(15)
             while at != time {
+                guard ContinuousClock.now < deadline else {
+                    throw TimeoutError(description: "the feed's book never reached the change at \(time) (it is at \(at ?? "none"))")
+                }
                 let message = try await stream.next()
                 book.apply(message)
                 at = message["t"] as? String
-                read += 1
-                if read > 100_000 { throw TimeoutError(description: "the feed's book never reached the change at \(time)") }
             }
             return book
         }

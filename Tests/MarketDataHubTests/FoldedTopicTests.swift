@@ -86,4 +86,32 @@ struct FoldedTopicTests {
         let got = try await take(2, from: fourth.events)
         #expect(got.map(\.eventType) == ["t", "t"], "the last trade, then the new one; no stale book")
     }
+
+    /// A cluster node (positions from the leader) that begins receiving a book late holds its changes
+    /// back until it takes the leader's whole book from the store, brought up to date by position; a
+    /// whole book older than a missing change is not taken.
+    @Test func aClusterNodeHoldsChangesBackUntilAWholeBookItCanBringUpToDate() async throws {
+        let hub = MarketDataHub(
+            wire: wire, snapshotless: wire.snapshotless(of: .crypto), folding: wire.folding(of: .crypto, limits: FoldLimits()),
+            keepsUnwantedLastValues: false, history: HistoryLimits(), adoptsPositions: true)
+        func positioned(_ event: MarketEvent, _ topic: UInt64) -> MarketEvent {
+            EventPosition.stamp([event], [EventPosition(topic: topic, market: topic * 10)])[0]
+        }
+        let subscription = await hub.subscribe(to: topics("o.BTC/USD", "t.BTC/USD"))
+        await hub.publish([positioned(book([(99, 1)], [(102, 2)]), 5), positioned(book([(98, 3)], []), 6)])
+        #expect(await hub.foldsNotWhole() == [Topic(eventType: "o", ticker: "BTC/USD")])
+        // Older than a change this node never saw (topic sequence 4 is missing): not taken.
+        await hub.seed(positioned(book([(100, 1)], [(101, 1)], reset: true), 2))
+        // Just before the first change held back: taken, with both changes folded in.
+        await hub.seed(positioned(book([(100, 1)], [(101, 1)], reset: true), 4))
+        await hub.publish([positioned(book([(100, 0)], []), 7)])
+        let got = try await take(2, from: subscription.events)
+        #expect(try got.map(describe) == ["BTC/USD reset b[100.0x1.0,99.0x1.0,98.0x3.0] a[101.0x1.0,102.0x2.0]", "BTC/USD b[100.0x0.0] a[]"])
+        #expect(EventPosition.read(from: got[0].bytes)?.topic == 6)
+        #expect(await hub.foldsNotWhole().isEmpty)
+        // A later whole book changes nothing: this node's is whole.
+        await hub.seed(positioned(book([(1, 1)], [(2, 1)], reset: true), 7))
+        await hub.publish([AlpacaEvents.trade("BTC/USD", id: 1, price: 100, size: 1, nanoseconds: 0, crypto: true)])
+        #expect(try await take(1, from: subscription.events).map(\.eventType) == ["t"])
+    }
 }
