@@ -16,6 +16,7 @@ let package = Package(
             name: "RelayBenchmarks",
             dependencies: [
                 .product(name: "PolygonWire", package: "relay"),
+                .product(name: "AlpacaWire", package: "relay"),
                 .product(name: "MarketDataHub", package: "relay"),
                 .product(name: "Benchmark", package: "benchmark"),
                 .product(name: "NIOCore", package: "swift-nio"),

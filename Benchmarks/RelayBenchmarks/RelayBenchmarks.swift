@@ -1,3 +1,5 @@
+import Foundation
+import AlpacaWire
 import Benchmark
 import MarketDataHub
 import NIOCore
@@ -12,7 +14,74 @@ func quoteFrame(events: Int = 50) -> ByteBuffer {
     return ByteBuffer(string: "[" + elements.joined(separator: ",") + "]")
 }
 
+/// An Alpaca order book change (`o`) of `levels` levels a side around `price`, or the whole book.
+func bookEvent(levels: Int, price: Double, offset: Int, reset: Bool) -> MarketEvent {
+    func side(_ sign: Double) -> MessagePack.Value {
+        .array((1...levels).map { level in
+            .map([.init(.string("p"), .double(price + sign * Double(level + offset) / 100)), .init(.string("s"), .double(Double(level % 7) / 4 + 0.25))])
+        })
+    }
+    var fields: [(String, MessagePack.Value)] = [("T", .string("o")), ("S", .string("BTC/USD")), ("b", side(-1)), ("a", side(1))]
+    if reset { fields.append(("r", .bool(true))) }
+    return AlpacaEvents.event("o", "BTC/USD", fields)
+}
+
+/// The process's resident bytes now (`/proc/self/statm`).
+func residentBytes() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
+    let fields = text.split(separator: " ")
+    return fields.count > 1 ? (Int(fields[1]) ?? 0) * 4096 : 0
+}
+
 let benchmarks: @Sendable () -> Void = {
+    // Order books a late joiner starts from: what one change costs to fold, what a whole book costs to
+    // render, and what 1,000 books of 200 levels a side hold in memory.
+    Benchmark(
+        "AlpacaOrderBook.apply: a 4-level change to a 200-level book",
+        configuration: .init(metrics: [.throughput, .wallClock, .mallocCountTotal], maxDuration: .seconds(3))
+    ) { benchmark in
+        let book = AlpacaOrderBook(symbol: "BTC/USD", levels: 1000)
+        book.apply(bookEvent(levels: 200, price: 97_000, offset: 0, reset: true))
+        let changes = (0..<64).map { bookEvent(levels: 2, price: 97_000, offset: $0 % 50, reset: false) }
+        benchmark.startMeasurement()
+        for iteration in benchmark.scaledIterations {
+            book.apply(changes[iteration % changes.count])
+        }
+        benchmark.stopMeasurement()
+    }
+    Benchmark(
+        "AlpacaOrderBook.whole: a 200-level book rendered for a late joiner",
+        configuration: .init(metrics: [.throughput, .wallClock, .mallocCountTotal], maxDuration: .seconds(3))
+    ) { benchmark in
+        let book = AlpacaOrderBook(symbol: "BTC/USD", levels: 1000)
+        book.apply(bookEvent(levels: 200, price: 97_000, offset: 0, reset: true))
+        let change = bookEvent(levels: 1, price: 97_000, offset: 3, reset: false)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations {
+            // Each change drops the rendered form: a join after it renders the book again.
+            book.apply(change)
+            blackHole(book.whole())
+        }
+        benchmark.stopMeasurement()
+    }
+    Benchmark(
+        "AlpacaOrderBook: 1,000 books of 200 levels a side (memory)",
+        configuration: .init(metrics: [.peakMemoryResident, .wallClock], maxDuration: .seconds(3), maxIterations: 1)
+    ) { benchmark in
+        let reset = bookEvent(levels: 200, price: 97_000, offset: 0, reset: true)
+        let before = residentBytes()
+        benchmark.startMeasurement()
+        var books: [AlpacaOrderBook] = []
+        for index in 0..<1000 {
+            let book = AlpacaOrderBook(symbol: "S\(index)", levels: 1000)
+            book.apply(reset)
+            books.append(book)
+        }
+        let footprint = books.reduce(0) { $0 + $1.footprint }
+        benchmark.stopMeasurement()
+        print("1,000 books of 200 levels a side: resident +\((residentBytes() - before) / 1000) bytes per book (footprint \(footprint / 1000))")
+    }
+
     let frame = quoteFrame()
 
     // Throughput is frames per second: multiply by 50 for events per second.

@@ -6,14 +6,19 @@ extension MarketDataHub {
     /// Whether an upstream outage is in progress (lost, and no event since).
     public var isUpstreamOutage: Bool { outages.current != nil }
 
-    /// The last event seen on a ticker topic, if any.
-    public func lastEvent(for topic: Topic) -> MarketEvent? { entries[topic]?.last }
+    /// The last event seen on a ticker topic, if any. A folded topic's (an order book's) is its whole
+    /// state, `nil` while it is not whole: its last event is only a change.
+    public func lastEvent(for topic: Topic) -> MarketEvent? {
+        guard let entry = entries[topic] else { return nil }
+        if let fold = entry.fold { return fold.whole() }
+        return entry.last
+    }
 
     /// The last event of a topic the market is subscribed to upstream now (itself or by its wildcard)
     /// with no outage: a value that is current, as the REST gateway answers live. `nil` otherwise.
     public func currentEvent(for topic: Topic) -> MarketEvent? {
         guard outages.current == nil, wanted.topics.contains(topic) || wanted.topics.contains(.wildcard(topic.eventType)) else { return nil }
-        return entries[topic]?.last
+        return lastEvent(for: topic)
     }
 
     /// Topics the hub holds an entry for (subscribers or a last value).

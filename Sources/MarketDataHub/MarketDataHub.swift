@@ -188,8 +188,9 @@ public actor MarketDataHub {
                 let first = wildcards[topic.eventType] == nil
                 wildcards[topic.eventType, default: []].append(subscriber)
                 if first { wildcardWanted(topic.eventType) }
-                // Every whole state of the type: a wildcard's holder starts each book whole too.
-                if snapshotOnSubscribe, folding?.eventTypes.contains(topic.eventType) == true, snapshot(topic) {
+                // Every whole state of the type: a wildcard's holder starts each book whole too (as the
+                // vendor sends it after a subscribe, so whatever the snapshot setting).
+                if folding?.eventTypes.contains(topic.eventType) == true, snapshot(topic) {
                     let wholes = entries.compactMap { $0.key.eventType == topic.eventType ? $0.value.fold?.whole() : nil }
                     if !wholes.isEmpty { enqueue(HubDelivery(wholes), to: subscriber) }
                 }
@@ -198,12 +199,13 @@ public actor MarketDataHub {
             let entry = entry(for: topic)
             entry.subscribers.append(subscriber)
             if entry.subscribers.count == 1 { tickerWanted(topic) }
-            guard snapshotOnSubscribe, snapshot(topic) else { continue }
+            // Not for a topic a resume replays (`snapshot` says no): its client has the state up to there.
+            guard snapshot(topic) else { continue }
             if let fold = entry.fold {
-                // The whole state, or nothing while it is not known whole (the vendor's whole one is on
-                // its way, and goes to every holder).
+                // The whole state, as the vendor sends it after a subscribe, whatever the snapshot setting;
+                // or nothing while it is not known whole (the vendor's is on its way to every holder).
                 if let whole = fold.whole() { enqueue(HubDelivery([whole]), to: subscriber) }
-            } else if !snapshotless.contains(topic.eventType), let last = entry.last {
+            } else if snapshotOnSubscribe, !snapshotless.contains(topic.eventType), let last = entry.last {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }

@@ -232,6 +232,14 @@ def run_alpaca(relay, arguments, checks):
         page.screenshot(path=f"{shots}/alpaca-quotes-1280x800.png", full_page=True)
         btc = watch_market(page, "crypto", "/v1beta3/crypto/us", "BTC/USD")
         checks.check(True, f"alpaca: picking crypto shows live BTC/USD quotes from /v1beta3/crypto/us (bid {btc})")
+        book = page.get_by_role("region", name="Order book: BTC/USD (top 5)")
+        expect(book).to_be_visible(timeout=10_000)
+        best_bid = book.locator('tr[data-level="0"] td').nth(1)
+        wait_until(lambda: best_bid.inner_text() not in ("—", ""), 15, "BTC/USD's order book, whole, over /v1beta3/crypto/us")
+        best_ask = book.locator('tr[data-level="0"] td').nth(2)
+        checks.check(float(best_bid.inner_text().replace(",", "")) < float(best_ask.inner_text().replace(",", "")),
+                     f"alpaca: the crypto page shows BTC/USD's order book, its best bid {best_bid.inner_text()} under its best ask {best_ask.inner_text()}")
+        page.screenshot(path=f"{shots}/alpaca-book-1280x800.png", full_page=True)
         watch_market(page, "stocks", "/v2/iex")
         # A holding's detail takes its live quote from the Alpaca feed's last values.
         page.goto(relay.base + "/#/security/AAPL")

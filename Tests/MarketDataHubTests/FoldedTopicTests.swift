@@ -50,6 +50,24 @@ struct FoldedTopicTests {
         #expect(EventPosition.read(from: got[0].bytes)?.topic == 2)
     }
 
+    /// Alpaca itself sends the whole book after a subscribe: so does the relay without snapshots; and a
+    /// book's last value (`/v1/last`) is the whole book, never its last change.
+    @Test func theWholeBookComesWithoutSnapshotsAndIsTheBooksLastValue() async throws {
+        let hub = MarketDataHub(
+            wire: wire, snapshotOnSubscribe: false, snapshotless: wire.snapshotless(of: .crypto),
+            folding: wire.folding(of: .crypto, limits: FoldLimits()), history: nil)
+        let first = await hub.subscribe(to: topics("o.BTC/USD"))
+        await hub.publish([book([(100, 1)], [(101, 1)], reset: true), book([(99, 2)], [])])
+        _ = try await take(2, from: first.events)
+        let late = await hub.subscribe(to: topics("o.BTC/USD"))
+        #expect(try await take(1, from: late.events).map(describe) == ["BTC/USD reset b[100.0x1.0,99.0x2.0] a[101.0x1.0]"])
+        let topic = try #require(Topic(eventType: "o", ticker: "BTC/USD"))
+        let last = try #require(await hub.lastEvent(for: topic))
+        #expect(try describe(last) == "BTC/USD reset b[100.0x1.0,99.0x2.0] a[101.0x1.0]")
+        await hub.upstreamLost(reason: "test")
+        #expect(await hub.lastEvent(for: topic) == nil, "no book it cannot vouch for")
+    }
+
     @Test func aWildcardSubscriberGetsEveryWholeBook() async throws {
         let hub = hub()
         let first = await hub.subscribe(to: topics("o.BTC/USD", "o.ETH/USD"))

@@ -1,6 +1,7 @@
 // Live quotes and trades through the relay's own WebSocket, as any client sees them: auth, subscribe,
 // events, in the protocol the market speaks (Polygon's at /<market>, or Alpaca's JSON at its feed's path).
-// Changed values flash; the relay's notices (lagging, upstream gaps) are banners.
+// Changed values flash; the relay's notices (lagging, upstream gaps) are banners. On Alpaca's crypto feed the
+// first symbol's order book shows its top levels: the relay sends a book whole (`r: true`) to a late joiner.
 import { key, socketURL, el, decimal, time } from "./api.js";
 
 const SAVED = "relay.quotes";
@@ -67,11 +68,76 @@ export function mount(main, context) {
     el("div", { class: "field" }, el("label", { for: "symbols", text: "Symbols" }), input, el("span", { id: "symbols-help", class: "visually-hidden", text: "Tickers separated by commas, such as AAPL, MSFT" }), error),
     el("button", { type: "submit", text: "Watch" }),
   );
+  const bookTitle = el("h2", { id: "book-title", text: "Order book" });
+  const bookBody = el("tbody");
+  const bookNote = el("p", { class: "muted", id: "book-note", text: "Waiting for the whole book…" });
+  const bookPanel = el(
+    "section",
+    { class: "panel table-wrap", id: "book", "aria-labelledby": "book-title", hidden: true },
+    bookTitle,
+    bookNote,
+    el(
+      "table",
+      { "aria-labelledby": "book-title" },
+      el("thead", {}, el("tr", {}, ...["Bid size", "Bid", "Ask", "Ask size"].map((name) => el("th", { scope: "col", text: name })))),
+      bookBody,
+    ),
+  );
   main.append(
     el("h1", { text: "Live quotes" }),
     el("section", { class: "panel" }, form, connection),
     el("section", { class: "panel table-wrap", "aria-labelledby": "quotes-title" }, el("h2", { id: "quotes-title", text: "Quotes and trades" }), table),
+    bookPanel,
   );
+
+  // Order books (Alpaca's crypto `orderbooks`): price → size per side; a reset replaces the book, size 0 removes a level.
+  const BOOK_LEVELS = 5;
+  const books = new Map();
+  let bookFrame = null;
+  const booksShown = () => alpaca() && market === "crypto";
+  function applyBook(message) {
+    let book = books.get(message.S);
+    if (!book || message.r) {
+      book = { bids: new Map(), asks: new Map(), whole: Boolean(message.r) };
+      books.set(message.S, book);
+    }
+    for (const [side, levels] of [[book.bids, message.b], [book.asks, message.a]]) {
+      for (const level of levels || []) {
+        if (Number(level.s) === 0) side.delete(Number(level.p));
+        else side.set(Number(level.p), Number(level.s));
+      }
+    }
+    if (message.S === symbols[0] && bookFrame === null) bookFrame = requestAnimationFrame(renderBook);
+  }
+  function renderBook() {
+    bookFrame = null;
+    const symbol = symbols[0];
+    bookPanel.hidden = !booksShown();
+    bookTitle.textContent = `Order book: ${symbol} (top ${BOOK_LEVELS})`;
+    const book = books.get(symbol);
+    bookBody.replaceChildren();
+    if (!book || !book.whole) {
+      bookNote.textContent = "Waiting for the whole book…";
+      return;
+    }
+    const bids = [...book.bids].sort((a, b) => b[0] - a[0]).slice(0, BOOK_LEVELS);
+    const asks = [...book.asks].sort((a, b) => a[0] - b[0]).slice(0, BOOK_LEVELS);
+    bookNote.textContent = `${book.bids.size} bid and ${book.asks.size} ask levels`;
+    for (let i = 0; i < BOOK_LEVELS; i += 1) {
+      const [bp, bs] = bids[i] || [];
+      const [ap, as] = asks[i] || [];
+      bookBody.append(
+        el(
+          "tr",
+          { "data-level": String(i) },
+          el("td", { text: bs === undefined ? "—" : String(bs) }),
+          el("td", { text: bp === undefined ? "—" : decimal(String(bp)) }),
+          el("td", { text: ap === undefined ? "—" : decimal(String(ap)) }),
+          el("td", { text: as === undefined ? "—" : String(as) }),
+        ),
+      );
+    }
+  }
 
   const rows = new Map();
   function row(symbol) {
@@ -135,9 +201,13 @@ export function mount(main, context) {
   function subscribe(next) {
     if (alpaca()) {
       // Alpaca's per-channel lists; a trades subscription brings corrections and cancel errors, not shown here.
-      if (subscribed.length) send({ action: "unsubscribe", trades: subscribed, quotes: subscribed });
-      if (next.length) send({ action: "subscribe", trades: next, quotes: next });
+      // On crypto, the first symbol's order book too (the relay gives it whole first).
+      const withBook = (list, message) => (booksShown() && list.length ? { ...message, orderbooks: list.slice(0, 1) } : message);
+      if (subscribed.length) send(withBook(subscribed, { action: "unsubscribe", trades: subscribed, quotes: subscribed }));
+      if (next.length) send(withBook(next, { action: "subscribe", trades: next, quotes: next }));
       subscribed = next;
+      books.clear();
+      renderBook();
       return;
     }
     const { quote, trade } = channels();
@@ -211,6 +281,9 @@ export function mount(main, context) {
       case "t":
         show(message.S, { ev: "T", p: message.p, s: message.s, t: message.t });
         return;
+      case "o":
+        applyBook(message);
+        return;
       default:
         return;
     }
@@ -268,6 +341,8 @@ export function mount(main, context) {
     market = picker.value;
     sessionStorage.setItem(SAVED + ".market", market);
     subscribed = [];
+    books.clear();
+    renderBook();
     for (const r of rows.values()) r.tr.remove();
     rows.clear();
     symbols = parseSymbols(sessionStorage.getItem(`${SAVED}.${market}`) || channels().start);
@@ -287,6 +362,7 @@ export function mount(main, context) {
   return () => {
     stopped = true;
     clearTimeout(retry);
+    if (bookFrame !== null) cancelAnimationFrame(bookFrame);
     if (socket) socket.close(1000, "page left");
     for (const id of ["quotes-lagging", "quotes-upstream", "quotes-auth"]) context.clearBanner(id);
   };
