@@ -7,7 +7,9 @@ import NIOCore
 /// it after a subscribe, with the time and position of the last event folded in.
 ///
 /// Bounded: at most `levels` price levels per side, the best ones. A level beyond them is not kept
-/// (counted in ``levelsDropped``), so a book deeper than the bound is served to its best `levels`.
+/// (counted in ``levelsDropped``), so a book deeper than the bound is served to its best `levels`; once
+/// such a side shrinks below the bound it may lack a level it left out, and the book is not whole until
+/// the vendor's next whole book.
 ///
 /// Not whole until the first whole book arrives, after an event that cannot be read, or after
 /// ``interrupt()`` (the events stopped): a state the relay knows may be wrong is never served.
@@ -36,6 +38,9 @@ public final class AlpacaOrderBook: TopicFold {
         let descending: Bool
         var prices: [Double] = []
         var sizes: [Double] = []
+        /// Levels past the bound were left out since the last whole book: a side that shrinks below the
+        /// bound then may lack a level it should show.
+        var truncated = false
 
         /// Where `price` is, or would be inserted, keeping the order.
         func index(of price: Double) -> (index: Int, found: Bool) {
@@ -64,12 +69,16 @@ public final class AlpacaOrderBook: TopicFold {
                 sizes[index] = size
                 return false
             }
-            guard index < limit else { return true }
+            guard index < limit else {
+                truncated = true
+                return true
+            }
             prices.insert(price, at: index)
             sizes.insert(size, at: index)
             if prices.count > limit {
                 prices.removeLast()
                 sizes.removeLast()
+                truncated = true
                 return true
             }
             return false
@@ -78,7 +87,11 @@ public final class AlpacaOrderBook: TopicFold {
         mutating func clear() {
             prices.removeAll(keepingCapacity: true)
             sizes.removeAll(keepingCapacity: true)
+            truncated = false
         }
+
+        /// Whether a level it left out may now belong among those it keeps.
+        func hasHole(limit: Int) -> Bool { truncated && prices.count < limit }
 
         var value: MessagePack.Value {
             .array(zip(prices, sizes).map { .map([.init(.string("p"), .double($0)), .init(.string("s"), .double($1))]) })
@@ -101,6 +114,8 @@ public final class AlpacaOrderBook: TopicFold {
         }
         for (price, size) in bidLevels where bids.set(price, size, limit: levels) { levelsDropped += 1 }
         for (price, size) in askLevels where asks.set(price, size, limit: levels) { levelsDropped += 1 }
+        // A side past its bound that shrank may lack a level it left out: not whole until the next reset.
+        if bids.hasHole(limit: levels) || asks.hasHole(limit: levels) { isWhole = false }
         time = value["t"] ?? time
         position = EventPosition.read(from: event.bytes)
     }
@@ -113,7 +128,7 @@ public final class AlpacaOrderBook: TopicFold {
         var levels: [(Double, Double)] = []
         levels.reserveCapacity(items.count)
         for item in items {
-            guard let price = number(item["p"]), let size = number(item["s"]), price.isFinite, size.isFinite, size >= 0 else { return nil }
+            guard let price = number(item["p"]), let size = number(item["s"]), price.isFinite, price > 0, size.isFinite, size >= 0 else { return nil }
             levels.append((price, size))
         }
         return levels
@@ -146,8 +161,8 @@ public final class AlpacaOrderBook: TopicFold {
         rendered = nil
     }
 
-    /// Two doubles per level and the arrays' headers.
-    public var footprint: Int { 16 * (bids.prices.capacity + asks.prices.capacity) + 256 }
+    /// Two doubles per level, the arrays' headers, and the whole book as last rendered.
+    public var footprint: Int { 16 * (bids.prices.capacity + asks.prices.capacity) + 256 + (rendered?.bytes.readableBytes ?? 0) }
 
     /// The book's levels, best first (tests and the dashboard).
     public var bidLevels: [(price: Double, size: Double)] { Array(zip(bids.prices, bids.sizes)) }

@@ -196,7 +196,8 @@ final class ClusterFeed: Sendable {
             } catch {
                 return
             }
-            for topic in await hub.foldsNotWhole().prefix(100) {
+            // At random among many, so none waits behind the same hundred.
+            for topic in await hub.foldsNotWhole().shuffled().prefix(100) {
                 if let event = await lastValues(topic) { inbox.push(.seed(event)) }
             }
         }

@@ -336,6 +336,8 @@ public final class ClusterNode: Service, Sendable {
     /// repeat this node's interest.
     private func tick() async {
         var lastHeartbeat = ContinuousClock.now
+        // The leader's books it cannot vouch for are asked of its upstream anew (after a loss).
+        var renewals = RenewalPacer()
         while !Task.isCancelled {
             try? await Task.sleep(for: configuration.lastValueInterval)
             let now = ContinuousClock.now
@@ -347,6 +349,9 @@ public final class ClusterNode: Service, Sendable {
                 for node in expired.nodes { publish(control: .forgotten(node: node)) }
             }
             if leading { writeLastValues() }
+            if leading, hub.folding != nil, let upstream = state.withLock({ $0.upstream }), upstream.state == .authenticated {
+                upstream.renewTopics(renewals.due(foldedLastValues.withLock { $0.notWhole() }, now: now))
+            }
             if now - lastHeartbeat >= configuration.interestHeartbeat {
                 lastHeartbeat = now
                 publishInterest()

@@ -19,7 +19,11 @@ struct FoldedLastValues {
     mutating func apply(_ event: MarketEvent, folding: TopicFolding) {
         let topic = event.topic
         if folds[topic] == nil {
-            if folds.count >= Self.limit { interruptAll() }
+            if folds.count >= Self.limit {
+                // Emptied in the store too (each is marked changed and has no fold left).
+                interruptAll()
+                folds.removeAll()
+            }
             guard let fold = folding.fold(for: topic) else { return }
             folds[topic] = fold
         }
@@ -43,6 +47,10 @@ struct FoldedLastValues {
             folds[topic] = nil
         }
     }
+
+    /// The books it cannot vouch for (after a loss, an unreadable change): what the upstream is asked
+    /// for whole again.
+    func notWhole() -> [Topic] { folds.compactMap { $0.value.isWhole ? nil : $0.key } }
 
     /// What changed since the last call: each book whole, or empty bytes for one that is not.
     mutating func takeChanged() -> [(Topic, ByteBuffer)] {

@@ -23,7 +23,7 @@ public protocol TopicFold: AnyObject {
     /// Whether ``whole()`` would give a state.
     var isWhole: Bool { get }
 
-    /// About how many bytes the state holds (for the status answer and the measurements).
+    /// About how many bytes the state holds (its measurements).
     var footprint: Int { get }
 }
 

@@ -86,7 +86,7 @@ extension MarketDataHub {
             if let topics, !topics.contains(topic), !wildTypes.contains(topic.eventType) { continue }
             entry.fold?.interrupt()
             // What came before the loss cannot bring a later whole state up to date.
-            entry.heldBack = []
+            entry.releaseHeldBack()
         }
     }
 

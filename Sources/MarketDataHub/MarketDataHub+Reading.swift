@@ -8,11 +8,7 @@ extension MarketDataHub {
 
     /// The last event seen on a ticker topic, if any. A folded topic's (an order book's) is its whole
     /// state, `nil` while it is not whole: its last event is only a change.
-    public func lastEvent(for topic: Topic) -> MarketEvent? {
-        guard let entry = entries[topic] else { return nil }
-        if let fold = entry.fold { return fold.whole() }
-        return entry.last
-    }
+    public func lastEvent(for topic: Topic) -> MarketEvent? { entries[topic]?.value }
 
     /// The last event of a topic the market is subscribed to upstream now (itself or by its wildcard)
     /// with no outage: a value that is current, as the REST gateway answers live. `nil` otherwise.

@@ -392,10 +392,11 @@ extension MarketDataHub {
         return outcome
     }
 
-    /// The last values a topic's `gap` is followed by: a ticker's own, or every ticker's of a wildcard's type.
+    /// The last values a topic's `gap` is followed by: a ticker's own, or every ticker's of a wildcard's
+    /// type (a folded topic's: its whole state, so a book's holder starts it again whole).
     private func lastValues(of topic: Topic) -> [MarketEvent] {
-        if !topic.isWildcard { return entries[topic]?.last.map { [$0] } ?? [] }
-        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.last).sorted { $0.sequence < $1.sequence }
+        if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
+        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.value).sorted { $0.sequence < $1.sequence }
     }
 
     private func gapStatus(_ topic: Topic, message: String, from range: (UInt64, UInt64, String)?) -> Notice {

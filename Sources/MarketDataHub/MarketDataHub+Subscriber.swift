@@ -49,14 +49,34 @@ extension MarketDataHub {
         var fold: (any TopicFold)?
         /// A cluster node's events of a folded topic since its fold stopped being whole, so a whole state
         /// from the cluster's store, at an earlier position, can be brought up to date (at most
-        /// ``heldBackLimit``; past it the oldest go, and only a newer whole state helps).
+        /// ``heldBackLimit`` events and ``heldBackBytes`` bytes; past either the oldest half goes, and only
+        /// a newer whole state helps).
         var heldBack: [MarketEvent] = []
+        var heldBackSize = 0
 
         static let heldBackLimit = 4096
+        static let heldBackBytes = 1 << 20
 
         func holdBack(_ event: MarketEvent) {
-            if heldBack.count >= Self.heldBackLimit { heldBack.removeFirst(heldBack.count / 2) }
+            if heldBack.count >= Self.heldBackLimit || heldBackSize + event.bytes.readableBytes > Self.heldBackBytes {
+                let dropped = heldBack.prefix(max(heldBack.count / 2, 1))
+                heldBackSize -= dropped.reduce(0) { $0 + $1.bytes.readableBytes }
+                heldBack.removeFirst(dropped.count)
+            }
             heldBack.append(event.compacted())
+            heldBackSize += event.bytes.readableBytes
+        }
+
+        func releaseHeldBack() {
+            heldBack = []
+            heldBackSize = 0
+        }
+
+        /// What a new holder starts from: a folded topic's whole state (none while not whole), else the
+        /// last event.
+        var value: MarketEvent? {
+            if let fold { return fold.whole() }
+            return last
         }
     }
 }

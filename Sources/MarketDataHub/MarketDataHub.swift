@@ -367,11 +367,17 @@ public actor MarketDataHub {
                     // Its own bytes: a cached event must not keep its whole upstream message alive.
                     entry.last = event.compacted()
                     if let fold = entry.fold {
-                        fold.apply(event)
+                        if entry.subscribers.isEmpty && wild == nil {
+                            // Nobody holds it: what comes now (the last events before the unsubscribe takes
+                            // effect) is not followed, so it never makes a state to vouch for.
+                            fold.interrupt()
+                        } else {
+                            fold.apply(event)
+                        }
                         // A cluster node whose state is not whole holds the change back, for the whole state
                         // the store will bring, instead of sending its holders changes to a book they lack.
                         withheld = adoptsPositions && !fold.isWhole
-                        if withheld { entry.holdBack(event) } else if !entry.heldBack.isEmpty { entry.heldBack = [] }
+                        if withheld { entry.holdBack(event) } else if !entry.heldBack.isEmpty { entry.releaseHeldBack() }
                     }
                     if !withheld {
                         for subscriber in entry.subscribers {
@@ -418,6 +424,11 @@ public actor MarketDataHub {
         }
         // A topic whose run broke: its holders are told before the event after the break.
         for topic in history.append(kept, positions: positions, at: now) {
+            // A folded state missed what went by in the break: not vouched for until whole again.
+            if let entry = entries[topic], let fold = entry.fold {
+                fold.interrupt()
+                entry.releaseHeldBack()
+            }
             let notice = wire.render(
                 Notice(
                     .gap, message: "\(topic): events are missing before this one (the cluster's upstream stopped sending it for a while)",
@@ -561,32 +572,41 @@ public actor MarketDataHub {
     /// change after it is missing (the next, newer one from the store will do).
     func adoptWhole(_ whole: MarketEvent, of topic: Topic, into entry: TopicEntry, _ fold: any TopicFold) {
         guard !fold.isWhole, let position = EventPosition.read(from: whole.bytes) else { return }
-        // Only when a change this node holds is at most the one right after the whole state: then nothing
-        // between the two went by unseen (with nothing held yet, the next round of the store decides).
-        guard let firstHeld = entry.heldBack.first.flatMap({ EventPosition.read(from: $0.bytes) }), firstHeld.topic <= position.topic + 1 else {
-            return
-        }
+        // Only when the changes this node holds reach from at most the one right after the whole state to
+        // at least the whole state's own: then nothing between went by unseen, and the whole state is of
+        // the changes this node holds (not of a former term, whose sequences started afresh; with nothing
+        // held yet, the next round of the store decides). Both sequences must agree: a change before the
+        // whole state has a market sequence at most its, one after it a larger one.
+        let held = entry.heldBack.compactMap { event in EventPosition.read(from: event.bytes).map { (event, $0) } }
+        guard let first = held.first?.1, let last = held.last?.1, first.topic <= position.topic + 1, last.topic >= position.topic else { return }
         var later: [MarketEvent] = []
         var expected = position.topic + 1
-        for event in entry.heldBack {
-            guard let held = EventPosition.read(from: event.bytes), held.topic > position.topic else { continue }
-            guard held.topic == expected else { return }
+        for (event, at) in held {
+            guard at.topic > position.topic else {
+                guard at.market <= position.market else { return }
+                continue
+            }
+            guard at.topic == expected, at.market > position.market else { return }
             expected += 1
             later.append(event)
         }
         fold.apply(whole)
         for event in later { fold.apply(event) }
         guard let rendered = fold.whole() else { return }
-        entry.heldBack = []
+        entry.releaseHeldBack()
         let holders = entry.subscribers + (wildcards[topic.eventType] ?? [])
         for subscriber in holders { enqueue(HubDelivery([rendered]), to: subscriber) }
         tell(holders)
     }
 
-    /// Folded topics someone here holds whose state is not whole: what a cluster node asks its store for.
+    /// Folded topics someone here holds, whose events come, and whose state is not whole: what a source
+    /// asks for anew (the upstream, or a cluster node's store). One whose events never came (a symbol
+    /// the vendor does not have) is not asked for.
     public func foldsNotWhole() -> [Topic] {
         entries.compactMap { topic, entry in
-            guard let fold = entry.fold, !fold.isWhole, !entry.subscribers.isEmpty || wildcards[topic.eventType] != nil else { return nil }
+            guard let fold = entry.fold, !fold.isWhole, entry.last != nil, !entry.subscribers.isEmpty || wildcards[topic.eventType] != nil else {
+                return nil
+            }
             return topic
         }
     }

@@ -318,7 +318,8 @@ public struct RelaySettings: Sendable {
         }
         snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
         if let levels = try config.positive("books.levels") {
-            guard levels <= 100_000 else { throw InvalidSetting(description: "books.levels: at most 100000, got \(levels)") }
+            // A whole book must fit one cluster message (64 KiB: about 1,400 levels a side).
+            guard levels <= 1000 else { throw InvalidSetting(description: "books.levels: at most 1000, got \(levels)") }
             foldLimits = FoldLimits(bookLevels: levels)
         }
         metricsPublic = config.bool(forKey: "metrics.public") ?? false

@@ -100,7 +100,7 @@ extension RelaySettings {
             "Send a topic's last event when a client subscribes to it (--no-snapshot: do not)."),
         .init(
             "books.levels", flag: "book-levels", env: "RELAY_BOOK_LEVELS", default: "1000",
-            "Price levels per side the relay keeps of each order book it carries (Alpaca's crypto orderbooks) for clients that join late; the best ones."),
+            "Price levels per side the relay keeps of each order book it carries (Alpaca's crypto orderbooks) for clients that join late; the best ones (at most 1000)."),
         .init("metrics.public", flag: "public-metrics", .presence("true"), env: "RELAY_METRICS_PUBLIC", default: "false", "Serve /metrics without a client key."),
         .init("tls.cert", flag: "tls-cert", env: "RELAY_TLS_CERT", default: "none", "Serve wss:// and https:// with this PEM certificate chain (needs tls.key)."),
         .init("tls.key", flag: "tls-key", env: "RELAY_TLS_KEY", default: "none", "The PEM private key of tls.cert."),

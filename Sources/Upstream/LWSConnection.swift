@@ -222,6 +222,14 @@ final class LWSConnection: Sendable {
         }
     }
 
+    func renew(_ topics: Set<Topic>) {
+        shared.withLock { state in
+            let messages = state.machine.renew(topics)
+            state.outbox += messages
+            if !messages.isEmpty { wake(&state) }
+        }
+    }
+
     // MARK: state
 
     /// Records a state change. Each change is logged once: while the upstream is down, retries that end

@@ -89,6 +89,14 @@ public final class UpstreamClient: Service, Sendable {
         connection.setWanted(topics)
     }
 
+    /// Unsubscribes those of `topics` the upstream sends now and subscribes them again, so the vendor
+    /// sends their whole state anew (Alpaca's order books come whole after a subscribe). Returns
+    /// immediately; safe from any thread.
+    public func renewTopics(_ topics: Set<Topic>) {
+        guard !topics.isEmpty else { return }
+        connection.renew(topics)
+    }
+
     /// Sets the instant past which the upstream connection may not exist (a cluster leader's lease
     /// validity; `nil` lifts it). The service thread enforces it itself, with no Swift task: at the
     /// deadline it closes the socket, and it opens no connection until a later deadline is given. Call

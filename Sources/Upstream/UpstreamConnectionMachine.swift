@@ -73,6 +73,8 @@ struct UpstreamConnectionMachine: Sendable {
     let timing: Timing
     /// The vendor's conversation: auth, the wanted and subscribed topics.
     private(set) var session: any UpstreamSession
+    /// The topics last asked for (``setWanted(_:)``).
+    private(set) var wanted: Set<Topic> = []
 
     /// Where the one connection is.
     enum Phase: Equatable {
@@ -190,7 +192,16 @@ struct UpstreamConnectionMachine: Sendable {
     /// The topics the server should send; returns the messages that move it there (sent only while
     /// authenticated; otherwise after the next `auth_success`).
     mutating func setWanted(_ topics: Set<Topic>) -> [[UInt8]] {
-        session.want(topics)
+        wanted = topics
+        return session.want(topics)
+    }
+
+    /// Asks the server for `topics` anew: those subscribed now are unsubscribed and subscribed again (a
+    /// vendor sends an order book whole after a subscribe). Messages only while authenticated.
+    mutating func renew(_ topics: Set<Topic>) -> [[UInt8]] {
+        let held = topics.intersection(session.subscribed)
+        guard !held.isEmpty else { return [] }
+        return session.want(wanted.subtracting(held)) + session.want(wanted)
     }
 
     // MARK: the deadline

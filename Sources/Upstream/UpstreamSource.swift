@@ -47,7 +47,25 @@ public final class UpstreamSource: MarketSource {
             group.addTask { try await upstream.run() }
             // Ends when the client stops and its inbox finishes.
             group.addTask { await HubPump.run(upstream.inbox, into: hub, lossReason: "the relay fell behind its upstream") }
+            if hub.folding != nil { group.addTask { await Self.renewFolds(of: hub, on: upstream) } }
             try await group.waitForAll()
+        }
+    }
+
+    /// A book (a folded topic) the hub holds and cannot vouch for (after an outage, a loss, a quick
+    /// unsubscribe and subscribe the upstream never saw) is asked of the upstream anew: unsubscribed and
+    /// subscribed again, so the vendor sends it whole (``RenewalPacer``: after 2 s, then every 10 s while
+    /// it stays so). Looks once a second until the client stops.
+    private static func renewFolds(of hub: MarketDataHub, on upstream: UpstreamClient) async {
+        var pacer = RenewalPacer()
+        while upstream.state != .stopped {
+            do {
+                try await Task.sleep(for: .seconds(1))
+            } catch {
+                return
+            }
+            guard upstream.state == .authenticated else { continue }
+            upstream.renewTopics(pacer.due(await hub.foldsNotWhole()))
         }
     }
 

@@ -72,6 +72,20 @@ struct AlpacaOrderBookTests {
         #expect(book.levelsDropped == 4)
     }
 
+    @Test func aSidePastItsBoundThatShrinksIsNoLongerWhole() {
+        let book = AlpacaOrderBook(symbol: "BTC/USD", levels: 2)
+        book.apply(event(bids: [(100, 1), (99, 1), (98, 1)], asks: [(101, 1)], reset: true))
+        #expect(book.isWhole, "the best two levels are whole")
+        // 98 was left out; with 99 gone it may belong among the two kept.
+        book.apply(event(bids: [(99, 0)], asks: []))
+        #expect(!book.isWhole && book.whole() == nil)
+        book.apply(event(bids: [(100, 1), (98, 1)], asks: [(101, 1)], reset: true))
+        #expect(book.isWhole)
+        // Zero or negative prices are no levels.
+        book.apply(event(bids: [(0, 1)], asks: []))
+        #expect(!book.isWhole)
+    }
+
     @Test func anUnreadableChangeOrAnInterruptionLeavesNoWholeBookUntilTheNextReset() {
         let book = AlpacaOrderBook(symbol: "BTC/USD", levels: 10)
         book.apply(event(bids: [(100, 1)], asks: [(101, 1)], reset: true))

@@ -187,3 +187,38 @@ struct OrderBookTests {
         }
     }
 }
+
+extension OrderBookTests {
+    /// The only holder leaves and comes back within the upstream's 50 ms batch: the upstream never saw
+    /// it go, so no whole book comes by itself. The relay asks for the book anew (unsubscribes and
+    /// subscribes it upstream) and the vendor's whole book reaches the holder; a late joiner then gets
+    /// the book whole again, equal to the feed's.
+    @Test func aBookTheRelayCannotVouchForIsAskedOfTheUpstreamAnew() async throws {
+        try await withCryptoRelay { parts, feed in
+            let relayURL = "ws://127.0.0.1:\(parts.port)/v1beta3/crypto/us"
+            let truth = Truth(try await BookStream(url: try await feed.url(for: .crypto), key: "alpaca-key", symbol: "BTC/USD"))
+            let holder = try await BookStream(url: relayURL, key: "client-key", symbol: "BTC/USD")
+            #expect(try await holder.next()["r"] as? Bool == true)
+            holder.client.send(#"{"action":"unsubscribe","orderbooks":["BTC/USD"]}"#)
+            holder.client.send(#"{"action":"subscribe","orderbooks":["BTC/USD"]}"#)
+            // The vendor's whole book again (its changes meanwhile are to a book the relay no longer vouches for).
+            var renewed: [String: Any] = [:]
+            for _ in 0..<2_000 {
+                renewed = try await holder.next(timeout: .seconds(20))
+                if renewed["r"] as? Bool == true { break }
+            }
+            #expect(renewed["r"] as? Bool == true, "the book came whole again: \(renewed)")
+            let asked = feed.monitor.snapshot.actions.filter { $0.params.contains("o.BTC/USD") }.map(\.kind)
+            #expect(asked.suffix(2) == [.unsubscribe, .subscribe], "asked anew upstream: \(asked)")
+            let late = try await BookStream(url: relayURL, key: "client-key", symbol: "BTC/USD")
+            let whole = try await late.next()
+            #expect(whole["r"] as? Bool == true)
+            var book = ClientBook()
+            book.apply(whole)
+            #expect(book == (try await truth.through(try #require(whole["t"] as? String))))
+            await late.close()
+            await holder.close()
+            await truth.stream.close()
+        }
+    }
+}

@@ -105,6 +105,38 @@ struct FoldedTopicTests {
         #expect(got.map(\.eventType) == ["t", "t"], "the last trade, then the new one; no stale book")
     }
 
+    @Test func theRenewalPacerWaitsAGraceThenRepeatsAtItsInterval() throws {
+        var pacer = RenewalPacer()
+        let topic = try #require(Topic(eventType: "o", ticker: "BTC/USD"))
+        let start = ContinuousClock.now
+        #expect(pacer.due([topic], now: start).isEmpty, "the vendor's whole book may be on its way")
+        #expect(pacer.due([topic], now: start + .seconds(2)) == [topic])
+        #expect(pacer.due([topic], now: start + .seconds(5)).isEmpty, "not again within the interval")
+        #expect(pacer.due([topic], now: start + .seconds(12)) == [topic])
+        // Whole again, then not: a new grace.
+        #expect(pacer.due([], now: start + .seconds(13)).isEmpty)
+        #expect(pacer.due([topic], now: start + .seconds(14)).isEmpty)
+    }
+
+    /// A whole book from a former term (its sequences started afresh) is not taken even when its topic
+    /// sequence happens to fit: its market sequence does not.
+    @Test func aClusterNodeTakesNoWholeBookWhoseSequencesDisagreeWithItsChanges() async throws {
+        let hub = MarketDataHub(
+            wire: wire, snapshotless: wire.snapshotless(of: .crypto), folding: wire.folding(of: .crypto, limits: FoldLimits()),
+            keepsUnwantedLastValues: false, history: HistoryLimits(), adoptsPositions: true)
+        func positioned(_ event: MarketEvent, _ topic: UInt64, _ market: UInt64) -> MarketEvent {
+            EventPosition.stamp([event], [EventPosition(topic: topic, market: market)])[0]
+        }
+        let subscription = await hub.subscribe(to: topics("o.BTC/USD", "t.BTC/USD"))
+        await hub.publish([positioned(book([(99, 1)], []), 3, 30), positioned(book([(98, 1)], []), 4, 40)])
+        // Topic sequence 3 fits, but a market sequence of 900 is after the held change at 4 (market 40).
+        await hub.seed(positioned(book([(1, 1)], [(2, 1)], reset: true), 3, 900))
+        #expect(await hub.foldsNotWhole().count == 1)
+        await hub.seed(positioned(book([(100, 1)], [(101, 1)], reset: true), 3, 35))
+        let got = try await take(1, from: subscription.events)
+        #expect(try got.map(describe) == ["BTC/USD reset b[100.0x1.0,98.0x1.0] a[101.0x1.0]"])
+    }
+
     /// A cluster node (positions from the leader) that begins receiving a book late holds its changes
     /// back until it takes the leader's whole book from the store, brought up to date by position; a
     /// whole book older than a missing change is not taken.
