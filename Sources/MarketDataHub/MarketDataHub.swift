@@ -95,6 +95,8 @@ public actor MarketDataHub {
     private let subscribersGauge: Gauge
     private let laggingGauge: Gauge
     private let publishedCounter: Counter
+    /// Whole states (order books) a cluster node took from its store.
+    private let foldsAdopted: Counter
     private let droppedFull: Counter
     private let droppedEvicted: Counter
 
@@ -143,6 +145,7 @@ public actor MarketDataHub {
         subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
         laggingGauge = Gauge(label: "relay_subscribers_lagging", factory: metricsFactory)
         publishedCounter = Counter(label: "relay_hub_events_published_total", factory: metricsFactory)
+        foldsAdopted = Counter(label: "relay_books_adopted_total", factory: metricsFactory)
         droppedFull = Counter(label: "relay_events_dropped_total", dimensions: [("reason", "buffer_full")], factory: metricsFactory)
         droppedEvicted = Counter(
             label: "relay_events_dropped_total", dimensions: [("reason", "subscriber_disconnected")], factory: metricsFactory)
@@ -594,6 +597,7 @@ public actor MarketDataHub {
         for event in later { fold.apply(event) }
         guard let rendered = fold.whole() else { return }
         entry.releaseHeldBack()
+        foldsAdopted.increment()
         let holders = entry.subscribers + (wildcards[topic.eventType] ?? [])
         for subscriber in holders { enqueue(HubDelivery([rendered]), to: subscriber) }
         tell(holders)

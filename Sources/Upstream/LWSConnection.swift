@@ -226,7 +226,10 @@ final class LWSConnection: Sendable {
         shared.withLock { state in
             let messages = state.machine.renew(topics)
             state.outbox += messages
-            if !messages.isEmpty { wake(&state) }
+            if !messages.isEmpty {
+                metrics.renewed.increment(by: topics.intersection(state.machine.session.subscribed).count)
+                wake(&state)
+            }
         }
     }
 

@@ -13,6 +13,8 @@ struct UpstreamMetrics: Sendable {
     let malformed: Counter
     let oversized: Counter
     let dropped: Counter
+    /// Topics asked for anew (unsubscribed and subscribed again) for their whole state: order books.
+    let renewed: Counter
 
     init(factory: any MetricsFactory) {
         var states: [String: Gauge] = [:]
@@ -30,6 +32,7 @@ struct UpstreamMetrics: Sendable {
         malformed = Counter(label: "relay_upstream_malformed_messages_total", factory: factory)
         oversized = Counter(label: "relay_upstream_oversized_messages_total", factory: factory)
         dropped = Counter(label: "relay_upstream_dropped_events_total", factory: factory)
+        renewed = Counter(label: "relay_upstream_renewed_topics_total", factory: factory)
     }
 
     /// One gauge per state, 1 for the current one.
