@@ -466,6 +466,10 @@ public actor MarketDataHub {
             subscriber.lostSinceNotice = 0
             setLagging(false)
             if yield(HubDelivery([notice]), count: 1, to: subscriber) { pending += 1 }
+            // Its books missed changes: each comes whole again right after the notice (a change queued
+            // after it only sets again what the whole book already holds).
+            let wholes = folding == nil ? [] : wholeStates(held: subscriber.topics)
+            if !wholes.isEmpty, yield(HubDelivery(wholes), count: wholes.count, to: subscriber) { pending += wholes.count }
         }
         let room = max(Self.bufferLimit - pending, 0)
         if count > room {
@@ -601,6 +605,19 @@ public actor MarketDataHub {
         let holders = entry.subscribers + (wildcards[topic.eventType] ?? [])
         for subscriber in holders { enqueue(HubDelivery([rendered]), to: subscriber) }
         tell(holders)
+    }
+
+    /// The whole states (order books) of the folded topics in `topics`, a wildcard's being every one of
+    /// its type.
+    func wholeStates(held topics: Set<Topic>) -> [MarketEvent] {
+        guard let folding else { return [] }
+        let wildTypes = Set(topics.filter { $0.isWildcard && folding.eventTypes.contains($0.eventType) }.map(\.eventType))
+        var wholes: [MarketEvent] = []
+        for (topic, entry) in entries where folding.eventTypes.contains(topic.eventType) {
+            guard topics.contains(topic) || wildTypes.contains(topic.eventType), let whole = entry.fold?.whole() else { continue }
+            wholes.append(whole)
+        }
+        return wholes
     }
 
     /// Folded topics someone here holds, whose events come, and whose state is not whole: what a source

@@ -105,6 +105,24 @@ struct FoldedTopicTests {
         #expect(got.map(\.eventType) == ["t", "t"], "the last trade, then the new one; no stale book")
     }
 
+    /// A subscriber that fell behind lost changes to its book: right after its `lagging` notice it gets
+    /// the book whole again.
+    @Test func aSubscriberThatLostChangesGetsItsBookWholeAfterTheNotice() async throws {
+        let hub = hub()
+        let subscription = await hub.subscribe(to: topics("o.BTC/USD"))
+        await hub.publish([book([(100, 1)], [(101, 1)], reset: true)])
+        // Nobody reads: past the buffer's 1,000 events the rest are lost.
+        await hub.publish((1...1_200).map { book([(Double(90 + $0 % 7), Double($0))], []) })
+        _ = try await take(1_000, from: subscription.events)
+        await hub.publish([book([(95, 0)], [])])
+        let got = try await take(3, from: subscription.events)
+        #expect(got[0].isNotice, "the lagging notice first: \(got[0].eventType)")
+        let whole = try describe(got[1])
+        #expect(whole.hasPrefix("BTC/USD reset "), "then the book whole: \(whole)")
+        #expect(!whole.contains("95.0x"), "as of the change after the notice: \(whole)")
+        #expect(try describe(got[2]) == "BTC/USD b[95.0x0.0] a[]")
+    }
+
     @Test func theRenewalPacerWaitsAGraceThenRepeatsAtItsInterval() throws {
         var pacer = RenewalPacer()
         let topic = try #require(Topic(eventType: "o", ticker: "BTC/USD"))
