@@ -818,16 +818,16 @@ public final class ClusterNode: Service, Sendable {
                 }
                 // Slices of the frame, kept only until the next write to the store (which copies them). A
                 // folded topic's last value is its whole state instead.
-                if let folding = hub.folding, events.contains(where: { folding.eventTypes.contains($0.eventType) }) {
-                    foldedLastValues.withLock { folded in
-                        for event in events where folding.eventTypes.contains(event.eventType) { folded.apply(event, folding: folding) }
+                let folding = hub.folding
+                var folded: [MarketEvent] = []
+                pendingLastValues.withLock { pending in
+                    for event in events {
+                        if folding?.eventTypes.contains(event.eventType) == true { folded.append(event) } else { pending[event.topic] = event.bytes }
                     }
-                    pendingLastValues.withLock { pending in
-                        for event in events where !folding.eventTypes.contains(event.eventType) { pending[event.topic] = event.bytes }
-                    }
-                } else {
-                    pendingLastValues.withLock { pending in
-                        for event in events { pending[event.topic] = event.bytes }
+                }
+                if let folding, !folded.isEmpty {
+                    foldedLastValues.withLock { values in
+                        for event in folded { values.apply(event, folding: folding) }
                     }
                 }
                 metrics.natsOut.increment(by: events.count)

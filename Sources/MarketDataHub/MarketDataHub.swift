@@ -193,8 +193,8 @@ public actor MarketDataHub {
                 if first { wildcardWanted(topic.eventType) }
                 // Every whole state of the type: a wildcard's holder starts each book whole too (as the
                 // vendor sends it after a subscribe, so whatever the snapshot setting).
-                if folding?.eventTypes.contains(topic.eventType) == true, snapshot(topic) {
-                    let wholes = entries.compactMap { $0.key.eventType == topic.eventType ? $0.value.fold?.whole() : nil }
+                if snapshot(topic) {
+                    let wholes = wholeStates(held: [topic])
                     if !wholes.isEmpty { enqueue(HubDelivery(wholes), to: subscriber) }
                 }
                 continue
