@@ -71,19 +71,33 @@ extension AlpacaServerSession: DownstreamSession {
 /// notice alone in its frame (``AlpacaDelivery``).
 public struct AlpacaFraming: DownstreamFraming {
     public let codec: AlpacaCodec
+    /// Each event gets its receive and send times (``EventTimes``).
+    public let times: Bool
 
-    public init(codec: AlpacaCodec) {
+    public init(codec: AlpacaCodec, times: Bool = false) {
         self.codec = codec
+        self.times = times
     }
 
     public var isBinary: Bool { codec == .messagePack }
 
+    public func withTimes() -> any DownstreamFraming { AlpacaFraming(codec: codec, times: true) }
+
     public func frames(payloadBytes: Int, events: TurnEvents, converted: ConvertedTurnEvents) -> FramedTurn? {
         var elements: [AlpacaDelivery.Element] = []
         var oldest = UInt64.max
+        let reading: EventTimes.Reading? = times ? EventTimes.Reading() : nil
         func add(_ event: borrowing MarketEvent, _ bytes: ByteBuffer?) {
             if event.receivedAt != 0 { oldest = min(oldest, event.receivedAt) }
-            if let bytes { elements.append(AlpacaDelivery.Element(bytes: bytes, isNotice: event.isNotice)) }
+            guard let bytes else { return }
+            if let reading, event.receivedAt != 0 {
+                var timed = ByteBuffer()
+                timed.reserveCapacity(bytes.readableBytes + EventTimes.maxGrowth)
+                EventTimes.write(event, bytes: bytes, reading: reading, into: &timed)
+                elements.append(AlpacaDelivery.Element(bytes: timed, isNotice: event.isNotice))
+            } else {
+                elements.append(AlpacaDelivery.Element(bytes: bytes, isNotice: event.isNotice))
+            }
         }
         switch codec {
         case .json: converted({ AlpacaDelivery.elementBytes($0, codec: .json) }, add)

@@ -20,11 +20,14 @@ public struct DownstreamReaction: Sendable {
     public var marketRefused: Bool
     public var resume: ResumeRequest?
     public var conflate: Duration?
+    /// The client asked for its events' receive and send times (``EventTimes``).
+    public var timestamps: Bool
 
     public init(
         frames: [ByteBuffer] = [], added: [Topic] = [], removed: [Topic] = [], close: Bool = false, marketRefused: Bool = false,
-        resume: ResumeRequest? = nil, conflate: Duration? = nil
+        resume: ResumeRequest? = nil, conflate: Duration? = nil, timestamps: Bool = false
     ) {
+        self.timestamps = timestamps
         self.frames = frames
         self.added = added
         self.removed = removed
@@ -135,6 +138,9 @@ public protocol DownstreamFraming: Sendable {
     /// to (a frame's size before framing). A framing reads them through one of the two views, once.
     /// `nil`: nothing to send.
     func frames(payloadBytes: Int, events: TurnEvents, converted: ConvertedTurnEvents) -> FramedTurn?
+    /// The same framing with each event's receive and send times written in (``EventTimes``), for a
+    /// client that asked for them.
+    func withTimes() -> any DownstreamFraming
     /// The whole frame telling a client it was dropped for not keeping up (its buffer of `bufferLimit`
     /// events was full), before the close.
     func evictedFrame(bufferLimit: Int) -> ByteBuffer

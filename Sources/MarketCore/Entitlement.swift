@@ -65,6 +65,9 @@ public struct ClientGrant: Sendable, Equatable {
     public var maxConnections: Int?
     /// How this key's connections get state events merged (the key file's `conflate`).
     public var conflation: KeyConflation
+    /// Whether its connections' events carry their receive and send times (the key file's
+    /// `timestamps`; ``EventTimes``).
+    public var timestamps = false
 
     public init(name: String, entitlement: Entitlement = .everything, maxConnections: Int? = nil, conflation: KeyConflation = .off) {
         self.name = name

@@ -90,12 +90,11 @@ public struct EventPosition: Sendable, Hashable {
             let body = bytes.getSlice(at: bytes.readerIndex, length: length - 1) ?? ByteBuffer()
             buffer.writeImmutableBuffer(body)
             // `{}`: no field before ours, so no comma.
-            let empty = body.readableBytesView.allSatisfy { $0 == UInt8(ascii: "{") || $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
             let position = positions[index]
-            buffer.writeString(empty ? #""_s":"# : #","_s":"#)
-            writeDecimal(position.topic, into: &buffer)
+            buffer.writeString(isEmptyObject(body) ? #""_s":"# : #","_s":"#)
+            buffer.writeDecimal(position.topic)
             buffer.writeString(#","_m":"#)
-            writeDecimal(position.market, into: &buffer)
+            buffer.writeDecimal(position.market)
             buffer.writeInteger(UInt8(ascii: "}"))
             ranges.append((start, buffer.writerIndex - start))
         }
@@ -129,36 +128,12 @@ public struct EventPosition: Sendable, Hashable {
     /// Writes a MessagePack map (an Alpaca event) with the two position entries added at its end and its
     /// header counting them; `false` (nothing written) for bytes that are not a map it can extend.
     private static func stampMessagePack(_ bytes: ByteBuffer, _ position: EventPosition, into buffer: inout ByteBuffer) -> Bool {
-        guard let first = bytes.getInteger(at: bytes.readerIndex, as: UInt8.self) else { return false }
-        let count: Int
-        let headerLength: Int
-        switch first {
-        case 0x80...0x8F:
-            count = Int(first & 0x0F)
-            headerLength = 1
-        case 0xDE:
-            guard let big = bytes.getInteger(at: bytes.readerIndex + 1, as: UInt16.self) else { return false }
-            count = Int(big)
-            headerLength = 3
-        case 0xDF:
-            // A map32 (a writer may use it for any size): stamped like the others, or a cluster's
-            // followers would get it without the leader's positions.
-            guard let big = bytes.getInteger(at: bytes.readerIndex + 1, as: UInt32.self), big < UInt32.max - 2 else { return false }
-            count = Int(big)
-            headerLength = 5
-        default:
-            return false
-        }
-        guard let body = bytes.getSlice(at: bytes.readerIndex + headerLength, length: bytes.readableBytes - headerLength) else { return false }
-        if count + 2 < 16 {
-            buffer.writeInteger(UInt8(0x80 | (count + 2)))
-        } else if count + 2 <= Int(UInt16.max) {
-            buffer.writeInteger(UInt8(0xDE))
-            buffer.writeInteger(UInt16(count + 2))
-        } else {
-            buffer.writeInteger(UInt8(0xDF))
-            buffer.writeInteger(UInt32(count + 2))
-        }
+        // A map32 (a writer may use it for any size) is stamped like the others, or a cluster's
+        // followers would get it without the leader's positions.
+        guard let header = MessagePackMapHeader(bytes),
+            let body = bytes.getSlice(at: bytes.readerIndex + header.length, length: bytes.readableBytes - header.length)
+        else { return false }
+        MessagePackMapHeader.write(count: header.count + 2, into: &buffer)
         buffer.writeImmutableBuffer(body)
         for (key, value) in [(UInt8(ascii: "s"), position.topic), (UInt8(ascii: "m"), position.market)] {
             buffer.writeBytes(tailEntry(key))
@@ -227,19 +202,9 @@ public struct EventPosition: Sendable, Hashable {
         return digits > 0 ? value : nil
     }
 
-    private static func writeDecimal(_ value: UInt64, into buffer: inout ByteBuffer) {
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var count = 0
-        var rest = value
-        withUnsafeMutableBytes(of: &digits) { raw in
-            repeat {
-                raw[19 - count] = UInt8(ascii: "0") + UInt8(rest % 10)
-                rest /= 10
-                count += 1
-            } while rest > 0
-            buffer.writeBytes(UnsafeRawBufferPointer(rebasing: raw[(20 - count)...]))
-        }
+    /// Whether an object's bytes up to (not including) its closing brace hold no field: `{` and blanks.
+    static func isEmptyObject(_ body: ByteBuffer) -> Bool {
+        body.readableBytesView.allSatisfy { $0 == UInt8(ascii: "{") || $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
     }
 
     /// A fresh epoch: 12 characters of base 36 from the time and randomness, different at every start
@@ -254,5 +219,29 @@ public struct EventPosition: Sendable, Hashable {
             value /= 36
         }
         return String(decoding: text, as: UTF8.self)
+    }
+}
+
+extension ByteBuffer {
+    /// Writes `value` in decimal digits, without an allocation.
+    mutating func writeDecimal(_ value: UInt64) {
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var count = 0
+        var rest = value
+        withUnsafeMutableBytes(of: &digits) { raw in
+            repeat {
+                raw[19 - count] = UInt8(ascii: "0") + UInt8(rest % 10)
+                rest /= 10
+                count += 1
+            } while rest > 0
+            writeBytes(UnsafeRawBufferPointer(rebasing: raw[(20 - count)...]))
+        }
+    }
+
+    /// Writes `value` in decimal digits, with its sign.
+    mutating func writeDecimal(_ value: Int64) {
+        if value < 0 { writeInteger(UInt8(ascii: "-")) }
+        writeDecimal(value.magnitude)
     }
 }

@@ -18,6 +18,9 @@ public struct ClientAction: Sendable, Equatable {
     /// A subscribe that asks for conflated state events: at most one per symbol per this interval
     /// (the relay's extension). `.zero` asks for the key's default interval.
     public var conflate: Duration?
+    /// A subscribe that asks for each event's receive and send times (the relay's extension,
+    /// `"timestamps":true`; ``EventTimes``): from then on, for the whole connection.
+    public var timestamps = false
 
     public init(_ kind: Kind, params: String, resume: Resume? = nil, conflate: Duration? = nil) {
         self.kind = kind
@@ -41,6 +44,7 @@ public struct ClientAction: Sendable, Equatable {
         var since: [String: SinceValue]?
         var sinceTime: Int64?
         var conflate: ConflateValue?
+        var timestamps: Bool?
     }
 
     /// A value of `since`: the epoch's string or a position.
@@ -91,6 +95,7 @@ public struct ClientAction: Sendable, Equatable {
         var action = ClientAction(kind, params: wire.params ?? "")
         if kind == .subscribe {
             action.resume = try resume(since: wire.since, sinceTime: wire.sinceTime)
+            action.timestamps = wire.timestamps ?? false
             switch wire.conflate {
             case nil, .on(false): break
             case .on(true): action.conflate = .zero

@@ -30,7 +30,8 @@ extension ServerSession: DownstreamSession {
         let reaction: Reaction = receive(message, at: .now)
         return DownstreamReaction(
             frames: reaction.frames, added: reaction.added, removed: reaction.removed, close: reaction.close,
-            marketRefused: reaction.marketRefused, resume: reaction.resume, conflate: reaction.conflate)
+            marketRefused: reaction.marketRefused, resume: reaction.resume, conflate: reaction.conflate,
+            timestamps: reaction.timestamps)
     }
 
     public var connectedFrame: ByteBuffer { StatusMessage.connected.frame }
@@ -46,11 +47,19 @@ extension ServerSession: DownstreamSession {
 /// Polygon's frames: a JSON array of the events' own bytes, built straight into one whole WebSocket
 /// frame (``WireFrameBuilder``), several only past the frame limit.
 public struct PolygonFraming: DownstreamFraming {
-    public init() {}
+    /// Each event gets its receive and send times (``EventTimes``).
+    public let times: Bool
+
+    public init(times: Bool = false) {
+        self.times = times
+    }
 
     public var isBinary: Bool { false }
 
+    public func withTimes() -> any DownstreamFraming { PolygonFraming(times: true) }
+
     public func frames(payloadBytes: Int, events: TurnEvents, converted: ConvertedTurnEvents) -> FramedTurn? {
+        if times { return timedFrames(events: events) }
         if payloadBytes <= FrameEncoder.maxFrameBytes {
             let built = WireFrameBuilder.build(payload: payloadBytes) { builder in
                 events { builder.append($0) }
@@ -64,6 +73,32 @@ public struct PolygonFraming: DownstreamFraming {
         let frames = WireFrame.frames(for: all)
         guard let first = frames.first else { return nil }
         return FramedTurn(first: first, more: Array(frames.dropFirst()), oldestReceivedAt: oldest)
+    }
+
+    /// The events with their times, each frame a JSON array under the frame limit: the events' bytes
+    /// copied in with two fields more each (``EventTimes``), never serialised again.
+    private func timedFrames(events: TurnEvents) -> FramedTurn? {
+        let reading = EventTimes.Reading()
+        var frames: [ByteBuffer] = []
+        var payload = ByteBuffer()
+        var oldest = UInt64.max
+        events { event in
+            let bytes = event.pointee.bytes
+            if payload.readableBytes > 0, payload.readableBytes + bytes.readableBytes + EventTimes.maxGrowth + 2 > FrameEncoder.maxFrameBytes {
+                payload.writeInteger(UInt8(ascii: "]"))
+                frames.append(WireFrame.text(payload))
+                payload.clear()
+            }
+            payload.writeInteger(UInt8(ascii: payload.readableBytes == 0 ? "[" : ","))
+            EventTimes.write(event.pointee, bytes: bytes, reading: reading, into: &payload)
+            if event.pointee.receivedAt != 0 { oldest = min(oldest, event.pointee.receivedAt) }
+        }
+        if payload.readableBytes > 0 {
+            payload.writeInteger(UInt8(ascii: "]"))
+            frames.append(WireFrame.text(payload))
+        }
+        guard let first = frames.first else { return nil }
+        return FramedTurn(first: first, more: Array(frames.dropFirst()), oldestReceivedAt: oldest == .max ? 0 : oldest)
     }
 
     public func evictedFrame(bufferLimit: Int) -> ByteBuffer {

@@ -28,6 +28,8 @@ public struct ServerSession: Sendable {
         public var resume: ClientAction.Resume?
         /// A subscribe that asked for conflation (`.zero`: the key's default interval).
         public var conflate: Duration?
+        /// A subscribe that asked for receive and send times.
+        public var timestamps = false
     }
 
     /// The session tag the client gave with its key (`KEY#tag`), naming a session the relay keeps for a
@@ -189,6 +191,7 @@ public struct ServerSession: Sendable {
             topics.formUnion(wanted)
             reaction.added = wanted
             reaction.conflate = action.conflate
+            reaction.timestamps = action.timestamps
             switch action.resume {
             case .positions(let epoch, let positions)?:
                 var normalized: [Topic: UInt64] = [:]

@@ -436,7 +436,7 @@ public struct RelaySettings: Sendable {
             guard let fields = entry as? [String: Any] else {
                 throw InvalidSetting(description: "client.keys[\(index)]: a key string or a mapping with name and key")
             }
-            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio", "conflate", "rest", "restRate"]
+            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio", "conflate", "rest", "restRate", "timestamps"]
             if let unknown = fields.keys.first(where: { !known.contains($0) }) {
                 throw InvalidSetting(description: "client.keys[\(index)]: unknown field \(unknown) (one of \(known.sorted().joined(separator: ", ")))")
             }
@@ -479,6 +479,10 @@ public struct RelaySettings: Sendable {
                 if let raw = fields["rest"] {
                     guard let value = raw as? Bool else { throw InvalidSetting(description: "client key \(name): rest is true or false") }
                     key.rest = value
+                }
+                if let raw = fields["timestamps"] {
+                    guard let value = raw as? Bool else { throw InvalidSetting(description: "client key \(name): timestamps is true or false") }
+                    key.timestamps = value
                 }
                 if let raw = fields["restRate"] {
                     guard let rate = RESTRate(parsing: "\(raw)") else {

@@ -30,6 +30,8 @@ public struct ClientKey: Sendable, Equatable {
     public var rest = true
     /// Its own REST rate (`restRate`, e.g. `60/min`), within the account's budget; `nil`: none of its own.
     public var restRate: RESTRate?
+    /// Whether its connections' events carry their receive and send times (`timestamps`; default no).
+    public var timestamps = false
 
     /// Why a key definition cannot be used, named for the person who wrote it.
     public struct Invalid: Error, Sendable, CustomStringConvertible {
@@ -106,7 +108,11 @@ public struct ClientKey: Sendable, Equatable {
     }
 
     /// What this key may do on the Polygon WebSocket.
-    public var grant: ClientGrant { ClientGrant(name: name, entitlement: entitlement, maxConnections: maxConnections, conflation: conflation) }
+    public var grant: ClientGrant {
+        var grant = ClientGrant(name: name, entitlement: entitlement, maxConnections: maxConnections, conflation: conflation)
+        grant.timestamps = timestamps
+        return grant
+    }
 
     static func digest(of key: String) -> [UInt8] { Array(SHA256.hash(data: Array(key.utf8))) }
 

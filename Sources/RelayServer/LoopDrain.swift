@@ -148,7 +148,7 @@ actor LoopDrain {
         client.metrics.delivered.increment(by: events)
         // One call through the protocol seam per client turn: its framing builds the frames.
         guard
-            let framed = client.framing.frames(
+            let framed = (client.wantsTimes.load(ordering: .relaxed) ? client.timedFraming : client.framing).frames(
                 payloadBytes: payload,
                 events: { body in for index in deliveries.indices { deliveries[index].forEachEventAddress(body) } },
                 converted: { convert, body in for index in deliveries.indices { deliveries[index].forEachEvent(convertedBy: convert, body) } })
@@ -209,6 +209,10 @@ final class ClientFeed: Sendable {
     let carrying = Atomic<Bool>(false)
     /// How its events become frames, in its protocol and codec.
     let framing: any DownstreamFraming
+    /// The same with each event's receive and send times, once the client asks for them (``wantsTimes``).
+    let timedFraming: any DownstreamFraming
+    /// The client asked for its events' times (its key's `timestamps`, or a subscribe option).
+    let wantsTimes = Atomic<Bool>(false)
     /// Its market's delivery metrics.
     let metrics: DeliveryMetrics
 
@@ -222,6 +226,7 @@ final class ClientFeed: Sendable {
         self.writability = writability
         self.drain = drain
         self.framing = framing
+        timedFraming = framing.withTimes()
     }
 
     /// Something was queued for the client, its connection can take more again, or it closed. Quick,

@@ -119,6 +119,8 @@ actor MarketConnection {
     private var refusing = false
     /// The connection's feed (once it joined the hub).
     private var feed: ClientFeed?
+    /// The client asked for its events' receive and send times (its key, or a subscribe option).
+    private var wantsTimes = false
     /// `key#tag` of a tagged session.
     private var sessionName: String?
     /// A tagged session's name while its market has no epoch yet (a cluster node before its leader's
@@ -203,6 +205,7 @@ actor MarketConnection {
                 return
             }
             admitted = grant
+            if grant.timestamps { askForTimes() }
             switch grant.conflation {
             case .off: break
             case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
@@ -284,8 +287,15 @@ actor MarketConnection {
             let grantInterval: Duration? = if case .interval(let interval) = admitted?.conflation { interval } else { nil }
             change(.conflate(ConflationMode(interval: interval == .zero ? grantInterval ?? Self.defaultConflation : interval, whileLagging: true)))
         }
+        if reaction.timestamps { askForTimes() }
         if !reaction.added.isEmpty { change(.add(reaction.added, reaction.resume)) }
         if !reaction.removed.isEmpty { change(.remove(reaction.removed)) }
+    }
+
+    /// From now on, the connection's events carry their receive and send times.
+    private func askForTimes() {
+        wantsTimes = true
+        feed?.wantsTimes.store(true, ordering: .relaxed)
     }
 
     /// A refusal is under way: nothing more is read, and the auth timeout has nothing left to do.
@@ -369,6 +379,7 @@ actor MarketConnection {
                     metrics: dependencies.delivery, framing: session.framing)
                 self.feed = feed
                 if handler.value.acknowledgedPosition != nil { feed.tracksPositions.store(true, ordering: .relaxed) }
+                if wantsTimes { feed.wantsTimes.store(true, ordering: .relaxed) }
                 target.set(feed)
                 writability.onWritable { feed.kick() }
                 feed.kick()

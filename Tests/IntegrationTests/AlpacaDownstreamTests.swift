@@ -43,9 +43,12 @@ struct AlpacaDownstreamTests {
         // Besides the plain key, one whose entitlement is AAPL's trades, quotes and bars only.
         let appleOnly = try ClientKey(name: "apple-only", secret: "apple-key", topics: ["t.AAPL", "q.AAPL", "b.AAPL"])
         let single = try ClientKey(name: "single", secret: "single-key", maxConnections: 1)
+        var stamped = try ClientKey(name: "stamped", secret: "stamped-key")
+        stamped.timestamps = true
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0,
-            authentication: try ClientAuthentication.resolve(keys: ["client-key"], withRights: [appleOnly, single], listenHost: "127.0.0.1"))
+            authentication: try ClientAuthentication.resolve(
+                keys: ["client-key"], withRights: [appleOnly, single, stamped], listenHost: "127.0.0.1"))
         configuration.authTimeout = .seconds(5)
         if let perAddress { configuration.connectionLimits.perAddress = perAddress }
         let server = RelayServer(
@@ -117,6 +120,40 @@ struct AlpacaDownstreamTests {
             #expect((crypto["trades"]?.first?["price"] as? Double ?? 0) > 60_000)
             let raw = Self.kinds(try await run(["--sdk", "alpaca-py", "--raw", "--port", "\(port)", "--symbols", "MSFT"]))
             #expect(raw["trades"]?.first?["type"] as? String == "dict" && raw["trades"]?.first?["symbol"] as? String == "MSFT", "\(raw)")
+        }
+    }
+
+    @Test func aStampedKeyGetsReceiveAndSendTimesInBothCodecsAndTheSDKsStillTakeTheirModels() async throws {
+        try await withAlpacaRelay { port in
+            let started = Int64(Date().timeIntervalSince1970 * 1e9)
+            let client = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+            _ = try await client.nextFrame()
+            client.send(#"{"action":"auth","key":"stamped-key","secret":"any"}"#)
+            #expect(try await client.nextFrame() == #"[{"T":"success","msg":"authenticated"}]"#)
+            client.send(#"{"action":"subscribe","trades":["AAPL"],"quotes":["MSFT"]}"#)
+            #expect(try await client.nextFrame().contains(#""T":"subscription""#))
+            var seen = 0
+            while seen < 20 {
+                let events = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
+                for event in events {
+                    let received = try #require(event["_r"] as? Int64, "\(event)")
+                    let sent = try #require(event["_o"] as? Int64, "\(event)")
+                    #expect(received >= started - 1_000_000_000 && received <= sent && sent <= Int64(Date().timeIntervalSince1970 * 1e9), "\(event)")
+                    #expect(event["T"] as? String == "t" || event["T"] as? String == "q", "\(event)")
+                }
+                seen += events.count
+            }
+            await client.close()
+            // MessagePack: alpaca-py's raw data shows the two map entries; its models take them in stride.
+            let raw = Self.kinds(try await run(["--sdk", "alpaca-py", "--raw", "--key", "stamped-key", "--port", "\(port)", "--symbols", "MSFT"]))
+            let fields = raw["trades"]?.first?["fields"] as? [String] ?? []
+            #expect(fields.contains("_r") && fields.contains("_o") && fields.contains("p"), "\(raw)")
+            let models = Self.kinds(try await run(["--sdk", "alpaca-py", "--key", "stamped-key", "--port", "\(port)", "--symbols", "AAPL"]))
+            #expect(models["trades"]?.first?["type"] as? String == "alpaca.data.models.trades.Trade", "\(models)")
+            #expect(models["bars"]?.first?["type"] as? String == "alpaca.data.models.bars.Bar", "\(models)")
+            let plain = Self.kinds(try await run(["--sdk", "alpaca-py", "--raw", "--port", "\(port)", "--symbols", "MSFT"]))
+            let plainFields = (plain["trades"]?.first?["fields"] as? [String]) ?? []
+            #expect(!plainFields.isEmpty && !plainFields.contains("_r"), "\(plain)")
         }
     }
 

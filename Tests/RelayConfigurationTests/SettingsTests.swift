@@ -243,7 +243,7 @@ struct SettingsTests {
             client:
               keys:
                 - {name: dashboard, key: "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", topics: ["Q.*", "T.AAPL"], maxConnections: 5, portfolio: read}
-                - {name: robot, key: robot-secret}
+                - {name: robot, key: robot-secret, timestamps: true}
                 - plain-key
             """)
         defer { try? FileManager.default.removeItem(atPath: file) }
@@ -260,6 +260,7 @@ struct SettingsTests {
         #expect(dashboard.entitlement.allows(Topic(eventType: "Q", ticker: "MSFT")!))
         #expect(!dashboard.entitlement.allows(Topic(eventType: "T", ticker: "MSFT")!))
         #expect(authentication.identify("robot-secret")?.portfolio == .write, "unrestricted unless said")
+        #expect(authentication.identify("robot-secret")?.grant.timestamps == true && !dashboard.grant.timestamps, "timestamps only when asked")
         #expect(authentication.identify("plain-key")?.name == "key-1", "a plain key is named, never shown")
         #expect(authentication.identify("nope") == nil)
 
@@ -271,7 +272,7 @@ struct SettingsTests {
     @Test func badKeyDefinitionsNameTheProblem() async throws {
         for entry in [
             "{name: a, key: k, portfolio: admin}", "{name: a, key: k, colour: red}", "{name: a}", "{name: a, key: k, maxConnections: 0}",
-            "{name: a, key: k, topics: [nodot]}", "{name: a, key: \"sha256:abc\"}",
+            "{name: a, key: k, topics: [nodot]}", "{name: a, key: \"sha256:abc\"}", "{name: a, key: k, timestamps: sometimes}",
         ] {
             let file = try writeConfig("client:\n  keys:\n    - \(entry)\n")
             defer { try? FileManager.default.removeItem(atPath: file) }
