@@ -127,6 +127,11 @@ public struct AlpacaServerSession: Sendable {
             for symbol in symbols {
                 guard let text = symbol.string, let topic = Topic(eventType: channel.eventType, ticker: text), limits.problem(with: topic) == nil
                 else { return error(.invalidSyntax, "not a symbol: \(String(describing: symbol).prefix(40))") }
+                if topic.isDerived {
+                    // `AAPL@5m` on `bars`: a bar the relay builds from the symbol's trades.
+                    guard let rules = AlpacaBarRules(feed: feed) else { return error(.invalidSyntax, "no derived bars on this feed") }
+                    if let problem = rules.problem(with: topic) { return error(.invalidSyntax, String(problem.prefix(200))) }
+                }
                 asked.append(topic)
                 // Alpaca sends a trade's corrections and cancel errors to whoever takes its trades.
                 if channel == .trades, feed.market == .stocks {

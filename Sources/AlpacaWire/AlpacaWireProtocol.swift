@@ -77,6 +77,9 @@ public struct AlpacaWireProtocol: WireProtocol {
 
     /// Crypto order books (`o`): each carried book is kept from its increments (``AlpacaOrderBook``), so
     /// a subscriber that joins after the vendor's whole book (`"r":true`) went by gets the book first.
+    /// A stock or crypto feed's trades make derived bars.
+    public func barRules(of market: Market) -> (any BarRules)? { AlpacaBarRules(feed: feed) }
+
     public func folding(of market: Market, limits: FoldLimits) -> TopicFolding? {
         let type = AlpacaChannel.orderbooks.eventType
         guard eventTypes(of: market).contains(type) else { return nil }

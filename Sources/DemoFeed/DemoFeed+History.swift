@@ -99,7 +99,7 @@ extension DemoFeed {
                 #"{"conditions":[2],"exchange":\#(record.exchange),"id":"\#(record.sequence)","participant_timestamp":\#(nanoseconds),"price":\#(price(record.price)),"size":\#(Double(record.size) / 100)}"#
         case (.trade, _):
             return
-                #"{"conditions":[0,12],"exchange":\#(record.exchange),"id":"\#(record.sequence)","participant_timestamp":\#(nanoseconds),"price":\#(price(record.price)),"sequence_number":\#(record.sequence),"sip_timestamp":\#(nanoseconds),"size":\#(record.size),"tape":3}"#
+                #"{"conditions":[0],"exchange":\#(record.exchange),"id":"\#(record.sequence)","participant_timestamp":\#(nanoseconds),"price":\#(price(record.price)),"sequence_number":\#(record.sequence),"sip_timestamp":\#(nanoseconds),"size":\#(record.size),"tape":3}"#
         case (.quote, .forex):
             return
                 #"{"ask_exchange":\#(record.askExchange),"ask_price":\#(price(record.ask)),"bid_exchange":\#(record.exchange),"bid_price":\#(price(record.price)),"participant_timestamp":\#(nanoseconds)}"#

@@ -268,7 +268,7 @@ public struct DemoMarket: Sendable {
             return MarketEvent(eventType: "XT", ticker: s.ticker, bytes: ByteBuffer(string: json))
         }
         let json =
-            #"{"ev":"T","sym":"\#(s.ticker)","i":"\#(sequence)","x":\#(exchange),"p":\#(price(s.cents)),"s":\#(size),"c":[0,12],"t":\#(timestamp),"q":\#(sequence),"z":3}"#
+            #"{"ev":"T","sym":"\#(s.ticker)","i":"\#(sequence)","x":\#(exchange),"p":\#(price(s.cents)),"s":\#(size),"c":[0],"t":\#(timestamp),"q":\#(sequence),"z":3}"#
         return MarketEvent(eventType: "T", ticker: s.ticker, bytes: ByteBuffer(string: json))
     }
 

@@ -122,7 +122,8 @@ public actor GapFiller {
             return
         }
         var summary = GapFillSummary(from: request.from, through: request.through)
-        let fillable = request.topics.filter { !$0.topic.isWildcard && history.kind(of: $0.topic.eventType) != nil }
+        // A derived bar (`AM.AAPL@5m`) is the relay's own, built from trades: the vendor has none to ask for.
+        let fillable = request.topics.filter { !$0.topic.isWildcard && !$0.topic.isDerived && history.kind(of: $0.topic.eventType) != nil }
         guard !fillable.isEmpty else {
             await outlet.finishFill(generation: request.generation)
             return

@@ -36,7 +36,7 @@ public struct SessionLimits: Sendable, Equatable {
         }
         if topic.isWildcard { return nil }
         if topic.ticker.utf8.count > maxTickerLength { return "ticker longer than \(maxTickerLength) characters" }
-        return Topic.isTicker(topic.ticker) ? nil : "a ticker has letters, digits and . : / - _ only"
+        return Topic.isTicker(topic.ticker) ? nil : "a ticker has letters, digits and . : / - _ only (and @ before a derived bar's size)"
     }
 }
 

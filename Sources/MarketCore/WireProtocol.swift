@@ -17,7 +17,7 @@ import NIOCore
 ///   to be exactly one event of the topic it claims;
 /// - ``snapshotless(of:)``: event types whose last value is no snapshot; ``folding(of:limits:)``: those
 ///   whose state is folded for a late subscriber (order books); ``stateEventTypes``: those conflation
-///   may merge;
+///   may merge; ``barRules(of:)``: how trades make derived bars;
 /// - ``priceTopics(of:market:)``, ``heldSymbol(of:market:)`` and ``price(in:)``: how a held symbol is
 ///   priced from the stream (the portfolio);
 /// - ``upstreamSession(key:secret:)``, ``readUpstream(_:receivedAt:market:)``, ``upstreamSendsBinary`` and
@@ -50,6 +50,10 @@ public protocol WireProtocol: Sendable {
     /// The event types whose topics the hub folds into a state a late subscriber starts from (an order
     /// book from its increments), and how; `nil`: none.
     func folding(of market: Market, limits: FoldLimits) -> TopicFolding?
+
+    /// How `market`'s trades make derived bars (`AM.AAPL@5m`) and how its bar events are written; `nil`:
+    /// the market has no derived bars.
+    func barRules(of market: Market) -> (any BarRules)?
 
     /// Event types whose newest value replaces the older (quotes, bars, index values): what conflation
     /// may merge for a slow client. Trades, statuses and increments never are.

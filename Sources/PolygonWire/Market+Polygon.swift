@@ -85,6 +85,10 @@ extension Market {
             return "\(owner) topic: use /\(owner)"
         }
         if topic.isWildcard { return nil }
+        if topic.isDerived {
+            guard let rules = PolygonBarRules(market: self) else { return "no derived bars on \(self)" }
+            return rules.problem(with: topic)
+        }
         let owner = Market.of(ticker: topic.ticker)
         // A plain ticker is any market's (a prefixed market writes it in its form); a prefixed one is its market's.
         if owner != self, owner != .stocks {

@@ -81,6 +81,9 @@ public struct PolygonWireProtocol: WireProtocol {
     /// the top of the book, not a change to it), so its last event is already a whole book.
     public func folding(of market: Market, limits: FoldLimits) -> TopicFolding? { nil }
 
+    /// Stocks' and crypto's trades make derived bars.
+    public func barRules(of market: Market) -> (any BarRules)? { PolygonBarRules(market: market) }
+
     /// Quotes (`Q`, `XQ`, `C`), aggregates (`A`, `AM`, `XA`, `CA`), index values (`V`), fair market values
     /// (`FMV`) and last values (`LV`); not trades, LULD bands or imbalances.
     public var stateEventTypes: Set<String> { ["Q", "XQ", "C", "A", "AM", "XA", "CA", "V", "FMV", "LV"] }

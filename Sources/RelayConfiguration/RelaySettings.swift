@@ -372,6 +372,10 @@ public struct RelaySettings: Sendable {
         let withSecret = upstreamVendor?.signsInWithSecret == true || upstreams.contains { vendor(of: $0)?.signsInWithSecret == true }
         if withSecret, (upstreamKey ?? "").isEmpty { upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
         upstreamCAFile = config.string(forKey: "upstream.caFile")
+        if let milliseconds = try config.notNegative("bars.graceMs") {
+            guard milliseconds <= 60_000 else { throw InvalidSetting(description: "bars.graceMs: at most 60000, got \(milliseconds)") }
+            upstreamTuning.barGrace = .milliseconds(milliseconds)
+        }
         if let seconds = try config.notNegative("upstream.silentAfterSeconds") {
             upstreamTuning.silentAfter = seconds == 0 ? nil : .seconds(seconds)
         }

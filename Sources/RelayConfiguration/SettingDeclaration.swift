@@ -101,6 +101,9 @@ extension RelaySettings {
         .init(
             "books.levels", flag: "book-levels", env: "RELAY_BOOK_LEVELS", default: "1000",
             "Price levels per side the relay keeps of each order book it carries (Alpaca's crypto orderbooks) for clients that join late; the best ones (at most 1000)."),
+        .init(
+            "bars.graceMs", flag: "bar-grace-ms", env: "RELAY_BAR_GRACE_MS", default: "1000",
+            "How long past a derived time bar's window (AM.AAPL@5m) the relay waits for late trades before it sends the bar, when no later trade finished it first."),
         .init("metrics.public", flag: "public-metrics", .presence("true"), env: "RELAY_METRICS_PUBLIC", default: "false", "Serve /metrics without a client key."),
         .init("tls.cert", flag: "tls-cert", env: "RELAY_TLS_CERT", default: "none", "Serve wss:// and https:// with this PEM certificate chain (needs tls.key)."),
         .init("tls.key", flag: "tls-key", env: "RELAY_TLS_KEY", default: "none", "The PEM private key of tls.cert."),

@@ -50,6 +50,8 @@ final class LWSConnection: Sendable {
     let configuration: UpstreamConfiguration
     /// The market the endpoint's path names: its events are routed by their topic tickers (`X:BTC-USD`).
     let marketOfFrames: Market
+    /// Derived bars, built from the trades on their way into the inbox.
+    let bars: BarDerivation
     let logger: Logger
     let metrics: UpstreamMetrics
     let shared: Mutex<Shared>
@@ -78,6 +80,7 @@ final class LWSConnection: Sendable {
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.inbox = inbox
         self.marketOfFrames = Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
+        self.bars = BarDerivation(rules: configuration.wire.barRules(of: marketOfFrames), metricsFactory: configuration.metricsFactory)
         self.endContinuation = ends
         self.exitContinuation = exit
     }
@@ -511,6 +514,7 @@ final class LWSConnection: Sendable {
             setState(.stopped)
         case .lost(var end, let state, let retryAfter):
             metrics.reconnects[end.cause]?.increment()
+            bars.reset()
             inbox.push(.connectionLost(reason: end.reason))
             if let state { setState(state) }
             end.retryAfter = retryAfter
@@ -602,7 +606,7 @@ final class LWSConnection: Sendable {
         metrics.events.increment(by: count)
         // Events are slices of their message; a large message is not kept alive by a few of them.
         let events = message.readableBytes > configuration.compactMessagesAbove ? parsed.events.map { $0.compacted() } : parsed.events
-        guard inbox.push(.events(events)) else {
+        guard bars.push(events, into: inbox) else {
             // The consumer is this far behind: dropped, counted, and announced in place by the inbox.
             shared.withLock { $0.statistics.droppedEvents += count }
             metrics.dropped.increment(by: count)

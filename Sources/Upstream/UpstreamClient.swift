@@ -86,7 +86,10 @@ public final class UpstreamClient: Service, Sendable {
     /// at once (subscribe first, then unsubscribe); otherwise it is sent after the next `auth_success`.
     /// Returns immediately; safe from any thread.
     public func setWantedTopics(_ topics: Set<Topic>) {
-        connection.setWanted(topics)
+        // Derived bars are built here from their trades: the trades are what the upstream is asked for.
+        let (upstream, derived) = connection.bars.upstreamTopics(for: topics)
+        connection.bars.setWanted(derived)
+        connection.setWanted(upstream)
     }
 
     /// Unsubscribes those of `topics` the upstream sends now and subscribes them again, so the vendor
@@ -132,6 +135,8 @@ public final class UpstreamClient: Service, Sendable {
         connection.requestConnect()
         let watch = Task { await self.watchForSilence() }
         defer { watch.cancel() }
+        let barClock = Task { await self.closeBars() }
+        defer { barClock.cancel() }
 
         await withGracefulShutdownHandler {
             await withTaskCancellationHandler {
@@ -143,6 +148,15 @@ public final class UpstreamClient: Service, Sendable {
             self.shutdown()
         }
         for await _ in threadExit {}
+    }
+
+    /// Finishes derived time bars whose window has passed, ten times a second.
+    private func closeBars() async {
+        let grace = connection.configuration.barGrace
+        while !Task.isCancelled {
+            connection.bars.tick(grace: grace, into: inbox)
+            try? await Task.sleep(for: .milliseconds(100))
+        }
     }
 
     /// Whether the upstream is silent now (``SilenceWatch``).

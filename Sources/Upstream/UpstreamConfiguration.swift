@@ -76,6 +76,9 @@ public struct UpstreamConfiguration: Sendable {
     /// Upstream messages larger than this have their events copied out of the message, so a queued or
     /// cached event never keeps a large message alive.
     public var compactMessagesAbove = 16 * 1024
+    /// How long past a derived time bar's window the relay waits for late trades before it sends the bar
+    /// without a trade past the window to finish it.
+    public var barGrace: Duration = .seconds(1)
 
     public init(
         endpoint: Endpoint,
