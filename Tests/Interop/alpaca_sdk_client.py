@@ -17,6 +17,7 @@ parser.add_argument("--key", default="client-key")
 parser.add_argument("--crypto", action="store_true")
 parser.add_argument("--options", choices=["indicative", "opra"], help="alpaca-py's OptionDataStream on this feed (trades and quotes)")
 parser.add_argument("--orderbooks", action="store_true", help="crypto order books only")
+parser.add_argument("--bars-only", action="store_true", help="bars only (derived bars: AAPL@5s)")
 parser.add_argument("--raw", action="store_true")
 parser.add_argument("--symbols", default="AAPL")
 parser.add_argument("--want", type=int, default=3, help="events of each kind before stopping")
@@ -27,6 +28,8 @@ symbols = args.symbols.split(",")
 # Options have trades and quotes only.
 if args.orderbooks:
     got = {"orderbooks": []}
+elif args.bars_only:
+    got = {"bars": []}
 elif args.options:
     got = {"trades": [], "quotes": []}
 else:
@@ -94,6 +97,8 @@ elif args.sdk == "alpaca-py":
     stream = cls(args.key, "relay-secret", raw_data=args.raw, url_override=f"ws://127.0.0.1:{args.port}{path}")
     if args.orderbooks:
         stream.subscribe_orderbooks(handler("orderbooks", stream.stop_ws), *symbols)
+    elif args.bars_only:
+        stream.subscribe_bars(handler("bars", stream.stop_ws), *symbols)
     else:
         stream.subscribe_trades(handler("trades", stream.stop_ws), *symbols)
         stream.subscribe_quotes(handler("quotes", stream.stop_ws), *symbols)
@@ -104,6 +109,8 @@ else:
     stream = Stream(args.key, "relay-secret", data_stream_url=f"http://127.0.0.1:{args.port}", data_feed="iex", raw_data=args.raw)
     if args.orderbooks:
         stream.subscribe_crypto_orderbooks(handler("orderbooks", stream.stop_ws), *symbols)
+    elif args.bars_only:
+        stream.subscribe_bars(handler("bars", stream.stop_ws), *symbols)
     elif args.crypto:
         stream.subscribe_crypto_trades(handler("trades", stream.stop_ws), *symbols)
         stream.subscribe_crypto_quotes(handler("quotes", stream.stop_ws), *symbols)

@@ -10,7 +10,7 @@ import json
 import sys
 
 from polygon import WebSocketClient
-from polygon.websocket.models import EquityQuote, EquityTrade
+from polygon.websocket.models import EquityAgg, EquityQuote, EquityTrade
 
 
 def main() -> int:
@@ -80,6 +80,13 @@ def main() -> int:
             topics.add(f"Q.{message.symbol}")
         elif isinstance(message, EquityTrade):
             topics.add(f"T.{message.symbol}")
+        elif isinstance(message, EquityAgg):
+            # The vendor's aggregates and the relay's derived bars (AM.AAPL@5s) alike.
+            event_type = getattr(message.event_type, "value", message.event_type)
+            topics.add(f"{event_type}.{message.symbol}")
+            if message.start_timestamp is None or message.end_timestamp is None or message.close is None:
+                print(f"an aggregate without its start, end or close: {message!r}", file=sys.stderr)
+                return 1
         else:
             print(f"unexpected message {message!r}", file=sys.stderr)
             return 1
