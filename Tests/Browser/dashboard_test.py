@@ -229,6 +229,7 @@ def run_alpaca(relay, arguments, checks):
         wait_until(lambda: trade.inner_text() not in ("—", ""), 15, "an Alpaca trade for AAPL over /v2/iex")
         stamp = page.locator('tr[data-symbol="AAPL"] td').last
         checks.check(stamp.inner_text() not in ("—", ""), f"alpaca: live quotes and trades arrive in Alpaca's JSON (AAPL bid {bid.inner_text()}, last {trade.inner_text()} at {stamp.inner_text()})")
+        check_bars(page, checks, "alpaca", "AAPL")
         page.screenshot(path=f"{shots}/alpaca-quotes-1280x800.png", full_page=True)
         btc = watch_market(page, "crypto", "/v1beta3/crypto/us", "BTC/USD")
         checks.check(True, f"alpaca: picking crypto shows live BTC/USD quotes from /v1beta3/crypto/us (bid {btc})")
@@ -301,10 +302,23 @@ def check_quotes(page, checks, tag):
     bid = page.locator('tr[data-symbol="AAPL"] td').first
     wait_until(lambda: bid.inner_text() not in ("—", ""), 15, "a quote for AAPL over the relay's WebSocket")
     checks.check(True, f"{tag}: live quotes arrive through the relay's WebSocket (AAPL bid {bid.inner_text()})")
+    check_bars(page, checks, tag, "AAPL")
     # A second market: crypto at its own path, its pairs in the market's ticker form.
     btc = watch_market(page, "crypto", "/crypto", "X:BTC-USD")
     checks.check(True, f"{tag}: picking crypto shows live X:BTC-USD quotes from /crypto (bid {btc})")
     watch_market(page, "stocks", "/stocks")
+
+
+def check_bars(page, checks, tag, symbol):
+    """The first symbol's 5-second bars, built by the relay from the trades: at least two candles drawn
+    and the last bar's values told in text."""
+    panel = page.get_by_role("region", name=f"5-second bars: {symbol}")
+    expect(panel).to_be_visible(timeout=10_000)
+    candles = panel.locator("svg.candles rect")
+    wait_until(lambda: candles.count() >= 2, 20, f"two 5-second bars of {symbol}")
+    note = panel.locator("#bars-note").inner_text()
+    checks.check(note.startswith("Last bar") and "close" in note,
+                 f"{tag}: the live quotes page charts {symbol}'s 5-second bars, built by the relay ({candles.count()} bars; {note})")
 
 
 def watch_market(page, market, path, symbol=None):

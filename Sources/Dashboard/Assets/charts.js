@@ -145,3 +145,25 @@ export function lineChart({ series, label, formatY = String, formatX = (ms) => n
   });
   return node;
 }
+
+/// A small candlestick chart of `bars` ([{ start: ms, open, high, low, close, volume }], oldest first),
+/// labelled `label`: a line from low to high and a box from open to close per bar, rising bars filled.
+export function candles(bars, label) {
+  const width = 480;
+  const height = 120;
+  const node = svg("svg", { class: "candles", viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "aria-label": label });
+  if (!bars.length) return node;
+  const high = Math.max(...bars.map((bar) => bar.high));
+  const low = Math.min(...bars.map((bar) => bar.low));
+  const step = width / Math.max(bars.length, 30);
+  const y = scale(low, high === low ? low + 1 : high, height - 4, 4);
+  bars.forEach((bar, index) => {
+    const middle = step * index + step / 2;
+    const rising = bar.close >= bar.open;
+    node.append(svg("line", { class: "wick", x1: middle, x2: middle, y1: y(bar.high).toFixed(1), y2: y(bar.low).toFixed(1) }));
+    const top = y(Math.max(bar.open, bar.close));
+    const box = Math.max(1, y(Math.min(bar.open, bar.close)) - top);
+    node.append(svg("rect", { class: rising ? "candle up" : "candle down", x: (middle - step * 0.35).toFixed(1), y: top.toFixed(1), width: (step * 0.7).toFixed(1), height: box.toFixed(1) }));
+  });
+  return node;
+}

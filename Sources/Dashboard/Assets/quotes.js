@@ -2,7 +2,10 @@
 // events, in the protocol the market speaks (Polygon's at /<market>, or Alpaca's JSON at its feed's path).
 // Changed values flash; the relay's notices (lagging, upstream gaps) are banners. On Alpaca's crypto feed the
 // first symbol's order book shows its top levels: the relay sends a book whole (`r: true`) to a late joiner.
+// Where the market has trades, the first symbol's 5-second bars, which the relay builds from them
+// (a derived topic: `AM.AAPL@5s`, Alpaca's `bars: ["AAPL@5s"]`), show as a small candlestick chart.
 import { key, socketURL, el, decimal, time } from "./api.js";
+import { candles } from "./charts.js";
 
 const SAVED = "relay.quotes";
 
@@ -83,12 +86,45 @@ export function mount(main, context) {
       bookBody,
     ),
   );
+  const barsTitle = el("h2", { id: "bars-title", text: "5-second bars" });
+  const barsNote = el("p", { class: "muted", id: "bars-note", text: "Waiting for the first bar…" });
+  const barsChart = el("div", { id: "bars-chart" });
+  const barsPanel = el("section", { class: "panel", id: "bars", "aria-labelledby": "bars-title", hidden: true }, barsTitle, barsNote, barsChart);
   main.append(
     el("h1", { text: "Live quotes" }),
     el("section", { class: "panel" }, form, connection),
     el("section", { class: "panel table-wrap", "aria-labelledby": "quotes-title" }, el("h2", { id: "quotes-title", text: "Quotes and trades" }), table),
+    barsPanel,
     bookPanel,
   );
+
+  // Derived 5-second bars of the first symbol: the relay builds them from the trades (docs/derived-bars.md).
+  const BAR_SIZE = "5s";
+  const BARS_KEPT = 60;
+  let bars = [];
+  const barEventType = () => (alpaca() ? (["stocks", "crypto"].includes(market) ? "b" : null) : { stocks: "AM", crypto: "XA" }[market] || null);
+  const barTopic = (symbol) => `${barEventType()}.${symbol}@${BAR_SIZE}`;
+  function showBar(symbol, bar) {
+    if (!symbol || symbol.toUpperCase() !== `${symbols[0]}@${BAR_SIZE}`.toUpperCase()) return;
+    const kept = bars.filter((one) => one.start !== bar.start);
+    kept.push(bar);
+    bars = kept.sort((a, b) => a.start - b.start).slice(-BARS_KEPT);
+    renderBars();
+  }
+  function renderBars() {
+    barsPanel.hidden = barEventType() === null;
+    barsTitle.textContent = `5-second bars: ${symbols[0]}`;
+    const last = bars[bars.length - 1];
+    if (!last) {
+      barsNote.textContent = "Waiting for the first bar…";
+      barsChart.replaceChildren();
+      return;
+    }
+    const window = `${time(new Date(last.start).toISOString())}–${time(new Date(last.end).toISOString())}`;
+    const summary = `Last bar ${window}: open ${decimal(String(last.open))}, high ${decimal(String(last.high))}, low ${decimal(String(last.low))}, close ${decimal(String(last.close))}, volume ${last.volume}`;
+    barsNote.textContent = `${summary} (${bars.length} bars)`;
+    barsChart.replaceChildren(candles(bars, `${bars.length} five-second bars of ${symbols[0]}. ${summary}`));
+  }
 
   // Order books (Alpaca's crypto `orderbooks`): price → size per side; a reset replaces the book, size 0 removes a level.
   const BOOK_LEVELS = 5;
@@ -203,18 +239,27 @@ export function mount(main, context) {
       // Alpaca's per-channel lists; a trades subscription brings corrections and cancel errors, not shown here.
       // On crypto, the first symbol's order book too (the relay gives it whole first).
       const withBook = (list, message) => (booksShown() && list.length ? { ...message, orderbooks: list.slice(0, 1) } : message);
-      if (subscribed.length) send(withBook(subscribed, { action: "unsubscribe", trades: subscribed, quotes: subscribed }));
-      if (next.length) send(withBook(next, { action: "subscribe", trades: next, quotes: next }));
+      const withBars = (list, message) => (barEventType() && list.length ? { ...message, bars: [`${list[0]}@${BAR_SIZE}`] } : message);
+      if (subscribed.length) send(withBars(subscribed, withBook(subscribed, { action: "unsubscribe", trades: subscribed, quotes: subscribed })));
+      if (next.length) send(withBars(next, withBook(next, { action: "subscribe", trades: next, quotes: next })));
       subscribed = next;
       books.clear();
       renderBook();
+      bars = [];
+      renderBars();
       return;
     }
     const { quote, trade } = channels();
-    const topics = (list) => list.flatMap((s) => [quote && `${quote}.${s}`, trade && `${trade}.${s}`].filter(Boolean)).join(",");
+    const topics = (list) =>
+      list
+        .flatMap((s) => [quote && `${quote}.${s}`, trade && `${trade}.${s}`].filter(Boolean))
+        .concat(barEventType() && list.length ? [barTopic(list[0])] : [])
+        .join(",");
     if (subscribed.length) send({ action: "unsubscribe", params: topics(subscribed) });
     if (next.length) send({ action: "subscribe", params: topics(next) });
     subscribed = next;
+    bars = [];
+    renderBars();
   }
 
   function handle(event) {
@@ -247,6 +292,11 @@ export function mount(main, context) {
       }
       return;
     }
+    if (event.ev === barEventType() && typeof event.s === "number") {
+      // The derived bar: `sym` (or crypto's `pair`, without its X: prefix) is the symbol and its size.
+      showBar(topicTicker(market, event), { start: event.s, end: event.e, open: event.o, high: event.h, low: event.l, close: event.c, volume: event.v });
+      return;
+    }
     show(topicTicker(market, event), event);
   }
 
@@ -255,6 +305,9 @@ export function mount(main, context) {
     connection.textContent = `Connected to ${info().path || "/" + market}`;
     subscribe(symbols);
   }
+
+  // An RFC 3339 time with up to nine fraction digits (kept to three) as Unix ms.
+  const rfc3339 = (text) => Date.parse(String(text).replace(/(\.\d{3})\d+/, "$1"));
 
   // Alpaca's protocol: control messages by `T`, the relay's notices as `T: "relay"`, trades `t` and quotes `q`.
   function handleAlpaca(message) {
@@ -283,6 +336,10 @@ export function mount(main, context) {
         return;
       case "o":
         applyBook(message);
+        return;
+      case "b":
+        // Alpaca's bar: `t` its start, `_e` its end (RFC 3339), on the derived symbol (AAPL@5s).
+        showBar(message.S, { start: rfc3339(message.t), end: rfc3339(message._e), open: message.o, high: message.h, low: message.l, close: message.c, volume: message.v });
         return;
       default:
         return;
@@ -343,6 +400,8 @@ export function mount(main, context) {
     subscribed = [];
     books.clear();
     renderBook();
+    bars = [];
+    renderBars();
     for (const r of rows.values()) r.tr.remove();
     rows.clear();
     symbols = parseSymbols(sessionStorage.getItem(`${SAVED}.${market}`) || channels().start);
