@@ -147,6 +147,15 @@ public struct AlpacaServerSession: Sendable {
             var seen = Set<Topic>()
             for topic in asked where !topics.contains(topic) && seen.insert(topic).inserted {
                 if let grant, !grant.entitlement.allows(topic, in: market) { return error(.insufficientSubscription) }
+                if topic.isDerived {
+                    // A bar of one trade is the trade: a derived topic needs the right to its trades too.
+                    if let grant, let source = AlpacaBarRules(feed: feed)?.sourceTopic(of: topic), !grant.entitlement.allows(source, in: market) {
+                        return error(.insufficientSubscription)
+                    }
+                    if let problem = DerivedLimits.problem(adding: topic, to: topics.union(wanted)) {
+                        return error(.symbolLimitExceeded, problem)
+                    }
+                }
                 wanted.append(topic)
             }
             for topic in implied where !topics.contains(topic) && seen.insert(topic).inserted {

@@ -19,7 +19,9 @@ extension AlpacaWireProtocol {
             let types = feed.channels.map(\.eventType).joined(separator: ", ")
             return .failure(WireRejection("no \(topic.eventType) events on \(feed.path) (Alpaca's channel letters: \(types); e.g. t.AAPL)"))
         }
-        return .success(Topic(eventType: topic.eventType, ticker: topic.ticker.uppercased()) ?? topic)
+        // A derived topic's size keeps its case (`AAPL@5m`).
+        let ticker = topic.derivedBar.map { "\($0.symbol.uppercased())\(BarSpec.separator)\($0.spec)" } ?? topic.ticker.uppercased()
+        return .success(Topic(eventType: topic.eventType, ticker: ticker) ?? topic)
     }
 
     /// A quote of the feed's usual symbol, in Alpaca's channel letters (`q.AAPL`, `q.BTC/USD`).

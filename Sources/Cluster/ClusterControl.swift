@@ -97,7 +97,7 @@ package enum ClusterControl: Sendable, Equatable {
         switch kind {
         case .epoch:
             // A token the leader made, or it is refused.
-            guard (1...32).contains(body.utf8.count), body.utf8.allSatisfy({ Topic.isTickerByte($0) && $0 != UInt8(ascii: ".") }) else {
+            guard (1...32).contains(body.utf8.count), body.utf8.allSatisfy({ Topic.isTickerByte($0) && $0 != UInt8(ascii: ".") && $0 != UInt8(ascii: "@") }) else {
                 return malformed("an epoch is 1 to 32 letters and digits")
             }
             return .success(.epoch(String(body)))

@@ -124,6 +124,9 @@ public actor GapFiller {
         var summary = GapFillSummary(from: request.from, through: request.through)
         // A derived bar (`AM.AAPL@5m`) is the relay's own, built from trades: the vendor has none to ask for.
         let fillable = request.topics.filter { !$0.topic.isWildcard && !$0.topic.isDerived && history.kind(of: $0.topic.eventType) != nil }
+        for held in request.topics where held.topic.isDerived {
+            summary.missing[held.topic] = "not filled: a derived bar is built from live trades; the bars of the outage are not rebuilt"
+        }
         guard !fillable.isEmpty else {
             await outlet.finishFill(generation: request.generation)
             return

@@ -64,6 +64,31 @@ public struct BarSpec: Hashable, Sendable, CustomStringConvertible {
     public static let syntax = "a bar size after @: 1s…3600s, 1m…60m, Nt (every N trades), Nv (every N of volume), z at the end for zero-volume bars of a time size"
 }
 
+/// How many derived topics one connection may hold: each is a series the relay builds for the whole
+/// market, so a client's share of that work is bounded where it asks.
+public enum DerivedLimits {
+    /// Derived topics per connection.
+    public static let perConnection = 1_000
+    /// Sizes of one symbol per connection.
+    public static let sizesPerSymbol = 8
+    /// Sizes of one symbol built at once for the whole market (all connections together).
+    public static let sizesPerSymbolBuilt = 64
+
+    /// Why `topic` (derived) would take a connection that already holds `held` past its bounds, or `nil`.
+    public static func problem(adding topic: Topic, to held: some Sequence<Topic>) -> String? {
+        guard let symbol = topic.derivedBar?.symbol else { return nil }
+        var count = 0
+        var sameSymbol = 0
+        for one in held where one.isDerived {
+            count += 1
+            if one.derivedBar?.symbol == symbol { sameSymbol += 1 }
+        }
+        if count >= perConnection { return "a connection holds at most \(perConnection) derived topics" }
+        if sameSymbol >= sizesPerSymbol { return "a connection holds at most \(sizesPerSymbol) bar sizes of one symbol" }
+        return nil
+    }
+}
+
 extension Topic {
     /// A derived topic's symbol (the ticker before `@`) and bar size; `nil` for a topic with no `@`, or
     /// one whose size does not parse (``derivedProblem``).
@@ -139,6 +164,8 @@ public struct Bar: Sendable, Equatable {
 
 /// Builds one derived topic's bars from its symbol's trades, in the order they arrive. Value type.
 ///
+/// - The first time window a builder sees, after it starts or forgets an outage, began before its first
+///   trade: its bar is not sent (the trades before are unknown); its close carries on.
 /// - A **time bar** covers `[start, start + size)`, windows aligned to the UTC day (a size that does not
 ///   divide a day has a shorter last window before midnight). It is finished by the first trade at or
 ///   past its end, or by ``close(now:grace:)`` once the wall clock passes its end plus the grace. A trade
@@ -162,6 +189,9 @@ public struct BarBuilder: Sendable {
     private var finishedThrough: Int64?
     /// The last close sent, for zero-volume bars and priceless windows.
     private var lastClose: Double?
+    /// The open time window began after its start: the builder is new, or forgot an outage. Its trades
+    /// before the first one seen are unknown, so its bar is not sent (its close still carries on).
+    private var partialWindow = true
     /// Trades too late for their window.
     public private(set) var lateTrades = 0
 
@@ -201,13 +231,16 @@ public struct BarBuilder: Sendable {
                 return []
             }
             if let current = window, trade.time >= current.end {
-                if let bar = takeOpen(end: current.end) { finished.append(bar) }
+                if let bar = takeOpen(end: current.end), !partialWindow { finished.append(bar) }
+                partialWindow = false
                 finishedThrough = current.end
                 window = nil
             }
             if window == nil {
                 let next = Self.window(of: trade.time, seconds: seconds)
                 if spec.emptyBars, let through = finishedThrough { finished += emptyBars(from: through, before: next.start, seconds: seconds) }
+                // The first window after a start or an outage is joined part way: it is not vouched for.
+                partialWindow = finishedThrough == nil
                 window = next
             }
             fold(trade, start: window?.start ?? trade.time)
@@ -236,7 +269,8 @@ public struct BarBuilder: Sendable {
         guard case .seconds(let seconds) = spec.size else { return [] }
         var finished: [Bar] = []
         if let current = window, now >= current.end + grace {
-            if let bar = takeOpen(end: current.end) { finished.append(bar) }
+            if let bar = takeOpen(end: current.end), !partialWindow { finished.append(bar) }
+            partialWindow = false
             finishedThrough = current.end
             window = nil
         }
@@ -320,6 +354,7 @@ public struct BarBuilder: Sendable {
         priced = false
         window = nil
         finishedThrough = nil
+        partialWindow = true
     }
 }
 

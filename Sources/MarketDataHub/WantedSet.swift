@@ -23,8 +23,14 @@ struct WantedSet {
     mutating func tickerSubscribed(_ topic: Topic) -> Step {
         tickers[topic.eventType, default: []].insert(topic)
         var step: Step = []
-        if !wildcards.contains(topic.eventType) { add(topic, &step) }
+        if !covered(topic) { add(topic, &step) }
         return step
+    }
+
+    /// Whether the type's wildcard is wanted in the topic's place. Never a derived bar's (`AM.AAPL@5m`):
+    /// the wildcard is the vendor's events, the derived topic the relay's own.
+    private func covered(_ topic: Topic) -> Bool {
+        wildcards.contains(topic.eventType) && !topic.isDerived
     }
 
     /// A ticker topic lost its last subscriber.
@@ -32,7 +38,7 @@ struct WantedSet {
         tickers[topic.eventType]?.remove(topic)
         if tickers[topic.eventType]?.isEmpty == true { tickers[topic.eventType] = nil }
         var step: Step = []
-        if !wildcards.contains(topic.eventType) { remove(topic, &step) }
+        if !covered(topic) { remove(topic, &step) }
         return step
     }
 
@@ -41,7 +47,7 @@ struct WantedSet {
         wildcards.insert(eventType)
         var step: Step = []
         add(.wildcard(eventType), &step)
-        for topic in tickers[eventType] ?? [] { remove(topic, &step) }
+        for topic in tickers[eventType] ?? [] where !topic.isDerived { remove(topic, &step) }
         return step
     }
 
@@ -50,7 +56,7 @@ struct WantedSet {
         wildcards.remove(eventType)
         var step: Step = []
         remove(.wildcard(eventType), &step)
-        for topic in tickers[eventType] ?? [] { add(topic, &step) }
+        for topic in tickers[eventType] ?? [] where !topic.isDerived { add(topic, &step) }
         return step
     }
 

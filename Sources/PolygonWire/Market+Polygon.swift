@@ -87,9 +87,9 @@ extension Market {
         if topic.isWildcard { return nil }
         if topic.isDerived {
             guard let rules = PolygonBarRules(market: self) else { return "no derived bars on \(self)" }
-            return rules.problem(with: topic)
+            if let problem = rules.problem(with: topic) { return problem }
         }
-        let owner = Market.of(ticker: topic.ticker)
+        let owner = Market.of(ticker: topic.derivedBar?.symbol ?? topic.ticker)
         // A plain ticker is any market's (a prefixed market writes it in its form); a prefixed one is its market's.
         if owner != self, owner != .stocks {
             return "\(owner) ticker: use /\(owner)"

@@ -174,6 +174,13 @@ public struct ServerSession: Sendable {
                     malformed.append("\(topic) (\(problem))")
                 } else if let grant, !grant.entitlement.allows(topic, in: market) {
                     refused.append(topic)
+                } else if topic.isDerived, let grant, let market, let source = PolygonBarRules(market: market)?.sourceTopic(of: topic),
+                    !grant.entitlement.allows(source, in: market)
+                {
+                    // A bar of one trade is the trade: a derived topic needs the right to its trades too.
+                    refused.append(topic)
+                } else if topic.isDerived, let problem = DerivedLimits.problem(adding: topic, to: topics.union(wanted)) {
+                    malformed.append("\(topic) (\(problem))")
                 } else if topics.count + wanted.count >= limits.topicsPerConnection {
                     overLimit += 1
                 } else {

@@ -39,6 +39,9 @@ public struct BenchResult: Sendable, Codable {
     public var relayRSSMB: Double
     /// The harness's own CPU (feed and clients run in it, on the same two cores).
     public var benchCPUPercent: Double
+    /// Derived bars the relay built in the measured window, and per second.
+    public var barsBuilt: Int = 0
+    public var barsPerSecond: Double = 0
     /// Per node, in a cluster run.
     public var nodes: [Node]?
     /// Failover times, in a cluster run.
@@ -81,6 +84,10 @@ public struct BenchResult: Sendable, Codable {
             "  relay        CPU \(n(relayCPUPercent))% of one core (\(n(relayCPUSeconds, 2)) s)   peak RSS \(n(relayPeakRSSMB, 1)) MB   RSS now \(n(relayRSSMB, 1)) MB",
             "  harness      CPU \(n(benchCPUPercent))% (feed and clients share the machine)",
         ]
+        if s.barShare > 0 {
+            lines.append(
+                "  bars         \(n(s.barShare * 100))% of subscribers hold 5-second bars\(s.barsOnly ? " (and nothing else)" : ""): \(n(Double(barsBuilt))) built, \(n(barsPerSecond, 1)) per second")
+        }
         for node in nodes ?? [] {
             lines.append(
                 "  \(node.name)        ratio \(n(node.deliveryRatio, 4))   p50 \(n(node.p50Ms, 3)) ms   p99 \(n(node.p99Ms, 3)) ms   peak RSS \(n(node.peakRSSMB, 1)) MB"

@@ -321,7 +321,9 @@ public struct BenchRunner: Sendable {
         let writes = Int((metricsAfter["relay_downstream_writes_total"] ?? 0) - (metricsBefore["relay_downstream_writes_total"] ?? 0))
         let deliveredAll = (metricsAfter["relay_events_delivered_total"] ?? 0) - (metricsBefore["relay_events_delivered_total"] ?? 0)
         func ms(_ percentile: Double) -> Double { Double(latency.valueAtPercentile(percentile)) / 1e6 }
-        return BenchResult(
+        func bars(_ metrics: [String: Double]) -> Double { metrics.filter { $0.key.hasPrefix("relay_bars_built_total") }.values.reduce(0, +) }
+        let barsBuilt = Int(bars(metricsAfter) - bars(metricsBefore))
+        var result = BenchResult(
             scenario: s,
             upstreamEvents: upstreamEvents,
             upstreamEventsPerSecond: Double(upstreamEvents) / window,
@@ -344,6 +346,9 @@ public struct BenchRunner: Sendable {
             relayRSSMB: Double(relays.reduce(0) { $0 + $1.residentBytes() }) / 1_048_576,
             benchCPUPercent: benchCPU / seconds * 100,
             nodes: relays.count > 1 ? nodes : nil)
+        result.barsBuilt = barsBuilt
+        result.barsPerSecond = Double(barsBuilt) / seconds
+        return result
     }
 
     /// The relays' Prometheus metrics, name (with labels) → value summed over the nodes.

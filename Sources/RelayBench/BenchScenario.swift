@@ -32,6 +32,11 @@ public struct BenchScenario: Sendable, Codable {
     /// ``alpacaCodec`` (MessagePack, as Alpaca's SDKs; or JSON, as a plain WebSocket client).
     public var alpaca = false
     public var alpacaCodec: AlpacaCodec = .messagePack
+    /// The share of subscribers (0…1) that also hold derived 5-second bars of each of their symbols
+    /// (`AM.AAPL@5s`; Polygon's stocks and crypto): what building bars costs the fan-out.
+    public var barShare: Double = 0
+    /// Those subscribers hold the bars only (not their symbols' quotes and trades).
+    public var barsOnly = false
 
     public static let fanout = BenchScenario(
         name: "fanout", subscribers: 100, symbolsPerSubscriber: 20, universe: 100, rate: 50_000, frameEvents: 50,
@@ -80,7 +85,18 @@ public struct BenchScenario: Sendable, Codable {
         return scenario
     }()
 
-    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster, .markets, .alpaca, .alpacaJSON]
+    /// Bars built for 10,000 symbols from their trades: 100 subscribers each holding the 5-second bars of
+    /// 100 symbols and nothing else, so the upstream sends trades only (its 30% share of the rate).
+    public static let bars: BenchScenario = {
+        var scenario = BenchScenario(
+            name: "bars", subscribers: 100, symbolsPerSubscriber: 100, universe: 10_000, rate: 333_000, frameEvents: 100,
+            wildcard: false, stalledSubscribers: 0, durationSeconds: 10, warmupSeconds: 6)
+        scenario.barShare = 1
+        scenario.barsOnly = true
+        return scenario
+    }()
+
+    public static let named: [BenchScenario] = [.fanout, .manyClients, .firehose, .slowConsumer, .cluster, .markets, .alpaca, .alpacaJSON, .bars]
 
     /// A subscriber's WebSocket path on a relay of this scenario.
     func path(of market: Market) -> String {
@@ -122,7 +138,12 @@ public struct BenchScenario: Sendable, Codable {
         let market = market(ofSubscriber: index)
         let channels = alpaca ? ["q", "t"] : Self.channels(of: market)
         if wildcard { return channels.map { "\($0).*" } }
-        return symbols(forSubscriber: index).flatMap { symbol in channels.map { "\($0).\(symbol)" } }
+        let barType: String? = alpaca ? nil : [Market.stocks: "AM", .crypto: "XA"][market]
+        // A share of each hundred subscribers, spread over the indices rather than the first ones.
+        let holdsBars = barType != nil && Double(index * 37 % 100) < barShare * 100
+        return symbols(forSubscriber: index).flatMap { symbol in
+            (holdsBars && barsOnly ? [] : channels.map { "\($0).\(symbol)" }) + (holdsBars ? ["\(barType ?? "AM").\(symbol)@5s"] : [])
+        }
     }
 
     /// The symbols of subscriber `index`: a spread that covers its market's universe evenly across subscribers.
@@ -132,6 +153,8 @@ public struct BenchScenario: Sendable, Codable {
         let count = min(symbolsPerSubscriber, all.count)
         // A stride coprime-ish with the universe spreads each subscriber's picks across it.
         let stride = 37 % all.count == 0 ? 1 : 37
+        // The bars scenario: every symbol of the universe held once (subscriber i takes the i-th run).
+        if barsOnly { return (0..<count).map { all[(index * count + $0) % all.count] } }
         return (0..<count).map { all[(index * 7 + $0 * stride) % all.count] }
     }
 }

@@ -32,6 +32,8 @@ final class BarDerivation: Sendable {
         /// Topic ticker of the trades → the derived topics built from them.
         var bySymbol: [String: [Series]] = [:]
         var topics: Set<Topic> = []
+        /// The symbols with a time series: what the clock looks at.
+        var timed: [String] = []
         /// The newest trade time seen (Unix ns), and how far the wall clock was ahead of it then.
         var feedTime: Int64 = 0
         var lag: Int64 = 0
@@ -41,8 +43,13 @@ final class BarDerivation: Sendable {
     private let built: Counter
     private let late: Counter
 
-    /// At most this many derived topics are built at once per market (past it, the rest are not).
+    /// At most this many derived topics are built at once per market (past it, the rest are refused).
     static let maxSeries = 100_000
+    /// At most this many bars are made by one turn of the clock (the rest on the next turns).
+    static let maxBarsPerTick = 10_000
+    /// A trade stamped further ahead of the wall clock than this is not counted (a clock gone wrong would
+    /// move the windows ahead and make every later trade late).
+    static let maxAhead: Int64 = 5_000_000_000
 
     init(rules: (any BarRules)?, metricsFactory: any MetricsFactory) {
         self.rules = rules
@@ -71,11 +78,14 @@ final class BarDerivation: Sendable {
         return (upstream, derived)
     }
 
-    /// Builds exactly `derived` from now on: a topic already built goes on where it was, a new one starts
-    /// with the next trade, one no longer wanted is dropped with its open bar.
-    func setWanted(_ derived: Set<Topic>) {
+    /// Builds `derived` from now on: a topic already built goes on where it was, a new one starts with
+    /// the next trade, one no longer wanted is dropped with its open bar. Returns the topics refused
+    /// (past ``maxSeries``, or ``DerivedLimits/sizesPerSymbolBuilt`` sizes of one symbol), for their
+    /// holders to be told.
+    @discardableResult
+    func setWanted(_ derived: Set<Topic>) -> Set<Topic> {
         state.withLock { state in
-            guard derived != state.topics else { return }
+            guard derived != state.topics else { return [] }
             var next: [String: [Series]] = [:]
             var kept = Set<Topic>()
             for (symbol, series) in state.bySymbol {
@@ -84,14 +94,36 @@ final class BarDerivation: Sendable {
                     kept.insert(one.topic)
                 }
             }
-            for topic in derived.subtracting(kept) where kept.count < Self.maxSeries {
+            var refused = Set<Topic>()
+            // In a stable order, so the same topics are refused whatever the set's order.
+            for topic in derived.subtracting(kept).sorted(by: { $0.description < $1.description }) {
                 guard let bar = topic.derivedBar else { continue }
+                guard kept.count < Self.maxSeries, (next[bar.symbol]?.count ?? 0) < DerivedLimits.sizesPerSymbolBuilt else {
+                    refused.insert(topic)
+                    continue
+                }
                 next[bar.symbol, default: []].append(Series(topic: topic, builder: BarBuilder(spec: bar.spec)))
                 kept.insert(topic)
             }
             state.bySymbol = next
-            state.topics = kept
+            state.topics = derived
+            state.timed = next.compactMap { symbol, series in
+                series.contains { if case .seconds = $0.builder.spec.size { true } else { false } } ? symbol : nil
+            }
             active.store(!kept.isEmpty, ordering: .releasing)
+            return refused
+        }
+    }
+
+    /// The derived topics built from any of `sources` (trade topics the upstream refused).
+    func derived(from sources: Set<Topic>) -> Set<Topic> {
+        guard active.load(ordering: .acquiring), let rules else { return [] }
+        return state.withLock { state in
+            var found = Set<Topic>()
+            for source in sources where source.eventType == rules.tradeEventType {
+                for series in state.bySymbol[source.ticker] ?? [] { found.insert(series.topic) }
+            }
+            return found
         }
     }
 
@@ -105,9 +137,13 @@ final class BarDerivation: Sendable {
             var now: Int64?
             for event in events where event.eventType == tradeType {
                 guard let count = state.bySymbol[event.ticker]?.count, let trade = rules.trade(in: event) else { continue }
+                let wall = now ?? WallClock.nowNanoseconds()
+                now = wall
+                guard trade.time <= wall + Self.maxAhead else {
+                    late.increment()
+                    continue
+                }
                 if trade.time > state.feedTime {
-                    let wall = now ?? WallClock.nowNanoseconds()
-                    now = wall
                     state.feedTime = trade.time
                     state.lag = max(0, wall - trade.time)
                 }
@@ -119,9 +155,13 @@ final class BarDerivation: Sendable {
                     for bar in finished { bars.append(render(bar, topic, rules: rules, receivedAt: event.receivedAt)) }
                 }
             }
-            if !bars.isEmpty { built.increment(by: bars.count) }
-            let pushed = inbox.push(.events(bars.isEmpty ? events : events + bars))
-            if !pushed { Self.reset(&state) }
+            // The bars in a push of their own: when the inbox is full they are what is lost, not the trades.
+            let pushed = inbox.push(.events(events))
+            if !pushed || (!bars.isEmpty && !inbox.push(.events(bars))) {
+                Self.reset(&state)
+            } else if !bars.isEmpty {
+                built.increment(by: bars.count)
+            }
             return pushed
         }
     }
@@ -135,7 +175,8 @@ final class BarDerivation: Sendable {
             let feedNow = WallClock.nowNanoseconds() - state.lag
             let receivedAt = MonotonicClock.nanoseconds()
             var bars: [MarketEvent] = []
-            for symbol in Array(state.bySymbol.keys) {
+            let timed = state.timed
+            for symbol in timed where bars.count < Self.maxBarsPerTick {
                 let count = state.bySymbol[symbol]?.count ?? 0
                 for index in 0..<count {
                     let finished = state.bySymbol[symbol, default: []][index].builder.close(now: feedNow, grace: graceNanoseconds)

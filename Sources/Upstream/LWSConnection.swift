@@ -582,6 +582,7 @@ final class LWSConnection: Sendable {
         guard isFinal else { return }
         guard let complete else {
             metrics.oversized.increment()
+            bars.reset()  // its trades are lost: no bar open now is whole
             warnThrottled("oversized", "upstream message over \(configuration.maxMessageBytes) bytes dropped")
             return
         }
@@ -596,6 +597,7 @@ final class LWSConnection: Sendable {
         } catch {
             shared.withLock { $0.statistics.malformedMessages += 1 }
             metrics.malformed.increment()
+            bars.reset()
             warnThrottled("malformed", "malformed upstream message dropped (\(message.readableBytes) bytes): \(error)")
             return
         }
@@ -652,7 +654,8 @@ final class LWSConnection: Sendable {
         case .refused(let code, let message, let topics):
             // The clients of these topics are told: their subscription gets nothing from upstream.
             warnThrottled("refused", "upstream refused a subscription of \(topics.count) topics: \(code) \(message)")
-            if !topics.isEmpty { inbox.push(.refused(topics: topics, code: code, reason: message)) }
+            // The bars built from a refused trade topic get nothing either.
+            if !topics.isEmpty { inbox.push(.refused(topics: topics.union(bars.derived(from: topics)), code: code, reason: message)) }
         case .authTimeout(let message):
             logger.warning("upstream timed out our authentication: \(message)")
         case .other(let status, let message):

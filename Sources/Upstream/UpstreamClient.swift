@@ -87,10 +87,22 @@ public final class UpstreamClient: Service, Sendable {
     /// Returns immediately; safe from any thread.
     public func setWantedTopics(_ topics: Set<Topic>) {
         // Derived bars are built here from their trades: the trades are what the upstream is asked for.
-        let (upstream, derived) = connection.bars.upstreamTopics(for: topics)
-        connection.bars.setWanted(derived)
-        connection.setWanted(upstream)
+        // One caller at a time, so the bars built and the upstream's set are always of the same set.
+        let refused = wanting.withLock { _ in
+            let (upstream, derived) = connection.bars.upstreamTopics(for: topics)
+            let refused = connection.bars.setWanted(derived)
+            connection.setWanted(upstream)
+            return refused
+        }
+        if !refused.isEmpty {
+            inbox.push(
+                .refused(
+                    topics: refused, code: 405,
+                    reason: "the relay builds at most \(DerivedLimits.sizesPerSymbolBuilt) bar sizes of one symbol at once"))
+        }
     }
+
+    private let wanting = Mutex(())
 
     /// Unsubscribes those of `topics` the upstream sends now and subscribes them again, so the vendor
     /// sends their whole state anew (Alpaca's order books come whole after a subscribe). Returns

@@ -36,6 +36,7 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Seconds before measuring.") var warmup: Double?
     @Option(help: "Relay processes; more than one runs a cluster on NATS.") var nodes: Int?
     @Option(help: "Run the scenario on this market (stocks, options, forex, crypto, indices, futures).") var market: String?
+    @Option(help: "The share of subscribers (0 to 1) that also hold 5-second derived bars of their symbols (AM.AAPL@5s).") var bars: Double?
     @Flag(help: "Print the result as JSON on standard output.") var json = false
     @Flag(name: .customLong("relay-logs"), help: "Show the relay's own log lines.") var relayLogs = false
     @Option(name: .customLong("relay-binary"), help: "The relay executable to test (default: this one).") var relayBinary: String?
@@ -54,6 +55,10 @@ struct BenchCommand: AsyncParsableCommand {
         if let duration { chosen.durationSeconds = duration }
         if let warmup { chosen.warmupSeconds = warmup }
         if let nodes { chosen.nodes = max(nodes, 1) }
+        if let bars {
+            guard (0...1).contains(bars) else { throw ValidationError("--bars is a share from 0 to 1, got \(bars)") }
+            chosen.barShare = bars
+        }
         if let market {
             guard let named = Market(rawValue: market) else {
                 throw ValidationError("unknown market \(market); one of \(Market.allCases.map(\.rawValue).joined(separator: ", "))")

@@ -3,6 +3,7 @@ import Foundation
 import PolygonWire
 import RelayComposition
 import RelayConfiguration
+import RelayServer
 import Testing
 
 /// Derived bars through the whole relay: the demo feed on loopback as the upstream, real WebSocket
@@ -21,6 +22,8 @@ struct DerivedBarsEndToEndTests {
             tuning.barGrace = .milliseconds(300)
             var settings = RelaySettings(
                 listen: .init(host: "127.0.0.1", port: 0), upstreamKey: "demo-key", clientKeys: ["client-key"], upstreamTuning: tuning)
+            // A key with the vendor's bars and no trades: a derived bar (one trade's, at @1t) is not its to take.
+            settings.clientKeyRights = [try ClientKey(name: "bars-only", secret: "bars-key", topics: ["AM.*", "A.*", "b.*"])]
             settings.vendors = Relay.vendors
             settings.upstreams = [try MarketUpstream(url: try await feed.url(for: .stocks), vendors: Relay.vendors)]
             if alpaca { settings.upstreamSecret = "demo-secret" }
@@ -78,13 +81,36 @@ struct DerivedBarsEndToEndTests {
             }
             let subscribed = Set(feed.monitor.snapshot.topics(.subscribe))
             #expect(subscribed.contains("T.AAPL") && !subscribed.contains { $0.contains("@") }, "\(subscribed)")
-            // A size that is none is a clear error; the connection lives.
-            client.send(#"{"action":"subscribe","params":"AM.AAPL@7x,T.MSFT@5m"}"#)
+            // A size that is none, a trade topic with a size, another market's symbol, a ninth size of one
+            // symbol: each a clear error; the connection lives.
+            client.send(#"{"action":"subscribe","params":"AM.AAPL@7x,T.MSFT@5m,AM.X:BTC-USD@1m"}"#)
             let error = try await client.waitForStatus("error")
             let message = error.fields["message"] as? String ?? ""
-            #expect(message.contains("AM.AAPL@7x") && message.contains("T.MSFT@5m"), "\(message)")
-            _ = try await client.nextFrame()
+            #expect(message.contains("AM.AAPL@7x") && message.contains("T.MSFT@5m") && message.contains("AM.X:BTC-USD@1m"), "\(message)")
+            client.send(#"{"action":"subscribe","params":"AM.MSFT@1s,AM.MSFT@2s,AM.MSFT@3s,AM.MSFT@4s,AM.MSFT@5s,AM.MSFT@6s,AM.MSFT@7s,AM.MSFT@8s,AM.MSFT@9s"}"#)
+            let ninth = try await client.waitForStatus("error")
+            #expect((ninth.fields["message"] as? String)?.contains("AM.MSFT@9s (a connection holds at most 8 bar sizes of one symbol") == true, "\(ninth.fields)")
+            // A wildcard of the vendor's bars does not take the relay's, and does not stop them being built.
+            let wild = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks")
+            wild.send(#"{"action":"subscribe","params":"AM.*"}"#)
+            _ = try await wild.waitForStatus("success")
+            var more = 0
+            while more < 2 {
+                let frame = try await client.nextFrame()
+                more += frame.components(separatedBy: #""sym":"AAPL@2s""#).count - 1
+            }
+            wild.send(#"{"action":"unsubscribe","params":"AM.*"}"#)
+            var wildFrames: [String] = []
+            while let frame = try? await wild.nextFrame(timeout: .milliseconds(300)) { wildFrames.append(frame) }
+            #expect(!wildFrames.joined().contains("@"), "the wildcard got a derived bar: \(wildFrames.joined().prefix(300))")
+            await wild.close()
             await client.close()
+            // The key without trades may not take a bar built from them.
+            let barsOnly = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "bars-key")
+            barsOnly.send(#"{"action":"subscribe","params":"AM.AAPL@1t"}"#)
+            let refused = try await barsOnly.waitForStatus("error")
+            #expect((refused.fields["message"] as? String)?.contains("AM.AAPL@1t") == true, "\(refused.fields)")
+            await barsOnly.close()
         }
     }
 

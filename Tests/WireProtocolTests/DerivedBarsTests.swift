@@ -51,6 +51,8 @@ struct DerivedBarsTests {
     @Test func fiveSecondBarsFollowTheConditionsAndSkipLateTrades() throws {
         var builder = BarBuilder(spec: BarSpec(size: .seconds(5)))
         var bars: [Bar] = []
+        // The first window a builder sees began before it: never sent.
+        bars += builder.add(trade(-1000, 9.00, 100))
         bars += builder.add(trade(100, 10.00, 100))
         bars += builder.add(trade(1200, 10.50, 200, [14]))  // Intermarket Sweep: everything
         bars += builder.add(trade(2000, 9.80, 50, [37]))  // Odd Lot: volume only
@@ -82,7 +84,8 @@ struct DerivedBarsTests {
     @Test func zeroVolumeBarsFillWindowsWithNoTradeAtTheLastClose() {
         var builder = BarBuilder(spec: BarSpec(size: .seconds(5), emptyBars: true))
         #expect(builder.close(now: ns(Self.base + 60_000), grace: 0).isEmpty, "nothing before the first trade")
-        _ = builder.add(trade(100, 10.00, 100))
+        #expect(builder.add(trade(-1000, 9.00, 100)).isEmpty)
+        #expect(builder.add(trade(100, 10.00, 100)).isEmpty, "the first window, joined part way, is not sent")
         let bars = builder.add(trade(12_000, 11.00, 300))
         #expect(bars.map(\.volume) == [100, 0])
         #expect(bars.last?.start == ns(Self.base + 5000) && bars.last?.end == ns(Self.base + 10_000) && bars.last?.close == 10.00)
@@ -95,10 +98,15 @@ struct DerivedBarsTests {
         #expect(after.map(\.start) == [ns(Self.base + 25_000)], "the empty window between: one zero-volume bar")
         builder.reset()
         #expect(builder.close(now: ns(Self.base + 120_000), grace: 0).isEmpty, "an outage: nothing is vouched for, no zero bars")
+        #expect(builder.add(trade(121_000, 12.00, 100)).isEmpty)
+        #expect(builder.close(now: ns(Self.base + 126_000), grace: 0).isEmpty, "the window the relay came back in is not vouched for")
+        #expect(builder.add(trade(127_000, 12.50, 100)).isEmpty)
+        #expect(builder.close(now: ns(Self.base + 131_000), grace: 0).map(\.volume) == [100], "the next one is")
     }
 
     @Test func aWindowThatDoesNotDivideTheDayIsCutAtMidnight() {
         var builder = BarBuilder(spec: BarSpec(size: .seconds(7)))
+        _ = builder.add(trade(-10_000, 10.00, 100, at: Self.midnight))
         _ = builder.add(trade(-3000, 10.00, 100, at: Self.midnight))
         let bars = builder.add(trade(1000, 11.00, 100, at: Self.midnight))
         #expect(bars.count == 1)
