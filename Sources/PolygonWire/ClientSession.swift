@@ -77,17 +77,25 @@ public struct ClientSession: Sendable {
         subscribed = []
     }
 
-    /// Topic changes as few messages as the protocol allows: one per ``maxParamsBytes`` of params.
+    /// Most topics in one subscribe/unsubscribe message: a server that takes at most 1,000 (the relay's
+    /// own, and so a relay upstream of another) would refuse the whole message past it.
+    public static let maxTopicsPerMessage = 1_000
+
+    /// Topic changes as few messages as the protocol allows: one per ``maxParamsBytes`` of params or
+    /// ``maxTopicsPerMessage`` topics.
     public static func actions(_ kind: ClientAction.Kind, _ topics: Set<Topic>) -> [String] {
         var messages: [String] = []
         var params = ""
+        var count = 0
         for topic in topics.sorted() {
             let entry = topic.description
-            if !params.isEmpty, params.utf8.count + entry.utf8.count + 1 > maxParamsBytes {
+            if !params.isEmpty, params.utf8.count + entry.utf8.count + 1 > maxParamsBytes || count >= maxTopicsPerMessage {
                 messages.append(ClientAction(kind, params: params).json)
                 params = ""
+                count = 0
             }
             params += params.isEmpty ? entry : "," + entry
+            count += 1
         }
         if !params.isEmpty { messages.append(ClientAction(kind, params: params).json) }
         return messages

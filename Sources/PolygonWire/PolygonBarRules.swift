@@ -46,19 +46,18 @@ public struct PolygonBarRules: BarRules {
 
     public func trade(in event: MarketEvent) -> BarTrade? {
         guard event.eventType == tradeEventType else { return nil }
-        let text = String(buffer: event.bytes)
-        guard let members = JSONText.members(of: text[...]), let priceText = members["p"], let price = Double(priceText),
-            let sizeText = members["s"], let size = Double(sizeText), let timeText = members["t"], let milliseconds = Int64(timeText),
-            milliseconds > 0, milliseconds < Int64.max / 1_000_000
+        // Read in place, once over the bytes, with no allocation: every trade of a symbol that has a bar
+        // passes here, on the upstream's thread.
+        guard let fields = event.bytes.withUnsafeReadableBytes({ TradeFields(json: $0, conditions: market == .stocks) }),
+            let price = fields.price, let size = fields.size, let milliseconds = fields.time, milliseconds > 0,
+            milliseconds < Int64.max / 1_000_000
         else { return nil }
         var trade = BarTrade(price: price, size: size, time: milliseconds * 1_000_000)
-        if market == .stocks, let conditions = members["c"], conditions.first == "[" {
-            for item in conditions.dropFirst().dropLast().split(separator: ",") {
-                guard let code = Int(item.trimmingWhitespace()), let rule = Self.stockConditionRules[code] else { continue }
-                trade.updatesHighLow = trade.updatesHighLow && rule.highLow
-                trade.updatesOpenClose = trade.updatesOpenClose && rule.openClose
-                trade.updatesVolume = trade.updatesVolume && rule.volume
-            }
+        for code in fields.conditions {
+            guard let rule = Self.stockConditionRules[code] else { continue }
+            trade.updatesHighLow = trade.updatesHighLow && rule.highLow
+            trade.updatesOpenClose = trade.updatesOpenClose && rule.openClose
+            trade.updatesVolume = trade.updatesVolume && rule.volume
         }
         return trade
     }
@@ -80,5 +79,152 @@ public struct PolygonBarRules: BarRules {
         if value == value.rounded(), abs(value) < 1e15 { return String(Int64(value)) }
         let scaled = (value * 1e10).rounded() / 1e10
         return "\(scaled)"
+    }
+}
+
+/// A Polygon trade's `p`, `s`, `t` and `c`, read from its JSON object's top level in one pass. A value of
+/// another shape than expected leaves its field unread (`nil`), so the trade is not counted. Value type.
+struct TradeFields {
+    var price: Double?
+    var size: Double?
+    var time: Int64?
+    /// Condition codes (at most 8 kept).
+    var conditions: [Int] = []
+
+    init?(json raw: UnsafeRawBufferPointer, conditions wanted: Bool) {
+        var index = 0
+        let count = raw.count
+        func skipSpace() {
+            while index < count, raw[index] == 0x20 || raw[index] == 0x0A || raw[index] == 0x0D || raw[index] == 0x09 { index += 1 }
+        }
+        skipSpace()
+        guard index < count, raw[index] == UInt8(ascii: "{") else { return nil }
+        index += 1
+        while index < count {
+            skipSpace()
+            guard index < count else { return nil }
+            if raw[index] == UInt8(ascii: "}") { return }
+            if raw[index] == UInt8(ascii: ",") {
+                index += 1
+                continue
+            }
+            // A key: one byte long for the fields read here.
+            guard raw[index] == UInt8(ascii: "\"") else { return nil }
+            let keyStart = index + 1
+            index = keyStart
+            while index < count, raw[index] != UInt8(ascii: "\"") {
+                if raw[index] == UInt8(ascii: "\\") { index += 1 }
+                index += 1
+            }
+            guard index < count else { return nil }
+            let key: UInt8 = index - keyStart == 1 ? raw[keyStart] : 0
+            index += 1
+            skipSpace()
+            guard index < count, raw[index] == UInt8(ascii: ":") else { return nil }
+            index += 1
+            skipSpace()
+            guard index < count else { return nil }
+            switch (key, raw[index]) {
+            case (UInt8(ascii: "p"), _): price = Self.number(raw, &index)
+            case (UInt8(ascii: "s"), _): size = Self.number(raw, &index)
+            case (UInt8(ascii: "t"), _): time = Self.number(raw, &index).flatMap { $0 == $0.rounded() && abs($0) < 9e18 ? Int64($0) : nil }
+            case (UInt8(ascii: "c"), UInt8(ascii: "[")) where wanted:
+                index += 1
+                while index < count, raw[index] != UInt8(ascii: "]") {
+                    if raw[index] == UInt8(ascii: ",") || raw[index] == 0x20 {
+                        index += 1
+                        continue
+                    }
+                    guard let code = Self.number(raw, &index), code == code.rounded(), abs(code) < 1e9 else { return nil }
+                    if conditions.count < 8 { conditions.append(Int(code)) }
+                }
+                index += 1
+            default:
+                guard Self.skipValue(raw, &index) else { return nil }
+            }
+        }
+        return nil
+    }
+
+    /// A JSON number at `index` (moved past it); `nil` if none there.
+    static func number(_ raw: UnsafeRawBufferPointer, _ index: inout Int) -> Double? {
+        let start = index
+        var mantissa: UInt64 = 0
+        var digits = 0
+        var scale = 0
+        var negative = false
+        var simple = true
+        if index < raw.count, raw[index] == UInt8(ascii: "-") {
+            negative = true
+            index += 1
+        }
+        var fraction = false
+        while index < raw.count {
+            let byte = raw[index]
+            if byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") {
+                if digits < 18 {
+                    mantissa = mantissa * 10 + UInt64(byte - UInt8(ascii: "0"))
+                    digits += mantissa == 0 ? 0 : 1
+                    if fraction { scale += 1 }
+                } else {
+                    simple = false
+                }
+            } else if byte == UInt8(ascii: "."), !fraction {
+                fraction = true
+            } else if byte == UInt8(ascii: "e") || byte == UInt8(ascii: "E") || byte == UInt8(ascii: "+") || (byte == UInt8(ascii: "-") && index > start) {
+                simple = false
+            } else {
+                break
+            }
+            index += 1
+        }
+        guard index > start + (negative ? 1 : 0) else { return nil }
+        // Exact for up to 15 significant digits and 22 decimals: the quotient of two exact doubles is
+        // rounded once, as the decimal is.
+        if simple, mantissa < 1 << 53, scale <= 22 {
+            let value = Double(mantissa) / Self.powersOfTen[scale]
+            return negative ? -value : value
+        }
+        let text = String(decoding: UnsafeRawBufferPointer(rebasing: raw[start..<index]), as: UTF8.self)
+        return Double(text)
+    }
+
+    static let powersOfTen: [Double] = (0...22).map { exponent in (0..<exponent).reduce(1.0) { value, _ in value * 10 } }
+
+    /// Moves `index` past one JSON value (a string, number, literal, array or object).
+    static func skipValue(_ raw: UnsafeRawBufferPointer, _ index: inout Int) -> Bool {
+        var depth = 0
+        var inString = false
+        while index < raw.count {
+            let byte = raw[index]
+            if inString {
+                if byte == UInt8(ascii: "\\") {
+                    index += 1
+                } else if byte == UInt8(ascii: "\"") {
+                    inString = false
+                    if depth == 0 {
+                        index += 1
+                        return true
+                    }
+                }
+            } else {
+                switch byte {
+                case UInt8(ascii: "\""): inString = true
+                case UInt8(ascii: "["), UInt8(ascii: "{"): depth += 1
+                case UInt8(ascii: "]"), UInt8(ascii: "}"):
+                    if depth == 0 { return true }
+                    depth -= 1
+                    if depth == 0 {
+                        index += 1
+                        return true
+                    }
+                case UInt8(ascii: ","):
+                    if depth == 0 { return true }
+                default: break
+                }
+            }
+            index += 1
+        }
+        return false
     }
 }

@@ -39,7 +39,7 @@ public struct BenchResult: Sendable, Codable {
     public var relayRSSMB: Double
     /// The harness's own CPU (feed and clients run in it, on the same two cores).
     public var benchCPUPercent: Double
-    /// Derived bars the relay built in the measured window, and per second.
+    /// Derived bars the subscribers received whose window ended in the measured window, and per second.
     public var barsBuilt: Int = 0
     public var barsPerSecond: Double = 0
     /// Per node, in a cluster run.
@@ -86,7 +86,7 @@ public struct BenchResult: Sendable, Codable {
         ]
         if s.barShare > 0 {
             lines.append(
-                "  bars         \(n(s.barShare * 100))% of subscribers hold 5-second bars\(s.barsOnly ? " (and nothing else)" : ""): \(n(Double(barsBuilt))) built, \(n(barsPerSecond, 1)) per second")
+                "  bars         \(n(s.barShare * 100))% of subscribers hold 5-second bars\(s.barsOnly ? " (and nothing else)" : ""): \(n(Double(barsBuilt))) bars out, \(n(barsPerSecond, 1)) per second")
         }
         for node in nodes ?? [] {
             lines.append(

@@ -321,8 +321,8 @@ public struct BenchRunner: Sendable {
         let writes = Int((metricsAfter["relay_downstream_writes_total"] ?? 0) - (metricsBefore["relay_downstream_writes_total"] ?? 0))
         let deliveredAll = (metricsAfter["relay_events_delivered_total"] ?? 0) - (metricsBefore["relay_events_delivered_total"] ?? 0)
         func ms(_ percentile: Double) -> Double { Double(latency.valueAtPercentile(percentile)) / 1e6 }
-        func bars(_ metrics: [String: Double]) -> Double { metrics.filter { $0.key.hasPrefix("relay_bars_built_total") }.values.reduce(0, +) }
-        let barsBuilt = Int(bars(metricsAfter) - bars(metricsBefore))
+        // Bars whose window ended inside the measured window, as the subscribers received them.
+        let barsBuilt = subscribers.reduce(0) { $0 + $1.counts.withLock { $0.bars } }
         var result = BenchResult(
             scenario: s,
             upstreamEvents: upstreamEvents,
@@ -347,7 +347,7 @@ public struct BenchRunner: Sendable {
             benchCPUPercent: benchCPU / seconds * 100,
             nodes: relays.count > 1 ? nodes : nil)
         result.barsBuilt = barsBuilt
-        result.barsPerSecond = Double(barsBuilt) / seconds
+        result.barsPerSecond = Double(barsBuilt) / window
         return result
     }
 

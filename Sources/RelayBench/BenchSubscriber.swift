@@ -16,6 +16,8 @@ final class BenchSubscriber: Sendable {
         var laggingNotices = 0
         var dropped = 0
         var received = 0
+        /// Derived bars (`AM.S000@5s`) whose window ended inside the measured window.
+        var bars = 0
         /// Failover probe: the first arrival (Unix ns) of an event sent after `probeAfter`.
         var probeAfter: Int64?
         var firstArrivalAfterProbe: Int64?
@@ -96,6 +98,9 @@ final class BenchSubscriber: Sendable {
             var stamp: Int64 = 0
             var run = 0
             for event in parsed.events {
+                if event.ticker.utf8.contains(UInt8(ascii: "@")), let barEnd = Self.barEnd(event.bytes), barEnd * 1_000_000 >= start, barEnd * 1_000_000 <= end {
+                    counts.bars += 1
+                }
                 guard let rt = Self.sendStamp(event.bytes) else { continue }
                 if rt != stamp {
                     if run > 0 { counts.byStamp[stamp, default: 0] += run }
@@ -242,6 +247,19 @@ final class BenchSubscriber: Sendable {
 
     /// The `"rt"` the bench feed appends to each event (`…,"rt":1763748302311000000`), found from the
     /// end: the relay writes its positions (`"_s"`, `"_m"`) after it.
+    /// A Polygon bar's end (`"e"`, Unix ms).
+    static func barEnd(_ bytes: ByteBuffer) -> Int64? {
+        bytes.withUnsafeReadableBytes { raw -> Int64? in
+            let key = Array(#","e":"#.utf8)
+            guard raw.count > key.count else { return nil }
+            for start in 0...(raw.count - key.count) where raw[start] == key[0] && (0..<key.count).allSatisfy({ raw[start + $0] == key[$0] }) {
+                var index = start + key.count
+                return number(in: raw, at: &index)
+            }
+            return nil
+        }
+    }
+
     static func sendStamp(_ bytes: ByteBuffer) -> Int64? {
         bytes.withUnsafeReadableBytes { raw -> Int64? in
             let key = Array(#","rt":"#.utf8)

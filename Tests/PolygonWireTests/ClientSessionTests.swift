@@ -67,4 +67,15 @@ struct ClientSessionTests {
         let sent = messages.compactMap { try? ClientAction.decode($0) }.flatMap { Topic.parseList($0.params).topics }
         #expect(Set(sent) == many)
     }
+
+    /// Short topics: the params limit would allow over a thousand in one message, which a server taking
+    /// at most 1,000 (the relay's own) refuses whole.
+    @Test func noMessageCarriesMoreThanAThousandTopics() {
+        var session = ClientSession(apiKey: "k")
+        let many = Set((0..<2500).map { Topic(eventType: "T", ticker: "S\($0)")! })
+        _ = session.setWanted(many)
+        let messages = session.receive(.authSuccess).send.compactMap { try? ClientAction.decode($0) }
+        #expect(messages.allSatisfy { Topic.parseList($0.params).topics.count <= ClientSession.maxTopicsPerMessage })
+        #expect(Set(messages.flatMap { Topic.parseList($0.params).topics }) == many)
+    }
 }

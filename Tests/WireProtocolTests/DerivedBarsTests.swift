@@ -133,6 +133,21 @@ struct DerivedBarsTests {
         #expect(volume.add(trade(4, 10.5, 400)).first.map { [$0.open, $0.volume] } == [10.5, 500])
     }
 
+    @Test func aTradeIsReadInPlaceWhateverItsFieldsLookLike() throws {
+        func read(_ json: String, market: Market = .stocks) -> BarTrade? {
+            PolygonBarRules(market: market)?.trade(in: MarketEvent(eventType: market == .crypto ? "XT" : "T", ticker: "AAPL", bytes: ByteBuffer(string: json)))
+        }
+        let plain = try #require(read(#"{"ev":"T","sym":"AAPL","i":"a\"b,}","x":4,"o":{"n":[1,{"p":9}]},"p":189.53,"s":100,"c":[0, 37],"t":1700000000000,"z":3}"#))
+        #expect(plain.price == 189.53 && plain.size == 100 && plain.time == 1_700_000_000_000_000_000)
+        #expect(!plain.updatesHighLow && !plain.updatesOpenClose && plain.updatesVolume, "37 is an odd lot")
+        #expect(read(#"{"p":1.5e2,"s":0.00012345678901234567,"t":1700000000000}"#).map { [$0.price, $0.size] } == [150, 0.00012345678901234567])
+        #expect(read(#" { "p" : 0.1 , "s" : 3 , "t" : 1700000000000 } "#)?.price == 0.1)
+        #expect(read(#"{"p":"189.5","s":100,"t":1700000000000}"#) == nil, "a price that is a string")
+        #expect(read(#"{"p":189.5,"s":100}"#) == nil && read(#"{"p":189.5,"s":100,"t":1.5}"#) == nil && read("[1]") == nil && read(#"{"p":1"#) == nil)
+        let crypto = try #require(read(#"{"ev":"XT","pair":"BTC-USD","p":33021.9,"t":1610462007425,"s":0.01616617,"c":[2],"i":14272084,"x":3}"#, market: .crypto))
+        #expect(crypto.size == 0.01616617 && crypto.updatesOpenClose, "crypto's conditions are not the tape's")
+    }
+
     @Test func polygonsBarIsItsAggregateEventWithTheDerivedSymbol() throws {
         let bar = Bar(start: ns(Self.base), end: ns(Self.base + 5000), open: 10, high: 10.5, low: 10, close: 10.5, volume: 550, trades: 5, notional: 5620)
         let stock = String(buffer: rules.render(bar, eventType: "AM", ticker: "AAPL@5s"))
