@@ -43,28 +43,69 @@ public struct AlpacaBarRules: BarRules {
     ]
 
     public func trade(in event: MarketEvent) -> BarTrade? {
-        guard event.eventType == "t", let value = try? MessagePack.decode(event.bytes.readableBytesView), case .map = value,
-            case .timestamp(let seconds, let nanoseconds)? = value["t"], seconds > 0, seconds < Int64.max / 1_000_000_000 - 1
-        else { return nil }
-        func number(_ field: String) -> Double? {
-            switch value[field] {
-            case .double(let number)?: number
-            case let other?: other.integer.map(Double.init)
-            case nil: nil
+        guard event.eventType == "t" else { return nil }
+        // Read in place, once over the map, with no allocation: every trade of a symbol that has a bar
+        // passes here, on the upstream's thread.
+        let stocks = feed.market == .stocks
+        let read = event.bytes.withUnsafeReadableBytes { raw -> BarTrade? in
+            var reader = MessagePack.Reader(raw)
+            var price: Double?
+            var size: Double?
+            var time: Int64?
+            var rules = (highLow: true, openClose: true, volume: true)
+            do throws(MessagePack.ReadError) {
+                let count = try reader.mapCount()
+                for _ in 0..<count {
+                    guard let key = try reader.stringBytes() else {
+                        // A key that is no string: it and its value.
+                        _ = try reader.skip()
+                        _ = try reader.skip()
+                        continue
+                    }
+                    let first = key.first ?? 0
+                    switch (key.count, first) {
+                    case (1, UInt8(ascii: "p")): price = Self.number(try reader.value())
+                    case (1, UInt8(ascii: "s")): size = Self.number(try reader.value())
+                    case (1, UInt8(ascii: "t")):
+                        if case .timestamp(let seconds, let nanoseconds) = try reader.value(), seconds > 0, seconds < Int64.max / 1_000_000_000 - 1 {
+                            time = seconds * 1_000_000_000 + Int64(nanoseconds)
+                        }
+                    case (1, UInt8(ascii: "c")) where stocks:
+                        let conditions = try reader.arrayCount()
+                        for _ in 0..<conditions {
+                            guard let letter = try reader.stringBytes() else {
+                                _ = try reader.skip()
+                                continue
+                            }
+                            guard letter.count == 1, let byte = letter.first, let rule = Self.letterRules[Int(byte)] else { continue }
+                            rules = (rules.highLow && rule.highLow, rules.openClose && rule.openClose, rules.volume && rule.volume)
+                        }
+                    default:
+                        _ = try reader.skip()
+                    }
+                }
+            } catch {
+                return nil
             }
+            guard let price, let size, let time else { return nil }
+            return BarTrade(
+                price: price, size: size, time: time, updatesHighLow: rules.highLow, updatesOpenClose: rules.openClose, updatesVolume: rules.volume)
         }
-        guard let price = number("p"), let size = number("s") else { return nil }
-        var trade = BarTrade(price: price, size: size, time: seconds * 1_000_000_000 + Int64(nanoseconds))
-        if feed.market == .stocks, let conditions = value["c"]?.array {
-            for condition in conditions {
-                guard let letter = condition.string, let rule = Self.stockConditionRules[letter] else { continue }
-                trade.updatesHighLow = trade.updatesHighLow && rule.highLow
-                trade.updatesOpenClose = trade.updatesOpenClose && rule.openClose
-                trade.updatesVolume = trade.updatesVolume && rule.volume
-            }
-        }
-        return trade
+        return read
     }
+
+    private static func number(_ value: MessagePack.Value) -> Double? {
+        switch value {
+        case .double(let number): number
+        case .int(let number): Double(number)
+        case .uint(let number): Double(number)
+        default: nil
+        }
+    }
+
+    /// ``stockConditionRules`` by the letter's byte, for the in-place reader.
+    static let letterRules: [Int: (highLow: Bool, openClose: Bool, volume: Bool)] = Dictionary(
+        uniqueKeysWithValues: stockConditionRules.compactMap { letter, rule in letter.utf8.first.map { (Int($0), rule) } })
 
     public func render(_ bar: Bar, eventType: String, ticker: String) -> ByteBuffer {
         var writer = MessagePack.Writer(capacity: 128)

@@ -138,7 +138,7 @@ public struct BenchScenario: Sendable, Codable {
         let market = market(ofSubscriber: index)
         let channels = alpaca ? ["q", "t"] : Self.channels(of: market)
         if wildcard { return channels.map { "\($0).*" } }
-        let barType: String? = alpaca ? nil : [Market.stocks: "AM", .crypto: "XA"][market]
+        let barType: String? = alpaca ? (market == .stocks || market == .crypto ? "b" : nil) : [Market.stocks: "AM", .crypto: "XA"][market]
         // A share of each hundred subscribers, spread over the indices rather than the first ones.
         let holdsBars = barType != nil && Double(index * 37 % 100) < barShare * 100
         return symbols(forSubscriber: index).flatMap { symbol in

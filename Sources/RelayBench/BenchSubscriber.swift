@@ -129,7 +129,7 @@ final class BenchSubscriber: Sendable {
         var channels: [String: [MessagePack.Value]] = [:]
         for topic in topics {
             guard let dot = topic.firstIndex(of: ".") else { continue }
-            let name = topic[..<dot] == "t" ? "trades" : "quotes"
+            let name = topic[..<dot] == "t" ? "trades" : topic[..<dot] == "b" ? "bars" : "quotes"
             channels[name, default: []].append(.string(String(topic[topic.index(after: dot)...])))
         }
         let auth = MessagePack.Value.map([

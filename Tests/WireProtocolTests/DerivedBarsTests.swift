@@ -176,5 +176,17 @@ struct DerivedBarsTests {
              ("t", AlpacaEvents.time(nanoseconds: ns(Self.base)))])
         let read = try #require(rules.trade(in: odd))
         #expect(!read.updatesHighLow && !read.updatesOpenClose && read.updatesVolume && read.size == 50 && read.time == ns(Self.base))
+        // Keys of any length are passed over; a crypto trade's conditions do not exist.
+        let crypto = try #require(AlpacaBarRules(feed: .crypto))
+        let coin = AlpacaEvents.trade("BTC/USD", id: 2, price: 60_000.5, size: 0.25, nanoseconds: ns(Self.base) + 7, crypto: true)
+        #expect(crypto.trade(in: coin).map { [$0.price, $0.size] } == [60_000.5, 0.25] && crypto.trade(in: coin)?.time == ns(Self.base) + 7)
+        let sweep = AlpacaEvents.event(
+            "t", "AAPL",
+            [("T", .string("t")), ("S", .string("AAPL")), ("extra-long-key", .array([.int(1), .map([])])), ("p", .int(10)), ("s", .int(5)),
+             ("c", .array([.string("F"), .string("Z")])), ("t", AlpacaEvents.time(nanoseconds: ns(Self.base)))])
+        let swept = try #require(rules.trade(in: sweep))
+        #expect(swept.price == 10 && swept.updatesHighLow && !swept.updatesOpenClose && swept.updatesVolume, "Z: sold out of sequence")
+        #expect(rules.trade(in: MarketEvent(eventType: "t", ticker: "AAPL", bytes: ByteBuffer(bytes: [0x93, 1, 2, 3]))) == nil)
+        #expect(rules.trade(in: AlpacaEvents.event("t", "AAPL", [("p", .string("10")), ("s", .int(5)), ("t", AlpacaEvents.time(nanoseconds: 1))])) == nil)
     }
 }
