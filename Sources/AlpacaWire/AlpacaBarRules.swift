@@ -19,27 +19,27 @@ public struct AlpacaBarRules: BarRules {
     public var tradeEventType: String { "t" }
     public var barEventTypes: Set<String> { ["b"] }
 
-    /// (updates high/low, updates open/close, updates volume) per condition letter that does not update
+    /// What each condition letter (by its byte) lets a trade move, for the letters that do not allow
     /// all three. A letter not listed (`@` regular, `F` intermarket sweep, `O` opening, `6` closing …)
     /// updates all three.
-    public static let stockConditionRules: [String: (highLow: Bool, openClose: Bool, volume: Bool)] = [
-        "C": (false, false, true),  // Cash Sale
-        "G": (true, false, true),  // Bunched Sold Trade
-        "H": (false, false, true),  // Price Variation Trade
-        "I": (false, false, true),  // Odd Lot Trade
-        "M": (false, false, false),  // Market Center Official Close
-        "N": (false, false, true),  // Next Day
-        "P": (true, false, true),  // Prior Reference Price
-        "Q": (false, false, false),  // Market Center Official Open
-        "R": (false, false, true),  // Seller
-        "T": (false, false, true),  // Form T (extended hours)
-        "U": (false, false, true),  // Extended Trading Hours (Sold Out of Sequence)
-        "V": (false, false, true),  // Contingent Trade
-        "W": (false, false, true),  // Average Price Trade
-        "Z": (true, false, true),  // Sold (Out of Sequence)
-        "4": (true, false, true),  // Derivatively Priced
-        "7": (false, false, true),  // Qualified Contingent Trade
-        "9": (false, false, false),  // Corrected Consolidated Close
+    public static let stockConditionRules: [UInt8: TradeUpdates] = [
+        UInt8(ascii: "C"): .volumeOnly,  // Cash Sale
+        UInt8(ascii: "G"): .highLowAndVolume,  // Bunched Sold Trade
+        UInt8(ascii: "H"): .volumeOnly,  // Price Variation Trade
+        UInt8(ascii: "I"): .volumeOnly,  // Odd Lot Trade
+        UInt8(ascii: "M"): .nothing,  // Market Center Official Close
+        UInt8(ascii: "N"): .volumeOnly,  // Next Day
+        UInt8(ascii: "P"): .highLowAndVolume,  // Prior Reference Price
+        UInt8(ascii: "Q"): .nothing,  // Market Center Official Open
+        UInt8(ascii: "R"): .volumeOnly,  // Seller
+        UInt8(ascii: "T"): .volumeOnly,  // Form T (extended hours)
+        UInt8(ascii: "U"): .volumeOnly,  // Extended Trading Hours (Sold Out of Sequence)
+        UInt8(ascii: "V"): .volumeOnly,  // Contingent Trade
+        UInt8(ascii: "W"): .volumeOnly,  // Average Price Trade
+        UInt8(ascii: "Z"): .highLowAndVolume,  // Sold (Out of Sequence)
+        UInt8(ascii: "4"): .highLowAndVolume,  // Derivatively Priced
+        UInt8(ascii: "7"): .volumeOnly,  // Qualified Contingent Trade
+        UInt8(ascii: "9"): .nothing,  // Corrected Consolidated Close
     ]
 
     public func trade(in event: MarketEvent) -> BarTrade? {
@@ -52,7 +52,7 @@ public struct AlpacaBarRules: BarRules {
             var price: Double?
             var size: Double?
             var time: Int64?
-            var rules = (highLow: true, openClose: true, volume: true)
+            var updates = TradeUpdates.all
             do throws(MessagePack.ReadError) {
                 let count = try reader.mapCount()
                 for _ in 0..<count {
@@ -77,8 +77,8 @@ public struct AlpacaBarRules: BarRules {
                                 _ = try reader.skip()
                                 continue
                             }
-                            guard letter.count == 1, let byte = letter.first, let rule = Self.letterRules[Int(byte)] else { continue }
-                            rules = (rules.highLow && rule.highLow, rules.openClose && rule.openClose, rules.volume && rule.volume)
+                            guard letter.count == 1, let byte = letter.first, let rule = Self.stockConditionRules[byte] else { continue }
+                            updates = updates.and(rule)
                         }
                     default:
                         _ = try reader.skip()
@@ -88,8 +88,7 @@ public struct AlpacaBarRules: BarRules {
                 return nil
             }
             guard let price, let size, let time else { return nil }
-            return BarTrade(
-                price: price, size: size, time: time, updatesHighLow: rules.highLow, updatesOpenClose: rules.openClose, updatesVolume: rules.volume)
+            return BarTrade(price: price, size: size, time: time, updates: updates)
         }
         return read
     }
@@ -102,10 +101,6 @@ public struct AlpacaBarRules: BarRules {
         default: nil
         }
     }
-
-    /// ``stockConditionRules`` by the letter's byte, for the in-place reader.
-    static let letterRules: [Int: (highLow: Bool, openClose: Bool, volume: Bool)] = Dictionary(
-        uniqueKeysWithValues: stockConditionRules.compactMap { letter, rule in letter.utf8.first.map { (Int($0), rule) } })
 
     public func render(_ bar: Bar, eventType: String, ticker: String) -> ByteBuffer {
         var writer = MessagePack.Writer(capacity: 128)

@@ -100,7 +100,37 @@ extension Topic {
     }
 
     /// Whether the topic names a derived bar (its ticker has `@`), well formed or not.
-    public var isDerived: Bool { ticker.contains(BarSpec.separator) }
+    public var isDerived: Bool { Self.isDerivedTicker(ticker) }
+
+    /// Whether a ticker is a derived bar's (it has `@`): a byte scan, cheap enough per event.
+    public static func isDerivedTicker(_ ticker: String) -> Bool { ticker.utf8.contains(UInt8(ascii: "@")) }
+}
+
+/// What a trade may move in a bar, by a vendor's rule for one of its conditions. Value type.
+public struct TradeUpdates: Sendable, Equatable {
+    public var highLow: Bool
+    public var openClose: Bool
+    public var volume: Bool
+
+    public init(highLow: Bool, openClose: Bool, volume: Bool) {
+        self.highLow = highLow
+        self.openClose = openClose
+        self.volume = volume
+    }
+
+    /// A regular sale: everything.
+    public static let all = TradeUpdates(highLow: true, openClose: true, volume: true)
+    /// Volume only (odd lots, average-price trades, Form T …).
+    public static let volumeOnly = TradeUpdates(highLow: false, openClose: false, volume: true)
+    /// High, low and volume, not open and close (sold out of sequence …).
+    public static let highLowAndVolume = TradeUpdates(highLow: true, openClose: false, volume: true)
+    /// Nothing (official opens and closes).
+    public static let nothing = TradeUpdates(highLow: false, openClose: false, volume: false)
+
+    /// What a trade with both this condition and `other` may move: each only if both allow it.
+    public func and(_ other: TradeUpdates) -> TradeUpdates {
+        TradeUpdates(highLow: highLow && other.highLow, openClose: openClose && other.openClose, volume: volume && other.volume)
+    }
 }
 
 /// One trade as a bar counts it. Value type.
@@ -122,6 +152,12 @@ public struct BarTrade: Sendable, Equatable {
         self.updatesHighLow = updatesHighLow
         self.updatesOpenClose = updatesOpenClose
         self.updatesVolume = updatesVolume
+    }
+
+    /// A trade that moves what `updates` allows.
+    public init(price: Double, size: Double, time: Int64, updates: TradeUpdates) {
+        self.init(
+            price: price, size: size, time: time, updatesHighLow: updates.highLow, updatesOpenClose: updates.openClose, updatesVolume: updates.volume)
     }
 
     /// Whether the trade counts for the bar at all.

@@ -391,7 +391,7 @@ public actor MarketDataHub {
                 }
                 // A wildcard is the vendor's events of a type: the relay's derived bars (`AM.AAPL@5m`) are
                 // sent only to who named them.
-                if let wild, !withheld, !event.ticker.utf8.contains(UInt8(ascii: "@")) {
+                if let wild, !withheld, !Topic.isDerivedTicker(event.ticker) {
                     for subscriber in wild {
                         if subscriber.mask == 0 { touched.append(subscriber) }
                         subscriber.mask |= bit

@@ -23,43 +23,37 @@ public struct PolygonBarRules: BarRules {
 
     /// (updates high/low, updates open/close, updates volume) per stock trade condition that does not
     /// update all three. A condition not listed updates all three, as a regular sale does.
-    public static let stockConditionRules: [Int: (highLow: Bool, openClose: Bool, volume: Bool)] = [
-        2: (false, false, true),  // Average Price Trade
-        5: (true, false, true),  // Bunched Sold Trade
-        7: (false, false, true),  // Cash Sale
-        10: (true, false, true),  // Derivatively Priced
-        12: (false, false, true),  // Form T (extended hours)
-        13: (false, false, true),  // Extended Trading Hours (Sold Out of Sequence)
-        15: (false, false, false),  // Market Center Official Close
-        16: (false, false, false),  // Market Center Official Open
-        20: (false, false, true),  // Next Day
-        21: (false, false, true),  // Price Variation Trade
-        22: (true, false, true),  // Prior Reference Price
-        29: (false, false, true),  // Seller
-        32: (true, false, true),  // Sold (Out of Sequence)
-        33: (true, false, true),  // Sold (Out of Sequence) and Stopped Stock
-        37: (false, false, true),  // Odd Lot Trade
-        38: (false, false, false),  // Corrected Consolidated Close
-        52: (false, false, true),  // Contingent Trade
-        53: (false, false, true),  // Qualified Contingent Trade
+    public static let stockConditionRules: [Int: TradeUpdates] = [
+        2: .volumeOnly,  // Average Price Trade
+        5: .highLowAndVolume,  // Bunched Sold Trade
+        7: .volumeOnly,  // Cash Sale
+        10: .highLowAndVolume,  // Derivatively Priced
+        12: .volumeOnly,  // Form T (extended hours)
+        13: .volumeOnly,  // Extended Trading Hours (Sold Out of Sequence)
+        15: .nothing,  // Market Center Official Close
+        16: .nothing,  // Market Center Official Open
+        20: .volumeOnly,  // Next Day
+        21: .volumeOnly,  // Price Variation Trade
+        22: .highLowAndVolume,  // Prior Reference Price
+        29: .volumeOnly,  // Seller
+        32: .highLowAndVolume,  // Sold (Out of Sequence)
+        33: .highLowAndVolume,  // Sold (Out of Sequence) and Stopped Stock
+        37: .volumeOnly,  // Odd Lot Trade
+        38: .nothing,  // Corrected Consolidated Close
+        52: .volumeOnly,  // Contingent Trade
+        53: .volumeOnly,  // Qualified Contingent Trade
     ]
 
     public func trade(in event: MarketEvent) -> BarTrade? {
         guard event.eventType == tradeEventType else { return nil }
         // Read in place, once over the bytes, with no allocation: every trade of a symbol that has a bar
         // passes here, on the upstream's thread.
-        guard let fields = event.bytes.withUnsafeReadableBytes({ TradeFields(json: $0, conditions: market == .stocks) }),
+        guard
+            let fields = event.bytes.withUnsafeReadableBytes({ TradeFields(json: $0, conditionRules: market == .stocks ? Self.stockConditionRules : nil) }),
             let price = fields.price, let size = fields.size, let milliseconds = fields.time, milliseconds > 0,
             milliseconds < Int64.max / 1_000_000
         else { return nil }
-        var trade = BarTrade(price: price, size: size, time: milliseconds * 1_000_000)
-        for code in fields.conditions {
-            guard let rule = Self.stockConditionRules[code] else { continue }
-            trade.updatesHighLow = trade.updatesHighLow && rule.highLow
-            trade.updatesOpenClose = trade.updatesOpenClose && rule.openClose
-            trade.updatesVolume = trade.updatesVolume && rule.volume
-        }
-        return trade
+        return BarTrade(price: price, size: size, time: milliseconds * 1_000_000, updates: fields.updates)
     }
 
     public func render(_ bar: Bar, eventType: String, ticker: String) -> ByteBuffer {
@@ -88,10 +82,11 @@ struct TradeFields {
     var price: Double?
     var size: Double?
     var time: Int64?
-    /// Condition codes (at most 8 kept).
-    var conditions: [Int] = []
+    /// What its conditions let it move (everything when it has none, or they are not read).
+    var updates = TradeUpdates.all
 
-    init?(json raw: UnsafeRawBufferPointer, conditions wanted: Bool) {
+    /// - Parameter conditionRules: what each condition code allows; `nil`: conditions are not read.
+    init?(json raw: UnsafeRawBufferPointer, conditionRules: [Int: TradeUpdates]?) {
         var index = 0
         let count = raw.count
         func skipSpace() {
@@ -128,7 +123,7 @@ struct TradeFields {
             case (UInt8(ascii: "p"), _): price = Self.number(raw, &index)
             case (UInt8(ascii: "s"), _): size = Self.number(raw, &index)
             case (UInt8(ascii: "t"), _): time = Self.number(raw, &index).flatMap { $0 == $0.rounded() && abs($0) < 9e18 ? Int64($0) : nil }
-            case (UInt8(ascii: "c"), UInt8(ascii: "[")) where wanted:
+            case (UInt8(ascii: "c"), UInt8(ascii: "[")) where conditionRules != nil:
                 index += 1
                 while index < count, raw[index] != UInt8(ascii: "]") {
                     if raw[index] == UInt8(ascii: ",") || raw[index] == 0x20 {
@@ -136,7 +131,7 @@ struct TradeFields {
                         continue
                     }
                     guard let code = Self.number(raw, &index), code == code.rounded(), abs(code) < 1e9 else { return nil }
-                    if conditions.count < 8 { conditions.append(Int(code)) }
+                    if let rule = conditionRules?[Int(code)] { updates = updates.and(rule) }
                 }
                 index += 1
             default:
