@@ -103,6 +103,7 @@ extension Topic {
     public var isDerived: Bool { Self.isDerivedTicker(ticker) }
 
     /// Whether a ticker is a derived bar's (it has `@`): a byte scan, cheap enough per event.
+    @inlinable
     public static func isDerivedTicker(_ ticker: String) -> Bool { ticker.utf8.contains(UInt8(ascii: "@")) }
 }
 
