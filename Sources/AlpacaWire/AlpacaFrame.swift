@@ -6,6 +6,9 @@ public enum AlpacaFrame {
     public enum Item: Sendable, Equatable {
         /// An event: its type (`t`, `q`, `b` …), its symbol, and where its map lies in the frame.
         case event(type: String, symbol: String, bytes: Range<Int>)
+        /// A news item (`T` `n`, no `S`): the symbols it names (at most ``AlpacaNews/maxSymbols`` read)
+        /// and where its map lies.
+        case news(symbols: [String], bytes: Range<Int>)
         /// A control message, whole.
         case control(MessagePack.Value)
         /// A map whose `T` is neither (counted, passed over), or an element that is no map.
@@ -35,6 +38,12 @@ public enum AlpacaFrame {
         return reader.offset == bytes.count ? read : .unknown("bytes after the map")
     }
 
+    /// Whether an array comes next.
+    private static func isArray(at reader: MessagePack.Reader) -> Bool {
+        var probe = reader
+        return (try? probe.arrayCount()) != nil
+    }
+
     /// The element at the reader, which moves past it.
     private static func item(_ reader: inout MessagePack.Reader, in bytes: UnsafeRawBufferPointer) throws(MessagePack.ReadError) -> Item {
         let start = reader.offset
@@ -46,6 +55,7 @@ public enum AlpacaFrame {
         let entries = try reader.mapCount()
         var type: String?
         var symbol: String?
+        var symbols: [String]?
         for _ in 0..<entries {
             let key = try reader.stringBytes()
             if let key, key.count == 1, key[0] == UInt8(ascii: "T") || key[0] == UInt8(ascii: "S"),
@@ -53,6 +63,18 @@ public enum AlpacaFrame {
             {
                 let text = String(decoding: value, as: UTF8.self)
                 if key[0] == UInt8(ascii: "T") { type = text } else { symbol = text }
+            } else if let key, symbols == nil, key.elementsEqual("symbols".utf8), isArray(at: reader) {
+                // A news item's symbols: the first ones read, the rest passed over.
+                let count = try reader.arrayCount()
+                var names: [String] = []
+                for _ in 0..<count {
+                    if names.count < AlpacaNews.maxSymbols, let name = try reader.stringBytes() {
+                        names.append(String(decoding: name, as: UTF8.self))
+                    } else {
+                        _ = try reader.skip()
+                    }
+                }
+                symbols = names
             } else {
                 if key == nil { try reader.skip() }
                 try reader.skip()
@@ -64,6 +86,7 @@ public enum AlpacaFrame {
             var whole = MessagePack.Reader(UnsafeRawBufferPointer(rebasing: bytes[range]))
             return .control(try whole.value())
         }
+        if type == AlpacaNews.eventType, symbol == nil { return .news(symbols: symbols ?? [], bytes: range) }
         if let symbol, !symbol.isEmpty { return .event(type: type, symbol: symbol, bytes: range) }
         return .unknown("T \(type.prefix(16)) without S")
     }

@@ -32,6 +32,8 @@ public enum AlpacaCodec: String, Sendable, Codable {
 /// hub topic carries: a topic is `<T>.<symbol>` (`t.AAPL`, `q.*`, `o.BTC/USD`).
 public enum AlpacaChannel: String, Sendable, CaseIterable, Comparable {
     case trades, quotes, bars, dailyBars, updatedBars, statuses, lulds, corrections, cancelErrors, orderbooks
+    /// The news stream's one channel (`/v1beta1/news`): an item is `n`, routed by each of its `symbols`.
+    case news
 
     public var eventType: String {
         switch self {
@@ -45,6 +47,7 @@ public enum AlpacaChannel: String, Sendable, CaseIterable, Comparable {
         case .corrections: "c"
         case .cancelErrors: "x"
         case .orderbooks: "o"
+        case .news: "n"
         }
     }
 
@@ -89,12 +92,14 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
     case iex, sip, delayedSIP = "delayed_sip", test, crypto
     /// Options: the indicative feed and OPRA's (Alpaca sends them in MessagePack only).
     case indicative, opra
+    /// Alpaca's news stream (Benzinga's stories), a connection of its own.
+    case news
 
     /// The URL path of the feed (`/v2/iex`, `/v1beta3/crypto/us`, `/v1beta1/opra`).
     public var path: String {
         switch self {
         case .crypto: "/v1beta3/crypto/us"
-        case .indicative, .opra: "/v1beta1/\(rawValue)"
+        case .indicative, .opra, .news: "/v1beta1/\(rawValue)"
         default: "/v2/\(rawValue)"
         }
     }
@@ -104,15 +109,18 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
         switch self {
         case .crypto: .crypto
         case .indicative, .opra: .options
+        case .news: .news
         default: .stocks
         }
     }
 
-    /// The feed a relay market is served as when nothing names one: stocks `iex`, crypto, options `indicative`.
+    /// The feed a relay market is served as when nothing names one: stocks `iex`, crypto, options
+    /// `indicative`, news.
     public static func standard(for market: Market) -> AlpacaFeed {
         switch market {
         case .crypto: .crypto
         case .options: .indicative
+        case .news: .news
         default: .iex
         }
     }
@@ -129,6 +137,7 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
         case "/v1beta3/crypto/us", "/v1beta2/crypto", "/v1beta1/crypto": self = .crypto
         case "/v1beta1/indicative": self = .indicative
         case "/v1beta1/opra": self = .opra
+        case "/v1beta1/news": self = .news
         default:
             guard path.hasPrefix("/v2/"), let feed = AlpacaFeed(rawValue: String(path.dropFirst(4))), feed.market == .stocks else { return nil }
             self = feed
@@ -144,6 +153,7 @@ public enum AlpacaFeed: String, Sendable, CaseIterable {
         switch market {
         case .crypto: [.trades, .quotes, .bars, .updatedBars, .dailyBars, .orderbooks]
         case .options: [.trades, .quotes]
+        case .news: [.news]
         default: [.trades, .quotes, .bars, .updatedBars, .dailyBars, .statuses, .lulds, .corrections, .cancelErrors]
         }
     }

@@ -42,6 +42,9 @@ public struct AlpacaServerSession: Sendable {
     private let authenticate: @Sendable (String) -> ClientGrant?
     private let budget: TopicBudget?
     private var rate: MessageRate
+    /// On the news feed: the items this connection was sent lately, so an item goes once however many
+    /// of its symbols the connection holds (``AlpacaFraming``).
+    let newsSent: NewsSent?
 
     public init(
         codec: AlpacaCodec, feed: AlpacaFeed, market: Market? = nil, limits: SessionLimits = SessionLimits(), budget: TopicBudget? = nil,
@@ -56,6 +59,7 @@ public struct AlpacaServerSession: Sendable {
         self.budget = budget
         self.authenticate = authenticate
         rate = MessageRate(limits)
+        newsSent = feed == .news ? NewsSent() : nil
     }
 
     /// Handles one client message (arriving at `now`).

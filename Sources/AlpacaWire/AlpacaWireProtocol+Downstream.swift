@@ -47,7 +47,7 @@ extension AlpacaServerSession: DownstreamSession {
         set {}
     }
 
-    public var framing: any DownstreamFraming { AlpacaFraming(codec: codec) }
+    public var framing: any DownstreamFraming { AlpacaFraming(codec: codec, newsSent: newsSent) }
 
     public mutating func respond(to message: ByteBuffer) -> DownstreamReaction {
         let reaction: Reaction = receive(Array(message.readableBytesView), at: .now)
@@ -70,28 +70,35 @@ extension AlpacaServerSession: DownstreamSession {
 
 /// Alpaca's frames in a codec: MessagePack clients get the events' own bytes under an array header;
 /// JSON clients each event converted once per publish (shared by every JSON client of the hub); each
-/// notice alone in its frame (``AlpacaDelivery``).
+/// notice alone in its frame (``AlpacaDelivery``). On the news feed each item goes once, however many
+/// of its symbols the connection holds (``NewsSent``).
 public struct AlpacaFraming: DownstreamFraming {
     public let codec: AlpacaCodec
     /// Each event gets its receive and send times (``EventTimes``).
     public let times: Bool
+    /// The connection's sent news items (the news feed only).
+    public let newsSent: NewsSent?
 
-    public init(codec: AlpacaCodec, times: Bool = false) {
+    public init(codec: AlpacaCodec, times: Bool = false, newsSent: NewsSent? = nil) {
         self.codec = codec
         self.times = times
+        self.newsSent = newsSent
     }
 
     public var isBinary: Bool { codec == .messagePack }
 
-    public func withTimes() -> any DownstreamFraming { AlpacaFraming(codec: codec, times: true) }
+    public func withTimes() -> any DownstreamFraming { AlpacaFraming(codec: codec, times: true, newsSent: newsSent) }
 
     public func frames(payloadBytes: Int, events: TurnEvents, converted: ConvertedTurnEvents) -> FramedTurn? {
         var elements: [AlpacaDelivery.Element] = []
         var oldest = UInt64.max
         let reading: EventTimes.Reading? = times ? EventTimes.Reading() : nil
+        let newsSent = self.newsSent
         func add(_ event: borrowing MarketEvent, _ bytes: ByteBuffer?) {
             if event.receivedAt != 0 { oldest = min(oldest, event.receivedAt) }
             guard let bytes else { return }
+            // An item routed by two symbols this connection holds (or by `*`) arrives once per symbol.
+            if let newsSent, event.eventType == AlpacaNews.eventType, let id = AlpacaNews.id(of: event), !newsSent.firstTime(id) { return }
             if let reading, event.receivedAt != 0 {
                 var timed = ByteBuffer()
                 timed.reserveCapacity(bytes.readableBytes + EventTimes.maxGrowth)

@@ -62,13 +62,21 @@ public struct AlpacaWireProtocol: WireProtocol {
         } catch {
             return .failure(WireRejection("malformed MessagePack: \(error)"))
         }
-        guard case .event(let type, let symbol, _) = item else {
+        switch item {
+        case .event(let type, let symbol, _):
+            guard type == topic.eventType, symbol == topic.ticker else {
+                return .failure(WireRejection("an event of \(type).\(symbol) on the subject of \(topic)"))
+            }
+            return .success(MarketEvent(eventType: type, ticker: symbol, bytes: ByteBuffer(bytes: payload), receivedAt: receivedAt))
+        case .news(let symbols, _):
+            // A news item travels once per symbol it is routed by: this subject's must be one of them.
+            guard topic.eventType == AlpacaNews.eventType, AlpacaNews.routes(symbols).contains(topic.ticker) else {
+                return .failure(WireRejection("a news item of \(symbols.prefix(5).joined(separator: ",")) on the subject of \(topic)"))
+            }
+            return .success(MarketEvent(eventType: AlpacaNews.eventType, ticker: topic.ticker, bytes: ByteBuffer(bytes: payload), receivedAt: receivedAt))
+        default:
             return .failure(WireRejection("not one Alpaca event (\(payload.count) bytes)"))
         }
-        guard type == topic.eventType, symbol == topic.ticker else {
-            return .failure(WireRejection("an event of \(type).\(symbol) on the subject of \(topic)"))
-        }
-        return .success(MarketEvent(eventType: type, ticker: symbol, bytes: ByteBuffer(bytes: payload), receivedAt: receivedAt))
     }
 
     /// Corrections and cancel errors (one-off events a new subscriber would take for new ones) and order
@@ -140,6 +148,10 @@ public struct AlpacaWireProtocol: WireProtocol {
             case .event(let type, let symbol, let range):
                 guard let bytes = message.getSlice(at: message.readerIndex + range.lowerBound, length: range.count) else { continue }
                 reading.events.append(MarketEvent(eventType: type, ticker: symbol, bytes: bytes, receivedAt: receivedAt))
+            case .news(let symbols, let range):
+                // Its routes share the item's slice (and, where a large message is compacted, one copy).
+                guard let bytes = message.getSlice(at: message.readerIndex + range.lowerBound, length: range.count) else { continue }
+                reading.events += AlpacaNews.events(bytes, symbols: symbols, receivedAt: receivedAt)
             case .control(let value): reading.controls.append(UpstreamControl(value))
             case .unknown: break
             }

@@ -11,11 +11,12 @@ public enum ClusterChecks {
     /// whose own fields name the topic its subject names, within the size bounds, with plausible
     /// positions. Returns the event, or why not.
     public static func event(
-        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, wire: any WireProtocol, receivedAt: UInt64 = 0
+        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, wire: any WireProtocol, receivedAt: UInt64 = 0,
+        maxBytes: Int = maxEventBytes
     ) -> Result<MarketEvent, Rejection> {
         // A market event is far smaller, and a ticker far shorter, than what a publisher could send:
         // past them, the hub and every subscriber's buffer would hold what nobody bounded in bytes.
-        guard payload.count <= maxEventBytes else { return .failure(Rejection("an event of \(payload.count) bytes (at most \(maxEventBytes))")) }
+        guard payload.count <= maxBytes else { return .failure(Rejection("an event of \(payload.count) bytes (at most \(maxBytes))")) }
         guard topic.ticker.utf8.count <= SessionLimits().maxTickerLength else {
             return .failure(Rejection("a ticker of \(topic.ticker.utf8.count) bytes (at most \(SessionLimits().maxTickerLength))"))
         }
@@ -31,7 +32,7 @@ public enum ClusterChecks {
         SessionLimits(eventTypes: Market(rawValue: market).map { wire.eventTypes(of: $0) })
     }
 
-    /// The largest event a node takes from NATS.
+    /// The largest event a node takes from NATS, unless its market says otherwise (news: its setting).
     public static let maxEventBytes = 64 << 10
 
     /// The event, unless the positions written in it are out of range (0, or past
@@ -44,8 +45,10 @@ public enum ClusterChecks {
     }
 
     /// The same for a stored value (the cluster's last-value store).
-    public static func event(_ bytes: [UInt8], topic: Topic, market: Market, wire: any WireProtocol) -> Result<MarketEvent, Rejection> {
-        bytes.withUnsafeBytes { event($0, topic: topic, market: market, wire: wire) }
+    public static func event(
+        _ bytes: [UInt8], topic: Topic, market: Market, wire: any WireProtocol, maxBytes: Int = maxEventBytes
+    ) -> Result<MarketEvent, Rejection> {
+        bytes.withUnsafeBytes { event($0, topic: topic, market: market, wire: wire, maxBytes: maxBytes) }
     }
 
     /// A node's interest: the topics that pass the market's topic rules, and why the others did not.

@@ -33,10 +33,12 @@ final class ClusterFeed: Sendable {
     /// The last epoch the leader announced.
     private let epochSeen = Mutex<String?>(nil)
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
+    /// The largest event taken from NATS.
+    private let maxEventBytes: Int
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
-        leader: @escaping @Sendable () -> String? = { nil },
+        maxEventBytes: Int = ClusterChecks.maxEventBytes, leader: @escaping @Sendable () -> String? = { nil },
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
         self.leader = leader
@@ -47,6 +49,7 @@ final class ClusterFeed: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.lastValues = lastValues
+        self.maxEventBytes = maxEventBytes
     }
 
     /// Subscribes to the leader's notices and makes the sink for events. Call once, before ``run()``.
@@ -63,7 +66,7 @@ final class ClusterFeed: Sendable {
                 return
             }
             switch ClusterChecks.event(
-                payload, topic: topic, market: subjects.wireMarket, wire: hub.wire, receivedAt: MonotonicClock.nanoseconds()) {
+                payload, topic: topic, market: subjects.wireMarket, wire: hub.wire, receivedAt: MonotonicClock.nanoseconds(), maxBytes: self.maxEventBytes) {
             case .success(let event):
                 // A drop is counted and announced by the inbox and the pump.
                 self.inbox.push(.events([event]))
@@ -106,7 +109,10 @@ final class ClusterFeed: Sendable {
             // In the leader's words; whoever may publish here writes them, so they came bounded and printable.
             inbox.push(.connectionLost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
         case .loss(let count):
-            inbox.push(.lost(count: count, topics: nil, reason: "the cluster leader fell behind its upstream"))
+            inbox.push(
+                .lost(
+                    count: count, topics: nil,
+                    reason: "the cluster leader lost them on their way to NATS: it fell behind its upstream, or a message was too large for it or for NATS"))
         case .refused(let topics, let code, let reason):
             inbox.push(.refused(topics: topics, code: code, reason: reason))
         case .forgotten(let node):

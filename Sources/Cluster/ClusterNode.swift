@@ -53,6 +53,9 @@ public final class ClusterNode: Service, Sendable {
     }
 
     public let configuration: ClusterConfiguration
+    /// The largest event this node takes from NATS (``ClusterChecks/maxEventBytes``; a news market's
+    /// items are allowed more).
+    let maxEventBytes: Int
     public let subjects: ClusterSubjects
     private let hub: MarketDataHub
     private let localInterest: LocalInterest
@@ -91,9 +94,11 @@ public final class ClusterNode: Service, Sendable {
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
         stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil, tape tapeSettings: ClusterTapeSettings? = nil,
+        maxEventBytes: Int = ClusterChecks.maxEventBytes,
         makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
     ) throws(ClusterError) {
         self.stampsPositions = stampsPositions
+        self.maxEventBytes = maxEventBytes
         self.configuration = configuration
         self.market = market
         self.spread = spread
@@ -156,7 +161,7 @@ public final class ClusterNode: Service, Sendable {
     public func lastEvent(for topic: Topic) async -> MarketEvent? {
         guard !topic.isWildcard, let bucket = state.withLock({ $0.lastValueBucket }) else { return nil }
         guard let entry = try? await bucket.get(subjects.lastValueKey(for: topic)), !entry.value.isEmpty else { return nil }
-        switch ClusterChecks.event(entry.value, topic: topic, market: subjects.wireMarket, wire: hub.wire) {
+        switch ClusterChecks.event(entry.value, topic: topic, market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes) {
         case .success(let event): return event
         case .failure(let rejection):
             metrics.rejected("event", "\(rejection) (last-value store, \(topic))", logger: logger)
@@ -176,6 +181,7 @@ public final class ClusterNode: Service, Sendable {
         }
         let feed = ClusterFeed(
             connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger,
+            maxEventBytes: maxEventBytes,
             leader: { [weak self] in self?.state.withLock { $0.leader ?? $0.lastKnownLeader } }
         ) {
             [weak self] topic in await self?.lastEvent(for: topic)
@@ -813,7 +819,12 @@ public final class ClusterNode: Service, Sendable {
                             subjectsByTopic[topic] = subject
                         }
                         let sent = event.bytes.withUnsafeReadableBytes { connection.publish(subject, $0) }
-                        if !sent { metrics.publishFailed("event", logger: logger) }
+                        if !sent {
+                            // (NATS refuses a message past the server's max_payload.) Every node's
+                            // clients are told what they miss, as of any loss before the hub.
+                            metrics.publishFailed("event", logger: logger)
+                            publish(control: .loss(count: 1))
+                        }
                     }
                 }
                 // Slices of the frame, kept only until the next write to the store (which copies them). A

@@ -30,6 +30,8 @@ public final class DemoFeed: Service, Sendable {
     private let port = ReadySignal<Int>()
     let connections = Mutex<[Int: FeedConnection]>([:])
     private let nextConnection = Mutex(1)
+    /// The last news item's id (``publishNews(symbols:headline:contentBytes:)``).
+    let nextNewsID = Mutex<Int64>(0)
     private let tally = Mutex<Tally?>(nil)
     /// Markets whose new connections are reset until then (`drop?seconds=N`).
     private let refusals = Mutex<[Market: ContinuousClock.Instant]>([:])
@@ -91,9 +93,13 @@ public final class DemoFeed: Service, Sendable {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { try await app.run() }
                 let markets = configuration.servedMarkets
-                for market in markets {
+                for market in markets where market == .news {
+                    let seed = configuration.seed ?? UInt64.random(in: 0...UInt64.max)
+                    group.addTask { await cancelWhenGracefulShutdown { await self.generateNews(seed: seed) } }
+                }
+                for market in markets where market != .news {
                     // One market alone trades at the configured rate; beside stocks, the others at a quarter.
-                    let share = markets.count == 1 || market == .stocks || configuration.evenRates ? 1.0 : 0.25
+                    let share = markets.filter({ $0 != .news }).count == 1 || market == .stocks || configuration.evenRates ? 1.0 : 0.25
                     group.addTask { await cancelWhenGracefulShutdown { await self.generate(market, rateShare: share) } }
                 }
                 try await group.next()
@@ -125,6 +131,7 @@ public final class DemoFeed: Service, Sendable {
         router.get("/healthz") { _, _ in "ok" }
         addREST(to: router)
         addAlpacaREST(to: router)
+        addNews(to: router)
         router.post("/faults/:name") { request, context -> String in
             // With a key set (the relay's built-in feed always has one, made at random), only its holder
             // may break the feed.

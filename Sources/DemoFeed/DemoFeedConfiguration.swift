@@ -64,17 +64,19 @@ public struct DemoFeedConfiguration: Sendable {
 
     /// Speak Alpaca's protocol instead of Polygon's: stocks at `/v2/iex` (and `/v2/sip`,
     /// `/v2/delayed_sip`, `/v2/test`), crypto at `/v1beta3/crypto/us` (and `/v1beta2/crypto`); the key
-    /// is ``apiKey`` (the secret is not checked). Only stocks, crypto and options (`/v1beta1/indicative`,
-    /// `/v1beta1/opra`) are served.
+    /// is ``apiKey`` (the secret is not checked). Only stocks, crypto, options (`/v1beta1/indicative`,
+    /// `/v1beta1/opra`) and news (`/v1beta1/news`) are served; news only in Alpaca's protocol.
     public var alpaca = false
     /// In Alpaca's protocol, the topics one connection may hold (Alpaca's plans limit symbols): a
     /// subscribe past it is answered with 405 and changes nothing. `nil`: the session's default.
     public var alpacaTopicLimit: Int?
+    /// Between two stories of the news market (Alpaca's protocol).
+    public var newsInterval: Duration = .seconds(5)
 
     /// The markets served: ``markets``, or the one ``market`` names.
     public var servedMarkets: [Market] {
         let served = markets ?? [Market(rawValue: market) ?? .stocks]
-        return alpaca ? served.filter { [.stocks, .crypto, .options].contains($0) } : served
+        return alpaca ? served.filter { [.stocks, .crypto, .options, .news].contains($0) } : served.filter { $0 != .news }
     }
 
     public init(

@@ -29,6 +29,7 @@ public struct DemoMarket: Sendable {
         case .crypto: [("X:BTC-USD", 97_150_00), ("X:ETH-USD", 3_420_50), ("X:SOL-USD", 182_30), ("X:DOGE-USD", 38)]
         case .indices: [("I:SPX", 5_870_25), ("I:NDX", 20_710_40), ("I:DJI", 43_850_10), ("I:VIX", 15_80)]
         case .futures: [("ESZ5", 5_890_25), ("NQZ5", 20_780_50), ("CLZ5", 71_45), ("GCZ5", 2_650_30)]
+        case .news: []
         }
     }
 

@@ -1,9 +1,14 @@
 /// One of the relay's markets: an upstream connection, a hub and a served path each. What a market
 /// carries (its event types, the form of its tickers) is its protocol's (`WireProtocol.eventTypes(of:)`;
 /// Polygon's table is in `PolygonWire`); a held symbol names its market by Polygon's ticker prefixes
-/// (``of(ticker:)``), the relay's own convention for portfolio symbols. Value type, `Sendable`.
+/// (``of(ticker:)``), the relay's own convention for portfolio symbols. `news` is a stream of its own
+/// (Alpaca's `/v1beta1/news`): a market in the relay's sense (one upstream connection, a hub, a path, a
+/// key's right), with no prices. Value type, `Sendable`.
 public enum Market: String, CaseIterable, Sendable, Codable, Comparable, CustomStringConvertible {
-    case stocks, options, forex, crypto, indices, futures
+    case stocks, options, forex, crypto, indices, futures, news
+
+    /// The markets that trade (every one but `news`): what the vendors' price streams are.
+    public static let trading: [Market] = allCases.filter { $0 != .news }
 
     /// The market of a WebSocket path's last segment (`stocks` for `/stocks`), or `nil`.
     public init?(path: String) {
@@ -39,6 +44,7 @@ public enum Market: String, CaseIterable, Sendable, Codable, Comparable, CustomS
         case .crypto: 3
         case .indices: 4
         case .futures: 5
+        case .news: 6
         }
     }
 }

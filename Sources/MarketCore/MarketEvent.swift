@@ -33,10 +33,35 @@ public struct MarketEvent: Sendable {
     public var json: String { String(buffer: bytes) }
 
     /// The same event with bytes of its own, not a slice of the message it arrived in: kept for long
-    /// (a last value) or queued behind a slow client, it holds its own bytes and nothing more.
+    /// (a last value) or queued behind a slow client, it holds its own bytes and little more. An event
+    /// whose storage is less than twice its bytes is kept as it is: that is an event with bytes of its
+    /// own already (a buffer's capacity is rounded up to a power of two) or the most of its message, and
+    /// copying it again would only cost (a news item of megabytes once per symbol).
     public func compacted() -> MarketEvent {
-        guard bytes.storageCapacity > bytes.readableBytes else { return self }
+        guard bytes.storageCapacity >= 2 * bytes.readableBytes else { return self }
         return MarketEvent(eventType: eventType, ticker: ticker, bytes: ByteBuffer(buffer: bytes), receivedAt: receivedAt, sequence: sequence)
+    }
+
+    /// The events, each with bytes of its own (``compacted()``); events that are the same slice (a news
+    /// item routed by several symbols) share one copy, as they shared the slice.
+    public static func compacted(_ events: [MarketEvent]) -> [MarketEvent] {
+        var out: [MarketEvent] = []
+        out.reserveCapacity(events.count)
+        // The last slice copied, by address and length (compared only, never read through), and its copy.
+        var last: (address: UnsafeRawPointer?, count: Int) = (nil, 0)
+        var copy: ByteBuffer?
+        for event in events {
+            let slice = event.bytes.withUnsafeReadableBytes { (address: $0.baseAddress.map(UnsafeRawPointer.init), count: $0.count) }
+            if let copy, slice.address != nil, slice.address == last.address, slice.count == last.count {
+                out.append(MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: copy, receivedAt: event.receivedAt, sequence: event.sequence))
+                continue
+            }
+            let compacted = event.compacted()
+            out.append(compacted)
+            last = slice
+            copy = compacted.bytes
+        }
+        return out
     }
 
     /// Whether this is a relay notice rather than market data.

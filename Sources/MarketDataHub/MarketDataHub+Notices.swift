@@ -11,7 +11,9 @@ extension MarketDataHub {
         tap?.interrupted(epoch: history?.epoch)
         interruptFolds(topics)
         let notice = wire.render(
-            Notice(.lagging, message: "\(count) events were lost before reaching this relay (\(reason))", details: ["dropped": .number(Int64(count))]))
+            Notice(
+                .lagging, message: "\(count == 1 ? "1 event was" : "\(count) events were") lost before reaching this relay (\(reason))",
+                details: ["dropped": .number(Int64(count))]))
         let lostTypes = topics.map { Set($0.map(\.eventType)) }
         for subscriber in subscribers.values where !subscriber.topics.isEmpty {
             if let topics, let lostTypes, subscriber.topics.isDisjoint(with: topics),

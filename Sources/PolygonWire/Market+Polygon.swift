@@ -19,10 +19,10 @@ extension Market {
         .futures: ["T", "Q", "A", "AM"],
     ]
 
-    /// The prefix of the market's topic tickers (`X:`), `nil` for stocks and futures.
+    /// The prefix of the market's topic tickers (`X:`), `nil` for stocks, futures and news.
     public var tickerPrefix: String? {
         switch self {
-        case .stocks, .futures: nil
+        case .stocks, .futures, .news: nil
         case .options: "O:"
         case .forex: "C:"
         case .crypto: "X:"
@@ -45,6 +45,7 @@ extension Market {
         case .crypto: "XT.X:BTC-USD"
         case .indices: "V.I:SPX"
         case .futures: "T.ESZ5"
+        case .news: "n.AAPL"
         }
     }
 

@@ -204,7 +204,7 @@ final class BenchSubscriber: Sendable {
                     if let rt = Self.alpacaSendStamp(UnsafeRawBufferPointer(rebasing: raw[range])) { stamps.append(rt) }
                 case .control(let value):
                     if value["status"]?.string == StatusMessage.Kind.lagging || value["code"]?.integer == 407 { lagging += 1 }
-                case .unknown:
+                case .unknown, .news:
                     break
                 }
             }

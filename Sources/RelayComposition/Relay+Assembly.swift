@@ -100,6 +100,13 @@ extension Relay {
     func upstreamSources() throws -> UpstreamSources {
         if let replay = settings.replay { return UpstreamSources(sources: try replaySources(replay), restURL: nil, restKey: "") }
         if let configured = configuredSources() {
+            // A market its vendor does not stream (Polygon's news) would be served with nothing to take.
+            if let empty = configured.first(where: { $0.wire.eventTypes(of: $0.market).isEmpty }) {
+                throw RelaySettings.InvalidSetting(
+                    description:
+                        "upstream \(empty.description): \(empty.vendor.name) has no \(empty.market) stream (news is Alpaca's: wss://stream.data.alpaca.markets/v1beta1/news)"
+                )
+            }
             let rest = settings.upstreamRESTURL ?? settings.upstream.flatMap(Self.restURL(for:))
             guard let key = Self.restKey(settings, alpacaUpstream: configured.contains { $0.vendor.signsInWithSecret }) else {
                 if rest != nil { logger.warning("REST off: an Alpaca upstream's key is not sent to \(rest ?? ""); give the REST API's own key with --rest-key") }
@@ -115,8 +122,8 @@ extension Relay {
         let vendor = settings.upstreamVendor ?? Self.vendors[0]
         let alpaca = vendor == .alpaca
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: apiKey, eventsPerSecond: settings.demoRate)
-        // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed, crypto and options.
-        feedConfiguration.markets = alpaca ? [.stocks, .crypto, .options] : Market.allCases
+        // In Alpaca's protocol (`--upstream-vendor alpaca`): its stock feed, crypto, options and news.
+        feedConfiguration.markets = alpaca ? [.stocks, .crypto, .options, .news] : Market.trading
         feedConfiguration.alpaca = alpaca
         feedConfiguration.restDelay = settings.demoRESTDelayMilliseconds.map { .milliseconds($0) }
         let feed = DemoFeed(configuration: feedConfiguration, logger: logger.with(label: "relay.demo-feed"))
@@ -238,7 +245,8 @@ extension Relay {
             }
         }
         let hub = MarketDataHub(
-            wire: wire, policy: settings.slowConsumerPolicy, snapshotOnSubscribe: settings.snapshotOnSubscribe,
+            // News: an item is no state of its symbol, so a subscription gets the last one only when asked.
+            wire: wire, policy: settings.slowConsumerPolicy, snapshotOnSubscribe: source.market == .news ? settings.news.snapshot : settings.snapshotOnSubscribe,
             snapshotless: wire.snapshotless(of: source.market),
             folding: wire.folding(of: source.market, limits: settings.foldLimits),
             keepsUnwantedLastValues: !clustered,
@@ -263,6 +271,8 @@ extension Relay {
             configuration.caFile = source.caFile
             configuration.wire = wire
             configuration.market = source.market
+            // A news item can be megabytes; other markets keep their cap.
+            if source.market == .news { configuration.maxMessageBytes = settings.news.maxBytes }
             if source.vendor.signsInWithSecret { configuration.secret = demoSecret ?? settings.upstreamSecret }
             configuration.metricsFactory = marketMetrics
             // A cluster leader must be gone well inside its lease once it decides to go.
@@ -307,7 +317,8 @@ extension Relay {
         let node = try ClusterNode(
             configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
             logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
-            gapFill: hook, tape: settings.history == nil ? nil : clusterTape, makeUpstream: makeUpstream)
+            gapFill: hook, tape: settings.history == nil ? nil : clusterTape,
+            maxEventBytes: source.market == .news ? settings.news.maxBytes : ClusterChecks.maxEventBytes, makeUpstream: makeUpstream)
         assembly.clusterNodes.append(node)
         var parts = MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: ClusterSource(node: node, upstream: source.description))
         parts.clusterArchive = node.archive
@@ -367,7 +378,7 @@ extension Relay {
         var gatewayConfiguration = RESTGateway.Settings()
         gatewayConfiguration.timeout = gatewaySettings.timeout
         gatewayConfiguration.referenceTTL = gatewaySettings.referenceTTL
-        let values = ServedLiveValues(markets: markets.map(Self.served))
+        let values = ServedLiveValues(markets: markets.map(served))
         var gateways: [RESTGateway] = []
         // One gateway per vendor account, each with its dialect and budget; one cache for both.
         if let restURL = upstream.restURL, let budget = upstream.restBudget, markets.contains(where: { $0.plan.vendor == .polygon }) {
@@ -392,11 +403,13 @@ extension Relay {
         return gateways
     }
 
-    /// What the server serves of a market: its hub, its source's health, its recording.
-    private static func served(_ parts: MarketParts) -> ServedMarket {
+    /// What the server serves of a market: its hub, its source's health, its recording, and room for a
+    /// news item in each news client's unread bytes (twice the item: its JSON may be longer).
+    private func served(_ parts: MarketParts) -> ServedMarket {
         var tape = parts.clusterTape
         if let recorder = parts.recorder { tape = { recorder.report } }
-        return ServedMarket(market: parts.plan.market, hub: parts.hub, feed: parts.source, tape: tape)
+        let room = parts.plan.market == .news ? 2 * settings.news.maxBytes : 0
+        return ServedMarket(market: parts.plan.market, hub: parts.hub, feed: parts.source, tape: tape, unreadRoom: room)
     }
 
     /// The downstream server: every market's routes, the portfolio's, metrics and the dashboard.
@@ -417,7 +430,7 @@ extension Relay {
         configuration.dashboardDirectory = ProcessInfo.processInfo.environment["RELAY_DASHBOARD_DIR"]
         return RelayServer(
             configuration: configuration,
-            markets: markets.map(Self.served), registry: registry,
+            markets: markets.map(served), registry: registry,
             logger: logger.with(label: "relay.server"),
             extraRoutes: { router in
                 routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })

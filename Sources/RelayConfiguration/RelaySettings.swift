@@ -101,6 +101,23 @@ public struct RelaySettings: Sendable {
     public var snapshotOnSubscribe: Bool
     /// Bounds of the states the hub folds from increments (order books: levels per side).
     public var foldLimits = FoldLimits()
+    /// The news market (Alpaca's news stream): its largest item, and whether a subscription gets each
+    /// symbol's last item at once.
+    public var news = NewsSettings()
+
+    public struct NewsSettings: Sendable, Equatable {
+        /// The largest news message the relay takes from the upstream (a larger one is dropped, counted,
+        /// and told to the news clients) and the room each news client's unread bytes get on top of
+        /// ``RelayServerConfiguration/ConnectionLimits/outboundBytes``. Other markets keep their limits.
+        public var maxBytes = 4 << 20
+        /// A news subscription gets each symbol's last item at once (off: Alpaca sends none).
+        public var snapshot = false
+
+        public init() {}
+
+        /// The bounds of ``maxBytes``.
+        public static let maxBytesRange = (64 << 10)...(64 << 20)
+    }
     /// The portfolio sidecar: where its SQLite file lives and the zone its days are in; `nil` turns it off.
     public var portfolio: PortfolioSettings?
     /// Run as one node of a cluster on NATS; `nil` runs a single relay.
@@ -317,6 +334,14 @@ public struct RelaySettings: Sendable {
             slowConsumerPolicy = parsed
         }
         snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
+        if let bytes = try config.positive("news.maxBytes") {
+            guard NewsSettings.maxBytesRange.contains(bytes) else {
+                throw InvalidSetting(
+                    description: "news.maxBytes: \(NewsSettings.maxBytesRange.lowerBound) to \(NewsSettings.maxBytesRange.upperBound) bytes, got \(bytes)")
+            }
+            news.maxBytes = bytes
+        }
+        news.snapshot = config.bool(forKey: "news.snapshot") ?? false
         if let levels = try config.positive("books.levels") {
             // A whole book must fit one cluster message (64 KiB: about 1,400 levels a side).
             guard levels <= 1000 else { throw InvalidSetting(description: "books.levels: at most 1000, got \(levels)") }

@@ -53,7 +53,7 @@ extension RelaySettings {
         ),
         .init(
             "upstream.markets", flag: "markets", env: "RELAY_MARKETS", default: "none",
-            "Markets to connect, comma-separated (stocks, options, forex, crypto, indices, futures), each at wss://UPSTREAM-HOST/MARKET."),
+            "Markets to connect, comma-separated (stocks, options, forex, crypto, indices, futures; news is Alpaca's, by its URL), each at wss://UPSTREAM-HOST/MARKET."),
         .init(
             "upstream.host", flag: "upstream-host", env: "RELAY_UPSTREAM_HOST", default: "socket.massive.com",
             "The host --markets connects to (delayed.massive.com for the 15-minute delayed feed)."),
@@ -104,6 +104,12 @@ extension RelaySettings {
         .init(
             "bars.graceMs", flag: "bar-grace-ms", env: "RELAY_BAR_GRACE_MS", default: "1000",
             "How long past a derived time bar's window (AM.AAPL@5m) the relay waits for late trades before it sends the bar, when no later trade finished it first."),
+        .init(
+            "news.maxBytes", flag: "news-max-bytes", env: "RELAY_NEWS_MAX_BYTES", default: "4194304",
+            "The largest news message (Alpaca's news stream) taken from the upstream and room for one in each news client's unread bytes; a larger one is dropped, counted and told to the news clients. Other markets keep their limits."),
+        .init(
+            "news.snapshot", flag: "news-snapshot", .presence("true"), env: "RELAY_NEWS_SNAPSHOT", default: "false",
+            "A news subscription gets each symbol's last item at once (Alpaca sends none: off by default)."),
         .init("metrics.public", flag: "public-metrics", .presence("true"), env: "RELAY_METRICS_PUBLIC", default: "false", "Serve /metrics without a client key."),
         .init("tls.cert", flag: "tls-cert", env: "RELAY_TLS_CERT", default: "none", "Serve wss:// and https:// with this PEM certificate chain (needs tls.key)."),
         .init("tls.key", flag: "tls-key", env: "RELAY_TLS_KEY", default: "none", "The PEM private key of tls.cert."),

@@ -11,12 +11,17 @@ package struct ServedMarket: Sendable {
     package let feed: any FeedStatus
     /// Its recording on the tape, when it is recorded.
     package let tape: (@Sendable () -> TapeReport)?
+    /// Unread bytes a client of this market may have on top of the server's limit
+    /// (``RelayServerConfiguration/ConnectionLimits/outboundBytes``): room for a market whose events can
+    /// be larger than the limit (news items of megabytes). 0: none.
+    package let unreadRoom: Int
 
-    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus, tape: (@Sendable () -> TapeReport)? = nil) {
+    package init(market: Market, hub: MarketDataHub, feed: any FeedStatus, tape: (@Sendable () -> TapeReport)? = nil, unreadRoom: Int = 0) {
         self.market = market
         self.hub = hub
         self.feed = feed
         self.tape = tape
+        self.unreadRoom = unreadRoom
     }
 
     /// The protocol its clients speak.

@@ -35,6 +35,8 @@ final class LWSConnection: Sendable {
         var nextWatcher: UInt64 = 0
         var rx = ByteBuffer()
         var rxOversized = false
+        /// The size of the oversized message being passed over, so far.
+        var rxOversizedBytes = 0
         var statistics = UpstreamStatistics()
         /// While the upstream is down: since when, and the last down state logged at info level.
         var downSince: ContinuousClock.Instant?
@@ -558,32 +560,37 @@ final class LWSConnection: Sendable {
 
     private func receive(wsi: OpaquePointer, input: UnsafeMutableRawPointer?, length: Int) {
         let isFinal = lws_is_final_fragment(wsi) != 0
-        let complete: ByteBuffer? = shared.withLock { state in
+        let (complete, oversizedBytes): (ByteBuffer?, Int) = shared.withLock { state in
             state.machine.heard(now: .now)
             if !state.rxOversized {
                 if state.rx.readableBytes + length > configuration.maxMessageBytes {
                     state.rxOversized = true
+                    state.rxOversizedBytes = state.rx.readableBytes
                     state.rx.clear()
                 } else if let input, length > 0 {
                     state.rx.writeBytes(UnsafeRawBufferPointer(start: input, count: length))
                 }
             }
-            guard isFinal else { return nil }
+            if state.rxOversized { state.rxOversizedBytes += length }
+            guard isFinal else { return (nil, 0) }
             if state.rxOversized {
                 state.rxOversized = false
                 state.statistics.oversizedMessages += 1
-                return nil
+                return (nil, state.rxOversizedBytes)
             }
             let message = state.rx
             state.rx = ByteBuffer()
             state.statistics.messagesReceived += 1
-            return message
+            return (message, 0)
         }
         guard isFinal else { return }
         guard let complete else {
             metrics.oversized.increment()
             bars.reset()  // its trades are lost: no bar open now is whole
-            warnThrottled("oversized", "upstream message over \(configuration.maxMessageBytes) bytes dropped")
+            let reason = "an upstream message of \(oversizedBytes) bytes, over this market's limit of \(configuration.maxMessageBytes), was dropped"
+            warnThrottled("oversized", reason)
+            // Its clients are told: what the message held is missing from their stream (and the tape's).
+            inbox.push(.lost(count: 1, topics: nil, reason: reason))
             return
         }
         metrics.messages.increment()
@@ -607,7 +614,7 @@ final class LWSConnection: Sendable {
         shared.withLock { $0.statistics.eventsReceived += count }
         metrics.events.increment(by: count)
         // Events are slices of their message; a large message is not kept alive by a few of them.
-        let events = message.readableBytes > configuration.compactMessagesAbove ? parsed.events.map { $0.compacted() } : parsed.events
+        let events = message.readableBytes > configuration.compactMessagesAbove ? MarketEvent.compacted(parsed.events) : parsed.events
         guard bars.push(events, into: inbox) else {
             // The consumer is this far behind: dropped, counted, and announced in place by the inbox.
             shared.withLock { $0.statistics.droppedEvents += count }

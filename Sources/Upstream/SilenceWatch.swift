@@ -7,9 +7,11 @@ import MarketCore
 public enum MarketHours {
     /// Whether events are expected from `market` at `date`: crypto always; stocks on weekdays
     /// 04:00–20:00 (extended hours); options and indices on weekdays 09:30–16:00; forex and futures from
-    /// Sunday 17:00 to Friday 17:00, less futures' daily 17:00–18:00 pause.
+    /// Sunday 17:00 to Friday 17:00, less futures' daily 17:00–18:00 pause. News never: an hour without
+    /// a story is no silence.
     public static func isOpen(_ market: Market, at date: Date) -> Bool {
         guard market != .crypto else { return true }
+        guard market != .news else { return false }
         var calendar = Calendar(identifier: .gregorian)
         guard let zone = TimeZone(identifier: "America/New_York") else { return true }
         calendar.timeZone = zone
@@ -19,6 +21,7 @@ public enum MarketHours {
         let weekdays = (2...6).contains(weekday)  // Monday … Friday
         switch market {
         case .crypto: return true
+        case .news: return false
         case .stocks: return weekdays && (4 * 60..<20 * 60).contains(minutes)
         case .options, .indices: return weekdays && (9 * 60 + 30..<16 * 60).contains(minutes)
         case .forex, .futures:

@@ -28,7 +28,7 @@ struct MultiMarketTests {
 
     @Test func theDemoFeedServesEveryMarketEachAtItsOwnPath() async throws {
         try await withDemoRelay { parts in
-            #expect(Set(parts.markets.keys) == Set(Market.allCases))
+            #expect(Set(parts.markets.keys) == Set(Market.trading))
             let cases: [(Market, String, String)] = [
                 (.crypto, "XQ.X:BTC-USD,XT.BTC-USD", "X:BTC-USD"),
                 (.forex, "C.C:EUR-USD", "C:EUR-USD"),
@@ -161,7 +161,7 @@ struct MultiMarketTests {
             let health = try await httpGet("\(base)/healthz")
             #expect(health.status == 200, "\(health.body)")
             let markets = jsonObject(health.body)["markets"] as? [String: Any]
-            #expect(Set(markets?.keys.map { $0 } ?? []) == Set(Market.allCases.map(\.rawValue)))
+            #expect(Set(markets?.keys.map { $0 } ?? []) == Set(Market.trading.map(\.rawValue)))
             #expect(try await httpGet("\(base)/healthz/forex").status == 200)
 
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(parts.port)/crypto")

@@ -4,6 +4,8 @@ its own model objects (or raw dicts), and the script prints one JSON line of wha
 
   --sdk alpaca-py | alpaca-trade-api    --crypto    --raw    --key KEY    --port PORT
   --orderbooks: crypto order books only (each described with its reset flag and levels)
+  --news: the news stream only (each item described with its id, symbols and content's length);
+          --max-size raises the websockets library's 1 MiB message limit (alpaca-py's websocket_params)
 """
 import argparse
 import json
@@ -18,6 +20,8 @@ parser.add_argument("--crypto", action="store_true")
 parser.add_argument("--options", choices=["indicative", "opra"], help="alpaca-py's OptionDataStream on this feed (trades and quotes)")
 parser.add_argument("--orderbooks", action="store_true", help="crypto order books only")
 parser.add_argument("--bars-only", action="store_true", help="bars only (derived bars: AAPL@5s)")
+parser.add_argument("--news", action="store_true", help="the news stream only")
+parser.add_argument("--max-size", type=int, help="the largest message the WebSocket takes (news)")
 parser.add_argument("--raw", action="store_true")
 parser.add_argument("--symbols", default="AAPL")
 parser.add_argument("--want", type=int, default=3, help="events of each kind before stopping")
@@ -26,7 +30,9 @@ args = parser.parse_args()
 symbols = args.symbols.split(",")
 
 # Options have trades and quotes only.
-if args.orderbooks:
+if args.news:
+    got = {"news": []}
+elif args.orderbooks:
     got = {"orderbooks": []}
 elif args.bars_only:
     got = {"bars": []}
@@ -58,6 +64,14 @@ def describe(kind, event):
             "kind": kind, "type": f"{type(event).__module__}.{type(event).__name__}", "symbol": field(event, "symbol", "S"),
             "reset": bool(field(event, "reset", "r")), "bids": levels(field(event, "bids", "b")), "asks": levels(field(event, "asks", "a")),
         }
+    if kind == "news":
+        created = field(event, "created_at")
+        return {
+            "kind": kind, "type": "dict" if isinstance(event, dict) else f"{type(event).__module__}.{type(event).__name__}",
+            "id": field(event, "id"), "symbols": list(field(event, "symbols") or []), "headline": field(event, "headline"),
+            "content": len(field(event, "content") or ""),
+            "created_at": created.isoformat() if hasattr(created, "isoformat") else str(created),
+        }
     if isinstance(event, dict):
         return {"kind": kind, "type": "dict", "symbol": event.get("S"), "t": str(event.get("t")), "fields": sorted(event.keys())}
     raw = getattr(event, "_raw", None)
@@ -81,7 +95,22 @@ def handler(kind, stop):
     return handle
 
 
-if args.sdk == "alpaca-py" and args.options:
+if args.news:
+    params = {"ping_interval": 10, "ping_timeout": 180, "max_queue": 1024}
+    if args.max_size:
+        params["max_size"] = args.max_size
+    if args.sdk == "alpaca-py":
+        from alpaca.data.live import NewsDataStream
+
+        stream = NewsDataStream(args.key, "relay-secret", raw_data=args.raw, websocket_params=params,
+                                url_override=f"ws://127.0.0.1:{args.port}/v1beta1/news")
+    else:
+        from alpaca_trade_api.stream import Stream
+
+        stream = Stream(args.key, "relay-secret", data_stream_url=f"http://127.0.0.1:{args.port}", raw_data=args.raw,
+                        websocket_params=params)
+    stream.subscribe_news(handler("news", stream.stop_ws), *symbols)
+elif args.sdk == "alpaca-py" and args.options:
     from alpaca.data.enums import OptionsFeed
     from alpaca.data.live import OptionDataStream
 
