@@ -41,26 +41,49 @@ public enum AlpacaNews {
     }
 
     /// The item's `id` (an integer), found without decoding the rest of it; `nil` when it has none.
-    public static func id(in bytes: UnsafeRawBufferPointer) -> Int64? {
-        var reader = MessagePack.Reader(bytes)
-        guard let entries = try? reader.mapCount() else { return nil }
-        for _ in 0..<entries {
-            let key: UnsafeRawBufferPointer?
-            do {
-                key = try reader.stringBytes()
-                if let key, key.count == 2, key[0] == UInt8(ascii: "i"), key[1] == UInt8(ascii: "d") { return try reader.value().integer }
-                if key == nil { _ = try reader.skip() }
-                _ = try reader.skip()
-            } catch {
-                return nil
-            }
-        }
-        return nil
-    }
+    public static func id(in bytes: UnsafeRawBufferPointer) -> Int64? { fields(in: bytes).id }
 
     /// The `id` of an item event.
     public static func id(of event: borrowing MarketEvent) -> Int64? {
         event.bytes.withUnsafeReadableBytes { id(in: $0) }
+    }
+
+    /// What tells one version of an item from another: its `id` with its `updated_at` (a story Alpaca
+    /// sends again, updated, under the same id is new to a client); `nil` for a map without an id.
+    public static func version(of event: borrowing MarketEvent) -> Int? {
+        event.bytes.withUnsafeReadableBytes { bytes -> Int? in
+            let found = fields(in: bytes)
+            guard let id = found.id else { return nil }
+            var hasher = Hasher()
+            hasher.combine(id)
+            if let updated = found.updated { hasher.combine(bytes: UnsafeRawBufferPointer(rebasing: bytes[updated])) }
+            return hasher.finalize()
+        }
+    }
+
+    /// The `id` and where the `updated_at` value lies, read without decoding anything else.
+    private static func fields(in bytes: UnsafeRawBufferPointer) -> (id: Int64?, updated: Range<Int>?) {
+        var reader = MessagePack.Reader(bytes)
+        guard let entries = try? reader.mapCount() else { return (nil, nil) }
+        var id: Int64?
+        var updated: Range<Int>?
+        for _ in 0..<entries {
+            do {
+                let key = try reader.stringBytes()
+                if let key, key.count == 2, key[0] == UInt8(ascii: "i"), key[1] == UInt8(ascii: "d") {
+                    id = try reader.value().integer
+                } else if let key, key.elementsEqual("updated_at".utf8) {
+                    updated = try reader.skip()
+                } else {
+                    if key == nil { _ = try reader.skip() }
+                    _ = try reader.skip()
+                }
+            } catch {
+                return (nil, nil)
+            }
+            if id != nil, updated != nil { break }
+        }
+        return (id, updated)
     }
 
     /// An item as Alpaca's stream sends it (the demo feed, tests): times as MessagePack timestamps,
@@ -102,15 +125,15 @@ public enum AlpacaNews {
     }
 }
 
-/// What one connection was sent of the news lately (item ids), so an item routed by several of the
-/// symbols it holds goes to it once. Bounded: the last 1,024 ids. The copies of one item travel
+/// What one connection was sent of the news lately (each item's version: its id and `updated_at`), so
+/// an item routed by several of the symbols it holds goes to it once. Bounded: the last 1,024. The copies of one item travel
 /// together (one upstream message, one publish), so a short memory is enough; it also catches an item
 /// that a snapshot gives for two symbols. Used on the connection's event loop; the lock is uncontended.
 public final class NewsSent: Sendable {
     private struct State {
-        var ring: [Int64] = []
+        var ring: [Int] = []
         var next = 0
-        var held: Set<Int64> = []
+        var held: Set<Int> = []
     }
 
     public static let remembered = 1_024
@@ -118,8 +141,8 @@ public final class NewsSent: Sendable {
 
     public init() {}
 
-    /// Whether `id` was not sent yet (and it now counts as sent).
-    public func firstTime(_ id: Int64) -> Bool {
+    /// Whether `id` (an item's ``AlpacaNews/version(of:)``) was not sent yet (and it now counts as sent).
+    public func firstTime(_ id: Int) -> Bool {
         state.withLock { state in
             guard state.held.insert(id).inserted else { return false }
             if state.ring.count < Self.remembered {

@@ -98,7 +98,7 @@ public struct AlpacaFraming: DownstreamFraming {
             if event.receivedAt != 0 { oldest = min(oldest, event.receivedAt) }
             guard let bytes else { return }
             // An item routed by two symbols this connection holds (or by `*`) arrives once per symbol.
-            if let newsSent, event.eventType == AlpacaNews.eventType, let id = AlpacaNews.id(of: event), !newsSent.firstTime(id) { return }
+            if let newsSent, event.eventType == AlpacaNews.eventType, let version = AlpacaNews.version(of: event), !newsSent.firstTime(version) { return }
             if let reading, event.receivedAt != 0 {
                 var timed = ByteBuffer()
                 timed.reserveCapacity(bytes.readableBytes + EventTimes.maxGrowth)

@@ -143,7 +143,10 @@ final class ClusterFeed: Sendable {
             return (Array(added), removed)
         }
         for subscription in removed { subscription.cancel() }
-        let seeds = added.filter { !$0.isWildcard }
+        // A last value seeds a snapshot or a folded state: a hub that gives neither (news without its
+        // snapshot) is not sent items of megabytes it would drop.
+        let hub = self.hub
+        let seeds = added.filter { !$0.isWildcard && (hub.snapshotOnSubscribe || hub.folding?.eventTypes.contains($0.eventType) == true) }
         guard !seeds.isEmpty else { return }
         Task {
             for topic in seeds {

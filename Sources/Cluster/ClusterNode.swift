@@ -806,6 +806,7 @@ public final class ClusterNode: Service, Sendable {
             switch item {
             case .element(.events(let raw)):
                 var events: [MarketEvent] = []
+                var failed = 0
                 sequencer.stamp(raw) { stamped in
                     events = stamped
                     for event in stamped {
@@ -820,13 +821,15 @@ public final class ClusterNode: Service, Sendable {
                         }
                         let sent = event.bytes.withUnsafeReadableBytes { connection.publish(subject, $0) }
                         if !sent {
-                            // (NATS refuses a message past the server's max_payload.) Every node's
-                            // clients are told what they miss, as of any loss before the hub.
                             metrics.publishFailed("event", logger: logger)
-                            publish(control: .loss(count: 1))
+                            failed += 1
                         }
                     }
                 }
+                // (NATS refuses a message past the server's max_payload, or while its buffer is full.)
+                // Every node's clients are told what they miss, once for the run, as of any loss
+                // before the hub.
+                if failed > 0 { publish(control: .loss(count: failed)) }
                 // Slices of the frame, kept only until the next write to the store (which copies them). A
                 // folded topic's last value is its whole state instead.
                 let folding = hub.folding

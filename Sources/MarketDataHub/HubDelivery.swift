@@ -147,16 +147,23 @@ public struct HubDelivery: Sendable {
         }
     }
 
-    /// Cuts `deliveries` where their frames would pass `bytes`, inside a replay only (the others are
-    /// bounded by the subscriber's buffer): keeps what fits, at least one event, and returns the rest
-    /// in order (`nil` when everything fits), so a resume's replay is built into frames as the client
-    /// reads, not all at once.
-    public static func cut(_ deliveries: inout [HubDelivery], afterBytes bytes: Int) -> [HubDelivery]? {
+    /// Cuts `deliveries` where their frames would pass `bytes` inside a replay, or pass `liveBytes`
+    /// before another live delivery (those are bounded by the subscriber's buffer in events, not in
+    /// bytes: 1,000 news items of megabytes): keeps what fits, at least one event, and returns the rest
+    /// in order (`nil` when everything fits), so a resume's replay, or a run of large events, is built
+    /// into frames as the client reads, not all at once.
+    public static func cut(_ deliveries: inout [HubDelivery], afterBytes bytes: Int, liveBytes: Int = .max) -> [HubDelivery]? {
         var size = 0
         for index in deliveries.indices {
             let delivery = deliveries[index]
             guard case .replay(let events) = delivery.content else {
-                size += delivery.framedBytes
+                let framed = delivery.framedBytes
+                if size > 0, size + framed > liveBytes {
+                    let rest = Array(deliveries[index...])
+                    deliveries.removeSubrange(index...)
+                    return rest
+                }
+                size += framed
                 continue
             }
             // Slices of the one array: cutting a replay part by part copies nothing.

@@ -34,7 +34,7 @@ public actor MarketDataHub {
     /// Its state event types (what conflation may merge), asked of the protocol once.
     let stateEventTypes: Set<String>
     public let policy: SlowConsumerPolicy
-    public let snapshotOnSubscribe: Bool
+    public nonisolated let snapshotOnSubscribe: Bool
     /// Event types whose last event is no snapshot: one-off events a new subscriber would take for
     /// new ones (Alpaca's corrections `c` and cancel errors `x`) and changes that mean nothing alone
     /// (Alpaca's order book updates `o`).
@@ -46,6 +46,10 @@ public actor MarketDataHub {
     /// upstream is the only source); a cluster node forgets it, because once unwanted nothing keeps it
     /// fresh, and the cluster's own last-value store answers the next subscriber instead (``seed(_:)``).
     public let keepsUnwantedLastValues: Bool
+    /// Whether a topic's last event is kept at all (snapshots, `/v1/last`): not for a market whose
+    /// events are no state and that gives no snapshot (news without `news.snapshot`), whose last
+    /// items would otherwise stay in memory, one per symbol ever named.
+    public let keepsLastValues: Bool
     var subscribers: [SubscriberID: Subscriber] = [:]
     var entries: [Topic: TopicEntry] = [:]
     /// Recent events and the positions of new ones (`nil`: no history, no positions).
@@ -117,6 +121,7 @@ public actor MarketDataHub {
         snapshotless: Set<String> = [],
         folding: TopicFolding? = nil,
         keepsUnwantedLastValues: Bool = true,
+        keepsLastValues: Bool = true,
         history: HistoryLimits? = HistoryLimits(),
         adoptsPositions: Bool = false,
         logger: Logger = Logger(label: "relay.hub"),
@@ -133,6 +138,7 @@ public actor MarketDataHub {
         self.snapshotless = snapshotless
         self.folding = folding
         self.keepsUnwantedLastValues = keepsUnwantedLastValues
+        self.keepsLastValues = keepsLastValues
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
         historyLimits = history
@@ -368,7 +374,7 @@ public actor MarketDataHub {
                 var withheld = false
                 if let entry = entries[event.topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: event.topic) : nil) {
                     // Its own bytes: a cached event must not keep its whole upstream message alive.
-                    entry.last = event.compacted()
+                    if keepsLastValues { entry.last = event.compacted() }
                     if let fold = entry.fold {
                         if entry.subscribers.isEmpty && wild == nil {
                             // Nobody holds it: what comes now (the last events before the unsubscribe takes

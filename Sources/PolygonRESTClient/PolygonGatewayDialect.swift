@@ -98,7 +98,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
                 if let tickers = request.parameter("ticker.any_of") ?? request.parameter("ticker"), !tickers.isEmpty, !paging {
                     return route("snapshot-unified", Self.scope(list: tickers, market: nil), .pass, .foreground)
                 }
-                return route("snapshot-unified", .markets(Market.allCases), .pass, .foreground)
+                return route("snapshot-unified", .markets(Market.trading), .pass, .foreground)
             }
             if s.count == 3, s[2] == "indices" {
                 if let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty, !paging {
@@ -150,7 +150,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
         case (4, "v1") where s[1] == "conversion":
             return route("conversion", .topics(.forex, [Topic(checkedEventType: "C", ticker: "\(s[2])/\(s[3])".uppercased())]), .pass, .foreground)
         case (2, "v1") where s[1] == "summaries":
-            guard let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty, !paging else { return route("summaries", .markets(Market.allCases), .pass) }
+            guard let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty, !paging else { return route("summaries", .markets(Market.trading), .pass) }
             return route("summaries", Self.scope(list: tickers, market: nil), .pass)
         case (3, "v1") where s[1] == "related-companies":
             return route("reference", .reference, .until(now + referenceTTL.milliseconds))

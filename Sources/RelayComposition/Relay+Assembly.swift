@@ -250,6 +250,8 @@ extension Relay {
             snapshotless: wire.snapshotless(of: source.market),
             folding: wire.folding(of: source.market, limits: settings.foldLimits),
             keepsUnwantedLastValues: !clustered,
+            // News without its snapshot: no last story kept per symbol (nothing would read it).
+            keepsLastValues: source.market != .news || settings.news.snapshot,
             // In a cluster the leader gives the positions and every node adopts them.
             history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics,
             tap: recorder

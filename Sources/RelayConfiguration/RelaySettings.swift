@@ -115,8 +115,9 @@ public struct RelaySettings: Sendable {
 
         public init() {}
 
-        /// The bounds of ``maxBytes``.
-        public static let maxBytesRange = (64 << 10)...(64 << 20)
+        /// The bounds of ``maxBytes``: at most 16 MiB, well inside what one tape block may hold (64 MiB,
+        /// with what was pending beside it).
+        public static let maxBytesRange = (64 << 10)...(16 << 20)
     }
     /// The portfolio sidecar: where its SQLite file lives and the zone its days are in; `nil` turns it off.
     public var portfolio: PortfolioSettings?

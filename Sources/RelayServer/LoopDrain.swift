@@ -40,6 +40,9 @@ actor LoopDrain {
     /// The most frame bytes one turn builds for a client while a replay is being sent: a resume of
     /// 100,000 events goes out as the client reads, never built all at once and held.
     static let replayBytesPerTurn = 256 << 10
+    /// A turn's live deliveries past this are left for the next turn (a market's usual turn is far
+    /// smaller; a run of news items of megabytes is not built into frames all at once).
+    static let liveBytesPerTurn = 4 << 20
 
     init(loop: any EventLoop, metrics: DownstreamMetrics) {
         self.loop = loop
@@ -86,7 +89,8 @@ actor LoopDrain {
     /// What one client's turn hands its loop.
     private struct Write: Sendable {
         let handler: NIOLoopBound<WebSocketConnectionHandler>
-        /// Whole WebSocket frames (``WireFrame``), the usual one first (no array for it).
+        /// Whole WebSocket frames (``WireFrame``), the usual one first (no array for it); empty: none,
+        /// only the position it completes.
         let frame: ByteBuffer
         var more: [ByteBuffer] = []
         /// Close with this code after the frames (a client the hub evicted).
@@ -120,7 +124,7 @@ actor LoopDrain {
             }
             readers[id] = reader
         }
-        if !client.writability.isClosed, let rest = HubDelivery.cut(&deliveries, afterBytes: Self.replayBytesPerTurn) {
+        if !client.writability.isClosed, let rest = HubDelivery.cut(&deliveries, afterBytes: Self.replayBytesPerTurn, liveBytes: Self.liveBytesPerTurn) {
             carry[id] = rest
             client.subscription.carried(replayed: rest.reduce(0) { $0 + $1.replayWeight })
         }
@@ -152,7 +156,15 @@ actor LoopDrain {
                 payloadBytes: payload,
                 events: { body in for index in deliveries.indices { deliveries[index].forEachEventAddress(body) } },
                 converted: { convert, body in for index in deliveries.indices { deliveries[index].forEachEvent(convertedBy: convert, body) } })
-        else { return nil }
+        else {
+            // Nothing to send (each event one the client already has: a news item's second route), and
+            // yet the turn took its events: a tagged session still notes how far it stands.
+            guard lastSequence != 0 || epoch != nil else { return nil }
+            var write = Write(handler: client.handler, frame: ByteBuffer())
+            write.lastSequence = lastSequence
+            write.epoch = epoch
+            return write
+        }
         var write = Write(handler: client.handler, frame: framed.first, more: framed.more)
         let oldest = framed.oldestReceivedAt
         if oldest != 0 {

@@ -349,7 +349,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         {
             heldFrames.removeFirst()
             unsent += frame.readableBytes
-            outlet.write(frame)
+            // An empty one completes a position and sends nothing (``LoopDrain``).
+            if frame.readableBytes > 0 { outlet.write(frame) }
             if let started {
                 epoch = started
                 completed = sequence

@@ -61,8 +61,8 @@ struct BenchCommand: AsyncParsableCommand {
             chosen.barShare = bars
         }
         if let market {
-            guard let named = Market(rawValue: market) else {
-                throw ValidationError("unknown market \(market); one of \(Market.allCases.map(\.rawValue).joined(separator: ", "))")
+            guard let named = Market(rawValue: market), named != .news else {
+                throw ValidationError("unknown market \(market); one of \(Market.trading.map(\.rawValue).joined(separator: ", ")) (news has no bench scenario)")
             }
             chosen.markets = [named]
         }

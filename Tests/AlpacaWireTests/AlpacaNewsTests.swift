@@ -7,10 +7,10 @@ import Testing
 /// sent each item once however many of its symbols it holds, and the feed's session takes `news`.
 @Suite("Alpaca news")
 struct AlpacaNewsTests {
-    func item(id: Int64 = 7, symbols: [String], content: String = "<p>Body</p>") -> ByteBuffer {
+    func item(id: Int64 = 7, symbols: [String], content: String = "<p>Body</p>", updated: Int64? = nil) -> ByteBuffer {
         AlpacaNews.item(
             id: id, headline: "Headline \(id)", summary: "Summary", author: "Desk", content: content, url: "https://example.com/\(id)", symbols: symbols,
-            createdNanoseconds: 1_764_000_000_123_456_789)
+            createdNanoseconds: 1_764_000_000_123_456_789, updatedNanoseconds: updated)
     }
 
     func frame(_ items: [ByteBuffer]) -> ByteBuffer {
@@ -81,8 +81,11 @@ struct AlpacaNewsTests {
     }
 
     @Test func aConnectionIsSentEachItemOnceInEitherCodec() throws {
-        let both = AlpacaNews.events(item(id: 9, symbols: ["AAPL", "TSLA"]), symbols: ["AAPL", "TSLA"])
-        let other = AlpacaNews.events(item(id: 10, symbols: ["TSLA"]), symbols: ["TSLA"])
+        let now = MonotonicClock.nanoseconds()
+        let both = AlpacaNews.events(item(id: 9, symbols: ["AAPL", "TSLA"]), symbols: ["AAPL", "TSLA"], receivedAt: now)
+        let other = AlpacaNews.events(item(id: 10, symbols: ["TSLA"]), symbols: ["TSLA"], receivedAt: now)
+        // The same story again, updated: new to the client.
+        let updated = AlpacaNews.events(item(id: 9, symbols: ["AAPL", "TSLA"], updated: 1_764_000_060_000_000_000), symbols: ["AAPL", "TSLA"], receivedAt: now)
         for codec in [AlpacaCodec.messagePack, .json] {
             let sent = NewsSent()
             let framing = AlpacaFraming(codec: codec, newsSent: sent)
@@ -92,6 +95,8 @@ struct AlpacaNewsTests {
             // A later turn (a snapshot, a resume) with the same item again: still once. The framing with
             // receive times shares the memory.
             #expect(framed(both, framing.withTimes()).isEmpty)
+            let again = framed(updated, framing.withTimes()).flatMap { codec.decode($0)?.array ?? [] }
+            #expect(again.count == 1 && again.first?["id"]?.integer == 9 && again.first?["_r"] != nil, "the update once, stamped: \(again)")
             // Another connection's framing has its own.
             #expect(framed(both, AlpacaFraming(codec: codec, newsSent: NewsSent())).count == 1)
             // JSON: the times as Alpaca's JSON writes them, RFC 3339.
@@ -105,9 +110,9 @@ struct AlpacaNewsTests {
     @Test func theMemoryOfSentItemsIsBounded() {
         let sent = NewsSent()
         #expect(sent.firstTime(1) && !sent.firstTime(1))
-        for id in 2...Int64(NewsSent.remembered + 1) { #expect(sent.firstTime(id)) }
+        for id in 2...(NewsSent.remembered + 1) { #expect(sent.firstTime(id)) }
         #expect(sent.firstTime(1), "forgotten after \(NewsSent.remembered) others")
-        #expect(!sent.firstTime(Int64(NewsSent.remembered + 1)))
+        #expect(!sent.firstTime(NewsSent.remembered + 1))
     }
 
     @Test func anItemFromNATSMustNameTheSubjectsSymbol() throws {

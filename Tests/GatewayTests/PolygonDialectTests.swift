@@ -38,7 +38,7 @@ struct PolygonDialectTests {
         #expect(!crypto.live && crypto.scope == .topics(.crypto, ["XT.BTC-USD", "XQ.BTC-USD", "XA.BTC-USD"].compactMap { Topic(parsing: $0) }))
         // A further page of tickers named in the query needs the whole market: the cursor could name others.
         #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL")]).scope == .topics(.stocks, [Topic(parsing: "T.AAPL")!]))
-        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL"), ("cursor", "abc")]).scope == .markets(Market.allCases))
+        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL"), ("cursor", "abc")]).scope == .markets(Market.trading))
         #expect(try routed("/v2/snapshot/locale/us/markets/stocks/tickers").scope == .markets([.stocks]))
     }
 

@@ -553,5 +553,11 @@ struct HistoryLineTests {
         var tiny = [replay]
         #expect(HubDelivery.cut(&tiny, afterBytes: 1)?.first?.count == 99)
         #expect(tiny.first?.count == 1)
+        // Live deliveries past `liveBytes` wait for the next turn, whole, in order; the first always goes.
+        var runs = [live, after, live]
+        let later = HubDelivery.cut(&runs, afterBytes: 1 << 20, liveBytes: live.framedBytes + 1)
+        #expect(runs.count == 1 && later?.count == 2 && later?.first?.count == 1, "\(runs.count) kept, \(later?.count ?? 0) left")
+        var one = [live]
+        #expect(HubDelivery.cut(&one, afterBytes: 1, liveBytes: 1) == nil && one.count == 1)
     }
 }

@@ -41,7 +41,8 @@ function parseSymbols(text) {
 
 export function mount(main, context) {
   const infos = context.status.markets || [{ market: context.status.market }];
-  const served = infos.map((m) => m.market);
+  // Markets with quotes (news has none).
+  const served = infos.map((m) => m.market).filter((name) => name !== "news");
   const info = () => infos.find((m) => m.market === market) || {};
   const alpaca = () => info().vendor === "alpaca";
   const wanted = context.params ? context.params.get("market") : null;
