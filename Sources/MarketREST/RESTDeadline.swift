@@ -1,23 +1,79 @@
-/// A bound on a whole REST exchange, body included: AsyncHTTPClient's own timeout ends at the head,
-/// and a body trickled a byte at a time would hold the request for ever.
+import Synchronization
+
+/// A bound on a REST call as a whole, head and body.
 public enum RESTDeadline {
-    /// The whole of `operation` within `limit`, else ``TimedOut`` (the operation is cancelled: an
-    /// AsyncHTTPClient request closes its connection).
+    /// The whole of `operation` within `limit`, else ``TimedOut``; cancelling the caller throws
+    /// `CancellationError` at once. Either way the operation is cancelled (an AsyncHTTPClient request
+    /// closes its connection) and **not waited for**: the caller is bound by `limit` even when the
+    /// operation is slow to honour its cancellation (a task group would wait for it to end, and a
+    /// request that missed its cancellation held its caller, and whatever the caller held, for minutes).
+    /// The operation runs in a task of its own, with the caller's task-local values and priority.
     public static func within<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
-        try await withThrowingTaskGroup(of: T.self) { group in
-            group.addTask { try await operation() }
-            group.addTask {
-                try await Task.sleep(for: limit)
-                throw TimedOut(limit: limit)
+        let race = DeadlineRace<T>()
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { continuation in
+                race.start(continuation, limit: limit, operation: operation)
             }
-            defer { group.cancelAll() }
-            guard let first = try await group.next() else { throw CancellationError() }
-            return first
+        } onCancel: {
+            race.finish(.failure(CancellationError()))
         }
     }
 
     public struct TimedOut: Error, CustomStringConvertible {
         public var limit: Duration
         public var description: String { "no whole answer within \(limit.components.seconds) s" }
+    }
+}
+
+/// The operation, its timer and the caller's cancellation race to one end: the first finishes the
+/// caller's wait and cancels the other two.
+private final class DeadlineRace<T: Sendable>: Sendable {
+    private struct State {
+        var continuation: CheckedContinuation<T, any Error>?
+        var tasks: [Task<Void, Never>] = []
+        var finished = false
+    }
+
+    private let state = Mutex(State())
+
+    func start(_ continuation: CheckedContinuation<T, any Error>, limit: Duration, operation: @escaping @Sendable () async throws -> T) {
+        // The caller was cancelled before it started waiting.
+        let cancelled = state.withLock { state in
+            if !state.finished { state.continuation = continuation }
+            return state.finished
+        }
+        if cancelled {
+            continuation.resume(throwing: CancellationError())
+            return
+        }
+        let work = Task {
+            do { self.finish(.success(try await operation())) } catch { self.finish(.failure(error)) }
+        }
+        let timer = Task {
+            guard (try? await Task.sleep(for: limit)) != nil else { return }
+            self.finish(.failure(RESTDeadline.TimedOut(limit: limit)))
+        }
+        let over = state.withLock { state in
+            if !state.finished { state.tasks = [work, timer] }
+            return state.finished
+        }
+        if over {
+            work.cancel()
+            timer.cancel()
+        }
+    }
+
+    func finish(_ result: Result<T, any Error>) {
+        let (continuation, tasks) = state.withLock { state -> (CheckedContinuation<T, any Error>?, [Task<Void, Never>]) in
+            guard !state.finished else { return (nil, []) }
+            state.finished = true
+            defer {
+                state.continuation = nil
+                state.tasks = []
+            }
+            return (state.continuation, state.tasks)
+        }
+        for task in tasks { task.cancel() }
+        continuation?.resume(with: result)
     }
 }
