@@ -62,14 +62,26 @@ extension DemoFeed {
         let bytes = AlpacaNews.item(
             id: id, headline: title, summary: title + ".", author: "Demo Desk", content: content, url: "https://example.com/news/\(id)",
             symbols: symbols, createdNanoseconds: now)
-        let routes = AlpacaNews.routes(symbols, itemBytes: bytes.readableBytes)
-        let event = MarketEvent(eventType: AlpacaNews.eventType, ticker: routes[0], bytes: bytes)
-        let wildcard = Topic.wildcard(AlpacaNews.eventType)
+        lastNews.withLock { $0 = (bytes, symbols) }
+        return (id, send(news: bytes, symbols: symbols))
+    }
+
+    /// Sends the last story again, byte for byte (as a vendor repeats one); returns the connections it
+    /// went to (0 when no story was published yet).
+    @discardableResult
+    public func publishLastNewsAgain() -> Int {
+        guard let (bytes, symbols) = lastNews.withLock({ $0 }) else { return 0 }
+        return send(news: bytes, symbols: symbols)
+    }
+
+    /// Sends a story to every news connection that holds one of its routes, once each.
+    private func send(news bytes: ByteBuffer, symbols: [String]) -> Int {
+        // As the relay routes it: an event per symbol (`_` for none), the same item in each.
+        let events = AlpacaNews.events(bytes, symbols: symbols)
+        guard let event = events.first else { return 0 }
         let targets = connections.withLock { connections in
             connections.values.filter { connection in
-                connection.market == .news && connection.alpaca != nil
-                    && (connection.topics.contains(wildcard)
-                        || routes.contains { connection.topics.contains(Topic(checkedEventType: AlpacaNews.eventType, ticker: $0)) })
+                connection.market == .news && connection.alpaca != nil && events.contains(where: connection.wants)
             }
         }
         var frames = 0
@@ -80,7 +92,7 @@ extension DemoFeed {
             }
         }
         if frames > 0 { monitor.countSent(frames: frames, events: targets.count) }
-        return (id, targets.count)
+        return targets.count
     }
 
     /// `POST /news?symbols=AAPL,TSLA&bytes=N&headline=…`: one story now (the feed's key required).

@@ -32,6 +32,8 @@ public final class DemoFeed: Service, Sendable {
     private let nextConnection = Mutex(1)
     /// The last news item's id (``publishNews(symbols:headline:contentBytes:)``).
     let nextNewsID = Mutex<Int64>(0)
+    /// The last story published, for ``publishLastNewsAgain()``.
+    let lastNews = Mutex<(bytes: ByteBuffer, symbols: [String])?>(nil)
     private let tally = Mutex<Tally?>(nil)
     /// Markets whose new connections are reset until then (`drop?seconds=N`).
     private let refusals = Mutex<[Market: ContinuousClock.Instant]>([:])

@@ -14,7 +14,8 @@ import Upstream
 @Suite("Alpaca news end to end", .serialized, .timeLimit(.minutes(4)))
 struct AlpacaNewsEndToEndTests {
     func withNewsRelay(
-        snapshot: Bool = false, _ body: (_ port: Int, _ feed: DemoFeed, _ upstream: UpstreamClient) async throws -> Void
+        snapshot: Bool = false, resumeMarginBytes: Int? = nil,
+        _ body: (_ port: Int, _ feed: DemoFeed, _ upstream: UpstreamClient) async throws -> Void
     ) async throws {
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "demo-key", eventsPerSecond: 100, seed: 7)
         feedConfiguration.alpaca = true
@@ -29,6 +30,7 @@ struct AlpacaNewsEndToEndTests {
             settings.upstreams = [try MarketUpstream(url: try await feed.url(for: .news), vendors: Relay.vendors)]
             settings.upstreamSecret = "demo-secret"
             settings.news.snapshot = snapshot
+            if let resumeMarginBytes { settings.resume.marginBytes = resumeMarginBytes }
             settings.portfolio = nil
             settings.tape = nil
             let relay = Relay(settings: settings, logger: testLogger)
@@ -185,6 +187,33 @@ struct AlpacaNewsEndToEndTests {
             let received = tradeAPI.compactMap { $0["id"] as? Int }
             #expect(received.count >= 4 && Set(received).count == received.count, "each item once: \(received)")
             #expect(tradeAPI.allSatisfy { ($0["type"] as? String)?.hasSuffix("NewsV2") == true }, "\(tradeAPI)")
+        }
+    }
+
+    /// A story the upstream sends again (the same id and `updated_at`) is not sent again, and the client
+    /// turn that held only it still moves a tagged session's position: a resume does not replay it.
+    @Test func aRepeatedStoryIsNeitherSentAgainNorReplayedToATaggedSessionsResume() async throws {
+        // No margin: the session resumes exactly after what the client's TCP stack acknowledged.
+        try await withNewsRelay(resumeMarginBytes: 0) { port, feed, _ in
+            let first = try await newsClient(port, key: "client-key#news", ["AAPL"])
+            try await probe(feed, first, symbol: "AAPL")
+            let story = feed.publishNews(symbols: ["AAPL"], headline: "Once").id
+            _ = try await items(first, through: story)
+            let delivered = { @Sendable () async -> Double in
+                let body = (try? await httpGet("http://127.0.0.1:\(port)/metrics", key: "client-key").body) ?? ""
+                let series = #"relay_events_delivered_total{market="news"} "#
+                return body.split(separator: "\n").first { $0.hasPrefix(series) }.flatMap { $0.split(separator: " ").last }.flatMap { Double($0) } ?? 0
+            }
+            let before = await delivered()
+            #expect(feed.publishLastNewsAgain() == 1)
+            // The client's turn took the repeat (counted as delivered to it) and wrote nothing.
+            try await eventually("the repeat to reach the client's turn") { await delivered() >= before + 1 }
+            await first.close()
+            let resumed = try await newsClient(port, key: "client-key#news", ["AAPL"])
+            let marker = feed.publishNews(symbols: ["AAPL"], headline: "marker").id
+            let got = try await items(resumed, through: marker)
+            #expect(ids(got) == [marker], "the resume replayed the repeat: \(ids(got)) (story \(story))")
+            await resumed.close()
         }
     }
 
