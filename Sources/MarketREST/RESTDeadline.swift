@@ -7,7 +7,9 @@ public enum RESTDeadline {
     /// closes its connection) and **not waited for**: the caller is bound by `limit` even when the
     /// operation is slow to honour its cancellation (a task group would wait for it to end, and a
     /// request that missed its cancellation held its caller, and whatever the caller held, for minutes).
-    /// The operation runs in a task of its own, with the caller's task-local values and priority.
+    /// The operation runs in a task of its own, with the caller's task-local values and priority (an
+    /// escalation of the caller's priority later does not reach it). An operation that ignores its
+    /// cancellation runs on unwaited: the relay's HTTP client ends a stalled read on its own.
     public static func within<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
         let race = DeadlineRace<T>()
         return try await withTaskCancellationHandler {
@@ -37,30 +39,22 @@ private final class DeadlineRace<T: Sendable>: Sendable {
     private let state = Mutex(State())
 
     func start(_ continuation: CheckedContinuation<T, any Error>, limit: Duration, operation: @escaping @Sendable () async throws -> T) {
-        // The caller was cancelled before it started waiting.
+        // Under the lock: a caller cancelled before this starts nothing (no request sent for nothing),
+        // and one cancelled after finds the tasks to cancel.
         let cancelled = state.withLock { state in
-            if !state.finished { state.continuation = continuation }
-            return state.finished
+            guard !state.finished else { return true }
+            state.continuation = continuation
+            let work = Task {
+                do { self.finish(.success(try await operation())) } catch { self.finish(.failure(error)) }
+            }
+            let timer = Task {
+                guard (try? await Task.sleep(for: limit)) != nil else { return }
+                self.finish(.failure(RESTDeadline.TimedOut(limit: limit)))
+            }
+            state.tasks = [work, timer]
+            return false
         }
-        if cancelled {
-            continuation.resume(throwing: CancellationError())
-            return
-        }
-        let work = Task {
-            do { self.finish(.success(try await operation())) } catch { self.finish(.failure(error)) }
-        }
-        let timer = Task {
-            guard (try? await Task.sleep(for: limit)) != nil else { return }
-            self.finish(.failure(RESTDeadline.TimedOut(limit: limit)))
-        }
-        let over = state.withLock { state in
-            if !state.finished { state.tasks = [work, timer] }
-            return state.finished
-        }
-        if over {
-            work.cancel()
-            timer.cancel()
-        }
+        if cancelled { continuation.resume(throwing: CancellationError()) }
     }
 
     func finish(_ result: Result<T, any Error>) {

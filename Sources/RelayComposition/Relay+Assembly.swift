@@ -87,6 +87,10 @@ extension Relay {
                 // headers AsyncHTTPClient keeps across hosts) to wherever it points.
                 var configuration = HTTPClient.Configuration()
                 configuration.redirectConfiguration = .disallow
+                // A connection that stalls dies on its own: a call's deadline frees its caller without
+                // waiting for the request (``RESTDeadline``), and this ends a request that missed its
+                // cancellation, so no pooled connection is held for ever.
+                configuration.timeout.read = .seconds(60)
                 let new = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: configuration)
                 client = new
                 return new

@@ -13,9 +13,16 @@ struct RESTDeadlineTests {
         private let endedFlag = Atomic(false)
         private let cancelledFlag = Atomic(false)
         var ended: Bool { endedFlag.load(ordering: .relaxed) }
+        /// Yields once the operation runs.
+        let started: AsyncStream<Void>
+        private let start: AsyncStream<Void>.Continuation
+
+        init() { (started, start) = AsyncStream.makeStream(of: Void.self) }
+
         var cancelled: Bool { cancelledFlag.load(ordering: .relaxed) }
 
         func run() async -> Int {
+            start.yield()
             await withTaskCancellationHandler {
                 await withCheckedContinuation { continuation in
                     let now = released.withLock { released in
@@ -52,9 +59,13 @@ struct RESTDeadlineTests {
         let stubborn = Stubborn()
         try await withBackstop(stubborn) {
             let caller = Task { try await RESTDeadline.within(.seconds(30)) { await stubborn.run() } }
+            // Cancelled while the operation runs.
+            var started = stubborn.started.makeAsyncIterator()
+            await started.next()
             caller.cancel()
             await #expect(throws: CancellationError.self) { _ = try await caller.value }
             #expect(!stubborn.ended, "the caller waited for the operation to end")
+            try await waitUntil { stubborn.cancelled }
         }
     }
 
