@@ -49,6 +49,15 @@ extension AlpacaServerSession: DownstreamSession {
 
     public var framing: any DownstreamFraming { AlpacaFraming(codec: codec, newsSent: newsSent) }
 
+    /// On the news feed, what the connection was sent lately: a resume (which sends again what the
+    /// client may not have had) does not send a story the broken connection already did.
+    public var carriedOver: (any Sendable)? { newsSent }
+
+    public func adopt(carriedOver: any Sendable) {
+        guard let newsSent, let earlier = carriedOver as? NewsSent else { return }
+        newsSent.remember(earlier)
+    }
+
     public mutating func respond(to message: ByteBuffer) -> DownstreamReaction {
         let reaction: Reaction = receive(Array(message.readableBytesView), at: .now)
         return DownstreamReaction(

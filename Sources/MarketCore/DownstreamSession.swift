@@ -85,6 +85,12 @@ public protocol DownstreamSession: Sendable {
     func connectionLimitFrame(_ message: String) -> ByteBuffer
     /// A refusal that is not about the key (an address with too many failures).
     func refusalFrame(_ message: String) -> ByteBuffer
+    /// What of the protocol's own state outlives a broken connection of a tagged session (kept on the
+    /// shelf with it, handed to the connection that takes it back); `nil`: nothing (the default).
+    var carriedOver: (any Sendable)? { get }
+    /// Takes what a broken connection of the same tagged session carried over (its ``carriedOver``),
+    /// before anything is sent to the client.
+    func adopt(carriedOver: any Sendable)
 }
 
 /// What a downstream client did that closes its connection, told in its protocol's words first.
@@ -152,4 +158,8 @@ public protocol DownstreamFraming: Sendable {
 extension DownstreamSession {
     /// Whether this connection's frames are binary (MessagePack) rather than text.
     public var isBinary: Bool { framing.isBinary }
+
+    public var carriedOver: (any Sendable)? { nil }
+
+    public func adopt(carriedOver: any Sendable) {}
 }

@@ -226,6 +226,7 @@ actor MarketConnection {
                     loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
                 }
                 resuming = dependencies.shelf.take(name)
+                if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
                 takingOver = resuming == nil && previous
                 standing.holds([], takenBack: resuming.map { ($0.epoch, $0.resumeAfter, $0.topics) })
                 let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
@@ -324,7 +325,9 @@ actor MarketConnection {
                 "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept)", "resumeAfter": "\(resumeAfter)"])
             shelved = (
                 sessionName,
-                SessionShelf.Session(epoch: kept, resumeAfter: resumeAfter, topics: session.topics.union(resuming?.topics ?? []), brokeAt: .now)
+                SessionShelf.Session(
+                    epoch: kept, resumeAfter: resumeAfter, topics: session.topics.union(resuming?.topics ?? []), brokeAt: .now,
+                    carriedOver: session.carriedOver ?? resuming?.carriedOver)
             )
             // The shelved session holds its topics in the key's budget until it is taken back or let go,
             // as the connection did (each is held by this key already, so none is refused): parked
@@ -418,7 +421,8 @@ actor MarketConnection {
                         releaseBudget(back)
                         let left = broken.topics.subtracting(back)
                         resuming = left.isEmpty ? nil : SessionShelf.Session(
-                            epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt)
+                            epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt,
+                            carriedOver: broken.carriedOver)
                     }
                     if !rest.isEmpty {
                         let now = await hub.position

@@ -29,6 +29,8 @@ final class SessionShelf: Sendable {
         /// Its parked hub subscriber, which keeps its topics wanted (so their history stays whole) until
         /// the session is taken back or expires.
         var parked: SubscriberID?
+        /// The protocol's own state for the connection that takes it back (``DownstreamSession/carriedOver``).
+        var carriedOver: (any Sendable)?
     }
 
     /// The kept sessions, and their order of arrival market-wide and per key. Every step is O(1)

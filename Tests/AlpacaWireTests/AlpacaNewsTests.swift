@@ -115,6 +115,20 @@ struct AlpacaNewsTests {
         #expect(!sent.firstTime(NewsSent.remembered + 1))
     }
 
+    @Test func aResumedConnectionRemembersWhatTheBrokenOneSentNewestLast() {
+        let broken = NewsSent()
+        // Past the bound, so the ring has wrapped: ids 1...10 are forgotten, 11... remembered.
+        for id in 1...(NewsSent.remembered + 10) { _ = broken.firstTime(id) }
+        let resumed = NewsSent()
+        resumed.remember(broken)
+        #expect(!resumed.firstTime(NewsSent.remembered + 10) && !resumed.firstTime(11))
+        #expect(resumed.firstTime(10), "what the broken connection had forgotten")
+        // Oldest first: each new id pushes out the oldest remembered (11 went for 10 above, 12 now).
+        #expect(resumed.firstTime(NewsSent.remembered * 3))
+        #expect(resumed.firstTime(12), "forgotten in its turn")
+        #expect(!resumed.firstTime(14), "13 went for 12; 14 is still remembered")
+    }
+
     @Test func anItemFromNATSMustNameTheSubjectsSymbol() throws {
         let wire = AlpacaWireProtocol(feed: .news)
         let bytes = item(symbols: ["AAPL", "TSLA"])
