@@ -141,13 +141,13 @@ public final class NewsSent: Sendable {
 
     public init() {}
 
-    /// Whether `id` (an item's ``AlpacaNews/version(of:)``) was not sent yet (and it now counts as sent).
     /// Remembers what `earlier` was sent too, oldest first (a broken connection's memory, for its resume).
     public func remember(_ earlier: NewsSent) {
         let sent = earlier.state.withLock { state in Array(state.ring[state.next...] + state.ring[..<state.next]) }
         for id in sent { _ = firstTime(id) }
     }
 
+    /// Whether `id` (an item's ``AlpacaNews/version(of:)``) was not sent yet (and it now counts as sent).
     public func firstTime(_ id: Int) -> Bool {
         state.withLock { state in
             guard state.held.insert(id).inserted else { return false }

@@ -195,25 +195,18 @@ struct AlpacaNewsEndToEndTests {
     @Test func aRepeatedStoryIsNeitherSentAgainNorReplayedToATaggedSessionsResume() async throws {
         // No margin: the session resumes exactly after what the client's TCP stack acknowledged.
         try await withNewsRelay(resumeMarginBytes: 0) { port, feed, _ in
-            let first = try await newsClient(port, key: "client-key#news", ["AAPL"])
-            try await probe(feed, first, symbol: "AAPL")
-            let story = feed.publishNews(symbols: ["AAPL"], headline: "Once").id
-            _ = try await items(first, through: story)
-            let delivered = { @Sendable () async -> Double in
-                let body = (try? await httpGet("http://127.0.0.1:\(port)/metrics", key: "client-key").body) ?? ""
-                let series = #"relay_events_delivered_total{market="news"} "#
-                return body.split(separator: "\n").first { $0.hasPrefix(series) }.flatMap { $0.split(separator: " ").last }.flatMap { Double($0) } ?? 0
+            let got = try await storyThenResume(port, feed, session: "news") {
+                let delivered = { @Sendable () async -> Double in
+                    let body = (try? await httpGet("http://127.0.0.1:\(port)/metrics", key: "client-key").body) ?? ""
+                    let series = #"relay_events_delivered_total{market="news"} "#
+                    return body.split(separator: "\n").first { $0.hasPrefix(series) }.flatMap { $0.split(separator: " ").last }.flatMap { Double($0) } ?? 0
+                }
+                let before = await delivered()
+                #expect(feed.publishLastNewsAgain() == 1)
+                // The client's turn took the repeat (counted as delivered to it) and wrote nothing.
+                try await eventually("the repeat to reach the client's turn") { await delivered() >= before + 1 }
             }
-            let before = await delivered()
-            #expect(feed.publishLastNewsAgain() == 1)
-            // The client's turn took the repeat (counted as delivered to it) and wrote nothing.
-            try await eventually("the repeat to reach the client's turn") { await delivered() >= before + 1 }
-            await first.close()
-            let resumed = try await newsClient(port, key: "client-key#news", ["AAPL"])
-            let marker = feed.publishNews(symbols: ["AAPL"], headline: "marker").id
-            let got = try await items(resumed, through: marker)
-            #expect(ids(got) == [marker], "the resume replayed the repeat: \(ids(got)) (story \(story))")
-            await resumed.close()
+            #expect(ids(got.items) == [got.marker], "the resume replayed the repeat: \(ids(got.items)) (story \(got.story))")
         }
     }
 
@@ -222,17 +215,28 @@ struct AlpacaNewsEndToEndTests {
     /// the session.
     @Test func aTaggedSessionsResumeDoesNotSendAStoryTheBrokenConnectionSent() async throws {
         try await withNewsRelay { port, feed, _ in
-            let first = try await newsClient(port, key: "client-key#desk", ["AAPL"])
-            try await probe(feed, first, symbol: "AAPL")
-            let story = feed.publishNews(symbols: ["AAPL"], headline: "Once").id
-            _ = try await items(first, through: story)
-            await first.close()
-            let resumed = try await newsClient(port, key: "client-key#desk", ["AAPL"])
-            let marker = feed.publishNews(symbols: ["AAPL"], headline: "marker").id
-            let got = try await items(resumed, through: marker)
-            #expect(ids(got) == [marker], "sent again after the resume: \(ids(got)) (story \(story))")
-            await resumed.close()
+            let got = try await storyThenResume(port, feed, session: "desk")
+            #expect(ids(got.items) == [got.marker], "sent again after the resume: \(ids(got.items)) (story \(got.story))")
         }
+    }
+
+    /// A tagged session (`client-key#session`) of AAPL's news takes a story, `between` runs, the
+    /// connection breaks and the session resumes; then a marker story. What the resumed connection got
+    /// through the marker.
+    func storyThenResume(
+        _ port: Int, _ feed: DemoFeed, session: String, between: () async throws -> Void = {}
+    ) async throws -> (story: Int64, marker: Int64, items: [[String: Any]]) {
+        let first = try await newsClient(port, key: "client-key#\(session)", ["AAPL"])
+        try await probe(feed, first, symbol: "AAPL")
+        let story = feed.publishNews(symbols: ["AAPL"], headline: "Once").id
+        _ = try await items(first, through: story)
+        try await between()
+        await first.close()
+        let resumed = try await newsClient(port, key: "client-key#\(session)", ["AAPL"])
+        let marker = feed.publishNews(symbols: ["AAPL"], headline: "marker").id
+        let got = try await items(resumed, through: marker)
+        await resumed.close()
+        return (story, marker, got)
     }
 
     @Test func aSubscriptionGetsTheLastItemOnlyWhenTheRelayIsAskedTo() async throws {
