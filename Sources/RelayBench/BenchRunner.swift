@@ -1,12 +1,10 @@
+import AsyncHTTPClient
 import DemoFeed
 import Foundation
 import Histogram
 import Logging
 import PolygonWire
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -139,7 +137,7 @@ public struct BenchRunner: Sendable {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             for (index, port) in ports.enumerated() where alive?.contains(index) ?? true {
-                if let url = URL(string: "http://127.0.0.1:\(port)/healthz"), let (data, _) = try? await URLSession.shared.data(from: url),
+                if let data = await Self.loopbackGET(port: port, path: "/healthz"),
                     let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
                     let cluster = object["cluster"] as? [String: Any], let leader = cluster["leader"] as? String,
                     let number = Int(leader.dropFirst("node".count)), alive?.contains(number - 1) ?? true
@@ -355,9 +353,7 @@ public struct BenchRunner: Sendable {
     private func relayMetrics(ports: [Int]) async -> [String: Double] {
         var values: [String: Double] = [:]
         for port in ports {
-            guard let url = URL(string: "http://127.0.0.1:\(port)/metrics"),
-                let (data, _) = try? await URLSession.shared.data(from: url)
-            else { continue }
+            guard let data = await Self.loopbackGET(port: port, path: "/metrics") else { continue }
             for line in String(decoding: data, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
                 guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
                 values[String(line[..<space]), default: 0] += value
@@ -366,6 +362,17 @@ public struct BenchRunner: Sendable {
             }
         }
         return values
+    }
+
+    /// The body of a GET to a relay on this machine, or nil when it does not answer 200 within 5 s.
+    /// (AsyncHTTPClient, which the relay already carries, rather than URLSession: that one would load
+    /// FoundationNetworking, and with it libcurl and some twenty libraries, into every relay process.)
+    static func loopbackGET(port: Int, path: String) async -> Data? {
+        let request = HTTPClientRequest(url: "http://127.0.0.1:\(port)\(path)")
+        guard let response = try? await HTTPClient.shared.execute(request, timeout: .seconds(5)), response.status == .ok,
+            let body = try? await response.body.collect(upTo: 64 << 20)
+        else { return nil }
+        return Data(body.readableBytesView)
     }
 
     static func ownCPUSeconds() -> Double {

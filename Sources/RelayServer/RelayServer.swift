@@ -211,14 +211,14 @@ public final class RelayServer: Service, Sendable {
         let messageLimit = ClientMessageLimit(
             initial: accepted.isMarket ? limits.preAuthMessageBytes : configuration.maxClientMessageBytes,
             full: configuration.maxClientMessageBytes)
-        let gate = try WireGate.install(in: channel, limit: messageLimit)
+        let (gate, socketBytes) = try WireGate.install(in: channel, limit: messageLimit, tls: configuration.tls != nil)
         var outboundLimit = limits.outboundBytes
         if case .market(let index, _) = accepted { outboundLimit += markets[index].served.unreadRoom }
         let handler = WebSocketConnectionHandler(
             pings: pings.on(channel.eventLoop).value, closeTimeout: Self.closeTimeout, messageLimit: messageLimit, outboundLimit: outboundLimit,
             // The session's message rate and burst, and room for control frames (pings, pongs, close).
             pace: .init(perSecond: configuration.limits.messagesPerSecond + 10, burst: configuration.limits.messageBurst + 100))
-        handler.socketCounter = try? channel.pipeline.syncOperations.handler(type: SocketByteCounter.self)
+        handler.socketCounter = socketBytes
         let close: @Sendable (WebSocketErrorCode, String) -> Void
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
         var release: @Sendable () -> Void = {}

@@ -1,9 +1,16 @@
 import NIOConcurrencyHelpers
 import NIOCore
 
+/// What counts the bytes written to a connection's socket: a ``SocketByteCounter``, or without TLS
+/// the connection's ``WireGate`` once it is upgraded. Read on the connection's loop.
+protocol SocketBytes: AnyObject {
+    var total: UInt64 { get }
+}
+
 /// Counts the bytes written to a connection's socket (first in the pipeline, after TLS, so it counts
 /// what TCP carries). Confined to the channel's loop; read by the connection's handler after its writes.
-final class SocketByteCounter: ChannelOutboundHandler, RemovableChannelHandler {
+/// Without TLS a WebSocket connection's ``WireGate`` takes over at the upgrade and this one goes.
+final class SocketByteCounter: ChannelOutboundHandler, RemovableChannelHandler, SocketBytes {
     typealias OutboundIn = IOData
     typealias OutboundOut = IOData
 

@@ -38,7 +38,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// sets it), else the relay's own status object.
     var errorFrame: (DownstreamError) -> (payload: ByteBuffer, binary: Bool) = { (RelayStatus.frame(status: "error", message: $0.message), false) }
     /// What went to the socket in all (`nil` when the pipeline has no counter).
-    var socketCounter: SocketByteCounter?
+    var socketCounter: (any SocketBytes)?
     /// A tagged session's acknowledged position, noted after each write of events.
     var acknowledgedPosition: AcknowledgedPosition?
     /// Its loop's ping deadlines: the handler is in it while open, once per interval.
@@ -302,30 +302,55 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         if checked { checkOutbound() }
     }
 
-    /// Event frames taken from the hub and not yet handed to the channel, each with the newest market
-    /// sequence it completes (0: none). They go out while the channel's unsent bytes stay within
-    /// ``outboundLimit`` (``flushWire()``), so event frames are bound by the same unread-bytes limit
-    /// as everything else: a large replay waits here, as built frames, until the client reads, instead
-    /// of piling up in the channel. What can wait here is bounded by what the hub lets a subscriber
-    /// queue (its event buffer and one resume's replay).
-    // Small at first (NIO's default is 16 slots, ~800 bytes a connection): most connections hold a frame
-    // or two at a time, and the buffer grows when one holds more.
-    private var heldFrames = CircularBuffer<(frame: ByteBuffer, sequence: UInt64, epoch: String?)>(initialCapacity: 2)
+    /// Event frames taken from the hub that wait to be handed to the channel, each with the newest
+    /// market sequence it completes (0: none) and the epoch a notice in it started. A frame waits only
+    /// while others wait or the channel's unsent bytes would pass ``outboundLimit``, so event frames
+    /// are bound by the same unread-bytes limit as everything else: a large replay waits here, as
+    /// built frames, until the client reads, instead of piling up in the channel. What can wait here
+    /// is bounded by what the hub lets a subscriber queue (its event buffer and one resume's replay).
+    /// Made when a frame first has to wait (most connections never hold one: an idle connection pays
+    /// nothing for it), then kept.
+    private var heldFrames: CircularBuffer<(frame: ByteBuffer, sequence: UInt64, epoch: String?)>?
+    /// Written since the last ``flushWire()``: the newest market sequence completed (0: none) and the
+    /// epoch a notice started, noted at the flush.
+    private var writtenThrough: (sequence: UInt64, epoch: String?) = (0, nil)
     /// NIO's default high-water mark of a channel's write buffer (past it the channel is not writable).
     static let writeBufferHighWaterMark = 64 << 10
 
-    /// Queues whole frames (header and payload, ``WireFrame``) for below the frame encoder, in order
-    /// with what ``write(_:flush:)`` writes; `sequence` is the newest market sequence the frame
-    /// completes (a tagged session's acknowledged position), 0 for none, and `epoch` the epoch a
-    /// notice in it started (`sequence` is then of that epoch). Sent by ``flushWire()``.
-    /// Without an outlet, nothing.
+    /// Hands a whole frame (header and payload, ``WireFrame``) to the channel below the frame encoder,
+    /// in order with what ``write(_:flush:)`` writes, or holds it while it may not go yet; `sequence`
+    /// is the newest market sequence the frame completes (a tagged session's acknowledged position),
+    /// 0 for none, and `epoch` the epoch a notice in it started (`sequence` is then of that epoch).
+    /// Sent by ``flushWire()``. Without an outlet, nothing.
     func writeWire(_ frame: ByteBuffer, completing sequence: UInt64 = 0, epoch: String? = nil) {
-        guard !isClosing, outlet != nil else { return }
-        heldFrames.append((frame, sequence, epoch))
+        guard !isClosing, let outlet else { return }
+        if !holdsFrames, mayWrite(frame.readableBytes, unsent: unsentBytes) {
+            send(frame, completing: sequence, epoch: epoch, to: outlet)
+        } else {
+            heldFrames = heldFrames ?? CircularBuffer(initialCapacity: 2)
+            heldFrames?.append((frame, sequence, epoch))
+        }
+    }
+
+    /// Below NIO's high-water mark one more frame always goes (so a frame left held means the channel
+    /// is not writable, and its becoming writable again sends the rest); above it, only what stays
+    /// within the limit.
+    private func mayWrite(_ count: Int, unsent: Int) -> Bool {
+        unsent < Self.writeBufferHighWaterMark || unsent + count <= outboundLimit
+    }
+
+    private func send(_ frame: ByteBuffer, completing sequence: UInt64, epoch: String?, to outlet: WireGate) {
+        // An empty one completes a position and sends nothing (``LoopDrain``).
+        if frame.readableBytes > 0 { outlet.write(frame) }
+        if let epoch {
+            writtenThrough = (sequence, epoch)
+        } else if sequence != 0 {
+            writtenThrough.sequence = sequence
+        }
     }
 
     /// Whether frames wait for the client to read (the connection's drain takes nothing more meanwhile).
-    var holdsFrames: Bool { !heldFrames.isEmpty }
+    var holdsFrames: Bool { !(heldFrames?.isEmpty ?? true) }
 
     func flush() {
         context?.flush()
@@ -338,30 +363,24 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             context?.flush()
             return
         }
-        var unsent = unsentBytes
-        var completed: UInt64 = 0
-        var epoch: String?
-        // Below NIO's high-water mark one more frame always goes (so a frame left held means the channel
-        // is not writable, and its becoming writable again sends the rest); above it, only what stays
-        // within the limit.
-        while let (frame, sequence, started) = heldFrames.first, !isClosing,
-            unsent < Self.writeBufferHighWaterMark || unsent + frame.readableBytes <= outboundLimit
-        {
-            heldFrames.removeFirst()
-            unsent += frame.readableBytes
-            // An empty one completes a position and sends nothing (``LoopDrain``).
-            if frame.readableBytes > 0 { outlet.write(frame) }
-            if let started {
-                epoch = started
-                completed = sequence
-            } else if sequence != 0 {
-                completed = sequence
+        if var held = heldFrames, !held.isEmpty {
+            heldFrames = nil
+            var unsent = unsentBytes
+            while let (frame, sequence, started) = held.first, !isClosing, mayWrite(frame.readableBytes, unsent: unsent) {
+                held.removeFirst()
+                unsent += frame.readableBytes
+                send(frame, completing: sequence, epoch: started, to: outlet)
             }
+            heldFrames = held
         }
         // Noted before the flush: the socket's count is taken as frames enter the pipeline, and a flush
         // that makes the channel writable again sends more frames (from `channelWritabilityChanged`),
         // whose later position must be noted after this one.
-        if completed != 0 || epoch != nil { wroteEvents(through: completed, epoch: epoch) }
+        let written = writtenThrough
+        if written.sequence != 0 || written.epoch != nil {
+            writtenThrough = (0, nil)
+            wroteEvents(through: written.sequence, epoch: written.epoch)
+        }
         outlet.flush()
     }
 
