@@ -368,7 +368,9 @@ let package = Package(
         ),
         .testTarget(
             name: "RelayServerTests",
-            dependencies: ["RelayServer", "PolygonWire", .product(name: "NIOEmbedded", package: "swift-nio")],
+            dependencies: [
+                "RelayServer", "PolygonWire", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOWebSocket", package: "swift-nio"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

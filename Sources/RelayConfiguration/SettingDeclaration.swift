@@ -181,6 +181,9 @@ extension RelaySettings {
         .init(
             "limits.pendingPerAddress", env: "RELAY_LIMIT_PENDING_PER_ADDRESS", default: "1000",
             "Connections of one address not yet authenticated (or without a first request head)."),
+        .init(
+            "limits.authTimeoutSeconds", env: "RELAY_LIMIT_AUTH_TIMEOUT_SECONDS", default: "10",
+            "How long a market client may stay connected without authenticating (then auth_timeout, close 1008)."),
         .init("limits.outboundBytes", env: "RELAY_LIMIT_OUTBOUND_BYTES", default: "1048576", "Bytes written to a client and not yet taken by its socket."),
         .init("limits.topicsPerKey", env: "RELAY_LIMIT_TOPICS_PER_KEY", default: "20000", "Distinct topics the connections of one key hold together, per market."),
         .init("limits.topics", env: "RELAY_LIMIT_TOPICS", default: "50000", "Distinct topics all connections hold together, per market."),

@@ -125,7 +125,7 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
     }
 
     /// Reading starts once NIO's frame decoder has left the pipeline (`removal`).
-    private func read(after removal: EventLoopFuture<Void>) {
+    func read(after removal: EventLoopFuture<Void>) {
         removal.assumeIsolated().whenComplete { result in
             guard let context = self.context else { return }
             switch result {

@@ -12,8 +12,11 @@ public struct RelayServerConfiguration: Sendable {
     /// Tagged sessions (`KEY#tag`): how long a broken one is kept, how far back it resumes, how many.
     public var resume = ResumeSettings()
     public var authentication: ClientAuthentication
-    /// How long a client may stay connected without authenticating.
-    public var authTimeout: Duration
+    /// How long a market client may stay connected without authenticating (``ConnectionLimits/authTimeout``).
+    public var authTimeout: Duration {
+        get { connectionLimits.authTimeout }
+        set { connectionLimits.authTimeout = newValue }
+    }
     /// Largest client message accepted (a long subscribe list is large; Polygon's own limit is unknown).
     public var maxClientMessageBytes: Int
     /// Serve `/metrics` without a client key (for a Prometheus that cannot send one).
@@ -45,6 +48,8 @@ public struct RelayServerConfiguration: Sendable {
         public var headTimeout: Duration
         /// How long a kept-alive HTTP connection may wait for its next request head.
         public var keepAliveTimeout: Duration
+        /// How long a market client may stay connected without authenticating (`auth_timeout`, 1008).
+        public var authTimeout: Duration = .seconds(10)
         /// Bytes written to a client and not yet taken by its socket, past which it is closed (1008).
         public var outboundBytes: Int
         /// Largest client message before authentication (then any up to ``RelayServerConfiguration/maxClientMessageBytes``).
@@ -113,7 +118,7 @@ public struct RelayServerConfiguration: Sendable {
         self.host = host
         self.port = port
         self.authentication = authentication
-        self.authTimeout = authTimeout
         self.maxClientMessageBytes = maxClientMessageBytes
+        self.authTimeout = authTimeout
     }
 }

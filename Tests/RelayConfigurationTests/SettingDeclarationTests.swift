@@ -26,10 +26,14 @@ struct SettingDeclarationTests {
         let settings = try await RelaySettings.resolve(
             vendors: Relay.vendors,
             commandLine: ["--listen", "127.0.0.1:9001", "--options-contracts", "300", "--no-portfolio", "--demo-rate", "42.5"],
-            environment: ["RELAY_LISTEN": "127.0.0.1:8000", "RELAY_LIMIT_OPTIONS_CONTRACTS": "7", "RELAY_LIMIT_TOPICS": "99"])
+            environment: [
+                "RELAY_LISTEN": "127.0.0.1:8000", "RELAY_LIMIT_OPTIONS_CONTRACTS": "7", "RELAY_LIMIT_TOPICS": "99",
+                "RELAY_LIMIT_AUTH_TIMEOUT_SECONDS": "45",
+            ])
         #expect(settings.listen.port == 9001)
         #expect(settings.optionsContracts == 300)
         #expect(settings.connectionLimits.topics == 99, "the environment where no flag was given")
+        #expect(settings.connectionLimits.authTimeout == .seconds(45))
         #expect(settings.portfolio == nil)
         #expect(settings.demoRate == 42.5)
     }
