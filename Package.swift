@@ -307,10 +307,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
-            swiftSettings: strict,
-            // lld (which the toolchain ships) packs the binary's ~80,000 relative relocations into a few
-            // kilobytes (RELR), which the dynamic linker otherwise reads from a 1.9 MB table at every start.
-            linkerSettings: [.unsafeFlags(["-use-ld=lld", "-Xlinker", "-z", "-Xlinker", "pack-relative-relocs"], .when(platforms: [.linux]))]
+            swiftSettings: strict
         ),
         .testTarget(
             name: "AlpacaWireTests",

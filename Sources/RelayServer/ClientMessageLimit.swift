@@ -22,11 +22,11 @@ final class ClientMessageLimit {
 
 /// A WebSocket connection's wire side: between the connection's handler (NIO's frame encoder in
 /// between) and the socket (TLS, when on), one handler with three jobs, so a connection pays for one
-/// pipeline step instead of three.
+/// pipeline step instead of three (a frame decoder, a size gate and a byte counter).
 ///
 /// **In: the frame reader.** It reads the client's frames (RFC 6455 §5.2) off the raw bytes and hands
 /// each on as a `WebSocketFrame`, payload still masked, in place of NIO's `WebSocketFrameDecoder`,
-/// which the upgrade adds and ``install(in:limit:)`` takes out: that one costs every connection a
+/// which the upgrade adds and ``install(in:limit:tls:)`` takes out: that one costs every connection a
 /// `ByteToMessageHandler`, its buffers and a pipeline step (~700 bytes held by each idle client), and
 /// this handler already had to read each frame's header for the size gate. A frame's payload is a
 /// slice of what was read when it came whole in one read (the usual case) and is gathered only when
@@ -68,6 +68,9 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
     /// A frame is being handed on, or NIO's decoder has not left yet (it leaves a loop turn after it
     /// is asked to, and the upgrade hands on what came with the request at once): reads wait.
     private var handingOn = true
+    /// The client closed its side while NIO's decoder was leaving: told once what it sent before is read.
+    private var inputClosedWaiting = false
+    private var decoderLeft = false
     private var refused = false
     private(set) var total: UInt64
 
@@ -129,10 +132,25 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
         removal.assumeIsolated().whenComplete { result in
             guard let context = self.context else { return }
             switch result {
-            case .success: self.readLater(context)
+            case .success:
+                self.decoderLeft = true
+                self.readLater(context)
+                if self.inputClosedWaiting {
+                    self.inputClosedWaiting = false
+                    context.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+                }
             case .failure: context.close(promise: nil)
             }
         }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // What the client sent before it closed its side is read before the handler hears of the close.
+        if !decoderLeft, let event = event as? ChannelEvent, event == .inputClosed {
+            inputClosedWaiting = true
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     private func read(_ bytes: inout ByteBuffer, _ context: ChannelHandlerContext) {
@@ -215,8 +233,8 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
             }
             var maskKey: WebSocketMaskingKey?
             if second & 0x80 != 0 {
-                guard let key = bytes.getBytes(at: at + offset, length: 4) else { return nil }
-                maskKey = WebSocketMaskingKey(key)
+                guard let key = bytes.getInteger(at: at + offset, as: UInt32.self) else { return nil }
+                maskKey = withUnsafeBytes(of: key.bigEndian) { WebSocketMaskingKey($0) }
                 offset += 4
             }
             return (FrameHeader(first: first, maskKey: maskKey, length: Int(clamping: length)), offset)
@@ -240,10 +258,10 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
         // NIO's upgrade puts the encoder, then the decoder: in front of the encoder is in front of both.
         let operations = channel.pipeline.syncOperations
         let encoder = try operations.handler(type: WebSocketFrameEncoder.self)
+        let decoder = try operations.context(handlerType: ByteToMessageHandler<WebSocketFrameDecoder>.self)
         let counter = try? operations.handler(type: SocketByteCounter.self)
         let gate = WireGate(limit: limit, bytesBefore: tls ? 0 : counter?.total ?? 0)
         try operations.addHandler(gate, position: .before(encoder))
-        let decoder = try operations.context(handlerType: ByteToMessageHandler<WebSocketFrameDecoder>.self)
         let removal = channel.eventLoop.makePromise(of: Void.self)
         operations.removeHandler(context: decoder, promise: removal)
         gate.read(after: removal.futureResult)

@@ -314,6 +314,10 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// Written since the last ``flushWire()``: the newest market sequence completed (0: none) and the
     /// epoch a notice started, noted at the flush.
     private var writtenThrough: (sequence: UInt64, epoch: String?) = (0, nil)
+    /// The channel's unsent bytes as of this turn's first frame, plus the frames written since: the
+    /// channel's own count is read once a turn, since with TLS it does not see what was written until
+    /// the flush (NIO's TLS handler keeps writes until then).
+    private var turnUnsent: Int?
     /// NIO's default high-water mark of a channel's write buffer (past it the channel is not writable).
     static let writeBufferHighWaterMark = 64 << 10
 
@@ -324,8 +328,10 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// Sent by ``flushWire()``. Without an outlet, nothing.
     func writeWire(_ frame: ByteBuffer, completing sequence: UInt64 = 0, epoch: String? = nil) {
         guard !isClosing, let outlet else { return }
-        if !holdsFrames, mayWrite(frame.readableBytes, unsent: unsentBytes) {
+        let unsent = turnUnsent ?? unsentBytes
+        if !holdsFrames, mayWrite(frame.readableBytes, unsent: unsent) {
             send(frame, completing: sequence, epoch: epoch, to: outlet)
+            turnUnsent = unsent + frame.readableBytes
         } else {
             heldFrames = heldFrames ?? CircularBuffer(initialCapacity: 2)
             heldFrames?.append((frame, sequence, epoch))
@@ -363,9 +369,10 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             context?.flush()
             return
         }
+        var unsent = turnUnsent ?? unsentBytes
+        turnUnsent = nil
         if var held = heldFrames, !held.isEmpty {
             heldFrames = nil
-            var unsent = unsentBytes
             while let (frame, sequence, started) = held.first, !isClosing, mayWrite(frame.readableBytes, unsent: unsent) {
                 held.removeFirst()
                 unsent += frame.readableBytes
@@ -373,15 +380,15 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             }
             heldFrames = held
         }
-        // Noted before the flush: the socket's count is taken as frames enter the pipeline, and a flush
-        // that makes the channel writable again sends more frames (from `channelWritabilityChanged`),
-        // whose later position must be noted after this one.
         let written = writtenThrough
-        if written.sequence != 0 || written.epoch != nil {
-            writtenThrough = (0, nil)
-            wroteEvents(through: written.sequence, epoch: written.epoch)
-        }
+        writtenThrough = (0, nil)
         outlet.flush()
+        // Noted after the flush: with TLS the socket's count sees a frame's bytes only when TLS writes
+        // them, at the flush (without TLS the gate counted them as they were written). A flush that
+        // makes the channel writable again may send and note later frames first (from
+        // `channelWritabilityChanged`); a mark never goes back to an older sequence than the newest
+        // noted, so the one noted here then only adds a byte count as late as theirs.
+        if written.sequence != 0 || written.epoch != nil { wroteEvents(through: written.sequence, epoch: written.epoch) }
     }
 
     /// Events through market sequence `sequence` (of a new `epoch`, when one started) were just

@@ -10,9 +10,16 @@ private final class Collector: ChannelInboundHandler {
     typealias InboundIn = WebSocketFrame
     var frames: [WebSocketFrame] = []
     var errors: [NIOWebSocketError] = []
+    /// Frames read and the input's close, in the order they came.
+    var order: [String] = []
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         frames.append(unwrapInboundIn(data))
+        order.append("frame")
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed { order.append("input closed") }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -118,6 +125,17 @@ struct WireGateTests {
         #expect(collector.frames.isEmpty, "nothing is handed on while the decoder is still there")
         removal.succeed()
         Self.expectTheStream(collector.frames, "handed on once it left")
+    }
+
+    @Test func aCloseOfTheClientsSideWhileNIOsDecoderLeavesComesAfterWhatItSentBefore() throws {
+        let (channel, _, collector, removal) = try gate(reading: false)
+        try channel.writeInbound(ByteBuffer(bytes: clientFrame(0x1, Self.text)))
+        channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        #expect(collector.order.isEmpty)
+        removal.succeed()
+        #expect(collector.order == ["frame", "input closed"])
+        channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        #expect(collector.order == ["frame", "input closed", "input closed"], "once reading, events pass at once")
     }
 
     @Test func everyByteWrittenPastTheGateIsCountedFromWhatCameBefore() throws {
