@@ -38,7 +38,9 @@ final class ClientMessageLimit {
 /// everything at once) meets the full limit. Errors are NIO's, as its decoder raised them: a control
 /// frame that is fragmented or longer than 125 bytes (`fragmentedControlFrame`,
 /// `multiByteControlFrameLength`; the handler closes with 1002), a frame past the limit
-/// (`invalidFrameLength`; 1009). After an error it reads nothing more.
+/// (`invalidFrameLength`; 1009); and what NIO's decoder let through though RFC 6455 says the server
+/// must fail the connection: an unmasked frame, a reserved bit or opcode (``ProtocolViolation``;
+/// 1002). After an error it reads nothing more.
 ///
 /// **Out: the outlet for whole frames.** On the socket's side of NIO's `WebSocketFrameEncoder`, so frames
 /// built whole elsewhere (``WireFrame``: header and payload in one buffer) go out without passing the
@@ -240,14 +242,26 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
             return (FrameHeader(first: first, maskKey: maskKey, length: Int(clamping: length)), offset)
         }
 
-        /// Why this frame is refused (with the error NIO's decoder raised for it), or nil.
-        func error(limit: Int) -> NIOWebSocketError? {
+        /// Why this frame is refused, or nil: what RFC 6455 says a server must fail the connection for
+        /// (§5.1, §5.2: an unmasked client frame, an RSV bit no extension was agreed for, a reserved
+        /// opcode; ``ProtocolViolation``), and what NIO's decoder refused (with its errors).
+        func error(limit: Int) -> (any Error)? {
+            if maskKey == nil { return ProtocolViolation(reason: "client frames must be masked") }
+            if first & 0x70 != 0 { return ProtocolViolation(reason: "reserved bits set") }
             if opcode.isControlOpcode {
-                if !fin { return .fragmentedControlFrame }
-                if length > 125 { return .multiByteControlFrameLength }
+                if !(0x8...0xA).contains(first & 0x0F) { return ProtocolViolation(reason: "reserved opcode") }
+                if !fin { return NIOWebSocketError.fragmentedControlFrame }
+                if length > 125 { return NIOWebSocketError.multiByteControlFrameLength }
+            } else if first & 0x0F > 0x2 {
+                return ProtocolViolation(reason: "reserved opcode")
             }
-            return length > limit ? .invalidFrameLength : nil
+            return length > limit ? NIOWebSocketError.invalidFrameLength : nil
         }
+    }
+
+    /// A client frame RFC 6455 says fails the connection (close 1002 with `reason`).
+    struct ProtocolViolation: Error, Equatable {
+        let reason: String
     }
 
     /// Puts a gate in front of the frame encoder the upgrade added and takes out its frame decoder.

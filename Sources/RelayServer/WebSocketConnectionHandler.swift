@@ -194,6 +194,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             } else {
                 tooLarge()
             }
+        } else if let violation = error as? WireGate.ProtocolViolation {
+            close(code: .protocolError, reason: violation.reason)
         } else {
             context.close(promise: nil)
         }

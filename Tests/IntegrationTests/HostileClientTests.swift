@@ -193,6 +193,24 @@ struct HostileClientTests {
         }
     }
 
+    @Test func framesRFC6455ForbidsCloseWith1002AndTheRelayGoesOn() async throws {
+        try await withRelay { port, url in
+            var unmasked = RawSocket.text(#"{"action":"auth","params":"client-key"}"#)
+            unmasked[1] &= 0x7F
+            unmasked.removeSubrange(2..<6)
+            var reservedBit = RawSocket.text(#"{"action":"auth","params":"client-key"}"#)
+            reservedBit[0] |= 0x40
+            for frame in [unmasked, reservedBit, RawSocket.frame(opcode: 0x3, payload: [1, 2, 3])] {
+                let client = try RawSocket(port: port)
+                #expect(client.readUntil("connected", initial: try client.upgrade()).found)
+                client.send(frame)
+                #expect(client.readUntil("auth_success").closeCode == 1002)
+            }
+            let honest = try await subscribedClient(url, "Q.AAPL")
+            await honest.close()
+        }
+    }
+
     @Test func aLargeSubscribePipelinedRightBehindAuthIsFine() async throws {
         try await withRelay { port, _ in
             // As Go's client does: auth and a long subscribe in one write, before any answer.

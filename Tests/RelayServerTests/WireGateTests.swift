@@ -10,6 +10,7 @@ private final class Collector: ChannelInboundHandler {
     typealias InboundIn = WebSocketFrame
     var frames: [WebSocketFrame] = []
     var errors: [NIOWebSocketError] = []
+    var violations: [WireGate.ProtocolViolation] = []
     /// Frames read and the input's close, in the order they came.
     var order: [String] = []
 
@@ -24,6 +25,7 @@ private final class Collector: ChannelInboundHandler {
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         if let error = error as? NIOWebSocketError { errors.append(error) }
+        if let violation = error as? WireGate.ProtocolViolation { violations.append(violation) }
     }
 }
 
@@ -116,6 +118,23 @@ struct WireGateTests {
         try fragmented.writeInbound(ByteBuffer(bytes: clientFrame(0x8, [3, 232], fin: false)))
         #expect(fragmentedCollector.errors == [.fragmentedControlFrame])
         #expect(fragmentedCollector.frames.isEmpty)
+    }
+
+    @Test func whatRFC6455SaysFailsTheConnectionDoes() throws {
+        var unmasked = clientFrame(0x1, Self.text)
+        unmasked[1] &= 0x7F
+        unmasked.removeSubrange(2..<6)
+        var reservedBit = clientFrame(0x1, Self.text)
+        reservedBit[0] |= 0x40
+        for (bytes, reason) in [
+            (unmasked, "client frames must be masked"), (reservedBit, "reserved bits set"), (clientFrame(0x3, Self.text), "reserved opcode"),
+            (clientFrame(0xB, []), "reserved opcode"),
+        ] {
+            let (channel, _, collector, _) = try gate()
+            try channel.writeInbound(ByteBuffer(bytes: bytes + clientFrame(0x1, Self.text)))
+            #expect(collector.violations == [WireGate.ProtocolViolation(reason: reason)])
+            #expect(collector.frames.isEmpty, "nothing is read from a connection that failed: \(reason)")
+        }
     }
 
     @Test func whatComesBeforeNIOsDecoderHasLeftIsReadAfterInOrder() throws {
