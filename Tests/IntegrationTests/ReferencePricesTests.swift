@@ -13,7 +13,7 @@ import Testing
 import PolygonWire
 
 /// The REST client against the demo feed's Polygon-style endpoints, over loopback.
-@Suite("Reference prices over REST")
+@Suite("Reference prices over REST", .timeLimit(.minutes(2)))
 struct ReferencePricesTests {
     func feed(failures: Int = 0) -> DemoFeed {
         var configuration = DemoFeedConfiguration(port: 0, apiKey: "rest-key", eventsPerSecond: 100, seed: 4)
