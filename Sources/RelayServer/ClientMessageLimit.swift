@@ -198,11 +198,8 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
     }
 
     private func handOn(_ header: FrameHeader, _ payload: ByteBuffer, _ context: ChannelHandlerContext) {
-        context.fireChannelRead(
-            wrapInboundOut(
-                WebSocketFrame(
-                    fin: header.fin, rsv1: header.first & 0x40 != 0, rsv2: header.first & 0x20 != 0, rsv3: header.first & 0x10 != 0,
-                    opcode: header.opcode, maskKey: header.maskKey, data: payload)))
+        // The RSV bits are clear: a frame with one set was refused (``FrameHeader/error(limit:)``).
+        context.fireChannelRead(wrapInboundOut(WebSocketFrame(fin: header.fin, opcode: header.opcode, maskKey: header.maskKey, data: payload)))
     }
 
     /// A frame's header (RFC 6455 §5.2).
@@ -248,12 +245,11 @@ final class WireGate: ChannelDuplexHandler, RemovableChannelHandler, SocketBytes
         func error(limit: Int) -> (any Error)? {
             if maskKey == nil { return ProtocolViolation(reason: "client frames must be masked") }
             if first & 0x70 != 0 { return ProtocolViolation(reason: "reserved bits set") }
+            // Continuation, text, binary; close, ping, pong: the rest are reserved.
+            if (0x3...0x7).contains(first & 0x0F) || first & 0x0F > 0xA { return ProtocolViolation(reason: "reserved opcode") }
             if opcode.isControlOpcode {
-                if !(0x8...0xA).contains(first & 0x0F) { return ProtocolViolation(reason: "reserved opcode") }
                 if !fin { return NIOWebSocketError.fragmentedControlFrame }
                 if length > 125 { return NIOWebSocketError.multiByteControlFrameLength }
-            } else if first & 0x0F > 0x2 {
-                return ProtocolViolation(reason: "reserved opcode")
             }
             return length > limit ? NIOWebSocketError.invalidFrameLength : nil
         }

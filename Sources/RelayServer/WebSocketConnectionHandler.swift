@@ -371,17 +371,15 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             context?.flush()
             return
         }
-        var unsent = turnUnsent ?? unsentBytes
-        turnUnsent = nil
-        if var held = heldFrames, !held.isEmpty {
-            heldFrames = nil
-            while let (frame, sequence, started) = held.first, !isClosing, mayWrite(frame.readableBytes, unsent: unsent) {
-                held.removeFirst()
+        if holdsFrames {
+            var unsent = turnUnsent ?? unsentBytes
+            while let (frame, sequence, started) = heldFrames?.first, !isClosing, mayWrite(frame.readableBytes, unsent: unsent) {
+                heldFrames?.removeFirst()
                 unsent += frame.readableBytes
                 send(frame, completing: sequence, epoch: started, to: outlet)
             }
-            heldFrames = held
         }
+        turnUnsent = nil
         let written = writtenThrough
         writtenThrough = (0, nil)
         outlet.flush()
