@@ -90,6 +90,8 @@ final class EventHistory {
     /// One topic's line: its next sequence and the market sequences of its events still held.
     final class TopicLine {
         let topic: Topic
+        /// Its event type's line (each topic's events are its type's too).
+        let type: TypeLine
         /// The sequence the next event of the topic gets (or, adopted, is expected to have).
         var nextSequence: UInt64 = 1
         /// Market sequences of its held events, oldest first, contiguous in topic sequence from
@@ -114,7 +116,17 @@ final class EventHistory {
         /// crashed run may have given and not recorded are never given again).
         var leap: (after: UInt64, to: UInt64)?
 
-        init(topic: Topic) { self.topic = topic }
+        /// Let go of by the history (``EventHistory/dropIfIdle(_:)``): a new line stands for its topic.
+        var isDropped = false
+        /// The ``EventHistory/assign(_:)`` call that last gave it a sequence, and the next one it gives in
+        /// that call (a topic seen twice in one publish gets two consecutive sequences).
+        var assignRound: UInt64 = 0
+        var assignNext: UInt64 = 0
+
+        init(topic: Topic, type: TypeLine) {
+            self.topic = topic
+            self.type = type
+        }
 
         /// Where topic sequence `sequence` (from `firstSequence`, below `nextSequence`) lies in `held`;
         /// `nil`: in a leap's hole (no event of this history has it).
@@ -134,24 +146,35 @@ final class EventHistory {
         }
     }
 
+    /// One event type's line: what a wildcard of the type resumes from. Every topic line of the type holds
+    /// it, so an event reaches it without a lookup.
+    final class TypeLine {
+        /// The market sequences of the type's slots, oldest first (emptied ones too, until their slot
+        /// leaves): a wildcard's resume reads its own type's events, not every slot after its position.
+        var slots = CircularBuffer<UInt64>()
+        /// The highest market sequence of the type that was evicted (0: none), and when it had arrived.
+        var evictedThrough: UInt64 = 0
+        var evictedArrival: Int64 = .min
+        /// Whole from (as for a topic line): every event of the type from then on was received. `nil`:
+        /// never wholly received (a wildcard resume of it is a gap) unless the history is whole by default.
+        var whole: (sequence: UInt64, since: Int64)?
+        /// Its wildcard is wanted and its first event since has not arrived yet.
+        var pending = false
+        /// Its last whole run once its wildcard stopped being wanted, and as it stood at the restart.
+        var lastRun: Run?
+        var beforeRestart: Run?
+    }
+
     /// Its epoch (empty while a cluster node has not yet been told the leader's).
     var epoch: String
     var limits: HistoryLimits
     /// In segments: its growth never copies what it holds (a doubling ring would stall the hub).
     private var slots = SegmentedQueue<Slot>()
-    /// Per event type, the market sequences of its slots, oldest first (emptied ones too, until their
-    /// slot leaves): a wildcard's resume reads its own type's events, not every slot after its position.
-    private var typeSlots: [String: CircularBuffer<UInt64>] = [:]
+    /// The event types seen or wanted, each once (a market has a handful).
+    private var types: [String: TypeLine] = [:]
     /// The sequence the next event of the market gets (the newest seen, plus one).
     private(set) var nextMarketSequence: UInt64 = 1
     private var lines: [Topic: TopicLine] = [:]
-    /// Per event type, the highest market sequence of that type that was evicted, and when.
-    private var typeEvictedThrough: [String: UInt64] = [:]
-    private var typeEvictedArrival: [String: Int64] = [:]
-    /// Per event type, whole from (as for a line): every event of the type from then on was received.
-    /// A type missing here was never wholly received (a wildcard resume of it is a gap) unless
-    /// `wholeByDefault`.
-    private var typeWholeFrom: [String: (sequence: UInt64, since: Int64)] = [:]
     /// Whether a type is whole from the epoch's start until told otherwise (a single relay's upstream is
     /// asked for a wildcard only while one is wanted, so: no; kept for tests of the bare history).
     private let wholeByDefault: Bool
@@ -179,12 +202,12 @@ final class EventHistory {
 
     /// The market sequence of the oldest slot held (the next one's when none is): what the history
     /// holds of the market starts there.
-    var oldestSequence: UInt64 { slots.first?.sequence ?? nextMarketSequence }
+    var oldestSequence: UInt64 { slots.isEmpty ? nextMarketSequence : slots[0].sequence }
 
     /// The market sequence after which this history holds every event of `topic` it received: an
     /// archive is asked for what a resume missed through it, the memory answers after it.
     func archiveBoundary(of topic: Topic) -> UInt64 {
-        let evicted = topic.isWildcard ? typeEvictedThrough[topic.eventType] ?? 0 : lines[topic]?.evictedThrough ?? droppedThrough
+        let evicted = topic.isWildcard ? types[topic.eventType]?.evictedThrough ?? 0 : lines[topic]?.evictedThrough ?? droppedThrough
         return max(oldestSequence - 1, evicted)
     }
 
@@ -208,9 +231,6 @@ final class EventHistory {
     }
 
     private(set) var restart: Restart?
-    /// Per event type, its last whole run once its wildcard stopped being wanted, and as it stood at the restart.
-    private var typeLastRun: [String: Run] = [:]
-    private var typeBeforeRestart: [String: Run] = [:]
 
     init(limits: HistoryLimits, epoch: String = EventPosition.newEpoch(), wholeByDefault: Bool = false) {
         self.limits = limits
@@ -219,20 +239,40 @@ final class EventHistory {
     }
 
     /// The positions the next events get (one per event, in order), without keeping them yet.
-    func assign(_ events: [MarketEvent]) -> [EventPosition] {
+    func assign(_ events: [MarketEvent]) -> [EventPosition] { assignResolving(events).positions }
+
+    /// Counts ``assignResolving(_:)`` calls (``TopicLine/assignRound``).
+    private var assignRound: UInt64 = 0
+
+    /// The positions, and each event's line as found (`nil`: its topic has none yet), so keeping them
+    /// looks each topic up once.
+    private func assignResolving(_ events: [MarketEvent]) -> (positions: [EventPosition], lines: [TopicLine?]) {
         var positions: [EventPosition] = []
         positions.reserveCapacity(events.count)
+        var found: [TopicLine?] = []
+        found.reserveCapacity(events.count)
+        assignRound += 1
         var market = nextMarketSequence
-        // A topic seen twice in one publish gets two consecutive sequences.
-        var pendingTopic: [Topic: UInt64] = [:]
+        // A topic seen twice in one publish gets two consecutive sequences: its line counts them, or
+        // (a topic with no line yet) this table.
+        var pendingNew: [Topic: UInt64] = [:]
         for event in events {
             let topic = event.topic
-            let next = pendingTopic[topic] ?? lines[topic]?.nextSequence ?? firstTopicSequence
-            pendingTopic[topic] = next + 1
+            let next: UInt64
+            let line = lines[topic]
+            if let line {
+                next = line.assignRound == assignRound ? line.assignNext : line.nextSequence
+                line.assignRound = assignRound
+                line.assignNext = next + 1
+            } else {
+                next = pendingNew[topic] ?? firstTopicSequence
+                pendingNew[topic] = next + 1
+            }
             positions.append(EventPosition(topic: next, market: market))
+            found.append(line)
             market += 1
         }
-        return positions
+        return (positions, found)
     }
 
     /// Gives events the next positions, writes them into their bytes and keeps them; returns the stamped
@@ -241,9 +281,9 @@ final class EventHistory {
 
     /// The same, with the positions given.
     func keepPositioned(_ events: [MarketEvent], at now: Int64) -> (events: [MarketEvent], positions: [EventPosition]) {
-        let positions = assign(events)
+        let (positions, found) = assignResolving(events)
         let stamped = EventPosition.stamp(events, positions)
-        append(stamped, positions: positions, at: now)
+        append(stamped, positions: positions, now: now, arrivals: nil, lines: found)
         return (stamped, positions)
     }
 
@@ -254,16 +294,17 @@ final class EventHistory {
     /// forward): events of theirs never reached it, and their holders are to be told.
     @discardableResult
     func append(_ events: [MarketEvent], positions: [EventPosition], at now: Int64) -> [Topic] {
-        append(events, positions: positions, now: now, arrivals: nil)
+        append(events, positions: positions, now: now, arrivals: nil, lines: nil)
     }
 
     /// The same, each event with its own arrival (Unix ms: a previous run's, read back from its tape).
     func append(_ events: [MarketEvent], positions: [EventPosition], arrivals: [Int64]) {
-        append(events, positions: positions, now: arrivals.max() ?? 0, arrivals: arrivals)
+        append(events, positions: positions, now: arrivals.max() ?? 0, arrivals: arrivals, lines: nil)
     }
 
+    /// `found`: each event's line as ``assignResolving(_:)`` found it, if it did (saves a lookup).
     @discardableResult
-    private func append(_ events: [MarketEvent], positions: [EventPosition], now: Int64, arrivals: [Int64]?) -> [Topic] {
+    private func append(_ events: [MarketEvent], positions: [EventPosition], now: Int64, arrivals: [Int64]?, lines found: [TopicLine?]?) -> [Topic] {
         var broken: [Topic] = []
         // The buffers of this call's events (a publish's share a few), by their storage.
         var buffers: [(storage: UnsafeMutableRawPointer, buffer: Buffer)] = []
@@ -280,14 +321,14 @@ final class EventHistory {
             }
             let topic = event.topic
             let line: TopicLine
-            if let existing = lines[topic] {
+            if let existing = found?[index].flatMap({ $0.isDropped ? nil : $0 }) ?? lines[topic] {
                 line = existing
                 if position.topic != line.nextSequence {
                     if position.topic > line.nextSequence, line.wholeFrom <= (line.held.last ?? line.evictedThrough) { broken.append(topic) }
                     restart(line, at: position, now: now)
                 }
             } else {
-                line = TopicLine(topic: topic)
+                line = TopicLine(topic: topic, type: typeLine(topic.eventType))
                 lines[topic] = line
                 memory += Self.overheadPerLine
                 line.firstSequence = position.topic
@@ -311,14 +352,16 @@ final class EventHistory {
                 memory += buffer.cost
             }
             buffer.events += 1
-            typeSlots[topic.eventType, default: CircularBuffer()].append(position.market)
+            let type = line.type
+            type.slots.append(position.market)
             slots.append(
                 Slot(
                     sequence: position.market, topic: line, topicSequence: position.topic, arrivedAt: arrivals?[index] ?? now, buffer: buffer,
                     event: event))
             nextMarketSequence = position.market + 1
-            if typeWholeFrom[topic.eventType] == nil, pendingTypes.remove(topic.eventType) != nil {
-                typeWholeFrom[topic.eventType] = (position.market, now)
+            if type.pending, type.whole == nil {
+                type.pending = false
+                type.whole = (position.market, now)
             }
             memory += Self.overheadPerEvent
             eventCount += 1
@@ -340,8 +383,13 @@ final class EventHistory {
 
     // MARK: what is wanted
 
-    /// Types whose wildcard is wanted and whose first event since has not arrived yet.
-    private var pendingTypes: Set<String> = []
+    /// The line of an event type, made when first needed.
+    private func typeLine(_ eventType: String) -> TypeLine {
+        if let known = types[eventType] { return known }
+        let made = TypeLine()
+        types[eventType] = made
+        return made
+    }
 
     /// The topic sequence a topic with no line starts at: 1, or past every sequence a line let go could
     /// have used (a topic's sequence never passes the market's), so numbers never repeat in an epoch.
@@ -351,9 +399,10 @@ final class EventHistory {
     func wanted(_ topic: Topic, now: Int64) {
         if topic.isWildcard {
             wantedTypes.insert(topic.eventType)
-            pendingTypes.insert(topic.eventType)
+            let type = typeLine(topic.eventType)
+            type.pending = true
             // Its run from here: a restart before its first event has no whole run of it to tell.
-            typeLastRun[topic.eventType] = nil
+            type.lastRun = nil
             return
         }
         wantedTickers.insert(topic)
@@ -374,6 +423,7 @@ final class EventHistory {
     private func dropIfIdle(_ line: TopicLine) {
         guard line.held.isEmpty, !isWanted(line.topic), lines[line.topic] === line else { return }
         lines[line.topic] = nil
+        line.isDropped = true
         memory -= Self.overheadPerLine
         droppedThrough = nextMarketSequence - 1
         droppedArrival = max(droppedArrival, line.evictedArrival)
@@ -383,9 +433,12 @@ final class EventHistory {
     func unwanted(_ topic: Topic, now: Int64) {
         if topic.isWildcard {
             wantedTypes.remove(topic.eventType)
-            pendingTypes.remove(topic.eventType)
-            if let whole = typeWholeFrom.removeValue(forKey: topic.eventType) {
-                typeLastRun[topic.eventType] = Run(sequence: whole.sequence, since: whole.since, until: now)
+            if let type = types[topic.eventType] {
+                type.pending = false
+                if let whole = type.whole {
+                    type.lastRun = Run(sequence: whole.sequence, since: whole.since, until: now)
+                    type.whole = nil
+                }
             }
             for line in Array(lines.values) where line.topic.eventType == topic.eventType {
                 interrupt(line.topic, now: now)
@@ -409,8 +462,10 @@ final class EventHistory {
             line.wholeFrom = nextMarketSequence
             line.wholeSince = now
         }
-        for type in typeWholeFrom.keys { pendingTypes.insert(type) }
-        typeWholeFrom.removeAll()
+        for type in types.values where type.whole != nil {
+            type.pending = true
+            type.whole = nil
+        }
     }
 
     /// A topic's run starts again: whole from the next event while it is wanted, not received otherwise.
@@ -448,10 +503,11 @@ final class EventHistory {
                 line.wholeFrom == Self.notReceived ? line.lastRun : Run(sequence: line.wholeFrom, since: line.wholeSince, until: stoppedAt)
             (line.wholeFrom, line.wholeSince) = (Self.notReceived, .max)
         }
-        typeBeforeRestart = typeLastRun
-        for (type, whole) in typeWholeFrom { typeBeforeRestart[type] = Run(sequence: whole.sequence, since: whole.since, until: stoppedAt) }
-        typeWholeFrom.removeAll()
-        pendingTypes.removeAll()
+        for type in types.values {
+            type.beforeRestart = type.whole.map { Run(sequence: $0.sequence, since: $0.since, until: stoppedAt) } ?? type.lastRun
+            type.whole = nil
+            type.pending = false
+        }
         wantedTickers.removeAll()
         wantedTypes.removeAll()
         droppedThrough = marker
@@ -463,13 +519,15 @@ final class EventHistory {
     /// Drops the oldest slots while the history is past its memory bound or older than its age bound.
     func evict(now: Int64) {
         let oldestKept = now - limits.maxAge.milliseconds
-        while let first = slots.first, memory > limits.memoryBytes || first.arrivedAt < oldestKept {
+        // The first slot's time is read in place: a copy of the slot would retain what it holds.
+        while !slots.isEmpty, memory > limits.memoryBytes || slots[0].arrivedAt < oldestKept {
             let slot = slots.removeFirst()
             memory -= Self.slotBytes
-            let type = slot.topic.topic.eventType
-            if typeSlots[type]?.first == slot.sequence {
-                typeSlots[type]?.removeFirst()
-                if typeSlots[type]?.isEmpty == true { typeSlots[type] = nil }
+            let type = slot.topic.type
+            if type.slots.first == slot.sequence {
+                type.slots.removeFirst()
+                // An emptied ring lets go of its storage (a type may not come back).
+                if type.slots.isEmpty { type.slots = CircularBuffer() }
             }
             guard slot.event != nil else { continue }
             // Its topic's oldest held event is this one (a topic's ring is in arrival order too).
@@ -499,9 +557,9 @@ final class EventHistory {
         eventCount -= 1
         line.evictedThrough = max(line.evictedThrough, sequence)
         line.evictedArrival = max(line.evictedArrival, arrivedAt)
-        let type = line.topic.eventType
-        typeEvictedThrough[type] = max(typeEvictedThrough[type] ?? 0, sequence)
-        typeEvictedArrival[type] = max(typeEvictedArrival[type] ?? .min, arrivedAt)
+        let type = line.type
+        type.evictedThrough = max(type.evictedThrough, sequence)
+        type.evictedArrival = max(type.evictedArrival, arrivedAt)
         dropIfIdle(line)
     }
 
@@ -556,10 +614,10 @@ final class EventHistory {
         let line = lines[topic]
         // A ticker with no line: never seen this epoch, or let go (then whole only after that).
         let whole: (sequence: UInt64, since: Int64)? =
-            if topic.isWildcard { typeWholeFrom[topic.eventType] ?? (wholeByDefault ? (1, .min) : nil) } else {
+            if topic.isWildcard { types[topic.eventType]?.whole ?? (wholeByDefault ? (1, .min) : nil) } else {
                 line.map { ($0.wholeFrom, $0.wholeSince) } ?? (droppedThrough + 1, droppedArrival)
             }
-        let evictedSequence = topic.isWildcard ? typeEvictedThrough[topic.eventType] ?? 0 : line?.evictedThrough ?? droppedThrough
+        let evictedSequence = topic.isWildcard ? types[topic.eventType]?.evictedThrough ?? 0 : line?.evictedThrough ?? droppedThrough
         // The last market sequence the client has.
         let after: UInt64
         switch since {
@@ -593,7 +651,7 @@ final class EventHistory {
             after = position
         case .time(let time):
             after = marketSequence(before: time)
-            let evictedAt = topic.isWildcard ? typeEvictedArrival[topic.eventType] ?? .min : line?.evictedArrival ?? droppedArrival
+            let evictedAt = topic.isWildcard ? types[topic.eventType]?.evictedArrival ?? .min : line?.evictedArrival ?? droppedArrival
             guard evictedAt < time else {
                 return .gap(from: UInt64(max(time, 0)), through: UInt64(max(evictedAt, 0)), unit: .unixMilliseconds, reason: lost)
             }
@@ -603,7 +661,7 @@ final class EventHistory {
             }
         }
         if topic.isWildcard {
-            guard let sequences = typeSlots[topic.eventType] else { return .events([]) }
+            guard let sequences = types[topic.eventType]?.slots else { return .events([]) }
             // The type's slots are in rising sequence: the first one past `after`, then each in turn.
             var events: [MarketEvent] = []
             var index = sequences.index(sequences.startIndex, offsetBy: Self.firstOffset(after: after, in: sequences))
@@ -653,21 +711,21 @@ final class EventHistory {
     /// nothing was received (from the stop until the topic was received again: now, if it is not yet),
     /// and this run's events from then on.
     private func missed(_ topic: Topic, after: UInt64, across restart: Restart, limit: Int, now: Int64) -> Missed {
-        let type = topic.eventType
+        let type = types[topic.eventType]
         let line = lines[topic]
-        let evicted = topic.isWildcard ? typeEvictedThrough[type] ?? 0 : line?.evictedThrough ?? droppedThrough
+        let evicted = topic.isWildcard ? type?.evictedThrough ?? 0 : line?.evictedThrough ?? droppedThrough
         guard evicted <= after else {
             return .gap(from: after + 1, through: evicted, unit: .marketSequence, reason: Self.noLongerHeld)
         }
-        let before = topic.isWildcard ? typeBeforeRestart[type] : line?.beforeRestart
+        let before = topic.isWildcard ? type?.beforeRestart : line?.beforeRestart
         guard let before, before.sequence <= after + 1 else {
             return .gap(
                 from: after + 1, through: restart.marker - 1, unit: .marketSequence,
                 reason: "not all received by this relay before it restarted (it was not subscribed to the topic, or its upstream was away)")
         }
-        let whole: (sequence: UInt64, since: Int64)? = topic.isWildcard ? typeWholeFrom[type] : line.map { ($0.wholeFrom, $0.wholeSince) }
+        let whole: (sequence: UInt64, since: Int64)? = topic.isWildcard ? type?.whole : line.map { ($0.wholeFrom, $0.wholeSince) }
         let received = whole.flatMap { $0.sequence == Self.notReceived ? nil : $0 }
-        let sequences: CircularBuffer<UInt64>? = topic.isWildcard ? typeSlots[type] : line?.held
+        let sequences: CircularBuffer<UInt64>? = topic.isWildcard ? type?.slots : line?.held
         var earlier: [MarketEvent] = []
         var later: [MarketEvent] = []
         if let sequences {
@@ -722,8 +780,8 @@ final class EventHistory {
     /// The index of the slot of `sequence`, if it is held (slots are in rising sequence: binary search;
     /// O(1) when the sequences have no holes, as on a single relay).
     private func slotIndex(of sequence: UInt64) -> Int? {
-        guard let first = slots.first, sequence >= first.sequence else { return nil }
-        let guess = Int(min(sequence - first.sequence, UInt64(slots.count)))
+        guard !slots.isEmpty, sequence >= slots[0].sequence else { return nil }
+        let guess = Int(min(sequence - slots[0].sequence, UInt64(slots.count)))
         if guess < slots.count {
             let index = slots.index(slots.startIndex, offsetBy: guess)
             if slots[index].sequence == sequence { return index }
@@ -734,7 +792,7 @@ final class EventHistory {
     }
 
     /// Slots in the per-type rings (each slot is in its type's once).
-    var typeSlotCount: Int { typeSlots.values.reduce(0) { $0 + $1.count } }
+    var typeSlotCount: Int { types.values.reduce(0) { $0 + $1.slots.count } }
 
     /// Topics with a line (seen at least once this epoch).
     var topicCount: Int { lines.count }

@@ -7,7 +7,8 @@ import NIOCore
 /// Value type over reference segments; confined to its owner (the hub's history), not `Sendable`.
 struct SegmentedQueue<Element>: RandomAccessCollection {
     private final class Segment {
-        var items: ContiguousArray<Element> = []
+        /// `nil` once removed: a removed element is let go at once, not when its segment is.
+        var items: ContiguousArray<Element?> = []
 
         init(capacity: Int) { items.reserveCapacity(capacity) }
     }
@@ -24,14 +25,17 @@ struct SegmentedQueue<Element>: RandomAccessCollection {
     var startIndex: Int { 0 }
     var endIndex: Int { count }
 
+    /// Read and changed in place (`_read`, `_modify`): reading a field of an element does not copy the
+    /// element (a history slot holds several references, each a retain and a release to copy).
     subscript(position: Int) -> Element {
-        get {
+        _read {
             let offset = head + position
-            return segments[segments.index(segments.startIndex, offsetBy: offset / Self.segmentSize)].items[offset % Self.segmentSize]
+            // Positions from `head` on hold an element: only a removed one is `nil`.
+            yield segments[segments.index(segments.startIndex, offsetBy: offset / Self.segmentSize)].items[offset % Self.segmentSize]!
         }
-        nonmutating set {
+        nonmutating _modify {
             let offset = head + position
-            segments[segments.index(segments.startIndex, offsetBy: offset / Self.segmentSize)].items[offset % Self.segmentSize] = newValue
+            yield &segments[segments.index(segments.startIndex, offsetBy: offset / Self.segmentSize)].items[offset % Self.segmentSize]!
         }
     }
 
@@ -46,13 +50,16 @@ struct SegmentedQueue<Element>: RandomAccessCollection {
     /// Removes and returns the first element (the queue is not empty).
     @discardableResult
     mutating func removeFirst() -> Element {
-        let first = self[0]
+        let segment = segments[segments.startIndex]
+        // Moved out, not copied: the segment holds it no longer.
+        let first = segment.items[head].take()
         head += 1
         count -= 1
-        if let segment = segments.first, head == segment.items.count {
+        if head == segment.items.count {
             segments.removeFirst()
             head = 0
         }
+        guard let first else { preconditionFailure("SegmentedQueue.removeFirst on an empty queue") }
         return first
     }
 }
