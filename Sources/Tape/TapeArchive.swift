@@ -342,7 +342,7 @@ public final class TapeArchive: EventArchive {
 extension TapeEvent {
     /// As the hub takes it (its own bytes, type, symbol and market sequence), and its positions.
     var marketEvent: MarketEvent {
-        MarketEvent(eventType: eventType, ticker: ticker, bytes: ByteBuffer(bytes: bytes), sequence: sequence)
+        MarketEvent(eventType: eventType, ticker: ticker, bytes: bytes, sequence: sequence)
     }
 
     var position: EventPosition { EventPosition(topic: topicSequence, market: sequence) }

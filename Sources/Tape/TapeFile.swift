@@ -293,7 +293,7 @@ public final class TapeWriter {
     public func append(_ record: TapeRecord) throws {
         switch record {
         case .event(let event):
-            try event.bytes.withUnsafeBytes { bytes in
+            try event.bytes.withUnsafeReadableBytes { bytes in
                 try appendEvent(
                     receivedAt: event.receivedAt, sequence: event.sequence, topicSequence: event.topicSequence, eventType: event.eventType,
                     ticker: event.ticker, bytes: bytes)

@@ -1,3 +1,5 @@
+import NIOCore
+
 /// One thing the tape holds, in the order the relay received it: a market event as it came from the
 /// upstream (its vendor's own bytes, so a replay speaks the vendor's protocol), or a gap: a window in
 /// which the relay did not record (it was down, or recording paused on a full disk).
@@ -52,16 +54,22 @@ public struct TapeEvent: Sendable, Equatable {
     /// The vendor's event type (`Q`, `t`, …) and the symbol it routes by.
     public var eventType: String
     public var ticker: String
-    /// The event's own bytes as the upstream sent them.
-    public var bytes: [UInt8]
+    /// The event's own bytes as the upstream sent them (read from a tape: a slice of its block, so a
+    /// block's events share one buffer).
+    public var bytes: ByteBuffer
 
-    public init(receivedAt: Int64, sequence: UInt64, topicSequence: UInt64 = 0, eventType: String, ticker: String, bytes: [UInt8]) {
+    public init(receivedAt: Int64, sequence: UInt64, topicSequence: UInt64 = 0, eventType: String, ticker: String, bytes: ByteBuffer) {
         self.receivedAt = receivedAt
         self.sequence = sequence
         self.topicSequence = topicSequence
         self.eventType = eventType
         self.ticker = ticker
         self.bytes = bytes
+    }
+
+    public init(receivedAt: Int64, sequence: UInt64, topicSequence: UInt64 = 0, eventType: String, ticker: String, bytes: [UInt8]) {
+        self.init(
+            receivedAt: receivedAt, sequence: sequence, topicSequence: topicSequence, eventType: eventType, ticker: ticker, bytes: ByteBuffer(bytes: bytes))
     }
 }
 
@@ -83,7 +91,7 @@ enum RecordLayout {
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
         switch record {
         case .event(let event):
-            event.bytes.withUnsafeBytes { bytes in
+            event.bytes.withUnsafeReadableBytes { bytes in
                 appendEvent(
                     receivedAt: event.receivedAt, sequence: event.sequence, topicSequence: event.topicSequence, eventType: event.eventType,
                     ticker: event.ticker, bytes: bytes, to: &payload, baseTime: baseTime, baseSequence: baseSequence)
@@ -149,6 +157,8 @@ enum RecordLayout {
     /// checksum matched but whose records do not is still refused, never half read).
     static func records(in payload: [UInt8], baseTime: Int64, baseSequence: UInt64) -> [TapeRecord]? {
         var records: [TapeRecord] = []
+        // Events' bytes are slices of one copy of the payload: one allocation a block, not one an event.
+        let block = ByteBuffer(bytes: payload)
         var index = 0
         while index < payload.count {
             let kind = payload[index]
@@ -161,13 +171,15 @@ enum RecordLayout {
                     guard let read = readVarint(payload, &index) else { return nil }
                     topicSequence = read
                 }
-                guard let type = readBytes(payload, &index), let ticker = readBytes(payload, &index), let bytes = readBytes(payload, &index)
+                guard let type = readRange(payload, &index), let ticker = readRange(payload, &index), let bytes = readRange(payload, &index),
+                    let slice = block.getSlice(at: bytes.lowerBound, length: bytes.count)
                 else { return nil }
                 records.append(
                     .event(
                         TapeEvent(
                             receivedAt: baseTime &+ unzigzag(time), sequence: baseSequence &+ sequence, topicSequence: topicSequence,
-                            eventType: String(decoding: type, as: UTF8.self), ticker: String(decoding: ticker, as: UTF8.self), bytes: bytes)))
+                            eventType: String(decoding: payload[type], as: UTF8.self), ticker: String(decoding: payload[ticker], as: UTF8.self),
+                            bytes: slice)))
             case Self.gap:
                 guard let from = readVarint(payload, &index), let length = readVarint(payload, &index) else { return nil }
                 let start = baseTime &+ unzigzag(from)
@@ -236,8 +248,13 @@ enum RecordLayout {
     }
 
     static func readBytes(_ payload: [UInt8], _ index: inout Int) -> [UInt8]? {
+        readRange(payload, &index).map { Array(payload[$0]) }
+    }
+
+    /// Where the next length-prefixed bytes lie in `payload` (read past them), without copying them.
+    static func readRange(_ payload: [UInt8], _ index: inout Int) -> Range<Int>? {
         guard let count = readVarint(payload, &index), count <= UInt64(payload.count - index) else { return nil }
         defer { index += Int(count) }
-        return Array(payload[index..<index + Int(count)])
+        return index..<index + Int(count)
     }
 }

@@ -94,7 +94,7 @@ public struct TapeExport: Sendable {
         for case .event(let event) in reader.records(from: from ?? .min, through: to ?? .max) {
             guard topics.isEmpty || topics.contains(where: { $0.eventType == event.eventType && ($0.isWildcard || $0.ticker == event.ticker) })
             else { continue }
-            let market = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes))
+            let market = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes)
             guard let answer = wire.httpAnswer(market, accept: "application/json"), answer.contentType == "application/json",
                 let json = answer.body.getString(at: answer.body.readerIndex, length: answer.body.readableBytes), json.hasSuffix("}")
             else {

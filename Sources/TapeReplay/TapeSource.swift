@@ -224,7 +224,7 @@ public final class TapeSource: MarketSource {
                 }
                 batch.append(
                     MarketEvent(
-                        eventType: event.eventType, ticker: event.ticker, bytes: ByteBuffer(bytes: event.bytes),
+                        eventType: event.eventType, ticker: event.ticker, bytes: event.bytes,
                         receivedAt: MonotonicClock.nanoseconds()))
                 if batch.count >= Self.batchSize { replayed += await hand(&batch) }
             case .gap(let start, let end):

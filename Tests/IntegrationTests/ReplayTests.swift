@@ -92,7 +92,7 @@ struct ReplayTests {
             // Nothing is published before the start notice, so the events read with it (in its frame, after
             // it) are the replay's first.
             let replayed = (started.eventsBefore + ended.eventsBefore).map { Self.withoutPositions(String(buffer: $0.bytes)) }
-            let expected = recorded.map { String(decoding: $0.bytes, as: UTF8.self) }
+            let expected = recorded.map { String(buffer: $0.bytes) }
             #expect(replayed.count == expected.count, "every recorded event (\(replayed.count) of \(expected.count))")
             if replayed.count == expected.count { #expect(replayed == expected, "in order, with the recorded bytes (time fields included)") }
             #expect(ended.fields["events"] as? Int == recorded.count)

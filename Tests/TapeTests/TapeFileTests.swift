@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 import Testing
 
 @testable import Tape
@@ -51,7 +52,7 @@ struct TapeFileTests {
             #expect(reader.blocks.count == writer.blocksWritten)
             #expect(reader.records() == records)
             #expect(reader.skippedBlocks.isEmpty && reader.damaged.isEmpty)
-            let raw = records.reduce(0) { total, record in if case .event(let event) = record { total + event.bytes.count } else { total } }
+            let raw = records.reduce(0) { total, record in if case .event(let event) = record { total + event.bytes.readableBytes } else { total } }
             print("tape: \(records.count) records, \(raw) bytes of JSON in \(writer.bytesWritten) bytes on disk")
             #expect(writer.bytesWritten * 3 < raw, "compressed well below the JSON")
         }
@@ -74,7 +75,9 @@ struct TapeFileTests {
             }
             #expect(reader.firstBlock(atOrAfter: Self.start + 10_000_000_000) == reader.blocks.count, "past the end: none")
             let from = reader.records(from: Self.start + 1_234 * 1_000_000)
-            #expect(from.first == events(1, from: 1_234).first)
+            // Compared unwrapped: Swift 6.3's `==` on an optional `TapeRecord` (an enum holding a
+            // `ByteBuffer`) answers false for equal values in a debug build; the records' own `==` is right.
+            #expect(!from.isEmpty && from[0] == events(1, from: 1_234)[0])
             #expect(from.count == 3_000 - 1_234)
         }
     }
@@ -180,7 +183,7 @@ struct TapeFileTests {
         #expect(records.contains(.gap(from: Self.start + 1_005_000_000, to: Self.start + 1_006_000_000)))
         guard case .event(let first) = records.first else { return #expect(Bool(false), "an event first") }
         #expect(first.sequence == 1 && first.ticker == "AAPL" && first.receivedAt == Self.start)
-        #expect(String(decoding: first.bytes, as: UTF8.self).hasPrefix(#"{"ev":"Q","sym":"AAPL""#))
+        #expect(String(buffer: first.bytes).hasPrefix(#"{"ev":"Q","sym":"AAPL""#))
     }
 
     @Test func retentionDeletesTheOldestDaysPastTheCountOrTheBytesNeverToday() throws {

@@ -55,7 +55,7 @@ struct TapeRecorderTests {
             let records = try TapeReader(path: todaysTape(directory)).records()
             let events = records.compactMap { record -> TapeEvent? in if case .event(let event) = record { event } else { nil } }
             #expect(events.map(\.sequence) == Array(1...504).map(UInt64.init))
-            #expect(events.last?.bytes == Array(#"{"ev":"Q","sym":"AAPL","bp":504}"#.utf8))
+            #expect(events.last?.bytes == ByteBuffer(string: #"{"ev":"Q","sym":"AAPL","bp":504}"#))
             #expect(events.allSatisfy { $0.eventType == "Q" && $0.ticker == "AAPL" })
             #expect(records.first.map { if case .epoch("e1", _) = $0 { true } else { false } } == true, "the epoch before the events")
             #expect(records.count == events.count + 1, "told once, while it does not change")
@@ -82,7 +82,7 @@ struct TapeRecorderTests {
             let records = try TapeReader(path: todaysTape(directory)).records()
             let shown = records.map { record -> String in
                 switch record {
-                case .event(let event): "event \(event.topicSequence)/\(event.sequence) \(String(decoding: event.bytes, as: UTF8.self))"
+                case .event(let event): "event \(event.topicSequence)/\(event.sequence) \(String(buffer: event.bytes))"
                 case .wanted(let topic, let wanted, _): "\(wanted ? "wanted" : "unwanted") \(topic)"
                 case .interrupted: "interrupted"
                 case .epoch: "epoch"
