@@ -277,7 +277,9 @@ public final class TapeArchive: EventArchive {
             return
         }
         total += 1
-        reading.events.append(event.marketEvent)
+        // Its own bytes: a slice would keep its whole block (256 KiB) for as long as the answer is
+        // gathered, for every block a sparse topic has an event in.
+        reading.events.append(event.marketEvent.compacted())
         reading.positions.append(event.position)
     }
 

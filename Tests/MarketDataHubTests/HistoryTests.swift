@@ -481,7 +481,7 @@ struct HistoryLineTests {
         #expect((EventPosition.read(from: again[0].bytes)?.topic ?? 0) > 2)
     }
 
-    @Test func aBufferIsCountedWholeUntilTheLastEventOfItIsLetGo() {
+    @Test func aBufferIsCountedWholeUntilTheLastEventOfItIsLetGo() throws {
         var limits = HistoryLimits()
         limits.eventsPerTopic = 1
         let history = EventHistory(limits: limits, epoch: "e")
@@ -507,6 +507,17 @@ struct HistoryLineTests {
         #expect(history.memory == lines)
         // What a slot really takes (as its queue holds it: optional, `nil` once removed) is within what each event is counted.
         #expect(MemoryLayout<EventHistory.Slot?>.stride <= EventHistory.slotBytes, "\(MemoryLayout<EventHistory.Slot?>.stride)")
+        // And a line: its object as malloc holds it, with its ring of one event, within what it is counted.
+        let topic = Topic(checkedEventType: "T", ticker: "AAPL")
+        let line = EventHistory.TopicLine(topic: topic, type: EventHistory.TypeLine())
+        line.held.append(1)
+        // glibc's `malloc_usable_size` (not in Swift's Glibc module): what malloc gave the object.
+        typealias UsableSize = @convention(c) (UnsafeMutableRawPointer?) -> Int
+        let symbol = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: 0), "malloc_usable_size"), "glibc's malloc_usable_size")
+        let object = unsafeBitCast(symbol, to: UsableSize.self)(Unmanaged.passUnretained(line).toOpaque())
+        // The ring's storage: its places and its header (an object's 16 bytes and the count and capacity).
+        let ring = MemoryLayout<UInt64>.stride * line.held.capacity + 32
+        #expect(object + ring <= EventHistory.overheadPerLine, "\(object) B and a ring of \(line.held.capacity)")
     }
 
     @Test func aPublishIsStampedIntoBuffersItNearlyFills() {
