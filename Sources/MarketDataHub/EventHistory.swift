@@ -239,15 +239,12 @@ final class EventHistory {
         self.wholeByDefault = wholeByDefault
     }
 
-    /// The positions the next events get (one per event, in order), without keeping them yet.
-    func assign(_ events: [MarketEvent]) -> [EventPosition] { assignResolving(events).positions }
-
-    /// Counts ``assignResolving(_:)`` calls (``TopicLine/assignRound``).
+    /// Counts ``assign(_:)`` calls (``TopicLine/assignRound``).
     private var assignRound: UInt64 = 0
 
-    /// The positions, and each event's line as found (`nil`: its topic has none yet), so keeping them
-    /// looks each topic up once.
-    private func assignResolving(_ events: [MarketEvent]) -> (positions: [EventPosition], lines: [TopicLine?]) {
+    /// The positions the next events get (one per event, in order), without keeping them yet, and each
+    /// event's line as found (`nil`: its topic has none yet), so keeping them looks each topic up once.
+    private func assign(_ events: [MarketEvent]) -> (positions: [EventPosition], lines: [TopicLine?]) {
         var positions: [EventPosition] = []
         positions.reserveCapacity(events.count)
         var found: [TopicLine?] = []
@@ -282,7 +279,7 @@ final class EventHistory {
 
     /// The same, with the positions given.
     func keepPositioned(_ events: [MarketEvent], at now: Int64) -> (events: [MarketEvent], positions: [EventPosition]) {
-        let (positions, found) = assignResolving(events)
+        let (positions, found) = assign(events)
         let stamped = EventPosition.stamp(events, positions)
         append(stamped, positions: positions, now: now, arrivals: nil, lines: found)
         return (stamped, positions)
@@ -303,7 +300,7 @@ final class EventHistory {
         append(events, positions: positions, now: arrivals.max() ?? 0, arrivals: arrivals, lines: nil)
     }
 
-    /// `found`: each event's line as ``assignResolving(_:)`` found it, if it did (saves a lookup).
+    /// `found`: each event's line as ``assign(_:)`` found it, if it did (saves a lookup).
     @discardableResult
     private func append(_ events: [MarketEvent], positions: [EventPosition], now: Int64, arrivals: [Int64]?, lines found: [TopicLine?]?) -> [Topic] {
         var broken: [Topic] = []
