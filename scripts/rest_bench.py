@@ -125,13 +125,51 @@ async def held_tickers(port, count):
     return tickers, holder, asyncio.create_task(drain())
 
 
-async def live(binary, seconds, clients=100):
+async def warm(port, tickers, seconds=20):
+    """Waits (at most `seconds`) until the relay answers every asked path live: each held ticker traded
+    and quoted once since it was subscribed, so the run measures the steady state, not the first
+    quotes' upstream calls."""
+    connection = Connection(port)
+    pending = [path for ticker in tickers for path in (f"/v2/last/trade/{ticker}", f"/v2/last/nbbo/{ticker}")]
+    deadline = time.time() + seconds
+    while pending and time.time() < deadline:
+        waiting = []
+        for path in pending:
+            _, headers, _ = await connection.get(path)
+            if headers.get("x-relay-source") != "live":
+                waiting.append(path)
+        pending = waiting
+        if pending:
+            await asyncio.sleep(0.2)
+    if pending:
+        print(f"not live after {seconds} s: {pending[:5]}", file=sys.stderr)
+
+
+async def live(binary, seconds, clients=100, loader=None, together=False):
     relay = Relay(binary)
     try:
         tickers, holder, drain = await held_tickers(relay.port, 50)
-        await asyncio.sleep(2)  # every ticker traded and quoted once
+        await warm(relay.port, tickers)
         calls = metric(relay.port, "relay_rest_upstream_calls_total")
         cpu = relay.cpu_seconds()
+        paths = [path for ticker in tickers for path in (f"/v2/last/trade/{ticker}", f"/v2/last/nbbo/{ticker}")]
+        scenario = f"live: {clients} clients x (last trade + last quote) x 50 held tickers, once a second"
+        if loader:
+            # The C load generator: the answer times without a Python event loop sharing the cores.
+            process = await asyncio.create_subprocess_exec(
+                loader, str(relay.port), "bench", str(seconds), str(clients), *paths, stdout=asyncio.subprocess.PIPE,
+                env={**os.environ, "REST_LOAD_TOGETHER": "1" if together else "0"})
+            output, _ = await process.communicate()
+            if process.returncode != 0:
+                raise SystemExit("the C load generator failed")
+            when = "all at the same instant of each second" if together else "each client at its own offset in the second"
+            result = {"scenario": f"{scenario}, {when} (C load generator)", "asked_per_second": clients * len(paths), **json.loads(output)}
+            result["vendor_calls"] = metric(relay.port, "relay_rest_upstream_calls_total") - calls
+            result["relay_cpu_seconds"] = round(relay.cpu_seconds() - cpu, 2)
+            result["relay_cpu_us_per_request"] = round(result["relay_cpu_seconds"] * 1e6 / max(result["requests"], 1), 1)
+            drain.cancel()
+            await holder.close()
+            return result
         latencies, sources = [], {}
         stop = time.time() + seconds
 
@@ -139,13 +177,12 @@ async def live(binary, seconds, clients=100):
             connection = Connection(relay.port)
             next_round = time.time()
             while time.time() < stop:
-                for ticker in tickers:
-                    for path in (f"/v2/last/trade/{ticker}", f"/v2/last/nbbo/{ticker}"):
-                        started = time.perf_counter()
-                        status, headers, _ = await connection.get(path)
-                        latencies.append(time.perf_counter() - started)
-                        source = f"{status} {headers.get('x-relay-source')}"
-                        sources[source] = sources.get(source, 0) + 1
+                for path in paths:
+                    started = time.perf_counter()
+                    status, headers, _ = await connection.get(path)
+                    latencies.append(time.perf_counter() - started)
+                    source = f"{status} {headers.get('x-relay-source')}"
+                    sources[source] = sources.get(source, 0) + 1
                 next_round += 1
                 await asyncio.sleep(max(0, next_round - time.time()))
 
@@ -153,8 +190,8 @@ async def live(binary, seconds, clients=100):
         await asyncio.gather(*(client() for _ in range(clients)))
         elapsed = time.time() - started
         result = {
-            "scenario": f"live: {clients} clients x (last trade + last quote) x 50 held tickers, once a second",
-            "requests": len(latencies), "per_second": round(len(latencies) / elapsed), "asked_per_second": clients * 50 * 2,
+            "scenario": scenario + " (Python clients)",
+            "requests": len(latencies), "per_second": round(len(latencies) / elapsed), "asked_per_second": clients * len(paths),
             "answers": sources, "vendor_calls": metric(relay.port, "relay_rest_upstream_calls_total") - calls,
             "p50_ms": round(quantile(latencies, 0.5) * 1000, 2), "p99_ms": round(quantile(latencies, 0.99) * 1000, 2),
             "relay_cpu_seconds": round(relay.cpu_seconds() - cpu, 2), "seconds": round(elapsed, 1),
@@ -216,10 +253,15 @@ def main():
     parser.add_argument("--scenario", default="all", choices=["live", "aggs", "burst", "all"])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--clients", type=int, default=100, help="the live scenario's clients")
+    parser.add_argument("--loader", default=".build/rest_load",
+                        help="the live scenario's C load generator (scripts/rest_load.c); 'python' for asyncio clients")
+    parser.add_argument("--together", action="store_true",
+                        help="the live scenario's clients all start each second at the same instant (default: spread over it)")
     args = parser.parse_args()
     results = []
     if args.scenario in ("live", "all"):
-        results.append(asyncio.run(live(args.relay, args.seconds, args.clients)))
+        loader = None if args.loader == "python" else args.loader
+        results.append(asyncio.run(live(args.relay, args.seconds, args.clients, loader, args.together)))
     if args.scenario in ("aggs", "all"):
         results.append(asyncio.run(aggs(args.relay)))
     if args.scenario in ("burst", "all"):

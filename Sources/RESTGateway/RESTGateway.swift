@@ -364,6 +364,14 @@ final class GatewayMetrics: Sendable {
     private let cacheGauge: Gauge
     private let upstreamTimer: Timer
     let tally = Mutex(GatewayTally())
+    /// `relay_rest_requests_total` by route and outcome, each made once (making one asks the factory
+    /// under its lock, per request).
+    private let requestCounters = Mutex<[RouteOutcome: Counter]>([:])
+
+    private struct RouteOutcome: Hashable {
+        let route: String
+        let outcome: String
+    }
 
     init(factory: any MetricsFactory) {
         self.factory = factory
@@ -373,7 +381,14 @@ final class GatewayMetrics: Sendable {
     }
 
     func count(route: String, outcome: String) {
-        Counter(label: "relay_rest_requests_total", dimensions: [("route", route), ("outcome", outcome)], factory: factory).increment()
+        let key = RouteOutcome(route: route, outcome: outcome)
+        let counter = requestCounters.withLock { counters in
+            if let counter = counters[key] { return counter }
+            let counter = Counter(label: "relay_rest_requests_total", dimensions: [("route", route), ("outcome", outcome)], factory: factory)
+            counters[key] = counter
+            return counter
+        }
+        counter.increment()
         tally.withLock { tally in
             switch outcome {
             case "live": tally.live += 1

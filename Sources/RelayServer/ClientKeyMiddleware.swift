@@ -76,8 +76,17 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
 
     /// The key in an `Authorization` header's bearer token, else in the URI's `apiKey` parameter.
     static func key(authorization: String?, uri: URI) -> String? {
-        if let authorization, authorization.lowercased().hasPrefix("bearer ") {
-            return String(authorization.dropFirst("bearer ".count)).trimmingCharacters(in: .whitespaces)
+        if let authorization {
+            // Read as bytes: every request passes here (Foundation's trimming was a few percent of a
+            // live REST answer).
+            let bytes = authorization.utf8
+            let scheme = "bearer ".utf8
+            if bytes.count >= scheme.count, zip(bytes, scheme).allSatisfy({ $1 == UInt8(ascii: " ") ? $0 == $1 : $0 | 0x20 == $1 }) {
+                let isSpace: (UInt8) -> Bool = { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\t") }
+                let token = bytes.dropFirst(scheme.count).drop(while: isSpace)
+                let end = token.lastIndex(where: { !isSpace($0) }).map { token.index(after: $0) } ?? token.startIndex
+                return String(Substring(token[token.startIndex..<end]))
+            }
         }
         return uri.queryParameters.get("apiKey").map { String($0) }
     }

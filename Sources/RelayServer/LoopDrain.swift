@@ -20,9 +20,11 @@ import Synchronization
 /// events wait in its own bounded hub buffer), so a slow client never holds up the others; a client that
 /// still has events after its turn goes to the back of the list, so a busy one cannot starve the rest.
 ///
-/// A default actor, not one on the loop: the stream's `next()` runs on the global executor, and only a
-/// default actor can step there and back on the same thread (from a loop's executor each read would be
-/// two thread hand-offs). Its isolated state is the streams' readers.
+/// A default actor whose task prefers the loop as its task executor (``LoopTaskExecutor``): the actor,
+/// and the stream's nonisolated `next()`, run on the loop's thread, so a turn costs one loop wake-up
+/// and its writes need no `execute`. (An actor whose own executor is the loop does not get that: the
+/// stream's `next()` leaves it for the global executor and comes back, two thread hand-offs per read.)
+/// Its isolated state is the streams' readers.
 actor LoopDrain {
     let loop: any EventLoop
     private let metrics: DownstreamMetrics
@@ -44,8 +46,12 @@ actor LoopDrain {
     /// smaller; a run of news items of megabytes is not built into frames all at once).
     static let liveBytesPerTurn = 4 << 20
 
+    /// Runs the drain's task on `loop`.
+    private let executor: LoopTaskExecutor
+
     init(loop: any EventLoop, metrics: DownstreamMetrics) {
         self.loop = loop
+        executor = LoopTaskExecutor(loop: loop)
         self.metrics = metrics
     }
 
@@ -57,7 +63,9 @@ actor LoopDrain {
             defer { state.running = true }
             return !state.running
         }
-        if start { Task { await self.run() } }
+        // On the loop (see `LoopTaskExecutor`): the stream reads and the writes happen where the
+        // connections live, with one loop wake-up per turn rather than a pool thread's and then the loop's.
+        if start { Task(executorPreference: executor) { await self.run() } }
     }
 
     private func run() async {
@@ -80,8 +88,12 @@ actor LoopDrain {
             taking.removeAll(keepingCapacity: true)
             if !writes.isEmpty {
                 metrics.tally.add(delivered: delivered)
-                let turn = writes
-                loop.execute { Self.write(turn) }
+                if loop.inEventLoop {
+                    Self.write(writes)
+                } else {
+                    let turn = writes
+                    loop.execute { Self.write(turn) }
+                }
             }
         }
     }

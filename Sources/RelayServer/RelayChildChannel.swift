@@ -152,7 +152,10 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
             case .upgraded:
                 return
             case .notUpgraded(let http):
-                await handleHTTP(asyncChannel: http, logger: logger)
+                // On the connection's own loop (see `LoopTaskExecutor`).
+                await withTaskExecutorPreference(LoopTaskExecutor(loop: value.channel.eventLoop)) {
+                    await handleHTTP(asyncChannel: http, logger: logger)
+                }
             case .refused(let http, let status, let message):
                 try await http.executeThenClose { _, outbound in
                     let body = ByteBuffer(string: #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#)
@@ -196,7 +199,13 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundOut = HTTPResponsePart
 
     private let timeout: TimeAmount
-    private var deadline: Scheduled<Void>?
+    /// When the connection is closed unless a request part or an answer's end comes first (`nil`: the
+    /// request is being handled, no deadline).
+    private var due: NIODeadline?
+    /// The one timer, at or before `due`: moving the deadline (twice a request) only writes `due`, and
+    /// a timer that fires early sets itself again for the rest (rather than a timer made and cancelled
+    /// per request part).
+    private var timer: Scheduled<Void>?
     /// The response to the current request has ended (it may end before the request's body does).
     private var answered = false
 
@@ -213,7 +222,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
             restart(context)  // and each next one
         case .end:
             // Handling takes what it takes; answered already, the next head is due within the timeout.
-            if answered { restart(context) } else { stop() }
+            if answered { restart(context) } else { due = nil }
         }
         context.fireChannelRead(data)
     }
@@ -227,18 +236,25 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        stop()
+        due = nil
+        timer?.cancel()
+        timer = nil
     }
 
     private func restart(_ context: ChannelHandlerContext) {
-        deadline?.cancel()
-        let channel = context.channel
-        deadline = context.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
+        let due = NIODeadline.now() + timeout
+        self.due = due
+        if timer == nil { arm(context.channel, at: due) }
     }
 
-    private func stop() {
-        deadline?.cancel()
-        deadline = nil
+    private func arm(_ channel: any Channel, at deadline: NIODeadline) {
+        timer = channel.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { self.fired(channel) }
+    }
+
+    private func fired(_ channel: any Channel) {
+        timer = nil
+        guard let due else { return }
+        if NIODeadline.now() >= due { channel.close(promise: nil) } else { arm(channel, at: due) }
     }
 }
 

@@ -278,6 +278,15 @@ struct HostileClientTests {
                 }
             }
             #expect(closed, "a head sent a byte at a time was still being read after \(ContinuousClock.now - start)")
+            // A kept-alive connection that asks again within its timeout stays open past it (the one
+            // timer moves with each request).
+            let busy = try RawSocket(port: port)
+            let busySince = ContinuousClock.now
+            while ContinuousClock.now - busySince < .milliseconds(2500) {
+                busy.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                #expect(busy.receive()?.isEmpty == false, "a connection asking every 400 ms was closed after \(ContinuousClock.now - busySince)")
+                #expect(!busy.readsToEOF(within: .milliseconds(400)), "a connection asking every 400 ms was closed")
+            }
             // A kept-alive connection idle past its timeout is closed too.
             let idle = try RawSocket(port: port)
             idle.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
