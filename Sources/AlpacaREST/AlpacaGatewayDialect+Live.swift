@@ -49,11 +49,18 @@ extension AlpacaGatewayDialect {
     /// A held event as Alpaca's REST record (its fields only; a bar's `n` and `vw` present, `null` if the
     /// stream left them out, as alpaca-py requires them).
     static func record(_ kind: Kind, _ symbol: String, market: Market, values: any LiveValues) async -> String? {
-        guard let event = await values.held(Topic(checkedEventType: kind.eventType, ticker: symbol), in: market),
-            let json = AlpacaDelivery.elementBytes(event, codec: .json), let members = JSONText.members(of: Substring(String(buffer: json)))
-        else { return nil }
-        return record(kind, members)
+        let topic = Topic(checkedEventType: kind.eventType, ticker: symbol)
+        guard let event = await values.held(topic, in: market) else { return nil }
+        // Rendered once per held event, however many clients ask for it.
+        return memo.answer(kind.rawValue, market: market, topic: topic, event: event) {
+            guard let json = AlpacaDelivery.elementBytes(event, codec: .json), let members = JSONText.members(of: Substring(String(buffer: json)))
+            else { return nil }
+            return record(kind, members)
+        }
     }
+
+    /// The records rendered, by kind and topic (``LiveAnswerMemo``).
+    static let memo = LiveAnswerMemo<String>()
 
     static func record(_ kind: Kind, _ members: [String: Substring]) -> String {
         let fields = kind.fields.compactMap { name -> String? in

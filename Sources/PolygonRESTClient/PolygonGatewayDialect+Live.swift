@@ -11,22 +11,34 @@ extension PolygonGatewayDialect {
     public func live(_ route: GatewayRoute, values: any LiveValues, fetch: @Sendable (String) async -> GatewayAnswer) async -> ByteBuffer? {
         guard case .topics(let market, let topics) = route.scope, let topic = topics.first else { return nil }
         switch route.name {
-        case "last-trade":
-            guard let trade = await Self.fields(values.held(topic, in: market)) else { return nil }
-            return Self.envelope("results", Self.restTrade(trade, ticker: topic.ticker))
-        case "last-quote":
-            guard let quote = await Self.fields(values.held(topic, in: market)) else { return nil }
-            return Self.envelope("results", Self.restQuote(quote, ticker: topic.ticker))
-        case "last-crypto":
-            guard let trade = await Self.fields(values.held(topic, in: market)) else { return nil }
-            let last = Self.object([
-                ("conditions", trade["c"]), ("exchange", trade["x"]), ("price", trade["p"]), ("size", trade["s"]), ("timestamp", trade["t"]),
-            ])
-            return ByteBuffer(string: #"{"last":\#(last),"request_id":"relay","status":"success","symbol":"\#(JSONText.escape(topic.ticker))"}"#)
+        case "last-trade", "last-quote", "last-crypto":
+            guard let event = await values.held(topic, in: market) else { return nil }
+            // Rendered once per held event, however many clients ask for it.
+            return Self.memo.answer(route.name, market: market, topic: topic, event: event) {
+                Self.fields(event).map { Self.lastAnswer(route.name, $0, ticker: topic.ticker) }
+            }
         case "snapshot-ticker":
             return await snapshot(topic.ticker, market: market, values: values, fetch: fetch)
         default:
             return nil
+        }
+    }
+
+    /// The live answers rendered, by route and topic (``LiveAnswerMemo``).
+    static let memo = LiveAnswerMemo<ByteBuffer>()
+
+    /// A last trade, last quote (NBBO) or last crypto trade answer from the held event's members.
+    static func lastAnswer(_ route: String, _ event: [String: String], ticker: String) -> ByteBuffer {
+        switch route {
+        case "last-trade":
+            return envelope("results", restTrade(event, ticker: ticker))
+        case "last-quote":
+            return envelope("results", restQuote(event, ticker: ticker))
+        default:
+            let last = object([
+                ("conditions", event["c"]), ("exchange", event["x"]), ("price", event["p"]), ("size", event["s"]), ("timestamp", event["t"]),
+            ])
+            return ByteBuffer(string: #"{"last":\#(last),"request_id":"relay","status":"success","symbol":"\#(JSONText.escape(ticker))"}"#)
         }
     }
 

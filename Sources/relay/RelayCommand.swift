@@ -17,7 +17,41 @@ func bootstrapLogging(level: Logger.Level) {
     LoggingSystem.bootstrap { label in
         var handler = StreamLogHandler.standardError(label: label)
         handler.logLevel = level
-        return handler
+        return LazyMetadataLogHandler(handler)
+    }
+}
+
+/// A `StreamLogHandler` whose metadata is rendered when a line is written, not each time it is set:
+/// Hummingbird sets a request id on every request's logger, and `StreamLogHandler` renders all of a
+/// logger's metadata into text on every set (a few percent of a small REST answer's time), for lines
+/// that, at the usual levels, are never written. The lines are the same (metadata sorted by key).
+struct LazyMetadataLogHandler: LogHandler {
+    private var stream: StreamLogHandler
+    var metadata: Logger.Metadata = [:]
+
+    init(_ stream: StreamLogHandler) {
+        self.stream = stream
+    }
+
+    var logLevel: Logger.Level {
+        get { stream.logLevel }
+        set { stream.logLevel = newValue }
+    }
+
+    var metadataProvider: Logger.MetadataProvider? {
+        get { stream.metadataProvider }
+        set { stream.metadataProvider = newValue }
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        var event = event
+        if !metadata.isEmpty { event.metadata = metadata.merging(event.metadata ?? [:]) { _, explicit in explicit } }
+        stream.log(event: event)
     }
 }
 
