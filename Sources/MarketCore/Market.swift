@@ -18,6 +18,7 @@ public enum Market: String, CaseIterable, Sendable, Codable, Comparable, CustomS
 
     /// The market a ticker names by its prefix: `X:` crypto, `C:` forex, `O:` options, `I:` indices,
     /// anything else stocks.
+    @inlinable
     public static func of(ticker: some StringProtocol) -> Market {
         let utf8 = ticker.utf8
         guard utf8.count > 2, utf8.dropFirst().first == UInt8(ascii: ":") else { return .stocks }
