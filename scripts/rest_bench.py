@@ -9,7 +9,12 @@ Scenarios (each on a relay of its own, started here and stopped by its process i
 - burst: 1,000 distinct history requests at once against a 5/min budget: what the vendor saw (at most
          5), how many got 429 with Retry-After, the slowest answer (none hangs).
 
+The live scenario's clients are the C load generator (scripts/rest_load.c, built by scripts/rest_bench),
+each client's second at its own offset (--together: all at the same instant); --loader python uses
+asyncio clients instead (p50/p99 only, on the same cores).
+
 Usage: scripts/rest_bench [--relay .build/release/relay] [--scenario live|aggs|burst|all] [--seconds 10]
+                          [--clients 100] [--together] [--loader python]
 """
 import argparse
 import asyncio

@@ -7,8 +7,9 @@
 //   rest_load PORT KEY SECONDS CLIENTS PATH...
 //
 // Prints one JSON object: requests answered, per second, statuses, the X-Relay-Source values, the
-// latency quantiles (from the request's write to the answer's last byte) and rounds that overran their
-// second (a client still busy when its next second began starts that round late, and it is counted).
+// latency quantiles (from the request's write to the answer's last byte) and the rounds begun over 1 ms
+// late (a client still busy when its next second began starts that round late: its requests' times
+// then leave out how long they waited to be asked, so a run with late rounds fell behind).
 // With REST_LOAD_TOGETHER=1 every client starts its second at the same instant (the worst case: all
 // the second's requests asked at once).
 #define _GNU_SOURCE
@@ -133,7 +134,7 @@ int main(int argc, char **argv) {
                 continue;
             }
             if (c->next_path == 0 && (now < c->round_at || c->round_at >= stop)) continue;
-            if (c->next_path == 0 && now - c->round_at > 1000000000) late_rounds++;
+            if (c->next_path == 0 && now - c->round_at > 1000000) late_rounds++;  // a round begun over 1 ms late
             c->sent_at = now_ns();
             if (write(c->fd, requests[c->next_path], request_lengths[c->next_path]) != (ssize_t)request_lengths[c->next_path]) {
                 perror("write");
@@ -146,6 +147,10 @@ int main(int argc, char **argv) {
         int ready = epoll_wait(ep, events, 256, 1);
         for (int e = 0; e < ready; e++) {
             Client *c = &clients[events[e].data.u32];
+            if (c->have == sizeof c->in) {
+                fprintf(stderr, "an answer's head larger than 64 KiB\n");
+                return 1;
+            }
             ssize_t got = read(c->fd, c->in + c->have, sizeof c->in - c->have);
             if (got <= 0) {
                 fprintf(stderr, "the relay closed a connection\n");
@@ -156,7 +161,11 @@ int main(int argc, char **argv) {
             if (!end) continue;
             size_t head = end + 4 - c->in, length_text = 0, source_length = 0;
             const char *length = header(c->in, head, "content-length:", &length_text);
-            size_t body = length ? strtoul(length, NULL, 10) : 0;
+            if (!length) {
+                fprintf(stderr, "an answer without Content-Length (the relay's always have one)\n");
+                return 1;
+            }
+            size_t body = strtoul(length, NULL, 10);
             if (head + body > sizeof c->in) {
                 fprintf(stderr, "an answer larger than 64 KiB\n");
                 return 1;

@@ -156,6 +156,13 @@ public final class RESTGateway: Sendable {
             metrics.saved()
             return GatewayAnswer(status: 200, body: body, source: .live)
         }
+        // What is not live may read a page of megabytes (from the cache or the vendor): on the global
+        // executor, not on the caller's (the relay answers requests on their connection's event loop).
+        return await withTaskExecutorPreference(globalConcurrentExecutor) { await self.fetched(route, request: request, now: now) }
+    }
+
+    /// A route's answer from the cache, another client's call in flight or the vendor.
+    private func fetched(_ route: GatewayRoute, request: GatewayRequest, now: Int64) async -> GatewayAnswer {
         // The account's: another host or key (the demo's, another plan's) has answers of its own.
         let key = "\(dialect.name) \(await accountTag()) \(route.upstream)"
         let expires: Int64?? = await expiry(of: route.policy, now: now)

@@ -293,6 +293,17 @@ public final class RelayServer: Service, Sendable {
         try channel.pipeline.syncOperations.addHandler(handler)
     }
 
+    /// `/v1/status`: the relay's state as the key asking may see it.
+    private func statusAnswer(_ request: Request) async throws -> Response {
+        let authentication = configuration.authentication
+        let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
+        // Without keys everyone has every right.
+        let right = authentication.requiresKeys ? key?.portfolio ?? .none : .write
+        let viewer = StatusBoard.Status.Viewer(keysRequired: authentication.requiresKeys, key: key?.name, portfolio: right.rawValue)
+        let status = await statusBoard.status(portfolio: configuration.portfolio, viewer: viewer)
+        return try Self.json(status, status: .ok)
+    }
+
     private func makeApplication() throws -> any ApplicationProtocol {
         // Every route but /healthz (and /metrics when public) needs a client key: one middleware, not
         // a check per route. The market WebSocket authenticates in the Polygon conversation instead.
@@ -302,14 +313,14 @@ public final class RelayServer: Service, Sendable {
         addDashboard(to: router)
         let authentication = configuration.authentication
         let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication))
-        (configuration.metricsPublic ? router.group() : keyed).get("/metrics") { _, _ in await self.prometheusText() }
+        // Requests are answered on their connection's event loop (`LoopTaskExecutor`); the routes that
+        // may take long (the metrics' text, the status, the portfolio's recomputing) run on the global
+        // executor instead, not holding up that loop's market clients.
+        (configuration.metricsPublic ? router.group() : keyed).get("/metrics") { _, _ in
+            await withTaskExecutorPreference(globalConcurrentExecutor) { await self.prometheusText() }
+        }
         keyed.get("/v1/status") { request, _ in
-            let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
-            // Without keys everyone has every right.
-            let right = authentication.requiresKeys ? key?.portfolio ?? .none : .write
-            let viewer = StatusBoard.Status.Viewer(keysRequired: authentication.requiresKeys, key: key?.name, portfolio: right.rawValue)
-            let status = await self.statusBoard.status(portfolio: self.configuration.portfolio, viewer: viewer)
-            return try Self.json(status, status: .ok)
+            try await withTaskExecutorPreference(globalConcurrentExecutor) { try await self.statusAnswer(request) }
         }
         keyed.get("/v1/last/**") { request, context in
             // Polygon's `/v1/last/crypto/{from}/{to}` is the REST gateway's; the rest are the relay's own.
@@ -325,7 +336,9 @@ public final class RelayServer: Service, Sendable {
         }
         addGateways(to: keyed)
         // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
-        extraRoutes(router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true)))
+        extraRoutes(
+            router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true))
+                .add(middleware: OffTheLoopMiddleware<RelayRequestContext>()))
 
         let port = self.port
         let routes = webSocketRoutes()

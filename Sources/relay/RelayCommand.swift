@@ -50,7 +50,13 @@ struct LazyMetadataLogHandler: LogHandler {
 
     func log(event: LogEvent) {
         var event = event
-        if !metadata.isEmpty { event.metadata = metadata.merging(event.metadata ?? [:]) { _, explicit in explicit } }
+        if !metadata.isEmpty {
+            // As `StreamLogHandler` merges: the logger's metadata, then the provider's, then the line's own.
+            var merged = metadata
+            if let provided = metadataProvider?.get() { merged.merge(provided) { _, later in later } }
+            if let explicit = event.metadata { merged.merge(explicit) { _, later in later } }
+            event.metadata = merged
+        }
         stream.log(event: event)
     }
 }
