@@ -14,17 +14,19 @@ import Synchronization
 /// each ready client in turn: reads everything queued for it (the read never waits: a client is only
 /// read while ``HubSubscription/hasQueued``) and builds it as one whole WebSocket frame of the
 /// upstream's own bytes, header included (``WireFrameBuilder``; several frames only past 1,000,000
-/// bytes), copied straight from where the hub holds the events. The frames of a whole turn are written
-/// below NIO's frame encoder and flushed, on the loop. One publish thus
+/// bytes), copied straight from where the hub holds the events. The frames of a whole turn go to the
+/// loop in one `execute`, which writes each below NIO's frame encoder and flushes. One publish thus
 /// costs about one task and one loop wake-up per loop, not a task per client. A client whose connection is not writable is not read until it is (its
 /// events wait in its own bounded hub buffer), so a slow client never holds up the others; a client that
 /// still has events after its turn goes to the back of the list, so a busy one cannot starve the rest.
 ///
-/// A default actor whose task prefers the loop as its task executor (``LoopTaskExecutor``): the actor
-/// and the stream's reads run on the loop's thread, so a turn costs one loop wake-up and its writes need
-/// no `execute`. (Tried before: an actor whose own executor is the loop, started with `Task.immediate`;
-/// perf showed 14% of the samples in `swift_task_switch`, and it cost more latency than it saved CPU.)
-/// Its isolated state is the streams' readers.
+/// A default actor, not one on the loop: the stream's `next()` runs on the global executor, and only a
+/// default actor can step there and back on the same thread (from a loop's executor each read would be
+/// two thread hand-offs). Its isolated state is the streams' readers. Also tried and measured: the
+/// drain's task with the loop as its task executor preference (``LoopTaskExecutor``), reading and
+/// writing on the loop. `fanout`'s p99 fell, but in `relay bench alpaca-json` (the machine saturated by
+/// the harness) fast subscribers were told they lag (113–329 `lagging` notices against none) and the
+/// delivery ratio fell to 0.91–0.999 against 1.0: the drain stays on the pool.
 actor LoopDrain {
     let loop: any EventLoop
     private let metrics: DownstreamMetrics
@@ -46,12 +48,8 @@ actor LoopDrain {
     /// smaller; a run of news items of megabytes is not built into frames all at once).
     static let liveBytesPerTurn = 4 << 20
 
-    /// Runs the drain's task on `loop`.
-    private let executor: LoopTaskExecutor
-
     init(loop: any EventLoop, metrics: DownstreamMetrics) {
         self.loop = loop
-        executor = LoopTaskExecutor(loop: loop)
         self.metrics = metrics
     }
 
@@ -63,21 +61,11 @@ actor LoopDrain {
             defer { state.running = true }
             return !state.running
         }
-        // On the loop (see `LoopTaskExecutor`): the stream reads and the writes happen where the
-        // connections live, with one loop wake-up per turn rather than a pool thread's and then the loop's.
-        if start { Task(executorPreference: executor) { await self.run() } }
+        if start { Task { await self.run() } }
     }
 
     private func run() async {
-        var since = NIODeadline.now()
         while true {
-            // On the loop, a drain that always finds more (a publish each millisecond, a long resume to a
-            // fast reader) would keep the loop from its sockets: past a millisecond it lets the loop poll
-            // them (reads, accepts, writability, timers) before it goes on.
-            if NIODeadline.now() - since > Self.turnTime {
-                await letTheLoopPoll()
-                since = .now()
-            }
             let more = ready.withLock { state -> Bool in
                 if state.clients.isEmpty {
                     state.running = false
@@ -96,24 +84,9 @@ actor LoopDrain {
             taking.removeAll(keepingCapacity: true)
             if !writes.isEmpty {
                 metrics.tally.add(delivered: delivered)
-                if loop.inEventLoop {
-                    Self.write(writes)
-                } else {
-                    let turn = writes
-                    loop.execute { Self.write(turn) }
-                }
+                let turn = writes
+                loop.execute { Self.write(turn) }
             }
-        }
-    }
-
-    /// How long the drain's task runs on its loop before the loop polls its sockets.
-    static let turnTime = TimeAmount.milliseconds(1)
-
-    /// Returns after the loop has polled its sockets: from a timer, which the loop runs after its next
-    /// poll (a task handed to `execute` would run before it).
-    private func letTheLoopPoll() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            loop.scheduleTask(in: .microseconds(20)) { continuation.resume() }
         }
     }
 
