@@ -15,8 +15,8 @@ public enum GatewayPath {
     /// The path's segments, decoded; refused: anything that is not one plain path on the vendor's host
     /// (`//`, `..`, an encoded `/` or `\`, control characters, an absolute URL).
     public static func segments(of path: String) -> Result<[String], GatewayProblem> {
-        // Bytes, here and below, not `contains(_:)` of a string (Foundation's search: a tenth of a live
-        // answer's time).
+        // Bytes, here and below, not `contains(_:)` of a string (Foundation's search: about 3% of a
+        // live answer's time).
         guard path.hasPrefix("/"), !path.hasPrefix("//"), !path.utf8.contains(UInt8(ascii: "\\")), path.utf8.count <= 2048 else {
             return .failure(.badRequest("not a path of the vendor's REST API: \(path.prefix(100))"))
         }
