@@ -83,28 +83,6 @@ extension MarketDataHub {
         let former = await fromFormerEpoch(topics, to: id, resuming: resume)
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
-        var outcome = HubResumeOutcome()
-        var gapNotices: [(Topic, Notice)] = []
-        let afresh = "the relay's history of this market started afresh (epoch \(epoch ?? "none"))"
-        // Topics resuming from a cluster's former term, found whole on its tape: that term's events, a
-        // gap naming the time between the terms, then this term's.
-        var acrossTerms: [Topic: (former: [MarketEvent], notice: Notice)] = [:]
-        for topic in epochGaps {
-            switch former?[topic] {
-            case .throughEnd(let events, let positions, let endedAt):
-                let through = epochAdoptedAt ?? WallClock.nowMilliseconds()
-                let seconds = Double(max(through - endedAt, 0) / 100) / 10
-                acrossTerms[topic] = (
-                    EventPosition.stamp(events, positions),
-                    gapStatus(
-                        topic, message: "nothing was received for \(seconds) s between two leadership terms (\(afresh)); the events before and after are replayed",
-                        from: (UInt64(max(endedAt, 0)), UInt64(max(through, 0)), EventHistory.GapUnit.unixMilliseconds.rawValue)))
-            case .gap(_, _, _, let reason):
-                gapNotices.append((topic, gapStatus(topic, message: "\(afresh); the former term's tape has not all its missed events (\(reason)); none are replayed", from: nil)))
-            default:
-                gapNotices.append((topic, gapStatus(topic, message: "\(afresh); nothing can be replayed", from: nil)))
-            }
-        }
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not
         // read yet (replays, recovered events), and within its budget over time (one resume's bound a
         // minute), so neither repeated resumes nor a client that never reads make the hub hold more.
@@ -119,138 +97,64 @@ extension MarketDataHub {
                     ? "this connection has \(queued) replayed events it has not read yet (one resume replays at most \(resumeBound))"
                     : "this connection was replayed \(resumeBound) events (notices and last values included) in the last minute")
         }
-        let limit = max(0, min(resumeBound - queued, available))
-        let why =
-            limit == resumeBound
-            ? "more than one resume replays (\(resumeBound))"
-            : "more than this connection may be replayed now (\(limit): one resume replays \(resumeBound), less what the connection has not read yet (\(queued)) and what it was replayed in the last minute)"
-        // Every topic's missed events (a former term's apart), then trimmed to the bound by giving up
+        // Every topic's missed events (a former term's first), then trimmed to the bound by giving up
         // the largest whole.
-        var found: [(topic: Topic, events: [MarketEvent], former: [MarketEvent])] = []
-        // Topics resuming from before a restart: the time nothing was received, told between the
-        // previous run's events and this run's.
-        var acrossRestart: [Topic: Notice] = [:]
-        var fromTape = 0
-        // What the memory answers, after what the archive found first (`older`).
-        func take(_ topic: Topic, _ missed: EventHistory.Missed, after older: [MarketEvent] = []) {
-            switch missed {
-            case .events(let events):
-                found.append((topic, older + events, []))
-                fromTape += older.count
-            case .acrossRestart(let before, let downFrom, let downTo, let after):
-                found.append((topic, older + before + after, []))
-                fromTape += older.count
-                let seconds = Double(max(downTo - downFrom, 0) / 100) / 10
-                acrossRestart[topic] = gapStatus(
-                    topic,
-                    message: "nothing was received for \(seconds) s (the relay restarted); the events before and after are replayed",
-                    from: (UInt64(max(downFrom, 0)), UInt64(max(downTo, 0)), EventHistory.GapUnit.unixMilliseconds.rawValue))
-            case .gap(let from, let through, let unit, let reason):
-                gapNotices.append(
-                    (topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
-            case .tooMany:
-                gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
-            }
-        }
-        for (topic, (earlier, _)) in acrossTerms.sorted(by: { $0.key < $1.key }) {
-            // This term's events of the topic from its first (whole only if the memory holds them all).
-            // A ticker this history has no line of, once the term has had events, was not received here.
-            var missed = history?.missed(topic, since: topic.isWildcard ? .market(0) : .topic(0), limit: max(limit - earlier.count, 0), now: now)
-            if let history, !topic.isWildcard, !history.hasLine(topic), history.nextMarketSequence > 1 {
-                missed = .gap(from: 1, through: 1, unit: .topicSequence, reason: "this node did not receive it this term")
-            }
-            switch missed {
-            case .events(let events):
-                found.append((topic, events, earlier))
-                fromTape += earlier.count
-            case .gap(_, _, _, let reason):
-                acrossTerms[topic] = nil
-                gapNotices.append((topic, gapStatus(topic, message: "\(afresh); this term's events are not all held (\(reason)); none are replayed", from: nil)))
-            default:
-                acrossTerms[topic] = nil
-                gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
-            }
-        }
-        for (topic, since) in wanted {
-            guard let history else {
-                take(topic, .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history"))
-                continue
-            }
-            guard let (answer, until) = archived?[topic] else {
-                take(topic, history.missed(topic, since: since, limit: limit, now: now))
-                continue
-            }
-            switch answer {
-            case .events(let events, let positions), .throughEnd(let events, let positions, _):
-                // The tape's events, then the memory's from where the tape's answer ends.
-                let older = EventPosition.stamp(events, positions)
-                take(topic, history.missed(topic, since: .market(until), limit: max(limit - older.count, 0), now: now), after: older)
-            case .gap(let from, let through, let unit, let reason):
-                gapNotices.append(
-                    (topic, gapStatus(topic, message: "missed events \(reason) (read from the tape); none are replayed", from: (from, through, unit))))
-            case .tooMany:
-                take(topic, .tooMany)
-            }
-        }
-        found.sort { $0.events.count + $0.former.count < $1.events.count + $1.former.count }
-        var total = 0
-        var replay: [MarketEvent] = []
-        var seen = Set<UInt64>()
-        var formerReplay: [MarketEvent] = []
-        var formerSeen = Set<UInt64>()
-        for (topic, events, former) in found {
-            let count = events.count + former.count
-            if total + count > limit {
-                acrossTerms[topic] = nil
-                gapNotices.append(
-                    (
-                        topic,
-                        gapStatus(topic, message: "\(count) missed events are \(why); none are replayed", from: nil)
-                    ))
-                continue
-            }
-            total += count
-            outcome.replayed[topic] = count
-            // A ticker topic and its wildcard share events: each goes once.
-            for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
-            for event in former where formerSeen.insert(event.sequence).inserted { formerReplay.append(event) }
-        }
-        replay.sort { $0.sequence < $1.sequence }
-        formerReplay.sort { $0.sequence < $1.sequence }
+        var gathering = ResumeGathering(
+            epoch: epoch, limit: max(0, min(resumeBound - queued, available)), resumeBound: resumeBound, queued: queued)
+        for topic in epochGaps { gathering.formerTerm(topic, former?[topic], through: epochAdoptedAt ?? now) }
+        gathering.thisTerm(of: history, now: now)
+        for (topic, since) in wanted { gathering.missed(topic, since: since, archived: archived?[topic], history: history, now: now) }
+        var outcome = HubResumeOutcome()
+        let (replay, formerReplay) = gathering.trim(into: &outcome)
+        let delivery = resumeDelivery(gathering, replay: replay, former: formerReplay, outcome: &outcome)
+        // The notices and last values count too: they are queued outside the buffer like the replay.
+        subscriber.replayBudget.spend(delivery.count, capacity: resumeBound, now: now)
+        countResume(outcome, replayed: replay.count + formerReplay.count, fromTape: gathering.fromTape)
+        if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
+        // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
+        let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
+        add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) })
+        return outcome
+    }
+
+    /// What a resume queues, in order: a former term's events, the time between the terms, this term's
+    /// events (with a restart's gaps where the previous run's end), each `gap` with its topic's last
+    /// values, and `resumed`. Adds the topics told a gap to `outcome`.
+    private func resumeDelivery(
+        _ gathering: ResumeGathering, replay: [MarketEvent], former: [MarketEvent], outcome: inout HubResumeOutcome
+    ) -> [MarketEvent] {
         var delivery = replay
-        let restarted = acrossRestart.filter { outcome.replayed[$0.key] != nil }
+        let restarted = gathering.acrossRestart.filter { outcome.replayed[$0.key] != nil }
         if !restarted.isEmpty, let marker = history?.restart?.marker {
             // The previous run's events, the restart's gaps, this run's events.
             let seam = replay.firstIndex { $0.sequence >= marker } ?? replay.endIndex
             delivery.insert(contentsOf: restarted.sorted { $0.key < $1.key }.map { wire.render($0.value) }, at: seam)
             outcome.gaps += restarted.keys.sorted()
         }
-        if !acrossTerms.isEmpty {
+        if !gathering.acrossTerms.isEmpty {
             // The former term's events first (their positions are its), the time between, then this term's.
-            delivery = formerReplay + acrossTerms.sorted { $0.key < $1.key }.map { wire.render($0.value.notice) } + delivery
-            outcome.gaps += acrossTerms.keys.sorted()
+            delivery = former + gathering.acrossTerms.sorted { $0.key < $1.key }.map { wire.render($0.value.notice) } + delivery
+            outcome.gaps += gathering.acrossTerms.keys.sorted()
         }
-        for (topic, notice) in gapNotices {
+        for (topic, notice) in gathering.gapNotices {
             outcome.gaps.append(topic)
             delivery.append(wire.render(notice))
             delivery += lastValues(of: topic)
         }
         delivery.append(wire.render(resumedStatus(outcome)))
-        // The notices and last values count too: they are queued outside the buffer like the replay.
-        subscriber.replayBudget.spend(delivery.count, capacity: resumeBound, now: now)
-        metrics.replayed.increment(by: replay.count + formerReplay.count)
+        return delivery
+    }
+
+    /// Counts a resume in the metrics and in ``resumeCounts``.
+    private func countResume(_ outcome: HubResumeOutcome, replayed: Int, fromTape: Int) {
+        metrics.replayed.increment(by: replayed)
         if fromTape > 0 { metrics.archiveReplayed.increment(by: fromTape) }
         if !outcome.gaps.isEmpty { metrics.gaps.increment(by: outcome.gaps.count) }
         (outcome.gaps.isEmpty ? metrics.resumed : metrics.resumedWithGaps).increment()
         resumeCounts.resumes += 1
         if !outcome.gaps.isEmpty { resumeCounts.withGaps += 1 }
-        resumeCounts.replayed += replay.count + formerReplay.count
+        resumeCounts.replayed += replayed
         resumeCounts.gaps += outcome.gaps.count
-        if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
-        // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
-        let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
-        add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) })
-        return outcome
     }
 
     /// The archive's answers for the topics whose positions the memory no longer holds (of this epoch),
@@ -397,17 +301,6 @@ extension MarketDataHub {
     private func lastValues(of topic: Topic) -> [MarketEvent] {
         if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
         return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.value).sorted { $0.sequence < $1.sequence }
-    }
-
-    private func gapStatus(_ topic: Topic, message: String, from range: (UInt64, UInt64, String)?) -> Notice {
-        var details: [String: Notice.Value] = ["topic": .text(topic.description)]
-        if let epoch { details["epoch"] = .text(epoch) }
-        if let (from, through, unit) = range {
-            details["from"] = .number(Int64(clamping: from))
-            details["through"] = .number(Int64(clamping: through))
-            details["unit"] = .text(unit)
-        }
-        return Notice(.gap, message: "\(topic): \(message)", details: details)
     }
 
     private func resumedStatus(_ outcome: HubResumeOutcome) -> Notice {

@@ -66,12 +66,12 @@ public actor MarketDataHub {
     var resumeCounts = ResumeCounts()
     let metrics: HubHistoryMetrics
     /// Event type → subscribers of its wildcard.
-    private var wildcards: [String: [Subscriber]] = [:]
+    var wildcards: [String: [Subscriber]] = [:]
     /// What this hub wants from its source; what a call changed in it is reported at the call's end.
     var wanted = WantedSet()
     var published = 0
     /// Events dropped since start for subscribers that did not keep up (full buffers and evictions).
-    public private(set) var droppedTotal = 0
+    public internal(set) var droppedTotal = 0
     var laggingCount = 0
     /// The upstream's outages: the one in progress, and when the last event arrived.
     var outages = OutageLedger()
@@ -97,12 +97,12 @@ public actor MarketDataHub {
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger
     private let subscribersGauge: Gauge
-    private let laggingGauge: Gauge
+    let laggingGauge: Gauge
     private let publishedCounter: Counter
     /// Whole states (order books) a cluster node took from its store.
-    private let foldsAdopted: Counter
-    private let droppedFull: Counter
-    private let droppedEvicted: Counter
+    let foldsAdopted: Counter
+    let droppedFull: Counter
+    let droppedEvicted: Counter
 
     /// - Parameters:
     ///   - wire: the market's protocol (it renders the hub's notices).
@@ -448,195 +448,5 @@ public actor MarketDataHub {
             for subscriber in holders { enqueue(HubDelivery([notice]), to: subscriber) }
         }
         return kept.count == events.count ? kept : events
-    }
-
-    /// Calls `whenQueued` of those of `candidates` that had something queued since they were last told
-    /// (`enqueue` only marks them, so a hub call tells everyone at its end, together). A flag on the
-    /// subscriber rather than a list of them: a publish allocates nothing for it.
-    func tell(_ candidates: some Sequence<Subscriber>) {
-        for subscriber in candidates where subscriber.untold {
-            subscriber.untold = false
-            subscriber.whenQueued?()
-        }
-    }
-
-    /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
-    /// dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
-    func enqueue(_ delivery: HubDelivery, to subscriber: Subscriber) {
-        guard !subscriber.parked else { return }
-        var delivery = delivery
-        var count = delivery.count
-        var pending = subscriber.queue.pending.load(ordering: .acquiring)
-        // A subscriber that lost events and has since drained to half its buffer is told first, so the
-        // notice sits exactly where its gap is.
-        if subscriber.lostSinceNotice > 0, pending <= Self.bufferLimit / 2 {
-            let notice = lossNotice(for: subscriber)
-            subscriber.lostSinceNotice = 0
-            setLagging(false)
-            if yield(HubDelivery([notice]), count: 1, to: subscriber) { pending += 1 }
-            // Its books missed changes: each comes whole again right after the notice (a change queued
-            // after it only sets again what the whole book already holds).
-            let wholes = folding == nil ? [] : wholeStates(held: subscriber.topics)
-            if !wholes.isEmpty, yield(HubDelivery(wholes), count: wholes.count, to: subscriber) { pending += wholes.count }
-        }
-        let room = max(Self.bufferLimit - pending, 0)
-        if count > room {
-            let lost = count - room
-            delivery = delivery.prefix(room)
-            count = room
-            subscriber.dropped += lost
-            droppedTotal += lost
-            switch policy {
-            case .drop:
-                droppedFull.increment(by: lost)
-                if subscriber.lostSinceNotice == 0 { setLagging(true) }
-                subscriber.lostSinceNotice += lost
-            case .disconnect:
-                // What fits is still queued, so the client reads up to the point it fell behind.
-                droppedEvicted.increment(by: lost)
-                if count > 0 { _ = yield(delivery, count: count, to: subscriber) }
-                evict(subscriber)
-                return
-            }
-        }
-        guard count > 0 else { return }
-        if yield(delivery, count: count, to: subscriber) {
-            pending += count
-            if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
-        }
-    }
-
-    /// Queues a delivery on a subscriber's stream and counts it; whether it was queued. It joins the
-    /// stream's newest element while the reader has not taken that yet (``DeliveryBatch``), else the
-    /// batch is yielded again with it.
-    func yield(_ delivery: HubDelivery, count: Int, to subscriber: Subscriber) -> Bool {
-        let batch = subscriber.batch
-        if batch.add(delivery, count: count, queue: subscriber.queue) {
-            subscriber.untold = true
-            return true
-        }
-        batch.reopen(with: delivery, count: count, queue: subscriber.queue)
-        let result = subscriber.continuation.yield(batch)
-        if case .enqueued = result {
-            subscriber.queue.batches.add(1, ordering: .releasing)
-            subscriber.untold = true
-            return true
-        }
-        // Not in the stream (ended, or past its own bound): closed again, its count taken back.
-        batch.withdraw(queue: subscriber.queue)
-        if case .dropped = result {
-            // The stream's own bound (1,000 elements) is a backstop: it holds one batch at a time.
-            subscriber.dropped += count
-            droppedTotal += count
-            droppedFull.increment(by: count)
-        }
-        return false
-    }
-
-    /// The notice telling a subscriber how many events it lost since the last one.
-    private func lossNotice(for subscriber: Subscriber) -> MarketEvent {
-        let lost = subscriber.lostSinceNotice
-        return wire.render(
-            Notice(
-                .lagging, message: "\(lost) events were dropped because this connection did not keep up",
-                details: ["dropped": .number(Int64(lost)), "dropped_total": .number(Int64(subscriber.dropped))]))
-    }
-
-    private func evict(_ subscriber: Subscriber) {
-        logger.warning(
-            "subscriber disconnected: its buffer of \(Self.bufferLimit) events was full",
-            metadata: ["subscriber": "\(subscriber.id)"])
-        subscriber.queue.evicted.store(true, ordering: .releasing)
-        remove(subscriber.id)
-    }
-
-    private func warnFalling(behind subscriber: Subscriber, fill: Int) {
-        let now = ContinuousClock.now
-        if let last = subscriber.lastWarning, now - last < .seconds(10) { return }
-        subscriber.lastWarning = now
-        logger.warning(
-            "subscriber falling behind: buffer \(fill * 100 / Self.bufferLimit)% full",
-            metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"])
-    }
-
-    private func setLagging(_ lagging: Bool) {
-        laggingCount += lagging ? 1 : -1
-        laggingGauge.record(laggingCount)
-    }
-
-    /// A topic's last event from elsewhere (a cluster's last-value store), for the snapshot on
-    /// subscribe. Used only while the topic has subscribers and no event of its own yet: then it becomes
-    /// the topic's last event and each of its subscribers gets it. A live event that arrived first wins,
-    /// so a late seed never puts an older event after a newer one.
-    public func seed(_ event: MarketEvent) {
-        if let entry = entries[event.topic], let fold = entry.fold {
-            adoptWhole(event, of: event.topic, into: entry, fold)
-            return
-        }
-        guard snapshotOnSubscribe, !snapshotless.contains(event.eventType), let entry = entries[event.topic], entry.last == nil,
-            !entry.subscribers.isEmpty
-        else { return }
-        entry.last = event.compacted()
-        for subscriber in entry.subscribers { enqueue(HubDelivery([event]), to: subscriber) }
-        tell(entry.subscribers)
-    }
-
-    /// A folded topic's whole state from elsewhere (the cluster's store holds the leader's book, at the
-    /// position of the last change in it): taken while this hub's own is not whole, brought up to date
-    /// with the changes held back since that position, and sent to the topic's holders. Not taken when a
-    /// change after it is missing (the next, newer one from the store will do).
-    func adoptWhole(_ whole: MarketEvent, of topic: Topic, into entry: TopicEntry, _ fold: any TopicFold) {
-        guard !fold.isWhole, let position = EventPosition.read(from: whole.bytes) else { return }
-        // Only when the changes this node holds reach from at most the one right after the whole state to
-        // at least the whole state's own: then nothing between went by unseen, and the whole state is of
-        // the changes this node holds (not of a former term, whose sequences started afresh; with nothing
-        // held yet, the next round of the store decides). Both sequences must agree: a change before the
-        // whole state has a market sequence at most its, one after it a larger one.
-        let held = entry.heldBack.compactMap { event in EventPosition.read(from: event.bytes).map { (event, $0) } }
-        guard let first = held.first?.1, let last = held.last?.1, first.topic <= position.topic + 1, last.topic >= position.topic else { return }
-        var later: [MarketEvent] = []
-        var expected = position.topic + 1
-        for (event, at) in held {
-            guard at.topic > position.topic else {
-                guard at.market <= position.market else { return }
-                continue
-            }
-            guard at.topic == expected, at.market > position.market else { return }
-            expected += 1
-            later.append(event)
-        }
-        fold.apply(whole)
-        for event in later { fold.apply(event) }
-        guard let rendered = fold.whole() else { return }
-        entry.releaseHeldBack()
-        foldsAdopted.increment()
-        let holders = entry.subscribers + (wildcards[topic.eventType] ?? [])
-        for subscriber in holders { enqueue(HubDelivery([rendered]), to: subscriber) }
-        tell(holders)
-    }
-
-    /// The whole states (order books) of the folded topics in `topics`, a wildcard's being every one of
-    /// its type.
-    func wholeStates(held topics: Set<Topic>) -> [MarketEvent] {
-        guard let folding else { return [] }
-        let wildTypes = Set(topics.filter { $0.isWildcard && folding.eventTypes.contains($0.eventType) }.map(\.eventType))
-        var wholes: [MarketEvent] = []
-        for (topic, entry) in entries where folding.eventTypes.contains(topic.eventType) {
-            guard topics.contains(topic) || wildTypes.contains(topic.eventType), let whole = entry.fold?.whole() else { continue }
-            wholes.append(whole)
-        }
-        return wholes
-    }
-
-    /// Folded topics someone here holds, whose events come, and whose state is not whole: what a source
-    /// asks for anew (the upstream, or a cluster node's store). One whose events never came (a symbol
-    /// the vendor does not have) is not asked for.
-    public func foldsNotWhole() -> [Topic] {
-        entries.compactMap { topic, entry in
-            guard let fold = entry.fold, !fold.isWhole, entry.last != nil, !entry.subscribers.isEmpty || wildcards[topic.eventType] != nil else {
-                return nil
-            }
-            return topic
-        }
     }
 }

@@ -255,6 +255,9 @@ public final class TapeWriter {
     private let compressor: ZstdCompressor
     /// The UTC day of the blocks being written.
     public private(set) var day: String?
+    /// The receive times (UTC ns) of that day, once known.
+    private var dayTimes: Range<Int64>?
+    private static let nanosecondsPerDay: Int64 = 86_400 * 1_000_000_000
     private var pending: [UInt8] = []
     private var pendingRecords = 0
     private var pendingEvents = 0
@@ -389,14 +392,19 @@ public final class TapeWriter {
     /// its epoch and source first; every block begins with its epoch, so a reader starting at any block
     /// (a restart's rebuild of its recent history) knows which epoch its positions count in.
     private func starting(at time: Int64, sequence: UInt64) throws -> (time: Int64, sequence: UInt64) {
-        let recordDay = TapeFile.day(of: time)
         var newDay = false
-        if recordDay != day {
-            try flush()
-            day = nil
-            try sink.begin(day: recordDay)
-            day = recordDay
-            newDay = true
+        // The day's name is made (`gmtime_r` and a string) only when a record leaves the day's times.
+        if day == nil || dayTimes?.contains(time) != true {
+            let recordDay = TapeFile.day(of: time)
+            if recordDay != day {
+                try flush()
+                day = nil
+                try sink.begin(day: recordDay)
+                day = recordDay
+                newDay = true
+            }
+            let midnight = time >= 0 ? time - time % Self.nanosecondsPerDay : nil
+            dayTimes = midnight.map { $0..<($0 + Self.nanosecondsPerDay) }
         }
         if let first { return first }
         first = (time, sequence)

@@ -1,0 +1,162 @@
+import MarketCore
+
+/// What one resume gathers before anything is queued (``MarketDataHub/add(_:to:resuming:)``): each
+/// topic's missed events (and, across a cluster's leadership terms, the former term's), the notices of
+/// the topics that cannot resume whole, and how many events came from the tape. The hub fills it in
+/// steps, in the order their notices are told, then trims it to the resume's bound and turns it into
+/// one delivery. A plain value; it touches no hub state.
+struct ResumeGathering {
+    /// The hub's epoch, named in every `gap`.
+    let epoch: String?
+    /// How many events this resume may replay.
+    let limit: Int
+    /// Why a topic past ``limit`` is not replayed ("more than one resume replays (…)").
+    let why: String
+    /// Each topic's missed events of this term and of the former one.
+    private(set) var found: [(topic: Topic, events: [MarketEvent], former: [MarketEvent])] = []
+    /// The topics told `gap` (each followed by its last values), in the order told.
+    private(set) var gapNotices: [(Topic, Notice)] = []
+    /// Topics resuming from before a restart: the time nothing was received, told between the previous
+    /// run's events and this run's.
+    private(set) var acrossRestart: [Topic: Notice] = [:]
+    /// Topics resuming from a cluster's former term, found whole on its tape: that term's events and the
+    /// gap naming the time between the terms (then this term's events).
+    private(set) var acrossTerms: [Topic: (former: [MarketEvent], notice: Notice)] = [:]
+    /// Events read from the archive (the tape).
+    private(set) var fromTape = 0
+
+    init(epoch: String?, limit: Int, resumeBound: Int, queued: Int) {
+        self.epoch = epoch
+        self.limit = limit
+        why =
+            limit == resumeBound
+            ? "more than one resume replays (\(resumeBound))"
+            : "more than this connection may be replayed now (\(limit): one resume replays \(resumeBound), less what the connection has not read yet (\(queued)) and what it was replayed in the last minute)"
+    }
+
+    private var afresh: String { "the relay's history of this market started afresh (epoch \(epoch ?? "none"))" }
+
+    /// A topic whose client's epoch is the former term's: that term's events from its tape (`answer`),
+    /// whole through the term's end, or a `gap`. `through`: when this node began its term (Unix ms).
+    mutating func formerTerm(_ topic: Topic, _ answer: ArchiveAnswer?, through: Int64) {
+        switch answer {
+        case .throughEnd(let events, let positions, let endedAt):
+            let seconds = Double(max(through - endedAt, 0) / 100) / 10
+            acrossTerms[topic] = (
+                EventPosition.stamp(events, positions),
+                gapStatus(
+                    topic, message: "nothing was received for \(seconds) s between two leadership terms (\(afresh)); the events before and after are replayed",
+                    from: (UInt64(max(endedAt, 0)), UInt64(max(through, 0)), EventHistory.GapUnit.unixMilliseconds.rawValue)))
+        case .gap(_, _, _, let reason):
+            gapNotices.append((topic, gapStatus(topic, message: "\(afresh); the former term's tape has not all its missed events (\(reason)); none are replayed", from: nil)))
+        default:
+            gapNotices.append((topic, gapStatus(topic, message: "\(afresh); nothing can be replayed", from: nil)))
+        }
+    }
+
+    /// This term's events of each topic found whole on the former term's tape, from its first (whole
+    /// only if `history` holds them all); a topic whose term is not all held becomes a `gap`.
+    mutating func thisTerm(of history: EventHistory?, now: Int64) {
+        for (topic, (earlier, _)) in acrossTerms.sorted(by: { $0.key < $1.key }) {
+            // A ticker this history has no line of, once the term has had events, was not received here.
+            var missed = history?.missed(topic, since: topic.isWildcard ? .market(0) : .topic(0), limit: max(limit - earlier.count, 0), now: now)
+            if let history, !topic.isWildcard, !history.hasLine(topic), history.nextMarketSequence > 1 {
+                missed = .gap(from: 1, through: 1, unit: .topicSequence, reason: "this node did not receive it this term")
+            }
+            switch missed {
+            case .events(let events):
+                found.append((topic, events, earlier))
+                fromTape += earlier.count
+            case .gap(_, _, _, let reason):
+                acrossTerms[topic] = nil
+                gapNotices.append((topic, gapStatus(topic, message: "\(afresh); this term's events are not all held (\(reason)); none are replayed", from: nil)))
+            default:
+                acrossTerms[topic] = nil
+                gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
+            }
+        }
+    }
+
+    /// A topic of this epoch: its missed events since `since`, from the archive's answer (`archived`:
+    /// the tape's events, then the memory's from where they end) or from the memory alone.
+    mutating func missed(_ topic: Topic, since: EventHistory.Since, archived: (ArchiveAnswer, until: UInt64)?, history: EventHistory?, now: Int64) {
+        guard let history else {
+            take(topic, .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history"))
+            return
+        }
+        guard let (answer, until) = archived else {
+            take(topic, history.missed(topic, since: since, limit: limit, now: now))
+            return
+        }
+        switch answer {
+        case .events(let events, let positions), .throughEnd(let events, let positions, _):
+            let older = EventPosition.stamp(events, positions)
+            take(topic, history.missed(topic, since: .market(until), limit: max(limit - older.count, 0), now: now), after: older)
+        case .gap(let from, let through, let unit, let reason):
+            gapNotices.append(
+                (topic, gapStatus(topic, message: "missed events \(reason) (read from the tape); none are replayed", from: (from, through, unit))))
+        case .tooMany:
+            take(topic, .tooMany)
+        }
+    }
+
+    /// What the memory answers for a topic, after what the archive found first (`older`).
+    private mutating func take(_ topic: Topic, _ missed: EventHistory.Missed, after older: [MarketEvent] = []) {
+        switch missed {
+        case .events(let events):
+            found.append((topic, older + events, []))
+            fromTape += older.count
+        case .acrossRestart(let before, let downFrom, let downTo, let after):
+            found.append((topic, older + before + after, []))
+            fromTape += older.count
+            let seconds = Double(max(downTo - downFrom, 0) / 100) / 10
+            acrossRestart[topic] = gapStatus(
+                topic,
+                message: "nothing was received for \(seconds) s (the relay restarted); the events before and after are replayed",
+                from: (UInt64(max(downFrom, 0)), UInt64(max(downTo, 0)), EventHistory.GapUnit.unixMilliseconds.rawValue))
+        case .gap(let from, let through, let unit, let reason):
+            gapNotices.append((topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
+        case .tooMany:
+            gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
+        }
+    }
+
+    /// The events replayed, within ``limit`` by giving up the largest topics whole (each told `gap`):
+    /// this term's and the former term's, each in arrival order and each event once (a ticker topic and
+    /// its wildcard share events). Counts each replayed topic in `outcome`.
+    mutating func trim(into outcome: inout HubResumeOutcome) -> (replay: [MarketEvent], former: [MarketEvent]) {
+        found.sort { $0.events.count + $0.former.count < $1.events.count + $1.former.count }
+        var total = 0
+        var replay: [MarketEvent] = []
+        var seen = Set<UInt64>()
+        var formerReplay: [MarketEvent] = []
+        var formerSeen = Set<UInt64>()
+        for (topic, events, former) in found {
+            let count = events.count + former.count
+            if total + count > limit {
+                acrossTerms[topic] = nil
+                gapNotices.append((topic, gapStatus(topic, message: "\(count) missed events are \(why); none are replayed", from: nil)))
+                continue
+            }
+            total += count
+            outcome.replayed[topic] = count
+            for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
+            for event in former where formerSeen.insert(event.sequence).inserted { formerReplay.append(event) }
+        }
+        replay.sort { $0.sequence < $1.sequence }
+        formerReplay.sort { $0.sequence < $1.sequence }
+        return (replay, formerReplay)
+    }
+
+    /// A topic's `gap` status, naming the epoch and, when known, the missing range.
+    private func gapStatus(_ topic: Topic, message: String, from range: (UInt64, UInt64, String)?) -> Notice {
+        var details: [String: Notice.Value] = ["topic": .text(topic.description)]
+        if let epoch { details["epoch"] = .text(epoch) }
+        if let (from, through, unit) = range {
+            details["from"] = .number(Int64(clamping: from))
+            details["through"] = .number(Int64(clamping: through))
+            details["unit"] = .text(unit)
+        }
+        return Notice(.gap, message: "\(topic): \(message)", details: details)
+    }
+}
