@@ -1,0 +1,79 @@
+import NIOCore
+import PolygonWire
+import Testing
+
+@testable import MarketDataHub
+
+/// One resume's gathering as a plain value: what each topic finds, what is given up past the bound,
+/// and what each `gap` says, without a hub.
+@Suite("Resume gathering: each topic whole or a gap, within the bound")
+struct ResumeGatheringTests {
+    private func topic(_ text: String) -> Topic { Topic(parsing: text)! }
+
+    /// A history holding, for each of `counts`' tickers, that many `T` events, published round by round.
+    private func history(_ counts: [String: Int]) -> EventHistory {
+        let history = EventHistory(limits: HistoryLimits(), epoch: "e")
+        for ticker in counts.keys { history.wanted(topic("T.\(ticker)"), now: 0) }
+        history.wanted(topic("T.*"), now: 0)
+        for round in 1...(counts.values.max() ?? 0) {
+            let events = counts.keys.sorted().filter { counts[$0]! >= round }.map { event("T", $0, round) }
+            _ = history.keep(events, at: Int64(round))
+        }
+        return history
+    }
+
+    @Test func theLargestTopicsAreGivenUpWholeAndTheRestReplayedInArrivalOrderOnce() {
+        let history = history(["A": 3, "B": 4, "C": 1, "D": 5])
+        var gathering = ResumeGathering(epoch: "e", limit: 4, resumeBound: 4, queued: 0)
+        for ticker in ["A", "B", "C", "D"] {
+            gathering.missed(topic("T.\(ticker)"), since: .topic(0), archived: nil, history: history, now: 10)
+        }
+        var outcome = HubResumeOutcome()
+        let (replay, former) = gathering.trim(into: &outcome)
+        #expect(outcome.replayed == [topic("T.A"): 3, topic("T.C"): 1], "B's 4 do not fit after C's and A's: given up whole, not cut")
+        #expect(replay.map(\.sequence) == replay.map(\.sequence).sorted(), "arrival order")
+        #expect(replay.count == 4 && former.isEmpty)
+        // D is past the bound on its own (the history stops scanning); B only with the others.
+        #expect(gathering.gapNotices.map(\.0) == [topic("T.D"), topic("T.B")])
+        #expect(gathering.gapNotices[0].1.message == "T.D: its missed events are more than one resume replays (4); none are replayed")
+        #expect(gathering.gapNotices[1].1.message == "T.B: 4 missed events are more than one resume replays (4); none are replayed")
+        #expect(gathering.gapNotices[1].1.details["epoch"] == .text("e"))
+    }
+
+    @Test func aTickerAndItsWildcardShareTheirEventsAndEachGoesOnce() {
+        let history = history(["A": 3])
+        var gathering = ResumeGathering(epoch: "e", limit: 100, resumeBound: 100, queued: 0)
+        gathering.missed(topic("T.A"), since: .topic(0), archived: nil, history: history, now: 10)
+        gathering.missed(topic("T.*"), since: .market(0), archived: nil, history: history, now: 10)
+        var outcome = HubResumeOutcome()
+        let (replay, _) = gathering.trim(into: &outcome)
+        #expect(outcome.replayed == [topic("T.A"): 3, topic("T.*"): 3])
+        #expect(replay.map(\.sequence) == [1, 2, 3], "each event once")
+    }
+
+    @Test func withoutAHistoryEveryTopicIsAGapAndABoundBelowTheResumesSaysWhy() {
+        var gathering = ResumeGathering(epoch: nil, limit: 10, resumeBound: 100, queued: 90)
+        gathering.missed(topic("T.A"), since: .topic(1), archived: nil, history: nil, now: 0)
+        #expect(gathering.gapNotices.count == 1)
+        #expect(gathering.gapNotices[0].1.message.contains("this relay keeps no history"))
+        #expect(gathering.why.contains("has not read yet (90)"), "the bound is this connection's, and says so")
+    }
+
+    @Test func aFormerTermWholeOnItsTapeNamesTheTimeBetweenTheTerms() {
+        let history = history(["A": 2])
+        var gathering = ResumeGathering(epoch: "e", limit: 100, resumeBound: 100, queued: 0)
+        let formerEvents = [event("T", "A", 7)]
+        gathering.formerTerm(
+            topic("T.A"), .throughEnd(formerEvents, [EventPosition(topic: 7, market: 70)], endedAt: 1_000), through: 3_500)
+        gathering.formerTerm(topic("T.B"), nil, through: 3_500)
+        gathering.thisTerm(of: history, now: 10)
+        var outcome = HubResumeOutcome()
+        let (replay, former) = gathering.trim(into: &outcome)
+        #expect(former.count == 1 && replay.count == 2)
+        #expect(outcome.replayed == [topic("T.A"): 3])
+        let between = gathering.acrossTerms[topic("T.A")]?.notice
+        #expect(between?.message.contains("nothing was received for 2.5 s between two leadership terms") == true, "\(between?.message ?? "")")
+        #expect(between?.details["from"] == .number(1_000) && between?.details["through"] == .number(3_500))
+        #expect(gathering.gapNotices.map(\.0) == [topic("T.B")], "no answer from the former term's tape: a gap")
+    }
+}
