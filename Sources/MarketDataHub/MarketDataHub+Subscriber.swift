@@ -1,4 +1,5 @@
 import MarketCore
+import NIOCore
 
 extension MarketDataHub {
     /// One subscriber. A class so the hot path updates it in place; confined to the actor.
@@ -45,6 +46,11 @@ extension MarketDataHub {
     final class TopicEntry {
         var subscribers: [Subscriber] = []
         var last: MarketEvent?
+        /// Whether `last` still shares its message's bytes: set by a publish, which gives it bytes of its
+        /// own at its end (once per topic, however many of the topic's events the publish carried).
+        var lastShared = false
+        /// The bytes of the last event as compacted (the storage the next compaction may write into).
+        private var previousLastBytes: ByteBuffer?
         /// The topic's state folded from its events (an order book), for a type the protocol folds.
         var fold: (any TopicFold)?
         /// A cluster node's events of a folded topic since its fold stopped being whole, so a whole state
@@ -53,6 +59,28 @@ extension MarketDataHub {
         /// a newer whole state helps).
         var heldBack: [MarketEvent] = []
         var heldBackSize = 0
+
+        /// Gives `last` bytes of its own (``MarketEvent/compacted()``), written into the storage the
+        /// topic's previous last event had when nothing else holds that any more (no allocation per
+        /// event), unless it is more than four times the size needed.
+        func compactLast() {
+            lastShared = false
+            guard let event = last, event.bytes.storageCapacity >= 2 * event.bytes.readableBytes else {
+                previousLastBytes = nil
+                return
+            }
+            guard var bytes = previousLastBytes, bytes.capacity <= 4 * max(event.bytes.readableBytes, 64) else {
+                last = event.compacted()
+                previousLastBytes = last?.bytes
+                return
+            }
+            previousLastBytes = nil
+            // Unique now unless a delivery still holds it; then `clear` starts a new storage.
+            bytes.clear(minimumCapacity: event.bytes.readableBytes)
+            bytes.writeImmutableBuffer(event.bytes)
+            last = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: bytes, receivedAt: event.receivedAt, sequence: event.sequence)
+            previousLastBytes = bytes
+        }
 
         static let heldBackLimit = 4096
         static let heldBackBytes = 1 << 20

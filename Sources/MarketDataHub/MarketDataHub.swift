@@ -52,6 +52,9 @@ public actor MarketDataHub {
     public let keepsLastValues: Bool
     var subscribers: [SubscriberID: Subscriber] = [:]
     var entries: [Topic: TopicEntry] = [:]
+    /// The entries whose last event a publish set, to be compacted at its end (kept between publishes
+    /// for its capacity: a publish allocates nothing for it).
+    private var sharedLastValues: [TopicEntry] = []
     /// Recent events and the positions of new ones (`nil`: no history, no positions).
     var history: EventHistory?
     let historyLimits: HistoryLimits?
@@ -373,8 +376,13 @@ public actor MarketDataHub {
                 // A cluster node may still receive a few events of a topic it just dropped: not kept.
                 var withheld = false
                 if let entry = entries[event.topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: event.topic) : nil) {
-                    // Its own bytes: a cached event must not keep its whole upstream message alive.
-                    if keepsLastValues { entry.last = event.compacted() }
+                    if keepsLastValues {
+                        entry.last = event
+                        if !entry.lastShared {
+                            entry.lastShared = true
+                            sharedLastValues.append(entry)
+                        }
+                    }
                     if let fold = entry.fold {
                         if entry.subscribers.isEmpty && wild == nil {
                             // Nobody holds it: what comes now (the last events before the unsubscribe takes
@@ -419,6 +427,9 @@ public actor MarketDataHub {
             touched.removeAll(keepingCapacity: true)
             base = end
         }
+        // Their own bytes: a cached event must not keep its whole upstream message alive.
+        for entry in sharedLastValues { entry.compactLast() }
+        sharedLastValues.removeAll(keepingCapacity: true)
     }
 
     /// Keeps events whose positions a cluster's leader wrote into their bytes (read, not written);

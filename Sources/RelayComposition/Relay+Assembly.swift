@@ -256,8 +256,10 @@ extension Relay {
             keepsUnwantedLastValues: !clustered,
             // News without its snapshot: no last story kept per symbol (nothing would read it).
             keepsLastValues: source.market != .news || settings.news.snapshot,
-            // In a cluster the leader gives the positions and every node adopts them.
-            history: settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics,
+            // In a cluster the leader gives the positions and every node adopts them. A replay at `max`
+            // keeps none: its memory would hold about a second of it, too little to resume from, at
+            // half the replay's CPU.
+            history: source.replay?.speed == .max ? nil : settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics,
             tap: recorder
         ) { change in
             interest.apply(change)

@@ -91,7 +91,8 @@ struct ReplayTests {
             #expect(ended.fields["state"] as? String == "ended", "\(ended.fields)")
             // Nothing is published before the start notice, so the events read with it (in its frame, after
             // it) are the replay's first.
-            let replayed = (started.eventsBefore + ended.eventsBefore).map { Self.withoutPositions(String(buffer: $0.bytes)) }
+            // At `max` the replay keeps no history, so its events carry no positions: the recorded bytes exactly.
+            let replayed = (started.eventsBefore + ended.eventsBefore).map { String(buffer: $0.bytes) }
             let expected = recorded.map { String(buffer: $0.bytes) }
             #expect(replayed.count == expected.count, "every recorded event (\(replayed.count) of \(expected.count))")
             if replayed.count == expected.count { #expect(replayed == expected, "in order, with the recorded bytes (time fields included)") }
@@ -102,6 +103,27 @@ struct ReplayTests {
             let upstream = ((health["markets"] as? [String: Any])?["stocks"] as? [String: Any])?["upstream"] as? [String: Any]
             let source = upstream?["url"] as? String
             #expect(source?.hasPrefix("tape:") == true, "\(String(describing: upstream))")
+        }
+    }
+
+    @Test func aReplayAtAFiniteSpeedKeepsAHistoryAndPositionsItsEvents() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-replay-pos-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let recorded = try await record(into: directory, count: 300)
+        // A hundredth of the recorded pace (a demo feed at 2,000/s: one event every 50 ms or so), so the
+        // client subscribes while the replay is under way.
+        try await replaying(directory, speed: "0.01") { port in
+            let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks")
+            client.send(ClientAction(.subscribe, params: "Q.*,T.*"))
+            var events: [MarketEvent] = []
+            while events.count < 5 { events += try FrameParser.parse(try await client.nextFrame(timeout: .seconds(30))).events }
+            let objects = events.map { jsonObject(String(buffer: $0.bytes)) }
+            let sequences = objects.compactMap { $0["_m"] as? Int }
+            #expect(sequences.count == events.count && objects.allSatisfy { $0["_s"] is Int }, "each event positioned: \(objects.prefix(2))")
+            #expect(sequences == Array(sequences.first.map { $0..<($0 + sequences.count) } ?? 0..<0), "in the replay's own market sequence")
+            let recordedBytes = Set(recorded.map { String(buffer: $0.bytes) })
+            #expect(events.allSatisfy { recordedBytes.contains(Self.withoutPositions(String(buffer: $0.bytes))) }, "the recorded bytes, positions added")
+            await client.close()
         }
     }
 

@@ -461,3 +461,38 @@ struct HubDeliveryTests {
         #expect(got.suffix(10).map(\.json) == (0..<10).map { event("Q", "A", 5000 + $0).json })
     }
 }
+
+/// The last value of a topic holds bytes of its own, written again in place publish after publish, and
+/// never under a snapshot already queued for somebody.
+@Suite("Hub last values: their own bytes")
+struct HubLastValueTests {
+    /// Events as slices of one message, as an upstream's are.
+    private func message(_ texts: [String], type: String = "T", tickers: [String]) -> [MarketEvent] {
+        var whole = ByteBuffer(string: String(repeating: " ", count: 4096))
+        var events: [MarketEvent] = []
+        for (text, ticker) in zip(texts, tickers) {
+            let start = whole.writerIndex
+            whole.writeString(text)
+            events.append(MarketEvent(eventType: type, ticker: ticker, bytes: whole.getSlice(at: start, length: text.utf8.count)!))
+        }
+        return events
+    }
+
+    @Test func aLastValueDoesNotKeepItsMessageAndASnapshotQueuedBeforeANewerOneIsKept() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        let holder = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish(message([#"{"ev":"T","sym":"AAPL","n":1}"#, #"{"ev":"T","sym":"AAPL","n":2}"#], tickers: ["AAPL", "AAPL"]))
+        let first = try #require(await hub.lastEvent(for: Topic(parsing: "T.AAPL")!))
+        #expect(String(buffer: first.bytes) == #"{"ev":"T","sym":"AAPL","n":2}"#, "the publish's last one")
+        #expect(first.bytes.storageCapacity < 2 * 4096, "its own bytes, not the message's")
+        // A new subscriber's snapshot is queued (it holds the last value's bytes), then newer events come.
+        let late = await hub.subscribe(to: topics("T.AAPL"))
+        for n in 3...5 { await hub.publish(message([#"{"ev":"T","sym":"AAPL","n":\#(n)}"#], tickers: ["AAPL"])) }
+        let got = try await take(4, from: late.events)
+        #expect(got.map { String(buffer: $0.bytes) } == (2...5).map { #"{"ev":"T","sym":"AAPL","n":\#($0)}"# }, "the snapshot as it was queued")
+        #expect(String(buffer: first.bytes) == #"{"ev":"T","sym":"AAPL","n":2}"#, "a last value handed out is never written over")
+        let now = try #require(await hub.lastEvent(for: Topic(parsing: "T.AAPL")!))
+        #expect(String(buffer: now.bytes) == #"{"ev":"T","sym":"AAPL","n":5}"#)
+        _ = holder
+    }
+}
