@@ -87,10 +87,12 @@ extension MarketDataHub {
         // read yet (replays, recovered events), and within its budget over time (one resume's bound a
         // minute), so neither repeated resumes nor a client that never reads make the hub hold more.
         let now = WallClock.nowMilliseconds()
-        let resumeBound = history?.limits.eventsPerResume ?? 0
+        // Without a history a resume still queues a `gap` and last values (every ticker's, for a
+        // wildcard) outside the buffer: bounded the same way, at the default bound.
+        let resumeBound = (history?.limits ?? HistoryLimits()).eventsPerResume
         let queued = subscriber.queue.replaying.load(ordering: .relaxed)
         let available = subscriber.replayBudget.available(capacity: resumeBound, now: now)
-        if history != nil, !Self.mayBeReplayed(queued: queued, available: available, bound: resumeBound), !(wanted.isEmpty && epochGaps.isEmpty) {
+        if !Self.mayBeReplayed(queued: queued, available: available, bound: resumeBound), !(wanted.isEmpty && epochGaps.isEmpty) {
             return notResumed(
                 Set(wanted.map(\.topic)).union(epochGaps), plain: plain, subscriber: subscriber,
                 why: queued >= resumeBound

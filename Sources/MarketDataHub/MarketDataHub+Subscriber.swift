@@ -62,14 +62,15 @@ extension MarketDataHub {
 
         /// Gives `last` bytes of its own (``MarketEvent/compacted()``), written into the storage the
         /// topic's previous last event had when nothing else holds that any more (no allocation per
-        /// event), unless it is more than four times the size needed.
+        /// event), unless that storage is twice the size needed or more (then a compacted copy, so a
+        /// last value stays under twice its bytes, as ``MarketEvent/compacted()`` keeps it).
         func compactLast() {
             lastShared = false
             guard let event = last, event.bytes.storageCapacity >= 2 * event.bytes.readableBytes else {
                 previousLastBytes = nil
                 return
             }
-            guard var bytes = previousLastBytes, bytes.capacity <= 4 * max(event.bytes.readableBytes, 64) else {
+            guard var bytes = previousLastBytes, bytes.capacity < 2 * event.bytes.readableBytes else {
                 last = event.compacted()
                 previousLastBytes = last?.bytes
                 return

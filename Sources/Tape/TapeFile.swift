@@ -403,7 +403,8 @@ public final class TapeWriter {
                 day = recordDay
                 newDay = true
             }
-            let midnight = time >= 0 ? time - time % Self.nanosecondsPerDay : nil
+            // (Not for a time before 1970 or within a day of the last one Int64 holds: computed each time.)
+            let midnight = time >= 0 && time <= .max - Self.nanosecondsPerDay ? time - time % Self.nanosecondsPerDay : nil
             dayTimes = midnight.map { $0..<($0 + Self.nanosecondsPerDay) }
         }
         if let first { return first }

@@ -38,7 +38,13 @@ final class HostileREST: Sendable {
         Thread.detachNewThread { [self] in
             while true {
                 let connection = accept(fd, nil, nil)
-                if connection < 0 { return }
+                if connection < 0 {
+                    // A connection that went before it was taken, or a signal: accept the next one.
+                    if errno == EINTR || errno == ECONNABORTED { continue }
+                    // Shut down by `close()` (or failing): the socket goes with its thread.
+                    Glibc.close(fd)
+                    return
+                }
                 Thread.detachNewThread { [self] in serve(connection) }
             }
         }
@@ -87,6 +93,8 @@ final class HostileREST: Sendable {
         return bytes.withUnsafeBytes { Glibc.send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == bytes.count
     }
 
+    /// Stops taking connections: the accept thread wakes, closes the socket and ends (each connection
+    /// being served ends when its peer goes).
     func close() { shutdown(fd, Int32(SHUT_RDWR)) }
 }
 

@@ -278,6 +278,7 @@ struct RESTGatewayTests {
 
     @Test func aVendorThatDoesNotAnswerInTimeIsA504() async throws {
         let hostile = try HostileREST { _, _ in .trickle(length: 1000, every: .milliseconds(50)) }
+        defer { hostile.close() }
         try await Self.withGateway(configure: { settings in
             settings.upstreamRESTURL = "http://127.0.0.1:\(hostile.port)"
             settings.gateway?.timeout = .seconds(1)

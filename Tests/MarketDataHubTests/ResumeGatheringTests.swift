@@ -77,3 +77,27 @@ struct ResumeGatheringTests {
         #expect(gathering.gapNotices.map(\.0) == [topic("T.B")], "no answer from the former term's tape: a gap")
     }
 }
+
+/// A hub without a history (`--no-history`, a replay at `max`) answers a resume with `gap` and the
+/// last values, queued outside the buffer: bounded as a history's resumes are, so a client that asks
+/// again and again and never reads does not make the hub hold more.
+@Suite("Resumes on a hub without a history")
+struct NoHistoryResumeTests {
+    @Test func repeatedResumesOfAWildcardStopAtTheResumeBound() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        // 2,000 tickers with a last value each: a `T.*` resume queues all of them after its gap.
+        await hub.publish((0..<2_000).map { event("T", "S\($0)", $0) })
+        let subscription = await hub.subscribe()
+        let wildcard = Topic(parsing: "T.*")!
+        let bound = HistoryLimits().eventsPerResume
+        var refused = 0
+        for _ in 0..<80 {
+            await hub.add([wildcard], to: subscription.id, resuming: .time(milliseconds: 0))
+            await hub.remove([wildcard], from: subscription.id)
+            if subscription.queue.replaying.load(ordering: .relaxed) >= bound { refused += 1 }
+        }
+        let queued = subscription.queue.replaying.load(ordering: .relaxed)
+        #expect(queued <= bound + 2_002, "one resume's worth past the bound at most, not 80 × 2,001 (\(queued))")
+        #expect(refused > 0, "asked past the bound: told `not resumed`, nothing more queued")
+    }
+}
