@@ -89,26 +89,57 @@ public final class DemoFeed: Service, Sendable {
         return AlpacaFeed.allCases.filter { $0.market == market }.flatMap(\.paths)
     }
 
+    /// How long a graceful shutdown waits for the server's open connections (a client's kept-alive HTTP
+    /// connection, a WebSocket not closed yet) before it cuts them.
+    static let shutdownGrace: Duration = .seconds(5)
+
+    /// What ended in the feed's task group.
+    private enum Ended { case server, generator, grace }
+
     public func run() async throws {
         do {
             let app = try makeApplication()
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                group.addTask { try await app.run() }
+            try await withThrowingTaskGroup(of: Ended.self) { group in
+                group.addTask {
+                    try await app.run()
+                    return .server
+                }
                 let markets = configuration.servedMarkets
                 for market in markets where market == .news {
                     let seed = configuration.seed ?? UInt64.random(in: 0...UInt64.max)
-                    group.addTask { await cancelWhenGracefulShutdown { await self.generateNews(seed: seed) } }
+                    group.addTask {
+                        await cancelWhenGracefulShutdown { await self.generateNews(seed: seed) }
+                        return .generator
+                    }
                 }
                 for market in markets where market != .news {
                     // One market alone trades at the configured rate; beside stocks, the others at a quarter.
                     let share = markets.filter({ $0 != .news }).count == 1 || market == .stocks || configuration.evenRates ? 1.0 : 0.25
-                    group.addTask { await cancelWhenGracefulShutdown { await self.generate(market, rateShare: share) } }
+                    group.addTask {
+                        await cancelWhenGracefulShutdown { await self.generate(market, rateShare: share) }
+                        return .generator
+                    }
                 }
-                try await group.next()
-                if Task.isShuttingDownGracefully {
-                    try await group.waitForAll()
-                } else {
+                _ = try await group.next()
+                guard Task.isShuttingDownGracefully else {
                     group.cancelAll()
+                    return
+                }
+                // The server stops taking connections and waits for its open ones, but not for ever: a
+                // client that keeps one open would hold the feed (and whoever waits for it) indefinitely.
+                group.addTask {
+                    try? await Task.sleep(for: Self.shutdownGrace)
+                    return .grace
+                }
+                while let ended = try await group.next() {
+                    if ended == .grace {
+                        logger.warning("the feed's connections did not close within \(Self.shutdownGrace): cut")
+                        group.cancelAll()
+                    } else if ended == .server {
+                        // Done: the rest (the grace's timer) is cancelled and awaited as the group ends.
+                        group.cancelAll()
+                        break
+                    }
                 }
             }
         } catch {

@@ -85,6 +85,24 @@ struct ReferencePricesTests {
         }
     }
 
+    @Test func theFeedStopsWithinItsGraceThoughAnAnswerIsStillOnItsWay() async throws {
+        // An answer held back for a minute, its client's connection open: a graceful stop waits for it
+        // at most the feed's grace (5 s), then cuts it. `withServices` fails the test when the services
+        // have not stopped 15 s after it asked (the hang this guards against held a run for 10 minutes).
+        var configuration = DemoFeedConfiguration(port: 0, apiKey: "rest-key", eventsPerSecond: 100, seed: 4)
+        configuration.restDelay = .seconds(60)
+        let feed = DemoFeed(configuration: configuration, logger: testLogger)
+        var socket: RawSocket?
+        try await withServices([feed]) {
+            let connection = try RawSocket(port: try await feed.listeningPort())
+            _ = connection.send("GET /v2/last/trade/AAPL?apiKey=rest-key HTTP/1.1\r\nHost: feed\r\n\r\n")
+            socket = connection
+            try await eventually("the feed to take the request") { feed.restCount("trade", "AAPL").started == 1 }
+        }
+        #expect(feed.restCount("trade", "AAPL").completed == 0, "the held-back answer was cut, not waited for")
+        _ = socket
+    }
+
     @Test func aSlowFeedsAnswersOnOneKeptAliveClientAllArrive() async throws {
         // The slow feed watches each connection for the client going away and then closes it after
         // answering; a client that reused such a connection sent its next request into a closing
