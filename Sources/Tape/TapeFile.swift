@@ -562,7 +562,8 @@ public final class TapeBlockDecoder {
 
     func records(header: TapeBlockHeader, frame: UnsafeRawBufferPointer) -> [TapeRecord]? {
         guard let payload = try? decompressor.decompress(frame, expected: Int(header.uncompressedLength)),
-            let records = RecordLayout.records(in: payload, baseTime: header.firstTime, baseSequence: header.firstSequence),
+            let records = RecordLayout.records(
+                in: payload, baseTime: header.firstTime, baseSequence: header.firstSequence, expected: Int(header.records)),
             records.count == Int(header.records)
         else { return nil }
         return records

@@ -156,70 +156,85 @@ enum RecordLayout {
     /// The records of a block's payload; `nil` when it does not parse to its end (a block whose zstd
     /// checksum matched but whose records do not is still refused, never half read).
     static func records(in payload: [UInt8], baseTime: Int64, baseSequence: UInt64) -> [TapeRecord]? {
-        var records: [TapeRecord] = []
-        // Events' bytes are slices of one copy of the payload: one allocation a block, not one an event.
-        let block = ByteBuffer(bytes: payload)
+        records(in: ByteBuffer(bytes: payload), baseTime: baseTime, baseSequence: baseSequence)
+    }
+
+    /// The records of a block's payload, read where it lies: events' bytes are slices of `block` (one
+    /// allocation a block, not one an event).
+    /// `expected`: how many records its header says (room is made for them at once).
+    static func records(in block: ByteBuffer, baseTime: Int64, baseSequence: UInt64, expected: Int = 0) -> [TapeRecord]? {
+        block.withUnsafeReadableBytes { payload in
+            var records: [TapeRecord] = []
+            // A header's count is read from a file: room for at most one record per byte.
+            records.reserveCapacity(min(max(expected, 0), payload.count))
+            return self.records(in: payload, of: block, into: &records, baseTime: baseTime, baseSequence: baseSequence) ? records : nil
+        }
+    }
+
+    private static func records(
+        in payload: UnsafeRawBufferPointer, of block: ByteBuffer, into records: inout [TapeRecord], baseTime: Int64, baseSequence: UInt64
+    ) -> Bool {
+        func text(_ range: Range<Int>) -> String { String(decoding: UnsafeRawBufferPointer(rebasing: payload[range]), as: UTF8.self) }
         var index = 0
         while index < payload.count {
             let kind = payload[index]
             index += 1
             switch kind {
             case Self.event, Self.positionedEvent:
-                guard let time = readVarint(payload, &index), let sequence = readVarint(payload, &index) else { return nil }
+                guard let time = readVarint(payload, &index), let sequence = readVarint(payload, &index) else { return false }
                 var topicSequence: UInt64 = 0
                 if kind == Self.positionedEvent {
-                    guard let read = readVarint(payload, &index) else { return nil }
+                    guard let read = readVarint(payload, &index) else { return false }
                     topicSequence = read
                 }
                 guard let type = readRange(payload, &index), let ticker = readRange(payload, &index), let bytes = readRange(payload, &index),
-                    let slice = block.getSlice(at: bytes.lowerBound, length: bytes.count)
-                else { return nil }
+                    let slice = block.getSlice(at: block.readerIndex + bytes.lowerBound, length: bytes.count)
+                else { return false }
                 records.append(
                     .event(
                         TapeEvent(
                             receivedAt: baseTime &+ unzigzag(time), sequence: baseSequence &+ sequence, topicSequence: topicSequence,
-                            eventType: String(decoding: payload[type], as: UTF8.self), ticker: String(decoding: payload[ticker], as: UTF8.self),
-                            bytes: slice)))
+                            eventType: text(type), ticker: text(ticker), bytes: slice)))
             case Self.gap:
-                guard let from = readVarint(payload, &index), let length = readVarint(payload, &index) else { return nil }
+                guard let from = readVarint(payload, &index), let length = readVarint(payload, &index) else { return false }
                 let start = baseTime &+ unzigzag(from)
                 records.append(.gap(from: start, to: start &+ unzigzag(length)))
             case Self.epoch:
-                guard let at = readVarint(payload, &index), let name = readBytes(payload, &index) else { return nil }
+                guard let at = readVarint(payload, &index), let name = readBytes(payload, &index) else { return false }
                 records.append(.epoch(String(decoding: name, as: UTF8.self), at: baseTime &+ unzigzag(at)))
             case Self.source:
                 guard let at = readVarint(payload, &index), let vendor = readBytes(payload, &index), let path = readBytes(payload, &index)
-                else { return nil }
+                else { return false }
                 records.append(
                     .source(
                         vendor: String(decoding: vendor, as: UTF8.self), path: path.isEmpty ? nil : String(decoding: path, as: UTF8.self),
                         at: baseTime &+ unzigzag(at)))
             case Self.wanted:
-                guard let at = readVarint(payload, &index), index < payload.count, payload[index] <= 1 else { return nil }
+                guard let at = readVarint(payload, &index), index < payload.count, payload[index] <= 1 else { return false }
                 let wanted = payload[index] == 1
                 index += 1
-                guard let topic = readBytes(payload, &index) else { return nil }
+                guard let topic = readBytes(payload, &index) else { return false }
                 records.append(.wanted(topic: String(decoding: topic, as: UTF8.self), wanted, at: baseTime &+ unzigzag(at)))
             case Self.interrupted, Self.stopped:
-                guard let at = readVarint(payload, &index) else { return nil }
+                guard let at = readVarint(payload, &index) else { return false }
                 let time = baseTime &+ unzigzag(at)
                 records.append(kind == Self.stopped ? .stopped(at: time) : .interrupted(at: time))
             case Self.holding:
                 // Each topic takes at least its length byte: a count past what is left is damage.
                 guard let at = readVarint(payload, &index), let count = readVarint(payload, &index), count <= UInt64(payload.count - index)
-                else { return nil }
+                else { return false }
                 var topics: [String] = []
                 topics.reserveCapacity(Int(count))
                 for _ in 0..<count {
-                    guard let topic = readBytes(payload, &index) else { return nil }
+                    guard let topic = readBytes(payload, &index) else { return false }
                     topics.append(String(decoding: topic, as: UTF8.self))
                 }
                 records.append(.holding(topics, at: baseTime &+ unzigzag(at)))
             default:
-                return nil
+                return false
             }
         }
-        return records
+        return true
     }
 
     static func zigzag(_ value: Int64) -> UInt64 { UInt64(bitPattern: (value << 1) ^ (value >> 63)) }
@@ -234,7 +249,7 @@ enum RecordLayout {
         payload.append(UInt8(value))
     }
 
-    static func readVarint(_ payload: [UInt8], _ index: inout Int) -> UInt64? {
+    static func readVarint(_ payload: UnsafeRawBufferPointer, _ index: inout Int) -> UInt64? {
         var value: UInt64 = 0
         var shift: UInt64 = 0
         while index < payload.count, shift < 64 {
@@ -247,12 +262,12 @@ enum RecordLayout {
         return nil
     }
 
-    static func readBytes(_ payload: [UInt8], _ index: inout Int) -> [UInt8]? {
+    static func readBytes(_ payload: UnsafeRawBufferPointer, _ index: inout Int) -> [UInt8]? {
         readRange(payload, &index).map { Array(payload[$0]) }
     }
 
     /// Where the next length-prefixed bytes lie in `payload` (read past them), without copying them.
-    static func readRange(_ payload: [UInt8], _ index: inout Int) -> Range<Int>? {
+    static func readRange(_ payload: UnsafeRawBufferPointer, _ index: inout Int) -> Range<Int>? {
         guard let count = readVarint(payload, &index), count <= UInt64(payload.count - index) else { return nil }
         defer { index += Int(count) }
         return index..<index + Int(count)

@@ -1,4 +1,5 @@
 import CZstd
+import NIOCore
 
 /// Why a block could not be compressed or read back.
 public struct ZstdError: Error, CustomStringConvertible, Equatable {
@@ -61,16 +62,25 @@ final class ZstdDecompressor {
     }
 
     /// The content of the frame in `input`, which must be `expected` bytes (a block's header says how
-    /// many); a frame whose checksum or size does not match is an error.
-    func decompress(_ input: UnsafeRawBufferPointer, expected: Int) throws -> [UInt8] {
+    /// many); a frame whose checksum or size does not match is an error. Decompressed straight into the
+    /// buffer its events will be slices of: no second copy of a block.
+    func decompress(_ input: UnsafeRawBufferPointer, expected: Int) throws -> ByteBuffer {
         let declared = ZSTD_getFrameContentSize(input.baseAddress, input.count)
         guard declared == UInt64(expected) else { throw ZstdError("the frame holds \(declared) bytes, its block says \(expected)") }
-        var output = [UInt8](repeating: 0, count: expected)
-        let read = output.withUnsafeMutableBytes { out in
-            ZSTD_decompressDCtx(context, out.baseAddress, out.count, input.baseAddress, input.count)
+        var output = ByteBufferAllocator().buffer(capacity: expected)
+        var failure: Int?
+        output.writeWithUnsafeMutableBytes(minimumWritableBytes: expected) { out in
+            let read = ZSTD_decompressDCtx(context, out.baseAddress, expected, input.baseAddress, input.count)
+            guard ZSTD_isError(read) == 0, read == expected else {
+                failure = read
+                return 0
+            }
+            return read
         }
-        if ZSTD_isError(read) != 0 { throw ZstdError(read) }
-        guard read == expected else { throw ZstdError("the frame gave \(read) bytes, its block says \(expected)") }
+        if let failure {
+            if ZSTD_isError(failure) != 0 { throw ZstdError(failure) }
+            throw ZstdError("the frame gave \(failure) bytes, its block says \(expected)")
+        }
         return output
     }
 }

@@ -219,4 +219,24 @@ struct TapeFileTests {
             #expect(parsed == nil || parsed!.count < records.count, "a prefix of \(length) bytes is never read as all of it")
         }
     }
+
+    /// A block is read where it lies (a decompressed block's buffer): events' bytes are slices of it at
+    /// their place in what is readable, wherever that starts, and the header's count of records is only
+    /// room made, never trusted past the bytes.
+    @Test func recordsAreReadInPlaceFromABufferThatDoesNotStartAtItsStorage() throws {
+        let records: [TapeRecord] = [
+            .event(TapeEvent(receivedAt: 100, sequence: 10, eventType: "Q", ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL"}"#.utf8))),
+            .epoch("e1", at: 101),
+            .event(TapeEvent(receivedAt: 102, sequence: 11, topicSequence: 4, eventType: "T", ticker: "MSFT", bytes: Array(#"{"ev":"T","sym":"MSFT"}"#.utf8))),
+        ]
+        var payload: [UInt8] = []
+        for record in records { RecordLayout.append(record, to: &payload, baseTime: 100, baseSequence: 10) }
+        var block = ByteBuffer(bytes: Array(repeating: 0xEE, count: 37) + payload)
+        block.moveReaderIndex(forwardBy: 37)
+        let read = try #require(RecordLayout.records(in: block, baseTime: 100, baseSequence: 10, expected: Int.max))
+        #expect(read == records)
+        guard case .event(let first) = read.first else { throw TapeError("the first record is not an event") }
+        #expect(String(buffer: first.bytes) == #"{"ev":"Q","sym":"AAPL"}"#)
+        #expect(RecordLayout.records(in: block, baseTime: 100, baseSequence: 10, expected: -1) == records)
+    }
 }
