@@ -374,6 +374,9 @@ final class GatewayMetrics: Sendable {
     /// `relay_rest_requests_total` by route and outcome, each made once (making one asks the factory
     /// under its lock, per request).
     private let requestCounters = Mutex<[RouteOutcome: Counter]>([:])
+    /// `relay_rest_upstream_calls_total` by the vendor's status, each made once (a status is three digits:
+    /// at most a thousand).
+    private let upstreamCounters = Mutex<[Int: Counter]>([:])
 
     private struct RouteOutcome: Hashable {
         let route: String
@@ -412,7 +415,13 @@ final class GatewayMetrics: Sendable {
     func cacheBytes(_ bytes: Int) { cacheGauge.record(bytes) }
 
     func upstream(status: Int, took: Duration) {
-        Counter(label: "relay_rest_upstream_calls_total", dimensions: [("status", String(status))], factory: factory).increment()
+        let counter = upstreamCounters.withLock { counters in
+            if let counter = counters[status] { return counter }
+            let counter = Counter(label: "relay_rest_upstream_calls_total", dimensions: [("status", String(status))], factory: factory)
+            counters[status] = counter
+            return counter
+        }
+        counter.increment()
         upstreamTimer.recordNanoseconds(took.components.seconds * 1_000_000_000 + took.components.attoseconds / 1_000_000_000)
         tally.withLock { $0.upstreamCalls += 1 }
     }

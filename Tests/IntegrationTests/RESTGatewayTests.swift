@@ -165,6 +165,11 @@ struct RESTGatewayTests {
             #expect(answers.allSatisfy { $0.0 == 200 }, "\(answers.filter { $0.0 != 200 }.prefix(3))")
             #expect(feed.restCount("aggs", "AAPL").started == 1, "50 identical requests, one upstream call")
             #expect(answers.filter { $0.1 == "coalesced" }.count == 49)
+            // The metrics count the same: one call to the vendor, by its status, and each answer by outcome.
+            let metrics = try await httpGet("\(base)/metrics", key: "client-key").body
+            let lines = metrics.split(separator: "\n").filter { $0.hasPrefix("relay_rest_upstream_calls_total") || $0.hasPrefix("relay_rest_requests_total") }
+            #expect(lines.contains { $0.contains(#"status="200""#) && $0.hasSuffix(" 1") }, "\(lines)")
+            #expect(lines.contains { $0.contains(#"outcome="coalesced""#) && $0.hasSuffix(" 49") }, "\(lines)")
         }
     }
 
