@@ -87,6 +87,8 @@ enum RecordLayout {
     static let interrupted: UInt8 = 7
     static let stopped: UInt8 = 8
     static let holding: UInt8 = 9
+    /// The most records a block's count makes room for before they are read.
+    static let mostRecordsReserved = 16_384
 
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
         switch record {
@@ -165,8 +167,9 @@ enum RecordLayout {
     static func records(in block: ByteBuffer, baseTime: Int64, baseSequence: UInt64, expected: Int = 0) -> [TapeRecord]? {
         block.withUnsafeReadableBytes { payload in
             var records: [TapeRecord] = []
-            // A header's count is read from a file: room for at most one record per byte.
-            records.reserveCapacity(min(max(expected, 0), payload.count))
+            // A header's count is read from a file (or a stream's message): room for what a real block
+            // holds at most (256 KB of records, a few thousand), never what a hostile count claims.
+            records.reserveCapacity(min(max(expected, 0), payload.count / 2, Self.mostRecordsReserved))
             return self.records(in: payload, of: block, into: &records, baseTime: baseTime, baseSequence: baseSequence) ? records : nil
         }
     }
