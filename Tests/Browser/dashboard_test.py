@@ -237,9 +237,19 @@ def run_alpaca(relay, arguments, checks):
         expect(book).to_be_visible(timeout=10_000)
         best_bid = book.locator('tr[data-level="0"] td').nth(1)
         wait_until(lambda: best_bid.inner_text() not in ("—", ""), 15, "BTC/USD's order book, whole, over /v1beta3/crypto/us")
-        best_ask = book.locator('tr[data-level="0"] td').nth(2)
-        checks.check(float(best_bid.inner_text().replace(",", "")) < float(best_ask.inner_text().replace(",", "")),
-                     f"alpaca: the crypto page shows BTC/USD's order book, its best bid {best_bid.inner_text()} under its best ask {best_ask.inner_text()}")
+        # Both sides read in one turn of the page: the book moves live, and a bid read after the ask could
+        # come from a newer book than the ask's.
+        def best_pair():
+            return book.locator('tr[data-level="0"]').evaluate(
+                "row => { const cells = row.querySelectorAll('td'); return [cells[1].innerText, cells[2].innerText]; }")
+
+        def priced(text):
+            return text.replace(",", "").replace(".", "", 1).isdigit()
+
+        wait_until(lambda: all(priced(side) for side in best_pair()), 15, "BTC/USD's best bid and ask, both priced")
+        bid_text, ask_text = best_pair()
+        checks.check(priced(bid_text) and priced(ask_text) and float(bid_text.replace(",", "")) < float(ask_text.replace(",", "")),
+                     f"alpaca: the crypto page shows BTC/USD's order book, its best bid {bid_text} under its best ask {ask_text}")
         page.screenshot(path=f"{shots}/alpaca-book-1280x800.png", full_page=True)
         watch_market(page, "stocks", "/v2/iex")
         # A holding's detail takes its live quote from the Alpaca feed's last values.
