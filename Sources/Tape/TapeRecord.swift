@@ -87,7 +87,8 @@ enum RecordLayout {
     static let interrupted: UInt8 = 7
     static let stopped: UInt8 = 8
     static let holding: UInt8 = 9
-    /// The most records a block's count makes room for before they are read.
+    /// The most records (or a holding record's topics) a count read from a block makes room for before
+    /// they are read.
     static let mostRecordsReserved = 16_384
 
     static func append(_ record: TapeRecord, to payload: inout [UInt8], baseTime: Int64, baseSequence: UInt64) {
@@ -227,7 +228,8 @@ enum RecordLayout {
                 guard let at = readVarint(payload, &index), let count = readVarint(payload, &index), count <= UInt64(payload.count - index)
                 else { return false }
                 var topics: [String] = []
-                topics.reserveCapacity(Int(count))
+                // Room for what a real wanted set holds, never what a hostile count claims (up to a byte a topic).
+                topics.reserveCapacity(min(Int(count), Self.mostRecordsReserved))
                 for _ in 0..<count {
                     guard let topic = readBytes(payload, &index) else { return false }
                     topics.append(String(decoding: topic, as: UTF8.self))
