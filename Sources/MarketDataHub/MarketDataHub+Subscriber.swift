@@ -46,8 +46,9 @@ extension MarketDataHub {
     final class TopicEntry {
         var subscribers: [Subscriber] = []
         var last: MarketEvent?
-        /// Whether `last` still shares its message's bytes: set by a publish, which gives it bytes of its
-        /// own at its end (once per topic, however many of the topic's events the publish carried).
+        /// Whether `last` still shares its message's bytes: set by a publish; the hub gives it bytes of its
+        /// own after a few publishes (once per topic, however many of the topic's events they carried), or
+        /// when it is read.
         var lastShared = false
         /// The bytes of the last event as compacted (the storage the next compaction may write into).
         private var previousLastBytes: ByteBuffer?
@@ -65,6 +66,7 @@ extension MarketDataHub {
         /// event), unless that storage is twice the size needed or more (then a compacted copy, so a
         /// last value stays under twice its bytes, as ``MarketEvent/compacted()`` keeps it).
         func compactLast() {
+            guard lastShared else { return }  // compacted already (read since its publish)
             lastShared = false
             guard let event = last, event.bytes.storageCapacity >= 2 * event.bytes.readableBytes else {
                 previousLastBytes = nil
@@ -105,6 +107,12 @@ extension MarketDataHub {
         /// last event.
         var value: MarketEvent? {
             if let fold { return fold.whole() }
+            return ownLast
+        }
+
+        /// The last event with bytes of its own: compacted now if publishes left it sharing its message's.
+        var ownLast: MarketEvent? {
+            compactLast()
             return last
         }
     }

@@ -52,9 +52,16 @@ public actor MarketDataHub {
     public let keepsLastValues: Bool
     var subscribers: [SubscriberID: Subscriber] = [:]
     var entries: [Topic: TopicEntry] = [:]
-    /// The entries whose last event a publish set, to be compacted at its end (kept between publishes
-    /// for its capacity: a publish allocates nothing for it).
+    /// The entries whose last event publishes set, still sharing their messages' bytes, and what those
+    /// messages hold (the storages counted once per run of events sharing one). They are given bytes of
+    /// their own once ``sharedLastValuePublishes`` publishes or ``sharedLastValueBytes`` of messages have
+    /// gone by, or when read: a topic's events of several publishes cost one copy, not one each, and a
+    /// last value holds at most those publishes' messages alive. (The list keeps its capacity: a publish
+    /// allocates nothing for it.)
     private var sharedLastValues: [TopicEntry] = []
+    private var sharedSince = (publishes: 0, bytes: 0, storage: UnsafeMutableRawPointer?.none)
+    static let sharedLastValuePublishes = 8
+    static let sharedLastValueBytes = 4 << 20
     /// Recent events and the positions of new ones (`nil`: no history, no positions).
     var history: EventHistory?
     let historyLimits: HistoryLimits?
@@ -217,7 +224,7 @@ public actor MarketDataHub {
                 // The whole state, as the vendor sends it after a subscribe, whatever the snapshot setting;
                 // or nothing while it is not known whole (the vendor's is on its way to every holder).
                 if let whole = fold.whole() { enqueue(HubDelivery([whole]), to: subscriber) }
-            } else if snapshotOnSubscribe, !snapshotless.contains(topic.eventType), let last = entry.last {
+            } else if snapshotOnSubscribe, !snapshotless.contains(topic.eventType), let last = entry.ownLast {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }
@@ -363,6 +370,10 @@ public actor MarketDataHub {
             if let positions { tap.take(received, positions: positions, epoch: history?.epoch) } else { tap.take(events, epoch: history?.epoch) }
         }
         let shared = PublishedEvents(events)
+        sharedSince.storage = nil
+        // Each event type's wildcard holders, looked up once a publish (they do not change during one):
+        // comparing a few short event types costs less than hashing one per event.
+        var wildHolders: [(eventType: String, holders: [Subscriber]?)] = []
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).
         touched.reserveCapacity(Swift.min(subscribers.count, 4096))
@@ -372,7 +383,7 @@ public actor MarketDataHub {
             for index in base..<end {
                 let bit: UInt64 = 1 << UInt64(index - base)
                 let event = events[index]
-                let wild = wildcards[event.eventType]
+                let wild = wildcards.isEmpty ? nil : wildcardHolders(of: event.eventType, seen: &wildHolders)
                 // A cluster node may still receive a few events of a topic it just dropped: not kept.
                 var withheld = false
                 if let entry = entries[event.topic] ?? (keepsUnwantedLastValues || wild != nil ? entry(for: event.topic) : nil) {
@@ -381,6 +392,11 @@ public actor MarketDataHub {
                         if !entry.lastShared {
                             entry.lastShared = true
                             sharedLastValues.append(entry)
+                        }
+                        let storage = event.bytes.withVeryUnsafeBytesWithStorageManagement { $1.toOpaque() }
+                        if storage != sharedSince.storage {
+                            sharedSince.storage = storage
+                            sharedSince.bytes += event.bytes.storageCapacity
                         }
                     }
                     if let fold = entry.fold {
@@ -427,9 +443,22 @@ public actor MarketDataHub {
             touched.removeAll(keepingCapacity: true)
             base = end
         }
-        // Their own bytes: a cached event must not keep its whole upstream message alive.
-        for entry in sharedLastValues { entry.compactLast() }
-        sharedLastValues.removeAll(keepingCapacity: true)
+        // Their own bytes: a cached event must not keep its whole upstream message alive for long.
+        sharedSince.publishes += 1
+        if sharedSince.publishes >= Self.sharedLastValuePublishes || sharedSince.bytes >= Self.sharedLastValueBytes {
+            for entry in sharedLastValues { entry.compactLast() }
+            sharedLastValues.removeAll(keepingCapacity: true)
+            sharedSince = (0, 0, nil)
+        }
+    }
+
+    /// The wildcard holders of `eventType`, from `seen` (this publish's lookups, at most eight types)
+    /// or the table.
+    private func wildcardHolders(of eventType: String, seen: inout [(eventType: String, holders: [Subscriber]?)]) -> [Subscriber]? {
+        for known in seen where known.eventType == eventType { return known.holders }
+        let holders = wildcards[eventType]
+        if seen.count < 8 { seen.append((eventType, holders)) }
+        return holders
     }
 
     /// Keeps events whose positions a cluster's leader wrote into their bytes (read, not written);

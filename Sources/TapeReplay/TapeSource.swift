@@ -216,15 +216,18 @@ public final class TapeSource: MarketSource {
         var batchBegan: UInt64 = 0
         var replayed = 0
         for record in reader.records(from: plan.from ?? .min, through: plan.to ?? .max) {
-            try Task.checkCancellation()
             switch record {
             case .event(let event):
                 if let wait = pace.wait(until: event.receivedAt), wait > .milliseconds(1) {
                     replayed += await hand(&batch)
                     try await Task.sleep(for: wait)
                 }
-                // Received, for the relay's latency figures, when its batch began (one clock read a batch).
-                if batch.isEmpty { batchBegan = MonotonicClock.nanoseconds() }
+                // Received, for the relay's latency figures, when its batch began (one clock read and one
+                // look at cancellation a batch).
+                if batch.isEmpty {
+                    try Task.checkCancellation()
+                    batchBegan = MonotonicClock.nanoseconds()
+                }
                 batch.append(MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: batchBegan))
                 if batch.count >= Self.batchSize { replayed += await hand(&batch) }
             case .gap(let start, let end):

@@ -495,4 +495,29 @@ struct HubLastValueTests {
         #expect(String(buffer: now.bytes) == #"{"ev":"T","sym":"AAPL","n":5}"#)
         _ = holder
     }
+
+    /// An event of `size` bytes of spaces sliced out of `message`'s start, for `ticker`.
+    private func sliced(_ message: ByteBuffer, ticker: String) -> MarketEvent {
+        MarketEvent(eventType: "T", ticker: ticker, bytes: message.getSlice(at: 0, length: 8)!)
+    }
+
+    @Test func aLastValueLetsGoOfItsMessageWithinEightPublishesUnread() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        var message = ByteBuffer(repeating: UInt8(ascii: " "), count: 64 << 10)
+        await hub.publish([sliced(message, ticker: "AAPL")])
+        // Later publishes of other topics, each its own small message: none reads AAPL's last value.
+        for index in 1..<MarketDataHub.sharedLastValuePublishes {
+            await hub.publish([sliced(ByteBuffer(repeating: UInt8(ascii: " "), count: 64), ticker: "T\(index)")])
+        }
+        #expect(message.modifyIfUniquelyOwned { _ in true } != nil, "the hub still holds the 64 KB message after \(MarketDataHub.sharedLastValuePublishes) publishes")
+        let last = try #require(await hub.lastEvent(for: Topic(parsing: "T.AAPL")!))
+        #expect(last.bytes.readableBytes == 8 && last.bytes.storageCapacity < 1024)
+    }
+
+    @Test func aLastValueLetsGoOfMessagesPastFourMegabytesAtOnce() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        var message = ByteBuffer(repeating: UInt8(ascii: " "), count: MarketDataHub.sharedLastValueBytes)
+        await hub.publish([sliced(message, ticker: "AAPL")])
+        #expect(message.modifyIfUniquelyOwned { _ in true } != nil, "a publish of a 4 MB message left the hub holding it")
+    }
 }
