@@ -104,7 +104,10 @@ extension Topic {
 
     /// Whether a ticker is a derived bar's (it has `@`): a byte scan, cheap enough per event.
     @inlinable
-    public static func isDerivedTicker(_ ticker: String) -> Bool { ticker.utf8.contains(UInt8(ascii: "@")) }
+    public static func isDerivedTicker(_ ticker: String) -> Bool {
+        // Over the bytes where they lie (a short ticker's too): asked of every event a wildcard holds.
+        ticker.utf8.withContiguousStorageIfAvailable { $0.contains(UInt8(ascii: "@")) } ?? ticker.utf8.contains(UInt8(ascii: "@"))
+    }
 }
 
 /// What a trade may move in a bar, by a vendor's rule for one of its conditions. Value type.

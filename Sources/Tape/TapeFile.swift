@@ -655,6 +655,9 @@ public final class TapeReader: TapeBlocks {
         private var block: Int
         private var records: IndexingIterator<[TapeRecord]>?
 
+        /// Blocks of its reader skipped so far (damaged), by index.
+        public var skippedBlocks: [Int] { reader.skippedBlocks }
+
         init(reader: TapeReader, from: Int64, through: Int64) {
             self.reader = reader
             self.from = from

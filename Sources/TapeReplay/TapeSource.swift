@@ -201,8 +201,11 @@ public final class TapeSource: MarketSource {
 
     /// One pass over the day's window: the start notice, the events at their pace, the end notice.
     /// Returns how many events it replayed.
+    ///
+    /// The tape is read a little ahead on a task of its own (``readAhead(_:from:through:into:)``): a
+    /// block's decompression and decoding no longer stop the hand-over of the events before it.
     private func pass() async throws -> Int {
-        let reader = try TapeReader(path: plan.path)
+        let window = TapeWindow(try TapeReader(path: plan.path).records(from: plan.from ?? .min, through: plan.to ?? .max))
         note { $0.state = "replaying" }
         passesStarted.increment()
         var details: [String: Notice.Value] = [
@@ -211,28 +214,83 @@ public final class TapeSource: MarketSource {
         if let from = Self.clock(plan.from) { details["from"] = .text(from) }
         if let to = Self.clock(plan.to) { details["to"] = .text(to) }
         _ = await inbox.push(.notice(Notice(.replay, message: "replaying \(description): recorded events, not live", details: details)), waitingBelow: inbox.capacity)
-        var pace = Pace(speed: plan.speed)
+        let chunks = BoundedInbox<[TapeRecord], Int>(capacity: Self.chunksAhead, emptyLoss: 0, weight: { _ in 1 }, noteDrop: { lost, _ in lost += 1 })
+        var progress = PassProgress(pace: Pace(speed: plan.speed))
+        let skipped = await withTaskGroup(of: [Int].self) { group in
+            group.addTask { await Self.readAhead(window, into: chunks) }
+            await chunks.drain { items in
+                for case .element(let chunk) in items where !Task.isCancelled {
+                    await replay(chunk, &progress)
+                }
+                // Stopped: the reading ahead stops too (what it queued is let go).
+                if Task.isCancelled { chunks.finish() }
+            }
+            return await group.next() ?? []
+        }
+        try Task.checkCancellation()
+        if !skipped.isEmpty {
+            note { $0.skippedBlocks = skipped.count }
+            logger.warning("damaged blocks of the tape were skipped", metadata: ["path": "\(plan.path)", "blocks": "\(skipped)"])
+        }
+        let replayed = progress.replayed + (await hand(&progress.batch))
+        _ = await inbox.push(
+            .notice(
+                Notice(
+                    .replay, message: "the replay of \(description) ended (\(replayed) events)\(plan.loop ? "; it starts again" : "")",
+                    details: ["state": .text("ended"), "market": .text(plan.market), "day": .text(plan.day), "events": .number(Int64(replayed))])),
+            waitingBelow: inbox.capacity)
+        return replayed
+    }
+
+    /// Records read ahead at a time, and how many such chunks may wait (the one being replayed included).
+    static let chunkSize = 1024
+    static let chunksAhead = 3
+
+    /// Reads the window's records into `chunks`, a chunk at a time, until the window ends or `chunks`
+    /// is finished; returns the blocks it skipped (damaged).
+    private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> [Int] {
+        while true {
+            let chunk = window.records.withLock { window in
+                var chunk: [TapeRecord] = []
+                chunk.reserveCapacity(chunkSize)
+                while chunk.count < chunkSize, let record = window.next() { chunk.append(record) }
+                return chunk
+            }
+            guard !chunk.isEmpty, await chunks.push(chunk, waitingBelow: chunksAhead) else { break }
+        }
+        chunks.finish()
+        return window.records.withLock { $0.skippedBlocks }
+    }
+
+    /// What a pass carries from one chunk of records to the next.
+    private struct PassProgress {
+        var pace: Pace
         var batch: [MarketEvent] = []
+        /// When the batch began (its events' receive time, for the relay's latency figures).
         var batchBegan: UInt64 = 0
         var replayed = 0
-        for record in reader.records(from: plan.from ?? .min, through: plan.to ?? .max) {
+    }
+
+    /// Replays a chunk of records: events at their pace, gaps told. Returns early when cancelled.
+    private func replay(_ chunk: [TapeRecord], _ progress: inout PassProgress) async {
+        let paced = plan.speed != .max
+        for record in chunk {
             switch record {
             case .event(let event):
-                if let wait = pace.wait(until: event.receivedAt), wait > .milliseconds(1) {
-                    replayed += await hand(&batch)
-                    try await Task.sleep(for: wait)
+                if paced, let wait = progress.pace.wait(until: event.receivedAt), wait > .milliseconds(1) {
+                    progress.replayed += await hand(&progress.batch)
+                    try? await Task.sleep(for: wait)
                 }
-                // Received, for the relay's latency figures, when its batch began (one clock read and one
-                // look at cancellation a batch).
-                if batch.isEmpty {
-                    try Task.checkCancellation()
-                    batchBegan = MonotonicClock.nanoseconds()
+                // Received when its batch began (one clock read and one look at cancellation a batch).
+                if progress.batch.isEmpty {
+                    if Task.isCancelled { return }
+                    progress.batchBegan = MonotonicClock.nanoseconds()
                 }
-                batch.append(MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: batchBegan))
-                if batch.count >= Self.batchSize { replayed += await hand(&batch) }
+                progress.batch.append(MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: progress.batchBegan))
+                if progress.batch.count >= Self.batchSize { progress.replayed += await hand(&progress.batch) }
             case .gap(let start, let end):
                 // What the relay did not receive then, told as its upstream being away for that window.
-                replayed += await hand(&batch)
+                progress.replayed += await hand(&progress.batch)
                 // Values read from a file: never trap on them.
                 let seconds = max(Double(end) - Double(start), 0) / 1e9
                 _ = await inbox.push(
@@ -242,18 +300,6 @@ public final class TapeSource: MarketSource {
                 continue
             }
         }
-        if !reader.skippedBlocks.isEmpty {
-            note { $0.skippedBlocks = reader.skippedBlocks.count }
-            logger.warning("damaged blocks of the tape were skipped", metadata: ["path": "\(plan.path)", "blocks": "\(reader.skippedBlocks)"])
-        }
-        replayed += await hand(&batch)
-        _ = await inbox.push(
-            .notice(
-                Notice(
-                    .replay, message: "the replay of \(description) ended (\(replayed) events)\(plan.loop ? "; it starts again" : "")",
-                    details: ["state": .text("ended"), "market": .text(plan.market), "day": .text(plan.day), "events": .number(Int64(replayed))])),
-            waitingBelow: inbox.capacity)
-        return replayed
     }
 
     /// Hands what was gathered to the hub, in order; at `max`, first waits while a reader is behind.
@@ -283,6 +329,14 @@ public final class TapeSource: MarketSource {
         }
         return count
     }
+}
+
+/// A window of a tape, read by one task at a time (the task reading ahead of a replay). `Sendable`
+/// through its lock.
+private final class TapeWindow: Sendable {
+    let records: Mutex<TapeReader.Window>
+
+    init(_ records: sending TapeReader.Window) { self.records = Mutex(records) }
 }
 
 /// When each recorded event is due: the first one now, each later one its recorded distance after it,

@@ -169,6 +169,57 @@ struct TapeReplayTests {
         }
     }
 
+    @Test func aDamagedBlockIsSkippedAndCountedAndTheRestReplaysInOrder() async throws {
+        try await withDirectory { directory in
+            try writeTape(directory, count: 3_000)
+            let path = TapeFile.path(directory: directory, market: "stocks", day: Self.day)
+            let tape = try TapeReader(path: path)
+            try #require(tape.blocks.count >= 5, "a tape of several blocks (\(tape.blocks.count))")
+            // One flipped byte in the middle of a middle block's frame.
+            let block = tape.blocks[tape.blocks.count / 2]
+            let lost = (tape.records(inBlock: tape.blocks.count / 2) ?? []).filter { if case .event = $0 { true } else { false } }.count
+            try #require(lost > 0)
+            let handle = try #require(FileHandle(forUpdatingAtPath: path))
+            let at = UInt64(block.offset) + UInt64(TapeBlockHeader.size) + UInt64(block.header.compressedLength / 2)
+            try handle.seek(toOffset: at)
+            let byte = try #require(try handle.read(upToCount: 1)?.first)
+            try handle.seek(toOffset: at)
+            try handle.write(contentsOf: [byte ^ 0xFF])
+            try handle.close()
+            let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: .max)
+            try await replaying(plan) { hub, source in
+                let read = try await read(hub, ["T.*", "Q.*"])
+                #expect(read.indices.count == 3_000 - lost, "all but the damaged block's \(lost) events (got \(read.indices.count))")
+                #expect(read.indices == read.indices.sorted() && read.indices.first == 0 && read.indices.last == 2_999, "the rest, in order")
+                #expect(await source.report().upstream.malformedMessages == 1, "the skipped block is counted")
+            }
+        }
+    }
+
+    @Test func aReplayStopsPromptlyWhenItsTaskIsCancelled() async throws {
+        try await withDirectory { directory in
+            // 30 s of events replayed as recorded: cancelled after its first events, it must not run on.
+            try writeTape(directory, count: 30_000)
+            let interest = LocalInterest()
+            let hub = MarketDataHub(wire: .polygon) { change in interest.apply(change) }
+            let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: .times(1))
+            let source = TapeSource(plan: plan, hub: hub, interest: interest, logger: .init(label: "test.replay"))
+            var reader = await hub.subscribe(to: Set([Topic(parsing: "T.AAPL")].compactMap { $0 })).makeReader()
+            let running = Task { try await source.run() }
+            var indices = 0
+            let started = ContinuousClock.now
+            while indices < 10, ContinuousClock.now - started < .seconds(20), let batch = await reader.nextBatch() {
+                indices += batch.filter { String(buffer: $0.bytes).contains(#""i":"#) }.count
+            }
+            try #require(indices >= 10, "the replay began")
+            let cancelled = ContinuousClock.now
+            running.cancel()
+            _ = try? await running.value
+            #expect(ContinuousClock.now - cancelled < .seconds(5), "the replay ran on for \(ContinuousClock.now - cancelled) after it was cancelled")
+            #expect(await source.report().upstream.eventsReceived < 30_000, "it stopped before the end")
+        }
+    }
+
     @Test func aMissingDayIsToldToItsClients() async throws {
         try await withDirectory { directory in
             let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: .max)
