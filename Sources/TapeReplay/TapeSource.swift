@@ -309,11 +309,12 @@ public final class TapeSource: MarketSource {
         let count = batch.count
         if plan.speed == .max {
             // Paced by the slowest reader: what anyone has unread, the batch still on its way to the hub
-            // (the push below waits for the one before it) and this one stay within a reader's buffer.
+            // (the push below waits for the one before it) and this one stay under the fill at which a
+            // reader is warned of as falling behind (80% of its buffer), so it is never dropped or warned of.
             // Looked at again after 100 µs, then twice as long each time up to 5 ms: a reader that keeps
             // up is followed closely, one that stopped costs at most 200 looks a second.
             var pause = Duration.microseconds(100)
-            while await hub.deepestBacklog > MarketDataHub.bufferLimit - 2 * Self.batchSize, !Task.isCancelled {
+            while await hub.deepestBacklog > MarketDataHub.warningFill - 2 * Self.batchSize, !Task.isCancelled {
                 try? await Task.sleep(for: pause)
                 pause = min(pause * 2, .milliseconds(5))
             }
