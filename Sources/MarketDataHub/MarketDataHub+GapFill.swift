@@ -109,7 +109,7 @@ extension MarketDataHub {
     /// event, and the handler gets one request covering every gap not filled yet (``GapLedger``).
     func requestFill(from: Int64, through: Int64) {
         guard let recoveryHandler else { return }
-        let holders = entries.compactMap { topic, entry in entry.subscribers.isEmpty ? nil : (topic, entry.subscribers.count, entry.last) }
+        let holders = entries.compactMap { topic, entry in entry.subscribers.isEmpty ? nil : (topic, entry.subscribers.count, entry.ownLast) }
         let (request, released) = gapLedger.open(from: from, through: through, holders: holders)
         pass(released)
         recoveryHandler(request)

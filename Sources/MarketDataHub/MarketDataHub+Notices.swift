@@ -70,6 +70,8 @@ extension MarketDataHub {
     public func upstreamLost(reason: String) {
         let now = WallClock.nowMilliseconds()
         guard let outage = outages.lost(reason: reason, at: now) else { return }
+        // No publish comes to compact them while the upstream is away.
+        compactLastValues()
         // Events of the outage never arrive: no resume reaches across it (a single relay's loss takes a
         // market sequence of its own: a client that stood just before it is told the gap).
         history?.interruptAll(now: now, marked: !adoptsPositions)

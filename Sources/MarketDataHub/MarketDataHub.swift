@@ -76,7 +76,10 @@ public actor MarketDataHub {
     var resumeCounts = ResumeCounts()
     let metrics: HubHistoryMetrics
     /// Event type → subscribers of its wildcard.
-    var wildcards: [String: [Subscriber]] = [:]
+    var wildcards: [String: [Subscriber]] = [:] { didSet { wildcardsChanged &+= 1 } }
+    /// Counts changes of `wildcards` (a publish's lookups of it are good until it changes: a subscriber
+    /// evicted in the middle of a publish leaves it).
+    private var wildcardsChanged = 0
     /// What this hub wants from its source; what a call changed in it is reported at the call's end.
     var wanted = WantedSet()
     var published = 0
@@ -371,9 +374,11 @@ public actor MarketDataHub {
         }
         let shared = PublishedEvents(events)
         sharedSince.storage = nil
-        // Each event type's wildcard holders, looked up once a publish (they do not change during one):
-        // comparing a few short event types costs less than hashing one per event.
+        // Each event type's wildcard holders, looked up once a publish while they do not change (an
+        // eviction in the middle of it changes them): comparing a few short event types costs less than
+        // hashing one per event.
         var wildHolders: [(eventType: String, holders: [Subscriber]?)] = []
+        var wildHoldersAsOf = wildcardsChanged
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).
         touched.reserveCapacity(Swift.min(subscribers.count, 4096))
@@ -383,6 +388,10 @@ public actor MarketDataHub {
             for index in base..<end {
                 let bit: UInt64 = 1 << UInt64(index - base)
                 let event = events[index]
+                if wildHoldersAsOf != wildcardsChanged {
+                    wildHolders.removeAll()
+                    wildHoldersAsOf = wildcardsChanged
+                }
                 let wild = wildcards.isEmpty ? nil : wildcardHolders(of: event.eventType, seen: &wildHolders)
                 // A cluster node may still receive a few events of a topic it just dropped: not kept.
                 var withheld = false
@@ -445,11 +454,14 @@ public actor MarketDataHub {
         }
         // Their own bytes: a cached event must not keep its whole upstream message alive for long.
         sharedSince.publishes += 1
-        if sharedSince.publishes >= Self.sharedLastValuePublishes || sharedSince.bytes >= Self.sharedLastValueBytes {
-            for entry in sharedLastValues { entry.compactLast() }
-            sharedLastValues.removeAll(keepingCapacity: true)
-            sharedSince = (0, 0, nil)
-        }
+        if sharedSince.publishes >= Self.sharedLastValuePublishes || sharedSince.bytes >= Self.sharedLastValueBytes { compactLastValues() }
+    }
+
+    /// Gives every last value that still shares its message's bytes bytes of its own.
+    func compactLastValues() {
+        for entry in sharedLastValues { entry.compactLast() }
+        sharedLastValues.removeAll(keepingCapacity: true)
+        sharedSince = (0, 0, nil)
     }
 
     /// The wildcard holders of `eventType`, from `seen` (this publish's lookups, at most eight types)

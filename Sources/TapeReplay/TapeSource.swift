@@ -76,8 +76,9 @@ public struct ReplayPlan: Sendable, Equatable {
 /// start (the day, the window, the speed) and at the end.
 ///
 /// At a finite speed the recorded spacing is kept, scaled. At `max` the replay waits for its first
-/// reader, then goes as fast as its slowest reader takes events: it waits while any subscriber has half
-/// its buffer queued, so none is ever dropped. A gap in the tape (the relay was down, or recording
+/// reader, then goes as fast as its slowest reader takes events: it hands a batch over only while every
+/// subscriber's unread events, with the batches on their way, stay under the fill at which it would be
+/// warned of as falling behind, so none is ever dropped. A gap in the tape (the relay was down, or recording
 /// paused) is told as the upstream being away for that window. A block that does not check is skipped
 /// and counted.
 ///
@@ -101,6 +102,8 @@ public final class TapeSource: MarketSource {
 
     /// Events handed to the hub at a time (at most).
     static let batchSize = 256
+    /// Room kept at `max` for the notices a pass sends unpaced (its start, a gap's two, its end).
+    static let noticeRoom = 8
 
     /// Passes begun, and events handed to the hub (`relay_tape_replays_total`, `relay_tape_replay_events_total`).
     private let passesStarted: Counter
@@ -202,7 +205,7 @@ public final class TapeSource: MarketSource {
     /// One pass over the day's window: the start notice, the events at their pace, the end notice.
     /// Returns how many events it replayed.
     ///
-    /// The tape is read a little ahead on a task of its own (``readAhead(_:from:through:into:)``): a
+    /// The tape is read a little ahead on a task of its own (``readAhead(_:into:)``): a
     /// block's decompression and decoding no longer stop the hand-over of the events before it.
     private func pass() async throws -> Int {
         let window = TapeWindow(try TapeReader(path: plan.path).records(from: plan.from ?? .min, through: plan.to ?? .max))
@@ -225,6 +228,9 @@ public final class TapeSource: MarketSource {
                 // Stopped: the reading ahead stops too (what it queued is let go).
                 if Task.isCancelled { chunks.finish() }
             }
+            // The drain also ends when cancelled while it waits for a chunk: the reading ahead, perhaps
+            // waiting for room, is let go either way.
+            chunks.finish()
             return await group.next() ?? []
         }
         try Task.checkCancellation()
@@ -249,7 +255,7 @@ public final class TapeSource: MarketSource {
     /// Reads the window's records into `chunks`, a chunk at a time, until the window ends or `chunks`
     /// is finished; returns the blocks it skipped (damaged).
     private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> [Int] {
-        while true {
+        while !Task.isCancelled {
             let chunk = window.records.withLock { window in
                 var chunk: [TapeRecord] = []
                 chunk.reserveCapacity(chunkSize)
@@ -309,12 +315,13 @@ public final class TapeSource: MarketSource {
         let count = batch.count
         if plan.speed == .max {
             // Paced by the slowest reader: what anyone has unread, the batch still on its way to the hub
-            // (the push below waits for the one before it) and this one stay under the fill at which a
-            // reader is warned of as falling behind (80% of its buffer), so it is never dropped or warned of.
+            // (the push below waits for the one before it), this one and a few notices of the tape's own
+            // stay under the fill at which a reader is warned of as falling behind (80% of its buffer),
+            // so it is never dropped or warned of.
             // Looked at again after 100 µs, then twice as long each time up to 5 ms: a reader that keeps
             // up is followed closely, one that stopped costs at most 200 looks a second.
             var pause = Duration.microseconds(100)
-            while await hub.deepestBacklog > MarketDataHub.warningFill - 2 * Self.batchSize, !Task.isCancelled {
+            while await hub.deepestBacklog > MarketDataHub.warningFill - 2 * Self.batchSize - Self.noticeRoom, !Task.isCancelled {
                 try? await Task.sleep(for: pause)
                 pause = min(pause * 2, .milliseconds(5))
             }

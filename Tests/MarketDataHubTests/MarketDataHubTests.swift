@@ -496,7 +496,7 @@ struct HubLastValueTests {
         _ = holder
     }
 
-    /// An event of `size` bytes of spaces sliced out of `message`'s start, for `ticker`.
+    /// An event of the first 8 bytes of `message` (a slice of it, as an upstream's events are), for `ticker`.
     private func sliced(_ message: ByteBuffer, ticker: String) -> MarketEvent {
         MarketEvent(eventType: "T", ticker: ticker, bytes: message.getSlice(at: 0, length: 8)!)
     }

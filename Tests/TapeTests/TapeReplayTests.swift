@@ -196,13 +196,15 @@ struct TapeReplayTests {
         }
     }
 
-    @Test func aReplayStopsPromptlyWhenItsTaskIsCancelled() async throws {
+    /// As recorded (30 s of events), or at `max` held by a reader that stopped reading: cancelled after
+    /// its first events, a replay must neither run on nor hang.
+    @Test(arguments: [ReplayPlan.Speed.times(1), .max])
+    func aReplayStopsPromptlyWhenItsTaskIsCancelled(speed: ReplayPlan.Speed) async throws {
         try await withDirectory { directory in
-            // 30 s of events replayed as recorded: cancelled after its first events, it must not run on.
             try writeTape(directory, count: 30_000)
             let interest = LocalInterest()
             let hub = MarketDataHub(wire: .polygon) { change in interest.apply(change) }
-            let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: .times(1))
+            let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: speed)
             let source = TapeSource(plan: plan, hub: hub, interest: interest, logger: .init(label: "test.replay"))
             var reader = await hub.subscribe(to: Set([Topic(parsing: "T.AAPL")].compactMap { $0 })).makeReader()
             let running = Task { try await source.run() }
