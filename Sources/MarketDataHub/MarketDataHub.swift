@@ -377,8 +377,7 @@ public actor MarketDataHub {
         // Each event type's wildcard holders, looked up once a publish while they do not change (an
         // eviction in the middle of it changes them): comparing a few short event types costs less than
         // hashing one per event.
-        var wildHolders: [(eventType: String, holders: [Subscriber]?)] = []
-        var wildHoldersAsOf = wildcardsChanged
+        var wildHolders = WildcardLookups(asOf: wildcardsChanged)
         var touched: [Subscriber] = []
         // Sized once per publish instead of grown step by step (each step a malloc on the hot path).
         touched.reserveCapacity(Swift.min(subscribers.count, 4096))
@@ -388,10 +387,6 @@ public actor MarketDataHub {
             for index in base..<end {
                 let bit: UInt64 = 1 << UInt64(index - base)
                 let event = events[index]
-                if wildHoldersAsOf != wildcardsChanged {
-                    wildHolders.removeAll()
-                    wildHoldersAsOf = wildcardsChanged
-                }
                 let wild = wildcards.isEmpty ? nil : wildcardHolders(of: event.eventType, seen: &wildHolders)
                 // A cluster node may still receive a few events of a topic it just dropped: not kept.
                 var withheld = false
@@ -464,12 +459,18 @@ public actor MarketDataHub {
         sharedSince = (0, 0, nil)
     }
 
-    /// The wildcard holders of `eventType`, from `seen` (this publish's lookups, at most eight types)
-    /// or the table.
-    private func wildcardHolders(of eventType: String, seen: inout [(eventType: String, holders: [Subscriber]?)]) -> [Subscriber]? {
-        for known in seen where known.eventType == eventType { return known.holders }
+    /// A publish's lookups of `wildcards` (at most eight event types), good while it has not changed.
+    private struct WildcardLookups {
+        var asOf: Int
+        var found: [(eventType: String, holders: [Subscriber]?)] = []
+    }
+
+    /// The wildcard holders of `eventType`, from `seen` or the table.
+    private func wildcardHolders(of eventType: String, seen: inout WildcardLookups) -> [Subscriber]? {
+        if seen.asOf != wildcardsChanged { seen = WildcardLookups(asOf: wildcardsChanged) }
+        for known in seen.found where known.eventType == eventType { return known.holders }
         let holders = wildcards[eventType]
-        if seen.count < 8 { seen.append((eventType, holders)) }
+        if seen.found.count < 8 { seen.found.append((eventType, holders)) }
         return holders
     }
 

@@ -225,11 +225,9 @@ public final class TapeSource: MarketSource {
                 for case .element(let chunk) in items where !Task.isCancelled {
                     await replay(chunk, &progress)
                 }
-                // Stopped: the reading ahead stops too (what it queued is let go).
-                if Task.isCancelled { chunks.finish() }
             }
-            // The drain also ends when cancelled while it waits for a chunk: the reading ahead, perhaps
-            // waiting for room, is let go either way.
+            // The drain ends when the reading ahead finished, or when cancelled (then perhaps while the
+            // reading ahead waits for room): it is let go either way.
             chunks.finish()
             return await group.next() ?? []
         }
