@@ -329,9 +329,6 @@ public actor MarketDataHub {
 
     // MARK: publishing
 
-    /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
-    /// topic. Never suspends. Each subscriber gets its matches as one stream element per window of 64
-    /// events (one element for the usual upstream message).
     /// From now on `tap` is told every published event, positioned, before any subscriber (`nil`: none).
     public func setTap(_ tap: (any EventTap)?) {
         self.tap = tap
@@ -342,6 +339,9 @@ public actor MarketDataHub {
         self.archive = archive
     }
 
+    /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
+    /// topic. Never suspends. Each subscriber gets its matches as one stream element per window of 64
+    /// events (one element for the usual upstream message).
     public func publish(_ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
         let now = WallClock.nowMilliseconds()
@@ -472,34 +472,5 @@ public actor MarketDataHub {
         let holders = wildcards[eventType]
         if seen.found.count < 8 { seen.found.append((eventType, holders)) }
         return holders
-    }
-
-    /// Keeps events whose positions a cluster's leader wrote into their bytes (read, not written);
-    /// returns them carrying their market sequence (as they came, if one had no position).
-    func adopt(_ events: [MarketEvent], into history: EventHistory, at now: Int64) -> [MarketEvent] {
-        var positions: [EventPosition] = []
-        var kept: [MarketEvent] = []
-        for event in events {
-            guard let position = EventPosition.read(from: event.bytes) else { continue }
-            positions.append(position)
-            kept.append(
-                MarketEvent(
-                    eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt, sequence: position.market))
-        }
-        // A topic whose run broke: its holders are told before the event after the break.
-        for topic in history.append(kept, positions: positions, at: now) {
-            // A folded state missed what went by in the break: not vouched for until whole again.
-            if let entry = entries[topic], let fold = entry.fold {
-                fold.interrupt()
-                entry.releaseHeldBack()
-            }
-            let notice = wire.render(
-                Notice(
-                    .gap, message: "\(topic): events are missing before this one (the cluster's upstream stopped sending it for a while)",
-                    details: ["topic": .text(topic.description)]))
-            let holders = (entries[topic]?.subscribers ?? []) + (wildcards[topic.eventType] ?? [])
-            for subscriber in holders { enqueue(HubDelivery([notice]), to: subscriber) }
-        }
-        return kept.count == events.count ? kept : events
     }
 }

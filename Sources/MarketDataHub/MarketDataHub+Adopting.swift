@@ -1,0 +1,33 @@
+import MarketCore
+
+/// A cluster node's publishes: the positions its leader wrote into the events are kept, not made here.
+extension MarketDataHub {
+    /// Keeps events whose positions a cluster's leader wrote into their bytes (read, not written);
+    /// returns them carrying their market sequence (as they came, if one had no position).
+    func adopt(_ events: [MarketEvent], into history: EventHistory, at now: Int64) -> [MarketEvent] {
+        var positions: [EventPosition] = []
+        var kept: [MarketEvent] = []
+        for event in events {
+            guard let position = EventPosition.read(from: event.bytes) else { continue }
+            positions.append(position)
+            kept.append(
+                MarketEvent(
+                    eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt, sequence: position.market))
+        }
+        // A topic whose run broke: its holders are told before the event after the break.
+        for topic in history.append(kept, positions: positions, at: now) {
+            // A folded state missed what went by in the break: not vouched for until whole again.
+            if let entry = entries[topic], let fold = entry.fold {
+                fold.interrupt()
+                entry.releaseHeldBack()
+            }
+            let notice = wire.render(
+                Notice(
+                    .gap, message: "\(topic): events are missing before this one (the cluster's upstream stopped sending it for a while)",
+                    details: ["topic": .text(topic.description)]))
+            let holders = (entries[topic]?.subscribers ?? []) + (wildcards[topic.eventType] ?? [])
+            for subscriber in holders { enqueue(HubDelivery([notice]), to: subscriber) }
+        }
+        return kept.count == events.count ? kept : events
+    }
+}
