@@ -87,15 +87,14 @@ public struct EventPosition: Sendable, Hashable {
                 ranges.append((start, buffer.writerIndex - start))
                 continue
             }
-            let body = bytes.getSlice(at: bytes.readerIndex, length: length - 1) ?? ByteBuffer()
-            buffer.writeImmutableBuffer(body)
-            // `{}`: no field before ours, so no comma.
+            // One write per event into room the buffer has (checked above): its bytes up to the closing
+            // brace, the two fields, the brace.
             let position = positions[index]
-            buffer.writeString(isEmptyObject(body) ? #""_s":"# : #","_s":"#)
-            buffer.writeDecimal(position.topic)
-            buffer.writeString(#","_m":"#)
-            buffer.writeDecimal(position.market)
-            buffer.writeInteger(UInt8(ascii: "}"))
+            bytes.withUnsafeReadableBytes { source in
+                _ = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: length + maxGrowth) { target in
+                    writeStamped(body: UnsafeRawBufferPointer(rebasing: source[..<(length - 1)]), position, into: target)
+                }
+            }
             ranges.append((start, buffer.writerIndex - start))
         }
         seal()
@@ -116,6 +115,41 @@ public struct EventPosition: Sendable, Hashable {
         func power(atLeast value: Int) -> Int { value <= 1 ? 1 : 1 << (Int.bitWidth - (value - 1).leadingZeroBitCount) }
         let fitting = left < 512 ? power(atLeast: left) : min(1 << (Int.bitWidth - 1 - left.leadingZeroBitCount), chunkBytes)
         return max(fitting, power(atLeast: next))
+    }
+
+    /// Writes a JSON object's `body` (its bytes but the closing brace) with the position's two fields and
+    /// the brace after it into `target` (room for the body and ``maxGrowth`` bytes); returns the bytes
+    /// written.
+    static func writeStamped(body: UnsafeRawBufferPointer, _ position: EventPosition, into target: UnsafeMutableRawBufferPointer) -> Int {
+        UnsafeMutableRawBufferPointer(rebasing: target[..<body.count]).copyMemory(from: body)
+        var at = body.count
+        func put(_ text: StaticString) {
+            let count = text.utf8CodeUnitCount
+            UnsafeMutableRawBufferPointer(rebasing: target[at..<(at + count)])
+                .copyMemory(from: UnsafeRawBufferPointer(start: text.utf8Start, count: count))
+            at += count
+        }
+        func put(_ value: UInt64) {
+            var digits = 1
+            var rest = value
+            while rest >= 10 {
+                rest /= 10
+                digits += 1
+            }
+            rest = value
+            for offset in stride(from: at + digits - 1, through: at, by: -1) {
+                target[offset] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: rest % 10)
+                rest /= 10
+            }
+            at += digits
+        }
+        // `{}`: no field before ours, so no comma.
+        put(isEmptyObject(body) ? #""_s":"# : #","_s":"#)
+        put(position.topic)
+        put(#","_m":"#)
+        put(position.market)
+        put("}")
+        return at
     }
 
     /// The tail a MessagePack event gets: `"_s"` and `"_m"` as two more map entries, each a 64-bit
@@ -203,8 +237,8 @@ public struct EventPosition: Sendable, Hashable {
     }
 
     /// Whether an object's bytes up to (not including) its closing brace hold no field: `{` and blanks.
-    static func isEmptyObject(_ body: ByteBuffer) -> Bool {
-        body.readableBytesView.allSatisfy { $0 == UInt8(ascii: "{") || $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
+    static func isEmptyObject(_ body: some Sequence<UInt8>) -> Bool {
+        body.allSatisfy { $0 == UInt8(ascii: "{") || $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
     }
 
     /// A fresh epoch: 12 characters of base 36 from the time and randomness, different at every start

@@ -71,7 +71,7 @@ public enum EventTimes {
             return
         }
         buffer.writeImmutableBuffer(body)
-        buffer.writeString(EventPosition.isEmptyObject(body) ? #""_r":"# : #","_r":"#)
+        buffer.writeString(EventPosition.isEmptyObject(body.readableBytesView) ? #""_r":"# : #","_r":"#)
         buffer.writeDecimal(received)
         buffer.writeString(#","_o":"#)
         buffer.writeDecimal(sent)
