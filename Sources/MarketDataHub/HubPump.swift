@@ -3,8 +3,16 @@ import MarketCore
 
 /// Feeds a hub from its source's inbox: the one loop between any source and ``MarketDataHub``, beside
 /// the hub rather than in the composition root. A run of queued messages goes to the hub as few calls as
-/// order allows (consecutive events as one ``MarketDataHub/publish(_:)``).
+/// order allows (consecutive events as one ``MarketDataHub/publish(_:)``), each of at most
+/// ``publishLimit`` events.
 package enum HubPump {
+    /// The most events one publish carries. A backlog the pump catches up on (the hub fell behind its
+    /// source for a moment) goes to the hub in turns a subscriber's buffer holds several of, its reader
+    /// taking the first while the next are published: one publish larger than the buffer would drop the
+    /// rest for every subscriber of those events, however fast it reads. (The size a source inbox merges
+    /// runs of events up to, and a replay's batch.)
+    package static let publishLimit = 256
+
     /// Drains `inbox` into `hub` until the inbox finishes. `lossReason` names why the source's own
     /// queue overflowed (told to the subscribers of the topics lost).
     /// - Parameters:
@@ -16,17 +24,27 @@ package enum HubPump {
     ) async {
         await inbox.drain { items in
             var events: [MarketEvent] = []
+            func publish(_ run: [MarketEvent]) async {
+                published(run.count)
+                await hub.publish(run)
+            }
             for item in items {
                 switch item {
                 case .element(.events(let more)):
                     if events.isEmpty { events = more } else { events += more }
+                    // A run larger than a publish: in turns of the limit, the rest joining what comes next.
+                    var start = 0
+                    while events.count - start > publishLimit {
+                        await publish(Array(events[start..<(start + publishLimit)]))
+                        start += publishLimit
+                    }
+                    if start > 0 { events = Array(events[start...]) }
                     continue
                 default:
                     break
                 }
                 if !events.isEmpty {
-                    published(events.count)
-                    await hub.publish(events)
+                    await publish(events)
                     events = []
                 }
                 switch item {
@@ -50,10 +68,7 @@ package enum HubPump {
                     await hub.reportLoss(count, topics: topics, reason: lossReason)
                 }
             }
-            if !events.isEmpty {
-                published(events.count)
-                await hub.publish(events)
-            }
+            if !events.isEmpty { await publish(events) }
         }
     }
 }

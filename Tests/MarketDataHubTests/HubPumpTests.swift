@@ -1,0 +1,64 @@
+import AsyncSupport
+import MarketCore
+import Testing
+
+@testable import MarketDataHub
+
+/// The pump between a source's inbox and its hub: a backlog goes to the hub in publishes a subscriber's
+/// buffer holds several of, in order.
+@Suite("Hub pump: a backlog in publishes of a bounded size")
+struct HubPumpTests {
+    /// Queues `frames` frames of `size` events each (`Q.S<n>`, numbered from 0) and finishes the inbox.
+    static func backlog(frames: Int, size: Int) -> SourceInbox {
+        let inbox = SourceInbox.source(capacity: 1_000_000)
+        var number = 0
+        for _ in 0..<frames {
+            var frame: [MarketEvent] = []
+            for _ in 0..<size {
+                frame.append(event("Q", "S\(number % 50)", number))
+                number += 1
+            }
+            _ = inbox.push(.events(frame))
+        }
+        return inbox
+    }
+
+    @Test func aBacklogLargerThanASubscribersBufferGoesToTheHubInTurns() async {
+        // 30 frames of 100 events and one of 1,700 (a frame larger than the buffer on its own).
+        let inbox = Self.backlog(frames: 30, size: 100)
+        var large: [MarketEvent] = []
+        for number in 3_000..<4_700 { large.append(event("Q", "S\(number % 50)", number)) }
+        _ = inbox.push(.events(large))
+        inbox.finish()
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        var publishes: [Int] = []
+        await HubPump.run(inbox, into: hub, lossReason: "test", published: { publishes.append($0) })
+        #expect(publishes.reduce(0, +) == 4_700, "every event published once")
+        #expect(publishes.allSatisfy { $0 <= HubPump.publishLimit }, "publishes of \(publishes.max() ?? 0) events: at most \(HubPump.publishLimit)")
+        #expect(HubPump.publishLimit * 3 < MarketDataHub.bufferLimit, "a subscriber's buffer holds several publishes")
+    }
+
+    @Test func aSubscriberGetsABacklogInOrderWithTheSourcesMessagesWhereTheyCame() async throws {
+        let inbox = Self.backlog(frames: 6, size: 100)
+        _ = inbox.push(.notice(Notice(.replay, message: "halfway")))
+        var rest: [MarketEvent] = []
+        for number in 600..<900 { rest.append(event("Q", "S\(number % 50)", number)) }
+        _ = inbox.push(.events(rest))
+        inbox.finish()
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        let subscription = await hub.subscribe(to: topics("Q.*"))
+        var publishes: [Int] = []
+        await HubPump.run(inbox, into: hub, lossReason: "test", published: { publishes.append($0) })
+        let received = try await take(901, from: subscription.events)
+        let numbers = received.compactMap { event -> Int? in
+            guard event.eventType == "Q", let text = event.bytes.getString(at: event.bytes.readerIndex, length: event.bytes.readableBytes),
+                let field = text.split(separator: ":").last?.dropLast()
+            else { return nil }
+            return Int(field)
+        }
+        #expect(numbers == Array(0..<900), "every event, once, in order")
+        let notice = received.firstIndex { $0.eventType != "Q" }
+        #expect(notice == 600, "the source's notice between the events it came between")
+        #expect(publishes.allSatisfy { $0 <= HubPump.publishLimit })
+    }
+}
