@@ -118,9 +118,11 @@ public struct EventPosition: Sendable, Hashable {
     }
 
     /// Writes a JSON object's `body` (its bytes but the closing brace) with the position's two fields and
-    /// the brace after it into `target` (room for the body and ``maxGrowth`` bytes); returns the bytes
-    /// written.
+    /// the brace after it into `target`, which has room for the whole event and ``maxGrowth`` bytes (the
+    /// body, its brace and the growth); returns the bytes written.
     static func writeStamped(body: UnsafeRawBufferPointer, _ position: EventPosition, into target: UnsafeMutableRawBufferPointer) -> Int {
+        // Unchecked writes follow: the room is the caller's promise, checked once here.
+        precondition(target.count >= body.count + 1 + maxGrowth, "room for a stamped event")
         UnsafeMutableRawBufferPointer(rebasing: target[..<body.count]).copyMemory(from: body)
         var at = body.count
         func put(_ text: StaticString) {

@@ -1,4 +1,4 @@
-import MarketCore
+@testable import MarketCore
 import NIOCore
 import Testing
 
@@ -53,5 +53,27 @@ struct PositionStampTests {
         for (index, event) in stamped.enumerated() where String(buffer: event.bytes) != Self.expected(texts[index], positions[index]) {
             Issue.record("event \(index) stamped as \(String(buffer: event.bytes).prefix(120))")
         }
+    }
+}
+
+extension PositionStampTests {
+    /// The widest stamp (20-digit positions) into exactly the room the stamp promises, and a buffer that a
+    /// publish fills to its last byte with it.
+    @Test func theWidestStampFitsItsRoomExactly() {
+        let text = #"{"ev":"T","sym":"AAPL","p":1.5}"#
+        let widest = EventPosition(topic: UInt64.max, market: UInt64.max)
+        let expected = Self.expected(text, widest)
+        #expect(expected.utf8.count == text.utf8.count + EventPosition.maxGrowth, "the widest stamp grows an event by maxGrowth")
+        let body = Array(text.utf8.dropLast())
+        let room = UnsafeMutableRawBufferPointer.allocate(byteCount: text.utf8.count + EventPosition.maxGrowth, alignment: 1)
+        defer { room.deallocate() }
+        let written = body.withUnsafeBytes { EventPosition.writeStamped(body: $0, widest, into: room) }
+        #expect(written == room.count)
+        #expect(String(decoding: UnsafeRawBufferPointer(room), as: UTF8.self) == expected)
+        // 76 bytes and 52 of growth: a 128-byte buffer filled to its end.
+        let filling = #"{"ev":"T","sym":"AAPL","c":""# + String(repeating: "z", count: 76 - 30) + #""}"#
+        #expect(filling.utf8.count == 76)
+        let stamped = EventPosition.stamp([Self.event(filling)], [widest])
+        #expect(stamped.map { String(buffer: $0.bytes) } == [Self.expected(filling, widest)])
     }
 }
