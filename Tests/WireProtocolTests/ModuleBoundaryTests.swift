@@ -17,23 +17,31 @@ struct ModuleBoundaryTests {
             .appendingPathComponent("Sources")
     }
 
-    /// Every `import` of a vendor module under `Sources/`: (importing module, imported module, file).
-    static func vendorImports() throws -> [(module: String, imported: String, file: String)] {
+    /// Every Swift file under `Sources/`: its module, its path within the module and its text.
+    static func swiftFiles() throws -> [(module: String, file: String, text: String)] {
         var found: [(String, String, String)] = []
         let modules = try FileManager.default.contentsOfDirectory(atPath: sources.path)
         for module in modules {
             let root = sources.appendingPathComponent(module)
             guard let files = FileManager.default.enumerator(atPath: root.path) else { continue }
             for case let file as String in files where file.hasSuffix(".swift") {
-                let text = try String(contentsOf: root.appendingPathComponent(file), encoding: .utf8)
-                for line in text.split(separator: "\n") {
-                    let words = line.split(separator: " ")
-                    guard let index = words.firstIndex(of: "import"), index + 1 < words.count,
-                        words[..<index].allSatisfy({ $0.hasPrefix("@") })
-                    else { continue }
-                    let imported = String(words[index + 1])
-                    if vendorModules.contains(imported) { found.append((module, imported, "\(module)/\(file)")) }
-                }
+                found.append((module, file, try String(contentsOf: root.appendingPathComponent(file), encoding: .utf8)))
+            }
+        }
+        return found
+    }
+
+    /// Every `import` of a vendor module under `Sources/`: (importing module, imported module, file).
+    static func vendorImports() throws -> [(module: String, imported: String, file: String)] {
+        var found: [(String, String, String)] = []
+        for (module, file, text) in try swiftFiles() {
+            for line in text.split(separator: "\n") {
+                let words = line.split(separator: " ")
+                guard let index = words.firstIndex(of: "import"), index + 1 < words.count,
+                    words[..<index].allSatisfy({ $0.hasPrefix("@") })
+                else { continue }
+                let imported = String(words[index + 1])
+                if vendorModules.contains(imported) { found.append((module, imported, "\(module)/\(file)")) }
             }
         }
         return found

@@ -135,53 +135,45 @@ struct SourceShapeTests {
 
     /// Every measured body under `Sources/`.
     static func bodies() throws -> [Body] {
+        try ModuleBoundaryTests.swiftFiles().flatMap { bodies(in: $0.text, file: "\($0.module)/\($0.file)") }
+    }
+
+    /// The measured bodies of one file's text.
+    static func bodies(in text: String, file: String) -> [Body] {
         var found: [Body] = []
-        let sources = ModuleBoundaryTests.sources
-        let modules = try FileManager.default.contentsOfDirectory(atPath: sources.path)
-        for module in modules {
-            let root = sources.appendingPathComponent(module)
-            guard let files = FileManager.default.enumerator(atPath: root.path) else { continue }
-            for case let file as String in files where file.hasSuffix(".swift") {
-                let text = try String(contentsOf: root.appendingPathComponent(file), encoding: .utf8)
-                let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-                var codes: [[UInt8]] = []
-                var lexer = Lexer()
-                for line in lines { codes.append(lexer.code(of: line)) }
-                for (start, line) in lines.enumerated() where declares(line) {
-                    // Its body: from the first `{` outside its parameter list (a default argument may be a
-                    // closure) to the brace that closes it; a requirement without one (within a few lines)
-                    // has none.
-                    var depth = 0
-                    var parentheses = 0
-                    var opened = false
-                    var end = start
-                    scan: while end < lines.count {
-                        for byte in codes[end] {
-                            switch byte {
-                            case UInt8(ascii: "("): parentheses += 1
-                            case UInt8(ascii: ")"): parentheses -= 1
-                            case UInt8(ascii: "{") where opened || parentheses == 0:
-                                depth += 1
-                                opened = true
-                            case UInt8(ascii: "}") where opened:
-                                depth -= 1
-                                if depth == 0 { break scan }
-                            default: break
-                            }
-                        }
-                        // A declaration whose signature ended without a body (a protocol's requirement):
-                        // the next line does not carry the signature on.
-                        if !opened, parentheses == 0, end + 1 < lines.count, !Self.continuesSignature(codes[end + 1]) { break }
-                        if !opened, end > start + 15 { break }
-                        end += 1
+        let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+        var codes: [[UInt8]] = []
+        var lexer = Lexer()
+        for line in lines { codes.append(lexer.code(of: line)) }
+        for (start, line) in lines.enumerated() where declares(line) {
+            // Its body: from the first `{` outside its parameter list (a default argument may be a closure)
+            // to the brace that closes it; a requirement without one (within a few lines) has none.
+            var depth = 0
+            var parentheses = 0
+            var opened = false
+            var end = start
+            scan: while end < lines.count {
+                for byte in codes[end] {
+                    switch byte {
+                    case UInt8(ascii: "("): parentheses += 1
+                    case UInt8(ascii: ")"): parentheses -= 1
+                    case UInt8(ascii: "{") where opened || parentheses == 0:
+                        depth += 1
+                        opened = true
+                    case UInt8(ascii: "}") where opened:
+                        depth -= 1
+                        if depth == 0 { break scan }
+                    default: break
                     }
-                    guard opened, end < lines.count else { continue }
-                    found.append(
-                        Body(
-                            file: "\(module)/\(file)", line: start + 1,
-                            declaration: String(line.drop { $0 == " " }.prefix(80)), lines: end - start + 1))
                 }
+                // A declaration whose signature ended without a body (a protocol's requirement): the next
+                // line does not carry the signature on.
+                if !opened, parentheses == 0, end + 1 < lines.count, !continuesSignature(codes[end + 1]) { break }
+                if !opened, end > start + 15 { break }
+                end += 1
             }
+            guard opened, end < lines.count else { continue }
+            found.append(Body(file: file, line: start + 1, declaration: String(line.drop { $0 == " " }.prefix(80)), lines: end - start + 1))
         }
         return found
     }
