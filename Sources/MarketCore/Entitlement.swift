@@ -68,6 +68,8 @@ public struct ClientGrant: Sendable, Equatable {
     /// Whether its connections' events carry their receive and send times (the key file's
     /// `timestamps`; ``EventTimes``).
     public var timestamps = false
+    /// The events each of its connections' buffers holds (the key file's `buffer`); `nil`: the relay's.
+    public var buffer: Int?
 
     public init(name: String, entitlement: Entitlement = .everything, maxConnections: Int? = nil, conflation: KeyConflation = .off) {
         self.name = name

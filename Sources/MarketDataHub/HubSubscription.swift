@@ -6,13 +6,16 @@ import MarketCore
 /// the subscriber's shares of upstream messages (``HubDelivery``: no copy of the events, the message's
 /// events are shared) queued since its reader last took one: a ``DeliveryBatch``, which the hub adds to
 /// until the reader takes it (one `yield` per read, not per message or per event). The hub bounds each
-/// subscriber to ``MarketDataHub/bufferLimit`` queued *events*: a subscriber that does not keep up loses
+/// subscriber to its ``bufferLimit`` queued *events*: a subscriber that does not keep up loses
 /// the newest events, never anybody else's. Ending the iteration (or dropping the subscription) removes
 /// the subscriber from the hub. Relay notices (`ev` `status`) travel in the same stream, in order.
 public struct HubSubscription: Sendable {
     public let id: SubscriberID
     let stream: AsyncStream<DeliveryBatch>
     let queue: SubscriberQueue
+
+    /// The events its buffer holds (its hub's ``MarketDataHub/bufferLimit``, or its key's). Any thread.
+    public var bufferLimit: Int { queue.limit.load(ordering: .relaxed) }
 
     /// The events one by one. Use either this, or ``makeReader()``, once.
     public var events: Events { Events(stream: stream, queue: queue) }
@@ -80,7 +83,7 @@ public struct HubSubscription: Sendable {
         /// Appends everything queued, in order, once anything is, to `deliveries` (the events stay
         /// where the hub holds them); `false` when the subscription has ended. One `next()` on the
         /// stream: it holds at most one element, the subscriber's ``DeliveryBatch``, which has
-        /// everything queued since the last read (at most ``MarketDataHub/bufferLimit`` events). In the
+        /// everything queued since the last read (at most ``HubSubscription/bufferLimit`` events). In the
         /// caller's isolation, like ``nextBatch(isolation:)``.
         public mutating func nextDeliveries(
             into deliveries: inout [HubDelivery], isolation: isolated (any Actor)? = #isolation

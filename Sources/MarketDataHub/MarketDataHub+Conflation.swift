@@ -43,9 +43,10 @@ final class Conflation {
     /// Topics with a pending event.
     var pendingCount: Int { pending.count }
 
-    /// Whether new events are merged now, at this buffer fill.
-    func isMerging(fill: Int) -> Bool {
-        mode.interval != nil || (mode.whileLagging && (fill >= MarketDataHub.warningFill || !pending.isEmpty))
+    /// Whether new events are merged now, at this buffer fill (`warningFill`: the hub's falling-behind
+    /// fill).
+    func isMerging(fill: Int, warningFill: Int) -> Bool {
+        mode.interval != nil || (mode.whileLagging && (fill >= warningFill || !pending.isEmpty))
     }
 
     /// Holds a state event (replacing its topic's pending one); whether it replaced one.
@@ -135,7 +136,7 @@ extension MarketDataHub {
             if let interval = conflation.mode.interval {
                 guard now >= conflation.nextFlush else { continue }
                 conflation.nextFlush = now + interval
-            } else if subscriber.queue.pending.load(ordering: .relaxed) > Self.bufferLimit / 2 {
+            } else if subscriber.queue.pending.load(ordering: .relaxed) > subscriber.bufferLimit / 2 {
                 continue
             }
             enqueue(HubDelivery(conflation.takeAll()), to: subscriber)

@@ -53,14 +53,15 @@ extension MarketDataHub {
         tell(told)
     }
 
-    /// The most events any subscriber with topics has queued and not read: what a source that paces
-    /// itself by its slowest reader (a replay at full speed) waits on.
-    public var deepestBacklog: Int {
-        var deepest = 0
+    /// The fewest events any subscriber with topics can still take before it is warned of as falling
+    /// behind (80% of its buffer, less what it has queued and not read; `Int.max` with none): what a
+    /// source that paces itself by its slowest reader (a replay at full speed) waits on.
+    public var leastRoom: Int {
+        var least = Int.max
         for subscriber in subscribers.values where !subscriber.topics.isEmpty && !subscriber.parked {
-            deepest = max(deepest, subscriber.queue.pending.load(ordering: .relaxed))
+            least = min(least, subscriber.warningFill - subscriber.queue.pending.load(ordering: .relaxed))
         }
-        return deepest
+        return least
     }
 
     // MARK: upstream outages

@@ -3,6 +3,15 @@ import MarketCore
 /// Queueing for one subscriber: within its bound, the drops and the `lagging` notice, the evictions of
 /// the `disconnect` policy, and telling its reader.
 extension MarketDataHub {
+    /// The events a subscriber's buffer holds from now on (its key's `buffer`), kept within
+    /// ``bufferLimitRange``; `nil`: the hub's ``bufferLimit``. What it has queued stays queued.
+    public func setBufferLimit(_ limit: Int?, for id: SubscriberID) {
+        subscribers[id]?.bufferLimit = limit.map(Self.bounded) ?? bufferLimit
+    }
+
+    /// A buffer limit within ``bufferLimitRange``.
+    static func bounded(_ limit: Int) -> Int { min(max(limit, bufferLimitRange.lowerBound), bufferLimitRange.upperBound) }
+
     /// Calls `whenQueued` of those of `candidates` that had something queued since they were last told
     /// (`enqueue` only marks them, so a hub call tells everyone at its end, together). A flag on the
     /// subscriber rather than a list of them: a publish allocates nothing for it.
@@ -13,7 +22,7 @@ extension MarketDataHub {
         }
     }
 
-    /// Queues events for one subscriber within its bound of ``bufferLimit`` events; what does not fit is
+    /// Queues events for one subscriber within its bound of events (its own ``Subscriber/bufferLimit``); what does not fit is
     /// dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
     func enqueue(_ delivery: HubDelivery, to subscriber: Subscriber) {
         guard !subscriber.parked else { return }
@@ -22,7 +31,7 @@ extension MarketDataHub {
         var pending = subscriber.queue.pending.load(ordering: .acquiring)
         // A subscriber that lost events and has since drained to half its buffer is told first, so the
         // notice sits exactly where its gap is.
-        if subscriber.lostSinceNotice > 0, pending <= Self.bufferLimit / 2 {
+        if subscriber.lostSinceNotice > 0, pending <= subscriber.bufferLimit / 2 {
             let notice = lossNotice(for: subscriber)
             subscriber.lostSinceNotice = 0
             setLagging(false)
@@ -32,7 +41,7 @@ extension MarketDataHub {
             let wholes = folding == nil ? [] : wholeStates(held: subscriber.topics)
             if !wholes.isEmpty, yield(HubDelivery(wholes), count: wholes.count, to: subscriber) { pending += wholes.count }
         }
-        let room = max(Self.bufferLimit - pending, 0)
+        let room = max(subscriber.bufferLimit - pending, 0)
         if count > room {
             let lost = count - room
             delivery = delivery.prefix(room)
@@ -55,7 +64,7 @@ extension MarketDataHub {
         guard count > 0 else { return }
         if yield(delivery, count: count, to: subscriber) {
             pending += count
-            if pending >= Self.warningFill { warnFalling(behind: subscriber, fill: pending) }
+            if pending >= subscriber.warningFill { warnFalling(behind: subscriber, fill: pending) }
         }
     }
 
@@ -97,7 +106,7 @@ extension MarketDataHub {
 
     func evict(_ subscriber: Subscriber) {
         logger.warning(
-            "subscriber disconnected: its buffer of \(Self.bufferLimit) events was full",
+            "subscriber disconnected: its buffer of \(subscriber.bufferLimit) events was full",
             metadata: ["subscriber": "\(subscriber.id)"])
         subscriber.queue.evicted.store(true, ordering: .releasing)
         remove(subscriber.id)
@@ -108,7 +117,7 @@ extension MarketDataHub {
         if let last = subscriber.lastWarning, now - last < .seconds(10) { return }
         subscriber.lastWarning = now
         logger.warning(
-            "subscriber falling behind: buffer \(fill * 100 / Self.bufferLimit)% full",
+            "subscriber falling behind: buffer \(fill * 100 / subscriber.bufferLimit)% full",
             metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"])
     }
 

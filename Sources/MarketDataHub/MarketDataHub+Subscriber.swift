@@ -7,6 +7,13 @@ extension MarketDataHub {
         let id: SubscriberID
         let continuation: AsyncStream<DeliveryBatch>.Continuation
         let queue: SubscriberQueue
+        /// The events its buffer holds (the hub's ``MarketDataHub/bufferLimit``, or its key's:
+        /// ``MarketDataHub/setBufferLimit(_:for:)``).
+        var bufferLimit: Int {
+            didSet { queue.limit.store(bufferLimit, ordering: .relaxed) }
+        }
+        /// Its fill at which it is reported as falling behind: 80% of its buffer.
+        var warningFill: Int { bufferLimit * 8 / 10 }
         /// Its stream's element: added to until the reader takes it, then yielded again.
         let batch = DeliveryBatch()
         var topics: Set<Topic> = []
@@ -36,6 +43,7 @@ extension MarketDataHub {
             whenQueued: (@Sendable () -> Void)?
         ) {
             self.id = id
+            bufferLimit = queue.limit.load(ordering: .relaxed)
             self.continuation = continuation
             self.queue = queue
             self.whenQueued = whenQueued

@@ -24,10 +24,21 @@ import Synchronization
 /// stream element while its reader has not taken it (``DeliveryBatch``), so the stream sees one `yield`
 /// per read, not per message.
 public actor MarketDataHub {
-    /// How many events a subscriber's stream holds before newer events are dropped for it.
-    public static let bufferLimit = 1000
-    /// The fill level at which a subscriber is reported as falling behind.
-    public static let warningFill = bufferLimit * 8 / 10
+    /// How many events a subscriber's buffer holds unless the hub is given another bound
+    /// (`subscribers.buffer`).
+    public static let defaultBufferLimit = 1000
+    /// The bounds a hub's buffer limit is kept within: never below the default (a replay at `max` paces
+    /// itself by 80% of it less two of its batches, and a publish of 256 events fits several times),
+    /// and past 1,000,000 a stalled client would pin that many events.
+    public static let bufferLimitRange = defaultBufferLimit...1_000_000
+    /// The elements a subscriber's `AsyncStream` holds (`.bufferingOldest(1000)`). An element is a
+    /// ``DeliveryBatch`` that grows while its reader has not taken it, so a stream holds one or two of
+    /// them; this bound is a backstop, the events bound is ``bufferLimit``.
+    public static let streamElements = 1000
+    /// How many events a subscriber's buffer holds before newer events are dropped for it (or, with the
+    /// `disconnect` policy, it is disconnected), unless it is given its own (``setBufferLimit(_:for:)``):
+    /// ``defaultBufferLimit`` unless configured.
+    public nonisolated let bufferLimit: Int
 
     /// The protocol of the market this hub carries: its notices are rendered in its words.
     public nonisolated let wire: any WireProtocol
@@ -120,6 +131,7 @@ public actor MarketDataHub {
     /// - Parameters:
     ///   - wire: the market's protocol (it renders the hub's notices).
     ///   - policy: what to do with a subscriber whose buffer is full.
+    ///   - bufferLimit: the events a subscriber's buffer holds (kept within ``bufferLimitRange``).
     ///   - snapshotOnSubscribe: whether a new subscription to a ticker topic immediately gets that
     ///     topic's last event.
     ///   - snapshotless: event types that never get one.
@@ -130,6 +142,7 @@ public actor MarketDataHub {
     public init(
         wire: some WireProtocol,
         policy: SlowConsumerPolicy = .drop,
+        bufferLimit: Int = MarketDataHub.defaultBufferLimit,
         snapshotOnSubscribe: Bool = true,
         snapshotless: Set<String> = [],
         folding: TopicFolding? = nil,
@@ -147,6 +160,7 @@ public actor MarketDataHub {
         gapLedger = GapLedger(wire: wire)
         stateEventTypes = wire.stateEventTypes
         self.policy = policy
+        self.bufferLimit = Self.bounded(bufferLimit)
         self.snapshotOnSubscribe = snapshotOnSubscribe
         self.snapshotless = snapshotless
         self.folding = folding
@@ -181,12 +195,12 @@ public actor MarketDataHub {
     public func subscribe(to topics: Set<Topic> = [], whenQueued: (@Sendable () -> Void)? = nil) -> HubSubscription {
         let id = SubscriberID.make()
         let (stream, continuation) = AsyncStream.makeStream(
-            of: DeliveryBatch.self, bufferingPolicy: .bufferingOldest(Self.bufferLimit))
+            of: DeliveryBatch.self, bufferingPolicy: .bufferingOldest(Self.streamElements))
         continuation.onTermination = { [weak self] _ in
             guard let self else { return }
             Task { await self.remove(id) }
         }
-        let queue = SubscriberQueue()
+        let queue = SubscriberQueue(limit: bufferLimit)
         subscribers[id] = Subscriber(id: id, continuation: continuation, queue: queue, whenQueued: whenQueued)
         subscribersGauge.record(subscribers.count)
         add(topics, to: id)
@@ -435,7 +449,7 @@ public actor MarketDataHub {
             for subscriber in touched {
                 let mask = subscriber.mask
                 subscriber.mask = 0
-                if let conflation = subscriber.conflation, conflation.isMerging(fill: subscriber.queue.pending.load(ordering: .relaxed)) {
+                if let conflation = subscriber.conflation, conflation.isMerging(fill: subscriber.queue.pending.load(ordering: .relaxed), warningFill: subscriber.warningFill) {
                     deliverConflating(HubDelivery(shared, base: base, mask: mask), to: subscriber, conflation)
                 } else {
                     enqueue(HubDelivery(shared, base: base, mask: mask), to: subscriber)

@@ -3,7 +3,7 @@ import Synchronization
 /// The part of a subscriber's state its reader and the hub share without going through the actor.
 ///
 /// `Sendable` through atomics. `pending` counts events the hub has queued and the reader has not taken
-/// yet; the hub refuses events beyond ``MarketDataHub/bufferLimit`` of them, which is the subscriber's
+/// yet; the hub refuses events beyond its ``HubSubscription/bufferLimit`` of them, which is the subscriber's
 /// bound. `batches` counts queued stream elements (``DeliveryBatch``es). Both are raised after events
 /// are enqueued (`pending` under the batch's lock when they join a queued one) and lowered after they
 /// are taken, so they never exceed what is buffered, and a reader that takes `batches` more elements
@@ -19,4 +19,10 @@ final class SubscriberQueue: Sendable {
     let batches = Atomic<Int>(0)
     let evicted = Atomic<Bool>(false)
     let finished = Atomic<Bool>(false)
+    /// Its bound in events (set by the hub; read by its reader to say it in an eviction).
+    let limit: Atomic<Int>
+
+    init(limit: Int) {
+        self.limit = Atomic(limit)
+    }
 }

@@ -250,7 +250,8 @@ extension Relay {
         }
         let hub = MarketDataHub(
             // News: an item is no state of its symbol, so a subscription gets the last one only when asked.
-            wire: wire, policy: settings.slowConsumerPolicy, snapshotOnSubscribe: source.market == .news ? settings.news.snapshot : settings.snapshotOnSubscribe,
+            wire: wire, policy: settings.slowConsumerPolicy, bufferLimit: settings.subscriberBuffer,
+            snapshotOnSubscribe: source.market == .news ? settings.news.snapshot : settings.snapshotOnSubscribe,
             snapshotless: wire.snapshotless(of: source.market),
             folding: wire.folding(of: source.market, limits: settings.foldLimits),
             keepsUnwantedLastValues: !clustered,

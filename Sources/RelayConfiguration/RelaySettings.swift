@@ -95,8 +95,10 @@ public struct RelaySettings: Sendable {
     /// A delay before each of the demo feed's REST answers: a slow data source, to see prefetching work.
     public var demoRESTDelayMilliseconds: Int?
     public var logLevel: Logger.Level
-    /// What to do with a client whose buffer of 1,000 events is full.
+    /// What to do with a client whose buffer of events is full.
     public var slowConsumerPolicy: SlowConsumerPolicy
+    /// The events each client's buffer holds (``MarketDataHub/bufferLimitRange``; 1,000 by default).
+    public var subscriberBuffer = MarketDataHub.defaultBufferLimit
     /// Whether a new subscription to a ticker topic immediately gets that topic's last event.
     public var snapshotOnSubscribe: Bool
     /// Bounds of the states the hub folds from increments (order books: levels per side).
@@ -334,6 +336,13 @@ public struct RelaySettings: Sendable {
             }
             slowConsumerPolicy = parsed
         }
+        if let events = config.int(forKey: "subscribers.buffer") {
+            let range = MarketDataHub.bufferLimitRange
+            guard range.contains(events) else {
+                throw InvalidSetting(description: "subscribers.buffer: \(range.lowerBound) to \(range.upperBound) events, got \(events)")
+            }
+            subscriberBuffer = events
+        }
         snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
         if let bytes = try config.positive("news.maxBytes") {
             guard NewsSettings.maxBytesRange.contains(bytes) else {
@@ -466,7 +475,7 @@ public struct RelaySettings: Sendable {
             guard let fields = entry as? [String: Any] else {
                 throw InvalidSetting(description: "client.keys[\(index)]: a key string or a mapping with name and key")
             }
-            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio", "conflate", "rest", "restRate", "timestamps"]
+            let known: Set<String> = ["name", "key", "topics", "markets", "maxConnections", "portfolio", "conflate", "rest", "restRate", "timestamps", "buffer"]
             if let unknown = fields.keys.first(where: { !known.contains($0) }) {
                 throw InvalidSetting(description: "client.keys[\(index)]: unknown field \(unknown) (one of \(known.sorted().joined(separator: ", ")))")
             }
@@ -513,6 +522,13 @@ public struct RelaySettings: Sendable {
                 if let raw = fields["timestamps"] {
                     guard let value = raw as? Bool else { throw InvalidSetting(description: "client key \(name): timestamps is true or false") }
                     key.timestamps = value
+                }
+                if let raw = fields["buffer"] {
+                    let range = MarketDataHub.bufferLimitRange
+                    guard let events = raw as? Int, range.contains(events) else {
+                        throw InvalidSetting(description: "client key \(name): buffer is \(range.lowerBound) to \(range.upperBound) events, got \(raw)")
+                    }
+                    key.buffer = events
                 }
                 if let raw = fields["restRate"] {
                     guard let rate = RESTRate(parsing: "\(raw)") else {

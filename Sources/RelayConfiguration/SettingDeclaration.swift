@@ -94,7 +94,10 @@ extension RelaySettings {
         .init("log.level", flag: "log-level", env: "RELAY_LOG_LEVEL", default: "info", "trace, debug, info, notice, warning, error or critical."),
         .init(
             "subscribers.slowConsumer", flag: "slow-consumer", env: "RELAY_SLOW_CONSUMER", default: "drop",
-            "When a client's 1,000-event buffer is full: drop (count, tell it later) or disconnect (close 1013)."),
+            "When a client's buffer (subscribers.buffer) is full: drop (count, tell it later) or disconnect (close 1013)."),
+        .init(
+            "subscribers.buffer", flag: "subscriber-buffer", env: "RELAY_SUBSCRIBER_BUFFER", default: "1000",
+            "Events each client's buffer holds before the slow-consumer policy applies (1000 to 1000000). More rides out longer stalls of a client or of this machine at a high rate (1,000 events are 3 ms at 300,000 events/s); each stalled client can hold that many events in memory."),
         .init(
             "subscribers.snapshotOnSubscribe", flag: "no-snapshot", .presence("false"), env: "RELAY_SNAPSHOT_ON_SUBSCRIBE", default: "true",
             "Send a topic's last event when a client subscribes to it (--no-snapshot: do not)."),

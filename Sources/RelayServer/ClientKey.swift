@@ -32,6 +32,9 @@ public struct ClientKey: Sendable, Equatable {
     public var restRate: RESTRate?
     /// Whether its connections' events carry their receive and send times (`timestamps`; default no).
     public var timestamps = false
+    /// The events each of its connections' buffers holds (`buffer`; default the relay's
+    /// `subscribers.buffer`): more for a client of a fast feed that must ride out a longer stall.
+    public var buffer: Int?
 
     /// Why a key definition cannot be used, named for the person who wrote it.
     public struct Invalid: Error, Sendable, CustomStringConvertible {
@@ -111,6 +114,7 @@ public struct ClientKey: Sendable, Equatable {
     public var grant: ClientGrant {
         var grant = ClientGrant(name: name, entitlement: entitlement, maxConnections: maxConnections, conflation: conflation)
         grant.timestamps = timestamps
+        grant.buffer = buffer
         return grant
     }
 

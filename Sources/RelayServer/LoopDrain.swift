@@ -8,7 +8,8 @@ import Synchronization
 /// only while some client of the loop has something queued.
 ///
 /// Each client's events arrive on its own hub subscription (an `AsyncStream`, `.bufferingOldest(1000)`,
-/// filtered by symbol), and the loop's drain is the one consumer of that stream. The hub tells it when
+/// filtered by symbol, at most the hub's `bufferLimit` events queued), and the loop's drain is the one
+/// consumer of that stream. The hub tells it when
 /// it queued something for a client (``ClientFeed/kick()``, after a whole publish); the client joins
 /// the ready list, and the drain's task (started by the first kick, ended when the list is empty) takes
 /// each ready client in turn: reads everything queued for it (the read never waits: a client is only
@@ -189,7 +190,7 @@ actor LoopDrain {
         guard client.subscription.wasEvicted, !client.writability.isClosed else { return nil }
         // In its protocol's words (Polygon's `lagging` status, Alpaca's 407 slow client).
         return Write(
-            handler: client.handler, frame: client.framing.evictedFrame(bufferLimit: MarketDataHub.bufferLimit),
+            handler: client.handler, frame: client.framing.evictedFrame(bufferLimit: client.subscription.bufferLimit),
             close: (MarketConnection.tooSlowCloseCode, "too slow"))
     }
 

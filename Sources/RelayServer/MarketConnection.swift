@@ -85,6 +85,8 @@ actor MarketConnection {
         case add([Topic], ResumeRequest?)
         case remove([Topic])
         case conflate(ConflationMode?)
+        /// Its key's buffer.
+        case buffer(Int)
         case leave
         /// A tagged session's connection ended: its subscriber is parked and the session shelved.
         case shelve(String, SessionShelf.Session)
@@ -206,6 +208,7 @@ actor MarketConnection {
             }
             admitted = grant
             if grant.timestamps { askForTimes() }
+            if let events = grant.buffer { change(.buffer(events)) }
             switch grant.conflation {
             case .off: break
             case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
@@ -438,6 +441,8 @@ actor MarketConnection {
                 }
             case .conflate(let mode):
                 if let id = subscription?.id { await hub.setConflation(mode, for: id) }
+            case .buffer(let events):
+                if let id = subscription?.id { await hub.setBufferLimit(events, for: id) }
             case .remove(let topics):
                 if let id = subscription?.id { await hub.remove(topics, from: id) }
             case .leave:

@@ -319,7 +319,7 @@ public final class TapeSource: MarketSource {
             // Looked at again after 100 µs, then twice as long each time up to 5 ms: a reader that keeps
             // up is followed closely, one that stopped costs at most 200 looks a second.
             var pause = Duration.microseconds(100)
-            while await hub.deepestBacklog > MarketDataHub.warningFill - 2 * Self.batchSize - Self.noticeRoom, !Task.isCancelled {
+            while await hub.leastRoom < 2 * Self.batchSize + Self.noticeRoom, !Task.isCancelled {
                 try? await Task.sleep(for: pause)
                 pause = min(pause * 2, .milliseconds(5))
             }

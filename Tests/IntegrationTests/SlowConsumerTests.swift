@@ -4,6 +4,7 @@ import MarketDataHub
 import PolygonWire
 import RelayComposition
 import RelayConfiguration
+import RelayServer
 import Testing
 import Upstream
 
@@ -11,7 +12,9 @@ import Upstream
 /// event rate through the relay.
 @Suite("Slow consumers", .serialized)
 struct SlowConsumerTests {
-    func withBusyRelay(policy: SlowConsumerPolicy, _ body: (Relay.Components, String) async throws -> Void) async throws {
+    func withBusyRelay(
+        policy: SlowConsumerPolicy, keys: [ClientKey] = [], _ body: (Relay.Components, String) async throws -> Void
+    ) async throws {
         let feed = DemoFeed(
             configuration: DemoFeedConfiguration(
                 port: 0, eventsPerSecond: 20_000, tickInterval: .milliseconds(10), generatedTickers: 0, seed: 21),
@@ -24,6 +27,10 @@ struct SlowConsumerTests {
             // history's per-event work (cheap in release: +3.4% in fanbench) made the fast client fall
             // behind too in full runs. What is tested here is the stalled client's bound, not the history.
             settings.history = nil
+            if !keys.isEmpty {
+                settings.clientKeys = ["client-key"]
+                settings.clientKeyRights = keys
+            }
             let relay = Relay(settings: settings, logger: testLogger)
             try await withServices([relay]) {
                 let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
@@ -71,6 +78,33 @@ struct SlowConsumerTests {
             #expect(try await stalled.waitForClose(timeout: .seconds(30)) == 1013)
             #expect(try await fast.nextEvents(100).count >= 100)
             await fast.close()
+        }
+    }
+
+    @Test func aKeysOwnBufferHoldsItsClientsEventsAndItsEvictionSaysHowMany() async throws {
+        var firehose = try ClientKey(name: "firehose", secret: "firehose-key")
+        firehose.buffer = 5000
+        try await withBusyRelay(policy: .disconnect, keys: [firehose]) { parts, url in
+            let usual = try await subscribedClient(url, "Q.*,T.*")
+            let large = try await WSTestClient.authenticated(url: url, key: "firehose-key")
+            large.send(ClientAction(.subscribe, params: "Q.*,T.*"))
+            _ = try await large.nextEvents(3)
+            usual.pause()
+            large.pause()
+            // Both stall; the usual client's 1,000 events fill first, the firehose key's 5,000 later.
+            try await eventually("the stalled usual client to be dropped", timeout: .seconds(30)) {
+                await parts.hub.subscriberCount == 1
+            }
+            try await eventually("the stalled firehose client to be dropped", timeout: .seconds(30)) {
+                await parts.hub.subscriberCount == 0
+            }
+            usual.resume()
+            large.resume()
+            let told = try await usual.waitForStatus(StatusMessage.Kind.lagging, timeout: .seconds(30))
+            #expect((told.fields["message"] as? String)?.contains("buffer of 1000 events") == true)
+            let toldLarge = try await large.waitForStatus(StatusMessage.Kind.lagging, timeout: .seconds(30))
+            #expect((toldLarge.fields["message"] as? String)?.contains("buffer of 5000 events") == true)
+            #expect(try await large.waitForClose(timeout: .seconds(30)) == 1013)
         }
     }
 }

@@ -281,7 +281,7 @@ struct ReplayBoundTests {
         // Resumes are answered while less than the bound is queued: the bound and one answer (401) at
         // most; the not-resumed answers after go through the 1,000-event buffer.
         #expect(queued <= limits.eventsPerResume + 401, "\(queued) queued outside the buffer")
-        #expect(subscription.queue.pending.load(ordering: .relaxed) <= MarketDataHub.bufferLimit)
+        #expect(subscription.queue.pending.load(ordering: .relaxed) <= MarketDataHub.defaultBufferLimit)
         await hub.remove(keeper.id)
     }
 

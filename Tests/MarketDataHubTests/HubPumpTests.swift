@@ -35,7 +35,7 @@ struct HubPumpTests {
         await HubPump.run(inbox, into: hub, lossReason: "test", published: { publishes.append($0) })
         #expect(publishes.reduce(0, +) == 4_700, "every event published once")
         #expect(publishes.allSatisfy { $0 <= HubPump.publishLimit }, "publishes of \(publishes.max() ?? 0) events: at most \(HubPump.publishLimit)")
-        #expect(HubPump.publishLimit * 3 < MarketDataHub.bufferLimit, "a subscriber's buffer holds several publishes")
+        #expect(HubPump.publishLimit * 3 < MarketDataHub.defaultBufferLimit, "a subscriber's buffer holds several publishes")
     }
 
     @Test func aSubscriberGetsABacklogInOrderWithTheSourcesMessagesWhereTheyCame() async throws {

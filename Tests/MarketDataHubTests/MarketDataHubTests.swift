@@ -218,7 +218,7 @@ struct MarketDataHubTests {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         let slow = await hub.subscribe(to: topics("Q.A"))
         let fast = await hub.subscribe(to: topics("Q.A"))
-        let limit = MarketDataHub.bufferLimit
+        let limit = MarketDataHub.defaultBufferLimit
         // The fast subscriber drains between batches; the slow one never reads.
         await hub.publish((0..<limit).map { event("Q", "A", $0) })
         #expect(try await take(limit, from: fast.events).count == limit)
@@ -227,9 +227,32 @@ struct MarketDataHubTests {
         #expect(await hub.droppedEvents(for: slow.id) == 500)
         #expect(await hub.droppedEvents(for: fast.id) == 0)
         // The slow one kept the oldest 1000, in order.
-        let kept = try await take(MarketDataHub.bufferLimit, from: slow.events)
+        let kept = try await take(MarketDataHub.defaultBufferLimit, from: slow.events)
         #expect(kept.first?.json == event("Q", "A", 0).json)
-        #expect(kept.last?.json == event("Q", "A", MarketDataHub.bufferLimit - 1).json)
+        #expect(kept.last?.json == event("Q", "A", MarketDataHub.defaultBufferLimit - 1).json)
+    }
+
+    @Test func aSubscriberGivenALargerBufferKeepsThatManyEventsAndOthersKeepTheHubs() async throws {
+        let hub = MarketDataHub(wire: .polygon, bufferLimit: 3000, history: nil)
+        let large = await hub.subscribe(to: topics("Q.A"))
+        let usual = await hub.subscribe(to: topics("Q.A"))
+        #expect(large.bufferLimit == 3000 && usual.bufferLimit == 3000, "the hub's bound unless told otherwise")
+        await hub.setBufferLimit(5000, for: large.id)
+        await hub.setBufferLimit(10, for: usual.id)
+        #expect(large.bufferLimit == 5000)
+        #expect(usual.bufferLimit == MarketDataHub.bufferLimitRange.lowerBound, "never below the range")
+        // Neither reads: each keeps what its own buffer holds, the oldest first, and loses the rest.
+        await hub.publish((0..<6000).map { event("Q", "A", $0) })
+        #expect(await hub.droppedEvents(for: large.id) == 1000)
+        #expect(await hub.droppedEvents(for: usual.id) == 5000)
+        let kept = try await take(5000, from: large.events)
+        #expect(kept.first?.json == event("Q", "A", 0).json)
+        #expect(kept.last?.json == event("Q", "A", 4999).json)
+        // Back to the hub's own bound: 3,000 queued, the first of them the notice of the 1,000 it lost.
+        await hub.setBufferLimit(nil, for: large.id)
+        #expect(large.bufferLimit == 3000)
+        await hub.publish((6000..<10000).map { event("Q", "A", $0) })
+        #expect(await hub.droppedEvents(for: large.id) == 1000 + 1001)
     }
 
     @Test func aNewSubscriptionGetsTheTopicsLastEventAtOnce() async throws {
@@ -269,7 +292,7 @@ struct MarketDataHubTests {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
         var reader = sub.makeReader()
-        let limit = MarketDataHub.bufferLimit
+        let limit = MarketDataHub.defaultBufferLimit
         await hub.publish((0..<(limit + 250)).map { event("Q", "A", $0) })
         #expect(await hub.bufferStatistics.lagging == 1)
         // Drain, then the next event finds room: the notice comes first, where the gap is.
@@ -289,14 +312,14 @@ struct MarketDataHubTests {
         let hub = MarketDataHub(wire: .polygon, policy: .disconnect, history: nil) { recorder.record($0) }
         let slow = await hub.subscribe(to: topics("Q.A"))
         let other = await hub.subscribe(to: topics("Q.B"))
-        await hub.publish((0...MarketDataHub.bufferLimit).map { event("Q", "A", $0) })
+        await hub.publish((0...MarketDataHub.defaultBufferLimit).map { event("Q", "A", $0) })
         #expect(slow.wasEvicted)
         #expect(!other.wasEvicted)
         #expect(await hub.subscriberCount == 1)
         #expect(await hub.wantedTopics == topics("Q.B"))
         // What was buffered is still readable, then the stream ends.
         var reader = slow.makeReader()
-        #expect(await reader.nextBatch()?.count == MarketDataHub.bufferLimit)
+        #expect(await reader.nextBatch()?.count == MarketDataHub.defaultBufferLimit)
         #expect(await reader.nextBatch() == nil)
     }
 
@@ -451,13 +474,13 @@ struct HubDeliveryTests {
     @Test func aFullBufferKeepsTheOldestOfAWindow() async throws {
         let hub = MarketDataHub(wire: .polygon, snapshotOnSubscribe: false, history: nil)
         let sub = await hub.subscribe(to: topics("Q.A"))
-        await hub.publish((0..<(MarketDataHub.bufferLimit - 10)).map { event("Q", "A", $0) })
+        await hub.publish((0..<(MarketDataHub.defaultBufferLimit - 10)).map { event("Q", "A", $0) })
         // 40 more: 10 fit, in order; 30 are dropped.
         await hub.publish((0..<40).map { event("Q", "A", 5000 + $0) })
         #expect(await hub.droppedEvents(for: sub.id) == 30)
         var reader = sub.makeReader()
         let got = try #require(await reader.nextBatch())
-        #expect(got.count == MarketDataHub.bufferLimit)
+        #expect(got.count == MarketDataHub.defaultBufferLimit)
         #expect(got.suffix(10).map(\.json) == (0..<10).map { event("Q", "A", 5000 + $0).json })
     }
 }

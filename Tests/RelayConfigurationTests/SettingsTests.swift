@@ -81,6 +81,19 @@ struct SettingsTests {
         #expect(fromFlags.snapshotOnSubscribe)
     }
 
+    @Test func theSubscribersBufferIsConfigurableWithinItsRange() async throws {
+        #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:]).subscriberBuffer == 1000)
+        let fromEnvironment = try await RelaySettings.resolve(
+            vendors: Relay.vendors, commandLine: [], environment: ["RELAY_SUBSCRIBER_BUFFER": "20000"])
+        #expect(fromEnvironment.subscriberBuffer == 20000)
+        let fromFlag = try await RelaySettings.resolve(
+            vendors: Relay.vendors, commandLine: ["--subscriber-buffer", "5000"], environment: ["RELAY_SUBSCRIBER_BUFFER": "20000"])
+        #expect(fromFlag.subscriberBuffer == 5000)
+        let file = try writeConfig("subscribers:\n  buffer: 7000\n")
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:]).subscriberBuffer == 7000)
+    }
+
     @Test func closeHistoryIsOnByDefaultAndCanBeTurnedOff() async throws {
         #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:]).portfolio?.closeHistory == true)
         let fromEnvironment = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: ["RELAY_CLOSE_HISTORY": "false"])
@@ -101,6 +114,8 @@ struct SettingsTests {
         (["--log-level", "loud"], "log level"),
         (["--config", "/nonexistent/relay.yaml"], "config file"),
         (["--slow-consumer", "sometimes"], "slow consumer"),
+        (["--subscriber-buffer", "999"], "subscribers.buffer: 1000 to 1000000 events"),
+        (["--subscriber-buffer", "2000000"], "subscribers.buffer"),
     ])
     func badSettingsNameTheirProblem(arguments: [String], mentions: String) async throws {
         do {
@@ -243,7 +258,7 @@ struct SettingsTests {
             client:
               keys:
                 - {name: dashboard, key: "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", topics: ["Q.*", "T.AAPL"], maxConnections: 5, portfolio: read}
-                - {name: robot, key: robot-secret, timestamps: true}
+                - {name: robot, key: robot-secret, timestamps: true, buffer: 50000}
                 - plain-key
             """)
         defer { try? FileManager.default.removeItem(atPath: file) }
@@ -261,6 +276,7 @@ struct SettingsTests {
         #expect(!dashboard.entitlement.allows(Topic(eventType: "T", ticker: "MSFT")!))
         #expect(authentication.identify("robot-secret")?.portfolio == .write, "unrestricted unless said")
         #expect(authentication.identify("robot-secret")?.grant.timestamps == true && !dashboard.grant.timestamps, "timestamps only when asked")
+        #expect(authentication.identify("robot-secret")?.grant.buffer == 50000 && dashboard.grant.buffer == nil, "a buffer of its own only when given")
         #expect(authentication.identify("plain-key")?.name == "key-1", "a plain key is named, never shown")
         #expect(authentication.identify("nope") == nil)
 
@@ -273,6 +289,7 @@ struct SettingsTests {
         for entry in [
             "{name: a, key: k, portfolio: admin}", "{name: a, key: k, colour: red}", "{name: a}", "{name: a, key: k, maxConnections: 0}",
             "{name: a, key: k, topics: [nodot]}", "{name: a, key: \"sha256:abc\"}", "{name: a, key: k, timestamps: sometimes}",
+            "{name: a, key: k, buffer: 999}", "{name: a, key: k, buffer: 1000001}", "{name: a, key: k, buffer: lots}",
         ] {
             let file = try writeConfig("client:\n  keys:\n    - \(entry)\n")
             defer { try? FileManager.default.removeItem(atPath: file) }
