@@ -255,6 +255,19 @@ struct MarketDataHubTests {
         #expect(await hub.droppedEvents(for: large.id) == 1000 + 1001)
     }
 
+    @Test func theLeastRoomIsTheReaderClosestToItsOwnWarningFill() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        #expect(await hub.leastRoom == .max, "nobody reading: nothing to wait for")
+        let large = await hub.subscribe(to: topics("Q.A"))
+        await hub.setBufferLimit(5000, for: large.id)
+        await hub.publish((0..<1000).map { event("Q", "A", $0) })
+        #expect(await hub.leastRoom == 4000 - 1000, "80% of its own 5,000, less its 1,000 unread")
+        let usual = await hub.subscribe(to: topics("Q.B"))
+        await hub.publish((0..<300).map { event("Q", "B", $0) })
+        #expect(await hub.leastRoom == 800 - 300, "the default buffer's reader is now the closest")
+        _ = usual
+    }
+
     @Test func aNewSubscriptionGetsTheTopicsLastEventAtOnce() async throws {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         await hub.publish([event("Q", "A", 1), event("Q", "A", 2), event("Q", "B", 3)])
