@@ -43,8 +43,8 @@ final class Conflation {
     /// Topics with a pending event.
     var pendingCount: Int { pending.count }
 
-    /// Whether new events are merged now, at this buffer fill (`warningFill`: the hub's falling-behind
-    /// fill).
+    /// Whether new events are merged now, at this buffer fill (`warningFill`: the subscriber's
+    /// falling-behind fill).
     func isMerging(fill: Int, warningFill: Int) -> Bool {
         mode.interval != nil || (mode.whileLagging && (fill >= warningFill || !pending.isEmpty))
     }

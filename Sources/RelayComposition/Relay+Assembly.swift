@@ -250,7 +250,9 @@ extension Relay {
         }
         let hub = MarketDataHub(
             // News: an item is no state of its symbol, so a subscription gets the last one only when asked.
-            wire: wire, policy: settings.slowConsumerPolicy, bufferLimit: settings.subscriberBuffer,
+            // News keeps the default: a story can be megabytes (a key's own buffer still applies).
+            wire: wire, policy: settings.slowConsumerPolicy,
+            bufferLimit: source.market == .news ? MarketDataHub.defaultBufferLimit : settings.subscriberBuffer,
             snapshotOnSubscribe: source.market == .news ? settings.news.snapshot : settings.snapshotOnSubscribe,
             snapshotless: wire.snapshotless(of: source.market),
             folding: wire.folding(of: source.market, limits: settings.foldLimits),

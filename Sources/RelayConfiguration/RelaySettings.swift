@@ -337,11 +337,9 @@ public struct RelaySettings: Sendable {
             slowConsumerPolicy = parsed
         }
         if let events = config.int(forKey: "subscribers.buffer") {
-            let range = MarketDataHub.bufferLimitRange
-            guard range.contains(events) else {
-                throw InvalidSetting(description: "subscribers.buffer: \(range.lowerBound) to \(range.upperBound) events, got \(events)")
-            }
-            subscriberBuffer = events
+            subscriberBuffer = try Self.bufferLimit(events, of: "subscribers.buffer")
+        } else if let text = config.string(forKey: "subscribers.buffer") {
+            throw InvalidSetting(description: "subscribers.buffer: a number of events, got \"\(text)\"")
         }
         snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
         if let bytes = try config.positive("news.maxBytes") {
@@ -450,6 +448,15 @@ public struct RelaySettings: Sendable {
         upstreamVendor ?? vendors.speaking(host: upstream.endpoint.host, path: upstream.endpoint.path)
     }
 
+    /// A client buffer's size in events, within ``MarketDataHub/bufferLimitRange`` (`setting` names it in the error).
+    static func bufferLimit(_ events: Int, of setting: String) throws(InvalidSetting) -> Int {
+        let range = MarketDataHub.bufferLimitRange
+        guard range.contains(events) else {
+            throw InvalidSetting(description: "\(setting): \(range.lowerBound) to \(range.upperBound) events, got \(events)")
+        }
+        return events
+    }
+
     /// `client.keys` of a YAML file when it holds mappings (keys with rights), and the plain strings
     /// beside them; `nil` when it holds none (then swift-configuration reads the plain list).
     ///
@@ -524,11 +531,8 @@ public struct RelaySettings: Sendable {
                     key.timestamps = value
                 }
                 if let raw = fields["buffer"] {
-                    let range = MarketDataHub.bufferLimitRange
-                    guard let events = raw as? Int, range.contains(events) else {
-                        throw InvalidSetting(description: "client key \(name): buffer is \(range.lowerBound) to \(range.upperBound) events, got \(raw)")
-                    }
-                    key.buffer = events
+                    guard let events = raw as? Int else { throw InvalidSetting(description: "client key \(name): buffer is a number of events, got \(raw)") }
+                    key.buffer = try Self.bufferLimit(events, of: "client key \(name): buffer")
                 }
                 if let raw = fields["restRate"] {
                     guard let rate = RESTRate(parsing: "\(raw)") else {

@@ -97,7 +97,7 @@ extension RelaySettings {
             "When a client's buffer (subscribers.buffer) is full: drop (count, tell it later) or disconnect (close 1013)."),
         .init(
             "subscribers.buffer", flag: "subscriber-buffer", env: "RELAY_SUBSCRIBER_BUFFER", default: "1000",
-            "Events each client's buffer holds before the slow-consumer policy applies (1000 to 1000000). More rides out longer stalls of a client or of this machine at a high rate (1,000 events are 3 ms at 300,000 events/s); each stalled client can hold that many events in memory."),
+            "Events each client's buffer holds before the slow-consumer policy applies (1000 to 1000000; news keeps 1000; a key's buffer overrides it). More rides out longer stalls of a client or of this machine at a high rate (1,000 events are 3 ms at 300,000 events/s); while a client is behind, each of its queued events can keep its whole upstream message in memory."),
         .init(
             "subscribers.snapshotOnSubscribe", flag: "no-snapshot", .presence("false"), env: "RELAY_SNAPSHOT_ON_SUBSCRIBE", default: "true",
             "Send a topic's last event when a client subscribes to it (--no-snapshot: do not)."),

@@ -8,7 +8,7 @@ import Synchronization
 /// only while some client of the loop has something queued.
 ///
 /// Each client's events arrive on its own hub subscription (an `AsyncStream`, `.bufferingOldest(1000)`,
-/// filtered by symbol, at most the hub's `bufferLimit` events queued), and the loop's drain is the one
+/// filtered by symbol, at most its own `bufferLimit` of events queued), and the loop's drain is the one
 /// consumer of that stream. The hub tells it when
 /// it queued something for a client (``ClientFeed/kick()``, after a whole publish); the client joins
 /// the ready list, and the drain's task (started by the first kick, ended when the list is empty) takes

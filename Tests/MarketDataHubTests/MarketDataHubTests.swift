@@ -263,9 +263,10 @@ struct MarketDataHubTests {
         await hub.publish((0..<1000).map { event("Q", "A", $0) })
         #expect(await hub.leastRoom == 4000 - 1000, "80% of its own 5,000, less its 1,000 unread")
         let usual = await hub.subscribe(to: topics("Q.B"))
-        await hub.publish((0..<300).map { event("Q", "B", $0) })
-        #expect(await hub.leastRoom == 800 - 300, "the default buffer's reader is now the closest")
-        _ = usual
+        await hub.publish((0..<700).map { event("Q", "B", $0) })
+        #expect(await hub.leastRoom == 800 - 700, "the default buffer's reader is now the closest")
+        // Both used to the end: a subscription released ends its stream and leaves the hub.
+        #expect(large.bufferLimit == 5000 && usual.bufferLimit == MarketDataHub.defaultBufferLimit)
     }
 
     @Test func aNewSubscriptionGetsTheTopicsLastEventAtOnce() async throws {

@@ -116,6 +116,7 @@ struct SettingsTests {
         (["--slow-consumer", "sometimes"], "slow consumer"),
         (["--subscriber-buffer", "999"], "subscribers.buffer: 1000 to 1000000 events"),
         (["--subscriber-buffer", "2000000"], "subscribers.buffer"),
+        (["--subscriber-buffer", "20k"], "subscribers.buffer: a number of events"),
     ])
     func badSettingsNameTheirProblem(arguments: [String], mentions: String) async throws {
         do {
