@@ -22,8 +22,8 @@ extension MarketDataHub {
         }
     }
 
-    /// Queues events for one subscriber within its bound of events (its own ``Subscriber/bufferLimit``); what does not fit is
-    /// dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
+    /// Queues events for one subscriber within its own bound of events (``Subscriber/bufferLimit``); what
+    /// does not fit is dropped (and counted) or, with the `disconnect` policy, ends the subscriber.
     func enqueue(_ delivery: HubDelivery, to subscriber: Subscriber) {
         guard !subscriber.parked else { return }
         var delivery = delivery

@@ -7,8 +7,8 @@ import Synchronization
 ///
 /// An actor: every mutation of the routing tables happens on it. It never awaits a subscriber: each
 /// subscriber has its own bounded `AsyncStream` (`.bufferingOldest(1000)`, and at most its own
-/// ``HubSubscription/bufferLimit`` of queued events, 1,000 by default), and a slow one fills its own buffer and loses its own events,
-/// counted, never anybody else's. What happens then is the ``SlowConsumerPolicy``.
+/// ``HubSubscription/bufferLimit`` of queued events, 1,000 by default), and a slow one fills its own
+/// buffer and loses its own events, counted, never anybody else's. What happens then is the ``SlowConsumerPolicy``.
 ///
 /// The hub reference-counts what its subscribers want and reports changes of the *upstream* set through
 /// `onWantedTopicsChange` (what joined it and what left it): a topic is wanted from its first subscriber

@@ -7,19 +7,20 @@ import Synchronization
 /// Moves what the hub queued for the clients of one event loop into their connections, with a task
 /// only while some client of the loop has something queued.
 ///
-/// Each client's events arrive on its own hub subscription (an `AsyncStream`, `.bufferingOldest(1000)`,
-/// filtered by symbol, at most its own `bufferLimit` of events queued), and the loop's drain is the one
-/// consumer of that stream. The hub tells it when
-/// it queued something for a client (``ClientFeed/kick()``, after a whole publish); the client joins
-/// the ready list, and the drain's task (started by the first kick, ended when the list is empty) takes
-/// each ready client in turn: reads everything queued for it (the read never waits: a client is only
-/// read while ``HubSubscription/hasQueued``) and builds it as one whole WebSocket frame of the
+/// Each client's events arrive on its own hub subscription (an `AsyncStream`,
+/// `.bufferingOldest(1000)`, filtered by symbol, at most its own `bufferLimit` of events queued),
+/// and the loop's drain is the one consumer of that stream. The hub tells it when it queued
+/// something for a client (``ClientFeed/kick()``, after a whole publish); the client joins the
+/// ready list, and the drain's task (started by the first kick, ended when the list is empty) takes
+/// each ready client in turn: reads everything queued for it (the read never waits: a client is
+/// only read while ``HubSubscription/hasQueued``) and builds it as one whole WebSocket frame of the
 /// upstream's own bytes, header included (``WireFrameBuilder``; several frames only past 1,000,000
-/// bytes), copied straight from where the hub holds the events. The frames of a whole turn go to the
-/// loop in one `execute`, which writes each below NIO's frame encoder and flushes. One publish thus
-/// costs about one task and one loop wake-up per loop, not a task per client. A client whose connection is not writable is not read until it is (its
-/// events wait in its own bounded hub buffer), so a slow client never holds up the others; a client that
-/// still has events after its turn goes to the back of the list, so a busy one cannot starve the rest.
+/// bytes), copied straight from where the hub holds the events. The frames of a whole turn go to
+/// the loop in one `execute`, which writes each below NIO's frame encoder and flushes. One publish
+/// thus costs about one task and one loop wake-up per loop, not a task per client. A client whose
+/// connection is not writable is not read until it is (its events wait in its own bounded hub
+/// buffer), so a slow client never holds up the others; a client that still has events after its
+/// turn goes to the back of the list, so a busy one cannot starve the rest.
 ///
 /// A default actor, not one on the loop: the stream's `next()` runs on the global executor, and only a
 /// default actor can step there and back on the same thread (from a loop's executor each read would be
