@@ -121,6 +121,18 @@ public struct EventPosition: Sendable, Hashable {
     /// the brace after it into `target`, which has room for the whole event and ``maxGrowth`` bytes (the
     /// body, its brace and the growth); returns the bytes written.
     static func writeStamped(body: UnsafeRawBufferPointer, _ position: EventPosition, into target: UnsafeMutableRawBufferPointer) -> Int {
+        writeObject(body: body, #""_s":"#, position.topic, #","_m":"#, position.market, into: target)
+    }
+
+    /// Writes a JSON object's `body` (its bytes but the closing brace), then two integer fields (`first`
+    /// is the first one's key and colon, written after a comma unless the object is empty, `second` the
+    /// second one's with its comma) and the brace, into `target`, which has room for the body, its brace
+    /// and ``maxGrowth`` bytes (two fields of 2-character keys and up to 20 characters each fit);
+    /// returns the bytes written. The positions' stamp and the receive and send times (``EventTimes``).
+    static func writeObject(
+        body: UnsafeRawBufferPointer, _ first: StaticString, _ firstValue: some BinaryInteger, _ second: StaticString,
+        _ secondValue: some BinaryInteger, into target: UnsafeMutableRawBufferPointer
+    ) -> Int {
         // Unchecked writes follow: the room is the caller's promise, checked once here.
         precondition(target.count >= body.count + 1 + maxGrowth, "room for a stamped event")
         UnsafeMutableRawBufferPointer(rebasing: target[..<body.count]).copyMemory(from: body)
@@ -131,7 +143,9 @@ public struct EventPosition: Sendable, Hashable {
                 .copyMemory(from: UnsafeRawBufferPointer(start: text.utf8Start, count: count))
             at += count
         }
-        func put(_ value: UInt64) {
+        func put(_ number: some BinaryInteger) {
+            if number < 0 { put("-") }
+            let value = UInt64(number.magnitude)
             var digits = 1
             var rest = value
             while rest >= 10 {
@@ -146,10 +160,11 @@ public struct EventPosition: Sendable, Hashable {
             at += digits
         }
         // `{}`: no field before ours, so no comma.
-        put(isEmptyObject(body) ? #""_s":"# : #","_s":"#)
-        put(position.topic)
-        put(#","_m":"#)
-        put(position.market)
+        if !isEmptyObject(body) { put(",") }
+        put(first)
+        put(firstValue)
+        put(second)
+        put(secondValue)
         put("}")
         return at
     }

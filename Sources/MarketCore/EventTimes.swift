@@ -64,18 +64,18 @@ public enum EventTimes {
 
     private static func writeJSON(_ bytes: ByteBuffer, received: Int64, sent: Int64, into buffer: inout ByteBuffer) {
         let length = bytes.readableBytes
-        guard length >= 2, bytes.getInteger(at: bytes.readerIndex + length - 1, as: UInt8.self) == UInt8(ascii: "}"),
-            let body = bytes.getSlice(at: bytes.readerIndex, length: length - 1)
-        else {
+        guard length >= 2, bytes.getInteger(at: bytes.readerIndex + length - 1, as: UInt8.self) == UInt8(ascii: "}") else {
             buffer.writeImmutableBuffer(bytes)
             return
         }
-        buffer.writeImmutableBuffer(body)
-        buffer.writeString(EventPosition.isEmptyObject(body.readableBytesView) ? #""_r":"# : #","_r":"#)
-        buffer.writeDecimal(received)
-        buffer.writeString(#","_o":"#)
-        buffer.writeDecimal(sent)
-        buffer.writeInteger(UInt8(ascii: "}"))
+        // One write, as a position's stamp is written (``EventPosition``): the bytes up to the closing
+        // brace, the two fields, the brace.
+        bytes.withUnsafeReadableBytes { source in
+            _ = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: length + maxGrowth) { target in
+                EventPosition.writeObject(
+                    body: UnsafeRawBufferPointer(rebasing: source[..<(length - 1)]), #""_r":"#, received, #","_o":"#, sent, into: target)
+            }
+        }
     }
 
     /// Two more entries at the map's end (each a 2-byte key and an int64), its header counting them;
