@@ -8,9 +8,10 @@ extension MarketDataHub {
         let continuation: AsyncStream<DeliveryBatch>.Continuation
         let queue: SubscriberQueue
         /// The events its buffer holds (the hub's ``MarketDataHub/bufferLimit``, or its key's:
-        /// ``MarketDataHub/setBufferLimit(_:for:)``).
+        /// ``MarketDataHub/setBufferLimit(_:for:)``). Kept where its reader reads it too.
         var bufferLimit: Int {
-            didSet { queue.limit.store(bufferLimit, ordering: .relaxed) }
+            get { queue.limit.load(ordering: .relaxed) }
+            set { queue.limit.store(newValue, ordering: .relaxed) }
         }
         /// Its fill at which it is reported as falling behind: 80% of its buffer.
         var warningFill: Int { bufferLimit * 8 / 10 }
@@ -43,7 +44,6 @@ extension MarketDataHub {
             whenQueued: (@Sendable () -> Void)?
         ) {
             self.id = id
-            bufferLimit = queue.limit.load(ordering: .relaxed)
             self.continuation = continuation
             self.queue = queue
             self.whenQueued = whenQueued
