@@ -105,10 +105,10 @@ let benchmarks: @Sendable () -> Void = {
     }
 
     // The fanout shape: 100 subscribers × 20 of 100 symbols; one publish of a 50-event frame, then every
-    // subscriber drains what it got (about 10 events each, 1,000 deliveries per iteration): the hub's
-    // fan-out and the streams' read, in one task, without sockets, framing or thread hand-offs. Measured
-    // warm (each topic's history line made, the tables grown) and 1,000 publishes a sample, so a sample's
-    // time in ms is the steady cost of one delivery through the hub in ns.
+    // subscriber drains what it got (about 10 events each, 1,000 deliveries per publish): the hub's fan-out
+    // and the streams' read, in one task, without sockets, framing or thread hand-offs. Measured warm
+    // (each topic's history line made, the tables grown), 1,000 publishes a sample; the tool reports
+    // per publish, so the time per publish in µs is the steady cost of one delivery in ns.
     Benchmark(
         "MarketDataHub.publish: 50 events to 100 subscribers × 20 of 100 symbols, drained",
         configuration: .init(metrics: [.throughput, .wallClock, .mallocCountTotal], scalingFactor: .kilo, maxDuration: .seconds(5))
