@@ -101,8 +101,9 @@ public struct EventPosition: Sendable, Hashable {
         return stamped
     }
 
-    /// The most a stamp adds to an event: two fields of up to 16 digits each in JSON (44 bytes), or
-    /// MessagePack's tail and a wider map header (28).
+    /// The most a stamp adds to an event, and the room ``writeObject(body:_:_:_:_:into:)`` asks for: in
+    /// JSON, a comma, two fields of 2-character keys and up to 20 characters each (52 bytes; a
+    /// position's are 16 digits at most); in MessagePack, its tail and a wider map header (28).
     static let maxGrowth = 52
 
     /// The largest buffer ``stamp(_:_:allocator:)`` fills (an event larger than it gets one of its own).

@@ -17,9 +17,10 @@ public enum EventTimes {
     /// The field holding the send time.
     public static let sentField = "_o"
 
-    /// The most the two fields add to an event: two 19-digit numbers and their keys in JSON (50 bytes),
-    /// or two map entries and a wider header in MessagePack (30).
-    public static let maxGrowth = 52
+    /// The most the two fields add to an event: in JSON, what the writer of a position's stamp adds,
+    /// which writes them too (``EventPosition/writeObject(body:_:_:_:_:into:)``: two numbers and their
+    /// keys, and the room it asks for); in MessagePack, two map entries and a wider header (30).
+    public static let maxGrowth = EventPosition.maxGrowth
 
     /// The clocks read once for a frame: the send time, and what turns a monotonic receive time into
     /// Unix time. Value type, `Sendable`.
