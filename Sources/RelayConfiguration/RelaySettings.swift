@@ -313,11 +313,11 @@ public struct RelaySettings: Sendable {
             }
             self.listen = address
         }
-        if let rate = config.double(forKey: "demo.rate") {
+        if let rate = try config.number("demo.rate") {
             guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
             demoRate = rate
         }
-        if let milliseconds = config.int(forKey: "demo.restDelayMs") {
+        if let milliseconds = try config.wholeNumber("demo.restDelayMs") {
             guard milliseconds >= 0 else {
                 throw InvalidSetting(description: "demo.restDelayMs: must not be negative, got \(milliseconds)")
             }
@@ -336,12 +336,10 @@ public struct RelaySettings: Sendable {
             }
             slowConsumerPolicy = parsed
         }
-        if let events = config.int(forKey: "subscribers.buffer") {
+        if let events = try config.wholeNumber("subscribers.buffer") {
             subscriberBuffer = try Self.bufferLimit(events, of: "subscribers.buffer")
-        } else if let text = config.string(forKey: "subscribers.buffer") {
-            throw InvalidSetting(description: "subscribers.buffer: a number of events, got \"\(text)\"")
         }
-        snapshotOnSubscribe = config.bool(forKey: "subscribers.snapshotOnSubscribe") ?? true
+        snapshotOnSubscribe = try config.flag("subscribers.snapshotOnSubscribe") ?? true
         if let bytes = try config.positive("news.maxBytes") {
             guard NewsSettings.maxBytesRange.contains(bytes) else {
                 throw InvalidSetting(
@@ -349,13 +347,13 @@ public struct RelaySettings: Sendable {
             }
             news.maxBytes = bytes
         }
-        news.snapshot = config.bool(forKey: "news.snapshot") ?? false
+        news.snapshot = try config.flag("news.snapshot") ?? false
         if let levels = try config.positive("books.levels") {
             // A whole book must fit one cluster message (64 KiB: about 1,400 levels a side).
             guard levels <= 1000 else { throw InvalidSetting(description: "books.levels: at most 1000, got \(levels)") }
             foldLimits = FoldLimits(bookLevels: levels)
         }
-        metricsPublic = config.bool(forKey: "metrics.public") ?? false
+        metricsPublic = try config.flag("metrics.public") ?? false
         switch (config.string(forKey: "tls.cert"), config.string(forKey: "tls.key")) {
         case (nil, nil):
             break

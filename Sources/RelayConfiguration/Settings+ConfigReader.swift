@@ -15,23 +15,54 @@ import TapeReplay
 // together. A value out of range is an ``RelaySettings/InvalidSetting`` naming its key.
 
 extension ConfigReader {
+    /// A whole number, `nil` when the setting is not given. swift-configuration's typed read answers
+    /// `nil` for a value it cannot convert as well, which would quietly mean the default: a value given
+    /// that is not a whole number is refused here, naming its key.
+    func wholeNumber(_ key: ConfigKey) throws -> Int? {
+        if let value = int(forKey: key) { return value }
+        try refuseGiven(key, expecting: "a whole number")
+        return nil
+    }
+
+    /// A number (`1.5`, `20`), `nil` when not given; anything else given is refused.
+    func number(_ key: ConfigKey) throws -> Double? {
+        if let value = double(forKey: key) { return value }
+        try refuseGiven(key, expecting: "a number")
+        return nil
+    }
+
+    /// `true` or `false` (the environment also takes `yes`/`no`, `1`/`0`), `nil` when not given;
+    /// anything else given is refused.
+    func flag(_ key: ConfigKey) throws -> Bool? {
+        if let value = bool(forKey: key) { return value }
+        try refuseGiven(key, expecting: "true or false")
+        return nil
+    }
+
+    /// The typed read found nothing: if the setting is given all the same (as text that does not
+    /// convert), it is an error. An empty value counts as not given, as for every other setting.
+    private func refuseGiven(_ key: ConfigKey, expecting expected: String) throws {
+        guard let text = string(forKey: key), !text.isEmpty else { return }
+        throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got \"\(text)\"")
+    }
+
     /// An integer setting that must be at least 1.
     func positive(_ key: ConfigKey) throws -> Int? {
-        guard let value = int(forKey: key) else { return nil }
+        guard let value = try wholeNumber(key) else { return nil }
         guard value >= 1 else { throw RelaySettings.InvalidSetting(description: "\(key): at least 1, got \(value)") }
         return value
     }
 
     /// An integer setting that must not be negative.
     func notNegative(_ key: ConfigKey) throws -> Int? {
-        guard let value = int(forKey: key) else { return nil }
+        guard let value = try wholeNumber(key) else { return nil }
         guard value >= 0 else { throw RelaySettings.InvalidSetting(description: "\(key): not negative, got \(value)") }
         return value
     }
 
     /// A number of seconds that must be above 0.
     func aboveZero(_ key: ConfigKey) throws -> Double? {
-        guard let value = double(forKey: key) else { return nil }
+        guard let value = try number(key) else { return nil }
         guard value > 0 else { throw RelaySettings.InvalidSetting(description: "\(key): must be above 0, got \(value)") }
         return value
     }
@@ -40,7 +71,7 @@ extension ConfigReader {
 extension HistoryLimits {
     /// `history.*`; `nil` with `history.enabled` false.
     init?(reading config: ConfigReader) throws {
-        guard config.bool(forKey: "history.enabled") != false else { return nil }
+        guard try config.flag("history.enabled") != false else { return nil }
         self.init()
         if let value = try config.positive("history.eventsPerTopic") { eventsPerTopic = value }
         if let value = try config.positive("history.maxAgeSeconds") { maxAge = .seconds(value) }
@@ -62,7 +93,7 @@ extension ResumeSettings {
 extension GapFillSettings {
     /// `gapFill.*`; `nil` with `gapFill.enabled` false.
     init?(reading config: ConfigReader) throws {
-        guard config.bool(forKey: "gapFill.enabled") != false else { return nil }
+        guard try config.flag("gapFill.enabled") != false else { return nil }
         self.init()
         if let value = try config.positive("gapFill.maxWindowSeconds") { maxWindow = .seconds(value) }
         if let value = try config.positive("gapFill.maxTopics") { maxTopics = value }
@@ -102,7 +133,7 @@ public struct GatewaySettings: Sendable, Equatable {
 extension GatewaySettings {
     /// `rest.*`; `nil` with `rest.gateway` false.
     init?(reading config: ConfigReader) throws {
-        guard config.bool(forKey: "rest.gateway") != false else { return nil }
+        guard try config.flag("rest.gateway") != false else { return nil }
         self.init()
         if let text = config.string(forKey: "rest.budget"), !text.isEmpty {
             guard let rate = RESTRate(parsing: text) else {
@@ -165,7 +196,7 @@ public struct TapeSettings: Sendable, Equatable {
 extension TapeSettings {
     /// `tape.*`; `nil` with `tape.enabled` false. Without `tape.dir`, `tape/` in `portfolio.dataDir`.
     init?(reading config: ConfigReader) throws {
-        guard config.bool(forKey: "tape.enabled") != false else { return nil }
+        guard try config.flag("tape.enabled") != false else { return nil }
         self.init()
         directory = Self.directory(config)
         if let milliseconds = try config.positive("tape.flushMs") { flushInterval = .milliseconds(milliseconds) }
@@ -238,7 +269,7 @@ extension ReplaySettings {
         if let from, let to, let start = TapeFile.seconds(ofClock: from), let end = TapeFile.seconds(ofClock: to), start >= end {
             throw RelaySettings.InvalidSetting(description: "replay.from (\(from)) must come before replay.to (\(to))")
         }
-        loop = config.bool(forKey: "replay.loop") ?? false
+        loop = try config.flag("replay.loop") ?? false
     }
 }
 
@@ -268,7 +299,7 @@ extension RelayServerConfiguration.ConnectionLimits {
 extension RelaySettings.PortfolioSettings {
     /// `portfolio.*`; `nil` with `portfolio.enabled` false.
     init?(reading config: ConfigReader) throws {
-        guard config.bool(forKey: "portfolio.enabled") ?? true else { return nil }
+        guard try config.flag("portfolio.enabled") ?? true else { return nil }
         self.init()
         if let directory = config.string(forKey: "portfolio.dataDir"), !directory.isEmpty { dataDirectory = directory }
         if let zone = config.string(forKey: "portfolio.timeZone") {
@@ -281,7 +312,7 @@ extension RelaySettings.PortfolioSettings {
         if let seconds = try config.aboveZero("portfolio.staleAfterSeconds") { staleAfterSeconds = seconds }
         if let size = try config.positive("portfolio.securityCacheSize") { securityCacheSize = size }
         if let seconds = try config.aboveZero("portfolio.clientIdleSeconds") { clientIdleSeconds = seconds }
-        if let closeHistory = config.bool(forKey: "portfolio.closeHistory") { self.closeHistory = closeHistory }
+        if let closeHistory = try config.flag("portfolio.closeHistory") { self.closeHistory = closeHistory }
     }
 }
 
@@ -297,7 +328,7 @@ extension ClusterConfiguration {
             config.string(forKey: "cluster.nodeId") ?? "\(ProcessInfo.processInfo.hostName)-\(listenPort == 0 ? "pid\(getpid())" : "\(listenPort)")"
         guard !node.isEmpty, node.count <= 128 else { throw RelaySettings.InvalidSetting(description: "cluster node id: 1 to 128 characters") }
         self.init(servers: servers, name: name, nodeID: node)
-        if let seconds = config.double(forKey: "cluster.leaseSeconds") {
+        if let seconds = try config.number("cluster.leaseSeconds") {
             guard seconds >= 1, seconds <= 600 else {
                 throw RelaySettings.InvalidSetting(description: "cluster.leaseSeconds: between 1 and 600, got \(seconds)")
             }

@@ -94,6 +94,50 @@ struct SettingsTests {
         #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:]).subscriberBuffer == 7000)
     }
 
+    /// swift-configuration's typed reads answer `nil` for text they cannot convert, which would quietly
+    /// mean the default: every number and every switch refuses such text instead, naming its key,
+    /// whether it comes from the environment or the file.
+    @Test func everyNumberAndSwitchRefusesTextThatIsNeither() async throws {
+        let typed = RelaySettings.declarations.filter { Double($0.defaultValue) != nil || ["true", "false"].contains($0.defaultValue) }
+        #expect(typed.count >= 50, "the numbers and switches found by their defaults: \(typed.map(\.key))")
+        // What makes a group's keys read at all: a cluster, a replay.
+        let needs = ["cluster.": ["RELAY_CLUSTER": "nats://127.0.0.1:4222"], "replay.": ["RELAY_REPLAY_DATE": "last"]]
+        for declaration in typed {
+            var environment = needs.first { declaration.key.hasPrefix($0.key) }?.value ?? [:]
+            var arguments: [String] = []
+            var file: String?
+            if let variable = declaration.environment {
+                environment[variable] = "lots"
+            } else {
+                // The file: `a.b: lots` as `a:\n  b: lots`.
+                let parts = declaration.key.split(separator: ".")
+                let yaml = parts.enumerated().map { String(repeating: "  ", count: $0.offset) + $0.element + ":" }.joined(separator: "\n") + " lots\n"
+                file = try writeConfig(yaml)
+                arguments = ["--config", file ?? ""]
+            }
+            defer { if let file { try? FileManager.default.removeItem(atPath: file) } }
+            do {
+                _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: arguments, environment: environment)
+                Issue.record("\(declaration.key) = lots was taken (as its default)")
+            } catch let error as RelaySettings.InvalidSetting {
+                #expect(error.description.contains(declaration.key), "\(error.description)")
+                #expect(error.description.contains("lots"), "the refusal shows what was given: \(error.description)")
+            }
+        }
+        // The environment's other spellings of a switch, and a number with a fraction where one is allowed.
+        let spelled = try await RelaySettings.resolve(
+            vendors: Relay.vendors, commandLine: [], environment: ["RELAY_HISTORY": "no", "RELAY_METRICS_PUBLIC": "1", "RELAY_DEMO_RATE": "2.5"])
+        #expect(spelled.history == nil && spelled.metricsPublic && spelled.demoRate == 2.5)
+        await #expect(throws: RelaySettings.InvalidSetting.self, "a whole number has no fraction") {
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: ["RELAY_LIMIT_TOPICS": "2.5"])
+        }
+        let file = try writeConfig("history:\n  eventsPerTopic: many\n")
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        await #expect(throws: RelaySettings.InvalidSetting.self, "from the file as from the environment") {
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: ["RELAY_LIMIT_TOPICS": "7"])
+        }
+    }
+
     @Test func closeHistoryIsOnByDefaultAndCanBeTurnedOff() async throws {
         #expect(try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [:]).portfolio?.closeHistory == true)
         let fromEnvironment = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: ["RELAY_CLOSE_HISTORY": "false"])
@@ -116,7 +160,7 @@ struct SettingsTests {
         (["--slow-consumer", "sometimes"], "slow consumer"),
         (["--subscriber-buffer", "999"], "subscribers.buffer: 1000 to 1000000 events"),
         (["--subscriber-buffer", "2000000"], "subscribers.buffer"),
-        (["--subscriber-buffer", "20k"], "subscribers.buffer: a number of events"),
+        (["--subscriber-buffer", "20k"], "subscribers.buffer: a whole number, got \"20k\""),
     ])
     func badSettingsNameTheirProblem(arguments: [String], mentions: String) async throws {
         do {
