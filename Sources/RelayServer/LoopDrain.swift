@@ -19,7 +19,9 @@ import Synchronization
 /// the loop in one `execute`, which writes each below NIO's frame encoder and flushes. One publish
 /// thus costs about one task and one loop wake-up per loop, not a task per client. A client whose
 /// connection is not writable is not read until it is (its events wait in its own bounded hub
-/// buffer), so a slow client never holds up the others; a client that still has events after its
+/// buffer), so a slow client never holds up the others; the bytes handed to its loop and not yet
+/// written count too (``Writability/handedToLoop(_:)``), so a loop that falls behind cannot make
+/// its queue of writes grow without bound; a client that still has events after its
 /// turn goes to the back of the list, so a busy one cannot starve the rest.
 ///
 /// A default actor, not one on the loop: the stream's `next()` runs on the global executor, and only a
@@ -105,6 +107,9 @@ actor LoopDrain {
         var lastSequence: UInt64 = 0
         /// The epoch a notice in it started (tagged sessions only): `lastSequence` is of this epoch.
         var epoch: String?
+        /// Its frames' bytes, counted as handed to the loop (``Writability/handedToLoop(_:)``) until written.
+        var bytes = 0
+        var writability: Writability? = nil
     }
 
     /// One turn of one client: everything queued for it, as one write.
@@ -172,6 +177,9 @@ actor LoopDrain {
             return write
         }
         var write = Write(handler: client.handler, frame: framed.first, more: framed.more)
+        write.bytes = framed.first.readableBytes + framed.more.reduce(0) { $0 + $1.readableBytes }
+        write.writability = client.writability
+        client.writability.handedToLoop(write.bytes)
         let oldest = framed.oldestReceivedAt
         if oldest != 0 {
             let latency = Int64(MonotonicClock.nanoseconds() &- oldest)
@@ -206,6 +214,7 @@ actor LoopDrain {
             }
             handler.flushWire()
             if let close = write.close { handler.close(code: close.code, reason: close.reason) }
+            write.writability?.written(write.bytes)
         }
     }
 }

@@ -48,8 +48,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// A close frame was sent; the channel closes when the client answers or after `closeTimeout`.
     private(set) var isClosing = false
     private var isClosed = false
-    /// Shared with the task that drains this client's hub stream.
-    let writability = Writability()
+    /// Shared with the task that drains this client's hub stream; the frames it may have handed the
+    /// loop and not yet written are bound by the outbound limit too.
+    let writability: Writability
     /// Where whole frames go (``writeWire(_:)``); set before the handler is added.
     private var outlet: WireGate?
     /// The largest message accepted now (shared with the connection's ``WireGate``).
@@ -87,6 +88,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         self.closeTimeout = closeTimeout
         self.messageLimit = messageLimit
         self.outboundLimit = outboundLimit
+        writability = Writability(inFlightLimit: outboundLimit)
         self.pace = InboundPace(perSecond: max(pace.perSecond, 1), burst: max(pace.burst, 1))
         tokens = Double(self.pace.burst)
     }
