@@ -65,9 +65,14 @@ public struct BenchRunner: Sendable {
         }
         var relays: [RelayProcess] = []
         var ports: [Int] = []
+        // Each relay keeps its data (the tape it records, and resumes from at its start) in a folder of
+        // this run's own, removed after it: a run never starts from an earlier run's history or
+        // snapshots, nor writes into the directory it was started from.
+        let dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-bench-\(UUID().uuidString)").path
         func stopAll() async {
             for relay in relays { await relay.stop() }
             await nats?.stop()
+            try? FileManager.default.removeItem(atPath: dataDirectory)
         }
         do {
             for node in 0..<max(s.nodes, 1) {
@@ -75,6 +80,7 @@ public struct BenchRunner: Sendable {
                     binary: relayBinary,
                     arguments: [
                         "serve", "--listen", "127.0.0.1:0", "--upstream-key", "bench", "--log-level", "warning", "--no-portfolio",
+                        "--data-dir", "\(dataDirectory)/node\(node + 1)",
                     ] + upstreamArguments + (s.nodes > 1 ? clusterArguments + ["--node-id", "node\(node + 1)"] : []),
                     showLogs: showRelayLogs)
                 relays.append(relay)

@@ -1,0 +1,32 @@
+import Foundation
+import RelayBench
+import Testing
+
+/// `relay bench` end to end at a small scale: its feed, the relay binary of this build as a child
+/// process, and its subscribers in each protocol and codec. Figures are not checked (this is a debug
+/// build on a shared machine); that every event arrives, and is counted, is.
+@Suite("relay bench, small", .serialized)
+struct RelayBenchTests {
+    static func small(_ scenario: BenchScenario) -> BenchScenario {
+        var scenario = scenario
+        scenario.subscribers = 4
+        scenario.symbolsPerSubscriber = 5
+        scenario.universe = 20
+        scenario.rate = 1_000
+        scenario.frameEvents = 10
+        scenario.durationSeconds = 1.5
+        scenario.warmupSeconds = 1
+        return scenario
+    }
+
+    @Test(arguments: ["fanout", "alpaca", "alpaca-json"])
+    func everyEventReachesTheSubscribers(name: String) async throws {
+        let named = try #require(BenchScenario.named.first { $0.name == name })
+        let runner = BenchRunner(scenario: Self.small(named), relayBinary: RelayProcess.siblingBinary(), progress: { _ in })
+        let result = try await runner.run()
+        #expect(result.upstreamEvents > 0)
+        #expect(result.expected > 0 && result.delivered > 0, "\(name): \(result.delivered) of \(result.expected) delivered")
+        #expect(result.deliveryRatio >= 0.99, "\(name): ratio \(result.deliveryRatio), \(result.delivered) of \(result.expected)")
+        #expect(result.laggingNoticesFast == 0)
+    }
+}
