@@ -314,7 +314,7 @@ public struct RelaySettings: Sendable {
             self.listen = address
         }
         if let rate = try config.number("demo.rate") {
-            guard rate > 0 else { throw InvalidSetting(description: "demo.rate: must be above 0, got \(rate)") }
+            guard rate > 0, rate <= 10_000_000 else { throw InvalidSetting(description: "demo.rate: above 0, at most 10000000, got \(rate)") }
             demoRate = rate
         }
         if let milliseconds = try config.wholeNumber("demo.restDelayMs") {

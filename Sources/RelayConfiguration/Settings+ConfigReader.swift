@@ -16,34 +16,45 @@ import TapeReplay
 
 extension ConfigReader {
     /// A whole number, `nil` when the setting is not given. swift-configuration's typed read answers
-    /// `nil` for a value it cannot convert as well, which would quietly mean the default: a value given
-    /// that is not a whole number is refused here, naming its key.
+    /// `nil` for a value it cannot convert as well, which would quietly mean the default: the value is
+    /// then read as text (a file's quoted `"5000"` is a number too), and refused, naming its key, when
+    /// it is not one.
     func wholeNumber(_ key: ConfigKey) throws -> Int? {
         if let value = int(forKey: key) { return value }
-        try refuseGiven(key, expecting: "a whole number")
-        return nil
+        return try fromText(key, expecting: "a whole number") { Int($0) }
     }
 
-    /// A number (`1.5`, `20`), `nil` when not given; anything else given is refused.
+    /// A finite number (`1.5`, `20`), `nil` when not given; anything else given is refused.
     func number(_ key: ConfigKey) throws -> Double? {
-        if let value = double(forKey: key) { return value }
-        try refuseGiven(key, expecting: "a number")
-        return nil
+        let value = try double(forKey: key) ?? fromText(key, expecting: "a number") { Double($0) }
+        guard let value else { return nil }
+        guard value.isFinite else { throw RelaySettings.InvalidSetting(description: "\(key): a number, got \(value)") }
+        return value
     }
 
-    /// `true` or `false` (the environment also takes `yes`/`no`, `1`/`0`), `nil` when not given;
-    /// anything else given is refused.
+    /// `true` or `false` (also `yes`/`no`, `1`/`0`, in any case), `nil` when not given; anything else
+    /// given is refused.
     func flag(_ key: ConfigKey) throws -> Bool? {
         if let value = bool(forKey: key) { return value }
-        try refuseGiven(key, expecting: "true or false")
-        return nil
+        return try fromText(key, expecting: "true or false") { text in
+            switch text.lowercased() {
+            case "true", "yes", "1": true
+            case "false", "no", "0": false
+            default: nil
+            }
+        }
     }
 
-    /// The typed read found nothing: if the setting is given all the same (as text that does not
-    /// convert), it is an error. An empty value counts as not given, as for every other setting.
-    private func refuseGiven(_ key: ConfigKey, expecting expected: String) throws {
-        guard let text = string(forKey: key), !text.isEmpty else { return }
-        throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got \"\(text)\"")
+    /// The typed read found nothing: the setting's text, if it is given, converted by `convert`, or an
+    /// error naming the key. An empty value, and YAML's null, count as not given.
+    private func fromText<Value>(_ key: ConfigKey, expecting expected: String, _ convert: (String) -> Value?) throws -> Value? {
+        guard let raw = string(forKey: key) else { return nil }
+        let text = raw.trimmingCharacters(in: .whitespaces)
+        guard !text.isEmpty, text != "~", text.lowercased() != "null" else { return nil }
+        guard let value = convert(text) else {
+            throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got \"\(raw)\"")
+        }
+        return value
     }
 
     /// An integer setting that must be at least 1.
@@ -60,10 +71,12 @@ extension ConfigReader {
         return value
     }
 
-    /// A number of seconds that must be above 0.
-    func aboveZero(_ key: ConfigKey) throws -> Double? {
+    /// A number that must be above 0 and at most `limit` (seconds, gigabytes: 10^9 of either is more
+    /// than any use, and keeps what is made of it within its type).
+    func aboveZero(_ key: ConfigKey, atMost limit: Double = 1e9) throws -> Double? {
         guard let value = try number(key) else { return nil }
         guard value > 0 else { throw RelaySettings.InvalidSetting(description: "\(key): must be above 0, got \(value)") }
+        guard value <= limit else { throw RelaySettings.InvalidSetting(description: "\(key): at most \(limit), got \(value)") }
         return value
     }
 }

@@ -109,7 +109,6 @@ actor LoopDrain {
         var epoch: String?
         /// Its frames' bytes, counted as handed to the loop (``Writability/handedToLoop(_:)``) until written.
         var bytes = 0
-        var writability: Writability? = nil
     }
 
     /// One turn of one client: everything queued for it, as one write.
@@ -178,7 +177,6 @@ actor LoopDrain {
         }
         var write = Write(handler: client.handler, frame: framed.first, more: framed.more)
         write.bytes = framed.first.readableBytes + framed.more.reduce(0) { $0 + $1.readableBytes }
-        write.writability = client.writability
         client.writability.handedToLoop(write.bytes)
         let oldest = framed.oldestReceivedAt
         if oldest != 0 {
@@ -214,7 +212,7 @@ actor LoopDrain {
             }
             handler.flushWire()
             if let close = write.close { handler.close(code: close.code, reason: close.reason) }
-            write.writability?.written(write.bytes)
+            if write.bytes > 0 { handler.writability.written(write.bytes) }
         }
     }
 }

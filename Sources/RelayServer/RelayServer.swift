@@ -361,6 +361,7 @@ public final class RelayServer: Service, Sendable {
             // A deep accept queue: after a restart every client reconnects at once.
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "relay", backlog: 4096),
             onServerRunning: { channel in port.succeed(channel.localAddress?.port ?? 0) },
+            eventLoopGroupProvider: configuration.eventLoopGroup.map { .shared($0) } ?? .singleton,
             logger: logger
         )
     }

@@ -1,5 +1,6 @@
-import RESTGateway
 import MarketCore
+import NIOCore
+import RESTGateway
 
 /// How the downstream server listens and whom it lets in. Value type, `Sendable`.
 public struct RelayServerConfiguration: Sendable {
@@ -101,6 +102,10 @@ public struct RelayServerConfiguration: Sendable {
             self.privateKeyPath = privateKeyPath
         }
     }
+
+    /// The event loops the server runs on (`nil`: NIO's shared group, as usual). A test that holds a
+    /// server's loops still gives it a group of its own.
+    public var eventLoopGroup: (any EventLoopGroup)?
 
     /// The REST gateways (one per upstream account), served at their vendors' paths.
     public var gateways: [RESTGateway] = []

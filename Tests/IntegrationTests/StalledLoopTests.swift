@@ -37,8 +37,8 @@ final class EventLoopStall: Sendable {
     }
 }
 
-/// Serialized, and never beside other tests (the suite runs with `--no-parallel`): it holds the
-/// process's event loops still.
+/// The server runs on an event loop group of its own, which the test holds still; the clients and
+/// everything else in the process keep theirs.
 @Suite("A stalled event loop", .serialized)
 struct StalledLoopTests {
     /// `count` quotes of about 100 bytes each, numbered from `first`.
@@ -60,6 +60,8 @@ struct StalledLoopTests {
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
         configuration.connectionLimits.outboundBytes = 32_768
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        configuration.eventLoopGroup = group
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
         try await withServices([server]) {
             let port = try await server.listeningPort()
@@ -74,7 +76,7 @@ struct StalledLoopTests {
             }
             try #require(served, "served before the loops stand still")
 
-            let stall = EventLoopStall(MultiThreadedEventLoopGroup.singleton)
+            let stall = EventLoopStall(group)
             defer { stall.release() }
             try await eventually("every event loop to be held") { stall.holding }
             // A publish at a time, each taken by the drain before the next (its hub buffer empty again),
@@ -112,5 +114,6 @@ struct StalledLoopTests {
             #expect(try await client.nextEvents(5).count >= 5)
             await client.close()
         }
+        try await group.shutdownGracefully()
     }
 }

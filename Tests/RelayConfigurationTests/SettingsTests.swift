@@ -136,6 +136,21 @@ struct SettingsTests {
         await #expect(throws: RelaySettings.InvalidSetting.self, "from the file as from the environment") {
             try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: ["RELAY_LIMIT_TOPICS": "7"])
         }
+        // A file's quoted values are read as what they say; its null is not given.
+        let quoted = try writeConfig("subscribers:\n  buffer: \"5000\"\nhistory:\n  enabled: \"false\"\ntape:\n  maxGB: ~\ndemo:\n  rate: \"12.5\"\n")
+        defer { try? FileManager.default.removeItem(atPath: quoted) }
+        let fromQuotes = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", quoted], environment: [:])
+        #expect(fromQuotes.subscriberBuffer == 5000 && fromQuotes.history == nil && fromQuotes.demoRate == 12.5)
+        #expect(fromQuotes.tape?.retentionBytes == TapeSettings().retentionBytes)
+        // Numbers that are not finite, or too large to be made into what they configure, are refused too.
+        for (variable, value) in [
+            ("RELAY_TAPE_MAX_GB", "inf"), ("RELAY_TAPE_MAX_GB", "1e12"), ("RELAY_DEMO_RATE", "1e400"), ("RELAY_DEMO_RATE", "nan"),
+            ("RELAY_LIMIT_TOPICS", "99999999999999999999"),
+        ] {
+            await #expect(throws: RelaySettings.InvalidSetting.self, "\(variable)=\(value)") {
+                try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [variable: value])
+            }
+        }
     }
 
     @Test func closeHistoryIsOnByDefaultAndCanBeTurnedOff() async throws {
