@@ -48,7 +48,11 @@ extension ConfigReader {
     /// The typed read found nothing: the setting's text, if it is given, converted by `convert`, or an
     /// error naming the key. An empty value, and YAML's null, count as not given.
     private func fromText<Value>(_ key: ConfigKey, expecting expected: String, _ convert: (String) -> Value?) throws -> Value? {
-        guard let raw = string(forKey: key) else { return nil }
+        guard let raw = string(forKey: key) else {
+            // A list (or a mapping read as one) where one value belongs is not a value.
+            if let list = stringArray(forKey: key) { throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got a list \(list)") }
+            return nil
+        }
         let text = raw.trimmingCharacters(in: .whitespaces)
         guard !text.isEmpty, text != "~", text.lowercased() != "null" else { return nil }
         guard let value = convert(text) else {
@@ -213,8 +217,15 @@ extension TapeSettings {
         self.init()
         directory = Self.directory(config)
         if let milliseconds = try config.positive("tape.flushMs") { flushInterval = .milliseconds(milliseconds) }
-        if let days = try config.positive("tape.retentionDays") { retentionDays = days }
-        if let gigabytes = try config.aboveZero("tape.maxGB") { retentionBytes = Int64(gigabytes * Double(1 << 30)) }
+        if let days = try config.positive("tape.retentionDays") {
+            // A century: what a stream's age limit in nanoseconds (a cluster's tape) can hold, and more than enough.
+            guard days <= 36_500 else { throw RelaySettings.InvalidSetting(description: "tape.retentionDays: at most 36500, got \(days)") }
+            retentionDays = days
+        }
+        if let gigabytes = try config.aboveZero("tape.maxGB") {
+            guard gigabytes >= 0.001 else { throw RelaySettings.InvalidSetting(description: "tape.maxGB: at least 0.001 (1 MB), got \(gigabytes)") }
+            retentionBytes = Int64(gigabytes * Double(1 << 30))
+        }
         if let replicas = try config.positive("tape.replicas") {
             guard replicas <= 5 else { throw RelaySettings.InvalidSetting(description: "tape.replicas: \(replicas) (a JetStream stream has at most 5)") }
             self.replicas = replicas

@@ -63,6 +63,16 @@ struct StalledLoopTests {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         configuration.eventLoopGroup = group
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
+        // The group is shut down however the test ends (its loops released first, by the stall's defer).
+        do { try await run(server, hub, on: group) } catch {
+            try? await group.shutdownGracefully()
+            throw error
+        }
+        try await group.shutdownGracefully()
+    }
+
+    /// The test's steps, with `group` the server's loops.
+    private func run(_ server: RelayServer, _ hub: MarketDataHub, on group: MultiThreadedEventLoopGroup) async throws {
         try await withServices([server]) {
             let port = try await server.listeningPort()
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks")
@@ -114,6 +124,5 @@ struct StalledLoopTests {
             #expect(try await client.nextEvents(5).count >= 5)
             await client.close()
         }
-        try await group.shutdownGracefully()
     }
 }

@@ -142,10 +142,15 @@ struct SettingsTests {
         let fromQuotes = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", quoted], environment: [:])
         #expect(fromQuotes.subscriberBuffer == 5000 && fromQuotes.history == nil && fromQuotes.demoRate == 12.5)
         #expect(fromQuotes.tape?.retentionBytes == TapeSettings().retentionBytes)
+        let listed = try writeConfig("subscribers:\n  buffer: [5000]\n")
+        defer { try? FileManager.default.removeItem(atPath: listed) }
+        await #expect(throws: RelaySettings.InvalidSetting.self, "a list where a number belongs") {
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", listed], environment: [:])
+        }
         // Numbers that are not finite, or too large to be made into what they configure, are refused too.
         for (variable, value) in [
             ("RELAY_TAPE_MAX_GB", "inf"), ("RELAY_TAPE_MAX_GB", "1e12"), ("RELAY_DEMO_RATE", "1e400"), ("RELAY_DEMO_RATE", "nan"),
-            ("RELAY_LIMIT_TOPICS", "99999999999999999999"),
+            ("RELAY_LIMIT_TOPICS", "99999999999999999999"), ("RELAY_TAPE_RETENTION_DAYS", "1000000"), ("RELAY_TAPE_MAX_GB", "1e-10"),
         ] {
             await #expect(throws: RelaySettings.InvalidSetting.self, "\(variable)=\(value)") {
                 try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [variable: value])
