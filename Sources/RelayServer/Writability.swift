@@ -25,8 +25,6 @@ final class Writability: Sendable {
         writable.load(ordering: .acquiring) && !closed.load(ordering: .acquiring) && inFlight.load(ordering: .acquiring) < inFlightLimit
     }
     var isClosed: Bool { closed.load(ordering: .acquiring) }
-    /// Frame bytes handed to the loop and not yet written (for tests and diagnostics).
-    var bytesInFlight: Int { inFlight.load(ordering: .acquiring) }
 
     /// Called each time the connection turns writable again, and when it closes.
     func onWritable(_ action: @escaping @Sendable () -> Void) {
