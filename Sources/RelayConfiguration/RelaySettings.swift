@@ -313,16 +313,8 @@ public struct RelaySettings: Sendable {
             }
             self.listen = address
         }
-        if let rate = try config.number("demo.rate") {
-            guard rate > 0, rate <= 10_000_000 else { throw InvalidSetting(description: "demo.rate: above 0, at most 10000000, got \(rate)") }
-            demoRate = rate
-        }
-        if let milliseconds = try config.wholeNumber("demo.restDelayMs") {
-            guard milliseconds >= 0 else {
-                throw InvalidSetting(description: "demo.restDelayMs: must not be negative, got \(milliseconds)")
-            }
-            demoRESTDelayMilliseconds = milliseconds
-        }
+        if let rate = try config.aboveZero("demo.rate", atMost: 10_000_000) { demoRate = rate }
+        if let milliseconds = try config.notNegative("demo.restDelayMs") { demoRESTDelayMilliseconds = milliseconds }
         if let level = config.string(forKey: "log.level") {
             guard let parsed = Logger.Level(rawValue: level.lowercased()) else {
                 throw InvalidSetting(

@@ -75,8 +75,8 @@ extension ConfigReader {
         return value
     }
 
-    /// A number that must be above 0 and at most `limit` (seconds, gigabytes: 10^9 of either is more
-    /// than any use, and keeps what is made of it within its type).
+    /// A number that must be above 0 and at most `limit` (by default 10^9: of seconds or gigabytes more
+    /// than any use, and it keeps what is made of them within their types).
     func aboveZero(_ key: ConfigKey, atMost limit: Double = 1e9) throws -> Double? {
         guard let value = try number(key) else { return nil }
         guard value > 0 else { throw RelaySettings.InvalidSetting(description: "\(key): must be above 0, got \(value)") }

@@ -151,6 +151,7 @@ struct SettingsTests {
         for (variable, value) in [
             ("RELAY_TAPE_MAX_GB", "inf"), ("RELAY_TAPE_MAX_GB", "1e12"), ("RELAY_DEMO_RATE", "1e400"), ("RELAY_DEMO_RATE", "nan"),
             ("RELAY_LIMIT_TOPICS", "99999999999999999999"), ("RELAY_TAPE_RETENTION_DAYS", "1000000"), ("RELAY_TAPE_MAX_GB", "1e-10"),
+            ("RELAY_DEMO_RATE", "0"), ("RELAY_DEMO_RATE", "20000000"), ("RELAY_DEMO_REST_DELAY_MS", "-1"),
         ] {
             await #expect(throws: RelaySettings.InvalidSetting.self, "\(variable)=\(value)") {
                 try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [variable: value])
