@@ -17,6 +17,9 @@ public struct BenchRunner: Sendable {
     public var relayBinary: String
     public var showRelayLogs: Bool
     public var progress: @Sendable (String) -> Void
+    /// The environment the relays are started from (this process's); the relay's own settings in it
+    /// are left out (``RelayProcess/init(binary:arguments:showLogs:captureLogs:environment:isolated:inheriting:)``).
+    public var environment = ProcessInfo.processInfo.environment
 
     public init(scenario: BenchScenario, relayBinary: String, showRelayLogs: Bool = false, progress: @escaping @Sendable (String) -> Void) {
         self.scenario = scenario
@@ -76,13 +79,15 @@ public struct BenchRunner: Sendable {
         }
         do {
             for node in 0..<max(s.nodes, 1) {
+                // Isolated: configured by these arguments alone, not by an operator's RELAY_CLUSTER,
+                // RELAY_TAPE_DIR or RELAY_CLIENT_KEYS in the environment the bench was started from.
                 let relay = RelayProcess(
                     binary: relayBinary,
                     arguments: [
                         "serve", "--listen", "127.0.0.1:0", "--upstream-key", "bench", "--log-level", "warning", "--no-portfolio",
                         "--data-dir", "\(dataDirectory)/node\(node + 1)",
                     ] + upstreamArguments + (s.nodes > 1 ? clusterArguments + ["--node-id", "node\(node + 1)"] : []),
-                    showLogs: showRelayLogs)
+                    showLogs: showRelayLogs, isolated: true, inheriting: environment)
                 relays.append(relay)
                 ports.append(try await relay.start())
                 progress("relay pid \(relay.process.processIdentifier) on ws://127.0.0.1:\(ports[node]) \(paths), upstream \(feedURL)")

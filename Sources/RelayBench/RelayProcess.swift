@@ -16,13 +16,27 @@ public final class RelayProcess: Sendable {
     /// - Parameters:
     ///   - captureLogs: keep the log (stderr) with the output, for ``output`` (instead of `showLogs`).
     ///   - environment: added to this process's environment.
-    public init(binary: String, arguments: [String], showLogs: Bool, captureLogs: Bool = false, environment: [String: String] = [:]) {
+    ///   - isolated: the relay reads none of this process's settings from the environment (the
+    ///     variables named `RELAY_…` and the vendors' key variables): only `arguments` and
+    ///     `environment` configure it. A benchmark's relay must not join an operator's cluster
+    ///     (`RELAY_CLUSTER`), nor record into their tape (`RELAY_TAPE_DIR`).
+    ///   - base: the environment the process starts from (this process's).
+    public init(
+        binary: String, arguments: [String], showLogs: Bool, captureLogs: Bool = false, environment: [String: String] = [:],
+        isolated: Bool = false, inheriting base: [String: String] = ProcessInfo.processInfo.environment
+    ) {
         process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
         process.standardOutput = stdout.handle
         process.standardError = captureLogs ? stdout.handle : showLogs ? FileHandle.standardError : FileHandle.nullDevice
-        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+        let inherited = isolated ? base.filter { !Self.isSetting($0.key) } : base
+        process.environment = inherited.merging(environment) { $1 }
+    }
+
+    /// Whether the relay reads the environment variable `name` as a setting.
+    static func isSetting(_ name: String) -> Bool {
+        name.hasPrefix("RELAY_") || ["POLYGON_API_KEY", "APCA_API_KEY_ID", "APCA_API_SECRET_KEY"].contains(name)
     }
 
     /// The port the banner names: `WebSocket  ws://127.0.0.1:PORT/stocks`.

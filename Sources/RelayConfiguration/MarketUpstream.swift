@@ -63,14 +63,15 @@ public struct MarketUpstream: Sendable, Equatable {
     /// The file's `upstreams:` list (mappings swift-configuration does not read), `nil` when it has none.
     static func list(inFile file: String, environment: [String: String], vendors: [WireVendor]) throws(RelaySettings.InvalidSetting) -> [MarketUpstream]? {
         guard let text = try? String(contentsOfFile: file, encoding: .utf8),
-            let document = (try? Yams.load(yaml: text)) as? [String: Any], let entries = document["upstreams"]
+            let document = (try? Yams.load(yaml: text)) as? [String: Any], let entries = document["upstreams"], !(entries is NSNull)
         else { return nil }
         guard let list = entries as? [Any] else {
             throw RelaySettings.InvalidSetting(description: "upstreams: a list of mappings with market, url, key or keyEnv, caFile")
         }
         var upstreams: [MarketUpstream] = []
         for (index, entry) in list.enumerated() {
-            guard let fields = entry as? [String: Any] else {
+            // A field given as null (`key: ~`) is not given.
+            guard let fields = (entry as? [String: Any])?.filter({ !($0.value is NSNull) }) else {
                 throw RelaySettings.InvalidSetting(description: "upstreams[\(index)]: a mapping with market, url, key or keyEnv, caFile")
             }
             let known: Set<String> = ["market", "url", "key", "keyEnv", "caFile"]

@@ -266,7 +266,7 @@ public struct RelaySettings: Sendable {
             settings.clientKeys = rights.plain
             settings.clientKeyRights = rights.keyed
         } else {
-            settings.clientKeys = config.stringArray(forKey: "client.keys", isSecret: true)?.flatMap(splitList) ?? []
+            settings.clientKeys = try config.list("client.keys", isSecret: true) ?? []
         }
         try settings.checkUpstreamKeys()
         return settings
@@ -307,7 +307,7 @@ public struct RelaySettings: Sendable {
     /// What the server itself is told: where it listens, how it logs, treats subscribers and serves
     /// TLS, and the demo feed's pace.
     private mutating func readServing(_ config: ConfigReader) throws {
-        if let listen = config.string(forKey: "listen") {
+        if let listen = try config.text("listen") {
             guard let address = Address(listen) else {
                 throw InvalidSetting(description: "listen: expected HOST:PORT, got \"\(listen)\"")
             }
@@ -315,14 +315,14 @@ public struct RelaySettings: Sendable {
         }
         if let rate = try config.aboveZero("demo.rate", atMost: 10_000_000) { demoRate = rate }
         if let milliseconds = try config.notNegative("demo.restDelayMs") { demoRESTDelayMilliseconds = milliseconds }
-        if let level = config.string(forKey: "log.level") {
+        if let level = try config.text("log.level") {
             guard let parsed = Logger.Level(rawValue: level.lowercased()) else {
                 throw InvalidSetting(
                     description: "log level: one of trace, debug, info, notice, warning, error, critical; got \"\(level)\"")
             }
             logLevel = parsed
         }
-        if let policy = config.string(forKey: "subscribers.slowConsumer") {
+        if let policy = try config.text("subscribers.slowConsumer") {
             guard let parsed = SlowConsumerPolicy(rawValue: policy.lowercased()) else {
                 throw InvalidSetting(description: "slow consumer policy: drop or disconnect, got \"\(policy)\"")
             }
@@ -340,13 +340,10 @@ public struct RelaySettings: Sendable {
             news.maxBytes = bytes
         }
         news.snapshot = try config.flag("news.snapshot") ?? false
-        if let levels = try config.positive("books.levels") {
-            // A whole book must fit one cluster message (64 KiB: about 1,400 levels a side).
-            guard levels <= 1000 else { throw InvalidSetting(description: "books.levels: at most 1000, got \(levels)") }
-            foldLimits = FoldLimits(bookLevels: levels)
-        }
+        // A whole book must fit one cluster message (64 KiB: about 1,400 levels a side).
+        if let levels = try config.positive("books.levels", atMost: 1000) { foldLimits = FoldLimits(bookLevels: levels) }
         metricsPublic = try config.flag("metrics.public") ?? false
-        switch (config.string(forKey: "tls.cert"), config.string(forKey: "tls.key")) {
+        switch (try config.text("tls.cert"), try config.text("tls.key")) {
         case (nil, nil):
             break
         case (let certificate?, let key?):
@@ -363,14 +360,13 @@ public struct RelaySettings: Sendable {
     /// whose protocol it speaks, its keys, its REST API and the client's tuning.
     private mutating func readUpstreams(_ config: ConfigReader, file: String?, environment: [String: String]) throws {
         var places: [[MarketUpstream]] = []
-        if let urls = config.string(forKey: "upstream.url"), !urls.isEmpty {
+        if let urls = try config.list("upstream.url") {
             var listed: [MarketUpstream] = []
-            for url in Self.splitList(urls) { try listed.append(MarketUpstream(url: url, vendors: vendors)) }
+            for url in urls { try listed.append(MarketUpstream(url: url, vendors: vendors)) }
             places.append(listed)
         }
-        let markets = config.stringArray(forKey: "upstream.markets")?.joined(separator: ",") ?? config.string(forKey: "upstream.markets")
-        if let markets, !markets.isEmpty {
-            let host = config.string(forKey: "upstream.host") ?? MarketUpstream.defaultHost
+        if let markets = try config.list("upstream.markets")?.joined(separator: ",") {
+            let host = try config.text("upstream.host") ?? MarketUpstream.defaultHost
             guard !host.isEmpty, !host.contains("/") else {
                 throw InvalidSetting(description: "upstream host: a host name such as socket.massive.com, got \"\(host)\"")
             }
@@ -381,29 +377,26 @@ public struct RelaySettings: Sendable {
         }
         upstreams = try MarketUpstream.merge(places)
         if let contracts = try config.positive("limits.optionsContracts") { optionsContracts = contracts }
-        if let vendor = config.string(forKey: "upstream.vendor"), !vendor.isEmpty {
+        if let vendor = try config.text("upstream.vendor") {
             guard let known = vendors.named(vendor) else {
                 throw InvalidSetting(
                     description: "upstream.vendor: \"\(vendor)\" is not a vendor (one of \(vendors.map(\.name).joined(separator: ", ")))")
             }
             upstreamVendor = known
         }
-        upstreamKey = config.string(forKey: "upstream.key", isSecret: true)
-        upstreamSecret = config.string(forKey: "upstream.secret", isSecret: true)
+        upstreamKey = try config.text("upstream.key", isSecret: true)
+        upstreamSecret = try config.text("upstream.secret", isSecret: true)
         // An upstream signing in with a key id and a secret (Alpaca's) takes Alpaca's own variable when
         // no key was given otherwise.
         let withSecret = upstreamVendor?.signsInWithSecret == true || upstreams.contains { vendor(of: $0)?.signsInWithSecret == true }
-        if withSecret, (upstreamKey ?? "").isEmpty { upstreamKey = config.string(forKey: "upstream.keyId", isSecret: true) }
-        upstreamCAFile = config.string(forKey: "upstream.caFile")
-        if let milliseconds = try config.notNegative("bars.graceMs") {
-            guard milliseconds <= 60_000 else { throw InvalidSetting(description: "bars.graceMs: at most 60000, got \(milliseconds)") }
-            upstreamTuning.barGrace = .milliseconds(milliseconds)
-        }
+        if withSecret, (upstreamKey ?? "").isEmpty { upstreamKey = try config.text("upstream.keyId", isSecret: true) }
+        upstreamCAFile = try config.text("upstream.caFile")
+        if let milliseconds = try config.notNegative("bars.graceMs", atMost: 60_000) { upstreamTuning.barGrace = .milliseconds(milliseconds) }
         if let seconds = try config.notNegative("upstream.silentAfterSeconds") {
             upstreamTuning.silentAfter = seconds == 0 ? nil : .seconds(seconds)
         }
-        upstreamRESTKey = config.string(forKey: "upstream.restKey", isSecret: true).flatMap { $0.isEmpty ? nil : $0 }
-        if let rest = config.string(forKey: "upstream.restURL"), !rest.isEmpty {
+        upstreamRESTKey = try config.text("upstream.restKey", isSecret: true)
+        if let rest = try config.text("upstream.restURL") {
             guard let url = URL(string: rest), url.scheme == "http" || url.scheme == "https", let host = url.host, !host.isEmpty else {
                 throw InvalidSetting(description: "rest URL: expected http(s)://host, got \"\(rest)\"")
             }

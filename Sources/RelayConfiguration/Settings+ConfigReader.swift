@@ -46,33 +46,61 @@ extension ConfigReader {
     }
 
     /// The typed read found nothing: the setting's text, if it is given, converted by `convert`, or an
-    /// error naming the key. An empty value, and YAML's null, count as not given.
+    /// error naming the key.
     private func fromText<Value>(_ key: ConfigKey, expecting expected: String, _ convert: (String) -> Value?) throws -> Value? {
-        guard let raw = string(forKey: key) else {
-            // A list (or a mapping read as one) where one value belongs is not a value.
-            if let list = stringArray(forKey: key) { throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got a list \(list)") }
-            return nil
-        }
-        let text = raw.trimmingCharacters(in: .whitespaces)
-        guard !text.isEmpty, text != "~", text.lowercased() != "null" else { return nil }
-        guard let value = convert(text) else {
+        guard let raw = try text(key, expecting: expected) else { return nil }
+        guard let value = convert(raw.trimmingCharacters(in: .whitespaces)) else {
             throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got \"\(raw)\"")
         }
         return value
     }
 
-    /// An integer setting that must be at least 1.
-    func positive(_ key: ConfigKey) throws -> Int? {
-        guard let value = try wholeNumber(key) else { return nil }
-        guard value >= 1 else { throw RelaySettings.InvalidSetting(description: "\(key): at least 1, got \(value)") }
-        return value
+    /// A setting's text, `nil` when it is not given. An empty value, and YAML's null (`~`, `null`),
+    /// count as not given, as for numbers and switches; a list where one value belongs is refused
+    /// (a secret's list is not shown).
+    func text(_ key: ConfigKey, expecting expected: String = "one value", isSecret: Bool = false) throws -> String? {
+        guard let raw = string(forKey: key, isSecret: isSecret) else {
+            // A list (or a mapping read as one) where one value belongs is not a value.
+            if let list = stringArray(forKey: key, isSecret: isSecret) {
+                throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got a list\(isSecret ? "" : " \(list)")")
+            }
+            return nil
+        }
+        return RelaySettings.countsAsNotGiven(raw) ? nil : raw
     }
 
-    /// An integer setting that must not be negative.
-    func notNegative(_ key: ConfigKey) throws -> Int? {
+    /// A list: the file's list, or items separated by commas; `nil` when not given (empty and null
+    /// items are left out).
+    func list(_ key: ConfigKey, isSecret: Bool = false) throws -> [String]? {
+        let items =
+            try stringArray(forKey: key, isSecret: isSecret)?.flatMap(RelaySettings.splitList)
+            ?? text(key, isSecret: isSecret).map(RelaySettings.splitList)
+        let given = items?.filter { !RelaySettings.countsAsNotGiven($0) } ?? []
+        return given.isEmpty ? nil : given
+    }
+
+    /// The most any whole-number setting takes unless it says otherwise: 10^9 (of events, bytes,
+    /// seconds or milliseconds, more than any use), so that what is made of it (bytes from megabytes,
+    /// a `Duration`, nanoseconds) stays within its type instead of wrapping or trapping later.
+    static let largestWholeNumber = 1_000_000_000
+
+    /// An integer setting that must be at least 1 and at most `limit`.
+    func positive(_ key: ConfigKey, atMost limit: Int = largestWholeNumber) throws -> Int? {
+        guard let value = try wholeNumber(key) else { return nil }
+        guard value >= 1 else { throw RelaySettings.InvalidSetting(description: "\(key): at least 1, got \(value)") }
+        return try value.checked(key, atMost: limit)
+    }
+
+    /// An integer setting that must not be negative, and at most `limit`.
+    func notNegative(_ key: ConfigKey, atMost limit: Int = largestWholeNumber) throws -> Int? {
         guard let value = try wholeNumber(key) else { return nil }
         guard value >= 0 else { throw RelaySettings.InvalidSetting(description: "\(key): not negative, got \(value)") }
-        return value
+        return try value.checked(key, atMost: limit)
+    }
+
+    /// A size in megabytes, at least 1 and at most a tebibyte, in bytes.
+    func megabytes(_ key: ConfigKey) throws -> Int? {
+        try positive(key, atMost: 1 << 20).map { $0 << 20 }
     }
 
     /// A number that must be above 0 and at most `limit` (by default 10^9: of seconds or gigabytes more
@@ -85,6 +113,21 @@ extension ConfigReader {
     }
 }
 
+extension RelaySettings {
+    /// Empty (or blank), `~` and `null`: YAML's ways of saying nothing, taken the same from anywhere.
+    static func countsAsNotGiven(_ text: String) -> Bool {
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        return trimmed.isEmpty || trimmed == "~" || trimmed.lowercased() == "null"
+    }
+}
+
+extension Int {
+    fileprivate func checked(_ key: ConfigKey, atMost limit: Int) throws -> Int {
+        guard self <= limit else { throw RelaySettings.InvalidSetting(description: "\(key): at most \(limit), got \(self)") }
+        return self
+    }
+}
+
 extension HistoryLimits {
     /// `history.*`; `nil` with `history.enabled` false.
     init?(reading config: ConfigReader) throws {
@@ -92,7 +135,7 @@ extension HistoryLimits {
         self.init()
         if let value = try config.positive("history.eventsPerTopic") { eventsPerTopic = value }
         if let value = try config.positive("history.maxAgeSeconds") { maxAge = .seconds(value) }
-        if let value = try config.positive("history.memoryMB") { memoryBytes = value << 20 }
+        if let bytes = try config.megabytes("history.memoryMB") { memoryBytes = bytes }
         if let value = try config.positive("history.eventsPerResume") { eventsPerResume = value }
     }
 }
@@ -152,19 +195,19 @@ extension GatewaySettings {
     init?(reading config: ConfigReader) throws {
         guard try config.flag("rest.gateway") != false else { return nil }
         self.init()
-        if let text = config.string(forKey: "rest.budget"), !text.isEmpty {
+        if let text = try config.text("rest.budget") {
             guard let rate = RESTRate(parsing: text) else {
                 throw RelaySettings.InvalidSetting(description: "rest.budget: a rate such as 5/min or 100/s, got \(text)")
             }
             budget = rate
         }
-        if let text = config.string(forKey: "rest.alpacaBudget"), !text.isEmpty {
+        if let text = try config.text("rest.alpacaBudget") {
             guard let rate = RESTRate(parsing: text) else {
                 throw RelaySettings.InvalidSetting(description: "rest.alpacaBudget: a rate such as 200/min, got \(text)")
             }
             alpacaBudget = rate
         }
-        if let url = config.string(forKey: "rest.alpacaURL"), !url.isEmpty {
+        if let url = try config.text("rest.alpacaURL") {
             guard let parsed = URL(string: url), parsed.scheme == "https" || (parsed.scheme == "http" && ["127.0.0.1", "localhost", "::1"].contains(parsed.host ?? "")) else {
                 throw RelaySettings.InvalidSetting(description: "rest.alpacaURL: https://host (plain http only to loopback: the key travels with every request), got \(url)")
             }
@@ -173,15 +216,15 @@ extension GatewaySettings {
         if let value = try config.positive("rest.queue") { queue = value }
         if let value = try config.positive("rest.maxWaitSeconds") { maxWait = .seconds(value) }
         if let value = try config.positive("rest.timeoutSeconds") { timeout = .seconds(value) }
-        if let value = try config.positive("rest.cacheMB") { cacheBytes = value << 20 }
+        if let bytes = try config.megabytes("rest.cacheMB") { cacheBytes = bytes }
         if let value = try config.positive("rest.referenceTTLSeconds") { referenceTTL = .seconds(value) }
-        if let path = config.string(forKey: "rest.cachePath"), !path.isEmpty {
+        if let path = try config.text("rest.cachePath") {
             cachePath = path
         } else {
-            let data = config.string(forKey: "portfolio.dataDir").flatMap { $0.isEmpty ? nil : $0 } ?? "./data"
+            let data = try config.text("portfolio.dataDir") ?? "./data"
             cachePath = data.hasSuffix("/") ? "\(data)rest-cache.sqlite" : "\(data)/rest-cache.sqlite"
         }
-        if let url = config.string(forKey: "rest.publicURL"), !url.isEmpty {
+        if let url = try config.text("rest.publicURL") {
             guard let parsed = URL(string: url), parsed.scheme == "http" || parsed.scheme == "https", parsed.host != nil, parsed.path.isEmpty || parsed.path == "/" else {
                 throw RelaySettings.InvalidSetting(description: "rest.publicURL: http(s)://host[:port], got \(url)")
             }
@@ -215,27 +258,22 @@ extension TapeSettings {
     init?(reading config: ConfigReader) throws {
         guard try config.flag("tape.enabled") != false else { return nil }
         self.init()
-        directory = Self.directory(config)
+        directory = try Self.directory(config)
         if let milliseconds = try config.positive("tape.flushMs") { flushInterval = .milliseconds(milliseconds) }
-        if let days = try config.positive("tape.retentionDays") {
-            // A century: what a stream's age limit in nanoseconds (a cluster's tape) can hold, and more than enough.
-            guard days <= 36_500 else { throw RelaySettings.InvalidSetting(description: "tape.retentionDays: at most 36500, got \(days)") }
-            retentionDays = days
-        }
+        // A century: what a stream's age limit in nanoseconds (a cluster's tape) can hold, and more than enough.
+        if let days = try config.positive("tape.retentionDays", atMost: 36_500) { retentionDays = days }
         if let gigabytes = try config.aboveZero("tape.maxGB") {
             guard gigabytes >= 0.001 else { throw RelaySettings.InvalidSetting(description: "tape.maxGB: at least 0.001 (1 MB), got \(gigabytes)") }
             retentionBytes = Int64(gigabytes * Double(1 << 30))
         }
-        if let replicas = try config.positive("tape.replicas") {
-            guard replicas <= 5 else { throw RelaySettings.InvalidSetting(description: "tape.replicas: \(replicas) (a JetStream stream has at most 5)") }
-            self.replicas = replicas
-        }
+        // A JetStream stream has at most 5 replicas.
+        if let replicas = try config.positive("tape.replicas", atMost: 5) { self.replicas = replicas }
     }
 
     /// `tape.dir`, or `tape/` in `portfolio.dataDir`, or `./data/tape` (recorded or not: a replay reads it).
-    static func directory(_ config: ConfigReader) -> String {
-        if let directory = config.string(forKey: "tape.dir"), !directory.isEmpty { return directory }
-        if let data = config.string(forKey: "portfolio.dataDir"), !data.isEmpty { return data.hasSuffix("/") ? "\(data)tape" : "\(data)/tape" }
+    static func directory(_ config: ConfigReader) throws -> String {
+        if let directory = try config.text("tape.dir") { return directory }
+        if let data = try config.text("portfolio.dataDir") { return data.hasSuffix("/") ? "\(data)tape" : "\(data)/tape" }
         return TapeSettings().directory
     }
 }
@@ -263,27 +301,27 @@ public struct ReplaySettings: Sendable, Equatable {
 extension ReplaySettings {
     /// `replay.*`; `nil` without `replay.date`.
     init?(reading config: ConfigReader) throws {
-        guard let date = config.string(forKey: "replay.date"), !date.isEmpty else { return nil }
-        self.init(directory: TapeSettings.directory(config))
+        guard let date = try config.text("replay.date") else { return nil }
+        self.init(directory: try TapeSettings.directory(config))
         if date.lowercased() != "last" {
             guard TapeFile.midnight(of: date) != nil else { throw RelaySettings.InvalidSetting(description: "replay.date: expected yyyy-mm-dd or last, got \"\(date)\"") }
             day = date
         }
-        if let list = config.string(forKey: "replay.markets"), !list.isEmpty {
-            markets = try RelaySettings.splitList(list).map { name in
+        if let list = try config.list("replay.markets") {
+            markets = try list.map { name in
                 guard let market = Market(rawValue: name.lowercased()) else {
                     throw RelaySettings.InvalidSetting(description: "replay.markets: \"\(name)\" is not a market (one of \(Market.allCases.map(\.rawValue).joined(separator: ", ")))")
                 }
                 return market
             }
         }
-        if let speed = config.string(forKey: "replay.speed"), !speed.isEmpty {
+        if let speed = try config.text("replay.speed") {
             guard ReplayPlan.Speed(speed) != nil else {
                 throw RelaySettings.InvalidSetting(description: "replay.speed: expected a number above 0 (1 is as recorded, 10 ten times faster) or max, got \"\(speed)\"")
             }
             self.speed = speed.lowercased()
         }
-        for (key, value) in [("replay.from", config.string(forKey: "replay.from")), ("replay.to", config.string(forKey: "replay.to"))] {
+        for (key, value) in [("replay.from", try config.text("replay.from")), ("replay.to", try config.text("replay.to"))] {
             guard let value, !value.isEmpty else { continue }
             guard TapeFile.seconds(ofClock: value) != nil else {
                 throw RelaySettings.InvalidSetting(description: "\(key): expected HH:MM or HH:MM:SS (UTC, up to 24:00), got \"\(value)\"")
@@ -325,8 +363,8 @@ extension RelaySettings.PortfolioSettings {
     init?(reading config: ConfigReader) throws {
         guard try config.flag("portfolio.enabled") ?? true else { return nil }
         self.init()
-        if let directory = config.string(forKey: "portfolio.dataDir"), !directory.isEmpty { dataDirectory = directory }
-        if let zone = config.string(forKey: "portfolio.timeZone") {
+        if let directory = try config.text("portfolio.dataDir") { dataDirectory = directory }
+        if let zone = try config.text("portfolio.timeZone") {
             guard TimeZone(identifier: zone) != nil else {
                 throw RelaySettings.InvalidSetting(description: "time zone: not an IANA zone such as UTC or America/New_York: \"\(zone)\"")
             }
@@ -344,12 +382,12 @@ extension ClusterConfiguration {
     /// `cluster.*`; `nil` without `cluster.url`. A node without `cluster.nodeId` is named after the
     /// host and `listenPort` (or the process when the port is chosen by the system).
     init?(reading config: ConfigReader, listenPort: Int) throws {
-        guard let url = config.string(forKey: "cluster.url", isSecret: true), !url.isEmpty else { return nil }
+        guard let url = try config.text("cluster.url", isSecret: true) else { return nil }
         let servers: [String]
         do { servers = try ClusterConfiguration.servers(from: url) } catch { throw RelaySettings.InvalidSetting(description: error.description) }
-        let name = config.string(forKey: "cluster.name") ?? "relay"
+        let name = try config.text("cluster.name") ?? "relay"
         let node =
-            config.string(forKey: "cluster.nodeId") ?? "\(ProcessInfo.processInfo.hostName)-\(listenPort == 0 ? "pid\(getpid())" : "\(listenPort)")"
+            try config.text("cluster.nodeId") ?? "\(ProcessInfo.processInfo.hostName)-\(listenPort == 0 ? "pid\(getpid())" : "\(listenPort)")"
         guard !node.isEmpty, node.count <= 128 else { throw RelaySettings.InvalidSetting(description: "cluster node id: 1 to 128 characters") }
         self.init(servers: servers, name: name, nodeID: node)
         if let seconds = try config.number("cluster.leaseSeconds") {
@@ -364,14 +402,14 @@ extension ClusterConfiguration {
             ("cluster.credentials", \.credentialsFile), ("cluster.nkeySeed", \.nkeySeedFile),
         ]
         for (key, path) in files {
-            guard let file = config.string(forKey: key), !file.isEmpty else { continue }
+            guard let file = try config.text(key) else { continue }
             guard FileManager.default.isReadableFile(atPath: file) else { throw RelaySettings.InvalidSetting(description: "\(key): cannot read \(file)") }
             security[keyPath: path] = file
         }
         if (security.certificateFile == nil) != (security.keyFile == nil) {
             throw RelaySettings.InvalidSetting(description: "cluster.tlsCert and cluster.tlsKey go together")
         }
-        if let token = config.string(forKey: "cluster.token", isSecret: true), !token.isEmpty { security.token = token }
+        if let token = try config.text("cluster.token", isSecret: true) { security.token = token }
         do { _ = try ClusterSubjects(cluster: name, market: "stocks") } catch { throw RelaySettings.InvalidSetting(description: error.description) }
     }
 }

@@ -29,4 +29,15 @@ struct RelayBenchTests {
         #expect(result.deliveryRatio >= 0.99, "\(name): ratio \(result.deliveryRatio), \(result.delivered) of \(result.expected)")
         #expect(result.laggingNoticesFast == 0)
     }
+
+    /// The relay a bench starts is configured by the bench alone: settings in the environment it was
+    /// started from (a cluster that is not there, client keys the subscribers do not have, a tape
+    /// folder that cannot be made) are not the relay's.
+    @Test func theBenchesRelayIgnoresTheOperatorsSettings() async throws {
+        let named = try #require(BenchScenario.named.first { $0.name == "fanout" })
+        var runner = BenchRunner(scenario: Self.small(named), relayBinary: RelayProcess.siblingBinary(), progress: { _ in })
+        runner.environment.merge(["RELAY_CLUSTER": "nats://127.0.0.1:1", "RELAY_CLIENT_KEYS": "not-the-bench", "RELAY_TAPE_DIR": "/proc/relay-bench-tape"]) { $1 }
+        let result = try await runner.run()
+        #expect(result.deliveryRatio >= 0.99, "ratio \(result.deliveryRatio), \(result.delivered) of \(result.expected)")
+    }
 }

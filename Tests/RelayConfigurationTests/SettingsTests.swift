@@ -97,33 +97,47 @@ struct SettingsTests {
     /// swift-configuration's typed reads answer `nil` for text they cannot convert, which would quietly
     /// mean the default: every number and every switch refuses such text instead, naming its key,
     /// whether it comes from the environment or the file.
+    /// What makes a group's keys read at all: a cluster, a replay.
+    static let needs = ["cluster.": ["RELAY_CLUSTER": "nats://127.0.0.1:4222"], "replay.": ["RELAY_REPLAY_DATE": "last"]]
+
+    /// The settings resolved with `declaration` given `value` from its environment variable, or from
+    /// the file when it has none (`a.b: value` as `a:\n  b: value`), beside what its group needs.
+    static func resolve(_ declaration: SettingDeclaration, given value: String) async throws -> RelaySettings {
+        var environment = needs.first { declaration.key.hasPrefix($0.key) }?.value ?? [:]
+        var arguments: [String] = []
+        var file: String?
+        if let variable = declaration.environment {
+            environment[variable] = value
+        } else {
+            let parts = declaration.key.split(separator: ".")
+            let yaml = parts.enumerated().map { String(repeating: "  ", count: $0.offset) + $0.element + ":" }.joined(separator: "\n") + " \(value)\n"
+            file = try writeTemporaryConfig(yaml)
+            arguments = ["--config", file ?? ""]
+        }
+        defer { if let file { try? FileManager.default.removeItem(atPath: file) } }
+        return try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: arguments, environment: environment)
+    }
+
+    /// Each of `declarations` given `value` is refused, naming its key and showing `shown`.
+    static func expectEachRefuses(_ declarations: [SettingDeclaration], _ value: String, showing shown: String) async throws {
+        for declaration in declarations {
+            do {
+                _ = try await resolve(declaration, given: value)
+                Issue.record("\(declaration.key) = \(value) was taken")
+            } catch let error as RelaySettings.InvalidSetting {
+                #expect(error.description.contains(declaration.key), "\(error.description)")
+                #expect(error.description.contains(shown), "the refusal shows what was given: \(error.description)")
+            }
+        }
+    }
+
+    /// The settings whose default is a number.
+    static var numbers: [SettingDeclaration] { RelaySettings.declarations.filter { Double($0.defaultValue) != nil } }
+
     @Test func everyNumberAndSwitchRefusesTextThatIsNeither() async throws {
         let typed = RelaySettings.declarations.filter { Double($0.defaultValue) != nil || ["true", "false"].contains($0.defaultValue) }
         #expect(typed.count >= 50, "the numbers and switches found by their defaults: \(typed.map(\.key))")
-        // What makes a group's keys read at all: a cluster, a replay.
-        let needs = ["cluster.": ["RELAY_CLUSTER": "nats://127.0.0.1:4222"], "replay.": ["RELAY_REPLAY_DATE": "last"]]
-        for declaration in typed {
-            var environment = needs.first { declaration.key.hasPrefix($0.key) }?.value ?? [:]
-            var arguments: [String] = []
-            var file: String?
-            if let variable = declaration.environment {
-                environment[variable] = "lots"
-            } else {
-                // The file: `a.b: lots` as `a:\n  b: lots`.
-                let parts = declaration.key.split(separator: ".")
-                let yaml = parts.enumerated().map { String(repeating: "  ", count: $0.offset) + $0.element + ":" }.joined(separator: "\n") + " lots\n"
-                file = try writeConfig(yaml)
-                arguments = ["--config", file ?? ""]
-            }
-            defer { if let file { try? FileManager.default.removeItem(atPath: file) } }
-            do {
-                _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: arguments, environment: environment)
-                Issue.record("\(declaration.key) = lots was taken (as its default)")
-            } catch let error as RelaySettings.InvalidSetting {
-                #expect(error.description.contains(declaration.key), "\(error.description)")
-                #expect(error.description.contains("lots"), "the refusal shows what was given: \(error.description)")
-            }
-        }
+        try await Self.expectEachRefuses(typed, "lots", showing: "lots")
         // The environment's other spellings of a switch, and a number with a fraction where one is allowed.
         let spelled = try await RelaySettings.resolve(
             vendors: Relay.vendors, commandLine: [], environment: ["RELAY_HISTORY": "no", "RELAY_METRICS_PUBLIC": "1", "RELAY_DEMO_RATE": "2.5"])
@@ -157,6 +171,53 @@ struct SettingsTests {
                 try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [variable: value])
             }
         }
+    }
+
+    /// Every number has an upper bound: 10^12 (a thousand times the most any of them takes) is refused
+    /// for each, so nothing made of one (bytes from megabytes, nanoseconds from seconds) can wrap or trap.
+    @Test func everyNumberHasAnUpperBound() async throws {
+        #expect(Self.numbers.count >= 45, "the numbers found by their defaults: \(Self.numbers.map(\.key))")
+        try await Self.expectEachRefuses(Self.numbers, "1000000000000", showing: "1000000000000")
+        // The largest whole number each group's own bound allows is taken, and made into what it configures.
+        let largest = try await RelaySettings.resolve(
+            vendors: Relay.vendors, commandLine: [],
+            environment: ["RELAY_HISTORY_MEMORY_MB": "1048576", "RELAY_REST_CACHE_MB": "1048576", "RELAY_TAPE_REPLICAS": "5", "RELAY_LIMIT_TOPICS": "1000000000"])
+        #expect(largest.history?.memoryBytes == 1 << 40 && largest.gateway?.cacheBytes == 1 << 40)
+        #expect(largest.tape?.replicas == 5 && largest.connectionLimits.topics == 1_000_000_000)
+        for (variable, value) in [("RELAY_HISTORY_MEMORY_MB", "1048577"), ("RELAY_TAPE_REPLICAS", "6"), ("RELAY_LIMIT_TOPICS", "1000000001")] {
+            await #expect(throws: RelaySettings.InvalidSetting.self, "\(variable)=\(value)") {
+                try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [variable: value])
+            }
+        }
+    }
+
+    /// A text setting given as `~`, `null` or blanks counts as not given, as numbers and switches do:
+    /// every declared setting given so resolves as if it were left out (`tape.dir: ~` is not a folder
+    /// named `~`), and a list where one text belongs is refused.
+    @Test func everySettingGivenAsNullIsNotGiven() async throws {
+        let ignored: Set<String> = ["config"]  // the file's own path, read before any setting
+        for declaration in RelaySettings.declarations where !ignored.contains(declaration.key) {
+            var environment = Self.needs.first { declaration.key.hasPrefix($0.key) }?.value ?? [:]
+            if let variable = declaration.environment { environment[variable] = nil }
+            let left = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: environment)
+            for value in ["~", "null", "' '"] where declaration.environment != nil || value != "' '" {
+                do {
+                    let given = try await Self.resolve(declaration, given: value == "' '" ? " " : value)
+                    #expect(String(reflecting: given) == String(reflecting: left), "\(declaration.key) = \(value) was taken as a value")
+                } catch {
+                    Issue.record("\(declaration.key) = \(value) was refused, not left out: \(error)")
+                }
+            }
+        }
+        let file = try writeConfig("tape:\n  dir: [a, b]\n")
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        await #expect(throws: RelaySettings.InvalidSetting.self, "a list where a folder belongs") {
+            try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", file], environment: [:])
+        }
+        let markets = try writeConfig("replay:\n  date: last\n  markets: [stocks, crypto]\n")
+        defer { try? FileManager.default.removeItem(atPath: markets) }
+        let replay = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", markets], environment: [:])
+        #expect(replay.replay?.markets == [.stocks, .crypto], "replay.markets takes a list in the file")
     }
 
     @Test func closeHistoryIsOnByDefaultAndCanBeTurnedOff() async throws {
