@@ -21,6 +21,17 @@ ensure_debian_packages() {
     fi
 }
 
+# swift_build ARGS...: `swift build ARGS...`, one build of this package at a time on this machine (under
+# flock on $RELAY_BUILD_LOCK, where flock is installed): two builds at once spoil each other's outputs,
+# and scripts/fresh-build removes our modules' outputs under the same lock.
+swift_build() {
+    if command -v flock >/dev/null; then
+        flock "${RELAY_BUILD_LOCK:-/tmp/relay-build.lock}" swift build "$@"
+    else
+        swift build "$@"
+    fi
+}
+
 ensure_swift() {
     if ! command -v swift >/dev/null; then
         echo "error: Swift 6.1 or later is needed (https://www.swift.org/install/linux/)" >&2
