@@ -21,7 +21,15 @@ extension ConfigReader {
     /// it is not one.
     func wholeNumber(_ key: ConfigKey) throws -> Int? {
         if let value = int(forKey: key) { return value }
-        return try fromText(key, expecting: "a whole number") { Int($0) }
+        return try fromText(key, expecting: "a whole number") { text in
+            if let value = Int(text) { return value }
+            // Digits past what an Int holds: past any setting's bound, said so.
+            let digits = text.hasPrefix("-") || text.hasPrefix("+") ? text.dropFirst() : Substring(text)
+            if !digits.isEmpty, digits.allSatisfy(\.isASCII), digits.allSatisfy(\.isNumber) {
+                throw RelaySettings.InvalidSetting(description: "\(key): a whole number past any bound of a setting, got \(text)")
+            }
+            return nil
+        }
     }
 
     /// A finite number (`1.5`, `20`), `nil` when not given; anything else given is refused.
@@ -47,9 +55,9 @@ extension ConfigReader {
 
     /// The typed read found nothing: the setting's text, if it is given, converted by `convert`, or an
     /// error naming the key.
-    private func fromText<Value>(_ key: ConfigKey, expecting expected: String, _ convert: (String) -> Value?) throws -> Value? {
+    private func fromText<Value>(_ key: ConfigKey, expecting expected: String, _ convert: (String) throws -> Value?) throws -> Value? {
         guard let raw = try text(key, expecting: expected) else { return nil }
-        guard let value = convert(raw.trimmingCharacters(in: .whitespaces)) else {
+        guard let value = try convert(raw.trimmingCharacters(in: .whitespaces)) else {
             throw RelaySettings.InvalidSetting(description: "\(key): \(expected), got \"\(raw)\"")
         }
         return value

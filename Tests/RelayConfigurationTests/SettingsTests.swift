@@ -189,6 +189,13 @@ struct SettingsTests {
                 try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: [variable: value])
             }
         }
+        // Digits past what a whole number holds are said to be too large, not "not a whole number".
+        for value in ["99999999999999999999", "-99999999999999999999"] {
+            let error = await #expect(throws: RelaySettings.InvalidSetting.self) {
+                try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: [], environment: ["RELAY_LIMIT_TOPICS": value])
+            }
+            #expect(error?.description == "limits.topics: a whole number past any bound of a setting, got \(value)")
+        }
     }
 
     /// A text setting given as `~`, `null` or blanks counts as not given, as numbers and switches do:
