@@ -39,6 +39,8 @@ public struct AlpacaClientSession: Sendable {
     /// More messages went unanswered than ``awaitingLimit``: answers can no longer be matched to
     /// their messages, so until the connection ends errors are only logged.
     public private(set) var lostTrack = false
+    /// The login was sent on this connection: a server greeting again gets no second one.
+    private var loggedIn = false
 
     public init(key: String, secret: String) {
         self.key = key
@@ -49,14 +51,18 @@ public struct AlpacaClientSession: Sendable {
     public mutating func receive(_ control: MessagePack.Value) -> Reaction {
         let message = control["msg"]?.string ?? ""
         switch control["T"]?.string {
+        // A server that greets or accepts the login again gets nothing: each answer would cost a login,
+        // or the whole wanted set subscribed anew, as often as it cares to say it.
+        case "success" where message == "connected" && loggedIn, "success" where message == "authenticated" && isAuthenticated:
+            return Reaction(event: .other(status: "success", message: "\(message) said again on this connection: ignored"))
         case "success" where message == "connected":
+            loggedIn = true
             let auth = MessagePack.Value.map([
                 .init(.string("action"), .string("auth")), .init(.string("key"), .string(key)), .init(.string("secret"), .string(secret)),
             ])
             return Reaction(send: [MessagePack.encode(auth)], event: .connected)
         case "success" where message == "authenticated":
             isAuthenticated = true
-            // (Refused topics are only ever left over here from a server saying `authenticated` twice.)
             subscribed = wanted.subtracting(refused)
             return Reaction(send: send("subscribe", subscribed), event: .authenticated)
         case "subscription":
@@ -112,6 +118,7 @@ public struct AlpacaClientSession: Sendable {
 
     public mutating func connectionEnded() {
         isAuthenticated = false
+        loggedIn = false
         subscribed = []
         refused = []
         awaiting = []

@@ -99,9 +99,13 @@ public final class DemoFeed: Service, Sendable {
     public func run() async throws {
         do {
             let app = try makeApplication()
+            // Unstructured, so that a cut need not wait for it: a connection that never sent a request
+            // holds Hummingbird's server past any cancellation (it waits on a future for the first
+            // one), and a client's pool parks such connections (up to 10 minutes).
+            let server = Task { try await app.run() }
             try await withThrowingTaskGroup(of: Ended.self) { group in
                 group.addTask {
-                    try await app.run()
+                    try await Self.endOrLeave(server)
                     return .server
                 }
                 let markets = configuration.servedMarkets
@@ -147,6 +151,22 @@ public final class DemoFeed: Service, Sendable {
             throw error
         }
         port.fail(CancellationError())
+    }
+
+    /// Waits for `server` to end; cancelled, it cancels `server` and waits no more (what is left of it
+    /// ends when its last connection closes).
+    private static func endOrLeave(_ server: Task<Void, any Error>) async throws {
+        let (ended, continuation) = AsyncStream.makeStream(of: Result<Void, any Error>.self)
+        Task {
+            continuation.yield(await server.result)
+            continuation.finish()
+        }
+        try await withTaskCancellationHandler {
+            // A stream's iteration ends at once when its task is cancelled.
+            for await result in ended { try result.get() }
+        } onCancel: {
+            server.cancel()
+        }
     }
 
     private func makeApplication() throws -> some ApplicationProtocol {
@@ -309,9 +329,21 @@ public final class DemoFeed: Service, Sendable {
                     ByteBuffer(bytes: codec.frame([AlpacaError.connectionLimitExceeded.message])), to: outbound, binary: codec == .messagePack)
                 try await outbound.close(.policyViolation, reason: "connection limit exceeded")
                 return
+            case .fault(.relogin):
+                let repeats = 1_000
+                if let codec = alpaca {
+                    let controls = Array(repeating: [AlpacaControl.connected, AlpacaControl.authenticated], count: repeats).flatMap { $0 }
+                    try await send(ByteBuffer(bytes: codec.frame(controls)), to: outbound, binary: codec == .messagePack)
+                } else {
+                    let pair = StatusMessage.connected.json + "," + StatusMessage.authSuccess.json
+                    try await send(ByteBuffer(string: "[" + Array(repeating: pair, count: repeats).joined(separator: ",") + "]"), to: outbound)
+                }
             case .fault(.silence):
                 silenced = true
                 reader.cancel()
+                // Nothing more is read off the socket either: what the client sends waits in the
+                // kernel's buffers, and then in the client.
+                try? await channel.setOption(ChannelOptions.autoRead, value: false).get()
             case .fault(.mute):
                 silenced = true
             case .fault(.drop):

@@ -17,6 +17,9 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
     case malformed
     /// Send one 5 MB frame.
     case oversized
+    /// Greet and accept the login again, 1,000 times in one frame, on a connection already logged in
+    /// (a client that logs in or subscribes anew at each is at the server's mercy).
+    case relogin
 
     /// The raw frame this fault sends, for the two that send one.
     var frame: ByteBuffer? {

@@ -24,6 +24,8 @@ public struct ClientSession: Sendable {
 
     public let apiKey: String
     public private(set) var isAuthenticated = false
+    /// The login was sent on this connection: a server greeting again gets no second one.
+    private var loggedIn = false
     /// What the client wants the server to send.
     public private(set) var wanted: Set<Topic> = []
     /// What the server was told to send on this connection (empty until authenticated).
@@ -36,7 +38,12 @@ public struct ClientSession: Sendable {
     /// Handles one status object from the server.
     public mutating func receive(_ status: StatusMessage) -> Reaction {
         switch status.status {
+        // A server that greets or accepts the login again gets nothing: each answer would cost a login,
+        // or the whole wanted set subscribed anew (up to 50,000 topics), as often as it cares to say it.
+        case StatusMessage.Kind.connected where loggedIn, StatusMessage.Kind.authSuccess where isAuthenticated:
+            return Reaction(event: .other(status: status.status, message: "said again on this connection: ignored"))
         case StatusMessage.Kind.connected:
+            loggedIn = true
             return Reaction(send: [ClientAction(.auth, params: apiKey).json], event: .connected)
         case StatusMessage.Kind.authSuccess:
             isAuthenticated = true
@@ -74,6 +81,7 @@ public struct ClientSession: Sendable {
     /// The connection ended: the server's subscriptions are gone with it.
     public mutating func connectionEnded() {
         isAuthenticated = false
+        loggedIn = false
         subscribed = []
     }
 

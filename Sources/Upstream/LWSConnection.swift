@@ -27,6 +27,8 @@ final class LWSConnection: Sendable {
         /// The connection is to be dropped (and reconnected): a silent upstream.
         var dropRequested = false
         var outbox: [[UInt8]] = []
+        /// The bytes in ``outbox``, bounded by ``UpstreamConfiguration/maxUnsentBytes``.
+        var outboxBytes = 0
         /// The connection's logic (connect, auth, statuses, close causes, backoff); this type only
         /// moves its bytes and runs its timers.
         var machine: UpstreamConnectionMachine
@@ -222,15 +224,32 @@ final class LWSConnection: Sendable {
     func setWanted(_ topics: Set<Topic>) {
         shared.withLock { state in
             let messages = state.machine.setWanted(topics)
-            state.outbox += messages
+            enqueue(messages, &state)
             if !messages.isEmpty { wake(&state) }
         }
+    }
+
+    /// Queues `messages` for the upstream. Past ``UpstreamConfiguration/maxUnsentBytes`` unsent, the
+    /// upstream is not reading them: the queue is let go and the connection dropped (reconnected as
+    /// after any drop); the next connection subscribes the wanted set whole.
+    private func enqueue(_ messages: [[UInt8]], _ state: inout Shared) {
+        state.outbox += messages
+        state.outboxBytes += messages.reduce(0) { $0 + $1.count }
+        guard state.outboxBytes > configuration.maxUnsentBytes, state.wsi != nil else { return }
+        let reason = "the upstream left \(state.outboxBytes) bytes of our messages unread (at most \(configuration.maxUnsentBytes))"
+        logger.warning("\(reason): dropping the connection")
+        state.statistics.lastError = reason
+        state.outbox = []
+        state.outboxBytes = 0
+        state.machine.dropping(because: reason)
+        state.dropRequested = true
+        wake(&state)
     }
 
     func renew(_ topics: Set<Topic>) {
         shared.withLock { state in
             let messages = state.machine.renew(topics)
-            state.outbox += messages
+            enqueue(messages, &state)
             if !messages.isEmpty {
                 metrics.renewed.increment(by: topics.intersection(state.machine.session.subscribed).count)
                 wake(&state)
@@ -501,6 +520,7 @@ final class LWSConnection: Sendable {
             state.wsi = nil
             state.closeRequested = false
             state.outbox = []
+            state.outboxBytes = 0
             state.rx.clear()
             state.rxOversized = false
             switch ended {
@@ -530,6 +550,7 @@ final class LWSConnection: Sendable {
             if state.closeRequested { return .close }
             guard !state.outbox.isEmpty else { return .nothing }
             let message = state.outbox.removeFirst()
+            state.outboxBytes -= message.count
             return .send(message, more: !state.outbox.isEmpty)
         }
         switch next {
@@ -588,7 +609,7 @@ final class LWSConnection: Sendable {
             metrics.oversized.increment()
             bars.reset()  // its trades are lost: no bar open now is whole
             let reason = "an upstream message of \(oversizedBytes) bytes, over this market's limit of \(configuration.maxMessageBytes), was dropped"
-            warnThrottled("oversized", reason)
+            logThrottled("oversized", reason)
             // Its clients are told: what the message held is missing from their stream (and the tape's).
             inbox.push(.lost(count: 1, topics: nil, reason: reason))
             return
@@ -605,7 +626,7 @@ final class LWSConnection: Sendable {
             shared.withLock { $0.statistics.malformedMessages += 1 }
             metrics.malformed.increment()
             bars.reset()
-            warnThrottled("malformed", "malformed upstream message dropped (\(message.readableBytes) bytes): \(error)")
+            logThrottled("malformed", "malformed upstream message dropped (\(message.readableBytes) bytes): \(error)")
             return
         }
         for control in parsed.controls { handle(control, wsi: wsi) }
@@ -619,24 +640,24 @@ final class LWSConnection: Sendable {
             // The consumer is this far behind: dropped, counted, and announced in place by the inbox.
             shared.withLock { $0.statistics.droppedEvents += count }
             metrics.dropped.increment(by: count)
-            warnThrottled("queue full", "upstream events dropped: \(configuration.maxQueuedEvents) events already wait for the hub")
+            logThrottled("queue full", "upstream events dropped: \(configuration.maxQueuedEvents) events already wait for the hub")
             return
         }
     }
 
-    /// A warning that may repeat at the upstream's message rate: logged at most every ten seconds, with
-    /// the count of those held back.
-    private func warnThrottled(_ key: String, _ message: String) {
+    /// A warning (or a line at `level`) that may repeat at the upstream's message rate: logged at most
+    /// every ten seconds, with the count of those held back.
+    private func logThrottled(_ key: String, _ message: String, level: Logger.Level = .warning) {
         let (log, held) = shared.withLock { $0.throttle.admit(key, every: .seconds(10)) }
         guard log else { return }
-        logger.warning("\(message)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
+        logger.log(level: level, "\(message)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
     }
 
     /// Carries out what the connection's logic says a status means.
     private func handle(_ control: UpstreamControl, wsi: OpaquePointer) {
         let outcome = shared.withLock { state in
             let outcome = state.machine.received(control, now: .now)
-            state.outbox += outcome.send
+            enqueue(outcome.send, &state)
             switch outcome.event {
             case .error(let message): state.statistics.lastError = message
             case .refused(let code, let message, let topics): state.statistics.lastError = "\(code) \(message) (\(topics.count) topics refused)"
@@ -657,16 +678,17 @@ final class LWSConnection: Sendable {
         case .acknowledged(let message):
             logger.debug("upstream: \(message)")
         case .error(let message):
-            warnThrottled("error-status", "upstream error status: \(message)")
+            logThrottled("error-status", "upstream error status: \(message)")
         case .refused(let code, let message, let topics):
             // The clients of these topics are told: their subscription gets nothing from upstream.
-            warnThrottled("refused", "upstream refused a subscription of \(topics.count) topics: \(code) \(message)")
+            logThrottled("refused", "upstream refused a subscription of \(topics.count) topics: \(code) \(message)")
             // The bars built from a refused trade topic get nothing either.
             if !topics.isEmpty { inbox.push(.refused(topics: topics.union(bars.derived(from: topics)), code: code, reason: message)) }
         case .authTimeout(let message):
             logger.warning("upstream timed out our authentication: \(message)")
         case .other(let status, let message):
-            logger.info("upstream status \(status): \(message)")
+            // As often as the upstream says them: logged at most every ten seconds too.
+            logThrottled("other-status", "upstream status \(status): \(message)", level: .info)
         }
         if !outcome.send.isEmpty || outcome.close { lws_callback_on_writable(wsi) }
     }

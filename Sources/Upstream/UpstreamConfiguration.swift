@@ -68,6 +68,10 @@ public struct UpstreamConfiguration: Sendable {
     /// Events that may wait between the upstream thread and the hub; past it newer messages are
     /// dropped, counted and announced (a burst never becomes unbounded memory).
     public var maxQueuedEvents = 100_000
+    /// Our messages (subscribes, unsubscribes) waiting for the upstream to read them; past it the
+    /// upstream is not reading: the connection is dropped and the next one subscribes the wanted set
+    /// whole (a whole wanted set of 50,000 topics is about 0.5 MB of messages).
+    public var maxUnsentBytes = 16 << 20
     /// No event for this long while topics are subscribed and the market is open (``MarketHours``) is a
     /// silent upstream: shown, and reconnected once (``SilenceWatch``); `nil`: not watched.
     public var silentAfter: Duration? = .seconds(300)

@@ -106,6 +106,8 @@ struct UpstreamConnectionMachine: Sendable {
     private var endCause: ConnectionEnd.Cause?
     /// The server's close frame, or the deadline, as the reason shown.
     private var peerClose: String?
+    /// Why this side dropped the connection (``dropping(because:)``), if it did.
+    private var dropReason: String?
     /// Reconnect attempts since the connection last stayed authenticated for ``ReconnectPolicy/healthyAfter``.
     private(set) var attempt = 0
     private var jitter: SplitMix64
@@ -159,6 +161,12 @@ struct UpstreamConnectionMachine: Sendable {
     /// A frame or a pong arrived.
     mutating func heard(now: ContinuousClock.Instant) {
         lastMessageAt = now
+    }
+
+    /// This side drops the open connection for `reason` (the upstream does not read what it is sent):
+    /// the reason its end is reported with.
+    mutating func dropping(because reason: String) {
+        dropReason = reason
     }
 
     /// The server's close frame.
@@ -237,8 +245,8 @@ struct UpstreamConnectionMachine: Sendable {
         }
         phase = .idle
         var finalCause = endCause ?? cause
-        var finalReason = cause == .closed ? (peerClose ?? reason) : reason
-        if endCause == nil, let opened, !stopping {
+        var finalReason = dropReason ?? (cause == .closed ? (peerClose ?? reason) : reason)
+        if endCause == nil, dropReason == nil, let opened, !stopping {
             // lws hung up for silence (the retry policy's hang-up) or for the handshake timeout.
             if let last = lastMessageAt, now - last >= timing.deadAfter - .milliseconds(500) {
                 finalCause = .dead
@@ -251,6 +259,7 @@ struct UpstreamConnectionMachine: Sendable {
         let authenticatedFor = authenticatedSince.map { now - $0 }
         endCause = nil
         peerClose = nil
+        dropReason = nil
         session.connectionEnded()
         if stopping { return .stopped }
         let end = ConnectionEnd(cause: finalCause, reason: finalReason, authenticatedFor: authenticatedFor)

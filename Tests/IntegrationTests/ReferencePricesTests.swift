@@ -103,6 +103,24 @@ struct ReferencePricesTests {
         _ = socket
     }
 
+    @Test func theFeedStopsWithinItsGraceThoughAConnectionNeverSentARequest() async throws {
+        // A client's pool may open a connection and park it unused: Hummingbird's server waits for its
+        // first request past any cancellation, which once held a test for ten minutes. The feed's stop
+        // cuts it at its grace; `withServices` fails the test if the feed has not stopped in 15 s.
+        let feed = DemoFeed(configuration: DemoFeedConfiguration(port: 0, apiKey: "rest-key", eventsPerSecond: 100, seed: 4), logger: testLogger)
+        var socket: RawSocket?
+        try await withServices([feed]) {
+            let connection = try RawSocket(port: try await feed.listeningPort())
+            socket = connection
+            // The feed answers another connection: the server runs, and took the silent one before it.
+            let answered = try RawSocket(port: try await feed.listeningPort())
+            _ = answered.send("GET /healthz HTTP/1.1\r\nHost: feed\r\nConnection: close\r\n\r\n")
+            let answer = answered.receive().map { String(decoding: $0, as: UTF8.self) } ?? ""
+            #expect(answer.hasPrefix("HTTP/1.1 200"), "\(answer)")
+        }
+        _ = socket
+    }
+
     @Test func aSlowFeedsAnswersOnOneKeptAliveClientAllArrive() async throws {
         // The slow feed watches each connection for the client going away and then closes it after
         // answering; a client that reused such a connection sent its next request into a closing

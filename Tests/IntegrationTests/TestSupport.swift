@@ -77,16 +77,31 @@ func withServices<T: Sendable>(
 
 /// Waits for `running` to end; past `timeout` it is cancelled (a graceful stop that hangs is forced,
 /// so the test fails at once with `what` named instead of waiting for its time limit: ``within(_:_:_:)``
-/// cannot end a wait on another task's value) and this throws.
+/// cannot end a wait on another task's value) and this throws. A task that does not end within another
+/// `timeout` of its cancellation is left behind, and this throws then: something in it ignores
+/// cancellation (once, an HTTP connection parked by a client's pool kept a server for 600 s).
 func stopped(_ running: Task<Void, any Error>, within timeout: Duration, _ what: String) async throws {
     let forced = Mutex(false)
+    let (outcome, ended) = AsyncStream.makeStream(of: Result<Void, any Error>?.self)
+    let waiter = Task {
+        ended.yield(await running.result)
+        ended.finish()
+    }
     let timer = Task {
         try await Task.sleep(for: timeout)
         forced.withLock { $0 = true }
         running.cancel()
+        try await Task.sleep(for: timeout)
+        ended.yield(nil)
+        ended.finish()
     }
-    let result = await running.result
+    var next = outcome.makeAsyncIterator()
+    let result = await next.next() ?? nil
     timer.cancel()
+    guard let result else {
+        waiter.cancel()
+        throw TimeoutError(description: "\(what): still running \(timeout) after being cancelled (left behind)")
+    }
     if forced.withLock({ $0 }) { throw TimeoutError(description: "timed out after \(timeout) waiting for \(what) (then cancelled)") }
     try result.get()
 }

@@ -102,6 +102,80 @@ struct UpstreamClientTests {
         }
     }
 
+    /// A server that greets and accepts the login again (1,000 times in one frame) gets no second login
+    /// and no second subscription; the relay is not told of a new login either.
+    @Test func aServerRepeatingItsGreetingAndLoginIsAnsweredOnce() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let upstream = try client(try await feed.url())
+            upstream.setWantedTopics(topics("Q.MSFT"))
+            let messages = upstream.messages
+            try await withServices([upstream]) {
+                try await waitFor(feed.monitor.updates(), "subscribe Q.MSFT") { $0.topics(.subscribe).contains("Q.MSFT") }
+                #expect(feed.inject(.relogin) == 1)
+                // The client sends in order: whatever it answered the repetitions with reaches the feed
+                // before this subscribe.
+                upstream.setWantedTopics(topics("Q.MSFT", "Q.AAPL"))
+                let seen = try await waitFor(feed.monitor.updates(), "subscribe Q.AAPL") { $0.topics(.subscribe).contains("Q.AAPL") }
+                #expect(seen.actions.map(\.kind) == [.auth, .subscribe, .subscribe], "\(seen.actions)")
+                #expect(seen.actions.last?.params == "Q.AAPL")
+                #expect(upstream.state == .authenticated && upstream.statistics.connectAttempts == 1)
+                // Events of Q.AAPL follow; before them the source said it was authenticated once.
+                let logins = try await within(.seconds(10), "an event of Q.AAPL") {
+                    var logins = 0
+                    for await message in messages {
+                        if case .authenticated = message { logins += 1 }
+                        if message.events?.contains(where: { $0.topic.description == "Q.AAPL" }) == true { return logins }
+                    }
+                    return -1
+                }
+                #expect(logins == 1)
+            }
+        }
+    }
+
+    /// An upstream that stops reading what it is sent: our messages wait for it up to
+    /// `maxUnsentBytes`, then the connection is dropped and a new one subscribes the wanted set whole.
+    /// While the upstream reads, the same changes never come near the bound.
+    @Test func anUpstreamThatStopsReadingIsDroppedNotQueuedForWithoutEnd() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let endpoint = try #require(UpstreamConfiguration.Endpoint(try await feed.url()))
+            var configuration = UpstreamConfiguration(
+                endpoint: endpoint, apiKey: "up-key", wire: .polygon, pingInterval: .seconds(60), deadAfter: .seconds(120))
+            configuration.maxUnsentBytes = 256 << 10
+            let upstream = UpstreamClient(configuration: configuration, logger: testLogger)
+            // Two sets of 2,000 topics: each move between them is about 40 KB of messages.
+            let sets = (0..<2).map { set in Set((0..<2_000).compactMap { Topic(eventType: "Q", ticker: "S\(set)X\($0)") }) }
+            upstream.setWantedTopics(sets[0])
+            try await withServices([upstream]) {
+                try await waitFor(upstream.stateUpdates(), "authenticated") { $0 == .authenticated }
+                func move(_ times: Int) async throws {
+                    for turn in 0..<times {
+                        upstream.setWantedTopics(sets[(turn + 1) % 2])
+                        try await Task.sleep(for: .milliseconds(5))  // the pace of changes, not a wait for anything
+                    }
+                }
+                try await move(50)
+                #expect(upstream.statistics.lastError == nil, "a reading upstream: \(upstream.statistics.lastError ?? "")")
+                #expect(upstream.statistics.connectAttempts == 1)
+                let states = upstream.stateUpdates()
+                #expect(feed.inject(.silence) == 1)
+                // Past the kernel's socket buffers (a few MB on loopback), the messages wait in the client.
+                var moves = 0
+                while upstream.statistics.lastError == nil, moves < 2_000 {
+                    try await move(10)
+                    moves += 10
+                }
+                try await waitFor(states, "the connection dropped after \(moves) moves") { $0 != .authenticated }
+                #expect(upstream.statistics.lastError?.contains("unread") == true, "\(upstream.statistics.lastError ?? "none")")
+                // The feed serves the next connection: it logs in and subscribes the wanted set whole.
+                try await waitFor(upstream.stateUpdates(), "authenticated again") { $0 == .authenticated }
+                #expect(upstream.statistics.connectAttempts == 2)
+            }
+        }
+    }
+
     @Test func fragmentedMessagesAreReassembled() async throws {
         let feed = feed(fragmentSize: 7)
         try await withServices([feed]) {

@@ -157,6 +157,28 @@ struct ConformanceTests {
         }
     }
 
+    /// A server that greets and accepts the login again on the same connection gets no second login
+    /// and no second subscription, and no new login is signalled; the next connection logs in anew.
+    @Test(arguments: Conformance.all)
+    func aRepeatedGreetingOrLoginIsNotAnswered(_ spec: Conformance) throws {
+        var session = spec.wire.upstreamSession(key: "the-key", secret: "the-secret")
+        _ = session.want([Topic(eventType: spec.tradeType, ticker: "AAPL")].compactMap { $0 }.reduce(into: []) { $0.insert($1) })
+        let controls = try spec.wire.readUpstream(
+            spec.message([], [.connected, .authenticated, .connected, .authenticated]), receivedAt: 0, market: spec.markets[0]
+        ).controls
+        try #require(controls.count == 4)
+        #expect(session.react(to: controls[0]).send.count == 1)
+        #expect(session.react(to: controls[1]).send.count == 1)
+        for again in controls[2...] {
+            let reaction = session.react(to: again)
+            #expect(reaction.send.isEmpty, "\(spec.wire.name): \(reaction.send.map { String(decoding: $0, as: UTF8.self) })")
+            #expect(reaction.signal != .connected && reaction.signal != .authenticated && !reaction.signal.closes)
+        }
+        session.connectionEnded()
+        #expect(session.react(to: controls[0]).send.count == 1, "a new connection logs in")
+        #expect(session.react(to: controls[1]).send.count == 1, "and subscribes the wanted set")
+    }
+
     // MARK: events from elsewhere
 
     /// One whole event of the topic it claims is taken; another topic's, two events, or bytes that are
