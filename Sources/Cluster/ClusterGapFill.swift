@@ -347,10 +347,12 @@ final class AskInbox: Sendable {
 /// The topics the cluster's asks named lately (every node's, as each node reads them on NATS): a node
 /// takes recovered events only of these, so a fill message about a topic nobody asked for goes nowhere.
 /// Each is kept ``lifetime`` after the last ask naming it (a hub gives up an outage's gaps after as
-/// long), at most ``maxTopics`` (past it the ones noted longest ago go). `Sendable`: a `Mutex`.
+/// long), at most ``maxTopics`` (past it the ones noted longest ago go, down to ``keptAfterTrim``, so
+/// a full list is trimmed once per 10,000 new topics, not sorted again for each). `Sendable`: a `Mutex`.
 final class AskedTopics: Sendable {
     static let lifetime: Duration = .seconds(15 * 60)
     static let maxTopics = 100_000
+    static let keptAfterTrim = maxTopics / 10 * 9
     private let noted = Mutex<[Topic: ContinuousClock.Instant]>([:])
 
     func note(_ topics: [Topic], at now: ContinuousClock.Instant = .now) {
@@ -358,12 +360,15 @@ final class AskedTopics: Sendable {
             for topic in topics { noted[topic] = now }
             guard noted.count > Self.maxTopics else { return }
             noted = noted.filter { now - $0.value < Self.lifetime }
-            if noted.count > Self.maxTopics {
-                let oldest = noted.sorted { $0.value < $1.value }.prefix(noted.count - Self.maxTopics).map(\.key)
+            if noted.count > Self.keptAfterTrim {
+                let oldest = noted.sorted { $0.value < $1.value }.prefix(noted.count - Self.keptAfterTrim).map(\.key)
                 for topic in oldest { noted[topic] = nil }
             }
         }
     }
+
+    /// The topics noted and not yet let go (for tests).
+    var count: Int { noted.withLock { $0.count } }
 
     func contains(_ topic: Topic, at now: ContinuousClock.Instant = .now) -> Bool {
         noted.withLock { noted in

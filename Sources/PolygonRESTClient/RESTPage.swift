@@ -91,6 +91,12 @@ struct RESTPage {
             guard let range = ranges[field.rawValue], bytes[range].first == UInt8(ascii: "["), bytes[range].last == UInt8(ascii: "]") else { return nil }
             let inside = bytes[range].dropFirst().dropLast()
             if inside.allSatisfy(Scanner.isSpace) { return Array("[]".utf8)[...] }
+            // Counted before it is split: a host's 16 MB list of ones is refused at its 32nd comma.
+            var commas = 0
+            for byte in inside where byte == UInt8(ascii: ",") {
+                commas += 1
+                if commas >= RESTPage.maxListCount { return nil }
+            }
             let items = inside.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false).map(RESTPage.trimmed)
             guard items.count <= RESTPage.maxListCount, items.allSatisfy(RESTPage.isNumber) else { return nil }
             return (Array("[".utf8) + Array(items.joined(separator: [UInt8(ascii: ",")])) + Array("]".utf8))[...]

@@ -159,6 +159,14 @@ struct FillWireTests {
         asked.note(flood, at: start + .seconds(2))
         asked.note([topic("T.NVDA")], at: start + .seconds(3))
         #expect(asked.contains(topic("T.NVDA"), at: start + .seconds(4)))
+        // Past the cap the list is trimmed to nine tenths in one go: the next 10,000 new topics are
+        // taken without another trim (each had sorted the whole list), the oldest let go first.
+        #expect(asked.count == AskedTopics.keptAfterTrim + 1, "the flood trimmed to nine tenths, then T.NVDA")
+        #expect(!asked.contains(topic("T.AAPL"), at: start + .seconds(4)), "the oldest went first")
+        let more = (1..<(AskedTopics.maxTopics - AskedTopics.keptAfterTrim)).map { Topic(eventType: "T", ticker: "Y\($0)")! }
+        for (index, topic) in more.enumerated() { asked.note([topic], at: start + .seconds(5) + .milliseconds(index)) }
+        #expect(asked.count == AskedTopics.maxTopics, "no trim until the cap is passed again")
+        #expect(asked.contains(topic("T.NVDA"), at: start + .seconds(60)))
     }
 
     @Test func whyATopicWasNotFilledIsShownBoundedAndPrintable() throws {

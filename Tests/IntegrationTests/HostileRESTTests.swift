@@ -148,6 +148,7 @@ struct HostileRESTTests {
     static let corruptions = [
         #""price":1nullfalse"#, #""size":-"#, #""id":"\q\u""#, #""conditions":[1,null]"#, #""price":01"#,
         #""sip_timestamp":9223372036854775807"#, #""sip_timestamp":-5"#, #""exchange":"4""#,
+        #""conditions":["# + Array(repeating: "1", count: 20_000).joined(separator: ",") + "]",
     ]
 
     @Test func invalidValuesOverflowingTimesAndEndlessPagingEndInABoundedFillWithNothingInvalidDelivered() async throws {
