@@ -63,6 +63,8 @@ public actor MarketDataHub {
     public let keepsLastValues: Bool
     var subscribers: [SubscriberID: Subscriber] = [:]
     var entries: [Topic: TopicEntry] = [:]
+    /// How many entries the table keeps (``trimUnwantedLastValues()``).
+    var lastValueBound: LastValueBound
     /// The entries whose last event publishes set, still sharing their messages' bytes, and what those
     /// messages hold (the storages counted once per run of events sharing one). They are given bytes of
     /// their own once ``sharedLastValuePublishes`` publishes or ``sharedLastValueBytes`` of messages have
@@ -148,6 +150,7 @@ public actor MarketDataHub {
         folding: TopicFolding? = nil,
         keepsUnwantedLastValues: Bool = true,
         keepsLastValues: Bool = true,
+        topicsKept: Int = MarketDataHub.defaultTopicsKept,
         history: HistoryLimits? = HistoryLimits(),
         adoptsPositions: Bool = false,
         logger: Logger = Logger(label: "relay.hub"),
@@ -166,6 +169,7 @@ public actor MarketDataHub {
         self.folding = folding
         self.keepsUnwantedLastValues = keepsUnwantedLastValues
         self.keepsLastValues = keepsLastValues
+        lastValueBound = LastValueBound(limit: topicsKept)
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
         historyLimits = history
@@ -464,6 +468,7 @@ public actor MarketDataHub {
         // Their own bytes: a cached event must not keep its whole upstream message alive for long.
         sharedSince.publishes += 1
         if sharedSince.publishes >= Self.sharedLastValuePublishes || sharedSince.bytes >= Self.sharedLastValueBytes { compactLastValues() }
+        if entries.count > lastValueBound.trimAbove { trimUnwantedLastValues() }
     }
 
     /// Gives every last value that still shares its message's bytes bytes of its own.

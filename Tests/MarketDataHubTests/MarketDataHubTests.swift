@@ -418,6 +418,28 @@ struct MarketDataHubTests {
         #expect(try await take(1, from: spared.events).first?.json == event("t", "AAPL", 1).json, "first what it holds: no notice")
     }
 
+    /// A wildcard over ever new tickers (an options market, or an upstream naming junk) keeps the last
+    /// values of at most the table's bound: past it the least recently updated of the topics nobody holds
+    /// by name go, down to nine tenths; a topic held by name stays, and the wildcard's holder still gets
+    /// every event.
+    @Test func theTopicTableKeepsAtMostItsBoundOfLastValuesNobodyHolds() async throws {
+        let hub = MarketDataHub(wire: .polygon, bufferLimit: 10_000, topicsKept: 100, history: nil)
+        let wildcard = await hub.subscribe(to: topics("Q.*"))
+        let named = await hub.subscribe(to: topics("Q.KEEP"))
+        func quote(_ ticker: String, at time: UInt64) -> MarketEvent {
+            MarketEvent(eventType: "Q", ticker: ticker, bytes: ByteBuffer(string: #"{"ev":"Q","sym":"\#(ticker)"}"#), receivedAt: time)
+        }
+        await hub.publish([quote("KEEP", at: 1)])
+        for index in 0..<150 { await hub.publish([quote("T\(index)", at: UInt64(10 + index))]) }
+        let count = await hub.topicEntryCount
+        #expect(count <= 100 && count >= 90, "\(count) topics kept")
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "KEEP")!) != nil, "a topic held by name stays, however old")
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "T149")!) != nil, "the newest stay")
+        #expect(await hub.lastEvent(for: Topic(eventType: "Q", ticker: "T0")!) == nil, "the oldest went")
+        #expect(try await take(151, from: wildcard.events).count == 151, "the wildcard's holder got every event")
+        #expect(try await take(1, from: named.events).first?.ticker == "KEEP")
+    }
+
     @Test func topicsNobodyWantsAndWithNoLastValueLeaveNoEntry() async throws {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)")! }))
