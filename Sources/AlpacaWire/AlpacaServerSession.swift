@@ -149,6 +149,8 @@ public struct AlpacaServerSession: Sendable {
         if subscribe {
             var wanted: [Topic] = []
             var seen = Set<Topic>()
+            // Counted at the message's first derived topic, then kept up to date.
+            var derived: DerivedLimits.Tally?
             for topic in asked where !topics.contains(topic) && seen.insert(topic).inserted {
                 if let grant, !grant.entitlement.allows(topic, in: market) { return error(.insufficientSubscription) }
                 if topic.isDerived {
@@ -156,9 +158,11 @@ public struct AlpacaServerSession: Sendable {
                     if let grant, let source = AlpacaBarRules(feed: feed)?.sourceTopic(of: topic), !grant.entitlement.allows(source, in: market) {
                         return error(.insufficientSubscription)
                     }
-                    if let problem = DerivedLimits.problem(adding: topic, to: topics.union(wanted)) {
+                    if derived == nil { derived = DerivedLimits.Tally(topics) }
+                    if let problem = derived?.problem(adding: topic) {
                         return error(.symbolLimitExceeded, problem)
                     }
+                    derived?.add(topic)
                 }
                 wanted.append(topic)
             }

@@ -76,16 +76,34 @@ public enum DerivedLimits {
 
     /// Why `topic` (derived) would take a connection that already holds `held` past its bounds, or `nil`.
     public static func problem(adding topic: Topic, to held: some Sequence<Topic>) -> String? {
-        guard let symbol = topic.derivedBar?.symbol else { return nil }
-        var count = 0
-        var sameSymbol = 0
-        for one in held where one.isDerived {
-            count += 1
-            if one.derivedBar?.symbol == symbol { sameSymbol += 1 }
+        Tally(held).problem(adding: topic)
+    }
+
+    /// The derived topics a connection holds, counted once: a subscribe message checks each new derived
+    /// topic against it and adds those it takes (walking the whole held set for each cost the square of
+    /// the topics, on the connection's event loop). Value type.
+    public struct Tally: Sendable {
+        private var count = 0
+        private var perSymbol: [String: Int] = [:]
+
+        public init(_ held: some Sequence<Topic>) {
+            for topic in held { add(topic) }
         }
-        if count >= perConnection { return "a connection holds at most \(perConnection) derived topics" }
-        if sameSymbol >= sizesPerSymbol { return "a connection holds at most \(sizesPerSymbol) bar sizes of one symbol" }
-        return nil
+
+        /// Why `topic` (derived) would take the connection past its bounds, or `nil`.
+        public func problem(adding topic: Topic) -> String? {
+            guard let symbol = topic.derivedBar?.symbol else { return nil }
+            if count >= perConnection { return "a connection holds at most \(perConnection) derived topics" }
+            if perSymbol[symbol, default: 0] >= sizesPerSymbol { return "a connection holds at most \(sizesPerSymbol) bar sizes of one symbol" }
+            return nil
+        }
+
+        /// `topic` is held now (nothing for a topic that is not derived).
+        public mutating func add(_ topic: Topic) {
+            guard topic.isDerived else { return }
+            count += 1
+            if let symbol = topic.derivedBar?.symbol { perSymbol[symbol, default: 0] += 1 }
+        }
     }
 }
 

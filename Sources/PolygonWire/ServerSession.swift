@@ -169,6 +169,8 @@ public struct ServerSession: Sendable {
             var overLimit = 0
             var wanted: [Topic] = []
             var seen = Set<Topic>()
+            // Counted at the message's first derived topic, then kept up to date.
+            var derived: DerivedLimits.Tally?
             for topic in parsed where !topics.contains(topic) && seen.insert(topic).inserted {
                 if let problem = market?.problem(with: topic) ?? limits.problem(with: topic) {
                     malformed.append("\(topic) (\(problem))")
@@ -179,12 +181,13 @@ public struct ServerSession: Sendable {
                 {
                     // A bar of one trade is the trade: a derived topic needs the right to its trades too.
                     refused.append(topic)
-                } else if topic.isDerived, let problem = DerivedLimits.problem(adding: topic, to: topics.union(wanted)) {
+                } else if topic.isDerived, let problem = Self.derivedProblem(topic, &derived, held: topics) {
                     malformed.append("\(topic) (\(problem))")
                 } else if topics.count + wanted.count >= limits.topicsPerConnection {
                     overLimit += 1
                 } else {
                     wanted.append(topic)
+                    derived?.add(topic)
                 }
             }
             if !wanted.isEmpty, let budget, let grant {
@@ -255,6 +258,13 @@ public struct ServerSession: Sendable {
     static let namedInSummary = 10
 
     /// `A,B,C` for a few entries, `A,…,J and 990 more` for many: a status stays small whatever the message.
+    /// Why derived `topic` would take the connection past its bounds, counting what it holds the
+    /// first time a message asks (`tally`).
+    static func derivedProblem(_ topic: Topic, _ tally: inout DerivedLimits.Tally?, held: Set<Topic>) -> String? {
+        if tally == nil { tally = DerivedLimits.Tally(held) }
+        return tally?.problem(adding: topic)
+    }
+
     static func summary(_ entries: [some CustomStringConvertible]) -> String {
         let named = entries.prefix(namedInSummary).map { String(decoding: $0.description.utf8.prefix(64), as: UTF8.self) }.joined(separator: ",")
         return entries.count > namedInSummary ? "\(named) and \(entries.count - namedInSummary) more" : named

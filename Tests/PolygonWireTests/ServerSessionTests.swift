@@ -98,4 +98,23 @@ struct ServerSessionTests {
         #expect(answer[0].message.hasSuffix("and 39990 more"))
         #expect(answer[1].message.contains("Q.BAD$1,Q.BAD$2"))
     }
+
+    /// The derived-topic bounds hold within one message as across messages: of 1,010 bars of distinct
+    /// symbols beside 10 held, 990 more are taken; of nine sizes of one symbol, eight.
+    @Test func derivedTopicBoundsHoldWithinOneMessage() throws {
+        var s = ServerSession(limits: SessionLimits(topicsPerMessage: 5_000, topicsPerConnection: 5_000)) { _ in ClientGrant(name: "k") }
+        _ = s.receive(ByteBuffer(string: #"{"action":"auth","params":"k"}"#))
+        let held = (0..<10).map { "AM.H\($0)@5m" }.joined(separator: ",")
+        #expect(s.receive(ByteBuffer(string: #"{"action":"subscribe","params":"\#(held)"}"#)).added.count == 10)
+        let many = (0..<1_010).map { "AM.S\($0)@5m" }.joined(separator: ",") + ",Q.PLAIN"
+        let reaction = s.receive(ByteBuffer(string: #"{"action":"subscribe","params":"\#(many)"}"#))
+        #expect(reaction.added.count == 991, "990 bars and the plain quote")
+        #expect(try statuses(reaction).flatMap { $0 }.contains { $0.message.contains("at most 1000 derived topics") })
+        var fresh = ServerSession(limits: SessionLimits()) { _ in ClientGrant(name: "k") }
+        _ = fresh.receive(ByteBuffer(string: #"{"action":"auth","params":"k"}"#))
+        let sizes = (1...9).map { "AM.MSFT@\($0)m" }.joined(separator: ",")
+        let nine = fresh.receive(ByteBuffer(string: #"{"action":"subscribe","params":"\#(sizes)"}"#))
+        #expect(nine.added.count == 8)
+        #expect(try statuses(nine).flatMap { $0 }.contains { $0.message.contains("at most 8 bar sizes of one symbol") })
+    }
 }
