@@ -63,7 +63,7 @@ public struct AlpacaClientSession: Sendable {
             return Reaction(send: [MessagePack.encode(auth)], event: .connected)
         case "success" where message == "authenticated":
             isAuthenticated = true
-            subscribed = wanted.subtracting(refused)
+            subscribed = wanted
             return Reaction(send: send("subscribe", subscribed), event: .authenticated)
         case "subscription":
             if !lostTrack, !awaiting.isEmpty { awaiting.removeFirst() }

@@ -158,8 +158,7 @@ public struct AlpacaServerSession: Sendable {
                     if let grant, let source = AlpacaBarRules(feed: feed)?.sourceTopic(of: topic), !grant.entitlement.allows(source, in: market) {
                         return error(.insufficientSubscription)
                     }
-                    if derived == nil { derived = DerivedLimits.Tally(topics) }
-                    if let problem = derived?.problem(adding: topic) {
+                    if let problem = DerivedLimits.Tally.problem(adding: topic, &derived, held: topics) {
                         return error(.symbolLimitExceeded, problem)
                     }
                     derived?.add(topic)

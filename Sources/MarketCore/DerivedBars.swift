@@ -74,11 +74,6 @@ public enum DerivedLimits {
     /// Sizes of one symbol built at once for the whole market (all connections together).
     public static let sizesPerSymbolBuilt = 64
 
-    /// Why `topic` (derived) would take a connection that already holds `held` past its bounds, or `nil`.
-    public static func problem(adding topic: Topic, to held: some Sequence<Topic>) -> String? {
-        Tally(held).problem(adding: topic)
-    }
-
     /// The derived topics a connection holds, counted once: a subscribe message checks each new derived
     /// topic against it and adds those it takes (walking the whole held set for each cost the square of
     /// the topics, on the connection's event loop). Value type.
@@ -88,6 +83,13 @@ public enum DerivedLimits {
 
         public init(_ held: some Sequence<Topic>) {
             for topic in held { add(topic) }
+        }
+
+        /// Why derived `topic` would take a connection holding `held` past its bounds, or `nil`; `tally`
+        /// counts `held` the first time a message asks, and is kept up to date with ``add(_:)``.
+        public static func problem(adding topic: Topic, _ tally: inout Tally?, held: Set<Topic>) -> String? {
+            if tally == nil { tally = Tally(held) }
+            return tally?.problem(adding: topic)
         }
 
         /// Why `topic` (derived) would take the connection past its bounds, or `nil`.

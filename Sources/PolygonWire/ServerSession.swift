@@ -181,7 +181,7 @@ public struct ServerSession: Sendable {
                 {
                     // A bar of one trade is the trade: a derived topic needs the right to its trades too.
                     refused.append(topic)
-                } else if topic.isDerived, let problem = Self.derivedProblem(topic, &derived, held: topics) {
+                } else if topic.isDerived, let problem = DerivedLimits.Tally.problem(adding: topic, &derived, held: topics) {
                     malformed.append("\(topic) (\(problem))")
                 } else if topics.count + wanted.count >= limits.topicsPerConnection {
                     overLimit += 1
@@ -258,13 +258,6 @@ public struct ServerSession: Sendable {
     static let namedInSummary = 10
 
     /// `A,B,C` for a few entries, `A,…,J and 990 more` for many: a status stays small whatever the message.
-    /// Why derived `topic` would take the connection past its bounds, counting what it holds the
-    /// first time a message asks (`tally`).
-    static func derivedProblem(_ topic: Topic, _ tally: inout DerivedLimits.Tally?, held: Set<Topic>) -> String? {
-        if tally == nil { tally = DerivedLimits.Tally(held) }
-        return tally?.problem(adding: topic)
-    }
-
     static func summary(_ entries: [some CustomStringConvertible]) -> String {
         let named = entries.prefix(namedInSummary).map { String(decoding: $0.description.utf8.prefix(64), as: UTF8.self) }.joined(separator: ",")
         return entries.count > namedInSummary ? "\(named) and \(entries.count - namedInSummary) more" : named

@@ -35,7 +35,7 @@ public final class RelayProcess: Sendable {
     }
 
     /// Whether the relay reads the environment variable `name` as a setting.
-    static func isSetting(_ name: String) -> Bool {
+    public static func isSetting(_ name: String) -> Bool {
         name.hasPrefix("RELAY_") || ["POLYGON_API_KEY", "APCA_API_KEY_ID", "APCA_API_SECRET_KEY"].contains(name)
     }
 

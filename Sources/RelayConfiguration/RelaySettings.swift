@@ -219,7 +219,8 @@ public struct RelaySettings: Sendable {
     public static func resolve(
         vendors: [WireVendor], commandLine arguments: [String], environment: [String: String]
     ) async throws -> RelaySettings {
-        let given = try parse(commandLine: arguments)
+        // A flag given empty, `~` or `null` is not given: the environment's or the file's value stands.
+        let given = try parse(commandLine: arguments).filter { !countsAsNotGiven($0.value) }
         // Read like the environment (text, typed by the reader) under the keys' conventional names.
         var renamed: [String: String] = [:]
         for (key, value) in given { renamed[environmentStyle(key)] = value }
@@ -241,6 +242,8 @@ public struct RelaySettings: Sendable {
     private static func resolve(
         vendors: [WireVendor], first: any ConfigProvider, configFile: String?, clientKeysGiven: Bool, environment: [String: String]
     ) async throws -> RelaySettings {
+        // A variable set empty, `~` or `null` is not given either (`RELAY_TAPE_DIR=~` leaves the file's).
+        let environment = environment.filter { !countsAsNotGiven($0.value) }
         let file = configFile ?? environment["RELAY_CONFIG"]
         let config = try reader(first: first, file: file, environment: environment)
         var settings = RelaySettings()
@@ -262,7 +265,7 @@ public struct RelaySettings: Sendable {
             throw InvalidSetting(description: "replay.date: a replay runs on one relay, not on a cluster node (leave out cluster.*)")
         }
         // A flag or the environment replace the file's keys; the file may also give keys with rights.
-        if !clientKeysGiven, (environment["RELAY_CLIENT_KEYS"] ?? "").isEmpty, let file, let rights = try keysWithRights(inFile: file) {
+        if !clientKeysGiven, environment["RELAY_CLIENT_KEYS"] == nil, let file, let rights = try keysWithRights(inFile: file) {
             settings.clientKeys = rights.plain
             settings.clientKeyRights = rights.keyed
         } else {
@@ -279,9 +282,7 @@ public struct RelaySettings: Sendable {
         // read as `UPSTREAM_URL`), so only the documented names take effect.
         var renamed: [String: String] = [:]
         for (variable, key) in environmentNames {
-            if let value = environment[variable], !value.isEmpty {
-                renamed[environmentStyle(key)] = value
-            }
+            if let value = environment[variable] { renamed[environmentStyle(key)] = value }
         }
         providers.append(EnvironmentVariablesProvider(environmentVariables: renamed, secretsSpecifier: .specific(secretNames)))
         if let file, !file.isEmpty {

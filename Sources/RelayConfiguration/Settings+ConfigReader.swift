@@ -26,7 +26,8 @@ extension ConfigReader {
             // Digits past what an Int holds: past any setting's bound, said so.
             let digits = text.hasPrefix("-") || text.hasPrefix("+") ? text.dropFirst() : Substring(text)
             if !digits.isEmpty, digits.allSatisfy(\.isASCII), digits.allSatisfy(\.isNumber) {
-                throw RelaySettings.InvalidSetting(description: "\(key): a whole number past any bound of a setting, got \(text)")
+                let side = text.hasPrefix("-") ? "below" : "past"
+                throw RelaySettings.InvalidSetting(description: "\(key): a whole number \(side) any bound of a setting, got \(text)")
             }
             return nil
         }
@@ -330,7 +331,7 @@ extension ReplaySettings {
             self.speed = speed.lowercased()
         }
         for (key, value) in [("replay.from", try config.text("replay.from")), ("replay.to", try config.text("replay.to"))] {
-            guard let value, !value.isEmpty else { continue }
+            guard let value else { continue }
             guard TapeFile.seconds(ofClock: value) != nil else {
                 throw RelaySettings.InvalidSetting(description: "\(key): expected HH:MM or HH:MM:SS (UTC, up to 24:00), got \"\(value)\"")
             }
@@ -396,7 +397,7 @@ extension ClusterConfiguration {
         let name = try config.text("cluster.name") ?? "relay"
         let node =
             try config.text("cluster.nodeId") ?? "\(ProcessInfo.processInfo.hostName)-\(listenPort == 0 ? "pid\(getpid())" : "\(listenPort)")"
-        guard !node.isEmpty, node.count <= 128 else { throw RelaySettings.InvalidSetting(description: "cluster node id: 1 to 128 characters") }
+        guard node.count <= 128 else { throw RelaySettings.InvalidSetting(description: "cluster node id: 1 to 128 characters") }
         self.init(servers: servers, name: name, nodeID: node)
         if let seconds = try config.number("cluster.leaseSeconds") {
             guard seconds >= 1, seconds <= 600 else {

@@ -233,10 +233,13 @@ final class LWSConnection: Sendable {
     /// upstream is not reading them: the queue is let go and the connection dropped (reconnected as
     /// after any drop); the next connection subscribes the wanted set whole.
     private func enqueue(_ messages: [[UInt8]], _ state: inout Shared) {
+        let added = messages.reduce(0) { $0 + $1.count }
         state.outbox += messages
-        state.outboxBytes += messages.reduce(0) { $0 + $1.count }
-        guard state.outboxBytes > configuration.maxUnsentBytes, state.wsi != nil else { return }
-        let reason = "the upstream left \(state.outboxBytes) bytes of our messages unread (at most \(configuration.maxUnsentBytes))"
+        state.outboxBytes += added
+        // One change alone (the whole wanted set subscribed at a login) never trips it, however large.
+        let allowed = max(configuration.maxUnsentBytes, 2 * added)
+        guard state.outboxBytes > allowed, state.wsi != nil else { return }
+        let reason = "the upstream left \(state.outboxBytes) bytes of our messages unread (at most \(allowed))"
         logger.warning("\(reason): dropping the connection")
         state.statistics.lastError = reason
         state.outbox = []

@@ -1,5 +1,6 @@
 import Foundation
 import RelayBench
+import RelayConfiguration
 import Testing
 
 /// `relay bench` end to end at a small scale: its feed, the relay binary of this build as a child
@@ -39,5 +40,12 @@ struct RelayBenchTests {
         runner.environment.merge(["RELAY_CLUSTER": "nats://127.0.0.1:1", "RELAY_CLIENT_KEYS": "not-the-bench", "RELAY_TAPE_DIR": "/proc/relay-bench-tape"]) { $1 }
         let result = try await runner.run()
         #expect(result.deliveryRatio >= 0.99, "ratio \(result.deliveryRatio), \(result.delivered) of \(result.expected)")
+    }
+
+    /// Every variable the relay reads a setting from is one the bench leaves out.
+    @Test func everyDeclaredVariableIsLeftOutOfTheBenchesRelay() {
+        let variables = RelaySettings.declarations.compactMap(\.environment)
+        #expect(variables.count > 50)
+        #expect(variables.filter { !RelayProcess.isSetting($0) }.isEmpty)
     }
 }
