@@ -368,7 +368,7 @@ public struct RelaySettings: Sendable {
         }
         if let markets = try config.list("upstream.markets")?.joined(separator: ",") {
             let host = try config.text("upstream.host") ?? MarketUpstream.defaultHost
-            guard !host.isEmpty, !host.contains("/") else {
+            guard !host.contains("/") else {
                 throw InvalidSetting(description: "upstream host: a host name such as socket.massive.com, got \"\(host)\"")
             }
             places.append(try MarketUpstream.markets(markets, host: host, vendors: vendors))
@@ -390,7 +390,7 @@ public struct RelaySettings: Sendable {
         // An upstream signing in with a key id and a secret (Alpaca's) takes Alpaca's own variable when
         // no key was given otherwise.
         let withSecret = upstreamVendor?.signsInWithSecret == true || upstreams.contains { vendor(of: $0)?.signsInWithSecret == true }
-        if withSecret, (upstreamKey ?? "").isEmpty { upstreamKey = try config.text("upstream.keyId", isSecret: true) }
+        if withSecret, upstreamKey == nil { upstreamKey = try config.text("upstream.keyId", isSecret: true) }
         upstreamCAFile = try config.text("upstream.caFile")
         if let milliseconds = try config.notNegative("bars.graceMs", atMost: 60_000) { upstreamTuning.barGrace = .milliseconds(milliseconds) }
         if let seconds = try config.notNegative("upstream.silentAfterSeconds") {

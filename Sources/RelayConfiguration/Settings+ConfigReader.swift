@@ -117,8 +117,7 @@ extension ConfigReader {
     func aboveZero(_ key: ConfigKey, atMost limit: Double = 1e9) throws -> Double? {
         guard let value = try number(key) else { return nil }
         guard value > 0 else { throw RelaySettings.InvalidSetting(description: "\(key): must be above 0, got \(value)") }
-        guard value <= limit else { throw RelaySettings.InvalidSetting(description: "\(key): at most \(limit), got \(value)") }
-        return value
+        return try value.checked(key, atMost: limit)
     }
 }
 
@@ -130,8 +129,9 @@ extension RelaySettings {
     }
 }
 
-extension Int {
-    fileprivate func checked(_ key: ConfigKey, atMost limit: Int) throws -> Int {
+extension Comparable {
+    /// The value, or an error naming `key` when it is past `limit`.
+    fileprivate func checked(_ key: ConfigKey, atMost limit: Self) throws -> Self {
         guard self <= limit else { throw RelaySettings.InvalidSetting(description: "\(key): at most \(limit), got \(self)") }
         return self
     }
