@@ -133,6 +133,24 @@ let benchmarks: @Sendable () -> Void = {
         benchmark.stopMeasurement()
     }
 
+    // A mass close: 10,000 connections holding the same popular topic and its type's wildcard (a fleet of
+    // dashboards on one index) all leave, in the order they came. Each iteration subscribes them (not
+    // measured) and removes them (measured): the cost of taking holders out of a topic's list.
+    Benchmark(
+        "MarketDataHub.remove: 10,000 holders of one topic and its wildcard leave",
+        configuration: .init(metrics: [.wallClock], maxDuration: .seconds(10), maxIterations: 20)
+    ) { benchmark in
+        for _ in benchmark.scaledIterations {
+            let hub = MarketDataHub(wire: PolygonWireProtocol(), snapshotOnSubscribe: false)
+            let held: Set<Topic> = [Topic(eventType: "T", ticker: "SPY")!, Topic(eventType: "Q", ticker: "*")!]
+            var ids: [SubscriberID] = []
+            for _ in 0..<10_000 { ids.append(await hub.subscribe(to: held).id) }
+            benchmark.startMeasurement()
+            for id in ids { await hub.remove(id) }
+            benchmark.stopMeasurement()
+        }
+    }
+
     // The downstream write path, gated on allocations (stable where times are not): one upstream frame
     // of 50 events published to the fanout shape, each subscriber's deliveries taken, built into one
     // whole WebSocket frame and written to its channel as the relay does (below the frame encoder).

@@ -25,7 +25,7 @@ extension MarketDataHub {
                 Notice(
                     .gap, message: "\(topic): events are missing before this one (the cluster's upstream stopped sending it for a while)",
                     details: ["topic": .text(topic.description)]))
-            let holders = (entries[topic]?.subscribers ?? []) + (wildcards[topic.eventType] ?? [])
+            let holders = (entries[topic]?.subscribers.members ?? []) + (wildcards[topic.eventType]?.members ?? [])
             for subscriber in holders { enqueue(HubDelivery([notice]), to: subscriber) }
         }
         return kept.count == events.count ? kept : events

@@ -49,7 +49,7 @@ extension MarketDataHub {
         guard let rendered = fold.whole() else { return }
         entry.releaseHeldBack()
         foldsAdopted.increment()
-        let holders = entry.subscribers + (wildcards[topic.eventType] ?? [])
+        let holders = entry.subscribers.members + (wildcards[topic.eventType]?.members ?? [])
         for subscriber in holders { enqueue(HubDelivery([rendered]), to: subscriber) }
         tell(holders)
     }

@@ -134,7 +134,7 @@ extension MarketDataHub {
             // On the tape too: their positions were given (a restart must not give them again).
             tap?.take(received, positions: positions, epoch: history.epoch)
         }
-        let holders = entries[topic]?.subscribers ?? []
+        let holders = entries[topic]?.subscribers.members ?? []
         // Outside the buffer like a replay, and bounded like one: a connection that has a resume's worth
         // queued and unread is told instead (through its buffer).
         let bound = history?.limits.eventsPerResume ?? HistoryLimits().eventsPerResume
@@ -193,7 +193,7 @@ extension MarketDataHub {
             topics: covered.count - missingCount, complete: missingCount == 0, missing: missingCount)
         var perSubscriber: [SubscriberID: (subscriber: Subscriber, topics: [Topic])] = [:]
         for topic in covered {
-            for subscriber in entries[topic]?.subscribers ?? [] where !subscriber.parked {
+            for subscriber in entries[topic]?.subscribers.members ?? [] where !subscriber.parked {
                 perSubscriber[subscriber.id, default: (subscriber, [])].topics.append(topic)
             }
         }

@@ -52,7 +52,7 @@ extension MarketDataHub {
 
     /// Everything about one ticker topic: its subscribers and its last event.
     final class TopicEntry {
-        var subscribers: [Subscriber] = []
+        var subscribers = HolderList<Subscriber>()
         var last: MarketEvent?
         /// Whether `last` still shares its message's bytes: set by a publish; the hub gives it bytes of its
         /// own after a few publishes (once per topic, however many of the topic's events they carried), or

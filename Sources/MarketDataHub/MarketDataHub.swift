@@ -89,7 +89,7 @@ public actor MarketDataHub {
     var resumeCounts = ResumeCounts()
     let metrics: HubHistoryMetrics
     /// Event type → subscribers of its wildcard.
-    var wildcards: [String: [Subscriber]] = [:] { didSet { wildcardsChanged &+= 1 } }
+    var wildcards: [String: HolderList<Subscriber>] = [:] { didSet { wildcardsChanged &+= 1 } }
     /// Counts changes of `wildcards` (a publish's lookups of it are good until it changes: a subscriber
     /// evicted in the middle of a publish leaves it).
     private var wildcardsChanged = 0
@@ -226,7 +226,7 @@ public actor MarketDataHub {
         for topic in topics where subscriber.topics.insert(topic).inserted {
             if topic.isWildcard {
                 let first = wildcards[topic.eventType] == nil
-                wildcards[topic.eventType, default: []].append(subscriber)
+                wildcards[topic.eventType, default: HolderList()].append(subscriber)
                 if first { wildcardWanted(topic.eventType) }
                 // Every whole state of the type: a wildcard's holder starts each book whole too (as the
                 // vendor sends it after a subscribe, so whatever the snapshot setting).
@@ -291,7 +291,7 @@ public actor MarketDataHub {
 
     private func unindex(_ topic: Topic, _ subscriber: Subscriber) {
         if topic.isWildcard {
-            wildcards[topic.eventType]?.removeAll { $0 === subscriber }
+            wildcards[topic.eventType]?.remove(subscriber)
             if wildcards[topic.eventType]?.isEmpty == true {
                 wildcards[topic.eventType] = nil
                 wildcardUnwanted(topic.eventType)
@@ -304,7 +304,7 @@ public actor MarketDataHub {
                 }
             }
         } else if let entry = entries[topic] {
-            entry.subscribers.removeAll { $0 === subscriber }
+            entry.subscribers.remove(subscriber)
             if entry.subscribers.isEmpty { tickerUnwanted(topic) }
             // Unwanted, its events stop: a folded state kept would go stale unseen.
             if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil { entry.fold?.interrupt() }
@@ -481,11 +481,11 @@ public actor MarketDataHub {
     /// A publish's lookups of `wildcards` (at most eight event types), good while it has not changed.
     private struct WildcardLookups {
         var asOf: Int
-        var found: [(eventType: String, holders: [Subscriber]?)] = []
+        var found: [(eventType: String, holders: HolderList<Subscriber>?)] = []
     }
 
     /// The wildcard holders of `eventType`, from `seen` or the table.
-    private func wildcardHolders(of eventType: String, seen: inout WildcardLookups) -> [Subscriber]? {
+    private func wildcardHolders(of eventType: String, seen: inout WildcardLookups) -> HolderList<Subscriber>? {
         if seen.asOf != wildcardsChanged { seen = WildcardLookups(asOf: wildcardsChanged) }
         for known in seen.found where known.eventType == eventType { return known.holders }
         let holders = wildcards[eventType]
