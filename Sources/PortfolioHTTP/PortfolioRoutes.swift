@@ -67,6 +67,10 @@ public struct PortfolioRoutes: Sendable {
                 return response
             case .corrupt: return problem(.internalServerError, error.description)
             }
+        } catch let error as DetailUnavailable {
+            var response = json(Problem(error: error.reason, status: 503), status: .serviceUnavailable)
+            response.headers[.retryAfter] = "\(max(1, error.retryAfter.components.seconds))"
+            return response
         } catch let error as DecodingError {
             return problem(.badRequest, "malformed body: \(Self.describe(error))", field: Self.field(of: error))
         } catch {

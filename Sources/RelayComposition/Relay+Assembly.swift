@@ -359,7 +359,8 @@ extension Relay {
             logger: logger.with(label: "relay.portfolio"))
         let browser = SecurityBrowser(
             service: service, loader: SecurityDetailLoader(store: store, hubs: hubs, rest: client, calendar: calendar),
-            capacity: portfolioSettings.securityCacheSize, idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
+            capacity: portfolioSettings.securityCacheSize, maxLoads: portfolioSettings.securityLoads,
+            maxWait: .seconds(portfolioSettings.securityWaitSeconds), idleTimeout: .seconds(portfolioSettings.clientIdleSeconds),
             metrics: SecurityCacheMetrics(factory: metricsFactory), logger: logger.with(label: "relay.securities"))
         logger.info("portfolio sidecar on", metadata: ["database": "\(store.path)", "time_zone": "\(portfolioSettings.timeZone)"])
         return Sidecar(service: service, browser: browser, lock: lock, routes: PortfolioRoutes(service: service, browser: browser))

@@ -146,14 +146,21 @@ public struct RelaySettings: Sendable {
         public var securityCacheSize: Int
         /// A named client (`X-Relay-Client`) idle this long has its prefetches cancelled.
         public var clientIdleSeconds: Double
+        /// Security details loading at once, at most (prefetches take at most half).
+        public var securityLoads: Int
+        /// How long a request for a security's detail waits for its load.
+        public var securityWaitSeconds: Double
         /// Value past days from the upstream's daily closes (fetched over REST once per symbol and range).
         public var closeHistory: Bool
 
         public init(
             dataDirectory: String = "./data", timeZone: String = "UTC", staleAfterSeconds: Double = 900,
             pushIntervalMilliseconds: Int = 500,
-            securityCacheSize: Int = 10, clientIdleSeconds: Double = 120, closeHistory: Bool = true
+            securityCacheSize: Int = 10, clientIdleSeconds: Double = 120, securityLoads: Int = 16, securityWaitSeconds: Double = 30,
+            closeHistory: Bool = true
         ) {
+            self.securityLoads = securityLoads
+            self.securityWaitSeconds = securityWaitSeconds
             self.closeHistory = closeHistory
             self.securityCacheSize = securityCacheSize
             self.clientIdleSeconds = clientIdleSeconds

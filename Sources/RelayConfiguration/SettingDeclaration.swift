@@ -157,6 +157,12 @@ extension RelaySettings {
             "Security details kept in the cache, prefetched ones included."),
         .init("portfolio.clientIdleSeconds", default: "120", "A named portfolio client unseen this long is forgotten."),
         .init(
+            "portfolio.securityLoads", default: "16",
+            "Security details loading at once, at most; a request for one more is answered 503 (prefetches take at most half)."),
+        .init(
+            "portfolio.securityWaitSeconds", default: "30",
+            "How long a security detail request waits for its load before it is answered 503 (the load goes on into the cache)."),
+        .init(
             "portfolio.closeHistory", flag: "no-close-history", .presence("false"), env: "RELAY_CLOSE_HISTORY", default: "true",
             "Value past days from daily closes fetched over REST (--no-close-history: keep the live values recorded then)."),
         .init(

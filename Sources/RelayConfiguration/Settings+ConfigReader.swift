@@ -383,6 +383,8 @@ extension RelaySettings.PortfolioSettings {
         if let seconds = try config.aboveZero("portfolio.staleAfterSeconds") { staleAfterSeconds = seconds }
         if let size = try config.positive("portfolio.securityCacheSize") { securityCacheSize = size }
         if let seconds = try config.aboveZero("portfolio.clientIdleSeconds") { clientIdleSeconds = seconds }
+        if let loads = try config.positive("portfolio.securityLoads", atMost: 10_000) { securityLoads = loads }
+        if let seconds = try config.aboveZero("portfolio.securityWaitSeconds") { securityWaitSeconds = seconds }
         if let closeHistory = try config.flag("portfolio.closeHistory") { self.closeHistory = closeHistory }
     }
 }

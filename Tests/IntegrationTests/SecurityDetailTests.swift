@@ -17,11 +17,17 @@ final class KeepAliveClient: Sendable {
     init(port: Int) { base = "http://127.0.0.1:\(port)" }
 
     func get(_ path: String, headers: [(String, String)] = []) async throws -> (status: Int, json: [String: Any]) {
+        let answer = try await answer(path, headers: headers)
+        return (answer.status, answer.json)
+    }
+
+    /// `get`, with the answer's `Retry-After`.
+    func answer(_ path: String, headers: [(String, String)] = []) async throws -> (status: Int, json: [String: Any], retryAfter: String?) {
         var request = HTTPClientRequest(url: base + path)
         for (name, value) in headers { request.headers.add(name: name, value: value) }
         let response = try await client.execute(request, timeout: .seconds(30))
         let body = try await response.body.collect(upTo: 16 << 20)
-        return (Int(response.status.code), jsonObject(String(buffer: body)))
+        return (Int(response.status.code), jsonObject(String(buffer: body)), response.headers.first(name: "Retry-After"))
     }
 
     func shutdown() async throws { try await client.shutdown() }
@@ -35,7 +41,7 @@ struct SecurityDetailTests {
 
     /// Runs `body` against a relay whose demo feed answers REST after `restDelay`, holding `symbols`.
     func withRelay(
-        restDelay: Duration, symbols: [String] = Self.symbols, cacheSize: Int = 10,
+        restDelay: Duration, symbols: [String] = Self.symbols, cacheSize: Int = 10, loads: Int = 16, wait: Double = 30,
         _ body: @Sendable (Relay.Components, DemoFeed) async throws -> Void
     ) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-securities-\(UUID().uuidString)").path
@@ -43,7 +49,8 @@ struct SecurityDetailTests {
         var settings = RelaySettings(
             listen: .init(host: "127.0.0.1", port: 0), demoRate: 200,
             // Without the history's daily closes: they would share the feed's slow REST side and its counts.
-            portfolio: .init(dataDirectory: directory, securityCacheSize: cacheSize, closeHistory: false))
+            portfolio: .init(dataDirectory: directory, securityCacheSize: cacheSize, securityLoads: loads, securityWaitSeconds: wait,
+                closeHistory: false))
         settings.demoRESTDelayMilliseconds = Int(restDelay.milliseconds)
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
@@ -317,6 +324,35 @@ struct SecurityDetailTests {
             let query = try HoldingsQuery(parameters: ["sort": "quantity"])
             let placed = try await client.get("/v1/securities/AAPL?view=\(query.viewID)")
             #expect((placed.json["view"] as? [String: Any])?["position"] as? Int == 9, "AAPL holds the fewest shares")
+        }
+    }
+
+    @Test func loadsAreBoundedAndARequestOutwaitingItsLoadIsAnsweredWhileTheLoadEndsInTheCache() async throws {
+        // One load at a time, a request waits 0.3 s for it; every REST answer takes 1.5 s.
+        try await withRelay(restDelay: .milliseconds(1500), symbols: Array(Self.symbols.prefix(3)), loads: 1, wait: 0.3) { parts, feed in
+            let client = KeepAliveClient(port: parts.port)
+            defer { Task { try? await client.shutdown() } }
+            let cache = try #require(parts.securities).cache
+            let slow = try await client.answer("/v1/securities/AAPL")
+            #expect(slow.status == 503, "\(slow.json)")
+            #expect(slow.retryAfter == "5")
+            #expect((slow.json["error"] as? String)?.contains("still loading") == true, "\(slow.json)")
+            // Its load goes on, holding the only slot: a request for another symbol is refused at once,
+            // without reaching the feed.
+            #expect(await cache.loadingSymbols == ["AAPL"])
+            let refused = try await client.answer("/v1/securities/AMD")
+            #expect(refused.status == 503, "\(refused.json)")
+            #expect(refused.retryAfter == "1")
+            #expect((refused.json["error"] as? String)?.contains("at most 1 at once") == true, "\(refused.json)")
+            #expect(feed.restCount("aggs", "AMD").started == 0)
+            // The load ends into the cache: the client's next try is a hit, and the slot is free again.
+            try await eventually("AAPL's load to end in the cache", timeout: .seconds(30)) { await cache.contains("AAPL") }
+            let again = try await client.answer("/v1/securities/AAPL")
+            #expect(again.status == 200)
+            #expect(again.json["cache"] as? String == "hit")
+            #expect(await cache.running == 0)
+            let counters = await cache.counters
+            #expect(counters.timedOut == 1 && counters.refused == 1)
         }
     }
 }

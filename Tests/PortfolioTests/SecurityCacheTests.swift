@@ -80,12 +80,12 @@ struct SecurityCacheTests {
         }
     }
 
-    @Test func theLeastRecentlyUsedIsEvictedFirst() async {
+    @Test func theLeastRecentlyUsedIsEvictedFirst() async throws {
         let recorder = LoadRecorder()
         let cache = cache(recorder, capacity: 3)
-        for symbol in ["A", "B", "C"] { #expect(await cache.detail(symbol).outcome == .miss) }
-        #expect(await cache.detail("A").outcome == .hit)  // A is now the most recent
-        _ = await cache.detail("D")
+        for symbol in ["A", "B", "C"] { #expect(try await cache.detail(symbol).outcome == .miss) }
+        #expect(try await cache.detail("A").outcome == .hit)  // A is now the most recent
+        _ = try await cache.detail("D")
         #expect(await cache.evicted == ["B"])
         #expect(await cache.symbols == ["D", "A", "C"])
         #expect(await cache.prefetch("E") == .loaded)  // prefetched entries count like any other
@@ -94,18 +94,18 @@ struct SecurityCacheTests {
         #expect(await cache.counters.hits == 1)
     }
 
-    @Test func concurrentRequestsForOneSymbolFetchOnce() async {
+    @Test func concurrentRequestsForOneSymbolFetchOnce() async throws {
         let recorder = LoadRecorder()
         let cache = cache(recorder, duration: .milliseconds(200))
         await withTaskGroup(of: String.self) { group in
-            for _ in 0..<8 { group.addTask { await cache.detail("AAPL").detail } }
+            for _ in 0..<8 { group.addTask { (try? await cache.detail("AAPL").detail) ?? "refused" } }
             for await detail in group { #expect(detail == "detail of AAPL") }
         }
         #expect(recorder.started.withLock { $0 } == ["AAPL"])
         #expect(await cache.counters.joined == 7)
     }
 
-    @Test func anIncompleteDetailIsLoadedAgain() async {
+    @Test func anIncompleteDetailIsLoadedAgain() async throws {
         let flaky = Mutex(true)
         let cache = SecurityCache<String>(isComplete: { $0 == "ok" }) { _ in
             flaky.withLock { first in
@@ -113,8 +113,8 @@ struct SecurityCacheTests {
                 return first ? "partial" : "ok"
             }
         }
-        #expect(await cache.detail("X").detail == "partial")
-        #expect(await cache.detail("X").detail == "ok")
+        #expect(try await cache.detail("X").detail == "partial")
+        #expect(try await cache.detail("X").detail == "ok")
         #expect(await cache.counters.loads == 2)
     }
 
@@ -123,7 +123,7 @@ struct SecurityCacheTests {
         let cache = cache(recorder, duration: .milliseconds(100))
         let prefetch = PrefetchCoordinator(cache: cache)
         let order = ["A", "B", "C", "D", "E"]
-        _ = await cache.detail("B")
+        _ = try await cache.detail("B")
         await prefetch.viewed(order: order, index: 1)
         // A and C start at once; D after half a second. Wait (bounded) until all three are cached.
         let deadline = ContinuousClock.now + .seconds(5)
@@ -132,8 +132,8 @@ struct SecurityCacheTests {
             try await Task.sleep(for: .milliseconds(20))
         }
         let misses = await cache.counters.misses
-        #expect(await cache.detail("C").outcome == .hit)
-        #expect(await cache.detail("D").outcome == .hit)
+        #expect(try await cache.detail("C").outcome == .hit)
+        #expect(try await cache.detail("D").outcome == .hit)
         #expect(await cache.counters.misses == misses, "C and D came from the cache")
         let until = ContinuousClock.now + .seconds(5)
         while await prefetch.counters.completed < 3, ContinuousClock.now < until { try await Task.sleep(for: .milliseconds(5)) }
@@ -192,7 +192,7 @@ struct SecurityCacheTests {
         #expect(await cache.counters.joined == 1, "the request joined the prefetch's load")
         await prefetch.cancelAll()
         recorder.release()  // the load ends only now, so the request cannot have found it cached
-        let (detail, outcome) = await request
+        let (detail, outcome) = try await request
         #expect(outcome == .joined)
         #expect(detail == "detail of B", "the request still got the whole detail")
         #expect(recorder.cancelled.withLock { $0 }.isEmpty)
@@ -210,6 +210,71 @@ struct SecurityCacheTests {
         #expect(await prefetch.counters.skipped == 1, "already cached: skipped")
         await prefetch.listed(order: [])
         #expect(await prefetch.counters.started == 1)
+    }
+
+    @Test func aRequestBeyondTheLoadBoundIsRefusedAndPrefetchesTakeAtMostHalf() async throws {
+        let recorder = LoadRecorder()
+        let cache = SecurityCache<String>(capacity: 10, maxLoads: 4, isComplete: { $0.hasPrefix("detail") }) { symbol in
+            await recorder.heldLoad(symbol)
+        }
+        // Two prefetches take half the room; a third is not started.
+        let first = Task { await cache.prefetch("P1") }
+        let second = Task { await cache.prefetch("P2") }
+        try await waitUntil { Set(recorder.started.withLock { $0 }) == ["P1", "P2"] }
+        #expect(await cache.prefetch("P3") == .deferred)
+        // Requests take the rest.
+        let a = Task { try await cache.detail("A") }
+        let b = Task { try await cache.detail("B") }
+        try await waitUntil { recorder.started.withLock { $0 }.count == 4 }
+        #expect(await cache.running == 4)
+        do {
+            _ = try await cache.detail("C")
+            Issue.record("a fifth load was started")
+        } catch {
+            #expect(error.retryAfter == .seconds(1))
+            #expect(error.reason.contains("at most 4 at once"), "\(error.reason)")
+        }
+        #expect(!recorder.started.withLock { $0 }.contains("C"), "the refused request loaded nothing")
+        // Joining a load under way is not a new load: never refused.
+        let joined = Task { try await cache.detail("P1") }
+        try await waitUntil { recorder.started.withLock { $0 }.count == 4 }
+        for _ in 0..<4 { recorder.release() }
+        #expect(try await joined.value.outcome == .joined)
+        #expect(try await a.value.detail == "detail of A")
+        #expect(try await b.value.detail == "detail of B")
+        #expect(await first.value == .loaded)
+        #expect(await second.value == .loaded)
+        #expect(await cache.running == 0)
+        let (counters, later) = (await cache.counters, Task { try await cache.detail("C") })
+        #expect(counters.refused == 1 && counters.prefetchesDeferred == 1)
+        recorder.release()
+        #expect(try await later.value.outcome == .miss, "with room again, the request loads")
+    }
+
+    @Test func aRequestOutwaitingItsLoadIsAnsweredAndTheLoadEndsInTheCache() async throws {
+        let recorder = LoadRecorder()
+        let cache = SecurityCache<String>(capacity: 10, maxWait: .milliseconds(200), isComplete: { $0.hasPrefix("detail") }) { symbol in
+            await recorder.heldLoad(symbol)
+        }
+        let asked = ContinuousClock.now
+        do {
+            _ = try await cache.detail("A")
+            Issue.record("the request was answered with a detail its load never gave")
+        } catch {
+            #expect(error.retryAfter == .seconds(5))
+            #expect(error.reason.contains("still loading"), "\(error.reason)")
+        }
+        #expect(ContinuousClock.now - asked < .seconds(5), "the request waited about its bound, not for the load")
+        // The load was not cancelled: it goes on, and what it brings is cached.
+        #expect(await cache.loadingSymbols == ["A"])
+        #expect(recorder.cancelled.withLock { $0 }.isEmpty)
+        recorder.release()
+        try await waitUntil { recorder.finished.withLock { $0 } == ["A"] }
+        let deadline = ContinuousClock.now + .seconds(5)
+        while await !cache.contains("A"), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(try await cache.detail("A").outcome == .hit)
+        #expect(await cache.running == 0)
+        #expect(await cache.counters.timedOut == 1)
     }
 
     /// Polls a condition with a bound (the loads run in their own tasks).

@@ -25,6 +25,8 @@ public actor PrefetchCoordinator<Detail: Sendable> {
         public var cancelled = 0
         /// Not started, or found done when its turn came: the symbol was cached already.
         public var skipped = 0
+        /// Not started: half the cache's loads were running (``SecurityCache/PrefetchOutcome/deferred``).
+        public var deferred = 0
     }
 
     public private(set) var counters = Counters()
@@ -153,6 +155,9 @@ public actor PrefetchCoordinator<Detail: Sendable> {
             logger.debug("prefetch skipped: cached by its turn", metadata: ["symbol": "\(symbol)"])
         case .cancelled:
             break  // counted when cancelled
+        case .deferred:
+            counters.deferred += 1
+            logger.debug("prefetch not started: the loads' room is the requests'", metadata: ["symbol": "\(symbol)"])
         }
         if tasks[symbol]?.generation == generation { tasks[symbol] = nil }
     }

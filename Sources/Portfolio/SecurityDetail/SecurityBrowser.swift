@@ -40,7 +40,8 @@ public actor SecurityBrowser {
     }
 
     public init(
-        service: PortfolioService, loader: SecurityDetailLoader, capacity: Int = 10, idleTimeout: Duration = .seconds(120),
+        service: PortfolioService, loader: SecurityDetailLoader, capacity: Int = 10, maxLoads: Int = 16, maxWait: Duration = .seconds(30),
+        idleTimeout: Duration = .seconds(120),
         metrics: SecurityCacheMetrics = .none, logger: Logger = Logger(label: "relay.securities")
     ) {
         self.service = service
@@ -48,7 +49,8 @@ public actor SecurityBrowser {
         self.idleTimeout = idleTimeout
         self.metrics = metrics
         self.logger = logger
-        self.cache = SecurityCache(capacity: capacity, logger: logger, metrics: metrics, isComplete: \.isComplete) { symbol in
+        self.cache = SecurityCache(capacity: capacity, maxLoads: maxLoads, maxWait: maxWait, logger: logger, metrics: metrics, isComplete: \.isComplete) {
+            symbol in
             await loader.load(symbol)
         }
     }
@@ -140,7 +142,7 @@ public actor SecurityBrowser {
         }
         var move: UInt64?
         if let position { move = await coordinator.moving(order: order, index: position.index) }
-        var (detail, outcome) = await cache.detail(symbol)
+        var (detail, outcome) = try await cache.detail(symbol)
         if detail.isComplete, let position {
             // Not if the client asked for another security meanwhile, or went away.
             await coordinator.viewed(order: order, index: position.index, move: move)

@@ -1,6 +1,7 @@
 import MarketREST
 import Logging
 import Metrics
+import Synchronization
 
 /// Security details, at most `capacity` of them, least recently used evicted first.
 ///
@@ -17,8 +18,19 @@ import Metrics
 /// interest; a cancelled prefetch withdraws its own, and a load nobody is interested in any more is
 /// cancelled (so its data source sees the cancellation). A request someone waits for keeps the load
 /// going whatever happens to the prefetches that started it.
+///
+/// What a client can make it hold is bounded. At most ``maxLoads`` loads run at once (each may wait on
+/// the account's REST budget, at foreground priority): a request that would start one more is refused
+/// (``DetailUnavailable``) instead of queueing, and a prefetch starts one only while fewer than half
+/// of them run, so prefetches never hold the room a request needs. A request waits for its load at
+/// most ``maxWait``; then it is answered "not yet" while the load goes on into the cache, so the
+/// client's next try finds it there.
 public actor SecurityCache<Detail: Sendable> {
     public let capacity: Int
+    /// Loads running at once, at most (those the data changed under count until they end).
+    public let maxLoads: Int
+    /// How long a request waits for its load before it is answered "not yet".
+    public let maxWait: Duration
     private let load: @Sendable (String) async -> Detail
     private let isComplete: @Sendable (Detail) -> Bool
     private let logger: Logger
@@ -37,6 +49,9 @@ public actor SecurityCache<Detail: Sendable> {
         var interested: Set<UInt64>
         /// Escalated when a request waits for the load (its REST requests then jump the queue).
         let urgency: RequestGate.Urgency
+        /// A request waited past ``SecurityCache/maxWait`` and left it running for the cache: it is not
+        /// cancelled when the last interest is withdrawn.
+        var kept = false
     }
 
     /// How a request was served.
@@ -57,6 +72,8 @@ public actor SecurityCache<Detail: Sendable> {
         case loaded
         /// Cancelled before the load finished.
         case cancelled
+        /// Not started: half of ``SecurityCache/maxLoads`` loads were running (the rest is the requests').
+        case deferred
     }
 
     /// What happened so far, for metrics and tests.
@@ -68,6 +85,12 @@ public actor SecurityCache<Detail: Sendable> {
         public var loads = 0
         /// Loads cancelled because nobody wanted them any more.
         public var loadsCancelled = 0
+        /// Requests refused because ``SecurityCache/maxLoads`` loads were running.
+        public var refused = 0
+        /// Requests answered "not yet" after ``SecurityCache/maxWait``, their load left running.
+        public var timedOut = 0
+        /// Prefetches not started because half of ``SecurityCache/maxLoads`` loads were running.
+        public var prefetchesDeferred = 0
     }
 
     public private(set) var counters = Counters()
@@ -75,11 +98,13 @@ public actor SecurityCache<Detail: Sendable> {
     public private(set) var evicted: [String] = []
 
     public init(
-        capacity: Int = 10, logger: Logger = Logger(label: "relay.security-cache"), metrics: SecurityCacheMetrics = .none,
-        isComplete: @escaping @Sendable (Detail) -> Bool = { _ in true },
+        capacity: Int = 10, maxLoads: Int = 16, maxWait: Duration = .seconds(30), logger: Logger = Logger(label: "relay.security-cache"),
+        metrics: SecurityCacheMetrics = .none, isComplete: @escaping @Sendable (Detail) -> Bool = { _ in true },
         load: @escaping @Sendable (String) async -> Detail
     ) {
         self.capacity = max(1, capacity)
+        self.maxLoads = max(1, maxLoads)
+        self.maxWait = maxWait
         self.load = load
         self.isComplete = isComplete
         self.logger = logger
@@ -88,7 +113,10 @@ public actor SecurityCache<Detail: Sendable> {
 
     /// The detail of `symbol`: from the cache when complete, else from the load under way, else loaded
     /// now. The load is not cancelled while this request waits for it.
-    public func detail(_ symbol: String, priority: TaskPriority? = nil) async -> (detail: Detail, outcome: Outcome) {
+    ///
+    /// - Throws: ``DetailUnavailable`` when ``maxLoads`` loads run and none of them is this symbol's, or
+    ///   when the load took longer than ``maxWait`` (it goes on; the cache keeps what it brings).
+    public func detail(_ symbol: String, priority: TaskPriority? = nil) async throws(DetailUnavailable) -> (detail: Detail, outcome: Outcome) {
         if let entry = entries[symbol], isComplete(entry.detail) {
             counters.hits += 1
             metrics.hits?.increment()
@@ -96,6 +124,13 @@ public actor SecurityCache<Detail: Sendable> {
             return (entry.detail, .hit)
         }
         let outcome: Outcome = loading[symbol] == nil ? .miss : .joined
+        if outcome == .miss, running >= maxLoads {
+            counters.refused += 1
+            metrics.refused?.increment()
+            logger.debug("request refused: every load slot is taken", metadata: ["symbol": "\(symbol)", "loads": "\(running)"])
+            throw DetailUnavailable(
+                reason: "\(running) securities are loading (at most \(maxLoads) at once); try again shortly", retryAfter: .seconds(1))
+        }
         if outcome == .miss {
             counters.misses += 1
             metrics.misses?.increment()
@@ -105,7 +140,15 @@ public actor SecurityCache<Detail: Sendable> {
         }
         let (task, token) = interest(in: symbol, priority: priority)
         loading[symbol]?.urgency.escalate()
-        let detail = await task.value
+        guard let detail = await FirstOf.value(of: task, within: maxWait) else {
+            // Left running for the cache (a retired one too: it still answers nobody, and ends).
+            keep(symbol, token: token)
+            counters.timedOut += 1
+            metrics.timedOut?.increment()
+            throw DetailUnavailable(
+                reason: "\(symbol) is still loading after \(maxWait) (the account's REST budget may be spent); it stays loading, try again shortly",
+                retryAfter: .seconds(5))
+        }
         withdraw(symbol, token: token)
         return (detail, outcome)
     }
@@ -114,6 +157,10 @@ public actor SecurityCache<Detail: Sendable> {
     /// load finishes or this task is cancelled (then its interest is withdrawn at once).
     public func prefetch(_ symbol: String) async -> PrefetchOutcome {
         if contains(symbol) { return .cached }
+        if loading[symbol] == nil, running >= maxLoads / 2 {
+            counters.prefetchesDeferred += 1
+            return .deferred
+        }
         let (task, token) = interest(in: symbol, priority: .low)
         _ = await withTaskCancellationHandler {
             await task.value
@@ -143,6 +190,9 @@ public actor SecurityCache<Detail: Sendable> {
     /// Symbols being loaded now.
     public var loadingSymbols: Set<String> { Set(loading.keys) }
 
+    /// Loads running now: those that may still be joined and those the data changed under.
+    public var running: Int { loading.count + retired.count }
+
     /// Registers an interest in `symbol`'s load, starting it if none is under way.
     private func interest(in symbol: String, priority: TaskPriority?) -> (Task<Detail, Never>, UInt64) {
         nextID += 1
@@ -165,11 +215,26 @@ public actor SecurityCache<Detail: Sendable> {
         return (task, token)
     }
 
-    /// Withdraws one interest (again is harmless); the last one out cancels the load.
+    /// A request that waited past ``maxWait`` turns its interest into keeping the load going: nothing
+    /// withdrawn after it cancels the load, which ends into the cache (or, retired, into nothing).
+    private func keep(_ symbol: String, token: UInt64) {
+        if var current = loading[symbol], current.interested.remove(token) != nil {
+            current.kept = true
+            loading[symbol] = current
+        } else if let old = retired.first(where: { $0.value.interested.contains(token) }) {
+            var current = old.value
+            current.interested.remove(token)
+            current.kept = true
+            retired[old.key] = current
+        }
+    }
+
+    /// Withdraws one interest (again is harmless); the last one out cancels the load unless a request
+    /// left it running (``keep(_:token:)``).
     private func withdraw(_ symbol: String, token: UInt64) {
         if var current = loading[symbol], current.interested.remove(token) != nil {
             loading[symbol] = current
-            if current.interested.isEmpty {
+            if current.interested.isEmpty, !current.kept {
                 loading[symbol] = nil
                 cancel(current)
             }
@@ -177,7 +242,7 @@ public actor SecurityCache<Detail: Sendable> {
             var current = old.value
             current.interested.remove(token)
             retired[old.key] = current
-            if current.interested.isEmpty {
+            if current.interested.isEmpty, !current.kept {
                 retired[old.key] = nil
                 cancel(current)
             }
@@ -198,6 +263,7 @@ public actor SecurityCache<Detail: Sendable> {
         }
         // A cancelled load finishing late stores nothing: it may be partial.
         guard !Task.isCancelled else { return }
+        // Its slot is free, whether or not somebody still waits (a kept load nobody waits for ends here).
         if loading[symbol]?.id == id { loading[symbol] = nil }
         clock += 1
         entries[symbol] = (detail, clock)
@@ -227,6 +293,8 @@ public struct SecurityCacheMetrics: Sendable {
     public var prefetchesCompleted: Counter?
     public var prefetchesCancelled: Counter?
     public var prefetchesSkipped: Counter?
+    public var refused: Counter?
+    public var timedOut: Counter?
 
     public static let none = SecurityCacheMetrics()
 
@@ -245,5 +313,44 @@ public struct SecurityCacheMetrics: Sendable {
         prefetchesCompleted = counter("relay_prefetches_total", [("event", "completed")])
         prefetchesCancelled = counter("relay_prefetches_total", [("event", "cancelled")])
         prefetchesSkipped = counter("relay_prefetches_total", [("event", "skipped_cached")])
+        refused = counter("relay_security_cache_requests_total", [("outcome", "refused_busy")])
+        timedOut = counter("relay_security_cache_requests_total", [("outcome", "timed_out")])
+    }
+}
+
+/// A security's detail cannot be served now: too many loads run, or its load outlasted the request's
+/// wait. Answered `503` with `Retry-After`.
+public struct DetailUnavailable: Error, Sendable, Equatable, CustomStringConvertible {
+    public var reason: String
+    public var retryAfter: Duration
+
+    public var description: String { reason }
+}
+
+/// Whichever comes first: a task's value, or the end of a wait (the task goes on).
+private final class FirstOf<Value: Sendable>: Sendable {
+    private let waiting = Mutex<CheckedContinuation<Value?, Never>?>(nil)
+
+    /// `task`'s value, or `nil` once `limit` passed.
+    static func value(of task: Task<Value, Never>, within limit: Duration) async -> Value? {
+        let first = FirstOf()
+        var timer: Task<Void, Never>?
+        let value = await withCheckedContinuation { continuation in
+            first.waiting.withLock { $0 = continuation }
+            timer = Task {
+                try? await Task.sleep(for: limit)
+                first.resume(nil)
+            }
+            Task { first.resume(await task.value) }
+        }
+        timer?.cancel()
+        return value
+    }
+
+    private func resume(_ value: Value?) {
+        waiting.withLock { waiting in
+            waiting?.resume(returning: value)
+            waiting = nil
+        }
     }
 }
