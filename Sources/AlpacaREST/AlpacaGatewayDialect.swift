@@ -189,8 +189,10 @@ public struct AlpacaGatewayDialect: GatewayDialect {
 
     public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String]) {
         // Pages are named by an opaque token, not a link: nothing points at the vendor's host.
+        // A page without one (most) is passed on as it is, not copied into a string first.
+        guard body.mentions("\"next_page_token\"") else { return (body, []) }
         let text = String(buffer: body)
-        guard text.contains("\"next_page_token\""), let members = JSONText.members(of: Substring(text)),
+        guard let members = JSONText.members(of: Substring(text)),
             let token = JSONText.unquoted(members["next_page_token"])
         else { return (body, []) }
         return (body, [String(token)])

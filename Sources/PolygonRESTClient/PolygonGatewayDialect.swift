@@ -250,8 +250,10 @@ public struct PolygonGatewayDialect: GatewayDialect {
     // MARK: for the client
 
     public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String]) {
+        // A page without one (every cached closed day) is passed on as it is, not copied into a string first.
+        guard body.mentions("\"next_url\"") else { return (body, []) }
         let text = String(buffer: body)
-        guard text.contains("\"next_url\""), let members = JSONText.members(of: Substring(text)), let value = members["next_url"] else {
+        guard let members = JSONText.members(of: Substring(text)), let value = members["next_url"] else {
             return (body, [])
         }
         var rewritten = text

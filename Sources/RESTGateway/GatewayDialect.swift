@@ -147,3 +147,11 @@ public struct RESTCredentials: Sendable, CustomStringConvertible {
 
     public var description: String { "RESTCredentials(hidden)" }
 }
+
+extension ByteBuffer {
+    /// Whether the readable bytes hold `text` anywhere: a look before a body of megabytes is read as
+    /// text (copied and checked as UTF-8) for a member it may not have.
+    public func mentions(_ text: String) -> Bool {
+        readableBytesView.firstRange(of: Array(text.utf8)) != nil
+    }
+}

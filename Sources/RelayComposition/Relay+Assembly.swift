@@ -432,6 +432,10 @@ extension Relay {
         var configuration = RelayServerConfiguration(host: settings.listen.host, port: settings.listen.port, authentication: authentication)
         configuration.gateways = gateways
         configuration.restPublicURL = settings.gateway?.publicURL
+        if let gateway = settings.gateway {
+            configuration.gatewayAnswerBytes = gateway.answersInFlightBytes
+            configuration.gatewayPieceTimeout = .nanoseconds(Int64(gateway.sendTimeout.components.seconds) * 1_000_000_000)
+        }
         configuration.metricsPublic = settings.metricsPublic
         configuration.limits = settings.limits
         configuration.cappedTickers = settings.optionsContracts

@@ -127,6 +127,12 @@ extension RelaySettings {
         .init("rest.timeoutSeconds", env: "RELAY_REST_TIMEOUT_SECONDS", default: "10", "The longest the vendor may take to answer a gateway request (then 504)."),
         .init("rest.cachePath", env: "RELAY_REST_CACHE_PATH", default: "the data directory's rest-cache.sqlite", "The REST gateway's cache (SQLite)."),
         .init("rest.cacheMB", env: "RELAY_REST_CACHE_MB", default: "256", "The REST cache's bound; the least recently used answers go first."),
+        .init(
+            "rest.answersInFlightMB", env: "RELAY_REST_ANSWERS_IN_FLIGHT_MB", default: "256",
+            "The REST answers being sent at once, at most, in megabytes; an answer past it is a 503 (one answer alone always goes)."),
+        .init(
+            "rest.sendTimeoutSeconds", env: "RELAY_REST_SEND_TIMEOUT_SECONDS", default: "30",
+            "A REST client that takes longer than this to read 64 KiB of an answer is disconnected (its answer's bytes go back)."),
         .init("rest.referenceTTLSeconds", env: "RELAY_REST_REFERENCE_TTL_SECONDS", default: "3600", "How long reference data (tickers, exchanges, holidays) is cached."),
         .init("rest.publicURL", env: "RELAY_REST_PUBLIC_URL", default: "the Host clients send", "The relay's address in a REST page's next_url (behind a proxy)."),
         .init("tape.enabled", flag: "no-tape", .presence("false"), env: "RELAY_TAPE", default: "true", "Record every market's events on the tape (--no-tape: do not)."),

@@ -191,6 +191,10 @@ public struct GatewaySettings: Sendable, Equatable {
     /// The cache's file (`nil`: no cache), and its bound in bytes.
     public var cachePath: String?
     public var cacheBytes = 256 << 20
+    /// The bytes of answers being sent at once, at most (`rest.answersInFlightMB`).
+    public var answersInFlightBytes = 256 << 20
+    /// A client that takes longer than this to read 64 KiB of an answer is disconnected (`rest.sendTimeoutSeconds`).
+    public var sendTimeout: Duration = .seconds(30)
     /// How long reference data is kept.
     public var referenceTTL: Duration = .seconds(3600)
     /// The address clients reach the relay at, for a page's `next_url` (`nil`: the `Host` they send).
@@ -226,6 +230,8 @@ extension GatewaySettings {
         if let value = try config.positive("rest.maxWaitSeconds") { maxWait = .seconds(value) }
         if let value = try config.positive("rest.timeoutSeconds") { timeout = .seconds(value) }
         if let bytes = try config.megabytes("rest.cacheMB") { cacheBytes = bytes }
+        if let bytes = try config.megabytes("rest.answersInFlightMB") { answersInFlightBytes = bytes }
+        if let value = try config.positive("rest.sendTimeoutSeconds", atMost: 86_400) { sendTimeout = .seconds(value) }
         if let value = try config.positive("rest.referenceTTLSeconds") { referenceTTL = .seconds(value) }
         if let path = try config.text("rest.cachePath") {
             cachePath = path

@@ -96,7 +96,12 @@ extension RelayServer {
         var headers: HTTPFields = [.contentType: answer.contentType]
         if let source = HTTPField.Name("X-Relay-Source") { headers[source] = answer.source.rawValue }
         if let retryAfter = answer.retryAfter { headers[.retryAfter] = String(retryAfter) }
-        return Response(status: .init(code: answer.status), headers: headers, body: .init(byteBuffer: answer.body))
+        guard let body = answersInFlight.responseBody(answer.body, on: context.channel, pieceTimeout: configuration.gatewayPieceTimeout) else {
+            headers[.retryAfter] = "1"
+            let message = "the relay is sending \(answersInFlight.bytes >> 20) MB of REST answers already (at most \(answersInFlight.limit >> 20) MB at once); retry shortly"
+            return Response(status: .serviceUnavailable, headers: headers, body: .init(byteBuffer: gateway.dialect.errorBody(status: 503, message: message)))
+        }
+        return Response(status: .init(code: answer.status), headers: headers, body: body)
     }
 
     /// A query as HTML forms and the vendors' clients write it: `+` is a space, then percent-decoding.

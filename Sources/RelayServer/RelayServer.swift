@@ -43,6 +43,8 @@ public final class RelayServer: Service, Sendable {
     private let hubSlots = PerLoop { _ in HubChangeSlots<MarketConnection>(limit: RelayServer.hubChangesPerLoop) }
     private let statusBoard: StatusBoard
     let keyQuotas = KeyQuotas()
+    /// The bytes of REST gateway answers being sent, bounded (`rest.answersInFlightMB`).
+    let answersInFlight: AnswersInFlight
     let dashboard: Dashboard
 
     /// - Parameters:
@@ -69,6 +71,7 @@ public final class RelayServer: Service, Sendable {
             .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
         ]
         self.metrics = DownstreamMetrics(factory: factory)
+        self.answersInFlight = AnswersInFlight(limit: configuration.gatewayAnswerBytes, factory: factory)
         self.drains = LoopDrains(metrics: metrics)
         self.signIns = MarketConnection.signInDeadlines(configuration.authTimeout)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))

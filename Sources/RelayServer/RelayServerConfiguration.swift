@@ -112,6 +112,10 @@ public struct RelayServerConfiguration: Sendable {
     /// The address a client reaches the relay at, for the links a REST page carries back
     /// (`rest.publicURL`); `nil`: the `Host` the client sent.
     public var restPublicURL: String?
+    /// The bytes of the gateways' answers being sent at once, at most (`rest.answersInFlightMB`).
+    public var gatewayAnswerBytes = 256 << 20
+    /// How long a client may take to read 64 KiB of a gateway answer before its connection is closed.
+    public var gatewayPieceTimeout: TimeAmount = AnswersInFlight.pieceTimeout
 
     public init(
         host: String = "127.0.0.1",

@@ -296,6 +296,52 @@ struct RESTGatewayTests {
         }
     }
 
+    @Test func answersBeingSentAreBoundedAndAClientThatStopsReadingIsLetGo() async throws {
+        // An 8 MB page of bars for any range, a small answer for anything else.
+        let rows = (0..<80_000).map { #"{"v":1000,"o":1.25,"c":1.5,"h":1.75,"l":1.0,"t":\#(1_577_836_800_000 + Int64($0) * 60_000),"n":10}"# }
+        let page = #"{"ticker":"AAPL","status":"OK","results":[\#(rows.joined(separator: ","))],"resultsCount":\#(rows.count)}"#
+        let hostile = try HostileREST { request, _ in
+            request.target.contains("/range/") ? .json(page) : .json(#"{"status":"OK","results":{"T":"MSFT","p":1.5,"s":1,"t":1}}"#)
+        }
+        defer { hostile.close() }
+        try await Self.withGateway(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(hostile.port)"
+            settings.gateway?.answersInFlightBytes = 1 << 20
+            settings.gateway?.sendTimeout = .seconds(8)
+            settings.metricsPublic = true
+        }) { parts, _, base in
+            let path = "/v2/aggs/ticker/AAPL/range/1/day/2020-01-01/2020-12-31"
+            // A client that asks for the page and does not read it (a 4 KiB receive buffer).
+            let stalled = try RawSocket(port: parts.port, receiveBuffer: 4096)
+            stalled.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer client-key\r\n\r\n")
+            try await eventually("the unread page to be counted as being sent", timeout: .seconds(20)) {
+                await metric(parts.port, "relay_rest_answer_bytes_in_flight") >= Double(page.utf8.count)
+            }
+            // Another client's page would pass the bound: told to come back, not given 8 MB more to hold.
+            let refused = try await httpGetWithHeaders("\(base)\(path)", key: "client-key")
+            #expect(refused.status == 503, "\(refused.body.prefix(300))")
+            #expect(refused.headers["retry-after"] == "1")
+            #expect(refused.body.contains("at most 1 MB at once"), "\(refused.body.prefix(300))")
+            #expect(await metric(parts.port, "relay_rest_answers_refused_total") == 1)
+            // A small answer is not held back by it.
+            let small = try await httpGetWithHeaders("\(base)/v2/last/trade/MSFT", key: "client-key")
+            #expect(small.status == 200, "\(small.body)")
+            // The stalled client took nothing for 8 s: the relay closed it and its bytes went back.
+            try await eventually("the stalled connection's page to be given back", timeout: .seconds(30)) {
+                await metric(parts.port, "relay_rest_answer_bytes_in_flight") == 0
+            }
+            // Closed by the relay: what it holds ends in EOF (a finished answer would leave the keep-alive
+            // connection open).
+            #expect(stalled.readsToEOF(within: .seconds(10)), "the relay closed the stalled connection")
+            let served = try await httpGetWithHeaders("\(base)\(path)", key: "client-key")
+            #expect(served.status == 200)
+            #expect(served.headers["x-relay-source"] == "cache")
+            #expect(served.body == page)
+            #expect(hostile.requests.withLock { $0.filter { $0.target.contains("/range/") }.count } == 1)
+            withExtendedLifetime(stalled) {}
+        }
+    }
+
     @Test(.enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
     func polygonsOfficialRESTClientWorksThroughTheRelay() async throws {
         try await Self.withGateway { parts, feed, base in

@@ -1,7 +1,6 @@
 import MarketREST
 import Logging
 import Metrics
-import Synchronization
 
 /// Security details, at most `capacity` of them, least recently used evicted first.
 ///
@@ -140,7 +139,8 @@ public actor SecurityCache<Detail: Sendable> {
         }
         let (task, token) = interest(in: symbol, priority: priority)
         loading[symbol]?.urgency.escalate()
-        guard let detail = await FirstOf.value(of: task, within: maxWait) else {
+        // The load is not cancelled when the wait ends: the deadline cancels only its own wait.
+        guard let detail = try? await RESTDeadline.within(maxWait, { await task.value }) else {
             // Left running for the cache (a retired one too: it still answers nobody, and ends).
             keep(symbol, token: token)
             counters.timedOut += 1
@@ -325,32 +325,4 @@ public struct DetailUnavailable: Error, Sendable, Equatable, CustomStringConvert
     public var retryAfter: Duration
 
     public var description: String { reason }
-}
-
-/// Whichever comes first: a task's value, or the end of a wait (the task goes on).
-private final class FirstOf<Value: Sendable>: Sendable {
-    private let waiting = Mutex<CheckedContinuation<Value?, Never>?>(nil)
-
-    /// `task`'s value, or `nil` once `limit` passed.
-    static func value(of task: Task<Value, Never>, within limit: Duration) async -> Value? {
-        let first = FirstOf()
-        var timer: Task<Void, Never>?
-        let value = await withCheckedContinuation { continuation in
-            first.waiting.withLock { $0 = continuation }
-            timer = Task {
-                try? await Task.sleep(for: limit)
-                first.resume(nil)
-            }
-            Task { first.resume(await task.value) }
-        }
-        timer?.cancel()
-        return value
-    }
-
-    private func resume(_ value: Value?) {
-        waiting.withLock { waiting in
-            waiting?.resume(returning: value)
-            waiting = nil
-        }
-    }
 }

@@ -1,0 +1,93 @@
+import CoreMetrics
+import Hummingbird
+import NIOCore
+import Synchronization
+
+/// The bytes of REST gateway answers the relay is sending, across every gateway and client, bounded
+/// (`rest.answersInFlightMB`). A page of history may be tens of megabytes, and a client that asks for
+/// one and does not read held all of it in the relay for as long as it liked; many such clients held
+/// their sum. An answer's bytes count from when it is ready until its last piece went to the socket
+/// (written in pieces, each waiting for the connection to take the one before), or the connection
+/// closed; an answer that would pass the bound is refused with `503` and `Retry-After` instead. One
+/// answer alone is always sent, whatever its size, when nothing else is in flight. A connection that
+/// takes no piece for ``pieceTimeout`` is closed: a client that stopped reading does not hold its
+/// answer's bytes for as long as it keeps its socket open.
+///
+/// `Sendable`: a `Mutex`.
+final class AnswersInFlight: Sendable {
+    let limit: Int
+    private let held = Mutex(0)
+    private let gauge: Gauge?
+    private let refusals: Counter?
+
+    /// Answers below this size are sent whole and not counted: their bytes are a rounding error.
+    static let countedFrom = 64 << 10
+    /// How much of an answer goes to the connection at a time.
+    static let piece = 64 << 10
+    /// How long a connection may take to take one piece.
+    static let pieceTimeout: TimeAmount = .seconds(30)
+
+    init(limit: Int, factory: (any MetricsFactory)? = nil) {
+        self.limit = max(limit, 1)
+        gauge = factory.map { Gauge(label: "relay_rest_answer_bytes_in_flight", factory: $0) }
+        refusals = factory.map { Counter(label: "relay_rest_answers_refused_total", factory: $0) }
+    }
+
+    /// The bytes counted now.
+    var bytes: Int { held.withLock { $0 } }
+
+    /// Counts `size` bytes, unless they would pass the bound while something else is counted. The
+    /// bytes are counted until the returned value is released.
+    func take(_ size: Int) -> Reservation? {
+        let taken = held.withLock { held in
+            guard held == 0 || held + size <= limit else { return nil as Int? }
+            held += size
+            return held
+        }
+        guard let taken else {
+            refusals?.increment()
+            return nil
+        }
+        gauge?.record(taken)
+        return Reservation(self, size)
+    }
+
+    private func give(_ size: Int) {
+        gauge?.record(held.withLock { held in
+            held -= size
+            return held
+        })
+    }
+
+    /// An answer's bytes while it is sent: given back when it goes (its body was written or dropped).
+    final class Reservation: Sendable {
+        private let owner: AnswersInFlight
+        let size: Int
+
+        fileprivate init(_ owner: AnswersInFlight, _ size: Int) {
+            self.owner = owner
+            self.size = size
+        }
+
+        deinit { owner.give(size) }
+    }
+
+    /// A response body for `body` on `channel`: whole when small; else counted (`nil` when the bound
+    /// refuses it) and written a piece at a time, the count held until the body is written or dropped.
+    func responseBody(_ body: ByteBuffer, on channel: any Channel, pieceTimeout: TimeAmount = pieceTimeout) -> ResponseBody? {
+        guard body.readableBytes >= Self.countedFrom else { return ResponseBody(byteBuffer: body) }
+        guard let reservation = take(body.readableBytes) else { return nil }
+        return ResponseBody(contentLength: body.readableBytes) { writer in
+            var rest = body
+            while rest.readableBytes > 0, let piece = rest.readSlice(length: Swift.min(Self.piece, rest.readableBytes)) {
+                // Closing the connection fails the write waiting for it, which ends this body.
+                let stalled = channel.eventLoop.scheduleTask(in: pieceTimeout) { channel.close(promise: nil) }
+                defer { stalled.cancel() }
+                try await writer.write(piece)
+            }
+            try await writer.finish(nil)
+            // The count is held for as long as this closure lives: the whole write, or until dropped.
+            withExtendedLifetime(reservation) {}
+        }
+    }
+}
