@@ -151,6 +151,27 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // The topic table's bound: a market of 500,000 topics nobody holds (a wildcard's, an options
+    // market's), then 50,001 new ones in publishes of 1,000, the last of which trims the table back to
+    // 450,000 (the measured part: the 51 publishes, the trim among them).
+    Benchmark(
+        "MarketDataHub.trim: 50,001 new topics past a table of 500,000 nobody holds",
+        configuration: .init(metrics: [.wallClock], maxDuration: .seconds(30), maxIterations: 5)
+    ) { benchmark in
+        func quotes(_ range: Range<Int>) -> [MarketEvent] {
+            range.map { MarketEvent(eventType: "Q", ticker: "O\($0)", bytes: ByteBuffer(string: #"{"ev":"Q","sym":"O\#($0)"}"#), receivedAt: UInt64($0)) }
+        }
+        for _ in benchmark.scaledIterations {
+            let hub = MarketDataHub(wire: PolygonWireProtocol(), snapshotOnSubscribe: false, history: nil)
+            for start in stride(from: 0, to: 500_000, by: 1_000) { await hub.publish(quotes(start..<start + 1_000)) }
+            let batches = stride(from: 500_000, to: 550_001, by: 1_000).map { quotes($0..<Swift.min($0 + 1_000, 550_001)) }
+            benchmark.startMeasurement()
+            for batch in batches { await hub.publish(batch) }
+            benchmark.stopMeasurement()
+            blackHole(await hub.topicEntryCount)
+        }
+    }
+
     // The downstream write path, gated on allocations (stable where times are not): one upstream frame
     // of 50 events published to the fanout shape, each subscriber's deliveries taken, built into one
     // whole WebSocket frame and written to its channel as the relay does (below the frame encoder).

@@ -36,6 +36,59 @@ struct FoldedTopicTests {
         return "\(value["S"]?.string ?? "?") \(reset ? "reset " : "")b[\(side("b"))] a[\(side("a"))]"
     }
 
+    /// The topic table's bound holds for books under a wildcard too: they go after every plain last
+    /// value nobody holds, and go (oldest first) when they alone fill the table.
+    @Test func foldedTopicsUnderAWildcardGoLastButGoWhenTheyAloneFillTheTable() async throws {
+        let hub = MarketDataHub(
+            wire: wire, snapshotless: wire.snapshotless(of: .crypto), folding: wire.folding(of: .crypto, limits: FoldLimits()),
+            topicsKept: 20, history: nil)
+        let holder = await hub.subscribe(to: topics("o.*", "t.*"))
+        func at(_ time: Int, _ event: MarketEvent) -> MarketEvent {
+            MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: UInt64(time))
+        }
+        func trade(_ symbol: String) -> MarketEvent {
+            AlpacaEvents.event("t", symbol, [("T", .string("t")), ("S", .string(symbol)), ("p", .double(1)), ("s", .double(1))])
+        }
+        for index in 0..<10 { await hub.publish([at(index + 1, book([(100, 1)], [(101, 1)], reset: true, symbol: "B\(index)/USD"))]) }
+        for index in 0..<30 { await hub.publish([at(100 + index, trade("T\(index)/USD"))]) }
+        #expect(await hub.topicEntryCount <= 20)
+        for index in 0..<10 {
+            let kept = await hub.lastEvent(for: Topic(eventType: "o", ticker: "B\(index)/USD")!)
+            #expect(kept != nil, "book \(index), older than every trade, stays: plain last values go first")
+        }
+        // Books alone past the bound: the oldest go.
+        for index in 10..<40 { await hub.publish([at(1000 + index, book([(100, 1)], [(101, 1)], reset: true, symbol: "B\(index)/USD"))]) }
+        #expect(await hub.topicEntryCount <= 20)
+        #expect(await hub.lastEvent(for: Topic(eventType: "o", ticker: "B39/USD")!) != nil, "the newest book stays")
+        #expect(await hub.lastEvent(for: Topic(eventType: "o", ticker: "B0/USD")!) == nil, "the oldest book went")
+        #expect(try await take(70, from: holder.events).count == 70, "the wildcards' holder got every event")
+    }
+
+    @Test func selectionFindsTheSmallestLikeSortingDoes() {
+        var steps: UInt64 = 99
+        func next() -> UInt64 {
+            steps = steps &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return steps >> 33
+        }
+        let shapes: [[UInt64]] = [
+            (0..<1000).map { _ in next() % 50 },  // many equal
+            (0..<1000).map { UInt64($0) },  // sorted, as ages often are
+            (0..<1000).map { UInt64(1000 - $0) },  // reversed
+            (0..<997).map { _ in next() },
+            [7], [3, 3], [5, 1],
+        ]
+        for shape in shapes {
+            let sorted = shape.sorted()
+            for count in Set([1, 2, shape.count / 10, shape.count / 2, shape.count]).filter({ $0 >= 1 && $0 <= shape.count }) {
+                var values = shape
+                let cut = LastValueBound.smallest(count, of: &values)
+                #expect(cut == sorted[count - 1], "the \(count)-th of \(shape.count)")
+                #expect(values.prefix(count).sorted() == Array(sorted.prefix(count)), "the first \(count) are the smallest")
+                #expect(values.sorted() == sorted, "nothing lost")
+            }
+        }
+    }
+
     @Test func aLateSubscriberGetsTheWholeBookThenTheChanges() async throws {
         let hub = hub(history: HistoryLimits())
         let first = await hub.subscribe(to: topics("o.BTC/USD"))
