@@ -10,8 +10,8 @@ import Synchronization
 /// (written in pieces, each waiting for the connection to take the one before), or the connection
 /// closed; an answer that would pass the bound is refused with `503` and `Retry-After` instead. One
 /// answer alone is always sent, whatever its size, when nothing else is in flight. A connection that
-/// takes no piece for ``pieceTimeout`` is closed: a client that stopped reading does not hold its
-/// answer's bytes for as long as it keeps its socket open.
+/// makes no progress for ``pieceTimeout`` — its head, a piece, or the end not taken — is closed: a
+/// client that stopped reading does not hold its answer's bytes for as long as it keeps its socket open.
 ///
 /// `Sendable`: a `Mutex`.
 final class AnswersInFlight: Sendable {
@@ -36,58 +36,87 @@ final class AnswersInFlight: Sendable {
     /// The bytes counted now.
     var bytes: Int { held.withLock { $0 } }
 
-    /// Counts `size` bytes, unless they would pass the bound while something else is counted. The
-    /// bytes are counted until the returned value is released.
-    func take(_ size: Int) -> Reservation? {
+    /// Counts `size` bytes for an answer on `channel`, unless they would pass the bound while something
+    /// else is counted. The bytes are counted until the returned value is released.
+    func take(_ size: Int, on channel: any Channel, stallTimeout: TimeAmount) -> Reservation? {
         let taken = held.withLock { held in
-            guard held == 0 || held + size <= limit else { return nil as Int? }
+            guard held == 0 || held + size <= limit else { return false }
             held += size
-            return held
+            gauge?.record(held)
+            return true
         }
-        guard let taken else {
+        guard taken else {
             refusals?.increment()
             return nil
         }
-        gauge?.record(taken)
-        return Reservation(self, size)
+        return Reservation(self, size, channel: channel, stallTimeout: stallTimeout)
     }
 
     private func give(_ size: Int) {
-        gauge?.record(held.withLock { held in
+        held.withLock { held in
             held -= size
-            return held
-        })
+            gauge?.record(held)
+        }
     }
 
     /// An answer's bytes while it is sent: given back when it goes (its body was written or dropped).
+    /// It watches the connection from the start (the head is written before the body): each step of
+    /// the answer must be taken within the stall timeout, else the connection is closed, which fails
+    /// the write waiting on it and ends the body.
     final class Reservation: Sendable {
         private let owner: AnswersInFlight
         let size: Int
+        private let channel: any Channel
+        private let stallTimeout: TimeAmount
+        private let watch = Mutex<Scheduled<Void>?>(nil)
 
-        fileprivate init(_ owner: AnswersInFlight, _ size: Int) {
+        fileprivate init(_ owner: AnswersInFlight, _ size: Int, channel: any Channel, stallTimeout: TimeAmount) {
             self.owner = owner
             self.size = size
+            self.channel = channel
+            self.stallTimeout = stallTimeout
+            progressed()
         }
 
-        deinit { owner.give(size) }
+        /// A step of the answer was taken: the next one has the whole stall timeout again.
+        func progressed() {
+            let channel = self.channel
+            let next = channel.eventLoop.scheduleTask(in: stallTimeout) { channel.close(promise: nil) }
+            watch.withLock { watch in
+                watch?.cancel()
+                watch = next
+            }
+        }
+
+        /// The answer went whole: nothing more to watch.
+        func finished() {
+            watch.withLock { watch in
+                watch?.cancel()
+                watch = nil
+            }
+        }
+
+        deinit {
+            finished()
+            owner.give(size)
+        }
     }
 
     /// A response body for `body` on `channel`: whole when small; else counted (`nil` when the bound
     /// refuses it) and written a piece at a time, the count held until the body is written or dropped.
-    func responseBody(_ body: ByteBuffer, on channel: any Channel, pieceTimeout: TimeAmount = pieceTimeout) -> ResponseBody? {
+    func responseBody(_ body: ByteBuffer, on channel: any Channel, stallTimeout: TimeAmount = pieceTimeout) -> ResponseBody? {
         guard body.readableBytes >= Self.countedFrom else { return ResponseBody(byteBuffer: body) }
-        guard let reservation = take(body.readableBytes) else { return nil }
+        guard let reservation = take(body.readableBytes, on: channel, stallTimeout: stallTimeout) else { return nil }
         return ResponseBody(contentLength: body.readableBytes) { writer in
             var rest = body
             while rest.readableBytes > 0, let piece = rest.readSlice(length: Swift.min(Self.piece, rest.readableBytes)) {
-                // Closing the connection fails the write waiting for it, which ends this body.
-                let stalled = channel.eventLoop.scheduleTask(in: pieceTimeout) { channel.close(promise: nil) }
-                defer { stalled.cancel() }
+                reservation.progressed()
                 try await writer.write(piece)
             }
+            reservation.progressed()
             try await writer.finish(nil)
             // The count is held for as long as this closure lives: the whole write, or until dropped.
-            withExtendedLifetime(reservation) {}
+            reservation.finished()
         }
     }
 }

@@ -96,8 +96,9 @@ extension RelayServer {
         var headers: HTTPFields = [.contentType: answer.contentType]
         if let source = HTTPField.Name("X-Relay-Source") { headers[source] = answer.source.rawValue }
         if let retryAfter = answer.retryAfter { headers[.retryAfter] = String(retryAfter) }
-        guard let body = answersInFlight.responseBody(answer.body, on: context.channel, pieceTimeout: configuration.gatewayPieceTimeout) else {
-            headers[.retryAfter] = "1"
+        guard let body = answersInFlight.responseBody(answer.body, on: context.channel, stallTimeout: configuration.gatewayPieceTimeout) else {
+            headers = [.contentType: "application/json", .retryAfter: "1"]
+            if let source = HTTPField.Name("X-Relay-Source") { headers[source] = "relay" }
             let message = "the relay is sending \(answersInFlight.bytes >> 20) MB of REST answers already (at most \(answersInFlight.limit >> 20) MB at once); retry shortly"
             return Response(status: .serviceUnavailable, headers: headers, body: .init(byteBuffer: gateway.dialect.errorBody(status: 503, message: message)))
         }

@@ -237,7 +237,9 @@ struct SecurityCacheTests {
         #expect(!recorder.started.withLock { $0 }.contains("C"), "the refused request loaded nothing")
         // Joining a load under way is not a new load: never refused.
         let joined = Task { try await cache.detail("P1") }
-        try await waitUntil { recorder.started.withLock { $0 }.count == 4 }
+        let deadline = ContinuousClock.now + .seconds(5)
+        while await cache.counters.joined == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(await cache.counters.joined == 1, "the request joined P1's load before it ended")
         for _ in 0..<4 { recorder.release() }
         #expect(try await joined.value.outcome == .joined)
         #expect(try await a.value.detail == "detail of A")
@@ -275,6 +277,22 @@ struct SecurityCacheTests {
         #expect(try await cache.detail("A").outcome == .hit)
         #expect(await cache.running == 0)
         #expect(await cache.counters.timedOut == 1)
+    }
+
+    @Test func aLoadLeftRunningThatNobodyWaitsForIsGivenUpInTime() async throws {
+        let recorder = LoadRecorder()
+        let cache = SecurityCache<String>(
+            capacity: 10, maxLoads: 1, maxWait: .milliseconds(100), keptFor: .milliseconds(300), isComplete: { $0.hasPrefix("detail") }
+        ) { symbol in
+            await recorder.heldLoad(symbol)
+        }
+        await #expect(throws: DetailUnavailable.self) { try await cache.detail("A") }
+        #expect(await cache.running == 1, "kept for the cache")
+        // Never released: given up, its slot free again.
+        try await waitUntil { recorder.cancelled.withLock { $0 } == ["A"] }
+        #expect(await cache.running == 0)
+        #expect(await cache.counters.loadsCancelled == 1)
+        #expect(!(await cache.contains("A")))
     }
 
     /// Polls a condition with a bound (the loads run in their own tasks).

@@ -157,6 +157,7 @@ public actor PrefetchCoordinator<Detail: Sendable> {
             break  // counted when cancelled
         case .deferred:
             counters.deferred += 1
+            metrics.prefetchesDeferred?.increment()
             logger.debug("prefetch not started: the loads' room is the requests'", metadata: ["symbol": "\(symbol)"])
         }
         if tasks[symbol]?.generation == generation { tasks[symbol] = nil }

@@ -30,6 +30,9 @@ public actor SecurityCache<Detail: Sendable> {
     public let maxLoads: Int
     /// How long a request waits for its load before it is answered "not yet".
     public let maxWait: Duration
+    /// How long a load left running for the cache, and waited for by nobody, may still run: three times
+    /// ``maxWait``, at least a minute.
+    public let keptFor: Duration
     private let load: @Sendable (String) async -> Detail
     private let isComplete: @Sendable (Detail) -> Bool
     private let logger: Logger
@@ -97,13 +100,15 @@ public actor SecurityCache<Detail: Sendable> {
     public private(set) var evicted: [String] = []
 
     public init(
-        capacity: Int = 10, maxLoads: Int = 16, maxWait: Duration = .seconds(30), logger: Logger = Logger(label: "relay.security-cache"),
+        capacity: Int = 10, maxLoads: Int = 16, maxWait: Duration = .seconds(30), keptFor: Duration? = nil,
+        logger: Logger = Logger(label: "relay.security-cache"),
         metrics: SecurityCacheMetrics = .none, isComplete: @escaping @Sendable (Detail) -> Bool = { _ in true },
         load: @escaping @Sendable (String) async -> Detail
     ) {
         self.capacity = max(1, capacity)
         self.maxLoads = max(1, maxLoads)
         self.maxWait = maxWait
+        self.keptFor = keptFor ?? Swift.max(maxWait * 3, .seconds(60))
         self.load = load
         self.isComplete = isComplete
         self.logger = logger
@@ -140,7 +145,10 @@ public actor SecurityCache<Detail: Sendable> {
         let (task, token) = interest(in: symbol, priority: priority)
         loading[symbol]?.urgency.escalate()
         // The load is not cancelled when the wait ends: the deadline cancels only its own wait.
-        guard let detail = try? await RESTDeadline.within(maxWait, { await task.value }) else {
+        let detail: Detail
+        do {
+            detail = try await RESTDeadline.within(maxWait, { await task.value })
+        } catch is RESTDeadline.TimedOut {
             // Left running for the cache (a retired one too: it still answers nobody, and ends).
             keep(symbol, token: token)
             counters.timedOut += 1
@@ -148,6 +156,10 @@ public actor SecurityCache<Detail: Sendable> {
             throw DetailUnavailable(
                 reason: "\(symbol) is still loading after \(maxWait) (the account's REST budget may be spent); it stays loading, try again shortly",
                 retryAfter: .seconds(5))
+        } catch {
+            // The request itself was cancelled: its interest goes like a prefetch's.
+            withdraw(symbol, token: token)
+            throw DetailUnavailable(reason: "the request for \(symbol) was cancelled", retryAfter: .seconds(1))
         }
         withdraw(symbol, token: token)
         return (detail, outcome)
@@ -157,7 +169,7 @@ public actor SecurityCache<Detail: Sendable> {
     /// load finishes or this task is cancelled (then its interest is withdrawn at once).
     public func prefetch(_ symbol: String) async -> PrefetchOutcome {
         if contains(symbol) { return .cached }
-        if loading[symbol] == nil, running >= maxLoads / 2 {
+        if loading[symbol] == nil, running * 2 >= maxLoads {
             counters.prefetchesDeferred += 1
             return .deferred
         }
@@ -216,16 +228,39 @@ public actor SecurityCache<Detail: Sendable> {
     }
 
     /// A request that waited past ``maxWait`` turns its interest into keeping the load going: nothing
-    /// withdrawn after it cancels the load, which ends into the cache (or, retired, into nothing).
+    /// withdrawn after it cancels the load, which ends into the cache (or, retired, into nothing). A
+    /// kept load nobody waits for is given ``keptFor`` to end; then it is cancelled, so loads stuck
+    /// behind a spent REST budget do not hold every slot for as long as it stays spent.
     private func keep(_ symbol: String, token: UInt64) {
+        let id: UInt64
         if var current = loading[symbol], current.interested.remove(token) != nil {
             current.kept = true
             loading[symbol] = current
+            id = current.id
         } else if let old = retired.first(where: { $0.value.interested.contains(token) }) {
             var current = old.value
             current.interested.remove(token)
             current.kept = true
             retired[old.key] = current
+            id = current.id
+        } else {
+            return
+        }
+        let keptFor = self.keptFor
+        Task {
+            try? await Task.sleep(for: keptFor)
+            self.giveUp(id)
+        }
+    }
+
+    /// A kept load still running past its time, and waited for by nobody, is cancelled.
+    private func giveUp(_ id: UInt64) {
+        if let (symbol, load) = loading.first(where: { $0.value.id == id }), load.interested.isEmpty {
+            loading[symbol] = nil
+            cancel(load)
+        } else if let load = retired[id], load.interested.isEmpty {
+            retired[id] = nil
+            cancel(load)
         }
     }
 
@@ -295,6 +330,7 @@ public struct SecurityCacheMetrics: Sendable {
     public var prefetchesSkipped: Counter?
     public var refused: Counter?
     public var timedOut: Counter?
+    public var prefetchesDeferred: Counter?
 
     public static let none = SecurityCacheMetrics()
 
@@ -315,6 +351,7 @@ public struct SecurityCacheMetrics: Sendable {
         prefetchesSkipped = counter("relay_prefetches_total", [("event", "skipped_cached")])
         refused = counter("relay_security_cache_requests_total", [("outcome", "refused_busy")])
         timedOut = counter("relay_security_cache_requests_total", [("outcome", "timed_out")])
+        prefetchesDeferred = counter("relay_prefetches_total", [("event", "deferred")])
     }
 }
 
