@@ -33,7 +33,7 @@ public enum ClusterChecks {
     }
 
     /// The largest event a node takes from NATS, unless its market says otherwise (news: its setting).
-    public static let maxEventBytes = 64 << 10
+    public static let maxEventBytes = UpstreamConfiguration.defaultMaxEventBytes
 
     /// The event, unless the positions written in it are out of range (0, or past
     /// ``EventPosition/maxSequence``): no arithmetic is done on a position from NATS that could overflow.

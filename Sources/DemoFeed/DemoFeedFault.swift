@@ -20,14 +20,23 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
     /// Greet and accept the login again, 1,000 times in one frame, on a connection already logged in
     /// (a client that logs in or subscribes anew at each is at the server's mercy).
     case relogin
+    /// Send one frame of events the relay must not take: a type the market does not have, a ticker of
+    /// 100 characters, an event of 100 KB; then one good quote, `Q.JUNKOK`.
+    case junk
 
-    /// The raw frame this fault sends, for the two that send one.
+    /// The raw frame this fault sends, for those that send one.
     var frame: ByteBuffer? {
         switch self {
         case .malformed:
             return ByteBuffer(string: #"[{"ev":"Q","sym":"AAPL","bp":189.1,"#)
         case .oversized:
             return ByteBuffer(string: #"[{"ev":"Q","sym":"PAD","pad":""# + String(repeating: "x", count: 5_000_000) + #""}]"#)
+        case .junk:
+            let long = String(repeating: "L", count: 100)
+            let big = String(repeating: "x", count: 100_000)
+            return ByteBuffer(
+                string: #"[{"ev":"ZZ","sym":"AAPL"},{"ev":"Q","sym":"\#(long)","bp":1},{"ev":"Q","sym":"BIG","pad":"\#(big)"},"#
+                    + #"{"ev":"Q","sym":"JUNKOK","bx":4,"bp":1.5,"bs":1,"ax":4,"ap":1.6,"as":1,"t":1700000000000,"q":1,"z":3}]"#)
         default:
             return nil
         }

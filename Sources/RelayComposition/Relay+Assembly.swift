@@ -283,7 +283,10 @@ extension Relay {
             configuration.wire = wire
             configuration.market = source.market
             // A news item can be megabytes; other markets keep their cap.
-            if source.market == .news { configuration.maxMessageBytes = settings.news.maxBytes }
+            if source.market == .news {
+                configuration.maxMessageBytes = settings.news.maxBytes
+                configuration.maxEventBytes = settings.news.maxBytes
+            }
             if source.vendor.signsInWithSecret { configuration.secret = demoSecret ?? settings.upstreamSecret }
             configuration.metricsFactory = marketMetrics
             // A cluster leader must be gone well inside its lease once it decides to go.

@@ -56,6 +56,8 @@ final class LWSConnection: Sendable {
     let marketOfFrames: Market
     /// Derived bars, built from the trades on their way into the inbox.
     let bars: BarDerivation
+    /// What an event must be to be taken.
+    let eventCheck: UpstreamEventCheck
     let logger: Logger
     let metrics: UpstreamMetrics
     let shared: Mutex<Shared>
@@ -85,6 +87,7 @@ final class LWSConnection: Sendable {
         self.inbox = inbox
         self.marketOfFrames = Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
         self.bars = BarDerivation(rules: configuration.wire.barRules(of: marketOfFrames), metricsFactory: configuration.metricsFactory)
+        self.eventCheck = UpstreamEventCheck(market: marketOfFrames, wire: configuration.wire, maxBytes: configuration.maxEventBytes)
         self.endContinuation = ends
         self.exitContinuation = exit
     }
@@ -634,11 +637,18 @@ final class LWSConnection: Sendable {
         }
         for control in parsed.controls { handle(control, wsi: wsi) }
         guard !parsed.events.isEmpty else { return }
-        let count = parsed.events.count
+        let (passing, refused, problem) = eventCheck.passing(parsed.events)
+        if refused > 0, let problem {
+            shared.withLock { $0.statistics.refusedEvents += refused }
+            metrics.refused.increment(by: refused)
+            logThrottled("refused", "upstream events dropped (\(refused) in a message of \(message.readableBytes) bytes): \(problem)")
+        }
+        guard !passing.isEmpty else { return }
+        let count = passing.count
         shared.withLock { $0.statistics.eventsReceived += count }
         metrics.events.increment(by: count)
         // Events are slices of their message; a large message is not kept alive by a few of them.
-        let events = message.readableBytes > configuration.compactMessagesAbove ? MarketEvent.compacted(parsed.events) : parsed.events
+        let events = message.readableBytes > configuration.compactMessagesAbove ? MarketEvent.compacted(passing) : passing
         guard bars.push(events, into: inbox) else {
             // The consumer is this far behind: dropped, counted, and announced in place by the inbox.
             shared.withLock { $0.statistics.droppedEvents += count }

@@ -80,6 +80,11 @@ public struct UpstreamConfiguration: Sendable {
     /// Upstream messages larger than this have their events copied out of the message, so a queued or
     /// cached event never keeps a large message alive.
     public var compactMessagesAbove = 16 * 1024
+    /// The largest event taken from the upstream (a news market's: its `news.maxBytes`); a larger one is
+    /// dropped and counted, as one from NATS is.
+    public var maxEventBytes = UpstreamConfiguration.defaultMaxEventBytes
+    /// A market event is far smaller than this; an item of news may be larger (its own setting).
+    public static let defaultMaxEventBytes = 64 << 10
     /// How long past a derived time bar's window the relay waits for late trades before it sends the bar
     /// without a trade past the window to finish it.
     public var barGrace: Duration = .seconds(1)

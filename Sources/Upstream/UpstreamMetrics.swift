@@ -12,6 +12,7 @@ struct UpstreamMetrics: Sendable {
     let events: Counter
     let malformed: Counter
     let oversized: Counter
+    let refused: Counter
     let dropped: Counter
     /// Topics asked for anew (unsubscribed and subscribed again) for their whole state: order books.
     let renewed: Counter
@@ -32,6 +33,7 @@ struct UpstreamMetrics: Sendable {
         malformed = Counter(label: "relay_upstream_malformed_messages_total", factory: factory)
         oversized = Counter(label: "relay_upstream_oversized_messages_total", factory: factory)
         dropped = Counter(label: "relay_upstream_dropped_events_total", factory: factory)
+        refused = Counter(label: "relay_upstream_refused_events_total", factory: factory)
         renewed = Counter(label: "relay_upstream_renewed_topics_total", factory: factory)
     }
 

@@ -5,6 +5,8 @@ public struct UpstreamStatistics: Sendable, Equatable {
     public var eventsReceived = 0
     public var malformedMessages = 0
     public var oversizedMessages = 0
+    /// Events dropped for their size, their ticker's length or a type the market does not have.
+    public var refusedEvents = 0
     /// Events dropped because the queue to the hub was full.
     public var droppedEvents = 0
     /// Connections that ended other than by shutdown, by cause (`closed`, `failed`, `dead`,

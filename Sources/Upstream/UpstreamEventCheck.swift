@@ -1,0 +1,50 @@
+import MarketCore
+
+/// What the relay takes from its upstream, event by event, beside the message's own checks: an event
+/// of a type the market has, under a ticker no longer than a client could name, of at most
+/// ``UpstreamConfiguration/maxEventBytes``. The same bounds as an event from NATS has
+/// (`ClusterChecks`): past them the hub would keep, as a topic's last value and in its history, what
+/// nobody bounded in bytes, and a type it has never seen would open a history line for good. What
+/// fails is dropped and counted, never a crash. Value type; one per connection.
+struct UpstreamEventCheck: Sendable {
+    let maxBytes: Int
+    let maxTickerLength: Int
+    let eventTypes: Set<String>
+
+    init(market: Market, wire: any WireProtocol, maxBytes: Int) {
+        self.maxBytes = maxBytes
+        maxTickerLength = SessionLimits().maxTickerLength
+        eventTypes = wire.eventTypes(of: market)
+    }
+
+    /// The events that pass, and what the first one that did not was (`nil`: all passed, and `events`
+    /// comes back as it was, not copied).
+    func passing(_ events: [MarketEvent]) -> (events: [MarketEvent], refused: Int, first: String?) {
+        // A message's events are mostly of one type: its set lookup is made once per run of them.
+        var checkedType: String?
+        var kept: [MarketEvent]?
+        var first: String?
+        for (index, event) in events.enumerated() {
+            var problem: String?
+            if event.bytes.readableBytes > maxBytes {
+                problem = "an event of \(event.bytes.readableBytes) bytes (at most \(maxBytes))"
+            } else if event.ticker.utf8.count > maxTickerLength {
+                problem = "a ticker of \(event.ticker.utf8.count) bytes (at most \(maxTickerLength))"
+            } else if event.eventType != checkedType {
+                if eventTypes.contains(event.eventType) {
+                    checkedType = event.eventType
+                } else {
+                    problem = "an event of type \"\(event.eventType.prefix(16))\", which the market does not have"
+                }
+            }
+            if let problem {
+                if kept == nil { kept = Array(events[..<index]) }
+                if first == nil { first = problem }
+            } else {
+                kept?.append(event)
+            }
+        }
+        guard let kept else { return (events, 0, nil) }
+        return (kept, events.count - kept.count, first)
+    }
+}
