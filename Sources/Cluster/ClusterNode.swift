@@ -197,7 +197,13 @@ public final class ClusterNode: Service, Sendable {
             self?.received(interestOf: String(cString: subject), payload: String(decoding: payload, as: UTF8.self))
         }
         _ = connection.subscribe(subjects.allInterest, sink: interestSink)
-        let requestSink = NATSMessageSink { [weak self] _, _ in self?.publishInterest() }
+        // Anyone who may publish on the cluster's subjects may ask: answered at once, then at most once a
+        // second, however many ask (each answer sorts and publishes the node's whole wanted set).
+        let requestAnswers = Throttle(interval: .seconds(1))
+        let requestSink = NATSMessageSink { [weak self] _, _ in
+            guard let self else { return }
+            requestAnswers.request { [weak self] in self?.publishInterest() }
+        }
         _ = connection.subscribe(subjects.interestRequest, sink: requestSink)
 
         let interestPublisher = Debouncer(delay: .milliseconds(20))

@@ -113,6 +113,10 @@ actor MarketConnection {
     /// Its loop's sign-in deadlines (the server's auth timeout).
     private let signIn: NIOLoopBound<LoopDeadlineQueue<MarketConnection>>
     private var hubChanges: [HubChange] = []
+    /// Reading is held while more than ``maxQueuedChanges`` changes wait (each may carry a thousand
+    /// topics): a client that sends subscribes faster than the hub takes them is read no faster.
+    private var readingHeld = false
+    static let maxQueuedChanges = 16
     /// Its loop's limit on connections with hub changes under way.
     private let hubSlots: NIOLoopBound<HubChangeSlots<MarketConnection>>
     private var worker = Worker.idle
@@ -354,6 +358,10 @@ actor MarketConnection {
 
     private func change(_ change: HubChange) {
         hubChanges.append(change)
+        if hubChanges.count > Self.maxQueuedChanges, !readingHeld {
+            readingHeld = true
+            handler.value.holdReading(true)
+        }
         switch worker {
         case .running:
             return
@@ -374,6 +382,10 @@ actor MarketConnection {
     private func applyHubChanges() async {
         let hub = dependencies.hub
         while !hubChanges.isEmpty {
+            if readingHeld, hubChanges.count <= Self.maxQueuedChanges / 2 {
+                readingHeld = false
+                handler.value.holdReading(false)
+            }
             switch hubChanges.removeFirst() {
             case .join:
                 let target = FeedTarget()
@@ -474,6 +486,10 @@ actor MarketConnection {
     private func finishedChanges() {
         // Empty now: its buffer goes too (an idle connection keeps none; changes are rare).
         hubChanges = []
+        if readingHeld {
+            readingHeld = false
+            handler.value.holdReading(false)
+        }
         worker = .idle
         // The next connection of this loop in line (its actor runs on this loop too).
         hubSlots.value.finished()?.assumeIsolated { $0.startWorker() }

@@ -78,6 +78,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private var filledAt: NIODeadline?
     /// Reading is paused until the pace allows more (or resumed by a scheduled task).
     private var throttled = false
+    /// Reading is paused while the connection's hub changes are backlogged (``holdReading(_:)``).
+    private var backlogged = false
     private var writable = true
 
     init(
@@ -215,9 +217,18 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         context.fireChannelWritabilityChanged()
     }
 
-    /// Reads while the connection is writable and the client within its pace.
+    /// Reads while the connection is writable, the client within its pace and its hub changes not
+    /// backlogged.
     private func updateReading(_ context: ChannelHandlerContext) {
-        try? context.channel.syncOptions?.setOption(ChannelOptions.autoRead, value: writable && !throttled)
+        try? context.channel.syncOptions?.setOption(ChannelOptions.autoRead, value: writable && !throttled && !backlogged)
+    }
+
+    /// Stops (or starts again) reading the client while the changes it asked of the hub wait their turn:
+    /// what it sends meanwhile waits in its own socket, not as queued changes in the relay.
+    func holdReading(_ hold: Bool) {
+        guard hold != backlogged else { return }
+        backlogged = hold
+        if let context { updateReading(context) }
     }
 
     /// One frame's token; with none left, reading pauses until the next one is due (what was read
