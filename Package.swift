@@ -347,7 +347,7 @@ let package = Package(
         ),
         .testTarget(
             name: "UpstreamTests",
-            dependencies: ["Upstream", "PolygonWire"],
+            dependencies: ["Upstream", "PolygonWire", "AlpacaWire"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -34,7 +34,10 @@ public enum AlpacaNews {
         let limit = itemBytes > 0 ? max(1, min(maxSymbols, maxRoutedBytes / itemBytes)) : maxSymbols
         var seen = Set<String>()
         var routes: [String] = []
-        for symbol in symbols where routes.count < limit && Topic.isTicker(symbol) && seen.insert(symbol).inserted {
+        // A symbol no topic could name (past the ticker rules or their length) is not routed: the item
+        // goes to the symbols that can be held, or to `_` when there is none.
+        for symbol in symbols
+        where routes.count < limit && Topic.isTicker(symbol) && symbol.utf8.count <= SessionLimits().maxTickerLength && seen.insert(symbol).inserted {
             routes.append(symbol)
         }
         return routes.isEmpty ? [noSymbol] : routes

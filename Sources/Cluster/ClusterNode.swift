@@ -33,6 +33,8 @@ public final class ClusterNode: Service, Sendable {
     public typealias Status = ClusterReport
 
     private struct State {
+        /// The last leader's term whose interest request this node answered.
+        var answeredTerm = ""
         var connection: NATSConnection?
         var feed: ClusterFeed?
         var leading = false
@@ -198,11 +200,19 @@ public final class ClusterNode: Service, Sendable {
         }
         _ = connection.subscribe(subjects.allInterest, sink: interestSink)
         // Anyone who may publish on the cluster's subjects may ask: answered at once, then at most once a
-        // second, however many ask (each answer sorts and publishes the node's whole wanted set).
+        // second, however many ask (each answer sorts and publishes the node's whole wanted set). A new
+        // leader's request names its term: a term not answered yet is answered at once whatever came
+        // before it (at most ten times a second, so made-up terms cannot undo the bound).
         let requestAnswers = Throttle(interval: .seconds(1))
-        let requestSink = NATSMessageSink { [weak self] _, _ in
+        let termAnswers = Throttle(interval: .milliseconds(100))
+        let requestSink = NATSMessageSink { [weak self] _, payload in
             guard let self else { return }
-            requestAnswers.request { [weak self] in self?.publishInterest() }
+            let term = String(decoding: payload.prefix(128), as: UTF8.self)
+            let newTerm = !term.isEmpty && state.withLock { state in
+                defer { state.answeredTerm = term }
+                return state.answeredTerm != term
+            }
+            (newTerm ? termAnswers : requestAnswers).request { [weak self] in self?.publishInterest() }
         }
         _ = connection.subscribe(subjects.interestRequest, sink: requestSink)
 
@@ -606,7 +616,7 @@ public final class ClusterNode: Service, Sendable {
         upstream.setWantedTopics(union)
         // A deadline already passed holds the client from connecting until ``renew`` moves it.
         upstream.setDeadline(wait > .zero ? .now : takenAt + configuration.upstreamDeadlineAfter)
-        if !connection.publish(subjects.interestRequest, "") { metrics.publishFailed("control", logger: logger) }
+        if !connection.publish(subjects.interestRequest, term) { metrics.publishFailed("control", logger: logger) }
         let upstreamRun = Task { try? await upstream.run() }
         state.withLock { state in
             state.upstreamApplied = union

@@ -85,9 +85,11 @@ final class LWSConnection: Sendable {
                     session: configuration.wire.upstreamSession(key: configuration.apiKey, secret: configuration.secret), timing: .init(configuration))))
         self.metrics = UpstreamMetrics(factory: configuration.metricsFactory)
         self.inbox = inbox
-        self.marketOfFrames = Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
+        // The market it was configured for; else the one its path names (a URL given alone).
+        self.marketOfFrames = configuration.market ?? Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
         self.bars = BarDerivation(rules: configuration.wire.barRules(of: marketOfFrames), metricsFactory: configuration.metricsFactory)
-        self.eventCheck = UpstreamEventCheck(market: marketOfFrames, wire: configuration.wire, maxBytes: configuration.maxEventBytes)
+        self.eventCheck = UpstreamEventCheck(
+            market: marketOfFrames, wire: configuration.wire, maxBytes: configuration.maxEventBytes, maxFoldedBytes: configuration.maxMessageBytes)
         self.endContinuation = ends
         self.exitContinuation = exit
     }

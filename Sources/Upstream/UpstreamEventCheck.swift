@@ -4,17 +4,23 @@ import MarketCore
 /// of a type the market has, under a ticker no longer than a client could name, of at most
 /// ``UpstreamConfiguration/maxEventBytes``. The same bounds as an event from NATS has
 /// (`ClusterChecks`): past them the hub would keep, as a topic's last value and in its history, what
-/// nobody bounded in bytes, and a type it has never seen would open a history line for good. What
-/// fails is dropped and counted, never a crash. Value type; one per connection.
+/// nobody bounded in bytes, and a type it has never seen would open a history line for good. A type
+/// the hub folds (an order book, whose whole state the vendor sends at once) may take a whole message:
+/// the fold keeps its own bound of levels. What fails is dropped and counted, never a crash. Value
+/// type; one per connection.
 struct UpstreamEventCheck: Sendable {
     let maxBytes: Int
+    let maxFoldedBytes: Int
     let maxTickerLength: Int
     let eventTypes: Set<String>
+    let foldedTypes: Set<String>
 
-    init(market: Market, wire: any WireProtocol, maxBytes: Int) {
+    init(market: Market, wire: any WireProtocol, maxBytes: Int, maxFoldedBytes: Int) {
         self.maxBytes = maxBytes
+        self.maxFoldedBytes = Swift.max(maxBytes, maxFoldedBytes)
         maxTickerLength = SessionLimits().maxTickerLength
         eventTypes = wire.eventTypes(of: market)
+        foldedTypes = wire.folding(of: market, limits: FoldLimits())?.eventTypes ?? []
     }
 
     /// The events that pass, and what the first one that did not was (`nil`: all passed, and `events`
@@ -26,7 +32,7 @@ struct UpstreamEventCheck: Sendable {
         var first: String?
         for (index, event) in events.enumerated() {
             var problem: String?
-            if event.bytes.readableBytes > maxBytes {
+            if event.bytes.readableBytes > maxBytes, event.bytes.readableBytes > maxFoldedBytes || !foldedTypes.contains(event.eventType) {
                 problem = "an event of \(event.bytes.readableBytes) bytes (at most \(maxBytes))"
             } else if event.ticker.utf8.count > maxTickerLength {
                 problem = "a ticker of \(event.ticker.utf8.count) bytes (at most \(maxTickerLength))"

@@ -69,6 +69,10 @@ struct AlpacaNewsTests {
         #expect(AlpacaNews.routes(many, itemBytes: 3 << 20) == Array(many.prefix(10)), "32 MiB of copies: 10 of a 3 MiB item")
         #expect(AlpacaNews.routes(["AAPL"], itemBytes: 64 << 20) == ["AAPL"], "always the first")
         #expect(AlpacaNews.routes([" ", ""]) == [AlpacaNews.noSymbol])
+        // A symbol longer than any topic's ticker is not routed (the upstream's check would drop its copy).
+        let long = String(repeating: "L", count: 41)
+        #expect(AlpacaNews.routes([long, "AAPL"]) == ["AAPL"])
+        #expect(AlpacaNews.routes([long]) == [AlpacaNews.noSymbol], "the item still reaches the holders of every item")
     }
 
     @Test func theIdIsFoundWhereverItStandsAndNotInAMapWithout() {
