@@ -35,6 +35,11 @@ final class ClusterMetrics: Sendable {
         }
     }
 
+    /// A client's `/v1/last` lookup of the last-value store refused: as many as allowed were under way.
+    func lastValueLookupRefused() {
+        Counter(label: "relay_cluster_last_value_lookups_refused_total", factory: factory).increment()
+    }
+
     /// A publish libnats refused (closed, or its reconnect buffer full), by what was published (`event`,
     /// `interest`, `control`, `last_value`): counted, logged at most once per 10 s per kind.
     func publishFailed(_ kind: String, logger: Logger) {

@@ -158,8 +158,28 @@ public final class ClusterNode: Service, Sendable {
     /// This node's upstream client while it leads.
     public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
 
-    /// A topic's last event from the cluster's last-value store (for `/v1/last` on a node whose clients
-    /// do not want the topic).
+    /// Lookups of the last-value store for clients (`/v1/last`) under way: each holds a thread of the
+    /// NATS request queue, which lease renewals share, so at most ``maxLastValueLookups`` at once.
+    private let lastValueLookups = Mutex(0)
+    static let maxLastValueLookups = 8
+
+    /// A topic's last event from the cluster's last-value store for `/v1/last` on a node whose clients do
+    /// not want the topic; `.busy` past ``maxLastValueLookups`` lookups at once.
+    public func lastValue(for topic: Topic) async -> LastValueLookup {
+        let admitted = lastValueLookups.withLock { lookups in
+            guard lookups < Self.maxLastValueLookups else { return false }
+            lookups += 1
+            return true
+        }
+        guard admitted else {
+            metrics.lastValueLookupRefused()
+            return .busy
+        }
+        defer { lastValueLookups.withLock { $0 -= 1 } }
+        return await lastEvent(for: topic).map { .found($0) } ?? .none
+    }
+
+    /// A topic's last event from the cluster's last-value store.
     public func lastEvent(for topic: Topic) async -> MarketEvent? {
         guard !topic.isWildcard, let bucket = state.withLock({ $0.lastValueBucket }) else { return nil }
         guard let entry = try? await bucket.get(subjects.lastValueKey(for: topic)), !entry.value.isEmpty else { return nil }

@@ -29,5 +29,5 @@ public struct ClusterSource: MarketSource {
             healthy: node.isHealthy, upstream: UpstreamReport(state: "standby", detail: detail, url: upstream), cluster: status)
     }
 
-    public func lastEvent(for topic: Topic) async -> MarketEvent? { await node.lastEvent(for: topic) }
+    public func lastValue(for topic: Topic) async -> LastValueLookup { await node.lastValue(for: topic) }
 }

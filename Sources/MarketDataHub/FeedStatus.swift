@@ -8,11 +8,19 @@ public protocol FeedStatus: Sendable {
     /// The feed's part of `/healthz`, and whether the relay can serve now.
     func report() async -> FeedReport
     /// A topic's last event when this node's hub has none (a cluster's shared last values).
-    func lastEvent(for topic: Topic) async -> MarketEvent?
+    func lastValue(for topic: Topic) async -> LastValueLookup
 }
 
 extension FeedStatus {
-    public func lastEvent(for topic: Topic) async -> MarketEvent? { nil }
+    public func lastValue(for topic: Topic) async -> LastValueLookup { .none }
+}
+
+/// What a feed's own store of last values said of a topic.
+public enum LastValueLookup: Sendable {
+    case found(MarketEvent)
+    case none
+    /// Not looked up: as many lookups as the feed allows at once are under way (answered `503`).
+    case busy
 }
 
 /// A snapshot of the feed for `/healthz`. Value type, `Sendable`.

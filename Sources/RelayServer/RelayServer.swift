@@ -493,7 +493,16 @@ public final class RelayServer: Service, Sendable {
         }
         // This node's hub first; a cluster node asks the cluster's last values for a topic nobody here wants.
         var last = await route.hub.lastEvent(for: topic)
-        if last == nil { last = await route.feed.lastEvent(for: topic) }
+        if last == nil {
+            switch await route.feed.lastValue(for: topic) {
+            case .found(let event): last = event
+            case .none: break
+            case .busy:
+                var busy = try Self.json(["error": "too many lookups of the cluster's last values at once; retry shortly"], status: .serviceUnavailable)
+                busy.headers[.retryAfter] = "1"
+                return busy
+            }
+        }
         guard let event = last else {
             return try Self.json(["error": "no event for \(topic) yet"], status: .notFound)
         }

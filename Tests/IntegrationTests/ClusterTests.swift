@@ -203,6 +203,34 @@ struct ClusterTests {
         }
     }
 
+    @Test func lookupsOfTheClustersLastValuesAreBoundedWhileNATSStalls() async throws {
+        try await ClusterHarness.with(nodes: 1) { cluster in
+            let port = try cluster.port("n1")
+            try await eventually("n1 to serve") { (try? await httpGet("http://127.0.0.1:\(port)/healthz"))?.status == 200 }
+            // NATS stops answering: each lookup of a topic nobody here holds waits for it (1 s, the request
+            // timeout) on the NATS request queue, which the lease's renewals share.
+            let nats = cluster.currentNATS.process.processIdentifier
+            kill(nats, SIGSTOP)
+            defer { kill(nats, SIGCONT) }
+            let statuses = try await within(.seconds(20), "every lookup to be answered") {
+                try await withThrowingTaskGroup(of: Int.self) { group in
+                    // A connection each (the shared session would send a few at a time).
+                    for index in 0..<32 {
+                        group.addTask { try await httpGetWithHeaders("http://127.0.0.1:\(port)/v1/last/T.NOBODY\(index)").status }
+                    }
+                    return try await group.reduce(into: [Int]()) { $0.append($1) }
+                }
+            }
+            kill(nats, SIGCONT)
+            // At most eight wait at a time and find nothing; those past them are told at once to come back
+            // (how many depends on how the 32 arrive; without the bound, none is).
+            #expect(statuses.contains(503), "\(statuses.sorted())")
+            #expect(statuses.allSatisfy { $0 == 503 || $0 == 404 }, "\(statuses.sorted())")
+            let metrics = try await httpGet("http://127.0.0.1:\(port)/metrics").body
+            #expect(metrics.contains("relay_cluster_last_value_lookups_refused_total"))
+        }
+    }
+
     /// The epoch of the first market's positions as `/v1/status` of `node` reports it.
     func positionsEpoch(of node: String, in cluster: ClusterHarness) async -> String? {
         guard let status = try? await httpGet("http://127.0.0.1:\(try cluster.port(node))/v1/status"),
