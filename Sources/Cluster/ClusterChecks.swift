@@ -16,9 +16,8 @@ public enum ClusterChecks {
     ) -> Result<MarketEvent, Rejection> {
         // A market event is far smaller, and a ticker far shorter, than what a publisher could send:
         // past them, the hub and every subscriber's buffer would hold what nobody bounded in bytes.
-        guard payload.count <= maxBytes else { return .failure(Rejection("an event of \(payload.count) bytes (at most \(maxBytes))")) }
-        guard topic.ticker.utf8.count <= SessionLimits().maxTickerLength else {
-            return .failure(Rejection("a ticker of \(topic.ticker.utf8.count) bytes (at most \(SessionLimits().maxTickerLength))"))
+        if let problem = EventBounds(maxBytes: maxBytes).problem(bytes: payload.count, ticker: topic.ticker) {
+            return .failure(Rejection(problem))
         }
         switch wire.checkedEvent(payload, topic: topic, market: market, receivedAt: receivedAt) {
         case .success(let event): return checkedPosition(event)

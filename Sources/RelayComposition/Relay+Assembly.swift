@@ -437,7 +437,7 @@ extension Relay {
         configuration.restPublicURL = settings.gateway?.publicURL
         if let gateway = settings.gateway {
             configuration.gatewayAnswerBytes = gateway.answersInFlightBytes
-            configuration.gatewayPieceTimeout = .nanoseconds(Int64(gateway.sendTimeout.components.seconds) * 1_000_000_000)
+            configuration.gatewayPieceTimeout = .init(gateway.sendTimeout)
         }
         configuration.metricsPublic = settings.metricsPublic
         configuration.limits = settings.limits

@@ -9,16 +9,14 @@ import MarketCore
 /// the fold keeps its own bound of levels. What fails is dropped and counted, never a crash. Value
 /// type; one per connection.
 struct UpstreamEventCheck: Sendable {
-    let maxBytes: Int
+    let bounds: EventBounds
     let maxFoldedBytes: Int
-    let maxTickerLength: Int
     let eventTypes: Set<String>
     let foldedTypes: Set<String>
 
     init(market: Market, wire: any WireProtocol, maxBytes: Int, maxFoldedBytes: Int) {
-        self.maxBytes = maxBytes
+        bounds = EventBounds(maxBytes: maxBytes)
         self.maxFoldedBytes = Swift.max(maxBytes, maxFoldedBytes)
-        maxTickerLength = SessionLimits().maxTickerLength
         eventTypes = wire.eventTypes(of: market)
         foldedTypes = wire.folding(of: market, limits: FoldLimits())?.eventTypes ?? []
     }
@@ -31,12 +29,10 @@ struct UpstreamEventCheck: Sendable {
         var kept: [MarketEvent]?
         var first: String?
         for (index, event) in events.enumerated() {
-            var problem: String?
-            if event.bytes.readableBytes > maxBytes, event.bytes.readableBytes > maxFoldedBytes || !foldedTypes.contains(event.eventType) {
-                problem = "an event of \(event.bytes.readableBytes) bytes (at most \(maxBytes))"
-            } else if event.ticker.utf8.count > maxTickerLength {
-                problem = "a ticker of \(event.ticker.utf8.count) bytes (at most \(maxTickerLength))"
-            } else if event.eventType != checkedType {
+            let bytes = event.bytes.readableBytes
+            let limit = bytes > bounds.maxBytes && foldedTypes.contains(event.eventType) ? maxFoldedBytes : bounds.maxBytes
+            var problem = bounds.problem(bytes: bytes, ticker: event.ticker, maxBytes: limit)
+            if problem == nil, event.eventType != checkedType {
                 if eventTypes.contains(event.eventType) {
                     checkedType = event.eventType
                 } else {

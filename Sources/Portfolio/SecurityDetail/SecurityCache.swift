@@ -232,20 +232,7 @@ public actor SecurityCache<Detail: Sendable> {
     /// kept load nobody waits for is given ``keptFor`` to end; then it is cancelled, so loads stuck
     /// behind a spent REST budget do not hold every slot for as long as it stays spent.
     private func keep(_ symbol: String, token: UInt64) {
-        let id: UInt64
-        if var current = loading[symbol], current.interested.remove(token) != nil {
-            current.kept = true
-            loading[symbol] = current
-            id = current.id
-        } else if let old = retired.first(where: { $0.value.interested.contains(token) }) {
-            var current = old.value
-            current.interested.remove(token)
-            current.kept = true
-            retired[old.key] = current
-            id = current.id
-        } else {
-            return
-        }
+        guard let id = leave(symbol, token: token, keeping: true)?.id else { return }
         let keptFor = self.keptFor
         Task {
             try? await Task.sleep(for: keptFor)
@@ -267,21 +254,30 @@ public actor SecurityCache<Detail: Sendable> {
     /// Withdraws one interest (again is harmless); the last one out cancels the load unless a request
     /// left it running (``keep(_:token:)``).
     private func withdraw(_ symbol: String, token: UInt64) {
-        if var current = loading[symbol], current.interested.remove(token) != nil {
-            loading[symbol] = current
-            if current.interested.isEmpty, !current.kept {
-                loading[symbol] = nil
-                cancel(current)
-            }
+        if let orphan = leave(symbol, token: token, keeping: false)?.orphan { cancel(orphan) }
+    }
+
+    /// Takes `token`'s interest out of the load it joined (still joinable under `symbol`, or retired
+    /// since), marking that load kept when `keeping`. A load then wanted by nobody and not kept is
+    /// taken out too, and returned as `orphan` for the caller to cancel. `nil`: the token holds no
+    /// interest (any more).
+    private func leave(_ symbol: String, token: UInt64, keeping: Bool) -> (id: UInt64, orphan: Load?)? {
+        let retiredKey: UInt64?
+        var load: Load
+        if let current = loading[symbol], current.interested.contains(token) {
+            retiredKey = nil
+            load = current
         } else if let old = retired.first(where: { $0.value.interested.contains(token) }) {
-            var current = old.value
-            current.interested.remove(token)
-            retired[old.key] = current
-            if current.interested.isEmpty, !current.kept {
-                retired[old.key] = nil
-                cancel(current)
-            }
+            retiredKey = old.key
+            load = old.value
+        } else {
+            return nil
         }
+        load.interested.remove(token)
+        if keeping { load.kept = true }
+        let orphaned = load.interested.isEmpty && !load.kept
+        if let retiredKey { retired[retiredKey] = orphaned ? nil : load } else { loading[symbol] = orphaned ? nil : load }
+        return (load.id, orphaned ? load : nil)
     }
 
     private func cancel(_ load: Load) {
