@@ -436,6 +436,13 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     func pingOrDrop() {
         guard let context, !isClosing else { return }
         if awaitingPong {
+            // Reading paused by the relay itself (its hub changes backlogged, or its pace): the answer
+            // may be waiting unread in the socket, so the peer is not judged gone. It is asked again
+            // an interval later (no second ping: one unanswered is enough to wait for).
+            if backlogged || throttled {
+                pings.add(self)
+                return
+            }
             // No answer for a whole interval: the peer is gone without a FIN.
             context.close(promise: nil)
             return

@@ -1,0 +1,68 @@
+import NIOCore
+import NIOEmbedded
+import NIOWebSocket
+import Testing
+
+@testable import RelayServer
+
+/// A client whose reading the relay holds (its hub changes backlogged) cannot have its pong read:
+/// the ping deadline does not judge it gone meanwhile, and does again once reading goes on.
+@Suite struct HeldReadingPingTests {
+    private static let interval = TimeAmount.seconds(30)
+
+    /// The real handler in an embedded pipeline, its ping deadlines on the embedded loop.
+    private func connection() throws -> (EmbeddedChannel, WebSocketConnectionHandler) {
+        let channel = EmbeddedChannel()
+        let pings = LoopDeadlineQueue<WebSocketConnectionHandler>(loop: channel.embeddedEventLoop, delay: Self.interval) { $0.pingOrDrop() }
+        let handler = WebSocketConnectionHandler(
+            pings: pings, closeTimeout: .seconds(5), messageLimit: ClientMessageLimit(initial: 4096, full: 4096), outboundLimit: 1 << 20,
+            pace: .init(perSecond: 100, burst: 100))
+        try channel.pipeline.syncOperations.addHandler(handler)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        return (channel, handler)
+    }
+
+    private func pingsWritten(_ channel: EmbeddedChannel) throws -> Int {
+        var count = 0
+        while let frame = try channel.readOutbound(as: WebSocketFrame.self) {
+            if frame.opcode == .ping { count += 1 }
+        }
+        return count
+    }
+
+    @Test func aPeerWhoseReadingIsHeldIsNotDroppedForAnUnreadPong() throws {
+        let (channel, handler) = try connection()
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(try pingsWritten(channel) == 1, "a quiet client is pinged after an interval")
+
+        handler.holdReading(true)
+        channel.embeddedEventLoop.advanceTime(by: Self.interval * 3)
+        #expect(channel.isActive, "three intervals without a pong while its reading is held: still open")
+        #expect(try pingsWritten(channel) == 0, "no second ping while the first waits unread")
+
+        handler.holdReading(false)
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(!channel.isActive, "read again, and still no pong an interval later: gone")
+    }
+
+    @Test func aPeerThatIsReadAndDoesNotAnswerIsDropped() throws {
+        let (channel, _) = try connection()
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(try pingsWritten(channel) == 1)
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(!channel.isActive, "no pong for a whole interval")
+    }
+
+    @Test func aPongKeepsAHeldPeerOnceItIsRead() throws {
+        let (channel, handler) = try connection()
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(try pingsWritten(channel) == 1)
+        handler.holdReading(true)
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        handler.holdReading(false)
+        try channel.writeInbound(WebSocketFrame(fin: true, opcode: .pong, data: ByteBuffer()))
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(channel.isActive, "the pong read after the hold answers the ping")
+        #expect(try pingsWritten(channel) == 1, "and the next interval pings again")
+    }
+}
