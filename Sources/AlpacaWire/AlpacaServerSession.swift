@@ -35,8 +35,12 @@ public struct AlpacaServerSession: Sendable {
     public private(set) var topics: Set<Topic> = [] {
         didSet { subscriptionFrame = nil }
     }
+    /// The topics' tickers by event type, each list kept sorted as topics come and go (a binary search
+    /// and a move each): a change is answered by encoding the whole subscription, as Alpaca's protocol
+    /// wants, without sorting up to ``SessionLimits/topicsPerConnection`` tickers again.
+    private var listed: [String: [String]] = [:]
     /// The whole subscription as last encoded, until the topics change: a change that changes nothing
-    /// (or any number of them in a row) is answered without listing and sorting every topic again.
+    /// (or any number of them in a row) is answered without listing every topic again.
     private var subscriptionFrame: [UInt8]?
     public var isAuthenticated: Bool { grant != nil }
     private let authenticate: @Sendable (String) -> ClientGrant?
@@ -179,12 +183,12 @@ public struct AlpacaServerSession: Sendable {
                     return error(.symbolLimitExceeded, verdict.reason ?? "topic limit reached")
                 }
             }
-            if !wanted.isEmpty { topics.formUnion(wanted) }
+            if !wanted.isEmpty { hold(wanted) }
             reaction.added = wanted
         } else {
             var seen = Set<Topic>()
             reaction.removed = (asked + implied).filter { topics.contains($0) && seen.insert($0).inserted }
-            if !reaction.removed.isEmpty { topics.subtract(reaction.removed) }
+            if !reaction.removed.isEmpty { letGo(reaction.removed) }
             if !reaction.removed.isEmpty, let budget, let grant { budget.release(reaction.removed, grant) }
         }
         let frame = subscriptionFrame ?? codec.frame([subscription])
@@ -196,19 +200,74 @@ public struct AlpacaServerSession: Sendable {
     /// `{"T":"subscription","trades":[…],…}`: the connection's whole subscription, every channel of the
     /// feed listed, symbols sorted.
     public var subscription: MessagePack.Value {
-        var bySymbol: [String: [String]] = [:]
-        for topic in topics { bySymbol[topic.eventType, default: []].append(topic.ticker) }
         var entries: [MessagePack.Value.Entry] = [.init(.string("T"), .string("subscription"))]
         for channel in feed.channels {
-            let symbols = (bySymbol[channel.eventType] ?? []).sorted().map { MessagePack.Value.string($0) }
+            let symbols = (listed[channel.eventType] ?? []).map { MessagePack.Value.string($0) }
             entries.append(.init(.string(channel.rawValue), .array(symbols)))
         }
         return .map(entries)
     }
 
+    /// Holds topics not held yet. A few go each into its place; many are appended and the list
+    /// sorted again (the standard library's sort takes the sorted part as one run: about linear).
+    private mutating func hold(_ added: [Topic]) {
+        topics.formUnion(added)
+        if added.count <= Self.placedOneByOne {
+            for topic in added { listed[topic.eventType, default: []].insertSorted(topic.ticker) }
+            return
+        }
+        var types = Set<String>()
+        for topic in added {
+            listed[topic.eventType, default: []].append(topic.ticker)
+            types.insert(topic.eventType)
+        }
+        for type in types { listed[type]?.sort() }
+    }
+
+    /// Lets go of topics held: a few found each by a binary search, many in one pass.
+    private mutating func letGo(_ removed: [Topic]) {
+        topics.subtract(removed)
+        if removed.count <= Self.placedOneByOne {
+            for topic in removed { listed[topic.eventType]?.removeSorted(topic.ticker) }
+            return
+        }
+        for (type, gone) in Dictionary(grouping: removed, by: \.eventType) {
+            let tickers = Set(gone.map(\.ticker))
+            listed[type]?.removeAll { tickers.contains($0) }
+        }
+    }
+
+    /// Up to this many topics of a change are placed one by one.
+    private static let placedOneByOne = 16
+
     /// The topics held are given up (the connection closed): their share of the budget is released.
     public mutating func releaseAll() {
         if !topics.isEmpty, let budget, let grant { budget.release(Array(topics), grant) }
         topics = []
+        listed = [:]
+    }
+}
+
+extension Array where Element == String {
+    /// Puts `value` in its place in this sorted array.
+    fileprivate mutating func insertSorted(_ value: String) {
+        insert(value, at: sortedIndex(of: value))
+    }
+
+    /// Takes `value` out of this sorted array, if it is there.
+    fileprivate mutating func removeSorted(_ value: String) {
+        let index = sortedIndex(of: value)
+        if index < count, self[index] == value { remove(at: index) }
+    }
+
+    /// Where `value` is, or goes, in this sorted array: the first index whose element is not below it.
+    private func sortedIndex(of value: String) -> Int {
+        var low = 0
+        var high = count
+        while low < high {
+            let middle = (low + high) / 2
+            if self[middle] < value { low = middle + 1 } else { high = middle }
+        }
+        return low
     }
 }

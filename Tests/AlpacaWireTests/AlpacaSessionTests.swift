@@ -50,6 +50,31 @@ struct AlpacaSessionTests {
         #expect(removed.frames != first.frames, "a real change is listed anew")
     }
 
+    /// The lists are kept sorted as topics come and go (one by one, and in bulk) rather than sorted per
+    /// change: after each of 300 random changes, every channel's list is exactly its symbols, sorted.
+    @Test func eachReplyListsEveryChannelsSymbolsSortedAfterRandomChanges() throws {
+        var session = session()
+        _ = session.receive(json(#"{"action":"auth","key":"good","secret":"anything"}"#))
+        var random = SplitMix64(seed: 33)
+        var model: [String: Set<String>] = ["trades": [], "quotes": [], "bars": []]
+        for round in 0..<300 {
+            let channel = ["trades", "quotes", "bars"][Int(random.next() % 3)]
+            // Mostly one to three symbols, now and then a bulk change past the one-by-one bound.
+            let count = round % 10 == 0 ? 40 : 1 + Int(random.next() % 3)
+            let symbols = (0..<count).map { _ in "S\(random.next() % 120)" }
+            let subscribe = random.next() % 3 != 0
+            let list = symbols.map { "\"\($0)\"" }.joined(separator: ",")
+            let reaction = session.receive(json(#"{"action":""# + (subscribe ? "subscribe" : "unsubscribe") + #"",""# + channel + #"":["# + list + "]}"))
+            if subscribe { model[channel]?.formUnion(symbols) } else { model[channel]?.subtract(symbols) }
+            // A trades subscription brings corrections and cancel errors with it, and takes them away.
+            let reply = try #require(reaction.frames.first.flatMap { read($0, .json).first })
+            for (name, symbols) in model {
+                #expect(reply[name] == .array(symbols.sorted().map { .string($0) }), "round \(round): \(name)")
+            }
+            #expect(reply["corrections"] == reply["trades"] && reply["cancelErrors"] == reply["trades"], "round \(round)")
+        }
+    }
+
     @Test func theMessagePackCodecAnswersInMessagePack() throws {
         var session = session(.messagePack, feed: .crypto)
         #expect(try MessagePack.decode(Array(session.connectedFrame.readableBytesView)) == .array([AlpacaControl.connected]))
