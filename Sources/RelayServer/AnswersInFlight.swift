@@ -12,11 +12,19 @@ import Synchronization
 /// answer alone is always sent, whatever its size, when nothing else is in flight. A connection that
 /// makes no progress for ``pieceTimeout`` — its head, a piece, or the end not taken — is closed: a
 /// client that stopped reading does not hold its answer's bytes for as long as it keeps its socket open.
+/// One body sent to several clients (a coalesced answer: the same buffer) counts once, as it is held
+/// once.
 ///
 /// `Sendable`: a `Mutex`.
 final class AnswersInFlight: Sendable {
     let limit: Int
-    private let held = Mutex(0)
+    private struct Held {
+        var bytes = 0
+        /// The bodies counted, by the address of their bytes: how large, and how many answers send it.
+        var bodies: [UInt: (size: Int, answers: Int)] = [:]
+    }
+
+    private let held = Mutex(Held())
     private let gauge: Gauge?
     private let refusals: Counter?
 
@@ -34,28 +42,44 @@ final class AnswersInFlight: Sendable {
     }
 
     /// The bytes counted now.
-    var bytes: Int { held.withLock { $0 } }
+    var bytes: Int { held.withLock { $0.bytes } }
 
-    /// Counts `size` bytes for an answer on `channel`, unless they would pass the bound while something
-    /// else is counted. The bytes are counted until the returned value is released.
-    func take(_ size: Int, on channel: any Channel, stallTimeout: TimeAmount) -> Reservation? {
+    /// Counts `body`'s bytes for an answer on `channel`, unless they would pass the bound while
+    /// something else is counted (a body another answer is sending already costs nothing more, and is
+    /// never refused). The bytes are counted until the returned value is released.
+    func take(_ body: ByteBuffer, on channel: any Channel, stallTimeout: TimeAmount) -> Reservation? {
+        let size = body.readableBytes
+        let address = body.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
         let taken = held.withLock { held in
-            guard held == 0 || held + size <= limit else { return false }
-            held += size
-            gauge?.record(held)
+            if let counted = held.bodies[address], counted.size == size {
+                held.bodies[address] = (size, counted.answers + 1)
+                return true
+            }
+            guard held.bytes == 0 || held.bytes + size <= limit else { return false }
+            held.bytes += size
+            // An address counted with another size is another view of the bytes: counted on its own.
+            if held.bodies[address] == nil { held.bodies[address] = (size, 1) }
+            gauge?.record(held.bytes)
             return true
         }
         guard taken else {
             refusals?.increment()
             return nil
         }
-        return Reservation(self, size, channel: channel, stallTimeout: stallTimeout)
+        return Reservation(self, body, address: address, channel: channel, stallTimeout: stallTimeout)
     }
 
-    private func give(_ size: Int) {
+    private func give(_ size: Int, address: UInt) {
         held.withLock { held in
-            held -= size
-            gauge?.record(held)
+            if let counted = held.bodies[address], counted.size == size {
+                guard counted.answers == 1 else {
+                    held.bodies[address] = (size, counted.answers - 1)
+                    return
+                }
+                held.bodies[address] = nil
+            }
+            held.bytes -= size
+            gauge?.record(held.bytes)
         }
     }
 
@@ -65,14 +89,18 @@ final class AnswersInFlight: Sendable {
     /// the write waiting on it and ends the body.
     final class Reservation: Sendable {
         private let owner: AnswersInFlight
-        let size: Int
+        /// Held until the count is given back: its bytes' address is not reused while it is counted.
+        private let body: ByteBuffer
+        private let address: UInt
+        var size: Int { body.readableBytes }
         private let channel: any Channel
         private let stallTimeout: TimeAmount
         private let watch = Mutex<Scheduled<Void>?>(nil)
 
-        fileprivate init(_ owner: AnswersInFlight, _ size: Int, channel: any Channel, stallTimeout: TimeAmount) {
+        fileprivate init(_ owner: AnswersInFlight, _ body: ByteBuffer, address: UInt, channel: any Channel, stallTimeout: TimeAmount) {
             self.owner = owner
-            self.size = size
+            self.body = body
+            self.address = address
             self.channel = channel
             self.stallTimeout = stallTimeout
             progressed()
@@ -98,7 +126,7 @@ final class AnswersInFlight: Sendable {
 
         deinit {
             finished()
-            owner.give(size)
+            owner.give(size, address: address)
         }
     }
 
@@ -106,7 +134,7 @@ final class AnswersInFlight: Sendable {
     /// refuses it) and written a piece at a time, the count held until the body is written or dropped.
     func responseBody(_ body: ByteBuffer, on channel: any Channel, stallTimeout: TimeAmount = pieceTimeout) -> ResponseBody? {
         guard body.readableBytes >= Self.countedFrom else { return ResponseBody(byteBuffer: body) }
-        guard let reservation = take(body.readableBytes, on: channel, stallTimeout: stallTimeout) else { return nil }
+        guard let reservation = take(body, on: channel, stallTimeout: stallTimeout) else { return nil }
         return ResponseBody(contentLength: body.readableBytes) { writer in
             var rest = body
             while rest.readableBytes > 0, let piece = rest.readSlice(length: Swift.min(Self.piece, rest.readableBytes)) {
