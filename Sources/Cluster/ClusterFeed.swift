@@ -124,12 +124,14 @@ final class ClusterFeed: Sendable {
 
     // MARK: what this node wants
 
-    /// Makes the NATS subscriptions equal to `topics` (the hub's wanted set, in which no ticker is
+    /// Makes the NATS subscriptions equal to `wanted()` (the hub's wanted set, in which no ticker is
     /// covered by a wildcard, so no event arrives twice). New ticker topics are seeded from the
-    /// cluster's last-value store.
-    func setWanted(_ topics: Set<Topic>) {
+    /// cluster's last-value store. The set is read under the subscriptions' lock: two batches that
+    /// overlap apply in the order they read it, so an older set never lands after a newer one.
+    func setWanted(_ wanted: () -> Set<Topic>) {
         guard let sink = eventSink.withLock({ $0 }) else { return }
         let (added, removed): ([Topic], [NATSSubscription]) = subscriptions.withLock { current in
+            let topics = wanted()
             let added = topics.filter { current[$0] == nil }
             var removed: [NATSSubscription] = []
             for topic in current.keys where !topics.contains(topic) {
@@ -147,9 +149,37 @@ final class ClusterFeed: Sendable {
         // snapshot) is not sent items of megabytes it would drop.
         let hub = self.hub
         let seeds = added.filter { !$0.isWildcard && (hub.snapshotOnSubscribe || hub.folding?.eventTypes.contains($0.eventType) == true) }
-        guard !seeds.isEmpty else { return }
-        Task {
-            for topic in seeds {
+        seed(seeds)
+    }
+
+    /// Topics waiting to be seeded from the last-value store, in order, each once; and whether a task
+    /// is seeding them. One task at a time reads the store, so clients churning their subscriptions
+    /// while NATS is slow queue at most the wanted set, not a task per change.
+    private let seeding = Mutex<(order: [Topic], queued: Set<Topic>, running: Bool)>(([], [], false))
+
+    private func seed(_ topics: [Topic]) {
+        guard !topics.isEmpty else { return }
+        let start = seeding.withLock { seeding in
+            for topic in topics where seeding.queued.insert(topic).inserted { seeding.order.append(topic) }
+            defer { seeding.running = true }
+            return !seeding.running
+        }
+        if start { Task { await self.seedQueued() } }
+    }
+
+    private func seedQueued() async {
+        while true {
+            let batch = seeding.withLock { seeding in
+                defer {
+                    seeding.order.removeAll()
+                    seeding.queued.removeAll()
+                }
+                if seeding.order.isEmpty { seeding.running = false }
+                return seeding.order
+            }
+            guard !batch.isEmpty else { return }
+            // A topic dropped meanwhile is not read.
+            for topic in batch where subscriptions.withLock({ $0[topic] != nil }) {
                 if let event = await lastValues(topic) { inbox.push(.seed(event)) }
             }
         }

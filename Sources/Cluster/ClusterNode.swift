@@ -158,25 +158,55 @@ public final class ClusterNode: Service, Sendable {
     /// This node's upstream client while it leads.
     public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
 
-    /// Lookups of the last-value store for clients (`/v1/last`) under way: each holds a thread of the
-    /// NATS request queue, which lease renewals share, so at most ``maxLastValueLookups`` at once.
-    private let lastValueLookups = Mutex(0)
+    /// Lookups of the last-value store for clients (`/v1/last`): those under way by topic (each holds
+    /// a thread of the NATS request queue, which lease renewals share, so at most
+    /// ``maxLastValueLookups`` at once; a request for a topic being looked up joins that lookup), and
+    /// the answers of the last quarter second.
+    private struct LastValueLookups {
+        var flights: [Topic: Task<MarketEvent?, Never>] = [:]
+        var recent = RecentLastValues()
+    }
+
+    private let lastValueLookups = Mutex(LastValueLookups())
     static let maxLastValueLookups = 8
 
     /// A topic's last event from the cluster's last-value store for `/v1/last` on a node whose clients do
-    /// not want the topic; `.busy` past ``maxLastValueLookups`` lookups at once.
+    /// not want the topic: a recent answer, the lookup under way for it, or a new lookup; `.busy` past
+    /// ``maxLastValueLookups`` lookups at once.
     public func lastValue(for topic: Topic) async -> LastValueLookup {
-        let admitted = lastValueLookups.withLock { lookups in
-            guard lookups < Self.maxLastValueLookups else { return false }
-            lookups += 1
-            return true
+        enum Step {
+            case known(MarketEvent?)
+            case flight(Task<MarketEvent?, Never>, joined: Bool)
+            case busy
         }
-        guard admitted else {
+        let step: Step = lastValueLookups.withLock { lookups in
+            if let known = lookups.recent.answer(for: topic, at: .now) { return .known(known) }
+            if let flight = lookups.flights[topic] { return .flight(flight, joined: true) }
+            guard lookups.flights.count < Self.maxLastValueLookups else { return .busy }
+            let flight = Task { [weak self] () -> MarketEvent? in
+                let event = await self?.lastEvent(for: topic)
+                self?.lastValueLookups.withLock { lookups in
+                    lookups.flights[topic] = nil
+                    lookups.recent.remember(event, for: topic, at: .now)
+                }
+                return event
+            }
+            lookups.flights[topic] = flight
+            return .flight(flight, joined: false)
+        }
+        let event: MarketEvent?
+        switch step {
+        case .busy:
             metrics.lastValueLookupRefused()
             return .busy
+        case .known(let known):
+            metrics.lastValueLookup("recent")
+            event = known
+        case .flight(let flight, let joined):
+            metrics.lastValueLookup(joined ? "joined" : "store")
+            event = await flight.value
         }
-        defer { lastValueLookups.withLock { $0 -= 1 } }
-        return await lastEvent(for: topic).map { .found($0) } ?? .none
+        return event.map { .found($0) } ?? .none
     }
 
     /// A topic's last event from the cluster's last-value store.
@@ -236,10 +266,18 @@ public final class ClusterNode: Service, Sendable {
         }
         _ = connection.subscribe(subjects.interestRequest, sink: requestSink)
 
-        let interestPublisher = Debouncer(delay: .milliseconds(20))
-        localInterest.listen { [weak self] topics in
-            feed.setWanted(topics)
-            interestPublisher.poke { [weak self] in self?.publishInterest() }
+        // The hub tells each change of its wanted set, on the hub: nothing here costs it more than a
+        // poke. The NATS subscriptions follow the set in batches of 20 ms (one diff of the whole set
+        // each, off the hub), and the interest is published at once, then at most four times a second
+        // however clients churn (each publish sorts and sends the whole set).
+        let wantedBatch = Debouncer(delay: .milliseconds(20))
+        let interestPublisher = Throttle(interval: .milliseconds(250))
+        let localInterest = self.localInterest
+        localInterest.listen { [weak self] _ in
+            wantedBatch.poke { [weak self] in
+                feed.setWanted { localInterest.topics }
+                interestPublisher.request { [weak self] in self?.publishInterest() }
+            }
         }
         logger.info(
             "cluster node starting",

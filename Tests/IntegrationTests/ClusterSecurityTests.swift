@@ -191,6 +191,43 @@ struct ClusterInboundChecksTests {
     "Cluster on NATS: lease bucket, interest size", .serialized, .timeLimit(.minutes(3)),
     .enabled(if: ClusterHarness.enabled, "nats-server is not installed (scripts/test installs it)"))
 struct ClusterLeaseAndInterestTests {
+    /// A node's clients changing their subscriptions as fast as they may cost the cluster a bounded
+    /// number of interest publishes (each sorts and sends the node's whole wanted set): at once, then
+    /// at most four a second, besides the heartbeat's. The last one names every topic.
+    @Test func subscriptionChurnCostsANodeAtMostFourInterestPublishesASecond() async throws {
+        try await ClusterHarness.with(nodes: 1) { cluster in
+            _ = try await cluster.agreedLeader()
+            let nats = try await natsClient(cluster.natsURL, name: "listener")
+            let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+            let publishes = Mutex<[String]>([])
+            let sink = NATSMessageSink { _, payload in
+                let text = String(decoding: payload, as: UTF8.self)
+                publishes.withLock { $0.append(text) }
+            }
+            #expect(nats.subscribe(subjects.interest(of: "n1"), sink: sink) != nil)
+            let client = try await WSTestClient.authenticated(url: try cluster.url("n1"))
+            let before = publishes.withLock { $0.count }
+            let started = ContinuousClock.now
+            let wanted = Set((0..<150).map { "Q.CH\($0)" })
+            // One topic a message, every 10 ms: a hub change each (within the client's burst).
+            for index in 0..<150 {
+                client.send(ClientAction(.subscribe, params: "Q.CH\(index)"))
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            try await eventually("n1's interest to name all 150 topics", timeout: .seconds(10)) {
+                guard let last = publishes.withLock({ $0.last }), let topics = last.split(separator: "\n").dropFirst().first else { return false }
+                return wanted.isSubset(of: Set(topics.split(separator: ",").map(String.init)))
+            }
+            let elapsed = ContinuousClock.now - started
+            let count = publishes.withLock { $0.count } - before
+            // At once, then one each 250 ms; the heartbeat's once a second.
+            let bound = Int(elapsed / .milliseconds(250)) + Int(elapsed / .seconds(1)) + 3
+            #expect(count <= bound, "\(count) interest publishes in \(elapsed) (at most \(bound))")
+            await client.close()
+            await nats.close()
+        }
+    }
+
     @Test func aNodeWhoseLeaseDiffersFromTheBucketRefusesToRun() async throws {
         try await ClusterHarness.with(nodes: 1) { cluster in
             _ = try await cluster.agreedLeader()

@@ -231,6 +231,32 @@ struct ClusterTests {
         }
     }
 
+    /// Requests for one topic share one lookup of the cluster's store: while NATS stalls, 32 at once are
+    /// each answered (none told to come back), from the single lookup under way.
+    @Test func requestsForOneTopicShareOneLookupOfTheClustersLastValues() async throws {
+        try await ClusterHarness.with(nodes: 1) { cluster in
+            let port = try cluster.port("n1")
+            try await eventually("n1 to serve") { (try? await httpGet("http://127.0.0.1:\(port)/healthz"))?.status == 200 }
+            let nats = cluster.currentNATS.process.processIdentifier
+            kill(nats, SIGSTOP)
+            defer { kill(nats, SIGCONT) }
+            let statuses = try await within(.seconds(20), "every lookup to be answered") {
+                try await withThrowingTaskGroup(of: Int.self) { group in
+                    for _ in 0..<32 {
+                        group.addTask { try await httpGetWithHeaders("http://127.0.0.1:\(port)/v1/last/T.NOBODY").status }
+                    }
+                    return try await group.reduce(into: [Int]()) { $0.append($1) }
+                }
+            }
+            kill(nats, SIGCONT)
+            #expect(statuses.allSatisfy { $0 == 404 }, "\(statuses.sorted())")
+            let joined = await metric(port, #"relay_cluster_last_value_lookups_total{market="stocks",outcome="joined"}"#)
+            let store = await metric(port, #"relay_cluster_last_value_lookups_total{market="stocks",outcome="store"}"#)
+            let recent = await metric(port, #"relay_cluster_last_value_lookups_total{market="stocks",outcome="recent"}"#)
+            #expect(joined >= 1 && joined + store + recent == 32, "joined \(joined), store \(store), recent \(recent)")
+        }
+    }
+
     /// The epoch of the first market's positions as `/v1/status` of `node` reports it.
     func positionsEpoch(of node: String, in cluster: ClusterHarness) async -> String? {
         guard let status = try? await httpGet("http://127.0.0.1:\(try cluster.port(node))/v1/status"),
