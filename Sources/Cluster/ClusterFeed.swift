@@ -152,34 +152,49 @@ final class ClusterFeed: Sendable {
         seed(seeds)
     }
 
-    /// Topics waiting to be seeded from the last-value store, in order, each once; and whether a task
-    /// is seeding them. One task at a time reads the store, so clients churning their subscriptions
-    /// while NATS is slow queue at most the wanted set, not a task per change.
-    private let seeding = Mutex<(order: [Topic], queued: Set<Topic>, running: Bool)>(([], [], false))
+    /// Topics waiting to be seeded from the last-value store, each once, in the groups their batches
+    /// brought them, and how many tasks seed them. At most ``seedingTasks`` read the store at once, so
+    /// clients churning their subscriptions while NATS is slow queue at most the wanted set, not a task
+    /// per change; each task takes ``seedingTurn`` topics of the first group, then that group goes to
+    /// the back, so a client's one new topic does not wait behind another's ten thousand.
+    private struct Seeding {
+        var groups: [ArraySlice<Topic>] = []
+        var queued: Set<Topic> = []
+        var tasks = 0
+    }
+
+    private let seeding = Mutex(Seeding())
+    static let seedingTasks = 4
+    static let seedingTurn = 16
 
     private func seed(_ topics: [Topic]) {
-        guard !topics.isEmpty else { return }
         let start = seeding.withLock { seeding in
-            for topic in topics where seeding.queued.insert(topic).inserted { seeding.order.append(topic) }
-            defer { seeding.running = true }
-            return !seeding.running
+            let group = topics.filter { seeding.queued.insert($0).inserted }
+            guard !group.isEmpty else { return false }
+            seeding.groups.append(group[...])
+            guard seeding.tasks < Self.seedingTasks else { return false }
+            seeding.tasks += 1
+            return true
         }
         if start { Task { await self.seedQueued() } }
     }
 
     private func seedQueued() async {
         while true {
-            let batch = seeding.withLock { seeding in
-                defer {
-                    seeding.order.removeAll()
-                    seeding.queued.removeAll()
+            let turn: ArraySlice<Topic> = seeding.withLock { seeding in
+                guard !seeding.groups.isEmpty else {
+                    seeding.tasks -= 1
+                    return []
                 }
-                if seeding.order.isEmpty { seeding.running = false }
-                return seeding.order
+                let group = seeding.groups.removeFirst()
+                let turn = group.prefix(Self.seedingTurn)
+                if group.count > turn.count { seeding.groups.append(group.dropFirst(turn.count)) }
+                for topic in turn { seeding.queued.remove(topic) }
+                return turn
             }
-            guard !batch.isEmpty else { return }
+            guard !turn.isEmpty else { return }
             // A topic dropped meanwhile is not read.
-            for topic in batch where subscriptions.withLock({ $0[topic] != nil }) {
+            for topic in turn where subscriptions.withLock({ $0[topic] != nil }) {
                 if let event = await lastValues(topic) { inbox.push(.seed(event)) }
             }
         }
@@ -243,6 +258,8 @@ final class ClusterFeed: Sendable {
     }
 
     func stop() {
+        // A batch of the wanted set still due subscribes nothing on the closed connection.
+        eventSink.withLock { $0 = nil }
         inbox.finish()
         let all = subscriptions.withLock { current in
             defer { current.removeAll() }

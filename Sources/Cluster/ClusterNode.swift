@@ -184,10 +184,12 @@ public final class ClusterNode: Service, Sendable {
             if let flight = lookups.flights[topic] { return .flight(flight, joined: true) }
             guard lookups.flights.count < Self.maxLastValueLookups else { return .busy }
             let flight = Task { [weak self] () -> MarketEvent? in
+                // An answer is as old as the moment the store was asked (a stalled NATS may take a second).
+                let askedAt = ContinuousClock.now
                 let event = await self?.lastEvent(for: topic)
                 self?.lastValueLookups.withLock { lookups in
                     lookups.flights[topic] = nil
-                    lookups.recent.remember(event, for: topic, at: .now)
+                    lookups.recent.remember(event, for: topic, at: askedAt, now: .now)
                 }
                 return event
             }
@@ -272,9 +274,9 @@ public final class ClusterNode: Service, Sendable {
         // however clients churn (each publish sorts and sends the whole set).
         let wantedBatch = Debouncer(delay: .milliseconds(20))
         let interestPublisher = Throttle(interval: .milliseconds(250))
-        let localInterest = self.localInterest
         localInterest.listen { [weak self] _ in
             wantedBatch.poke { [weak self] in
+                guard let localInterest = self?.localInterest else { return }
                 feed.setWanted { localInterest.topics }
                 interestPublisher.request { [weak self] in self?.publishInterest() }
             }

@@ -80,6 +80,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private var throttled = false
     /// Reading is paused while the connection's hub changes are backlogged (``holdReading(_:)``).
     private var backlogged = false
+    /// Reading was paused by the relay (backlogged or throttled) since the last ping deadline: a pong
+    /// may still be waiting behind what the client sent meanwhile.
+    private var heldSinceDeadline = false
     private var writable = true
 
     init(
@@ -228,6 +231,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     func holdReading(_ hold: Bool) {
         guard hold != backlogged else { return }
         backlogged = hold
+        if hold { heldSinceDeadline = true }
         if let context { updateReading(context) }
     }
 
@@ -243,6 +247,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         tokens -= 1
         guard tokens < 1, !throttled else { return }
         throttled = true
+        heldSinceDeadline = true
         updateReading(context)
         let wait = TimeAmount.nanoseconds(Int64((1 - tokens) / Double(pace.perSecond) * 1e9))
         let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
@@ -436,10 +441,12 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     func pingOrDrop() {
         guard let context, !isClosing else { return }
         if awaitingPong {
-            // Reading paused by the relay itself (its hub changes backlogged, or its pace): the answer
-            // may be waiting unread in the socket, so the peer is not judged gone. It is asked again
-            // an interval later (no second ping: one unanswered is enough to wait for).
-            if backlogged || throttled {
+            // Reading paused by the relay itself since the last deadline (its hub changes backlogged,
+            // or its pace): the answer may be waiting unread in the socket, so the peer is not judged
+            // gone. It is judged a whole interval after reading went on (no second ping meanwhile:
+            // one unanswered is enough to wait for).
+            if heldSinceDeadline || backlogged || throttled {
+                heldSinceDeadline = backlogged || throttled
                 pings.add(self)
                 return
             }
@@ -448,6 +455,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             return
         }
         awaitingPong = true
+        heldSinceDeadline = backlogged || throttled
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer())), promise: nil)
         pings.add(self)
     }

@@ -207,6 +207,8 @@ struct ClusterTests {
         try await ClusterHarness.with(nodes: 1) { cluster in
             let port = try cluster.port("n1")
             try await eventually("n1 to serve") { (try? await httpGet("http://127.0.0.1:\(port)/healthz"))?.status == 200 }
+            // Leading: its buckets are open (before, a lookup finds no store and answers at once).
+            _ = try await cluster.agreedLeader()
             // NATS stops answering: each lookup of a topic nobody here holds waits for it (1 s, the request
             // timeout) on the NATS request queue, which the lease's renewals share.
             let nats = cluster.currentNATS.process.processIdentifier
@@ -237,6 +239,8 @@ struct ClusterTests {
         try await ClusterHarness.with(nodes: 1) { cluster in
             let port = try cluster.port("n1")
             try await eventually("n1 to serve") { (try? await httpGet("http://127.0.0.1:\(port)/healthz"))?.status == 200 }
+            // Leading: its buckets are open (before, a lookup finds no store and answers at once).
+            _ = try await cluster.agreedLeader()
             let nats = cluster.currentNATS.process.processIdentifier
             kill(nats, SIGSTOP)
             defer { kill(nats, SIGCONT) }

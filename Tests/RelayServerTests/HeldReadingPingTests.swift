@@ -42,7 +42,23 @@ import Testing
 
         handler.holdReading(false)
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(!channel.isActive, "read again, and still no pong an interval later: gone")
+        #expect(channel.isActive, "the next deadline came less than an interval after reading went on")
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(!channel.isActive, "read again for a whole interval, and still no pong: gone")
+    }
+
+    /// A hold that began and ended between two deadlines counts too: the pong may be behind what the
+    /// client sent meanwhile.
+    @Test func aHoldBetweenTwoDeadlinesGivesTheNextOneAnIntervalMore() throws {
+        let (channel, handler) = try connection()
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(try pingsWritten(channel) == 1)
+        handler.holdReading(true)
+        handler.holdReading(false)
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(channel.isActive, "held since the last deadline: not judged yet")
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(!channel.isActive, "a whole interval read, no pong")
     }
 
     @Test func aPeerThatIsReadAndDoesNotAnswerIsDropped() throws {
