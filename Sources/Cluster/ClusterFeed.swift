@@ -129,13 +129,14 @@ final class ClusterFeed: Sendable {
     /// cluster's last-value store. The set is read under the subscriptions' lock: two batches that
     /// overlap apply in the order they read it, so an older set never lands after a newer one.
     func setWanted(_ wanted: () -> Set<Topic>) {
-        guard let sink = eventSink.withLock({ $0 }) else { return }
-        let (added, removed): ([Topic], [NATSSubscription]) = subscriptions.withLock { current in
+        let (added, removed): ([Topic], [(Topic, NATSSubscription)]) = subscriptions.withLock { current in
+            // Read under the lock ``stop()`` empties the subscriptions after: a stopped feed subscribes nothing.
+            guard let sink = eventSink.withLock({ $0 }) else { return ([], []) }
             let topics = wanted()
             let added = topics.filter { current[$0] == nil }
-            var removed: [NATSSubscription] = []
+            var removed: [(Topic, NATSSubscription)] = []
             for topic in current.keys where !topics.contains(topic) {
-                if let subscription = current.removeValue(forKey: topic) { removed.append(subscription) }
+                if let subscription = current.removeValue(forKey: topic) { removed.append((topic, subscription)) }
             }
             for topic in added {
                 if let subscription = connection.subscribe(subjects.subject(for: topic), sink: sink) {
@@ -144,7 +145,8 @@ final class ClusterFeed: Sendable {
             }
             return (Array(added), removed)
         }
-        for subscription in removed { subscription.cancel() }
+        for (_, subscription) in removed { subscription.cancel() }
+        if !removed.isEmpty { unseed(removed.map(\.0)) }
         // A last value seeds a snapshot or a folded state: a hub that gives neither (news without its
         // snapshot) is not sent items of megabytes it would drop.
         let hub = self.hub
@@ -153,14 +155,30 @@ final class ClusterFeed: Sendable {
     }
 
     /// Topics waiting to be seeded from the last-value store, each once, in the groups their batches
-    /// brought them, and how many tasks seed them. At most ``seedingTasks`` read the store at once, so
-    /// clients churning their subscriptions while NATS is slow queue at most the wanted set, not a task
-    /// per change; each task takes ``seedingTurn`` topics of the first group, then that group goes to
-    /// the back, so a client's one new topic does not wait behind another's ten thousand.
+    /// brought them, and how many tasks seed them. At most ``seedingTasks`` read the store at once; each
+    /// takes ``seedingTurn`` entries of the first group, then that group goes to the back, so a client's
+    /// one new topic does not wait behind another's ten thousand. A topic dropped from the wanted set
+    /// leaves `queued` at once; its entry in a group is skipped when reached, and the groups are
+    /// compacted when they hold far more entries than `queued` topics, so clients churning their
+    /// subscriptions while NATS is slow queue at most about the wanted set.
     private struct Seeding {
-        var groups: [ArraySlice<Topic>] = []
+        var groups = CircularBuffer<ArraySlice<Topic>>()
         var queued: Set<Topic> = []
+        /// Entries in `groups`, stale ones included.
+        var entries = 0
         var tasks = 0
+
+        mutating func compactIfStale() {
+            guard entries > 2 * queued.count + 1_024 else { return }
+            let queued = self.queued
+            var kept = CircularBuffer<ArraySlice<Topic>>()
+            for group in groups {
+                let live = group.filter { queued.contains($0) }
+                if !live.isEmpty { kept.append(live[...]) }
+            }
+            groups = kept
+            entries = queued.count
+        }
     }
 
     private let seeding = Mutex(Seeding())
@@ -168,10 +186,13 @@ final class ClusterFeed: Sendable {
     static let seedingTurn = 16
 
     private func seed(_ topics: [Topic]) {
+        guard !topics.isEmpty else { return }
         let start = seeding.withLock { seeding in
             let group = topics.filter { seeding.queued.insert($0).inserted }
             guard !group.isEmpty else { return false }
             seeding.groups.append(group[...])
+            seeding.entries += group.count
+            seeding.compactIfStale()
             guard seeding.tasks < Self.seedingTasks else { return false }
             seeding.tasks += 1
             return true
@@ -179,22 +200,29 @@ final class ClusterFeed: Sendable {
         if start { Task { await self.seedQueued() } }
     }
 
+    /// Topics no longer wanted are not seeded.
+    private func unseed(_ topics: [Topic]) {
+        seeding.withLock { seeding in
+            for topic in topics { seeding.queued.remove(topic) }
+            seeding.compactIfStale()
+        }
+    }
+
     private func seedQueued() async {
         while true {
-            let turn: ArraySlice<Topic> = seeding.withLock { seeding in
-                guard !seeding.groups.isEmpty else {
+            let turn: [Topic]? = seeding.withLock { seeding in
+                guard let group = seeding.groups.popFirst() else {
                     seeding.tasks -= 1
-                    return []
+                    return nil
                 }
-                let group = seeding.groups.removeFirst()
-                let turn = group.prefix(Self.seedingTurn)
-                if group.count > turn.count { seeding.groups.append(group.dropFirst(turn.count)) }
-                for topic in turn { seeding.queued.remove(topic) }
-                return turn
+                let taken = group.prefix(Self.seedingTurn)
+                seeding.entries -= taken.count
+                if group.count > taken.count { seeding.groups.append(group.dropFirst(taken.count)) }
+                // Entries of topics dropped meanwhile, or taken by another turn, are skipped.
+                return taken.filter { seeding.queued.remove($0) != nil }
             }
-            guard !turn.isEmpty else { return }
-            // A topic dropped meanwhile is not read.
-            for topic in turn where subscriptions.withLock({ $0[topic] != nil }) {
+            guard let turn else { return }
+            for topic in turn {
                 if let event = await lastValues(topic) { inbox.push(.seed(event)) }
             }
         }

@@ -274,9 +274,9 @@ public final class ClusterNode: Service, Sendable {
         // however clients churn (each publish sorts and sends the whole set).
         let wantedBatch = Debouncer(delay: .milliseconds(20))
         let interestPublisher = Throttle(interval: .milliseconds(250))
-        localInterest.listen { [weak self] _ in
-            wantedBatch.poke { [weak self] in
-                guard let localInterest = self?.localInterest else { return }
+        localInterest.listen { [weak self, weak feed] _ in
+            wantedBatch.poke { [weak self, weak feed] in
+                guard let localInterest = self?.localInterest, let feed else { return }
                 feed.setWanted { localInterest.topics }
                 interestPublisher.request { [weak self] in self?.publishInterest() }
             }
@@ -332,7 +332,7 @@ public final class ClusterNode: Service, Sendable {
     /// topics in order are asked for, and the rest is counted and logged, never dropped silently.
     private func publishInterest() {
         // Not connected yet: the first connection publishes it (``watch(_:feed:)``).
-        guard let connection = state.withLock({ $0.connection }), connection.state != .connecting else { return }
+        guard let connection = state.withLock({ $0.stopped ? nil : $0.connection }), connection.state != .connecting else { return }
         var topics = localInterest.topics.sorted()
         if topics.count > configuration.maxTopicsPerNode {
             metrics.interestCapped(wanted: topics.count, cap: configuration.maxTopicsPerNode, logger: logger)

@@ -55,6 +55,19 @@ struct RecentLastValuesTests {
         #expect(recent.count == 0 && recent.bytes == 0, "what aged out is swept on any use, a period after the last sweep")
     }
 
+    @Test func theSweepRunsAtMostOncePerPeriod() {
+        var recent = RecentLastValues()
+        recent.remember(event("A"), for: topic("A"), at: at(0), now: at(0))
+        recent.remember(event("B"), for: topic("B"), at: at(1), now: at(1))  // the first sweep
+        recent.remember(event("C"), for: topic("C"), at: at(100), now: at(100))
+        #expect(said(&recent, "X", at: 300) == nil)
+        #expect(recent.count == 1, "swept at 300: A and B aged, C (200 ms) kept")
+        #expect(said(&recent, "Y", at: 360) == nil)
+        #expect(recent.count == 1, "C aged at 350, but the last sweep was 60 ms ago")
+        #expect(said(&recent, "Z", at: 560) == nil)
+        #expect(recent.count == 0, "swept again a period on")
+    }
+
     @Test func anAnswerIsAsOldAsTheMomentTheStoreWasAsked() {
         var recent = RecentLastValues()
         recent.remember(event("A"), for: topic("A"), at: at(0), now: at(300))

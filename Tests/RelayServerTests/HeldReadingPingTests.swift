@@ -11,12 +11,14 @@ import Testing
     private static let interval = TimeAmount.seconds(30)
 
     /// The real handler in an embedded pipeline, its ping deadlines on the embedded loop.
-    private func connection() throws -> (EmbeddedChannel, WebSocketConnectionHandler) {
+    private func connection(pace: WebSocketConnectionHandler.InboundPace = .init(perSecond: 100, burst: 100)) throws -> (
+        EmbeddedChannel, WebSocketConnectionHandler
+    ) {
         let channel = EmbeddedChannel()
         let pings = LoopDeadlineQueue<WebSocketConnectionHandler>(loop: channel.embeddedEventLoop, delay: Self.interval) { $0.pingOrDrop() }
         let handler = WebSocketConnectionHandler(
             pings: pings, closeTimeout: .seconds(5), messageLimit: ClientMessageLimit(initial: 4096, full: 4096), outboundLimit: 1 << 20,
-            pace: .init(perSecond: 100, burst: 100))
+            pace: pace)
         try channel.pipeline.syncOperations.addHandler(handler)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
         return (channel, handler)
@@ -42,7 +44,7 @@ import Testing
 
         handler.holdReading(false)
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(channel.isActive, "the next deadline came less than an interval after reading went on")
+        #expect(channel.isActive, "the next deadline came as reading went on: not a whole interval of it")
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
         #expect(!channel.isActive, "read again for a whole interval, and still no pong: gone")
     }
@@ -57,6 +59,20 @@ import Testing
         handler.holdReading(false)
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
         #expect(channel.isActive, "held since the last deadline: not judged yet")
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(!channel.isActive, "a whole interval read, no pong")
+    }
+
+    /// Past its pace a client is not read until a token is due: that hold counts too.
+    @Test func aClientPausedByItsPaceIsJudgedAfterAWholeIntervalOfReading() throws {
+        let (channel, _) = try connection(pace: .init(perSecond: 1, burst: 1))
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(try pingsWritten(channel) == 1)
+        // Two frames: the second finds no token, and reading pauses for a second.
+        try channel.writeInbound(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer()))
+        try channel.writeInbound(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer()))
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(channel.isActive, "paused since the last deadline: not judged yet")
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
         #expect(!channel.isActive, "a whole interval read, no pong")
     }
