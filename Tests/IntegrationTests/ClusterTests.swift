@@ -203,27 +203,32 @@ struct ClusterTests {
         }
     }
 
+    /// The statuses of `/v1/last/<topic>` for each of `topics`, asked at once (a connection each: the
+    /// shared session would send a few at a time) of a one-node cluster while its nats-server is stopped
+    /// (`SIGSTOP`): each lookup of a topic nobody there holds waits for NATS (1 s, the request timeout)
+    /// on the NATS request queue, which the lease's renewals share. Returns n1's port too.
+    func lastValueStatusesWhileNATSStalls(_ cluster: ClusterHarness, topics: [String]) async throws -> (statuses: [Int], port: Int) {
+        let port = try cluster.port("n1")
+        try await eventually("n1 to serve") { (try? await httpGet("http://127.0.0.1:\(port)/healthz"))?.status == 200 }
+        // Leading: its buckets are open (before, a lookup finds no store and answers at once).
+        _ = try await cluster.agreedLeader()
+        let nats = cluster.currentNATS.process.processIdentifier
+        kill(nats, SIGSTOP)
+        defer { kill(nats, SIGCONT) }
+        let statuses = try await within(.seconds(20), "every lookup to be answered") {
+            try await withThrowingTaskGroup(of: Int.self) { group in
+                for topic in topics {
+                    group.addTask { try await httpGetWithHeaders("http://127.0.0.1:\(port)/v1/last/\(topic)").status }
+                }
+                return try await group.reduce(into: [Int]()) { $0.append($1) }
+            }
+        }
+        return (statuses, port)
+    }
+
     @Test func lookupsOfTheClustersLastValuesAreBoundedWhileNATSStalls() async throws {
         try await ClusterHarness.with(nodes: 1) { cluster in
-            let port = try cluster.port("n1")
-            try await eventually("n1 to serve") { (try? await httpGet("http://127.0.0.1:\(port)/healthz"))?.status == 200 }
-            // Leading: its buckets are open (before, a lookup finds no store and answers at once).
-            _ = try await cluster.agreedLeader()
-            // NATS stops answering: each lookup of a topic nobody here holds waits for it (1 s, the request
-            // timeout) on the NATS request queue, which the lease's renewals share.
-            let nats = cluster.currentNATS.process.processIdentifier
-            kill(nats, SIGSTOP)
-            defer { kill(nats, SIGCONT) }
-            let statuses = try await within(.seconds(20), "every lookup to be answered") {
-                try await withThrowingTaskGroup(of: Int.self) { group in
-                    // A connection each (the shared session would send a few at a time).
-                    for index in 0..<32 {
-                        group.addTask { try await httpGetWithHeaders("http://127.0.0.1:\(port)/v1/last/T.NOBODY\(index)").status }
-                    }
-                    return try await group.reduce(into: [Int]()) { $0.append($1) }
-                }
-            }
-            kill(nats, SIGCONT)
+            let (statuses, port) = try await lastValueStatusesWhileNATSStalls(cluster, topics: (0..<32).map { "T.NOBODY\($0)" })
             // At most eight wait at a time and find nothing; those past them are told at once to come back
             // (how many depends on how the 32 arrive; without the bound, none is).
             #expect(statuses.contains(503), "\(statuses.sorted())")
@@ -237,22 +242,7 @@ struct ClusterTests {
     /// each answered (none told to come back), from the single lookup under way.
     @Test func requestsForOneTopicShareOneLookupOfTheClustersLastValues() async throws {
         try await ClusterHarness.with(nodes: 1) { cluster in
-            let port = try cluster.port("n1")
-            try await eventually("n1 to serve") { (try? await httpGet("http://127.0.0.1:\(port)/healthz"))?.status == 200 }
-            // Leading: its buckets are open (before, a lookup finds no store and answers at once).
-            _ = try await cluster.agreedLeader()
-            let nats = cluster.currentNATS.process.processIdentifier
-            kill(nats, SIGSTOP)
-            defer { kill(nats, SIGCONT) }
-            let statuses = try await within(.seconds(20), "every lookup to be answered") {
-                try await withThrowingTaskGroup(of: Int.self) { group in
-                    for _ in 0..<32 {
-                        group.addTask { try await httpGetWithHeaders("http://127.0.0.1:\(port)/v1/last/T.NOBODY").status }
-                    }
-                    return try await group.reduce(into: [Int]()) { $0.append($1) }
-                }
-            }
-            kill(nats, SIGCONT)
+            let (statuses, port) = try await lastValueStatusesWhileNATSStalls(cluster, topics: Array(repeating: "T.NOBODY", count: 32))
             #expect(statuses.allSatisfy { $0 == 404 }, "\(statuses.sorted())")
             let joined = await metric(port, #"relay_cluster_last_value_lookups_total{market="stocks",outcome="joined"}"#)
             let store = await metric(port, #"relay_cluster_last_value_lookups_total{market="stocks",outcome="store"}"#)
