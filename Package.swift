@@ -367,12 +367,16 @@ let package = Package(
             name: "RelayServerTests",
             dependencies: [
                 "RelayServer", "PolygonWire", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: strict
         ),
         .testTarget(
             name: "ClusterTests",
-            dependencies: ["Cluster", "PolygonWire", "AlpacaWire", "Tape", "MarketCore", "MarketREST", "RelayBench", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "Cluster", "PolygonWire", "AlpacaWire", "Tape", "MarketCore", "MarketREST", "RelayBench", "MarketDataHub", "Upstream",
+                .product(name: "Logging", package: "swift-log"), .product(name: "MetricsTestKit", package: "swift-metrics"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

@@ -186,12 +186,13 @@ public final class ClusterNode: Service, Sendable {
             let flight = Task { [weak self] () -> MarketEvent? in
                 // An answer is as old as the moment the store was asked (a stalled NATS may take a second).
                 let askedAt = ContinuousClock.now
-                let event = await self?.lastEvent(for: topic)
+                let read = await self?.storedEvent(for: topic) ?? .unanswered
                 self?.lastValueLookups.withLock { lookups in
                     lookups.flights[topic] = nil
-                    lookups.recent.remember(event, for: topic, at: askedAt, now: .now)
+                    // What the store said is kept; a read that failed is not taken for "none".
+                    if case .answered(let event) = read { lookups.recent.remember(event, for: topic, at: askedAt, now: .now) }
                 }
-                return event
+                return read.event
             }
             lookups.flights[topic] = flight
             return .flight(flight, joined: false)
@@ -212,14 +213,30 @@ public final class ClusterNode: Service, Sendable {
     }
 
     /// A topic's last event from the cluster's last-value store.
-    public func lastEvent(for topic: Topic) async -> MarketEvent? {
-        guard !topic.isWildcard, let bucket = state.withLock({ $0.lastValueBucket }) else { return nil }
-        guard let entry = try? await bucket.get(subjects.lastValueKey(for: topic)), !entry.value.isEmpty else { return nil }
+    public func lastEvent(for topic: Topic) async -> MarketEvent? { await storedEvent(for: topic).event }
+
+    /// What reading the last-value store gave: its answer (an event, or none), or no answer (no store
+    /// yet, NATS failed or timed out).
+    enum StoreRead {
+        case answered(MarketEvent?)
+        case unanswered
+
+        var event: MarketEvent? {
+            if case .answered(let event) = self { event } else { nil }
+        }
+    }
+
+    private func storedEvent(for topic: Topic) async -> StoreRead {
+        guard !topic.isWildcard else { return .answered(nil) }
+        guard let bucket = state.withLock({ $0.lastValueBucket }) else { return .unanswered }
+        let stored: KeyValueBucket.Entry?
+        do { stored = try await bucket.get(subjects.lastValueKey(for: topic)) } catch { return .unanswered }
+        guard let entry = stored, !entry.value.isEmpty else { return .answered(nil) }
         switch ClusterChecks.event(entry.value, topic: topic, market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes) {
-        case .success(let event): return event
+        case .success(let event): return .answered(event)
         case .failure(let rejection):
             metrics.rejected("event", "\(rejection) (last-value store, \(topic))", logger: logger)
-            return nil
+            return .answered(nil)
         }
     }
 
