@@ -7,8 +7,8 @@ import Synchronization
 /// (`rest.answersInFlightMB`). A page of history may be tens of megabytes, and a client that asks for
 /// one and does not read held all of it in the relay for as long as it liked; many such clients held
 /// their sum. An answer's bytes count from when it is ready until its last piece went to the socket
-/// (written in pieces, each waiting for the connection to take the one before), or the connection
-/// closed; an answer that would pass the bound is refused with `503` and `Retry-After` instead. One
+/// (written in pieces, each waiting for the connection to take the one before, the last until NIO
+/// has passed it to the socket), or the connection closed; an answer that would pass the bound is refused with `503` and `Retry-After` instead. One
 /// answer alone is always sent, whatever its size, when nothing else is in flight. A connection that
 /// makes no progress for ``pieceTimeout`` — its head, a piece, or the end not taken — is closed: a
 /// client that stopped reading does not hold its answer's bytes for as long as it keeps its socket open.
@@ -143,7 +143,9 @@ final class AnswersInFlight: Sendable {
             }
             reservation.progressed()
             try await writer.finish(nil)
-            // The count is held for as long as this closure lives: the whole write, or until dropped.
+            // Handed over is not sent: what NIO still holds for the socket counts, and is watched,
+            // until it has gone. The count is held for as long as this closure lives.
+            await SocketByteCounter.written(on: channel)
             reservation.finished()
         }
     }

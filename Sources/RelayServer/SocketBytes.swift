@@ -21,6 +21,23 @@ final class SocketByteCounter: ChannelOutboundHandler, RemovableChannelHandler, 
         total &+= UInt64(data.readableBytes)
         context.write(wrapOutboundOut(data), promise: promise)
     }
+
+    /// Returns once every byte handed to `channel` before the call has gone to its socket, or the
+    /// channel failed or closed: an empty write below every other handler (TLS included), which NIO
+    /// completes in order, after the writes queued before it. A response that has been handed over
+    /// whole may still sit in NIO's buffer for a client that does not read; this is when it has gone.
+    /// At once where no counter is in the pipeline (a WebSocket connection without TLS).
+    static func written(on channel: any Channel) async {
+        let done: EventLoopFuture<Void> = channel.eventLoop.flatSubmit {
+            guard let context = try? channel.pipeline.syncOperations.context(handlerType: SocketByteCounter.self) else {
+                return channel.eventLoop.makeSucceededVoidFuture()
+            }
+            let promise = channel.eventLoop.makePromise(of: Void.self)
+            context.writeAndFlush(NIOAny(IOData.byteBuffer(ByteBuffer())), promise: promise)
+            return promise.futureResult
+        }
+        try? await done.get()
+    }
 }
 
 /// The start of Linux's `struct tcp_info` (`<linux/tcp.h>`) through `tcpi_bytes_acked`: 8 one-byte
