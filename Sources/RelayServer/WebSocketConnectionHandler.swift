@@ -84,6 +84,11 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// may still be waiting behind what the client sent meanwhile.
     private var heldSinceDeadline = false
     private var writable = true
+    /// Reading was paused because the client's socket took nothing more (not writable) since the last
+    /// ping deadline, and whether it took some again since then: a client that reads slowly has its
+    /// pong waiting too; one that took nothing for a whole interval is not spared for it.
+    private var unwritableSinceDeadline = false
+    private var drainedSinceDeadline = false
 
     init(
         pings: LoopDeadlineQueue<WebSocketConnectionHandler>, closeTimeout: TimeAmount, messageLimit: ClientMessageLimit, outboundLimit: Int,
@@ -213,6 +218,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         // are held).
         if context.channel.isWritable, holdsFrames { flushWire() }
         writable = context.channel.isWritable
+        if writable { drainedSinceDeadline = true } else { unwritableSinceDeadline = true }
         writability.set(writable: writable && !holdsFrames)
         // A client whose socket does not take what we write is not read either: whatever it sends
         // waits in its own socket, and nothing it sends makes us write more meanwhile.
@@ -442,11 +448,13 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         guard let context, !isClosing else { return }
         if awaitingPong {
             // Reading paused by the relay itself since the last deadline (its hub changes backlogged,
-            // or its pace): the answer may be waiting unread in the socket, so the peer is not judged
-            // gone. It is judged a whole interval after reading went on (no second ping meanwhile:
-            // one unanswered is enough to wait for).
-            if heldSinceDeadline || backlogged || throttled {
-                heldSinceDeadline = backlogged || throttled
+            // or its pace), or while the client's socket was full if it has taken bytes since (or may
+            // now): the answer may be waiting unread in the socket, so the peer is not judged gone.
+            // It is judged a whole interval after reading went on (no second ping meanwhile: one
+            // unanswered is enough to wait for). A socket full for the whole interval spares nothing.
+            let pausedForASlowReader = unwritableSinceDeadline && (drainedSinceDeadline || writable)
+            if heldSinceDeadline || backlogged || throttled || pausedForASlowReader {
+                startInterval()
                 pings.add(self)
                 return
             }
@@ -455,9 +463,16 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             return
         }
         awaitingPong = true
-        heldSinceDeadline = backlogged || throttled
+        startInterval()
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer())), promise: nil)
         pings.add(self)
+    }
+
+    /// What the next deadline will know of this one's interval: what holds reading now.
+    private func startInterval() {
+        heldSinceDeadline = backlogged || throttled
+        unwritableSinceDeadline = !writable
+        drainedSinceDeadline = false
     }
 
     private func finish() {

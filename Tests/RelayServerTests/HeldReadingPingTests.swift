@@ -5,8 +5,9 @@ import Testing
 
 @testable import RelayServer
 
-/// A client whose reading the relay holds (its hub changes backlogged) cannot have its pong read:
-/// the ping deadline does not judge it gone meanwhile, and does again once reading goes on.
+/// A client whose reading the relay holds (its hub changes backlogged, its pace, its socket full while
+/// it still reads) cannot have its pong read: the ping deadline does not judge it gone meanwhile, and
+/// does again once reading goes on.
 @Suite struct HeldReadingPingTests {
     private static let interval = TimeAmount.seconds(30)
 
@@ -32,10 +33,27 @@ import Testing
         return count
     }
 
-    @Test func aPeerWhoseReadingIsHeldIsNotDroppedForAnUnreadPong() throws {
-        let (channel, handler) = try connection()
+    /// A connection pinged once (a quiet client, an interval after it opened).
+    private func pinged(pace: WebSocketConnectionHandler.InboundPace = .init(perSecond: 100, burst: 100)) throws -> (
+        EmbeddedChannel, WebSocketConnectionHandler
+    ) {
+        let (channel, handler) = try connection(pace: pace)
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
         #expect(try pingsWritten(channel) == 1, "a quiet client is pinged after an interval")
+        return (channel, handler)
+    }
+
+    /// The next deadline spares the unanswered peer (`why`); the one after, a whole interval of
+    /// reading later with still no pong, drops it.
+    private func expectSparedOnceThenDropped(_ channel: EmbeddedChannel, _ why: String) {
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(channel.isActive, "\(why): not judged yet")
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(!channel.isActive, "a whole interval read, no pong: gone")
+    }
+
+    @Test func aPeerWhoseReadingIsHeldIsNotDroppedForAnUnreadPong() throws {
+        let (channel, handler) = try pinged()
 
         handler.holdReading(true)
         channel.embeddedEventLoop.advanceTime(by: Self.interval * 3)
@@ -43,52 +61,57 @@ import Testing
         #expect(try pingsWritten(channel) == 0, "no second ping while the first waits unread")
 
         handler.holdReading(false)
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(channel.isActive, "the next deadline came as reading went on: not a whole interval of it")
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(!channel.isActive, "read again for a whole interval, and still no pong: gone")
+        expectSparedOnceThenDropped(channel, "the next deadline came as reading went on")
     }
 
     /// A hold that began and ended between two deadlines counts too: the pong may be behind what the
     /// client sent meanwhile.
     @Test func aHoldBetweenTwoDeadlinesGivesTheNextOneAnIntervalMore() throws {
-        let (channel, handler) = try connection()
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(try pingsWritten(channel) == 1)
+        let (channel, handler) = try pinged()
         handler.holdReading(true)
         handler.holdReading(false)
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(channel.isActive, "held since the last deadline: not judged yet")
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(!channel.isActive, "a whole interval read, no pong")
+        expectSparedOnceThenDropped(channel, "held since the last deadline")
     }
 
     /// Past its pace a client is not read until a token is due: that hold counts too.
     @Test func aClientPausedByItsPaceIsJudgedAfterAWholeIntervalOfReading() throws {
-        let (channel, _) = try connection(pace: .init(perSecond: 1, burst: 1))
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(try pingsWritten(channel) == 1)
+        let (channel, _) = try pinged(pace: .init(perSecond: 1, burst: 1))
         // Two frames: the second finds no token, and reading pauses for a second.
         try channel.writeInbound(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer()))
         try channel.writeInbound(WebSocketFrame(fin: true, opcode: .ping, data: ByteBuffer()))
+        expectSparedOnceThenDropped(channel, "paused by its pace since the last deadline")
+    }
+
+    /// The client's socket full: the relay stops reading it too. If it takes bytes again within the
+    /// interval, it reads (slowly), and its pong may still wait unread: judged an interval later.
+    @Test func aSlowReaderWhoseSocketFilledIsJudgedAfterAWholeIntervalOfReading() throws {
+        let (channel, _) = try pinged()
+        setWritable(channel, false)
+        setWritable(channel, true)
+        expectSparedOnceThenDropped(channel, "its socket was full since the last deadline, and took bytes again")
+    }
+
+    /// A socket that took nothing for the whole interval is a peer that reads nothing: no reprieve.
+    @Test func aSocketFullForAWholeIntervalIsNotSpared() throws {
+        let (channel, _) = try pinged()
+        setWritable(channel, false)
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(channel.isActive, "paused since the last deadline: not judged yet")
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(!channel.isActive, "a whole interval read, no pong")
+        #expect(!channel.isActive, "full since the ping, nothing taken: gone")
+    }
+
+    private func setWritable(_ channel: EmbeddedChannel, _ writable: Bool) {
+        channel.isWritable = writable
+        channel.pipeline.fireChannelWritabilityChanged()
     }
 
     @Test func aPeerThatIsReadAndDoesNotAnswerIsDropped() throws {
-        let (channel, _) = try connection()
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(try pingsWritten(channel) == 1)
+        let (channel, _) = try pinged()
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
         #expect(!channel.isActive, "no pong for a whole interval")
     }
 
     @Test func aPongKeepsAHeldPeerOnceItIsRead() throws {
-        let (channel, handler) = try connection()
-        channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(try pingsWritten(channel) == 1)
+        let (channel, handler) = try pinged()
         handler.holdReading(true)
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
         handler.holdReading(false)
