@@ -85,9 +85,11 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private var heldSinceDeadline = false
     private var writable = true
     /// Reading was paused because the client's socket took nothing more (not writable) since the last
-    /// ping deadline, and whether it took some again since then: a client that reads slowly has its
-    /// pong waiting too; one that took nothing for a whole interval is not spared for it.
+    /// ping deadline; whether it was so at that deadline, and whether it took bytes again since: a
+    /// client that reads slowly has its pong waiting too; one whose socket stayed full for the whole
+    /// interval is not spared for it.
     private var unwritableSinceDeadline = false
+    private var unwritableAtDeadline = false
     private var drainedSinceDeadline = false
 
     init(
@@ -448,11 +450,12 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         guard let context, !isClosing else { return }
         if awaitingPong {
             // Reading paused by the relay itself since the last deadline (its hub changes backlogged,
-            // or its pace), or while the client's socket was full if it has taken bytes since (or may
-            // now): the answer may be waiting unread in the socket, so the peer is not judged gone.
-            // It is judged a whole interval after reading went on (no second ping meanwhile: one
-            // unanswered is enough to wait for). A socket full for the whole interval spares nothing.
-            let pausedForASlowReader = unwritableSinceDeadline && (drainedSinceDeadline || writable)
+            // or its pace), or while the client's socket was full, unless full for the whole interval:
+            // the answer may be waiting unread in the socket, so the peer is not judged gone. It is
+            // judged a whole interval after reading went on (no second ping meanwhile: one unanswered
+            // is enough to wait for). A peer that reads nothing fills its socket and stays full: it is
+            // spared at most one interval.
+            let pausedForASlowReader = unwritableSinceDeadline && (!unwritableAtDeadline || drainedSinceDeadline)
             if heldSinceDeadline || backlogged || throttled || pausedForASlowReader {
                 startInterval()
                 pings.add(self)
@@ -472,6 +475,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private func startInterval() {
         heldSinceDeadline = backlogged || throttled
         unwritableSinceDeadline = !writable
+        unwritableAtDeadline = !writable
         drainedSinceDeadline = false
     }
 

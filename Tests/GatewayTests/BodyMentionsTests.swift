@@ -18,6 +18,7 @@ struct BodyMentionsTests {
         #expect(ByteBuffer(string: String(repeating: #"nnext"n"#, count: 100) + #"""next_url""#).mentions(needle))
         #expect(ByteBuffer(string: "abc").mentions(""), "nothing is in everything")
         #expect(ByteBuffer(string: #"a"""b"#).mentions(#"""""#), "a name of quotes only")
+        #expect(!ByteBuffer(string: #"a""b"c"#).mentions(#"""""#), "three quotes apart are not three together")
     }
 
     @Test func onlyTheReadableBytesCount() {

@@ -91,12 +91,23 @@ import Testing
         expectSparedOnceThenDropped(channel, "its socket was full since the last deadline, and took bytes again")
     }
 
-    /// A socket that took nothing for the whole interval is a peer that reads nothing: no reprieve.
+    /// A socket that fills during the interval may hold a pong behind what the client read late; one
+    /// that stays full for the whole next interval (a peer that reads nothing, once its kernel buffers
+    /// are full) is not spared again.
     @Test func aSocketFullForAWholeIntervalIsNotSpared() throws {
         let (channel, _) = try pinged()
         setWritable(channel, false)
+        expectSparedOnceThenDropped(channel, "its socket filled during the interval")
+    }
+
+    @Test func aSocketThatDrainedOnceThenStaysFullIsDroppedAfterTheNextInterval() throws {
+        let (channel, _) = try pinged()
+        setWritable(channel, false)
         channel.embeddedEventLoop.advanceTime(by: Self.interval)
-        #expect(!channel.isActive, "full since the ping, nothing taken: gone")
+        #expect(channel.isActive, "filled during the interval: not judged yet")
+        setWritable(channel, true)
+        setWritable(channel, false)
+        expectSparedOnceThenDropped(channel, "it took bytes again during the interval")
     }
 
     private func setWritable(_ channel: EmbeddedChannel, _ writable: Bool) {
