@@ -35,15 +35,11 @@ final class ClusterMetrics: Sendable {
         }
     }
 
-    /// A `/v1/last` request answered from the cluster's last values: `store` (a lookup), `joined` (the
-    /// lookup under way for its topic) or `recent` (an answer of the last quarter second).
+    /// A `/v1/last` request for the cluster's last values: answered by `store` (a lookup), `joined` (the
+    /// lookup under way for its topic) or `recent` (an answer of the last quarter second), or `refused`
+    /// (`503`: as many lookups as allowed were under way).
     func lastValueLookup(_ outcome: String) {
         Counter(label: "relay_cluster_last_value_lookups_total", dimensions: [("outcome", outcome)], factory: factory).increment()
-    }
-
-    /// A client's `/v1/last` lookup of the last-value store refused: as many as allowed were under way.
-    func lastValueLookupRefused() {
-        Counter(label: "relay_cluster_last_value_lookups_refused_total", factory: factory).increment()
     }
 
     /// A publish libnats refused (closed, or its reconnect buffer full), by what was published (`event`,

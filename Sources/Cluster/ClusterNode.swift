@@ -159,8 +159,8 @@ public final class ClusterNode: Service, Sendable {
     public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
 
     /// Lookups of the last-value store for clients (`/v1/last`): those under way by topic (each holds
-    /// a thread of the NATS request queue, which lease renewals share, so at most
-    /// ``maxLastValueLookups`` at once; a request for a topic being looked up joins that lookup), and
+    /// a thread of the NATS request pool, which other buckets' calls share (the lease has its own),
+    /// so at most ``maxLastValueLookups`` at once; a request for a topic being looked up joins that lookup), and
     /// the answers of the last quarter second.
     private struct LastValueLookups {
         var flights: [Topic: Task<MarketEvent?, Never>] = [:]
@@ -200,7 +200,7 @@ public final class ClusterNode: Service, Sendable {
         let event: MarketEvent?
         switch step {
         case .busy:
-            metrics.lastValueLookupRefused()
+            metrics.lastValueLookup("refused")
             return .busy
         case .known(let known):
             metrics.lastValueLookup("recent")
@@ -524,7 +524,7 @@ public final class ClusterNode: Service, Sendable {
             }
             if bucket == nil {
                 do {
-                    let lease = try await connection.keyValue(bucket: subjects.leaseBucket, ttl: configuration.leaseDuration)
+                    let lease = try await connection.keyValue(bucket: subjects.leaseBucket, ttl: configuration.leaseDuration, ownQueue: true)
                     // A bucket made by nodes with another lease keeps the lease for its own TTL, not this
                     // node's: the timing below would be wrong and nodes would take it from each other.
                     if let kept = lease.ttl, kept != configuration.leaseBucketTTL {
@@ -858,7 +858,9 @@ public final class ClusterNode: Service, Sendable {
     /// until everything it was given is written.
     private static func ended(_ epoch: String, _ recorder: TapeRecorder) async {
         await withCheckedContinuation { continuation in
-            DispatchQueue.global().async {
+            // A serial queue of its own (a thread of its own): not the global queue, whose threads
+            // also fire the process's timers.
+            DispatchQueue(label: "relay.tape.end").async {
                 recorder.end(epoch: epoch)
                 continuation.resume()
             }

@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import Logging
 import MarketCore
+import NIOPosix
 import Synchronization
 
 /// Where the connection to NATS stands, as libnats reports it. Value type, `Sendable`.
@@ -98,8 +99,17 @@ public final class NATSConnection: Sendable {
     let logger: Logger
     let requestTimeout: Duration
     let onSlowConsumer: Mutex<(@Sendable (NATSSubscription?) -> Void)?> = Mutex(nil)
-    /// Blocking requests (key-value) run here, off the cooperative pool.
-    static let requestQueue = DispatchQueue(label: "relay-nats-requests", attributes: .concurrent)
+    /// Calls that wait for the server (key-value requests, flushes) run on these threads of their own,
+    /// at most ``requestThreads`` at once; more wait their turn here. Not on a concurrent dispatch
+    /// queue: on Linux that shares its threads with every `Task.sleep` of the process (their timers
+    /// fire there), and calls held up to the request timeout while NATS stalls delayed a 100 ms sleep
+    /// by 14 s (sixteen of them), the lease's own deadline among them.
+    static let requestPool: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: requestThreads)
+        pool.start()
+        return pool
+    }()
+    static let requestThreads = 16
     /// Builds this connection (a blocking connect), one at a time.
     private let buildQueue = DispatchQueue(label: "relay-nats-connect")
     /// The delay before building again after a build failed or libnats closed the connection.
@@ -522,7 +532,11 @@ public final class NATSConnection: Sendable {
 
     /// Binds to a key-value bucket, creating it (in memory, one value per key) if it does not exist.
     /// - Parameter ttl: how long a value lives after its last write (at least 100 ms).
-    public func keyValue(bucket: String, ttl: Duration?) async throws(NATSError) -> KeyValueBucket {
+    /// - Parameter ownQueue: the bucket's calls wait for the server on a serial queue of its own (a
+    ///   thread of their own), not in the shared ``requestPool``, where other buckets' calls may each
+    ///   hold a thread up to the request timeout while NATS stalls: for the lease, whose renewals must
+    ///   not wait behind `/v1/last` lookups.
+    public func keyValue(bucket: String, ttl: Duration?, ownQueue: Bool = false) async throws(NATSError) -> KeyValueBucket {
         guard let handle = shared.withLock({ $0.connection }), handle.jetStream != nil else {
             throw .unavailable("no JetStream context (not connected)")
         }
@@ -556,7 +570,8 @@ public final class NATSConnection: Sendable {
             defer { kvStatus_Destroy(status) }
             return .nanoseconds(kvStatus_TTL(status))
         }
-        return KeyValueBucket(name: bucket, store: store, connection: self, ttl: kept)
+        let queue = ownQueue ? DispatchQueue(label: "relay-nats-\(bucket)") : nil
+        return KeyValueBucket(name: bucket, store: store, connection: self, ttl: kept, queue: queue)
     }
 
     static func error(_ status: natsStatus) -> NATSError {
@@ -569,10 +584,17 @@ public final class NATSConnection: Sendable {
         }
     }
 
-    /// Runs a libnats call that waits for the server on the request queue and returns its result.
-    static func blocking<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
+    /// Runs a libnats call that waits for the server and returns its result: on `queue` (a serial
+    /// queue of its own, see ``keyValue(bucket:ttl:ownQueue:)``) or in the ``requestPool``.
+    static func blocking<T: Sendable>(on queue: DispatchQueue? = nil, _ work: @escaping @Sendable () -> T) async -> T {
         await withCheckedContinuation { continuation in
-            requestQueue.async { continuation.resume(returning: work()) }
+            if let queue {
+                queue.async { continuation.resume(returning: work()) }
+            } else {
+                // The pool is never shut down; were it, the work would still run (on the thread that
+                // shut it down), so the caller is always answered.
+                requestPool.submit { _ in continuation.resume(returning: work()) }
+            }
         }
     }
 }
@@ -650,12 +672,15 @@ public final class KeyValueBucket: Sendable {
     public let ttl: Duration?
     let store: NATSPointer
     let connection: NATSConnection
+    /// Where its calls wait for the server: a serial queue of its own, or (`nil`) the shared request pool.
+    let queue: DispatchQueue?
 
-    init(name: String, store: NATSPointer, connection: NATSConnection, ttl: Duration?) {
+    init(name: String, store: NATSPointer, connection: NATSConnection, ttl: Duration?, queue: DispatchQueue?) {
         self.name = name
         self.store = store
         self.connection = connection
         self.ttl = ttl
+        self.queue = queue
     }
 
     /// One stored value and its revision.
@@ -668,7 +693,7 @@ public final class KeyValueBucket: Sendable {
     /// Writes `value` only if `key` has no value (or was deleted): the lease's "take".
     public func create(_ key: String, _ value: String) async throws(NATSError) -> UInt64 {
         let store = self.store
-        let result: Result<UInt64, NATSError> = await NATSConnection.blocking {
+        let result: Result<UInt64, NATSError> = await NATSConnection.blocking(on: queue) {
             var revision: UInt64 = 0
             let status = kvStore_CreateString(&revision, store.pointer, key, value)
             return status == NATS_OK ? .success(revision) : .failure(NATSConnection.error(status))
@@ -679,7 +704,7 @@ public final class KeyValueBucket: Sendable {
     /// Writes `value` only if `key`'s last revision is still `last`: the lease's "renew".
     public func update(_ key: String, _ value: String, last: UInt64) async throws(NATSError) -> UInt64 {
         let store = self.store
-        let result: Result<UInt64, NATSError> = await NATSConnection.blocking {
+        let result: Result<UInt64, NATSError> = await NATSConnection.blocking(on: queue) {
             var revision: UInt64 = 0
             let status = kvStore_UpdateString(&revision, store.pointer, key, value, last)
             return status == NATS_OK ? .success(revision) : .failure(NATSConnection.error(status))
@@ -690,7 +715,7 @@ public final class KeyValueBucket: Sendable {
     /// The current value of `key`, or `nil` when it has none (never written, deleted or expired).
     public func get(_ key: String) async throws(NATSError) -> Entry? {
         let store = self.store
-        let result: Result<Entry?, NATSError> = await NATSConnection.blocking {
+        let result: Result<Entry?, NATSError> = await NATSConnection.blocking(on: queue) {
             var entry: OpaquePointer?
             let status = kvStore_Get(&entry, store.pointer, key)
             if status == NATS_NOT_FOUND { return .success(nil) }
@@ -709,7 +734,7 @@ public final class KeyValueBucket: Sendable {
     /// Deletes `key` (a delete marker: the next ``create(_:_:)`` succeeds).
     public func delete(_ key: String) async throws(NATSError) {
         let store = self.store
-        let result: Result<Void, NATSError> = await NATSConnection.blocking {
+        let result: Result<Void, NATSError> = await NATSConnection.blocking(on: queue) {
             let status = kvStore_Delete(store.pointer, key)
             return status == NATS_OK ? .success(()) : .failure(NATSConnection.error(status))
         }

@@ -233,8 +233,8 @@ struct ClusterTests {
             // (how many depends on how the 32 arrive; without the bound, none is).
             #expect(statuses.contains(503), "\(statuses.sorted())")
             #expect(statuses.allSatisfy { $0 == 503 || $0 == 404 }, "\(statuses.sorted())")
-            let metrics = try await httpGet("http://127.0.0.1:\(port)/metrics").body
-            #expect(metrics.contains("relay_cluster_last_value_lookups_refused_total"))
+            let refused = await metric(port, #"relay_cluster_last_value_lookups_total{market="stocks",outcome="refused"}"#)
+            #expect(Int(refused) == statuses.filter { $0 == 503 }.count, "each 503 is counted as refused: \(refused)")
         }
     }
 

@@ -1,0 +1,86 @@
+import Dispatch
+import Foundation
+import Logging
+import RelayBench
+import Synchronization
+import Testing
+
+@testable import Cluster
+
+/// NATS calls that wait for the server run on threads of their own: the lease's on a queue of its own,
+/// the others in a pool of ``NATSConnection/requestThreads``. While every thread of the pool is held
+/// (lookups of the last-value store wait up to the request timeout while NATS stalls), the lease is
+/// still written and the process's timers still fire. (On a concurrent dispatch queue, as before, a
+/// 100 ms sleep took 14 s behind sixteen held calls, and the lease's write waited as long.)
+@Suite(
+    "Cluster: NATS calls wait on threads of their own", .serialized, .timeLimit(.minutes(1)),
+    .enabled(
+        if: NATSServerProcess.binary != nil || ProcessInfo.processInfo.environment["RELAY_REQUIRE_NATS"] == "1",
+        "nats-server is not installed (scripts/test installs it)"))
+struct LeaseQueueTests {
+    final class HeldCount: Sendable {
+        let count = Mutex(0)
+    }
+
+    @Test func theLeaseIsWrittenAndTimersFireWhileTheRequestPoolIsHeld() async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let connection = NATSConnection(servers: [url], name: "lease queue test", logger: Logger(label: "lease-queue-test"))
+        let deadline = ContinuousClock.now + .seconds(10)
+        while connection.state != .connected {
+            try #require(ContinuousClock.now < deadline, "connected to NATS within 10 s")
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let name = "lq\(UInt32.random(in: 0...UInt32.max))"
+        let lease = try await connection.keyValue(bucket: "\(name)-lease", ttl: .seconds(5), ownQueue: true)
+        let shared = try await connection.keyValue(bucket: "\(name)-last", ttl: nil)
+
+        // Every thread of the pool held, as by lookups waiting for a stalled NATS.
+        let threads = NATSConnection.requestThreads
+        let release = DispatchSemaphore(value: 0)
+        let holding = HeldCount()
+        let held = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<threads {
+                    group.addTask {
+                        await NATSConnection.blocking {
+                            holding.count.withLock { $0 += 1 }
+                            release.wait()
+                        }
+                    }
+                }
+            }
+        }
+        // At once, as stalled lookups arrive: a timer of the process still fires on time.
+        let asleep = ContinuousClock.now
+        try await Task.sleep(for: .milliseconds(100))
+        let slept = ContinuousClock.now - asleep
+        #expect(slept < .seconds(3), "a 100 ms sleep took \(slept) while the NATS calls held their threads")
+        // Each call has a thread of the pool: all are waiting for the server at once.
+        let taking = ContinuousClock.now
+        while holding.count.withLock({ $0 }) < threads, ContinuousClock.now - taking < .seconds(5) {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(holding.count.withLock { $0 } == threads, "\(threads) calls did not all get a thread within 5 s")
+
+        let written = await withTaskGroup(of: Bool.self) { group in
+            group.addTask { (try? await lease.create("leader", "n1")) != nil }
+            group.addTask {
+                try? await Task.sleep(for: .seconds(5))
+                return false
+            }
+            let first = await group.next() ?? false
+            // Let the pool go before the group waits for its other child.
+            for _ in 0..<threads { release.signal() }
+            group.cancelAll()
+            return first
+        }
+        #expect(written, "the lease was not written within 5 s while the request pool was held")
+        await held.value
+        // The pool goes on once released.
+        #expect(try await shared.get("anything") == nil)
+
+        await connection.close()
+        await nats.stop()
+    }
+}
