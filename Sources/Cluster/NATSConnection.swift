@@ -100,7 +100,9 @@ public final class NATSConnection: Sendable {
     let requestTimeout: Duration
     let onSlowConsumer: Mutex<(@Sendable (NATSSubscription?) -> Void)?> = Mutex(nil)
     /// Calls that wait for the server (key-value requests, flushes) run on these threads of their own,
-    /// at most ``requestThreads`` at once; more wait their turn here. Not on a concurrent dispatch
+    /// at most ``requestThreads`` at once; more wait their turn here. Their callers are bounded: 8
+    /// `/v1/last` lookups, 4 seeding reads, 4 shared REST budget calls per node, the whole-state asker
+    /// and the connection's own flushes; the lease has a thread of its own. Not on a concurrent dispatch
     /// queue: on Linux that shares its threads with every `Task.sleep` of the process (their timers
     /// fire there), and calls held up to the request timeout while NATS stalls delayed a 100 ms sleep
     /// by 14 s (sixteen of them), the lease's own deadline among them.
@@ -540,7 +542,10 @@ public final class NATSConnection: Sendable {
         guard let handle = shared.withLock({ $0.connection }), handle.jetStream != nil else {
             throw .unavailable("no JetStream context (not connected)")
         }
-        let result: Result<NATSPointer, NATSError> = await Self.blocking {
+        // Opened on its own queue too: the lease's bucket is opened again after NATS came back, when
+        // the pool may still be held by lookups.
+        let queue = ownQueue ? DispatchQueue(label: "relay-nats-\(bucket)") : nil
+        let result: Result<NATSPointer, NATSError> = await Self.blocking(on: queue) {
             // The connection is held until this returns (the store keeps what it needs of it after).
             withExtendedLifetime(handle) {
                 guard let jetStream = handle.jetStream else { return .failure(.unavailable("no JetStream context")) }
@@ -564,13 +569,12 @@ public final class NATSConnection: Sendable {
             }
         }
         let store = try result.get()
-        let kept: Duration? = await Self.blocking {
+        let kept: Duration? = await Self.blocking(on: queue) {
             var status: OpaquePointer?
             guard kvStore_Status(&status, store.pointer) == NATS_OK, let status else { return nil }
             defer { kvStatus_Destroy(status) }
             return .nanoseconds(kvStatus_TTL(status))
         }
-        let queue = ownQueue ? DispatchQueue(label: "relay-nats-\(bucket)") : nil
         return KeyValueBucket(name: bucket, store: store, connection: self, ttl: kept, queue: queue)
     }
 
@@ -591,8 +595,8 @@ public final class NATSConnection: Sendable {
             if let queue {
                 queue.async { continuation.resume(returning: work()) }
             } else {
-                // The pool is never shut down; were it, the work would still run (on the thread that
-                // shut it down), so the caller is always answered.
+                // NIO runs each item once, `.cancelled` only after a shutdown (this pool is never shut
+                // down): the work runs either way, so the caller is always answered, once.
                 requestPool.submit { _ in continuation.resume(returning: work()) }
             }
         }

@@ -13,7 +13,7 @@ import Synchronization
 /// the shared bucket is empty it waits for the refill, or is refused with the time to the next token
 /// once that passes the wait bound. A vendor's 429 is written to the bucket, so every node pauses.
 /// When NATS does not answer, the node falls back to its own bucket (it cannot be worse than one node
-/// alone) and says so in the log.
+/// alone) and says so in the log; it asks again a second later, one call at a time until NATS answers.
 ///
 /// `Sendable`: immutable parts, the bound bucket behind a `Mutex`.
 public final class SharedRESTBudget: AccountBudget {
@@ -24,6 +24,19 @@ public final class SharedRESTBudget: AccountBudget {
     private let key: String
     private let bucket = Mutex<KeyValueBucket?>(nil)
     private let warned = Mutex(false)
+    /// Calls to the shared bucket under way, and whether NATS last failed to answer: while NATS
+    /// stalls, each call holds a thread of the NATS pool for up to the request timeout, and a node's
+    /// requests (100 a second by default) would start calls faster than they end. After a failure the
+    /// node counts on its own; a second later one call asks again, and until one is answered the
+    /// others count on their own too.
+    private let calls = Mutex(SharedCalls())
+    struct SharedCalls {
+        var inFlight = 0
+        var failed = false
+        var localUntil: ContinuousClock.Instant?
+    }
+    /// After NATS failed to answer, the node counts on its own this long before asking again.
+    static let localAfterFailure: Duration = .seconds(1)
     private let logger: Logger
 
     public init(
@@ -66,6 +79,8 @@ public final class SharedRESTBudget: AccountBudget {
 
     public func snapshot() async -> RESTBudget.State {
         var state = await local.snapshot()
+        guard enterShared() else { return state }
+        defer { leaveShared() }
         if let bucket = await boundBucket(), let entry = try? await bucket.get(key), let shared = Shared(entry.text) {
             let now = WallClock.nowMilliseconds()
             state.tokens = shared.refilled(at: now, rate: rate, burst: local.burst).tokens
@@ -147,6 +162,8 @@ public final class SharedRESTBudget: AccountBudget {
     /// Reads the bucket, lets `change` decide (and alter the state), and writes it back on the revision
     /// read; a write that lost to another node's is tried again (at most 8 times).
     private func changeShared(_ change: (inout Shared) -> Bool) async -> Change {
+        guard enterShared() else { return .unavailable }
+        defer { leaveShared() }
         guard let bucket = await boundBucket() else { return .unavailable }
         for _ in 0..<8 {
             let now = WallClock.nowMilliseconds()
@@ -155,6 +172,7 @@ public final class SharedRESTBudget: AccountBudget {
                 unavailable(error)
                 return .unavailable
             }
+            answered()
             var state = (entry.flatMap { Shared($0.text) } ?? Shared(tokens: Double(local.burst), updated: now, pausedUntil: 0))
                 .refilled(at: now, rate: rate, burst: local.burst)
             guard change(&state) else { return .declined }
@@ -200,6 +218,7 @@ public final class SharedRESTBudget: AccountBudget {
             let refill = Duration.seconds(Double(local.burst) / rate.perSecond)
             let bound = try await connection.keyValue(bucket: bucketName, ttl: max(refill * 2, .seconds(60)))
             bucket.withLock { $0 = bound }
+            answered()
             return bound
         } catch {
             unavailable(error)
@@ -207,9 +226,35 @@ public final class SharedRESTBudget: AccountBudget {
         }
     }
 
+    /// Whether a call to the shared bucket may start now (then ``leaveShared()`` when it ends): any
+    /// while NATS answers; after it failed, none for ``localAfterFailure``, then one at a time.
+    private func enterShared() -> Bool {
+        calls.withLock { calls in
+            if calls.failed {
+                if let until = calls.localUntil, ContinuousClock.now < until { return false }
+                guard calls.inFlight == 0 else { return false }
+            }
+            calls.inFlight += 1
+            return true
+        }
+    }
+
+    private func leaveShared() {
+        calls.withLock { $0.inFlight -= 1 }
+    }
+
+    /// NATS answered: every request asks the shared bucket again.
+    private func answered() {
+        calls.withLock { $0.failed = false }
+    }
+
     private func unavailable(_ error: any Error) {
-        // The next call binds again (a rebuilt connection leaves the old handle failing).
+        // The next call binds again (a rebuilt connection leaves the old handle failing), after a while.
         bucket.withLock { $0 = nil }
+        calls.withLock { calls in
+            calls.failed = true
+            calls.localUntil = ContinuousClock.now + Self.localAfterFailure
+        }
         let first = warned.withLock { warned in
             defer { warned = true }
             return !warned

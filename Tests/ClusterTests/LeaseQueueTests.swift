@@ -9,9 +9,9 @@ import Testing
 
 /// NATS calls that wait for the server run on threads of their own: the lease's on a queue of its own,
 /// the others in a pool of ``NATSConnection/requestThreads``. While every thread of the pool is held
-/// (lookups of the last-value store wait up to the request timeout while NATS stalls), the lease is
-/// still written and the process's timers still fire. (On a concurrent dispatch queue, as before, a
-/// 100 ms sleep took 14 s behind sixteen held calls, and the lease's write waited as long.)
+/// (lookups of the last-value store wait up to the request timeout while NATS stalls), the lease's
+/// bucket is still opened and written, and the process's timers still fire. (On a concurrent dispatch
+/// queue, as before, a 100 ms sleep took 14 s behind sixteen held calls, and the lease waited as long.)
 @Suite(
     "Cluster: NATS calls wait on threads of their own", .serialized, .timeLimit(.minutes(1)),
     .enabled(
@@ -22,22 +22,27 @@ struct LeaseQueueTests {
         let count = Mutex(0)
     }
 
-    @Test func theLeaseIsWrittenAndTimersFireWhileTheRequestPoolIsHeld() async throws {
+    @Test func theLeaseIsOpenedAndWrittenAndTimersFireWhileTheRequestPoolIsHeld() async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
         let connection = NATSConnection(servers: [url], name: "lease queue test", logger: Logger(label: "lease-queue-test"))
+        let threads = NATSConnection.requestThreads
+        let release = DispatchSemaphore(value: 0)
+        let released = Mutex(false)
+        @Sendable func releasePool() {
+            guard released.withLock({ was in defer { was = true }; return !was }) else { return }
+            for _ in 0..<threads { release.signal() }
+        }
+        defer { releasePool() }
         let deadline = ContinuousClock.now + .seconds(10)
         while connection.state != .connected {
             try #require(ContinuousClock.now < deadline, "connected to NATS within 10 s")
             try await Task.sleep(for: .milliseconds(20))
         }
         let name = "lq\(UInt32.random(in: 0...UInt32.max))"
-        let lease = try await connection.keyValue(bucket: "\(name)-lease", ttl: .seconds(5), ownQueue: true)
         let shared = try await connection.keyValue(bucket: "\(name)-last", ttl: nil)
 
         // Every thread of the pool held, as by lookups waiting for a stalled NATS.
-        let threads = NATSConnection.requestThreads
-        let release = DispatchSemaphore(value: 0)
         let holding = HeldCount()
         let held = Task {
             await withTaskGroup(of: Void.self) { group in
@@ -51,31 +56,35 @@ struct LeaseQueueTests {
                 }
             }
         }
-        // At once, as stalled lookups arrive: a timer of the process still fires on time.
-        let asleep = ContinuousClock.now
-        try await Task.sleep(for: .milliseconds(100))
-        let slept = ContinuousClock.now - asleep
-        #expect(slept < .seconds(3), "a 100 ms sleep took \(slept) while the NATS calls held their threads")
         // Each call has a thread of the pool: all are waiting for the server at once.
         let taking = ContinuousClock.now
         while holding.count.withLock({ $0 }) < threads, ContinuousClock.now - taking < .seconds(5) {
             try await Task.sleep(for: .milliseconds(20))
         }
         #expect(holding.count.withLock { $0 } == threads, "\(threads) calls did not all get a thread within 5 s")
+        // A timer of the process still fires on time.
+        let asleep = ContinuousClock.now
+        try await Task.sleep(for: .milliseconds(100))
+        let slept = ContinuousClock.now - asleep
+        #expect(slept < .seconds(3), "a 100 ms sleep took \(slept) while the NATS calls held their threads")
 
+        // The lease's bucket is opened (as after NATS came back) and written, on its own thread.
         let written = await withTaskGroup(of: Bool.self) { group in
-            group.addTask { (try? await lease.create("leader", "n1")) != nil }
+            group.addTask {
+                guard let lease = try? await connection.keyValue(bucket: "\(name)-lease", ttl: .seconds(5), ownQueue: true) else { return false }
+                return (try? await lease.create("leader", "n1")) != nil
+            }
             group.addTask {
                 try? await Task.sleep(for: .seconds(5))
                 return false
             }
             let first = await group.next() ?? false
             // Let the pool go before the group waits for its other child.
-            for _ in 0..<threads { release.signal() }
+            releasePool()
             group.cancelAll()
             return first
         }
-        #expect(written, "the lease was not written within 5 s while the request pool was held")
+        #expect(written, "the lease's bucket was not opened and written within 5 s while the request pool was held")
         await held.value
         // The pool goes on once released.
         #expect(try await shared.get("anything") == nil)

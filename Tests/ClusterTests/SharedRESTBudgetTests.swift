@@ -49,6 +49,31 @@ struct SharedRESTBudgetTests {
         await nats.stop()
     }
 
+    /// While NATS stalls, a node does not queue a call to the shared bucket per request (each would hold
+    /// a thread of the NATS pool for the request timeout): after one failed, the next second's requests
+    /// count on the node's own bucket at once.
+    @Test func whileNATSStallsRequestsCountOnTheirOwnAfterOneCallFailed() async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let node = try await nodes(1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(5), url: url)[0]
+        kill(nats.process.processIdentifier, SIGSTOP)
+        defer { kill(nats.process.processIdentifier, SIGCONT) }
+        // The first waits for NATS (up to the request timeout), fails, and counts on the node.
+        #expect(await node.take(.foreground, bounded: true) == .granted)
+        let started = ContinuousClock.now
+        let admissions = await withTaskGroup(of: RESTBudget.Admission.self) { group in
+            for _ in 0..<40 { group.addTask { await node.take(.foreground, bounded: true) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        let took = ContinuousClock.now - started
+        #expect(admissions.allSatisfy { $0 == .granted }, "\(admissions)")
+        // Each asking the stalled NATS would wait up to the request timeout, sixteen at a time.
+        #expect(took < .milliseconds(900), "40 requests took \(took): they waited for NATS")
+        kill(nats.process.processIdentifier, SIGCONT)
+        await node.close()
+        await nats.stop()
+    }
+
     @Test func aVendors429PausesEveryNode() async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()

@@ -110,6 +110,16 @@ import Testing
         expectSparedOnceThenDropped(channel, "it took bytes again during the interval")
     }
 
+    /// Full already when the ping went: nothing taken for the whole interval after it.
+    @Test func aSocketFullWhenPingedIsDroppedAtTheNextDeadline() throws {
+        let (channel, _) = try connection()
+        setWritable(channel, false)
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(try pingsWritten(channel) == 1, "pinged after an interval, its socket full")
+        channel.embeddedEventLoop.advanceTime(by: Self.interval)
+        #expect(!channel.isActive, "full at the ping and since: gone")
+    }
+
     private func setWritable(_ channel: EmbeddedChannel, _ writable: Bool) {
         channel.isWritable = writable
         channel.pipeline.fireChannelWritabilityChanged()
