@@ -159,9 +159,9 @@ public final class ClusterNode: Service, Sendable {
     public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
 
     /// Lookups of the last-value store for clients (`/v1/last`): those under way by topic (each holds
-    /// a thread of the NATS request pool, which other buckets' calls share (the lease has its own),
-    /// so at most ``maxLastValueLookups`` at once; a request for a topic being looked up joins that lookup), and
-    /// the answers of the last quarter second.
+    /// a thread of the NATS request pool, which other buckets' calls share, the lease's apart, so at
+    /// most ``maxLastValueLookups`` at once; a request for a topic being looked up joins that lookup),
+    /// and the answers of the last quarter second.
     private struct LastValueLookups {
         var flights: [Topic: Task<MarketEvent?, Never>] = [:]
         var recent = RecentLastValues()

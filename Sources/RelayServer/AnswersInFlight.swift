@@ -10,9 +10,9 @@ import Synchronization
 /// (written in pieces, each waiting for the connection to take the one before, the last until NIO
 /// has passed it to the socket), or the connection closed; an answer that would pass the bound is
 /// refused with `503` and `Retry-After` instead. One answer alone is always sent, whatever its size,
-/// when nothing else is in flight. A connection that
-/// makes no progress for ``pieceTimeout`` — its head, a piece, or the end not taken — is closed: a
-/// client that stopped reading does not hold its answer's bytes for as long as it keeps its socket open.
+/// when nothing else is in flight. A connection that makes no progress for ``pieceTimeout`` — its
+/// head, a piece, or the end not taken — is closed: a client that stopped reading does not hold its
+/// answer's bytes for as long as it keeps its socket open.
 /// One body sent to several clients (a coalesced answer: the same buffer) counts once, as it is held
 /// once.
 ///
