@@ -32,8 +32,8 @@ public final class SharedRESTBudget: AccountBudget {
     private let calls = Mutex(SharedCalls())
     struct SharedCalls {
         var inFlight = 0
-        var failed = false
-        var localUntil: ContinuousClock.Instant?
+        /// Set when NATS failed to answer (when to ask again), `nil` once it answers.
+        var askAgainAt: ContinuousClock.Instant?
     }
     /// After NATS failed to answer, the node counts on its own this long before asking again.
     static let localAfterFailure: Duration = .seconds(1)
@@ -230,9 +230,8 @@ public final class SharedRESTBudget: AccountBudget {
     /// while NATS answers; after it failed, none for ``localAfterFailure``, then one at a time.
     private func enterShared() -> Bool {
         calls.withLock { calls in
-            if calls.failed {
-                if let until = calls.localUntil, ContinuousClock.now < until { return false }
-                guard calls.inFlight == 0 else { return false }
+            if let askAgainAt = calls.askAgainAt {
+                guard ContinuousClock.now >= askAgainAt, calls.inFlight == 0 else { return false }
             }
             calls.inFlight += 1
             return true
@@ -245,16 +244,13 @@ public final class SharedRESTBudget: AccountBudget {
 
     /// NATS answered: every request asks the shared bucket again.
     private func answered() {
-        calls.withLock { $0.failed = false }
+        calls.withLock { $0.askAgainAt = nil }
     }
 
     private func unavailable(_ error: any Error) {
         // The next call binds again (a rebuilt connection leaves the old handle failing), after a while.
         bucket.withLock { $0 = nil }
-        calls.withLock { calls in
-            calls.failed = true
-            calls.localUntil = ContinuousClock.now + Self.localAfterFailure
-        }
+        calls.withLock { $0.askAgainAt = ContinuousClock.now + Self.localAfterFailure }
         let first = warned.withLock { warned in
             defer { warned = true }
             return !warned

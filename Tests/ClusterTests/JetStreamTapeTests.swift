@@ -1,5 +1,4 @@
 import Foundation
-import Logging
 import MarketCore
 import RelayBench
 import Tape
@@ -21,12 +20,7 @@ struct JetStreamTapeTests {
     func withStream(_ body: (JetStreamTape, NATSServerProcess) async throws -> Void) async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
-        let connection = NATSConnection(servers: [url], name: "tape test", logger: Logger(label: "tape-test"))
-        let deadline = ContinuousClock.now + .seconds(10)
-        while connection.state != .connected {
-            try #require(ContinuousClock.now < deadline, "connected to NATS within 10 s")
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        let connection = try await connectedNATS(url, name: "tape-test")
         let tape = JetStreamTape(subjects: try ClusterSubjects(cluster: "t\(UInt32.random(in: 0...UInt32.max))", market: "stocks"), settings: ClusterTapeSettings())
         tape.use(connection)
         do {

@@ -1,6 +1,5 @@
 import Dispatch
 import Foundation
-import Logging
 import RelayBench
 import Synchronization
 import Testing
@@ -25,7 +24,7 @@ struct LeaseQueueTests {
     @Test func theLeaseIsOpenedAndWrittenAndTimersFireWhileTheRequestPoolIsHeld() async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
-        let connection = NATSConnection(servers: [url], name: "lease queue test", logger: Logger(label: "lease-queue-test"))
+        let connection = try await connectedNATS(url, name: "lease-queue-test")
         let threads = NATSConnection.requestThreads
         let release = DispatchSemaphore(value: 0)
         let released = Mutex(false)
@@ -34,11 +33,6 @@ struct LeaseQueueTests {
             for _ in 0..<threads { release.signal() }
         }
         defer { releasePool() }
-        let deadline = ContinuousClock.now + .seconds(10)
-        while connection.state != .connected {
-            try #require(ContinuousClock.now < deadline, "connected to NATS within 10 s")
-            try await Task.sleep(for: .milliseconds(20))
-        }
         let name = "lq\(UInt32.random(in: 0...UInt32.max))"
         let shared = try await connection.keyValue(bucket: "\(name)-last", ttl: nil)
 
