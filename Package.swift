@@ -101,6 +101,7 @@ let package = Package(
         ),
         .target(
             name: "AsyncSupport",
+            dependencies: [.product(name: "NIOPosix", package: "swift-nio")],
             swiftSettings: strict
         ),
         // What every vendor shares: the event value, topics, markets, entitlements, limits, positions,
@@ -353,7 +354,7 @@ let package = Package(
         ),
         .testTarget(
             name: "AsyncSupportTests",
-            dependencies: ["AsyncSupport"],
+            dependencies: ["AsyncSupport", .product(name: "NIOPosix", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -1,3 +1,4 @@
+import AsyncSupport
 import CNats
 import Dispatch
 import Foundation
@@ -592,15 +593,8 @@ public final class NATSConnection: Sendable {
     /// Runs a libnats call that waits for the server and returns its result: on `queue` (a serial
     /// queue of its own, see ``keyValue(bucket:ttl:ownQueue:)``) or in the ``requestPool``.
     static func blocking<T: Sendable>(on queue: DispatchQueue? = nil, _ work: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            if let queue {
-                queue.async { continuation.resume(returning: work()) }
-            } else {
-                // NIO runs each item once, `.cancelled` only after a shutdown (this pool is never shut
-                // down): the work runs either way, so the caller is always answered, once.
-                requestPool.submit { _ in continuation.resume(returning: work()) }
-            }
-        }
+        if let queue { return await BlockingWork.run(on: queue, work) }
+        return await BlockingWork.run(in: requestPool, work)
     }
 }
 

@@ -12,8 +12,9 @@ import Synchronization
 /// the node's requests by priority and bounds their queue and wait), then takes the shared token; when
 /// the shared bucket is empty it waits for the refill, or is refused with the time to the next token
 /// once that passes the wait bound. A vendor's 429 is written to the bucket, so every node pauses.
-/// When NATS does not answer, the node falls back to its own bucket (it cannot be worse than one node
-/// alone) and says so in the log; it asks again a second later, one call at a time until NATS answers.
+/// A node makes at most four calls to the shared bucket at once; more wait their turn. When NATS does
+/// not answer, the node falls back to its own bucket (it cannot be worse than one node alone) and says
+/// so in the log; it asks again a second later, one call at a time until NATS answers.
 ///
 /// `Sendable`: immutable parts, the bound bucket behind a `Mutex`.
 public final class SharedRESTBudget: AccountBudget {
@@ -24,17 +25,25 @@ public final class SharedRESTBudget: AccountBudget {
     private let key: String
     private let bucket = Mutex<KeyValueBucket?>(nil)
     private let warned = Mutex(false)
-    /// Calls to the shared bucket under way, and whether NATS last failed to answer: while NATS
-    /// stalls, each call holds a thread of the NATS pool for up to the request timeout, and a node's
-    /// requests (100 a second by default) would start calls faster than they end. After a failure the
-    /// node counts on its own; a second later one call asks again, and until one is answered the
-    /// others count on their own too.
-    private let calls = Mutex(SharedCalls())
+    /// Calls to the shared bucket under way, those waiting to start, and whether NATS last failed to
+    /// answer. While NATS stalls, each call holds a thread of the NATS pool for up to the request
+    /// timeout, and a node's requests (100 a second by default) would start calls faster than they end.
+    /// So at most ``maxCallsInFlight`` run at once and the others wait their turn (a cap waits: a node
+    /// that counted on its own whenever the shared bucket was busy would overspend in bursts). When a
+    /// call finds NATS not answering, those waiting and those that come in the next second count on
+    /// the node's own bucket; then one call at a time asks again until one is answered.
+    let calls = Mutex(SharedCalls())
     struct SharedCalls {
         var inFlight = 0
+        /// Waiting for a call to end, in arrival order: resumed with `true` to start theirs, `false`
+        /// to count on their own (NATS failed to answer meanwhile).
+        var waiting: [CheckedContinuation<Bool, Never>] = []
         /// Set when NATS failed to answer (when to ask again), `nil` once it answers.
         var askAgainAt: ContinuousClock.Instant?
     }
+    /// Calls to the shared bucket a node makes at once (a read and a write each, a few milliseconds
+    /// while NATS answers: far more than the account's rate needs).
+    static let maxCallsInFlight = 4
     /// After NATS failed to answer, the node counts on its own this long before asking again.
     static let localAfterFailure: Duration = .seconds(1)
     private let logger: Logger
@@ -79,7 +88,7 @@ public final class SharedRESTBudget: AccountBudget {
 
     public func snapshot() async -> RESTBudget.State {
         var state = await local.snapshot()
-        guard enterShared() else { return state }
+        guard await enterShared() else { return state }
         defer { leaveShared() }
         if let bucket = await boundBucket(), let entry = try? await bucket.get(key), let shared = Shared(entry.text) {
             let now = WallClock.nowMilliseconds()
@@ -162,7 +171,7 @@ public final class SharedRESTBudget: AccountBudget {
     /// Reads the bucket, lets `change` decide (and alter the state), and writes it back on the revision
     /// read; a write that lost to another node's is tried again (at most 8 times).
     private func changeShared(_ change: (inout Shared) -> Bool) async -> Change {
-        guard enterShared() else { return .unavailable }
+        guard await enterShared() else { return .unavailable }
         defer { leaveShared() }
         guard let bucket = await boundBucket() else { return .unavailable }
         for _ in 0..<8 {
@@ -226,20 +235,53 @@ public final class SharedRESTBudget: AccountBudget {
         }
     }
 
-    /// Whether a call to the shared bucket may start now (then ``leaveShared()`` when it ends): any
-    /// while NATS answers; after it failed, none for ``localAfterFailure``, then one at a time.
-    private func enterShared() -> Bool {
-        calls.withLock { calls in
+    /// Whether a call to the shared bucket starts (then ``leaveShared()`` when it ends), or the request
+    /// counts on the node's own bucket. While NATS answers: at once while fewer than
+    /// ``maxCallsInFlight`` run, else after waiting its turn. After NATS failed to answer: none for
+    /// ``localAfterFailure``, then one at a time.
+    private func enterShared() async -> Bool {
+        enum Entry { case starts, local, waits }
+        let entry = calls.withLock { calls -> Entry in
             if let askAgainAt = calls.askAgainAt {
-                guard ContinuousClock.now >= askAgainAt, calls.inFlight == 0 else { return false }
+                guard ContinuousClock.now >= askAgainAt, calls.inFlight == 0 else { return .local }
+            } else if calls.inFlight >= Self.maxCallsInFlight {
+                return .waits
             }
             calls.inFlight += 1
-            return true
+            return .starts
+        }
+        switch entry {
+        case .starts: return true
+        case .local: return false
+        case .waits:
+            // Not cancellable: the wait is bounded by the calls ahead (each at most the request timeout,
+            // and the first to fail lets every waiter go).
+            return await withCheckedContinuation { continuation in
+                let decided = calls.withLock { calls -> Bool? in
+                    // Decided again under the lock: a call may have ended, or failed, since.
+                    if calls.askAgainAt != nil { return false }
+                    guard calls.inFlight >= Self.maxCallsInFlight else {
+                        calls.inFlight += 1
+                        return true
+                    }
+                    calls.waiting.append(continuation)
+                    return nil
+                }
+                if let decided { continuation.resume(returning: decided) }
+            }
         }
     }
 
+    /// A call ended: the next waiting starts its own (its turn passed on, still counted in flight).
     private func leaveShared() {
-        calls.withLock { $0.inFlight -= 1 }
+        let next = calls.withLock { calls -> CheckedContinuation<Bool, Never>? in
+            guard calls.askAgainAt == nil, !calls.waiting.isEmpty else {
+                calls.inFlight -= 1
+                return nil
+            }
+            return calls.waiting.removeFirst()
+        }
+        next?.resume(returning: true)
     }
 
     /// NATS answered: every request asks the shared bucket again.
@@ -250,7 +292,13 @@ public final class SharedRESTBudget: AccountBudget {
     private func unavailable(_ error: any Error) {
         // The next call binds again (a rebuilt connection leaves the old handle failing), after a while.
         bucket.withLock { $0 = nil }
-        calls.withLock { $0.askAgainAt = ContinuousClock.now + Self.localAfterFailure }
+        let waiting = calls.withLock { calls in
+            calls.askAgainAt = ContinuousClock.now + Self.localAfterFailure
+            defer { calls.waiting = [] }
+            return calls.waiting
+        }
+        // Those waiting their turn count on their own now, as those that come in the next second do.
+        for waiter in waiting { waiter.resume(returning: false) }
         let first = warned.withLock { warned in
             defer { warned = true }
             return !warned

@@ -234,16 +234,24 @@ public final class Relay: Service, Sendable {
             try? await rest.client?.shutdown()
             for budget in [upstream.restBudget, upstream.alpacaBudget] { await (budget as? SharedRESTBudget)?.close() }
             await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
-            for market in assembly.markets { market.recorder?.stop() }
+            await stopRecording(assembly.markets)
             throw error
         }
         for filler in assembly.gapFillers.values { await filler.stop() }
         try? await rest.client?.shutdown()
         for budget in [upstream.restBudget, upstream.alpacaBudget] { await (budget as? SharedRESTBudget)?.close() }
         await saveSessions(of: server, markets: assembly.markets, checkpoint: checkpoint)
-        // What the tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
-        // more comes), so the next start goes on in the same epoch.
-        for market in assembly.markets { market.recorder?.stop() }
+        await stopRecording(assembly.markets)
+    }
+
+    /// What each tape holds in memory goes to disk, then its stop (the upstream has stopped: nothing
+    /// more comes), so the next start goes on in the same epoch. The recorders wait for the disk: on
+    /// threads made for blocking, not the cooperative pool.
+    private func stopRecording(_ markets: [MarketParts]) async {
+        for market in markets {
+            guard let recorder = market.recorder else { continue }
+            await BlockingWork.run { recorder.stop() }
+        }
     }
 
     /// Where a recorded market's broken tagged sessions wait for the next start: beside its tape.
@@ -260,8 +268,18 @@ public final class Relay: Service, Sendable {
 
     /// Writes each recorded market's tagged sessions beside its tape when they differ from what was
     /// written last (a market with none and no file is left alone); a checkpoint that fails is told once
-    /// per change, the final save tries again. `saved`: the stop's final save (told in the log).
-    private func writeSessions(_ sessions: [Market: [SavedSession]], of markets: [MarketParts], saved: Bool, files: inout SessionFiles) {
+    /// per change, the final save tries again. `saved`: the stop's final save (told in the log). The
+    /// encoding and the writes run on threads made for blocking (the disk may be slow), not the
+    /// cooperative pool.
+    private func writeSessions(_ sessions: [Market: [SavedSession]], of markets: [MarketParts], saved: Bool, files: SessionFiles) async -> SessionFiles {
+        await BlockingWork.run {
+            var files = files
+            self.writeSessionFiles(sessions, of: markets, saved: saved, files: &files)
+            return files
+        }
+    }
+
+    private func writeSessionFiles(_ sessions: [Market: [SavedSession]], of markets: [MarketParts], saved: Bool, files: inout SessionFiles) {
         for market in markets {
             let name = market.plan.market
             let list = sessions[name] ?? []
@@ -293,7 +311,7 @@ public final class Relay: Service, Sendable {
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
             guard !Task.isCancelled else { break }
-            writeSessions(server.checkpointSessions(), of: markets, saved: false, files: &files)
+            files = await writeSessions(server.checkpointSessions(), of: markets, saved: false, files: files)
         }
         return files
     }
@@ -303,15 +321,15 @@ public final class Relay: Service, Sendable {
     /// the same epoch).
     private func saveSessions(of server: RelayServer, markets: [MarketParts], checkpoint: Task<SessionFiles, Never>) async {
         checkpoint.cancel()
-        var files = await checkpoint.value
-        writeSessions(await server.savedSessions(), of: markets, saved: true, files: &files)
+        let files = await checkpoint.value
+        _ = await writeSessions(await server.savedSessions(), of: markets, saved: true, files: files)
     }
 
     /// Shelves the tagged sessions the last run saved, before any client connects; only those of the
     /// epoch the market went on in are taken. (The file stays: this run's checkpoint replaces it within
     /// a second, with these sessions in it while they are kept.)
     private func restoreSessions(_ market: MarketParts, into server: RelayServer) async {
-        guard let path = sessionsFile(market), let data = FileManager.default.contents(atPath: path) else { return }
+        guard let path = sessionsFile(market), let data = await BlockingWork.run({ FileManager.default.contents(atPath: path) }) else { return }
         // Bounded like the shelf itself: a larger file is not the relay's.
         guard data.count <= 64 << 20, let sessions = try? JSONDecoder().decode([SavedSession].self, from: data) else {
             logger.warning("\(market.plan.market): the saved tagged sessions could not be read; none restored")
@@ -334,7 +352,11 @@ public final class Relay: Service, Sendable {
         let name = market.plan.market.rawValue
         await market.hub.setArchive(TapeArchive(directory: tape.directory, market: name))
         do {
-            let tail = try TapeTail.read(directory: tape.directory, market: name, maxAge: limits.maxAge, maxBytes: limits.memoryBytes)
+            // Reading the tape back blocks on the disk: on threads made for that, not the cooperative pool.
+            let (directory, maxAge, maxBytes) = (tape.directory, limits.maxAge, limits.memoryBytes)
+            let tail = try await BlockingWork.run { () throws(TapeTail.NotResumable) in
+                try TapeTail.read(directory: directory, market: name, maxAge: maxAge, maxBytes: maxBytes)
+            }
             let events = await market.hub.goOn(from: tail)
             recorder.note(.gap(from: tail.stoppedAt &* 1_000_000, to: WallClock.nowNanoseconds()))
             logger.info(

@@ -208,7 +208,8 @@ public final class TapeSource: MarketSource {
     /// The tape is read a little ahead on a task of its own (``readAhead(_:into:)``): a
     /// block's decompression and decoding no longer stop the hand-over of the events before it.
     private func pass() async throws -> Int {
-        let window = TapeWindow(try TapeReader(path: plan.path).records(from: plan.from ?? .min, through: plan.to ?? .max))
+        let (path, from, through) = (plan.path, plan.from ?? .min, plan.to ?? .max)
+        let window = try await BlockingWork.run { () throws in TapeWindow(try TapeReader(path: path).records(from: from, through: through)) }
         note { $0.state = "replaying" }
         passesStarted.increment()
         var details: [String: Notice.Value] = [
@@ -251,14 +252,17 @@ public final class TapeSource: MarketSource {
     static let chunksAhead = 3
 
     /// Reads the window's records into `chunks`, a chunk at a time, until the window ends or `chunks`
-    /// is finished; returns the blocks it skipped (damaged).
+    /// is finished; returns the blocks it skipped (damaged). The reading (the disk, decompression) runs
+    /// on threads made for blocking, not the cooperative pool that hands the events over.
     private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> [Int] {
         while !Task.isCancelled {
-            let chunk = window.records.withLock { window in
-                var chunk: [TapeRecord] = []
-                chunk.reserveCapacity(chunkSize)
-                while chunk.count < chunkSize, let record = window.next() { chunk.append(record) }
-                return chunk
+            let chunk = await BlockingWork.run {
+                window.records.withLock { window in
+                    var chunk: [TapeRecord] = []
+                    chunk.reserveCapacity(chunkSize)
+                    while chunk.count < chunkSize, let record = window.next() { chunk.append(record) }
+                    return chunk
+                }
             }
             guard !chunk.isEmpty, await chunks.push(chunk, waitingBelow: chunksAhead) else { break }
         }

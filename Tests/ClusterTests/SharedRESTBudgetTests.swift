@@ -74,6 +74,46 @@ struct SharedRESTBudgetTests {
         await nats.stop()
     }
 
+    /// While NATS stalls before any call failed, a node's requests do not fill the NATS pool (other
+    /// callers' lookups and seeding reads wait there): four calls ask at once, the others wait their
+    /// turn and count on their own once the first fails.
+    @Test func whileNATSStallsAtMostFourCallsHoldTheNATSPool() async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let node = try await nodes(1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(5), url: url)[0]
+        kill(nats.process.processIdentifier, SIGSTOP)
+        defer { kill(nats.process.processIdentifier, SIGCONT) }
+        let started = ContinuousClock.now
+        let takes = Task {
+            await withTaskGroup(of: RESTBudget.Admission.self) { group in
+                for _ in 0..<40 { group.addTask { await node.take(.foreground, bounded: true) } }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+        }
+        // All 40 have come to the shared bucket: four ask NATS, 36 wait their turn.
+        var calls = (inFlight: 0, waiting: 0)
+        while ContinuousClock.now - started < .seconds(5) {
+            calls = node.calls.withLock { ($0.inFlight, $0.waiting.count) }
+            if calls.inFlight + calls.waiting == 40 { break }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        #expect(calls.inFlight == SharedRESTBudget.maxCallsInFlight && calls.waiting == 40 - SharedRESTBudget.maxCallsInFlight, "\(calls)")
+        // Another caller of the NATS pool is not queued behind them.
+        let asked = ContinuousClock.now
+        await NATSConnection.blocking {}
+        let probe = ContinuousClock.now - asked
+        #expect(probe < .milliseconds(500), "a call on the NATS pool waited \(probe) behind the budget's")
+        let admissions = await takes.value
+        #expect(admissions.allSatisfy { $0 == .granted }, "\(admissions)")
+        // The first failure (the request timeout, 1 s) lets every waiter go.
+        let took = ContinuousClock.now - started
+        #expect(took < .seconds(3), "40 requests took \(took)")
+        #expect(node.calls.withLock { $0.inFlight == 0 && $0.waiting.isEmpty })
+        kill(nats.process.processIdentifier, SIGCONT)
+        await node.close()
+        await nats.stop()
+    }
+
     @Test func aVendors429PausesEveryNode() async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
