@@ -352,15 +352,21 @@ let package = Package(
             dependencies: ["Upstream", "PolygonWire", "AlpacaWire"],
             swiftSettings: strict
         ),
+        // What several test targets share (a bounded wait for state without a change signal).
+        .target(
+            name: "RelayTestSupport",
+            path: "Tests/RelayTestSupport",
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "AsyncSupportTests",
-            dependencies: ["AsyncSupport", .product(name: "NIOPosix", package: "swift-nio")],
+            dependencies: ["AsyncSupport", "RelayTestSupport", .product(name: "NIOPosix", package: "swift-nio")],
             swiftSettings: strict
         ),
         .testTarget(
             name: "TapeTests",
             dependencies: [
-                "Tape", "TapeReplay", "MarketCore", "MarketDataHub", "PolygonWire", "AlpacaWire", .product(name: "NIOCore", package: "swift-nio"),
+                "Tape", "TapeReplay", "MarketCore", "MarketDataHub", "PolygonWire", "AlpacaWire", "RelayTestSupport", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"), .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -368,7 +374,7 @@ let package = Package(
         .testTarget(
             name: "RelayServerTests",
             dependencies: [
-                "RelayServer", "PolygonWire", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOWebSocket", package: "swift-nio"),
+                "RelayServer", "PolygonWire", "RelayTestSupport", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: strict
@@ -383,7 +389,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MarketRESTTests",
-            dependencies: ["MarketREST"],
+            dependencies: ["MarketREST", "RelayTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -393,7 +399,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PortfolioTests",
-            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "MarketDataHub", "AlpacaWire", "PolygonWire"],
+            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "MarketDataHub", "AlpacaWire", "PolygonWire", "RelayTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -13,7 +13,8 @@ import NIOPosix
 /// not be skipped), and its caller is always answered.
 public enum BlockingWork {
     /// Runs `work` in `pool` (NIO's shared blocking pool unless told) and returns what it returned or
-    /// threw. Work past the pool's threads waits its turn in the pool's queue.
+    /// threw. Work past the pool's threads waits its turn in the pool's queue. The pool must have been
+    /// started and not shut down: NIO runs work given to any other pool on the caller's own thread.
     public static func run<T: Sendable, Failure: Error>(
         in pool: NIOThreadPool = .singleton, _ work: @escaping @Sendable () throws(Failure) -> T
     ) async throws(Failure) -> T {

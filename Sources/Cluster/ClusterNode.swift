@@ -857,14 +857,8 @@ public final class ClusterNode: Service, Sendable {
     /// Ends the term's recording (``TapeRecorder/end(epoch:)``), waiting off the cooperative pool
     /// until everything it was given is written.
     private static func ended(_ epoch: String, _ recorder: TapeRecorder) async {
-        await withCheckedContinuation { continuation in
-            // A serial queue of its own (a thread of its own): not the global queue, whose threads
-            // also fire the process's timers.
-            DispatchQueue(label: "relay.tape.end").async {
-                recorder.end(epoch: epoch)
-                continuation.resume()
-            }
-        }
+        // A serial queue of its own (a thread of its own): never behind other blocking work.
+        await BlockingWork.run(on: DispatchQueue(label: "relay.tape.end")) { recorder.end(epoch: epoch) }
     }
 
     /// Runs `operation`, giving up (as unavailable) at `deadline`.

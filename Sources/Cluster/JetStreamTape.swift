@@ -1,6 +1,7 @@
 #if canImport(Glibc)
     import Glibc
 #endif
+import AsyncSupport
 import CNats
 import Dispatch
 import Logging
@@ -334,10 +335,8 @@ public enum ClusterTapePull {
         }
         let tape = JetStreamTape(subjects: subjects, settings: ClusterTapeSettings())
         tape.use(connection)
-        let copied: Result<Outcome, any Error> = await withCheckedContinuation { continuation in
-            DispatchQueue(label: "relay.tape.pull").async {
-                continuation.resume(returning: Result { try withExtendedLifetime(lock) { try copy(tape, market: market, directory: directory) } })
-            }
+        let copied = await BlockingWork.run(on: DispatchQueue(label: "relay.tape.pull")) {
+            Result { try withExtendedLifetime(lock) { try copy(tape, market: market, directory: directory) } }
         }
         await connection.close()
         return try copied.get()

@@ -103,7 +103,7 @@ public final class NATSConnection: Sendable {
     /// Calls that wait for the server (key-value requests, flushes) run on these threads of their own,
     /// at most ``requestThreads`` at once; more wait their turn here. Their callers are bounded: 8
     /// `/v1/last` lookups and 4 seeding reads per node, the whole-state asker, the connections' own
-    /// flushes, the shared REST budget (one call at a time once NATS failed to answer); the lease has a
+    /// flushes, the shared REST budget (four calls per account, one once NATS failed to answer); the lease has a
     /// thread of its own. Not on a concurrent dispatch queue: on Linux that shares its threads with
     /// every `Task.sleep` of the process (their timers fire there), and calls held up to the request
     /// timeout while NATS stalls delayed a 100 ms sleep by 14 s (sixteen of them), the lease's own

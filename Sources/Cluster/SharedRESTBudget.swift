@@ -12,7 +12,8 @@ import Synchronization
 /// the node's requests by priority and bounds their queue and wait), then takes the shared token; when
 /// the shared bucket is empty it waits for the refill, or is refused with the time to the next token
 /// once that passes the wait bound. A vendor's 429 is written to the bucket, so every node pauses.
-/// A node makes at most four calls to the shared bucket at once; more wait their turn. When NATS does
+/// A node makes at most four calls to the shared bucket at once; more wait their turn (at most 64;
+/// past them a request tries again shortly, within its own wait bound). When NATS does
 /// not answer, the node falls back to its own bucket (it cannot be worse than one node alone) and says
 /// so in the log; it asks again a second later, one call at a time until NATS answers.
 ///
@@ -35,15 +36,21 @@ public final class SharedRESTBudget: AccountBudget {
     let calls = Mutex(SharedCalls())
     struct SharedCalls {
         var inFlight = 0
-        /// Waiting for a call to end, in arrival order: resumed with `true` to start theirs, `false`
-        /// to count on their own (NATS failed to answer meanwhile).
-        var waiting: [CheckedContinuation<Bool, Never>] = []
+        /// Waiting for a call to end, in arrival order (the node's gate let them through in priority
+        /// order): resumed with `starts` to make theirs, `local` to count on their own (NATS failed
+        /// to answer meanwhile).
+        var waiting: [CheckedContinuation<Entry, Never>] = []
         /// Set when NATS failed to answer (when to ask again), `nil` once it answers.
         var askAgainAt: ContinuousClock.Instant?
     }
-    /// Calls to the shared bucket a node makes at once (a read and a write each, a few milliseconds
-    /// while NATS answers: far more than the account's rate needs).
+    /// Calls to the shared bucket a node makes at once for an account (a read and a write each, a few
+    /// milliseconds while NATS answers: far more than the account's rate needs).
     static let maxCallsInFlight = 4
+    /// Requests that may wait for one of those calls to end; past them (NATS answers, but slowly) a
+    /// request tries again after ``busyWait``, within its own bound, so the queue never grows with
+    /// the request rate.
+    static let maxCallsWaiting = 64
+    static let busyWait: Duration = .milliseconds(100)
     /// After NATS failed to answer, the node counts on its own this long before asking again.
     static let localAfterFailure: Duration = .seconds(1)
     private let logger: Logger
@@ -86,14 +93,22 @@ public final class SharedRESTBudget: AccountBudget {
         }
     }
 
+    /// What the budget holds: the shared bucket's tokens and pause when a call to it may start at once,
+    /// else the node's own (a status page never waits behind the requests).
     public func snapshot() async -> RESTBudget.State {
         var state = await local.snapshot()
-        guard await enterShared() else { return state }
+        guard await enterShared(waits: false) == .starts else { return state }
         defer { leaveShared() }
-        if let bucket = await boundBucket(), let entry = try? await bucket.get(key), let shared = Shared(entry.text) {
-            let now = WallClock.nowMilliseconds()
-            state.tokens = shared.refilled(at: now, rate: rate, burst: local.burst).tokens
-            state.pausedUntil = shared.pausedUntil > now ? shared.pausedUntil : nil
+        guard let bucket = await boundBucket() else { return state }
+        do {
+            if let entry = try await bucket.get(key), let shared = Shared(entry.text) {
+                let now = WallClock.nowMilliseconds()
+                state.tokens = shared.refilled(at: now, rate: rate, burst: local.burst).tokens
+                state.pausedUntil = shared.pausedUntil > now ? shared.pausedUntil : nil
+            }
+            answered()
+        } catch {
+            unavailable(error)
         }
         return state
     }
@@ -154,6 +169,7 @@ public final class SharedRESTBudget: AccountBudget {
         case .changed: return .granted
         case .declined: return .wait(max(wait, .milliseconds(10)))
         case .contended: return .wait(.milliseconds(Int64.random(in: 5...50)))
+        case .busy: return .wait(Self.busyWait)
         }
     }
 
@@ -164,6 +180,9 @@ public final class SharedRESTBudget: AccountBudget {
         case declined
         /// Every try lost to another node's write: try again shortly (never a token not counted).
         case contended
+        /// ``maxCallsInFlight`` calls run and ``maxCallsWaiting`` wait: try again a little later (the
+        /// request's own bound then says whether it may wait that long).
+        case busy
         /// NATS did not answer, or refused the bucket outright: this node counts on its own.
         case unavailable
     }
@@ -171,7 +190,11 @@ public final class SharedRESTBudget: AccountBudget {
     /// Reads the bucket, lets `change` decide (and alter the state), and writes it back on the revision
     /// read; a write that lost to another node's is tried again (at most 8 times).
     private func changeShared(_ change: (inout Shared) -> Bool) async -> Change {
-        guard await enterShared() else { return .unavailable }
+        switch await enterShared(waits: true) {
+        case .starts: break
+        case .local: return .unavailable
+        case .busy: return .busy
+        }
         defer { leaveShared() }
         guard let bucket = await boundBucket() else { return .unavailable }
         for _ in 0..<8 {
@@ -235,53 +258,55 @@ public final class SharedRESTBudget: AccountBudget {
         }
     }
 
-    /// Whether a call to the shared bucket starts (then ``leaveShared()`` when it ends), or the request
-    /// counts on the node's own bucket. While NATS answers: at once while fewer than
-    /// ``maxCallsInFlight`` run, else after waiting its turn. After NATS failed to answer: none for
+    enum Entry { case starts, local, busy }
+
+    /// Whether a call to the shared bucket starts (then ``leaveShared()`` when it ends), the request
+    /// counts on the node's own bucket (`local`), or it should try again shortly (`busy`). While NATS
+    /// answers: at once while fewer than ``maxCallsInFlight`` run, else (`waits`) after waiting its
+    /// turn among at most ``maxCallsWaiting``. After NATS failed to answer: none for
     /// ``localAfterFailure``, then one at a time.
-    private func enterShared() async -> Bool {
-        enum Entry { case starts, local, waits }
-        let entry = calls.withLock { calls -> Entry in
+    private func enterShared(waits: Bool) async -> Entry {
+        enum First { case entered(Entry), queue }
+        let first = calls.withLock { calls -> First in
             if let askAgainAt = calls.askAgainAt {
-                guard ContinuousClock.now >= askAgainAt, calls.inFlight == 0 else { return .local }
+                guard ContinuousClock.now >= askAgainAt, calls.inFlight == 0 else { return .entered(.local) }
             } else if calls.inFlight >= Self.maxCallsInFlight {
-                return .waits
+                return waits && calls.waiting.count < Self.maxCallsWaiting ? .queue : .entered(.busy)
             }
             calls.inFlight += 1
-            return .starts
+            return .entered(.starts)
         }
-        switch entry {
-        case .starts: return true
-        case .local: return false
-        case .waits:
-            // Not cancellable: the wait is bounded by the calls ahead (each at most the request timeout,
-            // and the first to fail lets every waiter go).
+        guard case .entered(let entry) = first else {
+            // Not cancellable: the wait is bounded by the calls ahead (at most ``maxCallsWaiting``, each
+            // at most the request timeout, and the first to fail lets every waiter go).
             return await withCheckedContinuation { continuation in
-                let decided = calls.withLock { calls -> Bool? in
+                let decided = calls.withLock { calls -> Entry? in
                     // Decided again under the lock: a call may have ended, or failed, since.
-                    if calls.askAgainAt != nil { return false }
+                    if calls.askAgainAt != nil { return .local }
                     guard calls.inFlight >= Self.maxCallsInFlight else {
                         calls.inFlight += 1
-                        return true
+                        return .starts
                     }
+                    guard calls.waiting.count < Self.maxCallsWaiting else { return .busy }
                     calls.waiting.append(continuation)
                     return nil
                 }
                 if let decided { continuation.resume(returning: decided) }
             }
         }
+        return entry
     }
 
     /// A call ended: the next waiting starts its own (its turn passed on, still counted in flight).
     private func leaveShared() {
-        let next = calls.withLock { calls -> CheckedContinuation<Bool, Never>? in
+        let next = calls.withLock { calls -> CheckedContinuation<Entry, Never>? in
             guard calls.askAgainAt == nil, !calls.waiting.isEmpty else {
                 calls.inFlight -= 1
                 return nil
             }
             return calls.waiting.removeFirst()
         }
-        next?.resume(returning: true)
+        next?.resume(returning: .starts)
     }
 
     /// NATS answered: every request asks the shared bucket again.
@@ -298,7 +323,7 @@ public final class SharedRESTBudget: AccountBudget {
             return calls.waiting
         }
         // Those waiting their turn count on their own now, as those that come in the next second do.
-        for waiter in waiting { waiter.resume(returning: false) }
+        for waiter in waiting { waiter.resume(returning: .local) }
         let first = warned.withLock { warned in
             defer { warned = true }
             return !warned

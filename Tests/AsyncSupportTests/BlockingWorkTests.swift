@@ -2,6 +2,7 @@ import AsyncSupport
 import Dispatch
 import Foundation
 import NIOPosix
+import RelayTestSupport
 import Synchronization
 import Testing
 
@@ -27,7 +28,8 @@ struct BlockingWorkTests {
     /// loop go on meanwhile. (Had the calls blocked cooperative threads, nothing could run until the
     /// watchdog below let them go, after 10 s.)
     @Test func heldCallsLeaveTheCooperativePoolFree() async throws {
-        let held = Held(count: ProcessInfo.processInfo.activeProcessorCount + 2)
+        // Far more than any machine's cooperative pool has threads (one per core).
+        let held = Held(count: max(64, ProcessInfo.processInfo.activeProcessorCount + 2))
         let pool = NIOThreadPool(numberOfThreads: held.count)
         pool.start()
         // A failure ends the test instead of hanging the suite.
@@ -46,12 +48,7 @@ struct BlockingWorkTests {
                 return await group.reduce(0, +)
             }
         }
-        let started = ContinuousClock.now
-        while held.running.load(ordering: .relaxed) < held.count, ContinuousClock.now - started < .seconds(5) {
-            try await Task.sleep(for: .milliseconds(5))
-        }
-        let gotThreads = held.running.load(ordering: .relaxed)
-        #expect(gotThreads == held.count, "every call got a thread of the pool")
+        try await eventually("every call to get a thread of the pool", timeout: .seconds(5)) { held.running.load(ordering: .relaxed) == held.count }
         let slept = ContinuousClock.now
         try await Task.sleep(for: .milliseconds(100))
         #expect(ContinuousClock.now - slept < .seconds(3), "a 100 ms sleep ended while \(held.count) calls were held")
@@ -68,19 +65,26 @@ struct BlockingWorkTests {
     @Test func aCancelledCallerStillHasItsWorkRun() async throws {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
-        let held = Held(count: 1)
-        let occupied = Task { await BlockingWork.run(in: pool) { held.gate.wait() } }
+        let occupying = Held(count: 1)
+        let occupied = Task {
+            await BlockingWork.run(in: pool) {
+                occupying.running.add(1, ordering: .relaxed)
+                occupying.gate.wait()
+            }
+        }
+        try await eventually("the pool's one thread to be held") { occupying.running.load(ordering: .relaxed) == 1 }
+        let ran = Held(count: 0)
         let caller = Task {
             await BlockingWork.run(in: pool) {
-                held.running.add(1, ordering: .relaxed)
+                ran.running.add(1, ordering: .relaxed)
                 return "saved"
             }
         }
         caller.cancel()
-        held.release()
+        occupying.release()
         #expect(await caller.value == "saved")
-        let didRun = held.running.load(ordering: .relaxed) == 1
-        #expect(didRun)
+        let runs = ran.running.load(ordering: .relaxed)
+        #expect(runs == 1, "the cancelled caller's work ran once")
         await occupied.value
         try await pool.shutdownGracefully()
     }

@@ -1,21 +1,10 @@
 import AsyncSupport
+import RelayTestSupport
 import Synchronization
 import Testing
 
 @Suite("Throttle: at once, then at most once an interval")
 struct ThrottleTests {
-    /// Polls `condition` for up to 5 s.
-    func eventually(_ what: String, _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(5)
-        while !condition() {
-            guard ContinuousClock.now < deadline else {
-                Issue.record("not within 5 s: \(what)")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(5))
-        }
-    }
-
     @Test func aFloodOfRequestsIsOneActionAnInterval() async throws {
         let throttle = Throttle(interval: .seconds(1))
         let runs = Mutex(0)

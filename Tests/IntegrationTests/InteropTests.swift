@@ -67,8 +67,15 @@ func runProcess(
         for await part in output { text += part }
         return (status, text)
     } catch {
+        // What it printed says why it did not finish: read to the end its stop gives (bounded, in case
+        // a child of its own still holds the pipe).
         process.terminate()
-        throw error
+        let printed = try? await within(.seconds(5), "the output of a stopped program") {
+            var text = ""
+            for await part in output { text += part }
+            return text
+        }
+        throw TimeoutError(description: "\(error); what it printed: \(printed.map { String($0.suffix(3000)) } ?? "(not read)")")
     }
 }
 

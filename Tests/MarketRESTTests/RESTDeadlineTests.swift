@@ -1,4 +1,5 @@
 import MarketREST
+import RelayTestSupport
 import Synchronization
 import Testing
 
@@ -51,7 +52,7 @@ struct RESTDeadlineTests {
                 _ = try await RESTDeadline.within(.milliseconds(100)) { await stubborn.run() }
             }
             #expect(!stubborn.ended, "the caller waited for the operation to end")
-            try await waitUntil { stubborn.cancelled }
+            try await eventually("the operation to be cancelled") { stubborn.cancelled }
         }
     }
 
@@ -65,7 +66,7 @@ struct RESTDeadlineTests {
             caller.cancel()
             await #expect(throws: CancellationError.self) { _ = try await caller.value }
             #expect(!stubborn.ended, "the caller waited for the operation to end")
-            try await waitUntil { stubborn.cancelled }
+            try await eventually("the operation to be cancelled") { stubborn.cancelled }
         }
     }
 
@@ -87,17 +88,5 @@ struct RESTDeadlineTests {
         #expect(try await RESTDeadline.within(.seconds(10)) { 42 } == 42)
         struct Refused: Error {}
         await #expect(throws: Refused.self) { _ = try await RESTDeadline.within(.seconds(10)) { () async throws -> Int in throw Refused() } }
-    }
-
-    /// Bounded: 10 s.
-    private func waitUntil(_ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(10)
-        while !condition() {
-            guard ContinuousClock.now < deadline else {
-                Issue.record("the operation was not cancelled within 10 s")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(5))
-        }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import RelayTestSupport
 import Synchronization
 import Testing
 
@@ -146,14 +147,14 @@ struct SecurityCacheTests {
         let prefetch = PrefetchCoordinator(cache: cache)
         let order = ["A", "B", "C", "D", "E", "F", "G"]
         await prefetch.viewed(order: order, index: 0)  // B now, C later
-        try await waitUntil { recorder.started.withLock { $0 } == ["B"] }
+        try await eventually("only B started") { recorder.started.withLock { $0 } == ["B"] }
         await prefetch.viewed(order: order, index: 6)  // window E, F, G: B and the delayed C go
-        try await waitUntil { recorder.cancelled.withLock { $0 } == ["B"] }
+        try await eventually("only B cancelled") { recorder.cancelled.withLock { $0 } == ["B"] }
         #expect(await prefetch.pending == ["F", "E"])
         #expect(!recorder.started.withLock { $0 }.contains("C"), "the delayed prefetch of C never started")
-        try await waitUntil { recorder.started.withLock { $0 }.contains("F") }
+        try await eventually("F started") { recorder.started.withLock { $0 }.contains("F") }
         await prefetch.cancelAll()
-        try await waitUntil { Set(recorder.cancelled.withLock { $0 }) == ["B", "F"] }
+        try await eventually("exactly B, F cancelled") { Set(recorder.cancelled.withLock { $0 }) == ["B", "F"] }
         #expect(await prefetch.pending.isEmpty)
     }
 
@@ -163,18 +164,18 @@ struct SecurityCacheTests {
         let prefetch = PrefetchCoordinator(cache: cache)
         let order = ["A", "B", "C", "D", "E"]
         await prefetch.viewed(order: order, index: 0)  // B now, C after the delay
-        try await waitUntil { recorder.started.withLock { $0 } == ["B"] }
+        try await eventually("only B started") { recorder.started.withLock { $0 } == ["B"] }
         await prefetch.viewed(order: order, index: 1)  // A and C now (C's delayed prefetch is replaced), D later
-        try await waitUntil { Set(recorder.started.withLock { $0 }) == ["A", "B", "C"] }
+        try await eventually("exactly A, B, C started") { Set(recorder.started.withLock { $0 }) == ["A", "B", "C"] }
         #expect(await prefetch.counters.cancelled == 1, "the delayed prefetch of C was replaced")
         #expect(recorder.cancelled.withLock { $0 }.isEmpty, "B was loading and is kept, not restarted")
         await prefetch.viewed(order: order, index: 2)  // B and D now (D replaced), A and E later: A and B are loading, kept
-        try await waitUntil { Set(recorder.started.withLock { $0 }) == ["A", "B", "C", "D"] }
+        try await eventually("exactly A, B, C, D started") { Set(recorder.started.withLock { $0 }) == ["A", "B", "C", "D"] }
         #expect(await prefetch.counters.cancelled == 2)
         #expect(recorder.started.withLock { $0 }.count == 4, "each symbol is fetched once")
         #expect(recorder.cancelled.withLock { $0 }.isEmpty)
         await prefetch.cancelAll()
-        try await waitUntil { Set(recorder.cancelled.withLock { $0 }) == ["A", "B", "C", "D"] }
+        try await eventually("exactly A, B, C, D cancelled") { Set(recorder.cancelled.withLock { $0 }) == ["A", "B", "C", "D"] }
         #expect(!recorder.started.withLock { $0 }.contains("E"), "the delayed prefetch of E never started")
     }
 
@@ -185,7 +186,7 @@ struct SecurityCacheTests {
         }
         let prefetch = PrefetchCoordinator(cache: cache)
         await prefetch.viewed(order: ["A", "B"], index: 0)  // prefetches B
-        try await waitUntil { recorder.started.withLock { $0 } == ["B"] }
+        try await eventually("only B started") { recorder.started.withLock { $0 } == ["B"] }
         async let request = cache.detail("B")  // joins the prefetch's load
         let deadline = ContinuousClock.now + .seconds(5)
         while await cache.counters.joined == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
@@ -204,7 +205,7 @@ struct SecurityCacheTests {
         let cache = cache(recorder)
         let prefetch = PrefetchCoordinator(cache: cache)
         await prefetch.listed(order: ["M", "N"])
-        try await waitUntil { recorder.finished.withLock { $0 } == ["M"] }
+        try await eventually("only M finished") { recorder.finished.withLock { $0 } == ["M"] }
         while await !cache.contains("M") { try await Task.sleep(for: .milliseconds(5)) }
         await prefetch.listed(order: ["M", "N"])
         #expect(await prefetch.counters.skipped == 1, "already cached: skipped")
@@ -220,12 +221,12 @@ struct SecurityCacheTests {
         // Two prefetches take half the room; a third is not started.
         let first = Task { await cache.prefetch("P1") }
         let second = Task { await cache.prefetch("P2") }
-        try await waitUntil { Set(recorder.started.withLock { $0 }) == ["P1", "P2"] }
+        try await eventually("exactly P1, P2 started") { Set(recorder.started.withLock { $0 }) == ["P1", "P2"] }
         #expect(await cache.prefetch("P3") == .deferred)
         // Requests take the rest.
         let a = Task { try await cache.detail("A") }
         let b = Task { try await cache.detail("B") }
-        try await waitUntil { recorder.started.withLock { $0 }.count == 4 }
+        try await eventually("4 loads started") { recorder.started.withLock { $0 }.count == 4 }
         #expect(await cache.running == 4)
         do {
             _ = try await cache.detail("C")
@@ -271,7 +272,7 @@ struct SecurityCacheTests {
         #expect(await cache.loadingSymbols == ["A"])
         #expect(recorder.cancelled.withLock { $0 }.isEmpty)
         recorder.release()
-        try await waitUntil { recorder.finished.withLock { $0 } == ["A"] }
+        try await eventually("only A finished") { recorder.finished.withLock { $0 } == ["A"] }
         let deadline = ContinuousClock.now + .seconds(5)
         while await !cache.contains("A"), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
         #expect(try await cache.detail("A").outcome == .hit)
@@ -289,21 +290,9 @@ struct SecurityCacheTests {
         await #expect(throws: DetailUnavailable.self) { try await cache.detail("A") }
         #expect(await cache.running == 1, "kept for the cache")
         // Never released: given up, its slot free again.
-        try await waitUntil { recorder.cancelled.withLock { $0 } == ["A"] }
+        try await eventually("only A cancelled") { recorder.cancelled.withLock { $0 } == ["A"] }
         #expect(await cache.running == 0)
         #expect(await cache.counters.loadsCancelled == 1)
         #expect(!(await cache.contains("A")))
-    }
-
-    /// Polls a condition with a bound (the loads run in their own tasks).
-    func waitUntil(_ condition: @escaping @Sendable () -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(5)
-        while !condition() {
-            guard ContinuousClock.now < deadline else {
-                Issue.record("condition not reached within 5 s")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(10))
-        }
     }
 }

@@ -1,5 +1,6 @@
 import NIOCore
 import NIOPosix
+import RelayTestSupport
 import Synchronization
 import Testing
 
@@ -61,17 +62,5 @@ import Testing
         try await client.close().get()
         try await server.close().get()
         try await group.shutdownGracefully()
-    }
-}
-
-/// Polls `condition` every 20 ms until it holds; fails with `what` after `timeout`.
-private func eventually(_ what: String, timeout: Duration, _ condition: () async throws -> Bool) async throws {
-    let deadline = ContinuousClock.now + timeout
-    while try await !condition() {
-        guard ContinuousClock.now < deadline else {
-            Issue.record("timed out waiting for \(what)")
-            return
-        }
-        try await Task.sleep(for: .milliseconds(20))
     }
 }

@@ -3,6 +3,7 @@ import MarketCore
 import MarketDataHub
 import NIOCore
 import PolygonWire
+import RelayTestSupport
 import Testing
 
 @testable import Tape
@@ -28,18 +29,6 @@ struct TapeRecorderTests {
 
     func todaysTape(_ directory: String) -> String {
         TapeFile.path(directory: directory, market: "stocks", day: TapeFile.day(of: WallClock.nowNanoseconds()))
-    }
-
-    /// Waits (bounded) until `condition` holds.
-    func eventually(_ what: String, _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(10)
-        while !condition() {
-            guard ContinuousClock.now < deadline else {
-                Issue.record("timed out waiting for \(what)")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(10))
-        }
     }
 
     @Test func whatTheHubHandsItIsOnTheTapeWithinAFlushInterval() async throws {
