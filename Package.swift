@@ -383,7 +383,7 @@ let package = Package(
             name: "ClusterTests",
             dependencies: [
                 "Cluster", "PolygonWire", "AlpacaWire", "Tape", "MarketCore", "MarketREST", "RelayBench", "MarketDataHub", "Upstream",
-                .product(name: "Logging", package: "swift-log"), .product(name: "MetricsTestKit", package: "swift-metrics"),
+                "RelayTestSupport", .product(name: "Logging", package: "swift-log"), .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
             swiftSettings: strict
         ),

@@ -19,8 +19,8 @@ public enum BlockingWork {
         in pool: NIOThreadPool = .singleton, _ work: @escaping @Sendable () throws(Failure) -> T
     ) async throws(Failure) -> T {
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, Failure>, Never>) in
-            // NIO runs each item once; `.cancelled` only after the pool was shut down (the pools the
-            // relay uses never are): the work runs either way.
+            // NIO runs each item once; `.cancelled` only before the pool started or after it shut down
+            // (the relay's pools start when made and are never shut down): the work runs either way.
             pool.submit { _ in continuation.resume(returning: Result { () throws(Failure) -> T in try work() }) }
         }
         return try result.get()

@@ -12,12 +12,14 @@ import Synchronization
 /// the node's requests by priority and bounds their queue and wait), then takes the shared token; when
 /// the shared bucket is empty it waits for the refill, or is refused with the time to the next token
 /// once that passes the wait bound. A vendor's 429 is written to the bucket, so every node pauses.
-/// A node makes at most four calls to the shared bucket at once; more wait their turn (at most 64;
-/// past them a request tries again shortly, within its own wait bound). When NATS does
-/// not answer, the node falls back to its own bucket (it cannot be worse than one node alone) and says
-/// so in the log; it asks again a second later, one call at a time until NATS answers.
+/// A node makes at most four calls to the shared bucket at once per account; more wait their turn (at
+/// most 64, each within its own wait bound; past them a request tries again 100 ms later). When NATS
+/// does not answer, the node falls back to its own bucket (it cannot be worse than one node alone) and
+/// says so in the log; it asks again a second later, one call at a time until NATS answers. See
+/// ``CallGate``.
 ///
-/// `Sendable`: immutable parts, the bound bucket behind a `Mutex`.
+/// `Sendable`: immutable parts; the bound bucket and the warning's flag behind a `Mutex` each, the
+/// calls' turns in a ``CallGate``.
 public final class SharedRESTBudget: AccountBudget {
     public let rate: RESTRate
     public let local: RESTBudget
@@ -26,33 +28,25 @@ public final class SharedRESTBudget: AccountBudget {
     private let key: String
     private let bucket = Mutex<KeyValueBucket?>(nil)
     private let warned = Mutex(false)
-    /// Calls to the shared bucket under way, those waiting to start, and whether NATS last failed to
-    /// answer. While NATS stalls, each call holds a thread of the NATS pool for up to the request
-    /// timeout, and a node's requests (100 a second by default) would start calls faster than they end.
-    /// So at most ``maxCallsInFlight`` run at once and the others wait their turn (a cap waits: a node
-    /// that counted on its own whenever the shared bucket was busy would overspend in bursts). When a
-    /// call finds NATS not answering, those waiting and those that come in the next second count on
-    /// the node's own bucket; then one call at a time asks again until one is answered.
-    let calls = Mutex(SharedCalls())
-    struct SharedCalls {
-        var inFlight = 0
-        /// Waiting for a call to end, in arrival order (the node's gate let them through in priority
-        /// order): resumed with `starts` to make theirs, `local` to count on their own (NATS failed
-        /// to answer meanwhile).
-        var waiting: [CheckedContinuation<Entry, Never>] = []
-        /// Set when NATS failed to answer (when to ask again), `nil` once it answers.
-        var askAgainAt: ContinuousClock.Instant?
-    }
+    /// Turns for calls to the shared bucket (at most ``maxCallsInFlight`` at once, ``maxCallsWaiting``
+    /// waiting), and whether NATS last failed to answer.
+    let gate = CallGate(
+        maxInFlight: SharedRESTBudget.maxCallsInFlight, maxWaiting: SharedRESTBudget.maxCallsWaiting,
+        afterFailure: SharedRESTBudget.localAfterFailure)
     /// Calls to the shared bucket a node makes at once for an account (a read and a write each, a few
     /// milliseconds while NATS answers: far more than the account's rate needs).
     static let maxCallsInFlight = 4
-    /// Requests that may wait for one of those calls to end; past them (NATS answers, but slowly) a
-    /// request tries again after ``busyWait``, within its own bound, so the queue never grows with
-    /// the request rate.
+    /// Requests that may wait for one of those calls to end (each within its own bound); past them
+    /// (NATS answers, but slowly) a request tries again after ``busyWait``.
     static let maxCallsWaiting = 64
     static let busyWait: Duration = .milliseconds(100)
     /// After NATS failed to answer, the node counts on its own this long before asking again.
     static let localAfterFailure: Duration = .seconds(1)
+    /// The longest pause the bucket may hold (the longest a vendor's `Retry-After` is taken for).
+    static let maxPause: Duration = .seconds(3600)
+    /// How far ahead of this node's clock another node's count may be (clocks differ a little).
+    static let maxClockAhead: Duration = .seconds(1)
+    private let warnedOutOfRange = Mutex(false)
     private let logger: Logger
 
     public init(
@@ -72,8 +66,9 @@ public final class SharedRESTBudget: AccountBudget {
         let started = ContinuousClock.now
         let turn = await local.take(priority, bounded: bounded)
         guard turn == .granted else { return turn }
+        let deadline = bounded ? started + local.maxWait : nil
         while true {
-            switch await takeShared() {
+            switch await takeShared(deadline: deadline) {
             case .granted: return .granted
             case .unavailable: return .granted
             case .wait(let wait):
@@ -85,8 +80,9 @@ public final class SharedRESTBudget: AccountBudget {
 
     public func pause(for retryAfter: Duration) async {
         await local.pause(for: retryAfter)
-        let until = WallClock.nowMilliseconds() + min(max(retryAfter, .milliseconds(100)), .seconds(3600)).milliseconds
-        _ = await changeShared { state in
+        let until = WallClock.nowMilliseconds() + min(max(retryAfter, .milliseconds(100)), Self.maxPause).milliseconds
+        // Ahead of every waiting request: each would spend a token on a vendor that refuses them.
+        _ = await changeShared(.first) { state in
             state.pausedUntil = max(state.pausedUntil, until)
             state.tokens = min(state.tokens, 0)
             return true
@@ -94,15 +90,16 @@ public final class SharedRESTBudget: AccountBudget {
     }
 
     /// What the budget holds: the shared bucket's tokens and pause when a call to it may start at once,
-    /// else the node's own (a status page never waits behind the requests).
+    /// else the node's own. A status view never waits behind the requests' calls, nor is it the call
+    /// that asks a failed NATS again; its own read waits at most the request timeout.
     public func snapshot() async -> RESTBudget.State {
         var state = await local.snapshot()
-        guard await enterShared(waits: false) == .starts else { return state }
-        defer { leaveShared() }
+        guard await gate.enter(.atOnce) == .starts else { return state }
+        defer { gate.leave() }
         guard let bucket = await boundBucket() else { return state }
         do {
-            if let entry = try await bucket.get(key), let shared = Shared(entry.text) {
-                let now = WallClock.nowMilliseconds()
+            let now = WallClock.nowMilliseconds()
+            if let entry = try await bucket.get(key), let shared = stored(entry.text, at: now)?.shared {
                 state.tokens = shared.refilled(at: now, rate: rate, burst: local.burst).tokens
                 state.pausedUntil = shared.pausedUntil > now ? shared.pausedUntil : nil
             }
@@ -135,6 +132,20 @@ public final class SharedRESTBudget: AccountBudget {
 
         var text: String { "\(tokens),\(updated),\(pausedUntil)" }
 
+        /// Within what the relay itself writes, read at `now`: tokens within `0...burst`, counted at
+        /// most ``maxClockAhead`` ahead and a day back (the bucket is full long before; further back
+        /// would overflow the refill), paused at most ``maxPause`` ahead. `nil` when it already is.
+        /// Anyone who may publish on the cluster's NATS can write the bucket: a pause or a count in the
+        /// far future would stop every node's REST calls for good (gap fill and the portfolio wait
+        /// as long as it takes), a huge negative count would overflow the wait.
+        func bounded(at now: Int64, burst: Int) -> Shared? {
+            let within = Shared(
+                tokens: min(max(tokens, 0), Double(burst)),
+                updated: min(max(updated, now - 86_400_000), now + SharedRESTBudget.maxClockAhead.milliseconds),
+                pausedUntil: min(pausedUntil, now + SharedRESTBudget.maxPause.milliseconds))
+            return within == self ? nil : within
+        }
+
         /// Refilled up to `now` (never backwards: a node whose clock is behind adds nothing).
         func refilled(at now: Int64, rate: RESTRate, burst: Int) -> Shared {
             let elapsed = max(0, now - updated)
@@ -149,9 +160,10 @@ public final class SharedRESTBudget: AccountBudget {
         case unavailable
     }
 
-    private func takeShared() async -> SharedTake {
+    /// Takes a shared token, waiting for a turn until `deadline` (`nil`: as long as it takes).
+    private func takeShared(deadline: ContinuousClock.Instant?) async -> SharedTake {
         var wait: Duration = .zero
-        let changed = await changeShared { state in
+        let changed = await changeShared(.waits(until: deadline)) { state in
             let now = WallClock.nowMilliseconds()
             if state.pausedUntil > now {
                 wait = .milliseconds(state.pausedUntil - now)
@@ -180,22 +192,26 @@ public final class SharedRESTBudget: AccountBudget {
         case declined
         /// Every try lost to another node's write: try again shortly (never a token not counted).
         case contended
-        /// ``maxCallsInFlight`` calls run and ``maxCallsWaiting`` wait: try again a little later (the
-        /// request's own bound then says whether it may wait that long).
+        /// No turn came within the request's bound (``maxCallsInFlight`` calls run and
+        /// ``maxCallsWaiting`` wait, its deadline passed, or it was cancelled): try again a little later,
+        /// if the request's own bound lets it wait that long.
         case busy
         /// NATS did not answer, or refused the bucket outright: this node counts on its own.
         case unavailable
     }
 
     /// Reads the bucket, lets `change` decide (and alter the state), and writes it back on the revision
-    /// read; a write that lost to another node's is tried again (at most 8 times).
-    private func changeShared(_ change: (inout Shared) -> Bool) async -> Change {
-        switch await enterShared(waits: true) {
+    /// read; a write that lost to another node's is tried again (at most 8 times). Takes its turn at
+    /// the ``gate`` as `turn` says.
+    private func changeShared(_ turn: CallGate.Entry, _ change: (inout Shared) -> Bool) async -> Change {
+        switch await gate.enter(turn) {
         case .starts: break
         case .local: return .unavailable
         case .busy: return .busy
         }
-        defer { leaveShared() }
+        defer { gate.leave() }
+        // A request cancelled while it waited its turn spends no token.
+        guard !Task.isCancelled else { return .busy }
         guard let bucket = await boundBucket() else { return .unavailable }
         for _ in 0..<8 {
             let now = WallClock.nowMilliseconds()
@@ -205,16 +221,20 @@ public final class SharedRESTBudget: AccountBudget {
                 return .unavailable
             }
             answered()
-            var state = (entry.flatMap { Shared($0.text) } ?? Shared(tokens: Double(local.burst), updated: now, pausedUntil: 0))
+            let read = entry.flatMap { stored($0.text, at: now) }
+            var state = (read?.shared ?? Shared(tokens: Double(local.burst), updated: now, pausedUntil: 0))
                 .refilled(at: now, rate: rate, burst: local.burst)
-            guard change(&state) else { return .declined }
+            let changed = change(&state)
+            // A value brought within bounds is written back even when nothing else changed: read as
+            // counted a second ahead each time, it would never refill.
+            guard changed || read?.corrected == true else { return .declined }
             do {
                 if let entry {
                     _ = try await bucket.update(key, state.text, last: entry.revision)
                 } else {
                     _ = try await bucket.create(key, state.text)
                 }
-                return .changed
+                return changed ? .changed : .declined
             } catch .rejected(let text) where Self.lostTheRace(text) {
                 // Another node wrote first: read again.
                 continue
@@ -224,6 +244,21 @@ public final class SharedRESTBudget: AccountBudget {
             }
         }
         return .contended
+    }
+
+    /// The bucket's stored value, read at `now` and brought within bounds (``Shared/bounded(at:burst:)``,
+    /// told once in the log; `corrected`); `nil` when it is not a value at all (the bucket then starts
+    /// full again).
+    private func stored(_ text: String, at now: Int64) -> (shared: Shared, corrected: Bool)? {
+        guard let shared = Shared(text) else { return nil }
+        guard let bounded = shared.bounded(at: now, burst: local.burst) else { return (shared, false) }
+        if warnedOutOfRange.withLock({ warned in
+            defer { warned = true }
+            return !warned
+        }) {
+            logger.warning("REST budget: the cluster's shared bucket held a value out of bounds (\(text)); read as \(bounded.text)")
+        }
+        return (bounded, true)
     }
 
     /// Whether a refused write lost to another node's (the revision moved, or the key was created
@@ -258,72 +293,16 @@ public final class SharedRESTBudget: AccountBudget {
         }
     }
 
-    enum Entry { case starts, local, busy }
-
-    /// Whether a call to the shared bucket starts (then ``leaveShared()`` when it ends), the request
-    /// counts on the node's own bucket (`local`), or it should try again shortly (`busy`). While NATS
-    /// answers: at once while fewer than ``maxCallsInFlight`` run, else (`waits`) after waiting its
-    /// turn among at most ``maxCallsWaiting``. After NATS failed to answer: none for
-    /// ``localAfterFailure``, then one at a time.
-    private func enterShared(waits: Bool) async -> Entry {
-        enum First { case entered(Entry), queue }
-        let first = calls.withLock { calls -> First in
-            if let askAgainAt = calls.askAgainAt {
-                guard ContinuousClock.now >= askAgainAt, calls.inFlight == 0 else { return .entered(.local) }
-            } else if calls.inFlight >= Self.maxCallsInFlight {
-                return waits && calls.waiting.count < Self.maxCallsWaiting ? .queue : .entered(.busy)
-            }
-            calls.inFlight += 1
-            return .entered(.starts)
-        }
-        guard case .entered(let entry) = first else {
-            // Not cancellable: the wait is bounded by the calls ahead (at most ``maxCallsWaiting``, each
-            // at most the request timeout, and the first to fail lets every waiter go).
-            return await withCheckedContinuation { continuation in
-                let decided = calls.withLock { calls -> Entry? in
-                    // Decided again under the lock: a call may have ended, or failed, since.
-                    if calls.askAgainAt != nil { return .local }
-                    guard calls.inFlight >= Self.maxCallsInFlight else {
-                        calls.inFlight += 1
-                        return .starts
-                    }
-                    guard calls.waiting.count < Self.maxCallsWaiting else { return .busy }
-                    calls.waiting.append(continuation)
-                    return nil
-                }
-                if let decided { continuation.resume(returning: decided) }
-            }
-        }
-        return entry
-    }
-
-    /// A call ended: the next waiting starts its own (its turn passed on, still counted in flight).
-    private func leaveShared() {
-        let next = calls.withLock { calls -> CheckedContinuation<Entry, Never>? in
-            guard calls.askAgainAt == nil, !calls.waiting.isEmpty else {
-                calls.inFlight -= 1
-                return nil
-            }
-            return calls.waiting.removeFirst()
-        }
-        next?.resume(returning: .starts)
-    }
-
     /// NATS answered: every request asks the shared bucket again.
     private func answered() {
-        calls.withLock { $0.askAgainAt = nil }
+        gate.answered()
     }
 
     private func unavailable(_ error: any Error) {
         // The next call binds again (a rebuilt connection leaves the old handle failing), after a while.
         bucket.withLock { $0 = nil }
-        let waiting = calls.withLock { calls in
-            calls.askAgainAt = ContinuousClock.now + Self.localAfterFailure
-            defer { calls.waiting = [] }
-            return calls.waiting
-        }
         // Those waiting their turn count on their own now, as those that come in the next second do.
-        for waiter in waiting { waiter.resume(returning: .local) }
+        gate.failed()
         let first = warned.withLock { warned in
             defer { warned = true }
             return !warned

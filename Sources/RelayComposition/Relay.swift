@@ -271,7 +271,9 @@ public final class Relay: Service, Sendable {
     /// per change, the final save tries again. `saved`: the stop's final save (told in the log). The
     /// encoding and the writes run on threads made for blocking (the disk may be slow), not the
     /// cooperative pool.
-    private func writeSessions(_ sessions: [Market: [SavedSession]], of markets: [MarketParts], saved: Bool, files: SessionFiles) async -> SessionFiles {
+    private func writeSessions(
+        _ sessions: [Market: [SavedSession]], of markets: [MarketParts], saved: Bool, files: SessionFiles
+    ) async -> SessionFiles {
         await BlockingWork.run {
             var files = files
             self.writeSessionFiles(sessions, of: markets, saved: saved, files: &files)

@@ -3,6 +3,7 @@ import Logging
 import MarketCore
 import MarketREST
 import RelayBench
+import RelayTestSupport
 import Testing
 
 @testable import Cluster
@@ -45,6 +46,8 @@ struct SharedRESTBudgetTests {
         }
         #expect(refused.count == 25)
         #expect(refused.allSatisfy { $0 >= .seconds(1) }, "each refusal says when a token is free again")
+        // Six of each node's ten waited for one of its four calls, and every turn was given back.
+        for node in nodes { #expect(node.gate.counts == CallGate.Counts(inFlight: 0, waiting: 0)) }
         for node in nodes { await node.close() }
         await nats.stop()
     }
@@ -91,14 +94,8 @@ struct SharedRESTBudgetTests {
             }
         }
         // Four ask NATS, 64 wait their turn (the other 32 come back every 100 ms).
-        let (inFlight, waiting) = (SharedRESTBudget.maxCallsInFlight, SharedRESTBudget.maxCallsWaiting)
-        var calls = (inFlight: 0, waiting: 0)
-        while ContinuousClock.now - started < .seconds(5) {
-            calls = node.calls.withLock { ($0.inFlight, $0.waiting.count) }
-            if calls.inFlight == inFlight && calls.waiting == waiting { break }
-            try await Task.sleep(for: .milliseconds(5))
-        }
-        #expect(calls.inFlight == inFlight && calls.waiting == waiting, "\(calls)")
+        let full = CallGate.Counts(inFlight: SharedRESTBudget.maxCallsInFlight, waiting: SharedRESTBudget.maxCallsWaiting)
+        try await eventually("four calls in flight and 64 waiting", timeout: .seconds(5)) { node.gate.counts == full }
         // Another caller of the NATS pool is not queued behind them.
         let asked = ContinuousClock.now
         await NATSConnection.blocking {}
@@ -113,8 +110,51 @@ struct SharedRESTBudgetTests {
         // The first failure (the request timeout, 1 s) lets every waiter go.
         let took = ContinuousClock.now - started
         #expect(took < .seconds(3), "100 requests took \(took)")
-        #expect(node.calls.withLock { $0.inFlight == 0 && $0.waiting.isEmpty })
+        #expect(node.gate.counts == CallGate.Counts(inFlight: 0, waiting: 0))
         kill(nats.process.processIdentifier, SIGCONT)
+        await node.close()
+        await nats.stop()
+    }
+
+    /// Anyone who may publish on the cluster's NATS can write the bucket: a value past what the relay
+    /// writes is read within bounds (and written back so), so it neither crashes a node nor stops the
+    /// nodes' REST calls for good.
+    @Test func aBucketValueOutOfBoundsIsReadWithinThem() async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let cluster = "b\(UInt32.random(in: 0...UInt32.max))"
+        let node = SharedRESTBudget(
+            rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(5),
+            cluster: ClusterConfiguration(servers: [url], name: cluster, nodeID: "node-0"), logger: Logger(label: "budget-test"))
+        #expect(await node.reachable(within: .seconds(10)))
+        let writer = try await connectedNATS(url, name: "budget-writer")
+        let bucket = try await writer.keyValue(bucket: "\(cluster)-rest-budget", ttl: .seconds(60))
+        func overwrite(_ text: String) async throws {
+            if let entry = try await bucket.get("account") {
+                _ = try await bucket.update("account", text, last: entry.revision)
+            } else {
+                _ = try await bucket.create("account", text)
+            }
+        }
+        // A count far below anything, from the start of time: no overflow, a full bucket.
+        try await overwrite("-1e300,\(Int64.min),0")
+        var started = ContinuousClock.now
+        #expect(await node.take(.foreground, bounded: true) == .granted)
+        #expect(ContinuousClock.now - started < .seconds(2))
+        // No tokens, counted at the end of time: refilled from a second ahead, not never.
+        try await overwrite("0,\(Int64.max),0")
+        started = ContinuousClock.now
+        #expect(await node.take(.foreground, bounded: true) == .granted)
+        #expect(ContinuousClock.now - started < .seconds(4), "granted once the count a second ahead refilled")
+        // Paused until the end of time: refused for the relay's longest pause, an hour, at most.
+        try await overwrite("1,0,\(Int64.max)")
+        let paused = await node.take(.foreground, bounded: true)
+        guard case .refused(let after) = paused else {
+            Issue.record("not refused while paused: \(paused)")
+            return
+        }
+        #expect(after <= SharedRESTBudget.maxPause && after > .seconds(3000), "\(after)")
+        await writer.close()
         await node.close()
         await nats.stop()
     }

@@ -67,8 +67,8 @@ func runProcess(
         for await part in output { text += part }
         return (status, text)
     } catch {
-        // What it printed says why it did not finish: read to the end its stop gives (bounded, in case
-        // a child of its own still holds the pipe).
+        // What it printed says why it did not finish: read until its pipe closes after the stop (at
+        // most 5 s: a child of its own may hold the pipe).
         process.terminate()
         let printed = try? await within(.seconds(5), "the output of a stopped program") {
             var text = ""
