@@ -6,8 +6,9 @@ import Synchronization
 /// Producers ``push(_:)`` without waiting: an element is kept while the queued weight (e.g. events)
 /// stays within `capacity`, otherwise it is dropped and noted in a `Loss` summary; the summary is handed
 /// to the consumer **in order**, ahead of the next element that was kept (or when the queue empties), so a
-/// consumer can tell exactly where events went missing. Elements of weight 0 (control messages) are always
-/// kept. A producer may merge an element into the one queued last (``init(capacity:emptyLoss:weight:noteDrop:merge:)``),
+/// consumer can tell exactly where events went missing. Elements of weight 0 (control messages) are kept
+/// up to their own bound (`maxUnweighted` queued): past it they are dropped, counted, and the consumer is
+/// handed one element saying how many (`unweightedDropped`) in their place. A producer may merge an element into the one queued last (``init(capacity:emptyLoss:weight:noteDrop:merge:)``),
 /// so a stream of small messages costs one queued item per run rather than one per message.
 ///
 /// `Sendable`: all state sits behind one `Mutex`; the consumer is woken through an `AsyncStream` that keeps
@@ -26,6 +27,9 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
         var droppedWeight = 0
         var loss: Loss
         var finished = false
+        /// Elements of weight 0 queued, and dropped since the last told.
+        var unweighted = 0
+        var droppedUnweighted = 0
         /// Producers waiting for room (``push(_:waitingBelow:)``), woken when the consumer is done with a run.
         var roomWaiters: [CheckedContinuation<Void, Never>] = []
     }
@@ -35,6 +39,9 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     private let weigh: @Sendable (Element) -> Int
     private let noteDrop: @Sendable (inout Loss, Element) -> Void
     private let merge: (@Sendable (inout Element, Element) -> Bool)?
+    /// The most elements of weight 0 queued at once, and the element that tells how many were dropped.
+    private let maxUnweighted: Int
+    private let unweightedDropped: (@Sendable (Int) -> Element)?
     private let state: Mutex<State>
     private let wakes: AsyncStream<Void>
     private let wake: AsyncStream<Void>.Continuation
@@ -49,16 +56,21 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     ///   - weight: an element's weight (0: always kept).
     ///   - noteDrop: adds a dropped element to the summary.
     ///   - merge: merges an element into the last one queued, returning whether it did.
+    ///   - maxUnweighted: the most elements of weight 0 queued at once (`nil`: no bound); past it they
+    ///     are dropped, and `unweightedDropped(count)` is queued in their place before what is kept next.
     public init(
         capacity: Int, emptyLoss: Loss, weight: @escaping @Sendable (Element) -> Int,
         noteDrop: @escaping @Sendable (inout Loss, Element) -> Void,
-        merge: (@Sendable (inout Element, Element) -> Bool)? = nil
+        merge: (@Sendable (inout Element, Element) -> Bool)? = nil,
+        maxUnweighted: (count: Int, dropped: @Sendable (Int) -> Element)? = nil
     ) {
         self.capacity = capacity
         self.emptyLoss = emptyLoss
         self.weigh = weight
         self.noteDrop = noteDrop
         self.merge = merge
+        self.maxUnweighted = maxUnweighted?.count ?? .max
+        unweightedDropped = maxUnweighted?.dropped
         state = Mutex(State(loss: emptyLoss))
         (wakes, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
@@ -109,6 +121,10 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             noteDrop(&state.loss, element)
             return false
         }
+        if weight == 0, state.unweighted >= maxUnweighted {
+            state.droppedUnweighted += 1
+            return false
+        }
         flushLoss(&state)
         state.weight += weight
         if let merge, case .element(var last)? = state.items.last {
@@ -119,6 +135,7 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             if merged { return true }
         }
         state.items.append(.element(element))
+        if weight == 0 { state.unweighted += 1 }
         return true
     }
 
@@ -134,6 +151,12 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     }
 
     private func flushLoss(_ state: inout State) {
+        if state.droppedUnweighted > 0, let unweightedDropped {
+            // Told in their place, past the bound itself: one element however many were dropped.
+            state.items.append(.element(unweightedDropped(state.droppedUnweighted)))
+            state.unweighted += 1
+            state.droppedUnweighted = 0
+        }
         guard state.droppedWeight > 0 else { return }
         state.items.append(.lost(state.loss, count: state.droppedWeight))
         state.droppedWeight = 0
@@ -162,7 +185,12 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
                 let run = Array(state.items.prefix(count))
                 state.items.removeFirst(count)
                 var weight = 0
-                for item in run { if case .element(let element) = item { weight += weigh(element) } }
+                for item in run {
+                    guard case .element(let element) = item else { continue }
+                    let elementWeight = weigh(element)
+                    weight += elementWeight
+                    if elementWeight == 0 { state.unweighted -= 1 }
+                }
                 state.weight -= weight
                 inFlight.add(weight, ordering: .relaxed)
                 return (run, weight, state.finished)
@@ -188,7 +216,7 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             if finished { return }
             guard await wakes.next() != nil else {
                 // Finished while waiting: take what is left.
-                if state.withLock({ $0.items.isEmpty && $0.droppedWeight == 0 }) { return }
+                if state.withLock({ $0.items.isEmpty && $0.droppedWeight == 0 && $0.droppedUnweighted == 0 }) { return }
                 continue
             }
         }

@@ -39,17 +39,26 @@ public typealias DroppedTopics = Set<Topic>?
 
 /// The one queue from a source's thread to its hub: bounded by events, ordered, losses counted and
 /// reported in place (``BoundedInbox``). Consecutive events merge into one item (up to 256), so a source
-/// that hands over one event at a time (NATS) costs one queued item per run.
+/// that hands over one event at a time (NATS) costs one queued item per run. Control messages (an
+/// outage, a loss, a refusal, a new term) are bounded too, at ``maxControlMessages`` queued: whoever
+/// sends them (an upstream's error frames, a publisher on the cluster's NATS) may send them faster than
+/// the hub takes them, and each costs the hub a pass over its subscribers. Past the bound they are
+/// dropped, and one outage in their place tells the subscribers that events may be missing.
 public typealias SourceInbox = BoundedInbox<SourceMessage, DroppedTopics>
 
 extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
-    /// A source inbox holding at most `capacity` events.
+    /// Control messages queued at once, at most (a source sends a few in a minute).
+    public static var maxControlMessages: Int { 4_096 }
+
+    /// A source inbox holding at most `capacity` events (a seed is one) and ``maxControlMessages``
+    /// control messages.
     public static func source(capacity: Int) -> SourceInbox {
         SourceInbox(
             capacity: capacity, emptyLoss: [],
             weight: { message in
                 switch message {
                 case .events(let events), .recovered(_, let events, _): events.count
+                case .seed: 1
                 default: 0
                 }
             },
@@ -58,6 +67,7 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
                 switch message {
                 case .events(let events): for event in events { topics?.insert(event.topic) }
                 case .recovered(let topic, _, _): topics?.insert(topic)
+                case .seed(let event): topics?.insert(event.topic)
                 default: return
                 }
                 if (topics?.count ?? 0) > 1_000 { topics = nil }
@@ -68,7 +78,14 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
                 events += more
                 last = .events(events)
                 return true
-            })
+            },
+            maxUnweighted: (
+                maxControlMessages,
+                { dropped in
+                    .connectionLost(
+                        reason: "\(dropped) control messages from the source were dropped: they came faster than the relay took them; events may be missing")
+                }
+            ))
     }
 }
 

@@ -1,5 +1,6 @@
 import AsyncSupport
 import Foundation
+import RelayTestSupport
 import Synchronization
 import Testing
 
@@ -42,6 +43,34 @@ struct BoundedInboxTests {
             }
         }
         return out.withLock { $0 }
+    }
+
+    /// Control messages have a bound of their own: past it they are dropped, and one element in their
+    /// place says how many, before what is kept next; once taken, there is room again.
+    @Test func controlMessagesPastTheirBoundAreDroppedAndToldOnceInTheirPlace() async throws {
+        let inbox = BoundedInbox<Message, [Int]>(
+            capacity: 10, emptyLoss: [], weight: Self.weight, noteDrop: Self.noteDrop,
+            maxUnweighted: (3, { .control("\($0) dropped") }))
+        for name in ["a", "b", "c"] { #expect(inbox.push(.control(name))) }
+        #expect(!inbox.push(.control("d")), "past the bound")
+        #expect(!inbox.push(.control("e")))
+        #expect(inbox.push(.data([1])), "events have their own bound")
+        #expect(!inbox.push(.control("f")), "the one telling of the drops is queued past the bound: still full")
+        inbox.finish()
+        #expect(
+            await drained(inbox) == [
+                "control(\"a\")", "control(\"b\")", "control(\"c\")", "control(\"2 dropped\")", "data([1])",
+                "control(\"1 dropped\")",
+            ], "told where they were dropped, and at the end for those after the last kept")
+        let again = BoundedInbox<Message, [Int]>(
+            capacity: 10, emptyLoss: [], weight: Self.weight, noteDrop: Self.noteDrop,
+            maxUnweighted: (1, { .control("\($0) dropped") }))
+        #expect(again.push(.control("x")))
+        #expect(!again.push(.control("y")))
+        let taken = Task { await drained(again) }
+        try await eventually("the first control message to be taken") { again.push(.control("z")) }
+        again.finish()
+        #expect(await taken.value.contains("control(\"z\")"), "once taken, there is room again")
     }
 
     @Test func overflowIsDroppedCountedAndReportedInPlace() async {

@@ -23,6 +23,37 @@ struct HubPumpTests {
         return inbox
     }
 
+    /// A flood of control messages (an upstream's error frames, a NATS publisher's) is bounded in the
+    /// source's inbox; a seed carries an event and counts as one.
+    @Test func aFloodOfControlMessagesIsBoundedAndToldAsOneOutage() async {
+        let inbox = SourceInbox.source(capacity: 2)
+        for _ in 0..<10_000 { _ = inbox.push(.lost(count: 1, topics: nil, reason: "flood")) }
+        #expect(inbox.push(.seed(event("Q", "A"))))
+        #expect(inbox.push(.seed(event("Q", "B"))))
+        #expect(!inbox.push(.seed(event("Q", "C"))), "a seed is an event for the bound")
+        inbox.finish()
+        var items: [String] = []
+        await inbox.drain { run in
+            for item in run {
+                switch item {
+                case .element(.lost): items.append("lost")
+                case .element(.connectionLost(let reason)): items.append(reason)
+                case .element(.seed(let seeded)): items.append("seed \(seeded.topic)")
+                case .lost(let topics, let count): items.append("dropped \(count) \(topics.map { $0.map(\.description).sorted() } ?? [])")
+                default: items.append("other")
+                }
+            }
+        }
+        let floods = SourceInbox.maxControlMessages
+        #expect(items.count == floods + 4, "\(items.count) items")
+        #expect(items.prefix(floods).allSatisfy { $0 == "lost" })
+        #expect(
+            Array(items.suffix(4)) == [
+                "\(10_000 - floods) control messages from the source were dropped: they came faster than the relay took them; events may be missing",
+                "seed Q.A", "seed Q.B", "dropped 1 [\"Q.C\"]",
+            ])
+    }
+
     @Test func aBacklogLargerThanASubscribersBufferGoesToTheHubInTurns() async {
         // 30 frames of 100 events and one of 1,700 (a frame larger than the buffer on its own).
         let inbox = Self.backlog(frames: 30, size: 100)
