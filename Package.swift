@@ -334,7 +334,7 @@ let package = Package(
         ),
         .testTarget(
             name: "GapFillTests",
-            dependencies: ["GapFill", "MarketDataHub", "PolygonWire", "PolygonRESTClient"],
+            dependencies: ["GapFill", "MarketDataHub", "PolygonWire", "PolygonRESTClient", "MarketREST", "MarketCore", "RelayTestSupport"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -34,8 +34,13 @@ public struct GapFillSettings: Sendable, Equatable {
 /// fill saying what came and what is missing. Wildcards are not filled (a `T.*` fill would cost a
 /// request per ticker): their holders have the outage notice.
 ///
-/// One fill at a time per market, in order; requests go through the REST client's gate below
-/// interactive ones (`bulk`) and through a ``RequestPace`` shared by every market. An actor.
+/// One fill at a time per market, and at most one request waiting for it: a newer request takes the
+/// waiting one's place, since the hub's ledger makes each request cover every gap not filled yet and
+/// its end settles the earlier ones. An upstream that drops its connection every few seconds, or a REST
+/// host slow enough that each fill takes its whole `maxDuration`, thus never piles up fills (each
+/// holding its topics' last events, each spending REST calls on windows long settled). Requests go
+/// through the REST client's gate below interactive ones (`bulk`) and through a ``RequestPace`` shared
+/// by every market. An actor.
 public actor GapFiller {
     private let market: Market
     private let hub: MarketDataHub
@@ -43,7 +48,9 @@ public actor GapFiller {
     private let pace: RequestPace
     private let settings: GapFillSettings
     private let logger: Logger
-    private var queue: Task<Void, Never>?
+    /// The fills under way (one, then the one waiting, if any), and the request waiting for it.
+    private var running: Task<Void, Never>?
+    private var waiting: GapFillRequest?
     /// Where a single relay's fills go (its source's inbox), from ``start(into:)``.
     private var outlet: (any RecoveryOutlet)?
     /// REST requests made since start (the fills themselves are counted by the hub: ``MarketDataHub/gapFillStatistics``).
@@ -51,6 +58,7 @@ public actor GapFiller {
     private let fillsComplete: Counter
     private let fillsIncomplete: Counter
     private let fillsSkipped: Counter
+    private let fillsMerged: Counter
     private let recoveredCounter: Counter
     private let resultsRefused: Counter
     private let requestsOK: Counter
@@ -70,6 +78,7 @@ public actor GapFiller {
         fillsComplete = Counter(label: "relay_gap_fills_total", dimensions: [("result", "complete")], factory: metricsFactory)
         fillsIncomplete = Counter(label: "relay_gap_fills_total", dimensions: [("result", "incomplete")], factory: metricsFactory)
         fillsSkipped = Counter(label: "relay_gap_fills_total", dimensions: [("result", "skipped")], factory: metricsFactory)
+        fillsMerged = Counter(label: "relay_gap_fills_total", dimensions: [("result", "merged")], factory: metricsFactory)
         recoveredCounter = Counter(label: "relay_gap_fill_events_total", factory: metricsFactory)
         resultsRefused = Counter(label: "relay_gap_fill_results_refused_total", factory: metricsFactory)
         requestsOK = Counter(label: "relay_gap_fill_requests_total", dimensions: [("result", "ok")], factory: metricsFactory)
@@ -90,22 +99,35 @@ public actor GapFiller {
     /// Stops filling: the fill under way is cancelled (what it delivered stays delivered).
     public func stop() async {
         await hub.setRecoveryHandler(nil)
-        queue?.cancel()
-        queue = nil
+        running?.cancel()
+        running = nil
+        waiting = nil
     }
 
-    private func enqueue(_ request: GapFillRequest) {
+    /// Fills `request` now, or after the fill under way, in place of any request waiting already.
+    func enqueue(_ request: GapFillRequest) {
         guard let outlet else { return }
-        let previous = queue
-        queue = Task {
-            await previous?.value
-            await self.fill(request, into: outlet)
+        guard running == nil else {
+            if waiting != nil { fillsMerged.increment() }
+            waiting = request
+            return
         }
+        running = Task { await fillInTurn(request, into: outlet) }
     }
 
-    /// Waits for the fills queued now (tests).
+    private func fillInTurn(_ first: GapFillRequest, into outlet: any RecoveryOutlet) async {
+        var next: GapFillRequest? = first
+        while let request = next, !Task.isCancelled {
+            await fill(request, into: outlet)
+            next = waiting
+            waiting = nil
+        }
+        running = nil
+    }
+
+    /// Waits for the fills under way and waiting now (tests).
     public func idle() async {
-        await queue?.value
+        await running?.value
     }
 
     /// Fills one request's outage, handing what it recovers to `outlet` (the hub, or a cluster leader's

@@ -129,7 +129,8 @@ struct GapFillTests {
             #expect(wildcard.statuses(StatusMessage.Kind.recovered).isEmpty)
             let fills = await parts.hub.gapFillStatistics
             #expect(fills.fills == 1 && fills.incomplete == 0)
-            #expect(try #require(await parts.gapFillers[.stocks]?.requests) == 3)
+            let requests = try #require(await parts.gapFillers[.stocks]?.requests)
+            #expect(requests == 3, "one page per topic")
             // Shown in /v1/status: the market's counts, and the fill among the recent changes.
             try await eventually("/v1/status to show the fill") {
                 guard let status = try? await httpGet("http://127.0.0.1:\(parts.port)/v1/status", key: "client-key"),
