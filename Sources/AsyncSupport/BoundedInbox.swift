@@ -6,10 +6,12 @@ import Synchronization
 /// Producers ``push(_:)`` without waiting: an element is kept while the queued weight (e.g. events)
 /// stays within `capacity`, otherwise it is dropped and noted in a `Loss` summary; the summary is handed
 /// to the consumer **in order**, ahead of the next element that was kept (or when the queue empties), so a
-/// consumer can tell exactly where events went missing. Elements of weight 0 (control messages) are kept
-/// up to their own bound (`maxUnweighted` queued): past it they are dropped, counted, and the consumer is
-/// handed one element saying how many (`unweightedDropped`) in their place. A producer may merge an element into the one queued last (``init(capacity:emptyLoss:weight:noteDrop:merge:)``),
-/// so a stream of small messages costs one queued item per run rather than one per message.
+/// consumer can tell exactly where events went missing. Elements of weight 0 (control messages) are kept,
+/// up to a bound of their own when one is given (`controlBound`): past it those it covers are dropped
+/// and counted, and the consumer is handed one element saying how many in their place. A producer may
+/// merge an element into the one queued last
+/// (``init(capacity:emptyLoss:weight:noteDrop:merge:controlBound:)``), so a stream of small messages
+/// costs one queued item per run rather than one per message.
 ///
 /// `Sendable`: all state sits behind one `Mutex`; the consumer is woken through an `AsyncStream` that keeps
 /// at most one pending wake-up. One consumer at a time (``drain(_:)``).
@@ -27,9 +29,9 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
         var droppedWeight = 0
         var loss: Loss
         var finished = false
-        /// Elements of weight 0 queued, and dropped since the last told.
-        var unweighted = 0
-        var droppedUnweighted = 0
+        /// Control elements (weight 0, under the bound) queued, and dropped since the last told.
+        var controls = 0
+        var droppedControls = 0
         /// Producers waiting for room (``push(_:waitingBelow:)``), woken when the consumer is done with a run.
         var roomWaiters: [CheckedContinuation<Void, Never>] = []
     }
@@ -39,9 +41,9 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     private let weigh: @Sendable (Element) -> Int
     private let noteDrop: @Sendable (inout Loss, Element) -> Void
     private let merge: (@Sendable (inout Element, Element) -> Bool)?
-    /// The most elements of weight 0 queued at once, and the element that tells how many were dropped.
-    private let maxUnweighted: Int
-    private let unweightedDropped: (@Sendable (Int) -> Element)?
+    /// The most control elements queued at once, which elements of weight 0 it covers, and the element
+    /// that tells how many were dropped.
+    private let controlBound: (count: Int, covers: @Sendable (Element) -> Bool, dropped: @Sendable (Int) -> Element)?
     private let state: Mutex<State>
     private let wakes: AsyncStream<Void>
     private let wake: AsyncStream<Void>.Continuation
@@ -53,24 +55,24 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     /// - Parameters:
     ///   - capacity: the most weight queued (and being handled by the consumer) at once.
     ///   - emptyLoss: the summary of no loss.
-    ///   - weight: an element's weight (0: always kept).
+    ///   - weight: an element's weight (0: kept, within `controlBound` if it covers it).
     ///   - noteDrop: adds a dropped element to the summary.
     ///   - merge: merges an element into the last one queued, returning whether it did.
-    ///   - maxUnweighted: the most elements of weight 0 queued at once (`nil`: no bound); past it they
-    ///     are dropped, and `unweightedDropped(count)` is queued in their place before what is kept next.
+    ///   - controlBound: the most elements of weight 0 that `covers` queued at once (`nil`: no bound);
+    ///     past it they are dropped (a producer that can wait waits), and `dropped(count)` is queued in
+    ///     their place before what is kept next.
     public init(
         capacity: Int, emptyLoss: Loss, weight: @escaping @Sendable (Element) -> Int,
         noteDrop: @escaping @Sendable (inout Loss, Element) -> Void,
         merge: (@Sendable (inout Element, Element) -> Bool)? = nil,
-        maxUnweighted: (count: Int, dropped: @Sendable (Int) -> Element)? = nil
+        controlBound: (count: Int, covers: @Sendable (Element) -> Bool, dropped: @Sendable (Int) -> Element)? = nil
     ) {
         self.capacity = capacity
         self.emptyLoss = emptyLoss
         self.weigh = weight
         self.noteDrop = noteDrop
         self.merge = merge
-        self.maxUnweighted = maxUnweighted?.count ?? .max
-        unweightedDropped = maxUnweighted?.dropped
+        self.controlBound = controlBound
         state = Mutex(State(loss: emptyLoss))
         (wakes, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
@@ -121,8 +123,10 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             noteDrop(&state.loss, element)
             return false
         }
-        if weight == 0, state.unweighted >= maxUnweighted {
-            state.droppedUnweighted += 1
+        let control = weight == 0 && isControl(element)
+        if control, let controlBound, state.controls >= controlBound.count {
+            if waiting { return nil }
+            state.droppedControls += 1
             return false
         }
         flushLoss(&state)
@@ -135,9 +139,12 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             if merged { return true }
         }
         state.items.append(.element(element))
-        if weight == 0 { state.unweighted += 1 }
+        if control { state.controls += 1 }
         return true
     }
+
+    /// Whether the control bound covers `element` (of weight 0).
+    private func isControl(_ element: Element) -> Bool { controlBound?.covers(element) ?? false }
 
     /// Wakes the producers waiting for room: each looks again.
     private func wakeRoomWaiters() {
@@ -151,11 +158,12 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     }
 
     private func flushLoss(_ state: inout State) {
-        if state.droppedUnweighted > 0, let unweightedDropped {
+        if state.droppedControls > 0, let controlBound {
             // Told in their place, past the bound itself: one element however many were dropped.
-            state.items.append(.element(unweightedDropped(state.droppedUnweighted)))
-            state.unweighted += 1
-            state.droppedUnweighted = 0
+            let notice = controlBound.dropped(state.droppedControls)
+            state.items.append(.element(notice))
+            if weigh(notice) == 0, isControl(notice) { state.controls += 1 }
+            state.droppedControls = 0
         }
         guard state.droppedWeight > 0 else { return }
         state.items.append(.lost(state.loss, count: state.droppedWeight))
@@ -189,7 +197,7 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
                     guard case .element(let element) = item else { continue }
                     let elementWeight = weigh(element)
                     weight += elementWeight
-                    if elementWeight == 0 { state.unweighted -= 1 }
+                    if elementWeight == 0, isControl(element) { state.controls -= 1 }
                 }
                 state.weight -= weight
                 inFlight.add(weight, ordering: .relaxed)
@@ -216,7 +224,7 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             if finished { return }
             guard await wakes.next() != nil else {
                 // Finished while waiting: take what is left.
-                if state.withLock({ $0.items.isEmpty && $0.droppedWeight == 0 && $0.droppedUnweighted == 0 }) { return }
+                if state.withLock({ $0.items.isEmpty && $0.droppedWeight == 0 && $0.droppedControls == 0 }) { return }
                 continue
             }
         }

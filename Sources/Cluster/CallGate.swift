@@ -30,7 +30,7 @@ final class CallGate: Sendable {
         /// Waits its turn among at most `maxWaiting`, until `deadline` (`nil`: as long as it takes).
         case waits(until: ContinuousClock.Instant?)
         /// Goes ahead of every waiter (a vendor's 429, to be told to every node before more requests
-        /// spend tokens), past the waiting bound.
+        /// spend tokens), past the waiting bound; its task's cancellation does not take it out of line.
         case first
         /// Never waits and is never the call that asks a failed store again (a status view).
         case atOnce
@@ -95,7 +95,7 @@ final class CallGate: Sendable {
                 let decided = state.withLock { state -> Turn? in
                     // Decided again under the lock: a call may have ended, or failed, since.
                     if let decided = decide(entry, &state) { return decided }
-                    if Task.isCancelled { return .busy }
+                    if case .waits = entry, Task.isCancelled { return .busy }
                     let waiter = Waiter(id: id, continuation: continuation)
                     if case .first = entry { state.waiting.insert(waiter, at: 0) } else { state.waiting.append(waiter) }
                     return nil
@@ -103,7 +103,8 @@ final class CallGate: Sendable {
                 if let decided { continuation.resume(returning: decided) }
             }
         } onCancel: {
-            expire(id)
+            // A 429 (`first`) is written whatever became of the request that saw it.
+            if case .waits = entry { expire(id) }
         }
     }
 
@@ -116,7 +117,11 @@ final class CallGate: Sendable {
         } else if state.inFlight >= maxInFlight {
             switch entry {
             case .atOnce: return .busy
-            case .waits: return state.waiting.count < maxWaiting ? nil : .busy
+            case .waits(let deadline):
+                // Decided again under the lock a waiter registers under: one whose deadline passed
+                // before it was in the line (its timer found nothing to expire) is told now.
+                if let deadline, ContinuousClock.now >= deadline { return .busy }
+                return state.waiting.count < maxWaiting ? nil : .busy
             case .first: return nil
             }
         }

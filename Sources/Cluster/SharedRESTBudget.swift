@@ -44,8 +44,10 @@ public final class SharedRESTBudget: AccountBudget {
     static let localAfterFailure: Duration = .seconds(1)
     /// The longest pause the bucket may hold (the longest a vendor's `Retry-After` is taken for).
     static let maxPause: Duration = .seconds(3600)
-    /// How far ahead of this node's clock another node's count may be (clocks differ a little).
-    static let maxClockAhead: Duration = .seconds(1)
+    /// How far ahead of this node's clock another node's count may be. Clocks differ; a count moved
+    /// back within this would credit the nodes ahead with the difference, so it is generous: a value
+    /// past it is not a clock's.
+    static let maxClockAhead: Duration = .seconds(300)
     private let warnedOutOfRange = Mutex(false)
     private let logger: Logger
 
@@ -133,8 +135,9 @@ public final class SharedRESTBudget: AccountBudget {
         var text: String { "\(tokens),\(updated),\(pausedUntil)" }
 
         /// Within what the relay itself writes, read at `now`: tokens within `0...burst`, counted at
-        /// most ``maxClockAhead`` ahead and a day back (the bucket is full long before; further back
-        /// would overflow the refill), paused at most ``maxPause`` ahead. `nil` when it already is.
+        /// most ``SharedRESTBudget/maxClockAhead`` ahead and a day back (the bucket is full long before; further back
+        /// would overflow the refill), paused at most ``SharedRESTBudget/maxPause`` ahead. `nil` when it
+        /// already is.
         /// Anyone who may publish on the cluster's NATS can write the bucket: a pause or a count in the
         /// far future would stop every node's REST calls for good (gap fill and the portfolio wait
         /// as long as it takes), a huge negative count would overflow the wait.
@@ -210,8 +213,9 @@ public final class SharedRESTBudget: AccountBudget {
         case .busy: return .busy
         }
         defer { gate.leave() }
-        // A request cancelled while it waited its turn spends no token.
-        guard !Task.isCancelled else { return .busy }
+        // A request cancelled while it waited its turn spends no token (a vendor's 429 is written
+        // whatever became of the request that saw it).
+        if case .waits = turn, Task.isCancelled { return .busy }
         guard let bucket = await boundBucket() else { return .unavailable }
         for _ in 0..<8 {
             let now = WallClock.nowMilliseconds()
@@ -256,7 +260,8 @@ public final class SharedRESTBudget: AccountBudget {
             defer { warned = true }
             return !warned
         }) {
-            logger.warning("REST budget: the cluster's shared bucket held a value out of bounds (\(text)); read as \(bounded.text)")
+            logger.warning(
+                "REST budget: the cluster's shared bucket held a value out of bounds (\(text)): written by something other than a node, or a node's clock is far off; read as \(bounded.text)")
         }
         return (bounded, true)
     }

@@ -51,6 +51,9 @@ public actor GapFiller {
     /// The fills under way (one, then the one waiting, if any), and the request waiting for it.
     private var running: Task<Void, Never>?
     private var waiting: GapFillRequest?
+    /// The newest request's generation taken so far: requests reach the actor on tasks of their own,
+    /// not always in order, and an older one covers less.
+    private var newest = 0
     /// Where a single relay's fills go (its source's inbox), from ``start(into:)``.
     private var outlet: (any RecoveryOutlet)?
     /// REST requests made since start (the fills themselves are counted by the hub: ``MarketDataHub/gapFillStatistics``).
@@ -99,6 +102,7 @@ public actor GapFiller {
     /// Stops filling: the fill under way is cancelled (what it delivered stays delivered).
     public func stop() async {
         await hub.setRecoveryHandler(nil)
+        outlet = nil
         running?.cancel()
         running = nil
         waiting = nil
@@ -107,6 +111,12 @@ public actor GapFiller {
     /// Fills `request` now, or after the fill under way, in place of any request waiting already.
     func enqueue(_ request: GapFillRequest) {
         guard let outlet else { return }
+        // One older than a request already taken is covered by it (its gaps are in the newer one's).
+        guard request.generation > newest else {
+            fillsMerged.increment()
+            return
+        }
+        newest = request.generation
         guard running == nil else {
             if waiting != nil { fillsMerged.increment() }
             waiting = request
@@ -117,8 +127,10 @@ public actor GapFiller {
 
     private func fillInTurn(_ first: GapFillRequest, into outlet: any RecoveryOutlet) async {
         var next: GapFillRequest? = first
-        while let request = next, !Task.isCancelled {
+        while let request = next {
             await fill(request, into: outlet)
+            // Stopped: `stop()` let go of this task and what waited.
+            if Task.isCancelled { return }
             next = waiting
             waiting = nil
         }

@@ -50,15 +50,14 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
     /// Control messages queued at once, at most (a source sends a few in a minute).
     public static var maxControlMessages: Int { 4_096 }
 
-    /// A source inbox holding at most `capacity` events (a seed is one) and ``maxControlMessages``
-    /// control messages.
+    /// A source inbox holding at most `capacity` events and ``maxControlMessages`` control messages
+    /// (a seed is neither: the node asks for those itself, as its wanted topics change).
     public static func source(capacity: Int) -> SourceInbox {
         SourceInbox(
             capacity: capacity, emptyLoss: [],
             weight: { message in
                 switch message {
                 case .events(let events), .recovered(_, let events, _): events.count
-                case .seed: 1
                 default: 0
                 }
             },
@@ -67,23 +66,29 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
                 switch message {
                 case .events(let events): for event in events { topics?.insert(event.topic) }
                 case .recovered(let topic, _, _): topics?.insert(topic)
-                case .seed(let event): topics?.insert(event.topic)
                 default: return
                 }
                 if (topics?.count ?? 0) > 1_000 { topics = nil }
             },
             merge: { last, next in
-                guard case .events(let more) = next, case .events(var events) = last, events.count < 256 else { return false }
+                // Not into an empty `.events` (a control element for the bound): only runs of events merge.
+                guard case .events(let more) = next, case .events(var events) = last, !events.isEmpty, events.count < 256 else { return false }
                 last = .authenticated  // releases `last`'s reference: `events` is now the only one
                 events += more
                 last = .events(events)
                 return true
             },
-            maxUnweighted: (
+            controlBound: (
                 maxControlMessages,
+                // A seed is the node's own asking (bounded by its wanted topics), and dropping one would
+                // tell its holders of a loss that did not happen.
+                { message in
+                    if case .seed = message { return false }
+                    return true
+                },
                 { dropped in
                     .connectionLost(
-                        reason: "\(dropped) control messages from the source were dropped: they came faster than the relay took them; events may be missing")
+                        reason: "\(dropped) control message\(dropped == 1 ? " was" : "s were") dropped from the source: they came faster than the relay took them; events may be missing")
                 }
             ))
     }

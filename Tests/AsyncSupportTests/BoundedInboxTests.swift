@@ -50,7 +50,7 @@ struct BoundedInboxTests {
     @Test func controlMessagesPastTheirBoundAreDroppedAndToldOnceInTheirPlace() async throws {
         let inbox = BoundedInbox<Message, [Int]>(
             capacity: 10, emptyLoss: [], weight: Self.weight, noteDrop: Self.noteDrop,
-            maxUnweighted: (3, { .control("\($0) dropped") }))
+            controlBound: (3, { _ in true }, { .control("\($0) dropped") }))
         for name in ["a", "b", "c"] { #expect(inbox.push(.control(name))) }
         #expect(!inbox.push(.control("d")), "past the bound")
         #expect(!inbox.push(.control("e")))
@@ -64,13 +64,23 @@ struct BoundedInboxTests {
             ], "told where they were dropped, and at the end for those after the last kept")
         let again = BoundedInbox<Message, [Int]>(
             capacity: 10, emptyLoss: [], weight: Self.weight, noteDrop: Self.noteDrop,
-            maxUnweighted: (1, { .control("\($0) dropped") }))
+            controlBound: (1, { _ in true }, { .control("\($0) dropped") }))
         #expect(again.push(.control("x")))
         #expect(!again.push(.control("y")))
         let taken = Task { await drained(again) }
         try await eventually("the first control message to be taken") { again.push(.control("z")) }
         again.finish()
         #expect(await taken.value.contains("control(\"z\")"), "once taken, there is room again")
+        // A producer that can wait waits for room under the control bound, as under the capacity.
+        let waits = BoundedInbox<Message, [Int]>(
+            capacity: 10, emptyLoss: [], weight: Self.weight, noteDrop: Self.noteDrop,
+            controlBound: (1, { _ in true }, { .control("\($0) dropped") }))
+        #expect(waits.push(.control("first")))
+        let second = Task { await waits.push(.control("second"), waitingBelow: 10) }
+        let all = Task { await drained(waits) }
+        #expect(await second.value, "queued once the first was taken")
+        waits.finish()
+        #expect(await all.value == ["control(\"first\")", "control(\"second\")"], "nothing dropped")
     }
 
     @Test func overflowIsDroppedCountedAndReportedInPlace() async {

@@ -82,6 +82,14 @@ struct CallGateTests {
         cancelled.cancel()
         #expect(await cancelled.value == .busy)
         #expect(gate.counts == CallGate.Counts(inFlight: 2, waiting: 0))
+        // A deadline already passed is told at once, never put in the line.
+        #expect(await gate.enter(.waits(until: .now - .seconds(1))) == .busy)
+        #expect(gate.counts == CallGate.Counts(inFlight: 2, waiting: 0))
+        // A vendor's 429 stays in line when the request that saw it is cancelled: it is still written.
+        let pause = try await waiter(gate, .first, name: "pause", order: order)
+        pause.cancel()
+        gate.leave()
+        #expect(await pause.value == .starts)
         // A turn that ends now goes to nobody: the count goes down.
         gate.leave()
         #expect(gate.counts == CallGate.Counts(inFlight: 1, waiting: 0))
