@@ -135,9 +135,10 @@ public final class SharedRESTBudget: AccountBudget {
         var text: String { "\(tokens),\(updated),\(pausedUntil)" }
 
         /// Within what the relay itself writes, read at `now`: tokens within `0...burst`, counted at
-        /// most ``SharedRESTBudget/maxClockAhead`` ahead and a day back (the bucket is full long before; further back
-        /// would overflow the refill), paused at most ``SharedRESTBudget/maxPause`` ahead. `nil` when it
-        /// already is.
+        /// most ``SharedRESTBudget/maxClockAhead`` ahead and a day back (the bucket is full long before;
+        /// further back would overflow the refill), paused at most ``SharedRESTBudget/maxPause`` ahead.
+        /// `nil` when it already is.
+        ///
         /// Anyone who may publish on the cluster's NATS can write the bucket: a pause or a count in the
         /// far future would stop every node's REST calls for good (gap fill and the portfolio wait
         /// as long as it takes), a huge negative count would overflow the wait.
@@ -230,7 +231,7 @@ public final class SharedRESTBudget: AccountBudget {
                 .refilled(at: now, rate: rate, burst: local.burst)
             let changed = change(&state)
             // A value brought within bounds is written back even when nothing else changed: read as
-            // counted a second ahead each time, it would never refill.
+            // counted ahead of the clock anew each time, it would never refill.
             guard changed || read?.corrected == true else { return .declined }
             do {
                 if let entry {
@@ -261,7 +262,10 @@ public final class SharedRESTBudget: AccountBudget {
             return !warned
         }) {
             logger.warning(
-                "REST budget: the cluster's shared bucket held a value out of bounds (\(text)): written by something other than a node, or a node's clock is far off; read as \(bounded.text)")
+                """
+                REST budget: the cluster's shared bucket held a value out of bounds (\(text)): written by something \
+                other than a node, or a node's clock is far off; read as \(bounded.text)
+                """)
         }
         return (bounded, true)
     }

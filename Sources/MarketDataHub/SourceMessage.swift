@@ -87,8 +87,9 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
                     return true
                 },
                 { dropped in
-                    .connectionLost(
-                        reason: "\(dropped) control message\(dropped == 1 ? " was" : "s were") dropped from the source: they came faster than the relay took them; events may be missing")
+                    let counted = dropped == 1 ? "1 control message was" : "\(dropped) control messages were"
+                    return .connectionLost(
+                        reason: "\(counted) dropped from the source: they came faster than the relay took them; events may be missing")
                 }
             ))
     }
