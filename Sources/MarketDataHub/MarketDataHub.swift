@@ -213,8 +213,14 @@ public actor MarketDataHub {
 
     /// Adds topics to a subscriber; topics it already has are ignored. With `snapshotOnSubscribe`, each
     /// new ticker topic's last event is delivered at once.
-    public func add(_ topics: some Sequence<Topic>, to id: SubscriberID) {
+    ///
+    /// Returns the market position as the topics were added, in the same step: the subscriber has every
+    /// event of them after it, and a topic this made wanted is held whole in the history from there on
+    /// (a position read in an earlier step can be older than the topic's run, and a resume from it `gap`).
+    @discardableResult
+    public func add(_ topics: some Sequence<Topic>, to id: SubscriberID) -> (epoch: String?, sequence: UInt64) {
         add(topics, to: id, snapshot: { _ in true })
+        return position
     }
 
     /// Adds topics, each with its snapshot on subscribe unless `snapshot` says no.

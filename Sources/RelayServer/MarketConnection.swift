@@ -440,16 +440,14 @@ actor MarketConnection {
                             carriedOver: broken.carriedOver)
                     }
                     if !rest.isEmpty {
-                        let now = await hub.position
-                        handler.value.acknowledgedPosition?.start(at: now.sequence, epoch: now.epoch)
-                        await hub.add(rest, to: id)
+                        let added = await hub.add(rest, to: id)
+                        handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
                     }
                 } else {
-                    if let position = handler.value.acknowledgedPosition {
-                        let now = await hub.position
-                        position.start(at: now.sequence, epoch: now.epoch)
-                    }
-                    await hub.add(topics, to: id)
+                    // From where the topics were added (the same step on the hub): a position read before
+                    // could predate their run in the history, and a break then resume as `gap`.
+                    let added = await hub.add(topics, to: id)
+                    handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
                 }
             case .conflate(let mode):
                 if let id = subscription?.id { await hub.setConflation(mode, for: id) }

@@ -323,13 +323,26 @@ final class AcknowledgedPosition {
 
     /// Where the client stands before its first topic: the market sequence then (in `epoch`), or where
     /// its broken session resumes. Only the first call counts.
+    ///
+    /// The hub may deliver as soon as the first topics are added, before the connection is told where
+    /// they were added: writes noted before this are of events after `sequence`, in `epoch` (unless one
+    /// told of a newer epoch), and stand at least there.
     func start(at sequence: UInt64, epoch: String?) {
         guard !started else { return }
         started = true
-        acknowledged = sequence
-        acknowledgedEpoch = epoch
-        writingEpoch = epoch
-        standing?.acknowledged(sequence, epoch: epoch)
+        if !marks.isEmpty {
+            var lifted = CircularBuffer<Mark>(initialCapacity: marks.count)
+            for mark in marks {
+                lifted.append(mark.epoch == nil ? Mark(socketBytes: mark.socketBytes, sequence: max(mark.sequence, sequence), epoch: epoch) : mark)
+            }
+            marks = lifted
+        }
+        if writingEpoch == nil { writingEpoch = epoch }
+        if acknowledgedEpoch == nil {
+            acknowledged = max(acknowledged, sequence)
+            acknowledgedEpoch = epoch
+        }
+        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch)
     }
 
     private var started = false

@@ -124,6 +124,27 @@ struct HubHistoryTests {
         _ = holder
     }
 
+    @Test func aTaggedConnectionStartsWhereItsTopicsWereAddedNotWhereItAskedBefore() async throws {
+        let hub = MarketDataHub(wire: .polygon)
+        // The upstream sends T.AAPL before anyone holds it (as a feed that sends every symbol does).
+        await hub.publish([event("T", "AAPL", 1)])
+        let connection = await hub.subscribe()
+        let asked = await hub.position
+        let epoch = try #require(asked.epoch)
+        // Another topic's event arrives between the two steps (any topic's moves the market sequence).
+        await hub.publish([event("Q", "MSFT", 1)])
+        let added = await hub.add([topic("T.AAPL")], to: connection.id)
+        #expect(added.sequence == asked.sequence + 1 && added.epoch == asked.epoch)
+        await hub.publish((2...4).map { event("T", "AAPL", $0) })
+        await hub.park(connection.id)
+        let early = await hub.subscribe()
+        let fromAsked = await hub.add([topic("T.AAPL")], to: early.id, resuming: .marketSequence(epoch: epoch, asked.sequence))
+        #expect(fromAsked.gaps == [topic("T.AAPL")], "T.AAPL was held whole only from when it was wanted: a `gap` from the earlier position")
+        let back = await hub.subscribe()
+        let fromAdded = await hub.add([topic("T.AAPL")], to: back.id, resuming: .marketSequence(epoch: epoch, added.sequence))
+        #expect(fromAdded.gaps.isEmpty && fromAdded.replayed == [topic("T.AAPL"): 3], "every event since the topics were added")
+    }
+
     @Test func aParkedSubscriberKeepsItsTopicsWholeAndGetsNothing() async throws {
         let hub = MarketDataHub(wire: .polygon)
         let first = await hub.subscribe(to: topics("T.AAPL"))

@@ -104,6 +104,26 @@ struct AcknowledgedPositionTests {
         #expect(position.resumeAfter == 12 && position.epoch == "e2")
     }
 
+    @Test func writesNotedBeforeTheStartStandAtLeastThereInItsEpoch() {
+        // The hub delivers as soon as the topics are added; the connection learns where after.
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.wrote(socketBytes: 500, sequence: 0, acknowledgedBytes: 0)
+        position.wrote(socketBytes: 800, sequence: 42, acknowledgedBytes: 0)
+        position.start(at: 40, epoch: "e1")
+        #expect(position.resumeAfter == 40 && position.epoch == "e1")
+        position.wrote(socketBytes: 900, sequence: 0, acknowledgedBytes: 500)
+        #expect(position.resumeAfter == 40 && position.epoch == "e1", "a write before the start never stands before it")
+        position.wrote(socketBytes: 1_000, sequence: 0, acknowledgedBytes: 800)
+        #expect(position.resumeAfter == 42 && position.epoch == "e1")
+    }
+
+    @Test func acknowledgedBeforeTheStartStillStandsInItsEpoch() {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.wrote(socketBytes: 800, sequence: 42, acknowledgedBytes: 800)
+        position.start(at: 40, epoch: "e1")
+        #expect(position.resumeAfter == 42 && position.epoch == "e1")
+    }
+
     @Test func aNoticeWithNoEventOfTheNewEpochYetStandsAtItsStart() {
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
         position.start(at: 900, epoch: "e1")
