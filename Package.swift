@@ -62,6 +62,7 @@ let package = Package(
             name: "Tape",
             dependencies: [
                 "CZstd", "MarketCore", .product(name: "NIOCore", package: "swift-nio"), .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
         ),

@@ -119,6 +119,7 @@ public final class ClusterNode: Service, Sendable {
             recording.flushInterval = tape.settings.flushInterval
             recording.vendor = tape.settings.vendor
             recording.upstreamPath = tape.settings.upstreamPath
+            recording.logger = logger
             do {
                 recorder = try TapeRecorder(settings: recording, sink: JetStreamTapeSink(tape: tape), held: { tape.held() }, metricsFactory: metricsFactory)
             } catch {

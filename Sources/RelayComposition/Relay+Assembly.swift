@@ -241,6 +241,7 @@ extension Relay {
             recording.flushInterval = tape.flushInterval
             recording.retentionDays = tape.retentionDays
             recording.retentionBytes = tape.retentionBytes
+            recording.logger = marketLogger
             do {
                 recorder = try TapeRecorder(settings: recording, metricsFactory: marketMetrics)
             } catch {

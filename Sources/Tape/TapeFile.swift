@@ -183,9 +183,16 @@ public final class TapeDayFiles: TapeBlockSink {
     /// Bytes cut from the end of a file when it was opened (a torn tail), since these files were opened.
     public private(set) var tornBytesCut: Int64 = 0
 
-    public init(directory: String, market: String) {
+    /// The most one day's file may hold (`nil`: no bound): a block that would pass it is refused, so a
+    /// day busier than the whole tape's bound stops being recorded rather than outgrow the disk
+    /// (retention deletes older days, never the one being written).
+    public let maxDayBytes: Int64?
+    private var day = ""
+
+    public init(directory: String, market: String, maxDayBytes: Int64? = nil) {
         self.directory = directory
         self.market = market
+        self.maxDayBytes = maxDayBytes
     }
 
     deinit {
@@ -193,11 +200,14 @@ public final class TapeDayFiles: TapeBlockSink {
     }
 
     public func begin(day: String) throws {
+        // Its file still open (a block was refused, not torn): nothing to read again.
+        if descriptor >= 0, day == self.day { return }
         if descriptor >= 0 {
             close(descriptor)
             descriptor = -1
         }
         try TapeFile.makeDirectories("\(directory)/\(market)")
+        self.day = day
         path = TapeFile.path(directory: directory, market: market, day: day)
         descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else { throw TapeError.system("opening", path) }
@@ -230,6 +240,11 @@ public final class TapeDayFiles: TapeBlockSink {
 
     public func write(_ block: [UInt8], epoch: String?) throws {
         guard descriptor >= 0 else { throw TapeError("no day file of the \(market) tape is open") }
+        if let maxDayBytes, offset + Int64(block.count) > maxDayBytes {
+            throw TapeError(
+                "the \(market) tape's file of \(day) holds \(offset) bytes and one more block would pass the tape's bound "
+                    + "(tape.maxGB, \(maxDayBytes) bytes): recording waits for the next UTC day")
+        }
         let written = block.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, off_t(offset)) }
         guard written == block.count else {
             // A short write (a full disk): what was written is a torn tail, cut when the file is next

@@ -2,6 +2,7 @@
     import Glibc
 #endif
 import Dispatch
+import Logging
 import MarketCore
 import Metrics
 import Synchronization
@@ -35,12 +36,15 @@ public final class TapeRecorder: EventTap {
         public var retryInterval: Duration = .seconds(5)
         /// Days kept (today's included); older day files are deleted, oldest first.
         public var retentionDays = 7
-        /// Bytes this market's tape may hold; past them the oldest days go (never today's).
+        /// Bytes this market's tape may hold; past them the oldest days go (never today's), and a block
+        /// that would take today's file past them is not written (recording pauses until the next day).
         public var retentionBytes: Int64 = 20 << 30
         /// The vendor whose upstream the events come from (its ``WireVendor/name``), and the upstream's
         /// path when known: recorded on the tape, so a replay speaks the same protocol (`nil`: not told).
         public var vendor: String?
         public var upstreamPath: String?
+        /// Where a pause and the recording going on again are told.
+        public var logger = Logger(label: "relay.tape")
 
         public init(directory: String, market: String) {
             self.directory = directory
@@ -97,7 +101,7 @@ public final class TapeRecorder: EventTap {
     public convenience init(settings: Settings, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance) throws {
         let (directory, market) = (settings.directory, settings.market)
         try self.init(
-            settings: settings, lock: TapeLock(directory: directory, market: market), sink: TapeDayFiles(directory: directory, market: market),
+            settings: settings, lock: TapeLock(directory: directory, market: market), sink: TapeDayFiles(directory: directory, market: market, maxDayBytes: settings.retentionBytes),
             held: { TapeDayFiles.held(directory: directory, market: market) }, metricsFactory: metricsFactory)
     }
 
@@ -359,7 +363,15 @@ public final class TapeRecorder: EventTap {
             metrics.bytes.increment(by: outcome.bytes)
         }
         if outcome.paused { metrics.pauses.increment() }
-        waiting.withLock { $0.pausedBecause = outcome.pausedBecause }
+        let was = waiting.withLock { waiting in
+            defer { waiting.pausedBecause = outcome.pausedBecause }
+            return waiting.pausedBecause
+        }
+        if outcome.paused, let reason = outcome.pausedBecause {
+            settings.logger.warning("recording the \(settings.market) tape paused; events are dropped and counted until it goes on: \(reason)")
+        } else if was != nil, outcome.pausedBecause == nil {
+            settings.logger.notice("recording the \(settings.market) tape goes on; the window it missed is on the tape as a gap")
+        }
     }
 }
 

@@ -205,6 +205,42 @@ struct TapeFileTests {
         }
     }
 
+    /// Retention never deletes the day being written, so that day's own file is bounded where it is
+    /// written: a block that would take it past the bound is refused (its events lost and counted), the
+    /// file stays open and whole, and the next day's file takes blocks again.
+    @Test func aDaysFileStopsTakingBlocksAtTheBoundAndTheNextDayGoesOn() throws {
+        try withDirectory { directory in
+            let bound: Int64 = 4_000
+            let writer = try TapeWriter(sink: TapeDayFiles(directory: directory, market: "stocks", maxDayBytes: bound), blockBytes: 512)
+            var refused: (any Error)?
+            for record in events(2_000) {
+                do { try writer.append(record) } catch {
+                    refused = error
+                    break
+                }
+            }
+            let error = try #require(refused, "a block past the bound is refused")
+            #expect("\(error)".contains("tape.maxGB") && "\(error)".contains("2026-11-20"), "\(error)")
+            let path = TapeFile.path(directory: directory, market: "stocks", day: "2026-11-20")
+            let size = try #require(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
+            #expect(size <= bound && size > bound / 2, "\(size) bytes")
+            #expect(writer.eventsLost > 0)
+            // Still refused that day (the file open, not read again), then the next day's file takes blocks.
+            let later = events(50, from: 10_000)
+            #expect(throws: TapeError.self) {
+                for record in later { try writer.append(record) }
+                try writer.flush()
+            }
+            let nextDay = events(50, from: 0, start: Self.start + 86_400_000_000_000)
+            for record in nextDay { try writer.append(record) }
+            try writer.flush()
+            #expect(try TapeReader(path: TapeFile.path(directory: directory, market: "stocks", day: "2026-11-21")).records() == nextDay)
+            let first = try TapeReader(path: path)
+            #expect(first.damaged.isEmpty && first.skippedBlocks.isEmpty && !first.records().isEmpty, "the bounded day reads whole")
+            #expect(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int == size)
+        }
+    }
+
     @Test func recordLayoutTakesExtremeValuesAndRefusesTruncatedPayloads() {
         let records: [TapeRecord] = [
             .event(TapeEvent(receivedAt: .max, sequence: .max, eventType: "", ticker: "", bytes: [])),

@@ -184,6 +184,31 @@ struct TapeRecorderTests {
         }
     }
 
+    /// A day busier than the tape's whole bound: recording pauses at the bound (told, logged, counted)
+    /// rather than let the file being written outgrow the disk.
+    @Test func todaysFileAtTheTapesBoundPausesRecording() async throws {
+        try await withDirectory { directory in
+            var settings = TapeRecorder.Settings(directory: directory, market: "stocks")
+            settings.flushInterval = .milliseconds(20)
+            settings.blockBytes = 1_024
+            settings.retentionBytes = 8_000
+            let recorder = try TapeRecorder(settings: settings)
+            var next = 1
+            try await eventually("recording to pause at the bound") {
+                recorder.take(quotes(100, from: next), epoch: "e1")
+                next += 100
+                return recorder.report.pausedBecause != nil
+            }
+            #expect(recorder.report.pausedBecause?.contains("tape.maxGB") == true, "\(recorder.report.pausedBecause ?? "")")
+            recorder.take(quotes(100, from: next), epoch: "e1")
+            recorder.flush()
+            let size = try #require(try FileManager.default.attributesOfItem(atPath: todaysTape(directory))[.size] as? Int)
+            #expect(size <= 8_000, "\(size) bytes")
+            #expect(recorder.report.eventsDropped >= 100 && recorder.report.eventsRecorded > 0)
+            #expect(recorder.report.eventsRecorded + recorder.report.eventsDropped == next + 99)
+        }
+    }
+
     /// The day's file is `/dev/full` at first (every write fails with ENOSPC): recording pauses, says
     /// why, drops and counts; once the file is an ordinary one again, the next retry records the window
     /// it missed as one gap, then the events.
