@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
 import AlpacaWire
 import DemoFeed
 import Foundation
@@ -14,7 +17,7 @@ import Upstream
 @Suite("Alpaca news end to end", .serialized, .timeLimit(.minutes(4)))
 struct AlpacaNewsEndToEndTests {
     func withNewsRelay(
-        snapshot: Bool = false, resumeMarginBytes: Int? = nil,
+        snapshot: Bool = false, resumeMarginBytes: Int? = nil, adjust: (inout RelaySettings) -> Void = { _ in },
         _ body: (_ port: Int, _ feed: DemoFeed, _ upstream: UpstreamClient) async throws -> Void
     ) async throws {
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: "demo-key", eventsPerSecond: 100, seed: 7)
@@ -33,6 +36,7 @@ struct AlpacaNewsEndToEndTests {
             if let resumeMarginBytes { settings.resume.marginBytes = resumeMarginBytes }
             settings.portfolio = nil
             settings.tape = nil
+            adjust(&settings)
             let relay = Relay(settings: settings, logger: testLogger)
             try await withServices([relay]) {
                 let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
@@ -125,6 +129,47 @@ struct AlpacaNewsEndToEndTests {
             await both.close()
             await other.close()
             await everything.close()
+        }
+    }
+
+    /// A story of 15 MiB asked for over HTTP by a client that never reads: the relay closes the
+    /// connection within the keep-alive timeout of the answer's end being handed to the connection,
+    /// rather than hold the answer and the request for as long as the socket stays open (the answer is
+    /// one buffer, so its end is handed over at once, before the client took any of it). A client that
+    /// reads gets it whole.
+    @Test func aClientThatStopsReadingALargeAnswerIsClosed() async throws {
+        let size = 15 << 20
+        // With the snapshot on, the hub keeps each symbol's last story (what `/v1/last` answers from).
+        try await withNewsRelay(snapshot: true, adjust: {
+            $0.news.maxBytes = 16 << 20
+            $0.connectionLimits.keepAliveTimeout = .seconds(1)
+        }) { port, feed, _ in
+            let client = try await newsClient(port, ["AAPL"])
+            try await probe(feed, client, symbol: "AAPL")
+            let large = feed.publishNews(symbols: ["AAPL"], contentBytes: size).id
+            _ = try await items(client, through: large, timeout: .seconds(20))
+            let path = "/v1/last/news/n.AAPL"
+            let whole = try await httpGet("http://127.0.0.1:\(port)\(path)", key: "client-key")
+            #expect(whole.status == 200 && whole.body.utf8.count > size, "a client that reads gets the whole story: \(whole.status), \(whole.body.utf8.count) bytes")
+
+            let stalled = try RawSocket(port: port, receiveBuffer: 2048)
+            stalled.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer client-key\r\n\r\n")
+            // Reads nothing for three timeouts (the time passing is what is tested), then all it can.
+            try await Task.sleep(for: .seconds(3))
+            stalled.setTimeout(.milliseconds(200))
+            var received = 0
+            var ended = false
+            let deadline = ContinuousClock.now + .seconds(20)
+            while ContinuousClock.now < deadline, !ended {
+                if let bytes = stalled.receive(max: 1 << 20) {
+                    received += bytes.count
+                    ended = bytes.isEmpty
+                } else if errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
+                    ended = true
+                }
+            }
+            #expect(ended && received < size / 2, "closed with what the sockets held (\(received) bytes), not the rest sent on")
+            await client.close()
         }
     }
 
