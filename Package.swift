@@ -61,8 +61,8 @@ let package = Package(
         .target(
             name: "Tape",
             dependencies: [
-                "CZstd", "MarketCore", .product(name: "NIOCore", package: "swift-nio"), .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Logging", package: "swift-log"),
+                "CZstd", "MarketCore", "AsyncSupport", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Metrics", package: "swift-metrics"), .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
         ),

@@ -1,3 +1,4 @@
+import AsyncSupport
 import Dispatch
 import MarketCore
 import NIOCore
@@ -48,11 +49,9 @@ public final class TapeArchive: EventArchive {
                 requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "the tape is busy with other resumes")) },
                 uniquingKeysWith: { first, _ in first })
         }
-        return await withCheckedContinuation { continuation in
-            queue.async {
-                continuation.resume(returning: self.read(requests, epoch: epoch, limit: limit))
-                self.waiting.subtract(1, ordering: .relaxed)
-            }
+        return await BlockingWork.run(on: queue) {
+            defer { self.waiting.subtract(1, ordering: .relaxed) }
+            return self.read(requests, epoch: epoch, limit: limit)
         }
     }
 

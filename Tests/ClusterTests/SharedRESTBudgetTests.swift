@@ -28,6 +28,29 @@ struct SharedRESTBudgetTests {
         return nodes
     }
 
+    /// One node of 100 requests a second on a nats-server that is then stopped (`SIGSTOP`): `body` runs
+    /// while NATS stalls; the server goes on and is stopped after, whatever `body` did.
+    func withStalledNode(_ body: (SharedRESTBudget) async throws -> Void) async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let node = try await nodes(1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(5), url: url)[0]
+        kill(nats.process.processIdentifier, SIGSTOP)
+        var failure: (any Error)?
+        do { try await body(node) } catch { failure = error }
+        kill(nats.process.processIdentifier, SIGCONT)
+        await node.close()
+        await nats.stop()
+        if let failure { throw failure }
+    }
+
+    /// `count` foreground requests of `node` at once, bounded by its wait: their admissions.
+    func takes(_ count: Int, of node: SharedRESTBudget) async -> [RESTBudget.Admission] {
+        await withTaskGroup(of: RESTBudget.Admission.self) { group in
+            for _ in 0..<count { group.addTask { await node.take(.foreground, bounded: true) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+    }
+
     @Test func threeNodesTogetherSpendTheAccountsBudgetOnce() async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
@@ -56,64 +79,44 @@ struct SharedRESTBudgetTests {
     /// a thread of the NATS pool for the request timeout): after one failed, the next second's requests
     /// count on the node's own bucket at once.
     @Test func whileNATSStallsRequestsCountOnTheirOwnAfterOneCallFailed() async throws {
-        let nats = try NATSServerProcess()
-        let url = try await nats.start()
-        let node = try await nodes(1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(5), url: url)[0]
-        kill(nats.process.processIdentifier, SIGSTOP)
-        defer { kill(nats.process.processIdentifier, SIGCONT) }
-        // The first waits for NATS (up to the request timeout), fails, and counts on the node.
-        #expect(await node.take(.foreground, bounded: true) == .granted)
-        let started = ContinuousClock.now
-        let admissions = await withTaskGroup(of: RESTBudget.Admission.self) { group in
-            for _ in 0..<40 { group.addTask { await node.take(.foreground, bounded: true) } }
-            return await group.reduce(into: []) { $0.append($1) }
+        try await withStalledNode { node in
+            // The first waits for NATS (up to the request timeout), fails, and counts on the node.
+            #expect(await node.take(.foreground, bounded: true) == .granted)
+            let started = ContinuousClock.now
+            let admissions = await takes(40, of: node)
+            let took = ContinuousClock.now - started
+            #expect(admissions.allSatisfy { $0 == .granted }, "\(admissions)")
+            // Each asking the stalled NATS would wait up to the request timeout, sixteen at a time.
+            #expect(took < .milliseconds(900), "40 requests took \(took): they waited for NATS")
         }
-        let took = ContinuousClock.now - started
-        #expect(admissions.allSatisfy { $0 == .granted }, "\(admissions)")
-        // Each asking the stalled NATS would wait up to the request timeout, sixteen at a time.
-        #expect(took < .milliseconds(900), "40 requests took \(took): they waited for NATS")
-        kill(nats.process.processIdentifier, SIGCONT)
-        await node.close()
-        await nats.stop()
     }
 
     /// While NATS stalls before any call failed, a node's requests do not fill the NATS pool (other
     /// callers' lookups and seeding reads wait there): four calls ask at once, 64 requests wait their
     /// turn, the rest try again shortly; once the first call fails, all count on their own.
     @Test func whileNATSStallsAtMostFourCallsHoldTheNATSPool() async throws {
-        let nats = try NATSServerProcess()
-        let url = try await nats.start()
-        let node = try await nodes(1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(5), url: url)[0]
-        kill(nats.process.processIdentifier, SIGSTOP)
-        defer { kill(nats.process.processIdentifier, SIGCONT) }
-        let started = ContinuousClock.now
-        let takes = Task {
-            await withTaskGroup(of: RESTBudget.Admission.self) { group in
-                for _ in 0..<100 { group.addTask { await node.take(.foreground, bounded: true) } }
-                return await group.reduce(into: []) { $0.append($1) }
-            }
+        try await withStalledNode { node in
+            let started = ContinuousClock.now
+            let requests = Task { await takes(100, of: node) }
+            // Four ask NATS, 64 wait their turn (the other 32 come back every 100 ms).
+            let full = CallGate.Counts(inFlight: SharedRESTBudget.maxCallsInFlight, waiting: SharedRESTBudget.maxCallsWaiting)
+            try await eventually("four calls in flight and 64 waiting", timeout: .seconds(5)) { node.gate.counts == full }
+            // Another caller of the NATS pool is not queued behind them.
+            let asked = ContinuousClock.now
+            await NATSConnection.blocking {}
+            let probe = ContinuousClock.now - asked
+            #expect(probe < .milliseconds(500), "a call on the NATS pool waited \(probe) behind the budget's")
+            // The status page does not wait behind them either.
+            let snapshotAsked = ContinuousClock.now
+            _ = await node.snapshot()
+            #expect(ContinuousClock.now - snapshotAsked < .milliseconds(500), "the snapshot waited behind the requests")
+            let admissions = await requests.value
+            #expect(admissions.allSatisfy { $0 == .granted }, "\(admissions)")
+            // The first failure (the request timeout, 1 s) lets every waiter go.
+            let took = ContinuousClock.now - started
+            #expect(took < .seconds(3), "100 requests took \(took)")
+            #expect(node.gate.counts == CallGate.Counts(inFlight: 0, waiting: 0))
         }
-        // Four ask NATS, 64 wait their turn (the other 32 come back every 100 ms).
-        let full = CallGate.Counts(inFlight: SharedRESTBudget.maxCallsInFlight, waiting: SharedRESTBudget.maxCallsWaiting)
-        try await eventually("four calls in flight and 64 waiting", timeout: .seconds(5)) { node.gate.counts == full }
-        // Another caller of the NATS pool is not queued behind them.
-        let asked = ContinuousClock.now
-        await NATSConnection.blocking {}
-        let probe = ContinuousClock.now - asked
-        #expect(probe < .milliseconds(500), "a call on the NATS pool waited \(probe) behind the budget's")
-        // The status page does not wait behind them either.
-        let snapshotAsked = ContinuousClock.now
-        _ = await node.snapshot()
-        #expect(ContinuousClock.now - snapshotAsked < .milliseconds(500), "the snapshot waited behind the requests")
-        let admissions = await takes.value
-        #expect(admissions.allSatisfy { $0 == .granted }, "\(admissions)")
-        // The first failure (the request timeout, 1 s) lets every waiter go.
-        let took = ContinuousClock.now - started
-        #expect(took < .seconds(3), "100 requests took \(took)")
-        #expect(node.gate.counts == CallGate.Counts(inFlight: 0, waiting: 0))
-        kill(nats.process.processIdentifier, SIGCONT)
-        await node.close()
-        await nats.stop()
     }
 
     /// Anyone who may publish on the cluster's NATS can write the bucket: a value past what the relay
