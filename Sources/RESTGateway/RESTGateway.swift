@@ -50,6 +50,8 @@ public final class RESTGateway: Sendable {
         public var maxBodyBytes = 32 << 20
         /// How long reference data (tickers, exchanges, conditions, holidays) is kept.
         public var referenceTTL: Duration = .seconds(3600)
+        /// The bound on vendor bodies being read at once, shared by the relay's gateways (`nil`: none).
+        public var reading: ReadingBytes?
 
         public init() {}
     }
@@ -263,12 +265,13 @@ public final class RESTGateway: Sendable {
         let started = ContinuousClock.now
         do {
             let (client, headers, timeout, maxBody) = (self.client, dialect.credentialHeaders(credentials), settings.timeout, settings.maxBodyBytes)
+            let reading = settings.reading
             let result = try await RESTDeadline.within(timeout) { () -> Fetched in
                 var request = HTTPClientRequest(url: url)
                 request.headers.add(name: "Accept", value: "application/json")
                 for (name, value) in headers { request.headers.add(name: name, value: value) }
                 let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
-                let body = try await response.body.collect(upTo: maxBody)
+                let body = try await Self.read(response.body, upTo: maxBody, counting: reading)
                 return Fetched(
                     status: Int(response.status.code), body: body,
                     contentType: response.headers.first(name: "Content-Type") ?? "application/json",
@@ -287,6 +290,14 @@ public final class RESTGateway: Sendable {
             return Fetched(
                 status: result.status, body: scrubbed(result.body), contentType: result.contentType,
                 retryAfter: result.status == 429 ? result.retryAfter ?? 1 : nil, fromRelay: false)
+        } catch let refused as ReadingRefused {
+            metrics.upstream(status: 503, took: ContinuousClock.now - started)
+            var busy = Self.made(
+                503, dialect.errorBody(
+                    status: 503,
+                    message: "the relay is reading \(refused.bytes >> 20) MB of REST answers from the vendor already (at most \(refused.limit >> 20) MB at once); retry shortly"))
+            busy.retryAfter = 1
+            return busy
         } catch is RESTDeadline.TimedOut {
             metrics.upstream(status: 504, took: ContinuousClock.now - started)
             return Self.made(504, dialect.errorBody(status: 504, message: "the vendor's REST API did not answer within \(settings.timeout.components.seconds) s"))
@@ -295,6 +306,22 @@ public final class RESTGateway: Sendable {
             logger.warning("REST gateway: \(route.name) failed: \(error)")
             return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API could not be reached"))
         }
+    }
+
+    /// The whole body, at most `maxBytes` (past it `NIOTooManyBytesError`, as `collect(upTo:)`), its
+    /// parts counted in `reading` as they arrive and given back when the read ends.
+    static func read(_ body: HTTPClientResponse.Body, upTo maxBytes: Int, counting reading: ReadingBytes?) async throws -> ByteBuffer {
+        guard let reading else { return try await body.collect(upTo: maxBytes) }
+        var whole = ByteBuffer()
+        var counted = 0
+        defer { reading.give(counted) }
+        for try await part in body {
+            guard whole.readableBytes + part.readableBytes <= maxBytes else { throw NIOTooManyBytesError(maxBytes: maxBytes) }
+            guard reading.take(part.readableBytes, holding: counted) else { throw ReadingRefused(bytes: reading.bytes, limit: reading.limit) }
+            counted += part.readableBytes
+            whole.writeImmutableBuffer(part)
+        }
+        return whole
     }
 
     /// The body with every occurrence of the upstream credentials replaced.

@@ -394,6 +394,8 @@ extension Relay {
         var gatewayConfiguration = RESTGateway.Settings()
         gatewayConfiguration.timeout = gatewaySettings.timeout
         gatewayConfiguration.referenceTTL = gatewaySettings.referenceTTL
+        // The bodies being read from the vendors, together: the same bound as the answers being sent.
+        gatewayConfiguration.reading = ReadingBytes(limit: gatewaySettings.answersInFlightBytes, factory: metricsFactory)
         let values = ServedLiveValues(markets: markets.map(served))
         var gateways: [RESTGateway] = []
         // One gateway per vendor account, each with its dialect and budget; one cache for both.

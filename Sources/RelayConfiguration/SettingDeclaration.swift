@@ -129,7 +129,7 @@ extension RelaySettings {
         .init("rest.cacheMB", env: "RELAY_REST_CACHE_MB", default: "256", "The REST cache's bound; the least recently used answers go first."),
         .init(
             "rest.answersInFlightMB", env: "RELAY_REST_ANSWERS_IN_FLIGHT_MB", default: "256",
-            "The REST answers being sent at once, at most, in megabytes; an answer past it is a 503 (one answer alone always goes)."),
+            "The REST answers being sent at once, at most, in megabytes, and apart the vendor bodies being read; past it a 503 (one alone always goes)."),
         .init(
             "rest.sendTimeoutSeconds", env: "RELAY_REST_SEND_TIMEOUT_SECONDS", default: "30",
             "A REST client that takes longer than this to read 64 KiB of an answer is disconnected (its answer's bytes go back)."),

@@ -191,7 +191,8 @@ public struct GatewaySettings: Sendable, Equatable {
     /// The cache's file (`nil`: no cache), and its bound in bytes.
     public var cachePath: String?
     public var cacheBytes = 256 << 20
-    /// The bytes of answers being sent at once, at most (`rest.answersInFlightMB`).
+    /// The bytes of answers being sent at once, at most, and apart of vendor bodies being read
+    /// (`rest.answersInFlightMB`).
     public var answersInFlightBytes = 256 << 20
     /// A client that takes longer than this to read 64 KiB of an answer is disconnected (`rest.sendTimeoutSeconds`).
     public var sendTimeout: Duration = .seconds(30)

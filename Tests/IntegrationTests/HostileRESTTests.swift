@@ -15,6 +15,8 @@ final class HostileREST: Sendable {
         case json(String)
         /// A 200 whose body (of `length` bytes claimed) comes one byte per `every`.
         case trickle(length: Int, every: Duration)
+        /// A 200 whose body (of `length` bytes claimed) stops after `sent` bytes, held until the peer goes.
+        case held(sent: Int, length: Int)
     }
 
     struct Request: Sendable {
@@ -82,6 +84,12 @@ final class HostileREST: Sendable {
                     Thread.sleep(forTimeInterval: Double(every.components.attoseconds) / 1e18 + Double(every.components.seconds))
                     guard send(connection, " ") else { return }
                 }
+            case .held(let sent, let length):
+                guard send(connection, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(length)\r\nConnection: close\r\n\r\n{")
+                else { return }
+                guard send(connection, String(repeating: " ", count: sent - 1)) else { return }
+                // Until the relay gives up on it (its request timeout) and closes.
+                while buffer.withUnsafeMutableBytes({ recv(connection, $0.baseAddress, $0.count, 0) }) > 0 {}
             }
             return
         }

@@ -345,6 +345,41 @@ struct RESTGatewayTests {
         }
     }
 
+    /// Bodies are read whole before anything is sent: what the vendor is sending, across requests, is
+    /// bounded too. A page the vendor stops sending part way holds its bytes until the request timeout;
+    /// another page that would pass the bound meanwhile is refused, a small answer is not.
+    @Test func bodiesBeingReadFromTheVendorAreBounded() async throws {
+        let hostile = try HostileREST { request, _ in
+            request.target.contains("/range/")
+                ? .held(sent: 900_000, length: 2_000_000) : .json(#"{"status":"OK","results":{"T":"MSFT","p":1.5,"s":1,"t":1}}"#)
+        }
+        defer { hostile.close() }
+        try await Self.withGateway(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(hostile.port)"
+            settings.gateway?.answersInFlightBytes = 1 << 20
+            settings.gateway?.timeout = .seconds(4)
+            settings.metricsPublic = true
+        }) { parts, _, base in
+            let first = Task { try await httpGetWithHeaders("\(base)/v2/aggs/ticker/AAPL/range/1/day/2020-01-01/2020-12-31", key: "client-key") }
+            try await eventually("the first page's bytes to be counted as being read", timeout: .seconds(10)) {
+                await metric(parts.port, "relay_rest_answer_bytes_reading") >= 900_000
+            }
+            // Another page (another range: not the same call) would pass the bound: told to come back.
+            let refused = try await httpGetWithHeaders("\(base)/v2/aggs/ticker/AAPL/range/1/day/2019-01-01/2019-12-31", key: "client-key")
+            #expect(refused.status == 503, "\(refused.body.prefix(300))")
+            #expect(refused.headers["retry-after"] == "1")
+            let saysTheBound = refused.body.contains("reading") && refused.body.contains("at most 1 MB at once")
+            #expect(saysTheBound, "\(refused.body.prefix(300))")
+            #expect(await metric(parts.port, "relay_rest_reads_refused_total") == 1)
+            let small = try await httpGetWithHeaders("\(base)/v2/last/trade/MSFT", key: "client-key")
+            #expect(small.status == 200, "\(small.body)")
+            // The held page ends at the request timeout, and its bytes go back.
+            let timedOut = try await first.value
+            #expect(timedOut.status == 504, "\(timedOut.body.prefix(300))")
+            try await eventually("the held page's bytes to be given back") { await metric(parts.port, "relay_rest_answer_bytes_reading") == 0 }
+        }
+    }
+
     @Test(.enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
     func polygonsOfficialRESTClientWorksThroughTheRelay() async throws {
         try await Self.withGateway { parts, feed, base in
