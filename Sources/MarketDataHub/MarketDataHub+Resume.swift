@@ -9,8 +9,9 @@ public enum HubResume: Sendable, Equatable {
     /// Every event that arrived at or after this Unix ms.
     case time(milliseconds: Int64)
     /// Every event after this market sequence of `epoch` (a tagged session coming back: where its
-    /// connection broke).
-    case marketSequence(epoch: String, UInt64)
+    /// connection broke); a topic in `floors` only after its own, when later (the sequence at which the
+    /// session added it: nothing of it before was the client's).
+    case marketSequence(epoch: String, UInt64, floors: [Topic: UInt64] = [:])
 }
 
 /// What a resume did: what each topic got. Value type, `Sendable`.
@@ -216,8 +217,8 @@ extension MarketDataHub {
                 guard let position = positions[topic], topic.isWildcard || history.hasLine(topic) || history.nextMarketSequence == 1 else { return nil }
                 return ArchiveRequest(topic: topic, since: topic.isWildcard ? .market(position) : .topic(position), until: ArchiveRequest.epochEnd)
             }
-        case .marketSequence(previousEpoch, let sequence):
-            requests = fresh.map { ArchiveRequest(topic: $0, since: .market(sequence), until: ArchiveRequest.epochEnd) }
+        case .marketSequence(previousEpoch, let sequence, let floors):
+            requests = fresh.map { ArchiveRequest(topic: $0, since: .market(max(sequence, floors[$0] ?? 0)), until: ArchiveRequest.epochEnd) }
         default:
             return nil
         }
@@ -270,8 +271,8 @@ extension MarketDataHub {
                 }
             case .time(let milliseconds):
                 wanted.append((topic, .time(milliseconds)))
-            case .marketSequence(let epoch, let sequence):
-                if epoch != self.epoch { epochGaps.append(topic) } else { wanted.append((topic, .market(sequence))) }
+            case .marketSequence(let epoch, let sequence, let floors):
+                if epoch != self.epoch { epochGaps.append(topic) } else { wanted.append((topic, .market(max(sequence, floors[topic] ?? 0)))) }
             }
         }
         return (wanted, epochGaps, plain)

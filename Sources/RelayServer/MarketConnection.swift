@@ -235,7 +235,7 @@ actor MarketConnection {
                 resuming = dependencies.shelf.take(name)
                 if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
                 takingOver = resuming == nil && previous
-                standing.holds([], takenBack: resuming.map { ($0.epoch, $0.resumeAfter, $0.topics) })
+                standing.holds([], takenBack: resuming)
                 let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
                 position.standing = standing
                 handler.value.acknowledgedPosition = position
@@ -326,15 +326,16 @@ actor MarketConnection {
             // Kept for the reconnect: its topics and where it broke, in the epoch of that position (a
             // session it took back and had not resubscribed wholly keeps that one's start and topics;
             // one of an older epoch stands for both, so that they resume as `gap`, never partly).
-            let (kept, resumeAfter) = SessionStanding.kept(
-                epoch: epoch, acknowledged: position.resumeAfter, takenBack: resuming.map { ($0.epoch, $0.resumeAfter) })
+            let kept = SessionStanding.kept(
+                epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: session.topics.union(resuming?.topics ?? []),
+                takenBack: resuming)
             dependencies.logger.debug(
-                "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept)", "resumeAfter": "\(resumeAfter)"])
+                "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept.epoch)", "resumeAfter": "\(kept.resumeAfter)"])
             shelved = (
                 sessionName,
                 SessionShelf.Session(
-                    epoch: kept, resumeAfter: resumeAfter, topics: session.topics.union(resuming?.topics ?? []), brokeAt: .now,
-                    carriedOver: session.carriedOver ?? resuming?.carriedOver)
+                    epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: .now,
+                    carriedOver: session.carriedOver ?? resuming?.carriedOver, floors: kept.floors)
             )
             // The shelved session holds its topics in the key's budget until it is taken back or let go,
             // as the connection did (each is held by this key already, so none is refused): parked
@@ -426,10 +427,13 @@ actor MarketConnection {
                         let now = await hub.position
                         if now.epoch == broken.epoch {
                             handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
+                            // A topic the session added after its start still resumes from where it was added.
+                            handler.value.acknowledgedPosition?.added(
+                                broken.floors.lazy.filter { back.contains($0.key) }.map { ($0.key, $0.value) }, epoch: broken.epoch)
                         } else {
                             handler.value.acknowledgedPosition?.start(at: now.sequence, epoch: now.epoch)
                         }
-                        await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter))
+                        await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
                         // Its topics are this connection's now: the parked subscriber can go, and the
                         // session's hold on them in the key's budget (this connection holds its own).
                         if let parked = broken.parked { await hub.remove(parked) }
@@ -437,17 +441,21 @@ actor MarketConnection {
                         let left = broken.topics.subtracting(back)
                         resuming = left.isEmpty ? nil : SessionShelf.Session(
                             epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt,
-                            carriedOver: broken.carriedOver)
+                            carriedOver: broken.carriedOver, floors: broken.floors.filter { left.contains($0.key) })
                     }
                     if !rest.isEmpty {
                         let added = await hub.add(rest, to: id)
                         handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
+                        handler.value.acknowledgedPosition?.added(rest.lazy.map { ($0, added.sequence) }, epoch: added.epoch)
                     }
                 } else {
                     // From where the topics were added (the same step on the hub): a position read before
                     // could predate their run in the history, and a break then resume as `gap`.
+                    // Added later, a topic resumes from where it was added (the session's position may be
+                    // earlier, and the topic's history not whole before it).
                     let added = await hub.add(topics, to: id)
                     handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
+                    handler.value.acknowledgedPosition?.added(topics.lazy.map { ($0, added.sequence) }, epoch: added.epoch)
                 }
             case .conflate(let mode):
                 if let id = subscription?.id { await hub.setConflation(mode, for: id) }
@@ -477,7 +485,7 @@ actor MarketConnection {
                 dependencies.shelf.shelved()
             }
         }
-        standing?.holds(session.topics, takenBack: resuming.map { ($0.epoch, $0.resumeAfter, $0.topics) })
+        standing?.holds(session.topics, takenBack: resuming)
         finishedChanges()
     }
 

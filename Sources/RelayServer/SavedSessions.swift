@@ -9,12 +9,16 @@ public struct SavedSession: Sendable, Codable, Equatable {
     public var epoch: String
     public var resumeAfter: UInt64
     public var topics: [String]
+    /// Topics added after the session's start, each with the market sequence it was added at, where
+    /// later than `resumeAfter` (absent in files written before it was saved: none).
+    public var floors: [String: UInt64]?
 
-    public init(name: String, epoch: String, resumeAfter: UInt64, topics: [String]) {
+    public init(name: String, epoch: String, resumeAfter: UInt64, topics: [String], floors: [String: UInt64]? = nil) {
         self.name = name
         self.epoch = epoch
         self.resumeAfter = resumeAfter
         self.topics = topics
+        self.floors = floors
     }
 }
 
@@ -34,8 +38,10 @@ extension RelayServer {
     public func checkpointSessions() -> [Market: [SavedSession]] {
         var saved: [Market: [SavedSession]] = [:]
         for route in markets {
-            saved[route.market] = route.shelf.checkpoint().map {
-                SavedSession(name: $0.name, epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: $0.topics.map(\.description).sorted())
+            saved[route.market] = route.shelf.checkpoint().map { name, standing in
+                SavedSession(
+                    name: name, epoch: standing.epoch, resumeAfter: standing.resumeAfter, topics: standing.topics.map(\.description).sorted(),
+                    floors: standing.floors.isEmpty ? nil : Dictionary(standing.floors.map { ($0.key.description, $0.value) }, uniquingKeysWith: max))
             }.sorted { $0.name < $1.name }
         }
         return saved
@@ -59,8 +65,13 @@ extension RelayServer {
             guard !kept.isEmpty else { continue }
             let parked = await route.hub.subscribe(to: Set(kept))
             await route.hub.park(parked.id)
+            var floors: [Topic: UInt64] = [:]
+            for (text, sequence) in saved.floors ?? [:] {
+                if let topic = Topic(parsing: text), kept.contains(topic), sequence > saved.resumeAfter { floors[topic] = sequence }
+            }
             route.shelf.keep(
-                SessionShelf.Session(epoch: saved.epoch, resumeAfter: saved.resumeAfter, topics: Set(kept), brokeAt: .now, parked: parked.id),
+                SessionShelf.Session(
+                    epoch: saved.epoch, resumeAfter: saved.resumeAfter, topics: Set(kept), brokeAt: .now, parked: parked.id, floors: floors),
                 as: saved.name)
             restored += 1
         }

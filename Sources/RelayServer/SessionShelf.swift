@@ -31,6 +31,10 @@ final class SessionShelf: Sendable {
         var parked: SubscriberID?
         /// The protocol's own state for the connection that takes it back (``DownstreamSession/carriedOver``).
         var carriedOver: (any Sendable)?
+        /// Topics added after the session's start, each at the market sequence it was added at, where
+        /// that is past `resumeAfter`: such a topic resumes from there (nothing of it before was the
+        /// client's, and its history may not be whole before it).
+        var floors: [Topic: UInt64] = [:]
     }
 
     /// The kept sessions, and their order of arrival market-wide and per key. Every step is O(1)
@@ -212,15 +216,20 @@ final class SessionShelf: Sendable {
     /// The sessions kept now and those of the tagged connections open now, each where it stands (what
     /// a running relay saves every second, for a start after a crash): a connection's is where its
     /// client has acknowledged, so a session restored from it may replay a little twice, never skip.
-    func checkpoint() -> [(name: String, epoch: String, resumeAfter: UInt64, topics: Set<Topic>)] {
+    func checkpoint() -> [(name: String, standing: SessionStanding.Now)] {
         // The open ones first: a connection that closes meanwhile is kept on the shelf before it
         // leaves the open ones, so it is found in one or the other.
         let open = live.withLock { live in live.compactMap { name, entry in entry.standing.map { (name, $0) } } }
-        var all = shelf.withLock { shelf in shelf.sessions.map { ($0.key, $0.value.session.epoch, $0.value.session.resumeAfter, $0.value.session.topics) } }
+        var all = shelf.withLock { shelf in
+            shelf.sessions.map { name, kept in
+                let session = kept.session
+                return (name, SessionStanding.Now(epoch: session.epoch, resumeAfter: session.resumeAfter, topics: session.topics, floors: session.floors))
+            }
+        }
         let openNames = Set(open.map(\.0))
         all.removeAll { openNames.contains($0.0) }
         for (name, standing) in open {
-            if let now = standing.now, !now.topics.isEmpty { all.append((name, now.epoch, now.resumeAfter, now.topics)) }
+            if let now = standing.now, !now.topics.isEmpty { all.append((name, now)) }
         }
         return all
     }
@@ -244,23 +253,33 @@ final class SessionShelf: Sendable {
 /// start stands for those). `Sendable` behind a `Mutex` (written on the connection's loop, read by the
 /// checkpoint once a second).
 final class SessionStanding: Sendable {
+    /// Where a session stands: as it would be shelved.
+    struct Now: Sendable, Equatable {
+        var epoch: String
+        var resumeAfter: UInt64
+        var topics: Set<Topic>
+        var floors: [Topic: UInt64]
+    }
+
     private struct State {
         var epoch: String?
         var acknowledged: UInt64 = 0
+        var floors: [Topic: UInt64] = [:]
         var topics: Set<Topic> = []
-        var takenBack: (epoch: String, resumeAfter: UInt64, topics: Set<Topic>)?
+        var takenBack: SessionShelf.Session?
     }
 
     private let state = Mutex(State())
 
-    func acknowledged(_ sequence: UInt64, epoch: String?) {
+    func acknowledged(_ sequence: UInt64, epoch: String?, floors: [Topic: UInt64]) {
         state.withLock {
             $0.acknowledged = sequence
             $0.epoch = epoch
+            $0.floors = floors
         }
     }
 
-    func holds(_ topics: Set<Topic>, takenBack: (epoch: String, resumeAfter: UInt64, topics: Set<Topic>)?) {
+    func holds(_ topics: Set<Topic>, takenBack: SessionShelf.Session?) {
         state.withLock {
             $0.topics = topics
             $0.takenBack = takenBack
@@ -268,21 +287,31 @@ final class SessionStanding: Sendable {
     }
 
     /// Where it stands (as the connection's close would shelve it), once it stands in an epoch.
-    var now: (epoch: String, resumeAfter: UInt64, topics: Set<Topic>)? {
+    var now: Now? {
         state.withLock { state in
             let topics = state.topics.union(state.takenBack?.topics ?? [])
-            guard let epoch = state.epoch, !epoch.isEmpty else { return state.takenBack.map { ($0.epoch, $0.resumeAfter, topics) } }
-            let kept = Self.kept(epoch: epoch, acknowledged: state.acknowledged, takenBack: state.takenBack.map { ($0.epoch, $0.resumeAfter) })
-            return (kept.epoch, kept.resumeAfter, topics)
+            guard let epoch = state.epoch, !epoch.isEmpty else {
+                return state.takenBack.map { Now(epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: topics, floors: $0.floors) }
+            }
+            return Self.kept(epoch: epoch, acknowledged: state.acknowledged, floors: state.floors, topics: topics, takenBack: state.takenBack)
         }
     }
 
-    /// Where a tagged session stands when its connection stands at `acknowledged` in `epoch`, having
-    /// taken back a session (`takenBack`) whose topics are not all subscribed again: that one's start
-    /// holds in the same epoch; one of an older epoch stands for both (they resume as `gap`, never partly).
-    static func kept(epoch: String, acknowledged: UInt64, takenBack: (epoch: String, resumeAfter: UInt64)?) -> (epoch: String, resumeAfter: UInt64) {
-        guard let takenBack else { return (epoch, acknowledged) }
-        return takenBack.epoch == epoch ? (epoch, min(acknowledged, takenBack.resumeAfter)) : takenBack
+    /// Where a tagged session stands when its connection stands at `acknowledged` in `epoch` (with the
+    /// `floors` of topics it added since), holding `topics`, having taken back a session (`takenBack`)
+    /// whose topics are not all subscribed again: that one's start (and floors) hold in the same epoch;
+    /// one of an older epoch stands for both (they resume as `gap`, never partly).
+    static func kept(
+        epoch: String, acknowledged: UInt64, floors: [Topic: UInt64], topics: Set<Topic>, takenBack: SessionShelf.Session?
+    ) -> Now {
+        guard let takenBack else { return Now(epoch: epoch, resumeAfter: acknowledged, topics: topics, floors: floors) }
+        guard takenBack.epoch == epoch else {
+            return Now(epoch: takenBack.epoch, resumeAfter: takenBack.resumeAfter, topics: topics, floors: takenBack.floors)
+        }
+        let resumeAfter = min(acknowledged, takenBack.resumeAfter)
+        // A floor at or before where the session resumes says nothing more.
+        let merged = takenBack.floors.merging(floors) { _, own in own }.filter { $0.value > resumeAfter && topics.contains($0.key) }
+        return Now(epoch: epoch, resumeAfter: resumeAfter, topics: topics, floors: merged)
     }
 }
 
@@ -314,6 +343,10 @@ final class AcknowledgedPosition {
     /// The epoch of the newest write.
     private var writingEpoch: String?
     private var lastAcknowledgedBytes: UInt64 = 0
+    /// Topics added after the start, each at the market sequence it was added at, while that is past
+    /// ``resumeAfter`` in its epoch: nothing of such a topic before it was the client's, so a resume
+    /// takes it from there (its history may not be whole before it).
+    private(set) var floors: [Topic: UInt64] = [:]
 
     /// - Parameter start: the market sequence before anything this connection will be sent.
     init(start: UInt64, marginBytes: Int) {
@@ -342,7 +375,19 @@ final class AcknowledgedPosition {
             acknowledged = max(acknowledged, sequence)
             acknowledgedEpoch = epoch
         }
-        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch)
+        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
+    }
+
+    /// Topics were added after the start, each at the market sequence given (in `epoch`): those past
+    /// where the client stands resume from there.
+    func added(_ added: some Sequence<(Topic, UInt64)>, epoch: String?) {
+        guard started, (epoch ?? "") == (acknowledgedEpoch ?? "") else { return }
+        var changed = false
+        for (topic, sequence) in added where sequence > acknowledged {
+            floors[topic] = sequence
+            changed = true
+        }
+        if changed { standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors) }
     }
 
     private var started = false
@@ -364,6 +409,7 @@ final class AcknowledgedPosition {
     }
 
     private func advance(to acknowledgedBytes: UInt64) {
+        let epochBefore = acknowledgedEpoch
         lastAcknowledgedBytes = max(lastAcknowledgedBytes, acknowledgedBytes)
         let safe = lastAcknowledgedBytes > marginBytes ? lastAcknowledgedBytes - marginBytes : 0
         var taken = 0
@@ -375,7 +421,9 @@ final class AcknowledgedPosition {
         }
         if taken > 0 {
             marks.removeFirst(taken)
-            standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch)
+            // Floors of another epoch, or passed, say nothing more.
+            if !floors.isEmpty { floors = acknowledgedEpoch == epochBefore ? floors.filter { $0.value > acknowledged } : [:] }
+            standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
         }
     }
 

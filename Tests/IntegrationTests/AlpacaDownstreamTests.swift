@@ -369,6 +369,49 @@ struct AlpacaDownstreamTests {
         }
     }
 
+    /// A symbol the session subscribed after its first resumes whole too. The session's position may be
+    /// before that subscribe (the client acknowledged nothing past the margin since), and the relay
+    /// holds the symbol's history whole only from its subscribe (it was received before, for nobody):
+    /// the symbol resumes from where it was added.
+    @Test func aSymbolSubscribedLaterInATaggedSessionResumesWhole() async throws {
+        try await withAlpacaRelay(history: HistoryLimits()) { port, _ in
+            func connect(_ symbols: String) async throws -> WSTestClient {
+                let client = WSTestClient(url: "ws://127.0.0.1:\(port)/v2/iex")
+                _ = try await client.nextFrame()
+                client.send(#"{"action":"auth","key":"client-key#later","secret":"any"}"#)
+                #expect(try await client.nextFrame().contains("authenticated"))
+                client.send(#"{"action":"subscribe","trades":[\#(symbols)]}"#)
+                return client
+            }
+            /// The `_s` of `symbol`'s trades until `count` are seen, and every relay status on the way.
+            func positions(_ client: WSTestClient, _ symbol: String, count: Int) async throws -> (seen: [Int64], statuses: [String]) {
+                var seen: [Int64] = []
+                var statuses: [String] = []
+                while seen.count < count {
+                    let frame = try JSONSerialization.jsonObject(with: Data(try await client.nextFrame().utf8)) as? [[String: Any]] ?? []
+                    seen += frame.filter { $0["T"] as? String == "t" && $0["S"] as? String == symbol }.compactMap { ($0["_s"] as? NSNumber)?.int64Value }
+                    statuses += frame.filter { $0["T"] as? String == "relay" }.compactMap { $0["status"] as? String }
+                }
+                return (seen, statuses)
+            }
+            let first = try await connect(#""AAPL""#)
+            _ = try await positions(first, "AAPL", count: 3)
+            first.send(#"{"action":"subscribe","trades":["MSFT"]}"#)
+            let before = try await positions(first, "MSFT", count: 5).seen
+            await first.close()
+            // Trades go on while nobody holds the session.
+            try await Task.sleep(for: .milliseconds(300))
+            let second = try await connect(#""AAPL","MSFT""#)
+            let (after, statuses) = try await positions(second, "MSFT", count: 20)
+            await second.close()
+            #expect(!statuses.contains("gap"), "MSFT resumed whole: \(statuses)")
+            let last = try #require(before.max())
+            #expect(try #require(after.first) <= last + 1, "resumed at or before where it broke: \(before.suffix(3)) then \(after.prefix(3))")
+            let all = Set(before + after)
+            #expect(all == Set((before.min() ?? 0)...(after.max() ?? 0)), "no position missing across the break")
+        }
+    }
+
     @Test func aTaggedSessionResumesWhereItBrokeWithContiguousPositions() async throws {
         try await withAlpacaRelay(history: HistoryLimits()) { port, _ in
             func connect() async throws -> WSTestClient {

@@ -145,6 +145,27 @@ struct HubHistoryTests {
         #expect(fromAdded.gaps.isEmpty && fromAdded.replayed == [topic("T.AAPL"): 3], "every event since the topics were added")
     }
 
+    @Test func aTopicAddedLaterResumesFromItsFloorNotFromTheSessionsPosition() async throws {
+        let hub = MarketDataHub(wire: .polygon)
+        // T.MSFT was received before anyone held it (its run starts again when it is wanted).
+        await hub.publish([event("T", "MSFT", 1)])
+        let connection = await hub.subscribe()
+        let start = await hub.add([topic("T.AAPL")], to: connection.id)
+        let epoch = try #require(start.epoch)
+        await hub.publish([event("T", "AAPL", 1), event("Q", "NVDA", 1)])
+        let later = await hub.add([topic("T.MSFT")], to: connection.id)
+        await hub.publish([event("T", "MSFT", 2), event("T", "AAPL", 2), event("T", "MSFT", 3)])
+        await hub.park(connection.id)
+        let back = await hub.subscribe()
+        let outcome = await hub.add(
+            [topic("T.AAPL"), topic("T.MSFT")], to: back.id,
+            resuming: .marketSequence(epoch: epoch, start.sequence, floors: [topic("T.MSFT"): later.sequence]))
+        #expect(outcome.gaps.isEmpty && outcome.replayed == [topic("T.AAPL"): 2, topic("T.MSFT"): 2], "\(outcome)")
+        let without = await hub.subscribe()
+        let gapped = await hub.add([topic("T.MSFT")], to: without.id, resuming: .marketSequence(epoch: epoch, start.sequence))
+        #expect(gapped.gaps == [topic("T.MSFT")], "from the session's position alone, T.MSFT's run is not whole")
+    }
+
     @Test func aParkedSubscriberKeepsItsTopicsWholeAndGetsNothing() async throws {
         let hub = MarketDataHub(wire: .polygon)
         let first = await hub.subscribe(to: topics("T.AAPL"))

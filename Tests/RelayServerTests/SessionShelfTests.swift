@@ -1,3 +1,5 @@
+import Foundation
+import MarketCore
 import MarketDataHub
 import PolygonWire
 import Synchronization
@@ -122,6 +124,43 @@ struct AcknowledgedPositionTests {
         position.wrote(socketBytes: 800, sequence: 42, acknowledgedBytes: 800)
         position.start(at: 40, epoch: "e1")
         #expect(position.resumeAfter == 42 && position.epoch == "e1")
+    }
+
+    @Test func aTopicAddedLaterStandsWhereItWasAddedUntilTheClientIsPastIt() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.added([(aapl, UInt64(5))], epoch: "e1")
+        #expect(position.floors.isEmpty, "not before the start")
+        position.start(at: 10, epoch: "e1")
+        position.added([(aapl, UInt64(10)), (msft, UInt64(40))], epoch: "e1")
+        #expect(position.floors == [msft: 40], "only where it was added past where the client stands")
+        position.added([(aapl, UInt64(45))], epoch: "e2")
+        #expect(position.floors == [msft: 40], "not of another epoch")
+        position.wrote(socketBytes: 1_000, sequence: 30, acknowledgedBytes: 1_000)
+        #expect(position.resumeAfter == 30 && position.floors == [msft: 40])
+        position.wrote(socketBytes: 2_000, sequence: 41, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 41 && position.floors.isEmpty, "passed: it says nothing more")
+    }
+
+    @Test func aKeptSessionMergesTheFloorsOfTheSessionItTookBack() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let nvda = try #require(Topic(parsing: "T.NVDA"))
+        let takenBack = SessionShelf.Session(epoch: "e1", resumeAfter: 20, topics: [msft], brokeAt: .now, floors: [msft: 35])
+        let kept = SessionStanding.kept(epoch: "e1", acknowledged: 50, floors: [nvda: 60], topics: [aapl, msft, nvda], takenBack: takenBack)
+        #expect(kept == SessionStanding.Now(epoch: "e1", resumeAfter: 20, topics: [aapl, msft, nvda], floors: [msft: 35, nvda: 60]))
+        let older = SessionStanding.kept(epoch: "e2", acknowledged: 5, floors: [nvda: 6], topics: [aapl, msft, nvda], takenBack: takenBack)
+        #expect(older.epoch == "e1" && older.resumeAfter == 20 && older.floors == [msft: 35], "an older epoch stands for both")
+    }
+
+    @Test func aSavedSessionKeepsItsFloorsAndAFileWithoutThemStillReads() throws {
+        let saved = SavedSession(name: "key-1#desk", epoch: "e1", resumeAfter: 20, topics: ["T.AAPL", "T.MSFT"], floors: ["T.MSFT": 35])
+        let again = try JSONDecoder().decode(SavedSession.self, from: JSONEncoder().encode(saved))
+        #expect(again == saved)
+        let older = #"{"name":"key-1#desk","epoch":"e1","resumeAfter":20,"topics":["T.AAPL"]}"#
+        let read = try JSONDecoder().decode(SavedSession.self, from: Data(older.utf8))
+        #expect(read.floors == nil && read.resumeAfter == 20)
     }
 
     @Test func aNoticeWithNoEventOfTheNewEpochYetStandsAtItsStart() {
