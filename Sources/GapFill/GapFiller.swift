@@ -36,7 +36,9 @@ public struct GapFillSettings: Sendable, Equatable {
 ///
 /// One fill at a time per market, and at most one request waiting for it: a newer request takes the
 /// waiting one's place, since the hub's ledger makes each request cover every gap not filled yet and
-/// its end settles the earlier ones. An upstream that drops its connection every few seconds, or a REST
+/// its end settles the earlier ones. Except when the newer one spans more than a fill covers
+/// (`maxWindow`) and the waiting one does not: the waiting one is filled, then the newer one told
+/// skipped (two waiting at most). An upstream that drops its connection every few seconds, or a REST
 /// host slow enough that each fill takes its whole `maxDuration`, thus never piles up fills (each
 /// holding its topics' last events, each spending REST calls on windows long settled). Requests go
 /// through the REST client's gate below interactive ones (`bulk`) and through a ``RequestPace`` shared
@@ -48,9 +50,10 @@ public actor GapFiller {
     private let pace: RequestPace
     private let settings: GapFillSettings
     private let logger: Logger
-    /// The fills under way (one, then the one waiting, if any), and the request waiting for it.
+    /// The fills under way (one, then those waiting, if any), and the requests waiting for it: one, or
+    /// one that fits the window before a newer one that does not.
     private var running: Task<Void, Never>?
-    private var waiting: GapFillRequest?
+    private var waiting: [GapFillRequest] = []
     /// The newest request's generation taken so far: requests reach the actor on tasks of their own,
     /// not always in order, and an older one covers less.
     private var newest = 0
@@ -105,7 +108,7 @@ public actor GapFiller {
         outlet = nil
         running?.cancel()
         running = nil
-        waiting = nil
+        waiting = []
     }
 
     /// Fills `request` now, or after the fill under way, in place of any request waiting already.
@@ -118,8 +121,16 @@ public actor GapFiller {
         }
         newest = request.generation
         guard running == nil else {
-            if waiting != nil { fillsMerged.increment() }
-            waiting = request
+            if let last = waiting.last, fits(last), !fits(request) {
+                // It reaches back to the waiting one's gaps and past the window: filled alone, the
+                // waiting one's gaps would go unfilled with it.
+                waiting = [last, request]
+            } else if waiting.isEmpty {
+                waiting = [request]
+            } else {
+                fillsMerged.increment()
+                waiting[waiting.count - 1] = request
+            }
             return
         }
         running = Task { await fillInTurn(request, into: outlet) }
@@ -131,10 +142,14 @@ public actor GapFiller {
             await fill(request, into: outlet)
             // Stopped: `stop()` let go of this task and what waited.
             if Task.isCancelled { return }
-            next = waiting
-            waiting = nil
+            next = waiting.isEmpty ? nil : waiting.removeFirst()
         }
         running = nil
+    }
+
+    /// Whether `request`'s window is one a fill covers.
+    private func fits(_ request: GapFillRequest) -> Bool {
+        Duration.milliseconds(request.through - request.from) <= settings.maxWindow
     }
 
     /// Waits for the fills under way and waiting now (tests).
@@ -146,8 +161,7 @@ public actor GapFiller {
     /// publisher). Ends early, without a summary, when its task is cancelled.
     public func fill(_ request: GapFillRequest, into outlet: any RecoveryOutlet) async {
         let started = ContinuousClock.now
-        let window = Duration.milliseconds(request.through - request.from)
-        guard window <= settings.maxWindow else {
+        guard fits(request) else {
             fillsSkipped.increment()
             await outlet.noteFillSkipped(generation: request.generation)
             logger.warning(

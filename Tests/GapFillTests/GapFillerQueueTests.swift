@@ -81,4 +81,31 @@ struct GapFillerQueueTests {
         #expect(history.asked.withLock { $0.map(\.lowerBound) } == [1_000_000, 4_000_000], "no REST call for the windows replaced")
         await filler.stop()
     }
+
+    /// A newer request that reaches back past what a fill covers (the waiting one's gaps and more) does
+    /// not take the waiting one's place: that one is filled, then the newer one is told skipped.
+    @Test func aNewerRequestPastTheWindowDoesNotTakeAFittingOnesPlace() async throws {
+        let history = HeldHistory()
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        var settings = GapFillSettings()
+        settings.maxWindow = .seconds(60)
+        let filler = GapFiller(market: .stocks, hub: hub, history: history, pace: RequestPace(perSecond: 1_000), settings: settings)
+        let ends = Ends()
+        await filler.start(into: ends)
+        let topic = try #require(Topic(parsing: "T.AAPL"))
+        func request(_ generation: Int, from: Int64, through: Int64) -> GapFillRequest {
+            GapFillRequest(from: from, through: through, topics: [.init(topic: topic, holders: 1, lastBefore: nil)], generation: generation)
+        }
+        await filler.enqueue(request(1, from: 1_000_000, through: 1_005_000))
+        try await eventually("the first fill to ask for its page") { history.asked.withLock { $0.count } == 1 }
+        await filler.enqueue(request(2, from: 2_000_000, through: 2_005_000))
+        // Each later one covers the second's gaps and spans more than a minute: the last one waits after it.
+        await filler.enqueue(request(3, from: 2_000_000, through: 2_090_000))
+        await filler.enqueue(request(4, from: 2_000_000, through: 2_095_000))
+        history.release()
+        await filler.idle()
+        #expect(ends.generations.withLock { $0 } == [1, 2, 4], "the fitting one filled, then the newest told skipped")
+        #expect(history.asked.withLock { $0.map(\.lowerBound) } == [1_000_000, 2_000_000])
+        await filler.stop()
+    }
 }
