@@ -20,6 +20,15 @@ public struct HubResumeOutcome: Sendable, Equatable {
     public var replayed: [Topic: Int] = [:]
     /// Topics whose missed events were not all held (or whose epoch had changed): told `gap`.
     public var gaps: [Topic] = []
+    /// The market position as the topics were added live (the same step): the subscriber has every event
+    /// of them after it.
+    public var epoch: String?
+    public var sequence: UInt64 = 0
+
+    public init(replayed: [Topic: Int] = [:], gaps: [Topic] = []) {
+        self.replayed = replayed
+        self.gaps = gaps
+    }
 }
 
 /// What a hub's resumes and conflation did since start. Value type, `Sendable`.
@@ -117,6 +126,7 @@ extension MarketDataHub {
         // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
         let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
         add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) })
+        (outcome.epoch, outcome.sequence) = position
         return outcome
     }
 
@@ -288,7 +298,7 @@ extension MarketDataHub {
         var details: [String: Notice.Value] = [:]
         if let epoch { details["epoch"] = .text(epoch) }
         let notice = Notice(.gap, message: "not resumed (\(shown)): \(why); subscribed live", details: details)
-        let outcome = HubResumeOutcome(replayed: [:], gaps: names)
+        var outcome = HubResumeOutcome(replayed: [:], gaps: names)
         enqueue(HubDelivery([wire.render(notice), wire.render(resumedStatus(outcome))]), to: subscriber)
         metrics.gaps.increment(by: names.count)
         metrics.resumedWithGaps.increment()
@@ -296,6 +306,7 @@ extension MarketDataHub {
         resumeCounts.withGaps += 1
         resumeCounts.gaps += names.count
         add(asked.union(plain), to: subscriber.id, snapshot: { _ in true })
+        (outcome.epoch, outcome.sequence) = position
         return outcome
     }
 

@@ -13,6 +13,8 @@ public final class GatewayCache: Sendable {
     public let maxBytes: Int
     private let queue: DatabasePool
     private let total: Mutex<Int>
+    /// The bytes of the cursors remembered (their text), within ``maxCursorBytes``.
+    private let cursorTotal: Mutex<Int>
 
     public struct Entry: Sendable {
         public var body: ByteBuffer
@@ -45,6 +47,7 @@ public final class GatewayCache: Sendable {
         try migrator.migrate(queue)
         let bytes = try queue.read { db in try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(bytes), 0) FROM answers") ?? 0 }
         total = Mutex(bytes)
+        cursorTotal = Mutex(try queue.read { db in try Self.cursorBytes(db) })
     }
 
     /// The bytes of the answers held.
@@ -107,6 +110,10 @@ public final class GatewayCache: Sendable {
                     }
                 }
                 try db.execute(sql: "DELETE FROM cursors WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [now])
+                if db.changesCount > 0 {
+                    let cursors = try Self.cursorBytes(db)
+                    self.cursorTotal.withLock { $0 = cursors }
+                }
                 self.total.withLock { $0 = held }
             }
         } catch {
@@ -117,15 +124,38 @@ public final class GatewayCache: Sendable {
     /// The cursors remembered at most (the oldest are forgotten first: their pages then pass through).
     public static let maxCursors = 100_000
 
-    /// Remembers that the pages these cursors name may be cached as the answer that named them.
+    /// The bytes of cursors remembered at most: an eighth of the cache's bound, beside its answers (a
+    /// cursor is up to 4 KiB; 100,000 of them would be 400 MB outside the bound).
+    public var maxCursorBytes: Int { maxBytes / 8 }
+
+    /// The bytes of the cursors remembered now.
+    public var cursorBytes: Int { cursorTotal.withLock { $0 } }
+
+    /// Remembers that the pages these cursors name may be cached as the answer that named them; the
+    /// oldest cursors are forgotten past ``maxCursors`` or ``maxCursorBytes``.
     public func remember(cursors: [String], expires: Int64?) async {
         guard !cursors.isEmpty else { return }
+        let maxCursorBytes = self.maxCursorBytes
         try? await queue.write { db in
+            var held = self.cursorTotal.withLock { $0 }
             for cursor in cursors.prefix(16) where cursor.utf8.count <= 4096 {
+                let known = try Bool.fetchOne(db, sql: "SELECT 1 FROM cursors WHERE cursor = ?", arguments: [cursor]) ?? false
                 try db.execute(sql: "INSERT OR REPLACE INTO cursors(cursor, expires_at) VALUES (?, ?)", arguments: [cursor, expires])
+                if !known { held += cursor.utf8.count }
             }
             try db.execute(sql: "DELETE FROM cursors WHERE rowid <= (SELECT MAX(rowid) FROM cursors) - ?", arguments: [Self.maxCursors])
+            if db.changesCount > 0 { held = try Self.cursorBytes(db) }
+            while held > maxCursorBytes {
+                try db.execute(sql: "DELETE FROM cursors WHERE rowid IN (SELECT rowid FROM cursors ORDER BY rowid LIMIT 16)")
+                guard db.changesCount > 0 else { break }
+                held = try Self.cursorBytes(db)
+            }
+            self.cursorTotal.withLock { $0 = held }
         }
+    }
+
+    private static func cursorBytes(_ db: Database) throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(LENGTH(CAST(cursor AS BLOB))), 0) FROM cursors") ?? 0
     }
 
     /// How long the page a cursor names may be cached: `.some(nil)` forever, `.some(t)` until `t`,

@@ -182,7 +182,7 @@ public final class RESTGateway: Sendable {
             metrics.count(route: route.name, outcome: "coalesced")
             metrics.saved()
         } else {
-            metrics.count(route: route.name, outcome: result.fromRelay ? (result.status == 429 ? "budget" : "failed") : "upstream")
+            metrics.count(route: route.name, outcome: result.fromRelay ? Self.outcome(ofRelayStatus: result.status) : "upstream")
         }
         var answer = GatewayAnswer(
             status: result.status, body: result.body, contentType: result.contentType, retryAfter: result.retryAfter,
@@ -291,7 +291,7 @@ public final class RESTGateway: Sendable {
                 status: result.status, body: scrubbed(result.body), contentType: result.contentType,
                 retryAfter: result.status == 429 ? result.retryAfter ?? 1 : nil, fromRelay: false)
         } catch let refused as ReadingRefused {
-            metrics.upstream(status: 503, took: ContinuousClock.now - started)
+            // The vendor answered; the relay would not hold more of it (not the vendor's status).
             var busy = Self.made(
                 503, dialect.errorBody(
                     status: 503,
@@ -333,6 +333,16 @@ public final class RESTGateway: Sendable {
             changed = true
         }
         return changed ? ByteBuffer(string: text) : body
+    }
+
+    /// A request's outcome when the relay made its answer: `budget` (429), `reading` (503: the bound on
+    /// bodies being read), else `failed`.
+    static func outcome(ofRelayStatus status: Int) -> String {
+        switch status {
+        case 429: "budget"
+        case 503: "reading"
+        default: "failed"
+        }
     }
 
     private static func made(_ status: Int, _ body: ByteBuffer) -> Fetched {

@@ -138,7 +138,7 @@ extension RelaySettings {
         .init("tape.enabled", flag: "no-tape", .presence("false"), env: "RELAY_TAPE", default: "true", "Record every market's events on the tape (--no-tape: do not)."),
         .init("tape.dir", flag: "tape-dir", env: "RELAY_TAPE_DIR", default: "the data directory's tape/", "Where the tape is kept: a folder per market, a file per UTC day."),
         .init("tape.retentionDays", env: "RELAY_TAPE_RETENTION_DAYS", default: "7", "Days of tape kept per market (today's included); older days are deleted, oldest first."),
-        .init("tape.maxGB", env: "RELAY_TAPE_MAX_GB", default: "20", "Gigabytes of tape kept per market; past them the oldest days are deleted (never today's)."),
+        .init("tape.maxGB", env: "RELAY_TAPE_MAX_GB", default: "20", "Gigabytes of tape kept per market; past them the oldest days are deleted, and today's file stops at them (recording waits for the next UTC day)."),
         .init("tape.replicas", env: "RELAY_TAPE_REPLICAS", default: "1", "On a cluster: the tape stream's replicas on the NATS servers (1 to 5)."),
         .init(
             "tape.flushMs", env: "RELAY_TAPE_FLUSH_MS", default: "500",

@@ -423,17 +423,20 @@ actor MarketConnection {
                     let back = topics.filter { broken.topics.contains($0) }
                     let rest = topics.filter { !broken.topics.contains($0) }
                     if !back.isEmpty {
-                        // From where it broke; from now if the epoch changed since (the resume is `gap` then).
-                        let now = await hub.position
-                        if now.epoch == broken.epoch {
+                        // From where it broke (each topic added after the session's start from where it was
+                        // added); from where they are added live if the epoch changed since (the resume is
+                        // `gap` then).
+                        let sameEpoch = hub.epoch == broken.epoch
+                        if sameEpoch {
                             handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
-                            // A topic the session added after its start still resumes from where it was added.
                             handler.value.acknowledgedPosition?.added(
-                                broken.floors.lazy.filter { back.contains($0.key) }.map { ($0.key, $0.value) }, epoch: broken.epoch)
-                        } else {
-                            handler.value.acknowledgedPosition?.start(at: now.sequence, epoch: now.epoch)
+                                back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
                         }
-                        await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
+                        let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
+                        if !sameEpoch {
+                            handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
+                            handler.value.acknowledgedPosition?.added(back.lazy.map { ($0, resumed.sequence) }, epoch: resumed.epoch)
+                        }
                         // Its topics are this connection's now: the parked subscriber can go, and the
                         // session's hold on them in the key's budget (this connection holds its own).
                         if let parked = broken.parked { await hub.remove(parked) }
@@ -463,6 +466,7 @@ actor MarketConnection {
                 if let id = subscription?.id { await hub.setBufferLimit(events, for: id) }
             case .remove(let topics):
                 if let id = subscription?.id { await hub.remove(topics, from: id) }
+                handler.value.acknowledgedPosition?.removed(topics)
             case .leave:
                 if let id = subscription?.id { await hub.remove(id) }
                 if let parked = resuming?.parked { await hub.remove(parked) }
@@ -470,6 +474,17 @@ actor MarketConnection {
                 resuming = nil
                 subscription = nil
             case .shelve(let name, var session):
+                // Where it stands now: an add still on its way at the close has counted since (a first
+                // add's start, a later one's floor).
+                if let position = handler.value.acknowledgedPosition,
+                    let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch
+                {
+                    let kept = SessionStanding.kept(
+                        epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: session.topics, takenBack: resuming)
+                    session = SessionShelf.Session(
+                        epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: session.brokeAt,
+                        carriedOver: session.carriedOver, floors: kept.floors)
+                }
                 // Parked first, so its topics never stop being wanted; then shelved; then no longer open.
                 if let id = subscription?.id {
                     await hub.park(id)

@@ -304,14 +304,16 @@ final class SessionStanding: Sendable {
     static func kept(
         epoch: String, acknowledged: UInt64, floors: [Topic: UInt64], topics: Set<Topic>, takenBack: SessionShelf.Session?
     ) -> Now {
-        guard let takenBack else { return Now(epoch: epoch, resumeAfter: acknowledged, topics: topics, floors: floors) }
+        // A floor at or before where the session resumes says nothing more.
+        func past(_ floors: [Topic: UInt64], _ resumeAfter: UInt64) -> [Topic: UInt64] {
+            floors.filter { $0.value > resumeAfter && topics.contains($0.key) }
+        }
+        guard let takenBack else { return Now(epoch: epoch, resumeAfter: acknowledged, topics: topics, floors: past(floors, acknowledged)) }
         guard takenBack.epoch == epoch else {
-            return Now(epoch: takenBack.epoch, resumeAfter: takenBack.resumeAfter, topics: topics, floors: takenBack.floors)
+            return Now(epoch: takenBack.epoch, resumeAfter: takenBack.resumeAfter, topics: topics, floors: past(takenBack.floors, takenBack.resumeAfter))
         }
         let resumeAfter = min(acknowledged, takenBack.resumeAfter)
-        // A floor at or before where the session resumes says nothing more.
-        let merged = takenBack.floors.merging(floors) { _, own in own }.filter { $0.value > resumeAfter && topics.contains($0.key) }
-        return Now(epoch: epoch, resumeAfter: resumeAfter, topics: topics, floors: merged)
+        return Now(epoch: epoch, resumeAfter: resumeAfter, topics: topics, floors: past(takenBack.floors.merging(floors) { _, own in own }, resumeAfter))
     }
 }
 
@@ -343,10 +345,15 @@ final class AcknowledgedPosition {
     /// The epoch of the newest write.
     private var writingEpoch: String?
     private var lastAcknowledgedBytes: UInt64 = 0
-    /// Topics added after the start, each at the market sequence it was added at, while that is past
-    /// ``resumeAfter`` in its epoch: nothing of such a topic before it was the client's, so a resume
-    /// takes it from there (its history may not be whole before it).
-    private(set) var floors: [Topic: UInt64] = [:]
+    /// Per epoch (the acknowledged one and the one being written, at most), each topic this connection
+    /// holds at the market sequence it was added at: nothing of it before was the client's, so a resume
+    /// takes it from there when that is past where the session resumes (its history may not be whole
+    /// before it). Kept while the connection holds the topic, not only until the client is past it: a
+    /// session it took back may make the whole session resume from earlier.
+    private var floorsByEpoch: [String: [Topic: UInt64]] = [:]
+
+    /// The floors of the epoch the client stands in.
+    var floors: [Topic: UInt64] { floorsByEpoch[acknowledgedEpoch ?? ""] ?? [:] }
 
     /// - Parameter start: the market sequence before anything this connection will be sent.
     init(start: UInt64, marginBytes: Int) {
@@ -378,16 +385,24 @@ final class AcknowledgedPosition {
         standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
     }
 
-    /// Topics were added after the start, each at the market sequence given (in `epoch`): those past
-    /// where the client stands resume from there.
+    /// Topics were added, each at the market sequence given (in `epoch`, the one the client stands in or
+    /// the one being written). A topic held already keeps its floor (a subscribe again changes nothing).
     func added(_ added: some Sequence<(Topic, UInt64)>, epoch: String?) {
-        guard started, (epoch ?? "") == (acknowledgedEpoch ?? "") else { return }
-        var changed = false
-        for (topic, sequence) in added where sequence > acknowledged {
-            floors[topic] = sequence
-            changed = true
+        let key = epoch ?? ""
+        guard started, key == (acknowledgedEpoch ?? "") || key == (writingEpoch ?? "") else { return }
+        var floors = floorsByEpoch[key] ?? [:]
+        for (topic, sequence) in added where floors[topic] == nil { floors[topic] = sequence }
+        floorsByEpoch[key] = floors
+        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: self.floors)
+    }
+
+    /// Topics were removed: added again, they start from there.
+    func removed(_ topics: some Sequence<Topic>) {
+        guard !floorsByEpoch.isEmpty else { return }
+        for topic in topics {
+            for key in floorsByEpoch.keys { floorsByEpoch[key]?[topic] = nil }
         }
-        if changed { standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors) }
+        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
     }
 
     private var started = false
@@ -421,8 +436,10 @@ final class AcknowledgedPosition {
         }
         if taken > 0 {
             marks.removeFirst(taken)
-            // Floors of another epoch, or passed, say nothing more.
-            if !floors.isEmpty { floors = acknowledgedEpoch == epochBefore ? floors.filter { $0.value > acknowledged } : [:] }
+            // Floors of an epoch behind the client say nothing more.
+            if acknowledgedEpoch != epochBefore {
+                floorsByEpoch = floorsByEpoch.filter { $0.key == (acknowledgedEpoch ?? "") || $0.key == (writingEpoch ?? "") }
+            }
             standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
         }
     }

@@ -241,9 +241,7 @@ public final class TapeDayFiles: TapeBlockSink {
     public func write(_ block: [UInt8], epoch: String?) throws {
         guard descriptor >= 0 else { throw TapeError("no day file of the \(market) tape is open") }
         if let maxDayBytes, offset + Int64(block.count) > maxDayBytes {
-            throw TapeError(
-                "the \(market) tape's file of \(day) holds \(offset) bytes and one more block would pass the tape's bound "
-                    + "(tape.maxGB, \(maxDayBytes) bytes): recording waits for the next UTC day")
+            throw TapeDayFull(market: market, day: day, bytes: offset, bound: maxDayBytes)
         }
         let written = block.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, $0.count, off_t(offset)) }
         guard written == block.count else {
@@ -255,6 +253,20 @@ public final class TapeDayFiles: TapeBlockSink {
             throw error
         }
         offset += Int64(block.count)
+    }
+}
+
+/// A block refused because it would take its day's file past the tape's bound: recording waits for
+/// the next UTC day.
+public struct TapeDayFull: Error, CustomStringConvertible {
+    public let market: String
+    public let day: String
+    public let bytes: Int64
+    public let bound: Int64
+
+    public var description: String {
+        "the \(market) tape's file of \(day) holds \(bytes) bytes and one more block would pass the tape's bound "
+            + "(tape.maxGB, \(bound) bytes): recording waits for the next UTC day"
     }
 }
 
@@ -281,6 +293,8 @@ public final class TapeWriter {
     public private(set) var eventsLost = 0
     /// The earliest receive time in a block that could not be written (since ``takeLostFrom()``).
     private var lostFrom: Int64?
+    /// The earliest time a record of the pending block speaks of (a gap's start is before the block's).
+    private var pendingEarliest: Int64?
 
     /// Where the records lost with failed blocks began (they are a gap to record), once.
     public func takeLostFrom() -> Int64? {
@@ -381,6 +395,7 @@ public final class TapeWriter {
     private func appendOther(_ record: TapeRecord, at time: Int64, until end: Int64) throws {
         if pending.count >= blockBytes { try flush() }
         let first = try starting(at: end, sequence: 0)
+        pendingEarliest = min(pendingEarliest ?? time, time)
         RecordLayout.append(record, to: &pending, baseTime: first.time, baseSequence: first.sequence)
         pendingRecords += 1
         last.time = max(last.time, end)
@@ -453,8 +468,11 @@ public final class TapeWriter {
             try sink.write(block, epoch: epoch)
         } catch {
             // Not stored whole (a full disk, a stream that did not acknowledge): the block's records are
-            // lost (its owner records the gap), and the next record begins its day again.
-            lostFrom = min(lostFrom ?? first.time, first.time)
+            // lost (its owner records the gap from the earliest time they spoke of: a gap record's start),
+            // and the next record begins its day again.
+            let earliest = min(first.time, pendingEarliest ?? first.time)
+            lostFrom = min(lostFrom ?? earliest, earliest)
+            pendingEarliest = nil
             eventsLost += pendingEvents
             pending.removeAll(keepingCapacity: true)
             pendingRecords = 0
@@ -463,6 +481,7 @@ public final class TapeWriter {
             day = nil
             throw error
         }
+        pendingEarliest = nil
         blocksWritten += 1
         bytesWritten += Int64(block.count)
         eventsWritten += pendingEvents

@@ -64,6 +64,8 @@ public final class TapeRecorder: EventTap {
         /// Batches not queued (the bound), as one window of wall-clock time, to record as a gap.
         var hole: (from: Int64, to: Int64)?
         var pausedBecause: String?
+        /// A pause was logged, and its end not yet.
+        var toldPaused = false
     }
 
     private let waiting = Mutex(Waiting())
@@ -363,13 +365,23 @@ public final class TapeRecorder: EventTap {
             metrics.bytes.increment(by: outcome.bytes)
         }
         if outcome.paused { metrics.pauses.increment() }
-        let was = waiting.withLock { waiting in
-            defer { waiting.pausedBecause = outcome.pausedBecause }
-            return waiting.pausedBecause
+        // Told once a pause, and once it goes on: when a block is stored again (a retry's records are
+        // taken before their block is written, and the write may fail again).
+        let told = waiting.withLock { waiting -> (paused: Bool, goesOn: Bool) in
+            waiting.pausedBecause = outcome.pausedBecause
+            if outcome.pausedBecause != nil, !waiting.toldPaused {
+                waiting.toldPaused = true
+                return (true, false)
+            }
+            if outcome.pausedBecause == nil, outcome.blocks > 0, waiting.toldPaused {
+                waiting.toldPaused = false
+                return (false, true)
+            }
+            return (false, false)
         }
-        if outcome.paused, let reason = outcome.pausedBecause {
+        if told.paused, let reason = outcome.pausedBecause {
             settings.logger.warning("recording the \(settings.market) tape paused; events are dropped and counted until it goes on: \(reason)")
-        } else if was != nil, outcome.pausedBecause == nil {
+        } else if told.goesOn {
             settings.logger.notice("recording the \(settings.market) tape goes on; the window it missed is on the tape as a gap")
         }
     }
@@ -471,7 +483,9 @@ private struct Writing {
             // first record of a block lost, or of a hole taken with this batch, if earlier.
             outcome.paused = wasPaused == nil
             let since = [wasPaused?.since, writer.takeLostFrom(), hole?.from, now].compactMap { $0 }.min() ?? now
-            self.paused = (since, "\(error)", ContinuousClock.now + retryAfter)
+            // A day's file at the tape's bound takes nothing more that day: tried again after midnight.
+            let retryAt = error is TapeDayFull ? ContinuousClock.now + Self.untilNextUTCDay(now) : ContinuousClock.now + retryAfter
+            self.paused = (since, "\(error)", retryAt)
             outcome.pausedBecause = "\(error)"
         }
         // Recorded: events in blocks on disk; dropped: those never appended, and those of a block lost.
@@ -480,5 +494,11 @@ private struct Writing {
         outcome.blocks = writer.blocksWritten - before.0
         outcome.bytes = Int(writer.bytesWritten - before.1)
         return outcome
+    }
+
+    /// From `now` (UTC ns) to a second past the next UTC midnight.
+    static func untilNextUTCDay(_ now: Int64) -> Duration {
+        let day: Int64 = 86_400_000_000_000
+        return .nanoseconds(day - ((now % day) + day) % day) + .seconds(1)
     }
 }

@@ -56,4 +56,23 @@ struct GatewayCacheTests {
             #expect(await cache.cursorPolicy("unknown", now: 100) == nil)
         }
     }
+
+    /// Cursors come from the vendor's answers, up to 4 KiB each: their bytes stay within an eighth of
+    /// the cache's bound, the oldest forgotten first, across a reopen too.
+    @Test func cursorsAreBoundedInBytesOldestFirst() async throws {
+        try await withFile { path in
+            let cache = try GatewayCache(path: path, maxBytes: 1 << 20)
+            let bound = cache.maxCursorBytes
+            for index in 0..<100 {
+                let cursors = (0..<16).map { "c\(index)-\($0)-" + String(repeating: "x", count: 4_000) }
+                await cache.remember(cursors: cursors, expires: nil)
+            }
+            #expect(cache.cursorBytes <= bound && cache.cursorBytes > bound / 4, "\(cache.cursorBytes) of \(bound)")
+            #expect(await cache.cursorPolicy("c0-0-" + String(repeating: "x", count: 4_000), now: 1) == nil, "the oldest forgotten")
+            #expect(await cache.cursorPolicy("c99-15-" + String(repeating: "x", count: 4_000), now: 1) == .some(nil), "the newest kept")
+            await cache.remember(cursors: ["c99-15-" + String(repeating: "x", count: 4_000)], expires: nil)
+            let reopened = try GatewayCache(path: path, maxBytes: 1 << 20)
+            #expect(reopened.cursorBytes == cache.cursorBytes, "counted once, and read back as counted")
+        }
+    }
 }

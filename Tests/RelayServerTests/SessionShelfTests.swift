@@ -126,21 +126,31 @@ struct AcknowledgedPositionTests {
         #expect(position.resumeAfter == 42 && position.epoch == "e1")
     }
 
-    @Test func aTopicAddedLaterStandsWhereItWasAddedUntilTheClientIsPastIt() throws {
+    @Test func eachTopicStandsWhereItWasAddedWhileTheConnectionHoldsIt() throws {
         let aapl = try #require(Topic(parsing: "T.AAPL"))
         let msft = try #require(Topic(parsing: "T.MSFT"))
+        let nvda = try #require(Topic(parsing: "T.NVDA"))
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
         position.added([(aapl, UInt64(5))], epoch: "e1")
         #expect(position.floors.isEmpty, "not before the start")
         position.start(at: 10, epoch: "e1")
         position.added([(aapl, UInt64(10)), (msft, UInt64(40))], epoch: "e1")
-        #expect(position.floors == [msft: 40], "only where it was added past where the client stands")
-        position.added([(aapl, UInt64(45))], epoch: "e2")
-        #expect(position.floors == [msft: 40], "not of another epoch")
-        position.wrote(socketBytes: 1_000, sequence: 30, acknowledgedBytes: 1_000)
-        #expect(position.resumeAfter == 30 && position.floors == [msft: 40])
-        position.wrote(socketBytes: 2_000, sequence: 41, acknowledgedBytes: 2_000)
-        #expect(position.resumeAfter == 41 && position.floors.isEmpty, "passed: it says nothing more")
+        position.added([(msft, UInt64(50))], epoch: "e1")
+        #expect(position.floors == [aapl: 10, msft: 40], "a topic held already keeps its floor")
+        position.added([(nvda, UInt64(45))], epoch: "e9")
+        #expect(position.floors == [aapl: 10, msft: 40], "not of an epoch neither acknowledged nor written")
+        // Kept past where the client stands: a session taken back may make the whole resume from earlier.
+        position.wrote(socketBytes: 1_000, sequence: 41, acknowledgedBytes: 1_000)
+        #expect(position.resumeAfter == 41 && position.floors == [aapl: 10, msft: 40])
+        position.removed([msft])
+        position.added([(msft, UInt64(60))], epoch: "e1")
+        #expect(position.floors == [aapl: 10, msft: 60], "removed and added again: from there")
+        // A new epoch being written: its adds count once the client stands in it; the old one's go.
+        position.wrote(socketBytes: 2_000, sequence: 3, epoch: "e2", acknowledgedBytes: 1_000)
+        position.added([(nvda, UInt64(5))], epoch: "e2")
+        #expect(position.floors == [aapl: 10, msft: 60] && position.epoch == "e1")
+        position.wrote(socketBytes: 3_000, sequence: 6, acknowledgedBytes: 3_000)
+        #expect(position.epoch == "e2" && position.floors == [nvda: 5])
     }
 
     @Test func aKeptSessionMergesTheFloorsOfTheSessionItTookBack() throws {
@@ -148,8 +158,12 @@ struct AcknowledgedPositionTests {
         let msft = try #require(Topic(parsing: "T.MSFT"))
         let nvda = try #require(Topic(parsing: "T.NVDA"))
         let takenBack = SessionShelf.Session(epoch: "e1", resumeAfter: 20, topics: [msft], brokeAt: .now, floors: [msft: 35])
-        let kept = SessionStanding.kept(epoch: "e1", acknowledged: 50, floors: [nvda: 60], topics: [aapl, msft, nvda], takenBack: takenBack)
-        #expect(kept == SessionStanding.Now(epoch: "e1", resumeAfter: 20, topics: [aapl, msft, nvda], floors: [msft: 35, nvda: 60]))
+        // AAPL was added at 30 by the connection that took the session back (acknowledged past it since):
+        // the session resumes from the taken-back one's 20, AAPL from 30.
+        let kept = SessionStanding.kept(epoch: "e1", acknowledged: 50, floors: [aapl: 30, nvda: 60], topics: [aapl, msft, nvda], takenBack: takenBack)
+        #expect(kept == SessionStanding.Now(epoch: "e1", resumeAfter: 20, topics: [aapl, msft, nvda], floors: [aapl: 30, msft: 35, nvda: 60]))
+        let alone = SessionStanding.kept(epoch: "e1", acknowledged: 50, floors: [aapl: 30, nvda: 60], topics: [aapl, nvda], takenBack: nil)
+        #expect(alone.resumeAfter == 50 && alone.floors == [nvda: 60], "a floor at or before where it resumes says nothing")
         let older = SessionStanding.kept(epoch: "e2", acknowledged: 5, floors: [nvda: 6], topics: [aapl, msft, nvda], takenBack: takenBack)
         #expect(older.epoch == "e1" && older.resumeAfter == 20 && older.floors == [msft: 35], "an older epoch stands for both")
     }

@@ -225,12 +225,17 @@ struct TapeFileTests {
             let size = try #require(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
             #expect(size <= bound && size > bound / 2, "\(size) bytes")
             #expect(writer.eventsLost > 0)
+            #expect(error is TapeDayFull)
+            _ = writer.takeLostFrom()
             // Still refused that day (the file open, not read again), then the next day's file takes blocks.
-            let later = events(50, from: 10_000)
-            #expect(throws: TapeError.self) {
-                for record in later { try writer.append(record) }
+            // A lost block with a gap in it is lost from the gap's start on.
+            let gapFrom = Self.start + 100_000_000
+            #expect(throws: TapeDayFull.self) {
+                try writer.append(.gap(from: gapFrom, to: Self.start + 5_000_000_000))
+                for record in events(50, from: 10_000) { try writer.append(record) }
                 try writer.flush()
             }
+            #expect(writer.takeLostFrom() == gapFrom)
             let nextDay = events(50, from: 0, start: Self.start + 86_400_000_000_000)
             for record in nextDay { try writer.append(record) }
             try writer.flush()

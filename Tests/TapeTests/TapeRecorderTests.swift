@@ -192,6 +192,7 @@ struct TapeRecorderTests {
             settings.flushInterval = .milliseconds(20)
             settings.blockBytes = 1_024
             settings.retentionBytes = 8_000
+            settings.retryInterval = .milliseconds(20)
             let recorder = try TapeRecorder(settings: settings)
             var next = 1
             try await eventually("recording to pause at the bound") {
@@ -200,6 +201,14 @@ struct TapeRecorderTests {
                 return recorder.report.pausedBecause != nil
             }
             #expect(recorder.report.pausedBecause?.contains("tape.maxGB") == true, "\(recorder.report.pausedBecause ?? "")")
+            // Not tried again that day (the retry interval passes many times over): still paused, nothing written.
+            for _ in 0..<5 {
+                try await Task.sleep(for: .milliseconds(60))
+                recorder.take(quotes(100, from: next), epoch: "e1")
+                next += 100
+                recorder.flush()
+                #expect(recorder.report.pausedBecause != nil, "paused until the next UTC day")
+            }
             recorder.take(quotes(100, from: next), epoch: "e1")
             recorder.flush()
             let size = try #require(try FileManager.default.attributesOfItem(atPath: todaysTape(directory))[.size] as? Int)
