@@ -429,8 +429,6 @@ actor MarketConnection {
                         let sameEpoch = hub.epoch == broken.epoch
                         if sameEpoch {
                             handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
-                            // Standing past it already (other topics came first): back to it until the replay is acknowledged.
-                            handler.value.acknowledgedPosition?.lower(to: broken.resumeAfter, epoch: broken.epoch)
                             handler.value.acknowledgedPosition?.added(
                                 back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
                         }

@@ -396,21 +396,6 @@ final class AcknowledgedPosition {
         standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: self.floors)
     }
 
-    /// Topics of a session taken back resume from `sequence` (in `epoch`) on a connection that stands
-    /// past it already: their replay is written after what it stands on, so until the client has
-    /// acknowledged writes made from now on it stands at `sequence` (its other topics may see events
-    /// again after a break then, none is skipped).
-    func lower(to sequence: UInt64, epoch: String?) {
-        guard started, (epoch ?? "") == (acknowledgedEpoch ?? ""), sequence < acknowledged || marks.contains(where: { $0.sequence > sequence }) else { return }
-        acknowledged = min(acknowledged, sequence)
-        var capped = CircularBuffer<Mark>(initialCapacity: marks.count)
-        for mark in marks {
-            capped.append(mark.epoch == acknowledgedEpoch ? Mark(socketBytes: mark.socketBytes, sequence: min(mark.sequence, sequence), epoch: mark.epoch) : mark)
-        }
-        marks = capped
-        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
-    }
-
     /// Topics were removed: added again, they start from there.
     func removed(_ topics: some Sequence<Topic>) {
         guard !floorsByEpoch.isEmpty else { return }

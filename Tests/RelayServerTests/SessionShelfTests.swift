@@ -153,23 +153,6 @@ struct AcknowledgedPositionTests {
         #expect(position.epoch == "e2" && position.floors == [nvda: 5])
     }
 
-    @Test func topicsTakenBackLaterLowerWhereTheConnectionStandsUntilTheirReplayIsAcknowledged() {
-        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
-        position.start(at: 50, epoch: "e1")
-        position.wrote(socketBytes: 1_000, sequence: 80, acknowledgedBytes: 1_000)
-        position.wrote(socketBytes: 2_000, sequence: 90, acknowledgedBytes: 1_000)
-        #expect(position.resumeAfter == 80)
-        // The rest of the broken session (broke at 60) is subscribed again: replayed from 60.
-        position.lower(to: 60, epoch: "e1")
-        #expect(position.resumeAfter == 60)
-        position.wrote(socketBytes: 3_000, sequence: 75, acknowledgedBytes: 2_000)
-        #expect(position.resumeAfter == 60, "a write before the replay acknowledged says nothing of it")
-        position.wrote(socketBytes: 4_000, sequence: 95, acknowledgedBytes: 3_000)
-        #expect(position.resumeAfter == 75, "the replay acknowledged")
-        position.lower(to: 70, epoch: "e2")
-        #expect(position.resumeAfter == 75, "not of another epoch")
-    }
-
     @Test func aKeptSessionMergesTheFloorsOfTheSessionItTookBack() throws {
         let aapl = try #require(Topic(parsing: "T.AAPL"))
         let msft = try #require(Topic(parsing: "T.MSFT"))
