@@ -33,6 +33,11 @@ final class ClusterFeed: Sendable {
     /// The last epoch the leader announced.
     private let epochSeen = Mutex<String?>(nil)
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
+    /// This node's NATS link is down (told to its subscribers) and not back yet. Held while an event is
+    /// queued, so an event is queued before the loss notice or not at all: NATS may deliver a message it
+    /// had already received after its disconnection was told, and the hub takes the first event after
+    /// a loss as the link back (the outage would end at once, its gap fill asked for a millisecond).
+    private let linkDown = Mutex(false)
     /// The largest event taken from NATS.
     private let maxEventBytes: Int
 
@@ -68,8 +73,14 @@ final class ClusterFeed: Sendable {
             switch ClusterChecks.event(
                 payload, topic: topic, market: subjects.wireMarket, wire: hub.wire, receivedAt: MonotonicClock.nanoseconds(), maxBytes: self.maxEventBytes) {
             case .success(let event):
-                // A drop is counted and announced by the inbox and the pump.
-                self.inbox.push(.events([event]))
+                // A drop is counted and announced by the inbox and the pump. While the link is down,
+                // not queued: the outage's window, up to the first event after the link is back, is
+                // the gap fill's to recover (with this event in it).
+                let queued = self.linkDown.withLock { down in
+                    if !down { self.inbox.push(.events([event])) }
+                    return !down
+                }
+                if !queued { self.metrics.natsDropped(reason: "link_down").increment() }
             case .failure(let rejection): self.metrics.rejected("event", "\(rejection) (subject \(topic))", logger: self.logger)
             }
         }
@@ -237,9 +248,17 @@ final class ClusterFeed: Sendable {
     }
 
     /// Tells every subscriber of this node that events stopped (once per outage; the first event after
-    /// it announces the gap).
-    func announceLost(_ reason: String) {
-        inbox.push(.connectionLost(reason: reason))
+    /// it announces the gap). With `linkDown`, NATS's events are not taken until ``linkBack()``.
+    func announceLost(_ reason: String, linkDown: Bool = false) {
+        self.linkDown.withLock { down in
+            if linkDown { down = true }
+            inbox.push(.connectionLost(reason: reason))
+        }
+    }
+
+    /// This node's NATS link is back: its events are taken again.
+    func linkBack() {
+        linkDown.withLock { $0 = false }
     }
 
     // MARK: the queue

@@ -490,8 +490,9 @@ public final class ClusterNode: Service, Sendable {
                     feed.announceLost("this relay node has not reached NATS (\(servers)) yet; events come when it does")
                 }
             case .reconnecting:
-                feed.announceLost("this relay node lost its connection to NATS")
+                feed.announceLost("this relay node lost its connection to NATS", linkDown: true)
             case .connected where previous != nil && previous != .connected:
+                feed.linkBack()
                 publishInterest()
             default:
                 break

@@ -211,12 +211,9 @@ public actor MarketDataHub {
         return HubSubscription(id: id, stream: stream, queue: queue)
     }
 
-    /// Adds topics to a subscriber; topics it already has are ignored. With `snapshotOnSubscribe`, each
-    /// new ticker topic's last event is delivered at once.
-    ///
-    /// Returns the market position as the topics were added, in the same step: the subscriber has every
-    /// event of them after it, and a topic this made wanted is held whole in the history from there on
-    /// (a position read in an earlier step can be older than the topic's run, and a resume from it `gap`).
+    /// Adds topics to a subscriber (those it has are ignored; with `snapshotOnSubscribe` each new ticker's
+    /// last event at once). Returns the market position in the same step: the subscriber has every event
+    /// of them after it, and the history holds them whole from there (a position read a step before may not).
     @discardableResult
     public func add(_ topics: some Sequence<Topic>, to id: SubscriberID) -> (epoch: String?, sequence: UInt64) {
         add(topics, to: id, snapshot: { _ in true })

@@ -109,11 +109,9 @@ public final class GatewayCache: Sendable {
                         held -= row["bytes"] as Int
                     }
                 }
-                try db.execute(sql: "DELETE FROM cursors WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [now])
-                if db.changesCount > 0 {
-                    let cursors = try Self.cursorBytes(db)
-                    self.cursorTotal.withLock { $0 = cursors }
-                }
+                let expired = try Int.fetchAll(
+                    db, sql: "DELETE FROM cursors WHERE expires_at IS NOT NULL AND expires_at <= ? RETURNING \(Self.cursorLength)", arguments: [now])
+                if !expired.isEmpty { self.cursorTotal.withLock { $0 -= expired.reduce(0, +) } }
                 self.total.withLock { $0 = held }
             }
         } catch {
@@ -143,19 +141,26 @@ public final class GatewayCache: Sendable {
                 try db.execute(sql: "INSERT OR REPLACE INTO cursors(cursor, expires_at) VALUES (?, ?)", arguments: [cursor, expires])
                 if !known { held += cursor.utf8.count }
             }
-            try db.execute(sql: "DELETE FROM cursors WHERE rowid <= (SELECT MAX(rowid) FROM cursors) - ?", arguments: [Self.maxCursors])
-            if db.changesCount > 0 { held = try Self.cursorBytes(db) }
+            // What goes is subtracted as it goes (the table is not summed again: it may hold 100,000).
+            held -= try Int.fetchAll(
+                db, sql: "DELETE FROM cursors WHERE rowid <= (SELECT MAX(rowid) FROM cursors) - ? RETURNING \(Self.cursorLength)",
+                arguments: [Self.maxCursors]
+            ).reduce(0, +)
             while held > maxCursorBytes {
-                try db.execute(sql: "DELETE FROM cursors WHERE rowid IN (SELECT rowid FROM cursors ORDER BY rowid LIMIT 16)")
-                guard db.changesCount > 0 else { break }
-                held = try Self.cursorBytes(db)
+                let gone = try Int.fetchAll(
+                    db, sql: "DELETE FROM cursors WHERE rowid IN (SELECT rowid FROM cursors ORDER BY rowid LIMIT 16) RETURNING \(Self.cursorLength)")
+                guard !gone.isEmpty else { break }
+                held -= gone.reduce(0, +)
             }
             self.cursorTotal.withLock { $0 = held }
         }
     }
 
+    /// A cursor's bytes, in SQL.
+    private static let cursorLength = "LENGTH(CAST(cursor AS BLOB))"
+
     private static func cursorBytes(_ db: Database) throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(LENGTH(CAST(cursor AS BLOB))), 0) FROM cursors") ?? 0
+        try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(\(cursorLength)), 0) FROM cursors") ?? 0
     }
 
     /// How long the page a cursor names may be cached: `.some(nil)` forever, `.some(t)` until `t`,

@@ -271,7 +271,7 @@ public final class RESTGateway: Sendable {
                 request.headers.add(name: "Accept", value: "application/json")
                 for (name, value) in headers { request.headers.add(name: name, value: value) }
                 let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
-                let body = try await Self.read(response.body, upTo: maxBody, counting: reading)
+                let body = try await Self.read(response.body, upTo: maxBody, counting: reading, status: Int(response.status.code))
                 return Fetched(
                     status: Int(response.status.code), body: body,
                     contentType: response.headers.first(name: "Content-Type") ?? "application/json",
@@ -291,7 +291,8 @@ public final class RESTGateway: Sendable {
                 status: result.status, body: scrubbed(result.body), contentType: result.contentType,
                 retryAfter: result.status == 429 ? result.retryAfter ?? 1 : nil, fromRelay: false)
         } catch let refused as ReadingRefused {
-            // The vendor answered; the relay would not hold more of it (not the vendor's status).
+            // The vendor answered (its call counted with its status); the relay would not hold more of it.
+            metrics.upstream(status: refused.status, took: ContinuousClock.now - started)
             var busy = Self.made(
                 503, dialect.errorBody(
                     status: 503,
@@ -310,14 +311,16 @@ public final class RESTGateway: Sendable {
 
     /// The whole body, at most `maxBytes` (past it `NIOTooManyBytesError`, as `collect(upTo:)`), its
     /// parts counted in `reading` as they arrive and given back when the read ends.
-    static func read(_ body: HTTPClientResponse.Body, upTo maxBytes: Int, counting reading: ReadingBytes?) async throws -> ByteBuffer {
+    static func read(_ body: HTTPClientResponse.Body, upTo maxBytes: Int, counting reading: ReadingBytes?, status: Int) async throws -> ByteBuffer {
         guard let reading else { return try await body.collect(upTo: maxBytes) }
         var whole = ByteBuffer()
         var counted = 0
         defer { reading.give(counted) }
         for try await part in body {
             guard whole.readableBytes + part.readableBytes <= maxBytes else { throw NIOTooManyBytesError(maxBytes: maxBytes) }
-            guard reading.take(part.readableBytes, holding: counted) else { throw ReadingRefused(bytes: reading.bytes, limit: reading.limit) }
+            guard reading.take(part.readableBytes, holding: counted) else {
+                throw ReadingRefused(bytes: reading.bytes, limit: reading.limit, status: status)
+            }
             counted += part.readableBytes
             whole.writeImmutableBuffer(part)
         }

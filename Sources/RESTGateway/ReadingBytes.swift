@@ -53,4 +53,6 @@ public final class ReadingBytes: Sendable {
 struct ReadingRefused: Error {
     let bytes: Int
     let limit: Int
+    /// The vendor's status for the answer being read.
+    let status: Int
 }

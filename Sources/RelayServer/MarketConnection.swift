@@ -321,14 +321,8 @@ actor MarketConnection {
         // A session tagged before its market had an epoch is kept if one names its positions now.
         let sessionName = self.sessionName ?? (dependencies.hub.epoch != nil ? unnamedSession : nil)
         if let sessionName, let grant, let position = handler.value.acknowledgedPosition,
-            let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch
+            let kept = keptStanding(position, topics: session.topics.union(resuming?.topics ?? []))
         {
-            // Kept for the reconnect: its topics and where it broke, in the epoch of that position (a
-            // session it took back and had not resubscribed wholly keeps that one's start and topics;
-            // one of an older epoch stands for both, so that they resume as `gap`, never partly).
-            let kept = SessionStanding.kept(
-                epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: session.topics.union(resuming?.topics ?? []),
-                takenBack: resuming)
             dependencies.logger.debug(
                 "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept.epoch)", "resumeAfter": "\(kept.resumeAfter)"])
             shelved = (
@@ -353,6 +347,18 @@ actor MarketConnection {
         } else {
             change(.leave)
         }
+    }
+
+    /// Where the session stands as it would be kept now, holding `topics`: in the epoch of its position
+    /// (a session it took back and had not resubscribed wholly keeps that one's start and topics; one of
+    /// an older epoch stands for both, so that they resume as `gap`, never partly). Closed before its
+    /// first topics were added, it stands where a session it took back stood (not at 0).
+    private func keptStanding(_ position: AcknowledgedPosition, topics: Set<Topic>) -> SessionStanding.Now? {
+        if !position.isStarted, let resuming {
+            return SessionStanding.Now(epoch: resuming.epoch, resumeAfter: resuming.resumeAfter, topics: topics, floors: resuming.floors)
+        }
+        guard let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch else { return nil }
+        return SessionStanding.kept(epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: topics, takenBack: resuming)
     }
 
     // MARK: the hub
@@ -433,10 +439,8 @@ actor MarketConnection {
                                 back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
                         }
                         let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
-                        if !sameEpoch {
-                            handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
-                            handler.value.acknowledgedPosition?.added(back.lazy.map { ($0, resumed.sequence) }, epoch: resumed.epoch)
-                        }
+                        // No floor then: on a cluster the hub may have replayed this term's events before it.
+                        if !sameEpoch { handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch) }
                         // Its topics are this connection's now: the parked subscriber can go, and the
                         // session's hold on them in the key's budget (this connection holds its own).
                         if let parked = broken.parked { await hub.remove(parked) }
@@ -476,11 +480,7 @@ actor MarketConnection {
             case .shelve(let name, var session):
                 // Where it stands now: an add still on its way at the close has counted since (a first
                 // add's start, a later one's floor).
-                if let position = handler.value.acknowledgedPosition,
-                    let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch
-                {
-                    let kept = SessionStanding.kept(
-                        epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: session.topics, takenBack: resuming)
+                if let position = handler.value.acknowledgedPosition, let kept = keptStanding(position, topics: session.topics) {
                     session = SessionShelf.Session(
                         epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: session.brokeAt,
                         carriedOver: session.carriedOver, floors: kept.floors)

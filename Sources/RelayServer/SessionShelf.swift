@@ -385,11 +385,16 @@ final class AcknowledgedPosition {
         standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
     }
 
-    /// Topics were added, each at the market sequence given (in `epoch`, the one the client stands in or
-    /// the one being written). A topic held already keeps its floor (a subscribe again changes nothing).
+    /// Topics were added, each at the market sequence given in `epoch` (the hub's: its notice may not be
+    /// written to this connection yet). A topic held already keeps its floor (a subscribe again changes
+    /// nothing).
     func added(_ added: some Sequence<(Topic, UInt64)>, epoch: String?) {
         let key = epoch ?? ""
-        guard started, key == (acknowledgedEpoch ?? "") || key == (writingEpoch ?? "") else { return }
+        guard started else { return }
+        // At most the acknowledged epoch, the one written and the hub's.
+        if floorsByEpoch[key] == nil, floorsByEpoch.count >= 3 {
+            floorsByEpoch = floorsByEpoch.filter { $0.key == (acknowledgedEpoch ?? "") || $0.key == (writingEpoch ?? "") }
+        }
         var floors = floorsByEpoch[key] ?? [:]
         for (topic, sequence) in added where floors[topic] == nil { floors[topic] = sequence }
         floorsByEpoch[key] = floors
@@ -436,16 +441,17 @@ final class AcknowledgedPosition {
         }
         if taken > 0 {
             marks.removeFirst(taken)
-            // Floors of an epoch behind the client say nothing more.
-            if acknowledgedEpoch != epochBefore {
-                floorsByEpoch = floorsByEpoch.filter { $0.key == (acknowledgedEpoch ?? "") || $0.key == (writingEpoch ?? "") }
-            }
+            // Floors of the epoch the client left say nothing more.
+            if acknowledgedEpoch != epochBefore, epochBefore != writingEpoch { floorsByEpoch[epochBefore ?? ""] = nil }
             standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
         }
     }
 
     /// The market sequence through which the client has every event of its topics.
     var resumeAfter: UInt64 { acknowledged }
+
+    /// Whether it stands anywhere yet (its first topics were added).
+    var isStarted: Bool { started }
 
     /// The epoch of ``resumeAfter`` (`nil` or empty: not known here; the hub's).
     var epoch: String? { acknowledgedEpoch }

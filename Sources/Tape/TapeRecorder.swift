@@ -483,8 +483,8 @@ private struct Writing {
             // first record of a block lost, or of a hole taken with this batch, if earlier.
             outcome.paused = wasPaused == nil
             let since = [wasPaused?.since, writer.takeLostFrom(), hole?.from, now].compactMap { $0 }.min() ?? now
-            // A day's file at the tape's bound takes nothing more that day: tried again after midnight.
-            let retryAt = error is TapeDayFull ? ContinuousClock.now + Self.untilNextUTCDay(now) : ContinuousClock.now + retryAfter
+            // A day's file at the tape's bound takes nothing more that day: tried again after its end.
+            let retryAt = ContinuousClock.now + ((error as? TapeDayFull).flatMap { Self.untilTheDayAfter($0.day, now: now) } ?? retryAfter)
             self.paused = (since, "\(error)", retryAt)
             outcome.pausedBecause = "\(error)"
         }
@@ -496,9 +496,11 @@ private struct Writing {
         return outcome
     }
 
-    /// From `now` (UTC ns) to a second past the next UTC midnight.
-    static func untilNextUTCDay(_ now: Int64) -> Duration {
-        let day: Int64 = 86_400_000_000_000
-        return .nanoseconds(day - ((now % day) + day) % day) + .seconds(1)
+    /// From `now` (UTC ns) to a second past the end of the UTC day `day` (`nil`: it has ended, or is
+    /// not a day).
+    static func untilTheDayAfter(_ day: String, now: Int64) -> Duration? {
+        guard let midnight = TapeFile.midnight(of: day) else { return nil }
+        let end = midnight + 86_400_000_000_000
+        return end > now ? .nanoseconds(end - now) + .seconds(1) : nil
     }
 }
