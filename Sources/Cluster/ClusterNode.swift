@@ -306,6 +306,15 @@ public final class ClusterNode: Service, Sendable {
                 "lease_s": "\(configuration.leaseDuration)",
             ])
 
+        // The link lost and back, told on libnats' thread as they happen: in order with the messages it
+        // delivers around them (a watcher hears of them later; a quick reconnect's events could come first).
+        connection.onChange { [weak feed] old, new in
+            if new == .reconnecting {
+                feed?.announceLost("this relay node lost its connection to NATS", linkDown: true)
+            } else if new == .connected, old != .connected {
+                feed?.linkBack()
+            }
+        }
         let helpers = [
             Task { await feed.run() },
             Task { await self.tick() },
@@ -489,10 +498,8 @@ public final class ClusterNode: Service, Sendable {
                     guard connection.state == .connecting else { return }
                     feed.announceLost("this relay node has not reached NATS (\(servers)) yet; events come when it does")
                 }
-            case .reconnecting:
-                feed.announceLost("this relay node lost its connection to NATS", linkDown: true)
             case .connected where previous != nil && previous != .connected:
-                feed.linkBack()
+                // (The loss and the link back are told on libnats' thread as they happen: `onChange`.)
                 publishInterest()
             default:
                 break

@@ -70,6 +70,8 @@ public final class NATSConnection: Sendable {
         var state: NATSState = .connecting
         var watchers: [UInt64: AsyncStream<NATSState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
+        /// Told of each change on the thread that makes it, before the watchers (``onChange(_:)``).
+        var changeHandlers: [@Sendable (_ old: NATSState, _ new: NATSState) -> Void] = []
         var closed = false
         var lastError: String?
         var setupError: String?
@@ -405,16 +407,25 @@ public final class NATSConnection: Sendable {
         return stream
     }
 
+    /// Calls `handler` with each state change, on the thread that makes it (libnats' callback thread for
+    /// a disconnection or a reconnection), before any watcher of ``stateUpdates()`` hears of it: for what
+    /// must happen in order with the messages libnats delivers around the change. It must not block.
+    public func onChange(_ handler: @escaping @Sendable (_ old: NATSState, _ new: NATSState) -> Void) {
+        shared.withLock { $0.changeHandlers.append(handler) }
+    }
+
     func set(_ new: NATSState) {
-        let change: (old: NATSState, watchers: [AsyncStream<NATSState>.Continuation])? = shared.withLock { state in
-            let old = state.state
-            guard old != .closed, old != new else { return nil }
-            state.state = new
-            let watchers = Array(state.watchers.values)
-            if new == .closed { state.watchers.removeAll() }
-            return (old, watchers)
-        }
+        let change: (old: NATSState, watchers: [AsyncStream<NATSState>.Continuation], handlers: [@Sendable (NATSState, NATSState) -> Void])? =
+            shared.withLock { state in
+                let old = state.state
+                guard old != .closed, old != new else { return nil }
+                state.state = new
+                let watchers = Array(state.watchers.values)
+                if new == .closed { state.watchers.removeAll() }
+                return (old, watchers, state.changeHandlers)
+            }
         guard let change else { return }
+        for handler in change.handlers { handler(change.old, new) }
         let level: Logger.Level = new == .reconnecting ? .warning : .info
         logger.log(level: level, "NATS \(change.old.rawValue) → \(new.rawValue)", metadata: ["servers": "\(displayServers)"])
         for watcher in change.watchers {

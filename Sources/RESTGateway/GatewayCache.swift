@@ -134,7 +134,16 @@ public final class GatewayCache: Sendable {
     public func remember(cursors: [String], expires: Int64?) async {
         guard !cursors.isEmpty else { return }
         let maxCursorBytes = self.maxCursorBytes
-        try? await queue.write { db in
+        do {
+            try await rememberWriting(cursors, expires: expires, maxCursorBytes: maxCursorBytes)
+        } catch {
+            // Not committed: the running count may have moved with the rows that stayed; counted again.
+            if let bytes = try? await queue.read({ db in try Self.cursorBytes(db) }) { cursorTotal.withLock { $0 = bytes } }
+        }
+    }
+
+    private func rememberWriting(_ cursors: [String], expires: Int64?, maxCursorBytes: Int) async throws {
+        try await queue.write { db in
             var held = self.cursorTotal.withLock { $0 }
             for cursor in cursors.prefix(16) where cursor.utf8.count <= 4096 {
                 let known = try Bool.fetchOne(db, sql: "SELECT 1 FROM cursors WHERE cursor = ?", arguments: [cursor]) ?? false

@@ -293,6 +293,8 @@ public final class RESTGateway: Sendable {
         } catch let refused as ReadingRefused {
             // The vendor answered (its call counted with its status); the relay would not hold more of it.
             metrics.upstream(status: refused.status, took: ContinuousClock.now - started)
+            // Its body unread, a vendor's 429 still pauses the budget (for the least it could ask).
+            if refused.status == 429 { await budget.pause(for: .seconds(1)) }
             var busy = Self.made(
                 503, dialect.errorBody(
                     status: 503,

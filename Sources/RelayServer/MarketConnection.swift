@@ -349,6 +349,34 @@ actor MarketConnection {
         }
     }
 
+    /// Parks the connection's subscriber and keeps its session (as the close made it) on the shelf,
+    /// where it stands now: an add still on its way at the close has counted since (a first add's
+    /// start, a later one's floor, a session it took over meanwhile).
+    private func shelve(_ closing: SessionShelf.Session, as name: String) async {
+        var shelved = closing
+        if let position = handler.value.acknowledgedPosition,
+            let kept = keptStanding(position, topics: closing.topics.union(resuming?.topics ?? []))
+        {
+            shelved = SessionShelf.Session(
+                epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: closing.brokeAt,
+                carriedOver: closing.carriedOver, floors: kept.floors)
+        }
+        // Parked first, so its topics never stop being wanted; then shelved; then no longer open.
+        if let id = subscription?.id {
+            await dependencies.hub.park(id)
+            shelved.parked = id
+        }
+        if let parked = resuming?.parked { await dependencies.hub.remove(parked) }
+        // The shelved session took over the taken-back one's topics: those held in the key's budget at
+        // the close hold their own; one taken over after it keeps the taken-back one's hold.
+        releaseBudget(Array(resuming?.topics.intersection(closing.topics) ?? []))
+        resuming = nil
+        subscription = nil
+        dependencies.shelf.keep(shelved, as: name)
+        dependencies.shelf.closed(name, id: ObjectIdentifier(self))
+        dependencies.shelf.shelved()
+    }
+
     /// Where the session stands as it would be kept now, holding `topics`: in the epoch of its position
     /// (a session it took back and had not resubscribed wholly keeps that one's start and topics; one of
     /// an older epoch stands for both, so that they resume as `gap`, never partly). Closed before its
@@ -477,27 +505,8 @@ actor MarketConnection {
                 releaseBudget(Array(resuming?.topics ?? []))
                 resuming = nil
                 subscription = nil
-            case .shelve(let name, var session):
-                // Where it stands now: an add still on its way at the close has counted since (a first
-                // add's start, a later one's floor).
-                if let position = handler.value.acknowledgedPosition, let kept = keptStanding(position, topics: session.topics) {
-                    session = SessionShelf.Session(
-                        epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: session.brokeAt,
-                        carriedOver: session.carriedOver, floors: kept.floors)
-                }
-                // Parked first, so its topics never stop being wanted; then shelved; then no longer open.
-                if let id = subscription?.id {
-                    await hub.park(id)
-                    session.parked = id
-                }
-                if let parked = resuming?.parked { await hub.remove(parked) }
-                // The shelved session took over the taken-back one's topics (and holds its own on them).
-                releaseBudget(Array(resuming?.topics ?? []))
-                resuming = nil
-                subscription = nil
-                dependencies.shelf.keep(session, as: name)
-                dependencies.shelf.closed(name, id: ObjectIdentifier(self))
-                dependencies.shelf.shelved()
+            case .shelve(let name, let session):
+                await shelve(session, as: name)
             }
         }
         standing?.holds(session.topics, takenBack: resuming)
