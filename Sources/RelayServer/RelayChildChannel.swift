@@ -17,7 +17,8 @@ import MarketCore
 /// descriptor budget or past its address's pending connections, pending until its first request head
 /// (HTTP) or its authentication (market WebSocket), which must come within the head timeout; a
 /// kept-alive HTTP connection is closed when its next request head does not come within the keep-alive
-/// timeout (``RequestHeadDeadline``), so a connection that sends a byte now and then holds nothing long.
+/// timeout, or it stops reading its answers for that long (``RequestHeadDeadline``), so a connection
+/// that sends a byte now and then, or asks and never reads, holds nothing long.
 ///
 /// `Sendable`, a value type; Hummingbird calls ``setup(channel:logger:)`` on the new channel's event
 /// loop and ``handle(value:logger:)`` in a task that, for an upgraded connection, returns at once.
@@ -188,10 +189,19 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
     }
 }
 
-/// Closes a kept-alive HTTP connection whose next request head does not come within `timeout` of the
-/// end of the last response (waiting idle, or sending a head a byte at a time), and one whose request
-/// body stops arriving for `timeout` (an upload that trickles). Between the HTTP codec and the request
-/// handling; event-loop confined.
+/// Closes an HTTP connection whose client holds it without doing its part, each within `timeout`:
+/// - idle: the next request head does not come within `timeout` of the last answer taken by the socket;
+/// - trickling: a request's next part (a head sent a byte at a time, an upload) does not come within
+///   `timeout` of its last;
+/// - not reading: what was written to it waits on the client, and its TCP stack acknowledges less than
+///   ``minimumTaken`` bytes in `timeout` (pipelined requests piling up behind answers it does not read
+///   included; a client that opens its window a probe at a time is not reading). A slow client that
+///   reads goes on however long its answer takes. Where the socket cannot say, a write done counts.
+///
+/// A request being handled (its end read, its answer not ended, nothing waiting on the client) has no
+/// deadline: handling takes what it takes. Pipelined requests are read ahead of their answers, so
+/// requests and answers are counted. Between the HTTP codec and the request handling; event-loop
+/// confined.
 final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -199,61 +209,109 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundOut = HTTPResponsePart
 
     private let timeout: TimeAmount
-    /// When the connection is closed unless a request part or an answer's end comes first (`nil`: the
-    /// request is being handled, no deadline).
-    private var due: NIODeadline?
-    /// The one timer, at or before `due`: moving the deadline (twice a request) only writes `due`, and
-    /// a timer that fires early sets itself again for the rest (rather than a timer made and cancelled
-    /// per request part).
-    private var timer: Scheduled<Void>?
-    /// The response to the current request has ended (it may end before the request's body does).
-    private var answered = false
+    /// Requests whose end was read, and answers whose end was written.
+    private var requestsRead = 0
+    private var answersEnded = 0
+    /// A request's head was read and not yet its end.
+    private var readingRequest = false
+    /// Writes handed to the connection that the socket has not taken yet.
+    private var writesPending = 0
+    /// When the client last sent a request part, and last took what it was sent (at least
+    /// ``minimumTaken`` bytes, or everything; or was sent something after nothing was waiting).
+    private var lastRead = NIODeadline.now()
+    private var lastTaken = NIODeadline.now()
+    /// Its TCP stack's acknowledged bytes at `lastTaken` (`nil`: the socket cannot say).
+    private var acknowledged: UInt64?
+    /// What a client must take per timeout, while writes wait on it, to count as reading.
+    static let minimumTaken: UInt64 = 64 << 10
+    /// The one timer, at or before the deadline: a deadline that moves later only changes what
+    /// ``due`` says, and a timer that fires early sets itself again for the rest.
+    private var timer: (task: Scheduled<Void>, at: NIODeadline)?
+    private var removed = false
 
     init(timeout: TimeAmount) {
         self.timeout = timeout
     }
 
+    /// When the connection is closed unless its client does its part first (`nil`: none).
+    private var due: NIODeadline? {
+        if writesPending > 0 { return lastTaken + timeout }
+        if readingRequest { return lastRead + timeout }
+        if requestsRead > answersEnded { return nil }
+        return max(lastRead, lastTaken) + timeout
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        update(context.channel)
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        lastRead = .now()
         switch unwrapInboundIn(data) {
         case .head:
-            answered = false
-            restart(context)  // the body's first part within the timeout
+            readingRequest = true
         case .body:
-            restart(context)  // and each next one
+            break
         case .end:
-            // Handling takes what it takes; answered already, the next head is due within the timeout.
-            if answered { restart(context) } else { due = nil }
+            readingRequest = false
+            requestsRead += 1
         }
+        update(context.channel)
         context.fireChannelRead(data)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if case .end = unwrapOutboundIn(data) {
-            answered = true
-            restart(context)  // the next head (or the rest of this body) within the timeout
+        if case .end = unwrapOutboundIn(data) { answersEnded += 1 }
+        if writesPending == 0 { taken(context.channel) }
+        writesPending += 1
+        let written = promise ?? context.eventLoop.makePromise()
+        let channel = context.channel
+        written.futureResult.assumeIsolated().whenComplete { _ in
+            self.writesPending -= 1
+            // All taken; or, where the socket cannot say how much, one write.
+            if self.writesPending == 0 || self.acknowledged == nil { self.taken(channel) }
+            self.update(channel)
         }
-        context.write(data, promise: promise)
+        update(context.channel)
+        context.write(data, promise: written)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        due = nil
-        timer?.cancel()
+        removed = true
+        timer?.task.cancel()
         timer = nil
     }
 
-    private func restart(_ context: ChannelHandlerContext) {
-        let due = NIODeadline.now() + timeout
-        self.due = due
-        if timer == nil { arm(context.channel, at: due) }
+    /// The client took what it was sent, or enough of it (or is sent something after nothing waited).
+    private func taken(_ channel: any Channel) {
+        lastTaken = .now()
+        acknowledged = TCPInfoPrefix.bytesAcknowledged(by: channel)
+    }
+
+    /// Arms the timer for the deadline when none is set at or before it.
+    private func update(_ channel: any Channel) {
+        guard !removed, let due else { return }
+        if let timer {
+            guard timer.at > due else { return }
+            timer.task.cancel()
+        }
+        arm(channel, at: due)
     }
 
     private func arm(_ channel: any Channel, at deadline: NIODeadline) {
-        timer = channel.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { self.fired(channel) }
+        timer = (channel.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { self.fired(channel) }, deadline)
     }
 
     private func fired(_ channel: any Channel) {
         timer = nil
-        guard let due else { return }
+        guard var due else { return }
+        if NIODeadline.now() >= due, writesPending > 0, let before = acknowledged,
+            let now = TCPInfoPrefix.bytesAcknowledged(by: channel), now >= before &+ Self.minimumTaken
+        {
+            // Its answers still wait, but its TCP stack took enough more: a slow reader.
+            taken(channel)
+            due = lastTaken + timeout
+        }
         if NIODeadline.now() >= due { channel.close(promise: nil) } else { arm(channel, at: due) }
     }
 }

@@ -133,10 +133,9 @@ struct AlpacaNewsEndToEndTests {
     }
 
     /// A story of 15 MiB asked for over HTTP by a client that never reads: the relay closes the
-    /// connection within the keep-alive timeout of the answer's end being handed to the connection,
-    /// rather than hold the answer and the request for as long as the socket stays open (the answer is
-    /// one buffer, so its end is handed over at once, before the client took any of it). A client that
-    /// reads gets it whole.
+    /// connection within the keep-alive timeout of the client's last taking anything, rather than hold
+    /// the answer and the request for as long as the socket stays open. A client that reads gets it
+    /// whole, and one that reads slowly too, however many timeouts it takes, while it takes some.
     @Test func aClientThatStopsReadingALargeAnswerIsClosed() async throws {
         let size = 15 << 20
         // With the snapshot on, the hub keeps each symbol's last story (what `/v1/last` answers from).
@@ -169,6 +168,29 @@ struct AlpacaNewsEndToEndTests {
                 }
             }
             #expect(ended && received < size / 2, "closed with what the sockets held (\(received) bytes), not the rest sent on")
+
+            // 256 KiB a tenth of a second through a 2 KiB receive buffer: six timeouts for the story.
+            let slow = try RawSocket(port: port, receiveBuffer: 2048)
+            slow.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer client-key\r\n\r\n")
+            slow.setTimeout(.milliseconds(200))
+            var taken = 0
+            var closed = false
+            let until = ContinuousClock.now + .seconds(60)
+            while taken <= size, !closed, ContinuousClock.now < until {
+                var chunk = 0
+                while chunk < 256 << 10, taken + chunk <= size, !closed, ContinuousClock.now < until {
+                    if let bytes = slow.receive(max: 64 << 10) {
+                        chunk += bytes.count
+                        closed = bytes.isEmpty
+                    } else if errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
+                        closed = true
+                    }
+                }
+                taken += chunk
+                // The pace is what is tested.
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(taken > size && !closed, "a slow reader is not closed while it reads: \(taken) bytes, closed: \(closed)")
             await client.close()
         }
     }

@@ -304,6 +304,35 @@ struct HostileClientTests {
         }
     }
 
+    /// A client that asks and never reads its answers (pipelined requests behind a tiny receive buffer)
+    /// is closed within the keep-alive timeout of its last taking anything: it holds neither the answers
+    /// nor the requests' handling for as long as it keeps its socket open.
+    @Test func aClientThatStopsReadingItsAnswersIsClosed() async throws {
+        try await withRelay({ $0.connectionLimits.keepAliveTimeout = .seconds(1) }) { port, _ in
+            let asked = 5_000
+            let client = try RawSocket(port: port, receiveBuffer: 2048)
+            let sent = client.send(String(repeating: "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", count: asked))
+            #expect(sent > 0)
+            // Reads nothing for three timeouts (the time passing is what is tested), then everything.
+            try await Task.sleep(for: .seconds(3))
+            var received: [UInt8] = []
+            let deadline = ContinuousClock.now + .seconds(20)
+            client.setTimeout(.milliseconds(200))
+            var ended = false
+            while ContinuousClock.now < deadline, !ended {
+                if let bytes = client.receive() {
+                    received += bytes
+                    ended = bytes.isEmpty
+                } else if errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
+                    ended = true
+                }
+            }
+            let answers = String(decoding: received, as: UTF8.self).components(separatedBy: "HTTP/1.1 ").count - 1
+            #expect(ended, "the connection was never closed")
+            #expect(answers < asked, "\(answers) of \(asked) answered: the relay waited for a client that did not read")
+        }
+    }
+
     @Test func distinctTopicsPerKeyAreCapped() async throws {
         try await withRelay({
             $0.clientKeys = ["client-key", "other-key"]

@@ -116,7 +116,7 @@ struct RestartResumeTests {
                 arguments: [
                     "serve", "--listen", "127.0.0.1:\(port)", "--no-portfolio", "--demo-rate", "2000", "--client-keys", "py-key", "--tape-dir",
                     "\(directory)/tape",
-                ], showLogs: false)
+                ], showLogs: false, captureLogs: true)
         }
         let first = relay(port: 0)
         let port = try await first.start(timeout: .seconds(30))
@@ -150,8 +150,33 @@ struct RestartResumeTests {
         #expect(summary["resumed"] as? Int == 3, "\(summary)")
         // Each was told the time nothing was received, in Unix ms.
         let gaps = summary["gaps"] as? [[String: Any]] ?? []
-        #expect(gaps.count == 3 && gaps.allSatisfy { $0["unit"] as? String == "unix_ms" && $0["topic"] as? String == "Q.*" }, "\(summary)")
+        #expect(
+            gaps.count == 3 && gaps.allSatisfy { $0["unit"] as? String == "unix_ms" && $0["topic"] as? String == "Q.*" },
+            """
+            \(summary)
+            the tape's marks: \(Self.marks(directory: "\(directory)/tape"))
+            first run: \(Self.warnings(in: first.output))
+            second run: \(Self.warnings(in: second.output))
+            """)
         if !killed { #expect(summary["leaps"] as? Int == 0, "numbers go on by one across a clean restart: \(summary)") }
+    }
+
+    /// The lines of a relay's log above `info` (what explains a gap it told).
+    static func warnings(in log: String) -> String {
+        log.split(separator: "\n").filter { !$0.contains(" info ") && !$0.contains(" debug ") && !$0.contains(" trace ") }.suffix(40).joined(separator: "\n")
+    }
+
+    /// What a stocks tape recorded beside its events (what was wanted, losses, holes, stops), each with
+    /// the number of events before it: what explains a `gap` a resume told.
+    static func marks(directory: String) -> String {
+        let path = TapeFile.path(directory: directory, market: "stocks", day: TapeFile.day(of: WallClock.nowNanoseconds()))
+        guard let records = try? TapeReader(path: path).records() else { return "(no tape at \(path))" }
+        var events = 0
+        var marks: [String] = []
+        for record in records {
+            if case .event = record { events += 1 } else { marks.append("\(events): \(record)") }
+        }
+        return marks.suffix(60).joined(separator: "; ")
     }
 
     /// A client whose position the memory no longer holds (a 4 s history here) resumes from the tape:
