@@ -461,12 +461,18 @@ actor MarketConnection {
                         // added); from where they are added live if the epoch changed since (the resume is
                         // `gap` then).
                         let sameEpoch = hub.epoch == broken.epoch
+                        // Added after other topics: their replay comes after what the client may have
+                        // acknowledged of those.
+                        let later = handler.value.acknowledgedPosition?.isStarted == true
                         if sameEpoch {
                             handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
                             handler.value.acknowledgedPosition?.added(
                                 back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
                         }
                         let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
+                        if sameEpoch, later {
+                            handler.value.acknowledgedPosition?.replaying(from: broken.resumeAfter, through: resumed.sequence, epoch: resumed.epoch)
+                        }
                         // No floor then: on a cluster the hub may have replayed this term's events before it.
                         if !sameEpoch { handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch) }
                         // Its topics are this connection's now: the parked subscriber can go, and the

@@ -355,6 +355,14 @@ final class AcknowledgedPosition {
     /// The floors of the epoch the client stands in.
     var floors: [Topic: UInt64] { floorsByEpoch[acknowledgedEpoch ?? ""] ?? [:] }
 
+    /// Topics of a session taken back, added after the connection's first topics, are being replayed
+    /// from `resumeAfter` (in `epoch`): their replay is written after events of other topics the
+    /// client may have acknowledged past it. Until the client has acknowledged an event after
+    /// `through` (the market's position when the last of them was added: whatever was written after
+    /// it came after their replay), it stands no further than `resumeAfter`, so a break during the
+    /// replay skips none of it.
+    private var replaying: (epoch: String?, resumeAfter: UInt64, through: UInt64)?
+
     /// - Parameter start: the market sequence before anything this connection will be sent.
     init(start: UInt64, marginBytes: Int) {
         acknowledged = start
@@ -382,7 +390,7 @@ final class AcknowledgedPosition {
             acknowledged = max(acknowledged, sequence)
             acknowledgedEpoch = epoch
         }
-        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
+        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
     }
 
     /// Topics were added, each at the market sequence given in `epoch` (the hub's: its notice may not be
@@ -398,7 +406,20 @@ final class AcknowledgedPosition {
         var floors = floorsByEpoch[key] ?? [:]
         for (topic, sequence) in added where floors[topic] == nil { floors[topic] = sequence }
         floorsByEpoch[key] = floors
-        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: self.floors)
+        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: self.floors)
+    }
+
+    /// Topics of a session taken back were added with a replay from `resumeAfter` (in `epoch`) by a
+    /// connection that already held others; the market stood at `through` after the add (see
+    /// ``replaying``).
+    func replaying(from resumeAfter: UInt64, through: UInt64, epoch: String?) {
+        guard started, acknowledgedEpoch == epoch, acknowledged <= through else { return }
+        if let known = replaying, known.epoch == epoch {
+            replaying = (epoch, min(known.resumeAfter, resumeAfter), max(known.through, through))
+        } else {
+            replaying = (epoch, resumeAfter, through)
+        }
+        standing?.acknowledged(self.resumeAfter, epoch: acknowledgedEpoch, floors: floors)
     }
 
     /// Topics were removed: added again, they start from there.
@@ -407,7 +428,7 @@ final class AcknowledgedPosition {
         for topic in topics {
             for key in floorsByEpoch.keys { floorsByEpoch[key]?[topic] = nil }
         }
-        standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
+        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
     }
 
     private var started = false
@@ -441,14 +462,19 @@ final class AcknowledgedPosition {
         }
         if taken > 0 {
             marks.removeFirst(taken)
+            // The replay acknowledged whole (or the client moved to another epoch: from there it resumes).
+            if let known = replaying, known.epoch != acknowledgedEpoch || acknowledged > known.through { replaying = nil }
             // Floors of the epoch the client left say nothing more.
             if acknowledgedEpoch != epochBefore, epochBefore != writingEpoch { floorsByEpoch[epochBefore ?? ""] = nil }
-            standing?.acknowledged(acknowledged, epoch: acknowledgedEpoch, floors: floors)
+            standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
         }
     }
 
     /// The market sequence through which the client has every event of its topics.
-    var resumeAfter: UInt64 { acknowledged }
+    var resumeAfter: UInt64 {
+        guard let replaying, replaying.epoch == acknowledgedEpoch else { return acknowledged }
+        return min(acknowledged, replaying.resumeAfter)
+    }
 
     /// Whether it stands anywhere yet (its first topics were added).
     var isStarted: Bool { started }

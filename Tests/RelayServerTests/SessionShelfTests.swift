@@ -178,6 +178,31 @@ struct AcknowledgedPositionTests {
         #expect(read.floors == nil && read.resumeAfter == 20)
     }
 
+    @Test func aTakenBackTopicAddedLaterStandsWhereItsReplayStartsUntilItIsAcknowledged() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let standing = SessionStanding()
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.standing = standing
+        standing.holds([aapl], takenBack: nil)
+        // A session broken at 10 is taken back: AAPL first, replayed and then live through 50.
+        position.start(at: 10, epoch: "e1")
+        position.wrote(socketBytes: 1_000, sequence: 50, acknowledgedBytes: 1_000)
+        #expect(position.resumeAfter == 50)
+        // MSFT next, with the market at 60: its replay (from 10) is written after AAPL's 50.
+        position.replaying(from: 10, through: 60, epoch: "e1")
+        standing.holds([aapl, msft], takenBack: nil)
+        #expect(position.resumeAfter == 10 && standing.now?.resumeAfter == 10, "a break now would skip MSFT's replay from 50")
+        position.wrote(socketBytes: 2_000, sequence: 40, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 10, "part of the replay acknowledged: still where it starts")
+        // The first event after the add acknowledged: the replay was, whole.
+        position.wrote(socketBytes: 3_000, sequence: 61, acknowledgedBytes: 3_000)
+        #expect(position.resumeAfter == 61 && standing.now?.resumeAfter == 61)
+        // Acknowledged past the add already when told: nothing to hold.
+        position.replaying(from: 10, through: 55, epoch: "e1")
+        #expect(position.resumeAfter == 61)
+    }
+
     @Test func aNoticeWithNoEventOfTheNewEpochYetStandsAtItsStart() {
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
         position.start(at: 900, epoch: "e1")
