@@ -78,10 +78,15 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
     }
 
     /// Queues an element (from any thread, without waiting); returns `false` when it was dropped.
+    ///
+    /// With `pastControlBound`, a control element is queued even past the control bound (still counted
+    /// in it): for a producer's own few messages about itself (its link lost), which must not be lost
+    /// to a flood of others'. Dropped, such a message would be told only at the next element queued,
+    /// which may come much later.
     @discardableResult
-    public func push(_ element: Element) -> Bool {
+    public func push(_ element: Element, pastControlBound: Bool = false) -> Bool {
         let kept = state.withLock { state in
-            enqueue(element, weight: weigh(element), within: capacity, into: &state) ?? false
+            enqueue(element, weight: weigh(element), within: capacity, into: &state, pastControlBound: pastControlBound) ?? false
         }
         if kept { wake.yield() }
         return kept
@@ -113,7 +118,9 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
 
     /// Appends `element` when the weight queued leaves room for it within `limit`. `true`: queued;
     /// `false`: not (finished, or dropped and noted); `nil`: no room, and `waiting` (nothing dropped).
-    private func enqueue(_ element: Element, weight: Int, within limit: Int, into state: inout State, waiting: Bool = false) -> Bool? {
+    private func enqueue(
+        _ element: Element, weight: Int, within limit: Int, into state: inout State, waiting: Bool = false, pastControlBound: Bool = false
+    ) -> Bool? {
         guard !state.finished else { return false }
         let queued = state.weight + inFlight.load(ordering: .relaxed)
         // A waiting element heavier than its room goes once nothing else is queued.
@@ -124,7 +131,7 @@ public final class BoundedInbox<Element: Sendable, Loss: Sendable>: Sendable {
             return false
         }
         let control = weight == 0 && isControl(element)
-        if control, let controlBound, state.controls >= controlBound.count {
+        if control, !pastControlBound, let controlBound, state.controls >= controlBound.count {
             if waiting { return nil }
             state.droppedControls += 1
             return false

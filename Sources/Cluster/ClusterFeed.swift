@@ -249,10 +249,14 @@ final class ClusterFeed: Sendable {
 
     /// Tells every subscriber of this node that events stopped (once per outage; the first event after
     /// it announces the gap). With `linkDown`, NATS's events are not taken until ``linkBack()``.
+    ///
+    /// The node's own word, queued past the inbox's control bound: a flood of control messages on
+    /// NATS must not drop it (the bound's own notice would come only with the first event after the
+    /// link is back, and the outage would end as it began, its window never filled).
     func announceLost(_ reason: String, linkDown: Bool = false) {
         self.linkDown.withLock { down in
             if linkDown { down = true }
-            inbox.push(.connectionLost(reason: reason))
+            inbox.push(.connectionLost(reason: reason), pastControlBound: true)
         }
     }
 

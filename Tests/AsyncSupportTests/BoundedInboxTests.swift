@@ -83,6 +83,23 @@ struct BoundedInboxTests {
         #expect(await all.value == ["control(\"first\")", "control(\"second\")"], "nothing dropped")
     }
 
+    /// A producer's own word about itself goes past the control bound, in order after the drops it
+    /// follows (told first), and counts in the bound: what others send is still refused.
+    @Test func aProducersOwnControlMessageIsQueuedPastTheBound() async {
+        let inbox = BoundedInbox<Message, [Int]>(
+            capacity: 10, emptyLoss: [], weight: Self.weight, noteDrop: Self.noteDrop,
+            controlBound: (2, { _ in true }, { .control("\($0) dropped") }))
+        for name in ["a", "b"] { #expect(inbox.push(.control(name))) }
+        #expect(!inbox.push(.control("flood")), "past the bound")
+        #expect(inbox.push(.control("link lost"), pastControlBound: true))
+        #expect(!inbox.push(.control("more flood")), "still full: it counted")
+        inbox.finish()
+        #expect(
+            await drained(inbox) == [
+                "control(\"a\")", "control(\"b\")", "control(\"1 dropped\")", "control(\"link lost\")", "control(\"1 dropped\")",
+            ])
+    }
+
     @Test func overflowIsDroppedCountedAndReportedInPlace() async {
         let inbox = inbox(capacity: 3)
         #expect(inbox.push(.data([1, 2])))
