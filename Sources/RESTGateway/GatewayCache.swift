@@ -133,16 +133,15 @@ public final class GatewayCache: Sendable {
     /// oldest cursors are forgotten past ``maxCursors`` or ``maxCursorBytes``.
     public func remember(cursors: [String], expires: Int64?) async {
         guard !cursors.isEmpty else { return }
-        let maxCursorBytes = self.maxCursorBytes
         do {
-            try await rememberWriting(cursors, expires: expires, maxCursorBytes: maxCursorBytes)
+            try await rememberWriting(cursors, expires: expires)
         } catch {
             // Not committed: the running count may have moved with the rows that stayed; counted again.
             if let bytes = try? await queue.read({ db in try Self.cursorBytes(db) }) { cursorTotal.withLock { $0 = bytes } }
         }
     }
 
-    private func rememberWriting(_ cursors: [String], expires: Int64?, maxCursorBytes: Int) async throws {
+    private func rememberWriting(_ cursors: [String], expires: Int64?) async throws {
         try await queue.write { db in
             var held = self.cursorTotal.withLock { $0 }
             for cursor in cursors.prefix(16) where cursor.utf8.count <= 4096 {
@@ -155,7 +154,7 @@ public final class GatewayCache: Sendable {
                 db, sql: "DELETE FROM cursors WHERE rowid <= (SELECT MAX(rowid) FROM cursors) - ? RETURNING \(Self.cursorLength)",
                 arguments: [Self.maxCursors]
             ).reduce(0, +)
-            while held > maxCursorBytes {
+            while held > self.maxCursorBytes {
                 let gone = try Int.fetchAll(
                     db, sql: "DELETE FROM cursors WHERE rowid IN (SELECT rowid FROM cursors ORDER BY rowid LIMIT 16) RETURNING \(Self.cursorLength)")
                 guard !gone.isEmpty else { break }
