@@ -199,9 +199,11 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 ///   reads goes on however long its answer takes. Where the socket cannot say, a write done counts.
 ///
 /// A request being handled (its end read, its answer not ended, nothing waiting on the client) has no
-/// deadline: handling takes what it takes. Pipelined requests are read ahead of their answers, so
-/// requests and answers are counted. Between the HTTP codec and the request handling; event-loop
-/// confined.
+/// deadline: handling takes what it takes, and the parts of a pipelined request behind it wait for
+/// the relay to read them. Pipelined requests are read ahead of their answers, so requests and
+/// answers are counted. A client whose TCP stack is still taking what it was sent (``minimumTaken``
+/// a timeout) is not idle either: it may be reading the end of a large answer out of the socket's
+/// buffers. Between the HTTP codec and the request handling; event-loop confined.
 final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -212,8 +214,6 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     /// Requests whose end was read, and answers whose end was written.
     private var requestsRead = 0
     private var answersEnded = 0
-    /// A request's head was read and not yet its end.
-    private var readingRequest = false
     /// Writes handed to the connection that the socket has not taken yet.
     private var writesPending = 0
     /// When the client last sent a request part, and last took what it was sent (at least
@@ -222,7 +222,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private var lastTaken = NIODeadline.now()
     /// Its TCP stack's acknowledged bytes at `lastTaken` (`nil`: the socket cannot say).
     private var acknowledged: UInt64?
-    /// What a client must take per timeout, while writes wait on it, to count as reading.
+    /// What a client must take per timeout to count as reading.
     static let minimumTaken: UInt64 = 64 << 10
     /// The one timer, at or before the deadline: a deadline that moves later only changes what
     /// ``due`` says, and a timer that fires early sets itself again for the rest.
@@ -236,8 +236,9 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     /// When the connection is closed unless its client does its part first (`nil`: none).
     private var due: NIODeadline? {
         if writesPending > 0 { return lastTaken + timeout }
-        if readingRequest { return lastRead + timeout }
+        // Handling (a pipelined request's parts behind it wait for the relay to read them).
         if requestsRead > answersEnded { return nil }
+        // Idle, or sending a request's parts: the next within the timeout.
         return max(lastRead, lastTaken) + timeout
     }
 
@@ -247,15 +248,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         lastRead = .now()
-        switch unwrapInboundIn(data) {
-        case .head:
-            readingRequest = true
-        case .body:
-            break
-        case .end:
-            readingRequest = false
-            requestsRead += 1
-        }
+        if case .end = unwrapInboundIn(data) { requestsRead += 1 }
         update(context.channel)
         context.fireChannelRead(data)
     }
@@ -264,7 +257,9 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         if case .end = unwrapOutboundIn(data) { answersEnded += 1 }
         if writesPending == 0 { taken(context.channel) }
         writesPending += 1
-        let written = promise ?? context.eventLoop.makePromise()
+        // Our own promise (on this loop, whatever loop a caller's is on), passed on to the caller's.
+        let written = context.eventLoop.makePromise(of: Void.self)
+        if let promise { written.futureResult.cascade(to: promise) }
         let channel = context.channel
         written.futureResult.assumeIsolated().whenComplete { _ in
             self.writesPending -= 1
@@ -305,10 +300,11 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private func fired(_ channel: any Channel) {
         timer = nil
         guard var due else { return }
-        if NIODeadline.now() >= due, writesPending > 0, let before = acknowledged,
+        if NIODeadline.now() >= due, let before = acknowledged,
             let now = TCPInfoPrefix.bytesAcknowledged(by: channel), now >= before &+ Self.minimumTaken
         {
-            // Its answers still wait, but its TCP stack took enough more: a slow reader.
+            // Its TCP stack took enough more since: a slow reader (of answers still waiting, or of the
+            // last one's end out of the socket's buffers).
             taken(channel)
             due = lastTaken + timeout
         }

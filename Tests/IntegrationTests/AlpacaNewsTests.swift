@@ -132,22 +132,30 @@ struct AlpacaNewsEndToEndTests {
         }
     }
 
-    /// A story of 15 MiB asked for over HTTP by a client that never reads: the relay closes the
-    /// connection within the keep-alive timeout of the client's last taking anything, rather than hold
-    /// the answer and the request for as long as the socket stays open. A client that reads gets it
-    /// whole, and one that reads slowly too, however many timeouts it takes, while it takes some.
-    @Test func aClientThatStopsReadingALargeAnswerIsClosed() async throws {
-        let size = 15 << 20
+    /// A relay whose `/v1/last/news/n.AAPL` holds a story of `size` bytes, with the keep-alive
+    /// `timeout`: `body` gets its port and the path.
+    func withLargeStory(size: Int, timeout: Duration, _ body: (Int, String) async throws -> Void) async throws {
         // With the snapshot on, the hub keeps each symbol's last story (what `/v1/last` answers from).
         try await withNewsRelay(snapshot: true, adjust: {
             $0.news.maxBytes = 16 << 20
-            $0.connectionLimits.keepAliveTimeout = .seconds(1)
+            $0.connectionLimits.keepAliveTimeout = timeout
         }) { port, feed, _ in
             let client = try await newsClient(port, ["AAPL"])
             try await probe(feed, client, symbol: "AAPL")
             let large = feed.publishNews(symbols: ["AAPL"], contentBytes: size).id
             _ = try await items(client, through: large, timeout: .seconds(20))
-            let path = "/v1/last/news/n.AAPL"
+            try await body(port, "/v1/last/news/n.AAPL")
+            await client.close()
+        }
+    }
+
+    /// A story of 15 MiB asked for over HTTP by a client that never reads: the relay closes the
+    /// connection within the keep-alive timeout of the client's last taking anything, rather than hold
+    /// the answer and the request for as long as the socket stays open. A client that reads gets it
+    /// whole.
+    @Test func aClientThatStopsReadingALargeAnswerIsClosed() async throws {
+        let size = 15 << 20
+        try await withLargeStory(size: size, timeout: .seconds(1)) { port, path in
             let whole = try await httpGet("http://127.0.0.1:\(port)\(path)", key: "client-key")
             #expect(whole.status == 200 && whole.body.utf8.count > size, "a client that reads gets the whole story: \(whole.status), \(whole.body.utf8.count) bytes")
 
@@ -168,17 +176,24 @@ struct AlpacaNewsEndToEndTests {
                 }
             }
             #expect(ended && received < size / 2, "closed with what the sockets held (\(received) bytes), not the rest sent on")
+        }
+    }
 
-            // 256 KiB a tenth of a second through a 2 KiB receive buffer: six timeouts for the story.
+    /// A client that reads a 15 MiB answer slowly (512 KiB a tenth of a second through a 2 KiB receive
+    /// buffer: about three seconds, more than the 2 s keep-alive timeout) is not closed while it reads.
+    @Test func aSlowReaderOfALargeAnswerIsNotClosedWhileItReads() async throws {
+        let size = 15 << 20
+        try await withLargeStory(size: size, timeout: .seconds(2)) { port, path in
             let slow = try RawSocket(port: port, receiveBuffer: 2048)
-            slow.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer client-key\r\n\r\n")
+            let ask = "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer client-key\r\n\r\n"
+            slow.send(ask)
             slow.setTimeout(.milliseconds(200))
             var taken = 0
             var closed = false
             let until = ContinuousClock.now + .seconds(60)
             while taken <= size, !closed, ContinuousClock.now < until {
                 var chunk = 0
-                while chunk < 256 << 10, taken + chunk <= size, !closed, ContinuousClock.now < until {
+                while chunk < 512 << 10, taken + chunk <= size, !closed, ContinuousClock.now < until {
                     if let bytes = slow.receive(max: 64 << 10) {
                         chunk += bytes.count
                         closed = bytes.isEmpty
@@ -191,7 +206,6 @@ struct AlpacaNewsEndToEndTests {
                 try await Task.sleep(for: .milliseconds(100))
             }
             #expect(taken > size && !closed, "a slow reader is not closed while it reads: \(taken) bytes, closed: \(closed)")
-            await client.close()
         }
     }
 
