@@ -204,6 +204,11 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 /// answers are counted. A client whose TCP stack is still taking what it was sent (``minimumTaken``
 /// a timeout) is not idle either: it may be reading the end of a large answer out of the socket's
 /// buffers. Between the HTTP codec and the request handling; event-loop confined.
+///
+/// A request the codec takes as the end of HTTP on the connection (`CONNECT`, or one asking for an
+/// `Upgrade` the relay did not make: a late WebSocket upgrade, `h2c`) is the connection's last: the
+/// codec would keep every byte sent after it unparsed, so nothing more is read, and the connection is
+/// closed once its answer is taken.
 final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -228,6 +233,8 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     /// ``due`` says, and a timer that fires early sets itself again for the rest.
     private var timer: (task: Scheduled<Void>, at: NIODeadline)?
     private var removed = false
+    /// A request that ends HTTP on the connection was read: no more reads, closed after its answer.
+    private var lastRequest = false
 
     init(timeout: TimeAmount) {
         self.timeout = timeout
@@ -248,13 +255,29 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         lastRead = .now()
-        if case .end = unwrapInboundIn(data) { requestsRead += 1 }
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            if head.method == .connect || head.headerFields[.upgrade] != nil { lastRequest = true }
+        case .body:
+            break
+        case .end:
+            requestsRead += 1
+        }
         update(context.channel)
         context.fireChannelRead(data)
     }
 
+    func read(context: ChannelHandlerContext) {
+        guard !lastRequest else { return }
+        context.read()
+    }
+
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if case .end = unwrapOutboundIn(data) { answersEnded += 1 }
+        var ends = false
+        if case .end = unwrapOutboundIn(data) {
+            answersEnded += 1
+            ends = lastRequest && answersEnded >= requestsRead
+        }
         if writesPending == 0 { taken(context.channel) }
         writesPending += 1
         // Our own promise (on this loop, whatever loop a caller's is on), passed on to the caller's.
@@ -266,6 +289,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
             // All taken; or, where the socket cannot say how much, one write.
             if self.writesPending == 0 || self.acknowledged == nil { self.taken(channel) }
             self.update(channel)
+            if ends { channel.close(promise: nil) }
         }
         update(context.channel)
         context.write(data, promise: written)

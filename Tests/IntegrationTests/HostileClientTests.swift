@@ -333,6 +333,27 @@ struct HostileClientTests {
         }
     }
 
+    /// A request that ends HTTP on the connection (`CONNECT`, or an `Upgrade` the relay does not make,
+    /// on a kept-alive connection) is its last: HTTP's codec would keep whatever follows unparsed (a
+    /// client could fill the relay's memory at the speed it sends), so the relay reads nothing more
+    /// and closes the connection once it is answered.
+    @Test func aRequestThatEndsHTTPIsTheConnectionsLast() async throws {
+        try await withRelay { port, _ in
+            let requests = [
+                "CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
+            ]
+            for request in requests {
+                let client = try RawSocket(port: port)
+                #expect(client.send(request) > 0)
+                // 64 MiB after it: taken only as far as the sockets' buffers hold, until the close.
+                let flood = client.send([UInt8](repeating: 65, count: 64 << 20))
+                #expect(flood < 16 << 20, "the relay read \(flood) bytes past the connection's last request")
+                #expect(client.readsToEOF(within: .seconds(5)), "closed after its answer")
+            }
+        }
+    }
+
     @Test func distinctTopicsPerKeyAreCapped() async throws {
         try await withRelay({
             $0.clientKeys = ["client-key", "other-key"]
