@@ -206,9 +206,12 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 /// buffers. Between the HTTP codec and the request handling; event-loop confined.
 ///
 /// A request the codec takes as the end of HTTP on the connection (`CONNECT`, or one asking for an
-/// `Upgrade` the relay did not make: a late WebSocket upgrade, `h2c`) is the connection's last: the
-/// codec would keep every byte sent after it unparsed, so nothing more is read, and the connection is
-/// closed once its answer is taken.
+/// `Upgrade` with `Connection: upgrade` that the relay did not make: a late WebSocket upgrade, `h2c`)
+/// is the connection's last: the codec would keep every byte sent after it unparsed, so nothing is
+/// read past its end. Its answer says `Connection: close`; once written, the relay's side is closed
+/// (its client reads the answer whole, then the end), and the connection goes at the idle deadline
+/// or when the client closes. So does a connection whose request handling closed its side
+/// (`Connection: close`) with requests still behind it: they are never answered.
 final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -233,8 +236,11 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     /// ``due`` says, and a timer that fires early sets itself again for the rest.
     private var timer: (task: Scheduled<Void>, at: NIODeadline)?
     private var removed = false
-    /// A request that ends HTTP on the connection was read: no more reads, closed after its answer.
-    private var lastRequest = false
+    /// The request that ends HTTP on the connection (its number, from 1), once its head was read: no
+    /// reads past its end, the relay's side closed after its answer.
+    private var lastRequest: Int?
+    /// The relay's side of the connection is closed: nothing more will be answered.
+    private var outputClosed = false
 
     init(timeout: TimeAmount) {
         self.timeout = timeout
@@ -244,7 +250,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private var due: NIODeadline? {
         if writesPending > 0 { return lastTaken + timeout }
         // Handling (a pipelined request's parts behind it wait for the relay to read them).
-        if requestsRead > answersEnded { return nil }
+        if requestsRead > answersEnded, !outputClosed { return nil }
         // Idle, or sending a request's parts: the next within the timeout.
         return max(lastRead, lastTaken) + timeout
     }
@@ -257,7 +263,9 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         lastRead = .now()
         switch unwrapInboundIn(data) {
         case .head(let head):
-            if head.method == .connect || head.headerFields[.upgrade] != nil { lastRequest = true }
+            // As the codec decides (llhttp): CONNECT, or an `Upgrade` that `Connection` asks for.
+            let upgrade = head.headerFields[.upgrade] != nil && head.headerFields[.connection]?.lowercased().contains("upgrade") == true
+            if lastRequest == nil, head.method == .connect || upgrade { lastRequest = requestsRead + 1 }
         case .body:
             break
         case .end:
@@ -268,15 +276,24 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        guard !lastRequest else { return }
+        if let lastRequest, requestsRead >= lastRequest { return }
         context.read()
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         var ends = false
-        if case .end = unwrapOutboundIn(data) {
+        var data = data
+        switch unwrapOutboundIn(data) {
+        case .head(var head):
+            if let lastRequest, answersEnded + 1 >= lastRequest {
+                head.headerFields[.connection] = "close"
+                data = wrapOutboundOut(.head(head))
+            }
+        case .body:
+            break
+        case .end:
             answersEnded += 1
-            ends = lastRequest && answersEnded >= requestsRead
+            ends = lastRequest.map { answersEnded >= $0 } ?? false
         }
         if writesPending == 0 { taken(context.channel) }
         writesPending += 1
@@ -289,10 +306,20 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
             // All taken; or, where the socket cannot say how much, one write.
             if self.writesPending == 0 || self.acknowledged == nil { self.taken(channel) }
             self.update(channel)
-            if ends { channel.close(promise: nil) }
+            // The relay's side ends after the answer (the client reads it whole, then the end).
+            if ends { channel.close(mode: .output, promise: nil) }
         }
         update(context.channel)
         context.write(data, promise: written)
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        if mode == .output {
+            // Nothing more will be answered: the idle deadline runs, whatever was asked behind.
+            outputClosed = true
+            update(context.channel)
+        }
+        context.close(mode: mode, promise: promise)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {

@@ -335,8 +335,8 @@ struct HostileClientTests {
 
     /// A request that ends HTTP on the connection (`CONNECT`, or an `Upgrade` the relay does not make,
     /// on a kept-alive connection) is its last: HTTP's codec would keep whatever follows unparsed (a
-    /// client could fill the relay's memory at the speed it sends), so the relay reads nothing more
-    /// and closes the connection once it is answered.
+    /// client could fill the relay's memory at the speed it sends), so the relay reads nothing past it,
+    /// answers it with `Connection: close`, and ends its side once the answer is written.
     @Test func aRequestThatEndsHTTPIsTheConnectionsLast() async throws {
         try await withRelay { port, _ in
             let requests = [
@@ -344,13 +344,34 @@ struct HostileClientTests {
                 "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
             ]
             for request in requests {
-                let client = try RawSocket(port: port)
+                let client = try RawSocket(port: port, timeout: .seconds(1))
                 #expect(client.send(request) > 0)
-                // 64 MiB after it: taken only as far as the sockets' buffers hold, until the close.
+                // 64 MiB after it: taken only as far as the sockets' buffers hold.
                 let flood = client.send([UInt8](repeating: 65, count: 64 << 20))
                 #expect(flood < 16 << 20, "the relay read \(flood) bytes past the connection's last request")
-                #expect(client.readsToEOF(within: .seconds(5)), "closed after its answer")
+                let (answer, ended) = client.readAll(within: .seconds(10))
+                #expect(ended, "the relay's side ended after its answer")
+                #expect(answer.lowercased().contains("connection: close"), "said so: \(answer.prefix(400))")
             }
+        }
+    }
+
+    /// A client that asks with `Connection: close` and sends another request behind it gets its answer
+    /// and the end, and the connection is closed within the keep-alive timeout even though the client
+    /// never closes it (the request behind is never answered).
+    @Test func aRequestBehindConnectionCloseHoldsNothing() async throws {
+        try await withRelay({ $0.connectionLimits.keepAliveTimeout = .seconds(1) }) { port, _ in
+            let client = try RawSocket(port: port, timeout: .seconds(1))
+            client.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            let (answer, ended) = client.readAll(within: .seconds(10))
+            #expect(ended && answer.components(separatedBy: "HTTP/1.1 ").count == 2, "one answer, then the end: \(answer.prefix(300))")
+            // Three timeouts later (the time passing is what is tested), the relay has closed the socket:
+            // a write gets its reset, the next fails. (The start of a request, so that an open
+            // connection takes it without an error of its own.)
+            try await Task.sleep(for: .seconds(3))
+            client.send("G")
+            try await Task.sleep(for: .milliseconds(200))
+            #expect(client.send("E") == 0, "the connection is still open on the relay's side")
         }
     }
 

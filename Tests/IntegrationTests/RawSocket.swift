@@ -65,6 +65,23 @@ final class RawSocket {
         return Array(buffer[0..<n])
     }
 
+    /// Everything it reads (as text) until the peer ends its side (`true`) or `timeout` passes or the
+    /// connection fails (`false`).
+    func readAll(within timeout: Duration) -> (String, Bool) {
+        let deadline = ContinuousClock.now + timeout
+        setTimeout(.milliseconds(200))
+        var received: [UInt8] = []
+        while ContinuousClock.now < deadline {
+            if let bytes = receive() {
+                if bytes.isEmpty { return (String(decoding: received, as: UTF8.self), true) }
+                received += bytes
+            } else if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
+                break
+            }
+        }
+        return (String(decoding: received, as: UTF8.self), false)
+    }
+
     /// Reads until the peer closes (true) or `timeout` passes without it (false).
     func readsToEOF(within timeout: Duration) -> Bool {
         let deadline = ContinuousClock.now + timeout
