@@ -143,6 +143,8 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
             pipeline.enableErrorHandling = false
             pipeline.enableResponseHeaderValidation = false
             let result = try channel.pipeline.syncOperations.configureUpgradableHTTPServerPipeline(configuration: pipeline)
+            let upgrades = try channel.pipeline.syncOperations.handler(type: NIOTypedHTTPServerUpgradeHandler<UpgradeResult>.self)
+            try channel.pipeline.syncOperations.addHandler(DecliningOtherUpgrades(), position: .before(upgrades))
             return Value(upgradeResult: result, channel: channel)
         }
     }
@@ -232,6 +234,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private var acknowledged: UInt64?
     /// What a client must take per timeout to count as reading.
     static let minimumTaken: UInt64 = 64 << 10
+    private static let declined = HTTPField.Name(DecliningOtherUpgrades.declined)
     /// The one timer, at or before the deadline: a deadline that moves later only changes what
     /// ``due`` says, and a timer that fires early sets itself again for the rest.
     private var timer: (task: Scheduled<Void>, at: NIODeadline)?
@@ -263,8 +266,11 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         lastRead = .now()
         switch unwrapInboundIn(data) {
         case .head(let head):
-            // As the codec decides (llhttp): CONNECT, or an `Upgrade` that `Connection` asks for.
-            let upgrade = head.headerFields[.upgrade] != nil && head.headerFields[.connection]?.lowercased().contains("upgrade") == true
+            // As the codec decides (llhttp): CONNECT, or an `Upgrade` that `Connection` asks for (on the
+            // first request, one declined: ``DecliningOtherUpgrades``).
+            let upgrade =
+                head.headerFields[.upgrade] != nil && head.headerFields[.connection]?.lowercased().contains("upgrade") == true
+                || Self.declined.map { head.headerFields[$0] != nil } == true
             if lastRequest == nil, head.method == .connect || upgrade { lastRequest = requestsRead + 1 }
         case .body:
             break
@@ -360,6 +366,38 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
             due = lastTaken + timeout
         }
         if NIODeadline.now() >= due { channel.close(promise: nil) } else { arm(channel, at: due) }
+    }
+}
+
+/// The first request of a connection asking for an `Upgrade` other than a WebSocket (`h2c`: curl
+/// `--http2`, Java's `HttpClient` over `http://`) is answered as plain HTTP/1.1. NIO's upgrade handler
+/// would lose such a request (it keeps none of it while it looks for an upgrader, and finds none):
+/// its client got an empty reply. Its `Upgrade` header is renamed ``declined`` on its way there, so
+/// the upgrade handler takes it as an ordinary request, and ``RequestHeadDeadline`` still knows it is
+/// the connection's last (the codec stops parsing after it). Between the codec and the upgrade
+/// handler, for the first request only.
+final class DecliningOtherUpgrades: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+
+    /// The header an `Upgrade` the relay declined is renamed to.
+    static let declined = "X-Relay-Declined-Upgrade"
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .head(var head) = unwrapInboundIn(data) else {
+            context.fireChannelRead(data)
+            return
+        }
+        let asked = head.headers[canonicalForm: "upgrade"]
+        if !asked.isEmpty, !asked.contains(where: { $0.lowercased() == "websocket" }) {
+            let names = asked.joined(separator: ", ")
+            head.headers.remove(name: "upgrade")
+            head.headers.add(name: Self.declined, value: names)
+            context.fireChannelRead(wrapInboundOut(.head(head)))
+        } else {
+            context.fireChannelRead(data)
+        }
+        context.pipeline.syncOperations.removeHandler(self, promise: nil)
     }
 }
 

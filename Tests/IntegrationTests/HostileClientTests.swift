@@ -342,6 +342,10 @@ struct HostileClientTests {
             let requests = [
                 "CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
                 "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
+                // A first request offering h2c (curl --http2, Java's HttpClient over http://), with a body
+                // or not: answered as HTTP/1.1 (NIO's upgrade handler lost it: an empty reply).
+                "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+                "POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nContent-Length: 5\r\n\r\nhello",
             ]
             for request in requests {
                 let client = try RawSocket(port: port, timeout: .seconds(1))
@@ -351,7 +355,7 @@ struct HostileClientTests {
                 #expect(flood < 16 << 20, "the relay read \(flood) bytes past the connection's last request")
                 let (answer, ended) = client.readAll(within: .seconds(10))
                 #expect(ended, "the relay's side ended after its answer")
-                #expect(answer.lowercased().contains("connection: close"), "said so: \(answer.prefix(400))")
+                #expect(answer.hasPrefix("HTTP/1.1 ") && answer.lowercased().contains("connection: close"), "answered, saying so: \(answer.prefix(400))")
             }
         }
     }
