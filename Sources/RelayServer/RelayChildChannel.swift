@@ -207,10 +207,9 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 /// a timeout) is not idle either: it may be reading the end of a large answer out of the socket's
 /// buffers. Between the HTTP codec and the request handling; event-loop confined.
 ///
-/// A request the codec takes as the end of HTTP on the connection (`CONNECT`, or one asking for an
-/// `Upgrade` with `Connection: upgrade` that the relay did not make: a late WebSocket upgrade, `h2c`)
-/// is the connection's last: the codec would keep every byte sent after it unparsed, so nothing is
-/// read past its end. Its answer says `Connection: close`; once written, the relay's side is closed
+/// A request the codec may take as the end of HTTP on the connection (`CONNECT`, or one with an
+/// `Upgrade` the relay did not make: a late WebSocket upgrade, `h2c`) is the connection's last: the
+/// codec would keep every byte sent after it unparsed, so nothing is read past its end. Its answer says `Connection: close`; once written, the relay's side is closed
 /// (its client reads the answer whole, then the end), and the connection goes at the idle deadline
 /// or when the client closes. So does a connection whose request handling closed its side
 /// (`Connection: close`) with requests still behind it: they are never answered.
@@ -266,11 +265,10 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         lastRead = .now()
         switch unwrapInboundIn(data) {
         case .head(let head):
-            // As the codec decides (llhttp): CONNECT, or an `Upgrade` that `Connection` asks for (on the
-            // first request, one declined: ``DecliningOtherUpgrades``).
-            let upgrade =
-                head.headerFields[.upgrade] != nil && head.headerFields[.connection]?.lowercased().contains("upgrade") == true
-                || Self.declined.map { head.headerFields[$0] != nil } == true
+            // CONNECT, or any `Upgrade` (on the first request, one declined: ``DecliningOtherUpgrades``):
+            // a superset of when the codec stops parsing (`Connection` or `Proxy-Connection` asking for
+            // it), at the cost of a keep-alive for the rest.
+            let upgrade = head.headerFields[.upgrade] != nil || Self.declined.map { head.headerFields[$0] != nil } == true
             if lastRequest == nil, head.method == .connect || upgrade { lastRequest = requestsRead + 1 }
         case .body:
             break
@@ -307,13 +305,13 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         let written = context.eventLoop.makePromise(of: Void.self)
         if let promise { written.futureResult.cascade(to: promise) }
         let channel = context.channel
-        written.futureResult.assumeIsolated().whenComplete { _ in
+        written.futureResult.assumeIsolated().whenComplete { result in
             self.writesPending -= 1
             // All taken; or, where the socket cannot say how much, one write.
             if self.writesPending == 0 || self.acknowledged == nil { self.taken(channel) }
             self.update(channel)
             // The relay's side ends after the answer (the client reads it whole, then the end).
-            if ends { channel.close(mode: .output, promise: nil) }
+            if ends, case .success = result { channel.close(mode: .output, promise: nil) }
         }
         update(context.channel)
         context.write(data, promise: written)
@@ -369,10 +367,11 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     }
 }
 
-/// The first request of a connection asking for an `Upgrade` other than a WebSocket (`h2c`: curl
-/// `--http2`, Java's `HttpClient` over `http://`) is answered as plain HTTP/1.1. NIO's upgrade handler
-/// would lose such a request (it keeps none of it while it looks for an upgrader, and finds none):
-/// its client got an empty reply. Its `Upgrade` header is renamed ``declined`` on its way there, so
+/// The first request of a connection asking for an `Upgrade` other than a well-formed WebSocket one
+/// (`h2c`: curl `--http2`, Java's `HttpClient` over `http://`; a WebSocket request without one
+/// `Sec-WebSocket-Key` or with a version other than 13) is answered as plain HTTP/1.1. NIO's upgrade
+/// handler would lose such a request (it keeps none of it while it looks for an upgrader, and finds
+/// none): its client got an empty reply. Its `Upgrade` header is renamed ``declined`` on its way there, so
 /// the upgrade handler takes it as an ordinary request, and ``RequestHeadDeadline`` still knows it is
 /// the connection's last (the codec stops parsing after it). Between the codec and the upgrade
 /// handler, for the first request only.
@@ -389,7 +388,11 @@ final class DecliningOtherUpgrades: ChannelInboundHandler, RemovableChannelHandl
             return
         }
         let asked = head.headers[canonicalForm: "upgrade"]
-        if !asked.isEmpty, !asked.contains(where: { $0.lowercased() == "websocket" }) {
+        // What NIO's WebSocket upgrader checks before it takes a request.
+        let webSocket =
+            asked.contains { $0.lowercased() == "websocket" } && head.headers["sec-websocket-key"].count == 1
+            && head.headers["sec-websocket-version"] == ["13"]
+        if !asked.isEmpty, !webSocket {
             let names = asked.joined(separator: ", ")
             head.headers.remove(name: "upgrade")
             head.headers.add(name: Self.declined, value: names)

@@ -346,6 +346,10 @@ struct HostileClientTests {
                 // or not: answered as HTTP/1.1 (NIO's upgrade handler lost it: an empty reply).
                 "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
                 "POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nContent-Length: 5\r\n\r\nhello",
+                // The codec takes `Proxy-Connection` as it takes `Connection`.
+                "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nProxy-Connection: upgrade\r\nUpgrade: x\r\n\r\n",
+                // A WebSocket request NIO's upgrader would not take (no key): answered too.
+                "GET /stocks HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
             ]
             for request in requests {
                 let client = try RawSocket(port: port, timeout: .seconds(1))
