@@ -209,10 +209,11 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 ///
 /// A request the codec may take as the end of HTTP on the connection (`CONNECT`, or one with an
 /// `Upgrade` the relay did not make: a late WebSocket upgrade, `h2c`) is the connection's last: the
-/// codec would keep every byte sent after it unparsed, so nothing is read past its end. Its answer says `Connection: close`; once written, the relay's side is closed
-/// (its client reads the answer whole, then the end), and the connection goes at the idle deadline
-/// or when the client closes. So does a connection whose request handling closed its side
-/// (`Connection: close`) with requests still behind it: they are never answered.
+/// codec would keep every byte sent after it unparsed, so nothing is read past its end. Its answer
+/// says `Connection: close`; once written, the relay's side is closed (its client reads the answer
+/// whole, then the end), and the connection goes at the idle deadline or when the client closes. So
+/// does a connection whose request handling closed its side (`Connection: close`) with requests
+/// still behind it: they are never answered.
 final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
