@@ -272,7 +272,7 @@ final class DeliveryBatch: Sendable {
             guard !state.taken else { return false }
             state.deliveries.append(delivery)
             queue.pending.add(count, ordering: .relaxed)
-            queue.replaying.add(delivery.replayWeight, ordering: .relaxed)
+            queue.queuedOutsideBound(delivery.replayWeight)
             return true
         }
     }
@@ -284,7 +284,7 @@ final class DeliveryBatch: Sendable {
             state.taken = false
             state.deliveries.append(delivery)
             queue.pending.add(count, ordering: .relaxed)
-            queue.replaying.add(delivery.replayWeight, ordering: .relaxed)
+            queue.queuedOutsideBound(delivery.replayWeight)
         }
     }
 
@@ -293,7 +293,9 @@ final class DeliveryBatch: Sendable {
         state.withLock { state in
             state.taken = true
             queue.pending.subtract(state.deliveries.reduce(0) { $0 + $1.pendingWeight }, ordering: .relaxed)
-            queue.replaying.subtract(state.deliveries.reduce(0) { $0 + $1.replayWeight }, ordering: .relaxed)
+            let replayed = state.deliveries.reduce(0) { $0 + $1.replayWeight }
+            queue.replaying.subtract(replayed, ordering: .relaxed)
+            queue.replayedQueued.subtract(replayed, ordering: .relaxed)
             state.deliveries.removeAll(keepingCapacity: true)
         }
     }

@@ -34,6 +34,11 @@ public struct HubSubscription: Sendable {
         queue.replaying.add(count, ordering: .relaxed)
     }
 
+    /// The events queued outside the bound (replays, recovered events) since it joined, in all: read
+    /// after ``MarketDataHub/add(_:to:resuming:)`` returns, what its replay ends at (a reader that has
+    /// taken this many of them in all has taken the replay whole). Any thread.
+    public var replayedQueued: Int { queue.replayedQueued.load(ordering: .relaxed) }
+
     /// Whether the hub ended this subscription because it fell too far behind (`disconnect` policy).
     public var wasEvicted: Bool { queue.evicted.load(ordering: .acquiring) }
 

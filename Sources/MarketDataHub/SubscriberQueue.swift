@@ -16,6 +16,9 @@ final class SubscriberQueue: Sendable {
     /// not taken yet: a new resume may replay only what keeps this within
     /// ``HistoryLimits/eventsPerResume``.
     let replaying = Atomic<Int>(0)
+    /// Events queued outside the bound since the subscriber joined, in all (never lowered): a reader that
+    /// counts what it wrote of them knows when a replay queued by then has gone out whole.
+    let replayedQueued = Atomic<Int>(0)
     let batches = Atomic<Int>(0)
     let evicted = Atomic<Bool>(false)
     let finished = Atomic<Bool>(false)
@@ -24,5 +27,12 @@ final class SubscriberQueue: Sendable {
 
     init(limit: Int) {
         self.limit = Atomic(limit)
+    }
+
+    /// `count` events were queued outside the bound (a live delivery: none).
+    func queuedOutsideBound(_ count: Int) {
+        guard count > 0 else { return }
+        replaying.add(count, ordering: .relaxed)
+        replayedQueued.add(count, ordering: .relaxed)
     }
 }

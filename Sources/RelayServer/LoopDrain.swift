@@ -103,10 +103,8 @@ actor LoopDrain {
         var more: [ByteBuffer] = []
         /// Close with this code after the frames (a client the hub evicted).
         var close: (code: WebSocketErrorCode, reason: String)? = nil
-        /// The newest market sequence written (tagged sessions only; 0: not noted).
-        var lastSequence: UInt64 = 0
-        /// The epoch a notice in it started (tagged sessions only): `lastSequence` is of this epoch.
-        var epoch: String?
+        /// What it completes of a tagged session's position (tagged sessions only; else nothing).
+        var through = WrittenThrough.nothing
         /// Its frames' bytes, counted as handed to the loop (``Writability/handedToLoop(_:)``) until written.
         var bytes = 0
     }
@@ -142,22 +140,26 @@ actor LoopDrain {
         defer { if client.canTake { client.kick() } }
         if client.writability.isClosed { return nil }  // read and drop: the stream ends after hub.remove
         var payload = 1
-        var lastSequence: UInt64 = 0
-        var epoch: String?
+        var through = WrittenThrough.nothing
+        var replayed = 0
         var events = 0
         let tracked = client.tracksPositions.load(ordering: .relaxed)
         for index in deliveries.indices {
             payload += deliveries[index].framedBytes
             events += deliveries[index].marketEventCount
             guard tracked else { continue }
+            replayed += deliveries[index].replayWeight
             if let started = deliveries[index].epochStarted {
                 // Positions count afresh from here: only the new epoch's note where the client stands.
-                epoch = started
-                lastSequence = 0
+                through.epoch = started
+                through.sequence = 0
             } else {
-                lastSequence = max(lastSequence, deliveries[index].lastSequence)
+                through.sequence = max(through.sequence, deliveries[index].lastSequence)
             }
         }
+        // Counted as the turn takes them, in order: once the count passes what the hub had queued by the
+        // end of a resume, that resume's replay is in this write or an earlier one.
+        if replayed > 0 { through.replayed = client.replayedWritten.add(replayed, ordering: .relaxed).newValue }
         delivered += events
         client.metrics.delivered.increment(by: events)
         // One call through the protocol seam per client turn: its framing builds the frames.
@@ -169,10 +171,9 @@ actor LoopDrain {
         else {
             // Nothing to send (each event one the client already has: a news item's second route), and
             // yet the turn took its events: a tagged session still notes how far it stands.
-            guard lastSequence != 0 || epoch != nil else { return nil }
+            guard through != .nothing else { return nil }
             var write = Write(handler: client.handler, frame: ByteBuffer())
-            write.lastSequence = lastSequence
-            write.epoch = epoch
+            write.through = through
             return write
         }
         var write = Write(handler: client.handler, frame: framed.first, more: framed.more)
@@ -185,8 +186,7 @@ actor LoopDrain {
             metrics.tally.record(latencyNanoseconds: latency)
         }
         client.metrics.writes.increment()
-        write.lastSequence = lastSequence
-        write.epoch = epoch
+        write.through = through
         return write
     }
 
@@ -205,10 +205,10 @@ actor LoopDrain {
     private static func write(_ writes: [Write]) {
         for write in writes {
             let handler = write.handler.value
-            handler.writeWire(write.frame, completing: write.more.isEmpty ? write.lastSequence : 0, epoch: write.more.isEmpty ? write.epoch : nil)
+            handler.writeWire(write.frame, completing: write.more.isEmpty ? write.through : .nothing)
             for (index, frame) in write.more.enumerated() {
                 let last = index == write.more.count - 1
-                handler.writeWire(frame, completing: last ? write.lastSequence : 0, epoch: last ? write.epoch : nil)
+                handler.writeWire(frame, completing: last ? write.through : .nothing)
             }
             handler.flushWire()
             if let close = write.close { handler.close(code: close.code, reason: close.reason) }
@@ -230,6 +230,9 @@ final class ClientFeed: Sendable {
     private let isFinished = Atomic<Bool>(false)
     /// A tagged session: each write notes the newest market sequence it carried.
     let tracksPositions = Atomic<Bool>(false)
+    /// The replayed events (``HubDelivery/replayWeight``) written to a tagged session in all: compared
+    /// with ``HubSubscription/replayedQueued``.
+    let replayedWritten = Atomic<Int>(0)
     /// The drain keeps part of what it took for the next turn (a replay past one turn's bytes).
     let carrying = Atomic<Bool>(false)
     /// How its events become frames, in its protocol and codec.

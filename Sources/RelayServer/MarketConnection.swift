@@ -361,12 +361,19 @@ actor MarketConnection {
                 epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: closing.brokeAt,
                 carriedOver: closing.carriedOver, floors: kept.floors)
         }
-        // Parked first, so its topics never stop being wanted; then shelved; then no longer open.
+        // Parked first, so its topics never stop being wanted; then shelved; then no longer open. The
+        // topics of a session it took back and had not subscribed again are held by that one's parked
+        // subscriber: this one takes them over before that one goes (or, with none of its own, is it).
         if let id = subscription?.id {
+            if let left = resuming?.topics.subtracting(closing.topics), !left.isEmpty, resuming?.parked != nil {
+                _ = await dependencies.hub.add(left, to: id)
+            }
             await dependencies.hub.park(id)
             shelved.parked = id
+            if let parked = resuming?.parked { await dependencies.hub.remove(parked) }
+        } else {
+            shelved.parked = resuming?.parked
         }
-        if let parked = resuming?.parked { await dependencies.hub.remove(parked) }
         // The shelved session took over the taken-back one's topics: those held in the key's budget at
         // the close hold their own; one taken over after it keeps the taken-back one's hold.
         releaseBudget(Array(resuming?.topics.intersection(closing.topics) ?? []))
@@ -437,7 +444,8 @@ actor MarketConnection {
                 writability.onWritable { feed.kick() }
                 feed.kick()
             case .add(let topics, let resume):
-                guard let id = subscription?.id else { continue }
+                guard let joined = subscription else { continue }
+                let id = joined.id
                 if takingOver, let sessionName {
                     takingOver = false
                     resuming = await dependencies.shelf.takeOver(sessionName)
@@ -471,18 +479,29 @@ actor MarketConnection {
                         }
                         let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
                         if sameEpoch, later {
-                            handler.value.acknowledgedPosition?.replaying(from: broken.resumeAfter, through: resumed.sequence, epoch: resumed.epoch)
+                            handler.value.acknowledgedPosition?.replaying(
+                                from: broken.resumeAfter, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
                         }
                         // No floor then: on a cluster the hub may have replayed this term's events before it.
                         if !sameEpoch { handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch) }
-                        // Its topics are this connection's now: the parked subscriber can go, and the
-                        // session's hold on them in the key's budget (this connection holds its own).
-                        if let parked = broken.parked { await hub.remove(parked) }
-                        releaseBudget(back)
+                        // Its topics are this connection's now: the parked subscriber lets them go (and goes
+                        // once it holds none), and so does the session's hold on them in the key's budget
+                        // (this connection holds its own). It keeps holding the session's other topics until
+                        // they are subscribed again: unwanted meanwhile, they would not be received, and
+                        // their resume would be a `gap`.
                         let left = broken.topics.subtracting(back)
-                        resuming = left.isEmpty ? nil : SessionShelf.Session(
-                            epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt,
-                            carriedOver: broken.carriedOver, floors: broken.floors.filter { left.contains($0.key) })
+                        if let parked = broken.parked {
+                            if left.isEmpty { await hub.remove(parked) } else { await hub.remove(back, from: parked) }
+                        }
+                        releaseBudget(back)
+                        if left.isEmpty {
+                            resuming = nil
+                        } else {
+                            resuming = SessionShelf.Session(
+                                epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt,
+                                carriedOver: broken.carriedOver, floors: broken.floors.filter { left.contains($0.key) })
+                            resuming?.parked = broken.parked
+                        }
                     }
                     if !rest.isEmpty {
                         let added = await hub.add(rest, to: id)

@@ -338,10 +338,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     /// is bounded by what the hub lets a subscriber queue (its event buffer and one resume's replay).
     /// Made when a frame first has to wait (most connections never hold one: an idle connection pays
     /// nothing for it), then kept.
-    private var heldFrames: CircularBuffer<(frame: ByteBuffer, sequence: UInt64, epoch: String?)>?
-    /// Written since the last ``flushWire()``: the newest market sequence completed (0: none) and the
-    /// epoch a notice started, noted at the flush.
-    private var writtenThrough: (sequence: UInt64, epoch: String?) = (0, nil)
+    private var heldFrames: CircularBuffer<(frame: ByteBuffer, through: WrittenThrough)>?
+    /// What the frames written since the last ``flushWire()`` complete, noted at the flush.
+    private var writtenThrough = WrittenThrough.nothing
     /// The channel's unsent bytes as of this turn's first frame, plus the frames written since: the
     /// channel's own count is read once a turn, since with TLS it does not see what was written until
     /// the flush (NIO's TLS handler keeps writes until then).
@@ -350,19 +349,18 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     static let writeBufferHighWaterMark = 64 << 10
 
     /// Hands a whole frame (header and payload, ``WireFrame``) to the channel below the frame encoder,
-    /// in order with what ``write(_:flush:)`` writes, or holds it while it may not go yet; `sequence`
-    /// is the newest market sequence the frame completes (a tagged session's acknowledged position),
-    /// 0 for none, and `epoch` the epoch a notice in it started (`sequence` is then of that epoch).
-    /// Sent by ``flushWire()``. Without an outlet, nothing.
-    func writeWire(_ frame: ByteBuffer, completing sequence: UInt64 = 0, epoch: String? = nil) {
+    /// in order with what ``write(_:flush:)`` writes, or holds it while it may not go yet; `through`
+    /// is what the frame completes of a tagged session's position. Sent by ``flushWire()``. Without an
+    /// outlet, nothing.
+    func writeWire(_ frame: ByteBuffer, completing through: WrittenThrough = .nothing) {
         guard !isClosing, let outlet else { return }
         let unsent = turnUnsent ?? unsentBytes
         if !holdsFrames, mayWrite(frame.readableBytes, unsent: unsent) {
-            send(frame, completing: sequence, epoch: epoch, to: outlet)
+            send(frame, completing: through, to: outlet)
             turnUnsent = unsent + frame.readableBytes
         } else {
             heldFrames = heldFrames ?? CircularBuffer(initialCapacity: 2)
-            heldFrames?.append((frame, sequence, epoch))
+            heldFrames?.append((frame, through))
         }
     }
 
@@ -373,14 +371,10 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         unsent < Self.writeBufferHighWaterMark || unsent + count <= outboundLimit
     }
 
-    private func send(_ frame: ByteBuffer, completing sequence: UInt64, epoch: String?, to outlet: WireGate) {
+    private func send(_ frame: ByteBuffer, completing through: WrittenThrough, to outlet: WireGate) {
         // An empty one completes a position and sends nothing (``LoopDrain``).
         if frame.readableBytes > 0 { outlet.write(frame) }
-        if let epoch {
-            writtenThrough = (sequence, epoch)
-        } else if sequence != 0 {
-            writtenThrough.sequence = sequence
-        }
+        writtenThrough.follow(with: through)
     }
 
     /// Whether frames wait for the client to read (the connection's drain takes nothing more meanwhile).
@@ -399,30 +393,55 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         }
         if holdsFrames {
             var unsent = turnUnsent ?? unsentBytes
-            while let (frame, sequence, started) = heldFrames?.first, !isClosing, mayWrite(frame.readableBytes, unsent: unsent) {
+            while let (frame, through) = heldFrames?.first, !isClosing, mayWrite(frame.readableBytes, unsent: unsent) {
                 heldFrames?.removeFirst()
                 unsent += frame.readableBytes
-                send(frame, completing: sequence, epoch: started, to: outlet)
+                send(frame, completing: through, to: outlet)
             }
         }
         turnUnsent = nil
         let written = writtenThrough
-        writtenThrough = (0, nil)
+        writtenThrough = .nothing
         outlet.flush()
         // Noted after the flush: with TLS the socket's count sees a frame's bytes only when TLS writes
         // them, at the flush (without TLS the gate counted them as they were written). A flush that
         // makes the channel writable again may send and note later frames first (from
         // `channelWritabilityChanged`); a mark never goes back to an older sequence than the newest
         // noted, so the one noted here then only adds a byte count as late as theirs.
-        if written.sequence != 0 || written.epoch != nil { wroteEvents(through: written.sequence, epoch: written.epoch) }
+        if written != .nothing { wroteEvents(through: written) }
     }
 
-    /// Events through market sequence `sequence` (of a new `epoch`, when one started) were just
-    /// written: a tagged session notes how far the socket got and what its peer acknowledged.
-    private func wroteEvents(through sequence: UInt64, epoch: String?) {
+    /// Events were just written: a tagged session notes how far the socket got and what its peer
+    /// acknowledged.
+    private func wroteEvents(through written: WrittenThrough) {
         guard let acknowledgedPosition, let socketCounter, let channel = context?.channel else { return }
         acknowledgedPosition.wrote(
-            socketBytes: socketCounter.total, sequence: sequence, epoch: epoch, acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
+            socketBytes: socketCounter.total, sequence: written.sequence, epoch: written.epoch, replayed: written.replayed,
+            acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
+        if acknowledgementCheck == nil, acknowledgedPosition.awaitsAcknowledgement { checkAcknowledgement(after: Self.firstAcknowledgementCheck) }
+    }
+
+    /// The first re-read of what the client acknowledged after a write it had not yet (doubling while it
+    /// still has not, up to ``lastAcknowledgementCheck``).
+    static let firstAcknowledgementCheck = TimeAmount.milliseconds(200)
+    static let lastAcknowledgementCheck = TimeAmount.seconds(5)
+    /// A re-read of the acknowledged bytes is scheduled.
+    private var acknowledgementCheck: Scheduled<Void>?
+
+    /// A tagged session's client acknowledges a write after it was noted, and a quiet connection has no
+    /// next write to read it at: without a re-read it would stand where it stood when its last writes
+    /// went out (a break then replays them again; a replay held at its start stays held). So it is read
+    /// again after `delay`, and again, less often, while the client has not acknowledged them all.
+    private func checkAcknowledgement(after delay: TimeAmount) {
+        guard let context else { return }
+        let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        acknowledgementCheck = context.eventLoop.scheduleTask(in: delay) {
+            let handler = loopBound.value
+            handler.acknowledgementCheck = nil
+            guard let position = handler.acknowledgedPosition, let channel = handler.context?.channel, !handler.isClosed else { return }
+            position.acknowledged(bytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
+            if position.awaitsAcknowledgement { handler.checkAcknowledgement(after: min(delay * 2, Self.lastAcknowledgementCheck)) }
+        }
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client
@@ -482,6 +501,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private func finish() {
         guard !isClosed else { return }
         isClosed = true
+        acknowledgementCheck?.cancel()
+        acknowledgementCheck = nil
         isClosing = true
         fragments = nil
         pongWaiting = nil

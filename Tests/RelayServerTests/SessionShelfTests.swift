@@ -190,7 +190,7 @@ struct AcknowledgedPositionTests {
         position.wrote(socketBytes: 1_000, sequence: 50, acknowledgedBytes: 1_000)
         #expect(position.resumeAfter == 50)
         // MSFT next, with the market at 60: its replay (from 10) is written after AAPL's 50.
-        position.replaying(from: 10, through: 60, epoch: "e1")
+        position.replaying(from: 10, through: 60, epoch: "e1", replayedThrough: 30)
         standing.holds([aapl, msft], takenBack: nil)
         #expect(position.resumeAfter == 10 && standing.now?.resumeAfter == 10, "a break now would skip MSFT's replay from 50")
         position.wrote(socketBytes: 2_000, sequence: 40, acknowledgedBytes: 2_000)
@@ -199,8 +199,28 @@ struct AcknowledgedPositionTests {
         position.wrote(socketBytes: 3_000, sequence: 61, acknowledgedBytes: 3_000)
         #expect(position.resumeAfter == 61 && standing.now?.resumeAfter == 61)
         // Acknowledged past the add already when told: nothing to hold.
-        position.replaying(from: 10, through: 55, epoch: "e1")
+        position.replaying(from: 10, through: 55, epoch: "e1", replayedThrough: 30)
         #expect(position.resumeAfter == 61)
+    }
+
+    @Test func aTakenBackTopicsReplayStopsHoldingOnceTheWriteThatEndedItIsAcknowledged() {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        // A session broken at 10 is taken back: its first topics replayed and live through 50.
+        position.start(at: 10, epoch: "e1")
+        position.wrote(socketBytes: 1_000, sequence: 50, replayed: 12, acknowledgedBytes: 1_000)
+        // More of its topics next, with the market at 60; the hub had queued 30 replayed events by then.
+        position.replaying(from: 10, through: 60, epoch: "e1", replayedThrough: 30)
+        #expect(position.resumeAfter == 10)
+        position.wrote(socketBytes: 2_000, sequence: 45, replayed: 20, acknowledgedBytes: 1_000)
+        position.wrote(socketBytes: 3_000, sequence: 48, replayed: 30, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 10, "part of the replay acknowledged: still where it starts")
+        #expect(position.awaitsAcknowledgement)
+        // The market falls quiet: nothing after 60 comes. The last write's acknowledgement, read again.
+        position.acknowledged(bytes: 3_000)
+        #expect(position.resumeAfter == 50 && !position.awaitsAcknowledgement)
+        // A replay already written and acknowledged when told of it: nothing to hold.
+        position.replaying(from: 10, through: 70, epoch: "e1", replayedThrough: 30)
+        #expect(position.resumeAfter == 50)
     }
 
     @Test func aNoticeWithNoEventOfTheNewEpochYetStandsAtItsStart() {

@@ -1,0 +1,211 @@
+import NIOCore
+import MarketCore
+
+/// What frames written to a tagged session complete of its position (``AcknowledgedPosition``): the
+/// newest market sequence among their events (0: none), the epoch a notice in them started (`sequence`
+/// is then of that epoch), and the replayed events written to the connection in all through them (0:
+/// none among them; ``ClientFeed/replayedWritten``).
+struct WrittenThrough: Equatable, Sendable {
+    var sequence: UInt64 = 0
+    var epoch: String?
+    var replayed = 0
+
+    static let nothing = WrittenThrough()
+
+    /// Later frames' completion on top of this one's: a new epoch starts the sequence again.
+    mutating func follow(with later: WrittenThrough) {
+        if let epoch = later.epoch {
+            self.epoch = epoch
+            sequence = later.sequence
+        } else if later.sequence != 0 {
+            sequence = later.sequence
+        }
+        replayed = max(replayed, later.replayed)
+    }
+}
+
+/// Where a tagged connection's client stands, from what its TCP stack acknowledged: after each write
+/// the relay notes how many bytes had gone to the socket and the newest market sequence written, and
+/// reads the socket's acknowledged byte count (Linux `TCP_INFO`'s `tcpi_bytes_acked`). When the
+/// connection breaks, the client has every event up to the newest write wholly acknowledged
+/// ``ResumeSettings/marginBytes`` before the last acknowledged byte.
+///
+/// A position belongs to an epoch: on a cluster a new leadership term starts the market sequences
+/// again, and the connection is told so in its stream (an `epoch` notice). The write that carries the
+/// notice starts the positions of the new epoch; until the client has acknowledged it, it stands where
+/// it stood in the old one (so a resume then is told `gap` for the old epoch's tail rather than
+/// replaying the new one from a position that was never in it). Confined to the connection's loop.
+final class AcknowledgedPosition {
+    private struct Mark {
+        let socketBytes: UInt64
+        let sequence: UInt64
+        let epoch: String?
+        /// The replayed events written through it (``WrittenThrough/replayed``).
+        let replayed: Int
+    }
+
+    private let marginBytes: UInt64
+    /// Told where the client stands each time that advances (a running relay's checkpoint reads it).
+    var standing: SessionStanding?
+    /// Marks not yet known acknowledged (oldest first), and the newest that is.
+    private var marks = CircularBuffer<Mark>(initialCapacity: 2)
+    private var acknowledged: UInt64
+    private var acknowledgedEpoch: String?
+    /// The replayed events written through the newest mark known acknowledged.
+    private var acknowledgedReplayed = 0
+    /// The epoch of the newest write.
+    private var writingEpoch: String?
+    private var lastAcknowledgedBytes: UInt64 = 0
+    /// Per epoch (the acknowledged one and the one being written, at most), each topic this connection
+    /// holds at the market sequence it was added at: nothing of it before was the client's, so a resume
+    /// takes it from there when that is past where the session resumes (its history may not be whole
+    /// before it). Kept while the connection holds the topic, not only until the client is past it: a
+    /// session it took back may make the whole session resume from earlier.
+    private var floorsByEpoch: [String: [Topic: UInt64]] = [:]
+
+    /// The floors of the epoch the client stands in.
+    var floors: [Topic: UInt64] { floorsByEpoch[acknowledgedEpoch ?? ""] ?? [:] }
+
+    /// Topics of a session taken back, added after the connection's first topics, are being replayed
+    /// from `resumeAfter` (in `epoch`): their replay is written after events of other topics the
+    /// client may have acknowledged past it. Until the client has acknowledged the write that ended
+    /// the replay (the one through which `replayedThrough` replayed events were written: the hub had
+    /// queued that many by the end of the add), or an event after `through` (the market's position
+    /// when the last of them was added: whatever was written after it came after their replay), it
+    /// stands no further than `resumeAfter`, so a break during the replay skips none of it.
+    private var replaying: (epoch: String?, resumeAfter: UInt64, through: UInt64, replayedThrough: Int)?
+
+    /// - Parameter start: the market sequence before anything this connection will be sent.
+    init(start: UInt64, marginBytes: Int) {
+        acknowledged = start
+        self.marginBytes = UInt64(marginBytes)
+    }
+
+    /// Where the client stands before its first topic: the market sequence then (in `epoch`), or where
+    /// its broken session resumes. Only the first call counts.
+    ///
+    /// The hub may deliver as soon as the first topics are added, before the connection is told where
+    /// they were added: writes noted before this are of events after `sequence`, in `epoch` (unless one
+    /// told of a newer epoch), and stand at least there.
+    func start(at sequence: UInt64, epoch: String?) {
+        guard !started else { return }
+        started = true
+        if !marks.isEmpty {
+            var lifted = CircularBuffer<Mark>(initialCapacity: marks.count)
+            for mark in marks {
+                lifted.append(mark.epoch == nil ? Mark(socketBytes: mark.socketBytes, sequence: max(mark.sequence, sequence), epoch: epoch, replayed: mark.replayed) : mark)
+            }
+            marks = lifted
+        }
+        if writingEpoch == nil { writingEpoch = epoch }
+        if acknowledgedEpoch == nil {
+            acknowledged = max(acknowledged, sequence)
+            acknowledgedEpoch = epoch
+        }
+        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+    }
+
+    /// Topics were added, each at the market sequence given in `epoch` (the hub's: its notice may not be
+    /// written to this connection yet). A topic held already keeps its floor (a subscribe again changes
+    /// nothing).
+    func added(_ added: some Sequence<(Topic, UInt64)>, epoch: String?) {
+        let key = epoch ?? ""
+        guard started else { return }
+        // At most the acknowledged epoch, the one written and the hub's.
+        if floorsByEpoch[key] == nil, floorsByEpoch.count >= 3 {
+            floorsByEpoch = floorsByEpoch.filter { $0.key == (acknowledgedEpoch ?? "") || $0.key == (writingEpoch ?? "") }
+        }
+        var floors = floorsByEpoch[key] ?? [:]
+        for (topic, sequence) in added where floors[topic] == nil { floors[topic] = sequence }
+        floorsByEpoch[key] = floors
+        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: self.floors)
+    }
+
+    /// Topics of a session taken back were added with a replay from `resumeAfter` (in `epoch`) by a
+    /// connection that already held others; the market stood at `through` after the add, and the hub
+    /// had queued `replayedThrough` replayed events to the connection in all (see ``replaying``).
+    func replaying(from resumeAfter: UInt64, through: UInt64, epoch: String?, replayedThrough: Int) {
+        guard started, acknowledgedEpoch == epoch, acknowledged <= through, acknowledgedReplayed < replayedThrough else { return }
+        if let known = replaying, known.epoch == epoch {
+            replaying = (epoch, min(known.resumeAfter, resumeAfter), max(known.through, through), max(known.replayedThrough, replayedThrough))
+        } else {
+            replaying = (epoch, resumeAfter, through, replayedThrough)
+        }
+        standing?.acknowledged(self.resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+    }
+
+    /// Topics were removed: added again, they start from there.
+    func removed(_ topics: some Sequence<Topic>) {
+        guard !floorsByEpoch.isEmpty else { return }
+        for topic in topics {
+            for key in floorsByEpoch.keys { floorsByEpoch[key]?[topic] = nil }
+        }
+        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+    }
+
+    private var started = false
+
+    /// A write went to the socket: `socketBytes` in all so far, its newest event `sequence`; with
+    /// `epoch`, the write told the client of a new epoch, and `sequence` (0: none yet) is of that epoch;
+    /// `replayed`: the replayed events written in all through it (0: none in it).
+    func wrote(socketBytes: UInt64, sequence: UInt64, epoch: String? = nil, replayed: Int = 0, acknowledgedBytes: UInt64?) {
+        let newest: UInt64
+        if let epoch, epoch != writingEpoch {
+            writingEpoch = epoch
+            newest = sequence
+        } else {
+            newest = max(sequence, marks.last?.sequence ?? (acknowledgedEpoch == writingEpoch ? acknowledged : 0))
+        }
+        marks.append(
+            Mark(socketBytes: socketBytes, sequence: newest, epoch: writingEpoch, replayed: max(replayed, marks.last?.replayed ?? acknowledgedReplayed)))
+        if let acknowledgedBytes { advance(to: acknowledgedBytes) }
+        // Bounded: a client that acknowledges nothing keeps at most this many marks (the oldest merge).
+        if marks.count > 4096 { marks.removeFirst(2048) }
+    }
+
+    /// What the client's TCP stack acknowledged, read again after the last write (``wrote``).
+    func acknowledged(bytes acknowledgedBytes: UInt64?) {
+        if let acknowledgedBytes { advance(to: acknowledgedBytes) }
+    }
+
+    /// Writes wait for the client's acknowledgement.
+    var awaitsAcknowledgement: Bool { !marks.isEmpty }
+
+    private func advance(to acknowledgedBytes: UInt64) {
+        let epochBefore = acknowledgedEpoch
+        lastAcknowledgedBytes = max(lastAcknowledgedBytes, acknowledgedBytes)
+        let safe = lastAcknowledgedBytes > marginBytes ? lastAcknowledgedBytes - marginBytes : 0
+        var taken = 0
+        for mark in marks {
+            guard mark.socketBytes <= safe else { break }
+            acknowledged = mark.sequence
+            acknowledgedEpoch = mark.epoch
+            acknowledgedReplayed = mark.replayed
+            taken += 1
+        }
+        if taken > 0 {
+            marks.removeFirst(taken)
+            // The replay acknowledged whole (or the client moved to another epoch: from there it resumes).
+            if let known = replaying,
+                known.epoch != acknowledgedEpoch || acknowledged > known.through || acknowledgedReplayed >= known.replayedThrough
+            {
+                replaying = nil
+            }
+            // Floors of the epoch the client left say nothing more.
+            if acknowledgedEpoch != epochBefore, epochBefore != writingEpoch { floorsByEpoch[epochBefore ?? ""] = nil }
+            standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+        }
+    }
+
+    /// The market sequence through which the client has every event of its topics.
+    var resumeAfter: UInt64 {
+        guard let replaying, replaying.epoch == acknowledgedEpoch else { return acknowledged }
+        return min(acknowledged, replaying.resumeAfter)
+    }
+
+    /// Whether it stands anywhere yet (its first topics were added).
+    var isStarted: Bool { started }
+
+    /// The epoch of ``resumeAfter`` (`nil` or empty: not known here; the hub's).
+    var epoch: String? { acknowledgedEpoch }
+}

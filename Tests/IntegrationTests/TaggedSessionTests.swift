@@ -1,0 +1,86 @@
+import Foundation
+import MarketCore
+import MarketDataHub
+import NIOCore
+import PolygonWire
+@testable import RelayServer
+import Testing
+
+/// Tagged sessions (`KEY#tag`) on a market the test feeds itself, so that it can fall quiet: where a
+/// session stands is read from the server's shelf, as a running relay saves it.
+@Suite("Tagged sessions on a quiet market", .serialized)
+struct TaggedSessionTests {
+    static func trade(_ symbol: String, _ n: Int) -> MarketEvent {
+        MarketEvent(
+            eventType: "T", ticker: symbol,
+            bytes: ByteBuffer(string: #"{"ev":"T","sym":"\#(symbol)","i":"\#(n)","x":4,"p":100.5,"s":10,"t":1700000000000,"q":\#(n)}"#))
+    }
+
+    static func marketSequences(_ events: [MarketEvent]) -> [UInt64] { events.compactMap { EventPosition.read(from: $0.bytes)?.market } }
+
+    /// A reconnect that takes its session back over two messages has the second one's topics replayed
+    /// after what it already had of the first's, so the session stands where it broke until the client
+    /// has that replay (a break during it skips none of it). On a market that then falls quiet, no
+    /// later event says the client has it: the write that ended the replay does, once the client's TCP
+    /// stack acknowledges it. A break after that resumes from there, not from the old break again.
+    @Test func aReplayTakenBackInALaterMessageStopsHoldingOnceAcknowledgedOnAQuietMarket() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits())
+        var configuration = RelayServerConfiguration(
+            host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
+        // Where the client stands is what its TCP stack acknowledged, with nothing held back for a proxy.
+        configuration.resume.marginBytes = 0
+        let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
+        let shelf = server.markets[0].shelf
+        try await withServices([server]) {
+            let url = "ws://127.0.0.1:\(try await server.listeningPort())/stocks"
+            var n = 0
+            func publishBoth() async {
+                n += 1
+                await hub.publish([Self.trade("AAPL", n), Self.trade("MSFT", n)])
+            }
+
+            // The first connection holds AAPL, then MSFT, and reads a few of each.
+            let first = try await WSTestClient.authenticated(url: url, key: "client-key#quiet")
+            first.send(ClientAction(.subscribe, params: "T.AAPL"))
+            _ = try await first.waitForStatus(StatusMessage.Kind.success)
+            first.send(ClientAction(.subscribe, params: "T.MSFT"))
+            _ = try await first.waitForStatus(StatusMessage.Kind.success)
+            // The subscription reaches the hub after its answer: a pair at a time until MSFT arrives.
+            var servedMSFT = false
+            for _ in 0..<100 where !servedMSFT {
+                await publishBoth()
+                let events = (try? await first.nextEvents(1, timeout: .milliseconds(100))) ?? []
+                servedMSFT = events.contains { $0.ticker == "MSFT" }
+            }
+            try #require(servedMSFT, "MSFT served to the first connection")
+            await first.close()
+
+            // Missed while the session is parked: three of each.
+            for _ in 0..<3 { await publishBoth() }
+
+            // Taken back over two messages: AAPL's replay, then MSFT's after it.
+            let second = try await WSTestClient.authenticated(url: url, key: "client-key#quiet")
+            second.send(ClientAction(.subscribe, params: "T.AAPL"))
+            let apple = try await second.waitForStatus(StatusMessage.Kind.resumed)
+            second.send(ClientAction(.subscribe, params: "T.MSFT"))
+            let microsoft = try await second.waitForStatus(StatusMessage.Kind.resumed)
+            let replayedMSFT = microsoft.eventsBefore.filter { $0.ticker == "MSFT" }
+            #expect(replayedMSFT.count >= 3, "MSFT's missed trades replayed, not a gap: \(microsoft.fields)")
+            let newest = try #require((Self.marketSequences(apple.eventsBefore) + Self.marketSequences(microsoft.eventsBefore)).max())
+
+            // Nothing more arrives. The client has every event through the newest it was written.
+            try await eventually("the session to stand past its replay (at \(newest))") {
+                shelf.checkpoint().first { $0.name.hasSuffix("#quiet") }.map { $0.standing.resumeAfter >= newest } ?? false
+            }
+            await second.close()
+
+            // A break now resumes from there: nothing the second connection had comes again.
+            let third = try await WSTestClient.authenticated(url: url, key: "client-key#quiet")
+            third.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
+            let back = try await third.waitForStatus(StatusMessage.Kind.resumed)
+            let again = Self.marketSequences(back.eventsBefore).filter { $0 <= newest }
+            #expect(again.isEmpty, "replayed again after it was acknowledged: \(again)")
+            await third.close()
+        }
+    }
+}
