@@ -23,7 +23,11 @@ struct TaggedSessionTests {
     /// has that replay (a break during it skips none of it). On a market that then falls quiet, no
     /// later event says the client has it: the write that ended the replay does, once the client's TCP
     /// stack acknowledges it. A break after that resumes from there, not from the old break again.
-    @Test func aReplayTakenBackInALaterMessageStopsHoldingOnceAcknowledgedOnAQuietMarket() async throws {
+    /// Runs `body` with a server whose stock market's hub (with a history) the test feeds, its port, and
+    /// where each tagged session stands (``SessionShelf/checkpoint()``).
+    func withQuietMarket(
+        _ body: (_ port: Int, _ hub: MarketDataHub, _ standing: @escaping @Sendable (String) -> UInt64?) async throws -> Void
+    ) async throws {
         let hub = MarketDataHub(wire: .polygon, history: HistoryLimits())
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
@@ -32,7 +36,15 @@ struct TaggedSessionTests {
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
         let shelf = server.markets[0].shelf
         try await withServices([server]) {
-            let url = "ws://127.0.0.1:\(try await server.listeningPort())/stocks"
+            try await body(try await server.listeningPort(), hub) { tag in
+                shelf.checkpoint().first { $0.name.hasSuffix("#\(tag)") }?.standing.resumeAfter
+            }
+        }
+    }
+
+    @Test func aReplayTakenBackInALaterMessageStopsHoldingOnceAcknowledgedOnAQuietMarket() async throws {
+        try await withQuietMarket { port, hub, standing in
+            let url = "ws://127.0.0.1:\(port)/stocks"
             var n = 0
             func publishBoth() async {
                 n += 1
@@ -69,9 +81,7 @@ struct TaggedSessionTests {
             let newest = try #require((Self.marketSequences(apple.eventsBefore) + Self.marketSequences(microsoft.eventsBefore)).max())
 
             // Nothing more arrives. The client has every event through the newest it was written.
-            try await eventually("the session to stand past its replay (at \(newest))") {
-                shelf.checkpoint().first { $0.name.hasSuffix("#quiet") }.map { $0.standing.resumeAfter >= newest } ?? false
-            }
+            try await eventually("the session to stand past its replay (at \(newest))") { (standing("quiet") ?? 0) >= newest }
             await second.close()
 
             // A break now resumes from there: nothing the second connection had comes again.
@@ -81,6 +91,36 @@ struct TaggedSessionTests {
             let again = Self.marketSequences(back.eventsBefore).filter { $0 <= newest }
             #expect(again.isEmpty, "replayed again after it was acknowledged: \(again)")
             await third.close()
+        }
+    }
+
+    /// Where a tagged client stands is what its TCP stack acknowledged. A client that reads its last
+    /// events after they were written acknowledges them when nothing more is written (a quiet topic):
+    /// the relay reads that again, so a break then does not send them again.
+    @Test func aClientThatReadsItsLastEventsLateStandsPastThemOnAQuietMarket() async throws {
+        try await withQuietMarket { port, hub, standing in
+            // A small receive buffer: a burst waits, unacknowledged, in the relay's socket until read.
+            let client = try RawSocket(port: port, receiveBuffer: 2048)
+            #expect(client.readUntil("connected", initial: try client.upgrade()).found)
+            client.send(RawSocket.text(#"{"action":"auth","params":"client-key#late"}"#))
+            #expect(client.readUntil("auth_success").found)
+            client.send(RawSocket.text(#"{"action":"subscribe","params":"T.AAPL"}"#))
+            #expect(client.readUntil("success").found)
+            // The subscription reaches the hub after its answer: a trade at a time until one arrives.
+            var n = 0
+            var served = false
+            while !served, n < 100 {
+                n += 1
+                await hub.publish([Self.trade("AAPL", n)])
+                served = client.readUntil(#""i":"\#(n)""#, timeout: .milliseconds(100)).found
+            }
+            try #require(served, "AAPL served")
+            // A burst of 40 KB the client does not read yet: written, and acknowledged only in part.
+            await hub.publish((n + 1...n + 300).map { Self.trade("AAPL", $0) })
+            let newest = await hub.position.sequence
+            // Read whole; nothing more is written after it.
+            #expect(client.readUntil(#""i":"\#(n + 300)""#).found)
+            try await eventually("the session to stand past the burst (at \(newest))") { (standing("late") ?? 0) >= newest }
         }
     }
 }
