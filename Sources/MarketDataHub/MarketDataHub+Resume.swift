@@ -145,8 +145,13 @@ extension MarketDataHub {
             outcome.gaps += restarted.keys.sorted()
         }
         if !gathering.acrossTerms.isEmpty {
-            // The former term's events first (their positions are its), the time between, then this term's.
-            delivery = former + gathering.acrossTerms.sorted { $0.key < $1.key }.map { wire.render($0.value.notice) } + delivery
+            // The former term's events first, the time between, then this term's. Their positions are
+            // the former term's, in their bytes; none is one of this term's, so they carry no market
+            // sequence here (a tagged connection takes the newest it writes as where its client stands
+            // in this term: the former term's numbers there would stand it past everything this term
+            // has, and its next resume would be a `gap`).
+            let formerOnly = former.map { MarketEvent(eventType: $0.eventType, ticker: $0.ticker, bytes: $0.bytes, receivedAt: $0.receivedAt) }
+            delivery = formerOnly + gathering.acrossTerms.sorted { $0.key < $1.key }.map { wire.render($0.value.notice) } + delivery
             outcome.gaps += gathering.acrossTerms.keys.sorted()
         }
         for (topic, notice) in gathering.gapNotices {

@@ -482,8 +482,14 @@ actor MarketConnection {
                             handler.value.acknowledgedPosition?.replaying(
                                 from: broken.resumeAfter, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
                         }
-                        // No floor then: on a cluster the hub may have replayed this term's events before it.
-                        if !sameEpoch { handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch) }
+                        if !sameEpoch {
+                            // No floor then. On a cluster the hub may have replayed this term's events before
+                            // it (from the tape, across the terms): until the client has that replay, it
+                            // stands at the term's start, so a break during it skips none of them.
+                            handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
+                            handler.value.acknowledgedPosition?.replaying(
+                                from: 0, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
+                        }
                         // Its topics are this connection's now: the parked subscriber lets them go (and goes
                         // once it holds none), and so does the session's hold on them in the key's budget
                         // (this connection holds its own). It keeps holding the session's other topics until

@@ -223,6 +223,19 @@ struct AcknowledgedPositionTests {
         #expect(position.resumeAfter == 50)
     }
 
+    @Test func aSessionTakenBackAcrossTermsStandsAtTheNewTermsStartUntilItsReplayIsAcknowledged() {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        // Taken back from e1 while the market is at 120 in e2: the replay across the terms ends with
+        // e2's events from its first; 40 replayed events queued by the end of the add.
+        position.start(at: 120, epoch: "e2")
+        position.replaying(from: 0, through: 120, epoch: "e2", replayedThrough: 40)
+        #expect(position.resumeAfter == 0 && position.epoch == "e2", "a break now resumes e2 from its start")
+        position.wrote(socketBytes: 1_000, sequence: 90, replayed: 25, acknowledgedBytes: 1_000)
+        #expect(position.resumeAfter == 0)
+        position.wrote(socketBytes: 2_000, sequence: 120, replayed: 40, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 120)
+    }
+
     @Test func aNoticeWithNoEventOfTheNewEpochYetStandsAtItsStart() {
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
         position.start(at: 900, epoch: "e1")

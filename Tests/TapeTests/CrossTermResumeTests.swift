@@ -1,0 +1,60 @@
+import Foundation
+import MarketCore
+import MarketDataHub
+import NIOCore
+import PolygonWire
+import Testing
+
+@testable import Tape
+
+/// A cluster node's resume from the former leadership term, answered from a real tape file.
+@Suite("A resume across leadership terms")
+struct CrossTermResumeTests {
+    static let start: Int64 = 1_795_185_000 * 1_000_000_000
+
+    static func quote(_ n: Int) -> [UInt8] { Array(#"{"ev":"Q","sym":"AAPL","n":\#(n)}"#.utf8) }
+
+    /// A tagged connection takes the newest market sequence among what it writes as where its client
+    /// stands in the epoch it is in. A resume across terms sends the former term's events first: their
+    /// positions (in their bytes) are that term's, and count none in this one. Taken for this term's,
+    /// the former term's 300 would stand the client past everything this term has (5), and its next
+    /// resume would be a `gap`.
+    @Test func aFormerTermsEventsCountNoPositionInThisOne() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cross-term-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        try writer.append(.epoch("e1", at: Self.start))
+        try writer.append(.holding(["Q.AAPL"], at: Self.start))
+        for n in 1...300 {
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: Self.start + Int64(n) * 1_000_000, sequence: UInt64(n), topicSequence: UInt64(n), eventType: "Q",
+                        ticker: "AAPL", bytes: Self.quote(n))))
+        }
+        try writer.flush()
+
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
+        await hub.setArchive(TapeArchive(directory: directory, market: "stocks"))
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        // Another client holds AAPL throughout, so this term's is whole from its first.
+        let holder = await hub.subscribe(to: [aapl])
+        await hub.startEpoch("e1")
+        await hub.startEpoch("e2")
+        let events = (1...5).map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: Self.quote(300 + $0))) }
+        await hub.publish(EventPosition.stamp(events, (1...5).map { EventPosition(topic: UInt64($0), market: UInt64($0)) }))
+
+        let client = await hub.subscribe()
+        let outcome = await hub.add([aapl], to: client.id, resuming: .marketSequence(epoch: "e1", 250, floors: [:]))
+        #expect(outcome.epoch == "e2" && outcome.sequence == 5)
+        var reader = client.makeReader()
+        var deliveries: [HubDelivery] = []
+        #expect(await reader.nextDeliveries(into: &deliveries))
+        var written: [MarketEvent] = []
+        for delivery in deliveries { delivery.append(to: &written) }
+        let former = written.compactMap { EventPosition.read(from: $0.bytes) }.filter { $0.market > 5 }
+        #expect(former.count == 50, "the former term's events after 250 replayed, with their positions: \(former.count)")
+        #expect(deliveries.map(\.lastSequence).max() == 5, "the newest position of this term among them: \(deliveries.map(\.lastSequence))")
+        _ = holder
+    }
+}
