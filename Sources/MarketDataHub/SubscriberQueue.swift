@@ -16,8 +16,9 @@ final class SubscriberQueue: Sendable {
     /// not taken yet: a new resume may replay only what keeps this within
     /// ``HistoryLimits/eventsPerResume``.
     let replaying = Atomic<Int>(0)
-    /// Events queued outside the bound since the subscriber joined, in all (never lowered): a reader that
-    /// counts what it wrote of them knows when a replay queued by then has gone out whole.
+    /// Events queued outside the bound since the subscriber joined, in all (lowered only for what a
+    /// yield that did not enqueue withdrew): a reader that counts what it wrote of them knows when a
+    /// replay queued by then has gone out whole.
     let replayedQueued = Atomic<Int>(0)
     let batches = Atomic<Int>(0)
     let evicted = Atomic<Bool>(false)

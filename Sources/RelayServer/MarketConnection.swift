@@ -90,6 +90,9 @@ actor MarketConnection {
         case leave
         /// A tagged session's connection ended: its subscriber is parked and the session shelved.
         case shelve(String, SessionShelf.Session)
+        /// The window of a session taken back in part (broken at this instant) ended: the topics it
+        /// still holds for the connection, not subscribed again, are let go.
+        case letGo(ContinuousClock.Instant)
 
         /// A tagged session shelved: it starts at once, whatever the limit (see ``HubChangeSlots``).
         var isUrgent: Bool {
@@ -110,6 +113,8 @@ actor MarketConnection {
     private var session: any DownstreamSession
     private var admitted: ClientGrant?
     private var subscription: HubSubscription?
+    /// The session taken back in part whose end of window is scheduled (``letGoAtWindowsEnd(brokeAt:)``).
+    private var lettingGo: ContinuousClock.Instant?
     /// Its loop's sign-in deadlines (the server's auth timeout).
     private let signIn: NIOLoopBound<LoopDeadlineQueue<MarketConnection>>
     private var hubChanges: [HubChange] = []
@@ -365,9 +370,8 @@ actor MarketConnection {
         // topics of a session it took back and had not subscribed again are held by that one's parked
         // subscriber: this one takes them over before that one goes (or, with none of its own, is it).
         if let id = subscription?.id {
-            if let left = resuming?.topics.subtracting(closing.topics), !left.isEmpty, resuming?.parked != nil {
-                _ = await dependencies.hub.add(left, to: id)
-            }
+            // (The closing session holds them too: it was made of this connection's and those.)
+            if let left = resuming?.topics, !left.isEmpty, resuming?.parked != nil { _ = await dependencies.hub.add(left, to: id) }
             await dependencies.hub.park(id)
             shelved.parked = id
             if let parked = resuming?.parked { await dependencies.hub.remove(parked) }
@@ -421,6 +425,16 @@ actor MarketConnection {
         Task { await self.applyHubChanges() }
     }
 
+    /// A session taken back in part holds the rest of its topics for the connection (its parked
+    /// subscriber keeps them wanted) until they are subscribed again, or until its window ends, as it
+    /// would have on the shelf. Once per take-back.
+    private func letGoAtWindowsEnd(brokeAt: ContinuousClock.Instant) {
+        guard lettingGo != brokeAt else { return }
+        lettingGo = brokeAt
+        let wait = max(.zero, brokeAt + dependencies.configuration.resume.window - .now)
+        loop.scheduleTask(in: TimeAmount(wait)) { self.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } } }
+    }
+
     private func applyHubChanges() async {
         let hub = dependencies.hub
         while !hubChanges.isEmpty {
@@ -464,51 +478,7 @@ actor MarketConnection {
                     // A tagged session back: the topics it held resume from where it broke, the rest plainly.
                     let back = topics.filter { broken.topics.contains($0) }
                     let rest = topics.filter { !broken.topics.contains($0) }
-                    if !back.isEmpty {
-                        // From where it broke (each topic added after the session's start from where it was
-                        // added); from where they are added live if the epoch changed since (the resume is
-                        // `gap` then).
-                        let sameEpoch = hub.epoch == broken.epoch
-                        // Added after other topics: their replay comes after what the client may have
-                        // acknowledged of those.
-                        let later = handler.value.acknowledgedPosition?.isStarted == true
-                        if sameEpoch {
-                            handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
-                            handler.value.acknowledgedPosition?.added(
-                                back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
-                        }
-                        let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
-                        if sameEpoch, later {
-                            handler.value.acknowledgedPosition?.replaying(
-                                from: broken.resumeAfter, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
-                        }
-                        if !sameEpoch {
-                            // No floor then. On a cluster the hub may have replayed this term's events before
-                            // it (from the tape, across the terms): until the client has that replay, it
-                            // stands at the term's start, so a break during it skips none of them.
-                            handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
-                            handler.value.acknowledgedPosition?.replaying(
-                                from: 0, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
-                        }
-                        // Its topics are this connection's now: the parked subscriber lets them go (and goes
-                        // once it holds none), and so does the session's hold on them in the key's budget
-                        // (this connection holds its own). It keeps holding the session's other topics until
-                        // they are subscribed again: unwanted meanwhile, they would not be received, and
-                        // their resume would be a `gap`.
-                        let left = broken.topics.subtracting(back)
-                        if let parked = broken.parked {
-                            if left.isEmpty { await hub.remove(parked) } else { await hub.remove(back, from: parked) }
-                        }
-                        releaseBudget(back)
-                        if left.isEmpty {
-                            resuming = nil
-                        } else {
-                            resuming = SessionShelf.Session(
-                                epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt,
-                                carriedOver: broken.carriedOver, floors: broken.floors.filter { left.contains($0.key) })
-                            resuming?.parked = broken.parked
-                        }
-                    }
+                    if !back.isEmpty { await takeBack(back, of: broken, into: joined) }
                     if !rest.isEmpty {
                         let added = await hub.add(rest, to: id)
                         handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
@@ -538,10 +508,66 @@ actor MarketConnection {
                 subscription = nil
             case .shelve(let name, let session):
                 await shelve(session, as: name)
+            case .letGo(let brokeAt):
+                guard let taken = resuming, taken.brokeAt == brokeAt else { continue }
+                if let parked = taken.parked { await hub.remove(parked) }
+                releaseBudget(Array(taken.topics))
+                resuming = nil
             }
         }
         standing?.holds(session.topics, takenBack: resuming)
         finishedChanges()
+    }
+
+    /// Topics of the session being taken back (`broken`) are subscribed again: they resume from where it
+    /// broke.
+    private func takeBack(_ back: [Topic], of broken: SessionShelf.Session, into joined: HubSubscription) async {
+        let hub = dependencies.hub
+        let id = joined.id
+        // From where it broke (each topic added after the session's start from where it was
+        // added); from where they are added live if the epoch changed since (the resume is
+        // `gap` then).
+        let sameEpoch = hub.epoch == broken.epoch
+        // Added after other topics: their replay comes after what the client may have
+        // acknowledged of those.
+        let later = handler.value.acknowledgedPosition?.isStarted == true
+        if sameEpoch {
+            handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
+            handler.value.acknowledgedPosition?.added(
+                back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
+        }
+        let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
+        if sameEpoch, later {
+            handler.value.acknowledgedPosition?.replaying(
+                from: broken.resumeAfter, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
+        }
+        if !sameEpoch {
+            // No floor then. On a cluster the hub may have replayed this term's events before
+            // it (from the tape, across the terms): until the client has that replay, it
+            // stands at the term's start, so a break during it skips none of them.
+            handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
+            handler.value.acknowledgedPosition?.replaying(
+                from: 0, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
+        }
+        // Its topics are this connection's now: the parked subscriber lets them go (and goes
+        // once it holds none), and so does the session's hold on them in the key's budget
+        // (this connection holds its own). It keeps holding the session's other topics until
+        // they are subscribed again: unwanted meanwhile, they would not be received, and
+        // their resume would be a `gap`.
+        let left = broken.topics.subtracting(back)
+        if let parked = broken.parked {
+            if left.isEmpty { await hub.remove(parked) } else { await hub.remove(back, from: parked) }
+        }
+        releaseBudget(back)
+        if left.isEmpty {
+            resuming = nil
+        } else {
+            resuming = SessionShelf.Session(
+                epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt,
+                carriedOver: broken.carriedOver, floors: broken.floors.filter { left.contains($0.key) })
+            resuming?.parked = broken.parked
+            letGoAtWindowsEnd(brokeAt: broken.brokeAt)
+        }
     }
 
     private func finishedChanges() {

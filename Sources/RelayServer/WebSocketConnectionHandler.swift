@@ -418,30 +418,39 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         acknowledgedPosition.wrote(
             socketBytes: socketCounter.total, sequence: written.sequence, epoch: written.epoch, replayed: written.replayed,
             acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
-        if acknowledgementCheck == nil, acknowledgedPosition.awaitsAcknowledgement { checkAcknowledgement(after: Self.firstAcknowledgementCheck) }
+        guard !isClosed, acknowledgedPosition.awaitsAcknowledgement else { return }
+        // From the first delay again after a write (a check later than that, after a quiet spell, moves).
+        let first = NIODeadline.now() + Self.firstAcknowledgementCheck
+        if let pending = acknowledgementCheck, pending.at <= first { return }
+        acknowledgementCheck?.task.cancel()
+        checkAcknowledgement(after: Self.firstAcknowledgementCheck)
     }
 
     /// The first re-read of what the client acknowledged after a write it had not yet (doubling while it
     /// still has not, up to ``lastAcknowledgementCheck``).
     static let firstAcknowledgementCheck = TimeAmount.milliseconds(200)
     static let lastAcknowledgementCheck = TimeAmount.seconds(5)
-    /// A re-read of the acknowledged bytes is scheduled.
-    private var acknowledgementCheck: Scheduled<Void>?
+    /// A re-read of the acknowledged bytes is scheduled, for then.
+    private var acknowledgementCheck: (task: Scheduled<Void>, at: NIODeadline)?
 
     /// A tagged session's client acknowledges a write after it was noted, and a quiet connection has no
     /// next write to read it at: without a re-read it would stand where it stood when its last writes
     /// went out (a break then replays them again; a replay held at its start stays held). So it is read
-    /// again after `delay`, and again, less often, while the client has not acknowledged them all.
+    /// again after `delay`, and again, less often, while a write waits for an acknowledgement that can
+    /// count (``AcknowledgedPosition/awaitsAcknowledgement``) and the socket can say.
     private func checkAcknowledgement(after delay: TimeAmount) {
         guard let context else { return }
         let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
-        acknowledgementCheck = context.eventLoop.scheduleTask(in: delay) {
+        let task = context.eventLoop.scheduleTask(in: delay) {
             let handler = loopBound.value
             handler.acknowledgementCheck = nil
-            guard let position = handler.acknowledgedPosition, let channel = handler.context?.channel, !handler.isClosed else { return }
-            position.acknowledged(bytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
+            guard let position = handler.acknowledgedPosition, let channel = handler.context?.channel, !handler.isClosed,
+                let acknowledged = TCPInfoPrefix.bytesAcknowledged(by: channel)
+            else { return }
+            position.acknowledged(bytes: acknowledged)
             if position.awaitsAcknowledgement { handler.checkAcknowledgement(after: min(delay * 2, Self.lastAcknowledgementCheck)) }
         }
+        acknowledgementCheck = (task, .now() + delay)
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client
@@ -501,8 +510,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     private func finish() {
         guard !isClosed else { return }
         isClosed = true
-        acknowledgementCheck?.cancel()
+        acknowledgementCheck?.task.cancel()
         acknowledgementCheck = nil
+        heldFrames = nil
         isClosing = true
         fragments = nil
         pongWaiting = nil

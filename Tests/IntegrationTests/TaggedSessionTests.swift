@@ -26,18 +26,20 @@ struct TaggedSessionTests {
     /// Runs `body` with a server whose stock market's hub (with a history) the test feeds, its port, and
     /// where each tagged session stands (``SessionShelf/checkpoint()``).
     func withQuietMarket(
-        _ body: (_ port: Int, _ hub: MarketDataHub, _ standing: @escaping @Sendable (String) -> UInt64?) async throws -> Void
+        window: Duration = .seconds(60),
+        _ body: (_ port: Int, _ hub: MarketDataHub, _ standing: @escaping @Sendable (String) -> SessionStanding.Now?) async throws -> Void
     ) async throws {
         let hub = MarketDataHub(wire: .polygon, history: HistoryLimits())
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
         // Where the client stands is what its TCP stack acknowledged, with nothing held back for a proxy.
         configuration.resume.marginBytes = 0
+        configuration.resume.window = window
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
         let shelf = server.markets[0].shelf
         try await withServices([server]) {
             try await body(try await server.listeningPort(), hub) { tag in
-                shelf.checkpoint().first { $0.name.hasSuffix("#\(tag)") }?.standing.resumeAfter
+                shelf.checkpoint().first { $0.name.hasSuffix("#\(tag)") }?.standing
             }
         }
     }
@@ -81,7 +83,7 @@ struct TaggedSessionTests {
             let newest = try #require((Self.marketSequences(apple.eventsBefore) + Self.marketSequences(microsoft.eventsBefore)).max())
 
             // Nothing more arrives. The client has every event through the newest it was written.
-            try await eventually("the session to stand past its replay (at \(newest))") { (standing("quiet") ?? 0) >= newest }
+            try await eventually("the session to stand past its replay (at \(newest))") { (standing("quiet")?.resumeAfter ?? 0) >= newest }
             await second.close()
 
             // A break now resumes from there: nothing the second connection had comes again.
@@ -120,7 +122,52 @@ struct TaggedSessionTests {
             let newest = await hub.position.sequence
             // Read whole; nothing more is written after it.
             #expect(client.readUntil(#""i":"\#(n + 300)""#).found)
-            try await eventually("the session to stand past the burst (at \(newest))") { (standing("late") ?? 0) >= newest }
+            try await eventually("the session to stand past the burst (at \(newest))") { (standing("late")?.resumeAfter ?? 0) >= newest }
+        }
+    }
+
+    /// The session's topics a reconnect has not subscribed again stay held for it: a break before they
+    /// are resumes them whole too, not as a `gap`; and they are let go when the session's window ends,
+    /// as they would have been on the shelf.
+    @Test func topicsNotTakenBackYetStayHeldUntilTheWindowEnds() async throws {
+        try await withQuietMarket(window: .seconds(3)) { port, hub, standing in
+            let url = "ws://127.0.0.1:\(port)/stocks"
+            var n = 0
+            func publishBoth() async {
+                n += 1
+                await hub.publish([Self.trade("AAPL", n), Self.trade("MSFT", n)])
+            }
+            let first = try await WSTestClient.authenticated(url: url, key: "client-key#partial")
+            first.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
+            _ = try await first.waitForStatus(StatusMessage.Kind.success)
+            var served = false
+            for _ in 0..<100 where !served {
+                await publishBoth()
+                served = ((try? await first.nextEvents(2, timeout: .milliseconds(100))) ?? []).contains { $0.ticker == "MSFT" }
+            }
+            try #require(served, "both served to the first connection")
+            await first.close()
+            await publishBoth()
+
+            // Taken back with AAPL only, then broken again; MSFT goes on meanwhile.
+            let second = try await WSTestClient.authenticated(url: url, key: "client-key#partial")
+            second.send(ClientAction(.subscribe, params: "T.AAPL"))
+            _ = try await second.waitForStatus(StatusMessage.Kind.resumed)
+            await publishBoth()
+            await second.close()
+            await publishBoth()
+
+            // MSFT resumes whole: every trade since the first connection's last.
+            let third = try await WSTestClient.authenticated(url: url, key: "client-key#partial")
+            third.send(ClientAction(.subscribe, params: "T.MSFT"))
+            let resumed = try await third.waitForStatus(StatusMessage.Kind.resumed)
+            #expect((resumed.fields["gaps"] as? [String] ?? []).isEmpty, "MSFT held for the session throughout: \(resumed.fields)")
+            #expect(resumed.eventsBefore.filter { $0.ticker == "MSFT" }.count >= 3, "\(resumed.fields)")
+
+            // AAPL, not subscribed again, is held for the session until its window ends (3 s), then let go.
+            try await eventually("the third connection to hold AAPL for its session") { standing("partial")?.topics.map(\.description).sorted() == ["T.AAPL", "T.MSFT"] }
+            try await eventually("AAPL let go at the window's end", timeout: .seconds(10)) { standing("partial")?.topics.map(\.description) == ["T.MSFT"] }
+            await third.close()
         }
     }
 }

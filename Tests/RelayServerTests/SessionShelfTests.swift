@@ -236,6 +236,19 @@ struct AcknowledgedPositionTests {
         #expect(position.resumeAfter == 120)
     }
 
+    /// A write's acknowledgement counts only once its client acknowledged the margin past it: one that
+    /// cannot count before more is written is not waited for (no re-read of the socket for it).
+    @Test func onlyAWriteTheMarginBeforeTheNewestWaitsForItsAcknowledgement() {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 1_000)
+        position.start(at: 10, epoch: "e1")
+        position.wrote(socketBytes: 500, sequence: 11, acknowledgedBytes: 0)
+        #expect(!position.awaitsAcknowledgement, "at most 500 bytes could be acknowledged: less than the margin past it")
+        position.wrote(socketBytes: 1_600, sequence: 12, acknowledgedBytes: 0)
+        #expect(position.awaitsAcknowledgement)
+        position.acknowledged(bytes: 1_600)
+        #expect(position.resumeAfter == 11 && !position.awaitsAcknowledgement)
+    }
+
     @Test func aNoticeWithNoEventOfTheNewEpochYetStandsAtItsStart() {
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
         position.start(at: 900, epoch: "e1")
