@@ -3,6 +3,7 @@ import MarketCore
 import MarketDataHub
 import NIOCore
 import PolygonWire
+import Synchronization
 @testable import RelayServer
 import Testing
 
@@ -23,6 +24,35 @@ struct TaggedSessionTests {
     /// has that replay (a break during it skips none of it). On a market that then falls quiet, no
     /// later event says the client has it: the write that ended the replay does, once the client's TCP
     /// stack acknowledges it. A break after that resumes from there, not from the old break again.
+    /// Publishes an AAPL and an MSFT trade into `hub` at each call, numbered from 1.
+    static func pairs(into hub: MarketDataHub) -> @Sendable () async -> Void {
+        let count = Mutex(0)
+        return {
+            let n = count.withLock {
+                $0 += 1
+                return $0
+            }
+            await hub.publish([trade("AAPL", n), trade("MSFT", n)])
+        }
+    }
+
+    /// A connection of the session `tag` that subscribed each of `messages` in turn and was served MSFT:
+    /// a subscription reaches the hub after its answer, so pairs are published one at a time until then.
+    static func served(_ url: String, tag: String, subscribing messages: [String], publishing publish: () async -> Void) async throws -> WSTestClient {
+        let client = try await WSTestClient.authenticated(url: url, key: "client-key#\(tag)")
+        for params in messages {
+            client.send(ClientAction(.subscribe, params: params))
+            _ = try await client.waitForStatus(StatusMessage.Kind.success)
+        }
+        var served = false
+        for _ in 0..<100 where !served {
+            await publish()
+            served = ((try? await client.nextEvents(1, timeout: .milliseconds(100))) ?? []).contains { $0.ticker == "MSFT" }
+        }
+        try #require(served, "MSFT served to the session \(tag)")
+        return client
+    }
+
     /// Runs `body` with a server whose stock market's hub (with a history) the test feeds, its port, and
     /// where each tagged session stands (``SessionShelf/checkpoint()``).
     func withQuietMarket(
@@ -47,26 +77,9 @@ struct TaggedSessionTests {
     @Test func aReplayTakenBackInALaterMessageStopsHoldingOnceAcknowledgedOnAQuietMarket() async throws {
         try await withQuietMarket { port, hub, standing in
             let url = "ws://127.0.0.1:\(port)/stocks"
-            var n = 0
-            func publishBoth() async {
-                n += 1
-                await hub.publish([Self.trade("AAPL", n), Self.trade("MSFT", n)])
-            }
-
-            // The first connection holds AAPL, then MSFT, and reads a few of each.
-            let first = try await WSTestClient.authenticated(url: url, key: "client-key#quiet")
-            first.send(ClientAction(.subscribe, params: "T.AAPL"))
-            _ = try await first.waitForStatus(StatusMessage.Kind.success)
-            first.send(ClientAction(.subscribe, params: "T.MSFT"))
-            _ = try await first.waitForStatus(StatusMessage.Kind.success)
-            // The subscription reaches the hub after its answer: a pair at a time until MSFT arrives.
-            var servedMSFT = false
-            for _ in 0..<100 where !servedMSFT {
-                await publishBoth()
-                let events = (try? await first.nextEvents(1, timeout: .milliseconds(100))) ?? []
-                servedMSFT = events.contains { $0.ticker == "MSFT" }
-            }
-            try #require(servedMSFT, "MSFT served to the first connection")
+            let publishBoth = Self.pairs(into: hub)
+            // The first connection holds AAPL, then MSFT.
+            let first = try await Self.served(url, tag: "quiet", subscribing: ["T.AAPL", "T.MSFT"], publishing: publishBoth)
             await first.close()
 
             // Missed while the session is parked: three of each.
@@ -132,20 +145,8 @@ struct TaggedSessionTests {
     @Test func topicsNotTakenBackYetStayHeldUntilTheWindowEnds() async throws {
         try await withQuietMarket(window: .seconds(3)) { port, hub, standing in
             let url = "ws://127.0.0.1:\(port)/stocks"
-            var n = 0
-            func publishBoth() async {
-                n += 1
-                await hub.publish([Self.trade("AAPL", n), Self.trade("MSFT", n)])
-            }
-            let first = try await WSTestClient.authenticated(url: url, key: "client-key#partial")
-            first.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
-            _ = try await first.waitForStatus(StatusMessage.Kind.success)
-            var served = false
-            for _ in 0..<100 where !served {
-                await publishBoth()
-                served = ((try? await first.nextEvents(2, timeout: .milliseconds(100))) ?? []).contains { $0.ticker == "MSFT" }
-            }
-            try #require(served, "both served to the first connection")
+            let publishBoth = Self.pairs(into: hub)
+            let first = try await Self.served(url, tag: "partial", subscribing: ["T.AAPL,T.MSFT"], publishing: publishBoth)
             await first.close()
             await publishBoth()
 
