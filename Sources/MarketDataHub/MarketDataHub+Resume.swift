@@ -450,6 +450,7 @@ extension MarketDataHub {
         if replaced { upstreamLost(reason: "a new cluster leader's term began; events between the last leader's and its own may be missing") }
         epochAdoptedAt = WallClock.nowMilliseconds()
         previousEpoch = history.map(\.epoch).flatMap { $0.isEmpty ? nil : $0 }
+        if replaced { for entry in entries.values { entry.forgetPosition() } }
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }
@@ -469,12 +470,15 @@ extension MarketDataHub {
 
     /// Parks a subscriber: it keeps its topics (still wanted, so their history stays whole) and gets
     /// nothing until removed. A broken tagged session's until its client comes back or its window ends.
-    public func park(_ id: SubscriberID) {
-        guard let subscriber = subscribers[id] else { return }
+    /// `false`: no such subscriber (removed, or evicted as too slow).
+    @discardableResult
+    public func park(_ id: SubscriberID) -> Bool {
+        guard let subscriber = subscribers[id] else { return false }
         subscriber.parked = true
         // What was queued for it and not read goes now: a parked session holds topics, not events.
         subscriber.batch.withdraw(queue: subscriber.queue)
         subscriber.conflation = nil
         if conflating.remove(id) != nil { conflationChanged() }
+        return true
     }
 }

@@ -106,6 +106,14 @@ extension MarketDataHub {
             heldBackSize += event.bytes.readableBytes
         }
 
+        /// A new epoch began: the last event's market sequence is the former epoch's, none of this one
+        /// (a tagged connection sent it as a snapshot or a `gap`'s last value would take it for one).
+        /// Its bytes keep their `_s` and `_m`.
+        func forgetPosition() {
+            guard let event = last, event.sequence != 0 else { return }
+            last = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt)
+        }
+
         func releaseHeldBack() {
             heldBack = []
             heldBackSize = 0

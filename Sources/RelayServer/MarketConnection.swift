@@ -113,7 +113,7 @@ actor MarketConnection {
     private var session: any DownstreamSession
     private var admitted: ClientGrant?
     private var subscription: HubSubscription?
-    /// The session taken back in part whose end of window is scheduled (``letGoAtWindowsEnd(brokeAt:)``).
+    /// The session taken back whose window's end is scheduled (``letGoAtWindowsEnd(brokeAt:)``).
     private var lettingGo: ContinuousClock.Instant?
     /// Its loop's sign-in deadlines (the server's auth timeout).
     private let signIn: NIOLoopBound<LoopDeadlineQueue<MarketConnection>>
@@ -238,6 +238,7 @@ actor MarketConnection {
                     loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
                 }
                 resuming = dependencies.shelf.take(name)
+                if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
                 if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
                 takingOver = resuming == nil && previous
                 standing.holds([], takenBack: resuming)
@@ -369,13 +370,14 @@ actor MarketConnection {
         // Parked first, so its topics never stop being wanted; then shelved; then no longer open. The
         // topics of a session it took back and had not subscribed again are held by that one's parked
         // subscriber: this one takes them over before that one goes (or, with none of its own, is it).
-        if let id = subscription?.id {
-            // (The closing session holds them too: it was made of this connection's and those.)
+        // (The closing session holds them too: it was made of this connection's and those.) Added once
+        // parked, so nothing is queued for them (a snapshot each, past a buffer's room).
+        if let id = subscription?.id, await dependencies.hub.park(id) {
             if let left = resuming?.topics, !left.isEmpty, resuming?.parked != nil { _ = await dependencies.hub.add(left, to: id) }
-            await dependencies.hub.park(id)
             shelved.parked = id
             if let parked = resuming?.parked { await dependencies.hub.remove(parked) }
         } else {
+            // None of its own (never joined, or evicted as too slow): the taken-back one's, if any.
             shelved.parked = resuming?.parked
         }
         // The shelved session took over the taken-back one's topics: those held in the key's budget at
@@ -425,14 +427,14 @@ actor MarketConnection {
         Task { await self.applyHubChanges() }
     }
 
-    /// A session taken back in part holds the rest of its topics for the connection (its parked
-    /// subscriber keeps them wanted) until they are subscribed again, or until its window ends, as it
-    /// would have on the shelf. Once per take-back.
+    /// A session taken back holds its topics for the connection (its parked subscriber keeps them
+    /// wanted) until they are subscribed again, or until its window ends, as it would have on the
+    /// shelf. Once per take-back.
     private func letGoAtWindowsEnd(brokeAt: ContinuousClock.Instant) {
         guard lettingGo != brokeAt else { return }
         lettingGo = brokeAt
         let wait = max(.zero, brokeAt + dependencies.configuration.resume.window - .now)
-        loop.scheduleTask(in: TimeAmount(wait)) { self.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } } }
+        loop.scheduleTask(in: TimeAmount(wait)) { [weak self] in self?.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } } }
     }
 
     private func applyHubChanges() async {
@@ -463,6 +465,7 @@ actor MarketConnection {
                 if takingOver, let sessionName {
                     takingOver = false
                     resuming = await dependencies.shelf.takeOver(sessionName)
+                    if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
                 }
                 if let resume {
                     // Where the client stands in market sequences is not known from per-topic positions:
@@ -510,9 +513,10 @@ actor MarketConnection {
                 await shelve(session, as: name)
             case .letGo(let brokeAt):
                 guard let taken = resuming, taken.brokeAt == brokeAt else { continue }
-                if let parked = taken.parked { await hub.remove(parked) }
-                releaseBudget(Array(taken.topics))
+                // Let go before the wait: a close meanwhile shelves only what is still held.
                 resuming = nil
+                releaseBudget(Array(taken.topics))
+                if let parked = taken.parked { await hub.remove(parked) }
             }
         }
         standing?.holds(session.topics, takenBack: resuming)

@@ -420,10 +420,10 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
             acknowledgedBytes: TCPInfoPrefix.bytesAcknowledged(by: channel))
         guard !isClosed, acknowledgedPosition.awaitsAcknowledgement else { return }
         // From the first delay again after a write (a check later than that, after a quiet spell, moves).
-        let first = NIODeadline.now() + Self.firstAcknowledgementCheck
-        if let pending = acknowledgementCheck, pending.at <= first { return }
+        acknowledgementDelay = Self.firstAcknowledgementCheck
+        if let pending = acknowledgementCheck, pending.at <= .now() + acknowledgementDelay { return }
         acknowledgementCheck?.task.cancel()
-        checkAcknowledgement(after: Self.firstAcknowledgementCheck)
+        checkAcknowledgement()
     }
 
     /// The first re-read of what the client acknowledged after a write it had not yet (doubling while it
@@ -432,14 +432,19 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     static let lastAcknowledgementCheck = TimeAmount.seconds(5)
     /// A re-read of the acknowledged bytes is scheduled, for then.
     private var acknowledgementCheck: (task: Scheduled<Void>, at: NIODeadline)?
+    /// The wait before the next re-read.
+    private var acknowledgementDelay = firstAcknowledgementCheck
 
     /// A tagged session's client acknowledges a write after it was noted, and a quiet connection has no
     /// next write to read it at: without a re-read it would stand where it stood when its last writes
     /// went out (a break then replays them again; a replay held at its start stays held). So it is read
-    /// again after `delay`, and again, less often, while a write waits for an acknowledgement that can
-    /// count (``AcknowledgedPosition/awaitsAcknowledgement``) and the socket can say.
-    private func checkAcknowledgement(after delay: TimeAmount) {
+    /// again after ``acknowledgementDelay``, and again, less often, while a write waits for an
+    /// acknowledgement that can count (``AcknowledgedPosition/awaitsAcknowledgement``) and the socket
+    /// can say.
+    private func checkAcknowledgement() {
         guard let context else { return }
+        let delay = acknowledgementDelay
+        acknowledgementDelay = min(delay * 2, Self.lastAcknowledgementCheck)
         let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
         let task = context.eventLoop.scheduleTask(in: delay) {
             let handler = loopBound.value
@@ -448,7 +453,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
                 let acknowledged = TCPInfoPrefix.bytesAcknowledged(by: channel)
             else { return }
             position.acknowledged(bytes: acknowledged)
-            if position.awaitsAcknowledgement { handler.checkAcknowledgement(after: min(delay * 2, Self.lastAcknowledgementCheck)) }
+            if position.awaitsAcknowledgement { handler.checkAcknowledgement() }
         }
         acknowledgementCheck = (task, .now() + delay)
     }

@@ -391,6 +391,26 @@ struct EpochNoticeTests {
         #expect(deliveries.map(\.epochStarted) == [nil, "second"], "the outage notice, then the epoch notice marked")
     }
 
+    /// A tagged connection takes the newest market sequence it writes as where its client stands in its
+    /// epoch: a last value kept from the former epoch (a snapshot on subscribe, a `gap`'s last value)
+    /// carries none of the new one, though its bytes keep their `_m`.
+    @Test func aLastValueKeptFromTheFormerEpochCarriesNoPositionOfTheNewOne() async throws {
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
+        let holder = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.startEpoch("first")
+        await hub.publish(EventPosition.stamp([event("T", "AAPL", 1)], [EventPosition(topic: 400, market: 400)]))
+        await hub.startEpoch("second")
+        let client = await hub.subscribe(to: topics("T.AAPL"))
+        var reader = client.makeReader()
+        var deliveries: [HubDelivery] = []
+        #expect(await reader.nextDeliveries(into: &deliveries))
+        var events: [MarketEvent] = []
+        for delivery in deliveries { delivery.append(to: &events) }
+        #expect(events.compactMap { EventPosition.read(from: $0.bytes)?.market } == [400], "the snapshot, its bytes as they were")
+        #expect(deliveries.allSatisfy { $0.lastSequence == 0 }, "no position of the new epoch: \(deliveries.map(\.lastSequence))")
+        _ = holder
+    }
+
     /// A tagged connection's write path reads which epoch a delivery starts: its positions after it
     /// count in that epoch (and only a delivery that is that notice says so).
     @Test func theEpochNoticesDeliveryNamesTheEpochItStarts() async throws {
