@@ -319,7 +319,7 @@ extension MarketDataHub {
     /// type (a folded topic's: its whole state, so a book's holder starts it again whole).
     private func lastValues(of topic: Topic) -> [MarketEvent] {
         if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
-        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.value).sorted { $0.sequence < $1.sequence }
+        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.value).sorted { ($0.sequence, $0.receivedAt) < ($1.sequence, $1.receivedAt) }
     }
 
     private func resumedStatus(_ outcome: HubResumeOutcome) -> Notice {
@@ -466,6 +466,15 @@ extension MarketDataHub {
         let told = subscribers.values.filter { !$0.topics.isEmpty && !$0.parked }
         for subscriber in told { enqueue(HubDelivery(epochNotice: notice, epoch: epoch), to: subscriber) }
         tell(told)
+    }
+
+    /// A subscriber's stream ended (its reader let it go, or the last copy of its subscription went):
+    /// it is removed, unless parked. A parked one holds a session's topics until its session lets it
+    /// go (``remove(_:)``), whoever held its subscription: a session restored at start-up keeps only
+    /// the id.
+    func streamEnded(_ id: SubscriberID) {
+        guard subscribers[id]?.parked != true else { return }
+        remove(id)
     }
 
     /// Parks a subscriber: it keeps its topics (still wanted, so their history stays whole) and gets

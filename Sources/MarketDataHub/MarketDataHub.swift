@@ -202,7 +202,7 @@ public actor MarketDataHub {
             of: DeliveryBatch.self, bufferingPolicy: .bufferingOldest(Self.streamElements))
         continuation.onTermination = { [weak self] _ in
             guard let self else { return }
-            Task { await self.remove(id) }
+            Task { await self.streamEnded(id) }
         }
         let queue = SubscriberQueue(limit: bufferLimit)
         subscribers[id] = Subscriber(id: id, continuation: continuation, queue: queue, whenQueued: whenQueued)

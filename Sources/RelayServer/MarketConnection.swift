@@ -90,8 +90,8 @@ actor MarketConnection {
         case leave
         /// A tagged session's connection ended: its subscriber is parked and the session shelved.
         case shelve(String, SessionShelf.Session)
-        /// The window of a session taken back in part (broken at this instant) ended: the topics it
-        /// still holds for the connection, not subscribed again, are let go.
+        /// A window passed since a session (broken at this instant) was taken back: the topics it still
+        /// holds for the connection, not subscribed again, are let go.
         case letGo(ContinuousClock.Instant)
 
         /// A tagged session shelved: it starts at once, whatever the limit (see ``HubChangeSlots``).
@@ -428,13 +428,15 @@ actor MarketConnection {
     }
 
     /// A session taken back holds its topics for the connection (its parked subscriber keeps them
-    /// wanted) until they are subscribed again, or until its window ends, as it would have on the
-    /// shelf. Once per take-back.
+    /// wanted) until they are subscribed again, or for a window (``ResumeSettings/window``) from when
+    /// it was taken: a client that signed in near the end of the session's own window still has a
+    /// whole window to subscribe them, and none keeps them longer. Once per take-back.
     private func letGoAtWindowsEnd(brokeAt: ContinuousClock.Instant) {
         guard lettingGo != brokeAt else { return }
         lettingGo = brokeAt
-        let wait = max(.zero, brokeAt + dependencies.configuration.resume.window - .now)
-        loop.scheduleTask(in: TimeAmount(wait)) { [weak self] in self?.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } } }
+        loop.scheduleTask(in: TimeAmount(dependencies.configuration.resume.window)) { [weak self] in
+            self?.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } }
+        }
     }
 
     private func applyHubChanges() async {

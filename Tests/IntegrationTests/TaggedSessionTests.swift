@@ -140,8 +140,8 @@ struct TaggedSessionTests {
     }
 
     /// The session's topics a reconnect has not subscribed again stay held for it: a break before they
-    /// are resumes them whole too, not as a `gap`; and they are let go when the session's window ends,
-    /// as they would have been on the shelf.
+    /// are resumes them whole too, not as a `gap`; and they are let go a window after the session was
+    /// taken back, as they would have been on the shelf.
     @Test func topicsNotTakenBackYetStayHeldUntilTheWindowEnds() async throws {
         try await withQuietMarket(window: .seconds(3)) { port, hub, standing in
             let url = "ws://127.0.0.1:\(port)/stocks"
@@ -165,7 +165,7 @@ struct TaggedSessionTests {
             #expect((resumed.fields["gaps"] as? [String] ?? []).isEmpty, "MSFT held for the session throughout: \(resumed.fields)")
             #expect(resumed.eventsBefore.filter { $0.ticker == "MSFT" }.count >= 3, "\(resumed.fields)")
 
-            // AAPL, not subscribed again, is held for the session until its window ends (3 s), then let go.
+            // AAPL, not subscribed again, is held for the session for a window (3 s), then let go.
             try await eventually("the third connection to hold AAPL for its session") { standing("partial")?.topics.map(\.description).sorted() == ["T.AAPL", "T.MSFT"] }
             try await eventually("AAPL let go at the window's end", timeout: .seconds(10)) { standing("partial")?.topics.map(\.description) == ["T.MSFT"] }
             await third.close()

@@ -391,6 +391,27 @@ struct EpochNoticeTests {
         #expect(deliveries.map(\.epochStarted) == [nil, "second"], "the outage notice, then the epoch notice marked")
     }
 
+    /// A parked subscriber holds a broken session's topics until the session lets it go, whoever held
+    /// its subscription: a session restored at start-up keeps only its id, and a connection's drain
+    /// lets its stream go. (A plain subscriber whose subscription goes is removed.)
+    @Test func aParkedSubscriberOutlivesItsSubscription() async throws {
+        let hub = MarketDataHub(wire: .polygon)
+        let parked = await hub.subscribe(to: topics("T.AAPL")).id
+        #expect(await hub.park(parked))
+        // Let go of after the parked one's: once it is gone, the parked one's end was seen first.
+        _ = await hub.subscribe(to: topics("T.MSFT")).id
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let gone = try await within(.seconds(5)) {
+            while await hub.wantedTopics.contains(msft) { try? await Task.sleep(for: .milliseconds(5)) }
+            return true
+        }
+        #expect(gone == true, "a plain subscriber whose subscription went is removed")
+        #expect(await hub.wantedTopics == topics("T.AAPL"), "the parked one stays")
+        #expect(await hub.subscriberCount == 1)
+        await hub.remove(parked)
+        #expect(await hub.wantedTopics.isEmpty)
+    }
+
     /// A tagged connection takes the newest market sequence it writes as where its client stands in its
     /// epoch: a last value kept from the former epoch (a snapshot on subscribe, a `gap`'s last value)
     /// carries none of the new one, though its bytes keep their `_m`.
