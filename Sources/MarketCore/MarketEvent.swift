@@ -25,6 +25,12 @@ public struct MarketEvent: Sendable {
         self.sequence = sequence
     }
 
+    /// The same event without a market sequence (its bytes keep their `_s` and `_m`): one of another
+    /// epoch, which names no position of this one.
+    public func withoutSequence() -> MarketEvent {
+        MarketEvent(eventType: eventType, ticker: ticker, bytes: bytes, receivedAt: receivedAt)
+    }
+
     /// The topic this event is delivered on, e.g. `Q.AAPL`. Only looked up (an event whose ticker no
     /// subscription can have matches nobody); never sent upstream.
     public var topic: Topic { Topic(checkedEventType: eventType, ticker: ticker) }

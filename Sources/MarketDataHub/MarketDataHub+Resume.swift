@@ -150,7 +150,7 @@ extension MarketDataHub {
             // sequence here (a tagged connection takes the newest it writes as where its client stands
             // in this term: the former term's numbers there would stand it past everything this term
             // has, and its next resume would be a `gap`).
-            let formerOnly = former.map { MarketEvent(eventType: $0.eventType, ticker: $0.ticker, bytes: $0.bytes, receivedAt: $0.receivedAt) }
+            let formerOnly = former.map { $0.withoutSequence() }
             delivery = formerOnly + gathering.acrossTerms.sorted { $0.key < $1.key }.map { wire.render($0.value.notice) } + delivery
             outcome.gaps += gathering.acrossTerms.keys.sorted()
         }
@@ -319,7 +319,7 @@ extension MarketDataHub {
     /// type (a folded topic's: its whole state, so a book's holder starts it again whole).
     private func lastValues(of topic: Topic) -> [MarketEvent] {
         if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
-        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.value).sorted { ($0.sequence, $0.receivedAt) < ($1.sequence, $1.receivedAt) }
+        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.value).sorted { ($0.sequence, $0.receivedAt, $0.ticker) < ($1.sequence, $1.receivedAt, $1.ticker) }
     }
 
     private func resumedStatus(_ outcome: HubResumeOutcome) -> Notice {

@@ -111,7 +111,7 @@ extension MarketDataHub {
         /// Its bytes keep their `_s` and `_m`.
         func forgetPosition() {
             guard let event = last, event.sequence != 0 else { return }
-            last = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt)
+            last = event.withoutSequence()
         }
 
         func releaseHeldBack() {

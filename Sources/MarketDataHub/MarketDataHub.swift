@@ -271,7 +271,7 @@ public actor MarketDataHub {
         reportWantedChange()
     }
 
-    /// Removes a subscriber and finishes its stream. Called automatically when the stream terminates.
+    /// Removes a subscriber and finishes its stream (also when the stream ends, unless parked: ``streamEnded(_:)``).
     public func remove(_ id: SubscriberID) {
         guard let subscriber = subscribers.removeValue(forKey: id) else { return }
         subscribersGauge.record(subscribers.count)

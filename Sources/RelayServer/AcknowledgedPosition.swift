@@ -74,7 +74,9 @@ final class AcknowledgedPosition {
     /// the replay (the one through which `replayedThrough` replayed events were written: the hub had
     /// queued that many by the end of the add), or an event after `through` (the market's position
     /// when the last of them was added: whatever was written after it came after their replay), it
-    /// stands no further than `resumeAfter`, so a break during the replay skips none of it.
+    /// stands no further than `resumeAfter`, so a break during the replay skips none of it. Also across
+    /// a change of epoch, for a replay that may carry this epoch's events from its start (`resumeAfter`
+    /// 0), for the connection's first topics too.
     private var replaying: (epoch: String?, resumeAfter: UInt64, through: UInt64, replayedThrough: Int)?
 
     /// - Parameter start: the market sequence before anything this connection will be sent.
@@ -124,8 +126,9 @@ final class AcknowledgedPosition {
     }
 
     /// Topics of a session taken back were added with a replay from `resumeAfter` (in `epoch`) by a
-    /// connection that already held others; the market stood at `through` after the add, and the hub
-    /// had queued `replayedThrough` replayed events to the connection in all (see ``replaying``).
+    /// connection that already held others (or from another epoch); the market stood at `through`
+    /// after the add, and the hub had queued `replayedThrough` replayed events to the connection in all
+    /// (see ``replaying``).
     func replaying(from resumeAfter: UInt64, through: UInt64, epoch: String?, replayedThrough: Int) {
         guard started, acknowledgedEpoch == epoch, acknowledged <= through, acknowledgedReplayed < replayedThrough else { return }
         if let known = replaying, known.epoch == epoch {

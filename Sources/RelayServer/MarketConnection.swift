@@ -113,8 +113,6 @@ actor MarketConnection {
     private var session: any DownstreamSession
     private var admitted: ClientGrant?
     private var subscription: HubSubscription?
-    /// The session taken back whose window's end is scheduled (``letGoAtWindowsEnd(brokeAt:)``).
-    private var lettingGo: ContinuousClock.Instant?
     /// Its loop's sign-in deadlines (the server's auth timeout).
     private let signIn: NIOLoopBound<LoopDeadlineQueue<MarketConnection>>
     private var hubChanges: [HubChange] = []
@@ -138,7 +136,8 @@ actor MarketConnection {
     /// first term): positions are tracked, and the session is kept under this name when the connection
     /// breaks, once an epoch names them.
     private var unnamedSession: String?
-    /// The broken session this one took back: its topics resume from where it broke.
+    /// The broken session this one took back: its topics resume from where it broke. Keeps the topics
+    /// not subscribed again yet, for a window from the take-back (``letGoAtWindowsEnd(brokeAt:)``).
     private var resuming: SessionShelf.Session?
     /// Where this tagged connection stands, for the running relay's checkpoint of its sessions.
     private var standing: SessionStanding?
@@ -430,10 +429,9 @@ actor MarketConnection {
     /// A session taken back holds its topics for the connection (its parked subscriber keeps them
     /// wanted) until they are subscribed again, or for a window (``ResumeSettings/window``) from when
     /// it was taken: a client that signed in near the end of the session's own window still has a
-    /// whole window to subscribe them, and none keeps them longer. Once per take-back.
+    /// whole window to subscribe them, and none keeps them longer. Once per take-back (at sign-in, or
+    /// a take-over: a connection does one or the other).
     private func letGoAtWindowsEnd(brokeAt: ContinuousClock.Instant) {
-        guard lettingGo != brokeAt else { return }
-        lettingGo = brokeAt
         loop.scheduleTask(in: TimeAmount(dependencies.configuration.resume.window)) { [weak self] in
             self?.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } }
         }
@@ -572,7 +570,6 @@ actor MarketConnection {
                 epoch: broken.epoch, resumeAfter: broken.resumeAfter, topics: left, brokeAt: broken.brokeAt,
                 carriedOver: broken.carriedOver, floors: broken.floors.filter { left.contains($0.key) })
             resuming?.parked = broken.parked
-            letGoAtWindowsEnd(brokeAt: broken.brokeAt)
         }
     }
 

@@ -27,7 +27,8 @@ final class SessionShelf: Sendable {
         let topics: Set<Topic>
         let brokeAt: ContinuousClock.Instant
         /// Its parked hub subscriber, which keeps its topics wanted (so their history stays whole) until
-        /// the session is taken back or expires.
+        /// the session expires, or, once taken back, until its topics are subscribed again or a window
+        /// has passed since.
         var parked: SubscriberID?
         /// The protocol's own state for the connection that takes it back (``DownstreamSession/carriedOver``).
         var carriedOver: (any Sendable)?

@@ -19,11 +19,6 @@ struct TaggedSessionTests {
 
     static func marketSequences(_ events: [MarketEvent]) -> [UInt64] { events.compactMap { EventPosition.read(from: $0.bytes)?.market } }
 
-    /// A reconnect that takes its session back over two messages has the second one's topics replayed
-    /// after what it already had of the first's, so the session stands where it broke until the client
-    /// has that replay (a break during it skips none of it). On a market that then falls quiet, no
-    /// later event says the client has it: the write that ended the replay does, once the client's TCP
-    /// stack acknowledges it. A break after that resumes from there, not from the old break again.
     /// Publishes an AAPL and an MSFT trade into `hub` at each call, numbered from 1.
     static func pairs(into hub: MarketDataHub) -> @Sendable () async -> Void {
         let count = Mutex(0)
@@ -74,6 +69,11 @@ struct TaggedSessionTests {
         }
     }
 
+    /// A reconnect that takes its session back over two messages has the second one's topics replayed
+    /// after what it already had of the first's, so the session stands where it broke until the client
+    /// has that replay (a break during it skips none of it). On a market that then falls quiet, no
+    /// later event says the client has it: the write that ended the replay does, once the client's TCP
+    /// stack acknowledges it. A break after that resumes from there, not from the old break again.
     @Test func aReplayTakenBackInALaterMessageStopsHoldingOnceAcknowledgedOnAQuietMarket() async throws {
         try await withQuietMarket { port, hub, standing in
             let url = "ws://127.0.0.1:\(port)/stocks"

@@ -396,8 +396,10 @@ struct EpochNoticeTests {
     /// lets its stream go. (A plain subscriber whose subscription goes is removed.)
     @Test func aParkedSubscriberOutlivesItsSubscription() async throws {
         let hub = MarketDataHub(wire: .polygon)
-        let parked = await hub.subscribe(to: topics("T.AAPL")).id
+        var subscription: HubSubscription? = await hub.subscribe(to: topics("T.AAPL"))
+        let parked = try #require(subscription?.id)
         #expect(await hub.park(parked))
+        subscription = nil
         // Let go of after the parked one's: once it is gone, the parked one's end was seen first.
         _ = await hub.subscribe(to: topics("T.MSFT")).id
         let msft = try #require(Topic(parsing: "T.MSFT"))
