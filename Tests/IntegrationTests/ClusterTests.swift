@@ -280,7 +280,7 @@ struct ClusterTests {
             try await cluster.kill(leader)
             for client in clients {
                 let lost = try await client.waitForStatus(StatusMessage.Kind.upstreamDisconnected, timeout: .seconds(15))
-                #expect((lost.fields["message"] as? String)?.contains(leader) == true)
+                #expect((lost.fields["message"] as? String)?.contains(leader) == true, "names the killed leader \(leader): \(lost.fields)")
                 let back = try await client.waitForStatus(StatusMessage.Kind.upstreamReconnected, timeout: .seconds(15))
                 #expect((back.fields["gap_ms"] as? Int ?? 0) > 0)
                 #expect(try await client.nextEvents(3).allSatisfy { $0.topic.description == "Q.AAPL" })
