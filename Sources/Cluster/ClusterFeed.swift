@@ -30,8 +30,8 @@ final class ClusterFeed: Sendable {
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
     /// The leader this node knows of (the old one, when a new term's epoch comes first).
     private let leader: @Sendable () -> String?
-    /// The last epoch the leader announced.
-    private let epochSeen = Mutex<String?>(nil)
+    /// The epochs the leader announced, with who led then.
+    private let epochs = Mutex(EpochWatch())
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
     /// This node's NATS link is down (told to its subscribers) and not back yet. Held while an event is
     /// queued, so an event is queued before the loss notice or not at all: NATS may deliver a message it
@@ -107,13 +107,10 @@ final class ClusterFeed: Sendable {
         case .epoch(let epoch):
             // A new term after another: the outage starts now, before its first event (after a kill -9
             // no word comes from the old leader, and the lease is read every 250 ms).
-            let previous = epochSeen.withLock { seen in
-                defer { seen = epoch }
-                return seen
-            }
-            if let previous, previous != epoch {
-                let old = leader().map { "the cluster leader \($0) is gone" } ?? "the cluster's leader changed"
-                inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
+            // Re-announced each second, so the leader noted with an epoch is its own by the next one.
+            let known = leader()
+            if let reason = epochs.withLock({ $0.heard(epoch, knownLeader: known) }) {
+                inbox.push(.connectionLost(reason: reason))
             }
             inbox.push(.epoch(epoch))
         case .upstreamDown(let reason):

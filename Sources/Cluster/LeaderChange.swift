@@ -29,3 +29,20 @@ struct LeaderChange: Equatable, Sendable {
         }
     }
 }
+
+/// The epochs a follower hears on the control subject, each with the leader it knew of when the epoch
+/// was last announced: a new term's first notice names the leader whose term ended. (By the time the new
+/// term's epoch arrives, the node may already have read the new leader's lease.)
+struct EpochWatch: Equatable, Sendable {
+    private var epoch: String?
+    private var leader: String?
+
+    /// Notes `epoch` as announced while `knownLeader` was the leader this node knew of. A new term after
+    /// another returns the reason to tell the clients; the first epoch, and re-announcements, nil.
+    mutating func heard(_ epoch: String, knownLeader: String?) -> String? {
+        defer { (self.epoch, self.leader) = (epoch, knownLeader) }
+        guard let previous = self.epoch, previous != epoch else { return nil }
+        let old = (leader ?? knownLeader).map { "the cluster leader \($0) is gone" } ?? "the cluster's leader changed"
+        return "\(old): a new term began; events between the last leader's and the new one's may be missing"
+    }
+}

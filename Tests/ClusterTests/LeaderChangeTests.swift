@@ -35,4 +35,20 @@ struct LeaderChangeTests {
         let ended = LeaderChange(from: Holder(node: "n3", term: nil), to: nil, me: "n3", ownTerm: "c")
         #expect(ended.changed && !ended.othersTermEnded)
     }
+
+    @Test func aNewTermsEpochNamesTheLeaderWhoseTermEndedEvenWhenTheNewOneIsKnownFirst() {
+        var watch = EpochWatch()
+        #expect(watch.heard("e1", knownLeader: "n2") == nil, "the first epoch is no news")
+        #expect(watch.heard("e1", knownLeader: "n2") == nil, "nor is its re-announcement")
+        // n2 was killed; this node read n1's lease before n1's first epoch came.
+        let reason = watch.heard("e2", knownLeader: "n1")
+        #expect(reason?.contains("the cluster leader n2 is gone") == true, "\(reason ?? "no reason")")
+        // n1's next announcement notes n1 as the leader of e2: its end names n1.
+        #expect(watch.heard("e2", knownLeader: "n1") == nil)
+        #expect(watch.heard("e3", knownLeader: "n3")?.contains("n1 is gone") == true)
+        // A leader no one knew of.
+        var fresh = EpochWatch()
+        _ = fresh.heard("a", knownLeader: nil)
+        #expect(fresh.heard("b", knownLeader: nil)?.hasPrefix("the cluster's leader changed") == true)
+    }
 }

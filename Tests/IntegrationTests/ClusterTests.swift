@@ -273,6 +273,8 @@ struct ClusterTests {
                 oldEpoch.withLock { $0 = first }
                 return true
             }
+            // Each client past anything its node said before the kill (a notice of the cluster's start).
+            for client in clients.dropFirst() { _ = try await client.nextEvents(1) }
             let lastBefore = try #require(
                 try await clients[0].nextEvents(1).compactMap { EventPosition.read(from: $0.bytes)?.topic }.last, "events carry positions")
 
