@@ -407,7 +407,7 @@ let package = Package(
             name: "IntegrationTests",
             dependencies: [
                 "RelayComposition", "RelayConfiguration", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio",
-                "RelayBench", "Cluster", "AlpacaWire",
+                "RelayBench", "Cluster", "AlpacaWire", "Tape",
                 "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST",
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),

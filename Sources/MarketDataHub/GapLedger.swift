@@ -95,6 +95,18 @@ struct GapLedger {
         return (GapFillRequest(from: earliest, through: through, topics: requested, generation: generation), released)
     }
 
+    /// A new epoch began (a cluster's new leadership term): the recovered events still held carry the
+    /// former term's market sequences, which are no positions of the new one; they go out without.
+    mutating func forgetPositions() {
+        for (topic, gaps) in pending where gaps.contains(where: { gap in gap.held.contains { $0.sequence != 0 } }) {
+            pending[topic] = gaps.map { gap in
+                var gap = gap
+                gap.held = gap.held.map { $0.withoutSequence() }
+                return gap
+            }
+        }
+    }
+
     /// A topic's first live event after an outage closes its open gaps: the recovered events held for
     /// them that lie before it are released (to go ahead of it), the rest were on their way live.
     mutating func firstLive(_ events: [MarketEvent]) -> Released {

@@ -450,7 +450,10 @@ extension MarketDataHub {
         if replaced { upstreamLost(reason: "a new cluster leader's term began; events between the last leader's and its own may be missing") }
         epochAdoptedAt = WallClock.nowMilliseconds()
         previousEpoch = history.map(\.epoch).flatMap { $0.isEmpty ? nil : $0 }
-        if replaced { for entry in entries.values { entry.forgetPosition() } }
+        if replaced {
+            for entry in entries.values { entry.forgetPosition() }
+            gapLedger.forgetPositions()
+        }
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }

@@ -66,7 +66,7 @@ final class AcknowledgedPosition {
     private var floorsByEpoch: [String: [Topic: UInt64]] = [:]
 
     /// The floors of the epoch the client stands in.
-    var floors: [Topic: UInt64] { floorsByEpoch[acknowledgedEpoch ?? ""] ?? [:] }
+    var floors: [Topic: UInt64] { floorsByEpoch[epoch ?? ""] ?? [:] }
 
     /// Topics of a session taken back, added after the connection's first topics, are being replayed
     /// from `resumeAfter` (in `epoch`): their replay is written after events of other topics the
@@ -75,9 +75,11 @@ final class AcknowledgedPosition {
     /// queued that many by the end of the add), or an event after `through` (the market's position
     /// when the last of them was added: whatever was written after it came after their replay), it
     /// stands no further than `resumeAfter`, so a break during the replay skips none of it. Also across
-    /// a change of epoch, for a replay that may carry this epoch's events from its start (`resumeAfter`
-    /// 0), for the connection's first topics too.
-    private var replaying: (epoch: String?, resumeAfter: UInt64, through: UInt64, replayedThrough: Int)?
+    /// a change of epoch (`from` is then the broken session's epoch, not `epoch`), for the connection's
+    /// first topics too: the replay carries the former term's tail and then this term's events from its
+    /// start, so until the client has it whole it stands where its session broke, in the former term (a
+    /// break during it resumes across the terms again rather than skip the former term's tail).
+    private var replaying: (epoch: String?, from: String?, resumeAfter: UInt64, through: UInt64, replayedThrough: Int)?
 
     /// - Parameter start: the market sequence before anything this connection will be sent.
     init(start: UInt64, marginBytes: Int) {
@@ -106,7 +108,7 @@ final class AcknowledgedPosition {
             acknowledged = max(acknowledged, sequence)
             acknowledgedEpoch = epoch
         }
-        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+        tell()
     }
 
     /// Topics were added, each at the market sequence given in `epoch` (the hub's: its notice may not be
@@ -117,26 +119,34 @@ final class AcknowledgedPosition {
         guard started else { return }
         // At most the acknowledged epoch, the one written and the hub's.
         if floorsByEpoch[key] == nil, floorsByEpoch.count >= 3 {
-            floorsByEpoch = floorsByEpoch.filter { $0.key == (acknowledgedEpoch ?? "") || $0.key == (writingEpoch ?? "") }
+            let kept = [acknowledgedEpoch, writingEpoch, self.epoch].map { $0 ?? "" }
+            floorsByEpoch = floorsByEpoch.filter { kept.contains($0.key) }
         }
         var floors = floorsByEpoch[key] ?? [:]
         for (topic, sequence) in added where floors[topic] == nil { floors[topic] = sequence }
         floorsByEpoch[key] = floors
-        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: self.floors)
+        tell()
     }
 
-    /// Topics of a session taken back were added with a replay from `resumeAfter` (in `epoch`) by a
-    /// connection that already held others (or from another epoch); the market stood at `through`
-    /// after the add, and the hub had queued `replayedThrough` replayed events to the connection in all
-    /// (see ``replaying``).
-    func replaying(from resumeAfter: UInt64, through: UInt64, epoch: String?, replayedThrough: Int) {
+    /// Topics of a session taken back were added with a replay from `resumeAfter` (in `from`: the
+    /// session's epoch, `epoch` unless it broke in a former term) by a connection that already held
+    /// others (or from another epoch); the market stood at `through` in `epoch` after the add, and the
+    /// hub had queued `replayedThrough` replayed events to the connection in all (see ``replaying``).
+    func replaying(from resumeAfter: UInt64, in from: String?, through: UInt64, epoch: String?, replayedThrough: Int) {
         guard started, acknowledgedEpoch == epoch, acknowledged <= through, acknowledgedReplayed < replayedThrough else { return }
+        var hold = (epoch: epoch, from: from, resumeAfter: resumeAfter, through: through, replayedThrough: replayedThrough)
         if let known = replaying, known.epoch == epoch {
-            replaying = (epoch, min(known.resumeAfter, resumeAfter), max(known.through, through), max(known.replayedThrough, replayedThrough))
-        } else {
-            replaying = (epoch, resumeAfter, through, replayedThrough)
+            hold.through = max(known.through, through)
+            hold.replayedThrough = max(known.replayedThrough, replayedThrough)
+            // A hold in a former term stands before any in this one.
+            if known.from == from {
+                hold.resumeAfter = min(known.resumeAfter, resumeAfter)
+            } else if known.from != epoch {
+                (hold.from, hold.resumeAfter) = (known.from, known.resumeAfter)
+            }
         }
-        standing?.acknowledged(self.resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+        replaying = hold
+        tell()
     }
 
     /// Topics were removed: added again, they start from there.
@@ -145,7 +155,7 @@ final class AcknowledgedPosition {
         for topic in topics {
             for key in floorsByEpoch.keys { floorsByEpoch[key]?[topic] = nil }
         }
-        standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+        tell()
     }
 
     private var started = false
@@ -201,22 +211,33 @@ final class AcknowledgedPosition {
                 known.epoch != acknowledgedEpoch || acknowledged > known.through || acknowledgedReplayed >= known.replayedThrough
             {
                 replaying = nil
+                // The former term's floors say nothing more once the client stands in this one.
+                if known.from != known.epoch, known.from != acknowledgedEpoch, known.from != writingEpoch { floorsByEpoch[known.from ?? ""] = nil }
             }
             // Floors of the epoch the client left say nothing more.
             if acknowledgedEpoch != epochBefore, epochBefore != writingEpoch { floorsByEpoch[epochBefore ?? ""] = nil }
-            standing?.acknowledged(resumeAfter, epoch: acknowledgedEpoch, floors: floors)
+            tell()
         }
     }
 
-    /// The market sequence through which the client has every event of its topics.
+    /// The market sequence through which the client has every event of its topics (in ``epoch``).
     var resumeAfter: UInt64 {
         guard let replaying, replaying.epoch == acknowledgedEpoch else { return acknowledged }
-        return min(acknowledged, replaying.resumeAfter)
+        return replaying.from == replaying.epoch ? min(acknowledged, replaying.resumeAfter) : replaying.resumeAfter
     }
 
     /// Whether it stands anywhere yet (its first topics were added).
     var isStarted: Bool { started }
 
-    /// The epoch of ``resumeAfter`` (`nil` or empty: not known here; the hub's).
-    var epoch: String? { acknowledgedEpoch }
+    /// The epoch of ``resumeAfter`` (`nil` or empty: not known here; the hub's): a former term's while a
+    /// replay across terms is not acknowledged whole.
+    var epoch: String? {
+        guard let replaying, replaying.epoch == acknowledgedEpoch else { return acknowledgedEpoch }
+        return replaying.from
+    }
+
+    /// Tells ``standing`` where the client stands now.
+    private func tell() {
+        standing?.acknowledged(resumeAfter, epoch: epoch, floors: floors)
+    }
 }

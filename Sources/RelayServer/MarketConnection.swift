@@ -543,15 +543,18 @@ actor MarketConnection {
         let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
         if sameEpoch, later {
             handler.value.acknowledgedPosition?.replaying(
-                from: broken.resumeAfter, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
+                from: broken.resumeAfter, in: broken.epoch, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
         }
         if !sameEpoch {
-            // No floor then. On a cluster the hub may have replayed this term's events before
-            // it (from the tape, across the terms): until the client has that replay, it
-            // stands at the term's start, so a break during it skips none of them.
+            // No floor in this epoch then. On a cluster the hub may have replayed the former term's
+            // tail and this term's events (from the tapes, across the terms): until the client has
+            // that replay, it stands where the session broke (with its floors there), so a break
+            // during it resumes across the terms again and skips none of it.
             handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
+            handler.value.acknowledgedPosition?.added(
+                back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
             handler.value.acknowledgedPosition?.replaying(
-                from: 0, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
+                from: broken.resumeAfter, in: broken.epoch, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
         }
         // Its topics are this connection's now: the parked subscriber lets them go (and goes
         // once it holds none), and so does the session's hold on them in the key's budget

@@ -5,6 +5,7 @@ import NIOCore
 import PolygonWire
 import Synchronization
 @testable import RelayServer
+@testable import Tape
 import Testing
 
 /// Tagged sessions (`KEY#tag`) on a market the test feeds itself, so that it can fall quiet: where a
@@ -51,10 +52,10 @@ struct TaggedSessionTests {
     /// Runs `body` with a server whose stock market's hub (with a history) the test feeds, its port, and
     /// where each tagged session stands (``SessionShelf/checkpoint()``).
     func withQuietMarket(
-        window: Duration = .seconds(60),
+        window: Duration = .seconds(60), hub: MarketDataHub = MarketDataHub(wire: .polygon, history: HistoryLimits()),
+        shelved: [(name: String, session: SessionShelf.Session)] = [],
         _ body: (_ port: Int, _ hub: MarketDataHub, _ standing: @escaping @Sendable (String) -> SessionStanding.Now?) async throws -> Void
     ) async throws {
-        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits())
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
         // Where the client stands is what its TCP stack acknowledged, with nothing held back for a proxy.
@@ -62,6 +63,7 @@ struct TaggedSessionTests {
         configuration.resume.window = window
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
         let shelf = server.markets[0].shelf
+        for (name, session) in shelved { shelf.keep(session, as: name) }
         try await withServices([server]) {
             try await body(try await server.listeningPort(), hub) { tag in
                 shelf.checkpoint().first { $0.name.hasSuffix("#\(tag)") }?.standing
@@ -170,5 +172,71 @@ struct TaggedSessionTests {
             try await eventually("AAPL let go at the window's end", timeout: .seconds(10)) { standing("partial")?.topics.map(\.description) == ["T.MSFT"] }
             await third.close()
         }
+    }
+
+    /// A session that broke in a cluster's former leadership term is taken back across the terms: its
+    /// replay is the former term's tail (from that term's tape), then this term's events. Until the
+    /// client has it whole, the session stands where it broke, in the former term: a break during the
+    /// replay resumes across the terms again. (It stood at the new term's start: a break then skipped
+    /// the former term's tail it had not read, with no `gap`.)
+    @Test func aBreakDuringAReplayAcrossTermsResumesAcrossThemAgain() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("across-terms-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let start: Int64 = 1_795_185_000 * 1_000_000_000
+        func quote(_ n: Int) -> [UInt8] { Array(#"{"ev":"Q","sym":"AAPL","n":\#(n),"bx":4,"bp":100.5,"bs":10,"ax":7,"ap":100.6,"as":12}"#.utf8) }
+        // The former term's tape: AAPL's quotes 1…1000.
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 4096)
+        try writer.append(.epoch("e1", at: start))
+        try writer.append(.holding(["Q.AAPL"], at: start))
+        for n in 1...1000 {
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: start + Int64(n) * 1_000_000, sequence: UInt64(n), topicSequence: UInt64(n), eventType: "Q", ticker: "AAPL",
+                        bytes: quote(n))))
+        }
+        try writer.flush()
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
+        await hub.setArchive(TapeArchive(directory: directory, market: "stocks"))
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        // Another client holds AAPL throughout: this term's is whole from its first event.
+        let holder = await hub.subscribe(to: [aapl])
+        await hub.startEpoch("e1")
+        await hub.startEpoch("e2")
+        let events = (1...5).map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: quote(1000 + $0))) }
+        await hub.publish(EventPosition.stamp(events, (1...5).map { EventPosition(topic: UInt64($0), market: UInt64($0)) }))
+        // The session broke at e1's 250.
+        let broken = SessionShelf.Session(epoch: "e1", resumeAfter: 250, topics: [aapl], brokeAt: .now)
+
+        try await withQuietMarket(hub: hub, shelved: [("key-1#across", broken)]) { port, hub, standing in
+            // A small receive buffer: the replay waits, unacknowledged, in the relay's socket until read.
+            let client = try RawSocket(port: port, receiveBuffer: 2048)
+            #expect(client.readUntil("connected", initial: try client.upgrade()).found)
+            client.send(RawSocket.text(#"{"action":"auth","params":"client-key#across"}"#))
+            #expect(client.readUntil("auth_success").found)
+            client.send(RawSocket.text(#"{"action":"subscribe","params":"Q.AAPL"}"#))
+            // Half the former term's tail read, then the connection breaks.
+            #expect(client.readUntil(#""n":500,"#).found, "the former term's tail replayed")
+            shutdown(client.fd, Int32(SHUT_RDWR))
+
+            // Taken back again: the former term's tail from where the session broke, then this term's.
+            let again = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#across")
+            again.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            let resumed = try await again.waitForStatus(StatusMessage.Kind.resumed)
+            let numbers = resumed.eventsBefore.compactMap { event -> Int? in
+                guard let text = event.bytes.getString(at: event.bytes.readerIndex, length: event.bytes.readableBytes),
+                    let at = text.range(of: #""n":"#)
+                else { return nil }
+                return Int(text[at.upperBound...].prefix { $0.isNumber })
+            }
+            #expect(numbers.first == 251 && numbers.contains(1000), "the former term's tail again, whole: \(numbers.prefix(3))…\(numbers.suffix(3))")
+            #expect(Array(numbers.suffix(5)) == Array(1001...1005), "then this term's: \(numbers.suffix(5))")
+            // Read whole: the session stands in this term.
+            try await eventually("the session to stand in e2 once its replay is read") {
+                standing("across").map { $0.epoch == "e2" && $0.resumeAfter == 5 } == true
+            }
+            await again.close()
+        }
+        _ = holder
     }
 }

@@ -46,6 +46,21 @@ struct GapLedgerTests {
         #expect(ledger.accept(aapl, (11...14).map { trade($0) }, order: .sequence).accepted == 0)
     }
 
+    @Test func heldEventsOfAFormerTermGoOutWithoutItsPositions() {
+        var ledger = GapLedger(wire: PolygonWireProtocol())
+        _ = ledger.open(from: 1_000, through: 2_000, holders: [(aapl, 1, trade(10))])
+        // A cluster leader's recovered events carry its term's market sequences.
+        let positioned = (11...12).map { q in
+            let event = trade(q)
+            return MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, sequence: UInt64(900 + q))
+        }
+        _ = ledger.accept(aapl, positioned, order: .sequence)
+        ledger.forgetPositions()
+        let released = ledger.firstLive([trade(13)])
+        #expect(sequences(released) == ["T.AAPL": [11, 12]], "still released in order")
+        #expect(released.flatMap(\.events).map(\.sequence) == [0, 0], "no market sequence of the new term")
+    }
+
     @Test func aSettledFillReleasesWhatAQuietTopicHeldAndAsksAfterItNextTime() {
         var ledger = GapLedger(wire: PolygonWireProtocol())
         let first = ledger.open(from: 1_000, through: 2_000, holders: [(aapl, 1, trade(10))]).request

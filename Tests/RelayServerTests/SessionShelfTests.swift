@@ -190,7 +190,7 @@ struct AcknowledgedPositionTests {
         position.wrote(socketBytes: 1_000, sequence: 50, acknowledgedBytes: 1_000)
         #expect(position.resumeAfter == 50)
         // MSFT next, with the market at 60: its replay (from 10) is written after AAPL's 50.
-        position.replaying(from: 10, through: 60, epoch: "e1", replayedThrough: 30)
+        position.replaying(from: 10, in: "e1", through: 60, epoch: "e1", replayedThrough: 30)
         standing.holds([aapl, msft], takenBack: nil)
         #expect(position.resumeAfter == 10 && standing.now?.resumeAfter == 10, "a break now would skip MSFT's replay from 50")
         position.wrote(socketBytes: 2_000, sequence: 40, acknowledgedBytes: 2_000)
@@ -199,7 +199,7 @@ struct AcknowledgedPositionTests {
         position.wrote(socketBytes: 3_000, sequence: 61, acknowledgedBytes: 3_000)
         #expect(position.resumeAfter == 61 && standing.now?.resumeAfter == 61)
         // Acknowledged past the add already when told: nothing to hold.
-        position.replaying(from: 10, through: 55, epoch: "e1", replayedThrough: 30)
+        position.replaying(from: 10, in: "e1", through: 55, epoch: "e1", replayedThrough: 30)
         #expect(position.resumeAfter == 61)
     }
 
@@ -209,7 +209,7 @@ struct AcknowledgedPositionTests {
         position.start(at: 10, epoch: "e1")
         position.wrote(socketBytes: 1_000, sequence: 50, replayed: 12, acknowledgedBytes: 1_000)
         // More of its topics next, with the market at 60; the hub had queued 30 replayed events by then.
-        position.replaying(from: 10, through: 60, epoch: "e1", replayedThrough: 30)
+        position.replaying(from: 10, in: "e1", through: 60, epoch: "e1", replayedThrough: 30)
         #expect(position.resumeAfter == 10)
         position.wrote(socketBytes: 2_000, sequence: 45, replayed: 20, acknowledgedBytes: 1_000)
         position.wrote(socketBytes: 3_000, sequence: 48, replayed: 30, acknowledgedBytes: 2_000)
@@ -219,21 +219,27 @@ struct AcknowledgedPositionTests {
         position.acknowledged(bytes: 3_000)
         #expect(position.resumeAfter == 50 && !position.awaitsAcknowledgement)
         // A replay already written and acknowledged when told of it: nothing to hold.
-        position.replaying(from: 10, through: 70, epoch: "e1", replayedThrough: 30)
+        position.replaying(from: 10, in: "e1", through: 70, epoch: "e1", replayedThrough: 30)
         #expect(position.resumeAfter == 50)
     }
 
-    @Test func aSessionTakenBackAcrossTermsStandsAtTheNewTermsStartUntilItsReplayIsAcknowledged() {
+    @Test func aSessionTakenBackAcrossTermsStandsWhereItBrokeUntilItsReplayIsAcknowledged() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
-        // Taken back from e1 while the market is at 120 in e2: the replay across the terms ends with
-        // e2's events from its first; 40 replayed events queued by the end of the add.
+        // Broken at 300 in e1, taken back while the market is at 120 in e2: the replay across the terms
+        // is e1's tail and then e2's events from its first; 40 replayed events queued by the add's end.
         position.start(at: 120, epoch: "e2")
-        position.replaying(from: 0, through: 120, epoch: "e2", replayedThrough: 40)
-        #expect(position.resumeAfter == 0 && position.epoch == "e2", "a break now resumes e2 from its start")
+        position.added([(aapl, UInt64(250))], epoch: "e1")
+        position.replaying(from: 300, in: "e1", through: 120, epoch: "e2", replayedThrough: 40)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1", "a break now resumes across the terms again")
+        #expect(position.floors == [aapl: 250], "with the broken session's floors")
         position.wrote(socketBytes: 1_000, sequence: 90, replayed: 25, acknowledgedBytes: 1_000)
-        #expect(position.resumeAfter == 0)
-        position.wrote(socketBytes: 2_000, sequence: 120, replayed: 40, acknowledgedBytes: 2_000)
-        #expect(position.resumeAfter == 120)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1", "e1's tail may not be all acknowledged")
+        // A later message's replay, of this term, keeps the hold in the former one.
+        position.replaying(from: 100, in: "e2", through: 125, epoch: "e2", replayedThrough: 50)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1")
+        position.wrote(socketBytes: 2_000, sequence: 120, replayed: 50, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 120 && position.epoch == "e2" && position.floors.isEmpty)
     }
 
     /// A write's acknowledgement counts only once its client acknowledged the margin past it: one that
