@@ -353,9 +353,10 @@ let package = Package(
             dependencies: ["Upstream", "PolygonWire", "AlpacaWire"],
             swiftSettings: strict
         ),
-        // What several test targets share (a bounded wait for state without a change signal).
+        // What several test targets share (a bounded wait for state without a change signal, a tape of quotes).
         .target(
             name: "RelayTestSupport",
+            dependencies: ["Tape"],
             path: "Tests/RelayTestSupport",
             swiftSettings: strict
         ),

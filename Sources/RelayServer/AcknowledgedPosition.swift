@@ -56,8 +56,6 @@ final class AcknowledgedPosition {
     /// The epoch of the newest write.
     private var writingEpoch: String?
     private var lastAcknowledgedBytes: UInt64 = 0
-    /// The socket's count at the newest write.
-    private var writtenBytes: UInt64 = 0
     /// Per epoch (the acknowledged one and the one being written, at most), each topic this connection
     /// holds at the market sequence it was added at: nothing of it before was the client's, so a resume
     /// takes it from there when that is past where the session resumes (its history may not be whole
@@ -171,7 +169,6 @@ final class AcknowledgedPosition {
         } else {
             newest = max(sequence, marks.last?.sequence ?? (acknowledgedEpoch == writingEpoch ? acknowledged : 0))
         }
-        writtenBytes = max(writtenBytes, socketBytes)
         marks.append(
             Mark(socketBytes: socketBytes, sequence: newest, epoch: writingEpoch, replayed: max(replayed, marks.last?.replayed ?? acknowledgedReplayed)))
         if let acknowledgedBytes { advance(to: acknowledgedBytes) }
@@ -180,16 +177,16 @@ final class AcknowledgedPosition {
     }
 
     /// What the client's TCP stack acknowledged, read again after the last write (``wrote``).
-    func acknowledged(bytes acknowledgedBytes: UInt64?) {
-        if let acknowledgedBytes { advance(to: acknowledgedBytes) }
+    func acknowledged(bytes acknowledgedBytes: UInt64) {
+        advance(to: acknowledgedBytes)
     }
 
     /// A write waits for the client's acknowledgement that what was written since can bring: its mark
     /// lies ``ResumeSettings/marginBytes`` or more before the newest write's end (the newest marks
     /// stand only once more is written).
     var awaitsAcknowledgement: Bool {
-        guard let oldest = marks.first else { return false }
-        return oldest.socketBytes &+ marginBytes <= writtenBytes
+        guard let oldest = marks.first, let newest = marks.last else { return false }
+        return oldest.socketBytes &+ marginBytes <= newest.socketBytes
     }
 
     private func advance(to acknowledgedBytes: UInt64) {

@@ -1,6 +1,7 @@
 import Foundation
 import MarketCore
 import RelayBench
+import RelayTestSupport
 import Tape
 import Testing
 
@@ -38,15 +39,7 @@ struct JetStreamTapeTests {
     /// blocks of about 16, through the leader's sink.
     func record(_ tape: JetStreamTape, epoch: String, _ sequences: ClosedRange<Int>, at time: Int64) throws {
         let writer = try TapeWriter(sink: JetStreamTapeSink(tape: tape), blockBytes: 1024)
-        try writer.append(.epoch(epoch, at: time))
-        try writer.append(.holding(["Q.AAPL"], at: time))
-        for index in sequences {
-            try writer.append(
-                .event(
-                    TapeEvent(
-                        receivedAt: time + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
-                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
-        }
+        try appendQuotes(to: writer, epoch: epoch, sequences, at: time)
         try writer.flush()
     }
 

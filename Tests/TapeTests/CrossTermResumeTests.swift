@@ -3,6 +3,7 @@ import MarketCore
 import MarketDataHub
 import NIOCore
 import PolygonWire
+import RelayTestSupport
 import Testing
 
 @testable import Tape
@@ -11,8 +12,6 @@ import Testing
 @Suite("A resume across leadership terms")
 struct CrossTermResumeTests {
     static let start: Int64 = 1_795_185_000 * 1_000_000_000
-
-    static func quote(_ n: Int) -> [UInt8] { Array(#"{"ev":"Q","sym":"AAPL","n":\#(n)}"#.utf8) }
 
     /// A tagged connection takes the newest market sequence among what it writes as where its client
     /// stands in the epoch it is in. A resume across terms sends the former term's events first: their
@@ -23,15 +22,7 @@ struct CrossTermResumeTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cross-term-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
-        try writer.append(.epoch("e1", at: Self.start))
-        try writer.append(.holding(["Q.AAPL"], at: Self.start))
-        for n in 1...300 {
-            try writer.append(
-                .event(
-                    TapeEvent(
-                        receivedAt: Self.start + Int64(n) * 1_000_000, sequence: UInt64(n), topicSequence: UInt64(n), eventType: "Q",
-                        ticker: "AAPL", bytes: Self.quote(n))))
-        }
+        try appendQuotes(to: writer, epoch: "e1", 1...300, at: Self.start)
         try writer.flush()
 
         let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
@@ -41,7 +32,7 @@ struct CrossTermResumeTests {
         let holder = await hub.subscribe(to: [aapl])
         await hub.startEpoch("e1")
         await hub.startEpoch("e2")
-        let events = (1...5).map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: Self.quote(300 + $0))) }
+        let events = (1...5).map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: aaplQuote(300 + $0))) }
         await hub.publish(EventPosition.stamp(events, (1...5).map { EventPosition(topic: UInt64($0), market: UInt64($0)) }))
 
         let client = await hub.subscribe()

@@ -1,5 +1,6 @@
 import Foundation
 import MarketCore
+import RelayTestSupport
 import Testing
 
 @testable import Tape
@@ -34,20 +35,6 @@ struct TapeArchiveTests {
         }
         try writer.flush()
         return events
-    }
-
-    /// `epoch` receiving AAPL quotes, then its quotes `sequences` (topic and market sequence alike), 1 ms
-    /// apart from `time`.
-    func appendQuotes(to writer: TapeWriter, epoch: String, _ sequences: ClosedRange<Int>, at time: Int64) throws {
-        try writer.append(.epoch(epoch, at: time))
-        try writer.append(.holding(["Q.AAPL"], at: time))
-        for index in sequences {
-            try writer.append(
-                .event(
-                    TapeEvent(
-                        receivedAt: time + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
-                        ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL","n":\#(index)}"#.utf8))))
-        }
     }
 
     func withTape(leaving missing: Set<Int> = [], from first: Int = 1, _ body: (TapeArchive, [TapeEvent]) async throws -> Void) async throws {
