@@ -28,9 +28,9 @@ final class ClusterFeed: Sendable {
     private let inbox = SourceInbox.source(capacity: ClusterFeed.maxQueuedEvents)
     private let subscriptions = Mutex<[Topic: NATSSubscription]>([:])
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
-    /// The leader this node knows of (the old one, when a new term's epoch comes first).
-    private let leader: @Sendable () -> String?
-    /// The epochs the leader announced, with who led then.
+    /// The node that held the term an epoch is named like, as this node read it in the lease.
+    private let holder: @Sendable (String) -> String?
+    /// The epochs the leader announced.
     private let epochs = Mutex(EpochWatch())
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
     /// This node's NATS link is down (told to its subscribers) and not back yet. Held while an event is
@@ -43,10 +43,10 @@ final class ClusterFeed: Sendable {
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
-        maxEventBytes: Int = ClusterChecks.maxEventBytes, leader: @escaping @Sendable () -> String? = { nil },
+        maxEventBytes: Int = ClusterChecks.maxEventBytes, holder: @escaping @Sendable (String) -> String? = { _ in nil },
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
-        self.leader = leader
+        self.holder = holder
         self.node = node
         self.connection = connection
         self.subjects = subjects
@@ -107,10 +107,9 @@ final class ClusterFeed: Sendable {
         case .epoch(let epoch):
             // A new term after another: the outage starts now, before its first event (after a kill -9
             // no word comes from the old leader, and the lease is read every 250 ms).
-            // Re-announced each second, so the leader noted with an epoch is its own by the next one.
-            let known = leader()
-            if let reason = epochs.withLock({ $0.heard(epoch, knownLeader: known) }) {
-                inbox.push(.connectionLost(reason: reason))
+            if let ended = epochs.withLock({ $0.heard(epoch) }) {
+                let old = holder(ended).map { "the cluster leader \(ClusterText.visible($0, limit: 64)) is gone" } ?? "the cluster's leader changed"
+                inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
             }
             inbox.push(.epoch(epoch))
         case .upstreamDown(let reason):

@@ -39,8 +39,9 @@ final class TermSequencer: Sendable {
         self.tap = tap
     }
 
-    /// A new term (an epoch), or none (`stamps` false: no positions).
-    func begin(stamps: Bool) { state.withLock { $0 = stamps ? PositionSequencer() : nil } }
+    /// A new term, its positions in the epoch named like the term's lease (so every node knows whose
+    /// term an epoch was), or none (`stamps` false: no positions).
+    func begin(stamps: Bool, term: String) { state.withLock { $0 = stamps ? PositionSequencer(epoch: term) : nil } }
     func end() { state.withLock { $0 = nil } }
 
     var epoch: String? { state.withLock { $0?.epoch } }

@@ -43,6 +43,9 @@ public final class ClusterNode: Service, Sendable {
         var leaderTerm: String?
         var ownTerm: String?
         var lastKnownLeader: String?
+        /// The holders of the last terms this node read in the lease, by term: a term's epoch is named
+        /// like it, so a new epoch's notice names the leader whose term ended.
+        var termHolders = TermHolders()
         var upstream: UpstreamClient?
         /// This term's upstream set as last applied, and the topics it dropped since (a node's interest
         /// lapsed): one taken back skips a sequence (``TermSequencer/interrupt(_:)``).
@@ -254,7 +257,7 @@ public final class ClusterNode: Service, Sendable {
         let feed = ClusterFeed(
             connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger,
             maxEventBytes: maxEventBytes,
-            leader: { [weak self] in self?.state.withLock { $0.leader ?? $0.lastKnownLeader } }
+            holder: { [weak self] epoch in self?.state.withLock { $0.termHolders.holder(of: epoch) } }
         ) {
             [weak self] topic in await self?.lastEvent(for: topic)
         }
@@ -618,6 +621,7 @@ public final class ClusterNode: Service, Sendable {
                 to: holder.map { LeaderChange.Holder(node: $0, term: term) }, me: configuration.nodeID, ownTerm: state.ownTerm)
             state.leader = holder
             state.leaderTerm = term
+            if let holder, let term { state.termHolders.note(term, heldBy: holder) }
             var failover = false
             if let holder {
                 failover = state.lastKnownLeader != nil && (state.lastKnownLeader != holder || change.newTerm)
@@ -708,7 +712,7 @@ public final class ClusterNode: Service, Sendable {
             state.upstreamApplied = union
             state.upstreamDropped = []
         }
-        sequencer.begin(stamps: stampsPositions)
+        sequencer.begin(stamps: stampsPositions, term: term)
         // The tape's reader knows from here what the term receives (the epoch's first records).
         recorder?.begin(epoch: sequencer.epoch, holding: union.map(\.description))
         let publisher = Task { await self.publish(from: upstream, to: connection) }

@@ -30,19 +30,31 @@ struct LeaderChange: Equatable, Sendable {
     }
 }
 
-/// The epochs a follower hears on the control subject, each with the leader it knew of when the epoch
-/// was last announced: a new term's first notice names the leader whose term ended. (By the time the new
-/// term's epoch arrives, the node may already have read the new leader's lease.)
+/// The epoch a follower last heard announced on the control subject: a new one after it ended a term.
 struct EpochWatch: Equatable, Sendable {
     private var epoch: String?
-    private var leader: String?
 
-    /// Notes `epoch` as announced while `knownLeader` was the leader this node knew of. A new term after
-    /// another returns the reason to tell the clients; the first epoch, and re-announcements, nil.
-    mutating func heard(_ epoch: String, knownLeader: String?) -> String? {
-        defer { (self.epoch, self.leader) = (epoch, knownLeader) }
+    /// Notes `epoch` as announced; returns the epoch whose term it ended, if it is a new one after
+    /// another (the first epoch heard, and re-announcements, end none).
+    mutating func heard(_ epoch: String) -> String? {
+        defer { self.epoch = epoch }
         guard let previous = self.epoch, previous != epoch else { return nil }
-        let old = (leader ?? knownLeader).map { "the cluster leader \($0) is gone" } ?? "the cluster's leader changed"
-        return "\(old): a new term began; events between the last leader's and the new one's may be missing"
+        return previous
     }
+}
+
+/// The holders of the last terms a node read in the lease, by term (a leader's epoch is named like its
+/// term). Bounded: the oldest of more than ``limit`` are forgotten.
+struct TermHolders: Equatable, Sendable {
+    static let limit = 16
+    private var holders: [String: String] = [:]
+    private var order: [String] = []
+
+    mutating func note(_ term: String, heldBy node: String) {
+        guard holders.updateValue(node, forKey: term) == nil else { return }
+        order.append(term)
+        if order.count > Self.limit { holders[order.removeFirst()] = nil }
+    }
+
+    func holder(of term: String) -> String? { holders[term] }
 }

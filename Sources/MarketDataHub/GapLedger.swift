@@ -95,16 +95,16 @@ struct GapLedger {
         return (GapFillRequest(from: earliest, through: through, topics: requested, generation: generation), released)
     }
 
-    /// A new epoch began (a cluster's new leadership term): the recovered events still held carry the
-    /// former term's market sequences, which are no positions of the new one; they go out without.
-    mutating func forgetPositions() {
-        for (topic, gaps) in pending where gaps.contains(where: { gap in gap.held.contains { $0.sequence != 0 } }) {
-            pending[topic] = gaps.map { gap in
-                var gap = gap
-                gap.held = gap.held.map { $0.withoutSequence() }
-                return gap
-            }
+    /// A new epoch begins (a cluster's new leadership term): the recovered events still held are the
+    /// former term's, with its positions, and no live event of that term will come to bound them. They
+    /// go out now, ahead of the new epoch's notice; the gaps stay pending for the next leader's fill.
+    mutating func releaseHeld() -> Released {
+        var released: Released = []
+        guard held > 0 else { return released }
+        for (topic, gaps) in pending where gaps.contains(where: { !$0.held.isEmpty }) {
+            pending[topic] = release(topic, gaps, into: &released)
         }
+        return released
     }
 
     /// A topic's first live event after an outage closes its open gaps: the recovered events held for

@@ -153,6 +153,11 @@ extension MarketDataHub {
         tell(holders)
     }
 
+    /// A new epoch begins: the recovered events held of the old one go out now (``GapLedger/releaseHeld()``).
+    func releaseHeldRecoveries() {
+        pass(gapLedger.releaseHeld())
+    }
+
     private func pass(_ released: GapLedger.Released) {
         for (topic, events) in released { pass(topic, events) }
     }

@@ -435,13 +435,14 @@ extension MarketDataHub {
             return
         }
         let replaced = history != nil
-        // What conflation holds of the old term goes out now, ahead of the notices: every position a
-        // connection is sent after the `epoch` notice is the new epoch's.
+        // What conflation and the gap fill hold of the old term goes out now, ahead of the notices: every
+        // position a connection is sent after the `epoch` notice is the new epoch's.
         if replaced {
             for subscriber in subscribers.values where !subscriber.parked {
                 guard let conflation = subscriber.conflation, !conflation.isEmpty else { continue }
                 enqueue(HubDelivery(conflation.takeAll()), to: subscriber)
             }
+            releaseHeldRecoveries()
         }
         // A new leadership term: its first event may come before this node heard that the last leader
         // is gone (a kill -9 sends no word; the lease is read every 250 ms). The outage starts here, so
@@ -450,10 +451,7 @@ extension MarketDataHub {
         if replaced { upstreamLost(reason: "a new cluster leader's term began; events between the last leader's and its own may be missing") }
         epochAdoptedAt = WallClock.nowMilliseconds()
         previousEpoch = history.map(\.epoch).flatMap { $0.isEmpty ? nil : $0 }
-        if replaced {
-            for entry in entries.values { entry.forgetPosition() }
-            gapLedger.forgetPositions()
-        }
+        if replaced { for entry in entries.values { entry.forgetPosition() } }
         let fresh = EventHistory(limits: limits, epoch: epoch)
         // What this node wants now is what it receives whole from the new epoch's first events.
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }

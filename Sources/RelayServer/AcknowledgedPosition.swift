@@ -127,11 +127,22 @@ final class AcknowledgedPosition {
     }
 
     /// Topics of a session taken back were added with a replay from `resumeAfter` (in `from`: the
-    /// session's epoch, `epoch` unless it broke in a former term) by a connection that already held
-    /// others (or from another epoch); the market stood at `through` in `epoch` after the add, and the
-    /// hub had queued `replayedThrough` replayed events to the connection in all (see ``replaying``).
-    func replaying(from resumeAfter: UInt64, in from: String?, through: UInt64, epoch: String?, replayedThrough: Int) {
-        guard started, acknowledgedEpoch == epoch, acknowledged <= through, acknowledgedReplayed < replayedThrough else { return }
+    /// session's epoch, `epoch` unless it broke in a former term, where `floors` are its floors) by a
+    /// connection that already held others (or from another epoch); the market stood at `through` in
+    /// `epoch` after the add, and the hub had queued `replayedThrough` replayed events to the connection
+    /// in all (see ``replaying``). A client that still stands in `from` (told of `epoch`, not yet past
+    /// the notice) stands no further than `resumeAfter` there.
+    func replaying(
+        from resumeAfter: UInt64, in from: String?, floors: [(Topic, UInt64)] = [], through: UInt64, epoch: String?, replayedThrough: Int
+    ) {
+        guard started, acknowledgedReplayed < replayedThrough,
+            acknowledgedEpoch == epoch ? acknowledged <= through : acknowledgedEpoch == from
+        else { return }
+        if from != epoch, !floors.isEmpty {
+            var kept = floorsByEpoch[from ?? ""] ?? [:]
+            for (topic, floor) in floors where kept[topic] == nil { kept[topic] = floor }
+            floorsByEpoch[from ?? ""] = kept
+        }
         var hold = (epoch: epoch, from: from, resumeAfter: resumeAfter, through: through, replayedThrough: replayedThrough)
         if let known = replaying, known.epoch == epoch {
             hold.through = max(known.through, through)
@@ -203,24 +214,26 @@ final class AcknowledgedPosition {
         }
         if taken > 0 {
             marks.removeFirst(taken)
-            // The replay acknowledged whole (or the client moved to another epoch: from there it resumes).
+            // The replay acknowledged whole (or the client moved past both its epochs: from there it resumes).
             if let known = replaying,
-                known.epoch != acknowledgedEpoch || acknowledged > known.through || acknowledgedReplayed >= known.replayedThrough
+                acknowledgedReplayed >= known.replayedThrough || (acknowledgedEpoch == known.epoch && acknowledged > known.through)
+                    || (acknowledgedEpoch != known.epoch && acknowledgedEpoch != known.from)
             {
                 replaying = nil
                 // The former term's floors say nothing more once the client stands in this one.
                 if known.from != known.epoch, known.from != acknowledgedEpoch, known.from != writingEpoch { floorsByEpoch[known.from ?? ""] = nil }
             }
-            // Floors of the epoch the client left say nothing more.
-            if acknowledgedEpoch != epochBefore, epochBefore != writingEpoch { floorsByEpoch[epochBefore ?? ""] = nil }
+            // Floors of the epoch the client left say nothing more (unless a hold stands there).
+            if acknowledgedEpoch != epochBefore, epochBefore != writingEpoch, epochBefore != replaying?.from { floorsByEpoch[epochBefore ?? ""] = nil }
             tell()
         }
     }
 
     /// The market sequence through which the client has every event of its topics (in ``epoch``).
     var resumeAfter: UInt64 {
-        guard let replaying, replaying.epoch == acknowledgedEpoch else { return acknowledged }
-        return replaying.from == replaying.epoch ? min(acknowledged, replaying.resumeAfter) : replaying.resumeAfter
+        guard let replaying else { return acknowledged }
+        if replaying.from == acknowledgedEpoch { return min(acknowledged, replaying.resumeAfter) }
+        return replaying.epoch == acknowledgedEpoch ? replaying.resumeAfter : acknowledged
     }
 
     /// Whether it stands anywhere yet (its first topics were added).
@@ -229,7 +242,7 @@ final class AcknowledgedPosition {
     /// The epoch of ``resumeAfter`` (`nil` or empty: not known here; the hub's): a former term's while a
     /// replay across terms is not acknowledged whole.
     var epoch: String? {
-        guard let replaying, replaying.epoch == acknowledgedEpoch else { return acknowledgedEpoch }
+        guard let replaying, replaying.epoch == acknowledgedEpoch || replaying.from == acknowledgedEpoch else { return acknowledgedEpoch }
         return replaying.from
     }
 

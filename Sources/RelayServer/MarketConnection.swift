@@ -549,12 +549,14 @@ actor MarketConnection {
             // No floor in this epoch then. On a cluster the hub may have replayed the former term's
             // tail and this term's events (from the tapes, across the terms): until the client has
             // that replay, it stands where the session broke (with its floors there), so a break
-            // during it resumes across the terms again and skips none of it.
+            // during it resumes across the terms again and skips none of it. (Only if it replayed
+            // some: topics told `gap` resume from where they were added.)
             handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
-            handler.value.acknowledgedPosition?.added(
-                back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
-            handler.value.acknowledgedPosition?.replaying(
-                from: broken.resumeAfter, in: broken.epoch, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
+            if back.contains(where: { (resumed.replayed[$0] ?? 0) > 0 }) {
+                handler.value.acknowledgedPosition?.replaying(
+                    from: broken.resumeAfter, in: broken.epoch, floors: back.map { ($0, broken.floors[$0] ?? broken.resumeAfter) },
+                    through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
+            }
         }
         // Its topics are this connection's now: the parked subscriber lets them go (and goes
         // once it holds none), and so does the session's hold on them in the key's budget

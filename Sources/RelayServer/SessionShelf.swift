@@ -249,7 +249,8 @@ final class SessionShelf: Sendable {
 }
 
 /// Where an open tagged connection stands, as a checkpoint reads it from another thread: the epoch and
-/// market sequence its client has acknowledged (``AcknowledgedPosition`` stores it as it advances), the
+/// market sequence through which its client has every event (``AcknowledgedPosition/resumeAfter``,
+/// stored as it advances: what it acknowledged, held back while a replay is not), the
 /// topics it holds, and the session it took back whose topics it has not all subscribed again (its
 /// start stands for those). `Sendable` behind a `Mutex` (written on the connection's loop, read by the
 /// checkpoint once a second).

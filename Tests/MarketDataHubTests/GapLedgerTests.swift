@@ -46,19 +46,18 @@ struct GapLedgerTests {
         #expect(ledger.accept(aapl, (11...14).map { trade($0) }, order: .sequence).accepted == 0)
     }
 
-    @Test func heldEventsOfAFormerTermGoOutWithoutItsPositions() {
+    /// A new leadership term: no live event of the old one will bound what is held, which carries the
+    /// old term's positions; it goes out before the new epoch's notice, and the gap stays pending.
+    @Test func aNewEpochReleasesWhatIsHeldAndKeepsTheGapPending() {
         var ledger = GapLedger(wire: PolygonWireProtocol())
         _ = ledger.open(from: 1_000, through: 2_000, holders: [(aapl, 1, trade(10))])
-        // A cluster leader's recovered events carry its term's market sequences.
-        let positioned = (11...12).map { q in
-            let event = trade(q)
-            return MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, sequence: UInt64(900 + q))
-        }
-        _ = ledger.accept(aapl, positioned, order: .sequence)
-        ledger.forgetPositions()
-        let released = ledger.firstLive([trade(13)])
-        #expect(sequences(released) == ["T.AAPL": [11, 12]], "still released in order")
-        #expect(released.flatMap(\.events).map(\.sequence) == [0, 0], "no market sequence of the new term")
+        _ = ledger.accept(aapl, [trade(11), trade(12)], order: .sequence)
+        #expect(ledger.held == 2)
+        #expect(sequences(ledger.releaseHeld()) == ["T.AAPL": [11, 12]])
+        #expect(ledger.held == 0 && ledger.pending[aapl]?.count == 1 && ledger.watched == [aapl], "still waiting for its fill")
+        #expect(ledger.releaseHeld().isEmpty)
+        // The next leader's fill of the same window: nothing arrives twice.
+        #expect(ledger.accept(aapl, (11...13).map { trade($0) }, order: .sequence).accepted == 1)
     }
 
     @Test func aSettledFillReleasesWhatAQuietTopicHeldAndAsksAfterItNextTime() {

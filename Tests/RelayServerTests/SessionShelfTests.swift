@@ -225,21 +225,40 @@ struct AcknowledgedPositionTests {
 
     @Test func aSessionTakenBackAcrossTermsStandsWhereItBrokeUntilItsReplayIsAcknowledged() throws {
         let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let standing = SessionStanding()
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
-        // Broken at 300 in e1, taken back while the market is at 120 in e2: the replay across the terms
-        // is e1's tail and then e2's events from its first; 40 replayed events queued by the add's end.
+        position.standing = standing
+        standing.holds([aapl], takenBack: nil)
+        // Broken at 300 in e1 (AAPL added at 320), taken back while the market is at 120 in e2: the
+        // replay across the terms is e1's tail and then e2's events from its first; 40 replayed
+        // events queued by the add's end.
         position.start(at: 120, epoch: "e2")
-        position.added([(aapl, UInt64(250))], epoch: "e1")
-        position.replaying(from: 300, in: "e1", through: 120, epoch: "e2", replayedThrough: 40)
+        position.replaying(from: 300, in: "e1", floors: [(aapl, 320)], through: 120, epoch: "e2", replayedThrough: 40)
         #expect(position.resumeAfter == 300 && position.epoch == "e1", "a break now resumes across the terms again")
-        #expect(position.floors == [aapl: 250], "with the broken session's floors")
+        #expect(standing.now == SessionStanding.Now(epoch: "e1", resumeAfter: 300, topics: [aapl], floors: [aapl: 320]), "as it would be shelved")
         position.wrote(socketBytes: 1_000, sequence: 90, replayed: 25, acknowledgedBytes: 1_000)
         #expect(position.resumeAfter == 300 && position.epoch == "e1", "e1's tail may not be all acknowledged")
-        // A later message's replay, of this term, keeps the hold in the former one.
-        position.replaying(from: 100, in: "e2", through: 125, epoch: "e2", replayedThrough: 50)
-        #expect(position.resumeAfter == 300 && position.epoch == "e1")
-        position.wrote(socketBytes: 2_000, sequence: 120, replayed: 50, acknowledgedBytes: 2_000)
+        position.wrote(socketBytes: 2_000, sequence: 120, replayed: 40, acknowledgedBytes: 2_000)
         #expect(position.resumeAfter == 120 && position.epoch == "e2" && position.floors.isEmpty)
+        #expect(standing.now?.epoch == "e2")
+    }
+
+    /// A connection still in the former term (told of the new one, the notice not acknowledged yet)
+    /// that takes back the rest of its session across the terms: it stands no further than where the
+    /// session broke, in the former term, through its move to the new one, until it has the replay.
+    @Test func aClientStillInTheFormerTermHoldsWhereItsSessionBrokeThroughTheNotice() throws {
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.start(at: 300, epoch: "e1")
+        position.wrote(socketBytes: 1_000, sequence: 350, acknowledgedBytes: 1_000)
+        // The e2 notice written, not acknowledged; then the rest of the session, broken at 300 in e1.
+        position.wrote(socketBytes: 1_100, sequence: 0, epoch: "e2", acknowledgedBytes: 1_000)
+        position.replaying(from: 300, in: "e1", through: 8, epoch: "e2", replayedThrough: 60)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1", "not at 350: the replay from 300 is not read")
+        // The notice acknowledged: still held in e1.
+        position.wrote(socketBytes: 2_000, sequence: 4, replayed: 30, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1")
+        position.wrote(socketBytes: 3_000, sequence: 8, replayed: 60, acknowledgedBytes: 3_000)
+        #expect(position.resumeAfter == 8 && position.epoch == "e2")
     }
 
     /// A write's acknowledgement counts only once its client acknowledged the margin past it: one that
