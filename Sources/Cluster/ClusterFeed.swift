@@ -30,8 +30,8 @@ final class ClusterFeed: Sendable {
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
     /// The node that held the term an epoch is named like, as this node read it in the lease.
     private let holder: @Sendable (String) -> String?
-    /// The epochs the leader announced.
-    private let epochs = Mutex(EpochWatch())
+    /// The last epoch the leader announced.
+    private let epochSeen = Mutex<String?>(nil)
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
     /// This node's NATS link is down (told to its subscribers) and not back yet. Held while an event is
     /// queued, so an event is queued before the loss notice or not at all: NATS may deliver a message it
@@ -43,7 +43,7 @@ final class ClusterFeed: Sendable {
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
-        maxEventBytes: Int = ClusterChecks.maxEventBytes, holder: @escaping @Sendable (String) -> String? = { _ in nil },
+        maxEventBytes: Int = ClusterChecks.maxEventBytes, holder: @escaping @Sendable (String) -> String?,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
         self.holder = holder
@@ -107,7 +107,11 @@ final class ClusterFeed: Sendable {
         case .epoch(let epoch):
             // A new term after another: the outage starts now, before its first event (after a kill -9
             // no word comes from the old leader, and the lease is read every 250 ms).
-            if let ended = epochs.withLock({ $0.heard(epoch) }) {
+            let ended = epochSeen.withLock { seen -> String? in
+                defer { seen = epoch }
+                return seen == epoch ? nil : seen
+            }
+            if let ended {
                 let old = holder(ended).map { "the cluster leader \(ClusterText.visible($0, limit: 64)) is gone" } ?? "the cluster's leader changed"
                 inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
             }

@@ -39,8 +39,8 @@ final class TermSequencer: Sendable {
         self.tap = tap
     }
 
-    /// A new term, its positions in the epoch named like the term's lease (so every node knows whose
-    /// term an epoch was), or none (`stamps` false: no positions).
+    /// A new term, its positions in an epoch named like the term (its name in the lease, so every node
+    /// knows whose term an epoch was), or none (`stamps` false: no positions).
     func begin(stamps: Bool, term: String) { state.withLock { $0 = stamps ? PositionSequencer(epoch: term) : nil } }
     func end() { state.withLock { $0 = nil } }
 

@@ -654,7 +654,7 @@ public final class ClusterNode: Service, Sendable {
         LeaseValue(node: configuration.nodeID, leaseMs: configuration.leaseDuration.milliseconds, term: term).text
     }
 
-    /// A new term's name: 12 random letters and digits.
+    /// A new term's name: 12 random letters and digits (also its positions epoch).
     private static func newTerm() -> String {
         let alphabet = Array("abcdefghijklmnopqrstuvwxyz0123456789")
         return String((0..<12).map { _ in alphabet.randomElement() ?? "x" })

@@ -30,22 +30,10 @@ struct LeaderChange: Equatable, Sendable {
     }
 }
 
-/// The epoch a follower last heard announced on the control subject: a new one after it ended a term.
-struct EpochWatch: Equatable, Sendable {
-    private var epoch: String?
-
-    /// Notes `epoch` as announced; returns the epoch whose term it ended, if it is a new one after
-    /// another (the first epoch heard, and re-announcements, end none).
-    mutating func heard(_ epoch: String) -> String? {
-        defer { self.epoch = epoch }
-        guard let previous = self.epoch, previous != epoch else { return nil }
-        return previous
-    }
-}
-
-/// The holders of the last terms a node read in the lease, by term (a leader's epoch is named like its
-/// term). Bounded: the oldest of more than ``limit`` are forgotten.
-struct TermHolders: Equatable, Sendable {
+/// The holders of the last terms a node read in the lease, by term: a leader's positions epoch is its
+/// term's name, so a new epoch's notice names the holder of the term it ended. Bounded: the oldest of
+/// more than ``limit`` are forgotten.
+struct TermHolders: Sendable {
     static let limit = 16
     private var holders: [String: String] = [:]
     private var order: [String] = []

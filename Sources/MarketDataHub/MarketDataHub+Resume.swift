@@ -425,7 +425,8 @@ struct ReplayBudget {
 
 extension MarketDataHub {
     /// The leader of a cluster began a new epoch (a new leadership term): this node's history starts
-    /// afresh under it (positions of the old epoch resume as `gap`).
+    /// afresh under it (a resume from the old epoch is answered across the terms from the tape, or
+    /// as `gap`).
     public func startEpoch(_ epoch: String) {
         guard adoptsPositions, let limits = historyLimits, history?.epoch != epoch else { return }
         if let history, history.epoch.isEmpty {

@@ -33,8 +33,9 @@ struct WrittenThrough: Equatable, Sendable {
 /// A position belongs to an epoch: on a cluster a new leadership term starts the market sequences
 /// again, and the connection is told so in its stream (an `epoch` notice). The write that carries the
 /// notice starts the positions of the new epoch; until the client has acknowledged it, it stands where
-/// it stood in the old one (so a resume then is told `gap` for the old epoch's tail rather than
-/// replaying the new one from a position that was never in it). Confined to the connection's loop.
+/// it stood in the old one (so a resume then is answered for the old epoch's tail, across the terms,
+/// rather than replaying the new one from a position that was never in it). Confined to the
+/// connection's loop.
 final class AcknowledgedPosition {
     private struct Mark {
         let socketBytes: UInt64
@@ -144,15 +145,11 @@ final class AcknowledgedPosition {
             floorsByEpoch[from ?? ""] = kept
         }
         var hold = (epoch: epoch, from: from, resumeAfter: resumeAfter, through: through, replayedThrough: replayedThrough)
-        if let known = replaying, known.epoch == epoch {
+        // One more replay of the same session (a connection takes back one: one `from`).
+        if let known = replaying, known.epoch == epoch, known.from == from {
             hold.through = max(known.through, through)
             hold.replayedThrough = max(known.replayedThrough, replayedThrough)
-            // A hold in a former term stands before any in this one.
-            if known.from == from {
-                hold.resumeAfter = min(known.resumeAfter, resumeAfter)
-            } else if known.from != epoch {
-                (hold.from, hold.resumeAfter) = (known.from, known.resumeAfter)
-            }
+            hold.resumeAfter = min(known.resumeAfter, resumeAfter)
         }
         replaying = hold
         tell()

@@ -529,8 +529,8 @@ actor MarketConnection {
         let hub = dependencies.hub
         let id = joined.id
         // From where it broke (each topic added after the session's start from where it was
-        // added); from where they are added live if the epoch changed since (the resume is
-        // `gap` then).
+        // added). If the epoch changed since (a cluster's failover), the hub answers across the
+        // terms: the former term's events from its tape, then this term's, or a `gap`.
         let sameEpoch = hub.epoch == broken.epoch
         // Added after other topics: their replay comes after what the client may have
         // acknowledged of those.
@@ -546,12 +546,15 @@ actor MarketConnection {
                 from: broken.resumeAfter, in: broken.epoch, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
         }
         if !sameEpoch {
-            // No floor in this epoch then. On a cluster the hub may have replayed the former term's
-            // tail and this term's events (from the tapes, across the terms): until the client has
-            // that replay, it stands where the session broke (with its floors there), so a break
+            // In this epoch each topic stands from where it was added. The hub may have replayed the
+            // former term's tail (from its tape) and this term's events before it: until the client
+            // has that replay, it stands where the session broke (with its floors there), so a break
             // during it resumes across the terms again and skips none of it. (Only if it replayed
-            // some: topics told `gap` resume from where they were added.)
+            // some: topics told `gap` resume from where they were added.) Topics the connection
+            // holds that were not the session's have no floor in the former term: a break then
+            // resumes them across the terms too, a `gap` where its tape has not got them.
             handler.value.acknowledgedPosition?.start(at: resumed.sequence, epoch: resumed.epoch)
+            handler.value.acknowledgedPosition?.added(back.lazy.map { ($0, resumed.sequence) }, epoch: resumed.epoch)
             if back.contains(where: { (resumed.replayed[$0] ?? 0) > 0 }) {
                 handler.value.acknowledgedPosition?.replaying(
                     from: broken.resumeAfter, in: broken.epoch, floors: back.map { ($0, broken.floors[$0] ?? broken.resumeAfter) },

@@ -302,7 +302,7 @@ final class SessionStanding: Sendable {
     /// Where a tagged session stands when its connection stands at `acknowledged` in `epoch` (with the
     /// `floors` of topics it added since), holding `topics`, having taken back a session (`takenBack`)
     /// whose topics are not all subscribed again: that one's start (and floors) hold in the same epoch;
-    /// one of an older epoch stands for both (they resume as `gap`, never partly).
+    /// one of an older epoch stands for both (they resume across the terms, never partly).
     static func kept(
         epoch: String, acknowledged: UInt64, floors: [Topic: UInt64], topics: Set<Topic>, takenBack: SessionShelf.Session?
     ) -> Now {

@@ -5,7 +5,7 @@ import NIOCore
 import PolygonWire
 import Synchronization
 @testable import RelayServer
-@testable import Tape
+import Tape
 import Testing
 
 /// Tagged sessions (`KEY#tag`) on a market the test feeds itself, so that it can fall quiet: where a
@@ -49,8 +49,9 @@ struct TaggedSessionTests {
         return client
     }
 
-    /// Runs `body` with a server whose stock market's hub (with a history) the test feeds, its port, and
-    /// where each tagged session stands (``SessionShelf/checkpoint()``).
+    /// Runs `body` with a server whose stock market's hub (`hub`: by default one with a history) the test
+    /// feeds, with `shelved` sessions on its shelf, its port, and where each tagged session stands
+    /// (``SessionShelf/checkpoint()``).
     func withQuietMarket(
         window: Duration = .seconds(60), hub: MarketDataHub = MarketDataHub(wire: .polygon, history: HistoryLimits()),
         shelved: [(name: String, session: SessionShelf.Session)] = [],

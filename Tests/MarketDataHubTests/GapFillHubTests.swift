@@ -189,6 +189,33 @@ struct GapFillHubTests {
         #expect(await hub.gapLedger.held == 0)
     }
 
+    /// A new leadership term: no live event of the old one will come to bound what a fill brought for a
+    /// quiet topic, held so far; it goes out with the old term's positions before the new epoch's
+    /// notice (every position a connection is sent after the notice is the new epoch's).
+    @Test func recoveredEventsHeldWhenANewTermBeginsGoOutBeforeItsNotice() async throws {
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
+        await hub.setRecoveryHandler { _ in }
+        await hub.startEpoch("e1")
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        await hub.publish(EventPosition.stamp([trade(10)], [EventPosition(topic: 1, market: 1)]))
+        await hub.upstreamLost(reason: "test")
+        let msft = MarketEvent(eventType: "T", ticker: "MSFT", bytes: ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"q":1}"#))
+        await hub.publish(EventPosition.stamp([msft], [EventPosition(topic: 1, market: 4)]))
+        let recovered = EventPosition.stamp(
+            (11...12).map { trade($0, recovered: true) }, [EventPosition(topic: 2, market: 2), EventPosition(topic: 3, market: 3)])
+        #expect(await hub.deliverRecovered(Topic(parsing: "T.AAPL")!, recovered, order: .sequence) == 2)
+        #expect(await hub.gapLedger.held == 2, "AAPL's first live event has not come")
+        await hub.startEpoch("e2")
+        #expect(await hub.gapLedger.held == 0)
+
+        let got = try await take(7, from: named.events)
+        let kinds = got.map { (fields($0)["status"] as? String) ?? "q\(fields($0)["q"] as? Int ?? 0)" }
+        #expect(
+            kinds == ["q10", "upstream_disconnected", "upstream_reconnected", "q11", "q12", "upstream_disconnected", "epoch"],
+            "the old term's recovered events before the new epoch's notice: \(kinds)")
+        #expect(got.filter { fields($0)["_r"] as? Int == 1 }.compactMap { fields($0)["_s"] as? Int } == [2, 3], "with the old term's positions")
+    }
+
     @Test func recoveredEventsForAConnectionThatHasAResumesWorthUnreadAreToldNotQueued() async throws {
         let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 10))
         let requests = Mutex<[GapFillRequest]>([])

@@ -233,13 +233,14 @@ struct AcknowledgedPositionTests {
         // replay across the terms is e1's tail and then e2's events from its first; 40 replayed
         // events queued by the add's end.
         position.start(at: 120, epoch: "e2")
+        position.added([(aapl, UInt64(120))], epoch: "e2")
         position.replaying(from: 300, in: "e1", floors: [(aapl, 320)], through: 120, epoch: "e2", replayedThrough: 40)
         #expect(position.resumeAfter == 300 && position.epoch == "e1", "a break now resumes across the terms again")
         #expect(standing.now == SessionStanding.Now(epoch: "e1", resumeAfter: 300, topics: [aapl], floors: [aapl: 320]), "as it would be shelved")
         position.wrote(socketBytes: 1_000, sequence: 90, replayed: 25, acknowledgedBytes: 1_000)
         #expect(position.resumeAfter == 300 && position.epoch == "e1", "e1's tail may not be all acknowledged")
         position.wrote(socketBytes: 2_000, sequence: 120, replayed: 40, acknowledgedBytes: 2_000)
-        #expect(position.resumeAfter == 120 && position.epoch == "e2" && position.floors.isEmpty)
+        #expect(position.resumeAfter == 120 && position.epoch == "e2" && position.floors == [aapl: 120], "added at 120 in e2")
         #expect(standing.now?.epoch == "e2")
     }
 
@@ -248,15 +249,21 @@ struct AcknowledgedPositionTests {
     /// session broke, in the former term, through its move to the new one, until it has the replay.
     @Test func aClientStillInTheFormerTermHoldsWhereItsSessionBrokeThroughTheNotice() throws {
         let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        let msft = try #require(Topic(parsing: "T.MSFT"))
         position.start(at: 300, epoch: "e1")
-        position.wrote(socketBytes: 1_000, sequence: 350, acknowledgedBytes: 1_000)
-        // The e2 notice written, not acknowledged; then the rest of the session, broken at 300 in e1.
-        position.wrote(socketBytes: 1_100, sequence: 0, epoch: "e2", acknowledgedBytes: 1_000)
-        position.replaying(from: 300, in: "e1", through: 8, epoch: "e2", replayedThrough: 60)
-        #expect(position.resumeAfter == 300 && position.epoch == "e1", "not at 350: the replay from 300 is not read")
-        // The notice acknowledged: still held in e1.
-        position.wrote(socketBytes: 2_000, sequence: 4, replayed: 30, acknowledgedBytes: 2_000)
+        position.wrote(socketBytes: 1_000, sequence: 350, acknowledgedBytes: 0)
+        // The e2 notice written, nothing acknowledged; then the rest of the session, broken at 300 in
+        // e1 (MSFT added to it at 320).
+        position.wrote(socketBytes: 1_100, sequence: 0, epoch: "e2", acknowledgedBytes: 0)
+        position.replaying(from: 300, in: "e1", floors: [(msft, 320)], through: 8, epoch: "e2", replayedThrough: 60)
         #expect(position.resumeAfter == 300 && position.epoch == "e1")
+        #expect(position.floors[msft] == 320)
+        // An e1 event numbered past the new term's `through` (350 > 8), acknowledged: no release.
+        position.acknowledged(bytes: 1_000)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1", "not at 350: the replay from 300 is not read")
+        // The notice acknowledged: still held in e1, with its floors.
+        position.wrote(socketBytes: 2_000, sequence: 4, replayed: 30, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1" && position.floors[msft] == 320)
         position.wrote(socketBytes: 3_000, sequence: 8, replayed: 60, acknowledgedBytes: 3_000)
         #expect(position.resumeAfter == 8 && position.epoch == "e2")
     }
