@@ -528,19 +528,21 @@ actor MarketConnection {
     private func takeBack(_ back: [Topic], of broken: SessionShelf.Session, into joined: HubSubscription) async {
         let hub = dependencies.hub
         let id = joined.id
-        // From where it broke (each topic added after the session's start from where it was
-        // added). If the epoch changed since (a cluster's failover), the hub answers across the
-        // terms: the former term's events from its tape, then this term's, or a `gap`.
-        let sameEpoch = hub.epoch == broken.epoch
         // Added after other topics: their replay comes after what the client may have
         // acknowledged of those.
         let later = handler.value.acknowledgedPosition?.isStarted == true
+        // From where it broke (each topic added after the session's start from where it was
+        // added). If the epoch changed since (a cluster's failover), the hub answers across the
+        // terms: the former term's events from its tape, then this term's, or a `gap`. Which one is
+        // the hub's answer's (a failover may come while the add waits for the hub), so the position
+        // starts after it (writes before are lifted to it).
+        let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
+        let sameEpoch = (resumed.epoch ?? broken.epoch) == broken.epoch
         if sameEpoch {
             handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
             handler.value.acknowledgedPosition?.added(
                 back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
         }
-        let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
         if sameEpoch, later {
             handler.value.acknowledgedPosition?.replaying(
                 from: broken.resumeAfter, in: broken.epoch, through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
