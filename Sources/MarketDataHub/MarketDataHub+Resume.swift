@@ -90,7 +90,11 @@ extension MarketDataHub {
     @discardableResult
     public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
         let archived = await fromArchive(topics, to: id, resuming: resume)
-        let former = await fromFormerEpoch(topics, to: id, resuming: resume)
+        let formerEpoch = previousEpoch
+        var former = await fromFormerEpoch(topics, to: id, resuming: resume)
+        // A term that ended while the tape was read: the one read is not the former term any more, and
+        // its events then this term's would skip a whole term between (told `gap` instead).
+        if previousEpoch != formerEpoch { former = nil }
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not

@@ -466,6 +466,8 @@ actor MarketConnection {
                     takingOver = false
                     resuming = await dependencies.shelf.takeOver(sessionName)
                     if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
+                    // Off the shelf now: the checkpoint finds it here meanwhile (the add may read a tape).
+                    standing?.holds(session.topics, takenBack: resuming)
                 }
                 if let resume {
                     // Where the client stands in market sequences is not known from per-topic positions:
@@ -563,6 +565,9 @@ actor MarketConnection {
                     through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
             }
         }
+        // The connection's subscriber is gone (evicted as too slow): nothing was added, and the
+        // parked subscriber keeps every topic of the session for the shelf.
+        guard resumed.epoch != nil else { return }
         // Its topics are this connection's now: the parked subscriber lets them go (and goes
         // once it holds none), and so does the session's hold on them in the key's budget
         // (this connection holds its own). It keeps holding the session's other topics until

@@ -48,4 +48,56 @@ struct CrossTermResumeTests {
         #expect(deliveries.map(\.lastSequence).max() == 5, "the newest position of this term among them: \(deliveries.map(\.lastSequence))")
         _ = holder
     }
+
+    /// A second failover while the former term's tape is read: the term read is not the former one any
+    /// more, and its events followed by this term's would skip the whole term between. Told `gap`.
+    @Test func aTermThatEndsWhileTheTapeIsReadSkipsNoTerm() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cross-term-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        try appendQuotes(to: writer, epoch: "e1", 1...300, at: Self.start)
+        try writer.flush()
+        let (reading, readingStarted) = AsyncStream<Void>.makeStream()
+        let (gate, opener) = AsyncStream<Void>.makeStream()
+        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
+        await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        let holder = await hub.subscribe(to: [aapl])
+        await hub.startEpoch("e1")
+        await hub.startEpoch("e2")
+        let client = await hub.subscribe()
+        async let answer = hub.add([aapl], to: client.id, resuming: .marketSequence(epoch: "e1", 250, floors: [:]))
+        var started = reading.makeAsyncIterator()
+        #expect(await started.next() != nil, "the former term's tape is read")
+        await hub.startEpoch("e3")
+        opener.finish()
+        let outcome = await answer
+        #expect(outcome.epoch == "e3" && outcome.gaps == [aapl], "\(outcome)")
+        var reader = client.makeReader()
+        var deliveries: [HubDelivery] = []
+        #expect(await reader.nextDeliveries(into: &deliveries))
+        var written: [MarketEvent] = []
+        for delivery in deliveries { delivery.append(to: &written) }
+        #expect(written.compactMap { EventPosition.read(from: $0.bytes) }.isEmpty, "none of e1's events")
+        _ = holder
+    }
+}
+
+/// The real tape behind a gate: a read says it started, then waits until the test opens the gate.
+private final class GatedArchive: EventArchive {
+    let inner: TapeArchive
+    let reading: AsyncStream<Void>.Continuation
+    let gate: AsyncStream<Void>
+
+    init(inner: TapeArchive, reading: AsyncStream<Void>.Continuation, gate: AsyncStream<Void>) {
+        self.inner = inner
+        self.reading = reading
+        self.gate = gate
+    }
+
+    func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer] {
+        reading.yield()
+        for await _ in gate {}
+        return await inner.missed(requests, epoch: epoch, limit: limit)
+    }
 }
