@@ -226,7 +226,7 @@ public actor MarketDataHub {
         // A source that says what it is (a replay): told before anything else, as the first topics come.
         let topics = Array(topics)
         if subscriber.topics.isEmpty, !topics.isEmpty, let sourceNotice { enqueue(HubDelivery([sourceNotice]), to: subscriber) }
-        for topic in topics where subscriber.topics.insert(topic).inserted {
+        for topic in topics where subscribers[id] != nil && subscriber.topics.insert(topic).inserted {  // none once evicted
             if topic.isWildcard {
                 let first = wildcards[topic.eventType] == nil
                 wildcards[topic.eventType, default: HolderList()].append(subscriber)

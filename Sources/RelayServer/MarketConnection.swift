@@ -565,9 +565,9 @@ actor MarketConnection {
                     through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
             }
         }
-        // The connection's subscriber is gone (evicted as too slow): nothing was added, and the
+        // The connection's subscriber is gone (evicted as too slow, before or during the add): the
         // parked subscriber keeps every topic of the session for the shelf.
-        guard resumed.epoch != nil else { return }
+        guard resumed.epoch != nil, !joined.wasEvicted else { return }
         // Its topics are this connection's now: the parked subscriber lets them go (and goes
         // once it holds none), and so does the session's hold on them in the key's budget
         // (this connection holds its own). It keeps holding the session's other topics until

@@ -337,6 +337,22 @@ struct MarketDataHubTests {
         #expect(await reader.nextBatch() == nil)
     }
 
+    /// Under the `disconnect` policy a subscribe's snapshots can fill the buffer: the subscriber is
+    /// evicted there, and the rest of its topics are not added to it (they would stay wanted by a
+    /// subscriber that is gone, and each event of theirs would evict it again).
+    @Test func aSubscriberEvictedByItsSnapshotsHoldsNoTopicAfterward() async throws {
+        let hub = MarketDataHub(wire: .polygon, policy: .disconnect, history: nil)
+        let tickers = (0..<(MarketDataHub.bufferLimitRange.lowerBound + 5)).map { "T\($0)" }
+        await hub.publish(tickers.map { event("Q", $0, 1) })
+        let slow = await hub.subscribe()
+        await hub.setBufferLimit(MarketDataHub.bufferLimitRange.lowerBound, for: slow.id)
+        await hub.add(Set(tickers.compactMap { Topic(parsing: "Q.\($0)") }), to: slow.id)
+        #expect(slow.wasEvicted)
+        #expect(await hub.subscriberCount == 0)
+        let wanted = await hub.wantedTopics
+        #expect(wanted.isEmpty, "\(wanted.count) topics still wanted")
+    }
+
     @Test func aSubscriberThatComesDuringAnOutageIsToldAtOnceAndOnlyThoseToldAreToldItEnded() async throws {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         let before = await hub.subscribe(to: topics("Q.A"))

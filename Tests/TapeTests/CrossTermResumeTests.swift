@@ -59,6 +59,7 @@ struct CrossTermResumeTests {
         try writer.flush()
         let (reading, readingStarted) = AsyncStream<Void>.makeStream()
         let (gate, opener) = AsyncStream<Void>.makeStream()
+        defer { opener.finish() }
         let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
         let aapl = try #require(Topic(parsing: "Q.AAPL"))
@@ -67,8 +68,20 @@ struct CrossTermResumeTests {
         await hub.startEpoch("e2")
         let client = await hub.subscribe()
         async let answer = hub.add([aapl], to: client.id, resuming: .marketSequence(epoch: "e1", 250, floors: [:]))
-        var started = reading.makeAsyncIterator()
-        #expect(await started.next() != nil, "the former term's tape is read")
+        let readStarted = await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                var started = reading.makeAsyncIterator()
+                return await started.next() != nil
+            }
+            group.addTask {
+                try? await Task.sleep(for: .seconds(10))
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        try #require(readStarted, "the former term's tape is read within 10 s")
         await hub.startEpoch("e3")
         opener.finish()
         let outcome = await answer
