@@ -8,7 +8,8 @@ import MarketCore
 /// until the reader takes it (one `yield` per read, not per message or per event). The hub bounds each
 /// subscriber to its ``bufferLimit`` queued *events*: a subscriber that does not keep up loses
 /// the newest events, never anybody else's. Ending the iteration (or dropping the subscription) removes
-/// the subscriber from the hub, unless it is parked (then whoever parked it removes it). Relay notices (`ev` `status`) travel in the same stream, in order.
+/// the subscriber from the hub, unless it is parked (then whoever parked it removes it). Relay notices
+/// (`ev` `status`) travel in the same stream, in order.
 public struct HubSubscription: Sendable {
     public let id: SubscriberID
     let stream: AsyncStream<DeliveryBatch>

@@ -17,8 +17,8 @@ final class SubscriberQueue: Sendable {
     /// ``HistoryLimits/eventsPerResume``.
     let replaying = Atomic<Int>(0)
     /// Events queued outside the bound since the subscriber joined, in all (lowered only for what a
-    /// yield that did not enqueue, or a park, withdrew): a reader that counts what it wrote of them knows when a
-    /// replay queued by then has gone out whole.
+    /// yield that did not enqueue, or a park, withdrew): a reader that counts what it wrote of them
+    /// knows when a replay queued by then has gone out whole.
     let replayedQueued = Atomic<Int>(0)
     let batches = Atomic<Int>(0)
     let evicted = Atomic<Bool>(false)

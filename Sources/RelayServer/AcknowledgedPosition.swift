@@ -114,8 +114,14 @@ final class AcknowledgedPosition {
     /// written to this connection yet). A topic held already keeps its floor (a subscribe again changes
     /// nothing).
     func added(_ added: some Sequence<(Topic, UInt64)>, epoch: String?) {
-        let key = epoch ?? ""
         guard started else { return }
+        keep(added, in: epoch)
+        tell()
+    }
+
+    /// Notes floors in `epoch`; a topic with one there keeps it.
+    private func keep(_ added: some Sequence<(Topic, UInt64)>, in epoch: String?) {
+        let key = epoch ?? ""
         // At most the acknowledged epoch, the one written and the hub's.
         if floorsByEpoch[key] == nil, floorsByEpoch.count >= 3 {
             let kept = [acknowledgedEpoch, writingEpoch, self.epoch].map { $0 ?? "" }
@@ -124,7 +130,6 @@ final class AcknowledgedPosition {
         var floors = floorsByEpoch[key] ?? [:]
         for (topic, sequence) in added where floors[topic] == nil { floors[topic] = sequence }
         floorsByEpoch[key] = floors
-        tell()
     }
 
     /// Topics of a session taken back were added with a replay from `resumeAfter` (in `from`: the
@@ -139,11 +144,7 @@ final class AcknowledgedPosition {
         guard started, acknowledgedReplayed < replayedThrough,
             acknowledgedEpoch == epoch ? acknowledged <= through : acknowledgedEpoch == from
         else { return }
-        if from != epoch, !floors.isEmpty {
-            var kept = floorsByEpoch[from ?? ""] ?? [:]
-            for (topic, floor) in floors where kept[topic] == nil { kept[topic] = floor }
-            floorsByEpoch[from ?? ""] = kept
-        }
+        if from != epoch, !floors.isEmpty { keep(floors, in: from) }
         var hold = (epoch: epoch, from: from, resumeAfter: resumeAfter, through: through, replayedThrough: replayedThrough)
         // One more replay of the same session (a connection takes back one: one `from`).
         if let known = replaying, known.epoch == epoch, known.from == from {

@@ -540,10 +540,11 @@ actor MarketConnection {
         // starts after it (writes before are lifted to it).
         let resumed = await hub.add(back, to: id, resuming: .marketSequence(epoch: broken.epoch, broken.resumeAfter, floors: broken.floors))
         let sameEpoch = (resumed.epoch ?? broken.epoch) == broken.epoch
+        // Where each topic stood in the broken session's epoch.
+        let brokenFloors = back.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }
         if sameEpoch {
             handler.value.acknowledgedPosition?.start(at: broken.resumeAfter, epoch: broken.epoch)
-            handler.value.acknowledgedPosition?.added(
-                back.lazy.map { ($0, broken.floors[$0] ?? broken.resumeAfter) }, epoch: broken.epoch)
+            handler.value.acknowledgedPosition?.added(brokenFloors, epoch: broken.epoch)
         }
         if sameEpoch, later {
             handler.value.acknowledgedPosition?.replaying(
@@ -561,7 +562,7 @@ actor MarketConnection {
             handler.value.acknowledgedPosition?.added(back.lazy.map { ($0, resumed.sequence) }, epoch: resumed.epoch)
             if back.contains(where: { (resumed.replayed[$0] ?? 0) > 0 }) {
                 handler.value.acknowledgedPosition?.replaying(
-                    from: broken.resumeAfter, in: broken.epoch, floors: back.map { ($0, broken.floors[$0] ?? broken.resumeAfter) },
+                    from: broken.resumeAfter, in: broken.epoch, floors: brokenFloors,
                     through: resumed.sequence, epoch: resumed.epoch, replayedThrough: joined.replayedQueued)
             }
         }

@@ -13,17 +13,23 @@ import Testing
 struct CrossTermResumeTests {
     static let start: Int64 = 1_795_185_000 * 1_000_000_000
 
+    /// A tape directory holding term e1: AAPL's quotes 1…300.
+    static func formerTermsTape() throws -> String {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cross-term-\(UUID().uuidString)").path
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        try appendQuotes(to: writer, epoch: "e1", 1...300, at: start)
+        try writer.flush()
+        return directory
+    }
+
     /// A tagged connection takes the newest market sequence among what it writes as where its client
     /// stands in the epoch it is in. A resume across terms sends the former term's events first: their
     /// positions (in their bytes) are that term's, and count none in this one. Taken for this term's,
     /// the former term's 300 would stand the client past everything this term has (5), and its next
     /// resume would be a `gap`.
     @Test func aFormerTermsEventsCountNoPositionInThisOne() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cross-term-\(UUID().uuidString)").path
+        let directory = try Self.formerTermsTape()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
-        try appendQuotes(to: writer, epoch: "e1", 1...300, at: Self.start)
-        try writer.flush()
 
         let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
         await hub.setArchive(TapeArchive(directory: directory, market: "stocks"))
@@ -52,11 +58,8 @@ struct CrossTermResumeTests {
     /// A second failover while the former term's tape is read: the term read is not the former one any
     /// more, and its events followed by this term's would skip the whole term between. Told `gap`.
     @Test func aTermThatEndsWhileTheTapeIsReadSkipsNoTerm() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cross-term-\(UUID().uuidString)").path
+        let directory = try Self.formerTermsTape()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
-        try appendQuotes(to: writer, epoch: "e1", 1...300, at: Self.start)
-        try writer.flush()
         let (reading, readingStarted) = AsyncStream<Void>.makeStream()
         let (gate, opener) = AsyncStream<Void>.makeStream()
         defer { opener.finish() }
