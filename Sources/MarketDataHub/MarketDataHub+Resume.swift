@@ -217,6 +217,10 @@ extension MarketDataHub {
                 }
             }
         }
+        // A term that ended while the tape was read: its answers are of a term that is not this one any
+        // more, and the memory's events would follow them by this term's numbers (the memory answers
+        // alone: a `gap` where it does not hold them, never the other term's events as this one's).
+        guard self.epoch == epoch else { return nil }
         return archived
     }
 

@@ -71,7 +71,64 @@ struct CrossTermResumeTests {
         await hub.startEpoch("e2")
         let client = await hub.subscribe()
         async let answer = hub.add([aapl], to: client.id, resuming: .marketSequence(epoch: "e1", 250, floors: [:]))
-        let readStarted = await withTaskGroup(of: Bool.self) { group in
+        try #require(await Self.started(reading), "the former term's tape is read within 10 s")
+        await hub.startEpoch("e3")
+        opener.finish()
+        let outcome = await answer
+        #expect(outcome.epoch == "e3" && outcome.gaps == [aapl], "\(outcome)")
+        var reader = client.makeReader()
+        var deliveries: [HubDelivery] = []
+        #expect(await reader.nextDeliveries(into: &deliveries))
+        var written: [MarketEvent] = []
+        for delivery in deliveries { delivery.append(to: &written) }
+        #expect(written.compactMap { EventPosition.read(from: $0.bytes) }.isEmpty, "none of e1's events")
+        _ = holder
+    }
+    /// A term that begins while this term's tape is read for a resume: the tape's answer is of the term
+    /// that ended, and the new term's memory would follow it by its own numbers. The memory answers
+    /// alone (here: a client that names no epoch, whose positions are taken as this term's).
+    @Test func aTermThatBeginsWhileThisTermsTapeIsReadMixesNoTerms() async throws {
+        let directory = try Self.formerTermsTape()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (reading, readingStarted) = AsyncStream<Void>.makeStream()
+        let (gate, opener) = AsyncStream<Void>.makeStream()
+        defer { opener.finish() }
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerTopic: 100), adoptsPositions: true)
+        await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        let holder = await hub.subscribe(to: [aapl])
+        // e1's quotes are numbered 1…300, e2's 1001…1210 (at positions 1…210).
+        func quotes(_ range: ClosedRange<Int>, numbered offset: Int) -> [MarketEvent] {
+            let events = range.map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: aaplQuote(offset + $0))) }
+            return EventPosition.stamp(events, range.map { EventPosition(topic: UInt64($0), market: UInt64($0)) })
+        }
+        await hub.startEpoch("e1")
+        await hub.publish(quotes(1...300, numbered: 0))
+        let client = await hub.subscribe()
+        async let answer = hub.add([aapl], to: client.id, resuming: .positions(epoch: nil, [aapl: 150]))
+        try #require(await Self.started(reading), "e1's tape is read within 10 s (its memory no longer holds 151)")
+        await hub.startEpoch("e2")
+        await hub.publish(quotes(1...210, numbered: 1000))
+        opener.finish()
+        let outcome = await answer
+        #expect(outcome.epoch == "e2" && outcome.sequence == 210, "\(outcome)")
+        var reader = client.makeReader()
+        var deliveries: [HubDelivery] = []
+        #expect(await reader.nextDeliveries(into: &deliveries))
+        var written: [MarketEvent] = []
+        for delivery in deliveries { delivery.append(to: &written) }
+        let quoted = written.filter { $0.eventType == "Q" }
+        #expect(!quoted.isEmpty, "e2's events after 150 are replayed")
+        for event in quoted {
+            let position = EventPosition.read(from: event.bytes)
+            #expect(event.json.contains(#""n":\#(1000 + Int(position?.market ?? 0))"#), "an e2 event at its e2 position: \(event.json)")
+        }
+        _ = holder
+    }
+
+    /// Whether the gated tape said a read started within 10 s.
+    static func started(_ reading: AsyncStream<Void>) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
             group.addTask {
                 var started = reading.makeAsyncIterator()
                 return await started.next() != nil
@@ -84,18 +141,6 @@ struct CrossTermResumeTests {
             group.cancelAll()
             return first
         }
-        try #require(readStarted, "the former term's tape is read within 10 s")
-        await hub.startEpoch("e3")
-        opener.finish()
-        let outcome = await answer
-        #expect(outcome.epoch == "e3" && outcome.gaps == [aapl], "\(outcome)")
-        var reader = client.makeReader()
-        var deliveries: [HubDelivery] = []
-        #expect(await reader.nextDeliveries(into: &deliveries))
-        var written: [MarketEvent] = []
-        for delivery in deliveries { delivery.append(to: &written) }
-        #expect(written.compactMap { EventPosition.read(from: $0.bytes) }.isEmpty, "none of e1's events")
-        _ = holder
     }
 }
 
