@@ -221,16 +221,16 @@ final class SessionShelf: Sendable {
         // The open ones first: a connection that closes meanwhile is kept on the shelf before it
         // leaves the open ones, so it is found in one or the other.
         let open = live.withLock { live in live.compactMap { name, entry in entry.standing.map { (name, $0) } } }
-        var all = shelf.withLock { shelf in
-            shelf.sessions.map { name, kept in
-                let session = kept.session
-                return (name, SessionStanding.Now(epoch: session.epoch, resumeAfter: session.resumeAfter, topics: session.topics, floors: session.floors))
-            }
-        }
-        let openNames = Set(open.map(\.0))
-        all.removeAll { openNames.contains($0.0) }
+        var kept = shelf.withLock { shelf in shelf.sessions.mapValues(\.session) }
+        var all: [(name: String, standing: SessionStanding.Now)] = []
+        // A name both open and kept: a connection that signed in and has not taken its session over yet
+        // (it does at its first subscribe), or one that closed between the two reads. Where it stands
+        // counts the kept session as taken back, so the checkpoint holds the session either way.
         for (name, standing) in open {
-            if let now = standing.now, !now.topics.isEmpty { all.append((name, now)) }
+            if let now = standing.now(takingBack: kept.removeValue(forKey: name)), !now.topics.isEmpty { all.append((name, now)) }
+        }
+        for (name, session) in kept {
+            all.append((name, SessionStanding.Now(epoch: session.epoch, resumeAfter: session.resumeAfter, topics: session.topics, floors: session.floors)))
         }
         return all
     }
@@ -288,14 +288,20 @@ final class SessionStanding: Sendable {
         }
     }
 
-    /// Where it stands (as the connection's close would shelve it), once it stands in an epoch.
-    var now: Now? {
+    /// Where it stands (as the connection's close would shelve it), once it stands in an epoch or has
+    /// taken back a session.
+    var now: Now? { now(takingBack: nil) }
+
+    /// Where it stands, counting `kept` (its name's session on the shelf) as taken back unless the
+    /// connection has taken one back already.
+    func now(takingBack kept: SessionShelf.Session?) -> Now? {
         state.withLock { state in
-            let topics = state.topics.union(state.takenBack?.topics ?? [])
+            let takenBack = state.takenBack ?? kept
+            let topics = state.topics.union(takenBack?.topics ?? [])
             guard let epoch = state.epoch, !epoch.isEmpty else {
-                return state.takenBack.map { Now(epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: topics, floors: $0.floors) }
+                return takenBack.map { Now(epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: topics, floors: $0.floors) }
             }
-            return Self.kept(epoch: epoch, acknowledged: state.acknowledged, floors: state.floors, topics: topics, takenBack: state.takenBack)
+            return Self.kept(epoch: epoch, acknowledged: state.acknowledged, floors: state.floors, topics: topics, takenBack: takenBack)
         }
     }
 

@@ -169,6 +169,35 @@ struct AcknowledgedPositionTests {
         #expect(older.epoch == "e1" && older.resumeAfter == 20 && older.floors == [msft: 35], "an older epoch stands for both")
     }
 
+    /// A tagged client signed in again: its connection takes its session over from the shelf only at its
+    /// first subscribe. A crash between must not lose the session from the checkpoint; nor a subscribe of
+    /// other topics before the take-over.
+    @Test func theCheckpointHoldsAKeptSessionUntilItsConnectionHasTakenItOver() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let shelf = SessionShelf(settings: ResumeSettings())
+        let kept = SessionShelf.Session(epoch: "e1", resumeAfter: 20, topics: [aapl], brokeAt: .now, floors: [:])
+        shelf.keep(kept, as: "key-1#desk")
+        let standing = SessionStanding()
+        let connection = ObjectIdentifier(standing)
+        #expect(!shelf.open("key-1#desk", id: connection, standing: standing) {})
+        var saved = shelf.checkpoint()
+        #expect(saved.count == 1 && saved.first?.name == "key-1#desk")
+        #expect(saved.first?.standing == SessionStanding.Now(epoch: "e1", resumeAfter: 20, topics: [aapl], floors: [:]), "signed in, nothing subscribed")
+        // MSFT subscribed (added at 30) and acknowledged through 50 in e1, the session not taken over yet.
+        standing.holds([msft], takenBack: nil)
+        standing.acknowledged(50, epoch: "e1", floors: [msft: 30])
+        saved = shelf.checkpoint()
+        #expect(
+            saved.first?.standing == SessionStanding.Now(epoch: "e1", resumeAfter: 20, topics: [aapl, msft], floors: [msft: 30]),
+            "both, from the kept session's 20: \(saved)")
+        // Taken over: the connection's standing alone says it.
+        let taken = try #require(shelf.take("key-1#desk"))
+        standing.holds([msft], takenBack: taken)
+        saved = shelf.checkpoint()
+        #expect(saved.count == 1 && saved.first?.standing.topics == [aapl, msft] && saved.first?.standing.resumeAfter == 20)
+    }
+
     @Test func aSavedSessionKeepsItsFloorsAndAFileWithoutThemStillReads() throws {
         let saved = SavedSession(name: "key-1#desk", epoch: "e1", resumeAfter: 20, topics: ["T.AAPL", "T.MSFT"], floors: ["T.MSFT": 35])
         let again = try JSONDecoder().decode(SavedSession.self, from: JSONEncoder().encode(saved))
