@@ -30,8 +30,8 @@ final class ClusterFeed: Sendable {
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
     /// The node that held the term an epoch is named like, as this node read it in the lease.
     private let holder: @Sendable (String) -> String?
-    /// The last epoch the leader announced.
-    private let epochSeen = Mutex<String?>(nil)
+    /// The epochs the leader announced.
+    private let epochs = Mutex(AnnouncedEpochs())
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
     /// This node's NATS link is down (told to its subscribers) and not back yet. Held while an event is
     /// queued, so an event is queued before the loss notice or not at all: NATS may deliver a message it
@@ -105,15 +105,22 @@ final class ClusterFeed: Sendable {
     private func take(_ message: ClusterControl) {
         switch message {
         case .epoch(let epoch):
-            // A new term after another: the outage starts now, before its first event (after a kill -9
-            // no word comes from the old leader, and the lease is read every 250 ms).
-            let ended = epochSeen.withLock { seen -> String? in
-                defer { seen = epoch }
-                return seen == epoch ? nil : seen
-            }
-            if let ended {
-                let old = holder(ended).map { "the cluster leader \(ClusterText.visible($0, limit: 64)) is gone" } ?? "the cluster's leader changed"
+            switch epochs.withLock({ $0.heard(epoch) }) {
+            case .stale:
+                metrics.rejected("control", "epoch \(ClusterText.visible(epoch, limit: 64)) ended already (a late announcement of an old term)", logger: logger)
+                return
+            case .next(let ended):
+                // A new term after another: the outage starts now, before its first event (after a
+                // kill -9 no word comes from the old leader, and the lease is read every 250 ms).
+                let old: String
+                switch holder(ended) {
+                case node?: old = "this node's term as the cluster leader ended"
+                case let other?: old = "the cluster leader \(ClusterText.visible(other, limit: 64)) is gone"
+                case nil: old = "the cluster's leader changed"
+                }
                 inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
+            case .current, .first:
+                break
             }
             inbox.push(.epoch(epoch))
         case .upstreamDown(let reason):

@@ -46,3 +46,36 @@ struct TermHolders: Sendable {
 
     func holder(of term: String) -> String? { holders[term] }
 }
+
+/// The positions epochs a node hears the leader announce. A new one ends the one before. Every term
+/// has a fresh name, so an epoch that ended never comes back: a late announcement of one (an old
+/// leader's last, delayed in NATS or sent before it knew its lease was gone) is stale, not a new
+/// term, and would otherwise start a new history under the old epoch. Bounded: the last ``limit``
+/// epochs that ended are remembered.
+struct AnnouncedEpochs: Sendable {
+    static let limit = 16
+
+    enum Heard: Equatable, Sendable {
+        /// The epoch this node is in.
+        case current
+        /// The first this node hears.
+        case first
+        /// A new term's: `ended` was the epoch before.
+        case next(ended: String)
+        /// One that ended already.
+        case stale
+    }
+
+    private(set) var current: String?
+    private var ended: [String] = []
+
+    mutating func heard(_ epoch: String) -> Heard {
+        guard epoch != current else { return .current }
+        guard !ended.contains(epoch) else { return .stale }
+        defer { current = epoch }
+        guard let previous = current else { return .first }
+        ended.append(previous)
+        if ended.count > Self.limit { ended.removeFirst() }
+        return .next(ended: previous)
+    }
+}

@@ -50,4 +50,20 @@ struct LeaderChangeTests {
         #expect(holders.holder(of: "t1") == nil && holders.holder(of: "t2") == nil, "the oldest forgotten")
         #expect(holders.holder(of: "t\(2 + TermHolders.limit)") != nil)
     }
+
+    /// Every term has a fresh name: an epoch that ended and is announced again (an old leader's last
+    /// announcement, late) is stale, and changes nothing.
+    @Test func anEpochThatEndedAndIsAnnouncedLateIsStale() {
+        var epochs = AnnouncedEpochs()
+        #expect(epochs.heard("t1") == .first)
+        #expect(epochs.heard("t1") == .current)
+        #expect(epochs.heard("t2") == .next(ended: "t1"))
+        #expect(epochs.heard("t1") == .stale)
+        #expect(epochs.current == "t2", "still in t2")
+        #expect(epochs.heard("t3") == .next(ended: "t2"))
+        #expect(epochs.heard("t2") == .stale && epochs.heard("t1") == .stale)
+        // Only the last terms that ended are remembered.
+        for n in 4...(3 + AnnouncedEpochs.limit) { #expect(epochs.heard("t\(n)") == .next(ended: "t\(n - 1)")) }
+        #expect(epochs.heard("t3") == .stale && epochs.heard("t1") != .stale)
+    }
 }
