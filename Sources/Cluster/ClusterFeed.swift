@@ -28,8 +28,8 @@ final class ClusterFeed: Sendable {
     private let inbox = SourceInbox.source(capacity: ClusterFeed.maxQueuedEvents)
     private let subscriptions = Mutex<[Topic: NATSSubscription]>([:])
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
-    /// The node that held the term an epoch is named like, as this node read it in the lease.
-    private let holder: @Sendable (String) -> String?
+    /// Who held the term an epoch is named like, as this node read it in the lease.
+    private let holder: @Sendable (String) -> TermHolder?
     /// The epochs the leader announced.
     private let epochs = Mutex(AnnouncedEpochs())
     private let eventSink: Mutex<NATSMessageSink?> = Mutex(nil)
@@ -43,7 +43,7 @@ final class ClusterFeed: Sendable {
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
-        maxEventBytes: Int = ClusterChecks.maxEventBytes, holder: @escaping @Sendable (String) -> String?,
+        maxEventBytes: Int = ClusterChecks.maxEventBytes, holder: @escaping @Sendable (String) -> TermHolder?,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
         self.holder = holder
@@ -101,6 +101,11 @@ final class ClusterFeed: Sendable {
         }
     }
 
+    /// The lease holds `term` now (read every 250 ms): an epoch of a term before it is stale.
+    func leaseRead(term: String) {
+        epochs.withLock { $0.leaseRead(term) }
+    }
+
     /// The leader's control message, in order with the events.
     private func take(_ message: ClusterControl) {
         switch message {
@@ -114,8 +119,8 @@ final class ClusterFeed: Sendable {
                 // kill -9 no word comes from the old leader, and the lease is read every 250 ms).
                 let old: String
                 switch holder(ended) {
-                case node?: old = "this node's term as the cluster leader ended"
-                case let other?: old = "the cluster leader \(ClusterText.visible(other, limit: 64)) is gone"
+                case .thisProcess?: old = "this node's term as the cluster leader ended"
+                case .node(let name)?: old = "the cluster leader \(ClusterText.visible(name, limit: 64)) is gone"
                 case nil: old = "the cluster's leader changed"
                 }
                 inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))

@@ -257,7 +257,9 @@ public final class ClusterNode: Service, Sendable {
         let feed = ClusterFeed(
             connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger,
             maxEventBytes: maxEventBytes,
-            holder: { [weak self] epoch in self?.state.withLock { $0.termHolders.holder(of: epoch) } }
+            holder: { [weak self] epoch in
+                self?.state.withLock { $0.ownTerm == epoch ? .thisProcess : $0.termHolders.holder(of: epoch).map { .node($0) } }
+            }
         ) {
             [weak self] topic in await self?.lastEvent(for: topic)
         }
@@ -629,6 +631,7 @@ public final class ClusterNode: Service, Sendable {
             }
             return (previous, change, failover)
         }
+        if holder != nil, let term { feed.leaseRead(term: term) }
         guard change.changed else { return }
         if failover { metrics.failovers.increment() }
         logger.info(

@@ -47,11 +47,24 @@ struct TermHolders: Sendable {
     func holder(of term: String) -> String? { holders[term] }
 }
 
-/// The positions epochs a node hears the leader announce. A new one ends the one before. Every term
-/// has a fresh name, so an epoch that ended never comes back: a late announcement of one (an old
-/// leader's last, delayed in NATS or sent before it knew its lease was gone) is stale, not a new
-/// term, and would otherwise start a new history under the old epoch. Bounded: the last ``limit``
-/// epochs that ended are remembered.
+/// Who held a term, as a node knows it.
+enum TermHolder: Equatable, Sendable {
+    /// This process (a node restarted under the same name is another process).
+    case thisProcess
+    case node(String)
+}
+
+/// The positions epochs a node hears the leader announce, and the term it reads in the lease. Every term
+/// has a fresh name (its epoch), so an epoch that ended never comes back: a late announcement of one
+/// (an old leader's last, delayed in NATS or sent before it knew its lease was gone) is stale, not a
+/// new term, and would otherwise start a new history under the old epoch.
+///
+/// An epoch ends when the lease holds another term, or when another epoch replaces it, unless the lease
+/// holds it: a node that never read the old term in the lease (it just started, or its NATS link was
+/// down through it) cannot tell a late old epoch from a new one it has not read yet, and takes it;
+/// the lease's term comes back at its leader's next announcement (every second). The lease is the
+/// truth: a term it holds is never stale. Bounded: the last ``limit`` epochs that ended are
+/// remembered.
 struct AnnouncedEpochs: Sendable {
     static let limit = 16
 
@@ -60,13 +73,14 @@ struct AnnouncedEpochs: Sendable {
         case current
         /// The first this node hears.
         case first
-        /// A new term's: `ended` was the epoch before.
+        /// Another than the one before (`ended`).
         case next(ended: String)
         /// One that ended already.
         case stale
     }
 
     private(set) var current: String?
+    private var leaseTerm: String?
     private var ended: [String] = []
 
     mutating func heard(_ epoch: String) -> Heard {
@@ -74,8 +88,21 @@ struct AnnouncedEpochs: Sendable {
         guard !ended.contains(epoch) else { return .stale }
         defer { current = epoch }
         guard let previous = current else { return .first }
-        ended.append(previous)
-        if ended.count > Self.limit { ended.removeFirst() }
+        if previous != leaseTerm { end(previous) }
         return .next(ended: previous)
+    }
+
+    /// The lease holds `term` now.
+    mutating func leaseRead(_ term: String) {
+        ended.removeAll { $0 == term }
+        guard term != leaseTerm else { return }
+        if let leaseTerm { end(leaseTerm) }
+        leaseTerm = term
+    }
+
+    private mutating func end(_ epoch: String) {
+        guard !ended.contains(epoch) else { return }
+        ended.append(epoch)
+        if ended.count > Self.limit { ended.removeFirst() }
     }
 }

@@ -90,11 +90,11 @@ extension MarketDataHub {
     @discardableResult
     public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
         let archived = await fromArchive(topics, to: id, resuming: resume)
-        let formerEpoch = previousEpoch
+        let term = history
         var former = await fromFormerEpoch(topics, to: id, resuming: resume)
         // A term that ended while the tape was read: the one read is not the former term any more, and
         // its events then this term's would skip a whole term between (told `gap` instead).
-        if previousEpoch != formerEpoch { former = nil }
+        if history !== term { former = nil }
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not
@@ -217,10 +217,11 @@ extension MarketDataHub {
                 }
             }
         }
-        // A term that ended while the tape was read: its answers are of a term that is not this one any
-        // more, and the memory's events would follow them by this term's numbers (the memory answers
-        // alone: a `gap` where it does not hold them, never the other term's events as this one's).
-        guard self.epoch == epoch else { return nil }
+        // A term that ended while the tape was read (a new history: epochs are names, and a late one
+        // may come back): its answers are of a term that is not this one any more, and the memory's
+        // events would follow them by this term's numbers (the memory answers alone: a `gap` where it
+        // does not hold them, never the other term's events as this one's).
+        guard self.history === history else { return nil }
         return archived
     }
 

@@ -236,7 +236,7 @@ actor MarketConnection {
                 let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing) {
                     loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
                 }
-                resuming = dependencies.shelf.take(name)
+                resuming = dependencies.shelf.take(name, into: standing)
                 if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
                 if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
                 takingOver = resuming == nil && previous
@@ -464,7 +464,7 @@ actor MarketConnection {
                 let id = joined.id
                 if takingOver, let sessionName {
                     takingOver = false
-                    resuming = await dependencies.shelf.takeOver(sessionName)
+                    resuming = await dependencies.shelf.takeOver(sessionName, into: standing)
                     if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
                     // Off the shelf now: the checkpoint finds it here meanwhile (the add may read a tape).
                     standing?.holds(session.topics, takenBack: resuming)

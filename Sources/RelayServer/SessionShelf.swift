@@ -157,11 +157,14 @@ final class SessionShelf: Sendable {
         for session in shelf.withLock({ sweep(&$0, now: now) }) { release(session) }
     }
 
-    /// Takes back the session kept under `name`, if it is still within its window.
-    func take(_ name: String, now: ContinuousClock.Instant = .now) -> Session? {
+    /// Takes back the session kept under `name`, if it is still within its window; into `standing`
+    /// (the connection's) in the same step, so a checkpoint finds it on the shelf or there.
+    func take(_ name: String, into standing: SessionStanding? = nil, now: ContinuousClock.Instant = .now) -> Session? {
         let (session, released) = shelf.withLock { shelf -> (Session?, [Released]) in
             let released = sweep(&shelf, now: now)
-            return (shelf.remove(name), released)
+            let session = shelf.remove(name)
+            if let session { standing?.tookBack(session) }
+            return (session, released)
         }
         for session in released { release(session) }
         return session
@@ -184,9 +187,9 @@ final class SessionShelf: Sendable {
     }
 
     /// The session of a connection taken over, once it closed and was kept: waits up to a second.
-    func takeOver(_ name: String) async -> Session? {
+    func takeOver(_ name: String, into standing: SessionStanding?) async -> Session? {
         for _ in 0..<200 {
-            if let session = take(name) { return session }
+            if let session = take(name, into: standing) { return session }
             try? await Task.sleep(for: .milliseconds(5))
         }
         return nil
@@ -223,9 +226,11 @@ final class SessionShelf: Sendable {
         let open = live.withLock { live in live.compactMap { name, entry in entry.standing.map { (name, $0) } } }
         var kept = shelf.withLock { shelf in shelf.sessions.mapValues(\.session) }
         var all: [(name: String, standing: SessionStanding.Now)] = []
-        // A name both open and kept: a connection that signed in and has not taken its session over yet
-        // (it does at its first subscribe), or one that closed between the two reads. Where it stands
-        // counts the kept session as taken back, so the checkpoint holds the session either way.
+        // A name both open and kept: a connection that took over from one still open, whose session was
+        // shelved after it signed in (it takes it at its first subscribe), or one that closed between
+        // the two reads. Where it stands counts the kept session as taken back, so the checkpoint
+        // holds the session either way. One taken meanwhile is in its connection's standing (taken
+        // into it in the same step as it leaves the shelf).
         for (name, standing) in open {
             if let now = standing.now(takingBack: kept.removeValue(forKey: name)), !now.topics.isEmpty { all.append((name, now)) }
         }
@@ -279,6 +284,11 @@ final class SessionStanding: Sendable {
             $0.epoch = epoch
             $0.floors = floors
         }
+    }
+
+    /// It took `session` back (its topics join the connection's at its next ``holds(_:takenBack:)``).
+    func tookBack(_ session: SessionShelf.Session) {
+        state.withLock { $0.takenBack = session }
     }
 
     func holds(_ topics: Set<Topic>, takenBack: SessionShelf.Session?) {

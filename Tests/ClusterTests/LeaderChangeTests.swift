@@ -55,15 +55,45 @@ struct LeaderChangeTests {
     /// announcement, late) is stale, and changes nothing.
     @Test func anEpochThatEndedAndIsAnnouncedLateIsStale() {
         var epochs = AnnouncedEpochs()
+        epochs.leaseRead("t1")
         #expect(epochs.heard("t1") == .first)
         #expect(epochs.heard("t1") == .current)
+        epochs.leaseRead("t2")
+        #expect(epochs.heard("t1") == .current, "still t1's until t2's leader says so (in order with its events)")
         #expect(epochs.heard("t2") == .next(ended: "t1"))
         #expect(epochs.heard("t1") == .stale)
         #expect(epochs.current == "t2", "still in t2")
-        #expect(epochs.heard("t3") == .next(ended: "t2"))
-        #expect(epochs.heard("t2") == .stale && epochs.heard("t1") == .stale)
         // Only the last terms that ended are remembered.
-        for n in 4...(3 + AnnouncedEpochs.limit) { #expect(epochs.heard("t\(n)") == .next(ended: "t\(n - 1)")) }
-        #expect(epochs.heard("t3") == .stale && epochs.heard("t1") != .stale)
+        for n in 3...(2 + AnnouncedEpochs.limit) {
+            epochs.leaseRead("t\(n)")
+            #expect(epochs.heard("t\(n)") == .next(ended: "t\(n - 1)"))
+        }
+        #expect(epochs.heard("t2") == .stale && epochs.heard("t1") != .stale)
+    }
+
+    /// A node that never read the old term in the lease (just started) cannot tell its late announcement
+    /// from a new term's: it takes it, but not as the end of the lease's term, whose next announcement
+    /// takes the node back (the old one stale from then on).
+    @Test func aLateOldEpochNeverEndsTheTermTheLeaseHolds() {
+        var epochs = AnnouncedEpochs()
+        epochs.leaseRead("t2")
+        #expect(epochs.heard("t2") == .first)
+        #expect(epochs.heard("t1") == .next(ended: "t2"))
+        #expect(epochs.heard("t2") == .next(ended: "t1"), "the lease's term is not stale")
+        #expect(epochs.heard("t1") == .stale)
+    }
+
+    /// The lease is the truth: a term it holds is never stale, even one a late announcement replaced
+    /// before this node read the new term in the lease.
+    @Test func aTermTheLeaseHoldsIsNeverStale() {
+        var epochs = AnnouncedEpochs()
+        epochs.leaseRead("t1")
+        #expect(epochs.heard("t1") == .first)
+        #expect(epochs.heard("t2") == .next(ended: "t1"), "t2 announced before this node read it in the lease")
+        #expect(epochs.heard("t1") == .next(ended: "t2"), "t1 late, still the lease's as far as this node read")
+        #expect(epochs.heard("t2") == .stale, "replaced by the lease's term")
+        epochs.leaseRead("t2")
+        #expect(epochs.heard("t2") == .next(ended: "t1"))
+        #expect(epochs.heard("t1") == .stale)
     }
 }
