@@ -101,8 +101,9 @@ final class ClusterFeed: Sendable {
         }
     }
 
-    /// The lease holds `term` now (read every 250 ms): an epoch of a term before it is stale.
-    func leaseRead(term: String) {
+    /// The lease holds `term` now (`nil`: none), as read every 250 ms: the term it held before ended,
+    /// and a late announcement of its epoch is stale.
+    func leaseRead(term: String?) {
         epochs.withLock { $0.leaseRead(term) }
     }
 

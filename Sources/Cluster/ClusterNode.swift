@@ -589,6 +589,9 @@ public final class ClusterNode: Service, Sendable {
                     "lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
             }
             observe(leader: holder?.node, term: holder?.term, feed: feed)
+            // What the lease says of terms: the one it holds is live, and with none held none is (a
+            // foreign value, or one that names no term, says nothing).
+            if entry == nil { feed.leaseRead(term: nil) } else if let term = holder?.term { feed.leaseRead(term: term) }
             // Spread: leave a free lease to a live node that leads no market (for a bounded while).
             if entry == nil, let spread, spread.shouldDefer(market: market, liveNodes: state.withLock({ $0.interest.liveNodes })) {
                 try? await Task.sleep(for: configuration.leasePollInterval)
@@ -601,6 +604,7 @@ public final class ClusterNode: Service, Sendable {
                     let allowed = view.upstreamAllowed(takenAt: revision, continuity: connection.continuity, now: .now)
                     state.withLock { $0.ownTerm = term }
                     observe(leader: configuration.nodeID, term: term, feed: feed)
+                    feed.leaseRead(term: term)
                     await lead(bucket: bucket, revision: revision, takenAt: asked, upstreamFrom: allowed, term: term, feed: feed)
                     // What this node saw before its term tells nothing about the bucket after it.
                     view.reset()
@@ -631,7 +635,6 @@ public final class ClusterNode: Service, Sendable {
             }
             return (previous, change, failover)
         }
-        if holder != nil, let term { feed.leaseRead(term: term) }
         guard change.changed else { return }
         if failover { metrics.failovers.increment() }
         logger.info(

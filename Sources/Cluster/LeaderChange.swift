@@ -54,17 +54,18 @@ enum TermHolder: Equatable, Sendable {
     case node(String)
 }
 
-/// The positions epochs a node hears the leader announce, and the term it reads in the lease. Every term
-/// has a fresh name (its epoch), so an epoch that ended never comes back: a late announcement of one
-/// (an old leader's last, delayed in NATS or sent before it knew its lease was gone) is stale, not a
-/// new term, and would otherwise start a new history under the old epoch.
+/// The positions epochs a node hears the leader announce, and what it reads of terms in the lease.
+/// Every term has a fresh name (its epoch), so an epoch that ended never comes back: a late
+/// announcement of one (an old leader's last, delayed in NATS or sent before it knew its lease was
+/// gone) is stale, not a new term, and would otherwise start a new history under the old epoch.
 ///
-/// An epoch ends when the lease holds another term, or when another epoch replaces it, unless the lease
-/// holds it: a node that never read the old term in the lease (it just started, or its NATS link was
-/// down through it) cannot tell a late old epoch from a new one it has not read yet, and takes it;
-/// the lease's term comes back at its leader's next announcement (every second). The lease is the
-/// truth: a term it holds is never stale. Bounded: the last ``limit`` epochs that ended are
-/// remembered.
+/// Only the lease ends a term: when it holds another term, or none. Announcements end nothing: a node
+/// cannot tell a late old epoch it never read in the lease (it just started, or its NATS link was
+/// down through that term) from a new one it has not read yet (it reads every 250 ms), and an
+/// older-release leader's epoch is not its term. So no order of messages leaves a node refusing the
+/// live leader (whose term the lease holds: never stale) or an older-release leader; a late old epoch
+/// before the lease read is taken until the live leader's next announcement (every second).
+/// Bounded: the last ``limit`` terms that ended are remembered.
 struct AnnouncedEpochs: Sendable {
     static let limit = 16
 
@@ -75,7 +76,7 @@ struct AnnouncedEpochs: Sendable {
         case first
         /// Another than the one before (`ended`).
         case next(ended: String)
-        /// One that ended already.
+        /// One whose term ended already.
         case stale
     }
 
@@ -87,22 +88,18 @@ struct AnnouncedEpochs: Sendable {
         guard epoch != current else { return .current }
         guard !ended.contains(epoch) else { return .stale }
         defer { current = epoch }
-        guard let previous = current else { return .first }
-        if previous != leaseTerm { end(previous) }
-        return .next(ended: previous)
+        return current.map { .next(ended: $0) } ?? .first
     }
 
-    /// The lease holds `term` now.
-    mutating func leaseRead(_ term: String) {
-        ended.removeAll { $0 == term }
+    /// The lease holds `term` now (`nil`: it holds none; a value that is not a relay node's lease, or
+    /// names no term, says nothing and is not told).
+    mutating func leaseRead(_ term: String?) {
+        if let term { ended.removeAll { $0 == term } }
         guard term != leaseTerm else { return }
-        if let leaseTerm { end(leaseTerm) }
+        if let leaseTerm, !ended.contains(leaseTerm) {
+            ended.append(leaseTerm)
+            if ended.count > Self.limit { ended.removeFirst() }
+        }
         leaseTerm = term
-    }
-
-    private mutating func end(_ epoch: String) {
-        guard !ended.contains(epoch) else { return }
-        ended.append(epoch)
-        if ended.count > Self.limit { ended.removeFirst() }
     }
 }

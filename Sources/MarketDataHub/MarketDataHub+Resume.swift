@@ -197,7 +197,7 @@ extension MarketDataHub {
         // times at most; each read is of what the last one took), so the archive's answer and the
         // memory's still meet.
         for _ in 0..<3 {
-            guard let archive, let history = self.history, history.epoch == epoch else { break }
+            guard let archive, self.history === history else { break }
             let behind = archived.compactMap { topic, found -> ArchiveRequest? in
                 let boundary = history.archiveBoundary(of: topic)
                 guard case .events = found.0, boundary > found.until else { return nil }

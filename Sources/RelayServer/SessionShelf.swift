@@ -221,10 +221,14 @@ final class SessionShelf: Sendable {
     /// a running relay saves every second, for a start after a crash): a connection's is where its
     /// client has acknowledged, so a session restored from it may replay a little twice, never skip.
     func checkpoint() -> [(name: String, standing: SessionStanding.Now)] {
-        // The open ones first: a connection that closes meanwhile is kept on the shelf before it
-        // leaves the open ones, so it is found in one or the other.
-        let open = live.withLock { live in live.compactMap { name, entry in entry.standing.map { (name, $0) } } }
-        var kept = shelf.withLock { shelf in shelf.sessions.mapValues(\.session) }
+        // Both read in one step (the open ones' lock, then the shelf's: nothing takes them the other
+        // way). A connection that closes is kept on the shelf before it leaves the open ones, and one
+        // that signs in takes its session off the shelf into its standing, so each session is found
+        // in one or the other.
+        let (open, shelved) = live.withLock { live in
+            (live.compactMap { name, entry in entry.standing.map { (name, $0) } }, shelf.withLock { $0.sessions.mapValues(\.session) })
+        }
+        var kept = shelved
         var all: [(name: String, standing: SessionStanding.Now)] = []
         // A name both open and kept: a connection that took over from one still open, whose session was
         // shelved after it signed in (it takes it at its first subscribe), or one that closed between

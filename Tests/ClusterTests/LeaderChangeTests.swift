@@ -51,9 +51,9 @@ struct LeaderChangeTests {
         #expect(holders.holder(of: "t\(2 + TermHolders.limit)") != nil)
     }
 
-    /// Every term has a fresh name: an epoch that ended and is announced again (an old leader's last
-    /// announcement, late) is stale, and changes nothing.
-    @Test func anEpochThatEndedAndIsAnnouncedLateIsStale() {
+    /// Every term has a fresh name: an epoch whose term the lease showed ended, announced again (an old
+    /// leader's last announcement, late), is stale and changes nothing.
+    @Test func anEpochWhoseTermEndedAndIsAnnouncedLateIsStale() {
         var epochs = AnnouncedEpochs()
         epochs.leaseRead("t1")
         #expect(epochs.heard("t1") == .first)
@@ -63,37 +63,56 @@ struct LeaderChangeTests {
         #expect(epochs.heard("t2") == .next(ended: "t1"))
         #expect(epochs.heard("t1") == .stale)
         #expect(epochs.current == "t2", "still in t2")
+        // A lease found empty: the term it held ended.
+        epochs.leaseRead(nil)
+        #expect(epochs.heard("t2") == .current)
+        #expect(epochs.heard("t3") == .next(ended: "t2"))
+        #expect(epochs.heard("t2") == .stale)
         // Only the last terms that ended are remembered.
-        for n in 3...(2 + AnnouncedEpochs.limit) {
+        epochs.leaseRead("t3")
+        for n in 4...(3 + AnnouncedEpochs.limit) {
             epochs.leaseRead("t\(n)")
             #expect(epochs.heard("t\(n)") == .next(ended: "t\(n - 1)"))
         }
-        #expect(epochs.heard("t2") == .stale && epochs.heard("t1") != .stale)
+        #expect(epochs.heard("t3") == .stale && epochs.heard("t1") != .stale)
     }
 
-    /// A node that never read the old term in the lease (just started) cannot tell its late announcement
-    /// from a new term's: it takes it, but not as the end of the lease's term, whose next announcement
-    /// takes the node back (the old one stale from then on).
-    @Test func aLateOldEpochNeverEndsTheTermTheLeaseHolds() {
-        var epochs = AnnouncedEpochs()
-        epochs.leaseRead("t2")
-        #expect(epochs.heard("t2") == .first)
-        #expect(epochs.heard("t1") == .next(ended: "t2"))
-        #expect(epochs.heard("t2") == .next(ended: "t1"), "the lease's term is not stale")
-        #expect(epochs.heard("t1") == .stale)
-    }
-
-    /// The lease is the truth: a term it holds is never stale, even one a late announcement replaced
-    /// before this node read the new term in the lease.
-    @Test func aTermTheLeaseHoldsIsNeverStale() {
-        var epochs = AnnouncedEpochs()
-        epochs.leaseRead("t1")
-        #expect(epochs.heard("t1") == .first)
-        #expect(epochs.heard("t2") == .next(ended: "t1"), "t2 announced before this node read it in the lease")
-        #expect(epochs.heard("t1") == .next(ended: "t2"), "t1 late, still the lease's as far as this node read")
-        #expect(epochs.heard("t2") == .stale, "replaced by the lease's term")
-        epochs.leaseRead("t2")
-        #expect(epochs.heard("t2") == .next(ended: "t1"))
-        #expect(epochs.heard("t1") == .stale)
+    /// No order of announcements and lease reads leaves a node refusing the live leader: a late old
+    /// epoch it never read in the lease, or one announced before it read the new term there, is taken
+    /// until the live leader's next announcement; an older-release leader's epoch is no term at all.
+    @Test func noOrderLeavesANodeRefusingTheLiveLeader() {
+        // Just started: the lease read at t2, then t2, then t1 late (never read in the lease).
+        var started = AnnouncedEpochs()
+        started.leaseRead("t2")
+        #expect(started.heard("t2") == .first)
+        #expect(started.heard("t1") == .next(ended: "t2"))
+        #expect(started.heard("t2") == .next(ended: "t1"), "the lease's term is never stale")
+        // t2 announced before this node read it in the lease, then t1 late.
+        var racing = AnnouncedEpochs()
+        racing.leaseRead("t1")
+        #expect(racing.heard("t1") == .first)
+        #expect(racing.heard("t2") == .next(ended: "t1"))
+        #expect(racing.heard("t1") == .next(ended: "t2"), "not read as ended yet")
+        #expect(racing.heard("t2") == .next(ended: "t1"), "t2 is no term that ended")
+        racing.leaseRead("t2")
+        #expect(racing.heard("t1") == .stale)
+        // An older-release leader (its epoch is random, its lease names no term, so it is not told)
+        // after t1, and t1 late: the older leader's epoch is never stale.
+        var upgrading = AnnouncedEpochs()
+        upgrading.leaseRead("t1")
+        #expect(upgrading.heard("t1") == .first)
+        #expect(upgrading.heard("r") == .next(ended: "t1"))
+        #expect(upgrading.heard("t1") == .next(ended: "r"))
+        #expect(upgrading.heard("r") == .next(ended: "t1"))
+        // A lease value someone else wrote says nothing; the live leader's term, read again, is live.
+        var forged = AnnouncedEpochs()
+        forged.leaseRead("t1")
+        #expect(forged.heard("t1") == .first)
+        forged.leaseRead("x")
+        #expect(forged.heard("t1") == .current, "the epoch it is in stays")
+        #expect(forged.heard("y") == .next(ended: "t1"))
+        #expect(forged.heard("t1") == .stale, "a lease naming another term ended t1")
+        forged.leaseRead("t1")
+        #expect(forged.heard("t1") == .next(ended: "y"), "the lease holds t1 again: live")
     }
 }

@@ -171,9 +171,8 @@ struct AcknowledgedPositionTests {
 
     /// A tagged client signed in again while its last connection was still open: that one's session is
     /// shelved as it closes, and the new connection takes it over at its first subscribe. A crash
-    /// between must not lose the session from the checkpoint; nor one after a take-over that gave up
-    /// waiting (the connection holds other topics, the session is shelved later); nor one while it
-    /// leaves the shelf for the connection.
+    /// between must not lose the session from the checkpoint, whatever the connection holds meanwhile,
+    /// nor as the session leaves the shelf for the connection.
     @Test func theCheckpointHoldsAKeptSessionUntilItsConnectionHasTakenItOver() throws {
         let aapl = try #require(Topic(parsing: "T.AAPL"))
         let msft = try #require(Topic(parsing: "T.MSFT"))
