@@ -726,6 +726,9 @@ public final class ClusterNode: Service, Sendable {
 
         let end = await renew(
             bucket: bucket, revision: revision, takenAt: takenAt, upstreamFrom: upstreamFrom, term: term, upstream: upstream)
+        // The term is over as far as this node goes: what it still sends of it (flushed after a
+        // partition) may reach it after the next term's epoch, and is stale then.
+        feed.leaseRead(term: nil)
         // Closed first: nothing that ends more slowly (a fill's REST request) may hold it open.
         upstream.shutdown()
         // A fill cut short answers nobody: the nodes ask the next leader for the union of their outages.

@@ -179,7 +179,8 @@ final class SessionShelf: Sendable {
         return previous != nil
     }
 
-    /// The tagged connection `id` closed (before its session is kept).
+    /// The tagged connection `id` closed: after its session is kept, if it has one (a checkpoint finds
+    /// it open or kept).
     func closed(_ name: String, id: ObjectIdentifier) {
         live.withLock { live in
             if live[name]?.id == id { live[name] = nil }
