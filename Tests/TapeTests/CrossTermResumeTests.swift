@@ -38,17 +38,12 @@ struct CrossTermResumeTests {
         let holder = await hub.subscribe(to: [aapl])
         await hub.startEpoch("e1")
         await hub.startEpoch("e2")
-        let events = (1...5).map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: aaplQuote(300 + $0))) }
-        await hub.publish(EventPosition.stamp(events, (1...5).map { EventPosition(topic: UInt64($0), market: UInt64($0)) }))
+        await hub.publish(Self.quotes(1...5, numbered: 300))
 
         let client = await hub.subscribe()
         let outcome = await hub.add([aapl], to: client.id, resuming: .marketSequence(epoch: "e1", 250, floors: [:]))
         #expect(outcome.epoch == "e2" && outcome.sequence == 5)
-        var reader = client.makeReader()
-        var deliveries: [HubDelivery] = []
-        #expect(await reader.nextDeliveries(into: &deliveries))
-        var written: [MarketEvent] = []
-        for delivery in deliveries { delivery.append(to: &written) }
+        let (deliveries, written) = await Self.queued(for: client)
         let former = written.compactMap { EventPosition.read(from: $0.bytes) }.filter { $0.market > 5 }
         #expect(former.count == 50, "the former term's events after 250 replayed, with their positions: \(former.count)")
         #expect(deliveries.map(\.lastSequence).max() == 5, "the newest position of this term among them: \(deliveries.map(\.lastSequence))")
@@ -60,11 +55,8 @@ struct CrossTermResumeTests {
     @Test func aTermThatEndsWhileTheTapeIsReadSkipsNoTerm() async throws {
         let directory = try Self.formerTermsTape()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let (reading, readingStarted) = AsyncStream<Void>.makeStream()
-        let (gate, opener) = AsyncStream<Void>.makeStream()
+        let (hub, reading, opener) = await Self.gatedHub(on: directory)
         defer { opener.finish() }
-        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
-        await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
         let aapl = try #require(Topic(parsing: "Q.AAPL"))
         let holder = await hub.subscribe(to: [aapl])
         await hub.startEpoch("e1")
@@ -76,47 +68,33 @@ struct CrossTermResumeTests {
         opener.finish()
         let outcome = await answer
         #expect(outcome.epoch == "e3" && outcome.gaps == [aapl], "\(outcome)")
-        var reader = client.makeReader()
-        var deliveries: [HubDelivery] = []
-        #expect(await reader.nextDeliveries(into: &deliveries))
-        var written: [MarketEvent] = []
-        for delivery in deliveries { delivery.append(to: &written) }
+        let (_, written) = await Self.queued(for: client)
         #expect(written.compactMap { EventPosition.read(from: $0.bytes) }.isEmpty, "none of e1's events")
         _ = holder
     }
+
     /// A term that begins while this term's tape is read for a resume: the tape's answer is of the term
     /// that ended, and the new term's memory would follow it by its own numbers. The memory answers
     /// alone (here: a client that names no epoch, whose positions are taken as this term's).
     @Test func aTermThatBeginsWhileThisTermsTapeIsReadMixesNoTerms() async throws {
         let directory = try Self.formerTermsTape()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let (reading, readingStarted) = AsyncStream<Void>.makeStream()
-        let (gate, opener) = AsyncStream<Void>.makeStream()
+        let (hub, reading, opener) = await Self.gatedHub(on: directory, history: HistoryLimits(eventsPerTopic: 100))
         defer { opener.finish() }
-        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerTopic: 100), adoptsPositions: true)
-        await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
         let aapl = try #require(Topic(parsing: "Q.AAPL"))
         let holder = await hub.subscribe(to: [aapl])
         // e1's quotes are numbered 1…300, e2's 1001…1210 (at positions 1…210).
-        func quotes(_ range: ClosedRange<Int>, numbered offset: Int) -> [MarketEvent] {
-            let events = range.map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: aaplQuote(offset + $0))) }
-            return EventPosition.stamp(events, range.map { EventPosition(topic: UInt64($0), market: UInt64($0)) })
-        }
         await hub.startEpoch("e1")
-        await hub.publish(quotes(1...300, numbered: 0))
+        await hub.publish(Self.quotes(1...300, numbered: 0))
         let client = await hub.subscribe()
         async let answer = hub.add([aapl], to: client.id, resuming: .positions(epoch: nil, [aapl: 150]))
         try #require(await Self.started(reading), "e1's tape is read within 10 s (its memory no longer holds 151)")
         await hub.startEpoch("e2")
-        await hub.publish(quotes(1...210, numbered: 1000))
+        await hub.publish(Self.quotes(1...210, numbered: 1000))
         opener.finish()
         let outcome = await answer
         #expect(outcome.epoch == "e2" && outcome.sequence == 210, "\(outcome)")
-        var reader = client.makeReader()
-        var deliveries: [HubDelivery] = []
-        #expect(await reader.nextDeliveries(into: &deliveries))
-        var written: [MarketEvent] = []
-        for delivery in deliveries { delivery.append(to: &written) }
+        let (_, written) = await Self.queued(for: client)
         let quoted = written.filter { $0.eventType == "Q" }
         #expect(!quoted.isEmpty, "e2's events after 150 are replayed")
         for event in quoted {
@@ -124,6 +102,34 @@ struct CrossTermResumeTests {
             #expect(event.json.contains(#""n":\#(1000 + Int(position?.market ?? 0))"#), "an e2 event at its e2 position: \(event.json)")
         }
         _ = holder
+    }
+
+    /// AAPL's quotes numbered `offset` past their positions (topic and market sequence alike).
+    static func quotes(_ range: ClosedRange<Int>, numbered offset: Int) -> [MarketEvent] {
+        let events = range.map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: aaplQuote(offset + $0))) }
+        return EventPosition.stamp(events, range.map { EventPosition(topic: UInt64($0), market: UInt64($0)) })
+    }
+
+    /// A hub adopting positions whose archive is the tape in `directory` behind a gate: `reading` says
+    /// a read started, and the read goes on once `opener` finishes.
+    static func gatedHub(
+        on directory: String, history: HistoryLimits = HistoryLimits()
+    ) async -> (MarketDataHub, reading: AsyncStream<Void>, opener: AsyncStream<Void>.Continuation) {
+        let (reading, readingStarted) = AsyncStream<Void>.makeStream()
+        let (gate, opener) = AsyncStream<Void>.makeStream()
+        let hub = MarketDataHub(wire: .polygon, history: history, adoptsPositions: true)
+        await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
+        return (hub, reading, opener)
+    }
+
+    /// What is queued for `client` now: its deliveries, and their events one by one.
+    static func queued(for client: HubSubscription) async -> ([HubDelivery], [MarketEvent]) {
+        var reader = client.makeReader()
+        var deliveries: [HubDelivery] = []
+        #expect(await reader.nextDeliveries(into: &deliveries), "something is queued")
+        var written: [MarketEvent] = []
+        for delivery in deliveries { delivery.append(to: &written) }
+        return (deliveries, written)
     }
 
     /// Whether the gated tape said a read started within 10 s.
