@@ -28,7 +28,8 @@ final class ClusterFeed: Sendable {
     private let inbox = SourceInbox.source(capacity: ClusterFeed.maxQueuedEvents)
     private let subscriptions = Mutex<[Topic: NATSSubscription]>([:])
     private let lastValues: @Sendable (Topic) async -> MarketEvent?
-    /// Who held the term an epoch is named like, as this node read it in the lease.
+    /// Who held the term an epoch is named like: this process (its own term), or a node as this node
+    /// read it in the lease.
     private let holder: @Sendable (String) -> TermHolder?
     /// The epochs the leader announced.
     private let epochs = Mutex(AnnouncedEpochs())
@@ -101,8 +102,8 @@ final class ClusterFeed: Sendable {
         }
     }
 
-    /// The lease holds `term` now (`nil`: none), as read every 250 ms: the term it held before ended,
-    /// and a late announcement of its epoch is stale.
+    /// The lease holds `term` now (`nil`: none, or this node's own term ended), as read every 250 ms:
+    /// the term it held before ended, and a late announcement of its epoch is stale.
     func leaseRead(term: String?) {
         epochs.withLock { $0.leaseRead(term) }
     }

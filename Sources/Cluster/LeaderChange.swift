@@ -64,7 +64,8 @@ enum TermHolder: Equatable, Sendable {
 /// down through that term) from a new one it has not read yet (it reads every 250 ms), and an
 /// older-release leader's epoch is not its term. So no order of messages leaves a node refusing the
 /// live leader (whose term the lease holds: never stale) or an older-release leader; a late old epoch
-/// before the lease read is taken until the live leader's next announcement (every second).
+/// before the lease read is taken until the live leader's next announcement (before its next events,
+/// at least a second after the last).
 /// Bounded: the last ``limit`` terms that ended are remembered.
 struct AnnouncedEpochs: Sendable {
     static let limit = 16

@@ -89,12 +89,12 @@ extension MarketDataHub {
     /// from where the archive stopped, and live follow as one.
     @discardableResult
     public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
-        let archived = await fromArchive(topics, to: id, resuming: resume)
+        var archived = await fromArchive(topics, to: id, resuming: resume)
         let term = history
         var former = await fromFormerEpoch(topics, to: id, resuming: resume)
         // A term that ended while the tape was read: the one read is not the former term any more, and
         // its events then this term's would skip a whole term between (told `gap` instead).
-        if history !== term { former = nil }
+        if history !== term { (archived, former) = (nil, nil) }
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not

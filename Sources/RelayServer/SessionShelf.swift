@@ -119,8 +119,18 @@ final class SessionShelf: Sendable {
 
     private let settings: ResumeSettings
     private let shelf = Mutex(Shelf())
-    /// Tagged connections open now, by name: their identity and how to close one taken over.
-    private let live = Mutex<[String: (id: ObjectIdentifier, close: @Sendable () -> Void, standing: SessionStanding?)]>([:])
+    /// A tagged connection open now: its identity, how to close it if it is taken over, where it
+    /// stands, and the connection it took over until that one's session is kept (where that one stood
+    /// stands for its session meanwhile).
+    private struct Open {
+        var id: ObjectIdentifier
+        var close: @Sendable () -> Void
+        var standing: SessionStanding?
+        var replacing: (id: ObjectIdentifier, standing: SessionStanding)?
+    }
+
+    /// Tagged connections open now, by name.
+    private let live = Mutex<[String: Open]>([:])
     /// Kept sessions that expired unclaimed (`relay_resumes_total{result="expired"}`).
     let expired = Atomic<Int>(0)
     private let expiredCounter: Counter?
@@ -174,16 +184,25 @@ final class SessionShelf: Sendable {
     /// client has come back before the relay saw it break) is closed, and its session is shelved as it closes.
     /// Returns whether there was one.
     func open(_ name: String, id: ObjectIdentifier, standing: SessionStanding? = nil, close: @escaping @Sendable () -> Void) -> Bool {
-        let previous = live.withLock { $0.updateValue((id, close, standing), forKey: name) }
+        let previous = live.withLock { live -> Open? in
+            let previous = live[name]
+            let replacing = previous.flatMap { previous in previous.standing.map { (previous.id, $0) } }
+            live[name] = Open(id: id, close: close, standing: standing, replacing: replacing)
+            return previous
+        }
         previous?.close()
         return previous != nil
     }
 
     /// The tagged connection `id` closed: after its session is kept, if it has one (a checkpoint finds
-    /// it open or kept).
+    /// it open, kept, or where it stood while the connection that took it over is open).
     func closed(_ name: String, id: ObjectIdentifier) {
         live.withLock { live in
-            if live[name]?.id == id { live[name] = nil }
+            if live[name]?.id == id {
+                live[name] = nil
+            } else if live[name]?.replacing?.id == id {
+                live[name]?.replacing = nil
+            }
         }
     }
 
@@ -223,21 +242,28 @@ final class SessionShelf: Sendable {
     /// client has acknowledged, so a session restored from it may replay a little twice, never skip.
     func checkpoint() -> [(name: String, standing: SessionStanding.Now)] {
         // Both read in one step (the open ones' lock, then the shelf's: nothing takes them the other
-        // way). A connection that closes is kept on the shelf before it leaves the open ones, and one
-        // that signs in takes its session off the shelf into its standing, so each session is found
-        // in one or the other.
+        // way). A connection that closes is kept on the shelf before it leaves the open ones; one that
+        // signs in takes its session off the shelf into its standing; one taken over stands for its
+        // session, beside the connection that took it over, until the session is kept.
         let (open, shelved) = live.withLock { live in
-            (live.compactMap { name, entry in entry.standing.map { (name, $0) } }, shelf.withLock { $0.sessions.mapValues(\.session) })
+            (
+                live.compactMap { name, entry in entry.standing.map { (name, $0, entry.replacing?.standing) } },
+                shelf.withLock { $0.sessions.mapValues(\.session) }
+            )
         }
         var kept = shelved
         var all: [(name: String, standing: SessionStanding.Now)] = []
-        // A name both open and kept: a connection that took over from one still open, whose session was
-        // shelved after it signed in (it takes it at its first subscribe), or one that closed between
-        // the two reads. Where it stands counts the kept session as taken back, so the checkpoint
-        // holds the session either way. One taken meanwhile is in its connection's standing (taken
-        // into it in the same step as it leaves the shelf).
-        for (name, standing) in open {
-            if let now = standing.now(takingBack: kept.removeValue(forKey: name)), !now.topics.isEmpty { all.append((name, now)) }
+        // A name open and kept: a connection that took over from one still open, whose session was kept
+        // after it signed in (it takes it at its first subscribe), or one that closed and is not out of
+        // the open ones yet. Where it stands counts the kept session as taken back (or, not kept yet,
+        // where the connection it took over stood), so the checkpoint holds the session either way.
+        for (name, standing, replaced) in open {
+            let before =
+                kept.removeValue(forKey: name)
+                ?? replaced?.now.map {
+                    SessionShelf.Session(epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: $0.topics, brokeAt: .now, floors: $0.floors)
+                }
+            if let now = standing.now(takingBack: before), !now.topics.isEmpty { all.append((name, now)) }
         }
         for (name, session) in kept {
             all.append((name, SessionStanding.Now(epoch: session.epoch, resumeAfter: session.resumeAfter, topics: session.topics, floors: session.floors)))
@@ -291,7 +317,7 @@ final class SessionStanding: Sendable {
         }
     }
 
-    /// It took `session` back (its topics join the connection's at its next ``holds(_:takenBack:)``).
+    /// It took `session` back: counted with the connection's from now on.
     func tookBack(_ session: SessionShelf.Session) {
         state.withLock { $0.takenBack = session }
     }

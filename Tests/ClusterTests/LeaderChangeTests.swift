@@ -77,11 +77,11 @@ struct LeaderChangeTests {
         #expect(epochs.heard("t3") == .stale && epochs.heard("t1") != .stale)
     }
 
-    /// No order of announcements and lease reads leaves a node refusing the live leader for longer than
-    /// a wrong read lasts: a late old epoch it never read in the lease, or one announced before it read
-    /// the new term there, is taken until the live leader's next announcement; an older-release
-    /// leader's epoch is no term at all.
-    @Test func noOrderLeavesANodeRefusingTheLiveLeader() {
+    /// These orders of announcements and lease reads leave no node refusing the live leader for longer
+    /// than a wrong lease read lasts: a late old epoch it never read in the lease, or one announced
+    /// before it read the new term there, is taken until the live leader's next announcement; an
+    /// older-release leader's epoch is no term at all.
+    @Test func theLiveLeaderIsRefusedOnlyWhileALeaseReadIsWrong() {
         // Just started: the lease read at t2, then t2, then t1 late (never read in the lease).
         var started = AnnouncedEpochs()
         started.leaseRead("t2")

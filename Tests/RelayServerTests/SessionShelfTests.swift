@@ -169,10 +169,10 @@ struct AcknowledgedPositionTests {
         #expect(older.epoch == "e1" && older.resumeAfter == 20 && older.floors == [msft: 35], "an older epoch stands for both")
     }
 
-    /// A tagged client signed in again while its last connection was still open: that one's session is
-    /// shelved as it closes, and the new connection takes it over at its first subscribe. A crash
-    /// between must not lose the session from the checkpoint, whatever the connection holds meanwhile,
-    /// nor as the session leaves the shelf for the connection.
+    /// A session kept under a name that is open: the new connection takes it over at its first
+    /// subscribe (here the session is kept first, then the connection opens). A crash between must not
+    /// lose the session from the checkpoint, whatever the connection holds meanwhile, nor as the
+    /// session leaves the shelf for the connection.
     @Test func theCheckpointHoldsAKeptSessionUntilItsConnectionHasTakenItOver() throws {
         let aapl = try #require(Topic(parsing: "T.AAPL"))
         let msft = try #require(Topic(parsing: "T.MSFT"))
@@ -197,6 +197,30 @@ struct AcknowledgedPositionTests {
         _ = try #require(shelf.take("key-1#desk", into: standing))
         saved = shelf.checkpoint()
         #expect(saved.count == 1 && saved.first?.standing.topics == [aapl, msft] && saved.first?.standing.resumeAfter == 20, "\(saved)")
+    }
+
+    /// A tagged client signed in again while its last connection was still open: that one is closed,
+    /// and its session kept only once its close has run. Meanwhile where it stood stands for its
+    /// session in the checkpoint, beside the new connection.
+    @Test func aConnectionTakenOverStandsForItsSessionUntilItIsKept() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let shelf = SessionShelf(settings: ResumeSettings())
+        let old = SessionStanding()
+        old.holds([aapl], takenBack: nil)
+        old.acknowledged(40, epoch: "e1", floors: [:])
+        #expect(!shelf.open("key-1#desk", id: ObjectIdentifier(old), standing: old) {})
+        let new = SessionStanding()
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {}, "the old one is taken over")
+        var saved = shelf.checkpoint()
+        #expect(saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl], floors: [:])], "\(saved)")
+        // Its close keeps its session, then says it closed.
+        shelf.keep(SessionShelf.Session(epoch: "e1", resumeAfter: 40, topics: [aapl], brokeAt: .now, floors: [:]), as: "key-1#desk")
+        shelf.closed("key-1#desk", id: ObjectIdentifier(old))
+        saved = shelf.checkpoint()
+        #expect(saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl], floors: [:])], "\(saved)")
+        // Taken over into the new connection's standing: one session still.
+        _ = try #require(shelf.take("key-1#desk", into: new))
+        #expect(shelf.checkpoint().count == 1)
     }
 
     @Test func aSavedSessionKeepsItsFloorsAndAFileWithoutThemStillReads() throws {
