@@ -6,7 +6,8 @@ import MarketCore
 /// On the wire each message is text, `<kind>:<fields>`, readable with `nats sub`; a message is read
 /// whole or refused (and counted by the caller), never half-used:
 /// - `epoch:<token>` — the positions of the events that follow are of this epoch (1 to 32 letters
-///   and digits). The leader announces it before a term's first event and again every second.
+///   and digits). The leader announces it before a term's first event, then before its next events
+///   at least a second after the last.
 /// - `down:<reason>` — the leader's upstream is gone (lost, handed on, the leader stopping): events
 ///   stop until a leader has one. The reason reaches clients, so it is read printable and bounded.
 /// - `loss:<count>` — the leader fell behind its upstream and dropped this many events.

@@ -905,8 +905,8 @@ public final class ClusterNode: Service, Sendable {
     private func publish(from upstream: UpstreamClient, to connection: NATSConnection) async {
         var subjectsByTopic: [Topic: String] = [:]
         // A new epoch per leadership term (``TermSequencer``): positions go on only within it. Announced
-        // before the first event (NATS keeps one publisher's order) and again every second, for nodes
-        // that join later.
+        // before the first event (NATS keeps one publisher's order), then before the next events at
+        // least a second after the last, for nodes that join later.
         var announced = ContinuousClock.now - .seconds(10)
         await upstream.inbox.drain { items in
             if let epoch = sequencer.epoch, ContinuousClock.now - announced >= .seconds(1) {

@@ -93,7 +93,8 @@ extension MarketDataHub {
         let term = history
         var former = await fromFormerEpoch(topics, to: id, resuming: resume)
         // A term that ended while the tape was read: the one read is not the former term any more, and
-        // its events then this term's would skip a whole term between (told `gap` instead).
+        // its events then this term's would skip a whole term between; the tape's answer of this term
+        // is of the term that ended (both told `gap`, or the new term's memory answers).
         if history !== term { (archived, former) = (nil, nil) }
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)

@@ -358,6 +358,12 @@ actor MarketConnection {
     /// where it stands now: an add still on its way at the close has counted since (a first add's
     /// start, a later one's floor, a session it took over meanwhile).
     private func shelve(_ closing: SessionShelf.Session, as name: String) async {
+        // Closed before its first subscribe took over the session of the connection it replaced: that
+        // one's joins this one's (kept alone, this one's would replace it on the shelf).
+        if takingOver {
+            takingOver = false
+            resuming = await dependencies.shelf.takeOver(name, into: standing)
+        }
         var shelved = closing
         if let position = handler.value.acknowledgedPosition,
             let kept = keptStanding(position, topics: closing.topics.union(resuming?.topics ?? []))

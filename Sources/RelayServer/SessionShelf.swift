@@ -120,13 +120,13 @@ final class SessionShelf: Sendable {
     private let settings: ResumeSettings
     private let shelf = Mutex(Shelf())
     /// A tagged connection open now: its identity, how to close it if it is taken over, where it
-    /// stands, and the connection it took over until that one's session is kept (where that one stood
-    /// stands for its session meanwhile).
+    /// stands, and the connections it took over (oldest first) until their sessions are kept (where
+    /// they stood stands for their sessions meanwhile).
     private struct Open {
         var id: ObjectIdentifier
         var close: @Sendable () -> Void
         var standing: SessionStanding?
-        var replacing: (id: ObjectIdentifier, standing: SessionStanding)?
+        var replacing: [(id: ObjectIdentifier, standing: SessionStanding)] = []
     }
 
     /// Tagged connections open now, by name.
@@ -186,7 +186,8 @@ final class SessionShelf: Sendable {
     func open(_ name: String, id: ObjectIdentifier, standing: SessionStanding? = nil, close: @escaping @Sendable () -> Void) -> Bool {
         let previous = live.withLock { live -> Open? in
             let previous = live[name]
-            let replacing = previous.flatMap { previous in previous.standing.map { (previous.id, $0) } }
+            var replacing = previous?.replacing ?? []
+            if let previous, let standing = previous.standing { replacing.append((previous.id, standing)) }
             live[name] = Open(id: id, close: close, standing: standing, replacing: replacing)
             return previous
         }
@@ -198,10 +199,15 @@ final class SessionShelf: Sendable {
     /// it open, kept, or where it stood while the connection that took it over is open).
     func closed(_ name: String, id: ObjectIdentifier) {
         live.withLock { live in
-            if live[name]?.id == id {
+            guard let entry = live[name] else { return }
+            if entry.id != id {
+                live[name]?.replacing.removeAll { $0.id == id }
+            } else if let older = entry.replacing.last {
+                // Gone before the sessions of those it took over are kept: the newest of them stands
+                // in its place until it is (one that signs in meanwhile waits for its session).
+                live[name] = Open(id: older.id, close: {}, standing: older.standing, replacing: Array(entry.replacing.dropLast()))
+            } else {
                 live[name] = nil
-            } else if live[name]?.replacing?.id == id {
-                live[name]?.replacing = nil
             }
         }
     }
@@ -247,7 +253,7 @@ final class SessionShelf: Sendable {
         // session, beside the connection that took it over, until the session is kept.
         let (open, shelved) = live.withLock { live in
             (
-                live.compactMap { name, entry in entry.standing.map { (name, $0, entry.replacing?.standing) } },
+                live.compactMap { name, entry in entry.standing.map { (name, $0, entry.replacing.map(\.standing)) } },
                 shelf.withLock { $0.sessions.mapValues(\.session) }
             )
         }
@@ -256,13 +262,9 @@ final class SessionShelf: Sendable {
         // A name open and kept: a connection that took over from one still open, whose session was kept
         // after it signed in (it takes it at its first subscribe), or one that closed and is not out of
         // the open ones yet. Where it stands counts the kept session as taken back (or, not kept yet,
-        // where the connection it took over stood), so the checkpoint holds the session either way.
+        // where the connections it took over stood), so the checkpoint holds the session either way.
         for (name, standing, replaced) in open {
-            let before =
-                kept.removeValue(forKey: name)
-                ?? replaced?.now.map {
-                    SessionShelf.Session(epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: $0.topics, brokeAt: .now, floors: $0.floors)
-                }
+            let before = kept.removeValue(forKey: name) ?? SessionStanding.merged(replaced.compactMap(\.now))
             if let now = standing.now(takingBack: before), !now.topics.isEmpty { all.append((name, now)) }
         }
         for (name, session) in kept {
@@ -343,6 +345,19 @@ final class SessionStanding: Sendable {
                 return takenBack.map { Now(epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: topics, floors: $0.floors) }
             }
             return Self.kept(epoch: epoch, acknowledged: state.acknowledged, floors: state.floors, topics: topics, takenBack: takenBack)
+        }
+    }
+
+    /// Where several connections stood (oldest first), as one session: each newer one with the older
+    /// ones' as the session it took back (``kept(epoch:acknowledged:floors:topics:takenBack:)``);
+    /// `nil`: none.
+    static func merged(_ standings: [Now]) -> SessionShelf.Session? {
+        standings.reduce(nil as SessionShelf.Session?) { older, next in
+            let now =
+                older.map {
+                    kept(epoch: next.epoch, acknowledged: next.resumeAfter, floors: next.floors, topics: next.topics.union($0.topics), takenBack: $0)
+                } ?? next
+            return SessionShelf.Session(epoch: now.epoch, resumeAfter: now.resumeAfter, topics: now.topics, brokeAt: .now, floors: now.floors)
         }
     }
 

@@ -175,6 +175,31 @@ struct TaggedSessionTests {
         }
     }
 
+    /// A client that signs in again while its last connection is still open, then goes before it
+    /// subscribes anything (a reconnect that fails at once): its session is the one it took over, not
+    /// an empty one that would replace it on the shelf. The next reconnect resumes the topics whole.
+    @Test func aReconnectThatGoesBeforeItSubscribesKeepsTheSessionItTookOver() async throws {
+        try await withQuietMarket { port, hub, standing in
+            let url = "ws://127.0.0.1:\(port)/stocks"
+            let publishBoth = Self.pairs(into: hub)
+            let first = try await Self.served(url, tag: "flap", subscribing: ["T.AAPL,T.MSFT"], publishing: publishBoth)
+            // Signed in again: the first connection is closed (taken over), and this one goes at once.
+            let second = try await WSTestClient.authenticated(url: url, key: "client-key#flap")
+            await second.close()
+            await first.close()
+            try await eventually("the session kept with its topics") { standing("flap")?.topics.count == 2 }
+            for _ in 0..<3 { await publishBoth() }
+
+            let third = try await WSTestClient.authenticated(url: url, key: "client-key#flap")
+            third.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
+            let resumed = try await third.waitForStatus(StatusMessage.Kind.resumed)
+            #expect((resumed.fields["gaps"] as? [String] ?? []).isEmpty, "\(resumed.fields)")
+            #expect(resumed.eventsBefore.filter { $0.ticker == "MSFT" }.count >= 3, "MSFT's missed trades replayed: \(resumed.fields)")
+            #expect(resumed.eventsBefore.filter { $0.ticker == "AAPL" }.count >= 3, "AAPL's missed trades replayed: \(resumed.fields)")
+            await third.close()
+        }
+    }
+
     /// A session that broke in a cluster's former leadership term is taken back across the terms: its
     /// replay is the former term's tail (from that term's tape), then this term's events. Until the
     /// client has it whole, the session stands where it broke, in the former term: a break during the

@@ -221,6 +221,43 @@ struct AcknowledgedPositionTests {
         // Taken over into the new connection's standing: one session still.
         _ = try #require(shelf.take("key-1#desk", into: new))
         #expect(shelf.checkpoint().count == 1)
+        new.holds([], takenBack: nil)
+        #expect(shelf.checkpoint().isEmpty, "the old connection stands for nothing once its session was kept")
+    }
+
+    /// Sign-ins in a row while the first connection's session is on its way to the shelf: the
+    /// connections taken over stand for it together, and one that closes first leaves the one it took
+    /// over in its place (a later sign-in waits for that one's session).
+    @Test func connectionsTakenOverInARowStandForTheirSessionsUntilTheyAreKept() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let shelf = SessionShelf(settings: ResumeSettings())
+        let first = SessionStanding()
+        first.holds([aapl], takenBack: nil)
+        first.acknowledged(40, epoch: "e1", floors: [:])
+        let second = SessionStanding()
+        second.holds([msft], takenBack: nil)
+        second.acknowledged(60, epoch: "e1", floors: [msft: 50])
+        let third = SessionStanding()
+        _ = shelf.open("key-1#desk", id: ObjectIdentifier(first), standing: first) {}
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(second), standing: second) {})
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(third), standing: third) {})
+        var saved = shelf.checkpoint()
+        #expect(
+            saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], floors: [:])],
+            "both, from the first one's 40 (MSFT from there too: more replayed, none skipped): \(saved)")
+        // The third closes before either session is kept: the second stands in its place.
+        shelf.closed("key-1#desk", id: ObjectIdentifier(third))
+        saved = shelf.checkpoint()
+        #expect(saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], floors: [msft: 50])], "\(saved)")
+        let fourth = SessionStanding()
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(fourth), standing: fourth) {}, "a sign-in now waits for a session")
+        // Both kept in turn (the second took over the first's as it closed): one session.
+        shelf.closed("key-1#desk", id: ObjectIdentifier(first))
+        shelf.keep(SessionShelf.Session(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], brokeAt: .now, floors: [msft: 50]), as: "key-1#desk")
+        shelf.closed("key-1#desk", id: ObjectIdentifier(second))
+        saved = shelf.checkpoint()
+        #expect(saved.count == 1 && saved.first?.standing.resumeAfter == 40 && saved.first?.standing.topics == [aapl, msft], "\(saved)")
     }
 
     @Test func aSavedSessionKeepsItsFloorsAndAFileWithoutThemStillReads() throws {
