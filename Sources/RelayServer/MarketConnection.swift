@@ -362,7 +362,8 @@ actor MarketConnection {
         // one's joins this one's (kept alone, this one's would replace it on the shelf).
         if takingOver {
             takingOver = false
-            resuming = await dependencies.shelf.takeOver(name, into: standing)
+            resuming = await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing)
+            if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
         }
         var shelved = closing
         if let position = handler.value.acknowledgedPosition,
@@ -390,7 +391,9 @@ actor MarketConnection {
         releaseBudget(Array(resuming?.topics.intersection(closing.topics) ?? []))
         resuming = nil
         subscription = nil
-        dependencies.shelf.keep(shelved, as: name)
+        // Nothing to keep (no topics and no subscriber: gone before its first subscribe, with no
+        // session to take over): kept, it would replace one kept under its name since.
+        if !shelved.topics.isEmpty || shelved.parked != nil { dependencies.shelf.keep(shelved, as: name) }
         dependencies.shelf.closed(name, id: ObjectIdentifier(self))
         dependencies.shelf.shelved()
     }
@@ -470,8 +473,9 @@ actor MarketConnection {
                 let id = joined.id
                 if takingOver, let sessionName {
                     takingOver = false
-                    resuming = await dependencies.shelf.takeOver(sessionName, into: standing)
+                    resuming = await dependencies.shelf.takeOver(sessionName, for: ObjectIdentifier(self), into: standing)
                     if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
+                    if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
                     // Off the shelf now: the checkpoint finds it here meanwhile (the add may read a tape).
                     standing?.holds(session.topics, takenBack: resuming)
                 }

@@ -212,13 +212,20 @@ final class SessionShelf: Sendable {
         }
     }
 
-    /// The session of a connection taken over, once it closed and was kept: waits up to a second.
-    func takeOver(_ name: String, into standing: SessionStanding?) async -> Session? {
-        for _ in 0..<200 {
+    /// The session of a connection taken over, once it closed and was kept, for the connection `id`:
+    /// waits while another connection taken over under `name` is still closing (its close waits for its
+    /// client, a few seconds at most), up to `timeout`.
+    func takeOver(
+        _ name: String, for id: ObjectIdentifier, into standing: SessionStanding?, timeout: Duration = .seconds(5)
+    ) async -> Session? {
+        let deadline = ContinuousClock.now + timeout
+        while true {
             if let session = take(name, into: standing) { return session }
+            let closing = live.withLock { $0[name]?.replacing.contains { $0.id != id } ?? false }
+            // None closing any more: it was kept before it said it closed, so a last look finds it.
+            guard closing, ContinuousClock.now < deadline else { return take(name, into: standing) }
             try? await Task.sleep(for: .milliseconds(5))
         }
-        return nil
     }
 
     /// Sessions kept now.

@@ -260,6 +260,55 @@ struct AcknowledgedPositionTests {
         #expect(saved.count == 1 && saved.first?.standing.resumeAfter == 40 && saved.first?.standing.topics == [aapl, msft], "\(saved)")
     }
 
+    /// A connection that took over from one still open waits for that one's session while it is closing
+    /// (its close may wait seconds for a client that is gone), and no longer once it closed.
+    @Test func aTakeOverWaitsWhileTheConnectionTakenOverIsClosing() async throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let shelf = SessionShelf(settings: ResumeSettings())
+        let old = SessionStanding()
+        let new = SessionStanding()
+        _ = shelf.open("key-1#desk", id: ObjectIdentifier(old), standing: old) {}
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {})
+        /// The take-over's answer, or `nil` if none came within 10 s.
+        func takenOver(while closing: @escaping @Sendable () async -> Void) async -> SessionShelf.Session?? {
+            await withTaskGroup(of: SessionShelf.Session??.self) { group in
+                group.addTask { .some(await shelf.takeOver("key-1#desk", for: ObjectIdentifier(new), into: new, timeout: .seconds(60))) }
+                group.addTask {
+                    await closing()
+                    try? await Task.sleep(for: .seconds(10))
+                    return nil
+                }
+                let first = await group.next() ?? nil
+                group.cancelAll()
+                return first
+            }
+        }
+        // Kept two seconds on (longer than the take-over used to wait), then closed.
+        let kept = await takenOver {
+            try? await Task.sleep(for: .seconds(2))
+            shelf.keep(SessionShelf.Session(epoch: "e1", resumeAfter: 40, topics: [aapl], brokeAt: .now, floors: [:]), as: "key-1#desk")
+            shelf.closed("key-1#desk", id: ObjectIdentifier(old))
+        }
+        #expect(kept??.resumeAfter == 40, "the session kept while the take-over waited")
+        // Another taken over that closes with nothing to keep: the wait ends then, with none.
+        let other = SessionStanding()
+        let newer = SessionStanding()
+        _ = shelf.open("key-2#desk", id: ObjectIdentifier(other), standing: other) {}
+        _ = shelf.open("key-2#desk", id: ObjectIdentifier(newer), standing: newer) {}
+        let none = await withTaskGroup(of: Bool.self) { group in
+            group.addTask { await shelf.takeOver("key-2#desk", for: ObjectIdentifier(newer), into: newer, timeout: .seconds(60)) == nil }
+            group.addTask {
+                shelf.closed("key-2#desk", id: ObjectIdentifier(other))
+                try? await Task.sleep(for: .seconds(10))
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        #expect(none, "no session, and no waiting past the close (within 10 s)")
+    }
+
     @Test func aSavedSessionKeepsItsFloorsAndAFileWithoutThemStillReads() throws {
         let saved = SavedSession(name: "key-1#desk", epoch: "e1", resumeAfter: 20, topics: ["T.AAPL", "T.MSFT"], floors: ["T.MSFT": 35])
         let again = try JSONDecoder().decode(SavedSession.self, from: JSONEncoder().encode(saved))
