@@ -391,9 +391,13 @@ actor MarketConnection {
         releaseBudget(Array(resuming?.topics.intersection(closing.topics) ?? []))
         resuming = nil
         subscription = nil
-        // Nothing to keep (no topics and no subscriber: gone before its first subscribe, with no
-        // session to take over): kept, it would replace one kept under its name since.
-        if !shelved.topics.isEmpty || shelved.parked != nil { dependencies.shelf.keep(shelved, as: name) }
+        // Nothing to keep (no topics: gone before its first subscribe, with no session to take over):
+        // kept, it would replace one kept under its name since. Its parked subscriber holds nothing.
+        if !shelved.topics.isEmpty {
+            dependencies.shelf.keep(shelved, as: name)
+        } else if let parked = shelved.parked {
+            await dependencies.hub.remove(parked)
+        }
         dependencies.shelf.closed(name, id: ObjectIdentifier(self))
         dependencies.shelf.shelved()
     }

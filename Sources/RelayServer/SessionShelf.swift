@@ -213,15 +213,20 @@ final class SessionShelf: Sendable {
     }
 
     /// The session of a connection taken over, once it closed and was kept, for the connection `id`:
-    /// waits while another connection taken over under `name` is still closing (its close waits for its
-    /// client, a few seconds at most), up to `timeout`.
+    /// waits while a connection older than it under `name` is still closing (its close waits for its
+    /// client, a few seconds at most), up to `timeout`. Not for newer ones: they take this one's
+    /// session, never the other way round.
     func takeOver(
         _ name: String, for id: ObjectIdentifier, into standing: SessionStanding?, timeout: Duration = .seconds(5)
     ) async -> Session? {
         let deadline = ContinuousClock.now + timeout
         while true {
             if let session = take(name, into: standing) { return session }
-            let closing = live.withLock { $0[name]?.replacing.contains { $0.id != id } ?? false }
+            let closing = live.withLock { live in
+                // The ones taken over, oldest first: any at all for the open one, any before it else.
+                guard let entry = live[name], let oldest = entry.replacing.first else { return false }
+                return entry.id == id || oldest.id != id
+            }
             // None closing any more: it was kept before it said it closed, so a last look finds it.
             guard closing, ContinuousClock.now < deadline else { return take(name, into: standing) }
             try? await Task.sleep(for: .milliseconds(5))

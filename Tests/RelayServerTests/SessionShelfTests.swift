@@ -260,19 +260,23 @@ struct AcknowledgedPositionTests {
         #expect(saved.count == 1 && saved.first?.standing.resumeAfter == 40 && saved.first?.standing.topics == [aapl, msft], "\(saved)")
     }
 
+    /// An answer of no session (not no answer).
+    static func answeredNone(_ answer: SessionShelf.Session??) -> Bool {
+        if case .some(.none) = answer { true } else { false }
+    }
+
     /// A connection that took over from one still open waits for that one's session while it is closing
     /// (its close may wait seconds for a client that is gone), and no longer once it closed.
     @Test func aTakeOverWaitsWhileTheConnectionTakenOverIsClosing() async throws {
         let aapl = try #require(Topic(parsing: "T.AAPL"))
         let shelf = SessionShelf(settings: ResumeSettings())
-        let old = SessionStanding()
-        let new = SessionStanding()
-        _ = shelf.open("key-1#desk", id: ObjectIdentifier(old), standing: old) {}
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {})
-        /// The take-over's answer, or `nil` if none came within 10 s.
-        func takenOver(while closing: @escaping @Sendable () async -> Void) async -> SessionShelf.Session?? {
+        /// The take-over's answer for `standing` under `name`, once `closing` ran beside it; `nil` if
+        /// none came within 10 s (it may wait a minute).
+        func takenOver(
+            _ name: String, for standing: SessionStanding, while closing: @escaping @Sendable () async -> Void = {}
+        ) async -> SessionShelf.Session?? {
             await withTaskGroup(of: SessionShelf.Session??.self) { group in
-                group.addTask { .some(await shelf.takeOver("key-1#desk", for: ObjectIdentifier(new), into: new, timeout: .seconds(60))) }
+                group.addTask { .some(await shelf.takeOver(name, for: ObjectIdentifier(standing), into: standing, timeout: .seconds(60))) }
                 group.addTask {
                     await closing()
                     try? await Task.sleep(for: .seconds(10))
@@ -283,8 +287,12 @@ struct AcknowledgedPositionTests {
                 return first
             }
         }
+        let old = SessionStanding()
+        let new = SessionStanding()
+        _ = shelf.open("key-1#desk", id: ObjectIdentifier(old), standing: old) {}
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {})
         // Kept two seconds on (longer than the take-over used to wait), then closed.
-        let kept = await takenOver {
+        let kept = await takenOver("key-1#desk", for: new) {
             try? await Task.sleep(for: .seconds(2))
             shelf.keep(SessionShelf.Session(epoch: "e1", resumeAfter: 40, topics: [aapl], brokeAt: .now, floors: [:]), as: "key-1#desk")
             shelf.closed("key-1#desk", id: ObjectIdentifier(old))
@@ -295,18 +303,15 @@ struct AcknowledgedPositionTests {
         let newer = SessionStanding()
         _ = shelf.open("key-2#desk", id: ObjectIdentifier(other), standing: other) {}
         _ = shelf.open("key-2#desk", id: ObjectIdentifier(newer), standing: newer) {}
-        let none = await withTaskGroup(of: Bool.self) { group in
-            group.addTask { await shelf.takeOver("key-2#desk", for: ObjectIdentifier(newer), into: newer, timeout: .seconds(60)) == nil }
-            group.addTask {
-                shelf.closed("key-2#desk", id: ObjectIdentifier(other))
-                try? await Task.sleep(for: .seconds(10))
-                return false
-            }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first
-        }
-        #expect(none, "no session, and no waiting past the close (within 10 s)")
+        let none = await takenOver("key-2#desk", for: newer) { shelf.closed("key-2#desk", id: ObjectIdentifier(other)) }
+        #expect(Self.answeredNone(none), "no session, and no waiting past the close (within 10 s)")
+        // Three sign-ins in a row, the first two closing: the first does not wait for the second, which
+        // is newer (it takes the first's session, never the other way round).
+        let first = SessionStanding()
+        let second = SessionStanding()
+        let third = SessionStanding()
+        for standing in [first, second, third] { _ = shelf.open("key-3#desk", id: ObjectIdentifier(standing), standing: standing) {} }
+        #expect(Self.answeredNone(await takenOver("key-3#desk", for: first)), "no wait for a newer connection (within 10 s)")
     }
 
     @Test func aSavedSessionKeepsItsFloorsAndAFileWithoutThemStillReads() throws {
