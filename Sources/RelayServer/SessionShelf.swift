@@ -221,14 +221,15 @@ final class SessionShelf: Sendable {
     ) async -> Session? {
         let deadline = ContinuousClock.now + timeout
         while true {
-            if let session = take(name, into: standing) { return session }
             let closing = live.withLock { live in
                 // The ones taken over, oldest first: any at all for the open one, any before it else.
                 guard let entry = live[name], let oldest = entry.replacing.first else { return false }
                 return entry.id == id || oldest.id != id
             }
-            // None closing any more: it was kept before it said it closed, so a last look finds it.
-            guard closing, ContinuousClock.now < deadline else { return take(name, into: standing) }
+            // Taken only once none older is closing (each one's session is kept before it says it
+            // closed): one in between takes the older one's into its own first, so the newest gets
+            // them all, in order.
+            guard closing, ContinuousClock.now < deadline, !Task.isCancelled else { return take(name, into: standing) }
             try? await Task.sleep(for: .milliseconds(5))
         }
     }
