@@ -7,7 +7,7 @@ import Foundation
 /// header a byte at a time, pipeline frames): what a WebSocket library would not let a test do.
 /// Every call is bounded by the socket's send and receive timeouts.
 final class RawSocket {
-    let fd: Int32
+    private(set) var fd: Int32
 
     struct Failure: Error, CustomStringConvertible {
         var description: String
@@ -34,7 +34,17 @@ final class RawSocket {
         }
     }
 
-    deinit { close(fd) }
+    deinit { if fd >= 0 { close(fd) } }
+
+    /// Breaks the connection with a reset: nothing more it was sent is acknowledged (a shutdown of the
+    /// receiving side may still acknowledge, and drop, what arrives after it).
+    func reset() {
+        guard fd >= 0 else { return }
+        var immediately = linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &immediately, socklen_t(MemoryLayout<linger>.size))
+        close(fd)
+        fd = -1
+    }
 
     func setTimeout(_ timeout: Duration) {
         var value = timeval(tv_sec: Int(timeout.components.seconds), tv_usec: Int(timeout.components.attoseconds / 1_000_000_000_000))
