@@ -106,6 +106,24 @@ final class RawSocket {
         return false
     }
 
+    /// Reads the byte stream, a small chunk at a time, until `needle` is in it (true), EOF or the
+    /// timeout: unlike `readUntil`, it can stop in the middle of a frame, so what the kernel has
+    /// acknowledged ends within a few kilobytes (the receive buffer) of the needle.
+    func readPartway(to needle: String, timeout: Duration = .seconds(10)) -> Bool {
+        let target = Array(needle.utf8)
+        var received: [UInt8] = []
+        let deadline = ContinuousClock.now + timeout
+        setTimeout(.milliseconds(200))
+        while ContinuousClock.now < deadline {
+            if let bytes = receive(max: 512) {
+                if bytes.isEmpty { return false }
+                received += bytes
+                if received.firstRange(of: target) != nil { return true }
+            }
+        }
+        return false
+    }
+
     /// The HTTP request that asks for a WebSocket at `path`.
     static func upgradeRequest(path: String = "/stocks") -> [UInt8] {
         Array(
