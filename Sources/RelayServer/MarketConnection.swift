@@ -236,9 +236,7 @@ actor MarketConnection {
                 let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing) {
                     loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
                 }
-                resuming = dependencies.shelf.take(name, into: standing)
-                if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
-                if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
+                takeBack(dependencies.shelf.take(name, into: standing))
                 takingOver = resuming == nil && previous
                 standing.holds([], takenBack: resuming)
                 let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
@@ -330,12 +328,7 @@ actor MarketConnection {
         {
             dependencies.logger.debug(
                 "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept.epoch)", "resumeAfter": "\(kept.resumeAfter)"])
-            shelved = (
-                sessionName,
-                SessionShelf.Session(
-                    epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: .now,
-                    carriedOver: session.carriedOver ?? resuming?.carriedOver, floors: kept.floors)
-            )
+            shelved = (sessionName, SessionShelf.Session(kept, brokeAt: .now, carriedOver: session.carriedOver ?? resuming?.carriedOver))
             // The shelved session holds its topics in the key's budget until it is taken back or let go,
             // as the connection did (each is held by this key already, so none is refused): parked
             // sessions count against the topic limits like open connections.
@@ -360,18 +353,12 @@ actor MarketConnection {
     private func shelve(_ closing: SessionShelf.Session, as name: String) async {
         // Closed before its first subscribe took over the session of the connection it replaced: that
         // one's joins this one's (kept alone, this one's would replace it on the shelf).
-        if takingOver {
-            takingOver = false
-            resuming = await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing)
-            if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
-        }
+        if takingOver { await takeOver(name, lettingGoAtWindowsEnd: false) }
         var shelved = closing
         if let position = handler.value.acknowledgedPosition,
             let kept = keptStanding(position, topics: closing.topics.union(resuming?.topics ?? []))
         {
-            shelved = SessionShelf.Session(
-                epoch: kept.epoch, resumeAfter: kept.resumeAfter, topics: kept.topics, brokeAt: closing.brokeAt,
-                carriedOver: closing.carriedOver, floors: kept.floors)
+            shelved = SessionShelf.Session(kept, brokeAt: closing.brokeAt, carriedOver: closing.carriedOver)
         }
         // Parked first, so its topics never stop being wanted; then shelved; then no longer open. The
         // topics of a session it took back and had not subscribed again are held by that one's parked
@@ -408,7 +395,7 @@ actor MarketConnection {
     /// first topics were added, it stands where a session it took back stood (not at 0).
     private func keptStanding(_ position: AcknowledgedPosition, topics: Set<Topic>) -> SessionStanding.Now? {
         if !position.isStarted, let resuming {
-            return SessionStanding.Now(epoch: resuming.epoch, resumeAfter: resuming.resumeAfter, topics: topics, floors: resuming.floors)
+            return SessionStanding.Now(resuming, topics: topics)
         }
         guard let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch else { return nil }
         return SessionStanding.kept(epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: topics, takenBack: resuming)
@@ -444,6 +431,22 @@ actor MarketConnection {
     /// it was taken: a client that signed in near the end of the session's own window still has a
     /// whole window to subscribe them, and none keeps them longer. Once per take-back (at sign-in, or
     /// a take-over: a connection does one or the other).
+    /// Resumes from `taken`, the session it took back (if any): its protocol state is adopted, and
+    /// its parked subscriber let go a window on unless `lettingGoAtWindowsEnd` is false (a closing
+    /// connection's shelved session takes it over instead).
+    private func takeBack(_ taken: SessionShelf.Session?, lettingGoAtWindowsEnd: Bool = true) {
+        resuming = taken
+        guard let taken else { return }
+        if lettingGoAtWindowsEnd { letGoAtWindowsEnd(brokeAt: taken.brokeAt) }
+        if let carried = taken.carriedOver { session.adopt(carriedOver: carried) }
+    }
+
+    /// Takes over the session of the connection it replaced under `name`, once that one has closed.
+    private func takeOver(_ name: String, lettingGoAtWindowsEnd: Bool = true) async {
+        takingOver = false
+        takeBack(await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing), lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
+    }
+
     private func letGoAtWindowsEnd(brokeAt: ContinuousClock.Instant) {
         loop.scheduleTask(in: TimeAmount(dependencies.configuration.resume.window)) { [weak self] in
             self?.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } }
@@ -476,10 +479,7 @@ actor MarketConnection {
                 guard let joined = subscription else { continue }
                 let id = joined.id
                 if takingOver, let sessionName {
-                    takingOver = false
-                    resuming = await dependencies.shelf.takeOver(sessionName, for: ObjectIdentifier(self), into: standing)
-                    if let resuming { letGoAtWindowsEnd(brokeAt: resuming.brokeAt) }
-                    if let carried = resuming?.carriedOver { session.adopt(carriedOver: carried) }
+                    await takeOver(sessionName)
                     // Off the shelf now: the checkpoint finds it here meanwhile (the add may read a tape).
                     standing?.holds(session.topics, takenBack: resuming)
                 }

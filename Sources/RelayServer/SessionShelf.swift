@@ -264,25 +264,22 @@ final class SessionShelf: Sendable {
         // way). A connection that closes is kept on the shelf before it leaves the open ones; one that
         // signs in takes its session off the shelf into its standing; one taken over stands for its
         // session, beside the connection that took it over, until the session is kept.
-        let (open, shelved) = live.withLock { live in
+        var (open, kept) = live.withLock { live in
             (
                 live.compactMap { name, entry in entry.standing.map { (name, $0, entry.replacing.map(\.standing)) } },
                 shelf.withLock { $0.sessions.mapValues(\.session) }
             )
         }
-        var kept = shelved
         var all: [(name: String, standing: SessionStanding.Now)] = []
         // A name open and kept: a connection that took over from one still open, whose session was kept
         // after it signed in (it takes it at its first subscribe), or one that closed and is not out of
         // the open ones yet. Where it stands counts the kept session as taken back (or, not kept yet,
         // where the connections it took over stood), so the checkpoint holds the session either way.
         for (name, standing, replaced) in open {
-            let before = kept.removeValue(forKey: name) ?? SessionStanding.merged(replaced.compactMap(\.now))
+            let before = kept.removeValue(forKey: name) ?? SessionStanding.merged(replaced)
             if let now = standing.now(takingBack: before), !now.topics.isEmpty { all.append((name, now)) }
         }
-        for (name, session) in kept {
-            all.append((name, SessionStanding.Now(epoch: session.epoch, resumeAfter: session.resumeAfter, topics: session.topics, floors: session.floors)))
-        }
+        for (name, session) in kept { all.append((name, SessionStanding.Now(session))) }
         return all
     }
 
@@ -348,30 +345,32 @@ final class SessionStanding: Sendable {
     /// taken back a session.
     var now: Now? { now(takingBack: nil) }
 
-    /// Where it stands, counting `kept` (its name's session on the shelf) as taken back unless the
-    /// connection has taken one back already.
+    /// Where it stands, counting `kept` (its name's session on the shelf, or where connections it took
+    /// over stood) as taken back, before a session the connection took back itself if it has one.
+    /// Counting a session twice changes nothing, so one taken back between the reads is safe.
     func now(takingBack kept: SessionShelf.Session?) -> Now? {
         state.withLock { state in
-            let takenBack = state.takenBack ?? kept
+            let takenBack = state.takenBack.map { own in kept.map { Self.merged(own, over: $0) } ?? own } ?? kept
             let topics = state.topics.union(takenBack?.topics ?? [])
-            guard let epoch = state.epoch, !epoch.isEmpty else {
-                return takenBack.map { Now(epoch: $0.epoch, resumeAfter: $0.resumeAfter, topics: topics, floors: $0.floors) }
-            }
+            guard let epoch = state.epoch, !epoch.isEmpty else { return takenBack.map { Now($0, topics: topics) } }
             return Self.kept(epoch: epoch, acknowledged: state.acknowledged, floors: state.floors, topics: topics, takenBack: takenBack)
         }
     }
 
     /// Where several connections stood (oldest first), as one session: each newer one with the older
-    /// ones' as the session it took back (``kept(epoch:acknowledged:floors:topics:takenBack:)``);
-    /// `nil`: none.
-    static func merged(_ standings: [Now]) -> SessionShelf.Session? {
+    /// ones' as the session it took back, with its own floors (not those left where it alone stood:
+    /// an older one's start may be before them); `nil`: none.
+    static func merged(_ standings: [SessionStanding]) -> SessionShelf.Session? {
         standings.reduce(nil as SessionShelf.Session?) { older, next in
-            let now =
-                older.map {
-                    kept(epoch: next.epoch, acknowledged: next.resumeAfter, floors: next.floors, topics: next.topics.union($0.topics), takenBack: $0)
-                } ?? next
-            return SessionShelf.Session(epoch: now.epoch, resumeAfter: now.resumeAfter, topics: now.topics, brokeAt: .now, floors: now.floors)
+            next.now(takingBack: older).map { SessionShelf.Session($0, brokeAt: .now) } ?? older
         }
+    }
+
+    /// `newer` with `older` as the session it took back, as one session.
+    private static func merged(_ newer: SessionShelf.Session, over older: SessionShelf.Session) -> SessionShelf.Session {
+        let now = kept(
+            epoch: newer.epoch, acknowledged: newer.resumeAfter, floors: newer.floors, topics: newer.topics.union(older.topics), takenBack: older)
+        return SessionShelf.Session(now, brokeAt: newer.brokeAt, carriedOver: newer.carriedOver ?? older.carriedOver)
     }
 
     /// Where a tagged session stands when its connection stands at `acknowledged` in `epoch` (with the
@@ -391,5 +390,19 @@ final class SessionStanding: Sendable {
         }
         let resumeAfter = min(acknowledged, takenBack.resumeAfter)
         return Now(epoch: epoch, resumeAfter: resumeAfter, topics: topics, floors: past(takenBack.floors.merging(floors) { _, own in own }, resumeAfter))
+    }
+}
+
+extension SessionShelf.Session {
+    /// A session kept where `now` stands.
+    init(_ now: SessionStanding.Now, brokeAt: ContinuousClock.Instant, carriedOver: (any Sendable)? = nil) {
+        self.init(epoch: now.epoch, resumeAfter: now.resumeAfter, topics: now.topics, brokeAt: brokeAt, carriedOver: carriedOver, floors: now.floors)
+    }
+}
+
+extension SessionStanding.Now {
+    /// Where `session` stands, holding `topics` (its own unless given).
+    init(_ session: SessionShelf.Session, topics: Set<Topic>? = nil) {
+        self.init(epoch: session.epoch, resumeAfter: session.resumeAfter, topics: topics ?? session.topics, floors: session.floors)
     }
 }

@@ -244,8 +244,8 @@ struct AcknowledgedPositionTests {
         #expect(shelf.open("key-1#desk", id: ObjectIdentifier(third), standing: third) {})
         var saved = shelf.checkpoint()
         #expect(
-            saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], floors: [:])],
-            "both, from the first one's 40 (MSFT from there too: more replayed, none skipped): \(saved)")
+            saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], floors: [msft: 50])],
+            "both, from the first one's 40, MSFT from where the second added it: \(saved)")
         // The third closes before either session is kept: the second stands in its place.
         shelf.closed("key-1#desk", id: ObjectIdentifier(third))
         saved = shelf.checkpoint()
@@ -258,6 +258,23 @@ struct AcknowledgedPositionTests {
         shelf.closed("key-1#desk", id: ObjectIdentifier(second))
         saved = shelf.checkpoint()
         #expect(saved.count == 1 && saved.first?.standing.resumeAfter == 40 && saved.first?.standing.topics == [aapl, msft], "\(saved)")
+    }
+
+    /// A session kept under an open name after the connection took back another (an older connection
+    /// that closed after its take-over stopped waiting) counts in the checkpoint with it, not hidden by it.
+    @Test func aSessionKeptAfterItsConnectionTookBackAnotherCountsWithIt() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let shelf = SessionShelf(settings: ResumeSettings())
+        shelf.keep(SessionShelf.Session(epoch: "e1", resumeAfter: 100, topics: [aapl], brokeAt: .now), as: "key-1#desk")
+        let standing = SessionStanding()
+        _ = shelf.open("key-1#desk", id: ObjectIdentifier(standing), standing: standing) {}
+        #expect(shelf.take("key-1#desk", into: standing)?.resumeAfter == 100)
+        shelf.keep(SessionShelf.Session(epoch: "e1", resumeAfter: 70, topics: [msft], brokeAt: .now), as: "key-1#desk")
+        let saved = shelf.checkpoint()
+        #expect(
+            saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 70, topics: [aapl, msft], floors: [:])],
+            "both sessions, from the lower start: \(saved)")
     }
 
     /// An answer of no session (not no answer).
