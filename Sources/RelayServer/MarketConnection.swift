@@ -144,6 +144,10 @@ actor MarketConnection {
     /// The session is still open on an older connection (closed now): its first subscribe waits for it.
     private var takingOver = false
 
+    /// How long a connection taken over has to answer its close: its client is gone, or has moved on to
+    /// the connection that took over, whose first subscribe waits for this one's session.
+    static let takenOverAnswer = TimeAmount.milliseconds(250)
+
     /// - Parameter session: the vendor's conversation (Polygon's or Alpaca's), not yet authenticated.
     init(
         handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, session: any DownstreamSession, dependencies: Dependencies,
@@ -234,7 +238,9 @@ actor MarketConnection {
                 let standing = SessionStanding()
                 self.standing = standing
                 let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing) {
-                    loop.execute { handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over") }
+                    loop.execute {
+                        handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: Self.takenOverAnswer)
+                    }
                 }
                 takeBack(dependencies.shelf.take(name, into: standing))
                 takingOver = resuming == nil && previous

@@ -459,15 +459,20 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client
-    /// answers or after the close timeout.
-    func close(code: WebSocketErrorCode, reason: String?) {
+    /// answers or after `answerWithin` (the close timeout unless given). A tagged session stands where
+    /// its client had acknowledged by then.
+    func close(code: WebSocketErrorCode, reason: String?, answerWithin: TimeAmount? = nil) {
         guard let context, !isClosing else { return }
         isClosing = true
         var data = context.channel.allocator.buffer(capacity: 2 + (reason?.utf8.count ?? 0))
         data.write(webSocketErrorCode: code)
         if let reason { data.writeString(String(reason.utf8.prefix(123)) ?? "") }
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: data)), promise: nil)
-        context.eventLoop.scheduleTask(in: closeTimeout) { [channel = context.channel] in
+        let position = NIOLoopBound(acknowledgedPosition, eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: answerWithin ?? closeTimeout) { [channel = context.channel] in
+            if channel.isActive, let position = position.value, let acknowledged = TCPInfoPrefix.bytesAcknowledged(by: channel) {
+                position.acknowledged(bytes: acknowledged)
+            }
             channel.close(promise: nil)
         }
     }

@@ -49,6 +49,27 @@ struct TaggedSessionTests {
         return client
     }
 
+    /// A raw client of the session `tag`, with a small receive buffer (a burst waits, unacknowledged, in
+    /// the relay's socket until read), that subscribed AAPL and was served its `n`th trade.
+    static func rawServed(port: Int, tag: String, hub: MarketDataHub) async throws -> (client: RawSocket, n: Int) {
+        let client = try RawSocket(port: port, receiveBuffer: 2048)
+        #expect(client.readUntil("connected", initial: try client.upgrade()).found)
+        client.send(RawSocket.text(#"{"action":"auth","params":"client-key#\#(tag)"}"#))
+        #expect(client.readUntil("auth_success").found)
+        client.send(RawSocket.text(#"{"action":"subscribe","params":"T.AAPL"}"#))
+        #expect(client.readUntil("success").found)
+        // The subscription reaches the hub after its answer: a trade at a time until one arrives.
+        var n = 0
+        var served = false
+        while !served, n < 100 {
+            n += 1
+            await hub.publish([trade("AAPL", n)])
+            served = client.readUntil(#""i":"\#(n)""#, timeout: .milliseconds(100)).found
+        }
+        try #require(served, "AAPL served")
+        return (client, n)
+    }
+
     /// Runs `body` with a server whose stock market's hub (`hub`: by default one with a history) the test
     /// feeds, with `shelved` sessions on its shelf, its port, and where each tagged session stands
     /// (``SessionShelf/checkpoint()``).
@@ -117,22 +138,7 @@ struct TaggedSessionTests {
     /// the relay reads that again, so a break then does not send them again.
     @Test func aClientThatReadsItsLastEventsLateStandsPastThemOnAQuietMarket() async throws {
         try await withQuietMarket { port, hub, standing in
-            // A small receive buffer: a burst waits, unacknowledged, in the relay's socket until read.
-            let client = try RawSocket(port: port, receiveBuffer: 2048)
-            #expect(client.readUntil("connected", initial: try client.upgrade()).found)
-            client.send(RawSocket.text(#"{"action":"auth","params":"client-key#late"}"#))
-            #expect(client.readUntil("auth_success").found)
-            client.send(RawSocket.text(#"{"action":"subscribe","params":"T.AAPL"}"#))
-            #expect(client.readUntil("success").found)
-            // The subscription reaches the hub after its answer: a trade at a time until one arrives.
-            var n = 0
-            var served = false
-            while !served, n < 100 {
-                n += 1
-                await hub.publish([Self.trade("AAPL", n)])
-                served = client.readUntil(#""i":"\#(n)""#, timeout: .milliseconds(100)).found
-            }
-            try #require(served, "AAPL served")
+            let (client, n) = try await Self.rawServed(port: port, tag: "late", hub: hub)
             // A burst of 40 KB the client does not read yet: written, and acknowledged only in part.
             await hub.publish((n + 1...n + 300).map { Self.trade("AAPL", $0) })
             let newest = await hub.position.sequence
@@ -172,6 +178,32 @@ struct TaggedSessionTests {
             try await eventually("the third connection to hold AAPL for its session") { standing("partial")?.topics.map(\.description).sorted() == ["T.AAPL", "T.MSFT"] }
             try await eventually("AAPL let go at the window's end", timeout: .seconds(10)) { standing("partial")?.topics.map(\.description) == ["T.MSFT"] }
             await third.close()
+        }
+    }
+
+    /// A connection taken over whose client is gone (it answers nothing, not even the close) is closed
+    /// within a moment, not after the whole close timeout (3 s): the reconnect's first subscribe waits
+    /// for its session. The reconnect resumes from what the old client last acknowledged.
+    @Test func aConnectionTakenOverWhoseClientIsGoneClosesWithoutWaitingTheCloseTimeout() async throws {
+        try await withQuietMarket { port, hub, standing in
+            let (old, n) = try await Self.rawServed(port: port, tag: "gone", hub: hub)
+            // From here the old client reads and answers nothing: 40 KB of trades, acknowledged in part.
+            await hub.publish((n + 1...n + 300).map { Self.trade("AAPL", $0) })
+
+            let reconnect = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#gone")
+            reconnect.send(ClientAction(.subscribe, params: "T.AAPL"))
+            // Answered once the old connection closed: within 1.5 s, not after the close timeout (3 s).
+            let resumed = try await reconnect.waitForStatus(StatusMessage.Kind.resumed, timeout: .milliseconds(1500))
+            #expect(old.readsToEOF(within: .seconds(1)), "the connection taken over is closed")
+            let numbers = resumed.eventsBefore.compactMap { event -> Int? in
+                let text = String(buffer: event.bytes)
+                guard let at = text.range(of: #""i":""#) else { return nil }
+                return Int(text[at.upperBound...].prefix { $0.isNumber })
+            }
+            #expect(
+                !numbers.isEmpty && numbers == Array(numbers[0]...n + 300) && numbers[0] > n,
+                "the trades the old client had not acknowledged, replayed: \(numbers.prefix(3))…\(numbers.suffix(3))")
+            await reconnect.close()
         }
     }
 
