@@ -326,9 +326,7 @@ public enum ClusterTapePull {
         let connection = NATSConnection(servers: servers, name: "relay tape pull", security: security, logger: logger)
         if let problem = connection.setupError { throw TapeError("NATS: \(problem)") }
         let deadline = ContinuousClock.now + timeout
-        while connection.state != .connected, ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(50))
-        }
+        while connection.state != .connected, ContinuousClock.now < deadline, (try? await Task.sleep(for: .milliseconds(50))) != nil {}
         guard connection.state == .connected else {
             await connection.close()
             throw TapeError("NATS at \(connection.displayServers) did not answer in \(timeout)")

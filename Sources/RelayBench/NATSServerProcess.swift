@@ -64,9 +64,8 @@ public final class NATSServerProcess: Sendable {
         if process.isRunning {
             process.terminate()
             let deadline = ContinuousClock.now + .seconds(5)
-            while process.isRunning, ContinuousClock.now < deadline {
-                try? await Task.sleep(for: .milliseconds(20))
-            }
+            // Cancelled, it kills at once rather than spin.
+            while process.isRunning, ContinuousClock.now < deadline, (try? await Task.sleep(for: .milliseconds(20))) != nil {}
             if process.isRunning { kill(process.processIdentifier, SIGKILL) }
         }
         try? FileManager.default.removeItem(atPath: storeDirectory)

@@ -91,9 +91,8 @@ public final class RelayProcess: Sendable {
         guard process.isRunning else { return }
         process.terminate()
         let deadline = ContinuousClock.now + .seconds(10)
-        while process.isRunning, ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(20))
-        }
+        // Cancelled (a test's clean-up after its time limit), it kills at once rather than spin.
+        while process.isRunning, ContinuousClock.now < deadline, (try? await Task.sleep(for: .milliseconds(20))) != nil {}
         if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
     }
 
@@ -102,9 +101,7 @@ public final class RelayProcess: Sendable {
         guard process.isRunning else { return }
         Glibc.kill(process.processIdentifier, SIGKILL)
         let deadline = ContinuousClock.now + .seconds(10)
-        while process.isRunning, ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(10))
-        }
+        while process.isRunning, ContinuousClock.now < deadline, (try? await Task.sleep(for: .milliseconds(10))) != nil {}
     }
 
     /// SIGTERM without waiting.

@@ -247,11 +247,11 @@ final class SessionShelf: Sendable {
     /// It was kept (or let go).
     func shelved() { onTheirWay.subtract(1, ordering: .relaxed) }
 
-    /// Waits until no broken connection's session is on its way to the shelf (at most `timeout`): a
-    /// stopping relay saves its sessions then.
+    /// Waits until no broken connection's session is on its way to the shelf (at most `timeout`, and
+    /// not past a cancellation): a stopping relay saves its sessions then.
     func settled(timeout: Duration = .seconds(2)) async {
         let deadline = ContinuousClock.now + timeout
-        while onTheirWay.load(ordering: .relaxed) > 0, ContinuousClock.now < deadline {
+        while onTheirWay.load(ordering: .relaxed) > 0, ContinuousClock.now < deadline, !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(5))
         }
     }
