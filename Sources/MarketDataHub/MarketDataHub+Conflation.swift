@@ -15,8 +15,9 @@ public struct ConflationMode: Sendable, Equatable {
 }
 
 /// One subscriber's pending merged events: the newest state event per topic not yet queued, in the
-/// order their topics first became pending. Bounded by the topics the subscriber holds (a dirty set over
-/// the last values), not by the event rate. A trade takes its own ticker's pending events through an
+/// order their topics first became pending. Bounded by the subscriber's buffer (``Subscriber/bufferLimit``
+/// topics: a wildcard holds as many as the upstream sends), not by the event rate: past it, what is
+/// pending is queued at once, as at a flush (what the buffer has no room for is lost, and told). A trade takes its own ticker's pending events through an
 /// index by ticker, so its cost does not grow with the other tickers pending (it used to scan them all).
 /// Confined to the hub.
 final class Conflation {
@@ -114,7 +115,12 @@ extension MarketDataHub {
         var replaced = 0
         for event in events {
             if stateEventTypes.contains(event.eventType) {
-                if conflation.hold(event) { replaced += 1 }
+                if conflation.hold(event) {
+                    replaced += 1
+                } else if conflation.pendingCount > subscriber.bufferLimit {
+                    // More than its buffer could take at once: held no longer, whatever the interval.
+                    now += conflation.takeAll()
+                }
             } else {
                 now += conflation.take(ticker: event.ticker)
                 now.append(event)

@@ -250,6 +250,23 @@ struct HubConflationTests {
         #expect(await hub.droppedEvents(for: subscription.id) == 0)
     }
 
+    /// A wildcard holds as many topics as the upstream sends: what conflation holds for a subscriber is
+    /// bounded by its buffer, not by the topics, so one that merges at a long interval (or never reads)
+    /// cannot make the hub hold an event per ticker of the market.
+    @Test func conflationHoldsNoMoreTopicsThanTheSubscribersBuffer() async throws {
+        let hub = MarketDataHub(wire: .polygon)
+        let subscription = await hub.subscribe(to: topics("Q.*"))
+        await hub.setConflation(ConflationMode(interval: .seconds(60)), for: subscription.id)
+        let limit = subscription.bufferLimit
+        for batch in 0..<5 { await hub.publish((0..<limit / 2).map { event("Q", "S\(batch)-\($0)", batch) }) }
+        let pending = await hub.conflatedPending(for: subscription.id)
+        #expect(pending <= limit, "at most the buffer's \(limit) topics held: \(pending)")
+        // What was held past it went to the queue: the buffer's worth, the rest lost and told.
+        let got = try await take(limit, from: subscription.events)
+        #expect(got.allSatisfy { $0.eventType == "Q" }, "the first held quotes, in order")
+        #expect(await hub.droppedEvents(for: subscription.id) > 0, "more than the buffer holds was lost, and counted")
+    }
+
     @Test func aStalledSubscriberIsConflatedBeforeAnyEventIsDropped() async throws {
         let hub = MarketDataHub(wire: .polygon)
         let subscription = await hub.subscribe(to: topics("Q.*"))
