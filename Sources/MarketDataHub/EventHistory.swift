@@ -197,6 +197,9 @@ final class EventHistory {
     /// with no line may have had events up to then: a resume from before is a gap, and a new line starts
     /// its topic sequence past every number the old one could have used.
     private var droppedThrough: UInt64 = 0
+    /// The lines past which idle lines of tickers wanted only under a wildcard are let go, besides half the
+    /// memory bound (``letGoOfIdleLines()``).
+    private var idleLinesAbove = 0
     private var droppedArrival: Int64 = .min
     /// Events held (slots whose bytes are still here).
     private(set) var eventCount = 0
@@ -419,7 +422,12 @@ final class EventHistory {
 
     /// Lets go of a line that holds no event and whose topic is not wanted.
     private func dropIfIdle(_ line: TopicLine) {
-        guard line.held.isEmpty, !isWanted(line.topic), lines[line.topic] === line else { return }
+        guard line.held.isEmpty, !isWanted(line.topic) else { return }
+        drop(line)
+    }
+
+    private func drop(_ line: TopicLine) {
+        guard lines[line.topic] === line else { return }
         lines[line.topic] = nil
         line.isDropped = true
         memory -= Self.overheadPerLine
@@ -536,6 +544,20 @@ final class EventHistory {
             }
             forget(slot, line: line)
         }
+        if lines.count > Swift.max(limits.memoryBytes / 2 / Self.overheadPerLine, idleLinesAbove) { letGoOfIdleLines() }
+    }
+
+    /// Lets go of every line that holds no event and whose ticker is wanted only under its wildcard. Such
+    /// a line is kept while lines take at most half the memory bound (a resume of its ticker is answered
+    /// from it); past that, a wildcard over a market of a million tickers (options' trades over a day)
+    /// would fill the history with empty lines and leave no room for events. A resume of a ticker let go
+    /// is answered as for any line let go: whole only after it, a gap before, never wrong events.
+    private func letGoOfIdleLines() {
+        for line in Array(lines.values) where line.held.isEmpty && !wantedTickers.contains(line.topic) { drop(line) }
+        // Checked again only after an eighth of the bound in new lines (not once per event while lines
+        // that hold events keep the table above the half: the memory bound evicts those events), and
+        // at the latest once lines alone would take the whole bound.
+        idleLinesAbove = Swift.min(lines.count + limits.memoryBytes / 8 / Self.overheadPerLine, limits.memoryBytes / Self.overheadPerLine)
     }
 
     private func dropOldest(of line: TopicLine) {

@@ -583,6 +583,38 @@ struct HistoryLineTests {
         #expect((EventPosition.read(from: again[0].bytes)?.topic ?? 0) > 2)
     }
 
+    /// A wildcard holds every ticker the market sends: the lines of its tickers that hold no event are
+    /// kept only while lines take at most half the memory bound, so ever new tickers (options' trades
+    /// over a day) never fill the history with empty lines and leave no room for events. A ticker held
+    /// by name keeps its line; one let go resumes as a gap, never with wrong events.
+    @Test func idleLinesOfTickersOnlyAWildcardWantsGoPastHalfTheMemoryBound() {
+        var limits = HistoryLimits()
+        limits.memoryBytes = 200 * EventHistory.overheadPerLine
+        let history = EventHistory(limits: limits, epoch: "e")
+        history.wanted(Topic(parsing: "T.*")!, now: 0)
+        let named = Topic(parsing: "T.AAPL")!
+        history.wanted(named, now: 0)
+        _ = history.keep([event("T", "AAPL", 1)], at: 0)
+        for round in 0..<20 {
+            _ = history.keep((0..<50).map { event("T", "S\(round)-\($0)", 1) }, at: Int64(round))
+            #expect(history.memory <= limits.memoryBytes, "within the bound after round \(round): \(history.memory)")
+            #expect(history.topicCount <= limits.memoryBytes / EventHistory.overheadPerLine, "\(history.topicCount) lines")
+        }
+        guard case .events(let newest) = history.missed(Topic(parsing: "T.*")!, since: .market(history.nextMarketSequence - 11)) else {
+            Issue.record("the newest events of the wildcard expected")
+            return
+        }
+        #expect(newest.count == 10, "events still held, not only empty lines")
+        guard case .events = history.missed(named, since: .topic(1)) else {
+            Issue.record("the named ticker's line kept: nothing missed since its event")
+            return
+        }
+        guard case .gap = history.missed(Topic(eventType: "T", ticker: "S0-0")!, since: .topic(1)) else {
+            Issue.record("a ticker let go resumes as a gap")
+            return
+        }
+    }
+
     @Test func aBufferIsCountedWholeUntilTheLastEventOfItIsLetGo() throws {
         var limits = HistoryLimits()
         limits.eventsPerTopic = 1
