@@ -16,6 +16,7 @@ extension MarketDataHub {
             !entry.subscribers.isEmpty
         else { return }
         entry.last = event.compacted()
+        entry.recount()
         for subscriber in entry.subscribers { enqueue(HubDelivery([event]), to: subscriber) }
         tell(entry.subscribers)
     }

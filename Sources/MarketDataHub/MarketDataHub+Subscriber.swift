@@ -53,6 +53,12 @@ extension MarketDataHub {
     /// Everything about one ticker topic: its subscribers and its last event.
     final class TopicEntry {
         var subscribers = HolderList<Subscriber>()
+        /// The rooms of the whole table: what its last values and books hold, and what its books hold back
+        /// (each given back as its values change or go, and as the entry goes).
+        private let lastValueRoom: ByteRoom
+        private let heldBackRoom: ByteRoom
+        /// What its last value and book hold, as counted in ``lastValueRoom`` (``recount()``).
+        private(set) var lastBytes = 0
         var last: MarketEvent?
         /// Whether `last` still shares its message's bytes: set by a publish; the hub gives it bytes of its
         /// own after a few publishes (once per topic, however many of the topic's events they carried), or
@@ -66,8 +72,25 @@ extension MarketDataHub {
         /// from the cluster's store, at an earlier position, can be brought up to date (at most
         /// ``heldBackLimit`` events and ``heldBackBytes`` bytes; past either the oldest half goes, and only
         /// a newer whole state helps).
-        var heldBack: [MarketEvent] = []
-        var heldBackSize = 0
+        private(set) var heldBack: [MarketEvent] = []
+        private(set) var heldBackSize = 0
+
+        init(in bound: LastValueBound) {
+            lastValueRoom = bound.lastValues
+            heldBackRoom = bound.heldBack
+        }
+
+        deinit {
+            lastValueRoom.give(lastBytes)
+            heldBackRoom.give(heldBackSize)
+        }
+
+        /// Counts what its last value and book hold now (as the process holds it: the storage).
+        func recount() {
+            let bytes = (last?.bytes.storageCapacity ?? 0) + (fold?.footprint ?? 0)
+            lastValueRoom.count(bytes - lastBytes)
+            lastBytes = bytes
+        }
 
         /// Gives `last` bytes of its own (``MarketEvent/compacted()``), written into the storage the
         /// topic's previous last event had when nothing else holds that any more (no allocation per
@@ -76,6 +99,7 @@ extension MarketDataHub {
         func compactLast() {
             guard lastShared else { return }  // compacted already (read since its publish)
             lastShared = false
+            defer { recount() }
             guard let event = last, event.bytes.storageCapacity >= 2 * event.bytes.readableBytes else {
                 previousLastBytes = nil
                 return
@@ -96,14 +120,23 @@ extension MarketDataHub {
         static let heldBackLimit = 4096
         static let heldBackBytes = 1 << 20
 
+        /// Holds a change back; with no room left among all the books, lets go of what it held instead (a
+        /// change missing, they could no longer bring a whole book up to date).
         func holdBack(_ event: MarketEvent) {
-            if heldBack.count >= Self.heldBackLimit || heldBackSize + event.bytes.readableBytes > Self.heldBackBytes {
+            let size = event.bytes.readableBytes
+            if heldBack.count >= Self.heldBackLimit || heldBackSize + size > Self.heldBackBytes {
                 let dropped = heldBack.prefix(max(heldBack.count / 2, 1))
-                heldBackSize -= dropped.reduce(0) { $0 + $1.bytes.readableBytes }
+                let droppedSize = dropped.reduce(0) { $0 + $1.bytes.readableBytes }
+                heldBackSize -= droppedSize
+                heldBackRoom.give(droppedSize)
                 heldBack.removeFirst(dropped.count)
             }
+            guard heldBackRoom.take(size) else {
+                releaseHeldBack()
+                return
+            }
             heldBack.append(event.compacted())
-            heldBackSize += event.bytes.readableBytes
+            heldBackSize += size
         }
 
         /// A new epoch began: the last event's market sequence is the former epoch's, none of this one
@@ -115,6 +148,7 @@ extension MarketDataHub {
         }
 
         func releaseHeldBack() {
+            heldBackRoom.give(heldBackSize)
             heldBack = []
             heldBackSize = 0
         }

@@ -286,7 +286,7 @@ public actor MarketDataHub {
 
     func entry(for topic: Topic) -> TopicEntry {
         if let entry = entries[topic] { return entry }
-        let entry = TopicEntry()
+        let entry = TopicEntry(in: lastValueBound)
         entry.fold = folding?.fold(for: topic)
         entries[topic] = entry
         return entry
@@ -471,7 +471,7 @@ public actor MarketDataHub {
         // Their own bytes: a cached event must not keep its whole upstream message alive for long.
         sharedSince.publishes += 1
         if sharedSince.publishes >= Self.sharedLastValuePublishes || sharedSince.bytes >= Self.sharedLastValueBytes { compactLastValues() }
-        if entries.count > lastValueBound.trimAbove { trimUnwantedLastValues() }
+        if lastValueBound.isPast(entries.count) { trimUnwantedLastValues() }
     }
 
     /// Gives every last value that still shares its message's bytes bytes of its own.

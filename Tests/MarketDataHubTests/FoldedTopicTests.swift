@@ -1,5 +1,6 @@
 import AlpacaWire
 import MarketCore
+import NIOCore
 import Testing
 
 @testable import MarketDataHub
@@ -62,6 +63,36 @@ struct FoldedTopicTests {
         #expect(await hub.lastEvent(for: Topic(eventType: "o", ticker: "B39/USD")!) != nil, "the newest book stays")
         #expect(await hub.lastEvent(for: Topic(eventType: "o", ticker: "B0/USD")!) == nil, "the oldest book went")
         #expect(try await take(70, from: holder.events).count == 70, "the wildcards' holder got every event")
+    }
+
+    /// The table's bound holds in bytes too: an upstream or a NATS publisher naming ever new tickers,
+    /// with large events, cannot make the hub keep their last values past it. The oldest nobody holds by
+    /// name go first; one held by name stays, however old.
+    @Test func theTopicTableKeepsItsLastValuesWithinItsBytes() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        let room = 256 << 10
+        await hub.limitTable(lastValues: room)
+        let padding = String(repeating: "x", count: 4000)
+        func quote(_ ticker: String, _ n: Int) -> MarketEvent {
+            MarketEvent(
+                eventType: "Q", ticker: ticker, bytes: ByteBuffer(string: #"{"ev":"Q","sym":"\#(ticker)","n":\#(n),"pad":"\#(padding)"}"#),
+                receivedAt: UInt64(n + 1))
+        }
+        let named = await hub.subscribe(to: topics("Q.AAPL"))
+        await hub.publish([quote("AAPL", 0)])
+        for n in 1...400 {
+            await hub.publish([quote("S\(n)", n)])
+            let bytes = await hub.lastValueBytes()
+            // Counted a few publishes late (when the hub gives them bytes of their own), trimmed to nine
+            // tenths, and again a tenth later.
+            #expect(bytes <= room + room / 10 + 16 * 8192, "\(bytes) bytes of last values after \(n) tickers")
+        }
+        let kept = await hub.topicEntryCount
+        #expect(kept < 100, "\(kept) topics kept")
+        #expect(await hub.lastEvent(for: Topic(parsing: "Q.AAPL")!) != nil, "held by name: kept")
+        #expect(await hub.lastEvent(for: Topic(parsing: "Q.S400")!) != nil, "the newest kept")
+        #expect(await hub.lastEvent(for: Topic(parsing: "Q.S1")!) == nil, "the oldest let go")
+        await hub.remove(named.id)
     }
 
     @Test func selectionFindsTheSmallestLikeSortingDoes() {
@@ -234,5 +265,38 @@ struct FoldedTopicTests {
         await hub.seed(positioned(book([(1, 1)], [(2, 1)], reset: true), 7))
         await hub.publish([AlpacaEvents.trade("BTC/USD", id: 1, price: 100, size: 1, nanoseconds: 0, crypto: true)])
         #expect(try await take(1, from: subscription.events).map(\.eventType) == ["t"])
+    }
+    /// A cluster node's books hold changes back within one room for all of them: a publisher that keeps
+    /// many books from being whole (changes, never a whole book) cannot make the node hold up to a
+    /// megabyte for each. Past the room a book's changes are not held; one that held its changes is
+    /// still brought up to date, and what books held is given back as they become whole or go.
+    @Test func booksHoldChangesBackWithinOneRoomForAllOfThem() async throws {
+        let hub = MarketDataHub(
+            wire: wire, snapshotless: wire.snapshotless(of: .crypto), folding: wire.folding(of: .crypto, limits: FoldLimits()),
+            keepsUnwantedLastValues: false, history: HistoryLimits(), adoptsPositions: true)
+        let room = 64 << 10
+        await hub.limitTable(heldBack: room)
+        let subscription = await hub.subscribe(to: topics("o.*"))
+        let levels = (0..<40).map { (Double(1000 - $0), 1.0) }
+        var market: UInt64 = 0
+        for symbol in 0..<100 {
+            for change in 1...5 {
+                market += 1
+                let event = book(levels, [], symbol: "S\(symbol)/USD")
+                await hub.publish(EventPosition.stamp([event], [EventPosition(topic: UInt64(change), market: market)]))
+            }
+        }
+        let held = await hub.heldBackBytes()
+        #expect(held.total <= room && held.total > room / 2, "the room filled, and no more: \(held)")
+        #expect(held.refused > 0, "changes past the room not held: \(held)")
+        // The first book held its five changes (markets 1 to 5): a whole book at the fifth takes them up.
+        let whole = book([(1, 1)], [(2, 1)], reset: true, symbol: "S0/USD")
+        await hub.seed(EventPosition.stamp([whole], [EventPosition(topic: 5, market: 5)])[0])
+        #expect(await !hub.foldsNotWhole().contains(Topic(eventType: "o", ticker: "S0/USD")!), "brought up to date")
+        #expect(await hub.heldBackBytes().total < held.total, "what it held given back")
+        // Nobody holds the books any more: their entries go, and what they held with them.
+        await hub.remove(subscription.id)
+        for round in 0..<10 { await hub.publish([AlpacaEvents.trade("X/USD", id: Int64(round), price: 1, size: 1, nanoseconds: 0, crypto: true)]) }
+        #expect(await hub.heldBackBytes().total == 0)
     }
 }
