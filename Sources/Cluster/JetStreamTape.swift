@@ -327,6 +327,10 @@ public enum ClusterTapePull {
         if let problem = connection.setupError { throw TapeError("NATS: \(problem)") }
         let deadline = ContinuousClock.now + timeout
         while connection.state != .connected, ContinuousClock.now < deadline, (try? await Task.sleep(for: .milliseconds(50))) != nil {}
+        if Task.isCancelled {
+            await connection.close()
+            throw CancellationError()
+        }
         guard connection.state == .connected else {
             await connection.close()
             throw TapeError("NATS at \(connection.displayServers) did not answer in \(timeout)")

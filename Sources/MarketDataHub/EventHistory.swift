@@ -544,7 +544,8 @@ final class EventHistory {
             }
             forget(slot, line: line)
         }
-        if lines.count > Swift.max(limits.memoryBytes / 2 / Self.overheadPerLine, idleLinesAbove) { letGoOfIdleLines() }
+        let half = limits.memoryBytes / 2 / Self.overheadPerLine
+        if lines.count > Swift.max(half, idleLinesAbove) { letGoOfIdleLines() } else if lines.count <= half { idleLinesAbove = 0 }
     }
 
     /// Lets go of every line that holds no event and whose ticker is wanted only under its wildcard. Such

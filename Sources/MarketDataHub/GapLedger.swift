@@ -33,14 +33,17 @@ struct GapLedger {
     var lifetime: Int64 = 900_000
     /// The most recovered events held for topics whose first live event has not come (a fill brings
     /// at most its settings' events; a cluster node's come from NATS). Past it, what is held is
-    /// delivered at once, as it would be without a bound for it.
+    /// delivered at once, as it would be without a bound for it. The same past ``heldBytesLimit`` of
+    /// their bytes (a REST host's or a NATS publisher's events may each be up to the largest event).
     var heldLimit = 200_000
+    var heldBytesLimit = 64 << 20
 
     private(set) var pending: [Topic: [PendingGap]] = [:]
     /// The newest recovered event delivered per topic (what a later fill starts after).
     private(set) var recoveredThrough: [Topic: MarketEvent] = [:]
     /// Recovered events held in `pending` until their topic's first live event (or the fill's end).
     private(set) var held = 0
+    private(set) var heldBytes = 0
     /// Topics whose first live event after an outage has not come.
     private(set) var watched: Set<Topic> = []
     /// The request generation of the latest outage (a cluster node names it in its fill request).
@@ -141,6 +144,7 @@ struct GapLedger {
                 // Its own bytes: a held event must not hold a whole NATS message or REST page alive.
                 gaps[index].held.append(event.compacted())
                 held += 1
+                heldBytes += event.bytes.readableBytes
             } else {
                 gaps[index].delivered += 1
                 now.append(event)
@@ -150,7 +154,7 @@ struct GapLedger {
         // Oldest first: the gaps whose first live event came lie before those still open.
         var released: Released = []
         passing(topic, now, into: &released)
-        if held > heldLimit {
+        if held > heldLimit || heldBytes > heldBytesLimit {
             for (other, open) in pending where other != topic { pending[other] = release(other, open, into: &released) }
             gaps = release(topic, gaps, into: &released)
         }
@@ -186,6 +190,7 @@ struct GapLedger {
         for index in gaps.indices where !gaps[index].held.isEmpty {
             let heldHere = gaps[index].held
             held -= heldHere.count
+            heldBytes -= heldHere.reduce(0) { $0 + $1.bytes.readableBytes }
             gaps[index].held = []
             let kept = bound.map { bound in heldHere.filter { value(order, $0, else: .max) < bound } } ?? heldHere
             gaps[index].delivered += kept.count

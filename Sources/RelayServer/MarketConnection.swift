@@ -432,11 +432,6 @@ actor MarketConnection {
         Task { await self.applyHubChanges() }
     }
 
-    /// A session taken back holds its topics for the connection (its parked subscriber keeps them
-    /// wanted) until they are subscribed again, or for a window (``ResumeSettings/window``) from when
-    /// it was taken: a client that signed in near the end of the session's own window still has a
-    /// whole window to subscribe them, and none keeps them longer. Once per take-back (at sign-in, or
-    /// a take-over: a connection does one or the other).
     /// Resumes from `taken`, the session it took back (if any): its protocol state is adopted, and
     /// its parked subscriber let go a window on unless `lettingGoAtWindowsEnd` is false (a closing
     /// connection's shelved session takes it over instead).
@@ -453,6 +448,11 @@ actor MarketConnection {
         takeBack(await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing), lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
     }
 
+    /// A session taken back holds its topics for the connection (its parked subscriber keeps them
+    /// wanted) until they are subscribed again, or for a window (``ResumeSettings/window``) from when
+    /// it was taken: a client that signed in near the end of the session's own window still has a
+    /// whole window to subscribe them, and none keeps them longer. Once per take-back (at sign-in, or
+    /// a take-over: a connection does one or the other).
     private func letGoAtWindowsEnd(brokeAt: ContinuousClock.Instant) {
         loop.scheduleTask(in: TimeAmount(dependencies.configuration.resume.window)) { [weak self] in
             self?.assumeIsolated { if !$0.ended { $0.change(.letGo(brokeAt)) } }

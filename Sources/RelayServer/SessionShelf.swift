@@ -346,11 +346,12 @@ final class SessionStanding: Sendable {
     var now: Now? { now(takingBack: nil) }
 
     /// Where it stands, counting `kept` (its name's session on the shelf, or where connections it took
-    /// over stood) as taken back, before a session the connection took back itself if it has one.
-    /// Counting a session twice changes nothing, so one taken back between the reads is safe.
+    /// over stood) as taken back, after a session the connection took back itself if it has one (that
+    /// one was on the shelf at its sign-in: `kept` came from connections still open then, so it is
+    /// newer). Counting a session twice changes nothing, so one taken back between the reads is safe.
     func now(takingBack kept: SessionShelf.Session?) -> Now? {
         state.withLock { state in
-            let takenBack = state.takenBack.map { own in kept.map { Self.merged(own, over: $0) } ?? own } ?? kept
+            let takenBack = state.takenBack.map { own in kept.map { Self.merged($0, over: own) } ?? own } ?? kept
             let topics = state.topics.union(takenBack?.topics ?? [])
             guard let epoch = state.epoch, !epoch.isEmpty else { return takenBack.map { Now($0, topics: topics) } }
             return Self.kept(epoch: epoch, acknowledged: state.acknowledged, floors: state.floors, topics: topics, takenBack: takenBack)

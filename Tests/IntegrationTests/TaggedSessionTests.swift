@@ -192,8 +192,8 @@ struct TaggedSessionTests {
 
             let reconnect = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#gone")
             reconnect.send(ClientAction(.subscribe, params: "T.AAPL"))
-            // Answered once the old connection closed: within 1.5 s, not after the close timeout (3 s).
-            let resumed = try await reconnect.waitForStatus(StatusMessage.Kind.resumed, timeout: .milliseconds(1500))
+            // Answered once the old connection closed: within 2.5 s, not after the close timeout (3 s).
+            let resumed = try await reconnect.waitForStatus(StatusMessage.Kind.resumed, timeout: .milliseconds(2500))
             #expect(old.readsToEOF(within: .seconds(1)), "the connection taken over is closed")
             let numbers = resumed.eventsBefore.compactMap { event -> Int? in
                 let text = String(buffer: event.bytes)

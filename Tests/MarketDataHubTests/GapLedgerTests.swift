@@ -95,4 +95,15 @@ struct GapLedgerTests {
         #expect(sequences(released) == ["T.MSFT": [21, 22], "T.AAPL": [11, 12]])
         #expect(ledger.held == 0)
     }
+
+    @Test func pastTheHeldBytesEverythingHeldGoesOutAtOnce() {
+        var ledger = GapLedger(wire: PolygonWireProtocol())
+        ledger.heldBytesLimit = 3 * trade(11).bytes.readableBytes
+        _ = ledger.open(from: 1_000, through: 2_000, holders: [(aapl, 1, trade(10)), (msft, 1, trade(20, "MSFT"))])
+        _ = ledger.accept(msft, [trade(21, "MSFT"), trade(22, "MSFT")], order: .sequence)
+        #expect(ledger.heldBytes == 2 * trade(21, "MSFT").bytes.readableBytes)
+        let (_, released) = ledger.accept(aapl, [trade(11), trade(12)], order: .sequence)
+        #expect(sequences(released) == ["T.MSFT": [21, 22], "T.AAPL": [11, 12]])
+        #expect(ledger.held == 0 && ledger.heldBytes == 0)
+    }
 }
