@@ -340,7 +340,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MarketDataHubTests",
-            dependencies: ["MarketDataHub", "PolygonWire", "AlpacaWire"],
+            dependencies: ["MarketDataHub", "PolygonWire", "AlpacaWire", .product(name: "MetricsTestKit", package: "swift-metrics")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -1,3 +1,4 @@
+import CoreMetrics
 import MarketCore
 
 /// The bound on the hub's topic table. A single relay keeps a topic's last event after nobody holds it
@@ -16,16 +17,19 @@ struct LastValueBound {
     /// all together: within it, a publisher on NATS that keeps books from being whole (changes, and never
     /// a whole book) cannot make the hub hold up to a megabyte for each of its tickers. Past it, a book's
     /// changes are not held back: it waits, not whole, for a whole book that comes when there is room.
-    let heldBack = ByteRoom(limit: 64 << 20)
+    let heldBack: ByteRoom
     /// The table's size that calls for the next trim: `limit`, or more while the topics held by name
     /// alone keep it above nine tenths of it (one trim per tenth of `limit` of new topics, never one
     /// per publish); and the same for its bytes.
     private(set) var trimAbove: Int
     private var trimAboveBytes = 0
 
-    init(limit: Int) {
+    /// - Parameter metricsFactory: counts the changes books could not hold back for want of room
+    ///   (`relay_book_changes_not_held_total`).
+    init(limit: Int, metricsFactory: any MetricsFactory = MetricsSystem.factory) {
         self.limit = Swift.max(limit, 10)
         trimAbove = self.limit
+        heldBack = ByteRoom(limit: 64 << 20, refusals: Counter(label: "relay_book_changes_not_held_total", factory: metricsFactory))
     }
 
     /// The entries a trim leaves at most, when enough are unheld.
@@ -87,15 +91,20 @@ struct LastValueBound {
 final class ByteRoom {
     var limit: Int
     private(set) var total = 0
-    /// Takes refused for want of room.
+    /// Takes refused for want of room (and counted in `refusals`).
     private(set) var refused = 0
+    private let refusals: Counter?
 
-    init(limit: Int) { self.limit = limit }
+    init(limit: Int, refusals: Counter? = nil) {
+        self.limit = limit
+        self.refusals = refusals
+    }
 
     /// Takes room for `bytes`; whether there was.
     func take(_ bytes: Int) -> Bool {
         guard total + bytes <= limit else {
             refused += 1
+            refusals?.increment()
             return false
         }
         total += bytes

@@ -169,7 +169,7 @@ public actor MarketDataHub {
         self.folding = folding
         self.keepsUnwantedLastValues = keepsUnwantedLastValues
         self.keepsLastValues = keepsLastValues
-        lastValueBound = LastValueBound(limit: topicsKept)
+        lastValueBound = LastValueBound(limit: topicsKept, metricsFactory: metricsFactory)
         self.logger = logger
         self.onWantedTopicsChange = onWantedTopicsChange
         historyLimits = history

@@ -1,5 +1,6 @@
 import AlpacaWire
 import MarketCore
+import MetricsTestKit
 import NIOCore
 import Testing
 
@@ -271,9 +272,10 @@ struct FoldedTopicTests {
     /// megabyte for each. Past the room a book's changes are not held; one that held its changes is
     /// still brought up to date, and what books held is given back as they become whole or go.
     @Test func booksHoldChangesBackWithinOneRoomForAllOfThem() async throws {
+        let metrics = TestMetrics()
         let hub = MarketDataHub(
             wire: wire, snapshotless: wire.snapshotless(of: .crypto), folding: wire.folding(of: .crypto, limits: FoldLimits()),
-            keepsUnwantedLastValues: false, history: HistoryLimits(), adoptsPositions: true)
+            keepsUnwantedLastValues: false, history: HistoryLimits(), adoptsPositions: true, metricsFactory: metrics)
         let room = 64 << 10
         await hub.limitTable(heldBack: room)
         let subscription = await hub.subscribe(to: topics("o.*"))
@@ -289,6 +291,7 @@ struct FoldedTopicTests {
         let held = await hub.heldBackBytes()
         #expect(held.total <= room && held.total > room / 2, "the room filled, and no more: \(held)")
         #expect(held.refused > 0, "changes past the room not held: \(held)")
+        #expect(metrics.counterTotal(label: "relay_book_changes_not_held_total") == Int64(held.refused), "and counted for the operator")
         // The first book held its five changes (markets 1 to 5): a whole book at the fifth takes them up.
         let whole = book([(1, 1)], [(2, 1)], reset: true, symbol: "S0/USD")
         await hub.seed(EventPosition.stamp([whole], [EventPosition(topic: 5, market: 5)])[0])
