@@ -358,8 +358,13 @@ actor MarketConnection {
     /// start, a later one's floor, a session it took over meanwhile).
     private func shelve(_ closing: SessionShelf.Session, as name: String) async {
         // Closed before its first subscribe took over the session of the connection it replaced: that
-        // one's joins this one's (kept alone, this one's would replace it on the shelf).
-        if takingOver { await takeOver(name, lettingGoAtWindowsEnd: false) }
+        // one's joins this one's (kept alone, this one's would replace it on the shelf). So does one kept
+        // under its name after its take-over stopped waiting (the connection replaced closed later).
+        if takingOver {
+            await takeOver(name, lettingGoAtWindowsEnd: false)
+        } else if resuming == nil, let late = dependencies.shelf.take(name, into: standing) {
+            takeBack(late, lettingGoAtWindowsEnd: false)
+        }
         var shelved = closing
         if let position = handler.value.acknowledgedPosition,
             let kept = keptStanding(position, topics: closing.topics.union(resuming?.topics ?? []))
@@ -445,7 +450,9 @@ actor MarketConnection {
     /// Takes over the session of the connection it replaced under `name`, once that one has closed.
     private func takeOver(_ name: String, lettingGoAtWindowsEnd: Bool = true) async {
         takingOver = false
-        takeBack(await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing), lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
+        let taken = await dependencies.shelf.takeOver(
+            name, for: ObjectIdentifier(self), into: standing, timeout: dependencies.configuration.resume.takeOverWait)
+        takeBack(taken, lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
     }
 
     /// A session taken back holds its topics for the connection (its parked subscriber keeps them

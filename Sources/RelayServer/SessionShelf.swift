@@ -13,6 +13,10 @@ public struct ResumeSettings: Sendable, Equatable {
     public var marginBytes: Int = 65_536
     /// Broken sessions kept at once per market; past it the oldest go first.
     public var sessions: Int = 10_000
+    /// How long a reconnect's first subscribe waits for the session of a connection it took over that
+    /// is still closing (that close gives its client a quarter of a second); past it, the subscribe goes
+    /// on without it, and the session joins this connection's when it closes.
+    public var takeOverWait: Duration = .seconds(5)
 
     public init() {}
 }

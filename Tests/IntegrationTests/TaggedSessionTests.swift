@@ -74,22 +74,24 @@ struct TaggedSessionTests {
     /// feeds, with `shelved` sessions on its shelf, its port, and where each tagged session stands
     /// (``SessionShelf/checkpoint()``).
     func withQuietMarket(
-        window: Duration = .seconds(60), hub: MarketDataHub = MarketDataHub(wire: .polygon, history: HistoryLimits()),
+        window: Duration = .seconds(60), takeOverWait: Duration = .seconds(5),
+        hub: MarketDataHub = MarketDataHub(wire: .polygon, history: HistoryLimits()),
         shelved: [(name: String, session: SessionShelf.Session)] = [],
-        _ body: (_ port: Int, _ hub: MarketDataHub, _ standing: @escaping @Sendable (String) -> SessionStanding.Now?) async throws -> Void
+        _ body: (
+            _ port: Int, _ hub: MarketDataHub, _ standing: @escaping @Sendable (String) -> SessionStanding.Now?, _ shelf: SessionShelf
+        ) async throws -> Void
     ) async throws {
         var configuration = RelayServerConfiguration(
             host: "127.0.0.1", port: 0, authentication: try ClientAuthentication.resolve(keys: ["client-key"], listenHost: "127.0.0.1"))
         // Where the client stands is what its TCP stack acknowledged, with nothing held back for a proxy.
         configuration.resume.marginBytes = 0
         configuration.resume.window = window
+        configuration.resume.takeOverWait = takeOverWait
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
         let shelf = server.markets[0].shelf
         for (name, session) in shelved { shelf.keep(session, as: name) }
         try await withServices([server]) {
-            try await body(try await server.listeningPort(), hub) { tag in
-                shelf.checkpoint().first { $0.name.hasSuffix("#\(tag)") }?.standing
-            }
+            try await body(try await server.listeningPort(), hub, { tag in shelf.checkpoint().first { $0.name.hasSuffix("#\(tag)") }?.standing }, shelf)
         }
     }
 
@@ -99,7 +101,7 @@ struct TaggedSessionTests {
     /// later event says the client has it: the write that ended the replay does, once the client's TCP
     /// stack acknowledges it. A break after that resumes from there, not from the old break again.
     @Test func aReplayTakenBackInALaterMessageStopsHoldingOnceAcknowledgedOnAQuietMarket() async throws {
-        try await withQuietMarket { port, hub, standing in
+        try await withQuietMarket { port, hub, standing, _ in
             let url = "ws://127.0.0.1:\(port)/stocks"
             let publishBoth = Self.pairs(into: hub)
             // The first connection holds AAPL, then MSFT.
@@ -137,7 +139,7 @@ struct TaggedSessionTests {
     /// events after they were written acknowledges them when nothing more is written (a quiet topic):
     /// the relay reads that again, so a break then does not send them again.
     @Test func aClientThatReadsItsLastEventsLateStandsPastThemOnAQuietMarket() async throws {
-        try await withQuietMarket { port, hub, standing in
+        try await withQuietMarket { port, hub, standing, _ in
             let (client, n) = try await Self.rawServed(port: port, tag: "late", hub: hub)
             // A burst of 40 KB the client does not read yet: written, and acknowledged only in part.
             await hub.publish((n + 1...n + 300).map { Self.trade("AAPL", $0) })
@@ -152,7 +154,7 @@ struct TaggedSessionTests {
     /// are resumes them whole too, not as a `gap`; and they are let go a window after the session was
     /// taken back, as they would have been on the shelf.
     @Test func topicsNotTakenBackYetStayHeldUntilTheWindowEnds() async throws {
-        try await withQuietMarket(window: .seconds(3)) { port, hub, standing in
+        try await withQuietMarket(window: .seconds(3)) { port, hub, standing, _ in
             let url = "ws://127.0.0.1:\(port)/stocks"
             let publishBoth = Self.pairs(into: hub)
             let first = try await Self.served(url, tag: "partial", subscribing: ["T.AAPL,T.MSFT"], publishing: publishBoth)
@@ -185,7 +187,7 @@ struct TaggedSessionTests {
     /// within a moment, not after the whole close timeout (3 s): the reconnect's first subscribe waits
     /// for its session. The reconnect resumes from what the old client last acknowledged.
     @Test func aConnectionTakenOverWhoseClientIsGoneClosesWithoutWaitingTheCloseTimeout() async throws {
-        try await withQuietMarket { port, hub, standing in
+        try await withQuietMarket { port, hub, standing, _ in
             let (old, n) = try await Self.rawServed(port: port, tag: "gone", hub: hub)
             // From here the old client reads and answers nothing: 40 KB of trades, acknowledged in part.
             await hub.publish((n + 1...n + 300).map { Self.trade("AAPL", $0) })
@@ -204,6 +206,33 @@ struct TaggedSessionTests {
                 !numbers.isEmpty && numbers == Array(numbers[0]...n + 300) && numbers[0] > n,
                 "the trades the old client had not acknowledged, replayed: \(numbers.prefix(3))…\(numbers.suffix(3))")
             await reconnect.close()
+        }
+    }
+
+    /// A reconnect whose first subscribe stopped waiting for the session of the connection it took over
+    /// (still closing) goes on without it; that session, kept under the name later, joins the
+    /// reconnect's own when it closes, instead of being replaced by it on the shelf. The next reconnect
+    /// resumes both sessions' topics whole.
+    @Test func aSessionKeptAfterTheTakeOverStoppedWaitingJoinsTheReconnectsOwn() async throws {
+        try await withQuietMarket(takeOverWait: .milliseconds(20)) { port, hub, _, shelf in
+            let url = "ws://127.0.0.1:\(port)/stocks"
+            // The old connection holds AAPL; its client is gone from here (it answers no close).
+            let (old, _) = try await Self.rawServed(port: port, tag: "slow", hub: hub)
+            let reconnect = try await WSTestClient.authenticated(url: url, key: "client-key#slow")
+            reconnect.send(ClientAction(.subscribe, params: "T.MSFT"))
+            _ = try await reconnect.waitForStatus(StatusMessage.Kind.success)
+            // The old connection's session is kept once it closed, a quarter of a second on.
+            #expect(old.readsToEOF(within: .seconds(5)), "the old connection closed")
+            try await eventually("the old connection's session kept beside the reconnect") { shelf.count == 1 }
+            for n in 1...3 { await hub.publish([Self.trade("AAPL", 1000 + n), Self.trade("MSFT", 1000 + n)]) }
+            await reconnect.close()
+
+            let third = try await WSTestClient.authenticated(url: url, key: "client-key#slow")
+            third.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
+            let resumed = try await third.waitForStatus(StatusMessage.Kind.resumed)
+            #expect((resumed.fields["gaps"] as? [String] ?? []).isEmpty, "\(resumed.fields)")
+            #expect(resumed.eventsBefore.filter { $0.ticker == "AAPL" }.count >= 3, "AAPL's missed trades replayed: \(resumed.fields)")
+            await third.close()
         }
     }
 
@@ -241,7 +270,7 @@ struct TaggedSessionTests {
         // The session broke at e1's 250.
         let broken = SessionShelf.Session(epoch: "e1", resumeAfter: 250, topics: [aapl], brokeAt: .now)
 
-        try await withQuietMarket(hub: hub, shelved: [("key-1#across", broken)]) { port, hub, standing in
+        try await withQuietMarket(hub: hub, shelved: [("key-1#across", broken)]) { port, hub, standing, _ in
             // A small receive buffer: the replay waits, unacknowledged, in the relay's socket until read.
             let client = try RawSocket(port: port, receiveBuffer: 2048)
             #expect(client.readUntil("connected", initial: try client.upgrade()).found)
@@ -281,7 +310,7 @@ struct TaggedSessionTests {
     /// subscribes anything (a reconnect that fails at once): its session is the one it took over, not
     /// an empty one that would replace it on the shelf. The next reconnect resumes the topics whole.
     @Test func aReconnectThatGoesBeforeItSubscribesKeepsTheSessionItTookOver() async throws {
-        try await withQuietMarket { port, hub, standing in
+        try await withQuietMarket { port, hub, standing, _ in
             let url = "ws://127.0.0.1:\(port)/stocks"
             let publishBoth = Self.pairs(into: hub)
             let first = try await Self.served(url, tag: "flap", subscribing: ["T.AAPL,T.MSFT"], publishing: publishBoth)
