@@ -330,7 +330,7 @@ actor MarketConnection {
         // A session tagged before its market had an epoch is kept if one names its positions now.
         let sessionName = self.sessionName ?? (dependencies.hub.epoch != nil ? unnamedSession : nil)
         if let sessionName, let grant, let position = handler.value.acknowledgedPosition,
-            let kept = keptStanding(position, topics: session.topics.union(resuming?.topics ?? []))
+            let kept = keptStanding(position, topics: session.topics.union(resuming?.topics ?? []), takenBack: resuming)
         {
             dependencies.logger.debug(
                 "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept.epoch)", "resumeAfter": "\(kept.resumeAfter)"])
@@ -359,18 +359,24 @@ actor MarketConnection {
     private func shelve(_ closing: SessionShelf.Session, as name: String) async {
         // Closed before its first subscribe took over the session of the connection it replaced: that
         // one's joins this one's (kept alone, this one's would replace it on the shelf). So does one kept
-        // under its name after its take-over stopped waiting (the connection replaced closed later).
+        // under its name since (by a connection it replaced, after this one's take-over stopped waiting;
+        // or by the connection that replaced it, when this one's close was held up past that one's wait:
+        // then this one's is the older session of the two).
+        var newer: SessionShelf.Session?
         if takingOver {
             await takeOver(name, lettingGoAtWindowsEnd: false)
-        } else if resuming == nil, let late = dependencies.shelf.take(name, into: standing) {
+        } else if resuming == nil, sessionName != nil, let late = dependencies.shelf.take(name, into: standing) {
+            if late.brokeAt > closing.brokeAt { newer = late }
             takeBack(late, lettingGoAtWindowsEnd: false)
         }
         var shelved = closing
+        let older = newer == nil ? resuming : nil
         if let position = handler.value.acknowledgedPosition,
-            let kept = keptStanding(position, topics: closing.topics.union(resuming?.topics ?? []))
+            let kept = keptStanding(position, topics: closing.topics.union(older?.topics ?? []), takenBack: older)
         {
             shelved = SessionShelf.Session(kept, brokeAt: closing.brokeAt, carriedOver: closing.carriedOver)
         }
+        if let newer { shelved = SessionStanding.merged(newer, over: shelved) }
         // Parked first, so its topics never stop being wanted; then shelved; then no longer open. The
         // topics of a session it took back and had not subscribed again are held by that one's parked
         // subscriber: this one takes them over before that one goes (or, with none of its own, is it).
@@ -403,13 +409,13 @@ actor MarketConnection {
     /// Where the session stands as it would be kept now, holding `topics`: in the epoch of its position
     /// (a session it took back and had not resubscribed wholly keeps that one's start and topics; one of
     /// an older epoch stands for both, so that they resume as `gap`, never partly). Closed before its
-    /// first topics were added, it stands where a session it took back stood (not at 0).
-    private func keptStanding(_ position: AcknowledgedPosition, topics: Set<Topic>) -> SessionStanding.Now? {
-        if !position.isStarted, let resuming {
-            return SessionStanding.Now(resuming, topics: topics)
+    /// first topics were added, it stands where a session it took back (`takenBack`) stood (not at 0).
+    private func keptStanding(_ position: AcknowledgedPosition, topics: Set<Topic>, takenBack: SessionShelf.Session?) -> SessionStanding.Now? {
+        if !position.isStarted, let takenBack {
+            return SessionStanding.Now(takenBack, topics: topics)
         }
         guard let epoch = position.epoch.flatMap({ $0.isEmpty ? nil : $0 }) ?? dependencies.hub.epoch else { return nil }
-        return SessionStanding.kept(epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: topics, takenBack: resuming)
+        return SessionStanding.kept(epoch: epoch, acknowledged: position.resumeAfter, floors: position.floors, topics: topics, takenBack: takenBack)
     }
 
     // MARK: the hub

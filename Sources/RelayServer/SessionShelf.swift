@@ -15,7 +15,8 @@ public struct ResumeSettings: Sendable, Equatable {
     public var sessions: Int = 10_000
     /// How long a reconnect's first subscribe waits for the session of a connection it took over that
     /// is still closing (that close gives its client a quarter of a second); past it, the subscribe goes
-    /// on without it, and the session joins this connection's when it closes.
+    /// on without it, and the session joins this connection's when it closes (unless this one took
+    /// back a session of its own at sign-in whose topics it has not all subscribed again).
     public var takeOverWait: Duration = .seconds(5)
 
     public init() {}
@@ -241,6 +242,9 @@ final class SessionShelf: Sendable {
     /// Sessions kept now.
     var count: Int { shelf.withLock { $0.sessions.count } }
 
+    /// Connections open under `name`: the newest, and those it took over that are still closing.
+    func openConnections(_ name: String) -> Int { live.withLock { $0[name].map { 1 + $0.replacing.count } ?? 0 } }
+
     /// Broken connections whose sessions are on their way to the shelf (a connection's hub changes run
     /// after it closed): a relay that stops saves its shelf once none is.
     private let onTheirWay = Atomic<Int>(0)
@@ -371,8 +375,9 @@ final class SessionStanding: Sendable {
         }
     }
 
-    /// `newer` with `older` as the session it took back, as one session.
-    private static func merged(_ newer: SessionShelf.Session, over older: SessionShelf.Session) -> SessionShelf.Session {
+    /// `newer` with `older` as the session it took back, as one session (one of an older epoch stands
+    /// for both).
+    static func merged(_ newer: SessionShelf.Session, over older: SessionShelf.Session) -> SessionShelf.Session {
         let now = kept(
             epoch: newer.epoch, acknowledged: newer.resumeAfter, floors: newer.floors, topics: newer.topics.union(older.topics), takenBack: older)
         return SessionShelf.Session(now, brokeAt: newer.brokeAt, carriedOver: newer.carriedOver ?? older.carriedOver)

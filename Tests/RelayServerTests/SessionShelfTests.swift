@@ -277,6 +277,21 @@ struct AcknowledgedPositionTests {
             "both sessions, from the lower start: \(saved)")
     }
 
+    /// Two sessions of one name as one: the newer stands on the older, and one of an older epoch (a
+    /// failover between them) stands for both, so they resume across the terms, never skipping the
+    /// older one's tail.
+    @Test func aNewerSessionMergedOverAnOlderOneKeepsTheOlderEpochsStart() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let msft = try #require(Topic(parsing: "T.MSFT"))
+        let older = SessionShelf.Session(epoch: "e1", resumeAfter: 100, topics: [aapl], brokeAt: .now)
+        let newer = SessionShelf.Session(epoch: "e2", resumeAfter: 5, topics: [msft], brokeAt: .now + .seconds(1))
+        let merged = SessionStanding.merged(newer, over: older)
+        #expect(SessionStanding.Now(merged) == SessionStanding.Now(epoch: "e1", resumeAfter: 100, topics: [aapl, msft], floors: [:]))
+        #expect(merged.brokeAt == newer.brokeAt, "kept for a window from the newer one's break")
+        let sameTerm = SessionStanding.merged(SessionShelf.Session(epoch: "e1", resumeAfter: 300, topics: [msft], brokeAt: .now), over: older)
+        #expect(SessionStanding.Now(sameTerm) == SessionStanding.Now(epoch: "e1", resumeAfter: 100, topics: [aapl, msft], floors: [:]))
+    }
+
     /// An answer of no session (not no answer).
     static func answeredNone(_ answer: SessionShelf.Session??) -> Bool {
         if case .some(.none) = answer { true } else { false }
