@@ -524,6 +524,9 @@ final class EventHistory {
 
     /// Drops the oldest slots while the history is past its memory bound or older than its age bound.
     func evict(now: Int64) {
+        // Empty lines first: what they free is room the events need not make.
+        let half = limits.memoryBytes / 2 / Self.overheadPerLine
+        if lines.count > Swift.max(half, idleLinesAbove) { letGoOfIdleLines() } else if lines.count <= half { idleLinesAbove = 0 }
         let oldestKept = now - limits.maxAge.milliseconds
         // The first slot's time is read in place: a copy of the slot would retain what it holds.
         while !slots.isEmpty, memory > limits.memoryBytes || slots[0].arrivedAt < oldestKept {
@@ -544,8 +547,6 @@ final class EventHistory {
             }
             forget(slot, line: line)
         }
-        let half = limits.memoryBytes / 2 / Self.overheadPerLine
-        if lines.count > Swift.max(half, idleLinesAbove) { letGoOfIdleLines() } else if lines.count <= half { idleLinesAbove = 0 }
     }
 
     /// Lets go of every line that holds no event and whose ticker is wanted only under its wildcard. Such
@@ -556,9 +557,12 @@ final class EventHistory {
     private func letGoOfIdleLines() {
         for line in Array(lines.values) where line.held.isEmpty && !wantedTickers.contains(line.topic) { drop(line) }
         // Checked again only after an eighth of the bound in new lines (not once per event while lines
-        // that hold events keep the table above the half: the memory bound evicts those events), and
-        // at the latest once lines alone would take the whole bound.
-        idleLinesAbove = Swift.min(lines.count + limits.memoryBytes / 8 / Self.overheadPerLine, limits.memoryBytes / Self.overheadPerLine)
+        // that hold events, or of tickers held by name, keep the table above the half: the memory bound
+        // evicts those events), and at the latest once lines alone would take the whole bound (unless
+        // they already do).
+        let eighth = limits.memoryBytes / 8 / Self.overheadPerLine
+        let whole = limits.memoryBytes / Self.overheadPerLine
+        idleLinesAbove = lines.count >= whole ? lines.count + eighth : Swift.min(lines.count + eighth, whole)
     }
 
     private func dropOldest(of line: TopicLine) {

@@ -15,8 +15,9 @@ struct LastValueBound {
     let lastValues = ByteRoom(limit: 256 << 20)
     /// What a cluster node's books hold back while they are not whole (``MarketDataHub/TopicEntry/heldBack``),
     /// all together: within it, a publisher on NATS that keeps books from being whole (changes, and never
-    /// a whole book) cannot make the hub hold up to a megabyte for each of its tickers. Past it, a book's
-    /// changes are not held back: it waits, not whole, for a whole book that comes when there is room.
+    /// a whole book) cannot make the hub hold up to a megabyte for each of its tickers. A change past it
+    /// is not held, and the book lets go of those it held (they no longer reach a whole book without
+    /// it); it holds again from its next change that fits.
     let heldBack: ByteRoom
     /// The table's size that calls for the next trim: `limit`, or more while the topics held by name
     /// alone keep it above nine tenths of it (one trim per tenth of `limit` of new topics, never one
@@ -119,12 +120,13 @@ final class ByteRoom {
 
 extension MarketDataHub {
     /// What the books hold back now, all together, and the changes not held back for want of room.
-    func heldBackBytes() -> (total: Int, refused: Int) { (lastValueBound.heldBack.total, lastValueBound.heldBack.refused) }
+    func heldBackRoom() -> (total: Int, refused: Int) { (lastValueBound.heldBack.total, lastValueBound.heldBack.refused) }
 
     /// What the last values and books hold now, all together.
     func lastValueBytes() -> Int { lastValueBound.lastValues.total }
 
-    /// Books hold back at most `bytes` from now on, all together; the last values, `lastValues`.
+    /// Books hold back at most `heldBack` bytes from now on, all together; the last values and books
+    /// hold at most `lastValues`.
     func limitTable(heldBack: Int? = nil, lastValues: Int? = nil) {
         if let heldBack { lastValueBound.heldBack.limit = heldBack }
         if let lastValues { lastValueBound.lastValues.limit = lastValues }

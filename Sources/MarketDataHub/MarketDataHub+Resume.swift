@@ -373,9 +373,9 @@ extension MarketDataHub {
                 rebuilt.append(stamped, positions: positions, arrivals: kept.map { allArrivals[$0] })
                 if keepsLastValues {
                     for event in stamped {
-                        let kept = entry(for: event.topic)
-                        kept.last = event.compacted()
-                        kept.recount()
+                        let entry = self.entry(for: event.topic)
+                        entry.last = event.compacted()
+                        entry.recount()
                     }
                 }
                 count += stamped.count

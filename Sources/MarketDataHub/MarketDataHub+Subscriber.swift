@@ -71,7 +71,8 @@ extension MarketDataHub {
         /// A cluster node's events of a folded topic since its fold stopped being whole, so a whole state
         /// from the cluster's store, at an earlier position, can be brought up to date (at most
         /// ``heldBackLimit`` events and ``heldBackBytes`` bytes; past either the oldest half goes, and only
-        /// a newer whole state helps).
+        /// a newer whole state helps; and within the room all the table's books share,
+        /// ``LastValueBound/heldBack``).
         private(set) var heldBack: [MarketEvent] = []
         private(set) var heldBackSize = 0
 

@@ -144,10 +144,6 @@ actor MarketConnection {
     /// The session is still open on an older connection (closed now): its first subscribe waits for it.
     private var takingOver = false
 
-    /// How long a connection taken over has to answer its close: its client is gone, or has moved on to
-    /// the connection that took over, whose first subscribe waits for this one's session.
-    static let takenOverAnswer = TimeAmount.milliseconds(250)
-
     /// - Parameter session: the vendor's conversation (Polygon's or Alpaca's), not yet authenticated.
     init(
         handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, session: any DownstreamSession, dependencies: Dependencies,
@@ -231,6 +227,7 @@ actor MarketConnection {
                 sessionName = name
                 let loop = self.loop
                 let handler = self.handler
+                let takenOverAnswer = TimeAmount(dependencies.configuration.resume.takenOverAnswer)
                 // Open first, then take: a broken connection shelves its session before it leaves the
                 // open ones, so either it is still open (and is taken over, waiting for its session) or
                 // its session is already on the shelf. Taking first left a gap between the two in which
@@ -239,7 +236,7 @@ actor MarketConnection {
                 self.standing = standing
                 let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing) {
                     loop.execute {
-                        handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: Self.takenOverAnswer)
+                        handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: takenOverAnswer)
                     }
                 }
                 takeBack(dependencies.shelf.take(name, into: standing))
@@ -376,7 +373,11 @@ actor MarketConnection {
         {
             shelved = SessionShelf.Session(kept, brokeAt: closing.brokeAt, carriedOver: closing.carriedOver)
         }
-        if let newer { shelved = SessionStanding.merged(newer, over: shelved) }
+        if let newer {
+            shelved = SessionStanding.merged(newer, over: shelved)
+            // The checkpoint finds it so until it is kept (not the newer one under this one's).
+            standing?.tookBack(shelved)
+        }
         // Parked first, so its topics never stop being wanted; then shelved; then no longer open. The
         // topics of a session it took back and had not subscribed again are held by that one's parked
         // subscriber: this one takes them over before that one goes (or, with none of its own, is it).
@@ -456,9 +457,7 @@ actor MarketConnection {
     /// Takes over the session of the connection it replaced under `name`, once that one has closed.
     private func takeOver(_ name: String, lettingGoAtWindowsEnd: Bool = true) async {
         takingOver = false
-        let taken = await dependencies.shelf.takeOver(
-            name, for: ObjectIdentifier(self), into: standing, timeout: dependencies.configuration.resume.takeOverWait)
-        takeBack(taken, lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
+        takeBack(await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing), lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
     }
 
     /// A session taken back holds its topics for the connection (its parked subscriber keeps them

@@ -13,10 +13,14 @@ public struct ResumeSettings: Sendable, Equatable {
     public var marginBytes: Int = 65_536
     /// Broken sessions kept at once per market; past it the oldest go first.
     public var sessions: Int = 10_000
+    /// How long a connection taken over (closed with 4000) has to answer its close: its client is gone,
+    /// or has moved on to the connection that took over, whose first subscribe waits for its session.
+    public var takenOverAnswer: Duration = .milliseconds(250)
     /// How long a reconnect's first subscribe waits for the session of a connection it took over that
-    /// is still closing (that close gives its client a quarter of a second); past it, the subscribe goes
-    /// on without it, and the session joins this connection's when it closes (unless this one took
-    /// back a session of its own at sign-in whose topics it has not all subscribed again).
+    /// is still closing; past it, the subscribe goes on without it (its topics subscribed plainly), and
+    /// the session joins this connection's when it closes. (A reconnect that took back a session at
+    /// sign-in while the old connection was still open does not wait; the old one's session, kept
+    /// later, is replaced by the reconnect's when it closes, unless it has subscribed all of its own.)
     public var takeOverWait: Duration = .seconds(5)
 
     public init() {}
@@ -218,13 +222,14 @@ final class SessionShelf: Sendable {
     }
 
     /// The session of a connection taken over, once it closed and was kept, for the connection `id`:
-    /// waits while a connection older than it under `name` is still closing (its close waits for its
-    /// client, a few seconds at most), up to `timeout`. Not for newer ones: they take this one's
+    /// waits while a connection older than it under `name` is still closing (a connection taken over
+    /// has ``ResumeSettings/takenOverAnswer`` to answer its close), up to `timeout`
+    /// (``ResumeSettings/takeOverWait`` unless given). Not for newer ones: they take this one's
     /// session, never the other way round.
     func takeOver(
-        _ name: String, for id: ObjectIdentifier, into standing: SessionStanding?, timeout: Duration = .seconds(5)
+        _ name: String, for id: ObjectIdentifier, into standing: SessionStanding?, timeout: Duration? = nil
     ) async -> Session? {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + (timeout ?? settings.takeOverWait)
         while true {
             let closing = live.withLock { live in
                 // The ones taken over, oldest first: any at all for the open one, any before it else.

@@ -459,8 +459,8 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     /// Starts the close handshake with `code`: a close frame now, the channel closed when the client
-    /// answers or after `answerWithin` (the close timeout unless given). A tagged session stands where
-    /// its client had acknowledged by then.
+    /// answers or after `answerWithin` (the close timeout unless given). At that time-out, what the
+    /// client acknowledged is read once more, so a tagged session stands where it had by then.
     func close(code: WebSocketErrorCode, reason: String?, answerWithin: TimeAmount? = nil) {
         guard let context, !isClosing else { return }
         isClosing = true

@@ -119,6 +119,8 @@ final class RawSocket {
                 if bytes.isEmpty { return false }
                 received += bytes
                 if received.firstRange(of: target) != nil { return true }
+            } else if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
+                return false
             }
         }
         return false

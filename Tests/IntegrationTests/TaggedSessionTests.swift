@@ -71,10 +71,10 @@ struct TaggedSessionTests {
     }
 
     /// Runs `body` with a server whose stock market's hub (`hub`: by default one with a history) the test
-    /// feeds, with `shelved` sessions on its shelf, its port, and where each tagged session stands
-    /// (``SessionShelf/checkpoint()``).
+    /// feeds, with `shelved` sessions on its shelf (and the take-over's times given), its port, where
+    /// each tagged session stands (``SessionShelf/checkpoint()``), and the shelf.
     func withQuietMarket(
-        window: Duration = .seconds(60), takeOverWait: Duration = .seconds(5),
+        window: Duration = .seconds(60), takeOverWait: Duration = .seconds(5), takenOverAnswer: Duration = .milliseconds(250),
         hub: MarketDataHub = MarketDataHub(wire: .polygon, history: HistoryLimits()),
         shelved: [(name: String, session: SessionShelf.Session)] = [],
         _ body: (
@@ -87,6 +87,7 @@ struct TaggedSessionTests {
         configuration.resume.marginBytes = 0
         configuration.resume.window = window
         configuration.resume.takeOverWait = takeOverWait
+        configuration.resume.takenOverAnswer = takenOverAnswer
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
         let shelf = server.markets[0].shelf
         for (name, session) in shelved { shelf.keep(session, as: name) }
@@ -212,19 +213,21 @@ struct TaggedSessionTests {
     /// A reconnect whose first subscribe stopped waiting for the session of the connection it took over
     /// (still closing) goes on without it; that session, kept under the name later, joins the
     /// reconnect's own when it closes, instead of being replaced by it on the shelf. The next reconnect
-    /// resumes both sessions' topics whole. (On a machine so loaded that the reconnect's subscribe comes
-    /// after the old connection closed, the take-over succeeds instead, and the outcome is the same.)
+    /// resumes both sessions' topics whole.
     @Test func aSessionKeptAfterTheTakeOverStoppedWaitingJoinsTheReconnectsOwn() async throws {
-        try await withQuietMarket(takeOverWait: .milliseconds(20)) { port, hub, _, shelf in
+        // The old connection's close waits 2 s for its client; the reconnect's subscribe, 20 ms for it.
+        try await withQuietMarket(takeOverWait: .milliseconds(20), takenOverAnswer: .seconds(2)) { port, hub, _, shelf in
             let url = "ws://127.0.0.1:\(port)/stocks"
             // The old connection holds AAPL; its client is gone from here (it answers no close).
             let (old, _) = try await Self.rawServed(port: port, tag: "slow", hub: hub)
             let reconnect = try await WSTestClient.authenticated(url: url, key: "client-key#slow")
             reconnect.send(ClientAction(.subscribe, params: "T.MSFT"))
             _ = try await reconnect.waitForStatus(StatusMessage.Kind.success)
-            // The old connection's session is kept once it closed, a quarter of a second on.
+            // The old connection's session is kept once it closed, 2 s on.
             #expect(old.readsToEOF(within: .seconds(5)), "the old connection closed")
-            try await eventually("the old connection's session kept beside the reconnect") { shelf.openConnections("key-1#slow") == 1 }
+            try await eventually("the old connection's session kept beside the reconnect") {
+                shelf.openConnections("key-1#slow") == 1 && shelf.count == 1
+            }
             for n in 1...3 { await hub.publish([Self.trade("AAPL", 1000 + n), Self.trade("MSFT", 1000 + n)]) }
             await reconnect.close()
             try await eventually("one session kept, none open") { shelf.openConnections("key-1#slow") == 0 && shelf.count == 1 }
