@@ -17,8 +17,9 @@ public struct ConflationMode: Sendable, Equatable {
 /// One subscriber's pending merged events: the newest state event per topic not yet queued, in the
 /// order their topics first became pending. Bounded by the subscriber's buffer (``Subscriber/bufferLimit``
 /// topics: a wildcard holds as many as the upstream sends), not by the event rate: at it, what is
-/// pending is queued at once, as at a flush (what the buffer has no room for is lost, and told). A trade takes its own ticker's pending events through an
-/// index by ticker, so its cost does not grow with the other tickers pending (it used to scan them all).
+/// pending is queued at once, as at a flush (what the buffer has no room for is lost, and told). A trade
+/// takes its own ticker's pending events through an index by ticker, so its cost does not grow with the
+/// other tickers pending (it used to scan them all).
 /// Confined to the hub.
 final class Conflation {
     var mode: ConflationMode

@@ -15,8 +15,7 @@ extension MarketDataHub {
         guard snapshotOnSubscribe, !snapshotless.contains(event.eventType), let entry = entries[event.topic], entry.last == nil,
             !entry.subscribers.isEmpty
         else { return }
-        entry.last = event.compacted()
-        entry.recount()
+        entry.keepLast(event)
         for subscriber in entry.subscribers { enqueue(HubDelivery([event]), to: subscriber) }
         tell(entry.subscribers)
     }

@@ -137,11 +137,12 @@ extension MarketDataHub {
 
     /// Lets go of the least recently updated topics nobody holds by name until
     /// ``LastValueBound/keptAfterTrim`` are left and they hold ``LastValueBound/bytesKeptAfterTrim``
-    /// at most, or none such is; called by a publish that took the table past its bound. Topics whose state is folded (order books under a
-    /// wildcard) go only after every other such topic, so the bound holds for them too. A wildcard's
-    /// holders still get every event: only the last values of the topics let go are forgotten (a new
-    /// holder's snapshot lacks them until their next event; a book let go, until the vendor's next whole
-    /// one). The oldest are found by selection, not by sorting the table: one pass and a partition.
+    /// at most, or none such is; called by a publish that took the table past its bound. Topics whose
+    /// state is folded (order books under a wildcard) go only after every other such topic, so the bound
+    /// holds for them too. A wildcard's holders still get every event: only the last values of the topics
+    /// let go are forgotten (a new holder's snapshot lacks them until their next event; a book let go,
+    /// until the vendor's next whole one). Past the count alone, the oldest are found by selection, not by
+    /// sorting the table: one pass and a partition (past the bytes, how many hold them is found by sorting).
     func trimUnwantedLastValues() {
         let excess = entries.count - lastValueBound.keptAfterTrim
         let excessBytes = lastValueBound.lastValues.total - lastValueBound.bytesKeptAfterTrim

@@ -371,13 +371,7 @@ extension MarketDataHub {
                 let positions = kept.map { allPositions[$0] }
                 let stamped = EventPosition.stamp(kept.map { all[$0] }, positions)
                 rebuilt.append(stamped, positions: positions, arrivals: kept.map { allArrivals[$0] })
-                if keepsLastValues {
-                    for event in stamped {
-                        let entry = self.entry(for: event.topic)
-                        entry.last = event.compacted()
-                        entry.recount()
-                    }
-                }
+                if keepsLastValues { for event in stamped { entry(for: event.topic).keepLast(event) } }
                 count += stamped.count
             case .wanted(let topic, let wanted, let at):
                 if wanted { rebuilt.wanted(topic, now: at) } else { rebuilt.unwanted(topic, now: at) }

@@ -86,6 +86,12 @@ extension MarketDataHub {
             heldBackRoom.give(heldBackSize)
         }
 
+        /// Keeps `event` as its last value, with bytes of its own, counted.
+        func keepLast(_ event: MarketEvent) {
+            last = event.compacted()
+            recount()
+        }
+
         /// Counts what its last value and book hold now (as the process holds it: the storage).
         func recount() {
             let bytes = (last?.bytes.storageCapacity ?? 0) + (fold?.footprint ?? 0)

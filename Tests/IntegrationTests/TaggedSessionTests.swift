@@ -20,6 +20,14 @@ struct TaggedSessionTests {
 
     static func marketSequences(_ events: [MarketEvent]) -> [UInt64] { events.compactMap { EventPosition.read(from: $0.bytes)?.market } }
 
+    /// The number right after `key` (a field's name, its colon and any quote) in each of `events` that has it.
+    static func numbers(_ key: String, in events: [MarketEvent]) -> [Int] {
+        events.compactMap { event in
+            let text = String(buffer: event.bytes)
+            return text.range(of: key).flatMap { Int(text[$0.upperBound...].prefix { $0.isNumber }) }
+        }
+    }
+
     /// Publishes an AAPL and an MSFT trade into `hub` at each call, numbered from 1.
     static func pairs(into hub: MarketDataHub) -> @Sendable () async -> Void {
         let count = Mutex(0)
@@ -198,11 +206,7 @@ struct TaggedSessionTests {
             // Answered once the old connection closed: within 2.5 s, not after the close timeout (3 s).
             let resumed = try await reconnect.waitForStatus(StatusMessage.Kind.resumed, timeout: .milliseconds(2500))
             #expect(old.readsToEOF(within: .seconds(1)), "the connection taken over is closed")
-            let numbers = resumed.eventsBefore.compactMap { event -> Int? in
-                let text = String(buffer: event.bytes)
-                guard let at = text.range(of: #""i":""#) else { return nil }
-                return Int(text[at.upperBound...].prefix { $0.isNumber })
-            }
+            let numbers = Self.numbers(#""i":""#, in: resumed.eventsBefore)
             #expect(
                 !numbers.isEmpty && numbers == Array(numbers[0]...n + 300) && numbers[0] > n,
                 "the trades the old client had not acknowledged, replayed: \(numbers.prefix(3))…\(numbers.suffix(3))")
@@ -292,12 +296,7 @@ struct TaggedSessionTests {
             let again = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#across")
             again.send(ClientAction(.subscribe, params: "Q.AAPL"))
             let resumed = try await again.waitForStatus(StatusMessage.Kind.resumed)
-            let numbers = resumed.eventsBefore.compactMap { event -> Int? in
-                guard let text = event.bytes.getString(at: event.bytes.readerIndex, length: event.bytes.readableBytes),
-                    let at = text.range(of: #""n":"#)
-                else { return nil }
-                return Int(text[at.upperBound...].prefix { $0.isNumber })
-            }
+            let numbers = Self.numbers(#""n":"#, in: resumed.eventsBefore)
             #expect(
                 numbers.first == 251 && numbers.contains(1000),
                 "the former term's tail again, whole: \(numbers.prefix(3))…\(numbers.suffix(3)) \(resumed.fields) \(resumed.eventsBefore.count)")
