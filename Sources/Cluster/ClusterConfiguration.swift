@@ -26,6 +26,9 @@ public struct ClusterConfiguration: Sendable, Equatable {
     /// The most topics one node's clients may have the cluster ask upstream for (and the most the
     /// leader takes from one node).
     public var maxTopicsPerNode = 100_000
+    /// The most distinct topics the leader asks its upstream for, whatever every node wants together:
+    /// a node's topics past it are refused to its clients (as topics the upstream refused).
+    public var maxTopics = 100_000
     /// How this node proves itself to NATS and checks NATS's certificate.
     public var security = Security()
 

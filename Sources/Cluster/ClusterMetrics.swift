@@ -66,6 +66,18 @@ final class ClusterMetrics: Sendable {
         }
     }
 
+    /// A node's topics the cluster's union had no room for (past `cluster.maxTopics`): counted per topic
+    /// and logged at most once per 10 s.
+    func interestPastTheUnion(_ count: Int, node: String, cap: Int, logger: Logger) {
+        Counter(label: "relay_cluster_interest_refused_topics_total", factory: factory).increment(by: count)
+        let (log, held) = throttle.withLock { $0.admit("interest-union") }
+        if log {
+            logger.warning(
+                "node \(node) asked for \(count) topics the cluster does not ask upstream: it asks for at most \(cap) distinct topics (cluster.maxTopics)",
+                metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
+        }
+    }
+
     private let throttle = Mutex(Throttle())
 
     /// Admits one log line per key per 10 s and counts those held back.

@@ -138,7 +138,9 @@ public final class ClusterNode: Service, Sendable {
             ClusterGapFill(
                 hook: $0, subjects: subjects, node: configuration.nodeID, hub: hub, sequencer: sequencer, metrics: metrics, logger: logger)
         }
-        state = Mutex(State(interest: InterestTable(ttl: configuration.interestTTL, maxTopicsPerNode: configuration.maxTopicsPerNode)))
+        let interest = InterestTable(
+            ttl: configuration.interestTTL, maxTopicsPerNode: configuration.maxTopicsPerNode, maxTopics: configuration.maxTopics)
+        state = Mutex(State(interest: interest))
     }
 
     // MARK: reading
@@ -401,14 +403,22 @@ public final class ClusterNode: Service, Sendable {
             metrics.rejected("interest", "from node \(node): \(refused.joined(separator: "; "))", logger: logger)
         }
         let part = InterestTable.Part(generation: header.generation, part: header.part, parts: header.parts, topics: Array(topics))
-        let (outcome, upstream) = state.withLock { state in
-            (state.interest.receive(part, from: node, at: .now), state.upstream)
+        let (outcome, upstream, leading) = state.withLock { state in
+            (state.interest.receive(part, from: node, at: .now), state.upstream, state.leading)
         }
         switch outcome {
         case .gathering:
             break
-        case .complete(let changed):
-            if changed, upstream != nil { updateUpstreamTopics() }
+        case .complete(let change):
+            if change.changed, upstream != nil { updateUpstreamTopics() }
+            // Every node keeps the table (a new leader starts from it); the leader speaks for it.
+            guard !change.refused.isEmpty, leading else { break }
+            metrics.interestPastTheUnion(change.refused.count, node: node, cap: configuration.maxTopics, logger: logger)
+            // Every node's clients of these topics are told, as of topics the upstream refused (the
+            // first ones by name; a hostile set's whole refusal would be a flood on the control subject).
+            let named = Set(change.refused.sorted().prefix(Self.refusalsNamed))
+            let reason = "the cluster asks its upstream for at most \(configuration.maxTopics) distinct topics"
+            publish(control: .refused(topics: named, code: 405, reason: reason))
         case .outOfSequence:
             metrics.rejected(
                 "interest", "from node \(node): a part out of sequence (one was lost); its next publish replaces it", logger: logger)
@@ -419,6 +429,9 @@ public final class ClusterNode: Service, Sendable {
             metrics.rejected("interest", "from node \(node): the cluster already counts the interest of 64 nodes", logger: logger)
         }
     }
+
+    /// The most topics of one node's set past the union's bound the leader names to the clients.
+    static let refusalsNamed = 2_000
 
     /// Upstream subscription changes, at most one batch per 50 ms.
     private let upstreamUpdate = Debouncer(delay: .milliseconds(50))

@@ -8,12 +8,28 @@ import MarketCore
 /// wants it, and a ticker topic is left out while the wildcard of its event type is wanted. The union is
 /// kept incrementally (each topic counts the nodes that want it): a node's new set costs what changed
 /// in it, never a walk over every node's topics.
+///
+/// The union holds at most ``maxTopics`` distinct topics (the upstream is asked for no more, whoever
+/// publishes interest): a node's topics new to the union past it are not counted and are named in
+/// ``Change/refused`` (the leader tells every node's clients of them), and they are asked again when
+/// the node's set changes, or at its next publish once the union has room.
 public struct InterestTable: Sendable {
     public let ttl: Duration
     /// The most topics one node's set may hold; a set past it is refused whole (the node's previous set
     /// stays) and ``receive(_:from:topics:at:)`` says so.
     public let maxTopicsPerNode: Int
-    private var nodes: [String: (topics: Set<Topic>, seen: ContinuousClock.Instant)] = [:]
+    /// The most distinct topics the union holds (ticker topics a wildcard covers count too, as in a
+    /// relay's own topic ledger).
+    public let maxTopics: Int
+    /// Each live node: the topics of its set that count, the hash of the set it last asked for (the
+    /// same set again is not asked again), whether some of that set did not fit, and when it was heard.
+    private struct Node {
+        var topics: Set<Topic> = []
+        var asked: Int?
+        var short = false
+        var seen: ContinuousClock.Instant
+    }
+    private var nodes: [String: Node] = [:]
     /// How many live nodes want each topic.
     private var wanting: [Topic: Int] = [:]
     /// Event type → its ticker topics some node wants (in the union unless the type's wildcard is).
@@ -28,10 +44,23 @@ public struct InterestTable: Sendable {
     /// inventing nodes.
     public let maxNodes: Int
 
-    public init(ttl: Duration, maxTopicsPerNode: Int = 100_000, maxNodes: Int = 64) {
+    public init(ttl: Duration, maxTopicsPerNode: Int = 100_000, maxTopics: Int = 100_000, maxNodes: Int = 64) {
         self.ttl = ttl
         self.maxTopicsPerNode = maxTopicsPerNode
+        self.maxTopics = maxTopics
         self.maxNodes = maxNodes
+    }
+
+    /// What a node's set changed: whether the union changed, and the topics of a newly asked set that
+    /// did not fit in it (empty when the set was asked before).
+    public struct Change: Sendable, Equatable {
+        public var changed: Bool
+        public var refused: Set<Topic>
+
+        public init(changed: Bool, refused: Set<Topic> = []) {
+            self.changed = changed
+            self.refused = refused
+        }
     }
 
     // MARK: the wire form, in parts
@@ -86,8 +115,8 @@ public struct InterestTable: Sendable {
     public enum Outcome: Sendable, Equatable {
         /// Kept; the set is not complete yet.
         case gathering
-        /// The set is complete and now counts; whether the union changed.
-        case complete(changed: Bool)
+        /// The set is complete and now counts (less what did not fit): what it changed.
+        case complete(Change)
         /// Out of sequence (a part was lost): the set is dropped until the node's next publish.
         case outOfSequence
         /// Past ``maxTopicsPerNode``: the set is dropped, the node's previous set stays.
@@ -121,19 +150,39 @@ public struct InterestTable: Sendable {
             return .gathering
         }
         gathering[node] = nil
-        return .complete(changed: update(node: node, topics: current.topics, at: now))
+        return .complete(update(node: node, topics: current.topics, at: now))
     }
 
-    /// Records a node's whole set. Returns whether the union changed.
+    /// Records a node's whole set: its topics gone from it are let go first, then its new ones are
+    /// counted in order while the union has room.
     @discardableResult
-    public mutating func update(node: String, topics: Set<Topic>, at now: ContinuousClock.Instant) -> Bool {
-        let previous = nodes[node]?.topics ?? []
-        nodes[node] = (topics, now)
-        guard previous != topics else { return false }
+    public mutating func update(node: String, topics: Set<Topic>, at now: ContinuousClock.Instant) -> Change {
+        var entry = nodes[node] ?? Node(seen: now)
+        entry.seen = now
+        let asked = topics.hashValue
+        let newlyAsked = entry.asked != asked
+        // The same set again is asked again only while some of it waits for room the union now has.
+        guard newlyAsked || (entry.short && wanting.count < maxTopics) else {
+            nodes[node] = entry
+            return Change(changed: false)
+        }
+        entry.asked = asked
         var changed = false
-        for topic in previous where !topics.contains(topic) { changed = release(topic) || changed }
-        for topic in topics where !previous.contains(topic) { changed = want(topic) || changed }
-        return changed
+        let gone = entry.topics.subtracting(topics)
+        entry.topics.subtract(gone)
+        for topic in gone { changed = release(topic) || changed }
+        var refused: Set<Topic> = []
+        for topic in topics.subtracting(entry.topics).sorted() {
+            guard wanting[topic] != nil || wanting.count < maxTopics else {
+                refused.insert(topic)
+                continue
+            }
+            entry.topics.insert(topic)
+            changed = want(topic) || changed
+        }
+        entry.short = !refused.isEmpty
+        nodes[node] = entry
+        return Change(changed: changed, refused: newlyAsked ? refused : [])
     }
 
     /// Forgets nodes not heard from within `ttl`. Returns whether the union changed.

@@ -188,6 +188,9 @@ extension RelaySettings {
         .init(
             "cluster.maxTopicsPerNode", flag: "cluster-max-topics-per-node", env: "RELAY_CLUSTER_MAX_TOPICS_PER_NODE", default: "100000",
             "The most topics this node's clients may have the cluster ask for."),
+        .init(
+            "cluster.maxTopics", flag: "cluster-max-topics", env: "RELAY_CLUSTER_MAX_TOPICS", default: "100000",
+            "The most distinct topics the leader asks its upstream for, for every node together."),
         .init("limits.topicsPerMessage", env: "RELAY_LIMIT_TOPICS_PER_MESSAGE", default: "1000", "Topics in one subscribe or unsubscribe message."),
         .init("limits.topicsPerConnection", env: "RELAY_LIMIT_TOPICS_PER_CONNECTION", default: "10000", "Topics one connection holds."),
         .init("limits.messagesPerSecond", env: "RELAY_LIMIT_MESSAGES_PER_SECOND", default: "50", "Client messages per second per connection, after a burst of 1,000."),

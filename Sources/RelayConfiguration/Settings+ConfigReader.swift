@@ -415,6 +415,7 @@ extension ClusterConfiguration {
             leaseDuration = .milliseconds(Int64(seconds * 1000))
         }
         if let count = try config.positive("cluster.maxTopicsPerNode") { maxTopicsPerNode = count }
+        if let count = try config.positive("cluster.maxTopics") { maxTopics = count }
         let files: [(key: ConfigKey, path: WritableKeyPath<ClusterConfiguration.Security, String?>)] = [
             ("cluster.tlsCA", \.caFile), ("cluster.tlsCert", \.certificateFile), ("cluster.tlsKey", \.keyFile),
             ("cluster.credentials", \.credentialsFile), ("cluster.nkeySeed", \.nkeySeedFile),

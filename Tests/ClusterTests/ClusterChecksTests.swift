@@ -13,21 +13,21 @@ import Testing
         #expect(parts.count == 60)
         #expect(parts.allSatisfy { $0.text.utf8.count < 128 * 1024 })
         #expect(parts.reduce(0) { $0 + $1.text.utf8.count } > 1_048_576, "the whole set is past 1 MB")
-        var table = InterestTable(ttl: .seconds(3), maxTopicsPerNode: 200_000)
+        var table = InterestTable(ttl: .seconds(3), maxTopicsPerNode: 200_000, maxTopics: 200_000)
         var outcome = InterestTable.Outcome.gathering
         for part in parts {
             let header = InterestTable.Part.parse(part.text)
             #expect(header?.part == part.part && header?.parts == 60 && header?.generation == 1)
             outcome = table.receive(part, from: "big", at: .now)
         }
-        #expect(outcome == .complete(changed: true))
+        #expect(outcome == .complete(.init(changed: true)))
         #expect(table.union.count == 120_000)
     }
 
     @Test func aLostPartDropsTheSetUntilTheNextPublishAndTheOldSetStays() {
         var table = InterestTable(ttl: .seconds(3))
         let first = InterestTable.Part.split(topics(10), generation: 1)
-        #expect(table.receive(first[0], from: "a", at: .now) == .complete(changed: true))
+        #expect(table.receive(first[0], from: "a", at: .now) == .complete(.init(changed: true)))
         let second = InterestTable.Part.split(topics(5_000), generation: 2)
         #expect(table.receive(second[0], from: "a", at: .now) == .gathering)
         #expect(table.receive(second[2], from: "a", at: .now) == .outOfSequence)
@@ -52,7 +52,7 @@ import Testing
         }
         #expect(table.receive(InterestTable.Part.split(topics(5), generation: 1)[0], from: "invented", at: .now) == .tooManyNodes)
         #expect(table.union.count == 2)
-        #expect(table.receive(InterestTable.Part.split(topics(4), generation: 2)[0], from: "a", at: .now) == .complete(changed: true))
+        #expect(table.receive(InterestTable.Part.split(topics(4), generation: 2)[0], from: "a", at: .now) == .complete(.init(changed: true)))
         #expect(table.union.count == 4)
     }
 

@@ -88,9 +88,9 @@ import Testing
         let msft = Topic(eventType: "T", ticker: "MSFT")!
         table.update(node: "a", topics: [msft], at: start)
         table.update(node: "b", topics: [msft], at: start)
-        #expect(table.update(node: "a", topics: [], at: start) == false)
+        #expect(table.update(node: "a", topics: [], at: start).changed == false)
         #expect(table.union == [msft])
-        #expect(table.update(node: "b", topics: [], at: start) == true)
+        #expect(table.update(node: "b", topics: [], at: start).changed == true)
         #expect(table.union.isEmpty)
     }
 
@@ -113,9 +113,71 @@ import Testing
             let topics = Set(pool.filter { _ in Int.random(in: 0..<4, using: &generator) == 0 })
             let before = fresh()
             sets[node] = topics
-            let changed = table.update(node: node, topics: topics, at: start)
+            let changed = table.update(node: node, topics: topics, at: start).changed
             #expect(table.union == fresh())
             #expect(changed == (before != fresh()))
+        }
+    }
+
+    func trades(_ tickers: String...) -> Set<Topic> { Set(tickers.compactMap { Topic(eventType: "T", ticker: $0) }) }
+
+    @Test func theUnionHoldsAtMostItsBoundAndNamesANodesTopicsPastItOncePerSet() {
+        var table = InterestTable(ttl: .seconds(3), maxTopics: 3)
+        #expect(table.update(node: "a", topics: trades("A", "B"), at: start) == .init(changed: true))
+        // B is wanted already and C fits; D and E do not (the first in order fit first).
+        #expect(table.update(node: "b", topics: trades("B", "C", "D", "E"), at: start) == .init(changed: true, refused: trades("D", "E")))
+        #expect(table.union == trades("A", "B", "C"))
+        // The same set again is not refused again (a node repeats its set every second).
+        #expect(table.update(node: "b", topics: trades("B", "C", "D", "E"), at: start) == .init(changed: false))
+        // Room made by another node: the waiting topics get in at the node's next publish, in order.
+        #expect(table.update(node: "a", topics: trades("B"), at: start) == .init(changed: true))
+        #expect(table.update(node: "b", topics: trades("B", "C", "D", "E"), at: start) == .init(changed: true))
+        #expect(table.union == trades("B", "C", "D"))
+        // A changed set is asked anew, and what does not fit of it is named again.
+        #expect(table.update(node: "b", topics: trades("B", "C", "D", "E", "F"), at: start) == .init(changed: false, refused: trades("E", "F")))
+        // The topics it let go make room for its new ones in the same set (B stays: "a" wants it).
+        #expect(table.update(node: "b", topics: trades("D", "E", "F"), at: start) == .init(changed: true, refused: trades("F")))
+        #expect(table.union == trades("B", "D", "E"))
+    }
+
+    @Test func aTickerAWildcardCoversCountsTowardTheBound() {
+        var table = InterestTable(ttl: .seconds(3), maxTopics: 2)
+        table.update(node: "a", topics: [.wildcard("Q")], at: start)
+        let apple = Topic(eventType: "Q", ticker: "AAPL")!
+        let change = table.update(node: "b", topics: [apple, Topic(eventType: "T", ticker: "MSFT")!], at: start)
+        #expect(change == .init(changed: false, refused: trades("MSFT")))
+        #expect(table.union == [.wildcard("Q")])
+        // The wildcard gone, the ticker it covered is asked for by itself.
+        table.update(node: "a", topics: [], at: start)
+        #expect(table.union == [apple])
+    }
+
+    @Test func aNodeForgottenMakesRoomForTheTopicsThatWaited() {
+        var table = InterestTable(ttl: .seconds(3), maxTopics: 2)
+        table.update(node: "gone", topics: trades("A", "B"), at: start)
+        #expect(table.update(node: "b", topics: trades("C"), at: start).refused == trades("C"))
+        table.update(node: "b", topics: trades("C"), at: start + .seconds(2))
+        #expect(table.expireNodes(at: start + .seconds(3)).nodes == ["gone"])
+        #expect(table.update(node: "b", topics: trades("C"), at: start + .seconds(3)) == .init(changed: true))
+        #expect(table.union == trades("C"))
+    }
+
+    @Test func aBoundedUnionNeverPassesItsBoundAndHoldsOnlyWantedTopics() {
+        var generator = SystemRandomNumberGenerator()
+        let pool: [Topic] = ["Q", "T", "AM"].flatMap { type in
+            [Topic.wildcard(type)] + (0..<6).map { Topic(eventType: type, ticker: "S\($0)")! }
+        }
+        var table = InterestTable(ttl: .seconds(3), maxTopics: 8)
+        var sets: [String: Set<Topic>] = [:]
+        for _ in 0..<2_000 {
+            let node = "n\(Int.random(in: 0..<4, using: &generator))"
+            let topics = Set(pool.filter { _ in Int.random(in: 0..<3, using: &generator) == 0 })
+            sets[node] = topics
+            let change = table.update(node: node, topics: topics, at: start)
+            let wanted = sets.values.reduce(into: Set<Topic>()) { $0.formUnion($1) }
+            #expect(table.union.count <= 8)
+            #expect(table.union.isSubset(of: wanted))
+            #expect(change.refused.isSubset(of: topics) && change.refused.isDisjoint(with: table.union))
         }
     }
 

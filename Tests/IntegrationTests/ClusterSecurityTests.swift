@@ -282,6 +282,58 @@ struct ClusterLeaseAndInterestTests {
             await nats.close()
         }
     }
+
+    /// Reads `client` until a frame holds `text`, or fails after `timeout`.
+    func read(_ client: WSTestClient, until text: String, timeout: Duration = .seconds(20)) async throws -> String {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let frame = try await client.nextFrame(timeout: deadline - .now)
+            if frame.contains(text) { return frame }
+        }
+    }
+
+    @Test func aPublisherOfInterestCannotGrowTheUpstreamSetPastTheClustersBoundAndTheClientsPastItAreTold() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let port = try await cluster.startNode("n1", extra: ["--no-portfolio", "--cluster-max-topics", "50"])
+            _ = try await cluster.agreedLeader()
+            let client = try await WSTestClient.authenticated(url: try cluster.url("n1"))
+            client.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            _ = try await read(client, until: #""ev":"Q","sym":"AAPL""#)
+            // Whoever may publish interest invents a node wanting 5,000 topics, and repeats it as a node does.
+            let nats = try await natsClient(cluster.natsURL, name: "big-node")
+            let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+            let topics = (0..<5_000).map { Topic(eventType: "Q", ticker: "X\($0)")! }
+            let publisher = Task {
+                var generation: UInt64 = 1
+                while !Task.isCancelled {
+                    for part in InterestTable.Part.split(topics, generation: generation) { _ = nats.publish(subjects.interest(of: "big"), part.text) }
+                    generation += 1
+                    try? await Task.sleep(for: .seconds(1))
+                }
+            }
+            try await eventually("the leader to count the topics past its bound", timeout: .seconds(20)) {
+                await metric(port, #"relay_cluster_interest_refused_topics_total{market="stocks"}"#) >= 4_951
+            }
+            try await eventually("the leader to subscribe 50 topics upstream") {
+                (try? await cluster.health("n1").body["upstream"] as? [String: Any])?["subscribedTopics"] as? Int == 50
+            }
+            // A client's new topic finds no room: it is told, in Polygon's words, and keeps its connection.
+            client.send(ClientAction(.subscribe, params: "T.MSFT"))
+            let refusal = try await read(client, until: "refused T.MSFT")
+            #expect(refusal.contains(#""status":"error""#) && refusal.contains("at most 50 distinct topics"), "\(refusal)")
+            _ = try await read(client, until: #""ev":"Q","sym":"AAPL""#)
+            // Repeated, the same set is not counted again.
+            let counted = await metric(port, #"relay_cluster_interest_refused_topics_total{market="stocks"}"#)
+            try await Task.sleep(for: .seconds(2))
+            #expect(await metric(port, #"relay_cluster_interest_refused_topics_total{market="stocks"}"#) == counted)
+            // The invented node falls silent: its topics go, and the client's waiting topic is asked for.
+            publisher.cancel()
+            _ = try await read(client, until: #""ev":"T","sym":"MSFT""#, timeout: .seconds(30))
+            #expect(client.closeCode == nil)
+            await client.close()
+            await nats.close()
+        }
+    }
 }
 
 @Suite(
@@ -440,6 +492,7 @@ struct ClusterSettingsTests {
           credentials: \(directory)/node.creds
           token: file-token
           maxTopicsPerNode: 500
+          maxTopics: 700
         """.write(toFile: file, atomically: true, encoding: .utf8)
         let settings = try await RelaySettings.resolve(
             vendors: Relay.vendors,
@@ -456,7 +509,7 @@ struct ClusterSettingsTests {
         #expect(cluster.security.credentialsFile == "\(directory)/node.creds")
         #expect(cluster.security.certificateFile == "\(directory)/cert.pem" && cluster.security.keyFile == "\(directory)/key.pem")
         #expect(cluster.security.token == "env-token")
-        #expect(cluster.maxTopicsPerNode == 500)
+        #expect(cluster.maxTopicsPerNode == 500 && cluster.maxTopics == 700)
     }
 
     @Test func badClusterSettingsAreRefusedWithoutShowingSecrets() async throws {
