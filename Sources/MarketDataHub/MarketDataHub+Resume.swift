@@ -12,6 +12,9 @@ public enum HubResume: Sendable, Equatable {
     /// connection broke); a topic in `floors` only after its own, when later (the sequence at which the
     /// session added it: nothing of it before was the client's).
     case marketSequence(epoch: String, UInt64, floors: [Topic: UInt64] = [:])
+    /// Nothing to resume these topics (of those added) from, for `why`: they are told so in one `gap`
+    /// status, then `resumed`; every topic is subscribed live.
+    case unavailable(Set<Topic>, why: String)
 }
 
 /// What a resume did: what each topic got. Value type, `Sendable`.
@@ -98,6 +101,9 @@ extension MarketDataHub {
         if history !== term { (archived, former) = (nil, nil) }
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
+        if case .unavailable(let unresumed, let why) = resume, !unresumed.isDisjoint(with: plain) {
+            return notResumed(unresumed.intersection(plain), plain: plain, subscriber: subscriber, why: why)
+        }
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not
         // read yet (replays, recovered events), and within its budget over time (one resume's bound a
         // minute), so neither repeated resumes nor a client that never reads make the hub hold more.
@@ -298,15 +304,18 @@ extension MarketDataHub {
                 wanted.append((topic, .time(milliseconds)))
             case .marketSequence(let epoch, let sequence, let floors):
                 if epoch != self.epoch { epochGaps.append(topic) } else { wanted.append((topic, .market(max(sequence, floors[topic] ?? 0)))) }
+            case .unavailable:
+                plain.append(topic)
             }
         }
         return (wanted, epochGaps, plain)
     }
 
     /// A resume asked of a connection that has a whole resume's worth of replayed events (and notices)
-    /// queued and not read, or was replayed that much in the last minute: not made. One `gap` status says so, then `resumed` naming the topics; they
-    /// are subscribed live, their last values through the connection's bounded buffer like any
-    /// subscribe's, so repeating the ask makes the hub hold nothing more.
+    /// queued and not read, or was replayed that much in the last minute, or one with nothing to resume
+    /// from (``HubResume/unavailable(_:why:)``): not made. One `gap` status says so, then `resumed`
+    /// naming the topics; they are subscribed live, their last values through the connection's bounded
+    /// buffer like any subscribe's, so repeating the ask makes the hub hold nothing more.
     private func notResumed(_ asked: Set<Topic>, plain: [Topic], subscriber: Subscriber, why: String) -> HubResumeOutcome {
         let names = asked.sorted()
         let shown = names.first.map { names.count > 1 ? "\($0) and \(names.count - 1) more" : "\($0)" } ?? ""

@@ -143,6 +143,10 @@ actor MarketConnection {
     private var standing: SessionStanding?
     /// The session is still open on an older connection (closed now): its first subscribe waits for it.
     private var takingOver = false
+    /// Topics of the connections it took over that had not closed when its wait for their session ran
+    /// out (``ResumeSettings/takeOverWait``): subscribed here, each is told once that it was not resumed.
+    private var notTakenOver: Set<Topic> = []
+    private var notTakenOverWhy = ""
 
     /// - Parameter session: the vendor's conversation (Polygon's or Alpaca's), not yet authenticated.
     init(
@@ -241,6 +245,12 @@ actor MarketConnection {
                 }
                 takeBack(dependencies.shelf.take(name, into: standing))
                 takingOver = resuming == nil && previous
+                if previous, let resuming {
+                    // It resumes the session it took back and does not wait for the open one's: that
+                    // one's other topics are told, as they are subscribed, that they are not resumed.
+                    notTakenOver = dependencies.shelf.topicsStillClosing(name).subtracting(resuming.topics)
+                    notTakenOverWhy = "a session kept earlier was taken back while the connection this one took over was still open"
+                }
                 standing.holds([], takenBack: resuming)
                 let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
                 position.standing = standing
@@ -457,7 +467,13 @@ actor MarketConnection {
     /// Takes over the session of the connection it replaced under `name`, once that one has closed.
     private func takeOver(_ name: String, lettingGoAtWindowsEnd: Bool = true) async {
         takingOver = false
-        takeBack(await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing), lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
+        let taken = await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing)
+        takeBack(taken, lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
+        if taken == nil {
+            notTakenOver = dependencies.shelf.topicsStillClosing(name)
+            let wait = dependencies.configuration.resume.takeOverWait
+            notTakenOverWhy = "the connection this session took over had not closed within \(wait.milliseconds) ms (its session joins this one's when it closes)"
+        }
     }
 
     /// A session taken back holds its topics for the connection (its parked subscriber keeps them
@@ -516,19 +532,9 @@ actor MarketConnection {
                     let back = topics.filter { broken.topics.contains($0) }
                     let rest = topics.filter { !broken.topics.contains($0) }
                     if !back.isEmpty { await takeBack(back, of: broken, into: joined) }
-                    if !rest.isEmpty {
-                        let added = await hub.add(rest, to: id)
-                        handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
-                        handler.value.acknowledgedPosition?.added(rest.lazy.map { ($0, added.sequence) }, epoch: added.epoch)
-                    }
+                    if !rest.isEmpty { await addPlainly(rest, to: id) }
                 } else {
-                    // From where the topics were added (the same step on the hub): a position read before
-                    // could predate their run in the history, and a break then resume as `gap`.
-                    // Added later, a topic resumes from where it was added (the session's position may be
-                    // earlier, and the topic's history not whole before it).
-                    let added = await hub.add(topics, to: id)
-                    handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
-                    handler.value.acknowledgedPosition?.added(topics.lazy.map { ($0, added.sequence) }, epoch: added.epoch)
+                    await addPlainly(topics, to: id)
                 }
             case .conflate(let mode):
                 if let id = subscription?.id { await hub.setConflation(mode, for: id) }
@@ -555,6 +561,25 @@ actor MarketConnection {
         }
         standing?.holds(session.topics, takenBack: resuming)
         finishedChanges()
+    }
+
+    /// Topics subscribed with nothing to resume from. Each stands from where it was added (the same
+    /// step on the hub): a position read before could predate its run in the history, and a break then
+    /// resume as `gap`; the session's position may be earlier, and the topic's history not whole before
+    /// it. Those of a connection taken over whose session this one does not resume are told so, once.
+    private func addPlainly(_ topics: [Topic], to id: SubscriberID) async {
+        let hub = dependencies.hub
+        let unresumed = notTakenOver.intersection(topics)
+        notTakenOver.subtract(unresumed)
+        var added: (epoch: String?, sequence: UInt64)
+        if unresumed.isEmpty {
+            added = await hub.add(topics, to: id)
+        } else {
+            let outcome = await hub.add(topics, to: id, resuming: .unavailable(unresumed, why: notTakenOverWhy))
+            added = (outcome.epoch, outcome.sequence)
+        }
+        handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
+        handler.value.acknowledgedPosition?.added(topics.lazy.map { ($0, added.sequence) }, epoch: added.epoch)
     }
 
     /// Topics of the session being taken back (`broken`) are subscribed again: they resume from where it

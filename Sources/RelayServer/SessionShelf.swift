@@ -17,10 +17,11 @@ public struct ResumeSettings: Sendable, Equatable {
     /// or has moved on to the connection that took over, whose first subscribe waits for its session.
     public var takenOverAnswer: Duration = .milliseconds(250)
     /// How long a reconnect's first subscribe waits for the session of a connection it took over that
-    /// is still closing; past it, the subscribe goes on without it (its topics subscribed plainly), and
-    /// the session joins this connection's when it closes. (A reconnect that took back a session at
-    /// sign-in while the old connection was still open does not wait; the old one's session, kept
-    /// later, is replaced by the reconnect's when it closes, unless it has subscribed all of its own.)
+    /// is still closing; past it, the subscribe goes on without it (its topics subscribed live, those
+    /// the old connection held told `gap`), and the session joins this connection's when it closes. (A
+    /// reconnect that took back a session at sign-in while the old connection was still open does not
+    /// wait: the old one's other topics are told `gap` as they are subscribed; its session, kept later,
+    /// is replaced by the reconnect's when it closes, unless it has subscribed all of its own.)
     public var takeOverWait: Duration = .seconds(5)
 
     public init() {}
@@ -244,6 +245,14 @@ final class SessionShelf: Sendable {
         }
     }
 
+    /// The topics of the connections the open one under `name` took over that are still closing (their
+    /// sessions not kept yet).
+    func topicsStillClosing(_ name: String) -> Set<Topic> {
+        // Read outside the table's lock: each standing has its own.
+        let standings = live.withLock { $0[name]?.replacing.map(\.standing) ?? [] }
+        return standings.reduce(into: []) { $0.formUnion($1.topics) }
+    }
+
     /// Sessions kept now.
     var count: Int { shelf.withLock { $0.sessions.count } }
 
@@ -353,6 +362,10 @@ final class SessionStanding: Sendable {
             $0.takenBack = takenBack
         }
     }
+
+    /// The topics it holds, its own and those of a session it took back, whether or not it stands in
+    /// an epoch yet.
+    var topics: Set<Topic> { state.withLock { $0.topics.union($0.takenBack?.topics ?? []) } }
 
     /// Where it stands (as the connection's close would shelve it), once it stands in an epoch or has
     /// taken back a session.

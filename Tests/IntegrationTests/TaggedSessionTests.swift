@@ -78,6 +78,29 @@ struct TaggedSessionTests {
         return (client, n)
     }
 
+    /// A tagged connection (`tag`) holding AAPL whose client answers no close (it closes 2 s after it
+    /// was taken over, with `takenOverAnswer` 2 s), taken over by a reconnect whose subscribe of MSFT
+    /// stopped waiting for its session (`takeOverWait` 20 ms); returned once the old connection closed
+    /// and its session is kept beside the open reconnect.
+    static func keptBesideAnOpenReconnect(port: Int, tag: String, hub: MarketDataHub, shelf: SessionShelf) async throws -> WSTestClient {
+        let (old, _) = try await rawServed(port: port, tag: tag, hub: hub)
+        let reconnect = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#\(tag)")
+        reconnect.send(ClientAction(.subscribe, params: "T.MSFT"))
+        _ = try await reconnect.waitForStatus(StatusMessage.Kind.success)
+        #expect(old.readsToEOF(within: .seconds(5)), "the old connection closed")
+        try await eventually("the old connection's session kept beside the reconnect") {
+            shelf.openConnections("key-1#\(tag)") == 1 && shelf.count == 1
+        }
+        return reconnect
+    }
+
+    /// The next frame of `client` that holds `text`.
+    static func frame(of client: WSTestClient, containing text: String) async throws -> String {
+        var frame = try await client.nextFrame()
+        while !frame.contains(text) { frame = try await client.nextFrame() }
+        return frame
+    }
+
     /// Runs `body` with a server whose stock market's hub (`hub`: by default one with a history) the test
     /// feeds, with `shelved` sessions on its shelf (and the take-over's times given), its port, where
     /// each tagged session stands (``SessionShelf/checkpoint()``), and the shelf.
@@ -222,16 +245,7 @@ struct TaggedSessionTests {
         // The old connection's close waits 2 s for its client; the reconnect's subscribe, 20 ms for it.
         try await withQuietMarket(takeOverWait: .milliseconds(20), takenOverAnswer: .seconds(2)) { port, hub, _, shelf in
             let url = "ws://127.0.0.1:\(port)/stocks"
-            // The old connection holds AAPL; its client is gone from here (it answers no close).
-            let (old, _) = try await Self.rawServed(port: port, tag: "slow", hub: hub)
-            let reconnect = try await WSTestClient.authenticated(url: url, key: "client-key#slow")
-            reconnect.send(ClientAction(.subscribe, params: "T.MSFT"))
-            _ = try await reconnect.waitForStatus(StatusMessage.Kind.success)
-            // The old connection's session is kept once it closed, 2 s on.
-            #expect(old.readsToEOF(within: .seconds(5)), "the old connection closed")
-            try await eventually("the old connection's session kept beside the reconnect") {
-                shelf.openConnections("key-1#slow") == 1 && shelf.count == 1
-            }
+            let reconnect = try await Self.keptBesideAnOpenReconnect(port: port, tag: "slow", hub: hub, shelf: shelf)
             for n in 1...3 { await hub.publish([Self.trade("AAPL", 1000 + n), Self.trade("MSFT", 1000 + n)]) }
             await reconnect.close()
             try await eventually("one session kept, none open") { shelf.openConnections("key-1#slow") == 0 && shelf.count == 1 }
@@ -242,6 +256,53 @@ struct TaggedSessionTests {
             #expect((resumed.fields["gaps"] as? [String] ?? []).isEmpty, "\(resumed.fields)")
             #expect(resumed.eventsBefore.filter { $0.ticker == "AAPL" }.count >= 3, "AAPL's missed trades replayed: \(resumed.fields)")
             await third.close()
+        }
+    }
+
+    @Test func aReconnectWhoseTakeOverStoppedWaitingIsToldTheOldConnectionsTopicsAreNotResumed() async throws {
+        try await withQuietMarket(takeOverWait: .milliseconds(20), takenOverAnswer: .seconds(2)) { port, hub, _, _ in
+            // The old connection holds AAPL; its client is gone from here (it answers no close).
+            let (old, _) = try await Self.rawServed(port: port, tag: "late", hub: hub)
+            let reconnect = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#late")
+            reconnect.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
+            // Its subscribe stops waiting for the old session: AAPL, the old connection's, is told not
+            // resumed (MSFT was never the session's: plainly subscribed).
+            let frame = try await Self.frame(of: reconnect, containing: #""status":"gap""#)
+            let statuses = try #require(try JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]], "\(frame)")
+            let message = statuses.first?["message"] as? String ?? ""
+            #expect(message.hasPrefix("not resumed (T.AAPL):") && message.contains("had not closed within 20 ms"), "\(frame)")
+            // Then, in the same frame, `resumed` naming it among the gaps (and AAPL's last value).
+            let resumed = statuses.first { $0["status"] as? String == "resumed" }
+            #expect(resumed?["gaps"] as? [String] == ["T.AAPL"], "\(frame)")
+            // Both are live; a later subscribe of AAPL again is not told twice.
+            await hub.publish([Self.trade("AAPL", 500), Self.trade("MSFT", 500)])
+            let live = try await reconnect.nextEvents(2)
+            #expect(Set(live.map(\.ticker)) == ["AAPL", "MSFT"])
+            reconnect.send(ClientAction(.unsubscribe, params: "T.AAPL"))
+            reconnect.send(ClientAction(.subscribe, params: "T.AAPL"))
+            await hub.publish([Self.trade("AAPL", 501)])
+            var later = try await reconnect.nextFrame()
+            while !later.contains(#""i":"501""#) {
+                #expect(!later.contains(#""status":"gap""#), "told again: \(later)")
+                later = try await reconnect.nextFrame()
+            }
+            #expect(!later.contains(#""status":"gap""#), "told again: \(later)")
+            #expect(old.readsToEOF(within: .seconds(5)), "the old connection closed")
+            await reconnect.close()
+        }
+    }
+
+    @Test func aReconnectThatTakesBackAKeptSessionWhileAnotherIsOpenIsToldThatOnesTopicsAreNotResumed() async throws {
+        try await withQuietMarket(takeOverWait: .milliseconds(20), takenOverAnswer: .seconds(2)) { port, hub, _, shelf in
+            let second = try await Self.keptBesideAnOpenReconnect(port: port, tag: "kept", hub: hub, shelf: shelf)
+            // The third takes the kept session back at sign-in, and does not wait for the open second's.
+            let third = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#kept")
+            third.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
+            let frame = try await Self.frame(of: third, containing: #""status":"gap""#)
+            #expect(frame.contains("not resumed (T.MSFT): a session kept earlier was taken back while"), "\(frame)")
+            #expect(!frame.contains("T.AAPL)"), "AAPL resumes from the kept session: \(frame)")
+            await third.close()
+            await second.close()
         }
     }
 
