@@ -551,6 +551,27 @@ struct BrokenRunTests {
         #expect(first.compactMap { EventPosition.read(from: $0.bytes)?.topic } == [1, 1, 1])
         #expect(next.compactMap { EventPosition.read(from: $0.bytes)?.topic } == [3, 2, 3, 1], "A and C skip one; B and a new topic do not")
     }
+
+    @Test func theLeadersSequencerKeepsAtMostItsTopicsAndNeverRepeatsANumber() {
+        var sequencer = PositionSequencer(epoch: "e", maxTopics: 100)
+        func topicNumber(_ ticker: String) -> UInt64 {
+            EventPosition.read(from: sequencer.stamp([event("T", ticker, 1)])[0].bytes)?.topic ?? 0
+        }
+        // A busy topic reaches 50; a hundred others come and go by.
+        for _ in 1...50 { _ = topicNumber("BUSY") }
+        _ = topicNumber("IDLE")
+        for n in 0..<150 {
+            _ = topicNumber("T\(n)")
+            if n % 10 == 0 { _ = topicNumber("BUSY") }
+            #expect(sequencer.topicCount <= 100)
+        }
+        // The busy one is kept and goes on; the idle one was let go and starts past every number given.
+        #expect(topicNumber("BUSY") == 66)
+        let back = topicNumber("IDLE")
+        #expect(back > 50, "IDLE starts past every number given (\(back)), never at 2 or 1 again")
+        #expect(topicNumber("IDLE") == back + 1)
+        #expect(topicNumber("NEW") >= back, "an unknown topic too")
+    }
 }
 
 /// A topic nobody wants whose events are all evicted leaves no line behind, and its numbers never repeat.
