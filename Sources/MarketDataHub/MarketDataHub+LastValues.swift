@@ -21,7 +21,8 @@ struct LastValueBound {
     let heldBack: ByteRoom
     /// The table's size that calls for the next trim: `limit`, or more while the topics held by name
     /// alone keep it above nine tenths of it (one trim per tenth of `limit` of new topics, never one
-    /// per publish); and the same for its bytes.
+    /// per publish); and the same for its bytes. Each falls back to its limit once the table is within
+    /// it again (held topics let go), so the next growth past it is trimmed.
     private(set) var trimAbove: Int
     private var trimAboveBytes = 0
 
@@ -40,7 +41,11 @@ struct LastValueBound {
     var bytesKeptAfterTrim: Int { lastValues.limit / 10 * 9 }
 
     /// Whether a table of `count` entries calls for a trim.
-    func isPast(_ count: Int) -> Bool { count > trimAbove || lastValues.total > Swift.max(lastValues.limit, trimAboveBytes) }
+    mutating func isPast(_ count: Int) -> Bool {
+        if count <= limit { trimAbove = limit }
+        if lastValues.total <= lastValues.limit { trimAboveBytes = 0 }
+        return count > trimAbove || lastValues.total > Swift.max(lastValues.limit, trimAboveBytes)
+    }
 
     /// A trim left `count` entries.
     mutating func trimmed(leaving count: Int) {

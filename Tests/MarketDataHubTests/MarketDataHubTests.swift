@@ -456,6 +456,26 @@ struct MarketDataHubTests {
         #expect(try await take(1, from: named.events).first?.ticker == "KEEP")
     }
 
+    /// Topics held by name past the bound raise the size that calls for a trim (no trim per publish);
+    /// once they are let go and the table is within its bound again, the bound holds again.
+    @Test func theTopicTablesBoundHoldsAgainOnceTopicsHeldPastItAreLetGo() async throws {
+        let hub = MarketDataHub(wire: .polygon, bufferLimit: 10_000, topicsKept: 100, history: nil)
+        func quote(_ ticker: String, at time: UInt64) -> MarketEvent {
+            MarketEvent(eventType: "Q", ticker: ticker, bytes: ByteBuffer(string: #"{"ev":"Q","sym":"\#(ticker)"}"#), receivedAt: time)
+        }
+        let held = await hub.subscribe(to: Set((0..<150).map { Topic(eventType: "Q", ticker: "H\($0)")! }))
+        await hub.publish([quote("H0", at: 1)])
+        #expect(await hub.topicEntryCount == 150, "held by name: none trimmed")
+        await hub.remove(held.id)
+        let wildcard = await hub.subscribe(to: topics("Q.*"))
+        for index in 0..<150 {
+            await hub.publish([quote("T\(index)", at: UInt64(10 + index))])
+            let count = await hub.topicEntryCount
+            #expect(count <= 101, "\(count) topics kept after \(index + 1) new ones")
+        }
+        await hub.remove(wildcard.id)
+    }
+
     @Test func topicsNobodyWantsAndWithNoLastValueLeaveNoEntry() async throws {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         let sub = await hub.subscribe(to: Set((0..<500).map { Topic(eventType: "Q", ticker: "JUNK\($0)")! }))
