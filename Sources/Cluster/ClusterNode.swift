@@ -709,6 +709,9 @@ public final class ClusterNode: Service, Sendable {
         let union = state.withLock { state in
             state.leading = true
             state.upstream = upstream
+            // What it refused while it followed was never told: named at each node's next publish
+            // (the interest request below asks for them now).
+            state.interest.nameRefusalsAgain()
             return state.interest.union
         }
         metrics.leader.record(1)

@@ -11,8 +11,8 @@ import MarketCore
 ///
 /// The union holds at most ``maxTopics`` distinct topics (the upstream is asked for no more, whoever
 /// publishes interest): a node's topics new to the union past it are not counted and are named in
-/// ``Change/refused`` (the leader tells every node's clients of them), and they are asked again when
-/// the node's set changes, or at its next publish once the union has room.
+/// ``Change/refused`` once (the leader tells every node's clients of them), and they are asked again
+/// at each publish of the node's set while the union has room.
 public struct InterestTable: Sendable {
     public let ttl: Duration
     /// The most topics one node's set may hold; a set past it is refused whole (the node's previous set
@@ -21,13 +21,16 @@ public struct InterestTable: Sendable {
     /// The most distinct topics the union holds (ticker topics a wildcard covers count too, as in a
     /// relay's own topic ledger).
     public let maxTopics: Int
-    /// Each live node: the topics of its set that count, the hash of the set it last asked for (the
-    /// same set again is not asked again), whether some of that set did not fit, and when it was heard.
+    /// Each live node: the topics of its set that count, those of it that did not fit (named once, and
+    /// asked again while there is room), and when it was heard. Its set is the two together.
     private struct Node {
         var topics: Set<Topic> = []
-        var asked: Int?
-        var short = false
+        var refused: Set<Topic> = []
         var seen: ContinuousClock.Instant
+
+        func isSet(_ asked: Set<Topic>) -> Bool {
+            asked.count == topics.count + refused.count && topics.isSubset(of: asked) && refused.isSubset(of: asked)
+        }
     }
     private var nodes: [String: Node] = [:]
     /// How many live nodes want each topic.
@@ -51,8 +54,8 @@ public struct InterestTable: Sendable {
         self.maxNodes = maxNodes
     }
 
-    /// What a node's set changed: whether the union changed, and the topics of a newly asked set that
-    /// did not fit in it (empty when the set was asked before).
+    /// What a node's set changed: whether the union changed, and its topics that did not fit in it and
+    /// were not named before (since the node's set last held them, or since ``nameRefusalsAgain()``).
     public struct Change: Sendable, Equatable {
         public var changed: Bool
         public var refused: Set<Topic>
@@ -159,14 +162,11 @@ public struct InterestTable: Sendable {
     public mutating func update(node: String, topics: Set<Topic>, at now: ContinuousClock.Instant) -> Change {
         var entry = nodes[node] ?? Node(seen: now)
         entry.seen = now
-        let asked = topics.hashValue
-        let newlyAsked = entry.asked != asked
         // The same set again is asked again only while some of it waits for room the union now has.
-        guard newlyAsked || (entry.short && wanting.count < maxTopics) else {
+        guard !entry.isSet(topics) || (!entry.refused.isEmpty && wanting.count < maxTopics) else {
             nodes[node] = entry
             return Change(changed: false)
         }
-        entry.asked = asked
         var changed = false
         let gone = entry.topics.subtracting(topics)
         entry.topics.subtract(gone)
@@ -180,9 +180,16 @@ public struct InterestTable: Sendable {
             entry.topics.insert(topic)
             changed = want(topic) || changed
         }
-        entry.short = !refused.isEmpty
+        let named = refused.subtracting(entry.refused)
+        entry.refused = refused
         nodes[node] = entry
-        return Change(changed: changed, refused: newlyAsked ? refused : [])
+        return Change(changed: changed, refused: named)
+    }
+
+    /// Every node's topics that did not fit are named again at its next publish (a new leader speaks
+    /// for the table: what it refused while it followed was never told).
+    public mutating func nameRefusalsAgain() {
+        for node in nodes.keys { nodes[node]?.refused = [] }
     }
 
     /// Forgets nodes not heard from within `ttl`. Returns whether the union changed.

@@ -27,15 +27,23 @@ extension MarketDataHub {
     }
 
     /// The upstream refused `topics` (e.g. Alpaca's 405 symbol limit, 409 insufficient subscription):
-    /// each subscriber holding one of them is told at once, with the topics it holds among them, in an
-    /// `error` status carrying the upstream's `code`. Its subscription stays: interest that changes or a
-    /// new connection asks again.
+    /// each subscriber holding one of them (or a ticker a refused wildcard covers: the upstream is asked
+    /// for it through the wildcard) is told at once, with the topics it holds among them, in an `error`
+    /// status carrying the upstream's `code`. Its subscription stays: interest that changes or a new
+    /// connection asks again.
     public func upstreamRefused(_ topics: Set<Topic>, code: Int, reason: String) {
+        func list(_ topics: Set<Topic>) -> String {
+            topics.sorted().prefix(20).map(\.description).joined(separator: ",") + (topics.count > 20 ? " and \(topics.count - 20) more" : "")
+        }
+        // A ticker its type's wildcard covers is asked for through the wildcard: refused with it.
+        let wildcards = Set(topics.lazy.filter(\.isWildcard).map(\.eventType))
         var told: [Subscriber] = []
         for subscriber in subscribers.values {
             let held = subscriber.topics.intersection(topics)
-            guard !held.isEmpty else { continue }
-            let names = held.sorted().prefix(20).map(\.description).joined(separator: ",") + (held.count > 20 ? " and \(held.count - 20) more" : "")
+            let covered: Set<Topic> = wildcards.isEmpty ? [] : subscriber.topics.filter { !$0.isWildcard && wildcards.contains($0.eventType) && !topics.contains($0) }
+            guard !held.isEmpty || !covered.isEmpty else { continue }
+            let names = [held.isEmpty ? nil : list(held), covered.isEmpty ? nil : "\(list(covered)) (asked for through a wildcard)"]
+                .compactMap { $0 }.joined(separator: ", ")
             let notice = wire.render(Notice(.refused, message: "the upstream refused \(names) (\(reason))", details: ["code": .number(Int64(code))]))
             enqueue(HubDelivery([notice]), to: subscriber)
             told.append(subscriber)

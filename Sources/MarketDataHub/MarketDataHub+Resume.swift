@@ -101,8 +101,14 @@ extension MarketDataHub {
         if history !== term { (archived, former) = (nil, nil) }
         guard let subscriber = subscribers[id] else { return HubResumeOutcome() }
         let (wanted, epochGaps, plain) = resumeRequests(topics, of: subscriber, resume)
-        if case .unavailable(let unresumed, let why) = resume, !unresumed.isDisjoint(with: plain) {
-            return notResumed(unresumed.intersection(plain), plain: plain, subscriber: subscriber, why: why)
+        if case .unavailable(let unresumed, let why) = resume {
+            let told = unresumed.intersection(plain)
+            guard told.isEmpty else { return notResumed(told, plain: plain, subscriber: subscriber, why: why) }
+            // None of them new here: a plain add, no status.
+            add(plain, to: id, snapshot: { _ in true })
+            var outcome = HubResumeOutcome()
+            (outcome.epoch, outcome.sequence) = position
+            return outcome
         }
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not
         // read yet (replays, recovered events), and within its budget over time (one resume's bound a

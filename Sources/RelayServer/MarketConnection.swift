@@ -467,12 +467,12 @@ actor MarketConnection {
     /// Takes over the session of the connection it replaced under `name`, once that one has closed.
     private func takeOver(_ name: String, lettingGoAtWindowsEnd: Bool = true) async {
         takingOver = false
-        let taken = await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing)
+        let (taken, stillClosing) = await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing)
         takeBack(taken, lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
-        if taken == nil {
-            notTakenOver = dependencies.shelf.topicsStillClosing(name)
+        if !stillClosing.isEmpty {
+            notTakenOver = stillClosing
             let wait = dependencies.configuration.resume.takeOverWait
-            notTakenOverWhy = "the connection this session took over had not closed within \(wait.milliseconds) ms (its session joins this one's when it closes)"
+            notTakenOverWhy = "the connection this session took over had not closed within \(wait.milliseconds) ms"
         }
     }
 
@@ -518,6 +518,8 @@ actor MarketConnection {
                     standing?.holds(session.topics, takenBack: resuming)
                 }
                 if let resume {
+                    // Resumed as the client asks: not told as topics of a connection taken over.
+                    notTakenOver.subtract(topics)
                     // Where the client stands in market sequences is not known from per-topic positions:
                     // from the epoch's start, so that a break during the replay loses nothing.
                     if let position = handler.value.acknowledgedPosition { position.start(at: 0, epoch: await hub.position.epoch) }
@@ -576,7 +578,8 @@ actor MarketConnection {
             added = await hub.add(topics, to: id)
         } else {
             let outcome = await hub.add(topics, to: id, resuming: .unavailable(unresumed, why: notTakenOverWhy))
-            added = (outcome.epoch, outcome.sequence)
+            // No epoch: its subscriber is gone (evicted); it stands where the hub is, as a plain add's would.
+            added = outcome.epoch == nil ? await hub.position : (outcome.epoch, outcome.sequence)
         }
         handler.value.acknowledgedPosition?.start(at: added.sequence, epoch: added.epoch)
         handler.value.acknowledgedPosition?.added(topics.lazy.map { ($0, added.sequence) }, epoch: added.epoch)

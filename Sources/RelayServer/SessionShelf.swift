@@ -226,21 +226,28 @@ final class SessionShelf: Sendable {
     /// waits while a connection older than it under `name` is still closing (a connection taken over
     /// has ``ResumeSettings/takenOverAnswer`` to answer its close), up to `timeout`
     /// (``ResumeSettings/takeOverWait`` unless given). Not for newer ones: they take this one's
-    /// session, never the other way round.
+    /// session, never the other way round. With it, the topics of those older ones still closing when
+    /// the wait ran out (read in the same look as the decision), less the session's: not resumed.
     func takeOver(
         _ name: String, for id: ObjectIdentifier, into standing: SessionStanding?, timeout: Duration? = nil
-    ) async -> Session? {
+    ) async -> (session: Session?, stillClosing: Set<Topic>) {
         let deadline = ContinuousClock.now + (timeout ?? settings.takeOverWait)
         while true {
-            let closing = live.withLock { live in
+            let (closing, older) = live.withLock { live -> (Bool, [SessionStanding]) in
                 // The ones taken over, oldest first: any at all for the open one, any before it else.
-                guard let entry = live[name], let oldest = entry.replacing.first else { return false }
-                return entry.id == id || oldest.id != id
+                guard let entry = live[name], let oldest = entry.replacing.first else { return (false, []) }
+                let older = entry.id == id ? entry.replacing : Array(entry.replacing.prefix { $0.id != id })
+                return (entry.id == id || oldest.id != id, older.map(\.standing))
             }
             // Taken only once none older is closing (each one's session is kept before it says it
             // closed): one in between takes the older one's into its own first, so the newest gets
             // them all, in order.
-            guard closing, ContinuousClock.now < deadline, !Task.isCancelled else { return take(name, into: standing) }
+            guard closing, ContinuousClock.now < deadline, !Task.isCancelled else {
+                let session = take(name, into: standing)
+                // Read outside the table's lock: each standing has its own.
+                let stillClosing = closing ? older.reduce(into: Set<Topic>()) { $0.formUnion($1.topics) } : []
+                return (session, stillClosing.subtracting(session?.topics ?? []))
+            }
             try? await Task.sleep(for: .milliseconds(5))
         }
     }

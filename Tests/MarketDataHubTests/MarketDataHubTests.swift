@@ -434,6 +434,20 @@ struct MarketDataHubTests {
         #expect(try await take(1, from: spared.events).first?.json == event("t", "AAPL", 1).json, "first what it holds: no notice")
     }
 
+    @Test func aRefusedWildcardIsToldToTheHoldersOfTheTickersItCovers() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        // With the wildcard held, the upstream is asked for T.* alone: T.MSFT and T.GOOG come through it.
+        let wildcard = await hub.subscribe(to: topics("T.*"))
+        let tickers = await hub.subscribe(to: topics("T.MSFT", "T.GOOG"))
+        let other = await hub.subscribe(to: topics("Q.MSFT"))
+        await hub.upstreamRefused(topics("T.*"), code: 405, reason: "too many")
+        #expect(try await take(1, from: wildcard.events).first?.json.contains("the upstream refused T.* (too many)") == true)
+        let told = try #require(try await take(1, from: tickers.events).first?.json)
+        #expect(told.contains("the upstream refused T.GOOG,T.MSFT (asked for through a wildcard) (too many)"), "\(told)")
+        await hub.publish([event("Q", "MSFT", 1)])
+        #expect(try await take(1, from: other.events).first?.json == event("Q", "MSFT", 1).json, "another type's holder is not told")
+    }
+
     /// A wildcard over ever new tickers (an options market, or an upstream naming junk) keeps the last
     /// values of at most the table's bound: past it the least recently updated of the topics nobody holds
     /// by name go, down to nine tenths; a topic held by name stays, and the wildcard's holder still gets

@@ -308,7 +308,7 @@ struct AcknowledgedPositionTests {
             _ name: String, for standing: SessionStanding, while closing: @escaping @Sendable () async -> Void = {}
         ) async -> SessionShelf.Session?? {
             await withTaskGroup(of: SessionShelf.Session??.self) { group in
-                group.addTask { .some(await shelf.takeOver(name, for: ObjectIdentifier(standing), into: standing, timeout: .seconds(60))) }
+                group.addTask { .some(await shelf.takeOver(name, for: ObjectIdentifier(standing), into: standing, timeout: .seconds(60)).session) }
                 group.addTask {
                     await closing()
                     try? await Task.sleep(for: .seconds(10))
