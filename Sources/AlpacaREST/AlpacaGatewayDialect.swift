@@ -187,7 +187,7 @@ public struct AlpacaGatewayDialect: GatewayDialect {
         return .success(nil)
     }
 
-    public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String]) {
+    public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String])? {
         // Pages are named by an opaque token, not a link: nothing points at the vendor's host.
         // A page without one (most) is passed on as it is, not copied into a string first.
         guard body.mentions("\"next_page_token\"") else { return (body, []) }

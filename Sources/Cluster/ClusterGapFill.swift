@@ -291,9 +291,12 @@ final class AskInbox: Sendable {
         return stream
     }
 
-    /// An ask the fill does not cover: answered `skipped` at the next turn.
+    /// An ask the fill does not cover: answered `skipped` at the next turn. Kept without its topics
+    /// (the answer names its window only): a thousand asks of up to 900 KB each are not held.
     func refuse(_ ask: FillWire.Ask) {
-        refused.withLock { if $0.count < Self.maxRefused { $0.append(ask) } }
+        var kept = ask
+        kept.topics = []
+        refused.withLock { if $0.count < Self.maxRefused { $0.append(kept) } }
         _ = wake.withLock { $0 }?.yield()
     }
 

@@ -43,7 +43,7 @@ public final class SharedRESTBudget: AccountBudget {
     /// After NATS failed to answer, the node counts on its own this long before asking again.
     static let localAfterFailure: Duration = .seconds(1)
     /// The longest pause the bucket may hold (the longest a vendor's `Retry-After` is taken for).
-    static let maxPause: Duration = .seconds(3600)
+    static let maxPause = RESTBudget.maxPause
     /// How far ahead of this node's clock another node's count may be. Clocks differ; a count moved
     /// back within this would credit the nodes ahead with the difference, so it is generous: a value
     /// past it is not a clock's.

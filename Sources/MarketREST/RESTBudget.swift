@@ -148,9 +148,13 @@ public actor RESTBudget: AccountBudget {
         }
     }
 
-    /// The vendor answered 429: nothing more is sent for `retryAfter`.
+    /// The longest a vendor's `Retry-After` is taken for: a host that asks for an hour (or a day) does
+    /// not stop gap fill, the portfolio and the gateway for all that time; asked again, it pauses again.
+    public static let maxPause: Duration = .seconds(120)
+
+    /// The vendor answered 429: nothing more is sent for `retryAfter` (at most ``maxPause``).
     public func pause(for retryAfter: Duration) {
-        let until = ContinuousClock.now + min(max(retryAfter, .milliseconds(100)), .seconds(3600))
+        let until = ContinuousClock.now + min(max(retryAfter, .milliseconds(100)), Self.maxPause)
         pausedUntil = max(pausedUntil ?? until, until)
         tokens = min(tokens, 0)
     }

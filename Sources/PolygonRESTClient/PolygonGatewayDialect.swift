@@ -249,18 +249,20 @@ public struct PolygonGatewayDialect: GatewayDialect {
 
     // MARK: for the client
 
-    public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String]) {
+    public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String])? {
         // A page without one (every cached closed day) is passed on as it is, not copied into a string first.
         guard body.mentions("\"next_url\"") else { return (body, []) }
         let text = String(buffer: body)
-        guard let members = JSONText.members(of: Substring(text)), let value = members["next_url"] else {
-            return (body, [])
-        }
+        // Named but not readable as one member of one JSON object: its link is not passed on as it is.
+        guard let members = JSONText.members(of: Substring(text)) else { return nil }
+        guard let value = members["next_url"] else { return (body, []) }
         var rewritten = text
         let replacement: String
         var cursors: [String] = []
+        // Only a path from the root is kept, put on the relay's address: anything else (`@host/…`,
+        // `.host/…`) would make a link to another host once joined to it.
         if let link = JSONText.unquoted(value).map({ String($0).replacingOccurrences(of: "\\/", with: "/") }), let components = URLComponents(string: link),
-            !components.percentEncodedPath.isEmpty
+            components.percentEncodedPath.hasPrefix("/")
         {
             let items = (components.queryItems ?? []).filter { $0.name != "apiKey" }
             cursors = items.filter { $0.name == "cursor" }.compactMap(\.value)

@@ -93,7 +93,9 @@ public struct PolygonREST: MarketReference {
                     }
                 }
                 if (200..<300).contains(status) { return .success(body) }
-                last = .status(status, String(buffer: body))
+                // Its text reaches logs and clients (a fill's reasons): never with the key in it.
+                let text = String(buffer: body.getSlice(at: body.readerIndex, length: min(body.readableBytes, 4096)) ?? body)
+                last = .status(status, apiKey.count >= 4 ? text.replacingOccurrences(of: apiKey, with: "<relay-upstream-key>") : text)
                 if status == 429, let budget { await budget.pause(for: .seconds(retryAfter ?? 1)) }
                 if status != 429 && status < 500 { return .failure(last) }
             } catch {

@@ -131,8 +131,9 @@ public protocol GatewayDialect: Sendable {
     /// then goes upstream). `fetch` answers another path through the gateway (cache, budget and all).
     func live(_ route: GatewayRoute, values: any LiveValues, fetch: @Sendable (String) async -> GatewayAnswer) async -> ByteBuffer?
     /// The upstream body made right for this client: each link back to the vendor rewritten to the
-    /// relay's address (`request.base`), and the cursors those links carry.
-    func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String])
+    /// relay's address (`request.base`), and the cursors those links carry. `nil`: a body that names a
+    /// next page but cannot be read (not passed on: its link could point anywhere).
+    func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String])?
     /// The headers that carry the upstream credentials.
     func credentialHeaders(_ credentials: RESTCredentials) -> [(String, String)]
     /// An error body in the vendor's own shape.

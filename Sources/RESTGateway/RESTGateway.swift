@@ -172,9 +172,9 @@ public final class RESTGateway: Sendable {
             metrics.count(route: route.name, outcome: "cache")
             metrics.saved()
             metrics.cacheBytes(cache.bytes)
-            let (body, cursors) = dialect.forClient(hit.body, request: request)
+            guard let (body, cursors) = dialect.forClient(hit.body, request: request) else { return unreadable(route) }
             await cache.remember(cursors: cursors, expires: expires)
-            return GatewayAnswer(status: 200, body: body, contentType: hit.contentType, source: .cache)
+            return GatewayAnswer(status: 200, body: scrubbed(body), contentType: hit.contentType, source: .cache)
         }
         let (fetched, joined) = flight(key, route: route, expires: expires, now: now)
         let result = await fetched.value
@@ -188,11 +188,19 @@ public final class RESTGateway: Sendable {
             status: result.status, body: result.body, contentType: result.contentType, retryAfter: result.retryAfter,
             source: result.fromRelay ? .relay : joined ? .coalesced : .upstream)
         if (200..<300).contains(result.status) {
-            let (body, cursors) = dialect.forClient(result.body, request: request)
-            answer.body = body
+            guard let (body, cursors) = dialect.forClient(result.body, request: request) else { return unreadable(route) }
+            // Scrubbed again once rewritten: a key the vendor echoed encoded is plain text now.
+            answer.body = scrubbed(body)
             if let expires, let cache, !joined { await cache.remember(cursors: cursors, expires: expires) }
         }
         return answer
+    }
+
+    /// An upstream answer that names a next page but could not be read: not passed on.
+    private func unreadable(_ route: GatewayRoute) -> GatewayAnswer {
+        metrics.count(route: route.name, outcome: "failed")
+        let message = "the upstream's answer names a next page but is not one readable JSON object; not passed on"
+        return GatewayAnswer(status: 502, body: dialect.errorBody(status: 502, message: message), contentType: "application/json", source: .relay)
     }
 
     /// The upstream's host and a digest of its key: what a cached answer belongs to.

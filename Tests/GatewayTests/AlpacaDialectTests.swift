@@ -57,9 +57,9 @@ struct AlpacaDialectTests {
         #expect(try route("/v2/stocks/bars", closed).get().upstream.contains("end=2026-11-01T00%3A00%3A00%2B00%3A00"))
     }
 
-    @Test func pagesAreNamedByATokenNeverALink() {
+    @Test func pagesAreNamedByATokenNeverALink() throws {
         let body = ByteBuffer(string: #"{"bars":{"AAPL":[]},"next_page_token":"QUFQTHxE"}"#)
-        let (same, cursors) = dialect.forClient(body, request: GatewayRequest(path: "/v2/stocks/bars", query: [], base: "http://relay:8080"))
+        let (same, cursors) = try #require(dialect.forClient(body, request: GatewayRequest(path: "/v2/stocks/bars", query: [], base: "http://relay:8080")))
         #expect(same == body && cursors == ["QUFQTHxE"])
         #expect(String(buffer: dialect.errorBody(status: 403, message: "no")) == #"{"code":403,"message":"no"}"#)
         #expect(dialect.credentialHeaders(RESTCredentials(key: "id", secret: "s")).map(\.0) == ["APCA-API-KEY-ID", "APCA-API-SECRET-KEY"])

@@ -94,16 +94,31 @@ struct PolygonDialectTests {
         guard case .failure(.badRequest) = route("/v2/aggs/ticker/AAPL/range/1/day/2026-10-05/2026-10-02") else { Issue.record("from after to"); return }
     }
 
-    @Test func aPagesLinkPointsBackAtTheRelayWithoutAKey() {
+    @Test func aPagesLinkPointsBackAtTheRelayWithoutAKey() throws {
         let body = ByteBuffer(
             string: #"{"results":[{"p":1.5}],"status":"OK","next_url":"https:\/\/api.polygon.io\/v3\/trades\/AAPL?cursor=YWJj&apiKey=upstream-secret"}"#)
         let request = GatewayRequest(path: "/v3/trades/AAPL", query: [], base: "http://relay:8080")
-        let (rewritten, cursors) = dialect.forClient(body, request: request)
+        let (rewritten, cursors) = try #require(dialect.forClient(body, request: request))
         let text = String(buffer: rewritten)
         #expect(text.contains(#""next_url":"http://relay:8080/v3/trades/AAPL?cursor=YWJj""#), "\(text)")
         #expect(!text.contains("upstream-secret") && !text.contains("polygon.io"))
         #expect(cursors == ["YWJj"])
         #expect(text.hasPrefix(#"{"results":[{"p":1.5}]"#), "the rest of the body is as the vendor sent it")
+    }
+
+    @Test func aLinkThatWouldLeaveTheRelaysHostIsNotPassedOn() throws {
+        let request = GatewayRequest(path: "/v3/trades/AAPL", query: [], base: "http://relay:8080")
+        // Joined to the relay's address, `@evil.example/x` names the host evil.example, and
+        // `.evil.example/x` a host under it: only a path from the root is kept.
+        for link in ["@evil.example/v3/trades/AAPL?cursor=a", ".evil.example/v3?cursor=a", "evil.example/v3?cursor=a"] {
+            let body = ByteBuffer(string: #"{"results":[],"next_url":"\#(link)"}"#)
+            let text = String(buffer: try #require(dialect.forClient(body, request: request)).body)
+            #expect(text.contains(#""next_url":null"#) && !text.contains("evil"), "\(link): \(text)")
+        }
+        // A body naming a next page that cannot be read (nested past the reader's depth) is not passed on.
+        let deep = String(repeating: "[", count: 40) + String(repeating: "]", count: 40)
+        let unreadable = ByteBuffer(string: #"{"results":\#(deep),"next_url":"https://evil.example/v3?cursor=a"}"#)
+        #expect(dialect.forClient(unreadable, request: request) == nil)
     }
 
     @Test func jsonMembersKeepNumbersAsSent() throws {

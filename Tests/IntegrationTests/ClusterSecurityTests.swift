@@ -443,7 +443,7 @@ struct ClusterSecurityTests {
             """
             authorization {
               RELAY_NODE = {
-                publish = ["\(clusterName).>", "$JS.API.>", "$KV.\(clusterName)-lease.>", "$KV.\(clusterName)-last-stocks.>"]
+                publish = ["\(clusterName).>", "$JS.API.>", "$KV.\(clusterName)-lease.>", "$KV.\(clusterName)-last-stocks.>", "$KV.\(clusterName)-rest-budget.>"]
                 subscribe = ["\(clusterName).>", "_INBOX.>"]
               }
               READER = {

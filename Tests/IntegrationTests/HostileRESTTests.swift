@@ -17,6 +17,8 @@ final class HostileREST: Sendable {
         case trickle(length: Int, every: Duration)
         /// A 200 whose body (of `length` bytes claimed) stops after `sent` bytes, held until the peer goes.
         case held(sent: Int, length: Int)
+        /// Another status, with this body.
+        case status(Int, String)
     }
 
     struct Request: Sendable {
@@ -84,6 +86,8 @@ final class HostileREST: Sendable {
                     Thread.sleep(forTimeInterval: Double(every.components.attoseconds) / 1e18 + Double(every.components.seconds))
                     guard send(connection, " ") else { return }
                 }
+            case .status(let code, let body):
+                send(connection, "HTTP/1.1 \(code) No\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
             case .held(let sent, let length):
                 guard send(connection, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(length)\r\nConnection: close\r\n\r\n{")
                 else { return }
@@ -223,6 +227,23 @@ struct HostileRESTTests {
             // The REST host got the REST key only, never the upstream's WebSocket key.
             #expect(!requests.isEmpty && requests.allSatisfy { $0.authorization == "Bearer rest-only-key" }, "\(requests.map(\.authorization))")
             #expect(await parts.hub.gapFillStatistics.incomplete == 1)
+            await client.close()
+        }
+    }
+
+    @Test func anErrorThatEchoesTheUpstreamKeyReachesClientsWithoutIt() async throws {
+        let rest = try HostileREST { request, _ in .status(403, #"{"status":"ERROR","error":"key \#(request.authorization ?? "") is not entitled"}"#) }
+        defer { rest.close() }
+        try await withFaultyFeedRelay(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(rest.port)"
+        }) { _, feed, url in
+            let client = try await subscribedClient(url, "T.AAPL")
+            #expect(feed.inject(.drop, refusingFor: .seconds(1)) == 1)
+            let objects = try await Self.framesUntilRecovered(client, timeout: .seconds(30))
+            let recovered = try #require(objects.first { $0["status"] as? String == StatusMessage.Kind.recovered })
+            let reason = (recovered["missing"] as? [String: String])?["T.AAPL"] ?? ""
+            #expect(reason.contains("HTTP 403") && reason.contains("is not entitled"), "\(recovered)")
+            #expect(!reason.contains("upstream-secret") && reason.contains("<relay-upstream-key>"), "\(reason)")
             await client.close()
         }
     }

@@ -73,6 +73,16 @@ struct RESTBudgetTests {
         #expect(await budget.snapshot().pausedUntil != nil)
     }
 
+    @Test func aVendorsPauseOfADayIsTakenForTwoMinutesAtMost() async {
+        let budget = RESTBudget(rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(2))
+        await budget.pause(for: .seconds(86_400))
+        guard case .refused(let after) = await budget.take(.foreground, bounded: true) else {
+            Issue.record("a paused budget granted a request")
+            return
+        }
+        #expect(after <= RESTBudget.maxPause + .seconds(1) && after > .seconds(110), "\(after)")
+    }
+
     @Test func aFullQueueRefusesAtOnce() async {
         let budget = RESTBudget(rate: RESTRate(requests: 1, per: .seconds(1)), burst: 1, maxWaiting: 0, maxWait: .seconds(5))
         #expect(await budget.take(.foreground, bounded: true) == .granted)
