@@ -768,7 +768,12 @@ public final class ClusterNode: Service, Sendable {
         switch end {
         case .lost(let reason):
             logger.warning("this node no longer leads: \(reason); upstream closed", metadata: ["node": "\(configuration.nodeID)"])
-            publish(control: .upstreamDown(reason: "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)"))
+            // Cut off from NATS: what it published since waits in libnats' buffer and would reach the
+            // nodes once the link is back, in the next leader's term (stale events, a false outage):
+            // dropped with the connection. Else the nodes hear it closed.
+            if !connection.discardPendingIfDisconnected() {
+                publish(control: .upstreamDown(reason: "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)"))
+            }
         case .shutdown(let validUntil), .handOff(let validUntil):
             if case .handOff = end {
                 logger.info("handing the \(market) upstream to a node that leads no market", metadata: ["node": "\(configuration.nodeID)"])

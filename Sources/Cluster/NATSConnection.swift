@@ -448,6 +448,20 @@ public final class NATSConnection: Sendable {
         return natsConnection_Publish(connection.connection, subject, bytes.baseAddress, Int32(clamping: bytes.count)) == NATS_OK
     }
 
+    /// Drops what libnats holds to publish while it is not connected (its reconnect buffer, up to
+    /// 8 MB): closes the connection, and a new one is built at once (every subscription made again on
+    /// it; a bucket bound on the old one fails until it is bound again). For a leader whose term ended
+    /// while it was cut off: what it published meanwhile would otherwise go out once the link is back,
+    /// in the next leader's term. Whether it was not connected (and so closed).
+    public func discardPendingIfDisconnected() -> Bool {
+        guard let handle = shared.withLock({ $0.closed ? nil : $0.connection }),
+            natsConnection_Status(handle.connection) != NATS_CONN_STATUS_CONNECTED
+        else { return false }
+        logger.warning("NATS not connected as this node's term ended: dropping what it still holds to publish (of the ended term), and connecting anew")
+        natsConnection_Close(handle.connection)
+        return true
+    }
+
     @discardableResult
     public func publish(_ subject: String, _ text: String) -> Bool {
         var text = text

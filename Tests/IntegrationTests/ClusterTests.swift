@@ -788,6 +788,47 @@ struct ClusterTests {
         }
     }
 
+    /// The leader is cut off from NATS past its lease: its term ends while libnats still holds what it
+    /// published meanwhile. That is dropped with its connection, not sent once the link is back into the
+    /// next leader's term (where every node took the old term's numbers as this term's, out of order).
+    @Test func aLeaderCutOffPastItsLeaseSendsNothingOfItsTermIntoTheNext() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let natsPort = try #require(cluster.natsURL.split(separator: ":").last.flatMap { Int($0) })
+            let proxy = try CuttableProxy(to: natsPort)
+            defer { proxy.close() }
+            try await cluster.startNode("n1", nats: "nats://127.0.0.1:\(proxy.port)")
+            #expect(try await cluster.agreedLeader(among: ["n1"]) == "n1")
+            try await eventually("n1 to connect upstream", timeout: .seconds(40)) { cluster.feed.monitor.snapshot.openConnections == 1 }
+            try await cluster.startNode("n2")
+            #expect(try await cluster.agreedLeader() == "n1")
+            let client = try await subscribedClient(try cluster.url("n2"), "Q.AAPL")
+            // Cut off well past its 5 s lease: it buffers its events for half of it, then closes upstream.
+            proxy.cut(for: .seconds(10))
+            try await eventually("n2 to lead", timeout: .seconds(20)) {
+                (try? await cluster.cluster(of: "n2"))?["leader"] as? String == "n2"
+            }
+            try await eventually("n1 to be back on NATS", timeout: .seconds(30)) {
+                (try? await cluster.cluster(of: "n1"))?["nats"] as? String == "connected"
+            }
+            // From the new term's first events to two seconds after n1 came back: AAPL's numbers only rise.
+            let until = ContinuousClock.now + .seconds(2)
+            var numbers: [UInt64] = []
+            var newTerm = false
+            while ContinuousClock.now < until {
+                let frame = try await client.nextFrame()
+                for object in (try? JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]]) ?? [] {
+                    if object["status"] as? String == StatusMessage.Kind.upstreamReconnected { newTerm = true }
+                    guard newTerm, object["ev"] as? String == "Q", let number = (object["_s"] as? NSNumber)?.uint64Value else { continue }
+                    numbers.append(number)
+                }
+            }
+            #expect(newTerm && !numbers.isEmpty, "the new term's events came: \(numbers.count)")
+            #expect(zip(numbers, numbers.dropFirst()).allSatisfy { $0 < $1 }, "none of the old term's among them: \(numbers)")
+            #expect(cluster.feed.monitor.snapshot.maxOpenConnections == 1)
+            await client.close()
+        }
+    }
+
     /// The leader is killed and started again under its name before its lease lapses: it (or the other
     /// node) takes the lease again the moment it lapses. Even when the other node never reads the lease
     /// empty in between, the new term is a new leader to it, and its clients are told of the outage.
