@@ -93,7 +93,9 @@ final class ClusterFeed: Sendable {
             case .failure(let rejection): self.metrics.rejected("control", rejection.description, logger: self.logger)
             }
         }
-        _ = connection.subscribe(subjects.upstreamControl, sink: control)
+        // Small messages (at most 64 KiB, most a few bytes): a publisher flooding them while the sink is
+        // behind makes libnats hold no more than this.
+        _ = connection.subscribe(subjects.upstreamControl, sink: control, pendingBytes: 16 << 20)
         connection.onSlowConsumer { [weak self] subscription in
             guard let self else { return }
             let topic = subscription.flatMap { self.subjects.topic(fromSubject: $0.subject) }

@@ -273,9 +273,16 @@ public final class ClusterNode: Service, Sendable {
         feed.start()
         await fills?.start(connection: connection, feed: feed)
         let interestSink = NATSMessageSink { [weak self] subject, payload in
-            self?.received(interestOf: String(cString: subject), payload: String(decoding: payload, as: UTF8.self))
+            guard let self else { return }
+            // Larger than any part a node sends: refused before it is decoded (on libnats' thread).
+            guard payload.count <= InterestTable.Part.maxBytes else {
+                metrics.rejected("interest", "a message of \(payload.count) bytes (a part is at most \(InterestTable.Part.maxBytes))", logger: logger)
+                return
+            }
+            received(interestOf: String(cString: subject), payload: String(decoding: payload, as: UTF8.self))
         }
-        _ = connection.subscribe(subjects.allInterest, sink: interestSink)
+        // Parts of at most ``InterestTable/Part/maxBytes``: a flood waits in no more than this.
+        _ = connection.subscribe(subjects.allInterest, sink: interestSink, pendingBytes: 64 << 20)
         // Anyone who may publish on the cluster's subjects may ask: answered at once, then at most once a
         // second, however many ask (each answer sorts and publishes the node's whole wanted set). A new
         // leader's request names its term: a term not answered yet is answered at once whatever came
@@ -291,7 +298,7 @@ public final class ClusterNode: Service, Sendable {
             }
             (newTerm ? termAnswers : requestAnswers).request { [weak self] in self?.publishInterest() }
         }
-        _ = connection.subscribe(subjects.interestRequest, sink: requestSink)
+        _ = connection.subscribe(subjects.interestRequest, sink: requestSink, pendingBytes: 16 << 20)
 
         // The hub tells each change of its wanted set, on the hub: nothing here costs it more than a
         // poke. The NATS subscriptions follow the set in batches of 20 ms (one diff of the whole set
@@ -401,6 +408,10 @@ public final class ClusterNode: Service, Sendable {
         let (topics, refused) = ClusterChecks.interest(list.topics, invalid: list.invalid, limits: topicRules)
         if !refused.isEmpty {
             metrics.rejected("interest", "from node \(node): \(refused.joined(separator: "; "))", logger: logger)
+        }
+        guard topics.count <= InterestTable.Part.topicsPerPart else {
+            metrics.rejected("interest", "from node \(node): \(topics.count) topics in one part (at most \(InterestTable.Part.topicsPerPart))", logger: logger)
+            return
         }
         let part = InterestTable.Part(generation: header.generation, part: header.part, parts: header.parts, topics: Array(topics))
         let (outcome, upstream, leading) = state.withLock { state in

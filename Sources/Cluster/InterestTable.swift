@@ -81,6 +81,9 @@ public struct InterestTable: Sendable {
         public static let topicsPerPart = 2_000
         /// More parts than this is not a set a node sends.
         public static let maxParts = 1_000
+        /// More bytes than one part a node sends holds (``topicsPerPart`` topics of at most 45 bytes
+        /// each, and the header), with room to spare: a larger message is refused before it is read.
+        public static let maxBytes = topicsPerPart * 64 + 64
 
         public init(generation: UInt64, part: Int, parts: Int, topics: [Topic]) {
             self.generation = generation

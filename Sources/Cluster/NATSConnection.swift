@@ -92,6 +92,7 @@ public final class NATSConnection: Sendable {
         var subject: String
         var sink: NATSMessageSink
         var pendingLimit: Int
+        var pendingBytes: Int
         var pointer: NATSPointer?
     }
 
@@ -471,12 +472,14 @@ public final class NATSConnection: Sendable {
     /// Subscribes `sink` to `subject` (wildcards `*` and `>` allowed). libnats restores the subscription
     /// after a reconnect, and it is made again on a rebuilt connection (or on the first one, when none is
     /// built yet). `nil` when the connection is closed.
-    public func subscribe(_ subject: String, sink: NATSMessageSink, pendingLimit: Int = 100_000) -> NATSSubscription? {
+    /// - Parameter pendingLimit: messages libnats holds for it while its sink is behind (past them, or
+    ///   past `pendingBytes`, it drops them and says so: a slow consumer).
+    public func subscribe(_ subject: String, sink: NATSMessageSink, pendingLimit: Int = 100_000, pendingBytes: Int = 256 << 20) -> NATSSubscription? {
         let id: UInt64? = shared.withLock { state in
             guard !state.closed else { return nil }
             let id = state.nextSubscription
             state.nextSubscription += 1
-            var registered = Registered(subject: subject, sink: sink, pendingLimit: pendingLimit)
+            var registered = Registered(subject: subject, sink: sink, pendingLimit: pendingLimit, pendingBytes: pendingBytes)
             if let connection = state.connection {
                 registered.pointer = Self.subscribe(connection.connection, registered, logger: logger)
             }
@@ -498,7 +501,7 @@ public final class NATSConnection: Sendable {
             }
             return nil
         }
-        _ = natsSubscription_SetPendingLimits(subscription, Int32(clamping: registered.pendingLimit), 256 * 1024 * 1024)
+        _ = natsSubscription_SetPendingLimits(subscription, Int32(clamping: registered.pendingLimit), Int32(clamping: registered.pendingBytes))
         return NATSPointer(subscription)
     }
 

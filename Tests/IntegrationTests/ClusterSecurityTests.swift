@@ -326,6 +326,13 @@ struct ClusterLeaseAndInterestTests {
             let counted = await metric(port, #"relay_cluster_interest_refused_topics_total{market="stocks"}"#)
             try await Task.sleep(for: .seconds(2))
             #expect(await metric(port, #"relay_cluster_interest_refused_topics_total{market="stocks"}"#) == counted)
+            // A part larger than any a node sends, or with more topics than a part holds, is refused unread.
+            let rejected = #"relay_cluster_rejected_total{market="stocks",kind="interest"}"#
+            let before = await metric(port, rejected)
+            #expect(nats.publish(subjects.interest(of: "huge"), "1 1/1\n" + String(repeating: "Q.ABCDEFGH,", count: 20_000)))
+            let many = (0..<3_000).map { Topic(eventType: "Q", ticker: "Y\($0)")! }
+            #expect(nats.publish(subjects.interest(of: "many"), InterestTable.Part(generation: 1, part: 1, parts: 1, topics: many).text))
+            try await eventually("both refused") { await metric(port, rejected) >= before + 2 }
             // The invented node falls silent: its topics go, and the client's waiting topic is asked for.
             publisher.cancel()
             _ = try await read(client, until: #""ev":"T","sym":"MSFT""#, timeout: .seconds(30))
