@@ -240,7 +240,7 @@ public final class RESTGateway: Sendable {
             if let running = flights[key] { return (running, true) }
             let task = Task<Fetched, Never> {
                 let fetched = await self.fetch(route)
-                if let expires, let cache = self.cache, fetched.status == 200, !fetched.fromRelay {
+                if let expires, let cache = self.cache, fetched.status == 200, !fetched.fromRelay, Self.looksWhole(fetched) {
                     await cache.store(key, body: fetched.body, contentType: fetched.contentType, expires: expires, now: now)
                     self.metrics.cacheBytes(cache.bytes)
                 }
@@ -250,6 +250,15 @@ public final class RESTGateway: Sendable {
             flights[key] = task
             return (task, false)
         }
+    }
+
+    /// Whether an answer may be kept: JSON, one object from its first byte to its last (a maintenance
+    /// page, or a body cut short, sent with a 200 is passed on once, never kept for every later client).
+    static func looksWhole(_ fetched: Fetched) -> Bool {
+        guard fetched.contentType.lowercased().contains("json") else { return false }
+        let view = fetched.body.readableBytesView
+        let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
+        return view.first(where: { !isSpace($0) }) == UInt8(ascii: "{") && view.last(where: { !isSpace($0) }) == UInt8(ascii: "}")
     }
 
     /// One upstream call: a token of the budget, the request with the account's credentials, the whole
@@ -280,10 +289,14 @@ public final class RESTGateway: Sendable {
                 for (name, value) in headers { request.headers.add(name: name, value: value) }
                 let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
                 let body = try await Self.read(response.body, upTo: maxBody, counting: reading, status: Int(response.status.code))
+                // Passed on only as JSON or plain text (never HTML on the relay's origin), and a
+                // `Retry-After` of 1 s to an hour.
+                let contentType = response.headers.first(name: "Content-Type") ?? "application/json"
                 return Fetched(
                     status: Int(response.status.code), body: body,
-                    contentType: response.headers.first(name: "Content-Type") ?? "application/json",
-                    retryAfter: response.headers.first(name: "Retry-After").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) },
+                    contentType: contentType.lowercased().contains("json") ? contentType : "text/plain; charset=utf-8",
+                    retryAfter: response.headers.first(name: "Retry-After").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+                        .map { min(max($0, 1), 3600) },
                     fromRelay: false)
             }
             metrics.upstream(status: result.status, took: ContinuousClock.now - started)

@@ -94,6 +94,8 @@ extension RelayServer {
         let gatewayRequest = GatewayRequest(path: uri.path, query: query, base: clientBase(request))
         let answer = await gateway.answer(gatewayRequest, client: client)
         var headers: HTTPFields = [.contentType: answer.contentType]
+        // The vendor's text on the relay's own origin (the dashboard's) is never read as another type.
+        if let noSniff = HTTPField.Name("X-Content-Type-Options") { headers[noSniff] = "nosniff" }
         if let source = HTTPField.Name("X-Relay-Source") { headers[source] = answer.source.rawValue }
         if let retryAfter = answer.retryAfter { headers[.retryAfter] = String(retryAfter) }
         guard let body = answersInFlight.responseBody(answer.body, on: context.channel, stallTimeout: configuration.gatewayPieceTimeout) else {

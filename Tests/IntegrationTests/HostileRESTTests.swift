@@ -19,6 +19,10 @@ final class HostileREST: Sendable {
         case held(sent: Int, length: Int)
         /// Another status, with this body.
         case status(Int, String)
+        /// A 200 of this content type and body.
+        case typed(String, String)
+        /// A 429 with this `Retry-After`.
+        case limited(retryAfter: String)
     }
 
     struct Request: Sendable {
@@ -86,6 +90,11 @@ final class HostileREST: Sendable {
                     Thread.sleep(forTimeInterval: Double(every.components.attoseconds) / 1e18 + Double(every.components.seconds))
                     guard send(connection, " ") else { return }
                 }
+            case .typed(let type, let body):
+                send(connection, "HTTP/1.1 200 OK\r\nContent-Type: \(type)\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
+            case .limited(let retryAfter):
+                let body = #"{"status":"ERROR","error":"slow down"}"#
+                send(connection, "HTTP/1.1 429 Too Many\r\nContent-Type: application/json\r\nRetry-After: \(retryAfter)\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
             case .status(let code, let body):
                 send(connection, "HTTP/1.1 \(code) No\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
             case .held(let sent, let length):

@@ -296,6 +296,42 @@ struct RESTGatewayTests {
         }
     }
 
+    @Test func aVendorsPageThatIsNotJSONIsPassedOnAsTextAndNeverKept() async throws {
+        let hostile = try HostileREST { request, _ in
+            request.target.contains("/range/1/day/") ? .typed("text/html", "<html><script>alert(1)</script>down for maintenance</html>") : .json("{}")
+        }
+        defer { hostile.close() }
+        try await Self.withGateway(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(hostile.port)"
+        }) { _, _, base in
+            // A closed month: kept for ever when it is a page of JSON.
+            let path = "/v2/aggs/ticker/AAPL/range/1/day/2026-10-01/2026-10-31"
+            for _ in 0..<2 {
+                let answer = try await httpGetWithHeaders("\(base)\(path)", key: "client-key")
+                #expect(answer.status == 200 && answer.headers["content-type"]?.hasPrefix("text/plain") == true, "\(answer.headers)")
+                #expect(answer.headers["x-content-type-options"] == "nosniff")
+                #expect(answer.headers["x-relay-source"] == "upstream", "never kept: \(answer.headers)")
+            }
+            #expect(hostile.requests.withLock { $0.filter { $0.target.contains("/range/1/day/") }.count } == 2)
+        }
+    }
+
+    @Test func aVendorsRetryAfterOfADayPausesTheAccountForTwoMinutesAtMost() async throws {
+        let hostile = try HostileREST { _, _ in .limited(retryAfter: "86400") }
+        defer { hostile.close() }
+        try await Self.withGateway(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(hostile.port)"
+        }) { _, _, base in
+            let limited = try await httpGetWithHeaders("\(base)/v2/last/trade/ZZZZ", key: "client-key")
+            #expect(limited.status == 429 && limited.headers["retry-after"] == "3600", "passed on within an hour: \(limited.headers)")
+            // The account pauses: the next call is the relay's own 429, for two minutes at most.
+            let paused = try await httpGetWithHeaders("\(base)/v2/last/trade/YYYY", key: "client-key")
+            let after = Int(paused.headers["retry-after"] ?? "") ?? 0
+            #expect(paused.status == 429 && paused.headers["x-relay-source"] == "relay" && after > 100 && after <= 121, "\(paused.headers)")
+            #expect(hostile.requests.withLock { $0.count } == 1)
+        }
+    }
+
     @Test func answersBeingSentAreBoundedAndAClientThatStopsReadingIsLetGo() async throws {
         // An 8 MB page of bars for any range, a small answer for anything else.
         let rows = (0..<80_000).map { #"{"v":1000,"o":1.25,"c":1.5,"h":1.75,"l":1.0,"t":\#(1_577_836_800_000 + Int64($0) * 60_000),"n":10}"# }
