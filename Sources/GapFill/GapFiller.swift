@@ -246,19 +246,33 @@ public actor GapFiller {
         var failure: String?
         var pages = 0
         let window = fromMs..<max(fromMs, request.through)
+        func tookTooLong() -> String {
+            "the fill took longer than \(settings.maxDuration.components.seconds) s: recovered through \(events.last?.1 ?? fromMs) (Unix ms), the rest is missing"
+        }
         pages: while firstPage || next != nil {
             if pages == settings.pagesPerTopic {
                 failure = "more than \(settings.pagesPerTopic) REST pages: recovered through \(events.last?.1 ?? fromMs) (Unix ms), the rest is missing"
                 break pages
             }
             if ContinuousClock.now >= deadline {
-                failure = "the fill took longer than \(settings.maxDuration.components.seconds) s: recovered through \(events.last?.1 ?? fromMs) (Unix ms), the rest is missing"
+                failure = tookTooLong()
                 break pages
             }
             pages += 1
             do { try await pace.next() } catch { return .failure(FillFailure(reason: "cancelled", delivered: 0)) }
-            let answer = await history.page(
-                of: topic, window: window, cursor: next, room: settings.eventsPerTopic - events.count, priority: .bulk)
+            // Within the fill's time however the page goes: a vendor's pause (its 429s), the account's
+            // budget and the request's retries all wait inside it.
+            let (history, cursor, room) = (self.history, next, settings.eventsPerTopic - events.count)
+            let answer: Result<HistoryPage, RESTError>
+            do {
+                answer = try await RESTDeadline.within(deadline - .now) {
+                    await history.page(of: topic, window: window, cursor: cursor, room: room, priority: .bulk)
+                }
+            } catch {
+                if Task.isCancelled { return .failure(FillFailure(reason: "cancelled", delivered: 0)) }
+                failure = tookTooLong()
+                break pages
+            }
             firstPage = false
             await countRequest()
             switch answer {

@@ -257,6 +257,28 @@ struct HostileRESTTests {
         }
     }
 
+    @Test func aVendorsLongPauseEndsTheFillAtItsTimeLimit() async throws {
+        // A 429 asking for a minute: the account pauses (two minutes at most), the fill does not wait it out.
+        let rest = try HostileREST { _, _ in .limited(retryAfter: "60") }
+        defer { rest.close() }
+        try await withFaultyFeedRelay(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(rest.port)"
+            settings.gapFill?.maxDuration = .seconds(3)
+            // The account's budget (the gateway's) is what a vendor's 429 pauses.
+            settings.gateway = GatewaySettings()
+        }) { _, feed, url in
+            let client = try await subscribedClient(url, "T.AAPL")
+            #expect(feed.inject(.drop, refusingFor: .seconds(1)) == 1)
+            let started = ContinuousClock.now
+            let objects = try await Self.framesUntilRecovered(client, timeout: .seconds(30))
+            let recovered = try #require(objects.first { $0["status"] as? String == StatusMessage.Kind.recovered })
+            let reason = (recovered["missing"] as? [String: String])?["T.AAPL"] ?? ""
+            #expect(reason.contains("the fill took longer than 3 s"), "\(recovered)")
+            #expect(ContinuousClock.now - started < .seconds(15), "ended at its limit, not after the vendor's pause")
+            await client.close()
+        }
+    }
+
     @Test func aBodyTrickledAByteAtATimeEndsWithinTheRequestTimeout() async throws {
         let rest = try HostileREST { _, _ in .trickle(length: 1_000, every: .milliseconds(300)) }
         defer { rest.close() }
