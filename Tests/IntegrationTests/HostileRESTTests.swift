@@ -240,64 +240,56 @@ struct HostileRESTTests {
         }
     }
 
-    @Test func anErrorThatEchoesTheUpstreamKeyReachesClientsWithoutIt() async throws {
-        let rest = try HostileREST { request, _ in .status(403, #"{"status":"ERROR","error":"key \#(request.authorization ?? "") is not entitled"}"#) }
-        defer { rest.close() }
+    /// A relay whose REST host is `rest` (and `configure`d) fills an outage of T.AAPL's: what the
+    /// `recovered` status says is missing of it, the status, and how long the fill took from the drop.
+    static func fillOfADrop(
+        from rest: HostileREST, configure: @escaping (inout RelaySettings) -> Void = { _ in }
+    ) async throws -> (missing: String, recovered: [String: Any], took: Duration) {
+        var outcome: (String, [String: Any], Duration) = ("", [:], .zero)
         try await withFaultyFeedRelay(configure: { settings in
             settings.upstreamRESTURL = "http://127.0.0.1:\(rest.port)"
+            configure(&settings)
         }) { _, feed, url in
             let client = try await subscribedClient(url, "T.AAPL")
             #expect(feed.inject(.drop, refusingFor: .seconds(1)) == 1)
+            let started = ContinuousClock.now
             let objects = try await Self.framesUntilRecovered(client, timeout: .seconds(30))
             let recovered = try #require(objects.first { $0["status"] as? String == StatusMessage.Kind.recovered })
-            let reason = (recovered["missing"] as? [String: String])?["T.AAPL"] ?? ""
-            #expect(reason.contains("HTTP 403") && reason.contains("is not entitled"), "\(recovered)")
-            #expect(!reason.contains("upstream-secret") && reason.contains("<relay-upstream-key>"), "\(reason)")
+            outcome = ((recovered["missing"] as? [String: String])?["T.AAPL"] ?? "", recovered, ContinuousClock.now - started)
             await client.close()
         }
+        return outcome
+    }
+
+    @Test func anErrorThatEchoesTheUpstreamKeyReachesClientsWithoutIt() async throws {
+        let rest = try HostileREST { request, _ in .status(403, #"{"status":"ERROR","error":"key \#(request.authorization ?? "") is not entitled"}"#) }
+        defer { rest.close() }
+        let (reason, recovered, _) = try await Self.fillOfADrop(from: rest)
+        #expect(reason.contains("HTTP 403") && reason.contains("is not entitled"), "\(recovered)")
+        #expect(!reason.contains("upstream-secret") && reason.contains("<relay-upstream-key>"), "\(reason)")
     }
 
     @Test func aVendorsLongPauseEndsTheFillAtItsTimeLimit() async throws {
         // A 429 asking for a minute: the account pauses (two minutes at most), the fill does not wait it out.
         let rest = try HostileREST { _, _ in .limited(retryAfter: "60") }
         defer { rest.close() }
-        try await withFaultyFeedRelay(configure: { settings in
-            settings.upstreamRESTURL = "http://127.0.0.1:\(rest.port)"
+        let (reason, recovered, took) = try await Self.fillOfADrop(from: rest) { settings in
             settings.gapFill?.maxDuration = .seconds(3)
             // The account's budget (the gateway's) is what a vendor's 429 pauses.
             settings.gateway = GatewaySettings()
-        }) { _, feed, url in
-            let client = try await subscribedClient(url, "T.AAPL")
-            #expect(feed.inject(.drop, refusingFor: .seconds(1)) == 1)
-            let started = ContinuousClock.now
-            let objects = try await Self.framesUntilRecovered(client, timeout: .seconds(30))
-            let recovered = try #require(objects.first { $0["status"] as? String == StatusMessage.Kind.recovered })
-            let reason = (recovered["missing"] as? [String: String])?["T.AAPL"] ?? ""
-            #expect(reason.contains("the fill took longer than 3 s"), "\(recovered)")
-            #expect(ContinuousClock.now - started < .seconds(15), "ended at its limit, not after the vendor's pause")
-            await client.close()
         }
+        #expect(reason.contains("the fill took longer than 3 s"), "\(recovered)")
+        #expect(took < .seconds(15), "ended at its limit, not after the vendor's pause")
     }
 
     @Test func aBodyTrickledAByteAtATimeEndsWithinTheRequestTimeout() async throws {
         let rest = try HostileREST { _, _ in .trickle(length: 1_000, every: .milliseconds(300)) }
         defer { rest.close() }
-        try await withFaultyFeedRelay(configure: { settings in
-            settings.upstreamRESTURL = "http://127.0.0.1:\(rest.port)"
-            settings.gapFill?.requestTimeout = .seconds(1)
-        }) { _, feed, url in
-            let client = try await subscribedClient(url, "T.AAPL")
-            #expect(feed.inject(.drop, refusingFor: .seconds(1)) == 1)
-            let started = ContinuousClock.now
-            // One attempt of at most a second (a request that timed out is not tried again): far less
-            // than the 75 s a trickled body used to hold a fill.
-            let objects = try await Self.framesUntilRecovered(client, timeout: .seconds(30))
-            let recovered = try #require(objects.first { $0["status"] as? String == StatusMessage.Kind.recovered })
-            let missing = recovered["missing"] as? [String: String] ?? [:]
-            #expect(missing["T.AAPL"]?.contains("no whole answer within 1 s") == true, "\(recovered)")
-            #expect(ContinuousClock.now - started < .seconds(10))
-            #expect(rest.requests.withLock { $0.count } == 1, "not retried")
-            await client.close()
-        }
+        let (reason, recovered, took) = try await Self.fillOfADrop(from: rest) { $0.gapFill?.requestTimeout = .seconds(1) }
+        // One attempt of at most a second (a request that timed out is not tried again): far less than
+        // the 75 s a trickled body used to hold a fill.
+        #expect(reason.contains("no whole answer within 1 s"), "\(recovered)")
+        #expect(took < .seconds(10))
+        #expect(rest.requests.withLock { $0.count } == 1, "not retried")
     }
 }
