@@ -100,6 +100,9 @@ final class ClusterGapFill: Sendable {
     private let askSink: NATSMessageSink
     /// The topics the cluster's recent asks named: the only ones this node takes recovered events of.
     private let asked = AskedTopics()
+    /// The newest generation this node asked a fill for: an end naming a later one (no node's answer:
+    /// the leader answers asks it read) is not taken, so a forged end cannot settle every gap to come.
+    private let lastAsked = Mutex(0)
 
     init(
         hook: ClusterGapFillHook, subjects: ClusterSubjects, node: String, hub: MarketDataHub, sequencer: TermSequencer, metrics: ClusterMetrics,
@@ -139,8 +142,9 @@ final class ClusterGapFill: Sendable {
     /// the events). Call once.
     func start(connection: NATSConnection, feed: ClusterFeed) async {
         let (subjects, node, maxTopics, metrics, logger) = (self.subjects, self.node, hook.maxTopics, self.metrics, self.logger)
-        await hub.setRecoveryHandler { request in
+        await hub.setRecoveryHandler { [weak self] request in
             guard !request.topics.isEmpty else { return }  // no client holds a topic by name here
+            self?.lastAsked.withLock { $0 = max($0, request.generation) }
             let ask = FillWire.Ask(
                 node: node, generation: request.generation, from: request.from, through: request.through,
                 topics: Array(request.topics.prefix(maxTopics)))
@@ -157,8 +161,8 @@ final class ClusterGapFill: Sendable {
         }
         _ = connection.subscribe(subjects.fillAsk, sink: watch)
         let mine = ClusterSubjects.token(node) + "/"
-        let answers = NATSMessageSink { [weak feed] _, payload in
-            guard let feed else { return }
+        let answers = NATSMessageSink { [weak feed, weak self] _, payload in
+            guard let feed, let self else { return }
             switch payload.first {
             case UInt8(ascii: "E"):
                 guard let (topic, order, events) = FillWire.readEvents(payload, market: subjects.wireMarket, wire: wire) else {
@@ -172,8 +176,12 @@ final class ClusterGapFill: Sendable {
                 guard let (end, answered) = FillWire.readEnd(payload) else {
                     return metrics.rejected("fill", "a fill's end that does not read (\(payload.count) bytes)", logger: logger)
                 }
+                let newest = self.lastAsked.withLock { $0 }
                 let generations = answered.compactMap { $0.hasPrefix(mine) ? Int($0.dropFirst(mine.count)) : nil }
-                if let generation = generations.max() { feed.push(.recoveryEnded(end, generation: generation)) }
+                if generations.contains(where: { $0 > newest }) {
+                    metrics.rejected("fill", "a fill's end naming a generation this node never asked for", logger: logger)
+                }
+                if let generation = generations.filter({ $0 <= newest }).max() { feed.push(.recoveryEnded(end, generation: generation)) }
             default:
                 metrics.rejected("fill", "not a fill message (\(payload.count) bytes)", logger: logger)
             }

@@ -283,6 +283,21 @@ struct ClusterLeaseAndInterestTests {
         }
     }
 
+    @Test func aFillsEndNamingAGenerationTheNodeNeverAskedForIsNotTaken() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            let feedREST = "http://127.0.0.1:\(try await cluster.feed.listeningPort())"
+            let port = try await cluster.startNode("n1", extra: ["--no-portfolio", "--rest-url", feedREST])
+            _ = try await cluster.agreedLeader()
+            // A forged end answering a generation of n1's far ahead would settle every gap it has until then.
+            let nats = try await natsClient(cluster.natsURL, name: "forger")
+            let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+            let forged = FillWire.end(.nothing, from: 1, through: 2, answering: [ClusterSubjects.token("n1") + "/999999999"])
+            #expect(forged.withUnsafeBytes { nats.publish(subjects.fillResult, $0) })
+            try await eventually("the end refused") { await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="fill"}"#) >= 1 }
+            await nats.close()
+        }
+    }
+
     /// Reads `client` until a frame holds `text`, or fails after `timeout`.
     func read(_ client: WSTestClient, until text: String, timeout: Duration = .seconds(20)) async throws -> String {
         let deadline = ContinuousClock.now + timeout
