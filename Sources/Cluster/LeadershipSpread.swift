@@ -20,7 +20,16 @@ package final class LeadershipSpread: Sendable {
         var deferringSince: [String: ContinuousClock.Instant] = [:]
         /// When this node last handed a market to an idle node.
         var lastHandOff: ContinuousClock.Instant?
+        /// The market it handed off and whose next leader it has not seen yet.
+        var handedOff: String?
+        /// The least time between two hand-offs now: ``handOffAfter``, doubled each time a hand-off
+        /// came back to this node (the "idle" node did not take it: cut off from the upstream, or not a
+        /// node at all but a name someone publishes interest under), up to ``maxHandOffInterval``.
+        var interval: Duration?
     }
+
+    /// The longest time between two hand-offs that were not taken.
+    package static let maxHandOffInterval: Duration = .seconds(300)
 
     package let node: String
     package let maxDeferral: Duration
@@ -47,10 +56,11 @@ package final class LeadershipSpread: Sendable {
         state.withLock { state in
             let mine = state.leaders.filter { $0.value == node }.keys.sorted()
             guard mine.count >= 2, mine.last == market, now - leadingSince >= handOffAfter else { return false }
-            if let last = state.lastHandOff, now - last < handOffAfter { return false }
+            if let last = state.lastHandOff, now - last < (state.interval ?? handOffAfter) { return false }
             let led = Set(state.leaders.values)
             guard liveNodes.contains(where: { $0 != node && !led.contains($0) }) else { return false }
             state.lastHandOff = now
+            state.handedOff = market
             return true
         }
     }
@@ -60,6 +70,12 @@ package final class LeadershipSpread: Sendable {
         state.withLock { state in
             state.leaders[market] = leader
             if leader != nil { state.deferringSince[market] = nil }
+            // The market handed off has a leader again: another node took it (the interval is back to
+            // its least), or it came back to this one (the next hand-off waits twice as long).
+            if let leader, state.handedOff == market {
+                state.handedOff = nil
+                state.interval = leader == node ? min((state.interval ?? handOffAfter) * 2, Self.maxHandOffInterval) : nil
+            }
         }
     }
 

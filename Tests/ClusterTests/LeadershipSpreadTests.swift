@@ -34,4 +34,27 @@ struct LeadershipSpreadTests {
         #expect(spread.shouldDefer(market: "stocks", liveNodes: idle, now: start + .seconds(4)))
         #expect(!spread.shouldHandOff(market: "crypto", liveNodes: idle, leadingSince: start, now: start + .seconds(5)), "leads one market now")
     }
+
+    @Test func handOffsThatComeBackAreSpacedEverFurtherUntilOneIsTaken() {
+        let spread = LeadershipSpread(node: "n1", handOffAfter: .seconds(3))
+        let start = ContinuousClock.now
+        spread.observe(market: "crypto", leader: "n1")
+        // "ghost" publishes interest and leads nothing, but never takes a lease: each hand-off comes back.
+        let live = ["n1", "ghost"]
+        var at = start + .seconds(3)
+        var waits: [Duration] = []
+        for _ in 0..<4 {
+            spread.observe(market: "stocks", leader: "n1")
+            var now = at
+            while !spread.shouldHandOff(market: "stocks", liveNodes: live, leadingSince: start, now: now) { now += .seconds(1) }
+            waits.append(now - at)
+            spread.observe(market: "stocks", leader: nil)
+            at = now
+        }
+        #expect(waits == [.zero, .seconds(6), .seconds(12), .seconds(24)], "\(waits)")
+        // Taken by another node: back to the least interval.
+        spread.observe(market: "stocks", leader: "n2")
+        spread.observe(market: "stocks", leader: "n1")
+        #expect(spread.shouldHandOff(market: "stocks", liveNodes: live, leadingSince: start, now: at + .seconds(3)))
+    }
 }
