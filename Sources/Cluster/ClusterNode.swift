@@ -782,7 +782,13 @@ public final class ClusterNode: Service, Sendable {
             // Cut off from NATS: what it published since waits in libnats' buffer and would reach the
             // nodes once the link is back, in the next leader's term (stale events, a false outage):
             // dropped with the connection. Else the nodes hear it closed.
-            if !connection.discardPendingIfDisconnected() {
+            if await connection.discardPendingIfDisconnected() {
+                // Bound to the connection closed: bound again on the new one at the next lease read.
+                state.withLock {
+                    $0.leaseBucket = nil
+                    $0.lastValueBucket = nil
+                }
+            } else {
                 publish(control: .upstreamDown(reason: "the cluster leader \(configuration.nodeID) closed its upstream: \(reason)"))
             }
         case .shutdown(let validUntil), .handOff(let validUntil):

@@ -27,6 +27,9 @@ struct FoldedLastValues {
     /// Every book's footprint, as last counted.
     private(set) var bytes = 0
     private var changes: UInt64 = 0
+    /// Books let go for room, not taken again until a whole book comes (at most ``limit`` × 10 names;
+    /// past that it starts afresh).
+    private var resting: Set<Topic> = []
     let bytesLimit: Int
 
     /// The most books kept; past it they start afresh (each whole again at its vendor's next reset).
@@ -44,7 +47,11 @@ struct FoldedLastValues {
     mutating func apply(_ event: MarketEvent, folding: TopicFolding) {
         let topic = event.topic
         changes += 1
-        if folds[topic] == nil {
+        var book: Book
+        if let known = folds[topic] {
+            book = known
+            book.fold.apply(event)
+        } else {
             if folds.count >= Self.limit {
                 // Emptied in the store too (each is marked changed and has no fold left).
                 interruptAll()
@@ -52,10 +59,15 @@ struct FoldedLastValues {
                 bytes = 0
             }
             guard let fold = folding.fold(for: topic) else { return }
-            folds[topic] = Book(fold: fold, bytes: 0, changedAt: changes)
+            fold.apply(event)
+            // A book let go for room is taken again only from a whole book (the vendor's next): made
+            // again from a change, it would be asked of the upstream anew and push another one out.
+            if resting.contains(topic) {
+                guard fold.isWhole else { return }
+                resting.remove(topic)
+            }
+            book = Book(fold: fold, bytes: 0, changedAt: changes)
         }
-        guard var book = folds[topic] else { return }
-        book.fold.apply(event)
         let footprint = book.fold.footprint
         bytes += footprint - book.bytes
         book.bytes = footprint
@@ -74,7 +86,9 @@ struct FoldedLastValues {
             folds[topic] = nil
             bytes -= book.bytes
             changed.insert(topic)
+            resting.insert(topic)
         }
+        if resting.count > Self.limit * 10 { resting.removeAll() }
     }
 
     /// Events stopped (the upstream was lost, or events were dropped): nothing is vouched for.
@@ -93,6 +107,7 @@ struct FoldedLastValues {
             folds[topic] = nil
             bytes -= book.bytes
         }
+        resting = resting.filter { upstream.contains($0) || upstream.contains(.wildcard($0.eventType)) }
     }
 
     /// The books it cannot vouch for (after a loss, an unreadable change): what the upstream is asked
@@ -101,7 +116,6 @@ struct FoldedLastValues {
 
     /// What changed since the last call: each book whole, or empty bytes for one that is not.
     mutating func takeChanged() -> [(Topic, ByteBuffer)] {
-        defer { changed.removeAll(keepingCapacity: true) }
         var taken: [(Topic, ByteBuffer)] = []
         taken.reserveCapacity(changed.count)
         for topic in changed {
@@ -115,6 +129,9 @@ struct FoldedLastValues {
             book.bytes = book.fold.footprint
             folds[topic] = book
         }
+        changed.removeAll(keepingCapacity: true)
+        // The whole forms rendered may have taken it past its bound: those let go are emptied next time.
+        if bytes > bytesLimit { letGoOfTheOldest() }
         return taken
     }
 }

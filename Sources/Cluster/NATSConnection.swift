@@ -453,13 +453,17 @@ public final class NATSConnection: Sendable {
     /// 8 MB): closes the connection, and a new one is built at once (every subscription made again on
     /// it; a bucket bound on the old one fails until it is bound again). For a leader whose term ended
     /// while it was cut off: what it published meanwhile would otherwise go out once the link is back,
-    /// in the next leader's term. Whether it was not connected (and so closed).
-    public func discardPendingIfDisconnected() -> Bool {
+    /// in the next leader's term. Whether it was not connected (and so closed). (A link that stalls
+    /// without breaking looks connected to libnats: what it wrote to the socket meanwhile is the
+    /// kernel's to deliver, out of reach here.)
+    public func discardPendingIfDisconnected() async -> Bool {
         guard let handle = shared.withLock({ $0.closed ? nil : $0.connection }),
             natsConnection_Status(handle.connection) != NATS_CONN_STATUS_CONNECTED
         else { return false }
         logger.warning("NATS not connected as this node's term ended: dropping what it still holds to publish (of the ended term), and connecting anew")
-        natsConnection_Close(handle.connection)
+        // Off the cooperative pool: libnats' close waits for its threads (a reconnect may be in a
+        // connect of up to its timeout).
+        await Self.blocking { natsConnection_Close(handle.connection) }
         return true
     }
 

@@ -44,6 +44,8 @@ public final class SharedRESTBudget: AccountBudget {
     static let localAfterFailure: Duration = .seconds(1)
     /// The longest pause the bucket may hold (the longest a vendor's `Retry-After` is taken for).
     static let maxPause = RESTBudget.maxPause
+    /// How far past the longest pause another node's may end (clocks differ by a few seconds).
+    static let pauseSlack: Duration = .seconds(10)
     /// How far ahead of this node's clock another node's count may be. Clocks differ; a count moved
     /// back within this would credit the nodes ahead with the difference, so it is generous: a value
     /// past it is not a clock's.
@@ -146,7 +148,8 @@ public final class SharedRESTBudget: AccountBudget {
             let within = Shared(
                 tokens: min(max(tokens, 0), Double(burst)),
                 updated: min(max(updated, now - 86_400_000), now + SharedRESTBudget.maxClockAhead.milliseconds),
-                pausedUntil: min(pausedUntil, now + SharedRESTBudget.maxPause.milliseconds))
+                // A node's clock a little ahead writes a whole pause a little past this one's now.
+                pausedUntil: min(pausedUntil, now + SharedRESTBudget.maxPause.milliseconds + SharedRESTBudget.pauseSlack.milliseconds))
             return within == self ? nil : within
         }
 

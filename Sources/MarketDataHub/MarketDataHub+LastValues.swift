@@ -22,7 +22,7 @@ struct LastValueBound {
     /// The table's size that calls for the next trim: `limit`, or more while the topics held by name
     /// alone keep it above nine tenths of it (one trim per tenth of `limit` of new topics, never one
     /// per publish); and the same for its bytes. Each falls back to its limit once the table is within
-    /// it again (held topics let go), so the next growth past it is trimmed.
+    /// what a trim leaves again (held topics let go), so the next growth past the limit is trimmed.
     private(set) var trimAbove: Int
     private var trimAboveBytes = 0
 
@@ -42,8 +42,10 @@ struct LastValueBound {
 
     /// Whether a table of `count` entries calls for a trim.
     mutating func isPast(_ count: Int) -> Bool {
-        if count <= limit { trimAbove = limit }
-        if lastValues.total <= lastValues.limit { trimAboveBytes = 0 }
+        // Only once below what a trim leaves: held topics just under the bound would else bring back a
+        // trim per new topic.
+        if count <= keptAfterTrim { trimAbove = limit }
+        if lastValues.total <= bytesKeptAfterTrim { trimAboveBytes = 0 }
         return count > trimAbove || lastValues.total > Swift.max(lastValues.limit, trimAboveBytes)
     }
 

@@ -64,7 +64,9 @@ package struct PositionSequencer {
     private mutating func letGoOfTheIdlest() {
         let lasts = nextTopic.values.map(\.last).sorted()
         let cutoff = lasts[lasts.count - max(maxTopics - maxTopics / 10, 1)]
-        pastEveryNumber = max(pastEveryNumber ?? 1, (nextTopic.values.map(\.next).max() ?? 1))
+        // One past every next number: a topic let go that comes back skips at least one, so a node that
+        // held it sees a break (an interruption meanwhile, unknown here, is not hidden).
+        pastEveryNumber = max(pastEveryNumber ?? 1, (nextTopic.values.map(\.next).max() ?? 1) + 1)
         nextTopic = nextTopic.filter { $0.value.last >= cutoff }
     }
 }

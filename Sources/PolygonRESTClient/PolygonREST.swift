@@ -94,8 +94,9 @@ public struct PolygonREST: MarketReference {
                 }
                 if (200..<300).contains(status) { return .success(body) }
                 // Its text reaches logs and clients (a fill's reasons): never with the key in it.
-                let text = String(buffer: body.getSlice(at: body.readerIndex, length: min(body.readableBytes, 4096)) ?? body)
-                last = .status(status, apiKey.count >= 4 ? text.replacingOccurrences(of: apiKey, with: "<relay-upstream-key>") : text)
+                // Scrubbed whole, then cut (a key across the cut would show in part).
+                let text = apiKey.count >= 4 ? String(buffer: body).replacingOccurrences(of: apiKey, with: "<relay-upstream-key>") : String(buffer: body)
+                last = .status(status, String(text.prefix(4096)))
                 if status == 429, let budget { await budget.pause(for: .seconds(retryAfter ?? 1)) }
                 if status != 429 && status < 500 { return .failure(last) }
             } catch {

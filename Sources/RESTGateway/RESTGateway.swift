@@ -252,13 +252,33 @@ public final class RESTGateway: Sendable {
         }
     }
 
-    /// Whether an answer may be kept: JSON, one object from its first byte to its last (a maintenance
-    /// page, or a body cut short, sent with a 200 is passed on once, never kept for every later client).
+    /// A content type's essence (`application/json` of `application/json; charset=utf-8`), lowercased.
+    static func essence(_ contentType: String) -> String {
+        (contentType.split(separator: ";").first.map(String.init) ?? "").trimmingCharacters(in: .whitespaces).lowercased()
+    }
+
+    /// The content type a vendor's answer is passed on with: its own when JSON or a raster image (a
+    /// logo), else plain text, so nothing a vendor sends runs as a page or script on the relay's origin.
+    static func passedOn(_ contentType: String) -> String {
+        let essence = essence(contentType)
+        let json = essence == "application/json" || essence.hasSuffix("+json")
+        let image = essence.hasPrefix("image/") && !essence.contains("svg")
+        return json || image ? contentType : "text/plain; charset=utf-8"
+    }
+
+    /// Whether an answer may be kept: JSON that is one whole object or array from its first byte to its
+    /// last, or an image (a maintenance page, or a body cut short, sent with a 200 is passed on once,
+    /// never kept for every later client).
     static func looksWhole(_ fetched: Fetched) -> Bool {
-        guard fetched.contentType.lowercased().contains("json") else { return false }
+        let essence = essence(fetched.contentType)
+        if essence.hasPrefix("image/") { return !essence.contains("svg") }
+        guard essence == "application/json" || essence.hasSuffix("+json") else { return false }
         let view = fetched.body.readableBytesView
         let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
-        return view.first(where: { !isSpace($0) }) == UInt8(ascii: "{") && view.last(where: { !isSpace($0) }) == UInt8(ascii: "}")
+        switch (view.first(where: { !isSpace($0) }), view.last(where: { !isSpace($0) })) {
+        case (UInt8(ascii: "{")?, UInt8(ascii: "}")?), (UInt8(ascii: "[")?, UInt8(ascii: "]")?): return true
+        default: return false
+        }
     }
 
     /// One upstream call: a token of the budget, the request with the account's credentials, the whole
@@ -289,12 +309,11 @@ public final class RESTGateway: Sendable {
                 for (name, value) in headers { request.headers.add(name: name, value: value) }
                 let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
                 let body = try await Self.read(response.body, upTo: maxBody, counting: reading, status: Int(response.status.code))
-                // Passed on only as JSON or plain text (never HTML on the relay's origin), and a
-                // `Retry-After` of 1 s to an hour.
+                // Passed on as JSON, an image or plain text (never HTML or script on the relay's origin),
+                // and a `Retry-After` of 1 s to an hour.
                 let contentType = response.headers.first(name: "Content-Type") ?? "application/json"
                 return Fetched(
-                    status: Int(response.status.code), body: body,
-                    contentType: contentType.lowercased().contains("json") ? contentType : "text/plain; charset=utf-8",
+                    status: Int(response.status.code), body: body, contentType: Self.passedOn(contentType),
                     retryAfter: response.headers.first(name: "Retry-After").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
                         .map { min(max($0, 1), 3600) },
                     fromRelay: false)
@@ -352,13 +371,12 @@ public final class RESTGateway: Sendable {
 
     /// The body with every occurrence of the upstream credentials replaced.
     private func scrubbed(_ body: ByteBuffer) -> ByteBuffer {
+        // Looked for in the bytes: a body without the key (nearly all) is not copied into a string.
+        let secrets = [credentials.key, credentials.secret].compactMap { $0 }.filter { $0.utf8.count >= 4 }
+        guard secrets.contains(where: { body.readableBytesView.firstRange(of: Array($0.utf8)) != nil }) else { return body }
         var text = String(buffer: body)
-        var changed = false
-        for secret in [credentials.key, credentials.secret].compactMap({ $0 }) where secret.count >= 4 && text.contains(secret) {
-            text = text.replacingOccurrences(of: secret, with: "<relay-upstream-key>")
-            changed = true
-        }
-        return changed ? ByteBuffer(string: text) : body
+        for secret in secrets { text = text.replacingOccurrences(of: secret, with: "<relay-upstream-key>") }
+        return ByteBuffer(string: text)
     }
 
     /// A request's outcome when the relay made its answer: `budget` (429), `reading` (503: the bound on

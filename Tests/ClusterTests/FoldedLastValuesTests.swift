@@ -10,12 +10,13 @@ import Testing
     let folding = AlpacaWireProtocol(feed: .crypto).folding(of: .crypto, limits: FoldLimits())
 
     /// A whole book of `symbol` with `levels` levels a side.
-    func book(_ symbol: String, levels: Int) -> MarketEvent {
+    func book(_ symbol: String, levels: Int, whole: Bool = true) -> MarketEvent {
         func side(_ from: Double) -> MessagePack.Value {
             .array((0..<levels).map { .map([.init(.string("p"), .double(from + Double($0))), .init(.string("s"), .double(1))]) })
         }
-        return AlpacaEvents.event(
-            "o", symbol, [("T", .string("o")), ("S", .string(symbol)), ("b", side(100)), ("a", side(1000)), ("r", .bool(true))])
+        var fields: [(String, MessagePack.Value)] = [("T", .string("o")), ("S", .string(symbol)), ("b", side(100)), ("a", side(1000))]
+        if whole { fields.append(("r", .bool(true))) }
+        return AlpacaEvents.event("o", symbol, fields)
     }
 
     @Test func booksPastTheirBytesGoOldestFirstAndAreEmptiedInTheStore() throws {
@@ -39,5 +40,14 @@ import Testing
         for n in 200..<205 { values.apply(book("S\(n)/USD", levels: 50), folding: folding) }
         let gone = Set(values.takeChanged().filter { $0.1.readableBytes == 0 }.map(\.0.ticker))
         #expect(!gone.contains("S\(oldest)/USD") && gone.contains("S\(oldest + 1)/USD"), "\(oldest): \(gone.sorted())")
+        // A book let go for room is not made again from a change (it would be asked of the upstream
+        // anew and push another out), only from its vendor's next whole book.
+        _ = values.takeChanged()
+        let count = values.count
+        values.apply(book("S0/USD", levels: 1, whole: false), folding: folding)
+        #expect(values.count == count && !values.takeChanged().contains { $0.0.ticker == "S0/USD" })
+        values.apply(book("S0/USD", levels: 1), folding: folding)
+        #expect(values.takeChanged().contains { $0.0.ticker == "S0/USD" && $0.1.readableBytes > 0 })
+        #expect(!values.notWhole().contains { $0.ticker == "S0/USD" })
     }
 }
