@@ -331,13 +331,15 @@ final class AskInbox: Sendable {
     /// The most nodes whose asks wait at once (a node's newest ask stands for its earlier ones).
     static let maxAsks = 64
 
-    /// Queues an ask for the next turn. A node's newer ask replaces its older one (a node asks for the
-    /// union of every outage it has not had filled); past ``maxAsks`` nodes an ask is answered `skipped`,
-    /// so whoever may publish asks cannot make the leader hold more.
+    /// Queues an ask for the next turn. A node's later ask replaces its earlier one (a node asks for the
+    /// union of every outage it has not had filled; NATS keeps one publisher's order), by arrival, not by
+    /// generation: an ask naming a generation far ahead (forged, or of the node's run before a restart)
+    /// does not keep the node's real asks out. Past ``maxAsks`` nodes an ask is answered `skipped`, so
+    /// whoever may publish asks cannot make the leader hold more.
     func add(_ ask: FillWire.Ask) {
         let overflow: FillWire.Ask? = asks.withLock { asks in
             if let index = asks.firstIndex(where: { $0.node == ask.node }) {
-                if ask.generation >= asks[index].generation { asks[index] = ask }
+                asks[index] = ask
                 return nil
             }
             guard asks.count < Self.maxAsks else { return ask }

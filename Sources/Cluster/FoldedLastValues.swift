@@ -52,19 +52,22 @@ struct FoldedLastValues {
             book = known
             book.fold.apply(event)
         } else {
+            guard let fold = folding.fold(for: topic) else { return }
+            fold.apply(event)
+            // A book let go for room is taken again only from a whole book (the vendor's next) while
+            // room is short: made again from a change, it would be asked of the upstream anew and push
+            // another one out.
+            if resting.contains(topic) {
+                // With room again (under seven tenths), made again from a change (and asked of the
+                // upstream whole, paced, as any book not whole).
+                guard fold.isWhole || bytes <= bytesLimit / 10 * 7 else { return }
+                resting.remove(topic)
+            }
             if folds.count >= Self.limit {
                 // Emptied in the store too (each is marked changed and has no fold left).
                 interruptAll()
                 folds.removeAll()
                 bytes = 0
-            }
-            guard let fold = folding.fold(for: topic) else { return }
-            fold.apply(event)
-            // A book let go for room is taken again only from a whole book (the vendor's next): made
-            // again from a change, it would be asked of the upstream anew and push another one out.
-            if resting.contains(topic) {
-                guard fold.isWhole else { return }
-                resting.remove(topic)
             }
             book = Book(fold: fold, bytes: 0, changedAt: changes)
         }

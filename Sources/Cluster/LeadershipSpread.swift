@@ -20,8 +20,9 @@ package final class LeadershipSpread: Sendable {
         var deferringSince: [String: ContinuousClock.Instant] = [:]
         /// When this node last handed a market to an idle node.
         var lastHandOff: ContinuousClock.Instant?
-        /// The market it handed off and whose next leader it has not seen yet.
-        var handedOff: String?
+        /// The market it handed off and whose next leader it has not seen yet, and the nodes that led
+        /// nothing then (the hand-off was for one of them).
+        var handedOff: (market: String, idle: Set<String>)?
         /// The least time between two hand-offs now: ``handOffAfter``, doubled each time a hand-off
         /// came back to this node (the "idle" node did not take it: cut off from the upstream, or not a
         /// node at all but a name someone publishes interest under), up to ``maxHandOffInterval``.
@@ -58,9 +59,10 @@ package final class LeadershipSpread: Sendable {
             guard mine.count >= 2, mine.last == market, now - leadingSince >= handOffAfter else { return false }
             if let last = state.lastHandOff, now - last < (state.interval ?? handOffAfter) { return false }
             let led = Set(state.leaders.values)
-            guard liveNodes.contains(where: { $0 != node && !led.contains($0) }) else { return false }
+            let idle = Set(liveNodes.filter { $0 != node && !led.contains($0) })
+            guard !idle.isEmpty else { return false }
             state.lastHandOff = now
-            state.handedOff = market
+            state.handedOff = (market, idle)
             return true
         }
     }
@@ -70,11 +72,12 @@ package final class LeadershipSpread: Sendable {
         state.withLock { state in
             state.leaders[market] = leader
             if leader != nil { state.deferringSince[market] = nil }
-            // The market handed off has a leader again: another node took it (the interval is back to
-            // its least), or it came back to this one (the next hand-off waits twice as long).
-            if let leader, state.handedOff == market {
+            // The market handed off has a leader again: a node that led nothing took it (the interval is
+            // back to its least), or not (it came back to this one, or another leader took it after its
+            // own deferral): the next hand-off waits twice as long.
+            if let leader, let handedOff = state.handedOff, handedOff.market == market {
                 state.handedOff = nil
-                state.interval = leader == node ? min((state.interval ?? handOffAfter) * 2, Self.maxHandOffInterval) : nil
+                state.interval = handedOff.idle.contains(leader) ? nil : min((state.interval ?? handOffAfter) * 2, Self.maxHandOffInterval)
             }
         }
     }

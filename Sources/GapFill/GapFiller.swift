@@ -260,6 +260,11 @@ public actor GapFiller {
             }
             pages += 1
             do { try await pace.next() } catch { return .failure(FillFailure(reason: "cancelled", delivered: 0)) }
+            // The pace may have waited past it: no page is begun then.
+            if ContinuousClock.now >= deadline {
+                failure = tookTooLong()
+                break pages
+            }
             // Within the fill's time however the page goes: a vendor's pause (its 429s), the account's
             // budget and the request's retries all wait inside it.
             let (history, cursor, room) = (self.history, next, settings.eventsPerTopic - events.count)
@@ -270,6 +275,8 @@ public actor GapFiller {
                 }
             } catch {
                 if Task.isCancelled { return .failure(FillFailure(reason: "cancelled", delivered: 0)) }
+                await countRequest()
+                requestsFailed.increment()
                 failure = tookTooLong()
                 break pages
             }

@@ -94,8 +94,10 @@ public struct PolygonREST: MarketReference {
                 }
                 if (200..<300).contains(status) { return .success(body) }
                 // Its text reaches logs and clients (a fill's reasons): never with the key in it.
-                // Scrubbed whole, then cut (a key across the cut would show in part).
-                let text = apiKey.count >= 4 ? String(buffer: body).replacingOccurrences(of: apiKey, with: "<relay-upstream-key>") : String(buffer: body)
+                // Its first 4 KB (and a key's length past them, so a key across the cut is scrubbed
+                // whole), scrubbed, then cut.
+                let head = String(buffer: body.getSlice(at: body.readerIndex, length: min(body.readableBytes, 4096 + apiKey.utf8.count)) ?? body)
+                let text = apiKey.count >= 4 ? head.replacingOccurrences(of: apiKey, with: "<relay-upstream-key>") : head
                 last = .status(status, String(text.prefix(4096)))
                 if status == 429, let budget { await budget.pause(for: .seconds(retryAfter ?? 1)) }
                 if status != 429 && status < 500 { return .failure(last) }

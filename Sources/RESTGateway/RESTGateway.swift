@@ -260,19 +260,25 @@ public final class RESTGateway: Sendable {
     /// The content type a vendor's answer is passed on with: its own when JSON or a raster image (a
     /// logo), else plain text, so nothing a vendor sends runs as a page or script on the relay's origin.
     static func passedOn(_ contentType: String) -> String {
+        // One type, not a list (a browser takes a list's last), written by the relay: JSON as such, a
+        // raster image by its essence, anything else as plain text.
+        guard !contentType.contains(",") else { return "text/plain; charset=utf-8" }
         let essence = essence(contentType)
-        let json = essence == "application/json" || essence.hasSuffix("+json")
-        let image = essence.hasPrefix("image/") && !essence.contains("svg")
-        return json || image ? contentType : "text/plain; charset=utf-8"
+        if essence == "application/json" || (essence.hasSuffix("+json") && essence.hasPrefix("application/")) { return "application/json; charset=utf-8" }
+        if rasterImages.contains(essence) { return essence }
+        return "text/plain; charset=utf-8"
     }
+
+    /// The image types passed on as themselves (a vendor's logos).
+    static let rasterImages: Set<String> = ["image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/x-icon", "image/vnd.microsoft.icon"]
 
     /// Whether an answer may be kept: JSON that is one whole object or array from its first byte to its
     /// last, or an image (a maintenance page, or a body cut short, sent with a 200 is passed on once,
     /// never kept for every later client).
     static func looksWhole(_ fetched: Fetched) -> Bool {
         let essence = essence(fetched.contentType)
-        if essence.hasPrefix("image/") { return !essence.contains("svg") }
-        guard essence == "application/json" || essence.hasSuffix("+json") else { return false }
+        if rasterImages.contains(essence) { return true }
+        guard essence == "application/json" else { return false }
         let view = fetched.body.readableBytesView
         let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
         switch (view.first(where: { !isSpace($0) }), view.last(where: { !isSpace($0) })) {

@@ -49,5 +49,10 @@ import Testing
         values.apply(book("S0/USD", levels: 1), folding: folding)
         #expect(values.takeChanged().contains { $0.0.ticker == "S0/USD" && $0.1.readableBytes > 0 })
         #expect(!values.notWhole().contains { $0.ticker == "S0/USD" })
+        // With room again (the other books left the upstream set), one is made again from a change,
+        // and asked of the upstream whole.
+        values.interrupt(outside: [Topic(eventType: "o", ticker: "S1/USD")!, Topic(eventType: "o", ticker: "S0/USD")!])
+        values.apply(book("S1/USD", levels: 1, whole: false), folding: folding)
+        #expect(values.notWhole().contains { $0.ticker == "S1/USD" })
     }
 }

@@ -52,9 +52,14 @@ struct LeadershipSpreadTests {
             at = now
         }
         #expect(waits == [.zero, .seconds(6), .seconds(12), .seconds(24)], "\(waits)")
-        // Taken by another node: back to the least interval.
-        spread.observe(market: "stocks", leader: "n2")
+        // Taken by a node that led something (after its own deferral): not the idle one, twice as long again.
+        spread.observe(market: "stocks", leader: "n3")
         spread.observe(market: "stocks", leader: "n1")
-        #expect(spread.shouldHandOff(market: "stocks", liveNodes: live, leadingSince: start, now: at + .seconds(3)))
+        #expect(!spread.shouldHandOff(market: "stocks", liveNodes: live, leadingSince: start, now: at + .seconds(47)))
+        #expect(spread.shouldHandOff(market: "stocks", liveNodes: live, leadingSince: start, now: at + .seconds(48)))
+        // Taken by the idle node: back to the least interval.
+        spread.observe(market: "stocks", leader: "ghost")
+        spread.observe(market: "stocks", leader: "n1")
+        #expect(spread.shouldHandOff(market: "stocks", liveNodes: live, leadingSince: start, now: at + .seconds(51)))
     }
 }
