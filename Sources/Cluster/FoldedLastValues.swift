@@ -27,8 +27,8 @@ struct FoldedLastValues {
     /// Every book's footprint, as last counted.
     private(set) var bytes = 0
     private var changes: UInt64 = 0
-    /// Books let go for room, not taken again until a whole book comes (at most ``limit`` × 10 names;
-    /// past that it starts afresh).
+    /// Books let go for room: taken again from a whole book, or from a change once the books are under
+    /// seven tenths of the bound (at most ``limit`` × 10 names; past that it starts afresh).
     private var resting: Set<Topic> = []
     let bytesLimit: Int
 

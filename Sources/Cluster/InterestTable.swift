@@ -16,7 +16,7 @@ import MarketCore
 public struct InterestTable: Sendable {
     public let ttl: Duration
     /// The most topics one node's set may hold; a set past it is refused whole (the node's previous set
-    /// stays) and ``receive(_:from:topics:at:)`` says so.
+    /// stays) and ``receive(_:from:at:)`` says so.
     public let maxTopicsPerNode: Int
     /// The most distinct topics the union holds (ticker topics a wildcard covers count too, as in a
     /// relay's own topic ledger).

@@ -23,9 +23,10 @@ package final class LeadershipSpread: Sendable {
         /// The market it handed off and whose next leader it has not seen yet, and the nodes that led
         /// nothing then (the hand-off was for one of them).
         var handedOff: (market: String, idle: Set<String>)?
-        /// The least time between two hand-offs now: ``handOffAfter``, doubled each time a hand-off
-        /// came back to this node (the "idle" node did not take it: cut off from the upstream, or not a
-        /// node at all but a name someone publishes interest under), up to ``maxHandOffInterval``.
+        /// The least time between two hand-offs now: ``handOffAfter``, doubled each time no node that
+        /// led nothing at the hand-off took the market (the "idle" node is cut off from the upstream,
+        /// or not a node at all but a name someone publishes interest under), up to
+        /// ``maxHandOffInterval``.
         var interval: Duration?
     }
 

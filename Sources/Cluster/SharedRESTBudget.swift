@@ -138,7 +138,8 @@ public final class SharedRESTBudget: AccountBudget {
 
         /// Within what the relay itself writes, read at `now`: tokens within `0...burst`, counted at
         /// most ``SharedRESTBudget/maxClockAhead`` ahead and a day back (the bucket is full long before;
-        /// further back would overflow the refill), paused at most ``SharedRESTBudget/maxPause`` ahead.
+        /// further back would overflow the refill), paused at most ``SharedRESTBudget/maxPause`` (and
+        /// ``SharedRESTBudget/pauseSlack``) ahead.
         /// `nil` when it already is.
         ///
         /// Anyone who may publish on the cluster's NATS can write the bucket: a pause or a count in the

@@ -94,11 +94,7 @@ public struct PolygonREST: MarketReference {
                 }
                 if (200..<300).contains(status) { return .success(body) }
                 // Its text reaches logs and clients (a fill's reasons): never with the key in it.
-                // Its first 4 KB (and a key's length past them, so a key across the cut is scrubbed
-                // whole), scrubbed, then cut.
-                let head = String(buffer: body.getSlice(at: body.readerIndex, length: min(body.readableBytes, 4096 + apiKey.utf8.count)) ?? body)
-                let text = apiKey.count >= 4 ? head.replacingOccurrences(of: apiKey, with: "<relay-upstream-key>") : head
-                last = .status(status, String(text.prefix(4096)))
+                last = .status(status, Self.errorText(body, scrubbing: apiKey))
                 if status == 429, let budget { await budget.pause(for: .seconds(retryAfter ?? 1)) }
                 if status != 429 && status < 500 { return .failure(last) }
             } catch {
@@ -128,6 +124,21 @@ public struct PolygonREST: MarketReference {
     }
 
     public static func escaped(_ symbol: String) -> String { GatewayPath.escaped(symbol) }
+
+    /// A vendor's error body as its text reaches logs and clients (a fill's reasons): its first 4 KB,
+    /// cut in the bytes before any key that crosses the cut, then with every key replaced.
+    package static func errorText(_ body: ByteBuffer, scrubbing key: String) -> String {
+        let bytes = Array(body.readableBytesView)
+        var end = min(bytes.count, 4096)
+        let needle = Array(key.utf8)
+        if needle.count >= 4, end < bytes.count {
+            // A key that begins within the cut and runs past it: the cut moves to its start.
+            let window = bytes[max(0, end - needle.count + 1)..<min(bytes.count, end + needle.count)]
+            if let found = window.firstRange(of: needle), found.lowerBound < end { end = found.lowerBound }
+        }
+        let text = String(decoding: bytes[..<end], as: UTF8.self)
+        return needle.count >= 4 ? text.replacingOccurrences(of: key, with: "<relay-upstream-key>") : text
+    }
 
     /// `/v2/last/trade/{ticker}`.
     public func lastTrade(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastTrade, FetchError> {

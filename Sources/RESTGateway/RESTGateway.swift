@@ -168,13 +168,17 @@ public final class RESTGateway: Sendable {
         // The account's: another host or key (the demo's, another plan's) has answers of its own.
         let key = "\(dialect.name) \(await accountTag()) \(route.upstream)"
         let expires: Int64?? = await expiry(of: route.policy, now: now)
-        if let expires, let cache, let hit = await cache.answer(key, now: now) {
+        // An entry kept before the rules for what is kept (a page of HTML, JSON cut short) is asked
+        // for again rather than served.
+        if let expires, let cache, let hit = await cache.answer(key, now: now),
+            Self.looksWhole(Fetched(status: 200, body: hit.body, contentType: Self.passedOn(hit.contentType), retryAfter: nil, fromRelay: false))
+        {
             metrics.count(route: route.name, outcome: "cache")
             metrics.saved()
             metrics.cacheBytes(cache.bytes)
             guard let (body, cursors) = dialect.forClient(hit.body, request: request) else { return unreadable(route) }
             await cache.remember(cursors: cursors, expires: expires)
-            return GatewayAnswer(status: 200, body: scrubbed(body), contentType: hit.contentType, source: .cache)
+            return GatewayAnswer(status: 200, body: scrubbed(body), contentType: Self.passedOn(hit.contentType), source: .cache)
         }
         let (fetched, joined) = flight(key, route: route, expires: expires, now: now)
         let result = await fetched.value
@@ -257,8 +261,9 @@ public final class RESTGateway: Sendable {
         (contentType.split(separator: ";").first.map(String.init) ?? "").trimmingCharacters(in: .whitespaces).lowercased()
     }
 
-    /// The content type a vendor's answer is passed on with: its own when JSON or a raster image (a
-    /// logo), else plain text, so nothing a vendor sends runs as a page or script on the relay's origin.
+    /// The content type a vendor's answer is passed on with, written by the relay: JSON as
+    /// `application/json`, a listed raster image (a logo) by its type alone, anything else as plain
+    /// text, so nothing a vendor sends runs as a page or script on the relay's origin.
     static func passedOn(_ contentType: String) -> String {
         // One type, not a list (a browser takes a list's last), written by the relay: JSON as such, a
         // raster image by its essence, anything else as plain text.

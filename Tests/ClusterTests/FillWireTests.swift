@@ -190,7 +190,7 @@ extension FillWire.Ask {
 /// The leader's queue of fill asks: bounded whoever publishes them.
 @Suite("Cluster gap fill: the leader's asks")
 struct AskInboxTests {
-    @Test func theLeaderKeepsOneAskPerNodeTheNewestAndAnswersSkippedPastItsCap() {
+    @Test func theLeaderKeepsOneAskPerNodeTheLatestAndAnswersSkippedPastItsCap() {
         let inbox = AskInbox()
         _ = inbox.open()
         func asking(_ node: String, _ generation: Int) -> FillWire.Ask {

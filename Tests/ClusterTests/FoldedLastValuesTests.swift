@@ -40,8 +40,9 @@ import Testing
         for n in 200..<205 { values.apply(book("S\(n)/USD", levels: 50), folding: folding) }
         let gone = Set(values.takeChanged().filter { $0.1.readableBytes == 0 }.map(\.0.ticker))
         #expect(!gone.contains("S\(oldest)/USD") && gone.contains("S\(oldest + 1)/USD"), "\(oldest): \(gone.sorted())")
-        // A book let go for room is not made again from a change (it would be asked of the upstream
-        // anew and push another out), only from its vendor's next whole book.
+        // While the books are above seven tenths, a book let go for room is not made again from a change
+        // (it would be asked of the upstream anew and push another out), only from its vendor's next
+        // whole book.
         _ = values.takeChanged()
         let count = values.count
         values.apply(book("S0/USD", levels: 1, whole: false), folding: folding)

@@ -52,7 +52,7 @@ struct LeadershipSpreadTests {
             at = now
         }
         #expect(waits == [.zero, .seconds(6), .seconds(12), .seconds(24)], "\(waits)")
-        // Taken by a node that led something (after its own deferral): not the idle one, twice as long again.
+        // Taken by a node that was not idle at the hand-off (after its own deferral): twice as long again.
         spread.observe(market: "stocks", leader: "n3")
         spread.observe(market: "stocks", leader: "n1")
         #expect(!spread.shouldHandOff(market: "stocks", liveNodes: live, leadingSince: start, now: at + .seconds(47)))

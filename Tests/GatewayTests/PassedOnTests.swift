@@ -9,7 +9,7 @@ import Testing
         RESTGateway.Fetched(status: 200, body: ByteBuffer(string: body), contentType: type, retryAfter: nil, fromRelay: false)
     }
 
-    @Test func jsonAndRasterImagesKeepTheirTypeAndAnythingElseIsPlainText() {
+    @Test func jsonAndRasterImagesArePassedOnAsSuchAndAnythingElseAsPlainText() {
         for json in ["application/json", "application/json; charset=utf-8", "application/problem+json"] {
             #expect(RESTGateway.passedOn(json) == "application/json; charset=utf-8", "\(json)")
         }

@@ -121,6 +121,21 @@ struct PolygonDialectTests {
         #expect(dialect.forClient(unreadable, request: request) == nil)
     }
 
+    @Test func aVendorsErrorTextKeepsNoPartOfTheKey() {
+        let key = "Pk7Qm2Zx9Lr4Tw8Yb3Nc6Vd1Hs5Jg0Fa"
+        // The key at the start, and again across the 4 KB cut (after line breaks and a multi-byte
+        // character, which a cut by characters would count short).
+        let filler = String(repeating: "é\r\n", count: 500) + String(repeating: "x", count: 4096 - key.utf8.count - 2_000 - 10)
+        let body = key + filler + key + " and more"
+        let text = PolygonREST.errorText(ByteBuffer(string: body), scrubbing: key)
+        #expect(text.hasPrefix("<relay-upstream-key>"))
+        for part in [key.prefix(6), key.suffix(6)] { #expect(!text.contains(part), "\(part) in \(text.suffix(40))") }
+        #expect(text.utf8.count <= 4096)
+        // A key just past the cut, after one the scrub shortens: none of it either.
+        let past = PolygonREST.errorText(ByteBuffer(string: key + String(repeating: "x", count: 4097 - key.utf8.count) + key), scrubbing: key)
+        for part in [key.prefix(6), key.suffix(6)] { #expect(!past.contains(part), "\(part) in \(past.suffix(40))") }
+    }
+
     @Test func jsonMembersKeepNumbersAsSent() throws {
         let members = try #require(JSONText.members(of: #"{"p": 189.60, "c":[0,12], "i":"a\"b", "n":null, "o":{"x":[1,{"y":2}]}}"#))
         #expect(members["p"] == "189.60")
