@@ -71,13 +71,18 @@ struct FoldedLastValues {
             }
             book = Book(fold: fold, bytes: 0, changedAt: changes)
         }
-        let footprint = book.fold.footprint
-        bytes += footprint - book.bytes
-        book.bytes = footprint
+        recount(&book)
         book.changedAt = changes
         folds[topic] = book
         changed.insert(topic)
         if bytes > bytesLimit { letGoOfTheOldest() }
+    }
+
+    /// Counts what `book` holds now in ``bytes``.
+    private mutating func recount(_ book: inout Book) {
+        let footprint = book.fold.footprint
+        bytes += footprint - book.bytes
+        book.bytes = footprint
     }
 
     /// Lets go of the books changed longest ago, down to nine tenths of the bound (the one just changed
@@ -128,8 +133,7 @@ struct FoldedLastValues {
             }
             taken.append((topic, book.fold.whole()?.bytes ?? ByteBuffer()))
             // Its whole form is kept with it (rendered once per change): counted too.
-            bytes += book.fold.footprint - book.bytes
-            book.bytes = book.fold.footprint
+            recount(&book)
             folds[topic] = book
         }
         changed.removeAll(keepingCapacity: true)

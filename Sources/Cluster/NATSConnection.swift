@@ -451,11 +451,11 @@ public final class NATSConnection: Sendable {
 
     /// Drops what libnats holds to publish while it is not connected (its reconnect buffer, up to
     /// 8 MB): closes the connection, and a new one is built after the rebuild backoff (every
-    /// subscription made again on it; a bucket bound on the old one fails until it is bound again). For a leader whose term ended
-    /// while it was cut off: what it published meanwhile would otherwise go out once the link is back,
-    /// in the next leader's term. Whether it was not connected (and so closed). (A link that stalls
-    /// without breaking looks connected to libnats: what it wrote to the socket meanwhile is the
-    /// kernel's to deliver, out of reach here.)
+    /// subscription made again on it; a bucket bound on the old one fails until it is bound again).
+    /// For a leader whose term ended while it was cut off: what it published meanwhile would otherwise
+    /// go out once the link is back, in the next leader's term. Whether it was not connected (and so
+    /// closed). (A link that stalls without breaking looks connected to libnats: what it wrote to the
+    /// socket meanwhile is the kernel's to deliver, out of reach here.)
     public func discardPendingIfDisconnected() async -> Bool {
         guard let handle = shared.withLock({ $0.closed ? nil : $0.connection }),
             natsConnection_Status(handle.connection) != NATS_CONN_STATUS_CONNECTED

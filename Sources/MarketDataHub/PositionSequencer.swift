@@ -59,14 +59,17 @@ package struct PositionSequencer {
         return positions
     }
 
-    /// Lets go of the tenth of its topics published longest ago (sorting, once per tenth of the bound in
-    /// new topics); from then on an unknown topic starts past every number given.
+    /// Lets go of the tenth of its topics published longest ago (found by the topic table's selection,
+    /// ``LastValueBound/smallest(_:of:)``, once per tenth of the bound in new topics); from then on an
+    /// unknown topic starts past every number given.
     private mutating func letGoOfTheIdlest() {
-        let lasts = nextTopic.values.map(\.last).sorted()
-        let cutoff = lasts[lasts.count - max(maxTopics - maxTopics / 10, 1)]
+        var lasts = nextTopic.values.map(\.last)
+        // Each topic's last market sequence is its own: exactly the newest `kept` are past the cut.
+        let kept = max(maxTopics - maxTopics / 10, 1)
+        let cut = LastValueBound.smallest(lasts.count - kept, of: &lasts)
         // One past every next number: a topic let go that comes back skips at least one, so a node that
         // held it sees a break (an interruption meanwhile, unknown here, is not hidden).
         pastEveryNumber = max(pastEveryNumber ?? 1, (nextTopic.values.map(\.next).max() ?? 1) + 1)
-        nextTopic = nextTopic.filter { $0.value.last >= cutoff }
+        nextTopic = nextTopic.filter { $0.value.last > cut }
     }
 }

@@ -170,9 +170,7 @@ public final class RESTGateway: Sendable {
         let expires: Int64?? = await expiry(of: route.policy, now: now)
         // An entry kept before the rules for what is kept (a page of HTML, JSON cut short) is asked
         // for again rather than served.
-        if let expires, let cache, let hit = await cache.answer(key, now: now),
-            Self.looksWhole(Fetched(status: 200, body: hit.body, contentType: Self.passedOn(hit.contentType), retryAfter: nil, fromRelay: false))
-        {
+        if let expires, let cache, let hit = await cache.answer(key, now: now), Self.looksWhole(hit.body, as: Self.passedOn(hit.contentType)) {
             metrics.count(route: route.name, outcome: "cache")
             metrics.saved()
             metrics.cacheBytes(cache.bytes)
@@ -244,7 +242,9 @@ public final class RESTGateway: Sendable {
             if let running = flights[key] { return (running, true) }
             let task = Task<Fetched, Never> {
                 let fetched = await self.fetch(route)
-                if let expires, let cache = self.cache, fetched.status == 200, !fetched.fromRelay, Self.looksWhole(fetched) {
+                if let expires, let cache = self.cache, fetched.status == 200, !fetched.fromRelay,
+                    Self.looksWhole(fetched.body, as: fetched.contentType)
+                {
                     await cache.store(key, body: fetched.body, contentType: fetched.contentType, expires: expires, now: now)
                     self.metrics.cacheBytes(cache.bytes)
                 }
@@ -265,8 +265,7 @@ public final class RESTGateway: Sendable {
     /// `application/json`, a listed raster image (a logo) by its type alone, anything else as plain
     /// text, so nothing a vendor sends runs as a page or script on the relay's origin.
     static func passedOn(_ contentType: String) -> String {
-        // One type, not a list (a browser takes a list's last), written by the relay: JSON as such, a
-        // raster image by its essence, anything else as plain text.
+        // One type, not a list (a browser takes a list's last).
         guard !contentType.contains(",") else { return "text/plain; charset=utf-8" }
         let essence = essence(contentType)
         if essence == "application/json" || (essence.hasSuffix("+json") && essence.hasPrefix("application/")) { return "application/json; charset=utf-8" }
@@ -280,11 +279,11 @@ public final class RESTGateway: Sendable {
     /// Whether an answer may be kept: JSON that is one whole object or array from its first byte to its
     /// last, or an image (a maintenance page, or a body cut short, sent with a 200 is passed on once,
     /// never kept for every later client).
-    static func looksWhole(_ fetched: Fetched) -> Bool {
-        let essence = essence(fetched.contentType)
+    static func looksWhole(_ body: ByteBuffer, as contentType: String) -> Bool {
+        let essence = essence(contentType)
         if rasterImages.contains(essence) { return true }
         guard essence == "application/json" else { return false }
-        let view = fetched.body.readableBytesView
+        let view = body.readableBytesView
         let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
         switch (view.first(where: { !isSpace($0) }), view.last(where: { !isSpace($0) })) {
         case (UInt8(ascii: "{")?, UInt8(ascii: "}")?), (UInt8(ascii: "[")?, UInt8(ascii: "]")?): return true

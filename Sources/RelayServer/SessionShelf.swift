@@ -245,7 +245,7 @@ final class SessionShelf: Sendable {
             guard closing, ContinuousClock.now < deadline, !Task.isCancelled else {
                 let session = take(name, into: standing)
                 // Read outside the table's lock: each standing has its own.
-                let stillClosing = closing ? older.reduce(into: Set<Topic>()) { $0.formUnion($1.topics) } : []
+                let stillClosing = closing ? SessionStanding.topics(of: older) : []
                 return (session, stillClosing.subtracting(session?.topics ?? []))
             }
             try? await Task.sleep(for: .milliseconds(5))
@@ -256,8 +256,7 @@ final class SessionShelf: Sendable {
     /// sessions not kept yet).
     func topicsStillClosing(_ name: String) -> Set<Topic> {
         // Read outside the table's lock: each standing has its own.
-        let standings = live.withLock { $0[name]?.replacing.map(\.standing) ?? [] }
-        return standings.reduce(into: []) { $0.formUnion($1.topics) }
+        SessionStanding.topics(of: live.withLock { $0[name]?.replacing.map(\.standing) ?? [] })
     }
 
     /// Sessions kept now.
@@ -373,6 +372,9 @@ final class SessionStanding: Sendable {
     /// The topics it holds, its own and those of a session it took back, whether or not it stands in
     /// an epoch yet.
     var topics: Set<Topic> { state.withLock { $0.topics.union($0.takenBack?.topics ?? []) } }
+
+    /// The topics all of `standings` hold.
+    static func topics(of standings: [SessionStanding]) -> Set<Topic> { standings.reduce(into: []) { $0.formUnion($1.topics) } }
 
     /// Where it stands (as the connection's close would shelve it), once it stands in an epoch or has
     /// taken back a session.
