@@ -505,6 +505,9 @@ public final class ClusterNode: Service, Sendable {
         for (topic, whole) in foldedLastValues.withLock({ $0.takeChanged() }) { changed[topic] = whole }
         guard !changed.isEmpty, let bucket = state.withLock({ $0.lastValueBucket }) else { return }
         for (topic, bytes) in changed {
+            // A value past the store's bound would be refused, leaving the one before it to be read as
+            // the last: an empty one says there is none (a node would not take it either).
+            let bytes = bytes.readableBytes <= maxEventBytes ? bytes : ByteBuffer()
             let sent = bytes.withUnsafeReadableBytes { bucket.putWithoutAck(subjects.lastValueKey(for: topic), $0) }
             if !sent { metrics.publishFailed("last_value", logger: logger) }
         }
@@ -568,7 +571,9 @@ public final class ClusterNode: Service, Sendable {
                     if let kept = lease.ttl, kept != configuration.leaseBucketTTL {
                         throw ClusterError.leaseMismatch(bucket: lease.name, bucketTTL: kept, configured: configuration.leaseBucketTTL)
                     }
-                    let last = try await connection.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
+                    let last = try await connection.keyValue(
+                        bucket: subjects.lastValueBucket, ttl: nil,
+                        limits: KeyValueLimits(valueBytes: maxEventBytes, bytes: configuration.lastValueBytes))
                     state.withLock {
                         $0.leaseBucket = lease
                         $0.lastValueBucket = last

@@ -572,7 +572,12 @@ public final class NATSConnection: Sendable {
     ///   thread of their own), not in the shared ``requestPool``, where other buckets' calls may each
     ///   hold a thread up to the request timeout while NATS stalls: for the lease, whose renewals must
     ///   not wait behind `/v1/last` lookups.
-    public func keyValue(bucket: String, ttl: Duration?, ownQueue: Bool = false) async throws(NATSError) -> KeyValueBucket {
+    /// - Parameter limits: the bucket holds no value over `valueBytes` and no more than `bytes` in all,
+    ///   its oldest values going first past that (made so, or an existing bucket changed so); `nil`:
+    ///   libnats' defaults (no limit but the server's, new values refused when one is reached).
+    public func keyValue(
+        bucket: String, ttl: Duration?, ownQueue: Bool = false, limits: KeyValueLimits? = nil
+    ) async throws(NATSError) -> KeyValueBucket {
         guard let handle = shared.withLock({ $0.connection }), handle.jetStream != nil else {
             throw .unavailable("no JetStream context (not connected)")
         }
@@ -584,6 +589,10 @@ public final class NATSConnection: Sendable {
             withExtendedLifetime(handle) {
                 guard let jetStream = handle.jetStream else { return .failure(.unavailable("no JetStream context")) }
                 var store: OpaquePointer?
+                if let limits {
+                    let status = Self.limitStream(of: bucket, limits, jetStream: jetStream)
+                    guard status == NATS_OK else { return .failure(Self.error(status)) }
+                }
                 var status = js_KeyValue(&store, jetStream, bucket)
                 if status == NATS_NOT_FOUND {
                     var config = kvConfig()
@@ -612,6 +621,42 @@ public final class NATSConnection: Sendable {
         return KeyValueBucket(name: bucket, store: store, connection: self, ttl: kept, queue: queue)
     }
 
+    /// Makes a key-value bucket's stream (one value per key, in memory, as libnats makes one) with
+    /// `limits`, its oldest values discarded past them; a stream that exists is updated to them. Waits
+    /// for the server: called on a blocking queue.
+    private static func limitStream(of bucket: String, _ limits: KeyValueLimits, jetStream: OpaquePointer) -> natsStatus {
+        var config = jsStreamConfig()
+        jsStreamConfig_Init(&config)
+        config.Storage = js_MemoryStorage
+        config.Retention = js_LimitsPolicy
+        config.Discard = js_DiscardOld
+        config.MaxMsgsPerSubject = 1
+        config.MaxBytes = limits.bytes
+        config.MaxMsgSize = Int32(clamping: limits.valueBytes)
+        config.AllowRollup = true
+        config.DenyDelete = true
+        config.AllowDirect = true
+        return "KV_\(bucket)".withCString { name in
+            "$KV.\(bucket).>".withCString { subject in
+                var subjects: [UnsafePointer<CChar>?] = [subject]
+                return subjects.withUnsafeMutableBufferPointer { list in
+                    config.Name = name
+                    config.Subjects = list.baseAddress
+                    config.SubjectsLen = 1
+                    var info: UnsafeMutablePointer<jsStreamInfo>?
+                    var code = jsErrCode(0)
+                    var status = js_AddStream(&info, jetStream, &config, nil, &code)
+                    if status != NATS_OK {
+                        // It exists (made by an older relay, or by another node at the same time).
+                        status = js_UpdateStream(&info, jetStream, &config, nil, &code)
+                    }
+                    if let info { jsStreamInfo_Destroy(info) }
+                    return status
+                }
+            }
+        }
+    }
+
     static func error(_ status: natsStatus) -> NATSError {
         let text = lastErrorText(status)
         switch status {
@@ -627,6 +672,18 @@ public final class NATSConnection: Sendable {
     static func blocking<T: Sendable>(on queue: DispatchQueue? = nil, _ work: @escaping @Sendable () -> T) async -> T {
         if let queue { return await BlockingWork.run(on: queue, work) }
         return await BlockingWork.run(in: requestPool, work)
+    }
+}
+
+/// What a key-value bucket may hold: no value over `valueBytes`, no more than `bytes` in all (its
+/// oldest values go first past that).
+public struct KeyValueLimits: Sendable, Equatable {
+    public var valueBytes: Int
+    public var bytes: Int64
+
+    public init(valueBytes: Int, bytes: Int64) {
+        self.valueBytes = valueBytes
+        self.bytes = bytes
     }
 }
 

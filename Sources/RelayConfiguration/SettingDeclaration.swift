@@ -191,6 +191,9 @@ extension RelaySettings {
         .init(
             "cluster.maxTopics", flag: "cluster-max-topics", env: "RELAY_CLUSTER_MAX_TOPICS", default: "100000",
             "The most distinct topics the leader asks its upstream for, for every node together."),
+        .init(
+            "cluster.lastValueMB", flag: "cluster-last-value-mb", env: "RELAY_CLUSTER_LAST_VALUE_MB", default: "1024",
+            "The most the cluster's last-value store of a market holds in the NATS servers' memory; the oldest values go first."),
         .init("limits.topicsPerMessage", env: "RELAY_LIMIT_TOPICS_PER_MESSAGE", default: "1000", "Topics in one subscribe or unsubscribe message."),
         .init("limits.topicsPerConnection", env: "RELAY_LIMIT_TOPICS_PER_CONNECTION", default: "10000", "Topics one connection holds."),
         .init("limits.messagesPerSecond", env: "RELAY_LIMIT_MESSAGES_PER_SECOND", default: "50", "Client messages per second per connection, after a burst of 1,000."),

@@ -416,6 +416,7 @@ extension ClusterConfiguration {
         }
         if let count = try config.positive("cluster.maxTopicsPerNode") { maxTopicsPerNode = count }
         if let count = try config.positive("cluster.maxTopics") { maxTopics = count }
+        if let bytes = try config.megabytes("cluster.lastValueMB") { lastValueBytes = Int64(bytes) }
         let files: [(key: ConfigKey, path: WritableKeyPath<ClusterConfiguration.Security, String?>)] = [
             ("cluster.tlsCA", \.caFile), ("cluster.tlsCert", \.certificateFile), ("cluster.tlsKey", \.keyFile),
             ("cluster.credentials", \.credentialsFile), ("cluster.nkeySeed", \.nkeySeedFile),

@@ -299,6 +299,33 @@ struct ClusterLeaseAndInterestTests {
     }
 
     /// Reads `client` until a frame holds `text`, or fails after `timeout`.
+    /// Whoever may write the last-value store can make it hold no value larger than an event a node
+    /// takes, and no more than `cluster.lastValueMB` in all (the oldest go first), in the NATS servers'
+    /// memory; the leader's own values still go in.
+    @Test func theLastValueStoreHoldsNoValueOverAnEventsBoundAndNoMoreThanItsBytes() async throws {
+        try await ClusterHarness.with(nodes: 0) { cluster in
+            _ = try await cluster.startNode("n1", extra: ["--no-portfolio", "--cluster-last-value-mb", "1"])
+            _ = try await cluster.agreedLeader()
+            let nats = try await natsClient(cluster.natsURL, name: "writer")
+            let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+            // The node made the bucket with its bounds before it took the lease.
+            let bucket = try await nats.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
+            let client = try await WSTestClient.authenticated(url: try cluster.url("n1"))
+            client.send(ClientAction(.subscribe, params: "Q.AAPL"))
+            try await eventually("the leader to write AAPL's last quote") { (try? await bucket.get(subjects.lastValueKey(for: Topic(parsing: "Q.AAPL")!))) != nil }
+            await client.close()
+            do {
+                _ = try await bucket.create("huge", String(repeating: "x", count: ClusterChecks.maxEventBytes + 1))
+                Issue.record("a value past an event's bound was stored")
+            } catch {}
+            let value = String(repeating: "y", count: 40 << 10)
+            for index in 0..<50 { _ = try await bucket.create("filler\(index)", value) }
+            #expect(try await bucket.get("filler0") == nil, "the oldest value stayed past the store's bytes")
+            #expect(try await bucket.get("filler49")?.value.count == 40 << 10)
+            await nats.close()
+        }
+    }
+
     func read(_ client: WSTestClient, until text: String, timeout: Duration = .seconds(20)) async throws -> String {
         let deadline = ContinuousClock.now + timeout
         while true {
