@@ -55,6 +55,26 @@ public struct MarketStatus: Sendable, Equatable, Codable {
     }
 }
 
+extension MarketStatus {
+    /// The most exchanges kept, and the longest text (a name, a status, the server's time).
+    public static let maxExchanges = 32
+    public static let maxText = 64
+
+    /// As a vendor's answer may be kept and shown: at most ``maxExchanges`` exchanges (the first by
+    /// name), each name and status at most ``maxText`` bytes (longer ones left out), likewise the
+    /// server's time; `nil` when the market's own name is longer.
+    public func bounded() -> MarketStatus? {
+        guard market.utf8.count <= Self.maxText else { return nil }
+        var status = self
+        status.serverTime = serverTime.flatMap { $0.utf8.count <= Self.maxText ? $0 : nil }
+        status.exchanges = exchanges.map { all in
+            let kept = all.filter { $0.key.utf8.count <= Self.maxText && $0.value.utf8.count <= Self.maxText }
+            return Dictionary(uniqueKeysWithValues: kept.sorted { $0.key < $1.key }.prefix(Self.maxExchanges).map { ($0.key, $0.value) })
+        }
+        return status
+    }
+}
+
 /// A last trade: price, size, the trade's time in Unix nanoseconds.
 public struct LastTrade: Sendable, Equatable {
     public var price: Decimal
@@ -94,7 +114,8 @@ public protocol MarketReference: Sendable {
     func lastQuote(_ symbol: String, priority: RequestGate.Priority) async -> Result<LastQuote, RESTError>
     /// The previous session's close.
     func previousClose(_ symbol: String, priority: RequestGate.Priority) async -> Result<Decimal, RESTError>
-    /// Daily bars from `from` through `to`, oldest first.
+    /// Daily bars from `from` through `to`, oldest first: at most one a day, none outside the range
+    /// (whatever the vendor sent), so their count is bounded by the days asked for.
     func dailyBars(_ symbol: String, from: Day, to: Day, priority: RequestGate.Priority) async -> Result<[DailyBar], RESTError>
     func marketStatus(priority: RequestGate.Priority) async -> Result<MarketStatus, RESTError>
 }

@@ -11,7 +11,7 @@ import RESTGateway
 /// The upstream's REST API, Polygon's paths: last trade and quote, daily aggregates, previous close,
 /// market status. The demo feed serves the same paths.
 ///
-/// `Sendable`. On AsyncHTTPClient's shared client; at most `gate.limit` requests at a time, in the
+/// `Sendable`. On the HTTP client it is given (``VendorHTTPClient``: no redirect followed); at most `gate.limit` requests at a time, in the
 /// gate's order (foreground, then background, then bulk); transport errors, 429 and 5xx are retried with exponential backoff and full
 /// jitter, other 4xx fail at once; cancelling the calling task cancels the request in flight (the
 /// connection is closed, so the server sees it) and any wait.
@@ -24,8 +24,10 @@ public struct PolygonREST: MarketReference {
     public var initialBackoff: Duration
     /// The whole request, body included.
     public var timeout: Duration
-    /// The largest body read; a larger one fails the request.
+    /// The largest body read; a larger one fails the request (and is not asked for again).
     public var maxBodyBytes = 16 << 20
+    /// The most of an error's body read (its first 4 KB reach logs and clients): the rest is not read.
+    static let maxErrorBodyBytes = 64 << 10
     public let gate: RequestGate
     /// The account's budget, shared with the REST gateway's clients: each attempt takes a token
     /// (waiting as long as it takes), and a vendor's 429 pauses it for its `Retry-After`.
@@ -34,7 +36,7 @@ public struct PolygonREST: MarketReference {
 
     public init(
         baseURL: String, apiKey: String, maxConcurrent: Int = 4, attempts: Int = 4, initialBackoff: Duration = .milliseconds(200),
-        timeout: Duration = .seconds(10), client: HTTPClient = .shared
+        timeout: Duration = .seconds(10), client: HTTPClient
     ) {
         self.init(
             resolvingBaseURL: { baseURL }, apiKey: apiKey, maxConcurrent: maxConcurrent, attempts: attempts,
@@ -44,7 +46,7 @@ public struct PolygonREST: MarketReference {
     public init(
         resolvingBaseURL baseURL: @escaping @Sendable () async throws -> String, apiKey: String, maxConcurrent: Int = 4,
         attempts: Int = 4, initialBackoff: Duration = .milliseconds(200), timeout: Duration = .seconds(10),
-        client: HTTPClient = .shared
+        client: HTTPClient
     ) {
         self.baseURL = {
             let url = try await baseURL()
@@ -61,11 +63,13 @@ public struct PolygonREST: MarketReference {
     public typealias FetchError = RESTError
     public typealias Bar = DailyBar
 
-    /// The body of `GET path?query`, a JSON document. The key travels in the `Authorization` header,
-    /// never in the URL (URLs end up in proxies' and servers' logs).
-    public func get(_ path: String, query: [(String, String)] = [], priority: RequestGate.Priority = .foreground) async -> Result<
-        ByteBuffer, FetchError
-    > {
+    /// The body of `GET path?query`, a JSON document of at most `maxBytes` (``maxBodyBytes`` when
+    /// `nil`). The key travels in the `Authorization` header, never in the URL (URLs end up in proxies'
+    /// and servers' logs).
+    public func get(
+        _ path: String, query: [(String, String)] = [], priority: RequestGate.Priority = .foreground, maxBytes: Int? = nil
+    ) async -> Result<ByteBuffer, FetchError> {
+        let maxBodyBytes = maxBytes ?? self.maxBodyBytes
         var components = URLComponents()
         components.queryItems = query.map { URLQueryItem(name: $0.0, value: $0.1) }
         let base: String
@@ -89,7 +93,12 @@ public struct PolygonREST: MarketReference {
                         request.headers.add(name: "Authorization", value: "Bearer \(apiKey)")
                         let response = try await client.execute(request, timeout: .milliseconds(timeout.milliseconds))
                         let retryAfter = response.headers.first(name: "Retry-After").flatMap { Int($0) }
-                        return (Int(response.status.code), try await response.body.collect(upTo: maxBodyBytes), retryAfter)
+                        let status = Int(response.status.code)
+                        // An error's body is read only as far as its text is used.
+                        guard (200..<300).contains(status) else {
+                            return (status, try await Self.prefix(of: response.body, upTo: Self.maxErrorBodyBytes), retryAfter)
+                        }
+                        return (status, try await response.body.collect(upTo: maxBodyBytes), retryAfter)
                     }
                 }
                 if (200..<300).contains(status) { return .success(body) }
@@ -102,6 +111,8 @@ public struct PolygonREST: MarketReference {
                 // A server that took the whole timeout without a whole answer (a trickled body) is not
                 // asked again: each attempt would hold the caller as long again.
                 if error is RESTDeadline.TimedOut { return .failure(.transport("\(error)")) }
+                // Nor one that sent more than the answer may be: it would send as much again.
+                if error is NIOTooManyBytesError { return .failure(.malformed("an answer of more than \(maxBodyBytes) bytes")) }
                 last = .transport("\(error)")
                 // The relay is stopping: no later attempt can succeed.
                 if let error = error as? HTTPClientError, error == .alreadyShutdown { return .failure(last) }
@@ -125,12 +136,24 @@ public struct PolygonREST: MarketReference {
 
     public static func escaped(_ symbol: String) -> String { GatewayPath.escaped(symbol) }
 
+    /// The first `limit` bytes of `body`; the rest is not read (leaving the body closes its connection).
+    static func prefix(of body: HTTPClientResponse.Body, upTo limit: Int) async throws -> ByteBuffer {
+        var kept = ByteBuffer()
+        for try await part in body {
+            let room = limit - kept.readableBytes
+            if let slice = part.getSlice(at: part.readerIndex, length: min(room, part.readableBytes)) { kept.writeImmutableBuffer(slice) }
+            if kept.readableBytes >= limit { break }
+        }
+        return kept
+    }
+
     /// A vendor's error body as its text reaches logs and clients (a fill's reasons): its first 4 KB,
     /// cut in the bytes before any key that crosses the cut, then with every key replaced.
     package static func errorText(_ body: ByteBuffer, scrubbing key: String) -> String {
-        let bytes = Array(body.readableBytesView)
-        var end = min(bytes.count, 4096)
         let needle = Array(key.utf8)
+        // What the cut and a key across it can reach, no more.
+        let bytes = Array(body.readableBytesView.prefix(4096 + needle.count))
+        var end = min(bytes.count, 4096)
         if needle.count >= 4, end < bytes.count {
             // A key that begins within the cut and runs past it: the cut moves to its start.
             let window = bytes[max(0, end - needle.count + 1)..<min(bytes.count, end + needle.count)]
@@ -164,26 +187,48 @@ public struct PolygonREST: MarketReference {
         }
     }
 
-    /// `/v2/aggs/ticker/{ticker}/range/1/day/{from}/{to}`: daily bars, oldest first.
+    /// `/v2/aggs/ticker/{ticker}/range/1/day/{from}/{to}`: daily bars, oldest first, one a day at most
+    /// (a day sent twice: its last), each within `from...to` (UTC days of their start) with a close
+    /// above 0. A body larger than such days' bars can be is not read.
     public func dailyBars(_ symbol: String, from: Day, to: Day, priority: RequestGate.Priority = .foreground) async -> Result<
         [Bar], FetchError
     > {
         let path = "/v2/aggs/ticker/\(Self.escaped(symbol))/range/1/day/\(from)/\(to)"
-        return await get(path, query: [("adjusted", "true"), ("sort", "asc"), ("limit", "50000")], priority: priority).flatMap { body in
+        let calendar = DayCalendar.utc
+        let days = max(0, Int(calendar.startOfDay(to).timeIntervalSince(calendar.startOfDay(from)) / 86_400)) + 1
+        let query = [("adjusted", "true"), ("sort", "asc"), ("limit", "50000")]
+        return await get(path, query: query, priority: priority, maxBytes: min(maxBodyBytes, 4096 + Self.dailyBarBytes * days)).flatMap { body in
             do {
                 let page = try JSONDecoder().decode(AggregatesPage.self, from: Data(body.readableBytesView))
-                return .success((page.results ?? []).map { Bar(start: $0.t, open: $0.o, high: $0.h, low: $0.l, close: $0.c, volume: $0.v) })
+                return .success(Self.clipped(page.results ?? [], from: from, to: to))
             } catch {
                 return .failure(.malformed("aggregates: \(error)"))
             }
         }
     }
 
-    /// `/v1/marketstatus/now`.
+    /// The most one daily bar's row takes in an aggregates page, generously (a real one about 110 bytes).
+    static let dailyBarBytes = 512
+
+    /// Rows as bars: those of days in `from...to` with a close above 0, one a day (its last), oldest first.
+    static func clipped(_ rows: [AggregatesPage.Row], from: Day, to: Day) -> [Bar] {
+        var byDay: [Day: Bar] = [:]
+        for row in rows where row.c > 0 {
+            let day = DayCalendar.utc.day(of: Date(timeIntervalSince1970: Double(row.t) / 1000))
+            guard from <= day, day <= to else { continue }
+            byDay[day] = Bar(start: row.t, open: row.o, high: row.h, low: row.l, close: row.c, volume: row.v)
+        }
+        return byDay.sorted { $0.key < $1.key }.map(\.value)
+    }
+
+    /// `/v1/marketstatus/now`: bounded (``MarketStatus/bounded()``; a real answer is about 500 bytes).
     public func marketStatus(priority: RequestGate.Priority = .foreground) async -> Result<MarketStatus, FetchError> {
-        await get("/v1/marketstatus/now", priority: priority).flatMap { body in
+        await get("/v1/marketstatus/now", priority: priority, maxBytes: 64 << 10).flatMap { body in
             do {
-                return .success(try JSONDecoder().decode(MarketStatus.self, from: Data(body.readableBytesView)))
+                guard let status = try JSONDecoder().decode(MarketStatus.self, from: Data(body.readableBytesView)).bounded() else {
+                    return .failure(.malformed("market status: a market name of more than \(MarketStatus.maxText) bytes"))
+                }
+                return .success(status)
             } catch {
                 return .failure(.malformed("market status: \(error)"))
             }

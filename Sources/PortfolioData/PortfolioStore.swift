@@ -733,9 +733,10 @@ public final class PortfolioStore: Sendable {
     }
 
     /// Stores a symbol's closes fetched for `covering` (adjacent to or overlapping what it had: the
-    /// coverage becomes their union).
+    /// coverage becomes their union). A close of a day outside `covering` is not stored: a source's
+    /// answer never changes days it was not asked for.
     public func saveCloses(_ symbol: String, _ closes: [(day: Day, close: Decimal)], covering: ClosedRange<Day>) async throws {
-        let rows = closes.map { (day: $0.day.description, close: DecimalText.format($0.close)) }
+        let rows = closes.filter { covering.contains($0.day) }.map { (day: $0.day.description, close: DecimalText.format($0.close)) }
         try await write { db in
             for row in rows {
                 try db.execute(sql: "INSERT OR REPLACE INTO dailyClose (symbol, day, close) VALUES (?, ?, ?)", arguments: [symbol, row.day, row.close])

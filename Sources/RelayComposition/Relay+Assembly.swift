@@ -7,7 +7,6 @@ import GapFill
 import Logging
 import MarketCore
 import MarketDataHub
-import NIOPosix
 import MarketREST
 import PolygonRESTClient
 import PolygonWire
@@ -83,15 +82,7 @@ extension Relay {
         func shared() -> HTTPClient {
             made.withLock { client in
                 if let client { return client }
-                // No redirect is followed: a redirect would carry the vendor's credentials (Alpaca's are
-                // headers AsyncHTTPClient keeps across hosts) to wherever it points.
-                var configuration = HTTPClient.Configuration()
-                configuration.redirectConfiguration = .disallow
-                // A connection that stalls dies on its own: a call's deadline frees its caller without
-                // waiting for the request (``RESTDeadline``), and this ends a request that missed its
-                // cancellation, so no pooled connection is held for ever.
-                configuration.timeout.read = .seconds(60)
-                let new = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: configuration)
+                let new = VendorHTTPClient.make()
                 client = new
                 return new
             }

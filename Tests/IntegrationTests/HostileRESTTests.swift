@@ -15,8 +15,11 @@ final class HostileREST: Sendable {
         case json(String)
         /// A 200 whose body (of `length` bytes claimed) comes one byte per `every`.
         case trickle(length: Int, every: Duration)
-        /// A 200 whose body (of `length` bytes claimed) stops after `sent` bytes, held until the peer goes.
-        case held(sent: Int, length: Int)
+        /// An answer of `status` whose body (of `length` bytes claimed) stops after `sent` bytes, held
+        /// until the peer goes.
+        case held(sent: Int, length: Int, status: Int = 200)
+        /// A 302 to `location`.
+        case redirect(to: String)
         /// Another status, with this body.
         case status(Int, String)
         /// A 200 of this content type and body.
@@ -97,8 +100,10 @@ final class HostileREST: Sendable {
                 send(connection, "HTTP/1.1 429 Too Many\r\nContent-Type: application/json\r\nRetry-After: \(retryAfter)\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
             case .status(let code, let body):
                 send(connection, "HTTP/1.1 \(code) No\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
-            case .held(let sent, let length):
-                guard send(connection, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(length)\r\nConnection: close\r\n\r\n{")
+            case .redirect(let location):
+                send(connection, "HTTP/1.1 302 Found\r\nLocation: \(location)\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            case .held(let sent, let length, let status):
+                guard send(connection, "HTTP/1.1 \(status) Held\r\nContent-Type: application/json\r\nContent-Length: \(length)\r\nConnection: close\r\n\r\n{")
                 else { return }
                 guard send(connection, String(repeating: " ", count: sent - 1)) else { return }
                 // Until the relay gives up on it (its request timeout) and closes.

@@ -24,7 +24,7 @@ struct ReferencePricesTests {
     @Test func eachSymbolGetsItsOwnResult() async throws {
         let feed = feed()
         try await withServices([feed]) {
-            let source = ReferencePrices(rest: PolygonREST(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "rest-key"))
+            let source = ReferencePrices(rest: PolygonREST(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "rest-key", client: vendorTestClient))
             let results = await source.fetch(["AAPL", "MSFT", "NOPE"])
             let aapl = try results["AAPL"]?.get()
             #expect(aapl?.lastTrade?.source == .restLastTrade)
@@ -72,11 +72,11 @@ struct ReferencePricesTests {
         let feed = feed(failures: 3)
         try await withServices([feed]) {
             let base = "http://127.0.0.1:\(try await feed.listeningPort())"
-            let source = ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "rest-key", attempts: 4, initialBackoff: .milliseconds(20)))
+            let source = ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "rest-key", attempts: 4, initialBackoff: .milliseconds(20), client: vendorTestClient))
             // Two requests per symbol; the first three answers are 503, so both succeed within 4 attempts.
             #expect(try await source.reference(for: "AAPL").get().lastTrade != nil)
             #expect(feed.restRequests == 5)
-            let wrongKey = ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "wrong", attempts: 4, initialBackoff: .milliseconds(20)))
+            let wrongKey = ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "wrong", attempts: 4, initialBackoff: .milliseconds(20), client: vendorTestClient))
             guard case .failure(.status(401, _)) = await wrongKey.reference(for: "AAPL") else {
                 Issue.record("expected 401")
                 return
@@ -159,7 +159,7 @@ struct ClosedMarketValuationTests {
             )
             let service = PortfolioService(
                 store: store, hub: MarketDataHub(wire: .polygon),
-                referencePrices: ReferencePrices(rest: PolygonREST(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "k")))
+                referencePrices: ReferencePrices(rest: PolygonREST(baseURL: "http://127.0.0.1:\(try await feed.listeningPort())", apiKey: "k", client: vendorTestClient)))
             try await withServices([service]) {
                 let updates = await service.valuationUpdates()
                 let valuation = try await waitFor(updates, "MSFT priced from REST") { $0.positions.first?.status == .priced }
@@ -169,5 +169,94 @@ struct ClosedMarketValuationTests {
                 #expect(valuation.positionsValue == row.marketValue)
             }
         }
+    }
+}
+
+/// The portfolio's REST source against a host that answers what no real one should: every answer is
+/// bounded by what was asked, an error's body is read only as far as its text is used, and no redirect
+/// is followed.
+@Suite("Reference prices from a hostile REST host", .serialized, .timeLimit(.minutes(2)))
+struct HostileReferenceTests {
+    let key = "hostile-reference-key"
+
+    func rest(_ host: HostileREST) -> PolygonREST {
+        PolygonREST(baseURL: "http://127.0.0.1:\(host.port)", apiKey: key, attempts: 3, initialBackoff: .milliseconds(10), timeout: .seconds(5), client: vendorTestClient)
+    }
+
+    static func row(_ day: String, close: String) -> String {
+        let date = ISO8601DateFormatter().date(from: day + "T00:00:00Z") ?? Date(timeIntervalSince1970: 0)
+        return #"{"t":\#(Int64(date.timeIntervalSince1970 * 1000)),"o":1,"h":2,"l":0.5,"c":\#(close),"v":10}"#
+    }
+
+    @Test func dailyBarsAreOnlyTheAskedDaysOneADayAndNeverChangeStoredClosesOfOthers() async throws {
+        let rows = [
+            Self.row("2020-01-02", close: "999"), Self.row("2024-03-04", close: "10"), Self.row("2024-03-05", close: "11"),
+            Self.row("2024-03-05", close: "12"), Self.row("2024-03-06", close: "0"), Self.row("2024-03-07", close: "13"),
+            Self.row("2024-03-08", close: "14"), Self.row("2031-01-02", close: "15"),
+        ]
+        let host = try HostileREST { _, _ in .json(#"{"status":"OK","results":[\#(rows.joined(separator: ","))]}"#) }
+        defer { host.close() }
+        let from = Day(year: 2024, month: 3, day: 4)
+        let to = Day(year: 2024, month: 3, day: 8)
+        let bars = try await rest(host).dailyBars("AAPL", from: from, to: to).get()
+        let days = bars.map { DayCalendar.utc.day(of: Date(timeIntervalSince1970: Double($0.start) / 1000)) }
+        #expect(days.map(\.description) == ["2024-03-04", "2024-03-05", "2024-03-07", "2024-03-08"])
+        #expect(bars.map(\.close) == [10, 12, 13, 14], "a day sent twice is its last; a close of 0 is none")
+
+        // The store keeps a source's closes to the days it was asked for, whoever calls it.
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-closes-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try PortfolioStore(directory: directory)
+        let old = Day(year: 2020, month: 1, day: 2)
+        try await store.saveCloses("AAPL", [(old, 75)], covering: old...old)
+        try await store.saveCloses("AAPL", [(old, 999), (from, 10)], covering: from...to)
+        let kept = try await store.closes(of: ["AAPL"], from: old, through: to)["AAPL"] ?? []
+        #expect(kept.map(\.close) == [75, 10])
+    }
+
+    @Test func aMarketStatusIsKeptBoundedAndAnAnswerPastItsBoundIsNotAskedForAgain() async throws {
+        let exchanges = (0..<2_000).map { #""x\#($0)":"open""# } + [#""\#(String(repeating: "n", count: 100))":"open""#]
+        let long = String(repeating: "t", count: 100)
+        let big = String(repeating: " ", count: 5 << 20)
+        let host = try HostileREST { request, _ in
+            request.target.contains("big") ? .json(#"{"market":"open"\#(big)}"#)
+                : .json(#"{"market":"open","serverTime":"\#(long)","exchanges":{\#(exchanges.joined(separator: ","))}}"#)
+        }
+        defer { host.close() }
+        let status = try await rest(host).marketStatus().get()
+        #expect(status.exchanges?.count == MarketStatus.maxExchanges)
+        #expect(status.exchanges?.keys.allSatisfy { $0.utf8.count <= MarketStatus.maxText } == true)
+        #expect(status.serverTime == nil)
+        host.requests.withLock { $0.removeAll() }
+        guard case .failure(.malformed) = await rest(host).get("/big", maxBytes: 64 << 10) else {
+            Issue.record("a body past its bound was taken")
+            return
+        }
+        #expect(host.requests.withLock { $0.count } == 1, "an answer past its bound was asked for again")
+    }
+
+    @Test func anErrorsBodyIsReadOnlyAsFarAsItsTextIsUsed() async throws {
+        // A 403 that claims 10 MB, sends 100 KB and holds the rest: its status comes at once.
+        let host = try HostileREST { _, _ in .held(sent: 100_000, length: 10_000_000, status: 403) }
+        defer { host.close() }
+        // Read whole, it would end at the request's timeout, as a transport failure.
+        guard case .failure(.status(403, let text)) = await rest(host).lastTrade("AAPL") else {
+            Issue.record("the error's status was not told")
+            return
+        }
+        #expect(text.utf8.count <= 4096)
+        #expect(host.requests.withLock { $0.count } == 1)
+    }
+
+    @Test func aRedirectIsNotFollowed() async throws {
+        let elsewhere = try HostileREST { _, _ in .json(#"{"results":{"p":1,"s":1,"t":1}}"#) }
+        defer { elsewhere.close() }
+        let host = try HostileREST { _, _ in .redirect(to: "http://127.0.0.1:\(elsewhere.port)/v2/last/trade/AAPL") }
+        defer { host.close() }
+        guard case .failure(.status(302, _)) = await rest(host).lastTrade("AAPL") else {
+            Issue.record("a redirect was followed or not told")
+            return
+        }
+        #expect(elsewhere.requests.withLock { $0.count } == 0, "the key went where a redirect pointed")
     }
 }

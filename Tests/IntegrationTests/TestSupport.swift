@@ -10,6 +10,7 @@ import Synchronization
 import Testing
 import RelayComposition
 import RelayConfiguration
+import RESTGateway
 import Upstream
 
 #if canImport(FoundationNetworking)
@@ -21,6 +22,10 @@ let testLogger: Logger = {
     logger.logLevel = ProcessInfo.processInfo.environment["RELAY_TEST_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
     return logger
 }()
+
+/// The tests' client of vendors' REST APIs, configured as the relay's (``VendorHTTPClient``), for the
+/// whole test run.
+let vendorTestClient = VendorHTTPClient.make()
 
 struct TimeoutError: Error, CustomStringConvertible {
     var description: String
