@@ -41,10 +41,14 @@ final class ClusterFeed: Sendable {
     private let linkDown = Mutex(false)
     /// The largest event taken from NATS.
     private let maxEventBytes: Int
+    /// An epoch the lease did not vouch for when it was heard, and what came after it, until a lease
+    /// read says whose it is (``Held``).
+    private let held = Mutex<Held?>(nil)
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
-        maxEventBytes: Int = ClusterChecks.maxEventBytes, holder: @escaping @Sendable (String) -> TermHolder?,
+        maxEventBytes: Int = ClusterChecks.maxEventBytes, epochHoldLimit: Duration = .seconds(2),
+        holder: @escaping @Sendable (String) -> TermHolder?,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
         self.holder = holder
@@ -56,6 +60,7 @@ final class ClusterFeed: Sendable {
         self.logger = logger
         self.lastValues = lastValues
         self.maxEventBytes = maxEventBytes
+        self.epochHoldLimit = epochHoldLimit
     }
 
     /// Subscribes to the leader's notices and makes the sink for events. Call once, before ``run()``.
@@ -78,7 +83,7 @@ final class ClusterFeed: Sendable {
                 // not queued: the outage's window, up to the first event after the link is back, is
                 // the gap fill's to recover (with this event in it).
                 let queued = self.linkDown.withLock { down in
-                    if !down { self.inbox.push(.events([event])) }
+                    if !down { self.deliver(.events([event])) }
                     return !down
                 }
                 if !queued { self.metrics.natsDropped(reason: "link_down").increment() }
@@ -100,52 +105,138 @@ final class ClusterFeed: Sendable {
             guard let self else { return }
             let topic = subscription.flatMap { self.subjects.topic(fromSubject: $0.subject) }
             self.metrics.natsDropped(reason: "slow_consumer").increment()
-            self.inbox.push(.lost(count: 1, topics: topic.map { [$0] }, reason: "NATS dropped messages for this node: slow consumer"))
+            self.deliver(.lost(count: 1, topics: topic.map { [$0] }, reason: "NATS dropped messages for this node: slow consumer"))
         }
     }
 
-    /// The lease holds `term` now (`nil`: none, or this node's own term ended), as read every 250 ms:
-    /// the term it held before ended, and a late announcement of its epoch is stale.
-    func leaseRead(term: String?) {
-        epochs.withLock { $0.leaseRead(term) }
+    /// What the lease held at a read every 250 ms: a term (the term it held before ended, and a late
+    /// announcement of its epoch is stale), none (`nil`, or this node's own term ended), or a holder
+    /// whose value names no term (`termless`: an older release, whose epochs are taken as they come).
+    /// `askedAt`: when the read was asked; a read asked after an epoch the lease did not vouch for
+    /// was heard says whose it is (``Held``). `nil`: no read (this node's own term ended).
+    func leaseRead(term: String?, termless: Bool = false, askedAt: ContinuousClock.Instant?) {
+        epochs.withLock { termless ? $0.leaseHeldWithoutTerm() : $0.leaseRead(term) }
+        guard let askedAt else { return }
+        held.withLock { held in
+            guard let since = held?.since, askedAt > since else { return }
+            release(&held, taking: false)
+        }
+    }
+
+    // MARK: epochs the lease has not vouched for
+
+    /// An epoch announced that the lease did not hold at the last read: a new leader's whose term this
+    /// node has not read yet (it reads every 250 ms; the leader takes the lease before it announces),
+    /// or one made up by whoever may publish control messages, which would restart every node's
+    /// history and tell every client a leader went. It is held, with every message after it in order
+    /// (at most ``maxQueuedEvents``; past that dropped and told as lost), until a lease read asked
+    /// after it: each epoch held that the lease holds then is taken in its place, any other refused
+    /// and counted, and the events are the epochs' they follow. Past `epochHoldLimit` without such a
+    /// read (NATS failing), or when the link is lost, they are taken as they came: this node cannot
+    /// tell. A new term's first events wait for one lease read, at most.
+    private struct Held {
+        enum Item {
+            case message(SourceMessage)
+            case epoch(String)
+        }
+        var items: [Item]
+        var dropped = 0
+        let since: ContinuousClock.Instant
+    }
+
+    /// The longest an epoch is held without a lease read asked after it: two lease reads of a
+    /// follower's, one renewal of the leader's, and more (``ClusterNode`` sets it).
+    private let epochHoldLimit: Duration
+
+    /// Queues a message for the hub, behind what is held.
+    private func deliver(_ message: SourceMessage) {
+        held.withLock { held in
+            if held == nil { inbox.push(message) } else { hold(.message(message), in: &held) }
+        }
+    }
+
+    private func hold(_ item: Held.Item, in held: inout Held?) {
+        guard var kept = held else { return }
+        if kept.items.count < Self.maxQueuedEvents { kept.items.append(item) } else { kept.dropped += 1 }
+        held = kept
+        if ContinuousClock.now - kept.since > epochHoldLimit { release(&held, taking: true) }
+    }
+
+    /// Queues what was held, taking the epochs the lease vouches for now (all of them with `taking`).
+    private func release(_ held: inout Held?, taking: Bool) {
+        guard let kept = held else { return }
+        held = nil
+        for item in kept.items {
+            switch item {
+            case .message(let message): inbox.push(message)
+            case .epoch(let epoch):
+                guard taking || epochs.withLock({ $0.vouches(for: epoch) }) else {
+                    metrics.rejected("control", "epoch \(ClusterText.visible(epoch, limit: 64)) is not the term the lease holds", logger: logger)
+                    continue
+                }
+                take(epoch: epoch)
+            }
+        }
+        if kept.dropped > 0 {
+            metrics.natsDropped(reason: "epoch_held").increment(by: kept.dropped)
+            inbox.push(.lost(count: kept.dropped, topics: nil, reason: "this relay node held more events than it may while it read whose a new epoch is"))
+        }
+    }
+
+    /// An epoch announced: held when the lease does not vouch for it (``Held``), else taken.
+    private func heard(epoch: String) {
+        held.withLock { held in
+            if held != nil {
+                hold(.epoch(epoch), in: &held)
+            } else if epochs.withLock({ $0.vouches(for: epoch) }) {
+                take(epoch: epoch)
+            } else {
+                held = Held(items: [.epoch(epoch)], since: .now)
+            }
+        }
+    }
+
+    /// Takes an announced epoch: a new term's begins here (its outage first), an ended one's is stale.
+    private func take(epoch: String) {
+        switch epochs.withLock({ $0.heard(epoch) }) {
+        case .stale:
+            metrics.rejected("control", "epoch \(ClusterText.visible(epoch, limit: 64)) ended already (a late announcement of an old term)", logger: logger)
+            return
+        case .next(let ended):
+            // A new term after another: the outage starts now, before its first event (after a
+            // kill -9 no word comes from the old leader, and the lease is read every 250 ms).
+            let old: String
+            switch holder(ended) {
+            case .thisProcess?: old = "this node's term as the cluster leader ended"
+            case .node(let name)?: old = "the cluster leader \(ClusterText.visible(name, limit: 64)) is gone"
+            case nil: old = "the cluster's leader changed"
+            }
+            inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
+        case .current, .first:
+            break
+        }
+        inbox.push(.epoch(epoch))
     }
 
     /// The leader's control message, in order with the events.
     private func take(_ message: ClusterControl) {
         switch message {
         case .epoch(let epoch):
-            switch epochs.withLock({ $0.heard(epoch) }) {
-            case .stale:
-                metrics.rejected("control", "epoch \(ClusterText.visible(epoch, limit: 64)) ended already (a late announcement of an old term)", logger: logger)
-                return
-            case .next(let ended):
-                // A new term after another: the outage starts now, before its first event (after a
-                // kill -9 no word comes from the old leader, and the lease is read every 250 ms).
-                let old: String
-                switch holder(ended) {
-                case .thisProcess?: old = "this node's term as the cluster leader ended"
-                case .node(let name)?: old = "the cluster leader \(ClusterText.visible(name, limit: 64)) is gone"
-                case nil: old = "the cluster's leader changed"
-                }
-                inbox.push(.connectionLost(reason: "\(old): a new term began; events between the last leader's and the new one's may be missing"))
-            case .current, .first:
-                break
-            }
-            inbox.push(.epoch(epoch))
+            heard(epoch: epoch)
         case .upstreamDown(let reason):
             // In the leader's words; whoever may publish here writes them, so they came bounded and printable.
-            inbox.push(.connectionLost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
+            deliver(.connectionLost(reason: reason.isEmpty ? "the cluster leader lost its upstream connection" : reason))
         case .loss(let count):
-            inbox.push(
+            deliver(
                 .lost(
                     count: count, topics: nil,
                     reason: "the cluster leader lost them on their way to NATS: it fell behind its upstream, or a message was too large for it or for NATS"))
         case .refused(let topics, let code, let reason):
-            inbox.push(.refused(topics: topics, code: code, reason: reason))
+            deliver(.refused(topics: topics, code: code, reason: reason))
         case .forgotten(let node):
             // Another node's: not this node's clients' business.
             guard node == self.node else { return }
-            inbox.push(.connectionLost(reason: "the cluster leader did not hear from this relay node for a while (its NATS link stalled); events may be missing"))
+            deliver(.connectionLost(reason: "the cluster leader did not hear from this relay node for a while (its NATS link stalled); events may be missing"))
         }
     }
 
@@ -260,7 +351,7 @@ final class ClusterFeed: Sendable {
 
     /// Queues a message for this node's hub, in order with the events (the gap fill's results).
     func push(_ message: SourceMessage) {
-        inbox.push(message)
+        deliver(message)
     }
 
     /// Tells every subscriber of this node that events stopped (once per outage; the first event after
@@ -272,7 +363,11 @@ final class ClusterFeed: Sendable {
     func announceLost(_ reason: String, linkDown: Bool = false) {
         self.linkDown.withLock { down in
             if linkDown { down = true }
-            inbox.push(.connectionLost(reason: reason), pastControlBound: true)
+            held.withLock { held in
+                // What came before the loss goes before its notice; whose an epoch is cannot be read now.
+                release(&held, taking: true)
+                inbox.push(.connectionLost(reason: reason), pastControlBound: true)
+            }
         }
     }
 

@@ -258,7 +258,7 @@ public final class ClusterNode: Service, Sendable {
         }
         let feed = ClusterFeed(
             connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger,
-            maxEventBytes: maxEventBytes,
+            maxEventBytes: maxEventBytes, epochHoldLimit: max(.seconds(2), configuration.renewInterval + .seconds(1)),
             holder: { [weak self] epoch in
                 self?.state.withLock { $0.ownTerm == epoch ? .thisProcess : $0.termHolders.holder(of: epoch).map { .node($0) } }
             }
@@ -594,6 +594,7 @@ public final class ClusterNode: Service, Sendable {
             guard let bucket else { continue }
             let entry: KeyValueBucket.Entry?
             let sentWith = connection.continuity
+            let askedAt = ContinuousClock.now
             do {
                 entry = try await bucket.get(subjects.leaseKey)
                 failures = 0
@@ -620,7 +621,11 @@ public final class ClusterNode: Service, Sendable {
             observe(leader: holder?.node, term: holder?.term, feed: feed)
             // What the lease says of terms: the one it holds is live, and with none held none is (a
             // foreign value, or one that names no term, says nothing).
-            if entry == nil { feed.leaseRead(term: nil) } else if let term = holder?.term { feed.leaseRead(term: term) }
+            if entry == nil {
+                feed.leaseRead(term: nil, askedAt: askedAt)
+            } else if let holder {
+                feed.leaseRead(term: holder.term, termless: holder.term == nil, askedAt: askedAt)
+            }
             // Spread: leave a free lease to a live node that leads no market (for a bounded while).
             if entry == nil, let spread, spread.shouldDefer(market: market, liveNodes: state.withLock({ $0.interest.liveNodes })) {
                 try? await Task.sleep(for: configuration.leasePollInterval)
@@ -633,7 +638,7 @@ public final class ClusterNode: Service, Sendable {
                     let allowed = view.upstreamAllowed(takenAt: revision, continuity: connection.continuity, now: .now)
                     state.withLock { $0.ownTerm = term }
                     observe(leader: configuration.nodeID, term: term, feed: feed)
-                    feed.leaseRead(term: term)
+                    feed.leaseRead(term: term, askedAt: .now)
                     await lead(bucket: bucket, revision: revision, takenAt: asked, upstreamFrom: allowed, term: term, feed: feed)
                     // What this node saw before its term tells nothing about the bucket after it.
                     view.reset()
@@ -757,10 +762,10 @@ public final class ClusterNode: Service, Sendable {
         let filling = fills.map { fills in Task { await fills.lead(connection: connection) } }
 
         let end = await renew(
-            bucket: bucket, revision: revision, takenAt: takenAt, upstreamFrom: upstreamFrom, term: term, upstream: upstream)
+            bucket: bucket, revision: revision, takenAt: takenAt, upstreamFrom: upstreamFrom, term: term, upstream: upstream, feed: feed)
         // The term is over as far as this node goes: what it still sends of it (flushed after a
         // partition) may reach it after the next term's epoch, and is stale then.
-        feed.leaseRead(term: nil)
+        feed.leaseRead(term: nil, askedAt: nil)
         // Closed first: nothing that ends more slowly (a fill's REST request) may hold it open.
         upstream.shutdown()
         // A fill cut short answers nobody: the nodes ask the next leader for the union of their outages.
@@ -824,7 +829,7 @@ public final class ClusterNode: Service, Sendable {
     /// never runs again; before `upstreamFrom` the deadline stays passed, so the client does not connect.
     private func renew(
         bucket: KeyValueBucket, revision: UInt64, takenAt: ContinuousClock.Instant, upstreamFrom: ContinuousClock.Instant, term: String,
-        upstream: UpstreamClient
+        upstream: UpstreamClient, feed: ClusterFeed
     ) async -> TermEnd {
         var revision = revision
         var lastRenewed = takenAt
@@ -871,6 +876,8 @@ public final class ClusterNode: Service, Sendable {
                 lastRenewed = sent
                 extend()
                 metrics.renewed.increment()
+                // The lease holds this term as of `sent`: what this node's feed held since is read.
+                feed.leaseRead(term: term, askedAt: sent)
                 if opened, let spread,
                     spread.shouldHandOff(
                         market: market, liveNodes: state.withLock({ $0.interest.liveNodes }), leadingSince: max(takenAt, upstreamFrom))

@@ -84,6 +84,20 @@ struct AnnouncedEpochs: Sendable {
     private(set) var current: String?
     private var leaseTerm: String?
     private var ended: [String] = []
+    /// The last read found a holder whose lease names no term (an older release): any epoch is its.
+    private var termless = false
+
+    /// Whether the lease vouches for `epoch` as read last: the term it holds (or any, while its holder
+    /// names none), the epoch this node is in, or one it ended (``heard(_:)`` finds it stale). Another
+    /// is a new leader's not read yet, or made up by whoever may publish control messages.
+    func vouches(for epoch: String) -> Bool {
+        termless || epoch == current || epoch == leaseTerm || ended.contains(epoch)
+    }
+
+    /// The lease is held by a node whose value names no term (an older release).
+    mutating func leaseHeldWithoutTerm() {
+        termless = true
+    }
 
     mutating func heard(_ epoch: String) -> Heard {
         guard epoch != current else { return .current }
@@ -95,6 +109,7 @@ struct AnnouncedEpochs: Sendable {
     /// The lease holds `term` now (`nil`: it holds none; a value that is not a relay node's lease, or
     /// names no term, says nothing and is not told).
     mutating func leaseRead(_ term: String?) {
+        termless = false
         if let term { ended.removeAll { $0 == term } }
         guard term != leaseTerm else { return }
         if let leaseTerm, !ended.contains(leaseTerm) {

@@ -117,4 +117,23 @@ struct LeaderChangeTests {
         misread.leaseRead("t1")
         #expect(misread.heard("t1") == .next(ended: "y"), "the lease holds t1 again: live")
     }
+
+    /// The lease vouches for its own term, the epoch a node is in and an ended one (which is then
+    /// stale), and for any while its holder names no term (an older release); not for another.
+    @Test func theLeaseVouchesOnlyForItsTermTheCurrentEpochAndAnyOfAnOlderRelease() {
+        var epochs = AnnouncedEpochs()
+        #expect(!epochs.vouches(for: "t1"), "no lease read yet")
+        epochs.leaseRead("t1")
+        #expect(epochs.vouches(for: "t1") && !epochs.vouches(for: "forged"))
+        #expect(epochs.heard("t1") == .first)
+        epochs.leaseRead("t2")
+        #expect(epochs.vouches(for: "t1"), "the epoch it is in, until t2's leader says so")
+        #expect(epochs.vouches(for: "t2") && !epochs.vouches(for: "forged"))
+        #expect(epochs.heard("t2") == .next(ended: "t1"))
+        #expect(epochs.vouches(for: "t1") && epochs.heard("t1") == .stale)
+        epochs.leaseHeldWithoutTerm()
+        #expect(epochs.vouches(for: "random"), "an older release's lease names no term")
+        epochs.leaseRead(nil)
+        #expect(!epochs.vouches(for: "random") && epochs.vouches(for: "t2"))
+    }
 }

@@ -299,6 +299,40 @@ struct ClusterLeaseAndInterestTests {
     }
 
     /// Reads `client` until a frame holds `text`, or fails after `timeout`.
+    /// An epoch announced on the control subject that the lease does not hold (made up by whoever may
+    /// publish there) restarts no node's history and tells no client a leader went: it is refused at
+    /// the node's next lease read, and the events held behind it meanwhile arrive, none lost.
+    @Test func anEpochTheLeaseDoesNotHoldIsRefusedAndTheEventsBehindItArrive() async throws {
+        try await ClusterHarness.with(nodes: 2) { cluster in
+            let leader = try await cluster.agreedLeader()
+            let follower = try #require(cluster.nodeIDs.first { $0 != leader })
+            // The leader reads no lease while it leads: its renewals say whose an epoch is.
+            for node in [follower, leader] {
+                let client = try await subscribedClient(try cluster.url(node), "Q.*")
+                let nats = try await natsClient(cluster.natsURL)
+                let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+                let port = try cluster.port(node)
+                let before = await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="control"}"#)
+                for index in 0..<3 { #expect(nats.publish(subjects.upstreamControl, "epoch:forged\(index)")) }
+                try await eventually("\(node) to refuse the made-up epochs") {
+                    await metric(port, #"relay_cluster_rejected_total{market="stocks",kind="control"}"#) >= before + 3
+                }
+                var statuses: [String] = []
+                var events = 0
+                let deadline = ContinuousClock.now + .seconds(20)
+                while events < 200, ContinuousClock.now < deadline {
+                    let frame = try await client.nextParsed()
+                    events += frame.events.count
+                    statuses += frame.statuses.map(\.status)
+                }
+                #expect(events >= 200)
+                #expect(statuses.isEmpty, "a made-up epoch reached \(node)'s clients as \(statuses)")
+                await client.close()
+                await nats.close()
+            }
+        }
+    }
+
     /// Whoever may write the last-value store can make it hold no value larger than an event a node
     /// takes, and no more than `cluster.lastValueMB` in all (the oldest go first), in the NATS servers'
     /// memory; the leader's own values still go in.
