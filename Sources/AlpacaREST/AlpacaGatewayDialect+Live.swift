@@ -94,7 +94,7 @@ extension AlpacaGatewayDialect {
         let base = market == .crypto ? "/v1beta3/crypto/us/bars" : "/v2/stocks/bars"
         let list = symbols.joined(separator: ",").addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ","))) ?? ""
         let answer = await fetch("\(base)?symbols=\(list)&timeframe=1Day&start=\(Self.date(end - 7))&end=\(Self.date(end))&limit=10000")
-        guard answer.status == 200, let body = JSONText.members(of: Substring(String(buffer: answer.body))), let bars = body["bars"],
+        guard answer.status == 200, let found = JSONText.member("bars", of: Substring(String(buffer: answer.body))), let bars = found,
             let bySymbol = JSONText.members(of: bars)
         else { return [:] }
         var previous: [String: String] = [:]

@@ -192,9 +192,7 @@ public struct AlpacaGatewayDialect: GatewayDialect {
         // A page without one (most) is passed on as it is, not copied into a string first.
         guard body.mentions("\"next_page_token\"") else { return (body, []) }
         let text = String(buffer: body)
-        guard let members = JSONText.members(of: Substring(text)),
-            let token = JSONText.unquoted(members["next_page_token"])
-        else { return (body, []) }
+        guard let found = JSONText.member("next_page_token", of: Substring(text)), let token = JSONText.unquoted(found) else { return (body, []) }
         return (body, [String(token)])
     }
 

@@ -27,7 +27,15 @@ extension JSONText {
     /// well-formed object (nesting deeper than 32, a string left open, text after the object).
     public static func members(of text: Substring) -> [String: Substring]? {
         var scanner = Scanner(text: text)
-        return scanner.object()
+        return scanner.object(keeping: nil)
+    }
+
+    /// The raw text of one member's value (as ``members(of:)``), the object checked whole the same way
+    /// but no other member kept: what a page of millions of members costs is its scan, not a
+    /// dictionary of them. `nil`: not one well-formed object; `.some(nil)`: no such member.
+    public static func member(_ name: String, of text: Substring) -> Substring?? {
+        var scanner = Scanner(text: text)
+        return scanner.object(keeping: name).map { $0[name] }
     }
 
     /// A string value's text without its quotes (escapes left as written), `nil` if it is no string.
@@ -48,7 +56,8 @@ extension JSONText {
             index = utf8.startIndex
         }
 
-        mutating func object() -> [String: Substring]? {
+        /// The object's members, or only the one named `kept`.
+        mutating func object(keeping kept: String?) -> [String: Substring]? {
             skipSpace()
             guard peek == UInt8(ascii: "{") else { return nil }
             advance()
@@ -67,7 +76,8 @@ extension JSONText {
                 skipSpace()
                 let start = index
                 guard value(depth: 0) else { return nil }
-                members[String(keyText.dropFirst().dropLast())] = text[start..<index]
+                let key = keyText.dropFirst().dropLast()
+                if kept.map({ key == $0[...] }) ?? true { members[String(key)] = text[start..<index] }
                 skipSpace()
                 if peek == UInt8(ascii: ",") {
                     advance()

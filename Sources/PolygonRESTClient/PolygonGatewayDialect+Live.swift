@@ -52,8 +52,8 @@ extension PolygonGatewayDialect {
         let minute = await Self.fields(values.held(Topic(checkedEventType: "AM", ticker: ticker), in: market))
         let previous = await fetch("/v2/aggs/ticker/\(PolygonREST.escaped(ticker))/prev?adjusted=true")
         var previousBar: [String: String]?
-        if previous.status == 200, let body = JSONText.members(of: Substring(String(buffer: previous.body))),
-            let results = body["results"], results.hasPrefix("["), results.count > 2
+        if previous.status == 200, let found = JSONText.member("results", of: Substring(String(buffer: previous.body))),
+            let results = found, results.hasPrefix("["), results.count > 2
         {
             previousBar = JSONText.members(of: Self.firstElement(results))?.mapValues { String($0) }
         }

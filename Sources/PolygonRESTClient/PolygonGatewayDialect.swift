@@ -254,9 +254,8 @@ public struct PolygonGatewayDialect: GatewayDialect {
         guard body.mentions("\"next_url\"") else { return (body, []) }
         let text = String(buffer: body)
         // Named but not readable as one member of one JSON object: its link is not passed on as it is.
-        guard let members = JSONText.members(of: Substring(text)) else { return nil }
-        guard let value = members["next_url"] else { return (body, []) }
-        var rewritten = text
+        guard let found = JSONText.member("next_url", of: Substring(text)) else { return nil }
+        guard let value = found else { return (body, []) }
         let replacement: String
         var cursors: [String] = []
         // Only a path from the root is kept, put on the relay's address: anything else (`@host/…`,
@@ -274,8 +273,25 @@ public struct PolygonGatewayDialect: GatewayDialect {
         } else {
             replacement = "null"
         }
-        rewritten.replaceSubrange(value.startIndex..<value.endIndex, with: replacement)
-        return (ByteBuffer(string: rewritten), cursors)
+        return (Self.splice(body, text: text, replacing: value, with: replacement), cursors)
+    }
+
+    /// `body` with the bytes of `value` (a slice of `text`, the body read as text) replaced, in one copy.
+    /// A body that is not all valid UTF-8 (its text repaired, so its offsets differ) is written from the text.
+    static func splice(_ body: ByteBuffer, text: String, replacing value: Substring, with replacement: String) -> ByteBuffer {
+        guard text.utf8.count == body.readableBytes else {
+            var rewritten = text
+            rewritten.replaceSubrange(value.startIndex..<value.endIndex, with: replacement)
+            return ByteBuffer(string: rewritten)
+        }
+        let start = text.utf8.distance(from: text.startIndex, to: value.startIndex)
+        let end = text.utf8.distance(from: text.startIndex, to: value.endIndex)
+        let view = body.readableBytesView
+        var out = ByteBufferAllocator().buffer(capacity: body.readableBytes - (end - start) + replacement.utf8.count)
+        out.writeBytes(view[view.startIndex..<(view.startIndex + start)])
+        out.writeString(replacement)
+        out.writeBytes(view[(view.startIndex + end)...])
+        return out
     }
 
     public func credentialHeaders(_ credentials: RESTCredentials) -> [(String, String)] {

@@ -162,20 +162,47 @@ extension ByteBuffer {
     /// quotes), `memcmp` checks the needle there: a page of megabytes is looked through at memory speed,
     /// where the generic collection search took seconds in a debug build and held up its answer.
     public func mentions(_ text: String) -> Bool {
-        let needle = Array(text.utf8)
-        guard let anchor = needle.firstIndex(where: { $0 != UInt8(ascii: "\"") }) ?? needle.indices.first else { return true }
+        firstOffset(of: Array(text.utf8)) != nil
+    }
+
+    /// Where `needle` first occurs in the readable bytes at or after `from` (an offset from the reader
+    /// index), by `memchr` and `memcmp`; `nil`: nowhere.
+    func firstOffset(of needle: [UInt8], from: Int = 0) -> Int? {
+        guard let anchor = needle.firstIndex(where: { $0 != UInt8(ascii: "\"") }) ?? needle.indices.first else { return from }
         return withUnsafeReadableBytes { haystack in needle.withUnsafeBytes { name in
-            guard haystack.count >= name.count, let base = haystack.baseAddress, let wanted = name.baseAddress else { return false }
+            guard haystack.count >= name.count, let base = haystack.baseAddress, let wanted = name.baseAddress else { return nil }
             // A match starting at `start` has its anchor at `start + anchor`; the last start is `count - needle.count`.
-            var start = 0
+            var start = max(from, 0)
             let lastStart = haystack.count - name.count
             while start <= lastStart {
-                guard let found = memchr(base + start + anchor, Int32(needle[anchor]), lastStart - start + 1) else { return false }
+                guard let found = memchr(base + start + anchor, Int32(needle[anchor]), lastStart - start + 1) else { return nil }
                 let candidate = base.distance(to: UnsafeRawPointer(found)) - anchor
-                if memcmp(base + candidate, wanted, name.count) == 0 { return true }
+                if memcmp(base + candidate, wanted, name.count) == 0 { return candidate }
                 start = candidate + 1
             }
-            return false
+            return nil
         } }
+    }
+
+    /// The readable bytes with every occurrence of each of `needles` replaced by `replacement`, in one
+    /// new buffer; `self` when none occurs (nothing copied).
+    public func replacing(_ needles: [String], with replacement: String) -> ByteBuffer {
+        var result = self
+        for needle in needles.map({ Array($0.utf8) }) where !needle.isEmpty {
+            guard var found = result.firstOffset(of: needle) else { continue }
+            var out = ByteBufferAllocator().buffer(capacity: result.readableBytes)
+            var copied = 0
+            let view = result.readableBytesView
+            while true {
+                out.writeBytes(view[(view.startIndex + copied)..<(view.startIndex + found)])
+                out.writeString(replacement)
+                copied = found + needle.count
+                guard let next = result.firstOffset(of: needle, from: copied) else { break }
+                found = next
+            }
+            out.writeBytes(view[(view.startIndex + copied)...])
+            result = out
+        }
+        return result
     }
 }

@@ -1,3 +1,4 @@
+import MarketCore
 import NIOCore
 import RESTGateway
 import Testing
@@ -34,5 +35,29 @@ struct BodyMentionsTests {
         let rows = String(repeating: #"{"v":1000,"o":1.25,"c":1.5,"h":1.75,"l":1.0,"t":1577836800000,"n":10},"#, count: 50_000)
         #expect(!ByteBuffer(string: #"{"results":[\#(rows){}]}"#).mentions(#""next_url""#))
         #expect(ByteBuffer(string: #"{"results":[\#(rows){}],"next_url":"x"}"#).mentions(#""next_url""#))
+    }
+
+    @Test func everyOccurrenceIsReplacedInOneCopyAndABodyWithoutOneIsNotCopied() {
+        let body = ByteBuffer(string: #"{"a":"KEY1","b":"xKEY1KEY1","c":"SECRET","d":"KEY"}"#)
+        let scrubbed = body.replacing(["KEY1", "SECRET"], with: "<hidden>")
+        #expect(String(buffer: scrubbed) == #"{"a":"<hidden>","b":"x<hidden><hidden>","c":"<hidden>","d":"KEY"}"#)
+        var clean = ByteBuffer(string: #"{"a":1}"#)
+        clean.moveReaderIndex(forwardBy: 1)
+        let same = clean.replacing(["KEY1"], with: "<hidden>")
+        #expect(same == clean)
+        #expect(clean.withUnsafeReadableBytes { $0.baseAddress } == same.withUnsafeReadableBytes { $0.baseAddress }, "copied")
+        #expect(String(buffer: ByteBuffer(string: "KEY1").replacing(["KEY1"], with: "")) == "")
+    }
+
+    /// One member is found (the object checked whole) without a dictionary of the others: a page of a
+    /// million members costs its scan.
+    @Test func oneMemberIsReadOutOfAnObjectOfMany() throws {
+        let many = (0..<200_000).map { #""k\#($0)":\#($0)"# }.joined(separator: ",")
+        let text = #"{\#(many),"next_url":"https://x/y?cursor=abc","z":[1,{"next_url":2}]}"#
+        let found = try #require(JSONText.member("next_url", of: Substring(text)))
+        #expect(found == #""https://x/y?cursor=abc""#)
+        #expect(JSONText.member("absent", of: Substring(text)).map { $0 == nil } == true)
+        #expect(JSONText.member("next_url", of: #"{"next_url":1"#) == nil, "not one whole object")
+        #expect(JSONText.member("next_url", of: #"{"next_url":1} x"#) == nil, "text after it")
     }
 }

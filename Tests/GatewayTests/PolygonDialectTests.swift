@@ -106,6 +106,20 @@ struct PolygonDialectTests {
         #expect(text.hasPrefix(#"{"results":[{"p":1.5}]"#), "the rest of the body is as the vendor sent it")
     }
 
+    @Test func aPagesLinkIsRewrittenInItsBytesWhateverTextSurroundsIt() throws {
+        let request = GatewayRequest(path: "/v3/x", query: [], base: "http://relay:8080")
+        // Characters of several bytes before and after the link: the offsets are the bytes'.
+        let body = ByteBuffer(string: #"{"name":"Société Générale ✓","next_url":"https://api.polygon.io/v3/x?cursor=a","tail":"日本"}"#)
+        let text = String(buffer: try #require(dialect.forClient(body, request: request)).body)
+        #expect(text == #"{"name":"Société Générale ✓","next_url":"http://relay:8080/v3/x?cursor=a","tail":"日本"}"#)
+        // Bytes that are not UTF-8 before it: written from the text as read.
+        var invalid = ByteBuffer(string: #"{"name":""#)
+        invalid.writeBytes([0xFF, 0xFE])
+        invalid.writeString(#"","next_url":"https://api.polygon.io/v3/x?cursor=a","n":1}"#)
+        let repaired = String(buffer: try #require(dialect.forClient(invalid, request: request)).body)
+        #expect(repaired.hasSuffix(#"","next_url":"http://relay:8080/v3/x?cursor=a","n":1}"#), "\(repaired)")
+    }
+
     @Test func aLinkThatWouldLeaveTheRelaysHostIsNotPassedOn() throws {
         let request = GatewayRequest(path: "/v3/trades/AAPL", query: [], base: "http://relay:8080")
         // Joined to the relay's address, `@evil.example/x` names the host evil.example, and
