@@ -31,10 +31,10 @@ extension MarketDataHub {
     /// for it through the wildcard) is told at once, with the topics it holds among them, in an `error`
     /// status carrying the upstream's `code`. Its subscription stays: interest that changes or a new
     /// connection asks again.
+    /// A subscriber that takes a refused topic later is told the same (``tellRefusals(of:to:)``): the
+    /// upstream is not asked again while the wanted set does not change.
     public func upstreamRefused(_ topics: Set<Topic>, code: Int, reason: String) {
-        func list(_ topics: Set<Topic>) -> String {
-            topics.sorted().prefix(20).map(\.description).joined(separator: ",") + (topics.count > 20 ? " and \(topics.count - 20) more" : "")
-        }
+        wanted.refused(topics, code: code, reason: reason)
         // A ticker its type's wildcard covers is asked for through the wildcard: refused with it.
         let wildcards = Set(topics.lazy.filter(\.isWildcard).map(\.eventType))
         var told: [Subscriber] = []
@@ -42,13 +42,34 @@ extension MarketDataHub {
             let held = subscriber.topics.intersection(topics)
             let covered: Set<Topic> = wildcards.isEmpty ? [] : subscriber.topics.filter { !$0.isWildcard && wildcards.contains($0.eventType) && !topics.contains($0) }
             guard !held.isEmpty || !covered.isEmpty else { continue }
-            let names = [held.isEmpty ? nil : list(held), covered.isEmpty ? nil : "\(list(covered)) (asked for through a wildcard)"]
-                .compactMap { $0 }.joined(separator: ", ")
-            let notice = wire.render(Notice(.refused, message: "the upstream refused \(names) (\(reason))", details: ["code": .number(Int64(code))]))
-            enqueue(HubDelivery([notice]), to: subscriber)
+            enqueue(HubDelivery([refusalNotice(held: held, covered: covered, code: code, reason: reason)]), to: subscriber)
             told.append(subscriber)
         }
         tell(told)
+    }
+
+    /// Tells `subscriber` of the refusals standing for `topics` it just took. Not sent on (the caller tells).
+    func tellRefusals(of topics: [Topic], to subscriber: Subscriber) {
+        guard !wanted.refusals.isEmpty else { return }
+        var standing: [WantedSet.Refusal: (held: Set<Topic>, covered: Set<Topic>)] = [:]
+        for topic in topics {
+            guard let (refused, refusal) = wanted.refusal(of: topic) else { continue }
+            if refused == topic { standing[refusal, default: ([], [])].held.insert(topic) } else { standing[refusal, default: ([], [])].covered.insert(topic) }
+        }
+        for (refusal, topics) in standing {
+            enqueue(HubDelivery([refusalNotice(held: topics.held, covered: topics.covered, code: refusal.code, reason: refusal.reason)]), to: subscriber)
+        }
+    }
+
+    /// An `error` status naming the refused topics a subscriber holds (`covered`: tickers that come
+    /// through a refused wildcard), with the upstream's code.
+    private func refusalNotice(held: Set<Topic>, covered: Set<Topic>, code: Int, reason: String) -> MarketEvent {
+        func list(_ topics: Set<Topic>) -> String {
+            topics.sorted().prefix(20).map(\.description).joined(separator: ",") + (topics.count > 20 ? " and \(topics.count - 20) more" : "")
+        }
+        let names = [held.isEmpty ? nil : list(held), covered.isEmpty ? nil : "\(list(covered)) (asked for through a wildcard)"]
+            .compactMap { $0 }.joined(separator: ", ")
+        return wire.render(Notice(.refused, message: "the upstream refused \(names) (\(reason))", details: ["code": .number(Int64(code))]))
     }
 
     /// The source says what it is (a replay's start or end): every subscriber with topics is told now,

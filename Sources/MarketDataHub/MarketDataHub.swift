@@ -252,6 +252,7 @@ public actor MarketDataHub {
                 enqueue(HubDelivery([last]), to: subscriber)
             }
         }
+        tellRefusals(of: topics, to: subscriber)
         // Subscribing while the upstream is down: told at once, not left waiting in silence (and told
         // when it is back, like the others).
         if let outage = outages.current, !subscriber.toldOfOutage, !subscriber.topics.isEmpty {
@@ -360,9 +361,8 @@ public actor MarketDataHub {
         self.archive = archive
     }
 
-    /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per
-    /// topic. Never suspends. Each subscriber gets its matches as one stream element per window of 64
-    /// events (one element for the usual upstream message).
+    /// Delivers events, in order, to every subscriber whose topics match, and caches the last event per topic.
+    /// Never suspends. Each subscriber gets its matches as one element per window of 64 events (one an upstream message).
     public func publish(_ events: [MarketEvent]) {
         guard !events.isEmpty else { return }
         let now = WallClock.nowMilliseconds()
@@ -372,6 +372,7 @@ public actor MarketDataHub {
         let received = events
         var events = events
         if !gapLedger.watched.isEmpty { watchFirstLive(events) }
+        if !wanted.refusals.isEmpty { wanted.arrived(events) }
         if history == nil, adoptsPositions, let limits = historyLimits {
             // Positioned events before the leader's epoch was heard (its notice travels on another
             // subject): kept, under an epoch named when it comes.

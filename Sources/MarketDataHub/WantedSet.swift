@@ -18,6 +18,37 @@ struct WantedSet {
     /// Event types whose wildcard has a subscriber.
     private var wildcards: Set<String> = []
     private var gathered = WantedTopicsChange()
+    /// The source's last refusal of each wanted topic, until the topic is no longer wanted or its events
+    /// arrive: told to each later holder, since the source is not asked again while the set does not
+    /// change. At most one per wanted topic.
+    private(set) var refusals: [Topic: Refusal] = [:]
+
+    /// A source's refusal: its code and words.
+    struct Refusal: Hashable {
+        var code: Int
+        var reason: String
+    }
+
+    /// The source refused `topics`: those wanted are remembered as refused.
+    mutating func refused(_ topics: Set<Topic>, code: Int, reason: String) {
+        for topic in topics where self.topics.contains(topic) { refusals[topic] = Refusal(code: code, reason: reason) }
+    }
+
+    /// The refusal a holder of `topic` is told of: the topic's own, or that of its type's wildcard, which
+    /// it comes through; `nil`: none.
+    func refusal(of topic: Topic) -> (refused: Topic, Refusal)? {
+        if let own = refusals[topic] { return (topic, own) }
+        guard !topic.isWildcard, covered(topic), let wildcard = refusals[.wildcard(topic.eventType)] else { return nil }
+        return (.wildcard(topic.eventType), wildcard)
+    }
+
+    /// Events arrived: their topics, and their types' wildcards they came through, are served now.
+    mutating func arrived(_ events: [MarketEvent]) {
+        for event in events {
+            refusals[event.topic] = nil
+            if wildcards.contains(event.eventType) { refusals[.wildcard(event.eventType)] = nil }
+        }
+    }
 
     /// A ticker topic got its first subscriber.
     mutating func tickerSubscribed(_ topic: Topic) -> Step {
@@ -75,6 +106,7 @@ struct WantedSet {
 
     private mutating func remove(_ topic: Topic, _ step: inout Step) {
         guard topics.remove(topic) != nil else { return }
+        refusals[topic] = nil
         step.append((topic, false))
         if gathered.added.remove(topic) == nil { gathered.removed.insert(topic) }
     }

@@ -109,6 +109,11 @@ struct AlpacaRelayTests {
             let microsoft = try await client(#"{"action":"subscribe","trades":["MSFT"]}"#)
             let refusal = try await next(microsoft, "error", "the upstream's refusal")
             #expect(refusal.hasPrefix(#"[{"T":"error","code":405,"msg":"symbol limit exceeded: the upstream refused t.MSFT"#), "\(refusal)")
+            // A later client of the same topic is told too: the upstream is not asked again for it.
+            let later = try await client(#"{"action":"subscribe","trades":["MSFT"]}"#)
+            let told = try await next(later, "error", "the refusal standing for a later client")
+            #expect(told.hasPrefix(#"[{"T":"error","code":405,"msg":"symbol limit exceeded: the upstream refused t.MSFT"#), "\(told)")
+            await later.close()
             // A later change of interest is asked for alone (with t.MSFT again it would be refused whole).
             let quotes = try await client(#"{"action":"subscribe","quotes":["AAPL"]}"#)
             #expect(try await next(quotes, "q", "AAPL's quotes").contains(#""S":"AAPL""#))

@@ -448,6 +448,34 @@ struct MarketDataHubTests {
         #expect(try await take(1, from: other.events).first?.json == event("Q", "MSFT", 1).json, "another type's holder is not told")
     }
 
+    /// A refusal stands for later holders (the upstream is not asked again while the topic stays
+    /// wanted) until the topic's events arrive or it leaves the wanted set (then it is asked anew).
+    @Test func aLaterHolderOfARefusedTopicIsToldUntilItsEventsArrive() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: nil)
+        let first = await hub.subscribe(to: topics("t.MSFT", "T.*"))
+        await hub.upstreamRefused(topics("t.MSFT", "T.*"), code: 405, reason: "symbol limit exceeded")
+        #expect(try await take(1, from: first.events).first?.json.contains("refused T.*,t.MSFT (") == true)
+        let second = await hub.subscribe(to: topics("t.MSFT", "T.AAPL", "Q.AAPL"))
+        // One notice for one refusal.
+        let told = try #require(try await take(1, from: second.events).first?.json)
+        #expect(told.contains("the upstream refused t.MSFT, T.AAPL (asked for through a wildcard) (symbol limit exceeded)"), "\(told)")
+        #expect(told.contains(#""code":405"#), "\(told)")
+        // The events came after all (the upstream took it since): no later holder is told.
+        await hub.publish([event("t", "MSFT", 1)])
+        let third = await hub.subscribe(to: topics("t.MSFT"))
+        await hub.publish([event("t", "MSFT", 2)])
+        // Its snapshot first (the event before), then the event: no notice.
+        #expect(try await take(2, from: third.events).map(\.json) == [event("t", "MSFT", 1).json, event("t", "MSFT", 2).json], "told of a refusal that no longer stands")
+        // A topic that left the wanted set is asked anew when it comes back: nothing stands for it.
+        let quotes = await hub.subscribe(to: topics("q.GOOG"))
+        await hub.upstreamRefused(topics("q.GOOG"), code: 405, reason: "x")
+        _ = try await take(1, from: quotes.events)
+        await hub.remove(topics("q.GOOG"), from: quotes.id)
+        let again = await hub.subscribe(to: topics("q.GOOG"))
+        await hub.publish([event("q", "GOOG", 3)])
+        #expect(try await take(1, from: again.events).first?.json == event("q", "GOOG", 3).json)
+    }
+
     /// A wildcard over ever new tickers (an options market, or an upstream naming junk) keeps the last
     /// values of at most the table's bound: past it the least recently updated of the topics nobody holds
     /// by name go, down to nine tenths; a topic held by name stays, and the wildcard's holder still gets
