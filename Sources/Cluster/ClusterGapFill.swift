@@ -165,11 +165,12 @@ final class ClusterGapFill: Sendable {
             guard let feed, let self else { return }
             switch payload.first {
             case UInt8(ascii: "E"):
+                // Whose they are first: events no ask named are not read (each is checked as it is).
+                if let topic = FillWire.eventsTopic(payload), !asked.contains(topic) {
+                    return metrics.rejected("fill", "recovered events of \(topic), which no recent ask named", logger: logger)
+                }
                 guard let (topic, order, events) = FillWire.readEvents(payload, market: subjects.wireMarket, wire: wire) else {
                     return metrics.rejected("fill", "recovered events that do not read (\(payload.count) bytes)", logger: logger)
-                }
-                guard asked.contains(topic) else {
-                    return metrics.rejected("fill", "recovered events of \(topic), which no recent ask named", logger: logger)
                 }
                 feed.push(.recovered(topic: topic, events: events, order: order))
             case UInt8(ascii: "S"):

@@ -110,12 +110,24 @@ enum FillWire {
         return Ask(node: node, generation: generation, from: from, through: through, topics: topics)
     }
 
-    /// Recovered events of one topic.
-    static func readEvents(_ bytes: UnsafeRawBufferPointer, market: Market, wire: any WireProtocol) -> (Topic, RecoveryOrder, [MarketEvent])? {
+    /// The topic of a message of recovered events, read from its first line alone: whether anyone
+    /// asked for it is known before its events are read.
+    static func eventsTopic(_ bytes: UnsafeRawBufferPointer) -> Topic? {
         var reader = Reader(bytes)
+        return head(&reader)?.topic
+    }
+
+    private static func head(_ reader: inout Reader) -> (order: RecoveryOrder, topic: Topic)? {
         guard let head = reader.line(), head.count == 4, head[0] == "E", let order = RecoveryOrder(rawValue: String(head[1])),
             let topic = topic(head[2], head[3]), !topic.isWildcard
         else { return nil }
+        return (order, topic)
+    }
+
+    /// Recovered events of one topic.
+    static func readEvents(_ bytes: UnsafeRawBufferPointer, market: Market, wire: any WireProtocol) -> (Topic, RecoveryOrder, [MarketEvent])? {
+        var reader = Reader(bytes)
+        guard let (order, topic) = head(&reader) else { return nil }
         var events: [MarketEvent] = []
         while !reader.isAtEnd {
             guard let fields = reader.line(), fields.count == 1, let length = Int(fields[0]), length > 0, let bytes = reader.bytes(length),

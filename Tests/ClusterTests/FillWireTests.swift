@@ -37,6 +37,7 @@ struct FillWireTests {
         for message in messages {
             let (readTopic, order, part) = try #require(message.withUnsafeBytes { FillWire.readEvents($0, market: .stocks, wire: .polygon) })
             #expect(readTopic == topic("T.AAPL") && order == .sequence)
+            #expect(message.withUnsafeBytes { FillWire.eventsTopic($0) } == topic("T.AAPL"), "the topic read from the first line alone")
             back += part
         }
         #expect(back.compactMap { PolygonWireProtocol().orderValue(.sequence, of: $0) } == Array(1...20_000))
