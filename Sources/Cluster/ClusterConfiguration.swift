@@ -30,9 +30,10 @@ public struct ClusterConfiguration: Sendable, Equatable {
     /// a node's topics past it are refused to its clients (as topics the upstream refused).
     public var maxTopics = 100_000
     /// The most the cluster's last-value store of a market holds, in bytes (in the memory of the NATS
-    /// servers): past it, the values written longest ago go first. Whoever may write the store cannot
-    /// make it hold more, nor a value larger than an event a node takes.
-    public var lastValueBytes: Int64 = 1 << 30
+    /// servers, which reserve it against their JetStream memory): past it, the values written longest
+    /// ago go first. Whoever may write the store cannot make it hold more, nor a value larger than an
+    /// event a node takes.
+    public var lastValueBytes: Int64 = 256 << 20
     /// How this node proves itself to NATS and checks NATS's certificate.
     public var security = Security()
 

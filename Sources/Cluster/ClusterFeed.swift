@@ -128,19 +128,27 @@ final class ClusterFeed: Sendable {
     /// An epoch announced that the lease did not hold at the last read: a new leader's whose term this
     /// node has not read yet (it reads every 250 ms; the leader takes the lease before it announces),
     /// or one made up by whoever may publish control messages, which would restart every node's
-    /// history and tell every client a leader went. It is held, with every message after it in order
-    /// (at most ``maxQueuedEvents``; past that dropped and told as lost), until a lease read asked
-    /// after it: each epoch held that the lease holds then is taken in its place, any other refused
-    /// and counted, and the events are the epochs' they follow. Past `epochHoldLimit` without such a
-    /// read (NATS failing), or when the link is lost, they are taken as they came: this node cannot
-    /// tell. A new term's first events wait for one lease read, at most.
+    /// history and tell every client a leader went. It is held, with every message after it in order,
+    /// until a lease read asked after it (on the leader, a renewal): each epoch held that the lease
+    /// holds then is taken in its place, any other refused and counted, and the events are the
+    /// epochs' they follow. Bounded as the inbox is: at most ``maxQueuedEvents`` events and
+    /// ``SourceInbox/maxControlMessages`` control messages held, past them dropped and told in place
+    /// (a loss, an outage). Past `epochHoldLimit` without such a read (NATS failing, a foreign value in
+    /// the lease), or when the node's NATS link is lost, what was held is taken as it came: this node
+    /// cannot tell.
     private struct Held {
         enum Item {
-            case message(SourceMessage)
+            case message(SourceMessage, pastControlBound: Bool)
             case epoch(String)
+            /// Where events were first dropped (told as lost there), and control messages.
+            case eventsDropped
+            case controlsDropped
         }
         var items: [Item]
-        var dropped = 0
+        var events = 0
+        var controls = 1
+        var droppedEvents = 0
+        var droppedControls = 0
         let since: ContinuousClock.Instant
     }
 
@@ -149,17 +157,39 @@ final class ClusterFeed: Sendable {
     private let epochHoldLimit: Duration
 
     /// Queues a message for the hub, behind what is held.
-    private func deliver(_ message: SourceMessage) {
+    private func deliver(_ message: SourceMessage, pastControlBound: Bool = false) {
         held.withLock { held in
-            if held == nil { inbox.push(message) } else { hold(.message(message), in: &held) }
+            if held == nil {
+                inbox.push(message, pastControlBound: pastControlBound)
+            } else {
+                hold(.message(message, pastControlBound: pastControlBound), in: &held)
+            }
         }
     }
 
+    /// Appends `item` to what is held, in place (one reference to the items), within the bounds.
     private func hold(_ item: Held.Item, in held: inout Held?) {
-        guard var kept = held else { return }
-        if kept.items.count < Self.maxQueuedEvents { kept.items.append(item) } else { kept.dropped += 1 }
-        held = kept
-        if ContinuousClock.now - kept.since > epochHoldLimit { release(&held, taking: true) }
+        guard held != nil else { return }
+        switch item {
+        case .message(.events(let events), _), .message(.recovered(_, let events, _), _):
+            guard held!.events + events.count <= Self.maxQueuedEvents else {
+                if held!.droppedEvents == 0 { held!.items.append(.eventsDropped) }
+                held!.droppedEvents += events.count
+                return
+            }
+            held!.events += events.count
+        case .message(.seed, _), .message(_, pastControlBound: true):
+            // The node's own asking (bounded by its wanted topics) and its own word of itself.
+            break
+        default:
+            guard held!.controls < SourceInbox.maxControlMessages else {
+                if held!.droppedControls == 0 { held!.items.append(.controlsDropped) }
+                held!.droppedControls += 1
+                return
+            }
+            held!.controls += 1
+        }
+        held!.items.append(item)
     }
 
     /// Queues what was held, taking the epochs the lease vouches for now (all of them with `taking`).
@@ -168,18 +198,25 @@ final class ClusterFeed: Sendable {
         held = nil
         for item in kept.items {
             switch item {
-            case .message(let message): inbox.push(message)
+            case .message(let message, let pastControlBound): inbox.push(message, pastControlBound: pastControlBound)
             case .epoch(let epoch):
                 guard taking || epochs.withLock({ $0.vouches(for: epoch) }) else {
                     metrics.rejected("control", "epoch \(ClusterText.visible(epoch, limit: 64)) is not the term the lease holds", logger: logger)
                     continue
                 }
                 take(epoch: epoch)
+            case .eventsDropped:
+                metrics.natsDropped(reason: "epoch_held").increment(by: kept.droppedEvents)
+                inbox.push(
+                    .lost(
+                        count: kept.droppedEvents, topics: nil,
+                        reason: "this relay node held more events than it may while it read whose a new epoch is"))
+            case .controlsDropped:
+                inbox.push(
+                    .connectionLost(
+                        reason: "\(kept.droppedControls) control messages were dropped while this relay node read whose a new epoch is; events may be missing"),
+                    pastControlBound: true)
             }
-        }
-        if kept.dropped > 0 {
-            metrics.natsDropped(reason: "epoch_held").increment(by: kept.dropped)
-            inbox.push(.lost(count: kept.dropped, topics: nil, reason: "this relay node held more events than it may while it read whose a new epoch is"))
         }
     }
 
@@ -191,7 +228,17 @@ final class ClusterFeed: Sendable {
             } else if epochs.withLock({ $0.vouches(for: epoch) }) {
                 take(epoch: epoch)
             } else {
-                held = Held(items: [.epoch(epoch)], since: .now)
+                let since = ContinuousClock.now
+                held = Held(items: [.epoch(epoch)], since: since)
+                // Taken as it came if no read says whose it is in time.
+                let limit = epochHoldLimit
+                Task { [weak self] in
+                    try? await Task.sleep(for: limit)
+                    guard let self else { return }
+                    self.held.withLock { held in
+                        if held?.since == since { self.release(&held, taking: true) }
+                    }
+                }
             }
         }
     }
@@ -341,7 +388,7 @@ final class ClusterFeed: Sendable {
             }
             guard let turn else { return }
             for topic in turn {
-                if let event = await lastValues(topic) { inbox.push(.seed(event)) }
+                if let event = await lastValues(topic) { deliver(.seed(event)) }
             }
         }
     }
@@ -363,11 +410,10 @@ final class ClusterFeed: Sendable {
     func announceLost(_ reason: String, linkDown: Bool = false) {
         self.linkDown.withLock { down in
             if linkDown { down = true }
-            held.withLock { held in
-                // What came before the loss goes before its notice; whose an epoch is cannot be read now.
-                release(&held, taking: true)
-                inbox.push(.connectionLost(reason: reason), pastControlBound: true)
-            }
+            // What came before the loss goes before its notice; whose an epoch is cannot be read
+            // while the link is down.
+            if linkDown { held.withLock { release(&$0, taking: true) } }
+            deliver(.connectionLost(reason: reason), pastControlBound: true)
         }
     }
 
@@ -414,7 +460,7 @@ final class ClusterFeed: Sendable {
             }
             // At random among many, so none waits behind the same hundred.
             for topic in await hub.foldsNotWhole().shuffled().prefix(100) {
-                if let event = await lastValues(topic) { inbox.push(.seed(event)) }
+                if let event = await lastValues(topic) { deliver(.seed(event)) }
             }
         }
     }

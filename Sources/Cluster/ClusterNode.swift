@@ -131,7 +131,10 @@ public final class ClusterNode: Service, Sendable {
         }
         self.tape = tape
         self.recorder = recorder
-        archive = tape.map { tape in TapeArchive(market: market) { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch) : nil } }
+        let check = TapeEventCheck(market: subjects.wireMarket, wire: hub.wire, maxEventBytes: maxEventBytes, metrics: metrics, logger: logger)
+        archive = tape.map { tape in
+            TapeArchive(market: market) { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
+        }
         let sequencer = TermSequencer(tap: recorder)
         self.sequencer = sequencer
         fills = gapFill.map { [subjects] in
@@ -571,9 +574,7 @@ public final class ClusterNode: Service, Sendable {
                     if let kept = lease.ttl, kept != configuration.leaseBucketTTL {
                         throw ClusterError.leaseMismatch(bucket: lease.name, bucketTTL: kept, configured: configuration.leaseBucketTTL)
                     }
-                    let last = try await connection.keyValue(
-                        bucket: subjects.lastValueBucket, ttl: nil,
-                        limits: KeyValueLimits(valueBytes: maxEventBytes, bytes: configuration.lastValueBytes))
+                    let last = try await openLastValues(connection)
                     state.withLock {
                         $0.leaseBucket = lease
                         $0.lastValueBucket = last
@@ -618,14 +619,8 @@ public final class ClusterNode: Service, Sendable {
                 metrics.rejected(
                     "lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
             }
+            Self.tell(feed, lease: entry, holder: holder, askedAt: askedAt)
             observe(leader: holder?.node, term: holder?.term, feed: feed)
-            // What the lease says of terms: the one it holds is live, and with none held none is (a
-            // foreign value, or one that names no term, says nothing).
-            if entry == nil {
-                feed.leaseRead(term: nil, askedAt: askedAt)
-            } else if let holder {
-                feed.leaseRead(term: holder.term, termless: holder.term == nil, askedAt: askedAt)
-            }
             // Spread: leave a free lease to a live node that leads no market (for a bounded while).
             if entry == nil, let spread, spread.shouldDefer(market: market, liveNodes: state.withLock({ $0.interest.liveNodes })) {
                 try? await Task.sleep(for: configuration.leasePollInterval)
@@ -646,6 +641,29 @@ public final class ClusterNode: Service, Sendable {
                 }
             }
             try? await Task.sleep(for: configuration.leasePollInterval)
+        }
+    }
+
+    /// The last-value store, made (or changed) to its bounds; one that cannot be (the NATS servers'
+    /// JetStream memory cannot reserve them, or its account's limits) is opened as it is, and said so.
+    private func openLastValues(_ connection: NATSConnection) async throws(NATSError) -> KeyValueBucket {
+        do {
+            return try await connection.keyValue(
+                bucket: subjects.lastValueBucket, ttl: nil, limits: KeyValueLimits(valueBytes: maxEventBytes, bytes: configuration.lastValueBytes))
+        } catch {
+            logger.warning(
+                "the cluster's last-value store \(subjects.lastValueBucket) could not be bounded to \(configuration.lastValueBytes >> 20) MB and \(maxEventBytes)-byte values: \(error); opened as it is (see cluster.lastValueMB)")
+            return try await connection.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
+        }
+    }
+
+    /// What the lease says of terms, as read (`entry`, and its `holder` when a relay node wrote it) at
+    /// `askedAt`: the one it holds is live, and with none held none is; a foreign value says nothing.
+    private static func tell(_ feed: ClusterFeed, lease entry: KeyValueBucket.Entry?, holder: LeaseValue?, askedAt: ContinuousClock.Instant) {
+        if entry == nil {
+            feed.leaseRead(term: nil, askedAt: askedAt)
+        } else if let holder {
+            feed.leaseRead(term: holder.term, termless: holder.term == nil, askedAt: askedAt)
         }
     }
 
@@ -766,6 +784,13 @@ public final class ClusterNode: Service, Sendable {
         // The term is over as far as this node goes: what it still sends of it (flushed after a
         // partition) may reach it after the next term's epoch, and is stale then.
         feed.leaseRead(term: nil, askedAt: nil)
+        // Whose the next epoch is, read now: the lease loop reads again only after the teardown below.
+        Task { [subjects] in
+            let askedAt = ContinuousClock.now
+            let entry: KeyValueBucket.Entry?
+            do { entry = try await bucket.get(subjects.leaseKey) } catch { return }
+            Self.tell(feed, lease: entry, holder: entry.flatMap { LeaseValue(parsing: $0.value) }, askedAt: askedAt)
+        }
         // Closed first: nothing that ends more slowly (a fill's REST request) may hold it open.
         upstream.shutdown()
         // A fill cut short answers nobody: the nodes ask the next leader for the union of their outages.

@@ -5,6 +5,7 @@ import AsyncSupport
 import CNats
 import Dispatch
 import Logging
+import MarketCore
 import Synchronization
 import Tape
 
@@ -257,6 +258,7 @@ final class JetStreamTapeBlocks: TapeBlocks {
     private let first: UInt64
     let blockCount: Int
     private let decoder: TapeBlockDecoder
+    private let check: TapeEventCheck
     private var cache: [Int: [UInt8]?] = [:]
     private var order: [Int] = []
     private var failed = false
@@ -265,9 +267,10 @@ final class JetStreamTapeBlocks: TapeBlocks {
     /// The longest one read of the stream goes on.
     static let readFor: Duration = .seconds(10)
 
-    init?(tape: JetStreamTape, epoch: String) {
+    init?(tape: JetStreamTape, epoch: String, check: TapeEventCheck) {
         guard let handle = try? tape.handle(), let range = tape.range(of: epoch, handle), let decoder = try? TapeBlockDecoder() else { return nil }
         self.tape = tape
+        self.check = check
         self.handle = handle
         self.decoder = decoder
         subject = tape.subject(of: epoch)
@@ -298,8 +301,37 @@ final class JetStreamTapeBlocks: TapeBlocks {
         bytes(ofBlock: index)?.withUnsafeBytes { TapeBlockDecoder.header(of: $0) }
     }
 
+    /// The block's records, `nil` (damaged: a gap) when one of its events is not one event of its
+    /// topic as a node takes it from NATS: whoever may publish on the tape's subject could write one.
     func records(inBlock index: Int) -> [TapeRecord]? {
-        bytes(ofBlock: index)?.withUnsafeBytes { decoder.records(of: $0) }
+        guard let records = bytes(ofBlock: index)?.withUnsafeBytes({ decoder.records(of: $0) }) else { return nil }
+        return check.passes(records) ? records : nil
+    }
+}
+
+/// What a node takes from its cluster's tape: each event checked as the node checks one from NATS
+/// (``ClusterChecks/event(_:topic:market:wire:receivedAt:maxBytes:)``). `Sendable`: immutable.
+struct TapeEventCheck: Sendable {
+    let market: Market
+    let wire: any WireProtocol
+    let maxEventBytes: Int
+    let metrics: ClusterMetrics
+    let logger: Logger
+
+    /// Whether every event of `records` checks; the first that does not is counted and logged.
+    func passes(_ records: [TapeRecord]) -> Bool {
+        for case .event(let event) in records {
+            guard let topic = Topic(eventType: event.eventType, ticker: event.ticker) else {
+                metrics.rejected("tape", "a tape block holds an event of no topic (\(ClusterText.visible(event.eventType + "." + event.ticker, limit: 64)))", logger: logger)
+                return false
+            }
+            let checked = event.bytes.withUnsafeReadableBytes { ClusterChecks.event($0, topic: topic, market: market, wire: wire, maxBytes: maxEventBytes) }
+            if case .failure(let rejection) = checked {
+                metrics.rejected("tape", "a tape block holds an event that does not check: \(rejection) (\(topic))", logger: logger)
+                return false
+            }
+        }
+        return true
     }
 }
 

@@ -622,9 +622,30 @@ public final class NATSConnection: Sendable {
     }
 
     /// Makes a key-value bucket's stream (one value per key, in memory, as libnats makes one) with
-    /// `limits`, its oldest values discarded past them; a stream that exists is updated to them. Waits
+    /// `limits`, its oldest values discarded past them. A stream that exists keeps its configuration
+    /// but for these three (discard policy, bytes, message size), changed only when they differ. Waits
     /// for the server: called on a blocking queue.
     private static func limitStream(of bucket: String, _ limits: KeyValueLimits, jetStream: OpaquePointer) -> natsStatus {
+        let name = "KV_\(bucket)"
+        var code = jsErrCode(0)
+        var found: UnsafeMutablePointer<jsStreamInfo>?
+        let status = js_GetStreamInfo(&found, jetStream, name, nil, &code)
+        if status == NATS_OK, let found {
+            defer { jsStreamInfo_Destroy(found) }
+            guard let existing = found.pointee.Config else { return NATS_ERR }
+            let maxMessage = Int32(clamping: limits.valueBytes)
+            let current = existing.pointee
+            if current.Discard == js_DiscardOld, current.MaxBytes == limits.bytes, current.MaxMsgSize == maxMessage { return NATS_OK }
+            var config = current
+            config.Discard = js_DiscardOld
+            config.MaxBytes = limits.bytes
+            config.MaxMsgSize = maxMessage
+            var updated: UnsafeMutablePointer<jsStreamInfo>?
+            let result = js_UpdateStream(&updated, jetStream, &config, nil, &code)
+            if let updated { jsStreamInfo_Destroy(updated) }
+            return result
+        }
+        guard status == NATS_NOT_FOUND else { return status }
         var config = jsStreamConfig()
         jsStreamConfig_Init(&config)
         config.Storage = js_MemoryStorage
@@ -636,7 +657,7 @@ public final class NATSConnection: Sendable {
         config.AllowRollup = true
         config.DenyDelete = true
         config.AllowDirect = true
-        return "KV_\(bucket)".withCString { name in
+        return name.withCString { name in
             "$KV.\(bucket).>".withCString { subject in
                 var subjects: [UnsafePointer<CChar>?] = [subject]
                 return subjects.withUnsafeMutableBufferPointer { list in
@@ -644,12 +665,11 @@ public final class NATSConnection: Sendable {
                     config.Subjects = list.baseAddress
                     config.SubjectsLen = 1
                     var info: UnsafeMutablePointer<jsStreamInfo>?
-                    var code = jsErrCode(0)
                     var status = js_AddStream(&info, jetStream, &config, nil, &code)
-                    if status != NATS_OK {
-                        // It exists (made by an older relay, or by another node at the same time).
-                        status = js_UpdateStream(&info, jetStream, &config, nil, &code)
-                    }
+                    if let made = info { jsStreamInfo_Destroy(made) }
+                    info = nil
+                    // Made by another node at the same time: its bounds stand.
+                    if status != NATS_OK, js_GetStreamInfo(&info, jetStream, name, nil, &code) == NATS_OK { status = NATS_OK }
                     if let info { jsStreamInfo_Destroy(info) }
                     return status
                 }

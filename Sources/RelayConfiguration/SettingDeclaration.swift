@@ -192,7 +192,7 @@ extension RelaySettings {
             "cluster.maxTopics", flag: "cluster-max-topics", env: "RELAY_CLUSTER_MAX_TOPICS", default: "100000",
             "The most distinct topics the leader asks its upstream for, for every node together."),
         .init(
-            "cluster.lastValueMB", flag: "cluster-last-value-mb", env: "RELAY_CLUSTER_LAST_VALUE_MB", default: "1024",
+            "cluster.lastValueMB", flag: "cluster-last-value-mb", env: "RELAY_CLUSTER_LAST_VALUE_MB", default: "256",
             "The most the cluster's last-value store of a market holds in the NATS servers' memory; the oldest values go first."),
         .init("limits.topicsPerMessage", env: "RELAY_LIMIT_TOPICS_PER_MESSAGE", default: "1000", "Topics in one subscribe or unsubscribe message."),
         .init("limits.topicsPerConnection", env: "RELAY_LIMIT_TOPICS_PER_CONNECTION", default: "10000", "Topics one connection holds."),

@@ -1,5 +1,8 @@
+import CoreMetrics
 import Foundation
+import Logging
 import MarketCore
+import NIOCore
 import RelayBench
 import RelayTestSupport
 import Tape
@@ -44,7 +47,33 @@ struct JetStreamTapeTests {
     }
 
     func archive(_ tape: JetStreamTape) -> TapeArchive {
-        TapeArchive(market: "stocks") { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch) : nil }
+        let check = TapeEventCheck(
+            market: .stocks, wire: .polygon, maxEventBytes: ClusterChecks.maxEventBytes, metrics: ClusterMetrics(factory: NOOPMetricsHandler.instance),
+            logger: Logger(label: "tape-test"))
+        return TapeArchive(market: "stocks") { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
+    }
+
+    /// A block whose events are not each one event of their topic (whoever may publish on the tape's
+    /// subject could write one) is read as damaged: a reading across it is a gap, never its events.
+    @Test func aBlockWithAnEventThatDoesNotCheckIsAGap() async throws {
+        try await withStream { tape, _ in
+            try record(tape, epoch: "e1", 1...20, at: Self.start)
+            let writer = try TapeWriter(sink: JetStreamTapeSink(tape: tape), blockBytes: 1 << 20)
+            try writer.append(.epoch("e1", at: Self.start))
+            let forged = ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"forged":1}"#)
+            try writer.append(
+                .event(TapeEvent(receivedAt: Self.start + 21_000_000, sequence: 21, topicSequence: 21, eventType: "Q", ticker: "AAPL", bytes: forged)))
+            try writer.flush()
+            let apple = try #require(Topic(parsing: "Q.AAPL"))
+            let answers = await archive(tape).missed([ArchiveRequest(topic: apple, since: .topic(10), until: ArchiveRequest.epochEnd)], epoch: "e1", limit: 1_000)
+            if case .gap = answers[apple] {} else { Issue.record("across a forged block: a gap, not \(String(describing: answers[apple]))") }
+            let before = await archive(tape).missed([ArchiveRequest(topic: apple, since: .topic(5), until: 15)], epoch: "e1", limit: 1_000)
+            guard case .events(_, let positions) = before[apple] else {
+                Issue.record("before the forged block: whole, not \(String(describing: before[apple]))")
+                return
+            }
+            #expect(positions.map(\.topic) == Array(6...15))
+        }
     }
 
     /// A term's blocks are found by its subject, among another term's; a late block of a term written

@@ -298,10 +298,9 @@ struct ClusterLeaseAndInterestTests {
         }
     }
 
-    /// Reads `client` until a frame holds `text`, or fails after `timeout`.
     /// An epoch announced on the control subject that the lease does not hold (made up by whoever may
     /// publish there) restarts no node's history and tells no client a leader went: it is refused at
-    /// the node's next lease read, and the events held behind it meanwhile arrive, none lost.
+    /// the node's next lease read (the leader's next renewal), and the events go on, none lost.
     @Test func anEpochTheLeaseDoesNotHoldIsRefusedAndTheEventsBehindItArrive() async throws {
         try await ClusterHarness.with(nodes: 2) { cluster in
             let leader = try await cluster.agreedLeader()
@@ -335,14 +334,17 @@ struct ClusterLeaseAndInterestTests {
 
     /// Whoever may write the last-value store can make it hold no value larger than an event a node
     /// takes, and no more than `cluster.lastValueMB` in all (the oldest go first), in the NATS servers'
-    /// memory; the leader's own values still go in.
-    @Test func theLastValueStoreHoldsNoValueOverAnEventsBoundAndNoMoreThanItsBytes() async throws {
+    /// memory; the leader's own values still go in. A bucket made before (by an older relay, without
+    /// bounds) is given them.
+    @Test(arguments: [false, true]) func theLastValueStoreHoldsNoValueOverAnEventsBoundAndNoMoreThanItsBytes(madeBefore: Bool) async throws {
         try await ClusterHarness.with(nodes: 0) { cluster in
-            _ = try await cluster.startNode("n1", extra: ["--no-portfolio", "--cluster-last-value-mb", "1"])
-            _ = try await cluster.agreedLeader()
             let nats = try await natsClient(cluster.natsURL, name: "writer")
             let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
-            // The node made the bucket with its bounds before it took the lease.
+            if madeBefore { _ = try await nats.keyValue(bucket: subjects.lastValueBucket, ttl: nil) }
+            _ = try await cluster.startNode("n1", extra: ["--no-portfolio", "--cluster-last-value-mb", "1"])
+            _ = try await cluster.agreedLeader()
+            #expect(try !cluster.process("n1").output.contains("could not be bounded"), "the store's bounds were not set")
+            // The node made the bucket with its bounds (or gave them to it) before it took the lease.
             let bucket = try await nats.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
             let client = try await WSTestClient.authenticated(url: try cluster.url("n1"))
             client.send(ClientAction(.subscribe, params: "Q.AAPL"))
@@ -360,6 +362,7 @@ struct ClusterLeaseAndInterestTests {
         }
     }
 
+    /// Reads `client` until a frame holds `text`, or fails after `timeout`.
     func read(_ client: WSTestClient, until text: String, timeout: Duration = .seconds(20)) async throws -> String {
         let deadline = ContinuousClock.now + timeout
         while true {
