@@ -259,9 +259,11 @@ final class ClusterGapFill: Sendable {
     static func merge(_ asks: [FillWire.Ask], generation: Int, wire: any WireProtocol) -> GapFillRequest {
         var holders: [Topic: Int] = [:]
         var earliest: [Topic: MarketEvent?] = [:]
+        var seen: Set<Topic> = []
         for ask in asks {
             for held in ask.topics {
                 holders[held.topic, default: 0] = min(holders[held.topic, default: 0] + held.holders, FillWire.maxHolders * 1_000)
+                if held.lastBefore != nil { seen.insert(held.topic) }
                 let order = wire.recoveryOrder(of: held.topic.eventType)
                 switch earliest[held.topic] {
                 case .none: earliest[held.topic] = .some(held.lastBefore)
@@ -276,7 +278,7 @@ final class ClusterGapFill: Sendable {
             }
         }
         let topics = holders.map { topic, count in GapFillRequest.Held(topic: topic, holders: count, lastBefore: earliest[topic] ?? nil) }
-            .sorted { ($0.holders, $1.topic) > ($1.holders, $0.topic) }
+            .sorted { GapFillRequest.Held.fillsFirst(($0, seen.contains($0.topic)), ($1, seen.contains($1.topic))) }
         return GapFillRequest(
             from: asks.map(\.from).min() ?? 0, through: asks.map(\.through).max() ?? 0, topics: topics, generation: generation)
     }

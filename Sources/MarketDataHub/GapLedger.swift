@@ -94,7 +94,7 @@ struct GapLedger {
             earliest = Swift.min(earliest, gaps[0].from)
             requested.append(GapFillRequest.Held(topic: topic, holders: holder.count, lastBefore: gaps[0].after))
         }
-        requested.sort { ($0.holders, $1.topic) > ($1.holders, $0.topic) }
+        requested.sort { GapFillRequest.Held.fillsFirst(($0, $0.lastBefore != nil), ($1, $1.lastBefore != nil)) }
         return (GapFillRequest(from: earliest, through: through, topics: requested, generation: generation), released)
     }
 

@@ -16,6 +16,13 @@ public struct GapFillRequest: Sendable {
             self.holders = holders
             self.lastBefore = lastBefore
         }
+
+        /// The order a fill takes topics in (it takes at most so many): those the relay had an event of
+        /// before the outage (`hadEvent`) first, then those held by the most subscribers, then by name. A
+        /// ticker no event was ever seen of (made up, held on many connections to come first) comes last.
+        public static func fillsFirst(_ a: (Held, hadEvent: Bool), _ b: (Held, hadEvent: Bool)) -> Bool {
+            (a.hadEvent ? 1 : 0, a.0.holders, b.0.topic) > (b.hadEvent ? 1 : 0, b.0.holders, a.0.topic)
+        }
     }
 
     /// Unix ms: the last event before the outage (or when it was lost), and the first after it.

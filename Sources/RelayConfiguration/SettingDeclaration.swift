@@ -231,7 +231,7 @@ extension RelaySettings {
             "gapFill.enabled", flag: "no-gap-fill", .presence("false"), env: "RELAY_GAP_FILL", default: "true",
             "After an upstream outage, fetch the missed trades, quotes and minute bars of topics held by name from the REST API (--no-gap-fill: do not)."),
         .init("gapFill.maxWindowSeconds", env: "RELAY_GAP_FILL_MAX_WINDOW_SECONDS", default: "900", "The longest outage filled; a longer one gets its notice only."),
-        .init("gapFill.maxTopics", env: "RELAY_GAP_FILL_MAX_TOPICS", default: "500", "Topics one fill asks for, those held by the most clients first."),
+        .init("gapFill.maxTopics", env: "RELAY_GAP_FILL_MAX_TOPICS", default: "500", "Topics one fill asks for: those the relay had an event of first, then those held by the most clients."),
         .init(
             "gapFill.requestsPerSecond", env: "RELAY_GAP_FILL_REQUESTS_PER_SECOND", default: "20",
             "REST requests per second of all fills together (Polygon asks paid plans to stay under 100)."),

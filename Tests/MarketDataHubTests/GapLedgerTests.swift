@@ -26,11 +26,16 @@ struct GapLedgerTests {
 
     @Test func anOutageAsksForEveryHeldTopicFromItsLastEventMostHeldFirst() {
         var ledger = GapLedger(wire: PolygonWireProtocol())
-        let (request, released) = ledger.open(from: 1_000, through: 2_000, holders: [(aapl, 1, trade(10)), (msft, 3, nil)])
+        let goog = Topic(eventType: "T", ticker: "GOOG")!
+        let junk = Topic(eventType: "T", ticker: "ZZZZ")!
+        let (request, released) = ledger.open(
+            from: 1_000, through: 2_000, holders: [(aapl, 1, trade(10)), (msft, 3, trade(4)), (goog, 2, nil), (junk, 50, nil)])
         #expect(released.isEmpty)
-        #expect(request.topics.map(\.topic) == [msft, aapl], "most held first")
+        // Those the relay had an event of first (a ticker held on many connections that never traded
+        // does not take a fill's places), each most held first.
+        #expect(request.topics.map(\.topic) == [msft, aapl, junk, goog], "had an event, then most held first")
         #expect(request.topics[1].lastBefore.flatMap { PolygonWireProtocol().orderValue(.sequence, of: $0) } == 10)
-        #expect(request.generation == 1 && ledger.watched == [aapl, msft])
+        #expect(request.generation == 1 && ledger.watched == [aapl, msft, goog, junk])
     }
 
     @Test func recoveredEventsAreHeldUntilTheFirstLiveOneAndOnlyThoseBeforeItGoOut() {
