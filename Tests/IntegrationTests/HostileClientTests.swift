@@ -193,6 +193,30 @@ struct HostileClientTests {
         }
     }
 
+    /// After authentication a message may be as large as a subscribe of the most topics a message may
+    /// name, each with its resume position (128 bytes a topic: 128 KiB by default), not larger: a message
+    /// padded past it is never parsed.
+    @Test func aMessageLargerThanTheLargestSubscribeClosesWith1009() async throws {
+        try await withRelay { port, url in
+            // 1,000 of the longest tickers, each with a position: it fits.
+            let tickers = (0..<1_000).map { "Q." + String(format: "%040d", $0) }
+            let since = tickers.map { #""\#($0)":123456789012"# }.joined(separator: ",")
+            let largest = #"{"action":"subscribe","params":"\#(tickers.joined(separator: ","))","since":{"epoch":"e",\#(since)}}"#
+            #expect(largest.utf8.count > 64 << 10 && largest.utf8.count < 128 << 10, "\(largest.utf8.count) bytes")
+            let client = try await WSTestClient.authenticated(url: url)
+            client.send(largest)
+            let answer = try await client.nextParsed()
+            #expect(!answer.statuses.isEmpty, "the largest subscribe is answered")
+            await client.close()
+            let padded = try RawSocket(port: port)
+            #expect(padded.readUntil("connected", initial: try padded.upgrade()).found)
+            padded.send(RawSocket.text(#"{"action":"auth","params":"client-key"}"#))
+            #expect(padded.readUntil("authenticated").found)
+            padded.send(RawSocket.text(#"{"action":"subscribe","params":"Q.AAPL","x":""# + String(repeating: "x", count: 200_000) + #""}"#))
+            #expect(padded.readUntil("never").closeCode == 1009)
+        }
+    }
+
     @Test func framesRFC6455ForbidsCloseWith1002AndTheRelayGoesOn() async throws {
         try await withRelay { port, url in
             var unmasked = RawSocket.text(#"{"action":"auth","params":"client-key"}"#)
