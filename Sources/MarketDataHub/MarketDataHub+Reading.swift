@@ -39,6 +39,11 @@ extension MarketDataHub {
     /// Buffer use across subscribers: the fullest buffer (events queued and not yet read) and how many
     /// subscribers are lagging (have lost events not yet reported to them).
     public var bufferStatistics: (maxFill: Int, lagging: Int) {
-        (subscribers.values.map { $0.queue.pending.load(ordering: .relaxed) }.max() ?? 0, laggingCount)
+        var fullest = 0
+        for subscriber in subscribers.values { fullest = Swift.max(fullest, subscriber.queue.pending.load(ordering: .relaxed)) }
+        return (fullest, laggingCount)
     }
+
+    /// How many subscribers are lagging, without a look at every buffer.
+    public var laggingSubscribers: Int { laggingCount }
 }

@@ -13,6 +13,7 @@ import NIOWebSocket
 import MarketCore
 import Prometheus
 import ServiceLifecycle
+import Synchronization
 
 /// The relay's downstream face: each served market's Polygon WebSocket endpoint at its own path
 /// (`/stocks`, `/crypto`, …) and the HTTP routes on the same port (`/healthz`, `/healthz/{market}`,
@@ -42,6 +43,9 @@ public final class RelayServer: Service, Sendable {
     /// Each loop's limit on connections with hub changes under way.
     private let hubSlots = PerLoop { _ in HubChangeSlots<MarketConnection>(limit: RelayServer.hubChangesPerLoop) }
     private let statusBoard: StatusBoard
+    /// When the gauges read from the hubs (the fullest buffer: a look at every subscriber's) were last
+    /// recorded: at most once a second, so requests in a burst cost one look.
+    private let gaugesRead = Mutex<ContinuousClock.Instant?>(nil)
     let keyQuotas = KeyQuotas()
     /// The bytes of REST gateway answers being sent, bounded (`rest.answersInFlightMB`).
     let answersInFlight: AnswersInFlight
@@ -372,10 +376,18 @@ public final class RelayServer: Service, Sendable {
     // MARK: HTTP
 
     private func prometheusText() async -> Response {
-        for route in markets {
-            route.maxBufferFill.record(await route.hub.bufferStatistics.maxFill)
-            if let age = await route.feed.report().lastUpstreamMessageAge {
-                route.upstreamLastMessageAge.record(age.seconds)
+        let due = gaugesRead.withLock { last in
+            let now = ContinuousClock.now
+            guard last.map({ now - $0 >= .seconds(1) }) ?? true else { return false }
+            last = now
+            return true
+        }
+        if due {
+            for route in markets {
+                route.maxBufferFill.record(await route.hub.bufferStatistics.maxFill)
+                if let age = await route.feed.report().lastUpstreamMessageAge {
+                    route.upstreamLastMessageAge.record(age.seconds)
+                }
             }
         }
         return Response(

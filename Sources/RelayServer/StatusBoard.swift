@@ -62,7 +62,7 @@ actor StatusBoard {
             note(served.market, upstream: report.upstream, cluster: report.cluster)
             note(served.market, gapFill: await served.hub.gapFillStatistics)
             published += await served.hub.publishedCount
-            lagging += await served.hub.bufferStatistics.lagging
+            lagging += await served.hub.laggingSubscribers
         }
         let sample = Sample(at: .now, published: published, tally: tally.read(), connections: sessions.count, lagging: lagging)
         samples.append(sample)
@@ -217,7 +217,7 @@ actor StatusBoard {
             let marketPublished = await served.hub.publishedCount
             subscribers += marketSubscribers
             published += marketPublished
-            lagging += await served.hub.bufferStatistics.lagging
+            lagging += await served.hub.laggingSubscribers
             dropped += await served.hub.droppedTotal
             let gapFill = await served.hub.gapFillStatistics
             var history: Status.History?
