@@ -72,6 +72,7 @@ public struct AlpacaServerSession: Sendable {
             guard rate.tellsRefusal(at: now) else { return Reaction() }
             return error(.invalidSyntax, "at most \(limits.messagesPerSecond) messages per second; messages past it are dropped")
         }
+        guard message.count <= limits.messageBytes else { return error(.invalidSyntax, limits.tooLarge(message.count)) }
         guard let value = codec.decode(message), case .map = value, let action = value["action"]?.string else {
             return error(.invalidSyntax)
         }

@@ -29,6 +29,16 @@ public struct SessionLimits: Sendable, Equatable {
         self.eventTypes = eventTypes
     }
 
+    /// The largest message read: room for a subscribe of ``topicsPerMessage`` topics, each with its
+    /// resume position (128 bytes a topic, at least 64 KiB). A larger one is answered with an `error`
+    /// unread, not parsed whole (on the connection's event loop) for a change it could not make.
+    public var messageBytes: Int { Swift.max(64 << 10, topicsPerMessage * 128) }
+
+    /// The `error` a message of `bytes` past ``messageBytes`` is answered with.
+    public func tooLarge(_ bytes: Int) -> String {
+        "too many topics, or too much else, in one message: \(bytes) bytes (at most \(messageBytes), room for \(topicsPerMessage) topics with their positions); nothing was changed"
+    }
+
     /// Why a topic is refused, or `nil` when it is fine.
     public func problem(with topic: Topic) -> String? {
         if let eventTypes, !eventTypes.contains(topic.eventType) {

@@ -184,8 +184,7 @@ public actor MarketDataHub {
         publishedCounter = Counter(label: "relay_hub_events_published_total", factory: metricsFactory)
         foldsAdopted = Counter(label: "relay_books_adopted_total", factory: metricsFactory)
         droppedFull = Counter(label: "relay_events_dropped_total", dimensions: [("reason", "buffer_full")], factory: metricsFactory)
-        droppedEvicted = Counter(
-            label: "relay_events_dropped_total", dimensions: [("reason", "subscriber_disconnected")], factory: metricsFactory)
+        droppedEvicted = Counter(label: "relay_events_dropped_total", dimensions: [("reason", "subscriber_disconnected")], factory: metricsFactory)
     }
 
     // MARK: subscribing

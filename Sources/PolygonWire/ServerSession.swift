@@ -83,6 +83,7 @@ public struct ServerSession: Sendable {
                 ).frame
             ])
         }
+        guard message.readableBytes <= limits.messageBytes else { return Reaction(frames: [StatusMessage.error(limits.tooLarge(message.readableBytes)).frame]) }
         let action: ClientAction
         do {
             action = try ClientAction.decode(message)

@@ -435,9 +435,6 @@ extension Relay {
         }
         configuration.metricsPublic = settings.metricsPublic
         configuration.limits = settings.limits
-        // Room for a subscribe of the most topics a message may name, each with its `since` position
-        // (about 60 bytes at most): a larger message is parsed whole on the connection's event loop for nothing.
-        configuration.maxClientMessageBytes = max(64 << 10, settings.limits.topicsPerMessage * 128)
         configuration.cappedTickers = settings.optionsContracts
         configuration.resume = settings.resume
         configuration.tls = settings.tls

@@ -226,6 +226,12 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private var answersEnded = 0
     /// Writes handed to the connection that the socket has not taken yet.
     private var writesPending = 0
+    /// A request's body being read (its head read, its end not yet): its bytes so far, and when it last
+    /// made progress (its head, then each ``minimumTaken`` bytes): a body must come at that pace, or
+    /// whole within a timeout, not a byte at a time just inside it.
+    private var bodyBytes: UInt64?
+    private var bodyProgressAt: UInt64 = 0
+    private var lastBodyProgress = NIODeadline.now()
     /// When the client last sent a request part, and last took what it was sent (at least
     /// ``minimumTaken`` bytes, or everything; or was sent something after nothing was waiting).
     private var lastRead = NIODeadline.now()
@@ -254,7 +260,9 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         if writesPending > 0 { return lastTaken + timeout }
         // Handling (a pipelined request's parts behind it wait for the relay to read them).
         if requestsRead > answersEnded, !outputClosed { return nil }
-        // Idle, or sending a request's parts: the next within the timeout.
+        // Sending a request's body: at least ``minimumTaken`` bytes (or its end) a timeout.
+        if bodyBytes != nil { return max(lastBodyProgress, lastTaken) + timeout }
+        // Idle, or sending a request's head: the next within the timeout.
         return max(lastRead, lastTaken) + timeout
     }
 
@@ -271,10 +279,14 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
             // it), at the cost of a keep-alive for the rest.
             let upgrade = head.headerFields[.upgrade] != nil || Self.declined.map { head.headerFields[$0] != nil } == true
             if lastRequest == nil, head.method == .connect || upgrade { lastRequest = requestsRead + 1 }
-        case .body:
-            break
+            (bodyBytes, bodyProgressAt, lastBodyProgress) = (0, 0, .now())
+        case .body(let part):
+            let read = (bodyBytes ?? 0) + UInt64(part.readableBytes)
+            bodyBytes = read
+            if read - bodyProgressAt >= Self.minimumTaken { (bodyProgressAt, lastBodyProgress) = (read, .now()) }
         case .end:
             requestsRead += 1
+            bodyBytes = nil
         }
         update(context.channel)
         context.fireChannelRead(data)
