@@ -44,6 +44,8 @@ final class ClusterFeed: Sendable {
     /// An epoch the lease did not vouch for when it was heard, and what came after it, until a lease
     /// read says whose it is (``Held``).
     private let held = Mutex<Held?>(nil)
+    /// When the newest lease read told was asked.
+    private let newestRead = Mutex<ContinuousClock.Instant?>(nil)
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
@@ -115,6 +117,15 @@ final class ClusterFeed: Sendable {
     /// `askedAt`: when the read was asked; a read asked after an epoch the lease did not vouch for
     /// was heard says whose it is (``Held``). `nil`: no read (this node's own term ended).
     func leaseRead(term: String?, termless: Bool = false, askedAt: ContinuousClock.Instant?) {
+        // A read asked before one already told (a slow one) says nothing newer.
+        if let askedAt {
+            let newer = newestRead.withLock { newest in
+                if let newest, askedAt < newest { return false }
+                newest = askedAt
+                return true
+            }
+            guard newer else { return }
+        }
         epochs.withLock { termless ? $0.leaseHeldWithoutTerm() : $0.leaseRead(term) }
         guard let askedAt else { return }
         held.withLock { held in
@@ -140,16 +151,25 @@ final class ClusterFeed: Sendable {
         enum Item {
             case message(SourceMessage, pastControlBound: Bool)
             case epoch(String)
-            /// Where events were first dropped (told as lost there), and control messages.
-            case eventsDropped
-            case controlsDropped
+            /// Events and control messages dropped here (told here: before what was kept next).
+            case dropped(events: Int, controls: Int)
         }
         var items: [Item]
         var events = 0
         var controls = 1
+        /// Dropped since the last item kept: told before the next one kept, or at the end.
         var droppedEvents = 0
         var droppedControls = 0
         let since: ContinuousClock.Instant
+
+        /// Appends `item`, after a word of what was dropped before it.
+        mutating func keep(_ item: Item) {
+            if droppedEvents > 0 || droppedControls > 0 {
+                items.append(.dropped(events: droppedEvents, controls: droppedControls))
+                (droppedEvents, droppedControls) = (0, 0)
+            }
+            items.append(item)
+        }
     }
 
     /// The longest an epoch is held without a lease read asked after it: two lease reads of a
@@ -170,32 +190,38 @@ final class ClusterFeed: Sendable {
     /// Appends `item` to what is held, in place (one reference to the items), within the bounds.
     private func hold(_ item: Held.Item, in held: inout Held?) {
         guard held != nil else { return }
-        switch item {
-        case .message(.events(let events), _), .message(.recovered(_, let events, _), _):
-            guard held!.events + events.count <= Self.maxQueuedEvents else {
-                if held!.droppedEvents == 0 { held!.items.append(.eventsDropped) }
-                held!.droppedEvents += events.count
+        var events = 0
+        var own = false
+        if case .message(let message, let pastControlBound) = item {
+            switch message {
+            case .events(let some), .recovered(_, let some, _): events = some.count
+            // The node's own asking (bounded by its wanted topics) and its own word of itself.
+            case .seed: own = true
+            default: own = pastControlBound
+            }
+        }
+        if events > 0 {
+            guard held!.events + events <= Self.maxQueuedEvents else {
+                held!.droppedEvents += events
                 return
             }
-            held!.events += events.count
-        case .message(.seed, _), .message(_, pastControlBound: true):
-            // The node's own asking (bounded by its wanted topics) and its own word of itself.
-            break
-        default:
+            held!.events += events
+        } else if !own {
+            // A control message (an empty batch of events counts as one).
             guard held!.controls < SourceInbox.maxControlMessages else {
-                if held!.droppedControls == 0 { held!.items.append(.controlsDropped) }
                 held!.droppedControls += 1
                 return
             }
             held!.controls += 1
         }
-        held!.items.append(item)
+        held!.keep(item)
     }
 
     /// Queues what was held, taking the epochs the lease vouches for now (all of them with `taking`).
     private func release(_ held: inout Held?, taking: Bool) {
-        guard let kept = held else { return }
+        guard var kept = held else { return }
         held = nil
+        if kept.droppedEvents > 0 || kept.droppedControls > 0 { kept.items.append(.dropped(events: kept.droppedEvents, controls: kept.droppedControls)) }
         for item in kept.items {
             switch item {
             case .message(let message, let pastControlBound): inbox.push(message, pastControlBound: pastControlBound)
@@ -205,17 +231,17 @@ final class ClusterFeed: Sendable {
                     continue
                 }
                 take(epoch: epoch)
-            case .eventsDropped:
-                metrics.natsDropped(reason: "epoch_held").increment(by: kept.droppedEvents)
-                inbox.push(
-                    .lost(
-                        count: kept.droppedEvents, topics: nil,
-                        reason: "this relay node held more events than it may while it read whose a new epoch is"))
-            case .controlsDropped:
-                inbox.push(
-                    .connectionLost(
-                        reason: "\(kept.droppedControls) control messages were dropped while this relay node read whose a new epoch is; events may be missing"),
-                    pastControlBound: true)
+            case .dropped(let events, let controls):
+                metrics.natsDropped(reason: "epoch_held").increment(by: events + controls)
+                if events > 0 {
+                    inbox.push(.lost(count: events, topics: nil, reason: "this relay node held more events than it may while it read whose a new epoch is"))
+                }
+                if controls > 0 {
+                    inbox.push(
+                        .connectionLost(
+                            reason: "\(controls) control messages were dropped while this relay node read whose a new epoch is; events may be missing"),
+                        pastControlBound: true)
+                }
             }
         }
     }

@@ -574,7 +574,7 @@ public final class ClusterNode: Service, Sendable {
                     if let kept = lease.ttl, kept != configuration.leaseBucketTTL {
                         throw ClusterError.leaseMismatch(bucket: lease.name, bucketTTL: kept, configured: configuration.leaseBucketTTL)
                     }
-                    let last = try await openLastValues(connection)
+                    let last = await openLastValues(connection)
                     state.withLock {
                         $0.leaseBucket = lease
                         $0.lastValueBucket = last
@@ -644,16 +644,37 @@ public final class ClusterNode: Service, Sendable {
         }
     }
 
-    /// The last-value store, made (or changed) to its bounds; one that cannot be (the NATS servers'
-    /// JetStream memory cannot reserve them, or its account's limits) is opened as it is, and said so.
-    private func openLastValues(_ connection: NATSConnection) async throws(NATSError) -> KeyValueBucket {
+    /// The last-value store, made (or changed) to its bounds. One that cannot be (the NATS servers'
+    /// JetStream memory cannot reserve them, or its account's limits, or NATS failing) is bound as it
+    /// is if it exists, never made without them; `nil`: none now (the node goes on without it, its
+    /// lease unaffected, until it binds its buckets again), and said so.
+    private func openLastValues(_ connection: NATSConnection) async -> KeyValueBucket? {
+        let bucket = subjects.lastValueBucket
         do {
             return try await connection.keyValue(
-                bucket: subjects.lastValueBucket, ttl: nil, limits: KeyValueLimits(valueBytes: maxEventBytes, bytes: configuration.lastValueBytes))
+                bucket: bucket, ttl: nil, limits: KeyValueLimits(valueBytes: maxEventBytes, bytes: configuration.lastValueBytes))
         } catch {
-            logger.warning(
-                "the cluster's last-value store \(subjects.lastValueBucket) could not be bounded to \(configuration.lastValueBytes >> 20) MB and \(maxEventBytes)-byte values: \(error); opened as it is (see cluster.lastValueMB)")
-            return try await connection.keyValue(bucket: subjects.lastValueBucket, ttl: nil)
+            let why = "could not be bounded to \(configuration.lastValueBytes >> 20) MB and \(maxEventBytes)-byte values (\(error))"
+            if let existing = try? await connection.keyValue(bucket: bucket, ttl: nil, creating: false) {
+                logger.warning("the cluster's last-value store \(bucket) \(why); bound as it is (see cluster.lastValueMB)")
+                return existing
+            }
+            logger.warning("the cluster's last-value store \(bucket) \(why); this node goes on without it for now (see cluster.lastValueMB)")
+            return nil
+        }
+    }
+
+    /// Whose the next epoch is, read as this node's `term` ends: the lease loop reads again only after
+    /// the term's teardown. (A read the loop made since wins: the feed takes the newest asked.)
+    private func readLeaseAfter(term: String, bucket: KeyValueBucket, feed: ClusterFeed) {
+        Task { [subjects] in
+            let askedAt = ContinuousClock.now
+            let entry: KeyValueBucket.Entry?
+            do { entry = try await bucket.get(subjects.leaseKey) } catch { return }
+            let holder = entry.flatMap { LeaseValue(parsing: $0.value) }
+            // Its own term, still there until the teardown lets it go: it says nothing of the next.
+            guard holder?.term != term else { return }
+            Self.tell(feed, lease: entry, holder: holder, askedAt: askedAt)
         }
     }
 
@@ -784,13 +805,7 @@ public final class ClusterNode: Service, Sendable {
         // The term is over as far as this node goes: what it still sends of it (flushed after a
         // partition) may reach it after the next term's epoch, and is stale then.
         feed.leaseRead(term: nil, askedAt: nil)
-        // Whose the next epoch is, read now: the lease loop reads again only after the teardown below.
-        Task { [subjects] in
-            let askedAt = ContinuousClock.now
-            let entry: KeyValueBucket.Entry?
-            do { entry = try await bucket.get(subjects.leaseKey) } catch { return }
-            Self.tell(feed, lease: entry, holder: entry.flatMap { LeaseValue(parsing: $0.value) }, askedAt: askedAt)
-        }
+        readLeaseAfter(term: term, bucket: bucket, feed: feed)
         // Closed first: nothing that ends more slowly (a fill's REST request) may hold it open.
         upstream.shutdown()
         // A fill cut short answers nobody: the nodes ask the next leader for the union of their outages.

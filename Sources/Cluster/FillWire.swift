@@ -135,7 +135,8 @@ enum FillWire {
             else { return nil }
             events.append(event)
         }
-        return (topic, order, events)
+        // The leader sends none without events.
+        return events.isEmpty ? nil : (topic, order, events)
     }
 
     /// A fill's end, and the asks it answered (`node/generation`).

@@ -575,8 +575,9 @@ public final class NATSConnection: Sendable {
     /// - Parameter limits: the bucket holds no value over `valueBytes` and no more than `bytes` in all,
     ///   its oldest values going first past that (made so, or an existing bucket changed so); `nil`:
     ///   libnats' defaults (no limit but the server's, new values refused when one is reached).
+    /// - Parameter creating: `false`: only a bucket that exists is bound.
     public func keyValue(
-        bucket: String, ttl: Duration?, ownQueue: Bool = false, limits: KeyValueLimits? = nil
+        bucket: String, ttl: Duration?, ownQueue: Bool = false, limits: KeyValueLimits? = nil, creating: Bool = true
     ) async throws(NATSError) -> KeyValueBucket {
         guard let handle = shared.withLock({ $0.connection }), handle.jetStream != nil else {
             throw .unavailable("no JetStream context (not connected)")
@@ -594,7 +595,7 @@ public final class NATSConnection: Sendable {
                     guard status == NATS_OK else { return .failure(Self.error(status)) }
                 }
                 var status = js_KeyValue(&store, jetStream, bucket)
-                if status == NATS_NOT_FOUND {
+                if status == NATS_NOT_FOUND, creating {
                     var config = kvConfig()
                     kvConfig_Init(&config)
                     config.History = 1

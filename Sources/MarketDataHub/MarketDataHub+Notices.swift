@@ -100,6 +100,8 @@ extension MarketDataHub {
     public func upstreamLost(reason: String) {
         let now = WallClock.nowMilliseconds()
         guard let outage = outages.lost(reason: reason, at: now) else { return }
+        // The next connection asks for every wanted topic again: what it refuses, it says again.
+        wanted.forgetRefusals()
         // No publish comes to compact them while the upstream is away.
         compactLastValues()
         // Events of the outage never arrive: no resume reaches across it (a single relay's loss takes a

@@ -42,7 +42,13 @@ struct WantedSet {
         return (.wildcard(topic.eventType), wildcard)
     }
 
+    /// The source is lost: its next connection asks for every wanted topic again.
+    mutating func forgetRefusals() {
+        refusals = [:]
+    }
+
     /// Events arrived: their topics, and their types' wildcards they came through, are served now.
+    /// (Paid on every publish while any refusal stands: a hash lookup an event.)
     mutating func arrived(_ events: [MarketEvent]) {
         for event in events {
             refusals[event.topic] = nil

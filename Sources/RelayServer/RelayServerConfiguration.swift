@@ -58,10 +58,6 @@ public struct RelayServerConfiguration: Sendable {
         /// Distinct topics the connections of one key hold together, and all connections together.
         public var topicsPerKey: Int
         public var topics: Int
-        /// Subscriptions (a topic held by one connection, parked sessions' included) of one key's
-        /// connections together, and of all connections together.
-        public var subscriptionsPerKey = 200_000
-        public var subscriptions = 2_000_000
         /// Failed authentications from one address within this window delay the answer to the next.
         public var failureWindow: Duration
         /// The delay after the second failure in a window, doubling with each further one, at most `maxFailureDelay`.

@@ -59,7 +59,7 @@ struct MarketRoute: Sendable {
         let limits = configuration.connectionLimits
         let capped = served.wire.cappedEventTypes(of: served.market)
         ledger = TopicLedger(
-            perKey: limits.topicsPerKey, total: limits.topics, subscriptionsPerKey: limits.subscriptionsPerKey, subscriptions: limits.subscriptions,
+            perKey: limits.topicsPerKey, total: limits.topics,
             cap: capped.isEmpty
                 ? nil
                 : .init(

@@ -5,17 +5,11 @@ import Synchronization
 /// and no crowd of connections, can make the upstream subscription grow without bound: a topic new to
 /// its key past `perKey`, or new to the relay past `total`, is refused with an error status (the
 /// connection goes on). Counted by reference: a topic is held while any connection of the key (or
-/// any connection at all) holds it. Subscriptions (a topic held by one connection: what the hub keeps
-/// an entry for, a parked session's included) are bounded too, per key and in all, so that many
-/// connections holding the same topics cannot multiply what the relay holds without bound.
-/// `Sendable`; the tables sit behind a `Mutex`.
+/// any connection at all) holds it. `Sendable`; the tables sit behind a `Mutex`.
 final class TopicLedger: Sendable {
     private struct State {
         var all: [Topic: Int] = [:]
         var keys: [String: [Topic: Int]] = [:]
-        /// Subscriptions by key, and in all.
-        var keySubscriptions: [String: Int] = [:]
-        var subscriptions = 0
         /// Ticker → its topics held of the capped event types.
         var capped: [String: Int] = [:]
     }
@@ -35,16 +29,12 @@ final class TopicLedger: Sendable {
 
     let perKey: Int
     let total: Int
-    let subscriptionsPerKey: Int
-    let subscriptions: Int
     let cap: TickerCap?
     private let state = Mutex(State())
 
-    init(perKey: Int, total: Int, subscriptionsPerKey: Int = 200_000, subscriptions: Int = 2_000_000, cap: TickerCap? = nil) {
+    init(perKey: Int, total: Int, cap: TickerCap? = nil) {
         self.perKey = perKey
         self.total = total
-        self.subscriptionsPerKey = subscriptionsPerKey
-        self.subscriptions = subscriptions
         self.cap = cap.flatMap { $0.eventTypes.isEmpty ? nil : $0 }
     }
 
@@ -63,20 +53,9 @@ final class TopicLedger: Sendable {
         state.withLock { state in
             // Taken out and put back, so it is changed in place rather than copied.
             var held = state.keys.removeValue(forKey: key) ?? [:]
-            var keySubscriptions = state.keySubscriptions[key] ?? 0
             var refused: [Topic] = []
             var reason: String?
             for topic in topics {
-                if keySubscriptions >= subscriptionsPerKey {
-                    refused.append(topic)
-                    reason = reason ?? "subscription limit reached: the connections of key \"\(key)\" hold at most \(subscriptionsPerKey) topics together"
-                    continue
-                }
-                if state.subscriptions >= subscriptions {
-                    refused.append(topic)
-                    reason = reason ?? "subscription limit reached: the relay's connections hold at most \(subscriptions) topics together"
-                    continue
-                }
                 let newToKey = held[topic] == nil
                 let newToAll = state.all[topic] == nil
                 if newToKey, held.count >= perKey {
@@ -99,11 +78,8 @@ final class TopicLedger: Sendable {
                 }
                 held[topic, default: 0] += 1
                 state.all[topic, default: 0] += 1
-                keySubscriptions += 1
-                state.subscriptions += 1
             }
             state.keys[key] = held.isEmpty ? nil : held
-            state.keySubscriptions[key] = keySubscriptions == 0 ? nil : keySubscriptions
             return (refused, reason)
         }
     }
@@ -111,12 +87,9 @@ final class TopicLedger: Sendable {
     func release(_ topics: [Topic], for key: String) {
         state.withLock { state in
             guard var held = state.keys.removeValue(forKey: key) else { return }
-            var keySubscriptions = state.keySubscriptions[key] ?? 0
             for topic in topics {
                 guard let count = held[topic] else { continue }
                 held[topic] = count > 1 ? count - 1 : nil
-                keySubscriptions -= 1
-                state.subscriptions -= 1
                 if let all = state.all[topic] {
                     state.all[topic] = all > 1 ? all - 1 : nil
                     if all == 1, let cap, cap.eventTypes.contains(topic.eventType), let tickers = state.capped[topic.ticker] {
@@ -125,17 +98,11 @@ final class TopicLedger: Sendable {
                 }
             }
             state.keys[key] = held.isEmpty ? nil : held
-            state.keySubscriptions[key] = keySubscriptions <= 0 ? nil : keySubscriptions
         }
     }
 
     /// Distinct topics held in all, and by `key`.
     func counts(key: String) -> (all: Int, key: Int) {
         state.withLock { ($0.all.count, $0.keys[key]?.count ?? 0) }
-    }
-
-    /// Subscriptions held in all, and by `key`.
-    func subscriptionCounts(key: String) -> (all: Int, key: Int) {
-        state.withLock { ($0.subscriptions, $0.keySubscriptions[key] ?? 0) }
     }
 }

@@ -193,22 +193,6 @@ struct HostileClientTests {
         }
     }
 
-    /// Connections of one key holding the same topics add up to its subscriptions: past its bound the
-    /// next connection's topic is refused with an error naming the key, and the connection goes on.
-    @Test func aKeysConnectionsHoldingTheSameTopicsAreBoundedTogether() async throws {
-        try await withRelay({ $0.connectionLimits.subscriptionsPerKey = 3 }) { _, url in
-            let first = try await subscribedClient(url, "Q.AAPL,Q.MSFT")
-            let second = try await WSTestClient.authenticated(url: url)
-            second.send(ClientAction(.subscribe, params: "Q.AAPL,Q.MSFT"))
-            let refused = try await second.waitForStatus("error")
-            let message = try #require(refused.fields["message"] as? String)
-            #expect(message.contains("hold at most 3 topics together"), "\(message)")
-            #expect(try await second.nextEvents(2).allSatisfy { $0.topic.description == "Q.AAPL" }, "the topic within the bound is served")
-            await first.close()
-            await second.close()
-        }
-    }
-
     /// After authentication a message is read when it is no larger than a subscribe of the most topics a
     /// message may name, each with its resume position (128 bytes a topic: 128 KiB by default); one
     /// padded past it is answered with an error unread, and the connection goes on.

@@ -81,24 +81,6 @@ struct TopicLedgerTests {
         #expect(ledger.counts(key: "one") == (all: 3, key: 1), "Q.A is still held by key two; Q.B is gone")
         #expect(ledger.reserve(topics("Q.F"), for: "two").refused.isEmpty)
     }
-
-    /// Connections holding the same topics add up: each topic a connection holds is a subscription,
-    /// bounded per key and in all, and given back with it.
-    @Test func aKeysSubscriptionsAndAllSubscriptionsAreCapped() {
-        let ledger = TopicLedger(perKey: 100, total: 100, subscriptionsPerKey: 5, subscriptions: 7)
-        // Three connections of one key holding the same two topics: two distinct, six subscriptions.
-        #expect(ledger.reserve(topics("Q.A", "Q.B"), for: "one").refused.isEmpty)
-        #expect(ledger.reserve(topics("Q.A", "Q.B"), for: "one").refused.isEmpty)
-        let overKey = ledger.reserve(topics("Q.A", "Q.B"), for: "one")
-        #expect(overKey.refused == topics("Q.B") && overKey.reason?.contains("key \"one\" hold at most 5 topics together") == true, "\(overKey)")
-        #expect(ledger.subscriptionCounts(key: "one") == (all: 5, key: 5))
-        let overAll = ledger.reserve(topics("Q.A", "Q.C", "Q.D"), for: "two")
-        #expect(overAll.refused == topics("Q.D") && overAll.reason?.contains("at most 7 topics together") == true, "\(overAll)")
-        ledger.release(topics("Q.A", "Q.B"), for: "one")
-        #expect(ledger.subscriptionCounts(key: "one") == (all: 5, key: 3))
-        #expect(ledger.reserve(topics("Q.D"), for: "two").refused.isEmpty)
-        #expect(ledger.counts(key: "one") == (all: 4, key: 2), "the distinct topics are counted as before")
-    }
 }
 
 @Suite("Topic ledger: Polygon's options cap")
