@@ -176,6 +176,9 @@ final class ClusterFeed: Sendable {
     /// follower's, one renewal of the leader's, and more (``ClusterNode`` sets it).
     private let epochHoldLimit: Duration
 
+    /// Whether an epoch is held now (tests).
+    var holdsAnEpoch: Bool { held.withLock { $0 != nil } }
+
     /// Queues a message for the hub, behind what is held.
     private func deliver(_ message: SourceMessage, pastControlBound: Bool = false) {
         held.withLock { held in
