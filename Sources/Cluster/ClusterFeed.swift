@@ -117,17 +117,17 @@ final class ClusterFeed: Sendable {
     /// `askedAt`: when the read was asked; a read asked after an epoch the lease did not vouch for
     /// was heard says whose it is (``Held``). `nil`: no read (this node's own term ended).
     func leaseRead(term: String?, termless: Bool = false, askedAt: ContinuousClock.Instant?) {
-        // A read asked before one already told (a slow one) says nothing newer.
-        if let askedAt {
-            let newer = newestRead.withLock { newest in
+        // A read asked before one already told (a slow one) says nothing newer: checked and told under
+        // one lock, so two reads told at once land in the order they were asked.
+        let told = newestRead.withLock { newest in
+            if let askedAt {
                 if let newest, askedAt < newest { return false }
                 newest = askedAt
-                return true
             }
-            guard newer else { return }
+            epochs.withLock { termless ? $0.leaseHeldWithoutTerm() : $0.leaseRead(term) }
+            return true
         }
-        epochs.withLock { termless ? $0.leaseHeldWithoutTerm() : $0.leaseRead(term) }
-        guard let askedAt else { return }
+        guard told, let askedAt else { return }
         held.withLock { held in
             guard let since = held?.since, askedAt > since else { return }
             release(&held, taking: false)
