@@ -102,24 +102,16 @@ final class JetStreamTape: Sendable {
         config.MaxAge = settings.maxAge.nanoseconds
         config.MaxBytes = settings.maxBytes
         config.AllowDirect = true
-        let status: natsStatus = stream.withCString { name in
-            subject.withCString { subject in
-                var subjects: [UnsafePointer<CChar>?] = [subject]
-                return subjects.withUnsafeMutableBufferPointer { list in
-                    config.Name = name
-                    config.Subjects = list.baseAddress
-                    config.SubjectsLen = 1
-                    var info: UnsafeMutablePointer<jsStreamInfo>?
-                    var code = jsErrCode(0)
-                    var status = js_AddStream(&info, jetStream, &config, nil, &code)
-                    if status != NATS_OK {
-                        // It exists: its limits follow the settings (replicas may not change this way).
-                        status = js_UpdateStream(&info, jetStream, &config, nil, &code)
-                    }
-                    if let info { jsStreamInfo_Destroy(info) }
-                    return status
-                }
+        let status = NATSConnection.withStream(&config, named: stream, subject: subject) { config in
+            var info: UnsafeMutablePointer<jsStreamInfo>?
+            var code = jsErrCode(0)
+            var status = js_AddStream(&info, jetStream, &config, nil, &code)
+            if status != NATS_OK {
+                // It exists: its limits follow the settings (replicas may not change this way).
+                status = js_UpdateStream(&info, jetStream, &config, nil, &code)
             }
+            if let info { jsStreamInfo_Destroy(info) }
+            return status
         }
         guard status == NATS_OK else { throw TapeError("the tape stream \(stream) could not be made: \(NATSConnection.lastErrorText(status))") }
         made.store(true, ordering: .relaxed)

@@ -658,21 +658,31 @@ public final class NATSConnection: Sendable {
         config.AllowRollup = true
         config.DenyDelete = true
         config.AllowDirect = true
-        return name.withCString { name in
-            "$KV.\(bucket).>".withCString { subject in
+        return withStream(&config, named: name, subject: "$KV.\(bucket).>") { config in
+            var info: UnsafeMutablePointer<jsStreamInfo>?
+            var status = js_AddStream(&info, jetStream, &config, nil, &code)
+            if let made = info { jsStreamInfo_Destroy(made) }
+            info = nil
+            // Made by another node at the same time: its bounds stand.
+            if status != NATS_OK, js_GetStreamInfo(&info, jetStream, name, nil, &code) == NATS_OK { status = NATS_OK }
+            if let info { jsStreamInfo_Destroy(info) }
+            return status
+        }
+    }
+
+    /// Runs `body` with `config` naming the stream `name` on its one subject `subject` (the C strings
+    /// it points at live for the call): what a stream is made or changed with.
+    static func withStream(
+        _ config: inout jsStreamConfig, named name: String, subject: String, _ body: (inout jsStreamConfig) -> natsStatus
+    ) -> natsStatus {
+        name.withCString { name in
+            subject.withCString { subject in
                 var subjects: [UnsafePointer<CChar>?] = [subject]
                 return subjects.withUnsafeMutableBufferPointer { list in
                     config.Name = name
                     config.Subjects = list.baseAddress
                     config.SubjectsLen = 1
-                    var info: UnsafeMutablePointer<jsStreamInfo>?
-                    var status = js_AddStream(&info, jetStream, &config, nil, &code)
-                    if let made = info { jsStreamInfo_Destroy(made) }
-                    info = nil
-                    // Made by another node at the same time: its bounds stand.
-                    if status != NATS_OK, js_GetStreamInfo(&info, jetStream, name, nil, &code) == NATS_OK { status = NATS_OK }
-                    if let info { jsStreamInfo_Destroy(info) }
-                    return status
+                    return body(&config)
                 }
             }
         }

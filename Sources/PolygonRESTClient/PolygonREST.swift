@@ -151,16 +151,14 @@ public struct PolygonREST: MarketReference {
     /// cut in the bytes before any key that crosses the cut, then with every key replaced.
     package static func errorText(_ body: ByteBuffer, scrubbing key: String) -> String {
         let needle = Array(key.utf8)
-        // What the cut and a key across it can reach, no more.
-        let bytes = Array(body.readableBytesView.prefix(4096 + needle.count))
-        var end = min(bytes.count, 4096)
-        if needle.count >= 4, end < bytes.count {
-            // A key that begins within the cut and runs past it: the cut moves to its start.
-            let window = bytes[max(0, end - needle.count + 1)..<min(bytes.count, end + needle.count)]
-            if let found = window.firstRange(of: needle), found.lowerBound < end { end = found.lowerBound }
+        var end = min(body.readableBytes, 4096)
+        // A key that begins within the cut and runs past it: the cut moves to its start.
+        if needle.count >= 4, end < body.readableBytes, let found = body.firstOffset(of: needle, from: max(0, end - needle.count + 1)), found < end {
+            end = found
         }
-        let text = String(decoding: bytes[..<end], as: UTF8.self)
-        return needle.count >= 4 ? text.replacingOccurrences(of: key, with: "<relay-upstream-key>") : text
+        let cut = body.getSlice(at: body.readerIndex, length: end) ?? ByteBuffer()
+        // Scrubbed as the gateway scrubs what it passes on.
+        return String(buffer: needle.count >= 4 ? cut.replacing([key], with: RESTCredentials.hidden) : cut)
     }
 
     /// `/v2/last/trade/{ticker}`.

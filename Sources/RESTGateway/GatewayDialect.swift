@@ -145,6 +145,8 @@ public protocol GatewayDialect: Sendable {
 public struct RESTCredentials: Sendable, CustomStringConvertible {
     public var key: String
     public var secret: String?
+    /// What a vendor's echo of the credentials becomes before anything of it leaves the relay.
+    public static let hidden = "<relay-upstream-key>"
 
     public init(key: String, secret: String? = nil) {
         self.key = key
@@ -167,7 +169,7 @@ extension ByteBuffer {
 
     /// Where `needle` first occurs in the readable bytes at or after `from` (an offset from the reader
     /// index), by `memchr` and `memcmp`; `nil`: nowhere.
-    func firstOffset(of needle: [UInt8], from: Int = 0) -> Int? {
+    package func firstOffset(of needle: [UInt8], from: Int = 0) -> Int? {
         guard let anchor = needle.firstIndex(where: { $0 != UInt8(ascii: "\"") }) ?? needle.indices.first else { return from }
         return withUnsafeReadableBytes { haystack in needle.withUnsafeBytes { name in
             guard haystack.count >= name.count, let base = haystack.baseAddress, let wanted = name.baseAddress else { return nil }

@@ -382,7 +382,7 @@ public final class RESTGateway: Sendable {
     /// The body with every occurrence of the upstream credentials replaced.
     private func scrubbed(_ body: ByteBuffer) -> ByteBuffer {
         // In the bytes: a body without the key (nearly all) is not copied, one with it is copied once.
-        body.replacing([credentials.key, credentials.secret].compactMap { $0 }.filter { $0.utf8.count >= 4 }, with: "<relay-upstream-key>")
+        body.replacing([credentials.key, credentials.secret].compactMap { $0 }.filter { $0.utf8.count >= 4 }, with: RESTCredentials.hidden)
     }
 
     /// A request's outcome when the relay made its answer: `budget` (429), `reading` (503: the bound on
