@@ -95,6 +95,9 @@ public actor MarketDataHub {
     private var wildcardsChanged = 0
     /// What this hub wants from its source; what a call changed in it is reported at the call's end.
     var wanted = WantedSet()
+    /// How long a wildcard stays wanted after its last subscriber left, and the task that ends lingers.
+    let wildcardLinger: Duration
+    var lingerTimer: Task<Void, Never>?
     var published = 0
     /// Events dropped since start for subscribers that did not keep up (full buffers and evictions).
     public internal(set) var droppedTotal = 0
@@ -139,6 +142,8 @@ public actor MarketDataHub {
     ///   - snapshotless: event types that never get one.
     ///   - folding: event types whose topics are kept as a folded state (an order book), given as the
     ///     snapshot instead of the last event.
+    ///   - wildcardLinger: how long a wildcard stays wanted after its last subscriber left (none: let go
+    ///     at once), so taking and dropping it again and again costs nothing past the first time.
     ///   - onWantedTopicsChange: called, on the hub, with what joined and left the upstream topic set
     ///     each time it changes. It must not block (the upstream client queues the change and returns).
     public init(
@@ -153,6 +158,7 @@ public actor MarketDataHub {
         topicsKept: Int = MarketDataHub.defaultTopicsKept,
         history: HistoryLimits? = HistoryLimits(),
         adoptsPositions: Bool = false,
+        wildcardLinger: Duration = .zero,
         logger: Logger = Logger(label: "relay.hub"),
         metricsFactory: any MetricsFactory = MetricsSystem.factory,
         tap: (any EventTap)? = nil,
@@ -177,6 +183,7 @@ public actor MarketDataHub {
         let made = adoptsPositions ? nil : history.map { EventHistory(limits: $0) }
         self.history = made
         self.adoptsPositions = adoptsPositions
+        self.wildcardLinger = wildcardLinger
         epochBox = Mutex(made?.epoch)
         metrics = HubHistoryMetrics(factory: metricsFactory, limit: history?.memoryBytes ?? 0)
         subscribersGauge = Gauge(label: "relay_subscribers", factory: metricsFactory)
@@ -290,56 +297,6 @@ public actor MarketDataHub {
         entry.fold = folding?.fold(for: topic)
         entries[topic] = entry
         return entry
-    }
-
-    private func unindex(_ topic: Topic, _ subscriber: Subscriber) {
-        if topic.isWildcard {
-            wildcards[topic.eventType]?.remove(subscriber)
-            if wildcards[topic.eventType]?.isEmpty == true {
-                wildcards[topic.eventType] = nil
-                wildcardUnwanted(topic.eventType)
-                // Books nobody holds by name any more stop coming: no longer vouched for.
-                if folding?.eventTypes.contains(topic.eventType) == true {
-                    for (key, entry) in entries where key.eventType == topic.eventType && entry.subscribers.isEmpty { entry.fold?.interrupt() }
-                }
-                if !keepsUnwantedLastValues {
-                    entries = entries.filter { $0.key.eventType != topic.eventType || !$0.value.subscribers.isEmpty }
-                }
-            }
-        } else if let entry = entries[topic] {
-            entry.subscribers.remove(subscriber)
-            if entry.subscribers.isEmpty { tickerUnwanted(topic) }
-            // Unwanted, its events stop: a folded state kept would go stale unseen.
-            if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil { entry.fold?.interrupt() }
-            // Unwanted and nothing worth keeping (no last value, or a cluster node's): freed, so junk
-            // topics leave no trace.
-            if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil, entry.last == nil || !keepsUnwantedLastValues {
-                entries[topic] = nil
-            }
-        }
-    }
-
-    /// A ticker topic got its first subscriber.
-    private func tickerWanted(_ topic: Topic) { follow(wanted.tickerSubscribed(topic)) }
-
-    /// A ticker topic lost its last subscriber.
-    private func tickerUnwanted(_ topic: Topic) { follow(wanted.tickerUnsubscribed(topic)) }
-
-    /// The wildcard of a type got its first subscriber: it replaces the type's tickers upstream.
-    private func wildcardWanted(_ eventType: String) { follow(wanted.wildcardSubscribed(eventType)) }
-
-    /// The wildcard of a type lost its last subscriber: the type's tickers are wanted again.
-    private func wildcardUnwanted(_ eventType: String) { follow(wanted.wildcardUnsubscribed(eventType)) }
-
-    /// The history keeps a topic whole from when it is wanted.
-    private func follow(_ step: WantedSet.Step) {
-        guard !step.isEmpty else { return }
-        tap?.wantedChanged(step, epoch: history?.epoch)
-        guard let history else { return }
-        let now = WallClock.nowMilliseconds()
-        for (topic, wanted) in step {
-            if wanted { history.wanted(topic, now: now) } else { history.unwanted(topic, now: now) }
-        }
     }
 
     /// Tells what the call changed in the upstream set, if anything.

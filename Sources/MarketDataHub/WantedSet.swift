@@ -15,8 +15,12 @@ struct WantedSet {
     private(set) var topics: Set<Topic> = []
     /// Event type → its ticker topics that have subscribers (wanted unless the type's wildcard is).
     private var tickers: [String: Set<Topic>] = [:]
-    /// Event types whose wildcard has a subscriber.
+    /// Event types whose wildcard is wanted: it has a subscriber, or lingers.
     private var wildcards: Set<String> = []
+    /// Event types whose wildcard lost its last subscriber and stays wanted until the instant: a client
+    /// that takes and drops a wildcard again and again changes nothing upstream, in the history or in
+    /// the type's tickers within it, instead of walking every ticker of the type each time.
+    private(set) var lingering: [String: ContinuousClock.Instant] = [:]
     private var gathered = WantedTopicsChange()
     /// The source's last refusal of each wanted topic, until the topic is no longer wanted or its events
     /// arrive: told to each later holder, since the source is not asked again while the set does not
@@ -79,8 +83,10 @@ struct WantedSet {
         return step
     }
 
-    /// The wildcard of a type got its first subscriber: it replaces the type's tickers.
+    /// The wildcard of a type got its first subscriber: it replaces the type's tickers (nothing changes
+    /// while it lingers: it is wanted still).
     mutating func wildcardSubscribed(_ eventType: String) -> Step {
+        if lingering.removeValue(forKey: eventType) != nil { return [] }
         wildcards.insert(eventType)
         var step: Step = []
         add(.wildcard(eventType), &step)
@@ -88,8 +94,28 @@ struct WantedSet {
         return step
     }
 
-    /// The wildcard of a type lost its last subscriber: the type's tickers are wanted again.
+    /// The wildcard of a type lost its last subscriber and stays wanted until `until`
+    /// (``lingerEnded(by:)`` names it then, unless a subscriber took it again).
+    mutating func linger(_ eventType: String, until: ContinuousClock.Instant) {
+        guard wildcards.contains(eventType) else { return }
+        lingering[eventType] = until
+    }
+
+    /// The types whose wildcard's linger ended by `now`, no longer lingering (each still wanted until
+    /// ``wildcardUnsubscribed(_:)``).
+    mutating func lingerEnded(by now: ContinuousClock.Instant) -> [String] {
+        let ended = lingering.filter { $0.value <= now }.keys.sorted()
+        for type in ended { lingering[type] = nil }
+        return ended
+    }
+
+    /// When the first linger ends (`nil`: none lingers).
+    var nextLingerEnd: ContinuousClock.Instant? { lingering.values.min() }
+
+    /// The wildcard of a type lost its last subscriber (or its linger ended): the type's tickers are
+    /// wanted again.
     mutating func wildcardUnsubscribed(_ eventType: String) -> Step {
+        lingering[eventType] = nil
         wildcards.remove(eventType)
         var step: Step = []
         remove(.wildcard(eventType), &step)

@@ -254,7 +254,7 @@ extension Relay {
             // In a cluster the leader gives the positions and every node adopts them. A replay at `max`
             // keeps none: its memory would hold about a second of it, too little to resume from, at
             // half the replay's CPU.
-            history: source.replay?.speed == .max ? nil : settings.history, adoptsPositions: clustered, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics,
+            history: source.replay?.speed == .max ? nil : settings.history, adoptsPositions: clustered, wildcardLinger: settings.wildcardLinger, logger: marketLogger.with(label: "relay.hub.\(source.market)"), metricsFactory: marketMetrics,
             tap: recorder
         ) { change in
             interest.apply(change)

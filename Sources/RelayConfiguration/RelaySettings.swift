@@ -101,6 +101,8 @@ public struct RelaySettings: Sendable {
     public var subscriberBuffer = MarketDataHub.defaultBufferLimit
     /// Whether a new subscription to a ticker topic immediately gets that topic's last event.
     public var snapshotOnSubscribe: Bool
+    /// How long a wildcard stays wanted upstream after its last subscriber left (`.zero`: let go at once).
+    public var wildcardLinger: Duration = .seconds(5)
     /// Bounds of the states the hub folds from increments (order books: levels per side).
     public var foldLimits = FoldLimits()
     /// The news market (Alpaca's news stream): its largest item, and whether a subscription gets each
@@ -340,6 +342,7 @@ public struct RelaySettings: Sendable {
             subscriberBuffer = try Self.bufferLimit(events, of: "subscribers.buffer")
         }
         snapshotOnSubscribe = try config.flag("subscribers.snapshotOnSubscribe") ?? true
+        if let milliseconds = try config.notNegative("subscribers.wildcardLingerMs", atMost: 600_000) { wildcardLinger = .milliseconds(milliseconds) }
         if let bytes = try config.positive("news.maxBytes") {
             guard NewsSettings.maxBytesRange.contains(bytes) else {
                 throw InvalidSetting(

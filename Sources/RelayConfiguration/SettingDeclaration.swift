@@ -102,6 +102,9 @@ extension RelaySettings {
             "subscribers.snapshotOnSubscribe", flag: "no-snapshot", .presence("false"), env: "RELAY_SNAPSHOT_ON_SUBSCRIBE", default: "true",
             "Send a topic's last event when a client subscribes to it (--no-snapshot: do not)."),
         .init(
+            "subscribers.wildcardLingerMs", flag: "wildcard-linger-ms", env: "RELAY_WILDCARD_LINGER_MS", default: "5000",
+            "How long a wildcard (T.*) stays asked of the upstream after its last client dropped it (at most 600000; 0: let go at once): a client taking and dropping one again and again changes nothing upstream within it."),
+        .init(
             "books.levels", flag: "book-levels", env: "RELAY_BOOK_LEVELS", default: "1000",
             "Price levels per side the relay keeps of each order book it carries (Alpaca's crypto orderbooks) for clients that join late; the best ones (at most 1000)."),
         .init(

@@ -28,6 +28,31 @@ struct LimitsTests {
         }
     }
 
+    /// A client taking and dropping a wildcard as fast as it may: the upstream is asked for it once,
+    /// and told to drop it once, when the linger after the last drop ends.
+    @Test func aWildcardTakenAndDroppedAgainAndAgainReachesTheUpstreamOnce() async throws {
+        try await withRelay { parts, feed, url in
+            let toggler = try await WSTestClient.authenticated(url: url)
+            for _ in 0..<30 {
+                toggler.send(ClientAction(.subscribe, params: "T.*"))
+                _ = try await toggler.waitForStatus("success")
+                toggler.send(ClientAction(.unsubscribe, params: "T.*"))
+                _ = try await toggler.waitForStatus("success")
+            }
+            try await eventually("the upstream to be asked for T.*", timeout: .seconds(10)) {
+                feed.monitor.snapshot.topics(.subscribe).contains("T.*")
+            }
+            let asked = feed.monitor.snapshot.topics(.subscribe).filter { $0 == "T.*" }.count
+            #expect(asked == 1, "T.* asked for \(asked) times")
+            #expect(!feed.monitor.snapshot.topics(.unsubscribe).contains("T.*"), "dropped within the linger")
+            try await eventually("the upstream to be told to drop T.* after the linger", timeout: .seconds(20)) {
+                feed.monitor.snapshot.topics(.unsubscribe).contains("T.*")
+            }
+            #expect(try parts.upstreamClient.subscribedTopics.isEmpty)
+            await toggler.close()
+        }
+    }
+
     @Test func aReconnectStormMakesAHandfulOfUpstreamMessages() async throws {
         try await withRelay { parts, feed, url in
             let before = feed.monitor.snapshot.actions.filter { $0.kind == .subscribe }.count

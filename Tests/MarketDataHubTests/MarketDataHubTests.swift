@@ -184,6 +184,35 @@ struct MarketDataHubTests {
         _ = many
     }
 
+    /// A client taking and dropping a wildcard again and again: within the linger nothing changes
+    /// upstream or in the history (another client's resume across it stays whole); after it, the
+    /// wildcard goes and its tickers come back.
+    @Test func aWildcardTakenAndDroppedWithinItsLingerChangesNothingUpstreamOrInTheHistory() async throws {
+        let recorder = WantedRecorder()
+        let hub = MarketDataHub(wire: .polygon, wildcardLinger: .milliseconds(500)) { recorder.record($0) }
+        let holder = await hub.subscribe(to: topics("Q.A"))
+        let toggler = await hub.subscribe(to: topics("Q.*"))
+        await hub.publish((1...3).map { event("Q", "A", $0) })
+        for _ in 0..<100 {
+            await hub.remove(topics("Q.*"), from: toggler.id)
+            await hub.add(topics("Q.*"), to: toggler.id)
+        }
+        await hub.remove(topics("Q.*"), from: toggler.id)
+        await hub.publish([event("Q", "A", 4)])
+        #expect(
+            recorder.changes.withLock { $0 } == [WantedTopicsChange(added: topics("Q.A")), WantedTopicsChange(added: topics("Q.*"), removed: topics("Q.A"))],
+            "no change past the wildcard's first")
+        let later = await hub.subscribe()
+        let outcome = await hub.add([Topic(parsing: "Q.A")!], to: later.id, resuming: .positions(epoch: hub.epoch, [Topic(parsing: "Q.A")!: 1]))
+        #expect(outcome.gaps.isEmpty && outcome.replayed == [Topic(parsing: "Q.A")!: 3], "\(outcome)")
+        // The third change, when the linger ends: the wildcard goes, the ticker held by name comes back.
+        let updates = recorder.updates
+        let third = try await within(.seconds(10)) { await updates.dropFirst(2).first { _ in true } }
+        #expect(third == .some(topics("Q.A")), "the linger did not end within 10 s")
+        #expect(recorder.changes.withLock { $0 }.last == WantedTopicsChange(added: topics("Q.A"), removed: topics("Q.*")))
+        _ = holder
+    }
+
     @Test func wildcardReplacesItsTickersUpstream() async throws {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         let a = await hub.subscribe(to: topics("Q.A", "Q.B", "T.C"))

@@ -49,4 +49,29 @@ struct WantedSetTests {
         _ = set.wildcardSubscribed("Q")
         #expect(set.takeChange() == WantedTopicsChange(added: [.wildcard("Q")], removed: [aapl]))
     }
+
+    @Test func aWildcardThatLingersStaysWantedAndTakenAgainChangesNothingUntilItsLingerEnds() {
+        var set = WantedSet()
+        let start = ContinuousClock.now
+        _ = set.tickerSubscribed(aapl)
+        _ = set.wildcardSubscribed("Q")
+        _ = set.takeChange()
+        set.linger("Q", until: start + .seconds(5))
+        #expect(set.topics == [.wildcard("Q")], "still wanted while it lingers")
+        #expect(set.tickerSubscribed(msft).isEmpty, "its tickers stay covered")
+        #expect(set.wildcardSubscribed("Q").isEmpty, "taken again: nothing changes")
+        #expect(set.nextLingerEnd == nil)
+        set.linger("Q", until: start + .seconds(5))
+        #expect(set.lingerEnded(by: start + .seconds(4)).isEmpty)
+        #expect(set.takeChange() == nil, "a toggle within the linger is no change at all")
+        #expect(set.nextLingerEnd == start + .seconds(5))
+        #expect(set.lingerEnded(by: start + .seconds(5)) == ["Q"])
+        #expect(set.topics == [.wildcard("Q")], "wanted until the hub lets it go")
+        let back = set.wildcardUnsubscribed("Q")
+        #expect(names(back).first == "-Q.*" && Set(names(back).dropFirst()) == ["+Q.AAPL", "+Q.MSFT"])
+        #expect(set.nextLingerEnd == nil)
+        // A linger of a type whose wildcard is not wanted is nothing.
+        set.linger("T", until: start)
+        #expect(set.lingerEnded(by: start + .seconds(1)).isEmpty)
+    }
 }
