@@ -66,6 +66,17 @@ public final class TapeRecorder: EventTap {
         var pausedBecause: String?
         /// A pause was logged, and its end not yet.
         var toldPaused = false
+        /// Wanted-set marks since the last batch, coalesced (``WantedMarkRun``): not counted in
+        /// `bytes`, which bound events only, so churn of the wanted set never pushes events off the tape.
+        var run: WantedMarkRun?
+
+        /// The run of marks goes into the batches, before whatever comes next.
+        mutating func closeRun() {
+            guard let closed = run else { return }
+            run = nil
+            let marks = closed.records()
+            if !marks.isEmpty { batches.append(Batch(epoch: closed.epoch, marks: marks)) }
+        }
     }
 
     private let waiting = Mutex(Waiting())
@@ -182,9 +193,18 @@ public final class TapeRecorder: EventTap {
         queue(Batch(events: events, positions: positions, epoch: epoch), size: size)
     }
 
+    /// Queued as a run of marks with no events between them, coalesced (``WantedMarkRun``), and never
+    /// dropped: the tape's wanted set must stay true, or a reader would take a topic let go for one
+    /// received. Bounded by the topics changed within a flush interval.
     public func wantedChanged(_ changes: [(topic: Topic, wanted: Bool)], epoch: String?) {
+        guard !changes.isEmpty else { return }
+        if !isLocal, let epoch, ended.withLock({ $0 == epoch }) { return }
         let now = WallClock.nowNanoseconds()
-        queue(Batch(epoch: epoch, marks: changes.map { .wanted(topic: $0.topic.description, $0.wanted, at: now) }), size: 64 * changes.count)
+        waiting.withLock { waiting in
+            if let run = waiting.run, run.epoch != epoch { waiting.closeRun() }
+            if waiting.run == nil { waiting.run = WantedMarkRun(epoch: epoch) }
+            for change in changes { waiting.run?.add(change.topic.description, wanted: change.wanted, at: now) }
+        }
     }
 
     /// A run of `epoch` (a cluster leader's term) is over: everything queued for it is written now, and
@@ -248,6 +268,8 @@ public final class TapeRecorder: EventTap {
             // What was wanted and lost is never dropped for the bound (a few bytes each): the tape's
             // wanted set must stay true, or a reader would take a topic let go for one received.
             let marksOnly = batch.events.isEmpty && !batch.marks.isEmpty
+            // Wanted marks before this batch go first, as they came.
+            if marksOnly || waiting.bytes + size <= settings.queueBytes && waiting.pausedBecause == nil { waiting.closeRun() }
             guard marksOnly || (waiting.bytes + size <= settings.queueBytes && waiting.pausedBecause == nil) else {
                 let now = WallClock.nowNanoseconds()
                 waiting.hole = (waiting.hole?.from ?? now, now)
@@ -336,6 +358,7 @@ public final class TapeRecorder: EventTap {
     private func writeAll(flushing: Bool) {
         while true {
             let taken = waiting.withLock { waiting -> (batches: [Batch], hole: (from: Int64, to: Int64)?)? in
+                waiting.closeRun()
                 guard !waiting.batches.isEmpty || waiting.hole != nil else {
                     waiting.draining = false
                     return nil

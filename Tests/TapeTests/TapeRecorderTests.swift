@@ -184,6 +184,40 @@ struct TapeRecorderTests {
         }
     }
 
+    /// A client churning made-up topics makes the hub's wanted set change again and again: the marks
+    /// never count against the events' bound (no event is pushed off the tape for them), and a run of
+    /// them is kept as what it says: a topic taken and dropped leaves nothing, one dropped and taken
+    /// again leaves both, in order.
+    @Test func wantedSetChurnPushesNoEventOffTheTapeAndLeavesOnlyWhatItSays() async throws {
+        try await withDirectory { directory in
+            var settings = TapeRecorder.Settings(directory: directory, market: "stocks")
+            settings.queueBytes = 64 << 10
+            settings.flushInterval = .seconds(60)
+            let recorder = try TapeRecorder(settings: settings)
+            let apple = try #require(Topic(parsing: "Q.AAPL"))
+            recorder.wantedChanged([(apple, true)], epoch: "e1")
+            recorder.take(quotes(1, from: 1), epoch: "e1")
+            recorder.wantedChanged([(apple, false)], epoch: "e1")
+            for round in 0..<10 {
+                let junk = (0..<1000).compactMap { Topic(parsing: "Q.JUNK\(round * 1000 + $0)") }
+                recorder.wantedChanged(junk.map { ($0, true) }, epoch: "e1")
+                recorder.wantedChanged(junk.map { ($0, false) }, epoch: "e1")
+            }
+            recorder.wantedChanged([(apple, true)], epoch: "e1")
+            recorder.take(quotes(10, from: 2), epoch: "e1")
+            #expect(recorder.report.eventsDropped == 0, "20,000 marks of 64 bytes were counted against a 64 KiB bound")
+            recorder.flush()
+            let shown = try TapeReader(path: todaysTape(directory)).records().compactMap { record -> String? in
+                switch record {
+                case .event(let event): "event \(event.sequence)"
+                case .wanted(let topic, let wanted, _): "\(wanted ? "+" : "-")\(topic)"
+                default: nil
+                }
+            }
+            #expect(shown == ["+Q.AAPL", "event 1", "-Q.AAPL", "+Q.AAPL"] + (2...11).map { "event \($0)" }, "\(shown.prefix(20))")
+        }
+    }
+
     /// A day busier than the tape's whole bound: recording pauses at the bound (told, logged, counted)
     /// rather than let the file being written outgrow the disk.
     @Test func todaysFileAtTheTapesBoundPausesRecording() async throws {
