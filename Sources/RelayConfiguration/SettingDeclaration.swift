@@ -212,6 +212,12 @@ extension RelaySettings {
         .init("limits.topicsPerKey", env: "RELAY_LIMIT_TOPICS_PER_KEY", default: "20000", "Distinct topics the connections of one key hold together, per market."),
         .init("limits.topics", env: "RELAY_LIMIT_TOPICS", default: "50000", "Distinct topics all connections hold together, per market."),
         .init(
+            "limits.subscriptionsPerKey", env: "RELAY_LIMIT_SUBSCRIPTIONS_PER_KEY", default: "100000",
+            "Subscriptions (a topic as many times as it is held) the connections and kept sessions of one key hold together, per market."),
+        .init(
+            "limits.subscriptions", env: "RELAY_LIMIT_SUBSCRIPTIONS", default: "1000000",
+            "Subscriptions all connections and kept sessions hold together, per market."),
+        .init(
             "limits.optionsContracts", flag: "options-contracts", env: "RELAY_LIMIT_OPTIONS_CONTRACTS", default: "1000",
             "Polygon's cap on options Q and FMV contracts per upstream connection."),
         .init(

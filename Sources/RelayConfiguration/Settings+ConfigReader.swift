@@ -362,7 +362,7 @@ extension SessionLimits {
 
 extension RelayServerConfiguration.ConnectionLimits {
     /// `limits.connections`, `…PerAddress`, `pendingPerAddress`, `outboundBytes`, `topicsPerKey`, `topics`,
-    /// `authTimeoutSeconds` over the defaults.
+    /// `subscriptionsPerKey`, `subscriptions`, `authTimeoutSeconds` over the defaults.
     mutating func read(_ config: ConfigReader) throws {
         if let value = try config.positive("limits.connections") { total = value }
         if let value = try config.positive("limits.connectionsPerAddress") { perAddress = value }
@@ -370,6 +370,8 @@ extension RelayServerConfiguration.ConnectionLimits {
         if let value = try config.positive("limits.outboundBytes") { outboundBytes = value }
         if let value = try config.positive("limits.topicsPerKey") { topicsPerKey = value }
         if let value = try config.positive("limits.topics") { topics = value }
+        if let value = try config.positive("limits.subscriptionsPerKey") { subscriptionsPerKey = value }
+        if let value = try config.positive("limits.subscriptions") { subscriptions = value }
         if let value = try config.positive("limits.authTimeoutSeconds") { authTimeout = .seconds(value) }
     }
 }

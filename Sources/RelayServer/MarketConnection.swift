@@ -31,14 +31,15 @@ actor MarketConnection {
         let keyConnections: KeyConnections
         let logger: Logger
         /// Distinct topics per key and in all.
-        let topicBudget: TopicBudget
+        /// Holds `topics` for a key's kept session: taken over from the closing connection, unchecked.
+        let shelfReserve: @Sendable ([Topic], String) -> Void
         /// Gives back topics a shelved session held for a key (by name).
         let shelfRelease: @Sendable ([Topic], String) -> Void
 
         init(
             hub: MarketDataHub, shelf: SessionShelf, configuration: RelayServerConfiguration, limits: SessionLimits,
             metrics: DownstreamMetrics, delivery: DeliveryMetrics, keyConnections: KeyConnections, logger: Logger,
-            topicBudget: TopicBudget, shelfRelease: @escaping @Sendable ([Topic], String) -> Void
+            shelfReserve: @escaping @Sendable ([Topic], String) -> Void, shelfRelease: @escaping @Sendable ([Topic], String) -> Void
         ) {
             self.hub = hub
             self.shelf = shelf
@@ -48,7 +49,7 @@ actor MarketConnection {
             self.delivery = delivery
             self.keyConnections = keyConnections
             self.logger = logger
-            self.topicBudget = topicBudget
+            self.shelfReserve = shelfReserve
             self.shelfRelease = shelfRelease
         }
     }
@@ -138,7 +139,13 @@ actor MarketConnection {
     private var unnamedSession: String?
     /// The broken session this one took back: its topics resume from where it broke. Keeps the topics
     /// not subscribed again yet, for a window from the take-back (``letGoAtWindowsEnd(brokeAt:)``).
-    private var resuming: SessionShelf.Session?
+    private var resuming: SessionShelf.Session? {
+        // Its topics subscribed again take over its holds in the key's budget (``TopicLedger``).
+        didSet { if oldValue?.topics != resuming?.topics { transferring.topics = resuming?.topics ?? [] } }
+    }
+    /// The topics of `resuming`, as the session's budget reads them (on the same loop, but through a
+    /// `Sendable` closure).
+    private let transferring: TransferableTopics
     /// Where this tagged connection stands, for the running relay's checkpoint of its sessions.
     private var standing: SessionStanding?
     /// The session is still open on an older connection (closed now): its first subscribe waits for it.
@@ -152,8 +159,9 @@ actor MarketConnection {
     init(
         handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, session: any DownstreamSession, dependencies: Dependencies,
         drain: LoopDrain, signIn: NIOLoopBound<LoopDeadlineQueue<MarketConnection>>, hubSlots: NIOLoopBound<HubChangeSlots<MarketConnection>>,
-        hooks: AddressHooks
+        hooks: AddressHooks, transferring: TransferableTopics
     ) {
+        self.transferring = transferring
         self.loop = loop
         self.signIn = signIn
         self.hubSlots = hubSlots
@@ -343,9 +351,10 @@ actor MarketConnection {
                 "tagged session kept", metadata: ["session": "\(sessionName)", "epoch": "\(kept.epoch)", "resumeAfter": "\(kept.resumeAfter)"])
             shelved = (sessionName, SessionShelf.Session(kept, brokeAt: .now, carriedOver: session.carriedOver ?? resuming?.carriedOver))
             // The shelved session holds its topics in the key's budget until it is taken back or let go,
-            // as the connection did (each is held by this key already, so none is refused): parked
-            // sessions count against the topic limits like open connections.
-            _ = dependencies.topicBudget.reserve(Array(shelved?.1.topics ?? []), grant)
+            // as the connection did (each is held by this key already, and a hold that moves is not
+            // checked, so none is refused): parked sessions count against the topic and subscription
+            // limits like open connections.
+            dependencies.shelfReserve(Array(shelved?.1.topics ?? []), grant.name)
         } else if let sessionName {
             dependencies.shelf.closed(sessionName, id: ObjectIdentifier(self))
         }

@@ -85,7 +85,8 @@ public final class RelayServer: Service, Sendable {
         self.connectionDependencies = markets.map { [metrics, keyConnections] route in
             MarketConnection.Dependencies(
                 hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, delivery: route.delivery,
-                keyConnections: keyConnections, logger: logger, topicBudget: route.ledger.budget,
+                keyConnections: keyConnections, logger: logger,
+                shelfReserve: { [ledger = route.ledger] topics, key in _ = ledger.reserve(topics, for: key, checked: false) },
                 shelfRelease: { [ledger = route.ledger] topics, key in ledger.release(topics, for: key) })
         }
         self.statusBoard = StatusBoard(markets: markets, sessions: sessions, tally: metrics.tally, gateways: configuration.gateways)
@@ -139,12 +140,15 @@ public final class RelayServer: Service, Sendable {
         port.fail(CancellationError())
     }
 
-    /// A market connection's session, in the protocol its market speaks.
-    private func session(for route: MarketRoute, contentType: String?) -> any DownstreamSession {
+    /// A market connection's session, in the protocol its market speaks. `transferring`: the topics of
+    /// the session its connection took back and has not subscribed again (``TopicLedger``).
+    private func session(
+        for route: MarketRoute, contentType: String?, transferring: TransferableTopics = TransferableTopics()
+    ) -> any DownstreamSession {
         let authentication = configuration.authentication
         return route.served.wire.downstreamSession(
             DownstreamContext(
-                market: route.market, limits: route.limits, budget: route.ledger.budget, contentType: contentType,
+                market: route.market, limits: route.limits, budget: route.ledger.budget { transferring.topics }, contentType: contentType,
                 grants: { authentication.grant(for: $0) }))
     }
 
@@ -269,7 +273,8 @@ public final class RelayServer: Service, Sendable {
         switch accepted {
         case .market(let index, let contentType):
             let route = markets[index]
-            let session = session(for: route, contentType: contentType)
+            let transferring = TransferableTopics()
+            let session = session(for: route, contentType: contentType, transferring: transferring)
             // What the connection itself tells the client goes in its protocol's words.
             let framing = session.framing
             handler.errorFrame = { error in (framing.errorFrame(error), framing.isBinary) }
@@ -277,7 +282,7 @@ public final class RelayServer: Service, Sendable {
                 handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, session: session,
                 dependencies: connectionDependencies[index], drain: drains.drain(for: channel.eventLoop),
                 signIn: signIns.on(channel.eventLoop), hubSlots: hubSlots.on(channel.eventLoop),
-                hooks: .init(addresses: addresses, address: address, ticket: ticket))
+                hooks: .init(addresses: addresses, address: address, ticket: ticket), transferring: transferring)
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
         case .push(let index, _):

@@ -58,6 +58,10 @@ public struct RelayServerConfiguration: Sendable {
         /// Distinct topics the connections of one key hold together, and all connections together.
         public var topicsPerKey: Int
         public var topics: Int
+        /// Subscriptions (a topic as many times as it is held) the connections and kept sessions of one
+        /// key hold together, and all of them together, per market.
+        public var subscriptionsPerKey = 100_000
+        public var subscriptions = 1_000_000
         /// Failed authentications from one address within this window delay the answer to the next.
         public var failureWindow: Duration
         /// The delay after the second failure in a window, doubling with each further one, at most `maxFailureDelay`.

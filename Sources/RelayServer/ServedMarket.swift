@@ -59,7 +59,7 @@ struct MarketRoute: Sendable {
         let limits = configuration.connectionLimits
         let capped = served.wire.cappedEventTypes(of: served.market)
         ledger = TopicLedger(
-            perKey: limits.topicsPerKey, total: limits.topics,
+            perKey: limits.topicsPerKey, total: limits.topics, subscriptionsPerKey: limits.subscriptionsPerKey, subscriptions: limits.subscriptions,
             cap: capped.isEmpty
                 ? nil
                 : .init(

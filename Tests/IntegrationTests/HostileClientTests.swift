@@ -421,6 +421,51 @@ struct HostileClientTests {
         }
     }
 
+    /// Subscriptions, not only distinct topics: a key's connections holding the same topics again and
+    /// again are capped (what the relay's memory grows with), and a kept session of a key at its limit
+    /// still resumes whole: its hold moves to the shelf and back, never counted twice.
+    @Test func aKeysSubscriptionsAreCappedAcrossItsConnectionsAndAKeptSessionAtTheLimitResumesWhole() async throws {
+        try await withRelay({ settings in
+            settings.connectionLimits.subscriptionsPerKey = 20
+        }) { port, url in
+            @Sendable func sessionsKept() async -> Int {
+                guard let status = try? await httpGet("http://127.0.0.1:\(port)/v1/status", key: "client-key"),
+                    let markets = jsonObject(status.body)["markets"] as? [[String: Any]],
+                    let history = markets.first?["history"] as? [String: Any]
+                else { return -1 }
+                return (history["sessionsKept"] as? NSNumber)?.intValue ?? -1
+            }
+            let ten = (0..<10).map { "T.SUB\($0)" }.joined(separator: ",")
+            let tagged = try await WSTestClient.authenticated(url: url, key: "client-key#mine")
+            tagged.send(ClientAction(.subscribe, params: ten))
+            _ = try await tagged.waitForStatus(StatusMessage.Kind.success)
+            let plain = try await WSTestClient.authenticated(url: url)
+            plain.send(ClientAction(.subscribe, params: ten))
+            _ = try await plain.waitForStatus(StatusMessage.Kind.success)
+            // Twenty held: the same topic on a third connection is one too many.
+            let third = try await WSTestClient.authenticated(url: url)
+            third.send(ClientAction(.subscribe, params: "T.SUB0"))
+            let refused = try await third.waitForStatus("error")
+            #expect((refused.fields["message"] as? String)?.contains("at most 20 subscriptions") == true, "\(refused.fields)")
+            await third.close()
+            // The tagged connection breaks: its session is kept and holds its ten, and is taken back.
+            await tagged.close()
+            try await eventually("the session to be kept") { await sessionsKept() == 1 }
+            let back = try await WSTestClient.authenticated(url: url, key: "client-key#mine")
+            back.send(ClientAction(.subscribe, params: ten))
+            let statuses = try await back.nextParsed().statuses
+            #expect(!statuses.contains { $0.status == "error" }, "\(statuses)")
+            #expect(statuses.contains { $0.status == "success" }, "\(statuses)")
+            // Still twenty: the third connection is refused still.
+            let fourth = try await WSTestClient.authenticated(url: url)
+            fourth.send(ClientAction(.subscribe, params: "T.SUB1"))
+            _ = try await fourth.waitForStatus("error")
+            await fourth.close()
+            await back.close()
+            await plain.close()
+        }
+    }
+
     @Test func distinctTopicsPerKeyAreCapped() async throws {
         try await withRelay({
             $0.clientKeys = ["client-key", "other-key"]

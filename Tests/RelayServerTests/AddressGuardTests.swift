@@ -83,6 +83,39 @@ struct TopicLedgerTests {
     }
 }
 
+@Suite("Topic ledger: subscriptions per key and in all")
+struct SubscriptionLedgerTests {
+    func topics(_ names: String...) -> [Topic] { names.compactMap { Topic(parsing: $0) } }
+
+    /// The same topics on many connections cost no distinct place but a subscription each: capped per
+    /// key and in all. A hold that moves (a session shelved, a session taken back subscribing its
+    /// topics again) is never refused, and the count comes back to what it was.
+    @Test func subscriptionsAreCappedPerKeyAndInAllAndAHoldThatMovesIsNeverRefused() {
+        let ledger = TopicLedger(perKey: 100, total: 100, subscriptionsPerKey: 4, subscriptions: 6)
+        #expect(ledger.reserve(topics("Q.A", "Q.B"), for: "one").refused.isEmpty)
+        #expect(ledger.reserve(topics("Q.A", "Q.B"), for: "one").refused.isEmpty, "a second connection of the same topics")
+        let overKey = ledger.reserve(topics("Q.A"), for: "one")
+        #expect(overKey.refused == topics("Q.A") && overKey.reason?.contains("at most 4 subscriptions") == true, "\(overKey)")
+        #expect(ledger.subscriptionCounts(key: "one") == (all: 4, key: 4))
+        #expect(ledger.reserve(topics("Q.A", "Q.C"), for: "two").refused.isEmpty)
+        let overAll = ledger.reserve(topics("Q.D"), for: "two")
+        #expect(overAll.refused == topics("Q.D") && overAll.reason?.contains("at most 6 subscriptions of this market") == true, "\(overAll)")
+        // A connection of key one closes and its session is shelved: the shelf takes its holds over
+        // (unchecked), then the connection gives its own back.
+        #expect(ledger.reserve(topics("Q.A", "Q.B"), for: "one", checked: false).refused.isEmpty)
+        ledger.release(topics("Q.A", "Q.B"), for: "one")
+        #expect(ledger.subscriptionCounts(key: "one") == (all: 6, key: 4))
+        // Taken back: its connection subscribes the session's topics again before the shelf lets them go.
+        #expect(ledger.reserve(topics("Q.A", "Q.B"), for: "one", transferring: Set(topics("Q.A", "Q.B"))).refused.isEmpty)
+        #expect(ledger.reserve(topics("Q.C"), for: "one", transferring: Set(topics("Q.A", "Q.B"))).refused == topics("Q.C"), "only the session's own")
+        ledger.release(topics("Q.A", "Q.B"), for: "one")
+        #expect(ledger.subscriptionCounts(key: "one") == (all: 6, key: 4))
+        for key in ["one", "one", "two"] { ledger.release(topics("Q.A", "Q.B", "Q.C"), for: key) }
+        #expect(ledger.subscriptionCounts(key: "one") == (all: 0, key: 0))
+        #expect(ledger.counts(key: "one") == (all: 0, key: 0))
+    }
+}
+
 @Suite("Topic ledger: Polygon's options cap")
 struct TickerCapTests {
     func topics(_ names: String...) -> [Topic] { names.compactMap { Topic(parsing: $0) } }
