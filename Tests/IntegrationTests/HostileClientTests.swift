@@ -24,6 +24,15 @@ struct HostileClientTests {
         }
     }
 
+    /// How many broken sessions the stocks market keeps (`/v1/status`; -1: not told).
+    func sessionsKept(port: Int) async -> Int {
+        guard let status = try? await httpGet("http://127.0.0.1:\(port)/v1/status", key: "client-key"),
+            let markets = jsonObject(status.body)["markets"] as? [[String: Any]],
+            let history = markets.first?["history"] as? [String: Any]
+        else { return -1 }
+        return (history["sessionsKept"] as? NSNumber)?.intValue ?? -1
+    }
+
     /// A raw client, upgraded and authenticated.
     func rawClient(port: Int, receiveBuffer: Int? = nil) throws -> RawSocket {
         let socket = try RawSocket(port: port, receiveBuffer: receiveBuffer)
@@ -58,19 +67,12 @@ struct HostileClientTests {
         try await withRelay({ settings in
             settings.connectionLimits.topicsPerKey = 20
         }) { port, url in
-            @Sendable func sessionsKept() async -> Int {
-                guard let status = try? await httpGet("http://127.0.0.1:\(port)/v1/status", key: "client-key"),
-                    let markets = jsonObject(status.body)["markets"] as? [[String: Any]],
-                    let history = markets.first?["history"] as? [String: Any]
-                else { return -1 }
-                return (history["sessionsKept"] as? NSNumber)?.intValue ?? -1
-            }
             for session in 0..<2 {
                 let client = try await WSTestClient.authenticated(url: url, key: "client-key#s\(session)")
                 client.send(ClientAction(.subscribe, params: (0..<10).map { "T.J\(session)X\($0)" }.joined(separator: ",")))
                 _ = try await client.waitForStatus(StatusMessage.Kind.success)
                 await client.close()
-                try await eventually("session \(session) to be kept") { await sessionsKept() == session + 1 }
+                try await eventually("session \(session) to be kept") { await sessionsKept(port: port) == session + 1 }
             }
             // Two parked sessions hold the key's 20 topics: a third connection's new topics are refused.
             let third = try await WSTestClient.authenticated(url: url, key: "client-key#s2")
@@ -428,13 +430,6 @@ struct HostileClientTests {
         try await withRelay({ settings in
             settings.connectionLimits.subscriptionsPerKey = 20
         }) { port, url in
-            @Sendable func sessionsKept() async -> Int {
-                guard let status = try? await httpGet("http://127.0.0.1:\(port)/v1/status", key: "client-key"),
-                    let markets = jsonObject(status.body)["markets"] as? [[String: Any]],
-                    let history = markets.first?["history"] as? [String: Any]
-                else { return -1 }
-                return (history["sessionsKept"] as? NSNumber)?.intValue ?? -1
-            }
             let ten = (0..<10).map { "T.SUB\($0)" }.joined(separator: ",")
             let tagged = try await WSTestClient.authenticated(url: url, key: "client-key#mine")
             tagged.send(ClientAction(.subscribe, params: ten))
@@ -450,7 +445,7 @@ struct HostileClientTests {
             await third.close()
             // The tagged connection breaks: its session is kept and holds its ten, and is taken back.
             await tagged.close()
-            try await eventually("the session to be kept") { await sessionsKept() == 1 }
+            try await eventually("the session to be kept") { await sessionsKept(port: port) == 1 }
             let back = try await WSTestClient.authenticated(url: url, key: "client-key#mine")
             back.send(ClientAction(.subscribe, params: ten))
             let statuses = try await back.nextParsed().statuses
