@@ -50,6 +50,7 @@ final class ClusterFeed: Sendable {
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
         maxEventBytes: Int = ClusterChecks.maxEventBytes, epochHoldLimit: Duration = .seconds(2),
+        holdBounds: (events: Int, controls: Int) = (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages),
         holder: @escaping @Sendable (String) -> TermHolder?,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
@@ -63,6 +64,7 @@ final class ClusterFeed: Sendable {
         self.lastValues = lastValues
         self.maxEventBytes = maxEventBytes
         self.epochHoldLimit = epochHoldLimit
+        self.holdBounds = holdBounds
     }
 
     /// Subscribes to the leader's notices and makes the sink for events. Call once, before ``run()``.
@@ -160,6 +162,8 @@ final class ClusterFeed: Sendable {
         /// Dropped since the last item kept: told before the next one kept, or at the end.
         var droppedEvents = 0
         var droppedControls = 0
+        /// Dropped in all (tests).
+        var dropped = (events: 0, controls: 0)
         let since: ContinuousClock.Instant
 
         /// Appends `item`, after a word of what was dropped before it.
@@ -176,8 +180,16 @@ final class ClusterFeed: Sendable {
     /// follower's, one renewal of the leader's, and more (``ClusterNode`` sets it).
     private let epochHoldLimit: Duration
 
+    /// The events (by weight) and control messages held at most: the inbox's bounds (less in tests).
+    private let holdBounds: (events: Int, controls: Int)
+
     /// Whether an epoch is held now (tests).
     var holdsAnEpoch: Bool { held.withLock { $0 != nil } }
+
+    /// What is held now, kept and dropped (tests; `nil`: nothing).
+    var heldCounts: (events: Int, controls: Int, droppedEvents: Int, droppedControls: Int)? {
+        held.withLock { held in held.map { ($0.events, $0.controls, $0.dropped.events, $0.dropped.controls) } }
+    }
 
     /// Queues a message for the hub, behind what is held.
     private func deliver(_ message: SourceMessage, pastControlBound: Bool = false) {
@@ -204,15 +216,17 @@ final class ClusterFeed: Sendable {
             }
         }
         if events > 0 {
-            guard held!.events + events <= Self.maxQueuedEvents else {
+            guard held!.events + events <= holdBounds.events else {
                 held!.droppedEvents += events
+                held!.dropped.events += events
                 return
             }
             held!.events += events
         } else if !own {
             // A control message (an empty batch of events counts as one).
-            guard held!.controls < SourceInbox.maxControlMessages else {
+            guard held!.controls < holdBounds.controls else {
                 held!.droppedControls += 1
+                held!.dropped.controls += 1
                 return
             }
             held!.controls += 1

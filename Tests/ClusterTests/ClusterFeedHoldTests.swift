@@ -47,38 +47,72 @@ struct ClusterFeedHoldTests {
         }
     }
 
-    @Test func aMadeUpEpochIsRefusedAtTheNextReadAndANewTermsIsTakenWithTheEventsBehindEachInOrder() async throws {
-        let nats = try NATSServerProcess()
-        let url = try await nats.start()
-        let connection = try await connectedNATS(url, name: "feed")
-        let publisher = try await connectedNATS(url, name: "publisher")
-        let subjects = try ClusterSubjects(cluster: "hold\(UInt16.random(in: 0...UInt16.max))", market: "stocks")
-        let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
-        let subscription = await hub.subscribe(to: [apple])
-        let metrics = TestMetrics()
-        let feed = ClusterFeed(
-            connection: connection, subjects: subjects, node: "n1", hub: hub, metrics: ClusterMetrics(factory: metrics),
-            logger: Logger(label: "feed"), epochHoldLimit: .seconds(60), holder: { _ in nil }, lastValues: { _ in nil })
-        feed.start()
-        let running = Task { await feed.run() }
-        feed.setWanted { [apple] }
-        feed.leaseRead(term: "t1", askedAt: ContinuousClock.now)
-        // What the subscriber is sent, read by one reader all along.
+    /// A node's feed on a real nats-server, in the vouched term `t1` with its first event through, a
+    /// subscriber of AAPL read all along, and a publisher.
+    final class Rig: Sendable {
+        let nats: NATSServerProcess
+        let connection: NATSConnection
+        let publisher: NATSConnection
+        let subjects: ClusterSubjects
+        let hub: MarketDataHub
+        let metrics: TestMetrics
+        let feed: ClusterFeed
+        let running: Task<Void, Never>
+        let reader: Task<Void, Never>
         let received = Received()
-        let events = subscription.events
-        let reader = Task { for await event in events { received.texts.withLock { $0.append(String(buffer: event.bytes)) } } }
-        func quotes() -> [String] { received.texts.withLock { $0.filter { $0.contains(#""ev":"Q""#) } } }
-        // Vouched for: taken at once (published until the feed's subscription is in place).
-        let start = ContinuousClock.now
-        while quotes().isEmpty {
-            try #require(ContinuousClock.now - start < .seconds(10), "the vouched epoch's events arrive")
-            #expect(publisher.publish(subjects.upstreamControl, "epoch:t1"))
-            #expect(publisher.publish(subjects.subject(for: apple), quote(0)))
-            try await Task.sleep(for: .milliseconds(100))
+        /// What the subscriber had been sent once the term was taken.
+        let settled: Int
+
+        init(_ test: ClusterFeedHoldTests, epochHoldLimit: Duration, holdBounds: (events: Int, controls: Int)? = nil) async throws {
+            nats = try NATSServerProcess()
+            let url = try await nats.start()
+            connection = try await connectedNATS(url, name: "feed")
+            publisher = try await connectedNATS(url, name: "publisher")
+            subjects = try ClusterSubjects(cluster: "hold\(UInt16.random(in: 0...UInt16.max))", market: "stocks")
+            hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
+            let subscription = await hub.subscribe(to: [test.apple])
+            metrics = TestMetrics()
+            feed = ClusterFeed(
+                connection: connection, subjects: subjects, node: "n1", hub: hub, metrics: ClusterMetrics(factory: metrics),
+                logger: Logger(label: "feed"), epochHoldLimit: epochHoldLimit,
+                holdBounds: holdBounds ?? (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages), holder: { _ in nil }, lastValues: { _ in nil })
+            feed.start()
+            running = Task { [feed] in await feed.run() }
+            feed.setWanted { [test.apple] }
+            feed.leaseRead(term: "t1", askedAt: ContinuousClock.now)
+            let events = subscription.events
+            reader = Task { [received] in for await event in events { received.texts.withLock { $0.append(String(buffer: event.bytes)) } } }
+            // Vouched for: taken at once (published until the feed's subscription is in place).
+            let start = ContinuousClock.now
+            while !received.texts.withLock({ $0.contains { $0.contains(#""ev":"Q""#) } }) {
+                try #require(ContinuousClock.now - start < .seconds(10), "the vouched epoch's events arrive")
+                #expect(publisher.publish(subjects.upstreamControl, "epoch:t1"))
+                #expect(publisher.publish(subjects.subject(for: test.apple), test.quote(0)))
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            // (Its first events may have come before the feed's subscription to the leader's notices.)
+            let hub = self.hub
+            try await test.until("the vouched epoch taken") { hub.epoch == "t1" }
+            settled = received.texts.withLock { $0.count }
         }
-        // (Its first events may have come before the feed's subscription to the leader's notices.)
-        try await until("the vouched epoch taken") { hub.epoch == "t1" }
-        let settled = quotes().count
+
+        /// Everything the subscriber was sent since the term was taken.
+        func sent() -> [String] { Array(received.texts.withLock { $0 }.dropFirst(settled)) }
+
+        func stop() async {
+            reader.cancel()
+            feed.stop()
+            await running.value
+            await connection.close()
+            await publisher.close()
+            await nats.stop()
+        }
+    }
+
+    @Test func aMadeUpEpochIsRefusedAtTheNextReadAndANewTermsIsTakenWithTheEventsBehindEachInOrder() async throws {
+        let rig = try await Rig(self, epochHoldLimit: .seconds(60))
+        let (publisher, subjects, hub, feed, metrics) = (rig.publisher, rig.subjects, rig.hub, rig.feed, rig.metrics)
+        func quotes() -> [String] { rig.sent().filter { $0.contains(#""ev":"Q""#) } }
         // Made up: held with the events behind it until a read asked after it, then refused.
         #expect(publisher.publish(subjects.upstreamControl, "epoch:forged"))
         #expect(publisher.publish(subjects.subject(for: apple), quote(1001)))
@@ -86,7 +120,7 @@ struct ClusterFeedHoldTests {
         try await holding(feed)
         feed.leaseRead(term: "t1", askedAt: ContinuousClock.now)
         try await until("the held events") { quotes().contains { $0.contains("1002") } }
-        let afterForged = quotes().dropFirst(settled).filter { !$0.contains(#""n":0"#) }
+        let afterForged = quotes().filter { !$0.contains(#""n":0"#) }
         #expect(afterForged.map { $0.contains("1001") ? 1 : $0.contains("1002") ? 2 : 0 } == [1, 2], "in order: \(afterForged)")
         #expect(hub.epoch == "t1", "a made-up epoch is not taken")
         #expect(metrics.counterTotal(label: "relay_cluster_rejected_total", dimensions: [("kind", "control")]) >= 1)
@@ -105,11 +139,42 @@ struct ClusterFeedHoldTests {
         try await until("the event after the late epoch") { quotes().contains { $0.contains("3001") } }
         #expect(hub.epoch == "t2", "an ended term's late epoch is stale")
         #expect(!feed.holdsAnEpoch)
-        reader.cancel()
-        feed.stop()
-        await running.value
-        await connection.close()
-        await publisher.close()
-        await nats.stop()
+        await rig.stop()
+    }
+
+    /// Past its bounds, what comes while an epoch is held is dropped, counted, and told in place: before
+    /// the next message kept, or at the end. With no lease read after it, a hold ends at its limit and
+    /// everything is taken as it came (the node cannot tell).
+    @Test func whatIsPastAHoldsBoundsIsDroppedAndToldInPlaceAndAHoldEndsAtItsLimit() async throws {
+        let rig = try await Rig(self, epochHoldLimit: .milliseconds(1500), holdBounds: (events: 50, controls: 10))
+        let (publisher, subjects, hub, feed, metrics) = (rig.publisher, rig.subjects, rig.hub, rig.feed, rig.metrics)
+        func texts() -> [String] { rig.sent() }
+        // Held: the made-up epoch and nine refusals (ten controls), three more dropped; then fifty
+        // events, five more dropped.
+        #expect(publisher.publish(subjects.upstreamControl, "epoch:forged"))
+        let refusal = try #require(ClusterControl.refused(topics: [Topic(eventType: "Q", ticker: "NOBODY")!], code: 405, reason: "held").messages.first)
+        for _ in 0..<12 { #expect(publisher.publish(subjects.upstreamControl, refusal)) }
+        try await until("the controls held and dropped") { feed.heldCounts.map { $0.controls == 10 && $0.droppedControls == 3 } ?? false }
+        for n in 1...55 { #expect(publisher.publish(subjects.subject(for: apple), quote(1000 + n))) }
+        try await until("the events held and dropped") { feed.heldCounts.map { $0.events == 50 && $0.droppedEvents == 5 } ?? false }
+        feed.leaseRead(term: "t1", askedAt: ContinuousClock.now)
+        try await until("the dropped events told") { texts().contains { $0.contains("held more events than it may") } }
+        #expect(hub.epoch == "t1", "the made-up epoch refused")
+        let after = texts()
+        let quotes = after.filter { $0.contains(#""ev":"Q""#) }
+        #expect(quotes.count == 50 && quotes.first?.contains(#""n":1001"#) == true && quotes.last?.contains(#""n":1050"#) == true, "\(quotes.count)")
+        let controlsTold = try #require(after.firstIndex { $0.contains("3 control messages were dropped") }, "\(after.prefix(3))")
+        let firstQuote = try #require(after.firstIndex { $0.contains(#""n":1001"#) })
+        let eventsTold = try #require(after.firstIndex { $0.contains("held more events than it may") })
+        #expect(controlsTold < firstQuote && firstQuote < eventsTold, "each told where its messages were dropped")
+        #expect(metrics.counterTotal(label: "relay_cluster_nats_dropped_total", dimensions: [("reason", "epoch_held")]) == 8)
+        // No read after it: at its limit the hold is taken as it came, the epoch with it.
+        #expect(publisher.publish(subjects.upstreamControl, "epoch:unread"))
+        try await holding(feed)
+        #expect(publisher.publish(subjects.subject(for: apple), quote(2001)))
+        try await until("the hold taken at its limit") { hub.epoch == "unread" }
+        try await until("the event behind it") { texts().contains { $0.contains(#""n":2001"#) } }
+        #expect(!feed.holdsAnEpoch)
+        await rig.stop()
     }
 }
