@@ -34,6 +34,9 @@ public struct ClusterConfiguration: Sendable, Equatable {
     /// ago go first. Whoever may write the store cannot make it hold more, nor a value larger than an
     /// event a node takes.
     public var lastValueBytes: Int64 = 256 << 20
+    /// How often a node that goes on without its last-value store (it could not be made to its bounds)
+    /// tries to bind it again.
+    public var lastValueRetry: Duration = .seconds(30)
     /// How this node proves itself to NATS and checks NATS's certificate.
     public var security = Security()
 

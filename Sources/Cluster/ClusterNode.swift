@@ -167,6 +167,9 @@ public final class ClusterNode: Service, Sendable {
     /// This node's upstream client while it leads.
     public var upstream: UpstreamClient? { state.withLock { $0.upstream } }
 
+    /// Whether the cluster's last-value store is bound (tests).
+    var hasLastValueStore: Bool { state.withLock { $0.lastValueBucket != nil } }
+
     /// Lookups of the last-value store for clients (`/v1/last`): those under way by topic (each holds
     /// a thread of the NATS request pool, which other buckets' calls share, the lease's apart, so at
     /// most ``maxLastValueLookups`` at once; a request for a topic being looked up joins that lookup),
@@ -579,6 +582,7 @@ public final class ClusterNode: Service, Sendable {
                         $0.leaseBucket = lease
                         $0.lastValueBucket = last
                     }
+                    if last == nil { retryLastValues(connection) }
                     bucket = lease
                     view.reset()
                     failures = 0
@@ -647,7 +651,7 @@ public final class ClusterNode: Service, Sendable {
     /// The last-value store, made (or changed) to its bounds. One that cannot be (the NATS servers'
     /// JetStream memory cannot reserve them, or its account's limits, or NATS failing) is bound as it
     /// is if it exists, never made without them; `nil`: none now (the node goes on without it, its
-    /// lease unaffected, until it binds its buckets again), and said so.
+    /// lease unaffected, and tries again every ``ClusterConfiguration/lastValueRetry``), and said so.
     private func openLastValues(_ connection: NATSConnection) async -> KeyValueBucket? {
         let bucket = subjects.lastValueBucket
         do {
@@ -661,6 +665,29 @@ public final class ClusterNode: Service, Sendable {
             }
             logger.warning("the cluster's last-value store \(bucket) \(why); this node goes on without it for now (see cluster.lastValueMB)")
             return nil
+        }
+    }
+
+    /// Tries to bind the last-value store again every ``ClusterConfiguration/lastValueRetry``, off the
+    /// lease loop (a slow NATS never holds a lease read up, and a leader's loop is in its term), while
+    /// `connection` is still the node's, its buckets are bound on it and no store is.
+    private func retryLastValues(_ connection: NATSConnection) {
+        @Sendable func wanted(_ state: State) -> Bool {
+            !state.stopped && state.connection === connection && state.leaseBucket != nil && state.lastValueBucket == nil
+        }
+        Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: configuration.lastValueRetry)
+                guard state.withLock({ wanted($0) }) else { return }
+                guard let last = await openLastValues(connection) else { continue }
+                let bound = state.withLock { state in
+                    guard wanted(state) else { return false }
+                    state.lastValueBucket = last
+                    return true
+                }
+                if bound { logger.info("the cluster's last-value store \(subjects.lastValueBucket) is bound", metadata: ["node": "\(configuration.nodeID)"]) }
+                return
+            }
         }
     }
 

@@ -18,11 +18,13 @@ extension MarketDataHub {
         } else if let entry = entries[topic] {
             entry.subscribers.remove(subscriber)
             if entry.subscribers.isEmpty { tickerUnwanted(topic) }
-            // Unwanted, its events stop: a folded state kept would go stale unseen.
-            if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil { entry.fold?.interrupt() }
+            // Unwanted, its events stop: a folded state kept would go stale unseen. (Not while its
+            // type's wildcard is held or lingers: they still come.)
+            let covered = wildcards[topic.eventType] != nil || wanted.lingers(topic.eventType)
+            if entry.subscribers.isEmpty, !covered { entry.fold?.interrupt() }
             // Unwanted and nothing worth keeping (no last value, or a cluster node's): freed, so junk
             // topics leave no trace.
-            if entry.subscribers.isEmpty, wildcards[topic.eventType] == nil, entry.last == nil || !keepsUnwantedLastValues {
+            if entry.subscribers.isEmpty, !covered, entry.last == nil || !keepsUnwantedLastValues {
                 entries[topic] = nil
             }
         }

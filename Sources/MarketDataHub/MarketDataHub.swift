@@ -382,7 +382,7 @@ public actor MarketDataHub {
                         }
                     }
                     if let fold = entry.fold {
-                        if entry.subscribers.isEmpty && wild == nil {
+                        if entry.subscribers.isEmpty && wild == nil && !wanted.lingers(event.eventType) {
                             // Nobody holds it: what comes now (the last events before the unsubscribe takes
                             // effect) is not followed, so it never makes a state to vouch for.
                             fold.interrupt()

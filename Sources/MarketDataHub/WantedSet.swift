@@ -109,6 +109,9 @@ struct WantedSet {
         return ended
     }
 
+    /// Whether the type's wildcard lingers (wanted, its events coming, with no subscriber).
+    func lingers(_ eventType: String) -> Bool { lingering[eventType] != nil }
+
     /// When the first linger ends (`nil`: none lingers).
     var nextLingerEnd: ContinuousClock.Instant? { lingering.values.min() }
 

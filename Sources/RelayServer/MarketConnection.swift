@@ -259,6 +259,8 @@ actor MarketConnection {
                     notTakenOver = dependencies.shelf.topicsStillClosing(name).subtracting(resuming.topics)
                     notTakenOverWhy = "a session kept earlier was taken back while the connection this one took over was still open"
                 }
+                // The open one's topics, subscribed here before it closes, take its holds over.
+                if previous { transferring.topics = dependencies.shelf.topicsStillClosing(name).union(resuming?.topics ?? []) }
                 standing.holds([], takenBack: resuming)
                 let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
                 position.standing = standing
@@ -478,6 +480,7 @@ actor MarketConnection {
         takingOver = false
         let (taken, stillClosing) = await dependencies.shelf.takeOver(name, for: ObjectIdentifier(self), into: standing)
         takeBack(taken, lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
+        transferring.topics = resuming?.topics ?? []
         if !stillClosing.isEmpty {
             notTakenOver = stillClosing
             let wait = dependencies.configuration.resume.takeOverWait
@@ -538,6 +541,11 @@ actor MarketConnection {
                         case .time(let milliseconds): .time(milliseconds: milliseconds)
                         }
                     await hub.add(topics, to: id, resuming: from)
+                    // Those of a taken-back session are this connection's now, as a take-back's are.
+                    if let broken = resuming, !joined.wasEvicted {
+                        let back = topics.filter { broken.topics.contains($0) }
+                        if !back.isEmpty { await handedOver(back, of: broken) }
+                    }
                 } else if let broken = resuming {
                     // A tagged session back: the topics it held resume from where it broke, the rest plainly.
                     let back = topics.filter { broken.topics.contains($0) }
@@ -638,14 +646,18 @@ actor MarketConnection {
         // The connection's subscriber is gone (evicted as too slow, before or during the add): the
         // parked subscriber keeps every topic of the session for the shelf.
         guard resumed.epoch != nil, !joined.wasEvicted else { return }
-        // Its topics are this connection's now: the parked subscriber lets them go (and goes
-        // once it holds none), and so does the session's hold on them in the key's budget
-        // (this connection holds its own). It keeps holding the session's other topics until
-        // they are subscribed again: unwanted meanwhile, they would not be received, and
-        // their resume would be a `gap`.
+        await handedOver(back, of: broken)
+    }
+
+    /// Topics of the taken-back session `broken` are this connection's now: the parked subscriber lets
+    /// them go (and goes once it holds none), and so does the session's hold on them in the key's
+    /// budget (this connection holds its own). It keeps holding the session's other topics until they
+    /// are subscribed again: unwanted meanwhile, they would not be received, and their resume would be
+    /// a `gap`.
+    private func handedOver(_ back: [Topic], of broken: SessionShelf.Session) async {
         let left = broken.topics.subtracting(back)
         if let parked = broken.parked {
-            if left.isEmpty { await hub.remove(parked) } else { await hub.remove(back, from: parked) }
+            if left.isEmpty { await dependencies.hub.remove(parked) } else { await dependencies.hub.remove(back, from: parked) }
         }
         releaseBudget(back)
         if left.isEmpty {

@@ -451,13 +451,25 @@ struct HostileClientTests {
             let statuses = try await back.nextParsed().statuses
             #expect(!statuses.contains { $0.status == "error" }, "\(statuses)")
             #expect(statuses.contains { $0.status == "success" }, "\(statuses)")
-            // Still twenty: the third connection is refused still.
-            let fourth = try await WSTestClient.authenticated(url: url)
-            fourth.send(ClientAction(.subscribe, params: "T.SUB1"))
-            _ = try await fourth.waitForStatus("error")
-            await fourth.close()
-            await back.close()
+            // A connection taking the session over while it is still open subscribes its topics too.
+            let takeOver = try await WSTestClient.authenticated(url: url, key: "client-key#mine")
+            takeOver.send(ClientAction(.subscribe, params: ten))
+            let overStatuses = try await takeOver.nextParsed().statuses
+            #expect(!overStatuses.contains { $0.status == "error" }, "\(overStatuses)")
+            #expect(try await back.waitForClose() == 4000)
+            // Its holds moved, not doubled: once the plain connection is gone, ten more fit.
             await plain.close()
+            let more = (0..<10).map { "T.MORE\($0)" }.joined(separator: ",")
+            var fitted = false
+            for _ in 0..<50 where !fitted {
+                let fresh = try await WSTestClient.authenticated(url: url)
+                fresh.send(ClientAction(.subscribe, params: more))
+                fitted = try await !fresh.nextParsed().statuses.contains { $0.status == "error" }
+                await fresh.close()
+                if !fitted { try await Task.sleep(for: .milliseconds(100)) }
+            }
+            #expect(fitted, "the taken-over session's holds were counted twice")
+            await takeOver.close()
         }
     }
 

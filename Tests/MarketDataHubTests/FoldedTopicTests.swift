@@ -163,6 +163,24 @@ struct FoldedTopicTests {
         #expect(try Set(got.map(describe)) == ["BTC/USD reset b[100.0x1.0] a[101.0x1.0]", "ETH/USD reset b[10.0x1.0] a[11.0x1.0]"])
     }
 
+    /// While the wildcard lingers after its last holder left, its books are still followed (their
+    /// changes still come): a holder that takes it again gets every book whole at once, brought up to
+    /// date, without asking the upstream again.
+    @Test func booksAreFollowedWhileTheirWildcardLingersAndServedWholeWhenItIsTakenAgain() async throws {
+        let hub = MarketDataHub(
+            wire: wire, snapshotless: wire.snapshotless(of: .crypto), folding: wire.folding(of: .crypto, limits: FoldLimits()), history: nil,
+            wildcardLinger: .seconds(60))
+        let wild = await hub.subscribe(to: topics("o.*"))
+        await hub.publish([book([(100, 1)], [(101, 1)], reset: true), book([(10, 1)], [(11, 1)], reset: true, symbol: "ETH/USD")])
+        _ = try await take(2, from: wild.events)
+        await hub.remove(wild.id)
+        // Changes while nobody holds the wildcard: followed.
+        await hub.publish([book([(100, 3)], [])])
+        let again = await hub.subscribe(to: topics("o.*"))
+        let got = try await take(2, from: again.events)
+        #expect(try Set(got.map(describe)) == ["BTC/USD reset b[100.0x3.0] a[101.0x1.0]", "ETH/USD reset b[10.0x1.0] a[11.0x1.0]"])
+    }
+
     @Test func noBookIsServedBeforeTheVendorsWholeOneNorAfterAnOutageOrWhileUnwanted() async throws {
         let hub = hub()
         let first = await hub.subscribe(to: topics("o.BTC/USD", "t.BTC/USD"))
