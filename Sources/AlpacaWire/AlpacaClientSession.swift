@@ -49,7 +49,8 @@ public struct AlpacaClientSession: Sendable {
 
     /// Handles one control message (a map with `T`).
     public mutating func receive(_ control: MessagePack.Value) -> Reaction {
-        let message = control["msg"]?.string ?? ""
+        // The vendor's words, bounded and printable: they reach logs, `/healthz` and clients' notices.
+        let message = VisibleText.visible(control["msg"]?.string ?? "", limit: VisibleText.vendorBytes)
         switch control["T"]?.string {
         // A server that greets or accepts the login again gets nothing: each answer would cost a login,
         // or the whole wanted set subscribed anew, as often as it cares to say it.

@@ -338,6 +338,16 @@ public final class DemoFeed: Service, Sendable {
                     let pair = StatusMessage.connected.json + "," + StatusMessage.authSuccess.json
                     try await send(ByteBuffer(string: "[" + Array(repeating: pair, count: repeats).joined(separator: ",") + "]"), to: outbound)
                 }
+            case .fault(.authFlip):
+                let repeats = 1_000
+                if let codec = alpaca {
+                    let refused = AlpacaError.authFailed.message
+                    let controls = Array(repeating: [AlpacaControl.authenticated, refused], count: repeats).flatMap { $0 }
+                    try await send(ByteBuffer(bytes: codec.frame(controls)), to: outbound, binary: codec == .messagePack)
+                } else {
+                    let pair = StatusMessage.authSuccess.json + "," + StatusMessage(status: StatusMessage.Kind.authFailed, message: "authentication failed").json
+                    try await send(ByteBuffer(string: "[" + Array(repeating: pair, count: repeats).joined(separator: ",") + "]"), to: outbound)
+                }
             case .fault(.silence):
                 silenced = true
                 reader.cancel()

@@ -21,8 +21,14 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
     /// (a client that logs in or subscribes anew at each is at the server's mercy).
     case relogin
     /// Send one frame of events the relay must not take: a type the market does not have, a ticker of
-    /// 100 characters, an event of 100 KB; then one good quote, `Q.JUNKOK`.
+    /// 100 characters, an event of 100 KB, a quote of the ticker `*` and one of `AAPL@1s` (the relay's
+    /// own topics); then one good quote, `Q.JUNKOK`.
     case junk
+    /// Send one trade of AAPL stamped at the start of 1970 (a clock gone wrong, or a replayed frame).
+    case ancient
+    /// Accept the login and refuse it, 1,000 times over in one frame (the connection ends at the first
+    /// refusal: what follows it is not taken).
+    case authFlip = "auth-flip"
 
     /// The raw frame this fault sends, for those that send one.
     var frame: ByteBuffer? {
@@ -36,7 +42,10 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
             let big = String(repeating: "x", count: 100_000)
             return ByteBuffer(
                 string: #"[{"ev":"ZZ","sym":"AAPL"},{"ev":"Q","sym":"\#(long)","bp":1},{"ev":"Q","sym":"BIG","pad":"\#(big)"},"#
+                    + #"{"ev":"Q","sym":"*","bp":1},{"ev":"Q","sym":"AAPL@1s","bp":1},"#
                     + #"{"ev":"Q","sym":"JUNKOK","bx":4,"bp":1.5,"bs":1,"ax":4,"ap":1.6,"as":1,"t":1700000000000,"q":1,"z":3}]"#)
+        case .ancient:
+            return ByteBuffer(string: #"[{"ev":"T","sym":"AAPL","i":"1","x":4,"p":189.5,"s":100,"c":[],"t":1000,"q":1,"z":3}]"#)
         default:
             return nil
         }

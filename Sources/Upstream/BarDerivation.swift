@@ -50,6 +50,11 @@ final class BarDerivation: Sendable {
     /// A trade stamped further ahead of the wall clock than this is not counted (a clock gone wrong would
     /// move the windows ahead and make every later trade late).
     static let maxAhead: Int64 = 5_000_000_000
+    /// A trade stamped further behind the wall clock than this is not counted either: after a reset (a
+    /// reconnect, a malformed message) it would open a window that long ago, and a series with
+    /// zero-volume bars would make one for every window since (a trade stamped 1970 is 56 years of them).
+    /// A delayed feed (15 minutes) stays well within it.
+    static let maxBehind: Int64 = 3_600_000_000_000
 
     init(rules: (any BarRules)?, metricsFactory: any MetricsFactory) {
         self.rules = rules
@@ -139,7 +144,7 @@ final class BarDerivation: Sendable {
                 guard let count = state.bySymbol[event.ticker]?.count, let trade = rules.trade(in: event) else { continue }
                 let wall = now ?? WallClock.nowNanoseconds()
                 now = wall
-                guard trade.time <= wall + Self.maxAhead else {
+                guard trade.time <= wall + Self.maxAhead, trade.time >= wall - Self.maxBehind else {
                     late.increment()
                     continue
                 }

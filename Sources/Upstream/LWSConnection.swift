@@ -637,7 +637,13 @@ final class LWSConnection: Sendable {
             logThrottled("malformed", "malformed upstream message dropped (\(message.readableBytes) bytes): \(error)")
             return
         }
-        for control in parsed.controls { handle(control, wsi: wsi) }
+        for control in parsed.controls {
+            handle(control, wsi: wsi)
+            // A status that ends the connection ends its message too: nothing after it is taken (one
+            // frame of a thousand `auth_success`, `auth_failed` pairs would subscribe everything a
+            // thousand times over, to be dropped at the close).
+            if shared.withLock({ $0.closeRequested }) { return }
+        }
         guard !parsed.events.isEmpty else { return }
         let (passing, refused, problem) = eventCheck.passing(parsed.events)
         if refused > 0, let problem {

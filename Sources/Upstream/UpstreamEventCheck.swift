@@ -21,6 +21,16 @@ struct UpstreamEventCheck: Sendable {
         foldedTypes = wire.folding(of: market, limits: FoldLimits())?.eventTypes ?? []
     }
 
+    /// Why a ticker the upstream names is none the relay takes: the wildcard's `*` (its events would be
+    /// the `T.*` topic's own), or a derived bar's `@` (they would reach the holders of the relay's own
+    /// bars as if it had built them). `nil`: none.
+    static func problem(ticker: String) -> String? {
+        for byte in ticker.utf8 where byte == UInt8(ascii: "*") || byte == UInt8(ascii: "@") {
+            return "a ticker with \"\(Character(Unicode.Scalar(byte)))\", which names the relay's own topics"
+        }
+        return nil
+    }
+
     /// The events that pass, and what the first one that did not was (`nil`: all passed, and `events`
     /// comes back as it was, not copied).
     func passing(_ events: [MarketEvent]) -> (events: [MarketEvent], refused: Int, first: String?) {
@@ -31,7 +41,7 @@ struct UpstreamEventCheck: Sendable {
         for (index, event) in events.enumerated() {
             let bytes = event.bytes.readableBytes
             let limit = bytes > bounds.maxBytes && foldedTypes.contains(event.eventType) ? maxFoldedBytes : bounds.maxBytes
-            var problem = bounds.problem(bytes: bytes, ticker: event.ticker, maxBytes: limit)
+            var problem = bounds.problem(bytes: bytes, ticker: event.ticker, maxBytes: limit) ?? Self.problem(ticker: event.ticker)
             if problem == nil, event.eventType != checkedType {
                 if eventTypes.contains(event.eventType) {
                     checkedType = event.eventType

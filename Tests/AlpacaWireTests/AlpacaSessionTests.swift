@@ -230,6 +230,16 @@ struct AlpacaClientSessionTests {
         return session
     }
 
+    /// The vendor's words are bounded and printable before they reach a log, `/healthz` or a client.
+    @Test func aVendorsLongOrUnprintableMessageIsCutAndCleaned() throws {
+        var session = authenticated(wanting: Self.topics("t.AAPL"))
+        _ = session.setWanted(Self.topics("t.AAPL", "t.MSFT"))
+        let long = "limit\u{07}\u{1B}[31m " + String(repeating: "x", count: 100_000)
+        let refused = session.receive(Self.control("error", msg: long, code: 405))
+        guard case .refused(_, let message, _) = refused.event else { return #expect(Bool(false), "\(refused.event)") }
+        #expect(message.utf8.count <= VisibleText.vendorBytes && message.hasPrefix("limit [31m x"), "\(message.prefix(40))")
+    }
+
     @Test func aRefusedSubscribeNamesItsTopicsWhichAreNotAskedAgainWhileWanted() throws {
         var session = authenticated(wanting: Self.topics("t.AAPL", "c.AAPL"))
         // The first message answered; the second (MSFT) refused with 405.

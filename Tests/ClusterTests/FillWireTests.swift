@@ -179,7 +179,7 @@ struct FillWireTests {
             return
         }
         #expect(reason.utf8.count <= ClusterText.maxBytes)
-        #expect(reason.unicodeScalars.allSatisfy { ClusterText.isVisible($0) }, "\(reason.debugDescription)")
+        #expect(reason.unicodeScalars.allSatisfy { VisibleText.isVisible($0) }, "\(reason.debugDescription)")
         #expect(reason.hasPrefix("[31mred [31mred"))
     }
 }

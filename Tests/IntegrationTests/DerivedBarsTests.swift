@@ -114,6 +114,35 @@ struct DerivedBarsEndToEndTests {
         }
     }
 
+    /// A trade stamped in 1970 right after the bars were reset (a malformed message): not counted, so no
+    /// window opens that long ago and no zero-volume bar is made for every second since.
+    @Test func aTradeStampedLongAgoOpensNoWindowThenAndFloodsNothing() async throws {
+        try await withRelay { port, feed in
+            let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks")
+            client.send(#"{"action":"subscribe","params":"AM.AAPL@1sz"}"#)
+            _ = try await client.waitForStatus("success")
+            // Its first whole bar, then a reset and the ancient trade.
+            var bars = 0
+            while bars < 1 {
+                bars += try await client.nextFrame().components(separatedBy: #""ev":"AM""#).count - 1
+            }
+            #expect(feed.inject(.malformed) == 1)
+            #expect(feed.inject(.ancient) == 1)
+            let hourAgo = Int64(Date().timeIntervalSince1970 * 1000) - 3_600_000
+            var starts: [Int64] = []
+            let until = ContinuousClock.now + .seconds(3)
+            while ContinuousClock.now < until, let frame = try? await client.nextFrame(timeout: until - .now) {
+                for event in try JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]] ?? [] where event["ev"] as? String == "AM" {
+                    starts.append((event["s"] as? NSNumber)?.int64Value ?? 0)
+                }
+            }
+            #expect(!starts.isEmpty, "bars go on")
+            #expect(starts.allSatisfy { $0 > hourAgo }, "\(starts.filter { $0 <= hourAgo }.count) bars of long ago")
+            #expect(starts.count < 20, "\(starts.count) bars in 3 s")
+            await client.close()
+        }
+    }
+
     @Test(.enabled(if: pythonClientAvailable, "python3 -m pip install -r Tests/Interop/requirements.txt"))
     func polygonsPythonClientTakesThemAsEquityAggs() async throws {
         try await withRelay { port, _ in

@@ -134,6 +134,35 @@ struct UpstreamClientTests {
         }
     }
 
+    /// A server that accepts and refuses the login a thousand times over in one frame: the connection
+    /// ends at the first refusal and nothing after it is taken (before, each acceptance after a refusal
+    /// subscribed the whole wanted set again and told the relay of a new login).
+    @Test func aFrameThatAcceptsAndRefusesTheLoginAgainAndAgainIsTakenToItsFirstRefusal() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let upstream = try client(try await feed.url())
+            upstream.setWantedTopics(topics("Q.MSFT"))
+            let messages = upstream.messages
+            try await withServices([upstream]) {
+                let first = try await within(.seconds(10), "an event of Q.MSFT") {
+                    for await message in messages where message.events?.contains(where: { $0.topic.description == "Q.MSFT" }) == true { return true }
+                    return false
+                }
+                #expect(first)
+                #expect(feed.inject(.authFlip) == 1)
+                let logins = try await within(.seconds(10), "the connection to be lost") {
+                    var logins = 0
+                    for await message in messages {
+                        if case .authenticated = message { logins += 1 }
+                        if case .connectionLost = message { return logins }
+                    }
+                    return -1
+                }
+                #expect(logins == 0, "\(logins) logins taken after the first refusal")
+            }
+        }
+    }
+
     /// An upstream that stops reading what it is sent: our messages wait for it up to
     /// `maxUnsentBytes`, then the connection is dropped and a new one subscribes the wanted set whole.
     /// While the upstream reads, the same changes never come near the bound.

@@ -1,4 +1,5 @@
 import Foundation
+import MarketCore
 import NIOCore
 import Testing
 
@@ -41,6 +42,14 @@ let expectedTicker: [String: String] = [
 
 @Suite("Frame parsing")
 struct FrameParserTests {
+    /// A status's words are the vendor's: bounded and printable before they reach a log or a client.
+    @Test func aStatusMessageIsCutAndCleaned() throws {
+        let parsed = try FrameParser.parse(#"[{"ev":"status","status":"error","message":"bad\u0007\u001b"# + String(repeating: "y", count: 50_000) + #""}]"#)
+        let message = try #require(parsed.statuses.first?.message)
+        #expect(parsed.statuses.first?.status == "error")
+        #expect(message.utf8.count <= VisibleText.vendorBytes && message.hasPrefix("bad y"), "\(message.prefix(20))")
+    }
+
     @Test("every published example frame parses, routes by its ticker field and keeps its bytes", arguments: try SampleFrame.load())
     func samplesRouteAndKeepBytes(sample: SampleFrame) throws {
         let parsed = try FrameParser.parse(sample.frameText)
