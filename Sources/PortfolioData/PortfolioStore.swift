@@ -36,12 +36,15 @@ public final class PortfolioStore: Sendable {
 
     /// How long a write waits for another connection's lock before failing with ``StoreError/busy``.
     public let busyTimeout: TimeInterval
+    /// What the store holds at most; a write past it is refused (409) and writes nothing.
+    public let limits: PortfolioLimits
 
     /// Opens (creating if needed) `portfolio.sqlite` in `directory` and migrates it.
     /// - Parameter busyTimeout: how long a write waits for another connection's lock: short for the
     ///   server (an HTTP write answers 503 rather than hang), longer for the import command.
-    public init(directory: String, busyTimeout: TimeInterval = 2) throws {
+    public init(directory: String, busyTimeout: TimeInterval = 2, limits: PortfolioLimits = PortfolioLimits()) throws {
         self.busyTimeout = busyTimeout
+        self.limits = limits
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         path = (directory as NSString).appendingPathComponent("portfolio.sqlite")
         var configuration = Configuration()
@@ -146,6 +149,10 @@ public final class PortfolioStore: Sendable {
             // The history is recomputed from a day on (today, each minute): its rows are found by day.
             try db.execute(sql: "CREATE INDEX accountSnapshot_day ON accountSnapshot(day)")
         }
+        migrator.registerMigration("v5: transactions by symbol") { db in
+            // Whether a symbol is new to the store (``PortfolioLimits/symbols``) is found by symbol.
+            try db.execute(sql: #"CREATE INDEX transaction_symbol ON "transaction"(symbol)"#)
+        }
         return migrator
     }
 
@@ -245,14 +252,21 @@ public final class PortfolioStore: Sendable {
         name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool = false, calendar: DayCalendar = .utc
     ) async throws -> Account {
         try Self.check(createdAt, field: "createdAt", calendar: calendar)
+        let limits = self.limits
         return try await write { db in
-            try Self.insertAccount(db, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash)
+            try Self.insertAccount(
+                db, name: name, kind: kind, currency: currency, createdAt: createdAt, allowNegativeCash: allowNegativeCash, limits: limits)
         }
     }
 
     private static func insertAccount(
-        _ db: Database, name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool
+        _ db: Database, name: String, kind: AccountKind, currency: String, createdAt: Date, allowNegativeCash: Bool, limits: PortfolioLimits
     ) throws -> Account {
+        // Closed accounts count: they stay, with their history.
+        let held = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM account") ?? 0
+        guard held < limits.accounts else {
+            throw ConflictError(field: "name", message: "the portfolio holds at most \(limits.accounts) accounts (portfolio.maxAccounts)")
+        }
         let name = name.trimmingCharacters(in: .whitespaces)
         guard !name.isEmpty, name.count <= 200 else { throw ValidationError(field: "name", message: "must be 1 to 200 characters") }
         guard currency.range(of: "^[A-Z]{3}$", options: .regularExpression) != nil else {
@@ -360,10 +374,11 @@ public final class PortfolioStore: Sendable {
     public func addTransaction(accountID: Int64, _ new: NewTransaction, calendar: DayCalendar = .utc) async throws -> Transaction {
         // Read, check and insert in one write transaction: two sells arriving together are checked one
         // after the other, so together they can never sell more than is held.
-        try await write { db in
+        let limits = self.limits
+        return try await write { db in
             let account = try Self.account(db, accountID)
             var book = BookCheck(account: account, existing: try Self.transactions(db, accountID: accountID))
-            return try Self.insert(new, into: account, checking: &book, db: db, calendar: calendar)
+            return try Self.insert(new, into: account, checking: &book, db: db, calendar: calendar, limits: limits)
         }
     }
 
@@ -415,10 +430,14 @@ public final class PortfolioStore: Sendable {
     }
 
     private static func insert(
-        _ new: NewTransaction, into account: Account, checking book: inout BookCheck, db: Database, calendar: DayCalendar
+        _ new: NewTransaction, into account: Account, checking book: inout BookCheck, db: Database, calendar: DayCalendar, limits: PortfolioLimits
     ) throws -> Transaction {
         guard account.kind == .brokerage else {
             throw ValidationError(field: "accountID", message: "transactions belong to brokerage accounts")
+        }
+        guard book.transactions.count < limits.transactionsPerAccount else {
+            throw ConflictError(
+                field: "accountID", message: "an account holds at most \(limits.transactionsPerAccount) transactions (portfolio.maxTransactionsPerAccount)")
         }
         let date = new.date
         try check(date, field: "date", calendar: calendar)
@@ -438,6 +457,7 @@ public final class PortfolioStore: Sendable {
             if let problem = HeldSymbol.problem(with: symbol) {
                 throw ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
             }
+            try checkRoom(for: symbol, db: db, limits: limits)
             guard quantity > 0 else { throw ValidationError(field: "quantity", message: "must be above 0") }
             guard price >= 0 else { throw ValidationError(field: "price", message: "must not be negative") }
             amount = 0
@@ -460,6 +480,17 @@ public final class PortfolioStore: Sendable {
             ])
         candidate.id = db.lastInsertedRowID
         return candidate
+    }
+
+    /// A symbol new to the store takes a place of ``PortfolioLimits/symbols``: each one held is followed
+    /// live (its trades and quotes asked of the upstream) and priced over REST.
+    private static func checkRoom(for symbol: String, db: Database, limits: PortfolioLimits) throws {
+        let known = try Bool.fetchOne(db, sql: #"SELECT EXISTS (SELECT 1 FROM "transaction" WHERE symbol = ?)"#, arguments: [symbol]) ?? false
+        guard !known else { return }
+        let held = try Int.fetchOne(db, sql: #"SELECT COUNT(DISTINCT symbol) FROM "transaction" WHERE symbol != ''"#) ?? 0
+        guard held < limits.symbols else {
+            throw ConflictError(field: "symbol", message: "the portfolio holds at most \(limits.symbols) symbols (portfolio.maxSymbols)")
+        }
     }
 
     /// An import's rows, all or nothing: in one write transaction (synchronous: for the import command,
@@ -487,14 +518,14 @@ public final class PortfolioStore: Sendable {
                             // Rows are taken in date order: an account's first row is its earliest.
                             account = try Self.insertAccount(
                                 db, name: row.account, kind: .brokerage, currency: currency,
-                                createdAt: calendar.startOfDay(row.transaction.date), allowNegativeCash: false)
+                                createdAt: calendar.startOfDay(row.transaction.date), allowNegativeCash: false, limits: limits)
                             accounts[row.account] = account
                         }
                         // Taken out of the table while it grows: a copy left in it would make every insert copy the list.
                         var book =
                             try books.removeValue(forKey: account.id)
                             ?? BookCheck(account: account, existing: try Self.transactions(db, accountID: account.id))
-                        _ = try Self.insert(row.transaction, into: account, checking: &book, db: db, calendar: calendar)
+                        _ = try Self.insert(row.transaction, into: account, checking: &book, db: db, calendar: calendar, limits: limits)
                         books[account.id] = book
                         written += 1
                         if written % Self.importProgressEvery == 0 { progress?(written, rows.count) }
@@ -769,5 +800,26 @@ public final class PortfolioStore: Sendable {
                 arguments: [from.description, through.description]
             ).map(Self.portfolioSnapshot)
         }
+    }
+}
+
+/// What a portfolio store holds at most (the sidecar follows every symbol held live and prices it over
+/// REST, and values every account on each write): past a bound a write is refused with a conflict and
+/// writes nothing. Value type, `Sendable`.
+public struct PortfolioLimits: Sendable, Equatable {
+    /// Accounts, closed ones included.
+    public var accounts: Int
+    /// Transactions of one account.
+    public var transactionsPerAccount: Int
+    /// Distinct symbols with a transaction (at most ``maxSymbols``).
+    public var symbols: Int
+
+    /// The most ``symbols`` may be: a query names them all at once.
+    public static let maxSymbols = 10_000
+
+    public init(accounts: Int = 100, transactionsPerAccount: Int = 100_000, symbols: Int = 2_000) {
+        self.accounts = accounts
+        self.transactionsPerAccount = transactionsPerAccount
+        self.symbols = min(symbols, Self.maxSymbols)
     }
 }

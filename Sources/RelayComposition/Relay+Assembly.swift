@@ -341,7 +341,11 @@ extension Relay {
         guard let calendar = DayCalendar(timeZone: portfolioSettings.timeZone) else {
             throw RelaySettings.InvalidSetting(description: "time zone: unknown zone \(portfolioSettings.timeZone)")
         }
-        let store = try PortfolioStore(directory: portfolioSettings.dataDirectory)
+        let store = try PortfolioStore(
+            directory: portfolioSettings.dataDirectory,
+            limits: PortfolioLimits(
+                accounts: portfolioSettings.maxAccounts, transactionsPerAccount: portfolioSettings.maxTransactionsPerAccount,
+                symbols: portfolioSettings.maxSymbols))
         let client = upstream.restURL.map { url in
             var client = PolygonREST(resolvingBaseURL: url, apiKey: upstream.restKey, client: rest.shared())
             client.budget = upstream.restBudget

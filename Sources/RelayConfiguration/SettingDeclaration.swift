@@ -174,6 +174,11 @@ extension RelaySettings {
         .init(
             "portfolio.closeHistory", flag: "no-close-history", .presence("false"), env: "RELAY_CLOSE_HISTORY", default: "true",
             "Value past days from daily closes fetched over REST (--no-close-history: keep the live values recorded then)."),
+        .init("portfolio.maxAccounts", default: "100", "Accounts the portfolio holds at most, closed ones included (past it a new one is refused, 409)."),
+        .init("portfolio.maxTransactionsPerAccount", default: "100000", "Transactions one account holds at most (past it a new one is refused, 409)."),
+        .init(
+            "portfolio.maxSymbols", default: "2000",
+            "Distinct symbols the portfolio's transactions name at most (each held is followed live and priced over REST; at most 10000; past it a new one is refused, 409)."),
         .init(
             "cluster.url", flag: "cluster", env: "RELAY_CLUSTER", default: "none: a single relay", secret: true,
             "Run as a node of a cluster on NATS: nats://HOST:PORT[,…]. One node holds each market's upstream connection."),

@@ -395,6 +395,9 @@ extension RelaySettings.PortfolioSettings {
         if let loads = try config.positive("portfolio.securityLoads", atMost: 10_000) { securityLoads = loads }
         if let seconds = try config.aboveZero("portfolio.securityWaitSeconds") { securityWaitSeconds = seconds }
         if let closeHistory = try config.flag("portfolio.closeHistory") { self.closeHistory = closeHistory }
+        if let accounts = try config.positive("portfolio.maxAccounts") { maxAccounts = accounts }
+        if let transactions = try config.positive("portfolio.maxTransactionsPerAccount") { maxTransactionsPerAccount = transactions }
+        if let symbols = try config.positive("portfolio.maxSymbols", atMost: 10_000) { maxSymbols = symbols }
     }
 }
 

@@ -256,6 +256,40 @@ struct PortfolioStoreTests {
         #expect(book.positions.values.allSatisfy { $0.quantity >= 0 })
     }
 
+    /// Accounts, an account's transactions and the symbols named are bounded: a write past one is a
+    /// conflict naming the setting and writes nothing; an import past one writes none of its rows.
+    @Test func accountsTransactionsAndSymbolsAreBoundedAndAWritePastThemWritesNothing() async throws {
+        let dir = directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir, limits: PortfolioLimits(accounts: 2, transactionsPerAccount: 4, symbols: 2))
+        let created = instant("2024-01-01T00:00:00Z")
+        let broker = try await store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: created)
+        _ = try await store.createAccount(name: "S", kind: .savings, currency: "USD", createdAt: created)
+        await #expect { _ = try await store.createAccount(name: "C", kind: .savings, currency: "USD", createdAt: created) } throws: { error in
+            (error as? ConflictError)?.message.contains("at most 2 accounts (portfolio.maxAccounts)") == true
+        }
+        for symbol in ["AAPL", "MSFT"] {
+            _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: symbol, quantity: 1, price: 10)
+        }
+        // A third symbol has no place; one already named does.
+        await #expect { _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: "NVDA", quantity: 1, price: 10) } throws: { error in
+            (error as? ConflictError)?.field == "symbol"
+        }
+        _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-03"), kind: .buy, symbol: "AAPL", quantity: 1, price: 10)
+        _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-03"), kind: .sell, symbol: "AAPL", quantity: 1, price: 11)
+        // Four: the account is full.
+        await #expect { _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-04"), kind: .sell, symbol: "MSFT", quantity: 1, price: 11) } throws: { error in
+            (error as? ConflictError)?.message.contains("at most 4 transactions") == true
+        }
+        #expect(try await store.transactions(accountID: broker.id).count == 4)
+        // An import into a new account past the account bound: nothing written.
+        #expect(throws: PortfolioStore.ImportError.self) {
+            _ = try store.importTransactions(
+                [("New", PortfolioStore.NewTransaction(date: day("2024-01-05"), kind: .buy, symbol: "AAPL", quantity: 1, price: 10))], newAccounts: "USD")
+        }
+        #expect(try await store.accounts().count == 2)
+    }
+
     @Test func everythingSurvivesAReopenExactly() async throws {
         let dir = directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
