@@ -73,6 +73,8 @@ public struct PortfolioRoutes: Sendable {
             return response
         } catch let error as DecodingError {
             return problem(.badRequest, "malformed body: \(Self.describe(error))", field: Self.field(of: error))
+        } catch is NIOTooManyBytesError {
+            return problem(.contentTooLarge, "the body is larger than \(maxBodyBytes >> 20) MB")
         } catch {
             return problem(.internalServerError, "\(error)")
         }
@@ -95,8 +97,22 @@ public struct PortfolioRoutes: Sendable {
         }
     }
 
+    /// The largest body a portfolio route reads (past it: 413).
+    static let maxBodyBytes = 1 << 20
+
     static func body<T: Decodable>(_ type: T.Type, _ request: Request) async throws -> T {
-        let buffer = try await request.body.collect(upTo: 1 << 20)
+        try decode(T.self, try await request.body.collect(upTo: maxBodyBytes))
+    }
+
+    /// A body that may be left out (empty, or only white space): `empty` then; else read as ``body(_:_:)``
+    /// reads one (a malformed one is refused, not taken for none).
+    static func body<T: Decodable>(_ type: T.Type, _ request: Request, orIfNone empty: T) async throws -> T {
+        let buffer = try await request.body.collect(upTo: maxBodyBytes)
+        let blank = buffer.readableBytesView.allSatisfy { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\n") || $0 == UInt8(ascii: "\r") || $0 == UInt8(ascii: "\t") }
+        return blank ? empty : try decode(T.self, buffer)
+    }
+
+    private static func decode<T: Decodable>(_ type: T.Type, _ buffer: ByteBuffer) throws -> T {
         // Money is exact: a number written with an exponent (1e3) is refused like such a string would be.
         if let field = JSONNumbers.fieldWithExponent(in: buffer.readableBytesView) {
             throw PortfolioStore.ValidationError(
@@ -157,7 +173,7 @@ public struct PortfolioRoutes: Sendable {
         }
         router.post("/v1/accounts/:id/close") { request, context in
             await Self.answer {
-                let close = (try? await Self.body(PortfolioJSON.Close.self, request)) ?? PortfolioJSON.Close()
+                let close = try await Self.body(PortfolioJSON.Close.self, request, orIfNone: PortfolioJSON.Close())
                 let account = try await store.closeAccount(try Self.id(context), at: close.closedAt ?? .now, calendar: service.calendar)
                 try await service.holdingsChanged()
                 await browser?.transactionsChanged()

@@ -246,6 +246,12 @@ struct PortfolioHardeningTests {
             let close = try await httpSend("POST", "\(base)/v1/accounts/\(savings)/close", json: #"{"closedAt":"3000-01-01T00:00:00Z"}"#)
             #expect(close.status == 422, "\(close)")
             #expect(jsonObject(close.body)["field"] as? String == "closedAt")
+            // A malformed close body is refused, not taken for none (which would close the account now).
+            let malformed = try await httpSend("POST", "\(base)/v1/accounts/\(savings)/close", json: #"{"closedAt":"#)
+            #expect(malformed.status == 400, "\(malformed)")
+            // A body past the bound is 413, not an internal error.
+            let huge = try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":""# + String(repeating: "x", count: 2 << 20) + #""}"#)
+            #expect(huge.status == 413, "\(huge.status)")
             // Nothing of it was written: two accounts, one transaction.
             #expect((try JSONSerialization.jsonObject(with: Data(try await httpGet("\(base)/v1/accounts").body.utf8)) as? [Any])?.count == 2)
             #expect(try await #require(parts.portfolio).store.transactions(accountID: Int64(account)).count == 1)
