@@ -19,6 +19,8 @@ extension AlpacaWireProtocol {
             let types = feed.channels.map(\.eventType).joined(separator: ", ")
             return .failure(WireRejection("no \(topic.eventType) events on \(feed.path) (Alpaca's channel letters: \(types); e.g. t.AAPL)"))
         }
+        // As a subscription's symbol: no longer than a client could name (nothing is looked up for more).
+        if let problem = SessionLimits().problem(with: topic) { return .failure(WireRejection("\(topic.description.prefix(60)): \(problem)")) }
         // A derived topic's size keeps its case (`AAPL@5m`).
         let ticker = topic.derivedBar.map { "\($0.symbol.uppercased())\(BarSpec.separator)\($0.spec)" } ?? topic.ticker.uppercased()
         return .success(Topic(eventType: topic.eventType, ticker: ticker) ?? topic)

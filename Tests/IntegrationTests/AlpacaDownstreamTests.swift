@@ -245,6 +245,9 @@ struct AlpacaDownstreamTests {
             #expect(last.status == 200 && last.body.contains(#""T":"t","S":"AAPL","i":7"#) && last.body.contains(#""p":187.25"#), "\(last.body)")
             let polygonTopic = try await httpGet("http://127.0.0.1:\(port)/v1/last/stocks/T.AAPL", key: "client-key")
             #expect(polygonTopic.status == 400 && polygonTopic.body.contains("t.AAPL"), "\(polygonTopic.body)")
+            // No longer a symbol than a subscription may name: refused, nothing looked up.
+            let long = try await httpGet("http://127.0.0.1:\(port)/v1/last/stocks/t.\(String(repeating: "A", count: 100))", key: "client-key")
+            #expect(long.status == 400 && long.body.contains("longer than 40"), "\(long.body)")
             // An SDK takes each last value as its model (one trade, quote and bar, and nothing else came).
             let models = Self.kinds(try await run(["--sdk", "alpaca-py", "--port", "\(port)", "--symbols", "AAPL", "--want", "1"]))
             #expect(models["trades"]?.first?["price"] as? Double == 187.25, "\(models)")
