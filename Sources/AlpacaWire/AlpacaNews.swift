@@ -34,10 +34,13 @@ public enum AlpacaNews {
         let limit = itemBytes > 0 ? max(1, min(maxSymbols, maxRoutedBytes / itemBytes)) : maxSymbols
         var seen = Set<String>()
         var routes: [String] = []
-        // A symbol no topic could name (past the ticker rules or their length) is not routed: the item
-        // goes to the symbols that can be held, or to `_` when there is none.
+        // A symbol no topic could name (past the ticker rules or their length, or a derived bar's, with
+        // `@`, which the upstream's events may not name) is not routed: the item goes to the symbols
+        // that can be held, or to `_` when there is none.
         for symbol in symbols
-        where routes.count < limit && Topic.isTicker(symbol) && symbol.utf8.count <= SessionLimits().maxTickerLength && seen.insert(symbol).inserted {
+        where routes.count < limit && Topic.isTicker(symbol) && !symbol.utf8.contains(UInt8(ascii: "@"))
+            && symbol.utf8.count <= SessionLimits().maxTickerLength && seen.insert(symbol).inserted
+        {
             routes.append(symbol)
         }
         return routes.isEmpty ? [noSymbol] : routes

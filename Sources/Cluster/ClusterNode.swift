@@ -54,6 +54,8 @@ public final class ClusterNode: Service, Sendable {
         var interest: InterestTable
         var leaseBucket: KeyValueBucket?
         var lastValueBucket: KeyValueBucket?
+        /// Tries to bind the last-value store again while there is none (``retryLastValues(_:)``).
+        var lastValueRetry: Task<Void, Never>?
         var stopped = false
     }
 
@@ -357,7 +359,11 @@ public final class ClusterNode: Service, Sendable {
         } onGracefulShutdown: {
             lease.cancel()
         }
-        state.withLock { $0.stopped = true }
+        let retry = state.withLock { state in
+            state.stopped = true
+            return state.lastValueRetry
+        }
+        retry?.cancel()
         for task in helpers { task.cancel() }
         feed.stop()
         await connection.close()
@@ -675,9 +681,10 @@ public final class ClusterNode: Service, Sendable {
         @Sendable func wanted(_ state: State) -> Bool {
             !state.stopped && state.connection === connection && state.leaseBucket != nil && state.lastValueBucket == nil
         }
-        Task {
+        let task = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: configuration.lastValueRetry)
+                guard !Task.isCancelled else { return }
                 guard state.withLock({ wanted($0) }) else { return }
                 guard let last = await openLastValues(connection) else { continue }
                 let bound = state.withLock { state in
@@ -689,6 +696,12 @@ public final class ClusterNode: Service, Sendable {
                 return
             }
         }
+        // One at a time: a rebind of the buckets replaces the one before; a stopped node keeps none.
+        let replaced = state.withLock { state -> Task<Void, Never>? in
+            defer { state.lastValueRetry = state.stopped ? nil : task }
+            return state.stopped ? task : state.lastValueRetry
+        }
+        replaced?.cancel()
     }
 
     /// Whose the next epoch is, read as this node's `term` ends: the lease loop reads again only after

@@ -339,14 +339,16 @@ public final class DemoFeed: Service, Sendable {
                     try await send(ByteBuffer(string: "[" + Array(repeating: pair, count: repeats).joined(separator: ",") + "]"), to: outbound)
                 }
             case .fault(.authFlip):
-                let repeats = 1_000
-                if let codec = alpaca {
-                    let refused = AlpacaError.authFailed.message
-                    let controls = Array(repeating: [AlpacaControl.authenticated, refused], count: repeats).flatMap { $0 }
-                    try await send(ByteBuffer(bytes: codec.frame(controls)), to: outbound, binary: codec == .messagePack)
-                } else {
-                    let pair = StatusMessage.authSuccess.json + "," + StatusMessage(status: StatusMessage.Kind.authFailed, message: "authentication failed").json
-                    try await send(ByteBuffer(string: "[" + Array(repeating: pair, count: repeats).joined(separator: ",") + "]"), to: outbound)
+                // 500 pairs in one frame, then 500 frames of one pair each.
+                for count in [500] + Array(repeating: 1, count: 500) {
+                    if let codec = alpaca {
+                        let controls = Array(repeating: [AlpacaControl.authenticated, AlpacaError.authFailed.message], count: count).flatMap { $0 }
+                        try await send(ByteBuffer(bytes: codec.frame(controls)), to: outbound, binary: codec == .messagePack)
+                    } else {
+                        let refused = StatusMessage(status: StatusMessage.Kind.authFailed, message: "authentication failed").json
+                        let pair = StatusMessage.authSuccess.json + "," + refused
+                        try await send(ByteBuffer(string: "[" + Array(repeating: pair, count: count).joined(separator: ",") + "]"), to: outbound)
+                    }
                 }
             case .fault(.silence):
                 silenced = true

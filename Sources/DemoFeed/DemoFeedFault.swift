@@ -26,8 +26,8 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
     case junk
     /// Send one trade of AAPL stamped at the start of 1970 (a clock gone wrong, or a replayed frame).
     case ancient
-    /// Accept the login and refuse it, 1,000 times over in one frame (the connection ends at the first
-    /// refusal: what follows it is not taken).
+    /// Accept the login and refuse it, 500 times over in one frame, then once in each of 500 frames (the
+    /// connection ends at the first refusal: what follows it is not taken).
     case authFlip = "auth-flip"
 
     /// The raw frame this fault sends, for those that send one.

@@ -1,4 +1,3 @@
-import MarketCore
 import NIOCore
 
 /// Reads Polygon server frames without decoding them: it validates the JSON, finds each element's
@@ -115,9 +114,8 @@ private struct Scanner {
         }
         let ev = string(evRange, fields)
         if ev == "status" {
-            // The vendor's words, bounded and printable: they reach logs, `/healthz` and clients' notices.
-            let status = VisibleText.visible(fields.status.map { string($0, fields) } ?? "", limit: 64)
-            let message = VisibleText.visible(fields.message.map { string($0, fields) } ?? "", limit: VisibleText.vendorBytes)
+            let status = fields.status.map { string($0, fields) } ?? ""
+            let message = fields.message.map { string($0, fields) } ?? ""
             result.statuses.append(StatusMessage(status: status, message: message))
             return
         }

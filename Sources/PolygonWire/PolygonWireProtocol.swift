@@ -141,7 +141,11 @@ public struct PolygonWireProtocol: WireProtocol {
     /// A JSON array of event objects and status objects (``FrameParser``).
     public func readUpstream(_ message: ByteBuffer, receivedAt: UInt64, market: Market) throws -> UpstreamReading {
         let parsed = try FrameParser.parse(message, receivedAt: receivedAt, market: market)
-        return UpstreamReading(events: parsed.events, controls: parsed.statuses.map { UpstreamControl($0) })
+        // The vendor's words, bounded and printable: they reach logs, `/healthz` and clients' notices.
+        let statuses = parsed.statuses.map {
+            StatusMessage(status: VisibleText.visible($0.status, limit: 64), message: VisibleText.visible($0.message, limit: VisibleText.vendorBytes))
+        }
+        return UpstreamReading(events: parsed.events, controls: statuses.map { UpstreamControl($0) })
     }
 
     public var upstreamSendsBinary: Bool { false }

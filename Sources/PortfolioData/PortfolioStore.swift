@@ -378,7 +378,8 @@ public final class PortfolioStore: Sendable {
         return try await write { db in
             let account = try Self.account(db, accountID)
             var book = BookCheck(account: account, existing: try Self.transactions(db, accountID: accountID))
-            return try Self.insert(new, into: account, checking: &book, db: db, calendar: calendar, limits: limits)
+            var room = SymbolRoom(limit: limits.symbols)
+            return try Self.insert(new, into: account, checking: &book, room: &room, db: db, calendar: calendar, limits: limits)
         }
     }
 
@@ -430,7 +431,8 @@ public final class PortfolioStore: Sendable {
     }
 
     private static func insert(
-        _ new: NewTransaction, into account: Account, checking book: inout BookCheck, db: Database, calendar: DayCalendar, limits: PortfolioLimits
+        _ new: NewTransaction, into account: Account, checking book: inout BookCheck, room: inout SymbolRoom, db: Database, calendar: DayCalendar,
+        limits: PortfolioLimits
     ) throws -> Transaction {
         guard account.kind == .brokerage else {
             throw ValidationError(field: "accountID", message: "transactions belong to brokerage accounts")
@@ -457,12 +459,13 @@ public final class PortfolioStore: Sendable {
             if let problem = HeldSymbol.problem(with: symbol) {
                 throw ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
             }
-            try checkRoom(for: symbol, db: db, limits: limits)
+            try room.take(symbol, db: db)
             guard quantity > 0 else { throw ValidationError(field: "quantity", message: "must be above 0") }
             guard price >= 0 else { throw ValidationError(field: "price", message: "must not be negative") }
             amount = 0
         case .fee:
-            (quantity, price, amount) = (0, 0, 0)
+            // The account's, not a symbol's (a symbol kept here would name no holding, bounded by nothing).
+            (symbol, quantity, price, amount) = ("", 0, 0, 0)
         case .deposit, .withdrawal:
             guard amount > 0 else { throw ValidationError(field: "amount", message: "required, above 0") }
             (symbol, quantity, price) = ("", 0, 0)
@@ -482,15 +485,47 @@ public final class PortfolioStore: Sendable {
         return candidate
     }
 
-    /// A symbol new to the store takes a place of ``PortfolioLimits/symbols``: each one held is followed
-    /// live (its trades and quotes asked of the upstream) and priced over REST.
-    private static func checkRoom(for symbol: String, db: Database, limits: PortfolioLimits) throws {
-        let known = try Bool.fetchOne(db, sql: #"SELECT EXISTS (SELECT 1 FROM "transaction" WHERE symbol = ?)"#, arguments: [symbol]) ?? false
-        guard !known else { return }
-        let held = try Int.fetchOne(db, sql: #"SELECT COUNT(DISTINCT symbol) FROM "transaction" WHERE symbol != ''"#) ?? 0
-        guard held < limits.symbols else {
-            throw ConflictError(field: "symbol", message: "the portfolio holds at most \(limits.symbols) symbols (portfolio.maxSymbols)")
+    /// The symbols a write's transactions name (buys, sells, dividends), each new one taking a place of
+    /// ``PortfolioLimits/symbols``: each one held is followed live (its trades and quotes asked of the
+    /// upstream) and priced over REST. Those the store has are looked up by the symbol index, and counted
+    /// by walking it one symbol at a time (a seek each, at most the limit's), once per write.
+    struct SymbolRoom {
+        let limit: Int
+        private var known: Set<String>?
+
+        init(limit: Int) {
+            self.limit = limit
         }
+
+        static let kinds = "kind IN ('buy', 'sell', 'dividend')"
+
+        /// Takes `symbol`, or throws a conflict when it is new and the store names `limit` already.
+        mutating func take(_ symbol: String, db: Database) throws {
+            if known?.contains(symbol) == true { return }
+            let stored = try Bool.fetchOne(
+                db, sql: #"SELECT EXISTS (SELECT 1 FROM "transaction" WHERE symbol = ? AND "# + Self.kinds + ")", arguments: [symbol]) ?? false
+            var names = try known ?? Set(String.fetchAll(db, sql: Self.firstSymbols, arguments: [limit + 1]))
+            defer { known = names }
+            guard !stored else {
+                names.insert(symbol)
+                return
+            }
+            guard names.count < limit else {
+                throw ConflictError(field: "symbol", message: "the portfolio holds at most \(limit) symbols (portfolio.maxSymbols)")
+            }
+            names.insert(symbol)
+        }
+
+        /// The store's first symbols in order, at most `?`: one index seek each.
+        static let firstSymbols = """
+            WITH RECURSIVE named(symbol) AS (
+                SELECT MIN(symbol) FROM "transaction" WHERE symbol > '' AND \(kinds)
+                UNION ALL
+                SELECT (SELECT MIN(symbol) FROM "transaction" WHERE symbol > named.symbol AND \(kinds)) FROM named WHERE named.symbol IS NOT NULL
+                LIMIT ?
+            )
+            SELECT symbol FROM named WHERE symbol IS NOT NULL
+            """
     }
 
     /// An import's rows, all or nothing: in one write transaction (synchronous: for the import command,
@@ -508,6 +543,8 @@ public final class PortfolioStore: Sendable {
                     accounts[account.name] = account
                 }
                 var books: [Int64: BookCheck] = [:]
+                // One for the whole import: the symbols it names are looked up once each.
+                var room = SymbolRoom(limit: limits.symbols)
                 var written = 0
                 for (index, row) in rows.enumerated().sorted(by: { ($0.element.transaction.date, $0.offset) < ($1.element.transaction.date, $1.offset) }) {
                     do {
@@ -525,7 +562,7 @@ public final class PortfolioStore: Sendable {
                         var book =
                             try books.removeValue(forKey: account.id)
                             ?? BookCheck(account: account, existing: try Self.transactions(db, accountID: account.id))
-                        _ = try Self.insert(row.transaction, into: account, checking: &book, db: db, calendar: calendar, limits: limits)
+                        _ = try Self.insert(row.transaction, into: account, checking: &book, room: &room, db: db, calendar: calendar, limits: limits)
                         books[account.id] = book
                         written += 1
                         if written % Self.importProgressEvery == 0 { progress?(written, rows.count) }

@@ -18,10 +18,15 @@ struct PortfolioCommand: AsyncParsableCommand {
         @Option(name: .customLong("data-dir"), help: "Where the portfolio database lives.") var dataDirectory: String = "./data"
         @Option(help: "Currency of accounts the import creates.") var currency: String = "USD"
         @Flag(name: .customLong("if-empty"), help: "Import only when the portfolio has no accounts yet.") var ifEmpty = false
+        @Option(help: "Accounts the portfolio holds at most (as portfolio.maxAccounts).") var maxAccounts = PortfolioLimits().accounts
+        @Option(help: "Transactions an account holds at most (as portfolio.maxTransactionsPerAccount).")
+        var maxTransactionsPerAccount = PortfolioLimits().transactionsPerAccount
+        @Option(help: "Distinct symbols the transactions name at most (as portfolio.maxSymbols).") var maxSymbols = PortfolioLimits().symbols
 
         func run() async throws {
             // A batch job: it may wait longer for `relay serve`'s short writes than a request would.
-            let store = try PortfolioStore(directory: dataDirectory, busyTimeout: 10)
+            let limits = PortfolioLimits(accounts: maxAccounts, transactionsPerAccount: maxTransactionsPerAccount, symbols: maxSymbols)
+            let store = try PortfolioStore(directory: dataDirectory, busyTimeout: 10, limits: limits)
             if ifEmpty, try await !store.accounts().isEmpty {
                 print("portfolio already has accounts; nothing imported (\(store.path))")
                 return

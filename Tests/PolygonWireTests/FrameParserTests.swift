@@ -42,11 +42,13 @@ let expectedTicker: [String: String] = [
 
 @Suite("Frame parsing")
 struct FrameParserTests {
-    /// A status's words are the vendor's: bounded and printable before they reach a log or a client.
-    @Test func aStatusMessageIsCutAndCleaned() throws {
-        let parsed = try FrameParser.parse(#"[{"ev":"status","status":"error","message":"bad\u0007\u001b"# + String(repeating: "y", count: 50_000) + #""}]"#)
-        let message = try #require(parsed.statuses.first?.message)
-        #expect(parsed.statuses.first?.status == "error")
+    /// An upstream status's words are the vendor's: bounded and printable before they reach a log or a client.
+    @Test func anUpstreamStatusMessageIsCutAndCleaned() throws {
+        let frame = ByteBuffer(string: #"[{"ev":"status","status":"error","message":"bad\u0007\u001b"# + String(repeating: "y", count: 50_000) + #""}]"#)
+        let parsed = try PolygonWireProtocol().readUpstream(frame, receivedAt: 0, market: .stocks)
+        let status = try #require(parsed.controls.first?.message as? StatusMessage)
+        let message = status.message
+        #expect(status.status == "error")
         #expect(message.utf8.count <= VisibleText.vendorBytes && message.hasPrefix("bad y"), "\(message.prefix(20))")
     }
 

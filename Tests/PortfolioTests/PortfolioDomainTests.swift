@@ -271,13 +271,18 @@ struct PortfolioStoreTests {
         for symbol in ["AAPL", "MSFT"] {
             _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: symbol, quantity: 1, price: 10)
         }
-        // A third symbol has no place; one already named does.
+        // A fee is the account's: the symbol it names is not kept, and takes no place.
+        _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-02"), kind: .fee, symbol: "ZZZ", fees: 1)
+        #expect(try await store.transactions(accountID: broker.id).last?.symbol == "")
+        // A third symbol has no place (not one a fee named either); one already named does.
+        await #expect { _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: "ZZZ", quantity: 1, price: 10) } throws: { error in
+            (error as? ConflictError)?.field == "symbol"
+        }
         await #expect { _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: "NVDA", quantity: 1, price: 10) } throws: { error in
             (error as? ConflictError)?.field == "symbol"
         }
         _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-03"), kind: .buy, symbol: "AAPL", quantity: 1, price: 10)
-        _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-03"), kind: .sell, symbol: "AAPL", quantity: 1, price: 11)
-        // Four: the account is full.
+        // Four (the fee's among them): the account is full.
         await #expect { _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-04"), kind: .sell, symbol: "MSFT", quantity: 1, price: 11) } throws: { error in
             (error as? ConflictError)?.message.contains("at most 4 transactions") == true
         }
