@@ -127,8 +127,23 @@ public enum AlpacaNews {
 
     /// An item's events, one per route (``routes(_:itemBytes:)``), sharing `bytes`.
     public static func events(_ bytes: ByteBuffer, symbols: [String], receivedAt: UInt64 = 0) -> [MarketEvent] {
-        routes(symbols, itemBytes: bytes.readableBytes).map { MarketEvent(eventType: eventType, ticker: $0, bytes: bytes, receivedAt: receivedAt) }
+        var unbounded = Int.max
+        return events(bytes, symbols: symbols, receivedAt: receivedAt, routedBytes: &unbounded)
     }
+
+    /// ``events(_:symbols:receivedAt:)`` within what the rest of its message may still route
+    /// (`routedBytes`, less this item's copies): a message of many items each naming many symbols costs
+    /// its message's bound in copies, not items × symbols. An item is routed by one symbol at least.
+    public static func events(_ bytes: ByteBuffer, symbols: [String], receivedAt: UInt64 = 0, routedBytes: inout Int) -> [MarketEvent] {
+        let size = max(bytes.readableBytes, 1)
+        let routed = routes(symbols, itemBytes: bytes.readableBytes).prefix(max(1, routedBytes / size))
+        routedBytes -= routed.count * size
+        return routed.map { MarketEvent(eventType: eventType, ticker: $0, bytes: bytes, receivedAt: receivedAt) }
+    }
+
+    /// What one upstream message's news items may be routed as, in bytes of copies: ``maxRoutedBytes``,
+    /// or eight times the message.
+    public static func routedBytes(ofMessage bytes: Int) -> Int { max(maxRoutedBytes, 8 * bytes) }
 }
 
 /// What one connection was sent of the news lately (each item's version: its id and `updated_at`), so

@@ -143,6 +143,7 @@ public struct AlpacaWireProtocol: WireProtocol {
     public func readUpstream(_ message: ByteBuffer, receivedAt: UInt64, market: Market) throws -> UpstreamReading {
         var reading = UpstreamReading()
         let items = try message.withUnsafeReadableBytes { try AlpacaFrame.read($0) }
+        var routedBytes = AlpacaNews.routedBytes(ofMessage: message.readableBytes)
         for item in items {
             switch item {
             case .event(let type, let symbol, let range):
@@ -151,7 +152,7 @@ public struct AlpacaWireProtocol: WireProtocol {
             case .news(let symbols, let range):
                 // Its routes share the item's slice (and, where a large message is compacted, one copy).
                 guard let bytes = message.getSlice(at: message.readerIndex + range.lowerBound, length: range.count) else { continue }
-                reading.events += AlpacaNews.events(bytes, symbols: symbols, receivedAt: receivedAt)
+                reading.events += AlpacaNews.events(bytes, symbols: symbols, receivedAt: receivedAt, routedBytes: &routedBytes)
             case .control(let value): reading.controls.append(UpstreamControl(value))
             case .unknown: break
             }

@@ -459,7 +459,6 @@ public final class PortfolioStore: Sendable {
             if let problem = HeldSymbol.problem(with: symbol) {
                 throw ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
             }
-            try room.take(symbol, db: db)
             guard quantity > 0 else { throw ValidationError(field: "quantity", message: "must be above 0") }
             guard price >= 0 else { throw ValidationError(field: "price", message: "must not be negative") }
             amount = 0
@@ -475,6 +474,9 @@ public final class PortfolioStore: Sendable {
             id: 0, accountID: account.id, date: date, kind: new.kind, symbol: symbol, quantity: quantity, price: price, fees: new.fees,
             amount: amount)
         try book.add(candidate)
+        // After the book's checks: a sell of what is not held is that, whatever the symbol bound says.
+        // (A throw here writes nothing: the write, or the whole import, is rolled back.)
+        if new.kind == .buy || new.kind == .sell || new.kind == .dividend { try room.take(symbol, db: db) }
         try db.execute(
             sql: #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees, amount) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"#,
             arguments: [

@@ -75,6 +75,23 @@ struct AlpacaNewsTests {
         #expect(AlpacaNews.routes([long]) == [AlpacaNews.noSymbol], "the item still reaches the holders of every item")
     }
 
+    /// A message of many items each naming many symbols: its copies together hold at most the message's
+    /// bound (32 MiB, or eight times the message), each item routed by one symbol at least.
+    @Test func aMessagesItemsAreRoutedWithinTheMessagesBound() throws {
+        let wire = AlpacaWireProtocol(feed: .news)
+        let symbols = (0..<100).map { "S\($0)" }
+        let body = String(repeating: "x", count: 64 << 10)
+        let message = frame((0..<20).map { item(id: Int64($0), symbols: symbols, content: body) })
+        let reading = try wire.readUpstream(message, receivedAt: 5, market: .news)
+        let routedBytes = reading.events.reduce(0) { $0 + $1.bytes.readableBytes }
+        // The bound, and past it one route per item (each item is about 64 KiB).
+        let itemBytes = reading.events[0].bytes.readableBytes
+        #expect(routedBytes <= AlpacaNews.routedBytes(ofMessage: message.readableBytes) + 20 * itemBytes, "\(routedBytes) bytes of copies")
+        #expect(routedBytes < 20 * 100 * itemBytes / 2, "the bound cut them")
+        #expect(Set(reading.events.compactMap { AlpacaNews.id(of: $0) }).count == 20, "every item routed")
+        #expect(reading.events.count < 20 * 100)
+    }
+
     @Test func theIdIsFoundWhereverItStandsAndNotInAMapWithout() {
         var writer = MessagePack.Writer()
         writer.value(.map([.init(.string("T"), .string("n")), .init(.string("content"), .string("…")), .init(.string("id"), .int(42))]))
