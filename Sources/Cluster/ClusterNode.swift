@@ -688,7 +688,8 @@ public final class ClusterNode: Service, Sendable {
                 guard state.withLock({ wanted($0) }) else { return }
                 guard let last = await openLastValues(connection) else { continue }
                 let bound = state.withLock { state in
-                    guard wanted(state) else { return false }
+                    // Not one replaced meanwhile (its connection's buckets may be bound anew).
+                    guard !Task.isCancelled, wanted(state) else { return false }
                     state.lastValueBucket = last
                     return true
                 }

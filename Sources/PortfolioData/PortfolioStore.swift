@@ -153,6 +153,11 @@ public final class PortfolioStore: Sendable {
             // Whether a symbol is new to the store (``PortfolioLimits/symbols``) is found by symbol.
             try db.execute(sql: #"CREATE INDEX transaction_symbol ON "transaction"(symbol)"#)
         }
+        migrator.registerMigration("v6: a fee names no symbol") { db in
+            // The account's (the book never read it): only what is held names a symbol, so the symbol
+            // index alone says what the store names.
+            try db.execute(sql: #"UPDATE "transaction" SET symbol = '' WHERE kind = 'fee'"#)
+        }
         return migrator
     }
 
@@ -499,19 +504,18 @@ public final class PortfolioStore: Sendable {
             self.limit = limit
         }
 
-        static let kinds = "kind IN ('buy', 'sell', 'dividend')"
-
         /// Takes `symbol`, or throws a conflict when it is new and the store names `limit` already.
+        /// (Only buys, sells and dividends name symbols: a fee's and cash's are empty, v6.)
         mutating func take(_ symbol: String, db: Database) throws {
             if known?.contains(symbol) == true { return }
-            let stored = try Bool.fetchOne(
-                db, sql: #"SELECT EXISTS (SELECT 1 FROM "transaction" WHERE symbol = ? AND "# + Self.kinds + ")", arguments: [symbol]) ?? false
-            var names = try known ?? Set(String.fetchAll(db, sql: Self.firstSymbols, arguments: [limit + 1]))
-            defer { known = names }
+            let stored = try Bool.fetchOne(db, sql: #"SELECT EXISTS (SELECT 1 FROM "transaction" WHERE symbol = ?)"#, arguments: [symbol]) ?? false
             guard !stored else {
-                names.insert(symbol)
+                known?.insert(symbol)
                 return
             }
+            // Listed only for a new one: with `limit` or fewer stored, every one is in the list.
+            var names = try known ?? Set(String.fetchAll(db, sql: Self.firstSymbols, arguments: [limit + 1]))
+            defer { known = names }
             guard names.count < limit else {
                 throw ConflictError(field: "symbol", message: "the portfolio holds at most \(limit) symbols (portfolio.maxSymbols)")
             }
@@ -521,9 +525,9 @@ public final class PortfolioStore: Sendable {
         /// The store's first symbols in order, at most `?`: one index seek each.
         static let firstSymbols = """
             WITH RECURSIVE named(symbol) AS (
-                SELECT MIN(symbol) FROM "transaction" WHERE symbol > '' AND \(kinds)
+                SELECT MIN(symbol) FROM "transaction" WHERE symbol > ''
                 UNION ALL
-                SELECT (SELECT MIN(symbol) FROM "transaction" WHERE symbol > named.symbol AND \(kinds)) FROM named WHERE named.symbol IS NOT NULL
+                SELECT (SELECT MIN(symbol) FROM "transaction" WHERE symbol > named.symbol) FROM named WHERE named.symbol IS NOT NULL
                 LIMIT ?
             )
             SELECT symbol FROM named WHERE symbol IS NOT NULL

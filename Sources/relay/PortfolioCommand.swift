@@ -23,6 +23,11 @@ struct PortfolioCommand: AsyncParsableCommand {
         var maxTransactionsPerAccount = PortfolioLimits().transactionsPerAccount
         @Option(help: "Distinct symbols the transactions name at most (as portfolio.maxSymbols).") var maxSymbols = PortfolioLimits().symbols
 
+        func validate() throws {
+            guard maxAccounts > 0, maxTransactionsPerAccount > 0 else { throw ValidationError("--max-accounts and --max-transactions-per-account: above 0") }
+            guard (1...PortfolioLimits.maxSymbols).contains(maxSymbols) else { throw ValidationError("--max-symbols: 1 to \(PortfolioLimits.maxSymbols)") }
+        }
+
         func run() async throws {
             // A batch job: it may wait longer for `relay serve`'s short writes than a request would.
             let limits = PortfolioLimits(accounts: maxAccounts, transactionsPerAccount: maxTransactionsPerAccount, symbols: maxSymbols)
