@@ -38,7 +38,7 @@ public enum AlpacaNews {
         // `@`, which the upstream's events may not name) is not routed: the item goes to the symbols
         // that can be held, or to `_` when there is none.
         for symbol in symbols
-        where routes.count < limit && Topic.isTicker(symbol) && !symbol.utf8.contains(UInt8(ascii: "@"))
+        where routes.count < limit && Topic.isTicker(symbol) && !Topic.namesRelayTopic(symbol)
             && symbol.utf8.count <= SessionLimits().maxTickerLength && seen.insert(symbol).inserted
         {
             routes.append(symbol)

@@ -699,8 +699,10 @@ public final class ClusterNode: Service, Sendable {
         }
         // One at a time: a rebind of the buckets replaces the one before; a stopped node keeps none.
         let replaced = state.withLock { state -> Task<Void, Never>? in
-            defer { state.lastValueRetry = state.stopped ? nil : task }
-            return state.stopped ? task : state.lastValueRetry
+            if state.stopped { return task }
+            let before = state.lastValueRetry
+            state.lastValueRetry = task
+            return before
         }
         replaced?.cancel()
     }

@@ -256,7 +256,7 @@ public struct EventPosition: Sendable, Hashable {
 
     /// Whether an object's bytes up to (not including) its closing brace hold no field: `{` and blanks.
     static func isEmptyObject(_ body: some Sequence<UInt8>) -> Bool {
-        body.allSatisfy { $0 == UInt8(ascii: "{") || $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
+        body.allSatisfy { $0 == UInt8(ascii: "{") || JSONText.isSpace($0) }
     }
 
     /// A fresh epoch: 12 characters of base 36 from the time and randomness, different at every start

@@ -1,5 +1,11 @@
 /// JSON string escaping for the few strings the relay writes itself.
 public enum JSONText {
+    /// JSON's white space: space, line feed, carriage return, tab.
+    @inlinable
+    public static func isSpace(_ byte: UInt8) -> Bool {
+        byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09
+    }
+
     public static func escape(_ text: String) -> String {
         var out = ""
         out.reserveCapacity(text.utf8.count)
@@ -99,7 +105,7 @@ extension JSONText {
         private mutating func advance() { index = utf8.index(after: index) }
 
         private mutating func skipSpace() {
-            while let byte = peek, byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 { advance() }
+            while let byte = peek, JSONText.isSpace(byte) { advance() }
         }
 
         /// A string, quotes included.

@@ -44,6 +44,12 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
         !text.utf8.isEmpty && text.utf8.allSatisfy(isTickerByte)
     }
 
+    /// Whether a ticker names one of the relay's own topics rather than a vendor's symbol: the wildcard's
+    /// `*`, or a derived bar's `@` (`AAPL@5m`). An upstream's events may name neither.
+    public static func namesRelayTopic(_ ticker: String) -> Bool {
+        ticker.utf8.contains { $0 == UInt8(ascii: "*") || $0 == UInt8(ascii: "@") }
+    }
+
     /// A non-empty event type of ASCII letters and digits.
     public static func isEventType(_ text: String) -> Bool {
         !text.utf8.isEmpty && text.utf8.allSatisfy(isEventTypeByte)

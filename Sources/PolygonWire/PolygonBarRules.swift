@@ -90,7 +90,7 @@ struct TradeFields {
         var index = 0
         let count = raw.count
         func skipSpace() {
-            while index < count, raw[index] == 0x20 || raw[index] == 0x0A || raw[index] == 0x0D || raw[index] == 0x09 { index += 1 }
+            while index < count, JSONText.isSpace(raw[index]) { index += 1 }
         }
         skipSpace()
         guard index < count, raw[index] == UInt8(ascii: "{") else { return nil }

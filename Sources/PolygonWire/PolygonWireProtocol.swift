@@ -52,7 +52,7 @@ public struct PolygonWireProtocol: WireProtocol {
     /// Exactly one JSON object (no array, nothing after it): a market event whose `ev` and ticker field
     /// name `topic` (the ticker in `market`'s topic form: a crypto `pair` `BTC-USD` names `X:BTC-USD`).
     public func checkedEvent(_ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, receivedAt: UInt64) -> Result<MarketEvent, WireRejection> {
-        guard let first = payload.first(where: { !Self.isWhitespace($0) }), first == UInt8(ascii: "{") else {
+        guard let first = payload.first(where: { !JSONText.isSpace($0) }), first == UInt8(ascii: "{") else {
             return .failure(WireRejection("not one JSON object (\(payload.count) bytes)"))
         }
         let parsed: ParsedFrame
@@ -68,10 +68,6 @@ public struct PolygonWireProtocol: WireProtocol {
             return .failure(WireRejection("an event of \(event.topic) on the subject of \(topic)"))
         }
         return .success(event)
-    }
-
-    private static func isWhitespace(_ byte: UInt8) -> Bool {
-        byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\n") || byte == UInt8(ascii: "\r") || byte == UInt8(ascii: "\t")
     }
 
     /// Polygon's last values are all snapshots.
@@ -142,10 +138,11 @@ public struct PolygonWireProtocol: WireProtocol {
     public func readUpstream(_ message: ByteBuffer, receivedAt: UInt64, market: Market) throws -> UpstreamReading {
         let parsed = try FrameParser.parse(message, receivedAt: receivedAt, market: market)
         // The vendor's words, bounded and printable: they reach logs, `/healthz` and clients' notices.
-        let statuses = parsed.statuses.map {
-            StatusMessage(status: VisibleText.visible($0.status, limit: 64), message: VisibleText.visible($0.message, limit: VisibleText.vendorBytes))
+        let controls = parsed.statuses.map {
+            UpstreamControl(
+                StatusMessage(status: VisibleText.visible($0.status, limit: 64), message: VisibleText.visible($0.message, limit: VisibleText.vendorBytes)))
         }
-        return UpstreamReading(events: parsed.events, controls: statuses.map { UpstreamControl($0) })
+        return UpstreamReading(events: parsed.events, controls: controls)
     }
 
     public var upstreamSendsBinary: Bool { false }

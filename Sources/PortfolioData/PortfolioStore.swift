@@ -480,8 +480,9 @@ public final class PortfolioStore: Sendable {
             amount: amount)
         try book.add(candidate)
         // After the book's checks: a sell of what is not held is that, whatever the symbol bound says.
-        // (A throw here writes nothing: the write, or the whole import, is rolled back.)
-        if new.kind == .buy || new.kind == .sell || new.kind == .dividend { try room.take(symbol, db: db) }
+        // (A throw here writes nothing: the write, or the whole import, is rolled back.) Only buys, sells
+        // and dividends name a symbol; fees and cash were given none above.
+        if !symbol.isEmpty { try room.take(symbol, db: db) }
         try db.execute(
             sql: #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees, amount) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"#,
             arguments: [

@@ -108,8 +108,7 @@ public struct PortfolioRoutes: Sendable {
     /// reads one (a malformed one is refused, not taken for none).
     static func body<T: Decodable>(_ type: T.Type, _ request: Request, orIfNone empty: T) async throws -> T {
         let buffer = try await request.body.collect(upTo: maxBodyBytes)
-        let blank = buffer.readableBytesView.allSatisfy { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\n") || $0 == UInt8(ascii: "\r") || $0 == UInt8(ascii: "\t") }
-        return blank ? empty : try decode(T.self, buffer)
+        return buffer.readableBytesView.allSatisfy(JSONText.isSpace) ? empty : try decode(T.self, buffer)
     }
 
     private static func decode<T: Decodable>(_ type: T.Type, _ buffer: ByteBuffer) throws -> T {

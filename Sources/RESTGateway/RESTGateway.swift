@@ -284,8 +284,7 @@ public final class RESTGateway: Sendable {
         if rasterImages.contains(essence) { return true }
         guard essence == "application/json" else { return false }
         let view = body.readableBytesView
-        let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }
-        switch (view.first(where: { !isSpace($0) }), view.last(where: { !isSpace($0) })) {
+        switch (view.first(where: { !JSONText.isSpace($0) }), view.last(where: { !JSONText.isSpace($0) })) {
         case (UInt8(ascii: "{")?, UInt8(ascii: "}")?), (UInt8(ascii: "[")?, UInt8(ascii: "]")?): return true
         default: return false
         }

@@ -626,10 +626,12 @@ final class LWSConnection: Sendable {
         process(complete, wsi: wsi)
     }
 
+    /// A status that ended the connection (or a stop) asked for its close: nothing it sends after that is
+    /// taken (lws hands over every frame already read before the close is written).
+    private var closing: Bool { shared.withLock { $0.closeRequested } }
+
     private func process(_ message: ByteBuffer, wsi: OpaquePointer) {
-        // A status that ends the connection ends what it sends after it too (lws hands over every frame
-        // already read before the close is written).
-        if shared.withLock({ $0.closeRequested }) { return }
+        if closing { return }
         let parsed: UpstreamReading
         do {
             parsed = try configuration.wire.readUpstream(message, receivedAt: MonotonicClock.nanoseconds(), market: marketOfFrames)
@@ -641,13 +643,12 @@ final class LWSConnection: Sendable {
             return
         }
         for control in parsed.controls {
+            handle(control, wsi: wsi)
             // A status that ends the connection ends its message too: nothing after it is taken (a
             // thousand `auth_success`, `auth_failed` pairs would subscribe everything a thousand times
             // over, to be dropped at the close).
-            if shared.withLock({ $0.closeRequested }) { return }
-            handle(control, wsi: wsi)
+            if closing { return }
         }
-        if shared.withLock({ $0.closeRequested }) { return }
         guard !parsed.events.isEmpty else { return }
         let (passing, refused, problem) = eventCheck.passing(parsed.events)
         if refused > 0, let problem {

@@ -21,14 +21,11 @@ struct UpstreamEventCheck: Sendable {
         foldedTypes = wire.folding(of: market, limits: FoldLimits())?.eventTypes ?? []
     }
 
-    /// Why a ticker the upstream names is none the relay takes: the wildcard's `*` (its events would be
-    /// the `T.*` topic's own), or a derived bar's `@` (they would reach the holders of the relay's own
-    /// bars as if it had built them). `nil`: none.
+    /// Why a ticker the upstream names is none the relay takes (``Topic/namesRelayTopic(_:)``): the
+    /// wildcard's `*` (its events would be the `T.*` topic's own), or a derived bar's `@` (they would
+    /// reach the holders of the relay's own bars as if it had built them). `nil`: none.
     static func problem(ticker: String) -> String? {
-        for byte in ticker.utf8 where byte == UInt8(ascii: "*") || byte == UInt8(ascii: "@") {
-            return "a ticker with \"\(Character(Unicode.Scalar(byte)))\", which names the relay's own topics"
-        }
-        return nil
+        Topic.namesRelayTopic(ticker) ? "a ticker with * or @, which names the relay's own topics" : nil
     }
 
     /// The events that pass, and what the first one that did not was (`nil`: all passed, and `events`
