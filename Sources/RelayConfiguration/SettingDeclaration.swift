@@ -208,6 +208,11 @@ extension RelaySettings {
         .init("limits.connections", env: "RELAY_LIMIT_CONNECTIONS", default: "50000", "Market and portfolio-stream WebSockets in all."),
         .init("limits.connectionsPerAddress", env: "RELAY_LIMIT_CONNECTIONS_PER_ADDRESS", default: "10000", "Market and portfolio-stream WebSockets per address."),
         .init(
+            "limits.httpConnections", env: "RELAY_LIMIT_HTTP_CONNECTIONS", default: "4096",
+            "HTTP connections in all (at most a quarter of the open-file limit)."),
+        .init(
+            "limits.httpConnectionsPerAddress", env: "RELAY_LIMIT_HTTP_CONNECTIONS_PER_ADDRESS", default: "256", "HTTP connections per address."),
+        .init(
             "limits.pendingPerAddress", env: "RELAY_LIMIT_PENDING_PER_ADDRESS", default: "1000",
             "Connections of one address not yet authenticated (or without a first request head)."),
         .init(

@@ -361,11 +361,14 @@ extension SessionLimits {
 }
 
 extension RelayServerConfiguration.ConnectionLimits {
-    /// `limits.connections`, `…PerAddress`, `pendingPerAddress`, `outboundBytes`, `topicsPerKey`, `topics`,
-    /// `subscriptionsPerKey`, `subscriptions`, `authTimeoutSeconds` over the defaults.
+    /// `limits.connections`, `…PerAddress`, `httpConnections`, `…PerAddress`, `pendingPerAddress`,
+    /// `outboundBytes`, `topicsPerKey`, `topics`, `subscriptionsPerKey`, `subscriptions`,
+    /// `authTimeoutSeconds` over the defaults.
     mutating func read(_ config: ConfigReader) throws {
         if let value = try config.positive("limits.connections") { total = value }
         if let value = try config.positive("limits.connectionsPerAddress") { perAddress = value }
+        if let value = try config.positive("limits.httpConnections") { httpConnections = value }
+        if let value = try config.positive("limits.httpConnectionsPerAddress") { httpConnectionsPerAddress = value }
         if let value = try config.positive("limits.pendingPerAddress") { pendingPerAddress = value }
         if let value = try config.positive("limits.outboundBytes") { outboundBytes = value }
         if let value = try config.positive("limits.topicsPerKey") { topicsPerKey = value }

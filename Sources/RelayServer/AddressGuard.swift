@@ -9,13 +9,15 @@ import Synchronization
 /// An address is its IPv4 address or its IPv6 /64 (one host or one site's network: a client with a
 /// /64 has 2⁶⁴ addresses to rotate through, so the /64 is the unit every limit counts).
 ///
-/// Three tallies:
+/// Four tallies:
 /// - every accepted TCP connection (HTTP and WebSocket): refused at accept past the descriptor budget
 ///   (the process's open-file limit less a reserve for the upstream, NATS, SQLite and files), and past
 ///   ``RelayServerConfiguration/ConnectionLimits/pendingPerAddress`` connections of one address that
 ///   have not yet sent a request head or authenticated;
 /// - market and push WebSockets, in all and per address (refused the way Polygon refuses: a status and
 ///   close 1008);
+/// - HTTP connections (their first request not an upgrade), in all and per address, so kept-alive
+///   HTTP connections take at most a share of the descriptor budget (refused with a `503` and closed);
 /// - failed authentications per address in the last window, which delay the answer to the next failure
 ///   (doubling, capped) but never refuse a correct key.
 final class AddressGuard: Sendable {
@@ -26,6 +28,9 @@ final class AddressGuard: Sendable {
         /// Market and push WebSockets.
         var webSockets: [String: Int] = [:]
         var webSocketsTotal = 0
+        /// HTTP connections.
+        var http: [String: Int] = [:]
+        var httpTotal = 0
         var failures: [String: (count: Int, last: ContinuousClock.Instant)] = [:]
         /// Failed authentications of each address whose (delayed) answer has not gone out yet.
         var failuresInFlight: [String: Int] = [:]
@@ -50,6 +55,8 @@ final class AddressGuard: Sendable {
     final class Ticket: Sendable {
         let address: String
         fileprivate let pending = Atomic<Bool>(true)
+        /// Counted as an HTTP connection (``serveHTTP(_:)``) until it closes.
+        fileprivate let http = Atomic<Bool>(false)
 
         fileprivate init(address: String) {
             self.address = address
@@ -62,11 +69,15 @@ final class AddressGuard: Sendable {
     let limits: RelayServerConfiguration.ConnectionLimits
     /// Accepted connections at most: the open-file limit less the reserve.
     let descriptorBudget: Int
+    /// HTTP connections at most: the setting, and at most a quarter of the descriptor budget (the rest
+    /// stays for market clients whatever HTTP clients hold).
+    let httpBudget: Int
     private let state = Mutex(State())
 
     init(limits: RelayServerConfiguration.ConnectionLimits, openFileLimit: Int = AddressGuard.openFileLimit()) {
         self.limits = limits
         descriptorBudget = openFileLimit > 0 ? max(openFileLimit - limits.descriptorReserve, 1) : Int.max
+        httpBudget = min(limits.httpConnections, max(descriptorBudget / 4, 1))
     }
 
     /// The address every limit counts: IPv4 as it is, IPv6 by its /64 (`2001:db8:1:2::/64`).
@@ -115,10 +126,30 @@ final class AddressGuard: Sendable {
         }
     }
 
+    /// The connection's first request is plain HTTP: counts it as an HTTP connection until it closes,
+    /// or says why it is refused (then it is answered so and closed, and not counted).
+    func serveHTTP(_ ticket: Ticket) -> Refusal? {
+        state.withLock { state in
+            if ticket.http.load(ordering: .acquiring) { return nil }
+            if state.httpTotal >= httpBudget { return .total(httpBudget) }
+            if state.http[ticket.address, default: 0] >= limits.httpConnectionsPerAddress { return .perAddress(limits.httpConnectionsPerAddress) }
+            ticket.http.store(true, ordering: .releasing)
+            state.httpTotal += 1
+            state.http[ticket.address, default: 0] += 1
+            return nil
+        }
+    }
+
     /// The connection closed.
     func closed(_ ticket: Ticket) {
         let wasPending = ticket.pending.exchange(false, ordering: .acquiringAndReleasing)
+        let wasHTTP = ticket.http.exchange(false, ordering: .acquiringAndReleasing)
         state.withLock { state in
+            if wasHTTP {
+                state.httpTotal = max(state.httpTotal - 1, 0)
+                let left = (state.http[ticket.address] ?? 1) - 1
+                state.http[ticket.address] = left > 0 ? left : nil
+            }
             state.acceptedTotal = max(state.acceptedTotal - 1, 0)
             guard let tally = state.accepted[ticket.address] else { return }
             let next = (open: tally.open - 1, pending: wasPending ? tally.pending - 1 : tally.pending)
@@ -129,6 +160,11 @@ final class AddressGuard: Sendable {
     /// Accepted connections now, and those of them pending, from `address` (tests, status).
     func accepted(from address: String) -> (open: Int, pending: Int) {
         state.withLock { $0.accepted[Self.key(for: address)] ?? (0, 0) }
+    }
+
+    /// HTTP connections now, of `address` and in all (tests).
+    func httpConnections(of address: String) -> (address: Int, all: Int) {
+        state.withLock { ($0.http[Self.key(for: address)] ?? 0, $0.httpTotal) }
     }
 
     // MARK: WebSockets
@@ -174,6 +210,17 @@ final class AddressGuard: Sendable {
             state.failuresInFlight[key, default: 0] += 1
             return min(limits.failureDelay * (1 << doublings), limits.maxFailureDelay)
         }
+    }
+
+    /// Gives a failed authentication of an HTTP request or WebSocket upgrade its answer, after the delay
+    /// `address`'s recent failures call for (``failedAuthentication(from:at:)``), in flight meanwhile.
+    func answerFailure<Answer>(from address: String, _ answer: () async throws -> Answer) async rethrows -> Answer {
+        let delay = failedAuthentication(from: address)
+        guard delay > .zero else { return try await answer() }
+        defer { failureAnswered(from: address) }
+        // Cancelled (the server stopping): answered at once.
+        try? await Task.sleep(for: delay)
+        return try await answer()
     }
 
     /// A delayed failure's answer went out (call once for each non-zero delay given).

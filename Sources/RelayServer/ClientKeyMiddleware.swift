@@ -13,15 +13,24 @@ import MarketCore
 /// On the portfolio's routes the key also needs its portfolio right: `read` to read (GET), `write` to
 /// change anything; short of it the answer is `403` naming the key and its right.
 ///
+/// A `401` closes its connection, so each guess costs a connection; a wrong key is treated as on the
+/// market feed: its `401` comes after the delay its address's recent failures call for
+/// (``AddressGuard``), and an address with as many delayed answers waiting as it may is answered `429`
+/// unchecked.
+///
 /// With no keys configured the relay only listens on loopback (``ClientAuthentication``), and every
 /// request passes. `Sendable`, a value type; one per router group.
-public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
+public struct ClientKeyMiddleware: RouterMiddleware {
+    public typealias Context = RelayRequestContext
     let authentication: ClientAuthentication
     let portfolio: Bool
+    /// Where failed authentications are counted and delayed.
+    let failures: AddressGuard
 
-    public init(authentication: ClientAuthentication, portfolio: Bool = false) {
+    init(authentication: ClientAuthentication, portfolio: Bool = false, failures: AddressGuard) {
         self.authentication = authentication
         self.portfolio = portfolio
+        self.failures = failures
     }
 
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
@@ -29,11 +38,20 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
             // Without keys every name shares one scope (so the bound on names holds whatever they are).
             return try await next(portfolio ? Self.scopingClientName(request, by: "loopback") : request, context)
         }
-        guard let presented = Self.key(in: request), let key = authentication.identify(presented) else {
-            var headers = HTTPFields()
-            headers[.wwwAuthenticate] = #"Bearer realm="relay""#
-            return Self.error(
-                .unauthorized, "a client key is required: send Authorization: Bearer KEY, APCA-API-KEY-ID: KEY or ?apiKey=KEY", headers: headers)
+        let address = context.channel.remoteAddress?.ipAddress ?? "unknown"
+        if failures.isGuessing(address) {
+            return Self.error(.tooManyRequests, Self.guessing, headers: [.connection: "close", .retryAfter: "5"])
+        }
+        let presented = Self.key(in: request)
+        guard let presented, let key = authentication.identify(presented) else {
+            let answer = {
+                Self.error(
+                    .unauthorized, "a client key is required: send Authorization: Bearer KEY, APCA-API-KEY-ID: KEY or ?apiKey=KEY",
+                    headers: [.wwwAuthenticate: #"Bearer realm="relay""#, .connection: "close"])
+            }
+            // No key at all is no guess: answered at once.
+            guard presented != nil else { return answer() }
+            return await failures.answerFailure(from: address, answer)
         }
         if portfolio {
             let reading = request.method == .get || request.method == .head
@@ -56,6 +74,8 @@ public struct ClientKeyMiddleware<Context: RequestContext>: RouterMiddleware {
         head.headerFields[header] = "\(scope.replacingOccurrences(of: ":", with: "_")):\(name)"
         return Request(head: head, body: request.body)
     }
+
+    static let guessing = "too many failed authentications from this address are being answered; try again in a few seconds"
 
     static func error(_ status: HTTPResponse.Status, _ message: String, headers: HTTPFields = [:]) -> Response {
         var headers = headers

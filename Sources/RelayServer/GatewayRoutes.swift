@@ -69,10 +69,10 @@ extension RelayServer {
     func gatewayAnswer(_ request: Request, context: RelayRequestContext) async -> Response {
         let uri = request.uri
         guard let gateway = gateway(for: uri.path) else {
-            return ClientKeyMiddleware<RelayRequestContext>.error(.notFound, "no REST gateway serves \(uri.path.prefix(200))")
+            return ClientKeyMiddleware.error(.notFound, "no REST gateway serves \(uri.path.prefix(200))")
         }
         let authentication = configuration.authentication
-        let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
+        let key = ClientKeyMiddleware.key(in: request).flatMap(authentication.identify)
         let client: GatewayClient
         if let key {
             let entitlement = key.entitlement

@@ -39,7 +39,15 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 
     enum Decision: Sendable {
         case accept(Accepted)
-        case refuse(HTTPResponse.Status, String)
+        case refuse(Refused)
+    }
+
+    /// An upgrade or first request answered with an error, then closed.
+    struct Refused: Sendable {
+        var status: HTTPResponse.Status
+        var message: String
+        /// A key was presented and is wrong: answered after the address's failure delay.
+        var wrongKey = false
     }
 
     /// An accepted upgrade: the market feed at an index of the server's markets, or the push stream at
@@ -58,7 +66,7 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
         /// Our handlers run the connection from here.
         case upgraded
         case notUpgraded(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>)
-        case refused(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>, HTTPResponse.Status, String)
+        case refused(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>, Refused)
     }
 
     struct Value: ServerChildChannelValue {
@@ -99,7 +107,7 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 try options.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
                 try options.setOption(ChannelOptions.recvAllocator, value: Self.receiveAllocator)
             }
-            let refusal = NIOLoopBoundBox<(HTTPResponse.Status, String)?>(nil, eventLoop: channel.eventLoop)
+            let refusal = NIOLoopBoundBox<Refused?>(nil, eventLoop: channel.eventLoop)
             let accepted = NIOLoopBoundBox<Accepted?>(nil, eventLoop: channel.eventLoop)
             let upgrader = NIOTypedWebSocketServerUpgrader<UpgradeResult>(
                 maxFrameSize: routes.maxFrameSize,
@@ -110,8 +118,8 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                     case .accept(let route):
                         accepted.value = route
                         return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
-                    case .refuse(let status, let message):
-                        refusal.value = (status, message)
+                    case .refuse(let refused):
+                        refusal.value = refused
                         return channel.eventLoop.makeSucceededFuture(nil)
                     }
                 },
@@ -129,12 +137,16 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                         // A request head came: no longer pending; the next ones within the keep-alive timeout.
                         headDeadline.cancel()
                         routes.addresses.settle(ticket)
+                        // Plain HTTP: counted as such, or refused past the HTTP connections' share.
+                        if refusal.value == nil, let refused = routes.addresses.serveHTTP(ticket) {
+                            refusal.value = Refused(status: .serviceUnavailable, message: Self.httpRefusal(refused))
+                        }
                         try channel.pipeline.syncOperations.addHandler(HTTP1ToHTTPServerCodec(secure: false))
                         try channel.pipeline.syncOperations.addHandler(RequestHeadDeadline(timeout: routes.keepAliveTimeout))
                         try channel.pipeline.syncOperations.addHandler(HTTPConnectionStateHandler(logger: logger))
                         let asyncChannel = try NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>(
                             wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
-                        if let (status, message) = refusal.value { return UpgradeResult.refused(asyncChannel, status, message) }
+                        if let refused = refusal.value { return UpgradeResult.refused(asyncChannel, refused) }
                         return UpgradeResult.notUpgraded(asyncChannel)
                     }
                 })
@@ -159,18 +171,35 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 await withTaskExecutorPreference(LoopTaskExecutor(loop: value.channel.eventLoop)) {
                     await handleHTTP(asyncChannel: http, logger: logger)
                 }
-            case .refused(let http, let status, let message):
-                try await http.executeThenClose { _, outbound in
-                    let body = ByteBuffer(string: #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#)
-                    var fields: HTTPFields = [.connection: "close", .contentType: "application/json", .contentLength: "\(body.readableBytes)"]
-                    if status == .unauthorized { fields[.wwwAuthenticate] = #"Bearer realm="relay""# }
-                    try await outbound.write(contentsOf: [.head(HTTPResponse(status: status, headerFields: fields)), .body(body), .end(nil)])
+            case .refused(let http, let refused):
+                let (status, message) = (refused.status, refused.message)
+                let answer = {
+                    try await http.executeThenClose { _, outbound in
+                        let body = ByteBuffer(string: #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#)
+                        var fields: HTTPFields = [.connection: "close", .contentType: "application/json", .contentLength: "\(body.readableBytes)"]
+                        if status == .unauthorized { fields[.wwwAuthenticate] = #"Bearer realm="relay""# }
+                        if status == .serviceUnavailable { fields[.retryAfter] = "1" }
+                        try await outbound.write(contentsOf: [.head(HTTPResponse(status: status, headerFields: fields)), .body(body), .end(nil)])
+                    }
+                }
+                // A wrong key is answered after its address's failure delay, as on the market feed.
+                if refused.wrongKey, let address = value.channel.remoteAddress?.ipAddress {
+                    try await routes.addresses.answerFailure(from: address, answer)
+                } else {
+                    try await answer()
                 }
             }
         } catch let error as ChannelError where error == .inputClosed {
             logger.trace("connection closed before its first request")
         } catch {
             logger.debug("connection setup failed", metadata: ["error": "\(error)"])
+        }
+    }
+
+    static func httpRefusal(_ refusal: AddressGuard.Refusal) -> String {
+        switch refusal {
+        case .total(let limit): "too many HTTP connections (\(limit) in all); try again in a moment"
+        case .perAddress(let limit): "too many HTTP connections from this address (\(limit)); reuse one, or close some"
         }
     }
 
@@ -211,7 +240,8 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
 /// `Upgrade` the relay did not make: a late WebSocket upgrade, `h2c`) is the connection's last: the
 /// codec would keep every byte sent after it unparsed, so nothing is read past its end. Its answer
 /// says `Connection: close`; once written, the relay's side is closed (its client reads the answer
-/// whole, then the end), and the connection goes at the idle deadline or when the client closes. So
+/// whole, then the end), and the connection goes at the idle deadline or when the client closes. A
+/// request whose answer says `Connection: close` of its own (a wrong key's `401`) ends it so too. So
 /// does a connection whose request handling closed its side (`Connection: close`) with requests
 /// still behind it: they are never answered.
 final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
@@ -305,6 +335,9 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
             if let lastRequest, answersEnded + 1 >= lastRequest {
                 head.headerFields[.connection] = "close"
                 data = wrapOutboundOut(.head(head))
+            } else if head.headerFields[.connection]?.lowercased() == "close" {
+                // An answer that ends the connection (a wrong key's): its request is the last read.
+                lastRequest = answersEnded + 1
             }
         case .body:
             break

@@ -184,29 +184,36 @@ public final class RelayServer: Service, Sendable {
         return RelayChildChannel.Routes(
             addresses: addresses, headTimeout: TimeAmount(configuration.connectionLimits.headTimeout),
             keepAliveTimeout: TimeAmount(configuration.connectionLimits.keepAliveTimeout), logger: logger,
-            decide: { head, _ in
+            decide: { [addresses] head, channel in
                 // Stopping: a client closed with 1012 that comes straight back would be served by this
                 // relay for a moment and closed again (its session shelved here, after what the stop
                 // saves for the next start). Refused, it tries again and finds the next start.
-                if sessions.isClosing { return .refuse(.serviceUnavailable, "the relay is stopping; connect again in a moment") }
+                if sessions.isClosing { return .refuse(.init(status: .serviceUnavailable, message: "the relay is stopping; connect again in a moment")) }
                 let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
                 if let index = paths[path] { return .accept(.market(index, contentType: head.headers.first(name: "content-type"))) }
                 guard let index = pushStreams.firstIndex(where: { $0.path == path }) else {
                     if let market = Market(rawValue: String(path.dropFirst())) {
-                        return .refuse(.notFound, "the \(market) market is not configured on this relay (it serves \(served))")
+                        return .refuse(.init(status: .notFound, message: "the \(market) market is not configured on this relay (it serves \(served))"))
                     }
-                    return .refuse(.notFound, "no WebSocket at \(path) (the market feeds are at \(served))")
+                    return .refuse(.init(status: .notFound, message: "no WebSocket at \(path) (the market feeds are at \(served))"))
                 }
                 // The push streams take the client key the way the HTTP routes do.
                 var admitted: ClientKey?
                 if authentication.requiresKeys {
-                    let presented = ClientKeyMiddleware<RelayRequestContext>.key(
+                    if addresses.isGuessing(channel.remoteAddress?.ipAddress ?? "unknown") {
+                        return .refuse(.init(status: .tooManyRequests, message: ClientKeyMiddleware.guessing))
+                    }
+                    let presented = ClientKeyMiddleware.key(
                         authorization: head.headers.first(name: "authorization"), uri: URI(head.uri))
                     guard let presented, let key = authentication.identify(presented) else {
-                        return .refuse(.unauthorized, "a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY")
+                        return .refuse(
+                            .init(
+                                status: .unauthorized, message: "a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY",
+                                wrongKey: presented != nil))
                     }
                     if pushStreams[index].needsPortfolioRight, key.portfolio < .read {
-                        return .refuse(.forbidden, "key \"\(key.name)\" may not read the portfolio (its right: \(key.portfolio.rawValue))")
+                        let message = "key \"\(key.name)\" may not read the portfolio (its right: \(key.portfolio.rawValue))"
+                        return .refuse(.init(status: .forbidden, message: message))
                     }
                     admitted = key
                 }
@@ -308,7 +315,7 @@ public final class RelayServer: Service, Sendable {
     /// `/v1/status`: the relay's state as the key asking may see it.
     private func statusAnswer(_ request: Request) async throws -> Response {
         let authentication = configuration.authentication
-        let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
+        let key = ClientKeyMiddleware.key(in: request).flatMap(authentication.identify)
         // Without keys everyone has every right.
         let right = authentication.requiresKeys ? key?.portfolio ?? .none : .write
         let viewer = StatusBoard.Status.Viewer(keysRequired: authentication.requiresKeys, key: key?.name, portfolio: right.rawValue)
@@ -324,7 +331,7 @@ public final class RelayServer: Service, Sendable {
         router.get("/healthz/{market}") { _, context in try await self.health(of: context.parameters.get("market") ?? "") }
         addDashboard(to: router)
         let authentication = configuration.authentication
-        let keyed = router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication))
+        let keyed = router.group().add(middleware: ClientKeyMiddleware(authentication: authentication, failures: addresses))
         // Requests are answered on their connection's event loop (`LoopTaskExecutor`); the routes that
         // may take long (the metrics' text, the status, the portfolio's recomputing) run on the global
         // executor instead, not holding up that loop's market clients.
@@ -341,7 +348,7 @@ public final class RelayServer: Service, Sendable {
                 return await self.gatewayAnswer(request, context: context)
             }
             // The key's topics hold here as on the WebSocket.
-            let key = ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(authentication.identify)
+            let key = ClientKeyMiddleware.key(in: request).flatMap(authentication.identify)
             return try await self.lastEvent(
                 context.parameters.getCatchAll().joined(separator: "/"), entitlement: key?.entitlement ?? .everything,
                 accept: request.headers[.accept])
@@ -349,7 +356,7 @@ public final class RelayServer: Service, Sendable {
         addGateways(to: keyed)
         // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
         extraRoutes(
-            router.group().add(middleware: ClientKeyMiddleware<RelayRequestContext>(authentication: authentication, portfolio: true))
+            router.group().add(middleware: ClientKeyMiddleware(authentication: authentication, portfolio: true, failures: addresses))
                 .add(middleware: OffTheLoopMiddleware<RelayRequestContext>()))
 
         let port = self.port

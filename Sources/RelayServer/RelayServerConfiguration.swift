@@ -39,6 +39,11 @@ public struct RelayServerConfiguration: Sendable {
         public var total: Int
         /// Market and push WebSockets per remote address (an IPv6 /64 is one address).
         public var perAddress: Int
+        /// HTTP connections (their first request not a WebSocket upgrade) in all, and per address; one
+        /// more is answered `503` and closed. In all at most a quarter of the open-file limit, whatever
+        /// this says, so HTTP clients never hold the descriptors market clients need.
+        public var httpConnections = 4_096
+        public var httpConnectionsPerAddress = 256
         /// Accepted connections of one address that have not yet sent a request head or authenticated;
         /// one more is closed at once.
         public var pendingPerAddress: Int

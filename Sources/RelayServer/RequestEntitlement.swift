@@ -6,6 +6,6 @@ extension ClientAuthentication {
     /// `/v1/last/**` checks them: its key's entitlement, or everything when no key is configured
     /// (any key on loopback). Routes behind the client-key check use it for market data they answer.
     public func entitlement(of request: Request) -> Entitlement {
-        ClientKeyMiddleware<RelayRequestContext>.key(in: request).flatMap(identify)?.entitlement ?? .everything
+        ClientKeyMiddleware.key(in: request).flatMap(identify)?.entitlement ?? .everything
     }
 }

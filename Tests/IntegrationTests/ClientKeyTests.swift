@@ -33,6 +33,8 @@ struct ClientKeyTests {
             listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["dashboard-key", "strategy-key"], demoRate: 200,
             portfolio: .init(dataDirectory: directory))
         settings.metricsPublic = metricsPublic
+        // Every route is asked with a wrong key in turn: answered without the guessers' delay.
+        (settings.connectionLimits.failureDelay, settings.connectionLimits.maxFailureDelay) = (.milliseconds(1), .milliseconds(2))
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
             let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }

@@ -58,6 +58,28 @@ struct AddressGuardTests {
         #expect(guardian.accepted(from: "192.0.2.1") == (open: 2, pending: 1))
         #expect(guardian.accept("192.0.2.9").0 != nil)
     }
+
+    @Test func httpConnectionsAreCappedPerAddressAndInAllAtAQuarterOfTheBudgetAndFreedAtClose() throws {
+        var limits = RelayServerConfiguration.ConnectionLimits(descriptorReserve: 0)
+        (limits.httpConnections, limits.httpConnectionsPerAddress) = (3, 2)
+        let guardian = AddressGuard(limits: limits, openFileLimit: 10_000)
+        let tickets = try ["192.0.2.1", "192.0.2.1", "192.0.2.1", "192.0.2.2", "192.0.2.3"].map { try #require(guardian.accept($0).0) }
+        #expect(guardian.serveHTTP(tickets[0]) == nil && guardian.serveHTTP(tickets[1]) == nil)
+        #expect(guardian.serveHTTP(tickets[2]) == .perAddress(2), "a third of one address")
+        #expect(guardian.serveHTTP(tickets[3]) == nil)
+        #expect(guardian.serveHTTP(tickets[4]) == .total(3), "a fourth in all")
+        #expect(guardian.serveHTTP(tickets[3]) == nil && guardian.httpConnections(of: "192.0.2.2") == (1, 3), "counted once")
+        // A refused connection was never counted; a served one is freed when it closes.
+        guardian.closed(tickets[2])
+        #expect(guardian.httpConnections(of: "192.0.2.1") == (2, 3))
+        guardian.closed(tickets[0])
+        #expect(guardian.httpConnections(of: "192.0.2.1") == (1, 2))
+        #expect(guardian.serveHTTP(tickets[4]) == nil)
+        // However many the setting allows, HTTP takes at most a quarter of the descriptor budget.
+        limits.httpConnections = 1_000
+        #expect(AddressGuard(limits: limits, openFileLimit: 40).httpBudget == 10)
+        #expect(AddressGuard(limits: limits, openFileLimit: 2).httpBudget == 1)
+    }
 }
 
 @Suite("Topic ledger: distinct topics per key and in all")
