@@ -146,14 +146,19 @@ public struct PortfolioRoutes: Sendable {
     ///     without a name is its connection, and its prefetches stop when it closes.
     ///   - entitlement: the topics the key a request presents may read (as on the WebSocket and
     ///     `/v1/last/**`); a security's last trade and quote are its `T.` and `Q.` topics.
+    ///   - spendREST: takes what a request's key may spend of the vendor's REST (a security not cached
+    ///     is loaded from it): `nil` when granted, else why not and when to ask again (`429`).
     public func add<Context: RequestContext>(
         to router: some RouterMethods<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil },
-        entitlement: @escaping @Sendable (Request) -> Entitlement = { _ in .everything }
+        entitlement: @escaping @Sendable (Request) -> Entitlement = { _ in .everything },
+        spendREST: @escaping @Sendable (Request) async -> (reason: String, retryAfter: Duration)? = { _ in nil }
     ) {
         let service = self.service
         let store = service.store
         let browser = self.browser
-        if let browser { Self.addSecurities(to: router, browser: browser, connection: connection, entitlement: entitlement) }
+        if let browser {
+            Self.addSecurities(to: router, browser: browser, connection: connection, entitlement: entitlement, spendREST: spendREST)
+        }
         router.post("/v1/accounts") { request, _ in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewAccount.self, request)
@@ -260,7 +265,8 @@ public struct PortfolioRoutes: Sendable {
 
     static func addSecurities<Context: RequestContext>(
         to router: some RouterMethods<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?,
-        entitlement: @escaping @Sendable (Request) -> Entitlement
+        entitlement: @escaping @Sendable (Request) -> Entitlement,
+        spendREST: @escaping @Sendable (Request) async -> (reason: String, retryAfter: Duration)?
     ) {
         let store = browser.service.store
         router.get("/v1/holdings") { request, context in
@@ -295,6 +301,12 @@ public struct PortfolioRoutes: Sendable {
                 let (mayTrade, mayQuote) = (allowed.allows(trade), allowed.allows(quote))
                 guard mayTrade || mayQuote else {
                     return Self.problem(.forbidden, "not authorized: this key may read neither \(trade) nor \(quote)", field: "symbol")
+                }
+                // A security not cached is loaded from the vendor's REST: on the key's quota.
+                if await !browser.cache.contains(symbol), let refused = await spendREST(request) {
+                    var response = Self.problem(.tooManyRequests, refused.reason)
+                    response.headers[.retryAfter] = "\(max(1, refused.retryAfter.components.seconds))"
+                    return response
                 }
                 let view = request.uri.queryParameters.get("view").map { String($0) }.flatMap { $0.isEmpty ? nil : $0 }
                 var answer = try await Self.asClient(request, context, browser, connection) { client in

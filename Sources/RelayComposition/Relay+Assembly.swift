@@ -449,8 +449,9 @@ extension Relay {
             configuration: configuration,
             markets: markets.map(served), registry: registry,
             logger: logger.with(label: "relay.server"),
-            extraRoutes: { router in
-                routes?.add(to: router, connection: { $0.channel }, entitlement: { authentication.entitlement(of: $0) })
+            extraRoutes: { router, keys in
+                routes?.add(
+                    to: router, connection: { $0.channel }, entitlement: { keys.entitlement(of: $0) }, spendREST: { await keys.spendREST(for: $0) })
             },
             pushStreams: routes.map { routes in
                 [PushStream(path: "/v1/portfolio/stream", needsPortfolioRight: true) { await routes.valuationFrames() }]

@@ -32,7 +32,7 @@ public final class RelayServer: Service, Sendable {
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
     private let keyConnections: KeyConnections
-    private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>) -> Void
+    private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>, RequestKeys) -> Void
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
     private let drains: LoopDrains
@@ -55,12 +55,12 @@ public final class RelayServer: Service, Sendable {
     ///   - registry: the Prometheus registry `/metrics` serves; the hub and upstream should record into
     ///     it too.
     ///   - extraRoutes: more HTTP routes (the portfolio's), added behind the client-key check with the
-    ///     portfolio right.
+    ///     portfolio right, told what each request's key may do.
     ///   - pushStreams: server-push WebSocket routes (the portfolio's live valuation).
     package init(
         configuration: RelayServerConfiguration, markets served: [ServedMarket],
         registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "relay.server"),
-        extraRoutes: @escaping @Sendable (RouterGroup<RelayRequestContext>) -> Void = { _ in },
+        extraRoutes: @escaping @Sendable (RouterGroup<RelayRequestContext>, RequestKeys) -> Void = { _, _ in },
         pushStreams: [PushStream] = []
     ) {
         self.extraRoutes = extraRoutes
@@ -357,7 +357,8 @@ public final class RelayServer: Service, Sendable {
         // The portfolio's routes (the extra ones) also need the key's portfolio right: read, or write to change.
         extraRoutes(
             router.group().add(middleware: ClientKeyMiddleware(authentication: authentication, portfolio: true, failures: addresses))
-                .add(middleware: OffTheLoopMiddleware<RelayRequestContext>()))
+                .add(middleware: OffTheLoopMiddleware<RelayRequestContext>()),
+            RequestKeys(authentication: authentication, quotas: keyQuotas))
 
         let port = self.port
         let routes = webSocketRoutes()

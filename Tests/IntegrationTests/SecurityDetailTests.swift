@@ -5,7 +5,9 @@ import NIOCore
 import Portfolio
 import PortfolioDomain
 import RelayComposition
+import MarketREST
 import RelayConfiguration
+import RelayServer
 import Testing
 
 /// A keep-alive HTTP client, as a browser or a terminal client is: one connection, reused; closing
@@ -353,6 +355,30 @@ struct SecurityDetailTests {
             #expect(await cache.running == 0)
             let counters = await cache.counters
             #expect(counters.timedOut == 1 && counters.refused == 1)
+        }
+    }
+
+    @Test func aSecurityNotCachedIsLoadedOnTheKeysRESTQuotaAndACachedOneIsFree() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-securities-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), demoRate: 200, portfolio: .init(dataDirectory: directory, closeHistory: false))
+        var metered = try ClientKey(name: "metered", secret: "metered-key", portfolio: .read)
+        metered.restRate = RESTRate(requests: 1, per: .seconds(3600))
+        settings.clientKeyRights = [metered, try ClientKey(name: "free", secret: "free-key", portfolio: .read)]
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let base = "http://127.0.0.1:\(try await within(.seconds(10), "the relay to start") { try await relay.ready() }.port)"
+            let first = try await httpGetWithHeaders("\(base)/v1/securities/AAPL", key: "metered-key")
+            #expect(first.status == 200, "the quota's one request: \(first.body)")
+            // A second symbol would be loaded from the vendor past the key's quota: refused, nothing loaded.
+            let second = try await httpGetWithHeaders("\(base)/v1/securities/MSFT", key: "metered-key")
+            #expect(second.status == 429 && second.body.contains("key \\\"metered\\\" is over its REST quota"), "\(second.body)")
+            #expect((second.headers["retry-after"].flatMap(Int.init) ?? 0) >= 1)
+            // What is cached costs the vendor nothing, so nothing of the quota.
+            #expect(try await httpGetWithHeaders("\(base)/v1/securities/AAPL", key: "metered-key").status == 200)
+            // A key without a quota of its own is not held back by another's.
+            #expect(try await httpGetWithHeaders("\(base)/v1/securities/MSFT", key: "free-key").status == 200)
         }
     }
 }
