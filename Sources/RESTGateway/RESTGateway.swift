@@ -20,6 +20,9 @@ public struct GatewayClient: Sendable {
     public var allowsMarket: @Sendable (Market) -> Bool
     /// The key's own budget (`nil`: only the account's).
     public var quota: RESTBudget?
+    /// Whether the calls its requests start are bounded by ``RESTGateway/Settings/flightsPerKey`` (not
+    /// the keyless loopback client's: it is everyone on the host).
+    public var boundedFlights = true
 
     public init(
         name: String, rest: Bool = true, allows: @escaping @Sendable (Market, Topic) -> Bool = { _, _ in true },
@@ -52,6 +55,10 @@ public final class RESTGateway: Sendable {
         public var referenceTTL: Duration = .seconds(3600)
         /// The bound on vendor bodies being read at once, shared by the relay's gateways (`nil`: none).
         public var reading: ReadingBytes?
+        /// Vendor calls one key's requests started that are under way (waiting for the budget or at
+        /// the vendor) at most; its next request that would start one is a 429. A request joining a
+        /// call under way costs nothing. One key cannot fill the account's queue for the others.
+        public var flightsPerKey = 64
 
         public init() {}
     }
@@ -67,6 +74,8 @@ public final class RESTGateway: Sendable {
     private let logger: Logger
     private let metrics: GatewayMetrics
     private let flights = Mutex<[String: Task<Fetched, Never>]>([:])
+    /// The vendor calls under way each key started (only keys with some), locked within `flights`.
+    private let keyFlights = Mutex<[String: Int]>([:])
 
     /// An upstream answer as fetched, before it is made right for a client.
     struct Fetched: Sendable {
@@ -146,11 +155,12 @@ public final class RESTGateway: Sendable {
                 return answer
             }
         }
-        return await serve(route, request: request, now: now)
+        return await serve(route, request: request, now: now, starter: client.boundedFlights ? client.name : nil)
     }
 
     /// A route's answer: live, cached, coalesced or fetched.
-    private func serve(_ route: GatewayRoute, request: GatewayRequest, now: Int64) async -> GatewayAnswer {
+    /// - Parameter starter: the key a vendor call this starts is counted for (`nil`: none).
+    private func serve(_ route: GatewayRoute, request: GatewayRequest, now: Int64, starter: String?) async -> GatewayAnswer {
         if route.live,
             let body = await dialect.live(route, values: values, fetch: { [self] path in await self.internalAnswer(path, base: request.base) })
         {
@@ -160,11 +170,13 @@ public final class RESTGateway: Sendable {
         }
         // What is not live may read a page of megabytes (from the cache or the vendor): on the global
         // executor, not on the caller's (the relay answers requests on their connection's event loop).
-        return await withTaskExecutorPreference(globalConcurrentExecutor) { await self.fetched(route, request: request, now: now) }
+        return await withTaskExecutorPreference(globalConcurrentExecutor) {
+            await self.fetched(route, request: request, now: now, starter: starter)
+        }
     }
 
     /// A route's answer from the cache, another client's call in flight or the vendor.
-    private func fetched(_ route: GatewayRoute, request: GatewayRequest, now: Int64) async -> GatewayAnswer {
+    private func fetched(_ route: GatewayRoute, request: GatewayRequest, now: Int64, starter: String?) async -> GatewayAnswer {
         // The account's: another host or key (the demo's, another plan's) has answers of its own.
         let key = "\(dialect.name) \(await accountTag()) \(route.upstream)"
         let expires: Int64?? = await expiry(of: route.policy, now: now)
@@ -178,7 +190,13 @@ public final class RESTGateway: Sendable {
             await cache.remember(cursors: cursors, expires: expires)
             return GatewayAnswer(status: 200, body: scrubbed(body), contentType: Self.passedOn(hit.contentType), source: .cache)
         }
-        let (fetched, joined) = flight(key, route: route, expires: expires, now: now)
+        guard let (fetched, joined) = flight(key, route: route, expires: expires, now: now, starter: starter) else {
+            metrics.count(route: route.name, outcome: "quota")
+            var answer = relayAnswer(
+                429, "key \"\(starter ?? "")\" has \(settings.flightsPerKey) requests waiting for the vendor or at it already (rest.flightsPerKey)")
+            answer.retryAfter = 1
+            return answer
+        }
         let result = await fetched.value
         if joined && !result.fromRelay {
             metrics.count(route: route.name, outcome: "coalesced")
@@ -223,7 +241,9 @@ public final class RESTGateway: Sendable {
         guard case .success(let route) = dialect.route(request, now: now) else {
             return relayAnswer(404, "no route \(pathAndQuery)")
         }
-        return await serve(GatewayRoute(name: route.name, scope: route.scope, policy: route.policy, priority: route.priority, upstream: route.upstream), request: request, now: now)
+        return await serve(
+            GatewayRoute(name: route.name, scope: route.scope, policy: route.policy, priority: route.priority, upstream: route.upstream), request: request,
+            now: now, starter: nil)
     }
 
     /// How long an answer under this policy may be kept: `nil` not at all, `.some(nil)` for ever.
@@ -236,10 +256,22 @@ public final class RESTGateway: Sendable {
         }
     }
 
-    /// The request's flight upstream: a new one, or the one an identical request started (`joined`).
-    private func flight(_ key: String, route: GatewayRoute, expires: Int64??, now: Int64) -> (Task<Fetched, Never>, joined: Bool) {
-        flights.withLock { flights in
+    /// The request's flight upstream: a new one, or the one an identical request started (`joined`);
+    /// `nil` when a new one is needed and `starter` has as many under way as it may.
+    private func flight(
+        _ key: String, route: GatewayRoute, expires: Int64??, now: Int64, starter: String?
+    ) -> (Task<Fetched, Never>, joined: Bool)? {
+        let limit = settings.flightsPerKey
+        return flights.withLock { flights in
             if let running = flights[key] { return (running, true) }
+            if let starter {
+                let started = keyFlights.withLock { counts in
+                    guard counts[starter, default: 0] < limit else { return false }
+                    counts[starter, default: 0] += 1
+                    return true
+                }
+                guard started else { return nil }
+            }
             let task = Task<Fetched, Never> {
                 let fetched = await self.fetch(route)
                 if let expires, let cache = self.cache, fetched.status == 200, !fetched.fromRelay,
@@ -249,6 +281,12 @@ public final class RESTGateway: Sendable {
                     self.metrics.cacheBytes(cache.bytes)
                 }
                 _ = self.flights.withLock { $0.removeValue(forKey: key) }
+                if let starter {
+                    self.keyFlights.withLock { counts in
+                        let left = (counts[starter] ?? 1) - 1
+                        counts[starter] = left > 0 ? left : nil
+                    }
+                }
                 return fetched
             }
             flights[key] = task

@@ -389,6 +389,7 @@ extension Relay {
         var gatewayConfiguration = RESTGateway.Settings()
         gatewayConfiguration.timeout = gatewaySettings.timeout
         gatewayConfiguration.referenceTTL = gatewaySettings.referenceTTL
+        gatewayConfiguration.flightsPerKey = gatewaySettings.flightsPerKey
         // The bodies being read from the vendors, together: the same bound as the answers being sent.
         gatewayConfiguration.reading = ReadingBytes(limit: gatewaySettings.answersInFlightBytes, factory: metricsFactory)
         let values = ServedLiveValues(markets: markets.map(served))

@@ -126,6 +126,9 @@ extension RelaySettings {
         .init("rest.alpacaBudget", env: "RELAY_REST_ALPACA_BUDGET", default: "200/min", "Alpaca's REST plan, when an Alpaca market is served (its own account)."),
         .init("rest.alpacaURL", env: "RELAY_REST_ALPACA_URL", default: "https://data.alpaca.markets; the demo feed's", "Alpaca's market-data REST API."),
         .init("rest.queue", env: "RELAY_REST_QUEUE", default: "256", "REST requests waiting for the budget at most; past it a client gets 429."),
+        .init(
+            "rest.flightsPerKey", env: "RELAY_REST_FLIGHTS_PER_KEY", default: "64",
+            "Vendor calls one key's REST requests started that are under way (waiting for the budget or at the vendor) at most; past it that key gets 429."),
         .init("rest.maxWaitSeconds", env: "RELAY_REST_MAX_WAIT_SECONDS", default: "10", "The longest a REST request waits for the budget; longer is a 429 with Retry-After."),
         .init("rest.timeoutSeconds", env: "RELAY_REST_TIMEOUT_SECONDS", default: "10", "The longest the vendor may take to answer a gateway request (then 504)."),
         .init("rest.cachePath", env: "RELAY_REST_CACHE_PATH", default: "the data directory's rest-cache.sqlite", "The REST gateway's cache (SQLite)."),

@@ -184,6 +184,9 @@ public struct GatewaySettings: Sendable, Equatable {
     public var alpacaURL: String?
     /// Requests waiting for the budget at most; past it a client gets 429.
     public var queue = 256
+    /// Vendor calls one key's requests started that are under way at most (waiting for the budget or
+    /// at the vendor); past it that key gets 429.
+    public var flightsPerKey = 64
     /// The longest a client's request waits for the budget; longer is a 429 with `Retry-After`.
     public var maxWait: Duration = .seconds(10)
     /// The whole upstream answer; past it the client gets 504.
@@ -228,6 +231,7 @@ extension GatewaySettings {
             alpacaURL = url
         }
         if let value = try config.positive("rest.queue") { queue = value }
+        if let value = try config.positive("rest.flightsPerKey") { flightsPerKey = value }
         if let value = try config.positive("rest.maxWaitSeconds") { maxWait = .seconds(value) }
         if let value = try config.positive("rest.timeoutSeconds") { timeout = .seconds(value) }
         if let bytes = try config.megabytes("rest.cacheMB") { cacheBytes = bytes }

@@ -73,7 +73,7 @@ extension RelayServer {
         }
         let authentication = configuration.authentication
         let key = ClientKeyMiddleware.key(in: request).flatMap(authentication.identify)
-        let client: GatewayClient
+        var client: GatewayClient
         if let key {
             let entitlement = key.entitlement
             let markets = self.markets
@@ -89,6 +89,7 @@ extension RelayServer {
         } else {
             // Without keys (loopback only) every request has every right.
             client = GatewayClient(name: "loopback")
+            client.boundedFlights = false
         }
         let query = Self.formQuery(uri.query ?? "")
         let gatewayRequest = GatewayRequest(path: uri.path, query: query, base: clientBase(request))

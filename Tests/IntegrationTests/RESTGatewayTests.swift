@@ -200,6 +200,45 @@ struct RESTGatewayTests {
         }
     }
 
+    @Test func oneKeysCallsUnderWayAreBoundedAndTheOthersAreServedMeanwhile() async throws {
+        var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: Self.upstreamKey)
+        feedConfiguration.restDelay = .seconds(2)
+        let keys = [try ClientKey(name: "greedy", secret: "greedy-key"), try ClientKey(name: "other", secret: "other-key")]
+        try await Self.withGateway(
+            feed: feedConfiguration,
+            configure: { settings in
+                settings.gateway?.flightsPerKey = 2
+                settings.clientKeyRights = keys
+            }
+        ) { _, _, base in
+            let now = WallClock.nowMilliseconds() * 1_000_000
+            // Distinct requests (no coalescing), none cacheable, each held 2 s by the vendor.
+            let url: @Sendable (Int) -> String = { index in "\(base)/v3/trades/AAPL?timestamp.gte=\(now - Int64(index + 1) * 1_000_000_000)&limit=5" }
+            let (greedy, other) = try await withThrowingTaskGroup(of: (String, Int, String).self) { group in
+                for index in 0..<3 {
+                    group.addTask {
+                        let answer = try await httpGetWithHeaders(url(index), key: "greedy-key")
+                        return ("greedy", answer.status, answer.body)
+                    }
+                }
+                group.addTask {
+                    // Started once the greedy key's calls are under way.
+                    try await Task.sleep(for: .milliseconds(500))
+                    let answer = try await httpGetWithHeaders(url(9), key: "other-key")
+                    return ("other", answer.status, answer.body)
+                }
+                let all = try await group.reduce(into: []) { $0.append($1) }
+                return (all.filter { $0.0 == "greedy" }, all.filter { $0.0 == "other" })
+            }
+            #expect(greedy.filter { $0.1 == 200 }.count == 2, "\(greedy.map { ($0.1, $0.2.prefix(120)) })")
+            let refused = try #require(greedy.first { $0.1 == 429 })
+            #expect(refused.2.contains("rest.flightsPerKey"), "\(refused.2)")
+            #expect(other.first?.1 == 200, "another key is served meanwhile: \(other)")
+            // Its calls done, the key starts new ones.
+            #expect(try await httpGetWithHeaders(url(10), key: "greedy-key").status == 200)
+        }
+    }
+
     @Test func theVendorsRateLimitIsPassedOnAndBackedOff() async throws {
         var feedConfiguration = DemoFeedConfiguration(port: 0, apiKey: Self.upstreamKey)
         feedConfiguration.restPerMinute = 2
