@@ -72,12 +72,16 @@ final class AddressGuard: Sendable {
     /// HTTP connections at most: the setting, and at most a quarter of the descriptor budget (the rest
     /// stays for market clients whatever HTTP clients hold).
     let httpBudget: Int
+    /// HTTP connections per address at most: the setting, and at most half of ``httpBudget`` (one
+    /// address never holds them all).
+    let httpPerAddress: Int
     private let state = Mutex(State())
 
     init(limits: RelayServerConfiguration.ConnectionLimits, openFileLimit: Int = AddressGuard.openFileLimit()) {
         self.limits = limits
         descriptorBudget = openFileLimit > 0 ? max(openFileLimit - limits.descriptorReserve, 1) : Int.max
         httpBudget = min(limits.httpConnections, max(descriptorBudget / 4, 1))
+        httpPerAddress = min(limits.httpConnectionsPerAddress, max(httpBudget / 2, 1))
     }
 
     /// The address every limit counts: IPv4 as it is, IPv6 by its /64 (`2001:db8:1:2::/64`).
@@ -132,7 +136,7 @@ final class AddressGuard: Sendable {
         state.withLock { state in
             if ticket.http.load(ordering: .acquiring) { return nil }
             if state.httpTotal >= httpBudget { return .total(httpBudget) }
-            if state.http[ticket.address, default: 0] >= limits.httpConnectionsPerAddress { return .perAddress(limits.httpConnectionsPerAddress) }
+            if state.http[ticket.address, default: 0] >= httpPerAddress { return .perAddress(httpPerAddress) }
             ticket.http.store(true, ordering: .releasing)
             state.httpTotal += 1
             state.http[ticket.address, default: 0] += 1
@@ -198,24 +202,36 @@ final class AddressGuard: Sendable {
     /// A guesser gets few answers a second; a correct key is answered at once all the while.
     func failedAuthentication(from address: String, at now: ContinuousClock.Instant = .now) -> Duration {
         let key = Self.key(for: address)
+        return state.withLock { record(failureOf: key, in: &$0, now: now) }
+    }
+
+    /// A wrong key presented on HTTP or a push-stream upgrade: its delay as ``failedAuthentication(from:at:)``
+    /// gives it, or `nil` when the address is guessing (``isGuessing(_:)``; then not counted), asked
+    /// and counted at once, so requests arriving together cannot all pass the check before any counts.
+    func failedUnlessGuessing(from address: String, at now: ContinuousClock.Instant = .now) -> Duration? {
+        let key = Self.key(for: address)
         return state.withLock { state in
-            sweep(&state, now: now)
-            var record = state.failures[key] ?? (0, now)
-            if now - record.last >= limits.failureWindow { record.count = 0 }
-            record.count += 1
-            record.last = now
-            if state.failures[key] != nil || state.failures.count < Self.maxFailureRecords { state.failures[key] = record }
-            guard record.count > 1 else { return .zero }
-            let doublings = min(record.count - 2, 30)
-            state.failuresInFlight[key, default: 0] += 1
-            return min(limits.failureDelay * (1 << doublings), limits.maxFailureDelay)
+            if state.failuresInFlight[key, default: 0] >= limits.failuresInFlightPerAddress { return nil }
+            return record(failureOf: key, in: &state, now: now)
         }
     }
 
-    /// Gives a failed authentication of an HTTP request or WebSocket upgrade its answer, after the delay
-    /// `address`'s recent failures call for (``failedAuthentication(from:at:)``), in flight meanwhile.
-    func answerFailure<Answer>(from address: String, _ answer: () async throws -> Answer) async rethrows -> Answer {
-        let delay = failedAuthentication(from: address)
+    private func record(failureOf key: String, in state: inout State, now: ContinuousClock.Instant) -> Duration {
+        sweep(&state, now: now)
+        var record = state.failures[key] ?? (0, now)
+        if now - record.last >= limits.failureWindow { record.count = 0 }
+        record.count += 1
+        record.last = now
+        if state.failures[key] != nil || state.failures.count < Self.maxFailureRecords { state.failures[key] = record }
+        guard record.count > 1 else { return .zero }
+        let doublings = min(record.count - 2, 30)
+        state.failuresInFlight[key, default: 0] += 1
+        return min(limits.failureDelay * (1 << doublings), limits.maxFailureDelay)
+    }
+
+    /// Gives a failed authentication its answer after `delay` (from ``failedUnlessGuessing(from:at:)``),
+    /// its address's failure in flight until then.
+    func answer<Answer>(after delay: Duration, failureOf address: String, _ answer: () async throws -> Answer) async rethrows -> Answer {
         guard delay > .zero else { return try await answer() }
         defer { failureAnswered(from: address) }
         // Cancelled (the server stopping): answered at once.

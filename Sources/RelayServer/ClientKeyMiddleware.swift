@@ -13,10 +13,10 @@ import MarketCore
 /// On the portfolio's routes the key also needs its portfolio right: `read` to read (GET), `write` to
 /// change anything; short of it the answer is `403` naming the key and its right.
 ///
-/// A `401` closes its connection, so each guess costs a connection; a wrong key is treated as on the
-/// market feed: its `401` comes after the delay its address's recent failures call for
-/// (``AddressGuard``), and an address with as many delayed answers waiting as it may is answered `429`
-/// unchecked.
+/// A `401` ends its connection (requests sent behind it on the connection are not handled), so each
+/// guess costs a connection; a wrong key is treated as on the market feed: its `401` comes after the
+/// delay its address's recent failures call for (``AddressGuard``), and an address with as many delayed
+/// answers waiting as it may is answered `429` unchecked.
 ///
 /// With no keys configured the relay only listens on loopback (``ClientAuthentication``), and every
 /// request passes. `Sendable`, a value type; one per router group.
@@ -38,20 +38,19 @@ public struct ClientKeyMiddleware: RouterMiddleware {
             // Without keys every name shares one scope (so the bound on names holds whatever they are).
             return try await next(portfolio ? Self.scopingClientName(request, by: "loopback") : request, context)
         }
-        let address = context.channel.remoteAddress?.ipAddress ?? "unknown"
-        if failures.isGuessing(address) {
-            return Self.error(.tooManyRequests, Self.guessing, headers: [.connection: "close", .retryAfter: "5"])
-        }
+        let channel = context.channel
+        let address = channel.remoteAddress?.ipAddress ?? "unknown"
+        let guessing = Self.lastAnswer(.tooManyRequests, Self.guessing, headers: [.retryAfter: "5"], on: channel)
+        if failures.isGuessing(address) { return guessing }
         let presented = Self.key(in: request)
         guard let presented, let key = authentication.identify(presented) else {
-            let answer = {
-                Self.error(
-                    .unauthorized, "a client key is required: send Authorization: Bearer KEY, APCA-API-KEY-ID: KEY or ?apiKey=KEY",
-                    headers: [.wwwAuthenticate: #"Bearer realm="relay""#, .connection: "close"])
-            }
+            let refusal = Self.lastAnswer(
+                .unauthorized, "a client key is required: send Authorization: Bearer KEY, APCA-API-KEY-ID: KEY or ?apiKey=KEY",
+                headers: [.wwwAuthenticate: #"Bearer realm="relay""#], on: channel)
             // No key at all is no guess: answered at once.
-            guard presented != nil else { return answer() }
-            return await failures.answerFailure(from: address, answer)
+            guard presented != nil else { return refusal }
+            guard let delay = failures.failedUnlessGuessing(from: address) else { return guessing }
+            return await failures.answer(after: delay, failureOf: address) { refusal }
         }
         if portfolio {
             let reading = request.method == .get || request.method == .head
@@ -80,8 +79,28 @@ public struct ClientKeyMiddleware: RouterMiddleware {
     static func error(_ status: HTTPResponse.Status, _ message: String, headers: HTTPFields = [:]) -> Response {
         var headers = headers
         headers[.contentType] = "application/json"
-        let body = #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#
-        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
+        return Response(status: status, headers: headers, body: .init(byteBuffer: errorBody(status, message)))
+    }
+
+    static func errorBody(_ status: HTTPResponse.Status, _ message: String) -> ByteBuffer {
+        ByteBuffer(string: #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#)
+    }
+
+    /// An error that ends its connection: it says `Connection: close` (the relay's side is closed once
+    /// it is written, ``RequestHeadDeadline``), and its writing returns only when the connection has
+    /// closed, so no request read ahead behind it is handled.
+    static func lastAnswer(_ status: HTTPResponse.Status, _ message: String, headers: HTTPFields, on channel: any Channel) -> Response {
+        var headers = headers
+        headers[.contentType] = "application/json"
+        headers[.connection] = "close"
+        let body = errorBody(status, message)
+        return Response(
+            status: status, headers: headers,
+            body: ResponseBody(contentLength: body.readableBytes) { writer in
+                try await writer.write(body)
+                try await writer.finish(nil)
+                try? await channel.closeFuture.get()
+            })
     }
 
     /// The key a request presents: the bearer token, else Alpaca's `APCA-API-KEY-ID` header (its SDKs'

@@ -46,8 +46,10 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
     struct Refused: Sendable {
         var status: HTTPResponse.Status
         var message: String
-        /// A key was presented and is wrong: answered after the address's failure delay.
-        var wrongKey = false
+        /// When to ask again (`Retry-After`), if the client may soon.
+        var retryAfter: String?
+        /// A wrong key's: counted as its address's failure, answered after this delay.
+        var failure: (delay: Duration, address: String)?
     }
 
     /// An accepted upgrade: the market feed at an index of the server's markets, or the push stream at
@@ -139,7 +141,7 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                         routes.addresses.settle(ticket)
                         // Plain HTTP: counted as such, or refused past the HTTP connections' share.
                         if refusal.value == nil, let refused = routes.addresses.serveHTTP(ticket) {
-                            refusal.value = Refused(status: .serviceUnavailable, message: Self.httpRefusal(refused))
+                            refusal.value = Refused(status: .serviceUnavailable, message: Self.httpRefusal(refused), retryAfter: "1")
                         }
                         try channel.pipeline.syncOperations.addHandler(HTTP1ToHTTPServerCodec(secure: false))
                         try channel.pipeline.syncOperations.addHandler(RequestHeadDeadline(timeout: routes.keepAliveTimeout))
@@ -172,19 +174,25 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                     await handleHTTP(asyncChannel: http, logger: logger)
                 }
             case .refused(let http, let refused):
-                let (status, message) = (refused.status, refused.message)
                 let answer = {
                     try await http.executeThenClose { _, outbound in
-                        let body = ByteBuffer(string: #"{"error":"\#(JSONText.escape(message))","status":\#(status.code)}"#)
+                        let status = refused.status
+                        let body = ClientKeyMiddleware.errorBody(status, refused.message)
                         var fields: HTTPFields = [.connection: "close", .contentType: "application/json", .contentLength: "\(body.readableBytes)"]
                         if status == .unauthorized { fields[.wwwAuthenticate] = #"Bearer realm="relay""# }
-                        if status == .serviceUnavailable { fields[.retryAfter] = "1" }
+                        if let retryAfter = refused.retryAfter { fields[.retryAfter] = retryAfter }
                         try await outbound.write(contentsOf: [.head(HTTPResponse(status: status, headerFields: fields)), .body(body), .end(nil)])
+                        // The relay's side ends; the client reads the answer, then the end, and closes (a
+                        // request body it sent stays unread, so closing both sides now could reset the
+                        // connection before the answer is read): closed in a moment if it does not.
+                        outbound.finish()
+                        let channel = value.channel
+                        channel.eventLoop.scheduleTask(in: Self.refusalLinger) { channel.close(promise: nil) }
+                        try? await channel.closeFuture.get()
                     }
                 }
-                // A wrong key is answered after its address's failure delay, as on the market feed.
-                if refused.wrongKey, let address = value.channel.remoteAddress?.ipAddress {
-                    try await routes.addresses.answerFailure(from: address, answer)
+                if let failure = refused.failure {
+                    try await routes.addresses.answer(after: failure.delay, failureOf: failure.address, answer)
                 } else {
                     try await answer()
                 }
@@ -195,6 +203,9 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
             logger.debug("connection setup failed", metadata: ["error": "\(error)"])
         }
     }
+
+    /// How long a refused connection waits for its client to close after the answer.
+    static let refusalLinger: TimeAmount = .seconds(2)
 
     static func httpRefusal(_ refusal: AddressGuard.Refusal) -> String {
         switch refusal {

@@ -12,7 +12,10 @@ import Testing
 @Suite("HTTP clients meet bounds", .timeLimit(.minutes(2)))
 struct HTTPClientBoundsTests {
     func withRelay(_ adjust: (inout RelaySettings) -> Void, _ body: @Sendable (_ port: Int) async throws -> Void) async throws {
-        var settings = RelaySettings(listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["client-key"], demoRate: 200)
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-http-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), clientKeys: ["client-key"], demoRate: 200, portfolio: .init(dataDirectory: directory))
         adjust(&settings)
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
@@ -74,6 +77,14 @@ struct HTTPClientBoundsTests {
                 #expect(ended, "a wrong key's connection was kept open")
             }
             #expect(answeredAfter[2] >= .milliseconds(700), "the third failure was answered after \(answeredAfter[2])")
+            // A request sent behind a wrong key's on its connection is not handled (its answer could not
+            // be sent): the 401 and the end, nothing more.
+            let pipelined = try RawSocket(port: port)
+            _ = pipelined.send(
+                "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer guess\r\n\r\n"
+                    + "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer client-key\r\n\r\n")
+            let (answers, closed) = pipelined.readAll(within: .seconds(10))
+            #expect(closed && answers.hasPrefix("HTTP/1.1 401") && answers.components(separatedBy: "HTTP/1.1 ").count == 2, "\(answers)")
             // The right key from the same address is answered at once all the while.
             let start = ContinuousClock.now
             #expect(ask(try RawSocket(port: port), "/v1/status").hasPrefix("HTTP/1.1 200"))
@@ -84,18 +95,18 @@ struct HTTPClientBoundsTests {
             let feedStart = ContinuousClock.now
             feedGuesser.send(ClientAction(.auth, params: "guess"))
             #expect(try await feedGuesser.nextParsed().statuses == [.authFailed])
-            #expect(.now - feedStart >= .milliseconds(1500), "the feed's failure after three over HTTP waited \(ContinuousClock.now - feedStart)")
+            #expect(.now - feedStart >= .milliseconds(3000), "the feed's failure after four over HTTP waited \(ContinuousClock.now - feedStart)")
             await feedGuesser.close()
         }
     }
 
     @Test func anAddressWithAsManyDelayedAnswersAsItMayIsRefusedUnchecked() async throws {
         try await withRelay({
-            $0.connectionLimits.failureDelay = .seconds(2)
+            $0.connectionLimits.failureDelay = .seconds(5)
             $0.connectionLimits.failuresInFlightPerAddress = 2
         }) { port in
             #expect(ask(try RawSocket(port: port), "/v1/status", key: "guess").hasPrefix("HTTP/1.1 401"), "the first is answered at once")
-            // Two more wait for their answers (2 and 4 s).
+            // Two more wait for their answers (5 and 10 s).
             let waiting = try (0..<2).map { _ in try RawSocket(port: port) }
             for socket in waiting { _ = socket.send("GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer guess\r\n\r\n") }
             // Meanwhile even the right key is refused unchecked, at once (asked until both are counted).
@@ -105,8 +116,15 @@ struct HTTPClientBoundsTests {
                 refused = ask(try RawSocket(port: port), "/v1/status")
             }
             #expect(refused.hasPrefix("HTTP/1.1 429") && refused.contains("too many failed authentications"), "\(refused)")
+            // So is the portfolio stream's upgrade, whatever key it presents.
+            let stream = try RawSocket(port: port)
+            _ = stream.send(
+                "GET /v1/portfolio/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer client-key\r\n\r\n")
+            let (upgrade, _) = stream.readAll(within: .seconds(5))
+            #expect(upgrade.hasPrefix("HTTP/1.1 429") && upgrade.lowercased().contains("retry-after: 5"), "\(upgrade)")
             // Once they are answered, the right key gets in.
-            for socket in waiting { #expect(socket.readAll(within: .seconds(10)).0.hasPrefix("HTTP/1.1 401")) }
+            for socket in waiting { #expect(socket.readAll(within: .seconds(15)).0.hasPrefix("HTTP/1.1 401")) }
             #expect(ask(try RawSocket(port: port), "/v1/status").hasPrefix("HTTP/1.1 200"))
         }
     }

@@ -39,6 +39,8 @@ struct AddressGuardTests {
         #expect(!guardian.isGuessing("203.0.113.5"))
         _ = guardian.failedAuthentication(from: "203.0.113.5")
         #expect(guardian.isGuessing("203.0.113.5"), "ten delayed answers in flight")
+        #expect(guardian.failedUnlessGuessing(from: "203.0.113.5") == nil, "guessing: refused, and not counted")
+        #expect(guardian.failedUnlessGuessing(from: "203.0.113.6") == .zero)
         #expect(!guardian.isGuessing("203.0.113.6"), "another address is not concerned")
         guardian.failureAnswered(from: "203.0.113.5")
         #expect(!guardian.isGuessing("203.0.113.5"))
@@ -61,20 +63,22 @@ struct AddressGuardTests {
 
     @Test func httpConnectionsAreCappedPerAddressAndInAllAtAQuarterOfTheBudgetAndFreedAtClose() throws {
         var limits = RelayServerConfiguration.ConnectionLimits(descriptorReserve: 0)
-        (limits.httpConnections, limits.httpConnectionsPerAddress) = (3, 2)
+        (limits.httpConnections, limits.httpConnectionsPerAddress) = (4, 3)
         let guardian = AddressGuard(limits: limits, openFileLimit: 10_000)
-        let tickets = try ["192.0.2.1", "192.0.2.1", "192.0.2.1", "192.0.2.2", "192.0.2.3"].map { try #require(guardian.accept($0).0) }
+        #expect(guardian.httpPerAddress == 2, "one address holds at most half of them")
+        let addresses = ["192.0.2.1", "192.0.2.1", "192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"]
+        let tickets = try addresses.map { try #require(guardian.accept($0).0) }
         #expect(guardian.serveHTTP(tickets[0]) == nil && guardian.serveHTTP(tickets[1]) == nil)
         #expect(guardian.serveHTTP(tickets[2]) == .perAddress(2), "a third of one address")
-        #expect(guardian.serveHTTP(tickets[3]) == nil)
-        #expect(guardian.serveHTTP(tickets[4]) == .total(3), "a fourth in all")
-        #expect(guardian.serveHTTP(tickets[3]) == nil && guardian.httpConnections(of: "192.0.2.2") == (1, 3), "counted once")
+        #expect(guardian.serveHTTP(tickets[3]) == nil && guardian.serveHTTP(tickets[4]) == nil)
+        #expect(guardian.serveHTTP(tickets[5]) == .total(4), "a fifth in all")
+        #expect(guardian.serveHTTP(tickets[3]) == nil && guardian.httpConnections(of: "192.0.2.2") == (1, 4), "counted once")
         // A refused connection was never counted; a served one is freed when it closes.
         guardian.closed(tickets[2])
-        #expect(guardian.httpConnections(of: "192.0.2.1") == (2, 3))
+        #expect(guardian.httpConnections(of: "192.0.2.1") == (2, 4))
         guardian.closed(tickets[0])
-        #expect(guardian.httpConnections(of: "192.0.2.1") == (1, 2))
-        #expect(guardian.serveHTTP(tickets[4]) == nil)
+        #expect(guardian.httpConnections(of: "192.0.2.1") == (1, 3))
+        #expect(guardian.serveHTTP(tickets[5]) == nil)
         // However many the setting allows, HTTP takes at most a quarter of the descriptor budget.
         limits.httpConnections = 1_000
         #expect(AddressGuard(limits: limits, openFileLimit: 40).httpBudget == 10)
