@@ -81,7 +81,7 @@ public final class TapeArchive: EventArchive {
         var ending: Int64?
 
         func gap(_ reason: String) -> ArchiveAnswer {
-            .gap(from: after + 1, through: throughEnd ? after + 1 : until, unit: "market_sequence", reason: reason)
+            .gap(from: after &+ 1, through: throughEnd ? after &+ 1 : until, unit: "market_sequence", reason: reason)
         }
 
         /// Whole through the epoch's end, which the archive's record of it reached at `time` (UTC ns).
@@ -223,7 +223,7 @@ public final class TapeArchive: EventArchive {
                 case .source:
                     continue
                 case .event(let event):
-                    guard ours, event.sequence > 0 else { continue }
+                    guard ours, event.isPositioned else { continue }
                     defer { (lastSeen, skipped) = (event.sequence, false) }
                     lastTime = max(lastTime, event.receivedAt)
                     // The epoch went on after a loss: a reading through its end missed what the loss took.
@@ -296,6 +296,10 @@ public final class TapeArchive: EventArchive {
     private func start(of request: ArchiveRequest, in reader: some TapeBlocks, epoch: String, budget: inout Int) -> Result<UInt64, Gap> {
         switch request.since {
         case .market(let position):
+            // A position the relay never gives (past ``EventPosition/maxSequence``) is on no tape.
+            guard position <= EventPosition.maxSequence else {
+                return .failure(Gap(answer: .gap(from: 0, through: 0, unit: "market_sequence", reason: "not a position on the tape")))
+            }
             return .success(position)
         case .time(let milliseconds):
             let (time, overflow) = milliseconds.multipliedReportingOverflow(by: 1_000_000)
@@ -332,7 +336,7 @@ public final class TapeArchive: EventArchive {
         for record in reader.records(inBlock: index) ?? [] {
             switch record {
             case .epoch(let name, _): ours = name == epoch
-            case .event(let event) where ours && event.sequence > 0: events.append(event)
+            case .event(let event) where ours && event.isPositioned: events.append(event)
             default: continue
             }
         }
@@ -347,19 +351,25 @@ extension TapeEvent {
     }
 
     var position: EventPosition { EventPosition(topic: topicSequence, market: sequence) }
+
+    /// It has a market sequence the relay could have given (1 through ``EventPosition/maxSequence``): a
+    /// tape's event past it (a damaged or crafted block) is read as one without a position.
+    var isPositioned: Bool { (1...EventPosition.maxSequence).contains(sequence) }
 }
 
 extension TapeBlocks {
     /// The nearest block at or before `index` that says what was wanted (a `holding` record), at most
-    /// two holding intervals before it; `index` itself when none is found.
+    /// two holding intervals and ``mostBlocksBack`` blocks before it; `index` itself when none is found.
     public func holdingBlock(atOrBefore index: Int) -> Int {
         guard blockCount > 0 else { return 0 }
         let target = min(max(index, 0), blockCount - 1)
-        guard let floor = header(ofBlock: target).map({ $0.firstTime - 2 * TapeWriter.holdingInterval }) else { return target }
+        // (A header's time is read from a file: a time near the first Int64 holds goes back no further.)
+        guard let floor = header(ofBlock: target).map({ $0.firstTime.subtractingReportingOverflow(2 * TapeWriter.holdingInterval) })
+        else { return target }
         var start = target
-        while start >= 0 {
+        while start >= 0, target - start <= TapeWriter.mostBlocksBack {
             if (records(inBlock: start) ?? []).contains(where: { if case .holding = $0 { true } else { false } }) { return start }
-            guard start > 0, let before = header(ofBlock: start - 1), before.lastTime >= floor else { break }
+            guard start > 0, !floor.overflow, let before = header(ofBlock: start - 1), before.lastTime >= floor.partialValue else { break }
             start -= 1
         }
         return target

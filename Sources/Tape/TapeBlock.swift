@@ -22,6 +22,11 @@ public struct TapeBlockHeader: Sendable, Equatable {
     public static let size = 64
     /// The most records' bytes a block may claim.
     static let largestBlock: UInt32 = 64 << 20
+    /// The most a block's zstd frame may take: zstd's bound for the largest block.
+    static let largestFrame: UInt32 = largestBlock + largestBlock >> 8 + (1 << 16)
+    /// The most records a block may claim: a block is 256 KB of records (one record may pass that) and
+    /// a record takes two bytes at least, so a real one holds fewer than a fifth of this.
+    static let mostRecords: UInt32 = 1 << 20
     static let magic: (UInt8, UInt8, UInt8, UInt8) = (0x52, 0x54, 0x42, 0x31)  // RTB1
 
     public var compressedLength: UInt32
@@ -50,14 +55,17 @@ public struct TapeBlockHeader: Sendable, Equatable {
         guard Self.check(Array(bytes[0..<56])) == word(56) else { return nil }
         compressedLength = half(4)
         uncompressedLength = half(8)
-        // A block is a flush interval or 256 KB of records (one record may pass that): a header that
-        // claims more than 64 MB would make a reader allocate it before the frame is checked.
-        guard uncompressedLength <= Self.largestBlock else { return nil }
         records = half(12)
+        // A block is a flush interval or 256 KB of records (one record may pass that): a header that
+        // claims more (bytes, frame or records) would make a reader allocate it before the frame is
+        // checked, and a record count is what its records take in memory.
+        guard uncompressedLength <= Self.largestBlock, compressedLength <= Self.largestFrame, records <= Self.mostRecords else { return nil }
         firstTime = Int64(bitPattern: word(16))
         lastTime = Int64(bitPattern: word(24))
         firstSequence = word(32)
         lastSequence = word(40)
+        // The writer's last time and sequence are the greatest of its records'.
+        guard firstTime <= lastTime, firstSequence <= lastSequence else { return nil }
     }
 
     init(compressedLength: Int, uncompressedLength: Int, records: Int, firstTime: Int64, lastTime: Int64, firstSequence: UInt64, lastSequence: UInt64) {

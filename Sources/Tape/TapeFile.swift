@@ -1,6 +1,7 @@
 #if canImport(Glibc)
     import Glibc
 #endif
+import MarketCore
 
 /// One market's tape for one UTC day: `<directory>/<market>/<yyyy-mm-dd>.tape`, blocks appended one
 /// after another (``TapeBlockHeader``). Append-only: a block is written whole with one `write`, and
@@ -40,9 +41,12 @@ public enum TapeFile {
         guard let handle = opendir(folder) else { return [] }
         defer { closedir(handle) }
         var days: [(day: String, path: String, bytes: Int64)] = []
+        // A file named for a day past tomorrow was not written by this clock's recorder: left alone
+        // (never read as the newest day, never counted against the days kept).
+        let latest = Self.day(of: WallClock.nowNanoseconds() + 86_400 * 1_000_000_000)
         while let entry = readdir(handle) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard name.hasSuffix(".tape"), name.count == 15 else { continue }
+            guard name.hasSuffix(".tape"), name.count == 15, Self.midnight(of: String(name.prefix(10))) != nil, name.prefix(10) <= latest else { continue }
             let path = "\(folder)/\(name)"
             var info = stat()
             guard stat(path, &info) == 0 else { continue }
@@ -381,6 +385,9 @@ public final class TapeWriter {
     /// How often the whole wanted set is written again (UTC ns): a restart reads back at most this far
     /// before the window it rebuilds.
     public static let holdingInterval: Int64 = 10_000_000_000
+    /// The most blocks a reader decodes back from where it starts to find the wanted set: two holding
+    /// intervals of blocks at a few hundred thousand events a second, whatever a header's times claim.
+    public static let mostBlocksBack = 2_048
 
     /// The source of the events appended now (the last `.source` record): written again in each new
     /// day file, after the epoch.
@@ -597,7 +604,8 @@ public final class TapeBlockDecoder {
     func records(header: TapeBlockHeader, frame: UnsafeRawBufferPointer) -> [TapeRecord]? {
         guard let payload = try? decompressor.decompress(frame, expected: Int(header.uncompressedLength)),
             let records = RecordLayout.records(
-                in: payload, baseTime: header.firstTime, baseSequence: header.firstSequence, expected: Int(header.records)),
+                in: payload, baseTime: header.firstTime, baseSequence: header.firstSequence, expected: Int(header.records),
+                most: Int(header.records)),
             records.count == Int(header.records)
         else { return nil }
         return records
@@ -617,6 +625,7 @@ public final class TapeReader: TapeBlocks {
     public private(set) var blocks: [TapeBlock]
     /// Blocks that could not be read (their frame or records did not check), by index.
     public private(set) var skippedBlocks: [Int] = []
+    private var skipped: Set<Int> = []
     /// Byte ranges between blocks that are not blocks (a damaged header: its block is lost).
     public private(set) var damaged: [Range<Int64>] = []
 
@@ -654,7 +663,7 @@ public final class TapeReader: TapeBlocks {
         var frame = [UInt8](repeating: 0, count: Int(block.header.compressedLength))
         let read = frame.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, off_t(block.offset) + off_t(TapeBlockHeader.size)) }
         guard read == frame.count, let records = frame.withUnsafeBytes({ decoder.records(header: block.header, frame: $0) }) else {
-            if !skippedBlocks.contains(index) { skippedBlocks.append(index) }
+            if skipped.insert(index).inserted { skippedBlocks.append(index) }
             return nil
         }
         return records

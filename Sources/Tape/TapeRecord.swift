@@ -164,23 +164,27 @@ enum RecordLayout {
 
     /// The records of a block's payload, read where it lies: events' bytes are slices of `block` (one
     /// allocation a block, not one an event).
-    /// `expected`: how many records its header says (room is made for them at once).
-    static func records(in block: ByteBuffer, baseTime: Int64, baseSequence: UInt64, expected: Int = 0) -> [TapeRecord]? {
+    /// `expected`: how many records its header says (room is made for them at once); `most`: past
+    /// that many the block is refused as it is read, not once a hostile payload's records are all made.
+    static func records(in block: ByteBuffer, baseTime: Int64, baseSequence: UInt64, expected: Int = 0, most: Int = .max) -> [TapeRecord]? {
         block.withUnsafeReadableBytes { payload in
             var records: [TapeRecord] = []
             // A header's count is read from a file (or a stream's message): room for what a real block
             // holds at most (256 KB of records, a few thousand), never what a hostile count claims.
             records.reserveCapacity(min(max(expected, 0), payload.count / 2, Self.mostRecordsReserved))
-            return self.records(in: payload, of: block, into: &records, baseTime: baseTime, baseSequence: baseSequence) ? records : nil
+            return self.records(in: payload, of: block, into: &records, baseTime: baseTime, baseSequence: baseSequence, most: most)
+                ? records : nil
         }
     }
 
     private static func records(
-        in payload: UnsafeRawBufferPointer, of block: ByteBuffer, into records: inout [TapeRecord], baseTime: Int64, baseSequence: UInt64
+        in payload: UnsafeRawBufferPointer, of block: ByteBuffer, into records: inout [TapeRecord], baseTime: Int64, baseSequence: UInt64,
+        most: Int
     ) -> Bool {
         func text(_ range: Range<Int>) -> String { String(decoding: UnsafeRawBufferPointer(rebasing: payload[range]), as: UTF8.self) }
         var index = 0
         while index < payload.count {
+            guard records.count < most else { return false }
             let kind = payload[index]
             index += 1
             switch kind {
@@ -225,7 +229,8 @@ enum RecordLayout {
                 records.append(kind == Self.stopped ? .stopped(at: time) : .interrupted(at: time))
             case Self.holding:
                 // Each topic takes at least its length byte: a count past what is left is damage.
-                guard let at = readVarint(payload, &index), let count = readVarint(payload, &index), count <= UInt64(payload.count - index)
+                guard let at = readVarint(payload, &index), let count = readVarint(payload, &index), count <= UInt64(payload.count - index),
+                    count <= Self.mostHoldingTopics
                 else { return false }
                 var topics: [String] = []
                 // Room for what a real wanted set holds, never what a hostile count claims (up to a byte a topic).
@@ -241,6 +246,10 @@ enum RecordLayout {
         }
         return true
     }
+
+    /// The most topics a `holding` record may name: more than any wanted set the relay's limits allow
+    /// (each a string in memory as it is read).
+    static let mostHoldingTopics: UInt64 = 1 << 20
 
     static func zigzag(_ value: Int64) -> UInt64 { UInt64(bitPattern: (value << 1) ^ (value >> 63)) }
     static func unzigzag(_ value: UInt64) -> Int64 { Int64(bitPattern: value >> 1) ^ -Int64(bitPattern: value & 1) }

@@ -118,6 +118,17 @@ struct TapeArchiveTests {
 
     /// A run recorded without positions (history off) leaves events of market sequence 0 on the tape: a
     /// time resume passes over them (it once took `0 - 1`, and stopped the relay).
+    @Test func aPositionTheRelayNeverGivesIsAGapNotARead() async throws {
+        try await withTape { archive, _ in
+            let apple = try #require(Topic(parsing: "Q.AAPL"))
+            for until in [ArchiveRequest.epochEnd, 150] {
+                let answer = await archive.missed([ArchiveRequest(topic: apple, since: .market(.max), until: until)], epoch: "e1", limit: 1_000)
+                guard case .gap(_, _, _, let reason) = answer[apple] else { return #expect(Bool(false), "\(String(describing: answer[apple]))") }
+                #expect(reason == "not a position on the tape")
+            }
+        }
+    }
+
     @Test func eventsWithoutPositionsArePassedOver() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -261,6 +261,49 @@ struct TapeFileTests {
         }
     }
 
+    /// Blocks as a stream or a file holds them, headers given: what a reader walks back over.
+    final class GivenBlocks: TapeBlocks {
+        let headers: [TapeBlockHeader]
+        var decoded: [Int] = []
+        init(_ headers: [TapeBlockHeader]) { self.headers = headers }
+        var blockCount: Int { headers.count }
+        func header(ofBlock index: Int) -> TapeBlockHeader? { headers.indices.contains(index) ? headers[index] : nil }
+        func records(inBlock index: Int) -> [TapeRecord]? {
+            decoded.append(index)
+            return [.interrupted(at: headers[index].firstTime)]
+        }
+    }
+
+    /// What a header or a block claims is checked before it is believed: a crafted one costs what a
+    /// real block can, never what it says.
+    @Test func craftedHeadersAndRecordCountsAreRefusedBeforeTheyCostWhatTheyClaim() {
+        func header(_ change: (inout TapeBlockHeader) -> Void) -> TapeBlockHeader? {
+            var made = TapeBlockHeader(
+                compressedLength: 100, uncompressedLength: 1000, records: 10, firstTime: Self.start, lastTime: Self.start + 5, firstSequence: 1,
+                lastSequence: 10)
+            change(&made)
+            return made.bytes.withUnsafeBytes { TapeBlockHeader($0) }
+        }
+        #expect(header { _ in } != nil, "a writer's header reads")
+        #expect(header { $0.firstTime = $0.lastTime + 1 } == nil, "a first time past the last")
+        #expect(header { $0.firstSequence = 11 } == nil, "a first sequence past the last")
+        #expect(header { $0.records = TapeBlockHeader.mostRecords + 1 } == nil, "more records than a block holds")
+        #expect(header { $0.compressedLength = TapeBlockHeader.largestFrame + 1 } == nil, "a frame past zstd's bound for the largest block")
+        // A payload of more records than its header says is refused as it is read, not once all are made.
+        var payload: [UInt8] = []
+        for index in 0..<100 { RecordLayout.append(.interrupted(at: Int64(index)), to: &payload, baseTime: 0, baseSequence: 0) }
+        #expect(RecordLayout.records(in: ByteBuffer(bytes: payload), baseTime: 0, baseSequence: 0, most: 10) == nil)
+        #expect(RecordLayout.records(in: ByteBuffer(bytes: payload), baseTime: 0, baseSequence: 0, most: 100)?.count == 100)
+        // A time at the first Int64 holds is walked back from without overflowing; times that claim
+        // every block is recent are walked back over a bounded number of blocks.
+        let ancient = TapeBlockHeader(compressedLength: 1, uncompressedLength: 1, records: 1, firstTime: .min, lastTime: .min, firstSequence: 0, lastSequence: 0)
+        #expect(GivenBlocks([ancient, ancient]).holdingBlock(atOrBefore: 1) == 1)
+        let forever = TapeBlockHeader(compressedLength: 1, uncompressedLength: 1, records: 1, firstTime: 0, lastTime: .max, firstSequence: 0, lastSequence: 0)
+        let blocks = GivenBlocks(Array(repeating: forever, count: TapeWriter.mostBlocksBack * 3))
+        #expect(blocks.holdingBlock(atOrBefore: blocks.blockCount - 1) == blocks.blockCount - 1)
+        #expect(blocks.decoded.count == TapeWriter.mostBlocksBack + 1, "decoded back \(blocks.decoded.count) blocks")
+    }
+
     /// A block is read where it lies (a decompressed block's buffer): events' bytes are slices of it at
     /// their place in what is readable, wherever that starts, and the header's count of records is only
     /// room made, never trusted past the bytes.
