@@ -135,7 +135,7 @@ public final class ClusterNode: Service, Sendable {
         self.recorder = recorder
         let check = TapeEventCheck(market: subjects.wireMarket, wire: hub.wire, maxEventBytes: maxEventBytes, metrics: metrics, logger: logger)
         archive = tape.map { tape in
-            TapeArchive(market: market) { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
+            TapeArchive(market: market) { epoch, days, _ in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
         }
         let sequencer = TermSequencer(tap: recorder)
         self.sequencer = sequencer

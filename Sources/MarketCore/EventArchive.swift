@@ -8,6 +8,16 @@ public protocol EventArchive: Sendable {
     /// between on the archive), or why not. At most `limit` events in all; a topic past it is
     /// ``ArchiveAnswer/tooMany``.
     func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer]
+
+    /// ``missed(_:epoch:limit:)``, and the share of what one read may cost (its blocks, 0 through 1) it
+    /// took: what the client that asked is charged.
+    func reading(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> (answers: [Topic: ArchiveAnswer], cost: Double)
+}
+
+extension EventArchive {
+    public func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer] {
+        await reading(requests, epoch: epoch, limit: limit).answers
+    }
 }
 
 /// Where a resuming client stands on a topic. Value type, `Sendable`.

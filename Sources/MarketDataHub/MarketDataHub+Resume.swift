@@ -263,18 +263,20 @@ extension MarketDataHub {
     }
 
     /// The archive's answers to `requests` of `epoch` for a connection that may be replayed now (one
-    /// that may not gets `gap`, not a read); `nil`: nothing asked. A read costs the connection a tenth
-    /// of a resume's budget, whatever it found: asking again and again reads at most ten times a
-    /// minute per connection.
+    /// that may not gets `gap`, not a read); `nil`: nothing asked. A read costs the connection its
+    /// share of a read's blocks of a resume's budget, a tenth at least, whatever it found: asking again
+    /// and again reads at most ten times a minute per connection, and a read of every block a read may
+    /// take once a minute.
     private func readArchive(_ requests: [ArchiveRequest], epoch: String, for id: SubscriberID) async -> [Topic: ArchiveAnswer]? {
         guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id] else { return nil }
         let bound = history.limits.eventsPerResume
         let available = subscriber.replayBudget.available(capacity: bound, now: WallClock.nowMilliseconds())
         guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
-        let answers = await archive.missed(requests, epoch: epoch, limit: bound)
+        let (answers, cost) = await archive.reading(requests, epoch: epoch, limit: bound)
         resumeCounts.fromArchive += 1
         metrics.archiveResumes.increment()
-        subscribers[id]?.replayBudget.spend(max(bound / 10, 1), capacity: bound, now: WallClock.nowMilliseconds())
+        let charged = max(bound / 10, Int((min(max(cost, 0), 1) * Double(bound)).rounded(.up)), 1)
+        subscribers[id]?.replayBudget.spend(charged, capacity: bound, now: WallClock.nowMilliseconds())
         return answers
     }
 

@@ -18,40 +18,47 @@ import Synchronization
 public final class TapeArchive: EventArchive {
     public let market: String
     /// The blocks of an epoch as they are now (a disk's newest day file holds every epoch's; `nil`:
-    /// no tape to read).
-    private let open: @Sendable (_ epoch: String, _ days: Int) -> (any TapeBlocks)?
+    /// no tape to read), given the blocks this read opened over one day fewer.
+    private let open: @Sendable (_ epoch: String, _ days: Int, _ fewer: (any TapeBlocks)?) -> (any TapeBlocks)?
     private let queue: DispatchQueue
 
     /// The day files of `market`'s tape under `directory`: the newest first, and one day further back
     /// at a time while a client's position is not found (within the read's budget).
     public convenience init(directory: String, market: String) {
-        self.init(market: market) { _, days in
+        self.init(market: market) { _, days, fewer in
             let files = TapeFile.days(directory: directory, market: market)
             guard files.count >= days else { return nil }
-            return try? TapeDays(paths: files.suffix(days).map(\.path))
+            let paths = files.suffix(days).map(\.path)
+            // One more day: its file's index is read, the newer days' kept (each file scanned once a read).
+            if let fewer = fewer as? TapeDays, fewer.paths == Array(paths.dropFirst()) { return try? TapeDays(paths[0], before: fewer) }
+            return try? TapeDays(paths: paths)
         }
     }
 
     /// The blocks `open` gives for the epoch asked and the number of newest days (1, then more while
-    /// a position is not found; `nil`: no more), opened again for each read.
-    public init(market: String, open: @escaping @Sendable (_ epoch: String, _ days: Int) -> (any TapeBlocks)?) {
+    /// a position is not found; `nil`: no more), opened again for each read; it is given what it gave
+    /// for one day fewer in the same read.
+    public init(market: String, open: @escaping @Sendable (_ epoch: String, _ days: Int, _ fewer: (any TapeBlocks)?) -> (any TapeBlocks)?) {
         self.market = market
         self.open = open
         queue = DispatchQueue(label: "relay.tape.archive.\(market)")
     }
 
-    public func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer] {
+    public func reading(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> (answers: [Topic: ArchiveAnswer], cost: Double) {
         // Reads wait in line (one at a time: the disk is one): past a few waiting, a resume is told
         // at once rather than wait behind them (a storm of resumes never queues without bound).
         guard waiting.add(1, ordering: .relaxed).newValue <= Self.readsWaiting else {
             waiting.subtract(1, ordering: .relaxed)
-            return Dictionary(
+            let busy = Dictionary(
                 requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "the tape is busy with other resumes")) },
                 uniquingKeysWith: { first, _ in first })
+            return (busy, 0)
         }
         return await BlockingWork.run(on: queue) {
             defer { self.waiting.subtract(1, ordering: .relaxed) }
-            return self.read(requests, epoch: epoch, limit: limit)
+            var budget = Self.blocksPerRead
+            let answers = self.read(requests, epoch: epoch, limit: limit, budget: &budget)
+            return (answers, Double(Self.blocksPerRead - max(budget, 0)) / Double(Self.blocksPerRead))
         }
     }
 
@@ -92,13 +99,14 @@ public final class TapeArchive: EventArchive {
     static let notFound = "not on the tape (its position was not found)"
     static let noLongerOnTape = "no longer on the tape"
 
-    func read(_ requests: [ArchiveRequest], epoch: String, limit: Int) -> [Topic: ArchiveAnswer] {
-        var budget = Self.blocksPerRead
+    func read(_ requests: [ArchiveRequest], epoch: String, limit: Int, budget: inout Int) -> [Topic: ArchiveAnswer] {
         var answers: [Topic: ArchiveAnswer] = [:]
         var asked = requests
         var days = 1
+        var fewer: (any TapeBlocks)?
         // The newest day first; the requests whose position it does not hold, again over one more day.
-        while !asked.isEmpty, budget > 0, let reader = open(epoch, days) {
+        while !asked.isEmpty, budget > 0, let reader = open(epoch, days, fewer) {
+            fewer = reader
             let found = read(asked, in: reader, epoch: epoch, limit: limit, budget: &budget)
             answers.merge(found) { _, new in new }
             asked = asked.filter { request in

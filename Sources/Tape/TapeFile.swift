@@ -546,9 +546,20 @@ public final class TapeDays: TapeBlocks {
     /// The index of each reader's first block.
     private let starts: [Int]
     public let blockCount: Int
+    /// The day files, oldest first.
+    public var paths: [String] { readers.map(\.path) }
 
-    public init(paths: [String]) throws {
-        readers = try paths.map { try TapeReader(path: $0) }
+    public convenience init(paths: [String]) throws {
+        try self.init(readers: paths.map { try TapeReader(path: $0) })
+    }
+
+    /// The day file at `path` before the days of `later` (whose files are not read again).
+    public convenience init(_ path: String, before later: TapeDays) throws {
+        try self.init(readers: [TapeReader(path: path)] + later.readers)
+    }
+
+    private init(readers: [TapeReader]) {
+        self.readers = readers
         var starts: [Int] = []
         var count = 0
         for reader in readers {

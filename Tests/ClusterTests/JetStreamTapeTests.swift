@@ -50,7 +50,7 @@ struct JetStreamTapeTests {
         let check = TapeEventCheck(
             market: .stocks, wire: .polygon, maxEventBytes: ClusterChecks.maxEventBytes, metrics: ClusterMetrics(factory: NOOPMetricsHandler.instance),
             logger: Logger(label: "tape-test"))
-        return TapeArchive(market: "stocks") { epoch, days in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
+        return TapeArchive(market: "stocks") { epoch, days, _ in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
     }
 
     /// A block whose events are not each one event of their topic (whoever may publish on the tape's

@@ -162,9 +162,9 @@ private final class GatedArchive: EventArchive {
         self.gate = gate
     }
 
-    func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer] {
+    func reading(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> (answers: [Topic: ArchiveAnswer], cost: Double) {
         reading.yield()
         for await _ in gate {}
-        return await inner.missed(requests, epoch: epoch, limit: limit)
+        return await inner.reading(requests, epoch: epoch, limit: limit)
     }
 }

@@ -118,6 +118,15 @@ struct TapeArchiveTests {
 
     /// A run recorded without positions (history off) leaves events of market sequence 0 on the tape: a
     /// time resume passes over them (it once took `0 - 1`, and stopped the relay).
+    @Test func aReadCostsTheShareOfItsBudgetItsBlocksTook() async throws {
+        try await withTape { archive, _ in
+            let trades = try #require(Topic(parsing: "T.*"))
+            let far = await archive.reading([ArchiveRequest(topic: trades, since: .market(1), until: 200)], epoch: "e1", limit: 1_000)
+            let near = await archive.reading([ArchiveRequest(topic: trades, since: .market(190), until: 200)], epoch: "e1", limit: 1_000)
+            #expect(far.cost > near.cost && near.cost > 0 && far.cost < 1, "from 1: \(far.cost), from 190: \(near.cost)")
+        }
+    }
+
     @Test func aPositionTheRelayNeverGivesIsAGapNotARead() async throws {
         try await withTape { archive, _ in
             let apple = try #require(Topic(parsing: "Q.AAPL"))
