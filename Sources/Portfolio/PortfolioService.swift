@@ -61,6 +61,12 @@ public actor PortfolioService: Service {
     private var changeMarks: PortfolioStore.ChangeMarks?
     /// The latest history recomputation (the next waits for it).
     private var recomputation: Task<Void, any Error>?
+    /// The recomputation waiting for the one running to end, and the first day it recomputes (`nil`:
+    /// every day): writes arriving meanwhile join it, so a burst of writes costs two recomputations,
+    /// not one each.
+    private var waiting: (task: Task<Void, any Error>, from: Day?)?
+    /// Recomputations run so far (tests, status).
+    public private(set) var recomputations = 0
 
     private func markDirty(from day: Day) {
         dirtyFrom = dirtyFrom.map { min($0, day) } ?? day
@@ -366,18 +372,31 @@ public actor PortfolioService: Service {
     /// valued completely since the relay started (after a restart, before its prices are back).
     ///
     /// Recomputations run one after another (each waits for the one before it): one that read the
-    /// store before a change must not write its older rows after one that read it after.
+    /// store before a change must not write its older rows after one that read it after. One asked for
+    /// while another waits joins it (from the earlier of their days).
     public func backfill(from requested: Day? = nil) async throws {
+        if let joined = waiting {
+            waiting?.from = joined.from.flatMap { from in requested.map { min($0, from) } }
+            return try await joined.task.value
+        }
         let previous = recomputation
         let next = Task {
             _ = await previous?.result
-            try await self.recompute(from: requested)
+            try await self.recompute(from: self.startWaiting())
         }
+        waiting = (next, requested)
         recomputation = next
         try await next.value
     }
 
+    /// The waiting recomputation starts: the first day it recomputes; later ones wait behind it.
+    private func startWaiting() -> Day? {
+        defer { waiting = nil }
+        return waiting?.from
+    }
+
     private func recompute(from requested: Day?) async throws {
+        recomputations += 1
         let today = calendar.day(of: .now)
         let changes = try await store.changes(after: changeMarks ?? .init(), calendar: calendar)
         // Every day when asked (`nil`) and the first time; else from the day asked, or from an earlier

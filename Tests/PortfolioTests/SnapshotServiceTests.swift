@@ -56,6 +56,33 @@ struct SnapshotServiceTests {
         #expect(total.cash == -10)
     }
 
+    @Test func aBurstOfWritesSharesTheRecomputationsWaitingFromTheEarliestDayAsked() async throws {
+        let dir = Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let (store, service, account, start, today) = try await Self.yearOfCash(in: dir)
+        let calendar = DayCalendar.utc
+        try await service.backfill()
+        let before = await service.recomputations
+        // Fifty deposits at once, each on its own day: the first recomputation runs, the rest join the
+        // one waiting behind it, from the earliest day any of them asked.
+        let days = Array(calendar.days(from: start, through: today).suffix(60).prefix(50))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for day in days {
+                group.addTask {
+                    _ = try await store.addTransaction(accountID: account.id, date: day, kind: .deposit, amount: 1)
+                    await service.historyChanged(from: day)
+                }
+            }
+            try await group.waitForAll()
+        }
+        let ran = await service.recomputations - before
+        #expect(ran >= 1 && ran <= 3, "\(ran) recomputations for 50 writes")
+        // Whatever joined, every deposit is in the history: the last day holds all fifty.
+        let history = try await store.accountSnapshots(accountID: account.id, from: start, through: today)
+        #expect(history.last?.cash == 150)
+        #expect(history.first(where: { $0.day == days[0] })?.cash == 101, "the earliest day asked was recomputed")
+    }
+
     @Test func aBackfillWritesOnlyTheDaysThatChanged() async throws {
         let dir = Self.directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
