@@ -302,10 +302,12 @@ public struct PortfolioRoutes: Sendable {
                 guard mayTrade || mayQuote else {
                     return Self.problem(.forbidden, "not authorized: this key may read neither \(trade) nor \(quote)", field: "symbol")
                 }
-                // A security not cached is loaded from the vendor's REST: on the key's quota.
-                if await !browser.cache.contains(symbol), let refused = await spendREST(request) {
+                // A security neither cached nor loading is loaded from the vendor's REST (when there is
+                // one): on the key's quota. Joining a load under way costs nothing.
+                if browser.loader.rest != nil, await browser.cache.wouldLoad(symbol), let refused = await spendREST(request) {
                     var response = Self.problem(.tooManyRequests, refused.reason)
-                    response.headers[.retryAfter] = "\(max(1, refused.retryAfter.components.seconds))"
+                    let (seconds, attoseconds) = refused.retryAfter.components
+                    response.headers[.retryAfter] = "\(max(1, seconds + (attoseconds > 0 ? 1 : 0)))"
                     return response
                 }
                 let view = request.uri.queryParameters.get("view").map { String($0) }.flatMap { $0.isEmpty ? nil : $0 }

@@ -191,7 +191,7 @@ public final class RESTGateway: Sendable {
             return GatewayAnswer(status: 200, body: scrubbed(body), contentType: Self.passedOn(hit.contentType), source: .cache)
         }
         guard let (fetched, joined) = flight(key, route: route, expires: expires, now: now, starter: starter) else {
-            metrics.count(route: route.name, outcome: "quota")
+            metrics.count(route: route.name, outcome: "flights")
             var answer = relayAnswer(
                 429, "key \"\(starter ?? "")\" has \(settings.flightsPerKey) requests waiting for the vendor or at it already (rest.flightsPerKey)")
             answer.retryAfter = 1
@@ -280,8 +280,10 @@ public final class RESTGateway: Sendable {
                     await cache.store(key, body: fetched.body, contentType: fetched.contentType, expires: expires, now: now)
                     self.metrics.cacheBytes(cache.bytes)
                 }
-                _ = self.flights.withLock { $0.removeValue(forKey: key) }
-                if let starter {
+                self.flights.withLock { flights in
+                    flights.removeValue(forKey: key)
+                    // Under the same lock: a request seeing the flight gone sees the key's count down too.
+                    guard let starter else { return }
                     self.keyFlights.withLock { counts in
                         let left = (counts[starter] ?? 1) - 1
                         counts[starter] = left > 0 ? left : nil

@@ -16,11 +16,13 @@ public struct RequestKeys: Sendable {
 
     /// Takes one request of the key's REST quota (its `restRate`, as a REST gateway request does) for
     /// a call the relay makes to the vendor on its behalf: `nil` when granted, when the key has no
-    /// quota or none is configured; else why not and when to ask again.
+    /// quota or none is configured; else why not (over its quota, or the request went away while it
+    /// waited) and when to ask again.
     public func spendREST(for request: Request) async -> (reason: String, retryAfter: Duration)? {
         guard let key = key(of: request), let quota = quotas.budget(for: key) else { return nil }
         switch await quota.take(.foreground, bounded: true) {
-        case .granted, .cancelled: return nil
+        case .granted: return nil
+        case .cancelled: return ("cancelled", .seconds(1))
         case .refused(let after): return ("key \"\(key.name)\" is over its REST quota (\(quota.rate))", after)
         }
     }

@@ -188,6 +188,12 @@ public actor SecurityCache<Detail: Sendable> {
         entries[symbol].map { isComplete($0.detail) } ?? false
     }
 
+    /// Whether asking for `symbol` now would start a load: no complete detail of it is cached and none
+    /// is loading (a request then joins it).
+    public func wouldLoad(_ symbol: String) -> Bool {
+        !contains(symbol) && loading[symbol] == nil
+    }
+
     /// Forgets every cached detail (their data changed). Loads under way finish for those waiting on
     /// them, but what they read may predate the change: they are not cached, and a new request loads again.
     public func removeAll() {
