@@ -92,9 +92,13 @@ extension MarketDataHub {
     /// from where the archive stopped, and live follow as one.
     @discardableResult
     public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
-        var archived = await fromArchive(topics, to: id, resuming: resume)
+        // What the tape's reads cost past the tenth each is charged at once: charged after this resume
+        // is gathered, so the read it paid for is not given up for its own cost.
+        var archiveCost = 0
+        var archived = await fromArchive(topics, to: id, resuming: resume, cost: &archiveCost)
         let term = history
-        var former = await fromFormerEpoch(topics, to: id, resuming: resume)
+        var former = await fromFormerEpoch(topics, to: id, resuming: resume, cost: &archiveCost)
+        defer { if archiveCost > 0 { subscribers[id]?.replayBudget.spend(archiveCost, capacity: (history?.limits ?? HistoryLimits()).eventsPerResume, now: WallClock.nowMilliseconds()) } }
         // A term that ended while the tape was read: the one read is not the former term any more, and
         // its events then this term's would skip a whole term between; the tape's answer of this term
         // is of the term that ended (both told `gap`, or the new term's memory answers).
@@ -194,7 +198,9 @@ extension MarketDataHub {
 
     /// The archive's answers for the topics whose positions the memory no longer holds (of this epoch),
     /// and where they end (the memory takes over after it); `nil`: none asked.
-    private func fromArchive(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> [Topic: (ArchiveAnswer, until: UInt64)]? {
+    private func fromArchive(
+        _ topics: [Topic], to id: SubscriberID, resuming resume: HubResume, cost: inout Int
+    ) async -> [Topic: (ArchiveAnswer, until: UInt64)]? {
         guard let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
             guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
@@ -203,7 +209,7 @@ extension MarketDataHub {
             if case .topic = since, !topic.isWildcard, !history.hasLine(topic) { return nil }
             return ArchiveRequest(topic: topic, since: since, until: history.archiveBoundary(of: topic))
         }
-        guard let answers = await readArchive(requests, epoch: epoch, for: id) else { return nil }
+        guard let answers = await readArchive(requests, epoch: epoch, for: id, cost: &cost) else { return nil }
         var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
         for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
         // The memory went on evicting while the archive read: what it let go since is read too (a few
@@ -217,7 +223,8 @@ extension MarketDataHub {
                 return ArchiveRequest(topic: topic, since: .market(found.until), until: boundary)
             }
             guard !behind.isEmpty else { break }
-            let more = await archive.missed(behind, epoch: epoch, limit: history.limits.eventsPerResume)
+            let (more, share) = await archive.reading(behind, epoch: epoch, limit: history.limits.eventsPerResume)
+            cost += Self.charge(share, of: history.limits.eventsPerResume)
             for request in behind {
                 guard let earlier = archived[request.topic] else { continue }
                 switch (earlier.0, more[request.topic]) {
@@ -242,7 +249,7 @@ extension MarketDataHub {
     /// last before the current): what the tape holds of each topic after the client's position, through
     /// the term's end; `nil`: none asked (no archive, no history of adopted positions, or an epoch that
     /// is this one, or not the one before: an older one would skip a whole term).
-    private func fromFormerEpoch(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> [Topic: ArchiveAnswer]? {
+    private func fromFormerEpoch(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume, cost: inout Int) async -> [Topic: ArchiveAnswer]? {
         guard adoptsPositions, let history, let previousEpoch, let subscriber = subscribers[id] else { return nil }
         let fresh = topics.filter { !subscriber.topics.contains($0) }
         let requests: [ArchiveRequest]
@@ -259,25 +266,32 @@ extension MarketDataHub {
         default:
             return nil
         }
-        return await readArchive(requests, epoch: previousEpoch, for: id)
+        return await readArchive(requests, epoch: previousEpoch, for: id, cost: &cost)
     }
 
     /// The archive's answers to `requests` of `epoch` for a connection that may be replayed now (one
-    /// that may not gets `gap`, not a read); `nil`: nothing asked. A read costs the connection its
-    /// share of a read's blocks of a resume's budget, a tenth at least, whatever it found: asking again
-    /// and again reads at most ten times a minute per connection, and a read of every block a read may
-    /// take once a minute.
-    private func readArchive(_ requests: [ArchiveRequest], epoch: String, for id: SubscriberID) async -> [Topic: ArchiveAnswer]? {
+    /// that may not gets `gap`, not a read); `nil`: nothing asked. A read costs the connection a tenth
+    /// of a resume's budget at once, whatever it found (asking again and again reads at most ten times
+    /// a minute per connection), and the rest of its share of a read's blocks (`cost`, charged once
+    /// the resume is gathered): a read of every block a read may take, once a minute.
+    private func readArchive(_ requests: [ArchiveRequest], epoch: String, for id: SubscriberID, cost: inout Int) async -> [Topic: ArchiveAnswer]? {
         guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id] else { return nil }
         let bound = history.limits.eventsPerResume
         let available = subscriber.replayBudget.available(capacity: bound, now: WallClock.nowMilliseconds())
         guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
-        let (answers, cost) = await archive.reading(requests, epoch: epoch, limit: bound)
+        let (answers, share) = await archive.reading(requests, epoch: epoch, limit: bound)
         resumeCounts.fromArchive += 1
         metrics.archiveResumes.increment()
-        let charged = max(bound / 10, Int((min(max(cost, 0), 1) * Double(bound)).rounded(.up)), 1)
-        subscribers[id]?.replayBudget.spend(charged, capacity: bound, now: WallClock.nowMilliseconds())
+        let tenth = max(bound / 10, 1)
+        subscribers[id]?.replayBudget.spend(tenth, capacity: bound, now: WallClock.nowMilliseconds())
+        cost += max(Self.charge(share, of: bound) - tenth, 0)
         return answers
+    }
+
+    /// A read's share of its blocks (0 through 1; anything else counts as nothing) of a resume's bound.
+    static func charge(_ share: Double, of bound: Int) -> Int {
+        guard share.isFinite, share > 0 else { return 0 }
+        return Int((min(share, 1) * Double(bound)).rounded(.up))
     }
 
     /// Whether a connection may be replayed now: less than one resume's bound queued and unread, and at

@@ -141,7 +141,11 @@ public final class TapeArchive: EventArchive {
                 first -= 1
             }
         }
-        let end = scan(&readings, in: reader, from: reader.holdingBlock(atOrBefore: first), epoch: epoch, limit: limit, budget: &budget)
+        // The walk back to the wanted set is charged as the read's blocks are.
+        var walked = 0
+        let from = reader.holdingBlock(atOrBefore: first, decoded: &walked)
+        budget -= walked
+        let end = scan(&readings, in: reader, from: from, epoch: epoch, limit: limit, budget: &budget)
         for index in readings.indices where readings[index].throughEnd && readings[index].answer == nil {
             // The archive's record of the epoch ends here: whole through it, or (the client stood past
             // it: its last events were never recorded) nothing more to give.
@@ -369,6 +373,12 @@ extension TapeBlocks {
     /// The nearest block at or before `index` that says what was wanted (a `holding` record), at most
     /// two holding intervals and ``mostBlocksBack`` blocks before it; `index` itself when none is found.
     public func holdingBlock(atOrBefore index: Int) -> Int {
+        var decoded = 0
+        return holdingBlock(atOrBefore: index, decoded: &decoded)
+    }
+
+    /// ``holdingBlock(atOrBefore:)``, adding the blocks it decoded to `decoded`.
+    public func holdingBlock(atOrBefore index: Int, decoded: inout Int) -> Int {
         guard blockCount > 0 else { return 0 }
         let target = min(max(index, 0), blockCount - 1)
         // (A header's time is read from a file: a time near the first Int64 holds goes back no further.)
@@ -376,6 +386,7 @@ extension TapeBlocks {
         else { return target }
         var start = target
         while start >= 0, target - start <= TapeWriter.mostBlocksBack {
+            decoded += 1
             if (records(inBlock: start) ?? []).contains(where: { if case .holding = $0 { true } else { false } }) { return start }
             guard start > 0, !floor.overflow, let before = header(ofBlock: start - 1), before.lastTime >= floor.partialValue else { break }
             start -= 1

@@ -105,7 +105,9 @@ public enum TapeFile {
     public static func midnight(of day: String) -> Int64? {
         let parts = day.split(separator: "-", omittingEmptySubsequences: false)
         guard parts.count == 3, parts[0].count == 4, parts[1].count == 2, parts[2].count == 2, let year = Int(parts[0]), let month = Int(parts[1]),
-            let date = Int(parts[2]), (1970...9999).contains(year), (1...12).contains(month), (1...31).contains(date)
+            // Nanoseconds since 1970 in an Int64 end in April 2262: a later day is no day of a tape (and
+            // its midnight would not fit).
+            let date = Int(parts[2]), (1970...2261).contains(year), (1...12).contains(month), (1...31).contains(date)
         else { return nil }
         var fields = tm()
         fields.tm_year = Int32(year - 1900)
@@ -352,7 +354,7 @@ public final class TapeWriter {
             follow(record)
         case .holding(_, let at):
             try appendOther(record, at: at, until: at)
-            holdingWrittenAt = at
+            (holdingWrittenAt, blocksSinceHolding) = (at, 0)
             follow(record)
         case .interrupted(let at), .stopped(let at):
             try appendOther(record, at: at, until: at)
@@ -379,6 +381,9 @@ public final class TapeWriter {
     /// at that block knows them.
     public private(set) var holding: Set<String> = []
     private var holdingWrittenAt: Int64?
+    /// Blocks written since the last holding record: one is written again before a reader walking back
+    /// (at most ``mostBlocksBack``) could miss it, however fast blocks come.
+    private var blocksSinceHolding = 0
     /// Whether this writer is told what is wanted (a hub's recording is, from its first subscribe): only
     /// then is the set written.
     private var tracksHolding = false
@@ -455,10 +460,13 @@ public final class TapeWriter {
             RecordLayout.append(.source(vendor: source.vendor, path: source.path, at: time), to: &pending, baseTime: time, baseSequence: sequence)
             pendingRecords += 1
         }
-        if tracksHolding, newDay || holdingWrittenAt.map({ time - $0 >= Self.holdingInterval || time < $0 }) ?? true {
+        if tracksHolding,
+            newDay || blocksSinceHolding >= Self.mostBlocksBack / 2 || holdingWrittenAt.map({ time - $0 >= Self.holdingInterval || time < $0 }) ?? true
+        {
             RecordLayout.append(.holding(holding.sorted(), at: time), to: &pending, baseTime: time, baseSequence: sequence)
             pendingRecords += 1
             holdingWrittenAt = time
+            blocksSinceHolding = 0
         }
         return (time, sequence)
     }
@@ -490,6 +498,7 @@ public final class TapeWriter {
         }
         pendingEarliest = nil
         blocksWritten += 1
+        blocksSinceHolding += 1
         bytesWritten += Int64(block.count)
         eventsWritten += pendingEvents
         pending.removeAll(keepingCapacity: true)

@@ -116,17 +116,25 @@ struct TapeArchiveTests {
         }
     }
 
-    /// A run recorded without positions (history off) leaves events of market sequence 0 on the tape: a
-    /// time resume passes over them (it once took `0 - 1`, and stopped the relay).
+    /// A read is charged by the blocks it decoded (its walk back to the wanted set included).
     @Test func aReadCostsTheShareOfItsBudgetItsBlocksTook() async throws {
-        try await withTape { archive, _ in
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        _ = try tape(in: directory)
+        let archive = TapeArchive(directory: directory, market: "stocks")
+        do {
             let trades = try #require(Topic(parsing: "T.*"))
             let far = await archive.reading([ArchiveRequest(topic: trades, since: .market(1), until: 200)], epoch: "e1", limit: 1_000)
             let near = await archive.reading([ArchiveRequest(topic: trades, since: .market(190), until: 200)], epoch: "e1", limit: 1_000)
-            #expect(far.cost > near.cost && near.cost > 0 && far.cost < 1, "from 1: \(far.cost), from 190: \(near.cost)")
+            // The nearer position walks back further, to the tape's one wanted set (its second block):
+            // charged like the blocks it scans, so it costs more here.
+            #expect(near.cost > far.cost && far.cost > 0, "from 1: \(far.cost), from 190: \(near.cost)")
+            let blocks = try TapeDays(paths: TapeFile.days(directory: directory, market: "stocks").map(\.path)).blockCount
+            #expect(near.cost * Double(TapeArchive.blocksPerRead) <= Double(2 * blocks), "at most the walk back and the scan over every block")
         }
     }
 
+    /// A position past any the relay gives is a gap at once, never arithmetic on it.
     @Test func aPositionTheRelayNeverGivesIsAGapNotARead() async throws {
         try await withTape { archive, _ in
             let apple = try #require(Topic(parsing: "Q.AAPL"))
@@ -138,6 +146,8 @@ struct TapeArchiveTests {
         }
     }
 
+    /// A run recorded without positions (history off) leaves events of market sequence 0 on the tape: a
+    /// time resume passes over them (it once took `0 - 1`, and stopped the relay).
     @Test func eventsWithoutPositionsArePassedOver() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

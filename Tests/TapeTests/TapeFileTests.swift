@@ -194,6 +194,10 @@ struct TapeFileTests {
                 for record in events(200, from: day * 200, start: Self.start + Int64(day) * 86_400_000_000_000) { try writer.append(record) }
             }
             try writer.flush()
+            // Files not named for a day this clock's recorder could have written are neither read nor counted.
+            for stray in ["2999-01-01.tape", "2026-02-31.tape", "abcd-ef-gh.tape"] {
+                FileManager.default.createFile(atPath: "\(directory)/stocks/\(stray)", contents: Data("x".utf8))
+            }
             let all = TapeFile.days(directory: directory, market: "stocks")
             #expect(all.map(\.day) == ["2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23", "2026-11-24"])
             #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-24", keepDays: 3, maxBytes: .max) == ["2026-11-20", "2026-11-21"])
@@ -258,6 +262,31 @@ struct TapeFileTests {
         for length in 0..<payload.count {
             let parsed = RecordLayout.records(in: Array(payload.prefix(length)), baseTime: 7, baseSequence: 9)
             #expect(parsed == nil || parsed!.count < records.count, "a prefix of \(length) bytes is never read as all of it")
+        }
+    }
+
+    /// However fast blocks come, the wanted set is written again before a reader walking back its
+    /// bounded number of blocks could miss it.
+    @Test func theWantedSetIsWrittenAgainWithinTheBlocksAReaderWalksBack() throws {
+        try withDirectory { directory in
+            let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 64)
+            try writer.append(.wanted(topic: "Q.AAPL", true, at: Self.start))
+            // Three walks' worth of small blocks within one millisecond of each other: far inside the
+            // holding interval.
+            for record in events(TapeWriter.mostBlocksBack * 3, start: Self.start) {
+                guard case .event(var event) = record else { continue }
+                event.receivedAt = Self.start + Int64(event.sequence)
+                try writer.append(.event(event))
+            }
+            try writer.flush()
+            let reader = try TapeReader(path: TapeFile.path(directory: directory, market: "stocks", day: "2026-11-20"))
+            try #require(reader.blockCount > TapeWriter.mostBlocksBack * 2)
+            let holding = reader.blocks.indices.filter { index in
+                (reader.records(inBlock: index) ?? []).contains { if case .holding = $0 { true } else { false } }
+            }
+            let widest = zip(holding, holding.dropFirst()).map { $1 - $0 }.max() ?? reader.blockCount
+            #expect(widest <= TapeWriter.mostBlocksBack / 2 + 1, "blocks between holding records: \(widest)")
+            #expect(reader.holdingBlock(atOrBefore: reader.blockCount - 1) != reader.blockCount - 1 || holding.last == reader.blockCount - 1)
         }
     }
 
