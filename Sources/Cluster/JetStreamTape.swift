@@ -399,6 +399,11 @@ public enum ClusterTapePull {
                 continue
             }
             let day = TapeFile.day(of: header.firstTime)
+            // A block of no day a tape has (a time a writer never gives) is not made a file of its own.
+            guard TapeFile.midnight(of: day) != nil else {
+                outcome.missing += 1
+                continue
+            }
             if files[day] == nil {
                 let partial = TapeFile.path(directory: directory, market: market, day: day) + ".pull"
                 let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)

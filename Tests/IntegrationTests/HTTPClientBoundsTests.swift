@@ -113,7 +113,11 @@ struct HTTPClientBoundsTests {
             let deadline = ContinuousClock.now + .seconds(2)
             var refused = ""
             while !refused.hasPrefix("HTTP/1.1 429"), ContinuousClock.now < deadline {
-                refused = ask(try RawSocket(port: port), "/v1/status")
+                // Read to the end: a refusal ends its connection (its body may come in a segment of its own).
+                let socket = try RawSocket(port: port)
+                _ = socket.send("GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer client-key\r\n\r\n")
+                let (answer, ended) = socket.readAll(within: .seconds(1))
+                refused = ended ? answer : String(answer.prefix(12))
             }
             #expect(refused.hasPrefix("HTTP/1.1 429") && refused.contains("too many failed authentications"), "\(refused)")
             // So is the portfolio stream's upgrade, whatever key it presents.
