@@ -60,8 +60,10 @@ extension MarketDataHub {
         guard let folding else { return [] }
         let wildTypes = Set(topics.filter { $0.isWildcard && folding.eventTypes.contains($0.eventType) }.map(\.eventType))
         var wholes: [MarketEvent] = []
-        for (topic, entry) in entries where folding.eventTypes.contains(topic.eventType) {
-            guard topics.contains(topic) || wildTypes.contains(topic.eventType), let whole = entry.fold?.whole() else { continue }
+        // A wildcard's type's entries, and the topics held by name (not a walk of every entry).
+        let candidates = wildTypes.flatMap { entriesOfType[$0] ?? [] } + topics.filter { !$0.isWildcard && !wildTypes.contains($0.eventType) }
+        for topic in candidates where folding.eventTypes.contains(topic.eventType) {
+            guard let whole = entries[topic]?.fold?.whole() else { continue }
             wholes.append(whole)
         }
         return wholes

@@ -177,7 +177,7 @@ extension MarketDataHub {
                     doomed.append(topic)
                 }
             }
-            for topic in doomed { entries[topic] = nil }
+            for topic in doomed { removeEntry(topic) }
             gone = doomed.count
         }
         lastValueBound.trimmed(leaving: entries.count)

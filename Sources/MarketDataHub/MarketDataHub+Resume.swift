@@ -360,7 +360,8 @@ extension MarketDataHub {
     /// type (a folded topic's: its whole state, so a book's holder starts it again whole).
     private func lastValues(of topic: Topic) -> [MarketEvent] {
         if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
-        return entries.filter { $0.key.eventType == topic.eventType }.compactMap(\.value.value).sorted { ($0.sequence, $0.receivedAt, $0.ticker) < ($1.sequence, $1.receivedAt, $1.ticker) }
+        return (entriesOfType[topic.eventType] ?? []).compactMap { entries[$0]?.value }
+            .sorted { ($0.sequence, $0.receivedAt, $0.ticker) < ($1.sequence, $1.receivedAt, $1.ticker) }
     }
 
     private func resumedStatus(_ outcome: HubResumeOutcome) -> Notice {

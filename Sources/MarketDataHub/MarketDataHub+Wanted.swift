@@ -25,7 +25,7 @@ extension MarketDataHub {
             // Unwanted and nothing worth keeping (no last value, or a cluster node's): freed, so junk
             // topics leave no trace.
             if entry.subscribers.isEmpty, !covered, entry.last == nil || !keepsUnwantedLastValues {
-                entries[topic] = nil
+                removeEntry(topic)
             }
         }
     }
@@ -45,11 +45,12 @@ extension MarketDataHub {
     private func wildcardUnwanted(_ eventType: String) {
         follow(wanted.wildcardUnsubscribed(eventType))
         // Books nobody holds by name any more stop coming: no longer vouched for.
+        let ofType = entriesOfType[eventType] ?? []
         if folding?.eventTypes.contains(eventType) == true {
-            for (key, entry) in entries where key.eventType == eventType && entry.subscribers.isEmpty { entry.fold?.interrupt() }
+            for topic in ofType where entries[topic]?.subscribers.isEmpty == true { entries[topic]?.fold?.interrupt() }
         }
         if !keepsUnwantedLastValues {
-            entries = entries.filter { $0.key.eventType != eventType || !$0.value.subscribers.isEmpty }
+            for topic in ofType where entries[topic]?.subscribers.isEmpty == true { removeEntry(topic) }
         }
     }
 

@@ -63,6 +63,9 @@ public actor MarketDataHub {
     public let keepsLastValues: Bool
     var subscribers: [SubscriberID: Subscriber] = [:]
     var entries: [Topic: TopicEntry] = [:]
+    /// The topics of ``entries`` by event type: a wildcard's last values are its type's, not a walk of
+    /// every entry of the market.
+    var entriesOfType: [String: Set<Topic>] = [:]
     /// How many entries the table keeps (``trimUnwantedLastValues()``).
     var lastValueBound: LastValueBound
     /// The entries whose last event publishes set, still sharing their messages' bytes, and what those
@@ -296,7 +299,15 @@ public actor MarketDataHub {
         let entry = TopicEntry(in: lastValueBound)
         entry.fold = folding?.fold(for: topic)
         entries[topic] = entry
+        entriesOfType[topic.eventType, default: []].insert(topic)
         return entry
+    }
+
+    /// Frees `topic`'s entry.
+    func removeEntry(_ topic: Topic) {
+        guard entries.removeValue(forKey: topic) != nil else { return }
+        entriesOfType[topic.eventType]?.remove(topic)
+        if entriesOfType[topic.eventType]?.isEmpty == true { entriesOfType[topic.eventType] = nil }
     }
 
     /// Tells what the call changed in the upstream set, if anything.

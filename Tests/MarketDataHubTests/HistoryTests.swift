@@ -57,6 +57,23 @@ struct HubHistoryTests {
         #expect(fields(got[2])["status"] as? String == "resumed")
     }
 
+    /// A wildcard's `gap` is followed by its type's last values, read from the entries of its type (the
+    /// table keeps them by type as entries come and go), not a walk of the market's.
+    @Test func aWildcardsGapIsFollowedByItsOwnTypesLastValuesOnly() async throws {
+        let hub = MarketDataHub(wire: .polygon)
+        let holder = await hub.subscribe(to: topics("Q.*", "T.*"))
+        await hub.publish([event("Q", "A", 1), event("T", "A", 1), event("Q", "B", 2), event("T", "C", 3)])
+        await hub.remove(topics("T.*"), from: holder.id)
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add([topic("Q.*")], to: subscription.id, resuming: .positions(epoch: "another", [topic("Q.*"): 1]))
+        #expect(outcome.gaps == [topic("Q.*")])
+        let got = try await take(4, from: subscription.events)
+        #expect(fields(got[0])["status"] as? String == "gap")
+        #expect(got[1...2].map { "\($0.eventType).\($0.ticker)" }.sorted() == ["Q.A", "Q.B"], "\(got.map { "\($0.eventType).\($0.ticker)" })")
+        #expect(fields(got[3])["status"] as? String == "resumed")
+        _ = holder
+    }
+
     @Test func aWildcardReadsItsOwnTypesSlotsAndTheyGoWithTheirs() {
         var limits = HistoryLimits()
         limits.eventsPerTopic = 3
