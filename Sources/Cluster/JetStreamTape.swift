@@ -400,7 +400,7 @@ public enum ClusterTapePull {
             }
             let day = TapeFile.day(of: header.firstTime)
             // A block of no day a tape has (a time a writer never gives) is not made a file of its own.
-            guard TapeFile.midnight(of: day) != nil else {
+            guard TapeFile.isTapeDay(day) else {
                 outcome.missing += 1
                 continue
             }

@@ -6,15 +6,13 @@ public protocol EventArchive: Sendable {
     /// What each topic missed after where its client stands, through its request's `until`, in
     /// `epoch`: every event (whole: the topic was received all that time, every market sequence
     /// between on the archive), or why not. At most `limit` events in all; a topic past it is
-    /// ``ArchiveAnswer/tooMany``.
-    func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer]
-
-    /// ``missed(_:epoch:limit:)``, and the share of what one read may cost (its blocks, 0 through 1) it
-    /// took: what the client that asked is charged.
+    /// ``ArchiveAnswer/tooMany``. With it, the share of what one read may cost (its blocks, 0 through
+    /// 1) it took: what the client that asked is charged.
     func reading(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> (answers: [Topic: ArchiveAnswer], cost: Double)
 }
 
 extension EventArchive {
+    /// ``reading(_:epoch:limit:)``'s answers alone.
     public func missed(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> [Topic: ArchiveAnswer] {
         await reading(requests, epoch: epoch, limit: limit).answers
     }

@@ -92,13 +92,14 @@ extension MarketDataHub {
     /// from where the archive stopped, and live follow as one.
     @discardableResult
     public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
-        // What the tape's reads cost past the tenth each is charged at once: charged after this resume
-        // is gathered, so the read it paid for is not given up for its own cost.
+        // What the tape's reads cost past the tenth each (charged as each is read) is charged once this
+        // resume is gathered, so the read it paid for is not given up for its own cost.
+        let resumeBound = (history?.limits ?? HistoryLimits()).eventsPerResume
         var archiveCost = 0
         var archived = await fromArchive(topics, to: id, resuming: resume, cost: &archiveCost)
         let term = history
         var former = await fromFormerEpoch(topics, to: id, resuming: resume, cost: &archiveCost)
-        defer { if archiveCost > 0 { subscribers[id]?.replayBudget.spend(archiveCost, capacity: (history?.limits ?? HistoryLimits()).eventsPerResume, now: WallClock.nowMilliseconds()) } }
+        defer { if archiveCost > 0 { subscribers[id]?.replayBudget.spend(archiveCost, capacity: resumeBound, now: WallClock.nowMilliseconds()) } }
         // A term that ended while the tape was read: the one read is not the former term any more, and
         // its events then this term's would skip a whole term between; the tape's answer of this term
         // is of the term that ended (both told `gap`, or the new term's memory answers).
@@ -119,8 +120,7 @@ extension MarketDataHub {
         // minute), so neither repeated resumes nor a client that never reads make the hub hold more.
         let now = WallClock.nowMilliseconds()
         // Without a history a resume still queues a `gap` and last values (every ticker's, for a
-        // wildcard) outside the buffer: bounded the same way, at the default bound.
-        let resumeBound = (history?.limits ?? HistoryLimits()).eventsPerResume
+        // wildcard) outside the buffer: bounded the same way, at the default bound (`resumeBound`).
         let queued = subscriber.queue.replaying.load(ordering: .relaxed)
         let available = subscriber.replayBudget.available(capacity: resumeBound, now: now)
         if !Self.mayBeReplayed(queued: queued, available: available, bound: resumeBound), !(wanted.isEmpty && epochGaps.isEmpty) {

@@ -45,12 +45,10 @@ extension MarketDataHub {
     private func wildcardUnwanted(_ eventType: String) {
         follow(wanted.wildcardUnsubscribed(eventType))
         // Books nobody holds by name any more stop coming: no longer vouched for.
-        let ofType = entriesOfType[eventType] ?? []
-        if folding?.eventTypes.contains(eventType) == true {
-            for topic in ofType where entries[topic]?.subscribers.isEmpty == true { entries[topic]?.fold?.interrupt() }
-        }
-        if !keepsUnwantedLastValues {
-            for topic in ofType where entries[topic]?.subscribers.isEmpty == true { removeEntry(topic) }
+        for topic in entriesOfType[eventType] ?? [] {
+            guard let entry = entries[topic], entry.subscribers.isEmpty else { continue }
+            entry.fold?.interrupt()
+            if !keepsUnwantedLastValues { removeEntry(topic) }
         }
     }
 

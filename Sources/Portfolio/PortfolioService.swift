@@ -65,7 +65,7 @@ public actor PortfolioService: Service {
     /// every day): writes arriving meanwhile join it, so a burst of writes costs two recomputations,
     /// not one each.
     private var waiting: (task: Task<Void, any Error>, from: Day?)?
-    /// Recomputations run so far (tests, status).
+    /// Recomputations run so far (tests).
     public private(set) var recomputations = 0
 
     private func markDirty(from day: Day) {

@@ -211,7 +211,7 @@ actor MarketConnection {
             stopReading()
             dependencies.logger.info("downstream client refused: its address has too many failed authentications waiting")
             handler.value.refuse(
-                session.refusalFrame("too many failed authentications from this address are being answered; try again in a few seconds"),
+                session.refusalFrame(ClientKeyMiddleware.guessing),
                 binary: session.isBinary, reason: "authentication failures")
             return
         }

@@ -48,8 +48,12 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
         var message: String
         /// When to ask again (`Retry-After`), if the client may soon.
         var retryAfter: String?
-        /// A wrong key's: counted as its address's failure, answered after this delay.
-        var failure: (delay: Duration, address: String)?
+        /// A wrong key's, from this address: counted as its failure when it is answered, after the delay
+        /// its failures call for (or answered as ``guessing`` at once).
+        var wrongKeyOf: String?
+
+        /// An address with as many delayed failure answers waiting as it may: refused unchecked.
+        static let guessing = Refused(status: .tooManyRequests, message: ClientKeyMiddleware.guessing, retryAfter: "5")
     }
 
     /// An accepted upgrade: the market feed at an index of the server's markets, or the push stream at
@@ -173,8 +177,14 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 await withTaskExecutorPreference(LoopTaskExecutor(loop: value.channel.eventLoop)) {
                     await handleHTTP(asyncChannel: http, logger: logger)
                 }
-            case .refused(let http, let refused):
-                let answer = {
+            case .refused(let http, var refused):
+                // A wrong key is counted here, where its answer is given (so every failure counted is
+                // answered, and told answered), after its delay; or answered at once as guessing.
+                var delay: Duration = .zero
+                if let address = refused.wrongKeyOf {
+                    if let counted = routes.addresses.failedUnlessGuessing(from: address) { delay = counted } else { refused = .guessing }
+                }
+                let answer = { [refused] in
                     try await http.executeThenClose { _, outbound in
                         let status = refused.status
                         let body = ClientKeyMiddleware.errorBody(status, refused.message)
@@ -191,8 +201,8 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                         try? await channel.closeFuture.get()
                     }
                 }
-                if let failure = refused.failure {
-                    try await routes.addresses.answer(after: failure.delay, failureOf: failure.address, answer)
+                if let address = refused.wrongKeyOf, delay > .zero {
+                    try await routes.addresses.answer(after: delay, failureOf: address, answer)
                 } else {
                     try await answer()
                 }

@@ -201,19 +201,15 @@ public final class RelayServer: Service, Sendable {
                 var admitted: ClientKey?
                 if authentication.requiresKeys {
                     let address = channel.remoteAddress?.ipAddress ?? "unknown"
-                    let guessing = RelayChildChannel.Refused(status: .tooManyRequests, message: ClientKeyMiddleware.guessing, retryAfter: "5")
-                    if addresses.isGuessing(address) { return .refuse(guessing) }
+                    if addresses.isGuessing(address) { return .refuse(.guessing) }
                     let presented = ClientKeyMiddleware.key(
                         authorization: head.headers.first(name: "authorization"), uri: URI(head.uri))
                     guard let presented, let key = authentication.identify(presented) else {
-                        var refusal = RelayChildChannel.Refused(
-                            status: .unauthorized, message: "a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY")
-                        // A wrong key (not none) is a guess: counted now, answered after its delay.
-                        if presented != nil {
-                            guard let delay = addresses.failedUnlessGuessing(from: address) else { return .refuse(guessing) }
-                            refusal.failure = (delay, address)
-                        }
-                        return .refuse(refusal)
+                        // A wrong key (not none) is a guess: counted and delayed where it is answered.
+                        return .refuse(
+                            .init(
+                                status: .unauthorized, message: "a client key is required: send Authorization: Bearer KEY or ?apiKey=KEY",
+                                wrongKeyOf: presented == nil ? nil : address))
                     }
                     if pushStreams[index].needsPortfolioRight, key.portfolio < .read {
                         let message = "key \"\(key.name)\" may not read the portfolio (its right: \(key.portfolio.rawValue))"

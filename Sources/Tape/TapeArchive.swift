@@ -385,7 +385,7 @@ extension TapeBlocks {
         guard let floor = header(ofBlock: target).map({ $0.firstTime.subtractingReportingOverflow(2 * TapeWriter.holdingInterval) })
         else { return target }
         var start = target
-        while start >= 0, target - start <= TapeWriter.mostBlocksBack {
+        while start >= 0, target - start < TapeWriter.mostBlocksBack {
             decoded += 1
             if (records(inBlock: start) ?? []).contains(where: { if case .holding = $0 { true } else { false } }) { return start }
             guard start > 0, !floor.overflow, let before = header(ofBlock: start - 1), before.lastTime >= floor.partialValue else { break }

@@ -41,12 +41,9 @@ public enum TapeFile {
         guard let handle = opendir(folder) else { return [] }
         defer { closedir(handle) }
         var days: [(day: String, path: String, bytes: Int64)] = []
-        // A file named for a day past tomorrow was not written by this clock's recorder: left alone
-        // (never read as the newest day, never counted against the days kept).
-        let latest = Self.day(of: WallClock.nowNanoseconds() + 86_400 * 1_000_000_000)
         while let entry = readdir(handle) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard name.hasSuffix(".tape"), name.count == 15, Self.midnight(of: String(name.prefix(10))) != nil, name.prefix(10) <= latest else { continue }
+            guard name.hasSuffix(".tape"), name.count == 15, isTapeDay(String(name.prefix(10))) else { continue }
             let path = "\(folder)/\(name)"
             var info = stat()
             guard stat(path, &info) == 0 else { continue }
@@ -99,6 +96,13 @@ public enum TapeFile {
         guard numbers.count == parts.count, numbers[0] <= 24, numbers.dropFirst().allSatisfy({ $0 < 60 }) else { return nil }
         let seconds = numbers[0] * 3600 + numbers[1] * 60 + (numbers.count == 3 ? numbers[2] : 0)
         return seconds <= 86_400 ? seconds : nil
+    }
+
+    /// Whether `day` (`yyyy-mm-dd`) is one a tape of this clock's can hold: a real day, and not past
+    /// tomorrow (a file named for a later day was not written by this clock's recorder: left alone,
+    /// never read as the newest day, never counted against the days kept, never pulled).
+    public static func isTapeDay(_ day: String) -> Bool {
+        midnight(of: day) != nil && day <= Self.day(of: WallClock.nowNanoseconds() + 86_400 * 1_000_000_000)
     }
 
     /// The start of the UTC day `yyyy-mm-dd` in nanoseconds since 1970; `nil` when it is not such a day.
