@@ -73,4 +73,11 @@ public final class NATSServerProcess: Sendable {
 
     /// The server's log so far.
     public var output: String { log.text }
+
+    /// Not stopped (a test that threw before its `stop`, a failed `#require`): killed by its own process
+    /// id, its store removed, so no server outlives its owner.
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        try? FileManager.default.removeItem(atPath: storeDirectory)
+    }
 }
