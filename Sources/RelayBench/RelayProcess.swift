@@ -112,12 +112,6 @@ public final class RelayProcess: Sendable {
     /// What the relay printed on standard output so far (and its log, with `captureLogs`).
     public var output: String { stdout.text }
 
-    /// Not stopped (a test that threw before its `stop`, a failed `#require`): killed by its own process
-    /// id, so no relay outlives its owner.
-    deinit {
-        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
-    }
-
     /// The relay executable beside the running one (`relay`, or a test bundle in the same build folder),
     /// or `RELAY_BINARY`.
     public static func siblingBinary() -> String {
