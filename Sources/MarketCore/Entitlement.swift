@@ -70,6 +70,9 @@ public struct ClientGrant: Sendable, Equatable {
     public var timestamps = false
     /// The events each of its connections' buffers holds (the key file's `buffer`); `nil`: the relay's.
     public var buffer: Int?
+    /// Whether it is a configured key's, whose connections share the key's budgets (replays, tape
+    /// reads); not for any key taken on loopback without keys configured: everyone there is one client.
+    public var isConfiguredKey = true
 
     public init(name: String, entitlement: Entitlement = .everything, maxConnections: Int? = nil, conflation: KeyConflation = .off) {
         self.name = name

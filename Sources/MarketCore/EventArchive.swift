@@ -59,4 +59,12 @@ public enum ArchiveAnswer: Sendable {
     /// positions as ``events(_:_:)``), and when the archive's record of the epoch ends (Unix ms): what
     /// came after is not on it.
     case throughEnd([MarketEvent], [EventPosition], endedAt: Int64)
+
+    /// Each request's topic answered `gap` for `reason`, nothing read (the archive, or the client's
+    /// share of it, is busy).
+    public static func notRead(_ requests: [ArchiveRequest], because reason: String) -> [Topic: ArchiveAnswer] {
+        Dictionary(
+            requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: reason)) },
+            uniquingKeysWith: { first, _ in first })
+    }
 }

@@ -14,12 +14,20 @@ public struct HistoryLimits: Sendable, Equatable {
     /// The most events one resume may replay; a resume that would need more gets `gap` for its largest
     /// topics instead (never a partial replay of a topic).
     public var eventsPerResume: Int
+    /// What one client key's connections together are replayed a minute, in resumes' bounds
+    /// (``eventsPerResume`` each): each connection has one bound a minute of its own, and a key's many
+    /// connections share this.
+    public var resumesPerKey: Int
 
-    public init(eventsPerTopic: Int = 10_000, maxAge: Duration = .seconds(300), memoryBytes: Int = 64 << 20, eventsPerResume: Int = 100_000) {
+    public init(
+        eventsPerTopic: Int = 10_000, maxAge: Duration = .seconds(300), memoryBytes: Int = 64 << 20, eventsPerResume: Int = 100_000,
+        resumesPerKey: Int = 10
+    ) {
         self.eventsPerTopic = eventsPerTopic
         self.maxAge = maxAge
         self.memoryBytes = memoryBytes
         self.eventsPerResume = eventsPerResume
+        self.resumesPerKey = resumesPerKey
     }
 }
 

@@ -94,12 +94,14 @@ extension MarketDataHub {
     public func add(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume) async -> HubResumeOutcome {
         // What the tape's reads cost past the tenth each (charged as each is read) is charged once this
         // resume is gathered, so the read it paid for is not given up for its own cost.
-        let resumeBound = (history?.limits ?? HistoryLimits()).eventsPerResume
+        let limits = history?.limits ?? HistoryLimits()
+        let resumeBound = limits.eventsPerResume
+        let owner = subscribers[id]?.owner
         var archiveCost = 0
         var archived = await fromArchive(topics, to: id, resuming: resume, cost: &archiveCost)
         let term = history
         var former = await fromFormerEpoch(topics, to: id, resuming: resume, cost: &archiveCost)
-        defer { if archiveCost > 0 { subscribers[id]?.replayBudget.spend(archiveCost, capacity: resumeBound, now: WallClock.nowMilliseconds()) } }
+        defer { if archiveCost > 0 { chargeReplay(archiveCost, to: id, owner: owner, limits: limits, now: WallClock.nowMilliseconds()) } }
         // A term that ended while the tape was read: the one read is not the former term any more, and
         // its events then this term's would skip a whole term between; the tape's answer of this term
         // is of the term that ended (both told `gap`, or the new term's memory answers).
@@ -117,18 +119,22 @@ extension MarketDataHub {
         }
         // What this subscriber may be replayed now: one resume's bound, less what it has queued and not
         // read yet (replays, recovered events), and within its budget over time (one resume's bound a
-        // minute), so neither repeated resumes nor a client that never reads make the hub hold more.
+        // minute, and its key's connections together ``HistoryLimits/resumesPerKey`` of them), so
+        // neither repeated resumes, nor many connections, nor a client that never reads make the hub
+        // hold more.
         let now = WallClock.nowMilliseconds()
         // Without a history a resume still queues a `gap` and last values (every ticker's, for a
         // wildcard) outside the buffer: bounded the same way, at the default bound (`resumeBound`).
         let queued = subscriber.queue.replaying.load(ordering: .relaxed)
-        let available = subscriber.replayBudget.available(capacity: resumeBound, now: now)
+        let (available, byKey) = replayAllowance(of: subscriber, limits: limits, now: now)
         if !Self.mayBeReplayed(queued: queued, available: available, bound: resumeBound), !(wanted.isEmpty && epochGaps.isEmpty) {
             return notResumed(
                 Set(wanted.map(\.topic)).union(epochGaps), plain: plain, subscriber: subscriber,
                 why: queued >= resumeBound
                     ? "this connection has \(queued) replayed events it has not read yet (one resume replays at most \(resumeBound))"
-                    : "this connection was replayed \(resumeBound) events (notices and last values included) in the last minute")
+                    : byKey
+                        ? "this key's connections were replayed \(limits.keyReplayCapacity) events (notices and last values included) in the last minute"
+                        : "this connection was replayed \(resumeBound) events (notices and last values included) in the last minute")
         }
         // Every topic's missed events (a former term's first), then trimmed to the bound by giving up
         // the largest whole.
@@ -141,7 +147,7 @@ extension MarketDataHub {
         let (replay, formerReplay) = gathering.trim(into: &outcome)
         let delivery = resumeDelivery(gathering, replay: replay, former: formerReplay, outcome: &outcome)
         // The notices and last values count too: they are queued outside the buffer like the replay.
-        subscriber.replayBudget.spend(delivery.count, capacity: resumeBound, now: now)
+        chargeReplay(delivery.count, to: id, owner: owner, limits: limits, now: now)
         countResume(outcome, replayed: replay.count + formerReplay.count, fromTape: gathering.fromTape)
         if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
         // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
@@ -223,7 +229,7 @@ extension MarketDataHub {
                 return ArchiveRequest(topic: topic, since: .market(found.until), until: boundary)
             }
             guard !behind.isEmpty else { break }
-            let (more, share) = await archive.reading(behind, epoch: epoch, limit: history.limits.eventsPerResume)
+            let (more, share) = await readingTape(behind, of: archive, epoch: epoch, limit: history.limits.eventsPerResume, owner: subscribers[id]?.owner)
             cost += Self.charge(share, of: history.limits.eventsPerResume)
             for request in behind {
                 guard let earlier = archived[request.topic] else { continue }
@@ -270,22 +276,64 @@ extension MarketDataHub {
     }
 
     /// The archive's answers to `requests` of `epoch` for a connection that may be replayed now (one
-    /// that may not gets `gap`, not a read); `nil`: nothing asked. A read costs the connection a tenth
-    /// of a resume's budget at once, whatever it found (asking again and again reads at most ten times
-    /// a minute per connection), and the rest of its share of a read's blocks (`cost`, charged once
-    /// the resume is gathered): a read of every block a read may take, once a minute.
+    /// that may not gets `gap`, not a read); `nil`: nothing asked. A read costs the connection (and its
+    /// key) a tenth of a resume's budget at once, whatever it found (asking again and again reads at most
+    /// ten times a minute per connection), and the rest of its share of a read's blocks (`cost`,
+    /// charged once the resume is gathered): a read of every block a read may take, once a minute. A
+    /// key's connections have at most ``tapeReadsPerKey`` reads under way at once; past it, `gap`.
     private func readArchive(_ requests: [ArchiveRequest], epoch: String, for id: SubscriberID, cost: inout Int) async -> [Topic: ArchiveAnswer]? {
         guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id] else { return nil }
-        let bound = history.limits.eventsPerResume
-        let available = subscriber.replayBudget.available(capacity: bound, now: WallClock.nowMilliseconds())
+        let limits = history.limits
+        let bound = limits.eventsPerResume
+        let available = replayAllowance(of: subscriber, limits: limits, now: WallClock.nowMilliseconds()).events
         guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
-        let (answers, share) = await archive.reading(requests, epoch: epoch, limit: bound)
+        let owner = subscriber.owner
+        if let owner, let reading = keyReplays[owner]?.reading, reading >= Self.tapeReadsPerKey {
+            return ArchiveAnswer.notRead(
+                requests, because: "this key's connections have \(reading) tape reads under way (at most \(Self.tapeReadsPerKey) at once)")
+        }
+        let (answers, share) = await readingTape(requests, of: archive, epoch: epoch, limit: bound, owner: owner)
         resumeCounts.fromArchive += 1
         metrics.archiveResumes.increment()
         let tenth = max(bound / 10, 1)
-        subscribers[id]?.replayBudget.spend(tenth, capacity: bound, now: WallClock.nowMilliseconds())
+        chargeReplay(tenth, to: id, owner: owner, limits: limits, now: WallClock.nowMilliseconds())
         cost += max(Self.charge(share, of: bound) - tenth, 0)
         return answers
+    }
+
+    /// The tape reads one client key's connections may have under way at once (of the
+    /// ``TapeArchive``'s line of 8): one key's resumes never fill the line.
+    static let tapeReadsPerKey = 2
+
+    /// A read of `archive`, counted as `owner`'s while under way.
+    private func readingTape(
+        _ requests: [ArchiveRequest], of archive: any EventArchive, epoch: String, limit: Int, owner: String?
+    ) async -> (answers: [Topic: ArchiveAnswer], cost: Double) {
+        if let owner { keyReplays[owner, default: KeyReplays()].reading += 1 }
+        defer { if let owner { keyReplays[owner]?.reading -= 1 } }
+        return await archive.reading(requests, epoch: epoch, limit: limit)
+    }
+
+    /// Who a subscriber's replays are charged to from now on: the client key it was admitted with
+    /// (its name), whose connections share ``HistoryLimits/resumesPerKey`` resumes a minute and
+    /// ``tapeReadsPerKey`` tape reads at once; `nil`: its own budget only.
+    public func setOwner(_ key: String?, for id: SubscriberID) {
+        subscribers[id]?.owner = key
+    }
+
+    /// What `subscriber` may be replayed at `now`: the less of its own budget and its key's, and
+    /// whether that is its key's.
+    private func replayAllowance(of subscriber: Subscriber, limits: HistoryLimits, now: Int64) -> (events: Int, byKey: Bool) {
+        let own = subscriber.replayBudget.available(capacity: limits.eventsPerResume, now: now)
+        guard let owner = subscriber.owner, let shared = keyReplays[owner] else { return (own, false) }
+        let key = shared.budget.available(capacity: limits.keyReplayCapacity, now: now)
+        return key < own ? (key, true) : (own, false)
+    }
+
+    /// Charges `events` replayed to a subscriber (if it is still here) and to its key (even if not).
+    private func chargeReplay(_ events: Int, to id: SubscriberID, owner: String?, limits: HistoryLimits, now: Int64) {
+        subscribers[id]?.replayBudget.spend(events, capacity: limits.eventsPerResume, now: now)
+        if let owner { keyReplays[owner, default: KeyReplays()].budget.spend(events, capacity: limits.keyReplayCapacity, now: now) }
     }
 
     /// A read's share of its blocks (0 through 1; anything else counts as nothing) of a resume's bound.
@@ -443,6 +491,21 @@ extension MarketDataHub {
     /// The history's size: memory counted, events held, topics seen this epoch.
     public var historyStatistics: (memory: Int, events: Int, topics: Int)? {
         history.map { ($0.memory, $0.eventCount, $0.topicCount) }
+    }
+}
+
+/// One client key's share of its connections' replays: their budget together, and their tape reads
+/// under way. Kept per key name for as long as the hub lives (the key file's keys: a few bytes each).
+struct KeyReplays {
+    var budget = ReplayBudget()
+    var reading = 0
+}
+
+extension HistoryLimits {
+    /// What one key's connections together may be replayed a minute.
+    var keyReplayCapacity: Int {
+        let (product, overflow) = eventsPerResume.multipliedReportingOverflow(by: max(resumesPerKey, 1))
+        return overflow ? Int.max : product
     }
 }
 

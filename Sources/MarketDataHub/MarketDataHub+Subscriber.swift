@@ -38,6 +38,9 @@ extension MarketDataHub {
         var parked = false
         /// What its resumes may still replay (``ReplayBudget``).
         var replayBudget = ReplayBudget()
+        /// The name of the client key it was admitted with, whose share of replays it takes from too
+        /// (``MarketDataHub/keyReplays``); `nil`: its own budget only.
+        var owner: String?
 
         init(
             id: SubscriberID, continuation: AsyncStream<DeliveryBatch>.Continuation, queue: SubscriberQueue,

@@ -90,6 +90,8 @@ public actor MarketDataHub {
     var conflating: Set<SubscriberID> = []
     var conflationTicker: Task<Void, Never>?
     var resumeCounts = ResumeCounts()
+    /// Each client key's share of replays and tape reads (``KeyReplays``), by key name.
+    var keyReplays: [String: KeyReplays] = [:]
     let metrics: HubHistoryMetrics
     /// Event type → subscribers of its wildcard.
     var wildcards: [String: HolderList<Subscriber>] = [:] { didSet { wildcardsChanged &+= 1 } }

@@ -243,6 +243,9 @@ extension RelaySettings {
             "Memory the history of each market may take; past it the oldest events go first."),
         .init("history.eventsPerResume", env: "RELAY_HISTORY_EVENTS_PER_RESUME", default: "100000", "The most events one resume replays (past it: gap)."),
         .init(
+            "history.resumesPerKey", env: "RELAY_HISTORY_RESUMES_PER_KEY", default: "10",
+            "Resumes' worth of events (history.eventsPerResume each) one client key's connections together are replayed a minute."),
+        .init(
             "resume.windowSeconds", env: "RELAY_RESUME_WINDOW_SECONDS", default: "60",
             "How long a tagged session (KEY#tag) is kept after its connection breaks."),
         .init(

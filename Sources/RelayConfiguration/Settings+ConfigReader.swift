@@ -146,6 +146,7 @@ extension HistoryLimits {
         if let value = try config.positive("history.maxAgeSeconds") { maxAge = .seconds(value) }
         if let bytes = try config.megabytes("history.memoryMB") { memoryBytes = bytes }
         if let value = try config.positive("history.eventsPerResume") { eventsPerResume = value }
+        if let value = try config.positive("history.resumesPerKey") { resumesPerKey = value }
     }
 }
 

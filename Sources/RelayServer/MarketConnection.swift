@@ -88,6 +88,8 @@ actor MarketConnection {
         case conflate(ConflationMode?)
         /// Its key's buffer.
         case buffer(Int)
+        /// Its key's name, whose connections share replays and tape reads.
+        case owner(String)
         case leave
         /// A tagged session's connection ended: its subscriber is parked and the session shelved.
         case shelve(String, SessionShelf.Session)
@@ -229,6 +231,7 @@ actor MarketConnection {
             admitted = grant
             if grant.timestamps { askForTimes() }
             if let events = grant.buffer { change(.buffer(events)) }
+            if grant.isConfiguredKey { change(.owner(grant.name)) }
             switch grant.conflation {
             case .off: break
             case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
@@ -559,6 +562,8 @@ actor MarketConnection {
                 if let id = subscription?.id { await hub.setConflation(mode, for: id) }
             case .buffer(let events):
                 if let id = subscription?.id { await hub.setBufferLimit(events, for: id) }
+            case .owner(let key):
+                if let id = subscription?.id { await hub.setOwner(key, for: id) }
             case .remove(let topics):
                 if let id = subscription?.id { await hub.remove(topics, from: id) }
                 handler.value.acknowledgedPosition?.removed(topics)

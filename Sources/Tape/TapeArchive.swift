@@ -49,10 +49,7 @@ public final class TapeArchive: EventArchive {
         // at once rather than wait behind them (a storm of resumes never queues without bound).
         guard waiting.add(1, ordering: .relaxed).newValue <= Self.readsWaiting else {
             waiting.subtract(1, ordering: .relaxed)
-            let busy = Dictionary(
-                requests.map { ($0.topic, ArchiveAnswer.gap(from: 0, through: 0, unit: "market_sequence", reason: "the tape is busy with other resumes")) },
-                uniquingKeysWith: { first, _ in first })
-            return (busy, 0)
+            return (ArchiveAnswer.notRead(requests, because: "the tape is busy with other resumes"), 0)
         }
         return await BlockingWork.run(on: queue) {
             defer { self.waiting.subtract(1, ordering: .relaxed) }

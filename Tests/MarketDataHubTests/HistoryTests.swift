@@ -362,6 +362,32 @@ struct ReplayBoundTests {
         await hub.remove(keeper.id)
     }
 
+    /// A key's many connections share ``HistoryLimits/resumesPerKey`` resumes' worth a minute: past
+    /// it, the key's next connection is not resumed and is told why, while a connection of another key
+    /// (or of none) still is.
+    @Test func aKeysConnectionsShareItsReplaysAndOtherKeysKeepTheirs() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 20, resumesPerKey: 2))
+        let aapl = Topic(parsing: "T.AAPL")!
+        let keeper = await hub.subscribe(to: [aapl])
+        await hub.publish((1...19).map { event("T", "AAPL", $0) })
+        let resume = HubResume.positions(epoch: hub.epoch, [aapl: 0])
+        // Each connection's own budget is 20 a minute; 19 events and `resumed` spend it whole.
+        var clients: [HubSubscription] = []
+        for owner in ["k", "k", "k", "other", nil] {
+            let client = await hub.subscribe()
+            await hub.setOwner(owner, for: client.id)
+            clients.append(client)
+        }
+        for client in clients[0...1] { #expect(await hub.add([aapl], to: client.id, resuming: resume).replayed == [aapl: 19]) }
+        // The key's 40 are spent: its third connection, though it was replayed nothing, is not resumed.
+        #expect(await hub.add([aapl], to: clients[2].id, resuming: resume).gaps == [aapl])
+        let told = try await take(1, from: clients[2].events)
+        let message = fields(told[0])["message"] as? String ?? ""
+        #expect(message.contains("not resumed (T.AAPL)") && message.contains("this key's connections were replayed 40 events"), "\(message)")
+        for client in clients[3...] { #expect(await hub.add([aapl], to: client.id, resuming: resume).replayed == [aapl: 19]) }
+        await hub.remove(keeper.id)
+    }
+
     @Test func theBudgetRefillsOverAMinute() {
         var budget = ReplayBudget()
         #expect(budget.available(capacity: 600, now: 0) == 600)

@@ -18,3 +18,18 @@ public func eventually(
     }
     return true
 }
+
+/// `task`'s value, or `nil` if it has none within `timeout` (the task goes on): for a step that
+/// should answer at once, so a regression that makes it wait fails the test instead of hanging it.
+public func value<T: Sendable>(of task: Task<T, Never>, within timeout: Duration = .seconds(10)) async -> T? {
+    await withTaskGroup(of: T?.self) { group in
+        group.addTask { await task.value }
+        group.addTask {
+            try? await Task.sleep(for: timeout)
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}

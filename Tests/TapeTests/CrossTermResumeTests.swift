@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import MarketCore
 import MarketDataHub
 import NIOCore
@@ -55,8 +56,8 @@ struct CrossTermResumeTests {
     @Test func aTermThatEndsWhileTheTapeIsReadSkipsNoTerm() async throws {
         let directory = try Self.formerTermsTape()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let (hub, reading, opener) = await Self.gatedHub(on: directory)
-        defer { opener.finish() }
+        let (hub, reading, gate) = await Self.gatedHub(on: directory)
+        defer { gate.open() }
         let aapl = try #require(Topic(parsing: "Q.AAPL"))
         let holder = await hub.subscribe(to: [aapl])
         await hub.startEpoch("e1")
@@ -65,7 +66,7 @@ struct CrossTermResumeTests {
         async let answer = hub.add([aapl], to: client.id, resuming: .marketSequence(epoch: "e1", 250, floors: [:]))
         try #require(await Self.started(reading), "the former term's tape is read within 10 s")
         await hub.startEpoch("e3")
-        opener.finish()
+        gate.open()
         let outcome = await answer
         #expect(outcome.epoch == "e3" && outcome.gaps == [aapl], "\(outcome)")
         let (_, written) = await Self.queued(for: client)
@@ -79,8 +80,8 @@ struct CrossTermResumeTests {
     @Test func aTermThatBeginsWhileThisTermsTapeIsReadMixesNoTerms() async throws {
         let directory = try Self.formerTermsTape()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let (hub, reading, opener) = await Self.gatedHub(on: directory, history: HistoryLimits(eventsPerTopic: 100))
-        defer { opener.finish() }
+        let (hub, reading, gate) = await Self.gatedHub(on: directory, history: HistoryLimits(eventsPerTopic: 100))
+        defer { gate.open() }
         let aapl = try #require(Topic(parsing: "Q.AAPL"))
         let holder = await hub.subscribe(to: [aapl])
         // e1's quotes are numbered 1…300, e2's 1001…1210 (at positions 1…210).
@@ -91,7 +92,7 @@ struct CrossTermResumeTests {
         try #require(await Self.started(reading), "e1's tape is read within 10 s (its memory no longer holds 151)")
         await hub.startEpoch("e2")
         await hub.publish(Self.quotes(1...210, numbered: 1000))
-        opener.finish()
+        gate.open()
         let outcome = await answer
         #expect(outcome.epoch == "e2" && outcome.sequence == 210, "\(outcome)")
         let (_, written) = await Self.queued(for: client)
@@ -111,15 +112,61 @@ struct CrossTermResumeTests {
     }
 
     /// A hub adopting positions whose archive is the tape in `directory` behind a gate: `reading` says
-    /// a read started, and the read goes on once `opener` finishes.
+    /// a read started, and the reads go on once the gate opens.
     static func gatedHub(
         on directory: String, history: HistoryLimits = HistoryLimits()
-    ) async -> (MarketDataHub, reading: AsyncStream<Void>, opener: AsyncStream<Void>.Continuation) {
+    ) async -> (MarketDataHub, reading: AsyncStream<Void>, gate: ReadGate) {
         let (reading, readingStarted) = AsyncStream<Void>.makeStream()
-        let (gate, opener) = AsyncStream<Void>.makeStream()
+        let gate = ReadGate()
         let hub = MarketDataHub(wire: .polygon, history: history, adoptsPositions: true)
         await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
-        return (hub, reading, opener)
+        return (hub, reading, gate)
+    }
+
+    /// One client key's connections have at most two tape reads under way at once: the key's next
+    /// resume that would read is told `gap` at once, naming the bound, while another key's read goes
+    /// on; once its reads are done, the key reads again.
+    @Test func oneKeysConnectionsHoldAtMostTwoTapeReadsAtOnce() async throws {
+        let directory = try Self.formerTermsTape()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (hub, reading, gate) = await Self.gatedHub(on: directory)
+        defer { gate.open() }
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        let holder = await hub.subscribe(to: [aapl])
+        await hub.startEpoch("e1")
+        await hub.startEpoch("e2")
+        await hub.publish(Self.quotes(1...5, numbered: 300))
+        var clients: [HubSubscription] = []
+        for owner in ["k", "k", "k", "other"] {
+            let client = await hub.subscribe()
+            await hub.setOwner(owner, for: client.id)
+            clients.append(client)
+        }
+        let resume = HubResume.marketSequence(epoch: "e1", 250, floors: [:])
+        let (firstID, secondID, otherID) = (clients[0].id, clients[1].id, clients[3].id)
+        let first = Task { await hub.add([aapl], to: firstID, resuming: resume) }
+        try #require(await Self.started(reading), "the first read starts within 10 s")
+        let second = Task { await hub.add([aapl], to: secondID, resuming: resume) }
+        try #require(await Self.started(reading), "the second read starts within 10 s")
+        // The key's third: not read, answered at once.
+        let thirdID = clients[2].id
+        let third = try #require(await value(of: Task { await hub.add([aapl], to: thirdID, resuming: resume) }), "answered without a read")
+        #expect(third.gaps == [aapl] && third.replayed.isEmpty, "\(third)")
+        let (_, told) = await Self.queued(for: clients[2])
+        #expect(told.contains { $0.json.contains("this key's connections have 2 tape reads under way (at most 2 at once)") }, "\(told.map(\.json))")
+        let other = Task { await hub.add([aapl], to: otherID, resuming: resume) }
+        try #require(await Self.started(reading), "another key's read is not held back")
+        gate.open()
+        for (name, resumed) in [("first", first), ("second", second), ("other key's", other)] {
+            let outcome = await resumed.value
+            // The former term's 50 after 250, then this term's 5 (the time between the terms is a gap).
+            #expect(outcome.replayed == [aapl: 55], "the \(name) read is replayed: \(outcome)")
+        }
+        // Its reads done, the key reads again.
+        await hub.remove([aapl], from: clients[2].id)
+        let again = await hub.add([aapl], to: clients[2].id, resuming: resume)
+        #expect(again.replayed == [aapl: 55], "\(again)")
+        _ = holder
     }
 
     /// What is queued for `client` now: its deliveries, and their events one by one.
@@ -154,9 +201,9 @@ struct CrossTermResumeTests {
 private final class GatedArchive: EventArchive {
     let inner: TapeArchive
     let reading: AsyncStream<Void>.Continuation
-    let gate: AsyncStream<Void>
+    let gate: ReadGate
 
-    init(inner: TapeArchive, reading: AsyncStream<Void>.Continuation, gate: AsyncStream<Void>) {
+    init(inner: TapeArchive, reading: AsyncStream<Void>.Continuation, gate: ReadGate) {
         self.inner = inner
         self.reading = reading
         self.gate = gate
@@ -164,7 +211,31 @@ private final class GatedArchive: EventArchive {
 
     func reading(_ requests: [ArchiveRequest], epoch: String, limit: Int) async -> (answers: [Topic: ArchiveAnswer], cost: Double) {
         reading.yield()
-        for await _ in gate {}
+        await gate.passed()
         return await inner.reading(requests, epoch: epoch, limit: limit)
+    }
+}
+
+/// Holds any number of reads until it opens (from anywhere, a `defer` included); open, it holds none.
+final class ReadGate: Sendable {
+    private let state = Mutex<(isOpen: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func passed() async {
+        await withCheckedContinuation { continuation in
+            let held = state.withLock { state in
+                if !state.isOpen { state.waiting.append(continuation) }
+                return !state.isOpen
+            }
+            if !held { continuation.resume() }
+        }
+    }
+
+    func open() {
+        let waiting = state.withLock { state in
+            state.isOpen = true
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        for continuation in waiting { continuation.resume() }
     }
 }
