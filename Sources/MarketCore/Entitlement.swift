@@ -70,9 +70,10 @@ public struct ClientGrant: Sendable, Equatable {
     public var timestamps = false
     /// The events each of its connections' buffers holds (the key file's `buffer`); `nil`: the relay's.
     public var buffer: Int?
-    /// Whether it is a configured key's, whose connections share the key's budgets (replays, tape
-    /// reads); not for any key taken on loopback without keys configured: everyone there is one client.
-    public var isConfiguredKey = true
+    /// Whether it is a configured key's (``ClientKey``), whose connections share the key's budgets
+    /// (replays, tape reads); not for any key taken on loopback without keys configured: everyone there
+    /// is one client.
+    public var isConfiguredKey = false
 
     public init(name: String, entitlement: Entitlement = .everything, maxConnections: Int? = nil, conflation: KeyConflation = .off) {
         self.name = name

@@ -98,9 +98,9 @@ extension MarketDataHub {
         let resumeBound = limits.eventsPerResume
         let owner = subscribers[id]?.owner
         var archiveCost = 0
-        var archived = await fromArchive(topics, to: id, resuming: resume, cost: &archiveCost)
+        var archived = await fromArchive(topics, to: id, owner: owner, resuming: resume, cost: &archiveCost)
         let term = history
-        var former = await fromFormerEpoch(topics, to: id, resuming: resume, cost: &archiveCost)
+        var former = await fromFormerEpoch(topics, to: id, owner: owner, resuming: resume, cost: &archiveCost)
         defer { if archiveCost > 0 { chargeReplay(archiveCost, to: id, owner: owner, limits: limits, now: WallClock.nowMilliseconds()) } }
         // A term that ended while the tape was read: the one read is not the former term any more, and
         // its events then this term's would skip a whole term between; the tape's answer of this term
@@ -139,7 +139,8 @@ extension MarketDataHub {
         // Every topic's missed events (a former term's first), then trimmed to the bound by giving up
         // the largest whole.
         var gathering = ResumeGathering(
-            epoch: epoch, limit: max(0, min(resumeBound - queued, available)), resumeBound: resumeBound, queued: queued)
+            epoch: epoch, limit: max(0, min(resumeBound - queued, available)), resumeBound: resumeBound, queued: queued,
+            byKey: byKey && available < resumeBound - queued)
         for topic in epochGaps { gathering.formerTerm(topic, former?[topic], through: epochAdoptedAt ?? now) }
         gathering.thisTerm(of: history, now: now)
         for (topic, since) in wanted { gathering.missed(topic, since: since, archived: archived?[topic], history: history, now: now) }
@@ -205,7 +206,7 @@ extension MarketDataHub {
     /// The archive's answers for the topics whose positions the memory no longer holds (of this epoch),
     /// and where they end (the memory takes over after it); `nil`: none asked.
     private func fromArchive(
-        _ topics: [Topic], to id: SubscriberID, resuming resume: HubResume, cost: inout Int
+        _ topics: [Topic], to id: SubscriberID, owner: String?, resuming resume: HubResume, cost: inout Int
     ) async -> [Topic: (ArchiveAnswer, until: UInt64)]? {
         guard let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
@@ -215,21 +216,22 @@ extension MarketDataHub {
             if case .topic = since, !topic.isWildcard, !history.hasLine(topic) { return nil }
             return ArchiveRequest(topic: topic, since: since, until: history.archiveBoundary(of: topic))
         }
-        guard let answers = await readArchive(requests, epoch: epoch, for: id, cost: &cost) else { return nil }
+        guard let answers = await readArchive(requests, epoch: epoch, for: id, owner: owner, cost: &cost) else { return nil }
         var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
         for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
         // The memory went on evicting while the archive read: what it let go since is read too (a few
         // times at most; each read is of what the last one took), so the archive's answer and the
         // memory's still meet.
         for _ in 0..<3 {
-            guard let archive, self.history === history else { break }
+            // (None once its connection is gone: nobody to deliver to.)
+            guard let archive, self.history === history, subscribers[id] != nil else { break }
             let behind = archived.compactMap { topic, found -> ArchiveRequest? in
                 let boundary = history.archiveBoundary(of: topic)
                 guard case .events = found.0, boundary > found.until else { return nil }
                 return ArchiveRequest(topic: topic, since: .market(found.until), until: boundary)
             }
             guard !behind.isEmpty else { break }
-            let (more, share) = await readingTape(behind, of: archive, epoch: epoch, limit: history.limits.eventsPerResume, owner: subscribers[id]?.owner)
+            let (more, share) = await readingTape(behind, of: archive, epoch: epoch, limit: history.limits.eventsPerResume, owner: owner)
             cost += Self.charge(share, of: history.limits.eventsPerResume)
             for request in behind {
                 guard let earlier = archived[request.topic] else { continue }
@@ -255,7 +257,9 @@ extension MarketDataHub {
     /// last before the current): what the tape holds of each topic after the client's position, through
     /// the term's end; `nil`: none asked (no archive, no history of adopted positions, or an epoch that
     /// is this one, or not the one before: an older one would skip a whole term).
-    private func fromFormerEpoch(_ topics: [Topic], to id: SubscriberID, resuming resume: HubResume, cost: inout Int) async -> [Topic: ArchiveAnswer]? {
+    private func fromFormerEpoch(
+        _ topics: [Topic], to id: SubscriberID, owner: String?, resuming resume: HubResume, cost: inout Int
+    ) async -> [Topic: ArchiveAnswer]? {
         guard adoptsPositions, let history, let previousEpoch, let subscriber = subscribers[id] else { return nil }
         let fresh = topics.filter { !subscriber.topics.contains($0) }
         let requests: [ArchiveRequest]
@@ -272,7 +276,7 @@ extension MarketDataHub {
         default:
             return nil
         }
-        return await readArchive(requests, epoch: previousEpoch, for: id, cost: &cost)
+        return await readArchive(requests, epoch: previousEpoch, for: id, owner: owner, cost: &cost)
     }
 
     /// The archive's answers to `requests` of `epoch` for a connection that may be replayed now (one
@@ -281,13 +285,14 @@ extension MarketDataHub {
     /// ten times a minute per connection), and the rest of its share of a read's blocks (`cost`,
     /// charged once the resume is gathered): a read of every block a read may take, once a minute. A
     /// key's connections have at most ``tapeReadsPerKey`` reads under way at once; past it, `gap`.
-    private func readArchive(_ requests: [ArchiveRequest], epoch: String, for id: SubscriberID, cost: inout Int) async -> [Topic: ArchiveAnswer]? {
+    private func readArchive(
+        _ requests: [ArchiveRequest], epoch: String, for id: SubscriberID, owner: String?, cost: inout Int
+    ) async -> [Topic: ArchiveAnswer]? {
         guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id] else { return nil }
         let limits = history.limits
         let bound = limits.eventsPerResume
         let available = replayAllowance(of: subscriber, limits: limits, now: WallClock.nowMilliseconds()).events
         guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
-        let owner = subscriber.owner
         if let owner, let reading = keyReplays[owner]?.reading, reading >= Self.tapeReadsPerKey {
             return ArchiveAnswer.notRead(
                 requests, because: "this key's connections have \(reading) tape reads under way (at most \(Self.tapeReadsPerKey) at once)")

@@ -25,13 +25,16 @@ struct ResumeGathering {
     /// Events read from the archive (the tape).
     private(set) var fromTape = 0
 
-    init(epoch: String?, limit: Int, resumeBound: Int, queued: Int) {
+    /// `byKey`: the limit is what the connection's key may still be replayed this minute.
+    init(epoch: String?, limit: Int, resumeBound: Int, queued: Int, byKey: Bool = false) {
         self.epoch = epoch
         self.limit = limit
         why =
             limit == resumeBound
             ? "more than one resume replays (\(resumeBound))"
-            : "more than this connection may be replayed now (\(limit): one resume replays \(resumeBound), less what the connection has not read yet (\(queued)) and what it was replayed in the last minute)"
+            : byKey
+                ? "more than this key's connections may be replayed now (\(limit) left of what they may be replayed a minute)"
+                : "more than this connection may be replayed now (\(limit): one resume replays \(resumeBound), less what the connection has not read yet (\(queued)) and what it was replayed in the last minute)"
     }
 
     private var afresh: String { "the relay's history of this market started afresh (epoch \(epoch ?? "none"))" }

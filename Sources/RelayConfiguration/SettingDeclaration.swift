@@ -244,7 +244,7 @@ extension RelaySettings {
         .init("history.eventsPerResume", env: "RELAY_HISTORY_EVENTS_PER_RESUME", default: "100000", "The most events one resume replays (past it: gap)."),
         .init(
             "history.resumesPerKey", env: "RELAY_HISTORY_RESUMES_PER_KEY", default: "10",
-            "Resumes' worth of events (history.eventsPerResume each) one client key's connections together are replayed a minute."),
+            "Resumes' worth of events (history.eventsPerResume each) one client key's connections together are replayed a minute on each market."),
         .init(
             "resume.windowSeconds", env: "RELAY_RESUME_WINDOW_SECONDS", default: "60",
             "How long a tagged session (KEY#tag) is kept after its connection breaks."),

@@ -62,17 +62,10 @@ public enum ClientAuthentication: Sendable, Equatable {
     /// What a presented key may do on the Polygon WebSocket; `nil` when it is not accepted.
     public func grant(for presented: String) -> ClientGrant? {
         switch self {
-        case .anyKeyOnLoopback: presented.isEmpty ? nil : Self.loopbackGrant
+        case .anyKeyOnLoopback: presented.isEmpty ? nil : ClientGrant(name: "loopback")
         case .keys: identify(presented)?.grant
         }
     }
-
-    /// What any key may do on loopback without keys configured: everything, with no key's budgets.
-    private static let loopbackGrant = {
-        var grant = ClientGrant(name: "loopback")
-        grant.isConfiguredKey = false
-        return grant
-    }()
 
     /// Whether a client key is accepted.
     public func accepts(_ key: String) -> Bool { grant(for: key) != nil }

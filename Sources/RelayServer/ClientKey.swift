@@ -115,6 +115,7 @@ public struct ClientKey: Sendable, Equatable {
         var grant = ClientGrant(name: name, entitlement: entitlement, maxConnections: maxConnections, conflation: conflation)
         grant.timestamps = timestamps
         grant.buffer = buffer
+        grant.isConfiguredKey = true
         return grant
     }
 

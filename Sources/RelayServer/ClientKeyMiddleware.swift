@@ -40,8 +40,9 @@ public struct ClientKeyMiddleware: RouterMiddleware {
         }
         let channel = context.channel
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
-        let guessing = Self.lastAnswer(.tooManyRequests, Self.guessing, headers: [.retryAfter: "5"], on: channel)
-        if failures.isGuessing(address) { return guessing }
+        // Built only when it is the answer (most requests are not refused).
+        let guessing = { Self.lastAnswer(.tooManyRequests, Self.guessing, headers: [.retryAfter: RelayChildChannel.Refused.guessing.retryAfter ?? "5"], on: channel) }
+        if failures.isGuessing(address) { return guessing() }
         let presented = Self.key(in: request)
         guard let presented, let key = authentication.identify(presented) else {
             let refusal = Self.lastAnswer(
@@ -49,7 +50,7 @@ public struct ClientKeyMiddleware: RouterMiddleware {
                 headers: [.wwwAuthenticate: #"Bearer realm="relay""#], on: channel)
             // No key at all is no guess: answered at once.
             guard presented != nil else { return refusal }
-            guard let delay = failures.failedUnlessGuessing(from: address) else { return guessing }
+            guard let delay = failures.failedUnlessGuessing(from: address) else { return guessing() }
             return await failures.answer(after: delay, failureOf: address) { refusal }
         }
         if portfolio {

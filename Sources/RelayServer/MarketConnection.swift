@@ -248,12 +248,24 @@ actor MarketConnection {
                 // its session is already on the shelf. Taking first left a gap between the two in which
                 // a session shelved meanwhile was missed (seen once in a full run: a reconnect resumed nothing).
                 let standing = SessionStanding()
-                self.standing = standing
-                let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing) {
-                    loop.execute {
-                        handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: takenOverAnswer)
-                    }
+                guard
+                    let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing, close: {
+                        loop.execute {
+                            handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: takenOverAnswer)
+                        }
+                    })
+                else {
+                    // A name whose connections taken over are still closing, as many as it may have: refused
+                    // as a key over its connection limit is (the status, then 1008), its place given back.
+                    dependencies.logger.info("downstream client refused: its session's connections are still closing", metadata: ["session": "\(name)"])
+                    sessionName = nil
+                    dependencies.keyConnections.release(grant)
+                    admitted = nil
+                    handler.value.refuse(
+                        session.connectionLimitFrame(SessionShelf.stillClosingMessage(name)), binary: session.isBinary, reason: "session still closing")
+                    return
                 }
+                self.standing = standing
                 takeBack(dependencies.shelf.take(name, into: standing))
                 takingOver = resuming == nil && previous
                 if previous, let resuming {

@@ -192,17 +192,30 @@ final class SessionShelf: Sendable {
 
     /// A tagged connection authenticated as `name`; a connection already open under that name (whose
     /// client has come back before the relay saw it break) is closed, and its session is shelved as it closes.
-    /// Returns whether there was one.
-    func open(_ name: String, id: ObjectIdentifier, standing: SessionStanding? = nil, close: @escaping @Sendable () -> Void) -> Bool {
-        let previous = live.withLock { live -> Open? in
+    /// Returns whether there was one; `nil`: not opened, the name has ``mostStillClosing`` connections
+    /// taken over and still closing (each sign-in under it would wait for them all, and look at them
+    /// all every few milliseconds meanwhile).
+    func open(_ name: String, id: ObjectIdentifier, standing: SessionStanding? = nil, close: @escaping @Sendable () -> Void) -> Bool? {
+        let previous = live.withLock { live -> Open?? in
             let previous = live[name]
+            if let previous, previous.replacing.count >= Self.mostStillClosing { return .none }
             var replacing = previous?.replacing ?? []
             if let previous, let standing = previous.standing { replacing.append((previous.id, standing)) }
             live[name] = Open(id: id, close: close, standing: standing, replacing: replacing)
-            return previous
+            return .some(previous)
         }
+        guard case .some(let previous) = previous else { return nil }
         previous?.close()
         return previous != nil
+    }
+
+    /// Connections taken over under one name and still closing, at most: past it, a sign-in under the
+    /// name is refused until they close (within ``ResumeSettings/takenOverAnswer`` each).
+    static let mostStillClosing = 4
+
+    /// Why a sign-in under `name` was refused (``open(_:id:standing:close:)``'s `nil`).
+    static func stillClosingMessage(_ name: String) -> String {
+        "session \"\(name)\" has \(mostStillClosing) connections taken over and still closing; sign in again once they have closed"
     }
 
     /// The tagged connection `id` closed: after its session is kept, if it has one (a checkpoint finds

@@ -237,6 +237,60 @@ struct TaggedSessionTests {
         }
     }
 
+    /// A configured key's connections share its replays (`history.resumesPerKey`): its second
+    /// connection's resume gets what the first left of the key's minute, here less than it missed.
+    @Test func aKeysConnectionsShareItsReplaysOverTheWire() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 20, resumesPerKey: 1))
+        try await withQuietMarket(hub: hub) { port, hub, _, _ in
+            let keeper = await hub.subscribe(to: [try #require(Topic(parsing: "T.AAPL"))])
+            await hub.publish((1...10).map { Self.trade("AAPL", $0) })
+            let since = #"{"action":"subscribe","params":"T.AAPL","since":{"epoch":"\#(hub.epoch ?? "")","T.AAPL":0}}"#
+            let first = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key")
+            first.send(since)
+            let all = try await first.waitForStatus(StatusMessage.Kind.resumed)
+            #expect(all.fields["replayed"] as? [String: Int] == ["T.AAPL": 10], "the first replays all: \(all.fields)")
+            await first.close()
+            // 11 of the key's 20 spent (10 events and `resumed`): 9 left, less than the 10 missed.
+            let second = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key")
+            second.send(since)
+            // The gap, its last value and `resumed` come in one frame.
+            let frame: String = try await Self.frame(of: second, containing: #""status":"resumed""#)
+            let objects: [[String: Any]] = try JSONSerialization.jsonObject(with: Data(frame.utf8)) as? [[String: Any]] ?? []
+            let gapMessage: String? = objects.first(where: { ($0["status"] as? String) == "gap" })?["message"] as? String
+            #expect(gapMessage?.contains("this key's connections") == true, "naming the key's budget: \(frame)")
+            let gaps: [String]? = objects.last?["gaps"] as? [String]
+            #expect(gaps == ["T.AAPL"], "\(frame)")
+            await second.close()
+            _ = keeper
+        }
+    }
+
+    /// Sign-ins under one name, each taking over the one before, whose clients answer no close: the
+    /// name holds a few connections still closing, and the next sign-in is refused (its client told why,
+    /// then closed) rather than waiting for them all with the others.
+    @Test func aNameWithAsManyConnectionsStillClosingAsItMayRefusesTheNextSignIn() async throws {
+        try await withQuietMarket(takenOverAnswer: .seconds(20)) { port, _, _, shelf in
+            func signIn() throws -> RawSocket {
+                let client = try RawSocket(port: port)
+                #expect(client.readUntil("connected", initial: try client.upgrade()).found)
+                client.send(RawSocket.text(#"{"action":"auth","params":"client-key#crowd"}"#))
+                return client
+            }
+            var clients: [RawSocket] = []
+            for _ in 0...SessionShelf.mostStillClosing {
+                let client = try signIn()
+                #expect(client.readUntil("auth_success").found)
+                clients.append(client)
+            }
+            #expect(shelf.openConnections("key-1#crowd") == SessionShelf.mostStillClosing + 1)
+            let refused = try signIn()
+            #expect(refused.readUntil("connections taken over and still closing").found, "the refusal says why")
+            #expect(refused.readsToEOF(within: .seconds(5)), "and the connection is closed")
+            #expect(shelf.openConnections("key-1#crowd") == SessionShelf.mostStillClosing + 1, "the others are as they were")
+            _ = clients
+        }
+    }
+
     /// A reconnect whose first subscribe stopped waiting for the session of the connection it took over
     /// (still closing) goes on without it; that session, kept under the name later, joins the
     /// reconnect's own when it closes, instead of being replaced by it on the shelf. The next reconnect

@@ -379,11 +379,14 @@ struct ReplayBoundTests {
             clients.append(client)
         }
         for client in clients[0...1] { #expect(await hub.add([aapl], to: client.id, resuming: resume).replayed == [aapl: 19]) }
-        // The key's 40 are spent: its third connection, though it was replayed nothing, is not resumed.
-        #expect(await hub.add([aapl], to: clients[2].id, resuming: resume).gaps == [aapl])
+        // The key's 40 are spent: its third connection, though it was replayed nothing, is not resumed
+        // (told that the key's connections were replayed 40 events; or, if a slow run let the key's
+        // budget refill by an event, that they may not be replayed more now).
+        let third = await hub.add([aapl], to: clients[2].id, resuming: resume)
+        #expect(third.gaps == [aapl] && third.replayed.isEmpty, "\(third)")
         let told = try await take(1, from: clients[2].events)
         let message = fields(told[0])["message"] as? String ?? ""
-        #expect(message.contains("not resumed (T.AAPL)") && message.contains("this key's connections were replayed 40 events"), "\(message)")
+        #expect(message.contains("this key's connections"), "\(message)")
         for client in clients[3...] { #expect(await hub.add([aapl], to: client.id, resuming: resume).replayed == [aapl: 19]) }
         await hub.remove(keeper.id)
     }

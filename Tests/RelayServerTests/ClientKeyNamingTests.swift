@@ -19,4 +19,13 @@ struct ClientKeyNamingTests {
         #expect(authentication.grant(for: "plain-a")?.name == "key-2" && authentication.grant(for: "plain-b")?.name == "key-3")
         #expect(authentication.grant(for: "restricted-secret")?.name == "key-1")
     }
+
+    /// A configured key's grant shares its key's budgets (replays, tape reads); without keys (loopback)
+    /// any key is everyone's, and shares none.
+    @Test func onlyAConfiguredKeysConnectionsShareItsBudgets() throws {
+        let keyed = try ClientAuthentication.resolve(keys: ["plain-a"], listenHost: "127.0.0.1")
+        #expect(keyed.grant(for: "plain-a")?.isConfiguredKey == true)
+        let open = try ClientAuthentication.resolve(keys: [], listenHost: "127.0.0.1")
+        #expect(open.grant(for: "anything")?.isConfiguredKey == false)
+    }
 }

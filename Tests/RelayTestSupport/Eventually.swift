@@ -1,3 +1,4 @@
+import Synchronization
 import Testing
 
 /// Polls `condition` every `interval` until it holds, for state that has no change signal. After
@@ -19,17 +20,19 @@ public func eventually(
     return true
 }
 
-/// `task`'s value, or `nil` if it has none within `timeout` (the task goes on): for a step that
-/// should answer at once, so a regression that makes it wait fails the test instead of hanging it.
+/// `task`'s value, or `nil` if it has none within `timeout` (the task goes on, and nothing waits for
+/// it): for a step that should answer at once, so a regression that makes it wait fails the test
+/// instead of hanging it.
 public func value<T: Sendable>(of task: Task<T, Never>, within timeout: Duration = .seconds(10)) async -> T? {
-    await withTaskGroup(of: T?.self) { group in
-        group.addTask { await task.value }
-        group.addTask {
+    let answer = Mutex<CheckedContinuation<T?, Never>?>(nil)
+    return await withCheckedContinuation { continuation in
+        answer.withLock { $0 = continuation }
+        // Whichever comes first answers; the other finds the answer taken.
+        let give: @Sendable (T?) -> Void = { value in answer.withLock { $0.take() }?.resume(returning: value) }
+        Task { give(await task.value) }
+        Task {
             try? await Task.sleep(for: timeout)
-            return nil
+            give(nil)
         }
-        let first = await group.next() ?? nil
-        group.cancelAll()
-        return first
     }
 }
