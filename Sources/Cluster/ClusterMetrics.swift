@@ -1,3 +1,4 @@
+import MarketCore
 import CoreMetrics
 import Logging
 import Synchronization
@@ -26,27 +27,49 @@ final class ClusterMetrics: Sendable {
 
     /// What arrived from NATS and was refused, by kind (`event`, `interest`, `lease`): counted, logged
     /// (at most once per 10 s per kind, with the count held back), never used.
-    func rejected(_ kind: String, _ why: String, logger: Logger) {
-        Counter(label: "relay_cluster_rejected_total", dimensions: [("kind", kind)], factory: factory).increment()
-        let (log, held) = throttle.withLock { $0.admit(kind) }
+    /// (`why` is made only for a line that is logged: a publisher's flood of junk costs a count each.)
+    func rejected(_ kind: String, _ why: @autoclosure () -> String, logger: Logger) {
+        counter("relay_cluster_rejected_total", "kind", kind).increment()
+        let (log, held) = admit(kind)
         if log {
             logger.warning(
-                "cluster: refused a NATS message (\(kind)): \(why)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
+                "cluster: refused a NATS message (\(kind)): \(why())", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
         }
     }
+
+    /// The counter of `label` with one dimension, made once (each kind, outcome or reason is one of a
+    /// few literals) and kept: a message counted does not look it up in the registry, whose lock a
+    /// scrape of `/metrics` holds.
+    private func counter(_ label: String, _ dimension: String, _ value: String) -> Counter {
+        let key = CounterKey(label: label, value: value)
+        if let made = counters.withLock({ $0[key] }) { return made }
+        let made = Counter(label: label, dimensions: [(dimension, value)], factory: factory)
+        return counters.withLock { counters in
+            if let raced = counters[key] { return raced }
+            counters[key] = made
+            return made
+        }
+    }
+
+    private struct CounterKey: Hashable {
+        let label: String
+        let value: String
+    }
+
+    private let counters = Mutex<[CounterKey: Counter]>([:])
 
     /// A `/v1/last` request for the cluster's last values: answered by `store` (a lookup), `joined` (the
     /// lookup under way for its topic) or `recent` (an answer of the last quarter second), or `refused`
     /// (`503`: as many lookups as allowed were under way).
     func lastValueLookup(_ outcome: String) {
-        Counter(label: "relay_cluster_last_value_lookups_total", dimensions: [("outcome", outcome)], factory: factory).increment()
+        counter("relay_cluster_last_value_lookups_total", "outcome", outcome).increment()
     }
 
     /// A publish libnats refused (closed, or its reconnect buffer full), by what was published (`event`,
     /// `interest`, `control`, `last_value`): counted, logged at most once per 10 s per kind.
     func publishFailed(_ kind: String, logger: Logger) {
-        Counter(label: "relay_cluster_publish_failures_total", dimensions: [("kind", kind)], factory: factory).increment()
-        let (log, held) = throttle.withLock { $0.admit("publish-" + kind) }
+        counter("relay_cluster_publish_failures_total", "kind", kind).increment()
+        let (log, held) = admit("publish-" + kind)
         if log {
             logger.warning(
                 "cluster: a NATS publish (\(kind)) was refused (not connected, or the reconnect buffer is full)",
@@ -58,7 +81,7 @@ final class ClusterMetrics: Sendable {
     /// left out, per publish) and logged at most once per 10 s.
     func interestCapped(wanted: Int, cap: Int, logger: Logger) {
         Counter(label: "relay_cluster_interest_capped_total", factory: factory).increment()
-        let (log, held) = throttle.withLock { $0.admit("interest-cap") }
+        let (log, held) = admit("interest-cap")
         if log {
             logger.error(
                 "this node's clients want \(wanted) topics but the cluster takes at most \(cap) per node (cluster.maxTopicsPerNode): \(wanted - cap) are not asked upstream",
@@ -70,7 +93,7 @@ final class ClusterMetrics: Sendable {
     /// and logged at most once per 10 s.
     func interestPastTheUnion(_ count: Int, node: String, cap: Int, logger: Logger) {
         Counter(label: "relay_cluster_interest_refused_topics_total", factory: factory).increment(by: count)
-        let (log, held) = throttle.withLock { $0.admit("interest-union") }
+        let (log, held) = admit("interest-union")
         if log {
             logger.warning(
                 "node \(node) asked for \(count) topics the cluster does not ask upstream: it asks for at most \(cap) distinct topics (cluster.maxTopics)",
@@ -78,25 +101,16 @@ final class ClusterMetrics: Sendable {
         }
     }
 
-    private let throttle = Mutex(Throttle())
+    /// One log line per key per 10 s, counting those held back.
+    private let throttle = Mutex(LogThrottle())
 
-    /// Admits one log line per key per 10 s and counts those held back.
-    struct Throttle {
-        private var last: [String: ContinuousClock.Instant] = [:]
-        private var held: [String: Int] = [:]
-
-        mutating func admit(_ key: String, now: ContinuousClock.Instant = .now) -> (log: Bool, held: Int) {
-            if let previous = last[key], now - previous < .seconds(10) {
-                held[key, default: 0] += 1
-                return (false, 0)
-            }
-            last[key] = now
-            return (true, held.removeValue(forKey: key) ?? 0)
-        }
+    private func admit(_ key: String) -> (log: Bool, held: Int) {
+        let (log, held) = throttle.withLock { $0.admit(key, every: .seconds(10)) }
+        return (log, held)
     }
 
     /// Events lost between NATS and this node's hub, by reason (`slow_consumer`, `node_queue_full`).
     func natsDropped(reason: String) -> Counter {
-        Counter(label: "relay_cluster_nats_dropped_total", dimensions: [("reason", reason)], factory: factory)
+        counter("relay_cluster_nats_dropped_total", "reason", reason)
     }
 }

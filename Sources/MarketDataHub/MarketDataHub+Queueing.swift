@@ -105,9 +105,13 @@ extension MarketDataHub {
     }
 
     func evict(_ subscriber: Subscriber) {
-        logger.warning(
-            "subscriber disconnected: its buffer of \(subscriber.bufferLimit) events was full",
-            metadata: ["subscriber": "\(subscriber.id)"])
+        // A line per 10 s however many (a client may connect, not read and be evicted again and again).
+        let (log, held) = logThrottle.admit("evicted", every: .seconds(10))
+        if log {
+            logger.warning(
+                "subscriber disconnected: its buffer of \(subscriber.bufferLimit) events was full",
+                metadata: ["subscriber": "\(subscriber.id)", "suppressed_since_last": "\(held)"])
+        }
         subscriber.queue.evicted.store(true, ordering: .releasing)
         remove(subscriber.id)
     }
@@ -116,9 +120,11 @@ extension MarketDataHub {
         let now = ContinuousClock.now
         if let last = subscriber.lastWarning, now - last < .seconds(10) { return }
         subscriber.lastWarning = now
+        let (log, held) = logThrottle.admit("falling-behind", every: .seconds(10))
+        guard log else { return }
         logger.warning(
             "subscriber falling behind: buffer \(fill * 100 / subscriber.bufferLimit)% full",
-            metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"])
+            metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)", "suppressed_since_last": "\(held)"])
     }
 
     func setLagging(_ lagging: Bool) {

@@ -223,8 +223,10 @@ extension MarketDataHub {
         // times at most; each read is of what the last one took), so the archive's answer and the
         // memory's still meet.
         for _ in 0..<3 {
-            // (None once its connection is gone: nobody to deliver to.)
-            guard let archive, self.history === history, subscribers[id] != nil else { break }
+            // (None once its connection is gone: nobody to deliver to; nor past its key's reads at once.)
+            guard let archive, self.history === history, subscribers[id] != nil,
+                (owner.flatMap { keyReplays[$0]?.reading } ?? 0) < Self.tapeReadsPerKey
+            else { break }
             let behind = archived.compactMap { topic, found -> ArchiveRequest? in
                 let boundary = history.archiveBoundary(of: topic)
                 guard case .events = found.0, boundary > found.until else { return nil }

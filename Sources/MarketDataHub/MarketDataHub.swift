@@ -130,6 +130,8 @@ public actor MarketDataHub {
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger
+    /// Warnings about subscribers, a line per reason per 10 s (``LogThrottle``).
+    var logThrottle = LogThrottle()
     private let subscribersGauge: Gauge
     let laggingGauge: Gauge
     private let publishedCounter: Counter

@@ -215,6 +215,8 @@ extension RelaySettings {
             "HTTP connections in all (at most a quarter of the open-file limit)."),
         .init(
             "limits.httpConnectionsPerAddress", env: "RELAY_LIMIT_HTTP_CONNECTIONS_PER_ADDRESS", default: "256", "HTTP connections per address."),
+        .init("limits.pushStreams", env: "RELAY_LIMIT_PUSH_STREAMS", default: "1024", "Portfolio-stream WebSockets in all."),
+        .init("limits.pushStreamsPerKey", env: "RELAY_LIMIT_PUSH_STREAMS_PER_KEY", default: "16", "Portfolio-stream WebSockets per client key."),
         .init(
             "limits.pendingPerAddress", env: "RELAY_LIMIT_PENDING_PER_ADDRESS", default: "1000",
             "Connections of one address not yet authenticated (or without a first request head)."),

@@ -366,7 +366,7 @@ extension SessionLimits {
 }
 
 extension RelayServerConfiguration.ConnectionLimits {
-    /// `limits.connections`, `…PerAddress`, `httpConnections`, `…PerAddress`, `pendingPerAddress`,
+    /// `limits.connections`, `…PerAddress`, `httpConnections`, `…PerAddress`, `pushStreams`, `…PerKey`, `pendingPerAddress`,
     /// `outboundBytes`, `topicsPerKey`, `topics`, `subscriptionsPerKey`, `subscriptions`,
     /// `authTimeoutSeconds` over the defaults.
     mutating func read(_ config: ConfigReader) throws {
@@ -374,6 +374,8 @@ extension RelayServerConfiguration.ConnectionLimits {
         if let value = try config.positive("limits.connectionsPerAddress") { perAddress = value }
         if let value = try config.positive("limits.httpConnections") { httpConnections = value }
         if let value = try config.positive("limits.httpConnectionsPerAddress") { httpConnectionsPerAddress = value }
+        if let value = try config.positive("limits.pushStreams") { pushStreams = value }
+        if let value = try config.positive("limits.pushStreamsPerKey") { pushStreamsPerKey = value }
         if let value = try config.positive("limits.pendingPerAddress") { pendingPerAddress = value }
         if let value = try config.positive("limits.outboundBytes") { outboundBytes = value }
         if let value = try config.positive("limits.topicsPerKey") { topicsPerKey = value }

@@ -1,4 +1,5 @@
 import CoreMetrics
+import Logging
 import MarketCore
 import Synchronization
 
@@ -38,5 +39,64 @@ final class KeyConnections: Sendable {
             return next
         }
         Gauge(label: "relay_client_connections", dimensions: [("key", grant.name)], factory: factory).record(count)
+    }
+}
+
+/// How many push streams are open, in all and per client key, within their limits
+/// (``RelayServerConfiguration/ConnectionLimits/pushStreams`` and `pushStreamsPerKey`). `Sendable`; the
+/// counts sit behind a `Mutex`.
+final class PushStreamCount: Sendable {
+    private let counts = Mutex<(all: Int, perKey: [String: Int])>((0, [:]))
+    private let total: Int
+    private let perKey: Int
+
+    init(limits: RelayServerConfiguration.ConnectionLimits) {
+        total = limits.pushStreams
+        perKey = limits.pushStreamsPerKey
+    }
+
+    /// Counts one more stream of `key` (`nil`: without keys, only the total holds); past a limit, why not.
+    func admit(key: String?) -> String? {
+        counts.withLock { counts in
+            if counts.all >= total { return "Maximum number of push streams exceeded (\(total), limits.pushStreams)." }
+            if let key {
+                let held = counts.perKey[key, default: 0]
+                if held >= perKey { return "Maximum number of push streams exceeded for key \"\(key)\" (\(perKey), limits.pushStreamsPerKey)." }
+                counts.perKey[key] = held + 1
+            }
+            counts.all += 1
+            return nil
+        }
+    }
+
+    func release(key: String?) {
+        counts.withLock { counts in
+            counts.all = max(counts.all - 1, 0)
+            if let key {
+                let next = counts.perKey[key, default: 0] - 1
+                counts.perKey[key] = next > 0 ? next : nil
+            }
+        }
+    }
+}
+
+/// The log of refusals outsiders can cause as often as they like (connections over a limit, failed
+/// authentications): a line per reason per 10 s, with how many were held back, so a flood of them
+/// does not fill the disk. One per server. `Sendable`: the throttle sits behind a `Mutex`.
+final class RefusalLog: Sendable {
+    let logger: Logger
+    private let throttle = Mutex(LogThrottle())
+
+    init(logger: Logger) {
+        self.logger = logger
+    }
+
+    /// Logs `message` (at info) unless a line of `reason` (a literal) went out in the last 10 s.
+    func info(_ reason: String, _ message: @autoclosure () -> Logger.Message, metadata: @autoclosure () -> Logger.Metadata = [:]) {
+        let (log, held) = throttle.withLock { $0.admit(reason, every: .seconds(10)) }
+        guard log else { return }
+        var fields = metadata()
+        if held > 0 { fields["suppressed_since_last"] = "\(held)" }
+        logger.info(message(), metadata: fields)
     }
 }

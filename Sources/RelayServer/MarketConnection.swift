@@ -30,6 +30,8 @@ actor MarketConnection {
         let delivery: DeliveryMetrics
         let keyConnections: KeyConnections
         let logger: Logger
+        /// Refusals, a line per reason per 10 s (a client may cause them as often as it likes).
+        let refusals: RefusalLog
         /// Distinct topics per key and in all.
         /// Holds `topics` for a key's kept session: taken over from the closing connection, unchecked.
         let shelfReserve: @Sendable ([Topic], String) -> Void
@@ -38,7 +40,7 @@ actor MarketConnection {
 
         init(
             hub: MarketDataHub, shelf: SessionShelf, configuration: RelayServerConfiguration, limits: SessionLimits,
-            metrics: DownstreamMetrics, delivery: DeliveryMetrics, keyConnections: KeyConnections, logger: Logger,
+            metrics: DownstreamMetrics, delivery: DeliveryMetrics, keyConnections: KeyConnections, logger: Logger, refusals: RefusalLog,
             shelfReserve: @escaping @Sendable ([Topic], String) -> Void, shelfRelease: @escaping @Sendable ([Topic], String) -> Void
         ) {
             self.hub = hub
@@ -49,6 +51,7 @@ actor MarketConnection {
             self.delivery = delivery
             self.keyConnections = keyConnections
             self.logger = logger
+            self.refusals = refusals
             self.shelfReserve = shelfReserve
             self.shelfRelease = shelfRelease
         }
@@ -211,7 +214,7 @@ actor MarketConnection {
         guard !ended, !refusing else { return }
         if !session.isAuthenticated, hooks.addressIsGuessing() {
             stopReading()
-            dependencies.logger.info("downstream client refused: its address has too many failed authentications waiting")
+            dependencies.refusals.info("guessing", "downstream client refused: its address has too many failed authentications waiting")
             handler.value.refuse(
                 session.refusalFrame(ClientKeyMiddleware.guessing),
                 binary: session.isBinary, reason: "authentication failures")
@@ -220,81 +223,11 @@ actor MarketConnection {
         let wasAuthenticated = session.isAuthenticated
         session.epoch = dependencies.hub.epoch
         let reaction = session.respond(to: message)
-        if let grant = session.grant, !wasAuthenticated {
-            // A key's connection limit, answered as Polygon answers one: the status, then 1008.
-            guard dependencies.keyConnections.admit(grant) else {
-                dependencies.logger.info("downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
-                handler.value.refuse(
-                    session.connectionLimitFrame(KeyConnections.limitMessage(grant)), binary: session.isBinary, reason: "max connections")
-                return
-            }
-            admitted = grant
-            if grant.timestamps { askForTimes() }
-            if let events = grant.buffer { change(.buffer(events)) }
-            if grant.isConfiguredKey { change(.owner(grant.name)) }
-            switch grant.conflation {
-            case .off: break
-            case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
-            case .interval(let interval): change(.conflate(ConflationMode(interval: interval, whileLagging: true)))
-            }
-            if let tag = session.sessionTag, dependencies.hub.epoch != nil {
-                let name = "\(grant.name)#\(tag)"
-                sessionName = name
-                let loop = self.loop
-                let handler = self.handler
-                let takenOverAnswer = TimeAmount(dependencies.configuration.resume.takenOverAnswer)
-                // Open first, then take: a broken connection shelves its session before it leaves the
-                // open ones, so either it is still open (and is taken over, waiting for its session) or
-                // its session is already on the shelf. Taking first left a gap between the two in which
-                // a session shelved meanwhile was missed (seen once in a full run: a reconnect resumed nothing).
-                let standing = SessionStanding()
-                guard
-                    let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing, close: {
-                        loop.execute {
-                            handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: takenOverAnswer)
-                        }
-                    })
-                else {
-                    // A name whose connections taken over are still closing, as many as it may have: refused
-                    // as a key over its connection limit is (the status, then 1008), its place given back.
-                    dependencies.logger.info("downstream client refused: its session's connections are still closing", metadata: ["session": "\(name)"])
-                    sessionName = nil
-                    dependencies.keyConnections.release(grant)
-                    admitted = nil
-                    handler.value.refuse(
-                        session.connectionLimitFrame(SessionShelf.stillClosingMessage(name)), binary: session.isBinary, reason: "session still closing")
-                    return
-                }
-                self.standing = standing
-                takeBack(dependencies.shelf.take(name, into: standing))
-                takingOver = resuming == nil && previous
-                if previous, let resuming {
-                    // It resumes the session it took back and does not wait for the open one's: that
-                    // one's other topics are told, as they are subscribed, that they are not resumed.
-                    notTakenOver = dependencies.shelf.topicsStillClosing(name).subtracting(resuming.topics)
-                    notTakenOverWhy = "a session kept earlier was taken back while the connection this one took over was still open"
-                }
-                // The open one's topics, subscribed here before it closes, take its holds over.
-                if previous { transferring.topics = dependencies.shelf.topicsStillClosing(name).union(resuming?.topics ?? []) }
-                standing.holds([], takenBack: resuming)
-                let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
-                position.standing = standing
-                handler.value.acknowledgedPosition = position
-                feed?.tracksPositions.store(true, ordering: .relaxed)
-            } else if let tag = session.sessionTag {
-                unnamedSession = "\(grant.name)#\(tag)"
-                handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
-                feed?.tracksPositions.store(true, ordering: .relaxed)
-            }
-            // Messages up to the full size from now on, and no longer pending for its address.
-            handler.value.messageLimit.open()
-            hooks.authenticated()
-            dependencies.logger.debug("downstream client authenticated", metadata: ["key": "\(grant.name)"])
-        }
+        if let grant = session.grant, !wasAuthenticated, !signedIn(grant) { return }
         if reaction.close, reaction.marketRefused {
             // A right key on a market it may not use: no guess, so answered at once and not counted.
             stopReading()
-            dependencies.logger.info("downstream client refused: its key may not use this market")
+            dependencies.refusals.info("market", "downstream client refused: its key may not use this market")
             let handler = self.handler.value
             for frame in reaction.frames { handler.write(frame, binary: session.isBinary, flush: false) }
             handler.flush()
@@ -306,8 +239,8 @@ actor MarketConnection {
             // answers; a correct key on another connection is answered at once meanwhile).
             stopReading()
             let delay = hooks.authenticationFailed()
-            dependencies.logger.info(
-                "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])
+            dependencies.refusals.info(
+                "authentication", "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])
             let frames = reaction.frames
             let binary = session.isBinary
             let refuse: @Sendable () -> Void = {
@@ -339,6 +272,85 @@ actor MarketConnection {
         if reaction.timestamps { askForTimes() }
         if !reaction.added.isEmpty { change(.add(reaction.added, reaction.resume)) }
         if !reaction.removed.isEmpty { change(.remove(reaction.removed)) }
+    }
+
+    /// A client's key was accepted: admitted within its key's connections (and, for a tagged session,
+    /// its name's connections still closing), its key's settings applied, its session opened. `false`:
+    /// refused (answered, and closing).
+    private func signedIn(_ grant: ClientGrant) -> Bool {
+        // A key's connection limit, answered as Polygon answers one: the status, then 1008.
+        guard dependencies.keyConnections.admit(grant) else {
+            dependencies.refusals.info("key-limit", "downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
+            handler.value.refuse(
+                session.connectionLimitFrame(KeyConnections.limitMessage(grant)), binary: session.isBinary, reason: "max connections")
+            return false
+        }
+        admitted = grant
+        if grant.timestamps { askForTimes() }
+        if let events = grant.buffer { change(.buffer(events)) }
+        if grant.isConfiguredKey { change(.owner(grant.name)) }
+        switch grant.conflation {
+        case .off: break
+        case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
+        case .interval(let interval): change(.conflate(ConflationMode(interval: interval, whileLagging: true)))
+        }
+        if let tag = session.sessionTag, dependencies.hub.epoch != nil {
+            let name = "\(grant.name)#\(tag)"
+            sessionName = name
+            let loop = self.loop
+            let handler = self.handler
+            let takenOverAnswer = TimeAmount(dependencies.configuration.resume.takenOverAnswer)
+            // Open first, then take: a broken connection shelves its session before it leaves the
+            // open ones, so either it is still open (and is taken over, waiting for its session) or
+            // its session is already on the shelf. Taking first left a gap between the two in which
+            // a session shelved meanwhile was missed (seen once in a full run: a reconnect resumed nothing).
+            let standing = SessionStanding()
+            guard
+                let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing, close: {
+                    loop.execute {
+                        handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: takenOverAnswer)
+                    }
+                })
+            else {
+                // A name whose connections taken over are still closing, as many as it may have: refused
+                // as a key over its connection limit is (the status, then 1008), its place given back.
+                dependencies.refusals.info(
+                    "session-closing", "downstream client refused: its session's connections are still closing", metadata: ["session": "\(name)"])
+                sessionName = nil
+                dependencies.keyConnections.release(grant)
+                admitted = nil
+                // 1013, try again later: it passes as they close.
+                handler.value.refuse(
+                    session.connectionLimitFrame(SessionShelf.stillClosingMessage(name)), binary: session.isBinary, reason: "session still closing",
+                    code: WebSocketErrorCode(codeNumber: 1013))
+                return false
+            }
+            self.standing = standing
+            takeBack(dependencies.shelf.take(name, into: standing))
+            takingOver = resuming == nil && previous
+            if previous, let resuming {
+                // It resumes the session it took back and does not wait for the open one's: that
+                // one's other topics are told, as they are subscribed, that they are not resumed.
+                notTakenOver = dependencies.shelf.topicsStillClosing(name).subtracting(resuming.topics)
+                notTakenOverWhy = "a session kept earlier was taken back while the connection this one took over was still open"
+            }
+            // The open one's topics, subscribed here before it closes, take its holds over.
+            if previous { transferring.topics = dependencies.shelf.topicsStillClosing(name).union(resuming?.topics ?? []) }
+            standing.holds([], takenBack: resuming)
+            let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
+            position.standing = standing
+            handler.value.acknowledgedPosition = position
+            feed?.tracksPositions.store(true, ordering: .relaxed)
+        } else if let tag = session.sessionTag {
+            unnamedSession = "\(grant.name)#\(tag)"
+            handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
+            feed?.tracksPositions.store(true, ordering: .relaxed)
+        }
+        // Messages up to the full size from now on, and no longer pending for its address.
+        handler.value.messageLimit.open()
+        hooks.authenticated()
+        dependencies.logger.debug("downstream client authenticated", metadata: ["key": "\(grant.name)"])
+        return true
     }
 
     /// From now on, the connection's events carry their receive and send times.

@@ -32,6 +32,10 @@ public final class RelayServer: Service, Sendable {
     private let registry: PrometheusCollectorRegistry
     private let metrics: DownstreamMetrics
     private let keyConnections: KeyConnections
+    /// Push streams open, in all and per key (``RelayServerConfiguration/ConnectionLimits/pushStreams``).
+    private let pushCount: PushStreamCount
+    /// Refusals outsiders may cause as often as they like, logged a line per reason per 10 s.
+    private let refusals: RefusalLog
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>, RequestKeys) -> Void
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
@@ -79,13 +83,16 @@ public final class RelayServer: Service, Sendable {
         self.drains = LoopDrains(metrics: metrics)
         self.signIns = MarketConnection.signInDeadlines(configuration.authTimeout)
         self.keyConnections = KeyConnections(factory: PrometheusMetricsFactory(registry: registry))
+        self.pushCount = PushStreamCount(limits: configuration.connectionLimits)
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
         let markets = served.map { MarketRoute($0, configuration: configuration, factory: factory) }
         self.markets = markets
+        let refusals = RefusalLog(logger: logger)
+        self.refusals = refusals
         self.connectionDependencies = markets.map { [metrics, keyConnections] route in
             MarketConnection.Dependencies(
                 hub: route.hub, shelf: route.shelf, configuration: configuration, limits: route.limits, metrics: metrics, delivery: route.delivery,
-                keyConnections: keyConnections, logger: logger,
+                keyConnections: keyConnections, logger: logger, refusals: refusals,
                 shelfReserve: { [ledger = route.ledger] topics, key in _ = ledger.reserve(topics, for: key, checked: false) },
                 shelfRelease: { [ledger = route.ledger] topics, key in ledger.release(topics, for: key) })
         }
@@ -245,17 +252,24 @@ public final class RelayServer: Service, Sendable {
         // against its key's maxConnections (a market connection's is checked when it authenticates).
         let keyConnections = self.keyConnections
         var grant: ClientGrant?
-        if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { grant = key?.grant }
+        // A push stream's key (`.some(nil)`: one without keys), counted in the push streams' own bounds.
+        var pushKey: String??
+        let pushCount = self.pushCount
+        if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { (grant, pushKey) = (key?.grant, .some(key?.name)) }
         let refusal: String? = addresses.admit(address).map(Self.refusal) ?? {
-            guard let grant else { return nil }
-            guard keyConnections.admit(grant) else {
+            if let grant, !keyConnections.admit(grant) {
                 addresses.release(address)
                 return KeyConnections.limitMessage(grant)
+            }
+            if case .some(let key) = pushKey, let refused = pushCount.admit(key: key) {
+                if let grant { keyConnections.release(grant) }
+                addresses.release(address)
+                return refused
             }
             return nil
         }()
         if let refusal {
-            logger.info("downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
+            refusals.info("connection", "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
             // A market client in its market's own protocol (its session's connected frame, then the
             // limit: Polygon's max_connections status, Alpaca's 406); a push stream gets the status alone.
             var frames = (connected: ByteBuffer?.none, refusal: RelayStatus.frame(status: "max_connections", message: refusal), binary: false)
@@ -273,9 +287,10 @@ public final class RelayServer: Service, Sendable {
             try channel.pipeline.syncOperations.addHandler(handler)
             return
         }
-        release = { [grant] in
+        release = { [grant, pushKey] in
             addresses.release(address)
             if let grant { keyConnections.release(grant) }
+            if case .some(let key) = pushKey { pushCount.release(key: key) }
         }
         switch accepted {
         case .market(let index, let contentType):

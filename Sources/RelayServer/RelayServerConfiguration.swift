@@ -44,6 +44,11 @@ public struct RelayServerConfiguration: Sendable {
         /// this says, so HTTP clients never hold the descriptors market clients need.
         public var httpConnections = 4_096
         public var httpConnectionsPerAddress = 256
+        /// Push streams (the portfolio's live valuation) in all, and per client key (with keys): each is
+        /// a connection and a write per update, and a key's dashboards need a few. One more is told
+        /// `max_connections` and closed (1008). They count in ``total`` and ``perAddress`` too.
+        public var pushStreams = 1_024
+        public var pushStreamsPerKey = 16
         /// Accepted connections of one address that have not yet sent a request head or authenticated;
         /// one more is closed at once.
         public var pendingPerAddress: Int

@@ -210,7 +210,9 @@ final class SessionShelf: Sendable {
     }
 
     /// Connections taken over under one name and still closing, at most: past it, a sign-in under the
-    /// name is refused until they close (within ``ResumeSettings/takenOverAnswer`` each).
+    /// name is refused until one has closed and shelved its session (its client has
+    /// ``ResumeSettings/takenOverAnswer`` to answer the close; the shelving waits for the connection's
+    /// hub changes under way, a take-over's wait for its own older ones included).
     static let mostStillClosing = 4
 
     /// Why a sign-in under `name` was refused (``open(_:id:standing:close:)``'s `nil`).

@@ -478,9 +478,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     /// Sends a frame of the connection's protocol, then closes (1008).
-    func refuse(_ frame: ByteBuffer, binary: Bool, reason: String) {
+    func refuse(_ frame: ByteBuffer, binary: Bool, reason: String, code: WebSocketErrorCode = .policyViolation) {
         write(frame, binary: binary)
-        close(code: .policyViolation, reason: reason)
+        close(code: code, reason: reason)
     }
 
     /// Told by its loop's ping deadlines once an interval after it opened (and after each ping).

@@ -43,19 +43,3 @@ struct UpstreamMetrics: Sendable {
     }
 }
 
-/// Lets a repeating warning through once per interval, counting what it held back.
-struct LogThrottle: Sendable {
-    private var lastLogged: [String: ContinuousClock.Instant] = [:]
-    private var suppressed: [String: Int] = [:]
-
-    /// Whether to log `key` now, and how many occurrences were held back since it last was.
-    mutating func admit(_ key: String, every interval: Duration, now: ContinuousClock.Instant = .now) -> (log: Bool, suppressed: Int) {
-        if let last = lastLogged[key], now - last < interval {
-            suppressed[key, default: 0] += 1
-            return (false, 0)
-        }
-        lastLogged[key] = now
-        let held = suppressed.removeValue(forKey: key) ?? 0
-        return (true, held)
-    }
-}

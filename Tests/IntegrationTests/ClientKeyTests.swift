@@ -103,11 +103,48 @@ struct ClientKeyTests {
         }
     }
 
-    func withRightsRelay(_ body: @Sendable (_ port: Int) async throws -> Void) async throws {
+    /// A key without a connection limit still holds only its share of push streams; the total holds
+    /// whatever the keys; a closed stream's place is taken again.
+    @Test func pushStreamsAreBoundedPerKeyAndInAll() async throws {
+        var limits = RelayServerConfiguration.ConnectionLimits()
+        (limits.pushStreamsPerKey, limits.pushStreams) = (2, 3)
+        try await withRightsRelay(limits: limits) { port in
+            @Sendable func open(_ key: String) -> WSTestClient { WSTestClient(url: "ws://127.0.0.1:\(port)/v1/portfolio/stream?apiKey=\(key)") }
+            var streams: [WSTestClient] = []
+            for _ in 0..<2 {
+                let stream = open("reader-secret")
+                _ = try await stream.nextFrame()
+                streams.append(stream)
+            }
+            let third = open("reader-secret")
+            let refusal = try await third.nextFrame()
+            #expect(refusal.contains("max_connections") && refusal.contains("limits.pushStreamsPerKey"), "\(refusal)")
+            #expect(try await third.waitForClose() == 1008)
+            let writer = open("writer-secret")
+            _ = try await writer.nextFrame()
+            let past = open("writer-secret")
+            let total = try await past.nextFrame()
+            #expect(total.contains("limits.pushStreams)"), "the fourth in all: \(total)")
+            #expect(try await past.waitForClose() == 1008)
+            await streams[0].close()
+            try await eventually("a closed stream's place is taken again") {
+                let again = open("reader-secret")
+                let frame = try? await again.nextFrame(timeout: .seconds(2))
+                await again.close()
+                return frame.map { !$0.contains("max_connections") } ?? false
+            }
+            for client in [streams[1], writer] { await client.close() }
+        }
+    }
+
+    func withRightsRelay(
+        limits: RelayServerConfiguration.ConnectionLimits = .init(), _ body: @Sendable (_ port: Int) async throws -> Void
+    ) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-rights-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var settings = RelaySettings(
             listen: .init(host: "127.0.0.1", port: 0), demoRate: 2000, portfolio: .init(dataDirectory: directory))
+        settings.connectionLimits = limits
         settings.clientKeyRights = [
             try ClientKey(name: "quotes-only", secret: "quotes-secret", topics: ["Q.*"], portfolio: .none),
             try ClientKey(name: "five", secret: "five-secret", maxConnections: 5, portfolio: .none),

@@ -29,10 +29,13 @@ public func value<T: Sendable>(of task: Task<T, Never>, within timeout: Duration
         answer.withLock { $0 = continuation }
         // Whichever comes first answers; the other finds the answer taken.
         let give: @Sendable (T?) -> Void = { value in answer.withLock { $0.take() }?.resume(returning: value) }
-        Task { give(await task.value) }
-        Task {
+        let timer = Task {
             try? await Task.sleep(for: timeout)
             give(nil)
+        }
+        Task {
+            give(await task.value)
+            timer.cancel()
         }
     }
 }
