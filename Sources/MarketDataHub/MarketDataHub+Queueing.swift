@@ -1,3 +1,4 @@
+import Logging
 import MarketCore
 
 /// Queueing for one subscriber: within its bound, the drops and the `lagging` notice, the evictions of
@@ -110,7 +111,7 @@ extension MarketDataHub {
         if log {
             logger.warning(
                 "subscriber disconnected: its buffer of \(subscriber.bufferLimit) events was full",
-                metadata: ["subscriber": "\(subscriber.id)", "suppressed_since_last": "\(held)"])
+                metadata: held > 0 ? ["subscriber": "\(subscriber.id)", "suppressed_since_last": "\(held)"] : ["subscriber": "\(subscriber.id)"])
         }
         subscriber.queue.evicted.store(true, ordering: .releasing)
         remove(subscriber.id)
@@ -122,9 +123,9 @@ extension MarketDataHub {
         subscriber.lastWarning = now
         let (log, held) = logThrottle.admit("falling-behind", every: .seconds(10))
         guard log else { return }
-        logger.warning(
-            "subscriber falling behind: buffer \(fill * 100 / subscriber.bufferLimit)% full",
-            metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)", "suppressed_since_last": "\(held)"])
+        var metadata: Logger.Metadata = ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"]
+        if held > 0 { metadata["suppressed_since_last"] = "\(held)" }
+        logger.warning("subscriber falling behind: buffer \(fill * 100 / subscriber.bufferLimit)% full", metadata: metadata)
     }
 
     func setLagging(_ lagging: Bool) {

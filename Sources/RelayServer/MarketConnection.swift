@@ -280,7 +280,7 @@ actor MarketConnection {
     private func signedIn(_ grant: ClientGrant) -> Bool {
         // A key's connection limit, answered as Polygon answers one: the status, then 1008.
         guard dependencies.keyConnections.admit(grant) else {
-            dependencies.refusals.info("key-limit", "downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
+            dependencies.refusals.info("key-limit " + grant.name, "downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
             handler.value.refuse(
                 session.connectionLimitFrame(KeyConnections.limitMessage(grant)), binary: session.isBinary, reason: "max connections")
             return false
@@ -313,7 +313,7 @@ actor MarketConnection {
                 })
             else {
                 // A name whose connections taken over are still closing, as many as it may have: refused
-                // as a key over its connection limit is (the status, then 1008), its place given back.
+                // as a key over its connection limit is (its status), closed with 1013, its place given back.
                 dependencies.refusals.info(
                     "session-closing", "downstream client refused: its session's connections are still closing", metadata: ["session": "\(name)"])
                 sessionName = nil

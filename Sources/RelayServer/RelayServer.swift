@@ -168,6 +168,14 @@ public final class RelayServer: Service, Sendable {
         }
     }
 
+    /// The log's reason for `refusal` (``RefusalLog``).
+    static func reason(_ refusal: AddressGuard.Refusal) -> String {
+        switch refusal {
+        case .total: "connections"
+        case .perAddress: "connections-per-address"
+        }
+    }
+
     /// Why the server cannot start with its TLS files.
     public struct TLSSetupError: Error, Sendable, CustomStringConvertible {
         public var description: String
@@ -256,20 +264,21 @@ public final class RelayServer: Service, Sendable {
         var pushKey: String??
         let pushCount = self.pushCount
         if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { (grant, pushKey) = (key?.grant, .some(key?.name)) }
-        let refusal: String? = addresses.admit(address).map(Self.refusal) ?? {
+        // The refusal, and its log line's reason (each limit its own: one client at its limit hides no other's).
+        let refused: (message: String, reason: String)? = addresses.admit(address).map { (Self.refusal($0), Self.reason($0)) } ?? {
             if let grant, !keyConnections.admit(grant) {
                 addresses.release(address)
-                return KeyConnections.limitMessage(grant)
+                return (KeyConnections.limitMessage(grant), "key-limit " + grant.name)
             }
             if case .some(let key) = pushKey, let refused = pushCount.admit(key: key) {
                 if let grant { keyConnections.release(grant) }
                 addresses.release(address)
-                return refused
+                return (refused, "push-limit")
             }
             return nil
         }()
-        if let refusal {
-            refusals.info("connection", "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
+        if let (refusal, reason) = refused {
+            refusals.info(reason, "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
             // A market client in its market's own protocol (its session's connected frame, then the
             // limit: Polygon's max_connections status, Alpaca's 406); a push stream gets the status alone.
             var frames = (connected: ByteBuffer?.none, refusal: RelayStatus.frame(status: "max_connections", message: refusal), binary: false)

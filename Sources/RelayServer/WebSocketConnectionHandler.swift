@@ -477,7 +477,7 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         }
     }
 
-    /// Sends a frame of the connection's protocol, then closes (1008).
+    /// Sends a frame of the connection's protocol, then closes with `code` (1008 unless told).
     func refuse(_ frame: ByteBuffer, binary: Bool, reason: String, code: WebSocketErrorCode = .policyViolation) {
         write(frame, binary: binary)
         close(code: code, reason: reason)

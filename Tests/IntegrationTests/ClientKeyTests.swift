@@ -126,6 +126,16 @@ struct ClientKeyTests {
             let total = try await past.nextFrame()
             #expect(total.contains("limits.pushStreams)"), "the fourth in all: \(total)")
             #expect(try await past.waitForClose() == 1008)
+            // A key of two connections refused a push stream keeps both for its market clients.
+            let pushed = open("two-secret")
+            #expect(try await pushed.nextFrame().contains("limits.pushStreams)"))
+            #expect(try await pushed.waitForClose() == 1008)
+            var markets: [WSTestClient] = []
+            for _ in 0..<2 {
+                let market = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "two-secret")
+                markets.append(market)
+            }
+            for market in markets { await market.close() }
             await streams[0].close()
             try await eventually("a closed stream's place is taken again") {
                 let again = open("reader-secret")
