@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -8,6 +9,9 @@ import Foundation
 public final class RelayProcess: Sendable {
     public let process: Process
     private let stdout = ChildOutput(name: "relay")
+    /// Its owner asked it to stop (``stop()``, ``kill()``, ``terminate()``): from then on its going is
+    /// the owner's to wait for (a cluster test lets go of a node it sent SIGTERM, to see it fail over).
+    private let stopAsked = Atomic<Bool>(false)
 
     public struct StartError: Error, CustomStringConvertible {
         public var description: String
@@ -88,6 +92,7 @@ public final class RelayProcess: Sendable {
 
     /// SIGTERM, then wait for the exit (bounded).
     public func stop() async {
+        stopAsked.store(true, ordering: .relaxed)
         guard process.isRunning else { return }
         process.terminate()
         let deadline = ContinuousClock.now + .seconds(10)
@@ -98,6 +103,7 @@ public final class RelayProcess: Sendable {
 
     /// SIGKILL: the process dies at once, as in a crash; waits (bounded) until it is gone.
     public func kill() async {
+        stopAsked.store(true, ordering: .relaxed)
         guard process.isRunning else { return }
         Glibc.kill(process.processIdentifier, SIGKILL)
         let deadline = ContinuousClock.now + .seconds(10)
@@ -106,7 +112,14 @@ public final class RelayProcess: Sendable {
 
     /// SIGTERM without waiting.
     public func terminate() {
+        stopAsked.store(true, ordering: .relaxed)
         if process.isRunning { process.terminate() }
+    }
+
+    /// Never asked to stop (a test that threw before its `stop`, a failed `#require`): killed by its own
+    /// process id, so no relay outlives its owner. One asked to stop is left to finish as asked.
+    deinit {
+        if !stopAsked.load(ordering: .relaxed), process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
     }
 
     /// What the relay printed on standard output so far (and its log, with `captureLogs`).

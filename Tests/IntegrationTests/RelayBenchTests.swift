@@ -49,3 +49,28 @@ struct RelayBenchTests {
         #expect(variables.filter { !RelayProcess.isSetting($0) }.isEmpty)
     }
 }
+
+@Suite("A relay child process")
+struct RelayProcessTests {
+    struct Thrown: Error {}
+
+    /// A test that throws before it stops its relay (a failed `#require`) leaves no relay running.
+    @Test func aRelayNeverAskedToStopIsKilledWithItsOwner() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-owner-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var pid: Int32 = 0
+        func started() async throws {
+            let relay = RelayProcess(
+                binary: RelayProcess.siblingBinary(), arguments: ["serve", "--listen", "127.0.0.1:0", "--data-dir", directory], showLogs: false)
+            _ = try await relay.start()
+            pid = relay.process.processIdentifier
+            throw Thrown()
+        }
+        await #expect(throws: Thrown.self) { try await started() }
+        try #require(pid > 0)
+        // Killed at once; reaped by Foundation's process monitor a moment later.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while kill(pid, 0) == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(kill(pid, 0) != 0, "relay \(pid) still runs")
+    }
+}
