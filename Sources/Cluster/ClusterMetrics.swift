@@ -13,6 +13,8 @@ final class ClusterMetrics: Sendable {
     let failovers: Counter
     let natsIn: Counter
     let natsOut: Counter
+    private let interestCappedCount: Counter
+    private let interestRefusedTopics: Counter
     private let factory: any MetricsFactory
 
     init(factory: any MetricsFactory) {
@@ -23,6 +25,8 @@ final class ClusterMetrics: Sendable {
         failovers = Counter(label: "relay_cluster_failovers_total", factory: factory)
         natsIn = Counter(label: "relay_cluster_nats_messages_total", dimensions: [("direction", "in")], factory: factory)
         natsOut = Counter(label: "relay_cluster_nats_messages_total", dimensions: [("direction", "out")], factory: factory)
+        interestCappedCount = Counter(label: "relay_cluster_interest_capped_total", factory: factory)
+        interestRefusedTopics = Counter(label: "relay_cluster_interest_refused_topics_total", factory: factory)
     }
 
     /// What arrived from NATS and was refused, by kind (`event`, `interest`, `lease`): counted, logged
@@ -80,7 +84,7 @@ final class ClusterMetrics: Sendable {
     /// This node's clients want more topics than the cluster takes from one node: counted (the topics
     /// left out, per publish) and logged at most once per 10 s.
     func interestCapped(wanted: Int, cap: Int, logger: Logger) {
-        Counter(label: "relay_cluster_interest_capped_total", factory: factory).increment()
+        interestCappedCount.increment()
         let (log, held) = admit("interest-cap")
         if log {
             logger.error(
@@ -92,7 +96,7 @@ final class ClusterMetrics: Sendable {
     /// A node's topics the cluster's union had no room for (past `cluster.maxTopics`): counted per topic
     /// and logged at most once per 10 s.
     func interestPastTheUnion(_ count: Int, node: String, cap: Int, logger: Logger) {
-        Counter(label: "relay_cluster_interest_refused_topics_total", factory: factory).increment(by: count)
+        interestRefusedTopics.increment(by: count)
         let (log, held) = admit("interest-union")
         if log {
             logger.warning(

@@ -126,7 +126,7 @@ extension MarketDataHub {
         // Without a history a resume still queues a `gap` and last values (every ticker's, for a
         // wildcard) outside the buffer: bounded the same way, at the default bound (`resumeBound`).
         let queued = subscriber.queue.replaying.load(ordering: .relaxed)
-        let (available, byKey) = replayAllowance(of: subscriber, limits: limits, now: now)
+        let (available, byKey) = replayAllowance(of: subscriber, owner: owner, limits: limits, now: now)
         if !Self.mayBeReplayed(queued: queued, available: available, bound: resumeBound), !(wanted.isEmpty && epochGaps.isEmpty) {
             return notResumed(
                 Set(wanted.map(\.topic)).union(epochGaps), plain: plain, subscriber: subscriber,
@@ -223,17 +223,17 @@ extension MarketDataHub {
         // times at most; each read is of what the last one took), so the archive's answer and the
         // memory's still meet.
         for _ in 0..<3 {
-            // (None once its connection is gone: nobody to deliver to; nor past its key's reads at once.)
-            guard let archive, self.history === history, subscribers[id] != nil,
-                (owner.flatMap { keyReplays[$0]?.reading } ?? 0) < Self.tapeReadsPerKey
-            else { break }
+            // (None once its connection is gone: nobody to deliver to.)
+            guard let archive, self.history === history, subscribers[id] != nil else { break }
             let behind = archived.compactMap { topic, found -> ArchiveRequest? in
                 let boundary = history.archiveBoundary(of: topic)
                 guard case .events = found.0, boundary > found.until else { return nil }
                 return ArchiveRequest(topic: topic, since: .market(found.until), until: boundary)
             }
             guard !behind.isEmpty else { break }
-            let (more, share) = await readingTape(behind, of: archive, epoch: epoch, limit: history.limits.eventsPerResume, owner: owner)
+            // Past its key's reads at once: not read (the resume goes on as the memory has it).
+            guard let (more, share) = await readingTape(behind, of: archive, epoch: epoch, limit: history.limits.eventsPerResume, owner: owner)
+            else { break }
             cost += Self.charge(share, of: history.limits.eventsPerResume)
             for request in behind {
                 guard let earlier = archived[request.topic] else { continue }
@@ -293,13 +293,12 @@ extension MarketDataHub {
         guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id] else { return nil }
         let limits = history.limits
         let bound = limits.eventsPerResume
-        let available = replayAllowance(of: subscriber, limits: limits, now: WallClock.nowMilliseconds()).events
+        let available = replayAllowance(of: subscriber, owner: owner, limits: limits, now: WallClock.nowMilliseconds()).events
         guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
-        if let owner, let reading = keyReplays[owner]?.reading, reading >= Self.tapeReadsPerKey {
+        guard let (answers, share) = await readingTape(requests, of: archive, epoch: epoch, limit: bound, owner: owner) else {
             return ArchiveAnswer.notRead(
-                requests, because: "this key's connections have \(reading) tape reads under way (at most \(Self.tapeReadsPerKey) at once)")
+                requests, because: "this key's connections have \(Self.tapeReadsPerKey) tape reads under way (at most \(Self.tapeReadsPerKey) at once)")
         }
-        let (answers, share) = await readingTape(requests, of: archive, epoch: epoch, limit: bound, owner: owner)
         resumeCounts.fromArchive += 1
         metrics.archiveResumes.increment()
         let tenth = max(bound / 10, 1)
@@ -312,11 +311,15 @@ extension MarketDataHub {
     /// ``TapeArchive``'s line of 8): one key's resumes never fill the line.
     static let tapeReadsPerKey = 2
 
-    /// A read of `archive`, counted as `owner`'s while under way.
+    /// A read of `archive`, counted as `owner`'s while under way; `nil`, not read: its key's
+    /// connections have ``tapeReadsPerKey`` reads under way already.
     private func readingTape(
         _ requests: [ArchiveRequest], of archive: any EventArchive, epoch: String, limit: Int, owner: String?
-    ) async -> (answers: [Topic: ArchiveAnswer], cost: Double) {
-        if let owner { keyReplays[owner, default: KeyReplays()].reading += 1 }
+    ) async -> (answers: [Topic: ArchiveAnswer], cost: Double)? {
+        if let owner {
+            guard keyReplays[owner, default: KeyReplays()].reading < Self.tapeReadsPerKey else { return nil }
+            keyReplays[owner, default: KeyReplays()].reading += 1
+        }
         defer { if let owner { keyReplays[owner]?.reading -= 1 } }
         return await archive.reading(requests, epoch: epoch, limit: limit)
     }
@@ -328,11 +331,11 @@ extension MarketDataHub {
         subscribers[id]?.owner = key
     }
 
-    /// What `subscriber` may be replayed at `now`: the less of its own budget and its key's, and
-    /// whether that is its key's.
-    private func replayAllowance(of subscriber: Subscriber, limits: HistoryLimits, now: Int64) -> (events: Int, byKey: Bool) {
+    /// What `subscriber` may be replayed at `now`: the less of its own budget and its key's
+    /// (`owner`'s, as the resume charges it), and whether that is its key's.
+    private func replayAllowance(of subscriber: Subscriber, owner: String?, limits: HistoryLimits, now: Int64) -> (events: Int, byKey: Bool) {
         let own = subscriber.replayBudget.available(capacity: limits.eventsPerResume, now: now)
-        guard let owner = subscriber.owner, let shared = keyReplays[owner] else { return (own, false) }
+        guard let owner, let shared = keyReplays[owner] else { return (own, false) }
         let key = shared.budget.available(capacity: limits.keyReplayCapacity, now: now)
         return key < own ? (key, true) : (own, false)
     }

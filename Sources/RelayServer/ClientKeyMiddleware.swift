@@ -41,7 +41,10 @@ public struct ClientKeyMiddleware: RouterMiddleware {
         let channel = context.channel
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
         // Built only when it is the answer (most requests are not refused).
-        let guessing = { Self.lastAnswer(.tooManyRequests, Self.guessing, headers: [.retryAfter: RelayChildChannel.Refused.guessing.retryAfter ?? "5"], on: channel) }
+        let guessing = {
+            let refused = RelayChildChannel.Refused.guessing
+            return Self.lastAnswer(refused.status, refused.message, headers: refused.retryAfter.map { [.retryAfter: $0] } ?? [:], on: channel)
+        }
         if failures.isGuessing(address) { return guessing() }
         let presented = Self.key(in: request)
         guard let presented, let key = authentication.identify(presented) else {

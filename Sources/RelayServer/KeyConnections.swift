@@ -14,22 +14,21 @@ final class KeyConnections: Sendable {
         self.factory = factory
     }
 
-    /// Counts one more connection for `grant`'s key, unless that would pass its limit.
-    func admit(_ grant: ClientGrant) -> Bool {
+    /// Counts one more connection for `grant`'s key; past its limit, why not (as Polygon words it).
+    func admit(_ grant: ClientGrant) -> ConnectionRefusal? {
         let count: Int? = counts.withLock { counts in
             let current = counts[grant.name, default: 0]
             if let limit = grant.maxConnections, current >= limit { return nil }
             counts[grant.name] = current + 1
             return current + 1
         }
-        guard let count else { return false }
+        guard let count else {
+            return ConnectionRefusal(
+                message: "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0)).",
+                reason: "key-limit " + grant.name)
+        }
         Gauge(label: "relay_client_connections", dimensions: [("key", grant.name)], factory: factory).record(count)
-        return true
-    }
-
-    /// What a client over its key's limit is told, as Polygon words it.
-    static func limitMessage(_ grant: ClientGrant) -> String {
-        "Maximum number of websocket connections exceeded for key \"\(grant.name)\" (\(grant.maxConnections ?? 0))."
+        return nil
     }
 
     func release(_ grant: ClientGrant) {
@@ -56,12 +55,15 @@ final class PushStreamCount: Sendable {
     }
 
     /// Counts one more stream of `key` (`nil`: without keys, only the total holds); past a limit, why not.
-    func admit(key: String?) -> String? {
+    func admit(key: String?) -> ConnectionRefusal? {
         counts.withLock { counts in
-            if counts.all >= total { return "Maximum number of push streams exceeded (\(total), limits.pushStreams)." }
+            if counts.all >= total { return ConnectionRefusal(message: "Maximum number of push streams exceeded (\(total), limits.pushStreams).", reason: "push-streams") }
             if let key {
                 let held = counts.perKey[key, default: 0]
-                if held >= perKey { return "Maximum number of push streams exceeded for key \"\(key)\" (\(perKey), limits.pushStreamsPerKey)." }
+                if held >= perKey {
+                    return ConnectionRefusal(
+                        message: "Maximum number of push streams exceeded for key \"\(key)\" (\(perKey), limits.pushStreamsPerKey).", reason: "push-streams " + key)
+                }
                 counts.perKey[key] = held + 1
             }
             counts.all += 1
@@ -80,6 +82,14 @@ final class PushStreamCount: Sendable {
     }
 }
 
+/// Why a connection is refused at a limit: what its client is told, and the reason its log line is
+/// throttled under (``RefusalLog``): a literal, or one naming a configured key, so one client at its
+/// limit hides no other key's refusals. Value type, `Sendable`.
+struct ConnectionRefusal: Sendable {
+    let message: String
+    let reason: String
+}
+
 /// The log of refusals outsiders can cause as often as they like (connections over a limit, failed
 /// authentications): a line per reason per 10 s, with how many were held back, so a flood of them
 /// does not fill the disk. One per server. `Sendable`: the throttle sits behind a `Mutex`.
@@ -91,7 +101,8 @@ final class RefusalLog: Sendable {
         self.logger = logger
     }
 
-    /// Logs `message` (at info) unless a line of `reason` (a literal) went out in the last 10 s.
+    /// Logs `message` (at info) unless a line of `reason` (a literal, or one naming a configured key: a
+    /// bounded set) went out in the last 10 s.
     func info(_ reason: String, _ message: @autoclosure () -> Logger.Message, metadata: @autoclosure () -> Logger.Metadata = [:]) {
         let (log, held) = throttle.withLock { $0.admit(reason, every: .seconds(10)) }
         guard log else { return }

@@ -279,10 +279,9 @@ actor MarketConnection {
     /// refused (answered, and closing).
     private func signedIn(_ grant: ClientGrant) -> Bool {
         // A key's connection limit, answered as Polygon answers one: the status, then 1008.
-        guard dependencies.keyConnections.admit(grant) else {
-            dependencies.refusals.info("key-limit " + grant.name, "downstream client refused: key over its connection limit", metadata: ["key": "\(grant.name)"])
-            handler.value.refuse(
-                session.connectionLimitFrame(KeyConnections.limitMessage(grant)), binary: session.isBinary, reason: "max connections")
+        if let refused = dependencies.keyConnections.admit(grant) {
+            dependencies.refusals.info(refused.reason, "downstream connection refused: \(refused.message)")
+            handler.value.refuse(session.connectionLimitFrame(refused.message), binary: session.isBinary, reason: "max connections")
             return false
         }
         admitted = grant

@@ -161,18 +161,11 @@ public final class RelayServer: Service, Sendable {
 
     /// What a connection past a limit is told (in its protocol's words: Polygon's `max_connections`,
     /// Alpaca's 406; then close 1008).
-    static func refusal(_ refusal: AddressGuard.Refusal) -> String {
+    static func refusal(_ refusal: AddressGuard.Refusal) -> ConnectionRefusal {
         switch refusal {
-        case .total(let limit): "Maximum number of websocket connections exceeded (\(limit) in all)."
-        case .perAddress(let limit): "Maximum number of websocket connections exceeded (\(limit) per address)."
-        }
-    }
-
-    /// The log's reason for `refusal` (``RefusalLog``).
-    static func reason(_ refusal: AddressGuard.Refusal) -> String {
-        switch refusal {
-        case .total: "connections"
-        case .perAddress: "connections-per-address"
+        case .total(let limit): ConnectionRefusal(message: "Maximum number of websocket connections exceeded (\(limit) in all).", reason: "connections")
+        case .perAddress(let limit):
+            ConnectionRefusal(message: "Maximum number of websocket connections exceeded (\(limit) per address).", reason: "connections-per-address")
         }
     }
 
@@ -260,25 +253,25 @@ public final class RelayServer: Service, Sendable {
         // against its key's maxConnections (a market connection's is checked when it authenticates).
         let keyConnections = self.keyConnections
         var grant: ClientGrant?
-        // A push stream's key (`.some(nil)`: one without keys), counted in the push streams' own bounds.
-        var pushKey: String??
+        // A push stream is counted in the push streams' own bounds too, under its key (none without keys).
+        var isPush = false
         let pushCount = self.pushCount
-        if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { (grant, pushKey) = (key?.grant, .some(key?.name)) }
-        // The refusal, and its log line's reason (each limit its own: one client at its limit hides no other's).
-        let refused: (message: String, reason: String)? = addresses.admit(address).map { (Self.refusal($0), Self.reason($0)) } ?? {
-            if let grant, !keyConnections.admit(grant) {
+        if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { (grant, isPush) = (key?.grant, true) }
+        let refused: ConnectionRefusal? = addresses.admit(address).map(Self.refusal) ?? {
+            if let grant, let refused = keyConnections.admit(grant) {
                 addresses.release(address)
-                return (KeyConnections.limitMessage(grant), "key-limit " + grant.name)
+                return refused
             }
-            if case .some(let key) = pushKey, let refused = pushCount.admit(key: key) {
+            if isPush, let refused = pushCount.admit(key: grant?.name) {
                 if let grant { keyConnections.release(grant) }
                 addresses.release(address)
-                return (refused, "push-limit")
+                return refused
             }
             return nil
         }()
-        if let (refusal, reason) = refused {
-            refusals.info(reason, "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
+        if let refused {
+            let refusal = refused.message
+            refusals.info(refused.reason, "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
             // A market client in its market's own protocol (its session's connected frame, then the
             // limit: Polygon's max_connections status, Alpaca's 406); a push stream gets the status alone.
             var frames = (connected: ByteBuffer?.none, refusal: RelayStatus.frame(status: "max_connections", message: refusal), binary: false)
@@ -296,10 +289,10 @@ public final class RelayServer: Service, Sendable {
             try channel.pipeline.syncOperations.addHandler(handler)
             return
         }
-        release = { [grant, pushKey] in
+        release = { [grant, isPush] in
             addresses.release(address)
             if let grant { keyConnections.release(grant) }
-            if case .some(let key) = pushKey { pushCount.release(key: key) }
+            if isPush { pushCount.release(key: grant?.name) }
         }
         switch accepted {
         case .market(let index, let contentType):

@@ -58,10 +58,7 @@ struct CrossTermResumeTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let (hub, reading, gate) = await Self.gatedHub(on: directory)
         defer { gate.open() }
-        let aapl = try #require(Topic(parsing: "Q.AAPL"))
-        let holder = await hub.subscribe(to: [aapl])
-        await hub.startEpoch("e1")
-        await hub.startEpoch("e2")
+        let (aapl, holder) = try await Self.inSecondTerm(hub)
         let client = await hub.subscribe()
         async let answer = hub.add([aapl], to: client.id, resuming: .marketSequence(epoch: "e1", 250, floors: [:]))
         try #require(await Self.started(reading), "the former term's tape is read within 10 s")
@@ -131,10 +128,7 @@ struct CrossTermResumeTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let (hub, reading, gate) = await Self.gatedHub(on: directory)
         defer { gate.open() }
-        let aapl = try #require(Topic(parsing: "Q.AAPL"))
-        let holder = await hub.subscribe(to: [aapl])
-        await hub.startEpoch("e1")
-        await hub.startEpoch("e2")
+        let (aapl, holder) = try await Self.inSecondTerm(hub)
         await hub.publish(Self.quotes(1...5, numbered: 300))
         var clients: [HubSubscription] = []
         for owner in ["k", "k", "k", "other"] {
@@ -167,6 +161,15 @@ struct CrossTermResumeTests {
         let again = await hub.add([aapl], to: clients[2].id, resuming: resume)
         #expect(again.replayed == [aapl: 55], "\(again)")
         _ = holder
+    }
+
+    /// `hub` in term e2 after e1 (the former term, on the tape), AAPL held by another client throughout.
+    static func inSecondTerm(_ hub: MarketDataHub) async throws -> (aapl: Topic, holder: HubSubscription) {
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        let holder = await hub.subscribe(to: [aapl])
+        await hub.startEpoch("e1")
+        await hub.startEpoch("e2")
+        return (aapl, holder)
     }
 
     /// What is queued for `client` now: its deliveries, and their events one by one.
