@@ -90,9 +90,14 @@ struct ClusterFeedHoldTests {
                 #expect(publisher.publish(subjects.subject(for: test.apple), test.quote(0)))
                 try await Task.sleep(for: .milliseconds(100))
             }
-            // (Its first events may have come before the feed's subscription to the leader's notices.)
-            let hub = self.hub
-            try await test.until("the vouched epoch taken") { hub.epoch == "t1" }
+            // Its first events may have come before the feed's subscription to the leader's notices was
+            // in place, its epoch lost with them: told again until it is taken.
+            let epochStart = ContinuousClock.now
+            while hub.epoch != "t1" {
+                try #require(ContinuousClock.now - epochStart < .seconds(10), "the vouched epoch taken within 10 s")
+                #expect(publisher.publish(subjects.upstreamControl, "epoch:t1"))
+                try await Task.sleep(for: .milliseconds(100))
+            }
             settled = received.texts.withLock { $0.count }
         }
 
