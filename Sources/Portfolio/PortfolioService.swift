@@ -67,6 +67,13 @@ public actor PortfolioService: Service {
     private var waiting: (task: Task<Void, any Error>, from: Day?)?
     /// Recomputations run so far (tests).
     public private(set) var recomputations = 0
+    /// The books the live valuation reads, kept while the store's ledger revision stays the same.
+    private var ledgerBooks: LedgerBooks?
+    /// The books being built for a revision: requests that found the same revision wait for them rather
+    /// than each read the ledger again.
+    private var building: (revision: Int64, task: Task<LedgerBooks, any Error>)?
+    /// Times the books were built from the store (tests: a valuation of an unchanged ledger reads none).
+    public private(set) var ledgerReads = 0
 
     private func markDirty(from day: Day) {
         dirtyFrom = dirtyFrom.map { min($0, day) } ?? day
@@ -183,11 +190,7 @@ public actor PortfolioService: Service {
     }
 
     private func followHoldings() async throws {
-        var symbols: Set<String> = []
-        for (account, transactions) in try await store.brokerageLedger() where account.isActive {
-            let book = try PositionBook(transactions: transactions)
-            for position in book.open { symbols.insert(position.symbol) }
-        }
+        var symbols = Set(try await currentBooks().openPositions().positions.keys)
         // Never a topic from an unchecked symbol: a database written before symbols were checked may
         // hold one that would name other topics upstream (`*`, `X,AM.*`).
         for symbol in symbols {
@@ -268,8 +271,9 @@ public actor PortfolioService: Service {
     /// The valuation of one account, or of the whole portfolio: every active account, brokerage ones
     /// valued live (positions plus cash), savings ones at their last update, each listed in `accounts`.
     public func valuation(accountID: Int64? = nil) async throws -> Valuation {
+        let ledger = try await currentBooks()
         let now = Date.now
-        let accounts = try await store.accounts().filter { account in accountID.map { account.id == $0 } ?? account.isActive }
+        let accounts = ledger.accounts.filter { account in accountID.map { account.id == $0 } ?? account.isActive }
         var merged: [String: PositionBook.Position] = [:]
         var cash: Decimal = 0
         var values: [AccountValue] = []
@@ -278,7 +282,7 @@ public actor PortfolioService: Service {
         for account in accounts {
             switch account.kind {
             case .brokerage:
-                let book = try PositionBook(transactions: try await store.transactions(accountID: account.id))
+                let book = ledger.books[account.id] ?? PositionBook()
                 let own = Valuation.of(book.open, cash: book.cash, prices: prices, rule: rule, now: now)
                 values.append(
                     AccountValue(
@@ -289,7 +293,7 @@ public actor PortfolioService: Service {
                     cash += book.cash
                 }
             case .savings:
-                let last = try await store.updates(accountID: account.id).last { $0.at <= now }
+                let last = ledger.lastUpdate(of: account.id, at: now)
                 values.append(
                     AccountValue(
                         id: account.id, name: account.name, kind: .savings, value: last?.value, cash: nil, asOf: last?.at,
@@ -305,24 +309,27 @@ public actor PortfolioService: Service {
         return valuation
     }
 
-    /// Every open position of the active brokerage accounts in `accounts` (all when empty), merged by
-    /// symbol, with the accounts holding each.
-    private func openPositions(accounts wanted: Set<Int64>) async throws -> ([String: PositionBook.Position], [String: [Int64]]) {
-        var positions: [String: PositionBook.Position] = [:]
-        var holders: [String: [Int64]] = [:]
-        for (account, transactions) in try await store.brokerageLedger() where account.isActive {
-            if !wanted.isEmpty, !wanted.contains(account.id) { continue }
-            let open = try PositionBook(transactions: transactions).open
-            PositionBook.merge(open, into: &positions)
-            for position in open { holders[position.symbol, default: []].append(account.id) }
-        }
-        return (positions, holders)
+    /// The books of the store's ledger as it stands now: those kept when its revision is unchanged (a
+    /// one-row read), else built once from one read of the ledger, however many requests ask meanwhile.
+    private func currentBooks() async throws -> LedgerBooks {
+        let revision = try await store.ledgerRevision()
+        if let ledgerBooks, ledgerBooks.revision == revision { return ledgerBooks }
+        if let building, building.revision == revision { return try await building.task.value }
+        // Off the actor: reading and replaying every transaction must not hold up the price stream.
+        let task = Task.detached { [store] in try LedgerBooks(try await store.ledger(), now: .now) }
+        building = (revision, task)
+        ledgerReads += 1
+        defer { if building?.task == task { building = nil } }
+        let books = try await task.value
+        // The newest kept (a read that started later may have ended first).
+        if ledgerBooks.map({ $0.builtAt <= books.builtAt }) ?? true { ledgerBooks = books }
+        return books
     }
 
     /// The holdings of the accounts in `accounts` (every active brokerage account when empty), valued
     /// now, by symbol.
     public func holdings(accounts: Set<Int64> = []) async throws -> [Holding] {
-        let (positions, holders) = try await openPositions(accounts: accounts)
+        let (positions, holders) = try await currentBooks().openPositions(accounts: accounts)
         let valuation = Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
         return valuation.positions.map { row in
             let weight: Decimal? =

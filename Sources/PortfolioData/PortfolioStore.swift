@@ -158,6 +158,21 @@ public final class PortfolioStore: Sendable {
             // index alone says what the store names.
             try db.execute(sql: #"UPDATE "transaction" SET symbol = '' WHERE kind = 'fee'"#)
         }
+        migrator.registerMigration("v7: the ledger's revision") { db in
+            // One number that every change to what a live valuation reads (accounts, transactions, value
+            // updates) adds one to, made by whichever connection or process: triggers, so a writer that
+            // knows nothing of it (an older `relay portfolio import`) counts too.
+            try db.execute(sql: "CREATE TABLE ledgerRevision (value INTEGER NOT NULL); INSERT INTO ledgerRevision (value) VALUES (0);")
+            for table in ["account", "transaction", "accountUpdate"] {
+                for change in ["INSERT", "UPDATE", "DELETE"] {
+                    try db.execute(
+                        sql: """
+                            CREATE TRIGGER "ledgerRevision_\(table)_\(change.lowercased())" AFTER \(change) ON "\(table)"
+                            BEGIN UPDATE ledgerRevision SET value = value + 1; END
+                            """)
+                }
+            }
+        }
         return migrator
     }
 
@@ -600,20 +615,68 @@ public final class PortfolioStore: Sendable {
         try await read { db in try Self.transactions(db, accountID: accountID) }
     }
 
-    /// Every brokerage account with its transactions, from one read (one consistent state).
-    public func brokerageLedger() async throws -> [(account: Account, transactions: [Transaction])] {
+    /// Every brokerage account with its transactions of `symbol` (by the symbol's index: what one security
+    /// is read from, whatever else the accounts hold), from one read (one consistent state).
+    public func brokerageTransactions(of symbol: String) async throws -> [(account: Account, transactions: [Transaction])] {
         try await read { db in
-            try Self.accounts(db).filter { $0.kind == .brokerage }.map { ($0, try Self.transactions(db, accountID: $0.id)) }
+            try Self.accounts(db).filter { $0.kind == .brokerage }.map { ($0, try Self.transactions(db, accountID: $0.id, symbol: symbol)) }
         }
     }
 
-    private static func transactions(_ db: Database, accountID: Int64) throws -> [Transaction] {
-        try Row.fetchAll(db, sql: #"SELECT * FROM "transaction" WHERE accountID = ? ORDER BY date, id"#, arguments: [accountID]).map { row in
+    private static func transactions(_ db: Database, accountID: Int64, symbol: String? = nil) throws -> [Transaction] {
+        let rows =
+            if let symbol {
+                try Row.fetchAll(
+                    db, sql: #"SELECT * FROM "transaction" WHERE symbol = ? AND accountID = ? ORDER BY date, id"#, arguments: [symbol, accountID])
+            } else {
+                try Row.fetchAll(db, sql: #"SELECT * FROM "transaction" WHERE accountID = ? ORDER BY date, id"#, arguments: [accountID])
+            }
+        return try rows.map { row in
             guard let kind = TransactionKind(rawValue: row["kind"]) else { throw StoreError.corrupt("transaction kind") }
             return Transaction(
                 id: row["id"], accountID: row["accountID"], date: try day(row["date"]), kind: kind, symbol: row["symbol"],
                 quantity: try decimal(row["quantity"]), price: try decimal(row["price"]), fees: try decimal(row["fees"]),
                 amount: try decimal(row["amount"]))
+        }
+    }
+
+    // MARK: the ledger
+
+    /// What a live valuation reads, from one read (one consistent state).
+    public struct Ledger: Sendable {
+        /// The ledger's revision when read: any later change to an account, a transaction or a value update,
+        /// by any connection or process, makes ``PortfolioStore/ledgerRevision()`` differ from it.
+        public var revision: Int64
+        /// Every account, by id.
+        public var accounts: [Account]
+        /// The brokerage accounts' transactions, by account, by date.
+        public var transactions: [Int64: [Transaction]]
+        /// The savings accounts' value updates, by account, by time.
+        public var updates: [Int64: [AccountUpdate]]
+    }
+
+    /// The ledger's revision now: one row, so a reader that kept what it built from a ``Ledger`` of the
+    /// same revision knows it is still current (read-your-writes included: a write has committed before
+    /// its call returns).
+    public func ledgerRevision() async throws -> Int64 {
+        try await read { db in try Self.ledgerRevision(db) }
+    }
+
+    private static func ledgerRevision(_ db: Database) throws -> Int64 {
+        guard let value = try Int64.fetchOne(db, sql: "SELECT value FROM ledgerRevision") else { throw StoreError.corrupt("ledger revision") }
+        return value
+    }
+
+    public func ledger() async throws -> Ledger {
+        try await read { db in
+            var ledger = Ledger(revision: try Self.ledgerRevision(db), accounts: try Self.accounts(db), transactions: [:], updates: [:])
+            for account in ledger.accounts {
+                switch account.kind {
+                case .brokerage: ledger.transactions[account.id] = try Self.transactions(db, accountID: account.id)
+                case .savings: ledger.updates[account.id] = try Self.updates(db, accountID: account.id)
+                }
+            }
+            return ledger
         }
     }
 
@@ -671,12 +734,12 @@ public final class PortfolioStore: Sendable {
     }
 
     public func updates(accountID: Int64) async throws -> [AccountUpdate] {
-        try await read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM accountUpdate WHERE accountID = ? ORDER BY at, id", arguments: [accountID]).map {
-                row in
-                AccountUpdate(
-                    id: row["id"], accountID: row["accountID"], at: try Self.date(row["at"]), value: try Self.decimal(row["value"]))
-            }
+        try await read { db in try Self.updates(db, accountID: accountID) }
+    }
+
+    private static func updates(_ db: Database, accountID: Int64) throws -> [AccountUpdate] {
+        try Row.fetchAll(db, sql: "SELECT * FROM accountUpdate WHERE accountID = ? ORDER BY at, id", arguments: [accountID]).map { row in
+            AccountUpdate(id: row["id"], accountID: row["accountID"], at: try date(row["at"]), value: try decimal(row["value"]))
         }
     }
 

@@ -36,9 +36,10 @@ public struct SecurityDetailLoader: Sendable {
         async let details = details(symbol, priority: priority)
         async let history = priceHistory(symbol, priority: priority)
         let today = calendar.day(of: .now)
-        // Both database groups come from one read of the brokerage accounts and their transactions.
+        // Both database groups come from one read of the brokerage accounts and their transactions of the
+        // symbol (its lots are made of those alone).
         let ledger: Result<Ledger, any Error>
-        do { ledger = .success(try await store.brokerageLedger()) } catch { ledger = .failure(error) }
+        do { ledger = .success(try await store.brokerageTransactions(of: symbol)) } catch { ledger = .failure(error) }
         let transactions = self.transactions(symbol, ledger: ledger, today: today)
         let lots = taxLots(symbol, ledger: ledger, today: today)
         return SecurityDetail(
@@ -143,7 +144,7 @@ public struct SecurityDetailLoader: Sendable {
 
     // MARK: from the database
 
-    /// Every brokerage account with its transactions.
+    /// Every brokerage account with its transactions of one symbol.
     typealias Ledger = [(account: Account, transactions: [Transaction])]
 
     func transactions(_ symbol: String, ledger: Result<Ledger, any Error>, today: Day) -> DetailGroup<[SymbolTransaction]> {
