@@ -283,6 +283,7 @@ let package = Package(
             dependencies: [
                 "MarketCore", "Portfolio", "PortfolioDomain", "PortfolioData", "MarketREST",
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: strict
@@ -401,7 +402,10 @@ let package = Package(
         ),
         .testTarget(
             name: "PortfolioTests",
-            dependencies: ["Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "MarketDataHub", "AlpacaWire", "PolygonWire", "RelayTestSupport"],
+            dependencies: [
+                "Portfolio", "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "PortfolioHTTP", "MarketDataHub", "AlpacaWire",
+                "PolygonWire", "RelayTestSupport", .product(name: "GRDB", package: "GRDB.swift"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

@@ -4,42 +4,47 @@ import Foundation
 
 /// What the live valuation needs of the store, built once from a ``PortfolioStore/Ledger`` and kept while
 /// the ledger's revision stays the same: the accounts, each brokerage account's book (its open positions
-/// and cash) and each savings account's current value update. A valuation then costs a one-row read and
+/// and cash) and each savings account's recent value updates. A valuation then costs a one-row read and
 /// the pricing of the open positions, not a read of every transaction and a rebuild of every book.
 struct LedgerBooks: Sendable {
     let revision: Int64
     let accounts: [Account]
-    let books: [Int64: PositionBook]
-    /// A savings account's value updates from the last one at or before ``builtAt`` on (later ones are
-    /// dated up to tomorrow): what a valuation at ``builtAt`` or later may pick from, and no more.
+    /// Each brokerage account's book, or why its transactions make none (a database written by hand): only
+    /// a valuation that needs that account fails, as when each read its own.
+    private let books: [Int64: Result<PositionBook, PositionBook.BookError>]
+    /// A savings account's value updates from the last one a day or more before the books were built on
+    /// (later ones are dated up to tomorrow): what a valuation from then on may pick from (a wall clock
+    /// set back by less than a day included), and not every update the account ever had.
     private let updates: [Int64: [AccountUpdate]]
-    let builtAt: Date
 
-    init(_ ledger: PortfolioStore.Ledger, now: Date) throws {
+    init(_ ledger: PortfolioStore.Ledger, now: Date) {
         revision = ledger.revision
         accounts = ledger.accounts
-        builtAt = now
-        var books: [Int64: PositionBook] = [:]
-        for (account, transactions) in ledger.transactions { books[account] = try PositionBook(transactions: transactions) }
-        self.books = books
+        books = ledger.transactions.mapValues { transactions in Result { () throws(PositionBook.BookError) in try PositionBook(transactions: transactions) } }
+        let dayBefore = now.addingTimeInterval(-86_400)
         updates = ledger.updates.mapValues { updates in
-            let current = updates.lastIndex { $0.at <= now } ?? updates.startIndex
+            let current = updates.lastIndex { $0.at <= dayBefore } ?? updates.startIndex
             return Array(updates[current...])
         }
     }
 
-    /// The value update a savings account stands at, at `now` (at or after ``builtAt``).
+    /// A brokerage account's book (an empty one for an account without transactions).
+    func book(of account: Int64) throws(PositionBook.BookError) -> PositionBook {
+        try books[account]?.get() ?? PositionBook()
+    }
+
+    /// The value update a savings account stands at, at `now`.
     func lastUpdate(of account: Int64, at now: Date) -> AccountUpdate? {
         updates[account]?.last { $0.at <= now }
     }
 
     /// Every open position of the active brokerage accounts in `wanted` (all when empty), merged by
     /// symbol, with the accounts holding each.
-    func openPositions(accounts wanted: Set<Int64> = []) -> (positions: [String: PositionBook.Position], holders: [String: [Int64]]) {
+    func openPositions(accounts wanted: Set<Int64> = []) throws -> (positions: [String: PositionBook.Position], holders: [String: [Int64]]) {
         var positions: [String: PositionBook.Position] = [:]
         var holders: [String: [Int64]] = [:]
         for account in accounts where account.kind == .brokerage && account.isActive && (wanted.isEmpty || wanted.contains(account.id)) {
-            let open = books[account.id]?.open ?? []
+            let open = try book(of: account.id).open
             PositionBook.merge(open, into: &positions)
             for position in open { holders[position.symbol, default: []].append(account.id) }
         }

@@ -282,7 +282,7 @@ public actor PortfolioService: Service {
         for account in accounts {
             switch account.kind {
             case .brokerage:
-                let book = ledger.books[account.id] ?? PositionBook()
+                let book = try ledger.book(of: account.id)
                 let own = Valuation.of(book.open, cash: book.cash, prices: prices, rule: rule, now: now)
                 values.append(
                     AccountValue(
@@ -312,17 +312,19 @@ public actor PortfolioService: Service {
     /// The books of the store's ledger as it stands now: those kept when its revision is unchanged (a
     /// one-row read), else built once from one read of the ledger, however many requests ask meanwhile.
     private func currentBooks() async throws -> LedgerBooks {
+        // Revisions only grow: books of this revision or a later one are current for this request, and so
+        // is a build asked for at this revision or later (its read starts after the revision was read).
         let revision = try await store.ledgerRevision()
-        if let ledgerBooks, ledgerBooks.revision == revision { return ledgerBooks }
-        if let building, building.revision == revision { return try await building.task.value }
+        if let ledgerBooks, ledgerBooks.revision >= revision { return ledgerBooks }
+        if let building, building.revision >= revision { return try await building.task.value }
         // Off the actor: reading and replaying every transaction must not hold up the price stream.
-        let task = Task.detached { [store] in try LedgerBooks(try await store.ledger(), now: .now) }
+        let task = Task.detached { [store] in LedgerBooks(try await store.ledger(), now: .now) }
         building = (revision, task)
         ledgerReads += 1
         defer { if building?.task == task { building = nil } }
         let books = try await task.value
-        // The newest kept (a read that started later may have ended first).
-        if ledgerBooks.map({ $0.builtAt <= books.builtAt }) ?? true { ledgerBooks = books }
+        // The newest kept (a build that started later may have ended first).
+        if ledgerBooks.map({ $0.revision <= books.revision }) ?? true { ledgerBooks = books }
         return books
     }
 

@@ -161,7 +161,9 @@ public final class PortfolioStore: Sendable {
         migrator.registerMigration("v7: the ledger's revision") { db in
             // One number that every change to what a live valuation reads (accounts, transactions, value
             // updates) adds one to, made by whichever connection or process: triggers, so a writer that
-            // knows nothing of it (an older `relay portfolio import`) counts too.
+            // knows nothing of it (an older `relay portfolio import`) counts too. A later migration that
+            // rebuilds one of these tables (DROP, then RENAME, as v2 did) drops its triggers and must
+            // create them again (`ledgerTriggersAreInPlace` in the tests checks).
             try db.execute(sql: "CREATE TABLE ledgerRevision (value INTEGER NOT NULL); INSERT INTO ledgerRevision (value) VALUES (0);")
             for table in ["account", "transaction", "accountUpdate"] {
                 for change in ["INSERT", "UPDATE", "DELETE"] {
@@ -615,23 +617,67 @@ public final class PortfolioStore: Sendable {
         try await read { db in try Self.transactions(db, accountID: accountID) }
     }
 
+    /// Some rows of a list in its order, and whether more follow.
+    public struct Page<Element: Sendable>: Sendable {
+        public var rows: [Element]
+        public var more: Bool
+    }
+
+    /// The most rows one page of a list holds.
+    public static let maxPageRows = 10_000
+
+    /// At most `limit` of an account's transactions (by date, then id) after the one numbered `after`
+    /// (from the first when `nil`). An unknown account is ``StoreError/notFound(_:)``; an `after` that
+    /// is no transaction of the account, a ``ValidationError`` on `after`.
+    public func transactions(accountID: Int64, after: Int64?, limit: Int) async throws -> Page<Transaction> {
+        try await page(accountID: accountID, after: after, limit: limit, table: #""transaction""#, by: "date", naming: "transaction") {
+            try Self.transactions($0, where: $1, $2, limit: $3)
+        }
+    }
+
+    /// A page of one of an account's lists, `table`'s rows ordered by `by`, then id (what both lists share).
+    private func page<Element: Sendable>(
+        accountID: Int64, after: Int64?, limit: Int, table: String, by order: String, naming what: String,
+        rows: @escaping @Sendable (Database, String, StatementArguments, Int) throws -> [Element]
+    ) async throws -> Page<Element> {
+        let limit = min(max(limit, 1), Self.maxPageRows)
+        return try await read { db in
+            _ = try Self.account(db, accountID)
+            var clause = "accountID = ?"
+            var arguments: StatementArguments = [accountID]
+            if let after {
+                let sql = "SELECT \(order) FROM \(table) WHERE id = ? AND accountID = ?"
+                guard let key = try String.fetchOne(db, sql: sql, arguments: [after, accountID]) else {
+                    throw ValidationError(field: "after", message: "names no \(what) of account \(accountID)")
+                }
+                clause += " AND (\(order), id) > (?, ?)"
+                arguments += [key, after]
+            }
+            let found = try rows(db, clause, arguments, limit + 1)
+            return Page(rows: Array(found.prefix(limit)), more: found.count > limit)
+        }
+    }
+
     /// Every brokerage account with its transactions of `symbol` (by the symbol's index: what one security
     /// is read from, whatever else the accounts hold), from one read (one consistent state).
     public func brokerageTransactions(of symbol: String) async throws -> [(account: Account, transactions: [Transaction])] {
         try await read { db in
-            try Self.accounts(db).filter { $0.kind == .brokerage }.map { ($0, try Self.transactions(db, accountID: $0.id, symbol: symbol)) }
+            // One query on the symbol's index (with the account's too, SQLite would take the account's).
+            let held = Dictionary(grouping: try Self.transactions(db, where: "symbol = ?", [symbol]), by: \.accountID)
+            return try Self.accounts(db).filter { $0.kind == .brokerage }.map { ($0, held[$0.id] ?? []) }
         }
     }
 
-    private static func transactions(_ db: Database, accountID: Int64, symbol: String? = nil) throws -> [Transaction] {
-        let rows =
-            if let symbol {
-                try Row.fetchAll(
-                    db, sql: #"SELECT * FROM "transaction" WHERE symbol = ? AND accountID = ? ORDER BY date, id"#, arguments: [symbol, accountID])
-            } else {
-                try Row.fetchAll(db, sql: #"SELECT * FROM "transaction" WHERE accountID = ? ORDER BY date, id"#, arguments: [accountID])
-            }
-        return try rows.map { row in
+    private static func transactions(_ db: Database, accountID: Int64) throws -> [Transaction] {
+        try transactions(db, where: "accountID = ?", [accountID])
+    }
+
+    /// The transactions `clause` picks, by date, then id; at most `limit`.
+    private static func transactions(_ db: Database, where clause: String, _ arguments: StatementArguments, limit: Int? = nil) throws
+        -> [Transaction]
+    {
+        let sql = #"SELECT * FROM "transaction" WHERE "# + clause + " ORDER BY date, id" + (limit.map { " LIMIT \($0)" } ?? "")
+        return try Row.fetchAll(db, sql: sql, arguments: arguments).map { row in
             guard let kind = TransactionKind(rawValue: row["kind"]) else { throw StoreError.corrupt("transaction kind") }
             return Transaction(
                 id: row["id"], accountID: row["accountID"], date: try day(row["date"]), kind: kind, symbol: row["symbol"],
@@ -738,7 +784,23 @@ public final class PortfolioStore: Sendable {
     }
 
     private static func updates(_ db: Database, accountID: Int64) throws -> [AccountUpdate] {
-        try Row.fetchAll(db, sql: "SELECT * FROM accountUpdate WHERE accountID = ? ORDER BY at, id", arguments: [accountID]).map { row in
+        try updates(db, where: "accountID = ?", [accountID])
+    }
+
+    /// At most `limit` of an account's value updates (by time, then id) after the one numbered `after`
+    /// (from the first when `nil`); refused as ``transactions(accountID:after:limit:)`` is.
+    public func updates(accountID: Int64, after: Int64?, limit: Int) async throws -> Page<AccountUpdate> {
+        try await page(accountID: accountID, after: after, limit: limit, table: "accountUpdate", by: "at", naming: "value update") {
+            try Self.updates($0, where: $1, $2, limit: $3)
+        }
+    }
+
+    /// The value updates `clause` picks, by time, then id; at most `limit`.
+    private static func updates(_ db: Database, where clause: String, _ arguments: StatementArguments, limit: Int? = nil) throws
+        -> [AccountUpdate]
+    {
+        let sql = "SELECT * FROM accountUpdate WHERE " + clause + " ORDER BY at, id" + (limit.map { " LIMIT \($0)" } ?? "")
+        return try Row.fetchAll(db, sql: sql, arguments: arguments).map { row in
             AccountUpdate(id: row["id"], accountID: row["accountID"], at: try date(row["at"]), value: try decimal(row["value"]))
         }
     }

@@ -2,6 +2,7 @@ import Portfolio
 import PortfolioDomain
 import PortfolioData
 import Foundation
+import HTTPTypes
 import Hummingbird
 import NIOCore
 import MarketCore
@@ -141,6 +142,37 @@ public struct PortfolioRoutes: Sendable {
         return range
     }
 
+    /// The rows a list answers when its request names no `limit`.
+    static let defaultPageRows = 1_000
+
+    /// The page a list request asks for: `limit` rows (1 through ``PortfolioStore/maxPageRows``, default
+    /// ``defaultPageRows``) after the row numbered `after` (from the first when left out).
+    static func pageAsked(_ request: Request) throws -> (after: Int64?, limit: Int) {
+        let limit = try request.uri.queryParameters.get("limit").map { text in
+            guard let limit = Int(String(text)), (1...PortfolioStore.maxPageRows).contains(limit) else {
+                throw PortfolioStore.ValidationError(field: "limit", message: "must be a number from 1 through \(PortfolioStore.maxPageRows)")
+            }
+            return limit
+        }
+        let after = try request.uri.queryParameters.get("after").map { text in
+            guard let id = Int64(String(text)) else { throw PortfolioStore.ValidationError(field: "after", message: "must be a row's id") }
+            return id
+        }
+        return (after, limit ?? defaultPageRows)
+    }
+
+    /// A page of a list as a JSON array; when more rows follow, a `Link` header (RFC 8288) names the next
+    /// page: the same path and limit, after the last row's id.
+    static func json<Element: Encodable>(_ page: PortfolioStore.Page<Element>, limit: Int, request: Request, id: (Element) -> Int64)
+        -> Response
+    {
+        var response = json(page.rows)
+        if page.more, let last = page.rows.last, let link = HTTPField.Name("Link") {
+            response.headers[link] = "<\(request.uri.path)?limit=\(limit)&after=\(id(last))>; rel=\"next\""
+        }
+        return response
+    }
+
     /// - Parameters:
     ///   - connection: the HTTP connection a request came on, when the context knows it: a client
     ///     without a name is its connection, and its prefetches stop when it closes.
@@ -211,11 +243,11 @@ public struct PortfolioRoutes: Sendable {
                 return Self.json(transaction, status: .created)
             }
         }
-        router.get("/v1/accounts/:id/transactions") { _, context in
+        router.get("/v1/accounts/:id/transactions") { request, context in
             await Self.answer {
-                let id = try Self.id(context)
-                _ = try await store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try await store.transactions(accountID: id))
+                let (after, limit) = try Self.pageAsked(request)
+                let page = try await store.transactions(accountID: try Self.id(context), after: after, limit: limit)
+                return Self.json(page, limit: limit, request: request, id: \.id)
             }
         }
         router.post("/v1/accounts/:id/updates") { request, context in
@@ -227,11 +259,11 @@ public struct PortfolioRoutes: Sendable {
                 return Self.json(update, status: .created)
             }
         }
-        router.get("/v1/accounts/:id/updates") { _, context in
+        router.get("/v1/accounts/:id/updates") { request, context in
             await Self.answer {
-                let id = try Self.id(context)
-                _ = try await store.account(id)  // 404 for an unknown account, not an empty list
-                return Self.json(try await store.updates(accountID: id))
+                let (after, limit) = try Self.pageAsked(request)
+                let page = try await store.updates(accountID: try Self.id(context), after: after, limit: limit)
+                return Self.json(page, limit: limit, request: request, id: \.id)
             }
         }
         router.get("/v1/portfolio") { _, _ in

@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 import RelayComposition
 import RelayConfiguration
 import Testing
@@ -160,6 +163,69 @@ struct PortfolioEndToEndTests {
             #expect((totals.last?["value"] as? String) != nil)
             #expect(try await httpGet("\(base)/v1/accounts/999/history").status == 404)
             #expect(try await httpGet("\(base)/v1/portfolio/history?from=2024-13-01").status == 422)
+        }
+    }
+
+    @Test func aListIsPagedInItsOrderWithALinkToTheNextPage() async throws {
+        try await withPortfolioRelay { _, base in
+            let id = try await createBrokerageAccount(base)
+            // Dated out of the order they are written in: a page follows the list's order (by date, then id).
+            var written: [(date: String, id: Int)] = []
+            for date in ["2024-01-05", "2024-01-02", "2024-01-02", "2024-01-03", "2024-01-04"] {
+                let answer = try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(id)/transactions", json: #"{"kind":"deposit","date":"\#(date)","amount":"10"}"#)
+                #expect(answer.status == 201)
+                written.append((date, try #require(jsonObject(answer.body)["id"] as? Int)))
+            }
+            let inOrder = written.sorted { ($0.date, $0.id) < ($1.date, $1.id) }.map(\.id)
+            /// A page's ids and its `Link` header.
+            func page(_ path: String) async throws -> (ids: [Int], next: String?) {
+                let url = try #require(URL(string: base + path))
+                let (data, response) = try await URLSession.shared.data(from: url)
+                let http = try #require(response as? HTTPURLResponse)
+                #expect(http.statusCode == 200, "\(path): \(String(decoding: data, as: UTF8.self))")
+                let rows = (try? JSONSerialization.jsonObject(with: data)) as? [[String: Any]] ?? []
+                let next = http.value(forHTTPHeaderField: "Link").flatMap { link in
+                    link.hasSuffix(#">; rel="next""#) && link.hasPrefix("<") ? String(link.dropFirst().dropLast(#">; rel="next""#.count)) : nil
+                }
+                return (rows.compactMap { $0["id"] as? Int }, next)
+            }
+            var seen: [Int] = []
+            var next: String? = "/v1/accounts/\(id)/transactions?limit=2"
+            var pages = 0
+            while let path = next {
+                let answer = try await page(path)
+                #expect(answer.ids.count == (answer.next == nil ? 1 : 2), "\(path)")
+                seen += answer.ids
+                next = answer.next
+                pages += 1
+                try #require(pages <= 3, "the pages did not end")
+            }
+            #expect(seen == inOrder)
+            // Without a limit: the first 1,000, all of these, and no link.
+            let all = try await page("/v1/accounts/\(id)/transactions")
+            #expect(all.ids == inOrder)
+            #expect(all.next == nil)
+
+            // Value updates are paged the same way (by time, then id).
+            let savings = jsonObject(
+                try await httpSend("POST", "\(base)/v1/accounts", json: #"{"name":"S","kind":"savings","createdAt":"2024-01-01T00:00:00Z"}"#).body)["id"] as? Int
+            let savingsID = try #require(savings)
+            for at in ["2024-03-01T00:00:00Z", "2024-02-01T00:00:00Z"] {
+                #expect(try await httpSend("POST", "\(base)/v1/accounts/\(savingsID)/updates", json: #"{"at":"\#(at)","value":"5"}"#).status == 201)
+            }
+            let first = try await page("/v1/accounts/\(savingsID)/updates?limit=1")
+            let second = try await page(try #require(first.next))
+            #expect(second.next == nil)
+            #expect(first.ids.count == 1 && second.ids.count == 1 && first.ids[0] > second.ids[0], "February's update (written second) comes first")
+
+            // What cannot be asked is refused naming its field, and the connection's next request is answered.
+            for (query, field) in [("limit=0", "limit"), ("limit=10001", "limit"), ("limit=x", "limit"), ("after=x", "after"), ("after=999999", "after")] {
+                let refused = try await httpSend("GET", "\(base)/v1/accounts/\(id)/transactions?\(query)")
+                #expect(refused.status == 422, "\(query)")
+                #expect(jsonObject(refused.body)["field"] as? String == field, "\(query): \(refused.body)")
+            }
+            #expect(try await httpSend("GET", "\(base)/v1/accounts/999/transactions?limit=1").status == 404)
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import MarketDataHub
 import PolygonWire
 import Testing
@@ -86,12 +87,47 @@ struct LedgerBooksTests {
         let updates = [
             AccountUpdate(id: 1, accountID: 1, at: instant("2024-05-01T00:00:00Z"), value: 10),
             AccountUpdate(id: 2, accountID: 1, at: instant("2024-05-31T00:00:00Z"), value: 20),
+            AccountUpdate(id: 4, accountID: 1, at: instant("2024-06-01T06:00:00Z"), value: 25),
             AccountUpdate(id: 3, accountID: 1, at: instant("2024-06-02T00:00:00Z"), value: 30),
         ]
-        let books = try LedgerBooks(.init(revision: 1, accounts: [savings], transactions: [:], updates: [1: updates]), now: now)
-        #expect(books.lastUpdate(of: 1, at: now)?.value == 20)
+        let books = LedgerBooks(.init(revision: 1, accounts: [savings], transactions: [:], updates: [1: updates]), now: now)
+        #expect(books.lastUpdate(of: 1, at: now)?.value == 25)
         // Tomorrow's update counts once its time has come, from the same books.
         #expect(books.lastUpdate(of: 1, at: instant("2024-06-02T00:00:01Z"))?.value == 30)
+        // A wall clock set back by a few hours still finds the update then.
+        #expect(books.lastUpdate(of: 1, at: instant("2024-06-01T03:00:00Z"))?.value == 20)
         #expect(books.lastUpdate(of: 2, at: now) == nil)
+        // Only updates still to come: none yet, then the first.
+        let early = LedgerBooks(.init(revision: 1, accounts: [savings], transactions: [:], updates: [1: updates]), now: instant("2024-04-01T00:00:00Z"))
+        #expect(early.lastUpdate(of: 1, at: instant("2024-04-01T00:00:00Z")) == nil)
+        #expect(early.lastUpdate(of: 1, at: instant("2024-05-01T00:00:00Z"))?.value == 10)
+    }
+
+    @Test func anAccountWhoseTransactionsMakeNoBookFailsOnlyTheValuationsThatNeedIt() throws {
+        let created = instant("2024-01-01T00:00:00Z")
+        let good = Account(id: 1, name: "G", kind: .brokerage, currency: "USD", createdAt: created)
+        let broken = Account(id: 2, name: "B", kind: .brokerage, currency: "USD", createdAt: created, isActive: false)
+        // What a hand-edited database may hold: a sale of more than was bought.
+        let oversold = Transaction(id: 9, accountID: 2, date: day("2024-01-02"), kind: .sell, symbol: "ZZ", quantity: 1, price: 1, fees: 0, amount: 0)
+        let bought = Transaction(id: 1, accountID: 1, date: day("2024-01-02"), kind: .buy, symbol: "ZZ", quantity: 1, price: 1, fees: 0, amount: 0)
+        let books = LedgerBooks(.init(revision: 1, accounts: [good, broken], transactions: [1: [bought], 2: [oversold]], updates: [:]), now: .now)
+        #expect(try books.book(of: 1).open.map(\.symbol) == ["ZZ"])
+        #expect(throws: PositionBook.BookError.self) { try books.book(of: 2) }
+        // The closed account is in no open position: the holdings are valued.
+        #expect(try books.openPositions().positions.keys.sorted() == ["ZZ"])
+    }
+
+    @Test func everyTableAValuationReadsCountsItsChangesAfterTheMigrations() async throws {
+        let dir = Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        // A migration that rebuilt one of these tables would have dropped its triggers with it.
+        let triggers = try await DatabaseQueue(path: store.path).read { db in
+            try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
+        }
+        let expected = ["account", "accountUpdate", "transaction"].flatMap { table in
+            ["delete", "insert", "update"].map { "ledgerRevision_\(table)_\($0)" }
+        }
+        #expect(triggers == expected.sorted())
     }
 }

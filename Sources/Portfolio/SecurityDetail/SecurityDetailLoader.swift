@@ -38,7 +38,7 @@ public struct SecurityDetailLoader: Sendable {
         let today = calendar.day(of: .now)
         // Both database groups come from one read of the brokerage accounts and their transactions of the
         // symbol (its lots are made of those alone).
-        let ledger: Result<Ledger, any Error>
+        let ledger: Result<SymbolLedger, any Error>
         do { ledger = .success(try await store.brokerageTransactions(of: symbol)) } catch { ledger = .failure(error) }
         let transactions = self.transactions(symbol, ledger: ledger, today: today)
         let lots = taxLots(symbol, ledger: ledger, today: today)
@@ -145,9 +145,9 @@ public struct SecurityDetailLoader: Sendable {
     // MARK: from the database
 
     /// Every brokerage account with its transactions of one symbol.
-    typealias Ledger = [(account: Account, transactions: [Transaction])]
+    typealias SymbolLedger = [(account: Account, transactions: [Transaction])]
 
-    func transactions(_ symbol: String, ledger: Result<Ledger, any Error>, today: Day) -> DetailGroup<[SymbolTransaction]> {
+    func transactions(_ symbol: String, ledger: Result<SymbolLedger, any Error>, today: Day) -> DetailGroup<[SymbolTransaction]> {
         do {
             let since = calendar.day(today, addingYears: -1)
             var rows: [SymbolTransaction] = []
@@ -163,7 +163,7 @@ public struct SecurityDetailLoader: Sendable {
         }
     }
 
-    func taxLots(_ symbol: String, ledger: Result<Ledger, any Error>, today: Day) -> DetailGroup<SecurityDetail.TaxLots> {
+    func taxLots(_ symbol: String, ledger: Result<SymbolLedger, any Error>, today: Day) -> DetailGroup<SecurityDetail.TaxLots> {
         do {
             let longTermFrom = calendar.day(today, addingYears: -1)
             var lots: [SecurityDetail.TaxLot] = []
