@@ -763,12 +763,18 @@ public final class PortfolioStore: Sendable {
 
     public func addUpdate(accountID: Int64, at: Date, value: Decimal, calendar: DayCalendar = .utc) async throws -> AccountUpdate {
         try Self.check(at, field: "at", calendar: calendar)
+        let limits = self.limits
         return try await write { db in
             let account = try Self.account(db, accountID)
             guard account.kind == .savings else {
                 throw ValidationError(field: "accountID", message: "value updates belong to savings accounts")
             }
             guard value >= 0 else { throw ValidationError(field: "value", message: "must not be negative") }
+            let held = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM accountUpdate WHERE accountID = ?", arguments: [accountID]) ?? 0
+            guard held < limits.updatesPerAccount else {
+                throw ConflictError(
+                    field: "accountID", message: "an account holds at most \(limits.updatesPerAccount) value updates (portfolio.maxUpdatesPerAccount)")
+            }
             if let closedAt = account.closedAt, at >= closedAt {
                 throw ConflictError(field: "at", message: "the account closed at \(Self.text(closedAt)); an update then or later counts nowhere")
             }
@@ -980,15 +986,18 @@ public struct PortfolioLimits: Sendable, Equatable {
     public var accounts: Int
     /// Transactions of one account.
     public var transactionsPerAccount: Int
+    /// Value updates of one (savings) account.
+    public var updatesPerAccount: Int
     /// Distinct symbols with a transaction (at most ``maxSymbols``).
     public var symbols: Int
 
     /// The most ``symbols`` may be: a query names them all at once.
     public static let maxSymbols = 10_000
 
-    public init(accounts: Int = 100, transactionsPerAccount: Int = 100_000, symbols: Int = 2_000) {
+    public init(accounts: Int = 100, transactionsPerAccount: Int = 100_000, updatesPerAccount: Int = 100_000, symbols: Int = 2_000) {
         self.accounts = accounts
         self.transactionsPerAccount = transactionsPerAccount
+        self.updatesPerAccount = updatesPerAccount
         self.symbols = min(symbols, Self.maxSymbols)
     }
 }

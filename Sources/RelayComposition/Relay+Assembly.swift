@@ -345,7 +345,7 @@ extension Relay {
             directory: portfolioSettings.dataDirectory,
             limits: PortfolioLimits(
                 accounts: portfolioSettings.maxAccounts, transactionsPerAccount: portfolioSettings.maxTransactionsPerAccount,
-                symbols: portfolioSettings.maxSymbols))
+                updatesPerAccount: portfolioSettings.maxUpdatesPerAccount, symbols: portfolioSettings.maxSymbols))
         let client = upstream.restURL.map { url in
             var client = PolygonREST(resolvingBaseURL: url, apiKey: upstream.restKey, client: rest.shared())
             client.budget = upstream.restBudget

@@ -154,9 +154,10 @@ public struct RelaySettings: Sendable {
         public var securityWaitSeconds: Double
         /// Value past days from the upstream's daily closes (fetched over REST once per symbol and range).
         public var closeHistory: Bool
-        /// What the store holds at most: accounts, transactions of one account, distinct symbols.
+        /// What the store holds at most: accounts, transactions and value updates of one account, distinct symbols.
         public var maxAccounts = 100
         public var maxTransactionsPerAccount = 100_000
+        public var maxUpdatesPerAccount = 100_000
         public var maxSymbols = 2_000
 
         public init(

@@ -179,6 +179,7 @@ extension RelaySettings {
             "Value past days from daily closes fetched over REST (--no-close-history: keep the live values recorded then)."),
         .init("portfolio.maxAccounts", default: "100", "Accounts the portfolio holds at most, closed ones included (past it a new one is refused, 409)."),
         .init("portfolio.maxTransactionsPerAccount", default: "100000", "Transactions one account holds at most (past it a new one is refused, 409)."),
+        .init("portfolio.maxUpdatesPerAccount", default: "100000", "Value updates one savings account holds at most (past it a new one is refused, 409)."),
         .init(
             "portfolio.maxSymbols", default: "2000",
             "Distinct symbols the portfolio's transactions name at most (each held is followed live and priced over REST; at most 10000; past it a new one is refused, 409)."),

@@ -407,6 +407,7 @@ extension RelaySettings.PortfolioSettings {
         if let closeHistory = try config.flag("portfolio.closeHistory") { self.closeHistory = closeHistory }
         if let accounts = try config.positive("portfolio.maxAccounts") { maxAccounts = accounts }
         if let transactions = try config.positive("portfolio.maxTransactionsPerAccount") { maxTransactionsPerAccount = transactions }
+        if let updates = try config.positive("portfolio.maxUpdatesPerAccount") { maxUpdatesPerAccount = updates }
         if let symbols = try config.positive("portfolio.maxSymbols", atMost: 10_000) { maxSymbols = symbols }
     }
 }

@@ -261,13 +261,20 @@ struct PortfolioStoreTests {
     @Test func accountsTransactionsAndSymbolsAreBoundedAndAWritePastThemWritesNothing() async throws {
         let dir = directory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let store = try PortfolioStore(directory: dir, limits: PortfolioLimits(accounts: 2, transactionsPerAccount: 4, symbols: 2))
+        let store = try PortfolioStore(directory: dir, limits: PortfolioLimits(accounts: 2, transactionsPerAccount: 4, updatesPerAccount: 2, symbols: 2))
         let created = instant("2024-01-01T00:00:00Z")
         let broker = try await store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: created)
-        _ = try await store.createAccount(name: "S", kind: .savings, currency: "USD", createdAt: created)
+        let savings = try await store.createAccount(name: "S", kind: .savings, currency: "USD", createdAt: created)
         await #expect { _ = try await store.createAccount(name: "C", kind: .savings, currency: "USD", createdAt: created) } throws: { error in
             (error as? ConflictError)?.message.contains("at most 2 accounts (portfolio.maxAccounts)") == true
         }
+        for month in [2, 3] {
+            _ = try await store.addUpdate(accountID: savings.id, at: instant("2024-0\(month)-01T00:00:00Z"), value: 10)
+        }
+        await #expect { _ = try await store.addUpdate(accountID: savings.id, at: instant("2024-04-01T00:00:00Z"), value: 10) } throws: { error in
+            (error as? ConflictError)?.message.contains("at most 2 value updates (portfolio.maxUpdatesPerAccount)") == true
+        }
+        #expect(try await store.updates(accountID: savings.id).count == 2)
         for symbol in ["AAPL", "MSFT"] {
             _ = try await store.addTransaction(accountID: broker.id, date: day("2024-01-02"), kind: .buy, symbol: symbol, quantity: 1, price: 10)
         }
