@@ -500,9 +500,17 @@ final class GatewayMetrics: Sendable {
     /// `relay_rest_requests_total` by route and outcome, each made once (making one asks the factory
     /// under its lock, per request).
     private let requestCounters = Mutex<[RouteOutcome: Counter]>([:])
-    /// `relay_rest_upstream_calls_total` by the vendor's status, each made once (a status is three digits:
-    /// at most a thousand).
-    private let upstreamCounters = Mutex<[Int: Counter]>([:])
+    /// `relay_rest_upstream_calls_total` by the vendor's status as labelled (``statusLabel(_:)``), each made once.
+    private let upstreamCounters = Mutex<[String: Counter]>([:])
+
+    /// The statuses a vendor's REST API answers with meaning (Polygon's and Alpaca's documented ones), each
+    /// its own series; any other is its class (`2xx` … `5xx`, else `other`): what a REST host sends cannot
+    /// make a series of its own.
+    static let namedStatuses: Set<Int> = [200, 204, 301, 302, 304, 400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 502, 503, 504]
+
+    static func statusLabel(_ status: Int) -> String {
+        if namedStatuses.contains(status) { String(status) } else if (100...599).contains(status) { "\(status / 100)xx" } else { "other" }
+    }
 
     private struct RouteOutcome: Hashable {
         let route: String
@@ -541,10 +549,11 @@ final class GatewayMetrics: Sendable {
     func cacheBytes(_ bytes: Int) { cacheGauge.record(bytes) }
 
     func upstream(status: Int, took: Duration) {
+        let label = Self.statusLabel(status)
         let counter = upstreamCounters.withLock { counters in
-            if let counter = counters[status] { return counter }
-            let counter = Counter(label: "relay_rest_upstream_calls_total", dimensions: [("status", String(status))], factory: factory)
-            counters[status] = counter
+            if let counter = counters[label] { return counter }
+            let counter = Counter(label: "relay_rest_upstream_calls_total", dimensions: [("status", label)], factory: factory)
+            counters[label] = counter
             return counter
         }
         counter.increment()

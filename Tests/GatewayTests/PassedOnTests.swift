@@ -27,3 +27,18 @@ import Testing
         #expect(!looksWhole("image/svg+xml", "<svg/>"))
     }
 }
+
+/// What a REST host answers with cannot make a metric series of its own.
+@Suite struct UpstreamStatusLabelTests {
+    @Test func documentedStatusesAreTheirOwnAndAnyOtherIsItsClass() {
+        #expect(GatewayMetrics.statusLabel(200) == "200")
+        #expect(GatewayMetrics.statusLabel(429) == "429")
+        #expect(GatewayMetrics.statusLabel(418) == "4xx")
+        #expect(GatewayMetrics.statusLabel(299) == "2xx")
+        #expect(GatewayMetrics.statusLabel(599) == "5xx")
+        #expect(GatewayMetrics.statusLabel(999) == "other")
+        #expect(GatewayMetrics.statusLabel(0) == "other")
+        let labels = Set((0...1_000).map(GatewayMetrics.statusLabel))
+        #expect(labels.count == GatewayMetrics.namedStatuses.count + 6)
+    }
+}
