@@ -90,6 +90,29 @@ struct ConnectionRefusal: Sendable {
     let reason: String
 }
 
+/// The places a connection took in the bounds it is admitted under, one after the other: the places taken
+/// are given back together when it goes, or at once when a later bound refuses it. A value; `Sendable`.
+struct Admission: Sendable {
+    private var releases: [@Sendable () -> Void] = []
+
+    /// One more bound: nil when `refusal` is (the place is then held, `release` gives it back with the
+    /// others); else every place taken so far is given back and `refusal` returned.
+    mutating func take(_ refusal: ConnectionRefusal?, release: @escaping @Sendable () -> Void) -> ConnectionRefusal? {
+        guard let refusal else {
+            releases.append(release)
+            return nil
+        }
+        self.release()
+        releases = []
+        return refusal
+    }
+
+    /// Gives every place taken back, the last taken first.
+    func release() {
+        for release in releases.reversed() { release() }
+    }
+}
+
 /// The log of refusals outsiders can cause as often as they like (connections over a limit, failed
 /// authentications): a line per reason per 10 s, with how many were held back, so a flood of them
 /// does not fill the disk. One per server. `Sendable`: the throttle sits behind a `Mutex`.

@@ -247,7 +247,6 @@ public final class RelayServer: Service, Sendable {
         handler.socketCounter = socketBytes
         let close: @Sendable (WebSocketErrorCode, String) -> Void
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
-        var release: @Sendable () -> Void = {}
         let addresses = self.addresses
         // Market and push WebSockets both count against the connection limits; a push stream also
         // against its key's maxConnections (a market connection's is checked when it authenticates).
@@ -257,18 +256,11 @@ public final class RelayServer: Service, Sendable {
         var isPush = false
         let pushCount = self.pushCount
         if case .push(let index, let key) = accepted, pushStreams.indices.contains(index) { (grant, isPush) = (key?.grant, true) }
-        let refused: ConnectionRefusal? = addresses.admit(address).map(Self.refusal) ?? {
-            if let grant, let refused = keyConnections.admit(grant) {
-                addresses.release(address)
-                return refused
-            }
-            if isPush, let refused = pushCount.admit(key: grant?.name) {
-                if let grant { keyConnections.release(grant) }
-                addresses.release(address)
-                return refused
-            }
-            return nil
-        }()
+        var admission = Admission()
+        let refused =
+            admission.take(addresses.admit(address).map(Self.refusal)) { addresses.release(address) }
+            ?? grant.flatMap { grant in admission.take(keyConnections.admit(grant)) { keyConnections.release(grant) } }
+            ?? (isPush ? admission.take(pushCount.admit(key: grant?.name)) { [grant] in pushCount.release(key: grant?.name) } : nil)
         if let refused {
             let refusal = refused.message
             refusals.info(refused.reason, "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
@@ -288,11 +280,6 @@ public final class RelayServer: Service, Sendable {
                     received: { _ in }, closed: {}))
             try channel.pipeline.syncOperations.addHandler(handler)
             return
-        }
-        release = { [grant, isPush] in
-            addresses.release(address)
-            if let grant { keyConnections.release(grant) }
-            if isPush { pushCount.release(key: grant?.name) }
         }
         switch accepted {
         case .market(let index, let contentType):
@@ -319,10 +306,10 @@ public final class RelayServer: Service, Sendable {
         let metrics = self.metrics
         let id = sessions.register(.init(close: close, closed: channel.closeFuture))
         metrics.connections.record(sessions.count)
-        channel.closeFuture.whenComplete { [release] _ in
+        channel.closeFuture.whenComplete { [admission] _ in
             sessions.unregister(id)
             metrics.connections.record(sessions.count)
-            release()
+            admission.release()
         }
         // Whole frames of events skip the frame encoder (through the gate in front of it, so TLS still applies).
         handler.attach(gate)
