@@ -304,13 +304,12 @@ actor MarketConnection {
             // its session is already on the shelf. Taking first left a gap between the two in which
             // a session shelved meanwhile was missed (seen once in a full run: a reconnect resumed nothing).
             let standing = SessionStanding()
-            guard
-                let previous = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing, close: {
-                    loop.execute {
-                        handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: takenOverAnswer)
-                    }
-                })
-            else {
+            let opening = dependencies.shelf.open(name, id: ObjectIdentifier(self), standing: standing) {
+                loop.execute {
+                    handler.value.close(code: WebSocketErrorCode(codeNumber: 4000), reason: "session taken over", answerWithin: takenOverAnswer)
+                }
+            }
+            guard opening != .refused else {
                 // A name whose connections taken over are still closing, as many as it may have: refused
                 // as a key over its connection limit is (its status), closed with 1013, its place given back.
                 dependencies.refusals.info(
@@ -326,15 +325,16 @@ actor MarketConnection {
             }
             self.standing = standing
             takeBack(dependencies.shelf.take(name, into: standing))
-            takingOver = resuming == nil && previous
-            if previous, let resuming {
+            let tookOver = opening == .tookOver
+            takingOver = resuming == nil && tookOver
+            if tookOver, let resuming {
                 // It resumes the session it took back and does not wait for the open one's: that
                 // one's other topics are told, as they are subscribed, that they are not resumed.
                 notTakenOver = dependencies.shelf.topicsStillClosing(name).subtracting(resuming.topics)
                 notTakenOverWhy = "a session kept earlier was taken back while the connection this one took over was still open"
             }
             // The open one's topics, subscribed here before it closes, take its holds over.
-            if previous { transferring.topics = dependencies.shelf.topicsStillClosing(name).union(resuming?.topics ?? []) }
+            if tookOver { transferring.topics = dependencies.shelf.topicsStillClosing(name).union(resuming?.topics ?? []) }
             standing.holds([], takenBack: resuming)
             let position = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
             position.standing = standing

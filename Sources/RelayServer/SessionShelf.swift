@@ -190,23 +190,31 @@ final class SessionShelf: Sendable {
         return session
     }
 
+    /// What ``open(_:id:standing:close:)`` did.
+    enum Opening: Equatable {
+        /// No connection was open under the name.
+        case opened
+        /// One was, and is closed: this one took it over.
+        case tookOver
+        /// Not opened: the name has ``SessionShelf/mostStillClosing`` connections taken over and still
+        /// closing (each sign-in under it would wait for them all, and look at them all every few
+        /// milliseconds meanwhile).
+        case refused
+    }
+
     /// A tagged connection authenticated as `name`; a connection already open under that name (whose
     /// client has come back before the relay saw it break) is closed, and its session is shelved as it closes.
-    /// Returns whether there was one; `nil`: not opened, the name has ``mostStillClosing`` connections
-    /// taken over and still closing (each sign-in under it would wait for them all, and look at them
-    /// all every few milliseconds meanwhile).
-    func open(_ name: String, id: ObjectIdentifier, standing: SessionStanding? = nil, close: @escaping @Sendable () -> Void) -> Bool? {
-        let previous = live.withLock { live -> Open?? in
+    func open(_ name: String, id: ObjectIdentifier, standing: SessionStanding? = nil, close: @escaping @Sendable () -> Void) -> Opening {
+        let (opening, previous) = live.withLock { live -> (Opening, Open?) in
             let previous = live[name]
-            if let previous, previous.replacing.count >= Self.mostStillClosing { return .none }
+            if let previous, previous.replacing.count >= Self.mostStillClosing { return (.refused, nil) }
             var replacing = previous?.replacing ?? []
             if let previous, let standing = previous.standing { replacing.append((previous.id, standing)) }
             live[name] = Open(id: id, close: close, standing: standing, replacing: replacing)
-            return .some(previous)
+            return (previous == nil ? .opened : .tookOver, previous)
         }
-        guard case .some(let previous) = previous else { return nil }
         previous?.close()
-        return previous != nil
+        return opening
     }
 
     /// Connections taken over under one name and still closing, at most: past it, a sign-in under the
@@ -215,7 +223,7 @@ final class SessionShelf: Sendable {
     /// hub changes under way, a take-over's wait for its own older ones included).
     static let mostStillClosing = 4
 
-    /// Why a sign-in under `name` was refused (``open(_:id:standing:close:)``'s `nil`).
+    /// Why a sign-in under `name` was refused (``open(_:id:standing:close:)``'s ``Opening/refused``).
     static func stillClosingMessage(_ name: String) -> String {
         "session \"\(name)\" has \(mostStillClosing) connections taken over and still closing; sign in again once they have closed"
     }

@@ -181,7 +181,7 @@ struct AcknowledgedPositionTests {
         shelf.keep(kept, as: "key-1#desk")
         let standing = SessionStanding()
         let connection = ObjectIdentifier(standing)
-        #expect(shelf.open("key-1#desk", id: connection, standing: standing) {} == false)
+        #expect(shelf.open("key-1#desk", id: connection, standing: standing) {} == .opened)
         var saved = shelf.checkpoint()
         #expect(saved.count == 1 && saved.first?.name == "key-1#desk")
         #expect(saved.first?.standing == SessionStanding.Now(epoch: "e1", resumeAfter: 20, topics: [aapl], floors: [:]), "signed in, nothing subscribed")
@@ -208,9 +208,9 @@ struct AcknowledgedPositionTests {
         let old = SessionStanding()
         old.holds([aapl], takenBack: nil)
         old.acknowledged(40, epoch: "e1", floors: [:])
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(old), standing: old) {} == false)
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(old), standing: old) {} == .opened)
         let new = SessionStanding()
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {} == true, "the old one is taken over")
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {} == .tookOver, "the old one is taken over")
         var saved = shelf.checkpoint()
         #expect(saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl], floors: [:])], "\(saved)")
         // Its close keeps its session, then says it closed.
@@ -234,17 +234,17 @@ struct AcknowledgedPositionTests {
         for _ in 0...SessionShelf.mostStillClosing {
             let standing = SessionStanding()
             standings.append(standing)
-            #expect(shelf.open("key-1#desk", id: ObjectIdentifier(standing), standing: standing) { closes.withLock { $0 += 1 } } != nil)
+            #expect(shelf.open("key-1#desk", id: ObjectIdentifier(standing), standing: standing) { closes.withLock { $0 += 1 } } != .refused)
         }
         #expect(shelf.openConnections("key-1#desk") == SessionShelf.mostStillClosing + 1)
         let refused = SessionStanding()
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(refused), standing: refused) {} == nil)
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(refused), standing: refused) {} == .refused)
         #expect(shelf.openConnections("key-1#desk") == SessionShelf.mostStillClosing + 1, "the refused one is not open")
         #expect(closes.withLock { $0 } == SessionShelf.mostStillClosing, "only those taken over were told to close")
         // The oldest closes: a sign-in is taken again.
         shelf.closed("key-1#desk", id: ObjectIdentifier(standings[0]))
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(refused), standing: refused) {} == true)
-        #expect(shelf.open("key-2#desk", id: ObjectIdentifier(SessionStanding()), standing: nil) {} == false, "another name is its own")
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(refused), standing: refused) {} == .tookOver)
+        #expect(shelf.open("key-2#desk", id: ObjectIdentifier(SessionStanding()), standing: nil) {} == .opened, "another name is its own")
     }
 
     /// Sign-ins in a row while the first connection's session is on its way to the shelf: the
@@ -262,8 +262,8 @@ struct AcknowledgedPositionTests {
         second.acknowledged(60, epoch: "e1", floors: [msft: 50])
         let third = SessionStanding()
         _ = shelf.open("key-1#desk", id: ObjectIdentifier(first), standing: first) {}
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(second), standing: second) {} == true)
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(third), standing: third) {} == true)
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(second), standing: second) {} == .tookOver)
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(third), standing: third) {} == .tookOver)
         var saved = shelf.checkpoint()
         #expect(
             saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], floors: [msft: 50])],
@@ -273,7 +273,7 @@ struct AcknowledgedPositionTests {
         saved = shelf.checkpoint()
         #expect(saved.map(\.standing) == [SessionStanding.Now(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], floors: [msft: 50])], "\(saved)")
         let fourth = SessionStanding()
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(fourth), standing: fourth) {} == true, "a sign-in now waits for a session")
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(fourth), standing: fourth) {} == .tookOver, "a sign-in now waits for a session")
         // Both kept in turn (the second took over the first's as it closed): one session.
         shelf.closed("key-1#desk", id: ObjectIdentifier(first))
         shelf.keep(SessionShelf.Session(epoch: "e1", resumeAfter: 40, topics: [aapl, msft], brokeAt: .now, floors: [msft: 50]), as: "key-1#desk")
@@ -344,7 +344,7 @@ struct AcknowledgedPositionTests {
         let old = SessionStanding()
         let new = SessionStanding()
         _ = shelf.open("key-1#desk", id: ObjectIdentifier(old), standing: old) {}
-        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {} == true)
+        #expect(shelf.open("key-1#desk", id: ObjectIdentifier(new), standing: new) {} == .tookOver)
         // Kept two seconds on (longer than the take-over used to wait), then closed.
         let kept = await takenOver("key-1#desk", for: new) {
             try? await Task.sleep(for: .seconds(2))
