@@ -109,7 +109,7 @@ let package = Package(
         // frames. It imports no vendor module; each vendor's wire module depends on it and on nothing else of ours.
         .target(
             name: "MarketCore",
-            dependencies: [.product(name: "NIOCore", package: "swift-nio")],
+            dependencies: [.product(name: "NIOCore", package: "swift-nio"), .product(name: "Logging", package: "swift-log")],
             swiftSettings: hotPath
         ),
         .target(

@@ -34,11 +34,7 @@ final class ClusterMetrics: Sendable {
     /// (`why` is made only for a line that is logged: a publisher's flood of junk costs a count each.)
     func rejected(_ kind: String, _ why: @autoclosure () -> String, logger: Logger) {
         counter("relay_cluster_rejected_total", "kind", kind).increment()
-        let (log, held) = admit(kind)
-        if log {
-            logger.warning(
-                "cluster: refused a NATS message (\(kind)): \(why())", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
-        }
+        warnings.log(.warning, kind, "cluster: refused a NATS message (\(kind)): \(why())", to: logger)
     }
 
     /// The counter of `label` with one dimension, made once (each kind, outcome or reason is one of a
@@ -73,45 +69,32 @@ final class ClusterMetrics: Sendable {
     /// `interest`, `control`, `last_value`): counted, logged at most once per 10 s per kind.
     func publishFailed(_ kind: String, logger: Logger) {
         counter("relay_cluster_publish_failures_total", "kind", kind).increment()
-        let (log, held) = admit("publish-" + kind)
-        if log {
-            logger.warning(
-                "cluster: a NATS publish (\(kind)) was refused (not connected, or the reconnect buffer is full)",
-                metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
-        }
+        warnings.log(
+            .warning, "publish-" + kind, "cluster: a NATS publish (\(kind)) was refused (not connected, or the reconnect buffer is full)", to: logger)
     }
 
     /// This node's clients want more topics than the cluster takes from one node: counted (the topics
     /// left out, per publish) and logged at most once per 10 s.
     func interestCapped(wanted: Int, cap: Int, logger: Logger) {
         interestCappedCount.increment()
-        let (log, held) = admit("interest-cap")
-        if log {
-            logger.error(
-                "this node's clients want \(wanted) topics but the cluster takes at most \(cap) per node (cluster.maxTopicsPerNode): \(wanted - cap) are not asked upstream",
-                metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
-        }
+        warnings.log(
+            .error, "interest-cap",
+            "this node's clients want \(wanted) topics but the cluster takes at most \(cap) per node (cluster.maxTopicsPerNode): \(wanted - cap) are not asked upstream",
+            to: logger)
     }
 
     /// A node's topics the cluster's union had no room for (past `cluster.maxTopics`): counted per topic
     /// and logged at most once per 10 s.
     func interestPastTheUnion(_ count: Int, node: String, cap: Int, logger: Logger) {
         interestRefusedTopics.increment(by: count)
-        let (log, held) = admit("interest-union")
-        if log {
-            logger.warning(
-                "node \(node) asked for \(count) topics the cluster does not ask upstream: it asks for at most \(cap) distinct topics (cluster.maxTopics)",
-                metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
-        }
+        warnings.log(
+            .warning, "interest-union",
+            "node \(node) asked for \(count) topics the cluster does not ask upstream: it asks for at most \(cap) distinct topics (cluster.maxTopics)",
+            to: logger)
     }
 
-    /// One log line per key per 10 s, counting those held back.
-    private let throttle = Mutex(LogThrottle())
-
-    private func admit(_ key: String) -> (log: Bool, held: Int) {
-        let (log, held) = throttle.withLock { $0.admit(key, every: .seconds(10)) }
-        return (log, held)
-    }
+    /// One log line per kind per 10 s, counting those held back.
+    private let warnings = ThrottledLog()
 
     /// Events lost between NATS and this node's hub, by reason (`slow_consumer`, `node_queue_full`).
     func natsDropped(reason: String) -> Counter {

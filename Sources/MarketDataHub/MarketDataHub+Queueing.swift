@@ -107,12 +107,9 @@ extension MarketDataHub {
 
     func evict(_ subscriber: Subscriber) {
         // A line per 10 s however many (a client may connect, not read and be evicted again and again).
-        let (log, held) = logThrottle.admit("evicted", every: .seconds(10))
-        if log {
-            logger.warning(
-                "subscriber disconnected: its buffer of \(subscriber.bufferLimit) events was full",
-                metadata: held > 0 ? ["subscriber": "\(subscriber.id)", "suppressed_since_last": "\(held)"] : ["subscriber": "\(subscriber.id)"])
-        }
+        warnings.log(
+            .warning, "evicted", "subscriber disconnected: its buffer of \(subscriber.bufferLimit) events was full",
+            metadata: ["subscriber": "\(subscriber.id)"], to: logger)
         subscriber.queue.evicted.store(true, ordering: .releasing)
         remove(subscriber.id)
     }
@@ -121,11 +118,9 @@ extension MarketDataHub {
         let now = ContinuousClock.now
         if let last = subscriber.lastWarning, now - last < .seconds(10) { return }
         subscriber.lastWarning = now
-        let (log, held) = logThrottle.admit("falling-behind", every: .seconds(10))
-        guard log else { return }
-        var metadata: Logger.Metadata = ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"]
-        if held > 0 { metadata["suppressed_since_last"] = "\(held)" }
-        logger.warning("subscriber falling behind: buffer \(fill * 100 / subscriber.bufferLimit)% full", metadata: metadata)
+        warnings.log(
+            .warning, "falling-behind", "subscriber falling behind: buffer \(fill * 100 / subscriber.bufferLimit)% full",
+            metadata: ["subscriber": "\(subscriber.id)", "dropped_total": "\(subscriber.dropped)"], to: logger)
     }
 
     func setLagging(_ lagging: Bool) {

@@ -130,8 +130,8 @@ public actor MarketDataHub {
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger
-    /// Warnings about subscribers, a line per reason per 10 s (``LogThrottle``).
-    var logThrottle = LogThrottle()
+    /// Warnings about subscribers, a line per reason per 10 s.
+    let warnings = ThrottledLog()
     private let subscribersGauge: Gauge
     let laggingGauge: Gauge
     private let publishedCounter: Counter

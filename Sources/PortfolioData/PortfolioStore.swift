@@ -158,24 +158,26 @@ public final class PortfolioStore: Sendable {
             // index alone says what the store names.
             try db.execute(sql: #"UPDATE "transaction" SET symbol = '' WHERE kind = 'fee'"#)
         }
-        migrator.registerMigration("v7: the ledger's revision") { db in
-            // One number that every change to what a live valuation reads (accounts, transactions, value
-            // updates) adds one to, made by whichever connection or process: triggers, so a writer that
-            // knows nothing of it (an older `relay portfolio import`) counts too. A later migration that
-            // rebuilds one of these tables (DROP, then RENAME, as v2 did) drops its triggers and must
-            // create them again (`ledgerTriggersAreInPlace` in the tests checks).
-            try db.execute(sql: "CREATE TABLE ledgerRevision (value INTEGER NOT NULL); INSERT INTO ledgerRevision (value) VALUES (0);")
-            for table in ["account", "transaction", "accountUpdate"] {
-                for change in ["INSERT", "UPDATE", "DELETE"] {
-                    try db.execute(
-                        sql: """
-                            CREATE TRIGGER "ledgerRevision_\(table)_\(change.lowercased())" AFTER \(change) ON "\(table)"
-                            BEGIN UPDATE ledgerRevision SET value = value + 1; END
-                            """)
-                }
+        migrator.registerMigration("v7: the ledger's revision", migrate: addLedgerRevision)
+        return migrator
+    }
+
+    /// v7: one number that every change to what a live valuation reads (accounts, transactions, value
+    /// updates) adds one to, made by whichever connection or process: triggers, so a writer that knows
+    /// nothing of it (an older `relay portfolio import`) counts too. A later migration that rebuilds one of
+    /// these tables (DROP, then RENAME, as v2 did) drops its triggers and must create them again
+    /// (`everyTableAValuationReadsCountsItsChangesAfterTheMigrations` in the tests checks).
+    private static func addLedgerRevision(_ db: Database) throws {
+        try db.execute(sql: "CREATE TABLE ledgerRevision (value INTEGER NOT NULL); INSERT INTO ledgerRevision (value) VALUES (0);")
+        for table in ["account", "transaction", "accountUpdate"] {
+            for change in ["INSERT", "UPDATE", "DELETE"] {
+                try db.execute(
+                    sql: """
+                        CREATE TRIGGER "ledgerRevision_\(table)_\(change.lowercased())" AFTER \(change) ON "\(table)"
+                        BEGIN UPDATE ledgerRevision SET value = value + 1; END
+                        """)
             }
         }
-        return migrator
     }
 
     // MARK: dates

@@ -83,7 +83,7 @@ final class PushStreamCount: Sendable {
 }
 
 /// Why a connection is refused at a limit: what its client is told, and the reason its log line is
-/// throttled under (``RefusalLog``): a literal, or one naming a configured key, so one client at its
+/// throttled under (the server's ``ThrottledLog``): a literal, or one naming a configured key, so one client at its
 /// limit hides no other key's refusals. Value type, `Sendable`.
 struct ConnectionRefusal: Sendable {
     let message: String
@@ -113,24 +113,3 @@ struct Admission: Sendable {
     }
 }
 
-/// The log of refusals outsiders can cause as often as they like (connections over a limit, failed
-/// authentications): a line per reason per 10 s, with how many were held back, so a flood of them
-/// does not fill the disk. One per server. `Sendable`: the throttle sits behind a `Mutex`.
-final class RefusalLog: Sendable {
-    let logger: Logger
-    private let throttle = Mutex(LogThrottle())
-
-    init(logger: Logger) {
-        self.logger = logger
-    }
-
-    /// Logs `message` (at info) unless a line of `reason` (a literal, or one naming a configured key: a
-    /// bounded set) went out in the last 10 s.
-    func info(_ reason: String, _ message: @autoclosure () -> Logger.Message, metadata: @autoclosure () -> Logger.Metadata = [:]) {
-        let (log, held) = throttle.withLock { $0.admit(reason, every: .seconds(10)) }
-        guard log else { return }
-        var fields = metadata()
-        if held > 0 { fields["suppressed_since_last"] = "\(held)" }
-        logger.info(message(), metadata: fields)
-    }
-}

@@ -31,7 +31,7 @@ actor MarketConnection {
         let keyConnections: KeyConnections
         let logger: Logger
         /// Refusals, a line per reason per 10 s (a client may cause them as often as it likes).
-        let refusals: RefusalLog
+        let refusals: ThrottledLog
         /// Distinct topics per key and in all.
         /// Holds `topics` for a key's kept session: taken over from the closing connection, unchecked.
         let shelfReserve: @Sendable ([Topic], String) -> Void
@@ -40,7 +40,7 @@ actor MarketConnection {
 
         init(
             hub: MarketDataHub, shelf: SessionShelf, configuration: RelayServerConfiguration, limits: SessionLimits,
-            metrics: DownstreamMetrics, delivery: DeliveryMetrics, keyConnections: KeyConnections, logger: Logger, refusals: RefusalLog,
+            metrics: DownstreamMetrics, delivery: DeliveryMetrics, keyConnections: KeyConnections, logger: Logger, refusals: ThrottledLog,
             shelfReserve: @escaping @Sendable ([Topic], String) -> Void, shelfRelease: @escaping @Sendable ([Topic], String) -> Void
         ) {
             self.hub = hub
@@ -205,6 +205,11 @@ actor MarketConnection {
         }
     }
 
+    /// A refusal the client can repeat as often as it likes: a line per reason per 10 s for the server.
+    private func logRefusal(_ reason: String, _ message: @autoclosure () -> Logger.Message, metadata: @autoclosure () -> Logger.Metadata = [:]) {
+        dependencies.refusals.log(.info, reason, message(), metadata: metadata(), to: dependencies.logger)
+    }
+
     private func authenticationTimedOut() {
         guard !session.isAuthenticated, !ended, !refusing else { return }
         handler.value.refuse(session.authTimeoutFrame, binary: session.isBinary, reason: "no authentication")
@@ -214,7 +219,7 @@ actor MarketConnection {
         guard !ended, !refusing else { return }
         if !session.isAuthenticated, hooks.addressIsGuessing() {
             stopReading()
-            dependencies.refusals.info("guessing", "downstream client refused: its address has too many failed authentications waiting")
+            logRefusal("guessing", "downstream client refused: its address has too many failed authentications waiting")
             handler.value.refuse(
                 session.refusalFrame(ClientKeyMiddleware.guessing),
                 binary: session.isBinary, reason: "authentication failures")
@@ -227,7 +232,7 @@ actor MarketConnection {
         if reaction.close, reaction.marketRefused {
             // A right key on a market it may not use: no guess, so answered at once and not counted.
             stopReading()
-            dependencies.refusals.info("market", "downstream client refused: its key may not use this market")
+            logRefusal("market", "downstream client refused: its key may not use this market")
             let handler = self.handler.value
             for frame in reaction.frames { handler.write(frame, binary: session.isBinary, flush: false) }
             handler.flush()
@@ -239,7 +244,7 @@ actor MarketConnection {
             // answers; a correct key on another connection is answered at once meanwhile).
             stopReading()
             let delay = hooks.authenticationFailed()
-            dependencies.refusals.info(
+            logRefusal(
                 "authentication", "downstream client refused: authentication failed", metadata: ["answeredAfterMs": "\(delay.milliseconds)"])
             let frames = reaction.frames
             let binary = session.isBinary
@@ -280,7 +285,7 @@ actor MarketConnection {
     private func signedIn(_ grant: ClientGrant) -> Bool {
         // A key's connection limit, answered as Polygon answers one: the status, then 1008.
         if let refused = dependencies.keyConnections.admit(grant) {
-            dependencies.refusals.info(refused.reason, "downstream connection refused: \(refused.message)")
+            logRefusal(refused.reason, "downstream connection refused: \(refused.message)")
             handler.value.refuse(session.connectionLimitFrame(refused.message), binary: session.isBinary, reason: "max connections")
             return false
         }
@@ -312,7 +317,7 @@ actor MarketConnection {
             guard opening != .refused else {
                 // A name whose connections taken over are still closing, as many as it may have: refused
                 // as a key over its connection limit is (its status), closed with 1013, its place given back.
-                dependencies.refusals.info(
+                logRefusal(
                     "session-closing", "downstream client refused: its session's connections are still closing", metadata: ["session": "\(name)"])
                 sessionName = nil
                 dependencies.keyConnections.release(grant)

@@ -35,7 +35,7 @@ public final class RelayServer: Service, Sendable {
     /// Push streams open, in all and per key (``RelayServerConfiguration/ConnectionLimits/pushStreams``).
     private let pushCount: PushStreamCount
     /// Refusals outsiders may cause as often as they like, logged a line per reason per 10 s.
-    private let refusals: RefusalLog
+    private let refusals: ThrottledLog
     private let extraRoutes: @Sendable (RouterGroup<RelayRequestContext>, RequestKeys) -> Void
     private let pushStreams: [PushStream]
     private let addresses: AddressGuard
@@ -87,7 +87,7 @@ public final class RelayServer: Service, Sendable {
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
         let markets = served.map { MarketRoute($0, configuration: configuration, factory: factory) }
         self.markets = markets
-        let refusals = RefusalLog(logger: logger)
+        let refusals = ThrottledLog()
         self.refusals = refusals
         self.connectionDependencies = markets.map { [metrics, keyConnections] route in
             MarketConnection.Dependencies(
@@ -263,7 +263,7 @@ public final class RelayServer: Service, Sendable {
             ?? (isPush ? admission.take(pushCount.admit(key: grant?.name)) { [grant] in pushCount.release(key: grant?.name) } : nil)
         if let refused {
             let refusal = refused.message
-            refusals.info(refused.reason, "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"])
+            refusals.log(.info, refused.reason, "downstream connection refused: \(refusal)", metadata: ["address": "\(address)"], to: logger)
             // A market client in its market's own protocol (its session's connected frame, then the
             // limit: Polygon's max_connections status, Alpaca's 406); a push stream gets the status alone.
             var frames = (connected: ByteBuffer?.none, refusal: RelayStatus.frame(status: "max_connections", message: refusal), binary: false)

@@ -44,7 +44,6 @@ final class LWSConnection: Sendable {
         var downSince: ContinuousClock.Instant?
         var lastLoggedDown: UpstreamState?
         var attemptsWhileDown = 0
-        var throttle = LogThrottle()
         /// The deadline moved (``UpstreamConnectionMachine/deadline``): the service thread re-arms
         /// ``deadlineTimer``, which enforces it with no Swift task involved.
         var deadlineChanged = false
@@ -59,6 +58,8 @@ final class LWSConnection: Sendable {
     /// What an event must be to be taken.
     let eventCheck: UpstreamEventCheck
     let logger: Logger
+    /// Warnings the upstream can repeat at its message rate: a line per kind per 10 s.
+    let warnings = ThrottledLog()
     let metrics: UpstreamMetrics
     let shared: Mutex<Shared>
     /// Events and connection changes, in wire order, to the consumer (the hub's pump, or a cluster
@@ -673,10 +674,8 @@ final class LWSConnection: Sendable {
 
     /// A warning (or a line at `level`) that may repeat at the upstream's message rate: logged at most
     /// every ten seconds, with the count of those held back.
-    private func logThrottled(_ key: String, _ message: String, level: Logger.Level = .warning) {
-        let (log, held) = shared.withLock { $0.throttle.admit(key, every: .seconds(10)) }
-        guard log else { return }
-        logger.log(level: level, "\(message)", metadata: held > 0 ? ["suppressed_since_last": "\(held)"] : [:])
+    private func logThrottled(_ key: String, _ message: @autoclosure () -> String, level: Logger.Level = .warning) {
+        warnings.log(level, key, "\(message())", to: logger)
     }
 
     /// Carries out what the connection's logic says a status means.
