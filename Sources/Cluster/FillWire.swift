@@ -80,7 +80,8 @@ enum FillWire {
         var out = Array("S \(kind) \(from) \(through) \(ids.joined(separator: ","))\n".utf8)
         for line in lines {
             let bytes = Array((line + "\n").utf8)
-            guard out.count + bytes.count <= maxMessageBytes else { break }
+            // One line too long for the room left leaves it for the shorter ones after it.
+            guard out.count + bytes.count <= maxMessageBytes else { continue }
             out += bytes
         }
         return out

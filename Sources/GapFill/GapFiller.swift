@@ -219,8 +219,17 @@ public actor GapFiller {
     }
 
     struct FillFailure: Error {
+        /// Why, as every holder of the topic is told it (and the log): visible, at most
+        /// ``reasonBytes`` (it carries what the REST host chose).
         var reason: String
         var delivered: Int
+
+        static let reasonBytes = 512
+
+        init(reason: String, delivered: Int) {
+            self.reason = VisibleText.visible(reason, limit: Self.reasonBytes)
+            self.delivered = delivered
+        }
     }
 
     /// One topic: its pages fetched, mapped, bounded by the window and by what the relay had before the
@@ -295,7 +304,7 @@ public actor GapFiller {
                 }
             case .failure(.malformed(let what)):
                 requestsFailed.increment()
-                failure = "unreadable REST answer: \(what)"
+                failure = "unreadable REST answer: \(VisibleText.visible(what, limit: RESTError.describedBytes))"
                 break pages
             case .failure(let error):
                 requestsFailed.increment()

@@ -11,11 +11,17 @@ public enum RESTError: Error, Sendable, Equatable, CustomStringConvertible {
     case transport(String)
     case cancelled
 
+    /// The most UTF-8 bytes of what the REST host chose (its body, or a decoder's words about its answer)
+    /// that a description carries.
+    public static let describedBytes = 200
+
+    /// One line a log, a client or a gap's reason may carry: what the host chose (a body, a number's text,
+    /// a key the decoder names) made visible and cut to ``describedBytes``.
     public var description: String {
         switch self {
-        case .status(let code, let body): "HTTP \(code): \(body.prefix(200))"
-        case .malformed(let what): "unreadable answer: \(what)"
-        case .transport(let error): "request failed: \(error)"
+        case .status(let code, let body): "HTTP \(code): \(VisibleText.visible(body, limit: Self.describedBytes))"
+        case .malformed(let what): "unreadable answer: \(VisibleText.visible(what, limit: Self.describedBytes))"
+        case .transport(let error): "request failed: \(VisibleText.visible(error, limit: Self.describedBytes))"
         case .cancelled: "cancelled"
         }
     }

@@ -129,7 +129,7 @@ public struct PolygonREST: MarketReference {
         do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }
         guard let next = URLComponents(string: nextURL), let home = URLComponents(string: base), next.host == home.host,
             next.port == home.port, !next.path.isEmpty
-        else { return .failure(.malformed("next_url \(nextURL.prefix(200)) is not on \(base)")) }
+        else { return .failure(.malformed("next_url \(VisibleText.visible(nextURL, limit: 200)) is not on \(base)")) }
         let query = (next.queryItems ?? []).filter { $0.name != "apiKey" }.map { ($0.name, $0.value ?? "") }
         return await get(next.path, query: query, priority: priority)
     }

@@ -177,6 +177,9 @@ struct RESTPage {
         return true
     }
 
+    /// The longest `next_url` a page may name (its JSON text, quotes and escapes included).
+    static let maxNextURLBytes = 8 << 10
+
     /// Calls `body` with each result of the page; returns its `next_url`.
     static func read(_ bytes: [UInt8], _ body: (Result) throws -> Void) throws -> String? {
         var scanner = Scanner(bytes: bytes)
@@ -207,6 +210,8 @@ struct RESTPage {
                 }
             case "next_url":
                 let value = try scanner.value()
+                // A link is a path and a cursor: one longer than ``maxNextURLBytes`` is no page's.
+                guard value.count <= Self.maxNextURLBytes else { throw Malformed(at: value.lowerBound) }
                 if bytes[value].first == UInt8(ascii: "\"") { next = try Scanner.unescaped(bytes[value.lowerBound + 1..<value.upperBound - 1]) }
             default:
                 _ = try scanner.value()

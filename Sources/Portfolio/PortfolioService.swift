@@ -116,7 +116,13 @@ public actor PortfolioService: Service {
         let subscriptions = joined
         self.subscriptions = subscriptions
         try await holdingsChanged()
-        try await backfill()
+        do {
+            try await backfill()
+        } catch {
+            // The relay serves on; the next tick tries every day again.
+            logger.error("portfolio history not recomputed at start: \(error)")
+            markDirty(from: PortfolioStore.earliestDay)
+        }
         await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Void.self) { group in
                 for (market, subscription) in subscriptions {

@@ -817,7 +817,38 @@ public final class PortfolioStore: Sendable {
 
     /// Writes snapshots, replacing those of the same account and day, in one transaction.
     public func saveSnapshots(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot]) async throws {
+        let (snapshots, portfolio) = (snapshots.map(Self.storable), portfolio.map(Self.storable))
         try await write { db in try Self.save(snapshots, portfolio: portfolio, in: db) }
+    }
+
+    /// The places a snapshot's values are stored to.
+    public static let snapshotScale = 8
+    /// The places a daily close is stored to.
+    public static let closeScale = 10
+
+    /// A snapshot as it is stored: its values to ``snapshotScale`` places; one whose value cannot be stored
+    /// (more than 30 digits: no market's price times a quantity, but a REST host's may be) as `0`, partial.
+    static func storable(_ snapshot: AccountSnapshot) -> AccountSnapshot {
+        var stored = snapshot
+        let cash = snapshot.cash.map { DecimalText.storable($0, scale: snapshotScale) }
+        guard let value = DecimalText.storable(snapshot.value, scale: snapshotScale), cash != .some(nil) else {
+            (stored.value, stored.cash, stored.partial) = (0, nil, true)
+            return stored
+        }
+        (stored.value, stored.cash) = (value, cash ?? nil)
+        return stored
+    }
+
+    /// A portfolio total as it is stored (as ``storable(_:)-(AccountSnapshot)`` stores an account's).
+    static func storable(_ snapshot: PortfolioSnapshot) -> PortfolioSnapshot {
+        var stored = snapshot
+        guard let total = DecimalText.storable(snapshot.total, scale: snapshotScale), let cash = DecimalText.storable(snapshot.cash, scale: snapshotScale)
+        else {
+            (stored.total, stored.cash, stored.partial) = (0, 0, true)
+            return stored
+        }
+        (stored.total, stored.cash) = (total, cash)
+        return stored
     }
 
     private static func save(_ snapshots: [AccountSnapshot], portfolio: [PortfolioSnapshot], in db: Database) throws {
@@ -866,6 +897,7 @@ public final class PortfolioStore: Sendable {
     ) async throws -> HistoryWrite {
         let since = from?.description ?? ""  // every day is after 
         let ranges = accountDays.map { (id: $0.key, from: $0.value.from, through: $0.value.through) }
+        let (snapshots, portfolio) = (snapshots.map(Self.storable), portfolio.map(Self.storable))
         return try await write { db in
             var result = HistoryWrite()
             for range in ranges {
@@ -883,14 +915,16 @@ public final class PortfolioStore: Sendable {
             }
             result.removed += db.changesCount
             var storedAccounts: [Int64: [Day: AccountSnapshot]] = [:]
+            // A row that cannot be read (written by a version that stored what it could not read back) is
+            // taken as differing: it is written again, readable.
             for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot WHERE day >= ?", arguments: [since]) {
-                let snapshot = try Self.accountSnapshot(row)
+                guard let snapshot = try? Self.accountSnapshot(row) else { continue }
                 storedAccounts[snapshot.accountID, default: [:]][snapshot.day] = snapshot
             }
             let changed = snapshots.filter { storedAccounts[$0.accountID]?[$0.day] != $0 }
             var storedTotals: [Day: PortfolioSnapshot] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ?", arguments: [since]) {
-                let snapshot = try Self.portfolioSnapshot(row)
+                guard let snapshot = try? Self.portfolioSnapshot(row) else { continue }
                 storedTotals[snapshot.day] = snapshot
             }
             let changedTotals = portfolio.filter { storedTotals[$0.day] != $0 }
@@ -935,7 +969,11 @@ public final class PortfolioStore: Sendable {
             let rows = try Row.fetchAll(
                 db, sql: "SELECT * FROM dailyClose WHERE day >= ? AND day <= ? AND symbol IN (\(marks)) ORDER BY symbol, day",
                 arguments: StatementArguments([from.description, through.description] + symbols.sorted()))
-            for row in rows { closes[row["symbol"], default: []].append((try Self.day(row["day"]), try Self.decimal(row["close"]))) }
+            for row in rows {
+                // One a version that kept what it could not read back stored: that day has no close.
+                guard let close = DecimalText.parse(row["close"]) else { continue }
+                closes[row["symbol"], default: []].append((try Self.day(row["day"]), close))
+            }
             return closes
         }
     }
@@ -944,7 +982,11 @@ public final class PortfolioStore: Sendable {
     /// coverage becomes their union). A close of a day outside `covering` is not stored: a source's
     /// answer never changes days it was not asked for.
     public func saveCloses(_ symbol: String, _ closes: [(day: Day, close: Decimal)], covering: ClosedRange<Day>) async throws {
-        let rows = closes.filter { covering.contains($0.day) }.map { (day: $0.day.description, close: DecimalText.format($0.close)) }
+        // A close the store could not read back (more places or digits than it keeps) is not kept: its day
+        // is valued as one without a close.
+        let rows = closes.filter { covering.contains($0.day) }.compactMap { day, close in
+            DecimalText.storable(close, scale: Self.closeScale).map { (day: day.description, close: DecimalText.format($0)) }
+        }
         try await write { db in
             for row in rows {
                 try db.execute(sql: "INSERT OR REPLACE INTO dailyClose (symbol, day, close) VALUES (?, ?, ?)", arguments: [symbol, row.day, row.close])

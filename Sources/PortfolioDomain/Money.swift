@@ -40,6 +40,16 @@ public enum DecimalText {
         return NSDecimalString(&copy, posix)
     }
 
+    /// `value` rounded half-even to `scale` decimal places (at most 18) when its text is one ``parse(_:)``
+    /// reads back (at most 30 digits before the point; not NaN, what an overflow makes), else `nil`: what
+    /// the store writes, so that everything it writes it can read (a price from a REST host, or a product
+    /// of a quantity and a price, may have more places or digits than that).
+    public static func storable(_ value: Decimal, scale: Int) -> Decimal? {
+        guard !value.isNaN else { return nil }
+        let kept = rounded(value, scale: min(scale, 18))
+        return isPlainDecimal(format(kept).utf8) ? kept : nil
+    }
+
     /// A value rounded half-even to `scale` decimal places (display and ratios, never stored sums).
     public static func rounded(_ value: Decimal, scale: Int) -> Decimal {
         var input = value

@@ -56,6 +56,17 @@ struct FillWireTests {
         }
         #expect(read.from == 10 && read.through == 20 && read.recovered == [topic("T.AAPL"): 5])
         #expect(read.missing == [topic("Q.MSFT"): "REST 503 after 15 (Unix ms)the rest is missing"])
+        // A reason too long for the message's room leaves the topics after it theirs.
+        var crowded = GapFillSummary(from: 10, through: 20)
+        crowded.missing[topic("Q.AAPL")] = String(repeating: "x", count: FillWire.maxMessageBytes)
+        crowded.missing[topic("Q.MSFT")] = "REST 503"
+        let (crowdedEnd, _) = try #require(
+            FillWire.end(.filled(crowded), from: 10, through: 20, answering: ["n1/3"]).withUnsafeBytes { FillWire.readEnd($0) })
+        guard case .filled(let crowdedRead) = crowdedEnd else {
+            Issue.record("not filled: \(crowdedEnd)")
+            return
+        }
+        #expect(crowdedRead.missing[topic("Q.MSFT")] == "REST 503")
         let skipped = FillWire.end(.skipped, from: 1, through: 2, answering: ["n1/1"]).withUnsafeBytes { FillWire.readEnd($0) }
         guard case .skipped = skipped?.end else {
             Issue.record("not skipped")

@@ -142,3 +142,24 @@ struct RecoveredEventsTests {
         #expect(PolygonWireProtocol().orderValue(.sequence, of: none) == nil)
     }
 }
+
+/// What a REST host chooses reaches a reason, a log or a client bounded and visible.
+@Suite("Gap fill: a REST host's text is bounded")
+struct RESTHostTextTests {
+    @Test func aNextURLLongerThanAPageMayNameIsAnUnreadablePage() throws {
+        let short = #"{"results":[],"next_url":"https:\/\/api.polygon.io\/v3\/trades\/AAPL?cursor=YWJj"}"#
+        #expect(try RESTPage.read(Array(short.utf8)) { _ in } == "https://api.polygon.io/v3/trades/AAPL?cursor=YWJj")
+        let long = #"{"results":[],"next_url":"https:\/\/api.polygon.io\/v3\/trades\/AAPL?cursor="# + String(repeating: "a", count: RESTPage.maxNextURLBytes) + #""}"#
+        #expect(throws: (any Error).self) { try RESTPage.read(Array(long.utf8)) { _ in } }
+    }
+
+    @Test func anErrorsDescriptionCarriesABoundedVisibleLineOfWhatTheHostChose() {
+        // One letter and a million combining marks is one character: a cut by characters kept it all.
+        let zalgo = "a" + String(repeating: "\u{301}", count: 1_000_000) + "\nline two"
+        for error in [RESTError.status(500, zalgo), .malformed(zalgo), .transport(zalgo)] {
+            let text = error.description
+            #expect(text.utf8.count <= 64 + RESTError.describedBytes, "\(text.utf8.count) bytes")
+            #expect(!text.contains("\n"))
+        }
+    }
+}
