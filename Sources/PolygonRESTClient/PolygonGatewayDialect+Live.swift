@@ -78,13 +78,9 @@ extension PolygonGatewayDialect {
                 ("o", previousBar["o"]), ("h", previousBar["h"]), ("l", previousBar["l"]), ("c", previousBar["c"]), ("v", previousBar["v"]),
                 ("vw", previousBar["vw"]),
             ])))
-            if let close = previousBar["c"].flatMap({ Decimal(string: $0) }), close > 0, let last = trade["p"].flatMap({ Decimal(string: $0) }) {
-                let change = last - close
-                var percent = change / close * 100
-                var rounded = Decimal()
-                NSDecimalRound(&rounded, &percent, 6, .plain)
-                members.append(("todaysChange", "\(change)"))
-                members.append(("todaysChangePerc", "\(rounded)"))
+            if let (change, percent) = Self.todaysChange(last: trade["p"], close: previousBar["c"]) {
+                members.append(("todaysChange", change))
+                members.append(("todaysChangePerc", percent))
             }
         }
         let updated = [trade["t"], quote?["t"]].compactMap { $0.flatMap { Int64($0) } }.max()
@@ -93,6 +89,18 @@ extension PolygonGatewayDialect {
     }
 
     /// REST last trade's `results` from a WebSocket trade.
+    /// The change from the previous close to the last trade and its percentage (6 places), as JSON
+    /// numbers; `nil` without both, or when the ratio overflows (a REST host's tiny close: NaN is no JSON).
+    static func todaysChange(last: String?, close: String?) -> (change: String, percent: String)? {
+        guard let close = close.flatMap({ Decimal(string: $0) }), close > 0, let last = last.flatMap({ Decimal(string: $0) }) else { return nil }
+        let change = last - close
+        var percent = change / close * 100
+        var rounded = Decimal()
+        NSDecimalRound(&rounded, &percent, 6, .plain)
+        guard !change.isNaN, !rounded.isNaN else { return nil }
+        return ("\(change)", "\(rounded)")
+    }
+
     static func restTrade(_ trade: [String: String], ticker: String) -> String {
         object([
             ("T", "\"\(JSONText.escape(ticker))\""), ("c", trade["c"]), ("f", nanoseconds(trade["trft"])), ("i", trade["i"]), ("p", trade["p"]),

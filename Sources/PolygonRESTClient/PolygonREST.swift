@@ -122,16 +122,20 @@ public struct PolygonREST: MarketReference {
     }
 
     /// The body of a `next_url` a page named (Polygon's paging: an opaque `cursor`, and no key, which
-    /// the request carries in its header again). Only a URL on the API's own host is followed, so a
-    /// page can never send the key elsewhere.
+    /// the request carries in its header again). Only its path and query are taken, asked of the API's own
+    /// address: a page can never send the key elsewhere, and one naming the vendor's other host name
+    /// (`api.massive.com` for `api.polygon.io`) or its port is followed all the same. A base URL with a
+    /// path (a proxy's) is not asked that path twice.
     public func get(nextURL: String, priority: RequestGate.Priority = .foreground) async -> Result<ByteBuffer, FetchError> {
         let base: String
         do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }
-        guard let next = URLComponents(string: nextURL), let home = URLComponents(string: base), next.host == home.host,
-            next.port == home.port, !next.path.isEmpty
-        else { return .failure(.malformed("next_url \(VisibleText.visible(nextURL, limit: 200)) is not on \(base)")) }
+        guard let next = URLComponents(string: nextURL), next.path.hasPrefix("/") else {
+            return .failure(.malformed("next_url \(VisibleText.visible(nextURL, limit: 200)) names no path"))
+        }
+        let prefix = URLComponents(string: base)?.path ?? ""
+        let path = !prefix.isEmpty && prefix != "/" && next.path.hasPrefix(prefix + "/") ? String(next.path.dropFirst(prefix.count)) : next.path
         let query = (next.queryItems ?? []).filter { $0.name != "apiKey" }.map { ($0.name, $0.value ?? "") }
-        return await get(next.path, query: query, priority: priority)
+        return await get(path, query: query, priority: priority)
     }
 
     public static func escaped(_ symbol: String) -> String { GatewayPath.escaped(symbol) }
@@ -161,23 +165,26 @@ public struct PolygonREST: MarketReference {
         return String(buffer: needle.count >= 4 ? cut.replacing([key], with: RESTCredentials.hidden) : cut)
     }
 
+    /// The most bytes an answer of one value (a last trade, a last quote, a previous close) is read to.
+    static let singleAnswerBytes = 64 << 10
+
     /// `/v2/last/trade/{ticker}`.
     public func lastTrade(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastTrade, FetchError> {
-        await get("/v2/last/trade/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(TradeResults.self, $0) }.map {
+        await get("/v2/last/trade/\(Self.escaped(symbol))", priority: priority, maxBytes: Self.singleAnswerBytes).flatMap { Self.results(TradeResults.self, $0) }.map {
             LastTrade(price: $0.p, size: $0.s, timestamp: $0.t)
         }
     }
 
     /// `/v2/last/nbbo/{ticker}`.
     public func lastQuote(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<LastQuote, FetchError> {
-        await get("/v2/last/nbbo/\(Self.escaped(symbol))", priority: priority).flatMap { Self.results(QuoteResults.self, $0) }.map {
+        await get("/v2/last/nbbo/\(Self.escaped(symbol))", priority: priority, maxBytes: Self.singleAnswerBytes).flatMap { Self.results(QuoteResults.self, $0) }.map {
             LastQuote(bid: $0.p, bidSize: $0.s, ask: $0.P, askSize: $0.S, timestamp: $0.t)
         }
     }
 
     /// `/v2/aggs/ticker/{ticker}/prev`: the previous session's close.
     public func previousClose(_ symbol: String, priority: RequestGate.Priority = .foreground) async -> Result<Decimal, FetchError> {
-        await get("/v2/aggs/ticker/\(Self.escaped(symbol))/prev", priority: priority).flatMap { body in
+        await get("/v2/aggs/ticker/\(Self.escaped(symbol))/prev", priority: priority, maxBytes: Self.singleAnswerBytes).flatMap { body in
             guard let close = PolygonWireProtocol.numberText("c", in: String(buffer: body)).flatMap(EventPrices.decimal), close > 0 else {
                 return .failure(.malformed("no close"))
             }

@@ -2,7 +2,7 @@ import Foundation
 import MarketCore
 import MarketREST
 import NIOCore
-import PolygonRESTClient
+@testable import PolygonRESTClient
 import RESTGateway
 import Testing
 
@@ -160,5 +160,14 @@ struct PolygonDialectTests {
         for broken in [#"{"p":1"#, #"{"p":}"#, #"{"p":1} x"#, #"["p"]"#, #"{"p":"open}"#, String(repeating: "[", count: 40)] {
             #expect(JSONText.members(of: Substring(broken)) == nil, "\(broken)")
         }
+    }
+
+    @Test func todaysChangeIsLeftOutWhenTheRatioOverflows() {
+        let change = PolygonGatewayDialect.todaysChange(last: "110", close: "100")
+        #expect(change?.change == "10" && change?.percent == "10")
+        // A REST host's tiny previous close: the ratio is NaN, which no JSON reader takes.
+        #expect(PolygonGatewayDialect.todaysChange(last: "12.5", close: "1e-128") == nil)
+        #expect(PolygonGatewayDialect.todaysChange(last: "12.5", close: "0") == nil)
+        #expect(PolygonGatewayDialect.todaysChange(last: nil, close: "100") == nil)
     }
 }

@@ -49,4 +49,22 @@ struct HostileRESTHostTests {
             #expect(trade.at <= .now, "a time in the future would keep the price fresh for ever")
         }
     }
+
+    @Test func aNextURLIsAskedOfTheRelaysOwnRESTAddressWhateverHostItNames() async throws {
+        let host = ScriptedRESTHost(answers: ["/v3/next": #"{"results":[]}"#, "/proxy/v3/next": #"{"results":[1]}"#])
+        try await host.serve { base in
+            let rest = PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)
+            // The vendor's other name and port: followed, on the relay's address.
+            let page = try await rest.get(nextURL: "https://api.massive.com:443/v3/next?cursor=YWJj&apiKey=leaked").get()
+            #expect(String(buffer: page) == #"{"results":[]}"#)
+            // Behind a proxy with a path: that path once.
+            let proxied = PolygonREST(baseURL: base + "/proxy", apiKey: "k", attempts: 1, client: vendorTestClient)
+            #expect(String(buffer: try await proxied.get(nextURL: "https://proxy.example/proxy/v3/next?cursor=YWJj").get()) == #"{"results":[1]}"#)
+            // No path: nothing asked.
+            guard case .failure(.malformed) = await rest.get(nextURL: "cursor=YWJj") else {
+                Issue.record("a next_url without a path was followed")
+                return
+            }
+        }
+    }
 }
