@@ -5,12 +5,18 @@ import MarketREST
 import NIOCore
 import Portfolio
 import PolygonRESTClient
+import PortfolioData
+import Synchronization
 import Testing
 
-/// A REST host on loopback that answers each path with the body it was given (404 for any other): what
-/// a broken or hostile vendor host sends, through the relay's real HTTP client.
-struct ScriptedRESTHost {
+/// A REST host on loopback that answers each path with the body it was given (503 for any other, each
+/// counted): what a broken or hostile vendor host sends, through the relay's real HTTP client.
+final class ScriptedRESTHost: Sendable {
     let answers: [String: String]
+    /// Requests for paths it has no answer for, by path.
+    let unanswered = Mutex<[String: Int]>([:])
+
+    init(answers: [String: String]) { self.answers = answers }
 
     /// Runs the host for `body`, which is given its base URL.
     func serve<T: Sendable>(_ body: (String) async throws -> T) async throws -> T {
@@ -19,6 +25,10 @@ struct ScriptedRESTHost {
             router.get(RouterPath(path)) { _, _ in
                 Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: answer)))
             }
+        }
+        router.get("**") { [self] request, _ in
+            self.unanswered.withLock { $0[request.uri.path, default: 0] += 1 }
+            return Response(status: .serviceUnavailable, body: .init(byteBuffer: ByteBuffer(string: #"{"status":"ERROR"}"#)))
         }
         let (ports, listening) = AsyncStream.makeStream(of: Int.self)
         let app = Application(
@@ -65,6 +75,20 @@ struct HostileRESTHostTests {
                 Issue.record("a next_url without a path was followed")
                 return
             }
+        }
+    }
+
+    @Test func aFailingMarketStatusIsAskedOnceForManyDetails() async throws {
+        let host = ScriptedRESTHost(answers: [:])
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-status-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        try await host.serve { base in
+            let rest = PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)
+            let loader = SecurityDetailLoader(store: store, hub: nil, rest: rest)
+            for symbol in ["AAPL", "MSFT", "NVDA"] { _ = await loader.load(symbol) }
+            #expect(host.unanswered.withLock { $0["/v1/marketstatus/now"] } == 1, "\(host.unanswered.withLock { $0 })")
+            #expect(host.unanswered.withLock { $0["/v2/last/trade/MSFT"] } == 1, "the details themselves are asked each")
         }
     }
 }

@@ -193,13 +193,18 @@ actor MarketStatusMemo {
     private let rest: (any MarketReference)?
     private var last: (value: MarketStatus, at: ContinuousClock.Instant)?
     private var inFlight: Task<Result<MarketStatus, RESTError>, Never>?
+    /// The last failure, told again for ``failureLifetime``: a REST host that fails does not cost a request
+    /// per detail loaded.
+    private var lastFailure: (error: RESTError, at: ContinuousClock.Instant)?
     static let lifetime: Duration = .seconds(60)
+    static let failureLifetime: Duration = .seconds(10)
 
     init(rest: (any MarketReference)?) { self.rest = rest }
 
     func current(priority: RequestGate.Priority) async -> Result<MarketStatus, RESTError> {
         guard let rest else { return .failure(.transport("no REST source configured")) }
         if let last, ContinuousClock.now - last.at < Self.lifetime { return .success(last.value) }
+        if let lastFailure, ContinuousClock.now - lastFailure.at < Self.failureLifetime { return .failure(lastFailure.error) }
         let task: Task<Result<MarketStatus, RESTError>, Never>
         if let inFlight {
             task = inFlight
@@ -208,8 +213,12 @@ actor MarketStatusMemo {
             inFlight = task
         }
         let result = await task.value
-        inFlight = nil
-        if case .success(let value) = result { last = (value, .now) }
+        if inFlight == task { inFlight = nil }
+        switch result {
+        case .success(let value): last = (value, .now)
+        case .failure(.cancelled): break
+        case .failure(let error): lastFailure = (error, .now)
+        }
         return result
     }
 }
