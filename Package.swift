@@ -414,6 +414,7 @@ let package = Package(
                 "RelayComposition", "RelayConfiguration", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio",
                 "RelayBench", "Cluster", "AlpacaWire", "Tape",
                 "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

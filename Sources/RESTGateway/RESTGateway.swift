@@ -246,11 +246,17 @@ public final class RESTGateway: Sendable {
             now: now, starter: nil)
     }
 
-    /// How long an answer under this policy may be kept: `nil` not at all, `.some(nil)` for ever.
+    /// How long an answer that cannot change any more is kept at most: a week. What the vendor says of a
+    /// closed day does not change, but what a broken host answered with a 200 (an empty page, an error in
+    /// JSON) would else be served to every client until evicted.
+    static let keptAtMostMilliseconds: Int64 = 7 * 86_400_000
+
+    /// How long an answer under this policy may be kept: `nil` not at all, `.some(t)` until `t` (a
+    /// cursor's page remembered without an end: `.some(nil)`, until evicted).
     private func expiry(of policy: CachePolicy, now: Int64) async -> Int64?? {
         switch policy {
         case .pass: nil
-        case .forever: .some(nil)
+        case .forever: .some(now + Self.keptAtMostMilliseconds)
         case .until(let time): time > now ? .some(time) : nil
         case .cursor(let cursor): await cache?.cursorPolicy(cursor, now: now) ?? nil
         }

@@ -3,6 +3,7 @@
 #endif
 import DemoFeed
 import Foundation
+import GRDB
 import MarketREST
 import PolygonWire
 import RelayComposition
@@ -133,7 +134,13 @@ struct RESTGatewayTests {
             #expect(again.body == answer.body)
             #expect(feed.restCount("aggs", "AAPL").started == 1)
             first = answer.body
+            // What cannot change any more (unadjusted bars of closed days) is kept a week at most.
+            let unadjusted = try await httpGetWithHeaders("\(base)\(path)?adjusted=false", key: "client-key")
+            #expect(unadjusted.status == 200, "\(unadjusted.body)")
         }
+        let expiries = try await DatabaseQueue(path: cache).read { db in try Int64?.fetchAll(db, sql: "SELECT expires_at FROM answers") }
+        #expect(expiries.count == 2)
+        #expect(expiries.allSatisfy { ($0 ?? .max) <= WallClock.nowMilliseconds() + 7 * 86_400_000 }, "\(expiries)")
         // A new relay (and a new feed) on the same cache file.
         try await Self.withGateway(cache: cache) { _, feed, base in
             let answer = try await httpGetWithHeaders("\(base)\(path)", key: "client-key")
