@@ -445,7 +445,7 @@ public actor PortfolioService: Service {
                 }
                 observations = try await pastObservations(
                     of: account, from: start, transactions: transactions, stored: stored.filter { $0.day < today }.map(observation), today: today,
-                    coverage: coverage, needs: &closeNeeds)
+                    coverage: coverage.mapValues(\.days), needs: &closeNeeds)
                 if account.isActive {
                     let book = try PositionBook(transactions: transactions)
                     let live = Valuation.of(book.open, prices: prices, rule: rule, now: .now)
@@ -535,7 +535,7 @@ public actor PortfolioService: Service {
     /// Starts fetching the closes the history needs and the store does not cover (one task at a time;
     /// a symbol whose fetch failed is tried again after ten minutes). When done, the history is
     /// recomputed at the next tick.
-    private func requestCloses(_ needs: [String: ClosedRange<Day>], coverage: [String: ClosedRange<Day>]) {
+    private func requestCloses(_ needs: [String: ClosedRange<Day>], coverage: [String: PortfolioStore.CloseCoverage]) {
         guard closeHistory, closeFetch == nil, let rest = referencePrices?.rest else { return }
         let now = ContinuousClock.now
         var work: [(symbol: String, days: ClosedRange<Day>)] = []
@@ -543,18 +543,30 @@ public actor PortfolioService: Service {
             // Nor a REST path from one.
             if HeldSymbol.problem(with: symbol) != nil { continue }
             if let failed = closeFailures[symbol], now - failed < .seconds(600) { continue }
-            guard let have = coverage[symbol] else {
-                work.append((symbol, need))
-                continue
-            }
-            if need.lowerBound < have.lowerBound { work.append((symbol, need.lowerBound...calendar.previous(have.lowerBound))) }
-            if need.upperBound > have.upperBound { work.append((symbol, calendar.next(have.upperBound)...need.upperBound)) }
+            for days in Self.closesToFetch(need: need, have: coverage[symbol], calendar: calendar) { work.append((symbol, days)) }
         }
         guard !work.isEmpty else { return }
         logger.info(
             "fetching daily closes for the history", metadata: ["symbols": "\(Set(work.map(\.symbol)).count)", "ranges": "\(work.count)"])
         closeFetch = Task { await self.fetchCloses(work, from: rest) }
     }
+
+    /// The days to fetch closes for, of those `need`ed, given what the store has (`have`): before its
+    /// coverage, and after it from its last settled day on (the days fetched before they were final are
+    /// asked again with each new day: no request of their own).
+    static func closesToFetch(need: ClosedRange<Day>, have: PortfolioStore.CloseCoverage?, calendar: DayCalendar) -> [ClosedRange<Day>] {
+        guard let have else { return [need] }
+        var ranges: [ClosedRange<Day>] = []
+        if need.lowerBound < have.days.lowerBound { ranges.append(need.lowerBound...calendar.previous(have.days.lowerBound)) }
+        if need.upperBound > have.days.upperBound {
+            // The first day not settled (the coverage's first when none is), at most the first not covered.
+            ranges.append(max(have.days.lowerBound, calendar.next(min(have.days.upperBound, have.settledThrough)))...need.upperBound)
+        }
+        return ranges
+    }
+
+    /// The last day whose daily bar is final now: the day before yesterday (UTC, the bars' days).
+    static func settledDay(now: Date = .now) -> Day { DayCalendar.utc.day(of: now.addingTimeInterval(-2 * 86_400)) }
 
     private func fetchCloses(_ work: [(symbol: String, days: ClosedRange<Day>)], from rest: any MarketReference) async {
         defer {
@@ -574,7 +586,7 @@ public actor PortfolioService: Service {
                     (day: DayCalendar.utc.day(of: Date(timeIntervalSince1970: Double(bar.start) / 1000)), close: bar.close)
                 }
                 do {
-                    try await store.saveCloses(item.symbol, closes, covering: from...item.days.upperBound)
+                    try await store.saveCloses(item.symbol, closes, covering: from...item.days.upperBound, settledThrough: Self.settledDay())
                     fetched += 1
                 } catch {
                     logger.warning("daily closes of \(item.symbol) not stored: \(error)")

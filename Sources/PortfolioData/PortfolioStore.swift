@@ -159,6 +159,10 @@ public final class PortfolioStore: Sendable {
             try db.execute(sql: #"UPDATE "transaction" SET symbol = '' WHERE kind = 'fee'"#)
         }
         migrator.registerMigration("v7: the ledger's revision", migrate: addLedgerRevision)
+        migrator.registerMigration("v8: settled closes") { db in
+            // The last day of a symbol's coverage whose close was final when fetched (NULL: all of them).
+            try db.execute(sql: "ALTER TABLE closeCoverage ADD COLUMN settledThrough TEXT")
+        }
         return migrator
     }
 
@@ -947,14 +951,30 @@ public final class PortfolioStore: Sendable {
 
     // MARK: daily closes
 
-    /// The days whose closes were fetched for each symbol (closes or not: a holiday has none).
-    public func closeCoverage() async throws -> [String: ClosedRange<Day>] {
+    /// A symbol's days whose closes were fetched.
+    public struct CloseCoverage: Sendable, Equatable {
+        /// The days fetched (closes or not: a holiday has none).
+        public var days: ClosedRange<Day>
+        /// The last of them whose close was final when it was fetched (before it, `days` held none): the
+        /// days after it are fetched again with the next new day (a day's bar may come late, or change
+        /// until the next morning).
+        public var settledThrough: Day
+
+        public init(days: ClosedRange<Day>, settledThrough: Day) {
+            self.days = days
+            self.settledThrough = settledThrough
+        }
+    }
+
+    /// Each symbol's coverage.
+    public func closeCoverage() async throws -> [String: CloseCoverage] {
         try await read { db in
-            var coverage: [String: ClosedRange<Day>] = [:]
+            var coverage: [String: CloseCoverage] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT * FROM closeCoverage") {
                 let from = try Self.day(row["fromDay"])
                 let through = try Self.day(row["throughDay"])
-                if from <= through { coverage[row["symbol"]] = from...through }
+                let settled = try (row["settledThrough"] as String?).map(Self.day) ?? through
+                if from <= through { coverage[row["symbol"]] = CloseCoverage(days: from...through, settledThrough: min(settled, through)) }
             }
             return coverage
         }
@@ -980,8 +1000,14 @@ public final class PortfolioStore: Sendable {
 
     /// Stores a symbol's closes fetched for `covering` (adjacent to or overlapping what it had: the
     /// coverage becomes their union). A close of a day outside `covering` is not stored: a source's
-    /// answer never changes days it was not asked for.
-    public func saveCloses(_ symbol: String, _ closes: [(day: Day, close: Decimal)], covering: ClosedRange<Day>) async throws {
+    /// answer never changes days it was not asked for. The days of `covering` through `settledThrough`
+    /// (all when `nil`) were final when fetched; they extend the settled days when they join them.
+    public func saveCloses(
+        _ symbol: String, _ closes: [(day: Day, close: Decimal)], covering: ClosedRange<Day>, settledThrough: Day? = nil
+    ) async throws {
+        let utc = DayCalendar.utc
+        // The last settled day of this fetch (the day before it when none is).
+        let settledNow = min(covering.upperBound, settledThrough.map { max($0, utc.previous(covering.lowerBound)) } ?? covering.upperBound)
         // A close the store could not read back (more places or digits than it keeps) is not kept: its day
         // is valued as one without a close.
         let rows = closes.filter { covering.contains($0.day) }.compactMap { day, close in
@@ -993,13 +1019,19 @@ public final class PortfolioStore: Sendable {
             }
             var from = covering.lowerBound
             var through = covering.upperBound
+            var settled = settledNow
             if let existing = try Row.fetchOne(db, sql: "SELECT * FROM closeCoverage WHERE symbol = ?", arguments: [symbol]) {
-                from = min(from, try Self.day(existing["fromDay"]))
-                through = max(through, try Self.day(existing["throughDay"]))
+                let before = try Self.day(existing["fromDay"])...Self.day(existing["throughDay"])
+                let settledBefore = try (existing["settledThrough"] as String?).map(Self.day) ?? before.upperBound
+                from = min(from, before.lowerBound)
+                through = max(through, before.upperBound)
+                // Settled days extend the settled ones only where they join them (an earlier range
+                // fetched before the coverage leaves them as they were).
+                settled = covering.lowerBound <= utc.next(settledBefore) ? max(settledBefore, settledNow) : settledBefore
             }
             try db.execute(
-                sql: "INSERT OR REPLACE INTO closeCoverage (symbol, fromDay, throughDay) VALUES (?, ?, ?)",
-                arguments: [symbol, from.description, through.description])
+                sql: "INSERT OR REPLACE INTO closeCoverage (symbol, fromDay, throughDay, settledThrough) VALUES (?, ?, ?, ?)",
+                arguments: [symbol, from.description, through.description, settled.description])
         }
     }
 

@@ -1,0 +1,52 @@
+import Foundation
+import Testing
+
+@testable import Portfolio
+@testable import PortfolioData
+@testable import PortfolioDomain
+
+/// A day's close fetched before it was final (yesterday's, or one that had not come yet) is fetched again
+/// with the next new day, not kept for ever.
+@Suite("Settled closes")
+struct SettledClosesTests {
+    @Test func theDaysFetchedBeforeTheyWereFinalAreAskedAgainWithTheNextNewDay() {
+        let calendar = DayCalendar.utc
+        func fetch(need: ClosedRange<Day>, have: PortfolioStore.CloseCoverage?) -> [ClosedRange<Day>] {
+            PortfolioService.closesToFetch(need: need, have: have, calendar: calendar)
+        }
+        // Nothing yet: everything needed.
+        #expect(fetch(need: day("2024-03-01")...day("2024-03-10"), have: nil) == [day("2024-03-01")...day("2024-03-10")])
+        // Covered through the 10th, settled through the 8th: nothing until a new day is needed, then from the 9th.
+        let have = PortfolioStore.CloseCoverage(days: day("2024-02-20")...day("2024-03-10"), settledThrough: day("2024-03-08"))
+        #expect(fetch(need: day("2024-03-01")...day("2024-03-10"), have: have).isEmpty)
+        #expect(fetch(need: day("2024-03-01")...day("2024-03-11"), have: have) == [day("2024-03-09")...day("2024-03-11")])
+        // All settled: from the first day not covered; and before the coverage, what is needed there.
+        let settled = PortfolioStore.CloseCoverage(days: day("2024-02-20")...day("2024-03-10"), settledThrough: day("2024-03-10"))
+        #expect(fetch(need: day("2024-02-10")...day("2024-03-11"), have: settled) == [day("2024-02-10")...day("2024-02-19"), day("2024-03-11")...day("2024-03-11")])
+        // None settled: the whole coverage again.
+        let unsettled = PortfolioStore.CloseCoverage(days: day("2024-03-09")...day("2024-03-10"), settledThrough: day("2024-03-08"))
+        #expect(fetch(need: day("2024-03-09")...day("2024-03-11"), have: unsettled) == [day("2024-03-09")...day("2024-03-11")])
+    }
+
+    @Test func theStoreKeepsWhereTheSettledDaysEndAndExtendsThemOnlyWhereTheyJoin() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-settled-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        // Fetched on the 12th: through the 11th, final through the 10th.
+        try await store.saveCloses("ZZ", [(day("2024-03-11"), 5)], covering: day("2024-03-01")...day("2024-03-11"), settledThrough: day("2024-03-10"))
+        #expect(try await store.closeCoverage()["ZZ"] == .init(days: day("2024-03-01")...day("2024-03-11"), settledThrough: day("2024-03-10")))
+        // The next day's fetch, from the first day not settled: the 11th's close replaced, settled through the 11th.
+        try await store.saveCloses("ZZ", [(day("2024-03-11"), 6), (day("2024-03-12"), 7)], covering: day("2024-03-11")...day("2024-03-12"), settledThrough: day("2024-03-11"))
+        #expect(try await store.closeCoverage()["ZZ"] == .init(days: day("2024-03-01")...day("2024-03-12"), settledThrough: day("2024-03-11")))
+        #expect(try await store.closes(of: ["ZZ"], from: day("2024-03-11"), through: day("2024-03-12"))["ZZ"]?.map(\.close) == [6, 7])
+        // An earlier range (a transaction back-dated) leaves where the settled days end.
+        try await store.saveCloses("ZZ", [], covering: day("2024-02-01")...day("2024-02-29"), settledThrough: day("2024-03-11"))
+        #expect(try await store.closeCoverage()["ZZ"] == .init(days: day("2024-02-01")...day("2024-03-12"), settledThrough: day("2024-03-11")))
+        // Without a settled day (an older caller's): all of it is.
+        try await store.saveCloses("YY", [], covering: day("2024-03-01")...day("2024-03-05"))
+        #expect(try await store.closeCoverage()["YY"]?.settledThrough == day("2024-03-05"))
+        // Fetched so early nothing was final: none settled.
+        try await store.saveCloses("XX", [], covering: day("2024-03-10")...day("2024-03-11"), settledThrough: day("2024-03-01"))
+        #expect(try await store.closeCoverage()["XX"]?.settledThrough == day("2024-03-09"))
+    }
+}
