@@ -78,11 +78,17 @@ public struct PolygonREST: MarketReference {
         let url = queryText.isEmpty ? "\(base)\(path)" : "\(base)\(path)?\(queryText)"
         var last: FetchError = .transport("not attempted")
         let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
+        // Retries end with the call's whole time, three timeouts from its first attempt: a host that
+        // fails slowly, or asks to be left alone for minutes, does not hold the caller for minutes.
+        var retriesEnd: ContinuousClock.Instant?
         for attempt in 0..<attempts {
             if attempt > 0 {
-                do { try await Task.sleep(for: backoff.delay(attempt: attempt - 1)) } catch { return .failure(.cancelled) }
+                let delay = backoff.delay(attempt: attempt - 1)
+                if let retriesEnd, ContinuousClock.now + delay >= retriesEnd { return .failure(last) }
+                do { try await Task.sleep(for: delay) } catch { return .failure(.cancelled) }
             }
             if let budget, await budget.take(priority, bounded: false) == .cancelled { return .failure(.cancelled) }
+            if retriesEnd == nil { retriesEnd = .now + timeout * 3 }
             do {
                 let (status, body, retryAfter) = try await gate.run(priority) { [client, apiKey, timeout, maxBodyBytes] in
                     // The timeout covers the whole answer, its body too: AsyncHTTPClient's own ends at
@@ -104,7 +110,11 @@ public struct PolygonREST: MarketReference {
                 if (200..<300).contains(status) { return .success(body) }
                 // Its text reaches logs and clients (a fill's reasons): never with the key in it.
                 last = .status(status, Self.errorText(body, scrubbing: apiKey))
-                if status == 429, let budget { await budget.pause(for: .seconds(retryAfter ?? 1)) }
+                if status == 429, let budget {
+                    await budget.pause(for: .seconds(retryAfter ?? 1))
+                    // A pause past the call's time is waited out by later calls, not by this one.
+                    if let retriesEnd, ContinuousClock.now + .seconds(retryAfter ?? 1) >= retriesEnd { return .failure(last) }
+                }
                 if status != 429 && status < 500 { return .failure(last) }
             } catch {
                 if Task.isCancelled || error is CancellationError { return .failure(.cancelled) }
