@@ -304,7 +304,7 @@ public actor GapFiller {
                 }
             case .failure(.malformed(let what)):
                 requestsFailed.increment()
-                failure = "unreadable REST answer: \(VisibleText.visible(what, limit: RESTError.describedBytes))"
+                failure = "unreadable REST answer: \(what)"
                 break pages
             case .failure(let error):
                 requestsFailed.increment()

@@ -88,7 +88,6 @@ extension PolygonGatewayDialect {
         return ByteBuffer(string: #"{"request_id":"relay","status":"OK","ticker":\#(Self.object(members))}"#)
     }
 
-    /// REST last trade's `results` from a WebSocket trade.
     /// The change from the previous close to the last trade and its percentage (6 places), as JSON
     /// numbers; `nil` without both, or when the ratio overflows (a REST host's tiny close: NaN is no JSON).
     static func todaysChange(last: String?, close: String?) -> (change: String, percent: String)? {
@@ -101,6 +100,7 @@ extension PolygonGatewayDialect {
         return ("\(change)", "\(rounded)")
     }
 
+    /// REST last trade's `results` from a WebSocket trade.
     static func restTrade(_ trade: [String: String], ticker: String) -> String {
         object([
             ("T", "\"\(JSONText.escape(ticker))\""), ("c", trade["c"]), ("f", nanoseconds(trade["trft"])), ("i", trade["i"]), ("p", trade["p"]),

@@ -139,11 +139,14 @@ public struct PolygonREST: MarketReference {
     public func get(nextURL: String, priority: RequestGate.Priority = .foreground) async -> Result<ByteBuffer, FetchError> {
         let base: String
         do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }
-        guard let next = URLComponents(string: nextURL), next.path.hasPrefix("/") else {
-            return .failure(.malformed("next_url \(VisibleText.visible(nextURL, limit: 200)) names no path"))
-        }
-        let prefix = URLComponents(string: base)?.path ?? ""
-        let path = !prefix.isEmpty && prefix != "/" && next.path.hasPrefix(prefix + "/") ? String(next.path.dropFirst(prefix.count)) : next.path
+        // As sent (percent-encoded: an encoded `?` or `#` stays in the path), from the root, and with no
+        // `.` or `..` segment (a proxy in front of the vendor would resolve it to another of its routes).
+        guard let next = URLComponents(string: nextURL), next.percentEncodedPath.hasPrefix("/"),
+            !next.path.split(separator: "/").contains(where: { $0 == "." || $0 == ".." })
+        else { return .failure(.malformed("next_url \(VisibleText.visible(nextURL, limit: RESTError.describedBytes)) names no path of the API")) }
+        let prefix = URLComponents(string: base)?.percentEncodedPath ?? ""
+        let encoded = next.percentEncodedPath
+        let path = !prefix.isEmpty && prefix != "/" && encoded.hasPrefix(prefix + "/") ? String(encoded.dropFirst(prefix.count)) : encoded
         let query = (next.queryItems ?? []).filter { $0.name != "apiKey" }.map { ($0.name, $0.value ?? "") }
         return await get(path, query: query, priority: priority)
     }
@@ -238,7 +241,7 @@ public struct PolygonREST: MarketReference {
 
     /// `/v1/marketstatus/now`: bounded (``MarketStatus/bounded()``; a real answer is about 500 bytes).
     public func marketStatus(priority: RequestGate.Priority = .foreground) async -> Result<MarketStatus, FetchError> {
-        await get("/v1/marketstatus/now", priority: priority, maxBytes: 64 << 10).flatMap { body in
+        await get("/v1/marketstatus/now", priority: priority, maxBytes: Self.singleAnswerBytes).flatMap { body in
             do {
                 guard let status = try JSONDecoder().decode(MarketStatus.self, from: Data(body.readableBytesView)).bounded() else {
                     return .failure(.malformed("market status: a market name of more than \(MarketStatus.maxText) bytes"))

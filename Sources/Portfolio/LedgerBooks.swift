@@ -38,6 +38,21 @@ struct LedgerBooks: Sendable {
         updates[account]?.last { $0.at <= now }
     }
 
+    /// The symbols the active brokerage accounts hold, and the accounts whose transactions make no book
+    /// (what they hold is not known: the others' symbols are followed all the same).
+    func heldSymbols() -> (symbols: Set<String>, broken: [Int64]) {
+        var symbols: Set<String> = []
+        var broken: [Int64] = []
+        for account in accounts where account.kind == .brokerage && account.isActive {
+            guard let book = try? book(of: account.id) else {
+                broken.append(account.id)
+                continue
+            }
+            for position in book.open { symbols.insert(position.symbol) }
+        }
+        return (symbols, broken)
+    }
+
     /// Every open position of the active brokerage accounts in `wanted` (all when empty), merged by
     /// symbol, with the accounts holding each.
     func openPositions(accounts wanted: Set<Int64> = []) throws -> (positions: [String: PositionBook.Position], holders: [String: [Int64]]) {

@@ -149,6 +149,10 @@ public actor PortfolioService: Service {
         }
     }
 
+    /// When the tick's last recomputation failed (`nil`: it did not).
+    private var lastTickFailure: ContinuousClock.Instant?
+    static let retryAfterFailure: Duration = .seconds(10)
+
     /// Once a second: pushes a pending valuation, writes today's snapshot, backfills on a new day.
     private func tick() async {
         while !Task.isCancelled {
@@ -156,7 +160,10 @@ public actor PortfolioService: Service {
                 try await Task.sleep(for: .seconds(1))
                 if pushPending { await valuationChanged() }
                 let today = calendar.day(of: .now)
-                if snapshotDue || ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != today {
+                // After a failure, the next try waits ``retryAfterFailure`` (a database that stays busy or
+                // broken is not asked every second, nor logged every second).
+                let retrying = lastTickFailure.map { ContinuousClock.now - $0 >= Self.retryAfterFailure } ?? true
+                if retrying, snapshotDue || ContinuousClock.now - lastSnapshotWrite >= snapshotInterval || lastBackfillDay != today {
                     snapshotDue = false
                     // Only the days that can have changed: today, the day last recomputed (yesterday's
                     // live value after midnight), and what a change left due.
@@ -165,8 +172,10 @@ public actor PortfolioService: Service {
                     dirtyFrom = nil
                     do {
                         try await backfill(from: from)
+                        lastTickFailure = nil
                     } catch {
                         markDirty(from: from)
+                        lastTickFailure = .now
                         throw error
                     }
                 }
@@ -196,7 +205,11 @@ public actor PortfolioService: Service {
     }
 
     private func followHoldings() async throws {
-        var symbols = Set(try await currentBooks().openPositions().positions.keys)
+        let holding = try await currentBooks().heldSymbols()
+        var symbols = holding.symbols
+        if case let broken = holding.broken, !broken.isEmpty {
+            logger.error("accounts whose transactions make no book (a database edited by hand): their symbols are not followed", metadata: ["accounts": "\(broken)"])
+        }
         // Never a topic from an unchecked symbol: a database written before symbols were checked may
         // hold one that would name other topics upstream (`*`, `X,AM.*`).
         for symbol in symbols {

@@ -1035,21 +1035,25 @@ public final class PortfolioStore: Sendable {
         }
     }
 
+    /// An account's snapshots of the days from `from` through `through`; a row an older version stored
+    /// unreadable is left out (the next recomputation writes its day again).
     public func accountSnapshots(accountID: Int64, from: Day, through: Day) async throws -> [AccountSnapshot] {
         try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM accountSnapshot WHERE accountID = ? AND day >= ? AND day <= ? ORDER BY day",
                 arguments: [accountID, from.description, through.description]
-            ).map(Self.accountSnapshot)
+            ).compactMap { try? Self.accountSnapshot($0) }
         }
     }
 
+    /// The portfolio's totals of the days from `from` through `through`, unreadable rows left out as
+    /// ``accountSnapshots(accountID:from:through:)`` leaves them.
     public func portfolioSnapshots(from: Day, through: Day) async throws -> [PortfolioSnapshot] {
         try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ? AND day <= ? ORDER BY day",
                 arguments: [from.description, through.description]
-            ).map(Self.portfolioSnapshot)
+            ).compactMap { try? Self.portfolioSnapshot($0) }
         }
     }
 }

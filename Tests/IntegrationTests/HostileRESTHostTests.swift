@@ -15,6 +15,8 @@ final class ScriptedRESTHost: Sendable {
     let answers: [String: String]
     /// Requests for paths it has no answer for, by path.
     let unanswered = Mutex<[String: Int]>([:])
+    /// Every request's path and query, as received.
+    let asked = Mutex<[String]>([])
 
     init(answers: [String: String]) { self.answers = answers }
 
@@ -22,8 +24,9 @@ final class ScriptedRESTHost: Sendable {
     func serve<T: Sendable>(_ body: (String) async throws -> T) async throws -> T {
         let router = Router()
         for (path, answer) in answers {
-            router.get(RouterPath(path)) { _, _ in
-                Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: answer)))
+            router.get(RouterPath(path)) { [self] request, _ in
+                self.asked.withLock { $0.append(request.uri.path + "?" + (request.uri.query ?? "")) }
+                return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: answer)))
             }
         }
         router.get("**") { [self] request, _ in
@@ -64,17 +67,28 @@ struct HostileRESTHostTests {
         let host = ScriptedRESTHost(answers: ["/v3/next": #"{"results":[]}"#, "/proxy/v3/next": #"{"results":[1]}"#])
         try await host.serve { base in
             let rest = PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)
-            // The vendor's other name and port: followed, on the relay's address.
+            // The vendor's other name and port: followed, on the relay's address, without a key in the query.
             let page = try await rest.get(nextURL: "https://api.massive.com:443/v3/next?cursor=YWJj&apiKey=leaked").get()
             #expect(String(buffer: page) == #"{"results":[]}"#)
+            #expect(host.asked.withLock { $0 } == ["/v3/next?cursor=YWJj"])
             // Behind a proxy with a path: that path once.
             let proxied = PolygonREST(baseURL: base + "/proxy", apiKey: "k", attempts: 1, client: vendorTestClient)
             #expect(String(buffer: try await proxied.get(nextURL: "https://proxy.example/proxy/v3/next?cursor=YWJj").get()) == #"{"results":[1]}"#)
-            // No path: nothing asked.
-            guard case .failure(.malformed) = await rest.get(nextURL: "cursor=YWJj") else {
-                Issue.record("a next_url without a path was followed")
+            // No path, or one that climbs: nothing asked.
+            for link in ["cursor=YWJj", "https://api.polygon.io/v3/../admin?cursor=a", "https://api.polygon.io/v3/%2e%2e/admin"] {
+                guard case .failure(.malformed) = await rest.get(nextURL: link) else {
+                    Issue.record("\(link) was followed")
+                    continue
+                }
+            }
+            // An encoded `?` or `#` stays in the path: it adds no query and cuts no cursor off.
+            // (Decoded, it would have asked `/v3/next?x=1`, its cursor cut off by the `#`.)
+            let encoded = await rest.get(nextURL: "https://api.polygon.io/v3/next%3Fx=1%23?cursor=YWJj")
+            guard case .failure(.status(404, _)) = encoded else {
+                Issue.record("a path no route of the host's: \(encoded)")
                 return
             }
+            #expect(host.asked.withLock { $0.count } == 2, "\(host.asked.withLock { $0 })")
         }
     }
 

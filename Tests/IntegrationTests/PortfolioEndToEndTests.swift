@@ -202,6 +202,15 @@ struct PortfolioEndToEndTests {
                 try #require(pages <= 3, "the pages did not end")
             }
             #expect(seen == inOrder)
+            // One at a time: each page boundary falls between two rows, two of them of the same date.
+            var single: [Int] = []
+            var link: String? = "/v1/accounts/\(id)/transactions?limit=1"
+            while let path = link, single.count <= inOrder.count {
+                let answer = try await page(path)
+                single += answer.ids
+                link = answer.next
+            }
+            #expect(single == inOrder)
             // Without a limit: the first 1,000, all of these, and no link.
             let all = try await page("/v1/accounts/\(id)/transactions")
             #expect(all.ids == inOrder)

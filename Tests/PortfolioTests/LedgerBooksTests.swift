@@ -130,4 +130,25 @@ struct LedgerBooksTests {
         }
         #expect(triggers == expected.sorted())
     }
+
+    @Test func anActiveAccountWhoseTransactionsMakeNoBookLeavesTheOthersValuedAndFollowed() async throws {
+        let dir = Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let good = try await store.createAccount(name: "G", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        let broken = try await store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
+        _ = try await store.addTransaction(accountID: good.id, date: day("2024-01-02"), kind: .buy, symbol: "ZZ", quantity: 2, price: 10)
+        // What a database edited by hand may hold: a sale of what was never bought, in an active account.
+        try await DatabaseQueue(path: store.path).write { db in
+            try db.execute(
+                sql: #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees, amount) VALUES (?, '2024-01-02', 'sell', 'YY', '1', '1', '0', '0')"#,
+                arguments: [broken.id])
+        }
+        let service = PortfolioService(store: store, hub: MarketDataHub(wire: .polygon))
+        await service.setReference(PriceObservation(value: 30, at: .now, source: .restLastTrade), previousClose: nil, for: "ZZ")
+        try await service.holdingsChanged()
+        #expect(try await service.valuation(accountID: good.id).positionsValue == 60)
+        await #expect(throws: PositionBook.BookError.self) { _ = try await service.valuation(accountID: broken.id) }
+        await #expect(throws: PositionBook.BookError.self) { _ = try await service.valuation() }
+    }
 }
