@@ -130,8 +130,9 @@ final class AddressGuard: Sendable {
         }
     }
 
-    /// The connection's first request is plain HTTP: counts it as an HTTP connection until it closes,
-    /// or says why it is refused (then it is answered so and closed, and not counted).
+    /// The connection's first request is plain HTTP (asked once per connection, when it is known not to
+    /// upgrade; a second ask counts nothing more): counts it as an HTTP connection until it closes, or
+    /// says why it is refused (then it is answered so and closed, and not counted).
     func serveHTTP(_ ticket: Ticket) -> Refusal? {
         state.withLock { state in
             if ticket.http.load(ordering: .acquiring) { return nil }

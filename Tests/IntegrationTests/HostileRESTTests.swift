@@ -274,9 +274,10 @@ struct HostileRESTTests {
         #expect(!reason.contains("upstream-secret") && reason.contains("<relay-upstream-key>"), "\(reason)")
     }
 
-    @Test func aVendorsLongPauseEndsTheFillAtItsTimeLimit() async throws {
-        // A 429 asking for a minute: the account pauses (two minutes at most), the fill does not wait it out.
-        let rest = try HostileREST { _, _ in .limited(retryAfter: "60") }
+    @Test func aVendorsPausesEndTheFillAtItsTimeLimit() async throws {
+        // 429s asking for two seconds each: the account pauses, the call tries again (within its time), and
+        // the fill ends at its own limit, not after the vendor's pauses.
+        let rest = try HostileREST { _, _ in .limited(retryAfter: "2") }
         defer { rest.close() }
         let (reason, recovered, took) = try await Self.fillOfADrop(from: rest) { settings in
             settings.gapFill?.maxDuration = .seconds(3)
@@ -284,7 +285,21 @@ struct HostileRESTTests {
             settings.gateway = GatewaySettings()
         }
         #expect(reason.contains("the fill took longer than 3 s"), "\(recovered)")
-        #expect(took < .seconds(15), "ended at its limit, not after the vendor's pause")
+        #expect(took < .seconds(15), "ended at its limit, not after the vendor's pauses")
+    }
+
+    @Test func aVendorsPauseLongerThanTheCallsTimeEndsTheCallAtOnceWithItsReason() async throws {
+        // A 429 asking for a minute: the account pauses (two minutes at most, for later calls), and this
+        // call gives up at once, its reason the vendor's.
+        let rest = try HostileREST { _, _ in .limited(retryAfter: "60") }
+        defer { rest.close() }
+        let (reason, recovered, took) = try await Self.fillOfADrop(from: rest) { settings in
+            settings.gapFill?.maxDuration = .seconds(30)
+            settings.gateway = GatewaySettings()
+        }
+        #expect(reason.contains("HTTP 429") && reason.contains("slow down"), "\(recovered)")
+        #expect(took < .seconds(15), "not after the vendor's pause")
+        #expect(rest.requests.withLock { $0.count } == 1, "not asked again within the pause")
     }
 
     @Test func aBodyTrickledAByteAtATimeEndsWithinTheRequestTimeout() async throws {
