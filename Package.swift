@@ -397,7 +397,10 @@ let package = Package(
         ),
         .testTarget(
             name: "GatewayTests",
-            dependencies: ["RESTGateway", "PolygonRESTClient", "AlpacaREST", "MarketREST", "MarketCore", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: [
+                "RESTGateway", "PolygonRESTClient", "AlpacaREST", "MarketREST", "MarketCore", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

@@ -74,7 +74,8 @@ public struct PolygonREST: MarketReference {
         components.queryItems = query.map { URLQueryItem(name: $0.0, value: $0.1) }
         let base: String
         do { base = try await baseURL() } catch { return .failure(.transport("no REST address: \(error)")) }
-        let queryText = components.percentEncodedQuery ?? ""
+        // A `+` sent as itself is a space to the vendor: one in a value (a cursor's) goes encoded.
+        let queryText = (components.percentEncodedQuery ?? "").replacingOccurrences(of: "+", with: "%2B")
         let url = queryText.isEmpty ? "\(base)\(path)" : "\(base)\(path)?\(queryText)"
         var last: FetchError = .transport("not attempted")
         let backoff = Backoff(initial: initialBackoff, cap: initialBackoff * 1024)
@@ -110,8 +111,8 @@ public struct PolygonREST: MarketReference {
                 if (200..<300).contains(status) { return .success(body) }
                 // Its text reaches logs and clients (a fill's reasons): never with the key in it.
                 last = .status(status, Self.errorText(body, scrubbing: apiKey))
-                if status == 429, let budget {
-                    await budget.pause(for: .seconds(retryAfter ?? 1))
+                if status == 429 {
+                    if let budget { await budget.pause(for: .seconds(retryAfter ?? 1)) }
                     // A pause past the call's time is waited out by later calls, not by this one.
                     if let retriesEnd, ContinuousClock.now + .seconds(retryAfter ?? 1) >= retriesEnd { return .failure(last) }
                 }
@@ -143,7 +144,7 @@ public struct PolygonREST: MarketReference {
         // `.` or `..` segment (a proxy in front of the vendor would resolve it to another of its routes).
         guard let next = URLComponents(string: nextURL), next.percentEncodedPath.hasPrefix("/"),
             !next.path.split(separator: "/").contains(where: { $0 == "." || $0 == ".." })
-        else { return .failure(.malformed("next_url \(VisibleText.visible(nextURL, limit: RESTError.describedBytes)) names no path of the API")) }
+        else { return .failure(.malformed("next_url \(VisibleText.visible(nextURL, limit: 120)) names no path of the API")) }
         let prefix = URLComponents(string: base)?.percentEncodedPath ?? ""
         let encoded = next.percentEncodedPath
         let path = !prefix.isEmpty && prefix != "/" && encoded.hasPrefix(prefix + "/") ? String(encoded.dropFirst(prefix.count)) : encoded

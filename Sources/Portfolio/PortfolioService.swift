@@ -149,6 +149,9 @@ public actor PortfolioService: Service {
         }
     }
 
+    /// The accounts whose transactions make no book, logged a line a minute.
+    private let brokenBooks = ThrottledLog(every: .seconds(60))
+
     /// When the tick's last recomputation failed (`nil`: it did not).
     private var lastTickFailure: ContinuousClock.Instant?
     static let retryAfterFailure: Duration = .seconds(10)
@@ -208,7 +211,10 @@ public actor PortfolioService: Service {
         let holding = try await currentBooks().heldSymbols()
         var symbols = holding.symbols
         if case let broken = holding.broken, !broken.isEmpty {
-            logger.error("accounts whose transactions make no book (a database edited by hand): their symbols are not followed", metadata: ["accounts": "\(broken)"])
+            // Each write follows the holdings again: a line a minute, not one per write.
+            brokenBooks.log(
+                .error, "broken-books", "accounts whose transactions make no book (a database edited by hand): their symbols are not followed",
+                metadata: ["accounts": "\(broken)"], to: logger)
         }
         // Never a topic from an unchecked symbol: a database written before symbols were checked may
         // hold one that would name other topics upstream (`*`, `X,AM.*`).
@@ -556,7 +562,9 @@ public actor PortfolioService: Service {
             // Nor a REST path from one.
             if HeldSymbol.problem(with: symbol) != nil { continue }
             if let failed = closeFailures[symbol], now - failed < .seconds(600) { continue }
-            for days in Self.closesToFetch(need: need, have: coverage[symbol], calendar: calendar) { work.append((symbol, days)) }
+            for days in Self.closesToFetch(need: need, have: coverage[symbol], settled: Self.settledDay(), calendar: calendar) {
+                work.append((symbol, days))
+            }
         }
         guard !work.isEmpty else { return }
         logger.info(
@@ -564,16 +572,21 @@ public actor PortfolioService: Service {
         closeFetch = Task { await self.fetchCloses(work, from: rest) }
     }
 
-    /// The days to fetch closes for, of those `need`ed, given what the store has (`have`): before its
-    /// coverage, and after it from its last settled day on (the days fetched before they were final are
-    /// asked again with each new day: no request of their own).
-    static func closesToFetch(need: ClosedRange<Day>, have: PortfolioStore.CloseCoverage?, calendar: DayCalendar) -> [ClosedRange<Day>] {
+    /// The days to fetch closes for, of those `need`ed, given what the store has (`have`) and the last day
+    /// final now (`settled`): before its coverage; and after it from its last settled day on, with the
+    /// next new day (the days fetched before they were final asked again in the same request), or once
+    /// they are final when no new day is needed (a symbol sold, an account closed).
+    static func closesToFetch(
+        need: ClosedRange<Day>, have: PortfolioStore.CloseCoverage?, settled: Day, calendar: DayCalendar
+    ) -> [ClosedRange<Day>] {
         guard let have else { return [need] }
         var ranges: [ClosedRange<Day>] = []
         if need.lowerBound < have.days.lowerBound { ranges.append(need.lowerBound...calendar.previous(have.days.lowerBound)) }
-        if need.upperBound > have.days.upperBound {
-            // The first day not settled (the coverage's first when none is), at most the first not covered.
-            ranges.append(max(have.days.lowerBound, calendar.next(min(have.days.upperBound, have.settledThrough)))...need.upperBound)
+        let unsettled = min(have.days.upperBound, have.settledThrough)
+        let refetch = need.upperBound > unsettled && settled > unsettled
+        if need.upperBound > have.days.upperBound || refetch {
+            // The first day not settled (the coverage's first when none is).
+            ranges.append(max(have.days.lowerBound, calendar.next(unsettled))...need.upperBound)
         }
         return ranges
     }

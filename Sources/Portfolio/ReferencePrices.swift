@@ -42,9 +42,7 @@ public struct ReferencePrices: Sendable {
         let (tradeResult, previousResult) = await (trade, previous)
         var reference = Reference()
         if case .success(let last) = tradeResult, last.price > 0 {
-            // Never later than now: a time in the future would keep the price fresh for ever.
-            let at = min(Date(timeIntervalSince1970: Double(last.timestamp) / 1e9), .now)
-            reference.lastTrade = PriceObservation(value: last.price, at: at, source: .restLastTrade)
+            reference.lastTrade = PriceObservation(value: last.price, at: EventPrices.seen(last.timestamp, now: .now), source: .restLastTrade)
         }
         if case .success(let close) = previousResult { reference.previousClose = close }
         if reference.lastTrade == nil, reference.previousClose == nil {

@@ -161,7 +161,10 @@ public final class PortfolioStore: Sendable {
         migrator.registerMigration("v7: the ledger's revision", migrate: addLedgerRevision)
         migrator.registerMigration("v8: settled closes") { db in
             // The last day of a symbol's coverage whose close was final when fetched (NULL: all of them).
-            try db.execute(sql: "ALTER TABLE closeCoverage ADD COLUMN settledThrough TEXT")
+            // A coverage written before knew nothing of it: its last two days are taken as fetched before
+            // they were final, and asked once more.
+            try db.execute(
+                sql: "ALTER TABLE closeCoverage ADD COLUMN settledThrough TEXT; UPDATE closeCoverage SET settledThrough = date(throughDay, '-2 days')")
         }
         return migrator
     }

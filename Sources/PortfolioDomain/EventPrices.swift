@@ -17,13 +17,19 @@ public enum EventPrices {
         switch reading {
         case .trade(let text, _, let at)?:
             guard let price = decimal(text), price > 0 else { return }
-            prices.lastTrade = PriceObservation(value: price, at: date(at) ?? now, source: .trade)
+            prices.lastTrade = PriceObservation(value: price, at: seen(at, now: now), source: .trade)
         case .quote(let bidText, _, let askText, _, let at)?:
             guard let bid = decimal(bidText), let ask = decimal(askText), bid > 0, ask >= bid else { return }
-            prices.lastQuoteMid = PriceObservation(value: (bid + ask) / 2, at: date(at) ?? now, source: .quoteMid)
+            prices.lastQuoteMid = PriceObservation(value: (bid + ask) / 2, at: seen(at, now: now), source: .quoteMid)
         case nil:
             break
         }
+    }
+
+    /// A price's time as it counts: its own, never later than `now` (a time in the future, a clock
+    /// ahead or a crafted one, would keep the price fresh for ever), `now` without one.
+    public static func seen(_ unixNanoseconds: Int64?, now: Date) -> Date {
+        min(date(unixNanoseconds) ?? now, now)
     }
 
     /// A reading's time.

@@ -44,6 +44,15 @@ public final class GatewayCache: Sendable {
                     CREATE TABLE cursors(cursor TEXT PRIMARY KEY NOT NULL, expires_at INTEGER);
                     """)
         }
+        migrator.registerMigration("a week at most") { db in
+            // Answers kept until evicted by a version before: a week from now at most, as new ones are.
+            let weekFromNow = "CAST(strftime('%s', 'now') AS INTEGER) * 1000 + 604800000"
+            try db.execute(
+                sql: """
+                    UPDATE answers SET expires_at = \(weekFromNow) WHERE expires_at IS NULL;
+                    UPDATE cursors SET expires_at = \(weekFromNow) WHERE expires_at IS NULL;
+                    """)
+        }
         try migrator.migrate(queue)
         let bytes = try queue.read { db in try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(bytes), 0) FROM answers") ?? 0 }
         total = Mutex(bytes)

@@ -112,4 +112,3 @@ struct Admission: Sendable {
         for release in releases.reversed() { release() }
     }
 }
-

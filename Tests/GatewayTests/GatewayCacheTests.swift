@@ -1,4 +1,6 @@
 import Foundation
+import GRDB
+import MarketCore
 import NIOCore
 import RESTGateway
 import Testing
@@ -23,6 +25,27 @@ struct GatewayCacheTests {
             #expect(await reopened.answer("b", now: 1_500).map { String(buffer: $0.body) } == "until 2000")
             #expect(await reopened.answer("b", now: 2_000) == nil, "expired")
             #expect(reopened.bytes == first.bytes)
+        }
+    }
+
+    @Test func answersAVersionBeforeKeptUntilEvictedAreKeptAWeekAtMost() async throws {
+        try await withFile { path in
+            let cache = try GatewayCache(path: path, maxBytes: 1 << 20)
+            await cache.store("a", body: ByteBuffer(string: "old"), contentType: "application/json", expires: nil, now: 1_000)
+            await cache.remember(cursors: ["c1"], expires: nil)
+            // As a version before this one left the file: the migration not run yet.
+            try await DatabaseQueue(path: path).write { db in
+                try db.execute(sql: "DELETE FROM grdb_migrations WHERE identifier = 'a week at most'")
+            }
+            let reopened = try GatewayCache(path: path, maxBytes: 1 << 20)
+            let now = WallClock.nowMilliseconds()
+            #expect(await reopened.answer("a", now: now).map { String(buffer: $0.body) } == "old")
+            #expect(await reopened.answer("a", now: now + 8 * 86_400_000) == nil, "gone after a week")
+            guard case .some(.some(let expires)) = await reopened.cursorPolicy("c1", now: now) else {
+                Issue.record("the cursor is kept until evicted")
+                return
+            }
+            #expect(expires <= now + 7 * 86_400_000 + 60_000)
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Testing
 
 @testable import Portfolio
@@ -11,8 +12,9 @@ import Testing
 struct SettledClosesTests {
     @Test func theDaysFetchedBeforeTheyWereFinalAreAskedAgainWithTheNextNewDay() {
         let calendar = DayCalendar.utc
-        func fetch(need: ClosedRange<Day>, have: PortfolioStore.CloseCoverage?) -> [ClosedRange<Day>] {
-            PortfolioService.closesToFetch(need: need, have: have, calendar: calendar)
+        // Final now through the 8th, unless said.
+        func fetch(need: ClosedRange<Day>, have: PortfolioStore.CloseCoverage?, settled: Day = day("2024-03-08")) -> [ClosedRange<Day>] {
+            PortfolioService.closesToFetch(need: need, have: have, settled: settled, calendar: calendar)
         }
         // Nothing yet: everything needed.
         #expect(fetch(need: day("2024-03-01")...day("2024-03-10"), have: nil) == [day("2024-03-01")...day("2024-03-10")])
@@ -23,6 +25,10 @@ struct SettledClosesTests {
         // All settled: from the first day not covered; and before the coverage, what is needed there.
         let settled = PortfolioStore.CloseCoverage(days: day("2024-02-20")...day("2024-03-10"), settledThrough: day("2024-03-10"))
         #expect(fetch(need: day("2024-02-10")...day("2024-03-11"), have: settled) == [day("2024-02-10")...day("2024-02-19"), day("2024-03-11")...day("2024-03-11")])
+        // A symbol no longer held (the need ends where the coverage does): its unsettled days once they are
+        // final, then nothing.
+        #expect(fetch(need: day("2024-03-01")...day("2024-03-10"), have: have, settled: day("2024-03-10")) == [day("2024-03-09")...day("2024-03-10")])
+        #expect(fetch(need: day("2024-03-01")...day("2024-03-10"), have: settled, settled: day("2024-03-20")).isEmpty)
         // None settled: the whole coverage again.
         let unsettled = PortfolioStore.CloseCoverage(days: day("2024-03-09")...day("2024-03-10"), settledThrough: day("2024-03-08"))
         #expect(fetch(need: day("2024-03-09")...day("2024-03-11"), have: unsettled) == [day("2024-03-09")...day("2024-03-11")])
@@ -48,5 +54,27 @@ struct SettledClosesTests {
         // Fetched so early nothing was final: none settled.
         try await store.saveCloses("XX", [], covering: day("2024-03-10")...day("2024-03-11"), settledThrough: day("2024-03-01"))
         #expect(try await store.closeCoverage()["XX"]?.settledThrough == day("2024-03-09"))
+    }
+
+    @Test func aCoverageWrittenBeforeSettledDaysWereKeptHasItsLastTwoDaysAskedOnceMore() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-settled-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        // A file as the version before left it.
+        let old = try DatabaseQueue(path: dir + "/portfolio.sqlite")
+        try PortfolioStore.migrator.migrate(old, upTo: "v7: the ledger's revision")
+        try await old.write { db in
+            try db.execute(sql: "INSERT INTO closeCoverage (symbol, fromDay, throughDay) VALUES ('ZZ', '2024-03-01', '2024-03-10')")
+        }
+        try old.close()
+        let store = try PortfolioStore(directory: dir)
+        #expect(try await store.closeCoverage()["ZZ"] == .init(days: day("2024-03-01")...day("2024-03-10"), settledThrough: day("2024-03-08")))
+    }
+
+    @Test func aPricesTimeIsNeverLaterThanWhenItWasSeen() {
+        let now = Date(timeIntervalSince1970: 1_700_000_000)
+        #expect(EventPrices.seen(1_700_000_100_000_000_000, now: now) == now, "a time in the future counts as now")
+        #expect(EventPrices.seen(1_699_999_000_000_000_000, now: now) == Date(timeIntervalSince1970: 1_699_999_000))
+        #expect(EventPrices.seen(nil, now: now) == now)
     }
 }
