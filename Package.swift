@@ -357,7 +357,7 @@ let package = Package(
         // What several test targets share (a bounded wait for state without a change signal, a tape of quotes).
         .target(
             name: "RelayTestSupport",
-            dependencies: ["Tape"],
+            dependencies: ["Tape", .product(name: "GRDB", package: "GRDB.swift")],
             path: "Tests/RelayTestSupport",
             swiftSettings: strict
         ),
@@ -399,7 +399,7 @@ let package = Package(
             name: "GatewayTests",
             dependencies: [
                 "RESTGateway", "PolygonRESTClient", "AlpacaREST", "MarketREST", "MarketCore", .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "GRDB", package: "GRDB.swift"),
+                "RelayTestSupport", .product(name: "GRDB", package: "GRDB.swift"),
             ],
             swiftSettings: strict
         ),
@@ -416,7 +416,7 @@ let package = Package(
             dependencies: [
                 "RelayComposition", "RelayConfiguration", "RelayServer", "Upstream", "MarketDataHub", "DemoFeed", "PolygonWire", "Portfolio",
                 "RelayBench", "Cluster", "AlpacaWire", "Tape",
-                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST",
+                "PortfolioDomain", "PortfolioData", "PolygonRESTClient", "MarketREST", "RelayTestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "Hummingbird", package: "hummingbird"),

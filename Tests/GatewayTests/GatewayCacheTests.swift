@@ -3,6 +3,7 @@ import GRDB
 import MarketCore
 import NIOCore
 import RESTGateway
+import RelayTestSupport
 import Testing
 
 /// The gateway's cache in a real SQLite file: kept across opens, expired answers not served, the byte
@@ -34,7 +35,7 @@ struct GatewayCacheTests {
             await cache.store("a", body: ByteBuffer(string: "old"), contentType: "application/json", expires: nil, now: 1_000)
             await cache.remember(cursors: ["c1"], expires: nil)
             // As a version before this one left the file: the migration not run yet.
-            try await DatabaseQueue(path: path).write { db in
+            try await sideConnection(to: path).write { db in
                 try db.execute(sql: "DELETE FROM grdb_migrations WHERE identifier = 'a week at most'")
             }
             let reopened = try GatewayCache(path: path, maxBytes: 1 << 20)

@@ -9,6 +9,7 @@ import PolygonWire
 import RelayComposition
 import RelayConfiguration
 import RelayServer
+import RelayTestSupport
 import Testing
 
 /// A session that opens as many connections as its callers ask for (the shared one queues past a few
@@ -138,7 +139,7 @@ struct RESTGatewayTests {
             let unadjusted = try await httpGetWithHeaders("\(base)\(path)?adjusted=false", key: "client-key")
             #expect(unadjusted.status == 200, "\(unadjusted.body)")
         }
-        let expiries = try await DatabaseQueue(path: cache).read { db in try Int64?.fetchAll(db, sql: "SELECT expires_at FROM answers") }
+        let expiries = try await sideConnection(to: cache).read { db in try Int64?.fetchAll(db, sql: "SELECT expires_at FROM answers") }
         #expect(expiries.count == 2)
         #expect(expiries.allSatisfy { ($0 ?? .max) <= WallClock.nowMilliseconds() + 7 * 86_400_000 }, "\(expiries)")
         // A new relay (and a new feed) on the same cache file.

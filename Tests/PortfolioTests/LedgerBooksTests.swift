@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import MarketDataHub
 import PolygonWire
+import RelayTestSupport
 import Testing
 
 @testable import Portfolio
@@ -122,7 +123,7 @@ struct LedgerBooksTests {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         // A migration that rebuilt one of these tables would have dropped its triggers with it.
-        let triggers = try await DatabaseQueue(path: store.path).read { db in
+        let triggers = try await sideConnection(to: store.path).read { db in
             try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
         }
         let expected = ["account", "accountUpdate", "transaction"].flatMap { table in
@@ -139,7 +140,7 @@ struct LedgerBooksTests {
         let broken = try await store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
         _ = try await store.addTransaction(accountID: good.id, date: day("2024-01-02"), kind: .buy, symbol: "ZZ", quantity: 2, price: 10)
         // What a database edited by hand may hold: a sale of what was never bought, in an active account.
-        try await DatabaseQueue(path: store.path).write { db in
+        try await sideConnection(to: store.path).write { db in
             try db.execute(
                 sql: #"INSERT INTO "transaction" (accountID, date, kind, symbol, quantity, price, fees, amount) VALUES (?, '2024-01-02', 'sell', 'YY', '1', '1', '0', '0')"#,
                 arguments: [broken.id])

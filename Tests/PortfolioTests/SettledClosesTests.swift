@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import RelayTestSupport
 import Testing
 
 @testable import Portfolio
@@ -61,7 +62,7 @@ struct SettledClosesTests {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         // A file as the version before left it.
-        let old = try DatabaseQueue(path: dir + "/portfolio.sqlite")
+        let old = try sideConnection(to: dir + "/portfolio.sqlite")
         try PortfolioStore.migrator.migrate(old, upTo: "v7: the ledger's revision")
         try await old.write { db in
             try db.execute(sql: "INSERT INTO closeCoverage (symbol, fromDay, throughDay) VALUES ('ZZ', '2024-03-01', '2024-03-10')")

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import RelayTestSupport
 import Testing
 
 @testable import PortfolioData
@@ -49,7 +50,7 @@ struct StorableValuesTests {
         #expect(closes["ZZ"]?.map(\.close) == [try #require(Decimal(string: "1234.1234567890"))])
 
         // What an older version stored unreadable (an overflow's NaN): skipped by reads, replaced by the next history.
-        try await DatabaseQueue(path: store.path).write { db in
+        try await sideConnection(to: store.path).write { db in
             try db.execute(sql: "INSERT INTO dailyClose (symbol, day, close) VALUES ('ZZ', '2024-01-04', 'NaN')")
             try db.execute(sql: "UPDATE accountSnapshot SET value = 'NaN' WHERE day = '2024-01-02'")
             try db.execute(sql: "UPDATE portfolioSnapshot SET total = 'NaN' WHERE day = '2024-01-02'")
@@ -70,7 +71,7 @@ struct StorableValuesTests {
         let (store, service, account, start, today) = try await SnapshotServiceTests.yearOfCash(in: dir)
         try await service.backfill()
         let day = DayCalendar.utc.day(start, addingDays: 3)
-        try await DatabaseQueue(path: store.path).write { db in
+        try await sideConnection(to: store.path).write { db in
             try db.execute(sql: "UPDATE accountSnapshot SET value = 'NaN' WHERE day = ?", arguments: [day.description])
             try db.execute(sql: "UPDATE portfolioSnapshot SET total = 'NaN' WHERE day = ?", arguments: [day.description])
         }
