@@ -30,7 +30,10 @@ final class SQLiteLockHolder {
         process.standardOutput = output
         try process.run()
         let holder = SQLiteLockHolder(process: process, input: input.fileHandleForWriting)
-        input.fileHandleForWriting.write(Data("BEGIN IMMEDIATE;\nSELECT 'locked';\n".utf8))
+        // It waits for a write of the relay's under way (sqlite3 fails at once by default, then said
+        // `locked` without holding the lock: seen once in a full run), and says `locked` only once its
+        // BEGIN succeeded (`.bail on` ends it at an error).
+        input.fileHandleForWriting.write(Data(".timeout 5000\n.bail on\nBEGIN IMMEDIATE;\nSELECT 'locked';\n".utf8))
         let reader = output.fileHandleForReading
         let said = try await within(.seconds(10), "sqlite3 to take the write lock") {
             // On a thread of its own: a blocking read must not take one of the cooperative pool's.
