@@ -47,6 +47,8 @@ final class CallGate: Sendable {
         /// Set when the store failed to answer (when to ask again), `nil` once it answers.
         var askAgainAt: ContinuousClock.Instant?
         var nextID: UInt64 = 0
+        /// Calls started since the gate was made (a turn passed on counts again).
+        var started = 0
     }
 
     let maxInFlight: Int
@@ -68,6 +70,9 @@ final class CallGate: Sendable {
     }
 
     var counts: Counts { state.withLock { Counts(inFlight: $0.inFlight, waiting: $0.waiting.count) } }
+
+    /// Calls started since the gate was made: how often the store was asked.
+    var started: Int { state.withLock { $0.started } }
 
     /// The caller's turn (``Turn``); after `starts` it must ``leave()`` when its call ends.
     func enter(_ entry: Entry) async -> Turn {
@@ -126,6 +131,7 @@ final class CallGate: Sendable {
             }
         }
         state.inFlight += 1
+        state.started += 1
         return .starts
     }
 
@@ -136,6 +142,7 @@ final class CallGate: Sendable {
                 state.inFlight -= 1
                 return nil
             }
+            state.started += 1
             return state.waiting.removeFirst().continuation
         }
         next?.resume(returning: .starts)

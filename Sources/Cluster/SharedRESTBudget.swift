@@ -55,13 +55,14 @@ public final class SharedRESTBudget: AccountBudget {
 
     public init(
         rate: RESTRate, burst: Int? = nil, maxWaiting: Int = 256, maxWait: Duration = .seconds(10), cluster: ClusterConfiguration,
-        account: String = "account", logger: Logger = Logger(label: "relay.rest-budget")
+        account: String = "account", requestTimeout: Duration = .seconds(1), logger: Logger = Logger(label: "relay.rest-budget")
     ) {
         key = account
         self.rate = rate
         local = RESTBudget(rate: rate, burst: burst, maxWaiting: maxWaiting, maxWait: maxWait)
         connection = NATSConnection(
-            servers: cluster.servers, name: "relay \(cluster.name)/\(cluster.nodeID) REST budget", security: cluster.security, logger: logger)
+            servers: cluster.servers, name: "relay \(cluster.name)/\(cluster.nodeID) REST budget", security: cluster.security,
+            requestTimeout: requestTimeout, logger: logger)
         bucketName = "\(cluster.name)-rest-budget"
         self.logger = logger
     }

@@ -52,6 +52,7 @@ struct CallGateTests {
         #expect(await c.value == .starts)
         #expect(order.seen == ["a", "b", "c"])
         #expect(gate.counts == CallGate.Counts(inFlight: 2, waiting: 0), "each turn passed on, still counted")
+        #expect(gate.started == 5, "two calls, then three turns passed on; the refused started none")
         gate.leave()
         gate.leave()
         #expect(gate.counts == CallGate.Counts(inFlight: 0, waiting: 0))
