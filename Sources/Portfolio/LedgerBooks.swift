@@ -38,12 +38,17 @@ struct LedgerBooks: Sendable {
         updates[account]?.last { $0.at <= now }
     }
 
+    /// The active brokerage accounts in `wanted` (all when empty).
+    private func activeBrokerage(_ wanted: Set<Int64> = []) -> [Account] {
+        accounts.filter { $0.kind == .brokerage && $0.isActive && (wanted.isEmpty || wanted.contains($0.id)) }
+    }
+
     /// The symbols the active brokerage accounts hold, and the accounts whose transactions make no book
     /// (what they hold is not known: the others' symbols are followed all the same).
     func heldSymbols() -> (symbols: Set<String>, broken: [Int64]) {
         var symbols: Set<String> = []
         var broken: [Int64] = []
-        for account in accounts where account.kind == .brokerage && account.isActive {
+        for account in activeBrokerage() {
             guard let book = try? book(of: account.id) else {
                 broken.append(account.id)
                 continue
@@ -58,7 +63,7 @@ struct LedgerBooks: Sendable {
     func openPositions(accounts wanted: Set<Int64> = []) throws -> (positions: [String: PositionBook.Position], holders: [String: [Int64]]) {
         var positions: [String: PositionBook.Position] = [:]
         var holders: [String: [Int64]] = [:]
-        for account in accounts where account.kind == .brokerage && account.isActive && (wanted.isEmpty || wanted.contains(account.id)) {
+        for account in activeBrokerage(wanted) {
             let open = try book(of: account.id).open
             PositionBook.merge(open, into: &positions)
             for position in open { holders[position.symbol, default: []].append(account.id) }

@@ -46,9 +46,11 @@ public actor PortfolioService: Service {
     /// How many close fetches have ended: a recomputation that read the store's coverage before the
     /// latest one ended asks for nothing (its coverage is stale; the fetch's end makes the next tick
     /// recompute with the new one).
-    private var closeFetchesEnded = 0
-    /// When a symbol's closes last failed to come (tried again after ten minutes).
-    private var closeFailures: [String: ContinuousClock.Instant] = [:]
+    public private(set) var closeFetchesEnded = 0
+    /// When a symbol's closes last failed to come, and how long to wait from then before asking again
+    /// (``closeRetryWait(after:)``).
+    private var closeFailures: [String: (at: ContinuousClock.Instant, wait: Duration)] = [:]
+    static let closeRetry: ClosedRange<Duration> = .seconds(600)...(.seconds(86_400))
     /// The latest `holdingsChanged` (the next waits for it).
     private var holdingsSync: Task<Void, any Error>?
     /// Brokerage accounts valued with every price since the relay started.
@@ -210,11 +212,11 @@ public actor PortfolioService: Service {
     private func followHoldings() async throws {
         let holding = try await currentBooks().heldSymbols()
         var symbols = holding.symbols
-        if case let broken = holding.broken, !broken.isEmpty {
+        if !holding.broken.isEmpty {
             // Each write follows the holdings again: a line a minute, not one per write.
             brokenBooks.log(
                 .error, "broken-books", "accounts whose transactions make no book (a database edited by hand): their symbols are not followed",
-                metadata: ["accounts": "\(broken)"], to: logger)
+                metadata: ["accounts": "\(holding.broken)"], to: logger)
         }
         // Never a topic from an unchecked symbol: a database written before symbols were checked may
         // hold one that would name other topics upstream (`*`, `X,AM.*`).
@@ -440,7 +442,9 @@ public actor PortfolioService: Service {
         if let requested, changeMarks != nil {
             from = min(changes.earliest.map { min($0, requested) } ?? requested, today)
         }
-        let accounts = try await store.accounts()
+        // The accounts with their transactions and updates in one read: one state of the ledger.
+        let ledger = try await store.ledger()
+        let accounts = ledger.accounts
         let fetchesEnded = closeFetchesEnded
         let coverage = try await store.closeCoverage()
         var closeNeeds: [String: ClosedRange<Day>] = [:]
@@ -453,9 +457,9 @@ public actor PortfolioService: Service {
             let start = from.map { max($0, first) } ?? first
             switch account.kind {
             case .savings:
-                observations = try await store.updates(accountID: account.id).map { .init(at: $0.at, value: $0.value, source: .update) }
+                observations = (ledger.updates[account.id] ?? []).map { .init(at: $0.at, value: $0.value, source: .update) }
             case .brokerage:
-                let transactions = try await store.transactions(accountID: account.id)
+                let transactions = ledger.transactions[account.id] ?? []
                 cash = PositionBook.cashByDay(transactions)
                 let stored = try await store.accountSnapshots(accountID: account.id, from: start, through: today).filter { $0.source == .valuation }
                 // A stored row's positions value: its value less its cash (older rows have no cash).
@@ -561,7 +565,7 @@ public actor PortfolioService: Service {
         for (symbol, need) in needs.sorted(by: { $0.key < $1.key }) {
             // Nor a REST path from one.
             if HeldSymbol.problem(with: symbol) != nil { continue }
-            if let failed = closeFailures[symbol], now - failed < .seconds(600) { continue }
+            if let failed = closeFailures[symbol], now - failed.at < failed.wait { continue }
             for days in Self.closesToFetch(need: need, have: coverage[symbol], settled: Self.settledDay(), calendar: calendar) {
                 work.append((symbol, days))
             }
@@ -607,25 +611,42 @@ public actor PortfolioService: Service {
             // From a week earlier: the first day may be a holiday, valued with the close before it.
             let from = calendar.day(item.days.lowerBound, addingDays: -CloseValuation.maxCloseAgeDays)
             switch await rest.dailyBars(item.symbol, from: from, to: item.days.upperBound, priority: .bulk) {
+            case .success(let bars) where bars.isEmpty:
+                // Not a day's bar in a week or more: the vendor does not have them (yet, or for this
+                // symbol). Covered, they would never be asked again.
+                closeFailed(item.symbol, item.days, "the answer had no daily bar")
             case .success(let bars):
                 let closes = bars.map { bar in
                     (day: DayCalendar.utc.day(of: Date(timeIntervalSince1970: Double(bar.start) / 1000)), close: bar.close)
                 }
                 do {
                     try await store.saveCloses(item.symbol, closes, covering: from...item.days.upperBound, settledThrough: Self.settledDay())
+                    closeFailures[item.symbol] = nil
                     fetched += 1
                 } catch {
                     logger.warning("daily closes of \(item.symbol) not stored: \(error)")
                 }
             case .failure(let error):
-                closeFailures[item.symbol] = .now
-                logger.warning("no daily closes for \(item.symbol) (\(item.days.lowerBound) to \(item.days.upperBound)): \(error)")
+                closeFailed(item.symbol, item.days, "\(error)")
             }
             if work.count >= 10, (index + 1) % 10 == 0 {
                 logger.info("daily closes: \(index + 1) of \(work.count) ranges")
             }
         }
         logger.info("daily closes fetched", metadata: ["ranges": "\(fetched)", "failed": "\(work.count - fetched)"])
+    }
+
+    /// How long to wait before asking again for closes that did not come, after waiting `previous` since
+    /// the failure before (`nil`: none in a row): ten minutes, twice as long each time, a day at most.
+    static func closeRetryWait(after previous: Duration?) -> Duration {
+        previous.map { min(max($0 * 2, closeRetry.lowerBound), closeRetry.upperBound) } ?? closeRetry.lowerBound
+    }
+
+    /// A symbol's closes did not come: asked again after ``closeRetryWait(after:)``.
+    private func closeFailed(_ symbol: String, _ days: ClosedRange<Day>, _ reason: String) {
+        let wait = Self.closeRetryWait(after: closeFailures[symbol]?.wait)
+        closeFailures[symbol] = (.now, wait)
+        logger.warning("no daily closes for \(symbol) (\(days.lowerBound) to \(days.upperBound)): \(reason); asked again in \(wait)")
     }
 }
 

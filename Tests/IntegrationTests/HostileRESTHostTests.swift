@@ -1,11 +1,13 @@
 import Foundation
 import Hummingbird
 import Logging
+import MarketDataHub
 import MarketREST
 import NIOCore
 import Portfolio
 import PolygonRESTClient
 import PortfolioData
+import PortfolioDomain
 import Synchronization
 import Testing
 
@@ -49,6 +51,29 @@ final class ScriptedRESTHost: Sendable {
 
 @Suite("A REST host's answers are bounded before they are kept")
 struct HostileRESTHostTests {
+    /// An answer without a single daily bar (the vendor does not have them yet, or not for this symbol)
+    /// covers no day: covered, the days would never be asked for again.
+    @Test func anAnswerWithoutADailyBarCoversNoDay() async throws {
+        let host = ScriptedRESTHost(answers: ["/v2/aggs/ticker/ZZ/range/1/day/*/*": #"{"status":"OK","results":[]}"#])
+        try await host.serve { base in
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-no-bars-\(UUID().uuidString)").path
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let store = try PortfolioStore(directory: directory)
+            let bought = Date.now.addingTimeInterval(-30 * 86_400)
+            let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: bought)
+            _ = try await store.addTransaction(
+                accountID: account.id, date: DayCalendar.utc.day(of: bought), kind: .buy, symbol: "ZZ", quantity: 1, price: 10, fees: 0)
+            let service = PortfolioService(
+                store: store, hub: MarketDataHub(wire: .polygon),
+                referencePrices: ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)))
+            try await withServices([service]) {
+                try await eventually("the close fetch to end") { await service.closeFetchesEnded >= 1 }
+            }
+            #expect(host.asked.withLock { $0 }.filter { $0.hasPrefix("/v2/aggs/ticker/ZZ/") }.count == 1)
+            #expect(try await store.closeCoverage()["ZZ"] == nil, "no day is covered by an answer without a bar")
+        }
+    }
+
     @Test func aLastTradeDatedInTheFutureIsTakenAsOfNowNotFreshForEver() async throws {
         let tomorrow = Int64(Date.now.addingTimeInterval(86_400).timeIntervalSince1970) * 1_000_000_000
         let host = ScriptedRESTHost(answers: [

@@ -12,12 +12,8 @@ import Testing
 /// The live valuation's books, kept while the store's ledger revision stays the same, against real SQLite files.
 @Suite("Ledger books")
 struct LedgerBooksTests {
-    static func directory() -> String {
-        FileManager.default.temporaryDirectory.appendingPathComponent("relay-ledger-\(UUID().uuidString)").path
-    }
-
     @Test func theLedgerRevisionChangesWithEveryChangeAValuationReadsByAnyConnection() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("ledger")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         // Another connection to the same file: what `relay portfolio import` in another process is to the server.
@@ -51,7 +47,7 @@ struct LedgerBooksTests {
     }
 
     @Test func aValuationReadsTheLedgerOnlyWhenItChangedAndSeesEveryConnectionsWrites() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("ledger")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let other = try PortfolioStore(directory: dir)
@@ -119,7 +115,7 @@ struct LedgerBooksTests {
     }
 
     @Test func everyTableAValuationReadsCountsItsChangesAfterTheMigrations() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("ledger")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         // A migration that rebuilt one of these tables would have dropped its triggers with it.
@@ -133,7 +129,7 @@ struct LedgerBooksTests {
     }
 
     @Test func anActiveAccountWhoseTransactionsMakeNoBookLeavesTheOthersValuedAndFollowed() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("ledger")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let good = try await store.createAccount(name: "G", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))

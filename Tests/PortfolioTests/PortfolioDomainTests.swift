@@ -3,6 +3,7 @@ import MarketDataHub
 import NIOCore
 import PolygonWire
 import Synchronization
+import RelayTestSupport
 import Testing
 
 @testable import Portfolio
@@ -228,12 +229,8 @@ struct SnapshotTests {
 
 @Suite("Store")
 struct PortfolioStoreTests {
-    func directory() -> String {
-        FileManager.default.temporaryDirectory.appendingPathComponent("relay-portfolio-\(UUID().uuidString)").path
-    }
-
     @Test func concurrentSellsNeverSellMoreThanIsHeld() async throws {
-        let dir = directory()
+        let dir = scratchDirectory("portfolio")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         // Two pools on one file, like `relay serve` and `relay portfolio import` in two processes.
         let first = try PortfolioStore(directory: dir)
@@ -259,7 +256,7 @@ struct PortfolioStoreTests {
     /// Accounts, an account's transactions and the symbols named are bounded: a write past one is a
     /// conflict naming the setting and writes nothing; an import past one writes none of its rows.
     @Test func accountsTransactionsAndSymbolsAreBoundedAndAWritePastThemWritesNothing() async throws {
-        let dir = directory()
+        let dir = scratchDirectory("portfolio")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir, limits: PortfolioLimits(accounts: 2, transactionsPerAccount: 4, updatesPerAccount: 2, symbols: 2))
         let created = instant("2024-01-01T00:00:00Z")
@@ -303,7 +300,7 @@ struct PortfolioStoreTests {
     }
 
     @Test func everythingSurvivesAReopenExactly() async throws {
-        let dir = directory()
+        let dir = scratchDirectory("portfolio")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var store: PortfolioStore? = try PortfolioStore(directory: dir)
         let brokerage = try #require(
@@ -325,7 +322,7 @@ struct PortfolioStoreTests {
     }
 
     @Test func deletingAnAccountRemovesItsRowsClosingKeepsThem() async throws {
-        let dir = directory()
+        let dir = scratchDirectory("portfolio")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let a = try await store.createAccount(name: "A", kind: .savings, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
@@ -346,7 +343,7 @@ struct PortfolioStoreTests {
 
     /// Issue 22 item 11: the bounds, 1970-01-01 and tomorrow, are themselves allowed; a second past either is not.
     @Test func datesFrom1970ThroughTomorrowAreAllowed() async throws {
-        let dir = directory()
+        let dir = scratchDirectory("portfolio")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let account = try await store.createAccount(name: "Epoch", kind: .brokerage, currency: "USD", createdAt: instant("1970-01-01T00:00:00Z"))
@@ -363,7 +360,7 @@ struct PortfolioStoreTests {
     }
 
     @Test func invalidInputNamesTheField() async throws {
-        let dir = directory()
+        let dir = scratchDirectory("portfolio")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let broker = try await store.createAccount(name: "B", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))

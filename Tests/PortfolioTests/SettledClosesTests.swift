@@ -72,6 +72,13 @@ struct SettledClosesTests {
         #expect(try await store.closeCoverage()["ZZ"] == .init(days: day("2024-03-01")...day("2024-03-10"), settledThrough: day("2024-03-08")))
     }
 
+    @Test func closesThatDidNotComeAreAskedAgainAfterTenMinutesThenTwiceAsLongADayAtMost() {
+        #expect(PortfolioService.closeRetryWait(after: nil) == .seconds(600))
+        #expect(PortfolioService.closeRetryWait(after: .seconds(600)) == .seconds(1_200))
+        #expect(PortfolioService.closeRetryWait(after: .seconds(60_000)) == .seconds(86_400))
+        #expect(PortfolioService.closeRetryWait(after: .seconds(86_400)) == .seconds(86_400))
+    }
+
     @Test func aPricesTimeIsNeverLaterThanWhenItWasSeen() {
         let now = Date(timeIntervalSince1970: 1_700_000_000)
         #expect(EventPrices.seen(1_700_000_100_000_000_000, now: now) == now, "a time in the future counts as now")

@@ -1,5 +1,6 @@
 import Foundation
 import MarketDataHub
+import RelayTestSupport
 import Testing
 import PolygonWire
 
@@ -10,10 +11,6 @@ import PolygonWire
 /// The sidecar's snapshot writing against a real SQLite file.
 @Suite("Snapshot service")
 struct SnapshotServiceTests {
-    static func directory() -> String {
-        FileManager.default.temporaryDirectory.appendingPathComponent("relay-snapshots-\(UUID().uuidString)").path
-    }
-
     /// A store in `dir` with one account opened a year ago with a deposit of 100 that day, and a service on it.
     static func yearOfCash(in dir: String) async throws -> (PortfolioStore, PortfolioService, Account, Day, Day) {
         let store = try PortfolioStore(directory: dir)
@@ -57,7 +54,7 @@ struct SnapshotServiceTests {
     }
 
     @Test func aBurstOfWritesSharesTheRecomputationsWaitingFromTheEarliestDayAsked() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("snapshots")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let (store, service, account, start, today) = try await Self.yearOfCash(in: dir)
         let calendar = DayCalendar.utc
@@ -84,7 +81,7 @@ struct SnapshotServiceTests {
     }
 
     @Test func aBackfillWritesOnlyTheDaysThatChanged() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("snapshots")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let (store, service, account, start, today) = try await Self.yearOfCash(in: dir)
         let calendar = DayCalendar.utc
@@ -109,7 +106,7 @@ struct SnapshotServiceTests {
     /// Issue 22 item 11: a change recomputes the days from its own on, the minute's tick today only, and
     /// rows another process added (`relay portfolio import`) from their day on.
     @Test func aRecomputationStartsAtTheDayAChangeTouches() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("snapshots")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let (store, service, account, start, today) = try await Self.yearOfCash(in: dir)
         let calendar = DayCalendar.utc

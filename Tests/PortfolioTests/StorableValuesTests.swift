@@ -11,10 +11,6 @@ import Testing
 /// neither stops the history nor stays.
 @Suite("Storable values")
 struct StorableValuesTests {
-    static func directory() -> String {
-        FileManager.default.temporaryDirectory.appendingPathComponent("relay-storable-\(UUID().uuidString)").path
-    }
-
     @Test func aValueIsRoundedToItsPlacesAndOneWithTooManyDigitsIsNotStorable() throws {
         let long = try #require(Decimal(string: "0.123456789012345678901234"))
         #expect(DecimalText.storable(long, scale: 8) == Decimal(string: "0.12345679"))
@@ -25,7 +21,7 @@ struct StorableValuesTests {
     }
 
     @Test func snapshotsAndClosesAreStoredReadablyAndUnreadableRowsAreSkippedThenReplaced() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("storable")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: instant("2024-01-01T00:00:00Z"))
@@ -66,7 +62,7 @@ struct StorableValuesTests {
     }
 
     @Test func aHistoryWithARowAnOlderVersionStoredUnreadableIsRecomputedAndTheRowReplaced() async throws {
-        let dir = Self.directory()
+        let dir = scratchDirectory("storable")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let (store, service, account, start, today) = try await SnapshotServiceTests.yearOfCash(in: dir)
         try await service.backfill()
