@@ -16,13 +16,7 @@ public enum ClusterChecks {
     ) -> Result<MarketEvent, Rejection> {
         // A market event is far smaller, and a ticker far shorter, than what a publisher could send:
         // past them, the hub and every subscriber's buffer would hold what nobody bounded in bytes.
-        if let problem = EventBounds(maxBytes: maxBytes).problem(bytes: payload.count, ticker: topic.ticker) {
-            return .failure(Rejection(problem))
-        }
-        switch wire.checkedEvent(payload, topic: topic, market: market, receivedAt: receivedAt) {
-        case .success(let event): return checkedPosition(event)
-        case .failure(let rejection): return .failure(Rejection(rejection.reason))
-        }
+        EventCheck(market: market, wire: wire, maxBytes: maxBytes).event(payload, topic: topic, receivedAt: receivedAt).mapError { Rejection($0.reason) }
     }
 
     /// The topic rules of a cluster's market (`market` as its subjects name it) in its protocol: the
@@ -33,15 +27,6 @@ public enum ClusterChecks {
 
     /// The largest event a node takes from NATS, unless its market says otherwise (news: its setting).
     public static let maxEventBytes = UpstreamConfiguration.defaultMaxEventBytes
-
-    /// The event, unless the positions written in it are out of range (0, or past
-    /// ``EventPosition/maxSequence``): no arithmetic is done on a position from NATS that could overflow.
-    static func checkedPosition(_ event: MarketEvent) -> Result<MarketEvent, Rejection> {
-        if let position = EventPosition.readWritten(from: event.bytes), !position.isPlausible {
-            return .failure(Rejection("implausible position _s \(position.topic), _m \(position.market) (1 through \(EventPosition.maxSequence))"))
-        }
-        return .success(event)
-    }
 
     /// The same for a stored value (the cluster's last-value store).
     public static func event(

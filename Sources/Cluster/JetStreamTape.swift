@@ -302,28 +302,23 @@ final class JetStreamTapeBlocks: TapeBlocks {
 }
 
 /// What a node takes from its cluster's tape: each event checked as the node checks one from NATS
-/// (``ClusterChecks/event(_:topic:market:wire:receivedAt:maxBytes:)``). `Sendable`: immutable.
+/// (``EventCheck``). `Sendable`: immutable.
 struct TapeEventCheck: Sendable {
-    let market: Market
-    let wire: any WireProtocol
-    let maxEventBytes: Int
+    let check: EventCheck
     let metrics: ClusterMetrics
     let logger: Logger
 
+    init(market: Market, wire: any WireProtocol, maxEventBytes: Int, metrics: ClusterMetrics, logger: Logger) {
+        check = EventCheck(market: market, wire: wire, maxBytes: maxEventBytes)
+        self.metrics = metrics
+        self.logger = logger
+    }
+
     /// Whether every event of `records` checks; the first that does not is counted and logged.
     func passes(_ records: [TapeRecord]) -> Bool {
-        for case .event(let event) in records {
-            guard let topic = Topic(eventType: event.eventType, ticker: event.ticker) else {
-                metrics.rejected("tape", "a tape block holds an event of no topic (\(ClusterText.visible(event.eventType + "." + event.ticker, limit: 64)))", logger: logger)
-                return false
-            }
-            let checked = event.bytes.withUnsafeReadableBytes { ClusterChecks.event($0, topic: topic, market: market, wire: wire, maxBytes: maxEventBytes) }
-            if case .failure(let rejection) = checked {
-                metrics.rejected("tape", "a tape block holds an event that does not check: \(rejection) (\(topic))", logger: logger)
-                return false
-            }
-        }
-        return true
+        guard let problem = check.problem(in: records) else { return true }
+        metrics.rejected("tape", "a tape block holds an event that does not check: \(ClusterText.visible(problem, limit: 200))", logger: logger)
+        return false
     }
 }
 

@@ -147,6 +147,15 @@ extension Relay {
         return upstreamSources
     }
 
+    /// What an event read from `market`'s tape must be to be taken: what its upstream lets through.
+    func tapeCheck(_ market: Market, wire: any WireProtocol) -> EventCheck {
+        // A news item can be megabytes; other markets keep their cap (a folded book: a whole message).
+        let news = market == .news ? settings.news.maxBytes : nil
+        return EventCheck(
+            market: market, wire: wire, maxBytes: news ?? settings.upstreamTuning.maxEventBytes,
+            maxFoldedBytes: news ?? settings.upstreamTuning.maxMessageBytes)
+    }
+
     /// The vendor, protocol and upstream path a day file of `market` was recorded in (its `source`
     /// record; a tape that does not say: the default vendor's): what its replay and export speak.
     public static func recordedProtocol(of path: String, market: Market) throws -> (vendor: WireVendor, wire: any WireProtocol, path: String?) {
@@ -261,7 +270,7 @@ extension Relay {
         }
         if let replay = source.replay {
             let tape = TapeSource(
-                plan: replay, hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"), metricsFactory: marketMetrics)
+                plan: replay, check: tapeCheck(source.market, wire: wire), hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"), metricsFactory: marketMetrics)
             assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: tape))
             return
         }

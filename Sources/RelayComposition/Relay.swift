@@ -352,12 +352,13 @@ public final class Relay: Service, Sendable {
         if let archive = market.clusterArchive { await market.hub.setArchive(archive) }
         guard let recorder = market.recorder, let limits = settings.history, let tape = settings.tape else { return }
         let name = market.plan.market.rawValue
-        await market.hub.setArchive(TapeArchive(directory: tape.directory, market: name))
+        let check = tapeCheck(market.plan.market, wire: market.hub.wire)
+        await market.hub.setArchive(TapeArchive(directory: tape.directory, market: name, check: check))
         do {
             // Reading the tape back blocks on the disk: on threads made for that, not the cooperative pool.
             let (directory, maxAge, maxBytes) = (tape.directory, limits.maxAge, limits.memoryBytes)
             let tail = try await BlockingWork.run { () throws(TapeTail.NotResumable) in
-                try TapeTail.read(directory: directory, market: name, maxAge: maxAge, maxBytes: maxBytes)
+                try TapeTail.read(directory: directory, market: name, maxAge: maxAge, maxBytes: maxBytes, check: check)
             }
             let events = await market.hub.goOn(from: tail)
             recorder.note(.gap(from: tail.stoppedAt &* 1_000_000, to: WallClock.nowNanoseconds()))

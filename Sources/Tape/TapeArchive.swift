@@ -23,15 +23,16 @@ public final class TapeArchive: EventArchive {
     private let queue: DispatchQueue
 
     /// The day files of `market`'s tape under `directory`: the newest first, and one day further back
-    /// at a time while a client's position is not found (within the read's budget).
-    public convenience init(directory: String, market: String) {
+    /// at a time while a client's position is not found (within the read's budget). A block holding an
+    /// event that does not pass `check` is not read (a gap to whoever asked for it).
+    public convenience init(directory: String, market: String, check: EventCheck) {
         self.init(market: market) { _, days, fewer in
             let files = TapeFile.days(directory: directory, market: market)
             guard files.count >= days else { return nil }
             let paths = files.suffix(days).map(\.path)
             // One more day: its file's index is read, the newer days' kept (each file scanned once a read).
             if let fewer = fewer as? TapeDays, fewer.paths == Array(paths.dropFirst()) { return try? TapeDays(paths[0], before: fewer) }
-            return try? TapeDays(paths: paths)
+            return try? TapeDays(paths: paths, check: check)
         }
     }
 
@@ -63,8 +64,9 @@ public final class TapeArchive: EventArchive {
     public static let readsWaiting = 8
     private let waiting = Atomic<Int>(0)
 
-    /// The most blocks one read decodes (up to 256 KB of records each: about 2 GB), its searches
-    /// included: a resume asking for more is a gap, so no client makes a read unbounded.
+    /// The most blocks one read decodes (256 KB of records each, a larger one counting as its size in
+    /// them: about 2 GB), its searches included: a resume asking for more is a gap, so no client makes a
+    /// read unbounded.
     public static let blocksPerRead = 8192
 
     /// Where a topic's read stands.
@@ -193,7 +195,7 @@ public final class TapeArchive: EventArchive {
                 for reading in readings.indices where readings[reading].answer == nil { readings[reading].answer = readings[reading].gap("too far back to read at once") }
                 return nil
             }
-            budget -= 1
+            budget -= reader.readCost(ofBlock: index)
             guard let records = reader.records(inBlock: index) else {
                 breakActive("a damaged block of the tape")
                 continue
@@ -315,7 +317,7 @@ public final class TapeArchive: EventArchive {
             guard !overflow else { return .failure(Gap(answer: .gap(from: 0, through: 0, unit: "unix_ms", reason: "not a time on the tape"))) }
             var index = reader.firstBlock(atOrAfter: time)
             while index < reader.blockCount, budget > 0 {
-                budget -= 1
+                budget -= reader.readCost(ofBlock: index)
                 for event in Self.events(inBlock: index, of: reader, epoch: epoch) where event.receivedAt >= time { return .success(event.sequence - 1) }
                 index += 1
             }
@@ -326,7 +328,7 @@ public final class TapeArchive: EventArchive {
             guard position > 0 else { return .success(0) }
             var index = min(reader.firstBlock(atOrAfterSequence: request.until), reader.blockCount - 1)
             while index >= 0, budget > 0 {
-                budget -= 1
+                budget -= reader.readCost(ofBlock: index)
                 let events = Self.events(inBlock: index, of: reader, epoch: epoch).filter { $0.eventType == topic.eventType && $0.ticker == topic.ticker }
                 if let found = events.first(where: { $0.topicSequence == position }) { return .success(found.sequence) }
                 if let oldest = events.first, oldest.topicSequence < position {
@@ -367,8 +369,15 @@ extension TapeEvent {
 }
 
 extension TapeBlocks {
+    /// What decoding block `index` costs, in blocks of 256 KB of records (a header may claim up to 64 MB:
+    /// a block of zeros that compresses to almost nothing).
+    func readCost(ofBlock index: Int) -> Int {
+        header(ofBlock: index).map { Int(($0.uncompressedLength >> 18) + 1) } ?? 1
+    }
+
     /// The nearest block at or before `index` that says what was wanted (a `holding` record), at most
-    /// two holding intervals and ``mostBlocksBack`` blocks before it; `index` itself when none is found.
+    /// two holding intervals and ``mostBlocksBack`` blocks (of 256 KB of records: ``readCost(ofBlock:)``)
+    /// before it; `index` itself when none is found.
     public func holdingBlock(atOrBefore index: Int) -> Int {
         var decoded = 0
         return holdingBlock(atOrBefore: index, decoded: &decoded)
@@ -382,8 +391,10 @@ extension TapeBlocks {
         guard let floor = header(ofBlock: target).map({ $0.firstTime.subtractingReportingOverflow(2 * TapeWriter.holdingInterval) })
         else { return target }
         var start = target
-        while start >= 0, target - start < TapeWriter.mostBlocksBack {
-            decoded += 1
+        var cost = 0
+        while start >= 0, cost < TapeWriter.mostBlocksBack {
+            cost += readCost(ofBlock: start)
+            decoded += readCost(ofBlock: start)
             if (records(inBlock: start) ?? []).contains(where: { if case .holding = $0 { true } else { false } }) { return start }
             guard start > 0, !floor.overflow, let before = header(ofBlock: start - 1), before.lastTime >= floor.partialValue else { break }
             start -= 1

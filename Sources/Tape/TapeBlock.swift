@@ -144,10 +144,10 @@ enum TapeScan {
     }
 
     /// The file's first whole block (what ``blocks(descriptor:length:)`` would find first), reading
-    /// only as far as it.
-    static func firstBlock(descriptor: Int32, length: Int64) -> TapeBlock? {
+    /// only as far as it, and looking for one that starts within the first `within` bytes only.
+    static func firstBlock(descriptor: Int32, length: Int64, within: Int64 = .max) -> TapeBlock? {
         if let block = block(at: 0, descriptor: descriptor, length: length) { return block }
-        return nextBlock(after: 0, descriptor: descriptor, length: length).flatMap { block(at: $0, descriptor: descriptor, length: length) }
+        return nextBlock(after: 0, descriptor: descriptor, length: length, before: within).flatMap { block(at: $0, descriptor: descriptor, length: length) }
     }
 
     private static func block(at offset: Int64, descriptor: Int32, length: Int64) -> TapeBlock? {
@@ -158,12 +158,13 @@ enum TapeScan {
         return block.end <= length ? block : nil
     }
 
-    /// The first offset past `offset` where a whole block starts: the magic, then a header that checks.
-    private static func nextBlock(after offset: Int64, descriptor: Int32, length: Int64) -> Int64? {
+    /// The first offset past `offset` (and before `end`) where a whole block starts: the magic, then a
+    /// header that checks.
+    private static func nextBlock(after offset: Int64, descriptor: Int32, length: Int64, before end: Int64 = .max) -> Int64? {
         let chunk = 64 << 10
         var start = offset + 1
         var buffer = [UInt8](repeating: 0, count: chunk + 3)
-        while start + Int64(TapeBlockHeader.size) <= length {
+        while start + Int64(TapeBlockHeader.size) <= length, start < end {
             let count = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, off_t(start)) }
             guard count >= 4 else { return nil }
             for index in 0...(count - 4)

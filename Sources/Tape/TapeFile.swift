@@ -35,35 +35,51 @@ public enum TapeFile {
         return markets.sorted()
     }
 
-    /// The day files of `market`'s tape, oldest first, with their sizes.
-    public static func days(directory: String, market: String) -> [(day: String, path: String, bytes: Int64)] {
+    /// The day files of `market`'s tape, oldest first, with the bytes each takes on the disk: regular
+    /// files named for a day (``isTapeDay(_:)``; with `future`, any real day, a later one included).
+    /// A sparse file counts the blocks it takes, not the size it claims.
+    public static func days(directory: String, market: String, future: Bool = false) -> [(day: String, path: String, bytes: Int64)] {
         let folder = "\(directory)/\(market)"
         guard let handle = opendir(folder) else { return [] }
         defer { closedir(handle) }
         var days: [(day: String, path: String, bytes: Int64)] = []
         while let entry = readdir(handle) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard name.hasSuffix(".tape"), name.count == 15, isTapeDay(String(name.prefix(10))) else { continue }
+            let day = String(name.prefix(10))
+            guard name.hasSuffix(".tape"), name.count == 15, future ? midnight(of: day) != nil : isTapeDay(day) else { continue }
             let path = "\(folder)/\(name)"
             var info = stat()
-            guard stat(path, &info) == 0 else { continue }
-            days.append((String(name.prefix(10)), path, Int64(info.st_size)))
+            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
+            days.append((day, path, min(Int64(info.st_size), Int64(info.st_blocks).multipliedReportingOverflow(by: 512).partialValue)))
         }
         return days.sorted { $0.day < $1.day }
     }
 
-    /// Deletes `market`'s oldest day files, never `today`'s, while there are more than `keepDays` days
-    /// (today included) or they hold more than `maxBytes`. The days deleted.
+    /// The bytes of `days`, added up without overflow.
+    static func total(_ days: [(day: String, path: String, bytes: Int64)]) -> Int64 {
+        days.reduce(Int64(0)) { sum, day in
+            let (added, overflow) = sum.addingReportingOverflow(max(day.bytes, 0))
+            return overflow ? .max : added
+        }
+    }
+
+    /// Deletes `market`'s day files while there are more than `keepDays` days (today included) or they
+    /// hold more than `maxBytes`: first those named for a day after tomorrow (a clock that was set ahead
+    /// wrote them; no reader reads them), then the oldest; never `today`'s or tomorrow's. One that cannot
+    /// be deleted is passed over. The days deleted.
     @discardableResult
     public static func prune(directory: String, market: String, today: String, keepDays: Int, maxBytes: Int64) -> [String] {
-        var days = days(directory: directory, market: market)
-        var total = days.reduce(0) { $0 + $1.bytes }
+        let days = days(directory: directory, market: market, future: true)
+        let tomorrow = midnight(of: today).map { day(of: $0 + 86_400 * 1_000_000_000) } ?? today
+        var total = total(days)
+        var count = days.count
         var deleted: [String] = []
-        while let oldest = days.first, oldest.day < today, days.count > keepDays || total > maxBytes {
-            guard unlink(oldest.path) == 0 else { break }
-            deleted.append(oldest.day)
-            total -= oldest.bytes
-            days.removeFirst()
+        for candidate in days.filter({ $0.day > tomorrow }) + days.filter({ $0.day < today }) {
+            guard count > keepDays || total > maxBytes else { break }
+            guard unlink(candidate.path) == 0 else { continue }
+            deleted.append(candidate.day)
+            total -= candidate.bytes
+            count -= 1
         }
         return deleted
     }
@@ -235,18 +251,23 @@ public final class TapeDayFiles: TapeBlockSink {
         offset = end
     }
 
-    /// What `market`'s day files under `directory` hold now.
+    /// What `market`'s day files under `directory` hold now (those named for a day after tomorrow too).
     public static func held(directory: String, market: String) -> TapeHeld {
-        let days = TapeFile.days(directory: directory, market: market)
-        // The oldest day's first block, read alone (not the file's whole index: once a minute).
-        let since = days.lazy.compactMap { day -> Int64? in
+        let days = TapeFile.days(directory: directory, market: market, future: true)
+        // The oldest day's first block, read alone (not the file's whole index: once a minute), looked
+        // for in the file's first bytes only: a file of junk is not scanned to its end each time.
+        let since = days.lazy.filter { TapeFile.isTapeDay($0.day) }.compactMap { day -> Int64? in
             let descriptor = Glibc.open(day.path, O_RDONLY | O_CLOEXEC)
             guard descriptor >= 0 else { return nil }
             defer { close(descriptor) }
-            return TapeScan.firstBlock(descriptor: descriptor, length: Int64(lseek(descriptor, 0, SEEK_END)))?.header.firstTime
+            let length = Int64(lseek(descriptor, 0, SEEK_END))
+            return TapeScan.firstBlock(descriptor: descriptor, length: length, within: Self.firstBlockWithin)?.header.firstTime
         }.first
-        return TapeHeld(bytes: days.reduce(0) { $0 + $1.bytes }, days: days.count, since: since, store: "disk")
+        return TapeHeld(bytes: TapeFile.total(days), days: days.count, since: since, store: "disk")
     }
+
+    /// How far into a day file its first block is looked for (past a damaged start) by ``held(directory:market:)``.
+    static let firstBlockWithin: Int64 = 4 << 20
 
     public func write(_ block: [UInt8], epoch: String?) throws {
         guard descriptor >= 0 else { throw TapeError("no day file of the \(market) tape is open") }
@@ -562,13 +583,13 @@ public final class TapeDays: TapeBlocks {
     /// The day files, oldest first.
     public var paths: [String] { readers.map(\.path) }
 
-    public convenience init(paths: [String]) throws {
-        try self.init(readers: paths.map { try TapeReader(path: $0) })
+    public convenience init(paths: [String], check: EventCheck? = nil) throws {
+        try self.init(readers: paths.map { try TapeReader(path: $0, check: check) })
     }
 
-    /// The day file at `path` before the days of `later` (whose files are not read again).
+    /// The day file at `path` before the days of `later` (whose files are not read again), read as they are.
     public convenience init(_ path: String, before later: TapeDays) throws {
-        try self.init(readers: [TapeReader(path: path)] + later.readers)
+        try self.init(readers: [TapeReader(path: path, check: later.readers.first?.check)] + later.readers)
     }
 
     private init(readers: [TapeReader]) {
@@ -605,12 +626,18 @@ public final class TapeDays: TapeBlocks {
 }
 
 /// Decodes blocks held whole in memory (a stream's messages): each block is its header and its frame.
+/// A block whose records do not fit its header, or (given a check) holds an event the relay would not
+/// take from its upstream, does not check: a file in the tape's folder is only as trusted as whoever
+/// may write there.
 /// Not `Sendable`: a decompression context.
 public final class TapeBlockDecoder {
     private let decompressor: ZstdDecompressor
+    /// What each event must be to be read (`nil`: its bytes are not looked at).
+    let check: EventCheck?
 
-    public init() throws {
+    public init(check: EventCheck? = nil) throws {
         decompressor = try ZstdDecompressor()
+        self.check = check
     }
 
     /// The header of the block in `bytes`, `nil` when it does not check or the frame is not all there.
@@ -630,9 +657,20 @@ public final class TapeBlockDecoder {
             let records = RecordLayout.records(
                 in: payload, baseTime: header.firstTime, baseSequence: header.firstSequence, expected: Int(header.records),
                 most: Int(header.records)),
-            records.count == Int(header.records)
+            records.count == Int(header.records), Self.fit(records, header), check?.problem(in: records) == nil
         else { return nil }
         return records
+    }
+
+    /// Whether every event is within what its block's header says (the writer writes no other): received
+    /// by its last time, positioned at most its last sequence, its topic's position a plausible one. A
+    /// position past them read back at a restart would be carried into the run's live positions.
+    static func fit(_ records: [TapeRecord], _ header: TapeBlockHeader) -> Bool {
+        for case .event(let event) in records
+        where event.receivedAt > header.lastTime || event.sequence > header.lastSequence || event.topicSequence > EventPosition.maxSequence {
+            return false
+        }
+        return true
     }
 }
 
@@ -645,6 +683,8 @@ public final class TapeReader: TapeBlocks {
     public let path: String
     private let descriptor: Int32
     private let decoder: TapeBlockDecoder
+    /// What each event must be to be read.
+    public var check: EventCheck? { decoder.check }
     /// The file's whole blocks, in order.
     public private(set) var blocks: [TapeBlock]
     /// Blocks that could not be read (their frame or records did not check), by index.
@@ -653,9 +693,11 @@ public final class TapeReader: TapeBlocks {
     /// Byte ranges between blocks that are not blocks (a damaged header: its block is lost).
     public private(set) var damaged: [Range<Int64>] = []
 
-    public init(path: String) throws {
+    /// - Parameter check: what each event must be to be read (``TapeBlockDecoder``); `nil`: a tool's read
+    ///   (`relay tape ls`, an export) that shows what is there.
+    public init(path: String, check: EventCheck? = nil) throws {
         self.path = path
-        decoder = try TapeBlockDecoder()
+        decoder = try TapeBlockDecoder(check: check)
         descriptor = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else { throw TapeError.system("opening", path) }
         let found = TapeScan.blocks(descriptor: descriptor, length: Int64(lseek(descriptor, 0, SEEK_END)))
@@ -710,8 +752,8 @@ public final class TapeReader: TapeBlocks {
 
     /// The records of the window `from...through` (UTC ns), in order, a block decoded at a time as they
     /// are read: events received in it, gaps overlapping it, other records made in it. The first block
-    /// is found by binary search; the reading ends at the first event past the window. Blocks that do
-    /// not check are skipped (``skippedBlocks``).
+    /// is found by binary search; the blocks after it are read while they begin within the window (the
+    /// headers of the rest are looked at). Blocks that do not check are skipped (``skippedBlocks``).
     public func records(from: Int64, through: Int64) -> Window { Window(reader: self, from: from, through: through) }
 
     /// What ``records(from:through:)`` reads. Not `Sendable`: its reader's.
@@ -737,13 +779,9 @@ public final class TapeReader: TapeBlocks {
                 if let record = records?.next() {
                     switch record {
                     case .event(let event):
-                        guard event.receivedAt >= from else { continue }
-                        guard event.receivedAt <= through else {
-                            // Records are in arrival order: nothing later is in the window.
-                            block = reader.blocks.count
-                            records = nil
-                            return nil
-                        }
+                        // Passed over, not an end: one dated far ahead (a clock stepped back, a file
+                        // written by hand) would else cut off every event after it.
+                        guard (from...through).contains(event.receivedAt) else { continue }
                     case .gap(let start, let end):
                         guard end >= from, start <= through else { continue }
                     default:
@@ -751,9 +789,12 @@ public final class TapeReader: TapeBlocks {
                     }
                     return record
                 }
-                guard block < reader.blocks.count, reader.blocks[block].header.firstTime <= through else { return nil }
-                records = (reader.records(inBlock: block) ?? []).makeIterator()
+                guard block < reader.blocks.count else { return nil }
                 block += 1
+                // A block that begins past the window is passed over undecoded, not an end: blocks are in
+                // arrival order, but one may be dated far ahead.
+                guard reader.blocks[block - 1].header.firstTime <= through else { continue }
+                records = (reader.records(inBlock: block - 1) ?? []).makeIterator()
             }
         }
     }

@@ -1,3 +1,4 @@
+import MarketCore
 import NIOCore
 
 /// One thing the tape holds, in the order the relay received it: a market event as it came from the
@@ -40,6 +41,17 @@ public enum TapeRecord: Sendable, Equatable {
         case .stopped(let at): at
         case .holding(_, let at): at
         }
+    }
+}
+
+extension EventCheck {
+    /// Why the first event of `records` that is none the relay takes is not, or `nil` when all are.
+    public func problem(in records: [TapeRecord]) -> String? {
+        for case .event(let event) in records {
+            let found: String? = event.bytes.withUnsafeReadableBytes { self.problem(eventType: event.eventType, ticker: event.ticker, bytes: $0) }
+            if let found { return found }
+        }
+        return nil
     }
 }
 

@@ -18,6 +18,8 @@ public struct TapeTail: PriorRun {
     /// The first block read back, and the receive time (UTC ns) from which events are kept.
     let firstBlock: Int
     let keepFrom: Int64
+    /// What each event read back must be (a block holding one that is not is an interruption).
+    let check: EventCheck
 
     /// Why a tape gives no run to go on from (told in the log at start).
     public struct NotResumable: Error, CustomStringConvertible {
@@ -29,12 +31,13 @@ public struct TapeTail: PriorRun {
     /// - Parameters:
     ///   - maxAge: how long before the stop events are read back (the history's age bound).
     ///   - maxBytes: at most this many bytes of records (before compression) are read back.
-    public static func read(directory: String, market: String, maxAge: Duration, maxBytes: Int) throws(NotResumable) -> TapeTail {
+    ///   - check: what each event read back must be (``TapeBlockDecoder``).
+    public static func read(directory: String, market: String, maxAge: Duration, maxBytes: Int, check: EventCheck) throws(NotResumable) -> TapeTail {
         guard let newest = TapeFile.days(directory: directory, market: market).last else {
             throw NotResumable(description: "nothing recorded yet")
         }
         let reader: TapeReader
-        do { reader = try TapeReader(path: newest.path) } catch { throw NotResumable(description: "\(error)") }
+        do { reader = try TapeReader(path: newest.path, check: check) } catch { throw NotResumable(description: "\(error)") }
         guard let last = reader.blocks.indices.last else { throw NotResumable(description: "\(newest.path) holds no block") }
         guard let records = reader.records(inBlock: last) else { throw NotResumable(description: "the last block of \(newest.path) does not read") }
         // Every block begins with its epoch: the last one named in the last block is the run's.
@@ -72,7 +75,7 @@ public struct TapeTail: PriorRun {
         let start = reader.holdingBlock(atOrBefore: first)
         return TapeTail(
             path: newest.path, epoch: epoch, lastMarketSequence: lastSequence, stoppedAt: stopped / 1_000_000, clean: clean, firstBlock: start,
-            keepFrom: keepFrom)
+            keepFrom: keepFrom, check: check)
     }
 
     /// The records from ``firstBlock`` to the end, as steps: the epoch's events (from ``keepFrom``), the
@@ -92,7 +95,7 @@ public struct TapeTail: PriorRun {
 
         init(tail: TapeTail) {
             self.tail = tail
-            reader = try? TapeReader(path: tail.path)
+            reader = try? TapeReader(path: tail.path, check: tail.check)
             block = tail.firstBlock
         }
 

@@ -61,12 +61,16 @@ public struct TapeExport: Sendable {
             }
             if !text.isEmpty { try write(text) }
         case .csv:
-            // The columns: every field of the events exported, in the order first seen (a first pass).
+            // The columns: every field of the events exported, in the order first seen (a first pass), at
+            // most ``maxColumns`` (each row writes each column: events each with a field of its own would
+            // make the file grow as their count squared).
             var columns: [String] = []
             var known = Set<String>()
             var first = Outcome()
             try events(reader, &first) { _, json in
-                for key in JSONFields.keys(json) where !Self.identity.contains(key) && known.insert(key).inserted { columns.append(key) }
+                for key in JSONFields.keys(json) where columns.count < Self.maxColumns && !Self.identity.contains(key) && known.insert(key).inserted {
+                    columns.append(key)
+                }
             }
             var text = (["received_ns", "received_utc", "topic_sequence", "market_sequence", "event_type", "symbol"] + columns).map(Self.csvCell).joined(separator: ",") + "\n"
             try events(reader, &outcome) { event, json in
@@ -88,6 +92,9 @@ public struct TapeExport: Sendable {
 
     /// The fields that name an event's type and symbol (their own columns in CSV).
     static let identity: Set<String> = ["ev", "sym", "pair", "T", "S"]
+
+    /// The most fields a CSV export has a column for (those first seen; the others are left out).
+    static let maxColumns = 1_000
 
     /// Each event of the window and topics, with its JSON text.
     private func events(_ reader: TapeReader, _ outcome: inout Outcome, _ body: (TapeEvent, String) throws -> Void) throws {

@@ -85,6 +85,9 @@ public struct ReplayPlan: Sendable, Equatable {
 /// `Sendable`; a `Service`.
 public final class TapeSource: MarketSource {
     private let plan: ReplayPlan
+    /// What each event replayed must be: what the upstream would let through (a block holding one that
+    /// is not is skipped as damaged).
+    private let check: EventCheck
     private let hub: MarketDataHub
     private let interest: LocalInterest
     private let logger: Logger
@@ -110,8 +113,10 @@ public final class TapeSource: MarketSource {
     private let eventsReplayed: Counter
 
     public init(
-        plan: ReplayPlan, hub: MarketDataHub, interest: LocalInterest, logger: Logger, metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance
+        plan: ReplayPlan, check: EventCheck, hub: MarketDataHub, interest: LocalInterest, logger: Logger,
+        metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance
     ) {
+        self.check = check
         passesStarted = Counter(label: "relay_tape_replays_total", factory: metricsFactory)
         eventsReplayed = Counter(label: "relay_tape_replay_events_total", factory: metricsFactory)
         self.plan = plan
@@ -208,8 +213,14 @@ public final class TapeSource: MarketSource {
     /// The tape is read a little ahead on a task of its own (``readAhead(_:into:)``): a
     /// block's decompression and decoding no longer stop the hand-over of the events before it.
     private func pass() async throws -> Int {
-        let (path, from, through) = (plan.path, plan.from ?? .min, plan.to ?? .max)
-        let window = try await BlockingWork.run { () throws in TapeWindow(try TapeReader(path: path).records(from: from, through: through)) }
+        // Within the file's own day: an event recorded far from it (a clock set wrong, a file written by
+        // hand) would else hold the pace for as long as its distance says.
+        let day = TapeFile.midnight(of: plan.day).map { $0...($0 + 86_400 * 1_000_000_000) } ?? Int64.min...Int64.max
+        let (from, through) = (max(plan.from ?? .min, day.lowerBound), min(plan.to ?? .max, day.upperBound))
+        let (path, check) = (plan.path, check)
+        let window = try await BlockingWork.run { () throws in
+            TapeWindow(try TapeReader(path: path, check: check).records(from: from, through: through))
+        }
         note { $0.state = "replaying" }
         passesStarted.increment()
         var details: [String: Notice.Value] = [

@@ -388,7 +388,7 @@ struct TaggedSessionTests {
         }
         try writer.flush()
         let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
-        await hub.setArchive(TapeArchive(directory: directory, market: "stocks"))
+        await hub.setArchive(TapeArchive(directory: directory, market: "stocks", check: EventCheck(market: .stocks, wire: PolygonWireProtocol(), maxBytes: 64 << 10)))
         let aapl = try #require(Topic(parsing: "Q.AAPL"))
         // Another client holds AAPL throughout: this term's is whole from its first event.
         let holder = await hub.subscribe(to: [aapl])

@@ -33,7 +33,7 @@ struct CrossTermResumeTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
 
         let hub = MarketDataHub(wire: .polygon, adoptsPositions: true)
-        await hub.setArchive(TapeArchive(directory: directory, market: "stocks"))
+        await hub.setArchive(TapeArchive(directory: directory, market: "stocks", check: stocksCheck))
         let aapl = try #require(Topic(parsing: "Q.AAPL"))
         // Another client holds AAPL throughout, so this term's is whole from its first.
         let holder = await hub.subscribe(to: [aapl])
@@ -116,7 +116,7 @@ struct CrossTermResumeTests {
         let (reading, readingStarted) = AsyncStream<Void>.makeStream()
         let gate = ReadGate()
         let hub = MarketDataHub(wire: .polygon, history: history, adoptsPositions: true)
-        await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks"), reading: readingStarted, gate: gate))
+        await hub.setArchive(GatedArchive(inner: TapeArchive(directory: directory, market: "stocks", check: stocksCheck), reading: readingStarted, gate: gate))
         return (hub, reading, gate)
     }
 

@@ -41,7 +41,7 @@ struct TapeArchiveTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let events = try tape(in: directory, leaving: missing, from: first)
-        try await body(TapeArchive(directory: directory, market: "stocks"), events)
+        try await body(TapeArchive(directory: directory, market: "stocks", check: stocksCheck), events)
     }
 
     func sequences(_ answer: ArchiveAnswer?) -> [UInt64]? {
@@ -121,7 +121,7 @@ struct TapeArchiveTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         _ = try tape(in: directory)
-        let archive = TapeArchive(directory: directory, market: "stocks")
+        let archive = TapeArchive(directory: directory, market: "stocks", check: stocksCheck)
         do {
             let trades = try #require(Topic(parsing: "T.*"))
             let far = await archive.reading([ArchiveRequest(topic: trades, since: .market(1), until: 200)], epoch: "e1", limit: 1_000)
@@ -155,7 +155,7 @@ struct TapeArchiveTests {
         try writer.append(.epoch("e1", at: Self.start))
         try writer.append(.event(TapeEvent(receivedAt: Self.start + 1_000_000, sequence: 0, eventType: "T", ticker: "A", bytes: [0x7B, 0x7D])))
         try writer.flush()
-        let archive = TapeArchive(directory: directory, market: "stocks")
+        let archive = TapeArchive(directory: directory, market: "stocks", check: stocksCheck)
         let trades = try #require(Topic(parsing: "T.*"))
         let answers = await archive.missed([ArchiveRequest(topic: trades, since: .time(Self.start / 1_000_000), until: 10)], epoch: "e1", limit: 100)
         #expect(answers[trades] != nil)
@@ -175,7 +175,7 @@ struct TapeArchiveTests {
         try writer.append(.epoch("e2", at: end + 5_000_000_000))
         try writer.append(.holding(["Q.AAPL"], at: end + 5_000_000_000))
         try writer.flush()
-        let archive = TapeArchive(directory: directory, market: "stocks")
+        let archive = TapeArchive(directory: directory, market: "stocks", check: stocksCheck)
         let apple = try #require(Topic(parsing: "Q.AAPL"))
         let answers = await archive.missed([ArchiveRequest(topic: apple, since: .topic(60), until: ArchiveRequest.epochEnd)], epoch: "e1", limit: 1_000)
         guard case .throughEnd(_, let positions, let endedAt) = answers[apple] else {
@@ -212,7 +212,7 @@ struct TapeArchiveTests {
         try appendQuotes(to: writer, epoch: "e1", 1...300, at: first)
         try writer.flush()
         #expect(TapeFile.days(directory: directory, market: "stocks").map(\.day) == ["2026-11-27", "2026-11-28"])
-        let archive = TapeArchive(directory: directory, market: "stocks")
+        let archive = TapeArchive(directory: directory, market: "stocks", check: stocksCheck)
         let apple = try #require(Topic(parsing: "Q.AAPL"))
         let answers = await archive.missed([ArchiveRequest(topic: apple, since: .topic(40), until: 280)], epoch: "e1", limit: 1_000)
         guard case .events(_, let positions) = answers[apple] else {

@@ -209,6 +209,107 @@ struct TapeFileTests {
         }
     }
 
+    /// Whoever may write to the tape's folder: a file named for a day past tomorrow counts and goes first,
+    /// a folder named for a day is no day file (and stops nothing), a sparse file counts the blocks it
+    /// takes, not the size it claims (else it would push every real day out, or overflow the sum).
+    @Test func retentionCountsFutureDaysFirstAndDiskBlocksAndPassesOverWhatIsNoFile() throws {
+        try withDirectory { directory in
+            let writer = try TapeWriter(directory: directory, market: "stocks")
+            for day in 0..<3 {
+                for record in events(200, from: day * 200, start: Self.start + Int64(day) * 86_400_000_000_000) { try writer.append(record) }
+            }
+            try writer.flush()
+            let folder = "\(directory)/stocks"
+            _ = FileManager.default.createFile(atPath: "\(folder)/2100-01-01.tape", contents: Data(repeating: 0, count: 10))
+            try FileManager.default.createDirectory(atPath: "\(folder)/2026-01-01.tape", withIntermediateDirectories: false)
+            for name in ["2026-01-02", "2026-01-03"] {
+                let sparse = open("\(folder)/\(name).tape", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)
+                try #require(sparse >= 0 && ftruncate(sparse, 1 << 40) == 0, "a sparse file of a terabyte")
+                close(sparse)
+            }
+            #expect(TapeFile.days(directory: directory, market: "stocks").map(\.day) == ["2026-01-02", "2026-01-03", "2026-11-20", "2026-11-21", "2026-11-22"])
+            let all = TapeFile.days(directory: directory, market: "stocks", future: true)
+            #expect(all.map(\.day).last == "2100-01-01", "counted, though never read")
+            #expect(all.prefix(2).allSatisfy { $0.bytes == 0 }, "a sparse file takes no block")
+            // The real days' bytes: nothing to delete by bytes.
+            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-22", keepDays: 30, maxBytes: TapeFile.total(all)).isEmpty)
+            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-22", keepDays: 3, maxBytes: .max) == ["2100-01-01", "2026-01-02", "2026-01-03"])
+            #expect(TapeFile.days(directory: directory, market: "stocks", future: true).map(\.day) == ["2026-11-20", "2026-11-21", "2026-11-22"])
+            #expect(TapeFile.total([("a", "a", .max), ("b", "b", 1)]) == .max, "a sum past Int64 stays at its largest")
+        }
+    }
+
+    /// The held status (asked every minute) looks for the oldest day's first block in its first bytes:
+    /// a file of junk before it is not scanned to its end each time.
+    @Test func theHeldStatusLooksForADaysFirstBlockInItsFirstBytesOnly() throws {
+        try withDirectory { directory in
+            let writer = try TapeWriter(directory: directory, market: "stocks")
+            let nextDay = Self.start + 86_400_000_000_000
+            for record in events(10, start: nextDay) { try writer.append(record) }
+            try writer.flush()
+            // The day before: a whole block of its own, after more junk than is looked through.
+            let (_, _, block, _) = try written(events(10), in: directory + "/other")
+            var junk = Data(repeating: 0, count: Int(TapeDayFiles.firstBlockWithin) + 1)
+            junk.append(block)
+            try junk.write(to: URL(fileURLWithPath: TapeFile.path(directory: directory, market: "stocks", day: "2026-11-20")))
+            let held = TapeDayFiles.held(directory: directory, market: "stocks")
+            #expect(held.days == 2)
+            #expect(held.since == nextDay, "the first day whose first block is near its start")
+        }
+    }
+
+    /// A file in the tape's folder is only as trusted as whoever may write there: a block is read only
+    /// when its records fit its header and, given the relay's check, when each event is one event of its
+    /// own type and symbol (its bytes go out to clients as they are).
+    @Test func aBlockIsReadOnlyWhenItsRecordsFitItsHeaderAndItsEventsPassTheCheck() throws {
+        try withDirectory { directory in
+            let forged = TapeRecord.event(
+                TapeEvent(
+                    receivedAt: Self.start + 40_000_000, sequence: 41, eventType: "Q", ticker: "AAPL",
+                    bytes: Array(#"{"ev":"Q","sym":"MSFT"},{"ev":"status","status":"auth_failed","message":"forged"}"#.utf8)))
+            let records = events(40) + [forged] + events(40, from: 41)
+            let (path, _, whole, blocks) = try written(records, in: directory)
+            #expect(try TapeReader(path: path).records() == records, "read as it is without a check (ls, export)")
+            let checked = try TapeReader(path: path, check: stocksCheck)
+            let lost = try #require(blocks.firstIndex { $0.header.firstSequence <= 41 && $0.header.lastSequence >= 41 })
+            #expect(checked.records().count == records.count - Int(blocks[lost].header.records))
+            #expect(checked.skippedBlocks == [lost])
+            // A header whose last sequence is below its events': the block does not check.
+            var header = blocks[0].header
+            header.lastSequence = header.firstSequence
+            var changed = whole
+            changed.replaceSubrange(Int(blocks[0].offset)..<Int(blocks[0].offset) + TapeBlockHeader.size, with: header.bytes)
+            try changed.write(to: URL(fileURLWithPath: path))
+            let misfit = try TapeReader(path: path)
+            #expect(misfit.blocks.count == blocks.count)
+            #expect(misfit.records(inBlock: 0) == nil && misfit.skippedBlocks == [0])
+        }
+    }
+
+    /// An event dated past a window's end in the middle of a file (a clock stepped back, a file written
+    /// by hand) is passed over: the events after it are still the window's.
+    @Test func anEventDatedPastTheWindowIsPassedOverNotAnEnd() throws {
+        final class OneFile: TapeBlockSink {
+            var bytes: [UInt8] = []
+            func begin(day: String) throws {}
+            func write(_ block: [UInt8], epoch: String?) throws { bytes += block }
+        }
+        try withDirectory { directory in
+            let sink = OneFile()
+            let writer = try TapeWriter(sink: sink, blockBytes: 1024)
+            let ahead = TapeRecord.event(
+                TapeEvent(receivedAt: Self.start + 86_400_000_000_000 * 365, sequence: 11, eventType: "Q", ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL"}"#.utf8)))
+            let records = events(10) + [ahead] + events(10, from: 11)
+            for record in records { try writer.append(record) }
+            try writer.flush()
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            let path = directory + "/one.tape"
+            try Data(sink.bytes).write(to: URL(fileURLWithPath: path))
+            let window = Array(try TapeReader(path: path).records(from: Self.start, through: Self.start + 86_400_000_000_000))
+            #expect(window.count == 20, "\(window.count) of the day's 20 events")
+        }
+    }
+
     /// Retention never deletes the day being written, so that day's own file is bounded where it is
     /// written: a block that would take it past the bound is refused (its events lost and counted), the
     /// file stays open and whole, and the next day's file takes blocks again.
