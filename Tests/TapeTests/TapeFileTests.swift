@@ -186,14 +186,18 @@ struct TapeFileTests {
         #expect(String(buffer: first.bytes).hasPrefix(#"{"ev":"Q","sym":"AAPL""#))
     }
 
+    /// `count` days of 200 quotes each, a day apart, from 2026-11-20, on the stocks tape in `directory`.
+    func writeDays(_ count: Int, in directory: String) throws {
+        let writer = try TapeWriter(directory: directory, market: "stocks")
+        for day in 0..<count {
+            for record in events(200, from: day * 200, start: Self.start + Int64(day) * 86_400_000_000_000) { try writer.append(record) }
+        }
+        try writer.flush()
+    }
+
     @Test func retentionDeletesTheOldestDaysPastTheCountOrTheBytesNeverToday() throws {
         try withDirectory { directory in
-            let writer = try TapeWriter(directory: directory, market: "stocks")
-            // Five days of 200 quotes each, a day apart.
-            for day in 0..<5 {
-                for record in events(200, from: day * 200, start: Self.start + Int64(day) * 86_400_000_000_000) { try writer.append(record) }
-            }
-            try writer.flush()
+            try writeDays(5, in: directory)
             // Files not named for a day this clock's recorder could have written are neither read nor counted.
             for stray in ["2999-01-01.tape", "2026-02-31.tape", "abcd-ef-gh.tape"] {
                 _ = FileManager.default.createFile(atPath: "\(directory)/stocks/\(stray)", contents: Data("x".utf8))
@@ -214,11 +218,7 @@ struct TapeFileTests {
     /// takes, not the size it claims (else it would push every real day out, or overflow the sum).
     @Test func retentionCountsFutureDaysFirstAndDiskBlocksAndPassesOverWhatIsNoFile() throws {
         try withDirectory { directory in
-            let writer = try TapeWriter(directory: directory, market: "stocks")
-            for day in 0..<3 {
-                for record in events(200, from: day * 200, start: Self.start + Int64(day) * 86_400_000_000_000) { try writer.append(record) }
-            }
-            try writer.flush()
+            try writeDays(3, in: directory)
             let folder = "\(directory)/stocks"
             _ = FileManager.default.createFile(atPath: "\(folder)/2100-01-01.tape", contents: Data(repeating: 0, count: 10))
             try FileManager.default.createDirectory(atPath: "\(folder)/2026-01-01.tape", withIntermediateDirectories: false)
@@ -432,6 +432,16 @@ struct TapeFileTests {
         let blocks = GivenBlocks(Array(repeating: forever, count: TapeWriter.mostBlocksBack * 3))
         #expect(blocks.holdingBlock(atOrBefore: blocks.blockCount - 1) == blocks.blockCount - 1)
         #expect(blocks.decoded.count == TapeWriter.mostBlocksBack, "decoded \(blocks.decoded.count) blocks")
+        // Blocks that each claim 64 MB of records (zeros compress to almost nothing) cost what they claim:
+        // the walk decodes as much as 2,048 real blocks, not 2,048 of them.
+        let bombs = GivenBlocks(
+            Array(
+                repeating: TapeBlockHeader(
+                    compressedLength: 1, uncompressedLength: Int(TapeBlockHeader.largestBlock), records: 1, firstTime: 0, lastTime: .max,
+                    firstSequence: 0, lastSequence: 0), count: 100))
+        #expect(bombs.readCost(ofBlock: 0) == 257)
+        _ = bombs.holdingBlock(atOrBefore: bombs.blockCount - 1)
+        #expect(bombs.decoded.count == 8, "decoded \(bombs.decoded.count) blocks of 64 MB")
     }
 
     /// A block is read where it lies (a decompressed block's buffer): events' bytes are slices of it at

@@ -135,6 +135,34 @@ struct TapeReplayTests {
         }
     }
 
+    /// A block dated a year after its file's day (written by hand): passed over, not waited for, at 1×.
+    @Test func anEventDatedFarFromItsFilesDayIsPassedOverNotWaitedFor() async throws {
+        final class Captured: TapeBlockSink {
+            var bytes: [UInt8] = []
+            func begin(day: String) throws {}
+            func write(_ block: [UInt8], epoch: String?) throws { bytes += block }
+        }
+        try await withDirectory { directory in
+            try writeTape(directory, count: 100)
+            let sink = Captured()
+            let writer = try TapeWriter(sink: sink)
+            let ahead = Self.midnight + 365 * 86_400_000_000_000
+            try writer.append(.epoch("e1", at: ahead))
+            try writer.append(
+                .event(TapeEvent(receivedAt: ahead, sequence: 101, eventType: "T", ticker: "AAPL", bytes: Array(#"{"ev":"T","sym":"AAPL","i":100}"#.utf8))))
+            try writer.flush()
+            let file = try FileHandle(forWritingTo: URL(fileURLWithPath: TapeFile.path(directory: directory, market: "stocks", day: Self.day)))
+            try file.seekToEnd()
+            try file.write(contentsOf: sink.bytes)
+            try file.close()
+            let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: .times(1))
+            try await replaying(plan) { hub in
+                let read = try await read(hub, ["T.AAPL"])
+                #expect(read.indices == Array(stride(from: 0, to: 100, by: 2)), "the day's trades, not one dated a year on")
+            }
+        }
+    }
+
     @Test func aLoopStartsAgainAtTheEnd() async throws {
         try await withDirectory { directory in
             try writeTape(directory, count: 100)
