@@ -12,8 +12,16 @@ struct ResumeGathering {
     let limit: Int
     /// Why a topic past ``limit`` is not replayed ("more than one resume replays (…)").
     let why: String
-    /// Each topic's missed events of this term and of the former one.
+    /// Each topic's missed events of this term and of the former one: within ``limit`` as they come,
+    /// by giving up the largest topics whole (a resume of many topics never holds each one's events
+    /// before it is trimmed, only about twice the limit at most).
     private(set) var found: [(topic: Topic, events: [MarketEvent], former: [MarketEvent])] = []
+    /// The events of ``found``.
+    private var gathered = 0
+    /// The topics given up past ``limit`` as they came, with their counts; and the fewest events of
+    /// one: a topic of as many or more is given up as it comes (``trim(into:)`` gives up the largest).
+    private var givenUp: [(topic: Topic, count: Int)] = []
+    private var givenUpFrom = Int.max
     /// The topics told `gap` (each followed by its last values), in the order told.
     private(set) var gapNotices: [(Topic, Notice)] = []
     /// Topics resuming from before a restart: the time nothing was received, told between the previous
@@ -68,7 +76,7 @@ struct ResumeGathering {
             }
             switch missed {
             case .events(let events):
-                found.append((topic, events, earlier))
+                add(topic, events, former: earlier)
                 fromTape += earlier.count
             case .gap(_, _, _, let reason):
                 acrossTerms[topic] = nil
@@ -107,10 +115,10 @@ struct ResumeGathering {
     private mutating func take(_ topic: Topic, _ missed: EventHistory.Missed, after older: [MarketEvent] = []) {
         switch missed {
         case .events(let events):
-            found.append((topic, older + events, []))
+            add(topic, older + events)
             fromTape += older.count
         case .acrossRestart(let before, let downFrom, let downTo, let after):
-            found.append((topic, older + before + after, []))
+            add(topic, older + before + after)
             fromTape += older.count
             let seconds = Double(max(downTo - downFrom, 0) / 100) / 10
             acrossRestart[topic] = gapStatus(
@@ -124,25 +132,40 @@ struct ResumeGathering {
         }
     }
 
+    /// A topic's events, unless they are past the limit with those gathered: then the largest topics are
+    /// given up (this one, or others) until the rest are within it.
+    private mutating func add(_ topic: Topic, _ events: [MarketEvent], former: [MarketEvent] = []) {
+        let count = events.count + former.count
+        guard count < givenUpFrom else {
+            givenUp.append((topic, count))
+            return
+        }
+        found.append((topic, events, former))
+        gathered += count
+        while gathered > limit, let largest = found.indices.max(by: { found[$0].events.count + found[$0].former.count < found[$1].events.count + found[$1].former.count }) {
+            let dropped = found.remove(at: largest)
+            let droppedCount = dropped.events.count + dropped.former.count
+            gathered -= droppedCount
+            givenUpFrom = min(givenUpFrom, droppedCount)
+            givenUp.append((dropped.topic, droppedCount))
+        }
+    }
+
     /// The events replayed, within ``limit`` by giving up the largest topics whole (each told `gap`):
     /// this term's and the former term's, each in arrival order and each event once (a ticker topic and
     /// its wildcard share events). Counts each replayed topic in `outcome`.
     mutating func trim(into outcome: inout HubResumeOutcome) -> (replay: [MarketEvent], former: [MarketEvent]) {
-        found.sort { $0.events.count + $0.former.count < $1.events.count + $1.former.count }
-        var total = 0
+        // What was gathered is within the limit, and what was given up is larger: smallest first.
+        for (topic, count) in givenUp.sorted(by: { $0.count < $1.count }) {
+            acrossTerms[topic] = nil
+            gapNotices.append((topic, gapStatus(topic, message: "\(count) missed events are \(why); none are replayed", from: nil)))
+        }
         var replay: [MarketEvent] = []
         var seen = Set<UInt64>()
         var formerReplay: [MarketEvent] = []
         var formerSeen = Set<UInt64>()
         for (topic, events, former) in found {
-            let count = events.count + former.count
-            if total + count > limit {
-                acrossTerms[topic] = nil
-                gapNotices.append((topic, gapStatus(topic, message: "\(count) missed events are \(why); none are replayed", from: nil)))
-                continue
-            }
-            total += count
-            outcome.replayed[topic] = count
+            outcome.replayed[topic] = events.count + former.count
             for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
             for event in former where formerSeen.insert(event.sequence).inserted { formerReplay.append(event) }
         }

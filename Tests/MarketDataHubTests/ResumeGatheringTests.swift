@@ -40,6 +40,23 @@ struct ResumeGatheringTests {
         #expect(gathering.gapNotices[1].1.details["epoch"] == .text("e"))
     }
 
+    /// A resume of many topics holds at most its limit of their events as they come (not each topic's
+    /// events until the end), and gives up the same topics as a trim of them all would.
+    @Test func whatIsGatheredStaysWithinTheLimitAsTopicsCome() {
+        let history = history(["A": 3, "B": 4, "C": 1, "D": 2])
+        var gathering = ResumeGathering(epoch: "e", limit: 4, resumeBound: 4, queued: 0)
+        for ticker in ["A", "B", "C", "D"] {
+            gathering.missed(topic("T.\(ticker)"), since: .topic(0), archived: nil, history: history, now: 10)
+            let held = gathering.found.reduce(0) { $0 + $1.events.count }
+            #expect(held <= 4, "\(held) events held after \(ticker)")
+        }
+        var outcome = HubResumeOutcome()
+        let (replay, _) = gathering.trim(into: &outcome)
+        #expect(outcome.replayed == [topic("T.C"): 1, topic("T.D"): 2], "the smallest that fit together")
+        #expect(replay.count == 3)
+        #expect(gathering.gapNotices.map(\.0) == [topic("T.A"), topic("T.B")], "the given up, smallest first")
+    }
+
     @Test func aTickerAndItsWildcardShareTheirEventsAndEachGoesOnce() {
         let history = history(["A": 3])
         var gathering = ResumeGathering(epoch: "e", limit: 100, resumeBound: 100, queued: 0)
