@@ -39,8 +39,8 @@ final class ClusterFeed: Sendable {
     /// had already received after its disconnection was told, and the hub takes the first event after
     /// a loss as the link back (the outage would end at once, its gap fill asked for a millisecond).
     private let linkDown = Mutex(false)
-    /// The largest event taken from NATS.
-    private let maxEventBytes: Int
+    /// What an event from NATS must be (at most `maxEventBytes`), made once.
+    private let check: EventCheck
     /// An epoch the lease did not vouch for when it was heard, and what came after it, until a lease
     /// read says whose it is (``Held``).
     private let held = Mutex<Held?>(nil)
@@ -62,7 +62,7 @@ final class ClusterFeed: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.lastValues = lastValues
-        self.maxEventBytes = maxEventBytes
+        check = EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes)
         self.epochHoldLimit = epochHoldLimit
         self.holdBounds = holdBounds
     }
@@ -80,8 +80,7 @@ final class ClusterFeed: Sendable {
                 self.metrics.rejected("event", "\(String(cString: subject).prefix(200)) is not an event subject", logger: self.logger)
                 return
             }
-            switch ClusterChecks.event(
-                payload, topic: topic, market: subjects.wireMarket, wire: hub.wire, receivedAt: MonotonicClock.nanoseconds(), maxBytes: self.maxEventBytes) {
+            switch self.check.event(payload, topic: topic, receivedAt: MonotonicClock.nanoseconds()) {
             case .success(let event):
                 // A drop is counted and announced by the inbox and the pump. While the link is down,
                 // not queued: the outage's window, up to the first event after the link is back, is
