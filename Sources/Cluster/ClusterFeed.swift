@@ -39,7 +39,7 @@ final class ClusterFeed: Sendable {
     /// had already received after its disconnection was told, and the hub takes the first event after
     /// a loss as the link back (the outage would end at once, its gap fill asked for a millisecond).
     private let linkDown = Mutex(false)
-    /// What an event from NATS must be (at most `maxEventBytes`), made once.
+    /// What an event from NATS must be, made once.
     private let check: EventCheck
     /// An epoch the lease did not vouch for when it was heard, and what came after it, until a lease
     /// read says whose it is (``Held``).
@@ -49,7 +49,7 @@ final class ClusterFeed: Sendable {
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
-        maxEventBytes: Int = ClusterChecks.maxEventBytes, epochHoldLimit: Duration = .seconds(2),
+        check: EventCheck, epochHoldLimit: Duration = .seconds(2),
         holdBounds: (events: Int, controls: Int) = (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages),
         holder: @escaping @Sendable (String) -> TermHolder?,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
@@ -62,7 +62,7 @@ final class ClusterFeed: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.lastValues = lastValues
-        check = EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes)
+        self.check = check
         self.epochHoldLimit = epochHoldLimit
         self.holdBounds = holdBounds
     }

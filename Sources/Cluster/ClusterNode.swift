@@ -63,6 +63,9 @@ public final class ClusterNode: Service, Sendable {
     /// The largest event this node takes from NATS (``ClusterChecks/maxEventBytes``; a news market's
     /// items are allowed more).
     let maxEventBytes: Int
+    /// The largest event of a type the hub folds (an order book's whole state in one message, as the
+    /// upstream takes it; `nil`: as others).
+    let maxFoldedBytes: Int?
     public let subjects: ClusterSubjects
     private let hub: MarketDataHub
     private let localInterest: LocalInterest
@@ -101,11 +104,12 @@ public final class ClusterNode: Service, Sendable {
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
         stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil, tape tapeSettings: ClusterTapeSettings? = nil,
-        maxEventBytes: Int = ClusterChecks.maxEventBytes,
+        maxEventBytes: Int = ClusterChecks.maxEventBytes, maxFoldedBytes: Int? = nil,
         makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
     ) throws(ClusterError) {
         self.stampsPositions = stampsPositions
         self.maxEventBytes = maxEventBytes
+        self.maxFoldedBytes = maxFoldedBytes
         self.configuration = configuration
         self.market = market
         self.spread = spread
@@ -133,7 +137,9 @@ public final class ClusterNode: Service, Sendable {
         }
         self.tape = tape
         self.recorder = recorder
-        let check = TapeEventCheck(market: subjects.wireMarket, wire: hub.wire, maxEventBytes: maxEventBytes, metrics: metrics, logger: logger)
+        let check = TapeEventCheck(
+            check: EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes, maxFoldedBytes: maxFoldedBytes), metrics: metrics,
+            logger: logger)
         archive = tape.map { tape in
             TapeArchive(market: market) { epoch, days, _ in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
         }
@@ -266,7 +272,8 @@ public final class ClusterNode: Service, Sendable {
         }
         let feed = ClusterFeed(
             connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger,
-            maxEventBytes: maxEventBytes, epochHoldLimit: max(.seconds(2), configuration.renewInterval + .seconds(1)),
+            check: EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes, maxFoldedBytes: maxFoldedBytes),
+            epochHoldLimit: max(.seconds(2), configuration.renewInterval + .seconds(1)),
             holder: { [weak self] epoch in
                 self?.state.withLock { $0.ownTerm == epoch ? .thisProcess : $0.termHolders.holder(of: epoch).map { .node($0) } }
             }

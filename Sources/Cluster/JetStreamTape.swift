@@ -308,12 +308,6 @@ struct TapeEventCheck: Sendable {
     let metrics: ClusterMetrics
     let logger: Logger
 
-    init(market: Market, wire: any WireProtocol, maxEventBytes: Int, metrics: ClusterMetrics, logger: Logger) {
-        check = EventCheck(market: market, wire: wire, maxBytes: maxEventBytes)
-        self.metrics = metrics
-        self.logger = logger
-    }
-
     /// Whether every event of `records` checks; the first that does not is counted and logged.
     func passes(_ records: [TapeRecord]) -> Bool {
         guard let problem = check.problem(in: records) else { return true }

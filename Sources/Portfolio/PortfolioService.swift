@@ -47,9 +47,20 @@ public actor PortfolioService: Service {
     /// latest one ended asks for nothing (its coverage is stale; the fetch's end makes the next tick
     /// recompute with the new one).
     public private(set) var closeFetchesEnded = 0
-    /// When a symbol's closes last failed to come, and how long to wait from then before asking again
-    /// (``closeRetryWait(after:)``).
-    private var closeFailures: [String: (at: ContinuousClock.Instant, wait: Duration)] = [:]
+    /// When a symbol's closes from a day last failed to come, and how long to wait from then before
+    /// asking again (``closeRetryWait(after:)``): each range on its own (an old one the vendor has no
+    /// bars for keeps failing while the new days come).
+    /// `asked`: its wait passed and the history was recomputed from its first day (which asks again).
+    private var closeFailures: [CloseRange: (at: ContinuousClock.Instant, wait: Duration, asked: Bool)] = [:]
+
+    /// A symbol's closes from a day on: what a fetch asks for.
+    struct CloseRange: Hashable {
+        let symbol: String
+        let from: Day
+    }
+
+    /// One fetch of closes: a symbol's days, and whether they all come before what the store covers.
+    private typealias CloseWork = (symbol: String, days: ClosedRange<Day>, beforeCoverage: Bool)
     static let closeRetry: ClosedRange<Duration> = .seconds(600)...(.seconds(86_400))
     /// The latest `holdingsChanged` (the next waits for it).
     private var holdingsSync: Task<Void, any Error>?
@@ -164,6 +175,7 @@ public actor PortfolioService: Service {
             do {
                 try await Task.sleep(for: .seconds(1))
                 if pushPending { await valuationChanged() }
+                askFailedClosesAgain()
                 let today = calendar.day(of: .now)
                 // After a failure, the next try waits ``retryAfterFailure`` (a database that stays busy or
                 // broken is not asked every second, nor logged every second).
@@ -556,18 +568,19 @@ public actor PortfolioService: Service {
     // MARK: daily closes
 
     /// Starts fetching the closes the history needs and the store does not cover (one task at a time;
-    /// a symbol whose fetch failed is tried again after ten minutes). When done, the history is
-    /// recomputed at the next tick.
+    /// a range whose fetch failed is tried again later: ``closeRetryWait(after:)``). When done, the
+    /// history is recomputed from the first day fetched at the next tick.
     private func requestCloses(_ needs: [String: ClosedRange<Day>], coverage: [String: PortfolioStore.CloseCoverage]) {
         guard closeHistory, closeFetch == nil, let rest = referencePrices?.rest else { return }
         let now = ContinuousClock.now
-        var work: [(symbol: String, days: ClosedRange<Day>)] = []
+        var work: [CloseWork] = []
         for (symbol, need) in needs.sorted(by: { $0.key < $1.key }) {
             // Nor a REST path from one.
             if HeldSymbol.problem(with: symbol) != nil { continue }
-            if let failed = closeFailures[symbol], now - failed.at < failed.wait { continue }
-            for days in Self.closesToFetch(need: need, have: coverage[symbol], settled: Self.settledDay(), calendar: calendar) {
-                work.append((symbol, days))
+            let have = coverage[symbol]
+            for days in Self.closesToFetch(need: need, have: have, settled: Self.settledDay(), calendar: calendar) {
+                if let failed = closeFailures[CloseRange(symbol: symbol, from: days.lowerBound)], now - failed.at < failed.wait { continue }
+                work.append((symbol, days, have.map { days.upperBound < $0.days.lowerBound } ?? false))
             }
         }
         guard !work.isEmpty else { return }
@@ -598,36 +611,40 @@ public actor PortfolioService: Service {
     /// The last day whose daily bar is final now: the day before yesterday (UTC, the bars' days).
     static func settledDay(now: Date = .now) -> Day { DayCalendar.utc.day(of: now.addingTimeInterval(-2 * 86_400)) }
 
-    private func fetchCloses(_ work: [(symbol: String, days: ClosedRange<Day>)], from rest: any MarketReference) async {
+    private func fetchCloses(_ work: [CloseWork], from rest: any MarketReference) async {
+        // The first day of the closes stored: the history from it on is recomputed at the next tick.
+        var earliestStored: Day?
         defer {
             closeFetch = nil
             closeFetchesEnded += 1
-            // The days the fetched closes value (the history from them on is recomputed at the next tick).
-            if let earliest = work.map(\.days.lowerBound).min() { markDirty(from: earliest) } else { snapshotDue = true }
+            if let earliestStored { markDirty(from: earliestStored) }
         }
         var fetched = 0
         for (index, item) in work.enumerated() {
             if Task.isCancelled { return }
+            let range = CloseRange(symbol: item.symbol, from: item.days.lowerBound)
             // From a week earlier: the first day may be a holiday, valued with the close before it.
             let from = calendar.day(item.days.lowerBound, addingDays: -CloseValuation.maxCloseAgeDays)
             switch await rest.dailyBars(item.symbol, from: from, to: item.days.upperBound, priority: .bulk) {
-            case .success(let bars) where bars.isEmpty:
-                // Not a day's bar in a week or more: the vendor does not have them (yet, or for this
-                // symbol). Covered, they would never be asked again.
-                closeFailed(item.symbol, item.days, "the answer had no daily bar")
+            case .success(let bars) where bars.isEmpty && !item.beforeCoverage:
+                // Not a day's bar in a week or more, where the vendor has none of later days either: it
+                // does not have them yet, or not for this symbol. Covered, they would never be asked
+                // again. (Before days it has bars of, the vendor's history does not reach: covered.)
+                closeFailed(range, item.days, "the answer had no daily bar")
             case .success(let bars):
                 let closes = bars.map { bar in
                     (day: DayCalendar.utc.day(of: Date(timeIntervalSince1970: Double(bar.start) / 1000)), close: bar.close)
                 }
                 do {
                     try await store.saveCloses(item.symbol, closes, covering: from...item.days.upperBound, settledThrough: Self.settledDay())
-                    closeFailures[item.symbol] = nil
+                    closeFailures[range] = nil
+                    earliestStored = min(earliestStored ?? item.days.lowerBound, item.days.lowerBound)
                     fetched += 1
                 } catch {
                     logger.warning("daily closes of \(item.symbol) not stored: \(error)")
                 }
             case .failure(let error):
-                closeFailed(item.symbol, item.days, "\(error)")
+                closeFailed(range, item.days, "\(error)")
             }
             if work.count >= 10, (index + 1) % 10 == 0 {
                 logger.info("daily closes: \(index + 1) of \(work.count) ranges")
@@ -642,11 +659,21 @@ public actor PortfolioService: Service {
         previous.map { min(max($0 * 2, closeRetry.lowerBound), closeRetry.upperBound) } ?? closeRetry.lowerBound
     }
 
+    /// Ranges whose wait after a failure has passed: the history is recomputed from their first day at
+    /// this tick, which asks for them again (once per failure).
+    private func askFailedClosesAgain() {
+        let now = ContinuousClock.now
+        let due = closeFailures.filter { !$0.value.asked && now - $0.value.at >= $0.value.wait }.keys
+        guard let from = due.map(\.from).min() else { return }
+        for range in due { closeFailures[range]?.asked = true }
+        markDirty(from: from)
+    }
+
     /// A symbol's closes did not come: asked again after ``closeRetryWait(after:)``.
-    private func closeFailed(_ symbol: String, _ days: ClosedRange<Day>, _ reason: String) {
-        let wait = Self.closeRetryWait(after: closeFailures[symbol]?.wait)
-        closeFailures[symbol] = (.now, wait)
-        logger.warning("no daily closes for \(symbol) (\(days.lowerBound) to \(days.upperBound)): \(reason); asked again in \(wait)")
+    private func closeFailed(_ range: CloseRange, _ days: ClosedRange<Day>, _ reason: String) {
+        let wait = Self.closeRetryWait(after: closeFailures[range]?.wait)
+        closeFailures[range] = (.now, wait, false)
+        logger.warning("no daily closes for \(range.symbol) (\(days.lowerBound) to \(days.upperBound)): \(reason); asked again in \(wait)")
     }
 }
 

@@ -333,7 +333,8 @@ extension Relay {
             configuration: cluster, market: source.market.rawValue, hub: hub, localInterest: interest, metricsFactory: marketMetrics,
             logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
             gapFill: hook, tape: settings.history == nil ? nil : clusterTape,
-            maxEventBytes: source.market == .news ? settings.news.maxBytes : ClusterChecks.maxEventBytes, makeUpstream: makeUpstream)
+            maxEventBytes: source.market == .news ? settings.news.maxBytes : ClusterChecks.maxEventBytes,
+            maxFoldedBytes: source.market == .news ? nil : settings.upstreamTuning.maxMessageBytes, makeUpstream: makeUpstream)
         assembly.clusterNodes.append(node)
         var parts = MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: ClusterSource(node: node, upstream: source.description))
         parts.clusterArchive = node.archive

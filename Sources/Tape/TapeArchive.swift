@@ -21,26 +21,32 @@ public final class TapeArchive: EventArchive {
     /// no tape to read), given the blocks this read opened over one day fewer.
     private let open: @Sendable (_ epoch: String, _ days: Int, _ fewer: (any TapeBlocks)?) -> (any TapeBlocks)?
     private let queue: DispatchQueue
+    /// What each event given must be (``EventCheck``): checked as it is taken for an answer, not as its
+    /// block is decoded (a read decodes far more events than it gives).
+    private let check: EventCheck?
 
     /// The day files of `market`'s tape under `directory`: the newest first, and one day further back
-    /// at a time while a client's position is not found (within the read's budget). A block holding an
-    /// event that does not pass `check` is not read (a gap to whoever asked for it).
+    /// at a time while a client's position is not found (within the read's budget). An event that does
+    /// not pass `check` ends its topic's answer as a gap.
     public convenience init(directory: String, market: String, check: EventCheck) {
-        self.init(market: market) { _, days, fewer in
+        self.init(market: market, check: check) { _, days, fewer in
             let files = TapeFile.days(directory: directory, market: market)
             guard files.count >= days else { return nil }
             let paths = files.suffix(days).map(\.path)
             // One more day: its file's index is read, the newer days' kept (each file scanned once a read).
             if let fewer = fewer as? TapeDays, fewer.paths == Array(paths.dropFirst()) { return try? TapeDays(paths[0], before: fewer) }
-            return try? TapeDays(paths: paths, check: check)
+            return try? TapeDays(paths: paths)
         }
     }
 
     /// The blocks `open` gives for the epoch asked and the number of newest days (1, then more while
     /// a position is not found; `nil`: no more), opened again for each read; it is given what it gave
     /// for one day fewer in the same read.
-    public init(market: String, open: @escaping @Sendable (_ epoch: String, _ days: Int, _ fewer: (any TapeBlocks)?) -> (any TapeBlocks)?) {
+    public init(
+        market: String, check: EventCheck? = nil, open: @escaping @Sendable (_ epoch: String, _ days: Int, _ fewer: (any TapeBlocks)?) -> (any TapeBlocks)?
+    ) {
         self.market = market
+        self.check = check
         self.open = open
         queue = DispatchQueue(label: "relay.tape.archive.\(market)")
     }
@@ -286,6 +292,10 @@ public final class TapeArchive: EventArchive {
             reading.answer = .tooMany
             return
         }
+        if let check, event.bytes.withUnsafeReadableBytes({ check.problem(eventType: event.eventType, ticker: event.ticker, bytes: $0) }) != nil {
+            reading.answer = reading.gap("an event on the tape that the relay would not take from its upstream")
+            return
+        }
         total += 1
         // Its own bytes: a slice would keep its whole block (256 KiB) for as long as the answer is
         // gathered, for every block a sparse topic has an event in.
@@ -369,10 +379,11 @@ extension TapeEvent {
 }
 
 extension TapeBlocks {
-    /// What decoding block `index` costs, in blocks of 256 KB of records (a header may claim up to 64 MB:
-    /// a block of zeros that compresses to almost nothing).
+    /// What decoding block `index` costs, in blocks of 256 KB of records (the writer's: a whole block
+    /// holds 256 KB to 512 KB; a header may claim up to 64 MB, a block of zeros that compresses to almost
+    /// nothing).
     func readCost(ofBlock index: Int) -> Int {
-        header(ofBlock: index).map { Int(($0.uncompressedLength >> 18) + 1) } ?? 1
+        header(ofBlock: index).map { max(1, Int($0.uncompressedLength >> 18)) } ?? 1
     }
 
     /// The nearest block at or before `index` that says what was wanted (a `holding` record), at most

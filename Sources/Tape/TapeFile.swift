@@ -49,7 +49,8 @@ public enum TapeFile {
             guard name.hasSuffix(".tape"), name.count == 15, future ? midnight(of: day) != nil : isTapeDay(day) else { continue }
             let path = "\(folder)/\(name)"
             var info = stat()
-            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
+            // (A link to a day file is one; a folder or a pipe, which `open` would wait on, is not.)
+            guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
             days.append((day, path, min(Int64(info.st_size), Int64(info.st_blocks).multipliedReportingOverflow(by: 512).partialValue)))
         }
         return days.sorted { $0.day < $1.day }
@@ -64,9 +65,10 @@ public enum TapeFile {
     }
 
     /// Deletes `market`'s day files while there are more than `keepDays` days (today included) or they
-    /// hold more than `maxBytes`: first those named for a day after tomorrow (a clock that was set ahead
-    /// wrote them; no reader reads them), then the oldest; never `today`'s or tomorrow's. One that cannot
-    /// be deleted is passed over. The days deleted.
+    /// hold more than `maxBytes`: the oldest first, then those named for a day after tomorrow (a clock
+    /// that was set ahead wrote them; no reader reads them); never `today`'s or tomorrow's. One that
+    /// cannot be deleted is passed over and counted no more (else it would take every other day with
+    /// it). The days deleted.
     @discardableResult
     public static func prune(directory: String, market: String, today: String, keepDays: Int, maxBytes: Int64) -> [String] {
         let days = days(directory: directory, market: market, future: true)
@@ -74,10 +76,9 @@ public enum TapeFile {
         var total = total(days)
         var count = days.count
         var deleted: [String] = []
-        for candidate in days.filter({ $0.day > tomorrow }) + days.filter({ $0.day < today }) {
+        for candidate in days.filter({ $0.day < today }) + days.filter({ $0.day > tomorrow }) {
             guard count > keepDays || total > maxBytes else { break }
-            guard unlink(candidate.path) == 0 else { continue }
-            deleted.append(candidate.day)
+            if unlink(candidate.path) == 0 { deleted.append(candidate.day) }
             total -= candidate.bytes
             count -= 1
         }
@@ -583,13 +584,13 @@ public final class TapeDays: TapeBlocks {
     /// The day files, oldest first.
     public var paths: [String] { readers.map(\.path) }
 
-    public convenience init(paths: [String], check: EventCheck? = nil) throws {
-        try self.init(readers: paths.map { try TapeReader(path: $0, check: check) })
+    public convenience init(paths: [String]) throws {
+        try self.init(readers: paths.map { try TapeReader(path: $0) })
     }
 
-    /// The day file at `path` before the days of `later` (whose files are not read again), read as they are.
+    /// The day file at `path` before the days of `later` (whose files are not read again).
     public convenience init(_ path: String, before later: TapeDays) throws {
-        try self.init(readers: [TapeReader(path: path, check: later.readers.first?.check)] + later.readers)
+        try self.init(readers: [TapeReader(path: path)] + later.readers)
     }
 
     private init(readers: [TapeReader]) {
@@ -634,6 +635,8 @@ public final class TapeBlockDecoder {
     private let decompressor: ZstdDecompressor
     /// What each event must be to be read (`nil`: its bytes are not looked at).
     let check: EventCheck?
+    /// Why the last block the check refused was, in at most 200 bytes of visible text.
+    private(set) var lastRefusal: String?
 
     public init(check: EventCheck? = nil) throws {
         decompressor = try ZstdDecompressor()
@@ -657,8 +660,12 @@ public final class TapeBlockDecoder {
             let records = RecordLayout.records(
                 in: payload, baseTime: header.firstTime, baseSequence: header.firstSequence, expected: Int(header.records),
                 most: Int(header.records)),
-            records.count == Int(header.records), Self.fit(records, header), check?.problem(in: records) == nil
+            records.count == Int(header.records), Self.fit(records, header)
         else { return nil }
+        if let problem = check?.problem(in: records) {
+            lastRefusal = VisibleText.visible(problem, limit: 200)
+            return nil
+        }
         return records
     }
 
@@ -683,8 +690,8 @@ public final class TapeReader: TapeBlocks {
     public let path: String
     private let descriptor: Int32
     private let decoder: TapeBlockDecoder
-    /// What each event must be to be read.
-    public var check: EventCheck? { decoder.check }
+    /// Why the last block refused by its reader's check was (what its first event that did not pass was).
+    public var lastRefusal: String? { decoder.lastRefusal }
     /// The file's whole blocks, in order.
     public private(set) var blocks: [TapeBlock]
     /// Blocks that could not be read (their frame or records did not check), by index.
@@ -764,8 +771,9 @@ public final class TapeReader: TapeBlocks {
         private var block: Int
         private var records: IndexingIterator<[TapeRecord]>?
 
-        /// Blocks of its reader skipped so far (damaged), by index.
+        /// Blocks of its reader skipped so far (damaged), by index, and why the last its check refused was.
         public var skippedBlocks: [Int] { reader.skippedBlocks }
+        public var lastRefusal: String? { reader.lastRefusal }
 
         init(reader: TapeReader, from: Int64, through: Int64) {
             self.reader = reader
@@ -781,11 +789,11 @@ public final class TapeReader: TapeBlocks {
                     case .event(let event):
                         // Passed over, not an end: one dated far ahead (a clock stepped back, a file
                         // written by hand) would else cut off every event after it.
-                        guard (from...through).contains(event.receivedAt) else { continue }
+                        guard event.receivedAt >= from, event.receivedAt <= through else { continue }
                     case .gap(let start, let end):
                         guard end >= from, start <= through else { continue }
                     default:
-                        guard (from...through).contains(record.time) else { continue }
+                        guard record.time >= from, record.time <= through else { continue }
                     }
                     return record
                 }

@@ -231,7 +231,7 @@ public final class TapeSource: MarketSource {
         _ = await inbox.push(.notice(Notice(.replay, message: "replaying \(description): recorded events, not live", details: details)), waitingBelow: inbox.capacity)
         let chunks = BoundedInbox<[TapeRecord], Int>(capacity: Self.chunksAhead, emptyLoss: 0, weight: { _ in 1 }, noteDrop: { lost, _ in lost += 1 })
         var progress = PassProgress(pace: Pace(speed: plan.speed))
-        let skipped = await withTaskGroup(of: [Int].self) { group in
+        let (skipped, refusal) = await withTaskGroup(of: (skipped: [Int], refusal: String?).self) { group in
             group.addTask { await Self.readAhead(window, into: chunks) }
             await chunks.drain { items in
                 for case .element(let chunk) in items where !Task.isCancelled {
@@ -241,12 +241,14 @@ public final class TapeSource: MarketSource {
             // The drain ends when the reading ahead finished, or when cancelled (then perhaps while the
             // reading ahead waits for room): it is let go either way.
             chunks.finish()
-            return await group.next() ?? []
+            return await group.next() ?? ([], nil)
         }
         try Task.checkCancellation()
         if !skipped.isEmpty {
             note { $0.skippedBlocks = skipped.count }
-            logger.warning("damaged blocks of the tape were skipped", metadata: ["path": "\(plan.path)", "blocks": "\(skipped)"])
+            var metadata: Logger.Metadata = ["path": "\(plan.path)", "blocks": "\(skipped.prefix(20))", "count": "\(skipped.count)"]
+            if let refusal { metadata["refused"] = "\(refusal)" }
+            logger.warning("damaged blocks of the tape were skipped", metadata: metadata)
         }
         let replayed = progress.replayed + (await hand(&progress.batch))
         _ = await inbox.push(
@@ -265,7 +267,7 @@ public final class TapeSource: MarketSource {
     /// Reads the window's records into `chunks`, a chunk at a time, until the window ends or `chunks`
     /// is finished; returns the blocks it skipped (damaged). The reading (the disk, decompression) runs
     /// on threads made for blocking, not the cooperative pool that hands the events over.
-    private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> [Int] {
+    private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> (skipped: [Int], refusal: String?) {
         while !Task.isCancelled {
             let chunk = await BlockingWork.run {
                 window.records.withLock { window in
@@ -278,7 +280,7 @@ public final class TapeSource: MarketSource {
             guard !chunk.isEmpty, await chunks.push(chunk, waitingBelow: chunksAhead) else { break }
         }
         chunks.finish()
-        return window.records.withLock { $0.skippedBlocks }
+        return window.records.withLock { ($0.skippedBlocks, $0.lastRefusal) }
     }
 
     /// What a pass carries from one chunk of records to the next.

@@ -89,6 +89,7 @@ extension TapeCommand {
                 guard let time = ReplayPlan.time(value, on: day) else { throw ValidationError("\(name): HH:MM or HH:MM:SS (UTC), not \"\(value)\"") }
                 if name == "--from" { export.from = time } else { export.to = time }
             }
+            if let from = export.from, let to = export.to, from > to { throw ValidationError("--from: after --to") }
             let handle: FileHandle
             if let output {
                 guard FileManager.default.createFile(atPath: output, contents: nil) , let opened = FileHandle(forWritingAtPath: output) else {

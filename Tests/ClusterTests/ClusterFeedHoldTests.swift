@@ -74,7 +74,8 @@ struct ClusterFeedHoldTests {
             metrics = TestMetrics()
             feed = ClusterFeed(
                 connection: connection, subjects: subjects, node: "n1", hub: hub, metrics: ClusterMetrics(factory: metrics),
-                logger: Logger(label: "feed"), epochHoldLimit: epochHoldLimit,
+                logger: Logger(label: "feed"), check: EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: ClusterChecks.maxEventBytes),
+                epochHoldLimit: epochHoldLimit,
                 holdBounds: holdBounds ?? (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages), holder: { _ in nil }, lastValues: { _ in nil })
             feed.start()
             running = Task { [feed] in await feed.run() }

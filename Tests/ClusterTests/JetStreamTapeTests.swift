@@ -48,8 +48,8 @@ struct JetStreamTapeTests {
 
     func archive(_ tape: JetStreamTape) -> TapeArchive {
         let check = TapeEventCheck(
-            market: .stocks, wire: .polygon, maxEventBytes: ClusterChecks.maxEventBytes, metrics: ClusterMetrics(factory: NOOPMetricsHandler.instance),
-            logger: Logger(label: "tape-test"))
+            check: EventCheck(market: .stocks, wire: .polygon, maxBytes: ClusterChecks.maxEventBytes),
+            metrics: ClusterMetrics(factory: NOOPMetricsHandler.instance), logger: Logger(label: "tape-test"))
         return TapeArchive(market: "stocks") { epoch, days, _ in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
     }
 

@@ -36,7 +36,7 @@ struct SharedRESTBudgetTests {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
         let node = try await nodes(
-            1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(10), url: url, requestTimeout: requestTimeout)[0]
+            1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(20), url: url, requestTimeout: requestTimeout)[0]
         kill(nats.process.processIdentifier, SIGSTOP)
         var failure: (any Error)?
         do { try await body(node) } catch { failure = error }
@@ -100,8 +100,8 @@ struct SharedRESTBudgetTests {
     /// callers' lookups and seeding reads wait there): four calls ask at once, 64 requests wait their
     /// turn, the rest try again shortly; once the first call fails, all count on their own.
     @Test func whileNATSStallsAtMostFourCallsHoldTheNATSPool() async throws {
-        // A request timeout of 4 s: the four calls hold their turns that long, whatever the machine's pace.
-        try await withStalledNode(requestTimeout: .seconds(4)) { node in
+        // A request timeout of 8 s: the four calls hold their turns that long, whatever the machine's pace.
+        try await withStalledNode(requestTimeout: .seconds(8)) { node in
             let started = ContinuousClock.now
             let requests = Task { await takes(100, of: node) }
             // Four ask NATS, 64 wait their turn (the other 32 come back every 100 ms).

@@ -74,6 +74,35 @@ struct HostileRESTHostTests {
         }
     }
 
+    /// Days before those the vendor has bars of, where it has none (its history does not reach them): an
+    /// answer without a bar covers them, or they would be asked for again and again; the days after the
+    /// coverage, still without a bar, are not covered.
+    @Test func anAnswerWithoutADailyBarBeforeTheDaysCoveredCoversThem() async throws {
+        let host = ScriptedRESTHost(answers: ["/v2/aggs/ticker/ZZ/range/1/day/*/*": #"{"status":"OK","results":[]}"#])
+        try await host.serve { base in
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-no-bars-\(UUID().uuidString)").path
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let store = try PortfolioStore(directory: directory)
+            let utc = DayCalendar.utc
+            let bought = Date.now.addingTimeInterval(-90 * 86_400)
+            let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: bought)
+            _ = try await store.addTransaction(
+                accountID: account.id, date: utc.day(of: bought), kind: .buy, symbol: "ZZ", quantity: 1, price: 10, fees: 0)
+            let covered = utc.day(of: Date.now.addingTimeInterval(-30 * 86_400))...utc.day(of: Date.now.addingTimeInterval(-10 * 86_400))
+            try await store.saveCloses("ZZ", [(covered.lowerBound, 11)], covering: covered, settledThrough: covered.upperBound)
+            let service = PortfolioService(
+                store: store, hub: MarketDataHub(wire: .polygon),
+                referencePrices: ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)))
+            try await withServices([service]) {
+                try await eventually("the close fetch to end") { await service.closeFetchesEnded >= 1 }
+            }
+            #expect(host.asked.withLock { $0 }.filter { $0.hasPrefix("/v2/aggs/ticker/ZZ/") }.count == 2, "the days before and after")
+            let coverage = try #require(try await store.closeCoverage()["ZZ"])
+            #expect(coverage.days.lowerBound <= utc.day(of: bought), "the days before are covered: \(coverage.days)")
+            #expect(coverage.days.upperBound == covered.upperBound, "the days after are not: \(coverage.days)")
+        }
+    }
+
     @Test func aLastTradeDatedInTheFutureIsTakenAsOfNowNotFreshForEver() async throws {
         let tomorrow = Int64(Date.now.addingTimeInterval(86_400).timeIntervalSince1970) * 1_000_000_000
         let host = ScriptedRESTHost(answers: [

@@ -213,9 +213,10 @@ struct TapeFileTests {
         }
     }
 
-    /// Whoever may write to the tape's folder: a file named for a day past tomorrow counts and goes first,
-    /// a folder named for a day is no day file (and stops nothing), a sparse file counts the blocks it
-    /// takes, not the size it claims (else it would push every real day out, or overflow the sum).
+    /// Whoever may write to the tape's folder: a file named for a day past tomorrow counts and goes after
+    /// the past days, a folder named for a day is no day file (and stops nothing), a sparse file counts
+    /// the blocks it takes, not the size it claims (else it would push every real day out, or overflow
+    /// the sum).
     @Test func retentionCountsFutureDaysFirstAndDiskBlocksAndPassesOverWhatIsNoFile() throws {
         try withDirectory { directory in
             try writeDays(3, in: directory)
@@ -233,8 +234,9 @@ struct TapeFileTests {
             #expect(all.prefix(2).allSatisfy { $0.bytes == 0 }, "a sparse file takes no block")
             // The real days' bytes: nothing to delete by bytes.
             #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-22", keepDays: 30, maxBytes: TapeFile.total(all)).isEmpty)
-            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-22", keepDays: 3, maxBytes: .max) == ["2100-01-01", "2026-01-02", "2026-01-03"])
-            #expect(TapeFile.days(directory: directory, market: "stocks", future: true).map(\.day) == ["2026-11-20", "2026-11-21", "2026-11-22"])
+            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-22", keepDays: 4, maxBytes: .max) == ["2026-01-02", "2026-01-03"])
+            #expect(TapeFile.prune(directory: directory, market: "stocks", today: "2026-11-22", keepDays: 1, maxBytes: .max) == ["2026-11-20", "2026-11-21", "2100-01-01"])
+            #expect(TapeFile.days(directory: directory, market: "stocks", future: true).map(\.day) == ["2026-11-22"])
             #expect(TapeFile.total([("a", "a", .max), ("b", "b", 1)]) == .max, "a sum past Int64 stays at its largest")
         }
     }
@@ -439,7 +441,9 @@ struct TapeFileTests {
                 repeating: TapeBlockHeader(
                     compressedLength: 1, uncompressedLength: Int(TapeBlockHeader.largestBlock), records: 1, firstTime: 0, lastTime: .max,
                     firstSequence: 0, lastSequence: 0), count: 100))
-        #expect(bombs.readCost(ofBlock: 0) == 257)
+        #expect(bombs.readCost(ofBlock: 0) == 256)
+        let whole = TapeBlockHeader(compressedLength: 1, uncompressedLength: (256 << 10) + 900, records: 1, firstTime: 0, lastTime: 0, firstSequence: 0, lastSequence: 0)
+        #expect(GivenBlocks([whole]).readCost(ofBlock: 0) == 1, "a writer's whole block, 256 KB and its last record")
         _ = bombs.holdingBlock(atOrBefore: bombs.blockCount - 1)
         #expect(bombs.decoded.count == 8, "decoded \(bombs.decoded.count) blocks of 64 MB")
     }
