@@ -51,26 +51,40 @@ final class ScriptedRESTHost: Sendable {
 
 @Suite("A REST host's answers are bounded before they are kept")
 struct HostileRESTHostTests {
-    /// An answer without a single daily bar (the vendor does not have them yet, or not for this symbol)
-    /// covers no day: covered, the days would never be asked for again.
-    @Test func anAnswerWithoutADailyBarCoversNoDay() async throws {
+    /// A book holding ZZ, bought `daysAgo` days ago, valued through a REST host whose every daily-bars
+    /// answer for ZZ holds no bar, after `prepare` (more in the store): `body` gets the store and the day
+    /// bought once the first close fetch ended, and how many daily-bars requests the host had.
+    func withoutBars(
+        boughtDaysAgo daysAgo: Double, prepare: (PortfolioStore) async throws -> Void,
+        _ body: (PortfolioStore, Day, Int) async throws -> Void
+    ) async throws {
         let host = ScriptedRESTHost(answers: ["/v2/aggs/ticker/ZZ/range/1/day/*/*": #"{"status":"OK","results":[]}"#])
         try await host.serve { base in
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-no-bars-\(UUID().uuidString)").path
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let store = try PortfolioStore(directory: directory)
-            let bought = Date.now.addingTimeInterval(-30 * 86_400)
+            let bought = Date.now.addingTimeInterval(-daysAgo * 86_400)
             let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: bought)
             _ = try await store.addTransaction(
                 accountID: account.id, date: DayCalendar.utc.day(of: bought), kind: .buy, symbol: "ZZ", quantity: 1, price: 10, fees: 0)
+            try await prepare(store)
             let service = PortfolioService(
                 store: store, hub: MarketDataHub(wire: .polygon),
                 referencePrices: ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)))
             try await withServices([service]) {
                 try await eventually("the close fetch to end") { await service.closeFetchesEnded >= 1 }
             }
-            #expect(host.asked.withLock { $0 }.filter { $0.hasPrefix("/v2/aggs/ticker/ZZ/") }.count == 1)
-            #expect(try await store.closeCoverage()["ZZ"] == nil, "no day is covered by an answer without a bar")
+            try await body(store, DayCalendar.utc.day(of: bought), host.asked.withLock { $0 }.filter { $0.hasPrefix("/v2/aggs/ticker/ZZ/") }.count)
+        }
+    }
+
+    /// An answer without a single daily bar (the vendor does not have them yet, or not for this symbol)
+    /// covers no day: covered, the days would never be asked for again.
+    @Test func anAnswerWithoutADailyBarCoversNoDay() async throws {
+        try await withoutBars(boughtDaysAgo: 30, prepare: { _ in }) { store, _, asked in
+            #expect(asked == 1)
+            let coverage = try await store.closeCoverage()
+            #expect(coverage["ZZ"] == nil, "no day is covered by an answer without a bar")
         }
     }
 
@@ -78,27 +92,14 @@ struct HostileRESTHostTests {
     /// answer without a bar covers them, or they would be asked for again and again; the days after the
     /// coverage, still without a bar, are not covered.
     @Test func anAnswerWithoutADailyBarBeforeTheDaysCoveredCoversThem() async throws {
-        let host = ScriptedRESTHost(answers: ["/v2/aggs/ticker/ZZ/range/1/day/*/*": #"{"status":"OK","results":[]}"#])
-        try await host.serve { base in
-            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-no-bars-\(UUID().uuidString)").path
-            defer { try? FileManager.default.removeItem(atPath: directory) }
-            let store = try PortfolioStore(directory: directory)
-            let utc = DayCalendar.utc
-            let bought = Date.now.addingTimeInterval(-90 * 86_400)
-            let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: bought)
-            _ = try await store.addTransaction(
-                accountID: account.id, date: utc.day(of: bought), kind: .buy, symbol: "ZZ", quantity: 1, price: 10, fees: 0)
-            let covered = utc.day(of: Date.now.addingTimeInterval(-30 * 86_400))...utc.day(of: Date.now.addingTimeInterval(-10 * 86_400))
-            try await store.saveCloses("ZZ", [(covered.lowerBound, 11)], covering: covered, settledThrough: covered.upperBound)
-            let service = PortfolioService(
-                store: store, hub: MarketDataHub(wire: .polygon),
-                referencePrices: ReferencePrices(rest: PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)))
-            try await withServices([service]) {
-                try await eventually("the close fetch to end") { await service.closeFetchesEnded >= 1 }
-            }
-            #expect(host.asked.withLock { $0 }.filter { $0.hasPrefix("/v2/aggs/ticker/ZZ/") }.count == 2, "the days before and after")
+        let utc = DayCalendar.utc
+        let covered = utc.day(of: Date.now.addingTimeInterval(-30 * 86_400))...utc.day(of: Date.now.addingTimeInterval(-10 * 86_400))
+        try await withoutBars(
+            boughtDaysAgo: 90, prepare: { try await $0.saveCloses("ZZ", [(covered.lowerBound, 11)], covering: covered, settledThrough: covered.upperBound) }
+        ) { store, bought, asked in
+            #expect(asked == 2, "the days before and after")
             let coverage = try #require(try await store.closeCoverage()["ZZ"])
-            #expect(coverage.days.lowerBound <= utc.day(of: bought), "the days before are covered: \(coverage.days)")
+            #expect(coverage.days.lowerBound <= bought, "the days before are covered: \(coverage.days)")
             #expect(coverage.days.upperBound == covered.upperBound, "the days after are not: \(coverage.days)")
         }
     }
