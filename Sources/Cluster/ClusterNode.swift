@@ -63,9 +63,8 @@ public final class ClusterNode: Service, Sendable {
     /// The largest event this node takes from NATS (``ClusterChecks/maxEventBytes``; a news market's
     /// items are allowed more).
     let maxEventBytes: Int
-    /// The largest event of a type the hub folds (an order book's whole state in one message, as the
-    /// upstream takes it; `nil`: as others).
-    let maxFoldedBytes: Int?
+    /// What an event from NATS or the cluster's tape must be (``EventCheck``): what the upstream takes.
+    let eventCheck: EventCheck
     public let subjects: ClusterSubjects
     private let hub: MarketDataHub
     private let localInterest: LocalInterest
@@ -104,16 +103,16 @@ public final class ClusterNode: Service, Sendable {
         configuration: ClusterConfiguration, market: String, hub: MarketDataHub, localInterest: LocalInterest,
         metricsFactory: any MetricsFactory = MetricsSystem.factory, logger: Logger, spread: LeadershipSpread? = nil,
         stampsPositions: Bool = false, gapFill: ClusterGapFillHook? = nil, tape tapeSettings: ClusterTapeSettings? = nil,
-        maxEventBytes: Int = ClusterChecks.maxEventBytes, maxFoldedBytes: Int? = nil,
+        maxEventBytes: Int = ClusterChecks.maxEventBytes, check: EventCheck? = nil,
         makeUpstream: @escaping @Sendable () async throws -> UpstreamClient
     ) throws(ClusterError) {
         self.stampsPositions = stampsPositions
         self.maxEventBytes = maxEventBytes
-        self.maxFoldedBytes = maxFoldedBytes
         self.configuration = configuration
         self.market = market
         self.spread = spread
         subjects = try ClusterSubjects(cluster: configuration.name, market: market)
+        eventCheck = check ?? EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes)
         topicRules = ClusterChecks.rules(ofMarket: market, wire: hub.wire)
         self.hub = hub
         self.localInterest = localInterest
@@ -137,9 +136,7 @@ public final class ClusterNode: Service, Sendable {
         }
         self.tape = tape
         self.recorder = recorder
-        let check = TapeEventCheck(
-            check: EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes, maxFoldedBytes: maxFoldedBytes), metrics: metrics,
-            logger: logger)
+        let check = TapeEventCheck(check: eventCheck, metrics: metrics, logger: logger)
         archive = tape.map { tape in
             TapeArchive(market: market) { epoch, days, _ in days == 1 ? JetStreamTapeBlocks(tape: tape, epoch: epoch, check: check) : nil }
         }
@@ -272,8 +269,7 @@ public final class ClusterNode: Service, Sendable {
         }
         let feed = ClusterFeed(
             connection: connection, subjects: subjects, node: configuration.nodeID, hub: hub, metrics: metrics, logger: logger,
-            check: EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes, maxFoldedBytes: maxFoldedBytes),
-            epochHoldLimit: max(.seconds(2), configuration.renewInterval + .seconds(1)),
+            check: eventCheck, epochHoldLimit: max(.seconds(2), configuration.renewInterval + .seconds(1)),
             holder: { [weak self] epoch in
                 self?.state.withLock { $0.ownTerm == epoch ? .thisProcess : $0.termHolders.holder(of: epoch).map { .node($0) } }
             }

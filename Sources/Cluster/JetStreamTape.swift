@@ -260,7 +260,9 @@ final class JetStreamTapeBlocks: TapeBlocks {
     static let readFor: Duration = .seconds(10)
 
     init?(tape: JetStreamTape, epoch: String, check: TapeEventCheck) {
-        guard let handle = try? tape.handle(), let range = tape.range(of: epoch, handle), let decoder = try? TapeBlockDecoder() else { return nil }
+        guard let handle = try? tape.handle(), let range = tape.range(of: epoch, handle), let decoder = try? TapeBlockDecoder(check: check.check) else {
+            return nil
+        }
         self.tape = tape
         self.check = check
         self.handle = handle
@@ -296,23 +298,23 @@ final class JetStreamTapeBlocks: TapeBlocks {
     /// The block's records, `nil` (damaged: a gap) when one of its events is not one event of its
     /// topic as a node takes it from NATS: whoever may publish on the tape's subject could write one.
     func records(inBlock index: Int) -> [TapeRecord]? {
-        guard let records = bytes(ofBlock: index)?.withUnsafeBytes({ decoder.records(of: $0) }) else { return nil }
-        return check.passes(records) ? records : nil
+        let refusals = decoder.refusals
+        let records = bytes(ofBlock: index)?.withUnsafeBytes { decoder.records(of: $0) }
+        if records == nil, decoder.refusals > refusals, let reason = decoder.lastRefusal { check.refused(reason) }
+        return records
     }
 }
 
 /// What a node takes from its cluster's tape: each event checked as the node checks one from NATS
-/// (``EventCheck``). `Sendable`: immutable.
+/// (``EventCheck``, in the blocks' decoder), and where a refusal is told. `Sendable`: immutable.
 struct TapeEventCheck: Sendable {
     let check: EventCheck
     let metrics: ClusterMetrics
     let logger: Logger
 
-    /// Whether every event of `records` checks; the first that does not is counted and logged.
-    func passes(_ records: [TapeRecord]) -> Bool {
-        guard let problem = check.problem(in: records) else { return true }
-        metrics.rejected("tape", "a tape block holds an event that does not check: \(ClusterText.visible(problem, limit: 200))", logger: logger)
-        return false
+    /// A block was refused for one of its events (`reason`): counted and logged.
+    func refused(_ reason: String) {
+        metrics.rejected("tape", "a tape block holds an event that does not check: \(reason)", logger: logger)
     }
 }
 

@@ -44,9 +44,11 @@ public actor PortfolioService: Service {
     /// The fetch of daily closes under way, if any.
     private var closeFetch: Task<Void, Never>?
     /// How many close fetches have ended: a recomputation that read the store's coverage before the
-    /// latest one ended asks for nothing (its coverage is stale; the fetch's end makes the next tick
-    /// recompute with the new one).
-    public private(set) var closeFetchesEnded = 0
+    /// latest one ended asks for nothing (its coverage is stale).
+    private(set) var closeFetchesEnded = 0
+    /// The first day of the closes a recomputation needed while it could not ask for them (a fetch was
+    /// under way, or ended meanwhile): the fetch's end recomputes from it, which asks again.
+    private var closesNeededFrom: Day?
     /// When a symbol's closes from a day last failed to come, and how long to wait from then before
     /// asking again (``closeRetryWait(after:)``): each range on its own (an old one the vendor has no
     /// bars for keeps failing while the new days come).
@@ -511,7 +513,11 @@ public actor PortfolioService: Service {
         changeMarks = changes.marks
         lastSnapshotWrite = .now
         lastBackfillDay = today
-        if fetchesEnded == closeFetchesEnded { requestCloses(closeNeeds, coverage: coverage) }
+        if fetchesEnded == closeFetchesEnded, closeFetch == nil {
+            requestCloses(closeNeeds, coverage: coverage)
+        } else if let first = closeNeeds.values.map(\.lowerBound).min() {
+            closesNeededFrom = min(closesNeededFrom ?? first, first)
+        }
     }
 
     /// Recomputes the history after a write the store has committed. A failure (the database busy with
@@ -569,9 +575,9 @@ public actor PortfolioService: Service {
 
     /// Starts fetching the closes the history needs and the store does not cover (one task at a time;
     /// a range whose fetch failed is tried again later: ``closeRetryWait(after:)``). When done, the
-    /// history is recomputed from the first day fetched at the next tick.
+    /// history is recomputed at the next tick from the first day stored (or needed meanwhile).
     private func requestCloses(_ needs: [String: ClosedRange<Day>], coverage: [String: PortfolioStore.CloseCoverage]) {
-        guard closeHistory, closeFetch == nil, let rest = referencePrices?.rest else { return }
+        guard closeHistory, let rest = referencePrices?.rest else { return }
         let now = ContinuousClock.now
         var work: [CloseWork] = []
         for (symbol, need) in needs.sorted(by: { $0.key < $1.key }) {
@@ -617,7 +623,8 @@ public actor PortfolioService: Service {
         defer {
             closeFetch = nil
             closeFetchesEnded += 1
-            if let earliestStored { markDirty(from: earliestStored) }
+            if let from = [earliestStored, closesNeededFrom].compactMap({ $0 }).min() { markDirty(from: from) }
+            closesNeededFrom = nil
         }
         var fetched = 0
         for (index, item) in work.enumerated() {
@@ -660,9 +667,11 @@ public actor PortfolioService: Service {
     }
 
     /// Ranges whose wait after a failure has passed: the history is recomputed from their first day at
-    /// this tick, which asks for them again (once per failure).
+    /// this tick, which asks for them again (once per failure; a fetch under way then asks once it
+    /// ends). One asked again that has not failed again for two days is needed no more: forgotten.
     private func askFailedClosesAgain() {
         let now = ContinuousClock.now
+        closeFailures = closeFailures.filter { !$0.value.asked || now - $0.value.at < $0.value.wait + .seconds(2 * 86_400) }
         let due = closeFailures.filter { !$0.value.asked && now - $0.value.at >= $0.value.wait }.keys
         guard let from = due.map(\.from).min() else { return }
         for range in due { closeFailures[range]?.asked = true }

@@ -147,8 +147,9 @@ extension Relay {
         return upstreamSources
     }
 
-    /// What an event read from `market`'s tape must be to be taken: what its upstream lets through.
-    func tapeCheck(_ market: Market, wire: any WireProtocol) -> EventCheck {
+    /// What an event of `market` the relay did not read from its upstream itself (from its tape, or from
+    /// NATS) must be to be taken: what its upstream lets through.
+    func eventCheck(_ market: Market, wire: any WireProtocol) -> EventCheck {
         // A news item can be megabytes; other markets keep their cap (a folded book: a whole message).
         let news = market == .news ? settings.news.maxBytes : nil
         return EventCheck(
@@ -270,7 +271,7 @@ extension Relay {
         }
         if let replay = source.replay {
             let tape = TapeSource(
-                plan: replay, check: tapeCheck(source.market, wire: wire), hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"), metricsFactory: marketMetrics)
+                plan: replay, check: eventCheck(source.market, wire: wire), hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"), metricsFactory: marketMetrics)
             assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: tape))
             return
         }
@@ -334,7 +335,7 @@ extension Relay {
             logger: logger.with(label: "relay.cluster"), spread: spread, stampsPositions: settings.history != nil,
             gapFill: hook, tape: settings.history == nil ? nil : clusterTape,
             maxEventBytes: source.market == .news ? settings.news.maxBytes : ClusterChecks.maxEventBytes,
-            maxFoldedBytes: source.market == .news ? nil : settings.upstreamTuning.maxMessageBytes, makeUpstream: makeUpstream)
+            check: eventCheck(source.market, wire: wire), makeUpstream: makeUpstream)
         assembly.clusterNodes.append(node)
         var parts = MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: ClusterSource(node: node, upstream: source.description))
         parts.clusterArchive = node.archive

@@ -352,7 +352,7 @@ public final class Relay: Service, Sendable {
         if let archive = market.clusterArchive { await market.hub.setArchive(archive) }
         guard let recorder = market.recorder, let limits = settings.history, let tape = settings.tape else { return }
         let name = market.plan.market.rawValue
-        let check = tapeCheck(market.plan.market, wire: market.hub.wire)
+        let check = eventCheck(market.plan.market, wire: market.hub.wire)
         await market.hub.setArchive(TapeArchive(directory: tape.directory, market: name, check: check))
         do {
             // Reading the tape back blocks on the disk: on threads made for that, not the cooperative pool.

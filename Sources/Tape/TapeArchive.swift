@@ -404,8 +404,9 @@ extension TapeBlocks {
         var start = target
         var cost = 0
         while start >= 0, cost < TapeWriter.mostBlocksBack {
-            cost += readCost(ofBlock: start)
-            decoded += readCost(ofBlock: start)
+            let blockCost = readCost(ofBlock: start)
+            cost += blockCost
+            decoded += blockCost
             if (records(inBlock: start) ?? []).contains(where: { if case .holding = $0 { true } else { false } }) { return start }
             guard start > 0, !floor.overflow, let before = header(ofBlock: start - 1), before.lastTime >= floor.partialValue else { break }
             start -= 1

@@ -51,7 +51,8 @@ public enum TapeFile {
             var info = stat()
             // (A link to a day file is one; a folder or a pipe, which `open` would wait on, is not.)
             guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
-            days.append((day, path, min(Int64(info.st_size), Int64(info.st_blocks).multipliedReportingOverflow(by: 512).partialValue)))
+            let (used, overflow) = Int64(info.st_blocks).multipliedReportingOverflow(by: 512)
+            days.append((day, path, min(Int64(info.st_size), overflow ? .max : used)))
         }
         return days.sorted { $0.day < $1.day }
     }
@@ -635,8 +636,9 @@ public final class TapeBlockDecoder {
     private let decompressor: ZstdDecompressor
     /// What each event must be to be read (`nil`: its bytes are not looked at).
     let check: EventCheck?
-    /// Why the last block the check refused was, in at most 200 bytes of visible text.
-    private(set) var lastRefusal: String?
+    /// Why the last block the check refused was, in at most 200 bytes of visible text, and how many it refused.
+    public private(set) var lastRefusal: String?
+    public private(set) var refusals = 0
 
     public init(check: EventCheck? = nil) throws {
         decompressor = try ZstdDecompressor()
@@ -664,6 +666,7 @@ public final class TapeBlockDecoder {
         else { return nil }
         if let problem = check?.problem(in: records) {
             lastRefusal = VisibleText.visible(problem, limit: 200)
+            refusals += 1
             return nil
         }
         return records

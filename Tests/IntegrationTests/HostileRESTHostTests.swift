@@ -4,7 +4,7 @@ import Logging
 import MarketDataHub
 import MarketREST
 import NIOCore
-import Portfolio
+@testable import Portfolio
 import PolygonRESTClient
 import PortfolioData
 import PortfolioDomain

@@ -217,7 +217,7 @@ struct TapeFileTests {
     /// the past days, a folder named for a day is no day file (and stops nothing), a sparse file counts
     /// the blocks it takes, not the size it claims (else it would push every real day out, or overflow
     /// the sum).
-    @Test func retentionCountsFutureDaysFirstAndDiskBlocksAndPassesOverWhatIsNoFile() throws {
+    @Test func retentionCountsFutureDaysDeletesThemLastAndCountsDiskBlocksAndPassesOverWhatIsNoFile() throws {
         try withDirectory { directory in
             try writeDays(3, in: directory)
             let folder = "\(directory)/stocks"
