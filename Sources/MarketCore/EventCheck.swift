@@ -35,7 +35,7 @@ public struct EventCheck: Sendable {
         guard eventTypes.contains(topic.eventType) else {
             return .failure(WireRejection("an event of type \"\(topic.eventType.prefix(16))\", which the market does not have"))
         }
-        guard !topic.isWildcard, !topic.ticker.utf8.contains(UInt8(ascii: "*")) else { return .failure(WireRejection("a ticker with *, which names a wildcard")) }
+        guard !topic.ticker.utf8.contains(UInt8(ascii: "*")) else { return .failure(WireRejection("a ticker with *, which names a wildcard")) }
         switch wire.checkedEvent(payload, topic: topic, market: market, receivedAt: receivedAt) {
         case .success(let event):
             // No arithmetic is done on a position that could overflow (0, or past the largest).

@@ -142,9 +142,10 @@ struct ResumeGathering {
         }
         found.append((topic, events, former))
         gathered += count
-        while gathered > limit, let largest = found.indices.max(by: { found[$0].events.count + found[$0].former.count < found[$1].events.count + found[$1].former.count }) {
+        func size(_ index: Int) -> Int { found[index].events.count + found[index].former.count }
+        while gathered > limit, let largest = found.indices.max(by: { size($0) < size($1) }) {
+            let droppedCount = size(largest)
             let dropped = found.remove(at: largest)
-            let droppedCount = dropped.events.count + dropped.former.count
             gathered -= droppedCount
             givenUpFrom = min(givenUpFrom, droppedCount)
             givenUp.append((dropped.topic, droppedCount))

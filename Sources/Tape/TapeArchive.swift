@@ -292,7 +292,7 @@ public final class TapeArchive: EventArchive {
             reading.answer = .tooMany
             return
         }
-        if let check, event.bytes.withUnsafeReadableBytes({ check.problem(eventType: event.eventType, ticker: event.ticker, bytes: $0) }) != nil {
+        if let check, check.problem(of: event) != nil {
             reading.answer = reading.gap("an event on the tape that the relay would not take from its upstream")
             return
         }

@@ -38,11 +38,11 @@ public enum TapeFile {
     /// The day files of `market`'s tape, oldest first, with the bytes each takes on the disk: regular
     /// files named for a day (``isTapeDay(_:)``; with `future`, any real day, a later one included).
     /// A sparse file counts the blocks it takes, not the size it claims.
-    public static func days(directory: String, market: String, future: Bool = false) -> [(day: String, path: String, bytes: Int64)] {
+    public static func days(directory: String, market: String, future: Bool = false) -> [DayFile] {
         let folder = "\(directory)/\(market)"
         guard let handle = opendir(folder) else { return [] }
         defer { closedir(handle) }
-        var days: [(day: String, path: String, bytes: Int64)] = []
+        var days: [DayFile] = []
         while let entry = readdir(handle) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
             let day = String(name.prefix(10))
@@ -57,8 +57,11 @@ public enum TapeFile {
         return days.sorted { $0.day < $1.day }
     }
 
+    /// A day file: its day (`yyyy-mm-dd`), its path, the bytes it takes on the disk.
+    public typealias DayFile = (day: String, path: String, bytes: Int64)
+
     /// The bytes of `days`, added up without overflow.
-    static func total(_ days: [(day: String, path: String, bytes: Int64)]) -> Int64 {
+    static func total(_ days: [DayFile]) -> Int64 {
         days.reduce(Int64(0)) { sum, day in
             let (added, overflow) = sum.addingReportingOverflow(max(day.bytes, 0))
             return overflow ? .max : added

@@ -45,11 +45,15 @@ public enum TapeRecord: Sendable, Equatable {
 }
 
 extension EventCheck {
+    /// Why a tape's event is none the relay takes, or `nil`.
+    public func problem(of event: TapeEvent) -> String? {
+        event.bytes.withUnsafeReadableBytes { problem(eventType: event.eventType, ticker: event.ticker, bytes: $0) }
+    }
+
     /// Why the first event of `records` that is none the relay takes is not, or `nil` when all are.
     public func problem(in records: [TapeRecord]) -> String? {
         for case .event(let event) in records {
-            let found: String? = event.bytes.withUnsafeReadableBytes { self.problem(eventType: event.eventType, ticker: event.ticker, bytes: $0) }
-            if let found { return found }
+            if let found = problem(of: event) { return found }
         }
         return nil
     }
