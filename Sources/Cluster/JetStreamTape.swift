@@ -322,19 +322,29 @@ struct TapeEventCheck: Sendable {
 /// `relay replay`, `relay tape export` and `relay tape ls` read it. Each UTC day the stream holds is
 /// written whole to a new file and then renamed over the day's file (a pull again replaces it, never
 /// appends twice), under the market's tape lock (a relay recording there is not overwritten).
+///
+/// This is where the stream's blocks enter a tape's folder, and any NATS publisher may have written
+/// one: each block is read whole and each of its events checked as a node checks one from NATS
+/// (``EventCheck``, of the vendor the stream's `source` record names); a block that does not read or
+/// holds an event that does not check is left out. A replay then serves the folder's events as they are.
 public enum ClusterTapePull {
     public struct Outcome: Sendable {
         /// The days written, and the blocks copied (blocks NATS no longer had, or sent damaged, are left out).
         public var days: [String] = []
         public var blocks = 0
         public var missing = 0
+        /// Blocks left out for an event that did not check, and why the first did not (at most 200 bytes).
+        public var refused = 0
+        public var firstRefusal: String?
         /// Days kept as they were here: the local file begins earlier than what the stream still holds.
         public var kept: [String] = []
     }
 
+    /// - Parameter check: what an event must be, for a stream whose `source` record says it was
+    ///   recorded from this vendor and upstream path (`nil`: none said so yet).
     public static func pull(
         servers: [String], security: ClusterConfiguration.Security = .init(), cluster: String, market: String, directory: String,
-        timeout: Duration = .seconds(10), logger: Logger
+        check: @escaping @Sendable (_ source: (vendor: String, path: String?)?) -> EventCheck, timeout: Duration = .seconds(10), logger: Logger
     ) async throws -> Outcome {
         let subjects = try ClusterSubjects(cluster: cluster, market: market)
         let lock = try TapeLock(directory: directory, market: market)
@@ -353,14 +363,22 @@ public enum ClusterTapePull {
         let tape = JetStreamTape(subjects: subjects, settings: ClusterTapeSettings())
         tape.use(connection)
         let copied = await BlockingWork.run(on: DispatchQueue(label: "relay.tape.pull")) {
-            Result { try withExtendedLifetime(lock) { try copy(tape, market: market, directory: directory) } }
+            Result { try withExtendedLifetime(lock) { try copy(tape, market: market, directory: directory, check: check) } }
         }
         await connection.close()
         return try copied.get()
     }
 
-    private static func copy(_ tape: JetStreamTape, market: String, directory: String) throws -> Outcome {
+    private static func copy(
+        _ tape: JetStreamTape, market: String, directory: String, check: (_ source: (vendor: String, path: String?)?) -> EventCheck
+    ) throws -> Outcome {
         let handle = try tape.handle()
+        let decoder = try TapeBlockDecoder()
+        // Each day's events are checked in the protocol its file will be replayed in: the one of the vendor
+        // its first block names (a leader writes its `source` at each day's start; none: the default
+        // vendor's). A block naming a vendor of another protocol is refused (the replay would else
+        // serve its events, checked as that protocol's, in the day's).
+        var dayChecks: [String: EventCheck] = [:]
         guard let bounds = tape.bounds(handle) else { throw TapeError("NATS has no tape stream \(tape.stream) (is this the cluster's name?)") }
         var outcome = Outcome()
         guard bounds.first > 0, bounds.last >= bounds.first else { return outcome }
@@ -385,7 +403,8 @@ public enum ClusterTapePull {
                 discard()
                 throw TapeError("NATS stopped answering at block \(sequence) of \(tape.stream): \(why); nothing was replaced")
             }
-            guard let header = block.withUnsafeBytes({ TapeBlockDecoder.header(of: $0) }) else {
+            guard let header = block.withUnsafeBytes({ TapeBlockDecoder.header(of: $0) }), let records = block.withUnsafeBytes({ decoder.records(of: $0) })
+            else {
                 outcome.missing += 1
                 continue
             }
@@ -395,6 +414,17 @@ public enum ClusterTapePull {
                 outcome.missing += 1
                 continue
             }
+            let named = records.compactMap { record -> (vendor: String, path: String?)? in
+                if case .source(let vendor, let path, _) = record { (vendor, path) } else { nil }
+            }
+            let dayCheck = dayChecks[day] ?? check(named.first)
+            let otherProtocol = named.map { check($0).wire.name }.first { $0 != dayCheck.wire.name }
+            if let problem = otherProtocol.map({ "a source of the \($0.prefix(32)) protocol in a day of \(dayCheck.wire.name)" }) ?? dayCheck.problem(in: records) {
+                outcome.refused += 1
+                if outcome.firstRefusal == nil { outcome.firstRefusal = VisibleText.visible(problem, limit: 200) }
+                continue
+            }
+            dayChecks[day] = dayCheck
             if files[day] == nil {
                 let partial = TapeFile.path(directory: directory, market: market, day: day) + ".pull"
                 let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)

@@ -150,6 +150,11 @@ extension Relay {
     /// What an event of `market` the relay did not read from its upstream itself (from its tape, or from
     /// NATS) must be to be taken: what its upstream lets through.
     func eventCheck(_ market: Market, wire: any WireProtocol) -> EventCheck {
+        Self.eventCheck(market, wire: wire, settings: settings)
+    }
+
+    /// ``eventCheck(_:wire:)`` under `settings`' bounds.
+    static func eventCheck(_ market: Market, wire: any WireProtocol, settings: RelaySettings) -> EventCheck {
         // A news item can be megabytes; other markets keep their cap (a folded book: a whole message).
         let news = market == .news ? settings.news.maxBytes : nil
         return EventCheck(
@@ -157,11 +162,23 @@ extension Relay {
             maxFoldedBytes: news ?? settings.upstreamTuning.maxMessageBytes)
     }
 
+    /// What an event of `market` recorded from `source` (a tape's `source` record: its vendor and
+    /// upstream path; `nil`: the default vendor's) must be to be taken into a tape's folder (`relay tape
+    /// pull`), under `settings`' bounds.
+    public static func tapeCheck(_ market: Market, source: (vendor: String, path: String?)?, settings: RelaySettings) -> EventCheck {
+        eventCheck(market, wire: recordedVendor(source).wireProtocol(market: market, path: source?.path), settings: settings)
+    }
+
+    /// The vendor a tape's `source` record names (one it does not know, or none: the default).
+    static func recordedVendor(_ source: (vendor: String, path: String?)?) -> WireVendor {
+        source.flatMap { told in vendors.first { $0.name == told.vendor } } ?? vendors[0]
+    }
+
     /// The vendor, protocol and upstream path a day file of `market` was recorded in (its `source`
     /// record; a tape that does not say: the default vendor's): what its replay and export speak.
     public static func recordedProtocol(of path: String, market: Market) throws -> (vendor: WireVendor, wire: any WireProtocol, path: String?) {
         let source = try TapeReader(path: path).source()
-        let vendor = source.flatMap { told in vendors.first { $0.name == told.vendor } } ?? vendors[0]
+        let vendor = recordedVendor(source)
         return (vendor, vendor.wireProtocol(market: market, path: source?.path), source?.path)
     }
 
@@ -271,7 +288,7 @@ extension Relay {
         }
         if let replay = source.replay {
             let tape = TapeSource(
-                plan: replay, check: eventCheck(source.market, wire: wire), hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"), metricsFactory: marketMetrics)
+                plan: replay, hub: hub, interest: interest, logger: marketLogger.with(label: "relay.replay.\(source.market)"), metricsFactory: marketMetrics)
             assembly.markets.append(MarketParts(plan: source, hub: hub, interest: interest, upstream: nil, source: tape))
             return
         }

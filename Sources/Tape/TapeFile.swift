@@ -696,8 +696,6 @@ public final class TapeReader: TapeBlocks {
     public let path: String
     private let descriptor: Int32
     private let decoder: TapeBlockDecoder
-    /// Why the last block refused by its reader's check was (what its first event that did not pass was).
-    public var lastRefusal: String? { decoder.lastRefusal }
     /// The file's whole blocks, in order.
     public private(set) var blocks: [TapeBlock]
     /// Blocks that could not be read (their frame or records did not check), by index.
@@ -777,9 +775,8 @@ public final class TapeReader: TapeBlocks {
         private var block: Int
         private var records: IndexingIterator<[TapeRecord]>?
 
-        /// Blocks of its reader skipped so far (damaged), by index, and why the last its check refused was.
+        /// Blocks of its reader skipped so far (damaged), by index.
         public var skippedBlocks: [Int] { reader.skippedBlocks }
-        public var lastRefusal: String? { reader.lastRefusal }
 
         init(reader: TapeReader, from: Int64, through: Int64) {
             self.reader = reader

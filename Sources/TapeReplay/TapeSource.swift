@@ -79,15 +79,15 @@ public struct ReplayPlan: Sendable, Equatable {
 /// reader, then goes as fast as its slowest reader takes events: it hands a batch over only while every
 /// subscriber's unread events, with the batches on their way, stay under the fill at which it would be
 /// warned of as falling behind, so none is ever dropped. A gap in the tape (the relay was down, or recording
-/// paused) is told as the upstream being away for that window. A block that does not check is skipped
-/// and counted.
+/// paused) is told as the upstream being away for that window. A block that does not check (its frame,
+/// or its records against its header) is skipped and counted. Its events are served as they were
+/// recorded, not parsed again: what is in the tape's folder was checked on its way in (the recorder
+/// takes what its upstream let through; `relay tape pull` checks each event of the cluster's stream),
+/// and the folder is as trusted as its writers (docs/tape.md).
 ///
 /// `Sendable`; a `Service`.
 public final class TapeSource: MarketSource {
     private let plan: ReplayPlan
-    /// What each event replayed must be: what the upstream would let through (a block holding one that
-    /// is not is skipped as damaged).
-    private let check: EventCheck
     private let hub: MarketDataHub
     private let interest: LocalInterest
     private let logger: Logger
@@ -113,10 +113,9 @@ public final class TapeSource: MarketSource {
     private let eventsReplayed: Counter
 
     public init(
-        plan: ReplayPlan, check: EventCheck, hub: MarketDataHub, interest: LocalInterest, logger: Logger,
+        plan: ReplayPlan, hub: MarketDataHub, interest: LocalInterest, logger: Logger,
         metricsFactory: any MetricsFactory = NOOPMetricsHandler.instance
     ) {
-        self.check = check
         passesStarted = Counter(label: "relay_tape_replays_total", factory: metricsFactory)
         eventsReplayed = Counter(label: "relay_tape_replay_events_total", factory: metricsFactory)
         self.plan = plan
@@ -217,9 +216,9 @@ public final class TapeSource: MarketSource {
         // hand) would else hold the pace for as long as its distance says.
         let day = TapeFile.midnight(of: plan.day).map { $0...($0 + 86_400 * 1_000_000_000) } ?? Int64.min...Int64.max
         let (from, through) = (max(plan.from ?? .min, day.lowerBound), min(plan.to ?? .max, day.upperBound))
-        let (path, check) = (plan.path, check)
+        let path = plan.path
         let window = try await BlockingWork.run { () throws in
-            TapeWindow(try TapeReader(path: path, check: check).records(from: from, through: through))
+            TapeWindow(try TapeReader(path: path).records(from: from, through: through))
         }
         note { $0.state = "replaying" }
         passesStarted.increment()
@@ -231,7 +230,7 @@ public final class TapeSource: MarketSource {
         _ = await inbox.push(.notice(Notice(.replay, message: "replaying \(description): recorded events, not live", details: details)), waitingBelow: inbox.capacity)
         let chunks = BoundedInbox<[TapeRecord], Int>(capacity: Self.chunksAhead, emptyLoss: 0, weight: { _ in 1 }, noteDrop: { lost, _ in lost += 1 })
         var progress = PassProgress(pace: Pace(speed: plan.speed))
-        let (skipped, refusal) = await withTaskGroup(of: (skipped: [Int], refusal: String?).self) { group in
+        let skipped = await withTaskGroup(of: [Int].self) { group in
             group.addTask { await Self.readAhead(window, into: chunks) }
             await chunks.drain { items in
                 for case .element(let chunk) in items where !Task.isCancelled {
@@ -241,14 +240,13 @@ public final class TapeSource: MarketSource {
             // The drain ends when the reading ahead finished, or when cancelled (then perhaps while the
             // reading ahead waits for room): it is let go either way.
             chunks.finish()
-            return await group.next() ?? ([], nil)
+            return await group.next() ?? []
         }
         try Task.checkCancellation()
         if !skipped.isEmpty {
             note { $0.skippedBlocks = skipped.count }
-            var metadata: Logger.Metadata = ["path": "\(plan.path)", "blocks": "\(skipped.prefix(20))", "count": "\(skipped.count)"]
-            if let refusal { metadata["refused"] = "\(refusal)" }
-            logger.warning("damaged blocks of the tape were skipped", metadata: metadata)
+            logger.warning(
+                "damaged blocks of the tape were skipped", metadata: ["path": "\(plan.path)", "blocks": "\(skipped.prefix(20))", "count": "\(skipped.count)"])
         }
         let replayed = progress.replayed + (await hand(&progress.batch))
         _ = await inbox.push(
@@ -267,7 +265,7 @@ public final class TapeSource: MarketSource {
     /// Reads the window's records into `chunks`, a chunk at a time, until the window ends or `chunks`
     /// is finished; returns the blocks it skipped (damaged). The reading (the disk, decompression) runs
     /// on threads made for blocking, not the cooperative pool that hands the events over.
-    private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> (skipped: [Int], refusal: String?) {
+    private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> [Int] {
         while !Task.isCancelled {
             let chunk = await BlockingWork.run {
                 window.records.withLock { window in
@@ -280,7 +278,7 @@ public final class TapeSource: MarketSource {
             guard !chunk.isEmpty, await chunks.push(chunk, waitingBelow: chunksAhead) else { break }
         }
         chunks.finish()
-        return window.records.withLock { ($0.skippedBlocks, $0.lastRefusal) }
+        return window.records.withLock { $0.skippedBlocks }
     }
 
     /// What a pass carries from one chunk of records to the next.

@@ -1,8 +1,10 @@
+import AlpacaWire
 import CoreMetrics
 import Foundation
 import Logging
 import MarketCore
 import NIOCore
+import PolygonWire
 import RelayBench
 import RelayTestSupport
 import Tape
@@ -74,6 +76,60 @@ struct JetStreamTapeTests {
             }
             #expect(positions.map(\.topic) == Array(6...15))
         }
+    }
+
+    /// `relay tape pull` is where the stream's blocks enter a tape's folder: a block holding an event
+    /// that does not check, or naming a vendor of another protocol than its day's, is left out and
+    /// told; every other block is written, so the folder reads whole under the check.
+    @Test func aPullLeavesOutBlocksThatDoNotCheck() async throws {
+        let nats = try NATSServerProcess()
+        let url = try await nats.start()
+        let connection = try await connectedNATS(url, name: "pull-test")
+        let cluster = "p\(UInt32.random(in: 0...UInt32.max))"
+        let tape = JetStreamTape(subjects: try ClusterSubjects(cluster: cluster, market: "stocks"), settings: ClusterTapeSettings())
+        tape.use(connection)
+        let directory = scratchDirectory("pull-check")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func block(_ records: [TapeRecord]) throws {
+            let writer = try TapeWriter(sink: JetStreamTapeSink(tape: tape), blockBytes: 1 << 20)
+            for record in records { try writer.append(record) }
+            try writer.flush()
+        }
+        func quote(_ index: Int) -> TapeRecord {
+            .event(
+                TapeEvent(
+                    receivedAt: Self.start + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
+                    ticker: "AAPL", bytes: aaplQuote(index)))
+        }
+        do {
+            try block([.epoch("e1", at: Self.start), .source(vendor: "polygon", path: "/stocks", at: Self.start)] + (1...20).map(quote))
+            let forged = ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"forged":1}"#)
+            try block([
+                .epoch("e1", at: Self.start),
+                .event(TapeEvent(receivedAt: Self.start + 21_000_000, sequence: 21, topicSequence: 21, eventType: "Q", ticker: "AAPL", bytes: forged)),
+            ])
+            try block([.epoch("e1", at: Self.start), .source(vendor: "alpaca", path: "/v2/iex", at: Self.start)] + (30...35).map(quote))
+            try block([.epoch("e1", at: Self.start)] + (40...50).map(quote))
+            let check: @Sendable ((vendor: String, path: String?)?) -> EventCheck = { source in
+                let vendor = source?.vendor == "alpaca" ? WireVendor.alpaca : WireVendor.polygon
+                return EventCheck(market: .stocks, wire: vendor.wireProtocol(market: .stocks, path: source?.path), maxBytes: 64 << 10)
+            }
+            let outcome = try await ClusterTapePull.pull(
+                servers: [url], cluster: cluster, market: "stocks", directory: directory, check: check, logger: Logger(label: "pull-test"))
+            #expect(outcome.refused == 2 && outcome.blocks == 2, "\(outcome)")
+            #expect(outcome.firstRefusal?.contains("MSFT") == true || outcome.firstRefusal?.contains("sym") == true, "\(String(describing: outcome.firstRefusal))")
+            let day = try #require(TapeFile.days(directory: directory, market: "stocks").last, "a day file was pulled")
+            let reader = try TapeReader(path: day.path, check: check(nil))
+            let pulled = reader.records().compactMap { record -> UInt64? in if case .event(let event) = record { event.topicSequence } else { nil } }
+            #expect(pulled == (1...20).map(UInt64.init) + (40...50).map(UInt64.init))
+            #expect(reader.skippedBlocks.isEmpty, "the pulled day reads whole under the check")
+        } catch {
+            await connection.close()
+            await nats.stop()
+            throw error
+        }
+        await connection.close()
+        await nats.stop()
     }
 
     /// A term's blocks are found by its subject, among another term's; a late block of a term written

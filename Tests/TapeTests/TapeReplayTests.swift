@@ -53,7 +53,7 @@ struct TapeReplayTests {
     func replaying(_ plan: ReplayPlan, _ body: (MarketDataHub, TapeSource) async throws -> Void) async throws {
         let interest = LocalInterest()
         let hub = MarketDataHub(wire: .polygon) { change in interest.apply(change) }
-        let source = TapeSource(plan: plan, check: stocksCheck, hub: hub, interest: interest, logger: .init(label: "test.replay"))
+        let source = TapeSource(plan: plan, hub: hub, interest: interest, logger: .init(label: "test.replay"))
         let running = Task { try await source.run() }
         defer { running.cancel() }
         try await body(hub, source)
@@ -233,7 +233,7 @@ struct TapeReplayTests {
             let interest = LocalInterest()
             let hub = MarketDataHub(wire: .polygon) { change in interest.apply(change) }
             let plan = ReplayPlan(directory: directory, market: "stocks", day: Self.day, speed: speed)
-            let source = TapeSource(plan: plan, check: stocksCheck, hub: hub, interest: interest, logger: .init(label: "test.replay"))
+            let source = TapeSource(plan: plan, hub: hub, interest: interest, logger: .init(label: "test.replay"))
             var reader = await hub.subscribe(to: Set([Topic(parsing: "T.AAPL")].compactMap { $0 })).makeReader()
             let running = Task { try await source.run() }
             var indices = 0
