@@ -4,6 +4,7 @@
 import AsyncSupport
 import CNats
 import Dispatch
+import Foundation
 import Logging
 import MarketCore
 import Synchronization
@@ -362,11 +363,22 @@ public enum ClusterTapePull {
         }
         let tape = JetStreamTape(subjects: subjects, settings: ClusterTapeSettings())
         tape.use(connection)
+        sweepPartials(directory: directory, market: market)
         let copied = await BlockingWork.run(on: DispatchQueue(label: "relay.tape.pull")) {
             Result { try withExtendedLifetime(lock) { try copy(tape, market: market, directory: directory, check: check) } }
         }
         await connection.close()
         return try copied.get()
+    }
+
+    /// Removes the day files a pull cut short by a kill left half written (`<day>.tape.pull`), which no
+    /// retention counts: under the market's tape lock, which no other pull holds meanwhile.
+    static func sweepPartials(directory: String, market: String) {
+        let folder = "\(directory)/\(market)"
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
+        where name.hasSuffix(".tape.pull") && TapeFile.isTapeDay(String(name.dropLast(".tape.pull".count))) {
+            unlink("\(folder)/\(name)")
+        }
     }
 
     private static func copy(

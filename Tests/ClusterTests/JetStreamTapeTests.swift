@@ -80,7 +80,8 @@ struct JetStreamTapeTests {
 
     /// `relay tape pull` is where the stream's blocks enter a tape's folder: a block holding an event
     /// that does not check, or naming a vendor of another protocol than its day's, is left out and
-    /// told; every other block is written, so the folder reads whole under the check.
+    /// told; every other block is written, so the folder reads whole under the check. What a pull cut
+    /// short by a kill left half written is swept.
     @Test func aPullLeavesOutBlocksThatDoNotCheck() async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
@@ -90,6 +91,9 @@ struct JetStreamTapeTests {
         tape.use(connection)
         let directory = scratchDirectory("pull-check")
         defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileManager.default.createDirectory(atPath: directory + "/stocks", withIntermediateDirectories: true)
+        let (stale, other) = (directory + "/stocks/2026-01-02.tape.pull", directory + "/stocks/notes.pull")
+        for path in [stale, other] { #expect(FileManager.default.createFile(atPath: path, contents: Data(count: 4096))) }
         func block(_ records: [TapeRecord]) throws {
             let writer = try TapeWriter(sink: JetStreamTapeSink(tape: tape), blockBytes: 1 << 20)
             for record in records { try writer.append(record) }
@@ -123,6 +127,8 @@ struct JetStreamTapeTests {
             let pulled = reader.records().compactMap { record -> UInt64? in if case .event(let event) = record { event.topicSequence } else { nil } }
             #expect(pulled == (1...20).map(UInt64.init) + (40...50).map(UInt64.init))
             #expect(reader.skippedBlocks.isEmpty, "the pulled day reads whole under the check")
+            #expect(!FileManager.default.fileExists(atPath: stale), "a day half pulled before is swept")
+            #expect(FileManager.default.fileExists(atPath: other), "a file of another name is left")
         } catch {
             await connection.close()
             await nats.stop()
