@@ -1,3 +1,4 @@
+import HeapModule
 import MarketCore
 
 /// What one resume gathers before anything is queued (``MarketDataHub/add(_:to:resuming:)``): each
@@ -15,7 +16,11 @@ struct ResumeGathering {
     /// Each topic's missed events of this term and of the former one: within ``limit`` as they come,
     /// by giving up the largest topics whole (a resume of many topics never holds each one's events
     /// before it is trimmed, only about twice the limit at most).
-    private(set) var found: [(topic: Topic, events: [MarketEvent], former: [MarketEvent])] = []
+    /// A topic given up after it was gathered leaves its place empty (`nil`).
+    private(set) var found: [(topic: Topic, events: [MarketEvent], former: [MarketEvent])?] = []
+    /// The gathered topics' sizes and places in ``found``, the largest on top: a topic is given up in
+    /// O(log n), so a resume of many topics is never quadratic in them.
+    private var bySize = Heap<Gathered>()
     /// The events of ``found``.
     private var gathered = 0
     /// The topics given up past ``limit`` as they came, with their counts; and the fewest events of
@@ -140,16 +145,24 @@ struct ResumeGathering {
             givenUp.append((topic, count))
             return
         }
+        bySize.insert(Gathered(count: count, place: found.count))
         found.append((topic, events, former))
         gathered += count
-        func size(_ index: Int) -> Int { found[index].events.count + found[index].former.count }
-        while gathered > limit, let largest = found.indices.max(by: { size($0) < size($1) }) {
-            let droppedCount = size(largest)
-            let dropped = found.remove(at: largest)
-            gathered -= droppedCount
-            givenUpFrom = min(givenUpFrom, droppedCount)
-            givenUp.append((dropped.topic, droppedCount))
+        while gathered > limit, let largest = bySize.popMax(), let dropped = found[largest.place] {
+            found[largest.place] = nil
+            gathered -= largest.count
+            givenUpFrom = min(givenUpFrom, largest.count)
+            givenUp.append((dropped.topic, largest.count))
         }
+    }
+
+    /// A gathered topic's size and place in ``found``: the larger is given up first, and of two as
+    /// large the one gathered first.
+    private struct Gathered: Comparable {
+        let count: Int
+        let place: Int
+
+        static func < (a: Self, b: Self) -> Bool { a.count != b.count ? a.count < b.count : a.place > b.place }
     }
 
     /// The events replayed, within ``limit`` by giving up the largest topics whole (each told `gap`):
@@ -165,7 +178,7 @@ struct ResumeGathering {
         var seen = Set<UInt64>()
         var formerReplay: [MarketEvent] = []
         var formerSeen = Set<UInt64>()
-        for (topic, events, former) in found {
+        for case let (topic, events, former)? in found {
             outcome.replayed[topic] = events.count + former.count
             for event in events where seen.insert(event.sequence).inserted { replay.append(event) }
             for event in former where formerSeen.insert(event.sequence).inserted { formerReplay.append(event) }
