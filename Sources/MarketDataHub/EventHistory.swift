@@ -110,10 +110,13 @@ final class EventHistory {
         var evictedThrough: UInt64 = 0
         var evictedArrival: Int64 = .min
         /// Every event of this topic from this market sequence on was received (1: all of the epoch's),
-        /// and the wall time from which that holds.
-        /// ``EventHistory/notReceived`` while the relay does not receive the topic.
-        var wholeFrom: UInt64 = 1
-        var wholeSince: Int64 = .min
+        /// and the wall time from which that holds, as last set for this topic
+        /// (``EventHistory/notReceived`` while the relay does not receive the topic); an interruption of
+        /// every topic since (``EventHistory/interruptions``, past `wholeSetIn`) stands in for them
+        /// (``EventHistory/whole(_:)`` reads them, ``EventHistory/setWhole(_:from:since:)`` sets them).
+        fileprivate var ownWholeFrom: UInt64 = 1
+        fileprivate var ownWholeSince: Int64 = .min
+        fileprivate var wholeSetIn: UInt64
         /// Whole from, as it stood when it was last received, and until when (Unix ms): at a restart,
         /// or when it stopped being wanted (the clients of a stopping relay leave before it stops).
         var lastRun: Run?
@@ -131,9 +134,10 @@ final class EventHistory {
         var assignRound: UInt64 = 0
         var assignNext: UInt64 = 0
 
-        init(topic: Topic, type: TypeLine) {
+        init(topic: Topic, type: TypeLine, interruptions: UInt64) {
             self.topic = topic
             self.type = type
+            wholeSetIn = interruptions
         }
 
         /// Where topic sequence `sequence` (from `firstSequence`, below `nextSequence`) lies in `held`;
@@ -231,6 +235,10 @@ final class EventHistory {
 
     /// "Whole from" of a topic the relay does not receive now: no resume across this time is whole.
     static let notReceived = UInt64.max
+    /// Interruptions of every topic so far (``interruptAll(now:marked:)``), and the last one's first
+    /// market sequence and wall time.
+    private var interruptions: UInt64 = 0
+    private var lastInterruption: (sequence: UInt64, since: Int64) = (1, .min)
 
     /// Where the relay's previous run of this epoch stopped, once it went on from it (``restarted(after:stoppedAt:now:leap:)``).
     struct Restart {
@@ -333,20 +341,17 @@ final class EventHistory {
             if let existing = found?[index].flatMap({ $0.isDropped ? nil : $0 }) ?? lines[topic] {
                 line = existing
                 if position.topic != line.nextSequence {
-                    if position.topic > line.nextSequence, line.wholeFrom <= (line.held.last ?? line.evictedThrough) { broken.append(topic) }
+                    if position.topic > line.nextSequence, whole(line).sequence <= (line.held.last ?? line.evictedThrough) { broken.append(topic) }
                     restart(line, at: position, now: now)
                 }
             } else {
-                line = TopicLine(topic: topic, type: typeLine(topic.eventType))
+                line = TopicLine(topic: topic, type: typeLine(topic.eventType), interruptions: interruptions)
                 lines[topic] = line
                 memory += Self.overheadPerLine
                 line.firstSequence = position.topic
                 line.nextSequence = position.topic
                 // Its first event of the epoch: whole from the start. Otherwise (adopted mid-stream) from here.
-                if position.topic != 1 {
-                    line.wholeFrom = position.market
-                    line.wholeSince = now
-                }
+                if position.topic != 1 { setWhole(line, from: position.market, since: now) }
             }
             line.nextSequence = position.topic + 1
             if line.held.isEmpty { line.firstSequence = position.topic }
@@ -386,8 +391,7 @@ final class EventHistory {
         while !line.held.isEmpty { dropOldest(of: line) }
         line.leap = nil
         line.firstSequence = position.topic
-        line.wholeFrom = position.market
-        line.wholeSince = now
+        setWhole(line, from: position.market, since: now)
     }
 
     // MARK: what is wanted
@@ -470,12 +474,13 @@ final class EventHistory {
     /// a client that had every event before it resumes as `gap`, never as whole with the outage unseen,
     /// and one that came after it stands at the mark. (A cluster node adopts the leader's numbers: not
     /// marked there.)
+    ///
+    /// O(event types): each topic's line reads the interruption when asked (``whole(_:)``), so an upstream
+    /// (or a leader on NATS) going down and back again and again costs no walk over every topic.
     func interruptAll(now: Int64, marked: Bool = false) {
         if marked, nextMarketSequence > 1 { nextMarketSequence += 1 }
-        for line in lines.values where line.wholeFrom != Self.notReceived {
-            line.wholeFrom = nextMarketSequence
-            line.wholeSince = now
-        }
+        interruptions += 1
+        lastInterruption = (nextMarketSequence, now)
         for type in types.values where type.whole != nil {
             type.pending = true
             type.whole = nil
@@ -485,13 +490,24 @@ final class EventHistory {
     /// A topic's run starts again: whole from the next event while it is wanted, not received otherwise.
     private func interrupt(_ topic: Topic, now: Int64) {
         guard let line = lines[topic] else { return }
+        let was = whole(line)
         guard isWanted(topic) else {
-            if line.wholeFrom != Self.notReceived { line.lastRun = Run(sequence: line.wholeFrom, since: line.wholeSince, until: now) }
-            (line.wholeFrom, line.wholeSince) = (Self.notReceived, .max)
+            if was.sequence != Self.notReceived { line.lastRun = Run(sequence: was.sequence, since: was.since, until: now) }
+            setWhole(line, from: Self.notReceived, since: .max)
             return
         }
-        line.wholeFrom = line.wholeFrom == Self.notReceived ? nextMarketSequence : max(line.wholeFrom, nextMarketSequence)
-        line.wholeSince = now
+        setWhole(line, from: was.sequence == Self.notReceived ? nextMarketSequence : max(was.sequence, nextMarketSequence), since: now)
+    }
+
+    /// From which market sequence (and wall time) every event of `line`'s topic was received: its own,
+    /// or the last interruption of every topic if one came since it was set and it was received then.
+    func whole(_ line: TopicLine) -> (sequence: UInt64, since: Int64) {
+        line.wholeSetIn == interruptions || line.ownWholeFrom == Self.notReceived ? (line.ownWholeFrom, line.ownWholeSince) : lastInterruption
+    }
+
+    /// Sets `line`'s ``whole(_:)``.
+    private func setWhole(_ line: TopicLine, from: UInt64, since: Int64) {
+        (line.ownWholeFrom, line.ownWholeSince, line.wholeSetIn) = (from, since, interruptions)
     }
 
     /// The previous run of this epoch (rebuilt into this history from its tape) stopped at `stoppedAt`
@@ -513,9 +529,9 @@ final class EventHistory {
                 if line.held.isEmpty { line.firstSequence = marker + 1 } else { line.leap = (line.nextSequence - 1, marker + 1) }
                 line.nextSequence = marker + 1
             }
-            line.beforeRestart =
-                line.wholeFrom == Self.notReceived ? line.lastRun : Run(sequence: line.wholeFrom, since: line.wholeSince, until: stoppedAt)
-            (line.wholeFrom, line.wholeSince) = (Self.notReceived, .max)
+            let was = whole(line)
+            line.beforeRestart = was.sequence == Self.notReceived ? line.lastRun : Run(sequence: was.sequence, since: was.since, until: stoppedAt)
+            setWhole(line, from: Self.notReceived, since: .max)
         }
         for type in types.values {
             type.beforeRestart = type.whole.map { Run(sequence: $0.sequence, since: $0.since, until: stoppedAt) } ?? type.lastRun
@@ -648,7 +664,7 @@ final class EventHistory {
         // A ticker with no line: never seen this epoch, or let go (then whole only after that).
         let whole: (sequence: UInt64, since: Int64)? =
             if topic.isWildcard { types[topic.eventType]?.whole ?? (wholeByDefault ? (1, .min) : nil) } else {
-                line.map { ($0.wholeFrom, $0.wholeSince) } ?? (droppedThrough + 1, droppedArrival)
+                line.map { self.whole($0) } ?? (droppedThrough + 1, droppedArrival)
             }
         let evictedSequence = topic.isWildcard ? types[topic.eventType]?.evictedThrough ?? 0 : line?.evictedThrough ?? droppedThrough
         // The last market sequence the client has.
@@ -667,7 +683,7 @@ final class EventHistory {
             let held = position >= line.firstSequence ? line.offset(of: position) : nil
             let market: UInt64 =
                 if let held { line.held[line.held.index(line.held.startIndex, offsetBy: held)] } else { position == 0 ? 0 : line.evictedThrough }
-            guard line.wholeFrom <= market + 1 else {
+            guard self.whole(line).sequence <= market + 1 else {
                 return .gap(from: position + 1, through: position + 1, unit: .topicSequence, reason: notReceived)
             }
             return events(of: line, fromOffset: held.map { $0 + 1 } ?? 0, limit: limit)
@@ -756,7 +772,7 @@ final class EventHistory {
                 from: after + 1, through: restart.marker - 1, unit: .marketSequence,
                 reason: "not all received by this relay before it restarted (it was not subscribed to the topic, or its upstream was away)")
         }
-        let whole: (sequence: UInt64, since: Int64)? = topic.isWildcard ? type?.whole : line.map { ($0.wholeFrom, $0.wholeSince) }
+        let whole: (sequence: UInt64, since: Int64)? = topic.isWildcard ? type?.whole : line.map { self.whole($0) }
         let received = whole.flatMap { $0.sequence == Self.notReceived ? nil : $0 }
         let sequences: CircularBuffer<UInt64>? = topic.isWildcard ? type?.slots : line?.held
         var earlier: [MarketEvent] = []

@@ -662,6 +662,37 @@ struct HistoryLineTests {
         #expect((EventPosition.read(from: again[0].bytes)?.topic ?? 0) > 2)
     }
 
+    /// The upstream lost interrupts every topic, and each topic reads the interruption when asked (an
+    /// upstream going down and back again and again walks no topic): one received before it resumes
+    /// across it as a gap, one received again after it resumes whole from there, one first seen after
+    /// it whole from its first event; the last of many interruptions stands.
+    @Test func anInterruptionOfEveryTopicIsReadByEachTopicWhenAsked() {
+        let history = EventHistory(limits: HistoryLimits(), epoch: "e")
+        let (aapl, msft, ibm) = (Topic(parsing: "T.AAPL")!, Topic(parsing: "T.MSFT")!, Topic(parsing: "T.IBM")!)
+        for topic in [aapl, msft, ibm] { history.wanted(topic, now: 0) }
+        _ = history.keep([event("T", "AAPL", 1), event("T", "MSFT", 1)], at: 0)
+        for round in 1...1_000 { history.interruptAll(now: Int64(round), marked: true) }
+        _ = history.keep([event("T", "MSFT", 2), event("T", "IBM", 1)], at: 2_000)
+        guard case .gap = history.missed(aapl, since: .topic(1)) else {
+            Issue.record("AAPL, received before the interruptions: a gap")
+            return
+        }
+        guard case .gap = history.missed(msft, since: .topic(1)) else {
+            Issue.record("MSFT from before the interruptions: a gap")
+            return
+        }
+        guard case .events(let none) = history.missed(msft, since: .topic(2)), none.isEmpty else {
+            Issue.record("MSFT from its event after them: whole")
+            return
+        }
+        guard case .events(let first) = history.missed(ibm, since: .topic(0)), first.count == 1 else {
+            Issue.record("IBM, first seen after them: whole from its first event")
+            return
+        }
+        // Marked: each interruption took a market sequence of its own.
+        #expect(history.nextMarketSequence == 1_000 + 2 + 2 + 1)
+    }
+
     /// A wildcard holds every ticker the market sends: the lines of its tickers that hold no event are
     /// kept only while lines take at most half the memory bound, so ever new tickers (options' trades
     /// over a day) never fill the history with empty lines and leave no room for events. A ticker held
@@ -722,7 +753,7 @@ struct HistoryLineTests {
         #expect(MemoryLayout<EventHistory.Slot?>.stride <= EventHistory.slotBytes, "\(MemoryLayout<EventHistory.Slot?>.stride)")
         // And a line: its object as malloc holds it, with its ring of one event, within what it is counted.
         let topic = Topic(checkedEventType: "T", ticker: "AAPL")
-        let line = EventHistory.TopicLine(topic: topic, type: EventHistory.TypeLine())
+        let line = EventHistory.TopicLine(topic: topic, type: EventHistory.TypeLine(), interruptions: 0)
         line.held.append(1)
         // glibc's `malloc_usable_size` (not in Swift's Glibc module): what malloc gave the object.
         typealias UsableSize = @convention(c) (UnsafeMutableRawPointer?) -> Int
