@@ -68,11 +68,22 @@ public struct AlpacaServerSession: Sendable {
 
     /// Handles one client message (arriving at `now`).
     public mutating func receive(_ message: [UInt8], at now: ContinuousClock.Instant = .now) -> Reaction {
+        refusal(ofBytes: message.count, at: now) ?? handle(message)
+    }
+
+    /// The answer to a message of `count` bytes arriving at `now` that is not read: past the message
+    /// rate, or too large (told before its bytes are copied); `nil`: it is read.
+    mutating func refusal(ofBytes count: Int, at now: ContinuousClock.Instant) -> Reaction? {
         guard rate.admit(at: now) else {
             guard rate.tellsRefusal(at: now) else { return Reaction() }
             return error(.invalidSyntax, "at most \(limits.messagesPerSecond) messages per second; messages past it are dropped")
         }
-        guard message.count <= limits.messageBytes else { return error(.invalidSyntax, limits.tooLarge(message.count)) }
+        guard count <= limits.messageBytes else { return error(.invalidSyntax, limits.tooLarge(count)) }
+        return nil
+    }
+
+    /// Reads a message the rate and the size let through.
+    mutating func handle(_ message: [UInt8]) -> Reaction {
         guard let value = codec.decode(message), case .map = value, let action = value["action"]?.string else {
             return error(.invalidSyntax)
         }
@@ -127,7 +138,7 @@ public struct AlpacaServerSession: Sendable {
         var implied: [Topic] = []
         for entry in entries {
             guard let name = entry.key.string, name != "action" else { continue }
-            guard let channel = AlpacaChannel(rawValue: name) else { return error(.invalidSyntax, "unknown channel \(name.prefix(32))") }
+            guard let channel = AlpacaChannel(rawValue: name) else { return error(.invalidSyntax, "unknown channel \(VisibleText.visible(name, limit: 32))") }
             guard feed.channels.contains(channel) else { return error(.invalidSubscribeAction) }
             guard let symbols = entry.value.array else { return error(.invalidSyntax, "\(name) takes a list of symbols") }
             guard asked.count + symbols.count <= limits.topicsPerMessage else {
@@ -135,7 +146,7 @@ public struct AlpacaServerSession: Sendable {
             }
             for symbol in symbols {
                 guard let text = symbol.string, let topic = Topic(eventType: channel.eventType, ticker: text), limits.problem(with: topic) == nil
-                else { return error(.invalidSyntax, "not a symbol: \(String(describing: symbol).prefix(40))") }
+                else { return error(.invalidSyntax, "not a symbol: \(symbol.string.map { VisibleText.visible($0, limit: 40) } ?? "a value that is no text")") }
                 if topic.isDerived {
                     // `AAPL@5m` on `bars`: a bar the relay builds from the symbol's trades.
                     guard let rules = AlpacaBarRules(feed: feed) else { return error(.invalidSyntax, "no derived bars on this feed") }
@@ -195,8 +206,14 @@ public struct AlpacaServerSession: Sendable {
         let frame = subscriptionFrame ?? codec.frame([subscription])
         subscriptionFrame = frame
         reaction.frames = [frame]
+        // The reply lists the whole subscription: past 64 KB, each 16 KB more costs a message more, so
+        // a client holding many topics and changing one again and again is not sent megabytes a second.
+        rate.charge(Double(max(frame.count - Self.freeReplyBytes, 0) / 16_384))
         return reaction
     }
+
+    /// The size of a subscription reply that costs no more than its message.
+    static let freeReplyBytes = 64 << 10
 
     /// `{"T":"subscription","trades":[…],…}`: the connection's whole subscription, every channel of the
     /// feed listed, symbols sorted.

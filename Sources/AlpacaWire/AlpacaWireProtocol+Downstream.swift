@@ -61,7 +61,7 @@ extension AlpacaServerSession: DownstreamSession {
     }
 
     public mutating func respond(to message: ByteBuffer) -> DownstreamReaction {
-        let reaction: Reaction = receive(Array(message.readableBytesView), at: .now)
+        let reaction: Reaction = refusal(ofBytes: message.readableBytes, at: .now) ?? handle(Array(message.readableBytesView))
         return DownstreamReaction(
             frames: reaction.frames.map { ByteBuffer(bytes: $0) }, added: reaction.added, removed: reaction.removed, close: reaction.close,
             marketRefused: reaction.marketRefused)

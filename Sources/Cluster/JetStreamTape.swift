@@ -363,12 +363,32 @@ public enum ClusterTapePull {
         }
         let tape = JetStreamTape(subjects: subjects, settings: ClusterTapeSettings())
         tape.use(connection)
-        sweepPartials(directory: directory, market: market)
         let copied = await BlockingWork.run(on: DispatchQueue(label: "relay.tape.pull")) {
-            Result { try withExtendedLifetime(lock) { try copy(tape, market: market, directory: directory, check: check) } }
+            Result {
+                try withExtendedLifetime(lock) {
+                    sweepPartials(directory: directory, market: market)
+                    return try copy(tape, market: market, directory: directory, check: check)
+                }
+            }
         }
         await connection.close()
         return try copied.get()
+    }
+
+    /// How a day's blocks are checked: in the protocol its first block named (`named`), or the default
+    /// vendor's; `vendorLost`: its first block named the vendor and was refused.
+    private struct DayCheck {
+        let check: EventCheck
+        let named: Bool
+        var vendorLost = false
+
+        /// Why a block of the day whose records are `records`, naming vendors of the protocols
+        /// `protocols`, is refused, or `nil`.
+        func problem(in records: [TapeRecord], named protocols: [String]) -> String? {
+            if vendorLost { return "the day's first block, which named its vendor, did not check" }
+            if let other = protocols.first(where: { $0 != check.wire.name }) { return "a source of the \(other.prefix(32)) protocol in a day of \(check.wire.name)" }
+            return check.problem(in: records).map { named ? $0 : "\($0) (checked as \(check.wire.name): its day names no vendor)" }
+        }
     }
 
     /// Removes the day files a pull cut short by a kill left half written (`<day>.tape.pull`), which no
@@ -389,8 +409,9 @@ public enum ClusterTapePull {
         // Each day's events are checked in the protocol its file will be replayed in: the one of the vendor
         // its first block names (a leader writes its `source` at each day's start; none: the default
         // vendor's). A block naming a vendor of another protocol is refused (the replay would else
-        // serve its events, checked as that protocol's, in the day's).
-        var dayChecks: [String: EventCheck] = [:]
+        // serve its events, checked as that protocol's, in the day's); so is every block of a day whose
+        // first block named its vendor and was refused (its file would name none).
+        var days: [String: DayCheck] = [:]
         guard let bounds = tape.bounds(handle) else { throw TapeError("NATS has no tape stream \(tape.stream) (is this the cluster's name?)") }
         var outcome = Outcome()
         guard bounds.first > 0, bounds.last >= bounds.first else { return outcome }
@@ -429,14 +450,15 @@ public enum ClusterTapePull {
             let named = records.compactMap { record -> (vendor: String, path: String?)? in
                 if case .source(let vendor, let path, _) = record { (vendor, path) } else { nil }
             }
-            let dayCheck = dayChecks[day] ?? check(named.first)
-            let otherProtocol = named.map { check($0).wire.name }.first { $0 != dayCheck.wire.name }
-            if let problem = otherProtocol.map({ "a source of the \($0.prefix(32)) protocol in a day of \(dayCheck.wire.name)" }) ?? dayCheck.problem(in: records) {
+            let dayCheck = days[day] ?? DayCheck(check: check(named.first), named: !named.isEmpty)
+            if let problem = dayCheck.problem(in: records, named: named.map { check($0).wire.name }) {
+                // The day's first block: the day is checked as it said, and its vendor is lost if it named one.
+                if days[day] == nil { days[day] = DayCheck(check: dayCheck.check, named: dayCheck.named, vendorLost: dayCheck.named) }
                 outcome.refused += 1
                 if outcome.firstRefusal == nil { outcome.firstRefusal = VisibleText.visible(problem, limit: 200) }
                 continue
             }
-            dayChecks[day] = dayCheck
+            days[day] = dayCheck
             if files[day] == nil {
                 let partial = TapeFile.path(directory: directory, market: market, day: day) + ".pull"
                 let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)

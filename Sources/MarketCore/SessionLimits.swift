@@ -77,6 +77,12 @@ public struct MessageRate: Sendable {
         return true
     }
 
+    /// Takes `tokens` more for a message already admitted that costs more than one (a large reply): the
+    /// next messages wait for them, at most a burst's worth of time.
+    public mutating func charge(_ tokens: Double) {
+        self.tokens = max(self.tokens - tokens, -burst)
+    }
+
     /// Whether a refused message is to be answered: the first in any second is, the rest are not.
     public mutating func tellsRefusal(at now: ContinuousClock.Instant) -> Bool {
         if let toldAt, now - toldAt < .seconds(1) { return false }

@@ -1,4 +1,5 @@
 import Foundation
+import MarketCore
 import NIOCore
 
 /// A message a client sends to a Polygon server: `{"action":"auth","params":"KEY"}`,
@@ -90,7 +91,7 @@ public struct ClientAction: Sendable, Equatable {
             throw DecodingError(message: "malformed message: missing \"action\"")
         }
         guard let kind = Kind(rawValue: actionName.trimmingCharacters(in: .whitespaces).lowercased()) else {
-            throw DecodingError(message: "unknown action: \(actionName)")
+            throw DecodingError(message: "unknown action: \(VisibleText.visible(actionName, limit: 64))")
         }
         var action = ClientAction(kind, params: wire.params ?? "")
         if kind == .subscribe {
@@ -120,11 +121,11 @@ public struct ClientAction: Sendable, Equatable {
                 case ("epoch", .number): throw DecodingError(message: "since: epoch is a string")
                 case (_, .number(let position)):
                     guard let topic = Topic(parsing: key) else {
-                        throw DecodingError(message: "since: \(String(key.prefix(64))) is no topic (expected EVENT.TICKER)")
+                        throw DecodingError(message: "since: \(VisibleText.visible(key, limit: 64)) is no topic (expected EVENT.TICKER)")
                     }
                     positions[topic] = position
                 case (_, .text):
-                    throw DecodingError(message: "since: the position of \(String(key.prefix(64))) is a number")
+                    throw DecodingError(message: "since: the position of \(VisibleText.visible(key, limit: 64)) is a number")
                 }
             }
             return .positions(epoch: epoch, positions)

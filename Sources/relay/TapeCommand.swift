@@ -116,7 +116,7 @@ extension TapeCommand {
             commandName: "pull",
             abstract: "Copy a cluster's tape (its JetStream streams) into day files here, for replay, export and ls.",
             discussion: """
-                Each UTC day the stream holds is written whole and renamed over that day's file in --tape-dir, so pulling again replaces it; a day here that begins earlier than the stream keeps its file, and a pull cut short replaces nothing. Each event is checked as a node checks one from NATS, under the bounds of the settings given by --config (or RELAY_CONFIG and the environment, as relay serve reads them); a block holding one that does not check is left out. The user, password or token may be in the URL; RELAY_CLUSTER_TOKEN is read too.
+                Each UTC day the stream holds is written whole and renamed over that day's file in --tape-dir, so pulling again replaces it; a day here that begins earlier than the stream keeps its file, and a pull cut short replaces nothing. Each event is checked as a node checks one from NATS (news items within --news-max-bytes: give the nodes' news.maxBytes if they raised it); a block holding one that does not check is left out. The user, password or token may be in the URL; RELAY_CLUSTER_TOKEN is read too.
                 """)
 
         @Option(name: .customLong("cluster"), help: "NATS: nats://HOST:PORT[,…] or tls://…") var cluster: String
@@ -125,7 +125,7 @@ extension TapeCommand {
         @Option(name: .customLong("tape-dir"), help: "Where the day files go.") var directory: String = "./data/tape"
         @Option(name: .customLong("cluster-credentials"), help: "A NATS .creds file.") var credentials: String?
         @Option(name: .customLong("cluster-tls-ca"), help: "CA certificates (PEM) for TLS.") var caFile: String?
-        @Option(name: .customLong("config"), help: "The cluster nodes' settings file: the bounds each event is checked against.") var config: String?
+        @Option(name: .customLong("news-max-bytes"), help: "The largest news item taken (the nodes' news.maxBytes; default 4 MiB).") var newsMaxBytes: Int?
 
         func run() async throws {
             let servers: [String]
@@ -134,20 +134,23 @@ extension TapeCommand {
             security.credentialsFile = credentials
             security.caFile = caFile
             security.token = ProcessInfo.processInfo.environment["RELAY_CLUSTER_TOKEN"]
-            let environment = ProcessInfo.processInfo.environment
-            let settings: RelaySettings
-            do {
-                settings = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: config.map { ["--config", $0] } ?? [], environment: environment)
-            } catch { throw ValidationError("settings: \(error)") }
+            // The bounds a node checks an event from NATS against (only news.maxBytes is a setting).
+            var settings = RelaySettings()
+            if let newsMaxBytes {
+                let range = RelaySettings.NewsSettings.maxBytesRange
+                guard range.contains(newsMaxBytes) else { throw ValidationError("--news-max-bytes: \(range.lowerBound) to \(range.upperBound)") }
+                settings.news.maxBytes = newsMaxBytes
+            }
             let named = markets.split(separator: ",").map(String.init)
             let unknown = named.filter { Market(rawValue: $0) == nil }
             guard unknown.isEmpty else { throw ValidationError("--markets: not markets: \(unknown.joined(separator: ", "))") }
             var logger = Logger(label: "relay.tape.pull")
             logger.logLevel = .warning
+            let bounds = settings
             for case let market? in named.map(Market.init(rawValue:)) {
                 let outcome = try await ClusterTapePull.pull(
                     servers: servers, security: security, cluster: name, market: market.rawValue, directory: directory,
-                    check: { Relay.tapeCheck(market, source: $0, settings: settings) }, logger: logger)
+                    check: { Relay.tapeCheck(market, source: $0, settings: bounds) }, logger: logger)
                 var line = "\(market): \(outcome.blocks) blocks into \(outcome.days.count) days (\(outcome.days.joined(separator: ", ")))"
                 if outcome.missing > 0 { line += "; \(outcome.missing) blocks NATS no longer had or sent damaged" }
                 if let why = outcome.firstRefusal { line += "; \(outcome.refused) blocks left out for an event that did not check (the first: \(why))" }

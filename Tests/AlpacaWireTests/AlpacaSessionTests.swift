@@ -50,6 +50,49 @@ struct AlpacaSessionTests {
         #expect(removed.frames != first.frames, "a real change is listed anew")
     }
 
+    /// A reply listing a large subscription costs the client more of its message rate (past 64 KB, a
+    /// message per 16 KB): changing one topic of many again and again is held to a few replies a second,
+    /// not megabytes; a small subscription's changes cost one message each.
+    @Test func aLargeSubscriptionsReplyCostsMoreOfTheMessageRate() throws {
+        let now = ContinuousClock.now
+        var large = session()
+        _ = large.receive(json(#"{"action":"auth","key":"good","secret":"anything"}"#), at: now)
+        for part in 0..<3 {
+            let symbols = (0..<1_000).map { "\"SYMBOL\(part)\(String(repeating: "X", count: 20))\($0)\"" }.joined(separator: ",")
+            let reply = large.receive(json(#"{"action":"subscribe","quotes":["# + symbols + "]}"), at: now)
+            #expect(reply.added.count == 1_000)
+        }
+        var changes = 0
+        while changes < 1_000 {
+            let reply = large.receive(json(#"{"action":"\#(changes % 2 == 0 ? "subscribe" : "unsubscribe")","quotes":["ONE"]}"#), at: now)
+            guard reply.added.count + reply.removed.count == 1 else { break }
+            #expect(reply.frames[0].count > 64 << 10)
+            changes += 1
+        }
+        #expect(changes < 500, "each reply of about 100 KB costs three messages of the burst: \(changes) changes")
+        var small = session()
+        _ = small.receive(json(#"{"action":"auth","key":"good","secret":"anything"}"#), at: now)
+        for change in 0..<998 {
+            let reply = small.receive(json(#"{"action":"\#(change % 2 == 0 ? "subscribe" : "unsubscribe")","quotes":["ONE"]}"#), at: now)
+            #expect(reply.added.count + reply.removed.count == 1, "change \(change) of a small subscription")
+        }
+    }
+
+    /// What a client sent is shown in an error within a few bytes, whatever it was: a symbol that is a
+    /// huge array, a channel name of one character 120 KB long.
+    @Test func anErrorShowsAtMostAFewBytesOfWhatWasSent() throws {
+        var session = session()
+        _ = session.receive(json(#"{"action":"auth","key":"good","secret":"anything"}"#))
+        let array = "[" + Array(repeating: "0", count: 40_000).joined(separator: ",") + "]"
+        let nested = session.receive(json(#"{"action":"subscribe","quotes":["# + array + "]}"))
+        let told = try #require(nested.frames.first.map { String(decoding: $0, as: UTF8.self) })
+        #expect(told.contains("not a symbol: a value that is no text") && told.utf8.count < 200, "\(told.prefix(300))")
+        let name = "a" + String(repeating: "\u{301}", count: 60_000)
+        let channel = session.receive(json(#"{"action":"subscribe",""# + name + #"":["AAPL"]}"#))
+        let toldChannel = try #require(channel.frames.first.map { String(decoding: $0, as: UTF8.self) })
+        #expect(toldChannel.contains("unknown channel") && toldChannel.utf8.count < 200, "\(toldChannel.utf8.count) bytes")
+    }
+
     /// The lists are kept sorted as topics come and go (one by one, and in bulk) rather than sorted per
     /// change: after each of 300 random changes, every channel's list is exactly its symbols, sorted.
     @Test func eachReplyListsEveryChannelsSymbolsSortedAfterRandomChanges() throws {

@@ -80,8 +80,9 @@ struct JetStreamTapeTests {
 
     /// `relay tape pull` is where the stream's blocks enter a tape's folder: a block holding an event
     /// that does not check, or naming a vendor of another protocol than its day's, is left out and
-    /// told; every other block is written, so the folder reads whole under the check. What a pull cut
-    /// short by a kill left half written is swept.
+    /// told; every other block is written, so the folder reads whole under the check. A day whose first
+    /// block named its vendor and was left out is left out whole (its file would name none). What a pull
+    /// cut short by a kill left half written is swept.
     @Test func aPullLeavesOutBlocksThatDoNotCheck() async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
@@ -114,13 +115,22 @@ struct JetStreamTapeTests {
             ])
             try block([.epoch("e1", at: Self.start), .source(vendor: "alpaca", path: "/v2/iex", at: Self.start)] + (30...35).map(quote))
             try block([.epoch("e1", at: Self.start)] + (40...50).map(quote))
+            // The next day: its first block names the vendor and holds a forged event; then good quotes.
+            let nextDay = Self.start + 86_400_000_000_000
+            try block([
+                .epoch("e1", at: nextDay), .source(vendor: "polygon", path: "/stocks", at: nextDay),
+                .event(TapeEvent(receivedAt: nextDay, sequence: 60, topicSequence: 60, eventType: "Q", ticker: "AAPL", bytes: forged)),
+            ])
+            try block([.epoch("e1", at: nextDay)] + (61...70).map { index in
+                .event(TapeEvent(receivedAt: nextDay + Int64(index), sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q", ticker: "AAPL", bytes: aaplQuote(index)))
+            })
             let check: @Sendable ((vendor: String, path: String?)?) -> EventCheck = { source in
                 let vendor = source?.vendor == "alpaca" ? WireVendor.alpaca : WireVendor.polygon
                 return EventCheck(market: .stocks, wire: vendor.wireProtocol(market: .stocks, path: source?.path), maxBytes: 64 << 10)
             }
             let outcome = try await ClusterTapePull.pull(
                 servers: [url], cluster: cluster, market: "stocks", directory: directory, check: check, logger: Logger(label: "pull-test"))
-            #expect(outcome.refused == 2 && outcome.blocks == 2, "\(outcome)")
+            #expect(outcome.refused == 4 && outcome.blocks == 2 && outcome.days.count == 1, "\(outcome)")
             #expect(outcome.firstRefusal?.contains("MSFT") == true || outcome.firstRefusal?.contains("sym") == true, "\(String(describing: outcome.firstRefusal))")
             let day = try #require(TapeFile.days(directory: directory, market: "stocks").last, "a day file was pulled")
             let reader = try TapeReader(path: day.path, check: check(nil))

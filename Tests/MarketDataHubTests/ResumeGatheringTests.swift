@@ -57,6 +57,17 @@ struct ResumeGatheringTests {
         #expect(gathering.gapNotices.map(\.0) == [topic("T.A"), topic("T.B")], "the given up, smallest first")
     }
 
+    /// Of two topics as large, the one gathered first is given up.
+    @Test func ofTwoAsLargeTheOneGatheredFirstIsGivenUp() {
+        let history = history(["A": 2, "B": 2])
+        var gathering = ResumeGathering(epoch: "e", limit: 3, resumeBound: 3, queued: 0)
+        for ticker in ["A", "B"] { gathering.missed(topic("T.\(ticker)"), since: .topic(0), archived: nil, history: history, now: 10) }
+        var outcome = HubResumeOutcome()
+        _ = gathering.trim(into: &outcome)
+        #expect(outcome.replayed == [topic("T.B"): 2])
+        #expect(gathering.gapNotices.map(\.0) == [topic("T.A")])
+    }
+
     @Test func aTickerAndItsWildcardShareTheirEventsAndEachGoesOnce() {
         let history = history(["A": 3])
         var gathering = ResumeGathering(epoch: "e", limit: 100, resumeBound: 100, queued: 0)
