@@ -5,20 +5,9 @@ import Upstream
 
 /// What a node accepts from NATS. Anyone who may publish on the cluster's subjects reaches these
 /// checks (NATS permissions, see README, are what keeps others out); what fails them is counted and
-/// logged by the caller, never used. Pure functions, safe from any thread.
+/// logged by the caller, never used. Pure functions, safe from any thread. (An event from NATS is
+/// checked by its market's ``EventCheck``, which each node builds once.)
 public enum ClusterChecks {
-    /// An event message: exactly one event of the market's protocol (``WireProtocol/checkedEvent(_:topic:market:receivedAt:)``)
-    /// whose own fields name the topic its subject names, within the size bounds, with plausible
-    /// positions. Returns the event, or why not.
-    public static func event(
-        _ payload: UnsafeRawBufferPointer, topic: Topic, market: Market, wire: any WireProtocol, receivedAt: UInt64 = 0,
-        maxBytes: Int = maxEventBytes
-    ) -> Result<MarketEvent, Rejection> {
-        // A market event is far smaller, and a ticker far shorter, than what a publisher could send:
-        // past them, the hub and every subscriber's buffer would hold what nobody bounded in bytes.
-        EventCheck(market: market, wire: wire, maxBytes: maxBytes).event(payload, topic: topic, receivedAt: receivedAt).mapError { Rejection($0.reason) }
-    }
-
     /// The topic rules of a cluster's market (`market` as its subjects name it) in its protocol: the
     /// event types it has (any, for a market the relay does not know).
     public static func rules(ofMarket market: String, wire: any WireProtocol) -> SessionLimits {
@@ -27,13 +16,6 @@ public enum ClusterChecks {
 
     /// The largest event a node takes from NATS, unless its market says otherwise (news: its setting).
     public static let maxEventBytes = UpstreamConfiguration.defaultMaxEventBytes
-
-    /// The same for a stored value (the cluster's last-value store).
-    public static func event(
-        _ bytes: [UInt8], topic: Topic, market: Market, wire: any WireProtocol, maxBytes: Int = maxEventBytes
-    ) -> Result<MarketEvent, Rejection> {
-        bytes.withUnsafeBytes { event($0, topic: topic, market: market, wire: wire, maxBytes: maxBytes) }
-    }
 
     /// A node's interest: the topics that pass the market's topic rules, and why the others did not.
     public static func interest(_ topics: [Topic], invalid: [String], limits: SessionLimits) -> (topics: Set<Topic>, refused: [String]) {

@@ -94,6 +94,8 @@ final class ClusterGapFill: Sendable {
     private let metrics: ClusterMetrics
     private let logger: Logger
     private let rules: SessionLimits
+    /// What an event in an ask or a fill must be: the node's check of an event from NATS.
+    private let check: EventCheck
     /// The asks the leader has not filled yet.
     private let inbox: AskInbox
     /// Receives asks while this node leads (one sink for the process: sinks live as long as it).
@@ -105,8 +107,8 @@ final class ClusterGapFill: Sendable {
     private let lastAsked = Mutex(0)
 
     init(
-        hook: ClusterGapFillHook, subjects: ClusterSubjects, node: String, hub: MarketDataHub, sequencer: TermSequencer, metrics: ClusterMetrics,
-        logger: Logger
+        hook: ClusterGapFillHook, subjects: ClusterSubjects, node: String, hub: MarketDataHub, sequencer: TermSequencer, check: EventCheck,
+        metrics: ClusterMetrics, logger: Logger
     ) {
         self.hook = hook
         self.subjects = subjects
@@ -116,13 +118,13 @@ final class ClusterGapFill: Sendable {
         self.metrics = metrics
         self.logger = logger
         let rules = ClusterChecks.rules(ofMarket: subjects.market, wire: hub.wire)
-        let wire = hub.wire
+        self.check = check
         self.rules = rules
         let inbox = AskInbox()
         self.inbox = inbox
         let maxWindow = hook.maxWindow
         askSink = NATSMessageSink { _, payload in
-            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, wire: wire, rules: rules) else {
+            guard let ask = FillWire.readAsk(payload, check: check, rules: rules) else {
                 return metrics.rejected("fill_ask", "an ask that does not read (\(payload.count) bytes)", logger: logger)
             }
             guard FillWire.fillable(ask, maxWindow: maxWindow) else {
@@ -152,9 +154,9 @@ final class ClusterGapFill: Sendable {
             if !sent { metrics.publishFailed("fill_ask", logger: logger) }
         }
         // Every node reads every ask (its own too), so it knows which topics a fill may bring.
-        let (asked, rules, maxWindow, wire) = (self.asked, self.rules, hook.maxWindow, hub.wire)
+        let (asked, rules, maxWindow, check) = (self.asked, self.rules, hook.maxWindow, self.check)
         let watch = NATSMessageSink { _, payload in
-            guard let ask = FillWire.readAsk(payload, market: subjects.wireMarket, wire: wire, rules: rules),
+            guard let ask = FillWire.readAsk(payload, check: check, rules: rules),
                 FillWire.fillable(ask, maxWindow: maxWindow)
             else { return }
             asked.note(ask.topics.map(\.topic))
@@ -169,7 +171,7 @@ final class ClusterGapFill: Sendable {
                 if let topic = FillWire.eventsTopic(payload), !asked.contains(topic) {
                     return metrics.rejected("fill", "recovered events of \(topic), which no recent ask named", logger: logger)
                 }
-                guard let (topic, order, events) = FillWire.readEvents(payload, market: subjects.wireMarket, wire: wire) else {
+                guard let (topic, order, events) = FillWire.readEvents(payload, check: check) else {
                     return metrics.rejected("fill", "recovered events that do not read (\(payload.count) bytes)", logger: logger)
                 }
                 feed.push(.recovered(topic: topic, events: events, order: order))

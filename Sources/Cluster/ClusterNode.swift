@@ -144,7 +144,8 @@ public final class ClusterNode: Service, Sendable {
         self.sequencer = sequencer
         fills = gapFill.map { [subjects] in
             ClusterGapFill(
-                hook: $0, subjects: subjects, node: configuration.nodeID, hub: hub, sequencer: sequencer, metrics: metrics, logger: logger)
+                hook: $0, subjects: subjects, node: configuration.nodeID, hub: hub, sequencer: sequencer, check: check.check, metrics: metrics,
+                logger: logger)
         }
         let interest = InterestTable(
             ttl: configuration.interestTTL, maxTopicsPerNode: configuration.maxTopicsPerNode, maxTopics: configuration.maxTopics)
@@ -249,7 +250,7 @@ public final class ClusterNode: Service, Sendable {
         let stored: KeyValueBucket.Entry?
         do { stored = try await bucket.get(subjects.lastValueKey(for: topic)) } catch { return .unanswered }
         guard let entry = stored, !entry.value.isEmpty else { return .answered(nil) }
-        switch ClusterChecks.event(entry.value, topic: topic, market: subjects.wireMarket, wire: hub.wire, maxBytes: maxEventBytes) {
+        switch entry.value.withUnsafeBytes({ eventCheck.event($0, topic: topic) }) {
         case .success(let event): return .answered(event)
         case .failure(let rejection):
             metrics.rejected("event", "\(rejection) (last-value store, \(topic))", logger: logger)

@@ -89,8 +89,8 @@ enum FillWire {
 
     // MARK: reading
 
-    /// An ask; its topics must pass `rules` and its events `market`'s checks.
-    static func readAsk(_ bytes: UnsafeRawBufferPointer, market: Market, wire: any WireProtocol, rules: SessionLimits) -> Ask? {
+    /// An ask; its topics must pass `rules` and its events `check`.
+    static func readAsk(_ bytes: UnsafeRawBufferPointer, check: EventCheck, rules: SessionLimits) -> Ask? {
         var reader = Reader(bytes)
         guard let head = reader.line(), head.count == 5, head[0] == "A", let node = ClusterSubjects.decodeToken(head[1]),
             let generation = Int(head[2]), let from = Int64(head[3]), let through = Int64(head[4]), Self.plausible(from, through)
@@ -103,7 +103,7 @@ enum FillWire {
             else { return nil }
             var lastBefore: MarketEvent?
             if length > 0 {
-                guard case .success(let event) = ClusterChecks.event(last, topic: topic, market: market, wire: wire) else { return nil }
+                guard case .success(let event) = last.withUnsafeBytes({ check.event($0, topic: topic) }) else { return nil }
                 lastBefore = event
             }
             topics.append(GapFillRequest.Held(topic: topic, holders: holders, lastBefore: lastBefore))
@@ -125,14 +125,14 @@ enum FillWire {
         return (order, topic)
     }
 
-    /// Recovered events of one topic.
-    static func readEvents(_ bytes: UnsafeRawBufferPointer, market: Market, wire: any WireProtocol) -> (Topic, RecoveryOrder, [MarketEvent])? {
+    /// Recovered events of one topic, each passing `check`.
+    static func readEvents(_ bytes: UnsafeRawBufferPointer, check: EventCheck) -> (Topic, RecoveryOrder, [MarketEvent])? {
         var reader = Reader(bytes)
         guard let (order, topic) = head(&reader) else { return nil }
         var events: [MarketEvent] = []
         while !reader.isAtEnd {
             guard let fields = reader.line(), fields.count == 1, let length = Int(fields[0]), length > 0, let bytes = reader.bytes(length),
-                case .success(let event) = ClusterChecks.event(bytes, topic: topic, market: market, wire: wire)
+                case .success(let event) = bytes.withUnsafeBytes({ check.event($0, topic: topic) })
             else { return nil }
             events.append(event)
         }

@@ -67,8 +67,8 @@ import Testing
 @Suite struct ClusterChecksTests {
     let aapl = Topic(eventType: "Q", ticker: "AAPL")!
 
-    func check(_ text: String) -> Result<MarketEvent, ClusterChecks.Rejection> {
-        Array(text.utf8).withUnsafeBytes { ClusterChecks.event($0, topic: aapl, market: .stocks, wire: .polygon) }
+    func check(_ text: String) -> Result<MarketEvent, WireRejection> {
+        Array(text.utf8).withUnsafeBytes { EventCheck(market: .stocks, wire: .polygon, maxBytes: ClusterChecks.maxEventBytes).event($0, topic: aapl) }
     }
 
     @Test func oneMatchingObjectPasses() throws {
@@ -81,7 +81,9 @@ import Testing
         let padding = String(repeating: " ", count: ClusterChecks.maxEventBytes)
         #expect((try? check(#"{"ev":"Q","sym":"AAPL","bp":1.5}"# + padding).get()) == nil, "past 64 KiB")
         let long = Topic(eventType: "Q", ticker: String(repeating: "A", count: 41))!
-        let refused = Array(#"{"ev":"Q","sym":"\#(long.ticker)","bp":1.5}"#.utf8).withUnsafeBytes { ClusterChecks.event($0, topic: long, market: .stocks, wire: .polygon) }
+        let refused = Array(#"{"ev":"Q","sym":"\#(long.ticker)","bp":1.5}"#.utf8).withUnsafeBytes {
+            EventCheck(market: .stocks, wire: .polygon, maxBytes: ClusterChecks.maxEventBytes).event($0, topic: long)
+        }
         #expect((try? refused.get()) == nil, "a 41-byte ticker")
     }
 
@@ -156,8 +158,8 @@ import Testing
 @Suite struct AlpacaClusterChecksTests {
     let topic = Topic(eventType: "t", ticker: "AAPL")!
 
-    func check(_ bytes: [UInt8]) -> Result<MarketEvent, ClusterChecks.Rejection> {
-        ClusterChecks.event(bytes, topic: topic, market: .stocks, wire: .alpaca(.iex))
+    func check(_ bytes: [UInt8]) -> Result<MarketEvent, WireRejection> {
+        bytes.withUnsafeBytes { EventCheck(market: .stocks, wire: .alpaca(.iex), maxBytes: ClusterChecks.maxEventBytes).event($0, topic: topic) }
     }
 
     @Test func anAlpacaEventFromNATSIsOneMapNamingItsSubjectsTopicAndNothingElse() throws {
@@ -178,8 +180,10 @@ import Testing
 
 /// Positions from NATS are checked before the history does arithmetic on them.
 @Suite struct ClusterPositionChecksTests {
-    func check(_ text: String) -> Result<MarketEvent, ClusterChecks.Rejection> {
-        ClusterChecks.event(Array(text.utf8), topic: Topic(parsing: "T.AAPL")!, market: .stocks, wire: .polygon)
+    func check(_ text: String) -> Result<MarketEvent, WireRejection> {
+        Array(text.utf8).withUnsafeBytes {
+            EventCheck(market: .stocks, wire: .polygon, maxBytes: ClusterChecks.maxEventBytes).event($0, topic: Topic(parsing: "T.AAPL")!)
+        }
     }
 
     @Test func anEventWhosePositionsOverflowIsRefusedAndAPlausibleOneAccepted() {

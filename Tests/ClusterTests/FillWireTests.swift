@@ -14,6 +14,7 @@ private func topic(_ text: String) -> Topic { Topic(parsing: text)! }
 /// The cluster's gap-fill messages: what a node asks, what the leader answers, and the leader's merge.
 @Suite("Cluster gap fill: messages and the leader's merge")
 struct FillWireTests {
+    static let check = EventCheck(market: .stocks, wire: .polygon, maxBytes: ClusterChecks.maxEventBytes)
     let rules = SessionLimits(eventTypes: Market.stocks.eventTypes)
 
     @Test func anAskReadsBackWithItsTopicsHoldersAndLastEvents() throws {
@@ -23,7 +24,7 @@ struct FillWireTests {
                 GapFillRequest.Held(topic: topic("T.BRK.B"), holders: 2, lastBefore: trade("BRK.B", 7)),
                 GapFillRequest.Held(topic: topic("Q.MSFT"), holders: 1, lastBefore: nil),
             ])
-        let read = try #require(FillWire.ask(ask).withUnsafeBytes { FillWire.readAsk($0, market: .stocks, wire: .polygon, rules: rules) })
+        let read = try #require(FillWire.ask(ask).withUnsafeBytes { FillWire.readAsk($0, check: Self.check, rules: rules) })
         #expect(read.id == "node=20one/3" && read.node == "node one" && read.from == 1_700_000_000_000 && read.through == 1_700_000_004_000)
         #expect(read.topics.map(\.topic) == [topic("T.BRK.B"), topic("Q.MSFT")] && read.topics.map(\.holders) == [2, 1])
         #expect(PolygonWireProtocol().orderValue(.sequence, of: try #require(read.topics[0].lastBefore)) == 7 && read.topics[1].lastBefore == nil)
@@ -35,7 +36,7 @@ struct FillWireTests {
         #expect(messages.count > 1 && messages.allSatisfy { $0.count <= FillWire.maxMessageBytes })
         var back: [MarketEvent] = []
         for message in messages {
-            let (readTopic, order, part) = try #require(message.withUnsafeBytes { FillWire.readEvents($0, market: .stocks, wire: .polygon) })
+            let (readTopic, order, part) = try #require(message.withUnsafeBytes { FillWire.readEvents($0, check: Self.check) })
             #expect(readTopic == topic("T.AAPL") && order == .sequence)
             #expect(message.withUnsafeBytes { FillWire.eventsTopic($0) } == topic("T.AAPL"), "the topic read from the first line alone")
             back += part
@@ -88,10 +89,10 @@ struct FillWireTests {
             Array("A n 1 1700000000000 1700000001000\nT MSFT 1 \(trade("AAPL", 1).bytes.readableBytes)\n".utf8) + Array(trade("AAPL", 1).bytes.readableBytesView),
         ]
         for message in bad {
-            #expect(message.withUnsafeBytes { FillWire.readAsk($0, market: .stocks, wire: .polygon, rules: rules) } == nil, "\(String(decoding: message, as: UTF8.self))")
+            #expect(message.withUnsafeBytes { FillWire.readAsk($0, check: Self.check, rules: rules) } == nil, "\(String(decoding: message, as: UTF8.self))")
         }
         for message in [Array("E q T AAPL\n5\n{}".utf8), Array("E z T AAPL\n".utf8), Array("E q T AAPL\n-1\n".utf8)] {
-            #expect(message.withUnsafeBytes { FillWire.readEvents($0, market: .stocks, wire: .polygon) } == nil)
+            #expect(message.withUnsafeBytes { FillWire.readEvents($0, check: Self.check) } == nil)
         }
         for message in [Array("S done 1 2 n/1\n".utf8), Array("S filled 1 2 n/1\nR T AAPL x\n".utf8), Array("S filled 1 2 n/1\nX T AAPL 1\n".utf8)] {
             #expect(message.withUnsafeBytes { FillWire.readEnd($0) } == nil)
@@ -131,7 +132,7 @@ struct FillWireTests {
     @Test func anAskReachingFurtherBackThanTheFillCoversIsNotFilled() {
         // 2000-01-01: plausible to the reader, yet merged it would widen every fill past what is filled.
         let ancient = ask("x", from: 946_684_800_000, through: now, "T.AAPL")
-        #expect(ancient.withBytes { FillWire.readAsk($0, market: .stocks, wire: .polygon, rules: rules) } != nil)
+        #expect(ancient.withBytes { FillWire.readAsk($0, check: Self.check, rules: rules) } != nil)
         #expect(!FillWire.fillable(ancient, maxWindow: maxWindow, now: now))
         // A short window long ago, a window longer than the fill covers, one ending in the future.
         #expect(!FillWire.fillable(ask("x", from: 946_684_800_000, through: 946_684_810_000, "T.AAPL"), maxWindow: maxWindow, now: now))
