@@ -326,8 +326,9 @@ struct TapeEventCheck: Sendable {
 ///
 /// This is where the stream's blocks enter a tape's folder, and any NATS publisher may have written
 /// one: each block is read whole and each of its events checked as a node checks one from NATS
-/// (``EventCheck``, of the vendor the stream's `source` record names); a block that does not read or
-/// holds an event that does not check is left out. A replay then serves the folder's events as they are.
+/// (``EventCheck``, in the protocol of the vendor its day's first block names); a block that does not
+/// read or holds an event that does not check is left out. A replay then serves the folder's events as
+/// they are.
 public enum ClusterTapePull {
     public struct Outcome: Sendable {
         /// The days written, and the blocks copied (blocks NATS no longer had, or sent damaged, are left out).
