@@ -383,11 +383,18 @@ public enum ClusterTapePull {
         let named: Bool
         var vendorLost = false
 
-        /// Why a block of the day whose records are `records`, naming vendors of the protocols
-        /// `protocols`, is refused, or `nil`.
-        func problem(in records: [TapeRecord], named protocols: [String]) -> String? {
+        /// Why a block of the day whose records are `records`, naming `sources` (whose protocols
+        /// `protocolOf` names), is refused, or `nil`.
+        func problem(
+            in records: [TapeRecord], sources: [(vendor: String, path: String?)], protocolOf: ((vendor: String, path: String?)) -> String
+        ) -> String? {
             if vendorLost { return "the day's first block, which named its vendor, did not check" }
-            if let other = protocols.first(where: { $0 != check.wire.name }) { return "a source of the \(other.prefix(32)) protocol in a day of \(check.wire.name)" }
+            // A writer names its source once a day (and once a term): a block naming more is none of a writer's.
+            guard sources.count <= 4 else { return "a block naming \(sources.count) sources" }
+            for source in sources {
+                let other = protocolOf(source)
+                if other != check.wire.name { return "a source of the \(other.prefix(32)) protocol in a day of \(check.wire.name)" }
+            }
             return check.problem(in: records).map { named ? $0 : "\($0) (checked as \(check.wire.name): its day names no vendor)" }
         }
     }
@@ -452,7 +459,7 @@ public enum ClusterTapePull {
                 if case .source(let vendor, let path, _) = record { (vendor, path) } else { nil }
             }
             let dayCheck = days[day] ?? DayCheck(check: check(named.first), named: !named.isEmpty)
-            if let problem = dayCheck.problem(in: records, named: named.map { check($0).wire.name }) {
+            if let problem = dayCheck.problem(in: records, sources: named, protocolOf: { check($0).wire.name }) {
                 // The day's first block: the day is checked as it said, and its vendor is lost if it named one.
                 if days[day] == nil { days[day] = DayCheck(check: dayCheck.check, named: dayCheck.named, vendorLost: dayCheck.named) }
                 outcome.refused += 1

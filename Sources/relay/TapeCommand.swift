@@ -141,9 +141,10 @@ extension TapeCommand {
                 guard range.contains(newsMaxBytes) else { throw ValidationError("--news-max-bytes: \(range.lowerBound) to \(range.upperBound)") }
                 settings.news.maxBytes = newsMaxBytes
             }
-            let named = markets.split(separator: ",").map(String.init)
+            var named: [String] = []
+            for market in markets.split(separator: ",").map(String.init) where !named.contains(market) { named.append(market) }
             let unknown = named.filter { Market(rawValue: $0) == nil }
-            guard unknown.isEmpty else { throw ValidationError("--markets: not markets: \(unknown.joined(separator: ", "))") }
+            guard !named.isEmpty, unknown.isEmpty else { throw ValidationError("--markets: markets, comma-separated; not markets: \(unknown.joined(separator: ", "))") }
             var logger = Logger(label: "relay.tape.pull")
             logger.logLevel = .warning
             let bounds = settings

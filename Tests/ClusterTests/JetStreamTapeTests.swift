@@ -115,6 +115,8 @@ struct JetStreamTapeTests {
             ])
             try block([.epoch("e1", at: Self.start), .source(vendor: "alpaca", path: "/v2/iex", at: Self.start)] + (30...35).map(quote))
             try block([.epoch("e1", at: Self.start)] + (40...50).map(quote))
+            // A writer names its source once a day: a block naming five is none of a writer's.
+            try block([.epoch("e1", at: Self.start)] + (0..<5).map { .source(vendor: "polygon", path: "/p\($0)", at: Self.start) } + [quote(55)])
             // The next day: its first block names the vendor and holds a forged event; then good quotes.
             let nextDay = Self.start + 86_400_000_000_000
             try block([
@@ -130,7 +132,7 @@ struct JetStreamTapeTests {
             }
             let outcome = try await ClusterTapePull.pull(
                 servers: [url], cluster: cluster, market: "stocks", directory: directory, check: check, logger: Logger(label: "pull-test"))
-            #expect(outcome.refused == 4 && outcome.blocks == 2 && outcome.days.count == 1, "\(outcome)")
+            #expect(outcome.refused == 5 && outcome.blocks == 2 && outcome.days.count == 1, "\(outcome)")
             #expect(outcome.firstRefusal?.contains("MSFT") == true || outcome.firstRefusal?.contains("sym") == true, "\(String(describing: outcome.firstRefusal))")
             let day = try #require(TapeFile.days(directory: directory, market: "stocks").last, "a day file was pulled")
             let reader = try TapeReader(path: day.path, check: check(nil))

@@ -39,11 +39,28 @@ struct SharedRESTBudgetTests {
             1, rate: RESTRate(requests: 100, per: .seconds(1)), maxWait: .seconds(20), url: url, requestTimeout: requestTimeout)[0]
         kill(nats.process.processIdentifier, SIGSTOP)
         var failure: (any Error)?
-        do { try await body(node) } catch { failure = error }
+        do {
+            // Stopped before any request is made: a call the server answered as the signal reached it
+            // would end and pass its turn on.
+            try await eventually("nats-server's every thread stopped", timeout: .seconds(5)) { Self.isStopped(nats.process.processIdentifier) }
+            try await body(node)
+        } catch { failure = error }
         kill(nats.process.processIdentifier, SIGCONT)
         await node.close()
         await nats.stop()
         if let failure { throw failure }
+    }
+
+    /// Whether every thread of process `pid` is stopped (`T` in `/proc/PID/task/TID/stat`).
+    static func isStopped(_ pid: Int32) -> Bool {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return !tasks.isEmpty && tasks.allSatisfy { task in
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/stat", encoding: .utf8),
+                let close = stat.lastIndex(of: ")")
+            else { return false }
+            // The state follows the command's name in parentheses: "PID (NAME) S …".
+            return stat[stat.index(after: close)...].dropFirst().first == "T"
+        }
     }
 
     /// `count` foreground requests of `node` at once, bounded by its wait: their admissions.
