@@ -24,13 +24,19 @@ struct JetStreamTapeTests {
 
     /// A stream of a new cluster on a fresh server; the server is given to `body` to stop.
     func withStream(_ body: (JetStreamTape, NATSServerProcess) async throws -> Void) async throws {
+        try await withStream { tape, nats, _, _ in try await body(tape, nats) }
+    }
+
+    /// The same, with the server's URL and the cluster's name.
+    func withStream(_ body: (JetStreamTape, NATSServerProcess, _ url: String, _ cluster: String) async throws -> Void) async throws {
         let nats = try NATSServerProcess()
         let url = try await nats.start()
         let connection = try await connectedNATS(url, name: "tape-test")
-        let tape = JetStreamTape(subjects: try ClusterSubjects(cluster: "t\(UInt32.random(in: 0...UInt32.max))", market: "stocks"), settings: ClusterTapeSettings())
+        let cluster = "t\(UInt32.random(in: 0...UInt32.max))"
+        let tape = JetStreamTape(subjects: try ClusterSubjects(cluster: cluster, market: "stocks"), settings: ClusterTapeSettings())
         tape.use(connection)
         do {
-            try await body(tape, nats)
+            try await body(tape, nats, url, cluster)
         } catch {
             await connection.close()
             await nats.stop()
@@ -84,12 +90,11 @@ struct JetStreamTapeTests {
     /// block named its vendor and was left out is left out whole (its file would name none). What a pull
     /// cut short by a kill left half written is swept.
     @Test func aPullLeavesOutBlocksThatDoNotCheck() async throws {
-        let nats = try NATSServerProcess()
-        let url = try await nats.start()
-        let connection = try await connectedNATS(url, name: "pull-test")
-        let cluster = "p\(UInt32.random(in: 0...UInt32.max))"
-        let tape = JetStreamTape(subjects: try ClusterSubjects(cluster: cluster, market: "stocks"), settings: ClusterTapeSettings())
-        tape.use(connection)
+        try await withStream { tape, _, url, cluster in try await pullLeavesOutBlocksThatDoNotCheck(tape, url: url, cluster: cluster) }
+    }
+
+    /// The pull test's body, on the stream `tape` of `cluster` at `url`.
+    func pullLeavesOutBlocksThatDoNotCheck(_ tape: JetStreamTape, url: String, cluster: String) async throws {
         let directory = scratchDirectory("pull-check")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileManager.default.createDirectory(atPath: directory + "/stocks", withIntermediateDirectories: true)
@@ -106,48 +111,40 @@ struct JetStreamTapeTests {
                     receivedAt: Self.start + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
                     ticker: "AAPL", bytes: aaplQuote(index)))
         }
-        do {
-            try block([.epoch("e1", at: Self.start), .source(vendor: "polygon", path: "/stocks", at: Self.start)] + (1...20).map(quote))
-            let forged = ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"forged":1}"#)
-            try block([
-                .epoch("e1", at: Self.start),
-                .event(TapeEvent(receivedAt: Self.start + 21_000_000, sequence: 21, topicSequence: 21, eventType: "Q", ticker: "AAPL", bytes: forged)),
-            ])
-            try block([.epoch("e1", at: Self.start), .source(vendor: "alpaca", path: "/v2/iex", at: Self.start)] + (30...35).map(quote))
-            try block([.epoch("e1", at: Self.start)] + (40...50).map(quote))
-            // A writer names its source once a day: a block naming five is none of a writer's.
-            try block([.epoch("e1", at: Self.start)] + (0..<5).map { .source(vendor: "polygon", path: "/p\($0)", at: Self.start) } + [quote(55)])
-            // The next day: its first block names the vendor and holds a forged event; then good quotes.
-            let nextDay = Self.start + 86_400_000_000_000
-            try block([
-                .epoch("e1", at: nextDay), .source(vendor: "polygon", path: "/stocks", at: nextDay),
-                .event(TapeEvent(receivedAt: nextDay, sequence: 60, topicSequence: 60, eventType: "Q", ticker: "AAPL", bytes: forged)),
-            ])
-            try block([.epoch("e1", at: nextDay)] + (61...70).map { index in
-                .event(TapeEvent(receivedAt: nextDay + Int64(index), sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q", ticker: "AAPL", bytes: aaplQuote(index)))
-            })
-            let check: @Sendable ((vendor: String, path: String?)?) -> EventCheck = { source in
-                let vendor = source?.vendor == "alpaca" ? WireVendor.alpaca : WireVendor.polygon
-                return EventCheck(market: .stocks, wire: vendor.wireProtocol(market: .stocks, path: source?.path), maxBytes: 64 << 10)
-            }
-            let outcome = try await ClusterTapePull.pull(
-                servers: [url], cluster: cluster, market: "stocks", directory: directory, check: check, logger: Logger(label: "pull-test"))
-            #expect(outcome.refused == 5 && outcome.blocks == 2 && outcome.days.count == 1, "\(outcome)")
-            #expect(outcome.firstRefusal?.contains("MSFT") == true || outcome.firstRefusal?.contains("sym") == true, "\(String(describing: outcome.firstRefusal))")
-            let day = try #require(TapeFile.days(directory: directory, market: "stocks").last, "a day file was pulled")
-            let reader = try TapeReader(path: day.path, check: check(nil))
-            let pulled = reader.records().compactMap { record -> UInt64? in if case .event(let event) = record { event.topicSequence } else { nil } }
-            #expect(pulled == (1...20).map(UInt64.init) + (40...50).map(UInt64.init))
-            #expect(reader.skippedBlocks.isEmpty, "the pulled day reads whole under the check")
-            #expect(!FileManager.default.fileExists(atPath: stale), "a day half pulled before is swept")
-            #expect(FileManager.default.fileExists(atPath: other), "a file of another name is left")
-        } catch {
-            await connection.close()
-            await nats.stop()
-            throw error
+        try block([.epoch("e1", at: Self.start), .source(vendor: "polygon", path: "/stocks", at: Self.start)] + (1...20).map(quote))
+        let forged = ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"forged":1}"#)
+        try block([
+            .epoch("e1", at: Self.start),
+            .event(TapeEvent(receivedAt: Self.start + 21_000_000, sequence: 21, topicSequence: 21, eventType: "Q", ticker: "AAPL", bytes: forged)),
+        ])
+        try block([.epoch("e1", at: Self.start), .source(vendor: "alpaca", path: "/v2/iex", at: Self.start)] + (30...35).map(quote))
+        try block([.epoch("e1", at: Self.start)] + (40...50).map(quote))
+        // A writer names its source once a day: a block naming five is none of a writer's.
+        try block([.epoch("e1", at: Self.start)] + (0..<5).map { .source(vendor: "polygon", path: "/p\($0)", at: Self.start) } + [quote(55)])
+        // The next day: its first block names the vendor and holds a forged event; then good quotes.
+        let nextDay = Self.start + 86_400_000_000_000
+        try block([
+            .epoch("e1", at: nextDay), .source(vendor: "polygon", path: "/stocks", at: nextDay),
+            .event(TapeEvent(receivedAt: nextDay, sequence: 60, topicSequence: 60, eventType: "Q", ticker: "AAPL", bytes: forged)),
+        ])
+        try block([.epoch("e1", at: nextDay)] + (61...70).map { index in
+            .event(TapeEvent(receivedAt: nextDay + Int64(index), sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q", ticker: "AAPL", bytes: aaplQuote(index)))
+        })
+        let check: @Sendable ((vendor: String, path: String?)?) -> EventCheck = { source in
+            let vendor = source?.vendor == "alpaca" ? WireVendor.alpaca : WireVendor.polygon
+            return EventCheck(market: .stocks, wire: vendor.wireProtocol(market: .stocks, path: source?.path), maxBytes: 64 << 10)
         }
-        await connection.close()
-        await nats.stop()
+        let outcome = try await ClusterTapePull.pull(
+            servers: [url], cluster: cluster, market: "stocks", directory: directory, check: check, logger: Logger(label: "pull-test"))
+        #expect(outcome.refused == 5 && outcome.blocks == 2 && outcome.days.count == 1, "\(outcome)")
+        #expect(outcome.firstRefusal?.contains("MSFT") == true || outcome.firstRefusal?.contains("sym") == true, "\(String(describing: outcome.firstRefusal))")
+        let day = try #require(TapeFile.days(directory: directory, market: "stocks").last, "a day file was pulled")
+        let reader = try TapeReader(path: day.path, check: check(nil))
+        let pulled = reader.records().compactMap { record -> UInt64? in if case .event(let event) = record { event.topicSequence } else { nil } }
+        #expect(pulled == (1...20).map(UInt64.init) + (40...50).map(UInt64.init))
+        #expect(reader.skippedBlocks.isEmpty, "the pulled day reads whole under the check")
+        #expect(!FileManager.default.fileExists(atPath: stale), "a day half pulled before is swept")
+        #expect(FileManager.default.fileExists(atPath: other), "a file of another name is left")
     }
 
     /// A term's blocks are found by its subject, among another term's; a late block of a term written
