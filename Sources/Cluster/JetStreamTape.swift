@@ -403,10 +403,16 @@ public enum ClusterTapePull {
     /// retention counts: under the market's tape lock, which no other pull holds meanwhile.
     static func sweepPartials(directory: String, market: String) {
         let folder = "\(directory)/\(market)"
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
-        where name.hasSuffix(".tape.pull") && TapeFile.isTapeDay(String(name.dropLast(".tape.pull".count))) {
-            unlink("\(folder)/\(name)")
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [] {
+            let day = String(name.prefix(10))
+            let path = "\(folder)/\(name)"
+            if TapeFile.isTapeDay(day), path == partialPath(directory: directory, market: market, day: day) { unlink(path) }
         }
+    }
+
+    /// Where a pull writes `day`'s file before it is renamed over the day's.
+    static func partialPath(directory: String, market: String, day: String) -> String {
+        TapeFile.path(directory: directory, market: market, day: day) + ".pull"
     }
 
     private static func copy(
@@ -468,7 +474,7 @@ public enum ClusterTapePull {
             }
             days[day] = dayCheck
             if files[day] == nil {
-                let partial = TapeFile.path(directory: directory, market: market, day: day) + ".pull"
+                let partial = partialPath(directory: directory, market: market, day: day)
                 let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
                 guard descriptor >= 0 else {
                     discard()
