@@ -204,54 +204,48 @@ extension MarketDataHub {
     }
 
     /// The archive's answers for the topics whose positions the memory no longer holds (of this epoch),
-    /// and where they end (the memory takes over after it); `nil`: none asked.
+    /// each with the memory's events after where it was asked to end, copied when it was asked: the
+    /// memory goes on evicting while the archive reads (a read of a cluster's stream takes tens of ms
+    /// and more), and what it lets go meanwhile is in the copy, so the two meet after one read. `nil`:
+    /// none asked.
     private func fromArchive(
         _ topics: [Topic], to id: SubscriberID, owner: String?, resuming resume: HubResume, cost: inout Int
-    ) async -> [Topic: (ArchiveAnswer, until: UInt64)]? {
+    ) async -> [Topic: ArchivedTopic]? {
         guard let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
+        var archived: [Topic: ArchivedTopic] = [:]
+        // Per topic asked: the memory's events after `until`, and through which market sequence.
+        var held: [Topic: (events: [MarketEvent], through: UInt64)] = [:]
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
             guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
             // A `_s` of a ticker this history has no line of (not received lately, or never: any name
             // a client makes up) is not looked for on the tape: it would be read back block by block.
             if case .topic = since, !topic.isWildcard, !history.hasLine(topic) { return nil }
-            return ArchiveRequest(topic: topic, since: since, until: history.archiveBoundary(of: topic))
-        }
-        guard let answers = await readArchive(requests, epoch: epoch, for: id, owner: owner, cost: &cost) else { return nil }
-        var archived: [Topic: (ArchiveAnswer, until: UInt64)] = [:]
-        for request in requests { if let answer = answers[request.topic] { archived[request.topic] = (answer, request.until) } }
-        // The memory went on evicting while the archive read: what it let go since is read too (a few
-        // times at most; each read is of what the last one took), so the archive's answer and the
-        // memory's still meet.
-        for _ in 0..<3 {
-            // (None once its connection is gone: nobody to deliver to.)
-            guard let archive, self.history === history, subscribers[id] != nil else { break }
-            let behind = archived.compactMap { topic, found -> ArchiveRequest? in
-                let boundary = history.archiveBoundary(of: topic)
-                guard case .events = found.0, boundary > found.until else { return nil }
-                return ArchiveRequest(topic: topic, since: .market(found.until), until: boundary)
+            let until = history.archiveBoundary(of: topic)
+            switch history.missed(topic, since: .market(until), limit: history.limits.eventsPerResume) {
+            case .events(let events):
+                held[topic] = (events, history.nextMarketSequence - 1)
+            case .tooMany:
+                // The memory's part alone is more than a resume replays: the tape is not read.
+                archived[topic] = ArchivedTopic(answer: .tooMany, held: [], through: until)
+                return nil
+            case .gap, .acrossRestart:
+                // (Not whole, or a position before a restart: the memory answers from `until` as it is then.)
+                held[topic] = ([], until)
             }
-            guard !behind.isEmpty else { break }
-            // Past its key's reads at once: not read (the resume goes on as the memory has it).
-            guard let (more, share) = await readingTape(behind, of: archive, epoch: epoch, limit: history.limits.eventsPerResume, owner: owner)
-            else { break }
-            cost += Self.charge(share, of: history.limits.eventsPerResume)
-            for request in behind {
-                guard let earlier = archived[request.topic] else { continue }
-                switch (earlier.0, more[request.topic]) {
-                case (.events(let events, let positions), .events(let later, let laterPositions)):
-                    archived[request.topic] = (.events(events + later, positions + laterPositions), request.until)
-                case (_, let answer?):
-                    archived[request.topic] = (answer, request.until)
-                case (_, nil):
-                    archived[request.topic] = nil
-                }
+            return ArchiveRequest(topic: topic, since: since, until: until)
+        }
+        if !requests.isEmpty {
+            guard let answers = await readArchive(requests, epoch: epoch, for: id, owner: owner, cost: &cost) else { return nil }
+            for request in requests {
+                guard let answer = answers[request.topic], let (events, through) = held[request.topic] else { continue }
+                archived[request.topic] = ArchivedTopic(answer: answer, held: events, through: through)
             }
         }
         // A term that ended while the tape was read (a new history: epochs are names, and a late one
         // may come back): its answers are of a term that is not this one any more, and the memory's
         // events would follow them by this term's numbers (the memory answers alone: a `gap` where it
         // does not hold them, never the other term's events as this one's).
-        guard self.history === history else { return nil }
+        guard self.history === history, !archived.isEmpty else { return nil }
         return archived
     }
 

@@ -1,6 +1,16 @@
 import HeapModule
 import MarketCore
 
+/// What a resume found of a topic whose client's position the memory no longer held: the archive's
+/// answer (through the market sequence the memory had let go through when it was asked), then the
+/// memory's events after that through market sequence `through`, copied when the archive was asked
+/// (the memory may let them go while the archive reads); the memory answers the rest, after `through`.
+struct ArchivedTopic {
+    let answer: ArchiveAnswer
+    let held: [MarketEvent]
+    let through: UInt64
+}
+
 /// What one resume gathers before anything is queued (``MarketDataHub/add(_:to:resuming:)``): each
 /// topic's missed events (and, across a cluster's leadership terms, the former term's), the notices of
 /// the topics that cannot resume whole, and how many events came from the tape. The hub fills it in
@@ -94,20 +104,22 @@ struct ResumeGathering {
     }
 
     /// A topic of this epoch: its missed events since `since`, from the archive's answer (`archived`:
-    /// the tape's events, then the memory's from where they end) or from the memory alone.
-    mutating func missed(_ topic: Topic, since: EventHistory.Since, archived: (ArchiveAnswer, until: UInt64)?, history: EventHistory?, now: Int64) {
+    /// the tape's events, the memory's copied when the tape was asked, then the memory's after those) or
+    /// from the memory alone.
+    mutating func missed(_ topic: Topic, since: EventHistory.Since, archived: ArchivedTopic?, history: EventHistory?, now: Int64) {
         guard let history else {
             take(topic, .gap(from: 0, through: 0, unit: .marketSequence, reason: "this relay keeps no history"))
             return
         }
-        guard let (answer, until) = archived else {
+        guard let archived else {
             take(topic, history.missed(topic, since: since, limit: limit, now: now))
             return
         }
-        switch answer {
+        switch archived.answer {
         case .events(let events, let positions), .throughEnd(let events, let positions, _):
             let older = EventPosition.stamp(events, positions)
-            take(topic, history.missed(topic, since: .market(until), limit: max(limit - older.count, 0), now: now), after: older)
+            let rest = history.missed(topic, since: .market(archived.through), limit: max(limit - older.count - archived.held.count, 0), now: now)
+            take(topic, rest, after: older, held: archived.held)
         case .gap(let from, let through, let unit, let reason):
             gapNotices.append(
                 (topic, gapStatus(topic, message: "missed events \(reason) (read from the tape); none are replayed", from: (from, through, unit))))
@@ -116,14 +128,15 @@ struct ResumeGathering {
         }
     }
 
-    /// What the memory answers for a topic, after what the archive found first (`older`).
-    private mutating func take(_ topic: Topic, _ missed: EventHistory.Missed, after older: [MarketEvent] = []) {
+    /// What the memory answers for a topic, after what the archive found first (`older`) and what the
+    /// memory held when the archive was asked (`held`).
+    private mutating func take(_ topic: Topic, _ missed: EventHistory.Missed, after older: [MarketEvent] = [], held: [MarketEvent] = []) {
         switch missed {
         case .events(let events):
-            add(topic, older + events)
+            add(topic, older + held + events)
             fromTape += older.count
         case .acrossRestart(let before, let downFrom, let downTo, let after):
-            add(topic, older + before + after)
+            add(topic, older + held + before + after)
             fromTape += older.count
             let seconds = Double(max(downTo - downFrom, 0) / 100) / 10
             acrossRestart[topic] = gapStatus(

@@ -102,6 +102,37 @@ struct CrossTermResumeTests {
         _ = holder
     }
 
+    /// The memory lets go of more events while the tape is read (a read of a cluster's stream takes tens
+    /// of ms, and a busy market lets an event go every few): what the memory held when the tape was asked
+    /// is replayed from a copy, so the tape's answer and the memory's meet after one read, even where the
+    /// tape ends before what the memory let go meanwhile (its last block not written yet).
+    @Test func whatTheMemoryLetsGoWhileTheTapeIsReadIsStillReplayed() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("this-term-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        try appendQuotes(to: writer, epoch: "e1", 1...260, at: Self.start)
+        try writer.flush()
+        let (hub, reading, gate) = await Self.gatedHub(on: directory, history: HistoryLimits(eventsPerTopic: 50))
+        defer { gate.open() }
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        let holder = await hub.subscribe(to: [aapl])
+        await hub.startEpoch("e1")
+        // The memory holds 251…300; the tape, 1…260.
+        await hub.publish(Self.quotes(1...300, numbered: 0))
+        let client = await hub.subscribe()
+        async let answer = hub.add([aapl], to: client.id, resuming: .positions(epoch: "e1", [aapl: 100]))
+        try #require(await Self.started(reading), "the tape is read within 10 s (the memory no longer holds 101)")
+        // Meanwhile the memory lets 251…280 go (past the tape's end).
+        await hub.publish(Self.quotes(301...330, numbered: 0))
+        gate.open()
+        let outcome = await answer
+        #expect(outcome.gaps.isEmpty && outcome.replayed == [aapl: 230], "\(outcome)")
+        let (_, written) = await Self.queued(for: client)
+        let positions = written.filter { $0.eventType == "Q" }.compactMap { EventPosition.read(from: $0.bytes)?.market }
+        #expect(positions == Array(101...330), "the tape's 101…250, the memory's copy 251…300, then its 301…330: \(positions)")
+        _ = holder
+    }
+
     /// AAPL's quotes numbered `offset` past their positions (topic and market sequence alike).
     static func quotes(_ range: ClosedRange<Int>, numbered offset: Int) -> [MarketEvent] {
         let events = range.map { MarketEvent(eventType: "Q", ticker: "AAPL", bytes: ByteBuffer(bytes: aaplQuote(offset + $0))) }
