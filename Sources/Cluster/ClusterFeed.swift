@@ -17,6 +17,13 @@ import Synchronization
 final class ClusterFeed: Sendable {
     static let maxQueuedEvents = 100_000
 
+    /// The leader's control messages a node takes a second, and at once. Each may cost the hub a pass
+    /// over its subscribers (an outage, a loss) and the node a parse; a leader sends one a second (its
+    /// epoch), a few at an outage, and one per 500 topics its upstream refused. Past it they are dropped
+    /// before they are read, counted, and the clients told at most once a second, so a publisher
+    /// flooding the control subject costs the node this many a second, not as many as NATS delivers.
+    static let controlRate = (perSecond: 100, burst: 1_000)
+
     let subjects: ClusterSubjects
     /// This node's name (a `forgotten:` notice naming it is for its clients).
     private let node: String
@@ -46,11 +53,15 @@ final class ClusterFeed: Sendable {
     private let held = Mutex<Held?>(nil)
     /// When the newest lease read told was asked.
     private let newestRead = Mutex<ContinuousClock.Instant?>(nil)
+    /// The control messages taken (``controlRate``), and when the clients were last told of a drop.
+    private let controlRate: Mutex<MessageRate>
+    private let controlsPerSecond: Int
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
         check: EventCheck, epochHoldLimit: Duration = .seconds(2),
         holdBounds: (events: Int, controls: Int) = (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages),
+        controlRate: (perSecond: Int, burst: Int) = ClusterFeed.controlRate,
         holder: @escaping @Sendable (String) -> TermHolder?,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
@@ -65,6 +76,8 @@ final class ClusterFeed: Sendable {
         self.check = check
         self.epochHoldLimit = epochHoldLimit
         self.holdBounds = holdBounds
+        self.controlRate = Mutex(MessageRate(perSecond: controlRate.perSecond, burst: controlRate.burst))
+        controlsPerSecond = controlRate.perSecond
     }
 
     /// Subscribes to the leader's notices and makes the sink for events. Call once, before ``run()``.
@@ -95,7 +108,7 @@ final class ClusterFeed: Sendable {
         }
         eventSink.withLock { $0 = sink }
         let control = NATSMessageSink { [weak self] _, payload in
-            guard let self else { return }
+            guard let self, self.admitsControl() else { return }
             switch ClusterControl.read(payload) {
             case .success(let message): self.take(message)
             case .failure(let rejection): self.metrics.rejected("control", rejection.description, logger: self.logger)
@@ -104,12 +117,35 @@ final class ClusterFeed: Sendable {
         // Small messages (at most 64 KiB, most a few bytes): a publisher flooding them while the sink is
         // behind makes libnats hold no more than this.
         _ = connection.subscribe(subjects.upstreamControl, sink: control, pendingBytes: 16 << 20)
+        // Messages between nodes (interest, its requests, fill asks) lose no event when dropped: counted,
+        // not told to every client (a publisher flooding them would make each report a pass over them).
+        let between: Set<String> = [subjects.allInterest, subjects.interestRequest, subjects.fillAsk]
         connection.onSlowConsumer { [weak self] subscription in
             guard let self else { return }
-            let topic = subscription.flatMap { self.subjects.topic(fromSubject: $0.subject) }
             self.metrics.natsDropped(reason: "slow_consumer").increment()
+            if let subject = subscription?.subject, between.contains(subject) { return }
+            let topic = subscription.flatMap { self.subjects.topic(fromSubject: $0.subject) }
             self.deliver(.lost(count: 1, topics: topic.map { [$0] }, reason: "NATS dropped messages for this node: slow consumer"))
         }
+    }
+
+    /// Whether a control message arriving now is taken (within ``controlRate``). One that is not is
+    /// counted, and the clients are told at most once a second that events may be missing.
+    private func admitsControl() -> Bool {
+        let now = ContinuousClock.now
+        let (admitted, tell) = controlRate.withLock { rate in rate.admit(at: now) ? (true, false) : (false, rate.tellsRefusal(at: now)) }
+        guard !admitted else { return true }
+        metrics.natsDropped(reason: "control_rate").increment()
+        if tell {
+            // A loss, not an outage: an outage would end at the next event and ask a gap fill, once a
+            // second for as long as a flood lasts.
+            deliver(
+                .lost(
+                    count: 0, topics: nil,
+                    reason: "control messages came on NATS faster than this relay node takes them (\(controlsPerSecond) a second); the rest were dropped; events may be missing"),
+                pastControlBound: true)
+        }
+        return false
     }
 
     /// What the lease held at a read every 250 ms: a term (the term it held before ended, and a late
@@ -476,7 +512,7 @@ final class ClusterFeed: Sendable {
                     metrics.natsIn.increment(by: count)
                 } dropped: { count in
                     metrics.natsDropped(reason: "node_queue_full").increment(by: count)
-                    logger.warning("cluster events dropped: this node's queue was full", metadata: ["dropped": "\(count)"])
+                    metrics.warn("node_queue_full", "cluster events dropped: this node's queue was full (\(count))", logger: logger)
                 }
             }
             if hub.folding != nil { group.addTask { await self.askForWholeStates() } }

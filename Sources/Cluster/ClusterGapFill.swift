@@ -194,8 +194,11 @@ final class ClusterGapFill: Sendable {
 
     // MARK: the leader
 
-    /// While this node leads (until cancelled): gathers asks and fills them, one fill at a time.
-    func lead(connection: NATSConnection) async {
+    /// While this node leads (until cancelled): gathers asks and fills them, one fill at a time. Only
+    /// topics the cluster wants are filled (`wanted`: the union of the nodes' interest the upstream is
+    /// asked for, read at each fill): an ask is anyone's who may publish on NATS, and each topic it names
+    /// costs REST requests to the vendor.
+    func lead(connection: NATSConnection, wanted: @escaping @Sendable () -> Set<Topic>) async {
         let arrivals = inbox.open()
         defer { inbox.close() }
         guard let subscription = connection.subscribe(subjects.fillAsk, sink: askSink) else {
@@ -216,9 +219,10 @@ final class ClusterGapFill: Sendable {
                     metrics.publishFailed("fill", logger: logger)
                 }
             }
-            let (gathered, later) = Self.batch(inbox.take(), maxWindow: hook.maxWindow)
+            let (batch, later) = Self.batch(inbox.take(), maxWindow: hook.maxWindow)
             // The rest waits for the next turn (each ask alone fits: ``FillWire/fillable(_:maxWindow:now:)``).
             if !later.isEmpty { inbox.putBack(later) }
+            let gathered = Self.wanted(batch, in: wanted(), metrics: metrics, logger: logger)
             guard !gathered.isEmpty else { continue }
             generation += 1
             let request = Self.merge(gathered, generation: generation, wire: hub.wire)
@@ -234,6 +238,26 @@ final class ClusterGapFill: Sendable {
             await hook.fill(request, outlet)
             if Task.isCancelled { return }
         }
+    }
+
+    /// `asks` with only the topics `union` wants (by name or by its wildcard); the topics left out are
+    /// counted as refused. An ask left with none is still answered with the others (its window is
+    /// filled for nothing of its, and its node learns the fill ended).
+    static func wanted(_ asks: [FillWire.Ask], in union: Set<Topic>, metrics: ClusterMetrics, logger: Logger) -> [FillWire.Ask] {
+        var unwanted = 0
+        let kept = asks.map { ask in
+            var ask = ask
+            ask.topics = ask.topics.filter { held in
+                let wanted = union.contains(held.topic) || union.contains(Topic.wildcard(held.topic.eventType))
+                if !wanted { unwanted += 1 }
+                return wanted
+            }
+            return ask
+        }
+        if unwanted > 0 {
+            metrics.rejected("fill_ask", "\(unwanted) topics asked to be filled that no node's interest names (not filled)", logger: logger)
+        }
+        return kept
     }
 
     /// The asks one fill takes: the newest first, as many as keep the union of their windows within

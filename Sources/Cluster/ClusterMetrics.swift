@@ -93,6 +93,11 @@ final class ClusterMetrics: Sendable {
             to: logger)
     }
 
+    /// A warning of `kind` (one of a few literals), logged at most once per 10 s.
+    func warn(_ kind: String, _ message: @autoclosure () -> String, logger: Logger) {
+        warnings.log(.warning, kind, "\(message())", to: logger)
+    }
+
     /// One log line per kind per 10 s, counting those held back.
     private let warnings = ThrottledLog()
 

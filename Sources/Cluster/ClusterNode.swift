@@ -74,6 +74,8 @@ public final class ClusterNode: Service, Sendable {
     private let metrics: ClusterMetrics
     private let logger: Logger
     private let state: Mutex<State>
+    /// Answers to a new leader's request for every node's interest: at most ten a second.
+    private let termAnswers = Throttle(interval: .milliseconds(100))
     /// Changed last values waiting for the next write to the last-value store (leader only).
     private let pendingLastValues = Mutex<[Topic: ByteBuffer]>([:])
     /// The leader's order books (folded topics), whole in the last-value store (``FoldedLastValues``).
@@ -295,22 +297,7 @@ public final class ClusterNode: Service, Sendable {
         }
         // Parts of at most ``InterestTable/Part/maxBytes``: a flood waits in no more than this.
         _ = connection.subscribe(subjects.allInterest, sink: interestSink, pendingBytes: 64 << 20)
-        // Anyone who may publish on the cluster's subjects may ask: answered at once, then at most once a
-        // second, however many ask (each answer sorts and publishes the node's whole wanted set). A new
-        // leader's request names its term: a term not answered yet is answered at once whatever came
-        // before it (at most ten times a second, so made-up terms cannot undo the bound).
-        let requestAnswers = Throttle(interval: .seconds(1))
-        let termAnswers = Throttle(interval: .milliseconds(100))
-        let requestSink = NATSMessageSink { [weak self] _, payload in
-            guard let self else { return }
-            let term = String(decoding: payload.prefix(128), as: UTF8.self)
-            let newTerm = !term.isEmpty && state.withLock { state in
-                defer { state.answeredTerm = term }
-                return state.answeredTerm != term
-            }
-            (newTerm ? termAnswers : requestAnswers).request { [weak self] in self?.publishInterest() }
-        }
-        _ = connection.subscribe(subjects.interestRequest, sink: requestSink, pendingBytes: 16 << 20)
+        answerInterestRequests(on: connection)
 
         // The hub tells each change of its wanted set, on the hub: nothing here costs it more than a
         // poke. The NATS subscriptions follow the set in batches of 20 ms (one diff of the whole set
@@ -383,6 +370,29 @@ public final class ClusterNode: Service, Sendable {
     /// The generation of this node's last interest publish (new process, higher start), held while the
     /// parts are published so two publishes never interleave.
     private let interestGeneration = Mutex<UInt64>(UInt64(Date().timeIntervalSince1970 * 1_000_000))
+
+    /// Answers requests for this node's interest. Anyone who may publish on the cluster's subjects may
+    /// ask: answered at once, then at most once a second, however many ask (each answer sorts and
+    /// publishes the node's whole wanted set, and every node reads it). A new leader's request names its
+    /// term: the term the lease holds, not answered yet, is answered at once whatever came before it (at
+    /// most ten times a second); any other name waits its turn with the rest, so neither made-up terms
+    /// nor two taken in turn undo the bound. (A new leader's request may come before this node's lease
+    /// read shows its term: that read answers it, ``observe(leader:term:feed:)``.)
+    private func answerInterestRequests(on connection: NATSConnection) {
+        let requestAnswers = Throttle(interval: .seconds(1))
+        let termAnswers = self.termAnswers
+        let requestSink = NATSMessageSink { [weak self] _, payload in
+            guard let self else { return }
+            let term = String(decoding: payload.prefix(128), as: UTF8.self)
+            let newTerm = !term.isEmpty && state.withLock { state in
+                guard state.leaderTerm == term, state.answeredTerm != term else { return false }
+                state.answeredTerm = term
+                return true
+            }
+            (newTerm ? termAnswers : requestAnswers).request { [weak self] in self?.publishInterest() }
+        }
+        _ = connection.subscribe(subjects.interestRequest, sink: requestSink, pendingBytes: 16 << 20)
+    }
 
     /// Publishes this node's wanted set in parts (see ``InterestTable/Part``), capped at
     /// ``ClusterConfiguration/maxTopicsPerNode`` (the leader would refuse more): past it, the first
@@ -756,6 +766,14 @@ public final class ClusterNode: Service, Sendable {
             return (previous, change, failover)
         }
         guard change.changed else { return }
+        // Another node's new term: its request for every node's interest may have come before this read.
+        if let holder, let term, holder != configuration.nodeID, change.newTerm {
+            let answered = state.withLock { state in
+                defer { state.answeredTerm = term }
+                return state.answeredTerm == term
+            }
+            if !answered { termAnswers.request { [weak self] in self?.publishInterest() } }
+        }
         if failover { metrics.failovers.increment() }
         logger.info(
             "cluster leader of \(market): \(previous ?? "none") → \(holder ?? "none")\(change.newTerm ? " (a new term)" : "")",
@@ -845,7 +863,9 @@ public final class ClusterNode: Service, Sendable {
         // The tape's reader knows from here what the term receives (the epoch's first records).
         recorder?.begin(epoch: sequencer.epoch, holding: union.map(\.description))
         let publisher = Task { await self.publish(from: upstream, to: connection) }
-        let filling = fills.map { fills in Task { await fills.lead(connection: connection) } }
+        let filling = fills.map { fills in
+            Task { await fills.lead(connection: connection) { [weak self] in self?.state.withLock { $0.interest.union } ?? [] } }
+        }
 
         let end = await renew(
             bucket: bucket, revision: revision, takenAt: takenAt, upstreamFrom: upstreamFrom, term: term, upstream: upstream, feed: feed)

@@ -60,9 +60,14 @@ public struct MessageRate: Sendable {
     private var toldAt: ContinuousClock.Instant?
 
     public init(_ limits: SessionLimits) {
-        perSecond = Double(limits.messagesPerSecond)
-        burst = Double(max(limits.messageBurst, 1))
-        tokens = burst
+        self.init(perSecond: limits.messagesPerSecond, burst: limits.messageBurst)
+    }
+
+    /// `burst` tokens (at least one) refilled at `perSecond`.
+    public init(perSecond: Int, burst: Int) {
+        self.perSecond = Double(perSecond)
+        self.burst = Double(max(burst, 1))
+        tokens = self.burst
     }
 
     /// Takes a token for a message arriving at `now`; `false` when there is none.

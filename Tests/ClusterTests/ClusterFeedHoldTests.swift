@@ -63,7 +63,10 @@ struct ClusterFeedHoldTests {
         /// What the subscriber had been sent once the term was taken.
         let settled: Int
 
-        init(_ test: ClusterFeedHoldTests, epochHoldLimit: Duration, holdBounds: (events: Int, controls: Int)? = nil) async throws {
+        init(
+            _ test: ClusterFeedHoldTests, epochHoldLimit: Duration, holdBounds: (events: Int, controls: Int)? = nil,
+            controlRate: (perSecond: Int, burst: Int) = ClusterFeed.controlRate
+        ) async throws {
             nats = try NATSServerProcess()
             let url = try await nats.start()
             connection = try await connectedNATS(url, name: "feed")
@@ -76,7 +79,8 @@ struct ClusterFeedHoldTests {
                 connection: connection, subjects: subjects, node: "n1", hub: hub, metrics: ClusterMetrics(factory: metrics),
                 logger: Logger(label: "feed"), check: EventCheck(market: subjects.wireMarket, wire: hub.wire, maxBytes: ClusterChecks.maxEventBytes),
                 epochHoldLimit: epochHoldLimit,
-                holdBounds: holdBounds ?? (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages), holder: { _ in nil }, lastValues: { _ in nil })
+                holdBounds: holdBounds ?? (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages), controlRate: controlRate,
+                holder: { _ in nil }, lastValues: { _ in nil })
             feed.start()
             running = Task { [feed] in await feed.run() }
             feed.setWanted { [test.apple] }
@@ -181,6 +185,27 @@ struct ClusterFeedHoldTests {
         try await until("the hold taken at its limit") { hub.epoch == "unread" }
         try await until("the event behind it") { texts().contains { $0.contains(#""n":2001"#) } }
         #expect(!feed.holdsAnEpoch)
+        await rig.stop()
+    }
+
+    /// A publisher flooding the control subject: past the node's control rate the messages are dropped
+    /// before they are read, counted, and the clients told once (at most once a second), not a pass over
+    /// them per message; once the rate has refilled, the leader's next message is taken.
+    @Test func controlMessagesPastTheRateAreDroppedAndToldOnce() async throws {
+        let rig = try await Rig(self, epochHoldLimit: .seconds(60), controlRate: (perSecond: 2, burst: 40))
+        let (publisher, subjects, metrics) = (rig.publisher, rig.subjects, rig.metrics)
+        func dropped() -> Int64 { metrics.counterTotal(label: "relay_cluster_nats_dropped_total", dimensions: [("reason", "control_rate")]) }
+        for _ in 0..<200 { #expect(publisher.publish(subjects.upstreamControl, "loss:1")) }
+        // Forty at most taken (fewer: the rig's own epochs took some), the rest dropped.
+        try await until("the flood dropped past the rate") { dropped() >= 160 }
+        let told = rig.sent().filter { $0.contains("faster than this relay node takes them (2 a second)") }
+        #expect(told.count == 1, "told once: \(told)")
+        #expect(dropped() < 200, "the first ones were taken")
+        // Refilled (a token every half second), the node takes the leader's word again.
+        try await until("a control message taken after the flood") {
+            _ = publisher.publish(subjects.upstreamControl, "down:taken again")
+            return rig.sent().contains { $0.contains("taken again") }
+        }
         await rig.stop()
     }
 }

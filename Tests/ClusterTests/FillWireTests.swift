@@ -1,4 +1,6 @@
+import Logging
 import MarketDataHub
+import MetricsTestKit
 import NIOCore
 import PolygonWire
 import Testing
@@ -158,6 +160,18 @@ struct FillWireTests {
         #expect(ClusterGapFill.batch(later, maxWindow: .seconds(60)).now.map(\.node) == ["n1"], "each ask alone is filled")
         // Within the window: one fill for all.
         #expect(ClusterGapFill.batch(asks, maxWindow: maxWindow).later.isEmpty)
+    }
+
+    /// An ask is anyone's who may publish on NATS, and each topic it names costs REST requests: the
+    /// leader fills only the topics the cluster's interest names, by name or by their wildcard.
+    @Test func theLeaderFillsOnlyTopicsTheClustersInterestNames() {
+        let metrics = TestMetrics()
+        let asks = [ask("n1", from: now - 5_000, through: now, "T.AAPL", "T.MADEUP", "Q.MSFT"), ask("forged", from: now - 5_000, through: now, "T.NOBODY")]
+        let kept = ClusterGapFill.wanted(
+            asks, in: [topic("T.AAPL"), topic("Q.*")], metrics: ClusterMetrics(factory: metrics), logger: Logger(label: "fill"))
+        #expect(kept.map { $0.topics.map(\.topic) } == [[topic("T.AAPL"), topic("Q.MSFT")], []], "an ask with none left is still answered")
+        #expect(metrics.counterTotal(label: "relay_cluster_rejected_total", dimensions: [("kind", "fill_ask")]) == 1)
+        #expect(ClusterGapFill.merge(kept, generation: 1, wire: PolygonWireProtocol()).topics.count == 2)
     }
 
     @Test func aNodeTakesRecoveredEventsOnlyOfTopicsAnAskNamed() {

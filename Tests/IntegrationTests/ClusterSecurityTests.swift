@@ -228,6 +228,34 @@ struct ClusterLeaseAndInterestTests {
         }
     }
 
+    /// Requests for every node's interest that name terms the lease does not hold (made up, or two in
+    /// turn, each "new" after the other) are answered at most once a second, as any request is (each
+    /// answer sorts and sends the node's whole wanted set, and every node reads it): only the lease's own
+    /// new term is answered at once.
+    @Test func requestsForInterestNamingTermsTheLeaseDoesNotHoldAreAnsweredAtMostOnceASecond() async throws {
+        try await ClusterHarness.with(nodes: 1) { cluster in
+            _ = try await cluster.agreedLeader()
+            let nats = try await natsClient(cluster.natsURL, name: "asker")
+            let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+            let publishes = Mutex(0)
+            let sink = NATSMessageSink { _, _ in publishes.withLock { $0 += 1 } }
+            #expect(nats.subscribe(subjects.interest(of: "n1"), sink: sink) != nil)
+            let started = ContinuousClock.now
+            // Two made-up terms in turn, every 10 ms (pacing, not a wait).
+            for index in 0..<200 {
+                #expect(nats.publish(subjects.interestRequest, index.isMultiple(of: 2) ? "madeupterm01" : "madeupterm02"))
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            let elapsed = ContinuousClock.now - started
+            let count = publishes.withLock { $0 }
+            // One a second for the requests, one a second for the heartbeat, one at each end.
+            let bound = 2 * Int(elapsed / .seconds(1)) + 4
+            #expect(count >= 1, "the requests are answered")
+            #expect(count <= bound, "\(count) interest publishes in \(elapsed) (at most \(bound))")
+            await nats.close()
+        }
+    }
+
     @Test func aNodeWhoseLeaseDiffersFromTheBucketRefusesToRun() async throws {
         try await ClusterHarness.with(nodes: 1) { cluster in
             _ = try await cluster.agreedLeader()
