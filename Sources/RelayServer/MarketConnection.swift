@@ -195,7 +195,6 @@ actor MarketConnection {
     private func opened() {
         handler.value.write(session.connectedFrame, binary: session.isBinary)
         signIn.value.add(self)
-        change(.join)
     }
 
     /// The sign-in deadlines of a server whose clients have `timeout` to authenticate, one queue per loop.
@@ -290,6 +289,10 @@ actor MarketConnection {
             return false
         }
         admitted = grant
+        // Joins the hub once signed in: a connection that never signs in costs the hub nothing (it
+        // subscribed at its upgrade before, and a client opening and closing sockets made the hub
+        // subscribe and remove one each time).
+        change(.join)
         if grant.timestamps { askForTimes() }
         if let events = grant.buffer { change(.buffer(events)) }
         if grant.isConfiguredKey { change(.owner(grant.name)) }

@@ -119,7 +119,12 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 maxFrameSize: routes.maxFrameSize,
                 enableAutomaticErrorHandling: false,
                 shouldUpgrade: { channel, head in
-                    headDeadline.cancel()
+                    // The head deadline runs on until the upgrade is made (NIO makes it at the request's
+                    // end): an upgrade that declares a body and never sends it is closed with the rest.
+                    if Self.declaresBody(head) {
+                        refusal.value = Refused(status: .badRequest, message: "a WebSocket upgrade request has no body")
+                        return channel.eventLoop.makeSucceededFuture(nil)
+                    }
                     switch routes.decide(head, channel) {
                     case .accept(let route):
                         accepted.value = route
@@ -131,6 +136,7 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 },
                 upgradePipelineHandler: { channel, _ in
                     channel.eventLoop.makeCompletedFuture {
+                        headDeadline.cancel()
                         guard let route = accepted.value else { throw ChannelError.inappropriateOperationForState }
                         try routes.install(route, channel, ticket)
                         return UpgradeResult.upgraded
@@ -210,8 +216,16 @@ struct RelayChildChannel: ServerChildChannel, HTTPChannelHandler {
         } catch let error as ChannelError where error == .inputClosed {
             logger.trace("connection closed before its first request")
         } catch {
+            // (An upgrade NIO could not make, e.g. one whose request went on past its head: nothing more
+            // is read from it.)
             logger.debug("connection setup failed", metadata: ["error": "\(error)"])
+            value.channel.close(promise: nil)
         }
+    }
+
+    /// Whether a request head says a body follows (a length other than 0, or a transfer coding).
+    static func declaresBody(_ head: HTTPRequestHead) -> Bool {
+        head.headers.contains(name: "transfer-encoding") || head.headers["content-length"].contains { $0.trimmingCharacters(in: .whitespaces) != "0" }
     }
 
     /// How long a refused connection waits for its client to close after the answer.

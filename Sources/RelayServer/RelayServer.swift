@@ -234,9 +234,10 @@ public final class RelayServer: Service, Sendable {
     /// Puts a new WebSocket connection's handlers into its pipeline (on its loop, right after the upgrade).
     private func install(_ accepted: RelayChildChannel.Accepted, on channel: any Channel, ticket: AddressGuard.Ticket?) throws {
         let limits = configuration.connectionLimits
+        // A push stream's client has nothing to say (its key came with the upgrade): what it sends is
+        // read and let go within the bound of a client not signed in yet, never 1 MB a message.
         let messageLimit = ClientMessageLimit(
-            initial: accepted.isMarket ? limits.preAuthMessageBytes : configuration.maxClientMessageBytes,
-            full: configuration.maxClientMessageBytes)
+            initial: limits.preAuthMessageBytes, full: accepted.isMarket ? configuration.maxClientMessageBytes : limits.preAuthMessageBytes)
         let (gate, socketBytes) = try WireGate.install(in: channel, limit: messageLimit, tls: configuration.tls != nil)
         var outboundLimit = limits.outboundBytes
         if case .market(let index, _) = accepted { outboundLimit += markets[index].served.unreadRoom }

@@ -290,6 +290,29 @@ struct HostileClientTests {
         }
     }
 
+    /// A WebSocket upgrade that says a body follows is refused at once (400) and closed: NIO makes an
+    /// upgrade at its request's end, and a body declared and never sent held the connection for good.
+    @Test func anUpgradeThatDeclaresABodyIsRefusedAndClosed() async throws {
+        try await withRelay({ $0.connectionLimits.headTimeout = .seconds(1) }) { port, _ in
+            for declared in ["Content-Length: 1", "Transfer-Encoding: chunked", "Content-Length: 5"] {
+                let socket = try RawSocket(port: port)
+                var request = RawSocket.upgradeRequest()
+                request.removeLast(2)
+                _ = socket.send(request + Array("\(declared)\r\n\r\n\(declared.hasSuffix("5") ? "x" : "")".utf8))
+                let (answer, closed) = socket.readAll(within: .seconds(5))
+                #expect(answer.hasPrefix("HTTP/1.1 400") && answer.contains("has no body"), "\(declared): \(answer.prefix(120))")
+                #expect(closed, "\(declared): closed after its answer")
+            }
+            // With no body declared (or a length of 0), the same upgrade is made.
+            let plain = try RawSocket(port: port)
+            var request = RawSocket.upgradeRequest()
+            request.removeLast(2)
+            _ = plain.send(request + Array("Content-Length: 0\r\n\r\n".utf8))
+            let answer = String(decoding: plain.receive() ?? [], as: UTF8.self)
+            #expect(answer.hasPrefix("HTTP/1.1 101"), "\(answer.prefix(120))")
+        }
+    }
+
     @Test func aConnectionThatNeverFinishesItsHeadIsClosed() async throws {
         try await withRelay({
             $0.connectionLimits.headTimeout = .seconds(1)
