@@ -18,10 +18,11 @@ final class ClusterFeed: Sendable {
     static let maxQueuedEvents = 100_000
 
     /// The leader's control messages a node takes a second, and at once. Each may cost the hub a pass
-    /// over its subscribers (an outage, a loss) and the node a parse; a leader sends one a second (its
-    /// epoch), a few at an outage, and one per 500 topics its upstream refused. Past it they are dropped
-    /// before they are read, counted, and the clients told at most once a second, so a publisher
-    /// flooding the control subject costs the node this many a second, not as many as NATS delivers.
+    /// over its subscribers (an outage, a loss); a leader sends one a second (its epoch), a few at an
+    /// outage, and one per 500 topics its upstream refused. Past it, those that read are dropped,
+    /// counted, and the clients told at most once a second (as an outage: one dropped may have been the
+    /// word of one), so a publisher flooding the control subject costs the hub this many a second, not
+    /// as many as NATS delivers. (What does not read is counted only: it takes no place.)
     static let controlRate = (perSecond: 100, burst: 1_000)
 
     let subjects: ClusterSubjects
@@ -108,9 +109,10 @@ final class ClusterFeed: Sendable {
         }
         eventSink.withLock { $0 = sink }
         let control = NATSMessageSink { [weak self] _, payload in
-            guard let self, self.admitsControl() else { return }
+            guard let self else { return }
             switch ClusterControl.read(payload) {
-            case .success(let message): self.take(message)
+            // (Read first: what does not read costs a count, and takes no place of the leader's word.)
+            case .success(let message): if self.admitsControl() { self.take(message) }
             case .failure(let rejection): self.metrics.rejected("control", rejection.description, logger: self.logger)
             }
         }
@@ -137,11 +139,11 @@ final class ClusterFeed: Sendable {
         guard !admitted else { return true }
         metrics.natsDropped(reason: "control_rate").increment()
         if tell {
-            // A loss, not an outage: an outage would end at the next event and ask a gap fill, once a
-            // second for as long as a flood lasts.
+            // An outage, as for control messages past the queue's bound: one dropped may have been the
+            // leader's word of one (or a loss), so the history is broken here and the gap fill asked,
+            // never a resume across it taken as whole.
             deliver(
-                .lost(
-                    count: 0, topics: nil,
+                .connectionLost(
                     reason: "control messages came on NATS faster than this relay node takes them (\(controlsPerSecond) a second); the rest were dropped; events may be missing"),
                 pastControlBound: true)
         }

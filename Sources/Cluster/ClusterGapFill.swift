@@ -222,7 +222,7 @@ final class ClusterGapFill: Sendable {
             let (batch, later) = Self.batch(inbox.take(), maxWindow: hook.maxWindow)
             // The rest waits for the next turn (each ask alone fits: ``FillWire/fillable(_:maxWindow:now:)``).
             if !later.isEmpty { inbox.putBack(later) }
-            let gathered = Self.wanted(batch, in: wanted(), metrics: metrics, logger: logger)
+            let (gathered, unwanted) = Self.wanted(batch, in: wanted(), metrics: metrics, logger: logger)
             guard !gathered.isEmpty else { continue }
             generation += 1
             let request = Self.merge(gathered, generation: generation, wire: hub.wire)
@@ -234,31 +234,36 @@ final class ClusterGapFill: Sendable {
                 ])
             let outlet = LeaderOutlet(
                 connection: connection, subject: subjects.fillResult, sequencer: sequencer, answering: gathered.map(\.id), from: request.from,
-                through: request.through, topics: Set(request.topics.map(\.topic)), metrics: metrics, logger: logger)
+                through: request.through, topics: Set(request.topics.map(\.topic)), unwanted: unwanted, metrics: metrics, logger: logger)
             await hook.fill(request, outlet)
             if Task.isCancelled { return }
         }
     }
 
-    /// `asks` with only the topics `union` wants (by name or by its wildcard); the topics left out are
-    /// counted as refused. An ask left with none is still answered with the others (its window is
-    /// filled for nothing of its, and its node learns the fill ended).
-    static func wanted(_ asks: [FillWire.Ask], in union: Set<Topic>, metrics: ClusterMetrics, logger: Logger) -> [FillWire.Ask] {
-        var unwanted = 0
+    /// `asks` with only the topics `union` wants (by name or by its wildcard), and those left out (told
+    /// missing in the fill's end, and counted as refused). An ask left with none is still answered with
+    /// the others (its node learns the fill ended, and why its topics were not filled).
+    static func wanted(
+        _ asks: [FillWire.Ask], in union: Set<Topic>, metrics: ClusterMetrics, logger: Logger
+    ) -> (asks: [FillWire.Ask], unwanted: Set<Topic>) {
+        var unwanted = Set<Topic>()
         let kept = asks.map { ask in
             var ask = ask
             ask.topics = ask.topics.filter { held in
                 let wanted = union.contains(held.topic) || union.contains(Topic.wildcard(held.topic.eventType))
-                if !wanted { unwanted += 1 }
+                if !wanted { unwanted.insert(held.topic) }
                 return wanted
             }
             return ask
         }
-        if unwanted > 0 {
-            metrics.rejected("fill_ask", "\(unwanted) topics asked to be filled that no node's interest names (not filled)", logger: logger)
+        if !unwanted.isEmpty {
+            metrics.rejected("fill_ask", "\(unwanted.count) topics asked to be filled that no node's interest names (not filled)", logger: logger)
         }
-        return kept
+        return (kept, unwanted)
     }
+
+    /// Why a topic an ask named was not filled: no node's interest names it.
+    static let notWanted = "no node of the cluster wants it now (not filled)"
 
     /// The asks one fill takes: the newest first, as many as keep the union of their windows within
     /// `maxWindow` (the fill skips a longer one, and every ask with it); the rest for a later turn.
@@ -437,6 +442,8 @@ struct LeaderOutlet: RecoveryOutlet {
     let through: Int64
     /// The topics the answered asks named.
     let topics: Set<Topic>
+    /// Those they named that no node wants now: told missing, not filled.
+    let unwanted: Set<Topic>
     let metrics: ClusterMetrics
     let logger: Logger
 
@@ -458,7 +465,11 @@ struct LeaderOutlet: RecoveryOutlet {
         return published > 0 ? events.count : 0
     }
 
-    func announceRecovered(_ summary: GapFillSummary, generation: Int) async { end(.filled(summary)) }
+    func announceRecovered(_ summary: GapFillSummary, generation: Int) async {
+        var summary = summary
+        for topic in unwanted where summary.missing[topic] == nil { summary.missing[topic] = ClusterGapFill.notWanted }
+        end(.filled(summary))
+    }
     func noteFillSkipped(generation: Int) async { end(.skipped) }
     func finishFill(generation: Int) async {
         // Cancelled: the term ended, and the next leader takes the asks up (the nodes keep their gaps).

@@ -766,8 +766,8 @@ public final class ClusterNode: Service, Sendable {
             return (previous, change, failover)
         }
         guard change.changed else { return }
-        // Another node's new term: its request for every node's interest may have come before this read.
-        if let holder, let term, holder != configuration.nodeID, change.newTerm {
+        // Another node's term, new here: its request for every node's interest may have come before this read.
+        if let holder, let term, holder != configuration.nodeID {
             let answered = state.withLock { state in
                 defer { state.answeredTerm = term }
                 return state.answeredTerm == term

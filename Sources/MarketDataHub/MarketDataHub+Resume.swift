@@ -211,10 +211,13 @@ extension MarketDataHub {
     private func fromArchive(
         _ topics: [Topic], to id: SubscriberID, owner: String?, resuming resume: HubResume, cost: inout Int
     ) async -> [Topic: ArchivedTopic]? {
-        guard let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id] else { return nil }
+        guard let history, let epoch, !epoch.isEmpty, let subscriber = subscribers[id], mayReadArchive(for: subscriber, owner: owner, history.limits)
+        else { return nil }
         var archived: [Topic: ArchivedTopic] = [:]
-        // Per topic asked: the memory's events after `until`, and through which market sequence.
+        // Per topic asked: the memory's events after `until`, and through which market sequence; copies
+        // of one resume's bound in all (past it, the memory answers from `until` as it is then).
         var held: [Topic: (events: [MarketEvent], through: UInt64)] = [:]
+        var copied = 0
         let requests = resumeRequests(topics, of: subscriber, resume).wanted.compactMap { topic, since -> ArchiveRequest? in
             guard case .gap(_, _, _, let reason) = history.missed(topic, since: since, limit: 0), reason == EventHistory.noLongerHeld else { return nil }
             // A `_s` of a ticker this history has no line of (not received lately, or never: any name
@@ -222,8 +225,11 @@ extension MarketDataHub {
             if case .topic = since, !topic.isWildcard, !history.hasLine(topic) { return nil }
             let until = history.archiveBoundary(of: topic)
             switch history.missed(topic, since: .market(until), limit: history.limits.eventsPerResume) {
-            case .events(let events):
+            case .events(let events) where copied + events.count <= history.limits.eventsPerResume:
                 held[topic] = (events, history.nextMarketSequence - 1)
+                copied += events.count
+            case .events:
+                held[topic] = ([], until)
             case .tooMany:
                 // The memory's part alone is more than a resume replays: the tape is not read.
                 archived[topic] = ArchivedTopic(answer: .tooMany, held: [], through: until)
@@ -284,11 +290,10 @@ extension MarketDataHub {
     private func readArchive(
         _ requests: [ArchiveRequest], epoch: String, for id: SubscriberID, owner: String?, cost: inout Int
     ) async -> [Topic: ArchiveAnswer]? {
-        guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id] else { return nil }
+        guard !requests.isEmpty, let archive, let history, let subscriber = subscribers[id], mayReadArchive(for: subscriber, owner: owner, history.limits)
+        else { return nil }
         let limits = history.limits
         let bound = limits.eventsPerResume
-        let available = replayAllowance(of: subscriber, owner: owner, limits: limits, now: WallClock.nowMilliseconds()).events
-        guard Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: bound) else { return nil }
         guard let (answers, share) = await readingTape(requests, of: archive, epoch: epoch, limit: bound, owner: owner) else {
             return ArchiveAnswer.notRead(
                 requests, because: "this key's connections have \(Self.tapeReadsPerKey) tape reads under way (at most \(Self.tapeReadsPerKey) at once)")
@@ -299,6 +304,14 @@ extension MarketDataHub {
         chargeReplay(tenth, to: id, owner: owner, limits: limits, now: WallClock.nowMilliseconds())
         cost += max(Self.charge(share, of: bound) - tenth, 0)
         return answers
+    }
+
+    /// Whether the archive may be read for `subscriber` now: there is one, and the connection may be
+    /// replayed now (one that may not gets `gap`, not a read).
+    private func mayReadArchive(for subscriber: Subscriber, owner: String?, _ limits: HistoryLimits) -> Bool {
+        let available = replayAllowance(of: subscriber, owner: owner, limits: limits, now: WallClock.nowMilliseconds()).events
+        return archive != nil
+            && Self.mayBeReplayed(queued: subscriber.queue.replaying.load(ordering: .relaxed), available: available, bound: limits.eventsPerResume)
     }
 
     /// The tape reads one client key's connections may have under way at once (of the

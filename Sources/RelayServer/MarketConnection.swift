@@ -289,18 +289,6 @@ actor MarketConnection {
             return false
         }
         admitted = grant
-        // Joins the hub once signed in: a connection that never signs in costs the hub nothing (it
-        // subscribed at its upgrade before, and a client opening and closing sockets made the hub
-        // subscribe and remove one each time).
-        change(.join)
-        if grant.timestamps { askForTimes() }
-        if let events = grant.buffer { change(.buffer(events)) }
-        if grant.isConfiguredKey { change(.owner(grant.name)) }
-        switch grant.conflation {
-        case .off: break
-        case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
-        case .interval(let interval): change(.conflate(ConflationMode(interval: interval, whileLagging: true)))
-        }
         if let tag = session.sessionTag, dependencies.hub.epoch != nil {
             let name = "\(grant.name)#\(tag)"
             sessionName = name
@@ -352,6 +340,18 @@ actor MarketConnection {
             unnamedSession = "\(grant.name)#\(tag)"
             handler.value.acknowledgedPosition = AcknowledgedPosition(start: 0, marginBytes: dependencies.configuration.resume.marginBytes)
             feed?.tracksPositions.store(true, ordering: .relaxed)
+        }
+        // Joins the hub once signed in and admitted: a connection that never is costs the hub nothing
+        // (it subscribed at its upgrade before, and a client opening and closing sockets made the hub
+        // subscribe and remove one each time). Its key's settings follow the join.
+        change(.join)
+        if grant.timestamps { askForTimes() }
+        if let events = grant.buffer { change(.buffer(events)) }
+        if grant.isConfiguredKey { change(.owner(grant.name)) }
+        switch grant.conflation {
+        case .off: break
+        case .whileLagging: change(.conflate(ConflationMode(interval: nil, whileLagging: true)))
+        case .interval(let interval): change(.conflate(ConflationMode(interval: interval, whileLagging: true)))
         }
         // Messages up to the full size from now on, and no longer pending for its address.
         handler.value.messageLimit.open()

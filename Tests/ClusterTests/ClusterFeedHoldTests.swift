@@ -195,6 +195,12 @@ struct ClusterFeedHoldTests {
         let rig = try await Rig(self, epochHoldLimit: .seconds(60), controlRate: (perSecond: 2, burst: 40))
         let (publisher, subjects, metrics) = (rig.publisher, rig.subjects, rig.metrics)
         func dropped() -> Int64 { metrics.counterTotal(label: "relay_cluster_nats_dropped_total", dimensions: [("reason", "control_rate")]) }
+        // What does not read is counted, and takes no place of the leader's word.
+        func rejected() -> Int64 { metrics.counterTotal(label: "relay_cluster_rejected_total", dimensions: [("kind", "control")]) }
+        let rejectedBefore = rejected()
+        for _ in 0..<100 { #expect(publisher.publish(subjects.upstreamControl, "loss:none")) }
+        try await until("the messages that do not read counted") { rejected() - rejectedBefore == 100 }
+        #expect(dropped() == 0)
         for _ in 0..<200 { #expect(publisher.publish(subjects.upstreamControl, "loss:1")) }
         // Forty at most taken (fewer: the rig's own epochs took some), the rest dropped.
         try await until("the flood dropped past the rate") { dropped() >= 160 }
@@ -203,8 +209,8 @@ struct ClusterFeedHoldTests {
         #expect(dropped() < 200, "the first ones were taken")
         // Refilled (a token every half second), the node takes the leader's word again.
         try await until("a control message taken after the flood") {
-            _ = publisher.publish(subjects.upstreamControl, "down:taken again")
-            return rig.sent().contains { $0.contains("taken again") }
+            _ = publisher.publish(subjects.upstreamControl, "loss:4321")
+            return rig.sent().contains { $0.contains("4321 events were lost") }
         }
         await rig.stop()
     }

@@ -167,9 +167,10 @@ struct FillWireTests {
     @Test func theLeaderFillsOnlyTopicsTheClustersInterestNames() {
         let metrics = TestMetrics()
         let asks = [ask("n1", from: now - 5_000, through: now, "T.AAPL", "T.MADEUP", "Q.MSFT"), ask("forged", from: now - 5_000, through: now, "T.NOBODY")]
-        let kept = ClusterGapFill.wanted(
+        let (kept, unwanted) = ClusterGapFill.wanted(
             asks, in: [topic("T.AAPL"), topic("Q.*")], metrics: ClusterMetrics(factory: metrics), logger: Logger(label: "fill"))
         #expect(kept.map { $0.topics.map(\.topic) } == [[topic("T.AAPL"), topic("Q.MSFT")], []], "an ask with none left is still answered")
+        #expect(unwanted == [topic("T.MADEUP"), topic("T.NOBODY")], "told missing in the fill's end")
         #expect(metrics.counterTotal(label: "relay_cluster_rejected_total", dimensions: [("kind", "fill_ask")]) == 1)
         #expect(ClusterGapFill.merge(kept, generation: 1, wire: PolygonWireProtocol()).topics.count == 2)
     }
