@@ -79,11 +79,8 @@ struct CrossTermResumeTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let (hub, reading, gate) = await Self.gatedHub(on: directory, history: HistoryLimits(eventsPerTopic: 100))
         defer { gate.open() }
-        let aapl = try #require(Topic(parsing: "Q.AAPL"))
-        let holder = await hub.subscribe(to: [aapl])
         // e1's quotes are numbered 1…300, e2's 1001…1210 (at positions 1…210).
-        await hub.startEpoch("e1")
-        await hub.publish(Self.quotes(1...300, numbered: 0))
+        let (aapl, holder) = try await Self.inFirstTerm(hub)
         let client = await hub.subscribe()
         async let answer = hub.add([aapl], to: client.id, resuming: .positions(epoch: nil, [aapl: 150]))
         try #require(await Self.started(reading), "e1's tape is read within 10 s (its memory no longer holds 151)")
@@ -114,11 +111,8 @@ struct CrossTermResumeTests {
         try writer.flush()
         let (hub, reading, gate) = await Self.gatedHub(on: directory, history: HistoryLimits(eventsPerTopic: 50))
         defer { gate.open() }
-        let aapl = try #require(Topic(parsing: "Q.AAPL"))
-        let holder = await hub.subscribe(to: [aapl])
-        await hub.startEpoch("e1")
         // The memory holds 251…300; the tape, 1…260.
-        await hub.publish(Self.quotes(1...300, numbered: 0))
+        let (aapl, holder) = try await Self.inFirstTerm(hub)
         let client = await hub.subscribe()
         async let answer = hub.add([aapl], to: client.id, resuming: .positions(epoch: "e1", [aapl: 100]))
         try #require(await Self.started(reading), "the tape is read within 10 s (the memory no longer holds 101)")
@@ -192,6 +186,15 @@ struct CrossTermResumeTests {
         let again = await hub.add([aapl], to: clients[2].id, resuming: resume)
         #expect(again.replayed == [aapl: 55], "\(again)")
         _ = holder
+    }
+
+    /// `hub` in term e1 with AAPL's quotes 1…300 published, AAPL held by another client throughout.
+    static func inFirstTerm(_ hub: MarketDataHub) async throws -> (aapl: Topic, holder: HubSubscription) {
+        let aapl = try #require(Topic(parsing: "Q.AAPL"))
+        let holder = await hub.subscribe(to: [aapl])
+        await hub.startEpoch("e1")
+        await hub.publish(Self.quotes(1...300, numbered: 0))
+        return (aapl, holder)
     }
 
     /// `hub` in term e2 after e1 (the former term, on the tape), AAPL held by another client throughout.
