@@ -47,6 +47,10 @@ public final class RelayServer: Service, Sendable {
     /// Each loop's limit on connections with hub changes under way.
     private let hubSlots = PerLoop { _ in HubChangeSlots<MarketConnection>(limit: RelayServer.hubChangesPerLoop) }
     private let statusBoard: StatusBoard
+    /// `/healthz`'s answer under way, shared by the requests that come meanwhile.
+    private let healthAnswers = SharedAnswer<(HTTPResponse.Status, ByteBuffer)>()
+    /// `/healthz/{market}`'s, per market served (at most one each).
+    private let marketHealthAnswers = Mutex<[Market: SharedAnswer<(HTTPResponse.Status, ByteBuffer)>]>([:])
     /// When the gauges read from the hubs (the fullest buffer: a look at every subscriber's) were last
     /// recorded: at most once a second, so requests in a burst cost one look.
     private let gaugesRead = Mutex<ContinuousClock.Instant?>(nil)
@@ -456,7 +460,14 @@ public final class RelayServer: Service, Sendable {
         )
     }
 
+    /// `/healthz` needs no key: requests that come while one is answered share its answer, so many at
+    /// once cost one pass over the markets and one encoding (``SharedAnswer``).
     private func health() async throws -> Response {
+        let (status, body) = try await healthAnswers.value { [self] in try await self.healthBody() }
+        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: body))
+    }
+
+    private func healthBody() async throws -> (HTTPResponse.Status, ByteBuffer) {
         var all: [String: MarketHealth] = [:]
         var healthy = true
         var first: MarketHealth?
@@ -466,11 +477,10 @@ public final class RelayServer: Service, Sendable {
             all[route.market.rawValue] = health
             if first == nil { first = health }
         }
-        guard let first else { return try Self.json(["error": "no market is served"], status: .serviceUnavailable) }
+        guard let first else { return (.serviceUnavailable, try Self.jsonBytes(["error": "no market is served"])) }
         var top = first
         top.status = healthy ? "ok" : "degraded"
-        let body = Health(first: top, markets: all)
-        return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
+        return (healthy ? .ok : .serviceUnavailable, try Self.jsonBytes(Health(first: top, markets: all)))
     }
 
     /// `/healthz/{market}`: one market, for per-market probes.
@@ -480,8 +490,17 @@ public final class RelayServer: Service, Sendable {
                 ["error": "the market \(name) is not served here (served: \(markets.map(\.market.rawValue).joined(separator: ", ")))"],
                 status: .notFound)
         }
-        let (healthy, body) = await marketHealth(route)
-        return try Self.json(body, status: healthy ? .ok : .serviceUnavailable)
+        let answers = marketHealthAnswers.withLock { answers in
+            if let made = answers[route.market] { return made }
+            let made = SharedAnswer<(HTTPResponse.Status, ByteBuffer)>()
+            answers[route.market] = made
+            return made
+        }
+        let (status, body) = try await answers.value { [self] in
+            let (healthy, body) = await marketHealth(route)
+            return (healthy ? .ok : .serviceUnavailable, try Self.jsonBytes(body))
+        }
+        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: body))
     }
 
     private func route(named name: String) -> MarketRoute? {
@@ -545,10 +564,14 @@ public final class RelayServer: Service, Sendable {
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {
+        Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: try jsonBytes(value)))
+    }
+
+    /// `value` as the relay's JSON answers are: sorted keys, ISO 8601 dates.
+    static func jsonBytes(_ value: some Encodable) throws -> ByteBuffer {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         encoder.dateEncodingStrategy = .iso8601
-        let data = try encoder.encode(value)
-        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        return ByteBuffer(bytes: try encoder.encode(value))
     }
 }
