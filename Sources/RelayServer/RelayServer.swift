@@ -49,6 +49,8 @@ public final class RelayServer: Service, Sendable {
     private let statusBoard: StatusBoard
     /// `/healthz`'s answer under way, shared by the requests that come meanwhile.
     private let healthAnswers = SharedAnswer<(HTTPResponse.Status, ByteBuffer)>()
+    /// `/v1/status`'s (each request then names its own viewer).
+    private let statusAnswers = SharedAnswer<StatusBoard.Status>()
     /// `/healthz/{market}`'s, per market served (at most one each).
     private let marketHealthAnswers = Mutex<[Market: SharedAnswer<(HTTPResponse.Status, ByteBuffer)>]>([:])
     /// When the gauges read from the hubs (the fullest buffer: a look at every subscriber's) were last
@@ -328,7 +330,10 @@ public final class RelayServer: Service, Sendable {
         // Without keys everyone has every right.
         let right = authentication.requiresKeys ? key?.portfolio ?? .none : .write
         let viewer = StatusBoard.Status.Viewer(keysRequired: authentication.requiresKeys, key: key?.name, portfolio: right.rawValue)
-        let status = await statusBoard.status(portfolio: configuration.portfolio, viewer: viewer)
+        // Read of every hub (up to nine reads each) once for the requests that come meanwhile; each is
+        // told who it is.
+        var status = try await statusAnswers.value { [self] in await statusBoard.status(portfolio: configuration.portfolio, viewer: viewer) }
+        status.viewer = viewer
         return try Self.json(status, status: .ok)
     }
 
