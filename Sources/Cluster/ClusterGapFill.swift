@@ -250,7 +250,7 @@ final class ClusterGapFill: Sendable {
         let kept = asks.map { ask in
             var ask = ask
             ask.topics = ask.topics.filter { held in
-                let wanted = union.contains(held.topic) || union.contains(Topic.wildcard(held.topic.eventType))
+                let wanted = union.covers(held.topic)
                 if !wanted { unwanted.insert(held.topic) }
                 return wanted
             }

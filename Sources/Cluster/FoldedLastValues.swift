@@ -109,13 +109,13 @@ struct FoldedLastValues {
 
     /// Topics no longer in the upstream set stop coming: their books are no longer vouched for.
     mutating func interrupt(outside upstream: Set<Topic>) {
-        for (topic, book) in folds where !upstream.contains(topic) && !upstream.contains(.wildcard(topic.eventType)) {
+        for (topic, book) in folds where !upstream.covers(topic) {
             book.fold.interrupt()
             changed.insert(topic)
             folds[topic] = nil
             bytes -= book.bytes
         }
-        resting = resting.filter { upstream.contains($0) || upstream.contains(.wildcard($0.eventType)) }
+        resting = resting.filter { upstream.covers($0) }
     }
 
     /// The books it cannot vouch for (after a loss, an unreadable change): what the upstream is asked

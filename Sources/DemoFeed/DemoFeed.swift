@@ -57,8 +57,7 @@ public final class DemoFeed: Service, Sendable {
         let outputs: AsyncStream<FeedOutput>.Continuation
 
         func wants(_ event: MarketEvent) -> Bool {
-            topics.contains(event.topic)
-                || topics.contains(.wildcard(event.eventType))
+            topics.covers(event.topic)
         }
     }
 

@@ -81,6 +81,13 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
     public static func < (lhs: Topic, rhs: Topic) -> Bool { lhs.description < rhs.description }
 }
 
+extension Set where Element == Topic {
+    /// Whether this set covers `topic`: holds it, or holds its type's wildcard `EV.*`.
+    public func covers(_ topic: Topic) -> Bool {
+        contains(topic) || contains(.wildcard(topic.eventType))
+    }
+}
+
 extension Topic {
     /// Splits a Polygon `params` list (`"T.AAPL, Q.MSFT"`) into topics, trimming each entry of ASCII
     /// white space. Empty entries are ignored; entries that are not `EV.TICKER` are returned in `invalid`.

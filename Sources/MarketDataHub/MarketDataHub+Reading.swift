@@ -13,7 +13,7 @@ extension MarketDataHub {
     /// The last event of a topic the market is subscribed to upstream now (itself or by its wildcard)
     /// with no outage: a value that is current, as the REST gateway answers live. `nil` otherwise.
     public func currentEvent(for topic: Topic) -> MarketEvent? {
-        guard outages.current == nil, wanted.topics.contains(topic) || wanted.topics.contains(.wildcard(topic.eventType)) else { return nil }
+        guard outages.current == nil, wanted.topics.covers(topic) else { return nil }
         return lastEvent(for: topic)
     }
 

@@ -52,7 +52,7 @@ public final class RelayServer: Service, Sendable {
     /// `/v1/status`'s (each request then names its own viewer).
     private let statusAnswers = SharedAnswer<StatusBoard.Status>()
     /// `/healthz/{market}`'s, per market served (at most one each).
-    private let marketHealthAnswers = Mutex<[Market: SharedAnswer<(HTTPResponse.Status, ByteBuffer)>]>([:])
+    private let marketHealthAnswers: [Market: SharedAnswer<(HTTPResponse.Status, ByteBuffer)>]
     /// When the gauges read from the hubs (the fullest buffer: a look at every subscriber's) were last
     /// recorded: at most once a second, so requests in a burst cost one look.
     private let gaugesRead = Mutex<ContinuousClock.Instant?>(nil)
@@ -93,6 +93,7 @@ public final class RelayServer: Service, Sendable {
         self.addresses = AddressGuard(limits: configuration.connectionLimits)
         let markets = served.map { MarketRoute($0, configuration: configuration, factory: factory) }
         self.markets = markets
+        marketHealthAnswers = Dictionary(markets.map { ($0.market, SharedAnswer()) }, uniquingKeysWith: { first, _ in first })
         let refusals = ThrottledLog()
         self.refusals = refusals
         self.connectionDependencies = markets.map { [metrics, keyConnections] route in
@@ -490,16 +491,10 @@ public final class RelayServer: Service, Sendable {
 
     /// `/healthz/{market}`: one market, for per-market probes.
     private func health(of name: String) async throws -> Response {
-        guard let route = route(named: name) else {
+        guard let route = route(named: name), let answers = marketHealthAnswers[route.market] else {
             return try Self.json(
                 ["error": "the market \(name) is not served here (served: \(markets.map(\.market.rawValue).joined(separator: ", ")))"],
                 status: .notFound)
-        }
-        let answers = marketHealthAnswers.withLock { answers in
-            if let made = answers[route.market] { return made }
-            let made = SharedAnswer<(HTTPResponse.Status, ByteBuffer)>()
-            answers[route.market] = made
-            return made
         }
         let (status, body) = try await answers.value { [self] in
             let (healthy, body) = await marketHealth(route)
