@@ -222,6 +222,9 @@ extension RelaySettings {
             "limits.pendingPerAddress", env: "RELAY_LIMIT_PENDING_PER_ADDRESS", default: "1000",
             "Connections of one address not yet authenticated (or without a first request head)."),
         .init(
+            "limits.pending", env: "RELAY_LIMIT_PENDING", default: "10000",
+            "Connections not yet authenticated (or without a first request head), of every address together."),
+        .init(
             "limits.authTimeoutSeconds", env: "RELAY_LIMIT_AUTH_TIMEOUT_SECONDS", default: "10",
             "How long a market client may stay connected without authenticating (then auth_timeout, close 1008)."),
         .init("limits.outboundBytes", env: "RELAY_LIMIT_OUTBOUND_BYTES", default: "1048576", "Bytes written to a client and not yet taken by its socket."),

@@ -366,7 +366,7 @@ extension SessionLimits {
 }
 
 extension RelayServerConfiguration.ConnectionLimits {
-    /// `limits.connections`, `…PerAddress`, `httpConnections`, `…PerAddress`, `pushStreams`, `…PerKey`, `pendingPerAddress`,
+    /// `limits.connections`, `…PerAddress`, `httpConnections`, `…PerAddress`, `pushStreams`, `…PerKey`, `pending`, `…PerAddress`,
     /// `outboundBytes`, `topicsPerKey`, `topics`, `subscriptionsPerKey`, `subscriptions`,
     /// `authTimeoutSeconds` over the defaults.
     mutating func read(_ config: ConfigReader) throws {
@@ -377,6 +377,7 @@ extension RelayServerConfiguration.ConnectionLimits {
         if let value = try config.positive("limits.pushStreams") { pushStreams = value }
         if let value = try config.positive("limits.pushStreamsPerKey") { pushStreamsPerKey = value }
         if let value = try config.positive("limits.pendingPerAddress") { pendingPerAddress = value }
+        if let value = try config.positive("limits.pending") { pending = value }
         if let value = try config.positive("limits.outboundBytes") { outboundBytes = value }
         if let value = try config.positive("limits.topicsPerKey") { topicsPerKey = value }
         if let value = try config.positive("limits.topics") { topics = value }

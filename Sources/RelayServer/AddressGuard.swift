@@ -13,7 +13,9 @@ import Synchronization
 /// - every accepted TCP connection (HTTP and WebSocket): refused at accept past the descriptor budget
 ///   (the process's open-file limit less a reserve for the upstream, NATS, SQLite and files), and past
 ///   ``RelayServerConfiguration/ConnectionLimits/pendingPerAddress`` connections of one address that
-///   have not yet sent a request head or authenticated;
+///   have not yet sent a request head or authenticated, and past ``RelayServerConfiguration/ConnectionLimits/pending``
+///   of them from every address (so connections that never sign in, from however many addresses, leave
+///   the rest of the connection budget to those that do);
 /// - market and push WebSockets, in all and per address (refused the way Polygon refuses: a status and
 ///   close 1008);
 /// - HTTP connections (their first request not an upgrade), in all and per address, so kept-alive
@@ -25,6 +27,8 @@ final class AddressGuard: Sendable {
         /// Accepted connections per address, and of them those still pending.
         var accepted: [String: (open: Int, pending: Int)] = [:]
         var acceptedTotal = 0
+        /// Of them, those still pending, from every address.
+        var pendingTotal = 0
         /// Market and push WebSockets.
         var webSockets: [String: Int] = [:]
         var webSocketsTotal = 0
@@ -47,6 +51,8 @@ final class AddressGuard: Sendable {
     enum AcceptRefusal: Sendable, Equatable {
         case descriptors(Int)
         case pending(Int)
+        /// Pending connections of every address together.
+        case pendingInAll(Int)
         /// Open connections of the address, HTTP and WebSocket together (the per-address limit).
         case open(Int)
     }
@@ -112,12 +118,14 @@ final class AddressGuard: Sendable {
             if state.acceptedTotal >= descriptorBudget { return (nil, .descriptors(descriptorBudget)) }
             let tally = state.accepted[key] ?? (0, 0)
             if tally.pending >= limits.pendingPerAddress { return (nil, .pending(limits.pendingPerAddress)) }
+            if state.pendingTotal >= limits.pending { return (nil, .pendingInAll(limits.pending)) }
             // Room for the address's WebSockets and as many connections again as may be pending (so
             // one WebSocket past its limit still hears why, as Polygon tells it).
             let openLimit = limits.perAddress + limits.pendingPerAddress
             if tally.open >= openLimit { return (nil, .open(openLimit)) }
             state.accepted[key] = (tally.open + 1, tally.pending + 1)
             state.acceptedTotal += 1
+            state.pendingTotal += 1
             return (Ticket(address: key), nil)
         }
     }
@@ -126,6 +134,7 @@ final class AddressGuard: Sendable {
     func settle(_ ticket: Ticket) {
         guard ticket.pending.exchange(false, ordering: .acquiringAndReleasing) else { return }
         state.withLock { state in
+            state.pendingTotal = max(state.pendingTotal - 1, 0)
             if let tally = state.accepted[ticket.address] { state.accepted[ticket.address] = (tally.open, max(tally.pending - 1, 0)) }
         }
     }
@@ -156,6 +165,7 @@ final class AddressGuard: Sendable {
                 state.http[ticket.address] = left > 0 ? left : nil
             }
             state.acceptedTotal = max(state.acceptedTotal - 1, 0)
+            if wasPending { state.pendingTotal = max(state.pendingTotal - 1, 0) }
             guard let tally = state.accepted[ticket.address] else { return }
             let next = (open: tally.open - 1, pending: wasPending ? tally.pending - 1 : tally.pending)
             state.accepted[ticket.address] = next.open > 0 ? (next.open, max(next.pending, 0)) : nil
@@ -166,6 +176,9 @@ final class AddressGuard: Sendable {
     func accepted(from address: String) -> (open: Int, pending: Int) {
         state.withLock { $0.accepted[Self.key(for: address)] ?? (0, 0) }
     }
+
+    /// Pending connections now, of every address (tests).
+    var pendingInAll: Int { state.withLock { $0.pendingTotal } }
 
     /// HTTP connections now, of `address` and in all (tests).
     func httpConnections(of address: String) -> (address: Int, all: Int) {

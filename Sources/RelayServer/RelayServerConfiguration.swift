@@ -52,6 +52,9 @@ public struct RelayServerConfiguration: Sendable {
         /// Accepted connections of one address that have not yet sent a request head or authenticated;
         /// one more is closed at once.
         public var pendingPerAddress: Int
+        /// The same, of every address together: however many addresses open connections that never sign
+        /// in, they hold at most this many places, and the rest of ``total`` stays for clients that do.
+        public var pending = 10_000
         /// Open files kept free of client connections (the upstream, NATS, SQLite, files): connections
         /// past the open-file limit less this are closed at once.
         public var descriptorReserve: Int

@@ -61,6 +61,25 @@ struct AddressGuardTests {
         #expect(guardian.accept("192.0.2.9").0 != nil)
     }
 
+    @Test func pendingConnectionsOfEveryAddressTogetherAreCapped() throws {
+        var limits = RelayServerConfiguration.ConnectionLimits(pendingPerAddress: 2, descriptorReserve: 0)
+        limits.pending = 3
+        let guardian = AddressGuard(limits: limits, openFileLimit: 100)
+        let first = try ["192.0.2.1", "192.0.2.2", "192.0.2.3"].map { try #require(guardian.accept($0).0) }
+        #expect(guardian.accept("192.0.2.4").1 == .pendingInAll(3), "a fourth address finds no pending place")
+        guardian.settle(first[0])
+        let fourth = try #require(guardian.accept("192.0.2.4").0, "a settled connection frees a place")
+        #expect(guardian.pendingInAll == 3)
+        guardian.closed(first[1])
+        #expect(guardian.pendingInAll == 2, "a pending connection that closes frees its place")
+        guardian.closed(first[0])
+        #expect(guardian.pendingInAll == 2, "a settled one that closes held none")
+        guardian.settle(fourth)
+        guardian.settle(fourth)
+        #expect(guardian.pendingInAll == 1, "settled once")
+        #expect(guardian.accept("192.0.2.5").0 != nil && guardian.accept("192.0.2.6").0 != nil)
+    }
+
     @Test func httpConnectionsAreCappedPerAddressAndInAllAtAQuarterOfTheBudgetAndFreedAtClose() throws {
         var limits = RelayServerConfiguration.ConnectionLimits(descriptorReserve: 0)
         (limits.httpConnections, limits.httpConnectionsPerAddress) = (4, 3)
