@@ -84,7 +84,7 @@ extension PolygonGatewayDialect {
             }
         }
         let updated = [trade["t"], quote?["t"]].compactMap { $0.flatMap { Int64($0) } }.max()
-        members.append(("updated", updated.map { String($0 * 1_000_000) }))
+        members.append(("updated", Self.nanoseconds(updated.map(String.init))))
         return ByteBuffer(string: #"{"request_id":"relay","status":"OK","ticker":\#(Self.object(members))}"#)
     }
 
@@ -132,9 +132,12 @@ extension PolygonGatewayDialect {
         "{" + members.compactMap { name, value in value.map { "\"\(name)\":\($0)" } }.joined(separator: ",") + "}"
     }
 
-    /// Milliseconds as nanoseconds (a whole number of milliseconds only).
+    /// Milliseconds as nanoseconds (a whole number of milliseconds only); `nil` when the nanoseconds
+    /// would not fit in an Int64 (the time came from the upstream as it sent it: left out, never a trap).
     static func nanoseconds(_ milliseconds: String?) -> String? {
-        milliseconds.flatMap { Int64($0) }.map { String($0 * 1_000_000) }
+        guard let milliseconds = milliseconds.flatMap({ Int64($0) }) else { return nil }
+        let (nanoseconds, overflow) = milliseconds.multipliedReportingOverflow(by: 1_000_000)
+        return overflow ? nil : String(nanoseconds)
     }
 
     /// The first element of a JSON array's text.

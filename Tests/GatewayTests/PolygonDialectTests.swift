@@ -162,6 +162,19 @@ struct PolygonDialectTests {
         }
     }
 
+    /// An upstream's trade whose `t` (ms) has no nanoseconds in an Int64 is answered without its time,
+    /// not a trap of the whole process (the stream's event is held as the vendor sent it).
+    @Test func aTimeWhoseNanosecondsDoNotFitIsLeftOut() throws {
+        #expect(PolygonGatewayDialect.nanoseconds("1796223600000") == "1796223600000000000")
+        for far in ["10000000000000", "-10000000000000", String(Int64.max), String(Int64.min)] {
+            #expect(PolygonGatewayDialect.nanoseconds(far) == nil, "\(far)")
+            let answer = PolygonGatewayDialect.lastAnswer("last-trade", ["p": "1", "s": "5", "t": far, "x": "4"], ticker: "AAPL")
+            let results = try #require(JSONText.members(of: Substring(String(buffer: answer)))?["results"], "\(String(buffer: answer))")
+            let members = try #require(JSONText.members(of: Substring(results)))
+            #expect(members["p"] == "1" && members["t"] == nil, "\(results)")
+        }
+    }
+
     @Test func todaysChangeIsLeftOutWhenTheRatioOverflows() {
         let change = PolygonGatewayDialect.todaysChange(last: "110", close: "100")
         #expect(change?.change == "10" && change?.percent == "10")
