@@ -1,5 +1,6 @@
 import Foundation
 import MarketCore
+import RelayServer
 import Upstream
 import Yams
 
@@ -38,6 +39,12 @@ public struct MarketUpstream: Sendable, Equatable {
     ) throws(RelaySettings.InvalidSetting) {
         guard let endpoint = UpstreamConfiguration.Endpoint(url) else {
             throw RelaySettings.InvalidSetting(description: "upstream: expected a ws:// or wss:// URL, got \"\(url)\"")
+        }
+        // The upstream's key (and Alpaca's secret) goes out in the sign-in: in the clear only to this
+        // machine (as the REST URL's), where no one in the middle reads it or plays the vendor.
+        guard endpoint.secure || ClientAuthentication.isLoopback(endpoint.host) else {
+            throw RelaySettings.InvalidSetting(
+                description: "upstream \(url): ws:// would send the upstream key in the clear to \(endpoint.host); use wss:// (plain ws only to loopback)")
         }
         guard let market = named ?? Market(rawValue: endpoint.market.lowercased()) ?? vendors.market(ofPath: endpoint.path) else {
             throw RelaySettings.InvalidSetting(

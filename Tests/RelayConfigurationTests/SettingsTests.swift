@@ -41,9 +41,9 @@ struct SettingsTests {
         let settings = try await RelaySettings.resolve(
             vendors: Relay.vendors,
             commandLine: ["--listen", "127.0.0.1:9000", "--config", file],
-            environment: ["RELAY_LISTEN": "127.0.0.1:8000", "RELAY_UPSTREAM": "ws://env.example:81/crypto"])
+            environment: ["RELAY_LISTEN": "127.0.0.1:8000", "RELAY_UPSTREAM": "wss://env.example:81/crypto"])
         #expect(settings.listen.port == 9000, "flag over environment")
-        #expect(settings.upstream?.description == "ws://env.example:81/crypto", "environment over file")
+        #expect(settings.upstream?.description == "wss://env.example:81/crypto", "environment over file")
         #expect(settings.upstreamKey == "file-key", "file over default")
         #expect(settings.clientKeys == ["file-a", "file-b"])
         #expect(settings.demoRate == 123)
@@ -499,6 +499,21 @@ struct MarketSettingsTests {
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
             _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "ws://a/stocks,ws://b/stocks"], environment: [:])
+        }
+        // The key in the clear to another host: refused, naming the host; to loopback, taken.
+        await #expect(throws: RelaySettings.InvalidSetting.self) {
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "ws://feed.example/stocks"], environment: [:])
+        }
+        do {
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "ws://10.0.0.5:9009/stocks"], environment: [:])
+            Issue.record("ws:// to 10.0.0.5 was taken")
+        } catch let error as RelaySettings.InvalidSetting {
+            #expect(error.description.contains("in the clear to 10.0.0.5") && error.description.contains("wss://"), "\(error.description)")
+        }
+        for loopback in ["ws://127.0.0.1:9009/stocks", "ws://localhost:9009/stocks", "ws://[::1]:9009/stocks"] {
+            let settings = try await RelaySettings.resolve(
+                vendors: Relay.vendors, commandLine: ["--upstream", loopback, "--upstream-key", "k"], environment: [:])
+            #expect(settings.upstream?.secure == false, "\(loopback)")
         }
         await #expect(throws: RelaySettings.InvalidSetting.self) {
             _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--markets", "stocks,bonds"], environment: [:])
