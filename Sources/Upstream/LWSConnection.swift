@@ -710,7 +710,8 @@ final class LWSConnection: Sendable {
             // The bars built from a refused trade topic get nothing either.
             if !topics.isEmpty { inbox.push(.refused(topics: topics.union(bars.derived(from: topics)), code: code, reason: message)) }
         case .authTimeout(let message):
-            logger.warning("upstream timed out our authentication: \(message)")
+            // Statuses are the server's to repeat (a frame of thousands): logged at most every ten seconds.
+            logThrottled("auth-timeout", "upstream timed out our authentication: \(message)")
         case .other(let status, let message):
             // As often as the upstream says them: logged at most every ten seconds too.
             logThrottled("other-status", "upstream status \(status): \(message)", level: .info)

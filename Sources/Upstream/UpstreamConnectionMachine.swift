@@ -169,8 +169,10 @@ struct UpstreamConnectionMachine: Sendable {
         dropReason = reason
     }
 
-    /// The server's close frame.
+    /// The server's close frame. Its reason is the server's to choose, and goes to the log, `/healthz`
+    /// and every client's `upstream_disconnected` notice: made visible text first, as its statuses are.
     mutating func peerClosed(code: Int, text: String) {
+        let text = VisibleText.visible(text, limit: VisibleText.vendorBytes)
         peerClose = text.isEmpty ? "closed by upstream with \(code)" : "closed by upstream with \(code): \(text)"
     }
 

@@ -144,6 +144,15 @@ struct UpstreamConnectionMachineTests {
         #expect(machine.session.subscribed.isEmpty && !machine.isEstablished)
     }
 
+    /// A close frame's reason is the server's text: what reaches logs and clients is visible text only
+    /// (no line breaks to forge log lines, no bidi or control characters).
+    @Test func aPeerClosesReasonIsToldAsVisibleText() {
+        var machine = open()
+        machine.peerClosed(code: 1000, text: "bye\n2026-12-07 level=error forged\u{202E}\u{0007}x")
+        let ended = lost(machine.ended(.closed, reason: "connection closed", now: at(5)))
+        #expect(ended?.end.reason == "closed by upstream with 1000: bye 2026-12-07 level=error forged x", "\(ended?.end.reason ?? "")")
+    }
+
     @Test func aFailedConnectIsReportedOnceAndBacksOffExponentially() {
         var machine = UpstreamConnectionMachine(session: ClientSession(apiKey: "key"), timing: timing, seed: 7)
         var ceilings: [Duration] = []
