@@ -4,8 +4,10 @@ import MarketCore
 /// (a timestamp as an RFC 3339 string with up to nine fraction digits, `"2021-02-22T15:51:44.208Z"`).
 /// Pure.
 public enum AlpacaJSON {
-    /// `value` as JSON text, appended to `out`.
-    public static func append(_ value: MessagePack.Value, to out: inout [UInt8]) {
+    /// `value` as JSON text, appended to `out`. With a `limit`, writing stops once `out` holds that many
+    /// bytes (the text is then cut, not JSON): a 4 MB value described in a log line costs its first bytes.
+    public static func append(_ value: MessagePack.Value, to out: inout [UInt8], limit: Int = .max) {
+        guard out.count < limit else { return }
         switch value {
         case .null: out += "null".utf8
         case .bool(let flag): out += (flag ? "true" : "false").utf8
@@ -17,40 +19,48 @@ public enum AlpacaJSON {
         case .string(let text): appendString(text, to: &out)
         case .binary(let data):
             // Alpaca sends none; a client could: written as an array of bytes rather than lost.
-            append(.array(data.map { .int(Int64($0)) }), to: &out)
+            out.append(UInt8(ascii: "["))
+            for (index, byte) in data.enumerated() {
+                if out.count >= limit { return }
+                if index > 0 { out.append(UInt8(ascii: ",")) }
+                out += String(byte).utf8
+            }
+            out.append(UInt8(ascii: "]"))
         case .array(let values):
             out.append(UInt8(ascii: "["))
             for (index, element) in values.enumerated() {
+                if out.count >= limit { return }
                 if index > 0 { out.append(UInt8(ascii: ",")) }
-                append(element, to: &out)
+                append(element, to: &out, limit: limit)
             }
             out.append(UInt8(ascii: "]"))
         case .map(let entries):
             out.append(UInt8(ascii: "{"))
             for (index, entry) in entries.enumerated() {
+                if out.count >= limit { return }
                 if index > 0 { out.append(UInt8(ascii: ",")) }
                 switch entry.key {
                 case .string(let key): appendString(key, to: &out)
                 default:
                     var key: [UInt8] = []
-                    append(entry.key, to: &key)
+                    append(entry.key, to: &key, limit: limit)
                     appendString(String(decoding: key, as: UTF8.self), to: &out)
                 }
                 out.append(UInt8(ascii: ":"))
-                append(entry.value, to: &out)
+                append(entry.value, to: &out, limit: limit)
             }
             out.append(UInt8(ascii: "}"))
         case .timestamp(let seconds, let nanoseconds):
             appendString(rfc3339(seconds: seconds, nanoseconds: nanoseconds), to: &out)
         case .ext(let type, let data):
-            append(.map([.init(.string("ext"), .int(Int64(type))), .init(.string("data"), .binary(data))]), to: &out)
+            append(.map([.init(.string("ext"), .int(Int64(type))), .init(.string("data"), .binary(data))]), to: &out, limit: limit)
         }
     }
 
-    /// `value` as JSON text.
-    public static func text(_ value: MessagePack.Value) -> [UInt8] {
+    /// `value` as JSON text (its first bytes, past `limit`).
+    public static func text(_ value: MessagePack.Value, limit: Int = .max) -> [UInt8] {
         var out: [UInt8] = []
-        append(value, to: &out)
+        append(value, to: &out, limit: limit)
         return out
     }
 

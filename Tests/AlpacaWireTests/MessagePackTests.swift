@@ -60,6 +60,20 @@ struct MessagePackTests {
 
 @Suite("Alpaca JSON")
 struct AlpacaJSONTests {
+    /// Bytes are written as an array of numbers, and a limit stops the writing: a 4 MB value an upstream
+    /// sends in a control message is described by its first bytes, not rendered whole.
+    @Test func aLimitStopsTheWritingOfALargeValue() {
+        #expect(String(decoding: AlpacaJSON.text(.map([.init(.string("x"), .binary([1, 2, 255]))])), as: UTF8.self) == #"{"x":[1,2,255]}"#)
+        let large: MessagePack.Value = .map([
+            .init(.string("T"), .string("subscription")), .init(.string("x"), .binary([UInt8](repeating: 7, count: 4 << 20))),
+            .init(.string("y"), .array(Array(repeating: .string("AAPL"), count: 100_000))),
+        ])
+        let cut = AlpacaJSON.text(large, limit: 300)
+        #expect(cut.count >= 300 && cut.count < 400, "\(cut.count) bytes")
+        #expect(String(decoding: cut, as: UTF8.self).hasPrefix(#"{"T":"subscription","x":[7,7,"#))
+        #expect(AlpacaJSON.text(large).count > 8 << 20, "unlimited: all of it")
+    }
+
     @Test func timestampsAreRFC3339WithTheirFractionTrimmed() {
         #expect(AlpacaJSON.rfc3339(seconds: 1_614_009_104, nanoseconds: 208_000_000) == "2021-02-22T15:51:44.208Z")
         #expect(AlpacaJSON.rfc3339(seconds: 1_614_021_300, nanoseconds: 0) == "2021-02-22T19:15:00Z")
