@@ -161,7 +161,7 @@ final class JetStreamTape: Sendable {
     func held() -> TapeHeld? {
         guard let handle = try? handle(), let bounds = bounds(handle) else { return nil }
         let empty = bounds.first == 0 || bounds.last < bounds.first
-        return TapeHeld(bytes: Int64(bounds.bytes), days: nil, since: empty ? nil : bounds.firstTime, store: "jetstream")
+        return TapeHeld(bytes: Int64(clamping: bounds.bytes), days: nil, since: empty ? nil : bounds.firstTime, store: "jetstream")
     }
 
     /// What a read of one block found.
@@ -270,7 +270,8 @@ final class JetStreamTapeBlocks: TapeBlocks {
         self.decoder = decoder
         subject = tape.subject(of: epoch)
         first = range.first
-        blockCount = Int(range.last - range.first + 1)
+        // (A count NATS says, clamped: a read is bounded by its budget of blocks, not by this.)
+        blockCount = Int(clamping: range.last - range.first + 1)
         deadline = .now + Self.readFor
     }
 
@@ -410,6 +411,12 @@ public enum ClusterTapePull {
         }
     }
 
+    /// How long after a block's first event its leader stores it on NATS at most (it writes every half
+    /// second, and drops what it cannot write): ample.
+    static let writtenWithin: Int64 = 3_600 * 1_000_000_000
+    /// Blocks missing in a row after which a pull stops (a stream lets go of its oldest blocks only).
+    static let goneInARowAtMost = 10_000
+
     /// Where a pull writes `day`'s file before it is renamed over the day's.
     static func partialPath(directory: String, market: String, day: String) -> String {
         TapeFile.path(directory: directory, market: market, day: day) + ".pull"
@@ -429,6 +436,12 @@ public enum ClusterTapePull {
         guard let bounds = tape.bounds(handle) else { throw TapeError("NATS has no tape stream \(tape.stream) (is this the cluster's name?)") }
         var outcome = Outcome()
         guard bounds.first > 0, bounds.last >= bounds.first else { return outcome }
+        // The leader writes each block within seconds of its first event, and NATS stores it then: a
+        // block that says it began well before the oldest block NATS stored was not written by a leader
+        // (a publisher on the tape's subjects can write one). Refused, or a block naming midnight of a
+        // day the stream no longer holds would replace that day's file here with itself.
+        let oldest = bounds.firstTime > 0 ? bounds.firstTime - Self.writtenWithin : Int64.min
+        var goneInARow = 0
         // Each day's blocks go to its own new file, in stream order, however the days come.
         var files: [String: (descriptor: Int32, partial: String, first: Int64)] = [:]
         var order: [String] = []
@@ -441,9 +454,18 @@ public enum ClusterTapePull {
         for sequence in bounds.first...bounds.last {
             let block: [UInt8]
             switch tape.fetch(sequence, handle) {
-            case .block(let bytes, _): block = bytes
+            case .block(let bytes, _):
+                block = bytes
+                goneInARow = 0
             case .gone:
                 outcome.missing += 1
+                goneInARow += 1
+                // The stream's blocks run on from its first (it lets go of the oldest only): this many
+                // missing in a row is a last sequence no stream has, not a tape to walk to its end.
+                if goneInARow >= Self.goneInARowAtMost {
+                    discard()
+                    throw TapeError("\(goneInARow) blocks in a row missing from \(tape.stream) after block \(sequence - UInt64(goneInARow)) (it said its last is \(bounds.last)); nothing was replaced")
+                }
                 continue
             case .failed(let why):
                 // A pull cut short replaces nothing.
@@ -453,6 +475,13 @@ public enum ClusterTapePull {
             guard let header = block.withUnsafeBytes({ TapeBlockDecoder.header(of: $0) }), let records = block.withUnsafeBytes({ decoder.records(of: $0) })
             else {
                 outcome.missing += 1
+                continue
+            }
+            guard header.firstTime >= oldest else {
+                outcome.refused += 1
+                if outcome.firstRefusal == nil {
+                    outcome.firstRefusal = "a block that began on \(TapeFile.day(of: header.firstTime)), over an hour before the oldest block NATS stored"
+                }
                 continue
             }
             let day = TapeFile.day(of: header.firstTime)

@@ -97,6 +97,8 @@ struct JetStreamTapeTests {
     func pullLeavesOutBlocksThatDoNotCheck(_ tape: JetStreamTape, url: String, cluster: String) async throws {
         let directory = scratchDirectory("pull-check")
         defer { try? FileManager.default.removeItem(atPath: directory) }
+        // Blocks a leader writes now (a pull refuses one that began an hour before the oldest NATS stored).
+        let start = WallClock.nowNanoseconds() - 1_800_000_000_000
         try FileManager.default.createDirectory(atPath: directory + "/stocks", withIntermediateDirectories: true)
         let (stale, other) = (directory + "/stocks/2026-01-02.tape.pull", directory + "/stocks/notes.pull")
         for path in [stale, other] { #expect(FileManager.default.createFile(atPath: path, contents: Data(count: 4096))) }
@@ -108,21 +110,21 @@ struct JetStreamTapeTests {
         func quote(_ index: Int) -> TapeRecord {
             .event(
                 TapeEvent(
-                    receivedAt: Self.start + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
+                    receivedAt: start + Int64(index) * 1_000_000, sequence: UInt64(index), topicSequence: UInt64(index), eventType: "Q",
                     ticker: "AAPL", bytes: aaplQuote(index)))
         }
-        try block([.epoch("e1", at: Self.start), .source(vendor: "polygon", path: "/stocks", at: Self.start)] + (1...20).map(quote))
+        try block([.epoch("e1", at: start), .source(vendor: "polygon", path: "/stocks", at: start)] + (1...20).map(quote))
         let forged = ByteBuffer(string: #"{"ev":"T","sym":"MSFT","p":1,"forged":1}"#)
         try block([
-            .epoch("e1", at: Self.start),
-            .event(TapeEvent(receivedAt: Self.start + 21_000_000, sequence: 21, topicSequence: 21, eventType: "Q", ticker: "AAPL", bytes: forged)),
+            .epoch("e1", at: start),
+            .event(TapeEvent(receivedAt: start + 21_000_000, sequence: 21, topicSequence: 21, eventType: "Q", ticker: "AAPL", bytes: forged)),
         ])
-        try block([.epoch("e1", at: Self.start), .source(vendor: "alpaca", path: "/v2/iex", at: Self.start)] + (30...35).map(quote))
-        try block([.epoch("e1", at: Self.start)] + (40...50).map(quote))
+        try block([.epoch("e1", at: start), .source(vendor: "alpaca", path: "/v2/iex", at: start)] + (30...35).map(quote))
+        try block([.epoch("e1", at: start)] + (40...50).map(quote))
         // A writer names its source once a day: a block naming five is none of a writer's.
-        try block([.epoch("e1", at: Self.start)] + (0..<5).map { .source(vendor: "polygon", path: "/p\($0)", at: Self.start) } + [quote(55)])
+        try block([.epoch("e1", at: start)] + (0..<5).map { .source(vendor: "polygon", path: "/p\($0)", at: start) } + [quote(55)])
         // The next day: its first block names the vendor and holds a forged event; then good quotes.
-        let nextDay = Self.start + 86_400_000_000_000
+        let nextDay = start + 86_400_000_000_000
         try block([
             .epoch("e1", at: nextDay), .source(vendor: "polygon", path: "/stocks", at: nextDay),
             .event(TapeEvent(receivedAt: nextDay, sequence: 60, topicSequence: 60, eventType: "Q", ticker: "AAPL", bytes: forged)),
@@ -145,6 +147,35 @@ struct JetStreamTapeTests {
         #expect(reader.skippedBlocks.isEmpty, "the pulled day reads whole under the check")
         #expect(!FileManager.default.fileExists(atPath: stale), "a day half pulled before is swept")
         #expect(FileManager.default.fileExists(atPath: other), "a file of another name is left")
+    }
+
+    /// A block on the tape's subject that says it began long before the oldest block NATS stored (a
+    /// publisher's, not a leader's) is refused by a pull: it cannot replace a day kept here that the
+    /// stream no longer holds with itself.
+    @Test func aPullRefusesABlockOlderThanTheStreamAndKeepsTheDayHere() async throws {
+        try await withStream { tape, _, url, cluster in
+            let directory = scratchDirectory("pull-old")
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let local = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+            try appendQuotes(to: local, epoch: "old", 1...50, at: Self.start)
+            try local.flush()
+            let day = TapeFile.day(of: Self.start)
+            let path = TapeFile.path(directory: directory, market: "stocks", day: day)
+            let before = try Data(contentsOf: URL(fileURLWithPath: path))
+            let now = WallClock.nowNanoseconds() - 60_000_000_000
+            try record(tape, epoch: "e1", 1...20, at: now)
+            let midnight = try #require(TapeFile.midnight(of: day))
+            let forger = try TapeWriter(sink: JetStreamTapeSink(tape: tape), blockBytes: 1 << 20)
+            try forger.append(.epoch("e1", at: midnight))
+            try forger.append(.event(TapeEvent(receivedAt: midnight, sequence: 1, topicSequence: 1, eventType: "Q", ticker: "AAPL", bytes: aaplQuote(1))))
+            try forger.flush()
+            let outcome = try await ClusterTapePull.pull(
+                servers: [url], cluster: cluster, market: "stocks", directory: directory,
+                check: { _ in EventCheck(market: .stocks, wire: .polygon, maxBytes: 64 << 10) }, logger: Logger(label: "pull-test"))
+            #expect(outcome.refused == 1 && outcome.firstRefusal?.contains(day) == true, "\(outcome)")
+            #expect(outcome.days == [TapeFile.day(of: now)], "\(outcome)")
+            #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == before, "the day kept here is as it was")
+        }
     }
 
     /// A term's blocks are found by its subject, among another term's; a late block of a term written
