@@ -78,6 +78,9 @@ public final class TapeArchive: EventArchive {
     /// Where a topic's read stands.
     private struct Reading {
         let topic: Topic
+        /// Its topic's description and its type's wildcard's, as a tape's wanted records name them.
+        private let name: String
+        private let wildcard: String
         /// The market sequence after which it wants events, and through which.
         let after: UInt64
         let until: UInt64
@@ -91,6 +94,19 @@ public final class TapeArchive: EventArchive {
         /// For a reading through the end: the time (UTC ns) of a loss, hole or stop seen since its last
         /// event (the epoch's end, unless an event of the epoch follows).
         var ending: Int64?
+
+        init(topic: Topic, after: UInt64, until: UInt64) {
+            self.topic = topic
+            self.after = after
+            self.until = until
+            name = topic.description
+            wildcard = Topic.wildcard(topic.eventType).description
+        }
+
+        /// Whether its topic is received while `wanted` is: by name, or by its type's wildcard.
+        func isReceived(in wanted: Set<String>) -> Bool {
+            wanted.contains(wildcard) || (!topic.isWildcard && wanted.contains(name))
+        }
 
         func gap(_ reason: String) -> ArchiveAnswer {
             .gap(from: after &+ 1, through: throughEnd ? after &+ 1 : until, unit: "market_sequence", reason: reason)
@@ -169,41 +185,29 @@ public final class TapeArchive: EventArchive {
 
     /// One pass from `first`: each reading starts at its own event (`after`), then takes every market
     /// sequence in turn (a hole, a loss, a stop, another epoch, a damaged block or its topic not received
-    /// makes it a gap) until its `until`.
+    /// makes it a gap) until its `until` (``Pass``).
     /// Returns where the epoch's record ended (its last record's time and last market sequence) when
     /// the pass reached the end (another epoch, or the last block); `nil` when it stopped before.
     @discardableResult
     private func scan(
         _ readings: inout [Reading], in reader: some TapeBlocks, from first: Int, epoch: String, limit: Int, budget: inout Int
     ) -> (time: Int64, sequence: UInt64)? {
-        // What was received (a day file's first block without a holding record began its run: nothing).
-        var wanted = Set<String>()
-        var known = first == 0
+        // What was received is known from a holding record (a day file's first block without one began
+        // its run: nothing).
+        var pass = Pass(readings: readings, known: first == 0, limit: limit, check: check)
+        defer { readings = pass.finished() }
         var ours = false
-        var total = 0
-        // The last market sequence of the epoch seen, and whether a loss, a hole or a stop came since:
-        // each takes a number of its own that no event has (a client may stand at it).
-        var lastSeen: UInt64 = 0
-        var skipped = false
-        func breakActive(_ reason: String, unless stillReceived: ((Topic) -> Bool)? = nil, sparingThroughEnd: Bool = false) {
-            for index in readings.indices where readings[index].last != nil && readings[index].answer == nil {
-                if let stillReceived, stillReceived(readings[index].topic) { continue }
-                if sparingThroughEnd, readings[index].throughEnd { continue }
-                readings[index].answer = readings[index].gap(reason)
-            }
-        }
         // The time of the epoch's last record seen.
         var lastTime: Int64 = 0
-        let notReceived = "not received all the time (nobody held it for a while)"
         for index in first..<reader.blockCount {
-            guard readings.contains(where: { $0.answer == nil }) else { return nil }
+            guard pass.readings.contains(where: { $0.answer == nil }) else { return nil }
             guard budget > 0 else {
-                for reading in readings.indices where readings[reading].answer == nil { readings[reading].answer = readings[reading].gap("too far back to read at once") }
+                pass.answerOpen { $0.gap("too far back to read at once") }
                 return nil
             }
             budget -= reader.readCost(ofBlock: index)
             guard let records = reader.records(inBlock: index) else {
-                breakActive("a damaged block of the tape")
+                pass.breakUnderWay("a damaged block of the tape")
                 continue
             }
             for record in records {
@@ -211,101 +215,228 @@ public final class TapeArchive: EventArchive {
                 case .epoch(let name, let at):
                     if ours, name != epoch {
                         // A former epoch's record ends where another begins.
-                        if readings.contains(where: \.throughEnd) { return (lastTime, lastSeen) }
-                        breakActive("another epoch on the tape")
+                        if pass.readings.contains(where: \.throughEnd) { return (lastTime, pass.lastSeen) }
+                        pass.breakUnderWay("another epoch on the tape")
                     }
                     ours = name == epoch
                     if ours { lastTime = max(lastTime, at) }
                 case .holding(let topics, _):
                     guard ours else { continue }
-                    wanted = Set(topics)
-                    known = true
-                    breakActive(notReceived, unless: { Self.isWanted($0, in: wanted) })
+                    pass.holding(Set(topics))
                 case .wanted(let name, let isWanted, _):
                     guard ours else { continue }
-                    if isWanted { wanted.insert(name) } else { wanted.remove(name) }
                     // A topic that stops being received, even for a moment, may have missed events.
-                    breakActive(notReceived, unless: { Self.isWanted($0, in: wanted) })
+                    pass.wanted(name, isWanted)
                 case .interrupted, .gap, .stopped:
                     guard ours else { continue }
-                    skipped = true
                     lastTime = max(lastTime, record.time)
-                    // Through the end: the epoch's end, unless one of its events follows.
-                    for index in readings.indices where readings[index].throughEnd && readings[index].last != nil && readings[index].ending == nil {
-                        readings[index].ending = record.time
-                    }
-                    breakActive("the upstream was lost or the relay was down meanwhile", sparingThroughEnd: true)
-                    // The next run starts receiving nothing (its wanted records follow).
-                    if case .stopped = record { (wanted, known) = ([], true) }
+                    pass.lost(at: record.time, stopped: { if case .stopped = record { true } else { false } }())
                 case .source:
                     continue
                 case .event(let event):
                     guard ours, event.isPositioned else { continue }
-                    defer { (lastSeen, skipped) = (event.sequence, false) }
                     lastTime = max(lastTime, event.receivedAt)
-                    // The epoch went on after a loss: a reading through its end missed what the loss took.
-                    for index in readings.indices where readings[index].ending != nil && readings[index].answer == nil {
-                        readings[index].answer = readings[index].gap("the upstream was lost or the relay was down meanwhile")
-                    }
-                    for index in readings.indices where readings[index].answer == nil {
-                        guard let last = readings[index].last else {
-                            let after = readings[index].after
-                            if event.sequence == after {
-                                // Its own event: the reading starts after it.
-                                readings[index].last = after
-                            } else if event.sequence == after &+ 1, after == 0 || (skipped && lastSeen < after) {
-                                // The epoch's first event, or the first after the number a loss or a
-                                // restart took, where the client stood: taken like any other.
-                                readings[index].last = after
-                                take(event, into: &readings[index], last: after, known: known, wanted: wanted, limit: limit, total: &total)
-                            }
-                            continue
-                        }
-                        take(event, into: &readings[index], last: last, known: known, wanted: wanted, limit: limit, total: &total)
-                    }
+                    pass.take(event)
                 }
             }
         }
-        return (lastTime, lastSeen)
+        return (lastTime, pass.lastSeen)
     }
 
-    /// The next event after a reading's `last`: a hole in the numbers or its topic not received ends it
-    /// as a gap; past its `until` it is whole; its topic's events are kept.
-    private func take(_ event: TapeEvent, into reading: inout Reading, last: UInt64, known: Bool, wanted: Set<String>, limit: Int, total: inout Int) {
-        guard event.sequence == last &+ 1 else {
-            reading.answer = reading.gap("not all on the tape (market sequences \(last &+ 1)…\(event.sequence &- 1) are not)")
-            return
-        }
-        // Every number through `until` was on the tape: whole.
-        guard event.sequence <= reading.until else {
-            reading.answer = .events(reading.events, reading.positions)
-            return
-        }
-        reading.last = event.sequence
-        guard known, Self.isWanted(reading.topic, in: wanted) else {
-            reading.answer = reading.gap("not all received by this relay (it was not subscribed to the topic)")
-            return
-        }
-        let topic = reading.topic
-        guard topic.eventType == event.eventType, topic.isWildcard || topic.ticker == event.ticker else { return }
-        guard total < limit else {
-            reading.answer = .tooMany
-            return
-        }
-        if let check, check.problem(of: event) != nil {
-            reading.answer = reading.gap("an event on the tape that the relay would not take from its upstream")
-            return
-        }
-        total += 1
-        // Its own bytes: a slice would keep its whole block (256 KiB) for as long as the answer is
-        // gathered, for every block a sparse topic has an event in.
-        reading.events.append(event.marketEvent.compacted())
-        reading.positions.append(event.position)
-    }
+    /// One pass's readings, which of them are under way (their own event seen), and how an event finds
+    /// the few it concerns: every reading under way has seen the same market sequences (the pass's
+    /// ``lastSeen``), so a hole is found once, and an event of one topic is looked up by its topic.
+    /// An event costs the readings of its topic, not a look at every reading: a resume of a thousand
+    /// topics over millions of events costs about what one topic's does.
+    private struct Pass {
+        var readings: [Reading]
+        /// The topics received (their descriptions), and whether that is known yet.
+        private var wanted = Set<String>()
+        private var known: Bool
+        private let limit: Int
+        private let check: EventCheck?
+        /// Events taken for every answer together.
+        private var total = 0
+        /// The last market sequence of the epoch seen, and whether a loss, a hole or a stop came since:
+        /// each takes a number of its own that no event has (a client may stand at it).
+        private(set) var lastSeen: UInt64 = 0
+        private var skipped = false
+        /// Readings not under way yet, by the market sequence after which they want events.
+        private var waiting: [UInt64: [Int]] = [:]
+        /// Readings under way (some answered since: passed over), and by topic (a wildcard's under it).
+        private var underWay: [Int] = []
+        private var byTopic: [Topic: [Int]] = [:]
+        /// The smallest `until` of the readings under way (past it, one is whole).
+        private var nextUntil = UInt64.max
+        /// Readings under way whose topic was not received when they started: a gap at the next event.
+        private var unreceived: [Int] = []
+        /// Whether a reading under way has an ``Reading/ending``.
+        private var ending = false
 
-    /// Whether `topic` was received: by name, or by its type's wildcard.
-    static func isWanted(_ topic: Topic, in wanted: Set<String>) -> Bool {
-        wanted.contains(Topic.wildcard(topic.eventType).description) || (!topic.isWildcard && wanted.contains(topic.description))
+        init(readings: [Reading], known: Bool, limit: Int, check: EventCheck?) {
+            self.readings = readings
+            self.known = known
+            self.limit = limit
+            self.check = check
+            for index in readings.indices where readings[index].answer == nil && readings[index].last == nil {
+                waiting[readings[index].after, default: []].append(index)
+            }
+        }
+
+        static let lost = "the upstream was lost or the relay was down meanwhile"
+        static let notReceived = "not received all the time (nobody held it for a while)"
+
+        /// The readings, each under way with the last market sequence seen.
+        func finished() -> [Reading] {
+            var readings = readings
+            for index in underWay where readings[index].answer == nil { readings[index].last = lastSeen }
+            return readings
+        }
+
+        /// Answers every open reading with `answer`.
+        mutating func answerOpen(_ answer: (Reading) -> ArchiveAnswer) {
+            for index in readings.indices where readings[index].answer == nil { readings[index].answer = answer(readings[index]) }
+        }
+
+        /// Ends every reading under way as a gap for `reason`, but those `stillReceived` and (with
+        /// `sparingThroughEnd`) those through the epoch's end.
+        mutating func breakUnderWay(_ reason: String, unless stillReceived: ((Reading) -> Bool)? = nil, sparingThroughEnd: Bool = false) {
+            for index in underWay where readings[index].answer == nil {
+                if let stillReceived, stillReceived(readings[index]) { continue }
+                if sparingThroughEnd, readings[index].throughEnd { continue }
+                readings[index].answer = readings[index].gap(reason)
+            }
+        }
+
+        /// What is received is now `wanted` (a holding record).
+        mutating func holding(_ wanted: Set<String>) {
+            self.wanted = wanted
+            known = true
+            recheck()
+        }
+
+        /// A topic (its description) is received from now on, or no longer.
+        mutating func wanted(_ name: String, _ isWanted: Bool) {
+            if isWanted { wanted.insert(name) } else { wanted.remove(name) }
+            recheck()
+        }
+
+        /// A reading under way whose topic is not received now ends as a gap.
+        private mutating func recheck() {
+            let wanted = self.wanted
+            breakUnderWay(Self.notReceived, unless: { $0.isReceived(in: wanted) })
+            // The rest are received, once what is received is known.
+            if known { unreceived.removeAll() }
+        }
+
+        /// A loss, hole or stop at `time`: readings under way end as a gap, but those through the end,
+        /// whose record may end here (a gap when an event of the epoch follows).
+        mutating func lost(at time: Int64, stopped: Bool) {
+            skipped = true
+            for index in underWay where readings[index].throughEnd && readings[index].answer == nil && readings[index].ending == nil {
+                readings[index].ending = time
+                ending = true
+            }
+            breakUnderWay(Self.lost, sparingThroughEnd: true)
+            // The next run starts receiving nothing (its wanted records follow).
+            if stopped { (wanted, known) = ([], true) }
+        }
+
+        /// The epoch's next positioned event.
+        mutating func take(_ event: TapeEvent) {
+            defer { (lastSeen, skipped) = (event.sequence, false) }
+            // The epoch went on after a loss: a reading through its end missed what the loss took.
+            if ending {
+                for index in underWay where readings[index].ending != nil && readings[index].answer == nil {
+                    readings[index].answer = readings[index].gap(Self.lost)
+                }
+                ending = false
+            }
+            if !underWay.isEmpty { advance(to: event) }
+            start(at: event)
+        }
+
+        /// The readings under way meet `event`: a hole ends them all, a reading past its `until` is
+        /// whole, one not received is a gap, and the event is kept by the readings of its topic.
+        private mutating func advance(to event: TapeEvent) {
+            guard event.sequence == lastSeen &+ 1 else {
+                breakUnderWay("not all on the tape (market sequences \(lastSeen &+ 1)…\(event.sequence &- 1) are not)")
+                (underWay, byTopic, unreceived, nextUntil) = ([], [:], [], .max)
+                return
+            }
+            if event.sequence > nextUntil {
+                // Every number through its `until` was on the tape: whole.
+                var kept: [Int] = []
+                nextUntil = .max
+                for index in underWay where readings[index].answer == nil {
+                    if readings[index].until < event.sequence {
+                        readings[index].answer = .events(readings[index].events, readings[index].positions)
+                    } else {
+                        kept.append(index)
+                        nextUntil = min(nextUntil, readings[index].until)
+                    }
+                }
+                underWay = kept
+            }
+            for index in unreceived where readings[index].answer == nil {
+                readings[index].answer = readings[index].gap("not all received by this relay (it was not subscribed to the topic)")
+            }
+            unreceived.removeAll()
+            for index in byTopic[Topic(checkedEventType: event.eventType, ticker: event.ticker)] ?? [] where readings[index].answer == nil {
+                keep(event, in: index)
+            }
+            for index in byTopic[.wildcard(event.eventType)] ?? [] where readings[index].answer == nil { keep(event, in: index) }
+        }
+
+        /// Readings that start at `event`: at their own event (the reading starts after it), or at the
+        /// epoch's first event or the first after the number a loss or a restart took, where the client
+        /// stood (taken like any other).
+        private mutating func start(at event: TapeEvent) {
+            if let own = waiting.removeValue(forKey: event.sequence) {
+                for index in own where readings[index].answer == nil {
+                    if !begin(index) { unreceived.append(index) }
+                }
+            }
+            let before = event.sequence &- 1
+            guard let next = waiting[before], before == 0 || (skipped && lastSeen < before) else { return }
+            waiting[before] = nil
+            for index in next where readings[index].answer == nil {
+                let received = begin(index)
+                if readings[index].until < event.sequence {
+                    readings[index].answer = .events([], [])
+                } else if !received {
+                    readings[index].answer = readings[index].gap("not all received by this relay (it was not subscribed to the topic)")
+                } else if readings[index].topic.matches(eventType: event.eventType, ticker: event.ticker) {
+                    keep(event, in: index)
+                }
+            }
+        }
+
+        /// A reading is under way; whether its topic is received now.
+        private mutating func begin(_ index: Int) -> Bool {
+            readings[index].last = readings[index].after
+            underWay.append(index)
+            byTopic[readings[index].topic, default: []].append(index)
+            nextUntil = min(nextUntil, readings[index].until)
+            return known && readings[index].isReceived(in: wanted)
+        }
+
+        /// Keeps `event` in a reading's answer.
+        private mutating func keep(_ event: TapeEvent, in index: Int) {
+            guard total < limit else {
+                readings[index].answer = .tooMany
+                return
+            }
+            if let check, check.problem(of: event) != nil {
+                readings[index].answer = readings[index].gap("an event on the tape that the relay would not take from its upstream")
+                return
+            }
+            total += 1
+            // Its own bytes: a slice would keep its whole block (256 KiB) for as long as the answer is
+            // gathered, for every block a sparse topic has an event in.
+            readings[index].events.append(event.marketEvent.compacted())
+            readings[index].positions.append(event.position)
+        }
     }
 
     private struct Gap: Error {

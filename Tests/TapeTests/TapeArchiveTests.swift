@@ -117,6 +117,56 @@ struct TapeArchiveTests {
     }
 
     /// A read is charged by the blocks it decoded (its walk back to the wanted set included).
+    /// A read of many topics finds each one's events by its topic and every hole once (not by a look at
+    /// every topic for every event): each topic's answer is what a read of it alone gives, across holes,
+    /// losses, wanted changes, wildcards and reads through the epoch's end.
+    @Test func aReadOfManyTopicsAnswersEachAsAReadOfItAlone() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-many-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 2048)
+        let symbols = ["AAPL", "MSFT", "NVDA", "AMZN", "META", "TSLA"]
+        try writer.append(.epoch("e1", at: Self.start))
+        try writer.append(.holding(["T.*"] + symbols.prefix(4).map { "Q.\($0)" }, at: Self.start))
+        var topicSequences: [String: UInt64] = [:]
+        for index in 1...900 {
+            let time = Self.start + Int64(index) * 1_000_000
+            // MSFT's quotes are not received for a while; TSLA's from 300 on; a loss after 600; 450 is missing.
+            if index == 200 { try writer.append(.wanted(topic: "Q.MSFT", false, at: time)) }
+            if index == 260 { try writer.append(.wanted(topic: "Q.MSFT", true, at: time)) }
+            if index == 300 { try writer.append(.wanted(topic: "Q.TSLA", true, at: time)) }
+            if index == 601 { try writer.append(.interrupted(at: time)) }
+            let (type, symbol) = (index % 4 == 0 ? "T" : "Q", symbols[(index * 7) % symbols.count])
+            let topicSequence = (topicSequences["\(type).\(symbol)"] ?? 0) + 1
+            topicSequences["\(type).\(symbol)"] = topicSequence
+            guard index != 450 else { continue }
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: time, sequence: UInt64(index), topicSequence: topicSequence, eventType: type, ticker: symbol,
+                        bytes: Array(#"{"ev":"\#(type)","sym":"\#(symbol)","n":\#(index)}"#.utf8))))
+        }
+        try writer.flush()
+        let archive = TapeArchive(directory: directory, market: "stocks", check: stocksCheck)
+        let topics = (symbols.map { "Q.\($0)" } + symbols.map { "T.\($0)" } + ["T.*", "Q.*"]).compactMap { Topic(parsing: $0) }
+        func text(_ answer: ArchiveAnswer?) -> String {
+            switch answer {
+            case .events(let events, let positions): "events \(positions.map(\.market)) \(events.map { String(buffer: $0.bytes) })"
+            default: String(describing: answer)
+            }
+        }
+        var compared = 0
+        for (after, until) in [(UInt64(10), UInt64(180)), (100, 400), (250, 700), (500, ArchiveRequest.epochEnd), (620, ArchiveRequest.epochEnd), (0, 120)] {
+            let requests = topics.map { ArchiveRequest(topic: $0, since: .market(after), until: until) }
+            let together = await archive.missed(requests, epoch: "e1", limit: 100_000)
+            for request in requests {
+                let alone = await archive.missed([request], epoch: "e1", limit: 100_000)
+                #expect(text(together[request.topic]) == text(alone[request.topic]), "\(request.topic) from \(after) through \(until)")
+                compared += 1
+            }
+        }
+        #expect(compared == 84)
+    }
+
     @Test func aReadCostsTheShareOfItsBudgetItsBlocksTook() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
