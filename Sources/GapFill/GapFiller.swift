@@ -50,6 +50,8 @@ public actor GapFiller {
     private let pace: RequestPace
     private let settings: GapFillSettings
     private let logger: Logger
+    /// Results refused, as often as the REST host sends them: a line every ten seconds.
+    private let warnings = ThrottledLog()
     /// The fills under way (one, then those waiting, if any), and the requests waiting for it: one, or
     /// one that fits the window before a newer one that does not.
     private var running: Task<Void, Never>?
@@ -322,7 +324,9 @@ public actor GapFiller {
     private nonisolated func noteRefused(_ refused: Int, _ topic: Topic) {
         guard refused > 0 else { return }
         resultsRefused.increment(by: refused)
-        logger.warning("REST results refused: a value missing, implausible or not valid JSON", metadata: ["topic": "\(topic)", "results": "\(refused)"])
+        warnings.log(
+            .warning, "refused", "REST results refused: a value missing, implausible or not valid JSON", metadata: ["topic": "\(topic)", "results": "\(refused)"],
+            to: logger)
     }
 
     private func countRequest() { requests += 1 }

@@ -72,6 +72,8 @@ public final class RESTGateway: Sendable {
     private let client: HTTPClient
     private let values: any LiveValues
     private let logger: Logger
+    /// The vendor's failures and redirects, as often as it answers so: a line per kind every ten seconds.
+    private let warnings = ThrottledLog()
     private let metrics: GatewayMetrics
     private let flights = Mutex<[String: Task<Fetched, Never>]>([:])
     /// The vendor calls under way each key started (only keys with some), locked within `flights`.
@@ -376,7 +378,7 @@ public final class RESTGateway: Sendable {
             metrics.upstream(status: result.status, took: ContinuousClock.now - started)
             if (300..<400).contains(result.status) {
                 // Never followed (the credentials would go along): the vendor's API does not redirect.
-                logger.warning("REST gateway: \(route.name): the vendor answered \(result.status) (a redirect, not followed)")
+                warnings.log(.warning, "redirect", "REST gateway: \(route.name): the vendor answered \(result.status) (a redirect, not followed)", to: logger)
                 return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API answered with a redirect, which the relay does not follow"))
             }
             if result.status == 429 {
@@ -401,7 +403,7 @@ public final class RESTGateway: Sendable {
             return Self.made(504, dialect.errorBody(status: 504, message: "the vendor's REST API did not answer within \(settings.timeout.components.seconds) s"))
         } catch {
             metrics.upstream(status: 502, took: ContinuousClock.now - started)
-            logger.warning("REST gateway: \(route.name) failed: \(error)")
+            warnings.log(.warning, "failed", "REST gateway: \(route.name) failed: \(error)", to: logger)
             return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API could not be reached"))
         }
     }
