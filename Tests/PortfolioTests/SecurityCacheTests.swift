@@ -296,3 +296,15 @@ struct SecurityCacheTests {
         #expect(!(await cache.contains("A")))
     }
 }
+
+@Suite("Security detail: REST times")
+struct SecurityDetailTimeTests {
+    /// A REST host's time in the future is taken as now (as a live event's is), so the live trades and
+    /// quotes that follow still replace it; one in the past is kept to the nanosecond's second.
+    @Test func aRESTTimeInTheFutureIsTakenAsNow() {
+        let before = Date()
+        let far = SecurityDetailLoader.date(nanoseconds: 4_102_444_800 * 1_000_000_000)  // 2100-01-01
+        #expect(far >= before && far <= Date(), "\(far)")
+        #expect(SecurityDetailLoader.date(nanoseconds: 1_700_000_000_500_000_000) == Date(timeIntervalSince1970: 1_700_000_000.5))
+    }
+}

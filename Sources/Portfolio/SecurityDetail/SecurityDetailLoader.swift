@@ -119,7 +119,9 @@ public struct SecurityDetailLoader: Sendable {
         return readings
     }
 
-    static func date(nanoseconds: Int64) -> Date { Date(timeIntervalSince1970: Double(nanoseconds) / 1e9) }
+    /// A REST answer's time, never past now (as a live event's: ``EventPrices/seen(_:now:)``): a time a
+    /// REST host gave in the future would keep every live trade and quote after it from replacing it.
+    static func date(nanoseconds: Int64) -> Date { EventPrices.seen(nanoseconds, now: Date()) }
 
     // MARK: price history
 
