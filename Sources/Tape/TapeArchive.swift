@@ -301,11 +301,16 @@ public final class TapeArchive: EventArchive {
         /// Ends every reading under way as a gap for `reason`, but those `stillReceived` and (with
         /// `sparingThroughEnd`) those through the epoch's end.
         mutating func breakUnderWay(_ reason: String, unless stillReceived: ((Reading) -> Bool)? = nil, sparingThroughEnd: Bool = false) {
+            var open: [Int] = []
             for index in underWay where readings[index].answer == nil {
-                if let stillReceived, stillReceived(readings[index]) { continue }
-                if sparingThroughEnd, readings[index].throughEnd { continue }
-                readings[index].answer = readings[index].gap(reason)
+                if stillReceived?(readings[index]) == true || (sparingThroughEnd && readings[index].throughEnd) {
+                    open.append(index)
+                } else {
+                    readings[index].answer = readings[index].gap(reason)
+                }
             }
+            // The answered are passed over from now on.
+            underWay = open
         }
 
         /// What is received is now `wanted` (a holding record).
@@ -382,10 +387,11 @@ public final class TapeArchive: EventArchive {
                 readings[index].answer = readings[index].gap("not all received by this relay (it was not subscribed to the topic)")
             }
             unreceived.removeAll()
-            for index in byTopic[Topic(checkedEventType: event.eventType, ticker: event.ticker)] ?? [] where readings[index].answer == nil {
-                keep(event, in: index)
-            }
-            for index in byTopic[.wildcard(event.eventType)] ?? [] where readings[index].answer == nil { keep(event, in: index) }
+            // Its topic's reading and its type's wildcard's (one each at most: a read asks for a topic
+            // once), in the order they were asked, as the limit of events goes to the first.
+            var concerned = byTopic[Topic(checkedEventType: event.eventType, ticker: event.ticker)] ?? []
+            if event.ticker != Topic.wildcardTicker, let wildcard = byTopic[.wildcard(event.eventType)] { concerned = (concerned + wildcard).sorted() }
+            for index in concerned where readings[index].answer == nil { keep(event, in: index) }
         }
 
         /// Readings that start at `event`: at their own event (the reading starts after it), or at the

@@ -28,6 +28,12 @@ func relayLWSDeadlineCallback(_ sul: UnsafeMutablePointer<lws_sorted_usec_list_t
     Unmanaged<LWSConnection>.fromOpaque(owner).takeUnretainedValue().deadlineReached()
 }
 
+/// The opening timer's entry point (see ``LWSConnection/connectDeadlineReached()``), as the deadline's.
+func relayLWSOpeningCallback(_ sul: UnsafeMutablePointer<lws_sorted_usec_list_t>?) {
+    guard let sul, let owner = relay_lws_timer_owner(sul) else { return }
+    Unmanaged<LWSConnection>.fromOpaque(owner).takeUnretainedValue().connectDeadlineReached()
+}
+
 /// Routes lws's own error and warning lines into swift-log.
 func relayLWSLog(_ level: Int32, _ line: UnsafePointer<CChar>?) {
     guard let line else { return }

@@ -48,6 +48,10 @@ final class LWSConnection: Sendable {
         /// ``deadlineTimer``, which enforces it with no Swift task involved.
         var deadlineChanged = false
         var deadlineTimer: LWSTimer?
+        /// The connection being opened (not yet established), and the timer that gives it up when it
+        /// has not opened within the handshake timeout (``connectDeadlineReached()``).
+        var opening: LWSHandle?
+        var openingTimer: LWSTimer?
     }
 
     let configuration: UpstreamConfiguration
@@ -140,13 +144,12 @@ final class LWSConnection: Sendable {
             finishThread()
             return
         }
-        let timer = UnsafeMutablePointer<relay_lws_timer>.allocate(capacity: 1)
-        timer.initialize(to: relay_lws_timer())
-        timer.pointee.owner = Unmanaged.passUnretained(self).toOpaque()
+        let (timer, openingTimer) = (Self.timer(owner: self), Self.timer(owner: self))
         shared.withLock { state in
             state.context = LWSHandle(pointer: context)
             state.retryPolicy = LWSRetryPolicy(pointer: UnsafePointer(retry))
             state.deadlineTimer = LWSTimer(pointer: timer)
+            state.openingTimer = LWSTimer(pointer: openingTimer)
             state.deadlineChanged = true
         }
         ready(.success(()))
@@ -160,11 +163,21 @@ final class LWSConnection: Sendable {
             state.context = nil
             state.retryPolicy = nil
             state.deadlineTimer = nil
+            state.openingTimer = nil
+            state.opening = nil
         }
-        lws_sul_cancel(relay_lws_timer_sul(timer))
+        for made in [timer, openingTimer] { lws_sul_cancel(relay_lws_timer_sul(made)) }
         lws_context_destroy(context)
-        timer.deallocate()
+        for made in [timer, openingTimer] { made.deallocate() }
         finishThread()
+    }
+
+    /// A timer whose callbacks reach `owner` (deallocated by the service thread after the context).
+    private static func timer(owner: LWSConnection) -> UnsafeMutablePointer<relay_lws_timer> {
+        let timer = UnsafeMutablePointer<relay_lws_timer>.allocate(capacity: 1)
+        timer.initialize(to: relay_lws_timer())
+        timer.pointee.owner = Unmanaged.passUnretained(owner).toOpaque()
+        return timer
     }
 
     private func finishThread() {
@@ -349,8 +362,10 @@ final class LWSConnection: Sendable {
         case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
             serviceRequests()
         case LWS_CALLBACK_CLIENT_ESTABLISHED:
+            stopOpening()
             let opened = shared.withLock { state in
                 state.wsi = LWSHandle(pointer: wsi)
+                state.opening = nil
                 let opened = state.machine.established(now: .now)
                 if case .refuse = opened {
                     state.statistics.deadlineCloses += 1
@@ -383,6 +398,14 @@ final class LWSConnection: Sendable {
             }
         case LWS_CALLBACK_CLIENT_CLOSED:
             connectionEnded(cause: .closed, reason: "connection closed")
+        case LWS_CALLBACK_WSI_DESTROY:
+            // The connection being opened is freed (however it ended): never closed again by the timer.
+            let freed = shared.withLock { state in
+                guard state.opening?.pointer == wsi else { return false }
+                state.opening = nil
+                return true
+            }
+            if freed { stopOpening() }
         case LWS_CALLBACK_CLIENT_RECEIVE_PONG:
             shared.withLock { $0.machine.heard(now: .now) }
         case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER:
@@ -517,13 +540,49 @@ final class LWSConnection: Sendable {
                 }
             }
         }
-        if wsi == nil {
+        guard let wsi else {
             // lws may or may not have reported CONNECTION_ERROR already; connectionEnded reports once.
             connectionEnded(cause: .failed, reason: "connection failed: could not start the connection")
+            return
+        }
+        // lws's own timeouts do not give up a server that takes the TCP connection and never answers
+        // the upgrade: the relay's do, within the handshake timeout.
+        let timer: LWSTimer? = shared.withLock { state in
+            // (Failed already inside the call: its destroy came first, and nothing is left to give up.)
+            guard state.machine.connectInFlight, state.wsi == nil else { return nil }
+            state.opening = LWSHandle(pointer: wsi)
+            return state.openingTimer
+        }
+        if let timer {
+            lws_sul_schedule(
+                context, 0, relay_lws_timer_sul(timer.pointer), relayLWSOpeningCallback, max(configuration.handshakeTimeout.microseconds, 1))
         }
     }
 
+    /// The connection being opened is established or gone: its timer is cancelled.
+    private func stopOpening() {
+        guard let timer = shared.withLock({ $0.openingTimer }) else { return }
+        lws_sul_cancel(relay_lws_timer_sul(timer.pointer))
+    }
+
+    /// Called by the opening timer (service thread): a connection not open within the handshake
+    /// timeout is reported failed and closed at once.
+    func connectDeadlineReached() {
+        let pending: OpaquePointer? = shared.withLock { state in
+            defer { state.opening = nil }
+            return state.wsi == nil ? state.opening?.pointer : nil
+        }
+        guard let pending else { return }
+        connectionEnded(
+            cause: .failed, reason: "connection failed: the upstream did not open the WebSocket within \(configuration.handshakeTimeout)")
+        // Not inside a callback of this wsi: closed synchronously (its own failure report then is one too many, and dropped).
+        lws_set_timeout(pending, PENDING_TIMEOUT_USER_OK, relay_lws_to_kill_sync())
+    }
+
     private func connectionEnded(cause: ConnectionEnd.Cause, reason: String) {
+        // Whatever was being opened is over (lws frees it after this report).
+        shared.withLock { $0.opening = nil }
+        stopOpening()
         let ended: UpstreamConnectionMachine.Ended? = shared.withLock { state in
             guard let ended = state.machine.ended(cause, reason: reason, now: .now) else { return nil }
             state.wsi = nil

@@ -246,6 +246,35 @@ struct UpstreamClientTests {
         }
     }
 
+    /// A server that takes the TCP connection and never answers the upgrade (a listening socket that
+    /// never accepts: the kernel completes the handshake) is given up within the sign-in's bound, and
+    /// retried, not waited on for lws's own default.
+    @Test func aServerThatNeverAnswersTheUpgradeIsGivenUpAndRetried() async throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #expect(listener >= 0)
+        defer { close(listener) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
+        }
+        #expect(bound && listen(listener, 16) == 0)
+        let port = UInt16(bigEndian: address.sin_port)
+        let endpoint = try #require(UpstreamConfiguration.Endpoint("ws://127.0.0.1:\(port)/stocks"))
+        let upstream = UpstreamClient(
+            configuration: UpstreamConfiguration(
+                endpoint: endpoint, apiKey: "up-key", wire: .polygon, handshakeTimeout: .seconds(1),
+                reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200))),
+            logger: testLogger)
+        try await withServices([upstream]) {
+            let state = try await waitFor(upstream.stateUpdates(), "the first attempt given up", timeout: .seconds(10)) { $0.name == "disconnected" }
+            #expect(state.detail?.contains("did not open the WebSocket within 1") == true, "\(String(describing: state.detail))")
+            try await eventually("a second attempt", timeout: .seconds(10)) { upstream.statistics.connectAttempts >= 2 }
+        }
+    }
+
     @Test func shutdownClosesTheConnectionCleanly() async throws {
         let feed = feed()
         try await withServices([feed]) {

@@ -167,6 +167,38 @@ struct TapeArchiveTests {
         #expect(compared == 84)
     }
 
+    /// An event a topic's reading and its type's wildcard's both take goes to the one asked first when
+    /// only one more may be given; an event recorded under the wildcard ticker itself is taken once.
+    @Test func theLimitGoesToTheTopicAskedFirstAndAnEventIsTakenOnce() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-order-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1024)
+        try writer.append(.epoch("e1", at: Self.start))
+        try writer.append(.holding(["T.*"], at: Self.start))
+        for (index, ticker) in [(1, "AAPL"), (2, "AAPL"), (3, "*")] {
+            try writer.append(
+                .event(
+                    TapeEvent(
+                        receivedAt: Self.start + Int64(index), sequence: UInt64(index), topicSequence: UInt64(index), eventType: "T", ticker: ticker,
+                        bytes: Array(#"{"ev":"T","sym":"\#(ticker)","n":\#(index)}"#.utf8))))
+        }
+        try writer.flush()
+        let (wildcard, apple) = (try #require(Topic(parsing: "T.*")), try #require(Topic(parsing: "T.AAPL")))
+        let archive = TapeArchive(directory: directory, market: "stocks", check: stocksCheck)
+        for (first, second) in [(wildcard, apple), (apple, wildcard)] {
+            let answers = await archive.missed(
+                [ArchiveRequest(topic: first, since: .market(1), until: 2), ArchiveRequest(topic: second, since: .market(1), until: 2)], epoch: "e1", limit: 1)
+            #expect(sequences(answers[first]) == [2], "\(first) asked first: \(String(describing: answers[first]))")
+            if case .tooMany = answers[second] {} else { Issue.record("\(second) asked second: \(String(describing: answers[second]))") }
+        }
+        // Unchecked (an archive given no check), the event under `T.*` itself is the wildcard's once.
+        let unchecked = TapeArchive(market: "stocks") { _, days, _ in
+            days == 1 ? TapeFile.days(directory: directory, market: "stocks").last.flatMap { try? TapeDays(paths: [$0.path]) } : nil
+        }
+        let once = await unchecked.missed([ArchiveRequest(topic: wildcard, since: .market(2), until: 3)], epoch: "e1", limit: 10)
+        #expect(sequences(once[wildcard]) == [3], "\(String(describing: once[wildcard]))")
+    }
+
     @Test func aReadCostsTheShareOfItsBudgetItsBlocksTook() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tape-archive-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
