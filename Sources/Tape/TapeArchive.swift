@@ -520,7 +520,7 @@ extension TapeBlocks {
     /// holds 256 KB to 512 KB; a header may claim up to 64 MB, a block of zeros that compresses to almost
     /// nothing).
     func readCost(ofBlock index: Int) -> Int {
-        header(ofBlock: index).map { max(1, Int($0.uncompressedLength >> 18)) } ?? 1
+        header(ofBlock: index).map { max(1, Int(max($0.uncompressedLength, $0.compressedLength) >> 18)) } ?? 1
     }
 
     /// The nearest block at or before `index` that says what was wanted (a `holding` record), at most

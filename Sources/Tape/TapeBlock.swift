@@ -28,6 +28,8 @@ public struct TapeBlockHeader: Sendable, Equatable {
     /// a record takes two bytes at least, so a real one holds fewer than a fifth of this.
     static let mostRecords: UInt32 = 1 << 20
     static let magic: (UInt8, UInt8, UInt8, UInt8) = (0x52, 0x54, 0x42, 0x31)  // RTB1
+    /// The shortest zstd frame: its magic, a frame header and a block header.
+    static let smallestFrame: UInt32 = 9
 
     public var compressedLength: UInt32
     public var uncompressedLength: UInt32
@@ -60,6 +62,12 @@ public struct TapeBlockHeader: Sendable, Equatable {
         // claims more (bytes, frame or records) would make a reader allocate it before the frame is
         // checked, and a record count is what its records take in memory.
         guard uncompressedLength <= Self.largestBlock, compressedLength <= Self.largestFrame, records <= Self.mostRecords else { return nil }
+        // A writer's block holds a record at least, in a zstd frame no longer than zstd's bound for its
+        // bytes: a header claiming nothing (a 64-byte entry of the index each) or a frame far larger
+        // than its records (read whole before zstd refuses it) is no writer's.
+        guard records > 0, uncompressedLength > 0, compressedLength >= Self.smallestFrame,
+            UInt64(compressedLength) <= UInt64(uncompressedLength) + UInt64(uncompressedLength >> 8) + (1 << 16)
+        else { return nil }
         firstTime = Int64(bitPattern: word(16))
         lastTime = Int64(bitPattern: word(24))
         firstSequence = word(32)
@@ -172,7 +180,14 @@ enum TapeScan {
                 && buffer[index + 2] == TapeBlockHeader.magic.2 && buffer[index + 3] == TapeBlockHeader.magic.3
             {
                 let candidate = start + Int64(index)
-                if block(at: candidate, descriptor: descriptor, length: length) != nil { return candidate }
+                // A header within what was read is checked there (a file of nothing but the magic costs
+                // no read per candidate); one across the chunk's end is read.
+                if index + TapeBlockHeader.size <= count {
+                    let header = buffer.withUnsafeBytes { TapeBlockHeader(UnsafeRawBufferPointer(rebasing: $0[index..<(index + TapeBlockHeader.size)])) }
+                    if let header, TapeBlock(offset: candidate, header: header).end <= length { return candidate }
+                } else if block(at: candidate, descriptor: descriptor, length: length) != nil {
+                    return candidate
+                }
             }
             start += Int64(count - 3)
         }

@@ -421,6 +421,11 @@ struct TapeFileTests {
         #expect(header { $0.firstSequence = 11 } == nil, "a first sequence past the last")
         #expect(header { $0.records = TapeBlockHeader.mostRecords + 1 } == nil, "more records than a block holds")
         #expect(header { $0.compressedLength = TapeBlockHeader.largestFrame + 1 } == nil, "a frame past zstd's bound for the largest block")
+        // A block of nothing (an index entry per 64 bytes of file), or a frame far past its records' bound.
+        #expect(header { $0.records = 0 } == nil && header { $0.uncompressedLength = 0 } == nil, "a block that holds nothing")
+        #expect(header { $0.compressedLength = 8 } == nil, "a frame shorter than any zstd frame")
+        #expect(header { $0.compressedLength = 1000 + 1000 >> 8 + (1 << 16) } != nil, "a frame within zstd's bound for its bytes")
+        #expect(header { $0.compressedLength = 1000 + 1000 >> 8 + (1 << 16) + 1 } == nil, "a frame past zstd's bound for its bytes")
         // A payload of more records than its header says is refused as it is read, not once all are made.
         var payload: [UInt8] = []
         for index in 0..<100 { RecordLayout.append(.interrupted(at: Int64(index)), to: &payload, baseTime: 0, baseSequence: 0) }
