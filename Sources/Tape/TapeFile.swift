@@ -746,6 +746,15 @@ public final class TapeReader: TapeBlocks {
         return records
     }
 
+    /// Block `index` as it lies in the file, its header and its frame (`nil`: it could not be read).
+    public func bytes(ofBlock index: Int) -> [UInt8]? {
+        guard blocks.indices.contains(index) else { return nil }
+        let block = blocks[index]
+        var bytes = [UInt8](repeating: 0, count: Int(block.end - block.offset))
+        let read = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, off_t(block.offset)) }
+        return read == bytes.count ? bytes : nil
+    }
+
     /// The vendor and upstream path the day's events came from: its first `source` record (written in
     /// its first block; the first few are looked at). `nil`: none recorded.
     public func source() -> (vendor: String, path: String?)? {

@@ -12,7 +12,7 @@ struct TapeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tape",
         abstract: "Look at the tape: what the relay recorded, per market and UTC day.",
-        subcommands: [List.self, Export.self, Pull.self]
+        subcommands: [List.self, Export.self, Pull.self, Import.self]
     )
 
     struct List: AsyncParsableCommand {
@@ -156,6 +156,47 @@ extension TapeCommand {
                 if outcome.missing > 0 { line += "; \(outcome.missing) blocks NATS no longer had or sent damaged" }
                 if let why = outcome.firstRefusal { line += "; \(outcome.refused) blocks left out for an event that did not check (the first: \(why))" }
                 if !outcome.kept.isEmpty { line += "; kept here as they were (they begin earlier than the stream): \(outcome.kept.joined(separator: ", "))" }
+                print(line)
+            }
+        }
+    }
+}
+
+extension TapeCommand {
+    struct Import: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "import",
+            abstract: "Copy day files from elsewhere into the tape's directory, checking every event on its way in.",
+            discussion: """
+                A replay serves a day's events as they were recorded, so what enters the tape's directory is checked: each event as the \
+                relay checks one from its upstream, in the protocol of the vendor the file's first source record names (news items \
+                within --news-max-bytes). A block that does not read, holds an event that does not check or names another source is \
+                left out and told. A day the directory has already is kept unless --replace; each day is renamed into place only when \
+                whole. Not while a relay records the market into the same directory.
+                """)
+
+        @Argument(help: "Day files (yyyy-mm-dd.tape) to import.") var files: [String]
+        @Option(help: "The market the files are of (stocks, crypto, …).") var market: String
+        @Option(name: .customLong("tape-dir"), help: "The tape's directory.") var directory: String = "./data/tape"
+        @Flag(help: "Replace a day the directory has already.") var replace = false
+        @Option(name: .customLong("news-max-bytes"), help: "The largest news item taken (default 4 MiB).") var newsMaxBytes: Int?
+
+        func run() async throws {
+            guard let market = Market(rawValue: market) else { throw ValidationError("--market: a market (stocks, crypto, …), not \"\(self.market)\"") }
+            var settings = RelaySettings()
+            if let newsMaxBytes {
+                let range = RelaySettings.NewsSettings.maxBytesRange
+                guard range.contains(newsMaxBytes) else { throw ValidationError("--news-max-bytes: \(range.lowerBound) to \(range.upperBound)") }
+                settings.news.maxBytes = newsMaxBytes
+            }
+            let bounds = settings
+            for file in files {
+                let outcome = try TapeImport.copy(from: file, market: market.rawValue, into: directory, replace: replace) {
+                    Relay.tapeCheck(market, source: $0, settings: bounds)
+                }
+                var line = "\(file): \(outcome.blocks) blocks into \(outcome.days.count) days (\(outcome.days.joined(separator: ", ")))"
+                if let why = outcome.firstRefusal { line += "; \(outcome.refused) blocks left out (the first: \(why))" }
+                if !outcome.kept.isEmpty { line += "; already here, kept as they were (--replace replaces): \(outcome.kept.joined(separator: ", "))" }
                 print(line)
             }
         }

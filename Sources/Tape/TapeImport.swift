@@ -1,0 +1,105 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+import Foundation
+import MarketCore
+
+/// `relay tape import`: a day file from elsewhere (another relay's folder, a colleague's recording) into
+/// a tape's folder, checked on its way in as `relay tape pull` checks a cluster's stream, so the folder
+/// stays as trusted as its writers. Each block is copied whole only if every event in it checks, in the
+/// protocol of the vendor the file's first `source` record names (``TapeReader/source()``), and it names
+/// no other source; a block that does not read, or not so, is left out and told. A day the folder has
+/// already is left as it is unless `replace` says otherwise; each day is written to a file of its own
+/// and renamed over the day's only when whole. Under the market's ``TapeLock``: not while a relay
+/// records that market into the folder.
+public enum TapeImport {
+    public struct Outcome: Sendable, Equatable {
+        /// The days written, and the blocks copied into them.
+        public var days: [String] = []
+        public var blocks = 0
+        /// Blocks left out: damaged, holding an event that does not check, naming another source, or of
+        /// no day a tape has; and why the first was (at most 200 bytes).
+        public var refused = 0
+        public var firstRefusal: String?
+        /// Days the folder has already, left as they were (no `replace`).
+        public var kept: [String] = []
+    }
+
+    /// - Parameter check: what an event must be, for a file whose `source` record names this vendor and
+    ///   upstream path (`nil`: it names none).
+    public static func copy(
+        from path: String, market: String, into directory: String, replace: Bool,
+        check: (_ source: (vendor: String, path: String?)?) -> EventCheck
+    ) throws -> Outcome {
+        let lock = try TapeLock(directory: directory, market: market)
+        return try withExtendedLifetime(lock) {
+            let source = try TapeReader(path: path).source()
+            let reader = try TapeReader(path: path, check: check(source))
+            var outcome = Outcome()
+            func refuse(_ why: String) {
+                outcome.refused += 1
+                if outcome.firstRefusal == nil { outcome.firstRefusal = VisibleText.visible(why, limit: 200) }
+            }
+            var files: [String: (descriptor: Int32, partial: String)] = [:]
+            var order: [String] = []
+            func discard() {
+                for file in files.values {
+                    close(file.descriptor)
+                    unlink(file.partial)
+                }
+            }
+            for index in 0..<reader.blockCount {
+                guard let header = reader.header(ofBlock: index), let records = reader.records(inBlock: index), let bytes = reader.bytes(ofBlock: index)
+                else {
+                    refuse("block \(index) is damaged or holds an event that does not check")
+                    continue
+                }
+                let named = records.compactMap { record -> (vendor: String, path: String?)? in
+                    if case .source(let vendor, let path, _) = record { (vendor, path) } else { nil }
+                }
+                if let other = named.first(where: { $0.vendor != source?.vendor || $0.path != source?.path }) {
+                    refuse("block \(index) names another source (\(other.vendor) \(other.path ?? "")) than the file's first")
+                    continue
+                }
+                let day = TapeFile.day(of: header.firstTime)
+                guard TapeFile.isTapeDay(day) else {
+                    refuse("block \(index) begins on no day a tape has (\(day))")
+                    continue
+                }
+                if files[day] == nil {
+                    if outcome.kept.contains(day) { continue }
+                    if !replace, FileManager.default.fileExists(atPath: TapeFile.path(directory: directory, market: market, day: day)) {
+                        outcome.kept.append(day)
+                        continue
+                    }
+                    let partial = TapeFile.path(directory: directory, market: market, day: day) + ".import"
+                    let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+                    guard descriptor >= 0 else {
+                        discard()
+                        throw TapeError("could not write \(partial)")
+                    }
+                    files[day] = (descriptor, partial)
+                    order.append(day)
+                }
+                guard let file = files[day], bytes.withUnsafeBytes({ write(file.descriptor, $0.baseAddress, $0.count) }) == bytes.count else {
+                    discard()
+                    throw TapeError("could not write the \(day) tape of \(market)")
+                }
+                outcome.blocks += 1
+            }
+            for day in order {
+                guard let file = files.removeValue(forKey: day) else { continue }
+                let complete = fsync(file.descriptor) == 0
+                close(file.descriptor)
+                let path = TapeFile.path(directory: directory, market: market, day: day)
+                guard complete, rename(file.partial, path) == 0 else {
+                    unlink(file.partial)
+                    discard()
+                    throw TapeError("could not write \(path)")
+                }
+                outcome.days.append(day)
+            }
+            return outcome
+        }
+    }
+}
