@@ -384,7 +384,9 @@ final class ClusterFeed: Sendable {
                 if let subscription = current.removeValue(forKey: topic) { removed.append((topic, subscription)) }
             }
             for topic in added {
-                if let subscription = connection.subscribe(subjects.subject(for: topic), sink: sink) {
+                // One event a message (64 KiB at most, news aside): 100,000 of them, or 64 MB, wait at most
+                // while the sink is behind, not libnats's 256 MB for each of thousands of topics.
+                if let subscription = connection.subscribe(subjects.subject(for: topic), sink: sink, pendingBytes: 64 << 20) {
                     current[topic] = subscription
                 }
             }

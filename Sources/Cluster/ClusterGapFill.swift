@@ -161,7 +161,8 @@ final class ClusterGapFill: Sendable {
             else { return }
             asked.note(ask.topics.map(\.topic))
         }
-        _ = connection.subscribe(subjects.fillAsk, sink: watch)
+        // Asks are up to ~1 MB each, one standing per node: 64 MB holds every node's many times over.
+        _ = connection.subscribe(subjects.fillAsk, sink: watch, pendingBytes: 64 << 20)
         let mine = ClusterSubjects.token(node) + "/"
         let answers = NATSMessageSink { [weak feed, weak self] _, payload in
             guard let feed, let self else { return }
@@ -201,7 +202,7 @@ final class ClusterGapFill: Sendable {
     func lead(connection: NATSConnection, wanted: @escaping @Sendable () -> Set<Topic>) async {
         let arrivals = inbox.open()
         defer { inbox.close() }
-        guard let subscription = connection.subscribe(subjects.fillAsk, sink: askSink) else {
+        guard let subscription = connection.subscribe(subjects.fillAsk, sink: askSink, pendingBytes: 64 << 20) else {
             logger.error("the leader cannot subscribe to gap-fill asks: outages are not filled this term")
             return
         }
