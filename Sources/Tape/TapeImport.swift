@@ -8,7 +8,8 @@ import MarketCore
 /// a tape's folder, checked on its way in as `relay tape pull` checks a cluster's stream, so the folder
 /// stays as trusted as its writers. Each block is copied whole only if every event in it checks, in the
 /// protocol of the vendor the file's first `source` record names (``TapeReader/source()``), and it names
-/// no other source; a block that does not read, or not so, is left out and told. A day the folder has
+/// no other source; a block that does not read, or not so, is left out and told, and so is a block that
+/// would begin a day without that source record (its file would name none). A day the folder has
 /// already is left as it is unless `replace` says otherwise; each day is written to a file of its own
 /// and renamed over the day's only when whole. Under the market's ``TapeLock``: not while a relay
 /// records that market into the folder.
@@ -64,6 +65,13 @@ public enum TapeImport {
                 let day = TapeFile.day(of: header.firstTime)
                 guard TapeFile.isTapeDay(day) else {
                     refuse("block \(index) begins on no day a tape has (\(day))")
+                    continue
+                }
+                // Each day written begins with the file's source record, so its replay speaks the protocol
+                // its events were checked in (a day whose first block named none would be served in the
+                // default vendor's).
+                if files[day] == nil, source != nil, named.isEmpty {
+                    refuse("block \(index) begins \(day) here without the file's source record (its replay would speak another protocol)")
                     continue
                 }
                 if files[day] == nil {

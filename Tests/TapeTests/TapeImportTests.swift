@@ -53,4 +53,38 @@ struct TapeImportTests {
         #expect(try Data(contentsOf: URL(fileURLWithPath: imported.path)) == before)
         #expect(try FileManager.default.contentsOfDirectory(atPath: here + "/stocks").filter { $0.hasSuffix(".import") }.isEmpty, "no partial left")
     }
+
+    /// A day is written only from a block that names the file's source: when the block that names it
+    /// does not check, the day's other blocks (checked in that source's protocol) are not written to a
+    /// file that names none (replayed in the default vendor's).
+    @Test func aDayIsWrittenOnlyFromABlockNamingTheFilesSource() throws {
+        let (elsewhere, here) = (scratchDirectory("import-src-from"), scratchDirectory("import-src-to"))
+        defer { for directory in [elsewhere, here] { try? FileManager.default.removeItem(atPath: directory) } }
+        let writer = try TapeWriter(directory: elsewhere, market: "stocks", blockBytes: 1 << 20)
+        func block(_ records: [TapeRecord]) throws {
+            for record in records { try writer.append(record) }
+            try writer.flush()
+        }
+        // The source's block holds an event that does not check; then good blocks; then the next day's.
+        try block([.epoch("e1", at: Self.start), .source(vendor: "polygon", path: "/stocks", at: Self.start), quote(1, bytes: #"{"ev":"T","sym":"MSFT"}"#)])
+        try block([.epoch("e1", at: Self.start)] + (2...5).map { quote($0) })
+        let nextDay = Self.start + 86_400_000_000_000
+        try block([
+            .epoch("e1", at: nextDay),
+            .event(TapeEvent(receivedAt: nextDay, sequence: 6, topicSequence: 6, eventType: "Q", ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL"}"#.utf8))),
+        ])
+        // One file of both days' blocks (blocks stand alone: day files end to end are one tape file).
+        let file = elsewhere + "/both.tape"
+        let days = TapeFile.days(directory: elsewhere, market: "stocks")
+        #expect(days.count == 2)
+        try days.reduce(Data()) { $0 + (try Data(contentsOf: URL(fileURLWithPath: $1.path))) }.write(to: URL(fileURLWithPath: file))
+        let outcome = try TapeImport.copy(from: file, market: "stocks", into: here, replace: false) { _ in stocksCheck }
+        // The first day's blocks are left out; the next day's file begins (as its writer began it) with the source.
+        let next = TapeFile.day(of: nextDay)
+        #expect(outcome.blocks == 1 && outcome.refused == 2 && outcome.days == [next], "\(outcome)")
+        #expect(outcome.firstRefusal?.contains("does not check") == true)
+        let written = try #require(TapeFile.days(directory: here, market: "stocks").last)
+        let named = try TapeReader(path: written.path).source()
+        #expect(written.day == next && named?.vendor == "polygon")
+    }
 }
