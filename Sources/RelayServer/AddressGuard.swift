@@ -81,6 +81,9 @@ final class AddressGuard: Sendable {
     /// HTTP connections per address at most: the setting, and at most half of ``httpBudget`` (one
     /// address never holds them all).
     let httpPerAddress: Int
+    /// Pending connections of every address together at most: the setting, and at most half of the
+    /// descriptor budget (the other half stays for connections that sign in, whatever the limit).
+    let pendingBudget: Int
     private let state = Mutex(State())
 
     init(limits: RelayServerConfiguration.ConnectionLimits, openFileLimit: Int = AddressGuard.openFileLimit()) {
@@ -88,6 +91,7 @@ final class AddressGuard: Sendable {
         descriptorBudget = openFileLimit > 0 ? max(openFileLimit - limits.descriptorReserve, 1) : Int.max
         httpBudget = min(limits.httpConnections, max(descriptorBudget / 4, 1))
         httpPerAddress = min(limits.httpConnectionsPerAddress, max(httpBudget / 2, 1))
+        pendingBudget = min(limits.pending, max(descriptorBudget / 2, 1))
     }
 
     /// The address every limit counts: IPv4 as it is, IPv6 by its /64 (`2001:db8:1:2::/64`).
@@ -118,7 +122,7 @@ final class AddressGuard: Sendable {
             if state.acceptedTotal >= descriptorBudget { return (nil, .descriptors(descriptorBudget)) }
             let tally = state.accepted[key] ?? (0, 0)
             if tally.pending >= limits.pendingPerAddress { return (nil, .pending(limits.pendingPerAddress)) }
-            if state.pendingTotal >= limits.pending { return (nil, .pendingInAll(limits.pending)) }
+            if state.pendingTotal >= pendingBudget { return (nil, .pendingInAll(pendingBudget)) }
             // Room for the address's WebSockets and as many connections again as may be pending (so
             // one WebSocket past its limit still hears why, as Polygon tells it).
             let openLimit = limits.perAddress + limits.pendingPerAddress

@@ -47,18 +47,19 @@ struct AddressGuardTests {
     }
 
     @Test func acceptedConnectionsArePendingUntilSettledAndTheBudgetHolds() throws {
-        let guardian = AddressGuard(limits: .init(pendingPerAddress: 2, descriptorReserve: 10), openFileLimit: 13)
-        #expect(guardian.descriptorBudget == 3)
+        let guardian = AddressGuard(limits: .init(pendingPerAddress: 2, descriptorReserve: 10), openFileLimit: 14)
+        #expect(guardian.descriptorBudget == 4 && guardian.pendingBudget == 2)
         let (a, _) = guardian.accept("192.0.2.1")
         let (b, _) = guardian.accept("192.0.2.1")
         #expect(guardian.accept("192.0.2.1").1 == .pending(2))
         guardian.settle(try #require(a))
-        let (c, _) = guardian.accept("192.0.2.1")
-        #expect(c != nil)
-        #expect(guardian.accept("192.0.2.9").1 == .descriptors(3), "three open: the budget is spent")
-        guardian.closed(try #require(b))
-        #expect(guardian.accepted(from: "192.0.2.1") == (open: 2, pending: 1))
+        let c = try #require(guardian.accept("192.0.2.1").0)
+        guardian.settle(c)
         #expect(guardian.accept("192.0.2.9").0 != nil)
+        #expect(guardian.accept("192.0.2.8").1 == .descriptors(4), "four open: the budget is spent")
+        guardian.closed(try #require(b))
+        #expect(guardian.accepted(from: "192.0.2.1") == (open: 2, pending: 0))
+        #expect(guardian.accept("192.0.2.8").0 != nil)
     }
 
     @Test func pendingConnectionsOfEveryAddressTogetherAreCapped() throws {
@@ -78,6 +79,9 @@ struct AddressGuardTests {
         guardian.settle(fourth)
         #expect(guardian.pendingInAll == 1, "settled once")
         #expect(guardian.accept("192.0.2.5").0 != nil && guardian.accept("192.0.2.6").0 != nil)
+        // At most half the descriptors, whatever the setting says.
+        #expect(AddressGuard(limits: .init(descriptorReserve: 24), openFileLimit: 1_024).pendingBudget == 500)
+        #expect(AddressGuard(limits: .init(descriptorReserve: 24), openFileLimit: 1 << 20).pendingBudget == 10_000)
     }
 
     @Test func httpConnectionsAreCappedPerAddressAndInAllAtAQuarterOfTheBudgetAndFreedAtClose() throws {
