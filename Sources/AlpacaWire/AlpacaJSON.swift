@@ -16,7 +16,7 @@ public enum AlpacaJSON {
         case .double(let number):
             // JSON has no NaN or infinity.
             if number.isFinite { out += "\(number)".utf8 } else { out += "null".utf8 }
-        case .string(let text): appendString(text, to: &out)
+        case .string(let text): appendString(text, to: &out, limit: limit)
         case .binary(let data):
             // Alpaca sends none; a client could: written as an array of bytes rather than lost.
             out.append(UInt8(ascii: "["))
@@ -40,7 +40,7 @@ public enum AlpacaJSON {
                 if out.count >= limit { return }
                 if index > 0 { out.append(UInt8(ascii: ",")) }
                 switch entry.key {
-                case .string(let key): appendString(key, to: &out)
+                case .string(let key): appendString(key, to: &out, limit: limit)
                 default:
                     var key: [UInt8] = []
                     append(entry.key, to: &key, limit: limit)
@@ -64,9 +64,12 @@ public enum AlpacaJSON {
         return out
     }
 
-    static func appendString(_ text: String, to out: inout [UInt8]) {
+    /// `text` as a JSON string; with a `limit`, only as many of its characters as the limit leaves room
+    /// for are escaped (a 4 MB string described in a log line costs its first bytes).
+    static func appendString(_ text: String, to out: inout [UInt8], limit: Int = .max) {
         out.append(UInt8(ascii: "\""))
-        out += JSONText.escape(text).utf8
+        let room = limit - out.count
+        out += JSONText.escape(room < text.utf8.count ? String(text.prefix(max(room, 0))) : text).utf8
         out.append(UInt8(ascii: "\""))
     }
 

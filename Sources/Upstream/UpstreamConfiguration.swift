@@ -53,7 +53,8 @@ public struct UpstreamConfiguration: Sendable {
     /// Messages larger than this are dropped, counted and logged. Polygon's frames are kilobytes; the
     /// cap bounds what one bad frame can cost.
     public var maxMessageBytes: Int
-    /// Close and retry when `auth_success` has not arrived this long after the WebSocket opened.
+    /// Give up and retry when the WebSocket has not opened this long after the attempt began (TCP, TLS,
+    /// the upgrade), and close and retry when `auth_success` has not arrived this long after it opened.
     public var handshakeTimeout: Duration
     /// Where the client's metrics go (a Prometheus registry in the relay).
     public var metricsFactory: any MetricsFactory

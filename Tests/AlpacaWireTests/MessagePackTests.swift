@@ -72,6 +72,8 @@ struct AlpacaJSONTests {
         #expect(cut.count >= 300 && cut.count < 400, "\(cut.count) bytes")
         #expect(String(decoding: cut, as: UTF8.self).hasPrefix(#"{"T":"subscription","x":[7,7,"#))
         #expect(AlpacaJSON.text(large).count > 8 << 20, "unlimited: all of it")
+        let text: MessagePack.Value = .map([.init(.string(String(repeating: "k", count: 1 << 20)), .string(String(repeating: "\u{1}", count: 4 << 20)))])
+        #expect(AlpacaJSON.text(text, limit: 300).count < 400, "a long key and a long string of control characters: cut before they are escaped")
     }
 
     @Test func timestampsAreRFC3339WithTheirFractionTrimmed() {

@@ -497,18 +497,21 @@ struct MarketSettingsTests {
         await #expect(throws: RelaySettings.InvalidSetting.self) {
             _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "wss://socket.massive.com/bonds"], environment: [:])
         }
-        await #expect(throws: RelaySettings.InvalidSetting.self) {
-            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "ws://a/stocks,ws://b/stocks"], environment: [:])
+        do {
+            _ = try await RelaySettings.resolve(
+                vendors: Relay.vendors, commandLine: ["--upstream", "wss://a/stocks,wss://b/stocks", "--upstream-key", "k"], environment: [:])
+            Issue.record("the stocks market twice was taken")
+        } catch let error as RelaySettings.InvalidSetting {
+            #expect(error.description.contains("configured twice"), "\(error.description)")
         }
         // The key in the clear to another host: refused, naming the host; to loopback, taken.
-        await #expect(throws: RelaySettings.InvalidSetting.self) {
-            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "ws://feed.example/stocks"], environment: [:])
-        }
-        do {
-            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", "ws://10.0.0.5:9009/stocks"], environment: [:])
-            Issue.record("ws:// to 10.0.0.5 was taken")
-        } catch let error as RelaySettings.InvalidSetting {
-            #expect(error.description.contains("in the clear to 10.0.0.5") && error.description.contains("wss://"), "\(error.description)")
+        for (url, host) in [("ws://feed.example/stocks", "feed.example"), ("ws://10.0.0.5:9009/stocks", "10.0.0.5")] {
+            do {
+                _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--upstream", url, "--upstream-key", "k"], environment: [:])
+                Issue.record("\(url) was taken")
+            } catch let error as RelaySettings.InvalidSetting {
+                #expect(error.description.contains("in the clear to \(host)") && error.description.contains("wss://"), "\(error.description)")
+            }
         }
         for loopback in ["ws://127.0.0.1:9009/stocks", "ws://localhost:9009/stocks", "ws://[::1]:9009/stocks"] {
             let settings = try await RelaySettings.resolve(
