@@ -181,7 +181,7 @@ public struct AlpacaClientSession: Sendable {
     }
 
     private static func describe(_ value: MessagePack.Value) -> String {
-        String(decoding: AlpacaJSON.text(value, limit: 300).prefix(300), as: UTF8.self)
+        AlpacaJSON.excerpt(value, bytes: 300)
     }
 }
 

@@ -4,10 +4,8 @@ import MarketCore
 /// (a timestamp as an RFC 3339 string with up to nine fraction digits, `"2021-02-22T15:51:44.208Z"`).
 /// Pure.
 public enum AlpacaJSON {
-    /// `value` as JSON text, appended to `out`. With a `limit`, writing stops once `out` holds that many
-    /// bytes (the text is then cut, not JSON): a 4 MB value described in a log line costs its first bytes.
-    public static func append(_ value: MessagePack.Value, to out: inout [UInt8], limit: Int = .max) {
-        guard out.count < limit else { return }
+    /// `value` as JSON text, appended to `out`.
+    public static func append(_ value: MessagePack.Value, to out: inout [UInt8]) {
         switch value {
         case .null: out += "null".utf8
         case .bool(let flag): out += (flag ? "true" : "false").utf8
@@ -16,60 +14,97 @@ public enum AlpacaJSON {
         case .double(let number):
             // JSON has no NaN or infinity.
             if number.isFinite { out += "\(number)".utf8 } else { out += "null".utf8 }
-        case .string(let text): appendString(text, to: &out, limit: limit)
+        case .string(let text): appendString(text, to: &out)
         case .binary(let data):
             // Alpaca sends none; a client could: written as an array of bytes rather than lost.
-            out.append(UInt8(ascii: "["))
-            for (index, byte) in data.enumerated() {
-                if out.count >= limit { return }
-                if index > 0 { out.append(UInt8(ascii: ",")) }
-                out += String(byte).utf8
-            }
-            out.append(UInt8(ascii: "]"))
+            append(.array(data.map { .int(Int64($0)) }), to: &out)
         case .array(let values):
             out.append(UInt8(ascii: "["))
             for (index, element) in values.enumerated() {
-                if out.count >= limit { return }
                 if index > 0 { out.append(UInt8(ascii: ",")) }
-                append(element, to: &out, limit: limit)
+                append(element, to: &out)
             }
             out.append(UInt8(ascii: "]"))
         case .map(let entries):
             out.append(UInt8(ascii: "{"))
             for (index, entry) in entries.enumerated() {
-                if out.count >= limit { return }
                 if index > 0 { out.append(UInt8(ascii: ",")) }
                 switch entry.key {
-                case .string(let key): appendString(key, to: &out, limit: limit)
+                case .string(let key): appendString(key, to: &out)
                 default:
                     var key: [UInt8] = []
-                    append(entry.key, to: &key, limit: limit)
+                    append(entry.key, to: &key)
                     appendString(String(decoding: key, as: UTF8.self), to: &out)
                 }
                 out.append(UInt8(ascii: ":"))
-                append(entry.value, to: &out, limit: limit)
+                append(entry.value, to: &out)
             }
             out.append(UInt8(ascii: "}"))
         case .timestamp(let seconds, let nanoseconds):
             appendString(rfc3339(seconds: seconds, nanoseconds: nanoseconds), to: &out)
         case .ext(let type, let data):
-            append(.map([.init(.string("ext"), .int(Int64(type))), .init(.string("data"), .binary(data))]), to: &out, limit: limit)
+            append(.map([.init(.string("ext"), .int(Int64(type))), .init(.string("data"), .binary(data))]), to: &out)
         }
     }
 
-    /// `value` as JSON text (its first bytes, past `limit`).
-    public static func text(_ value: MessagePack.Value, limit: Int = .max) -> [UInt8] {
+    /// `value` as JSON text.
+    public static func text(_ value: MessagePack.Value) -> [UInt8] {
         var out: [UInt8] = []
-        append(value, to: &out, limit: limit)
+        append(value, to: &out)
         return out
     }
 
-    /// `text` as a JSON string; with a `limit`, only as many of its characters as the limit leaves room
-    /// for are escaped (a 4 MB string described in a log line costs its first bytes).
-    static func appendString(_ text: String, to out: inout [UInt8], limit: Int = .max) {
+    /// The first `bytes` of `value` as JSON text, for a log line: its strings, bytes and lists are cut
+    /// before it is written, so a 4 MB value costs about its first bytes, not a rendering of all of it
+    /// (the delivery path's ``append(_:to:)`` is left as it is).
+    public static func excerpt(_ value: MessagePack.Value, bytes: Int) -> String {
+        var budget = bytes
+        return String(decoding: text(cut(value, budget: &budget)).prefix(bytes), as: UTF8.self)
+    }
+
+    /// `value` with no more than about `budget` bytes of text left in it (each part takes from it).
+    static func cut(_ value: MessagePack.Value, budget: inout Int) -> MessagePack.Value {
+        guard budget > 0 else { return .null }
+        switch value {
+        case .string(let text):
+            let kept = text.utf8.count <= budget ? text : String(decoding: text.utf8.prefix(budget), as: UTF8.self)
+            budget -= kept.utf8.count + 2
+            return .string(kept)
+        case .binary(let data):
+            // Each byte takes two characters at least ("7,").
+            let kept = Array(data.prefix(budget / 2 + 1))
+            budget -= kept.count * 2 + 2
+            return .binary(kept)
+        case .ext(let type, let data):
+            let kept = Array(data.prefix(budget / 2 + 1))
+            budget -= kept.count * 2 + 24
+            return .ext(type: type, data: kept)
+        case .array(let values):
+            var kept: [MessagePack.Value] = []
+            for element in values {
+                guard budget > 0 else { break }
+                kept.append(cut(element, budget: &budget))
+                budget -= 1
+            }
+            return .array(kept)
+        case .map(let entries):
+            var kept: [MessagePack.Value.Entry] = []
+            for entry in entries {
+                guard budget > 0 else { break }
+                let key = cut(entry.key, budget: &budget)
+                kept.append(.init(key, cut(entry.value, budget: &budget)))
+                budget -= 2
+            }
+            return .map(kept)
+        default:
+            budget -= 24
+            return value
+        }
+    }
+
+    static func appendString(_ text: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
-        let room = limit - out.count
-        out += JSONText.escape(room < text.utf8.count ? String(text.prefix(max(room, 0))) : text).utf8
+        out += JSONText.escape(text).utf8
         out.append(UInt8(ascii: "\""))
     }
 

@@ -60,20 +60,21 @@ struct MessagePackTests {
 
 @Suite("Alpaca JSON")
 struct AlpacaJSONTests {
-    /// Bytes are written as an array of numbers, and a limit stops the writing: a 4 MB value an upstream
-    /// sends in a control message is described by its first bytes, not rendered whole.
+    /// Bytes are written as an array of numbers, and an excerpt is cut before it is written: a 4 MB value
+    /// an upstream sends in a control message is described by its first bytes, not rendered whole.
     @Test func aLimitStopsTheWritingOfALargeValue() {
         #expect(String(decoding: AlpacaJSON.text(.map([.init(.string("x"), .binary([1, 2, 255]))])), as: UTF8.self) == #"{"x":[1,2,255]}"#)
         let large: MessagePack.Value = .map([
             .init(.string("T"), .string("subscription")), .init(.string("x"), .binary([UInt8](repeating: 7, count: 4 << 20))),
             .init(.string("y"), .array(Array(repeating: .string("AAPL"), count: 100_000))),
         ])
-        let cut = AlpacaJSON.text(large, limit: 300)
-        #expect(cut.count >= 300 && cut.count < 400, "\(cut.count) bytes")
-        #expect(String(decoding: cut, as: UTF8.self).hasPrefix(#"{"T":"subscription","x":[7,7,"#))
+        let cut = AlpacaJSON.excerpt(large, bytes: 300)
+        #expect(cut.utf8.count == 300, "\(cut.utf8.count) bytes")
+        #expect(cut.hasPrefix(#"{"T":"subscription","x":[7,7,"#))
         #expect(AlpacaJSON.text(large).count > 8 << 20, "unlimited: all of it")
         let text: MessagePack.Value = .map([.init(.string(String(repeating: "k", count: 1 << 20)), .string(String(repeating: "\u{1}", count: 4 << 20)))])
-        #expect(AlpacaJSON.text(text, limit: 300).count < 400, "a long key and a long string of control characters: cut before they are escaped")
+        #expect(AlpacaJSON.excerpt(text, bytes: 300) == #"{""# + String(repeating: "k", count: 298), "cut before it is written")
+        #expect(AlpacaJSON.excerpt(.array([.int(1), .string("ab")]), bytes: 300) == #"[1,"ab"]"#, "a short value whole")
     }
 
     @Test func timestampsAreRFC3339WithTheirFractionTrimmed() {
