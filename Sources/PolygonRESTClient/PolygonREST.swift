@@ -32,6 +32,9 @@ public struct PolygonREST: MarketReference {
     /// The account's budget, shared with the REST gateway's clients: each attempt takes a token
     /// (waiting as long as it takes), and a vendor's 429 pauses it for its `Retry-After`.
     public var budget: (any AccountBudget)?
+    /// The bound on the bytes of vendor answers being read that the REST gateway counts too: fills,
+    /// portfolio and gateway reads hold no more than it together (one read alone always goes on).
+    public var reading: ReadingBytes?
     private let client: HTTPClient
 
     public init(
@@ -91,7 +94,7 @@ public struct PolygonREST: MarketReference {
             if let budget, await budget.take(priority, bounded: false) == .cancelled { return .failure(.cancelled) }
             if retriesEnd == nil { retriesEnd = .now + timeout * 3 }
             do {
-                let (status, body, retryAfter) = try await gate.run(priority) { [client, apiKey, timeout, maxBodyBytes] in
+                let (status, body, retryAfter) = try await gate.run(priority) { [client, apiKey, timeout, maxBodyBytes, reading] in
                     // The timeout covers the whole answer, its body too: AsyncHTTPClient's own ends at
                     // the head, and a body trickled a byte at a time would hold the request for ever.
                     try await RESTDeadline.within(timeout) {
@@ -105,7 +108,7 @@ public struct PolygonREST: MarketReference {
                         guard (200..<300).contains(status) else {
                             return (status, try await Self.prefix(of: response.body, upTo: Self.maxErrorBodyBytes), retryAfter)
                         }
-                        return (status, try await response.body.collect(upTo: maxBodyBytes), retryAfter)
+                        return (status, try await RESTGateway.read(response.body, upTo: maxBodyBytes, counting: reading, status: status), retryAfter)
                     }
                 }
                 if (200..<300).contains(status) { return .success(body) }

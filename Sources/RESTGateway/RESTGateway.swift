@@ -410,7 +410,7 @@ public final class RESTGateway: Sendable {
 
     /// The whole body, at most `maxBytes` (past it `NIOTooManyBytesError`, as `collect(upTo:)`), its
     /// parts counted in `reading` as they arrive and given back when the read ends.
-    static func read(_ body: HTTPClientResponse.Body, upTo maxBytes: Int, counting reading: ReadingBytes?, status: Int) async throws -> ByteBuffer {
+    public static func read(_ body: HTTPClientResponse.Body, upTo maxBytes: Int, counting reading: ReadingBytes?, status: Int) async throws -> ByteBuffer {
         guard let reading else { return try await body.collect(upTo: maxBytes) }
         var whole = ByteBuffer()
         var counted = 0

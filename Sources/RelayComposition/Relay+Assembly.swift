@@ -72,6 +72,13 @@ extension Relay {
     /// client behind a `Mutex`.
     final class RESTClientBox: Sendable {
         private let made = Mutex<HTTPClient?>(nil)
+        /// The bytes of vendor answers being read by every REST client of the relay (fills, portfolio,
+        /// the gateway), bounded together (`rest.answersInFlightMB`).
+        let reading: ReadingBytes
+
+        init(reading: ReadingBytes) {
+            self.reading = reading
+        }
 
         /// The client, if one was made.
         var client: HTTPClient? { made.withLock { $0 } }
@@ -319,6 +326,7 @@ extension Relay {
             let key = upstream.demoFeed != nil || settings.upstreamRESTKey != nil || source.apiKey.isEmpty ? upstream.restKey : source.apiKey
             var client = PolygonREST(resolvingBaseURL: restURL, apiKey: key, timeout: gapFill.requestTimeout, client: rest.shared())
             client.budget = upstream.restBudget
+            client.reading = rest.reading
             assembly.gapFillers[source.market] = GapFiller(
                 market: source.market, hub: hub,
                 history: PolygonHistory(market: source.market, rest: client),
@@ -377,6 +385,7 @@ extension Relay {
         let client = upstream.restURL.map { url in
             var client = PolygonREST(resolvingBaseURL: url, apiKey: upstream.restKey, client: rest.shared())
             client.budget = upstream.restBudget
+            client.reading = rest.reading
             return client
         }
         let service = PortfolioService(
@@ -418,8 +427,9 @@ extension Relay {
         gatewayConfiguration.timeout = gatewaySettings.timeout
         gatewayConfiguration.referenceTTL = gatewaySettings.referenceTTL
         gatewayConfiguration.flightsPerKey = gatewaySettings.flightsPerKey
-        // The bodies being read from the vendors, together: the same bound as the answers being sent.
-        gatewayConfiguration.reading = ReadingBytes(limit: gatewaySettings.answersInFlightBytes, factory: metricsFactory)
+        // The bodies being read from the vendors, together (the fills' and the portfolio's too): the same
+        // bound as the answers being sent.
+        gatewayConfiguration.reading = rest.reading
         let values = ServedLiveValues(markets: markets.map(served))
         var gateways: [RESTGateway] = []
         // One gateway per vendor account, each with its dialect and budget; one cache for both.

@@ -17,6 +17,7 @@ import PolygonRESTClient
 import MarketREST
 import PortfolioHTTP
 import RelayConfiguration
+import RESTGateway
 import Prometheus
 import RelayServer
 import Tape
@@ -188,7 +189,8 @@ public final class Relay: Service, Sendable {
             if upstream.restURL != nil { upstream.restBudget = budget(gateway.budget, account: "polygon") }
             if upstream.alpacaREST != nil { upstream.alpacaBudget = budget(gateway.alpacaBudget, account: "alpaca") }
         }
-        let rest = RESTClientBox()
+        let rest = RESTClientBox(
+            reading: ReadingBytes(limit: (settings.gateway ?? GatewaySettings()).answersInFlightBytes, factory: metricsFactory))
         let assembly = try assembleMarkets(upstream, rest: rest, metricsFactory: metricsFactory)
         for market in assembly.markets { await goOnFromTape(market) }
         guard let primary = assembly.markets.first else {

@@ -8,6 +8,7 @@ import NIOCore
 import PolygonRESTClient
 import PortfolioData
 import PortfolioDomain
+@testable import RESTGateway
 import Synchronization
 import Testing
 
@@ -115,6 +116,31 @@ struct HostileRESTHostTests {
             let trade = try #require(try await source.reference(for: "AAPL").get().lastTrade)
             #expect(trade.value == 12.5)
             #expect(trade.at <= .now, "a time in the future would keep the price fresh for ever")
+        }
+    }
+
+    /// The fills' and the portfolio's REST reads count against the bound the gateway's reads count
+    /// against: while other reads hold the bound, a large answer is not read whole beside them (and
+    /// the bytes a read counted go back when it ends).
+    @Test func aReadCountsAgainstTheBoundTheGatewaysReadsShare() async throws {
+        let large = #"{"status":"OK","results":["# + String(repeating: #""x","#, count: 100_000) + #""x"]}"#
+        let host = ScriptedRESTHost(answers: ["/v3/large": large])
+        try await host.serve { base in
+            let reading = ReadingBytes(limit: 64 << 10)
+            var rest = PolygonREST(baseURL: base, apiKey: "k", attempts: 1, client: vendorTestClient)
+            rest.reading = reading
+            // Another read holds 32 KB of the 64.
+            #expect(reading.take(32 << 10, holding: 0))
+            guard case .failure(.transport(let why)) = await rest.get("/v3/large") else {
+                Issue.record("read whole beside another read past the bound")
+                return
+            }
+            #expect(why.contains("ReadingRefused"), "\(why)")
+            #expect(reading.bytes == 32 << 10, "the refused read gave its bytes back")
+            reading.give(32 << 10)
+            // Alone, a read goes on whatever its size.
+            let whole = try await rest.get("/v3/large").get()
+            #expect(whole.readableBytes == large.utf8.count && reading.bytes == 0)
         }
     }
 
