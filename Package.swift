@@ -220,7 +220,7 @@ let package = Package(
         ),
         .target(
             name: "PortfolioData",
-            dependencies: ["PortfolioDomain", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["PortfolioDomain", "MarketCore", .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: strict
         ),
         // The REST seam: what the relay asks of a vendor's REST API (gap fill's history, the portfolio's

@@ -1,6 +1,7 @@
 import PortfolioDomain
 import Foundation
 import GRDB
+import MarketCore
 
 /// The portfolio's SQLite file, through GRDB: versioned migrations, WAL (`DatabasePool`), foreign keys
 /// with cascading deletes. Money and quantities are stored as exact decimal text (``DecimalText``),
@@ -191,6 +192,8 @@ public final class PortfolioStore: Sendable {
 
     /// The first day a date may name.
     public static let earliestDay = Day(year: 1970, month: 1, day: 1)
+    /// The longest account name, in UTF-8 bytes.
+    public static let nameBytes = 200
 
     /// Refuses a day before 1970-01-01 or after tomorrow (in `calendar`): every change recomputes the
     /// history from its day on, so a date is bounded the way the history is.
@@ -299,7 +302,14 @@ public final class PortfolioStore: Sendable {
             throw ConflictError(field: "name", message: "the portfolio holds at most \(limits.accounts) accounts (portfolio.maxAccounts)")
         }
         let name = name.trimmingCharacters(in: .whitespaces)
-        guard !name.isEmpty, name.count <= 200 else { throw ValidationError(field: "name", message: "must be 1 to 200 characters") }
+        // Bytes, not characters as shown: one character may carry a megabyte of combining marks, and a
+        // name goes into every valuation, push frame and transaction row of a security's detail.
+        guard !name.isEmpty, name.utf8.count <= Self.nameBytes else {
+            throw ValidationError(field: "name", message: "must be 1 to \(Self.nameBytes) bytes of UTF-8 (a letter of another script takes 2 to 4)")
+        }
+        guard name.unicodeScalars.allSatisfy(VisibleText.isVisible) else {
+            throw ValidationError(field: "name", message: "letters, marks, digits, punctuation, symbols and spaces only (no control, format or direction characters)")
+        }
         guard currency.range(of: "^[A-Z]{3}$", options: .regularExpression) != nil else {
             throw ValidationError(field: "currency", message: "must be an ISO 4217 code such as USD")
         }

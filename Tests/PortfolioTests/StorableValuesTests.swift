@@ -20,6 +20,27 @@ struct StorableValuesTests {
         #expect(DecimalText.storable(-12.5, scale: 8) == -12.5)
     }
 
+    /// An account's name is bounded in bytes (one character can carry a megabyte of combining marks,
+    /// and the name is in every valuation and push frame) and is visible text (no direction overrides).
+    @Test func anAccountNameIsBoundedInBytesAndVisible() async throws {
+        let dir = scratchDirectory("names")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let created = instant("2024-01-01T00:00:00Z")
+        for name in [String(repeating: "a", count: 200), String(repeating: "é", count: 100), "Roth IRA — 2024 (€)"] {
+            let account = try await store.createAccount(name: name, kind: .brokerage, currency: "USD", createdAt: created)
+            #expect(account.name == name)
+        }
+        let oneCharacter = "a" + String(repeating: "\u{301}", count: 500_000)
+        #expect(oneCharacter.count == 1)
+        for refused in [oneCharacter, String(repeating: "é", count: 101), "Savings \u{202E}gnp.exe", "tab\there", "line\nbreak"] {
+            await #expect(throws: ValidationError.self, "\(refused.prefix(20).debugDescription)") {
+                _ = try await store.createAccount(name: refused, kind: .brokerage, currency: "USD", createdAt: created)
+            }
+        }
+        #expect(try await store.accounts().count == 3)
+    }
+
     @Test func snapshotsAndClosesAreStoredReadablyAndUnreadableRowsAreSkippedThenReplaced() async throws {
         let dir = scratchDirectory("storable")
         defer { try? FileManager.default.removeItem(atPath: dir) }
