@@ -46,7 +46,7 @@ public struct SessionLimits: Sendable, Equatable {
         }
         if topic.isWildcard { return nil }
         if topic.ticker.utf8.count > maxTickerLength { return "ticker longer than \(maxTickerLength) characters" }
-        return Topic.isTicker(topic.ticker) ? nil : "a ticker has letters, digits and . : / - _ only (and @ before a derived bar's size)"
+        return Topic.isTicker(topic.ticker) ? nil : "a ticker has letters, digits and . : / - _ only, a letter or digit among them (and @ before a derived bar's size)"
     }
 }
 

@@ -39,9 +39,26 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
         }
     }
 
-    /// A non-empty ticker of ticker bytes only (not the wildcard).
+    /// A ticker of ticker bytes only, a letter or digit among them (not the wildcard; not `.` or `..`,
+    /// which a vendor's path would read as a step up).
     public static func isTicker(_ text: String) -> Bool {
-        !text.utf8.isEmpty && text.utf8.allSatisfy(isTickerByte)
+        isTicker(text.utf8)
+    }
+
+    static func isTicker(_ bytes: some Sequence<UInt8>) -> Bool {
+        var named = false
+        for byte in bytes {
+            guard isTickerByte(byte) else { return false }
+            if !named, isLetterOrDigit(byte) { named = true }
+        }
+        return named
+    }
+
+    private static func isLetterOrDigit(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
+        default: false
+        }
     }
 
     /// Whether a ticker names one of the relay's own topics rather than a vendor's symbol: the wildcard's
@@ -126,7 +143,7 @@ extension Topic {
         let type = UnsafeBufferPointer(rebasing: entry[..<dot])
         let ticker = UnsafeBufferPointer(rebasing: entry[(dot + 1)...])
         let isWildcard = ticker.count == 1 && ticker[0] == UInt8(ascii: "*")
-        guard type.allSatisfy(Self.isEventTypeByte), isWildcard || ticker.allSatisfy(Self.isTickerByte) else { return nil }
+        guard type.allSatisfy(Self.isEventTypeByte), isWildcard || Self.isTicker(ticker) else { return nil }
         self.init(checkedEventType: String(decoding: type, as: UTF8.self), ticker: String(decoding: ticker, as: UTF8.self))
     }
 

@@ -12,7 +12,7 @@ public enum HeldSymbol {
     public static func problem(with symbol: String) -> String? {
         if symbol.isEmpty { return "required" }
         if symbol == Topic.wildcardTicker { return "a wildcard is not a symbol" }
-        guard let topic = Topic(eventType: "T", ticker: symbol), !topic.isDerived else { return "a ticker has letters, digits and . : / - _ only" }
+        guard let topic = Topic(eventType: "T", ticker: symbol), !topic.isDerived else { return "a ticker has letters, digits and . : / - _ only, a letter or digit among them" }
         return limits.problem(with: topic)
     }
 }

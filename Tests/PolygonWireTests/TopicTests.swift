@@ -10,6 +10,10 @@ struct TopicTests {
         #expect(invalid == ["bad", ".X", "Y."])
         #expect(topics[2].ticker == "BRK.B")
         #expect(topics[3].isWildcard)
+        // A ticker names something: dots, dashes or slashes alone (`..` would step up a vendor's path) do not.
+        let (none, refused) = Topic.parseList("T..., T.., Q.-, Q./, T.X:., T.@")
+        #expect(none.map(\.description) == ["T.X:."] && refused == ["T...", "T..", "Q.-", "Q./", "T.@"], "\(none) \(refused)")
+        #expect(Topic(eventType: "T", ticker: "..") == nil && Topic(eventType: "T", ticker: "A..") != nil)
     }
 
     @Test func wildcardMatchesEveryTickerOfItsTypeOnly() {
