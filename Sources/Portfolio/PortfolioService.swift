@@ -223,6 +223,11 @@ public actor PortfolioService: Service {
         try await sync.value
     }
 
+    /// Whether an account holds `symbol` now (the portfolio follows it, and loads its detail, anyway).
+    public func holds(_ symbol: String) async -> Bool {
+        (try? await currentBooks().heldSymbols().symbols.contains(symbol)) ?? false
+    }
+
     private func followHoldings() async throws {
         let holding = try await currentBooks().heldSymbols()
         var symbols = holding.symbols

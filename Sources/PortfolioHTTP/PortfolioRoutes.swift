@@ -179,11 +179,12 @@ public struct PortfolioRoutes: Sendable {
     ///   - entitlement: the topics the key a request presents may read (as on the WebSocket and
     ///     `/v1/last/**`); a security's last trade and quote are its `T.` and `Q.` topics.
     ///   - spendREST: takes what a request's key may spend of the vendor's REST (a security not cached
-    ///     is loaded from it): `nil` when granted, else why not and when to ask again (`429`).
+    ///     is loaded from it): `nil` when granted, else why not and when to ask again (`429`), or with
+    ///     no time, that it may not (`403`).
     public func add<Context: RequestContext>(
         to router: some RouterMethods<Context>, connection: @escaping @Sendable (Context) -> (any Channel)? = { _ in nil },
         entitlement: @escaping @Sendable (Request) -> Entitlement = { _ in .everything },
-        spendREST: @escaping @Sendable (Request) async -> (reason: String, retryAfter: Duration)? = { _ in nil }
+        spendREST: @escaping @Sendable (Request) async -> (reason: String, retryAfter: Duration?)? = { _ in nil }
     ) {
         let service = self.service
         let store = service.store
@@ -298,7 +299,7 @@ public struct PortfolioRoutes: Sendable {
     static func addSecurities<Context: RequestContext>(
         to router: some RouterMethods<Context>, browser: SecurityBrowser, connection: @escaping @Sendable (Context) -> (any Channel)?,
         entitlement: @escaping @Sendable (Request) -> Entitlement,
-        spendREST: @escaping @Sendable (Request) async -> (reason: String, retryAfter: Duration)?
+        spendREST: @escaping @Sendable (Request) async -> (reason: String, retryAfter: Duration?)?
     ) {
         let store = browser.service.store
         router.get("/v1/holdings") { request, context in
@@ -337,10 +338,15 @@ public struct PortfolioRoutes: Sendable {
                 // A security neither cached nor loading is loaded from the vendor's REST (when there is
                 // one): on the key's quota. Joining a load under way costs nothing.
                 if browser.loader.rest != nil, await browser.cache.wouldLoad(symbol), let refused = await spendREST(request) {
-                    var response = Self.problem(.tooManyRequests, refused.reason)
-                    let (seconds, attoseconds) = refused.retryAfter.components
-                    response.headers[.retryAfter] = "\(max(1, seconds + (attoseconds > 0 ? 1 : 0)))"
-                    return response
+                    if let after = refused.retryAfter {
+                        var response = Self.problem(.tooManyRequests, refused.reason)
+                        let (seconds, attoseconds) = after.components
+                        response.headers[.retryAfter] = "\(max(1, seconds + (attoseconds > 0 ? 1 : 0)))"
+                        return response
+                    }
+                    // A key that may not use the vendor's REST sees what the book holds (a dashboard's
+                    // detail pages), never a security loaded for it alone.
+                    guard await browser.service.holds(symbol) else { return Self.problem(.forbidden, refused.reason, field: "symbol") }
                 }
                 let view = request.uri.queryParameters.get("view").map { String($0) }.flatMap { $0.isEmpty ? nil : $0 }
                 var answer = try await Self.asClient(request, context, browser, connection) { client in

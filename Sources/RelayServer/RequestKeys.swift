@@ -17,9 +17,12 @@ public struct RequestKeys: Sendable {
     /// Takes one request of the key's REST quota (its `restRate`, as a REST gateway request does) for
     /// a call the relay makes to the vendor on its behalf: `nil` when granted, when the key has no
     /// quota or none is configured; else why not (over its quota, or the request went away while it
-    /// waited) and when to ask again.
-    public func spendREST(for request: Request) async -> (reason: String, retryAfter: Duration)? {
-        guard let key = key(of: request), let quota = quotas.budget(for: key) else { return nil }
+    /// waited) and when to ask again, or (no time: `403`) that the key may not use the vendor's REST
+    /// at all (`rest: false`).
+    public func spendREST(for request: Request) async -> (reason: String, retryAfter: Duration?)? {
+        guard let key = key(of: request) else { return nil }
+        guard key.rest else { return ("key \"\(key.name)\" may not use the vendor's REST API (rest: false): only what is held or cached is shown", nil) }
+        guard let quota = quotas.budget(for: key) else { return nil }
         switch await quota.take(.foreground, bounded: true) {
         case .granted: return nil
         case .cancelled: return ("cancelled", .seconds(1))

@@ -381,4 +381,30 @@ struct SecurityDetailTests {
             #expect(try await httpGetWithHeaders("\(base)/v1/securities/MSFT", key: "free-key").status == 200)
         }
     }
+
+    /// A key that may not use the vendor's REST (`rest: false`, a dashboard's) sees the securities the
+    /// book holds, and is refused one it would have the relay load from the vendor for it alone.
+    @Test func aKeyWithoutRESTSeesHeldSecuritiesOnly() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-securities-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), demoRate: 200, portfolio: .init(dataDirectory: directory, closeHistory: false))
+        var dashboard = try ClientKey(name: "dashboard", secret: "dash-key", portfolio: .read)
+        dashboard.rest = false
+        settings.clientKeyRights = [dashboard]
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let portfolio = try #require(parts.portfolio)
+            let account = try await portfolio.store.createAccount(name: "Core", kind: .brokerage, currency: "USD", createdAt: .now.addingTimeInterval(-86_400))
+            _ = try await portfolio.store.addTransaction(
+                accountID: account.id, date: DayCalendar.utc.day(of: .now), kind: .buy, symbol: "AAPL", quantity: 1, price: 100, fees: 0)
+            try await portfolio.holdingsChanged()
+            let base = "http://127.0.0.1:\(parts.port)"
+            let held = try await httpGetWithHeaders("\(base)/v1/securities/AAPL", key: "dash-key")
+            #expect(held.status == 200, "a held security: \(held.body)")
+            let other = try await httpGetWithHeaders("\(base)/v1/securities/MSFT", key: "dash-key")
+            #expect(other.status == 403 && other.body.contains("rest: false"), "\(other.body)")
+        }
+    }
 }
