@@ -31,6 +31,11 @@ public enum AlpacaJSON {
                 if index > 0 { out.append(UInt8(ascii: ",")) }
                 switch entry.key {
                 case .string(let key): appendString(key, to: &out)
+                case .map, .array, .binary, .ext:
+                    // JSON keys are strings: a key that is itself a map (whose key is a map, and so on)
+                    // written and escaped again at each level would double its escapes at each: named by
+                    // its kind, never rendered.
+                    appendString("<\(Self.kind(of: entry.key))>", to: &out)
                 default:
                     var key: [UInt8] = []
                     append(entry.key, to: &key)
@@ -44,6 +49,17 @@ public enum AlpacaJSON {
             appendString(rfc3339(seconds: seconds, nanoseconds: nanoseconds), to: &out)
         case .ext(let type, let data):
             append(.map([.init(.string("ext"), .int(Int64(type))), .init(.string("data"), .binary(data))]), to: &out)
+        }
+    }
+
+    /// A container value's kind, as a key that is one is written.
+    static func kind(of value: MessagePack.Value) -> String {
+        switch value {
+        case .map: "map"
+        case .array: "array"
+        case .binary: "binary"
+        case .ext: "ext"
+        default: "value"
         }
     }
 
@@ -91,7 +107,14 @@ public enum AlpacaJSON {
             var kept: [MessagePack.Value.Entry] = []
             for entry in entries {
                 guard budget > 0 else { break }
-                let key = cut(entry.key, budget: &budget)
+                let key: MessagePack.Value
+                switch entry.key {
+                case .map, .array, .binary, .ext:
+                    // Named by its kind, as ``append(_:to:)`` writes such a key.
+                    key = .string("<\(kind(of: entry.key))>")
+                    budget -= 9
+                default: key = cut(entry.key, budget: &budget)
+                }
                 kept.append(.init(key, cut(entry.value, budget: &budget)))
                 budget -= 2
             }

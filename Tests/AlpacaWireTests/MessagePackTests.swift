@@ -62,6 +62,16 @@ struct MessagePackTests {
 struct AlpacaJSONTests {
     /// Bytes are written as an array of numbers, and an excerpt is cut before it is written: a 4 MB value
     /// an upstream sends in a control message is described by its first bytes, not rendered whole.
+    /// A key that is a map (whose key is a map, 30 deep) is named by its kind: written and escaped again
+    /// at each level, its escapes doubled at each, and 100 bytes of MessagePack became gigabytes.
+    @Test func aKeyThatIsAContainerIsNamedNotRendered() {
+        var nested: MessagePack.Value = .map([.init(.string("a\"b"), .int(1))])
+        for _ in 0..<30 { nested = .map([.init(nested, .int(1))]) }
+        #expect(String(decoding: AlpacaJSON.text(nested), as: UTF8.self) == #"{"<map>":1}"#)
+        #expect(String(decoding: AlpacaJSON.text(.map([.init(.int(7), .string("x")), .init(.array([]), .null)])), as: UTF8.self) == #"{"7":"x","<array>":null}"#)
+        #expect(AlpacaJSON.excerpt(nested, bytes: 300) == #"{"<map>":1}"#)
+    }
+
     @Test func aLimitStopsTheWritingOfALargeValue() {
         #expect(String(decoding: AlpacaJSON.text(.map([.init(.string("x"), .binary([1, 2, 255]))])), as: UTF8.self) == #"{"x":[1,2,255]}"#)
         let large: MessagePack.Value = .map([
