@@ -134,20 +134,10 @@ enum TapeScan {
         var damaged: [Range<Int64>] = []
     }
 
-    /// The most blocks a file is read as: a writer flushes every half second or 256 KB, so a day holds
-    /// fewer than 300,000 (172,800 flushes, and 20 GB in blocks of 256 KB). A file of more (each a
-    /// 73-byte block of one record) would cost an index entry, and a read, per 73 bytes: past this the
-    /// rest of the file is damaged.
-    static let mostBlocks = 1 << 20
-
-    static func blocks(descriptor: Int32, length: Int64, most: Int = mostBlocks) -> Found {
+    static func blocks(descriptor: Int32, length: Int64) -> Found {
         var found = Found()
         var offset: Int64 = 0
         while offset + Int64(TapeBlockHeader.size) <= length {
-            guard found.blocks.count < most else {
-                found.damaged.append(offset..<length)
-                break
-            }
             if let block = block(at: offset, descriptor: descriptor, length: length) {
                 found.blocks.append(block)
                 offset = block.end

@@ -243,8 +243,7 @@ public final class TapeDayFiles: TapeBlockSink {
         descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else { throw TapeError.system("opening", path) }
         let length = Int64(lseek(descriptor, 0, SEEK_END))
-        // Every block, however many (the readers' bound is not the writer's: what it cuts is gone).
-        let end = TapeScan.blocks(descriptor: descriptor, length: length, most: .max).blocks.last?.end ?? 0
+        let end = TapeScan.blocks(descriptor: descriptor, length: length).blocks.last?.end ?? 0
         if end < length {
             guard ftruncate(descriptor, off_t(end)) == 0 else {
                 let error = TapeError.system("cutting the torn tail of", path)

@@ -1,7 +1,6 @@
 import Foundation
 import NIOCore
 import Testing
-import RelayTestSupport
 
 @testable import Tape
 
@@ -405,25 +404,6 @@ struct TapeFileTests {
             decoded.append(index)
             return [.interrupted(at: headers[index].firstTime)]
         }
-    }
-
-    /// A file is read as at most so many blocks: the rest of it is damaged, not an index entry and a
-    /// read per block of one record.
-    @Test func aFileIsReadAsAtMostSoManyBlocks() throws {
-        let directory = scratchDirectory("tape-most")
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1 << 20)
-        for index in 1...5 {
-            try writer.append(.interrupted(at: Self.start + Int64(index)))
-            try writer.flush()
-        }
-        let path = try #require(TapeFile.days(directory: directory, market: "stocks").last).path
-        let descriptor = open(path, O_RDONLY)
-        defer { close(descriptor) }
-        let length = Int64(lseek(descriptor, 0, SEEK_END))
-        #expect(TapeScan.blocks(descriptor: descriptor, length: length).blocks.count == 5)
-        let capped = TapeScan.blocks(descriptor: descriptor, length: length, most: 3)
-        #expect(capped.blocks.count == 3 && capped.damaged == [capped.blocks[2].end..<length], "\(capped.damaged)")
     }
 
     /// What a header or a block claims is checked before it is believed: a crafted one costs what a
