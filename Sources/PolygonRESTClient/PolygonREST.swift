@@ -127,6 +127,10 @@ public struct PolygonREST: MarketReference {
                 if error is RESTDeadline.TimedOut { return .failure(.transport("\(error)")) }
                 // Nor one that sent more than the answer may be: it would send as much again.
                 if error is NIOTooManyBytesError { return .failure(.malformed("an answer of more than \(maxBodyBytes) bytes")) }
+                // Nor while the relay holds as much of the vendor's answers as it may: asking again would
+                // spend the account's budget on a page read again as memory is tight (its caller's own
+                // pace, a fill's next turn, comes back later).
+                if let refused = error as? ReadingRefused { return .failure(.transport("\(refused)")) }
                 last = .transport("\(error)")
                 // The relay is stopping: no later attempt can succeed.
                 if let error = error as? HTTPClientError, error == .alreadyShutdown { return .failure(last) }

@@ -50,9 +50,13 @@ public final class ReadingBytes: Sendable {
 }
 
 /// A read refused by the bound on answers being read.
-struct ReadingRefused: Error {
+public struct ReadingRefused: Error, CustomStringConvertible {
     let bytes: Int
     let limit: Int
     /// The vendor's status for the answer being read.
     let status: Int
+
+    public var description: String {
+        "the relay is reading \(bytes >> 20) MB of REST answers from the vendor already (at most \(limit >> 20) MB at once, rest.answersInFlightMB)"
+    }
 }
