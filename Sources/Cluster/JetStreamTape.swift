@@ -419,7 +419,7 @@ public enum ClusterTapePull {
 
     /// Where a pull writes `day`'s file before it is renamed over the day's.
     static func partialPath(directory: String, market: String, day: String) -> String {
-        TapeFile.path(directory: directory, market: market, day: day) + ".pull"
+        TapeStagedDays.partialPath(directory: directory, market: market, day: day, suffix: ".pull")
     }
 
     private static func copy(
@@ -443,14 +443,7 @@ public enum ClusterTapePull {
         let oldest = bounds.firstTime > 0 ? bounds.firstTime - Self.writtenWithin : Int64.min
         var goneInARow = 0
         // Each day's blocks go to its own new file, in stream order, however the days come.
-        var files: [String: (descriptor: Int32, partial: String, first: Int64)] = [:]
-        var order: [String] = []
-        func discard() {
-            for file in files.values {
-                close(file.descriptor)
-                unlink(file.partial)
-            }
-        }
+        let staged = TapeStagedDays(directory: directory, market: market, suffix: ".pull")
         for sequence in bounds.first...bounds.last {
             let block: [UInt8]
             switch tape.fetch(sequence, handle) {
@@ -463,13 +456,13 @@ public enum ClusterTapePull {
                 // The stream's blocks run on from its first (it lets go of the oldest only): this many
                 // missing in a row is a last sequence no stream has, not a tape to walk to its end.
                 if goneInARow >= Self.goneInARowAtMost {
-                    discard()
+                    staged.discard()
                     throw TapeError("\(goneInARow) blocks in a row missing from \(tape.stream) after block \(sequence - UInt64(goneInARow)) (it said its last is \(bounds.last)); nothing was replaced")
                 }
                 continue
             case .failed(let why):
                 // A pull cut short replaces nothing.
-                discard()
+                staged.discard()
                 throw TapeError("NATS stopped answering at block \(sequence) of \(tape.stream): \(why); nothing was replaced")
             }
             guard let header = block.withUnsafeBytes({ TapeBlockDecoder.header(of: $0) }), let records = block.withUnsafeBytes({ decoder.records(of: $0) })
@@ -502,40 +495,15 @@ public enum ClusterTapePull {
                 continue
             }
             days[day] = dayCheck
-            if files[day] == nil {
-                let partial = partialPath(directory: directory, market: market, day: day)
-                let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-                guard descriptor >= 0 else {
-                    discard()
-                    throw TapeError("could not write \(partial)")
-                }
-                files[day] = (descriptor, partial, header.firstTime)
-                order.append(day)
-            }
-            guard let file = files[day], block.withUnsafeBytes({ write(file.descriptor, $0.baseAddress, $0.count) }) == block.count else {
-                discard()
-                throw TapeError("could not write the \(day) tape of \(market)")
-            }
+            try staged.append(block, day: day, firstTime: header.firstTime)
             outcome.blocks += 1
         }
-        for day in order {
-            guard let file = files.removeValue(forKey: day) else { continue }
-            let complete = fsync(file.descriptor) == 0
-            close(file.descriptor)
+        // A day here that begins earlier than the stream's (whose oldest blocks its limits let go) holds
+        // more than the pull: kept.
+        (outcome.days, outcome.kept) = try staged.commit { day, first in
             let path = TapeFile.path(directory: directory, market: market, day: day)
-            // A day here that begins earlier than the stream's (whose oldest blocks its limits let go)
-            // holds more than the pull: kept.
-            if let local = try? TapeReader(path: path), let first = local.header(ofBlock: 0)?.firstTime, first < file.first {
-                unlink(file.partial)
-                outcome.kept.append(day)
-                continue
-            }
-            guard complete, rename(file.partial, path) == 0 else {
-                unlink(file.partial)
-                discard()
-                throw TapeError("could not write \(path)")
-            }
-            outcome.days.append(day)
+            guard let local = try? TapeReader(path: path), let begins = local.header(ofBlock: 0)?.firstTime else { return false }
+            return begins < first
         }
         return outcome
     }

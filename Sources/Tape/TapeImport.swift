@@ -41,14 +41,7 @@ public enum TapeImport {
                 outcome.refused += 1
                 if outcome.firstRefusal == nil { outcome.firstRefusal = VisibleText.visible(why, limit: 200) }
             }
-            var files: [String: (descriptor: Int32, partial: String)] = [:]
-            var order: [String] = []
-            func discard() {
-                for file in files.values {
-                    close(file.descriptor)
-                    unlink(file.partial)
-                }
-            }
+            let staged = TapeStagedDays(directory: directory, market: market, suffix: ".import")
             for index in 0..<reader.blockCount {
                 guard let header = reader.header(ofBlock: index), let records = reader.records(inBlock: index), let bytes = reader.bytes(ofBlock: index)
                 else {
@@ -70,43 +63,21 @@ public enum TapeImport {
                 // Each day written begins with the file's source record, so its replay speaks the protocol
                 // its events were checked in (a day whose first block named none would be served in the
                 // default vendor's).
-                if files[day] == nil, source != nil, named.isEmpty {
+                if !staged.has(day), source != nil, named.isEmpty {
                     refuse("block \(index) begins \(day) here without the file's source record (its replay would speak another protocol)")
                     continue
                 }
-                if files[day] == nil {
+                if !staged.has(day) {
                     if outcome.kept.contains(day) { continue }
                     if !replace, FileManager.default.fileExists(atPath: TapeFile.path(directory: directory, market: market, day: day)) {
                         outcome.kept.append(day)
                         continue
                     }
-                    let partial = TapeFile.path(directory: directory, market: market, day: day) + ".import"
-                    let descriptor = Glibc.open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-                    guard descriptor >= 0 else {
-                        discard()
-                        throw TapeError("could not write \(partial)")
-                    }
-                    files[day] = (descriptor, partial)
-                    order.append(day)
                 }
-                guard let file = files[day], bytes.withUnsafeBytes({ write(file.descriptor, $0.baseAddress, $0.count) }) == bytes.count else {
-                    discard()
-                    throw TapeError("could not write the \(day) tape of \(market)")
-                }
+                try staged.append(bytes, day: day, firstTime: header.firstTime)
                 outcome.blocks += 1
             }
-            for day in order {
-                guard let file = files.removeValue(forKey: day) else { continue }
-                let complete = fsync(file.descriptor) == 0
-                close(file.descriptor)
-                let path = TapeFile.path(directory: directory, market: market, day: day)
-                guard complete, rename(file.partial, path) == 0 else {
-                    unlink(file.partial)
-                    discard()
-                    throw TapeError("could not write \(path)")
-                }
-                outcome.days.append(day)
-            }
+            outcome.days = try staged.commit().written
             return outcome
         }
     }
