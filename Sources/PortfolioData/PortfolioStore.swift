@@ -195,6 +195,13 @@ public final class PortfolioStore: Sendable {
     /// The longest account name, in UTF-8 bytes.
     public static let nameBytes = 200
 
+    /// What a name may hold: visible text (``VisibleText/isVisible(_:)``), any space, and the joiners
+    /// words and emoji are written with (U+200C, U+200D); no control, bidirectional or other format character.
+    static func isNameScalar(_ scalar: Unicode.Scalar) -> Bool {
+        VisibleText.isVisible(scalar) || scalar.value == 0x200C || scalar.value == 0x200D
+            || scalar.properties.generalCategory == .spaceSeparator
+    }
+
     /// Refuses a day before 1970-01-01 or after tomorrow (in `calendar`): every change recomputes the
     /// history from its day on, so a date is bounded the way the history is.
     static func check(_ day: Day, field: String, calendar: DayCalendar) throws {
@@ -307,7 +314,7 @@ public final class PortfolioStore: Sendable {
         guard !name.isEmpty, name.utf8.count <= Self.nameBytes else {
             throw ValidationError(field: "name", message: "must be 1 to \(Self.nameBytes) bytes of UTF-8 (a letter of another script takes 2 to 4)")
         }
-        guard name.unicodeScalars.allSatisfy(VisibleText.isVisible) else {
+        guard name.unicodeScalars.allSatisfy(Self.isNameScalar) else {
             throw ValidationError(field: "name", message: "letters, marks, digits, punctuation, symbols and spaces only (no control, format or direction characters)")
         }
         guard currency.range(of: "^[A-Z]{3}$", options: .regularExpression) != nil else {

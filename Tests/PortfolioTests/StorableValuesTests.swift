@@ -27,7 +27,7 @@ struct StorableValuesTests {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let store = try PortfolioStore(directory: dir)
         let created = instant("2024-01-01T00:00:00Z")
-        for name in [String(repeating: "a", count: 200), String(repeating: "é", count: 100), "Roth IRA — 2024 (€)"] {
+        for name in [String(repeating: "a", count: 200), String(repeating: "é", count: 100), "Roth IRA — 2024 (€)", "سرمایه\u{200C}گذاری", "Dev 👨\u{200D}💻\u{00A0}fund"] {
             let account = try await store.createAccount(name: name, kind: .brokerage, currency: "USD", createdAt: created)
             #expect(account.name == name)
         }
@@ -38,7 +38,7 @@ struct StorableValuesTests {
                 _ = try await store.createAccount(name: refused, kind: .brokerage, currency: "USD", createdAt: created)
             }
         }
-        #expect(try await store.accounts().count == 3)
+        #expect(try await store.accounts().count == 5)
     }
 
     @Test func snapshotsAndClosesAreStoredReadablyAndUnreadableRowsAreSkippedThenReplaced() async throws {
