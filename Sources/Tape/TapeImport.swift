@@ -34,8 +34,10 @@ public enum TapeImport {
     ) throws -> Outcome {
         let lock = try TapeLock(directory: directory, market: market)
         return try withExtendedLifetime(lock) {
-            let source = try TapeReader(path: path).source()
-            let reader = try TapeReader(path: path, check: check(source))
+            // The file is scanned once and each block read once: decoded, checked, and copied as read.
+            let reader = try TapeReader(path: path)
+            let source = reader.source()
+            let decoder = try TapeBlockDecoder(check: check(source))
             var outcome = Outcome()
             func refuse(_ why: String) {
                 outcome.refused += 1
@@ -43,7 +45,8 @@ public enum TapeImport {
             }
             let staged = TapeStagedDays(directory: directory, market: market, suffix: ".import")
             for index in 0..<reader.blockCount {
-                guard let header = reader.header(ofBlock: index), let records = reader.records(inBlock: index), let bytes = reader.bytes(ofBlock: index)
+                guard let header = reader.header(ofBlock: index), let bytes = reader.bytes(ofBlock: index),
+                    let records = bytes.withUnsafeBytes({ decoder.records(of: $0) })
                 else {
                     refuse("block \(index) is damaged or holds an event that does not check")
                     continue
