@@ -341,6 +341,12 @@ public enum ClusterTapePull {
         public var firstRefusal: String?
         /// Days kept as they were here: the local file begins earlier than what the stream still holds.
         public var kept: [String] = []
+
+        /// One more block left out, for `why` (kept if it is the first).
+        mutating func refuse(_ why: String) {
+            refused += 1
+            if firstRefusal == nil { firstRefusal = VisibleText.visible(why, limit: 200) }
+        }
     }
 
     /// - Parameter check: what an event must be, for a stream whose `source` record says it was
@@ -471,10 +477,7 @@ public enum ClusterTapePull {
                 continue
             }
             guard header.firstTime >= oldest else {
-                outcome.refused += 1
-                if outcome.firstRefusal == nil {
-                    outcome.firstRefusal = "a block that began on \(TapeFile.day(of: header.firstTime)), over an hour before the oldest block NATS stored"
-                }
+                outcome.refuse("a block that began on \(TapeFile.day(of: header.firstTime)), over an hour before the oldest block NATS stored")
                 continue
             }
             let day = TapeFile.day(of: header.firstTime)
@@ -490,8 +493,7 @@ public enum ClusterTapePull {
             if let problem = dayCheck.problem(in: records, sources: named, protocolOf: { check($0).wire.name }) {
                 // The day's first block: the day is checked as it said, and its vendor is lost if it named one.
                 if days[day] == nil { days[day] = DayCheck(check: dayCheck.check, named: dayCheck.named, vendorLost: dayCheck.named) }
-                outcome.refused += 1
-                if outcome.firstRefusal == nil { outcome.firstRefusal = VisibleText.visible(problem, limit: 200) }
+                outcome.refuse(problem)
                 continue
             }
             days[day] = dayCheck

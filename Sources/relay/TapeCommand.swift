@@ -134,20 +134,13 @@ extension TapeCommand {
             security.credentialsFile = credentials
             security.caFile = caFile
             security.token = ProcessInfo.processInfo.environment["RELAY_CLUSTER_TOKEN"]
-            // The bounds a node checks an event from NATS against (only news.maxBytes is a setting).
-            var settings = RelaySettings()
-            if let newsMaxBytes {
-                let range = RelaySettings.NewsSettings.maxBytesRange
-                guard range.contains(newsMaxBytes) else { throw ValidationError("--news-max-bytes: \(range.lowerBound) to \(range.upperBound)") }
-                settings.news.maxBytes = newsMaxBytes
-            }
+            let bounds = try TapeCommand.eventBounds(newsMaxBytes: newsMaxBytes)
             var named: [String] = []
             for market in markets.split(separator: ",").map(String.init) where !named.contains(market) { named.append(market) }
             let unknown = named.filter { Market(rawValue: $0) == nil }
             guard !named.isEmpty, unknown.isEmpty else { throw ValidationError("--markets: markets, comma-separated; not markets: \(unknown.joined(separator: ", "))") }
             var logger = Logger(label: "relay.tape.pull")
             logger.logLevel = .warning
-            let bounds = settings
             for case let market? in named.map(Market.init(rawValue:)) {
                 let outcome = try await ClusterTapePull.pull(
                     servers: servers, security: security, cluster: name, market: market.rawValue, directory: directory,
@@ -183,13 +176,7 @@ extension TapeCommand {
 
         func run() async throws {
             guard let market = Market(rawValue: market) else { throw ValidationError("--market: a market (stocks, crypto, …), not \"\(self.market)\"") }
-            var settings = RelaySettings()
-            if let newsMaxBytes {
-                let range = RelaySettings.NewsSettings.maxBytesRange
-                guard range.contains(newsMaxBytes) else { throw ValidationError("--news-max-bytes: \(range.lowerBound) to \(range.upperBound)") }
-                settings.news.maxBytes = newsMaxBytes
-            }
-            let bounds = settings
+            let bounds = try TapeCommand.eventBounds(newsMaxBytes: newsMaxBytes)
             for file in files {
                 let outcome = try TapeImport.copy(from: file, market: market.rawValue, into: directory, replace: replace) {
                     Relay.tapeCheck(market, source: $0, settings: bounds)
@@ -200,6 +187,20 @@ extension TapeCommand {
                 print(line)
             }
         }
+    }
+}
+
+extension TapeCommand {
+    /// The bounds an event entering a tape's folder is checked against, as a node checks one from NATS
+    /// (only news.maxBytes is a setting: `--news-max-bytes`).
+    static func eventBounds(newsMaxBytes: Int?) throws -> RelaySettings {
+        var settings = RelaySettings()
+        if let newsMaxBytes {
+            let range = RelaySettings.NewsSettings.maxBytesRange
+            guard range.contains(newsMaxBytes) else { throw ValidationError("--news-max-bytes: \(range.lowerBound) to \(range.upperBound)") }
+            settings.news.maxBytes = newsMaxBytes
+        }
+        return settings
     }
 }
 
