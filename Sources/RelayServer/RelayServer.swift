@@ -470,7 +470,7 @@ public final class RelayServer: Service, Sendable {
     /// once cost one pass over the markets and one encoding (``SharedAnswer``).
     private func health() async throws -> Response {
         let (status, body) = try await healthAnswers.value { [self] in try await self.healthBody() }
-        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: body))
+        return Self.json(bytes: body, status: status)
     }
 
     private func healthBody() async throws -> (HTTPResponse.Status, ByteBuffer) {
@@ -500,7 +500,7 @@ public final class RelayServer: Service, Sendable {
             let (healthy, body) = await marketHealth(route)
             return (healthy ? .ok : .serviceUnavailable, try Self.jsonBytes(body))
         }
-        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: body))
+        return Self.json(bytes: body, status: status)
     }
 
     private func route(named name: String) -> MarketRoute? {
@@ -564,7 +564,12 @@ public final class RelayServer: Service, Sendable {
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status) throws -> Response {
-        Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: try jsonBytes(value)))
+        json(bytes: try jsonBytes(value), status: status)
+    }
+
+    /// A JSON answer of bytes already encoded.
+    static func json(bytes: ByteBuffer, status: HTTPResponse.Status) -> Response {
+        Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: bytes))
     }
 
     /// `value` as the relay's JSON answers are: sorted keys, ISO 8601 dates.

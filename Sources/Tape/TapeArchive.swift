@@ -285,6 +285,7 @@ public final class TapeArchive: EventArchive {
 
         static let lost = "the upstream was lost or the relay was down meanwhile"
         static let notReceived = "not received all the time (nobody held it for a while)"
+        static let notSubscribed = "not all received by this relay (it was not subscribed to the topic)"
 
         /// The readings, each under way with the last market sequence seen.
         func finished() -> [Reading] {
@@ -384,7 +385,7 @@ public final class TapeArchive: EventArchive {
                 underWay = kept
             }
             for index in unreceived where readings[index].answer == nil {
-                readings[index].answer = readings[index].gap("not all received by this relay (it was not subscribed to the topic)")
+                readings[index].answer = readings[index].gap(Self.notSubscribed)
             }
             unreceived.removeAll()
             // Its topic's reading and its type's wildcard's (one each at most: a read asks for a topic
@@ -411,7 +412,7 @@ public final class TapeArchive: EventArchive {
                 if readings[index].until < event.sequence {
                     readings[index].answer = .events([], [])
                 } else if !received {
-                    readings[index].answer = readings[index].gap("not all received by this relay (it was not subscribed to the topic)")
+                    readings[index].answer = readings[index].gap(Self.notSubscribed)
                 } else if readings[index].topic.matches(eventType: event.eventType, ticker: event.ticker) {
                     keep(event, in: index)
                 }

@@ -581,9 +581,9 @@ final class LWSConnection: Sendable {
 
     private func connectionEnded(cause: ConnectionEnd.Cause, reason: String) {
         // Whatever was being opened is over (lws frees it after this report).
-        shared.withLock { $0.opening = nil }
         stopOpening()
         let ended: UpstreamConnectionMachine.Ended? = shared.withLock { state in
+            state.opening = nil
             guard let ended = state.machine.ended(cause, reason: reason, now: .now) else { return nil }
             state.wsi = nil
             state.closeRequested = false
