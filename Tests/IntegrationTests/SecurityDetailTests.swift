@@ -358,17 +358,24 @@ struct SecurityDetailTests {
         }
     }
 
-    @Test func aSecurityNotCachedIsLoadedOnTheKeysRESTQuotaAndACachedOneIsFree() async throws {
+    /// Runs `body` against a relay with a portfolio and these client keys, given its parts.
+    func withKeyedRelay(_ keys: [ClientKey], _ body: @Sendable (Relay.Components) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-securities-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var settings = RelaySettings(
             listen: .init(host: "127.0.0.1", port: 0), demoRate: 200, portfolio: .init(dataDirectory: directory, closeHistory: false))
-        var metered = try ClientKey(name: "metered", secret: "metered-key", portfolio: .read)
-        metered.restRate = RESTRate(requests: 1, per: .seconds(3600))
-        settings.clientKeyRights = [metered, try ClientKey(name: "free", secret: "free-key", portfolio: .read)]
+        settings.clientKeyRights = keys
         let relay = Relay(settings: settings, logger: testLogger)
         try await withServices([relay]) {
-            let base = "http://127.0.0.1:\(try await within(.seconds(10), "the relay to start") { try await relay.ready() }.port)"
+            try await body(try await within(.seconds(10), "the relay to start") { try await relay.ready() })
+        }
+    }
+
+    @Test func aSecurityNotCachedIsLoadedOnTheKeysRESTQuotaAndACachedOneIsFree() async throws {
+        var metered = try ClientKey(name: "metered", secret: "metered-key", portfolio: .read)
+        metered.restRate = RESTRate(requests: 1, per: .seconds(3600))
+        try await withKeyedRelay([metered, try ClientKey(name: "free", secret: "free-key", portfolio: .read)]) { parts in
+            let base = "http://127.0.0.1:\(parts.port)"
             let first = try await httpGetWithHeaders("\(base)/v1/securities/AAPL", key: "metered-key")
             #expect(first.status == 200, "the quota's one request: \(first.body)")
             // A second symbol would be loaded from the vendor past the key's quota: refused, nothing loaded.
@@ -385,16 +392,9 @@ struct SecurityDetailTests {
     /// A key that may not use the vendor's REST (`rest: false`, a dashboard's) sees the securities the
     /// book holds, and is refused one it would have the relay load from the vendor for it alone.
     @Test func aKeyWithoutRESTSeesHeldSecuritiesOnly() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-securities-\(UUID().uuidString)").path
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        var settings = RelaySettings(
-            listen: .init(host: "127.0.0.1", port: 0), demoRate: 200, portfolio: .init(dataDirectory: directory, closeHistory: false))
         var dashboard = try ClientKey(name: "dashboard", secret: "dash-key", portfolio: .read)
         dashboard.rest = false
-        settings.clientKeyRights = [dashboard]
-        let relay = Relay(settings: settings, logger: testLogger)
-        try await withServices([relay]) {
-            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+        try await withKeyedRelay([dashboard]) { parts in
             let portfolio = try #require(parts.portfolio)
             let account = try await portfolio.store.createAccount(name: "Core", kind: .brokerage, currency: "USD", createdAt: .now.addingTimeInterval(-86_400))
             _ = try await portfolio.store.addTransaction(

@@ -18,14 +18,19 @@ struct TapeImportTests {
                 bytes: Array((bytes ?? #"{"ev":"Q","sym":"AAPL","n":\#(index)}"#).utf8)))
     }
 
-    @Test func onlyBlocksWhoseEventsCheckAreImportedAndADayHereIsKeptUnlessReplaced() throws {
-        let (elsewhere, here) = (scratchDirectory("import-from"), scratchDirectory("import-to"))
-        defer { for directory in [elsewhere, here] { try? FileManager.default.removeItem(atPath: directory) } }
-        let writer = try TapeWriter(directory: elsewhere, market: "stocks", blockBytes: 1 << 20)
-        func block(_ records: [TapeRecord]) throws {
+    /// Writes each call's records as one block of the stocks tape under `directory`.
+    func blockWriter(in directory: String) throws -> ([TapeRecord]) throws -> Void {
+        let writer = try TapeWriter(directory: directory, market: "stocks", blockBytes: 1 << 20)
+        return { records in
             for record in records { try writer.append(record) }
             try writer.flush()
         }
+    }
+
+    @Test func onlyBlocksWhoseEventsCheckAreImportedAndADayHereIsKeptUnlessReplaced() throws {
+        let (elsewhere, here) = (scratchDirectory("import-from"), scratchDirectory("import-to"))
+        defer { for directory in [elsewhere, here] { try? FileManager.default.removeItem(atPath: directory) } }
+        let block = try blockWriter(in: elsewhere)
         try block([.epoch("e1", at: Self.start), .source(vendor: "polygon", path: "/stocks", at: Self.start)] + (1...10).map { quote($0) })
         // Another symbol's event under AAPL's quote: what a replay would serve as AAPL's.
         try block([.epoch("e1", at: Self.start), quote(11, bytes: #"{"ev":"T","sym":"MSFT","p":1},{"ev":"status","status":"forged"}"#)])
@@ -60,11 +65,7 @@ struct TapeImportTests {
     @Test func aDayIsWrittenOnlyFromABlockNamingTheFilesSource() throws {
         let (elsewhere, here) = (scratchDirectory("import-src-from"), scratchDirectory("import-src-to"))
         defer { for directory in [elsewhere, here] { try? FileManager.default.removeItem(atPath: directory) } }
-        let writer = try TapeWriter(directory: elsewhere, market: "stocks", blockBytes: 1 << 20)
-        func block(_ records: [TapeRecord]) throws {
-            for record in records { try writer.append(record) }
-            try writer.flush()
-        }
+        let block = try blockWriter(in: elsewhere)
         // The source's block holds an event that does not check; then good blocks; then the next day's.
         try block([.epoch("e1", at: Self.start), .source(vendor: "polygon", path: "/stocks", at: Self.start), quote(1, bytes: #"{"ev":"T","sym":"MSFT"}"#)])
         try block([.epoch("e1", at: Self.start)] + (2...5).map { quote($0) })
