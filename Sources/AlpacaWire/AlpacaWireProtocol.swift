@@ -103,9 +103,9 @@ public struct AlpacaWireProtocol: WireProtocol {
 
     /// Trades and quotes (`t`/`q`) of the symbol as Alpaca names it (`X:BTC-USD` is `BTC/USD`,
     /// `O:SPY251219C00650000` is `SPY251219C00650000`).
-    public func priceTopics(of symbol: String, market: Market) -> [Topic] {
+    public func priceTopics(of symbol: String, market: Market) -> PriceTopics {
         let ticker = AlpacaSymbol.of(symbol, market: market)
-        return ["t", "q"].compactMap { Topic(eventType: $0, ticker: ticker) }
+        return PriceTopics(trade: Topic(eventType: "t", ticker: ticker), quote: Topic(eventType: "q", ticker: ticker))
     }
 
     /// The relay's ticker for the event's Alpaca symbol.

@@ -4,7 +4,7 @@ import Foundation
 /// wildcard subscription is allowed only by its own wildcard pattern. Patterns may be given per market
 /// (`crypto:XQ.*`); a market with patterns of its own uses only those, any other market the unqualified
 /// patterns. Value type, `Sendable`.
-public struct Entitlement: Sendable, Equatable {
+public struct Entitlement: Sendable, Hashable {
     /// `nil`: everything (on markets without patterns of their own).
     public let patterns: Set<Topic>?
     /// The markets the key may use; `nil`: all.

@@ -59,8 +59,9 @@ public protocol WireProtocol: Sendable {
     /// may merge for a slow client. Trades, statuses and increments never are.
     var stateEventTypes: Set<String> { get }
 
-    /// The topics that price a held symbol (a relay ticker such as `AAPL` or `X:BTC-USD`) on `market`.
-    func priceTopics(of symbol: String, market: Market) -> [Topic]
+    /// The topics that price a held symbol (a relay ticker such as `AAPL` or `X:BTC-USD`) on `market`:
+    /// its trades' and its quotes'.
+    func priceTopics(of symbol: String, market: Market) -> PriceTopics
 
     /// The held symbol an event of `market` prices (the relay's ticker for the event's own symbol).
     func heldSymbol(of event: MarketEvent, market: Market) -> String
@@ -114,4 +115,13 @@ public struct WireRejection: Error, Sendable, Equatable, CustomStringConvertible
     public let reason: String
     public init(_ reason: String) { self.reason = reason }
     public var description: String { reason }
+}
+
+extension WireProtocol {
+    /// `entitlement` with `market`'s own patterns written as this protocol writes that market's topics
+    /// (``lastValueTopic(_:market:)``), so that a topic in this protocol's form can be checked against it
+    /// (``Entitlement/inForm(of:_:)``).
+    public func entitlement(_ entitlement: Entitlement, inFormOf market: Market) -> Entitlement {
+        entitlement.inForm(of: market) { (try? lastValueTopic($0, market: market).get()) ?? $0 }
+    }
 }

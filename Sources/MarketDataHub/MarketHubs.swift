@@ -13,9 +13,9 @@ package struct MarketHubs: Sendable {
 
     /// The topics that price a held symbol on the hub that serves it, in that hub's protocol (Polygon's
     /// `T`/`Q`, Alpaca's `t`/`q` of `BTC/USD` for `X:BTC-USD`); none when no hub serves its market.
-    package func priceTopics(of symbol: String) -> [Topic] {
+    package func priceTopics(of symbol: String) -> PriceTopics {
         let market = Market.of(ticker: symbol)
-        return hubs[market]?.wire.priceTopics(of: symbol, market: market) ?? []
+        return hubs[market]?.wire.priceTopics(of: symbol, market: market) ?? PriceTopics(trade: nil, quote: nil)
     }
 
     /// The held symbol an event of `market` prices (an Alpaca crypto pair `BTC/USD` prices `X:BTC-USD`).

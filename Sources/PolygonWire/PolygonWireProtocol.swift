@@ -85,15 +85,15 @@ public struct PolygonWireProtocol: WireProtocol {
     public var stateEventTypes: Set<String> { ["Q", "XQ", "C", "A", "AM", "XA", "CA", "V", "FMV", "LV"] }
 
     /// A ticker's trades and quotes (`T`/`Q`; crypto `XT`/`XQ`; forex quotes `C`; index values `V`).
-    public func priceTopics(of symbol: String, market: Market) -> [Topic] {
-        let types: [String] =
+    public func priceTopics(of symbol: String, market: Market) -> PriceTopics {
+        let (trade, quote): (String?, String?) =
             switch market {
-            case .crypto: ["XT", "XQ"]
-            case .forex: ["C"]
-            case .indices: ["V"]
-            default: ["T", "Q"]
+            case .crypto: ("XT", "XQ")
+            case .forex: (nil, "C")
+            case .indices: ("V", nil)
+            default: ("T", "Q")
             }
-        return types.compactMap { Topic(eventType: $0, ticker: symbol) }
+        return PriceTopics(trade: trade.flatMap { Topic(eventType: $0, ticker: symbol) }, quote: quote.flatMap { Topic(eventType: $0, ticker: symbol) })
     }
 
     /// Polygon's events carry the relay's ticker itself.

@@ -254,13 +254,13 @@ public actor PortfolioService: Service {
             var topics: [Market: [Topic]] = [:]
             for symbol in symbols {
                 guard let (market, _) = hubs.hub(for: symbol) else { continue }
-                topics[market, default: []] += hubs.priceTopics(of: symbol)
+                topics[market, default: []] += hubs.priceTopics(of: symbol).all
             }
             return topics
         }
         for symbol in added {
             guard let (_, hub) = hubs.hub(for: symbol) else { continue }
-            for topic in hubs.priceTopics(of: symbol) {
+            for topic in hubs.priceTopics(of: symbol).all {
                 if let last = await hub.lastEvent(for: topic) { prices[symbol, default: SymbolPrices()].apply(hub.wire.price(in: last), now: .now) }
             }
         }
@@ -314,11 +314,18 @@ public actor PortfolioService: Service {
 
     // MARK: valuation
 
+    /// What a client key with `entitlement` may read of the prices a valuation shows.
+    public nonisolated func priceAccess(for entitlement: Entitlement) -> PriceAccess {
+        PriceAccess(entitlement: entitlement, hubs: hubs)
+    }
+
     /// The valuation of one account, or of the whole portfolio: every active account, brokerage ones
     /// valued live (positions plus cash), savings ones at their last update, each listed in `accounts`.
-    public func valuation(accountID: Int64? = nil) async throws -> Valuation {
+    /// Prices `access` may not read are left out (the rows `withheld`), as are the totals they would make.
+    public func valuation(accountID: Int64? = nil, access: PriceAccess = .everything) async throws -> Valuation {
         let ledger = try await currentBooks()
         let now = Date.now
+        let readability = access.perSymbol
         let accounts = ledger.accounts.filter { account in accountID.map { account.id == $0 } ?? account.isActive }
         var merged: [String: PositionBook.Position] = [:]
         var cash: Decimal = 0
@@ -329,7 +336,7 @@ public actor PortfolioService: Service {
             switch account.kind {
             case .brokerage:
                 let book = try ledger.book(of: account.id)
-                let own = Valuation.of(book.open, cash: book.cash, prices: prices, rule: rule, now: now)
+                let own = Valuation.of(book.open, cash: book.cash, prices: prices, rule: rule, now: now, readability: readability)
                 values.append(
                     AccountValue(
                         id: account.id, name: account.name, kind: .brokerage, value: own.total, cash: book.cash, asOf: now, basis: .live,
@@ -348,7 +355,7 @@ public actor PortfolioService: Service {
                 savingsMissing = savingsMissing || last == nil
             }
         }
-        var valuation = Valuation.of(Array(merged.values), cash: cash, prices: prices, rule: rule, now: now)
+        var valuation = Valuation.of(Array(merged.values), cash: cash, prices: prices, rule: rule, now: now, readability: readability)
         valuation.total += savings
         valuation.hasPartialFailures = valuation.hasPartialFailures || savingsMissing
         valuation.accounts = values
@@ -375,10 +382,11 @@ public actor PortfolioService: Service {
     }
 
     /// The holdings of the accounts in `accounts` (every active brokerage account when empty), valued
-    /// now, by symbol.
-    public func holdings(accounts: Set<Int64> = []) async throws -> [Holding] {
+    /// now, by symbol, with what `access` may read of their prices.
+    public func holdings(accounts: Set<Int64> = [], access: PriceAccess = .everything) async throws -> [Holding] {
         let (positions, holders) = try await currentBooks().openPositions(accounts: accounts)
-        let valuation = Valuation.of(Array(positions.values), prices: prices, rule: rule, now: .now)
+        let valuation = Valuation.of(
+            Array(positions.values), prices: prices, rule: rule, now: .now, readability: access.perSymbol)
         return valuation.positions.map { row in
             let weight: Decimal? =
                 if let value = row.marketValue, row.status == .priced, valuation.positionsValue > 0 {

@@ -37,6 +37,34 @@ public struct SymbolPrices: Sendable, Equatable {
     }
 }
 
+/// What a client may read of a symbol's prices: its trades (the last trade, the REST last trade and
+/// previous close, which are trades too) and its quotes (their mid). A client key limited to some
+/// topics sees in a valuation only the prices of the topics it may read (``SymbolPrices/readable(_:)``);
+/// a symbol it may read neither of is `withheld`. Value type, `Sendable`.
+public struct PriceReadability: Sendable, Equatable {
+    public var trade: Bool
+    public var quote: Bool
+
+    public init(trade: Bool, quote: Bool) {
+        (self.trade, self.quote) = (trade, quote)
+    }
+
+    public static let all = PriceReadability(trade: true, quote: true)
+    public static let none = PriceReadability(trade: false, quote: false)
+}
+
+extension SymbolPrices {
+    /// The prices a client that may read `readability` sees: without trades, no last trade, REST
+    /// reference or previous close; without quotes, no quote mid.
+    public func readable(_ readability: PriceReadability) -> SymbolPrices {
+        guard readability != .all else { return self }
+        var seen = self
+        if !readability.trade { (seen.lastTrade, seen.reference, seen.previousClose) = (nil, nil, nil) }
+        if !readability.quote { seen.lastQuoteMid = nil }
+        return seen
+    }
+}
+
 /// The price rule: the last trade when it is fresh, else the mid of the last quote when that is fresh,
 /// else the freshest price of any source, marked `stale`; none at all is `unavailable`. Fresh means
 /// younger than `staleAfter` (default 15 minutes).
@@ -49,6 +77,8 @@ public struct PriceRule: Sendable {
 
     public enum Status: String, Sendable, Codable {
         case priced, stale, unavailable
+        /// Left out for the client asking: its key may read none of the symbol's price topics.
+        case withheld
     }
 
     public func pick(_ prices: SymbolPrices, now: Date) -> (PriceObservation?, Status) {
@@ -97,11 +127,16 @@ public struct Valuation: Sendable, Codable, Equatable {
     public var hasPartialFailures: Bool
     public var unpricedSymbols: [String]
     public var staleSymbols: [String]
+    /// Positions whose price the client's key may not read (``PriceRule/Status/withheld``): left out of
+    /// the total as unpriced ones are.
+    public var withheldSymbols: [String] = []
     /// The accounts in the total, each with its value and how it was had (the portfolio's valuation).
     public var accounts: [AccountValue] = []
 
+    /// - Parameter readability: what the client asking may read of each symbol's prices (`nil`: all).
     public static func of(
-        _ positions: [PositionBook.Position], cash: Decimal = 0, prices: [String: SymbolPrices], rule: PriceRule, now: Date
+        _ positions: [PositionBook.Position], cash: Decimal = 0, prices: [String: SymbolPrices], rule: PriceRule, now: Date,
+        readability: ((String) -> PriceReadability)? = nil
     ) -> Valuation {
         var rows: [PositionValuation] = []
         var total: Decimal = 0
@@ -110,10 +145,14 @@ public struct Valuation: Sendable, Codable, Equatable {
         var dayChange: Decimal = 0
         var unpriced: [String] = []
         var stale: [String] = []
+        var withheld: [String] = []
         for position in positions.sorted(by: { $0.symbol < $1.symbol }) {
             let quantity = position.quantity
             let basis = position.costBasis
-            let (price, status) = rule.pick(prices[position.symbol] ?? SymbolPrices(), now: now)
+            let readable = readability?(position.symbol) ?? .all
+            let seen = (prices[position.symbol] ?? SymbolPrices()).readable(readable)
+            var (price, status) = rule.pick(seen, now: now)
+            if readable == .none { (price, status) = (nil, .withheld) }
             var row = PositionValuation(symbol: position.symbol, quantity: quantity, costBasis: basis, status: status)
             if let price {
                 let value = quantity * price.value
@@ -123,7 +162,7 @@ public struct Valuation: Sendable, Codable, Equatable {
                 row.marketValue = value
                 row.unrealizedPnL = value - basis
                 row.unrealizedPnLPercent = basis == 0 ? nil : DecimalText.rounded((value - basis) / basis * 100, scale: 4)
-                row.dayChange = prices[position.symbol]?.previousClose.map { quantity * (price.value - $0) }
+                row.dayChange = seen.previousClose.map { quantity * (price.value - $0) }
             }
             switch status {
             case .priced:
@@ -133,12 +172,14 @@ public struct Valuation: Sendable, Codable, Equatable {
                 dayChange += row.dayChange ?? 0
             case .stale: stale.append(position.symbol)
             case .unavailable: unpriced.append(position.symbol)
+            case .withheld: withheld.append(position.symbol)
             }
             rows.append(row)
         }
         return Valuation(
             asOf: now, positions: rows, total: total + cash, positionsValue: total, cash: cash, costBasis: cost, unrealizedPnL: pnl, dayChange: dayChange,
-            hasPartialFailures: !unpriced.isEmpty || !stale.isEmpty, unpricedSymbols: unpriced, staleSymbols: stale)
+            hasPartialFailures: !unpriced.isEmpty || !stale.isEmpty || !withheld.isEmpty, unpricedSymbols: unpriced, staleSymbols: stale,
+            withheldSymbols: withheld)
     }
 }
 

@@ -231,6 +231,11 @@ public struct PortfolioRoutes: Sendable {
         router.post("/v1/accounts/:id/transactions") { request, context in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
+                // A key writes only symbols whose prices it may read: else buying one would show it them.
+                if let symbol = new.symbol.map({ $0.trimmingCharacters(in: .whitespaces).uppercased() }), !symbol.isEmpty {
+                    let access = service.priceAccess(for: entitlement(request))
+                    if access.readability(of: symbol) == .none { return Self.notReadable(symbol, access) }
+                }
                 let transaction = try await store.addTransaction(
                     accountID: try Self.id(context),
                     .init(
@@ -267,14 +272,14 @@ public struct PortfolioRoutes: Sendable {
                 return Self.json(page, limit: limit, request: request, id: \.id)
             }
         }
-        router.get("/v1/portfolio") { _, _ in
-            await Self.answer { Self.json(try await service.valuation()) }
+        router.get("/v1/portfolio") { request, _ in
+            await Self.answer { Self.json(try await service.valuation(access: service.priceAccess(for: entitlement(request)))) }
         }
-        router.get("/v1/accounts/:id/valuation") { _, context in
+        router.get("/v1/accounts/:id/valuation") { request, context in
             await Self.answer {
                 let id = try Self.id(context)
                 _ = try await store.account(id)
-                return Self.json(try await service.valuation(accountID: id))
+                return Self.json(try await service.valuation(accountID: id, access: service.priceAccess(for: entitlement(request))))
             }
         }
         router.get("/v1/accounts/:id/history") { request, context in
@@ -310,8 +315,9 @@ public struct PortfolioRoutes: Sendable {
                 }
                 let query = try HoldingsQuery(parameters: parameters)
                 for id in query.accounts { _ = try await store.account(id) }
+                let access = browser.service.priceAccess(for: entitlement(request))
                 let view = try await Self.asClient(request, context, browser, connection) { client in
-                    try await browser.holdings(query, client: client)
+                    try await browser.holdings(query, client: client, access: access)
                 }
                 return Self.json(view)
             }
@@ -323,18 +329,13 @@ public struct PortfolioRoutes: Sendable {
                 if let problem = HeldSymbol.problem(with: symbol) {
                     throw PortfolioStore.ValidationError(field: "symbol", message: "\(problem): expected a ticker such as AAPL or X:BTCUSD")
                 }
-                // The key's topics hold here as on the WebSocket: the last trade is T.<symbol>, the last
-                // quote Q.<symbol>. A key that may read neither is refused before anything is loaded; one
-                // that may read one of them gets the detail without the other (named in `withheld`).
-                let allowed = entitlement(request)
-                // A symbol that passed the ticker rules above makes topics.
-                guard let trade = Topic(eventType: "T", ticker: symbol), let quote = Topic(eventType: "Q", ticker: symbol) else {
-                    throw PortfolioStore.ValidationError(field: "symbol", message: "expected a ticker such as AAPL or X:BTCUSD")
-                }
-                let (mayTrade, mayQuote) = (allowed.allows(trade), allowed.allows(quote))
-                guard mayTrade || mayQuote else {
-                    return Self.problem(.forbidden, "not authorized: this key may read neither \(trade) nor \(quote)", field: "symbol")
-                }
+                // The key's topics hold here as on the WebSocket: the last trade is the symbol's trades
+                // topic on its market (T.<symbol> on Polygon's stocks), the last quote its quotes topic. A
+                // key that may read neither is refused before anything is loaded; one that may read one of
+                // them gets the detail without the other (named in `withheld`).
+                let access = browser.service.priceAccess(for: entitlement(request))
+                let readable = access.readability(of: symbol)
+                guard readable != .none else { return Self.notReadable(symbol, access) }
                 // A security neither cached nor loading is loaded from the vendor's REST (when there is
                 // one): on the key's quota. Joining a load under way costs nothing.
                 if browser.loader.rest != nil, await browser.cache.wouldLoad(symbol), let refused = await spendREST(request) {
@@ -352,10 +353,17 @@ public struct PortfolioRoutes: Sendable {
                 var answer = try await Self.asClient(request, context, browser, connection) { client in
                     try await browser.detail(symbol, view: view, client: client)
                 }
-                answer.detail = answer.detail.withholding(trade: !mayTrade, quote: !mayQuote)
+                answer.detail = answer.detail.withholding(readable, topics: access.topics(of: symbol))
                 return Self.json(answer)
             }
         }
+    }
+
+    /// The answer to a key that may read none of `symbol`'s prices (`403`, naming its topics).
+    static func notReadable(_ symbol: String, _ access: PriceAccess) -> Response {
+        let topics = access.topics(of: symbol).all.map(\.description)
+        let named = topics.isEmpty ? "its market" : topics.joined(separator: " nor ")
+        return problem(.forbidden, "not authorized: this key may read neither \(named) (the prices of \(symbol))", field: "symbol")
     }
 
     /// Runs `body` for the request's client: the `X-Relay-Client` name, else the connection, whose
@@ -379,9 +387,10 @@ public struct PortfolioRoutes: Sendable {
     }
 
     /// The live valuation as WebSocket text frames, one per change (at most one per push interval): the
-    /// stream behind `/v1/portfolio/stream`, one per connection, all fed from one subscription whose
-    /// valuations are each encoded once.
-    public func valuationFrames() async -> AsyncStream<ByteBuffer> {
-        await broadcast.frames()
+    /// stream behind `/v1/portfolio/stream`, one per connection, with the prices a key with
+    /// `entitlement` may read; all fed from one subscription, each valuation encoded once for every
+    /// connection of the same rights.
+    public func valuationFrames(for entitlement: Entitlement = .everything) async -> AsyncStream<ByteBuffer> {
+        await broadcast.frames(for: entitlement)
     }
 }

@@ -1,15 +1,28 @@
 import Foundation
+import MarketCore
 import NIOCore
 import Portfolio
+import PortfolioDomain
 
 /// The live valuation as WebSocket text frames for every `/v1/portfolio/stream` connection: one
-/// subscription to the sidecar's valuations, each encoded once, the same bytes handed to every
-/// connection (a `ByteBuffer` is shared, not copied). Runs while at least one connection watches; a
-/// new connection gets the latest frame at once.
+/// subscription to the sidecar's valuations; connections whose keys have the same rights share each
+/// frame, encoded once (a `ByteBuffer` is shared, not copied). A key that may read every price gets the
+/// sidecar's valuation as it is; a key limited to some topics gets one valued with the prices it may
+/// read (``PriceAccess``), once per push for all its connections. Runs while at least one connection
+/// watches; a new connection gets its rights' latest frame at once.
 actor ValuationBroadcast {
     private let service: PortfolioService
-    private var watchers: [UUID: AsyncStream<ByteBuffer>.Continuation] = [:]
-    private var latest: ByteBuffer?
+    /// The connections of one set of rights, and the last frame they were sent.
+    private struct Group {
+        let access: PriceAccess
+        var watchers: [UUID: AsyncStream<ByteBuffer>.Continuation] = [:]
+        var latest: ByteBuffer?
+        /// Frames sent so far: a first frame valued for a newcomer is not sent after a newer one.
+        var sent = 0
+    }
+
+    /// By rights (every key that reads every price shares ``Entitlement/everything``'s group).
+    private var groups: [Entitlement: Group] = [:]
     private var pump: Task<Void, Never>?
 
     init(service: PortfolioService) {
@@ -17,39 +30,64 @@ actor ValuationBroadcast {
     }
 
     /// A connection's frames: the latest valuation, then each new one (the newest only, if it falls behind).
-    func frames() -> AsyncStream<ByteBuffer> {
+    func frames(for entitlement: Entitlement) async -> AsyncStream<ByteBuffer> {
         let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingNewest(1))
         let id = UUID()
-        watchers[id] = continuation
-        continuation.onTermination = { _ in Task { await self.remove(id) } }
-        if let latest { continuation.yield(latest) }
-        if pump == nil { pump = Task { await self.forward() } }
+        let access = service.priceAccess(for: entitlement)
+        let rights = access.isWhole ? Entitlement.everything : entitlement
+        groups[rights, default: Group(access: access)].watchers[id] = continuation
+        continuation.onTermination = { _ in Task { await self.remove(id, of: rights) } }
+        guard pump != nil else {
+            // The subscription's first valuation comes at once, for every group.
+            pump = Task { await self.forward() }
+            return frames
+        }
+        if let latest = groups[rights]?.latest {
+            continuation.yield(latest)
+        } else if let sent = groups[rights]?.sent, let frame = await frame(for: access) {
+            // New rights: valued now rather than at the next change, unless a push came meanwhile.
+            if groups[rights]?.sent == sent { continuation.yield(frame) }
+        }
         return frames
+    }
+
+    private func frame(for access: PriceAccess, given valuation: Valuation? = nil) async -> ByteBuffer? {
+        let shown: Valuation
+        if access.isWhole, let valuation {
+            shown = valuation
+        } else {
+            guard let valued = try? await service.valuation(access: access) else { return nil }
+            shown = valued
+        }
+        return (try? PortfolioJSON.encoder.encode(shown)).map { ByteBuffer(bytes: $0) }
     }
 
     private func forward() async {
         for await valuation in await service.valuationUpdates() {
             if Task.isCancelled { return }
-            guard let data = try? PortfolioJSON.encoder.encode(valuation) else { continue }
-            let frame = ByteBuffer(bytes: data)
-            latest = frame
-            for watcher in watchers.values { watcher.yield(frame) }
+            for rights in Array(groups.keys) {
+                guard let access = groups[rights]?.access, let frame = await frame(for: access, given: valuation) else { continue }
+                guard var group = groups[rights] else { continue }
+                group.latest = frame
+                group.sent += 1
+                groups[rights] = group
+                for watcher in group.watchers.values { watcher.yield(frame) }
+            }
         }
         guard !Task.isCancelled else { return }
         // The sidecar stopped: so do the connections' streams.
-        let ended = watchers.values
-        watchers = [:]
+        let ended = groups.values.flatMap(\.watchers.values)
+        groups = [:]
         pump = nil
-        latest = nil
         for watcher in ended { watcher.finish() }
     }
 
-    private func remove(_ id: UUID) {
-        watchers[id] = nil
-        guard watchers.isEmpty else { return }
+    private func remove(_ id: UUID, of rights: Entitlement) {
+        groups[rights]?.watchers[id] = nil
+        if groups[rights]?.watchers.isEmpty == true { groups[rights] = nil }
+        guard groups.isEmpty else { return }
         // Nobody watches: the sidecar's subscription ends with the task.
         pump?.cancel()
         pump = nil
-        latest = nil
     }
 }

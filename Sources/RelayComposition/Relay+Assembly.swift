@@ -493,7 +493,7 @@ extension Relay {
                     to: router, connection: { $0.channel }, entitlement: { keys.entitlement(of: $0) }, spendREST: { await keys.spendREST(for: $0) })
             },
             pushStreams: routes.map { routes in
-                [PushStream(path: "/v1/portfolio/stream", needsPortfolioRight: true) { await routes.valuationFrames() }]
+                [PushStream(path: "/v1/portfolio/stream", needsPortfolioRight: true) { await routes.valuationFrames(for: $0) }]
             } ?? [])
     }
 

@@ -81,7 +81,7 @@ extension RelayServer {
                 name: key.name, rest: key.rest,
                 allows: { market, topic in
                     guard let wire = markets.first(where: { $0.market == market })?.served.wire else { return entitlement.allows(topic, in: market) }
-                    let inForm = entitlement.inForm(of: market) { (try? wire.lastValueTopic($0, market: market).get()) ?? $0 }
+                    let inForm = wire.entitlement(entitlement, inFormOf: market)
                     let normalized = (try? wire.lastValueTopic(topic, market: market).get()) ?? topic
                     return inForm.allows(normalized, in: market)
                 },

@@ -1,3 +1,4 @@
+import MarketCore
 import NIOCore
 import NIOWebSocket
 
@@ -9,10 +10,11 @@ public struct PushStream: Sendable {
     public var path: String
     /// Whether a client key needs its portfolio read right (else any accepted key will do).
     public var needsPortfolioRight: Bool
-    /// A new stream of frames for one connection; it ends when the connection does.
-    public var frames: @Sendable () async -> AsyncStream<ByteBuffer>
+    /// A new stream of frames for one connection, for what its key may read (everything without keys);
+    /// it ends when the connection does.
+    public var frames: @Sendable (Entitlement) async -> AsyncStream<ByteBuffer>
 
-    public init(path: String, needsPortfolioRight: Bool, frames: @escaping @Sendable () async -> AsyncStream<ByteBuffer>) {
+    public init(path: String, needsPortfolioRight: Bool, frames: @escaping @Sendable (Entitlement) async -> AsyncStream<ByteBuffer>) {
         self.path = path
         self.needsPortfolioRight = needsPortfolioRight
         self.frames = frames
@@ -26,10 +28,12 @@ actor PushConnection {
     private let loop: any EventLoop
     private let handler: NIOLoopBound<WebSocketConnectionHandler>
     private let stream: PushStream
+    private let entitlement: Entitlement
     private var task: Task<Void, Never>?
     private var ended = false
 
-    init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, stream: PushStream) {
+    init(handler: NIOLoopBound<WebSocketConnectionHandler>, loop: any EventLoop, stream: PushStream, entitlement: Entitlement) {
+        self.entitlement = entitlement
         self.loop = loop
         self.unownedExecutor = loop.executor.asUnownedSerialExecutor()
         self.handler = handler
@@ -52,7 +56,7 @@ actor PushConnection {
     }
 
     private func run() async {
-        let frames = await stream.frames()
+        let frames = await stream.frames(entitlement)
         var iterator = frames.makeAsyncIterator()
         while !ended {
             guard let frame = await iterator.next(isolation: self), !ended else { break }

@@ -304,9 +304,11 @@ public final class RelayServer: Service, Sendable {
                 hooks: .init(addresses: addresses, address: address, ticket: ticket), transferring: transferring)
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
-        case .push(let index, _):
+        case .push(let index, let key):
             if let ticket { addresses.settle(ticket) }
-            let connection = PushConnection(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, stream: pushStreams[index])
+            let connection = PushConnection(
+                handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), loop: channel.eventLoop, stream: pushStreams[index],
+                entitlement: key?.entitlement ?? .everything)
             handler.attach(connection.conversation())
             close = { code, reason in connection.close(code: code, reason: reason) }
         }
@@ -535,8 +537,7 @@ public final class RelayServer: Service, Sendable {
         guard entitlement.allows(market: route.market) else {
             return try Self.json(["error": "not authorized: this key may not use the \(route.market) market"], status: .forbidden)
         }
-        let wire = route.served.wire
-        let inForm = entitlement.inForm(of: route.market) { (try? wire.lastValueTopic($0, market: route.market).get()) ?? $0 }
+        let inForm = route.served.wire.entitlement(entitlement, inFormOf: route.market)
         guard inForm.allows(topic, in: route.market) else {
             return try Self.json(["error": "not authorized: this key may not read \(topic)"], status: .forbidden)
         }

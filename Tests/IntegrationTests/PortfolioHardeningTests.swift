@@ -366,6 +366,94 @@ struct PortfolioHardeningTests {
         }
     }
 
+    /// A key's topics hold on the valuation as on the market feed: a key that may read AAPL's trades and
+    /// quotes but not MSFT's sees MSFT's row `withheld` (no price, no value) and left out of every total,
+    /// on `/v1/portfolio`, an account's valuation, the holdings and the live stream; a key with every
+    /// topic sees MSFT priced on the same book. A writing key limited to AAPL may not buy MSFT (else
+    /// holding it would show its price); it may buy AAPL.
+    @Test func aKeySeesOnlyThePricesItMayRead() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-withheld-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var settings = RelaySettings(
+            listen: .init(host: "127.0.0.1", port: 0), demoRate: 200, portfolio: .init(dataDirectory: directory, closeHistory: false))
+        settings.clientKeyRights = [
+            try ClientKey(name: "owner", secret: "owner-secret"),
+            try ClientKey(name: "aapl", secret: "aapl-secret", topics: ["T.AAPL", "Q.AAPL"], portfolio: .write),
+        ]
+        let relay = Relay(settings: settings, logger: testLogger)
+        try await withServices([relay]) {
+            let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
+            let base = "http://127.0.0.1:\(parts.port)"
+            @Sendable func send(_ method: String, _ path: String, _ key: String, json: String? = nil) async throws -> (status: Int, body: String) {
+                try await httpSend(method, base + path, json: json, headers: ["Authorization": "Bearer \(key)-secret"])
+            }
+            let created = try await send(
+                "POST", "/v1/accounts", "owner", json: #"{"name":"Core","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#)
+            let account = try #require(jsonObject(created.body)["id"] as? Int, "\(created)")
+            for symbol in ["AAPL", "MSFT"] {
+                let bought = try await send(
+                    "POST", "/v1/accounts/\(account)/transactions", "owner",
+                    json: #"{"kind":"buy","date":"2024-01-02","symbol":"\#(symbol)","quantity":"10","price":"100"}"#)
+                #expect(bought.status == 201, "\(bought)")
+            }
+            @Sendable func rows(_ json: [String: Any], _ field: String = "positions") -> [String: [String: Any]] {
+                let list = json[field] as? [[String: Any]] ?? []
+                return Dictionary(list.map { ($0["symbol"] as? String ?? "", $0) }, uniquingKeysWith: { first, _ in first })
+            }
+            // The owner's valuation prices both once the feed has.
+            try await eventually("both symbols priced for the owner") {
+                let rows = rows(jsonObject((try? await send("GET", "/v1/portfolio", "owner").body) ?? ""))
+                return rows["AAPL"]?["status"] as? String == "priced" && rows["MSFT"]?["status"] as? String == "priced"
+            }
+            for path in ["/v1/portfolio", "/v1/accounts/\(account)/valuation"] {
+                let answer = try await send("GET", path, "aapl")
+                #expect(answer.status == 200, "\(answer)")
+                let json = jsonObject(answer.body)
+                let positions = rows(json)
+                #expect(positions["AAPL"]?["status"] as? String == "priced", "\(path): \(answer.body)")
+                #expect(positions["MSFT"]?["status"] as? String == "withheld", "\(path): \(answer.body)")
+                for field in ["price", "marketValue", "priceTime", "unrealizedPnL", "dayChange"] {
+                    #expect(positions["MSFT"]?[field] == nil, "\(path): MSFT's \(field) is withheld: \(answer.body)")
+                }
+                #expect(json["withheldSymbols"] as? [String] == ["MSFT"], "\(path)")
+                #expect(json["hasPartialFailures"] as? Bool == true, "\(path)")
+                // The totals are AAPL's alone (and the cash).
+                let aapl = Decimal(string: positions["AAPL"]?["marketValue"] as? String ?? "")
+                #expect(aapl != nil && Decimal(string: json["positionsValue"] as? String ?? "") == aapl, "\(path): \(answer.body)")
+                let accounts = json["accounts"] as? [[String: Any]] ?? []
+                #expect(accounts.first?["partial"] as? Bool == true, "\(path): \(accounts)")
+            }
+            let holdings = try await send("GET", "/v1/holdings", "aapl")
+            #expect(holdings.status == 200, "\(holdings)")
+            let held = rows(jsonObject(holdings.body), "holdings")
+            #expect(held["MSFT"]?["status"] as? String == "withheld" && held["MSFT"]?["price"] == nil, "\(holdings.body)")
+            #expect(held["AAPL"]?["status"] as? String == "priced", "\(holdings.body)")
+            #expect(rows(jsonObject(try await send("GET", "/v1/holdings", "owner").body), "holdings")["MSFT"]?["status"] as? String == "priced")
+
+            // The live stream: each key's frames carry what it may read.
+            let ws = base.replacingOccurrences(of: "http://", with: "ws://") + "/v1/portfolio/stream?apiKey="
+            let owner = WSTestClient(url: ws + "owner-secret")
+            let limited = WSTestClient(url: ws + "aapl-secret")
+            #expect(rows(jsonObject(try await owner.nextFrame()))["MSFT"]?["status"] as? String == "priced")
+            for _ in 0..<2 {
+                let frame = jsonObject(try await limited.nextFrame())
+                #expect(rows(frame)["MSFT"]?["status"] as? String == "withheld", "\(frame)")
+                #expect(rows(frame)["MSFT"]?["price"] == nil && frame["withheldSymbols"] as? [String] == ["MSFT"], "\(frame)")
+            }
+            await owner.close()
+            await limited.close()
+
+            // Writing: not a symbol the key may not read; its own, yes.
+            let refused = try await send(
+                "POST", "/v1/accounts/\(account)/transactions", "aapl", json: #"{"kind":"buy","date":"2024-01-03","symbol":"nvda","quantity":"1","price":"100"}"#)
+            #expect(refused.status == 403, "\(refused)")
+            #expect(jsonObject(refused.body)["field"] as? String == "symbol" && refused.body.contains("T.NVDA"), "\(refused.body)")
+            let allowed = try await send(
+                "POST", "/v1/accounts/\(account)/transactions", "aapl", json: #"{"kind":"buy","date":"2024-01-03","symbol":"AAPL","quantity":"1","price":"100"}"#)
+            #expect(allowed.status == 201, "\(allowed)")
+        }
+    }
+
     /// Issue 22 item 3 (the portfolio part): every `/v1/portfolio/stream` connection is fed from one
     /// valuation stream, each valuation encoded once, not one stream and one encoding per connection.
     @Test func streamConnectionsShareOneEncodedValuation() async throws {

@@ -136,6 +136,45 @@ struct ValuationTests {
         #expect(nvda.costBasis == dec("100"))
     }
 
+    /// A client that may read a symbol's quotes but not its trades is valued from the quote mid (no last
+    /// trade, REST price or previous close); one that may read neither sees the row `withheld`, outside
+    /// every total, named in `withheldSymbols`.
+    @Test func pricesAClientMayNotReadAreLeftOutAndNamed() throws {
+        let now = instant("2024-05-01T15:00:00Z")
+        let book = try PositionBook(transactions: ["AAPL", "MSFT"].enumerated().map { index, symbol in
+            Transaction(
+                id: Int64(index + 1), accountID: 1, date: day("2024-01-02"), kind: .buy, symbol: symbol, quantity: dec("10"), price: dec("100"),
+                fees: dec("0"))
+        })
+        let both = SymbolPrices(
+            lastTrade: PriceObservation(value: dec("120"), at: now.addingTimeInterval(-5), source: .trade),
+            lastQuoteMid: PriceObservation(value: dec("119"), at: now.addingTimeInterval(-5), source: .quoteMid),
+            reference: PriceObservation(value: dec("118"), at: now.addingTimeInterval(-5), source: .restLastTrade), previousClose: dec("110"))
+        let prices = ["AAPL": both, "MSFT": both]
+        let rule = PriceRule(staleAfter: 900)
+        let whole = Valuation.of(book.open, cash: dec("5"), prices: prices, rule: rule, now: now)
+        #expect(whole.total == dec("2405") && whole.withheldSymbols.isEmpty && !whole.hasPartialFailures)
+
+        let readability: (String) -> PriceReadability = { $0 == "AAPL" ? PriceReadability(trade: false, quote: true) : .none }
+        let cut = Valuation.of(book.open, cash: dec("5"), prices: prices, rule: rule, now: now, readability: readability)
+        let aapl = try #require(cut.positions.first { $0.symbol == "AAPL" })
+        #expect(aapl.price == dec("119") && aapl.priceSource == .quoteMid && aapl.status == .priced)
+        #expect(aapl.dayChange == nil, "the previous close is a trade")
+        let msft = try #require(cut.positions.first { $0.symbol == "MSFT" })
+        #expect(msft.status == .withheld && msft.price == nil && msft.marketValue == nil && msft.priceTime == nil && msft.dayChange == nil)
+        #expect(msft.costBasis == dec("1000"), "the book's own figures stay")
+        #expect(cut.total == dec("1195") && cut.positionsValue == dec("1190") && cut.costBasis == dec("1000"))
+        #expect(cut.withheldSymbols == ["MSFT"] && cut.unpricedSymbols.isEmpty && cut.hasPartialFailures)
+        // Trades only: no quote mid, so a stale trade stays stale rather than the fresh quote standing in.
+        var staleTrade = both
+        staleTrade.lastTrade?.at = now.addingTimeInterval(-3600)
+        staleTrade.reference = nil
+        let tradesOnly = Valuation.of(
+            book.open, prices: ["AAPL": staleTrade], rule: rule, now: now, readability: { _ in PriceReadability(trade: true, quote: false) })
+        #expect(tradesOnly.positions.first { $0.symbol == "AAPL" }?.status == .stale)
+        #expect(tradesOnly.positions.first { $0.symbol == "AAPL" }?.price == dec("120"))
+    }
+
     @Test func theRulePrefersAFreshTradeThenAFreshQuoteMid() {
         let now = instant("2024-05-01T15:00:00Z")
         let rule = PriceRule(staleAfter: 60)
@@ -422,10 +461,10 @@ struct MarketPriceTests {
     }
 
     @Test func eachTickerIsFollowedOnItsOwnMarketsChannels() {
-        #expect(PolygonWireProtocol().priceTopics(of: "X:BTC-USD", market: Market.of(ticker: "X:BTC-USD")).map(\.description) == ["XT.X:BTC-USD", "XQ.X:BTC-USD"])
-        #expect(PolygonWireProtocol().priceTopics(of: "C:EUR-USD", market: Market.of(ticker: "C:EUR-USD")).map(\.description) == ["C.C:EUR-USD"])
-        #expect(PolygonWireProtocol().priceTopics(of: "I:SPX", market: Market.of(ticker: "I:SPX")).map(\.description) == ["V.I:SPX"])
-        #expect(PolygonWireProtocol().priceTopics(of: "AAPL", market: Market.of(ticker: "AAPL")).map(\.description) == ["T.AAPL", "Q.AAPL"])
-        #expect(PolygonWireProtocol().priceTopics(of: "O:SPY251219C00650000", market: Market.of(ticker: "O:SPY251219C00650000")).map(\.description) == ["T.O:SPY251219C00650000", "Q.O:SPY251219C00650000"])
+        #expect(PolygonWireProtocol().priceTopics(of: "X:BTC-USD", market: Market.of(ticker: "X:BTC-USD")).all.map(\.description) == ["XT.X:BTC-USD", "XQ.X:BTC-USD"])
+        #expect(PolygonWireProtocol().priceTopics(of: "C:EUR-USD", market: Market.of(ticker: "C:EUR-USD")).all.map(\.description) == ["C.C:EUR-USD"])
+        #expect(PolygonWireProtocol().priceTopics(of: "I:SPX", market: Market.of(ticker: "I:SPX")).all.map(\.description) == ["V.I:SPX"])
+        #expect(PolygonWireProtocol().priceTopics(of: "AAPL", market: Market.of(ticker: "AAPL")).all.map(\.description) == ["T.AAPL", "Q.AAPL"])
+        #expect(PolygonWireProtocol().priceTopics(of: "O:SPY251219C00650000", market: Market.of(ticker: "O:SPY251219C00650000")).all.map(\.description) == ["T.O:SPY251219C00650000", "Q.O:SPY251219C00650000"])
     }
 }

@@ -204,7 +204,7 @@ struct ConformanceTests {
     func aHeldSymbolIsPricedFromItsMarketsOwnTopics(_ spec: Conformance) throws {
         for market in spec.markets {
             let symbol = market == .crypto ? "X:BTC-USD" : market == .options ? "O:SPY251219C00650000" : "AAPL"
-            let topics = spec.wire.priceTopics(of: symbol, market: market)
+            let topics = spec.wire.priceTopics(of: symbol, market: market).all
             #expect(!topics.isEmpty, "\(spec.wire.name) \(market)")
             let types = spec.wire.eventTypes(of: market)
             #expect(topics.allSatisfy { types.contains($0.eventType) }, "\(topics) in \(types.sorted())")

@@ -152,6 +152,7 @@ export function mount(main, context) {
     const reasons = [];
     if (v.unpricedSymbols.length) reasons.push(`no price for ${v.unpricedSymbols.join(", ")} (nothing received from the feed or the REST API yet), so they are left out of the total`);
     if (v.staleSymbols.length) reasons.push(`stale prices for ${v.staleSymbols.join(", ")} (the last price is older than the relay accepts), left out of the total`);
+    if ((v.withheldSymbols || []).length) reasons.push(`prices withheld for ${v.withheldSymbols.join(", ")} (this key may not read them), left out of the total`);
     const noValue = (v.accounts || []).filter((a) => a.value === undefined || a.value === null).map((a) => a.name);
     if (noValue.length) reasons.push(`no value entered yet for ${noValue.join(", ")}`);
     partial.replaceChildren(...(reasons.length || v.hasPartialFailures ? [el("p", { class: "banner", id: "partial-banner" }, el("strong", { text: "Partial total: " }), reasons.join("; ") || "some values are missing")] : []));
@@ -235,7 +236,8 @@ export function mount(main, context) {
     let shown = column.field === "quantity" ? decimal(value) : column.signed ? signed(value) : money(value);
     if (column.percent && value !== undefined) shown = (column.signed ? signed(value) : decimal(value, 2)) + " %";
     if (column.field === "price" && holding.status !== "priced") shown += holding.status === "stale" ? " (stale)" : " (no price)";
-    return el("td", { class: [column.signed ? trend(value) : null, column.narrow ? "hide-narrow" : null].filter(Boolean).join(" ") || null, text: value === undefined ? (column.field === "price" ? "no price" : "—") : shown });
+    const missing = column.field === "price" ? (holding.status === "withheld" ? "withheld" : "no price") : "—";
+    return el("td", { class: [column.signed ? trend(value) : null, column.narrow ? "hide-narrow" : null].filter(Boolean).join(" ") || null, text: value === undefined ? missing : shown });
   }
 
   let currentView = "";

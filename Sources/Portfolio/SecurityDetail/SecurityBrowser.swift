@@ -115,9 +115,9 @@ public actor SecurityBrowser {
 
     /// The holdings `query` selects, in its order; the view is kept, and the client's first security
     /// is prefetched.
-    public func holdings(_ query: HoldingsQuery, client: ClientKey) async throws -> HoldingsView {
+    public func holdings(_ query: HoldingsQuery, client: ClientKey, access: PriceAccess = .everything) async throws -> HoldingsView {
         let coordinator = seen(client)
-        let holdings = try await list(query)
+        let holdings = try await list(query, access: access)
         let id = query.viewID
         let order = holdings.map(\.symbol)
         keep(id, order)
@@ -213,8 +213,8 @@ public actor SecurityBrowser {
     public static let maxNamedClients = 256
 
     /// The holdings `query` selects, valued now, in its order.
-    private func list(_ query: HoldingsQuery) async throws -> [Holding] {
-        query.apply(try await service.holdings(accounts: query.accounts))
+    private func list(_ query: HoldingsQuery, access: PriceAccess = .everything) async throws -> [Holding] {
+        query.apply(try await service.holdings(accounts: query.accounts, access: access))
     }
 
     private func keep(_ id: String, _ order: [String]) {

@@ -1,4 +1,5 @@
 import PortfolioDomain
+import MarketCore
 import MarketREST
 import Foundation
 
@@ -71,20 +72,23 @@ public struct SecurityDetail: Sendable, Encodable {
         public var withheld: [String]? = nil
     }
 
-    /// The detail without what a client's key may not read: the last trade without `T.<symbol>`, the
-    /// last quote without `Q.<symbol>`; the topics left out are named in `details.withheld`. (The cache
-    /// keeps the whole detail; each answer is cut for its client.)
-    public func withholding(trade withholdTrade: Bool, quote withholdQuote: Bool) -> SecurityDetail {
-        guard withholdTrade || withholdQuote, case .loaded(var values) = details else { return self }
+    /// The detail without what a client's key may not read (``PriceAccess``): the last trade without
+    /// the symbol's trades topic, the last quote without its quotes topic; the topics left out are named
+    /// in `details.withheld`. (The cache keeps the whole detail; each answer is cut for its client.)
+    public func withholding(_ readable: PriceReadability, topics: PriceTopics) -> SecurityDetail {
+        guard readable != .all, case .loaded(var values) = details else { return self }
         var withheld: [String] = []
-        if withholdTrade {
+        // A market priced by one kind of topic names it for both.
+        let (trade, quote) = (topics.trade ?? topics.quote, topics.quote ?? topics.trade)
+        if !readable.trade {
             values.lastTrade = nil
-            withheld.append("T.\(symbol)")
+            withheld.append(trade?.description ?? "T.\(symbol)")
         }
-        if withholdQuote {
+        if !readable.quote {
             values.lastQuote = nil
-            withheld.append("Q.\(symbol)")
+            withheld.append(quote?.description ?? "Q.\(symbol)")
         }
+        withheld = withheld.reduce(into: []) { kept, topic in if !kept.contains(topic) { kept.append(topic) } }
         values.withheld = withheld
         var copy = self
         copy.details = .loaded(values)

@@ -113,7 +113,7 @@ public struct SecurityDetailLoader: Sendable {
     private func liveReadings(of symbol: String) async -> [PriceReading] {
         guard let hubs, let (_, hub) = hubs.hub(for: symbol) else { return [] }
         var readings: [PriceReading] = []
-        for topic in hubs.priceTopics(of: symbol) {
+        for topic in hubs.priceTopics(of: symbol).all {
             if let event = await hub.lastEvent(for: topic), let reading = hub.wire.price(in: event) { readings.append(reading) }
         }
         return readings
