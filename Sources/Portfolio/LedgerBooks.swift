@@ -16,10 +16,13 @@ struct LedgerBooks: Sendable {
     /// (later ones are dated up to tomorrow): what a valuation from then on may pick from (a wall clock
     /// set back by less than a day included), and not every update the account ever had.
     private let updates: [Int64: [AccountUpdate]]
+    /// The symbols each brokerage account's transactions name, held now or not (its history values them).
+    private let named: [Int64: Set<String>]
 
     init(_ ledger: PortfolioStore.Ledger, now: Date) {
         revision = ledger.revision
         accounts = ledger.accounts
+        named = ledger.transactions.mapValues { Set($0.lazy.map(\.symbol).filter { !$0.isEmpty }) }
         books = ledger.transactions.mapValues { transactions in Result { () throws(PositionBook.BookError) in try PositionBook(transactions: transactions) } }
         let dayBefore = now.addingTimeInterval(-86_400)
         updates = ledger.updates.mapValues { updates in
@@ -36,6 +39,12 @@ struct LedgerBooks: Sendable {
     /// The value update a savings account stands at, at `now`.
     func lastUpdate(of account: Int64, at now: Date) -> AccountUpdate? {
         updates[account]?.last { $0.at <= now }
+    }
+
+    /// The symbols the transactions of `account` (of every account when `nil`) name.
+    func symbolsNamed(by account: Int64?) -> Set<String> {
+        guard let account else { return named.values.reduce(into: []) { $0.formUnion($1) } }
+        return named[account] ?? []
     }
 
     /// The active brokerage accounts in `wanted` (all when empty).

@@ -362,6 +362,14 @@ public actor PortfolioService: Service {
         return valuation
     }
 
+    /// The symbols whose prices value the history of an account (of the portfolio when `nil`: every
+    /// symbol its transactions name) that `access` may read none of: a history valued from them is not
+    /// for that key (its totals would give the prices away).
+    public func withheldFromHistory(of accountID: Int64?, access: PriceAccess) async throws -> [String] {
+        guard !access.isWhole else { return [] }
+        return try await currentBooks().symbolsNamed(by: accountID).filter { access.readability(of: $0) == .none }.sorted()
+    }
+
     /// The books of the store's ledger as it stands now: those kept when its revision is unchanged (a
     /// one-row read), else built once from one read of the ledger, however many requests ask meanwhile.
     private func currentBooks() async throws -> LedgerBooks {

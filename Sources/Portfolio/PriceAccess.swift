@@ -16,6 +16,9 @@ public struct PriceAccess: Sendable {
     public static let everything = PriceAccess(entitlement: .everything, hubs: nil)
 
     private let entitlement: Entitlement
+    /// The rights as one value: ``Entitlement/everything`` for every key that reads every price, so
+    /// that all of them share what is kept per rights (a pushed frame, a view's order).
+    public var rights: Entitlement { isWhole ? .everything : entitlement }
     private let hubs: MarketHubs?
     /// The entitlement in each served market's protocol form.
     private let inForm: [Market: Entitlement]
@@ -49,10 +52,16 @@ public struct PriceAccess: Sendable {
     public func readability(of symbol: String) -> PriceReadability {
         if isWhole { return .all }
         let market = Market.of(ticker: symbol)
-        guard let rights = inForm[market] else { return entitlement.allowsWhole(market: market) ? .all : .none }
+        let whole = entitlement.allowsWhole(market: market) ? PriceReadability.all : .none
+        guard let rights = inForm[market], let wire = hubs?.hubs[market]?.wire else { return whole }
         let topics = topics(of: symbol)
-        let trade = topics.trade.map { rights.allows($0, in: market) }
-        let quote = topics.quote.map { rights.allows($0, in: market) }
+        // Checked in the form the key's patterns were put in (`C.C:EURUSD` as `C.C:EUR-USD`).
+        func allowed(_ topic: Topic) -> Bool {
+            rights.allows((try? wire.lastValueTopic(topic, market: market).get()) ?? topic, in: market)
+        }
+        let trade = topics.trade.map(allowed)
+        let quote = topics.quote.map(allowed)
+        if trade == nil && quote == nil { return whole }
         // One kind of topic prices the market: it stands for the other.
         return PriceReadability(trade: trade ?? quote ?? false, quote: quote ?? trade ?? false)
     }

@@ -177,7 +177,8 @@ public struct PortfolioRoutes: Sendable {
     ///   - connection: the HTTP connection a request came on, when the context knows it: a client
     ///     without a name is its connection, and its prefetches stop when it closes.
     ///   - entitlement: the topics the key a request presents may read (as on the WebSocket and
-    ///     `/v1/last/**`); a security's last trade and quote are its `T.` and `Q.` topics.
+    ///     `/v1/last/**`): the prices it sees (``PriceAccess``), the symbols it may write, the histories
+    ///     it may read.
     ///   - spendREST: takes what a request's key may spend of the vendor's REST (a security not cached
     ///     is loaded from it): `nil` when granted, else why not and when to ask again (`429`), or with
     ///     no time, that it may not (`403`).
@@ -232,7 +233,10 @@ public struct PortfolioRoutes: Sendable {
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
                 // A key writes only symbols whose prices it may read: else buying one would show it them.
-                if let symbol = new.symbol.map({ $0.trimmingCharacters(in: .whitespaces).uppercased() }), !symbol.isEmpty {
+                // (Only the kinds that keep a symbol; one the ticker rules refuse is left to the store's 422.)
+                if [.buy, .sell, .dividend].contains(new.kind), let symbol = new.symbol.map({ $0.trimmingCharacters(in: .whitespaces).uppercased() }),
+                    HeldSymbol.problem(with: symbol) == nil
+                {
                     let access = service.priceAccess(for: entitlement(request))
                     if access.readability(of: symbol) == .none { return Self.notReadable(symbol, access) }
                 }
@@ -285,6 +289,7 @@ public struct PortfolioRoutes: Sendable {
         router.get("/v1/accounts/:id/history") { request, context in
             await Self.answer {
                 let account = try await store.account(try Self.id(context))
+                if let refusal = try await Self.historyWithheld(of: account.id, service, entitlement(request)) { return refusal }
                 let today = service.calendar.day(of: .now)
                 let (from, to) = try Self.range(request, default: service.calendar.day(of: account.createdAt), today)
                 return Self.json(
@@ -293,6 +298,7 @@ public struct PortfolioRoutes: Sendable {
         }
         router.get("/v1/portfolio/history") { request, _ in
             await Self.answer {
+                if let refusal = try await Self.historyWithheld(of: nil, service, entitlement(request)) { return refusal }
                 let today = service.calendar.day(of: .now)
                 let start = try await store.accounts().map { service.calendar.day(of: $0.createdAt) }.min() ?? today
                 let (from, to) = try Self.range(request, default: start, today)
@@ -351,12 +357,25 @@ public struct PortfolioRoutes: Sendable {
                 }
                 let view = request.uri.queryParameters.get("view").map { String($0) }.flatMap { $0.isEmpty ? nil : $0 }
                 var answer = try await Self.asClient(request, context, browser, connection) { client in
-                    try await browser.detail(symbol, view: view, client: client)
+                    try await browser.detail(symbol, view: view, client: client, access: access)
                 }
                 answer.detail = answer.detail.withholding(readable, topics: access.topics(of: symbol))
                 return Self.json(answer)
             }
         }
+    }
+
+    /// `403` for a key that may not read the prices of a symbol the history of an account (`nil`: the
+    /// portfolio) is valued from: its daily values, today's at most a minute old, would give them away.
+    static func historyWithheld(of account: Int64?, _ service: PortfolioService, _ entitlement: Entitlement) async throws -> Response? {
+        let access = service.priceAccess(for: entitlement)
+        let withheld = try await service.withheldFromHistory(of: account, access: access)
+        guard let first = withheld.first else { return nil }
+        let named = withheld.prefix(10).joined(separator: ", ") + (withheld.count > 10 ? " and \(withheld.count - 10) more" : "")
+        let topics = access.topics(of: first).all.map(\.description).joined(separator: " nor ")
+        return problem(
+            .forbidden,
+            "not authorized: this history is valued from the prices of \(named), which this key may not read (e.g. neither \(topics.isEmpty ? "its market" : topics))")
     }
 
     /// The answer to a key that may read none of `symbol`'s prices (`403`, naming its topics).

@@ -34,7 +34,7 @@ actor ValuationBroadcast {
         let (frames, continuation) = AsyncStream.makeStream(of: ByteBuffer.self, bufferingPolicy: .bufferingNewest(1))
         let id = UUID()
         let access = service.priceAccess(for: entitlement)
-        let rights = access.isWhole ? Entitlement.everything : entitlement
+        let rights = access.rights
         groups[rights, default: Group(access: access)].watchers[id] = continuation
         continuation.onTermination = { _ in Task { await self.remove(id, of: rights) } }
         guard pump != nil else {
@@ -45,8 +45,12 @@ actor ValuationBroadcast {
         if let latest = groups[rights]?.latest {
             continuation.yield(latest)
         } else if let sent = groups[rights]?.sent, let frame = await frame(for: access) {
-            // New rights: valued now rather than at the next change, unless a push came meanwhile.
-            if groups[rights]?.sent == sent { continuation.yield(frame) }
+            // New rights: valued now rather than at the next change, unless a push came meanwhile (it
+            // is kept for the group's next newcomer as a push's would be).
+            if groups[rights]?.sent == sent {
+                groups[rights]?.latest = frame
+                continuation.yield(frame)
+            }
         }
         return frames
     }
@@ -67,6 +71,8 @@ actor ValuationBroadcast {
             if Task.isCancelled { return }
             for rights in Array(groups.keys) {
                 guard let access = groups[rights]?.access, let frame = await frame(for: access, given: valuation) else { continue }
+                // Nobody watched meanwhile, and a newer pump may run: this one's frames are old.
+                guard !Task.isCancelled else { return }
                 guard var group = groups[rights] else { continue }
                 group.latest = frame
                 group.sent += 1

@@ -3,7 +3,7 @@ import NIOCore
 import NIOWebSocket
 
 /// A server-push WebSocket route on the relay's port (the portfolio's live valuation): each
-/// connection gets the frames of its own `frames()` stream, text, one message per element; what the
+/// connection gets the frames of its own `frames(entitlement)` stream, text, one message per element; what the
 /// client sends is read and ignored. Value type, `Sendable`.
 public struct PushStream: Sendable {
     /// The route, e.g. `/v1/portfolio/stream`.

@@ -430,6 +430,27 @@ struct PortfolioHardeningTests {
             #expect(held["AAPL"]?["status"] as? String == "priced", "\(holdings.body)")
             #expect(rows(jsonObject(try await send("GET", "/v1/holdings", "owner").body), "holdings")["MSFT"]?["status"] as? String == "priced")
 
+            // A view sorted by value is ordered for each key's rights: the owner's MSFT (about 4,150)
+            // before AAPL (1,895); the limited key's AAPL before the MSFT it has no value for. Neither
+            // list replaces the other's order.
+            let byValue = "/v1/holdings?sort=marketValue"
+            let ownerView = try #require(jsonObject(try await send("GET", byValue, "owner").body)["view"] as? [String: Any])
+            let viewID = try #require(ownerView["id"] as? String)
+            _ = try await send("GET", byValue, "aapl")
+            func place(_ symbol: String, _ key: String) async throws -> Int? {
+                let answer = try await send("GET", "/v1/securities/\(symbol)?view=\(viewID)", key)
+                return (jsonObject(answer.body)["view"] as? [String: Any])?["position"] as? Int
+            }
+            #expect(try await place("MSFT", "owner") == 0)
+            #expect(try await place("AAPL", "aapl") == 0)
+
+            // A history valued from MSFT's prices is not the limited key's; one of AAPL alone is.
+            for path in ["/v1/accounts/\(account)/history", "/v1/portfolio/history"] {
+                let refused = try await send("GET", path, "aapl")
+                #expect(refused.status == 403 && refused.body.contains("MSFT"), "\(path): \(refused)")
+                #expect(try await send("GET", path, "owner").status == 200, "\(path)")
+            }
+
             // The live stream: each key's frames carry what it may read.
             let ws = base.replacingOccurrences(of: "http://", with: "ws://") + "/v1/portfolio/stream?apiKey="
             let owner = WSTestClient(url: ws + "owner-secret")
@@ -451,6 +472,19 @@ struct PortfolioHardeningTests {
             let allowed = try await send(
                 "POST", "/v1/accounts/\(account)/transactions", "aapl", json: #"{"kind":"buy","date":"2024-01-03","symbol":"AAPL","quantity":"1","price":"100"}"#)
             #expect(allowed.status == 201, "\(allowed)")
+            // A fee names no symbol (the store drops one sent): not refused for it.
+            let fee = try await send(
+                "POST", "/v1/accounts/\(account)/transactions", "aapl", json: #"{"kind":"fee","date":"2024-01-03","symbol":"NVDA","fees":"1"}"#)
+            #expect(fee.status == 201, "\(fee)")
+            let own = try #require(
+                jsonObject(
+                    try await send("POST", "/v1/accounts", "aapl", json: #"{"name":"Apple","kind":"brokerage","createdAt":"2024-01-01T00:00:00Z"}"#).body
+                )["id"] as? Int)
+            #expect(
+                try await send(
+                    "POST", "/v1/accounts/\(own)/transactions", "aapl", json: #"{"kind":"buy","date":"2024-01-03","symbol":"AAPL","quantity":"1","price":"100"}"#
+                ).status == 201)
+            #expect(try await send("GET", "/v1/accounts/\(own)/history", "aapl").status == 200)
         }
     }
 

@@ -1,4 +1,5 @@
 import PortfolioDomain
+import MarketCore
 import PortfolioData
 import Foundation
 import Logging
@@ -18,7 +19,12 @@ public actor SecurityBrowser {
     private let metrics: SecurityCacheMetrics
     private let logger: Logger
     private var clients: [ClientKey: Client] = [:]
-    private var views: [String: (order: [String], used: UInt64)] = [:]
+    /// Each view's order, kept per set of rights: a view sorted by value orders what its keys may read.
+    private var views: [ViewKey: (order: [String], used: UInt64)] = [:]
+    private struct ViewKey: Hashable {
+        let rights: Entitlement
+        let id: String
+    }
     private var viewClock: UInt64 = 0
     static let maxViews = 256
 
@@ -120,19 +126,19 @@ public actor SecurityBrowser {
         let holdings = try await list(query, access: access)
         let id = query.viewID
         let order = holdings.map(\.symbol)
-        keep(id, order)
+        keep(ViewKey(rights: access.rights, id: id), order)
         await coordinator.listed(order: order)
         return HoldingsView(id: id, query: query, holdings: holdings)
     }
 
     /// The detail of `symbol`, placed in view `viewID` when given; once it is complete, its neighbours
     /// in the view are prefetched for this client. Live trade and quote replace older cached ones.
-    public func detail(_ symbol: String, view viewID: String?, client: ClientKey) async throws -> DetailAnswer {
+    public func detail(_ symbol: String, view viewID: String?, client: ClientKey, access: PriceAccess = .everything) async throws -> DetailAnswer {
         let coordinator = seen(client)
         var position: ViewPosition?
         var order: [String] = []
         if let viewID {
-            order = try await self.order(of: viewID)
+            order = try await self.order(of: viewID, access: access)
             guard let index = order.firstIndex(of: symbol) else {
                 throw PortfolioStore.ValidationError(field: "symbol", message: "\(symbol) is not in this view")
             }
@@ -217,7 +223,7 @@ public actor SecurityBrowser {
         query.apply(try await service.holdings(accounts: query.accounts, access: access))
     }
 
-    private func keep(_ id: String, _ order: [String]) {
+    private func keep(_ id: ViewKey, _ order: [String]) {
         viewClock += 1
         views[id] = (order, viewClock)
         if views.count > Self.maxViews, let oldest = views.min(by: { $0.value.used < $1.value.used })?.key {
@@ -225,14 +231,15 @@ public actor SecurityBrowser {
         }
     }
 
-    private func order(of viewID: String) async throws -> [String] {
-        if let kept = views[viewID] {
+    private func order(of viewID: String, access: PriceAccess) async throws -> [String] {
+        let key = ViewKey(rights: access.rights, id: viewID)
+        if let kept = views[key] {
             viewClock += 1
-            views[viewID]?.used = viewClock
+            views[key]?.used = viewClock
             return kept.order
         }
-        let order = try await list(HoldingsQuery(viewID: viewID)).map(\.symbol)
-        keep(viewID, order)
+        let order = try await list(HoldingsQuery(viewID: viewID), access: access).map(\.symbol)
+        keep(key, order)
         return order
     }
 
