@@ -27,6 +27,7 @@ public actor PortfolioService: Service {
     private let closeHistory: Bool
     private let pushInterval: Duration
     private let snapshotInterval: Duration
+    /// What is known of the price of each symbol held (``held``): a symbol let go takes its prices along.
     private var prices: [String: SymbolPrices] = [:]
     /// The sidecar's subscription on each market's hub.
     private var subscriptions: [Market: HubSubscription] = [:]
@@ -157,6 +158,8 @@ public actor PortfolioService: Service {
         let wire = hubs.hubs[market]?.wire
         for await event in events where !event.isNotice {
             let symbol = hubs.heldSymbol(of: event, on: market)
+            // One sent before the symbol was let go (its price went with it).
+            guard held.contains(symbol) else { continue }
             let hadPrice = prices[symbol].map { $0.lastTrade != nil || $0.lastQuoteMid != nil } ?? false
             prices[symbol, default: SymbolPrices()].apply(wire?.price(in: event), now: .now)
             if !hadPrice { snapshotDue = true }
@@ -248,6 +251,10 @@ public actor PortfolioService: Service {
         guard !subscriptions.isEmpty else { return }
         let added = symbols.subtracting(held)
         let removed = held.subtracting(symbols)
+        // Before any wait: events of the symbols let go are dropped from now on, and their prices go, so
+        // that symbols bought and sold in turn leave nothing behind (the map holds what is held).
+        held = symbols
+        for symbol in removed { prices[symbol] = nil }
         // Each symbol on the hub of the market its ticker names (`X:BTC-USD` on crypto); a symbol of a
         // market this relay does not serve is priced from REST references only.
         func byMarket(_ symbols: Set<String>) -> [Market: [Topic]] {
@@ -270,7 +277,6 @@ public actor PortfolioService: Service {
         for (market, topics) in byMarket(removed) {
             if let id = subscriptions[market]?.id { await hubs.hubs[market]?.remove(topics, from: id) }
         }
-        held = symbols
         if let referencePrices, !added.isEmpty {
             // Without waiting: the live stream may well be first.
             let symbols = Array(added).sorted()
@@ -279,6 +285,9 @@ public actor PortfolioService: Service {
         logger.debug("portfolio follows \(held.count) symbols")
         await valuationChanged()
     }
+
+    /// The symbols whose prices are kept (tests: those held, not every symbol ever held).
+    public var pricedSymbols: Set<String> { Set(prices.keys) }
 
     /// The quote and trade topics the sidecar's hub subscription follows now (tests compare them with
     /// the holdings).
@@ -295,6 +304,8 @@ public actor PortfolioService: Service {
         for (symbol, result) in await source.fetch(symbols) {
             switch result {
             case .success(let reference):
+                // Let go while it was asked for: not kept.
+                guard held.contains(symbol) else { continue }
                 snapshotDue = true
                 if let trade = reference.lastTrade { prices[symbol, default: SymbolPrices()].reference = trade }
                 if let close = reference.previousClose { prices[symbol, default: SymbolPrices()].previousClose = close }

@@ -187,6 +187,37 @@ struct PortfolioHardeningTests {
         }
     }
 
+    /// Symbols bought and let go in turn leave nothing behind: a sold symbol's topics are no longer
+    /// followed and its prices are dropped (they were kept for ever), and an event of it still under way
+    /// does not bring them back.
+    @Test func aSymbolLetGoTakesItsPricesAlong() async throws {
+        try await withPortfolioRelay(demoRate: 400) { parts, base in
+            let portfolio = try #require(parts.portfolio)
+            let account = try await createBrokerageAccount(base)
+            for symbol in ["AAPL", "MSFT"] {
+                let bought = try await httpSend(
+                    "POST", "\(base)/v1/accounts/\(account)/transactions",
+                    json: #"{"kind":"buy","date":"2024-01-02","symbol":"\#(symbol)","quantity":"1","price":"1"}"#)
+                #expect(bought.status == 201, "\(bought)")
+            }
+            try await eventually("both symbols priced") { await portfolio.pricedSymbols.isSuperset(of: ["AAPL", "MSFT"]) }
+            let sold = try await httpSend(
+                "POST", "\(base)/v1/accounts/\(account)/transactions",
+                json: #"{"kind":"sell","date":"2024-01-03","symbol":"MSFT","quantity":"1","price":"1"}"#)
+            #expect(sold.status == 201, "\(sold)")
+            #expect(await portfolio.pricedSymbols == ["AAPL"])
+            #expect(await portfolio.followedTopics() == [Topic(eventType: "T", ticker: "AAPL")!, Topic(eventType: "Q", ticker: "AAPL")!])
+            // The feed goes on (AAPL's price moves: events after the sale were taken); MSFT's stays gone.
+            @Sendable func aaplPriceTime() async -> String? {
+                let positions = jsonObject((try? await httpGet("\(base)/v1/portfolio").body) ?? "")["positions"] as? [[String: Any]]
+                return positions?.first { $0["symbol"] as? String == "AAPL" }?["priceTime"] as? String
+            }
+            let then = await aaplPriceTime()
+            try await eventually("AAPL's price to move") { await aaplPriceTime() != then }
+            #expect(await portfolio.pricedSymbols == ["AAPL"])
+        }
+    }
+
     /// Issue 22 item 7: a database written before symbols were checked may hold one that is no ticker;
     /// the sidecar follows the good symbols and builds no topic from it.
     @Test func theSidecarFollowsNoUncheckedSymbolFromTheDatabase() async throws {
