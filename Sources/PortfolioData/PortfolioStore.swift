@@ -914,6 +914,12 @@ public final class PortfolioStore: Sendable {
     /// those that differ from what is stored are written. A closed or deleted account so leaves the
     /// totals of every day it no longer counts on. Through GRDB's async API: the caller is suspended,
     /// not a thread of the cooperative pool blocked, while SQLite works.
+    ///
+    /// What is stored is read before the write, not in it: a recomputation from long ago reads every
+    /// account's rows since (hundreds of thousands), and every other write would wait for that read.
+    /// Nothing else writes these rows (recomputations run one at a time, one sidecar per file), so
+    /// the rows read are still those stored when the write runs; the write holds the database only
+    /// for the rows that changed.
     @discardableResult
     public func replaceHistory(
         _ snapshots: [AccountSnapshot], accountDays: [Int64: (from: Day, through: Day)], portfolio: [PortfolioSnapshot],
@@ -922,6 +928,21 @@ public final class PortfolioStore: Sendable {
         let since = from?.description ?? ""  // every day is after 
         let ranges = accountDays.map { (id: $0.key, from: $0.value.from, through: $0.value.through) }
         let (snapshots, portfolio) = (snapshots.map(Self.storable), portfolio.map(Self.storable))
+        let (changed, changedTotals) = try await read { db in
+            var storedAccounts: [Int64: [Day: AccountSnapshot]] = [:]
+            // A row that cannot be read (written by a version that stored what it could not read back) is
+            // taken as differing: it is written again, readable.
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot WHERE day >= ?", arguments: [since]) {
+                guard let snapshot = try? Self.accountSnapshot(row) else { continue }
+                storedAccounts[snapshot.accountID, default: [:]][snapshot.day] = snapshot
+            }
+            var storedTotals: [Day: PortfolioSnapshot] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ?", arguments: [since]) {
+                guard let snapshot = try? Self.portfolioSnapshot(row) else { continue }
+                storedTotals[snapshot.day] = snapshot
+            }
+            return (snapshots.filter { storedAccounts[$0.accountID]?[$0.day] != $0 }, portfolio.filter { storedTotals[$0.day] != $0 })
+        }
         return try await write { db in
             var result = HistoryWrite()
             for range in ranges {
@@ -938,20 +959,6 @@ public final class PortfolioStore: Sendable {
                 try db.execute(sql: "DELETE FROM portfolioSnapshot")
             }
             result.removed += db.changesCount
-            var storedAccounts: [Int64: [Day: AccountSnapshot]] = [:]
-            // A row that cannot be read (written by a version that stored what it could not read back) is
-            // taken as differing: it is written again, readable.
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM accountSnapshot WHERE day >= ?", arguments: [since]) {
-                guard let snapshot = try? Self.accountSnapshot(row) else { continue }
-                storedAccounts[snapshot.accountID, default: [:]][snapshot.day] = snapshot
-            }
-            let changed = snapshots.filter { storedAccounts[$0.accountID]?[$0.day] != $0 }
-            var storedTotals: [Day: PortfolioSnapshot] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM portfolioSnapshot WHERE day >= ?", arguments: [since]) {
-                guard let snapshot = try? Self.portfolioSnapshot(row) else { continue }
-                storedTotals[snapshot.day] = snapshot
-            }
-            let changedTotals = portfolio.filter { storedTotals[$0.day] != $0 }
             try Self.save(changed, portfolio: changedTotals, in: db)
             result.written = changed.count + changedTotals.count
             return result
