@@ -88,9 +88,11 @@ public struct Topic: Hashable, Sendable, Comparable, CustomStringConvertible {
     /// Whether this topic is `EV.*`.
     public var isWildcard: Bool { ticker == Topic.wildcardTicker }
 
-    /// Whether an event of this type and ticker belongs to this topic.
+    /// Whether an event of this type and ticker belongs to this topic. A wildcard is the vendor's events
+    /// of its type, not the relay's derived bars (`AM.AAPL@5m`): those belong to who names them (a key
+    /// may hold `AM.*` without the trades a bar is made of).
     public func matches(eventType: String, ticker: String) -> Bool {
-        self.eventType == eventType && (isWildcard || self.ticker == ticker)
+        self.eventType == eventType && (isWildcard ? !Topic.isDerivedTicker(ticker) : self.ticker == ticker)
     }
 
     public var description: String { "\(eventType).\(ticker)" }

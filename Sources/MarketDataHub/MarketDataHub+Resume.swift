@@ -422,10 +422,11 @@ extension MarketDataHub {
     }
 
     /// The last values a topic's `gap` is followed by: a ticker's own, or every ticker's of a wildcard's
-    /// type (a folded topic's: its whole state, so a book's holder starts it again whole).
+    /// type (a folded topic's: its whole state, so a book's holder starts it again whole), never a
+    /// derived bar's (those belong to who names them).
     private func lastValues(of topic: Topic) -> [MarketEvent] {
         if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
-        return (entriesOfType[topic.eventType] ?? []).compactMap { entries[$0]?.value }
+        return (entriesOfType[topic.eventType] ?? []).filter { !$0.isDerived }.compactMap { entries[$0]?.value }
             .sorted { ($0.sequence, $0.receivedAt, $0.ticker) < ($1.sequence, $1.receivedAt, $1.ticker) }
     }
 

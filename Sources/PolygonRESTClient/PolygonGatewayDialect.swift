@@ -86,7 +86,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
                 return route("snapshot-ticker", scope, .pass, .foreground, live: market == .stocks && s[3] == "us")
             }
             if s.count == 7, s[6] == "tickers" {
-                if let tickers = request.parameter("tickers"), !tickers.isEmpty, !paging {
+                if let tickers = Self.tickerList(request, "tickers"), !paging {
                     return route("snapshot-tickers", Self.scope(list: tickers, market: market), .pass, .foreground)
                 }
                 return route("snapshot-market", .markets([market]), .pass, .foreground)
@@ -95,19 +95,24 @@ public struct PolygonGatewayDialect: GatewayDialect {
             return .failure(.notFound("no snapshot route \(request.path)"))
         case (_, "v3") where s.count >= 2 && s[1] == "snapshot":
             if s.count == 2 {
-                if let tickers = request.parameter("ticker.any_of") ?? request.parameter("ticker"), !tickers.isEmpty, !paging {
+                if let tickers = Self.tickerList(request, "ticker.any_of") ?? Self.tickerList(request, "ticker"), !paging {
                     return route("snapshot-unified", Self.scope(list: tickers, market: nil), .pass, .foreground)
                 }
                 return route("snapshot-unified", .markets(Market.trading), .pass, .foreground)
             }
             if s.count == 3, s[2] == "indices" {
-                if let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty, !paging {
+                if let tickers = Self.tickerList(request, "ticker.any_of"), !paging {
                     return route("snapshot-indices", Self.scope(list: tickers, market: .indices), .pass, .foreground)
                 }
                 return route("snapshot-indices", .markets([.indices]), .pass, .foreground)
             }
             if s.count == 4, s[2] == "options" { return route("snapshot-options", .markets([.options]), .pass, .foreground) }
-            if s.count == 5, s[2] == "options" { return route("snapshot-option", Self.scope(s[4], types: .trade), .pass, .foreground) }
+            if s.count == 5, s[2] == "options" {
+                // A contract's snapshot holds its last trade, last quote and day bar.
+                let contract = s[4].uppercased()
+                let topics = [Reads.trade, .quote, .bar].map { Self.topic(contract, market: .options, types: $0) }
+                return route("snapshot-option", .topics(.options, topics), .pass, .foreground)
+            }
             return .failure(.notFound("no snapshot route \(request.path)"))
         case (9, "v2") where s[1] == "aggs" && s[2] == "ticker" && s[4] == "range":
             guard let multiplier = Int(s[5]), multiplier >= 1 else { return .failure(.badRequest("multiplier: a whole number ≥ 1, got \(s[5])")) }
@@ -150,7 +155,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
         case (4, "v1") where s[1] == "conversion":
             return route("conversion", .topics(.forex, [Topic(checkedEventType: "C", ticker: "\(s[2])/\(s[3])".uppercased())]), .pass, .foreground)
         case (2, "v1") where s[1] == "summaries":
-            guard let tickers = request.parameter("ticker.any_of"), !tickers.isEmpty, !paging else { return route("summaries", .markets(Market.trading), .pass) }
+            guard let tickers = Self.tickerList(request, "ticker.any_of"), !paging else { return route("summaries", .markets(Market.trading), .pass) }
             return route("summaries", Self.scope(list: tickers, market: nil), .pass)
         case (3, "v1") where s[1] == "related-companies":
             return route("reference", .reference, .until(now + referenceTTL.milliseconds))
@@ -199,12 +204,25 @@ public struct PolygonGatewayDialect: GatewayDialect {
         return String(symbol)
     }
 
-    /// A comma-separated list of tickers: each one's topic, all in one market (else the whole markets).
+    /// A comma-separated list of tickers: each one's trades, quotes and bars (a snapshot or summary
+    /// holds all three), all in one market (else the whole markets; none named: every market asked).
     static func scope(list: String, market: Market?) -> RouteScope {
         let tickers = list.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).uppercased() }.filter { !$0.isEmpty }
         let markets = Set(tickers.map { market ?? Market.of(ticker: $0) })
-        guard markets.count == 1, let only = markets.first else { return .markets(Array(markets).sorted()) }
-        return .topics(only, tickers.map { topic($0, market: only, types: .trade) })
+        guard markets.count == 1, let only = markets.first else { return .markets(markets.isEmpty ? market.map { [$0] } ?? Market.trading : Array(markets).sorted()) }
+        return .topics(only, tickers.flatMap { ticker in [Reads.trade, .quote, .bar].map { topic(ticker, market: only, types: $0) } })
+    }
+
+    /// The tickers a list route's `name` parameter names, when they are all it is narrowed by: `nil` when
+    /// it names none (absent, empty, only commas) or another `ticker…` filter stands beside it (`ticker`
+    /// with `ticker.any_of`, `ticker.gte`): what the vendor answers then is not the list checked, so
+    /// the route needs the whole market's rights.
+    static func tickerList(_ request: GatewayRequest, _ name: String) -> String? {
+        guard let list = request.parameter(name), list.split(separator: ",").contains(where: { !$0.trimmingCharacters(in: .whitespaces).isEmpty }) else {
+            return nil
+        }
+        guard request.query.allSatisfy({ $0.name == name || !$0.name.hasPrefix("ticker") }) else { return nil }
+        return list
     }
 
     static func snapshotMarket(_ name: String) -> Market? {

@@ -24,6 +24,13 @@ public struct GatewayRequest: Sendable {
 
     /// The first value of a query parameter.
     public func parameter(_ name: String) -> String? { query.first { $0.name == name }?.value }
+
+    /// A parameter the query gives more than once (the gateway refuses such a query: the vendor might
+    /// read another of its values than the one checked).
+    public var repeatedParameter: String? {
+        var seen = Set<String>()
+        return query.first { !seen.insert($0.name).inserted }?.name
+    }
 }
 
 /// Where an answer came from: the `X-Relay-Source` header and the metrics' `outcome`.

@@ -128,6 +128,9 @@ public final class RESTGateway: Sendable {
         guard client.rest else {
             return refusal(403, "key \"\(client.name)\" has no rest right", route: "refused")
         }
+        if let repeated = request.repeatedParameter {
+            return refusal(400, "the query gives \(repeated.prefix(60)) more than once: give a list once, comma-separated", route: "invalid")
+        }
         let route: GatewayRoute
         switch dialect.route(request, now: now) {
         case .success(let found): route = found
@@ -138,6 +141,10 @@ public final class RESTGateway: Sendable {
         switch route.scope {
         case .reference: break
         case .topics(let market, let topics):
+            // A list naming nothing asks for what the vendor gives then (often the whole market).
+            if topics.isEmpty, !client.allowsMarket(market) {
+                return refusal(403, "key \"\(client.name)\" may not read the whole \(market) market (the request names no symbol)", route: route.name)
+            }
             for topic in topics where !client.allows(market, topic) {
                 return refusal(403, "key \"\(client.name)\" may not read \(topic.ticker) in \(market) (\(topic))", route: route.name)
             }

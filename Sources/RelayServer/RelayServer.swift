@@ -541,6 +541,10 @@ public final class RelayServer: Service, Sendable {
         guard inForm.allows(topic, in: route.market) else {
             return try Self.json(["error": "not authorized: this key may not read \(topic)"], status: .forbidden)
         }
+        // A bar of one trade is the trade: a derived topic needs the right to its trades too (as on the feed).
+        if topic.isDerived, let source = route.served.wire.barRules(of: route.market)?.sourceTopic(of: topic), !inForm.allows(source, in: route.market) {
+            return try Self.json(["error": "not authorized: \(topic) is made of \(source), which this key may not read"], status: .forbidden)
+        }
         // This node's hub first; a cluster node asks the cluster's last values for a topic nobody here wants.
         var last = await route.hub.lastEvent(for: topic)
         if last == nil {

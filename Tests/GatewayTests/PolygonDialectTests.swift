@@ -37,7 +37,18 @@ struct PolygonDialectTests {
         let crypto = try routed("/v2/snapshot/locale/global/markets/crypto/tickers/X:BTCUSD")
         #expect(!crypto.live && crypto.scope == .topics(.crypto, ["XT.BTC-USD", "XQ.BTC-USD", "XA.BTC-USD"].compactMap { Topic(parsing: $0) }))
         // A further page of tickers named in the query needs the whole market: the cursor could name others.
-        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL")]).scope == .topics(.stocks, [Topic(parsing: "T.AAPL")!]))
+        // A list's snapshot holds each ticker's trades, quotes and bars; a list naming nothing, or narrowed
+        // by another ticker filter as well, is what the vendor answers for the whole market.
+        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL")]).scope == .topics(.stocks, ["T.AAPL", "Q.AAPL", "AM.AAPL"].compactMap { Topic(parsing: $0) }))
+        #expect(try routed("/v2/snapshot/locale/us/markets/stocks/tickers", [("tickers", ",")]).scope == .markets([.stocks]))
+        #expect(try routed("/v2/snapshot/locale/us/markets/stocks/tickers", [("tickers", " , ")]).scope == .markets([.stocks]))
+        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL"), ("ticker.gte", "A")]).scope == .markets(Market.trading))
+        #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL"), ("ticker", "MSFT")]).scope == .markets(Market.trading))
+        #expect(try routed("/v1/summaries", [("ticker.any_of", ",")]).scope == .markets(Market.trading))
+        #expect(try routed("/v3/snapshot/indices", [("ticker.any_of", "")]).scope == .markets([.indices]))
+        #expect(
+            try routed("/v3/snapshot/options/SPY/O:SPY251219C00650000").scope
+                == .topics(.options, ["T", "Q", "AM"].compactMap { Topic(parsing: "\($0).O:SPY251219C00650000") }))
         #expect(try routed("/v3/snapshot", [("ticker.any_of", "AAPL"), ("cursor", "abc")]).scope == .markets(Market.trading))
         #expect(try routed("/v2/snapshot/locale/us/markets/stocks/tickers").scope == .markets([.stocks]))
     }

@@ -45,6 +45,7 @@ struct DerivedBarsEndToEndTests {
 
     @Test func eachBarEqualsTheTradesOfItsWindowAndTheUpstreamIsAskedForTradesOnly() async throws {
         try await withRelay { port, feed in
+            let started = WallClock.nowMilliseconds()
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks")
             client.send(#"{"action":"subscribe","params":"T.AAPL,AM.AAPL@2s"}"#)
             var trades: [SeenTrade] = []
@@ -110,7 +111,15 @@ struct DerivedBarsEndToEndTests {
             barsOnly.send(#"{"action":"subscribe","params":"AM.AAPL@1t"}"#)
             let refused = try await barsOnly.waitForStatus("error")
             #expect((refused.fields["message"] as? String)?.contains("AM.AAPL@1t") == true, "\(refused.fields)")
+            // Nor by the wildcard's resume (its replay, or the last values after a gap), nor as a last value.
+            barsOnly.send(#"{"action":"subscribe","params":"AM.*","sinceTime":\#(started)}"#)
+            let resumed = try await barsOnly.waitForStatus(StatusMessage.Kind.resumed, timeout: .seconds(30))
+            let derived = resumed.eventsBefore.filter { $0.ticker.contains("@") }.map(\.ticker)
+            #expect(derived.isEmpty, "a wildcard's resume replayed derived bars: \(Set(derived))")
             await barsOnly.close()
+            let last = try await httpGet("http://127.0.0.1:\(port)/v1/last/AM.AAPL@2s", key: "bars-key")
+            #expect(last.status == 403 && last.body.contains("T.AAPL"), "\(last)")
+            #expect(try await httpGet("http://127.0.0.1:\(port)/v1/last/AM.AAPL@2s", key: "client-key").status == 200)
         }
     }
 

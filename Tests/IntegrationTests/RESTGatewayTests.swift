@@ -285,6 +285,14 @@ struct RESTGatewayTests {
             #expect(outside.status == 403 && outside.body.contains("MSFT"), "\(outside.body)")
             let wholeMarket = try await httpGetWithHeaders("\(base)/v2/snapshot/locale/us/markets/stocks/tickers", key: "aapl-secret")
             #expect(wholeMarket.status == 403, "\(wholeMarket.body)")
+            // A list that names nothing, or a list given twice (the vendor might read the other), is not a
+            // way around the key's topics.
+            let calls0 = feed.restRequests
+            let emptyList = try await httpGetWithHeaders("\(base)/v2/snapshot/locale/us/markets/stocks/tickers?tickers=,", key: "aapl-secret")
+            #expect(emptyList.status == 403, "\(emptyList.body)")
+            let twice = try await httpGetWithHeaders("\(base)/v2/snapshot/locale/us/markets/stocks/tickers?tickers=AAPL&tickers=MSFT", key: "aapl-secret")
+            #expect(twice.status == 400 && twice.body.contains("more than once"), "\(twice.body)")
+            #expect(feed.restRequests == calls0, "neither reached the vendor")
             let noKey = try await httpGetWithHeaders("\(base)/v2/last/trade/AAPL")
             #expect(noKey.status == 401)
             // The vendor's own error passes through with its status.
