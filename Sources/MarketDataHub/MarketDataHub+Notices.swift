@@ -115,15 +115,21 @@ extension MarketDataHub {
 
     /// Folded states (order books) of `topics` (all when `nil`, or when a wildcard of their type lost
     /// events) missed events: none is served until the vendor sends it whole again.
+    /// O(folded topics): their types' entries, not a walk of every entry (a loss can be reported often).
     func interruptFolds(_ topics: Set<Topic>?) {
         guard let folding else { return }
         let wildTypes = topics.map { Set($0.filter(\.isWildcard).map(\.eventType)) } ?? []
-        for (topic, entry) in entries where folding.eventTypes.contains(topic.eventType) {
-            if let topics, !topics.contains(topic), !wildTypes.contains(topic.eventType) { continue }
-            entry.fold?.interrupt()
-            // What came before the loss cannot bring a later whole state up to date.
-            entry.releaseHeldBack()
+        for type in folding.eventTypes {
+            for topic in entriesOfType[type] ?? [] { interruptFold(of: topic, unless: topics, wildTypes) }
         }
+    }
+
+    private func interruptFold(of topic: Topic, unless topics: Set<Topic>?, _ wildTypes: Set<String>) {
+        guard let entry = entries[topic] else { return }
+        if let topics, !topics.contains(topic), !wildTypes.contains(topic.eventType) { return }
+        entry.fold?.interrupt()
+        // What came before the loss cannot bring a later whole state up to date.
+        entry.releaseHeldBack()
     }
 
     /// The first events after an outage: those told of it are told the window, and gap fill is asked.
