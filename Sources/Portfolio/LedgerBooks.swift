@@ -11,7 +11,15 @@ struct LedgerBooks: Sendable {
     let accounts: [Account]
     /// Each brokerage account's book, or why its transactions make none (a database written by hand): only
     /// a valuation that needs that account fails, as when each read its own.
-    private let books: [Int64: Result<PositionBook, PositionBook.BookError>]
+    private let books: [Int64: Result<OpenBook, PositionBook.BookError>]
+
+    /// What a valuation reads of a brokerage account's book: its open positions, each one lot of its
+    /// whole quantity and cost (``PositionBook/Position/collapsed``: an account of 100,000 buys is
+    /// summed once per ledger revision, not at every valuation and push), and its cash.
+    struct OpenBook: Sendable {
+        let open: [PositionBook.Position]
+        let cash: Decimal
+    }
     /// A savings account's value updates from the last one a day or more before the books were built on
     /// (later ones are dated up to tomorrow): what a valuation from then on may pick from (a wall clock
     /// set back by less than a day included), and not every update the account ever had.
@@ -23,7 +31,12 @@ struct LedgerBooks: Sendable {
         revision = ledger.revision
         accounts = ledger.accounts
         named = ledger.transactions.mapValues { Set($0.lazy.map(\.symbol).filter { !$0.isEmpty }) }
-        books = ledger.transactions.mapValues { transactions in Result { () throws(PositionBook.BookError) in try PositionBook(transactions: transactions) } }
+        books = ledger.transactions.mapValues { transactions in
+            Result { () throws(PositionBook.BookError) in
+                let book = try PositionBook(transactions: transactions)
+                return OpenBook(open: book.open.map(\.collapsed), cash: book.cash)
+            }
+        }
         let dayBefore = now.addingTimeInterval(-86_400)
         updates = ledger.updates.mapValues { updates in
             let current = updates.lastIndex { $0.at <= dayBefore } ?? updates.startIndex
@@ -32,8 +45,8 @@ struct LedgerBooks: Sendable {
     }
 
     /// A brokerage account's book (an empty one for an account without transactions).
-    func book(of account: Int64) throws(PositionBook.BookError) -> PositionBook {
-        try books[account]?.get() ?? PositionBook()
+    func book(of account: Int64) throws(PositionBook.BookError) -> OpenBook {
+        try books[account]?.get() ?? OpenBook(open: [], cash: 0)
     }
 
     /// The value update a savings account stands at, at `now`.

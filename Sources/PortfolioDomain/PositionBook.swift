@@ -28,6 +28,14 @@ public struct PositionBook: Sendable, Equatable {
 
         public var quantity: Decimal { lots.reduce(0) { $0 + $1.quantity } }
         public var costBasis: Decimal { lots.reduce(0) { $0 + $1.cost } }
+
+        /// The position as one lot of its whole quantity and cost (dated by its oldest): what a valuation
+        /// reads of it, summed once rather than lot by lot at every valuation.
+        public var collapsed: Position {
+            guard lots.count > 1, let first = lots.first else { return self }
+            return Position(
+                symbol: symbol, lots: [Lot(acquired: first.acquired, quantity: quantity, cost: costBasis)], realizedPnL: realizedPnL, dividends: dividends)
+        }
     }
 
     /// Why transactions cannot be applied.

@@ -100,6 +100,28 @@ struct LedgerBooksTests {
         #expect(early.lastUpdate(of: 1, at: instant("2024-05-01T00:00:00Z"))?.value == 10)
     }
 
+    /// A book of many buys is summed once when the books are built: each open position is one lot of its
+    /// whole quantity and cost, and values as the lots did.
+    @Test func eachOpenPositionIsKeptAsOneLotOfItsWholeQuantityAndCost() throws {
+        let created = instant("2024-01-01T00:00:00Z")
+        let account = Account(id: 1, name: "G", kind: .brokerage, currency: "USD", createdAt: created)
+        let buys = (1...500).map { index in
+            Transaction(
+                id: Int64(index), accountID: 1, date: day("2024-01-02"), kind: .buy, symbol: index % 2 == 0 ? "AA" : "BB", quantity: 2,
+                price: Decimal(index), fees: 1, amount: 0)
+        }
+        let sold = Transaction(id: 501, accountID: 1, date: day("2024-01-03"), kind: .sell, symbol: "AA", quantity: 3, price: 1, fees: 0, amount: 0)
+        let whole = try PositionBook(transactions: buys + [sold])
+        let books = LedgerBooks(.init(revision: 1, accounts: [account], transactions: [1: buys + [sold]], updates: [:]), now: .now)
+        let open = try books.book(of: 1).open
+        #expect(open.map(\.symbol) == ["AA", "BB"] && open.allSatisfy { $0.lots.count == 1 })
+        for position in open {
+            let lots = try #require(whole.open.first { $0.symbol == position.symbol })
+            #expect(lots.lots.count > 1 && position.quantity == lots.quantity && position.costBasis == lots.costBasis, "\(position.symbol)")
+        }
+        #expect(try books.book(of: 1).cash == whole.cash)
+    }
+
     @Test func anAccountWhoseTransactionsMakeNoBookFailsOnlyTheValuationsThatNeedIt() throws {
         let created = instant("2024-01-01T00:00:00Z")
         let good = Account(id: 1, name: "G", kind: .brokerage, currency: "USD", createdAt: created)
