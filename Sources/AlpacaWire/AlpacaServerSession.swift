@@ -171,7 +171,7 @@ public struct AlpacaServerSession: Sendable {
                 if let grant, !grant.entitlement.allows(topic, in: market) { return error(.insufficientSubscription) }
                 if topic.isDerived {
                     // A bar of one trade is the trade: a derived topic needs the right to its trades too.
-                    if let grant, let source = AlpacaBarRules(feed: feed)?.sourceTopic(of: topic), !grant.entitlement.allows(source, in: market) {
+                    if let grant, !grant.entitlement.allowsTrades(behind: topic, rules: AlpacaBarRules(feed: feed), in: market) {
                         return error(.insufficientSubscription)
                     }
                     if let problem = DerivedLimits.Tally.problem(adding: topic, &derived, held: topics) {

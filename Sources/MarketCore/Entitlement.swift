@@ -41,6 +41,13 @@ public struct Entitlement: Sendable, Hashable {
         return Self.matches(topic, patterns)
     }
 
+    /// Whether the trades a derived topic is built from (``BarRules/sourceTopic(of:)``) may be read too:
+    /// a bar of one trade (`AM.AAPL@1t`) is the trade itself. `true` for a topic that is not derived.
+    public func allowsTrades(behind topic: Topic, rules: (any BarRules)?, in market: Market?) -> Bool {
+        guard topic.isDerived, let source = rules?.sourceTopic(of: topic) else { return true }
+        return allows(source, in: market)
+    }
+
     /// The same rights with `market`'s own patterns (`crypto:XQ.BTC-USD`) written as that market's
     /// protocol writes its topics (`XQ.X:BTC-USD` in Polygon's): the key file names tickers as people
     /// write them, a session compares topics in its protocol's form.

@@ -124,4 +124,10 @@ extension WireProtocol {
     public func entitlement(_ entitlement: Entitlement, inFormOf market: Market) -> Entitlement {
         entitlement.inForm(of: market) { (try? lastValueTopic($0, market: market).get()) ?? $0 }
     }
+
+    /// Whether rights already in this protocol's form (``entitlement(_:inFormOf:)``) allow `topic` on
+    /// `market`, the topic taken in that form too (`C.C:EURUSD` as `C.C:EUR-USD`).
+    public func allows(_ topic: Topic, on market: Market, by inForm: Entitlement) -> Bool {
+        inForm.allows((try? lastValueTopic(topic, market: market).get()) ?? topic, in: market)
+    }
 }

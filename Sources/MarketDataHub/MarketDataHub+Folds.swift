@@ -57,16 +57,16 @@ extension MarketDataHub {
     /// The whole states (order books) of the folded topics in `topics`, a wildcard's being every one of
     /// its type.
     func wholeStates(held topics: Set<Topic>) -> [MarketEvent] {
+        foldedEntries(held: topics).compactMap { entries[$0]?.fold?.whole() }
+    }
+
+    /// The folded topics `topics` names: a wildcard's type's entries and the topics held by name (not a
+    /// walk of every entry).
+    func foldedEntries(held topics: Set<Topic>) -> [Topic] {
         guard let folding else { return [] }
         let wildTypes = Set(topics.filter { $0.isWildcard && folding.eventTypes.contains($0.eventType) }.map(\.eventType))
-        var wholes: [MarketEvent] = []
-        // A wildcard's type's entries, and the topics held by name (not a walk of every entry).
         let candidates = wildTypes.flatMap { entriesOfType[$0] ?? [] } + topics.filter { !$0.isWildcard && !wildTypes.contains($0.eventType) }
-        for topic in candidates where folding.eventTypes.contains(topic.eventType) {
-            guard let whole = entries[topic]?.fold?.whole() else { continue }
-            wholes.append(whole)
-        }
-        return wholes
+        return candidates.filter { folding.eventTypes.contains($0.eventType) }
     }
 
     /// Folded topics someone here holds, whose events come, and whose state is not whole: what a source

@@ -115,21 +115,16 @@ extension MarketDataHub {
 
     /// Folded states (order books) of `topics` (all when `nil`, or when a wildcard of their type lost
     /// events) missed events: none is served until the vendor sends it whole again.
-    /// O(folded topics): their types' entries, not a walk of every entry (a loss can be reported often).
+    /// The topics looked at: those named, and a wildcard's (or, for all, every folded type's) entries,
+    /// never a walk of every entry (a loss can be reported often).
     func interruptFolds(_ topics: Set<Topic>?) {
         guard let folding else { return }
-        let wildTypes = topics.map { Set($0.filter(\.isWildcard).map(\.eventType)) } ?? []
-        for type in folding.eventTypes {
-            for topic in entriesOfType[type] ?? [] { interruptFold(of: topic, unless: topics, wildTypes) }
+        for topic in foldedEntries(held: topics ?? Set(folding.eventTypes.map(Topic.wildcard))) {
+            guard let entry = entries[topic] else { continue }
+            entry.fold?.interrupt()
+            // What came before the loss cannot bring a later whole state up to date.
+            entry.releaseHeldBack()
         }
-    }
-
-    private func interruptFold(of topic: Topic, unless topics: Set<Topic>?, _ wildTypes: Set<String>) {
-        guard let entry = entries[topic] else { return }
-        if let topics, !topics.contains(topic), !wildTypes.contains(topic.eventType) { return }
-        entry.fold?.interrupt()
-        // What came before the loss cannot bring a later whole state up to date.
-        entry.releaseHeldBack()
     }
 
     /// The first events after an outage: those told of it are told the window, and gap fill is asked.

@@ -94,26 +94,8 @@ public struct PolygonGatewayDialect: GatewayDialect {
             if s.count == 7, s[6] == "gainers" || s[6] == "losers" { return route("snapshot-movers", .markets([market]), .pass, .foreground) }
             return .failure(.notFound("no snapshot route \(request.path)"))
         case (_, "v3") where s.count >= 2 && s[1] == "snapshot":
-            if s.count == 2 {
-                if let tickers = Self.tickerList(request, "ticker.any_of") ?? Self.tickerList(request, "ticker"), !paging {
-                    return route("snapshot-unified", Self.scope(list: tickers, market: nil), .pass, .foreground)
-                }
-                return route("snapshot-unified", .markets(Market.trading), .pass, .foreground)
-            }
-            if s.count == 3, s[2] == "indices" {
-                if let tickers = Self.tickerList(request, "ticker.any_of"), !paging {
-                    return route("snapshot-indices", Self.scope(list: tickers, market: .indices), .pass, .foreground)
-                }
-                return route("snapshot-indices", .markets([.indices]), .pass, .foreground)
-            }
-            if s.count == 4, s[2] == "options" { return route("snapshot-options", .markets([.options]), .pass, .foreground) }
-            if s.count == 5, s[2] == "options" {
-                // A contract's snapshot holds its last trade, last quote and day bar.
-                let contract = s[4].uppercased()
-                let topics = [Reads.trade, .quote, .bar].map { Self.topic(contract, market: .options, types: $0) }
-                return route("snapshot-option", .topics(.options, topics), .pass, .foreground)
-            }
-            return .failure(.notFound("no snapshot route \(request.path)"))
+            guard let (name, scope) = Self.v3Snapshot(s, request, paging: paging) else { return .failure(.notFound("no snapshot route \(request.path)")) }
+            return route(name, scope, .pass, .foreground)
         case (9, "v2") where s[1] == "aggs" && s[2] == "ticker" && s[4] == "range":
             guard let multiplier = Int(s[5]), multiplier >= 1 else { return .failure(.badRequest("multiplier: a whole number ≥ 1, got \(s[5])")) }
             _ = multiplier
@@ -202,6 +184,30 @@ public struct PolygonGatewayDialect: GatewayDialect {
             return "\(symbol.dropLast(quote.count))\(separator)\(quote)"
         }
         return String(symbol)
+    }
+
+    /// `/v3/snapshot[/indices|/options/{underlying}[/{contract}]]`: the route's name and what it reads
+    /// (`nil`: none of them). A page (`paging`) of a list reads the whole market (its cursor stands for
+    /// the first request's whole query).
+    static func v3Snapshot(_ s: [String], _ request: GatewayRequest, paging: Bool) -> (name: String, scope: RouteScope)? {
+        switch (s.count, s.count > 2 ? s[2] : "") {
+        case (2, _):
+            guard let tickers = tickerList(request, "ticker.any_of") ?? tickerList(request, "ticker"), !paging else {
+                return ("snapshot-unified", .markets(Market.trading))
+            }
+            return ("snapshot-unified", scope(list: tickers, market: nil))
+        case (3, "indices"):
+            guard let tickers = tickerList(request, "ticker.any_of"), !paging else { return ("snapshot-indices", .markets([.indices])) }
+            return ("snapshot-indices", scope(list: tickers, market: .indices))
+        case (4, "options"):
+            return ("snapshot-options", .markets([.options]))
+        case (5, "options"):
+            // A contract's snapshot holds its last trade, last quote and day bar.
+            let contract = s[4].uppercased()
+            return ("snapshot-option", .topics(.options, [Reads.trade, .quote, .bar].map { topic(contract, market: .options, types: $0) }))
+        default:
+            return nil
+        }
     }
 
     /// A comma-separated list of tickers: each one's trades, quotes and bars (a snapshot or summary

@@ -177,9 +177,7 @@ public struct ServerSession: Sendable {
                     malformed.append("\(topic) (\(problem))")
                 } else if let grant, !grant.entitlement.allows(topic, in: market) {
                     refused.append(topic)
-                } else if topic.isDerived, let grant, let market, let source = PolygonBarRules(market: market)?.sourceTopic(of: topic),
-                    !grant.entitlement.allows(source, in: market)
-                {
+                } else if let grant, let market, !grant.entitlement.allowsTrades(behind: topic, rules: PolygonBarRules(market: market), in: market) {
                     // A bar of one trade is the trade: a derived topic needs the right to its trades too.
                     refused.append(topic)
                 } else if topic.isDerived, let problem = DerivedLimits.Tally.problem(adding: topic, &derived, held: topics) {

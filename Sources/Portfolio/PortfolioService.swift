@@ -27,7 +27,9 @@ public actor PortfolioService: Service {
     private let closeHistory: Bool
     private let pushInterval: Duration
     private let snapshotInterval: Duration
-    /// What is known of the price of each symbol held (``held``): a symbol let go takes its prices along.
+    /// What is known of the price of each symbol held (``held``): a symbol let go takes its prices along
+    /// (a closed account's positions are then unpriced: it is followed no more). ``setReference(_:previousClose:for:)``
+    /// sets one for any symbol (tests).
     private var prices: [String: SymbolPrices] = [:]
     /// The sidecar's subscription on each market's hub.
     private var subscriptions: [Market: HubSubscription] = [:]
@@ -374,11 +376,12 @@ public actor PortfolioService: Service {
     }
 
     /// The symbols whose prices value the history of an account (of the portfolio when `nil`: every
-    /// symbol its transactions name) that `access` may read none of: a history valued from them is not
-    /// for that key (its totals would give the prices away).
+    /// symbol its transactions name) that `access` may not read in full: a history valued from them is
+    /// not for that key (its days are valued from closes, which are trades, and today's from the live
+    /// price, a trade or a quote mid: its totals would give them away).
     public func withheldFromHistory(of accountID: Int64?, access: PriceAccess) async throws -> [String] {
         guard !access.isWhole else { return [] }
-        return try await currentBooks().symbolsNamed(by: accountID).filter { access.readability(of: $0) == .none }.sorted()
+        return try await currentBooks().symbolsNamed(by: accountID).filter { access.readability(of: $0) != .all }.sorted()
     }
 
     /// The books of the store's ledger as it stands now: those kept when its revision is unchanged (a

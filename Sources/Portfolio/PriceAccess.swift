@@ -56,11 +56,8 @@ public struct PriceAccess: Sendable {
         guard let rights = inForm[market], let wire = hubs?.hubs[market]?.wire else { return whole }
         let topics = topics(of: symbol)
         // Checked in the form the key's patterns were put in (`C.C:EURUSD` as `C.C:EUR-USD`).
-        func allowed(_ topic: Topic) -> Bool {
-            rights.allows((try? wire.lastValueTopic(topic, market: market).get()) ?? topic, in: market)
-        }
-        let trade = topics.trade.map(allowed)
-        let quote = topics.quote.map(allowed)
+        let trade = topics.trade.map { wire.allows($0, on: market, by: rights) }
+        let quote = topics.quote.map { wire.allows($0, on: market, by: rights) }
         if trade == nil && quote == nil { return whole }
         // One kind of topic prices the market: it stands for the other.
         return PriceReadability(trade: trade ?? quote ?? false, quote: quote ?? trade ?? false)

@@ -498,7 +498,7 @@ public final class PortfolioStore: Sendable {
         if let closedAt = account.closedAt, date >= calendar.day(of: closedAt) {
             throw ConflictError(field: "date", message: "the account closed on \(calendar.day(of: closedAt)); \(date) is not before that")
         }
-        var symbol = new.symbol.trimmingCharacters(in: .whitespaces).uppercased()
+        var symbol = HeldSymbol.normalized(new.symbol)
         var (quantity, price, amount) = (new.quantity, new.price, new.amount)
         switch new.kind {
         case .buy, .sell, .dividend:
@@ -907,7 +907,7 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    /// Replaces the recomputed history in one transaction (of the days from `from` on: the snapshots
+    /// Replaces the recomputed history in one write transaction (of the days from `from` on: the snapshots
     /// given are those days', the rows before are not read), touching only the rows that changed: each
     /// account's rows outside its days (after it closed, say) are removed, the portfolio's rows outside
     /// `portfolioDays` (days before any account that still exists) are removed, and of the rest only
@@ -917,9 +917,11 @@ public final class PortfolioStore: Sendable {
     ///
     /// What is stored is read before the write, not in it: a recomputation from long ago reads every
     /// account's rows since (hundreds of thousands), and every other write would wait for that read.
-    /// Nothing else writes these rows (recomputations run one at a time, one sidecar per file), so
-    /// the rows read are still those stored when the write runs; the write holds the database only
-    /// for the rows that changed.
+    /// Nothing else writes these rows (recomputations run one at a time, one sidecar per file); only
+    /// deleting an account removes its rows meanwhile, and writing one of them fails as before (its
+    /// account is gone). So the rows read are those stored when the write runs, and the write holds the
+    /// database only for the rows that changed. (The rows given all lie within their account's days,
+    /// which the write's deletions leave alone.)
     @discardableResult
     public func replaceHistory(
         _ snapshots: [AccountSnapshot], accountDays: [Int64: (from: Day, through: Day)], portfolio: [PortfolioSnapshot],

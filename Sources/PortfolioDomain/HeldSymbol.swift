@@ -1,3 +1,4 @@
+import Foundation
 import MarketCore
 
 /// The symbols a portfolio may hold: exactly the tickers a market-feed client may subscribe to
@@ -7,6 +8,11 @@ import MarketCore
 public enum HeldSymbol {
     /// The ticker rules of a market-feed subscription, with their default length.
     public static let limits = SessionLimits()
+
+    /// A symbol as it is stored: trimmed of spaces, upper-cased (`" aapl"` is `AAPL`).
+    public static func normalized(_ text: String) -> String {
+        text.trimmingCharacters(in: .whitespaces).uppercased()
+    }
 
     /// Why `symbol` (already trimmed and upper-cased) cannot be held, or `nil` when it can.
     public static func problem(with symbol: String) -> String? {

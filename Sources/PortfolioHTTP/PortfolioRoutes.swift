@@ -232,13 +232,8 @@ public struct PortfolioRoutes: Sendable {
         router.post("/v1/accounts/:id/transactions") { request, context in
             await Self.answer {
                 let new = try await Self.body(PortfolioJSON.NewTransaction.self, request)
-                // A key writes only symbols whose prices it may read: else buying one would show it them.
-                // (Only the kinds that keep a symbol; one the ticker rules refuse is left to the store's 422.)
-                if [.buy, .sell, .dividend].contains(new.kind), let symbol = new.symbol.map({ $0.trimmingCharacters(in: .whitespaces).uppercased() }),
-                    HeldSymbol.problem(with: symbol) == nil
-                {
-                    let access = service.priceAccess(for: entitlement(request))
-                    if access.readability(of: symbol) == .none { return Self.notReadable(symbol, access) }
+                if let refusal = try await Self.writeRefusal(new, account: try Self.id(context), store, service.priceAccess(for: entitlement(request))) {
+                    return refusal
                 }
                 let transaction = try await store.addTransaction(
                     accountID: try Self.id(context),
@@ -372,17 +367,31 @@ public struct PortfolioRoutes: Sendable {
         let withheld = try await service.withheldFromHistory(of: account, access: access)
         guard let first = withheld.first else { return nil }
         let named = withheld.prefix(10).joined(separator: ", ") + (withheld.count > 10 ? " and \(withheld.count - 10) more" : "")
-        let topics = access.topics(of: first).all.map(\.description).joined(separator: " nor ")
         return problem(
             .forbidden,
-            "not authorized: this history is valued from the prices of \(named), which this key may not read (e.g. neither \(topics.isEmpty ? "its market" : topics))")
+            "not authorized: this history is valued from the prices of \(named), which this key may not read in full (e.g. \(topicsText(first, access, "and")))")
+    }
+
+    /// `403` for a transaction of a symbol whose prices the key may read none of: holding it would show
+    /// them. Only the kinds that keep a symbol; one the ticker rules refuse is left to the store's `422`,
+    /// an account that does not exist to its `404`.
+    static func writeRefusal(_ new: PortfolioJSON.NewTransaction, account: Int64, _ store: PortfolioStore, _ access: PriceAccess) async throws -> Response? {
+        guard !access.isWhole, [.buy, .sell, .dividend].contains(new.kind), let symbol = new.symbol.map(HeldSymbol.normalized),
+            HeldSymbol.problem(with: symbol) == nil
+        else { return nil }
+        _ = try await store.account(account)
+        return access.readability(of: symbol) == .none ? notReadable(symbol, access) : nil
     }
 
     /// The answer to a key that may read none of `symbol`'s prices (`403`, naming its topics).
     static func notReadable(_ symbol: String, _ access: PriceAccess) -> Response {
+        problem(.forbidden, "not authorized: this key may read neither \(topicsText(symbol, access, "nor")) (the prices of \(symbol))", field: "symbol")
+    }
+
+    /// The topics that price `symbol`, as a refusal names them (`T.MSFT nor Q.MSFT`).
+    private static func topicsText(_ symbol: String, _ access: PriceAccess, _ joiner: String) -> String {
         let topics = access.topics(of: symbol).all.map(\.description)
-        let named = topics.isEmpty ? "its market" : topics.joined(separator: " nor ")
-        return problem(.forbidden, "not authorized: this key may read neither \(named) (the prices of \(symbol))", field: "symbol")
+        return topics.isEmpty ? "its market" : topics.joined(separator: " \(joiner) ")
     }
 
     /// Runs `body` for the request's client: the `X-Relay-Client` name, else the connection, whose

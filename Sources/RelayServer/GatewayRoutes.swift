@@ -81,9 +81,7 @@ extension RelayServer {
                 name: key.name, rest: key.rest,
                 allows: { market, topic in
                     guard let wire = markets.first(where: { $0.market == market })?.served.wire else { return entitlement.allows(topic, in: market) }
-                    let inForm = wire.entitlement(entitlement, inFormOf: market)
-                    let normalized = (try? wire.lastValueTopic(topic, market: market).get()) ?? topic
-                    return inForm.allows(normalized, in: market)
+                    return wire.allows(topic, on: market, by: wire.entitlement(entitlement, inFormOf: market))
                 },
                 allowsMarket: { entitlement.allowsWhole(market: $0) }, quota: keyQuotas.budget(for: key))
         } else {

@@ -542,7 +542,9 @@ public final class RelayServer: Service, Sendable {
             return try Self.json(["error": "not authorized: this key may not read \(topic)"], status: .forbidden)
         }
         // A bar of one trade is the trade: a derived topic needs the right to its trades too (as on the feed).
-        if topic.isDerived, let source = route.served.wire.barRules(of: route.market)?.sourceTopic(of: topic), !inForm.allows(source, in: route.market) {
+        let rules = route.served.wire.barRules(of: route.market)
+        guard inForm.allowsTrades(behind: topic, rules: rules, in: route.market) else {
+            let source = rules?.sourceTopic(of: topic).map(\.description) ?? "its trades"
             return try Self.json(["error": "not authorized: \(topic) is made of \(source), which this key may not read"], status: .forbidden)
         }
         // This node's hub first; a cluster node asks the cluster's last values for a topic nobody here wants.

@@ -99,7 +99,7 @@ public struct TapeExport: Sendable {
     /// Each event of the window and topics, with its JSON text.
     private func events(_ reader: TapeReader, _ outcome: inout Outcome, _ body: (TapeEvent, String) throws -> Void) throws {
         for case .event(let event) in reader.records(from: from ?? .min, through: to ?? .max) {
-            guard topics.isEmpty || topics.contains(where: { $0.eventType == event.eventType && ($0.isWildcard || $0.ticker == event.ticker) })
+            guard topics.isEmpty || topics.contains(where: { $0.matches(eventType: event.eventType, ticker: event.ticker) })
             else { continue }
             let market = MarketEvent(eventType: event.eventType, ticker: event.ticker, bytes: event.bytes)
             guard let answer = wire.httpAnswer(market, accept: "application/json"), answer.contentType == "application/json",

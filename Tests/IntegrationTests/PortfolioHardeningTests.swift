@@ -361,6 +361,7 @@ struct PortfolioHardeningTests {
         settings.clientKeyRights = [
             try ClientKey(name: "aapl-trades", secret: "aapl-secret", topics: ["T.AAPL"], portfolio: .read),
             try ClientKey(name: "msft-trades", secret: "msft-secret", topics: ["T.MSFT"], portfolio: .read),
+            try ClientKey(name: "msft-quotes", secret: "quotes-secret", topics: ["Q.MSFT"], portfolio: .read),
             try ClientKey(name: "everything", secret: "all-secret", portfolio: .read),
         ]
         let relay = Relay(settings: settings, logger: testLogger)
@@ -394,6 +395,13 @@ struct PortfolioHardeningTests {
             #expect(values(tradesOnly.json)["lastTrade"] != nil, "\(tradesOnly.json)")
             #expect(values(tradesOnly.json)["lastQuote"] == nil, "\(tradesOnly.json)")
             #expect(values(tradesOnly.json)["withheld"] as? [String] == ["Q.MSFT"])
+            #expect((tradesOnly.json["priceHistory"] as? [String: Any])?["status"] as? String == (everything.json["priceHistory"] as? [String: Any])?["status"] as? String)
+            // Without the trades, no last trade and no daily bars (they are trades).
+            let quotesOnly = try await detail("quotes-secret")
+            #expect(quotesOnly.status == 200, "\(quotesOnly)")
+            #expect(values(quotesOnly.json)["lastTrade"] == nil && values(quotesOnly.json)["lastQuote"] != nil, "\(quotesOnly.json)")
+            let history = quotesOnly.json["priceHistory"] as? [String: Any]
+            #expect(history?["status"] as? String == "failed" && (history?["error"] as? String)?.contains("T.MSFT") == true, "\(String(describing: history))")
         }
     }
 
@@ -495,7 +503,10 @@ struct PortfolioHardeningTests {
             await owner.close()
             await limited.close()
 
-            // Writing: not a symbol the key may not read; its own, yes.
+            // Writing: not a symbol the key may not read; its own, yes. An account that is not there is 404.
+            let nowhere = try await send(
+                "POST", "/v1/accounts/9999/transactions", "aapl", json: #"{"kind":"buy","date":"2024-01-03","symbol":"NVDA","quantity":"1","price":"100"}"#)
+            #expect(nowhere.status == 404, "\(nowhere)")
             let refused = try await send(
                 "POST", "/v1/accounts/\(account)/transactions", "aapl", json: #"{"kind":"buy","date":"2024-01-03","symbol":"nvda","quantity":"1","price":"100"}"#)
             #expect(refused.status == 403, "\(refused)")

@@ -72,14 +72,18 @@ public struct SecurityDetail: Sendable, Encodable {
         public var withheld: [String]? = nil
     }
 
-    /// The detail without what a client's key may not read (``PriceAccess``): the last trade without
-    /// the symbol's trades topic, the last quote without its quotes topic; the topics left out are named
-    /// in `details.withheld`. (The cache keeps the whole detail; each answer is cut for its client.)
+    /// The detail without what a client's key may not read (``PriceAccess``): the last trade and the
+    /// daily price history (bars of trades) without the symbol's trades topic, the last quote without
+    /// its quotes topic; the topics left out are named in `details.withheld`. (The cache keeps the whole
+    /// detail; each answer is cut for its client.)
     public func withholding(_ readable: PriceReadability, topics: PriceTopics) -> SecurityDetail {
-        guard readable != .all, case .loaded(var values) = details else { return self }
-        var withheld: [String] = []
+        guard readable != .all else { return self }
+        var copy = self
         // A market priced by one kind of topic names it for both.
         let (trade, quote) = (topics.trade ?? topics.quote, topics.quote ?? topics.trade)
+        if !readable.trade { copy.priceHistory = .failed("withheld: this key may not read \(trade?.description ?? "T.\(symbol)")") }
+        guard case .loaded(var values) = details else { return copy }
+        var withheld: [String] = []
         if !readable.trade {
             values.lastTrade = nil
             withheld.append(trade?.description ?? "T.\(symbol)")
@@ -90,7 +94,6 @@ public struct SecurityDetail: Sendable, Encodable {
         }
         withheld = withheld.reduce(into: []) { kept, topic in if !kept.contains(topic) { kept.append(topic) } }
         values.withheld = withheld
-        var copy = self
         copy.details = .loaded(values)
         return copy
     }
