@@ -195,6 +195,9 @@ final class EventHistory {
     static let maxLeap: UInt64 = 1 << 32
     /// Events not kept because their position was out of range or leapt too far.
     private(set) var implausible = 0
+    /// Events not kept because their market sequence came below the next one (a cluster node's: one
+    /// the leader's numbers had passed, or every event after a forged leap).
+    private(set) var outOfOrder = 0
     /// Memory counted (``overheadPerEvent`` per event plus its bytes, ``overheadPerLine`` per topic
     /// line).
     private(set) var memory = 0
@@ -328,7 +331,11 @@ final class EventHistory {
         for index in events.indices {
             let event = events[index]
             let position = positions[index]
-            guard position.market >= nextMarketSequence else { continue }  // out of order: not kept
+            guard position.market >= nextMarketSequence else {
+                // Out of order: not kept (counted: after a forged leap every real event would be).
+                outOfOrder += 1
+                continue
+            }
             // Positions come checked (``EventPosition/isPlausible``), so the arithmetic below cannot
             // overflow; a leap far past the history (a hostile publisher's) is not kept either, or
             // every later event would be "out of order".

@@ -14,8 +14,13 @@ extension MarketDataHub {
                 MarketEvent(
                     eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt, sequence: position.market))
         }
+        let (outOfOrder, implausible) = (history.outOfOrder, history.implausible)
+        let broken = history.append(kept, positions: positions, at: now)
+        // What the history did not keep is counted: a resume of it cannot be whole.
+        if history.outOfOrder > outOfOrder { metrics.notKeptOutOfOrder.increment(by: history.outOfOrder - outOfOrder) }
+        if history.implausible > implausible { metrics.notKeptImplausible.increment(by: history.implausible - implausible) }
         // A topic whose run broke: its holders are told before the event after the break.
-        for topic in history.append(kept, positions: positions, at: now) {
+        for topic in broken {
             // A folded state missed what went by in the break: not vouched for until whole again.
             if let entry = entries[topic], let fold = entry.fold {
                 fold.interrupt()

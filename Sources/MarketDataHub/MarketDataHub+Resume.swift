@@ -57,6 +57,9 @@ struct HubHistoryMetrics: Sendable {
     /// Resumes that asked the archive (the tape), and events it gave them.
     let archiveResumes: Counter
     let archiveReplayed: Counter
+    /// Events a cluster node received and did not keep in its history (they were delivered live).
+    let notKeptOutOfOrder: Counter
+    let notKeptImplausible: Counter
 
     init(factory: any MetricsFactory, limit: Int) {
         // What the memory may reach (0: no history), beside what it holds: an alert compares the two.
@@ -70,6 +73,8 @@ struct HubHistoryMetrics: Sendable {
         resumedWithGaps = Counter(label: "relay_resumes_total", dimensions: [("result", "gap")], factory: factory)
         archiveResumes = Counter(label: "relay_tape_resumes_total", factory: factory)
         archiveReplayed = Counter(label: "relay_tape_events_replayed_total", factory: factory)
+        notKeptOutOfOrder = Counter(label: "relay_history_events_not_kept_total", dimensions: [("reason", "out_of_order")], factory: factory)
+        notKeptImplausible = Counter(label: "relay_history_events_not_kept_total", dimensions: [("reason", "implausible")], factory: factory)
     }
 
     func record(_ history: EventHistory) {

@@ -1,4 +1,5 @@
 import Foundation
+import MetricsTestKit
 import NIOCore
 import PolygonWire
 import Synchronization
@@ -112,6 +113,27 @@ struct GapFillHubTests {
         await hub.add(Array(topics("T.AAPL")), to: resumed.id, resuming: .positions(epoch: "leader1", [Topic(parsing: "T.AAPL")!: 1]))
         let replay = try await take(4, from: resumed.events)
         #expect(replay.compactMap { fields($0)["q"] as? Int } == [11, 12, 13], "\(replay.map(\.json))")
+    }
+
+    /// A cluster node keeps in its history only events past the newest it kept: after one that leapt
+    /// ahead (a publisher's forged numbers), the real events are delivered live and not kept. That is
+    /// counted for the operator, as are positions that leap too far, not lost in silence.
+    @Test func eventsANodeDoesNotKeepAreCounted() async throws {
+        let metrics = TestMetrics()
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(), adoptsPositions: true, metricsFactory: metrics)
+        await hub.startEpoch("leader1")
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        let at = { (q: Int, topic: UInt64, market: UInt64) in EventPosition.stamp([trade(q)], [EventPosition(topic: topic, market: market)]) }
+        await hub.publish(at(1, 1, 1))
+        await hub.publish(at(2, 2, 1_000_000))
+        await hub.publish(at(3, 3, 2))
+        await hub.publish(at(4, 4, 3))
+        await hub.publish(at(5, 5, 1_000_001 + (1 << 33)))
+        #expect(try await take(5, from: named.events).compactMap { fields($0)["q"] as? Int } == [1, 2, 3, 4, 5], "all delivered live")
+        #expect(await hub.historyStatistics?.events == 2)
+        let notKept = { (reason: String) in metrics.counterTotal(label: "relay_history_events_not_kept_total", dimensions: [("reason", reason)]) }
+        #expect(notKept("out_of_order") == 2)
+        #expect(notKept("implausible") == 1)
     }
 
     @Test func aQuietTopicsNextFillStartsAfterWhatTheLastFillBrought() async throws {
