@@ -81,8 +81,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
             if s.count == 8, s[6] == "tickers" {
                 // A snapshot holds the ticker's trades, quotes and bars: the key needs all three.
                 let ticker = s[7].uppercased()
-                let scope: RouteScope = .topics(
-                    Market.of(ticker: ticker), [Reads.trade, .quote, .bar].map { Self.topic(ticker, market: Market.of(ticker: ticker), types: $0) })
+                let scope: RouteScope = .topics(Market.of(ticker: ticker), Self.snapshotTopics(ticker, market: Market.of(ticker: ticker)))
                 return route("snapshot-ticker", scope, .pass, .foreground, live: market == .stocks && s[3] == "us")
             }
             if s.count == 7, s[6] == "tickers" {
@@ -204,7 +203,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
         case (5, "options"):
             // A contract's snapshot holds its last trade, last quote and day bar.
             let contract = s[4].uppercased()
-            return ("snapshot-option", .topics(.options, [Reads.trade, .quote, .bar].map { topic(contract, market: .options, types: $0) }))
+            return ("snapshot-option", .topics(.options, snapshotTopics(contract, market: .options)))
         default:
             return nil
         }
@@ -216,7 +215,12 @@ public struct PolygonGatewayDialect: GatewayDialect {
         let tickers = list.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).uppercased() }.filter { !$0.isEmpty }
         let markets = Set(tickers.map { market ?? Market.of(ticker: $0) })
         guard markets.count == 1, let only = markets.first else { return .markets(markets.isEmpty ? market.map { [$0] } ?? Market.trading : Array(markets).sorted()) }
-        return .topics(only, tickers.flatMap { ticker in [Reads.trade, .quote, .bar].map { topic(ticker, market: only, types: $0) } })
+        return .topics(only, tickers.flatMap { snapshotTopics($0, market: only) })
+    }
+
+    /// What a snapshot of a ticker holds: its trades, quotes and bars (the key needs all three).
+    static func snapshotTopics(_ ticker: String, market: Market) -> [Topic] {
+        [Reads.trade, .quote, .bar].map { topic(ticker, market: market, types: $0) }
     }
 
     /// The tickers a list route's `name` parameter names, when they are all it is narrowed by: `nil` when
