@@ -722,8 +722,9 @@ final class EventHistory {
             var events: [MarketEvent] = []
             var index = sequences.index(sequences.startIndex, offsetBy: Self.firstOffset(after: after, in: sequences))
             while index != sequences.endIndex {
-                // A wildcard's events are the vendor's, never the relay's derived bars (as live).
-                if let slot = slotIndex(of: sequences[index]), let event = slots[slot].event, !Topic.isDerivedTicker(event.ticker) {
+                // A wildcard's events are the vendor's, never the relay's derived bars
+                // (``Topic/matches(eventType:ticker:)``, as live).
+                if let slot = slotIndex(of: sequences[index]), let event = slots[slot].event, topic.matches(eventType: event.eventType, ticker: event.ticker) {
                     guard events.count < limit else { return .tooMany }
                     events.append(event)
                 }
@@ -793,7 +794,7 @@ final class EventHistory {
                 // This run's events count only from where it received the topic whole.
                 guard sequence < restart.marker || (received.map { sequence >= $0.sequence } ?? false) else { continue }
                 guard let slot = slotIndex(of: sequence), let event = slots[slot].event else { continue }
-                if topic.isWildcard, Topic.isDerivedTicker(event.ticker) { continue }
+                if topic.isWildcard, !topic.matches(eventType: event.eventType, ticker: event.ticker) { continue }
                 guard earlier.count + later.count < limit else { return .tooMany }
                 if sequence < restart.marker { earlier.append(event) } else { later.append(event) }
             }

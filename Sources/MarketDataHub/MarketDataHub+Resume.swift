@@ -431,7 +431,7 @@ extension MarketDataHub {
     /// derived bar's (those belong to who names them).
     private func lastValues(of topic: Topic) -> [MarketEvent] {
         if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
-        return (entriesOfType[topic.eventType] ?? []).filter { !$0.isDerived }.compactMap { entries[$0]?.value }
+        return (entriesOfType[topic.eventType] ?? []).filter { topic.matches(eventType: $0.eventType, ticker: $0.ticker) }.compactMap { entries[$0]?.value }
             .sorted { ($0.sequence, $0.receivedAt, $0.ticker) < ($1.sequence, $1.receivedAt, $1.ticker) }
     }
 

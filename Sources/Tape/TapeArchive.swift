@@ -391,8 +391,9 @@ public final class TapeArchive: EventArchive {
             // Its topic's reading and its type's wildcard's (one each at most: a read asks for a topic
             // once), in the order they were asked, as the limit of events goes to the first.
             var concerned = byTopic[Topic(checkedEventType: event.eventType, ticker: event.ticker)] ?? []
+            let wildcardTopic = Topic.wildcard(event.eventType)
             // (A derived bar is no wildcard's: ``Topic/matches(eventType:ticker:)``.)
-            if event.ticker != Topic.wildcardTicker, !Topic.isDerivedTicker(event.ticker), let wildcard = byTopic[.wildcard(event.eventType)] {
+            if event.ticker != Topic.wildcardTicker, wildcardTopic.matches(eventType: event.eventType, ticker: event.ticker), let wildcard = byTopic[wildcardTopic] {
                 concerned = (concerned + wildcard).sorted()
             }
             for index in concerned where readings[index].answer == nil { keep(event, in: index) }
