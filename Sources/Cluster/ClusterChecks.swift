@@ -51,11 +51,16 @@ public struct LeaseValue: Codable, Sendable, Equatable {
     /// lease again is seen as a new leader: the other nodes tell their clients the old one went. Absent
     /// in values of earlier versions.
     public var term: String?
+    /// The market sequence of the last event the holder had stamped in its term when it wrote this
+    /// value (absent before its first, and in values of earlier versions): a node keeps no event whose
+    /// position leaps far past it (a forged one).
+    public var through: UInt64?
 
-    public init(node: String, leaseMs: Int64, term: String? = nil) {
+    public init(node: String, leaseMs: Int64, term: String? = nil, through: UInt64? = nil) {
         self.node = node
         self.leaseMs = leaseMs
         self.term = term
+        self.through = through
     }
 
     /// The value a node writes.
@@ -68,7 +73,8 @@ public struct LeaseValue: Codable, Sendable, Equatable {
     /// A lease value a relay node wrote, or `nil`.
     public init?(parsing bytes: [UInt8]) {
         guard bytes.count <= 1024, let value = try? JSONDecoder().decode(LeaseValue.self, from: Data(bytes)),
-            !value.node.isEmpty, value.node.count <= 128, value.leaseMs > 0, (value.term?.utf8.count ?? 0) <= 64
+            !value.node.isEmpty, value.node.count <= 128, value.leaseMs > 0, (value.term?.utf8.count ?? 0) <= 64,
+            (value.through ?? 0) <= EventPosition.maxSequence
         else { return nil }
         self = value
     }

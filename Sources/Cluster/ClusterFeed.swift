@@ -54,6 +54,8 @@ final class ClusterFeed: Sendable {
     private let held = Mutex<Held?>(nil)
     /// When the newest lease read told was asked.
     private let newestRead = Mutex<ContinuousClock.Instant?>(nil)
+    /// The last mark of the leader's stamping told the hub (``leaderStamped(term:through:)``).
+    private let lastMark = Mutex<(term: String, through: UInt64)?>(nil)
     /// The control messages taken (``controlRate``), and when the clients were last told of a drop.
     private let controlRate: Mutex<MessageRate>
     private let controlsPerSecond: Int
@@ -248,7 +250,7 @@ final class ClusterFeed: Sendable {
             switch message {
             case .events(let some), .recovered(_, let some, _): events = some.count
             // The node's own asking (bounded by its wanted topics) and its own word of itself.
-            case .seed: own = true
+            case .seed, .leaderStamped: own = true
             default: own = pastControlBound
             }
         }
@@ -473,6 +475,17 @@ final class ClusterFeed: Sendable {
                 if let event = await lastValues(topic) { deliver(.seed(event)) }
             }
         }
+    }
+
+    /// The lease says its holder had stamped `term`'s events through `through`: the hub is told (in
+    /// order, behind what is held), once per new mark.
+    func leaderStamped(term: String, through: UInt64) {
+        let new = lastMark.withLock { last in
+            guard last?.term != term || last?.through != through else { return false }
+            last = (term, through)
+            return true
+        }
+        if new { deliver(.leaderStamped(epoch: term, through: through)) }
     }
 
     /// How many subjects this node is subscribed to.

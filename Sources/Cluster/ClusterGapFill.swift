@@ -46,6 +46,15 @@ final class TermSequencer: Sendable {
 
     var epoch: String? { state.withLock { $0?.epoch } }
 
+    /// The market sequence of the last event stamped in `term` (`nil`: another term, none stamped yet,
+    /// or no positions).
+    func stampedThrough(term: String) -> UInt64? {
+        state.withLock { sequencer in
+            guard let sequencer, sequencer.epoch == term, sequencer.lastMarket > 0 else { return nil }
+            return sequencer.lastMarket
+        }
+    }
+
     /// Topics the upstream stopped sending for a while this term: their next events skip a sequence.
     func interrupt(_ topics: Set<Topic>) {
         guard !topics.isEmpty else { return }

@@ -644,6 +644,9 @@ public final class ClusterNode: Service, Sendable {
                     "lease", "the lease key holds \(entry.value.count) bytes that are not a relay node's lease", logger: logger)
             }
             Self.tell(feed, lease: entry, holder: holder, askedAt: askedAt)
+            if let holder, holder.node != configuration.nodeID, let term = holder.term, let through = holder.through {
+                feed.leaderStamped(term: term, through: through)
+            }
             observe(leader: holder?.node, term: holder?.term, feed: feed)
             // Spread: leave a free lease to a live node that leads no market (for a bounded while).
             if entry == nil, let spread, spread.shouldDefer(market: market, liveNodes: state.withLock({ $0.interest.liveNodes })) {
@@ -795,7 +798,9 @@ public final class ClusterNode: Service, Sendable {
 
     /// What this node writes as the lease's value in term `term`.
     private func leaseValue(term: String) -> String {
-        LeaseValue(node: configuration.nodeID, leaseMs: configuration.leaseDuration.milliseconds, term: term).text
+        LeaseValue(
+            node: configuration.nodeID, leaseMs: configuration.leaseDuration.milliseconds, term: term, through: sequencer.stampedThrough(term: term)
+        ).text
     }
 
     /// A new term's name: 12 random letters and digits (also its positions epoch).
@@ -1121,7 +1126,8 @@ public final class ClusterNode: Service, Sendable {
                 recorder?.interrupted(epoch: sequencer.epoch)
                 foldedLastValues.withLock { $0.interruptAll() }
                 publish(control: .loss(count: count))
-            case .element(.authenticated), .element(.seed), .element(.epoch), .element(.recovered), .element(.recoveryEnded), .element(.notice):
+            case .element(.authenticated), .element(.seed), .element(.epoch), .element(.leaderStamped), .element(.recovered), .element(.recoveryEnded),
+                .element(.notice):
                 break
             case .element(.refused(let topics, let code, let reason)):
                 // Every node's clients of these topics are told (this node's too: it reads the control subject).

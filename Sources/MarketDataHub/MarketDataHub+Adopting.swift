@@ -14,11 +14,12 @@ extension MarketDataHub {
                 MarketEvent(
                     eventType: event.eventType, ticker: event.ticker, bytes: event.bytes, receivedAt: event.receivedAt, sequence: position.market))
         }
-        let (outOfOrder, implausible) = (history.outOfOrder, history.implausible)
+        let (outOfOrder, implausible, pastLeader) = (history.outOfOrder, history.implausible, history.pastLeader)
         let broken = history.append(kept, positions: positions, at: now)
         // What the history did not keep is counted: a resume of it cannot be whole.
         if history.outOfOrder > outOfOrder { metrics.notKeptOutOfOrder.increment(by: history.outOfOrder - outOfOrder) }
         if history.implausible > implausible { metrics.notKeptImplausible.increment(by: history.implausible - implausible) }
+        if history.pastLeader > pastLeader { metrics.notKeptPastLeader.increment(by: history.pastLeader - pastLeader) }
         // A topic whose run broke: its holders are told before the event after the break.
         for topic in broken {
             // A folded state missed what went by in the break: not vouched for until whole again.
@@ -35,4 +36,23 @@ extension MarketDataHub {
         }
         return kept.count == events.count ? kept : events
     }
+
+    /// A cluster node read in the lease that its leader had stamped `epoch`'s events through `through`:
+    /// its history keeps no event leaping far past it (``EventHistory/leaderStamped(through:)``), so one
+    /// forged event cannot make every real event after it "out of order". Kept for the epoch if this
+    /// node has not begun it yet.
+    public func leaderStamped(through: UInt64, epoch: String) {
+        guard adoptsPositions else { return }
+        leaderMark = (epoch, through)
+        guard let history, history.epoch == epoch else { return }
+        if !history.leaderStamped(through: through), leaderMarkWarned != epoch {
+            leaderMarkWarned = epoch
+            logger.warning(
+                "this node's history holds a market sequence past what the leader stamped (\(through)): an event with forged positions came before the lease's word; resumes by market sequence or time may miss events until the next term",
+                metadata: ["epoch": "\(epoch)", "lastMarketSequence": "\(history.nextMarketSequence - 1)"])
+        }
+    }
+
+    /// The newest mark the history holds (a cluster node's; `nil`: none).
+    public var leaderStampedThrough: UInt64? { history?.leaderMark?.through }
 }

@@ -60,6 +60,7 @@ struct HubHistoryMetrics: Sendable {
     /// Events a cluster node received and did not keep in its history (they were delivered live).
     let notKeptOutOfOrder: Counter
     let notKeptImplausible: Counter
+    let notKeptPastLeader: Counter
 
     init(factory: any MetricsFactory, limit: Int) {
         // What the memory may reach (0: no history), beside what it holds: an alert compares the two.
@@ -75,6 +76,7 @@ struct HubHistoryMetrics: Sendable {
         archiveReplayed = Counter(label: "relay_tape_events_replayed_total", factory: factory)
         notKeptOutOfOrder = Counter(label: "relay_history_events_not_kept_total", dimensions: [("reason", "out_of_order")], factory: factory)
         notKeptImplausible = Counter(label: "relay_history_events_not_kept_total", dimensions: [("reason", "implausible")], factory: factory)
+        notKeptPastLeader = Counter(label: "relay_history_events_not_kept_total", dimensions: [("reason", "past_leader")], factory: factory)
     }
 
     func record(_ history: EventHistory) {
@@ -561,6 +563,7 @@ extension MarketDataHub {
             // The events already kept were this epoch's first (its notice came after them).
             history.epoch = epoch
             epochBox.withLock { $0 = epoch }
+            if let mark = leaderMark, mark.epoch == epoch { leaderStamped(through: mark.through, epoch: epoch) }
             return
         }
         let replaced = history != nil
@@ -586,6 +589,7 @@ extension MarketDataHub {
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }
         history = fresh
         epochBox.withLock { $0 = epoch }
+        if let mark = leaderMark, mark.epoch == epoch { leaderStamped(through: mark.through, epoch: epoch) }
         metrics.record(fresh)
         // Clients that stay connected are told: their `_s` and `_m` start again, under this epoch.
         guard replaced else { return }

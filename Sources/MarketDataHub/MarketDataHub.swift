@@ -127,6 +127,10 @@ public actor MarketDataHub {
     /// The epoch this node adopted before the current one (the former leadership term): the one a
     /// resume across a failover is answered from the archive for.
     var previousEpoch: String?
+    /// What the lease last said the leader had stamped, of an epoch this node may not have begun yet.
+    var leaderMark: (epoch: String, through: UInt64)?
+    /// The epoch whose history was said, once, to hold a forged leap.
+    var leaderMarkWarned: String?
 
     private let onWantedTopicsChange: @Sendable (WantedTopicsChange) -> Void
     let logger: Logger

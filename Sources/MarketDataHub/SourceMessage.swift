@@ -19,6 +19,10 @@ public enum SourceMessage: Sendable {
     case refused(topics: Set<Topic>, code: Int, reason: String)
     /// The positions that follow belong to this epoch (a cluster leader's term).
     case epoch(String)
+    /// A cluster node read in the lease that its leader had stamped the epoch's events through this
+    /// market sequence: an event whose position leaps far past it is not the leader's
+    /// (``MarketDataHub/leaderStamped(through:epoch:)``). The node's own reading, at most one a second.
+    case leaderStamped(epoch: String, through: UInt64)
     /// A cluster leader's gap fill: recovered events of one topic, oldest first, with the leader's
     /// positions (``MarketDataHub/deliverRecovered(_:_:order:)``).
     case recovered(topic: Topic, events: [MarketEvent], order: RecoveryOrder)
@@ -81,10 +85,12 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
             controlBound: (
                 maxControlMessages,
                 // A seed is the node's own asking (bounded by its wanted topics), and dropping one would
-                // tell its holders of a loss that did not happen.
+                // tell its holders of a loss that did not happen; so is what the lease said (one a second).
                 { message in
-                    if case .seed = message { return false }
-                    return true
+                    switch message {
+                    case .seed, .leaderStamped: return false
+                    default: return true
+                    }
                 },
                 { dropped in
                     let counted = dropped == 1 ? "1 control message was" : "\(dropped) control messages were"

@@ -168,6 +168,9 @@ actor StatusBoard {
             /// The market sequence of the oldest event the memory holds (a resume from before it
             /// reads the tape).
             var oldestMarketSequence: UInt64?
+            /// On a cluster node: the market sequence the lease last said the leader had stamped through
+            /// (an event far past it is not kept).
+            var leaderStampedThrough: UInt64?
             /// Resumes, replays, gaps and conflation since start.
             var counts: ResumeCounts
             /// Broken tagged sessions waiting for their client.
@@ -225,6 +228,7 @@ actor StatusBoard {
                 history = .init(
                     epoch: epoch, memoryBytes: held.memory, events: held.events, topics: held.topics,
                     lastMarketSequence: await served.hub.lastMarketSequence, oldestMarketSequence: await served.hub.oldestHeldSequence,
+                    leaderStampedThrough: await served.hub.leaderStampedThrough,
                     counts: await served.hub.resumeStatistics,
                     sessionsKept: served.shelf.count)
             }

@@ -1,4 +1,5 @@
 import Cluster
+import MarketCore
 import NIOCore
 import AlpacaWire
 import PolygonWire
@@ -111,6 +112,15 @@ import Testing
         let earlier = try #require(LeaseValue(parsing: Array(#"{"leaseMs":5000,"node":"n1"}"#.utf8)))
         #expect(earlier.node == "n1" && earlier.term == nil)
         #expect(LeaseValue(parsing: Array(#"{"leaseMs":5000,"node":"n1","term":"\#(String(repeating: "t", count: 65))"}"#.utf8)) == nil)
+    }
+
+    @Test func aLeaseValueSaysHowFarItsHolderStampedAndNoFurtherThanAPositionGoes() throws {
+        let value = LeaseValue(node: "n1", leaseMs: 5000, term: "k3v9q0x1z2ab", through: 41)
+        #expect(value.text == #"{"leaseMs":5000,"node":"n1","term":"k3v9q0x1z2ab","through":41}"#)
+        #expect(LeaseValue(parsing: Array(value.text.utf8)) == value)
+        #expect(LeaseValue(parsing: Array(#"{"leaseMs":5000,"node":"n1","term":"k3v9q0x1z2ab"}"#.utf8))?.through == nil)
+        let past = #"{"leaseMs":5000,"node":"n1","term":"k3v9q0x1z2ab","through":\#(EventPosition.maxSequence + 1)}"#
+        #expect(LeaseValue(parsing: Array(past.utf8)) == nil, "no relay node writes a position past the largest")
     }
 
     @Test func leaseValuesRoundTripAndForeignOnesDoNotParse() {

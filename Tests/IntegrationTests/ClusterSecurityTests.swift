@@ -360,6 +360,41 @@ struct ClusterLeaseAndInterestTests {
         }
     }
 
+    /// One event with a position far past the leader's (within the 2³² any leap may be) would make every
+    /// real event after it "out of order" on a node, not kept, and a resume by market sequence or time
+    /// would miss them and say it is whole. Past what the lease says the leader stamped, by more than the
+    /// margin, the node keeps it not, and the real events after it are kept.
+    @Test func anEventLeapingFarPastWhatTheLeaderStampedIsNotKeptAndTheRealOnesAfterItAre() async throws {
+        try await ClusterHarness.with(nodes: 2) { cluster in
+            let leader = try await cluster.agreedLeader()
+            let follower = try #require(cluster.nodeIDs.first { $0 != leader })
+            let client = try await subscribedClient(try cluster.url(follower), "Q.AAPL")
+            let port = try cluster.port(follower)
+            // The leader writes how far it stamped into the lease at each renewal (every second).
+            let url = "http://127.0.0.1:\(port)/v1/status"
+            @Sendable func stampedThrough() async -> UInt64 {
+                guard let status = try? await httpGet(url), let object = try? JSONSerialization.jsonObject(with: Data(status.body.utf8)) as? [String: Any],
+                    let history = (object["markets"] as? [[String: Any]])?.first?["history"] as? [String: Any]
+                else { return 0 }
+                return (history["leaderStampedThrough"] as? NSNumber)?.uint64Value ?? 0
+            }
+            try await eventually("the follower to read how far the leader stamped") { await stampedThrough() > 0 }
+            let through = await stampedThrough()
+            @Sendable func series(_ reason: String) -> String { #"relay_history_events_not_kept_total{market="stocks",reason=""# + reason + #""}"# }
+            let outOfOrder = await metric(port, series("out_of_order"))
+            let nats = try await natsClient(cluster.natsURL)
+            let subjects = try ClusterSubjects(cluster: cluster.clusterName, market: "stocks")
+            let forged = #"{"ev":"Q","sym":"AAPL","bx":1,"bp":1,"bs":1,"ax":1,"ap":2,"as":1,"c":0,"t":1,"z":3,"_s":1,"_m":\#(through + (1 << 31))}"#
+            #expect(nats.publish(subjects.subject(for: Topic(parsing: "Q.AAPL")!), forged))
+            try await eventually("the follower not to keep the forged event") { await metric(port, series("past_leader")) >= 1 }
+            _ = try await client.nextEvents(100)
+            let after = await metric(port, series("out_of_order"))
+            #expect(after - outOfOrder < 10, "the real events after the forged one were not kept (\(after - outOfOrder))")
+            await client.close()
+            await nats.close()
+        }
+    }
+
     /// Whoever may write the last-value store can make it hold no value larger than an event a node
     /// takes, and no more than `cluster.lastValueMB` in all (the oldest go first), in the NATS servers'
     /// memory; the leader's own values still go in. A bucket made before (by an older relay, without

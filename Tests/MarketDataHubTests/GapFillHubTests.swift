@@ -136,6 +136,41 @@ struct GapFillHubTests {
         #expect(notKept("implausible") == 1)
     }
 
+    /// One forged event leaping far past the leader's numbers would make every real event after it "out
+    /// of order" and a resume by market sequence "whole"; past what the lease says the leader stamped,
+    /// by more than the margin, it is not kept, and the real events after it are.
+    @Test func anEventFarPastWhatTheLeaderStampedIsNotKeptAndTheRealOnesAfterItAre() async throws {
+        let metrics = TestMetrics()
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(), adoptsPositions: true, metricsFactory: metrics)
+        // Told before this node began the epoch: kept for it (another epoch's mark told before says nothing of it).
+        await hub.leaderStamped(through: 1_000, epoch: "another")
+        await hub.leaderStamped(through: 2, epoch: "leader1")
+        await hub.startEpoch("leader1")
+        #expect(await hub.leaderStampedThrough == 2)
+        let named = await hub.subscribe(to: topics("T.AAPL"))
+        let at = { (q: Int, topic: UInt64, market: UInt64) in EventPosition.stamp([trade(q)], [EventPosition(topic: topic, market: market)]) }
+        let margin = EventHistory.minimumMarkMargin
+        await hub.publish(at(1, 1, 1))
+        await hub.publish(at(2, 2, 2 + margin + 1))  // forged: one past the margin
+        await hub.publish(at(3, 2, 2 + margin - 1))
+        await hub.publish(at(4, 3, 2 + margin))  // the furthest a real one may come
+        #expect(try await take(4, from: named.events).compactMap { fields($0)["q"] as? Int } == [1, 2, 3, 4], "all delivered live")
+        let notKept = { (reason: String) in metrics.counterTotal(label: "relay_history_events_not_kept_total", dimensions: [("reason", reason)]) }
+        #expect(notKept("past_leader") == 1)
+        #expect(notKept("out_of_order") == 0)
+        #expect(await hub.historyStatistics?.events == 3)
+        // The margin grows with what the leader stamps between marks (8 times), and a mark never goes back.
+        await hub.leaderStamped(through: 1_000_000, epoch: "leader1")
+        await hub.leaderStamped(through: 3_000_000, epoch: "leader1")
+        await hub.leaderStamped(through: 5, epoch: "leader1")
+        #expect(await hub.leaderStampedThrough == 3_000_000)
+        await hub.publish(at(5, 4, 3_000_000 + 16_000_000))  // within 8 times the last step (2,000,000)
+        await hub.publish(at(6, 5, 3_000_000 + 16_000_001))  // past it
+        _ = try await take(2, from: named.events)
+        #expect(await hub.historyStatistics?.events == 4)
+        #expect(notKept("past_leader") == 2)
+    }
+
     @Test func aQuietTopicsNextFillStartsAfterWhatTheLastFillBrought() async throws {
         let hub = MarketDataHub(wire: .polygon, history: nil)
         let requests = Mutex<[GapFillRequest]>([])
