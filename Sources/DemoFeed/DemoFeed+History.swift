@@ -39,7 +39,8 @@ extension DemoFeed {
         init?(query: [String: String]) {
             if let cursor = query["cursor"] {
                 let parts = cursor.split(separator: "_").compactMap { Int64($0) }
-                guard parts.count == 5 else { return nil }
+                // Any text may come back as a cursor: a page of 1 to 50,000 from an offset of 0 on.
+                guard parts.count == 5, (1...50_000).contains(parts[3]), parts[4] >= 0 else { return nil }
                 (from, to, ascending, limit, offset) = (parts[0], parts[1], parts[2] == 1, Int(parts[3]), Int(parts[4]))
                 return
             }
@@ -51,7 +52,8 @@ extension DemoFeed {
                 let lt = nanoseconds("timestamp.lt"), let exact = nanoseconds("timestamp")
             else { return nil }
             let million: Int64 = 1_000_000
-            func ceilMs(_ ns: Int64) -> Int64 { ns >= 0 ? (ns + million - 1) / million : ns / million }
+            // (Divided first: any Int64 may come, and adding to the largest would trap.)
+            func ceilMs(_ ns: Int64) -> Int64 { ns / million + (ns > 0 && ns % million != 0 ? 1 : 0) }
             from = Swift.max(gte.map(ceilMs) ?? .min, gt.map { $0 / million + 1 } ?? .min, exact.map(ceilMs) ?? .min)
             to = Swift.min(lt.map(ceilMs) ?? .max, lte.map { $0 / million + 1 } ?? .max, exact.map { $0 / million + 1 } ?? .max)
             ascending = query["order"] == "asc"

@@ -16,10 +16,12 @@ public enum DemoHistory {
     /// The weekday bars from `first` through `last` (days since the epoch), the last one at most the
     /// day before `today`, whose close is `previousClose`.
     public static func bars(ticker: String, from first: Int64, through last: Int64, today: Int64, previousClose: Int64) -> [Bar] {
+        // Five years back from yesterday at most: the walk back from yesterday's close takes a step a
+        // day, and a request for year 0 would otherwise take 740,000 (and the prices past any Int64).
+        let floor = today - 1 - 5 * 366
         let end = min(last, today - 1)
-        guard first <= end else { return [] }
-        // Walk back from yesterday's close to the first day asked for (five years at most).
-        let start = max(first, end - 5 * 366)
+        guard first <= end, end >= floor else { return [] }
+        let start = max(first, floor)
         var bars: [Bar] = []
         var close = previousClose
         var day = today - 1
@@ -29,6 +31,8 @@ public enum DemoHistory {
             var rng = SplitMix64(seed: seed(ticker) ^ UInt64(bitPattern: day) &* 0x9E37_79B9_7F4A_7C15)
             // A return of up to ±2.5 %, then the day's range around open and close.
             let move = Int64.random(in: -250...250, using: &rng)
+            // (Five years of ±2.5 % cannot reach it; kept from any arithmetic that could trap.)
+            guard close < 1 << 40 else { break }
             let open = max(close * 10_000 / (10_000 + move), 1_00)
             let high = max(open, close) + max(close, open) * Int64.random(in: 0...150, using: &rng) / 10_000
             let low = max(min(open, close) - min(close, open) * Int64.random(in: 0...150, using: &rng) / 10_000, 1)

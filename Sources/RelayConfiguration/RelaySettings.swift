@@ -485,8 +485,10 @@ public struct RelaySettings: Sendable {
             if let unknown = fields.keys.first(where: { !known.contains($0) }) {
                 throw InvalidSetting(description: "client.keys[\(index)]: unknown field \(unknown) (one of \(known.sorted().joined(separator: ", ")))")
             }
-            guard let name = fields["name"] as? String, let secret = fields["key"].map({ "\($0)" }) else {
-                throw InvalidSetting(description: "client.keys[\(index)]: needs name and key")
+            // The key as written, a string only: YAML reads `key:` or `key: ~` as null and `key: 0123` as a
+            // number, whose text ("<null>", "83") would be a key nobody meant.
+            guard let name = fields["name"] as? String, let secret = fields["key"] as? String else {
+                throw InvalidSetting(description: "client.keys[\(index)]: needs name and key, the key a string (quote one of digits only)")
             }
             var topics: [String]?
             if let raw = fields["topics"] {

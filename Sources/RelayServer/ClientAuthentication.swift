@@ -20,15 +20,20 @@ public enum ClientAuthentication: Sendable, Equatable {
     /// Why the relay refuses to start with this configuration.
     public struct RefusedError: Error, Sendable, CustomStringConvertible {
         public var host: String
+        /// What is wrong with the keys themselves (`nil`: there are none, and `host` is no loopback address).
+        public var problem: String?
         public var description: String {
-            "refusing to listen on \(host) without client keys: anyone who can reach it could read the feed. "
+            problem
+                ?? "refusing to listen on \(host) without client keys: anyone who can reach it could read the feed. "
                 + "Set --client-keys (or RELAY_CLIENT_KEYS, or client.keys in the config file), or listen on 127.0.0.1."
         }
     }
 
     /// The policy for plain keys (full rights each, named `key-1`, `key-2`, … in logs) and keys with
     /// rights, and a listen address. With no keys, any key is accepted on a loopback address and the
-    /// relay refuses to start on any other.
+    /// relay refuses to start on any other. A key that is not one (`sha256:` and no digest) is refused,
+    /// never left out (were it the only one, any key would be accepted), and so are two keys with the
+    /// same secret (a client presenting it would get one of their rights, not the one meant).
     public static func resolve(keys: [String], withRights: [ClientKey] = [], listenHost: String) throws(RefusedError)
         -> ClientAuthentication
     {
@@ -42,7 +47,19 @@ public enum ClientAuthentication: Sendable, Equatable {
         for key in keys.map({ String($0.trimmingWhitespaceASCII()) }) where !key.isEmpty && seen.insert(key).inserted {
             repeat { number += 1 } while names.contains("key-\(number)")
             names.insert("key-\(number)")
-            if let plain = try? ClientKey(name: "key-\(number)", secret: key) { all.append(plain) }
+            do {
+                all.append(try ClientKey(name: "key-\(number)", secret: key))
+            } catch {
+                throw RefusedError(host: listenHost, problem: "client.keys: \(error)")
+            }
+        }
+        var holders: [[UInt8]: String] = [:]
+        for key in all {
+            if let other = holders.updateValue(key.name, forKey: key.digest) {
+                throw RefusedError(
+                    host: listenHost,
+                    problem: "client.keys: \(other) and \(key.name) are the same key; every key must be different (a client presenting it would get the rights of one of them)")
+            }
         }
         if !all.isEmpty { return .keys(all) }
         guard isLoopback(listenHost) else { throw RefusedError(host: listenHost) }

@@ -308,6 +308,27 @@ struct RESTGatewayTests {
         }
     }
 
+    /// The demo feed runs in the relay's process: a value the gateway passes on (the vendor judges it)
+    /// past what the demo's arithmetic holds is answered, and the relay lives.
+    @Test func valuesPastTheDemoFeedsRangeAreAnsweredAndTheRelayLives() async throws {
+        try await Self.withGateway { _, _, base in
+            for path in [
+                "/v3/trades/AAPL?timestamp.gte=9223372036854775807", "/v3/quotes/AAPL?timestamp=9223372036854775807",
+                "/v3/trades/MSFT?cursor=0_1_1_-1_0", "/v3/trades/MSFT?cursor=0_1_1_10_-5", "/v3/trades/MSFT?cursor=0_1_1_99999999999_0",
+                "/v2/aggs/ticker/MSFT/range/1/day/0000-01-03/0000-01-04", "/v2/aggs/ticker/META/range/1/day/0001-01-01/2026-01-01",
+            ] {
+                let answer = try await httpGetWithHeaders("\(base)\(path)", key: "client-key")
+                #expect(answer.status < 500, "\(path): \(answer.status) \(answer.body.prefix(200))")
+            }
+            let alive = try await httpGetWithHeaders("\(base)/v2/last/trade/MSFT", key: "client-key")
+            #expect(alive.status == 200, "\(alive.body)")
+        }
+        // Alpaca's daily bars come from the same walk: a day in year 0 takes no step.
+        let today = WallClock.nowMilliseconds() / 86_400_000
+        #expect(DemoHistory.bars(ticker: "MSFT", from: -719_000, through: -718_999, today: today, previousClose: 41_500).isEmpty)
+        #expect(DemoHistory.bars(ticker: "MSFT", from: today - 30, through: today, today: today, previousClose: 41_500).count >= 15)
+    }
+
     @Test func pagesPointBackAtTheRelayAndNeverCarryAKey() async throws {
         try await Self.withGateway { _, feed, base in
             try await Self.feedTraded(feed, 10)

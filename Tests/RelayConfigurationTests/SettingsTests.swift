@@ -436,6 +436,8 @@ struct SettingsTests {
             "{name: a, key: k, portfolio: admin}", "{name: a, key: k, colour: red}", "{name: a}", "{name: a, key: k, maxConnections: 0}",
             "{name: a, key: k, topics: [nodot]}", "{name: a, key: \"sha256:abc\"}", "{name: a, key: k, timestamps: sometimes}",
             "{name: a, key: k, buffer: 999}", "{name: a, key: k, buffer: 1000001}", "{name: a, key: k, buffer: lots}",
+            // YAML's null and numbers are no key (their text would be "<null>", "83").
+            "{name: a, key: }", "{name: a, key: ~}", "{name: a, key: null}", "{name: a, key: 0123}", "{name: a, key: yes}",
         ] {
             let file = try writeConfig("client:\n  keys:\n    - \(entry)\n")
             defer { try? FileManager.default.removeItem(atPath: file) }

@@ -20,6 +20,25 @@ struct ClientKeyNamingTests {
         #expect(authentication.grant(for: "restricted-secret")?.name == "key-1")
     }
 
+    /// A key that is none is refused, never left out (were it the only one, any key would get in on
+    /// loopback), and so is a secret given twice (its client would get one of the two rights).
+    @Test func aKeyThatIsNoneAndASecretGivenTwiceAreRefused() throws {
+        for keys in [["sha256:abc"], ["good-key", "sha256:\(String(repeating: "z", count: 64))"]] {
+            #expect(throws: ClientAuthentication.RefusedError.self, "\(keys)") { try ClientAuthentication.resolve(keys: keys, listenHost: "127.0.0.1") }
+        }
+        let reader = try ClientKey(name: "reader", secret: "shared-secret", topics: ["Q.AAPL"], portfolio: .none)
+        let digest = ClientKey.digest(of: "shared-secret").map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }
+        for plain in ["shared-secret", "sha256:" + digest.joined()] {
+            let error = #expect(throws: ClientAuthentication.RefusedError.self, "\(plain)") {
+                try ClientAuthentication.resolve(keys: [plain], withRights: [reader], listenHost: "127.0.0.1")
+            }
+            #expect(error?.description.contains("reader and key-1 are the same key") == true, "\(error?.description ?? "")")
+            #expect(error?.description.contains("shared-secret") == false, "the secret is not shown")
+        }
+        let twice = try ClientKey(name: "writer", secret: "shared-secret")
+        #expect(throws: ClientAuthentication.RefusedError.self) { try ClientAuthentication.resolve(keys: [], withRights: [reader, twice], listenHost: "127.0.0.1") }
+    }
+
     /// A configured key's grant shares its key's budgets (replays, tape reads); without keys (loopback)
     /// any key is everyone's, and shares none.
     @Test func onlyAConfiguredKeysConnectionsShareItsBudgets() throws {
