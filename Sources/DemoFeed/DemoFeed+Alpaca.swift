@@ -91,11 +91,11 @@ extension DemoFeed {
                 // In Polygon's terms for the monitor: what the connection asked for, as topics.
                 if !reaction.added.isEmpty {
                     let params = reaction.added.map(\.description).sorted().joined(separator: ",")
-                    snapshot.actions.append(.init(connection: id, kind: .subscribe, params: params, market: market))
+                    snapshot.record(.init(connection: id, kind: .subscribe, params: params, market: market))
                 }
                 if !reaction.removed.isEmpty {
                     let params = reaction.removed.map(\.description).sorted().joined(separator: ",")
-                    snapshot.actions.append(.init(connection: id, kind: .unsubscribe, params: params, market: market))
+                    snapshot.record(.init(connection: id, kind: .unsubscribe, params: params, market: market))
                 }
             }
             for frame in reaction.frames {

@@ -121,17 +121,17 @@ extension DemoFeed {
     /// An Alpaca-shaped answer: counted, limited per minute, the key checked (crypto may have none).
     private func alpacaAnswer(_ endpoint: String, _ request: Request, crypto: Bool, _ body: (RestState) -> String?) -> Response {
         let key = "alpaca-\(endpoint)"
-        restCounts.withLock { $0[key, default: RestCount()].started += 1 }
-        defer { restCounts.withLock { $0[key, default: RestCount()].completed += 1 } }
+        _ = restCounts.withLock { $0.start(key) }
+        defer { restCounts.withLock { $0[key].completed += 1 } }
         if let retryAfter = overLimit() {
-            restCounts.withLock { $0["limited", default: RestCount()].completed += 1 }
+            restCounts.withLock { $0["limited"].completed += 1 }
             var response = Self.restJSON(#"{"code":42910000,"message":"too many requests"}"#, status: .tooManyRequests)
             response.headers[.retryAfter] = String(retryAfter)
             return response
         }
         let presented = HTTPField.Name("APCA-API-KEY-ID").flatMap { request.headers[$0] }
         if let expected = configuration.apiKey, presented != expected, !(crypto && presented == nil) {
-            restCounts.withLock { $0[key, default: RestCount()].unauthorized += 1 }
+            restCounts.withLock { $0[key].unauthorized += 1 }
             return Self.restJSON(#"{"code":40110000,"message":"request is not authorized"}"#, status: .unauthorized)
         }
         guard let text = body(restState.withLock { $0 }) else {

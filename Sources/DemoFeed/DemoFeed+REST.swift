@@ -5,6 +5,28 @@ import Synchronization
 
 /// What the demo feed's REST side did with the requests for one endpoint and ticker: tests assert
 /// that a slow request was abandoned by its client (cancelled), not merely ignored.
+/// The REST side's counts per endpoint and ticker, and every request started. A client chooses the
+/// ticker: past ``maxKeys`` keys, new ones are counted together under `other`.
+struct RestTally: Sendable {
+    static let maxKeys = 4_096
+    private(set) var byKey: [String: RestCount] = [:]
+    private(set) var started = 0
+
+    private func slot(_ key: String) -> String { byKey[key] != nil || byKey.count < Self.maxKeys ? key : "other" }
+
+    subscript(key: String) -> RestCount {
+        get { byKey[slot(key)] ?? RestCount() }
+        set { byKey[slot(key)] = newValue }
+    }
+
+    /// Counts a request to `key` started; returns its number among all.
+    mutating func start(_ key: String) -> Int {
+        self[key].started += 1
+        started += 1
+        return started
+    }
+}
+
 public struct RestCount: Sendable, Equatable {
     public var started = 0
     public var completed = 0
@@ -122,15 +144,12 @@ extension DemoFeed {
         let ticker = fixedTicker ?? (context.parameters.get("ticker") ?? "").uppercased()
         let key = Self.restKey(endpoint, ticker)
         // This request's number among all the feed's REST requests (the first `restFailures` fail).
-        let number = restCounts.withLock { counts in
-            counts[key, default: RestCount()].started += 1
-            return counts.values.reduce(0) { $0 + $1.started }
-        }
+        let number = restCounts.withLock { $0.start(key) }
         if let delay = configuration.restDelay {
             do {
                 try await request.body.consumeWithCancellationOnInboundClose { _ in try await Task.sleep(for: delay) }
             } catch {
-                restCounts.withLock { $0[key, default: RestCount()].abandoned += 1 }
+                restCounts.withLock { $0[key].abandoned += 1 }
                 throw error
             }
             var response = answer(ticker, countedAs: key, number: number, request, body)
@@ -143,12 +162,12 @@ extension DemoFeed {
     private func answer(
         _ ticker: String, countedAs countKey: String, number: Int, _ request: Request, _ body: @Sendable (String, RestState) -> String?
     ) -> Response {
-        defer { restCounts.withLock { $0[countKey, default: RestCount()].completed += 1 } }
+        defer { restCounts.withLock { $0[countKey].completed += 1 } }
         if number <= configuration.restFailures {
             return Self.restJSON(#"{"status":"ERROR","error":"temporarily unavailable"}"#, status: .serviceUnavailable)
         }
         if let retryAfter = overLimit() {
-            restCounts.withLock { $0["limited", default: RestCount()].completed += 1 }
+            restCounts.withLock { $0["limited"].completed += 1 }
             var response = Self.restJSON(
                 #"{"status":"ERROR","request_id":"demo","error":"You've exceeded the maximum requests per minute, please wait or upgrade your subscription to continue."}"#,
                 status: .tooManyRequests)
@@ -156,7 +175,7 @@ extension DemoFeed {
             return response
         }
         if !presentsKey(request) {
-            restCounts.withLock { $0[countKey, default: RestCount()].unauthorized += 1 }
+            restCounts.withLock { $0[countKey].unauthorized += 1 }
             return Self.restJSON(#"{"status":"ERROR","error":"Unknown API Key"}"#, status: .unauthorized)
         }
         guard let text = body(ticker, restState.withLock { $0 }) else {
@@ -177,14 +196,14 @@ extension DemoFeed {
     }
 
     /// Requests answered 429 for the per-minute limit.
-    public var restLimited: Int { restCounts.withLock { $0["limited"]?.completed ?? 0 } }
+    public var restLimited: Int { restCounts.withLock { $0["limited"].completed } }
 
     /// REST requests received, all endpoints together.
-    public var restRequests: Int { restCounts.withLock { $0.values.reduce(0) { $0 + $1.started } } }
+    public var restRequests: Int { restCounts.withLock { $0.started } }
 
     /// What the REST side did for `endpoint` (`trade`, `nbbo`, `prev`, `aggs`, `status`) and `ticker`.
     public func restCount(_ endpoint: String, _ ticker: String = "") -> RestCount {
-        restCounts.withLock { $0[Self.restKey(endpoint, ticker)] ?? RestCount() }
+        restCounts.withLock { $0[Self.restKey(endpoint, ticker)] }
     }
 
     static func restKey(_ endpoint: String, _ ticker: String) -> String {
@@ -192,7 +211,7 @@ extension DemoFeed {
     }
 
     /// Every endpoint-and-ticker key with its counts (diagnostics).
-    public var restCountsByKey: [String: RestCount] { restCounts.withLock { $0 } }
+    public var restCountsByKey: [String: RestCount] { restCounts.withLock { $0.byKey } }
 
     /// Whether a request carries the feed's key (always, when the feed has none), as Polygon takes it:
     /// `Authorization: Bearer KEY` or the `apiKey` query parameter.

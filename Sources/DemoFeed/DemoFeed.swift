@@ -40,7 +40,7 @@ public final class DemoFeed: Service, Sendable {
     /// What the REST endpoints answer.
     let restState = Mutex(RestState())
     /// REST requests per endpoint and ticker, and what became of them.
-    let restCounts = Mutex<[String: RestCount]>([:])
+    let restCounts = Mutex(RestTally())
     /// The current minute's REST requests (``DemoFeedConfiguration/restPerMinute``): its start, its count.
     let restWindow = Mutex<(start: Int64, count: Int)>((0, 0))
     /// What each market generated, for the REST history endpoints.
@@ -195,7 +195,9 @@ public final class DemoFeed: Service, Sendable {
             }
             // `?market=crypto`: only that market's connections. `drop?seconds=N`: and refuse new ones for N s.
             let market = request.uri.queryParameters.get("market").flatMap { Market(rawValue: $0) }
-            let refusal = request.uri.queryParameters.get("seconds").flatMap { Double($0) }.map { Duration.milliseconds(Int64($0 * 1000)) }
+            // (At most a day: any number may come, and one past Int64 would trap.)
+            let refusal = request.uri.queryParameters.get("seconds").flatMap { Double($0) }.flatMap { $0.isFinite ? $0 : nil }
+                .map { Duration.milliseconds(Int64(min(max($0, 0), 86_400) * 1000)) }
             let count = self.inject(fault, market: market, refusingFor: fault == .drop ? refusal : nil)
             return "{\"fault\":\"\(fault.rawValue)\",\"connections\":\(count)}\n"
         }
@@ -298,7 +300,7 @@ public final class DemoFeed: Service, Sendable {
             let reaction = session.receive(buffer)
             if let action = try? ClientAction.decode(buffer) {
                 monitor.update { snapshot in
-                    snapshot.actions.append(.init(connection: id, kind: action.kind, params: action.params, market: market))
+                    snapshot.record(.init(connection: id, kind: action.kind, params: action.params, market: market))
                     if !wasAuthenticated && session.isAuthenticated { snapshot.authenticatedConnections += 1 }
                 }
             }

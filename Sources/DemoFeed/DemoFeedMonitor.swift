@@ -22,9 +22,28 @@ public final class DemoFeedMonitor: Sendable {
         public var maxOpenConnections = 0
         public var totalConnections = 0
         public var authenticatedConnections = 0
-        public var actions: [ObservedAction] = []
+        /// The actions, oldest first: the newest of them (``record(_:)``).
+        public private(set) var actions: [ObservedAction] = []
+        /// Actions let go of, oldest first, to keep the log within ``maxActionBytes``.
+        public private(set) var actionsLetGo = 0
+        private var actionBytes = 0
         public var framesSent = 0
         public var eventsSent = 0
+
+        /// The log's bound: a relay that runs on the demo feed for days, its clients churning topics,
+        /// sends it actions without end. Past it the older half is let go.
+        public static let maxActionBytes = 16 << 20
+
+        /// Logs `action`.
+        public mutating func record(_ action: ObservedAction) {
+            actions.append(action)
+            actionBytes += action.params.utf8.count + 64
+            guard actionBytes > Self.maxActionBytes else { return }
+            let drop = max(actions.count / 2, 1)
+            actionBytes -= actions[..<drop].reduce(0) { $0 + $1.params.utf8.count + 64 }
+            actions.removeFirst(drop)
+            actionsLetGo += drop
+        }
 
         /// Every topic named in a subscribe or unsubscribe, in order.
         public func topics(_ kind: ClientAction.Kind) -> [String] {

@@ -55,8 +55,10 @@ struct DemoFeedCommand: AsyncParsableCommand {
         guard servedMarkets != nil else {
             throw ValidationError("--markets: a list of \(Market.allCases.map(\.rawValue).joined(separator: ", ")), or all; got \(markets)")
         }
-        guard rate > 0 else { throw ValidationError("--rate must be above 0") }
-        guard aggregateSeconds > 0 else { throw ValidationError("--aggregate-seconds must be above 0") }
+        guard rate > 0, rate <= 10_000_000 else { throw ValidationError("--rate: events a second, above 0 and at most 10,000,000") }
+        guard (1...86_400).contains(aggregateSeconds) else { throw ValidationError("--aggregate-seconds: 1 to 86,400") }
+        // Records name a ticker in 16 bits, beside the majors.
+        guard (0...60_000).contains(tickers) else { throw ValidationError("--tickers: 0 to 60,000") }
         guard (tlsCert == nil) == (tlsKey == nil) else { throw ValidationError("--tls-cert and --tls-key go together") }
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("--log-level: unknown level \(logLevel)") }
     }
