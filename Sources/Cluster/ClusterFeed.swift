@@ -24,6 +24,12 @@ final class ClusterFeed: Sendable {
     /// word of one), so a publisher flooding the control subject costs the hub this many a second, not
     /// as many as NATS delivers. (What does not read is counted only: it takes no place.)
     static let controlRate = (perSecond: 100, burst: 1_000)
+    /// Within that, the leader's word of an outage (`down:`) or a loss (`loss:`) a node takes a second,
+    /// and at once, together: each costs a notice to every client (an outage, between events, also a
+    /// break in the history and a gap fill ask of the leader), and a leader sends one per outage or per
+    /// run it fell behind. Past it, as past ``controlRate``: dropped, counted (`notice_rate`), and the
+    /// clients told at most once a second that events may be missing.
+    static let noticeRate = (perSecond: 2, burst: 10)
 
     let subjects: ClusterSubjects
     /// This node's name (a `forgotten:` notice naming it is for its clients).
@@ -59,12 +65,15 @@ final class ClusterFeed: Sendable {
     /// The control messages taken (``controlRate``), and when the clients were last told of a drop.
     private let controlRate: Mutex<MessageRate>
     private let controlsPerSecond: Int
+    /// The outages and losses taken (``noticeRate``).
+    private let noticeRate: Mutex<MessageRate>
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
         check: EventCheck, epochHoldLimit: Duration = .seconds(2),
         holdBounds: (events: Int, controls: Int) = (ClusterFeed.maxQueuedEvents, SourceInbox.maxControlMessages),
         controlRate: (perSecond: Int, burst: Int) = ClusterFeed.controlRate,
+        noticeRate: (perSecond: Int, burst: Int) = ClusterFeed.noticeRate,
         holder: @escaping @Sendable (String) -> TermHolder?,
         lastValues: @escaping @Sendable (Topic) async -> MarketEvent?
     ) {
@@ -81,6 +90,7 @@ final class ClusterFeed: Sendable {
         self.holdBounds = holdBounds
         self.controlRate = Mutex(MessageRate(perSecond: controlRate.perSecond, burst: controlRate.burst))
         controlsPerSecond = controlRate.perSecond
+        self.noticeRate = Mutex(MessageRate(perSecond: noticeRate.perSecond, burst: noticeRate.burst))
     }
 
     /// Subscribes to the leader's notices and makes the sink for events. Call once, before ``run()``.
@@ -114,7 +124,7 @@ final class ClusterFeed: Sendable {
             guard let self else { return }
             switch ClusterControl.read(payload) {
             // (Read first: what does not read costs a count, and takes no place of the leader's word.)
-            case .success(let message): if self.admitsControl() { self.take(message) }
+            case .success(let message): if self.admitsControl(), self.admitsNotice(message) { self.take(message) }
             case .failure(let rejection): self.metrics.rejected("control", rejection.description, logger: self.logger)
             }
         }
@@ -147,6 +157,26 @@ final class ClusterFeed: Sendable {
             deliver(
                 .connectionLost(
                     reason: "control messages came on NATS faster than this relay node takes them (\(controlsPerSecond) a second); the rest were dropped; events may be missing"),
+                pastControlBound: true)
+        }
+        return false
+    }
+
+    /// Whether an outage or a loss arriving now is taken (within ``noticeRate``); any other control
+    /// message is. One that is not is counted, and the clients are told at most once a second.
+    private func admitsNotice(_ message: ClusterControl) -> Bool {
+        switch message {
+        case .upstreamDown, .loss: break
+        case .epoch, .refused, .forgotten: return true
+        }
+        let now = ContinuousClock.now
+        let (admitted, tell) = noticeRate.withLock { rate in rate.admit(at: now) ? (true, false) : (false, rate.tellsRefusal(at: now)) }
+        guard !admitted else { return true }
+        metrics.natsDropped(reason: "notice_rate").increment()
+        if tell {
+            deliver(
+                .connectionLost(
+                    reason: "the cluster leader's word of outages and losses came faster than this relay node takes it (\(Self.noticeRate.perSecond) a second); the rest was dropped; events may be missing"),
                 pastControlBound: true)
         }
         return false

@@ -204,7 +204,9 @@ struct ClusterFeedHoldTests {
         for _ in 0..<200 { #expect(publisher.publish(subjects.upstreamControl, "loss:1")) }
         // Forty at most taken (fewer: the rig's own epochs took some), the rest dropped.
         try await until("the flood dropped past the rate") { dropped() >= 160 }
-        let told = rig.sent().filter { $0.contains("faster than this relay node takes them (2 a second)") }
+        // (Losses have a rate of their own within it: the first told is that one's, the outage it starts
+        // already told when the control messages' bound is passed.)
+        let told = rig.sent().filter { $0.contains("faster than this relay node takes") }
         #expect(told.count == 1, "told once: \(told)")
         #expect(dropped() < 200, "the first ones were taken")
         // Refilled (a token every half second), the node takes the leader's word again.
@@ -212,6 +214,28 @@ struct ClusterFeedHoldTests {
             _ = publisher.publish(subjects.upstreamControl, "loss:4321")
             return rig.sent().contains { $0.contains("4321 events were lost") }
         }
+        await rig.stop()
+    }
+
+    /// Word of an outage or a loss costs a notice to every client (an outage between events also a
+    /// history break and a fill ask): past their own rate, within the control messages', they are
+    /// dropped, counted and told once a second, so a publisher of `down:` costs each client a few
+    /// notices a second, not a hundred.
+    @Test func outagesAndLossesPastTheirOwnRateAreDroppedAndTold() async throws {
+        let rig = try await Rig(self, epochHoldLimit: .seconds(60))
+        let (publisher, subjects, metrics) = (rig.publisher, rig.subjects, rig.metrics)
+        func dropped() -> Int64 { metrics.counterTotal(label: "relay_cluster_nats_dropped_total", dimensions: [("reason", "notice_rate")]) }
+        // Each outage between events: without the rate, every one would reach the subscriber.
+        for index in 1...60 {
+            #expect(publisher.publish(subjects.upstreamControl, "down:forged outage \(index)"))
+            #expect(publisher.publish(subjects.subject(for: apple), quote(index)))
+        }
+        try await until("the last event through") { rig.sent().contains { $0.contains(#""n":60"#) } }
+        let outages = rig.sent().filter { $0.contains("forged outage") }
+        #expect(outages.count <= ClusterFeed.noticeRate.burst + 2 * ClusterFeed.noticeRate.perSecond, "\(outages.count) outages told")
+        #expect(dropped() >= 60 - Int64(outages.count) - 2, "\(dropped()) dropped")
+        let told = rig.sent().filter { $0.contains("outages and losses came faster than this relay node takes it") }
+        #expect((1...3).contains(told.count), "told once a second: \(told.count)")
         await rig.stop()
     }
 }
