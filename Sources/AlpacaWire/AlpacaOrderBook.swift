@@ -84,6 +84,23 @@ public final class AlpacaOrderBook: TopicFold {
             return false
         }
 
+        /// Sets many levels (``set(_:_:limit:)`` each); returns how many were not kept. Past a few, best
+        /// first (the same price in the order given): levels sent worst first would each be inserted at
+        /// the front and move every level kept, a cost of `levels × limit` an upstream could make large.
+        mutating func set(all levels: [(Double, Double)], limit: Int) -> Int {
+            var dropped = 0
+            if levels.count <= 32 {
+                for (price, size) in levels where set(price, size, limit: limit) { dropped += 1 }
+                return dropped
+            }
+            let order = levels.indices.sorted { left, right in
+                let (a, b) = (levels[left].0, levels[right].0)
+                return a == b ? left < right : (descending ? a > b : a < b)
+            }
+            for index in order where set(levels[index].0, levels[index].1, limit: limit) { dropped += 1 }
+            return dropped
+        }
+
         mutating func clear() {
             prices.removeAll(keepingCapacity: true)
             sizes.removeAll(keepingCapacity: true)
@@ -112,8 +129,7 @@ public final class AlpacaOrderBook: TopicFold {
             asks.clear()
             isWhole = true
         }
-        for (price, size) in bidLevels where bids.set(price, size, limit: levels) { levelsDropped += 1 }
-        for (price, size) in askLevels where asks.set(price, size, limit: levels) { levelsDropped += 1 }
+        levelsDropped += bids.set(all: bidLevels, limit: levels) + asks.set(all: askLevels, limit: levels)
         // A side past its bound that shrank may lack a level it left out: not whole until the next reset.
         if bids.hasHole(limit: levels) || asks.hasHole(limit: levels) { isWhole = false }
         time = value["t"] ?? time

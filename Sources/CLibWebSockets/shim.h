@@ -15,6 +15,8 @@ static inline uint64_t relay_lws_option_ssl_global_init(void) {
 
 static inline int relay_lws_client_flag_use_ssl(void) { return (int)LCCSCF_USE_SSL; }
 
+static inline int relay_lws_client_flag_no_follow_redirect(void) { return (int)LCCSCF_HTTP_NO_FOLLOW_REDIRECT; }
+
 static inline int relay_lws_context_port_no_listen(void) { return CONTEXT_PORT_NO_LISTEN; }
 
 /* lws's own log levels we let through to the relay's logger. */

@@ -1,6 +1,7 @@
 import Hummingbird
 import HummingbirdWebSocket
 import NIOCore
+import MarketCore
 
 /// Faults the demo feed can inflict on the connections it has now, for testing how a client recovers.
 /// New connections after a fault are served normally. `POST /faults/{name}` on the feed triggers one.
@@ -26,6 +27,8 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
     case junk
     /// Send one trade of AAPL stamped at the start of 1970 (a clock gone wrong, or a replayed frame).
     case ancient
+    /// Send one trade of AAPL stamped 59 minutes ago (what a delayed feed could send, or a replay).
+    case stale
     /// Accept the login and refuse it, 500 times over in one frame, then once in each of 500 frames (the
     /// connection ends at the first refusal: what follows it is not taken).
     case authFlip = "auth-flip"
@@ -46,6 +49,9 @@ public enum DemoFeedFault: String, Sendable, CaseIterable {
                     + #"{"ev":"Q","sym":"JUNKOK","bx":4,"bp":1.5,"bs":1,"ax":4,"ap":1.6,"as":1,"t":1700000000000,"q":1,"z":3}]"#)
         case .ancient:
             return ByteBuffer(string: #"[{"ev":"T","sym":"AAPL","i":"1","x":4,"p":189.5,"s":100,"c":[],"t":1000,"q":1,"z":3}]"#)
+        case .stale:
+            let time = WallClock.nowMilliseconds() - 59 * 60_000
+            return ByteBuffer(string: #"[{"ev":"T","sym":"AAPL","i":"1","x":4,"p":189.5,"s":100,"c":[],"t":\#(time),"q":1,"z":3}]"#)
         default:
             return nil
         }

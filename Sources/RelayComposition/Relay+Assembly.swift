@@ -162,11 +162,11 @@ extension Relay {
 
     /// ``eventCheck(_:wire:)`` under `settings`' bounds.
     static func eventCheck(_ market: Market, wire: any WireProtocol, settings: RelaySettings) -> EventCheck {
-        // A news item can be megabytes; other markets keep their cap (a folded book: a whole message).
+        // A news item can be megabytes; other markets keep their cap (a folded book: as the upstream's).
         let news = market == .news ? settings.news.maxBytes : nil
         return EventCheck(
             market: market, wire: wire, maxBytes: news ?? settings.upstreamTuning.maxEventBytes,
-            maxFoldedBytes: news ?? settings.upstreamTuning.maxMessageBytes)
+            maxFoldedBytes: news ?? min(settings.upstreamTuning.maxMessageBytes, UpstreamConfiguration.maxFoldedEventBytes))
     }
 
     /// What an event of `market` recorded from `source` (a tape's `source` record: its vendor and

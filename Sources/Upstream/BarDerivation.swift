@@ -37,6 +37,9 @@ final class BarDerivation: Sendable {
         /// The newest trade time seen (Unix ns), and how far the wall clock was ahead of it then.
         var feedTime: Int64 = 0
         var lag: Int64 = 0
+        /// The feed's time at the last reset: a trade from before it is late (its window's other trades
+        /// were not all seen, and no bar, zero-volume ones included, is made for the time a reset covers).
+        var resetAt: Int64 = 0
     }
 
     private let state = Mutex(State())
@@ -144,7 +147,7 @@ final class BarDerivation: Sendable {
                 guard let count = state.bySymbol[event.ticker]?.count, let trade = rules.trade(in: event) else { continue }
                 let wall = now ?? WallClock.nowNanoseconds()
                 now = wall
-                guard trade.time <= wall + Self.maxAhead, trade.time >= wall - Self.maxBehind else {
+                guard trade.time <= wall + Self.maxAhead, trade.time >= wall - Self.maxBehind, trade.time >= state.resetAt else {
                     late.increment()
                     continue
                 }
@@ -202,6 +205,7 @@ final class BarDerivation: Sendable {
     }
 
     private static func reset(_ state: inout State) {
+        state.resetAt = state.feedTime
         for symbol in Array(state.bySymbol.keys) {
             let count = state.bySymbol[symbol]?.count ?? 0
             for index in 0..<count { state.bySymbol[symbol, default: []][index].builder.reset() }

@@ -94,7 +94,8 @@ final class LWSConnection: Sendable {
         self.marketOfFrames = configuration.market ?? Market(rawValue: configuration.endpoint.market.lowercased()) ?? .stocks
         self.bars = BarDerivation(rules: configuration.wire.barRules(of: marketOfFrames), metricsFactory: configuration.metricsFactory)
         self.eventCheck = UpstreamEventCheck(
-            market: marketOfFrames, wire: configuration.wire, maxBytes: configuration.maxEventBytes, maxFoldedBytes: configuration.maxMessageBytes)
+            market: marketOfFrames, wire: configuration.wire, maxBytes: configuration.maxEventBytes,
+            maxFoldedBytes: min(configuration.maxMessageBytes, UpstreamConfiguration.maxFoldedEventBytes))
         self.endContinuation = ends
         self.exitContinuation = exit
     }
@@ -184,10 +185,12 @@ final class LWSConnection: Sendable {
         setState(.stopped)
         inbox.finish()
         endContinuation.finish()
-        shared.withLock { state in
-            for watcher in state.stateWatchers.values { watcher.finish() }
-            state.stateWatchers.removeAll()
+        // Finished after the lock: a watcher's end runs its termination handler, which takes the lock.
+        let watchers = shared.withLock { state in
+            defer { state.stateWatchers.removeAll() }
+            return Array(state.stateWatchers.values)
         }
+        for watcher in watchers { watcher.finish() }
         exitContinuation.yield(())
         exitContinuation.finish()
     }
@@ -533,7 +536,9 @@ final class LWSConnection: Sendable {
                         info.origin = hostHeader
                         info.ietf_version_or_minus_one = -1
                         info.local_protocol_name = protocolName
-                        info.ssl_connection = endpoint.secure ? relay_lws_client_flag_use_ssl() : 0
+                        // A redirect is not followed: the credentials go to the host configured, never
+                        // to one the upstream names (in the clear, or anywhere).
+                        info.ssl_connection = (endpoint.secure ? relay_lws_client_flag_use_ssl() : 0) | relay_lws_client_flag_no_follow_redirect()
                         info.retry_and_idle_policy = retryPolicy
                         return lws_client_connect_via_info(&info)
                     }
@@ -673,6 +678,9 @@ final class LWSConnection: Sendable {
             return (message, 0)
         }
         guard isFinal else { return }
+        // A whole message is as good a sign of life as a pong: a server streaming data whose pong is
+        // behind the backlog (or that answers none) is not hung up on.
+        lws_validity_confirmed(wsi)
         guard let complete else {
             metrics.oversized.increment()
             bars.reset()  // its trades are lost: no bar open now is whole

@@ -47,7 +47,18 @@ public struct ReconnectPolicy: Sendable {
     /// The wait after `max_connections` on retry number `attempt` (0-based): in the upper half of
     /// `min(maxConnectionsMaxDelay, maxConnectionsDelay·2ⁿ)`.
     public func maxConnectionsDelay(attempt: Int, using generator: inout some RandomNumberGenerator) -> Duration {
-        let ceiling = Backoff(initial: maxConnectionsDelay, cap: maxConnectionsMaxDelay).ceiling(attempt: attempt)
+        Self.upperHalf(of: Backoff(initial: maxConnectionsDelay, cap: maxConnectionsMaxDelay).ceiling(attempt: attempt), using: &generator)
+    }
+
+    /// The wait after a refused login on retry number `attempt` (0-based): in the upper half of
+    /// `min(5·authFailedDelay, authFailedDelay·2ⁿ)`, so relays sharing a key a vendor refuses spread out,
+    /// and a key that stays refused is not tried twice a minute for ever.
+    public func authFailedDelay(attempt: Int, using generator: inout some RandomNumberGenerator) -> Duration {
+        Self.upperHalf(of: Backoff(initial: authFailedDelay, cap: authFailedDelay * 5).ceiling(attempt: attempt), using: &generator)
+    }
+
+    /// A random wait in the upper half of `ceiling` (equal jitter: never quick, and spread out).
+    private static func upperHalf(of ceiling: Duration, using generator: inout some RandomNumberGenerator) -> Duration {
         let half = ceiling.milliseconds / 2
         return .milliseconds(half + Int64.random(in: 0...max(ceiling.milliseconds - half, 1), using: &generator))
     }
@@ -56,7 +67,7 @@ public struct ReconnectPolicy: Sendable {
     /// The wait before attempt `attempt` + 1 after a connection ended for `cause`.
     func delay(after cause: ConnectionEnd.Cause, attempt: Int, using generator: inout some RandomNumberGenerator) -> Duration {
         switch cause {
-        case .authFailed: return authFailedDelay
+        case .authFailed: return authFailedDelay(attempt: attempt, using: &generator)
         case .maxConnections: return maxConnectionsDelay(attempt: attempt, using: &generator)
         case .closed, .failed, .dead, .handshakeTimeout: return delay(attempt: attempt, using: &generator)
         }

@@ -53,6 +53,10 @@ public struct UpstreamConfiguration: Sendable {
     /// Messages larger than this are dropped, counted and logged. Polygon's frames are kilobytes; the
     /// cap bounds what one bad frame can cost.
     public var maxMessageBytes: Int
+    /// The most bytes one event of a type the hub folds (an order book, its whole state at once) may
+    /// take, at most a message's: 1 MiB holds some 45,000 levels (the hub keeps `books.levels` a side),
+    /// and the hub decodes each such event whole.
+    public static let maxFoldedEventBytes = 1 << 20
     /// Give up and retry when the WebSocket has not opened this long after the attempt began (TCP, TLS,
     /// the upgrade), and close and retry when `auth_success` has not arrived this long after it opened.
     public var handshakeTimeout: Duration

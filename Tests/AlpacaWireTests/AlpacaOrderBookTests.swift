@@ -72,6 +72,22 @@ struct AlpacaOrderBookTests {
         #expect(book.levelsDropped == 4)
     }
 
+    /// Many levels in one change are taken best first: sent worst first they would each be inserted at
+    /// the front (a cost of levels × bound). The book is the same as taken one by one: the best within
+    /// the bound, the last word on a price repeated.
+    @Test func manyLevelsInOneChangeKeepTheBestAndTheLastWordOnEachPrice() {
+        let book = AlpacaOrderBook(symbol: "BTC/USD", levels: 50)
+        let bids: Levels = (1...20_000).map { (Double($0), 1) } + [(19_999, 7), (20_000, 0)]
+        let asks: Levels = (1...20_000).reversed().map { (Double(20_000 + $0), 2) } + [(20_001, 9)]
+        book.apply(event(bids: bids, asks: asks, reset: true))
+        #expect(book.bidLevels.count == 50 && book.askLevels.count == 50)
+        #expect(book.bidLevels.first?.price == 19_999 && book.bidLevels.first?.size == 7, "20,000 removed, 19,999 its last size")
+        #expect(book.bidLevels.last?.price == 19_950)
+        #expect(book.askLevels.first?.price == 20_001 && book.askLevels.first?.size == 9)
+        #expect(book.askLevels.last?.price == 20_050)
+        #expect(book.whole() != nil, "levels left out of a reset past the bound leave it whole")
+    }
+
     @Test func aSidePastItsBoundThatShrinksIsNoLongerWhole() {
         let book = AlpacaOrderBook(symbol: "BTC/USD", levels: 2)
         book.apply(event(bids: [(100, 1), (99, 1), (98, 1)], asks: [(101, 1)], reset: true))

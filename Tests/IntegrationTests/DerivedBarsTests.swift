@@ -123,8 +123,9 @@ struct DerivedBarsEndToEndTests {
         }
     }
 
-    /// A trade stamped in 1970 right after the bars were reset (a malformed message): not counted, so no
-    /// window opens that long ago and no zero-volume bar is made for every second since.
+    /// A trade stamped in 1970, or 59 minutes ago, right after the bars were reset (a malformed
+    /// message): not counted (from before the reset), so no window opens that long ago and no
+    /// zero-volume bar is made for every second since.
     @Test func aTradeStampedLongAgoOpensNoWindowThenAndFloodsNothing() async throws {
         try await withRelay { port, feed in
             let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks")
@@ -137,7 +138,9 @@ struct DerivedBarsEndToEndTests {
             }
             #expect(feed.inject(.malformed) == 1)
             #expect(feed.inject(.ancient) == 1)
-            let hourAgo = Int64(Date().timeIntervalSince1970 * 1000) - 3_600_000
+            #expect(feed.inject(.malformed) == 1)
+            #expect(feed.inject(.stale) == 1)
+            let hourAgo = Int64(Date().timeIntervalSince1970 * 1000) - 60_000
             var starts: [Int64] = []
             let until = ContinuousClock.now + .seconds(3)
             while ContinuousClock.now < until, let frame = try? await client.nextFrame(timeout: until - .now) {

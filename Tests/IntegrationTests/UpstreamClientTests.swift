@@ -5,6 +5,7 @@ import MarketDataHub
 import PolygonWire
 import RelayBench
 import Testing
+import Synchronization
 import Upstream
 
 /// The libwebsockets client against a real Polygon-style server (the demo feed) on loopback.
@@ -272,6 +273,57 @@ struct UpstreamClientTests {
             let state = try await waitFor(upstream.stateUpdates(), "the first attempt given up", timeout: .seconds(10)) { $0.name == "disconnected" }
             #expect(state.detail?.contains("did not open the WebSocket within 1") == true, "\(String(describing: state.detail))")
             try await eventually("a second attempt", timeout: .seconds(10)) { upstream.statistics.connectAttempts >= 2 }
+        }
+    }
+
+    /// A server that answers the upgrade with a redirect is not followed: the sign-in (the upstream
+    /// key) would go to the host it names, perhaps in the clear. Here it names a real feed, which never
+    /// sees a connection.
+    @Test func aRedirectAnsweringTheUpgradeIsNotFollowed() async throws {
+        let feed = feed()
+        try await withServices([feed]) {
+            let target = try await feed.url()
+            let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            #expect(listener >= 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let bound = withUnsafeMutablePointer(to: &address) { pointer in
+                pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
+            }
+            #expect(bound && listen(listener, 16) == 0)
+            let port = UInt16(bigEndian: address.sin_port)
+            let answered = Mutex(0)
+            // Answers every upgrade with a redirect to the feed, until the listener is shut.
+            let redirector = Thread {
+                while true {
+                    let connection = accept(listener, nil, nil)
+                    guard connection >= 0 else { return }
+                    var buffer = [UInt8](repeating: 0, count: 4096)
+                    _ = read(connection, &buffer, buffer.count)
+                    let answer = Array("HTTP/1.1 302 Found\r\nLocation: \(target)\r\nContent-Length: 0\r\n\r\n".utf8)
+                    _ = write(connection, answer, answer.count)
+                    answered.withLock { $0 += 1 }
+                    close(connection)
+                }
+            }
+            redirector.start()
+            defer {
+                shutdown(listener, Int32(SHUT_RDWR))
+                close(listener)
+            }
+            let endpoint = try #require(UpstreamConfiguration.Endpoint("ws://127.0.0.1:\(port)/stocks"))
+            let upstream = UpstreamClient(
+                configuration: UpstreamConfiguration(
+                    endpoint: endpoint, apiKey: "up-key", wire: .polygon,
+                    reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200))),
+                logger: testLogger)
+            try await withServices([upstream]) {
+                try await eventually("three redirects answered", timeout: .seconds(10)) { answered.withLock { $0 } >= 3 }
+                #expect(upstream.state.name != "authenticated")
+            }
+            #expect(feed.monitor.snapshot.totalConnections == 0, "the redirect was followed to the feed")
         }
     }
 

@@ -376,6 +376,20 @@ struct SettingsTests {
         }
     }
 
+    @Test func aRefusedLoginBacksOffWithJitterToFiveTimesItsFirstWait() {
+        let policy = ReconnectPolicy(authFailedDelay: .seconds(120))
+        var generator = SystemRandomNumberGenerator()
+        var firsts = Set<Duration>()
+        for _ in 0..<200 {
+            let first = policy.authFailedDelay(attempt: 0, using: &generator)
+            #expect(first >= .seconds(60) && first <= .seconds(120))
+            firsts.insert(first)
+            let late = policy.authFailedDelay(attempt: 12, using: &generator)
+            #expect(late >= .seconds(300) && late <= .seconds(600))
+        }
+        #expect(firsts.count > 100, "spread out, not in lockstep")
+    }
+
     @Test func aConfigFileWithTheUpstreamKeyIsReadWithoutACopyAnywhere() async throws {
         // Keys with rights made the relay write the file, less those keys but with upstream.key, to a
         // world-readable temporary file while it read it. With no usable temporary directory, that
