@@ -447,19 +447,44 @@ public final class PortfolioStore: Sendable {
         let account: Account
         var transactions: [Transaction]
         var book: PositionBook?
+        /// An import's candidates dated before a transaction the account had (its import row with
+        /// each), in the order added, and the transactions before the first: checked all at once by
+        /// ``checkDeferred()``. Each checked as it came would replay the whole account (an import of
+        /// older statements into an account with a later transaction: rows × transactions, holding the
+        /// store's writer all along).
+        var deferred: [(row: Int, transaction: Transaction)] = []
+        private var beforeDeferred: [Transaction] = []
 
         init(account: Account, existing: [Transaction]) {
             self.account = account
             self.transactions = existing
         }
 
-        /// Adds a candidate if the book stays possible; the book is rebuilt only when the candidate is
-        /// dated before the latest transaction (an import in date order extends it step by step).
-        mutating func add(_ candidate: Transaction) throws {
-            // After the same day's earlier transactions, as the store orders them (date, then id); the
-            // common case (an import in date order) is the end, found without a search.
-            let atEnd = transactions.last.map { $0.date <= candidate.date } ?? true
-            let index = atEnd ? transactions.endIndex : (transactions.firstIndex { $0.date > candidate.date } ?? transactions.endIndex)
+        /// Where a transaction dated `date` goes: after the same day's earlier transactions, as the store
+        /// orders them (date, then id); the common case (an import in date order) is the end.
+        private func index(for date: Day) -> Int {
+            if transactions.last.map({ $0.date <= date }) ?? true { return transactions.endIndex }
+            var (low, high) = (0, transactions.endIndex)
+            while low < high {
+                let middle = (low + high) / 2
+                if transactions[middle].date <= date { low = middle + 1 } else { high = middle }
+            }
+            return low
+        }
+
+        /// Adds a candidate if the book stays possible; the book grows step by step while candidates come
+        /// in date order at the end. One of an import (`row`) dated before the end is checked later with
+        /// the rest (``checkDeferred()``); a single write's is checked at once.
+        mutating func add(_ candidate: Transaction, row: Int? = nil) throws {
+            let index = index(for: candidate.date)
+            let atEnd = index == transactions.endIndex
+            if let row, !atEnd || !deferred.isEmpty {
+                if deferred.isEmpty { beforeDeferred = transactions }
+                deferred.append((row, candidate))
+                book = nil
+                transactions.insert(candidate, at: index)
+                return
+            }
             do throws(PositionBook.BookError) {
                 if atEnd, var current = book {
                     // Taken out first so the book is mutated in place, not copied; left out if it fails.
@@ -476,11 +501,33 @@ public final class PortfolioStore: Sendable {
             }
             transactions.insert(candidate, at: index)
         }
+
+        /// Whether the book of every transaction, deferred ones included, is possible; if not, the first
+        /// deferred row after which it is not (found by adding them again one at a time: only for an
+        /// import that fails) and why.
+        func checkDeferred() -> (row: Int, error: ValidationError)? {
+            guard !deferred.isEmpty else { return nil }
+            guard (try? PositionBook(transactions: transactions, allowNegativeCash: account.allowNegativeCash)) == nil else { return nil }
+            var replay = BookCheck(account: account, existing: beforeDeferred)
+            for (row, candidate) in deferred {
+                do {
+                    try replay.add(candidate)
+                } catch let error as ValidationError {
+                    return (row, error)
+                } catch {
+                    return (row, ValidationError(field: "date", message: "\(error)"))
+                }
+            }
+            // Each possible as it came, the whole not: the last one's (it cannot be: a book's checks are
+            // of its past).
+            let last = deferred[deferred.count - 1]
+            return (last.row, ValidationError(field: "date", message: "the account's transactions after \(last.transaction.date) are not possible with it"))
+        }
     }
 
     private static func insert(
         _ new: NewTransaction, into account: Account, checking book: inout BookCheck, room: inout SymbolRoom, db: Database, calendar: DayCalendar,
-        limits: PortfolioLimits
+        limits: PortfolioLimits, row: Int? = nil
     ) throws -> Transaction {
         guard account.kind == .brokerage else {
             throw ValidationError(field: "accountID", message: "transactions belong to brokerage accounts")
@@ -512,6 +559,8 @@ public final class PortfolioStore: Sendable {
             amount = 0
         case .fee:
             // The account's, not a symbol's (a symbol kept here would name no holding, bounded by nothing).
+            // Its amount is `fees`: a fee of nothing is a row in the wrong column (`amount`, as a deposit's).
+            guard new.fees > 0 else { throw ValidationError(field: "fees", message: "a fee's amount goes in fees, above 0") }
             (symbol, quantity, price, amount) = ("", 0, 0, 0)
         case .deposit, .withdrawal:
             guard amount > 0 else { throw ValidationError(field: "amount", message: "required, above 0") }
@@ -521,7 +570,7 @@ public final class PortfolioStore: Sendable {
         var candidate = Transaction(
             id: 0, accountID: account.id, date: date, kind: new.kind, symbol: symbol, quantity: quantity, price: price, fees: new.fees,
             amount: amount)
-        try book.add(candidate)
+        try book.add(candidate, row: row)
         // After the book's checks: a sell of what is not held is that, whatever the symbol bound says.
         // (A throw here writes nothing: the write, or the whole import, is rolled back.) Only buys, sells
         // and dividends name a symbol; fees and cash were given none above.
@@ -612,7 +661,8 @@ public final class PortfolioStore: Sendable {
                         var book =
                             try books.removeValue(forKey: account.id)
                             ?? BookCheck(account: account, existing: try Self.transactions(db, accountID: account.id))
-                        _ = try Self.insert(row.transaction, into: account, checking: &book, room: &room, db: db, calendar: calendar, limits: limits)
+                        _ = try Self.insert(
+                            row.transaction, into: account, checking: &book, room: &room, db: db, calendar: calendar, limits: limits, row: index)
                         books[account.id] = book
                         written += 1
                         if written % Self.importProgressEvery == 0 { progress?(written, rows.count) }
@@ -620,6 +670,10 @@ public final class PortfolioStore: Sendable {
                         throw ImportError(index: index, error: error)
                     }
                 }
+                // Rows dated before an account's later transactions, checked once per account (the earliest
+                // failing row named; the whole import is rolled back).
+                let failures = books.values.compactMap { $0.checkDeferred() }
+                if let first = failures.min(by: { $0.row < $1.row }) { throw ImportError(index: first.row, error: first.error) }
                 return rows.count
             }
         } catch let error as ImportError {

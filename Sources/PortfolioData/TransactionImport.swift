@@ -30,7 +30,8 @@ public enum TransactionImport {
     public static func parse(_ text: String) throws(LineError) -> [Row] {
         var rows: [Row] = []
         var header: [String: Int]?
-        for (offset, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+        // Lines end in LF or CRLF (a spreadsheet's export; "\r\n" is one Character, never equal to "\n").
+        for (offset, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
             let number = offset + 1
             let line = raw.trimmingCharacters(in: .whitespacesAndNewlines)
             if line.isEmpty || line.hasPrefix("#") { continue }
