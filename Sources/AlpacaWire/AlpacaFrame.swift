@@ -17,6 +17,8 @@ public enum AlpacaFrame {
 
     /// The control types; any other `T` with an `S` is an event.
     public static let controlTypes: Set<String> = ["success", "error", "subscription"]
+    /// The most maps and arrays one control message is read with (a subscription's lists: one per channel).
+    static let maxControlContainers = 256
 
     public static func read(_ bytes: UnsafeRawBufferPointer) throws(MessagePack.ReadError) -> [Item] {
         var reader = MessagePack.Reader(bytes)
@@ -83,8 +85,10 @@ public enum AlpacaFrame {
         let range = start..<reader.offset
         guard let type else { return .unknown("a map without T") }
         if controlTypes.contains(type) {
+            // Read whole, with few maps and arrays (a subscription's lists are a handful; each costs a
+            // value and an allocation, and a message of empty ones would cost some 40 times its size).
             var whole = MessagePack.Reader(UnsafeRawBufferPointer(rebasing: bytes[range]))
-            return .control(try whole.value())
+            return .control(try whole.value(maxContainers: Self.maxControlContainers))
         }
         if type == AlpacaNews.eventType, symbol == nil { return .news(symbols: symbols ?? [], bytes: range) }
         if let symbol, !symbol.isEmpty { return .event(type: type, symbol: symbol, bytes: range) }

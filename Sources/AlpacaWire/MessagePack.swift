@@ -193,29 +193,35 @@ extension MessagePack {
             }
         }
 
-        /// The next value, whole.
-        public mutating func value() throws(ReadError) -> Value {
-            try value(depth: 0)
+        /// The next value, whole; at most `maxContainers` maps and arrays in it (each costs a value and an
+        /// allocation: a 4 MiB message of empty maps would cost some 40 times its size).
+        public mutating func value(maxContainers: Int = .max) throws(ReadError) -> Value {
+            var left = maxContainers
+            return try value(depth: 0, containers: &left)
         }
 
-        private mutating func value(depth: Int) throws(ReadError) -> Value {
+        private mutating func value(depth: Int, containers: inout Int) throws(ReadError) -> Value {
             guard depth < MessagePack.maxDepth else { throw .tooDeep }
-            switch try header() {
+            let header = try header()
+            if case .scalar(let value) = header { return value }
+            guard containers > 0 else { throw .unexpected("at most so many maps and arrays") }
+            containers -= 1
+            switch header {
             case .scalar(let value): return value
             case .array(let count):
                 // Each element takes a byte at least: a count past what is left is a lie, not a reservation.
                 guard count <= bytes.count - offset else { throw .truncated }
                 var values: [Value] = []
                 values.reserveCapacity(Swift.min(count, MessagePack.maxReserved))
-                for _ in 0..<count { values.append(try value(depth: depth + 1)) }
+                for _ in 0..<count { values.append(try value(depth: depth + 1, containers: &containers)) }
                 return .array(values)
             case .map(let count):
                 guard count <= (bytes.count - offset) / 2 else { throw .truncated }
                 var entries: [Value.Entry] = []
                 entries.reserveCapacity(Swift.min(count, MessagePack.maxReserved))
                 for _ in 0..<count {
-                    let key = try value(depth: depth + 1)
-                    entries.append(Value.Entry(key, try value(depth: depth + 1)))
+                    let key = try value(depth: depth + 1, containers: &containers)
+                    entries.append(Value.Entry(key, try value(depth: depth + 1, containers: &containers)))
                 }
                 return .map(entries)
             }

@@ -196,6 +196,21 @@ struct AlpacaSessionTests {
         #expect(trades.frames.map { String(decoding: $0, as: UTF8.self) } == [#"[{"T":"subscription","trades":["SPY251219C00650000"],"quotes":[]}]"#])
     }
 
+    /// A control message is read whole, with few maps and arrays: one of a hundred thousand empty maps
+    /// (some 40 times its size once read) is refused; a subscription's lists of many symbols are read.
+    @Test func aControlMessageIsReadWithFewMapsAndArrays() throws {
+        let flood = MessagePack.Value.map([
+            .init(.string("T"), .string("error")), .init(.string("x"), .array(Array(repeating: .map([]), count: 100_000))),
+        ])
+        let hostile = MessagePack.encode(.array([flood]))
+        #expect(throws: MessagePack.ReadError.self) { try hostile.withUnsafeBytes { try AlpacaFrame.read($0) } }
+        let symbols = MessagePack.Value.array((0..<20_000).map { .string("SYM\($0)") })
+        let channels = ["trades", "quotes", "bars", "dailyBars", "updatedBars", "statuses", "lulds", "corrections", "cancelErrors"]
+        let subscription = MessagePack.Value.map([.init(.string("T"), .string("subscription"))] + channels.map { .init(.string($0), symbols) })
+        let items = try MessagePack.encode(.array([subscription])).withUnsafeBytes { try AlpacaFrame.read($0) }
+        #expect(items == [.control(subscription)])
+    }
+
     @Test func aFrameOfEventsIsReadWithoutDecodingTheEvents() throws {
         let trade = MessagePack.Value.map([
             .init(.string("T"), .string("t")), .init(.string("S"), .string("AAPL")), .init(.string("p"), .double(1.5)),
