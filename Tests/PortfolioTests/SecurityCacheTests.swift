@@ -4,6 +4,8 @@ import Synchronization
 import Testing
 
 @testable import Portfolio
+import PortfolioData
+import PortfolioDomain
 
 @Suite("Prefetch window")
 struct PrefetchWindowTests {
@@ -306,5 +308,34 @@ struct SecurityDetailTimeTests {
         let far = SecurityDetailLoader.date(nanoseconds: 4_102_444_800 * 1_000_000_000)  // 2100-01-01
         #expect(far >= before && far <= Date(), "\(far)")
         #expect(SecurityDetailLoader.date(nanoseconds: 1_700_000_000_500_000_000) == Date(timeIntervalSince1970: 1_700_000_000.5))
+    }
+}
+
+/// A security's detail lists at most ``SecurityDetailLoader/maxListed`` transactions (the newest) and
+/// lots (the oldest), however many an account holds; the totals count every lot.
+@Suite("Security detail: bounded lists")
+struct SecurityDetailListsTests {
+    @Test func theListsAreBoundedAndTheTotalsCountEveryLot() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-detail-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try PortfolioStore(directory: directory)
+        let today = DayCalendar.utc.day(of: .now)
+        let start = DayCalendar.utc.day(today, addingDays: -200)
+        var lines = ["account,date,kind,symbol,quantity,price,fees,amount", "A,\(start),deposit,,,,,1000000"]
+        for index in 0..<1_500 { lines.append("A,\(DayCalendar.utc.day(start, addingDays: index / 10)),buy,X,1,\(index + 1)") }
+        _ = try TransactionImport.apply(try TransactionImport.parse(lines.joined(separator: "\n")), to: store)
+        let loader = SecurityDetailLoader(store: store, hub: nil, rest: nil)
+        let ledger: Result<SecurityDetailLoader.SymbolLedger, any Error> = .success(try await store.brokerageTransactions(of: "X"))
+        guard case .loaded(let transactions) = loader.transactions("X", ledger: ledger, today: today),
+            case .loaded(let lots) = loader.taxLots("X", ledger: ledger, today: today)
+        else {
+            Issue.record("both groups load")
+            return
+        }
+        #expect(transactions.count == SecurityDetailLoader.maxListed)
+        #expect(transactions.first?.transaction.price == dec("1500"), "the newest first")
+        #expect(lots.lots.count == SecurityDetailLoader.maxListed)
+        #expect(lots.lots.first?.unitCost == dec("1") && lots.lots.last?.unitCost == dec("1000"), "the oldest, the next a sell takes")
+        #expect(lots.sharesAvailable == dec("1500"), "every lot counted")
     }
 }

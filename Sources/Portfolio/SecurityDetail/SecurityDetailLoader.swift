@@ -149,6 +149,11 @@ public struct SecurityDetailLoader: Sendable {
     /// Every brokerage account with its transactions of one symbol.
     typealias SymbolLedger = [(account: Account, transactions: [Transaction])]
 
+    /// The most transactions and tax lots a detail lists (the newest transactions, the oldest lots: the
+    /// next a sell takes). An account may hold 100,000 transactions of one symbol, and every reader of the
+    /// detail would be answered all of them, each encoded anew; the totals count every lot.
+    static let maxListed = 1_000
+
     func transactions(_ symbol: String, ledger: Result<SymbolLedger, any Error>, today: Day) -> DetailGroup<[SymbolTransaction]> {
         do {
             let since = calendar.day(today, addingYears: -1)
@@ -159,10 +164,17 @@ public struct SecurityDetailLoader: Sendable {
                 }
             }
             // Newest first.
-            return .loaded(rows.sorted { ($0.transaction.date, $0.transaction.id) > ($1.transaction.date, $1.transaction.id) })
+            let sorted = rows.sorted { ($0.transaction.date, $0.transaction.id) > ($1.transaction.date, $1.transaction.id) }
+            return .loaded(Array(sorted.prefix(Self.maxListed)))
         } catch {
             return .failed("\(error)")
         }
+    }
+
+    /// `lots` as they are, or past ``maxListed`` the oldest of them (in their order, a day's by account).
+    static func oldest(_ lots: [SecurityDetail.TaxLot]) -> [SecurityDetail.TaxLot] {
+        guard lots.count > maxListed else { return lots }
+        return lots.enumerated().sorted { ($0.element.acquired, $0.offset) < ($1.element.acquired, $1.offset) }.prefix(maxListed).map(\.element)
     }
 
     func taxLots(_ symbol: String, ledger: Result<SymbolLedger, any Error>, today: Day) -> DetailGroup<SecurityDetail.TaxLots> {
@@ -182,7 +194,7 @@ public struct SecurityDetailLoader: Sendable {
             let basis = lots.reduce(Decimal(0)) { $0 + $1.costBasis }
             return .loaded(
                 .init(
-                    lots: lots, sharesAvailable: shares, costBasis: basis,
+                    lots: Self.oldest(lots), sharesAvailable: shares, costBasis: basis,
                     averageCost: shares == 0 ? nil : DecimalText.rounded(basis / shares, scale: 6)))
         } catch {
             return .failed("\(error)")
