@@ -39,6 +39,8 @@ final class LWSConnection: Sendable {
         var rxOversized = false
         /// The size of the oversized message being passed over, so far.
         var rxOversizedBytes = 0
+        /// When a whole message last told lws the connection is alive (at most once a second).
+        var confirmedAt: ContinuousClock.Instant?
         var statistics = UpstreamStatistics()
         /// While the upstream is down: since when, and the last down state logged at info level.
         var downSince: ContinuousClock.Instant?
@@ -654,8 +656,16 @@ final class LWSConnection: Sendable {
 
     private func receive(wsi: OpaquePointer, input: UnsafeMutableRawPointer?, length: Int) {
         let isFinal = lws_is_final_fragment(wsi) != 0
-        let (complete, oversizedBytes): (ByteBuffer?, Int) = shared.withLock { state in
-            state.machine.heard(now: .now)
+        let (complete, oversizedBytes, alive): (ByteBuffer?, Int, Bool) = shared.withLock { state in
+            let now = ContinuousClock.now
+            state.machine.heard(now: now)
+            // A whole message is as good a sign of life as a pong: a server streaming data whose pong is
+            // behind the backlog (or that answers none) is not hung up on. Told once a second at most.
+            var alive = false
+            if isFinal, state.confirmedAt.map({ now - $0 >= .seconds(1) }) ?? true {
+                state.confirmedAt = now
+                alive = true
+            }
             if !state.rxOversized {
                 if state.rx.readableBytes + length > configuration.maxMessageBytes {
                     state.rxOversized = true
@@ -666,21 +676,19 @@ final class LWSConnection: Sendable {
                 }
             }
             if state.rxOversized { state.rxOversizedBytes += length }
-            guard isFinal else { return (nil, 0) }
+            guard isFinal else { return (nil, 0, false) }
             if state.rxOversized {
                 state.rxOversized = false
                 state.statistics.oversizedMessages += 1
-                return (nil, state.rxOversizedBytes)
+                return (nil, state.rxOversizedBytes, alive)
             }
             let message = state.rx
             state.rx = ByteBuffer()
             state.statistics.messagesReceived += 1
-            return (message, 0)
+            return (message, 0, alive)
         }
         guard isFinal else { return }
-        // A whole message is as good a sign of life as a pong: a server streaming data whose pong is
-        // behind the backlog (or that answers none) is not hung up on.
-        lws_validity_confirmed(wsi)
+        if alive { lws_validity_confirmed(wsi) }
         guard let complete else {
             metrics.oversized.increment()
             bars.reset()  // its trades are lost: no bar open now is whole
