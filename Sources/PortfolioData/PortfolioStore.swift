@@ -383,13 +383,18 @@ public final class PortfolioStore: Sendable {
         }
     }
 
-    /// Deletes an account and, by cascade, its transactions, updates and snapshots.
+    /// Deletes an account and, by cascade, its transactions, updates and snapshots, and the daily closes
+    /// of symbols no transaction names any more (an account bought into thousands of symbols from 1970
+    /// and deleted, again and again, would otherwise leave their closes for good).
     /// - Returns: the account as it was.
     @discardableResult
     public func deleteAccount(_ id: Int64) async throws -> Account {
         try await write { db in
             let account = try Self.account(db, id)
             try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [id])
+            for table in ["dailyClose", "closeCoverage"] {
+                try db.execute(sql: #"DELETE FROM \#(table) WHERE symbol NOT IN (SELECT symbol FROM "transaction" WHERE symbol != '')"#)
+            }
             return account
         }
     }

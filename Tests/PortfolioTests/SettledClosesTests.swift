@@ -85,4 +85,25 @@ struct SettledClosesTests {
         #expect(EventPrices.seen(1_699_999_000_000_000_000, now: now) == Date(timeIntervalSince1970: 1_699_999_000))
         #expect(EventPrices.seen(nil, now: now) == now)
     }
+
+    /// A deleted account takes the closes of the symbols no other transaction names along: an account
+    /// bought into thousands of symbols and deleted, again and again, left their closes for good.
+    @Test func deletingAnAccountLetsGoOfTheClosesNoTransactionNeeds() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relay-closes-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try PortfolioStore(directory: dir)
+        let created = Date(timeIntervalSince1970: 1_704_067_200)  // 2024-01-01
+        let gone = try await store.createAccount(name: "gone", kind: .brokerage, currency: "USD", createdAt: created, allowNegativeCash: true)
+        let kept = try await store.createAccount(name: "kept", kind: .brokerage, currency: "USD", createdAt: created, allowNegativeCash: true)
+        _ = try await store.addTransaction(accountID: gone.id, date: day("2024-01-02"), kind: .buy, symbol: "AAA", quantity: 1, price: 1)
+        _ = try await store.addTransaction(accountID: gone.id, date: day("2024-01-02"), kind: .buy, symbol: "BBB", quantity: 1, price: 1)
+        _ = try await store.addTransaction(accountID: kept.id, date: day("2024-01-02"), kind: .buy, symbol: "BBB", quantity: 1, price: 1)
+        for symbol in ["AAA", "BBB"] {
+            try await store.saveCloses(symbol, [(day("2024-01-02"), 5)], covering: day("2024-01-02")...day("2024-01-02"))
+        }
+        try await store.deleteAccount(gone.id)
+        let closes = try await store.closes(of: ["AAA", "BBB"], from: day("2024-01-01"), through: day("2024-01-31"))
+        #expect(closes["AAA"] == nil && closes["BBB"]?.count == 1)
+        #expect(Set(try await store.closeCoverage().keys) == ["BBB"])
+    }
 }
