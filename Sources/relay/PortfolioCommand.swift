@@ -23,6 +23,9 @@ struct PortfolioCommand: AsyncParsableCommand {
         var maxTransactionsPerAccount = PortfolioLimits().transactionsPerAccount
         @Option(help: "Distinct symbols the transactions name at most (as portfolio.maxSymbols).") var maxSymbols = PortfolioLimits().symbols
 
+        /// The largest file one import reads (it is held whole, and its rows some five times over).
+        static let maxFileBytes = 1 << 30
+
         func validate() throws {
             guard maxAccounts > 0, maxTransactionsPerAccount > 0 else { throw ValidationError("--max-accounts and --max-transactions-per-account: above 0") }
             guard (1...PortfolioLimits.maxSymbols).contains(maxSymbols) else { throw ValidationError("--max-symbols: 1 to \(PortfolioLimits.maxSymbols)") }
@@ -35,6 +38,16 @@ struct PortfolioCommand: AsyncParsableCommand {
             if ifEmpty, try await !store.accounts().isEmpty {
                 print("portfolio already has accounts; nothing imported (\(store.path))")
                 return
+            }
+            // Read whole (the import is one transaction, all or nothing): a regular file, of a size that
+            // fits, never a device or a pipe read until memory runs out.
+            let attributes = try? FileManager.default.attributesOfItem(atPath: file)
+            guard attributes?[.type] as? FileAttributeType == .typeRegular, let size = (attributes?[.size] as? NSNumber)?.intValue else {
+                throw StartupError(message: "\(file) is not a regular file one can read")
+            }
+            guard size <= Self.maxFileBytes else {
+                throw StartupError(
+                    message: "\(file) is \(size >> 20) MB; an import reads at most \(Self.maxFileBytes >> 20) MB (split it: each part is imported whole or not at all)")
             }
             guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw StartupError(message: "cannot read \(file)") }
             do {

@@ -7,6 +7,22 @@ import Testing
 /// `relay portfolio import` is all or nothing, even when the process is killed while it writes.
 @Suite("Import killed midway")
 struct ImportKillTests {
+    /// The import reads its file whole: a device or a pipe (read until memory runs out) is refused, named.
+    @Test func anImportOfWhatIsNoRegularFileIsRefused() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-zero-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: RelayProcess.siblingBinary())
+        process.arguments = ["portfolio", "import", "/dev/zero", "--data-dir", directory]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus != 0 && text.contains("/dev/zero is not a regular file"), "\(text)")
+    }
+
     @Test func anImportKilledWhileWritingLeavesNothing() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-import-kill-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
