@@ -67,6 +67,7 @@ final class ClusterFeed: Sendable {
     private let controlsPerSecond: Int
     /// The outages and losses taken (``noticeRate``).
     private let noticeRate: Mutex<MessageRate>
+    private let noticesPerSecond: Int
 
     init(
         connection: NATSConnection, subjects: ClusterSubjects, node: String, hub: MarketDataHub, metrics: ClusterMetrics, logger: Logger,
@@ -91,6 +92,7 @@ final class ClusterFeed: Sendable {
         self.controlRate = Mutex(MessageRate(perSecond: controlRate.perSecond, burst: controlRate.burst))
         controlsPerSecond = controlRate.perSecond
         self.noticeRate = Mutex(MessageRate(perSecond: noticeRate.perSecond, burst: noticeRate.burst))
+        noticesPerSecond = noticeRate.perSecond
     }
 
     /// Subscribes to the leader's notices and makes the sink for events. Call once, before ``run()``.
@@ -146,19 +148,22 @@ final class ClusterFeed: Sendable {
     /// Whether a control message arriving now is taken (within ``controlRate``). One that is not is
     /// counted, and the clients are told at most once a second that events may be missing.
     private func admitsControl() -> Bool {
+        admits(
+            within: controlRate, dropped: "control_rate",
+            told: "control messages came on NATS faster than this relay node takes them (\(controlsPerSecond) a second); the rest were dropped")
+    }
+
+    /// Whether a message arriving now is within `rate`. One that is not is counted (`dropped`), and the
+    /// clients are told at most once a second, as an outage (`told`, and that events may be missing):
+    /// as for control messages past the queue's bound, one dropped may have been the leader's word of an
+    /// outage or a loss, so the history is broken here and the gap fill asked, never a resume across it
+    /// taken as whole.
+    private func admits(within rate: borrowing Mutex<MessageRate>, dropped: String, told: String) -> Bool {
         let now = ContinuousClock.now
-        let (admitted, tell) = controlRate.withLock { rate in rate.admit(at: now) ? (true, false) : (false, rate.tellsRefusal(at: now)) }
+        let (admitted, tell) = rate.withLock { rate in rate.admit(at: now) ? (true, false) : (false, rate.tellsRefusal(at: now)) }
         guard !admitted else { return true }
-        metrics.natsDropped(reason: "control_rate").increment()
-        if tell {
-            // An outage, as for control messages past the queue's bound: one dropped may have been the
-            // leader's word of one (or a loss), so the history is broken here and the gap fill asked,
-            // never a resume across it taken as whole.
-            deliver(
-                .connectionLost(
-                    reason: "control messages came on NATS faster than this relay node takes them (\(controlsPerSecond) a second); the rest were dropped; events may be missing"),
-                pastControlBound: true)
-        }
+        metrics.natsDropped(reason: dropped).increment()
+        if tell { deliver(.connectionLost(reason: "\(told); events may be missing"), pastControlBound: true) }
         return false
     }
 
@@ -169,17 +174,9 @@ final class ClusterFeed: Sendable {
         case .upstreamDown, .loss: break
         case .epoch, .refused, .forgotten: return true
         }
-        let now = ContinuousClock.now
-        let (admitted, tell) = noticeRate.withLock { rate in rate.admit(at: now) ? (true, false) : (false, rate.tellsRefusal(at: now)) }
-        guard !admitted else { return true }
-        metrics.natsDropped(reason: "notice_rate").increment()
-        if tell {
-            deliver(
-                .connectionLost(
-                    reason: "the cluster leader's word of outages and losses came faster than this relay node takes it (\(Self.noticeRate.perSecond) a second); the rest was dropped; events may be missing"),
-                pastControlBound: true)
-        }
-        return false
+        return admits(
+            within: noticeRate, dropped: "notice_rate",
+            told: "the cluster leader's word of outages and losses came faster than this relay node takes it (\(noticesPerSecond) a second); the rest was dropped")
     }
 
     /// What the lease held at a read every 250 ms: a term (the term it held before ended, and a late

@@ -38,16 +38,8 @@ struct DemoFeedBoundsTests {
     /// The standalone feed refuses what its arithmetic cannot hold, with a message, before it starts.
     @Test(arguments: [["--tickers", "70000"], ["--rate", "1e300"], ["--rate", "inf"], ["--aggregate-seconds", "9223372036854775807"]])
     func theStandaloneFeedRefusesValuesPastWhatItHolds(arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: RelayProcess.siblingBinary())
-        process.arguments = ["demo-feed", "--listen", "127.0.0.1:0"] + arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationReason == .exit && process.terminationStatus != 0, "\(arguments): \(output)")
-        #expect(output.contains(arguments[0]), "\(arguments): \(output)")
+        let ended = try runRelayCommand(["demo-feed", "--listen", "127.0.0.1:0"] + arguments)
+        #expect(ended.reason == .exit && ended.status != 0, "\(arguments): \(ended.output)")
+        #expect(ended.output.contains(arguments[0]), "\(arguments): \(ended.output)")
     }
 }

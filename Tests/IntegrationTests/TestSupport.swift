@@ -12,6 +12,7 @@ import RelayComposition
 import RelayConfiguration
 import RESTGateway
 import Upstream
+import RelayBench
 
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -385,4 +386,19 @@ func withPortfolioRelay(
         let parts = try await within(.seconds(10), "the relay to start") { try await relay.ready() }
         try await body(parts, "http://127.0.0.1:\(parts.port)")
     }
+}
+
+/// Runs the relay binary beside the tests with `arguments` to its end: how it ended, and what it wrote
+/// (standard output and error together).
+func runRelayCommand(_ arguments: [String]) throws -> (reason: Process.TerminationReason, status: Int32, output: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: RelayProcess.siblingBinary())
+    process.arguments = arguments
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    process.standardError = pipe
+    try process.run()
+    let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    return (process.terminationReason, process.terminationStatus, output)
 }

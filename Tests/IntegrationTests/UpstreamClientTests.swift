@@ -251,18 +251,8 @@ struct UpstreamClientTests {
     /// never accepts: the kernel completes the handshake) is given up within the sign-in's bound, and
     /// retried, not waited on for lws's own default.
     @Test func aServerThatNeverAnswersTheUpgradeIsGivenUpAndRetried() async throws {
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #expect(listener >= 0)
+        let (listener, port) = try listeningSocket()
         defer { close(listener) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
-        }
-        #expect(bound && listen(listener, 16) == 0)
-        let port = UInt16(bigEndian: address.sin_port)
         let endpoint = try #require(UpstreamConfiguration.Endpoint("ws://127.0.0.1:\(port)/stocks"))
         let upstream = UpstreamClient(
             configuration: UpstreamConfiguration(
@@ -283,17 +273,7 @@ struct UpstreamClientTests {
         let feed = feed()
         try await withServices([feed]) {
             let target = try await feed.url()
-            let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            #expect(listener >= 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let bound = withUnsafeMutablePointer(to: &address) { pointer in
-                pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
-            }
-            #expect(bound && listen(listener, 16) == 0)
-            let port = UInt16(bigEndian: address.sin_port)
+            let (listener, port) = try listeningSocket()
             let answered = Mutex(0)
             // Answers every upgrade with a redirect to the feed, until the listener is shut.
             let redirector = Thread {
