@@ -506,13 +506,13 @@ final class ClusterFeed: Sendable {
 
     /// The lease says its holder had stamped `term`'s events through `through`: the hub is told (in
     /// order, behind what is held), once per new mark.
-    func leaderStamped(term: String, through: UInt64) {
+    func leaderStamped(term: String, through: UInt64, freshFor: Duration) {
         let new = lastMark.withLock { last in
             guard last?.term != term || last?.through != through else { return false }
             last = (term, through)
             return true
         }
-        if new { deliver(.leaderStamped(epoch: term, through: through)) }
+        if new { deliver(.leaderStamped(epoch: term, through: through, freshFor: freshFor)) }
     }
 
     /// How many subjects this node is subscribed to.

@@ -33,6 +33,9 @@ public struct ClusterGapFillHook: Sendable {
 /// same lock, so the tape holds the events in the order NATS carries them, with their positions.
 final class TermSequencer: Sendable {
     private let state = Mutex<PositionSequencer?>(nil)
+    /// The term's epoch and the market sequence of its last event stamped, under a lock of its own: the
+    /// lease's renewal reads it without waiting for a batch being published under ``state``'s.
+    private let stamped = Mutex<(epoch: String, last: UInt64)?>(nil)
     private let tap: (any EventTap)?
 
     init(tap: (any EventTap)? = nil) {
@@ -42,16 +45,19 @@ final class TermSequencer: Sendable {
     /// A new term, its positions in an epoch named like the term (its name in the lease, so every node
     /// knows whose term an epoch was), or none (`stamps` false: no positions).
     func begin(stamps: Bool, term: String) { state.withLock { $0 = stamps ? PositionSequencer(epoch: term) : nil } }
-    func end() { state.withLock { $0 = nil } }
+    func end() {
+        state.withLock { $0 = nil }
+        stamped.withLock { $0 = nil }
+    }
 
     var epoch: String? { state.withLock { $0?.epoch } }
 
     /// The market sequence of the last event stamped in `term` (`nil`: another term, none stamped yet,
     /// or no positions).
     func stampedThrough(term: String) -> UInt64? {
-        state.withLock { sequencer in
-            guard let sequencer, sequencer.epoch == term, sequencer.lastMarket > 0 else { return nil }
-            return sequencer.lastMarket
+        stamped.withLock { stamped in
+            guard let stamped, stamped.epoch == term, stamped.last > 0 else { return nil }
+            return stamped.last
         }
     }
 
@@ -70,6 +76,7 @@ final class TermSequencer: Sendable {
                 return
             }
             tap?.take(events, positions: positions, epoch: epoch)
+            if let last = positions.last?.market { stamped.withLock { $0 = (epoch, last) } }
             publish(EventPosition.stamp(events, positions))
         }
     }

@@ -645,7 +645,8 @@ public final class ClusterNode: Service, Sendable {
             }
             Self.tell(feed, lease: entry, holder: holder, askedAt: askedAt)
             if let holder, holder.node != configuration.nodeID, let term = holder.term, let through = holder.through {
-                feed.leaderStamped(term: term, through: through)
+                // Good for three renewals and a read: past it (lease reads failing) no event is refused by it.
+                feed.leaderStamped(term: term, through: through, freshFor: configuration.renewInterval * 3 + configuration.leasePollInterval)
             }
             observe(leader: holder?.node, term: holder?.term, feed: feed)
             // Spread: leave a free lease to a live node that leads no market (for a bounded while).

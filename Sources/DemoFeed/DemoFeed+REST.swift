@@ -12,7 +12,10 @@ struct RestTally: Sendable {
     private(set) var byKey: [String: RestCount] = [:]
     private(set) var started = 0
 
-    private func slot(_ key: String) -> String { byKey[key] != nil || byKey.count < Self.maxKeys ? key : "other" }
+    /// The feed's own keys (`limited`, `other`) always have their place.
+    private func slot(_ key: String) -> String {
+        byKey[key] != nil || byKey.count < Self.maxKeys || key == "limited" || key == "other" ? key : "other"
+    }
 
     subscript(key: String) -> RestCount {
         get { byKey[slot(key)] ?? RestCount() }

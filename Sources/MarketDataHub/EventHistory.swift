@@ -202,13 +202,16 @@ final class EventHistory {
     /// (``leaderStamped(through:)``).
     private(set) var pastLeader = 0
     /// A cluster node's: the newest market sequence the lease said the leader had stamped in this epoch,
-    /// and how far past it an event may be (``leaderStamped(through:)``). `nil`: not told (a single relay, or
-    /// not yet).
-    private(set) var leaderMark: (through: UInt64, margin: UInt64)?
-    /// The least an event may come past the leader's mark: the leader renews its lease every second
-    /// and its upstream closes 3 s after the last renewal, so the events it stamps past its last word
-    /// are a few seconds' worth; 2¹⁸ is 2.6 s at 100,000 events a second.
-    static let minimumMarkMargin: UInt64 = 1 << 18
+    /// how far past it an event may be, and until when (Unix ms) the word holds (``leaderStamped(through:until:)``).
+    /// `nil`: not told (a single relay, or not yet).
+    private(set) var leaderMark: (through: UInt64, margin: UInt64, until: Int64)?
+    /// What the leader stamped between each of the last marks and the one before (at most 8).
+    private var markSteps: [UInt64] = []
+    /// The least an event may come past the leader's mark: the leader renews its lease every fifth of
+    /// it and its upstream closes 3/5 of a lease after the last renewal, so the events it stamps past
+    /// its last word are a few renewals' worth; 2²⁰ is 10 s at 100,000 events a second, and a gap fill
+    /// of 100,000 events stamped at once after an outage (when the steps before were small) fits.
+    static let minimumMarkMargin: UInt64 = 1 << 20
     /// Memory counted (``overheadPerEvent`` per event plus its bytes, ``overheadPerLine`` per topic
     /// line).
     private(set) var memory = 0
@@ -230,20 +233,23 @@ final class EventHistory {
     /// Events held (slots whose bytes are still here).
     private(set) var eventCount = 0
 
-    /// The lease said the leader had stamped this epoch's events through `through` (read once a
-    /// second): from now on an event more than a margin past it is not kept. The margin is 8 times what
-    /// the leader stamped between the last two marks (eight seconds at the rate of late), at least
-    /// ``minimumMarkMargin``. A mark never goes back (a late read says less). Returns `false` when the
-    /// history already holds an event past the new bound (one came before the first mark).
-    func leaderStamped(through: UInt64) -> Bool {
+    /// The lease said the leader had stamped this epoch's events through `through` (read at each of its
+    /// renewals): until `until` (Unix ms; a node whose lease reads fail hears no newer word, and an old
+    /// one would refuse every event once the leader stamped past it) an event more than a margin past
+    /// it is not kept. The margin is 8 times the most the leader stamped between two of the last 8
+    /// marks (eight renewals at the highest rate of late), at least ``minimumMarkMargin``. A mark never
+    /// goes back (a late read says less). Returns `false` when the history already holds an event past
+    /// the new bound (one came before the first mark).
+    func leaderStamped(through: UInt64, until: Int64) -> Bool {
         guard through <= EventPosition.maxSequence else { return true }
         if let mark = leaderMark {
-            guard through > mark.through else { return true }
-            let since = min(through - mark.through, Self.maxLeap)
-            leaderMark = (through, max(Self.minimumMarkMargin, since * 8))
-        } else {
-            leaderMark = (through, Self.minimumMarkMargin)
+            guard through >= mark.through else { return true }
+            if through > mark.through {
+                markSteps.append(min(through - mark.through, Self.maxLeap))
+                if markSteps.count > 8 { markSteps.removeFirst() }
+            }
         }
+        leaderMark = (through, max(Self.minimumMarkMargin, (markSteps.max() ?? 0) * 8), until)
         guard let mark = leaderMark, nextMarketSequence > 1 else { return true }
         return nextMarketSequence - 1 <= mark.through || nextMarketSequence - 1 - mark.through <= mark.margin
     }
@@ -374,7 +380,7 @@ final class EventHistory {
             }
             // Past what the leader's lease vouches it stamped, by more than it can have stamped since: a
             // forged leap, which would make every real event after it "out of order" (not kept).
-            if let mark = leaderMark, position.market > mark.through, position.market - mark.through > mark.margin {
+            if let mark = leaderMark, now <= mark.until, position.market > mark.through, position.market - mark.through > mark.margin {
                 pastLeader += 1
                 continue
             }

@@ -53,7 +53,8 @@ package enum HubPump {
                 case .element(.connectionLost(let reason)): await hub.upstreamLost(reason: reason)
                 case .element(.seed(let event)): await hub.seed(event)
                 case .element(.epoch(let epoch)): await hub.startEpoch(epoch)
-                case .element(.leaderStamped(let epoch, let through)): await hub.leaderStamped(through: through, epoch: epoch)
+                case .element(.leaderStamped(let epoch, let through, let freshFor)):
+                    await hub.leaderStamped(through: through, epoch: epoch, freshFor: freshFor)
                 case .element(.notice(let notice)): await hub.sourceSays(notice)
                 case .element(.recovered(let topic, let recovered, let order)): _ = await hub.deliverRecovered(topic, recovered, order: order)
                 case .element(.recoveryEnded(let end, let generation)):

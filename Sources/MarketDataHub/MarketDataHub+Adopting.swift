@@ -38,14 +38,19 @@ extension MarketDataHub {
     }
 
     /// A cluster node read in the lease that its leader had stamped `epoch`'s events through `through`:
-    /// its history keeps no event leaping far past it (``EventHistory/leaderStamped(through:)``), so one
-    /// forged event cannot make every real event after it "out of order". Kept for the epoch if this
-    /// node has not begun it yet.
-    public func leaderStamped(through: UInt64, epoch: String) {
+    /// for `freshFor` its history keeps no event leaping far past it
+    /// (``EventHistory/leaderStamped(through:until:)``), so one forged event cannot make every real
+    /// event after it "out of order". Kept for the epoch if this node has not begun it yet.
+    public func leaderStamped(through: UInt64, epoch: String, freshFor: Duration) {
         guard adoptsPositions else { return }
-        leaderMark = (epoch, through)
-        guard let history, history.epoch == epoch else { return }
-        if !history.leaderStamped(through: through), leaderMarkWarned != epoch {
+        leaderMark = (epoch, through, WallClock.nowMilliseconds() + freshFor.milliseconds)
+        applyLeaderMark()
+    }
+
+    /// The mark the lease gave last, to the history of its epoch.
+    func applyLeaderMark() {
+        guard let (epoch, through, until) = leaderMark, let history, history.epoch == epoch else { return }
+        if !history.leaderStamped(through: through, until: until), leaderMarkWarned != epoch {
             leaderMarkWarned = epoch
             logger.warning(
                 "this node's history holds a market sequence past what the leader stamped (\(through)): an event with forged positions came before the lease's word; resumes by market sequence or time may miss events until the next term",

@@ -563,7 +563,7 @@ extension MarketDataHub {
             // The events already kept were this epoch's first (its notice came after them).
             history.epoch = epoch
             epochBox.withLock { $0 = epoch }
-            if let mark = leaderMark, mark.epoch == epoch { leaderStamped(through: mark.through, epoch: epoch) }
+            applyLeaderMark()
             return
         }
         let replaced = history != nil
@@ -589,7 +589,7 @@ extension MarketDataHub {
         for topic in wantedTopics { fresh.wanted(topic, now: WallClock.nowMilliseconds()) }
         history = fresh
         epochBox.withLock { $0 = epoch }
-        if let mark = leaderMark, mark.epoch == epoch { leaderStamped(through: mark.through, epoch: epoch) }
+        applyLeaderMark()
         metrics.record(fresh)
         // Clients that stay connected are told: their `_s` and `_m` start again, under this epoch.
         guard replaced else { return }

@@ -128,7 +128,7 @@ public actor MarketDataHub {
     /// resume across a failover is answered from the archive for.
     var previousEpoch: String?
     /// What the lease last said the leader had stamped, of an epoch this node may not have begun yet.
-    var leaderMark: (epoch: String, through: UInt64)?
+    var leaderMark: (epoch: String, through: UInt64, until: Int64)?
     /// The epoch whose history was said, once, to hold a forged leap.
     var leaderMarkWarned: String?
 

@@ -26,9 +26,6 @@ package struct PositionSequencer {
     /// Topics whose next number it keeps.
     package var topicCount: Int { nextTopic.count }
 
-    /// The market sequence of the last event stamped (0: none yet).
-    package var lastMarket: UInt64 { nextMarket - 1 }
-
     /// Topics whose events stopped for a while in this term (the upstream no longer sent them): each
     /// skips a topic sequence, so a node that held the topic sees the break at its next event and tells
     /// its clients, instead of a run that looks whole. A wildcard skips every ticker of its type.

@@ -20,9 +20,10 @@ public enum SourceMessage: Sendable {
     /// The positions that follow belong to this epoch (a cluster leader's term).
     case epoch(String)
     /// A cluster node read in the lease that its leader had stamped the epoch's events through this
-    /// market sequence: an event whose position leaps far past it is not the leader's
-    /// (``MarketDataHub/leaderStamped(through:epoch:)``). The node's own reading, at most one a second.
-    case leaderStamped(epoch: String, through: UInt64)
+    /// market sequence: for `freshFor`, an event whose position leaps far past it is not the leader's
+    /// (``MarketDataHub/leaderStamped(through:epoch:freshFor:)``). The node's own reading, at most one a
+    /// renewal of the lease.
+    case leaderStamped(epoch: String, through: UInt64, freshFor: Duration)
     /// A cluster leader's gap fill: recovered events of one topic, oldest first, with the leader's
     /// positions (``MarketDataHub/deliverRecovered(_:_:order:)``).
     case recovered(topic: Topic, events: [MarketEvent], order: RecoveryOrder)

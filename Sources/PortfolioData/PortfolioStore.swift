@@ -453,12 +453,11 @@ public final class PortfolioStore: Sendable {
         var transactions: [Transaction]
         var book: PositionBook?
         /// An import's candidates dated before a transaction the account had (its import row with
-        /// each), in the order added, and the transactions before the first: checked all at once by
+        /// each), in the order added: checked all at once by
         /// ``checkDeferred()``. Each checked as it came would replay the whole account (an import of
         /// older statements into an account with a later transaction: rows × transactions, holding the
         /// store's writer all along).
         var deferred: [(row: Int, transaction: Transaction)] = []
-        private var beforeDeferred: [Transaction] = []
 
         init(account: Account, existing: [Transaction]) {
             self.account = account
@@ -484,7 +483,6 @@ public final class PortfolioStore: Sendable {
             let index = index(for: candidate.date)
             let atEnd = index == transactions.endIndex
             if let row, !atEnd || !deferred.isEmpty {
-                if deferred.isEmpty { beforeDeferred = transactions }
                 deferred.append((row, candidate))
                 book = nil
                 transactions.insert(candidate, at: index)
@@ -507,26 +505,28 @@ public final class PortfolioStore: Sendable {
             transactions.insert(candidate, at: index)
         }
 
-        /// Whether the book of every transaction, deferred ones included, is possible; if not, the first
-        /// deferred row after which it is not (found by adding them again one at a time: only for an
-        /// import that fails) and why.
+        /// Whether the book of every transaction, deferred ones included, is possible (one pass, in the
+        /// store's order); if not, the row to blame and why: the transaction that made it impossible when
+        /// it is a deferred one, else (one the account had) the latest deferred row dated at or before it.
         func checkDeferred() -> (row: Int, error: ValidationError)? {
             guard !deferred.isEmpty else { return nil }
-            guard (try? PositionBook(transactions: transactions, allowNegativeCash: account.allowNegativeCash)) == nil else { return nil }
-            var replay = BookCheck(account: account, existing: beforeDeferred)
-            for (row, candidate) in deferred {
-                do {
-                    try replay.add(candidate)
-                } catch let error as ValidationError {
-                    return (row, error)
+            var book: PositionBook
+            do throws(PositionBook.BookError) {
+                book = try PositionBook(transactions: [], allowNegativeCash: account.allowNegativeCash)
+            } catch {
+                return (deferred[0].row, ValidationError(field: error.field, message: "\(error)"))
+            }
+            for transaction in transactions {
+                do throws(PositionBook.BookError) {
+                    try book.apply(transaction)
                 } catch {
-                    return (row, ValidationError(field: "date", message: "\(error)"))
+                    let blamed =
+                        deferred.first { $0.transaction == transaction }
+                        ?? deferred.last { $0.transaction.date <= transaction.date } ?? deferred[0]
+                    return (blamed.row, ValidationError(field: error.field, message: "\(error)"))
                 }
             }
-            // Each possible as it came, the whole not: the last one's (it cannot be: a book's checks are
-            // of its past).
-            let last = deferred[deferred.count - 1]
-            return (last.row, ValidationError(field: "date", message: "the account's transactions after \(last.transaction.date) are not possible with it"))
+            return nil
         }
     }
 

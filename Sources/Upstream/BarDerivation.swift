@@ -205,7 +205,9 @@ final class BarDerivation: Sendable {
     }
 
     private static func reset(_ state: inout State) {
-        state.resetAt = state.feedTime
+        // The feed's time now, at most (one trade stamped ahead of the wall clock moved `feedTime` there,
+        // and every trade until then would be late).
+        state.resetAt = state.feedTime > 0 ? min(state.feedTime, WallClock.nowNanoseconds() - state.lag) : 0
         for symbol in Array(state.bySymbol.keys) {
             let count = state.bySymbol[symbol]?.count ?? 0
             for index in 0..<count { state.bySymbol[symbol, default: []][index].builder.reset() }

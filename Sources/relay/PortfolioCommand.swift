@@ -26,6 +26,26 @@ struct PortfolioCommand: AsyncParsableCommand {
         /// The largest file one import reads (it is held whole, and its rows some five times over).
         static let maxFileBytes = 1 << 30
 
+        /// The file, read whole (the import is one transaction, all or nothing): a regular file (a link
+        /// to one is followed), never a device or a pipe read until memory runs out, and no more than
+        /// ``maxFileBytes`` of it, read from the one descriptor checked.
+        static func read(_ file: String) throws -> String {
+            let descriptor = open(file, O_RDONLY | O_NONBLOCK)
+            guard descriptor >= 0 else { throw StartupError(message: "cannot read \(file)") }
+            let handle = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
+            var status = stat()
+            guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFREG else {
+                throw StartupError(message: "\(file) is not a regular file one can read")
+            }
+            guard let data = try? handle.read(upToCount: maxFileBytes + 1) ?? Data() else { throw StartupError(message: "cannot read \(file)") }
+            guard data.count <= maxFileBytes else {
+                throw StartupError(
+                    message: "\(file) is past \(maxFileBytes >> 20) MB, what an import reads at most (split it: each part is imported whole or not at all)")
+            }
+            guard let text = String(data: data, encoding: .utf8) else { throw StartupError(message: "\(file) is not UTF-8 text") }
+            return text
+        }
+
         func validate() throws {
             guard maxAccounts > 0, maxTransactionsPerAccount > 0 else { throw ValidationError("--max-accounts and --max-transactions-per-account: above 0") }
             guard (1...PortfolioLimits.maxSymbols).contains(maxSymbols) else { throw ValidationError("--max-symbols: 1 to \(PortfolioLimits.maxSymbols)") }
@@ -39,17 +59,7 @@ struct PortfolioCommand: AsyncParsableCommand {
                 print("portfolio already has accounts; nothing imported (\(store.path))")
                 return
             }
-            // Read whole (the import is one transaction, all or nothing): a regular file, of a size that
-            // fits, never a device or a pipe read until memory runs out.
-            let attributes = try? FileManager.default.attributesOfItem(atPath: file)
-            guard attributes?[.type] as? FileAttributeType == .typeRegular, let size = (attributes?[.size] as? NSNumber)?.intValue else {
-                throw StartupError(message: "\(file) is not a regular file one can read")
-            }
-            guard size <= Self.maxFileBytes else {
-                throw StartupError(
-                    message: "\(file) is \(size >> 20) MB; an import reads at most \(Self.maxFileBytes >> 20) MB (split it: each part is imported whole or not at all)")
-            }
-            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw StartupError(message: "cannot read \(file)") }
+            let text = try Self.read(file)
             do {
                 let rows = try TransactionImport.parse(text)
                 let count = try TransactionImport.apply(rows, to: store, currency: currency) { written, total in

@@ -13,6 +13,12 @@ struct ImportKillTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let ended = try runRelayCommand(["portfolio", "import", "/dev/zero", "--data-dir", directory])
         #expect(ended.status != 0 && ended.output.contains("/dev/zero is not a regular file"), "\(ended.output)")
+        // A link to a file (a mounted configuration's) is followed.
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try "account,date,kind,symbol,quantity,price,fees,amount\nA,2024-01-01,deposit,,,,,100\n".write(toFile: directory + "/real.csv", atomically: true, encoding: .utf8)
+        try FileManager.default.createSymbolicLink(atPath: directory + "/linked.csv", withDestinationPath: directory + "/real.csv")
+        let linked = try runRelayCommand(["portfolio", "import", directory + "/linked.csv", "--data-dir", directory + "/data"])
+        #expect(linked.status == 0 && linked.output.contains("imported 1 transactions"), "\(linked.output)")
     }
 
     @Test func anImportKilledWhileWritingLeavesNothing() async throws {

@@ -143,8 +143,8 @@ struct GapFillHubTests {
         let metrics = TestMetrics()
         let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(), adoptsPositions: true, metricsFactory: metrics)
         // Told before this node began the epoch: kept for it (another epoch's mark told before says nothing of it).
-        await hub.leaderStamped(through: 1_000, epoch: "another")
-        await hub.leaderStamped(through: 2, epoch: "leader1")
+        await hub.leaderStamped(through: 1_000, epoch: "another", freshFor: .seconds(60))
+        await hub.leaderStamped(through: 2, epoch: "leader1", freshFor: .seconds(60))
         await hub.startEpoch("leader1")
         #expect(await hub.leaderStampedThrough == 2)
         let named = await hub.subscribe(to: topics("T.AAPL"))
@@ -160,15 +160,21 @@ struct GapFillHubTests {
         #expect(notKept("out_of_order") == 0)
         #expect(await hub.historyStatistics?.events == 3)
         // The margin grows with what the leader stamps between marks (8 times), and a mark never goes back.
-        await hub.leaderStamped(through: 1_000_000, epoch: "leader1")
-        await hub.leaderStamped(through: 3_000_000, epoch: "leader1")
-        await hub.leaderStamped(through: 5, epoch: "leader1")
+        await hub.leaderStamped(through: 1_000_000, epoch: "leader1", freshFor: .seconds(60))
+        await hub.leaderStamped(through: 3_000_000, epoch: "leader1", freshFor: .seconds(60))
+        await hub.leaderStamped(through: 5, epoch: "leader1", freshFor: .seconds(60))
         #expect(await hub.leaderStampedThrough == 3_000_000)
         await hub.publish(at(5, 4, 3_000_000 + 16_000_000))  // within 8 times the last step (2,000,000)
         await hub.publish(at(6, 5, 3_000_000 + 16_000_001))  // past it
         _ = try await take(2, from: named.events)
         #expect(await hub.historyStatistics?.events == 4)
         #expect(notKept("past_leader") == 2)
+        // A word no longer fresh (this node's lease reads failing) refuses nothing.
+        await hub.leaderStamped(through: 3_000_000, epoch: "leader1", freshFor: .seconds(-1))
+        await hub.publish(at(7, 5, 3_000_000 + 16_000_002))
+        _ = try await take(1, from: named.events)
+        #expect(notKept("past_leader") == 2)
+        #expect(await hub.historyStatistics?.events == 5)
     }
 
     @Test func aQuietTopicsNextFillStartsAfterWhatTheLastFillBrought() async throws {
