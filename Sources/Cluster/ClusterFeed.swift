@@ -60,7 +60,7 @@ final class ClusterFeed: Sendable {
     private let held = Mutex<Held?>(nil)
     /// When the newest lease read told was asked.
     private let newestRead = Mutex<ContinuousClock.Instant?>(nil)
-    /// The last mark of the leader's stamping told the hub (``leaderStamped(term:through:)``).
+    /// The last mark of the leader's stamping told the hub (``leaderStamped(term:through:freshFor:)``).
     private let lastMark = Mutex<(term: String, through: UInt64)?>(nil)
     /// The control messages taken (``controlRate``), and when the clients were last told of a drop.
     private let controlRate: Mutex<MessageRate>

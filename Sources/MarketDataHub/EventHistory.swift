@@ -199,7 +199,7 @@ final class EventHistory {
     /// the leader's numbers had passed, or every event after a forged leap).
     private(set) var outOfOrder = 0
     /// Events not kept because their market sequence leapt past what the leader had stamped
-    /// (``leaderStamped(through:)``).
+    /// (``leaderStamped(through:until:)``).
     private(set) var pastLeader = 0
     /// A cluster node's: the newest market sequence the lease said the leader had stamped in this epoch,
     /// how far past it an event may be, and until when (Unix ms) the word holds (``leaderStamped(through:until:)``).
