@@ -202,13 +202,15 @@ extension MessagePack {
 
         private mutating func value(depth: Int, containers: inout Int) throws(ReadError) -> Value {
             guard depth < MessagePack.maxDepth else { throw .tooDeep }
-            let header = try header()
-            if case .scalar(let value) = header { return value }
-            guard containers > 0 else { throw .unexpected("at most so many maps and arrays") }
-            containers -= 1
-            switch header {
+            /// One more map or array, within the bound.
+            func spend() throws(ReadError) {
+                guard containers > 0 else { throw .unexpected("at most so many maps and arrays") }
+                containers -= 1
+            }
+            switch try header() {
             case .scalar(let value): return value
             case .array(let count):
+                try spend()
                 // Each element takes a byte at least: a count past what is left is a lie, not a reservation.
                 guard count <= bytes.count - offset else { throw .truncated }
                 var values: [Value] = []
@@ -216,6 +218,7 @@ extension MessagePack {
                 for _ in 0..<count { values.append(try value(depth: depth + 1, containers: &containers)) }
                 return .array(values)
             case .map(let count):
+                try spend()
                 guard count <= (bytes.count - offset) / 2 else { throw .truncated }
                 var entries: [Value.Entry] = []
                 entries.reserveCapacity(Swift.min(count, MessagePack.maxReserved))

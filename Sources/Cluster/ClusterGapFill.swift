@@ -56,7 +56,7 @@ final class TermSequencer: Sendable {
     /// or no positions).
     func stampedThrough(term: String) -> UInt64? {
         stamped.withLock { stamped in
-            guard let stamped, stamped.epoch == term, stamped.last > 0 else { return nil }
+            guard let stamped, stamped.epoch == term else { return nil }
             return stamped.last
         }
     }

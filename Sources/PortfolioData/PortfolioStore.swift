@@ -500,7 +500,7 @@ public final class PortfolioStore: Sendable {
                     book = try PositionBook(transactions: all, allowNegativeCash: account.allowNegativeCash)
                 }
             } catch {
-                throw ValidationError(field: error.field, message: "\(error)")
+                throw ValidationError(error)
             }
             transactions.insert(candidate, at: index)
         }
@@ -510,12 +510,7 @@ public final class PortfolioStore: Sendable {
         /// it is a deferred one, else (one the account had) the latest deferred row dated at or before it.
         func checkDeferred() -> (row: Int, error: ValidationError)? {
             guard !deferred.isEmpty else { return nil }
-            var book: PositionBook
-            do throws(PositionBook.BookError) {
-                book = try PositionBook(transactions: [], allowNegativeCash: account.allowNegativeCash)
-            } catch {
-                return (deferred[0].row, ValidationError(field: error.field, message: "\(error)"))
-            }
+            var book = PositionBook(allowNegativeCash: account.allowNegativeCash)
             for transaction in transactions {
                 do throws(PositionBook.BookError) {
                     try book.apply(transaction)
@@ -523,7 +518,7 @@ public final class PortfolioStore: Sendable {
                     let blamed =
                         deferred.first { $0.transaction == transaction }
                         ?? deferred.last { $0.transaction.date <= transaction.date } ?? deferred[0]
-                    return (blamed.row, ValidationError(field: error.field, message: "\(error)"))
+                    return (blamed.row, ValidationError(error))
                 }
             }
             return nil
@@ -1167,5 +1162,12 @@ public struct PortfolioLimits: Sendable, Equatable {
         self.transactionsPerAccount = transactionsPerAccount
         self.updatesPerAccount = updatesPerAccount
         self.symbols = min(symbols, Self.maxSymbols)
+    }
+}
+
+extension ValidationError {
+    /// A book's refusal (an oversell, an overdraft), on the field it names.
+    fileprivate init(_ error: PositionBook.BookError) {
+        self.init(field: error.field, message: "\(error)")
     }
 }

@@ -166,7 +166,7 @@ extension Relay {
         let news = market == .news ? settings.news.maxBytes : nil
         return EventCheck(
             market: market, wire: wire, maxBytes: news ?? settings.upstreamTuning.maxEventBytes,
-            maxFoldedBytes: news ?? min(settings.upstreamTuning.maxMessageBytes, UpstreamConfiguration.maxFoldedEventBytes))
+            maxFoldedBytes: news ?? settings.upstreamTuning.maxFoldedBytes)
     }
 
     /// What an event of `market` recorded from `source` (a tape's `source` record: its vendor and

@@ -97,7 +97,7 @@ final class LWSConnection: Sendable {
         self.bars = BarDerivation(rules: configuration.wire.barRules(of: marketOfFrames), metricsFactory: configuration.metricsFactory)
         self.eventCheck = UpstreamEventCheck(
             market: marketOfFrames, wire: configuration.wire, maxBytes: configuration.maxEventBytes,
-            maxFoldedBytes: min(configuration.maxMessageBytes, UpstreamConfiguration.maxFoldedEventBytes))
+            maxFoldedBytes: configuration.maxFoldedBytes)
         self.endContinuation = ends
         self.exitContinuation = exit
     }

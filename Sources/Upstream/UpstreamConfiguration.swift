@@ -57,6 +57,9 @@ public struct UpstreamConfiguration: Sendable {
     /// take, at most a message's: 1 MiB holds some 45,000 levels (the hub keeps `books.levels` a side),
     /// and the hub decodes each such event whole.
     public static let maxFoldedEventBytes = 1 << 20
+
+    /// The most bytes one folded event may take here: ``maxFoldedEventBytes``, within a message.
+    public var maxFoldedBytes: Int { min(maxMessageBytes, Self.maxFoldedEventBytes) }
     /// Give up and retry when the WebSocket has not opened this long after the attempt began (TCP, TLS,
     /// the upgrade), and close and retry when `auth_success` has not arrived this long after it opened.
     public var handshakeTimeout: Duration
