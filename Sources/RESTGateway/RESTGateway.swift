@@ -383,6 +383,12 @@ public final class RESTGateway: Sendable {
                     fromRelay: false)
             }
             metrics.upstream(status: result.status, took: ContinuousClock.now - started)
+            // A final answer's status is 200 to 599: anything else (`000`, a `1xx` that is not final) is
+            // not the vendor's answer to pass on.
+            guard (200..<600).contains(result.status) else {
+                warnings.log(.warning, "status", "REST gateway: \(route.name): the vendor answered status \(result.status), which is no answer", to: logger)
+                return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API answered with status \(result.status), which is not an HTTP answer"))
+            }
             if (300..<400).contains(result.status) {
                 // Never followed (the credentials would go along): the vendor's API does not redirect.
                 warnings.log(.warning, "redirect", "REST gateway: \(route.name): the vendor answered \(result.status) (a redirect, not followed)", to: logger)

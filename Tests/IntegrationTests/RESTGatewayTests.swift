@@ -392,6 +392,25 @@ struct RESTGatewayTests {
         }
     }
 
+    @Test func aVendorsStatusThatIsNoFinalAnswerIsNotPassedOn() async throws {
+        let hostile = try HostileREST { request, _ in
+            request.target.contains("ZZZZ") ? .status(999, #"{"status":"OK"}"#) : .status(99, #"{"status":"OK"}"#)
+        }
+        defer { hostile.close() }
+        try await Self.withGateway(configure: { settings in
+            settings.upstreamRESTURL = "http://127.0.0.1:\(hostile.port)"
+        }) { _, _, base in
+            for symbol in ["ZZZZ", "YYYY"] {
+                let answer = try await httpGetWithHeaders("\(base)/v2/last/trade/\(symbol)", key: "client-key")
+                #expect(answer.status == 502 && answer.headers["x-relay-source"] == "relay", "\(symbol): \(answer.status) \(answer.body)")
+                // 999 is read and refused by the relay; 099 is no status line at all to the HTTP client.
+                let why = symbol == "ZZZZ" ? "status 999, which is not an HTTP answer" : "could not be reached"
+                #expect(answer.body.contains(why), "\(answer.body)")
+            }
+            #expect(hostile.requests.withLock { $0.count } == 2)
+        }
+    }
+
     @Test func aVendorsRetryAfterOfADayPausesTheAccountForTwoMinutesAtMost() async throws {
         let hostile = try HostileREST { _, _ in .limited(retryAfter: "86400") }
         defer { hostile.close() }
