@@ -166,10 +166,11 @@ public enum AlpacaJSON {
 
 /// Reads a JSON text into a MessagePack value (a client's message in the JSON codec): strict JSON,
 /// nested at most ``MessagePack/maxDepth`` deep, numbers as integers when they are whole and fit.
-/// Pure; `nil` for anything that is not one JSON value.
+/// Pure; `nil` for anything that is not one JSON value, or holds more than `maxContainers` arrays and
+/// objects.
 public enum AlpacaJSONReader {
-    public static func value(_ bytes: [UInt8]) -> MessagePack.Value? {
-        var reader = Reader(bytes: bytes)
+    public static func value(_ bytes: [UInt8], maxContainers: Int = .max) -> MessagePack.Value? {
+        var reader = Reader(bytes: bytes, containersLeft: maxContainers)
         guard let value = reader.value(depth: 0) else { return nil }
         reader.skipSpace()
         return reader.index == bytes.count ? value : nil
@@ -178,6 +179,7 @@ public enum AlpacaJSONReader {
     private struct Reader {
         let bytes: [UInt8]
         var index = 0
+        var containersLeft: Int
 
         mutating func skipSpace() {
             while index < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[index]) { index += 1 }
@@ -200,6 +202,8 @@ public enum AlpacaJSONReader {
             case UInt8(ascii: "f"): return literal("false", .bool(false))
             case UInt8(ascii: "\""): return string().map { .string($0) }
             case UInt8(ascii: "["):
+                guard containersLeft > 0 else { return nil }
+                containersLeft -= 1
                 index += 1
                 var values: [MessagePack.Value] = []
                 skipSpace()
@@ -217,6 +221,8 @@ public enum AlpacaJSONReader {
                     guard bytes[index - 1] == UInt8(ascii: ",") else { return nil }
                 }
             case UInt8(ascii: "{"):
+                guard containersLeft > 0 else { return nil }
+                containersLeft -= 1
                 index += 1
                 var entries: [MessagePack.Value.Entry] = []
                 skipSpace()

@@ -19,11 +19,17 @@ public enum AlpacaCodec: String, Sendable, Codable {
         }
     }
 
-    /// A client message in this codec, whole.
-    public func decode(_ bytes: [UInt8]) -> MessagePack.Value? {
+    /// The most maps and arrays in a client message: one takes a map and a list per channel, and each
+    /// costs a value and an allocation (a message of nested one-element lists would cost some 40 times
+    /// its size).
+    public static let maxClientContainers = 64
+
+    /// One value in this codec, whole (`nil`: not one value, or more than `maxContainers` maps and
+    /// arrays; a client's message is read with ``maxClientContainers``).
+    public func decode(_ bytes: [UInt8], maxContainers: Int = .max) -> MessagePack.Value? {
         switch self {
-        case .messagePack: try? MessagePack.decode(bytes)
-        case .json: AlpacaJSONReader.value(bytes)
+        case .messagePack: try? MessagePack.decode(bytes, maxContainers: maxContainers)
+        case .json: AlpacaJSONReader.value(bytes, maxContainers: maxContainers)
         }
     }
 }

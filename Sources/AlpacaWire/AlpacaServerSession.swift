@@ -84,7 +84,7 @@ public struct AlpacaServerSession: Sendable {
 
     /// Reads a message the rate and the size let through.
     mutating func handle(_ message: [UInt8]) -> Reaction {
-        guard let value = codec.decode(message), case .map = value, let action = value["action"]?.string else {
+        guard let value = codec.decode(message, maxContainers: AlpacaCodec.maxClientContainers), case .map = value, let action = value["action"]?.string else {
             return error(.invalidSyntax)
         }
         switch action {
@@ -191,7 +191,8 @@ public struct AlpacaServerSession: Sendable {
             if !wanted.isEmpty, let budget, let grant {
                 let verdict = budget.reserve(wanted, grant)
                 guard verdict.refused.isEmpty else {
-                    budget.release(wanted.filter { !verdict.refused.contains($0) }, grant)
+                    let refused = Set(verdict.refused)
+                    budget.release(wanted.filter { !refused.contains($0) }, grant)
                     return error(.symbolLimitExceeded, verdict.reason ?? "topic limit reached")
                 }
             }

@@ -422,13 +422,13 @@ extension MessagePack {
         return writer.bytes
     }
 
-    /// The one value `bytes` hold (nothing may follow it).
-    public static func decode(_ bytes: some Collection<UInt8>) throws(ReadError) -> Value {
+    /// The one value `bytes` hold (nothing may follow it), with at most `maxContainers` maps and arrays.
+    public static func decode(_ bytes: some Collection<UInt8>, maxContainers: Int = .max) throws(ReadError) -> Value {
         let copy = Array(bytes)
         let result = copy.withUnsafeBytes { (raw: UnsafeRawBufferPointer) -> Result<Value, ReadError> in
             var reader = Reader(raw)
             do throws(ReadError) {
-                let value = try reader.value()
+                let value = try reader.value(maxContainers: maxContainers)
                 guard reader.isAtEnd else { return .failure(.unexpected("one value, not \(raw.count - reader.offset) more bytes after it")) }
                 return .success(value)
             } catch {

@@ -151,6 +151,34 @@ struct AlpacaSessionTests {
         #expect(session.topics.isEmpty, "no error changed anything")
     }
 
+    /// A client's message has a map and a list per channel: one of many lists (each costing a value and
+    /// an allocation) is refused unread past the bound, in either codec, and the session goes on.
+    @Test func aClientMessageOfManyListsIsRefusedAndTheSessionGoesOn() throws {
+        let bound = AlpacaCodec.maxClientContainers
+        for codec in [AlpacaCodec.json, .messagePack] {
+            var session = session(codec, feed: codec == .json ? .iex : .crypto)
+            func message(_ entries: [(String, MessagePack.Value)]) -> [UInt8] {
+                let value = MessagePack.Value.map(entries.map { .init(.string($0.0), $0.1) })
+                return codec == .json ? AlpacaJSON.text(value) : MessagePack.encode(value)
+            }
+            func answer(_ reaction: AlpacaServerSession.Reaction) -> (code: Int64?, text: String) {
+                let reply = codec.decode(reaction.frames.first ?? [])?.array?.first
+                return (reply?["code"]?.integer, reply?["msg"]?.string ?? "")
+            }
+            let symbol = codec == .json ? "AAPL" : "BTC/USD"
+            _ = session.receive(message([("action", .string("auth")), ("key", .string("good")), ("secret", .string("s"))]))
+            // The map, the channel's list and lists in it: `bound` in all is read (and is no list of
+            // symbols); one more is not read at all.
+            let lists = { (count: Int) in MessagePack.Value.array(Array(repeating: .array([]), count: count)) }
+            let within = answer(session.receive(message([("action", .string("subscribe")), ("trades", lists(bound - 2))])))
+            let past = answer(session.receive(message([("action", .string("subscribe")), ("trades", lists(bound - 1))])))
+            #expect(within.code == 400 && within.text.contains("not a symbol"), "\(codec): read within the bound: \(within)")
+            #expect(past.code == 400 && !past.text.contains("not a symbol"), "\(codec): not read past it: \(past)")
+            let after = session.receive(message([("action", .string("subscribe")), ("trades", .array([.string(symbol)]))]))
+            #expect(after.added.map(\.description).contains("t.\(symbol)"), "\(codec): the session goes on")
+        }
+    }
+
     @Test func aKeyOutsideTheMarketIsRefusedAtAuthAndATradeNeedsNoRightToItsCorrections() {
         var crypto = AlpacaServerSession(codec: .json, feed: .crypto, market: .crypto) { _ in
             ClientGrant(name: "k", entitlement: Entitlement(patterns: nil, markets: [.stocks]))
