@@ -1,3 +1,5 @@
+import Foundation
+
 /// JSON string escaping for the few strings the relay writes itself.
 public enum JSONText {
     /// JSON's white space: space, line feed, carriage return, tab.
@@ -38,7 +40,9 @@ extension JSONText {
 
     /// The raw text of one member's value (as ``members(of:)``), the object checked whole the same way
     /// but no other member kept: what a page of millions of members costs is its scan, not a
-    /// dictionary of them. `nil`: not one well-formed object; `.some(nil)`: no such member.
+    /// dictionary of them. `nil`: not one well-formed object, or one naming the member twice (a reader
+    /// taking the first would see another value than the one read here); `.some(nil)`: no such member.
+    /// A name is compared as a JSON reader reads it (`"next\u005furl"` is `next_url`).
     public static func member(_ name: String, of text: Substring) -> Substring?? {
         var scanner = Scanner(text: text)
         return scanner.object(keeping: name).map { $0[name] }
@@ -82,8 +86,20 @@ extension JSONText {
                 skipSpace()
                 let start = index
                 guard value(depth: 0) else { return nil }
-                let key = keyText.dropFirst().dropLast()
-                if kept.map({ key == $0[...] }) ?? true { members[String(key)] = text[start..<index] }
+                var key = String(keyText.dropFirst().dropLast())
+                // A name written with escapes is read as a JSON reader reads it (rare: decoded then).
+                if key.utf8.contains(UInt8(ascii: "\\")) {
+                    guard let read = try? JSONDecoder().decode(String.self, from: Data(keyText.utf8)) else { return nil }
+                    key = read
+                }
+                if let kept {
+                    if key == kept {
+                        guard members[key] == nil else { return nil }
+                        members[key] = text[start..<index]
+                    }
+                } else {
+                    members[key] = text[start..<index]
+                }
                 skipSpace()
                 if peek == UInt8(ascii: ",") {
                     advance()

@@ -54,9 +54,11 @@ public struct PolygonGatewayDialect: GatewayDialect {
         {
             .success(GatewayRoute(name: name, scope: scope, policy: policy, priority: priority, upstream: upstream, live: live))
         }
-        // A page a cached answer named is cached as that answer was.
+        // A page a cached answer named is cached as that answer was: the page of that cursor on that
+        // path (an aggregates cursor says only `limit=…&sort=…`, the same for every range: a closed
+        // range's would else make today's pages kept for a week).
         let paged: (CachePolicy) -> CachePolicy = { policy in
-            if let cursor = request.parameter("cursor") { return .cursor(cursor) }
+            if let cursor = request.parameter("cursor") { return .cursor(Self.page(request.path, cursor: cursor)) }
             return policy
         }
         // A page's cursor stands for its first request's whole query: on a route whose tickers come from
@@ -277,9 +279,14 @@ public struct PolygonGatewayDialect: GatewayDialect {
 
     // MARK: for the client
 
+    /// What names a page to the cache's remembered cursors: its path (as read, escapes decoded) and its
+    /// cursor.
+    static func page(_ path: String, cursor: String) -> String { "\(path.removingPercentEncoding ?? path) \(cursor)" }
+
     public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String])? {
-        // A page without one (every cached closed day) is passed on as it is, not copied into a string first.
-        guard body.mentions("\"next_url\"") else { return (body, []) }
+        // A page without one (every cached closed day) is passed on as it is, not copied into a string
+        // first. A name written with escapes (`next\u005furl`) has a `\u`: such a body is read whole.
+        guard body.mentions("\"next_url\"") || body.mentions("\\u") else { return (body, []) }
         let text = String(buffer: body)
         // Named but not readable as one member of one JSON object: its link is not passed on as it is.
         guard let found = JSONText.member("next_url", of: Substring(text)) else { return nil }
@@ -292,7 +299,7 @@ public struct PolygonGatewayDialect: GatewayDialect {
             components.percentEncodedPath.hasPrefix("/")
         {
             let items = (components.queryItems ?? []).filter { $0.name != "apiKey" }
-            cursors = items.filter { $0.name == "cursor" }.compactMap(\.value)
+            cursors = items.filter { $0.name == "cursor" }.compactMap(\.value).map { Self.page(components.percentEncodedPath, cursor: $0) }
             var kept = URLComponents()
             kept.queryItems = items
             // A `+` in a value is sent encoded: a client's `+` reads as a space.

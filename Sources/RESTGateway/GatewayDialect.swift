@@ -82,7 +82,8 @@ public enum CachePolicy: Sendable, Equatable {
     case forever
     /// Kept until this time, Unix ms.
     case until(Int64)
-    /// A page named by a `cursor` a cached answer gave: cached as that answer was, else passed.
+    /// A page named by a `cursor` a cached answer gave (as the dialect names it in ``GatewayDialect/forClient(_:request:)``'s
+    /// cursors, e.g. with its path): cached as that answer was, else passed.
     case cursor(String)
 }
 
@@ -138,8 +139,9 @@ public protocol GatewayDialect: Sendable {
     /// then goes upstream). `fetch` answers another path through the gateway (cache, budget and all).
     func live(_ route: GatewayRoute, values: any LiveValues, fetch: @Sendable (String) async -> GatewayAnswer) async -> ByteBuffer?
     /// The upstream body made right for this client: each link back to the vendor rewritten to the
-    /// relay's address (`request.base`), and the cursors those links carry. `nil`: a body that names a
-    /// next page but cannot be read (not passed on: its link could point anywhere).
+    /// relay's address (`request.base`), and the pages those links name, as a ``CachePolicy/cursor(_:)``
+    /// of the page's own request names them. `nil`: a body that names a next page but cannot be read,
+    /// or names it twice (not passed on: its link could point anywhere).
     func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String])?
     /// The headers that carry the upstream credentials.
     func credentialHeaders(_ credentials: RESTCredentials) -> [(String, String)]

@@ -67,7 +67,7 @@ struct PolygonDialectTests {
         #expect(try routed("/v3/trades/AAPL", [("timestamp.gte", "2026-11-30")]).policy == .pass)
         #expect(try routed("/v3/quotes/AAPL", [("timestamp", "2026-11-27")]).policy == .forever)
         // A page is cached as the answer that named its cursor was.
-        #expect(try routed("/v3/trades/AAPL", [("cursor", "abc")]).policy == .cursor("abc"))
+        #expect(try routed("/v3/trades/AAPL", [("cursor", "abc")]).policy == .cursor("/v3/trades/AAPL abc"))
         #expect(try routed("/v3/reference/tickers/AAPL").policy == .until(now + 3_600_000))
         #expect(try routed("/v1/marketstatus/now").policy == .pass)
         #expect(try routed("/v2/aggs/ticker/AAPL/prev").policy == .until(next0800))
@@ -113,7 +113,7 @@ struct PolygonDialectTests {
         let text = String(buffer: rewritten)
         #expect(text.contains(#""next_url":"http://relay:8080/v3/trades/AAPL?cursor=YWJj""#), "\(text)")
         #expect(!text.contains("upstream-secret") && !text.contains("polygon.io"))
-        #expect(cursors == ["YWJj"])
+        #expect(cursors == ["/v3/trades/AAPL YWJj"])
         #expect(text.hasPrefix(#"{"results":[{"p":1.5}]"#), "the rest of the body is as the vendor sent it")
     }
 
@@ -129,6 +129,33 @@ struct PolygonDialectTests {
         invalid.writeString(#"","next_url":"https://api.polygon.io/v3/x?cursor=a","n":1}"#)
         let repaired = String(buffer: try #require(dialect.forClient(invalid, request: request)).body)
         #expect(repaired.hasSuffix(#"","next_url":"http://relay:8080/v3/x?cursor=a","n":1}"#), "\(repaired)")
+    }
+
+    /// An aggregates cursor says only `limit` and `sort` (Polygon's own sample): the same text for every
+    /// range. A closed range's page names its next page by path and cursor, so today's range with the
+    /// same cursor is not the page a cached answer named.
+    @Test func aPagesCursorIsRememberedWithItsPath() throws {
+        let closed = "/v2/aggs/ticker/AAPL/range/1/day/1578114000000/2020-01-10"
+        let body = ByteBuffer(string: #"{"results":[],"next_url":"https://api.polygon.io\#(closed)?cursor=bGltaXQ9MiZzb3J0PWFzYw"}"#)
+        let (_, cursors) = try #require(dialect.forClient(body, request: GatewayRequest(path: closed, query: [], base: "http://relay:8080")))
+        let next = try routed(closed, [("cursor", "bGltaXQ9MiZzb3J0PWFzYw")])
+        #expect(cursors == [next.policy].compactMap { if case .cursor(let page) = $0 { page } else { nil } }, "the page named is the page asked")
+        let today = try routed("/v2/aggs/ticker/AAPL/range/1/minute/1578114000000/2099-01-10", [("cursor", "bGltaXQ9MiZzb3J0PWFzYw")])
+        guard case .cursor(let page) = today.policy else { Issue.record("\(today.policy)"); return }
+        #expect(!cursors.contains(page))
+    }
+
+    /// A link's member written with escapes, or given twice, is the link a client's JSON reader follows:
+    /// it is rewritten, or the body is not passed on.
+    @Test func aLinkNamedWithEscapesOrTwiceIsNotPassedOnAsItIs() throws {
+        let request = GatewayRequest(path: "/v3/trades/AAPL", query: [], base: "http://relay:8080")
+        let escaped = ByteBuffer(string: #"{"results":[],"next_url":"https://evil.example/v3/trades/AAPL?cursor=x"}"#)
+        let text = String(buffer: try #require(dialect.forClient(escaped, request: request)).body)
+        #expect(!text.contains("evil") && text.contains("http://relay:8080/v3/trades/AAPL?cursor=x"), "\(text)")
+        let twice = ByteBuffer(string: #"{"next_url":"https://evil.example/v3?cursor=a","next_url":"https://api.polygon.io/v3/trades/AAPL?cursor=b"}"#)
+        #expect(dialect.forClient(twice, request: request) == nil)
+        let twiceEscaped = ByteBuffer(string: #"{"next_url":"https://api.polygon.io/v3?cursor=a","next_url":"https://evil.example/v3?cursor=b"}"#)
+        #expect(dialect.forClient(twiceEscaped, request: request) == nil)
     }
 
     @Test func aLinkThatWouldLeaveTheRelaysHostIsNotPassedOn() throws {
