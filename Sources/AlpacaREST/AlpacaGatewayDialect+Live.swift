@@ -88,11 +88,12 @@ extension AlpacaGatewayDialect {
     }
 
     /// Each symbol's last daily bar through the last closed day, from one `/bars` call over the week
-    /// before it (a closed window, cached: one upstream call a day for a given set of symbols).
+    /// before it (a closed window, cached: one upstream call a day for a given set of symbols, in
+    /// whatever order a client names them).
     func previousDailyBars(_ symbols: [String], market: Market, fetch: @Sendable (String) async -> GatewayAnswer) async -> [String: String] {
         let end = GatewayCalendar.lastClosedDay(now: WallClock.nowMilliseconds())
         let base = market == .crypto ? "/v1beta3/crypto/us/bars" : "/v2/stocks/bars"
-        let list = symbols.joined(separator: ",").addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ","))) ?? ""
+        let list = symbols.sorted().joined(separator: ",").addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: ","))) ?? ""
         let answer = await fetch("\(base)?symbols=\(list)&timeframe=1Day&start=\(Self.date(end - 7))&end=\(Self.date(end))&limit=10000")
         guard answer.status == 200, let found = JSONText.member("bars", of: Substring(String(buffer: answer.body))), let bars = found,
             let bySymbol = JSONText.members(of: bars)

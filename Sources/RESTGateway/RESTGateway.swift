@@ -171,7 +171,8 @@ public final class RESTGateway: Sendable {
     /// - Parameter starter: the key a vendor call this starts is counted for (`nil`: none).
     private func serve(_ route: GatewayRoute, request: GatewayRequest, now: Int64, starter: String?) async -> GatewayAnswer {
         if route.live,
-            let body = await dialect.live(route, values: values, fetch: { [self] path in await self.internalAnswer(path, base: request.base) })
+            let body = await dialect.live(
+                route, values: values, fetch: { [self] path in await self.internalAnswer(path, base: request.base, starter: starter) })
         {
             metrics.count(route: route.name, outcome: "live")
             metrics.saved()
@@ -240,8 +241,9 @@ public final class RESTGateway: Sendable {
     }
 
     /// An answer the relay needs for a live one (a snapshot's previous day), through the gateway as a
-    /// client's would be, with every right.
-    private func internalAnswer(_ pathAndQuery: String, base: String) async -> GatewayAnswer {
+    /// client's would be, with every right; a vendor call it starts counts for the key whose request
+    /// needed it (`starter`), as the request's own would.
+    private func internalAnswer(_ pathAndQuery: String, base: String, starter: String?) async -> GatewayAnswer {
         let components = URLComponents(string: pathAndQuery)
         let request = GatewayRequest(
             path: components?.percentEncodedPath ?? pathAndQuery,
@@ -252,7 +254,7 @@ public final class RESTGateway: Sendable {
         }
         return await serve(
             GatewayRoute(name: route.name, scope: route.scope, policy: route.policy, priority: route.priority, upstream: route.upstream), request: request,
-            now: now, starter: nil)
+            now: now, starter: starter)
     }
 
     /// How long an answer that cannot change any more is kept at most: a week. What the vendor says of a

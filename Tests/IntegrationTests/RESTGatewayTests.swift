@@ -595,6 +595,15 @@ struct AlpacaRESTGatewayTests {
             // Alpaca's error shape for what the gateway refuses.
             let refused = try await httpGetWithHeaders("\(base)/v2/stocks/trades/latest", key: "client-key")
             #expect(refused.status == 400 && jsonObject(refused.body)["message"] != nil && jsonObject(refused.body)["code"] != nil, "\(refused.body)")
+            // Snapshots of held symbols are live, with one call for the previous day's bars of the set,
+            // whatever order a client names it in.
+            let barsBefore = feed.restCount("alpaca-bars").started
+            for list in ["MSFT,AAPL", "AAPL,MSFT"] {
+                let snapshots = try await httpGetWithHeaders("\(base)/v2/stocks/snapshots?symbols=\(list)", key: "client-key")
+                #expect(snapshots.status == 200 && snapshots.headers["x-relay-source"] == "live", "\(list): \(snapshots.body.prefix(300))")
+                #expect(snapshots.body.contains("prevDailyBar"), "\(snapshots.body.prefix(300))")
+            }
+            #expect(feed.restCount("alpaca-bars").started - barsBefore == 1, "one call for the set")
 
             let python = try #require(alpacaPython, "python3 -m venv .build/alpaca-venv && .build/alpaca-venv/bin/pip install -r Tests/Interop/alpaca-requirements.txt")
             let script = URL(fileURLWithPath: interopScript).deletingLastPathComponent().appendingPathComponent("alpaca_rest_client.py").path
