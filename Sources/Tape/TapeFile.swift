@@ -571,7 +571,7 @@ extension TapeBlocks {
         var low = 0
         var high = blockCount
         while low < high {
-            let middle = (low + high) / 2
+            let middle = low + (high - low) / 2
             if header(ofBlock: middle).map(isAtOrAfter) == true { high = middle } else { low = middle + 1 }
         }
         return low
@@ -783,6 +783,8 @@ public final class TapeReader: TapeBlocks {
         let through: Int64
         private var block: Int
         private var records: IndexingIterator<[TapeRecord]>?
+        /// The records' bytes of the blocks decoded so far (an event read holds its whole block's).
+        public private(set) var decodedBytes = 0
 
         /// Blocks of its reader skipped so far (damaged), by index.
         public var skippedBlocks: [Int] { reader.skippedBlocks }
@@ -814,6 +816,7 @@ public final class TapeReader: TapeBlocks {
                 // A block that begins past the window is passed over undecoded, not an end: blocks are in
                 // arrival order, but one may be dated far ahead.
                 guard reader.blocks[block - 1].header.firstTime <= through else { continue }
+                decodedBytes += Int(reader.blocks[block - 1].header.uncompressedLength)
                 records = (reader.records(inBlock: block - 1) ?? []).makeIterator()
             }
         }

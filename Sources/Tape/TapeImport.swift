@@ -63,6 +63,12 @@ public enum TapeImport {
                     refuse("block \(index) begins on no day a tape has (\(day))")
                     continue
                 }
+                // A recording of the past: a day after today (UTC) would be the folder's newest, read
+                // first by resumes and a restart, and written to by the recorder when it came.
+                guard day <= TapeFile.day(of: WallClock.nowNanoseconds()) else {
+                    refuse("block \(index) begins on \(day), after today (UTC)")
+                    continue
+                }
                 // Each day written begins with the file's source record, so its replay speaks the protocol
                 // its events were checked in (a day whose first block named none would be served in the
                 // default vendor's).

@@ -198,6 +198,14 @@ enum RecordLayout {
         most: Int
     ) -> Bool {
         func text(_ range: Range<Int>) -> String { String(decoding: UnsafeRawBufferPointer(rebasing: payload[range]), as: UTF8.self) }
+        /// A name (an epoch, a source, a topic) no longer than any the relay writes.
+        func name(_ index: inout Int) -> String? {
+            guard let range = readRange(payload, &index), range.count <= Self.longestName else { return nil }
+            return text(range)
+        }
+        // Topics named by the block's `holding` records so far: each is a string in memory, from as
+        // little as a byte of the block.
+        var named: UInt64 = 0
         var index = 0
         while index < payload.count {
             guard records.count < most else { return false }
@@ -224,21 +232,17 @@ enum RecordLayout {
                 let start = baseTime &+ unzigzag(from)
                 records.append(.gap(from: start, to: start &+ unzigzag(length)))
             case Self.epoch:
-                guard let at = readVarint(payload, &index), let name = readBytes(payload, &index) else { return false }
-                records.append(.epoch(String(decoding: name, as: UTF8.self), at: baseTime &+ unzigzag(at)))
+                guard let at = readVarint(payload, &index), let epoch = name(&index) else { return false }
+                records.append(.epoch(epoch, at: baseTime &+ unzigzag(at)))
             case Self.source:
-                guard let at = readVarint(payload, &index), let vendor = readBytes(payload, &index), let path = readBytes(payload, &index)
-                else { return false }
-                records.append(
-                    .source(
-                        vendor: String(decoding: vendor, as: UTF8.self), path: path.isEmpty ? nil : String(decoding: path, as: UTF8.self),
-                        at: baseTime &+ unzigzag(at)))
+                guard let at = readVarint(payload, &index), let vendor = name(&index), let path = name(&index) else { return false }
+                records.append(.source(vendor: vendor, path: path.isEmpty ? nil : path, at: baseTime &+ unzigzag(at)))
             case Self.wanted:
                 guard let at = readVarint(payload, &index), index < payload.count, payload[index] <= 1 else { return false }
                 let wanted = payload[index] == 1
                 index += 1
-                guard let topic = readBytes(payload, &index) else { return false }
-                records.append(.wanted(topic: String(decoding: topic, as: UTF8.self), wanted, at: baseTime &+ unzigzag(at)))
+                guard let topic = name(&index) else { return false }
+                records.append(.wanted(topic: topic, wanted, at: baseTime &+ unzigzag(at)))
             case Self.interrupted, Self.stopped:
                 guard let at = readVarint(payload, &index) else { return false }
                 let time = baseTime &+ unzigzag(at)
@@ -246,14 +250,15 @@ enum RecordLayout {
             case Self.holding:
                 // Each topic takes at least its length byte: a count past what is left is damage.
                 guard let at = readVarint(payload, &index), let count = readVarint(payload, &index), count <= UInt64(payload.count - index),
-                    count <= Self.mostHoldingTopics
+                    count <= Self.mostHoldingTopics - named
                 else { return false }
+                named += count
                 var topics: [String] = []
                 // Room for what a real wanted set holds, never what a hostile count claims (up to a byte a topic).
                 topics.reserveCapacity(min(Int(count), Self.mostRecordsReserved))
                 for _ in 0..<count {
-                    guard let topic = readBytes(payload, &index) else { return false }
-                    topics.append(String(decoding: topic, as: UTF8.self))
+                    guard let topic = name(&index) else { return false }
+                    topics.append(topic)
                 }
                 records.append(.holding(topics, at: baseTime &+ unzigzag(at)))
             default:
@@ -263,9 +268,12 @@ enum RecordLayout {
         return true
     }
 
-    /// The most topics a `holding` record may name: more than any wanted set the relay's limits allow
-    /// (each a string in memory as it is read).
+    /// The most topics a block's `holding` records may name together: more than any wanted set the
+    /// relay's limits allow (each a string in memory as it is read).
     static let mostHoldingTopics: UInt64 = 1 << 20
+    /// The longest name (an epoch, a source's vendor or path, a topic) a record may hold: far more than
+    /// any the relay writes (a 64 MB topic in a few bytes of zstd would else be a 64 MB string).
+    static let longestName = 1_024
 
     static func zigzag(_ value: Int64) -> UInt64 { UInt64(bitPattern: (value << 1) ^ (value >> 63)) }
     static func unzigzag(_ value: UInt64) -> Int64 { Int64(bitPattern: value >> 1) ^ -Int64(bitPattern: value & 1) }
@@ -290,10 +298,6 @@ enum RecordLayout {
             shift += 7
         }
         return nil
-    }
-
-    static func readBytes(_ payload: UnsafeRawBufferPointer, _ index: inout Int) -> [UInt8]? {
-        readRange(payload, &index).map { Array(payload[$0]) }
     }
 
     /// Where the next length-prefixed bytes lie in `payload` (read past them), without copying them.

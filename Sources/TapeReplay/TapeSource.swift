@@ -18,13 +18,13 @@ public struct ReplayPlan: Sendable, Equatable {
         /// As fast as the slowest reader takes it, starting once there is a reader.
         case max
 
-        /// `1`, `10`, `0.5` or `max`; `nil` for anything else.
+        /// `1`, `10`, `0.5` (0.001 to 1,000,000) or `max`; `nil` for anything else.
         public init?(_ text: String) {
             if text.lowercased() == "max" {
                 self = .max
                 return
             }
-            guard let factor = Double(text.hasSuffix("x") ? String(text.dropLast()) : text), factor.isFinite, factor > 0, factor <= 1_000_000
+            guard let factor = Double(text.hasSuffix("x") ? String(text.dropLast()) : text), factor.isFinite, factor >= 0.001, factor <= 1_000_000
             else { return nil }
             self = .times(factor)
         }
@@ -261,17 +261,30 @@ public final class TapeSource: MarketSource {
     /// Records read ahead at a time, and how many such chunks may wait (the one being replayed included).
     static let chunkSize = 1024
     static let chunksAhead = 3
+    /// The most bytes of decoded blocks a chunk reads (and its events hold) past its first block's: a
+    /// chunk ends there, however few records it has (1,024 events of 1,024 blocks of 64 MB each would
+    /// else be held at once).
+    static let chunkBytes = 8 << 20
 
-    /// Reads the window's records into `chunks`, a chunk at a time, until the window ends or `chunks`
-    /// is finished; returns the blocks it skipped (damaged). The reading (the disk, decompression) runs
-    /// on threads made for blocking, not the cooperative pool that hands the events over.
+    /// Reads the window's events and gaps (what a replay hands on) into `chunks`, a chunk at a time,
+    /// until the window ends or `chunks` is finished; returns the blocks it skipped (damaged). The
+    /// reading (the disk, decompression) runs on threads made for blocking, not the cooperative pool
+    /// that hands the events over.
     private static func readAhead(_ window: TapeWindow, into chunks: BoundedInbox<[TapeRecord], Int>) async -> [Int] {
         while !Task.isCancelled {
             let chunk = await BlockingWork.run {
                 window.records.withLock { window in
                     var chunk: [TapeRecord] = []
                     chunk.reserveCapacity(chunkSize)
-                    while chunk.count < chunkSize, let record = window.next() { chunk.append(record) }
+                    var first: Int?
+                    while chunk.count < chunkSize, let record = window.next() {
+                        switch record {
+                        case .event, .gap: chunk.append(record)
+                        default: break
+                        }
+                        if let first, window.decodedBytes - first > chunkBytes, !chunk.isEmpty { break }
+                        if first == nil { first = window.decodedBytes }
+                    }
                     return chunk
                 }
             }

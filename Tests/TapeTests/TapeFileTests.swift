@@ -431,6 +431,20 @@ struct TapeFileTests {
         for index in 0..<100 { RecordLayout.append(.interrupted(at: Int64(index)), to: &payload, baseTime: 0, baseSequence: 0) }
         #expect(RecordLayout.records(in: ByteBuffer(bytes: payload), baseTime: 0, baseSequence: 0, most: 10) == nil)
         #expect(RecordLayout.records(in: ByteBuffer(bytes: payload), baseTime: 0, baseSequence: 0, most: 100)?.count == 100)
+        // Names no longer than any the relay writes, and a block's holdings of at most 2²⁰ topics in
+        // all (each a string, from as little as a byte): past either, the block is damage.
+        func readable(_ records: [TapeRecord]) -> Bool {
+            var payload: [UInt8] = []
+            for record in records { RecordLayout.append(record, to: &payload, baseTime: 0, baseSequence: 0) }
+            return RecordLayout.records(in: ByteBuffer(bytes: payload), baseTime: 0, baseSequence: 0) != nil
+        }
+        let longest = String(repeating: "A", count: RecordLayout.longestName)
+        #expect(readable([.wanted(topic: longest, true, at: 1), .epoch(longest, at: 1), .source(vendor: "polygon", path: longest, at: 1)]))
+        #expect(!readable([.wanted(topic: longest + "A", true, at: 1)]) && !readable([.epoch(longest + "A", at: 1)]))
+        #expect(!readable([.source(vendor: "polygon", path: longest + "A", at: 1)]) && !readable([.holding([longest + "A"], at: 1)]))
+        let half = Array(repeating: "", count: Int(RecordLayout.mostHoldingTopics / 2))
+        #expect(readable([.holding(half, at: 1), .holding(half, at: 2)]))
+        #expect(!readable([.holding(half, at: 1), .holding(half, at: 2), .holding([""], at: 3)]), "past the block's topics in all")
         // A time at the first Int64 holds is walked back from without overflowing; times that claim
         // every block is recent are walked back over a bounded number of blocks.
         let ancient = TapeBlockHeader(compressedLength: 1, uncompressedLength: 1, records: 1, firstTime: .min, lastTime: .min, firstSequence: 0, lastSequence: 0)

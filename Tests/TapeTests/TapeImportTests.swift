@@ -59,6 +59,23 @@ struct TapeImportTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: here + "/stocks").filter { $0.hasSuffix(".import") }.isEmpty, "no partial left")
     }
 
+    /// A recording is of the past: a block dated tomorrow (a day a tape may hold, its clock ahead) would
+    /// be the folder's newest day, read first by a resume and a restart, so it is not imported.
+    @Test func aDayAfterTodayIsNotImported() throws {
+        let (elsewhere, here) = (scratchDirectory("import-late-from"), scratchDirectory("import-late-to"))
+        defer { for directory in [elsewhere, here] { try? FileManager.default.removeItem(atPath: directory) } }
+        let block = try blockWriter(in: elsewhere)
+        let tomorrow = WallClock.nowNanoseconds() + 86_400_000_000_000
+        try block([
+            .epoch("e1", at: tomorrow), .source(vendor: "polygon", path: "/stocks", at: tomorrow),
+            .event(TapeEvent(receivedAt: tomorrow, sequence: 1, topicSequence: 1, eventType: "Q", ticker: "AAPL", bytes: Array(#"{"ev":"Q","sym":"AAPL"}"#.utf8))),
+        ])
+        let file = try #require(TapeFile.days(directory: elsewhere, market: "stocks").last).path
+        let outcome = try TapeImport.copy(from: file, market: "stocks", into: here, replace: false) { _ in stocksCheck }
+        #expect(outcome.blocks == 0 && outcome.refused == 1 && outcome.days.isEmpty, "\(outcome)")
+        #expect(outcome.firstRefusal?.contains("after today") == true, "\(String(describing: outcome.firstRefusal))")
+    }
+
     /// A day is written only from a block that names the file's source: when the block that names it
     /// does not check, the day's other blocks (checked in that source's protocol) are not written to a
     /// file that names none (replayed in the default vendor's).

@@ -281,7 +281,8 @@ struct TapeReplayTests {
         #expect(ReplayPlan.Speed("1") == .times(1))
         #expect(ReplayPlan.Speed("10x") == .times(10))
         #expect(ReplayPlan.Speed("MAX") == .max)
-        for bad in ["0", "-1", "fast", "inf", "nan", ""] { #expect(ReplayPlan.Speed(bad) == nil, "\(bad)") }
+        #expect(ReplayPlan.Speed("0.001") == .times(0.001))
+        for bad in ["0", "-1", "fast", "inf", "nan", "", "0.0009", "1e-300"] { #expect(ReplayPlan.Speed(bad) == nil, "\(bad)") }
         #expect(ReplayPlan.time("09:30", on: Self.day) == Self.midnight + 34_200_000_000_000)
         #expect(ReplayPlan.time("24:00", on: Self.day) == Self.midnight + 86_400_000_000_000)
         for bad in ["9", "09:60", "25:00", "24:00:01", "a:b", "09:30:00:00"] { #expect(ReplayPlan.time(bad, on: Self.day) == nil, "\(bad)") }
