@@ -189,6 +189,12 @@ def run(relay, arguments, checks):
         page.goto(relay.base + "/#/portfolio")
         expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
         checks.check(True, "…and is shown the overview when it asks for the portfolio")
+        # A link to no page (a `%` that is no escape, a name every object has) loads the overview.
+        for name in ["%", "constructor", "__proto__"]:
+            page.goto(relay.base + "/#/" + name)
+            page.reload()
+            expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=10_000)
+            checks.check(True, f"a link to #/{name} loads the overview")
         # Refused key errors (401 on the wrong key) are expected above; only count what follows.
         context.close()
 

@@ -95,7 +95,15 @@ async function statusWithKey() {
 function pageFromHash() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, query] = hash.split("?");
-  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  // A link's `%` that is no escape reads as nothing, not as an error that leaves the page loading.
+  const decoded = (part) => {
+    try {
+      return decodeURIComponent(part);
+    } catch {
+      return "";
+    }
+  };
+  const parts = path.split("/").filter(Boolean).map(decoded);
   return { name: parts[0] || "overview", args: parts.slice(1), params: new URLSearchParams(query || "") };
 }
 
@@ -108,7 +116,8 @@ function render() {
   if (unmount) unmount();
   unmount = null;
   let { name, args, params } = pageFromHash();
-  if (!pages[name] || ((name === "portfolio" || name === "security") && !canSeePortfolio())) name = "overview";
+  // Only the pages' own names (not `constructor` or `__proto__`, which every object has).
+  if (!Object.hasOwn(pages, name) || ((name === "portfolio" || name === "security") && !canSeePortfolio())) name = "overview";
   const current = name === "security" ? "portfolio" : name;
   for (const link of document.querySelectorAll("nav a[data-page]")) {
     if (link.dataset.page === current) link.setAttribute("aria-current", "page");

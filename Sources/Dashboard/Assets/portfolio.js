@@ -53,10 +53,12 @@ function showErrors(form, error) {
   status.textContent = "";
   status.className = "form-status";
   if (!error) return;
-  const control = error.field ? form.querySelector(`[name="${error.field}"]`) : null;
-  if (control) {
+  // The field is named by what the request sent: escaped, never read as part of the selector.
+  const control = error.field ? form.querySelector(`[name="${CSS.escape(error.field)}"]`) : null;
+  const message = control && document.getElementById(`${control.id}-error`);
+  if (control && message) {
     control.setAttribute("aria-invalid", "true");
-    document.getElementById(`${control.id}-error`).textContent = error.message;
+    message.textContent = error.message;
     control.focus();
   } else {
     status.textContent = error.message;
