@@ -223,6 +223,7 @@ final class ClusterFeed: Sendable {
             case dropped(events: Int, controls: Int)
         }
         var items: [Item]
+        /// Events held, by weight (``SourceInbox/weight(of:)``).
         var events = 0
         var controls = 1
         /// Dropped since the last item kept: told before the next one kept, or at the end.
@@ -271,23 +272,24 @@ final class ClusterFeed: Sendable {
     /// Appends `item` to what is held, in place (one reference to the items), within the bounds.
     private func hold(_ item: Held.Item, in held: inout Held?) {
         guard held != nil else { return }
-        var events = 0
+        var (events, weight) = (0, 0)
         var own = false
         if case .message(let message, let pastControlBound) = item {
             switch message {
-            case .events(let some), .recovered(_, let some, _): events = some.count
+            case .events(let some), .recovered(_, let some, _): (events, weight) = (some.count, SourceInbox.weight(of: some))
             // The node's own asking (bounded by its wanted topics) and its own word of itself.
             case .seed, .leaderStamped: own = true
             default: own = pastControlBound
             }
         }
         if events > 0 {
-            guard held!.events + events <= holdBounds.events else {
+            // Weighed as the inbox weighs them (their bytes too); dropped ones told by their count.
+            guard held!.events + weight <= holdBounds.events else {
                 held!.droppedEvents += events
                 held!.dropped.events += events
                 return
             }
-            held!.events += events
+            held!.events += weight
         } else if !own {
             // A control message (an empty batch of events counts as one).
             guard held!.controls < holdBounds.controls else {

@@ -1123,7 +1123,11 @@ public final class ClusterNode: Service, Sendable {
                 recorder?.interrupted(epoch: sequencer.epoch)
                 foldedLastValues.withLock { $0.interruptAll() }
                 publish(control: .upstreamDown(reason: "upstream connection lost (\(reason))"))
-            case .lost(_, let count), .element(.lost(let count, _, _)):
+            case .lost(let lost, _):
+                recorder?.interrupted(epoch: sequencer.epoch)
+                foldedLastValues.withLock { $0.interruptAll() }
+                publish(control: .loss(count: lost.count))
+            case .element(.lost(let count, _, _)):
                 recorder?.interrupted(epoch: sequencer.epoch)
                 foldedLastValues.withLock { $0.interruptAll() }
                 publish(control: .loss(count: count))

@@ -65,9 +65,9 @@ package enum HubPump {
                     }
                 case .element(.lost(let count, let topics, let reason)): await hub.reportLoss(count, topics: topics, reason: reason)
                 case .element(.refused(let topics, let code, let reason)): await hub.upstreamRefused(topics, code: code, reason: reason)
-                case .lost(let topics, let count):
-                    dropped(count)
-                    await hub.reportLoss(count, topics: topics, reason: lossReason)
+                case .lost(let lost, _):
+                    dropped(lost.count)
+                    await hub.reportLoss(lost.count, topics: lost.topics, reason: lossReason)
                 }
             }
             if !events.isEmpty { await publish(events) }

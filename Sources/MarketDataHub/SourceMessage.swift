@@ -1,5 +1,6 @@
 import AsyncSupport
 import MarketCore
+import NIOCore
 
 /// What a source (an upstream connection, a cluster node's NATS feed) hands its market's hub, in the
 /// order it happened, so a consumer can tell events before a gap from events after it. Value type,
@@ -39,41 +40,62 @@ public enum SourceMessage: Sendable {
     }
 }
 
-/// Topics of the events a ``SourceInbox`` dropped (`nil` once more than 1,000 different ones).
-public typealias DroppedTopics = Set<Topic>?
+/// The events a ``SourceInbox`` dropped: how many, and their topics (`nil` once more than 1,000
+/// different ones).
+public struct DroppedEvents: Sendable {
+    public var count = 0
+    public var topics: Set<Topic>? = []
 
-/// The one queue from a source's thread to its hub: bounded by events, ordered, losses counted and
-/// reported in place (``BoundedInbox``). Consecutive events merge into one item (up to 256), so a source
+    public init() {}
+}
+
+/// The one queue from a source's thread to its hub: bounded by events and their bytes (``weight(of:)``),
+/// ordered, losses counted and reported in place (``BoundedInbox``). Consecutive events merge into one item (up to 256), so a source
 /// that hands over one event at a time (NATS) costs one queued item per run. Control messages (an
 /// outage, a loss, a refusal, a new term) are bounded too, at ``maxControlMessages`` queued: whoever
 /// sends them (an upstream's error frames, a publisher on the cluster's NATS) may send them faster than
 /// the hub takes them, and each costs the hub a pass over its subscribers. Past the bound they are
 /// dropped, and one outage in their place tells the subscribers that events may be missing.
-public typealias SourceInbox = BoundedInbox<SourceMessage, DroppedTopics>
+public typealias SourceInbox = BoundedInbox<SourceMessage, DroppedEvents>
 
-extension BoundedInbox where Element == SourceMessage, Loss == DroppedTopics {
+extension BoundedInbox where Element == SourceMessage, Loss == DroppedEvents {
     /// Control messages queued at once, at most (a source sends a few in a minute).
     public static var maxControlMessages: Int { 4_096 }
+
+    /// What events weigh against a source inbox's capacity: one each, and one more for each 4 KB of
+    /// their bytes together. A capacity of 100,000 is then 100,000 events of a vendor's usual size
+    /// (a hundred bytes or so), or some 400 MB of large ones, not 100,000 of 64 KB each (6.4 GB: a
+    /// NATS publisher's or an upstream's while the hub is held up).
+    @inlinable
+    public static func weight(of events: [MarketEvent]) -> Int {
+        var bytes = 0
+        for event in events { bytes &+= event.bytes.readableBytes }
+        return events.count + bytes >> 12
+    }
 
     /// A source inbox holding at most `capacity` events and ``maxControlMessages`` control messages
     /// (a seed is neither: the node asks for those itself, as its wanted topics change).
     public static func source(capacity: Int) -> SourceInbox {
         SourceInbox(
-            capacity: capacity, emptyLoss: [],
+            capacity: capacity, emptyLoss: DroppedEvents(),
             weight: { message in
                 switch message {
-                case .events(let events), .recovered(_, let events, _): events.count
+                case .events(let events), .recovered(_, let events, _): weight(of: events)
                 default: 0
                 }
             },
-            noteDrop: { topics, message in
-                guard topics != nil else { return }
+            noteDrop: { dropped, message in
                 switch message {
-                case .events(let events): for event in events { topics?.insert(event.topic) }
-                case .recovered(let topic, _, _): topics?.insert(topic)
+                case .events(let events):
+                    dropped.count += events.count
+                    guard dropped.topics != nil else { return }
+                    for event in events { dropped.topics?.insert(event.topic) }
+                case .recovered(let topic, let events, _):
+                    dropped.count += events.count
+                    dropped.topics?.insert(topic)
                 default: return
                 }
-                if (topics?.count ?? 0) > 1_000 { topics = nil }
+                if (dropped.topics?.count ?? 0) > 1_000 { dropped.topics = nil }
             },
             merge: { last, next in
                 // Not into an empty `.events` (a control element for the bound): only runs of events merge.

@@ -54,8 +54,8 @@ public final class UpstreamClient: Service, Sendable {
                 for item in items {
                     switch item {
                     case .element(let message): continuation.yield(message)
-                    case .lost(let topics, let count):
-                        continuation.yield(.lost(count: count, topics: topics, reason: "the consumer fell behind its upstream"))
+                    case .lost(let lost, _):
+                        continuation.yield(.lost(count: lost.count, topics: lost.topics, reason: "the consumer fell behind its upstream"))
                     }
                 }
             }

@@ -1,5 +1,6 @@
 import AsyncSupport
 import MarketCore
+import NIOCore
 import Testing
 
 @testable import MarketDataHub
@@ -51,6 +52,26 @@ struct HubPumpTests {
                 "seed Q.A",
                 "1 control message was dropped from the source: they came faster than the relay took them; events may be missing",
             ])
+    }
+
+    /// Events weigh their bytes too: a capacity of 200 holds 200 small events, or 11 of 64 KB (17
+    /// each), and what is dropped is told by its count of events, not its weight.
+    @Test func largeEventsWeighTheirBytesAndLossesAreToldInEvents() async {
+        let small = (0..<100).map { event("Q", "S\($0 % 5)", $0) }
+        #expect(SourceInbox.weight(of: small) == 100, "a usual event weighs one (100 of them, 2.7 KB)")
+        #expect(SourceInbox.weight(of: small + small) == 201, "and 4 KB of them together one more")
+        let large = { (n: Int) in MarketEvent(eventType: "Q", ticker: "BIG", bytes: ByteBuffer(repeating: UInt8(ascii: " "), count: 64 << 10)) }
+        #expect(SourceInbox.weight(of: [large(0)]) == 17)
+        let inbox = SourceInbox.source(capacity: 200)
+        let kept = (0..<20).filter { inbox.push(.events([large($0)])) }.count
+        #expect(kept == 11, "11 × 17 = 187 of 200; the next would pass it")
+        #expect(inbox.push(.events([event("Q", "S", 1)])), "room for a small one still")
+        inbox.finish()
+        var lost: [(count: Int, topics: Set<Topic>?)] = []
+        await inbox.drain { run in
+            for case .lost(let dropped, _) in run { lost.append((dropped.count, dropped.topics)) }
+        }
+        #expect(lost.count == 1 && lost.first?.count == 9 && lost.first?.topics == topics("Q.BIG"), "\(lost)")
     }
 
     @Test func aBacklogLargerThanASubscribersBufferGoesToTheHubInTurns() async {
