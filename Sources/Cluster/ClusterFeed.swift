@@ -10,7 +10,7 @@ import Synchronization
 ///
 /// Events, the leader's "upstream lost" notices, snapshots from the last-value store and loss reports
 /// all travel through the same queue, so they reach the hub in the order they happened. The queue is
-/// bounded (``maxQueuedEvents``): past it, events are dropped, counted, and the subscribers of their
+/// bounded (``maxQueuedEvents``, by ``SourceInbox/weight(of:)``): past it, events are dropped, counted, and the subscribers of their
 /// topics get a `lagging` notice — never unbounded memory.
 ///
 /// `Sendable`; state behind `Mutex`es. ``run()`` is the one consumer.

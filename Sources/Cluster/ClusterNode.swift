@@ -1123,11 +1123,13 @@ public final class ClusterNode: Service, Sendable {
                 recorder?.interrupted(epoch: sequencer.epoch)
                 foldedLastValues.withLock { $0.interruptAll() }
                 publish(control: .upstreamDown(reason: "upstream connection lost (\(reason))"))
-            case .lost(let lost, _):
-                recorder?.interrupted(epoch: sequencer.epoch)
-                foldedLastValues.withLock { $0.interruptAll() }
-                publish(control: .loss(count: lost.count))
-            case .element(.lost(let count, _, _)):
+            case .lost, .element(.lost):
+                let count: Int
+                switch item {
+                case .lost(let lost, _): count = lost.count
+                case .element(.lost(let lost, _, _)): count = lost
+                default: count = 0
+                }
                 recorder?.interrupted(epoch: sequencer.epoch)
                 foldedLastValues.withLock { $0.interruptAll() }
                 publish(control: .loss(count: count))

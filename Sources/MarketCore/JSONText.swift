@@ -44,8 +44,25 @@ extension JSONText {
     /// taking the first would see another value than the one read here); `.some(nil)`: no such member.
     /// A name is compared as a JSON reader reads it (`"next\u005furl"` is `next_url`).
     public static func member(_ name: String, of text: Substring) -> Substring?? {
+        if case .found(let value) = reading(name, of: text) { return .some(value) }
+        return nil
+    }
+
+    /// What ``member(_:of:)`` finds, telling a text that is not one readable object from one that
+    /// names the member twice.
+    public enum MemberReading: Equatable, Sendable {
+        /// Not one well-formed object.
+        case unreadable
+        /// An object naming the member more than once.
+        case twice
+        /// The member's raw value, `nil` when the object has none.
+        case found(Substring?)
+    }
+
+    public static func reading(_ name: String, of text: Substring) -> MemberReading {
         var scanner = Scanner(text: text)
-        return scanner.object(keeping: name).map { $0[name] }
+        guard let members = scanner.object(keeping: name) else { return scanner.namedTwice ? .twice : .unreadable }
+        return .found(members[name])
     }
 
     /// A string value's text without its quotes (escapes left as written), `nil` if it is no string.
@@ -59,6 +76,8 @@ extension JSONText {
         let text: Substring
         let utf8: Substring.UTF8View
         var index: Substring.Index
+        /// Whether the member kept was named twice (the object is then not read).
+        var namedTwice = false
 
         init(text: Substring) {
             self.text = text
@@ -94,7 +113,10 @@ extension JSONText {
                 }
                 if let kept {
                     if key == kept {
-                        guard members[key] == nil else { return nil }
+                        guard members[key] == nil else {
+                            namedTwice = true
+                            return nil
+                        }
                         members[key] = text[start..<index]
                     }
                 } else {

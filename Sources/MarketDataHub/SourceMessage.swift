@@ -62,15 +62,16 @@ extension BoundedInbox where Element == SourceMessage, Loss == DroppedEvents {
     /// Control messages queued at once, at most (a source sends a few in a minute).
     public static var maxControlMessages: Int { 4_096 }
 
-    /// What events weigh against a source inbox's capacity: one each, and one more for each 4 KB of
-    /// their bytes together. A capacity of 100,000 is then 100,000 events of a vendor's usual size
-    /// (a hundred bytes or so), or some 400 MB of large ones, not 100,000 of 64 KB each (6.4 GB: a
-    /// NATS publisher's or an upstream's while the hub is held up).
+    /// What events weigh against a source inbox's capacity: one each, and one more for each whole 4 KB
+    /// of an event's bytes. A capacity of 100,000 is then 100,000 events of a vendor's usual size (a
+    /// hundred bytes or so), or some 400 MB of large ones, not 100,000 of 64 KB each (6.4 GB: a NATS
+    /// publisher's or an upstream's while the hub is held up). Weighed event by event, so a run's
+    /// weight is its parts' (the inbox weighs a run merged from pushes when it is taken).
     @inlinable
     public static func weight(of events: [MarketEvent]) -> Int {
-        var bytes = 0
-        for event in events { bytes &+= event.bytes.readableBytes }
-        return events.count + bytes >> 12
+        var weight = events.count
+        for event in events { weight &+= event.bytes.readableBytes >> 12 }
+        return weight
     }
 
     /// A source inbox holding at most `capacity` events and ``maxControlMessages`` control messages

@@ -286,11 +286,19 @@ public struct PolygonGatewayDialect: GatewayDialect {
     public func forClient(_ body: ByteBuffer, request: GatewayRequest) -> (body: ByteBuffer, cursors: [String])? {
         // A page without one (every cached closed day) is passed on as it is, not copied into a string
         // first. A name written with escapes (`next\u005furl`) has a `\u`: such a body is read whole.
-        guard body.mentions("\"next_url\"") || body.mentions("\\u") else { return (body, []) }
+        let named = body.mentions("\"next_url\"")
+        guard named || body.mentions("\\u") else { return (body, []) }
         let text = String(buffer: body)
-        // Named but not readable as one member of one JSON object: its link is not passed on as it is.
-        guard let found = JSONText.member("next_url", of: Substring(text)) else { return nil }
-        guard let value = found else { return (body, []) }
+        // Named but not readable as one member of one JSON object, or named twice: its link is not
+        // passed on as it is. A body that only has a `\u` (a `&` escaped as Go escapes it) and is no
+        // object at all (a list) names no link a client follows: passed on as it is.
+        let value: Substring
+        switch JSONText.reading("next_url", of: Substring(text)) {
+        case .twice: return nil
+        case .unreadable: return named || text.first(where: { !$0.isWhitespace }) == "{" ? nil : (body, [])
+        case .found(nil): return (body, [])
+        case .found(let found?): value = found
+        }
         let replacement: String
         var cursors: [String] = []
         // Only a path from the root is kept, put on the relay's address: anything else (`@host/…`,

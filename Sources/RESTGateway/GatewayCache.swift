@@ -132,7 +132,8 @@ public final class GatewayCache: Sendable {
     public static let maxCursors = 100_000
 
     /// The bytes of cursors remembered at most: an eighth of the cache's bound, beside its answers (a
-    /// cursor is up to 4 KiB; 100,000 of them would be 400 MB outside the bound).
+    /// remembered page, as the dialect names it (its path and cursor), is up to 4 KiB; 100,000 of them
+    /// would be 400 MB outside the bound).
     public var maxCursorBytes: Int { maxBytes / 8 }
 
     /// The bytes of the cursors remembered now.

@@ -170,10 +170,19 @@ public final class RESTGateway: Sendable {
     /// A route's answer: live, cached, coalesced or fetched.
     /// - Parameter starter: the key a vendor call this starts is counted for (`nil`: none).
     private func serve(_ route: GatewayRoute, request: GatewayRequest, now: Int64, starter: String?) async -> GatewayAnswer {
+        // A live answer's own call the relay refused (the key's flights, the account's budget): the
+        // request is answered that refusal, not a live answer short of what the call would have added.
+        let refused = Mutex<GatewayAnswer?>(nil)
         if route.live,
             let body = await dialect.live(
-                route, values: values, fetch: { [self] path in await self.internalAnswer(path, base: request.base, starter: starter) })
+                route, values: values,
+                fetch: { [self] path in
+                    let answer = await self.internalAnswer(path, base: request.base, starter: starter)
+                    if answer.status == 429, answer.source == .relay { refused.withLock { $0 = answer } }
+                    return answer
+                })
         {
+            if let refusal = refused.withLock({ $0 }) { return refusal }
             metrics.count(route: route.name, outcome: "live")
             metrics.saved()
             return GatewayAnswer(status: 200, body: body, source: .live)
@@ -385,11 +394,11 @@ public final class RESTGateway: Sendable {
                     fromRelay: false)
             }
             metrics.upstream(status: result.status, took: ContinuousClock.now - started)
-            // A final answer's status is 200 to 599: anything else (`000`, a `1xx` that is not final) is
+            // A final answer's status is 200 to 599: anything else (past 599, a `1xx` given as final) is
             // not the vendor's answer to pass on.
             guard (200..<600).contains(result.status) else {
-                warnings.log(.warning, "status", "REST gateway: \(route.name): the vendor answered status \(result.status), which is no answer", to: logger)
-                return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API answered with status \(result.status), which is not an HTTP answer"))
+                warnings.log(.warning, "status", "REST gateway: \(route.name): the vendor answered status \(result.status), which is no final answer", to: logger)
+                return Self.made(502, dialect.errorBody(status: 502, message: "the vendor's REST API answered with status \(result.status), which is no final HTTP answer"))
             }
             if (300..<400).contains(result.status) {
                 // Never followed (the credentials would go along): the vendor's API does not redirect.

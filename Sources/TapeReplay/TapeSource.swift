@@ -261,9 +261,9 @@ public final class TapeSource: MarketSource {
     /// Records read ahead at a time, and how many such chunks may wait (the one being replayed included).
     static let chunkSize = 1024
     static let chunksAhead = 3
-    /// The most bytes of decoded blocks a chunk reads (and its events hold) past its first block's: a
-    /// chunk ends there, however few records it has (1,024 events of 1,024 blocks of 64 MB each would
-    /// else be held at once).
+    /// The bytes of decoded blocks past its first block's after which a chunk ends (with the block it
+    /// was reading: at most one more), however few records it has (1,024 events of 1,024 blocks of
+    /// 64 MB each would else be held at once).
     static let chunkBytes = 8 << 20
 
     /// Reads the window's events and gaps (what a replay hands on) into `chunks`, a chunk at a time,

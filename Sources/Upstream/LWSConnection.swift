@@ -742,7 +742,7 @@ final class LWSConnection: Sendable {
             // The consumer is this far behind: dropped, counted, and announced in place by the inbox.
             shared.withLock { $0.statistics.droppedEvents += count }
             metrics.dropped.increment(by: count)
-            logThrottled("queue full", "upstream events dropped: \(configuration.maxQueuedEvents) events already wait for the hub")
+            logThrottled("queue full", "upstream events dropped: events of \(configuration.maxQueuedEvents) (each 4 KB of one weighing one more) already wait for the hub")
             return
         }
     }

@@ -73,8 +73,9 @@ public struct UpstreamConfiguration: Sendable {
     /// How long a shutdown waits for the close handshake before it drops the connection anyway. A
     /// cluster leader that loses its lease must be gone well inside the lease's lifetime.
     public var closeTimeout: Duration = .seconds(2)
-    /// Events that may wait between the upstream thread and the hub; past it newer messages are
-    /// dropped, counted and announced (a burst never becomes unbounded memory).
+    /// Events that may wait between the upstream thread and the hub, each 4 KB of an event's bytes
+    /// weighing one more (``SourceInbox/weight(of:)``); past it newer messages are dropped, counted and
+    /// announced (a burst never becomes unbounded memory).
     public var maxQueuedEvents = 100_000
     /// Our messages (subscribes, unsubscribes) waiting for the upstream to read them; past it the
     /// upstream is not reading: the connection is dropped and the next one subscribes the wanted set

@@ -146,16 +146,25 @@ struct PolygonDialectTests {
     }
 
     /// A link's member written with escapes, or given twice, is the link a client's JSON reader follows:
-    /// it is rewritten, or the body is not passed on.
+    /// it is rewritten, or the body is not passed on. A list with escapes (no link) goes as it came.
     @Test func aLinkNamedWithEscapesOrTwiceIsNotPassedOnAsItIs() throws {
         let request = GatewayRequest(path: "/v3/trades/AAPL", query: [], base: "http://relay:8080")
-        let escaped = ByteBuffer(string: #"{"results":[],"next_url":"https://evil.example/v3/trades/AAPL?cursor=x"}"#)
+        let escaped = ByteBuffer(string: #"{"results":[],"next\u005furl":"https://evil.example/v3/trades/AAPL?cursor=x"}"#)
         let text = String(buffer: try #require(dialect.forClient(escaped, request: request)).body)
         #expect(!text.contains("evil") && text.contains("http://relay:8080/v3/trades/AAPL?cursor=x"), "\(text)")
         let twice = ByteBuffer(string: #"{"next_url":"https://evil.example/v3?cursor=a","next_url":"https://api.polygon.io/v3/trades/AAPL?cursor=b"}"#)
         #expect(dialect.forClient(twice, request: request) == nil)
-        let twiceEscaped = ByteBuffer(string: #"{"next_url":"https://api.polygon.io/v3?cursor=a","next_url":"https://evil.example/v3?cursor=b"}"#)
+        let twiceEscaped = ByteBuffer(string: #"{"next_url":"https://api.polygon.io/v3?cursor=a","next\u005Furl":"https://evil.example/v3?cursor=b"}"#)
         #expect(dialect.forClient(twiceEscaped, request: request) == nil)
+        let escapedTwice = ByteBuffer(string: #"{"\u006eext_url":"https://api.polygon.io/v3?cursor=a","next\u005furl":"https://evil.example/v3?cursor=b"}"#)
+        #expect(dialect.forClient(escapedTwice, request: request) == nil)
+        // Deeper than the reader reads, with an escaped link: not passed on either.
+        let deep = String(repeating: "[", count: 40) + String(repeating: "]", count: 40)
+        let hidden = ByteBuffer(string: #"{"results":\#(deep),"next\u005furl":"https://evil.example/v3?cursor=b"}"#)
+        #expect(dialect.forClient(hidden, request: request) == nil)
+        // A list (the market's upcoming holidays) with a `&` escaped as Go escapes it: as it came.
+        let list = ByteBuffer(string: #"[{"name":"Washington\u0026Lee","status":"closed"}]"#)
+        #expect(try #require(dialect.forClient(list, request: request)).body == list)
     }
 
     @Test func aLinkThatWouldLeaveTheRelaysHostIsNotPassedOn() throws {

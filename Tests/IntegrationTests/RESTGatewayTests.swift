@@ -404,7 +404,7 @@ struct RESTGatewayTests {
                 let answer = try await httpGetWithHeaders("\(base)/v2/last/trade/\(symbol)", key: "client-key")
                 #expect(answer.status == 502 && answer.headers["x-relay-source"] == "relay", "\(symbol): \(answer.status) \(answer.body)")
                 // 999 is read and refused by the relay; 099 is no status line at all to the HTTP client.
-                let why = symbol == "ZZZZ" ? "status 999, which is not an HTTP answer" : "could not be reached"
+                let why = symbol == "ZZZZ" ? "status 999, which is no final HTTP answer" : "could not be reached"
                 #expect(answer.body.contains(why), "\(answer.body)")
             }
             #expect(hostile.requests.withLock { $0.count } == 2)

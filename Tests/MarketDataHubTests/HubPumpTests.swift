@@ -59,7 +59,7 @@ struct HubPumpTests {
     @Test func largeEventsWeighTheirBytesAndLossesAreToldInEvents() async {
         let small = (0..<100).map { event("Q", "S\($0 % 5)", $0) }
         #expect(SourceInbox.weight(of: small) == 100, "a usual event weighs one (100 of them, 2.7 KB)")
-        #expect(SourceInbox.weight(of: small + small) == 201, "and 4 KB of them together one more")
+        #expect(SourceInbox.weight(of: small + small) == 200, "each event by itself")
         let large = { (n: Int) in MarketEvent(eventType: "Q", ticker: "BIG", bytes: ByteBuffer(repeating: UInt8(ascii: " "), count: 64 << 10)) }
         #expect(SourceInbox.weight(of: [large(0)]) == 17)
         let inbox = SourceInbox.source(capacity: 200)
@@ -72,6 +72,21 @@ struct HubPumpTests {
             for case .lost(let dropped, _) in run { lost.append((dropped.count, dropped.topics)) }
         }
         #expect(lost.count == 1 && lost.first?.count == 9 && lost.first?.topics == topics("Q.BIG"), "\(lost)")
+        #expect(inbox.queuedWeight == 0, "what was taken is given back whole")
+    }
+
+    /// Pushes merge into runs, which the inbox weighs again as they are taken: a run weighs what its
+    /// pushes did, so what is queued goes back to nothing, never below (the bound would wear away).
+    @Test func aMergedRunWeighsWhatItsPushesDid() async {
+        let inbox = SourceInbox.source(capacity: 1_000)
+        let threeKB = { (n: Int) in MarketEvent(eventType: "Q", ticker: "S\(n)", bytes: ByteBuffer(repeating: UInt8(ascii: " "), count: 3_000)) }
+        for n in 0..<10 { #expect(inbox.push(.events([threeKB(n)]))) }
+        #expect(inbox.queuedWeight == 10)
+        inbox.finish()
+        var runs = 0
+        await inbox.drain { run in runs += run.count }
+        #expect(runs == 1, "merged into one run")
+        #expect(inbox.queuedWeight == 0, "\(inbox.queuedWeight) left queued")
     }
 
     @Test func aBacklogLargerThanASubscribersBufferGoesToTheHubInTurns() async {
