@@ -74,6 +74,20 @@ final class Conflation {
         return taken
     }
 
+    /// Lets go of the pending events of the topics `removed` (a subscriber's unsubscribe: a ticker, or
+    /// every ticker of a wildcard's type) that the subscriber no longer `holds`.
+    func discard(_ removed: some Sequence<Topic>, holds: (Topic) -> Bool) {
+        for topic in removed {
+            let gone = topic.isWildcard ? pending.keys.filter { $0.eventType == topic.eventType } : [topic]
+            for pendingTopic in gone where pending[pendingTopic] != nil && !holds(pendingTopic) {
+                pending[pendingTopic] = nil
+                byTicker[pendingTopic.ticker]?.removeAll { $0 == pendingTopic }
+                if byTicker[pendingTopic.ticker]?.isEmpty == true { byTicker[pendingTopic.ticker] = nil }
+            }
+        }
+        if order.count > 2 * pending.count + 64 { order.removeAll { pending[$0.topic]?.stamp != $0.stamp } }
+    }
+
     /// Takes every pending event, in the order their topics became pending.
     func takeAll() -> [MarketEvent] {
         let taken = order.compactMap { entry in pending[entry.topic].flatMap { $0.stamp == entry.stamp ? $0.event : nil } }

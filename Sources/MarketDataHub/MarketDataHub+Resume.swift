@@ -154,8 +154,9 @@ extension MarketDataHub {
         var outcome = HubResumeOutcome()
         let (replay, formerReplay) = gathering.trim(into: &outcome)
         let delivery = resumeDelivery(gathering, replay: replay, former: formerReplay, outcome: &outcome)
-        // The notices and last values count too: they are queued outside the buffer like the replay.
-        chargeReplay(delivery.count, to: id, owner: owner, limits: limits, now: now)
+        // The notices and last values count too: they are queued outside the buffer like the replay; so
+        // does what a topic of too many events cost to find so (its scan, up to the limit).
+        chargeReplay(delivery.count + gathering.scannedPastLimit, to: id, owner: owner, limits: limits, now: now)
         countResume(outcome, replayed: replay.count + formerReplay.count, fromTape: gathering.fromTape)
         if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
         // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
@@ -189,10 +190,23 @@ extension MarketDataHub {
             delivery = formerOnly + gathering.acrossTerms.sorted { $0.key < $1.key }.map { wire.render($0.value.notice) } + delivery
             outcome.gaps += gathering.acrossTerms.keys.sorted()
         }
+        // A wildcard's last values (every ticker's) only within what the resume may still replay: counted
+        // before they are gathered, and past it the `gap` says they are not sent.
+        var room = gathering.limit - delivery.count
         for (topic, notice) in gathering.gapNotices {
             outcome.gaps.append(topic)
+            room -= 1
+            let held = topic.isWildcard ? entriesOfType[topic.eventType]?.count ?? 0 : 0
+            guard held <= room else {
+                var withheld = notice
+                withheld.details["last_values"] = .text("not sent: \(held) tickers' are more than this resume may replay now (\(max(room, 0)))")
+                delivery.append(wire.render(withheld))
+                continue
+            }
             delivery.append(wire.render(notice))
-            delivery += lastValues(of: topic)
+            let values = lastValues(of: topic)
+            delivery += values
+            room -= values.count
         }
         delivery.append(wire.render(resumedStatus(outcome)))
         return delivery
@@ -430,10 +444,14 @@ extension MarketDataHub {
 
     /// The last values a topic's `gap` is followed by: a ticker's own, or every ticker's of a wildcard's
     /// type (a folded topic's: its whole state, so a book's holder starts it again whole), never a
-    /// derived bar's (those belong to who names them).
+    /// derived bar's (those belong to who names them), and as a subscribe gives them: none of a type
+    /// that never gets one (a correction, a cancel: an old one would be applied as new), none at all
+    /// without snapshots on subscribe (but a folded topic's whole state).
     private func lastValues(of topic: Topic) -> [MarketEvent] {
-        if !topic.isWildcard { return entries[topic].flatMap(\.value).map { [$0] } ?? [] }
-        return (entriesOfType[topic.eventType] ?? []).filter { topic.matches(eventType: $0.eventType, ticker: $0.ticker) }.compactMap { entries[$0]?.value }
+        let givesLast = snapshotOnSubscribe && !snapshotless.contains(topic.eventType)
+        func value(_ entry: TopicEntry?) -> MarketEvent? { entry?.fold != nil || givesLast ? entry?.value : nil }
+        if !topic.isWildcard { return value(entries[topic]).map { [$0] } ?? [] }
+        return (entriesOfType[topic.eventType] ?? []).filter { topic.matches(eventType: $0.eventType, ticker: $0.ticker) }.compactMap { value(entries[$0]) }
             .sorted { ($0.sequence, $0.receivedAt, $0.ticker) < ($1.sequence, $1.receivedAt, $1.ticker) }
     }
 

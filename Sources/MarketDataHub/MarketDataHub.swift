@@ -283,9 +283,10 @@ public actor MarketDataHub {
     /// Removes topics from a subscriber; topics it does not have are ignored.
     public func remove(_ topics: some Sequence<Topic>, from id: SubscriberID) {
         guard let subscriber = subscribers[id] else { return }
-        for topic in topics where subscriber.topics.remove(topic) != nil {
-            unindex(topic, subscriber)
-        }
+        let removed = topics.filter { subscriber.topics.remove($0) != nil }
+        for topic in removed { unindex(topic, subscriber) }
+        // Their merged events not yet sent are not sent (a topic its wildcard still covers keeps its own).
+        subscriber.conflation?.discard(removed) { subscriber.topics.contains($0) || subscriber.topics.contains(.wildcard($0.eventType)) }
         reportWantedChange()
     }
 

@@ -47,6 +47,9 @@ struct ResumeGathering {
     private(set) var acrossTerms: [Topic: (former: [MarketEvent], notice: Notice)] = [:]
     /// Events read from the archive (the tape).
     private(set) var fromTape = 0
+    /// Events scanned for topics found to have more than ``limit`` (each up to the limit): a resume that
+    /// replays none of them still cost that.
+    private(set) var scannedPastLimit = 0
 
     /// `byKey`: the limit is what the connection's key may still be replayed this minute.
     init(epoch: String?, limit: Int, resumeBound: Int, queued: Int, byKey: Bool = false) {
@@ -98,6 +101,7 @@ struct ResumeGathering {
                 gapNotices.append((topic, gapStatus(topic, message: "\(afresh); this term's events are not all held (\(reason)); none are replayed", from: nil)))
             default:
                 acrossTerms[topic] = nil
+                scannedPastLimit += max(limit - earlier.count, 0)
                 gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
             }
         }
@@ -146,6 +150,7 @@ struct ResumeGathering {
         case .gap(let from, let through, let unit, let reason):
             gapNotices.append((topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
         case .tooMany:
+            scannedPastLimit += limit
             gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
         }
     }

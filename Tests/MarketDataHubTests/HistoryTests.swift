@@ -223,6 +223,57 @@ struct HubHistoryTests {
         #expect(whole.replayed == [topic("Q.S1"): 2])
     }
 
+    /// A wildcard's last values come only within what the resume may still replay (a gap on a type of
+    /// many tickers queued them all, outside the buffer); past it, the gap says they are not sent.
+    @Test func aWildcardsLastValuesAfterAGapStayWithinTheResumesBound() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 5))
+        let holder = await hub.subscribe(to: topics("Q.*"))
+        await hub.publish((0..<10).map { event("Q", "S\($0)", $0) })
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add([topic("Q.*")], to: subscription.id, resuming: .positions(epoch: "another", [topic("Q.*"): 1]))
+        #expect(outcome.gaps == [topic("Q.*")])
+        let got = try await take(2, from: subscription.events)
+        #expect(fields(got[0])["status"] as? String == "gap")
+        #expect((fields(got[0])["last_values"] as? String)?.hasPrefix("not sent: 10 tickers'") == true, "\(fields(got[0]))")
+        #expect(fields(got[1])["status"] as? String == "resumed", "no last value queued: \(got.map(\.ticker))")
+        _ = holder
+    }
+
+    /// A gap is followed by last values as a subscribe gives them: none of a type that never gets one
+    /// (an Alpaca correction or cancel: an old one would be applied as new).
+    @Test func aGapGivesNoLastValueOfATypeThatNeverGetsOne() async throws {
+        let hub = MarketDataHub(wire: .polygon, snapshotless: ["T"])
+        await hub.publish((1...3).map { event("T", "AAPL", $0) })
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add([topic("T.AAPL")], to: subscription.id, resuming: .positions(epoch: "another", [topic("T.AAPL"): 1]))
+        #expect(outcome.gaps == [topic("T.AAPL")])
+        let got = try await take(2, from: subscription.events)
+        #expect(got.map { fields($0)["status"] as? String } == ["gap", "resumed"], "\(got.map(\.json))")
+    }
+
+    /// A topic of more events than a resume replays costs its scan: charged as replayed, so a client
+    /// cannot have the bound scanned again and again for the price of a `gap`.
+    @Test func aTopicOfTooManyEventsIsChargedItsScan() async throws {
+        var limits = HistoryLimits()
+        limits.eventsPerResume = 20
+        let hub = MarketDataHub(wire: .polygon, history: limits)
+        let keeper = await hub.subscribe(to: topics("T.*"))
+        await hub.publish((1...30).map { event("T", "AAPL", $0) })
+        let subscription = await hub.subscribe()
+        let wildcard = topic("T.*")
+        #expect(await hub.add([wildcard], to: subscription.id, resuming: .positions(epoch: hub.epoch, [wildcard: 0])).gaps == [wildcard])
+        let answered = try await take(3, from: subscription.events)
+        #expect(answered.map { fields($0)["status"] as? String } == ["gap", nil, "resumed"], "\(answered.map(\.json))")
+        await hub.remove([wildcard], from: subscription.id)
+        // The 20 scanned and the 3 queued spent the minute's 20: the next resume is not made.
+        let aapl = topic("T.AAPL")
+        let again = await hub.add([aapl], to: subscription.id, resuming: .positions(epoch: hub.epoch, [aapl: 29]))
+        #expect(again.replayed.isEmpty && again.gaps == [aapl])
+        let answer = try await take(1, from: subscription.events)
+        #expect((fields(answer[0])["message"] as? String)?.contains("not resumed") == true, "\(answer.map(\.json))")
+        await hub.remove(keeper.id)
+    }
+
     @Test func aResumePastItsBoundIsAGapForItsLargestTopics() async throws {
         let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 5))
         await hub.publish((1...10).map { event("T", "AAPL", $0) } + (1...3).map { event("T", "MSFT", $0) })
@@ -283,6 +334,25 @@ struct HubConflationTests {
         let first = (0..<2).flatMap { batch in (0..<limit / 2).map { "S\(batch)-\($0)" } }
         #expect(got.map(\.ticker) == first, "the first held quotes, in order")
         #expect(await hub.droppedEvents(for: subscription.id) > 0, "more than the buffer holds was lost, and counted")
+    }
+
+    /// A topic's merged event not sent yet when it is unsubscribed is not sent later (nor replayed and
+    /// sent again after a subscribe that resumes it); one its wildcard still covers is.
+    @Test func anUnsubscribedTopicsMergedEventIsNotSentLater() async throws {
+        let hub = MarketDataHub(wire: .polygon)
+        let subscription = await hub.subscribe(to: topics("Q.AAPL", "Q.MSFT", "Q.NVDA", "Q.*", "T.MSFT"))
+        await hub.setConflation(ConflationMode(interval: .seconds(60)), for: subscription.id)
+        await hub.publish([event("Q", "AAPL", 1), event("Q", "NVDA", 2), event("Q", "MSFT", 3)])
+        // AAPL's and NVDA's own topics go: their pending quotes stay while the wildcard covers them,
+        // and go with it.
+        await hub.remove(topics("Q.AAPL", "Q.NVDA"), from: subscription.id)
+        #expect(await hub.conflatedPending(for: subscription.id) == 3, "the wildcard still covers them")
+        await hub.remove(topics("Q.*"), from: subscription.id)
+        // Merging stops: what is pending is queued at once.
+        await hub.setConflation(nil, for: subscription.id)
+        await hub.publish([event("T", "MSFT", 4)])
+        let got = try await take(2, from: subscription.events)
+        #expect(got.map { "\($0.eventType).\($0.ticker)" } == ["Q.MSFT", "T.MSFT"], "\(got.map(\.json))")
     }
 
     @Test func aStalledSubscriberIsConflatedBeforeAnyEventIsDropped() async throws {
