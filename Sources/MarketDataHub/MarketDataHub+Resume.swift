@@ -140,8 +140,8 @@ extension MarketDataHub {
                 why: queued >= resumeBound
                     ? "this connection has \(queued) replayed events it has not read yet (one resume replays at most \(resumeBound))"
                     : byKey
-                        ? "this key's connections were replayed \(limits.keyReplayCapacity) events (notices and last values included) in the last minute"
-                        : "this connection was replayed \(resumeBound) events (notices and last values included) in the last minute")
+                        ? "this key's connections were replayed \(limits.keyReplayCapacity) events (notices, last values and scans included) in the last minute"
+                        : "this connection was replayed \(resumeBound) events (notices, last values and scans included) in the last minute")
         }
         // Every topic's missed events (a former term's first), then trimmed to the bound by giving up
         // the largest whole.
@@ -153,25 +153,27 @@ extension MarketDataHub {
         for (topic, since) in wanted { gathering.missed(topic, since: since, archived: archived?[topic], history: history, now: now) }
         var outcome = HubResumeOutcome()
         let (replay, formerReplay) = gathering.trim(into: &outcome)
-        let delivery = resumeDelivery(gathering, replay: replay, former: formerReplay, outcome: &outcome)
+        let (delivery, withheld) = resumeDelivery(gathering, replay: replay, former: formerReplay, outcome: &outcome)
         // The notices and last values count too: they are queued outside the buffer like the replay; so
-        // does what a topic of too many events cost to find so (its scan, up to the limit).
-        chargeReplay(delivery.count + gathering.scannedPastLimit, to: id, owner: owner, limits: limits, now: now)
+        // does what a wildcard of too many events cost to find so (its scan, up to the limit).
+        chargeReplay(delivery.count + min(gathering.scannedPastLimit, gathering.limit), to: id, owner: owner, limits: limits, now: now)
         countResume(outcome, replayed: replay.count + formerReplay.count, fromTape: gathering.fromTape)
         if yield(HubDelivery(replay: delivery), count: 0, to: subscriber) {}
-        // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly.
+        // Live from here: the resumed and gap topics without a snapshot (they had theirs), the rest plainly,
+        // and so a wildcard whose last values were withheld (a book's whole state through the buffer).
         let resumedTopics = Set(wanted.map(\.topic)).union(epochGaps)
-        add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) })
+        add(resumedTopics.union(plain), to: id, snapshot: { !resumedTopics.contains($0) || withheld.contains($0) })
         (outcome.epoch, outcome.sequence) = position
         return outcome
     }
 
     /// What a resume queues, in order: a former term's events, the time between the terms, this term's
     /// events (with a restart's gaps where the previous run's end), each `gap` with its topic's last
-    /// values, and `resumed`. Adds the topics told a gap to `outcome`.
+    /// values, and `resumed`. Adds the topics told a gap to `outcome`; `withheld`: the wildcards whose
+    /// last values did not fit.
     private func resumeDelivery(
         _ gathering: ResumeGathering, replay: [MarketEvent], former: [MarketEvent], outcome: inout HubResumeOutcome
-    ) -> [MarketEvent] {
+    ) -> (delivery: [MarketEvent], withheld: Set<Topic>) {
         var delivery = replay
         let restarted = gathering.acrossRestart.filter { outcome.replayed[$0.key] != nil }
         if !restarted.isEmpty, let marker = history?.restart?.marker {
@@ -193,14 +195,16 @@ extension MarketDataHub {
         // A wildcard's last values (every ticker's) only within what the resume may still replay: counted
         // before they are gathered, and past it the `gap` says they are not sent.
         var room = gathering.limit - delivery.count
+        var withheld = Set<Topic>()
         for (topic, notice) in gathering.gapNotices {
             outcome.gaps.append(topic)
             room -= 1
-            let held = topic.isWildcard ? entriesOfType[topic.eventType]?.count ?? 0 : 0
-            guard held <= room else {
-                var withheld = notice
-                withheld.details["last_values"] = .text("not sent: \(held) tickers' are more than this resume may replay now (\(max(room, 0)))")
-                delivery.append(wire.render(withheld))
+            let held = topic.isWildcard && givesLastValues(topic.eventType) ? entriesOfType[topic.eventType]?.count ?? 0 : 0
+            guard held <= max(room, 0) else {
+                var told = notice
+                told.details["last_values"] = .text("not sent: \(held) tickers' are more than this resume may replay now (\(max(room, 0)))")
+                delivery.append(wire.render(told))
+                withheld.insert(topic)
                 continue
             }
             delivery.append(wire.render(notice))
@@ -209,7 +213,7 @@ extension MarketDataHub {
             room -= values.count
         }
         delivery.append(wire.render(resumedStatus(outcome)))
-        return delivery
+        return (delivery, withheld)
     }
 
     /// Counts a resume in the metrics and in ``resumeCounts``.
@@ -444,15 +448,20 @@ extension MarketDataHub {
 
     /// The last values a topic's `gap` is followed by: a ticker's own, or every ticker's of a wildcard's
     /// type (a folded topic's: its whole state, so a book's holder starts it again whole), never a
-    /// derived bar's (those belong to who names them), and as a subscribe gives them: none of a type
-    /// that never gets one (a correction, a cancel: an old one would be applied as new), none at all
-    /// without snapshots on subscribe (but a folded topic's whole state).
+    /// derived bar's (those belong to who names them); of the types a ticker's subscribe gives one of:
+    /// none of a type that never gets one (a correction, a cancel: an old one would be applied as new),
+    /// none without snapshots on subscribe, a folded topic's whole state always.
     private func lastValues(of topic: Topic) -> [MarketEvent] {
         let givesLast = snapshotOnSubscribe && !snapshotless.contains(topic.eventType)
         func value(_ entry: TopicEntry?) -> MarketEvent? { entry?.fold != nil || givesLast ? entry?.value : nil }
         if !topic.isWildcard { return value(entries[topic]).map { [$0] } ?? [] }
         return (entriesOfType[topic.eventType] ?? []).filter { topic.matches(eventType: $0.eventType, ticker: $0.ticker) }.compactMap { value(entries[$0]) }
             .sorted { ($0.sequence, $0.receivedAt, $0.ticker) < ($1.sequence, $1.receivedAt, $1.ticker) }
+    }
+
+    /// Whether a `gap` of this type is followed by last values (``lastValues(of:)``).
+    private func givesLastValues(_ eventType: String) -> Bool {
+        folding?.eventTypes.contains(eventType) == true || (snapshotOnSubscribe && !snapshotless.contains(eventType))
     }
 
     private func resumedStatus(_ outcome: HubResumeOutcome) -> Notice {

@@ -286,7 +286,9 @@ public actor MarketDataHub {
         let removed = topics.filter { subscriber.topics.remove($0) != nil }
         for topic in removed { unindex(topic, subscriber) }
         // Their merged events not yet sent are not sent (a topic its wildcard still covers keeps its own).
-        subscriber.conflation?.discard(removed) { subscriber.topics.contains($0) || subscriber.topics.contains(.wildcard($0.eventType)) }
+        subscriber.conflation?.discard(removed) {
+            subscriber.topics.contains($0) || (!$0.isDerived && subscriber.topics.contains(.wildcard($0.eventType)))
+        }
         reportWantedChange()
     }
 

@@ -37,7 +37,8 @@ struct ResumeGathering {
     /// one: a topic of as many or more is given up as it comes (``trim(into:)`` gives up the largest).
     private var givenUp: [(topic: Topic, count: Int)] = []
     private var givenUpFrom = Int.max
-    /// The topics told `gap` (each followed by its last values), in the order told.
+    /// The topics told `gap` (each followed by its last values where it has them and they fit), in the
+    /// order told.
     private(set) var gapNotices: [(Topic, Notice)] = []
     /// Topics resuming from before a restart: the time nothing was received, told between the previous
     /// run's events and this run's.
@@ -47,8 +48,8 @@ struct ResumeGathering {
     private(set) var acrossTerms: [Topic: (former: [MarketEvent], notice: Notice)] = [:]
     /// Events read from the archive (the tape).
     private(set) var fromTape = 0
-    /// Events scanned for topics found to have more than ``limit`` (each up to the limit): a resume that
-    /// replays none of them still cost that.
+    /// Events scanned for wildcards found to have more than ``limit`` (each up to the limit; a ticker's
+    /// count is known without a scan): a resume that replays none of them still cost that.
     private(set) var scannedPastLimit = 0
 
     /// `byKey`: the limit is what the connection's key may still be replayed this minute.
@@ -101,7 +102,7 @@ struct ResumeGathering {
                 gapNotices.append((topic, gapStatus(topic, message: "\(afresh); this term's events are not all held (\(reason)); none are replayed", from: nil)))
             default:
                 acrossTerms[topic] = nil
-                scannedPastLimit += max(limit - earlier.count, 0)
+                if case .tooMany = missed, topic.isWildcard { scannedPastLimit += max(limit - earlier.count, 0) }
                 gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
             }
         }
@@ -150,7 +151,7 @@ struct ResumeGathering {
         case .gap(let from, let through, let unit, let reason):
             gapNotices.append((topic, gapStatus(topic, message: "missed events \(reason); none are replayed", from: (from, through, unit.rawValue))))
         case .tooMany:
-            scannedPastLimit += limit
+            if topic.isWildcard { scannedPastLimit += limit }
             gapNotices.append((topic, gapStatus(topic, message: "its missed events are \(why); none are replayed", from: nil)))
         }
     }

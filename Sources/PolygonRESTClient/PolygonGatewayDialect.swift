@@ -290,12 +290,15 @@ public struct PolygonGatewayDialect: GatewayDialect {
         guard named || body.mentions("\\u") else { return (body, []) }
         let text = String(buffer: body)
         // Named but not readable as one member of one JSON object, or named twice: its link is not
-        // passed on as it is. A body that only has a `\u` (a `&` escaped as Go escapes it) and is no
-        // object at all (a list) names no link a client follows: passed on as it is.
+        // passed on as it is. A body that only has a `\u` (a `&` escaped as Go escapes it) and is a list
+        // names no link a client follows: passed on as it is (anything else, a byte-order mark before an
+        // object included, is not).
         let value: Substring
         switch JSONText.reading("next_url", of: Substring(text)) {
         case .twice: return nil
-        case .unreadable: return named || text.first(where: { !$0.isWhitespace }) == "{" ? nil : (body, [])
+        case .unreadable:
+            let list = text.utf8.first { !JSONText.isSpace($0) } == UInt8(ascii: "[")
+            return !named && list ? (body, []) : nil
         case .found(nil): return (body, [])
         case .found(let found?): value = found
         }

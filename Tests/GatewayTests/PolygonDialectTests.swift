@@ -162,6 +162,9 @@ struct PolygonDialectTests {
         let deep = String(repeating: "[", count: 40) + String(repeating: "]", count: 40)
         let hidden = ByteBuffer(string: #"{"results":\#(deep),"next\u005furl":"https://evil.example/v3?cursor=b"}"#)
         #expect(dialect.forClient(hidden, request: request) == nil)
+        // A byte-order mark before the object (a browser's reader skips it): not passed on.
+        let marked = ByteBuffer(string: "\u{FEFF}" + #"{"next\u005furl":"https://evil.example/v3?cursor=b"}"#)
+        #expect(dialect.forClient(marked, request: request) == nil)
         // A list (the market's upcoming holidays) with a `&` escaped as Go escapes it: as it came.
         let list = ByteBuffer(string: #"[{"name":"Washington\u0026Lee","status":"closed"}]"#)
         #expect(try #require(dialect.forClient(list, request: request)).body == list)

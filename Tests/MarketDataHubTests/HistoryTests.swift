@@ -239,6 +239,22 @@ struct HubHistoryTests {
         _ = holder
     }
 
+    /// A ticker's gap keeps its last value whatever the replay took of the bound (only a wildcard's, every
+    /// ticker's, waits for room).
+    @Test func aTickersGapPastTheBoundStillGetsItsLastValue() async throws {
+        let hub = MarketDataHub(wire: .polygon, history: HistoryLimits(eventsPerResume: 5))
+        await hub.publish((1...5).map { event("T", "AAPL", $0) } + (1...6).map { event("T", "MSFT", $0) })
+        let subscription = await hub.subscribe()
+        let outcome = await hub.add(
+            [topic("T.AAPL"), topic("T.MSFT")], to: subscription.id,
+            resuming: .positions(epoch: nil, [topic("T.AAPL"): 0, topic("T.MSFT"): 0]))
+        #expect(outcome.replayed == [topic("T.AAPL"): 5] && outcome.gaps == [topic("T.MSFT")])
+        let got = try await take(8, from: subscription.events)
+        #expect(fields(got[5])["status"] as? String == "gap" && fields(got[5])["last_values"] == nil, "\(got.map(\.json))")
+        #expect(got[6].ticker == "MSFT" && fields(got[6])["n"] as? Int == 6, "its last value: \(got.map(\.json))")
+        #expect(fields(got[7])["status"] as? String == "resumed")
+    }
+
     /// A gap is followed by last values as a subscribe gives them: none of a type that never gets one
     /// (an Alpaca correction or cancel: an old one would be applied as new).
     @Test func aGapGivesNoLastValueOfATypeThatNeverGetsOne() async throws {
@@ -340,13 +356,14 @@ struct HubConflationTests {
     /// sent again after a subscribe that resumes it); one its wildcard still covers is.
     @Test func anUnsubscribedTopicsMergedEventIsNotSentLater() async throws {
         let hub = MarketDataHub(wire: .polygon)
-        let subscription = await hub.subscribe(to: topics("Q.AAPL", "Q.MSFT", "Q.NVDA", "Q.*", "T.MSFT"))
+        let subscription = await hub.subscribe(to: topics("Q.AAPL", "Q.MSFT", "Q.NVDA", "Q.*", "T.MSFT", "A.IBM"))
         await hub.setConflation(ConflationMode(interval: .seconds(60)), for: subscription.id)
-        await hub.publish([event("Q", "AAPL", 1), event("Q", "NVDA", 2), event("Q", "MSFT", 3)])
-        // AAPL's and NVDA's own topics go: their pending quotes stay while the wildcard covers them,
-        // and go with it.
-        await hub.remove(topics("Q.AAPL", "Q.NVDA"), from: subscription.id)
-        #expect(await hub.conflatedPending(for: subscription.id) == 3, "the wildcard still covers them")
+        await hub.publish([event("Q", "AAPL", 1), event("Q", "NVDA", 2), event("Q", "MSFT", 3), event("A", "IBM", 4)])
+        #expect(await hub.conflatedPending(for: subscription.id) == 4)
+        // AAPL's, NVDA's and IBM's own topics go: the quotes stay while the wildcard covers them, and go
+        // with it; IBM's second bar (no wildcard) goes at once.
+        await hub.remove(topics("Q.AAPL", "Q.NVDA", "A.IBM"), from: subscription.id)
+        #expect(await hub.conflatedPending(for: subscription.id) == 3, "the wildcard still covers the quotes")
         await hub.remove(topics("Q.*"), from: subscription.id)
         // Merging stops: what is pending is queued at once.
         await hub.setConflation(nil, for: subscription.id)
