@@ -202,7 +202,10 @@ extension MarketDataHub {
             let held = topic.isWildcard && givesLastValues(topic.eventType) ? entriesOfType[topic.eventType]?.count ?? 0 : 0
             guard held <= max(room, 0) else {
                 var told = notice
-                told.details["last_values"] = .text("not sent: \(held) tickers' are more than this resume may replay now (\(max(room, 0)))")
+                let why = "up to \(held) tickers' are more than this resume may replay now (\(max(room, 0)))"
+                // A book's whole state still comes, through the client's buffer (the live add below).
+                let folded = folding?.eventTypes.contains(topic.eventType) == true
+                told.details["last_values"] = .text(folded ? "through the client's buffer: \(why)" : "not sent: \(why)")
                 delivery.append(wire.render(told))
                 withheld.insert(topic)
                 continue

@@ -49,7 +49,8 @@ struct ResumeGathering {
     /// Events read from the archive (the tape).
     private(set) var fromTape = 0
     /// Events scanned for wildcards found to have more than ``limit`` (each up to the limit; a ticker's
-    /// count is known without a scan): a resume that replays none of them still cost that.
+    /// count is known without a scan, but for a resume from before a restart, which walks its events
+    /// and is not charged this): a resume that replays none of them still cost that.
     private(set) var scannedPastLimit = 0
 
     /// `byKey`: the limit is what the connection's key may still be replayed this minute.

@@ -38,6 +38,23 @@ struct FoldedTopicTests {
         return "\(value["S"]?.string ?? "?") \(reset ? "reset " : "")b[\(side("b"))] a[\(side("a"))]"
     }
 
+    /// A book wildcard's gap whose whole states do not fit in what the resume may replay: they come
+    /// after `resumed`, through the client's buffer, as a wildcard subscribe's do (never not at all:
+    /// its updates would have no book to apply to).
+    @Test func aBookWildcardsWholeStatesPastTheResumesBoundComeThroughTheBuffer() async throws {
+        let hub = hub(history: HistoryLimits(eventsPerResume: 5))
+        let holder = await hub.subscribe(to: topics("o.*"))
+        for index in 0..<10 { await hub.publish([book([(100, 1)], [(101, 1)], reset: true, symbol: "B\(index)/USD")]) }
+        let subscription = await hub.subscribe()
+        let wildcard = Topic(eventType: "o", ticker: "*")!
+        let outcome = await hub.add([wildcard], to: subscription.id, resuming: .positions(epoch: "another", [wildcard: 1]))
+        #expect(outcome.gaps == [wildcard])
+        let got = try await take(12, from: subscription.events)
+        let books = got.dropFirst(2).map(\.ticker).sorted()
+        #expect(books == (0..<10).map { "B\($0)/USD" }.sorted(), "\(got.map(\.ticker))")
+        _ = holder
+    }
+
     /// The topic table's bound holds for books under a wildcard too: they go after every plain last
     /// value nobody holds, and go (oldest first) when they alone fill the table.
     @Test func foldedTopicsUnderAWildcardGoLastButGoWhenTheyAloneFillTheTable() async throws {
