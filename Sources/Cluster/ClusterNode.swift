@@ -1071,6 +1071,12 @@ public final class ClusterNode: Service, Sendable {
         // before the first event (NATS keeps one publisher's order), then before the next events at
         // least a second after the last, for nodes that join later.
         var announced = ContinuousClock.now - .seconds(10)
+        // An outage or a loss: the tape and the folded last values are interrupted, and every node told.
+        func interrupted(_ control: ClusterControl) {
+            recorder?.interrupted(epoch: sequencer.epoch)
+            foldedLastValues.withLock { $0.interruptAll() }
+            publish(control: control)
+        }
         await upstream.inbox.drain { items in
             if let epoch = sequencer.epoch, ContinuousClock.now - announced >= .seconds(1) {
                 announced = .now
@@ -1119,20 +1125,9 @@ public final class ClusterNode: Service, Sendable {
                     }
                 }
                 metrics.natsOut.increment(by: events.count)
-            case .element(.connectionLost(let reason)):
-                recorder?.interrupted(epoch: sequencer.epoch)
-                foldedLastValues.withLock { $0.interruptAll() }
-                publish(control: .upstreamDown(reason: "upstream connection lost (\(reason))"))
-            case .lost, .element(.lost):
-                let count: Int
-                switch item {
-                case .lost(let lost, _): count = lost.count
-                case .element(.lost(let lost, _, _)): count = lost
-                default: count = 0
-                }
-                recorder?.interrupted(epoch: sequencer.epoch)
-                foldedLastValues.withLock { $0.interruptAll() }
-                publish(control: .loss(count: count))
+            case .element(.connectionLost(let reason)): interrupted(.upstreamDown(reason: "upstream connection lost (\(reason))"))
+            case .lost(let lost, _): interrupted(.loss(count: lost.count))
+            case .element(.lost(let count, _, _)): interrupted(.loss(count: count))
             case .element(.authenticated), .element(.seed), .element(.epoch), .element(.leaderStamped), .element(.recovered), .element(.recoveryEnded),
                 .element(.notice):
                 break

@@ -204,8 +204,7 @@ extension MarketDataHub {
                 var told = notice
                 let why = "up to \(held) tickers' are more than this resume may replay now (\(max(room, 0)))"
                 // A book's whole state still comes, through the client's buffer (the live add below).
-                let folded = folding?.eventTypes.contains(topic.eventType) == true
-                told.details["last_values"] = .text(folded ? "through the client's buffer: \(why)" : "not sent: \(why)")
+                told.details["last_values"] = .text(folds(topic.eventType) ? "through the client's buffer: \(why)" : "not sent: \(why)")
                 delivery.append(wire.render(told))
                 withheld.insert(topic)
                 continue
@@ -464,8 +463,11 @@ extension MarketDataHub {
 
     /// Whether a `gap` of this type is followed by last values (``lastValues(of:)``).
     private func givesLastValues(_ eventType: String) -> Bool {
-        folding?.eventTypes.contains(eventType) == true || (snapshotOnSubscribe && !snapshotless.contains(eventType))
+        folds(eventType) || (snapshotOnSubscribe && !snapshotless.contains(eventType))
     }
+
+    /// Whether this type's topics are kept folded (an order book's whole state).
+    private func folds(_ eventType: String) -> Bool { folding?.eventTypes.contains(eventType) == true }
 
     private func resumedStatus(_ outcome: HubResumeOutcome) -> Notice {
         var details: [String: Notice.Value] = [
