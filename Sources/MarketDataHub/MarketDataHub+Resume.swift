@@ -27,6 +27,10 @@ public struct HubResumeOutcome: Sendable, Equatable {
     /// of them after it.
     public var epoch: String?
     public var sequence: UInt64 = 0
+    /// The market sequence (of ``epoch``) just before the first of this term's events replayed: a
+    /// connection that already stands past it holds there until its client has the replay. `nil`: none
+    /// replayed.
+    public var replayedFrom: UInt64?
 
     public init(replayed: [Topic: Int] = [:], gaps: [Topic] = []) {
         self.replayed = replayed
@@ -153,6 +157,7 @@ extension MarketDataHub {
         for (topic, since) in wanted { gathering.missed(topic, since: since, archived: archived?[topic], history: history, now: now) }
         var outcome = HubResumeOutcome()
         let (replay, formerReplay) = gathering.trim(into: &outcome)
+        outcome.replayedFrom = replay.lazy.map(\.sequence).filter { $0 > 0 }.min().map { $0 - 1 }
         let (delivery, withheld) = resumeDelivery(gathering, replay: replay, former: formerReplay, outcome: &outcome)
         // The notices and last values count too: they are queued outside the buffer like the replay; so
         // does what a wildcard of too many events cost to find so (its scan, up to the limit).

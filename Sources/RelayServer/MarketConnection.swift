@@ -568,13 +568,20 @@ actor MarketConnection {
                     notTakenOver.subtract(topics)
                     // Where the client stands in market sequences is not known from per-topic positions:
                     // from the epoch's start, so that a break during the replay loses nothing.
+                    let later = handler.value.acknowledgedPosition?.isStarted == true
                     if let position = handler.value.acknowledgedPosition { position.start(at: 0, epoch: await hub.position.epoch) }
                     let from: HubResume =
                         switch resume {
                         case .positions(let epoch, let positions): .positions(epoch: epoch, positions)
                         case .time(let milliseconds): .time(milliseconds: milliseconds)
                         }
-                    await hub.add(topics, to: id, resuming: from)
+                    let resumed = await hub.add(topics, to: id, resuming: from)
+                    // Added after other topics: their replay comes after events of those the client may
+                    // have acknowledged, so it stands before the replay until it has the replay.
+                    if later, let replayedFrom = resumed.replayedFrom, let epoch = resumed.epoch {
+                        handler.value.acknowledgedPosition?.replaying(
+                            from: replayedFrom, in: epoch, through: resumed.sequence, epoch: epoch, replayedThrough: joined.replayedQueued)
+                    }
                     // Those of a taken-back session are this connection's now, as a take-back's are.
                     if let broken = resuming, !joined.wasEvicted {
                         let back = topics.filter { broken.topics.contains($0) }

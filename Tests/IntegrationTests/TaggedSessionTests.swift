@@ -167,6 +167,40 @@ struct TaggedSessionTests {
         }
     }
 
+    /// A tagged connection that holds a topic and then subscribes another with `sinceTime` has that
+    /// topic's missed events replayed after events of the first the client has acknowledged: until the
+    /// client has the replay, its session stands before it, so a break during the replay resumes it
+    /// whole (before, it stood past it, and the break skipped the replay without a `gap`).
+    @Test func aTopicResumedLaterWithSinceHoldsTheSessionBeforeItsReplayUntilTheClientHasIt() async throws {
+        try await withQuietMarket { port, hub, standing, _ in
+            // Another connection holds MSFT (wanted, its history is whole).
+            let keeper = try await Self.served(
+                "ws://127.0.0.1:\(port)/stocks", tag: "keeper", subscribing: ["T.MSFT"], publishing: { await hub.publish([Self.trade("MSFT", 0)]) })
+            let start = WallClock.nowMilliseconds()
+            let (client, n) = try await Self.rawServed(port: port, tag: "later", hub: hub)
+            // MSFT trades this connection does not hold yet, then an AAPL trade it reads.
+            for i in 1...200 { await hub.publish([Self.trade("MSFT", i)]) }
+            await hub.publish([Self.trade("AAPL", n + 1)])
+            #expect(client.readUntil(#""i":"\#(n + 1)""#).found, "AAPL's newest trade read")
+            let newest = await hub.position.sequence
+            try await eventually("the session to stand at AAPL's newest trade (\(newest))") { (standing("later")?.resumeAfter ?? 0) >= newest }
+
+            // MSFT from before its trades: replayed, and not read (a small receive buffer holds it back).
+            client.send(RawSocket.text(#"{"action":"subscribe","params":"T.MSFT","sinceTime":\#(start)}"#))
+            try await eventually("the session to stand before MSFT's replay (\(newest))") { (standing("later")?.resumeAfter ?? .max) < newest - 199 }
+            client.reset()
+
+            // A break now: taken back, MSFT's trades come whole.
+            let back = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "client-key#later")
+            back.send(ClientAction(.subscribe, params: "T.AAPL,T.MSFT"))
+            let resumed = try await back.waitForStatus(StatusMessage.Kind.resumed)
+            let replayed = Set(Self.numbers(#""i":""#, in: resumed.eventsBefore.filter { $0.ticker == "MSFT" }))
+            #expect(replayed.isSuperset(of: 1...200), "MSFT's trades not replayed: \(Set(1...200).subtracting(replayed).sorted().prefix(10)); \(resumed.fields)")
+            await back.close()
+            await keeper.close()
+        }
+    }
+
     /// Where a tagged client stands is what its TCP stack acknowledged. A client that reads its last
     /// events after they were written acknowledges them when nothing more is written (a quiet topic):
     /// the relay reads that again, so a break then does not send them again.
