@@ -183,6 +183,9 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
                 let channel = context.channel
                 context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: reply)))
                     .whenComplete { _ in channel.close(promise: nil) }
+                // A client that reads nothing more never takes the answer: closed anyway after the close
+                // timeout (its connection, slot and session would be held for good).
+                closeAtTheLatest(in: closeTimeout, context: context)
             }
         default:
             break
@@ -468,8 +471,14 @@ final class WebSocketConnectionHandler: ChannelInboundHandler, RemovableChannelH
         data.write(webSocketErrorCode: code)
         if let reason { data.writeString(String(reason.utf8.prefix(123)) ?? "") }
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: data)), promise: nil)
+        closeAtTheLatest(in: answerWithin ?? closeTimeout, context: context)
+    }
+
+    /// Closes the channel in `delay` if it is still open then, reading once more what the client
+    /// acknowledged, so a tagged session stands where it had by then.
+    private func closeAtTheLatest(in delay: TimeAmount, context: ChannelHandlerContext) {
         let position = NIOLoopBound(acknowledgedPosition, eventLoop: context.eventLoop)
-        context.eventLoop.scheduleTask(in: answerWithin ?? closeTimeout) { [channel = context.channel] in
+        context.eventLoop.scheduleTask(in: delay) { [channel = context.channel] in
             if channel.isActive, let position = position.value, let acknowledged = TCPInfoPrefix.bytesAcknowledged(by: channel) {
                 position.acknowledged(bytes: acknowledged)
             }

@@ -142,3 +142,40 @@ import Testing
         #expect(try pingsWritten(channel) == 1, "and the next interval pings again")
     }
 }
+
+/// A client that sends a close frame and then reads nothing more never takes the relay's answer: the
+/// connection is closed anyway after the close timeout (it held its slot, its address's place and its
+/// session for good: no ping is sent to a closing connection, and no write completes).
+@Suite struct ClientCloseTimeoutTests {
+    /// Takes every write and completes none (a socket whose peer reads nothing).
+    private final class NeverWritten: ChannelOutboundHandler {
+        typealias OutboundIn = NIOAny
+        var held: [EventLoopPromise<Void>] = []
+        func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+            if let promise { held.append(promise) }
+        }
+        func flush(context: ChannelHandlerContext) {}
+    }
+
+    @Test func aClientThatClosesAndReadsNothingMoreIsClosedAfterTheCloseTimeout() throws {
+        let channel = EmbeddedChannel()
+        let pings = LoopDeadlineQueue<WebSocketConnectionHandler>(loop: channel.embeddedEventLoop, delay: .seconds(30)) { $0.pingOrDrop() }
+        let handler = WebSocketConnectionHandler(
+            pings: pings, closeTimeout: .seconds(5), messageLimit: ClientMessageLimit(initial: 4096, full: 4096), outboundLimit: 1 << 20,
+            pace: .init(perSecond: 100, burst: 100))
+        let stalled = NeverWritten()
+        try channel.pipeline.syncOperations.addHandler(stalled)
+        try channel.pipeline.syncOperations.addHandler(handler)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+
+        var code = ByteBuffer()
+        code.write(webSocketErrorCode: .normalClosure)
+        try channel.writeInbound(WebSocketFrame(fin: true, opcode: .connectionClose, data: code))
+        #expect(!stalled.held.isEmpty, "the answer was written (and waits)")
+        channel.embeddedEventLoop.advanceTime(by: .seconds(4))
+        #expect(channel.isActive, "within the close timeout: still open")
+        channel.embeddedEventLoop.advanceTime(by: .seconds(2))
+        #expect(!channel.isActive, "past the close timeout: closed, its answer never taken")
+        for promise in stalled.held { promise.fail(ChannelError.ioOnClosedChannel) }
+    }
+}
