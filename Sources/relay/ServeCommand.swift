@@ -7,6 +7,8 @@ import RelayComposition
 import RelayConfiguration
 import RelayServer
 import ServiceLifecycle
+import Synchronization
+import UnixSignals
 
 struct ServeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -45,16 +47,28 @@ struct ServeCommand: AsyncParsableCommand {
         let logger = Logger(label: "relay")
         // The relay's own flat service group handles the signals: one group for the whole process.
         let relay = Relay(settings: settings, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let hungUp = HangUp()
         try await withThrowingTaskGroup(of: Void.self) { tasks in
-            tasks.addTask { try await relay.run() }
+            // SIGHUP (a closed terminal, or a reload asked of a relay that has none): a clean stop as on
+            // SIGTERM, then exit status 129, so a supervisor that restarts on failure starts it again.
+            tasks.addTask {
+                for await _ in await UnixSignalsSequence(trapping: .sighup) {
+                    hungUp.seen.store(true, ordering: .relaxed)
+                    logger.notice("SIGHUP: the relay has no reload; stopping as on SIGTERM, exit status 129 (a supervisor starts it again)")
+                    kill(getpid(), SIGTERM)
+                    return
+                }
+            }
             tasks.addTask {
                 let parts = try await relay.ready()
                 Self.printWelcome(
                     settings: settings, port: parts.port, markets: parts.markets.keys.sorted(), demo: parts.demoFeed != nil,
                     portfolio: parts.portfolio != nil, paths: Dictionary(uniqueKeysWithValues: parts.markets.compactMap { market, hub in hub.wire.servedPaths(of: market).first.map { (market, $0) } }))
             }
-            try await tasks.waitForAll()
+            try await relay.run()
+            tasks.cancelAll()
         }
+        if hungUp.seen.load(ordering: .relaxed) { throw ExitCode(129) }
     }
 
     static func printWelcome(settings: RelaySettings, port: Int, markets: [Market], demo: Bool, portfolio: Bool, paths: [Market: String] = [:]) {
@@ -118,4 +132,9 @@ struct ServeCommand: AsyncParsableCommand {
         // Unbuffered, so a script reading our output sees it at once.
         FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
     }
+}
+
+/// Whether the relay was told SIGHUP (``ServeCommand``): `Sendable` through its atomic.
+private final class HangUp: Sendable {
+    let seen = Atomic<Bool>(false)
 }

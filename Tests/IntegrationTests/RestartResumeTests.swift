@@ -224,4 +224,31 @@ struct RestartResumeTests {
             for client in [holder, back] { await client.close() }
         }
     }
+
+    /// SIGHUP (a closed terminal, or a reload the relay does not have) stops it as SIGTERM does: clients
+    /// told 1012, the tape ended with its stop record; then it exits with status 129, so a supervisor
+    /// that restarts on failure starts it again (the default action ended it at once, with nothing saved).
+    @Test func aSIGHUPStopsTheRelayCleanlyWithAStatusThatAsksForARestart() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-hangup-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let relay = RelayProcess(
+            binary: RelayProcess.siblingBinary(),
+            arguments: ["serve", "--listen", "127.0.0.1:0", "--no-portfolio", "--demo-rate", "200", "--client-keys", "k", "--tape-dir", directory],
+            showLogs: false)
+        let port = try await relay.start(timeout: .seconds(30))
+        let client = try await WSTestClient.authenticated(url: "ws://127.0.0.1:\(port)/stocks", key: "k")
+        client.send(ClientAction(.subscribe, params: "T.*"))
+        _ = try await client.waitForStatus("success")
+        kill(relay.process.processIdentifier, SIGHUP)
+        #expect(try await client.waitForClose() == 1012, "told to come back (service restart)")
+        try await eventually("the relay to exit") { !relay.process.isRunning }
+        #expect(relay.process.terminationReason == .exit && relay.process.terminationStatus == 129, "\(relay.process.terminationReason) \(relay.process.terminationStatus)")
+        let path = TapeFile.path(directory: directory, market: "stocks", day: TapeFile.day(of: WallClock.nowNanoseconds()))
+        let recorded = try TapeReader(path: path).records()
+        guard case .stopped = recorded.last else {
+            Issue.record("the tape ends with a clean stop: \(String(describing: recorded.last))")
+            return
+        }
+        await relay.stop()
+    }
 }
