@@ -235,6 +235,7 @@ public struct RelaySettings: Sendable {
     ) async throws -> RelaySettings {
         // A flag given empty, `~` or `null` is not given: the environment's or the file's value stands.
         let given = try parse(commandLine: arguments).filter { !countsAsNotGiven($0.value) }
+        try namesAKey(given["client.keys"], "--client-keys")
         // Read like the environment (text, typed by the reader) under the keys' conventional names.
         var renamed: [String: String] = [:]
         for (key, value) in given { renamed[environmentStyle(key)] = value }
@@ -258,6 +259,7 @@ public struct RelaySettings: Sendable {
     ) async throws -> RelaySettings {
         // A variable set empty, `~` or `null` is not given either (`RELAY_TAPE_DIR=~` leaves the file's).
         let environment = environment.filter { !countsAsNotGiven($0.value) }
+        try namesAKey(environment["RELAY_CLIENT_KEYS"], "RELAY_CLIENT_KEYS")
         let file = configFile ?? environment["RELAY_CONFIG"]
         let config = try reader(first: first, file: file, environment: environment)
         var settings = RelaySettings()
@@ -313,10 +315,24 @@ public struct RelaySettings: Sendable {
                 }
                 providers.append(SnapshotProvider(fixed: snapshot))
             } catch {
-                throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
+                throw InvalidSetting(description: "config file \(file) could not be read: \(withoutItsText(error))")
             }
         }
         return ConfigReader(providers: providers)
+    }
+
+    /// A YAML error's place and problem without the file's line it quotes: that line may hold a key.
+    static func withoutItsText(_ error: any Error) -> String {
+        guard let error = error as? YamlError else { return "\(error)" }
+        switch error {
+        case .scanner(let context, let problem, let mark, _), .parser(let context, let problem, let mark, _),
+            .composer(let context, let problem, let mark, _):
+            return "line \(mark.line), column \(mark.column): \(context.map { "\($0.text): " } ?? "")\(problem)"
+        case .reader(let problem, let offset, _, _):
+            return "\(problem) at byte \(offset.map(String.init) ?? "?")"
+        default:
+            return "\(error)"
+        }
     }
 
     /// What the server itself is told: where it listens, how it logs, treats subscribers and serves
@@ -575,6 +591,13 @@ public struct RelaySettings: Sendable {
         } catch {
             throw InvalidSetting(description: "config file \(file) could not be read: \(error)")
         }
+    }
+
+    /// Client keys given (not empty, `~` or `null`) that name none (`,`: a template's unset variables)
+    /// are refused: they would stand for the file's keys, and without them a loopback relay takes any.
+    private static func namesAKey(_ keys: String?, _ source: String) throws(InvalidSetting) {
+        guard let keys, splitList(keys).allSatisfy(countsAsNotGiven) else { return }
+        throw InvalidSetting(description: "\(source): names no key (keys separated by commas); leave it out to use the file's keys")
     }
 
     static func splitList(_ text: String) -> [String] {

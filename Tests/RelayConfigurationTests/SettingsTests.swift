@@ -233,6 +233,21 @@ struct SettingsTests {
             #expect(standing.tape?.directory == "/tmp/relay-file-tape", "\(arguments) \(environment)")
             #expect(standing.clientKeys == ["plain-key"] && standing.clientKeyRights.map(\.name) == ["robot"], "\(arguments) \(environment)")
         }
+        // A file YAML cannot read is told by line and problem, not with its text (a key may be in it).
+        let unreadable = try writeConfig("upstream:\n  key: @s3cret-upstream-key\n")
+        defer { try? FileManager.default.removeItem(atPath: unreadable) }
+        do {
+            _ = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", unreadable], environment: [:])
+            Issue.record("a file YAML cannot read is refused")
+        } catch {
+            #expect(!"\(error)".contains("s3cret") && "\(error)".contains("line 2"), "\(error)")
+        }
+        // Given, yet naming no key (a template's unset variables): refused, not taken as no keys.
+        for (arguments, environment) in [(["--config", withKeys], ["RELAY_CLIENT_KEYS": ","]), (["--config", withKeys, "--client-keys", " , null"], [:])] {
+            await #expect(throws: RelaySettings.InvalidSetting.self, "\(arguments) \(environment)") {
+                try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: arguments, environment: environment)
+            }
+        }
         let markets = try writeConfig("replay:\n  date: last\n  markets: [stocks, crypto]\n")
         defer { try? FileManager.default.removeItem(atPath: markets) }
         let replay = try await RelaySettings.resolve(vendors: Relay.vendors, commandLine: ["--config", markets], environment: [:])
