@@ -115,7 +115,8 @@ public struct BenchRunner: Sendable {
         for index in 0..<s.stalledSubscribers {
             subscribers.append(
                 BenchSubscriber(
-                    topics: (s.alpaca ? ["q", "t"] : BenchScenario.channels(of: s.market(ofSubscriber: index))).map { "\($0).*" }, stalled: true,
+                    // Of the market its URL is (its place among all the subscribers).
+                    topics: (s.alpaca ? ["q", "t"] : BenchScenario.channels(of: s.market(ofSubscriber: s.subscribers + index))).map { "\($0).*" }, stalled: true,
                     latency: stalledShard, alpaca: s.alpaca ? s.alpacaCodec : nil))
             nodeOf.append(index % relays.count)
         }
@@ -172,6 +173,9 @@ public struct BenchRunner: Sendable {
             let leader = try await leader(ports: ports, among: alive)
             alive.remove(leader)
             let watched = subscribers.indices.filter { alive.contains(nodeOf[$0]) && !subscribers[$0].stalled }
+            guard !watched.isEmpty else {
+                throw BenchError(description: "no subscriber on the nodes left to time the \(name) failover: as many subscribers as nodes at least")
+            }
             let stoppedAt = WallClock.nowNanoseconds()
             for index in watched { subscribers[index].counts.withLock { $0.probeAfter = stoppedAt; $0.firstArrivalAfterProbe = nil } }
             progress("\(name) of the leader node\(leader + 1); waiting for events on the other nodes")
@@ -365,14 +369,25 @@ public struct BenchRunner: Sendable {
         var values: [String: Double] = [:]
         for port in ports {
             guard let data = await Self.loopbackGET(port: port, path: "/metrics") else { continue }
-            for line in String(decoding: data, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
-                guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-                values[String(line[..<space]), default: 0] += value
-                // A labelled series also adds to its bare name (every market's deliveries together).
-                if let brace = line.firstIndex(of: "{"), brace < space { values[String(line[..<brace]), default: 0] += value }
-            }
+            Self.add(metrics: String(decoding: data, as: UTF8.self), to: &values)
         }
         return values
+    }
+
+    /// Adds each series of a Prometheus text page to `values` under its whole name, its bare name and
+    /// its name with each one of its labels (`relay_events_dropped_total{reason="buffer_full"}` sums
+    /// every market's, whatever other labels come before it).
+    public static func add(metrics text: String, to values: inout [String: Double]) {
+        for line in text.split(separator: "\n") where !line.hasPrefix("#") {
+            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+            values[String(line[..<space]), default: 0] += value
+            guard let brace = line.firstIndex(of: "{"), brace < space, let end = line[..<space].lastIndex(of: "}") else { continue }
+            let name = line[..<brace]
+            values[String(name), default: 0] += value
+            let labels = line[line.index(after: brace)..<end].split(separator: "\",").map { $0.hasSuffix("\"") ? $0 : $0 + "\"" }
+            guard labels.count > 1 else { continue }
+            for label in labels { values["\(name){\(label)}", default: 0] += value }
+        }
     }
 
     /// The body of a GET to a relay on this machine, or nil when it does not answer 200 within 5 s.

@@ -42,6 +42,27 @@ struct BenchCommand: AsyncParsableCommand {
     @Flag(name: .customLong("relay-logs"), help: "Show the relay's own log lines.") var relayLogs = false
     @Option(name: .customLong("relay-binary"), help: "The relay executable to test (default: this one).") var relayBinary: String?
 
+    /// Counts and times within what a run can be (a negative count, or a rate or time that is not a
+    /// number, trapped deep in the run).
+    func validate() throws {
+        func check<T: Comparable>(_ value: T?, _ flag: String, _ range: ClosedRange<T>) throws {
+            guard let value, !range.contains(value) else { return }
+            throw ValidationError("--\(flag): \(range.lowerBound) to \(range.upperBound), got \(value)")
+        }
+        try check(subscribers, "subscribers", 0...1_000_000)
+        try check(symbols, "symbols", 1...1_000_000)
+        try check(universe, "universe", 1...1_000_000)
+        try check(frameEvents, "frame-events", 1...100_000)
+        try check(stalled, "stalled", 0...100_000)
+        try check(nodes, "nodes", 1...9)
+        // Not-a-number is in no range.
+        try check(rate, "rate", 0.001...10_000_000)
+        try check(duration, "duration", 0.1...86_400)
+        try check(warmup, "warmup", 0...3_600)
+        // A cluster run stops its leader twice, timing each failover: a third node is left to watch.
+        if let nodes, nodes == 2 { throw ValidationError("--nodes: 1, or 3 and more (a cluster run stops two leaders in turn)") }
+    }
+
     func run() async throws {
         guard var chosen = BenchScenario.named.first(where: { $0.name == scenario }) else {
             throw ValidationError("unknown scenario \(scenario); one of \(BenchScenario.named.map(\.name).joined(separator: ", "))")

@@ -42,6 +42,28 @@ struct RelayBenchTests {
         #expect(result.deliveryRatio >= 0.99, "ratio \(result.deliveryRatio), \(result.delivered) of \(result.expected)")
     }
 
+    /// A series with several labels counts under each one alone: the hub's drops carry the market's
+    /// label before their reason (read by the reason alone, they were always 0).
+    @Test func aSeriesIsCountedUnderEachOfItsLabels() {
+        var values: [String: Double] = [:]
+        BenchRunner.add(
+            metrics: "# TYPE relay_events_dropped_total counter\nrelay_events_dropped_total{market=\"stocks\",reason=\"buffer_full\"} 5\n"
+                + "relay_events_dropped_total{market=\"crypto\",reason=\"buffer_full\"} 2\nrelay_events_dropped_total{market=\"crypto\",reason=\"evicted\"} 7\n",
+            to: &values)
+        #expect(values[#"relay_events_dropped_total{reason="buffer_full"}"#] == 7)
+        #expect(values[#"relay_events_dropped_total{market="crypto"}"#] == 9)
+        #expect(values["relay_events_dropped_total"] == 14)
+    }
+
+    /// A bench refuses counts and times its run cannot be, with a message, before it starts (a
+    /// negative count or a rate that is not a number trapped in the run).
+    @Test(arguments: [["--subscribers", "-1"], ["--stalled", "-2"], ["--symbols", "0"], ["--rate", "nan"], ["--duration", "inf"], ["--nodes", "2"]])
+    func aBenchRefusesWhatItsRunCannotBe(arguments: [String]) throws {
+        let ended = try runRelayCommand(["bench", "fanout"] + arguments)
+        #expect(ended.reason == .exit && ended.status != 0, "\(arguments): \(ended.output)")
+        #expect(ended.output.contains(arguments[0]), "\(arguments): \(ended.output)")
+    }
+
     /// Every variable the relay reads a setting from is one the bench leaves out.
     @Test func everyDeclaredVariableIsLeftOutOfTheBenchesRelay() {
         let variables = RelaySettings.declarations.compactMap(\.environment)
