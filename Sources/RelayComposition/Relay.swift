@@ -329,9 +329,9 @@ public final class Relay: Service, Sendable {
         _ = await writeSessions(await server.savedSessions(), of: markets, saved: true, files: files)
     }
 
-    /// Shelves the tagged sessions the last run saved, before any client connects; only those of the
-    /// epoch the market went on in are taken. (The file stays: this run's checkpoint replaces it within
-    /// a second, with these sessions in it while they are kept.)
+    /// Shelves the tagged sessions the last run saved, before any client connects (those it cannot are
+    /// told `gap` when their clients come back). (The file stays: this run's checkpoint replaces it
+    /// within a second, with these sessions in it while they are kept.)
     private func restoreSessions(_ market: MarketParts, into server: RelayServer) async {
         guard let path = sessionsFile(market), let data = await BlockingWork.run({ FileManager.default.contents(atPath: path) }) else { return }
         // Bounded like the shelf itself: a larger file is not the relay's.
@@ -339,7 +339,7 @@ public final class Relay: Service, Sendable {
             logger.warning("\(market.plan.market): the saved tagged sessions could not be read; none restored")
             return
         }
-        let restored = await server.restore(Array(sessions.prefix(settings.resume.sessions)), market: market.plan.market)
+        let restored = await server.restore(sessions, market: market.plan.market)
         logger.info("\(market.plan.market): \(restored) of \(sessions.count) saved tagged sessions restored")
     }
 

@@ -329,6 +329,15 @@ actor MarketConnection {
                 notTakenOver = dependencies.shelf.topicsStillClosing(name).subtracting(resuming.topics)
                 notTakenOverWhy = "a session kept earlier was taken back while the connection this one took over was still open"
             }
+            // Its session let go before its window ended (a full shelf, or not restored after a
+            // restart): the topics it had are told `gap` as they are subscribed.
+            if let forgotten = dependencies.shelf.forgotten.take(name) {
+                let lost = forgotten.topics.subtracting(resuming?.topics ?? [])
+                if !lost.isEmpty {
+                    if notTakenOver.isEmpty { notTakenOverWhy = forgotten.why }
+                    notTakenOver.formUnion(lost)
+                }
+            }
             // The open one's topics, subscribed here before it closes, take its holds over.
             if tookOver { transferring.topics = dependencies.shelf.topicsStillClosing(name).union(resuming?.topics ?? []) }
             standing.holds([], takenBack: resuming)
@@ -516,7 +525,7 @@ actor MarketConnection {
         takeBack(taken, lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
         transferring.topics = resuming?.topics ?? []
         if !stillClosing.isEmpty {
-            notTakenOver = stillClosing
+            notTakenOver.formUnion(stillClosing)
             let wait = dependencies.configuration.resume.takeOverWait
             notTakenOverWhy = "the connection this session took over had not closed within \(wait.milliseconds) ms"
         }

@@ -49,18 +49,31 @@ extension RelayServer {
 
     /// Shelves sessions a previous run saved, before any client connects, each for a whole resume window
     /// from now and parked as a broken connection's is (its topics wanted from the first event, and held
-    /// in its key's topic budget). Only sessions of the market's epoch now are taken (another epoch's
-    /// would resume as `gap` anyway). Returns how many were shelved.
+    /// in its key's topic budget). A session of another epoch (a failover, or a start that could not go
+    /// on in the saved one) is shelved too: its reconnect resumes across the terms, or is told `gap`.
+    /// What is not restored (past the shelf's bound, or topics past their key's limits) is remembered
+    /// for the window: a reconnect under the name is told `gap` for it. Returns how many were shelved.
     @discardableResult
     public func restore(_ sessions: [SavedSession], market: Market) async -> Int {
-        guard let route = markets.first(where: { $0.market == market }), let epoch = route.hub.epoch else { return 0 }
+        guard let route = markets.first(where: { $0.market == market }) else { return 0 }
+        let until = ContinuousClock.now + configuration.resume.window
         var restored = 0
-        for saved in sessions where saved.epoch == epoch && !saved.name.isEmpty {
-            let topics = saved.topics.compactMap { Topic(parsing: $0) }
+        for (index, saved) in sessions.enumerated() where !saved.name.isEmpty {
+            let topics = Array(Set(saved.topics.compactMap { Topic(parsing: $0) }))
             guard !topics.isEmpty else { continue }
+            guard index < configuration.resume.sessions else {
+                route.shelf.forgotten.forget(
+                    saved.name, topics: Set(topics),
+                    why: "its session was not restored after the restart: more were saved than the relay keeps (resume.sessions)", until: until)
+                continue
+            }
             // Held in the key's budget as the connection held them (a budget that shrank meanwhile
-            // refuses some: those are not restored).
+            // refuses some: those are not restored, and told).
             let refused = Set(route.ledger.reserve(topics, for: SessionShelf.key(of: saved.name)).refused)
+            if !refused.isEmpty {
+                route.shelf.forgotten.forget(
+                    saved.name, topics: refused, why: "not restored after the restart: past its key's topic limits", until: until)
+            }
             let kept = topics.filter { !refused.contains($0) }
             guard !kept.isEmpty else { continue }
             let parked = await route.hub.subscribe(to: Set(kept))

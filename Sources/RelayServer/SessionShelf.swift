@@ -152,18 +152,29 @@ final class SessionShelf: Sendable {
     /// against the topic limits like open connections).
     private let release: @Sendable (Released) -> Void
 
+    /// Sessions let go before their window ended: a reconnect under the name is told `gap`.
+    let forgotten: ForgottenSessions
+
     init(settings: ResumeSettings, expiredCounter: Counter? = nil, release: @escaping @Sendable (Released) -> Void = { _ in }) {
         self.settings = settings
+        forgotten = ForgottenSessions(names: settings.sessions)
         self.expiredCounter = expiredCounter
         self.release = release
     }
 
     /// Keeps a broken session under `name` (key name and tag), replacing an older one of that name.
     func keep(_ session: Session, as name: String) {
-        let released = shelf.withLock { shelf -> [Released] in
-            sweep(&shelf, now: session.brokeAt) + shelf.insert(session, as: name, perKey: perKey, limit: settings.sessions)
+        let (expired, pushedOut) = shelf.withLock { shelf -> ([Released], [Released]) in
+            (sweep(&shelf, now: session.brokeAt), shelf.insert(session, as: name, perKey: perKey, limit: settings.sessions))
         }
-        for session in released { release(session) }
+        for session in expired + pushedOut { release(session) }
+        // Pushed off within their window (not one replaced by its own name's newer session).
+        for (other, session) in pushedOut where other != name {
+            forgotten.forget(
+                other, topics: session.topics,
+                why: "its session was let go before its window ended: the shelf held as many broken sessions as it may (resume.sessions, a tenth of them per key)",
+                until: session.brokeAt + settings.window)
+        }
         // Swept once its window has passed, whether or not another session comes.
         let window = settings.window
         Task { [weak self] in

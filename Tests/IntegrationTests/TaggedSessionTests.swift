@@ -107,7 +107,8 @@ struct TaggedSessionTests {
     func withQuietMarket(
         window: Duration = .seconds(60), takeOverWait: Duration = .seconds(5), takenOverAnswer: Duration = .milliseconds(250),
         hub: MarketDataHub = MarketDataHub(wire: .polygon, history: HistoryLimits()),
-        shelved: [(name: String, session: SessionShelf.Session)] = [], keys: [ClientKey] = [],
+        shelved: [(name: String, session: SessionShelf.Session)] = [], restoring: [SavedSession] = [], sessions: Int = 10_000,
+        keys: [ClientKey] = [],
         _ body: (
             _ port: Int, _ hub: MarketDataHub, _ standing: @escaping @Sendable (String) -> SessionStanding.Now?, _ shelf: SessionShelf
         ) async throws -> Void
@@ -119,9 +120,11 @@ struct TaggedSessionTests {
         configuration.resume.window = window
         configuration.resume.takeOverWait = takeOverWait
         configuration.resume.takenOverAnswer = takenOverAnswer
+        configuration.resume.sessions = sessions
         let server = RelayServer(configuration: configuration, markets: [ServedMarket(market: .stocks, hub: hub, feed: TestFeed())], logger: testLogger)
         let shelf = server.markets[0].shelf
         for (name, session) in shelved { shelf.keep(session, as: name) }
+        await server.restore(restoring, market: .stocks)
         try await withServices([server]) {
             try await body(try await server.listeningPort(), hub, { tag in shelf.checkpoint().first { $0.name.hasSuffix("#\(tag)") }?.standing }, shelf)
         }
@@ -198,6 +201,31 @@ struct TaggedSessionTests {
             #expect(replayed.isSuperset(of: 1...200), "MSFT's trades not replayed: \(Set(1...200).subtracting(replayed).sorted().prefix(10)); \(resumed.fields)")
             await back.close()
             await keeper.close()
+        }
+    }
+
+    /// A session let go before its window ended (here: restored after a restart onto a shelf that keeps
+    /// two per key, so the third pushes the first off) is not resumed as if nothing was missed: its
+    /// reconnect is told `gap` for its topics. One saved in another epoch is restored and told `gap`
+    /// across the terms (before, it was left out, and its reconnect subscribed live with no word).
+    @Test func aSessionLetGoBeforeItsWindowEndedIsToldGapAndOneOfAnotherEpochIsRestored() async throws {
+        let saved = [
+            SavedSession(name: "key-1#first", epoch: "former", resumeAfter: 5, topics: ["T.AAPL", " T.AAPL"]),
+            SavedSession(name: "key-1#second", epoch: "former", resumeAfter: 5, topics: ["T.MSFT"]),
+            SavedSession(name: "key-1#third", epoch: "former", resumeAfter: 5, topics: ["T.IBM"]),
+        ]
+        try await withQuietMarket(restoring: saved, sessions: 20) { port, _, _, shelf in
+            #expect(shelf.count == 2 && shelf.forgotten.count == 1, "two sessions a key: the third pushed the first off")
+            let url = "ws://127.0.0.1:\(port)/stocks"
+            for (tag, topic, letGo) in [("second", "T.MSFT", false), ("first", "T.AAPL", true)] {
+                let client = try await WSTestClient.authenticated(url: url, key: "client-key#\(tag)")
+                client.send(ClientAction(.subscribe, params: topic))
+                let gap = try await client.waitForStatus("gap")
+                let told = "\(gap.fields)"
+                #expect(told.contains(topic) && told.contains("let go before its window ended") == letGo, "\(tag): \(told)")
+                #expect(shelf.forgotten.take("key-1#\(tag)") == nil, "\(tag): told once")
+                await client.close()
+            }
         }
     }
 

@@ -48,6 +48,36 @@ struct SessionShelfTests {
         #expect(shelf.take("mallory#49") != nil && shelf.take("mallory#0") == nil)
     }
 
+    /// A session pushed off within its window is remembered (its topics, once) until the window ends;
+    /// one replaced by its own name's newer session, or let go at its window's end, is not.
+    @Test func aSessionPushedOffWithinItsWindowIsRemembered() throws {
+        var settings = ResumeSettings()
+        settings.sessions = 10  // one per key
+        let shelf = SessionShelf(settings: settings)
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        shelf.keep(SessionShelf.Session(epoch: "e", resumeAfter: 1, topics: [aapl], brokeAt: .now), as: "bob#a")
+        shelf.keep(SessionShelf.Session(epoch: "e", resumeAfter: 2, topics: [aapl], brokeAt: .now), as: "bob#a")
+        #expect(shelf.forgotten.count == 0, "replaced by its own newer session")
+        shelf.keep(SessionShelf.Session(epoch: "e", resumeAfter: 3, topics: [aapl], brokeAt: .now), as: "bob#b")
+        #expect(shelf.forgotten.take("bob#a")?.topics == [aapl])
+        #expect(shelf.forgotten.take("bob#a") == nil, "told once")
+        // Past the window it says nothing more.
+        shelf.keep(SessionShelf.Session(epoch: "e", resumeAfter: 4, topics: [aapl], brokeAt: .now), as: "bob#c")
+        #expect(shelf.forgotten.take("bob#b", now: .now + settings.window + .seconds(1)) == nil)
+    }
+
+    /// Bounded in names and topics, the oldest let go first.
+    @Test func forgottenSessionsAreBounded() throws {
+        let forgotten = ForgottenSessions(names: 3)
+        let until = ContinuousClock.now + .seconds(60)
+        for index in 0..<5 { forgotten.forget("k#\(index)", topics: [try #require(Topic(parsing: "T.X\(index)"))], why: "w", until: until) }
+        #expect(forgotten.count == 3)
+        #expect(forgotten.take("k#1") == nil && forgotten.take("k#4") != nil)
+        let many = Set((0..<(ForgottenSessions.mostTopics + 10)).compactMap { Topic(parsing: "T.M\($0)") })
+        forgotten.forget("k#many", topics: many, why: "w", until: until)
+        #expect(forgotten.take("k#many")?.topics.count == ForgottenSessions.mostTopics)
+    }
+
     @Test func sessionsTakenBackOrReplacedDoNotCountTowardsAKeysShare() {
         var settings = ResumeSettings()
         settings.sessions = 100  // ten per key
