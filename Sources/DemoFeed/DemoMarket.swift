@@ -132,11 +132,14 @@ public struct DemoMarket: Sendable {
                 askExchange: UInt8(clamping: askExchange)))
     }
 
-    /// Generated tickers read like real ones but cannot clash with them: `ZAAA`, `ZAAB`, …
+    /// Generated tickers read like real ones but cannot clash with them: `ZAAA`, `ZAAB`, … `ZZZZ`
+    /// (26³), then `ZAAAA` on, each index its own name.
     static func generatedTicker(_ index: Int) -> String {
+        let threeLetters = 26 * 26 * 26
+        let (count, number) = index < threeLetters ? (3, index) : (4, index - threeLetters)
         var letters: [Character] = []
-        var n = index
-        for _ in 0..<3 {
+        var n = number
+        for _ in 0..<count {
             letters.append(Character(Unicode.Scalar(UInt8(65 + n % 26))))
             n /= 26
         }

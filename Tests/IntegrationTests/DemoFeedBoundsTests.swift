@@ -35,6 +35,14 @@ struct DemoFeedBoundsTests {
         #expect(tally["other"].started > 0)
     }
 
+    /// Every generated ticker the feed takes (up to 60,000) has its own name: past 26³ they went round
+    /// to `ZAAA` again, and two price walks shared one ticker.
+    @Test func everyGeneratedTickerHasItsOwnName() {
+        let names = (0..<60_000).map(DemoMarket.generatedTicker)
+        #expect(Set(names).count == names.count)
+        #expect(names[0] == "ZAAA" && names[17_575] == "ZZZZ" && names[17_576] == "ZAAAA")
+    }
+
     /// The standalone feed refuses what its arithmetic cannot hold, with a message, before it starts.
     @Test(arguments: [["--tickers", "70000"], ["--rate", "1e300"], ["--rate", "inf"], ["--aggregate-seconds", "9223372036854775807"]])
     func theStandaloneFeedRefusesValuesPastWhatItHolds(arguments: [String]) throws {
