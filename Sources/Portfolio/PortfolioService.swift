@@ -57,6 +57,9 @@ public actor PortfolioService: Service {
     /// bars for keeps failing while the new days come).
     /// `asked`: its wait passed and the history was recomputed from its first day (which asks again).
     private var closeFailures: [CloseRange: (at: ContinuousClock.Instant, wait: Duration, asked: Bool)] = [:]
+    /// Symbols newly held whose reference prices are to be asked for, and the one loader asking.
+    private var referencesWanted: Set<String> = []
+    private var referenceLoader: Task<Void, Never>?
 
     /// A symbol's closes from a day on: what a fetch asks for.
     struct CloseRange: Hashable {
@@ -280,9 +283,10 @@ public actor PortfolioService: Service {
             if let id = subscriptions[market]?.id { await hubs.hubs[market]?.remove(topics, from: id) }
         }
         if let referencePrices, !added.isEmpty {
-            // Without waiting: the live stream may well be first.
-            let symbols = Array(added).sorted()
-            Task { await self.loadReferences(symbols, from: referencePrices) }
+            // Without waiting: the live stream may well be first. One loader at a time, asking only for
+            // what is still held when it comes to it (a buy and sell in a row asked for each buy).
+            referencesWanted.formUnion(added)
+            if referenceLoader == nil { referenceLoader = Task { await self.loadWantedReferences(from: referencePrices) } }
         }
         logger.debug("portfolio follows \(held.count) symbols")
         await valuationChanged()
@@ -299,6 +303,23 @@ public actor PortfolioService: Service {
             topics.formUnion(await hubs.hubs[market]?.topics(of: subscription.id) ?? [])
         }
         return topics
+    }
+
+    /// Whether reference prices are being asked for (tests wait for it to end).
+    public var isLoadingReferences: Bool { referenceLoader != nil }
+
+    /// Asks for the reference prices of the symbols newly held, those still held when it comes to them,
+    /// until none is left to ask for.
+    private func loadWantedReferences(from source: ReferencePrices) async {
+        while true {
+            let symbols = referencesWanted.intersection(held).sorted()
+            referencesWanted = []
+            guard !symbols.isEmpty else {
+                referenceLoader = nil
+                return
+            }
+            await loadReferences(symbols, from: source)
+        }
     }
 
     /// Fetches REST prices for symbols, each on its own: one failure leaves the others priced.

@@ -188,6 +188,35 @@ struct HostileReferenceTests {
         return #"{"t":\#(Int64(date.timeIntervalSince1970 * 1000)),"o":1,"h":2,"l":0.5,"c":\#(close),"v":10}"#
     }
 
+    /// A symbol bought and sold again and again asks for its reference prices once at a time, and only
+    /// while it is held: each buy started a request of its own before, queued without bound behind a
+    /// rate-limited plan, for symbols gone by the time they were asked.
+    @Test func holdingsBoughtAndSoldInARowAskOnlyForWhatIsStillHeld() async throws {
+        let host = try HostileREST { _, _ in
+            Thread.sleep(forTimeInterval: 0.5)
+            return .status(404, #"{"status":"NOT_FOUND","message":"none"}"#)
+        }
+        defer { host.close() }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("relay-churn-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try PortfolioStore(directory: directory)
+        let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: Date(timeIntervalSince1970: 1_700_000_000))
+        let service = PortfolioService(store: store, hub: MarketDataHub(wire: .polygon), referencePrices: ReferencePrices(rest: rest(host)))
+        try await withServices([service]) {
+            for _ in 0..<20 {
+                for kind in [TransactionKind.buy, .sell] {
+                    _ = try await store.addTransaction(
+                        accountID: account.id, date: Day(year: 2024, month: 1, day: 2), kind: kind, symbol: "CHURN", quantity: 1, price: 10, fees: 0)
+                    try await service.holdingsChanged()
+                }
+            }
+            try await eventually("the reference loader to finish") { await !service.isLoadingReferences }
+        }
+        // Two requests a load (the last trade, the previous close); one load a buy was 40.
+        let targets = host.requests.withLock { $0.map(\.target).filter { $0.contains("/last/trade/CHURN") || $0.contains("/CHURN/prev") } }
+        #expect(targets.count <= 6, "\(targets.count) requests for a symbol bought and sold 20 times: \(targets)")
+    }
+
     @Test func dailyBarsAreOnlyTheAskedDaysOneADayAndNeverChangeStoredClosesOfOthers() async throws {
         let rows = [
             Self.row("2020-01-02", close: "999"), Self.row("2024-03-04", close: "10"), Self.row("2024-03-05", close: "11"),
