@@ -110,6 +110,18 @@ final class SessionShelf: Sendable {
             return nil
         }
 
+        /// Whether a task sweeps the shelf (``SessionShelf/startSweeping()``): one at a time.
+        var sweeping = false
+
+        /// When the oldest kept session broke (`nil`: none kept).
+        mutating func oldestBreak() -> ContinuousClock.Instant? {
+            while let entry = order.first {
+                if let kept = sessions[entry.name], kept.stamp == entry.stamp { return kept.session.brokeAt }
+                order.removeFirst()
+            }
+            return nil
+        }
+
         /// Removes the sessions broken more than `window` before `now`, oldest first.
         mutating func expire(now: ContinuousClock.Instant, window: Duration) -> [Released] {
             var gone: [Released] = []
@@ -164,9 +176,13 @@ final class SessionShelf: Sendable {
 
     /// Keeps a broken session under `name` (key name and tag), replacing an older one of that name.
     func keep(_ session: Session, as name: String) {
-        let (expired, pushedOut) = shelf.withLock { shelf -> ([Released], [Released]) in
-            (sweep(&shelf, now: session.brokeAt), shelf.insert(session, as: name, perKey: perKey, limit: settings.sessions))
+        let (expired, pushedOut, startsSweeping) = shelf.withLock { shelf -> ([Released], [Released], Bool) in
+            let expired = sweep(&shelf, now: session.brokeAt)
+            let pushedOut = shelf.insert(session, as: name, perKey: perKey, limit: settings.sessions)
+            defer { shelf.sweeping = true }
+            return (expired, pushedOut, !shelf.sweeping)
         }
+        if startsSweeping { startSweeping() }
         for session in expired + pushedOut { release(session) }
         // Pushed off within their window (not one replaced by its own name's newer session).
         for (other, session) in pushedOut where other != name {
@@ -175,11 +191,30 @@ final class SessionShelf: Sendable {
                 why: "its session was let go before its window ended: the shelf held as many broken sessions as it may (resume.sessions, a tenth of them per key)",
                 until: session.brokeAt + settings.window)
         }
-        // Swept once its window has passed, whether or not another session comes.
+    }
+
+    /// Sweeps each session once its window has passed, whether or not another session comes: one task
+    /// for the shelf, asleep until the oldest session's window ends, gone once none is kept (a keep
+    /// then starts another). One per kept session held a sleeping task each for a whole window.
+    private func startSweeping() {
         let window = settings.window
         Task { [weak self] in
-            try? await Task.sleep(for: window + .milliseconds(100))
-            self?.sweep()
+            // Held weakly while asleep: a shelf let go is not kept for a window.
+            while let oldest = self?.nextSweep() {
+                try? await Task.sleep(until: oldest + window + .milliseconds(100), clock: .continuous)
+                self?.sweep()
+            }
+        }
+    }
+
+    /// When the oldest kept session broke; `nil`, and the sweeping task ends, when none is kept.
+    private func nextSweep() -> ContinuousClock.Instant? {
+        shelf.withLock { shelf in
+            guard let oldest = shelf.oldestBreak() else {
+                shelf.sweeping = false
+                return nil
+            }
+            return oldest
         }
     }
 
