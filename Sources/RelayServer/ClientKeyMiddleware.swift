@@ -35,6 +35,10 @@ public struct ClientKeyMiddleware: RouterMiddleware {
 
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard authentication.requiresKeys else {
+            // Loopback without keys: not for pages of other sites (``LoopbackOrigin``).
+            if let problem = LoopbackOrigin.problem(host: request.head.authority, origin: request.headers[.origin]) {
+                return Self.lastAnswer(.forbidden, problem, headers: [:], on: context.channel)
+            }
             // Without keys every name shares one scope (so the bound on names holds whatever they are).
             return try await next(portfolio ? Self.scopingClientName(request, by: "loopback") : request, context)
         }

@@ -204,6 +204,12 @@ public final class RelayServer: Service, Sendable {
                 // relay for a moment and closed again (its session shelved here, after what the stop
                 // saves for the next start). Refused, it tries again and finds the next start.
                 if sessions.isClosing { return .refuse(.init(status: .serviceUnavailable, message: "the relay is stopping; connect again in a moment")) }
+                // Loopback without keys: not for pages of other sites (``LoopbackOrigin``).
+                if !authentication.requiresKeys,
+                    let problem = LoopbackOrigin.problem(host: head.headers.first(name: "host"), origin: head.headers.first(name: "origin"))
+                {
+                    return .refuse(.init(status: .forbidden, message: problem))
+                }
                 let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.uri
                 if let index = paths[path] { return .accept(.market(index, contentType: head.headers.first(name: "content-type"))) }
                 guard let index = pushStreams.firstIndex(where: { $0.path == path }) else {

@@ -292,6 +292,41 @@ struct HostileClientTests {
 
     /// A WebSocket upgrade that says a body follows is refused at once (400) and closed: NIO makes an
     /// upgrade at its request's end, and a body declared and never sent held the connection for good.
+    /// With no client keys (loopback, anyone it reaches is served) a web page of another site may not
+    /// use the relay: a WebSocket upgrade or a request carrying another `Origin`, or a `Host` that names
+    /// no loopback address (a site's name rebound to 127.0.0.1), is refused 403. The relay's own pages
+    /// and clients that send no `Origin` are served.
+    @Test func withNoKeysAPageOfAnotherSiteMayNotUseTheRelay() async throws {
+        try await withPortfolioRelay { parts, _ in
+            let port = parts.port
+            func answer(_ head: String) throws -> String {
+                let socket = try RawSocket(port: port)
+                _ = socket.send(head)
+                return String(decoding: socket.receive() ?? [], as: UTF8.self)
+            }
+            let upgrade = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            for path in ["/stocks", "/v1/portfolio/stream"] {
+                for (headers, refused) in [
+                    ("Host: 127.0.0.1:\(port)\r\nOrigin: https://evil.example\r\n", true),
+                    ("Host: evil.example:\(port)\r\nOrigin: http://evil.example:\(port)\r\n", true),
+                    ("Host: 127.0.0.1:\(port)\r\nOrigin: null\r\n", true),
+                    ("Host: 127.0.0.1:\(port)\r\nOrigin: http://127.0.0.1:\(port)\r\n", false),
+                    ("Host: localhost:\(port)\r\n", false),
+                ] {
+                    let told = try answer("GET \(path) HTTP/1.1\r\n\(headers)\(upgrade)\r\n")
+                    #expect(told.hasPrefix(refused ? "HTTP/1.1 403" : "HTTP/1.1 101"), "\(path) \(headers): \(told.prefix(200))")
+                }
+            }
+            // An HTTP write from another site's page (a form, or fetch without CORS) does nothing.
+            let body = #"{"name":"planted","kind":"brokerage"}"#
+            let post = "POST /v1/accounts HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nContent-Type: text/plain\r\nContent-Length: \(body.utf8.count)\r\n"
+            let planted = try answer(post + "Origin: https://evil.example\r\n\r\n" + body)
+            #expect(planted.hasPrefix("HTTP/1.1 403") && planted.contains("another origin"), "\(planted.prefix(300))")
+            let accounts = try await httpGet("http://127.0.0.1:\(port)/v1/accounts")
+            #expect(!accounts.body.contains("planted"), "\(accounts.body)")
+        }
+    }
+
     @Test func anUpgradeThatDeclaresABodyIsRefusedAndClosed() async throws {
         try await withRelay({ $0.connectionLimits.headTimeout = .seconds(1) }) { port, _ in
             for declared in ["Content-Length: 1", "Transfer-Encoding: chunked", "Content-Length: 5"] {

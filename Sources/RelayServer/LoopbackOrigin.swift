@@ -1,0 +1,40 @@
+/// With no client keys the relay listens on loopback and answers anyone who reaches it, so a web page
+/// the user opens elsewhere must not: a browser sends a page's `Origin` with every cross-origin request
+/// and WebSocket upgrade (which CORS does not guard), and a name of another site rebound to 127.0.0.1
+/// arrives with that site's `Host`. A request is refused when its `Host` names no loopback address, or
+/// its `Origin` is not the relay's own (the same `Host`). Clients other than browsers send no `Origin`,
+/// or their own (`http://` + `Host`). With client keys a page would need a key: nothing is checked.
+enum LoopbackOrigin {
+    /// Why a request with these headers is refused (`nil`: it is not).
+    static func problem(host: String?, origin: String?) -> String? {
+        if let host, !isLoopback(authority: host) {
+            return "Host \(quoted(host)) is not this relay's loopback address (with no client keys, only loopback names are served)"
+        }
+        guard let origin else { return nil }
+        let lowered = origin.lowercased()
+        let authority = ["http://", "https://"].first { lowered.hasPrefix($0) }.map { String(lowered.dropFirst($0.count)) }
+        guard let authority, let host, authority == host.lowercased() else {
+            return "a page of another origin (\(quoted(origin))) may not use this relay: with no client keys, only its own pages may; configure client keys to serve others"
+        }
+        return nil
+    }
+
+    /// Whether `authority` (`host[:port]`) names a loopback address: `localhost`, 127.0.0.0/8 or `::1`.
+    static func isLoopback(authority: String) -> Bool {
+        var host = Substring(authority.lowercased())
+        if host.hasPrefix("[") {
+            guard let end = host.firstIndex(of: "]") else { return false }
+            host = host[host.index(after: host.startIndex)..<end]
+            return host == "::1"
+        }
+        if let colon = host.lastIndex(of: ":") { host = host[..<colon] }
+        if host == "localhost" { return true }
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { part in UInt8(part).map { String($0) == part } ?? false }
+    }
+
+    /// At most 100 visible characters of a header, quoted.
+    private static func quoted(_ text: String) -> String {
+        "\"" + String(text.unicodeScalars.prefix(100).map { $0.properties.isWhitespace || $0.value < 0x20 || $0.value == 0x7F ? " " : Character($0) }) + "\""
+    }
+}
