@@ -30,7 +30,8 @@ struct DemoBooks {
             var book = Book()
             let step = Self.step(price)
             for level in 1...Int64(Self.depth) {
-                book.bids[price - level * step] = size()
+                // No bid at a price of nothing or less (a coin walked down to a unit).
+                if price - level * step > 0 { book.bids[price - level * step] = size() }
                 book.asks[price + level * step] = size()
             }
             books[symbol] = book
@@ -58,7 +59,7 @@ struct DemoBooks {
             for level in book.asks.keys where level <= price || level > price + reach { askChanges[level] = 0 }
             // The levels next to the price are always there (a liquid pair): what the price left empty is refilled.
             for offset in 1...Self.nearLevels {
-                if book.bids[price - offset * step] == nil { bidChanges[price - offset * step] = size() }
+                if price - offset * step > 0, book.bids[price - offset * step] == nil { bidChanges[price - offset * step] = size() }
                 if book.asks[price + offset * step] == nil { askChanges[price + offset * step] = size() }
             }
             for _ in 0..<2 {
@@ -66,6 +67,7 @@ struct DemoBooks {
                 // Past the near levels a change may remove its level.
                 let removes = offset > Self.nearLevels && random.next() % 4 == 0
                 if random.next() % 2 == 0 {
+                    guard price - offset * step > 0 else { continue }
                     bidChanges[price - offset * step] = removes ? 0 : size()
                 } else {
                     askChanges[price + offset * step] = removes ? 0 : size()

@@ -1,9 +1,11 @@
 /// With no client keys the relay listens on loopback and answers anyone who reaches it, so a web page
-/// the user opens elsewhere must not: a browser sends a page's `Origin` with every cross-origin request
-/// and WebSocket upgrade (which CORS does not guard), and a name of another site rebound to 127.0.0.1
+/// of another site the user opens must not: a browser sends a page's `Origin` with every cross-origin
+/// request and WebSocket upgrade (which CORS does not guard), and a site's name rebound to 127.0.0.1
 /// arrives with that site's `Host`. A request is refused when its `Host` names no loopback address, or
-/// its `Origin` is not the relay's own (the same `Host`). Clients other than browsers send no `Origin`,
-/// or their own (`http://` + `Host`). With client keys a page would need a key: nothing is checked.
+/// its `Origin` is of no loopback host (`null` included: a sandboxed or local file's page). Pages served
+/// on this machine (the relay's own, a local app's) and clients other than browsers (no `Origin`, or one
+/// of the loopback address they dialled) pass. With client keys a page would need a key: nothing is
+/// checked.
 enum LoopbackOrigin {
     /// Why a request with these headers is refused (`nil`: it is not).
     static func problem(host: String?, origin: String?) -> String? {
@@ -11,10 +13,9 @@ enum LoopbackOrigin {
             return "Host \(quoted(host)) is not this relay's loopback address (with no client keys, only loopback names are served)"
         }
         guard let origin else { return nil }
-        let lowered = origin.lowercased()
-        let authority = ["http://", "https://"].first { lowered.hasPrefix($0) }.map { String(lowered.dropFirst($0.count)) }
-        guard let authority, let host, authority == host.lowercased() else {
-            return "a page of another origin (\(quoted(origin))) may not use this relay: with no client keys, only its own pages may; configure client keys to serve others"
+        let authority = origin.range(of: "://").map { String(origin[$0.upperBound...].prefix { $0 != "/" }) }
+        guard let authority, isLoopback(authority: authority) else {
+            return "a page of another origin (\(quoted(origin))) may not use this relay: with no client keys, only pages on this machine may; configure client keys to serve others"
         }
         return nil
     }

@@ -35,6 +35,15 @@ struct DemoFeedBoundsTests {
         #expect(tally["other"].started > 0)
     }
 
+    /// A coin walked down to a few units keeps no bid at a price of nothing or less (its books sent
+    /// `"p":-0.03`).
+    @Test func aBookNearZeroHasNoBidAtNothingOrLess() throws {
+        var books = DemoBooks(prices: ["DOGE/USD": 3], seed: 1)
+        for index in 0..<200 { _ = books.tick(prices: ["DOGE/USD": Int64(1 + index % 3)], nanoseconds: Int64(index)) }
+        let bids = try #require(books.books["DOGE/USD"]).bids.keys
+        #expect(!bids.isEmpty && bids.allSatisfy { $0 > 0 }, "\(bids.sorted())")
+    }
+
     /// Every generated ticker the feed takes (up to 60,000) has its own name: past 26³ they went round
     /// to `ZAAA` again, and two price walks shared one ticker.
     @Test func everyGeneratedTickerHasItsOwnName() {

@@ -310,7 +310,9 @@ struct HostileClientTests {
                     ("Host: 127.0.0.1:\(port)\r\nOrigin: https://evil.example\r\n", true),
                     ("Host: evil.example:\(port)\r\nOrigin: http://evil.example:\(port)\r\n", true),
                     ("Host: 127.0.0.1:\(port)\r\nOrigin: null\r\n", true),
+                    ("Host: 127.0.0.1:\(port)\r\nOrigin: http://127.0.0.1.evil.example\r\n", true),
                     ("Host: 127.0.0.1:\(port)\r\nOrigin: http://127.0.0.1:\(port)\r\n", false),
+                    ("Host: 127.0.0.1:\(port)\r\nOrigin: ws://localhost\r\n", false),
                     ("Host: localhost:\(port)\r\n", false),
                 ] {
                     let told = try answer("GET \(path) HTTP/1.1\r\n\(headers)\(upgrade)\r\n")
