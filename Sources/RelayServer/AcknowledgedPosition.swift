@@ -141,16 +141,21 @@ final class AcknowledgedPosition {
     func replaying(
         from resumeAfter: UInt64, in from: String?, floors: [(Topic, UInt64)] = [], through: UInt64, epoch: String?, replayedThrough: Int
     ) {
+        // A hold across the terms into `epoch` stands: it covers this replay too (below).
+        let acrossTerms = replaying.map { $0.epoch == epoch && $0.from != $0.epoch } ?? false
         guard started, acknowledgedReplayed < replayedThrough,
-            acknowledgedEpoch == epoch ? acknowledged <= through : acknowledgedEpoch == from
+            acrossTerms || (acknowledgedEpoch == epoch ? acknowledged <= through : acknowledgedEpoch == from)
         else { return }
         if from != epoch, !floors.isEmpty { keep(floors, in: from) }
         var hold = (epoch: epoch, from: from, resumeAfter: resumeAfter, through: through, replayedThrough: replayedThrough)
-        // One more replay of the same session (a connection takes back one: one `from`).
-        if let known = replaying, known.epoch == epoch, known.from == from {
+        // One more replay of the same session (a connection takes back one: one `from`), or one in this
+        // epoch (a topic subscribed with `since`) while a hold across the terms stands: that hold stays
+        // (where the session broke, in the former term), until the client has both replays.
+        if let known = replaying, known.epoch == epoch, known.from == from || known.from != known.epoch {
+            hold.from = known.from
             hold.through = max(known.through, through)
             hold.replayedThrough = max(known.replayedThrough, replayedThrough)
-            hold.resumeAfter = min(known.resumeAfter, resumeAfter)
+            hold.resumeAfter = known.from == from ? min(known.resumeAfter, resumeAfter) : known.resumeAfter
         }
         replaying = hold
         tell()

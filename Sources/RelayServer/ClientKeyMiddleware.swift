@@ -27,6 +27,9 @@ public struct ClientKeyMiddleware: RouterMiddleware {
     /// Where failed authentications are counted and delayed.
     let failures: AddressGuard
 
+    /// The header a browser tells whose page made a request with.
+    static let fetchSite = HTTPField.Name("Sec-Fetch-Site")
+
     init(authentication: ClientAuthentication, portfolio: Bool = false, failures: AddressGuard) {
         self.authentication = authentication
         self.portfolio = portfolio
@@ -36,7 +39,8 @@ public struct ClientKeyMiddleware: RouterMiddleware {
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard authentication.requiresKeys else {
             // Loopback without keys: not for pages of other sites (``LoopbackOrigin``).
-            if let problem = LoopbackOrigin.problem(host: request.head.authority, origin: request.headers[.origin]) {
+            if let problem = LoopbackOrigin.problem(
+                host: request.head.authority, origin: request.headers[.origin], fetchSite: Self.fetchSite.flatMap { request.headers[$0] }) {
                 return Self.lastAnswer(.forbidden, problem, headers: [:], on: context.channel)
             }
             // Without keys every name shares one scope (so the bound on names holds whatever they are).

@@ -1,14 +1,21 @@
 /// With no client keys the relay listens on loopback and answers anyone who reaches it, so a web page
 /// of another site the user opens must not: a browser sends a page's `Origin` with every cross-origin
 /// request and WebSocket upgrade (which CORS does not guard), and a site's name rebound to 127.0.0.1
-/// arrives with that site's `Host`. A request is refused when its `Host` names no loopback address, or
-/// its `Origin` is of no loopback host (`null` included: a sandboxed or local file's page). Pages served
+/// arrives with that site's `Host`. A request is refused when its `Host` names no loopback address, its
+/// `Origin` is of no loopback host (`null` included: a sandboxed or local file's page), or the browser
+/// says another site's page made it (`Sec-Fetch-Site: cross-site`, sent with requests that carry no
+/// `Origin` too). Pages served
 /// on this machine (the relay's own, a local app's) and clients other than browsers (no `Origin`, or one
 /// of the loopback address they dialled) pass. With client keys a page would need a key: nothing is
 /// checked.
 enum LoopbackOrigin {
     /// Why a request with these headers is refused (`nil`: it is not).
-    static func problem(host: String?, origin: String?) -> String? {
+    static func problem(host: String?, origin: String?, fetchSite: String? = nil) -> String? {
+        // A browser's request made by a page of another site, with or without an `Origin` (an image, a
+        // script, a link followed: they would spend the vendor's quota through the gateway).
+        if fetchSite?.lowercased() == "cross-site" {
+            return "a page of another site may not use this relay (Sec-Fetch-Site: cross-site): with no client keys, only pages on this machine may; configure client keys to serve others"
+        }
         if let host, !isLoopback(authority: host) {
             return "Host \(quoted(host)) is not this relay's loopback address (with no client keys, only loopback names are served)"
         }
@@ -20,18 +27,17 @@ enum LoopbackOrigin {
         return nil
     }
 
-    /// Whether `authority` (`host[:port]`) names a loopback address: `localhost`, 127.0.0.0/8 or `::1`.
+    /// Whether `authority` (`host[:port]`, an IPv6 address in brackets) names a loopback address, as a
+    /// listen address is judged loopback (``ClientAuthentication/isLoopback(_:)``).
     static func isLoopback(authority: String) -> Bool {
-        var host = Substring(authority.lowercased())
+        var host = Substring(authority)
         if host.hasPrefix("[") {
             guard let end = host.firstIndex(of: "]") else { return false }
-            host = host[host.index(after: host.startIndex)..<end]
-            return host == "::1"
+            host = host[host.startIndex...end]
+        } else if let colon = host.lastIndex(of: ":") {
+            host = host[..<colon]
         }
-        if let colon = host.lastIndex(of: ":") { host = host[..<colon] }
-        if host == "localhost" { return true }
-        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
-        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { part in UInt8(part).map { String($0) == part } ?? false }
+        return ClientAuthentication.isLoopback(String(host))
     }
 
     /// At most 100 visible characters of a header, quoted.

@@ -525,9 +525,11 @@ actor MarketConnection {
         takeBack(taken, lettingGoAtWindowsEnd: lettingGoAtWindowsEnd)
         transferring.topics = resuming?.topics ?? []
         if !stillClosing.isEmpty {
+            if notTakenOver.isEmpty {
+                let wait = dependencies.configuration.resume.takeOverWait
+                notTakenOverWhy = "the connection this session took over had not closed within \(wait.milliseconds) ms"
+            }
             notTakenOver.formUnion(stillClosing)
-            let wait = dependencies.configuration.resume.takeOverWait
-            notTakenOverWhy = "the connection this session took over had not closed within \(wait.milliseconds) ms"
         }
     }
 

@@ -206,7 +206,9 @@ public final class RelayServer: Service, Sendable {
                 if sessions.isClosing { return .refuse(.init(status: .serviceUnavailable, message: "the relay is stopping; connect again in a moment")) }
                 // Loopback without keys: not for pages of other sites (``LoopbackOrigin``).
                 if !authentication.requiresKeys,
-                    let problem = LoopbackOrigin.problem(host: head.headers.first(name: "host"), origin: head.headers.first(name: "origin"))
+                    let problem = LoopbackOrigin.problem(
+                        host: head.headers.first(name: "host"), origin: head.headers.first(name: "origin"),
+                        fetchSite: head.headers.first(name: "sec-fetch-site"))
                 {
                     return .refuse(.init(status: .forbidden, message: problem))
                 }

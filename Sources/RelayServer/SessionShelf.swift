@@ -179,18 +179,20 @@ final class SessionShelf: Sendable {
         let (expired, pushedOut, startsSweeping) = shelf.withLock { shelf -> ([Released], [Released], Bool) in
             let expired = sweep(&shelf, now: session.brokeAt)
             let pushedOut = shelf.insert(session, as: name, perKey: perKey, limit: settings.sessions)
+            // Pushed off within their window (not one replaced by its own name's newer session): told
+            // in the same step, so a sign-in finds the session or what was let go of it. (The shelf's
+            // lock, then the table's: the table never takes the shelf's.)
+            for (other, session) in pushedOut where other != name {
+                forgotten.forget(
+                    other, topics: session.topics,
+                    why: "its session was let go before its window ended: the shelf held as many broken sessions as it may (resume.sessions, a tenth of them per key)",
+                    until: session.brokeAt + settings.window)
+            }
             defer { shelf.sweeping = true }
             return (expired, pushedOut, !shelf.sweeping)
         }
         if startsSweeping { startSweeping() }
         for session in expired + pushedOut { release(session) }
-        // Pushed off within their window (not one replaced by its own name's newer session).
-        for (other, session) in pushedOut where other != name {
-            forgotten.forget(
-                other, topics: session.topics,
-                why: "its session was let go before its window ended: the shelf held as many broken sessions as it may (resume.sessions, a tenth of them per key)",
-                until: session.brokeAt + settings.window)
-        }
     }
 
     /// Sweeps each session once its window has passed, whether or not another session comes: one task

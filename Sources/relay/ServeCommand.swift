@@ -55,6 +55,9 @@ struct ServeCommand: AsyncParsableCommand {
                 for await _ in await UnixSignalsSequence(trapping: .sighup) {
                     hungUp.seen.store(true, ordering: .relaxed)
                     logger.notice("SIGHUP: the relay has no reload; stopping as on SIGTERM, exit status 129 (a supervisor starts it again)")
+                    // Once started: before, SIGTERM's own handling may not be in place yet (its default
+                    // action would end the relay with nothing saved). A start that fails ends it anyway.
+                    guard (try? await relay.ready()) != nil else { return }
                     kill(getpid(), SIGTERM)
                     return
                 }

@@ -290,12 +290,11 @@ struct HostileClientTests {
         }
     }
 
-    /// A WebSocket upgrade that says a body follows is refused at once (400) and closed: NIO makes an
-    /// upgrade at its request's end, and a body declared and never sent held the connection for good.
     /// With no client keys (loopback, anyone it reaches is served) a web page of another site may not
-    /// use the relay: a WebSocket upgrade or a request carrying another `Origin`, or a `Host` that names
-    /// no loopback address (a site's name rebound to 127.0.0.1), is refused 403. The relay's own pages
-    /// and clients that send no `Origin` are served.
+    /// use the relay: a WebSocket upgrade or an API request whose `Origin` is of no loopback host, that
+    /// a browser says another site's page made (`Sec-Fetch-Site: cross-site`), or whose `Host` names no
+    /// loopback address (a site's name rebound to 127.0.0.1) is refused 403. Pages on this machine and
+    /// clients that send no `Origin` (or their own loopback one) are served.
     @Test func withNoKeysAPageOfAnotherSiteMayNotUseTheRelay() async throws {
         try await withPortfolioRelay { parts, _ in
             let port = parts.port
@@ -313,6 +312,9 @@ struct HostileClientTests {
                     ("Host: 127.0.0.1:\(port)\r\nOrigin: http://127.0.0.1.evil.example\r\n", true),
                     ("Host: 127.0.0.1:\(port)\r\nOrigin: http://127.0.0.1:\(port)\r\n", false),
                     ("Host: 127.0.0.1:\(port)\r\nOrigin: ws://localhost\r\n", false),
+                    ("Host: 127.0.0.1:\(port)\r\nSec-Fetch-Site: cross-site\r\n", true),
+                    ("Host: 127.0.0.1:\(port)\r\nSec-Fetch-Site: same-site\r\n", false),
+                    ("Host: [::ffff:127.0.0.1]:\(port)\r\n", false),
                     ("Host: localhost:\(port)\r\n", false),
                 ] {
                     let told = try answer("GET \(path) HTTP/1.1\r\n\(headers)\(upgrade)\r\n")
@@ -322,13 +324,17 @@ struct HostileClientTests {
             // An HTTP write from another site's page (a form, or fetch without CORS) does nothing.
             let body = #"{"name":"planted","kind":"brokerage"}"#
             let post = "POST /v1/accounts HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nContent-Type: text/plain\r\nContent-Length: \(body.utf8.count)\r\n"
-            let planted = try answer(post + "Origin: https://evil.example\r\n\r\n" + body)
+            let socket = try RawSocket(port: port)
+            _ = socket.send(post + "Origin: https://evil.example\r\n\r\n" + body)
+            let (planted, _) = socket.readAll(within: .seconds(5))
             #expect(planted.hasPrefix("HTTP/1.1 403") && planted.contains("another origin"), "\(planted.prefix(300))")
             let accounts = try await httpGet("http://127.0.0.1:\(port)/v1/accounts")
             #expect(!accounts.body.contains("planted"), "\(accounts.body)")
         }
     }
 
+    /// A WebSocket upgrade that says a body follows is refused at once (400) and closed: NIO makes an
+    /// upgrade at its request's end, and a body declared and never sent held the connection for good.
     @Test func anUpgradeThatDeclaresABodyIsRefusedAndClosed() async throws {
         try await withRelay({ $0.connectionLimits.headTimeout = .seconds(1) }) { port, _ in
             for declared in ["Content-Length: 1", "Transfer-Encoding: chunked", "Content-Length: 5"] {

@@ -473,6 +473,26 @@ struct AcknowledgedPositionTests {
         #expect(standing.now?.epoch == "e2")
     }
 
+    /// A topic subscribed with `since` while a session taken back across the terms is being replayed:
+    /// the hold where the session broke, in the former term, stays until the client has both replays
+    /// (the `since` replay's hold in this term replaced it, and a break then skipped the former term's
+    /// tail).
+    @Test func aSinceReplayDuringAReplayAcrossTermsKeepsTheHoldInTheFormerTerm() throws {
+        let aapl = try #require(Topic(parsing: "T.AAPL"))
+        let position = AcknowledgedPosition(start: 0, marginBytes: 0)
+        position.start(at: 120, epoch: "e2")
+        position.added([(aapl, UInt64(120))], epoch: "e2")
+        position.replaying(from: 300, in: "e1", floors: [(aapl, 320)], through: 120, epoch: "e2", replayedThrough: 40)
+        position.wrote(socketBytes: 1_000, sequence: 120, replayed: 40, acknowledgedBytes: nil)
+        // MSFT with `since`: its replay in e2 from 60, queued after the first one.
+        position.replaying(from: 60, in: "e2", through: 130, epoch: "e2", replayedThrough: 70)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1", "still where the session broke")
+        position.wrote(socketBytes: 2_000, sequence: 125, replayed: 50, acknowledgedBytes: 2_000)
+        #expect(position.resumeAfter == 300 && position.epoch == "e1", "the first replay acknowledged, not the second")
+        position.wrote(socketBytes: 3_000, sequence: 130, replayed: 70, acknowledgedBytes: 3_000)
+        #expect(position.resumeAfter == 130 && position.epoch == "e2", "both acknowledged")
+    }
+
     /// A connection still in the former term (told of the new one, the notice not acknowledged yet)
     /// that takes back the rest of its session across the terms: it stands no further than where the
     /// session broke, in the former term, through its move to the new one, until it has the replay.
