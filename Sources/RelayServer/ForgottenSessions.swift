@@ -55,7 +55,10 @@ final class ForgottenSessions: Sendable {
     func forget(_ name: String, topics: Set<Topic>, why: String, until: ContinuousClock.Instant, now: ContinuousClock.Instant = .now) {
         guard !topics.isEmpty, until > now else { return }
         table.withLock { table in
-            var forgotten = table.remove(name) ?? Forgotten(topics: [], why: why)
+            // What is known of it already, unless its own window has ended.
+            let known = table.entries[name].flatMap { $0.until > now ? $0.forgotten : nil }
+            _ = table.remove(name)
+            var forgotten = known ?? Forgotten(topics: [], why: why)
             forgotten.topics.formUnion(topics.prefix(Self.mostTopics - forgotten.topics.count))
             forgotten.why = why
             table.stamps += 1
@@ -71,8 +74,10 @@ final class ForgottenSessions: Sendable {
         table.withLock { table in
             table.trim(names: names, topics: Self.mostTopics, now: now)
             // Windows do not end in the order they were let go: one may be past its own here.
-            guard let until = table.entries[name]?.until, until > now else { return nil }
-            return table.remove(name)
+            let until = table.entries[name]?.until
+            let forgotten = table.remove(name)
+            guard let until, until > now else { return nil }
+            return forgotten
         }
     }
 

@@ -3,17 +3,17 @@
 /// request and WebSocket upgrade (which CORS does not guard), and a site's name rebound to 127.0.0.1
 /// arrives with that site's `Host`. A request is refused when its `Host` names no loopback address, its
 /// `Origin` is of no loopback host (`null` included: a sandboxed or local file's page), or the browser
-/// says another site's page made it (`Sec-Fetch-Site: cross-site`, sent with requests that carry no
-/// `Origin` too). Pages served
-/// on this machine (the relay's own, a local app's) and clients other than browsers (no `Origin`, or one
-/// of the loopback address they dialled) pass. With client keys a page would need a key: nothing is
+/// says another site's page made a request that carries no `Origin` (`Sec-Fetch-Site: cross-site`).
+/// Pages served on this machine (the relay's own, a local app's) and clients other than browsers (no
+/// `Origin`, or one of the loopback address they dialled) pass. With client keys a page would need a key: nothing is
 /// checked.
 enum LoopbackOrigin {
     /// Why a request with these headers is refused (`nil`: it is not).
     static func problem(host: String?, origin: String?, fetchSite: String? = nil) -> String? {
-        // A browser's request made by a page of another site, with or without an `Origin` (an image, a
-        // script, a link followed: they would spend the vendor's quota through the gateway).
-        if fetchSite?.lowercased() == "cross-site" {
+        // A browser's request made by a page of another site that carries no `Origin` (an image, a
+        // script, a link followed: they would spend the vendor's quota through the gateway). With an
+        // `Origin` that one judges: a browser counts `localhost` and 127.0.0.1 as different sites.
+        if origin == nil, fetchSite?.lowercased() == "cross-site" {
             return "a page of another site may not use this relay (Sec-Fetch-Site: cross-site): with no client keys, only pages on this machine may; configure client keys to serve others"
         }
         if let host, !isLoopback(authority: host) {

@@ -314,6 +314,7 @@ struct HostileClientTests {
                     ("Host: 127.0.0.1:\(port)\r\nOrigin: ws://localhost\r\n", false),
                     ("Host: 127.0.0.1:\(port)\r\nSec-Fetch-Site: cross-site\r\n", true),
                     ("Host: 127.0.0.1:\(port)\r\nSec-Fetch-Site: same-site\r\n", false),
+                    ("Host: 127.0.0.1:\(port)\r\nOrigin: http://localhost:5173\r\nSec-Fetch-Site: cross-site\r\n", false),
                     ("Host: [::ffff:127.0.0.1]:\(port)\r\n", false),
                     ("Host: localhost:\(port)\r\n", false),
                 ] {

@@ -204,7 +204,10 @@ struct HostileReferenceTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = try PortfolioStore(directory: directory)
         let account = try await store.createAccount(name: "A", kind: .brokerage, currency: "USD", createdAt: Date(timeIntervalSince1970: 1_700_000_000))
-        let service = PortfolioService(store: store, hub: MarketDataHub(wire: .polygon), referencePrices: ReferencePrices(rest: rest(host)))
+        // A request waits for the gate however long the churn takes.
+        let rest = PolygonREST(baseURL: "http://127.0.0.1:\(host.port)", apiKey: key, attempts: 1, timeout: .seconds(120), client: vendorTestClient)
+        let service = PortfolioService(store: store, hub: MarketDataHub(wire: .polygon), referencePrices: ReferencePrices(rest: rest))
+        defer { over.open() }
         try await withServices([service]) {
             for _ in 0..<20 {
                 for kind in [TransactionKind.buy, .sell] {

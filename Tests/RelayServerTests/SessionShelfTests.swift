@@ -76,6 +76,16 @@ struct SessionShelfTests {
         let many = Set((0..<(ForgottenSessions.mostTopics + 10)).compactMap { Topic(parsing: "T.M\($0)") })
         forgotten.forget("k#many", topics: many, why: "w", until: until)
         #expect(forgotten.take("k#many")?.topics.count == ForgottenSessions.mostTopics)
+        // One past its own window is not told, nor merged into the name's next.
+        let (a, b) = (try #require(Topic(parsing: "T.A")), try #require(Topic(parsing: "T.B")))
+        let now = ContinuousClock.now
+        let fresh = ForgottenSessions(names: 10)
+        fresh.forget("k#longer", topics: [a], why: "w", until: now + .seconds(60), now: now)
+        fresh.forget("k#late", topics: [a], why: "w", until: now + .seconds(1), now: now)
+        #expect(fresh.take("k#late", now: now + .seconds(2)) == nil, "behind one whose window goes on")
+        fresh.forget("k#late", topics: [a], why: "w", until: now + .seconds(1), now: now)
+        fresh.forget("k#late", topics: [b], why: "w", until: now + .seconds(60), now: now + .seconds(2))
+        #expect(fresh.take("k#late", now: now + .seconds(3))?.topics == [b])
     }
 
     @Test func sessionsTakenBackOrReplacedDoNotCountTowardsAKeysShare() {
